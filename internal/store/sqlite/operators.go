@@ -1,0 +1,50 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// InsertOperator records an issued operator certificate; ErrConflict on a
+// duplicate serial.
+func (s *SQLite) InsertOperator(ctx context.Context, o store.Operator) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO operators
+		(serial, name, spiffe_id, not_before, not_after, created_by, created_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		o.Serial, o.Name, o.SPIFFEID,
+		timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt))
+	if err != nil {
+		return wrap("insert operator", err)
+	}
+	return nil
+}
+
+// ListOperators returns every operator certificate, oldest first (ties by
+// serial).
+func (s *SQLite) ListOperators(ctx context.Context) ([]store.Operator, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT
+		serial, name, spiffe_id, not_before, not_after, created_by, created_at
+		FROM operators ORDER BY created_at, serial`)
+	if err != nil {
+		return nil, wrap("list operators", err)
+	}
+	defer rows.Close()
+	var ops []store.Operator
+	for rows.Next() {
+		var (
+			o                            store.Operator
+			notBefore, notAfter, created sql.NullInt64
+		)
+		if err := rows.Scan(&o.Serial, &o.Name, &o.SPIFFEID, &notBefore, &notAfter, &o.CreatedBy, &created); err != nil {
+			return nil, wrap("list operators", err)
+		}
+		o.NotBefore, o.NotAfter, o.CreatedAt = timeCol(notBefore), timeCol(notAfter), timeCol(created)
+		ops = append(ops, o)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("list operators", err)
+	}
+	return ops, nil
+}

@@ -1,0 +1,306 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/storetest"
+)
+
+func openTemp(t testing.TB) (*SQLite, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	s, err := Open(context.Background(), path)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s, path
+}
+
+func TestConformance(t *testing.T) {
+	storetest.RunStoreTests(t, func(t *testing.T) store.Store {
+		s, _ := openTemp(t)
+		return s
+	})
+}
+
+func TestFileMode(t *testing.T) {
+	// With an empty umask, any mode not set explicitly would show.
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+
+	s, path := openTemp(t)
+	ctx := t.Context()
+	if err := s.InsertLock(ctx, store.Lock{ID: "l", Kind: store.LockNode, Target: "n", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	// Hold a read open so that the -wal and -shm files exist.
+	if _, err := s.ListLocks(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Errorf("stat: %v", err)
+			continue
+		}
+		if m := fi.Mode().Perm(); m != 0o600 {
+			t.Errorf("%s has mode %v, want 0600", filepath.Base(p), m)
+		}
+	}
+}
+
+func TestPragmas(t *testing.T) {
+	s, _ := openTemp(t)
+	ctx := t.Context()
+	for _, c := range []struct {
+		db     *sql.DB
+		pragma string
+		want   string
+	}{
+		{s.w, "journal_mode", "wal"},
+		{s.r, "journal_mode", "wal"},
+		{s.w, "synchronous", "2"}, // FULL
+		{s.w, "foreign_keys", "1"},
+		{s.w, "busy_timeout", "10000"},
+		{s.r, "busy_timeout", "10000"},
+		{s.r, "query_only", "1"},
+	} {
+		var got string
+		if err := c.db.QueryRowContext(ctx, "PRAGMA "+c.pragma).Scan(&got); err != nil {
+			t.Fatalf("PRAGMA %s: %v", c.pragma, err)
+		}
+		if got != c.want {
+			t.Errorf("PRAGMA %s = %q, want %q", c.pragma, got, c.want)
+		}
+	}
+}
+
+func TestReopenKeepsData(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := store.PSK{ID: "p", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKActive, CreatedAt: time.UnixMicro(1_700_000_000_000_001).UTC()}
+	if err := s.InsertPSK(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.AppendAudit(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+		sum := sha256.Sum256([]byte("one"))
+		return store.AuditRecord{Seq: h.Seq + 1, Time: time.Now(), Action: "psk.create", Hash: sum[:]}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(ctx, path)
+	if err != nil {
+		t.Fatalf("reopen: %v", err)
+	}
+	defer s.Close()
+	psks, err := s.ListPSKs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]store.PSK{p}, psks); diff != "" {
+		t.Errorf("PSKs after reopen (-want +got):\n%s", diff)
+	}
+	head, err := s.AuditHead(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(store.AuditHead{Seq: 1, Hash: rec.Hash}, head); diff != "" {
+		t.Errorf("audit head after reopen (-want +got):\n%s", diff)
+	}
+	var n int
+	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM schema_migrations`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(migrations) {
+		t.Errorf("schema_migrations has %d rows after reopen, want %d", n, len(migrations))
+	}
+}
+
+func TestSchemaTooNew(t *testing.T) {
+	ctx := t.Context()
+	s, path := openTemp(t)
+	if v, err := s.SchemaVersion(ctx); err != nil || v != latestVersion() {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, latestVersion())
+	}
+	if _, err := s.w.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(ctx, path)
+	if err == nil {
+		s2.Close()
+		t.Fatal("Open of a database at version 9999 succeeded")
+	}
+	if !errors.Is(err, store.ErrSchemaTooNew) {
+		t.Errorf("Open: %v, want an error wrapping ErrSchemaTooNew", err)
+	}
+}
+
+func TestLoadMigrations(t *testing.T) {
+	ok := fstest.MapFS{
+		"migrations/0001_a.sql": {Data: []byte("CREATE TABLE a (x);")},
+		"migrations/0002_b.sql": {Data: []byte("CREATE TABLE b (x);")},
+	}
+	ms, err := loadMigrations(ok)
+	if err != nil || len(ms) != 2 || ms[1].version != 2 {
+		t.Errorf("loadMigrations = %v, %v; want versions 1, 2", ms, err)
+	}
+	for name, fsys := range map[string]fstest.MapFS{
+		"gap":      {"migrations/0001_a.sql": {}, "migrations/0003_c.sql": {}},
+		"no one":   {"migrations/0002_b.sql": {}},
+		"bad name": {"migrations/init.sql": {}},
+		"empty":    {},
+	} {
+		if _, err := loadMigrations(fsys); err == nil {
+			t.Errorf("loadMigrations(%s) succeeded, want an error", name)
+		}
+	}
+}
+
+func TestAuditAppendOnly(t *testing.T) {
+	s, _ := openTemp(t)
+	ctx := t.Context()
+	if _, err := s.AppendAudit(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+		return store.AuditRecord{Seq: 1, Time: time.Now(), Hash: []byte{1}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`UPDATE audit_records SET actor = 'mallory'`,
+		`DELETE FROM audit_records`,
+	} {
+		if _, err := s.w.ExecContext(ctx, q); err == nil {
+			t.Errorf("%s succeeded, want it refused", q)
+		}
+	}
+}
+
+func TestAppendAuditRejectsEmptyHash(t *testing.T) {
+	s, _ := openTemp(t)
+	_, err := s.AppendAudit(t.Context(), func(h store.AuditHead) (store.AuditRecord, error) {
+		return store.AuditRecord{Seq: 1, Time: time.Now()}, nil
+	})
+	if err == nil {
+		t.Fatal("AppendAudit of a record without a hash succeeded")
+	}
+}
+
+func TestReadPoolIsQueryOnly(t *testing.T) {
+	s, _ := openTemp(t)
+	if _, err := s.r.ExecContext(t.Context(), `DELETE FROM locks`); err == nil {
+		t.Error("a write through the read pool succeeded")
+	}
+}
+
+func TestPathNeedsNoEscaping(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a dir?with#odd%chars")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "muster.db")
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatalf("Open(%q): %v", path, err)
+	}
+	defer s.Close()
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("database not at %q: %v", path, err)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(dir))
+	if len(entries) != 1 {
+		t.Errorf("Open created files outside %q: %v", dir, entries)
+	}
+}
+
+func TestPrefixEnd(t *testing.T) {
+	for _, c := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"token.", "token/", true},
+		{"a\xff", "b", true},
+		{"\xff\xff", "", false},
+	} {
+		got, ok := prefixEnd(c.in)
+		if got != c.want || ok != c.ok {
+			t.Errorf("prefixEnd(%q) = %q, %v; want %q, %v", c.in, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// TestAppendAuditTwoHandles appends from two independent handles on one
+// file, as two processes would: the chain must still have no gap or fork,
+// which only the database's write lock can guarantee.
+func TestAppendAuditTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	a, path := openTemp(t)
+	b, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+
+	const workers, each = 8, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		s := a
+		if w%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			for range each {
+				if _, err := s.AppendAudit(ctx, benchLink); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("AppendAudit: %v", err)
+	}
+	recs, err := a.ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != workers*each {
+		t.Fatalf("chain has %d records, want %d", len(recs), workers*each)
+	}
+	var prev []byte
+	for i, r := range recs {
+		if r.Seq != int64(i+1) || !bytes.Equal(r.PrevHash, prev) {
+			t.Fatalf("record %d: Seq %d, PrevHash %x; want Seq %d, PrevHash %x", i, r.Seq, r.PrevHash, i+1, prev)
+		}
+		prev = r.Hash
+	}
+}

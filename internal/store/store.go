@@ -1,0 +1,180 @@
+// Package store defines what muster keeps in its database: the record types,
+// the sentinel errors, and the Store interface that every backend (SQLite
+// embedded, PostgreSQL for replicas) implements and that the conformance
+// suite in storetest checks.
+//
+// Everything that must happen once is a single conditional write or a unique
+// constraint inside the backend, never an in-process lock, so the contract
+// holds with several authority replicas on one database. Deadlines the
+// authority owns (lock TTLs, grace windows) are compared with the store's own
+// clock, which Now reports.
+//
+// Times are kept to the microsecond, in UTC: backends drop finer digits and
+// return every time in UTC; a zero time is stored as absent and returned as
+// the zero time.
+//
+// The package holds no SQL: backends live in subpackages.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors. Backends wrap them with %w; callers test with errors.Is.
+var (
+	// ErrNotFound: the addressed row does not exist (or is expired where the
+	// method says so).
+	ErrNotFound = errors.New("store: not found")
+	// ErrConflict: a uniqueness or state precondition of a conditional write
+	// failed; nothing was changed.
+	ErrConflict = errors.New("store: conflict")
+	// ErrSchemaTooNew: the database was migrated by a newer muster.
+	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+)
+
+// PSK states.
+const (
+	PSKActive  = "active"
+	PSKGrace   = "grace"
+	PSKRevoked = "revoked"
+)
+
+// PSK is one bootstrap pre-shared key, encrypted at rest. The plaintext never
+// reaches the store.
+type PSK struct {
+	ID         string
+	Ciphertext []byte
+	Nonce      []byte
+	Status     string
+	CreatedAt  time.Time
+	// GraceExpiresAt is set while Status is grace.
+	GraceExpiresAt time.Time
+	// RevokedAt is set once Status is revoked.
+	RevokedAt time.Time
+}
+
+// Operator is one certificate issued to an operator identity.
+type Operator struct {
+	Serial    string // lower-case hex, unique
+	Name      string
+	SPIFFEID  string
+	NotBefore time.Time
+	NotAfter  time.Time
+	CreatedBy string
+	CreatedAt time.Time
+}
+
+// Lock kinds.
+const (
+	LockNode      = "node"
+	LockInstance  = "instance"
+	LockToken     = "token"
+	LockPublicKey = "public_key"
+	LockAdmin     = "admin"
+)
+
+// Lock is a deny rule on one target. A zero ExpiresAt never expires; any
+// other is in force while the store clock is before it.
+type Lock struct {
+	ID        string
+	Kind      string
+	Target    string
+	Reason    string
+	CreatedBy string
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// AuditRecord is one link of the audit chain. Seq starts at 1 and has no
+// gaps; Hash covers PrevHash and every other field (see package audit).
+type AuditRecord struct {
+	Seq           int64
+	Time          time.Time
+	Actor         string
+	Action        string
+	Target        string
+	Result        string
+	Reason        string
+	Source        string
+	CorrelationID string
+	PrevHash      []byte
+	Hash          []byte
+}
+
+// AuditHead is the last record of the chain: Seq 0 and a nil Hash for an
+// empty chain.
+type AuditHead struct {
+	Seq  int64
+	Hash []byte
+}
+
+// AuditFilter selects records for ListAudit. Zero fields match everything.
+type AuditFilter struct {
+	Since time.Time
+	// Action matches exactly, or as a prefix when it ends in '*'.
+	Action   string
+	AfterSeq int64
+	// Limit caps the number of records; 0 means the backend default (1000).
+	Limit int
+}
+
+// AuditCheckpoint is a signed statement of the chain head at Seq.
+type AuditCheckpoint struct {
+	Seq       int64
+	Hash      []byte
+	Time      time.Time
+	KeyID     string
+	Signature []byte
+}
+
+// Store is the whole persistence contract of the authority. All methods are
+// safe for concurrent use.
+type Store interface {
+	// SchemaVersion returns the migration version the database is at.
+	SchemaVersion(ctx context.Context) (int, error)
+	// Now returns the store's clock, the one authority deadlines use.
+	Now(ctx context.Context) (time.Time, error)
+	Close() error
+
+	// InsertPSK adds a PSK. ErrConflict if its ID exists, or if it is
+	// active and an active PSK exists, or grace and a grace PSK exists.
+	InsertPSK(ctx context.Context, p PSK) error
+	// ListPSKs returns every PSK, newest first.
+	ListPSKs(ctx context.Context) ([]PSK, error)
+
+	// InsertOperator records an issued operator certificate; ErrConflict on
+	// a duplicate serial.
+	InsertOperator(ctx context.Context, o Operator) error
+	// ListOperators returns every operator certificate, oldest first.
+	ListOperators(ctx context.Context) ([]Operator, error)
+
+	// InsertLock adds a lock; ErrConflict on a duplicate ID.
+	InsertLock(ctx context.Context, l Lock) error
+	// ListLocks returns the locks not expired by the store clock, oldest
+	// first.
+	ListLocks(ctx context.Context) ([]Lock, error)
+	// DeleteLock removes a lock; ErrNotFound if there is none with that ID.
+	DeleteLock(ctx context.Context, id string) error
+	// FindLock returns an unexpired lock on (kind, target), by the store
+	// clock; ErrNotFound if there is none.
+	FindLock(ctx context.Context, kind, target string) (Lock, error)
+
+	// AppendAudit appends one record to the chain. Inside one write
+	// transaction that serializes every writer of the chain, it reads the
+	// head and calls build, which returns the record to insert (its Seq must
+	// be head.Seq+1 and its PrevHash head.Hash, else ErrConflict). If
+	// build returns an error, AppendAudit returns it wrapped. On any error
+	// nothing is written. build must be fast and must not touch the store.
+	AppendAudit(ctx context.Context, build func(head AuditHead) (AuditRecord, error)) (AuditRecord, error)
+	// AuditHead returns the last record's seq and hash.
+	AuditHead(ctx context.Context) (AuditHead, error)
+	// ListAudit returns matching records in ascending Seq.
+	ListAudit(ctx context.Context, f AuditFilter) ([]AuditRecord, error)
+	// InsertAuditCheckpoint stores a checkpoint; ErrConflict on a
+	// duplicate Seq.
+	InsertAuditCheckpoint(ctx context.Context, c AuditCheckpoint) error
+	// ListAuditCheckpoints returns every checkpoint in ascending Seq.
+	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
+}

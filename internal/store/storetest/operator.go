@@ -1,0 +1,55 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func operator(serial, name string, age time.Duration) store.Operator {
+	return store.Operator{
+		Serial:    serial,
+		Name:      name,
+		SPIFFEID:  "spiffe://muster.test/operator/" + name,
+		NotBefore: at(-age - time.Minute),
+		NotAfter:  at(-age + 90*24*time.Hour),
+		CreatedBy: "admin",
+		CreatedAt: at(-age),
+	}
+}
+
+func operatorCases() []testCase {
+	return []testCase{
+		{"empty list", func(t *testing.T, ctx context.Context, s store.Store) {
+			got, err := s.ListOperators(ctx)
+			mustNil(t, "ListOperators", err)
+			if len(got) != 0 {
+				t.Errorf("ListOperators on an empty store = %v, want none", got)
+			}
+		}},
+		{"list oldest first with every field", func(t *testing.T, ctx context.Context, s store.Store) {
+			ops := []store.Operator{
+				operator("02ab", "bob", time.Hour),
+				operator("01ff", "alice", 2*time.Hour),
+				operator("03cd", "carol", 0),
+			}
+			for _, o := range ops {
+				mustNil(t, "InsertOperator "+o.Serial, s.InsertOperator(ctx, o))
+			}
+			got, err := s.ListOperators(ctx)
+			mustNil(t, "ListOperators", err)
+			wantEqual(t, "ListOperators", got, []store.Operator{ops[1], ops[0], ops[2]})
+		}},
+		{"duplicate serial conflicts", func(t *testing.T, ctx context.Context, s store.Store) {
+			first := operator("0abc", "alice", time.Hour)
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, first))
+			err := s.InsertOperator(ctx, operator("0abc", "mallory", 0))
+			wantErr(t, "InsertOperator duplicate", err, store.ErrConflict)
+			got, err := s.ListOperators(ctx)
+			mustNil(t, "ListOperators", err)
+			wantEqual(t, "ListOperators", got, []store.Operator{first})
+		}},
+	}
+}
