@@ -1,0 +1,300 @@
+// Package ca holds muster's certificate hierarchy: an ECDSA P-256 root, four
+// intermediates each limited to one purpose (bootstrap listener, server,
+// agent, admin), and a policy signing certificate. It issues leaf
+// certificates whose every field the authority chooses; a CSR only proves
+// possession of the key.
+package ca
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Role names one certificate of the hierarchy below the root.
+type Role string
+
+const (
+	RoleBootstrap Role = "bootstrap"
+	RoleServer    Role = "server"
+	RoleAgent     Role = "agent"
+	RoleAdmin     Role = "admin"
+	RolePolicy    Role = "policy"
+)
+
+// Roles lists every role in the order the hierarchy is created and stored.
+var Roles = []Role{RoleBootstrap, RoleServer, RoleAgent, RoleAdmin, RolePolicy}
+
+// Lifetimes of the hierarchy and the clock-skew allowance of every
+// certificate.
+const (
+	RootTTL         = 10 * 365 * 24 * time.Hour
+	IntermediateTTL = 365 * 24 * time.Hour
+	PolicyTTL       = 10 * 365 * 24 * time.Hour
+	// Backdate is subtracted from NotBefore so a peer whose clock runs a
+	// little behind accepts a certificate issued just now.
+	Backdate = time.Minute
+)
+
+// Errors for CSRs and keys from outside. The service layer maps both to
+// INVALID_ARGUMENT.
+var (
+	ErrBadCSR  = errors.New("certificate request is malformed or its signature does not verify")
+	ErrKeyType = errors.New("key type not allowed: want ECDSA P-256 or Ed25519")
+)
+
+// eku is what each intermediate may sign for. Go's verifier enforces EKUs
+// down the chain, so a server certificate minted under the agent
+// intermediate fails to verify, not just to authorize.
+var eku = map[Role][]x509.ExtKeyUsage{
+	RoleBootstrap: {x509.ExtKeyUsageServerAuth},
+	RoleServer:    {x509.ExtKeyUsageServerAuth},
+	RoleAgent:     {x509.ExtKeyUsageClientAuth},
+	RoleAdmin:     {x509.ExtKeyUsageClientAuth},
+}
+
+// Issuer is a certificate with its key.
+type Issuer struct {
+	Cert *x509.Certificate
+	Key  crypto.Signer
+}
+
+// Hierarchy is the root and the certificates under it. RootKey is nil when
+// the root key has been moved out of the authority's data directory.
+type Hierarchy struct {
+	Root    *x509.Certificate
+	RootKey *ecdsa.PrivateKey
+	Issuers map[Role]*Issuer
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,54}[a-z0-9])?$`)
+
+// ValidName checks an authority name. With "-" and six hex digits appended
+// it must stay a valid node ID and DNS label (63 characters).
+func ValidName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("authority name %q: want 1-56 of a-z 0-9 -, starting and ending with a letter or digit", name)
+	}
+	return nil
+}
+
+// Create makes a new hierarchy for the authority called name.
+func Create(name string, now time.Time) (*Hierarchy, error) {
+	if err := ValidName(name); err != nil {
+		return nil, err
+	}
+	rootKey, err := newKey()
+	if err != nil {
+		return nil, err
+	}
+	rootTmpl := &x509.Certificate{
+		Subject:               pkix.Name{Organization: []string{"muster"}, CommonName: name + " root CA"},
+		NotBefore:             now.Add(-Backdate),
+		NotAfter:              now.Add(RootTTL),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		// Root → intermediate → leaf: one CA below the root, no more.
+		MaxPathLen: 1,
+	}
+	root, err := sign(rootTmpl, rootKey.Public(), rootTmpl, rootKey)
+	if err != nil {
+		return nil, err
+	}
+	h := &Hierarchy{Root: root, RootKey: rootKey, Issuers: map[Role]*Issuer{}}
+	for _, role := range Roles {
+		key, err := newKey()
+		if err != nil {
+			return nil, err
+		}
+		tmpl := &x509.Certificate{
+			Subject:               pkix.Name{Organization: []string{"muster"}, CommonName: name + " " + string(role) + " CA"},
+			NotBefore:             now.Add(-Backdate),
+			NotAfter:              now.Add(IntermediateTTL),
+			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+			ExtKeyUsage:           eku[role],
+			BasicConstraintsValid: true,
+			IsCA:                  true,
+			MaxPathLen:            0,
+			MaxPathLenZero:        true,
+		}
+		if role == RolePolicy {
+			tmpl.Subject.CommonName = name + " policy signing"
+			tmpl.NotAfter = now.Add(PolicyTTL)
+			tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+			tmpl.IsCA, tmpl.MaxPathLenZero = false, false
+		}
+		cert, err := sign(tmpl, key.Public(), root, rootKey)
+		if err != nil {
+			return nil, err
+		}
+		h.Issuers[role] = &Issuer{Cert: cert, Key: key}
+	}
+	return h, nil
+}
+
+func newKey() (*ecdsa.PrivateKey, error) {
+	return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+}
+
+// randomSerial returns a positive 128-bit serial, so serials never collide
+// across replicas and reveal nothing about issuance volume.
+func randomSerial() (*big.Int, error) {
+	limit := new(big.Int).Lsh(big.NewInt(1), 128)
+	for {
+		n, err := rand.Int(rand.Reader, limit)
+		if err != nil {
+			return nil, err
+		}
+		if n.Sign() > 0 {
+			return n, nil
+		}
+	}
+}
+
+func sign(tmpl *x509.Certificate, pub crypto.PublicKey, parent *x509.Certificate, key crypto.Signer) (*x509.Certificate, error) {
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl.SerialNumber = serial
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, key)
+	if err != nil {
+		return nil, fmt.Errorf("ca: signing %q: %w", tmpl.Subject.CommonName, err)
+	}
+	return x509.ParseCertificate(der)
+}
+
+// Issuer returns the certificate and key of role, or nil if the hierarchy
+// has none.
+func (h *Hierarchy) Issuer(role Role) *Issuer { return h.Issuers[role] }
+
+// RootPool returns a pool holding the root alone.
+func (h *Hierarchy) RootPool() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(h.Root)
+	return p
+}
+
+// Fingerprint returns the pin of the root's public key.
+func (h *Hierarchy) Fingerprint() string { return Fingerprint(h.Root) }
+
+// Fingerprint returns "sha256:" + lower-case hex of SHA-256 over the
+// certificate's SubjectPublicKeyInfo, as kubeadm pins a CA: a root re-issued
+// with the same key keeps its pin.
+func Fingerprint(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// ParseFingerprint checks the form of a fingerprint and returns it in
+// canonical (lower-case) form.
+func ParseFingerprint(s string) (string, error) {
+	hexPart, ok := strings.CutPrefix(s, "sha256:")
+	if !ok || len(hexPart) != 64 {
+		return "", fmt.Errorf("CA fingerprint %q: want sha256: followed by 64 hex digits", s)
+	}
+	if _, err := hex.DecodeString(hexPart); err != nil {
+		return "", fmt.Errorf("CA fingerprint %q: want sha256: followed by 64 hex digits", s)
+	}
+	return "sha256:" + strings.ToLower(hexPart), nil
+}
+
+// MatchesFingerprint reports whether c's public key has the pin fp.
+func MatchesFingerprint(c *x509.Certificate, fp string) bool {
+	want, err := ParseFingerprint(fp)
+	return err == nil && Fingerprint(c) == want
+}
+
+// AuthorityID is "<name>-<first 6 hex of the fingerprint>".
+func AuthorityID(name, fingerprint string) string {
+	return name + "-" + strings.TrimPrefix(fingerprint, "sha256:")[:6]
+}
+
+// LeafRequest is everything a leaf certificate says. The authority fills it;
+// nothing in it comes from a CSR except PublicKey.
+type LeafRequest struct {
+	PublicKey   crypto.PublicKey
+	SPIFFEID    *url.URL
+	CommonName  string
+	DNSNames    []string
+	IPAddresses []net.IP
+	ServerAuth  bool
+	ClientAuth  bool
+	// NotBefore is the issuance time; the certificate is valid from
+	// Backdate earlier until NotBefore+TTL, cut at the issuer's expiry.
+	NotBefore time.Time
+	TTL       time.Duration
+}
+
+// Issue signs a leaf certificate.
+func (i *Issuer) Issue(req LeafRequest) (*x509.Certificate, error) {
+	if !i.Cert.IsCA {
+		return nil, fmt.Errorf("ca: %q is not a CA", i.Cert.Subject.CommonName)
+	}
+	if err := AllowedPublicKey(req.PublicKey); err != nil {
+		return nil, err
+	}
+	if req.TTL <= 0 {
+		return nil, errors.New("ca: certificate lifetime must be positive")
+	}
+	if !req.ServerAuth && !req.ClientAuth {
+		return nil, errors.New("ca: a leaf needs server or client auth")
+	}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: req.CommonName},
+		NotBefore:   req.NotBefore.Add(-Backdate),
+		NotAfter:    req.NotBefore.Add(req.TTL),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		DNSNames:    req.DNSNames,
+		IPAddresses: req.IPAddresses,
+		// Leaves are never CAs, and say so.
+		BasicConstraintsValid: true,
+	}
+	if req.SPIFFEID != nil {
+		tmpl.URIs = []*url.URL{req.SPIFFEID}
+	}
+	if req.ServerAuth {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	}
+	if req.ClientAuth {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
+	}
+	// A leaf that outlived its issuer would fail to verify anyway; cutting
+	// it makes its expiry honest.
+	if tmpl.NotAfter.After(i.Cert.NotAfter) {
+		tmpl.NotAfter = i.Cert.NotAfter
+	}
+	return sign(tmpl, req.PublicKey, i.Cert, i.Key)
+}
+
+// ChainPEM returns leaf then the issuer's certificate, PEM encoded.
+func (i *Issuer) ChainPEM(leaf *x509.Certificate) []byte {
+	return append(EncodeCertPEM(leaf), EncodeCertPEM(i.Cert)...)
+}
+
+// AllowedPublicKey accepts ECDSA P-256 and Ed25519 keys.
+func AllowedPublicKey(pub crypto.PublicKey) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve == elliptic.P256() {
+			return nil
+		}
+	case ed25519PublicKey:
+		return nil
+	}
+	return ErrKeyType
+}
