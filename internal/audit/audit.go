@@ -1,0 +1,205 @@
+// Package audit is the authority's audit log: a chain of records, each
+// bound to the one before it by a keyed hash, whose head is signed at
+// intervals.
+//
+// The chain key and the checkpoint signing key live outside the store. So
+// someone who can write the database but not read those keys cannot edit,
+// insert, remove or reorder a record, nor rebuild the whole chain, without
+// Verify naming the first record that is wrong: the chain catches everything
+// but a cut tail, and the signed checkpoints, also kept in a file outside the
+// database, catch the cut tail.
+package audit
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Results of an audited action.
+const (
+	ResultOK     = "ok"
+	ResultDenied = "denied"
+	ResultError  = "error"
+)
+
+// ErrInvalidEvent is returned by Record for an event that cannot be
+// recorded; nothing is written.
+var ErrInvalidEvent = errors.New("audit: invalid event")
+
+// Event is what happened, as the caller tells it; Record adds the sequence
+// number, the time and the hashes.
+type Event struct {
+	Actor         string
+	Action        string
+	Target        string
+	Result        string
+	Reason        string
+	Source        string
+	CorrelationID string
+}
+
+// Store is the part of store.Store the audit log needs.
+type Store interface {
+	AppendAudit(ctx context.Context, build func(store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error)
+	AuditHead(ctx context.Context) (store.AuditHead, error)
+	ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditRecord, error)
+	InsertAuditCheckpoint(ctx context.Context, c store.AuditCheckpoint) error
+	ListAuditCheckpoints(ctx context.Context) ([]store.AuditCheckpoint, error)
+}
+
+// Config configures a Logger.
+type Config struct {
+	Store Store
+	// ChainKey keys the record hashes. It must be at least 32 bytes and must
+	// not be kept in the store, or whoever writes the store can rebuild the
+	// chain.
+	ChainKey []byte
+	// CheckpointKey signs checkpoints; like ChainKey it is kept outside the
+	// store.
+	CheckpointKey ed25519.PrivateKey
+	// CheckpointFile, if set, receives a copy of the latest checkpoint, so
+	// that removing records from the tail and the checkpoints that cover
+	// them from the store is still caught.
+	CheckpointFile string
+	// Now is the clock of record and checkpoint times; time.Now if nil.
+	Now func() time.Time
+	// CheckpointInterval is how often Run checkpoints; one minute if zero.
+	CheckpointInterval time.Duration
+	// OnAppend, if set, is called after each record is appended.
+	OnAppend func(Event)
+}
+
+// Logger appends to the audit chain, checkpoints it and verifies it. It is
+// safe for concurrent use, also by several processes on one store: the
+// store serializes appends and rejects duplicate checkpoints.
+type Logger struct {
+	st       Store
+	chainKey []byte
+	signKey  ed25519.PrivateKey
+	pub      ed25519.PublicKey
+	keyID    string
+	file     string
+	now      func() time.Time
+	interval time.Duration
+	onAppend func(Event)
+
+	// cpMu serializes Checkpoint, so that the file is written by one call at
+	// a time and last only moves forward.
+	cpMu sync.Mutex
+	// last is the newest checkpoint known to be signed by this key; valid
+	// once lastLoaded.
+	last       store.AuditCheckpoint
+	lastLoaded bool
+}
+
+// New returns a Logger for cfg.
+func New(cfg Config) (*Logger, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("audit: no store")
+	}
+	if len(cfg.ChainKey) < 32 {
+		return nil, fmt.Errorf("audit: chain key is %d bytes, want at least 32", len(cfg.ChainKey))
+	}
+	if len(cfg.CheckpointKey) != ed25519.PrivateKeySize {
+		return nil, fmt.Errorf("audit: checkpoint key is %d bytes, want %d", len(cfg.CheckpointKey), ed25519.PrivateKeySize)
+	}
+	// An ed25519.PrivateKey carries its public half; one that does not match
+	// the seed would sign checkpoints that never verify.
+	if !bytes.Equal(ed25519.NewKeyFromSeed(cfg.CheckpointKey.Seed()), cfg.CheckpointKey) {
+		return nil, errors.New("audit: checkpoint key is inconsistent: its public half does not match its seed")
+	}
+	if cfg.CheckpointInterval < 0 {
+		return nil, fmt.Errorf("audit: negative checkpoint interval %v", cfg.CheckpointInterval)
+	}
+	l := &Logger{
+		st:       cfg.Store,
+		chainKey: bytes.Clone(cfg.ChainKey),
+		signKey:  bytes.Clone(cfg.CheckpointKey),
+		file:     cfg.CheckpointFile,
+		now:      cfg.Now,
+		interval: cfg.CheckpointInterval,
+		onAppend: cfg.OnAppend,
+	}
+	l.pub = l.signKey.Public().(ed25519.PublicKey)
+	l.keyID = KeyID(l.pub)
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if l.interval == 0 {
+		l.interval = time.Minute
+	}
+	return l, nil
+}
+
+// Record appends e to the chain and returns the record as stored.
+func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error) {
+	if e.Action == "" {
+		return store.AuditRecord{}, fmt.Errorf("%w: no action", ErrInvalidEvent)
+	}
+	switch e.Result {
+	case ResultOK, ResultDenied, ResultError:
+	default:
+		return store.AuditRecord{}, fmt.Errorf("%w: result %q is not %q, %q or %q",
+			ErrInvalidEvent, e.Result, ResultOK, ResultDenied, ResultError)
+	}
+	rec, err := l.st.AppendAudit(ctx, func(head store.AuditHead) (store.AuditRecord, error) {
+		// The time is read while the store holds the chain, so record
+		// times never go backwards along the chain as long as the clock
+		// does not.
+		r := store.AuditRecord{
+			Seq:           head.Seq + 1,
+			Time:          l.now().Truncate(time.Microsecond).UTC(),
+			Actor:         e.Actor,
+			Action:        e.Action,
+			Target:        e.Target,
+			Result:        e.Result,
+			Reason:        e.Reason,
+			Source:        e.Source,
+			CorrelationID: e.CorrelationID,
+			PrevHash:      head.Hash,
+		}
+		r.Hash = ChainHash(l.chainKey, r)
+		return r, nil
+	})
+	if err != nil {
+		return store.AuditRecord{}, fmt.Errorf("audit: record %s: %w", e.Action, err)
+	}
+	if l.onAppend != nil {
+		l.onAppend(e)
+	}
+	return rec, nil
+}
+
+// ChainHash is the hash of r: HMAC-SHA256 under key over every field of r
+// but Hash, including PrevHash, which is what chains the records. Each field
+// is prefixed with its length, so no two different records hash the same
+// input by shifting bytes from one field into the next.
+func ChainHash(key []byte, r store.AuditRecord) []byte {
+	m := hmac.New(sha256.New, key)
+	var n [8]byte
+	field := func(b []byte) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+		m.Write(n[:])
+		m.Write(b)
+	}
+	var v [8]byte
+	binary.BigEndian.PutUint64(v[:], uint64(r.Seq))
+	field(v[:])
+	binary.BigEndian.PutUint64(v[:], uint64(r.Time.UnixMicro()))
+	field(v[:])
+	for _, s := range []string{r.Actor, r.Action, r.Target, r.Result, r.Reason, r.Source, r.CorrelationID} {
+		field([]byte(s))
+	}
+	field(r.PrevHash)
+	return m.Sum(nil)
+}
