@@ -1,0 +1,304 @@
+package datadir
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/psk"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+)
+
+// DefaultOperatorTTL is the lifetime of operator identities unless told
+// otherwise: short enough that a leaked one dies on its own.
+const DefaultOperatorTTL = 30 * 24 * time.Hour
+
+// InitOptions are the inputs of Init.
+type InitOptions struct {
+	Dir  Dir
+	Name string
+	// TrustDomain defaults to the authority ID.
+	TrustDomain  string
+	OperatorName string
+	OperatorTTL  time.Duration
+	Now          time.Time
+}
+
+// InitResult is what Init created and what the operator must be told once.
+type InitResult struct {
+	// Dir is the absolute path of the new data directory.
+	Dir          Dir
+	Info         Info
+	BootstrapPSK psk.PSK
+	PSKID        string
+	OperatorID   spiffeid.ID
+	OperatorFile string
+}
+
+// ErrAlreadyInitialised reports a directory Init must not touch.
+var ErrAlreadyInitialised = errors.New("datadir: already initialised")
+
+// Init creates a complete data directory. Everything is built in a staging
+// directory beside DIR and renamed into place at the end, so a failure at
+// any step leaves DIR exactly as it was.
+func Init(ctx context.Context, o InitOptions) (InitResult, error) {
+	if err := ca.ValidName(o.Name); err != nil {
+		return InitResult{}, err
+	}
+	if o.OperatorName == "" {
+		o.OperatorName = "admin"
+	}
+	if err := spiffeid.ValidNodeID(o.OperatorName); err != nil {
+		return InitResult{}, fmt.Errorf("datadir: operator name: %w", err)
+	}
+	if o.TrustDomain != "" {
+		if err := spiffeid.ValidTrustDomain(o.TrustDomain); err != nil {
+			return InitResult{}, err
+		}
+	}
+	if o.OperatorTTL == 0 {
+		o.OperatorTTL = DefaultOperatorTTL
+	}
+	if o.Now.IsZero() {
+		o.Now = time.Now()
+	}
+	target, err := filepath.Abs(string(o.Dir))
+	if err != nil {
+		return InitResult{}, err
+	}
+	if err := checkTarget(Dir(target)); err != nil {
+		return InitResult{}, err
+	}
+	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	if err != nil {
+		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, unwrapPath(err))
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(staging)
+		}
+	}()
+	if err := os.Chmod(staging, 0o700); err != nil {
+		return InitResult{}, err
+	}
+	res, err := build(ctx, Dir(staging), o)
+	if err != nil {
+		return InitResult{}, err
+	}
+	// rename(2) replaces an empty directory atomically and refuses a
+	// non-empty one, so a racing init cannot be overwritten.
+	if err := os.Rename(staging, target); err != nil {
+		return InitResult{}, fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, unwrapPath(err))
+	}
+	ok = true
+	if d, err := os.Open(filepath.Dir(target)); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	res.Dir = Dir(target)
+	res.OperatorFile = res.Dir.OperatorFile()
+	return res, nil
+}
+
+func checkTarget(d Dir) error {
+	entries, err := os.ReadDir(string(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("datadir: cannot read %s: %w", d, unwrapPath(err))
+	}
+	if _, err := os.Stat(d.InfoFile()); err == nil {
+		return fmt.Errorf("%w: %s already holds an authority; refusing to overwrite it", ErrAlreadyInitialised, d)
+	}
+	if len(entries) > 0 {
+		return fmt.Errorf("datadir: %s is not empty; give a new or empty directory", d)
+	}
+	return nil
+}
+
+func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
+	h, err := ca.Create(o.Name, o.Now)
+	if err != nil {
+		return InitResult{}, err
+	}
+	if err := h.WriteDir(d.CADir()); err != nil {
+		return InitResult{}, err
+	}
+	fp := h.Fingerprint()
+	info := Info{
+		FormatVersion: FormatVersion,
+		AuthorityID:   ca.AuthorityID(o.Name, fp),
+		Name:          o.Name,
+		TrustDomain:   o.TrustDomain,
+		CAFingerprint: fp,
+		CreatedAt:     o.Now.UTC().Truncate(time.Second),
+	}
+	if info.TrustDomain == "" {
+		info.TrustDomain = info.AuthorityID
+	}
+	sk, err := seal.DeriveStorageKey(h.RootKey)
+	if err != nil {
+		return InitResult{}, err
+	}
+	if err := sk.WriteFile(d.StorageKeyFile()); err != nil {
+		return InitResult{}, err
+	}
+
+	st, err := sqlite.Open(ctx, d.DatabaseFile())
+	if err != nil {
+		return InitResult{}, err
+	}
+	defer st.Close()
+
+	key, pskID, err := createPSK(ctx, st, sk, o.Now)
+	if err != nil {
+		return InitResult{}, err
+	}
+	opID, err := spiffeid.New(info.TrustDomain, spiffeid.RoleAdmin, o.OperatorName)
+	if err != nil {
+		return InitResult{}, err
+	}
+	op, err := IssueOperator(h.Issuer(ca.RoleAdmin), h.Root, opID, nil, o.OperatorTTL, o.Now)
+	if err != nil {
+		return InitResult{}, err
+	}
+	if err := op.Save(d.OperatorFile(), false); err != nil {
+		return InitResult{}, err
+	}
+	if err := st.InsertOperator(ctx, OperatorRecord(op, opID, "muster init", o.Now)); err != nil {
+		return InitResult{}, err
+	}
+
+	logger, err := NewAuditLogger(st, sk, d.CheckpointFile(), nil)
+	if err != nil {
+		return InitResult{}, err
+	}
+	events := []audit.Event{
+		{Actor: "muster init", Action: "authority.init", Target: info.AuthorityID, Result: audit.ResultOK, Reason: "ca " + fp},
+		{Actor: "muster init", Action: "psk.create", Target: pskID, Result: audit.ResultOK},
+		{Actor: "muster init", Action: "operator.add", Target: opID.String(), Result: audit.ResultOK},
+	}
+	for _, e := range events {
+		if _, err := logger.Record(ctx, e); err != nil {
+			return InitResult{}, err
+		}
+	}
+	if _, err := logger.Checkpoint(ctx); err != nil {
+		return InitResult{}, err
+	}
+	if err := writeJSON(d.InfoFile(), info); err != nil {
+		return InitResult{}, err
+	}
+	return InitResult{Info: info, BootstrapPSK: key, PSKID: pskID, OperatorID: opID}, nil
+}
+
+func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time) (psk.PSK, string, error) {
+	key, err := psk.Generate()
+	if err != nil {
+		return psk.PSK{}, "", err
+	}
+	sealer, err := sk.Sealer(seal.InfoPSK)
+	if err != nil {
+		return psk.PSK{}, "", err
+	}
+	id := "psk-" + uuid.NewString()
+	// The row ID is the additional data, so a ciphertext copied into another
+	// row does not decrypt.
+	ct, nonce, err := sealer.Seal(key.Bytes(), []byte(id))
+	if err != nil {
+		return psk.PSK{}, "", err
+	}
+	if err := st.InsertPSK(ctx, store.PSK{ID: id, Ciphertext: ct, Nonce: nonce, Status: store.PSKActive, CreatedAt: now}); err != nil {
+		return psk.PSK{}, "", err
+	}
+	return key, id, nil
+}
+
+// IssueOperator certifies an operator identity. With a nil key it mints a
+// fresh P-256 key.
+func IssueOperator(admin *ca.Issuer, root *x509.Certificate, id spiffeid.ID, key *ecdsa.PrivateKey, ttl time.Duration, now time.Time) (*identity.Identity, error) {
+	if key == nil {
+		var err error
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, err
+		}
+	}
+	leaf, err := admin.Issue(ca.LeafRequest{
+		PublicKey:  key.Public(),
+		SPIFFEID:   id.URL(),
+		CommonName: id.Name,
+		ClientAuth: true,
+		NotBefore:  now,
+		TTL:        ttl,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &identity.Identity{Chain: []*x509.Certificate{leaf, admin.Cert}, Key: key, Roots: []*x509.Certificate{root}}, nil
+}
+
+// OperatorRecord is the store's record of an issued operator certificate.
+func OperatorRecord(op *identity.Identity, id spiffeid.ID, createdBy string, now time.Time) store.Operator {
+	leaf := op.Leaf()
+	return store.Operator{
+		Serial:    leaf.SerialNumber.Text(16),
+		Name:      id.Name,
+		SPIFFEID:  id.String(),
+		NotBefore: leaf.NotBefore,
+		NotAfter:  leaf.NotAfter,
+		CreatedBy: createdBy,
+		CreatedAt: now,
+	}
+}
+
+func writeJSON(path string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return identity.WriteFileAtomic(path, append(data, '\n'), 0o600)
+}
+
+// unwrapPath drops the *PathError wrapper whose path would repeat what the
+// caller's message already names.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// NewAuditLogger wires the audit logger with keys derived from the storage
+// key, which lives outside the store: whoever can only write the database
+// can neither extend the chain nor sign a checkpoint.
+func NewAuditLogger(st audit.Store, sk seal.StorageKey, checkpointFile string, onAppend func(audit.Event)) (*audit.Logger, error) {
+	return audit.New(audit.Config{
+		Store:          st,
+		ChainKey:       sk.Derive(seal.InfoAuditChain, 32),
+		CheckpointKey:  ed25519.NewKeyFromSeed(sk.Derive(seal.InfoAuditCheckpoint, ed25519.SeedSize)),
+		CheckpointFile: checkpointFile,
+		Now:            time.Now,
+		OnAppend:       onAppend,
+	})
+}

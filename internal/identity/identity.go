@@ -1,0 +1,283 @@
+// Package identity holds an X.509 identity (certificate chain, private key
+// and the trust anchors it was issued under) as one PEM file, and builds the
+// TLS configurations that present it and verify a peer by its SPIFFE ID.
+//
+// Peers are verified the SPIFFE way: the chain must end at a pinned root and
+// the leaf must carry the expected SPIFFE ID; host names play no part, so an
+// authority reached through a load balancer or by IP verifies the same way.
+package identity
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/spiffeid"
+)
+
+// ErrMalformed reports an identity file that cannot be used.
+var ErrMalformed = errors.New("identity: malformed identity file")
+
+// Identity is a leaf certificate with its intermediates, its private key, and
+// the roots its holder trusts.
+type Identity struct {
+	// Chain is the leaf first, then its intermediates.
+	Chain []*x509.Certificate
+	Key   crypto.Signer
+	// Roots are the trust anchors (self-signed CA certificates).
+	Roots []*x509.Certificate
+}
+
+// ID returns the SPIFFE ID of the leaf.
+func (id *Identity) ID() (spiffeid.ID, error) {
+	return spiffeid.FromCertificate(id.Chain[0])
+}
+
+// Leaf returns the leaf certificate.
+func (id *Identity) Leaf() *x509.Certificate { return id.Chain[0] }
+
+// Encode returns the PEM file: the chain, the key, then the roots.
+func (id *Identity) Encode() ([]byte, error) {
+	var buf bytes.Buffer
+	for _, c := range id.Chain {
+		buf.Write(ca.EncodeCertPEM(c))
+	}
+	key, err := ca.EncodeKeyPEM(id.Key)
+	if err != nil {
+		return nil, err
+	}
+	buf.Write(key)
+	for _, c := range id.Roots {
+		buf.Write(ca.EncodeCertPEM(c))
+	}
+	return buf.Bytes(), nil
+}
+
+// Decode parses a file written by Encode. Self-signed CA certificates are
+// roots; the others form the chain in file order.
+func Decode(data []byte) (*Identity, error) {
+	id := &Identity{}
+	for rest := data; ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		switch block.Type {
+		case "CERTIFICATE":
+			c, err := x509.ParseCertificate(block.Bytes)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+			}
+			if isRoot(c) {
+				id.Roots = append(id.Roots, c)
+			} else {
+				id.Chain = append(id.Chain, c)
+			}
+		case "PRIVATE KEY":
+			if id.Key != nil {
+				return nil, fmt.Errorf("%w: more than one private key", ErrMalformed)
+			}
+			k, err := ca.ParseKeyPEM(pem.EncodeToMemory(block))
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+			}
+			id.Key = k
+		}
+	}
+	switch {
+	case len(id.Chain) == 0:
+		return nil, fmt.Errorf("%w: no certificate", ErrMalformed)
+	case id.Key == nil:
+		return nil, fmt.Errorf("%w: no private key", ErrMalformed)
+	case len(id.Roots) == 0:
+		return nil, fmt.Errorf("%w: no root certificate", ErrMalformed)
+	}
+	if !publicKeysEqual(id.Key.Public(), id.Chain[0].PublicKey) {
+		return nil, fmt.Errorf("%w: the private key does not match the certificate", ErrMalformed)
+	}
+	return id, nil
+}
+
+// Load reads an identity file. It refuses a file other users can read.
+func Load(path string) (*Identity, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("identity: %s is readable by other users (mode %v): run chmod 600 on it", path, fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("identity: %w", err)
+	}
+	id, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, path)
+	}
+	return id, nil
+}
+
+// Save writes the identity atomically with mode 0600. It refuses to replace
+// an existing file unless overwrite is set.
+func (id *Identity) Save(path string, overwrite bool) error {
+	data, err := id.Encode()
+	if err != nil {
+		return err
+	}
+	if !overwrite {
+		if _, err := os.Stat(path); err == nil {
+			return fmt.Errorf("identity: %s already exists", path)
+		}
+	}
+	return WriteFileAtomic(path, data, 0o600)
+}
+
+// WriteFileAtomic writes data to a temporary file beside path, syncs it,
+// renames it over path and syncs the directory, so a crash leaves either the
+// old file or the new one, never a torn one.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			os.Remove(tmp)
+		}
+	}()
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	ok = true
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// TLSCertificate returns the identity as a tls.Certificate.
+func (id *Identity) TLSCertificate() tls.Certificate {
+	tc := tls.Certificate{PrivateKey: id.Key, Leaf: id.Chain[0]}
+	for _, c := range id.Chain {
+		tc.Certificate = append(tc.Certificate, c.Raw)
+	}
+	return tc
+}
+
+// RootPool returns the roots as a pool.
+func (id *Identity) RootPool() *x509.CertPool {
+	p := x509.NewCertPool()
+	for _, r := range id.Roots {
+		p.AddCert(r)
+	}
+	return p
+}
+
+// Matcher accepts or refuses a peer's SPIFFE ID.
+type Matcher func(spiffeid.ID) error
+
+// MatchID accepts exactly want.
+func MatchID(want spiffeid.ID) Matcher {
+	return func(got spiffeid.ID) error {
+		if got != want {
+			return fmt.Errorf("identity: peer is %s, want %s", got, want)
+		}
+		return nil
+	}
+}
+
+// MatchRole accepts any ID of role in trust domain td.
+func MatchRole(td string, role spiffeid.Role) Matcher {
+	return func(got spiffeid.ID) error {
+		if got.TrustDomain != td || got.Role != role {
+			return fmt.Errorf("identity: peer is %s, want a %s of trust domain %s", got, role, td)
+		}
+		return nil
+	}
+}
+
+// ClientTLS returns a client configuration that presents the identity (when
+// id is not nil) and accepts only a server whose chain ends at roots and
+// whose leaf's SPIFFE ID match accepts.
+func ClientTLS(id *Identity, roots *x509.CertPool, match Matcher) *tls.Config {
+	cfg := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// Host names are not how muster identifies an authority: the
+		// SPIFFE ID is, checked in VerifyConnection below.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return VerifyPeer(cs.PeerCertificates, roots, match, x509.ExtKeyUsageServerAuth, time.Now())
+		},
+		NextProtos: []string{"h2"},
+	}
+	if id != nil {
+		cert := id.TLSCertificate()
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg
+}
+
+// VerifyPeer checks that certs (leaf first, then intermediates) chain to
+// roots for usage and that match accepts the leaf's SPIFFE ID.
+func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, usage x509.ExtKeyUsage, now time.Time) error {
+	if len(certs) == 0 {
+		return errors.New("identity: peer presented no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{
+		Roots:         roots,
+		Intermediates: inter,
+		CurrentTime:   now,
+		KeyUsages:     []x509.ExtKeyUsage{usage},
+	}); err != nil {
+		return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+	}
+	got, err := spiffeid.FromCertificate(certs[0])
+	if err != nil {
+		return fmt.Errorf("identity: peer certificate: %w", err)
+	}
+	return match(got)
+}
+
+func isRoot(c *x509.Certificate) bool {
+	return c.IsCA && bytes.Equal(c.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(c) == nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	type equaler interface{ Equal(crypto.PublicKey) bool }
+	e, ok := a.(equaler)
+	return ok && e.Equal(b)
+}
