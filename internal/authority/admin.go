@@ -1,0 +1,274 @@
+package authority
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// Operator identities are short-lived by default and capped, so a leaked
+// one dies on its own.
+const (
+	defaultOperatorTTL = 30 * 24 * time.Hour
+	maxOperatorTTL     = 366 * 24 * time.Hour
+	maxLockReason      = 512
+)
+
+type adminService struct {
+	musterv1.UnimplementedAdminServiceServer
+	s *Server
+}
+
+// record writes an audit record for a handler's outcome; err nil is
+// success. The record is written even when the caller went away.
+func (a *adminService) record(ctx context.Context, action, target string, err error) {
+	c := callerFrom(ctx)
+	e := audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Source: c.Source, CorrelationID: c.CorrelationID}
+	if err != nil {
+		e.Result = audit.ResultDenied
+		switch status.Code(err) {
+		case codes.Internal, codes.Unavailable, codes.Unknown, codes.DataLoss:
+			e.Result = audit.ResultError
+		}
+		e.Reason = status.Convert(err).Message()
+	}
+	if _, werr := a.s.audit.Record(context.WithoutCancel(ctx), e); werr != nil {
+		a.s.log.Error("audit write failed", "action", action, "err", werr)
+	}
+}
+
+func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusRequest) (*musterv1.GetStatusResponse, error) {
+	v, err := a.s.store.SchemaVersion(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.GetStatusResponse{
+		AuthorityId:   a.s.info.AuthorityID,
+		TrustDomain:   a.s.info.TrustDomain,
+		CaFingerprint: a.s.info.CAFingerprint,
+		Version:       a.s.cfg.Version,
+		Caller:        callerFrom(ctx).Actor(),
+		SchemaVersion: int32(v),
+		StartedAt:     timestamppb.New(a.s.started),
+	}, nil
+}
+
+func (a *adminService) AddOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
+	resp, err := a.addOperator(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "operator.add", req.GetName(), err)
+	return resp, err
+}
+
+func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
+	id, err := spiffeid.New(a.s.info.TrustDomain, spiffeid.RoleAdmin, req.GetName())
+	if err != nil {
+		return nil, badRequest("operator name: " + err.Error())
+	}
+	ttl := defaultOperatorTTL
+	if req.GetTtl() != nil {
+		ttl = req.GetTtl().AsDuration()
+	}
+	if ttl <= 0 || ttl > maxOperatorTTL {
+		return nil, badRequest(fmt.Sprintf("ttl must be between 1s and %s", maxOperatorTTL))
+	}
+	csr, err := ca.ParseCSR(req.GetCsr())
+	if err != nil {
+		return nil, err
+	}
+	issuer := a.s.ca.Issuer(ca.RoleAdmin)
+	now := time.Now()
+	leaf, err := issuer.Issue(ca.LeafRequest{
+		PublicKey:  csr.PublicKey,
+		SPIFFEID:   id.URL(),
+		CommonName: id.Name,
+		ClientAuth: true,
+		NotBefore:  now,
+		TTL:        ttl,
+	})
+	if err != nil {
+		return nil, err
+	}
+	serial := leaf.SerialNumber.Text(16)
+	if err := a.s.store.InsertOperator(ctx, store.Operator{
+		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
+		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
+		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
+	}); err != nil {
+		return nil, err
+	}
+	return &musterv1.AddOperatorResponse{
+		CertificateChainPem: string(issuer.ChainPEM(leaf)),
+		CaCertificatePem:    string(ca.EncodeCertPEM(a.s.ca.Root)),
+		SpiffeId:            id.String(),
+		NotAfter:            timestamppb.New(leaf.NotAfter),
+		Serial:              serial,
+	}, nil
+}
+
+func (a *adminService) ListOperators(ctx context.Context, _ *musterv1.ListOperatorsRequest) (*musterv1.ListOperatorsResponse, error) {
+	ops, err := a.s.store.ListOperators(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	locks, err := a.s.store.ListLocks(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	locked := map[string]bool{}
+	for _, l := range locks {
+		if l.Kind == store.LockAdmin {
+			locked[l.Target] = true
+		}
+	}
+	resp := &musterv1.ListOperatorsResponse{}
+	for _, o := range ops {
+		resp.Operators = append(resp.Operators, &musterv1.Operator{
+			Name: o.Name, SpiffeId: o.SPIFFEID, Serial: o.Serial,
+			NotBefore: timestamppb.New(o.NotBefore), NotAfter: timestamppb.New(o.NotAfter),
+			CreatedBy: o.CreatedBy, Locked: locked[o.Name],
+		})
+	}
+	return resp, nil
+}
+
+var lockKinds = map[string]bool{
+	store.LockNode: true, store.LockInstance: true, store.LockToken: true,
+	store.LockPublicKey: true, store.LockAdmin: true,
+}
+
+func (a *adminService) CreateLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
+	resp, err := a.createLock(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "lock.create", req.GetKind()+":"+req.GetTarget(), err)
+	return resp, err
+}
+
+func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
+	if !lockKinds[req.GetKind()] {
+		return nil, badRequest("lock kind must be one of node, instance, token, public_key, admin")
+	}
+	if req.GetTarget() == "" || len(req.GetTarget()) > 512 {
+		return nil, badRequest("lock target must be 1 to 512 characters")
+	}
+	if len(req.GetReason()) > maxLockReason {
+		return nil, badRequest(fmt.Sprintf("lock reason must be at most %d characters", maxLockReason))
+	}
+	c := callerFrom(ctx)
+	if req.GetKind() == store.LockAdmin && req.GetTarget() == c.ID.Name {
+		return nil, status.Error(codes.FailedPrecondition, "refusing to lock the identity making the request: it would lock you out; use another operator")
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l := store.Lock{
+		ID: "lock-" + uuid.NewString()[:8], Kind: req.GetKind(), Target: req.GetTarget(),
+		Reason: req.GetReason(), CreatedBy: c.Actor(), CreatedAt: now,
+	}
+	if ttl := req.GetTtl(); ttl != nil {
+		if ttl.AsDuration() <= 0 {
+			return nil, badRequest("lock ttl must be positive")
+		}
+		l.ExpiresAt = now.Add(ttl.AsDuration())
+	}
+	if err := a.s.store.InsertLock(ctx, l); err != nil {
+		return nil, err
+	}
+	return &musterv1.CreateLockResponse{Lock: lockToProto(l)}, nil
+}
+
+func lockToProto(l store.Lock) *musterv1.Lock {
+	p := &musterv1.Lock{Id: l.ID, Kind: l.Kind, Target: l.Target, Reason: l.Reason,
+		CreatedBy: l.CreatedBy, CreatedAt: timestamppb.New(l.CreatedAt)}
+	if !l.ExpiresAt.IsZero() {
+		p.ExpiresAt = timestamppb.New(l.ExpiresAt)
+	}
+	return p
+}
+
+func (a *adminService) ListLocks(ctx context.Context, _ *musterv1.ListLocksRequest) (*musterv1.ListLocksResponse, error) {
+	locks, err := a.s.store.ListLocks(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	resp := &musterv1.ListLocksResponse{}
+	for _, l := range locks {
+		resp.Locks = append(resp.Locks, lockToProto(l))
+	}
+	return resp, nil
+}
+
+func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockRequest) (*musterv1.DeleteLockResponse, error) {
+	err := a.s.store.DeleteLock(ctx, req.GetId())
+	if errors.Is(err, store.ErrNotFound) {
+		err = status.Errorf(codes.NotFound, "no lock %q", req.GetId())
+	}
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "lock.delete", req.GetId(), err)
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.DeleteLockResponse{}, nil
+}
+
+const maxAuditPage = 1000
+
+func (a *adminService) ListAudit(ctx context.Context, req *musterv1.ListAuditRequest) (*musterv1.ListAuditResponse, error) {
+	limit := int(req.GetLimit())
+	if limit <= 0 || limit > maxAuditPage {
+		limit = maxAuditPage
+	}
+	f := store.AuditFilter{Action: req.GetAction(), AfterSeq: req.GetAfterSeq(), Limit: limit + 1}
+	if req.GetSince() != nil {
+		f.Since = req.GetSince().AsTime()
+	}
+	recs, err := a.s.store.ListAudit(ctx, f)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	resp := &musterv1.ListAuditResponse{}
+	if len(recs) > limit {
+		recs = recs[:limit]
+		resp.NextAfterSeq = recs[limit-1].Seq
+	}
+	for _, r := range recs {
+		resp.Records = append(resp.Records, &musterv1.AuditRecord{
+			Seq: r.Seq, Time: timestamppb.New(r.Time), Actor: r.Actor, Action: r.Action,
+			Target: r.Target, Result: r.Result, Reason: r.Reason, Source: r.Source,
+			CorrelationId: r.CorrelationID, Hash: hex.EncodeToString(r.Hash),
+		})
+	}
+	return resp, nil
+}
+
+func (a *adminService) VerifyAudit(ctx context.Context, _ *musterv1.VerifyAuditRequest) (*musterv1.VerifyAuditResponse, error) {
+	rep, err := a.s.audit.Verify(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	result := error(nil)
+	if !rep.OK {
+		result = status.Error(codes.DataLoss, rep.Problem)
+	}
+	a.record(ctx, "audit.verify", fmt.Sprintf("records 1..%d", rep.Head.Seq), result)
+	return &musterv1.VerifyAuditResponse{
+		Ok: rep.OK, RecordsChecked: rep.RecordsChecked, CheckpointsChecked: rep.CheckpointsChecked,
+		FirstBadSeq: rep.FirstBadSeq, Problem: rep.Problem,
+		HeadSeq: rep.Head.Seq, HeadHash: hex.EncodeToString(rep.Head.Hash),
+	}, nil
+}

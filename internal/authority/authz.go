@@ -1,0 +1,208 @@
+package authority
+
+import (
+	"bytes"
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/google/uuid"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Caller is who made a request, as far as the TLS handshake proved it.
+type Caller struct {
+	// ID is zero for a caller without a client certificate.
+	ID            spiffeid.ID
+	Cert          *x509.Certificate
+	Source        string
+	CorrelationID string
+}
+
+// Actor is how the caller appears in audit records.
+func (c Caller) Actor() string {
+	if c.ID.Role == "" {
+		return "anonymous"
+	}
+	return c.ID.String()
+}
+
+type callerKey struct{}
+
+func callerFrom(ctx context.Context) Caller {
+	c, _ := ctx.Value(callerKey{}).(Caller)
+	return c
+}
+
+// access says what a service requires of its callers. Every service the
+// authority serves must be listed: an unlisted one is refused, so a new
+// service cannot be exposed by forgetting to write its rule.
+type access int
+
+const (
+	accessPublic access = iota + 1
+	accessAdmin
+	accessAgent
+)
+
+var serviceAccess = map[string]access{
+	"muster.v1.AdminService":                   accessAdmin,
+	"grpc.health.v1.Health":                    accessPublic,
+	"grpc.reflection.v1.ServerReflection":      accessPublic,
+	"grpc.reflection.v1alpha.ServerReflection": accessPublic,
+}
+
+func serviceOf(fullMethod string) (service, method string) {
+	s := strings.TrimPrefix(fullMethod, "/")
+	if i := strings.LastIndexByte(s, '/'); i >= 0 {
+		return s[:i], s[i+1:]
+	}
+	return s, ""
+}
+
+// authorize is the one place that reads a caller's role. It returns the
+// caller for the handler, or a status error: UNAUTHENTICATED without a
+// certificate, PERMISSION_DENIED with the wrong one or a locked identity.
+func (s *Server) authorize(ctx context.Context, fullMethod string) (Caller, error) {
+	c := Caller{Source: sourceOf(ctx), CorrelationID: correlationID(ctx)}
+	chain := verifiedChain(ctx)
+	if chain != nil {
+		c.Cert = chain[0]
+		if id, err := spiffeid.FromCertificate(chain[0]); err == nil && id.TrustDomain == s.info.TrustDomain {
+			c.ID = id
+		}
+	}
+	service, _ := serviceOf(fullMethod)
+	switch serviceAccess[service] {
+	case accessPublic:
+		return c, nil
+	case accessAdmin:
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
+	case accessAgent:
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
+	default:
+		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
+	}
+}
+
+func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certificate, role spiffeid.Role, issuer ca.Role, lockKind, fullMethod string) error {
+	var reason string
+	var code codes.Code
+	switch {
+	case chain == nil:
+		code, reason = codes.Unauthenticated, "no client certificate"
+	case len(chain) < 2 || !bytes.Equal(chain[1].Raw, s.ca.Issuer(issuer).Cert.Raw):
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate", issuer)
+	case c.ID.Role != role:
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity", s.info.TrustDomain, role)
+	default:
+		_, err := s.store.FindLock(ctx, lockKind, c.ID.Name)
+		switch {
+		case err == nil:
+			code, reason = codes.PermissionDenied, "locked"
+		case errors.Is(err, store.ErrNotFound):
+			return nil
+		default:
+			s.log.Error("lock lookup failed", "err", err, "correlation_id", c.CorrelationID)
+			return status.Error(codes.Unavailable, "cannot check locks")
+		}
+	}
+	s.refusals.record(ctx, audit.Event{
+		Actor:         c.Actor(),
+		Action:        "api.access",
+		Target:        fullMethod,
+		Result:        audit.ResultDenied,
+		Reason:        reason,
+		Source:        c.Source,
+		CorrelationID: c.CorrelationID,
+	})
+	return status.Error(code, reason)
+}
+
+func verifiedChain(ctx context.Context) []*x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 {
+		return nil
+	}
+	return ti.State.VerifiedChains[0]
+}
+
+func sourceOf(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return host
+	}
+	return p.Addr.String()
+}
+
+const correlationHeader = "x-correlation-id"
+
+// correlationID takes the caller's ID when it is a plausible one, so a
+// request can be followed from the CLI into the audit log, and makes one
+// otherwise.
+func correlationID(ctx context.Context) string {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(correlationHeader); len(v) == 1 && validCorrelationID(v[0]) {
+			return v[0]
+		}
+	}
+	return uuid.NewString()
+}
+
+func validCorrelationID(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	c, err := s.authorize(ctx, info.FullMethod)
+	if err != nil {
+		return nil, err
+	}
+	grpc.SetHeader(ctx, metadata.Pairs(correlationHeader, c.CorrelationID))
+	return handler(context.WithValue(ctx, callerKey{}, c), req)
+}
+
+type wrappedStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (w wrappedStream) Context() context.Context { return w.ctx }
+
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	c, err := s.authorize(ss.Context(), info.FullMethod)
+	if err != nil {
+		return err
+	}
+	ss.SetHeader(metadata.Pairs(correlationHeader, c.CorrelationID))
+	return handler(srv, wrappedStream{ss, context.WithValue(ss.Context(), callerKey{}, c)})
+}

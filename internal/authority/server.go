@@ -1,0 +1,367 @@
+// Package authority is the service layer of the muster authority: it serves
+// the gRPC API over TLS, authorizes every call by the role in the caller's
+// certificate (authz.go), translates requests into calls on the domain
+// packages, and maps their errors to status codes in one place (status.go).
+// It holds no business rule of its own.
+package authority
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// Config is everything the authority needs; the CLI builds it from flags,
+// authority.yaml and the data directory.
+type Config struct {
+	Dir   datadir.Dir
+	Info  datadir.Info
+	CA    *ca.Hierarchy
+	Store store.Store
+	Audit *audit.Logger
+	// Listen serves the whole API; BootstrapListen (optional) only the
+	// unauthenticated bootstrap RPCs; MetricsListen (optional) /metrics,
+	// /healthz and /readyz over plain HTTP.
+	Listen          string
+	Advertise       string
+	BootstrapListen string
+	MetricsListen   string
+	AgentCertTTL    time.Duration
+	Version         string
+	Log             *slog.Logger
+	// Ready, when set, is called once every listener is bound, with the
+	// address the API is reachable at.
+	Ready func(apiAddr string)
+}
+
+// Server is a running authority.
+type Server struct {
+	info     datadir.Info
+	ca       *ca.Hierarchy
+	store    store.Store
+	audit    *audit.Logger
+	log      *slog.Logger
+	metrics  *metrics
+	refusals *refusalAuditor
+	started  time.Time
+	cfg      Config
+
+	certMu sync.Mutex
+	certs  map[ca.Role]*tls.Certificate
+}
+
+// New builds a server; Run starts it.
+func New(cfg Config, m *Metrics) *Server {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	s := &Server{
+		info:    cfg.Info,
+		ca:      cfg.CA,
+		store:   cfg.Store,
+		audit:   cfg.Audit,
+		log:     cfg.Log,
+		metrics: m.m,
+		started: time.Now(),
+		cfg:     cfg,
+		certs:   map[ca.Role]*tls.Certificate{},
+	}
+	s.refusals = newRefusalAuditor(cfg.Audit, cfg.Log)
+	return s
+}
+
+// Metrics holds the authority's metric registry. It exists before the
+// audit logger so the logger can count what it writes.
+type Metrics struct{ m *metrics }
+
+// NewMetrics creates the registry.
+func NewMetrics(version string) *Metrics { return &Metrics{newMetrics(version)} }
+
+// OnAudit is the audit logger's hook.
+func (m *Metrics) OnAudit(e audit.Event) { m.m.onAudit(e) }
+
+// serverCertTTL is short because the authority re-issues its own
+// certificate by itself, long before it expires.
+const serverCertTTL = 24 * time.Hour
+
+// certificate returns the listener's certificate for role, issuing a new one
+// when none exists or the current one is past half its life.
+func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, error) {
+	s.certMu.Lock()
+	defer s.certMu.Unlock()
+	now := time.Now()
+	if c := s.certs[role]; c != nil && now.Before(c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/2)) {
+		return c, nil
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	id, err := spiffeid.New(s.info.TrustDomain, spiffeid.RoleAuthority, s.info.AuthorityID)
+	if err != nil {
+		return nil, err
+	}
+	req := ca.LeafRequest{
+		PublicKey:  key.Public(),
+		SPIFFEID:   id.URL(),
+		CommonName: s.info.AuthorityID,
+		ServerAuth: true,
+		NotBefore:  now,
+		TTL:        serverCertTTL,
+	}
+	for _, h := range hosts {
+		if ip := net.ParseIP(h); ip != nil {
+			req.IPAddresses = append(req.IPAddresses, ip)
+		} else if h != "" {
+			req.DNSNames = append(req.DNSNames, h)
+		}
+	}
+	issuer := s.ca.Issuer(role)
+	leaf, err := issuer.Issue(req)
+	if err != nil {
+		return nil, fmt.Errorf("authority: issuing the %s listener certificate: %w", role, err)
+	}
+	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw, issuer.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	s.certs[role] = c
+	return c, nil
+}
+
+func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
+	if _, err := s.certificate(role, hosts); err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// Ask for a client certificate but do not require one: bootstrap
+		// callers have none yet, and an agent that has one must be seen as
+		// renewing, never as joining again.
+		ClientAuth: tls.VerifyClientCertIfGiven,
+		ClientCAs:  s.ca.RootPool(),
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return s.certificate(role, hosts)
+		},
+		NextProtos: []string{"h2"},
+	}, nil
+}
+
+func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
+	gs := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(tc)),
+		grpc.ChainUnaryInterceptor(s.metrics.unary, s.unaryAuth),
+		grpc.ChainStreamInterceptor(s.metrics.stream, s.streamAuth),
+		grpc.MaxRecvMsgSize(1<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(gs, hs)
+	if admin {
+		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+	}
+	reflection.Register(gs)
+	return gs
+}
+
+// hostsOf lists the host parts of addresses for the certificate's SANs. An
+// unspecified address (":7443", "0.0.0.0:7443") stands for every interface,
+// so the certificate gets the machine's name and loopback.
+func hostsOf(addrs ...string) []string {
+	seen := map[string]bool{}
+	var out []string
+	add := func(h string) {
+		if !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	for _, a := range addrs {
+		if a == "" {
+			continue
+		}
+		h, _, err := net.SplitHostPort(a)
+		if err != nil {
+			h = a
+		}
+		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
+			if name, err := os.Hostname(); err == nil {
+				add(name)
+			}
+			add("localhost")
+			add("127.0.0.1")
+			add("::1")
+			continue
+		}
+		add(h)
+	}
+	return out
+}
+
+// Run binds every listener, records the advertised address, serves until
+// ctx is done and then stops gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, unwrapOp(err))
+	}
+	defer lis.Close()
+	advertise := s.cfg.Advertise
+	if advertise == "" {
+		advertise = lis.Addr().String()
+	}
+	tc, err := s.serverTLS(ca.RoleServer, hostsOf(s.cfg.Listen, lis.Addr().String(), advertise))
+	if err != nil {
+		return err
+	}
+	api := s.grpcServer(tc, true)
+
+	var bootLis net.Listener
+	var boot *grpc.Server
+	if s.cfg.BootstrapListen != "" {
+		if bootLis, err = net.Listen("tcp", s.cfg.BootstrapListen); err != nil {
+			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, unwrapOp(err))
+		}
+		defer bootLis.Close()
+		btc, err := s.serverTLS(ca.RoleBootstrap, hostsOf(s.cfg.BootstrapListen, bootLis.Addr().String()))
+		if err != nil {
+			return err
+		}
+		boot = s.grpcServer(btc, false)
+	}
+
+	var metricsLis net.Listener
+	var metricsSrv *http.Server
+	if s.cfg.MetricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", s.cfg.MetricsListen); err != nil {
+			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, unwrapOp(err))
+		}
+		defer metricsLis.Close()
+		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {
+		return fmt.Errorf("authority: recording the address in %s: %w", s.cfg.Dir, err)
+	}
+	if _, err := s.audit.Record(ctx, audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
+		Result: audit.ResultOK, Reason: "listening on " + lis.Addr().String() + ", advertising " + advertise}); err != nil {
+		return fmt.Errorf("authority: the audit log is not writable: %w", err)
+	}
+	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
+		"bootstrap_listen", addrOf(bootLis), "metrics_listen", addrOf(metricsLis))
+	if s.cfg.Ready != nil {
+		s.cfg.Ready(advertise)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return api.Serve(lis) })
+	if boot != nil {
+		g.Go(func() error { return boot.Serve(bootLis) })
+	}
+	if metricsSrv != nil {
+		g.Go(func() error {
+			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return s.refusals.Run(gctx) })
+	g.Go(func() error { return s.audit.Run(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		s.log.Info("authority stopping")
+		stopGracefully(api, 10*time.Second)
+		if boot != nil {
+			stopGracefully(boot, 10*time.Second)
+		}
+		if metricsSrv != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			metricsSrv.Shutdown(sctx)
+			cancel()
+		}
+		return nil
+	})
+	err = g.Wait()
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.audit.Record(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
+	s.audit.Checkpoint(rctx)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		err = nil
+	}
+	return err
+}
+
+func stopGracefully(gs *grpc.Server, timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { gs.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+		gs.Stop()
+	}
+}
+
+func (s *Server) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := s.store.Now(ctx); err != nil {
+			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// unwrapOp keeps the system's reason ("address already in use") and drops
+// the *net.OpError prefix that would repeat the address.
+func unwrapOp(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		var se *os.SyscallError
+		if errors.As(oe.Err, &se) {
+			return se.Err
+		}
+		return oe.Err
+	}
+	return err
+}

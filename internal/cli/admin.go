@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newAdminCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "admin", Short: "Manage operator identities"}
+	cmd.AddCommand(newAdminAddCmd(env), newAdminListCmd(env))
+	return cmd
+}
+
+func newAdminAddCmd(env *Env) *cobra.Command {
+	var (
+		af   adminFlags
+		ttl  time.Duration
+		path string
+		out  output
+	)
+	cmd := &cobra.Command{
+		Use:   "add NAME",
+		Short: "Issue another operator identity",
+		Long: `add issues an operator identity (spiffe://TD/admin/NAME) from the admin
+intermediate. The key is made here and never leaves this machine; the file
+(0600) holds the certificate chain, the key and the root CA.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			name := args[0]
+			if path == "" {
+				path = name + ".pem"
+			}
+			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				return err
+			}
+			csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: name}}, key)
+			if err != nil {
+				return err
+			}
+			c, err := af.dial(env)
+			if err != nil {
+				return fmt.Errorf("admin add: %w", err)
+			}
+			defer c.Close()
+			ctx, cancel := af.context(cmd.Context())
+			defer cancel()
+			resp, err := c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: name, Csr: csr, Ttl: durationpb.New(ttl)})
+			if err != nil {
+				return fmt.Errorf("admin add: %w", err)
+			}
+			chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+			if err != nil {
+				return fmt.Errorf("admin add: the authority answered with a bad chain: %w", err)
+			}
+			roots, err := ca.ParseCertsPEM([]byte(resp.GetCaCertificatePem()))
+			if err != nil {
+				return fmt.Errorf("admin add: the authority answered with a bad root: %w", err)
+			}
+			id := &identity.Identity{Chain: chain, Key: key, Roots: roots}
+			if err := id.Save(path, false); err != nil {
+				return fmt.Errorf("admin add: %w", err)
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, map[string]any{
+					"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
+					"not_after": resp.GetNotAfter().AsTime(), "identity": path,
+				})
+			}
+			fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
+				resp.GetSpiffeId(), resp.GetSerial(), resp.GetNotAfter().AsTime().UTC().Format(time.RFC3339), path)
+			return nil
+		},
+	}
+	af.register(cmd)
+	cmd.Flags().DurationVar(&ttl, "ttl", 720*time.Hour, "lifetime of the identity")
+	cmd.Flags().StringVar(&path, "out", "", "file to write the identity to (default NAME.pem); never overwritten")
+	out.register(cmd)
+	return cmd
+}
+
+func newAdminListCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the operator certificates the authority issued",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			c, err := af.dial(env)
+			if err != nil {
+				return fmt.Errorf("admin list: %w", err)
+			}
+			defer c.Close()
+			ctx, cancel := af.context(cmd.Context())
+			defer cancel()
+			resp, err := c.ListOperators(ctx, &musterv1.ListOperatorsRequest{})
+			if err != nil {
+				return fmt.Errorf("admin list: %w", err)
+			}
+			if out.json() {
+				type op struct {
+					Name      string    `json:"name"`
+					SPIFFEID  string    `json:"spiffe_id"`
+					Serial    string    `json:"serial"`
+					NotAfter  time.Time `json:"not_after"`
+					CreatedBy string    `json:"created_by"`
+					Locked    bool      `json:"locked"`
+				}
+				ops := []op{}
+				for _, o := range resp.GetOperators() {
+					ops = append(ops, op{o.GetName(), o.GetSpiffeId(), o.GetSerial(), o.GetNotAfter().AsTime(), o.GetCreatedBy(), o.GetLocked()})
+				}
+				return writeJSON(env.Stdout, ops)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSERIAL\tEXPIRES\tLOCKED\tCREATED BY")
+			for _, o := range resp.GetOperators() {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%s\n", o.GetName(), o.GetSerial(),
+					o.GetNotAfter().AsTime().UTC().Format(time.RFC3339), o.GetLocked(), o.GetCreatedBy())
+			}
+			return tw.Flush()
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}

@@ -1,0 +1,100 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// adminFlags locate the authority and the operator identity of an admin
+// command: flags first, then MUSTER_AUTHORITY / MUSTER_IDENTITY, then what
+// the data directory holds (DIR/operator.pem and the address the running
+// authority recorded).
+type adminFlags struct {
+	data      string
+	authority string
+	identity  string
+	timeout   time.Duration
+}
+
+func (a *adminFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&a.data, "data", "", "authority data directory (env MUSTER_DATA, default ./muster-data)")
+	f.StringVar(&a.authority, "authority", "", "authority address HOST:PORT (env MUSTER_AUTHORITY)")
+	f.StringVar(&a.identity, "identity", "", "operator identity file (env MUSTER_IDENTITY)")
+	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long to wait for the authority")
+}
+
+type adminClient struct {
+	musterv1.AdminServiceClient
+	conn *grpc.ClientConn
+}
+
+func (c *adminClient) Close() error { return c.conn.Close() }
+
+func (a *adminFlags) dial(env *Env) (*adminClient, error) {
+	data := firstOf(a.data, env.Getenv("MUSTER_DATA"), "muster-data")
+	dir := datadir.Dir(data)
+	idPath := firstOf(a.identity, env.Getenv("MUSTER_IDENTITY"))
+	if idPath == "" {
+		idPath = dir.OperatorFile()
+	}
+	id, err := identity.Load(idPath)
+	if err != nil {
+		return nil, fmt.Errorf("%w (give an operator identity with --identity or MUSTER_IDENTITY)", err)
+	}
+	me, err := id.ID()
+	if err != nil {
+		return nil, err
+	}
+	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
+	if addr == "" {
+		rec, err := dir.ReadAddress()
+		if err != nil {
+			return nil, err
+		}
+		addr = rec.Address
+	}
+	// The authority is whoever holds an authority certificate of our trust
+	// domain under the root our identity was issued with.
+	tc := identity.ClientTLS(id, id.RootPool(), identity.MatchRole(me.TrustDomain, spiffeid.RoleAuthority))
+	conn, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
+		grpc.WithUnaryInterceptor(withCorrelationID),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &adminClient{AdminServiceClient: musterv1.NewAdminServiceClient(conn), conn: conn}, nil
+}
+
+// withCorrelationID sends one ID per call, which the authority puts in the
+// audit records the call causes.
+func withCorrelationID(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-correlation-id", uuid.NewString())
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (a *adminFlags) context(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+func firstOf(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

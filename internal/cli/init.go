@@ -1,0 +1,104 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/datadir"
+)
+
+func newInitCmd(env *Env) *cobra.Command {
+	var (
+		dir, name, td, operator string
+		out                     output
+	)
+	cmd := &cobra.Command{
+		Use:   "init --data DIR",
+		Short: "Create an authority: its CA hierarchy, storage key, bootstrap PSK and first operator identity",
+		Long: `init creates a new authority in DIR: a root CA with bootstrap, server, agent
+and admin intermediates and a policy signing certificate (ECDSA P-256), the
+storage key that encrypts secrets at rest, the embedded SQLite store, the
+first bootstrap PSK, and an operator identity (DIR/operator.pem).
+
+It refuses a DIR that already holds an authority or any other file, and
+leaves DIR untouched when anything fails.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			if dir == "" {
+				return fmt.Errorf("init: --data DIR is required")
+			}
+			res, err := datadir.Init(cmd.Context(), datadir.InitOptions{
+				Dir: datadir.Dir(dir), Name: name, TrustDomain: td, OperatorName: operator, Now: time.Now(),
+			})
+			if err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
+			return printInit(env, out, res)
+		},
+	}
+	cmd.Flags().StringVar(&dir, "data", "", "data directory to create (must not exist or be empty)")
+	cmd.Flags().StringVar(&name, "name", "muster", "authority name; the authority ID is NAME-<first 6 hex of the root fingerprint>")
+	cmd.Flags().StringVar(&td, "trust-domain", "", "SPIFFE trust domain (default: the authority ID)")
+	cmd.Flags().StringVar(&operator, "operator", "admin", "name of the first operator identity")
+	out.register(cmd)
+	return cmd
+}
+
+func printInit(env *Env, out output, res datadir.InitResult) error {
+	if out.json() {
+		return writeJSON(env.Stdout, map[string]any{
+			"authority_id":      res.Info.AuthorityID,
+			"trust_domain":      res.Info.TrustDomain,
+			"ca_fingerprint":    res.Info.CAFingerprint,
+			"bootstrap_psk":     res.BootstrapPSK.Reveal(),
+			"bootstrap_psk_id":  res.PSKID,
+			"operator":          res.OperatorID.String(),
+			"operator_identity": res.OperatorFile,
+			"agent_env": map[string]string{
+				"MUSTER_AUTHORITY_ID":   res.Info.AuthorityID,
+				"MUSTER_CA_FINGERPRINT": res.Info.CAFingerprint,
+				"MUSTER_BOOTSTRAP_PSK":  res.BootstrapPSK.Reveal(),
+			},
+		})
+	}
+	w := env.Stdout
+	fmt.Fprintf(w, "Authority ID:    %s\n", res.Info.AuthorityID)
+	fmt.Fprintf(w, "Trust domain:    %s\n", res.Info.TrustDomain)
+	fmt.Fprintf(w, "CA fingerprint:  %s\n", res.Info.CAFingerprint)
+	fmt.Fprintf(w, "Bootstrap PSK:   %s\n", res.BootstrapPSK.Reveal())
+	fmt.Fprintf(w, "Operator:        %s (identity in %s)\n", res.OperatorID, res.OperatorFile)
+	fmt.Fprintf(w, `
+Keep the bootstrap PSK secret: with it and a referral ticket a machine can
+join. The authority keeps it only encrypted.
+
+Deploy agents with:
+  MUSTER_AUTHORITY_ID=%s
+  MUSTER_CA_FINGERPRINT=%s
+  MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
+
+Next: muster authority --data %s
+`, res.Info.AuthorityID, res.Info.CAFingerprint, shellQuote(string(res.Dir)))
+	return nil
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it, so printed
+// commands can be pasted as they are.
+func shellQuote(s string) string {
+	safe := s != ""
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+:=@,", r)) {
+			safe = false
+			break
+		}
+	}
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,52 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newStatusCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show which authority answers and who you are to it",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			c, err := af.dial(env)
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			defer c.Close()
+			ctx, cancel := af.context(cmd.Context())
+			defer cancel()
+			r, err := c.GetStatus(ctx, &musterv1.GetStatusRequest{})
+			if err != nil {
+				return fmt.Errorf("status: %w", err)
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, map[string]any{
+					"authority_id": r.GetAuthorityId(), "trust_domain": r.GetTrustDomain(),
+					"ca_fingerprint": r.GetCaFingerprint(), "version": r.GetVersion(), "caller": r.GetCaller(),
+					"schema_version": r.GetSchemaVersion(), "started_at": r.GetStartedAt().AsTime(),
+				})
+			}
+			fmt.Fprintf(env.Stdout, "Authority:       %s (muster %s, schema %d, up since %s)\nCA fingerprint:  %s\nYou are:         %s\n",
+				r.GetAuthorityId(), r.GetVersion(), r.GetSchemaVersion(), r.GetStartedAt().AsTime().UTC().Format(time.RFC3339),
+				r.GetCaFingerprint(), r.GetCaller())
+			return nil
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
