@@ -1197,6 +1197,1124 @@ func (x *VerifyAuditResponse) GetHeadHash() string {
 	return ""
 }
 
+type Token struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	JoinMethod string                 `protobuf:"bytes,2,opt,name=join_method,json=joinMethod,proto3" json:"join_method,omitempty"`
+	// uses_allowed is 0 for a token usable until it expires.
+	UsesAllowed int64 `protobuf:"varint,3,opt,name=uses_allowed,json=usesAllowed,proto3" json:"uses_allowed,omitempty"`
+	UsesCount   int64 `protobuf:"varint,4,opt,name=uses_count,json=usesCount,proto3" json:"uses_count,omitempty"`
+	// expires_at is unset for a token that never expires.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// node_id is the node the token is bound to, if any.
+	NodeId      string                 `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Description string                 `protobuf:"bytes,7,opt,name=description,proto3" json:"description,omitempty"`
+	Labels      map[string]string      `protobuf:"bytes,8,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CreatedBy   string                 `protobuf:"bytes,9,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LastUsedAt  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
+	// state is active, expired or used_up.
+	State         string `protobuf:"bytes,12,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Token) Reset() {
+	*x = Token{}
+	mi := &file_muster_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Token) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Token) ProtoMessage() {}
+
+func (x *Token) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Token.ProtoReflect.Descriptor instead.
+func (*Token) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *Token) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Token) GetJoinMethod() string {
+	if x != nil {
+		return x.JoinMethod
+	}
+	return ""
+}
+
+func (x *Token) GetUsesAllowed() int64 {
+	if x != nil {
+		return x.UsesAllowed
+	}
+	return 0
+}
+
+func (x *Token) GetUsesCount() int64 {
+	if x != nil {
+		return x.UsesCount
+	}
+	return 0
+}
+
+func (x *Token) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Token) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Token) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *Token) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Token) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *Token) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Token) GetLastUsedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUsedAt
+	}
+	return nil
+}
+
+func (x *Token) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type CreateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ttl: unset means 24h; zero means the token never expires.
+	Ttl *durationpb.Duration `protobuf:"bytes,1,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// uses: unset means 1; zero means unlimited until expiry.
+	Uses        *int64            `protobuf:"varint,2,opt,name=uses,proto3,oneof" json:"uses,omitempty"`
+	NodeId      string            `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Description string            `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
+	Labels      map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// unsafe_unlimited must be set for a token with neither an expiry nor a
+	// use limit.
+	UnsafeUnlimited bool `protobuf:"varint,6,opt,name=unsafe_unlimited,json=unsafeUnlimited,proto3" json:"unsafe_unlimited,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CreateTokenRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *CreateTokenRequest) GetUses() int64 {
+	if x != nil && x.Uses != nil {
+		return *x.Uses
+	}
+	return 0
+}
+
+func (x *CreateTokenRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *CreateTokenRequest) GetUnsafeUnlimited() bool {
+	if x != nil {
+		return x.UnsafeUnlimited
+	}
+	return false
+}
+
+type CreateTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token is ID.SECRET. It is shown once and never stored in plaintext.
+	Token string `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Info  *Token `protobuf:"bytes,2,opt,name=info,proto3" json:"info,omitempty"`
+	// uri is the joining URI: token, address and CA fingerprint.
+	Uri           string `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CreateTokenResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *CreateTokenResponse) GetInfo() *Token {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *CreateTokenResponse) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*Token               `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListTokensResponse) GetTokens() []*Token {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type GetTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTokenRequest) Reset() {
+	*x = GetTokenRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTokenRequest) ProtoMessage() {}
+
+func (x *GetTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTokenRequest.ProtoReflect.Descriptor instead.
+func (*GetTokenRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTokenResponse) Reset() {
+	*x = GetTokenResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTokenResponse) ProtoMessage() {}
+
+func (x *GetTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTokenResponse.ProtoReflect.Descriptor instead.
+func (*GetTokenResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GetTokenResponse) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+type DeleteTokenRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTokenRequest) Reset() {
+	*x = DeleteTokenRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTokenRequest) ProtoMessage() {}
+
+func (x *DeleteTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTokenRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTokenRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DeleteTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type DeleteTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTokenResponse) Reset() {
+	*x = DeleteTokenResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTokenResponse) ProtoMessage() {}
+
+func (x *DeleteTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTokenResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTokenResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+type Agent struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	NodeId     string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	JoinMethod string                 `protobuf:"bytes,2,opt,name=join_method,json=joinMethod,proto3" json:"join_method,omitempty"`
+	TokenId    string                 `protobuf:"bytes,3,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	InstanceId string                 `protobuf:"bytes,4,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Generation int64                  `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	CreatedAt  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	UpdatedAt  *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	// not_after is the expiry of the last certificate issued to the current
+	// instance.
+	NotAfter     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	LastIssuedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_issued_at,json=lastIssuedAt,proto3" json:"last_issued_at,omitempty"`
+	// locked names the lock in force on the node or its instance, if any.
+	Locked        string `protobuf:"bytes,10,opt,name=locked,proto3" json:"locked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Agent) Reset() {
+	*x = Agent{}
+	mi := &file_muster_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Agent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Agent) ProtoMessage() {}
+
+func (x *Agent) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Agent.ProtoReflect.Descriptor instead.
+func (*Agent) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Agent) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Agent) GetJoinMethod() string {
+	if x != nil {
+		return x.JoinMethod
+	}
+	return ""
+}
+
+func (x *Agent) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *Agent) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *Agent) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Agent) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Agent) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Agent) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *Agent) GetLastIssuedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastIssuedAt
+	}
+	return nil
+}
+
+func (x *Agent) GetLocked() string {
+	if x != nil {
+		return x.Locked
+	}
+	return ""
+}
+
+type AgentInstance struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	State         string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	JoinMethod    string                 `protobuf:"bytes,3,opt,name=join_method,json=joinMethod,proto3" json:"join_method,omitempty"`
+	TokenId       string                 `protobuf:"bytes,4,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	PreviousId    string                 `protobuf:"bytes,5,opt,name=previous_id,json=previousId,proto3" json:"previous_id,omitempty"`
+	Generation    int64                  `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentInstance) Reset() {
+	*x = AgentInstance{}
+	mi := &file_muster_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentInstance) ProtoMessage() {}
+
+func (x *AgentInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentInstance.ProtoReflect.Descriptor instead.
+func (*AgentInstance) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *AgentInstance) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetJoinMethod() string {
+	if x != nil {
+		return x.JoinMethod
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetPreviousId() string {
+	if x != nil {
+		return x.PreviousId
+	}
+	return ""
+}
+
+func (x *AgentInstance) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AgentInstance) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+type AgentCertificate struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Serial     string                 `protobuf:"bytes,1,opt,name=serial,proto3" json:"serial,omitempty"`
+	InstanceId string                 `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Generation int64                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	JoinMethod string                 `protobuf:"bytes,4,opt,name=join_method,json=joinMethod,proto3" json:"join_method,omitempty"`
+	TokenId    string                 `protobuf:"bytes,5,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	// public_key_sha256 is the hex SHA-256 of the certified public key.
+	PublicKeySha256 string                 `protobuf:"bytes,6,opt,name=public_key_sha256,json=publicKeySha256,proto3" json:"public_key_sha256,omitempty"`
+	NotBefore       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter        *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	IssuedAt        *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=issued_at,json=issuedAt,proto3" json:"issued_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AgentCertificate) Reset() {
+	*x = AgentCertificate{}
+	mi := &file_muster_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentCertificate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentCertificate) ProtoMessage() {}
+
+func (x *AgentCertificate) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentCertificate.ProtoReflect.Descriptor instead.
+func (*AgentCertificate) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *AgentCertificate) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *AgentCertificate) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *AgentCertificate) GetGeneration() int64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *AgentCertificate) GetJoinMethod() string {
+	if x != nil {
+		return x.JoinMethod
+	}
+	return ""
+}
+
+func (x *AgentCertificate) GetTokenId() string {
+	if x != nil {
+		return x.TokenId
+	}
+	return ""
+}
+
+func (x *AgentCertificate) GetPublicKeySha256() string {
+	if x != nil {
+		return x.PublicKeySha256
+	}
+	return ""
+}
+
+func (x *AgentCertificate) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *AgentCertificate) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *AgentCertificate) GetIssuedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IssuedAt
+	}
+	return nil
+}
+
+type ListAgentsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentsRequest) Reset() {
+	*x = ListAgentsRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentsRequest) ProtoMessage() {}
+
+func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
+func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+type ListAgentsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Agents        []*Agent               `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAgentsResponse) Reset() {
+	*x = ListAgentsResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAgentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAgentsResponse) ProtoMessage() {}
+
+func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
+func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ListAgentsResponse) GetAgents() []*Agent {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+type GetAgentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAgentRequest) Reset() {
+	*x = GetAgentRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAgentRequest) ProtoMessage() {}
+
+func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
+func (*GetAgentRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GetAgentRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type GetAgentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Agent         *Agent                 `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	Instances     []*AgentInstance       `protobuf:"bytes,2,rep,name=instances,proto3" json:"instances,omitempty"`
+	Certificates  []*AgentCertificate    `protobuf:"bytes,3,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetAgentResponse) Reset() {
+	*x = GetAgentResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetAgentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetAgentResponse) ProtoMessage() {}
+
+func (x *GetAgentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetAgentResponse.ProtoReflect.Descriptor instead.
+func (*GetAgentResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetAgentResponse) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+func (x *GetAgentResponse) GetInstances() []*AgentInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+func (x *GetAgentResponse) GetCertificates() []*AgentCertificate {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+type DeleteAgentRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAgentRequest) Reset() {
+	*x = DeleteAgentRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAgentRequest) ProtoMessage() {}
+
+func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *DeleteAgentRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type DeleteAgentResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAgentResponse) Reset() {
+	*x = DeleteAgentResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAgentResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAgentResponse) ProtoMessage() {}
+
+func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{36}
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -1287,7 +2405,113 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\rfirst_bad_seq\x18\x04 \x01(\x03R\vfirstBadSeq\x12\x18\n" +
 	"\aproblem\x18\x05 \x01(\tR\aproblem\x12\x19\n" +
 	"\bhead_seq\x18\x06 \x01(\x03R\aheadSeq\x12\x1b\n" +
-	"\thead_hash\x18\a \x01(\tR\bheadHash2\xec\x04\n" +
+	"\thead_hash\x18\a \x01(\tR\bheadHash\"\x8f\x04\n" +
+	"\x05Token\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vjoin_method\x18\x02 \x01(\tR\n" +
+	"joinMethod\x12!\n" +
+	"\fuses_allowed\x18\x03 \x01(\x03R\vusesAllowed\x12\x1d\n" +
+	"\n" +
+	"uses_count\x18\x04 \x01(\x03R\tusesCount\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x17\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12 \n" +
+	"\vdescription\x18\a \x01(\tR\vdescription\x124\n" +
+	"\x06labels\x18\b \x03(\v2\x1c.muster.v1.Token.LabelsEntryR\x06labels\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\t \x01(\tR\tcreatedBy\x129\n" +
+	"\n" +
+	"created_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
+	"\flast_used_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"lastUsedAt\x12\x14\n" +
+	"\x05state\x18\f \x01(\tR\x05state\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x02\n" +
+	"\x12CreateTokenRequest\x12+\n" +
+	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x17\n" +
+	"\x04uses\x18\x02 \x01(\x03H\x00R\x04uses\x88\x01\x01\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12 \n" +
+	"\vdescription\x18\x04 \x01(\tR\vdescription\x12A\n" +
+	"\x06labels\x18\x05 \x03(\v2).muster.v1.CreateTokenRequest.LabelsEntryR\x06labels\x12)\n" +
+	"\x10unsafe_unlimited\x18\x06 \x01(\bR\x0funsafeUnlimited\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +
+	"\x05_uses\"c\n" +
+	"\x13CreateTokenResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x12$\n" +
+	"\x04info\x18\x02 \x01(\v2\x10.muster.v1.TokenR\x04info\x12\x10\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"\x13\n" +
+	"\x11ListTokensRequest\">\n" +
+	"\x12ListTokensResponse\x12(\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x10.muster.v1.TokenR\x06tokens\"!\n" +
+	"\x0fGetTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
+	"\x10GetTokenResponse\x12&\n" +
+	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\"$\n" +
+	"\x12DeleteTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
+	"\x13DeleteTokenResponse\"\xa6\x03\n" +
+	"\x05Agent\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vjoin_method\x18\x02 \x01(\tR\n" +
+	"joinMethod\x12\x19\n" +
+	"\btoken_id\x18\x03 \x01(\tR\atokenId\x12\x1f\n" +
+	"\vinstance_id\x18\x04 \x01(\tR\n" +
+	"instanceId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x03R\n" +
+	"generation\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x129\n" +
+	"\n" +
+	"updated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x127\n" +
+	"\tnot_after\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12@\n" +
+	"\x0elast_issued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\flastIssuedAt\x12\x16\n" +
+	"\x06locked\x18\n" +
+	" \x01(\tR\x06locked\"\xed\x01\n" +
+	"\rAgentInstance\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
+	"\vjoin_method\x18\x03 \x01(\tR\n" +
+	"joinMethod\x12\x19\n" +
+	"\btoken_id\x18\x04 \x01(\tR\atokenId\x12\x1f\n" +
+	"\vprevious_id\x18\x05 \x01(\tR\n" +
+	"previousId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x03R\n" +
+	"generation\x129\n" +
+	"\n" +
+	"created_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"\x80\x03\n" +
+	"\x10AgentCertificate\x12\x16\n" +
+	"\x06serial\x18\x01 \x01(\tR\x06serial\x12\x1f\n" +
+	"\vinstance_id\x18\x02 \x01(\tR\n" +
+	"instanceId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x03R\n" +
+	"generation\x12\x1f\n" +
+	"\vjoin_method\x18\x04 \x01(\tR\n" +
+	"joinMethod\x12\x19\n" +
+	"\btoken_id\x18\x05 \x01(\tR\atokenId\x12*\n" +
+	"\x11public_key_sha256\x18\x06 \x01(\tR\x0fpublicKeySha256\x129\n" +
+	"\n" +
+	"not_before\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x127\n" +
+	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\x13\n" +
+	"\x11ListAgentsRequest\">\n" +
+	"\x12ListAgentsResponse\x12(\n" +
+	"\x06agents\x18\x01 \x03(\v2\x10.muster.v1.AgentR\x06agents\"*\n" +
+	"\x0fGetAgentRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xb3\x01\n" +
+	"\x10GetAgentResponse\x12&\n" +
+	"\x05agent\x18\x01 \x01(\v2\x10.muster.v1.AgentR\x05agent\x126\n" +
+	"\tinstances\x18\x02 \x03(\v2\x18.muster.v1.AgentInstanceR\tinstances\x12?\n" +
+	"\fcertificates\x18\x03 \x03(\v2\x1b.muster.v1.AgentCertificateR\fcertificates\"-\n" +
+	"\x12DeleteAgentRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x15\n" +
+	"\x13DeleteAgentResponse2\xf6\b\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -1296,7 +2520,16 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"CreateLock\x12\x1c.muster.v1.CreateLockRequest\x1a\x1d.muster.v1.CreateLockResponse\x12F\n" +
 	"\tListLocks\x12\x1b.muster.v1.ListLocksRequest\x1a\x1c.muster.v1.ListLocksResponse\x12I\n" +
 	"\n" +
-	"DeleteLock\x12\x1c.muster.v1.DeleteLockRequest\x1a\x1d.muster.v1.DeleteLockResponse\x12F\n" +
+	"DeleteLock\x12\x1c.muster.v1.DeleteLockRequest\x1a\x1d.muster.v1.DeleteLockResponse\x12L\n" +
+	"\vCreateToken\x12\x1d.muster.v1.CreateTokenRequest\x1a\x1e.muster.v1.CreateTokenResponse\x12I\n" +
+	"\n" +
+	"ListTokens\x12\x1c.muster.v1.ListTokensRequest\x1a\x1d.muster.v1.ListTokensResponse\x12C\n" +
+	"\bGetToken\x12\x1a.muster.v1.GetTokenRequest\x1a\x1b.muster.v1.GetTokenResponse\x12L\n" +
+	"\vDeleteToken\x12\x1d.muster.v1.DeleteTokenRequest\x1a\x1e.muster.v1.DeleteTokenResponse\x12I\n" +
+	"\n" +
+	"ListAgents\x12\x1c.muster.v1.ListAgentsRequest\x1a\x1d.muster.v1.ListAgentsResponse\x12C\n" +
+	"\bGetAgent\x12\x1a.muster.v1.GetAgentRequest\x1a\x1b.muster.v1.GetAgentResponse\x12L\n" +
+	"\vDeleteAgent\x12\x1d.muster.v1.DeleteAgentRequest\x1a\x1e.muster.v1.DeleteAgentResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -1312,7 +2545,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
@@ -1333,45 +2566,100 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*ListAuditResponse)(nil),     // 16: muster.v1.ListAuditResponse
 	(*VerifyAuditRequest)(nil),    // 17: muster.v1.VerifyAuditRequest
 	(*VerifyAuditResponse)(nil),   // 18: muster.v1.VerifyAuditResponse
-	(*timestamppb.Timestamp)(nil), // 19: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*Token)(nil),                 // 19: muster.v1.Token
+	(*CreateTokenRequest)(nil),    // 20: muster.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 21: muster.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 22: muster.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 23: muster.v1.ListTokensResponse
+	(*GetTokenRequest)(nil),       // 24: muster.v1.GetTokenRequest
+	(*GetTokenResponse)(nil),      // 25: muster.v1.GetTokenResponse
+	(*DeleteTokenRequest)(nil),    // 26: muster.v1.DeleteTokenRequest
+	(*DeleteTokenResponse)(nil),   // 27: muster.v1.DeleteTokenResponse
+	(*Agent)(nil),                 // 28: muster.v1.Agent
+	(*AgentInstance)(nil),         // 29: muster.v1.AgentInstance
+	(*AgentCertificate)(nil),      // 30: muster.v1.AgentCertificate
+	(*ListAgentsRequest)(nil),     // 31: muster.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),    // 32: muster.v1.ListAgentsResponse
+	(*GetAgentRequest)(nil),       // 33: muster.v1.GetAgentRequest
+	(*GetAgentResponse)(nil),      // 34: muster.v1.GetAgentResponse
+	(*DeleteAgentRequest)(nil),    // 35: muster.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),   // 36: muster.v1.DeleteAgentResponse
+	nil,                           // 37: muster.v1.Token.LabelsEntry
+	nil,                           // 38: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	19, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	20, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	19, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	19, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	19, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	39, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	40, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	39, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	39, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	39, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	19, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	19, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	20, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	39, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	39, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	40, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	19, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	19, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	39, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	39, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	0,  // 14: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 15: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 16: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 17: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 18: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 19: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	15, // 20: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 21: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 22: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 23: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 24: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 25: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 26: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 27: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	16, // 28: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 29: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	22, // [22:30] is the sub-list for method output_type
-	14, // [14:22] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	39, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	37, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	39, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	39, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	40, // 18: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	38, // 19: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	19, // 20: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
+	19, // 21: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
+	19, // 22: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
+	39, // 23: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	39, // 24: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 25: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	39, // 26: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	39, // 27: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	39, // 28: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	39, // 29: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	39, // 30: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	28, // 31: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
+	28, // 32: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
+	29, // 33: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
+	30, // 34: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
+	0,  // 35: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 36: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 37: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 38: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 39: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 40: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	20, // 41: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	22, // 42: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	24, // 43: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	26, // 44: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	31, // 45: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	33, // 46: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	35, // 47: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	15, // 48: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 49: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 50: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 51: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 52: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 53: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 54: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 55: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	21, // 56: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	23, // 57: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	25, // 58: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	27, // 59: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	32, // 60: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	34, // 61: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	36, // 62: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	16, // 63: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 64: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	50, // [50:65] is the sub-list for method output_type
+	35, // [35:50] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -1379,13 +2667,14 @@ func file_muster_v1_admin_proto_init() {
 	if File_muster_v1_admin_proto != nil {
 		return
 	}
+	file_muster_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
