@@ -33,6 +33,9 @@ const (
 	InfoSigner          = "muster-signer-encryption"
 	InfoAuditChain      = "muster-audit-chain"
 	InfoAuditCheckpoint = "muster-audit-checkpoint"
+	// InfoTrustBundleDecoy keys the trust bundles answered for unknown
+	// token IDs.
+	InfoTrustBundleDecoy = "muster-trust-bundle-decoy"
 )
 
 // ErrDecrypt is returned for a ciphertext that does not open: a wrong key, a

@@ -1,0 +1,86 @@
+package jointoken
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func TestGenerate(t *testing.T) {
+	seen := map[string]bool{}
+	counts := map[rune]int{}
+	for range 500 {
+		tok, err := Generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := tok.Reveal()
+		if !tokenRE.MatchString(s) {
+			t.Fatalf("generated %q", s)
+		}
+		if seen[s] {
+			t.Fatalf("duplicate token %q", s)
+		}
+		seen[s] = true
+		for _, c := range s {
+			counts[c]++
+		}
+		back, err := Parse(s)
+		if err != nil || back != tok {
+			t.Fatalf("Parse(Reveal) = %v, %v", back, err)
+		}
+	}
+	// Every character of the alphabet shows up: no bias toward a subset.
+	if len(counts) != len(alphabet)+1 {
+		t.Fatalf("characters used: %d, want %d", len(counts), len(alphabet)+1)
+	}
+}
+
+func TestParse(t *testing.T) {
+	for _, tt := range []struct {
+		in string
+		ok bool
+	}{
+		{"abcdef.0123456789abcdef", true},
+		{"abcdef.0123456789abcde", false},
+		{"abcde.0123456789abcdef", false},
+		{"ABCDEF.0123456789abcdef", false},
+		{"abcdef:0123456789abcdef", false},
+		{"abcdef.0123456789abcdef\n", false},
+		{" abcdef.0123456789abcdef", false},
+		{"", false},
+	} {
+		_, err := Parse(tt.in)
+		if (err == nil) != tt.ok {
+			t.Errorf("Parse(%q) = %v, want ok %v", tt.in, err, tt.ok)
+		}
+		if err != nil && strings.Contains(err.Error(), "0123456789") {
+			t.Errorf("error repeats the input: %v", err)
+		}
+	}
+}
+
+func TestSecretEqualAndRedaction(t *testing.T) {
+	tok, _ := Parse("abcdef.0123456789abcdef")
+	if !tok.SecretEqual([]byte("0123456789abcdef")) || tok.SecretEqual([]byte("0123456789abcdeg")) || tok.SecretEqual(nil) {
+		t.Fatal("SecretEqual wrong")
+	}
+	out := fmt.Sprintf("%v %s %+v %#v", tok, tok, tok, tok)
+	if strings.Contains(out, "0123456789abcdef") || !strings.Contains(out, "abcdef") {
+		t.Fatalf("printed: %s", out)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add("abcdef.0123456789abcdef")
+	f.Add("abcdef.")
+	f.Fuzz(func(t *testing.T, s string) {
+		tok, err := Parse(s)
+		if err != nil {
+			return
+		}
+		if tok.Reveal() != s || !ValidID(tok.ID) || len(tok.Secret()) != secretLen {
+			t.Fatalf("Parse(%q) = %#v", s, tok)
+		}
+	})
+}
