@@ -177,4 +177,6 @@ type Store interface {
 	InsertAuditCheckpoint(ctx context.Context, c AuditCheckpoint) error
 	// ListAuditCheckpoints returns every checkpoint in ascending Seq.
 	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
+
+	JoinStore
 }

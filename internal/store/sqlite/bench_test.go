@@ -98,3 +98,94 @@ func BenchmarkFindLock(b *testing.B) {
 		}
 	})
 }
+
+// benchJoin is a complete join of node-n under token t1, as the authority
+// builds it.
+func benchJoin(n int64) store.Join {
+	now := time.Now()
+	id := fmt.Sprintf("%d", n)
+	key := sha256.Sum256([]byte(id))
+	serial := fmt.Sprintf("%032x", n)
+	return store.Join{
+		TokenID: "t1", NodeID: "node-" + id, RetryWindow: time.Minute,
+		Instance: store.Instance{
+			ID: "i-" + id, JoinMethod: store.JoinMethodToken, TokenID: "t1", CreatedAt: now,
+			LastSerial: serial, LastPublicKey: key[:], LastChainPEM: make([]byte, 1500), LastIssuedAt: now,
+		},
+		Certificate: store.Certificate{
+			Serial: serial, NodeID: "node-" + id, InstanceID: "i-" + id, JoinMethod: store.JoinMethodToken,
+			TokenID: "t1", PublicKey: key[:], NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+		},
+	}
+}
+
+func benchToken(b *testing.B, s *SQLite) {
+	if err := s.InsertToken(b.Context(), store.Token{
+		ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		CreatedBy: "admin", CreatedAt: time.Now(),
+	}); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkCommitJoin measures one durable admission of a new node: the
+// retry check, the token use, the node claim and three inserts in one
+// transaction.
+func BenchmarkCommitJoin(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n int64
+	for b.Loop() {
+		n++
+		if _, err := s.CommitJoin(ctx, benchJoin(n)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommitJoinParallel measures admissions from many goroutines
+// sharing one token, which queue on the single writer connection.
+func BenchmarkCommitJoinParallel(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n atomic.Int64
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.CommitJoin(ctx, benchJoin(n.Add(1))); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkCommitRenewal measures one durable renewal of one instance,
+// generation after generation.
+func BenchmarkCommitRenewal(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	res, err := s.CommitJoin(ctx, benchJoin(0))
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := res.Instance
+	for b.Loop() {
+		now := time.Now()
+		serial := fmt.Sprintf("%032x", 1_000_000_000+in.Generation)
+		r := store.Renewal{
+			InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM,
+			Certificate: store.Certificate{
+				Serial: serial, NodeID: in.NodeID, InstanceID: in.ID, Generation: in.Generation + 1,
+				JoinMethod: in.JoinMethod, TokenID: in.TokenID, PublicKey: in.LastPublicKey,
+				NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+			},
+		}
+		if in, err = s.CommitRenewal(ctx, r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

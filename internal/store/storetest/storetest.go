@@ -38,6 +38,11 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Audit", auditCases()},
 		{"AuditList", auditListCases()},
 		{"Checkpoint", checkpointCases()},
+		{"Token", tokenCases()},
+		{"Join", joinCases()},
+		{"JoinRetry", retryCases()},
+		{"Renewal", renewalCases()},
+		{"Node", nodeCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -1,0 +1,183 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors of the join and renewal writes. Each names the one
+// condition that failed, so the service layer can answer with the code
+// DESIGN.md gives it without a second read.
+var (
+	// ErrTokenSpent: the token is expired or has no use left, by the store
+	// clock, at the moment of the conditional write.
+	ErrTokenSpent = errors.New("store: token expired or used up")
+	// ErrNodeTaken: the node ID is held by another instance and the join
+	// may not supersede it.
+	ErrNodeTaken = errors.New("store: node ID already exists")
+)
+
+// Join methods.
+const (
+	JoinMethodToken        = "token"
+	JoinMethodPSK          = "psk"
+	JoinMethodBoundKeypair = "bound-keypair"
+)
+
+// Token is one join token. The secret is kept only sealed (Ciphertext and
+// Nonce, with the token ID as additional data).
+type Token struct {
+	ID          string
+	JoinMethod  string
+	Ciphertext  []byte
+	Nonce       []byte
+	UsesAllowed int64 // 0: unlimited until expiry
+	UsesCount   int64
+	ExpiresAt   time.Time // zero: never expires
+	NodeID      string    // the node the token is bound to, or ""
+	Description string
+	Labels      map[string]string
+	CreatedBy   string
+	CreatedAt   time.Time
+	LastUsedAt  time.Time
+}
+
+// Instance states. A lock is not a state: it is a separate deny rule.
+const (
+	InstanceCurrent    = "current"
+	InstanceSuperseded = "superseded"
+	InstanceDeleted    = "deleted"
+)
+
+// Node is one admitted machine: the holder of a node ID. It lives from its
+// first join until an operator deletes it.
+type Node struct {
+	ID         string
+	JoinMethod string // method of the current instance's join
+	TokenID    string // token of the current instance's join, if any
+	InstanceID string // the current instance
+	CreatedAt  time.Time
+	UpdatedAt  time.Time // last join or supersession
+}
+
+// Instance is one continuous identity of a node.
+type Instance struct {
+	ID         string
+	NodeID     string
+	JoinMethod string
+	TokenID    string
+	PreviousID string // the instance this one superseded, or ""
+	State      string
+	Generation int64 // renewals so far; the join issues generation 0
+	CreatedAt  time.Time
+	// The last certificate issued to the instance, kept to answer a retry
+	// of the request that produced it.
+	LastSerial    string
+	LastPublicKey []byte // SHA-256 of the certified SubjectPublicKeyInfo
+	LastChainPEM  []byte
+	LastIssuedAt  time.Time
+}
+
+// Certificate is the record of one certificate issued to a node.
+type Certificate struct {
+	Serial     string // lower-case hex, unique
+	NodeID     string
+	InstanceID string
+	Generation int64
+	JoinMethod string
+	TokenID    string
+	PublicKey  []byte // SHA-256 of the SubjectPublicKeyInfo
+	NotBefore  time.Time
+	NotAfter   time.Time
+	IssuedAt   time.Time
+}
+
+// Join is everything one admission writes.
+type Join struct {
+	// TokenID is the token whose use this is; "" for methods without one.
+	TokenID string
+	NodeID  string
+	// MaySupersede lets the join replace the node's current instance (a
+	// token bound to this node: deliberate re-provisioning). Otherwise a
+	// held node ID fails with ErrNodeTaken.
+	MaySupersede bool
+	// RetryWindow: if the node's current instance was created by this
+	// token within the window, is still at generation 0, and certified the
+	// same public key, the join is a retry of a lost reply: nothing is
+	// written and that instance is returned with Retry set.
+	RetryWindow time.Duration
+	// Instance is the new instance: ID, JoinMethod, TokenID, CreatedAt and
+	// the Last* fields of its first certificate. NodeID, State, PreviousID
+	// and Generation are set by CommitJoin.
+	Instance    Instance
+	Certificate Certificate
+}
+
+// JoinResult reports what CommitJoin did.
+type JoinResult struct {
+	Instance Instance
+	// Retry: the join repeated an earlier one; nothing was written.
+	Retry bool
+	// Superseded is the ID of the instance this join replaced, or "".
+	Superseded string
+}
+
+// Renewal is one certificate issued to an existing instance.
+type Renewal struct {
+	InstanceID string
+	// FromGeneration is the generation of the certificate presented; the
+	// write succeeds only if the instance is still current at it.
+	FromGeneration int64
+	Certificate    Certificate // Generation is FromGeneration+1
+	ChainPEM       []byte
+}
+
+// JoinStore is the part of the store that admits and renews nodes. Every
+// method that must happen once is one transaction whose conditions are
+// checked against the store clock inside it.
+type JoinStore interface {
+	// InsertToken adds a token; ErrConflict if its ID exists.
+	InsertToken(ctx context.Context, t Token) error
+	// GetToken returns a token, expired or not; ErrNotFound.
+	GetToken(ctx context.Context, id string) (Token, error)
+	// ListTokens returns every token, oldest first.
+	ListTokens(ctx context.Context) ([]Token, error)
+	// DeleteToken removes a token; ErrNotFound. Nodes it admitted keep
+	// their identities.
+	DeleteToken(ctx context.Context, id string) error
+	// DeleteExpiredTokens removes tokens that expired more than retention
+	// ago by the store clock and returns their IDs.
+	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
+
+	// CommitJoin performs one admission as a single transaction: the retry
+	// check; one use of the token (ErrTokenSpent if it is expired or used
+	// up by the store clock; ErrNotFound if it is gone); the node ID claim
+	// (ErrNodeTaken, or supersession when allowed); the new instance; the
+	// certificate record. On any error nothing is written.
+	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
+	// CommitRenewal advances an instance from FromGeneration to
+	// FromGeneration+1 and records the certificate, only if the instance
+	// is current and at FromGeneration; else ErrConflict and nothing is
+	// written (the caller re-reads the instance to tell a retry from a
+	// copy). ErrNotFound if there is no such instance.
+	CommitRenewal(ctx context.Context, r Renewal) (Instance, error)
+
+	// GetNode returns a node; ErrNotFound.
+	GetNode(ctx context.Context, id string) (Node, error)
+	// ListNodes returns every node, ordered by ID.
+	ListNodes(ctx context.Context) ([]Node, error)
+	// DeleteNode removes a node and marks its current instance deleted,
+	// freeing the node ID; ErrNotFound.
+	DeleteNode(ctx context.Context, id string) error
+	// GetInstance returns an instance; ErrNotFound.
+	GetInstance(ctx context.Context, id string) (Instance, error)
+	// ListInstances returns the instances of a node ID, oldest first,
+	// including those of deleted nodes that held the ID.
+	ListInstances(ctx context.Context, nodeID string) ([]Instance, error)
+	// GetCertificate returns the record of a serial; ErrNotFound.
+	GetCertificate(ctx context.Context, serial string) (Certificate, error)
+	// ListCertificates returns the certificates issued under a node ID,
+	// oldest first.
+	ListCertificates(ctx context.Context, nodeID string) ([]Certificate, error)
+}

@@ -1,0 +1,158 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const (
+	nodeColumns     = `id, join_method, token_id, instance_id, created_at, updated_at`
+	instanceColumns = `id, node_id, join_method, token_id, previous_id, state, generation, created_at,
+	last_serial, last_public_key, last_chain_pem, last_issued_at`
+	certificateColumns = `serial, node_id, instance_id, generation, join_method, token_id, public_key,
+	not_before, not_after, issued_at`
+)
+
+// scanner is a *sql.Row or *sql.Rows.
+type scanner interface{ Scan(...any) error }
+
+// GetNode returns a node; ErrNotFound if no node holds the ID.
+func (s *SQLite) GetNode(ctx context.Context, id string) (store.Node, error) {
+	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	if err != nil {
+		return store.Node{}, wrap("get node "+id, err)
+	}
+	return n, nil
+}
+
+// ListNodes returns every node, ordered by ID.
+func (s *SQLite) ListNodes(ctx context.Context) ([]store.Node, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`)
+	if err != nil {
+		return nil, wrap("list nodes", err)
+	}
+	return collect(rows, "list nodes", scanNode)
+}
+
+// DeleteNode removes a node and marks its current instance deleted, in one
+// transaction, freeing the node ID; ErrNotFound if no node holds the ID.
+// The instances and certificates of the ID are kept as its history.
+func (s *SQLite) DeleteNode(ctx context.Context, id string) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return wrap("delete node", err)
+	}
+	defer tx.Rollback()
+
+	var instanceID string
+	if err := tx.QueryRowContext(ctx, `DELETE FROM nodes WHERE id = ? RETURNING instance_id`, id).Scan(&instanceID); err != nil {
+		return wrap("delete node "+id, err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE instances SET state = 'deleted'
+		WHERE id = ? AND state = 'current'`, instanceID); err != nil {
+		return wrap("delete node "+id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return wrap("delete node: commit", err)
+	}
+	return nil
+}
+
+// GetInstance returns an instance, whatever its state; ErrNotFound.
+func (s *SQLite) GetInstance(ctx context.Context, id string) (store.Instance, error) {
+	in, err := scanInstance(s.r.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = ?`, id))
+	if err != nil {
+		return store.Instance{}, wrap("get instance "+id, err)
+	}
+	return in, nil
+}
+
+// ListInstances returns every instance that held the node ID, including
+// those of deleted nodes, oldest first (ties by ID). An ID never used
+// yields none and no error.
+func (s *SQLite) ListInstances(ctx context.Context, nodeID string) ([]store.Instance, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+instanceColumns+` FROM instances
+		WHERE node_id = ? ORDER BY created_at, id`, nodeID)
+	if err != nil {
+		return nil, wrap("list instances", err)
+	}
+	return collect(rows, "list instances", scanInstance)
+}
+
+// GetCertificate returns the record of a serial; ErrNotFound.
+func (s *SQLite) GetCertificate(ctx context.Context, serial string) (store.Certificate, error) {
+	c, err := scanCertificate(s.r.QueryRowContext(ctx, `SELECT `+certificateColumns+` FROM certificates
+		WHERE serial = ?`, serial))
+	if err != nil {
+		return store.Certificate{}, wrap("get certificate "+serial, err)
+	}
+	return c, nil
+}
+
+// ListCertificates returns every certificate issued under the node ID,
+// including to deleted nodes that held it, oldest first (ties by serial).
+func (s *SQLite) ListCertificates(ctx context.Context, nodeID string) ([]store.Certificate, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+certificateColumns+` FROM certificates
+		WHERE node_id = ? ORDER BY issued_at, serial`, nodeID)
+	if err != nil {
+		return nil, wrap("list certificates", err)
+	}
+	return collect(rows, "list certificates", scanCertificate)
+}
+
+// collect scans every row and closes rows.
+func collect[T any](rows *sql.Rows, op string, scan func(scanner) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, wrap(op, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap(op, err)
+	}
+	return out, nil
+}
+
+func scanNode(row scanner) (store.Node, error) {
+	var (
+		n                store.Node
+		created, updated sql.NullInt64
+	)
+	if err := row.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &created, &updated); err != nil {
+		return store.Node{}, err
+	}
+	n.CreatedAt, n.UpdatedAt = timeCol(created), timeCol(updated)
+	return n, nil
+}
+
+func scanInstance(row scanner) (store.Instance, error) {
+	var (
+		in              store.Instance
+		created, issued sql.NullInt64
+	)
+	if err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
+		&in.Generation, &created, &in.LastSerial, &in.LastPublicKey, &in.LastChainPEM, &issued); err != nil {
+		return store.Instance{}, err
+	}
+	in.CreatedAt, in.LastIssuedAt = timeCol(created), timeCol(issued)
+	return in, nil
+}
+
+func scanCertificate(row scanner) (store.Certificate, error) {
+	var (
+		c                           store.Certificate
+		notBefore, notAfter, issued sql.NullInt64
+	)
+	if err := row.Scan(&c.Serial, &c.NodeID, &c.InstanceID, &c.Generation, &c.JoinMethod, &c.TokenID,
+		&c.PublicKey, &notBefore, &notAfter, &issued); err != nil {
+		return store.Certificate{}, err
+	}
+	c.NotBefore, c.NotAfter, c.IssuedAt = timeCol(notBefore), timeCol(notAfter), timeCol(issued)
+	return c, nil
+}

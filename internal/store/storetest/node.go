@@ -1,0 +1,104 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func nodeCases() []testCase {
+	return []testCase{
+		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, err := s.GetNode(ctx, "node-1")
+			wantErr(t, "GetNode", err, store.ErrNotFound)
+			wantErr(t, "DeleteNode", s.DeleteNode(ctx, "node-1"), store.ErrNotFound)
+			_, err = s.GetInstance(ctx, "i1")
+			wantErr(t, "GetInstance", err, store.ErrNotFound)
+			_, err = s.GetCertificate(ctx, "0a")
+			wantErr(t, "GetCertificate", err, store.ErrNotFound)
+			wantEqual(t, "empty store", snapshot(t, ctx, s, "node-1"), state{
+				Instances:    map[string][]store.Instance{"node-1": nil},
+				Certificates: map[string][]store.Certificate{"node-1": nil},
+			})
+		}},
+		{"list by ID", func(t *testing.T, ctx context.Context, s store.Store) {
+			// Joined out of ID order.
+			jb, _ := admit(t, ctx, s, "node-b", "i1", at(0))
+			jc, _ := admit(t, ctx, s, "node-c", "i2", at(time.Minute))
+			ja, _ := admit(t, ctx, s, "node-a", "i3", at(2*time.Minute))
+			got, err := s.ListNodes(ctx)
+			mustNil(t, "ListNodes", err)
+			wantEqual(t, "ListNodes", got, []store.Node{
+				wantNode(ja, at(2*time.Minute)), wantNode(jb, at(0)), wantNode(jc, at(time.Minute)),
+			})
+		}},
+		{"lists are per node ID", func(t *testing.T, ctx context.Context, s store.Store) {
+			j1, in1 := admit(t, ctx, s, "node-1", "i1", at(0))
+			j2, in2 := admit(t, ctx, s, "node-2", "i2", at(0))
+			wantEqual(t, "state", snapshot(t, ctx, s, "node-1", "node-2", "node-3"), state{
+				Tokens: snapshot(t, ctx, s).Tokens,
+				Nodes:  []store.Node{wantNode(j1, at(0)), wantNode(j2, at(0))},
+				Instances: map[string][]store.Instance{
+					"node-1": {in1}, "node-2": {in2}, "node-3": nil,
+				},
+				Certificates: map[string][]store.Certificate{
+					"node-1": {j1.Certificate}, "node-2": {j2.Certificate}, "node-3": nil,
+				},
+			})
+		}},
+		{"delete marks the instance deleted and keeps history", func(t *testing.T, ctx context.Context, s store.Store) {
+			j, in := admit(t, ctx, s, "node-1", "i1", at(0))
+			r := renewalOf(in, "key-2", at(time.Hour))
+			in, err := s.CommitRenewal(ctx, r)
+			mustNil(t, "CommitRenewal", err)
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+
+			_, err = s.GetNode(ctx, "node-1")
+			wantErr(t, "GetNode after delete", err, store.ErrNotFound)
+			deleted := in
+			deleted.State = store.InstanceDeleted
+			got, err := s.GetInstance(ctx, "i1")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "GetInstance", got, deleted)
+			wantEqual(t, "state after delete", snapshot(t, ctx, s, "node-1"), state{
+				Tokens:       snapshot(t, ctx, s).Tokens,
+				Instances:    map[string][]store.Instance{"node-1": {deleted}},
+				Certificates: map[string][]store.Certificate{"node-1": {j.Certificate, r.Certificate}},
+			})
+			wantErr(t, "DeleteNode twice", s.DeleteNode(ctx, "node-1"), store.ErrNotFound)
+		}},
+		{"delete frees the node ID", func(t *testing.T, ctx context.Context, s store.Store) {
+			j1, in1 := admit(t, ctx, s, "node-1", "i1", at(0))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			// Another token, no supersession: the ID is free, so this is
+			// a first join, not a supersession.
+			insertTokens(t, ctx, s, token("b", 1, time.Time{}, 0))
+			j2 := newJoin("b", "node-1", "i2", "key-2", at(time.Hour))
+			res := mustJoin(t, ctx, s, j2)
+			wantEqual(t, "JoinResult", res, store.JoinResult{Instance: wantInstance(j2, "")})
+			n, err := s.GetNode(ctx, "node-1")
+			mustNil(t, "GetNode", err)
+			wantEqual(t, "GetNode", n, wantNode(j2, at(time.Hour)))
+			in1.State = store.InstanceDeleted
+			is, err := s.ListInstances(ctx, "node-1")
+			mustNil(t, "ListInstances", err)
+			wantEqual(t, "ListInstances", is, []store.Instance{in1, res.Instance})
+			cs, err := s.ListCertificates(ctx, "node-1")
+			mustNil(t, "ListCertificates", err)
+			wantEqual(t, "ListCertificates", cs, []store.Certificate{j1.Certificate, j2.Certificate})
+		}},
+		{"delete leaves other nodes alone", func(t *testing.T, ctx context.Context, s store.Store) {
+			admit(t, ctx, s, "node-1", "i1", at(0))
+			j2, in2 := admit(t, ctx, s, "node-2", "i2", at(0))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			nodes, err := s.ListNodes(ctx)
+			mustNil(t, "ListNodes", err)
+			wantEqual(t, "ListNodes", nodes, []store.Node{wantNode(j2, at(0))})
+			got, err := s.GetInstance(ctx, "i2")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "GetInstance", got, in2)
+		}},
+	}
+}

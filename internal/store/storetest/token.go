@@ -1,0 +1,178 @@
+package storetest
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// token returns an unused token with every field set, created age before
+// base. A zero expiresAt never expires; expiries of tokens a join is to use
+// must be relative to the store clock, not to base.
+func token(id string, usesAllowed int64, expiresAt time.Time, age time.Duration) store.Token {
+	return store.Token{
+		ID:          id,
+		JoinMethod:  store.JoinMethodToken,
+		Ciphertext:  []byte("sealed-" + id),
+		Nonce:       []byte("nonce-" + id),
+		UsesAllowed: usesAllowed,
+		ExpiresAt:   expiresAt,
+		Description: "token " + id,
+		Labels:      map[string]string{"env": "test", "token": id},
+		CreatedBy:   "admin",
+		CreatedAt:   at(-age),
+	}
+}
+
+// tokenIDs returns the IDs of ts in order.
+func tokenIDs(ts []store.Token) []string {
+	var ids []string
+	for _, t := range ts {
+		ids = append(ids, t.ID)
+	}
+	return ids
+}
+
+func tokenCases() []testCase {
+	cases := []testCase{
+		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
+			got, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			if len(got) != 0 {
+				t.Errorf("ListTokens on an empty store = %v, want none", got)
+			}
+			_, err = s.GetToken(ctx, "nope")
+			wantErr(t, "GetToken", err, store.ErrNotFound)
+			wantErr(t, "DeleteToken", s.DeleteToken(ctx, "nope"), store.ErrNotFound)
+			ids, err := s.DeleteExpiredTokens(ctx, 0)
+			mustNil(t, "DeleteExpiredTokens", err)
+			if len(ids) != 0 {
+				t.Errorf("DeleteExpiredTokens on an empty store = %v, want none", ids)
+			}
+		}},
+		{"every field round-trips", func(t *testing.T, ctx context.Context, s store.Store) {
+			tok := token("t1", 5, at(24*time.Hour), time.Hour)
+			tok.UsesCount = 2
+			tok.NodeID = "node-1"
+			tok.JoinMethod = store.JoinMethodBoundKeypair
+			tok.Ciphertext = []byte{0, 1, 0xfe, 0xff}
+			tok.LastUsedAt = at(-time.Minute)
+			tok.Labels = map[string]string{"a": "1", "quote\"d": "ünïcode", "": "empty key"}
+			mustNil(t, "InsertToken", s.InsertToken(ctx, tok))
+			got, err := s.GetToken(ctx, "t1")
+			mustNil(t, "GetToken", err)
+			wantEqual(t, "GetToken", got, tok)
+		}},
+		{"zero times and no labels round-trip", func(t *testing.T, ctx context.Context, s store.Store) {
+			// nil and empty labels alike come back empty.
+			for _, tok := range []store.Token{
+				{ID: "nil", JoinMethod: store.JoinMethodToken, Ciphertext: []byte{1}, Nonce: []byte{2}, CreatedAt: at(0)},
+				{ID: "empty", JoinMethod: store.JoinMethodToken, Ciphertext: []byte{1}, Nonce: []byte{2}, CreatedAt: at(0),
+					Labels: map[string]string{}},
+			} {
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+				got, err := s.GetToken(ctx, tok.ID)
+				mustNil(t, "GetToken "+tok.ID, err)
+				wantEqual(t, "GetToken "+tok.ID, got, tok)
+				if len(got.Labels) != 0 || !got.ExpiresAt.IsZero() || !got.LastUsedAt.IsZero() {
+					t.Errorf("GetToken %s = %+v, want no labels and zero times", tok.ID, got)
+				}
+			}
+		}},
+		{"list oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
+			ts := []store.Token{
+				token("b", 1, time.Time{}, time.Hour),
+				token("c", 0, at(time.Hour), 2*time.Hour),
+				token("a", 1, at(-time.Hour), time.Hour), // ties with b: by ID
+				token("d", 3, time.Time{}, 0),
+			}
+			for _, tok := range ts {
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+			}
+			got, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			wantEqual(t, "ListTokens", got, []store.Token{ts[1], ts[2], ts[0], ts[3]})
+		}},
+		{"duplicate id conflicts", func(t *testing.T, ctx context.Context, s store.Store) {
+			first := token("t1", 1, time.Time{}, time.Hour)
+			mustNil(t, "InsertToken", s.InsertToken(ctx, first))
+			err := s.InsertToken(ctx, token("t1", 0, time.Time{}, 0))
+			wantErr(t, "InsertToken duplicate", err, store.ErrConflict)
+			got, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			wantEqual(t, "ListTokens", got, []store.Token{first})
+		}},
+		{"delete", func(t *testing.T, ctx context.Context, s store.Store) {
+			keep := token("keep", 1, time.Time{}, time.Hour)
+			mustNil(t, "InsertToken", s.InsertToken(ctx, keep))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0)))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			_, err := s.GetToken(ctx, "t1")
+			wantErr(t, "GetToken after delete", err, store.ErrNotFound)
+			wantErr(t, "DeleteToken twice", s.DeleteToken(ctx, "t1"), store.ErrNotFound)
+			got, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			wantEqual(t, "ListTokens", got, []store.Token{keep})
+		}},
+		{"delete keeps the nodes it admitted", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0)))
+			j := newJoin("t1", "node-1", "i1", "key-1", now)
+			res, err := s.CommitJoin(ctx, j)
+			mustNil(t, "CommitJoin", err)
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			n, err := s.GetNode(ctx, "node-1")
+			mustNil(t, "GetNode", err)
+			wantEqual(t, "GetNode", n, wantNode(j, now))
+			in, err := s.GetInstance(ctx, "i1")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "GetInstance", in, res.Instance)
+			_, err = s.GetCertificate(ctx, j.Certificate.Serial)
+			mustNil(t, "GetCertificate", err)
+		}},
+	}
+
+	// Each retention case starts from tokens whose expiry is relative to
+	// the store clock, an hour or more from any boundary.
+	retentions := []struct {
+		name      string
+		retention time.Duration
+		deleted   []string
+	}{
+		{"retention 2h keeps a token expired 1h ago", 2 * time.Hour, []string{"expired-3h"}},
+		{"retention 30m deletes a token expired 1h ago", 30 * time.Minute, []string{"expired-1h", "expired-3h"}},
+		{"retention 0 deletes every expired token", 0, []string{"expired-1h", "expired-3h"}},
+		{"retention 5h deletes nothing", 5 * time.Hour, nil},
+	}
+	for _, rc := range retentions {
+		cases = append(cases, testCase{rc.name, func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			ts := []store.Token{
+				token("expired-3h", 1, now.Add(-3*time.Hour), 4*time.Hour),
+				token("expired-1h", 1, now.Add(-time.Hour), 3*time.Hour),
+				token("live", 1, now.Add(time.Hour), 2*time.Hour),
+				token("never", 1, time.Time{}, time.Hour),
+			}
+			for _, tok := range ts {
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+			}
+			got, err := s.DeleteExpiredTokens(ctx, rc.retention)
+			mustNil(t, "DeleteExpiredTokens", err)
+			wantEqual(t, "deleted IDs", got, rc.deleted)
+
+			var kept []string
+			for _, tok := range ts {
+				if !slices.Contains(rc.deleted, tok.ID) {
+					kept = append(kept, tok.ID)
+				}
+			}
+			left, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			wantEqual(t, "tokens left", tokenIDs(left), kept)
+		}})
+	}
+	return cases
+}
