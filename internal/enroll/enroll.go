@@ -1,0 +1,217 @@
+// Package enroll admits agents and renews their identities. Every join
+// method verifies its own proof and then ends the same way, here: the lock
+// checks, the certificate, one conditional write of the node, instance and
+// issuance record, an audit record. Renewal applies the generation rule
+// that tells a lost reply from a copied identity.
+//
+// The package knows nothing of gRPC or SQL: it takes small interfaces and
+// returns *Refusal for every answer the caller may see.
+package enroll
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	pkcs12 "software.sslmate.com/src/go-pkcs12"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Store is what enrollment reads and writes.
+type Store interface {
+	GetToken(ctx context.Context, id string) (store.Token, error)
+	GetNode(ctx context.Context, id string) (store.Node, error)
+	GetInstance(ctx context.Context, id string) (store.Instance, error)
+	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
+	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
+	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
+	FindLock(ctx context.Context, kind, target string) (store.Lock, error)
+	InsertLock(ctx context.Context, l store.Lock) error
+}
+
+// Auditor writes the audit trail. Refusals go through Refuse, which may
+// aggregate a flood from one source into a single record.
+type Auditor interface {
+	Record(ctx context.Context, e audit.Event) error
+	Refuse(ctx context.Context, e audit.Event)
+}
+
+// Limiter is the per-source rate limit of unauthenticated requests.
+type Limiter interface {
+	Allow(source string) bool
+}
+
+// Config wires a Service.
+type Config struct {
+	Store       Store
+	Audit       Auditor
+	CA          *ca.Hierarchy
+	AuthorityID string
+	TrustDomain string
+	// Endpoints are the advertised addresses, published in the trust
+	// bundle.
+	Endpoints []string
+	// TokenSealer opens token secrets (purpose seal.InfoToken).
+	TokenSealer *seal.Sealer
+	// DecoyKey keys the trust bundles answered for unknown token IDs, so
+	// they look like the real ones.
+	DecoyKey []byte
+	// AgentCertTTL is the lifetime of agent certificates.
+	AgentCertTTL time.Duration
+	// RetryWindow is how long a repeated join is answered with the
+	// certificate already issued; DESIGN.md sets 10 minutes.
+	RetryWindow time.Duration
+	Limiter     Limiter
+	Now         func() time.Time
+}
+
+// Service performs joins and renewals.
+type Service struct {
+	cfg       Config
+	endpoints atomic.Pointer[[]string]
+	agent     *ca.Issuer
+	rootPM    []byte
+}
+
+// New checks cfg and returns a Service.
+func New(cfg Config) (*Service, error) {
+	switch {
+	case cfg.Store == nil, cfg.Audit == nil, cfg.CA == nil, cfg.TokenSealer == nil:
+		return nil, errors.New("enroll: store, audit, CA and token sealer are required")
+	case cfg.AgentCertTTL <= 0 || cfg.AgentCertTTL > MaxAgentCertTTL:
+		return nil, fmt.Errorf("enroll: agent certificate lifetime must be between 1s and %s", MaxAgentCertTTL)
+	case len(cfg.DecoyKey) < 32:
+		return nil, errors.New("enroll: decoy key must be 32 bytes")
+	}
+	if cfg.RetryWindow == 0 {
+		cfg.RetryWindow = DefaultRetryWindow
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	agent := cfg.CA.Issuer(ca.RoleAgent)
+	if agent == nil {
+		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
+	}
+	s := &Service{cfg: cfg, agent: agent, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
+	s.SetEndpoints(cfg.Endpoints)
+	return s, nil
+}
+
+// SetEndpoints replaces the addresses published in the trust bundle, once
+// the listeners are bound.
+func (s *Service) SetEndpoints(eps []string) {
+	eps = append([]string(nil), eps...)
+	s.endpoints.Store(&eps)
+}
+
+// Lifetimes.
+const (
+	DefaultAgentCertTTL = 24 * time.Hour
+	MaxAgentCertTTL     = 7 * 24 * time.Hour
+	DefaultRetryWindow  = 10 * time.Minute
+)
+
+// Request is who asks, for the rate limit and the audit trail.
+type Request struct {
+	Source        string
+	CorrelationID string
+}
+
+// Issued is an identity handed to an agent.
+type Issued struct {
+	NodeID         string
+	ChainPEM       []byte
+	CAPEM          []byte
+	PKCS12         []byte
+	PKCS12Password string
+	InstanceID     string
+	Generation     int64
+	NotAfter       time.Time
+	// Retry: the request repeated one already answered; this is the
+	// certificate issued then.
+	Retry bool
+}
+
+// keyID is the SHA-256 of a public key's SubjectPublicKeyInfo: how the
+// store remembers which key a certificate certified.
+func keyID(pub crypto.PublicKey) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(der)
+	return sum[:], nil
+}
+
+// issue signs an agent certificate for nodeID.
+func (s *Service) issue(nodeID string, pub crypto.PublicKey, now time.Time) (*x509.Certificate, []byte, error) {
+	id, err := spiffeid.New(s.cfg.TrustDomain, spiffeid.RoleAgent, nodeID)
+	if err != nil {
+		return nil, nil, err
+	}
+	leaf, err := s.agent.Issue(ca.LeafRequest{
+		PublicKey:  pub,
+		SPIFFEID:   id.URL(),
+		CommonName: nodeID,
+		ClientAuth: true,
+		NotBefore:  now,
+		TTL:        s.cfg.AgentCertTTL,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return leaf, s.agent.ChainPEM(leaf), nil
+}
+
+// keystore mints a key for an agent that sent no CSR and returns it with a
+// PKCS#12 keystore holding key and chain under a random password.
+func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte, string, error), error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	return key, func(leaf *x509.Certificate) ([]byte, string, error) {
+		pw := make([]byte, 18)
+		if _, err := rand.Read(pw); err != nil {
+			return nil, "", err
+		}
+		password := base64.RawURLEncoding.EncodeToString(pw)
+		p12, err := pkcs12.Modern.Encode(key, leaf, []*x509.Certificate{s.agent.Cert, s.cfg.CA.Root}, password)
+		return p12, password, err
+	}, nil
+}
+
+// lockOn returns the first lock in force on any of the targets, or nil.
+func (s *Service) lockOn(ctx context.Context, targets ...[2]string) (*store.Lock, error) {
+	for _, t := range targets {
+		if t[1] == "" {
+			continue
+		}
+		l, err := s.cfg.Store.FindLock(ctx, t[0], t[1])
+		switch {
+		case err == nil:
+			return &l, nil
+		case !errors.Is(err, store.ErrNotFound):
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+func newLockID() string { return "lock-" + uuid.NewString()[:8] }

@@ -1,0 +1,44 @@
+package enroll
+
+import "fmt"
+
+// Kind classifies a refusal. The service layer maps each kind to one gRPC
+// code; the domain never names codes.
+type Kind int
+
+const (
+	KindInvalid            Kind = iota + 1 // malformed request
+	KindRateLimited                        // source over its limit
+	KindNotFound                           // unknown token, or wrong secret: alike on purpose
+	KindFailedPrecondition                 // token expired or used up
+	KindPermissionDenied                   // bound elsewhere, locked, deleted, superseded, copied
+	KindAlreadyExists                      // node ID held by another machine
+	KindUnauthenticated                    // no usable identity
+)
+
+// Refusal is a request the authority turned down for a reason the caller
+// may know. Reason goes to the caller; Detail, which may say more (a token
+// ID, a serial), only to the audit log.
+type Refusal struct {
+	Kind   Kind
+	Reason string
+	Detail string
+}
+
+func (r *Refusal) Error() string { return r.Reason }
+
+func refuse(k Kind, reason string) *Refusal { return &Refusal{Kind: k, Reason: reason} }
+
+func (r *Refusal) with(format string, args ...any) *Refusal {
+	r.Detail = fmt.Sprintf(format, args...)
+	return r
+}
+
+// Reasons of renewal refusals, as DESIGN.md names them: agents and
+// operators match on these words.
+const (
+	ReasonLocked       = "locked"
+	ReasonDeleted      = "deleted"
+	ReasonSuperseded   = "superseded"
+	ReasonCopyDetected = "copy_detected"
+)

@@ -1,0 +1,150 @@
+package enroll
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/x509"
+	"errors"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Renew certifies a new key for the instance that holds leaf, the agent
+// certificate the caller presented over mTLS (already verified to chain to
+// the agent intermediate). It applies the generation rule: presenting
+// generation g when g+1 exists is a retry if the CSR carries the key
+// certified for g+1, and a copy otherwise, which locks the instance.
+func (s *Service) Renew(ctx context.Context, r Request, leaf *x509.Certificate, csrData []byte) (*Issued, error) {
+	ev := audit.Event{Actor: "anonymous", Action: "agent.renew", Source: r.Source, CorrelationID: r.CorrelationID}
+	if id, err := spiffeid.FromCertificate(leaf); err == nil {
+		ev.Actor, ev.Target = id.String(), id.Name
+	}
+	iss, err := s.renew(ctx, leaf, csrData, &ev)
+	var ref *Refusal
+	switch {
+	case errors.As(err, &ref):
+		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
+		if ref.Detail != "" {
+			ev.Reason += ": " + ref.Detail
+		}
+		// An authenticated agent cannot flood anonymously, but its
+		// refusals still go through the flood guard.
+		s.cfg.Audit.Refuse(ctx, ev)
+	case err != nil:
+		ev.Result, ev.Reason = audit.ResultError, "internal error"
+		s.cfg.Audit.Refuse(ctx, ev)
+	default:
+		ev.Result = audit.ResultOK
+		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
+			return nil, err
+		}
+	}
+	return iss, err
+}
+
+func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, ev *audit.Event) (*Issued, error) {
+	if leaf == nil {
+		return nil, refuse(KindUnauthenticated, "no valid agent certificate")
+	}
+	csr, err := ca.ParseCSR(csrData)
+	if err != nil {
+		return nil, refuse(KindInvalid, "csr: "+err.Error())
+	}
+	kid, err := keyID(csr.PublicKey)
+	if err != nil {
+		return nil, err
+	}
+	serial := serialOf(leaf)
+	rec, err := s.cfg.Store.GetCertificate(ctx, serial)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
+	} else if err != nil {
+		return nil, err
+	}
+	if rec.NodeID != ev.Target {
+		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s was issued to %s", serial, rec.NodeID)
+	}
+
+	for attempt := 0; ; attempt++ {
+		inst, err := s.cfg.Store.GetInstance(ctx, rec.InstanceID)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.standing(ctx, rec, inst); err != nil {
+			return nil, err
+		}
+		switch g := rec.Generation; {
+		case inst.Generation == g+1 && hmac.Equal(inst.LastPublicKey, kid):
+			ev.Reason = fmt.Sprintf("retry answered with generation %d, serial %s", inst.Generation, inst.LastSerial)
+			return s.issuedFrom(rec.NodeID, inst, true)
+		case inst.Generation != g:
+			return nil, s.copyDetected(ctx, rec, inst)
+		}
+		now := s.cfg.Now()
+		next, chain, err := s.issue(rec.NodeID, csr.PublicKey, now)
+		if err != nil {
+			return nil, err
+		}
+		cert := store.Certificate{
+			Serial: serialOf(next), NodeID: rec.NodeID, InstanceID: inst.ID, Generation: rec.Generation + 1,
+			JoinMethod: inst.JoinMethod, TokenID: inst.TokenID, PublicKey: kid,
+			NotBefore: next.NotBefore, NotAfter: next.NotAfter, IssuedAt: now,
+		}
+		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
+			Certificate: cert, ChainPEM: chain})
+		if errors.Is(err, store.ErrConflict) && attempt == 0 {
+			// Another request advanced or ended the instance between the
+			// read and the write: judge this one again against what it
+			// did.
+			continue
+		} else if err != nil {
+			return nil, err
+		}
+		ev.Reason = fmt.Sprintf("instance %s, generation %d, serial %s", inst.ID, updated.Generation, cert.Serial)
+		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID,
+			Generation: updated.Generation, NotAfter: next.NotAfter}, nil
+	}
+}
+
+// standing refuses an instance that may not renew: its node deleted, the
+// instance superseded, or a lock on node, instance or token.
+func (s *Service) standing(ctx context.Context, rec store.Certificate, inst store.Instance) error {
+	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
+	switch {
+	case inst.State == store.InstanceDeleted, errors.Is(err, store.ErrNotFound):
+		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
+	case err != nil:
+		return err
+	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
+		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
+	}
+	l, err := s.lockOn(ctx, [2]string{store.LockNode, rec.NodeID}, [2]string{store.LockInstance, inst.ID},
+		[2]string{store.LockToken, inst.TokenID})
+	if err != nil {
+		return err
+	}
+	if l != nil {
+		return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s", l.ID, l.Kind, l.Target)
+	}
+	return nil
+}
+
+// copyDetected locks the instance: two holders of one identity have
+// diverged, and the authority cannot tell which is genuine.
+func (s *Service) copyDetected(ctx context.Context, rec store.Certificate, inst store.Instance) error {
+	reason := fmt.Sprintf("copy_detected: generation %d presented (serial %s) after generation %d was issued", rec.Generation, rec.Serial, inst.Generation)
+	l := store.Lock{ID: newLockID(), Kind: store.LockInstance, Target: inst.ID, Reason: reason,
+		CreatedBy: "authority", CreatedAt: s.cfg.Now()}
+	if err := s.cfg.Store.InsertLock(ctx, l); err != nil {
+		return err
+	}
+	if err := s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "lock.create", Target: "instance " + inst.ID,
+		Result: audit.ResultOK, Reason: reason}); err != nil {
+		return err
+	}
+	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s", inst.ID, l.ID)
+}

@@ -1,0 +1,213 @@
+package enroll
+
+import (
+	"time"
+
+	"context"
+	"crypto"
+	"crypto/hmac"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/trustbundle"
+)
+
+// TrustBundle returns the trust bundle as a JWS keyed by the secret of the
+// token tokenID. An unknown ID gets a bundle keyed by a decoy key derived
+// from the ID, so the answer says nothing about which tokens exist; only
+// the token's holder can tell a real signature from a decoy.
+func (s *Service) TrustBundle(ctx context.Context, r Request, tokenID string) (string, error) {
+	if !jointoken.ValidID(tokenID) {
+		return "", s.refuseBundle(ctx, r, refuse(KindInvalid, "token_id must be 6 characters of a-z 0-9"))
+	}
+	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
+		return "", s.refuseBundle(ctx, r, refuse(KindRateLimited, "too many requests from this source"))
+	}
+	key := s.decoyKey(tokenID)
+	t, err := s.cfg.Store.GetToken(ctx, tokenID)
+	switch {
+	case err == nil && t.JoinMethod == store.JoinMethodToken:
+		tok, err := s.openToken(t)
+		if err != nil {
+			return "", err
+		}
+		key = trustbundle.Key(tok.ID, tok.Secret())
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return "", err
+	}
+	b := trustbundle.Bundle{
+		AuthorityID: s.cfg.AuthorityID,
+		TrustDomain: s.cfg.TrustDomain,
+		Roots:       []string{string(s.rootPM)},
+		Endpoints:   *s.endpoints.Load(),
+	}
+	for _, role := range []ca.Role{ca.RoleServer, ca.RoleBootstrap} {
+		if i := s.cfg.CA.Issuer(role); i != nil {
+			b.Intermediates = append(b.Intermediates, string(ca.EncodeCertPEM(i.Cert)))
+		}
+	}
+	return trustbundle.Sign(b, tokenID, key, s.cfg.Now())
+}
+
+func (s *Service) decoyKey(tokenID string) []byte {
+	m := hmac.New(sha256.New, s.cfg.DecoyKey)
+	m.Write([]byte(tokenID))
+	return m.Sum(nil)
+}
+
+func (s *Service) refuseBundle(ctx context.Context, r Request, ref *Refusal) error {
+	s.cfg.Audit.Refuse(ctx, audit.Event{Actor: "anonymous", Action: "trust_bundle.get", Result: audit.ResultDenied,
+		Reason: ref.Reason, Source: r.Source, CorrelationID: r.CorrelationID})
+	return ref
+}
+
+// openToken decrypts a stored token's secret.
+func (s *Service) openToken(t store.Token) (jointoken.Token, error) {
+	secret, err := s.cfg.TokenSealer.Open(t.Ciphertext, t.Nonce, []byte(t.ID))
+	if err != nil {
+		return jointoken.Token{}, fmt.Errorf("enroll: token %s: %w", t.ID, err)
+	}
+	return jointoken.New(t.ID, secret)
+}
+
+// ExchangeJoinToken admits an agent with a join token. The checks run in
+// the order of DESIGN.md's table, so a caller without the secret learns
+// nothing about the token, and a refused attempt consumes nothing.
+func (s *Service) ExchangeJoinToken(ctx context.Context, r Request, token, nodeID string, csrData []byte) (*Issued, error) {
+	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Target: nodeID,
+		Source: r.Source, CorrelationID: r.CorrelationID}
+	iss, err := s.exchange(ctx, r, token, nodeID, csrData, &ev)
+	var ref *Refusal
+	switch {
+	case errors.As(err, &ref):
+		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
+		if ref.Detail != "" {
+			ev.Reason += ": " + ref.Detail
+		}
+		s.cfg.Audit.Refuse(ctx, ev)
+	case err != nil:
+		ev.Result, ev.Reason = audit.ResultError, "internal error"
+		s.cfg.Audit.Refuse(ctx, ev)
+	default:
+		ev.Result = audit.ResultOK
+		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
+			return nil, err
+		}
+	}
+	return iss, err
+}
+
+func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string, csrData []byte, ev *audit.Event) (*Issued, error) {
+	// 1. Fields present and well-formed.
+	if token == "" || nodeID == "" {
+		return nil, refuse(KindInvalid, "join_token and node_id are required")
+	}
+	tok, err := jointoken.Parse(token)
+	if err != nil {
+		return nil, refuse(KindInvalid, err.Error())
+	}
+	ev.Actor = "token:" + tok.ID
+	if err := spiffeid.ValidNodeID(nodeID); err != nil {
+		ev.Target = ""
+		return nil, refuse(KindInvalid, "node_id: "+err.Error())
+	}
+	var pub crypto.PublicKey
+	if len(csrData) > 0 {
+		csr, err := ca.ParseCSR(csrData)
+		if err != nil {
+			return nil, refuse(KindInvalid, "csr: "+err.Error())
+		}
+		pub = csr.PublicKey
+	}
+	// 2. The source's rate limit.
+	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
+		return nil, refuse(KindRateLimited, "too many requests from this source")
+	}
+	// 3. Token known and secret right, alike when either fails.
+	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
+	t, err := s.cfg.Store.GetToken(ctx, tok.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, notFound.with("no token %s", tok.ID)
+	} else if err != nil {
+		return nil, err
+	}
+	if t.JoinMethod != store.JoinMethodToken {
+		return nil, notFound.with("token %s is a %s token", tok.ID, t.JoinMethod)
+	}
+	stored, err := s.openToken(t)
+	if err != nil {
+		return nil, err
+	}
+	if !stored.SecretEqual(tok.Secret()) {
+		return nil, notFound.with("wrong secret for token %s", tok.ID)
+	}
+
+	var kid []byte
+	if pub != nil {
+		if kid, err = keyID(pub); err != nil {
+			return nil, err
+		}
+	}
+	now := s.cfg.Now()
+	node, err := s.cfg.Store.GetNode(ctx, nodeID)
+	nodeExists := err == nil
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
+	// A lost reply: the same token, node and key within the window gets
+	// the certificate already issued, even if that use spent the token.
+	if nodeExists && node.TokenID == t.ID && kid != nil {
+		if iss, err := s.retryJoin(ctx, node, t, kid, now); iss != nil || err != nil {
+			return iss, err
+		}
+	}
+	// 4. Not expired or used up.
+	if !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt) {
+		return nil, refuse(KindFailedPrecondition, "join token expired").with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
+	}
+	if t.UsesAllowed > 0 && t.UsesCount >= t.UsesAllowed {
+		return nil, refuse(KindFailedPrecondition, "join token has no uses left").with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
+	}
+	// 5. Not bound to another node.
+	if t.NodeID != "" && t.NodeID != nodeID {
+		return nil, refuse(KindPermissionDenied, "join token is bound to another node").with("token %s is bound to %s", t.ID, t.NodeID)
+	}
+	// 6. Node ID free, or the token is bound to it.
+	if nodeExists && t.NodeID != nodeID {
+		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
+	}
+	// 7. No lock on node or token.
+	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, [2]string{store.LockToken, t.ID}); err != nil {
+		return nil, err
+	} else if l != nil {
+		return nil, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+	}
+
+	return s.admit(ctx, admission{nodeID: nodeID, tokenID: t.ID, method: store.JoinMethodToken,
+		maySupersede: t.NodeID == nodeID, pub: pub, keyID: kid, now: now}, ev)
+}
+
+// retryJoin answers a repeated join from the node's current instance, or
+// returns nil if the request is not a retry.
+func (s *Service) retryJoin(ctx context.Context, node store.Node, t store.Token, kid []byte, now time.Time) (*Issued, error) {
+	inst, err := s.cfg.Store.GetInstance(ctx, node.InstanceID)
+	if err != nil {
+		return nil, err
+	}
+	if inst.State != store.InstanceCurrent || inst.Generation != 0 || inst.TokenID != t.ID ||
+		!hmac.Equal(inst.LastPublicKey, kid) || now.Sub(inst.CreatedAt) > s.cfg.RetryWindow {
+		return nil, nil
+	}
+	if l, err := s.lockOn(ctx, [2]string{store.LockNode, node.ID}, [2]string{store.LockToken, t.ID}, [2]string{store.LockInstance, inst.ID}); err != nil {
+		return nil, err
+	} else if l != nil {
+		return nil, refuse(KindPermissionDenied, ReasonLocked).with("retry; lock %s on %s %s", l.ID, l.Kind, l.Target)
+	}
+	return s.issuedFrom(node.ID, inst, true)
+}
