@@ -61,6 +61,8 @@ const (
 
 var serviceAccess = map[string]access{
 	"muster.v1.AdminService":                   accessAdmin,
+	"muster.v1.BootstrapService":               accessPublic,
+	"muster.v1.CertificateService":             accessAgent,
 	"grpc.health.v1.Health":                    accessPublic,
 	"grpc.reflection.v1.ServerReflection":      accessPublic,
 	"grpc.reflection.v1alpha.ServerReflection": accessPublic,

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/enroll"
 )
 
 // metrics are the authority's Prometheus series. Labels hold only bounded
@@ -20,6 +22,10 @@ type metrics struct {
 	rpcs         *prometheus.CounterVec
 	rpcDuration  *prometheus.HistogramVec
 	auditRecords *prometheus.CounterVec
+	joins        *prometheus.CounterVec
+	renewals     *prometheus.CounterVec
+	issuance     *prometheus.HistogramVec
+	certificates *prometheus.CounterVec
 }
 
 func newMetrics(version string) *metrics {
@@ -38,13 +44,30 @@ func newMetrics(version string) *metrics {
 			Name: "muster_audit_records_total",
 			Help: "Audit records written, by result.",
 		}, []string{"result"}),
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_joins_total",
+			Help: "Join attempts, by join method and result (ok, retry, or the gRPC code of the refusal).",
+		}, []string{"method", "result"}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_renewals_total",
+			Help: "Renewal attempts, by result (ok, retry, or the gRPC code of the refusal).",
+		}, []string{"result"}),
+		issuance: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "muster_issuance_duration_seconds",
+			Help:    "Time to answer a join or renewal that issued a certificate, by kind (join, renewal).",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"kind"}),
+		certificates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_certificates_issued_total",
+			Help: "Agent certificates issued, by kind (join, renewal).",
+		}, []string{"kind"}),
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "muster_build_info",
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -69,4 +92,36 @@ func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	err := handler(srv, ss)
 	m.observe(info.FullMethod, start, err)
 	return err
+}
+
+// result is the label of an enrollment outcome.
+func result(iss *enroll.Issued, err error) string {
+	switch {
+	case err != nil:
+		var ref *enroll.Refusal
+		if errors.As(err, &ref) {
+			return refusalCodes[ref.Kind].String()
+		}
+		return status.Code(err).String()
+	case iss.Retry:
+		return "retry"
+	default:
+		return "ok"
+	}
+}
+
+func (m *metrics) join(method string, start time.Time, iss *enroll.Issued, err error) {
+	m.joins.WithLabelValues(method, result(iss, err)).Inc()
+	if err == nil && !iss.Retry {
+		m.issuance.WithLabelValues("join").Observe(time.Since(start).Seconds())
+		m.certificates.WithLabelValues("join").Inc()
+	}
+}
+
+func (m *metrics) renewal(start time.Time, iss *enroll.Issued, err error) {
+	m.renewals.WithLabelValues(result(iss, err)).Inc()
+	if err == nil && !iss.Retry {
+		m.issuance.WithLabelValues("renewal").Observe(time.Since(start).Seconds())
+		m.certificates.WithLabelValues("renewal").Inc()
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -32,6 +33,8 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -45,6 +48,8 @@ type Config struct {
 	CA    *ca.Hierarchy
 	Store store.Store
 	Audit *audit.Logger
+	// StorageKey seals token secrets and keys the decoy trust bundles.
+	StorageKey seal.StorageKey
 	// Listen serves the whole API; BootstrapListen (optional) only the
 	// unauthenticated bootstrap RPCs; MetricsListen (optional) /metrics,
 	// /healthz and /readyz over plain HTTP.
@@ -69,17 +74,25 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	refusals *refusalAuditor
+	enroll   *enroll.Service
+	limiter  *limiter
+	tokens   *seal.Sealer
 	started  time.Time
 	cfg      Config
+
+	advertised atomic.Pointer[string]
 
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 }
 
 // New builds a server; Run starts it.
-func New(cfg Config, m *Metrics) *Server {
+func New(cfg Config, m *Metrics) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.AgentCertTTL == 0 {
+		cfg.AgentCertTTL = enroll.DefaultAgentCertTTL
 	}
 	s := &Server{
 		info:    cfg.Info,
@@ -93,8 +106,51 @@ func New(cfg Config, m *Metrics) *Server {
 		certs:   map[ca.Role]*tls.Certificate{},
 	}
 	s.refusals = newRefusalAuditor(cfg.Audit, cfg.Log)
-	return s
+	s.limiter = newLimiter(bootstrapRate, bootstrapBurst)
+	var err error
+	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
+		return nil, err
+	}
+	endpoints := []string{}
+	if cfg.Advertise != "" {
+		endpoints = append(endpoints, cfg.Advertise)
+	}
+	s.enroll, err = enroll.New(enroll.Config{
+		Store:        cfg.Store,
+		Audit:        enrollAuditor{s},
+		CA:           cfg.CA,
+		AuthorityID:  cfg.Info.AuthorityID,
+		TrustDomain:  cfg.Info.TrustDomain,
+		Endpoints:    endpoints,
+		TokenSealer:  s.tokens,
+		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
+		AgentCertTTL: cfg.AgentCertTTL,
+		Limiter:      s.limiter,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
 }
+
+// advertise is the address agents reach the API at, once it is known.
+func (s *Server) advertise() string {
+	if a := s.advertised.Load(); a != nil {
+		return *a
+	}
+	return s.cfg.Advertise
+}
+
+// enrollAuditor lets enrollment write the audit log, its refusals through
+// the flood guard.
+type enrollAuditor struct{ s *Server }
+
+func (a enrollAuditor) Record(ctx context.Context, e audit.Event) error {
+	_, err := a.s.audit.Record(context.WithoutCancel(ctx), e)
+	return err
+}
+
+func (a enrollAuditor) Refuse(ctx context.Context, e audit.Event) { a.s.refusals.record(ctx, e) }
 
 // Metrics holds the authority's metric registry. It exists before the
 // audit logger so the logger can count what it writes.
@@ -175,14 +231,20 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.Creds(credentials.NewTLS(tc)),
 		grpc.ChainUnaryInterceptor(s.metrics.unary, s.unaryAuth),
 		grpc.ChainStreamInterceptor(s.metrics.stream, s.streamAuth),
-		grpc.MaxRecvMsgSize(1<<20),
+		// Every request muster takes is small; a CSR is under 1 KiB. A
+		// larger message is refused with RESOURCE_EXHAUSTED before it is
+		// parsed.
+		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
+	// The bootstrap listener serves the unauthenticated RPCs alone.
+	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
 	if admin {
 		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+		musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
 	}
 	reflection.Register(gs)
 	return gs
@@ -234,6 +296,8 @@ func (s *Server) Run(ctx context.Context) error {
 	if advertise == "" {
 		advertise = lis.Addr().String()
 	}
+	s.enroll.SetEndpoints([]string{advertise})
+	s.advertised.Store(&advertise)
 	tc, err := s.serverTLS(ca.RoleServer, hostsOf(s.cfg.Listen, lis.Addr().String(), advertise))
 	if err != nil {
 		return err
@@ -292,6 +356,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.audit.Run(gctx) })
+	g.Go(func() error { return s.limiter.Run(gctx) })
+	g.Go(func() error { return s.cleanTokens(gctx) })
 	g.Go(func() error {
 		<-gctx.Done()
 		s.log.Info("authority stopping")

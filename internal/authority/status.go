@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -19,6 +20,16 @@ type invalidArgument struct{ msg string }
 func (e invalidArgument) Error() string { return e.msg }
 
 func badRequest(msg string) error { return invalidArgument{msg} }
+
+var refusalCodes = map[enroll.Kind]codes.Code{
+	enroll.KindInvalid:            codes.InvalidArgument,
+	enroll.KindRateLimited:        codes.ResourceExhausted,
+	enroll.KindNotFound:           codes.NotFound,
+	enroll.KindFailedPrecondition: codes.FailedPrecondition,
+	enroll.KindPermissionDenied:   codes.PermissionDenied,
+	enroll.KindAlreadyExists:      codes.AlreadyExists,
+	enroll.KindUnauthenticated:    codes.Unauthenticated,
+}
 
 // toStatus is the one place where errors become gRPC status codes. Domain
 // and store errors carry meaning through sentinels; anything unrecognised is
@@ -31,7 +42,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return err
 	}
 	var ia invalidArgument
+	var ref *enroll.Refusal
 	switch {
+	case errors.As(err, &ref):
+		return status.Error(refusalCodes[ref.Kind], ref.Reason)
 	case errors.As(err, &ia):
 		return status.Error(codes.InvalidArgument, ia.msg)
 	case errors.Is(err, ca.ErrBadCSR), errors.Is(err, ca.ErrKeyType), errors.Is(err, spiffeid.ErrInvalid):

@@ -214,12 +214,15 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
-	srv := authority.New(authority.Config{
-		Dir: dir, Info: info, CA: h, Store: st, Audit: logger,
+	srv, err := authority.New(authority.Config{
+		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL,
 		Version: Version, Log: log, Ready: o.ready,
 	}, m)
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	if err := srv.Run(ctx); err != nil {
 		return err
 	}

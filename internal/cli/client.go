@@ -98,3 +98,19 @@ func firstOf(vals ...string) string {
 	}
 	return ""
 }
+
+// call dials the authority, runs f with a deadline, and closes the
+// connection; errors are prefixed with the command's name.
+func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx context.Context, c *adminClient) error) error {
+	c, err := a.dial(env)
+	if err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	defer c.Close()
+	ctx, cancel := a.context(cmd.Context())
+	defer cancel()
+	if err := f(ctx, c); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}

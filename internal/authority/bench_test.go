@@ -1,0 +1,214 @@
+package authority
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// benchAuthority runs a real authority in-process on loopback TLS and a
+// SQLite store in a temporary directory, with durable writes, and returns
+// a connection that pins its root like an agent.
+type benchAuthority struct {
+	conn  *grpc.ClientConn
+	h     *ca.Hierarchy
+	td    string
+	token string
+	dial  func(id *identity.Identity) *grpc.ClientConn
+}
+
+func startBench(b *testing.B) *benchAuthority {
+	b.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	res, err := datadir.Init(ctx, datadir.InitOptions{Dir: datadir.Dir(filepath.Join(b.TempDir(), "a")), Name: "bench", Now: time.Now()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := res.Dir
+	h, err := ca.Load(dir.CADir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	sk, err := seal.LoadStorageKey(dir.StorageKeyFile())
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := sqlite.Open(ctx, dir.DatabaseFile())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	m := NewMetrics("bench")
+	logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+		Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready: func(addr string) { ready <- addr }}, m)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// Joins from one source would hit the bootstrap rate limit.
+	srv.limiter.rate, srv.limiter.burst = 1e9, 1e9
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	addr := <-ready
+	b.Cleanup(func() { cancel(); <-done })
+
+	// An unlimited, never-expiring token.
+	tok, _ := jointoken.Generate()
+	sealer, _ := sk.Sealer(seal.InfoToken)
+	ct, nonce, _ := sealer.Seal(tok.Secret(), []byte(tok.ID))
+	if err := st.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
+		CreatedBy: "bench", CreatedAt: time.Now()}); err != nil {
+		b.Fatal(err)
+	}
+	td := res.Info.TrustDomain
+	want, _ := spiffeid.New(td, spiffeid.RoleAuthority, res.Info.AuthorityID)
+	dial := func(id *identity.Identity) *grpc.ClientConn {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, h.RootPool(), identity.MatchID(want)))))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { conn.Close() })
+		return conn
+	}
+	return &benchAuthority{conn: dial(nil), h: h, td: td, token: tok.Reveal(), dial: dial}
+}
+
+func benchCSR(b *testing.B) (*ecdsa.PrivateKey, []byte) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return key, der
+}
+
+// cryptoBound measures, in the same run, the pure crypto of one issuance:
+// the CSR's signature checked once and the certificate signed. It times
+// its own loop: testing.Benchmark cannot run inside a benchmark.
+func cryptoBound(b *testing.B, h *ca.Hierarchy) float64 {
+	_, der := benchCSR(b)
+	id, _ := url.Parse("spiffe://td/agent/node")
+	const n = 500
+	start := time.Now()
+	for range n {
+		csr, err := ca.ParseCSR(der)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.Issuer(ca.RoleAgent).Issue(ca.LeafRequest{PublicKey: csr.PublicKey, SPIFFEID: id,
+			CommonName: "node", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(time.Since(start).Nanoseconds()) / n
+}
+
+// report prints the throughput as a fraction of the crypto bound: 1.0
+// would mean the store, RPC and audit cost nothing.
+func report(b *testing.B, cryptoNs float64) {
+	perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
+	b.ReportMetric(cryptoNs, "crypto-ns/op")
+	b.ReportMetric(cryptoNs/perOp, "of-crypto-bound")
+}
+
+// BenchmarkExchangeJoinToken: joins through gRPC over loopback TLS, each
+// with its own node ID and CSR, with parallel clients as a fleet would.
+func BenchmarkExchangeJoinToken(b *testing.B) {
+	a := startBench(b)
+	bound := cryptoBound(b, a.h)
+	// CSRs are made by agents, not the authority: prepare them first.
+	csrs := make([][]byte, 256)
+	for i := range csrs {
+		_, csrs[i] = benchCSR(b)
+	}
+	client := musterv1.NewBootstrapServiceClient(a.conn)
+	var n atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			if _, err := client.ExchangeJoinToken(context.Background(), &musterv1.ExchangeJoinTokenRequest{
+				JoinToken: a.token, NodeId: fmt.Sprintf("node-%d", i), Csr: csrs[i%int64(len(csrs))]}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	report(b, bound)
+}
+
+// BenchmarkRenewal: renewals over mTLS by parallel agents, each renewing
+// its own instance generation after generation. A renewal presents the
+// newest certificate, so each one opens a new TLS connection, as an agent
+// renewing twice a day does.
+func BenchmarkRenewal(b *testing.B) {
+	a := startBench(b)
+	bound := cryptoBound(b, a.h)
+	boot := musterv1.NewBootstrapServiceClient(a.conn)
+	type keyCSR struct {
+		key *ecdsa.PrivateKey
+		csr []byte
+	}
+	pool := make([]keyCSR, 64)
+	for i := range pool {
+		pool[i].key, pool[i].csr = benchCSR(b)
+	}
+	var agents atomic.Int64
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		n := agents.Add(1)
+		k := pool[n%int64(len(pool))]
+		resp, err := boot.ExchangeJoinToken(context.Background(), &musterv1.ExchangeJoinTokenRequest{
+			JoinToken: a.token, NodeId: fmt.Sprintf("agent-%d", n), Csr: k.csr})
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		chainPEM, key := resp.GetCertificateChainPem(), k.key
+		for i := 0; pb.Next(); i++ {
+			chain, _ := ca.ParseCertsPEM([]byte(chainPEM))
+			conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+			next := pool[(int(n)+i+1)%len(pool)]
+			r, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(context.Background(),
+				&musterv1.RequestCertificateRequest{Csr: next.csr})
+			conn.Close()
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			chainPEM, key = r.GetCertificateChainPem(), next.key
+		}
+	})
+	b.StopTimer()
+	report(b, bound)
+}

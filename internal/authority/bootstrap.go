@@ -1,0 +1,71 @@
+package authority
+
+import (
+	"context"
+	"time"
+
+	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// maxRequestSize bounds every request message. gRPC refuses a larger one
+// with RESOURCE_EXHAUSTED before unmarshalling it.
+const maxRequestSize = 64 << 10
+
+type bootstrapService struct {
+	musterv1.UnimplementedBootstrapServiceServer
+	s *Server
+}
+
+func requestOf(ctx context.Context) enroll.Request {
+	c := callerFrom(ctx)
+	return enroll.Request{Source: c.Source, CorrelationID: c.CorrelationID}
+}
+
+func (b *bootstrapService) GetTrustBundle(ctx context.Context, req *musterv1.GetTrustBundleRequest) (*musterv1.GetTrustBundleResponse, error) {
+	jws, err := b.s.enroll.TrustBundle(ctx, requestOf(ctx), req.GetTokenId())
+	if err != nil {
+		return nil, toStatus(ctx, b.s.log, err)
+	}
+	return &musterv1.GetTrustBundleResponse{Jws: jws}, nil
+}
+
+func (b *bootstrapService) ExchangeJoinToken(ctx context.Context, req *musterv1.ExchangeJoinTokenRequest) (*musterv1.ExchangeJoinTokenResponse, error) {
+	start := time.Now()
+	iss, err := b.s.enroll.ExchangeJoinToken(ctx, requestOf(ctx), req.GetJoinToken(), req.GetNodeId(), req.GetCsr())
+	b.s.metrics.join(store.JoinMethodToken, start, iss, err)
+	if err != nil {
+		return nil, toStatus(ctx, b.s.log, err)
+	}
+	return &musterv1.ExchangeJoinTokenResponse{
+		CertificateChainPem: string(iss.ChainPEM),
+		CaCertificatePem:    string(iss.CAPEM),
+		Pkcs12:              iss.PKCS12,
+		Pkcs12Password:      iss.PKCS12Password,
+		InstanceId:          iss.InstanceID,
+		Generation:          iss.Generation,
+		AuthorityId:         b.s.info.AuthorityID,
+		TrustDomain:         b.s.info.TrustDomain,
+	}, nil
+}
+
+type certificateService struct {
+	musterv1.UnimplementedCertificateServiceServer
+	s *Server
+}
+
+func (c *certificateService) RequestCertificate(ctx context.Context, req *musterv1.RequestCertificateRequest) (*musterv1.RequestCertificateResponse, error) {
+	start := time.Now()
+	iss, err := c.s.enroll.Renew(ctx, requestOf(ctx), callerFrom(ctx).Cert, req.GetCsr())
+	c.s.metrics.renewal(start, iss, err)
+	if err != nil {
+		return nil, toStatus(ctx, c.s.log, err)
+	}
+	return &musterv1.RequestCertificateResponse{
+		CertificateChainPem: string(iss.ChainPEM),
+		CaCertificatePem:    string(iss.CAPEM),
+		InstanceId:          iss.InstanceID,
+		Generation:          iss.Generation,
+	}, nil
+}

@@ -1,0 +1,278 @@
+package authority
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/joinuri"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+const (
+	defaultTokenTTL  = 24 * time.Hour
+	maxDescription   = 256
+	maxLabels        = 32
+	maxLabelValueLen = 256
+)
+
+var labelKeyRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
+
+// Token states, as listed to operators.
+const (
+	tokenActive  = "active"
+	tokenExpired = "expired"
+	tokenUsedUp  = "used_up"
+)
+
+func tokenState(t store.Token, now time.Time) string {
+	switch {
+	case !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt):
+		return tokenExpired
+	case t.UsesAllowed > 0 && t.UsesCount >= t.UsesAllowed:
+		return tokenUsedUp
+	default:
+		return tokenActive
+	}
+}
+
+func tokenToProto(t store.Token, now time.Time) *musterv1.Token {
+	p := &musterv1.Token{
+		Id: t.ID, JoinMethod: t.JoinMethod, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount,
+		NodeId: t.NodeID, Description: t.Description, Labels: t.Labels, CreatedBy: t.CreatedBy,
+		CreatedAt: timestamppb.New(t.CreatedAt), State: tokenState(t, now),
+	}
+	if !t.ExpiresAt.IsZero() {
+		p.ExpiresAt = timestamppb.New(t.ExpiresAt)
+	}
+	if !t.LastUsedAt.IsZero() {
+		p.LastUsedAt = timestamppb.New(t.LastUsedAt)
+	}
+	return p
+}
+
+func (a *adminService) CreateToken(ctx context.Context, req *musterv1.CreateTokenRequest) (*musterv1.CreateTokenResponse, error) {
+	resp, target, err := a.createToken(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "token.create", target, err)
+	return resp, err
+}
+
+func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateTokenRequest) (*musterv1.CreateTokenResponse, string, error) {
+	ttl := defaultTokenTTL
+	if req.Ttl != nil {
+		ttl = req.Ttl.AsDuration()
+	}
+	uses := int64(1)
+	if req.Uses != nil {
+		uses = req.GetUses()
+	}
+	switch {
+	case ttl < 0:
+		return nil, "", badRequest("ttl must not be negative (0 means never expires)")
+	case uses < 0:
+		return nil, "", badRequest("uses must not be negative (0 means unlimited until expiry)")
+	case ttl == 0 && uses == 0 && !req.GetUnsafeUnlimited():
+		return nil, "", badRequest("a token that never expires and has unlimited uses admits anyone who ever sees it; set a ttl or uses, or pass --unsafe-unlimited")
+	case len(req.GetDescription()) > maxDescription:
+		return nil, "", badRequest(fmt.Sprintf("description must be at most %d characters", maxDescription))
+	case len(req.GetLabels()) > maxLabels:
+		return nil, "", badRequest(fmt.Sprintf("at most %d labels", maxLabels))
+	}
+	if n := req.GetNodeId(); n != "" {
+		if err := spiffeid.ValidNodeID(n); err != nil {
+			return nil, "", badRequest("node: " + err.Error())
+		}
+	}
+	for k, v := range req.GetLabels() {
+		if !labelKeyRE.MatchString(k) || len(v) > maxLabelValueLen {
+			return nil, "", badRequest(fmt.Sprintf("label %q: keys are 1-63 of a-z 0-9 . _ / -, values at most %d characters", k, maxLabelValueLen))
+		}
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	t := store.Token{
+		JoinMethod: store.JoinMethodToken, UsesAllowed: uses, NodeID: req.GetNodeId(),
+		Description: req.GetDescription(), Labels: req.GetLabels(), CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
+	}
+	if ttl > 0 {
+		t.ExpiresAt = now.Add(ttl)
+	}
+	// IDs are 6 random characters: a collision is rare, and the insert's
+	// uniqueness check catches it.
+	var tok jointoken.Token
+	for attempt := 0; ; attempt++ {
+		if tok, err = jointoken.Generate(); err != nil {
+			return nil, "", err
+		}
+		t.ID = tok.ID
+		if t.Ciphertext, t.Nonce, err = a.s.tokens.Seal(tok.Secret(), []byte(tok.ID)); err != nil {
+			return nil, "", err
+		}
+		err = a.s.store.InsertToken(ctx, t)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, store.ErrConflict) || attempt == 4 {
+			return nil, "", err
+		}
+	}
+	if ttl == 0 && uses == 0 {
+		a.s.log.Warn("created a join token with no expiry and unlimited uses (--unsafe-unlimited)", "token_id", t.ID)
+	}
+	uri := joinuri.URI{Method: joinuri.MethodToken, Token: tok, Address: a.s.advertise(),
+		Fingerprint: a.s.info.CAFingerprint, Node: t.NodeID}
+	target := fmt.Sprintf("token %s", t.ID)
+	return &musterv1.CreateTokenResponse{Token: tok.Reveal(), Info: tokenToProto(t, now), Uri: uri.Reveal()}, target, nil
+}
+
+func (a *adminService) ListTokens(ctx context.Context, _ *musterv1.ListTokensRequest) (*musterv1.ListTokensResponse, error) {
+	ts, err := a.s.store.ListTokens(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	now := time.Now()
+	resp := &musterv1.ListTokensResponse{}
+	for _, t := range ts {
+		resp.Tokens = append(resp.Tokens, tokenToProto(t, now))
+	}
+	return resp, nil
+}
+
+func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenRequest) (*musterv1.GetTokenResponse, error) {
+	if !jointoken.ValidID(req.GetId()) {
+		return nil, toStatus(ctx, a.s.log, badRequest("a token ID is 6 characters of a-z 0-9 (the part before the dot)"))
+	}
+	t, err := a.s.store.GetToken(ctx, req.GetId())
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.GetTokenResponse{Token: tokenToProto(t, time.Now())}, nil
+}
+
+func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteTokenRequest) (*musterv1.DeleteTokenResponse, error) {
+	err := error(nil)
+	if !jointoken.ValidID(req.GetId()) {
+		err = badRequest("a token ID is 6 characters of a-z 0-9 (the part before the dot)")
+	} else {
+		err = a.s.store.DeleteToken(ctx, req.GetId())
+	}
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "token.delete", "token "+req.GetId(), err)
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.DeleteTokenResponse{}, nil
+}
+
+// agentToProto summarises a node with its current instance.
+func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv1.Agent, error) {
+	p := &musterv1.Agent{NodeId: n.ID, JoinMethod: n.JoinMethod, TokenId: n.TokenID, InstanceId: n.InstanceID,
+		CreatedAt: timestamppb.New(n.CreatedAt), UpdatedAt: timestamppb.New(n.UpdatedAt)}
+	inst, err := a.s.store.GetInstance(ctx, n.InstanceID)
+	if err != nil {
+		return nil, err
+	}
+	p.Generation = inst.Generation
+	p.LastIssuedAt = timestamppb.New(inst.LastIssuedAt)
+	if certs, err := ca.ParseCertsPEM(inst.LastChainPEM); err == nil {
+		p.NotAfter = timestamppb.New(certs[0].NotAfter)
+	}
+	for _, k := range [][2]string{{store.LockNode, n.ID}, {store.LockInstance, inst.ID}} {
+		l, err := a.s.store.FindLock(ctx, k[0], k[1])
+		if err == nil {
+			p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
+			break
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+func (a *adminService) ListAgents(ctx context.Context, _ *musterv1.ListAgentsRequest) (*musterv1.ListAgentsResponse, error) {
+	nodes, err := a.s.store.ListNodes(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	resp := &musterv1.ListAgentsResponse{}
+	for _, n := range nodes {
+		p, err := a.agentToProto(ctx, n)
+		if err != nil {
+			return nil, toStatus(ctx, a.s.log, err)
+		}
+		resp.Agents = append(resp.Agents, p)
+	}
+	return resp, nil
+}
+
+// GetAgent answers "what does this machine hold, since when, and how did it
+// get it": the node, every instance that held its ID (also before a
+// deletion), and every certificate issued under it.
+func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentRequest) (*musterv1.GetAgentResponse, error) {
+	resp, err := a.getAgent(ctx, req.GetNodeId())
+	return resp, toStatus(ctx, a.s.log, err)
+}
+
+func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.GetAgentResponse, error) {
+	if err := spiffeid.ValidNodeID(nodeID); err != nil {
+		return nil, badRequest("node: " + err.Error())
+	}
+	resp := &musterv1.GetAgentResponse{}
+	n, err := a.s.store.GetNode(ctx, nodeID)
+	switch {
+	case err == nil:
+		if resp.Agent, err = a.agentToProto(ctx, n); err != nil {
+			return nil, err
+		}
+	case !errors.Is(err, store.ErrNotFound):
+		return nil, err
+	}
+	insts, err := a.s.store.ListInstances(ctx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	if resp.Agent == nil && len(insts) == 0 {
+		return nil, fmt.Errorf("node %s: %w", nodeID, store.ErrNotFound)
+	}
+	for _, i := range insts {
+		resp.Instances = append(resp.Instances, &musterv1.AgentInstance{Id: i.ID, State: i.State, JoinMethod: i.JoinMethod,
+			TokenId: i.TokenID, PreviousId: i.PreviousID, Generation: i.Generation, CreatedAt: timestamppb.New(i.CreatedAt)})
+	}
+	certs, err := a.s.store.ListCertificates(ctx, nodeID)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range certs {
+		resp.Certificates = append(resp.Certificates, &musterv1.AgentCertificate{Serial: c.Serial, InstanceId: c.InstanceID,
+			Generation: c.Generation, JoinMethod: c.JoinMethod, TokenId: c.TokenID, PublicKeySha256: hex.EncodeToString(c.PublicKey),
+			NotBefore: timestamppb.New(c.NotBefore), NotAfter: timestamppb.New(c.NotAfter), IssuedAt: timestamppb.New(c.IssuedAt)})
+	}
+	return resp, nil
+}
+
+func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgentRequest) (*musterv1.DeleteAgentResponse, error) {
+	err := error(nil)
+	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
+		err = badRequest("node: " + verr.Error())
+	} else {
+		err = a.s.store.DeleteNode(ctx, req.GetNodeId())
+	}
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "agent.delete", req.GetNodeId(), err)
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.DeleteAgentResponse{}, nil
+}

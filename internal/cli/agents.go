@@ -1,0 +1,200 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newAgentsCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "agents", Short: "List, show and delete admitted nodes"}
+	cmd.AddCommand(newAgentsListCmd(env), newAgentsShowCmd(env), newAgentsDeleteCmd(env))
+	return cmd
+}
+
+func timeOf(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	t := ts.AsTime().UTC()
+	return &t
+}
+
+func fmtTime(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return t.Format(time.RFC3339)
+}
+
+type agentJSON struct {
+	NodeID       string     `json:"node"`
+	JoinMethod   string     `json:"join_method"`
+	TokenID      string     `json:"token_id,omitempty"`
+	InstanceID   string     `json:"instance_id"`
+	Generation   int64      `json:"generation"`
+	CreatedAt    *time.Time `json:"created_at"`
+	UpdatedAt    *time.Time `json:"updated_at"`
+	NotAfter     *time.Time `json:"not_after"`
+	LastIssuedAt *time.Time `json:"last_issued_at"`
+	Locked       string     `json:"locked,omitempty"`
+}
+
+func agentOf(a *musterv1.Agent) agentJSON {
+	return agentJSON{NodeID: a.GetNodeId(), JoinMethod: a.GetJoinMethod(), TokenID: a.GetTokenId(), InstanceID: a.GetInstanceId(),
+		Generation: a.GetGeneration(), CreatedAt: timeOf(a.GetCreatedAt()), UpdatedAt: timeOf(a.GetUpdatedAt()),
+		NotAfter: timeOf(a.GetNotAfter()), LastIssuedAt: timeOf(a.GetLastIssuedAt()), Locked: a.GetLocked()}
+}
+
+func newAgentsListCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List admitted nodes with their current instance",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			return af.call(cmd, env, "agents list", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.ListAgents(ctx, &musterv1.ListAgentsRequest{})
+				if err != nil {
+					return err
+				}
+				list := []agentJSON{}
+				for _, a := range resp.GetAgents() {
+					list = append(list, agentOf(a))
+				}
+				if out.json() {
+					return writeJSON(env.Stdout, list)
+				}
+				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tLOCKED")
+				for _, a := range list {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter), a.Locked)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+type instanceJSON struct {
+	ID         string     `json:"id"`
+	State      string     `json:"state"`
+	JoinMethod string     `json:"join_method"`
+	TokenID    string     `json:"token_id,omitempty"`
+	PreviousID string     `json:"previous_id,omitempty"`
+	Generation int64      `json:"generation"`
+	CreatedAt  *time.Time `json:"created_at"`
+}
+
+type certificateJSON struct {
+	Serial     string     `json:"serial"`
+	InstanceID string     `json:"instance_id"`
+	Generation int64      `json:"generation"`
+	JoinMethod string     `json:"join_method"`
+	TokenID    string     `json:"token_id,omitempty"`
+	PublicKey  string     `json:"public_key_sha256"`
+	NotBefore  *time.Time `json:"not_before"`
+	NotAfter   *time.Time `json:"not_after"`
+	IssuedAt   *time.Time `json:"issued_at"`
+}
+
+func newAgentsShowCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "show NODE",
+		Short: "Show what a node holds, since when, and how it got it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			return af.call(cmd, env, "agents show", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.GetAgent(ctx, &musterv1.GetAgentRequest{NodeId: args[0]})
+				if err != nil {
+					return err
+				}
+				var doc struct {
+					Agent        *agentJSON        `json:"agent"`
+					Instances    []instanceJSON    `json:"instances"`
+					Certificates []certificateJSON `json:"certificates"`
+				}
+				if resp.GetAgent() != nil {
+					a := agentOf(resp.GetAgent())
+					doc.Agent = &a
+				}
+				for _, i := range resp.GetInstances() {
+					doc.Instances = append(doc.Instances, instanceJSON{ID: i.GetId(), State: i.GetState(), JoinMethod: i.GetJoinMethod(),
+						TokenID: i.GetTokenId(), PreviousID: i.GetPreviousId(), Generation: i.GetGeneration(), CreatedAt: timeOf(i.GetCreatedAt())})
+				}
+				for _, ce := range resp.GetCertificates() {
+					doc.Certificates = append(doc.Certificates, certificateJSON{Serial: ce.GetSerial(), InstanceID: ce.GetInstanceId(),
+						Generation: ce.GetGeneration(), JoinMethod: ce.GetJoinMethod(), TokenID: ce.GetTokenId(), PublicKey: ce.GetPublicKeySha256(),
+						NotBefore: timeOf(ce.GetNotBefore()), NotAfter: timeOf(ce.GetNotAfter()), IssuedAt: timeOf(ce.GetIssuedAt())})
+				}
+				if out.json() {
+					return writeJSON(env.Stdout, doc)
+				}
+				if a := doc.Agent; a != nil {
+					fmt.Fprintf(env.Stdout, "Node %s: instance %s, generation %d, joined by %s (token %s), expires %s\n",
+						a.NodeID, a.InstanceID, a.Generation, a.JoinMethod, a.TokenID, fmtTime(a.NotAfter))
+					if a.Locked != "" {
+						fmt.Fprintf(env.Stdout, "Locked: %s\n", a.Locked)
+					}
+				} else {
+					fmt.Fprintf(env.Stdout, "Node %s was deleted; its history:\n", args[0])
+				}
+				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "\nINSTANCE\tSTATE\tMETHOD\tTOKEN\tGENERATION\tCREATED")
+				for _, i := range doc.Instances {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.ID, i.State, i.JoinMethod, i.TokenID, i.Generation, fmtTime(i.CreatedAt))
+				}
+				fmt.Fprintln(tw, "\nSERIAL\tINSTANCE\tGENERATION\tISSUED\tNOT AFTER")
+				for _, ce := range doc.Certificates {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", ce.Serial, ce.InstanceID, ce.Generation, fmtTime(ce.IssuedAt), fmtTime(ce.NotAfter))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+func newAgentsDeleteCmd(env *Env) *cobra.Command {
+	var af adminFlags
+	cmd := &cobra.Command{
+		Use:   "delete NODE",
+		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return af.call(cmd, env, "agents delete", func(ctx context.Context, c *adminClient) error {
+				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
+					return err
+				}
+				fmt.Fprintf(env.Stdout, "Node %s deleted; it can join again only with a new token\n", args[0])
+				return nil
+			})
+		},
+	}
+	af.register(cmd)
+	return cmd
+}

@@ -1,0 +1,246 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newTokenCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Create, list and delete join tokens"}
+	cmd.AddCommand(newTokenCreateCmd(env), newTokenListCmd(env), newTokenGetCmd(env), newTokenDeleteCmd(env))
+	return cmd
+}
+
+type tokenJSON struct {
+	ID          string            `json:"id"`
+	JoinMethod  string            `json:"join_method"`
+	State       string            `json:"state"`
+	UsesAllowed int64             `json:"uses_allowed"`
+	UsesCount   int64             `json:"uses_count"`
+	ExpiresAt   *time.Time        `json:"expires_at"`
+	NodeID      string            `json:"node,omitempty"`
+	Description string            `json:"description,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	CreatedBy   string            `json:"created_by"`
+	CreatedAt   time.Time         `json:"created_at"`
+	LastUsedAt  *time.Time        `json:"last_used_at,omitempty"`
+}
+
+func tokenOf(t *musterv1.Token) tokenJSON {
+	j := tokenJSON{ID: t.GetId(), JoinMethod: t.GetJoinMethod(), State: t.GetState(), UsesAllowed: t.GetUsesAllowed(),
+		UsesCount: t.GetUsesCount(), NodeID: t.GetNodeId(), Description: t.GetDescription(), Labels: t.GetLabels(),
+		CreatedBy: t.GetCreatedBy(), CreatedAt: t.GetCreatedAt().AsTime()}
+	if t.GetExpiresAt() != nil {
+		e := t.GetExpiresAt().AsTime()
+		j.ExpiresAt = &e
+	}
+	if t.GetLastUsedAt() != nil {
+		u := t.GetLastUsedAt().AsTime()
+		j.LastUsedAt = &u
+	}
+	return j
+}
+
+func (t tokenJSON) usesLeft() string {
+	if t.UsesAllowed == 0 {
+		return "unlimited"
+	}
+	return fmt.Sprint(t.UsesAllowed - t.UsesCount)
+}
+
+func (t tokenJSON) expiry() string {
+	if t.ExpiresAt == nil {
+		return "never"
+	}
+	return t.ExpiresAt.UTC().Format(time.RFC3339)
+}
+
+func (t tokenJSON) labels() string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(t.Labels)) {
+		parts = append(parts, k+"="+t.Labels[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func newTokenCreateCmd(env *Env) *cobra.Command {
+	var (
+		af              adminFlags
+		out             output
+		ttl             time.Duration
+		uses            int64
+		node, desc      string
+		labels          []string
+		unsafeUnlimited bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create",
+		Short: "Create a join token and print it with its joining URI",
+		Long: `Create a join token. The token (ID.SECRET) is printed once: the authority
+keeps only an encrypted copy and never shows the secret again.
+
+--uses 0 makes the token usable until it expires; --ttl 0 makes it never
+expire; both together admit anyone who ever sees the token and need
+--unsafe-unlimited.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			req := &musterv1.CreateTokenRequest{Ttl: durationpb.New(ttl), Uses: &uses, NodeId: node,
+				Description: desc, Labels: map[string]string{}, UnsafeUnlimited: unsafeUnlimited}
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok || k == "" {
+					return fmt.Errorf("token create: --label %q: want KEY=VALUE", l)
+				}
+				req.Labels[k] = v
+			}
+			if ttl == 0 && uses == 0 && unsafeUnlimited {
+				fmt.Fprintln(env.Stderr, "warning: this token never expires and has unlimited uses: anyone who ever sees it can join; delete it when done")
+			}
+			return af.call(cmd, env, "token create", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.CreateToken(ctx, req)
+				if err != nil {
+					return err
+				}
+				t := tokenOf(resp.GetInfo())
+				if out.json() {
+					return writeJSON(env.Stdout, struct {
+						Token string `json:"token"`
+						URI   string `json:"uri"`
+						tokenJSON
+					}{resp.GetToken(), resp.GetUri(), t})
+				}
+				fmt.Fprintf(env.Stdout, "Token:       %s\nJoining URI: %s\nUses:        %s\nExpires:     %s\n",
+					resp.GetToken(), resp.GetUri(), t.usesLeft(), t.expiry())
+				if t.NodeID != "" {
+					fmt.Fprintf(env.Stdout, "Bound to:    node %s (re-joining it supersedes the node's current instance)\n", t.NodeID)
+				}
+				fmt.Fprintf(env.Stdout, "\nThe secret is shown only now. Join a machine with:\n  muster agent join --data ADIR --node NODE %q\n", resp.GetUri())
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.DurationVar(&ttl, "ttl", 24*time.Hour, "lifetime; 0 = never expires")
+	f.Int64Var(&uses, "uses", 1, "number of joins allowed; 0 = unlimited until expiry")
+	f.StringVar(&node, "node", "", "bind the token to this node ID")
+	f.StringVar(&desc, "description", "", "free text shown in token list")
+	f.StringArrayVar(&labels, "label", nil, "KEY=VALUE label (repeatable)")
+	f.BoolVar(&unsafeUnlimited, "unsafe-unlimited", false, "allow --ttl 0 together with --uses 0 (unsafe)")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+func newTokenListCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List join tokens (never their secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			return af.call(cmd, env, "token list", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.ListTokens(ctx, &musterv1.ListTokensRequest{})
+				if err != nil {
+					return err
+				}
+				list := []tokenJSON{}
+				for _, t := range resp.GetTokens() {
+					list = append(list, tokenOf(t))
+				}
+				if out.json() {
+					return writeJSON(env.Stdout, list)
+				}
+				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+				for _, t := range list {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+func newTokenGetCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "get ID",
+		Short: "Show one join token (never its secret)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			return af.call(cmd, env, "token get", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.GetToken(ctx, &musterv1.GetTokenRequest{Id: tokenIDArg(args[0])})
+				if err != nil {
+					return err
+				}
+				t := tokenOf(resp.GetToken())
+				if out.json() {
+					return writeJSON(env.Stdout, t)
+				}
+				fmt.Fprintf(env.Stdout, "ID:          %s\nState:       %s\nUses:        %d of %s used\nExpires:     %s\nNode:        %s\nDescription: %s\nLabels:      %s\nCreated:     %s by %s\n",
+					t.ID, t.State, t.UsesCount, map[bool]string{true: "unlimited", false: fmt.Sprint(t.UsesAllowed)}[t.UsesAllowed == 0],
+					t.expiry(), t.NodeID, t.Description, t.labels(), t.CreatedAt.UTC().Format(time.RFC3339), t.CreatedBy)
+				return nil
+			})
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// tokenIDArg accepts a whole token where an ID is wanted and keeps only the
+// ID, so a pasted token does not send its secret to a listing command.
+func tokenIDArg(s string) string {
+	id, _, _ := strings.Cut(s, ".")
+	return id
+}
+
+func newTokenDeleteCmd(env *Env) *cobra.Command {
+	var af adminFlags
+	cmd := &cobra.Command{
+		Use:   "delete ID",
+		Short: "Delete a join token; nodes it admitted keep their identities",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id := tokenIDArg(args[0])
+			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {
+				if _, err := c.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: id}); err != nil {
+					return err
+				}
+				fmt.Fprintf(env.Stdout, "Token %s deleted\n", id)
+				return nil
+			})
+		},
+	}
+	af.register(cmd)
+	return cmd
+}
