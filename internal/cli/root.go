@@ -69,6 +69,9 @@ Start with "muster dev" to run an authority on this machine, or
 		newAdminCmd(env),
 		newAuditCmd(env),
 		newLockCmd(env),
+		newTokenCmd(env),
+		newAgentsCmd(env),
+		newAgentCmd(env),
 		newStatusCmd(env),
 	)
 	return root

@@ -1,0 +1,204 @@
+// Package agent is the machine side of muster (DESIGN.md "Join methods",
+// "Renewal" and "Agent data directory"): it joins an authority with a join
+// token, keeps the identity it gets in a data directory, and renews it over
+// mTLS at about half its lifetime.
+//
+// Trust comes before secrets: the agent sends a token's secret only to a
+// server whose certificate chains to a root it pinned and carries the
+// authority's SPIFFE ID (spiffe://TD/authority/AUTHORITY_ID). It pins the
+// root from the trust bundle signed with the token (kubeadm's cluster-info
+// signing), and additionally checks the bundle against a CA fingerprint
+// when one is given.
+//
+// Keys are written to disk before they are sent in a request, so a lost
+// reply is retried with the same key and answered with the certificate the
+// authority already issued; a failed join leaves no certificate files.
+package agent
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+)
+
+// DefaultTimeout bounds each RPC.
+const DefaultTimeout = 30 * time.Second
+
+// skew is the allowance for another machine's clock (DESIGN.md: ±2 min).
+const skew = 2 * time.Minute
+
+// maxChainSize bounds the PEM chain the agent parses from a reply.
+const maxChainSize = 64 << 10
+
+var (
+	// ErrIdentityExists refuses a join over an identity without Force.
+	ErrIdentityExists = errors.New("the data directory already holds an identity: use --force to join again (the old identity stays until the new join succeeds)")
+	// ErrTrustBundle reports a trust bundle that does not verify with the
+	// token: the authority answers every token ID, and only the holder
+	// of the right secret can verify its answer.
+	ErrTrustBundle = errors.New("unknown join token or wrong secret")
+	// ErrFingerprint reports a trust bundle without a root of the pinned
+	// CA fingerprint.
+	ErrFingerprint = errors.New("no root of the authority's trust bundle matches the CA fingerprint")
+)
+
+// OpError says which operation (join or renewal) failed.
+type OpError struct {
+	Op  string
+	Err error
+}
+
+func (e *OpError) Error() string { return e.Op + " failed: " + e.Err.Error() }
+func (e *OpError) Unwrap() error { return e.Err }
+
+// ExpiredError refuses to renew a certificate past its NotAfter: the
+// authority would refuse it, and only a new join can help.
+type ExpiredError struct{ NotAfter time.Time }
+
+func (e *ExpiredError) Error() string {
+	return fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
+}
+
+// refusal is a verdict the agent reaches without asking, classed with the
+// gRPC code the authority gives the same verdict, so it prints (and is
+// treated as permanent) like one.
+type refusal struct {
+	code codes.Code
+	err  error
+}
+
+func (r *refusal) Error() string              { return r.err.Error() }
+func (r *refusal) Unwrap() error              { return r.err }
+func (r *refusal) GRPCStatus() *status.Status { return status.New(r.code, r.err.Error()) }
+
+// Options configure an Agent.
+type Options struct {
+	Dir Dir
+	// Log receives one record per join, renewal and failure; nil
+	// discards them.
+	Log *slog.Logger
+	// Metrics, if set, is updated by every join and renewal.
+	Metrics *Metrics
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Timeout bounds each RPC; zero means DefaultTimeout.
+	Timeout time.Duration
+	// Authority, if set, is the address renewals use instead of the one
+	// in agent.yaml or state.json (the authority moved).
+	Authority string
+}
+
+// Agent joins and renews for one data directory. Its methods are safe
+// for concurrent use: they serialise on a lock of the directory, which
+// also keeps other processes out.
+type Agent struct {
+	dir       Dir
+	log       *slog.Logger
+	metrics   *Metrics
+	now       func() time.Time
+	timeout   time.Duration
+	authority string
+}
+
+// New returns an agent for o.Dir.
+func New(o Options) *Agent {
+	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority}
+	if a.log == nil {
+		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	if a.timeout <= 0 {
+		a.timeout = DefaultTimeout
+	}
+	return a
+}
+
+// Dir returns the agent's data directory.
+func (a *Agent) Dir() Dir { return a.dir }
+
+func dial(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	if err != nil {
+		return nil, fmt.Errorf("agent: authority address %q: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// csrFor is a proof of possession of key: the authority takes its public
+// key and ignores every other field.
+func csrFor(key crypto.Signer) ([]byte, error) {
+	return x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+}
+
+// verifyIssued checks a certificate chain an authority answered with: its
+// leaf certifies key, chains to roots for client authentication, and names
+// want. It returns the chain without any root.
+func verifyIssued(chainPEM string, key crypto.Signer, roots []*x509.Certificate, want spiffeid.ID, now time.Time) ([]*x509.Certificate, error) {
+	if len(chainPEM) > maxChainSize {
+		return nil, fmt.Errorf("the authority's certificate chain is larger than %d bytes", maxChainSize)
+	}
+	certs, err := ca.ParseCertsPEM([]byte(chainPEM))
+	if err != nil {
+		return nil, fmt.Errorf("the authority's certificate chain: %v", err)
+	}
+	var chain []*x509.Certificate
+	for _, c := range certs {
+		if c.IsCA && c.CheckSignatureFrom(c) == nil {
+			continue // a root: ours are pinned, not taken from a reply
+		}
+		chain = append(chain, c)
+	}
+	if len(chain) == 0 {
+		return nil, errors.New("the authority answered without a certificate")
+	}
+	leaf := chain[0]
+	if leaf.IsCA {
+		return nil, errors.New("the authority issued a CA certificate, not an agent certificate")
+	}
+	if !samePublicKey(key.Public(), leaf.PublicKey) {
+		return nil, errors.New("the authority certified a different key than ours")
+	}
+	pool := x509.NewCertPool()
+	for _, r := range roots {
+		pool.AddCert(r)
+	}
+	// The authority's clock may run ahead of ours, within the allowance.
+	if now.Before(leaf.NotBefore) && leaf.NotBefore.Sub(now) <= skew {
+		now = leaf.NotBefore
+	}
+	if err := identity.VerifyPeer(chain, pool, identity.MatchID(want), x509.ExtKeyUsageClientAuth, now); err != nil {
+		return nil, fmt.Errorf("the authority's certificate: %w", err)
+	}
+	return chain, nil
+}
+
+func serialOf(c *x509.Certificate) string { return fmt.Sprintf("%x", c.SerialNumber) }
+
+// resultOf labels an outcome for metrics: ok, the gRPC code, or error.
+func resultOf(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code().String()
+	}
+	return "error"
+}

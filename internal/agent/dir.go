@@ -1,0 +1,206 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/muster-dev/muster/internal/identity"
+)
+
+// ErrNoIdentity reports a data directory that holds no identity yet.
+var ErrNoIdentity = errors.New("agent: no identity in the data directory")
+
+// maxFileSize bounds every file of the data directory the agent reads.
+const maxFileSize = 1 << 20
+
+// Dir is an agent data directory, laid out as DESIGN.md "Agent data
+// directory" says. Directories are 0700; keys, the keystore and its
+// password 0600.
+type Dir string
+
+func (d Dir) path(elem ...string) string {
+	return filepath.Join(append([]string{string(d)}, elem...)...)
+}
+
+// ConfigFile is agent.yaml: authority, fingerprint, node, join method, and
+// a join token only until the join succeeds.
+func (d Dir) ConfigFile() string { return d.path("agent.yaml") }
+
+// StateFile is state.json, the record of the current identity. It is
+// written last, so its presence means a complete identity.
+func (d Dir) StateFile() string { return d.path("state.json") }
+
+// CertFile is the leaf and its intermediate, PEM.
+func (d Dir) CertFile() string { return d.path("certs", "agent.crt") }
+
+// KeyFile is the private key of the leaf (0600).
+func (d Dir) KeyFile() string { return d.path("certs", "agent.key") }
+
+// CAFile is the pinned root CA, PEM.
+func (d Dir) CAFile() string { return d.path("certs", "ca.crt") }
+
+// PKCS12File is the keystore holding the key and the chain (0600).
+func (d Dir) PKCS12File() string { return d.path("certs", "agent.p12") }
+
+// PKCS12PasswordFile holds the keystore's password (0600).
+func (d Dir) PKCS12PasswordFile() string { return d.path("certs", "agent.p12.pass") }
+
+// PendingKeyFile is the key of a join or renewal in flight: written before
+// the request, removed once its certificate is on disk, so a lost reply is
+// retried with the same key and answered with the same certificate.
+func (d Dir) PendingKeyFile() string { return d.path("keys", "pending.key") }
+
+// certFiles are every certificate file a join writes.
+func (d Dir) certFiles() []string {
+	return []string{d.CAFile(), d.CertFile(), d.KeyFile(), d.PKCS12File(), d.PKCS12PasswordFile()}
+}
+
+// ensure creates the directory and its subdirectories 0700.
+func (d Dir) ensure() error {
+	if d == "" {
+		return errors.New("agent: no data directory given")
+	}
+	for _, p := range []string{string(d), d.path("certs"), d.path("keys")} {
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+		// MkdirAll leaves an existing directory's mode alone; the data
+		// directory is the agent's own.
+		if err := os.Chmod(p, 0o700); err != nil {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
+	return nil
+}
+
+func readSmall(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxFileSize)
+	}
+	return data, nil
+}
+
+// Config is agent.yaml.
+type Config struct {
+	// Authority is HOST:PORT of the authority.
+	Authority string `yaml:"authority,omitempty"`
+	// CAFingerprint pins the root CA's key (sha256:HEX).
+	CAFingerprint string `yaml:"ca_fingerprint,omitempty"`
+	Node          string `yaml:"node,omitempty"`
+	JoinMethod    string `yaml:"join_method,omitempty"`
+	// Token is a join token (ID.SECRET), kept only until the join
+	// succeeds.
+	Token string `yaml:"token,omitempty"`
+}
+
+// ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown
+// keys are refused, so a misspelt setting is not silently ignored.
+func (d Dir) ReadConfig() (Config, error) {
+	var c Config
+	data, err := readSmall(d.ConfigFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return c, nil
+	} else if err != nil {
+		return c, fmt.Errorf("agent: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
+		// yaml errors quote lines, which may hold the token: say only
+		// where the file is.
+		return Config{}, fmt.Errorf("agent: %s is not valid: %v", d.ConfigFile(), redactYAMLError(err))
+	}
+	return c, nil
+}
+
+// redactYAMLError keeps a YAML error's kind without any quoted content.
+func redactYAMLError(err error) string {
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token)"
+	}
+	return "malformed YAML"
+}
+
+// ConfigReadableByOthers reports whether agent.yaml exists and other users
+// can read it: worth a warning when it holds a token.
+func (d Dir) ConfigReadableByOthers() bool {
+	fi, err := os.Stat(d.ConfigFile())
+	return err == nil && fi.Mode().Perm()&0o077 != 0
+}
+
+// WriteConfig writes agent.yaml (0600: it may hold a token).
+func (d Dir) WriteConfig(c Config) error {
+	if err := d.ensure(); err != nil {
+		return err
+	}
+	data, err := yaml.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return identity.WriteFileAtomic(d.ConfigFile(), data, 0o600)
+}
+
+// State is state.json: what the agent knows of its identity.
+type State struct {
+	NodeID      string `json:"node_id"`
+	InstanceID  string `json:"instance_id"`
+	AuthorityID string `json:"authority_id"`
+	TrustDomain string `json:"trust_domain"`
+	// Authority is the address (HOST:PORT) the agent joined through and
+	// renews at.
+	Authority   string     `json:"authority"`
+	Generation  int64      `json:"generation"`
+	JoinMethod  string     `json:"join_method"`
+	JoinedAt    time.Time  `json:"joined_at"`
+	LastRenewal *time.Time `json:"last_renewal"`
+	NotAfter    time.Time  `json:"not_after"`
+	Serial      string     `json:"serial"`
+}
+
+// ReadState reads state.json; ErrNoIdentity if there is none.
+func (d Dir) ReadState() (*State, error) {
+	data, err := readSmall(d.StateFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNoIdentity
+	} else if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	var s State
+	if err := json.Unmarshal(data, &s); err != nil {
+		return nil, fmt.Errorf("agent: %s: %v", d.StateFile(), err)
+	}
+	return &s, nil
+}
+
+// HasIdentity reports whether state.json exists.
+func (d Dir) HasIdentity() bool {
+	_, err := os.Stat(d.StateFile())
+	return err == nil
+}
+
+func (d Dir) writeState(s *State) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return identity.WriteFileAtomic(d.StateFile(), append(data, '\n'), 0o600)
+}

@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// fakeAuthority is an in-process gRPC authority with a real CA hierarchy:
+// enough of BootstrapService and CertificateService to join and renew,
+// recording what it was sent.
+type fakeAuthority struct {
+	musterv1.UnimplementedBootstrapServiceServer
+	musterv1.UnimplementedCertificateServiceServer
+
+	h     *ca.Hierarchy
+	aid   string
+	token jointoken.Token
+	addr  string
+	ttl   time.Duration
+
+	mu          sync.Mutex
+	bundleReqs  []string // token IDs asked for
+	exchanges   []string // join tokens received
+	renewKeys   []crypto.PublicKey
+	generation  int64
+	issued      map[string]*x509.Certificate // by key, for retries
+	exchangeErr error
+	// renewErrs are answered, one per renewal, before renewals succeed.
+	renewErrs []error
+	// loseRenewReply issues a certificate but answers UNAVAILABLE, once.
+	loseRenewReply bool
+	// wrongKey certifies a key other than the CSR's.
+	wrongKey bool
+}
+
+type fakeOptions struct {
+	// serverID replaces the authority's SPIFFE ID in its TLS certificate.
+	serverID *url.URL
+	ttl      time.Duration
+}
+
+func newFakeAuthority(t *testing.T, o fakeOptions) *fakeAuthority {
+	t.Helper()
+	h, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jointoken.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeAuthority{h: h, aid: ca.AuthorityID("test", h.Fingerprint()), token: tok, ttl: o.ttl,
+		issued: map[string]*x509.Certificate{}}
+	if f.ttl == 0 {
+		f.ttl = time.Hour
+	}
+	id := o.serverID
+	if id == nil {
+		sid, _ := spiffeid.New(f.aid, spiffeid.RoleAuthority, f.aid)
+		id = sid.URL()
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srv := h.Issuer(ca.RoleServer)
+	leaf, err := srv.Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: id, ServerAuth: true,
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now(), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{{Certificate: [][]byte{leaf.Raw, srv.Cert.Raw}, PrivateKey: key, Leaf: leaf}},
+		ClientAuth:   tls.VerifyClientCertIfGiven,
+		ClientCAs:    h.RootPool(),
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.addr = lis.Addr().String()
+	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
+	musterv1.RegisterBootstrapServiceServer(gs, f)
+	musterv1.RegisterCertificateServiceServer(gs, f)
+	go gs.Serve(lis)
+	t.Cleanup(gs.Stop)
+	return f
+}
+
+func (f *fakeAuthority) trustDomain() string { return f.aid }
+
+func (f *fakeAuthority) GetTrustBundle(_ context.Context, req *musterv1.GetTrustBundleRequest) (*musterv1.GetTrustBundleResponse, error) {
+	f.mu.Lock()
+	f.bundleReqs = append(f.bundleReqs, req.GetTokenId())
+	f.mu.Unlock()
+	key := trustbundle.Key(req.GetTokenId(), []byte("decoy-decoy-decoy"))
+	if req.GetTokenId() == f.token.ID {
+		key = trustbundle.Key(f.token.ID, f.token.Secret())
+	}
+	b := trustbundle.Bundle{AuthorityID: f.aid, TrustDomain: f.trustDomain(),
+		Roots: []string{string(ca.EncodeCertPEM(f.h.Root))}, Endpoints: []string{f.addr}}
+	jws, err := trustbundle.Sign(b, req.GetTokenId(), key, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.GetTrustBundleResponse{Jws: jws}, nil
+}
+
+func (f *fakeAuthority) ExchangeJoinToken(_ context.Context, req *musterv1.ExchangeJoinTokenRequest) (*musterv1.ExchangeJoinTokenResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.exchanges = append(f.exchanges, req.GetJoinToken())
+	if f.exchangeErr != nil {
+		return nil, f.exchangeErr
+	}
+	if req.GetJoinToken() != f.token.Reveal() {
+		return nil, status.Error(codes.NotFound, "unknown join token or wrong secret")
+	}
+	chain, err := f.issue(req.GetNodeId(), req.GetCsr())
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.ExchangeJoinTokenResponse{CertificateChainPem: chain, CaCertificatePem: string(ca.EncodeCertPEM(f.h.Root)),
+		InstanceId: "instance-1", Generation: 0, AuthorityId: f.aid, TrustDomain: f.trustDomain()}, nil
+}
+
+func (f *fakeAuthority) RequestCertificate(ctx context.Context, req *musterv1.RequestCertificateRequest) (*musterv1.RequestCertificateResponse, error) {
+	p, _ := peer.FromContext(ctx)
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil, status.Error(codes.Unauthenticated, "no valid agent certificate")
+	}
+	id, err := spiffeid.FromCertificate(ti.State.PeerCertificates[0])
+	if err != nil || id.Role != spiffeid.RoleAgent {
+		return nil, status.Error(codes.PermissionDenied, "not an agent")
+	}
+	csr, err := ca.ParseCSR(req.GetCsr())
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, "csr")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.renewKeys = append(f.renewKeys, csr.PublicKey)
+	if len(f.renewErrs) > 0 {
+		err := f.renewErrs[0]
+		f.renewErrs = f.renewErrs[1:]
+		return nil, err
+	}
+	n := len(f.issued)
+	chain, err := f.issue(id.Name, req.GetCsr())
+	if err != nil {
+		return nil, err
+	}
+	if len(f.issued) > n {
+		f.generation++
+	}
+	if f.loseRenewReply {
+		f.loseRenewReply = false
+		return nil, status.Error(codes.Unavailable, "reply lost")
+	}
+	return &musterv1.RequestCertificateResponse{CertificateChainPem: chain, CaCertificatePem: string(ca.EncodeCertPEM(f.h.Root)),
+		InstanceId: "instance-1", Generation: f.generation}, nil
+}
+
+// issue certifies the CSR's key for node; the same key gets the same
+// certificate, as a retry does from the real authority.
+func (f *fakeAuthority) issue(node string, csrDER []byte) (string, error) {
+	csr, err := ca.ParseCSR(csrDER)
+	if err != nil {
+		return "", status.Error(codes.InvalidArgument, "csr")
+	}
+	agentIss := f.h.Issuer(ca.RoleAgent)
+	pub := csr.PublicKey
+	if f.wrongKey {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		pub = k.Public()
+	}
+	der, _ := x509.MarshalPKIXPublicKey(pub)
+	if c, ok := f.issued[string(der)]; ok {
+		return string(agentIss.ChainPEM(c)), nil
+	}
+	aid, err := spiffeid.New(f.trustDomain(), spiffeid.RoleAgent, node)
+	if err != nil {
+		return "", status.Error(codes.InvalidArgument, "node_id")
+	}
+	leaf, err := agentIss.Issue(ca.LeafRequest{PublicKey: pub, SPIFFEID: aid.URL(), CommonName: node, ClientAuth: true,
+		NotBefore: time.Now(), TTL: f.ttl})
+	if err != nil {
+		return "", err
+	}
+	f.issued[string(der)] = leaf
+	return string(agentIss.ChainPEM(leaf)), nil
+}
+
+func (f *fakeAuthority) calls() (bundles, exchanges, renewals int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.bundleReqs), len(f.exchanges), len(f.renewKeys)
+}
+
+func (f *fakeAuthority) keys() []crypto.PublicKey {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]crypto.PublicKey(nil), f.renewKeys...)
+}
+
+// joinRequest is a correct request for the fake.
+func (f *fakeAuthority) joinRequest(node string) JoinRequest {
+	return JoinRequest{Token: f.token, Node: node, Authority: f.addr}
+}
+
+func newTestAgent(t *testing.T, dir Dir) *Agent {
+	return New(Options{Dir: dir, Timeout: 5 * time.Second})
+}
+
+func codeOf(err error) codes.Code {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		return se.GRPCStatus().Code()
+	}
+	return codes.OK
+}

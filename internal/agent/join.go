@@ -1,0 +1,252 @@
+package agent
+
+import (
+	"context"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// JoinMethodToken is the join method of a join token.
+const JoinMethodToken = "token"
+
+// JoinRequest is everything a join with a token needs.
+type JoinRequest struct {
+	Token jointoken.Token
+	Node  string
+	// Authority is HOST:PORT.
+	Authority string
+	// CAFingerprint, if set, must match a root of the trust bundle.
+	CAFingerprint string
+	// Force joins over an existing identity, which stays in place until
+	// the new join succeeds.
+	Force bool
+}
+
+func (r JoinRequest) check() error {
+	if r.Token.ID == "" {
+		return errors.New("no join token")
+	}
+	if err := spiffeid.ValidNodeID(r.Node); err != nil {
+		return fmt.Errorf("node ID: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(r.Authority); err != nil || r.Authority == "" {
+		return fmt.Errorf("authority address %q: want HOST:PORT", r.Authority)
+	}
+	if r.CAFingerprint != "" {
+		if _, err := ca.ParseFingerprint(r.CAFingerprint); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Join admits the machine with a join token: it pins the authority's root
+// from the trust bundle signed with the token, then, over a connection
+// that verifies the authority by that root and its SPIFFE ID, exchanges
+// the token and a CSR for a certificate. It writes the certificate files,
+// then state.json, then removes the token from agent.yaml. Errors are
+// *OpError; a bundle that does not verify wraps ErrTrustBundle (classed
+// NOT_FOUND), a fingerprint mismatch ErrFingerprint, an existing identity
+// ErrIdentityExists.
+func (a *Agent) Join(ctx context.Context, r JoinRequest) (*State, error) {
+	st, err := a.join(ctx, r)
+	if err != nil {
+		return nil, &OpError{Op: "join", Err: err}
+	}
+	a.log.Info("joined", "node", st.NodeID, "instance", st.InstanceID, "authority_id", st.AuthorityID,
+		"authority", st.Authority, "not_after", st.NotAfter)
+	a.metrics.observe(st)
+	return st, nil
+}
+
+func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
+	if err := r.check(); err != nil {
+		return nil, err
+	}
+	unlock, err := a.dir.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	hadIdentity := a.dir.HasIdentity()
+	if hadIdentity && !r.Force {
+		return nil, ErrIdentityExists
+	}
+	defer func() {
+		// A failed join leaves no certificate files: neither its own
+		// nor those of an earlier join interrupted before it wrote
+		// state.json. An identity it was to replace stays.
+		if err != nil && !hadIdentity {
+			a.dir.removeCertFiles()
+		}
+	}()
+	// The key is on disk before anything is sent, so a lost reply can be
+	// retried with it (and a pending key from an earlier attempt is
+	// reused for the same reason).
+	key, err := a.dir.pendingKey(true)
+	if err != nil {
+		return nil, err
+	}
+	bundle, err := a.trust(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	chain, resp, err := a.exchange(ctx, r, bundle, key)
+	if err != nil {
+		return nil, err
+	}
+
+	now := a.now()
+	id := &identity.Identity{Chain: chain, Key: key, Roots: bundle.RootCerts}
+	if err := a.dir.writeIdentity(id, true); err != nil {
+		return nil, err
+	}
+	st := &State{
+		NodeID: r.Node, InstanceID: resp.GetInstanceId(), AuthorityID: bundle.AuthorityID,
+		TrustDomain: bundle.TrustDomain, Authority: r.Authority, Generation: resp.GetGeneration(),
+		JoinMethod: JoinMethodToken, JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
+		Serial: serialOf(chain[0]),
+	}
+	if err := a.dir.writeState(st); err != nil {
+		return nil, err
+	}
+	// From here the join has succeeded: state.json is written.
+	if err := a.dir.removePendingKey(); err != nil {
+		a.log.Warn("joined, but the certified key could not be removed from keys/", "err", err)
+	}
+	// The configuration keeps where and who, never the secret.
+	cfg, cerr := a.dir.ReadConfig()
+	if cerr != nil {
+		cfg = Config{}
+	}
+	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token = r.Authority, r.Node, JoinMethodToken, ""
+	cfg.CAFingerprint = pinOf(bundle.RootCerts, r.CAFingerprint)
+	if err := a.dir.WriteConfig(cfg); err != nil {
+		// The identity is in place: say so rather than fail the join.
+		a.log.Warn("joined, but agent.yaml could not be updated; remove any token from it by hand", "err", err)
+	}
+	return st, nil
+}
+
+// pinOf is the fingerprint to record: the one given, else the first root's.
+func pinOf(roots []*x509.Certificate, given string) string {
+	if given != "" {
+		fp, _ := ca.ParseFingerprint(given)
+		return fp
+	}
+	return ca.Fingerprint(roots[0])
+}
+
+// trust fetches the trust bundle over a connection that verifies nothing
+// and presents nothing, sending only the token ID, and accepts it only if
+// it is signed with the token's secret (and, given a fingerprint, holds
+// that root).
+func (a *Agent) trust(ctx context.Context, r JoinRequest) (*trustbundle.Verified, error) {
+	// The server is unauthenticated here on purpose: what it answers is
+	// believed only if it is signed with a secret it cannot know unless
+	// it is the authority, and nothing secret goes out on this
+	// connection.
+	conn, err := dial(r.Authority, &tls.Config{
+		MinVersion:         tls.VersionTLS13,
+		InsecureSkipVerify: true,
+		NextProtos:         []string{"h2"},
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	resp, err := musterv1.NewBootstrapServiceClient(conn).GetTrustBundle(cctx, &musterv1.GetTrustBundleRequest{TokenId: r.Token.ID})
+	if err != nil {
+		return nil, fmt.Errorf("trust bundle: %w", err)
+	}
+	v, err := trustbundle.Verify(resp.GetJws(), r.Token.ID, trustbundle.Key(r.Token.ID, r.Token.Secret()))
+	if err != nil {
+		return nil, &refusal{codes.NotFound, fmt.Errorf("%w (the trust bundle from %s is not signed with this token, or %s is not the authority; the secret was not sent)",
+			ErrTrustBundle, r.Authority, r.Authority)}
+	}
+	if r.CAFingerprint != "" {
+		pinned := false
+		for _, c := range v.RootCerts {
+			if ca.MatchesFingerprint(c, r.CAFingerprint) {
+				pinned = true
+			}
+		}
+		if !pinned {
+			return nil, fmt.Errorf("%w %s (the authority at %s has root %s; the secret was not sent)",
+				ErrFingerprint, r.CAFingerprint, r.Authority, ca.Fingerprint(v.RootCerts[0]))
+		}
+		// Only the pinned root is trusted from here on.
+		v.RootCerts = pinnedRoots(v.RootCerts, r.CAFingerprint)
+	}
+	return v, nil
+}
+
+func pinnedRoots(roots []*x509.Certificate, fp string) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, c := range roots {
+		if ca.MatchesFingerprint(c, fp) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// exchange sends the token, over a connection verified by the pinned roots
+// and the authority's SPIFFE ID, and checks the certificate it gets.
+func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Verified, key crypto.Signer) ([]*x509.Certificate, *musterv1.ExchangeJoinTokenResponse, error) {
+	authorityID, err := spiffeid.New(b.TrustDomain, spiffeid.RoleAuthority, b.AuthorityID)
+	if err != nil {
+		return nil, nil, fmt.Errorf("trust bundle: %w", err)
+	}
+	agentID, err := spiffeid.New(b.TrustDomain, spiffeid.RoleAgent, r.Node)
+	if err != nil {
+		return nil, nil, err
+	}
+	pool := x509.NewCertPool()
+	for _, c := range b.RootCerts {
+		pool.AddCert(c)
+	}
+	conn, err := dial(r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(authorityID)))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer conn.Close()
+	csr, err := csrFor(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	resp, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(cctx, &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: r.Token.Reveal(), NodeId: r.Node, Csr: csr,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if aid := resp.GetAuthorityId(); aid != "" && aid != b.AuthorityID {
+		return nil, nil, fmt.Errorf("the authority answered as %s, but its trust bundle names %s", aid, b.AuthorityID)
+	}
+	if td := resp.GetTrustDomain(); td != "" && td != b.TrustDomain {
+		return nil, nil, fmt.Errorf("the authority answered for trust domain %s, but its trust bundle names %s", td, b.TrustDomain)
+	}
+	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, b.RootCerts, agentID, a.now())
+	if err != nil {
+		return nil, nil, err
+	}
+	return chain, resp, nil
+}

@@ -1,0 +1,85 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the agent's Prometheus series. Labels hold only bounded
+// values (results), never an identity or a secret. A nil *Metrics is
+// valid and records nothing.
+type Metrics struct {
+	reg        *prometheus.Registry
+	expiry     prometheus.Gauge
+	renewals   *prometheus.CounterVec
+	generation prometheus.Gauge
+}
+
+// NewMetrics returns the agent's series in their own registry.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		expiry: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_agent_identity_expiry_timestamp_seconds",
+			Help: "NotAfter of the agent's current certificate, as a Unix time.",
+		}),
+		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_agent_renewals_total",
+			Help: "Renewal attempts, by result (ok, the gRPC code of a refusal or failure, or error for a local failure).",
+		}, []string{"result"}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_agent_generation",
+			Help: "Generation (renewal count) of the agent's current instance.",
+		}),
+	}
+	m.renewals.WithLabelValues("ok")
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation)
+	return m
+}
+
+func (m *Metrics) observe(st *State) {
+	if m == nil || st == nil {
+		return
+	}
+	m.expiry.Set(float64(st.NotAfter.Unix()))
+	m.generation.Set(float64(st.Generation))
+}
+
+func (m *Metrics) renewal(err error) {
+	if m == nil {
+		return
+	}
+	m.renewals.WithLabelValues(resultOf(err)).Inc()
+}
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// Serve serves /metrics on lis until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, lis net.Listener) error {
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+}

@@ -1,0 +1,152 @@
+package agent
+
+import (
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// joined returns an agent that has joined f as node n1.
+func joined(t *testing.T, f *fakeAuthority) (*Agent, Dir) {
+	t.Helper()
+	dir := Dir(t.TempDir())
+	a := newTestAgent(t, dir)
+	if _, err := a.Join(t.Context(), f.joinRequest("n1")); err != nil {
+		t.Fatal(err)
+	}
+	return a, dir
+}
+
+func TestRenew(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	before, _ := dir.ReadState()
+	pass, _ := os.ReadFile(dir.PKCS12PasswordFile())
+	caBefore, _ := os.ReadFile(dir.CAFile())
+
+	st, err := a.Renew(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Generation != 1 || st.LastRenewal == nil || st.Serial == before.Serial || st.InstanceID != before.InstanceID {
+		t.Errorf("state after renewal %+v", st)
+	}
+	id, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if serialOf(id.Leaf()) != st.Serial || !samePublicKey(id.Key.Public(), f.keys()[0]) {
+		t.Error("the certificate on disk is not the renewed one")
+	}
+	if _, err := os.Stat(dir.PendingKeyFile()); !os.IsNotExist(err) {
+		t.Error("pending key left after a renewal")
+	}
+	// The keystore follows, with the same password; the roots stay.
+	pass2, _ := os.ReadFile(dir.PKCS12PasswordFile())
+	caAfter, _ := os.ReadFile(dir.CAFile())
+	if string(pass) != string(pass2) || string(caBefore) != string(caAfter) || !dir.keystoreHolds(id.Leaf()) {
+		t.Error("keystore password or roots changed, or the keystore is stale")
+	}
+	st, err = a.Renew(t.Context())
+	if err != nil || st.Generation != 2 {
+		t.Fatalf("second renewal: %v, %+v", err, st)
+	}
+	if got, _ := dir.ReadState(); got.Generation != 2 {
+		t.Errorf("state.json generation %d", got.Generation)
+	}
+}
+
+// TestRenewReusesPendingKey: a reply lost after the authority issued is
+// retried with the same key, and answered with the same certificate.
+func TestRenewReusesPendingKey(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	old := snapshot(t, dir)
+	f.mu.Lock()
+	f.loseRenewReply = true
+	f.mu.Unlock()
+	if _, err := a.Renew(t.Context()); codeOf(err) != codes.Unavailable || !Transient(err) {
+		t.Fatalf("got %v, want a transient UNAVAILABLE", err)
+	}
+	pending, err := dir.pendingKey(false)
+	if err != nil || pending == nil {
+		t.Fatalf("no pending key after a lost reply: %v", err)
+	}
+	if snapshot(t, dir)[dir.CertFile()] != old[dir.CertFile()] {
+		t.Fatal("the certificate changed though no reply came")
+	}
+	st, err := a.Renew(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := f.keys()
+	if len(keys) != 2 || !samePublicKey(keys[0], keys[1]) || !samePublicKey(keys[1], pending.Public()) {
+		t.Fatal("the retry did not reuse the pending key")
+	}
+	if st.Generation != 1 {
+		t.Errorf("generation %d", st.Generation)
+	}
+	if p, _ := dir.pendingKey(false); p != nil {
+		t.Error("pending key left after the retry succeeded")
+	}
+}
+
+func TestRenewRefusals(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	before := snapshot(t, dir)
+	for _, reason := range []string{"locked", "deleted", "superseded", "copy_detected"} {
+		f.mu.Lock()
+		f.renewErrs = []error{status.Error(codes.PermissionDenied, reason)}
+		f.mu.Unlock()
+		_, err := a.Renew(t.Context())
+		var op *OpError
+		if !errors.As(err, &op) || op.Op != "renewal" || codeOf(err) != codes.PermissionDenied || Transient(err) || !strings.Contains(err.Error(), reason) {
+			t.Errorf("%s: got %v", reason, err)
+		}
+	}
+	// The identity is never removed for a refusal.
+	after := snapshot(t, dir)
+	for p, data := range before {
+		if after[p] != data {
+			t.Errorf("%s changed after a refused renewal", p)
+		}
+	}
+}
+
+func TestRenewExpired(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	_, dir := joined(t, f)
+	st, _ := dir.ReadState()
+	later := New(Options{Dir: dir, Now: func() time.Time { return st.NotAfter.Add(time.Second) }})
+	_, err := later.Renew(t.Context())
+	var exp *ExpiredError
+	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "join again with a new token") {
+		t.Fatalf("got %v, want ExpiredError", err)
+	}
+	if _, _, n := f.calls(); n != 0 {
+		t.Error("an expired certificate was sent to the authority")
+	}
+}
+
+func TestStatus(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	s, err := a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.NodeID != "n1" || s.SPIFFEID != "spiffe://"+f.aid+"/agent/n1" || s.AuthorityID != f.aid || s.Authority != f.addr ||
+		s.Expired || s.RenewalPending || s.JoinMethod != "token" {
+		t.Errorf("status %+v", s)
+	}
+	if _, err := New(Options{Dir: Dir(t.TempDir())}).Status(); !errors.Is(err, ErrNoIdentity) {
+		t.Errorf("status of an empty directory: %v", err)
+	}
+	_ = dir
+}

@@ -1,0 +1,190 @@
+package agent
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Backoff of transient failures; variables so tests can shorten them.
+var (
+	backoffMin = time.Second
+	backoffMax = 5 * time.Minute
+)
+
+const (
+	// maxSleep bounds one wait, so a machine that was suspended notices
+	// on waking that a renewal is due (timers do not count suspension).
+	maxSleep = time.Minute
+	// renewJitter spreads renewals of agents that joined together.
+	renewJitter = 0.1
+)
+
+// Transient reports whether a failure may go away by itself: the authority
+// unreachable, overloaded or slow (UNAVAILABLE, DEADLINE_EXCEEDED,
+// RESOURCE_EXHAUSTED) or a network error. Any other answer of the
+// authority is permanent: a wrong token will not become right.
+func Transient(err error) bool {
+	var se interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &se) {
+		switch se.GRPCStatus().Code() {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted:
+			return true
+		}
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// Run joins first if the data directory holds no identity, with the
+// request join returns (called only then), and then renews the identity at
+// about half of each certificate's lifetime, with jitter, until ctx ends.
+// Transient failures are retried with exponential backoff (1 s doubling to
+// 5 min, jittered, never waiting past the certificate's expiry); a
+// permanent failure ends Run with its *OpError. An identity on disk is
+// never removed. Run returns nil once ctx is cancelled.
+func (a *Agent) Run(ctx context.Context, join func() (JoinRequest, error)) error {
+	err := a.run(ctx, join)
+	if ctx.Err() != nil {
+		a.log.Info("agent stopped")
+		return nil
+	}
+	if err != nil {
+		a.log.Error("agent stopped: permanent failure", "err", err)
+	}
+	return err
+}
+
+func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error {
+	if !a.dir.HasIdentity() {
+		if join == nil {
+			return &OpError{Op: "join", Err: ErrNoIdentity}
+		}
+		req, err := join()
+		if err != nil {
+			return &OpError{Op: "join", Err: err}
+		}
+		req.Force = false
+		a.log.Info("no identity yet: joining", "node", req.Node, "authority", req.Authority, "token_id", req.Token.ID)
+		if err := a.retry(ctx, "join", time.Time{}, func() error {
+			_, err := a.Join(ctx, req)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	var (
+		scheduled string
+		due       time.Time
+	)
+	for {
+		st, leaf, err := a.current(ctx)
+		if err != nil {
+			return &OpError{Op: "renewal", Err: err}
+		}
+		a.metrics.observe(st)
+		if serial := serialOf(leaf); serial != scheduled {
+			scheduled, due = serial, a.renewAt(st, leaf)
+			a.log.Info("identity loaded", "node", st.NodeID, "instance", st.InstanceID, "generation", st.Generation,
+				"not_after", leaf.NotAfter, "next_renewal", due)
+		}
+		if !a.now().Before(leaf.NotAfter) {
+			return &OpError{Op: "renewal", Err: &ExpiredError{NotAfter: leaf.NotAfter}}
+		}
+		if wait := due.Sub(a.now()); wait > 0 {
+			if !sleep(ctx, min(wait, maxSleep)) {
+				return ctx.Err()
+			}
+			// Look again: the identity may have been renewed meanwhile
+			// (muster agent renew).
+			continue
+		}
+		if err := a.retry(ctx, "renewal", leaf.NotAfter, func() error {
+			_, err := a.Renew(ctx)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+}
+
+// current loads the identity with the directory locked, repairing what a
+// crash left half done.
+func (a *Agent) current(ctx context.Context) (*State, *x509.Certificate, error) {
+	unlock, err := a.dir.lock(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	st, id, err := a.load(true)
+	if err != nil {
+		return nil, nil, err
+	}
+	return st, id.Leaf(), nil
+}
+
+// renewAt is about half-way (±10%) through the certificate's lifetime,
+// counted from when the agent got it if state.json records that (the
+// authority backdates NotBefore for clock skew).
+func (a *Agent) renewAt(st *State, leaf *x509.Certificate) time.Time {
+	start := leaf.NotBefore
+	if st.Serial == serialOf(leaf) {
+		got := st.JoinedAt
+		if st.LastRenewal != nil {
+			got = *st.LastRenewal
+		}
+		if got.After(start) && got.Before(leaf.NotAfter) {
+			start = got
+		}
+	}
+	half := leaf.NotAfter.Sub(start) / 2
+	f := 1 + renewJitter*(2*rand.Float64()-1)
+	return start.Add(time.Duration(float64(half) * f))
+}
+
+// retry runs f until it succeeds, fails permanently, or ctx ends, waiting
+// between transient failures with jittered exponential backoff that never
+// reaches past notAfter (when set): the last attempt is made before the
+// certificate expires, and the one after it reports the expiry.
+func (a *Agent) retry(ctx context.Context, op string, notAfter time.Time, f func() error) error {
+	delay := backoffMin
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if !Transient(err) {
+			return err
+		}
+		wait := delay/2 + rand.N(delay/2+1)
+		if !notAfter.IsZero() {
+			if left := notAfter.Sub(a.now()); wait > left {
+				wait = max(left, 0)
+			}
+		}
+		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
+		if !sleep(ctx, wait) {
+			return ctx.Err()
+		}
+		delay = min(delay*2, backoffMax)
+	}
+}
+
+// sleep waits d or until ctx ends; it reports whether d elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestResolveJoin(t *testing.T) {
+	const (
+		flagTok = "aaaaaa.aaaaaaaaaaaaaaaa"
+		fileTok = "bbbbbb.bbbbbbbbbbbbbbbb"
+		uriTok  = "cccccc.cccccccccccccccc"
+		envTok  = "dddddd.dddddddddddddddd"
+		envUTok = "eeeeee.eeeeeeeeeeeeeeee"
+		cfgTok  = "ffffff.ffffffffffffffff"
+		fpU     = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+		fpE     = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+		fpC     = "sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	)
+	tokFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokFile, []byte(fileTok+"\n"), 0o600)
+	uri := "muster+token://" + uriTok + "@uri-host:1?fingerprint=" + fpU + "&node=uri-node"
+	envURI := "muster+token://" + envUTok + "@env-uri-host:2?node=env-uri-node"
+	cfg := Config{Token: cfgTok, Node: "cfg-node", Authority: "cfg-host:3", CAFingerprint: fpC}
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	type want struct {
+		token, source, node, authority, fp string
+		warn                               bool
+	}
+	tests := []struct {
+		name string
+		in   JoinInputs
+		want want
+		err  string
+	}{
+		{"config only", JoinInputs{Config: cfg},
+			want{cfgTok, SourceConfig, "cfg-node", "cfg-host:3", fpC, false}, ""},
+		{"env URI beats config", JoinInputs{Config: cfg, Getenv: env(EnvJoinURI, envURI)},
+			want{envUTok, SourceEnvURI, "env-uri-node", "env-uri-host:2", fpC, false}, ""},
+		{"env variables beat env URI", JoinInputs{Config: cfg, Getenv: env(EnvJoinURI, envURI, EnvJoinToken, envTok,
+			EnvNodeID, "env-node", EnvAuthority, "env-host:4", EnvCAFingerprint, fpE)},
+			want{envTok, SourceEnvToken, "env-node", "env-host:4", fpE, false}, ""},
+		{"URI argument beats env", JoinInputs{URI: uri, Config: cfg, Getenv: env(EnvJoinToken, envTok, EnvNodeID, "env-node")},
+			want{uriTok, SourceURIArg, "uri-node", "uri-host:1", fpU, true}, ""},
+		{"flags beat URI argument", JoinInputs{URI: uri, Node: "flag-node", Authority: "flag-host:5"},
+			want{uriTok, SourceURIArg, "flag-node", "flag-host:5", fpU, true}, ""},
+		{"--token beats env", JoinInputs{Token: flagTok, Node: "n", Authority: "h:1", Getenv: env(EnvJoinToken, envTok)},
+			want{flagTok, SourceTokenFlag, "n", "h:1", "", true}, ""},
+		{"--token-file beats env", JoinInputs{TokenFile: tokFile, Getenv: env(EnvJoinToken, envTok, EnvNodeID, "n", EnvAuthority, "h:1")},
+			want{fileTok, SourceTokenFile, "n", "h:1", "", false}, ""},
+		{"--token-file - reads stdin", JoinInputs{TokenFile: "-", Stdin: strings.NewReader(fileTok + "\n"), Node: "n", Authority: "h:1"},
+			want{fileTok, SourceTokenFile, "n", "h:1", "", false}, ""},
+		{"fingerprint canonicalised", JoinInputs{Token: flagTok, Node: "n", Authority: "h:1", CAFingerprint: "sha256:" + strings.ToUpper(fpE[7:])},
+			want{flagTok, SourceTokenFlag, "n", "h:1", fpE, true}, ""},
+		{"bad fingerprint", JoinInputs{Token: flagTok, Node: "n", Authority: "h:1", CAFingerprint: "sha256:xyz"}, want{}, "CA fingerprint"},
+		{"two token sources", JoinInputs{Token: flagTok, URI: uri}, want{}, "only one of"},
+		{"no token", JoinInputs{Node: "n", Authority: "h:1"}, want{}, "no join token"},
+		{"no node", JoinInputs{Token: flagTok, Authority: "h:1"}, want{}, "no node ID"},
+		{"no authority", JoinInputs{Token: flagTok, Node: "n"}, want{}, "no authority address"},
+		{"malformed token", JoinInputs{Token: "nope.secretsecretsecret", Node: "n", Authority: "h:1"}, want{}, "malformed"},
+		{"PSK URI", JoinInputs{URI: "muster+psk://" + strings.Repeat("a", 64) + "@h:1?fingerprint=" + fpE}, want{}, "not supported"},
+		{"bad env URI", JoinInputs{Getenv: env(EnvJoinURI, "https://x")}, want{}, EnvJoinURI},
+		{"empty token file", JoinInputs{TokenFile: "-", Stdin: strings.NewReader("\n")}, want{}, "empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := ResolveJoin(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tt.err)
+				}
+				for _, secret := range []string{"secretsecretsecret", strings.Repeat("a", 64)} {
+					if strings.Contains(err.Error(), secret) {
+						t.Errorf("the error quotes a secret: %v", err)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := want{res.Request.Token.Reveal(), res.TokenSource, res.Request.Node, res.Request.Authority,
+				res.Request.CAFingerprint, len(res.Warnings) > 0}
+			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}

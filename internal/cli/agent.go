@@ -1,0 +1,313 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/muster-dev/muster/internal/agent"
+)
+
+func newAgentCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run the agent on a machine: join once, then keep its identity fresh",
+	}
+	cmd.AddCommand(newAgentJoinCmd(env), newAgentRunCmd(env), newAgentRenewCmd(env), newAgentStatusCmd(env))
+	return cmd
+}
+
+// agentDir is --data, else MUSTER_DATA.
+func agentDir(env *Env, flag string) (agent.Dir, error) {
+	d := firstOf(flag, env.Getenv(agent.EnvData))
+	if d == "" {
+		return "", errors.New("--data ADIR is required (or MUSTER_DATA)")
+	}
+	return agent.Dir(d), nil
+}
+
+// agentFailure renders an agent error as "join failed: CODE: message".
+func agentFailure(err error) error {
+	if errors.Is(err, agent.ErrNoIdentity) {
+		err = noIdentity(err)
+	}
+	var op *agent.OpError
+	if errors.As(err, &op) {
+		return fmt.Errorf("%s failed: %s", op.Op, describe(op.Err))
+	}
+	return err
+}
+
+// noIdentity says what to do about a directory that has not joined.
+func noIdentity(err error) error {
+	var op *agent.OpError
+	if errors.As(err, &op) {
+		return fmt.Errorf("%s failed: the data directory holds no identity: join first (muster agent join)", op.Op)
+	}
+	return errors.New("the data directory holds no identity: join first (muster agent join)")
+}
+
+func newAgentJoinCmd(env *Env) *cobra.Command {
+	var (
+		data    string
+		in      agent.JoinInputs
+		force   bool
+		timeout time.Duration
+		out     output
+	)
+	cmd := &cobra.Command{
+		Use:   "join --data ADIR [--token-file F | URI] --node NODE --authority HOST:PORT [--ca-fingerprint sha256:…]",
+		Short: "Join an authority with a join token, once",
+		Long: `join admits this machine with a join token and writes its identity to ADIR.
+
+The token comes from the first of: --token, --token-file (- reads standard
+input), a joining URI argument, MUSTER_JOIN_TOKEN, MUSTER_JOIN_URI, or token
+in ADIR/agent.yaml. The node, authority and CA fingerprint come from their
+flags, then the joining URI, then MUSTER_NODE_ID, MUSTER_AUTHORITY and
+MUSTER_CA_FINGERPRINT, then MUSTER_JOIN_URI, then ADIR/agent.yaml.
+
+Before it sends the secret, the agent fetches the authority's trust bundle
+with the token ID alone and accepts it only if it is signed with the token
+(and holds the root of --ca-fingerprint when given); it then sends the token
+only to a server that proves it is that authority.
+
+join tries once and exits non-zero on any failure, leaving no certificate
+files. It refuses to replace an identity unless --force is given; the old
+identity stays until the new join succeeds.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			dir, err := agentDir(env, data)
+			if err != nil {
+				return fmt.Errorf("join failed: %w", err)
+			}
+			if len(args) == 1 {
+				in.URI = args[0]
+			}
+			in.Getenv, in.Stdin = env.Getenv, env.Stdin
+			if in.Config, err = dir.ReadConfig(); err != nil {
+				return fmt.Errorf("join failed: %w", err)
+			}
+			res, err := agent.ResolveJoin(in)
+			for _, w := range res.Warnings {
+				fmt.Fprintf(env.Stderr, "warning: %s\n", w)
+			}
+			if err != nil {
+				return fmt.Errorf("join failed: %w", err)
+			}
+			if res.TokenSource == agent.SourceConfig && dir.ConfigReadableByOthers() {
+				fmt.Fprintf(env.Stderr, "warning: %s holds a join token and other users can read it; run chmod 600 on it\n", dir.ConfigFile())
+			}
+			res.Request.Force = force
+			a := agent.New(agent.Options{Dir: dir, Timeout: timeout})
+			st, err := a.Join(cmd.Context(), res.Request)
+			if err != nil {
+				return agentFailure(err)
+			}
+			return printAgentState(env, out, dir, "Joined", st)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	f.StringVar(&in.Token, "token", "", "join token ID.SECRET (visible to other users: prefer --token-file or MUSTER_JOIN_TOKEN)")
+	f.StringVar(&in.TokenFile, "token-file", "", "file holding the join token; - reads standard input")
+	f.StringVar(&in.Node, "node", "", "node ID of this machine (env MUSTER_NODE_ID)")
+	f.StringVar(&in.Authority, "authority", "", "authority address HOST:PORT (env MUSTER_AUTHORITY)")
+	f.StringVar(&in.CAFingerprint, "ca-fingerprint", "", "pin of the authority's root CA, sha256:HEX (env MUSTER_CA_FINGERPRINT)")
+	f.BoolVar(&force, "force", false, "join again over an existing identity")
+	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
+	out.register(cmd)
+	return cmd
+}
+
+func newAgentRenewCmd(env *Env) *cobra.Command {
+	var (
+		data    string
+		timeout time.Duration
+		out     output
+	)
+	cmd := &cobra.Command{
+		Use:   "renew --data ADIR",
+		Short: "Renew the agent's certificate once, now",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			dir, err := agentDir(env, data)
+			if err != nil {
+				return fmt.Errorf("renewal failed: %w", err)
+			}
+			a := agent.New(agent.Options{Dir: dir, Timeout: timeout, Authority: env.Getenv(agent.EnvAuthority)})
+			st, err := a.Renew(cmd.Context())
+			if err != nil {
+				return agentFailure(err)
+			}
+			return printAgentState(env, out, dir, "Renewed", st)
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	cmd.Flags().DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for the authority")
+	out.register(cmd)
+	return cmd
+}
+
+func printAgentState(env *Env, out output, dir agent.Dir, verb string, st *agent.State) error {
+	if out.json() {
+		return writeJSON(env.Stdout, st)
+	}
+	fmt.Fprintf(env.Stdout, "%s: node %s, instance %s, generation %d, of authority %s at %s\nCertificate valid until %s, in %s\n",
+		verb, st.NodeID, st.InstanceID, st.Generation, st.AuthorityID, st.Authority,
+		st.NotAfter.UTC().Format(time.RFC3339), dir.CertFile())
+	return nil
+}
+
+func newAgentRunCmd(env *Env) *cobra.Command {
+	var (
+		data, metricsListen string
+		logFormat, logLevel string
+		timeout             time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "run --data ADIR",
+		Short: "Run the agent: join if needed, then renew the identity before it expires",
+		Long: `run keeps this machine's identity fresh. If ADIR holds no identity it joins
+first, with the token, node and authority from MUSTER_JOIN_TOKEN,
+MUSTER_JOIN_URI, MUSTER_NODE_ID, MUSTER_AUTHORITY, MUSTER_CA_FINGERPRINT or
+ADIR/agent.yaml. It renews at about half of each certificate's lifetime,
+retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with backoff,
+and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dir, err := agentDir(env, data)
+			if err != nil {
+				return fmt.Errorf("agent run: %w", err)
+			}
+			log, err := newLogger(env.Stderr, logFormat, logLevel)
+			if err != nil {
+				return fmt.Errorf("agent run: %w", err)
+			}
+			var m *agent.Metrics
+			var lis net.Listener
+			if metricsListen != "" {
+				m = agent.NewMetrics()
+				if lis, err = net.Listen("tcp", metricsListen); err != nil {
+					return fmt.Errorf("agent run: cannot listen on %s (metrics): %w", metricsListen, err)
+				}
+				defer lis.Close()
+			}
+			a := agent.New(agent.Options{Dir: dir, Log: log, Metrics: m, Timeout: timeout, Authority: env.Getenv(agent.EnvAuthority)})
+			join := func() (agent.JoinRequest, error) {
+				cfg, err := dir.ReadConfig()
+				if err != nil {
+					return agent.JoinRequest{}, err
+				}
+				res, err := agent.ResolveJoin(agent.JoinInputs{Getenv: env.Getenv, Config: cfg})
+				if err != nil {
+					return agent.JoinRequest{}, err
+				}
+				if res.TokenSource == agent.SourceConfig && dir.ConfigReadableByOthers() {
+					log.Warn("agent.yaml holds a join token and other users can read it; run chmod 600 on it", "path", dir.ConfigFile())
+				}
+				return res.Request, nil
+			}
+			args := []any{"data", string(dir)}
+			if lis != nil {
+				args = append(args, "metrics_listen", lis.Addr().String())
+			}
+			log.Info("agent started", args...)
+
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			g, ctx := errgroup.WithContext(ctx)
+			var runErr error
+			g.Go(func() error {
+				// The agent ending, for whatever reason, ends the
+				// metrics listener too.
+				defer cancel()
+				runErr = a.Run(ctx, join)
+				return runErr
+			})
+			if lis != nil {
+				g.Go(func() error { return m.Serve(ctx, lis) })
+			}
+			if err := g.Wait(); err != nil {
+				if runErr != nil {
+					return agentFailure(runErr)
+				}
+				return fmt.Errorf("agent run: metrics: %w", err)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics (empty: off)")
+	f.StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
+	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
+	return cmd
+}
+
+func newAgentStatusCmd(env *Env) *cobra.Command {
+	var (
+		data string
+		out  output
+	)
+	cmd := &cobra.Command{
+		Use:   "status --data ADIR",
+		Short: "Show the agent's identity: node, instance, authority, generation, expiry",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			dir, err := agentDir(env, data)
+			if err != nil {
+				return fmt.Errorf("agent status: %w", err)
+			}
+			s, err := agent.New(agent.Options{Dir: dir, Authority: env.Getenv(agent.EnvAuthority)}).Status()
+			if errors.Is(err, agent.ErrNoIdentity) {
+				return fmt.Errorf("agent status: %w", noIdentity(err))
+			} else if err != nil {
+				return fmt.Errorf("agent status: %w", err)
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, s)
+			}
+			valid := s.NotAfter.Format(time.RFC3339)
+			if s.Expired {
+				valid += " (EXPIRED: join again with a new token)"
+			} else {
+				valid += fmt.Sprintf(" (in %s)", time.Until(s.NotAfter).Round(time.Second))
+			}
+			last := "never"
+			if s.LastRenewal != nil {
+				last = s.LastRenewal.UTC().Format(time.RFC3339)
+			}
+			if s.RenewalPending {
+				last += " (a renewal is pending: its key waits in keys/pending.key)"
+			}
+			fmt.Fprintf(env.Stdout, `Node:          %s (%s)
+Instance:      %s
+Authority:     %s at %s
+Generation:    %d
+Valid until:   %s
+Last renewal:  %s
+Joined:        %s with join method %s
+`, s.NodeID, s.SPIFFEID, s.InstanceID, s.AuthorityID, s.Authority, s.Generation, valid, last,
+				s.JoinedAt.UTC().Format(time.RFC3339), s.JoinMethod)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	out.register(cmd)
+	return cmd
+}
