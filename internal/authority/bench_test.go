@@ -152,6 +152,8 @@ func BenchmarkExchangeJoinToken(b *testing.B) {
 	}
 	client := musterv1.NewBootstrapServiceClient(a.conn)
 	var n atomic.Int64
+	// A fleet joins many machines at once.
+	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
@@ -184,6 +186,7 @@ func BenchmarkRenewal(b *testing.B) {
 		pool[i].key, pool[i].csr = benchCSR(b)
 	}
 	var agents atomic.Int64
+	b.SetParallelism(8)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		n := agents.Add(1)

@@ -26,11 +26,20 @@ const auditColumns = `seq, time, actor, action, target, result, reason, source, 
 // build runs while the writer is held: if it writes to the store it
 // deadlocks until ctx ends.
 func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	tx, err := s.w.BeginTx(ctx, nil)
+	var rec store.AuditRecord
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		rec, err = appendAudit(ctx, tx, build)
+		return err
+	})
 	if err != nil {
-		return store.AuditRecord{}, wrap("append audit", err)
+		return store.AuditRecord{}, err
 	}
-	defer tx.Rollback()
+	return rec, nil
+}
+
+// appendAudit is AppendAudit's work inside the write transaction.
+func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
 
 	head, err := auditHead(ctx, tx)
 	if err != nil {
@@ -64,9 +73,6 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 		rec.Seq, timeArg(rec.Time), rec.Actor, rec.Action, rec.Target, rec.Result,
 		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return store.AuditRecord{}, wrap("append audit: commit", err)
 	}
 	return rec, nil
 }

@@ -41,11 +41,21 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 		return store.JoinResult{}, fmt.Errorf("sqlite: commit join: %w", err)
 	}
 
-	tx, err := s.w.BeginTx(ctx, nil)
+	var res store.JoinResult
+	err = s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		res, err = commitJoin(ctx, tx, j, in, cert)
+		return err
+	})
 	if err != nil {
-		return store.JoinResult{}, wrap("commit join", err)
+		return store.JoinResult{}, err
 	}
-	defer tx.Rollback()
+	return res, nil
+}
+
+// commitJoin is CommitJoin's work inside the write transaction.
+func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
+	var err error
 
 	// held is the node's current instance, "" while the node ID is free.
 	var held string
@@ -132,9 +142,6 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 	if err := insertCertificate(ctx, tx, cert); err != nil {
 		return store.JoinResult{}, wrap("commit join: insert certificate", err)
 	}
-	if err := tx.Commit(); err != nil {
-		return store.JoinResult{}, wrap("commit join: commit", err)
-	}
 	return store.JoinResult{Instance: in, Superseded: in.PreviousID}, nil
 }
 
@@ -205,11 +212,20 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 			c.Generation, r.FromGeneration+1)
 	}
 
-	tx, err := s.w.BeginTx(ctx, nil)
+	var in store.Instance
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		in, err = commitRenewal(ctx, tx, r, c)
+		return err
+	})
 	if err != nil {
-		return store.Instance{}, wrap("commit renewal", err)
+		return store.Instance{}, err
 	}
-	defer tx.Rollback()
+	return in, nil
+}
+
+// commitRenewal is CommitRenewal's work inside the write transaction.
+func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
 
 	in, err := scanInstance(tx.QueryRowContext(ctx, `UPDATE instances
 		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?
@@ -249,13 +265,10 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 	if err := insertCertificate(ctx, tx, c); err != nil {
 		return store.Instance{}, wrap("commit renewal: insert certificate", err)
 	}
-	if err := tx.Commit(); err != nil {
-		return store.Instance{}, wrap("commit renewal: commit", err)
-	}
 	return in, nil
 }
 
-func insertCertificate(ctx context.Context, tx *sql.Tx, c store.Certificate) error {
+func insertCertificate(ctx context.Context, tx *writeTx, c store.Certificate) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO certificates (`+certificateColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
@@ -277,7 +290,7 @@ func fill(name string, field *string, want string, mustMatch bool) error {
 
 // exists reports whether table has a row with the given id. table is
 // always a constant of this package.
-func exists(ctx context.Context, tx *sql.Tx, table, id string) (bool, error) {
+func exists(ctx context.Context, tx *writeTx, table, id string) (bool, error) {
 	var one int
 	err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+table+` WHERE id = ?`, id).Scan(&one)
 	if errors.Is(err, sql.ErrNoRows) {

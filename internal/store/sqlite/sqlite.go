@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -42,7 +43,15 @@ type SQLite struct {
 	// w is the single writer connection; its transactions begin IMMEDIATE.
 	w *sql.DB
 	// r is the read pool; its connections are query_only.
-	r *sql.DB
+	r *readDB
+	// wstmts caches the writer's prepared statements.
+	wstmts *stmtCache
+
+	// ops feeds the group committer (batch.go).
+	ops           chan *writeOp
+	closed        chan struct{}
+	closeOnce     sync.Once
+	committerDone chan struct{}
 }
 
 var _ store.Store = (*SQLite)(nil)
@@ -88,7 +97,7 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 
-	s := &SQLite{w: w}
+	s := &SQLite{w: w, ops: make(chan *writeOp), closed: make(chan struct{}), committerDone: make(chan struct{})}
 	if err := s.init(ctx, abs); err != nil {
 		w.Close()
 		return nil, err
@@ -115,7 +124,9 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 		w.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
 	}
-	s.r = r
+	s.r = &readDB{DB: r, cache: newStmtCache(r)}
+	s.wstmts = newStmtCache(w)
+	go s.committer()
 	return s, nil
 }
 
@@ -174,6 +185,12 @@ func createPrivate(path string) error {
 
 // Close closes the database. In-flight calls may fail.
 func (s *SQLite) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	if s.r != nil {
+		<-s.committerDone // the batch in flight finishes first
+		s.r.cache.close()
+		s.wstmts.close()
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

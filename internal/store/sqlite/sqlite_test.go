@@ -77,12 +77,12 @@ func TestPragmas(t *testing.T) {
 		want   string
 	}{
 		{s.w, "journal_mode", "wal"},
-		{s.r, "journal_mode", "wal"},
+		{s.r.DB, "journal_mode", "wal"},
 		{s.w, "synchronous", "2"}, // FULL
 		{s.w, "foreign_keys", "1"},
 		{s.w, "busy_timeout", "10000"},
-		{s.r, "busy_timeout", "10000"},
-		{s.r, "query_only", "1"},
+		{s.r.DB, "busy_timeout", "10000"},
+		{s.r.DB, "query_only", "1"},
 	} {
 		var got string
 		if err := c.db.QueryRowContext(ctx, "PRAGMA "+c.pragma).Scan(&got); err != nil {

@@ -1,0 +1,134 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+)
+
+// Prepared statements. SQLite spends as long parsing a short statement as
+// running it, and every join runs the same dozen statements, so each query
+// text is prepared once per connection and reused: database/sql keeps a
+// *sql.Stmt's per-connection handles, and a transaction borrows the
+// writer's handle with Tx.StmtContext.
+
+type stmtCache struct {
+	db *sql.DB
+	mu sync.Mutex
+	m  map[string]*sql.Stmt
+	// pending holds queries seen inside a write transaction and not yet
+	// prepared: the writer has one connection, which the transaction
+	// holds, so they are prepared between transactions (preparePending).
+	pending map[string]bool
+}
+
+func newStmtCache(db *sql.DB) *stmtCache {
+	return &stmtCache{db: db, m: map[string]*sql.Stmt{}, pending: map[string]bool{}}
+}
+
+// cached returns the prepared statement of query, or nil after noting it
+// for preparePending.
+func (c *stmtCache) cached(query string) *sql.Stmt {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.m[query]
+	if st == nil && c.m != nil {
+		c.pending[query] = true
+	}
+	return st
+}
+
+// preparePending prepares the queries noted by cached. It must run while
+// no transaction holds the writer.
+func (c *stmtCache) preparePending(ctx context.Context) {
+	c.mu.Lock()
+	var qs []string
+	for q := range c.pending {
+		qs = append(qs, q)
+	}
+	clear(c.pending)
+	c.mu.Unlock()
+	for _, q := range qs {
+		if _, err := c.get(ctx, q); err != nil {
+			return // the statement runs unprepared, as before
+		}
+	}
+}
+
+func (c *stmtCache) get(ctx context.Context, query string) (*sql.Stmt, error) {
+	c.mu.Lock()
+	if st, ok := c.m[query]; ok {
+		c.mu.Unlock()
+		return st, nil
+	}
+	c.mu.Unlock()
+	// Prepared outside the lock: preparing may wait for a connection.
+	st, err := c.db.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		st.Close()
+		return nil, sql.ErrConnDone
+	}
+	if prev, ok := c.m[query]; ok {
+		st.Close()
+		return prev, nil
+	}
+	c.m[query] = st
+	return st, nil
+}
+
+func (c *stmtCache) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, st := range c.m {
+		st.Close()
+	}
+	c.m = nil
+}
+
+// readDB is the read pool with cached statements for its queries.
+type readDB struct {
+	*sql.DB
+	cache *stmtCache
+}
+
+func (r *readDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	st, err := r.cache.get(ctx, query)
+	if err != nil {
+		return r.DB.QueryRowContext(ctx, query, args...) // reports the error through Scan
+	}
+	return st.QueryRowContext(ctx, args...)
+}
+
+func (r *readDB) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	st, err := r.cache.get(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return st.QueryContext(ctx, args...)
+}
+
+// writeTx is a write transaction whose statements come from the writer's
+// cache.
+type writeTx struct {
+	*sql.Tx
+	cache *stmtCache
+}
+
+func (t *writeTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := t.cache.cached(query); st != nil {
+		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return t.Tx.QueryRowContext(ctx, query, args...)
+}
+
+func (t *writeTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := t.cache.cached(query); st != nil {
+		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return t.Tx.ExecContext(ctx, query, args...)
+}
