@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -23,10 +24,10 @@ type agentEnv struct {
 	fingerprint string
 }
 
-func newAgentEnv(t *testing.T) *agentEnv {
+func newAgentEnv(t *testing.T, authorityArgs ...string) *agentEnv {
 	t.Helper()
 	dir, out := initDir(t)
-	e := &agentEnv{dir: dir, auth: startAuthority(t, dir)}
+	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, authorityArgs...)}
 	e.authorityID, _ = out["authority_id"].(string)
 	e.fingerprint, _ = out["ca_fingerprint"].(string)
 	return e
@@ -341,4 +342,62 @@ func TestAgentRun(t *testing.T) {
 		defer mu.Unlock()
 		t.Fatalf("agent run after SIGTERM: %v\n%s", err, logs.String())
 	}
+}
+
+// TestAgentRunRenewsOnItsOwn: with 8-second certificates the agent renews
+// at about half-life, again and again, without anyone asking.
+func TestAgentRunRenewsOnItsOwn(t *testing.T) {
+	e := newAgentEnv(t, "--agent-cert-ttl", "8s")
+	tok := e.createToken(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := execCommand(ctx, "agent", "run", "--data", adir, "--log-format", "json")
+	cmd.Env = append(cmd.Env, "MUSTER_JOIN_URI="+tok.URI, "MUSTER_NODE_ID=renewer")
+	logs := &syncWriter{w: &strings.Builder{}}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r := muster(t, nil, "agent", "status", "--data", adir, "-o", "json")
+		var st map[string]any
+		if r.code == 0 && json.Unmarshal([]byte(r.stdout), &st) == nil && st["generation"].(float64) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no second renewal within 30s of 8-second certificates; last status %s\nagent log:\n%s", r.stdout, logs.String())
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	var show struct {
+		Certificates []map[string]any `json:"certificates"`
+	}
+	json.Unmarshal([]byte(mustRun(t, "agents", "show", "renewer", "--data", e.dir, "-o", "json")), &show)
+	if len(show.Certificates) < 3 {
+		t.Fatalf("authority recorded %d certificates, want at least 3", len(show.Certificates))
+	}
+}
+
+// syncWriter lets a test read a process's output while it is written.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.(fmt.Stringer).String()
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
 }
