@@ -8,6 +8,8 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -256,6 +258,25 @@ func TestExchangeRetryAndKeystore(t *testing.T) {
 	}
 	if leaf.URIs[0].String() != "spiffe://"+e.td+"/agent/keystore" || leaf.Subject.CommonName != "keystore" || leaf.IsCA {
 		t.Fatalf("agent certificate fields: %v %q", leaf.URIs, leaf.Subject.CommonName)
+	}
+
+	resp2, err := http.Get("http://" + e.auth.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp2.Body)
+	resp2.Body.Close()
+	for _, want := range []string{
+		`muster_joins_total{method="token",result="OK"} 2`,
+		`muster_joins_total{method="token",result="Retry"} 1`,
+		`muster_joins_total{method="token",result="FailedPrecondition"} 1`,
+		`muster_certificates_issued_total{kind="join"} 2`,
+		`muster_tokens{state="used_up"} 2`,
+		"muster_issuance_duration_seconds_bucket",
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
 

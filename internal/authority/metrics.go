@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -46,11 +47,11 @@ func newMetrics(version string) *metrics {
 		}, []string{"result"}),
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_joins_total",
-			Help: "Join attempts, by join method and result (ok, retry, or the gRPC code of the refusal).",
+			Help: "Join attempts, by join method and result: the gRPC code as in muster_rpc_requests_total, or Retry for a repeated request answered with the certificate already issued.",
 		}, []string{"method", "result"}),
 		renewals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_renewals_total",
-			Help: "Renewal attempts, by result (ok, retry, or the gRPC code of the refusal).",
+			Help: "Renewal attempts, by result: the gRPC code as in muster_rpc_requests_total, or Retry for a repeated request answered with the certificate already issued.",
 		}, []string{"result"}),
 		issuance: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "muster_issuance_duration_seconds",
@@ -104,9 +105,9 @@ func result(iss *enroll.Issued, err error) string {
 		}
 		return status.Code(err).String()
 	case iss.Retry:
-		return "retry"
+		return "Retry"
 	default:
-		return "ok"
+		return codes.OK.String()
 	}
 }
 

@@ -106,6 +106,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		certs:   map[ca.Role]*tls.Certificate{},
 	}
 	s.refusals = newRefusalAuditor(cfg.Audit, cfg.Log)
+	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
+		return nil, err
+	}
 	s.limiter = newLimiter(bootstrapRate, bootstrapBurst)
 	var err error
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
