@@ -143,16 +143,34 @@ func New(cfg Config) (*Logger, error) {
 
 // Record appends e to the chain and returns the record as stored.
 func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error) {
+	build, err := l.Builder(e)
+	if err != nil {
+		return store.AuditRecord{}, err
+	}
+	rec, err := l.st.AppendAudit(ctx, build)
+	if err != nil {
+		return store.AuditRecord{}, fmt.Errorf("audit: record %s: %w", e.Action, err)
+	}
+	l.Appended(e)
+	return rec, nil
+}
+
+// Builder returns the function that turns e into the next link of the
+// chain, for a store write that appends the record in the same transaction
+// as the state change it records (a join, a renewal): then the change and
+// its record are durable together or not at all. Call Appended once that
+// write has committed.
+func (l *Logger) Builder(e Event) (func(head store.AuditHead) (store.AuditRecord, error), error) {
 	if e.Action == "" {
-		return store.AuditRecord{}, fmt.Errorf("%w: no action", ErrInvalidEvent)
+		return nil, fmt.Errorf("%w: no action", ErrInvalidEvent)
 	}
 	switch e.Result {
 	case ResultOK, ResultDenied, ResultError:
 	default:
-		return store.AuditRecord{}, fmt.Errorf("%w: result %q is not %q, %q or %q",
+		return nil, fmt.Errorf("%w: result %q is not %q, %q or %q",
 			ErrInvalidEvent, e.Result, ResultOK, ResultDenied, ResultError)
 	}
-	rec, err := l.st.AppendAudit(ctx, func(head store.AuditHead) (store.AuditRecord, error) {
+	return func(head store.AuditHead) (store.AuditRecord, error) {
 		// The time is read while the store holds the chain, so record
 		// times never go backwards along the chain as long as the clock
 		// does not.
@@ -170,14 +188,14 @@ func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error)
 		}
 		r.Hash = ChainHash(l.chainKey, r)
 		return r, nil
-	})
-	if err != nil {
-		return store.AuditRecord{}, fmt.Errorf("audit: record %s: %w", e.Action, err)
-	}
+	}, nil
+}
+
+// Appended reports a record written through a Builder.
+func (l *Logger) Appended(e Event) {
 	if l.onAppend != nil {
 		l.onAppend(e)
 	}
-	return rec, nil
 }
 
 // ChainHash is the hash of r: HMAC-SHA256 under key over every field of r

@@ -153,7 +153,7 @@ func BenchmarkExchangeJoinToken(b *testing.B) {
 	client := musterv1.NewBootstrapServiceClient(a.conn)
 	var n atomic.Int64
 	// A fleet joins many machines at once.
-	b.SetParallelism(8)
+	b.SetParallelism(32)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -58,7 +58,18 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 		LastChainPEM:  chain,
 		LastIssuedAt:  a.now,
 	}
+	// The record of the join is written with the join: both or neither.
+	ev.Result = audit.ResultOK
+	ev.Reason = fmt.Sprintf("method %s, token %s, instance %s, serial %s", a.method, a.tokenID, inst.ID, inst.LastSerial)
+	if a.maySupersede {
+		ev.Reason += ", superseding the node's current instance if any"
+	}
+	build, err := s.cfg.Audit.Builder(*ev)
+	if err != nil {
+		return nil, err
+	}
 	res, err := s.cfg.Store.CommitJoin(ctx, store.Join{
+		Audit:        build,
 		TokenID:      a.tokenID,
 		NodeID:       a.nodeID,
 		MaySupersede: a.maySupersede,
@@ -90,11 +101,8 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 		ev.Reason = fmt.Sprintf("retry answered with instance %s, serial %s", res.Instance.ID, res.Instance.LastSerial)
 		return s.issuedFrom(a.nodeID, res.Instance, true)
 	}
-	ev.Reason = fmt.Sprintf("method %s, token %s, instance %s, serial %s", a.method, a.tokenID, inst.ID, inst.LastSerial)
-	if res.Superseded != "" {
-		ev.Reason += ", superseding instance " + res.Superseded
-	}
-	iss := &Issued{NodeID: a.nodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter}
+	s.cfg.Audit.Appended(*ev)
+	iss := &Issued{NodeID: a.nodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
 	if keystore != nil {
 		if iss.PKCS12, iss.PKCS12Password, err = keystore(leaf); err != nil {
 			return nil, err

@@ -49,6 +49,10 @@ type Store interface {
 type Auditor interface {
 	Record(ctx context.Context, e audit.Event) error
 	Refuse(ctx context.Context, e audit.Event)
+	// Builder and Appended write a record in the same store transaction
+	// as the change it records (audit.Logger's methods).
+	Builder(e audit.Event) (func(store.AuditHead) (store.AuditRecord, error), error)
+	Appended(e audit.Event)
 }
 
 // Limiter is the per-source rate limit of unauthenticated requests.
@@ -146,6 +150,8 @@ type Issued struct {
 	// Retry: the request repeated one already answered; this is the
 	// certificate issued then.
 	Retry bool
+	// audited: the audit record was written with the change itself.
+	audited bool
 }
 
 // keyID is the SHA-256 of a public key's SubjectPublicKeyInfo: how the

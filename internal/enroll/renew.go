@@ -37,7 +37,7 @@ func (s *Service) Renew(ctx context.Context, r Request, leaf *x509.Certificate, 
 	case err != nil:
 		ev.Result, ev.Reason = audit.ResultError, "internal error"
 		s.cfg.Audit.Refuse(ctx, ev)
-	default:
+	case !iss.audited:
 		ev.Result = audit.ResultOK
 		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
 			return nil, err
@@ -94,8 +94,14 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			JoinMethod: inst.JoinMethod, TokenID: inst.TokenID, PublicKey: kid,
 			NotBefore: next.NotBefore, NotAfter: next.NotAfter, IssuedAt: now,
 		}
+		ev.Result = audit.ResultOK
+		ev.Reason = fmt.Sprintf("instance %s, generation %d, serial %s", inst.ID, rec.Generation+1, cert.Serial)
+		build, err := s.cfg.Audit.Builder(*ev)
+		if err != nil {
+			return nil, err
+		}
 		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
-			Certificate: cert, ChainPEM: chain})
+			Certificate: cert, ChainPEM: chain, Audit: build})
 		if errors.Is(err, store.ErrConflict) && attempt == 0 {
 			// Another request advanced or ended the instance between the
 			// read and the write: judge this one again against what it
@@ -104,9 +110,9 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		} else if err != nil {
 			return nil, err
 		}
-		ev.Reason = fmt.Sprintf("instance %s, generation %d, serial %s", inst.ID, updated.Generation, cert.Serial)
+		s.cfg.Audit.Appended(*ev)
 		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID,
-			Generation: updated.Generation, NotAfter: next.NotAfter}, nil
+			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}, nil
 	}
 }
 

@@ -94,7 +94,7 @@ func (s *Service) ExchangeJoinToken(ctx context.Context, r Request, token, nodeI
 	case err != nil:
 		ev.Result, ev.Reason = audit.ResultError, "internal error"
 		s.cfg.Audit.Refuse(ctx, ev)
-	default:
+	case !iss.audited:
 		ev.Result = audit.ResultOK
 		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
 			return nil, err

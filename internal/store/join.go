@@ -112,6 +112,10 @@ type Join struct {
 	// and Generation are set by CommitJoin.
 	Instance    Instance
 	Certificate Certificate
+	// Audit, if set, builds the audit record of the join, appended to the
+	// chain in the same transaction (see AppendAudit). It is not called
+	// for a retry, which writes nothing.
+	Audit func(head AuditHead) (AuditRecord, error)
 }
 
 // JoinResult reports what CommitJoin did.
@@ -131,6 +135,9 @@ type Renewal struct {
 	FromGeneration int64
 	Certificate    Certificate // Generation is FromGeneration+1
 	ChainPEM       []byte
+	// Audit, if set, builds the audit record of the renewal, appended to
+	// the chain in the same transaction.
+	Audit func(head AuditHead) (AuditRecord, error)
 }
 
 // JoinStore is the part of the store that admits and renews nodes. Every

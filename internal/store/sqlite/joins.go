@@ -142,6 +142,11 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 	if err := insertCertificate(ctx, tx, cert); err != nil {
 		return store.JoinResult{}, wrap("commit join: insert certificate", err)
 	}
+	if j.Audit != nil {
+		if _, err := appendAudit(ctx, tx, j.Audit); err != nil {
+			return store.JoinResult{}, err
+		}
+	}
 	return store.JoinResult{Instance: in, Superseded: in.PreviousID}, nil
 }
 
@@ -264,6 +269,11 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 	}
 	if err := insertCertificate(ctx, tx, c); err != nil {
 		return store.Instance{}, wrap("commit renewal: insert certificate", err)
+	}
+	if r.Audit != nil {
+		if _, err := appendAudit(ctx, tx, r.Audit); err != nil {
+			return store.Instance{}, err
+		}
 	}
 	return in, nil
 }

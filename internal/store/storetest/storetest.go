@@ -43,6 +43,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JoinRetry", retryCases()},
 		{"Renewal", renewalCases()},
 		{"Node", nodeCases()},
+		{"JoinAudit", joinAuditCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
