@@ -401,3 +401,29 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	defer s.mu.Unlock()
 	return s.w.Write(p)
 }
+
+// TestAgentJoinsThroughTheBootstrapListener: an agent that joins through
+// the bootstrap-only listener renews at the API address the authority
+// advertises in its signed trust bundle, as that listener serves no
+// renewals.
+func TestAgentJoinsThroughTheBootstrapListener(t *testing.T) {
+	e := newAgentEnv(t, "--bootstrap-listen", "127.0.0.1:0")
+	if e.auth.bootstrap == "" || e.auth.bootstrap == e.auth.addr {
+		t.Fatalf("no separate bootstrap listener: %q", e.auth.bootstrap)
+	}
+	tok := e.createToken(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	r := muster(t, []string{"MUSTER_JOIN_TOKEN=" + tok.Token}, "agent", "join", "--data", adir, "--node", "edge-1",
+		"--authority", e.auth.bootstrap)
+	if r.code != 0 {
+		t.Fatalf("join through the bootstrap listener: exit %d\n%s", r.code, r.stderr)
+	}
+	mustRun(t, "agent", "renew", "--data", adir)
+	if st := agentStatus(t, adir); st["generation"] != 1.0 {
+		t.Fatalf("status after renewal: %v", st)
+	}
+	// The bootstrap listener serves the bootstrap RPCs alone.
+	if r := muster(t, nil, "status", "--data", e.dir, "--authority", e.auth.bootstrap); r.code == 0 || !strings.Contains(r.stderr, "UNIMPLEMENTED") {
+		t.Fatalf("admin call on the bootstrap listener: exit %d, %s", r.code, r.stderr)
+	}
+}

@@ -108,10 +108,12 @@ type authorityProc struct {
 	cmd     *exec.Cmd
 	addr    string
 	metrics string
-	mu      sync.Mutex
-	logs    bytes.Buffer
-	done    chan struct{}
-	exitErr error
+	// bootstrap is the bootstrap-only listener, when one was asked for.
+	bootstrap string
+	mu        sync.Mutex
+	logs      bytes.Buffer
+	done      chan struct{}
+	exitErr   error
 }
 
 func (p *authorityProc) Logs() string {
@@ -158,6 +160,7 @@ func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
 	case rec := <-started:
 		p.addr, _ = rec["advertise"].(string)
 		p.metrics, _ = rec["metrics_listen"].(string)
+		p.bootstrap, _ = rec["bootstrap_listen"].(string)
 	case <-p.done:
 		t.Fatalf("authority exited before starting: %v\n%s", p.exitErr, p.Logs())
 	case <-time.After(30 * time.Second):

@@ -450,3 +450,25 @@ func TestTokenCommands(t *testing.T) {
 		t.Errorf("delete of an unknown token: %q", line)
 	}
 }
+
+// TestLocksRefuseRenewal: a lock on the node, the instance or the token
+// that admitted it stops renewals, and deleting the lock lets them go on.
+func TestLocksRefuseRenewal(t *testing.T) {
+	e := newJoinEnv(t)
+	for _, kind := range []string{"node", "instance", "token"} {
+		t.Run(kind, func(t *testing.T) {
+			tok := e.token(t)
+			node := "locked-" + kind
+			id, resp := e.join(t, tok, node)
+			target := map[string]string{"node": node, "instance": resp.GetInstanceId(), "token": tok[:6]}[kind]
+			var lock map[string]any
+			json.Unmarshal([]byte(mustRun(t, "lock", "create", "--"+kind, target, "--reason", "test", "--data", e.dir, "-o", "json")), &lock)
+			_, err := e.renew(t, id, must2(newCSR(t)))
+			wantCode(t, err, codes.PermissionDenied, "locked")
+			mustRun(t, "lock", "delete", lock["id"].(string), "--data", e.dir)
+			if _, err := e.renew(t, id, must2(newCSR(t))); err != nil {
+				t.Fatalf("renewal after the lock was deleted: %v", err)
+			}
+		})
+	}
+}

@@ -74,8 +74,10 @@ func (d Dir) ensure() error {
 			return fmt.Errorf("agent: %w", err)
 		}
 		// MkdirAll leaves an existing directory's mode alone; the data
-		// directory is the agent's own.
-		if err := os.Chmod(p, 0o700); err != nil {
+		// directory is the agent's own. A top directory the agent may not
+		// chmod (the root of a volume mounted for it) is accepted: the
+		// secrets live in certs/ and keys/, which it creates 0700.
+		if err := os.Chmod(p, 0o700); err != nil && !(p == string(d) && errors.Is(err, fs.ErrPermission)) {
 			return fmt.Errorf("agent: %w", err)
 		}
 	}

@@ -116,7 +116,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	}
 	st := &State{
 		NodeID: r.Node, InstanceID: resp.GetInstanceId(), AuthorityID: bundle.AuthorityID,
-		TrustDomain: bundle.TrustDomain, Authority: r.Authority, Generation: resp.GetGeneration(),
+		TrustDomain: bundle.TrustDomain, Authority: renewalAddress(bundle.Endpoints, r.Authority), Generation: resp.GetGeneration(),
 		JoinMethod: JoinMethodToken, JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
 		Serial: serialOf(chain[0]),
 	}
@@ -249,4 +249,16 @@ func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Veri
 		return nil, nil, err
 	}
 	return chain, resp, nil
+}
+
+// renewalAddress is where the agent renews: the API address the authority
+// advertises in its signed trust bundle. The join may have gone through
+// the bootstrap-only listener, which serves no renewals.
+func renewalAddress(endpoints []string, joined string) string {
+	for _, e := range endpoints {
+		if _, _, err := net.SplitHostPort(e); err == nil {
+			return e
+		}
+	}
+	return joined
 }

@@ -95,16 +95,22 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	return st, nil
 }
 
-// address is where renewals go: the override, else agent.yaml, else the
-// address the agent joined through.
+// address is where renewals go: the override (MUSTER_AUTHORITY), else the
+// API address recorded at the join (the one the authority advertises in
+// its signed trust bundle), else agent.yaml's join address. agent.yaml
+// names where to join, which may be the bootstrap-only listener that
+// serves no renewals.
 func (a *Agent) address(st *State) string {
 	if a.authority != "" {
 		return a.authority
 	}
+	if st.Authority != "" {
+		return st.Authority
+	}
 	if cfg, err := a.dir.ReadConfig(); err == nil && cfg.Authority != "" {
 		return cfg.Authority
 	}
-	return st.Authority
+	return ""
 }
 
 // load reads the state and identity and checks they describe the same

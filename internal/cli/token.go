@@ -127,7 +127,11 @@ expire; both together admit anyone who ever sees the token and need
 				if t.NodeID != "" {
 					fmt.Fprintf(env.Stdout, "Bound to:    node %s (re-joining it supersedes the node's current instance)\n", t.NodeID)
 				}
-				fmt.Fprintf(env.Stdout, "\nThe secret is shown only now. Join a machine with:\n  muster agent join --data ADIR --node NODE %q\n", resp.GetUri())
+				node := "--node NODE "
+				if t.NodeID != "" {
+					node = "" // the URI names the node
+				}
+				fmt.Fprintf(env.Stdout, "\nThe secret is shown only now. Join a machine with:\n  muster agent join --data ADIR %s%q\n", node, resp.GetUri())
 				return nil
 			})
 		},

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
@@ -162,17 +163,15 @@ func (u URI) Reveal() string {
 			user = url.UserPassword(u.KeypairName, u.KeypairSecret)
 		}
 	}
-	q := url.Values{}
-	if u.Fingerprint != "" {
-		q.Set("fingerprint", u.Fingerprint)
+	// ':' is legal in a query (RFC 3986 section 3.4); keeping it makes the
+	// fingerprint read as DESIGN.md and kubeadm write it.
+	var q []string
+	for _, kv := range [][2]string{{"fingerprint", u.Fingerprint}, {"node", u.Node}, {"authority_id", u.AuthorityID}} {
+		if kv[1] != "" {
+			q = append(q, kv[0]+"="+strings.ReplaceAll(url.QueryEscape(kv[1]), "%3A", ":"))
+		}
 	}
-	if u.Node != "" {
-		q.Set("node", u.Node)
-	}
-	if u.AuthorityID != "" {
-		q.Set("authority_id", u.AuthorityID)
-	}
-	v := url.URL{Scheme: "muster+" + u.Method, User: user, Host: u.Address, RawQuery: q.Encode()}
+	v := url.URL{Scheme: "muster+" + u.Method, User: user, Host: u.Address, RawQuery: strings.Join(q, "&")}
 	return v.String()
 }
 

@@ -47,6 +47,9 @@ func TestParse(t *testing.T) {
 			if err != nil || again.Reveal() != u.Reveal() {
 				t.Fatalf("round trip: %q, %v", u.Reveal(), err)
 			}
+			if u.Fingerprint != "" && !strings.Contains(u.Reveal(), "fingerprint="+u.Fingerprint) {
+				t.Fatalf("fingerprint not written as is: %s", u.Reveal())
+			}
 			if strings.Contains(u.String(), "0123456789abcdef@") || strings.Contains(u.String(), hex64) {
 				t.Fatalf("String leaks the secret: %s", u)
 			}
