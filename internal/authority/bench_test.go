@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -214,4 +215,32 @@ func BenchmarkRenewal(b *testing.B) {
 	})
 	b.StopTimer()
 	report(b, bound)
+}
+
+// BenchmarkHandshake is the floor under BenchmarkRenewal: a new mTLS
+// connection with an agent certificate and one trivial RPC (health), both
+// ends in this process, as in the renewal benchmark.
+func BenchmarkHandshake(b *testing.B) {
+	a := startBench(b)
+	key, csr := benchCSR(b)
+	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(context.Background(),
+		&musterv1.ExchangeJoinTokenRequest{JoinToken: a.token, NodeId: "handshaker", Csr: csr})
+	if err != nil {
+		b.Fatal(err)
+	}
+	chain, _ := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+	id := &identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			conn := a.dial(id)
+			_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
+			conn.Close()
+			if err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
