@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -54,16 +55,11 @@ intermediate. The key is made here and never leaves this machine; the file
 			if err != nil {
 				return err
 			}
-			c, err := af.dial(env)
+			resp, err := callAdmin(cmd, env, &af, "admin add", func(ctx context.Context, c *adminClient) (*musterv1.AddOperatorResponse, error) {
+				return c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: name, Csr: csr, Ttl: durationpb.New(ttl)})
+			})
 			if err != nil {
-				return fmt.Errorf("admin add: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			resp, err := c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: name, Csr: csr, Ttl: durationpb.New(ttl)})
-			if err != nil {
-				return fmt.Errorf("admin add: %w", err)
+				return err
 			}
 			chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
 			if err != nil {
@@ -108,16 +104,11 @@ func newAdminListCmd(env *Env) *cobra.Command {
 			if err := out.check(); err != nil {
 				return err
 			}
-			c, err := af.dial(env)
+			resp, err := callAdmin(cmd, env, &af, "admin list", func(ctx context.Context, c *adminClient) (*musterv1.ListOperatorsResponse, error) {
+				return c.ListOperators(ctx, &musterv1.ListOperatorsRequest{})
+			})
 			if err != nil {
-				return fmt.Errorf("admin list: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			resp, err := c.ListOperators(ctx, &musterv1.ListOperatorsRequest{})
-			if err != nil {
-				return fmt.Errorf("admin list: %w", err)
+				return err
 			}
 			if out.json() {
 				type op struct {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -128,16 +129,11 @@ database, and exits non-zero.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			c, err := af.dial(env)
+			r, err := callAdmin(cmd, env, &af, "audit verify", func(ctx context.Context, c *adminClient) (*musterv1.VerifyAuditResponse, error) {
+				return c.VerifyAudit(ctx, &musterv1.VerifyAuditRequest{})
+			})
 			if err != nil {
-				return fmt.Errorf("audit verify: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			r, err := c.VerifyAudit(ctx, &musterv1.VerifyAuditRequest{})
-			if err != nil {
-				return fmt.Errorf("audit verify: %w", err)
+				return err
 			}
 			if out.json() {
 				if err := writeJSON(env.Stdout, map[string]any{

@@ -114,3 +114,14 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 	}
 	return nil
 }
+
+// callAdmin is call for a single RPC whose response the command prints.
+func callAdmin[T any](cmd *cobra.Command, env *Env, af *adminFlags, name string, f func(ctx context.Context, c *adminClient) (T, error)) (T, error) {
+	var resp T
+	err := af.call(cmd, env, name, func(ctx context.Context, c *adminClient) error {
+		var err error
+		resp, err = f(ctx, c)
+		return err
+	})
+	return resp, err
+}

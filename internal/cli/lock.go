@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"text/tabwriter"
 	"time"
@@ -68,16 +69,11 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 			if ttl != 0 {
 				req.Ttl = durationpb.New(ttl)
 			}
-			c, err := af.dial(env)
+			resp, err := callAdmin(cmd, env, &af, "lock create", func(ctx context.Context, c *adminClient) (*musterv1.CreateLockResponse, error) {
+				return c.CreateLock(ctx, req)
+			})
 			if err != nil {
-				return fmt.Errorf("lock create: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			resp, err := c.CreateLock(ctx, req)
-			if err != nil {
-				return fmt.Errorf("lock create: %w", err)
+				return err
 			}
 			if out.json() {
 				return writeJSON(env.Stdout, lockOf(resp.GetLock()))
@@ -112,16 +108,11 @@ func newLockListCmd(env *Env) *cobra.Command {
 			if err := out.check(); err != nil {
 				return err
 			}
-			c, err := af.dial(env)
+			resp, err := callAdmin(cmd, env, &af, "lock list", func(ctx context.Context, c *adminClient) (*musterv1.ListLocksResponse, error) {
+				return c.ListLocks(ctx, &musterv1.ListLocksRequest{})
+			})
 			if err != nil {
-				return fmt.Errorf("lock list: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			resp, err := c.ListLocks(ctx, &musterv1.ListLocksRequest{})
-			if err != nil {
-				return fmt.Errorf("lock list: %w", err)
+				return err
 			}
 			if out.json() {
 				list := []lockJSON{}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -22,16 +23,11 @@ func newStatusCmd(env *Env) *cobra.Command {
 			if err := out.check(); err != nil {
 				return err
 			}
-			c, err := af.dial(env)
+			r, err := callAdmin(cmd, env, &af, "status", func(ctx context.Context, c *adminClient) (*musterv1.GetStatusResponse, error) {
+				return c.GetStatus(ctx, &musterv1.GetStatusRequest{})
+			})
 			if err != nil {
-				return fmt.Errorf("status: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			r, err := c.GetStatus(ctx, &musterv1.GetStatusRequest{})
-			if err != nil {
-				return fmt.Errorf("status: %w", err)
+				return err
 			}
 			if out.json() {
 				return writeJSON(env.Stdout, map[string]any{

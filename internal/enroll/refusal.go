@@ -1,6 +1,12 @@
 package enroll
 
-import "fmt"
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/audit"
+)
 
 // Kind classifies a refusal. The service layer maps each kind to one gRPC
 // code; the domain never names codes.
@@ -42,3 +48,27 @@ const (
 	ReasonSuperseded   = "superseded"
 	ReasonCopyDetected = "copy_detected"
 )
+
+// finish audits the outcome of a join or renewal: a refusal (through the
+// flood guard, with the detail only the audit log sees), an internal
+// error, or a success whose record was not already written with the change.
+func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err error) (*Issued, error) {
+	var ref *Refusal
+	switch {
+	case errors.As(err, &ref):
+		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
+		if ref.Detail != "" {
+			ev.Reason += ": " + ref.Detail
+		}
+		s.cfg.Audit.Refuse(ctx, ev)
+	case err != nil:
+		ev.Result, ev.Reason = audit.ResultError, "internal error"
+		s.cfg.Audit.Refuse(ctx, ev)
+	case !iss.audited:
+		ev.Result = audit.ResultOK
+		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
+			return nil, err
+		}
+	}
+	return iss, err
+}

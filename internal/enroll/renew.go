@@ -24,26 +24,7 @@ func (s *Service) Renew(ctx context.Context, r Request, leaf *x509.Certificate, 
 		ev.Actor, ev.Target = id.String(), id.Name
 	}
 	iss, err := s.renew(ctx, leaf, csrData, &ev)
-	var ref *Refusal
-	switch {
-	case errors.As(err, &ref):
-		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
-		if ref.Detail != "" {
-			ev.Reason += ": " + ref.Detail
-		}
-		// An authenticated agent cannot flood anonymously, but its
-		// refusals still go through the flood guard.
-		s.cfg.Audit.Refuse(ctx, ev)
-	case err != nil:
-		ev.Result, ev.Reason = audit.ResultError, "internal error"
-		s.cfg.Audit.Refuse(ctx, ev)
-	case !iss.audited:
-		ev.Result = audit.ResultOK
-		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
-			return nil, err
-		}
-	}
-	return iss, err
+	return s.finish(ctx, ev, iss, err)
 }
 
 func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, ev *audit.Event) (*Issued, error) {

@@ -83,24 +83,7 @@ func (s *Service) ExchangeJoinToken(ctx context.Context, r Request, token, nodeI
 	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Target: nodeID,
 		Source: r.Source, CorrelationID: r.CorrelationID}
 	iss, err := s.exchange(ctx, r, token, nodeID, csrData, &ev)
-	var ref *Refusal
-	switch {
-	case errors.As(err, &ref):
-		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
-		if ref.Detail != "" {
-			ev.Reason += ": " + ref.Detail
-		}
-		s.cfg.Audit.Refuse(ctx, ev)
-	case err != nil:
-		ev.Result, ev.Reason = audit.ResultError, "internal error"
-		s.cfg.Audit.Refuse(ctx, ev)
-	case !iss.audited:
-		ev.Result = audit.ResultOK
-		if err := s.cfg.Audit.Record(ctx, ev); err != nil {
-			return nil, err
-		}
-	}
-	return iss, err
+	return s.finish(ctx, ev, iss, err)
 }
 
 func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string, csrData []byte, ev *audit.Event) (*Issued, error) {
