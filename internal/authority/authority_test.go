@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,46 @@ func TestTokenState(t *testing.T) {
 		if got := tokenState(tt.tok, now); got != tt.want {
 			t.Errorf("%s: state %s, want %s", tt.name, got, tt.want)
 		}
+	}
+}
+
+func TestCleanerDeletesLongExpiredTokens(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	log, _ := audit.New(audit.Config{Store: st, ChainKey: make([]byte, 32), CheckpointKey: key})
+	s := &Server{store: st, audit: log, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	now := time.Now()
+	for id, exp := range map[string]time.Time{
+		"old111": now.Add(-tokenRetention - time.Hour), // past retention: deleted
+		"new111": now.Add(-time.Hour),                  // expired, kept for the operator to see
+		"live11": now.Add(time.Hour),
+		"never1": {},
+	} {
+		if err := st.InsertToken(t.Context(), store.Token{ID: id, JoinMethod: store.JoinMethodToken, Ciphertext: []byte{1},
+			Nonce: []byte{1}, UsesAllowed: 1, ExpiresAt: exp, CreatedAt: now.Add(-48 * time.Hour)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.cleanTokensOnce(t.Context())
+	ts, _ := st.ListTokens(t.Context())
+	var left []string
+	for _, tk := range ts {
+		left = append(left, tk.ID)
+	}
+	if len(left) != 3 || slices.Contains(left, "old111") {
+		t.Fatalf("tokens left %v, want all but old111", left)
+	}
+	recs, _ := st.ListAudit(t.Context(), store.AuditFilter{Action: "token.cleanup"})
+	if len(recs) != 1 || recs[0].Target != "old111" {
+		t.Fatalf("cleanup audit %+v", recs)
+	}
+	// Nothing to delete: nothing audited.
+	s.cleanTokensOnce(t.Context())
+	if recs, _ := st.ListAudit(t.Context(), store.AuditFilter{Action: "token.cleanup"}); len(recs) != 1 {
+		t.Fatalf("an empty cleanup was audited")
 	}
 }
