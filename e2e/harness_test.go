@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if pg != nil {
+		pg.Stop()
+	}
 	os.RemoveAll(tmp)
 	os.Exit(code)
 }

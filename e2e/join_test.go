@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -41,15 +42,29 @@ type joinEnv struct {
 
 func newJoinEnv(t *testing.T, extra ...string) *joinEnv {
 	t.Helper()
-	dir, out := initDir(t)
-	e := &joinEnv{dir: dir, auth: startAuthority(t, dir, extra...), td: out["authority_id"].(string)}
-	h, err := ca.Load(filepath.Join(dir, "ca"))
+	dir, _ := initDir(t)
+	e := &joinEnv{dir: dir, auth: startAuthority(t, dir, extra...)}
+	e.setup(t)
+	return e
+}
+
+// setup reads what an agent would pin from the data directory.
+func (e *joinEnv) setup(t *testing.T) {
+	t.Helper()
+	h, err := ca.Load(filepath.Join(e.dir, "ca"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.root = h.Root
+	var info struct {
+		TrustDomain string `json:"trust_domain"`
+		AuthorityID string `json:"authority_id"`
+	}
+	data, err := os.ReadFile(filepath.Join(e.dir, "authority.json"))
+	if err != nil || json.Unmarshal(data, &info) != nil {
+		t.Fatalf("authority.json: %v", err)
+	}
+	e.td, e.root = info.AuthorityID, h.Root
 	e.boot = musterv1.NewBootstrapServiceClient(e.dial(t, nil))
-	return e
 }
 
 // dial connects as an agent would after pinning the root: the server must

@@ -21,6 +21,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/postgres"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
@@ -124,7 +125,7 @@ flags override it.`,
 	fl.StringVar(&o.advertise, "advertise", "", "address agents and operators reach the API at (default: the listen address)")
 	fl.StringVar(&o.bootstrapListen, "bootstrap-listen", "", "optional address serving only the unauthenticated bootstrap RPCs")
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
-	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH (default: DIR/muster.db)")
+	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -162,9 +163,9 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 		}
 		return sqlite.Open(ctx, path)
 	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
-		return nil, errors.New("PostgreSQL stores are not supported by this build yet: use sqlite://PATH")
+		return postgres.Open(ctx, url)
 	}
-	return nil, fmt.Errorf("store URL must start with sqlite:// (got %q)", redactURL(url))
+	return nil, fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", redactURL(url))
 }
 
 // redactURL drops the userinfo of a URL, where a database password lives.

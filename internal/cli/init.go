@@ -1,19 +1,22 @@
 package cli
 
 import (
+	"context"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 func newInitCmd(env *Env) *cobra.Command {
 	var (
-		dir, name, td, operator string
-		out                     output
+		dir, name, td, operator, storeURL string
+		out                               output
 	)
 	cmd := &cobra.Command{
 		Use:   "init --data DIR",
@@ -33,11 +36,18 @@ leaves DIR untouched when anything fails.`,
 			if dir == "" {
 				return fmt.Errorf("init: --data DIR is required")
 			}
-			res, err := datadir.Init(cmd.Context(), datadir.InitOptions{
+			o := datadir.InitOptions{
 				Dir: datadir.Dir(dir), Name: name, TrustDomain: td, OperatorName: operator, Now: time.Now(),
-			})
+			}
+			if storeURL != "" {
+				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
+			}
+			res, err := datadir.Init(cmd.Context(), o)
 			if err != nil {
 				return fmt.Errorf("init: %w", err)
+			}
+			if u, err := url.Parse(storeURL); storeURL != "" && err == nil {
+				res.StoreURL = u.Redacted() // the password shows as xxxxx
 			}
 			return printInit(env, out, res)
 		},
@@ -46,6 +56,7 @@ leaves DIR untouched when anything fails.`,
 	cmd.Flags().StringVar(&name, "name", "muster", "authority name; the authority ID is NAME-<first 6 hex of the root fingerprint>")
 	cmd.Flags().StringVar(&td, "trust-domain", "", "SPIFFE trust domain (default: the authority ID)")
 	cmd.Flags().StringVar(&operator, "operator", "admin", "name of the first operator identity")
+	cmd.Flags().StringVar(&storeURL, "store", "", "an empty external store for the authority's records, postgres://… (default: the embedded SQLite file DIR/muster.db)")
 	out.register(cmd)
 	return cmd
 }
@@ -82,8 +93,8 @@ Deploy agents with:
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
 
-Next: muster authority --data %s
-`, res.Info.AuthorityID, res.Info.CAFingerprint, shellQuote(string(res.Dir)))
+Next: muster authority --data %s%s
+`, res.Info.AuthorityID, res.Info.CAFingerprint, shellQuote(string(res.Dir)), storeHint(res.StoreURL))
 	return nil
 }
 
@@ -101,4 +112,13 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// storeHint reminds that an authority on an external store must be started
+// with it; the URL is shown without its password.
+func storeHint(url string) string {
+	if url == "" {
+		return ""
+	}
+	return " --store " + shellQuote(url) + "   (or store: in authority.yaml)"
 }

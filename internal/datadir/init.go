@@ -40,6 +40,10 @@ type InitOptions struct {
 	OperatorName string
 	OperatorTTL  time.Duration
 	Now          time.Time
+	// OpenStore opens the store the authority will use, when it is not the
+	// embedded SQLite file in the data directory (PostgreSQL for
+	// replicas). The store must be empty.
+	OpenStore func(ctx context.Context) (store.Store, error)
 }
 
 // InitResult is what Init created and what the operator must be told once.
@@ -51,6 +55,9 @@ type InitResult struct {
 	PSKID        string
 	OperatorID   spiffeid.ID
 	OperatorFile string
+	// StoreURL names an external store, without its password; "" for the
+	// embedded one.
+	StoreURL string
 }
 
 // ErrAlreadyInitialised reports a directory Init must not touch.
@@ -164,7 +171,7 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		return InitResult{}, err
 	}
 
-	st, err := sqlite.Open(ctx, d.DatabaseFile())
+	st, err := openInitStore(ctx, d, o)
 	if err != nil {
 		return InitResult{}, err
 	}
@@ -210,6 +217,33 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		return InitResult{}, err
 	}
 	return InitResult{Info: info, BootstrapPSK: key, PSKID: pskID, OperatorID: opID}, nil
+}
+
+// openInitStore opens the new authority's store. An external store must
+// hold no authority yet: init never adds a second chain or PSK to one.
+func openInitStore(ctx context.Context, d Dir, o InitOptions) (store.Store, error) {
+	if o.OpenStore == nil {
+		return sqlite.Open(ctx, d.DatabaseFile())
+	}
+	st, err := o.OpenStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	head, err := st.AuditHead(ctx)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	psks, err := st.ListPSKs(ctx)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	if head.Seq != 0 || len(psks) != 0 {
+		st.Close()
+		return nil, fmt.Errorf("%w: the store already holds an authority's records; give an empty database", ErrAlreadyInitialised)
+	}
+	return st, nil
 }
 
 func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time) (psk.PSK, string, error) {

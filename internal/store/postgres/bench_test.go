@@ -1,0 +1,69 @@
+package postgres
+
+import (
+	"sync/atomic"
+	"testing"
+)
+
+// The benchmarks run against pgtest's server, which has fsync=off and
+// synchronous_commit=off: they measure round trips and locking, not
+// durability.
+
+// BenchmarkAppendAuditParallel measures appends from many goroutines, which
+// queue on the chain's advisory lock.
+func BenchmarkAppendAuditParallel(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.AppendAudit(ctx, benchLink); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+// BenchmarkAppendAudit measures one append at a time.
+func BenchmarkAppendAudit(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	for b.Loop() {
+		if _, err := s.AppendAudit(ctx, benchLink); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommitJoin measures one admission of a new node at a time.
+func BenchmarkCommitJoin(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n int64
+	for b.Loop() {
+		n++
+		if _, err := s.CommitJoin(ctx, benchJoin(n)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommitJoinParallel measures admissions from many goroutines
+// sharing one token, which queue on the token's row lock.
+func BenchmarkCommitJoinParallel(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n atomic.Int64
+	b.SetParallelism(8)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := s.CommitJoin(ctx, benchJoin(n.Add(1))); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}

@@ -1,0 +1,318 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// CommitJoin performs one admission as a single READ COMMITTED transaction;
+// on any error it is rolled back and nothing is written. In order:
+//
+//  0. The node ID's advisory lock (see lockNode), so joins and deletions of
+//     one ID take turns, in this process or another, and the node row read
+//     next stays true until commit.
+//  1. Retry check: if the node's current instance was created by j.TokenID
+//     less than j.RetryWindow ago by the store clock, is at generation 0 and
+//     certified j.Certificate.PublicKey, that instance is returned with
+//     Retry set and nothing is written, whatever the token's state now.
+//  2. Token use: one conditional UPDATE that takes a use only if the token
+//     is unexpired and has a use left by the store clock; ErrTokenSpent if
+//     it does not, ErrNotFound if there is no such token. Concurrent uses of
+//     one token queue on its row lock, and PostgreSQL re-evaluates the WHERE
+//     clause against the row each winner committed, so no two joins can
+//     take the last use.
+//  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
+//     false; otherwise its current instance becomes superseded.
+//  4. The new instance (current, generation 0) and its certificate record;
+//     ErrConflict if the instance ID or serial exists.
+//  5. j.Audit's record, appended to the chain (see AppendAudit).
+//
+// The store fills the fields of j.Instance the contract leaves to it, and
+// any of these left empty by the caller: the instance's TokenID and Last*
+// fields from j and j.Certificate, and the certificate's NodeID,
+// InstanceID, JoinMethod and TokenID from j and the instance. A given
+// value that contradicts j is an error, not a sentinel: it is a bug in the
+// caller.
+func (s *Store) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
+	in, cert, err := prepareJoin(j)
+	if err != nil {
+		return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w", err)
+	}
+	var res store.JoinResult
+	// A retry writes nothing; it still commits, which is harmless.
+	err = s.inTx(ctx, "commit join", func(tx pgx.Tx) error {
+		var err error
+		res, err = commitJoin(ctx, tx, j, in, cert)
+		return err
+	})
+	if err != nil {
+		return store.JoinResult{}, err
+	}
+	return res, nil
+}
+
+// commitJoin is CommitJoin's work inside the transaction.
+func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
+	if err := lockNode(ctx, tx, j.NodeID); err != nil {
+		return store.JoinResult{}, wrap("commit join: lock node", err)
+	}
+
+	// held is the node's current instance, "" while the node ID is free.
+	var held string
+	err := tx.QueryRow(ctx, `SELECT instance_id FROM nodes WHERE id = $1`, j.NodeID).Scan(&held)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return store.JoinResult{}, wrap("commit join", err)
+	}
+
+	// 1. The retry check precedes the token use: a single-use token whose
+	// reply was lost is spent, and the retry must still get its answer.
+	if held != "" && j.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
+		prev, err := scanInstance(tx.QueryRow(ctx, `SELECT `+instanceColumns+` FROM instances
+			WHERE id = $1 AND state = 'current' AND generation = 0 AND token_id = $2
+			AND last_public_key = $3 AND created_at > `+nowMicros+` - $4`,
+			held, j.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()))
+		switch {
+		case err == nil:
+			return store.JoinResult{Instance: prev, Retry: true}, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return store.JoinResult{}, wrap("commit join: retry check", err)
+		}
+	}
+
+	// 2. One conditional write is the whole use check.
+	if j.TokenID != "" {
+		tag, err := tx.Exec(ctx, `UPDATE tokens
+			SET uses_count = uses_count + 1, last_used_at = `+nowMicros+`
+			WHERE id = $1 AND (uses_allowed = 0 OR uses_count < uses_allowed) AND `+unexpired,
+			j.TokenID)
+		if err != nil {
+			return store.JoinResult{}, wrap("commit join: use token", err)
+		}
+		if tag.RowsAffected() == 0 {
+			ok, err := exists(ctx, tx, "tokens", j.TokenID)
+			switch {
+			case err != nil:
+				return store.JoinResult{}, wrap("commit join: use token", err)
+			case !ok:
+				return store.JoinResult{}, fmt.Errorf("postgres: commit join: token %s: %w", j.TokenID, store.ErrNotFound)
+			default:
+				return store.JoinResult{}, fmt.Errorf("postgres: commit join: token %s: %w", j.TokenID, store.ErrTokenSpent)
+			}
+		}
+	}
+
+	// 3. The supersession happens before the insert: the unique index
+	// instances_one_current admits one current instance per node ID.
+	if held != "" {
+		if !j.MaySupersede {
+			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE instances SET state = 'superseded'
+			WHERE id = $1 AND state = 'current'`, held); err != nil {
+			return store.JoinResult{}, wrap("commit join: supersede", err)
+		}
+		in.PreviousID = held
+	}
+
+	// 4. The instance goes in before the node and the certificate, which
+	// refer to it.
+	if _, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)); err != nil {
+		if constraintOf(err) == "instances_one_current" {
+			// Unreachable while every writer of the ID takes its lock; kept
+			// so that a writer that does not still gets the right answer.
+			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
+		}
+		return store.JoinResult{}, wrap("commit join: insert instance", err)
+	}
+	if held != "" {
+		_, err = tx.Exec(ctx, `UPDATE nodes
+			SET instance_id = $1, token_id = $2, join_method = $3, updated_at = $4
+			WHERE id = $5`,
+			in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID)
+	} else {
+		_, err = tx.Exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6)`,
+			j.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(in.CreatedAt), timeArg(in.CreatedAt))
+	}
+	if err != nil {
+		if constraintOf(err) == "nodes_pkey" {
+			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
+		}
+		return store.JoinResult{}, wrap("commit join: claim node", err)
+	}
+	if err := insertCertificate(ctx, tx, cert); err != nil {
+		return store.JoinResult{}, wrap("commit join: insert certificate", err)
+	}
+	if j.Audit != nil {
+		if _, err := appendAudit(ctx, tx, j.Audit); err != nil {
+			return store.JoinResult{}, err
+		}
+	}
+	return store.JoinResult{Instance: in, Superseded: in.PreviousID}, nil
+}
+
+// prepareJoin returns the instance and certificate CommitJoin writes, with
+// the store's fields set, the empty ones filled and times as they read
+// back; PreviousID is left to the node claim.
+func prepareJoin(j store.Join) (store.Instance, store.Certificate, error) {
+	in, c := j.Instance, j.Certificate
+	if j.NodeID == "" || in.ID == "" || c.Serial == "" {
+		return in, c, errors.New("node ID, instance ID and serial are required")
+	}
+	in.NodeID, in.State, in.PreviousID, in.Generation = j.NodeID, store.InstanceCurrent, "", 0
+	if c.Generation != 0 {
+		return in, c, fmt.Errorf("certificate generation %d, want 0", c.Generation)
+	}
+	// The instance first: the certificate is filled from it.
+	if err := fill("instance token", &in.TokenID, j.TokenID, true); err != nil {
+		return in, c, err
+	}
+	if err := fill("instance last serial", &in.LastSerial, c.Serial, true); err != nil {
+		return in, c, err
+	}
+	for _, f := range []struct {
+		name      string
+		field     *string
+		want      string
+		mustMatch bool
+	}{
+		{"certificate node", &c.NodeID, j.NodeID, true},
+		{"certificate instance", &c.InstanceID, in.ID, true},
+		{"certificate join method", &c.JoinMethod, in.JoinMethod, false},
+		{"certificate token", &c.TokenID, in.TokenID, false},
+	} {
+		if err := fill(f.name, f.field, f.want, f.mustMatch); err != nil {
+			return in, c, err
+		}
+	}
+	if len(in.LastPublicKey) == 0 {
+		in.LastPublicKey = c.PublicKey
+	} else if !bytes.Equal(in.LastPublicKey, c.PublicKey) {
+		return in, c, errors.New("instance last public key is not the certificate's")
+	}
+	if in.LastIssuedAt.IsZero() {
+		in.LastIssuedAt = c.IssuedAt
+	}
+	in.CreatedAt, in.LastIssuedAt = timeVal(in.CreatedAt), timeVal(in.LastIssuedAt)
+	return in, c, nil
+}
+
+// CommitRenewal advances an instance from r.FromGeneration to the next
+// generation and records the certificate, in one transaction whose
+// conditional UPDATE admits exactly one of several renewals from the same
+// generation: the losers wait for the winner's row lock, then find the
+// generation moved. ErrConflict, and nothing written, if the instance is
+// not current or not at r.FromGeneration; ErrNotFound if there is no such
+// instance. The certificate's InstanceID, NodeID, Generation, JoinMethod
+// and TokenID are filled from the instance when empty; a given InstanceID,
+// NodeID or Generation that contradicts it is an error.
+func (s *Store) CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error) {
+	c := r.Certificate
+	if err := fill("certificate instance", &c.InstanceID, r.InstanceID, true); err != nil {
+		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
+	}
+	if c.Generation == 0 {
+		c.Generation = r.FromGeneration + 1
+	}
+	if c.Generation != r.FromGeneration+1 {
+		return store.Instance{}, fmt.Errorf("postgres: commit renewal: certificate generation %d, want %d",
+			c.Generation, r.FromGeneration+1)
+	}
+	var in store.Instance
+	err := s.inTx(ctx, "commit renewal", func(tx pgx.Tx) error {
+		var err error
+		in, err = commitRenewal(ctx, tx, r, c)
+		return err
+	})
+	if err != nil {
+		return store.Instance{}, err
+	}
+	return in, nil
+}
+
+// commitRenewal is CommitRenewal's work inside the transaction.
+func commitRenewal(ctx context.Context, tx pgx.Tx, r store.Renewal, c store.Certificate) (store.Instance, error) {
+	in, err := scanInstance(tx.QueryRow(ctx, `UPDATE instances
+		SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
+		WHERE id = $5 AND generation = $6 AND state = 'current'
+		RETURNING `+instanceColumns,
+		c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration))
+	if errors.Is(err, pgx.ErrNoRows) {
+		ok, err := exists(ctx, tx, "instances", r.InstanceID)
+		switch {
+		case err != nil:
+			return store.Instance{}, wrap("commit renewal", err)
+		case !ok:
+			return store.Instance{}, fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
+		default:
+			return store.Instance{}, fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
+				r.InstanceID, r.FromGeneration, store.ErrConflict)
+		}
+	}
+	if err != nil {
+		return store.Instance{}, wrap("commit renewal", err)
+	}
+
+	for _, f := range []struct {
+		name      string
+		field     *string
+		want      string
+		mustMatch bool
+	}{
+		{"certificate node", &c.NodeID, in.NodeID, true},
+		{"certificate join method", &c.JoinMethod, in.JoinMethod, false},
+		{"certificate token", &c.TokenID, in.TokenID, false},
+	} {
+		if err := fill(f.name, f.field, f.want, f.mustMatch); err != nil {
+			return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
+		}
+	}
+	if err := insertCertificate(ctx, tx, c); err != nil {
+		return store.Instance{}, wrap("commit renewal: insert certificate", err)
+	}
+	if r.Audit != nil {
+		if _, err := appendAudit(ctx, tx, r.Audit); err != nil {
+			return store.Instance{}, err
+		}
+	}
+	return in, nil
+}
+
+func insertCertificate(ctx context.Context, tx pgx.Tx, c store.Certificate) error {
+	_, err := tx.Exec(ctx, `INSERT INTO certificates (`+certificateColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
+		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt))
+	return err
+}
+
+// fill sets an empty *field to want. A non-empty one must equal want when
+// mustMatch is set.
+func fill(name string, field *string, want string, mustMatch bool) error {
+	switch {
+	case *field == "":
+		*field = want
+	case mustMatch && *field != want:
+		return fmt.Errorf("%s %q, want %q", name, *field, want)
+	}
+	return nil
+}
+
+// exists reports whether table has a row with the given id. table is
+// always a constant of this package.
+func exists(ctx context.Context, tx pgx.Tx, table, id string) (bool, error) {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM `+table+` WHERE id = $1`, id).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}

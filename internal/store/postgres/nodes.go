@@ -1,0 +1,144 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const (
+	nodeColumns     = `id, join_method, token_id, instance_id, created_at, updated_at`
+	instanceColumns = `id, node_id, join_method, token_id, previous_id, state, generation, created_at,
+	last_serial, last_public_key, last_chain_pem, last_issued_at`
+	certificateColumns = `serial, node_id, instance_id, generation, join_method, token_id, public_key,
+	not_before, not_after, issued_at`
+)
+
+// GetNode returns a node; ErrNotFound if no node holds the ID.
+func (s *Store) GetNode(ctx context.Context, id string) (store.Node, error) {
+	n, err := scanNode(s.pool.QueryRow(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = $1`, id))
+	if err != nil {
+		return store.Node{}, wrap("get node "+id, err)
+	}
+	return n, nil
+}
+
+// ListNodes returns every node, ordered by ID.
+func (s *Store) ListNodes(ctx context.Context) ([]store.Node, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`)
+	if err != nil {
+		return nil, wrap("list nodes", err)
+	}
+	return collect(rows, "list nodes", scanNode)
+}
+
+// DeleteNode removes a node and marks its current instance deleted, in one
+// transaction, freeing the node ID; ErrNotFound if no node holds the ID.
+// It takes the node ID's advisory lock, like CommitJoin, so a join of the
+// same ID sees the node either whole or gone. The instances and
+// certificates of the ID are kept as its history.
+func (s *Store) DeleteNode(ctx context.Context, id string) error {
+	return s.inTx(ctx, "delete node", func(tx pgx.Tx) error {
+		if err := lockNode(ctx, tx, id); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		var instanceID string
+		if err := tx.QueryRow(ctx, `DELETE FROM nodes WHERE id = $1 RETURNING instance_id`, id).Scan(&instanceID); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE instances SET state = 'deleted'
+			WHERE id = $1 AND state = 'current'`, instanceID); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		return nil
+	})
+}
+
+// lockNode takes the transaction-scoped advisory lock of a node ID. A hash
+// collision between two IDs only serializes their joins.
+func lockNode(ctx context.Context, tx pgx.Tx, id string) error {
+	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, nodeLockClass, id)
+	return err
+}
+
+// GetInstance returns an instance, whatever its state; ErrNotFound.
+func (s *Store) GetInstance(ctx context.Context, id string) (store.Instance, error) {
+	in, err := scanInstance(s.pool.QueryRow(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = $1`, id))
+	if err != nil {
+		return store.Instance{}, wrap("get instance "+id, err)
+	}
+	return in, nil
+}
+
+// ListInstances returns every instance that held the node ID, including
+// those of deleted nodes, oldest first (ties by ID). An ID never used
+// yields none and no error.
+func (s *Store) ListInstances(ctx context.Context, nodeID string) ([]store.Instance, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+instanceColumns+` FROM instances
+		WHERE node_id = $1 ORDER BY created_at, id`, nodeID)
+	if err != nil {
+		return nil, wrap("list instances", err)
+	}
+	return collect(rows, "list instances", scanInstance)
+}
+
+// GetCertificate returns the record of a serial; ErrNotFound.
+func (s *Store) GetCertificate(ctx context.Context, serial string) (store.Certificate, error) {
+	c, err := scanCertificate(s.pool.QueryRow(ctx, `SELECT `+certificateColumns+` FROM certificates
+		WHERE serial = $1`, serial))
+	if err != nil {
+		return store.Certificate{}, wrap("get certificate "+serial, err)
+	}
+	return c, nil
+}
+
+// ListCertificates returns every certificate issued under the node ID,
+// including to deleted nodes that held it, oldest first (ties by serial).
+func (s *Store) ListCertificates(ctx context.Context, nodeID string) ([]store.Certificate, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+certificateColumns+` FROM certificates
+		WHERE node_id = $1 ORDER BY issued_at, serial`, nodeID)
+	if err != nil {
+		return nil, wrap("list certificates", err)
+	}
+	return collect(rows, "list certificates", scanCertificate)
+}
+
+func scanNode(row pgx.Row) (store.Node, error) {
+	var (
+		n                store.Node
+		created, updated *int64
+	)
+	if err := row.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &created, &updated); err != nil {
+		return store.Node{}, err
+	}
+	n.CreatedAt, n.UpdatedAt = timeCol(created), timeCol(updated)
+	return n, nil
+}
+
+func scanInstance(row pgx.Row) (store.Instance, error) {
+	var (
+		in              store.Instance
+		created, issued *int64
+	)
+	if err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
+		&in.Generation, &created, &in.LastSerial, &in.LastPublicKey, &in.LastChainPEM, &issued); err != nil {
+		return store.Instance{}, err
+	}
+	in.CreatedAt, in.LastIssuedAt = timeCol(created), timeCol(issued)
+	return in, nil
+}
+
+func scanCertificate(row pgx.Row) (store.Certificate, error) {
+	var (
+		c                           store.Certificate
+		notBefore, notAfter, issued *int64
+	)
+	if err := row.Scan(&c.Serial, &c.NodeID, &c.InstanceID, &c.Generation, &c.JoinMethod, &c.TokenID,
+		&c.PublicKey, &notBefore, &notAfter, &issued); err != nil {
+		return store.Certificate{}, err
+	}
+	c.NotBefore, c.NotAfter, c.IssuedAt = timeCol(notBefore), timeCol(notAfter), timeCol(issued)
+	return c, nil
+}

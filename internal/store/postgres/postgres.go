@@ -1,0 +1,212 @@
+// Package postgres is the store.Store backend for replicated authorities:
+// several muster processes share one PostgreSQL database through pgx's
+// connection pool (database/sql is not used).
+//
+// Everything that must happen once is a conditional write, a unique
+// constraint or a transaction-scoped advisory lock inside one READ COMMITTED
+// transaction, so the contract of package store holds across processes:
+//
+//   - a token use is one UPDATE whose WHERE clause re-checks the remaining
+//     uses and the expiry on the row version it locks;
+//   - a renewal is one UPDATE … WHERE generation = $n AND state = 'current';
+//   - the audit chain has one writer at a time, serialized by
+//     pg_advisory_xact_lock(auditLockKey) taken before the head is read;
+//   - joins of one node ID are serialized by an advisory lock on the ID, so
+//     a lost race reports ErrNodeTaken (or supersedes) exactly as a later
+//     join would, and the unique index instances_one_current stays the last
+//     line of defence.
+//
+// The schema is created by the numbered migrations embedded from
+// migrations/, each applied in its own transaction and recorded in
+// schema_migrations, under a session advisory lock so that replicas starting
+// together apply each migration once. Times are stored as BIGINT unix
+// microseconds in UTC, a zero time as NULL, like the SQLite store.
+//
+// The store clock is the database server's clock_timestamp(), read inside
+// the statements that compare against it: every replica shares one clock,
+// with microsecond resolution.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Store is a store.Store kept in a PostgreSQL database. It is safe for
+// concurrent use by multiple goroutines and by multiple processes sharing
+// the database.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+var _ store.Store = (*Store)(nil)
+
+// nowMicros is the store clock in SQL, as unix microseconds. clock_timestamp
+// is the moment the expression is evaluated, not the start of the
+// transaction or statement, so a write that waited for a row lock compares
+// deadlines against the time it actually takes effect.
+const nowMicros = `(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint`
+
+// Advisory lock keys. The single-bigint and the two-int4 key spaces do not
+// overlap, so node locks (nodeLockClass, hashtext(id)) never meet these.
+const (
+	migrateLockKey int64 = 0x6d75737465720001 // "muster" + 1: schema migrations
+	auditLockKey   int64 = 0x6d75737465720002 // the audit chain's single writer
+	nodeLockClass  int32 = 0x6d757374         // joins of one node ID
+)
+
+// Open connects to the database at url (a postgres:// or postgresql:// URL
+// or a key=value connection string, as pgx accepts) and migrates it to the
+// newest schema this binary knows. It fails with an error wrapping
+// store.ErrSchemaTooNew if the database was migrated by a newer binary.
+func Open(ctx context.Context, url string) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The error may quote the URL, password and all.
+		return nil, errors.New("postgres: invalid connection URL")
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: open: %w", err)
+	}
+	if err := migrate(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Store{pool: pool}, nil
+}
+
+// Close closes the pool, waiting for connections in use to be released.
+func (s *Store) Close() error {
+	s.pool.Close()
+	return nil
+}
+
+// SchemaVersion returns the highest migration applied to the database.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
+	v, err := schemaVersion(ctx, s.pool)
+	if err != nil {
+		return 0, fmt.Errorf("postgres: schema version: %w", err)
+	}
+	return v, nil
+}
+
+// Now returns the database server's clock, to the microsecond, in UTC.
+func (s *Store) Now(ctx context.Context) (time.Time, error) {
+	var us int64
+	if err := s.pool.QueryRow(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
+		return time.Time{}, fmt.Errorf("postgres: now: %w", err)
+	}
+	return time.UnixMicro(us).UTC(), nil
+}
+
+// querier is what the pool, a connection and a transaction offer.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// inTx runs fn in a READ COMMITTED transaction and commits it if fn
+// succeeds; on any error it is rolled back.
+func (s *Store) inTx(ctx context.Context, op string, fn func(tx pgx.Tx) error) error {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return wrap(op+": begin", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := fn(tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return wrap(op+": commit", err)
+	}
+	return nil
+}
+
+// uniqueViolation is SQLSTATE 23505.
+const uniqueViolation = "23505"
+
+// wrap maps driver errors to the store sentinels and prefixes op.
+func wrap(op string, err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("postgres: %s: %w", op, store.ErrNotFound)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == uniqueViolation {
+		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrConflict, err)
+	}
+	return fmt.Errorf("postgres: %s: %w", op, err)
+}
+
+// constraintOf returns the constraint a unique violation names, or "".
+func constraintOf(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == uniqueViolation {
+		return pe.ConstraintName
+	}
+	return ""
+}
+
+// timeArg converts t to its column value: unix microseconds in UTC (finer
+// digits dropped), or NULL for the zero time.
+func timeArg(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t.Truncate(time.Microsecond).UnixMicro()
+}
+
+// timeCol converts a column value written by timeArg back to a time.Time.
+func timeCol(v *int64) time.Time {
+	if v == nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(*v).UTC()
+}
+
+// timeVal returns t as it reads back from a column written by timeArg.
+func timeVal(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.Truncate(time.Microsecond).UTC()
+}
+
+// collect scans every row and closes rows.
+func collect[T any](rows pgx.Rows, op string, scan func(pgx.Row) (T, error)) ([]T, error) {
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, wrap(op, err)
+		}
+		out = append(out, v)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap(op, err)
+	}
+	return out, nil
+}
+
+// execOne runs a statement that must affect one row; ErrNotFound if it
+// affected none.
+func execOne(ctx context.Context, q querier, op, sql string, args ...any) error {
+	tag, err := q.Exec(ctx, sql, args...)
+	if err != nil {
+		return wrap(op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return wrap(op, pgx.ErrNoRows)
+	}
+	return nil
+}

@@ -1,0 +1,307 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/storetest"
+)
+
+// srv is this package's PostgreSQL cluster (fsync=off: see pgtest).
+var srv *pgtest.Server
+
+func TestMain(m *testing.M) { pgtest.Main(m, &srv) }
+
+// openURL opens a store on url, closed when the test ends.
+func openURL(t testing.TB, url string) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), url)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// openFresh opens a store on a new, empty database and returns its URL.
+func openFresh(t testing.TB) (*Store, string) {
+	t.Helper()
+	url := srv.NewDatabase(t)
+	return openURL(t, url), url
+}
+
+func TestConformance(t *testing.T) {
+	storetest.RunStoreTests(t, func(t *testing.T) store.Store {
+		s, _ := openFresh(t)
+		return s
+	})
+}
+
+func TestSchemaTooNew(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	if v, err := s.SchemaVersion(ctx); err != nil || v != latestVersion() {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, latestVersion())
+	}
+	if _, err := s.pool.Exec(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (9999, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(ctx, url)
+	if err == nil {
+		s2.Close()
+		t.Fatal("Open of a database at version 9999 succeeded")
+	}
+	if !errors.Is(err, store.ErrSchemaTooNew) {
+		t.Errorf("Open: %v, want an error wrapping ErrSchemaTooNew", err)
+	}
+}
+
+// TestOpenRace has several stores open one new database at once, as
+// replicas starting together do: every Open must succeed and each migration
+// be applied once.
+func TestOpenRace(t *testing.T) {
+	ctx := t.Context()
+	url := srv.NewDatabase(t)
+	const n = 6
+	stores := make([]*Store, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { stores[i], errs[i] = Open(ctx, url) })
+	}
+	wg.Wait()
+	for i, s := range stores {
+		if errs[i] != nil {
+			t.Errorf("Open %d: %v", i, errs[i])
+			continue
+		}
+		defer s.Close()
+	}
+	if t.Failed() {
+		return
+	}
+	var rows, max int
+	if err := stores[0].pool.QueryRow(ctx, `SELECT count(*), max(version) FROM schema_migrations`).Scan(&rows, &max); err != nil {
+		t.Fatal(err)
+	}
+	if rows != latestVersion() || max != latestVersion() {
+		t.Errorf("schema_migrations has %d rows up to %d, want %d", rows, max, latestVersion())
+	}
+}
+
+func TestLoadMigrations(t *testing.T) {
+	if len(migrations) != 2 {
+		t.Errorf("%d migrations embedded, want 2 (the SQLite store's count)", len(migrations))
+	}
+}
+
+func TestAuditAppendOnly(t *testing.T) {
+	s, _ := openFresh(t)
+	ctx := t.Context()
+	if _, err := s.AppendAudit(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+		return store.AuditRecord{Seq: 1, Time: time.Now(), Hash: []byte{1}}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`UPDATE audit_records SET actor = 'x'`,
+		`DELETE FROM audit_records`,
+		`TRUNCATE audit_records`,
+	} {
+		if _, err := s.pool.Exec(ctx, q); err == nil {
+			t.Errorf("%s succeeded, want the append-only trigger to refuse it", q)
+		}
+	}
+}
+
+func TestActionPrefixIsBytewise(t *testing.T) {
+	s, _ := openFresh(t)
+	ctx := t.Context()
+	for _, a := range []string{"node.join", "Node.join", "node.joinX", "node_join", "nodé"} {
+		if _, err := s.AppendAudit(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+			r, _ := benchLink(h)
+			r.Action = a
+			return r, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := s.ListAudit(ctx, store.AuditFilter{Action: "node.join*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Action)
+	}
+	if fmt.Sprint(got) != "[node.join node.joinX]" {
+		t.Errorf("ListAudit(node.join*) = %q, want [node.join node.joinX]", got)
+	}
+}
+
+// twoHandles opens two stores with their own pools on one database: two
+// authority replicas, as far as PostgreSQL can tell.
+func twoHandles(t *testing.T) [2]*Store {
+	s, url := openFresh(t)
+	return [2]*Store{s, openURL(t, url)}
+}
+
+func joinOf(n int, tokenID string) store.Join {
+	j := benchJoin(int64(n))
+	j.TokenID, j.Instance.TokenID, j.Certificate.TokenID = tokenID, tokenID, tokenID
+	return j
+}
+
+func TestCommitJoinTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	const allowed, joiners = 5, 40
+	if err := h[0].InsertToken(ctx, store.Token{
+		ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		UsesAllowed: allowed, CreatedBy: "admin", CreatedAt: time.Now(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, joiners)
+	var wg sync.WaitGroup
+	for i := range joiners {
+		wg.Go(func() {
+			_, errs[i] = h[i%2].CommitJoin(ctx, joinOf(i, "t1"))
+		})
+	}
+	wg.Wait()
+	var ok, spent int
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, store.ErrTokenSpent):
+			spent++
+		default:
+			t.Errorf("CommitJoin: %v", err)
+		}
+	}
+	if ok != allowed || spent != joiners-allowed {
+		t.Errorf("%d joins succeeded and %d found the token spent, want %d and %d", ok, spent, allowed, joiners-allowed)
+	}
+	tok, err := h[1].GetToken(ctx, "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes, err := h[1].ListNodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.UsesCount != allowed || len(nodes) != allowed {
+		t.Errorf("UsesCount = %d and %d nodes, want %d and %d", tok.UsesCount, len(nodes), allowed, allowed)
+	}
+}
+
+func TestAppendAuditTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	const workers, each = 16, 25
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for range each {
+				if _, err := h[w%2].AppendAudit(ctx, benchLink); err != nil {
+					errs[w] = err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("AppendAudit: %v", err)
+	}
+	recs, err := h[0].ListAudit(ctx, store.AuditFilter{Limit: workers * each * 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != workers*each {
+		t.Fatalf("chain has %d records, want %d", len(recs), workers*each)
+	}
+	var prev []byte
+	for i, r := range recs {
+		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
+		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
+			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
+		}
+		prev = r.Hash
+	}
+}
+
+// TestCommitJoinAuditTwoHandles interleaves joins that append to the chain
+// with plain appends from another pool: the chain must stay whole.
+func TestCommitJoinAuditTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	benchToken(t, h[0])
+	const n = 30
+	var wg sync.WaitGroup
+	errs := make([]error, 2*n)
+	for i := range n {
+		wg.Go(func() {
+			j := benchJoin(int64(i))
+			j.Audit = benchLink
+			_, errs[i] = h[0].CommitJoin(ctx, j)
+		})
+		wg.Go(func() { _, errs[n+i] = h[1].AppendAudit(ctx, benchLink) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	head, err := h[1].AuditHead(ctx)
+	if err != nil || head.Seq != 2*n {
+		t.Errorf("AuditHead = %d, %v; want seq %d", head.Seq, err, 2*n)
+	}
+}
+
+func benchLink(head store.AuditHead) (store.AuditRecord, error) {
+	seq := head.Seq + 1
+	h := sha256.New()
+	h.Write(head.Hash)
+	binary.Write(h, binary.BigEndian, seq)
+	return store.AuditRecord{
+		Seq: seq, Time: time.Now(),
+		Actor: "spiffe://muster.test/agent", Action: "node.join", Target: "node-1",
+		Result: "ok", Source: "192.0.2.1:4242", CorrelationID: "c",
+		PrevHash: head.Hash, Hash: h.Sum(nil),
+	}, nil
+}
+
+func benchToken(t testing.TB, s *Store) {
+	if err := s.InsertToken(context.Background(), store.Token{
+		ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		CreatedBy: "admin", CreatedAt: time.Now(),
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// benchJoin is the admission of node n with the unlimited token t1.
+func benchJoin(n int64) store.Join {
+	now := time.Now()
+	id := fmt.Sprintf("node-%d", n)
+	key := sha256.Sum256([]byte(id))
+	serial := fmt.Sprintf("%032x", n)
+	return store.Join{
+		TokenID: "t1", NodeID: id, RetryWindow: time.Minute,
+		Instance: store.Instance{ID: "i-" + id, JoinMethod: store.JoinMethodToken, CreatedAt: now,
+			LastChainPEM: []byte("-----BEGIN CERTIFICATE-----")},
+		Certificate: store.Certificate{Serial: serial, PublicKey: key[:],
+			NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+	}
+}

@@ -1,0 +1,117 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_count, expires_at,
+	node_id, description, labels, created_by, created_at, last_used_at`
+
+// InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
+// LastUsedAt are stored as given, so a token can be carried over from
+// another store.
+func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
+	labels, err := labelsArg(t.Labels)
+	if err != nil {
+		return fmt.Errorf("postgres: insert token: %w", err)
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO tokens (`+tokenColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13)`,
+		t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
+		t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
+	if err != nil {
+		return wrap("insert token", err)
+	}
+	return nil
+}
+
+// GetToken returns a token, expired or not; ErrNotFound if there is none
+// with that ID.
+func (s *Store) GetToken(ctx context.Context, id string) (store.Token, error) {
+	t, err := scanToken(s.pool.QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = $1`, id))
+	if err != nil {
+		return store.Token{}, wrap("get token "+id, err)
+	}
+	return t, nil
+}
+
+// ListTokens returns every token, expired or not, oldest first (ties by
+// ID).
+func (s *Store) ListTokens(ctx context.Context) ([]store.Token, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tokenColumns+` FROM tokens ORDER BY created_at, id`)
+	if err != nil {
+		return nil, wrap("list tokens", err)
+	}
+	return collect(rows, "list tokens", scanToken)
+}
+
+// DeleteToken removes a token; ErrNotFound if there is none with that ID.
+// Nodes, instances and certificates name the token by ID only, so they are
+// left as they are.
+func (s *Store) DeleteToken(ctx context.Context, id string) error {
+	return execOne(ctx, s.pool, "delete token "+id, `DELETE FROM tokens WHERE id = $1`, id)
+}
+
+// DeleteExpiredTokens removes the tokens whose expiry is at least retention
+// before the store clock and returns their IDs in ascending order. A
+// negative retention counts as zero, so no token still in force is ever
+// removed.
+func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `DELETE FROM tokens
+		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1
+		RETURNING id`, max(retention, 0).Microseconds())
+	if err != nil {
+		return nil, wrap("delete expired tokens", err)
+	}
+	ids, err := collect(rows, "delete expired tokens", func(r pgx.Row) (string, error) {
+		var id string
+		return id, r.Scan(&id)
+	})
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING yields rows in no particular order.
+	slices.Sort(ids)
+	return ids, nil
+}
+
+func scanToken(row pgx.Row) (store.Token, error) {
+	var (
+		t                        store.Token
+		labels                   []byte
+		expires, created, usedAt *int64
+	)
+	if err := row.Scan(&t.ID, &t.JoinMethod, &t.Ciphertext, &t.Nonce, &t.UsesAllowed, &t.UsesCount, &expires,
+		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt); err != nil {
+		return store.Token{}, err
+	}
+	if err := json.Unmarshal(labels, &t.Labels); err != nil {
+		return store.Token{}, fmt.Errorf("token %s: labels: %w", t.ID, err)
+	}
+	if len(t.Labels) == 0 {
+		t.Labels = nil
+	}
+	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = timeCol(expires), timeCol(created), timeCol(usedAt)
+	return t, nil
+}
+
+// labelsArg encodes labels as a JSON object; no labels are "{}", never
+// NULL.
+func labelsArg(labels map[string]string) (string, error) {
+	if len(labels) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(labels)
+	if err != nil {
+		return "", fmt.Errorf("labels: %w", err)
+	}
+	return string(b), nil
+}
