@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -58,8 +59,11 @@ type Config struct {
 	BootstrapListen string
 	MetricsListen   string
 	AgentCertTTL    time.Duration
-	Version         string
-	Log             *slog.Logger
+	// TrustedProxies are the TCP load balancers whose PROXY protocol
+	// header names a connection's source; empty: none.
+	TrustedProxies []netip.Prefix
+	Version        string
+	Log            *slog.Logger
 	// Ready, when set, is called once every listener is bound, with the
 	// address the API is reachable at.
 	Ready func(apiAddr string)
@@ -301,6 +305,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, unwrapOp(err))
 	}
 	defer lis.Close()
+	lis = withTrustedProxies(lis, s.cfg.TrustedProxies)
 	advertise := s.cfg.Advertise
 	if advertise == "" {
 		advertise = lis.Addr().String()
@@ -320,6 +325,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, unwrapOp(err))
 		}
 		defer bootLis.Close()
+		bootLis = withTrustedProxies(bootLis, s.cfg.TrustedProxies)
 		btc, err := s.serverTLS(ca.RoleBootstrap, hostsOf(s.cfg.BootstrapListen, bootLis.Addr().String()))
 		if err != nil {
 			return err
@@ -345,7 +351,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("authority: the audit log is not writable: %w", err)
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
-		"bootstrap_listen", addrOf(bootLis), "metrics_listen", addrOf(metricsLis))
+		"bootstrap_listen", addrOf(bootLis), "metrics_listen", addrOf(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise)
 	}

@@ -35,12 +35,13 @@ const (
 // authorityConfig is DIR/authority.yaml. Unknown keys are refused, so a
 // misspelt setting cannot be silently ignored.
 type authorityConfig struct {
-	Listen          string `yaml:"listen"`
-	Advertise       string `yaml:"advertise"`
-	BootstrapListen string `yaml:"bootstrap_listen"`
-	MetricsListen   string `yaml:"metrics_listen"`
-	Store           string `yaml:"store"`
-	AgentCertTTL    string `yaml:"agent_cert_ttl"`
+	Listen          string   `yaml:"listen"`
+	Advertise       string   `yaml:"advertise"`
+	BootstrapListen string   `yaml:"bootstrap_listen"`
+	MetricsListen   string   `yaml:"metrics_listen"`
+	Store           string   `yaml:"store"`
+	AgentCertTTL    string   `yaml:"agent_cert_ttl"`
+	TrustedProxies  []string `yaml:"trusted_proxies"`
 	Log             struct {
 		Format string `yaml:"format"`
 		Level  string `yaml:"level"`
@@ -73,6 +74,7 @@ type authorityOptions struct {
 	metricsListen   string
 	storeURL        string
 	agentCertTTL    time.Duration
+	trustedProxies  []string
 	logFormat       string
 	logLevel        string
 	ready           func(addr string)
@@ -113,6 +115,9 @@ flags override it.`,
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
 			pick(&o.logFormat, "log-format", cfg.Log.Format)
 			pick(&o.logLevel, "log-level", cfg.Log.Level)
+			if !f.Changed("trusted-proxy") {
+				o.trustedProxies = cfg.TrustedProxies
+			}
 			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
 				return fmt.Errorf("authority: agent certificate ttl %q: %v", ttl, err)
 			}
@@ -129,6 +134,7 @@ flags override it.`,
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	return cmd
 }
 
@@ -186,6 +192,10 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if o.agentCertTTL <= 0 || o.agentCertTTL > maxAgentCertTTL {
 		return fmt.Errorf("authority: agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
 	}
+	proxies, err := authority.ParseTrustedProxies(o.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	dir := datadir.Dir(o.dir)
 	info, err := dir.ReadInfo()
 	if err != nil {
@@ -218,7 +228,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	srv, err := authority.New(authority.Config{
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
-		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL,
+		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		Version: Version, Log: log, Ready: o.ready,
 	}, m)
 	if err != nil {
