@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -98,4 +99,37 @@ func TestReplicasShareOnePostgres(t *testing.T) {
 	if out := mustRun(t, "audit", "verify", "--data", replicas[1].dir, "--authority", again.addr); !strings.Contains(out, "intact") {
 		t.Fatalf("audit verify after the replicas stopped: %s", out)
 	}
+}
+
+// TestLeaderFailover: background jobs (token cleaner, audit checkpoints)
+// run on one replica; killing it moves them to another.
+func TestLeaderFailover(t *testing.T) {
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	a := startAuthority(t, dir, "--store", url)
+	b := startAuthority(t, replicaDir(t, dir), "--store", url)
+	leading := func(p *authorityProc) bool { return strings.Contains(p.Logs(), `"msg":"leading background jobs"`) }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s within 20s\nA:\n%s\nB:\n%s", what, a.Logs(), b.Logs())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor("a leader", func() bool { return leading(a) || leading(b) })
+	leader, follower := a, b
+	if leading(b) {
+		leader, follower = b, a
+	}
+	time.Sleep(3 * time.Second) // a follower polls and stays a follower
+	if leading(follower) {
+		t.Fatal("two replicas lead at once")
+	}
+	leader.cmd.Process.Kill()
+	<-leader.done
+	waitFor("the follower to take the lead", func() bool { return leading(follower) })
 }

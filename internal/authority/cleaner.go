@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/muster-dev/muster/internal/audit"
 )
 
@@ -16,6 +18,35 @@ const (
 	tokenRetention     = 24 * time.Hour
 	tokenCleanInterval = 10 * time.Minute
 )
+
+// leader is a store that elects one replica to run a background job
+// (PostgreSQL, by advisory lock). A store without it belongs to one
+// process, which runs every job.
+type leader interface {
+	RunAsLeader(ctx context.Context, job string, fn func(context.Context) error) error
+}
+
+// lead runs fn while this replica leads job.
+func (s *Server) lead(ctx context.Context, job string, fn func(context.Context) error) error {
+	l, ok := s.store.(leader)
+	if !ok {
+		return fn(ctx)
+	}
+	return l.RunAsLeader(ctx, job, func(ctx context.Context) error {
+		s.log.Info("leading background jobs", "job", job)
+		defer s.log.Info("no longer leading background jobs", "job", job)
+		return fn(ctx)
+	})
+}
+
+// backgroundJobs are the periodic jobs one replica runs for all: audit
+// checkpoints and the token cleaner.
+func (s *Server) backgroundJobs(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.audit.Run(gctx) })
+	g.Go(func() error { return s.cleanTokens(gctx) })
+	return g.Wait()
+}
 
 func (s *Server) cleanTokens(ctx context.Context) error {
 	t := time.NewTicker(tokenCleanInterval)

@@ -370,9 +370,8 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { return s.refusals.Run(gctx) })
-	g.Go(func() error { return s.audit.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
-	g.Go(func() error { return s.cleanTokens(gctx) })
+	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })
 	g.Go(func() error {
 		<-gctx.Done()
 		s.log.Info("authority stopping")
