@@ -30,11 +30,12 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// benchAuthority runs a real authority in-process on loopback TLS and a
-// SQLite store in a temporary directory, with durable writes, and returns
-// a connection that pins its root like an agent.
+// benchAuthority runs real authorities in-process on loopback TLS, one or
+// several replicas on one store, and returns connections that pin the root
+// like an agent.
 type benchAuthority struct {
-	conn  *grpc.ClientConn
+	conn  *grpc.ClientConn   // to the first replica
+	conns []*grpc.ClientConn // one per replica
 	h     *ca.Hierarchy
 	td    string
 	token string
@@ -42,14 +43,24 @@ type benchAuthority struct {
 }
 
 func startBench(b *testing.B) *benchAuthority {
+	return startReplicas(b, nil, 1)
+}
+
+// startReplicas initialises an authority on the store open returns (nil:
+// the embedded SQLite file, durable writes) and runs n replicas of it.
+func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
-	res, err := datadir.Init(ctx, datadir.InitOptions{Dir: datadir.Dir(filepath.Join(b.TempDir(), "a")), Name: "bench", Now: time.Now()})
+	res, err := datadir.Init(ctx, datadir.InitOptions{Dir: datadir.Dir(filepath.Join(b.TempDir(), "a")), Name: "bench",
+		Now: time.Now(), OpenStore: open})
 	if err != nil {
 		b.Fatal(err)
 	}
 	dir := res.Dir
+	if open == nil {
+		open = func(ctx context.Context) (store.Store, error) { return sqlite.Open(ctx, dir.DatabaseFile()) }
+	}
 	h, err := ca.Load(dir.CADir())
 	if err != nil {
 		b.Fatal(err)
@@ -58,41 +69,48 @@ func startBench(b *testing.B) *benchAuthority {
 	if err != nil {
 		b.Fatal(err)
 	}
-	st, err := sqlite.Open(ctx, dir.DatabaseFile())
-	if err != nil {
-		b.Fatal(err)
+	var first store.Store
+	var addrs []string
+	for range n {
+		st, err := open(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if first == nil {
+			first = st
+		}
+		m := NewMetrics("bench")
+		logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ready := make(chan string, 1)
+		srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			Ready: func(addr string) { ready <- addr }}, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Joins from one source would hit the bootstrap rate limit.
+		srv.limiter.rate, srv.limiter.burst = 1e9, 1e9
+		done := make(chan error, 1)
+		rctx, rcancel := context.WithCancel(ctx)
+		go func() { done <- srv.Run(rctx) }()
+		addrs = append(addrs, <-ready)
+		b.Cleanup(func() { rcancel(); <-done; st.Close() })
 	}
-	b.Cleanup(func() { st.Close() })
-	m := NewMetrics("bench")
-	logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
-		Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ready: func(addr string) { ready <- addr }}, m)
-	if err != nil {
-		b.Fatal(err)
-	}
-	// Joins from one source would hit the bootstrap rate limit.
-	srv.limiter.rate, srv.limiter.burst = 1e9, 1e9
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	addr := <-ready
-	b.Cleanup(func() { cancel(); <-done })
 
 	// An unlimited, never-expiring token.
 	tok, _ := jointoken.Generate()
 	sealer, _ := sk.Sealer(seal.InfoToken)
 	ct, nonce, _ := sealer.Seal(tok.Secret(), []byte(tok.ID))
-	if err := st.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
+	if err := first.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
 		CreatedBy: "bench", CreatedAt: time.Now()}); err != nil {
 		b.Fatal(err)
 	}
-	td := res.Info.TrustDomain
-	want, _ := spiffeid.New(td, spiffeid.RoleAuthority, res.Info.AuthorityID)
-	dial := func(id *identity.Identity) *grpc.ClientConn {
+	want, _ := spiffeid.New(res.Info.TrustDomain, spiffeid.RoleAuthority, res.Info.AuthorityID)
+	var next atomic.Int64
+	dialAt := func(addr string, id *identity.Identity) *grpc.ClientConn {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, h.RootPool(), identity.MatchID(want)))))
 		if err != nil {
 			b.Fatal(err)
@@ -100,7 +118,14 @@ func startBench(b *testing.B) *benchAuthority {
 		b.Cleanup(func() { conn.Close() })
 		return conn
 	}
-	return &benchAuthority{conn: dial(nil), h: h, td: td, token: tok.Reveal(), dial: dial}
+	a := &benchAuthority{h: h, td: res.Info.TrustDomain, token: tok.Reveal(),
+		// Renewals go to the replicas in turn, as a load balancer would send them.
+		dial: func(id *identity.Identity) *grpc.ClientConn { return dialAt(addrs[int(next.Add(1))%len(addrs)], id) }}
+	for _, addr := range addrs {
+		a.conns = append(a.conns, dialAt(addr, nil))
+	}
+	a.conn = a.conns[0]
+	return a
 }
 
 func benchCSR(b *testing.B) (*ecdsa.PrivateKey, []byte) {
@@ -143,15 +168,19 @@ func report(b *testing.B, cryptoNs float64) {
 
 // BenchmarkExchangeJoinToken: joins through gRPC over loopback TLS, each
 // with its own node ID and CSR, with parallel clients as a fleet would.
-func BenchmarkExchangeJoinToken(b *testing.B) {
-	a := startBench(b)
+func BenchmarkExchangeJoinToken(b *testing.B) { benchJoins(b, startBench(b)) }
+
+func benchJoins(b *testing.B, a *benchAuthority) {
 	bound := cryptoBound(b, a.h)
 	// CSRs are made by agents, not the authority: prepare them first.
 	csrs := make([][]byte, 256)
 	for i := range csrs {
 		_, csrs[i] = benchCSR(b)
 	}
-	client := musterv1.NewBootstrapServiceClient(a.conn)
+	var clients []musterv1.BootstrapServiceClient
+	for _, c := range a.conns {
+		clients = append(clients, musterv1.NewBootstrapServiceClient(c))
+	}
 	var n atomic.Int64
 	// A fleet joins many machines at once.
 	b.SetParallelism(32)
@@ -159,7 +188,7 @@ func BenchmarkExchangeJoinToken(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
-			if _, err := client.ExchangeJoinToken(context.Background(), &musterv1.ExchangeJoinTokenRequest{
+			if _, err := clients[i%int64(len(clients))].ExchangeJoinToken(context.Background(), &musterv1.ExchangeJoinTokenRequest{
 				JoinToken: a.token, NodeId: fmt.Sprintf("node-%d", i), Csr: csrs[i%int64(len(csrs))]}); err != nil {
 				b.Error(err)
 				return
@@ -174,8 +203,9 @@ func BenchmarkExchangeJoinToken(b *testing.B) {
 // its own instance generation after generation. A renewal presents the
 // newest certificate, so each one opens a new TLS connection, as an agent
 // renewing twice a day does.
-func BenchmarkRenewal(b *testing.B) {
-	a := startBench(b)
+func BenchmarkRenewal(b *testing.B) { benchRenewals(b, startBench(b)) }
+
+func benchRenewals(b *testing.B, a *benchAuthority) {
 	bound := cryptoBound(b, a.h)
 	boot := musterv1.NewBootstrapServiceClient(a.conn)
 	type keyCSR struct {
