@@ -384,7 +384,7 @@ func TestDev(t *testing.T) {
 		}
 	}
 	text := string(buf)
-	for _, want := range []string{"Authority ID:", "Bootstrap PSK:", "status --data", "listening on 127.0.0.1:"} {
+	for _, want := range []string{"Authority ID:", "Bootstrap PSK:", "token create --data", "agent join --data", "listening on 127.0.0.1:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("dev output lacks %q:\n%s", want, text)
 		}

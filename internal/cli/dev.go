@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -43,17 +44,23 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 				return fmt.Errorf("dev: %w", err)
 			}
 			ready := func(addr string) {
-				self := os.Args[0]
+				m, q := devCommand(), shellQuote(dir)
 				fmt.Fprintf(env.Stdout, `
 muster dev: authority %s is listening on %s (metrics on http://%s/metrics)
 
 In another terminal, as the operator in %s:
-  %s status --data %s
-  %s audit list --data %s
-  %s admin add alice --data %s
+  1. Create a join token (it prints a joining URI):
+       %s token create --data %s
+  2. Join a machine with it (here, this one, into ./agent-data):
+       %s agent join --data ./agent-data --node my-node 'URI-FROM-STEP-1'
+  3. Keep its identity renewed:
+       %s agent run --data ./agent-data
+  4. Look at what happened:
+       %s agents list --data %s
+       %s audit list --data %s
 
 Stop with Ctrl-C; the state stays in %s for the next start.
-`, info.AuthorityID, addr, mlisten, d, self, shellQuote(dir), self, shellQuote(dir), self, shellQuote(dir), d)
+`, info.AuthorityID, addr, mlisten, d, m, q, m, m, m, q, m, q, d)
 			}
 			return runAuthority(cmd.Context(), env, authorityOptions{
 				dir: dir, listen: listen, metricsListen: mlisten,
@@ -70,4 +77,15 @@ Stop with Ctrl-C; the state stays in %s for the next start.
 func statErr(path string) error {
 	_, err := os.Stat(path)
 	return err
+}
+
+// devCommand is how the user ran muster: "go run ./cmd/muster" when the
+// binary is go run's temporary build, so the printed commands work as
+// pasted.
+func devCommand() string {
+	self := os.Args[0]
+	if strings.Contains(self, "go-build") {
+		return "go run ./cmd/muster"
+	}
+	return self
 }
