@@ -53,6 +53,7 @@ func (s *Server) cleanTokens(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		s.cleanTokensOnce(ctx)
+		s.expireGracePSKs(ctx)
 		select {
 		case <-ctx.Done():
 			return nil

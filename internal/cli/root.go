@@ -70,6 +70,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newAuditCmd(env),
 		newLockCmd(env),
 		newTokenCmd(env),
+		newPSKCmd(env),
 		newAgentsCmd(env),
 		newAgentCmd(env),
 		newStatusCmd(env),

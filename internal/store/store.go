@@ -143,6 +143,20 @@ type Store interface {
 	InsertPSK(ctx context.Context, p PSK) error
 	// ListPSKs returns every PSK, newest first.
 	ListPSKs(ctx context.Context) ([]PSK, error)
+	// RotatePSK replaces the active PSK fromID with newPSK in one
+	// transaction, by the store clock: the current grace PSK, if any,
+	// becomes revoked; fromID becomes grace until now+grace, or revoked at
+	// once when grace <= 0; newPSK is inserted active (its Status and its
+	// grace and revocation times are ignored; a zero CreatedAt becomes now).
+	// It returns fromID's row as it now stands. ErrConflict, and nothing
+	// written, if fromID is not the active PSK when the transaction runs
+	// (another rotation won: of several rotations from one active PSK,
+	// exactly one succeeds, across processes) or if newPSK's ID exists.
+	RotatePSK(ctx context.Context, fromID string, newPSK PSK, grace time.Duration) (old PSK, err error)
+	// RevokeExpiredGracePSKs revokes every grace PSK whose grace has ended
+	// by the store clock and returns their IDs in ascending order (none is
+	// not an error).
+	RevokeExpiredGracePSKs(ctx context.Context) ([]string, error)
 
 	// InsertOperator records an issued operator certificate; ErrConflict on
 	// a duplicate serial.

@@ -33,6 +33,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 	}{
 		{"Meta", metaCases()},
 		{"PSK", pskCases()},
+		{"PSKRotate", pskRotateCases()},
 		{"Operator", operatorCases()},
 		{"Lock", lockCases()},
 		{"Audit", auditCases()},

@@ -2315,6 +2315,271 @@ func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
 	return file_muster_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
+// BootstrapPSK is one bootstrap pre-shared key.
+type BootstrapPSK struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// psk is the key, muster-psk: followed by 64 hex digits. Empty where a
+	// response only names the key.
+	Psk       string                 `protobuf:"bytes,2,opt,name=psk,proto3" json:"psk,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// grace_expires_at is set while the key is in grace: it is still
+	// accepted until then.
+	GraceExpiresAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=grace_expires_at,json=graceExpiresAt,proto3" json:"grace_expires_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BootstrapPSK) Reset() {
+	*x = BootstrapPSK{}
+	mi := &file_muster_v1_admin_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BootstrapPSK) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BootstrapPSK) ProtoMessage() {}
+
+func (x *BootstrapPSK) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BootstrapPSK.ProtoReflect.Descriptor instead.
+func (*BootstrapPSK) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *BootstrapPSK) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *BootstrapPSK) GetPsk() string {
+	if x != nil {
+		return x.Psk
+	}
+	return ""
+}
+
+func (x *BootstrapPSK) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *BootstrapPSK) GetGraceExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.GraceExpiresAt
+	}
+	return nil
+}
+
+type GetPSKsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPSKsRequest) Reset() {
+	*x = GetPSKsRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPSKsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPSKsRequest) ProtoMessage() {}
+
+func (x *GetPSKsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPSKsRequest.ProtoReflect.Descriptor instead.
+func (*GetPSKsRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{38}
+}
+
+// GetPSKsResponse holds the keys an agent may present now. A grace key
+// whose grace has ended is revoked by this read and not shown.
+type GetPSKsResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Active *BootstrapPSK          `protobuf:"bytes,1,opt,name=active,proto3" json:"active,omitempty"`
+	// grace is unset when no key is in grace.
+	Grace         *BootstrapPSK `protobuf:"bytes,2,opt,name=grace,proto3" json:"grace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetPSKsResponse) Reset() {
+	*x = GetPSKsResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetPSKsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetPSKsResponse) ProtoMessage() {}
+
+func (x *GetPSKsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetPSKsResponse.ProtoReflect.Descriptor instead.
+func (*GetPSKsResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *GetPSKsResponse) GetActive() *BootstrapPSK {
+	if x != nil {
+		return x.Active
+	}
+	return nil
+}
+
+func (x *GetPSKsResponse) GetGrace() *BootstrapPSK {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+type RotatePSKRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// grace: how long the current key stays accepted. Unset means 24h; zero
+	// revokes it at once; at most 30 days.
+	Grace         *durationpb.Duration `protobuf:"bytes,1,opt,name=grace,proto3" json:"grace,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotatePSKRequest) Reset() {
+	*x = RotatePSKRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotatePSKRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotatePSKRequest) ProtoMessage() {}
+
+func (x *RotatePSKRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotatePSKRequest.ProtoReflect.Descriptor instead.
+func (*RotatePSKRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *RotatePSKRequest) GetGrace() *durationpb.Duration {
+	if x != nil {
+		return x.Grace
+	}
+	return nil
+}
+
+type RotatePSKResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// active is the new key, with its value.
+	Active *BootstrapPSK `protobuf:"bytes,1,opt,name=active,proto3" json:"active,omitempty"`
+	// previous is the key it replaced, without its value: in grace until
+	// previous.grace_expires_at, or revoked when that is unset.
+	Previous      *BootstrapPSK `protobuf:"bytes,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotatePSKResponse) Reset() {
+	*x = RotatePSKResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotatePSKResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotatePSKResponse) ProtoMessage() {}
+
+func (x *RotatePSKResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotatePSKResponse.ProtoReflect.Descriptor instead.
+func (*RotatePSKResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *RotatePSKResponse) GetActive() *BootstrapPSK {
+	if x != nil {
+		return x.Active
+	}
+	return nil
+}
+
+func (x *RotatePSKResponse) GetPrevious() *BootstrapPSK {
+	if x != nil {
+		return x.Previous
+	}
+	return nil
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -2511,7 +2776,23 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\fcertificates\x18\x03 \x03(\v2\x1b.muster.v1.AgentCertificateR\fcertificates\"-\n" +
 	"\x12DeleteAgentRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x15\n" +
-	"\x13DeleteAgentResponse2\xf6\b\n" +
+	"\x13DeleteAgentResponse\"\xb1\x01\n" +
+	"\fBootstrapPSK\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03psk\x18\x02 \x01(\tR\x03psk\x129\n" +
+	"\n" +
+	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
+	"\x10grace_expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0egraceExpiresAt\"\x10\n" +
+	"\x0eGetPSKsRequest\"q\n" +
+	"\x0fGetPSKsResponse\x12/\n" +
+	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x12-\n" +
+	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"C\n" +
+	"\x10RotatePSKRequest\x12/\n" +
+	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
+	"\x11RotatePSKResponse\x12/\n" +
+	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\x80\n" +
+	"\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -2529,7 +2810,9 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"ListAgents\x12\x1c.muster.v1.ListAgentsRequest\x1a\x1d.muster.v1.ListAgentsResponse\x12C\n" +
 	"\bGetAgent\x12\x1a.muster.v1.GetAgentRequest\x1a\x1b.muster.v1.GetAgentResponse\x12L\n" +
-	"\vDeleteAgent\x12\x1d.muster.v1.DeleteAgentRequest\x1a\x1e.muster.v1.DeleteAgentResponse\x12F\n" +
+	"\vDeleteAgent\x12\x1d.muster.v1.DeleteAgentRequest\x1a\x1e.muster.v1.DeleteAgentResponse\x12@\n" +
+	"\aGetPSKs\x12\x19.muster.v1.GetPSKsRequest\x1a\x1a.muster.v1.GetPSKsResponse\x12F\n" +
+	"\tRotatePSK\x12\x1b.muster.v1.RotatePSKRequest\x1a\x1c.muster.v1.RotatePSKResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -2545,7 +2828,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
@@ -2584,82 +2867,98 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetAgentResponse)(nil),      // 34: muster.v1.GetAgentResponse
 	(*DeleteAgentRequest)(nil),    // 35: muster.v1.DeleteAgentRequest
 	(*DeleteAgentResponse)(nil),   // 36: muster.v1.DeleteAgentResponse
-	nil,                           // 37: muster.v1.Token.LabelsEntry
-	nil,                           // 38: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 39: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 40: google.protobuf.Duration
+	(*BootstrapPSK)(nil),          // 37: muster.v1.BootstrapPSK
+	(*GetPSKsRequest)(nil),        // 38: muster.v1.GetPSKsRequest
+	(*GetPSKsResponse)(nil),       // 39: muster.v1.GetPSKsResponse
+	(*RotatePSKRequest)(nil),      // 40: muster.v1.RotatePSKRequest
+	(*RotatePSKResponse)(nil),     // 41: muster.v1.RotatePSKResponse
+	nil,                           // 42: muster.v1.Token.LabelsEntry
+	nil,                           // 43: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	39, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	40, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	39, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	39, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	39, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	44, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	45, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	44, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	44, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	39, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	39, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	40, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	44, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	44, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	45, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	39, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	39, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	44, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	44, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	39, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	39, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	39, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
-	40, // 18: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	38, // 19: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	44, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	44, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	44, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	45, // 18: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	43, // 19: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
 	19, // 20: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
 	19, // 21: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
 	19, // 22: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	39, // 23: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	39, // 24: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 25: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	39, // 26: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	39, // 27: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	39, // 28: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	39, // 29: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	39, // 30: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	44, // 23: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	44, // 24: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	44, // 25: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	44, // 26: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	44, // 27: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	44, // 28: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	44, // 29: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	44, // 30: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
 	28, // 31: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
 	28, // 32: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
 	29, // 33: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
 	30, // 34: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	0,  // 35: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 36: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 37: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 38: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 39: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 40: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	20, // 41: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	22, // 42: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	24, // 43: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	26, // 44: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	31, // 45: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	33, // 46: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	35, // 47: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	15, // 48: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 49: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 50: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 51: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 52: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 53: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 54: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 55: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	21, // 56: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	23, // 57: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	25, // 58: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	27, // 59: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	32, // 60: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	34, // 61: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	36, // 62: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	16, // 63: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 64: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	50, // [50:65] is the sub-list for method output_type
-	35, // [35:50] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	44, // 35: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	44, // 36: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 37: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
+	37, // 38: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
+	45, // 39: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	37, // 40: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
+	37, // 41: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
+	0,  // 42: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 43: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 44: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 45: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 46: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 47: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	20, // 48: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	22, // 49: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	24, // 50: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	26, // 51: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	31, // 52: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	33, // 53: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	35, // 54: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	38, // 55: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	40, // 56: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	15, // 57: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 58: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 59: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 60: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 61: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 62: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 63: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 64: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	21, // 65: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	23, // 66: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	25, // 67: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	27, // 68: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	32, // 69: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	34, // 70: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	36, // 71: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	39, // 72: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	41, // 73: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	16, // 74: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 75: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	59, // [59:76] is the sub-list for method output_type
+	42, // [42:59] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -2674,7 +2973,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   39,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,8 @@ const (
 	AdminService_ListAgents_FullMethodName    = "/muster.v1.AdminService/ListAgents"
 	AdminService_GetAgent_FullMethodName      = "/muster.v1.AdminService/GetAgent"
 	AdminService_DeleteAgent_FullMethodName   = "/muster.v1.AdminService/DeleteAgent"
+	AdminService_GetPSKs_FullMethodName       = "/muster.v1.AdminService/GetPSKs"
+	AdminService_RotatePSK_FullMethodName     = "/muster.v1.AdminService/RotatePSK"
 	AdminService_ListAudit_FullMethodName     = "/muster.v1.AdminService/ListAudit"
 	AdminService_VerifyAudit_FullMethodName   = "/muster.v1.AdminService/VerifyAudit"
 )
@@ -61,6 +63,9 @@ type AdminServiceClient interface {
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	GetAgent(ctx context.Context, in *GetAgentRequest, opts ...grpc.CallOption) (*GetAgentResponse, error)
 	DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*DeleteAgentResponse, error)
+	// Bootstrap PSK. Reading it is audited (psk.show) like every other call.
+	GetPSKs(ctx context.Context, in *GetPSKsRequest, opts ...grpc.CallOption) (*GetPSKsResponse, error)
+	RotatePSK(ctx context.Context, in *RotatePSKRequest, opts ...grpc.CallOption) (*RotatePSKResponse, error)
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(ctx context.Context, in *VerifyAuditRequest, opts ...grpc.CallOption) (*VerifyAuditResponse, error)
@@ -204,6 +209,26 @@ func (c *adminServiceClient) DeleteAgent(ctx context.Context, in *DeleteAgentReq
 	return out, nil
 }
 
+func (c *adminServiceClient) GetPSKs(ctx context.Context, in *GetPSKsRequest, opts ...grpc.CallOption) (*GetPSKsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetPSKsResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetPSKs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RotatePSK(ctx context.Context, in *RotatePSKRequest, opts ...grpc.CallOption) (*RotatePSKResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotatePSKResponse)
+	err := c.cc.Invoke(ctx, AdminService_RotatePSK_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListAuditResponse)
@@ -249,6 +274,9 @@ type AdminServiceServer interface {
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	GetAgent(context.Context, *GetAgentRequest) (*GetAgentResponse, error)
 	DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error)
+	// Bootstrap PSK. Reading it is audited (psk.show) like every other call.
+	GetPSKs(context.Context, *GetPSKsRequest) (*GetPSKsResponse, error)
+	RotatePSK(context.Context, *RotatePSKRequest) (*RotatePSKResponse, error)
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(context.Context, *VerifyAuditRequest) (*VerifyAuditResponse, error)
@@ -300,6 +328,12 @@ func (UnimplementedAdminServiceServer) GetAgent(context.Context, *GetAgentReques
 }
 func (UnimplementedAdminServiceServer) DeleteAgent(context.Context, *DeleteAgentRequest) (*DeleteAgentResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteAgent not implemented")
+}
+func (UnimplementedAdminServiceServer) GetPSKs(context.Context, *GetPSKsRequest) (*GetPSKsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPSKs not implemented")
+}
+func (UnimplementedAdminServiceServer) RotatePSK(context.Context, *RotatePSKRequest) (*RotatePSKResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotatePSK not implemented")
 }
 func (UnimplementedAdminServiceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
@@ -562,6 +596,42 @@ func _AdminService_DeleteAgent_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetPSKs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPSKsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetPSKs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetPSKs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetPSKs(ctx, req.(*GetPSKsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RotatePSK_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotatePSKRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RotatePSK(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RotatePSK_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RotatePSK(ctx, req.(*RotatePSKRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListAuditRequest)
 	if err := dec(in); err != nil {
@@ -656,6 +726,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteAgent",
 			Handler:    _AdminService_DeleteAgent_Handler,
+		},
+		{
+			MethodName: "GetPSKs",
+			Handler:    _AdminService_GetPSKs_Handler,
+		},
+		{
+			MethodName: "RotatePSK",
+			Handler:    _AdminService_RotatePSK_Handler,
 		},
 		{
 			MethodName: "ListAudit",

@@ -1,0 +1,202 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/psk"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// The old bootstrap PSK stays accepted for a grace period after a rotation,
+// so agents can be given the new one; a month is long enough for any
+// rollout and short enough that a leaked key does not linger.
+const (
+	defaultPSKGrace = 24 * time.Hour
+	maxPSKGrace     = 30 * 24 * time.Hour
+)
+
+// pskSealer encrypts PSKs at rest, with the row ID as additional data (as
+// datadir.createPSK does). Deriving it is cheap next to a store round trip,
+// so it is not cached.
+func (s *Server) pskSealer() (*seal.Sealer, error) {
+	return s.cfg.StorageKey.Sealer(seal.InfoPSK)
+}
+
+// expireGracePSKs revokes the grace PSKs whose grace has ended by the store
+// clock. The cleaner calls it periodically; GetPSKs calls it before every
+// read, so an ended grace PSK is never shown even between sweeps.
+func (s *Server) expireGracePSKs(ctx context.Context) {
+	if err := s.revokeExpiredGracePSKs(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("revoking expired grace PSKs failed", "err", err)
+	}
+}
+
+// revokeExpiredGracePSKs is expireGracePSKs returning its error. Each
+// revocation is audited as psk.expire by the authority.
+func (s *Server) revokeExpiredGracePSKs(ctx context.Context) error {
+	ids, err := s.store.RevokeExpiredGracePSKs(ctx)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	s.log.Info("revoked bootstrap PSKs whose grace ended", "psk_ids", ids)
+	if _, err := s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "psk.expire",
+		Target: "psk " + strings.Join(ids, ","), Result: audit.ResultOK, Reason: "grace period ended"}); err != nil {
+		s.log.Error("audit write failed", "action", "psk.expire", "err", err)
+	}
+	return nil
+}
+
+// errNoActivePSK: the store holds no active PSK, which muster init always
+// creates; the database was tampered with or restored badly.
+var errNoActivePSK = status.Error(codes.FailedPrecondition, "the authority has no active bootstrap PSK")
+
+// openPSK decrypts a stored PSK. The ID is the additional data, so a
+// ciphertext moved to another row does not decrypt.
+func openPSK(sealer *seal.Sealer, p store.PSK) (psk.PSK, error) {
+	b, err := sealer.Open(p.Ciphertext, p.Nonce, []byte(p.ID))
+	if err != nil {
+		return psk.PSK{}, fmt.Errorf("authority: psk %s: %w", p.ID, err)
+	}
+	return psk.FromBytes(b)
+}
+
+func pskToProto(p store.PSK, key psk.PSK) *musterv1.BootstrapPSK {
+	m := &musterv1.BootstrapPSK{Id: p.ID, CreatedAt: timestamppb.New(p.CreatedAt)}
+	if !key.IsZero() {
+		m.Psk = key.Reveal()
+	}
+	if p.Status == store.PSKGrace {
+		m.GraceExpiresAt = timestamppb.New(p.GraceExpiresAt)
+	}
+	return m
+}
+
+func (a *adminService) GetPSKs(ctx context.Context, _ *musterv1.GetPSKsRequest) (*musterv1.GetPSKsResponse, error) {
+	resp, target, err := a.getPSKs(ctx)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "psk.show", target, err)
+	return resp, err
+}
+
+func (a *adminService) getPSKs(ctx context.Context) (*musterv1.GetPSKsResponse, string, error) {
+	// Lazy revocation: an ended grace is enforced on every read, not only
+	// when the cleaner last ran.
+	if err := a.s.revokeExpiredGracePSKs(ctx); err != nil {
+		return nil, "", err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	ps, err := a.s.store.ListPSKs(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	sealer, err := a.s.pskSealer()
+	if err != nil {
+		return nil, "", err
+	}
+	resp := &musterv1.GetPSKsResponse{}
+	var shown []string
+	for _, p := range ps {
+		var slot **musterv1.BootstrapPSK
+		switch {
+		case p.Status == store.PSKActive:
+			slot = &resp.Active
+		case p.Status == store.PSKGrace && now.Before(p.GraceExpiresAt):
+			// A grace that ended since the sweep above is not shown.
+			slot = &resp.Grace
+		default:
+			continue
+		}
+		key, err := openPSK(sealer, p)
+		if err != nil {
+			return nil, "", err
+		}
+		*slot = pskToProto(p, key)
+		shown = append(shown, p.ID)
+	}
+	target := "psk " + strings.Join(shown, ",")
+	if resp.Active == nil {
+		return nil, target, errNoActivePSK
+	}
+	return resp, target, nil
+}
+
+func (a *adminService) RotatePSK(ctx context.Context, req *musterv1.RotatePSKRequest) (*musterv1.RotatePSKResponse, error) {
+	resp, target, err := a.rotatePSK(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "psk.rotate", target, err)
+	return resp, err
+}
+
+func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKRequest) (*musterv1.RotatePSKResponse, string, error) {
+	grace := defaultPSKGrace
+	if req.Grace != nil {
+		if err := req.Grace.CheckValid(); err != nil {
+			return nil, "", badRequest("grace: " + err.Error())
+		}
+		grace = req.Grace.AsDuration()
+	}
+	switch {
+	case grace < 0:
+		return nil, "", badRequest("grace must not be negative (0 revokes the current PSK at once)")
+	case grace > maxPSKGrace:
+		return nil, "", badRequest(fmt.Sprintf("grace must be at most %s (30 days)", maxPSKGrace))
+	}
+
+	ps, err := a.s.store.ListPSKs(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	var from store.PSK
+	for _, p := range ps {
+		if p.Status == store.PSKActive {
+			from = p
+		}
+	}
+	if from.ID == "" {
+		return nil, "", errNoActivePSK
+	}
+
+	key, err := psk.Generate()
+	if err != nil {
+		return nil, "", err
+	}
+	sealer, err := a.s.pskSealer()
+	if err != nil {
+		return nil, "", err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	next := store.PSK{ID: "psk-" + uuid.NewString(), Status: store.PSKActive, CreatedAt: now}
+	target := fmt.Sprintf("psk %s (replaces %s)", next.ID, from.ID)
+	if next.Ciphertext, next.Nonce, err = sealer.Seal(key.Bytes(), []byte(next.ID)); err != nil {
+		return nil, target, err
+	}
+	old, err := a.s.store.RotatePSK(ctx, from.ID, next, grace)
+	if errors.Is(err, store.ErrConflict) {
+		// The store checked inside its transaction that from was still
+		// active: another rotation got there first.
+		return nil, target, status.Error(codes.Aborted,
+			"the bootstrap PSK was rotated concurrently; run muster psk show and rotate again if needed")
+	}
+	if err != nil {
+		return nil, target, err
+	}
+	return &musterv1.RotatePSKResponse{Active: pskToProto(next, key), Previous: pskToProto(old, psk.PSK{})}, target, nil
+}

@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newPSKCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "psk",
+		Short: "Show and rotate the bootstrap pre-shared key",
+		Long: `The bootstrap PSK is a shared secret an agent will present, besides its
+join method, the first time it joins. muster init creates it. After a
+rotation the previous PSK stays accepted for a grace period (24h by
+default) while the agents are given the new one.`,
+	}
+	cmd.AddCommand(newPSKShowCmd(env), newPSKRotateCmd(env))
+	return cmd
+}
+
+// pskJSON is one PSK as -o json prints it, value included.
+type pskJSON struct {
+	ID             string     `json:"id"`
+	PSK            string     `json:"psk,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	GraceExpiresAt *time.Time `json:"grace_expires_at,omitempty"`
+}
+
+// pskOf converts p; nil stays nil.
+func pskOf(p *musterv1.BootstrapPSK) *pskJSON {
+	if p == nil {
+		return nil
+	}
+	j := &pskJSON{ID: p.GetId(), PSK: p.GetPsk(), CreatedAt: p.GetCreatedAt().AsTime()}
+	if p.GetGraceExpiresAt() != nil {
+		e := p.GetGraceExpiresAt().AsTime()
+		j.GraceExpiresAt = &e
+	}
+	return j
+}
+
+func pskTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func newPSKShowCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "show",
+		Short: "Print the active bootstrap PSK and any PSK in grace",
+		Long: `Print the active bootstrap PSK with its creation time, and the previous
+PSK while it is in grace, with the end of its grace. Reading the PSK is
+audited (psk.show).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			resp, err := callAdmin(cmd, env, &af, "psk show", func(ctx context.Context, c *adminClient) (*musterv1.GetPSKsResponse, error) {
+				return c.GetPSKs(ctx, &musterv1.GetPSKsRequest{})
+			})
+			if err != nil {
+				return err
+			}
+			active, grace := pskOf(resp.GetActive()), pskOf(resp.GetGrace())
+			if out.json() {
+				return writeJSON(env.Stdout, struct {
+					Active *pskJSON `json:"active"`
+					Grace  *pskJSON `json:"grace"`
+				}{active, grace})
+			}
+			printPSKs(env.Stdout, active, grace)
+			return nil
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+func printPSKs(w io.Writer, active, grace *pskJSON) {
+	if active != nil {
+		fmt.Fprintf(w, "Active PSK:  %s\n  ID:        %s\n  Created:   %s\n", active.PSK, active.ID, pskTime(active.CreatedAt))
+	}
+	if grace == nil {
+		fmt.Fprintln(w, "No PSK in grace.")
+		return
+	}
+	fmt.Fprintf(w, "Grace PSK:   %s\n  ID:        %s\n  Created:   %s\n  Until:     %s\n",
+		grace.PSK, grace.ID, pskTime(grace.CreatedAt), pskTime(*grace.GraceExpiresAt))
+}
+
+func newPSKRotateCmd(env *Env) *cobra.Command {
+	var (
+		af    adminFlags
+		out   output
+		grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "rotate",
+		Short: "Make a new bootstrap PSK and put the current one in grace",
+		Long: `Make a new active bootstrap PSK. The current one stays accepted for
+--grace (default 24h, at most 720h); a PSK already in grace is revoked at
+once. --grace 0 revokes the current PSK at once: agents that have not been
+given the new one cannot join until they are.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			resp, err := callAdmin(cmd, env, &af, "psk rotate", func(ctx context.Context, c *adminClient) (*musterv1.RotatePSKResponse, error) {
+				return c.RotatePSK(ctx, &musterv1.RotatePSKRequest{Grace: durationpb.New(grace)})
+			})
+			if err != nil {
+				return err
+			}
+			active, prev := pskOf(resp.GetActive()), pskOf(resp.GetPrevious())
+			if out.json() {
+				return writeJSON(env.Stdout, struct {
+					Active   *pskJSON `json:"active"`
+					Previous *pskJSON `json:"previous"`
+				}{active, prev})
+			}
+			fmt.Fprintf(env.Stdout, "New PSK:      %s\n  ID:         %s\n", active.PSK, active.ID)
+			if prev.GraceExpiresAt == nil {
+				fmt.Fprintf(env.Stdout, "Previous PSK: %s, revoked now\n", prev.ID)
+				fmt.Fprintln(env.Stdout, "\nAgents that have not joined yet need the new PSK in their configuration before they can join.")
+				return nil
+			}
+			fmt.Fprintf(env.Stdout, "Previous PSK: %s, accepted until %s\n", prev.ID, pskTime(*prev.GraceExpiresAt))
+			fmt.Fprintf(env.Stdout, "\nUpdate the agents' bootstrap PSK to the new one before %s: after that the previous PSK is refused.\n",
+				pskTime(*prev.GraceExpiresAt))
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long the current PSK stays accepted; 0 = revoke it now")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
