@@ -15,6 +15,7 @@ import (
 
 	pkcs12 "software.sslmate.com/src/go-pkcs12"
 
+	"github.com/muster-dev/muster/internal/atomicfile"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 )
@@ -56,7 +57,7 @@ func (d Dir) removePendingKey() error {
 	if err := os.Remove(d.PendingKeyFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("agent: %w", err)
 	}
-	return syncDir(d.path("keys"))
+	return atomicfile.SyncDir(d.path("keys"))
 }
 
 // LoadIdentity reads the certificate, its key and the pinned roots. It
@@ -208,7 +209,7 @@ func (d Dir) removeCertFiles() {
 	for _, p := range d.certFiles() {
 		os.Remove(p)
 	}
-	syncDir(d.path("certs"))
+	atomicfile.SyncDir(d.path("certs"))
 }
 
 // file is one file of a multi-file write.
@@ -247,7 +248,7 @@ func writeFiles(files ...file) error {
 		dirs[filepath.Dir(f.path)] = true
 	}
 	for dir := range dirs {
-		if err := syncDir(dir); err != nil {
+		if err := atomicfile.SyncDir(dir); err != nil {
 			return fmt.Errorf("agent: %w", err)
 		}
 	}
@@ -279,15 +280,6 @@ func writeTemp(f file) (string, error) {
 		return "", err
 	}
 	return name, nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 func samePublicKey(a, b crypto.PublicKey) bool {

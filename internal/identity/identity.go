@@ -16,9 +16,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 
+	"github.com/muster-dev/muster/internal/atomicfile"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
@@ -142,47 +142,10 @@ func (id *Identity) Save(path string, overwrite bool) error {
 	return WriteFileAtomic(path, data, 0o600)
 }
 
-// WriteFileAtomic writes data to a temporary file beside path, syncs it,
-// renames it over path and syncs the directory, so a crash leaves either the
-// old file or the new one, never a torn one.
+// WriteFileAtomic writes data so that readers see the old file or the new
+// one, never a mix (see package atomicfile).
 func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			os.Remove(tmp)
-		}
-	}()
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	ok = true
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.Write(path, data, perm)
 }
 
 // TLSCertificate returns the identity as a tls.Certificate.

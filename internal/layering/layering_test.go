@@ -12,7 +12,7 @@ import (
 
 // domain packages, and the identity helpers they build on.
 var domain = []string{
-	"audit", "ca", "enroll", "identity", "jointoken", "joinuri", "psk", "seal", "spiffeid", "store",
+	"atomicfile", "audit", "ca", "enroll", "identity", "jointoken", "joinuri", "psk", "seal", "spiffeid", "store",
 	"trustbundle",
 }
 

@@ -19,9 +19,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/muster-dev/muster/internal/atomicfile"
 )
 
 // HKDF info strings, one per purpose. Changing one makes every secret
@@ -156,7 +157,7 @@ func (k StorageKey) WriteFile(path string) error {
 	if err := os.Link(tmp.Name(), path); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return atomicfile.SyncDir(filepath.Dir(path))
 }
 
 // LoadStorageKey reads a key file written by WriteFile. It refuses a file
@@ -180,16 +181,4 @@ func LoadStorageKey(path string) (StorageKey, error) {
 	var k StorageKey
 	copy(k[:], raw)
 	return k, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, fs.ErrInvalid) {
-		return err
-	}
-	return nil
 }
