@@ -189,7 +189,10 @@ func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv
 	if certs, err := ca.ParseCertsPEM(inst.LastChainPEM); err == nil {
 		p.NotAfter = timestamppb.New(certs[0].NotAfter)
 	}
-	for _, k := range [][2]string{{store.LockNode, n.ID}, {store.LockInstance, inst.ID}} {
+	for _, k := range [][2]string{{store.LockNode, n.ID}, {store.LockInstance, inst.ID}, {store.LockToken, inst.TokenID}} {
+		if k[1] == "" {
+			continue
+		}
 		l, err := a.s.store.FindLock(ctx, k[0], k[1])
 		if err == nil {
 			p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
