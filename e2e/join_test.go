@@ -411,8 +411,10 @@ func TestNodeLifecycle(t *testing.T) {
 	op, _ := identity.Load(filepath.Join(e.dir, "operator.pem"))
 	_, err = e.renew(t, op, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "agent")
-	_, err = e.renew(t, nil, must2(newCSR(t)))
-	wantCode(t, err, codes.Unauthenticated, "")
+	// Without a certificate RequestCertificate is a PSK bootstrap, not a
+	// renewal: without the PSK it is refused as such.
+	_, err = e.renew(t, nil, must2(nodeCSR(t, "n9")))
+	wantCode(t, err, codes.PermissionDenied, "bootstrap PSK is missing")
 }
 
 func TestBootstrapRateLimit(t *testing.T) {

@@ -111,6 +111,9 @@ type Config struct {
 	// Token is a join token (ID.SECRET), kept only until the join
 	// succeeds.
 	Token string `yaml:"token,omitempty"`
+	// PSK is the bootstrap PSK (muster-psk:HEX), kept only until the join
+	// succeeds.
+	PSK string `yaml:"psk,omitempty"`
 }
 
 // ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown

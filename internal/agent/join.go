@@ -14,18 +14,27 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/psk"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// JoinMethodToken is the join method of a join token.
-const JoinMethodToken = "token"
+// Join methods, as state.json and agent.yaml name them.
+const (
+	JoinMethodToken = "token"
+	JoinMethodPSK   = "psk"
+)
 
-// JoinRequest is everything a join with a token needs.
+// JoinRequest is everything a join needs: a join token, or the bootstrap
+// PSK (which needs CAFingerprint).
 type JoinRequest struct {
 	Token jointoken.Token
-	Node  string
+	PSK   psk.PSK
+	// AuthorityID, if set, must be the authority ID a PSK join finds in
+	// the authority's certificate.
+	AuthorityID string
+	Node        string
 	// Authority is HOST:PORT.
 	Authority string
 	// CAFingerprint, if set, must match a root of the trust bundle.
@@ -35,9 +44,22 @@ type JoinRequest struct {
 	Force bool
 }
 
+// method is the join method of r.
+func (r JoinRequest) method() string {
+	if r.Token.ID == "" && !r.PSK.IsZero() {
+		return JoinMethodPSK
+	}
+	return JoinMethodToken
+}
+
 func (r JoinRequest) check() error {
-	if r.Token.ID == "" {
-		return errors.New("no join token")
+	switch {
+	case r.Token.ID != "" && !r.PSK.IsZero():
+		return errors.New("give a join token or a bootstrap PSK, not both")
+	case r.Token.ID == "" && r.PSK.IsZero():
+		return errors.New("no join token or bootstrap PSK")
+	case !r.PSK.IsZero() && r.CAFingerprint == "":
+		return errors.New("a bootstrap PSK join needs the CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, or a muster+psk:// URI): the PSK is sent only to an authority whose root has that key")
 	}
 	if err := spiffeid.ValidNodeID(r.Node); err != nil {
 		return fmt.Errorf("node ID: %w", err)
@@ -100,24 +122,26 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if err != nil {
 		return nil, err
 	}
-	bundle, err := a.trust(ctx, r)
+	var j *joinResult
+	if r.method() == JoinMethodPSK {
+		j, err = a.joinPSK(ctx, r, key)
+	} else {
+		j, err = a.joinToken(ctx, r, key)
+	}
 	if err != nil {
 		return nil, err
 	}
-	chain, resp, err := a.exchange(ctx, r, bundle, key)
-	if err != nil {
-		return nil, err
-	}
+	chain := j.chain
 
 	now := a.now()
-	id := &identity.Identity{Chain: chain, Key: key, Roots: bundle.RootCerts}
+	id := &identity.Identity{Chain: chain, Key: key, Roots: j.roots}
 	if err := a.dir.writeIdentity(id, true); err != nil {
 		return nil, err
 	}
 	st := &State{
-		NodeID: r.Node, InstanceID: resp.GetInstanceId(), AuthorityID: bundle.AuthorityID,
-		TrustDomain: bundle.TrustDomain, Authority: renewalAddress(bundle.Endpoints, r.Authority), Generation: resp.GetGeneration(),
-		JoinMethod: JoinMethodToken, JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
+		NodeID: r.Node, InstanceID: j.instanceID, AuthorityID: j.authorityID,
+		TrustDomain: j.trustDomain, Authority: j.renewal, Generation: j.generation,
+		JoinMethod: r.method(), JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
 		Serial: serialOf(chain[0]),
 	}
 	if err := a.dir.writeState(st); err != nil {
@@ -132,13 +156,38 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if cerr != nil {
 		cfg = Config{}
 	}
-	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token = r.Authority, r.Node, JoinMethodToken, ""
-	cfg.CAFingerprint = pinOf(bundle.RootCerts, r.CAFingerprint)
+	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token, cfg.PSK = r.Authority, r.Node, r.method(), "", ""
+	cfg.CAFingerprint = pinOf(j.roots, r.CAFingerprint)
 	if err := a.dir.WriteConfig(cfg); err != nil {
 		// The identity is in place: say so rather than fail the join.
-		a.log.Warn("joined, but agent.yaml could not be updated; remove any token from it by hand", "err", err)
+		a.log.Warn("joined, but agent.yaml could not be updated; remove any token or PSK from it by hand", "err", err)
 	}
 	return st, nil
+}
+
+// joinResult is what a join method's exchange established.
+type joinResult struct {
+	chain                    []*x509.Certificate // without the root
+	roots                    []*x509.Certificate // the pinned roots
+	authorityID, trustDomain string
+	instanceID               string
+	generation               int64
+	// renewal is the address renewals go to.
+	renewal string
+}
+
+func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
+	bundle, err := a.trust(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	chain, resp, err := a.exchange(ctx, r, bundle, key)
+	if err != nil {
+		return nil, err
+	}
+	return &joinResult{chain: chain, roots: bundle.RootCerts, authorityID: bundle.AuthorityID, trustDomain: bundle.TrustDomain,
+		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
+		renewal: renewalAddress(bundle.Endpoints, r.Authority)}, nil
 }
 
 // pinOf is the fingerprint to record: the one given, else the first root's.
@@ -178,6 +227,9 @@ func (a *Agent) trust(ctx context.Context, r JoinRequest) (*trustbundle.Verified
 	if err != nil {
 		return nil, &refusal{codes.NotFound, fmt.Errorf("%w (the trust bundle from %s is not signed with this token, or %s is not the authority; the secret was not sent)",
 			ErrTrustBundle, r.Authority, r.Authority)}
+	}
+	if r.AuthorityID != "" && v.AuthorityID != r.AuthorityID {
+		return nil, fmt.Errorf("the trust bundle from %s names authority %s, want %s; the secret was not sent", r.Authority, v.AuthorityID, r.AuthorityID)
 	}
 	if r.CAFingerprint != "" {
 		pinned := false

@@ -72,7 +72,7 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			return &OpError{Op: "join", Err: err}
 		}
 		req.Force = false
-		a.log.Info("no identity yet: joining", "node", req.Node, "authority", req.Authority, "token_id", req.Token.ID)
+		a.log.Info("no identity yet: joining", "node", req.Node, "authority", req.Authority, "join_method", req.method(), "token_id", req.Token.ID)
 		if err := a.retry(ctx, "join", time.Time{}, func() error {
 			_, err := a.Join(ctx, req)
 			return err

@@ -10,6 +10,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/joinuri"
+	"github.com/muster-dev/muster/internal/psk"
 )
 
 // Environment variables of the agent (DESIGN.md "Command-line contract").
@@ -20,26 +21,33 @@ const (
 	EnvNodeID        = "MUSTER_NODE_ID"
 	EnvAuthority     = "MUSTER_AUTHORITY"
 	EnvCAFingerprint = "MUSTER_CA_FINGERPRINT"
+	EnvBootstrapPSK  = "MUSTER_BOOTSTRAP_PSK"
+	EnvAuthorityID   = "MUSTER_AUTHORITY_ID"
 )
 
 // Token sources, as ResolveJoin names them.
 const (
 	SourceTokenFlag = "--token"
 	SourceTokenFile = "--token-file"
+	SourcePSKFlag   = "--psk"
+	SourcePSKFile   = "--psk-file"
+	SourceEnvPSK    = EnvBootstrapPSK
 	SourceURIArg    = "joining URI argument"
 	SourceEnvToken  = EnvJoinToken
 	SourceEnvURI    = EnvJoinURI
 	SourceConfig    = "agent.yaml"
 )
 
-// maxTokenFile bounds a token file: a token is 23 bytes.
+// maxTokenFile bounds a token or PSK file: a token is 23 bytes, a PSK 75.
 const maxTokenFile = 4 << 10
 
 // JoinInputs are every place a join's parameters can come from.
 type JoinInputs struct {
 	// The command line: flags, and a joining URI argument.
 	Token, TokenFile, URI          string
+	PSK, PSKFile                   string
 	Node, Authority, CAFingerprint string
+	AuthorityID                    string
 	// Getenv reads the MUSTER_* variables; nil reads none.
 	Getenv func(string) string
 	// Stdin is read for --token-file -.
@@ -59,15 +67,19 @@ type ResolvedJoin struct {
 // layer is one level of precedence: every value it gives beats the layers
 // after it.
 type layer struct {
-	token, source, node, authority, fingerprint string
+	// secret is a join token or (method psk) a bootstrap PSK.
+	secret, method, source                    string
+	node, authority, fingerprint, authorityID string
 }
 
 // ResolveJoin picks each parameter from the first layer that gives it: the
 // command line (flags before the joining URI), then the environment
-// (MUSTER_JOIN_TOKEN, MUSTER_NODE_ID, MUSTER_AUTHORITY,
-// MUSTER_CA_FINGERPRINT before MUSTER_JOIN_URI), then agent.yaml. At most
-// one of --token, --token-file and a URI argument may be given. Errors
-// never quote a secret.
+// (MUSTER_JOIN_TOKEN or MUSTER_BOOTSTRAP_PSK, MUSTER_NODE_ID,
+// MUSTER_AUTHORITY, MUSTER_AUTHORITY_ID, MUSTER_CA_FINGERPRINT before
+// MUSTER_JOIN_URI), then agent.yaml. The secret, a join token or the
+// bootstrap PSK, comes whole from the first layer that gives one. At most
+// one of --token, --token-file, --psk, --psk-file and a URI argument may be
+// given. Errors never quote a secret.
 func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	var res ResolvedJoin
 	getenv := in.Getenv
@@ -76,26 +88,35 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	}
 
 	// The command line.
-	cli := layer{node: in.Node, authority: in.Authority, fingerprint: in.CAFingerprint}
+	cli := layer{node: in.Node, authority: in.Authority, fingerprint: in.CAFingerprint, authorityID: in.AuthorityID}
 	n := 0
-	for _, s := range []string{in.Token, in.TokenFile, in.URI} {
+	for _, s := range []string{in.Token, in.TokenFile, in.PSK, in.PSKFile, in.URI} {
 		if s != "" {
 			n++
 		}
 	}
 	if n > 1 {
-		return res, errors.New("give only one of --token, --token-file and a joining URI")
+		return res, errors.New("give only one of --token, --token-file, --psk, --psk-file and a joining URI")
 	}
 	switch {
 	case in.Token != "":
-		cli.token, cli.source = in.Token, SourceTokenFlag
+		cli.secret, cli.method, cli.source = in.Token, JoinMethodToken, SourceTokenFlag
 		res.Warnings = append(res.Warnings, "--token is visible to other users of this machine; prefer --token-file or MUSTER_JOIN_TOKEN")
 	case in.TokenFile != "":
-		tok, err := readTokenFile(in.TokenFile, in.Stdin)
+		tok, err := readSecretFile(SourceTokenFile, in.TokenFile, in.Stdin)
 		if err != nil {
 			return res, err
 		}
-		cli.token, cli.source = tok, SourceTokenFile
+		cli.secret, cli.method, cli.source = tok, JoinMethodToken, SourceTokenFile
+	case in.PSK != "":
+		cli.secret, cli.method, cli.source = in.PSK, JoinMethodPSK, SourcePSKFlag
+		res.Warnings = append(res.Warnings, "--psk is visible to other users of this machine; prefer --psk-file or MUSTER_BOOTSTRAP_PSK")
+	case in.PSKFile != "":
+		p, err := readSecretFile(SourcePSKFile, in.PSKFile, in.Stdin)
+		if err != nil {
+			return res, err
+		}
+		cli.secret, cli.method, cli.source = p, JoinMethodPSK, SourcePSKFile
 	case in.URI != "":
 		res.Warnings = append(res.Warnings, "a joining URI on the command line is visible to other users of this machine; prefer MUSTER_JOIN_URI")
 		if err := fromURI(&cli, in.URI, SourceURIArg); err != nil {
@@ -104,23 +125,36 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	}
 
 	// The environment.
-	env := layer{node: getenv(EnvNodeID), authority: getenv(EnvAuthority), fingerprint: getenv(EnvCAFingerprint)}
+	env := layer{node: getenv(EnvNodeID), authority: getenv(EnvAuthority), fingerprint: getenv(EnvCAFingerprint),
+		authorityID: getenv(EnvAuthorityID)}
 	if u := getenv(EnvJoinURI); u != "" {
 		if err := fromURI(&env, u, SourceEnvURI); err != nil {
 			return res, fmt.Errorf("%s: %w", EnvJoinURI, err)
 		}
 	}
-	if t := getenv(EnvJoinToken); t != "" {
-		env.token, env.source = t, SourceEnvToken
+	envToken, envPSK := getenv(EnvJoinToken), getenv(EnvBootstrapPSK)
+	switch {
+	case envToken != "" && envPSK != "":
+		return res, fmt.Errorf("set only one of %s and %s", EnvJoinToken, EnvBootstrapPSK)
+	case envToken != "":
+		env.secret, env.method, env.source = envToken, JoinMethodToken, SourceEnvToken
+	case envPSK != "":
+		env.secret, env.method, env.source = envPSK, JoinMethodPSK, SourceEnvPSK
 	}
 
 	// agent.yaml.
-	if m := in.Config.JoinMethod; m != "" && m != JoinMethodToken {
-		return res, fmt.Errorf("agent.yaml: join method %q is not supported by this agent yet: use a join token", m)
+	if m := in.Config.JoinMethod; m != "" && m != JoinMethodToken && m != JoinMethodPSK {
+		return res, fmt.Errorf("agent.yaml: join method %q is not supported by this agent yet: use a join token or the bootstrap PSK", m)
 	}
-	file := layer{token: in.Config.Token, node: in.Config.Node, authority: in.Config.Authority, fingerprint: in.Config.CAFingerprint}
-	if file.token != "" {
-		file.source = SourceConfig
+	if in.Config.Token != "" && in.Config.PSK != "" {
+		return res, errors.New("agent.yaml: give token or psk, not both")
+	}
+	file := layer{node: in.Config.Node, authority: in.Config.Authority, fingerprint: in.Config.CAFingerprint}
+	switch {
+	case in.Config.Token != "":
+		file.secret, file.method, file.source = in.Config.Token, JoinMethodToken, SourceConfig
+	case in.Config.PSK != "":
+		file.secret, file.method, file.source = in.Config.PSK, JoinMethodPSK, SourceConfig
 	}
 
 	layers := []layer{cli, env, file}
@@ -132,22 +166,34 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		}
 		return ""
 	}
-	var tok string
+	var secret, method string
 	for _, l := range layers {
-		if l.token != "" {
-			tok, res.TokenSource = l.token, l.source
+		if l.secret != "" {
+			secret, method, res.TokenSource = l.secret, l.method, l.source
 			break
 		}
 	}
-	if tok == "" {
-		return res, errors.New("no join token: give --token-file FILE, MUSTER_JOIN_TOKEN, a joining URI, or token in agent.yaml")
+	if secret == "" {
+		return res, errors.New("no join token or bootstrap PSK: give --token-file FILE, --psk-file FILE, MUSTER_JOIN_TOKEN, MUSTER_BOOTSTRAP_PSK, a joining URI, or token or psk in agent.yaml")
 	}
-	t, err := jointoken.Parse(strings.TrimSpace(tok))
-	if err != nil {
-		return res, fmt.Errorf("%s: %w", res.TokenSource, err)
+	switch method {
+	case JoinMethodPSK:
+		p, err := psk.Parse(strings.TrimSpace(secret))
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", res.TokenSource, err)
+		}
+		res.Request.PSK = p
+	default:
+		t, err := jointoken.Parse(strings.TrimSpace(secret))
+		if err != nil {
+			return res, fmt.Errorf("%s: %w", res.TokenSource, err)
+		}
+		res.Request.Token = t
 	}
 	res.Request = JoinRequest{
-		Token:         t,
+		Token:         res.Request.Token,
+		PSK:           res.Request.PSK,
+		AuthorityID:   pick(func(l layer) string { return l.authorityID }),
 		Node:          pick(func(l layer) string { return l.node }),
 		Authority:     pick(func(l layer) string { return l.authority }),
 		CAFingerprint: pick(func(l layer) string { return l.fingerprint }),
@@ -164,6 +210,8 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 			return res, err
 		}
 		res.Request.CAFingerprint = canon
+	} else if method == JoinMethodPSK {
+		return res, errors.New("a bootstrap PSK join needs the CA fingerprint: give --ca-fingerprint sha256:… (or MUSTER_CA_FINGERPRINT, a muster+psk:// URI, ca_fingerprint in agent.yaml)")
 	}
 	return res, nil
 }
@@ -175,44 +223,50 @@ func fromURI(l *layer, s, source string) error {
 	if err != nil {
 		return err
 	}
-	if u.Method != joinuri.MethodToken {
-		return fmt.Errorf("join method %s is not supported by this agent yet: use a join token", u.Method)
-	}
 	if u.AuthorityID != "" {
 		return errors.New("joining through discovery (authority_id=) is not supported by this agent yet: use the authority's address")
 	}
-	l.token, l.source = u.Token.Reveal(), source
+	switch u.Method {
+	case joinuri.MethodToken:
+		l.secret, l.method = u.Token.Reveal(), JoinMethodToken
+	case joinuri.MethodPSK:
+		l.secret, l.method = u.PSK.Reveal(), JoinMethodPSK
+	default:
+		return fmt.Errorf("join method %s is not supported by this agent yet: use a join token or the bootstrap PSK", u.Method)
+	}
+	l.source = source
 	l.node = firstNonEmpty(l.node, u.Node)
 	l.authority = firstNonEmpty(l.authority, u.Address)
 	l.fingerprint = firstNonEmpty(l.fingerprint, u.Fingerprint)
 	return nil
 }
 
-func readTokenFile(path string, stdin io.Reader) (string, error) {
+// readSecretFile reads a token or PSK from the file of flag (- is stdin).
+func readSecretFile(flag, path string, stdin io.Reader) (string, error) {
 	var r io.Reader
 	if path == "-" {
 		if stdin == nil {
-			return "", errors.New("--token-file -: no standard input")
+			return "", fmt.Errorf("%s -: no standard input", flag)
 		}
 		r = stdin
 	} else {
 		f, err := os.Open(path)
 		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
+			return "", fmt.Errorf("%s: %w", flag, err)
 		}
 		defer f.Close()
 		r = f
 	}
 	data, err := io.ReadAll(io.LimitReader(r, maxTokenFile+1))
 	if err != nil {
-		return "", fmt.Errorf("--token-file: %w", err)
+		return "", fmt.Errorf("%s: %w", flag, err)
 	}
 	if len(data) > maxTokenFile {
-		return "", fmt.Errorf("--token-file %s: larger than a join token", path)
+		return "", fmt.Errorf("%s %s: larger than a join token or PSK", flag, path)
 	}
 	tok := strings.TrimSpace(string(data))
 	if tok == "" {
-		return "", fmt.Errorf("--token-file %s is empty", path)
+		return "", fmt.Errorf("%s %s is empty", flag, path)
 	}
 	return tok, nil
 }

@@ -68,7 +68,7 @@ func TestResolveJoin(t *testing.T) {
 		{"no node", JoinInputs{Token: flagTok, Authority: "h:1"}, want{}, "no node ID"},
 		{"no authority", JoinInputs{Token: flagTok, Node: "n"}, want{}, "no authority address"},
 		{"malformed token", JoinInputs{Token: "nope.secretsecretsecret", Node: "n", Authority: "h:1"}, want{}, "malformed"},
-		{"PSK URI", JoinInputs{URI: "muster+psk://" + strings.Repeat("a", 64) + "@h:1?fingerprint=" + fpE}, want{}, "not supported"},
+		{"PSK URI without a node", JoinInputs{URI: "muster+psk://" + strings.Repeat("a", 64) + "@h:1?fingerprint=" + fpE}, want{}, "no node ID"},
 		{"bad env URI", JoinInputs{Getenv: env(EnvJoinURI, "https://x")}, want{}, EnvJoinURI},
 		{"empty token file", JoinInputs{TokenFile: "-", Stdin: strings.NewReader("\n")}, want{}, "empty"},
 	}
@@ -93,6 +93,63 @@ func TestResolveJoin(t *testing.T) {
 				res.Request.CAFingerprint, len(res.Warnings) > 0}
 			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(want{})); diff != "" {
 				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestResolveJoinPSK(t *testing.T) {
+	const fp = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	pskA := "muster-psk:" + strings.Repeat("a", 64)
+	pskB := "muster-psk:" + strings.Repeat("b", 64)
+	pskFile := filepath.Join(t.TempDir(), "psk")
+	os.WriteFile(pskFile, []byte(pskB+"\n"), 0o600)
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	tests := []struct {
+		name        string
+		in          JoinInputs
+		psk, source string
+		authorityID string
+		err         string
+	}{
+		{name: "flag", in: JoinInputs{PSK: pskA, Node: "n", Authority: "h:1", CAFingerprint: fp}, psk: pskA, source: SourcePSKFlag},
+		{name: "file", in: JoinInputs{PSKFile: pskFile, Node: "n", Authority: "h:1", CAFingerprint: fp}, psk: pskB, source: SourcePSKFile},
+		{name: "environment alone", in: JoinInputs{Getenv: env(EnvBootstrapPSK, pskA, EnvNodeID, "n", EnvAuthority, "h:1",
+			EnvCAFingerprint, fp, EnvAuthorityID, "prod-abcdef")}, psk: pskA, source: SourceEnvPSK, authorityID: "prod-abcdef"},
+		{name: "URI", in: JoinInputs{URI: "muster+psk://" + strings.Repeat("a", 64) + "@h:1?fingerprint=" + fp, Node: "n"}, psk: pskA, source: SourceURIArg},
+		{name: "flag beats the environment's token", in: JoinInputs{PSK: pskA, Node: "n", Authority: "h:1", CAFingerprint: fp,
+			Getenv: env(EnvJoinToken, "aaaaaa.aaaaaaaaaaaaaaaa")}, psk: pskA, source: SourcePSKFlag},
+		{name: "agent.yaml", in: JoinInputs{Config: Config{PSK: pskB, Node: "n", Authority: "h:1", CAFingerprint: fp, JoinMethod: JoinMethodPSK}},
+			psk: pskB, source: SourceConfig},
+		{name: "no fingerprint", in: JoinInputs{PSK: pskA, Node: "n", Authority: "h:1"}, err: "needs the CA fingerprint"},
+		{name: "malformed", in: JoinInputs{PSK: "muster-psk:nope", Node: "n", Authority: "h:1", CAFingerprint: fp}, err: "malformed"},
+		{name: "token and PSK flags", in: JoinInputs{PSK: pskA, Token: "aaaaaa.aaaaaaaaaaaaaaaa"}, err: "only one"},
+		{name: "token and PSK variables", in: JoinInputs{Getenv: env(EnvBootstrapPSK, pskA, EnvJoinToken, "aaaaaa.aaaaaaaaaaaaaaaa")}, err: "only one"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := ResolveJoin(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tt.err)
+				}
+				if err != nil && strings.Contains(err.Error(), strings.Repeat("a", 64)) {
+					t.Fatalf("error quotes the PSK: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Request.PSK.Reveal() != tt.psk || res.TokenSource != tt.source || res.Request.Token.ID != "" ||
+				res.Request.AuthorityID != tt.authorityID || res.Request.method() != JoinMethodPSK {
+				t.Fatalf("got PSK from %s, authority ID %q, method %s", res.TokenSource, res.Request.AuthorityID, res.Request.method())
 			}
 		})
 	}

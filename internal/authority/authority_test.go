@@ -134,3 +134,22 @@ func TestCleanerDeletesLongExpiredTokens(t *testing.T) {
 		t.Fatalf("an empty cleanup was audited")
 	}
 }
+
+// TestCertificateServiceAccess: on the main listener CertificateService
+// takes agents (renewal) and callers without a certificate (PSK
+// bootstrap); on the bootstrap listener only the latter.
+func TestCertificateServiceAccess(t *testing.T) {
+	const svc = "muster.v1.CertificateService"
+	if got := accessFor(svc, false); got != accessAgentOrAnonymous {
+		t.Errorf("main listener: access %d, want agent or anonymous", got)
+	}
+	if got := accessFor(svc, true); got != accessAnonymous {
+		t.Errorf("bootstrap listener: access %d, want anonymous only", got)
+	}
+	if got := accessFor("muster.v1.AdminService", true); got != accessAdmin {
+		t.Errorf("admin service on the bootstrap listener: access %d (it is not registered there, and its rule must not loosen)", got)
+	}
+	if got := accessFor("muster.v1.NoSuchService", false); got != 0 {
+		t.Errorf("unlisted service: access %d, want none", got)
+	}
+}

@@ -57,15 +57,38 @@ const (
 	accessPublic access = iota + 1
 	accessAdmin
 	accessAgent
+	// accessAgentOrAnonymous: a caller without a client certificate is
+	// let through (the handler treats it as a bootstrap, proved by what it
+	// sends); one with a certificate must pass the agent rule.
+	accessAgentOrAnonymous
+	// accessAnonymous: only callers without a client certificate; one
+	// with a certificate is refused (PERMISSION_DENIED).
+	accessAnonymous
 )
 
 var serviceAccess = map[string]access{
 	"muster.v1.AdminService":                   accessAdmin,
 	"muster.v1.BootstrapService":               accessPublic,
-	"muster.v1.CertificateService":             accessAgent,
+	"muster.v1.CertificateService":             accessAgentOrAnonymous,
 	"grpc.health.v1.Health":                    accessPublic,
 	"grpc.reflection.v1.ServerReflection":      accessPublic,
 	"grpc.reflection.v1alpha.ServerReflection": accessPublic,
+}
+
+// bootstrapAccess overrides serviceAccess on the bootstrap-only listener,
+// which serves the unauthenticated RPCs alone: there CertificateService
+// takes PSK bootstraps only, and renewals go to the main listener.
+var bootstrapAccess = map[string]access{
+	"muster.v1.CertificateService": accessAnonymous,
+}
+
+// accessFor is the rule of service on the main or the bootstrap listener;
+// zero (refused) for a service without one.
+func accessFor(service string, bootstrapListener bool) access {
+	if r, ok := bootstrapAccess[service]; ok && bootstrapListener {
+		return r
+	}
+	return serviceAccess[service]
 }
 
 func serviceOf(fullMethod string) (service, method string) {
@@ -79,7 +102,7 @@ func serviceOf(fullMethod string) (service, method string) {
 // authorize is the one place that reads a caller's role. It returns the
 // caller for the handler, or a status error: UNAUTHENTICATED without a
 // certificate, PERMISSION_DENIED with the wrong one or a locked identity.
-func (s *Server) authorize(ctx context.Context, fullMethod string) (Caller, error) {
+func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapListener bool) (Caller, error) {
 	c := Caller{Source: sourceOf(ctx), CorrelationID: correlationID(ctx)}
 	chain := verifiedChain(ctx)
 	if chain != nil {
@@ -89,9 +112,20 @@ func (s *Server) authorize(ctx context.Context, fullMethod string) (Caller, erro
 		}
 	}
 	service, _ := serviceOf(fullMethod)
-	switch serviceAccess[service] {
+	switch accessFor(service, bootstrapListener) {
 	case accessPublic:
 		return c, nil
+	case accessAgentOrAnonymous:
+		if chain == nil {
+			return c, nil
+		}
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
+	case accessAnonymous:
+		if chain == nil {
+			return c, nil
+		}
+		return c, s.deny(ctx, c, fullMethod, codes.PermissionDenied,
+			"this listener serves bootstraps only; renew at the authority's main address")
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
 	case accessAgent:
@@ -123,6 +157,11 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 			return status.Error(codes.Unavailable, "cannot check locks")
 		}
 	}
+	return s.deny(ctx, c, fullMethod, code, reason)
+}
+
+// deny audits a refused call and returns its status.
+func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason string) error {
 	s.refusals.record(ctx, audit.Event{
 		Actor:         c.Actor(),
 		Action:        "api.access",
@@ -184,8 +223,17 @@ func validCorrelationID(s string) bool {
 	return true
 }
 
-func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	c, err := s.authorize(ctx, info.FullMethod)
+// interceptors are the authorization interceptors of one listener.
+func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			return s.unaryAuth(ctx, req, info, handler, bootstrapListener)
+		}, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+			return s.streamAuth(srv, ss, info, handler, bootstrapListener)
+		}
+}
+
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, bootstrapListener bool) (any, error) {
+	c, err := s.authorize(ctx, info.FullMethod, bootstrapListener)
 	if err != nil {
 		return nil, err
 	}
@@ -200,8 +248,8 @@ type wrappedStream struct {
 
 func (w wrappedStream) Context() context.Context { return w.ctx }
 
-func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	c, err := s.authorize(ss.Context(), info.FullMethod)
+func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler, bootstrapListener bool) error {
+	c, err := s.authorize(ss.Context(), info.FullMethod, bootstrapListener)
 	if err != nil {
 		return err
 	}

@@ -55,17 +55,34 @@ type certificateService struct {
 	s *Server
 }
 
+// RequestCertificate is a renewal for a caller with an agent certificate
+// (authorize has checked it) and a PSK bootstrap for one without.
 func (c *certificateService) RequestCertificate(ctx context.Context, req *musterv1.RequestCertificateRequest) (*musterv1.RequestCertificateResponse, error) {
 	start := time.Now()
-	iss, err := c.s.enroll.Renew(ctx, requestOf(ctx), callerFrom(ctx).Cert, req.GetCsr())
-	c.s.metrics.renewal(start, iss, err)
+	var (
+		iss *enroll.Issued
+		err error
+	)
+	if cert := callerFrom(ctx).Cert; cert != nil {
+		iss, err = c.s.enroll.Renew(ctx, requestOf(ctx), cert, req.GetCsr())
+		c.s.metrics.renewal(start, iss, err)
+	} else {
+		iss, err = c.s.enroll.BootstrapWithPSK(ctx, requestOf(ctx), req.GetBootstrapPsk(), req.GetReferralTicket(), req.GetCsr())
+		c.s.metrics.join(store.JoinMethodPSK, start, iss, err)
+	}
 	if err != nil {
 		return nil, toStatus(ctx, c.s.log, err)
 	}
-	return &musterv1.RequestCertificateResponse{
+	resp := &musterv1.RequestCertificateResponse{
 		CertificateChainPem: string(iss.ChainPEM),
 		CaCertificatePem:    string(iss.CAPEM),
 		InstanceId:          iss.InstanceID,
 		Generation:          iss.Generation,
-	}, nil
+	}
+	if callerFrom(ctx).Cert == nil {
+		if a := c.s.advertise(); a != "" {
+			resp.Endpoints = []string{a}
+		}
+	}
+	return resp, nil
 }

@@ -27,6 +27,7 @@ type metrics struct {
 	renewals     *prometheus.CounterVec
 	issuance     *prometheus.HistogramVec
 	certificates *prometheus.CounterVec
+	psks         *prometheus.CounterVec
 }
 
 func newMetrics(version string) *metrics {
@@ -62,13 +63,20 @@ func newMetrics(version string) *metrics {
 			Name: "muster_certificates_issued_total",
 			Help: "Agent certificates issued, by kind (join, renewal).",
 		}, []string{"kind"}),
+		psks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_psk_validations_total",
+			Help: "Bootstrap PSKs presented, by result: active, grace (matched the PSK in its grace period) or invalid (missing or matching none).",
+		}, []string{"result"}),
+	}
+	for _, r := range []string{enroll.PSKResultActive, enroll.PSKResultGrace, enroll.PSKResultInvalid} {
+		m.psks.WithLabelValues(r)
 	}
 	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "muster_build_info",
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -126,3 +134,5 @@ func (m *metrics) renewal(start time.Time, iss *enroll.Issued, err error) {
 		m.certificates.WithLabelValues("renewal").Inc()
 	}
 }
+
+func (m *metrics) pskValidation(result string) { m.psks.WithLabelValues(result).Inc() }

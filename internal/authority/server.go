@@ -118,18 +118,27 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
 	}
+	psks, err := cfg.StorageKey.Sealer(seal.InfoPSK)
+	if err != nil {
+		return nil, err
+	}
 	endpoints := []string{}
 	if cfg.Advertise != "" {
 		endpoints = append(endpoints, cfg.Advertise)
 	}
 	s.enroll, err = enroll.New(enroll.Config{
-		Store:        cfg.Store,
-		Audit:        enrollAuditor{s},
-		CA:           cfg.CA,
-		AuthorityID:  cfg.Info.AuthorityID,
-		TrustDomain:  cfg.Info.TrustDomain,
-		Endpoints:    endpoints,
-		TokenSealer:  s.tokens,
+		Store:       cfg.Store,
+		Audit:       enrollAuditor{s},
+		CA:          cfg.CA,
+		AuthorityID: cfg.Info.AuthorityID,
+		TrustDomain: cfg.Info.TrustDomain,
+		Endpoints:   endpoints,
+		TokenSealer: s.tokens,
+		PSKSealer:   psks,
+		ExpireGracePSKs: func(ctx context.Context) {
+			s.expireGracePSKs(context.WithoutCancel(ctx))
+		},
+		PSKObserver:  s.metrics.pskValidation,
 		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
 		AgentCertTTL: cfg.AgentCertTTL,
 		Limiter:      s.limiter,
@@ -216,7 +225,10 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	if err != nil {
 		return nil, fmt.Errorf("authority: issuing the %s listener certificate: %w", role, err)
 	}
-	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw, issuer.Cert.Raw}, PrivateKey: key, Leaf: leaf}
+	// The chain ends with the root, so an agent that pins only the root's
+	// fingerprint (the PSK and bound-keypair flows) can check it before it
+	// sends a secret.
+	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw, issuer.Cert.Raw, s.ca.Root.Raw}, PrivateKey: key, Leaf: leaf}
 	s.certs[role] = c
 	return c, nil
 }
@@ -240,10 +252,11 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 }
 
 func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
+	unaryAuth, streamAuth := s.interceptors(!admin)
 	gs := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tc)),
-		grpc.ChainUnaryInterceptor(s.metrics.unary, s.unaryAuth),
-		grpc.ChainStreamInterceptor(s.metrics.stream, s.streamAuth),
+		grpc.ChainUnaryInterceptor(s.metrics.unary, unaryAuth),
+		grpc.ChainStreamInterceptor(s.metrics.stream, streamAuth),
 		// Every request muster takes is small; a CSR is under 1 KiB. A
 		// larger message is refused with RESOURCE_EXHAUSTED before it is
 		// parsed.
@@ -253,11 +266,12 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
-	// The bootstrap listener serves the unauthenticated RPCs alone.
+	// The bootstrap listener serves the unauthenticated RPCs alone: there
+	// CertificateService takes PSK bootstraps only (bootstrapAccess).
 	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
+	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
 	if admin {
 		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
-		musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
 	}
 	reflection.Register(gs)
 	return gs

@@ -61,20 +61,25 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "join --data ADIR [--token-file F | URI] --node NODE --authority HOST:PORT [--ca-fingerprint sha256:…]",
-		Short: "Join an authority with a join token, once",
-		Long: `join admits this machine with a join token and writes its identity to ADIR.
+		Use:   "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE --authority HOST:PORT [--ca-fingerprint sha256:…]",
+		Short: "Join an authority with a join token or the bootstrap PSK, once",
+		Long: `join admits this machine with a join token or the authority's bootstrap PSK
+and writes its identity to ADIR.
 
-The token comes from the first of: --token, --token-file (- reads standard
-input), a joining URI argument, MUSTER_JOIN_TOKEN, MUSTER_JOIN_URI, or token
-in ADIR/agent.yaml. The node, authority and CA fingerprint come from their
-flags, then the joining URI, then MUSTER_NODE_ID, MUSTER_AUTHORITY and
+The secret comes from the first of: --token, --token-file, --psk, --psk-file
+(- reads standard input), a joining URI argument (muster+token:// or
+muster+psk://), MUSTER_JOIN_TOKEN or MUSTER_BOOTSTRAP_PSK, MUSTER_JOIN_URI,
+or token or psk in ADIR/agent.yaml. The node, authority, authority ID and CA
+fingerprint come from their flags, then the joining URI, then
+MUSTER_NODE_ID, MUSTER_AUTHORITY, MUSTER_AUTHORITY_ID and
 MUSTER_CA_FINGERPRINT, then MUSTER_JOIN_URI, then ADIR/agent.yaml.
 
-Before it sends the secret, the agent fetches the authority's trust bundle
-with the token ID alone and accepts it only if it is signed with the token
-(and holds the root of --ca-fingerprint when given); it then sends the token
-only to a server that proves it is that authority.
+Before it sends a token's secret, the agent fetches the authority's trust
+bundle with the token ID alone and accepts it only if it is signed with the
+token (and holds the root of --ca-fingerprint when given); it then sends the
+token only to a server that proves it is that authority. The PSK always
+needs --ca-fingerprint: it is sent only to a server whose chain ends at that
+root and whose certificate names an authority (--authority-id, when given).
 
 join tries once and exits non-zero on any failure, leaving no certificate
 files. It refuses to replace an identity unless --force is given; the old
@@ -103,7 +108,7 @@ identity stays until the new join succeeds.`,
 				return fmt.Errorf("join failed: %w", err)
 			}
 			if res.TokenSource == agent.SourceConfig && dir.ConfigReadableByOthers() {
-				fmt.Fprintf(env.Stderr, "warning: %s holds a join token and other users can read it; run chmod 600 on it\n", dir.ConfigFile())
+				fmt.Fprintf(env.Stderr, "warning: %s holds a join secret and other users can read it; run chmod 600 on it\n", dir.ConfigFile())
 			}
 			res.Request.Force = force
 			a := agent.New(agent.Options{Dir: dir, Timeout: timeout})
@@ -118,6 +123,9 @@ identity stays until the new join succeeds.`,
 	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
 	f.StringVar(&in.Token, "token", "", "join token ID.SECRET (visible to other users: prefer --token-file or MUSTER_JOIN_TOKEN)")
 	f.StringVar(&in.TokenFile, "token-file", "", "file holding the join token; - reads standard input")
+	f.StringVar(&in.PSK, "psk", "", "bootstrap PSK muster-psk:HEX (visible to other users: prefer --psk-file or MUSTER_BOOTSTRAP_PSK)")
+	f.StringVar(&in.PSKFile, "psk-file", "", "file holding the bootstrap PSK; - reads standard input")
+	f.StringVar(&in.AuthorityID, "authority-id", "", "authority ID the authority must prove (env MUSTER_AUTHORITY_ID)")
 	f.StringVar(&in.Node, "node", "", "node ID of this machine (env MUSTER_NODE_ID)")
 	f.StringVar(&in.Authority, "authority", "", "authority address HOST:PORT (env MUSTER_AUTHORITY)")
 	f.StringVar(&in.CAFingerprint, "ca-fingerprint", "", "pin of the authority's root CA, sha256:HEX (env MUSTER_CA_FINGERPRINT)")
@@ -179,9 +187,9 @@ func newAgentRunCmd(env *Env) *cobra.Command {
 		Use:   "run --data ADIR",
 		Short: "Run the agent: join if needed, then renew the identity before it expires",
 		Long: `run keeps this machine's identity fresh. If ADIR holds no identity it joins
-first, with the token, node and authority from MUSTER_JOIN_TOKEN,
-MUSTER_JOIN_URI, MUSTER_NODE_ID, MUSTER_AUTHORITY, MUSTER_CA_FINGERPRINT or
-ADIR/agent.yaml. It renews at about half of each certificate's lifetime,
+first, with the token or PSK, node and authority from MUSTER_JOIN_TOKEN,
+MUSTER_BOOTSTRAP_PSK, MUSTER_JOIN_URI, MUSTER_NODE_ID, MUSTER_AUTHORITY,
+MUSTER_AUTHORITY_ID, MUSTER_CA_FINGERPRINT or ADIR/agent.yaml. It renews at about half of each certificate's lifetime,
 retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with backoff,
 and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
 		Args: cobra.NoArgs,
@@ -214,7 +222,7 @@ and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
 					return agent.JoinRequest{}, err
 				}
 				if res.TokenSource == agent.SourceConfig && dir.ConfigReadableByOthers() {
-					log.Warn("agent.yaml holds a join token and other users can read it; run chmod 600 on it", "path", dir.ConfigFile())
+					log.Warn("agent.yaml holds a join secret and other users can read it; run chmod 600 on it", "path", dir.ConfigFile())
 				}
 				return res.Request, nil
 			}

@@ -18,8 +18,15 @@ import (
 // admission is a join whose proof has been verified: what every join method
 // hands to the common tail.
 type admission struct {
-	nodeID       string
-	tokenID      string
+	nodeID string
+	// tokenID is the token whose use this is; credential, for a method
+	// without a token, the ID of what proved the join (a PSK's). Either
+	// is recorded as the instance's TokenID.
+	tokenID    string
+	credential string
+	// proof names the proof in the audit record ("token ID", "psk ID
+	// (active)"), never a secret.
+	proof        string
 	method       string
 	maySupersede bool
 	// pub is the CSR's key; nil asks the authority to mint one.
@@ -48,10 +55,14 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	if err != nil {
 		return nil, err
 	}
+	recorded := a.tokenID
+	if a.credential != "" {
+		recorded = a.credential
+	}
 	inst := store.Instance{
 		ID:            uuid.NewString(),
 		JoinMethod:    a.method,
-		TokenID:       a.tokenID,
+		TokenID:       recorded,
 		CreatedAt:     a.now,
 		LastSerial:    serialOf(leaf),
 		LastPublicKey: a.keyID,
@@ -60,7 +71,7 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	}
 	// The record of the join is written with the join: both or neither.
 	ev.Result = audit.ResultOK
-	ev.Reason = fmt.Sprintf("method %s, token %s, instance %s, serial %s", a.method, a.tokenID, inst.ID, inst.LastSerial)
+	ev.Reason = fmt.Sprintf("method %s, %s, instance %s, serial %s", a.method, a.proof, inst.ID, inst.LastSerial)
 	if a.maySupersede {
 		ev.Reason += ", superseding the node's current instance if any"
 	}
@@ -71,6 +82,7 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	res, err := s.cfg.Store.CommitJoin(ctx, store.Join{
 		Audit:        build,
 		TokenID:      a.tokenID,
+		Credential:   a.credential,
 		NodeID:       a.nodeID,
 		MaySupersede: a.maySupersede,
 		RetryWindow:  s.cfg.RetryWindow,
@@ -80,7 +92,7 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 			NodeID:     a.nodeID,
 			InstanceID: inst.ID,
 			JoinMethod: a.method,
-			TokenID:    a.tokenID,
+			TokenID:    recorded,
 			PublicKey:  a.keyID,
 			NotBefore:  leaf.NotBefore,
 			NotAfter:   leaf.NotAfter,
@@ -90,6 +102,8 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	switch {
 	case errors.Is(err, store.ErrTokenSpent):
 		return nil, refuse(KindFailedPrecondition, "join token has no uses left or expired").with("token %s, at the write", a.tokenID)
+	case errors.Is(err, store.ErrNodeTaken) && a.tokenID == "":
+		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s, at the write", a.proof)
 	case errors.Is(err, store.ErrNodeTaken):
 		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s, at the write", a.tokenID)
 	case errors.Is(err, store.ErrNotFound):

@@ -42,6 +42,10 @@ type Store interface {
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
 	FindLock(ctx context.Context, kind, target string) (store.Lock, error)
 	InsertLock(ctx context.Context, l store.Lock) error
+	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
+	// clock.
+	Now(ctx context.Context) (time.Time, error)
+	ListPSKs(ctx context.Context) ([]store.PSK, error)
 }
 
 // Auditor writes the audit trail. Refusals go through Refuse, which may
@@ -72,6 +76,15 @@ type Config struct {
 	Endpoints []string
 	// TokenSealer opens token secrets (purpose seal.InfoToken).
 	TokenSealer *seal.Sealer
+	// PSKSealer opens bootstrap PSKs (purpose seal.InfoPSK); without it
+	// every PSK bootstrap fails.
+	PSKSealer *seal.Sealer
+	// ExpireGracePSKs, if set, is called when a validation met a grace PSK
+	// whose grace has ended, to revoke it (and audit that).
+	ExpireGracePSKs func(ctx context.Context)
+	// PSKObserver, if set, is told the result of each PSK validation:
+	// PSKResultActive, PSKResultGrace or PSKResultInvalid.
+	PSKObserver func(result string)
 	// DecoyKey keys the trust bundles answered for unknown token IDs, so
 	// they look like the real ones.
 	DecoyKey []byte

@@ -146,7 +146,7 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 	// A lost reply: the same token, node and key within the window gets
 	// the certificate already issued, even if that use spent the token.
 	if nodeExists && node.TokenID == t.ID && kid != nil {
-		if iss, err := s.retryJoin(ctx, node, t, kid, now); iss != nil || err != nil {
+		if iss, err := s.retryJoin(ctx, node, t.ID, kid, now, [2]string{store.LockToken, t.ID}); iss != nil || err != nil {
 			return iss, err
 		}
 	}
@@ -172,22 +172,25 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
-	return s.admit(ctx, admission{nodeID: nodeID, tokenID: t.ID, method: store.JoinMethodToken,
+	return s.admit(ctx, admission{nodeID: nodeID, tokenID: t.ID, proof: "token " + t.ID, method: store.JoinMethodToken,
 		maySupersede: t.NodeID == nodeID, pub: pub, keyID: kid, now: now}, ev)
 }
 
 // retryJoin answers a repeated join from the node's current instance, or
-// returns nil if the request is not a retry.
-func (s *Service) retryJoin(ctx context.Context, node store.Node, t store.Token, kid []byte, now time.Time) (*Issued, error) {
+// returns nil if the request is not a retry. credential is the ID of the
+// token or PSK the join proved; locks are the targets, besides the node
+// and the instance, whose lock refuses the retry.
+func (s *Service) retryJoin(ctx context.Context, node store.Node, credential string, kid []byte, now time.Time, locks ...[2]string) (*Issued, error) {
 	inst, err := s.cfg.Store.GetInstance(ctx, node.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	if inst.State != store.InstanceCurrent || inst.Generation != 0 || inst.TokenID != t.ID ||
+	if inst.State != store.InstanceCurrent || inst.Generation != 0 || inst.TokenID != credential ||
 		!hmac.Equal(inst.LastPublicKey, kid) || now.Sub(inst.CreatedAt) > s.cfg.RetryWindow {
 		return nil, nil
 	}
-	if l, err := s.lockOn(ctx, [2]string{store.LockNode, node.ID}, [2]string{store.LockToken, t.ID}, [2]string{store.LockInstance, inst.ID}); err != nil {
+	targets := append([][2]string{{store.LockNode, node.ID}, {store.LockInstance, inst.ID}}, locks...)
+	if l, err := s.lockOn(ctx, targets...); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("retry; lock %s on %s %s", l.ID, l.Kind, l.Target)

@@ -97,13 +97,18 @@ type Certificate struct {
 type Join struct {
 	// TokenID is the token whose use this is; "" for methods without one.
 	TokenID string
-	NodeID  string
+	// Credential names the proof of a join that uses no token (a bootstrap
+	// PSK's ID); it is recorded as the instance's and certificate's
+	// TokenID, no token is used, and the retry check matches it. At most
+	// one of TokenID and Credential is set.
+	Credential string
+	NodeID     string
 	// MaySupersede lets the join replace the node's current instance (a
 	// token bound to this node: deliberate re-provisioning). Otherwise a
 	// held node ID fails with ErrNodeTaken.
 	MaySupersede bool
 	// RetryWindow: if the node's current instance was created by this
-	// token within the window, is still at generation 0, and certified the
+	// token (or Credential) within the window, is still at generation 0, and certified the
 	// same public key, the join is a retry of a lost reply: nothing is
 	// written and that instance is returned with Retry set.
 	RetryWindow time.Duration
@@ -158,7 +163,8 @@ type JoinStore interface {
 	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
 
 	// CommitJoin performs one admission as a single transaction: the retry
-	// check; one use of the token (ErrTokenSpent if it is expired or used
+	// check (by TokenID, else Credential); one use of the token, if TokenID
+	// is set (ErrTokenSpent if it is expired or used
 	// up by the store clock; ErrNotFound if it is gone); the node ID claim
 	// (ErrNodeTaken, or supersession when allowed); the new instance; the
 	// certificate record. On any error nothing is written.

@@ -18,6 +18,7 @@ import (
 // written. In order:
 //
 //  1. Retry check: if the node's current instance was created by j.TokenID
+//     (or, for a join without a token, j.Credential)
 //     less than j.RetryWindow ago by the store clock, is at generation 0 and
 //     certified j.Certificate.PublicKey, that instance is returned with
 //     Retry set and nothing is written, whatever the token's state now.
@@ -66,11 +67,11 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 
 	// 1. The retry check precedes the token use: a single-use token whose
 	// reply was lost is spent, and the retry must still get its answer.
-	if held != "" && j.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
+	if held != "" && in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
 		prev, err := scanInstance(tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances
 			WHERE id = ? AND state = 'current' AND generation = 0 AND token_id = ?
 			AND last_public_key = ? AND created_at > `+nowMicros+` - ?`,
-			held, j.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()))
+			held, in.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()))
 		switch {
 		case err == nil:
 			return store.JoinResult{Instance: prev, Retry: true}, nil // rolled back: nothing written
@@ -163,7 +164,14 @@ func prepareJoin(j store.Join) (store.Instance, store.Certificate, error) {
 		return in, c, fmt.Errorf("certificate generation %d, want 0", c.Generation)
 	}
 	// The instance first: the certificate is filled from it.
-	if err := fill("instance token", &in.TokenID, j.TokenID, true); err != nil {
+	credential := j.TokenID
+	if j.Credential != "" {
+		if j.TokenID != "" {
+			return in, c, errors.New("both a token and another credential")
+		}
+		credential = j.Credential
+	}
+	if err := fill("instance token", &in.TokenID, credential, true); err != nil {
 		return in, c, err
 	}
 	if err := fill("instance last serial", &in.LastSerial, c.Serial, true); err != nil {

@@ -27,6 +27,9 @@ func retryCases() []testCase {
 		retry      bool
 		want       error
 		superseded string
+		// credential: both joins use no token but this credential (a
+		// bootstrap PSK's ID).
+		credential string
 	}{
 		{name: "same token, node and key", retry: true},
 		{name: "single-use token already spent by the first", uses: 1, retry: true},
@@ -73,6 +76,21 @@ func retryCases() []testCase {
 			},
 		},
 		{name: "join without a token is never a retry", noToken: true, want: store.ErrNodeTaken},
+		{name: "same credential, node and key", credential: "psk-1", retry: true},
+		{
+			name:       "different credential is not a retry",
+			credential: "psk-1",
+			mod: func(j *store.Join) {
+				j.Credential, j.Instance.TokenID, j.Certificate.TokenID = "psk-2", "psk-2", "psk-2"
+			},
+			want: store.ErrNodeTaken,
+		},
+		{
+			name:       "different key with the same credential is not a retry",
+			credential: "psk-1",
+			mod:        func(j *store.Join) { rekey(j, "key-2") },
+			want:       store.ErrNodeTaken,
+		},
 	}
 
 	var cases []testCase
@@ -84,13 +102,13 @@ func retryCases() []testCase {
 			if rc.noToken {
 				tokenID = ""
 			}
-			j1 := newJoin(tokenID, "node-1", "i1", "key-1", now.Add(-rc.firstAge))
+			j1 := withCredential(newJoin(tokenID, "node-1", "i1", "key-1", now.Add(-rc.firstAge)), rc.credential)
 			first := mustJoin(t, ctx, s, j1).Instance
 			if rc.between != nil {
 				rc.between(t, ctx, s, first)
 			}
 
-			j2 := newJoin(tokenID, "node-1", "i2", "key-1", now)
+			j2 := withCredential(newJoin(tokenID, "node-1", "i2", "key-1", now), rc.credential)
 			j2.RetryWindow = time.Minute
 			if rc.mod != nil {
 				rc.mod(&j2)
@@ -113,7 +131,52 @@ func retryCases() []testCase {
 			wantEqual(t, "state after the repeated join", snapshot(t, ctx, s, "node-1"), before)
 		}})
 	}
+	cases = append(cases,
+		testCase{"credential is recorded and uses no token", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, token("t1", 1, time.Time{}, time.Hour))
+			before, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			j := newJoin("", "node-1", "i1", "key-1", now)
+			j.Credential = "psk-1"
+			res := mustJoin(t, ctx, s, j)
+			if res.Instance.TokenID != "psk-1" {
+				t.Fatalf("instance TokenID %q, want the credential psk-1", res.Instance.TokenID)
+			}
+			certs, err := s.ListCertificates(ctx, "node-1")
+			mustNil(t, "ListCertificates", err)
+			if len(certs) != 1 || certs[0].TokenID != "psk-1" {
+				t.Fatalf("certificates %+v, want one naming psk-1", certs)
+			}
+			after, err := s.ListTokens(ctx)
+			mustNil(t, "ListTokens", err)
+			wantEqual(t, "tokens", after, before)
+		}},
+		testCase{"token and credential together are refused", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, token("t1", 1, time.Time{}, time.Hour))
+			j := newJoin("t1", "node-1", "i1", "key-1", now)
+			j.Credential = "psk-1"
+			if _, err := s.CommitJoin(ctx, j); err == nil {
+				t.Fatal("CommitJoin with both a token and a credential succeeded")
+			}
+			if nodes := snapshot(t, ctx, s).Nodes; len(nodes) != 0 {
+				t.Fatalf("nodes written: %+v", nodes)
+			}
+		}},
+	)
 	return cases
+}
+
+// withCredential makes j a join without a token, proved by credential;
+// "" leaves j as it is.
+func withCredential(j store.Join, credential string) store.Join {
+	if credential != "" {
+		j.TokenID, j.Credential = "", credential
+		j.Instance.TokenID, j.Certificate.TokenID = credential, credential
+		j.Instance.JoinMethod, j.Certificate.JoinMethod = store.JoinMethodPSK, store.JoinMethodPSK
+	}
+	return j
 }
 
 // rekey makes j certify pubKey(name) instead.

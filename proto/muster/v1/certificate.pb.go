@@ -25,9 +25,15 @@ type RequestCertificateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// csr is a PEM or DER PKCS#10 request for a new key; only its public
 	// key is used.
-	Csr           []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Csr []byte `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	// bootstrap_psk is the authority's bootstrap PSK (muster-psk:HEX), for a
+	// bootstrap; empty for a renewal.
+	BootstrapPsk string `protobuf:"bytes,2,opt,name=bootstrap_psk,json=bootstrapPsk,proto3" json:"bootstrap_psk,omitempty"`
+	// referral_ticket is a discovery service's referral ticket; only an
+	// authority configured with a discovery service accepts one.
+	ReferralTicket string `protobuf:"bytes,3,opt,name=referral_ticket,json=referralTicket,proto3" json:"referral_ticket,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RequestCertificateRequest) Reset() {
@@ -67,14 +73,32 @@ func (x *RequestCertificateRequest) GetCsr() []byte {
 	return nil
 }
 
+func (x *RequestCertificateRequest) GetBootstrapPsk() string {
+	if x != nil {
+		return x.BootstrapPsk
+	}
+	return ""
+}
+
+func (x *RequestCertificateRequest) GetReferralTicket() string {
+	if x != nil {
+		return x.ReferralTicket
+	}
+	return ""
+}
+
 type RequestCertificateResponse struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
 	CertificateChainPem string                 `protobuf:"bytes,1,opt,name=certificate_chain_pem,json=certificateChainPem,proto3" json:"certificate_chain_pem,omitempty"`
 	CaCertificatePem    string                 `protobuf:"bytes,2,opt,name=ca_certificate_pem,json=caCertificatePem,proto3" json:"ca_certificate_pem,omitempty"`
 	InstanceId          string                 `protobuf:"bytes,3,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	Generation          int64                  `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// endpoints are the API addresses the authority advertises, where
+	// renewals go; set for a bootstrap, which may have come through the
+	// bootstrap-only listener.
+	Endpoints     []string `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestCertificateResponse) Reset() {
@@ -135,13 +159,22 @@ func (x *RequestCertificateResponse) GetGeneration() int64 {
 	return 0
 }
 
+func (x *RequestCertificateResponse) GetEndpoints() []string {
+	if x != nil {
+		return x.Endpoints
+	}
+	return nil
+}
+
 var File_muster_v1_certificate_proto protoreflect.FileDescriptor
 
 const file_muster_v1_certificate_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmuster/v1/certificate.proto\x12\tmuster.v1\"-\n" +
+	"\x1bmuster/v1/certificate.proto\x12\tmuster.v1\"{\n" +
 	"\x19RequestCertificateRequest\x12\x10\n" +
-	"\x03csr\x18\x01 \x01(\fR\x03csr\"\xbf\x01\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\x12#\n" +
+	"\rbootstrap_psk\x18\x02 \x01(\tR\fbootstrapPsk\x12'\n" +
+	"\x0freferral_ticket\x18\x03 \x01(\tR\x0ereferralTicket\"\xdd\x01\n" +
 	"\x1aRequestCertificateResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1f\n" +
@@ -149,7 +182,8 @@ const file_muster_v1_certificate_proto_rawDesc = "" +
 	"instanceId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
-	"generation2w\n" +
+	"generation\x12\x1c\n" +
+	"\tendpoints\x18\x05 \x03(\tR\tendpoints2w\n" +
 	"\x12CertificateService\x12a\n" +
 	"\x12RequestCertificate\x12$.muster.v1.RequestCertificateRequest\x1a%.muster.v1.RequestCertificateResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 

@@ -26,11 +26,14 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// CertificateService issues certificates to agents that already hold an
-// identity: a renewal over mTLS with the agent's current certificate.
+// CertificateService issues agent certificates: a renewal over mTLS with
+// the agent's current certificate, or, from a caller without a client
+// certificate, a bootstrap with the authority's bootstrap PSK.
 type CertificateServiceClient interface {
-	// RequestCertificate certifies the public key of a CSR as the next
-	// generation of the caller's instance.
+	// RequestCertificate certifies the public key of a CSR: with an agent
+	// certificate as the next generation of the caller's instance; without
+	// one as the first certificate of a new instance of the node named by
+	// the CSR's common name, admitted by bootstrap_psk.
 	RequestCertificate(ctx context.Context, in *RequestCertificateRequest, opts ...grpc.CallOption) (*RequestCertificateResponse, error)
 }
 
@@ -56,11 +59,14 @@ func (c *certificateServiceClient) RequestCertificate(ctx context.Context, in *R
 // All implementations must embed UnimplementedCertificateServiceServer
 // for forward compatibility.
 //
-// CertificateService issues certificates to agents that already hold an
-// identity: a renewal over mTLS with the agent's current certificate.
+// CertificateService issues agent certificates: a renewal over mTLS with
+// the agent's current certificate, or, from a caller without a client
+// certificate, a bootstrap with the authority's bootstrap PSK.
 type CertificateServiceServer interface {
-	// RequestCertificate certifies the public key of a CSR as the next
-	// generation of the caller's instance.
+	// RequestCertificate certifies the public key of a CSR: with an agent
+	// certificate as the next generation of the caller's instance; without
+	// one as the first certificate of a new instance of the node named by
+	// the CSR's common name, admitted by bootstrap_psk.
 	RequestCertificate(context.Context, *RequestCertificateRequest) (*RequestCertificateResponse, error)
 	mustEmbedUnimplementedCertificateServiceServer()
 }

@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"context"
+	"crypto"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// ErrPinnedRoot reports an authority whose certificate chain does not end
+// at the root of the CA fingerprint; the PSK was not sent.
+var ErrPinnedRoot = errors.New("the authority's certificate chain does not end at the root of the CA fingerprint")
+
+// authorityPeer is who a TLS handshake proved the server to be.
+type authorityPeer struct {
+	id   spiffeid.ID
+	root *x509.Certificate
+}
+
+// verifyAuthority checks a server's chain without a trust bundle: the last
+// certificate must be a root with the pinned key, the chain must verify to
+// it for server authentication, and the leaf must carry
+// spiffe://TD/authority/ID (with ID = authorityID when that is given).
+func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string, now time.Time) (*authorityPeer, error) {
+	if len(certs) < 2 {
+		return nil, fmt.Errorf("%w: the authority sent no root", ErrPinnedRoot)
+	}
+	root := certs[len(certs)-1]
+	if !ca.MatchesFingerprint(root, fingerprint) || !root.IsCA || root.CheckSignatureFrom(root) != nil {
+		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(root))
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(root)
+	var got spiffeid.ID
+	match := func(id spiffeid.ID) error {
+		if id.Role != spiffeid.RoleAuthority {
+			return fmt.Errorf("the server is %s, not an authority", id)
+		}
+		if authorityID != "" && id.Name != authorityID {
+			return fmt.Errorf("the server is authority %s, want %s", id.Name, authorityID)
+		}
+		got = id
+		return nil
+	}
+	if err := identity.VerifyPeer(certs[:len(certs)-1], pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrPinnedRoot, err)
+	}
+	return &authorityPeer{id: got, root: root}, nil
+}
+
+// probeAuthority makes one TLS handshake with the authority and verifies it
+// by the pinned root alone, before anything is sent. A failure to connect
+// is a network error (transient); a server that fails the check is a
+// permanent error.
+func (a *Agent) probeAuthority(ctx context.Context, r JoinRequest) (*authorityPeer, error) {
+	var peer *authorityPeer
+	var verr error
+	tc := &tls.Config{
+		MinVersion: tls.VersionTLS13,
+		// Verified in VerifyConnection, by the pinned root and the SPIFFE
+		// ID; host names are not how muster identifies an authority.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			peer, verr = verifyAuthority(cs.PeerCertificates, r.CAFingerprint, r.AuthorityID, a.now())
+			return verr
+		},
+		NextProtos: []string{"h2"},
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	d := tls.Dialer{Config: tc}
+	conn, err := d.DialContext(cctx, "tcp", r.Authority)
+	if verr != nil {
+		return nil, fmt.Errorf("%w (the authority at %s; the PSK was not sent)", verr, r.Authority)
+	}
+	if err != nil {
+		return nil, err
+	}
+	conn.Close()
+	return peer, nil
+}
+
+// joinPSK joins with the bootstrap PSK: it verifies the authority by the
+// pinned root before the PSK leaves the machine, then asks for a
+// certificate for a CSR whose common name is the node ID.
+func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
+	peer, err := a.probeAuthority(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	agentID, err := spiffeid.New(peer.id.TrustDomain, spiffeid.RoleAgent, r.Node)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(peer.root)
+	// The connection that carries the PSK checks the same root and the
+	// exact authority ID the probe found.
+	conn, err := dial(r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: r.Node}}, key)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, &musterv1.RequestCertificateRequest{
+		Csr: csr, BootstrapPsk: r.PSK.Reveal(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	roots := []*x509.Certificate{peer.root}
+	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
+	if err != nil {
+		return nil, err
+	}
+	return &joinResult{chain: chain, roots: roots, authorityID: peer.id.Name, trustDomain: peer.id.TrustDomain,
+		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
+		renewal: renewalAddress(resp.GetEndpoints(), r.Authority)}, nil
+}
