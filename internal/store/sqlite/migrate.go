@@ -5,10 +5,6 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"strconv"
-	"strings"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -20,51 +16,11 @@ import (
 //go:embed migrations/*.sql
 var migrationFS embed.FS
 
-type migration struct {
-	version int
-	name    string
-	sql     string
-}
-
 // migrations is the parsed, ordered content of migrationFS.
-var migrations = mustLoadMigrations(migrationFS)
-
-func mustLoadMigrations(fsys fs.FS) []migration {
-	ms, err := loadMigrations(fsys)
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}
-
-func loadMigrations(fsys fs.FS) ([]migration, error) {
-	names, err := fs.Glob(fsys, "migrations/*.sql")
-	if err != nil {
-		return nil, err
-	}
-	// Glob returns names sorted, and the zero-padded prefix sorts by number.
-	var ms []migration
-	for i, name := range names {
-		base := path.Base(name)
-		num, _, ok := strings.Cut(base, "_")
-		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v != i+1 {
-			return nil, fmt.Errorf("sqlite: migration %s: want a name starting %04d_", base, i+1)
-		}
-		b, err := fs.ReadFile(fsys, name)
-		if err != nil {
-			return nil, err
-		}
-		ms = append(ms, migration{version: v, name: base, sql: string(b)})
-	}
-	if len(ms) == 0 {
-		return nil, fmt.Errorf("sqlite: no migrations embedded")
-	}
-	return ms, nil
-}
+var migrations = store.MustLoadMigrations(migrationFS)
 
 // latestVersion is the schema version this binary migrates to.
-func latestVersion() int { return migrations[len(migrations)-1].version }
+func latestVersion() int { return migrations[len(migrations)-1].Version }
 
 // migrate brings the database to latestVersion, one transaction per
 // migration. Each transaction begins IMMEDIATE and re-reads the version, so
@@ -92,32 +48,32 @@ func migrate(ctx context.Context, w *sql.DB) error {
 	return nil
 }
 
-func apply(ctx context.Context, w *sql.DB, m migration) error {
+func apply(ctx context.Context, w *sql.DB, m store.Migration) error {
 	tx, err := w.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		return fmt.Errorf("sqlite: migration %s: %w", m.Name, err)
 	}
 	defer tx.Rollback()
 	v, err := schemaVersion(ctx, tx)
 	if err != nil {
-		return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		return fmt.Errorf("sqlite: migration %s: %w", m.Name, err)
 	}
-	if v >= m.version {
+	if v >= m.Version {
 		return nil // another process got here first
 	}
-	if v != m.version-1 {
-		return fmt.Errorf("sqlite: migration %s: database is at version %d", m.name, v)
+	if v != m.Version-1 {
+		return fmt.Errorf("sqlite: migration %s: database is at version %d", m.Name, v)
 	}
-	if _, err := tx.ExecContext(ctx, m.sql); err != nil {
-		return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+	if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+		return fmt.Errorf("sqlite: migration %s: %w", m.Name, err)
 	}
 	if _, err := tx.ExecContext(ctx,
 		`INSERT INTO schema_migrations (version, applied_at) VALUES (?, `+nowMicros+`)`,
-		m.version); err != nil {
-		return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		m.Version); err != nil {
+		return fmt.Errorf("sqlite: migration %s: %w", m.Name, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("sqlite: migration %s: %w", m.name, err)
+		return fmt.Errorf("sqlite: migration %s: %w", m.Name, err)
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -160,27 +159,6 @@ func TestSchemaTooNew(t *testing.T) {
 	}
 	if !errors.Is(err, store.ErrSchemaTooNew) {
 		t.Errorf("Open: %v, want an error wrapping ErrSchemaTooNew", err)
-	}
-}
-
-func TestLoadMigrations(t *testing.T) {
-	ok := fstest.MapFS{
-		"migrations/0001_a.sql": {Data: []byte("CREATE TABLE a (x);")},
-		"migrations/0002_b.sql": {Data: []byte("CREATE TABLE b (x);")},
-	}
-	ms, err := loadMigrations(ok)
-	if err != nil || len(ms) != 2 || ms[1].version != 2 {
-		t.Errorf("loadMigrations = %v, %v; want versions 1, 2", ms, err)
-	}
-	for name, fsys := range map[string]fstest.MapFS{
-		"gap":      {"migrations/0001_a.sql": {}, "migrations/0003_c.sql": {}},
-		"no one":   {"migrations/0002_b.sql": {}},
-		"bad name": {"migrations/init.sql": {}},
-		"empty":    {},
-	} {
-		if _, err := loadMigrations(fsys); err == nil {
-			t.Errorf("loadMigrations(%s) succeeded, want an error", name)
-		}
 	}
 }
 
