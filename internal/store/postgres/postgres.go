@@ -173,14 +173,6 @@ func timeCol(v *int64) time.Time {
 	return time.UnixMicro(*v).UTC()
 }
 
-// timeVal returns t as it reads back from a column written by timeArg.
-func timeVal(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.Truncate(time.Microsecond).UTC()
-}
-
 // collect scans every row and closes rows.
 func collect[T any](rows pgx.Rows, op string, scan func(pgx.Row) (T, error)) ([]T, error) {
 	defer rows.Close()

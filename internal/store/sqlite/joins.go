@@ -1,12 +1,10 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -37,7 +35,7 @@ import (
 // value that contradicts j is an error, not a sentinel: it is a bug in the
 // caller.
 func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
-	in, cert, err := prepareJoin(j)
+	in, cert, err := store.PrepareJoin(j)
 	if err != nil {
 		return store.JoinResult{}, fmt.Errorf("sqlite: commit join: %w", err)
 	}
@@ -151,59 +149,6 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 	return store.JoinResult{Instance: in, Superseded: in.PreviousID}, nil
 }
 
-// prepareJoin returns the instance and certificate CommitJoin writes, with
-// the store's fields set, the empty ones filled and times as they read
-// back; PreviousID is left to the node claim.
-func prepareJoin(j store.Join) (store.Instance, store.Certificate, error) {
-	in, c := j.Instance, j.Certificate
-	if j.NodeID == "" || in.ID == "" || c.Serial == "" {
-		return in, c, errors.New("node ID, instance ID and serial are required")
-	}
-	in.NodeID, in.State, in.PreviousID, in.Generation = j.NodeID, store.InstanceCurrent, "", 0
-	if c.Generation != 0 {
-		return in, c, fmt.Errorf("certificate generation %d, want 0", c.Generation)
-	}
-	// The instance first: the certificate is filled from it.
-	credential := j.TokenID
-	if j.Credential != "" {
-		if j.TokenID != "" {
-			return in, c, errors.New("both a token and another credential")
-		}
-		credential = j.Credential
-	}
-	if err := fill("instance token", &in.TokenID, credential, true); err != nil {
-		return in, c, err
-	}
-	if err := fill("instance last serial", &in.LastSerial, c.Serial, true); err != nil {
-		return in, c, err
-	}
-	for _, f := range []struct {
-		name      string
-		field     *string
-		want      string
-		mustMatch bool
-	}{
-		{"certificate node", &c.NodeID, j.NodeID, true},
-		{"certificate instance", &c.InstanceID, in.ID, true},
-		{"certificate join method", &c.JoinMethod, in.JoinMethod, false},
-		{"certificate token", &c.TokenID, in.TokenID, false},
-	} {
-		if err := fill(f.name, f.field, f.want, f.mustMatch); err != nil {
-			return in, c, err
-		}
-	}
-	if len(in.LastPublicKey) == 0 {
-		in.LastPublicKey = c.PublicKey
-	} else if !bytes.Equal(in.LastPublicKey, c.PublicKey) {
-		return in, c, errors.New("instance last public key is not the certificate's")
-	}
-	if in.LastIssuedAt.IsZero() {
-		in.LastIssuedAt = c.IssuedAt
-	}
-	in.CreatedAt, in.LastIssuedAt = timeVal(in.CreatedAt), timeVal(in.LastIssuedAt)
-	return in, c, nil
-}
-
 // CommitRenewal advances an instance from r.FromGeneration to the next
 // generation and records the certificate, in one IMMEDIATE transaction
 // whose conditional UPDATE admits exactly one of several renewals from the
@@ -213,20 +158,13 @@ func prepareJoin(j store.Join) (store.Instance, store.Certificate, error) {
 // TokenID are filled from the instance when empty; a given InstanceID,
 // NodeID or Generation that contradicts it is an error.
 func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error) {
-	c := r.Certificate
-	if err := fill("certificate instance", &c.InstanceID, r.InstanceID, true); err != nil {
+	c, err := store.PrepareRenewal(r)
+	if err != nil {
 		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
-	}
-	if c.Generation == 0 {
-		c.Generation = r.FromGeneration + 1
-	}
-	if c.Generation != r.FromGeneration+1 {
-		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: certificate generation %d, want %d",
-			c.Generation, r.FromGeneration+1)
 	}
 
 	var in store.Instance
-	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+	err = s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var err error
 		in, err = commitRenewal(ctx, tx, r, c)
 		return err
@@ -261,19 +199,8 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 		return store.Instance{}, wrap("commit renewal", err)
 	}
 
-	for _, f := range []struct {
-		name      string
-		field     *string
-		want      string
-		mustMatch bool
-	}{
-		{"certificate node", &c.NodeID, in.NodeID, true},
-		{"certificate join method", &c.JoinMethod, in.JoinMethod, false},
-		{"certificate token", &c.TokenID, in.TokenID, false},
-	} {
-		if err := fill(f.name, f.field, f.want, f.mustMatch); err != nil {
-			return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
-		}
+	if err := store.FillRenewedCertificate(&c, in); err != nil {
+		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
 	}
 	if err := insertCertificate(ctx, tx, c); err != nil {
 		return store.Instance{}, wrap("commit renewal: insert certificate", err)
@@ -294,18 +221,6 @@ func insertCertificate(ctx context.Context, tx *writeTx, c store.Certificate) er
 	return err
 }
 
-// fill sets an empty *field to want. A non-empty one must equal want when
-// mustMatch is set.
-func fill(name string, field *string, want string, mustMatch bool) error {
-	switch {
-	case *field == "":
-		*field = want
-	case mustMatch && *field != want:
-		return fmt.Errorf("%s %q, want %q", name, *field, want)
-	}
-	return nil
-}
-
 // exists reports whether table has a row with the given id. table is
 // always a constant of this package.
 func exists(ctx context.Context, tx *writeTx, table, id string) (bool, error) {
@@ -315,12 +230,4 @@ func exists(ctx context.Context, tx *writeTx, table, id string) (bool, error) {
 		return false, nil
 	}
 	return err == nil, err
-}
-
-// timeVal returns t as it reads back from a column written by timeArg.
-func timeVal(t time.Time) time.Time {
-	if t.IsZero() {
-		return time.Time{}
-	}
-	return t.Truncate(time.Microsecond).UTC()
 }

@@ -102,9 +102,9 @@ func TestCommitJoinFillsRecords(t *testing.T) {
 	}
 	want := store.Instance{
 		ID: "i1", NodeID: "node-1", JoinMethod: store.JoinMethodToken, TokenID: "t1",
-		State: store.InstanceCurrent, CreatedAt: timeVal(j.Instance.CreatedAt),
+		State: store.InstanceCurrent, CreatedAt: store.StoredTime(j.Instance.CreatedAt),
 		LastSerial: j.Certificate.Serial, LastPublicKey: j.Certificate.PublicKey,
-		LastChainPEM: []byte("chain"), LastIssuedAt: timeVal(j.Certificate.IssuedAt),
+		LastChainPEM: []byte("chain"), LastIssuedAt: store.StoredTime(j.Certificate.IssuedAt),
 	}
 	if diff := cmp.Diff(want, res.Instance); diff != "" {
 		t.Errorf("instance (-want +got):\n%s", diff)
