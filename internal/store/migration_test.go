@@ -1,6 +1,8 @@
 package store
 
 import (
+	"os"
+	"slices"
 	"testing"
 	"testing/fstest"
 )
@@ -23,5 +25,25 @@ func TestLoadMigrations(t *testing.T) {
 		if _, err := LoadMigrations(fsys); err == nil {
 			t.Errorf("LoadMigrations(%s) succeeded, want an error", name)
 		}
+	}
+}
+
+// TestBackendsMirrorMigrations: each backend's migration N is the same
+// schema change, so a database's version means the same in both.
+func TestBackendsMirrorMigrations(t *testing.T) {
+	names := func(dir string) []string {
+		ms, err := LoadMigrations(os.DirFS(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	sqlite, postgres := names("sqlite"), names("postgres")
+	if !slices.Equal(sqlite, postgres) {
+		t.Fatalf("migrations differ: sqlite %v, postgres %v", sqlite, postgres)
 	}
 }

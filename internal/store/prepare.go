@@ -111,3 +111,31 @@ func StoredTime(t time.Time) time.Time {
 	}
 	return t.Truncate(time.Microsecond).UTC()
 }
+
+// BuildAuditRecord calls build with the chain's head and checks the record
+// it returns the way AppendAudit promises: Seq head.Seq+1 and PrevHash
+// head.Hash (else ErrConflict), a hash and a time; an empty PrevHash
+// becomes nil and the time is as it reads back.
+func BuildAuditRecord(head AuditHead, build func(AuditHead) (AuditRecord, error)) (AuditRecord, error) {
+	rec, err := build(AuditHead{Seq: head.Seq, Hash: bytes.Clone(head.Hash)})
+	if err != nil {
+		return AuditRecord{}, fmt.Errorf("build: %w", err)
+	}
+	if rec.Seq != head.Seq+1 {
+		return AuditRecord{}, fmt.Errorf("record seq %d, want %d: %w", rec.Seq, head.Seq+1, ErrConflict)
+	}
+	if !bytes.Equal(rec.PrevHash, head.Hash) {
+		return AuditRecord{}, fmt.Errorf("record %d prev hash does not match the head: %w", rec.Seq, ErrConflict)
+	}
+	if len(rec.Hash) == 0 {
+		return AuditRecord{}, errors.New("record has no hash")
+	}
+	if len(rec.PrevHash) == 0 {
+		rec.PrevHash = nil // the first link's missing prev hash is stored as NULL
+	}
+	if rec.Time.IsZero() {
+		return AuditRecord{}, errors.New("record has no time")
+	}
+	rec.Time = StoredTime(rec.Time)
+	return rec, nil
+}

@@ -1,12 +1,10 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -51,28 +49,10 @@ func appendAudit(ctx context.Context, tx pgx.Tx, build func(head store.AuditHead
 	if err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
-	rec, err := build(store.AuditHead{Seq: head.Seq, Hash: bytes.Clone(head.Hash)})
+	rec, err := store.BuildAuditRecord(head, build)
 	if err != nil {
-		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: build: %w", err)
+		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
 	}
-	if rec.Seq != head.Seq+1 {
-		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: record seq %d, want %d: %w",
-			rec.Seq, head.Seq+1, store.ErrConflict)
-	}
-	if !bytes.Equal(rec.PrevHash, head.Hash) {
-		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: record %d prev hash does not match the head: %w",
-			rec.Seq, store.ErrConflict)
-	}
-	if len(rec.Hash) == 0 {
-		return store.AuditRecord{}, errors.New("postgres: append audit: record has no hash")
-	}
-	if len(rec.PrevHash) == 0 {
-		rec.PrevHash = nil // store the first link's missing prev hash as NULL
-	}
-	if rec.Time.IsZero() {
-		return store.AuditRecord{}, errors.New("postgres: append audit: record has no time")
-	}
-	rec.Time = rec.Time.Truncate(time.Microsecond).UTC() // as it will read back
 
 	if _, err := tx.Exec(ctx, `INSERT INTO audit_records (`+auditColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,

@@ -1,13 +1,11 @@
 package sqlite
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -18,13 +16,14 @@ const defaultAuditLimit = 1000
 const auditColumns = `seq, time, actor, action, target, result, reason, source, correlation_id, prev_hash, hash`
 
 // AppendAudit appends one record to the chain. The read of the head, the
-// call to build and the insert share one IMMEDIATE transaction on the single
-// writer connection, so appends are serialized both within this process and
-// against any other process on the file. The record must have Seq
-// head.Seq+1 and PrevHash head.Hash, else ErrConflict and nothing is
-// written; an error from build is returned wrapped and nothing is written.
-// build runs while the writer is held: if it writes to the store it
-// deadlocks until ctx ends.
+// call to build and the insert run in one savepoint of a write transaction
+// on the single writer connection (batch.go), so appends are serialized
+// both within this process and against any other process on the file. The
+// record must have Seq head.Seq+1 and PrevHash head.Hash, else ErrConflict
+// and nothing is written; an error from build is returned wrapped and
+// nothing is written. build runs while the writer is held, so it delays
+// every write batched with it; if it writes to the store it deadlocks until
+// ctx ends.
 func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
 	var rec store.AuditRecord
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
@@ -40,33 +39,14 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 
 // appendAudit is AppendAudit's work inside the write transaction.
 func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-
 	head, err := auditHead(ctx, tx)
 	if err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
-	rec, err := build(store.AuditHead{Seq: head.Seq, Hash: bytes.Clone(head.Hash)})
+	rec, err := store.BuildAuditRecord(head, build)
 	if err != nil {
-		return store.AuditRecord{}, fmt.Errorf("sqlite: append audit: build: %w", err)
+		return store.AuditRecord{}, fmt.Errorf("sqlite: append audit: %w", err)
 	}
-	if rec.Seq != head.Seq+1 {
-		return store.AuditRecord{}, fmt.Errorf("sqlite: append audit: record seq %d, want %d: %w",
-			rec.Seq, head.Seq+1, store.ErrConflict)
-	}
-	if !bytes.Equal(rec.PrevHash, head.Hash) {
-		return store.AuditRecord{}, fmt.Errorf("sqlite: append audit: record %d prev hash does not match the head: %w",
-			rec.Seq, store.ErrConflict)
-	}
-	if len(rec.Hash) == 0 {
-		return store.AuditRecord{}, errors.New("sqlite: append audit: record has no hash")
-	}
-	if len(rec.PrevHash) == 0 {
-		rec.PrevHash = nil // store the first link's missing prev hash as NULL
-	}
-	if rec.Time.IsZero() {
-		return store.AuditRecord{}, errors.New("sqlite: append audit: record has no time")
-	}
-	rec.Time = rec.Time.Truncate(time.Microsecond).UTC() // as it will read back
 
 	if _, err := tx.ExecContext(ctx, `INSERT INTO audit_records (`+auditColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,

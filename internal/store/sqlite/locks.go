@@ -9,8 +9,8 @@ import (
 
 const lockColumns = `id, kind, target, reason, created_by, created_at, expires_at`
 
-// unexpired is the SQL condition for a lock still in force by the store
-// clock; expires_at is exclusive.
+// unexpired is the SQL condition for a row (lock or token) still in force
+// by the store clock; expires_at is exclusive.
 const unexpired = `(expires_at IS NULL OR expires_at > ` + nowMicros + `)`
 
 // InsertLock adds a lock; ErrConflict on a duplicate ID. A lock whose

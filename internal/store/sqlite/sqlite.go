@@ -186,11 +186,9 @@ func createPrivate(path string) error {
 // Close closes the database. In-flight calls may fail.
 func (s *SQLite) Close() error {
 	s.closeOnce.Do(func() { close(s.closed) })
-	if s.r != nil {
-		<-s.committerDone // the batch in flight finishes first
-		s.r.cache.close()
-		s.wstmts.close()
-	}
+	<-s.committerDone // the batch in flight finishes first
+	s.r.cache.close()
+	s.wstmts.close()
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 
