@@ -489,3 +489,34 @@ func TestLocksRefuseRenewal(t *testing.T) {
 		})
 	}
 }
+
+// TestLocksOnKeysAndPastedSecrets: a lock on a public key (as agents show
+// prints it) refuses renewals of that key; a join token pasted whole where
+// an ID is wanted is refused or cut to its ID, and never reaches the audit
+// log.
+func TestLocksOnKeysAndPastedSecrets(t *testing.T) {
+	e := newJoinEnv(t)
+	_, csr := newCSR(t)
+	id, _ := e.join(t, e.token(t), "keyed")
+	var show struct {
+		Certificates []map[string]any `json:"certificates"`
+	}
+	json.Unmarshal([]byte(mustRun(t, "agents", "show", "keyed", "--data", e.dir, "-o", "json")), &show)
+	held := show.Certificates[0]["public_key_sha256"].(string)
+	mustRun(t, "lock", "create", "--public-key", held, "--data", e.dir)
+	_, err := e.renew(t, id, csr)
+	wantCode(t, err, codes.PermissionDenied, "locked")
+
+	tok := e.token(t)
+	for _, args := range [][]string{
+		{"lock", "create", "--token", tok},
+		{"lock", "create", "--public-key", "not-hex"},
+	} {
+		mustFail(t, append(args, "--data", e.dir)...)
+	}
+	// The CLI deletes by the ID part of a pasted token.
+	mustRun(t, "token", "delete", tok, "--data", e.dir)
+	if audit := mustRun(t, "audit", "list", "--data", e.dir, "-o", "json"); strings.Contains(audit, tok[7:]) {
+		t.Fatal("a pasted token secret reached the audit log")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -154,7 +155,11 @@ var lockKinds = map[string]bool{
 func (a *adminService) CreateLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
 	resp, err := a.createLock(ctx, req)
 	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "lock.create", req.GetKind()+":"+req.GetTarget(), err)
+	target := req.GetTarget()
+	if req.GetKind() == store.LockToken {
+		target = secretFree(target)
+	}
+	a.record(ctx, "lock.create", req.GetKind()+":"+target, err)
 	return resp, err
 }
 
@@ -167,6 +172,18 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 	}
 	if len(req.GetReason()) > maxLockReason {
 		return nil, badRequest(fmt.Sprintf("lock reason must be at most %d characters", maxLockReason))
+	}
+	switch req.GetKind() {
+	case store.LockToken:
+		// A whole ID.SECRET pasted here would keep the secret in the lock
+		// list; the ID alone names the token.
+		if strings.Contains(req.GetTarget(), ".") {
+			return nil, badRequest("lock a token by its ID, the part before the dot")
+		}
+	case store.LockPublicKey:
+		if b, err := hex.DecodeString(req.GetTarget()); err != nil || len(b) != 32 || strings.ToLower(req.GetTarget()) != req.GetTarget() {
+			return nil, badRequest("lock a public key by the lower-case hex SHA-256 of its SubjectPublicKeyInfo, as agents show prints it")
+		}
 	}
 	c := callerFrom(ctx)
 	if req.GetKind() == store.LockAdmin && req.GetTarget() == c.ID.Name {
@@ -190,6 +207,17 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 		return nil, err
 	}
 	return &musterv1.CreateLockResponse{Lock: lockToProto(l)}, nil
+}
+
+// secretFree is what an audit record may say of an operator-given token
+// ID: a pasted join token (ID.SECRET) is cut to its ID, so a slip never
+// writes a secret into the append-only chain.
+func secretFree(s string) string {
+	id, _, cut := strings.Cut(s, ".")
+	if cut {
+		return id + ".REDACTED"
+	}
+	return s
 }
 
 func lockToProto(l store.Lock) *musterv1.Lock {

@@ -169,7 +169,7 @@ func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteToke
 		err = a.s.store.DeleteToken(ctx, req.GetId())
 	}
 	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "token.delete", "token "+req.GetId(), err)
+	a.record(ctx, "token.delete", "token "+secretFree(req.GetId()), err)
 	if err != nil {
 		return nil, err
 	}

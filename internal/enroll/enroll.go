@@ -17,6 +17,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -231,6 +232,16 @@ func (s *Service) lockOn(ctx context.Context, targets ...[2]string) (*store.Lock
 		}
 	}
 	return nil, nil
+}
+
+// keyLock is the lock target of a public key: the hex SHA-256 of its
+// SubjectPublicKeyInfo, as `muster agents show` prints it. A nil key (one
+// the authority is about to mint) names no target.
+func keyLock(kid []byte) [2]string {
+	if kid == nil {
+		return [2]string{store.LockPublicKey, ""}
+	}
+	return [2]string{store.LockPublicKey, hex.EncodeToString(kid)}
 }
 
 func newLockID() string { return "lock-" + uuid.NewString()[:8] }

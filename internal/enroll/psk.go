@@ -110,8 +110,8 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 		}
 		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
 	}
-	// 5. No lock on the node.
-	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}); err != nil {
+	// 5. No lock on the node or the key to certify.
+	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)

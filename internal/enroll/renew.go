@@ -55,7 +55,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		if err != nil {
 			return nil, err
 		}
-		if err := s.standing(ctx, rec, inst); err != nil {
+		if err := s.standing(ctx, rec, inst, kid); err != nil {
 			return nil, err
 		}
 		switch g := rec.Generation; {
@@ -98,8 +98,9 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 }
 
 // standing refuses an instance that may not renew: its node deleted, the
-// instance superseded, or a lock on node, instance or token.
-func (s *Service) standing(ctx context.Context, rec store.Certificate, inst store.Instance) error {
+// instance superseded, or a lock on node, instance, token, the key it holds
+// or the key it asks to have certified.
+func (s *Service) standing(ctx context.Context, rec store.Certificate, inst store.Instance, kid []byte) error {
 	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
 	switch {
 	case inst.State == store.InstanceDeleted, errors.Is(err, store.ErrNotFound):
@@ -110,7 +111,7 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
 	}
 	l, err := s.lockOn(ctx, [2]string{store.LockNode, rec.NodeID}, [2]string{store.LockInstance, inst.ID},
-		[2]string{store.LockToken, inst.TokenID})
+		[2]string{store.LockToken, inst.TokenID}, keyLock(rec.PublicKey), keyLock(kid))
 	if err != nil {
 		return err
 	}

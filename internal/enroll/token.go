@@ -165,8 +165,8 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 	if nodeExists && t.NodeID != nodeID {
 		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
 	}
-	// 7. No lock on node or token.
-	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, [2]string{store.LockToken, t.ID}); err != nil {
+	// 7. No lock on node, token or the key to certify.
+	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, [2]string{store.LockToken, t.ID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
@@ -189,7 +189,7 @@ func (s *Service) retryJoin(ctx context.Context, node store.Node, credential str
 		!hmac.Equal(inst.LastPublicKey, kid) || now.Sub(inst.CreatedAt) > s.cfg.RetryWindow {
 		return nil, nil
 	}
-	targets := append([][2]string{{store.LockNode, node.ID}, {store.LockInstance, inst.ID}}, locks...)
+	targets := append([][2]string{{store.LockNode, node.ID}, {store.LockInstance, inst.ID}, keyLock(kid)}, locks...)
 	if l, err := s.lockOn(ctx, targets...); err != nil {
 		return nil, err
 	} else if l != nil {
