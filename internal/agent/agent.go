@@ -130,9 +130,6 @@ func New(o Options) *Agent {
 	return a
 }
 
-// Dir returns the agent's data directory.
-func (a *Agent) Dir() Dir { return a.dir }
-
 func dial(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
 	if err != nil {

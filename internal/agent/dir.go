@@ -140,7 +140,7 @@ func (d Dir) ReadConfig() (Config, error) {
 func redactYAMLError(err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
-		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token)"
+		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk)"
 	}
 	return "malformed YAML"
 }
@@ -170,8 +170,8 @@ type State struct {
 	InstanceID  string `json:"instance_id"`
 	AuthorityID string `json:"authority_id"`
 	TrustDomain string `json:"trust_domain"`
-	// Authority is the address (HOST:PORT) the agent joined through and
-	// renews at.
+	// Authority is the address (HOST:PORT) the agent renews at: the API
+	// address the authority advertised at the join, or the join's address.
 	Authority   string     `json:"authority"`
 	Generation  int64      `json:"generation"`
 	JoinMethod  string     `json:"join_method"`

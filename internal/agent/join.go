@@ -308,9 +308,16 @@ func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Veri
 // the bootstrap-only listener, which serves no renewals.
 func renewalAddress(endpoints []string, joined string) string {
 	for _, e := range endpoints {
-		if _, _, err := net.SplitHostPort(e); err == nil {
-			return e
+		host, _, err := net.SplitHostPort(e)
+		if err != nil {
+			continue
 		}
+		// An authority listening on every interface without --advertise
+		// advertises "[::]:7443", which names no machine to dial.
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			continue
+		}
+		return e
 	}
 	return joined
 }

@@ -95,17 +95,17 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	return st, nil
 }
 
-// address is where renewals go: the override (MUSTER_AUTHORITY), else the
-// API address recorded at the join (the one the authority advertises in
-// its signed trust bundle), else agent.yaml's join address. agent.yaml
-// names where to join, which may be the bootstrap-only listener that
-// serves no renewals.
+// address is where renewals go: the API address recorded at the join (the
+// one the authority advertised, authenticated by the join's answer), else
+// MUSTER_AUTHORITY, else agent.yaml's. The latter two name where to join,
+// which may be the bootstrap-only listener that serves no renewals, so
+// they only stand in for an agent that recorded no address.
 func (a *Agent) address(st *State) string {
-	if a.authority != "" {
-		return a.authority
-	}
 	if st.Authority != "" {
 		return st.Authority
+	}
+	if a.authority != "" {
+		return a.authority
 	}
 	if cfg, err := a.dir.ReadConfig(); err == nil && cfg.Authority != "" {
 		return cfg.Authority
@@ -148,12 +148,12 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 			return nil, nil, err
 		}
 	}
-	if cfg, err := a.dir.ReadConfig(); err == nil && cfg.Token != "" {
-		cfg.Token = ""
+	if cfg, err := a.dir.ReadConfig(); err == nil && (cfg.Token != "" || cfg.PSK != "") {
+		cfg.Token, cfg.PSK = "", ""
 		if err := a.dir.WriteConfig(cfg); err != nil {
 			return nil, nil, err
 		}
-		a.log.Info("removed the join token from agent.yaml: the agent has joined")
+		a.log.Info("removed the join secret from agent.yaml: the agent has joined")
 	}
 	return st, id, nil
 }
