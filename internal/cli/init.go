@@ -85,10 +85,11 @@ func printInit(env *Env, out output, res datadir.InitResult) error {
 	fmt.Fprintf(w, "Bootstrap PSK:   %s\n", res.BootstrapPSK.Reveal())
 	fmt.Fprintf(w, "Operator:        %s (identity in %s)\n", res.OperatorID, res.OperatorFile)
 	fmt.Fprintf(w, `
-Keep the bootstrap PSK secret: with it and a referral ticket a machine can
+Keep the bootstrap PSK secret: with it and the CA fingerprint a machine can
 join. The authority keeps it only encrypted.
 
 Deploy agents with:
+  MUSTER_AUTHORITY=<the authority's advertised HOST:PORT>
   MUSTER_AUTHORITY_ID=%s
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>

@@ -16,8 +16,9 @@ func newPSKCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "psk",
 		Short: "Show and rotate the bootstrap pre-shared key",
-		Long: `The bootstrap PSK is a shared secret an agent will present, besides its
-join method, the first time it joins. muster init creates it. After a
+		Long: `The bootstrap PSK is the authority-wide secret an agent presents to join
+(muster agent join --psk-file, with the CA fingerprint). muster init
+creates it. After a
 rotation the previous PSK stays accepted for a grace period (24h by
 default) while the agents are given the new one.`,
 	}
