@@ -7,12 +7,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/psk"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
@@ -27,9 +27,8 @@ const (
 	maxPSKGrace     = 30 * 24 * time.Hour
 )
 
-// pskSealer encrypts PSKs at rest, with the row ID as additional data (as
-// datadir.createPSK does). Deriving it is cheap next to a store round trip,
-// so it is not cached.
+// pskSealer opens PSKs sealed by datadir.NewPSK. Deriving it is cheap next
+// to a store round trip, so it is not cached.
 func (s *Server) pskSealer() (*seal.Sealer, error) {
 	return s.cfg.StorageKey.Sealer(seal.InfoPSK)
 }
@@ -171,23 +170,15 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 		return nil, "", errNoActivePSK
 	}
 
-	key, err := psk.Generate()
-	if err != nil {
-		return nil, "", err
-	}
-	sealer, err := a.s.pskSealer()
-	if err != nil {
-		return nil, "", err
-	}
 	now, err := a.s.store.Now(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	next := store.PSK{ID: "psk-" + uuid.NewString(), Status: store.PSKActive, CreatedAt: now}
-	target := fmt.Sprintf("psk %s (replaces %s)", next.ID, from.ID)
-	if next.Ciphertext, next.Nonce, err = sealer.Seal(key.Bytes(), []byte(next.ID)); err != nil {
-		return nil, target, err
+	key, next, err := datadir.NewPSK(a.s.cfg.StorageKey, now)
+	if err != nil {
+		return nil, "", err
 	}
+	target := fmt.Sprintf("psk %s (replaces %s)", next.ID, from.ID)
 	old, err := a.s.store.RotatePSK(ctx, from.ID, next, grace)
 	if errors.Is(err, store.ErrConflict) {
 		// The store checked inside its transaction that from was still

@@ -247,25 +247,33 @@ func openInitStore(ctx context.Context, d Dir, o InitOptions) (store.Store, erro
 }
 
 func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time) (psk.PSK, string, error) {
-	key, err := psk.Generate()
+	key, rec, err := NewPSK(sk, now)
 	if err != nil {
 		return psk.PSK{}, "", err
+	}
+	if err := st.InsertPSK(ctx, rec); err != nil {
+		return psk.PSK{}, "", err
+	}
+	return key, rec.ID, nil
+}
+
+// NewPSK generates a bootstrap PSK and its store record, active, sealed
+// under the storage key. The row ID is the additional data, so a
+// ciphertext copied into another row does not decrypt.
+func NewPSK(sk seal.StorageKey, now time.Time) (psk.PSK, store.PSK, error) {
+	key, err := psk.Generate()
+	if err != nil {
+		return psk.PSK{}, store.PSK{}, err
 	}
 	sealer, err := sk.Sealer(seal.InfoPSK)
 	if err != nil {
-		return psk.PSK{}, "", err
+		return psk.PSK{}, store.PSK{}, err
 	}
-	id := "psk-" + uuid.NewString()
-	// The row ID is the additional data, so a ciphertext copied into another
-	// row does not decrypt.
-	ct, nonce, err := sealer.Seal(key.Bytes(), []byte(id))
-	if err != nil {
-		return psk.PSK{}, "", err
+	rec := store.PSK{ID: "psk-" + uuid.NewString(), Status: store.PSKActive, CreatedAt: now}
+	if rec.Ciphertext, rec.Nonce, err = sealer.Seal(key.Bytes(), []byte(rec.ID)); err != nil {
+		return psk.PSK{}, store.PSK{}, err
 	}
-	if err := st.InsertPSK(ctx, store.PSK{ID: id, Ciphertext: ct, Nonce: nonce, Status: store.PSKActive, CreatedAt: now}); err != nil {
-		return psk.PSK{}, "", err
-	}
-	return key, id, nil
+	return key, rec, nil
 }
 
 // IssueOperator certifies an operator identity. With a nil key it mints a
