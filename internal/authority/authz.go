@@ -56,7 +56,6 @@ type access int
 const (
 	accessPublic access = iota + 1
 	accessAdmin
-	accessAgent
 	// accessAgentOrAnonymous: a caller without a client certificate is
 	// let through (the handler treats it as a bootstrap, proved by what it
 	// sends); one with a certificate must pass the agent rule.
@@ -128,8 +127,6 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 			"this listener serves bootstraps only; renew at the authority's main address")
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
-	case accessAgent:
-		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
 	default:
 		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
 	}

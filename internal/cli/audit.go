@@ -55,25 +55,22 @@ func newAuditListCmd(env *Env) *cobra.Command {
 				}
 				req.Since = timestamppb.New(t)
 			}
-			c, err := af.dial(env)
-			if err != nil {
-				return fmt.Errorf("audit list: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
 			var recs []*musterv1.AuditRecord
-			for {
-				req.Limit = int32(min(limit-len(recs), 1000))
-				resp, err := c.ListAudit(ctx, req)
-				if err != nil {
-					return fmt.Errorf("audit list: %w", err)
+			if err := af.call(cmd, env, "audit list", func(ctx context.Context, c *adminClient) error {
+				for {
+					req.Limit = int32(min(limit-len(recs), 1000))
+					resp, err := c.ListAudit(ctx, req)
+					if err != nil {
+						return err
+					}
+					recs = append(recs, resp.GetRecords()...)
+					if resp.GetNextAfterSeq() == 0 || len(recs) >= limit {
+						return nil
+					}
+					req.AfterSeq = resp.GetNextAfterSeq()
 				}
-				recs = append(recs, resp.GetRecords()...)
-				if resp.GetNextAfterSeq() == 0 || len(recs) >= limit {
-					break
-				}
-				req.AfterSeq = resp.GetNextAfterSeq()
+			}); err != nil {
+				return err
 			}
 			if out.json() {
 				list := []auditJSON{}

@@ -145,18 +145,13 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 		Short: "Delete a lock",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := af.dial(env)
-			if err != nil {
-				return fmt.Errorf("lock delete: %w", err)
-			}
-			defer c.Close()
-			ctx, cancel := af.context(cmd.Context())
-			defer cancel()
-			if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {
-				return fmt.Errorf("lock delete: %w", err)
-			}
-			fmt.Fprintf(env.Stdout, "Lock %s deleted\n", args[0])
-			return nil
+			return af.call(cmd, env, "lock delete", func(ctx context.Context, c *adminClient) error {
+				if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {
+					return err
+				}
+				fmt.Fprintf(env.Stdout, "Lock %s deleted\n", args[0])
+				return nil
+			})
 		},
 	}
 	af.register(cmd)
