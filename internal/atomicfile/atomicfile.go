@@ -13,6 +13,19 @@ import (
 
 // Write replaces path with data, mode perm.
 func Write(path string, data []byte, perm os.FileMode) error {
+	return place(path, data, perm, os.Rename)
+}
+
+// Create writes a new file at path and fails if one exists: link, unlike
+// rename, refuses an existing target, so two writers cannot replace each
+// other's file (a key, say).
+func Create(path string, data []byte, perm os.FileMode) error {
+	return place(path, data, perm, os.Link)
+}
+
+// place writes data to a synced temporary file beside path and puts it in
+// place with put (rename or link).
+func place(path string, data []byte, perm os.FileMode, put func(oldpath, newpath string) error) error {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
@@ -35,7 +48,7 @@ func Write(path string, data []byte, perm os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := put(tmp, path); err != nil {
 		return err
 	}
 	return SyncDir(dir)

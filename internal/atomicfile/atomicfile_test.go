@@ -30,3 +30,20 @@ func TestWrite(t *testing.T) {
 		t.Fatal("wrote into a missing directory")
 	}
 }
+
+func TestCreateRefusesAnExistingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "key")
+	if err := Create(path, []byte("one"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Create(path, []byte("two"), 0o600); err == nil {
+		t.Fatal("Create replaced an existing file")
+	}
+	if got, _ := os.ReadFile(path); string(got) != "one" {
+		t.Fatalf("content %q", got)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 1 {
+		t.Fatalf("temporary files left behind: %v", entries)
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/muster-dev/muster/internal/atomicfile"
 )
 
 // WriteDir writes the hierarchy into dir (created 0700): NAME.crt for every
@@ -21,7 +23,7 @@ func (h *Hierarchy) WriteDir(dir string) error {
 		return err
 	}
 	write := func(name string, cert *x509.Certificate, key crypto.Signer) error {
-		if err := writeNew(filepath.Join(dir, name+".crt"), EncodeCertPEM(cert), 0o644); err != nil {
+		if err := atomicfile.Create(filepath.Join(dir, name+".crt"), EncodeCertPEM(cert), 0o644); err != nil {
 			return err
 		}
 		if key == nil {
@@ -31,7 +33,7 @@ func (h *Hierarchy) WriteDir(dir string) error {
 		if err != nil {
 			return err
 		}
-		return writeNew(filepath.Join(dir, name+".key"), pemKey, 0o600)
+		return atomicfile.Create(filepath.Join(dir, name+".key"), pemKey, 0o600)
 	}
 	var rootKey crypto.Signer
 	if h.RootKey != nil {
@@ -47,23 +49,6 @@ func (h *Hierarchy) WriteDir(dir string) error {
 		}
 	}
 	return nil
-}
-
-// writeNew creates path exclusively, so nothing existing is overwritten.
-func writeNew(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // Load reads a hierarchy written by WriteDir and checks it holds together:

@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/muster-dev/muster/internal/atomicfile"
 )
@@ -132,32 +131,7 @@ func (k StorageKey) WriteFile(path string) error {
 	data := make([]byte, 0, 65)
 	data = hex.AppendEncode(data, k[:])
 	data = append(data, '\n')
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	// Link rather than rename: link fails if the target exists, so two
-	// writers cannot replace each other's key.
-	if err := os.Link(tmp.Name(), path); err != nil {
-		return err
-	}
-	return atomicfile.SyncDir(filepath.Dir(path))
+	return atomicfile.Create(path, data, 0o600)
 }
 
 // LoadStorageKey reads a key file written by WriteFile. It refuses a file
