@@ -157,7 +157,7 @@ func verifyIssued(chainPEM string, key crypto.Signer, roots []*x509.Certificate,
 	}
 	var chain []*x509.Certificate
 	for _, c := range certs {
-		if c.IsCA && c.CheckSignatureFrom(c) == nil {
+		if identity.IsRoot(c) {
 			continue // a root: ours are pinned, not taken from a reply
 		}
 		chain = append(chain, c)
@@ -169,7 +169,7 @@ func verifyIssued(chainPEM string, key crypto.Signer, roots []*x509.Certificate,
 	if leaf.IsCA {
 		return nil, errors.New("the authority issued a CA certificate, not an agent certificate")
 	}
-	if !samePublicKey(key.Public(), leaf.PublicKey) {
+	if !identity.SamePublicKey(key.Public(), leaf.PublicKey) {
 		return nil, errors.New("the authority certified a different key than ours")
 	}
 	pool := x509.NewCertPool()

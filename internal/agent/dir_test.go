@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/muster-dev/muster/internal/identity"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,7 +95,7 @@ func TestPendingKey(t *testing.T) {
 		t.Fatalf("pending key file: %v", err)
 	}
 	k2, err := dir.pendingKey(true)
-	if err != nil || !samePublicKey(k1.Public(), k2.Public()) {
+	if err != nil || !identity.SamePublicKey(k1.Public(), k2.Public()) {
 		t.Fatal("a second call made a new key instead of reusing the pending one")
 	}
 	os.WriteFile(dir.PendingKeyFile(), []byte("junk"), 0o600)
@@ -122,7 +123,7 @@ func TestInterruptedRenewal(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load after an interrupted renewal: %v", err)
 	}
-	if !samePublicKey(id.Key.Public(), id.Leaf().PublicKey) {
+	if !identity.SamePublicKey(id.Key.Public(), id.Leaf().PublicKey) {
 		t.Fatal("loaded key does not match the certificate")
 	}
 	if _, _, err := a.load(true); err != nil {

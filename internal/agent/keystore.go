@@ -96,7 +96,7 @@ func (d Dir) LoadIdentity() (*identity.Identity, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent: %s: %v", d.KeyFile(), err)
 		}
-		if samePublicKey(k.Public(), chain[0].PublicKey) {
+		if identity.SamePublicKey(k.Public(), chain[0].PublicKey) {
 			id.Key = k
 		}
 	}
@@ -105,7 +105,7 @@ func (d Dir) LoadIdentity() (*identity.Identity, error) {
 		if err != nil {
 			return nil, err
 		}
-		if pk == nil || !samePublicKey(pk.Public(), chain[0].PublicKey) {
+		if pk == nil || !identity.SamePublicKey(pk.Public(), chain[0].PublicKey) {
 			return nil, fmt.Errorf("agent: %s does not match %s: join again with --force", d.KeyFile(), d.CertFile())
 		}
 		id.Key = pk
@@ -119,7 +119,7 @@ func (d Dir) LoadIdentity() (*identity.Identity, error) {
 func (d Dir) repair(id *identity.Identity) error {
 	keyPEM, _ := readSmall(d.KeyFile())
 	cur, _ := ca.ParseKeyPEM(keyPEM)
-	if cur == nil || !samePublicKey(cur.Public(), id.Leaf().PublicKey) {
+	if cur == nil || !identity.SamePublicKey(cur.Public(), id.Leaf().PublicKey) {
 		if err := d.writeIdentity(id, false); err != nil {
 			return err
 		}
@@ -128,7 +128,7 @@ func (d Dir) repair(id *identity.Identity) error {
 			return err
 		}
 	}
-	if pk, err := d.pendingKey(false); err == nil && pk != nil && samePublicKey(pk.Public(), id.Leaf().PublicKey) {
+	if pk, err := d.pendingKey(false); err == nil && pk != nil && identity.SamePublicKey(pk.Public(), id.Leaf().PublicKey) {
 		return d.removePendingKey()
 	}
 	return nil
@@ -280,10 +280,4 @@ func writeTemp(f file) (string, error) {
 		return "", err
 	}
 	return name, nil
-}
-
-func samePublicKey(a, b crypto.PublicKey) bool {
-	type equaler interface{ Equal(crypto.PublicKey) bool }
-	e, ok := a.(equaler)
-	return ok && e.Equal(b)
 }

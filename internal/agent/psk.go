@@ -36,7 +36,7 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 		return nil, fmt.Errorf("%w: the authority sent no root", ErrPinnedRoot)
 	}
 	root := certs[len(certs)-1]
-	if !ca.MatchesFingerprint(root, fingerprint) || !root.IsCA || root.CheckSignatureFrom(root) != nil {
+	if !ca.MatchesFingerprint(root, fingerprint) || !identity.IsRoot(root) {
 		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(root))
 	}
 	pool := x509.NewCertPool()

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"github.com/muster-dev/muster/internal/identity"
 	"os"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func TestRenew(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if serialOf(id.Leaf()) != st.Serial || !samePublicKey(id.Key.Public(), f.keys()[0]) {
+	if serialOf(id.Leaf()) != st.Serial || !identity.SamePublicKey(id.Key.Public(), f.keys()[0]) {
 		t.Error("the certificate on disk is not the renewed one")
 	}
 	if _, err := os.Stat(dir.PendingKeyFile()); !os.IsNotExist(err) {
@@ -85,7 +86,7 @@ func TestRenewReusesPendingKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys := f.keys()
-	if len(keys) != 2 || !samePublicKey(keys[0], keys[1]) || !samePublicKey(keys[1], pending.Public()) {
+	if len(keys) != 2 || !identity.SamePublicKey(keys[0], keys[1]) || !identity.SamePublicKey(keys[1], pending.Public()) {
 		t.Fatal("the retry did not reuse the pending key")
 	}
 	if st.Generation != 1 {

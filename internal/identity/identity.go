@@ -77,7 +77,7 @@ func Decode(data []byte) (*Identity, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
 			}
-			if isRoot(c) {
+			if IsRoot(c) {
 				id.Roots = append(id.Roots, c)
 			} else {
 				id.Chain = append(id.Chain, c)
@@ -101,7 +101,7 @@ func Decode(data []byte) (*Identity, error) {
 	case len(id.Roots) == 0:
 		return nil, fmt.Errorf("%w: no root certificate", ErrMalformed)
 	}
-	if !publicKeysEqual(id.Key.Public(), id.Chain[0].PublicKey) {
+	if !SamePublicKey(id.Key.Public(), id.Chain[0].PublicKey) {
 		return nil, fmt.Errorf("%w: the private key does not match the certificate", ErrMalformed)
 	}
 	return id, nil
@@ -235,11 +235,13 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 	return match(got)
 }
 
-func isRoot(c *x509.Certificate) bool {
+// IsRoot reports whether c is a self-signed CA certificate: a trust anchor.
+func IsRoot(c *x509.Certificate) bool {
 	return c.IsCA && bytes.Equal(c.RawSubject, c.RawIssuer) && c.CheckSignatureFrom(c) == nil
 }
 
-func publicKeysEqual(a, b crypto.PublicKey) bool {
+// SamePublicKey reports whether a and b are the same public key.
+func SamePublicKey(a, b crypto.PublicKey) bool {
 	type equaler interface{ Equal(crypto.PublicKey) bool }
 	e, ok := a.(equaler)
 	return ok && e.Equal(b)
