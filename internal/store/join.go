@@ -112,6 +112,11 @@ type Join struct {
 	// same public key, the join is a retry of a lost reply: nothing is
 	// written and that instance is returned with Retry set.
 	RetryWindow time.Duration
+	// Ticket, if set, is the referral ticket the join used: its use is
+	// recorded in the same transaction, and a jti recorded already fails
+	// the join with ErrTicketReplayed. A retry (see RetryWindow) records
+	// nothing and is not refused for its ticket.
+	Ticket *TicketUse
 	// Instance is the new instance: ID, JoinMethod, TokenID, CreatedAt and
 	// the Last* fields of its first certificate. NodeID, State, PreviousID
 	// and Generation are set by CommitJoin.
@@ -166,7 +171,8 @@ type JoinStore interface {
 	// check (by TokenID, else Credential); one use of the token, if TokenID
 	// is set (ErrTokenSpent if it is expired or used
 	// up by the store clock; ErrNotFound if it is gone); the node ID claim
-	// (ErrNodeTaken, or supersession when allowed); the new instance; the
+	// (ErrNodeTaken, or supersession when allowed); the referral ticket's
+	// use, if Ticket is set (ErrTicketReplayed); the new instance; the
 	// certificate record. On any error nothing is written.
 	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
 	// CommitRenewal advances an instance from FromGeneration to

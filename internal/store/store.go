@@ -193,4 +193,6 @@ type Store interface {
 	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
 
 	JoinStore
+	TicketUseStore
+	DiscoveryStore
 }

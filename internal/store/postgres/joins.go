@@ -29,9 +29,13 @@ import (
 //     take the last use.
 //  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
 //     false; otherwise its current instance becomes superseded.
-//  4. The new instance (current, generation 0) and its certificate record;
+//  4. Ticket use, if j.Ticket is set: one INSERT … ON CONFLICT DO NOTHING
+//     on the jti; ErrTicketReplayed if it is recorded already. Concurrent
+//     uses of one jti queue on the primary key, and only the first to
+//     commit records it.
+//  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
-//  5. j.Audit's record, appended to the chain (see AppendAudit).
+//  6. j.Audit's record, appended to the chain (see AppendAudit).
 //
 // The store fills the fields of j.Instance the contract leaves to it, and
 // any of these left empty by the caller: the instance's TokenID and Last*
@@ -41,6 +45,9 @@ import (
 // caller.
 func (s *Store) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
 	in, cert, err := store.PrepareJoin(j)
+	if err == nil {
+		err = checkTicket(j.Ticket)
+	}
 	if err != nil {
 		return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w", err)
 	}
@@ -72,6 +79,8 @@ func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance,
 
 	// 1. The retry check precedes the token use: a single-use token whose
 	// reply was lost is spent, and the retry must still get its answer.
+	// It precedes the ticket use too: the retry repeats the ticket the
+	// first join recorded.
 	if held != "" && in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
 		prev, err := scanInstance(tx.QueryRow(ctx, `SELECT `+instanceColumns+` FROM instances
 			WHERE id = $1 AND state = 'current' AND generation = 0 AND token_id = $2
@@ -120,7 +129,14 @@ func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance,
 		in.PreviousID = held
 	}
 
-	// 4. The instance goes in before the node and the certificate, which
+	// 4. The ticket's jti is the primary key of its use: a replay finds it.
+	if j.Ticket != nil {
+		if err := useTicket(ctx, tx, j.Ticket, j.NodeID); err != nil {
+			return store.JoinResult{}, err
+		}
+	}
+
+	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
 	if _, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,

@@ -14,7 +14,13 @@
 //   - joins of one node ID are serialized by an advisory lock on the ID, so
 //     a lost race reports ErrNodeTaken (or supersedes) exactly as a later
 //     join would, and the unique index instances_one_current stays the last
-//     line of defence.
+//     line of defence;
+//   - a referral ticket's use is an INSERT … ON CONFLICT DO NOTHING on its
+//     jti, the primary key of ticket_uses, in the join's transaction;
+//   - a discovery registration is one INSERT … ON CONFLICT DO UPDATE whose
+//     WHERE clause admits only a higher version under the same root;
+//   - a ticket-key rotation locks the retiring key's row, and the partial
+//     unique index ticket_keys_one_active admits one active key.
 //
 // The schema is created by the numbered migrations embedded from
 // migrations/, each applied in its own transaction and recorded in

@@ -98,8 +98,8 @@ func TestOpenRace(t *testing.T) {
 }
 
 func TestLoadMigrations(t *testing.T) {
-	if len(migrations) != 2 {
-		t.Errorf("%d migrations embedded, want 2 (the SQLite store's count)", len(migrations))
+	if len(migrations) != 3 {
+		t.Errorf("%d migrations embedded, want 3 (the SQLite store's count)", len(migrations))
 	}
 }
 

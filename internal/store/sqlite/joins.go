@@ -25,8 +25,11 @@ import (
 //     it does not, ErrNotFound if there is no such token.
 //  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
 //     false; otherwise its current instance becomes superseded.
-//  4. The new instance (current, generation 0) and its certificate record;
+//  4. Ticket use, if j.Ticket is set: one INSERT whose primary key is the
+//     jti; ErrTicketReplayed if the jti is recorded already.
+//  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
+//  6. j.Audit's record, appended to the chain (see AppendAudit).
 //
 // The store fills the fields of j.Instance the contract leaves to it, and
 // any of these left empty by the caller: the instance's TokenID and Last*
@@ -36,6 +39,9 @@ import (
 // caller.
 func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
 	in, cert, err := store.PrepareJoin(j)
+	if err == nil {
+		err = checkTicket(j.Ticket)
+	}
 	if err != nil {
 		return store.JoinResult{}, fmt.Errorf("sqlite: commit join: %w", err)
 	}
@@ -65,6 +71,8 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 
 	// 1. The retry check precedes the token use: a single-use token whose
 	// reply was lost is spent, and the retry must still get its answer.
+	// It precedes the ticket use too: the retry repeats the ticket the
+	// first join recorded.
 	if held != "" && in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
 		prev, err := scanInstance(tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances
 			WHERE id = ? AND state = 'current' AND generation = 0 AND token_id = ?
@@ -118,7 +126,14 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 		in.PreviousID = held
 	}
 
-	// 4. The instance goes in before the node and the certificate, which
+	// 4. The ticket's jti is the primary key of its use: a replay finds it.
+	if j.Ticket != nil {
+		if err := useTicket(ctx, tx, j.Ticket, j.NodeID); err != nil {
+			return store.JoinResult{}, err
+		}
+	}
+
+	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
 	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,

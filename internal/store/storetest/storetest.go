@@ -45,6 +45,10 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Renewal", renewalCases()},
 		{"Node", nodeCases()},
 		{"JoinAudit", joinAuditCases()},
+		{"TicketUse", ticketUseCases()},
+		{"Registration", registrationCases()},
+		{"JoinReport", joinReportCases()},
+		{"TicketKey", ticketKeyCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
