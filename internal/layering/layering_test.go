@@ -12,8 +12,8 @@ import (
 
 // domain packages, and the identity helpers they build on.
 var domain = []string{
-	"atomicfile", "audit", "ca", "enroll", "identity", "jointoken", "joinuri", "psk", "seal", "spiffeid", "store",
-	"trustbundle",
+	"atomicfile", "audit", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit", "referral",
+	"seal", "spiffeid", "store", "trustbundle",
 }
 
 // forbidden import path prefixes for domain packages.

@@ -1,0 +1,206 @@
+package discovery
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/muster-dev/muster/internal/ca"
+)
+
+// Registration is an authority's entry as it signs it. Policy is the policy
+// JSON as sent; canonicalization makes its spacing and key order irrelevant
+// to the signature.
+type Registration struct {
+	AuthorityID          string
+	Endpoints            []string
+	CABundlePEM          string
+	Policy               json.RawMessage
+	Version              int64
+	PolicyCertificatePEM string
+}
+
+// Limits on a registration.
+const (
+	maxEndpoints    = 16
+	maxBundleBytes  = 64 << 10
+	maxEndpointSize = 261 // a DNS name, ':' and a port
+	// maxVersion is the largest integer RFC 8785 writes exactly (2^53-1):
+	// above it two versions could share a canonical document, and so a
+	// signature.
+	maxVersion = 1<<53 - 1
+)
+
+// Document returns the canonical JSON that the signature covers.
+func (r Registration) Document() ([]byte, error) {
+	if !json.Valid(r.Policy) || !utf8.Valid(r.Policy) {
+		return nil, errors.New("discovery: registration: policy is not valid JSON")
+	}
+	if !validUTF8(append([]string{r.AuthorityID, r.CABundlePEM, r.PolicyCertificatePEM}, r.Endpoints...)...) {
+		return nil, errors.New("discovery: registration: a field is not valid UTF-8")
+	}
+	return canonical(registrationDoc{TypeRegistration, r.AuthorityID, r.Endpoints, r.CABundlePEM, r.Policy, r.Version, r.PolicyCertificatePEM})
+}
+
+// registrationDoc is the signed form of a Registration.
+type registrationDoc struct {
+	Type                 string          `json:"type"`
+	AuthorityID          string          `json:"authority_id"`
+	Endpoints            []string        `json:"endpoints"`
+	CABundlePEM          string          `json:"ca_bundle_pem"`
+	Policy               json.RawMessage `json:"policy"`
+	Version              int64           `json:"version"`
+	PolicyCertificatePEM string          `json:"policy_certificate_pem"`
+}
+
+// Sign returns the canonical document and its signature by the policy
+// signing key.
+func (r Registration) Sign(key crypto.Signer) (doc, sig []byte, err error) {
+	if doc, err = r.Document(); err != nil {
+		return nil, nil, err
+	}
+	sig, err = sign(key, doc)
+	return doc, sig, err
+}
+
+// Verified is a registration whose signature and structure have been
+// checked.
+type Verified struct {
+	Registration
+	Document        []byte
+	Root            *x509.Certificate
+	Fingerprint     string
+	PolicyCert      *x509.Certificate
+	ParsedPolicy    Policy
+	CanonicalPolicy []byte
+}
+
+// Verify checks a registration as discovery receives it, structure first
+// and the signature last: fields well-formed; the CA bundle starts with a
+// self-signed root; the authority ID names that root; the policy signing
+// certificate is issued directly by it; the signature verifies; the policy
+// parses. Whether the root is the one the authority ID is locked to, and
+// whether the version is newer, are the store's to decide.
+func (r Registration) Verify(sig []byte) (*Verified, error) {
+	return r.VerifyAt(sig, time.Now())
+}
+
+// VerifyAt is Verify at a given time: the root and the policy signing
+// certificate must be valid then (with the ±2-minute allowance for another
+// machine's clock).
+func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
+	if r.Version < 1 || r.Version > maxVersion {
+		return nil, fmt.Errorf("discovery: registration: version must be between 1 and %d", int64(maxVersion))
+	}
+	if len(r.Endpoints) == 0 || len(r.Endpoints) > maxEndpoints {
+		return nil, fmt.Errorf("discovery: registration: between 1 and %d endpoints", maxEndpoints)
+	}
+	for _, ep := range r.Endpoints {
+		if err := checkEndpoint(ep); err != nil {
+			return nil, err
+		}
+	}
+	if len(r.CABundlePEM) > maxBundleBytes || len(r.PolicyCertificatePEM) > maxBundleBytes {
+		return nil, errors.New("discovery: registration: certificates too large")
+	}
+	bundle, err := ca.ParseCertsPEM([]byte(r.CABundlePEM))
+	if err != nil || len(bundle) == 0 {
+		return nil, fmt.Errorf("discovery: registration: ca_bundle_pem: want the root CA certificate first (%v)", err)
+	}
+	root := bundle[0]
+	if !root.IsCA || root.CheckSignatureFrom(root) != nil {
+		return nil, errors.New("discovery: registration: the first certificate of ca_bundle_pem is not a self-signed CA")
+	}
+	fp := ca.Fingerprint(root)
+	if err := CheckAuthorityID(r.AuthorityID, fp); err != nil {
+		return nil, err
+	}
+	certs, err := ca.ParseCertsPEM([]byte(r.PolicyCertificatePEM))
+	if err != nil || len(certs) != 1 {
+		return nil, errors.New("discovery: registration: policy_certificate_pem: want exactly one certificate")
+	}
+	if err := CheckPolicyCertificate(certs[0], root); err != nil {
+		return nil, err
+	}
+	if len(r.Policy) > MaxPolicyBytes {
+		return nil, fmt.Errorf("discovery: registration: policy is larger than %d bytes", MaxPolicyBytes)
+	}
+	doc, err := r.Document()
+	if err != nil {
+		return nil, err
+	}
+	if err := verify(certs[0], doc, sig); err != nil {
+		return nil, err
+	}
+	for _, c := range []*x509.Certificate{root, certs[0]} {
+		if now.Add(clockSkew).Before(c.NotBefore) || now.Add(-clockSkew).After(c.NotAfter) {
+			return nil, fmt.Errorf("discovery: registration: certificate %q is not valid now (valid %s to %s)",
+				c.Subject.CommonName, c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
+		}
+	}
+	p, err := ParsePolicy(r.Policy)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := p.Canonical()
+	if err != nil {
+		return nil, err
+	}
+	// What was signed must be what is enforced: a policy whose keys only
+	// decode case-insensitively, or with fields the decoder drops, would
+	// sign one thing and mean another.
+	if raw, err := canonicalRaw(r.Policy); err != nil || !bytes.Equal(raw, cp) {
+		return nil, errors.New("discovery: registration: the policy is not in its canonical field names and values (send Policy.Canonical())")
+	}
+	return &Verified{Registration: r, Document: doc, Root: root, Fingerprint: fp, PolicyCert: certs[0], ParsedPolicy: p, CanonicalPolicy: cp}, nil
+}
+
+// clockSkew is DESIGN.md's allowance for times set by another machine.
+const clockSkew = 2 * time.Minute
+
+// ParseStored rebuilds a verified registration from the canonical document
+// a store kept, checking its structure again but not the signature (the
+// store is trusted with what discovery itself verified).
+func ParseStored(doc []byte) (*Verified, error) {
+	var d registrationDoc
+	if err := json.Unmarshal(doc, &d); err != nil || d.Type != TypeRegistration {
+		return nil, fmt.Errorf("discovery: stored registration is not a registration document (%v)", err)
+	}
+	r := Registration{d.AuthorityID, d.Endpoints, d.CABundlePEM, d.Policy, d.Version, d.PolicyCertificatePEM}
+	bundle, err := ca.ParseCertsPEM([]byte(r.CABundlePEM))
+	if err != nil || len(bundle) == 0 {
+		return nil, errors.New("discovery: stored registration: bad CA bundle")
+	}
+	certs, err := ca.ParseCertsPEM([]byte(r.PolicyCertificatePEM))
+	if err != nil || len(certs) != 1 {
+		return nil, errors.New("discovery: stored registration: bad policy certificate")
+	}
+	p, err := ParsePolicy(r.Policy)
+	if err != nil {
+		return nil, err
+	}
+	cp, err := p.Canonical()
+	if err != nil {
+		return nil, err
+	}
+	return &Verified{Registration: r, Document: doc, Root: bundle[0], Fingerprint: ca.Fingerprint(bundle[0]), PolicyCert: certs[0], ParsedPolicy: p, CanonicalPolicy: cp}, nil
+}
+
+func checkEndpoint(ep string) error {
+	host, port, err := net.SplitHostPort(ep)
+	if err != nil || host == "" || len(ep) > maxEndpointSize {
+		return fmt.Errorf("discovery: registration: endpoint %q is not HOST:PORT", ep)
+	}
+	// ParseUint, unlike Atoi, refuses a sign ("+443").
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n < 1 {
+		return fmt.Errorf("discovery: registration: endpoint %q: bad port", ep)
+	}
+	return nil
+}
