@@ -65,6 +65,7 @@ Start with "muster dev" to run an authority on this machine, or
 	root.AddCommand(
 		newInitCmd(env),
 		newAuthorityCmd(env),
+		newDiscoveryCmd(env),
 		newDevCmd(env),
 		newAdminCmd(env),
 		newAuditCmd(env),

@@ -12,7 +12,8 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// Idle is how long an unused key's bucket is kept.
+// Idle is how long an unused key's bucket is kept at least; a bucket that
+// takes longer to refill is kept until it would be full.
 const Idle = 10 * time.Minute
 
 // Keyed is a set of token buckets, one per key. Safe for concurrent use.
@@ -87,7 +88,13 @@ func (k *Keyed) forget(now time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for key, b := range k.buckets {
-		if now.Sub(b.seen) > Idle {
+		// A bucket is forgotten only once it would have refilled anyway,
+		// so forgetting never hands out a fresh burst early.
+		idle := Idle
+		if lim := b.lim.Limit(); lim > 0 && lim != rate.Inf {
+			idle = max(idle, time.Duration(float64(b.lim.Burst())/float64(lim)*float64(time.Second)))
+		}
+		if now.Sub(b.seen) > idle {
 			delete(k.buckets, key)
 		}
 	}

@@ -36,6 +36,9 @@ const (
 	// InfoTrustBundleDecoy keys the trust bundles answered for unknown
 	// token IDs.
 	InfoTrustBundleDecoy = "muster-trust-bundle-decoy"
+	// InfoDiscoveryKey seals discovery's referral-ticket signing keys,
+	// under discovery's own storage key.
+	InfoDiscoveryKey = "muster-discovery-key-encryption"
 )
 
 // ErrDecrypt is returned for a ciphertext that does not open: a wrong key, a

@@ -1,0 +1,424 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/discoveryd"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// Bounds of --key-rotation: a key must sign for a while, and must not
+// outlive the habit of rotating.
+const (
+	minKeyRotation = time.Minute
+	maxKeyRotation = 90 * 24 * time.Hour
+)
+
+type discoveryOptions struct {
+	dir           string
+	listen        string
+	advertise     string
+	storeURL      string
+	metricsListen string
+	keyRotation   time.Duration
+	logFormat     string
+	logLevel      string
+}
+
+func newDiscoveryCmd(env *Env) *cobra.Command {
+	var o discoveryOptions
+	cmd := &cobra.Command{
+		Use:   "discovery --data DIR",
+		Short: "Run a discovery service: authorities register there, agents get referral tickets",
+		Long: `discovery runs muster's optional directory of authorities. Authorities
+(muster authority --discovery HOST:PORT) register their endpoints, CA and
+signed ticket policy; agents look an authority up and ask for a 60-second
+referral ticket for their node, which the authority requires beside the
+bootstrap PSK. Discovery never sees a PSK or a token.
+
+DIR is initialised on first start: a storage key, and a CA of discovery's
+own (DIR/tls) whose fingerprint authorities and agents pin with
+--discovery-fingerprint; muster discovery show prints it. The ticket keys
+are rotated every --key-rotation and published, with the previous key
+during an overlap, at https://ADVERTISE/.well-known/jwks.json on the same
+listener. The ticket issuer is https://ADVERTISE: authorities must name
+discovery by that same HOST:PORT.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.dir == "" {
+				return errors.New("discovery: --data DIR is required")
+			}
+			if o.keyRotation < minKeyRotation || o.keyRotation > maxKeyRotation {
+				return fmt.Errorf("discovery: --key-rotation must be between %s and %s", minKeyRotation, maxKeyRotation)
+			}
+			return runDiscovery(cmd.Context(), env, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.dir, "data", "", "discovery data directory (created on first start)")
+	f.StringVar(&o.listen, "listen", discoveryd.DefaultListen, "address of the API and the JWKS")
+	f.StringVar(&o.advertise, "advertise", "", "HOST:PORT authorities and agents reach discovery at; names the ticket issuer (default: the listen address)")
+	f.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/discovery.db)")
+	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7451", "address of /metrics, /healthz and /readyz over plain HTTP (empty: off)")
+	f.DurationVar(&o.keyRotation, "key-rotation", discoveryd.DefaultKeyRotation, "how long a ticket signing key is used before the next one")
+	f.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env))
+	return cmd
+}
+
+func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
+	log, err := newLogger(env.Stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	id, err := discoveryd.Init(o.dir)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	defer st.Close()
+	srv, err := discoveryd.New(discoveryd.Config{
+		Dir: string(id.Dir), Store: st, Listen: o.listen, Advertise: o.advertise,
+		MetricsListen: o.metricsListen, KeyRotation: o.keyRotation, Log: log,
+	})
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	if err := srv.Run(ctx); err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	log.Info("discovery stopped")
+	return nil
+}
+
+// openDiscoveryStore opens the store a URL names, by default the SQLite
+// file in the data directory.
+func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, url string) (store.Store, error) {
+	if url == "" {
+		url = d.DefaultStoreURL()
+	}
+	return openStore(ctx, url)
+}
+
+// discoveryDir checks --data names an initialised discovery directory.
+func discoveryDir(flag string) (discoveryd.Dir, error) {
+	if flag == "" {
+		return "", errors.New("--data DIR is required")
+	}
+	if _, err := discoveryd.ReadCA(flag); err != nil {
+		return "", err
+	}
+	return discoveryd.Dir(flag), nil
+}
+
+type ticketKeyJSON struct {
+	ID           string     `json:"id"`
+	Status       string     `json:"status"`
+	CreatedAt    time.Time  `json:"created_at"`
+	PublishUntil *time.Time `json:"publish_until,omitempty"`
+}
+
+type discoveryShowJSON struct {
+	Fingerprint string          `json:"fingerprint"`
+	Issuer      string          `json:"issuer,omitempty"`
+	TicketKeys  []ticketKeyJSON `json:"ticket_keys"`
+}
+
+func newDiscoveryShowCmd(env *Env) *cobra.Command {
+	var (
+		dir      string
+		storeURL string
+		out      output
+	)
+	cmd := &cobra.Command{
+		Use:   "show --data DIR",
+		Short: "Print discovery's fingerprint, ticket issuer and ticket keys",
+		Long: `show prints what authorities and agents need to trust this discovery:
+the fingerprint of its CA (--discovery-fingerprint), and the ticket issuer
+once a discovery has started in DIR; then the ticket signing keys. It reads
+DIR and the store, whether or not discovery is running.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			d, err := discoveryDir(dir)
+			if err != nil {
+				return fmt.Errorf("discovery show: %w", err)
+			}
+			cert, err := discoveryd.ReadCA(string(d))
+			if err != nil {
+				return fmt.Errorf("discovery show: %w", err)
+			}
+			res := discoveryShowJSON{Fingerprint: ca.Fingerprint(cert), TicketKeys: []ticketKeyJSON{}}
+			if a, err := d.ReadAddress(); err == nil {
+				res.Issuer = a.Issuer
+			} else if !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("discovery show: %w", err)
+			}
+			// The embedded store exists once discovery has started; show
+			// does not create it.
+			if _, err := os.Stat(d.DatabaseFile()); storeURL != "" || err == nil {
+				keys, err := listTicketKeys(cmd.Context(), d, storeURL)
+				if err != nil {
+					return fmt.Errorf("discovery show: %w", err)
+				}
+				res.TicketKeys = keys
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, res)
+			}
+			printDiscoveryShow(env.Stdout, res)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
+	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	out.register(cmd)
+	return cmd
+}
+
+func listTicketKeys(ctx context.Context, d discoveryd.Dir, storeURL string) ([]ticketKeyJSON, error) {
+	st, err := openDiscoveryStore(ctx, d, storeURL)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	keys, err := st.ListTicketKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := []ticketKeyJSON{}
+	for _, k := range keys {
+		j := ticketKeyJSON{ID: k.ID, Status: k.Status, CreatedAt: k.CreatedAt}
+		if !k.PublishUntil.IsZero() {
+			p := k.PublishUntil
+			j.PublishUntil = &p
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+func printDiscoveryShow(w io.Writer, res discoveryShowJSON) {
+	fmt.Fprintf(w, "Fingerprint:  %s\n", res.Fingerprint)
+	if res.Issuer != "" {
+		fmt.Fprintf(w, "Issuer:       %s\n", res.Issuer)
+	} else {
+		fmt.Fprintln(w, "Issuer:       not known yet (start muster discovery on this directory)")
+	}
+	if len(res.TicketKeys) == 0 {
+		fmt.Fprintln(w, "Ticket keys:  none yet (discovery makes the first one when it starts)")
+	} else {
+		fmt.Fprintln(w, "Ticket keys:")
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  ID\tSTATUS\tCREATED\tPUBLISHED UNTIL")
+		for _, k := range res.TicketKeys {
+			until := "-"
+			if k.PublishUntil != nil {
+				until = pskTime(*k.PublishUntil)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", k.ID, k.Status, pskTime(k.CreatedAt), until)
+		}
+		tw.Flush()
+	}
+	fmt.Fprintf(w, "\nAuthorities and agents pin this discovery with --discovery-fingerprint %s\n", res.Fingerprint)
+}
+
+type lookupJSON struct {
+	AuthorityID   string          `json:"authority_id"`
+	Endpoints     []string        `json:"endpoints"`
+	CAFingerprint string          `json:"ca_fingerprint"`
+	CABundlePEM   string          `json:"ca_bundle_pem"`
+	Version       int64           `json:"version"`
+	Policy        json.RawMessage `json:"policy"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+}
+
+func newDiscoveryLookupCmd(env *Env) *cobra.Command {
+	var (
+		addr    string
+		fp      string
+		timeout time.Duration
+		out     output
+	)
+	cmd := &cobra.Command{
+		Use:   "lookup AUTHORITY_ID --discovery HOST:PORT [--discovery-fingerprint sha256:…]",
+		Short: "Look an authority up at a discovery service",
+		Long: `lookup asks a discovery service for an authority's registered entry: its
+endpoints, the fingerprint of its root CA, the registration version and the
+ticket policy it signed. Without --discovery-fingerprint the discovery's
+certificate must chain to the system roots and name its host.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			addr = firstOf(addr, env.Getenv("MUSTER_DISCOVERY"))
+			fp = firstOf(fp, env.Getenv("MUSTER_DISCOVERY_FINGERPRINT"))
+			if addr == "" {
+				return errors.New("discovery lookup: --discovery HOST:PORT is required (or MUSTER_DISCOVERY)")
+			}
+			if fp != "" {
+				canon, err := ca.ParseFingerprint(fp)
+				if err != nil {
+					return fmt.Errorf("discovery lookup: --discovery-fingerprint: %w", err)
+				}
+				fp = canon
+			}
+			conn, err := discoveryclient.Dial(addr, fp)
+			if err != nil {
+				return fmt.Errorf("discovery lookup: %w", err)
+			}
+			defer conn.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			resp, err := musterv1.NewDiscoveryServiceClient(conn).LookupAuthority(ctx, &musterv1.LookupAuthorityRequest{AuthorityId: args[0]})
+			if err != nil {
+				return discoveryCallError(addr, err)
+			}
+			res, err := lookupOf(resp)
+			if err != nil {
+				return fmt.Errorf("discovery lookup: %w", err)
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, res)
+			}
+			printLookup(env.Stdout, res)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&addr, "discovery", "", "discovery service HOST:PORT (env MUSTER_DISCOVERY)")
+	f.StringVar(&fp, "discovery-fingerprint", "", "pin of the discovery's CA, sha256:HEX (env MUSTER_DISCOVERY_FINGERPRINT; default: system roots)")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the discovery service")
+	out.register(cmd)
+	return cmd
+}
+
+// discoveryCallError names the gRPC code, as describe does, but says
+// "discovery" where describe would say "authority".
+func discoveryCallError(addr string, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+		return fmt.Errorf("UNAVAILABLE: cannot reach the discovery service at %s: %s", addr, oneLine(st.Message()))
+	}
+	return err
+}
+
+// lookupOf checks what discovery answered: the fingerprint it names must
+// be that of the root it sends.
+func lookupOf(resp *musterv1.LookupAuthorityResponse) (lookupJSON, error) {
+	res := lookupJSON{AuthorityID: resp.GetAuthorityId(), Endpoints: resp.GetEndpoints(), CAFingerprint: resp.GetCaFingerprint(),
+		CABundlePEM: resp.GetCaBundlePem(), Version: resp.GetVersion(), UpdatedAt: resp.GetUpdatedAt().AsTime()}
+	certs, err := ca.ParseCertsPEM([]byte(res.CABundlePEM))
+	if err != nil {
+		return res, fmt.Errorf("the CA bundle discovery answered: %w", err)
+	}
+	if got := ca.Fingerprint(certs[0]); got != res.CAFingerprint {
+		return res, fmt.Errorf("discovery names root %s but sends a root with fingerprint %s", res.CAFingerprint, got)
+	}
+	if !json.Valid([]byte(resp.GetPolicyJson())) {
+		return res, errors.New("the policy discovery answered is not JSON")
+	}
+	res.Policy = json.RawMessage(resp.GetPolicyJson())
+	return res, nil
+}
+
+func printLookup(w io.Writer, res lookupJSON) {
+	fmt.Fprintf(w, "Authority:    %s\n", res.AuthorityID)
+	fmt.Fprintf(w, "Endpoints:    %s\n", strings.Join(res.Endpoints, ", "))
+	fmt.Fprintf(w, "CA:           %s\n", res.CAFingerprint)
+	fmt.Fprintf(w, "Version:      %d\n", res.Version)
+	fmt.Fprintf(w, "Updated:      %s\n", pskTime(res.UpdatedAt))
+	var policy bytes.Buffer
+	if err := json.Indent(&policy, res.Policy, "  ", "  "); err != nil {
+		policy.Reset()
+		policy.Write(res.Policy)
+	}
+	fmt.Fprintf(w, "Policy:\n  %s\n", policy.String())
+}
+
+type rotateJSON struct {
+	Previous             string     `json:"previous,omitempty"`
+	Active               string     `json:"active"`
+	PreviousPublishUntil *time.Time `json:"previous_publish_until,omitempty"`
+}
+
+func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
+	var (
+		dir      string
+		storeURL string
+		out      output
+	)
+	cmd := &cobra.Command{
+		Use:   "rotate-key --data DIR",
+		Short: "Make a new ticket signing key now",
+		Long: fmt.Sprintf(`rotate-key makes a new active ticket signing key through the store, whether
+or not discovery is running: running discovery servers publish it within
+seconds and sign with it about ten seconds later. The previous key stays in the JWKS for %s, so tickets it signed
+stay valid until they expire.`, discoveryd.KeyOverlap),
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			d, err := discoveryDir(dir)
+			if err != nil {
+				return fmt.Errorf("discovery rotate-key: %w", err)
+			}
+			st, err := openDiscoveryStore(cmd.Context(), d, storeURL)
+			if err != nil {
+				return fmt.Errorf("discovery rotate-key: %w", err)
+			}
+			defer st.Close()
+			r, err := discoveryd.RotateKey(cmd.Context(), string(d), st)
+			if err != nil {
+				return fmt.Errorf("discovery rotate-key: %w", err)
+			}
+			res := rotateJSON{Previous: r.From, Active: r.To}
+			if !r.PublishUntil.IsZero() {
+				res.PreviousPublishUntil = &r.PublishUntil
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, res)
+			}
+			fmt.Fprintf(env.Stdout, "New ticket key:  %s\n", res.Active)
+			if res.Previous == "" {
+				fmt.Fprintln(env.Stdout, "It is the first ticket key.")
+				return nil
+			}
+			if res.PreviousPublishUntil != nil {
+				fmt.Fprintf(env.Stdout, "Previous key:    %s, published until %s\n", res.Previous, pskTime(*res.PreviousPublishUntil))
+			} else {
+				fmt.Fprintf(env.Stdout, "Previous key:    %s\n", res.Previous)
+			}
+			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about ten seconds later.")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
+	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	out.register(cmd)
+	return cmd
+}

@@ -1,0 +1,398 @@
+// Package discoveryd is the service layer of muster discovery (DESIGN.md,
+// join method 2): the optional directory where authorities register their
+// endpoints, CA bundle and signed policy, and where agents look an
+// authority up and get 60-second referral tickets within that policy.
+//
+// One TLS listener serves the gRPC DiscoveryService and, over HTTPS on the
+// same port, the ticket keys at /.well-known/jwks.json. Discovery has its
+// own data directory, storage key and self-signed CA, which authorities and
+// agents pin by fingerprint; its server certificate never carries an
+// authority's SPIFFE ID, so a compromised discovery cannot pose as an
+// authority and collect secrets. The rules themselves (policies, signed
+// documents, tickets) are in packages discovery and referral; this package
+// translates requests, keeps the ticket keys, and maps errors to status
+// codes in one place (status.go).
+package discoveryd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/ratelimit"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// DefaultListen is discovery's address unless told otherwise.
+const DefaultListen = "127.0.0.1:7450"
+
+// Limits of the listener.
+const (
+	// MaxRequestSize bounds a request: a registration with its CA bundle
+	// and policy is a few KiB.
+	MaxRequestSize = 64 << 10
+	// Each source may send a burst of SourceBurst requests to each RPC
+	// and SourceRate per second after it, as on the authority's
+	// unauthenticated RPCs.
+	SourceRate  = 5
+	SourceBurst = 20
+	// Join reports are signed and come from authorities, one per join:
+	// a fleet joining at once must not be throttled by discovery.
+	ReportRate  = 200
+	ReportBurst = 1000
+	// maintainEvery is the period of key rotation and cleanup.
+	maintainEvery = time.Minute
+	// reportRetention is how long join reports are kept: the quota
+	// counts 24 hours.
+	reportRetention = 48 * time.Hour
+	stopTimeout     = 10 * time.Second
+)
+
+// Config is everything discovery needs; the CLI builds it from flags.
+type Config struct {
+	// Dir is the data directory; it is initialised if needed (Init).
+	Dir string
+	// Store keeps registrations, join reports, ticket keys and the audit
+	// chain.
+	Store store.Store
+	// Listen serves gRPC and HTTPS (default DefaultListen). Advertise is
+	// the address authorities and agents reach it at, and names the
+	// ticket issuer "https://ADVERTISE" (default: the bound listen
+	// address).
+	Listen    string
+	Advertise string
+	// MetricsListen, if set, serves /metrics and /healthz over plain HTTP.
+	MetricsListen string
+	// KeyRotation is how long a ticket key signs (default
+	// DefaultKeyRotation).
+	KeyRotation time.Duration
+	Log         *slog.Logger
+	// Ready, if set, is called once the listeners are bound, with the
+	// address the listener is bound to (HOST:PORT, the port chosen when
+	// Listen asked for port 0).
+	Ready func(addr string)
+}
+
+// Server is a discovery service.
+type Server struct {
+	cfg      Config
+	id       *Identity
+	store    store.Store
+	log      *slog.Logger
+	audit    *audit.Logger
+	refusals *audit.Refusals
+	metrics  *metrics
+	keys     *keyring
+	sealer   *seal.Sealer
+	// limiter holds the discovery's own per-source buckets; policy the
+	// buckets of the authorities' policies.
+	limiter *ratelimit.Keyed
+	policy  *ratelimit.Keyed
+	// sourceLimit and reportLimit are the per-source rates of the public
+	// RPCs and of ReportJoin.
+	sourceLimit, reportLimit bucket
+	policies                 *policyCache
+	grpc                     *grpc.Server
+	now                      func() time.Time
+
+	addr        atomic.Pointer[string]
+	issuer      atomic.Pointer[string]
+	metricsAddr atomic.Pointer[string]
+}
+
+// New initialises the data directory if needed and builds the server; Run
+// starts it.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("discoveryd: no store")
+	}
+	if cfg.Dir == "" {
+		return nil, errors.New("discoveryd: no data directory")
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = DefaultListen
+	}
+	if cfg.KeyRotation == 0 {
+		cfg.KeyRotation = DefaultKeyRotation
+	}
+	if cfg.KeyRotation < 0 {
+		return nil, fmt.Errorf("discoveryd: negative key rotation period %s", cfg.KeyRotation)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Advertise != "" {
+		if h, p, err := net.SplitHostPort(cfg.Advertise); err != nil || h == "" || p == "" {
+			return nil, fmt.Errorf("discoveryd: advertise address %q: want HOST:PORT", cfg.Advertise)
+		}
+	}
+	id, err := Init(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:         cfg,
+		id:          id,
+		store:       cfg.Store,
+		log:         cfg.Log,
+		metrics:     newMetrics(),
+		limiter:     ratelimit.New(SourceRate, SourceBurst),
+		sourceLimit: bucket{SourceRate, SourceBurst},
+		reportLimit: bucket{ReportRate, ReportBurst},
+		policy:      ratelimit.New(1, 1), // every use names its own rate
+		policies:    newPolicyCache(),
+		now:         time.Now,
+	}
+	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
+		return nil, err
+	}
+	s.refusals = audit.NewRefusals(s.audit, "discovery", cfg.Log)
+	if s.sealer, err = id.StorageKey.Sealer(seal.InfoDiscoveryKey); err != nil {
+		return nil, err
+	}
+	s.keys = newKeyring(cfg.Store, s.sealer, cfg.Log)
+	s.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(s.metrics.unary),
+		// A larger message is refused with RESOURCE_EXHAUSTED before it
+		// is parsed.
+		grpc.MaxRecvMsgSize(MaxRequestSize),
+	)
+	musterv1.RegisterDiscoveryServiceServer(s.grpc, &service{s: s})
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(musterv1.DiscoveryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(s.grpc, hs)
+	reflection.Register(s.grpc)
+	return s, nil
+}
+
+// Fingerprint is the pin of the server's TLS identity.
+func (s *Server) Fingerprint() string { return s.id.Fingerprint() }
+
+// Addr is the bound listen address, once Run has bound it.
+func (s *Server) Addr() string {
+	if a := s.addr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// MetricsAddr is the bound metrics address, once Run has bound it; "" if
+// there is none.
+func (s *Server) MetricsAddr() string {
+	if a := s.metricsAddr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// Issuer is the issuer of the tickets, "https://ADVERTISE", once Run has
+// bound the listener.
+func (s *Server) Issuer() string {
+	if a := s.issuer.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
+// Run installs a first ticket key if the store has none, binds the
+// listeners, serves until ctx is done and then stops gracefully.
+func (s *Server) Run(ctx context.Context) error {
+	if err := checkOwnStore(ctx, s.store); err != nil {
+		return err
+	}
+	installed, err := s.keys.ensure(ctx)
+	if err != nil {
+		return err
+	}
+	if installed != "" {
+		s.recordOK(ctx, "ticket_key.create", installed, "first ticket key")
+	}
+	lis, err := net.Listen("tcp", s.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("discoveryd: cannot listen on %s: %w", s.cfg.Listen, unwrapOp(err))
+	}
+	defer lis.Close()
+	bound := lis.Addr().String()
+	advertise := s.cfg.Advertise
+	if advertise == "" {
+		advertise = bound
+	}
+	issuer := discoveryclient.Issuer(advertise)
+	s.addr.Store(&bound)
+	s.issuer.Store(&issuer)
+	if h, _, _ := net.SplitHostPort(advertise); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
+		s.log.Warn("the ticket issuer names no machine: set --advertise to the HOST:PORT authorities and agents use", "issuer", issuer)
+	}
+	certs := &serverCerts{issuer: &ca.Issuer{Cert: s.id.CA, Key: s.id.CAKey}, hosts: hostsOf(s.cfg.Listen, bound, advertise)}
+	if _, err := certs.get(nil); err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler: s.handler(),
+		TLSConfig: &tls.Config{
+			MinVersion:     tls.VersionTLS12,
+			GetCertificate: certs.get,
+			NextProtos:     []string{"h2", "http/1.1"},
+		},
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       5 * time.Minute,
+		MaxHeaderBytes:    MaxRequestSize,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+
+	var metricsLis net.Listener
+	var metricsSrv *http.Server
+	if s.cfg.MetricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", s.cfg.MetricsListen); err != nil {
+			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, unwrapOp(err))
+		}
+		defer metricsLis.Close()
+		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		ma := metricsLis.Addr().String()
+		s.metricsAddr.Store(&ma)
+	}
+
+	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid()}); err != nil {
+		return fmt.Errorf("discoveryd: recording the address in %s: %w", s.id.Dir, err)
+	}
+	if _, err := s.audit.Record(ctx, audit.Event{Actor: "discovery", Action: "discovery.start", Target: issuer,
+		Result: audit.ResultOK, Reason: "listening on " + bound + ", fingerprint " + s.Fingerprint()}); err != nil {
+		return fmt.Errorf("discoveryd: the audit log is not writable: %w", err)
+	}
+	keyID, _ := s.keys.activeSince()
+	s.log.Info("discovery started", "listen", bound, "advertise", advertise, "issuer", issuer,
+		"fingerprint", s.Fingerprint(), "metrics_listen", addrOf(metricsLis), "ticket_key", keyID, "dir", string(s.id.Dir))
+	if s.cfg.Ready != nil {
+		s.cfg.Ready(bound)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.ServeTLS(lis, "", ""); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	if metricsSrv != nil {
+		g.Go(func() error {
+			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	g.Go(func() error { return s.refusals.Run(gctx) })
+	g.Go(func() error { return s.limiter.Run(gctx) })
+	g.Go(func() error { return s.policy.Run(gctx) })
+	g.Go(func() error { return s.audit.Run(gctx) })
+	g.Go(func() error { return s.maintainLoop(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		s.log.Info("discovery stopping")
+		sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close()
+		}
+		s.grpc.Stop()
+		if metricsSrv != nil {
+			metricsSrv.Shutdown(sctx)
+		}
+		return nil
+	})
+	err = g.Wait()
+	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.audit.Record(rctx, audit.Event{Actor: "discovery", Action: "discovery.stop", Target: issuer, Result: audit.ResultOK})
+	s.audit.Checkpoint(rctx)
+	return err
+}
+
+// handler serves gRPC (HTTP/2 with a gRPC content type) and the HTTPS
+// endpoints on one listener.
+func (s *Server) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+discoveryclient.JWKSPath, func(w http.ResponseWriter, r *http.Request) {
+		jwks, err := s.keys.JWKS(r.Context())
+		if err != nil {
+			s.log.Error("cannot serve the JWKS", "err", err)
+			http.Error(w, "ticket keys unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "max-age=60")
+		w.Write(jwks)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			s.grpc.ServeHTTP(w, r)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestSize)
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) metricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if _, err := s.store.Now(ctx); err != nil {
+			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return mux
+}
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// unwrapOp keeps the system's reason ("address already in use") and drops
+// the *net.OpError prefix that would repeat the address.
+func unwrapOp(err error) error {
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		var se *os.SyscallError
+		if errors.As(oe.Err, &se) {
+			return se.Err
+		}
+		return oe.Err
+	}
+	return err
+}

@@ -1,0 +1,45 @@
+package discoveryd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// refusal is a request refused for a reason its caller may read. reason is
+// a bounded label (metrics, the start of the message); msg is the message.
+type refusal struct {
+	code   codes.Code
+	reason string
+	msg    string
+}
+
+func (r *refusal) Error() string { return r.msg }
+
+func refuse(code codes.Code, reason, format string, a ...any) *refusal {
+	return &refusal{code: code, reason: reason, msg: fmt.Sprintf(format, a...)}
+}
+
+// toStatus is the one place where errors become gRPC status codes.
+// Refusals carry their code; anything else is an internal error whose
+// detail goes to the log, never to the caller.
+func toStatus(log *slog.Logger, method, correlationID string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var r *refusal
+	switch {
+	case errors.As(err, &r):
+		return status.Error(r.code, r.msg)
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, "canceled")
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded")
+	}
+	log.Error("request failed", "method", method, "err", err, "correlation_id", correlationID)
+	return status.Errorf(codes.Internal, "internal error (correlation id %s)", correlationID)
+}
