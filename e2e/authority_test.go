@@ -364,7 +364,7 @@ func TestDev(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "dev-data")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cmd := execCommand(ctx, "dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	cmd := execCommand(ctx, "dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--discovery-listen", "127.0.0.1:0")
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -384,10 +384,27 @@ func TestDev(t *testing.T) {
 		}
 	}
 	text := string(buf)
-	for _, want := range []string{"Authority ID:", "Bootstrap PSK:", "token create --data", "agent join --data", "listening on 127.0.0.1:"} {
+	for _, want := range []string{"Authority ID:", "Bootstrap PSK:", "token create --data", "agent join --data", "listening on 127.0.0.1:",
+		"--discovery 127.0.0.1:"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("dev output lacks %q:\n%s", want, text)
 		}
 	}
 	mustRun(t, "status", "--data", dir)
+
+	// The PSK join through the embedded discovery, as the output says.
+	field := func(after string) string {
+		_, rest, ok := strings.Cut(text, after)
+		if !ok {
+			t.Fatalf("dev output lacks %q:\n%s", after, text)
+		}
+		return strings.Fields(rest)[0]
+	}
+	adir := filepath.Join(t.TempDir(), "agent-psk")
+	r := muster(t, []string{"MUSTER_BOOTSTRAP_PSK=" + field("Bootstrap PSK:")}, "agent", "join", "--data", adir, "--node", "my-psk-node",
+		"--discovery", field("--discovery "), "--discovery-fingerprint", field("--discovery-fingerprint "),
+		"--authority-id", field("--authority-id "), "--ca-fingerprint", field("--ca-fingerprint "))
+	if r.code != 0 {
+		t.Fatalf("the PSK join dev prints: exit %d\n%s", r.code, r.stderr)
+	}
 }

@@ -108,9 +108,10 @@ func initDir(t *testing.T, extra ...string) (string, map[string]any) {
 
 // authorityProc is a running `muster authority`.
 type authorityProc struct {
-	cmd     *exec.Cmd
-	addr    string
-	metrics string
+	cmd *exec.Cmd
+	// addr is the advertised address, listen the bound one.
+	addr, listen string
+	metrics      string
 	// bootstrap is the bootstrap-only listener, when one was asked for.
 	bootstrap string
 	mu        sync.Mutex
@@ -162,6 +163,7 @@ func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
 	select {
 	case rec := <-started:
 		p.addr, _ = rec["advertise"].(string)
+		p.listen, _ = rec["listen"].(string)
 		p.metrics, _ = rec["metrics_listen"].(string)
 		p.bootstrap, _ = rec["bootstrap_listen"].(string)
 	case <-p.done:

@@ -114,6 +114,12 @@ type Config struct {
 	// PSK is the bootstrap PSK (muster-psk:HEX), kept only until the join
 	// succeeds.
 	PSK string `yaml:"psk,omitempty"`
+	// Discovery is HOST:PORT of the discovery service a join goes
+	// through, DiscoveryFingerprint the pin of its CA, AuthorityID the
+	// authority looked up there.
+	Discovery            string `yaml:"discovery,omitempty"`
+	DiscoveryFingerprint string `yaml:"discovery_fingerprint,omitempty"`
+	AuthorityID          string `yaml:"authority_id,omitempty"`
 }
 
 // ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown

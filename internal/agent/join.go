@@ -32,11 +32,16 @@ type JoinRequest struct {
 	Token jointoken.Token
 	PSK   psk.PSK
 	// AuthorityID, if set, must be the authority ID a PSK join finds in
-	// the authority's certificate.
+	// the authority's certificate; with Discovery it is required.
 	AuthorityID string
 	Node        string
-	// Authority is HOST:PORT.
+	// Authority is HOST:PORT; unused with Discovery, which names it.
 	Authority string
+	// Discovery, if set, is HOST:PORT of a discovery service: the agent
+	// looks AuthorityID up there and asks it for a referral ticket.
+	// DiscoveryFingerprint pins discovery's CA ("" : system roots).
+	Discovery            string
+	DiscoveryFingerprint string
 	// CAFingerprint, if set, must match a root of the trust bundle.
 	CAFingerprint string
 	// Force joins over an existing identity, which stays in place until
@@ -46,13 +51,16 @@ type JoinRequest struct {
 
 // method is the join method of r.
 func (r JoinRequest) method() string {
-	if r.Token.ID == "" && !r.PSK.IsZero() {
+	if r.Token.ID == "" && (!r.PSK.IsZero() || r.Discovery != "") {
 		return JoinMethodPSK
 	}
 	return JoinMethodToken
 }
 
 func (r JoinRequest) check() error {
+	if r.Discovery != "" {
+		return r.checkDiscovery()
+	}
 	switch {
 	case r.Token.ID != "" && !r.PSK.IsZero():
 		return errors.New("give a join token or a bootstrap PSK, not both")
@@ -70,6 +78,34 @@ func (r JoinRequest) check() error {
 	if r.CAFingerprint != "" {
 		if _, err := ca.ParseFingerprint(r.CAFingerprint); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkDiscovery checks a join through discovery: the PSK flow (a PSK, or
+// none while the authority allows it), pinned to the authority's root,
+// since discovery's answer is never trusted with a secret.
+func (r JoinRequest) checkDiscovery() error {
+	switch {
+	case r.Token.ID != "":
+		return errors.New("a join token goes to the authority's address (--authority), not through discovery")
+	case r.AuthorityID == "":
+		return errors.New("a join through discovery needs the authority ID (--authority-id, MUSTER_AUTHORITY_ID, authority_id= in the joining URI)")
+	case r.CAFingerprint == "":
+		return errors.New("a join through discovery needs the authority's CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, fingerprint= in the joining URI): discovery's word alone is not trusted")
+	}
+	if err := spiffeid.ValidNodeID(r.Node); err != nil {
+		return fmt.Errorf("node ID: %w", err)
+	}
+	if _, _, err := net.SplitHostPort(r.Discovery); err != nil {
+		return fmt.Errorf("discovery address %q: want HOST:PORT", r.Discovery)
+	}
+	for _, fp := range []string{r.CAFingerprint, r.DiscoveryFingerprint} {
+		if fp != "" {
+			if _, err := ca.ParseFingerprint(fp); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -156,8 +192,11 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if cerr != nil {
 		cfg = Config{}
 	}
-	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token, cfg.PSK = r.Authority, r.Node, r.method(), "", ""
+	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token, cfg.PSK = j.joined, r.Node, r.method(), "", ""
 	cfg.CAFingerprint = pinOf(j.roots, r.CAFingerprint)
+	if r.Discovery != "" {
+		cfg.Discovery, cfg.DiscoveryFingerprint, cfg.AuthorityID = r.Discovery, r.DiscoveryFingerprint, r.AuthorityID
+	}
 	if err := a.dir.WriteConfig(cfg); err != nil {
 		// The identity is in place: say so rather than fail the join.
 		a.log.Warn("joined, but agent.yaml could not be updated; remove any token or PSK from it by hand", "err", err)
@@ -172,8 +211,9 @@ type joinResult struct {
 	authorityID, trustDomain string
 	instanceID               string
 	generation               int64
-	// renewal is the address renewals go to.
-	renewal string
+	// renewal is the address renewals go to; joined the one the join
+	// went to.
+	renewal, joined string
 }
 
 func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
@@ -187,7 +227,7 @@ func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer)
 	}
 	return &joinResult{chain: chain, roots: bundle.RootCerts, authorityID: bundle.AuthorityID, trustDomain: bundle.TrustDomain,
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
-		renewal: renewalAddress(bundle.Endpoints, r.Authority)}, nil
+		renewal: renewalAddress(bundle.Endpoints, r.Authority), joined: r.Authority}, nil
 }
 
 // pinOf is the fingerprint to record: the one given, else the first root's.

@@ -11,15 +11,26 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// ErrPinnedRoot reports an authority whose certificate chain does not end
-// at the root of the CA fingerprint; the PSK was not sent.
-var ErrPinnedRoot = errors.New("the authority's certificate chain does not end at the root of the CA fingerprint")
+// Errors of the check an agent makes before it sends the PSK; either way
+// the PSK was not sent.
+var (
+	// ErrPinnedRoot: the server's chain does not end at the root of the
+	// CA fingerprint.
+	ErrPinnedRoot = errors.New("the authority's certificate chain does not end at the root of the CA fingerprint")
+	// ErrNotAuthority: the chain ends at the pinned root, but the server
+	// does not prove to be the authority (no valid chain to it, or no
+	// spiffe://TD/authority/ID SAN, or another authority ID).
+	ErrNotAuthority = errors.New("the server is not an authority under the pinned root")
+)
 
 // authorityPeer is who a TLS handshake proved the server to be.
 type authorityPeer struct {
@@ -53,7 +64,7 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 		return nil
 	}
 	if err := identity.VerifyPeer(certs[:len(certs)-1], pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrPinnedRoot, err)
+		return nil, fmt.Errorf("%w: %v", ErrNotAuthority, err)
 	}
 	return &authorityPeer{id: got, root: root}, nil
 }
@@ -92,10 +103,18 @@ func (a *Agent) probeAuthority(ctx context.Context, r JoinRequest) (*authorityPe
 
 // joinPSK joins with the bootstrap PSK: it verifies the authority by the
 // pinned root before the PSK leaves the machine, then asks for a
-// certificate for a CSR whose common name is the node ID.
+// certificate for a CSR whose common name is the node ID. Through
+// discovery, it first looks the authority up and, once an endpoint has
+// proved to be that authority, asks discovery for a referral ticket.
 func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
-	peer, err := a.probeAuthority(ctx, r)
-	if err != nil {
+	var ticket string
+	var peer *authorityPeer
+	var err error
+	if r.Discovery != "" {
+		if r.Authority, peer, ticket, err = a.refer(ctx, r); err != nil {
+			return nil, err
+		}
+	} else if peer, err = a.probeAuthority(ctx, r); err != nil {
 		return nil, err
 	}
 	agentID, err := spiffeid.New(peer.id.TrustDomain, spiffeid.RoleAgent, r.Node)
@@ -115,11 +134,13 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	if err != nil {
 		return nil, err
 	}
+	req := &musterv1.RequestCertificateRequest{Csr: csr, ReferralTicket: ticket}
+	if !r.PSK.IsZero() {
+		req.BootstrapPsk = r.PSK.Reveal()
+	}
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, &musterv1.RequestCertificateRequest{
-		Csr: csr, BootstrapPsk: r.PSK.Reveal(),
-	})
+	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -130,5 +151,59 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	}
 	return &joinResult{chain: chain, roots: roots, authorityID: peer.id.Name, trustDomain: peer.id.TrustDomain,
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
-		renewal: renewalAddress(resp.GetEndpoints(), r.Authority)}, nil
+		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority}, nil
+}
+
+// refer goes through discovery: it looks the authority up, probes its
+// endpoints in order until one proves, by the pinned root and the authority
+// SAN, to be that authority (discovery's own certificate never carries
+// that SAN, so a discovery posing as the authority gets nothing), and only
+// then asks for a referral ticket for the node. Nothing secret goes to
+// discovery.
+func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer *authorityPeer, ticket string, err error) {
+	conn, err := discoveryclient.Dial(r.Discovery, r.DiscoveryFingerprint)
+	if err != nil {
+		return "", nil, "", err
+	}
+	defer conn.Close()
+	client := musterv1.NewDiscoveryServiceClient(conn)
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	look, err := client.LookupAuthority(cctx, &musterv1.LookupAuthorityRequest{AuthorityId: r.AuthorityID})
+	if err != nil {
+		return "", nil, "", fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
+	}
+	if fp := look.GetCaFingerprint(); !sameFingerprint(fp, r.CAFingerprint) {
+		return "", nil, "", &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
+			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, fp)}
+	}
+	var errs []error
+	for _, ep := range look.GetEndpoints() {
+		probe := r
+		probe.Authority = ep
+		if peer, err = a.probeAuthority(ctx, probe); err == nil {
+			endpoint = ep
+			break
+		}
+		errs = append(errs, err)
+	}
+	if peer == nil {
+		if len(errs) == 0 {
+			errs = append(errs, errors.New("discovery lists no endpoint"))
+		}
+		return "", nil, "", fmt.Errorf("no endpoint of authority %s proved to be it: %w", r.AuthorityID, errors.Join(errs...))
+	}
+	tctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	t, err := client.RequestReferralTicket(tctx, &musterv1.RequestReferralTicketRequest{AuthorityId: r.AuthorityID, NodeId: r.Node})
+	if err != nil {
+		return "", nil, "", fmt.Errorf("discovery %s: referral ticket: %w", r.Discovery, err)
+	}
+	return endpoint, peer, t.GetTicket(), nil
+}
+
+func sameFingerprint(a, b string) bool {
+	fa, err1 := ca.ParseFingerprint(a)
+	fb, err2 := ca.ParseFingerprint(b)
+	return err1 == nil && err2 == nil && fa == fb
 }

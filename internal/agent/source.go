@@ -23,6 +23,9 @@ const (
 	EnvCAFingerprint = "MUSTER_CA_FINGERPRINT"
 	EnvBootstrapPSK  = "MUSTER_BOOTSTRAP_PSK"
 	EnvAuthorityID   = "MUSTER_AUTHORITY_ID"
+	EnvDiscovery     = "MUSTER_DISCOVERY"
+	// EnvDiscoveryFingerprint pins discovery's CA.
+	EnvDiscoveryFingerprint = "MUSTER_DISCOVERY_FINGERPRINT"
 )
 
 // Token sources, as ResolveJoin names them.
@@ -44,10 +47,11 @@ const maxTokenFile = 4 << 10
 // JoinInputs are every place a join's parameters can come from.
 type JoinInputs struct {
 	// The command line: flags, and a joining URI argument.
-	Token, TokenFile, URI          string
-	PSK, PSKFile                   string
-	Node, Authority, CAFingerprint string
-	AuthorityID                    string
+	Token, TokenFile, URI           string
+	PSK, PSKFile                    string
+	Node, Authority, CAFingerprint  string
+	AuthorityID                     string
+	Discovery, DiscoveryFingerprint string
 	// Getenv reads the MUSTER_* variables; nil reads none.
 	Getenv func(string) string
 	// Stdin is read for --token-file -.
@@ -70,16 +74,19 @@ type layer struct {
 	// secret is a join token or (method psk) a bootstrap PSK.
 	secret, method, source                    string
 	node, authority, fingerprint, authorityID string
+	discovery, discoveryFP                    string
 }
 
 // ResolveJoin picks each parameter from the first layer that gives it: the
 // command line (flags before the joining URI), then the environment
 // (MUSTER_JOIN_TOKEN or MUSTER_BOOTSTRAP_PSK, MUSTER_NODE_ID,
-// MUSTER_AUTHORITY, MUSTER_AUTHORITY_ID, MUSTER_CA_FINGERPRINT before
-// MUSTER_JOIN_URI), then agent.yaml. The secret, a join token or the
-// bootstrap PSK, comes whole from the first layer that gives one. At most
-// one of --token, --token-file, --psk, --psk-file and a URI argument may be
-// given. Errors never quote a secret.
+// MUSTER_AUTHORITY, MUSTER_AUTHORITY_ID, MUSTER_CA_FINGERPRINT,
+// MUSTER_DISCOVERY, MUSTER_DISCOVERY_FINGERPRINT before MUSTER_JOIN_URI),
+// then agent.yaml. The secret, a join token or the bootstrap PSK, comes
+// whole from the first layer that gives one; through discovery it may be
+// absent (an authority migrating to the PSK admits on the ticket alone).
+// At most one of --token, --token-file, --psk, --psk-file and a URI
+// argument may be given. Errors never quote a secret.
 func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	var res ResolvedJoin
 	getenv := in.Getenv
@@ -88,7 +95,8 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	}
 
 	// The command line.
-	cli := layer{node: in.Node, authority: in.Authority, fingerprint: in.CAFingerprint, authorityID: in.AuthorityID}
+	cli := layer{node: in.Node, authority: in.Authority, fingerprint: in.CAFingerprint, authorityID: in.AuthorityID,
+		discovery: in.Discovery, discoveryFP: in.DiscoveryFingerprint}
 	n := 0
 	for _, s := range []string{in.Token, in.TokenFile, in.PSK, in.PSKFile, in.URI} {
 		if s != "" {
@@ -126,7 +134,7 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 
 	// The environment.
 	env := layer{node: getenv(EnvNodeID), authority: getenv(EnvAuthority), fingerprint: getenv(EnvCAFingerprint),
-		authorityID: getenv(EnvAuthorityID)}
+		authorityID: getenv(EnvAuthorityID), discovery: getenv(EnvDiscovery), discoveryFP: getenv(EnvDiscoveryFingerprint)}
 	if u := getenv(EnvJoinURI); u != "" {
 		if err := fromURI(&env, u, SourceEnvURI); err != nil {
 			return res, fmt.Errorf("%s: %w", EnvJoinURI, err)
@@ -149,7 +157,8 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	if in.Config.Token != "" && in.Config.PSK != "" {
 		return res, errors.New("agent.yaml: give token or psk, not both")
 	}
-	file := layer{node: in.Config.Node, authority: in.Config.Authority, fingerprint: in.Config.CAFingerprint}
+	file := layer{node: in.Config.Node, authority: in.Config.Authority, fingerprint: in.Config.CAFingerprint,
+		authorityID: in.Config.AuthorityID, discovery: in.Config.Discovery, discoveryFP: in.Config.DiscoveryFingerprint}
 	switch {
 	case in.Config.Token != "":
 		file.secret, file.method, file.source = in.Config.Token, JoinMethodToken, SourceConfig
@@ -173,11 +182,17 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 			break
 		}
 	}
-	if secret == "" {
+	discovery := pick(func(l layer) string { return l.discovery })
+	switch {
+	case secret == "" && discovery != "":
+		method = JoinMethodPSK
+		res.Warnings = append(res.Warnings, "no bootstrap PSK: joining on the referral ticket alone, which the authority accepts only while it migrates to the PSK")
+	case secret == "":
 		return res, errors.New("no join token or bootstrap PSK: give --token-file FILE, --psk-file FILE, MUSTER_JOIN_TOKEN, MUSTER_BOOTSTRAP_PSK, a joining URI, or token or psk in agent.yaml")
 	}
-	switch method {
-	case JoinMethodPSK:
+	switch {
+	case secret == "":
+	case method == JoinMethodPSK:
 		p, err := psk.Parse(strings.TrimSpace(secret))
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", res.TokenSource, err)
@@ -197,11 +212,24 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		Node:          pick(func(l layer) string { return l.node }),
 		Authority:     pick(func(l layer) string { return l.authority }),
 		CAFingerprint: pick(func(l layer) string { return l.fingerprint }),
+		Discovery:     discovery,
+	}
+	if discovery != "" {
+		res.Request.DiscoveryFingerprint = pick(func(l layer) string { return l.discoveryFP })
+		if fp := res.Request.DiscoveryFingerprint; fp != "" {
+			canon, err := ca.ParseFingerprint(fp)
+			if err != nil {
+				return res, fmt.Errorf("discovery fingerprint: %w", err)
+			}
+			res.Request.DiscoveryFingerprint = canon
+		}
 	}
 	switch {
 	case res.Request.Node == "":
 		return res, errors.New("no node ID: give --node NODE (or MUSTER_NODE_ID, node= in the joining URI, node in agent.yaml)")
-	case res.Request.Authority == "":
+	case discovery != "" && res.Request.AuthorityID == "":
+		return res, errors.New("a join through discovery needs the authority ID: give --authority-id ID (or MUSTER_AUTHORITY_ID, authority_id= in the joining URI)")
+	case res.Request.Authority == "" && discovery == "":
 		return res, errors.New("no authority address: give --authority HOST:PORT (or MUSTER_AUTHORITY, a joining URI, authority in agent.yaml)")
 	}
 	if fp := res.Request.CAFingerprint; fp != "" {
@@ -223,9 +251,6 @@ func fromURI(l *layer, s, source string) error {
 	if err != nil {
 		return err
 	}
-	if u.AuthorityID != "" {
-		return errors.New("joining through discovery (authority_id=) is not supported by this agent yet: use the authority's address")
-	}
 	switch u.Method {
 	case joinuri.MethodToken:
 		l.secret, l.method = u.Token.Reveal(), JoinMethodToken
@@ -236,8 +261,18 @@ func fromURI(l *layer, s, source string) error {
 	}
 	l.source = source
 	l.node = firstNonEmpty(l.node, u.Node)
-	l.authority = firstNonEmpty(l.authority, u.Address)
 	l.fingerprint = firstNonEmpty(l.fingerprint, u.Fingerprint)
+	if u.AuthorityID != "" {
+		// With authority_id= the address is discovery's.
+		if u.Method == joinuri.MethodToken {
+			return errors.New("a join token goes to the authority's address, not through discovery (authority_id=)")
+		}
+		l.discovery = firstNonEmpty(l.discovery, u.Address)
+		l.discoveryFP = firstNonEmpty(l.discoveryFP, u.DiscoveryFingerprint)
+		l.authorityID = firstNonEmpty(l.authorityID, u.AuthorityID)
+		return nil
+	}
+	l.authority = firstNonEmpty(l.authority, u.Address)
 	return nil
 }
 

@@ -154,3 +154,75 @@ func TestResolveJoinPSK(t *testing.T) {
 		})
 	}
 }
+
+func TestResolveJoinDiscovery(t *testing.T) {
+	const (
+		fp  = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+		dfp = "sha256:4444444444444444444444444444444444444444444444444444444444444444"
+	)
+	pskA := "muster-psk:" + strings.Repeat("a", 64)
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	type want struct {
+		psk, discovery, discoveryFP, authorityID, authority string
+	}
+	tests := []struct {
+		name string
+		in   JoinInputs
+		want want
+		err  string
+	}{
+		{"flags", JoinInputs{PSK: pskA, Node: "n", Discovery: "disc:7450", DiscoveryFingerprint: dfp, AuthorityID: "prod-abcdef", CAFingerprint: fp},
+			want{pskA, "disc:7450", dfp, "prod-abcdef", ""}, ""},
+		{"environment alone", JoinInputs{Getenv: env(EnvBootstrapPSK, pskA, EnvNodeID, "n", EnvDiscovery, "disc:7450",
+			EnvDiscoveryFingerprint, dfp, EnvAuthorityID, "prod-abcdef", EnvCAFingerprint, fp)},
+			want{pskA, "disc:7450", dfp, "prod-abcdef", ""}, ""},
+		{"URI with authority_id names discovery", JoinInputs{Node: "n", URI: "muster+psk://" + strings.Repeat("a", 64) +
+			"@disc:7450?fingerprint=" + fp + "&authority_id=prod-abcdef&discovery_fingerprint=" + dfp},
+			want{pskA, "disc:7450", dfp, "prod-abcdef", ""}, ""},
+		{"agent.yaml after a discovery join", JoinInputs{Config: Config{PSK: pskA, Node: "n", CAFingerprint: fp, Discovery: "disc:7450",
+			AuthorityID: "prod-abcdef", Authority: "auth:7443"}},
+			want{pskA, "disc:7450", "", "prod-abcdef", "auth:7443"}, ""},
+		{"no PSK: the ticket alone", JoinInputs{Node: "n", Discovery: "disc:7450", AuthorityID: "prod-abcdef", CAFingerprint: fp},
+			want{"", "disc:7450", "", "prod-abcdef", ""}, ""},
+		{"no authority ID", JoinInputs{PSK: pskA, Node: "n", Discovery: "disc:7450", CAFingerprint: fp}, want{}, "needs the authority ID"},
+		{"no CA fingerprint", JoinInputs{PSK: pskA, Node: "n", Discovery: "disc:7450", AuthorityID: "prod-abcdef"}, want{}, "CA fingerprint"},
+		{"bad discovery fingerprint", JoinInputs{PSK: pskA, Node: "n", Discovery: "disc:7450", AuthorityID: "prod-abcdef", CAFingerprint: fp,
+			DiscoveryFingerprint: "sha256:nope"}, want{}, "discovery fingerprint"},
+		{"a token through discovery", JoinInputs{URI: "muster+token://aaaaaa.aaaaaaaaaaaaaaaa@disc:7450?authority_id=prod-abcdef", Node: "n"},
+			want{}, "not through discovery"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := ResolveJoin(tt.in)
+			if err == nil {
+				err = res.Request.check()
+			}
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := res.Request
+			got := want{r.PSK.Reveal(), r.Discovery, r.DiscoveryFingerprint, r.AuthorityID, r.Authority}
+			if r.PSK.IsZero() {
+				got.psk = ""
+			}
+			if diff := cmp.Diff(tt.want, got, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+			if r.method() != JoinMethodPSK {
+				t.Errorf("method %s, want psk", r.method())
+			}
+		})
+	}
+}

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,64 +14,6 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 )
-
-func TestRefusalAuditorAggregatesFloods(t *testing.T) {
-	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	log, err := audit.New(audit.Config{Store: st, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newRefusalAuditor(log, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	r.perWindow = 3
-	for range 10 {
-		r.record(t.Context(), audit.Event{Action: "agent.join", Result: audit.ResultDenied, Source: "198.51.100.7"})
-	}
-	for range 2 {
-		r.record(t.Context(), audit.Event{Action: "agent.join", Result: audit.ResultDenied, Source: "203.0.113.9"})
-	}
-	r.flush(t.Context())
-
-	recs, err := st.ListAudit(t.Context(), store.AuditFilter{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bySource := map[string][]store.AuditRecord{}
-	for _, rec := range recs {
-		bySource[rec.Source] = append(bySource[rec.Source], rec)
-	}
-	flood := bySource["198.51.100.7"]
-	if len(flood) != 4 || flood[3].Action != "api.access.flood" || !strings.HasPrefix(flood[3].Reason, "7 further refusals") {
-		t.Fatalf("flooding source: %d records, last %+v; want 3 refusals and one aggregate of 7", len(flood), flood[len(flood)-1])
-	}
-	if quiet := bySource["203.0.113.9"]; len(quiet) != 2 || quiet[1].Action != "agent.join" {
-		t.Fatalf("quiet source: %+v", quiet)
-	}
-	// The next window starts afresh.
-	r.record(t.Context(), audit.Event{Action: "agent.join", Result: audit.ResultDenied, Source: "198.51.100.7"})
-	if h, _ := st.AuditHead(t.Context()); h.Seq != int64(len(recs)+1) {
-		t.Fatalf("a refusal in a new window was not recorded")
-	}
-}
-
-func TestLimiter(t *testing.T) {
-	l := newLimiter(0.001, 3)
-	for i := range 3 {
-		if !l.Allow("a") {
-			t.Fatalf("request %d refused within the burst", i+1)
-		}
-	}
-	if l.Allow("a") {
-		t.Fatal("request past the burst allowed")
-	}
-	if !l.Allow("b") {
-		t.Fatal("another source was limited by the first one's requests")
-	}
-}
 
 func TestTokenState(t *testing.T) {
 	now := time.Now()

@@ -159,7 +159,7 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 
 // deny audits a refused call and returns its status.
 func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason string) error {
-	s.refusals.record(ctx, audit.Event{
+	s.refusals.Record(ctx, audit.Event{
 		Actor:         c.Actor(),
 		Action:        "api.access",
 		Target:        fullMethod,

@@ -92,7 +92,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 			b.Fatal(err)
 		}
 		// Joins from one source would hit the bootstrap rate limit.
-		srv.limiter.rate, srv.limiter.burst = 1e9, 1e9
+		srv.limiter.SetDefault(1e9, 1e9)
 		done := make(chan error, 1)
 		rctx, rcancel := context.WithCancel(ctx)
 		go func() { done <- srv.Run(rctx) }()

@@ -45,6 +45,9 @@ func (s *Server) backgroundJobs(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.audit.Run(gctx) })
 	g.Go(func() error { return s.cleanTokens(gctx) })
+	if s.discovery != nil {
+		g.Go(func() error { return s.discovery.registerLoop(gctx) })
+	}
 	return g.Wait()
 }
 
@@ -54,6 +57,7 @@ func (s *Server) cleanTokens(ctx context.Context) error {
 	for {
 		s.cleanTokensOnce(ctx)
 		s.expireGracePSKs(ctx)
+		s.cleanTicketUses(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -78,5 +82,15 @@ func (s *Server) cleanTokensOnce(ctx context.Context) {
 		Target: strings.Join(ids, ","), Result: audit.ResultOK,
 		Reason: fmt.Sprintf("%d tokens expired more than %s ago", len(ids), tokenRetention)}); err != nil {
 		s.log.Error("audit write failed", "action", "token.cleanup", "err", err)
+	}
+}
+
+// cleanTicketUses drops the records of referral tickets past expiry and
+// clock-skew allowance: a copy of one would be refused as expired anyway.
+func (s *Server) cleanTicketUses(ctx context.Context) {
+	if n, err := s.store.DeleteTicketUses(ctx); err != nil && ctx.Err() == nil {
+		s.log.Error("ticket use cleaner failed", "err", err)
+	} else if n > 0 {
+		s.log.Debug("dropped expired referral ticket uses", "count", n)
 	}
 }

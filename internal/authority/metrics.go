@@ -28,6 +28,8 @@ type metrics struct {
 	issuance     *prometheus.HistogramVec
 	certificates *prometheus.CounterVec
 	psks         *prometheus.CounterVec
+	tickets      *prometheus.CounterVec
+	discovery    *prometheus.CounterVec
 }
 
 func newMetrics(version string) *metrics {
@@ -67,6 +69,14 @@ func newMetrics(version string) *metrics {
 			Name: "muster_psk_validations_total",
 			Help: "Bootstrap PSKs presented, by result: active, grace (matched the PSK in its grace period) or invalid (missing or matching none).",
 		}, []string{"result"}),
+		tickets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_referral_tickets_total",
+			Help: "Referral tickets checked at PSK bootstraps, by result: ok, missing, invalid, expired or replayed.",
+		}, []string{"result"}),
+		discovery: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_discovery_calls_total",
+			Help: "Calls to the discovery service, by operation (register, report) and gRPC status code.",
+		}, []string{"operation", "code"}),
 	}
 	for _, r := range []string{enroll.PSKResultActive, enroll.PSKResultGrace, enroll.PSKResultInvalid} {
 		m.psks.WithLabelValues(r)
@@ -76,7 +86,7 @@ func newMetrics(version string) *metrics {
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -136,3 +146,9 @@ func (m *metrics) renewal(start time.Time, iss *enroll.Issued, err error) {
 }
 
 func (m *metrics) pskValidation(result string) { m.psks.WithLabelValues(result).Inc() }
+
+func (m *metrics) ticket(result string) { m.tickets.WithLabelValues(result).Inc() }
+
+func (m *metrics) discoveryCall(op string, err error) {
+	m.discovery.WithLabelValues(op, status.Code(err).String()).Inc()
+}

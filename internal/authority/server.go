@@ -35,6 +35,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -59,6 +60,13 @@ type Config struct {
 	BootstrapListen string
 	MetricsListen   string
 	AgentCertTTL    time.Duration
+	// Discovery, if set, is the discovery service the authority registers
+	// with; every PSK bootstrap then needs its referral ticket.
+	Discovery *DiscoveryConfig
+	// PSKOptionalUntil, if set (bootstrap.psk_required: false), admits
+	// bootstraps with a valid referral ticket and no PSK until then. It
+	// needs Discovery.
+	PSKOptionalUntil time.Time
 	// TrustedProxies are the TCP load balancers whose PROXY protocol
 	// header names a connection's source; empty: none.
 	TrustedProxies []netip.Prefix
@@ -77,12 +85,14 @@ type Server struct {
 	audit    *audit.Logger
 	log      *slog.Logger
 	metrics  *metrics
-	refusals *refusalAuditor
+	refusals *audit.Refusals
 	enroll   *enroll.Service
-	limiter  *limiter
+	limiter  *ratelimit.Keyed
 	tokens   *seal.Sealer
-	started  time.Time
-	cfg      Config
+	// discovery is nil without a discovery service.
+	discovery *discoveryLink
+	started   time.Time
+	cfg       Config
 
 	advertised atomic.Pointer[string]
 
@@ -109,11 +119,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		cfg:     cfg,
 		certs:   map[ca.Role]*tls.Certificate{},
 	}
-	s.refusals = newRefusalAuditor(cfg.Audit, cfg.Log)
+	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
 	}
-	s.limiter = newLimiter(bootstrapRate, bootstrapBurst)
+	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	var err error
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
@@ -121,6 +131,16 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	psks, err := cfg.StorageKey.Sealer(seal.InfoPSK)
 	if err != nil {
 		return nil, err
+	}
+	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
+		return nil, errors.New("authority: bootstrap.psk_required false needs referral tickets: configure a discovery service")
+	}
+	var tickets enroll.TicketVerifier
+	if cfg.Discovery != nil {
+		if s.discovery, err = newDiscoveryLink(s, *cfg.Discovery); err != nil {
+			return nil, err
+		}
+		tickets = s.discovery.verifier()
 	}
 	endpoints := []string{}
 	if cfg.Advertise != "" {
@@ -138,10 +158,13 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		ExpireGracePSKs: func(ctx context.Context) {
 			s.expireGracePSKs(context.WithoutCancel(ctx))
 		},
-		PSKObserver:  s.metrics.pskValidation,
-		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
-		AgentCertTTL: cfg.AgentCertTTL,
-		Limiter:      s.limiter,
+		PSKObserver:      s.metrics.pskValidation,
+		Tickets:          tickets,
+		PSKOptionalUntil: cfg.PSKOptionalUntil,
+		TicketObserver:   s.metrics.ticket,
+		DecoyKey:         cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
+		AgentCertTTL:     cfg.AgentCertTTL,
+		Limiter:          s.limiter,
 	})
 	if err != nil {
 		return nil, err
@@ -166,7 +189,7 @@ func (a enrollAuditor) Record(ctx context.Context, e audit.Event) error {
 	return err
 }
 
-func (a enrollAuditor) Refuse(ctx context.Context, e audit.Event) { a.s.refusals.record(ctx, e) }
+func (a enrollAuditor) Refuse(ctx context.Context, e audit.Event) { a.s.refusals.Record(ctx, e) }
 
 func (a enrollAuditor) Builder(e audit.Event) (func(store.AuditHead) (store.AuditRecord, error), error) {
 	return a.s.audit.Builder(e)
@@ -386,6 +409,9 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })
+	if s.discovery != nil {
+		g.Go(func() error { return s.discovery.run(gctx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		s.log.Info("authority stopping")

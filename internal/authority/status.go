@@ -29,6 +29,7 @@ var refusalCodes = map[enroll.Kind]codes.Code{
 	enroll.KindPermissionDenied:   codes.PermissionDenied,
 	enroll.KindAlreadyExists:      codes.AlreadyExists,
 	enroll.KindUnauthenticated:    codes.Unauthenticated,
+	enroll.KindUnavailable:        codes.Unavailable,
 }
 
 // toStatus is the one place where errors become gRPC status codes. Domain

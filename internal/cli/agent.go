@@ -61,7 +61,7 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE --authority HOST:PORT [--ca-fingerprint sha256:…]",
+		Use:   "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
 		Short: "Join an authority with a join token or the bootstrap PSK, once",
 		Long: `join admits this machine with a join token or the authority's bootstrap PSK
 and writes its identity to ADIR.
@@ -80,6 +80,14 @@ token (and holds the root of --ca-fingerprint when given); it then sends the
 token only to a server that proves it is that authority. The PSK always
 needs --ca-fingerprint: it is sent only to a server whose chain ends at that
 root and whose certificate names an authority (--authority-id, when given).
+
+With --discovery (MUSTER_DISCOVERY, or a joining URI with authority_id=),
+the agent looks --authority-id up at the discovery service (pinned by
+--discovery-fingerprint, else the system roots), probes the endpoints it
+lists until one proves to be that authority by --ca-fingerprint's root and
+the authority's SPIFFE ID, asks discovery for a referral ticket for the node,
+and sends the ticket and the PSK to that authority. Discovery never sees
+the PSK, and a discovery posing as the authority gets nothing.
 
 join tries once and exits non-zero on any failure, leaving no certificate
 files. It refuses to replace an identity unless --force is given; the old
@@ -129,6 +137,8 @@ identity stays until the new join succeeds.`,
 	f.StringVar(&in.Node, "node", "", "node ID of this machine (env MUSTER_NODE_ID)")
 	f.StringVar(&in.Authority, "authority", "", "authority address HOST:PORT (env MUSTER_AUTHORITY)")
 	f.StringVar(&in.CAFingerprint, "ca-fingerprint", "", "pin of the authority's root CA, sha256:HEX (env MUSTER_CA_FINGERPRINT)")
+	f.StringVar(&in.Discovery, "discovery", "", "discovery service HOST:PORT to look the authority up and get a referral ticket (env MUSTER_DISCOVERY)")
+	f.StringVar(&in.DiscoveryFingerprint, "discovery-fingerprint", "", "pin of the discovery's CA, sha256:HEX (env MUSTER_DISCOVERY_FINGERPRINT; default: system roots)")
 	f.BoolVar(&force, "force", false, "join again over an existing identity")
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
 	out.register(cmd)

@@ -19,6 +19,7 @@ import (
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/postgres"
@@ -42,7 +43,17 @@ type authorityConfig struct {
 	Store           string   `yaml:"store"`
 	AgentCertTTL    string   `yaml:"agent_cert_ttl"`
 	TrustedProxies  []string `yaml:"trusted_proxies"`
-	Log             struct {
+	Discovery       struct {
+		Address       string           `yaml:"address"`
+		Fingerprint   string           `yaml:"fingerprint"`
+		RegisterEvery string           `yaml:"register_every"`
+		Policy        discovery.Policy `yaml:"policy"`
+	} `yaml:"discovery"`
+	Bootstrap struct {
+		PSKRequired      *bool  `yaml:"psk_required"`
+		PSKOptionalUntil string `yaml:"psk_optional_until"`
+	} `yaml:"bootstrap"`
+	Log struct {
 		Format string `yaml:"format"`
 		Level  string `yaml:"level"`
 	} `yaml:"log"`
@@ -50,6 +61,8 @@ type authorityConfig struct {
 
 func loadAuthorityConfig(path string) (authorityConfig, error) {
 	var c authorityConfig
+	// Keys the file leaves out keep the default policy's values.
+	c.Discovery.Policy = discovery.DefaultPolicy()
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return c, nil
@@ -75,6 +88,12 @@ type authorityOptions struct {
 	storeURL        string
 	agentCertTTL    time.Duration
 	trustedProxies  []string
+	discovery       string
+	discoveryFP     string
+	registerEvery   time.Duration
+	policy          discovery.Policy
+	pskRequired     bool
+	pskOptional     string
 	logFormat       string
 	logLevel        string
 	ready           func(addr string)
@@ -118,6 +137,18 @@ flags override it.`,
 			if !f.Changed("trusted-proxy") {
 				o.trustedProxies = cfg.TrustedProxies
 			}
+			pick(&o.discovery, "discovery", cfg.Discovery.Address)
+			pick(&o.discoveryFP, "discovery-fingerprint", cfg.Discovery.Fingerprint)
+			pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
+			if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
+				o.pskRequired = *cfg.Bootstrap.PSKRequired
+			}
+			o.policy = cfg.Discovery.Policy
+			if cfg.Discovery.RegisterEvery != "" {
+				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
+					return fmt.Errorf("authority: discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
+				}
+			}
 			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
 				return fmt.Errorf("authority: agent certificate ttl %q: %v", ttl, err)
 			}
@@ -134,6 +165,10 @@ flags override it.`,
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fl.StringVar(&o.discovery, "discovery", "", "HOST:PORT of the discovery service to register with; PSK bootstraps then need its referral tickets")
+	fl.StringVar(&o.discoveryFP, "discovery-fingerprint", "", "sha256:… pin of the discovery's CA (muster discovery show); empty trusts the system roots")
+	fl.BoolVar(&o.pskRequired, "psk-required", true, "require the bootstrap PSK; false only for a migration, with --psk-optional-until and --discovery")
+	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	return cmd
 }
@@ -196,6 +231,10 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
+	disc, pskOptionalUntil, err := bootstrapSettings(o, log)
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	dir := datadir.Dir(o.dir)
 	info, err := dir.ReadInfo()
 	if err != nil {
@@ -229,6 +268,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
+		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: Version, Log: log, Ready: o.ready,
 	}, m)
 	if err != nil {
@@ -239,4 +279,54 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	}
 	log.Info("authority stopped")
 	return nil
+}
+
+// bootstrapSettings checks the discovery and PSK settings together. The
+// PSK may be made optional only for a migration: with an end date, and only
+// while referral tickets are enforced (DESIGN.md); anything else refuses to
+// start rather than admit agents on public information alone.
+func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.DiscoveryConfig, time.Time, error) {
+	var disc *authority.DiscoveryConfig
+	if o.discovery != "" {
+		if o.discoveryFP != "" {
+			fp, err := ca.ParseFingerprint(o.discoveryFP)
+			if err != nil {
+				return nil, time.Time{}, fmt.Errorf("discovery fingerprint: %w", err)
+			}
+			o.discoveryFP = fp
+		} else {
+			log.Warn("no --discovery-fingerprint: trusting the system roots for the discovery service's certificate")
+		}
+		if err := o.policy.Validate(); err != nil {
+			return nil, time.Time{}, fmt.Errorf("discovery.policy: %w", err)
+		}
+		disc = &authority.DiscoveryConfig{Address: o.discovery, Fingerprint: o.discoveryFP, Policy: o.policy, RegisterEvery: o.registerEvery}
+	} else if o.discoveryFP != "" {
+		return nil, time.Time{}, errors.New("--discovery-fingerprint without --discovery")
+	}
+	var until time.Time
+	if o.pskOptional != "" {
+		t, err := time.Parse(time.RFC3339, o.pskOptional)
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("bootstrap.psk_optional_until %q: want an RFC 3339 time such as 2026-12-31T00:00:00Z", o.pskOptional)
+		}
+		until = t
+	}
+	switch {
+	case o.pskRequired && !until.IsZero():
+		log.Warn("bootstrap.psk_optional_until is ignored: bootstrap.psk_required is true")
+		return disc, time.Time{}, nil
+	case o.pskRequired:
+		return disc, time.Time{}, nil
+	case until.IsZero():
+		return nil, time.Time{}, errors.New("bootstrap.psk_required false needs bootstrap.psk_optional_until: the end of the migration")
+	case disc == nil:
+		return nil, time.Time{}, errors.New("bootstrap.psk_required false needs referral tickets: configure a discovery service (--discovery)")
+	case !until.After(time.Now()):
+		log.Warn("bootstrap.psk_optional_until has passed: the bootstrap PSK is required", "psk_optional_until", until)
+	default:
+		log.Warn("UNSAFE until the migration ends: agents with a referral ticket but no bootstrap PSK are admitted",
+			"psk_optional_until", until)
+	}
+	return disc, until, nil
 }

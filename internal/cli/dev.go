@@ -1,15 +1,20 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/discovery"
+	"github.com/muster-dev/muster/internal/discoveryd"
 )
 
 func newDevCmd(env *Env) *cobra.Command {
@@ -17,13 +22,17 @@ func newDevCmd(env *Env) *cobra.Command {
 		dir     string
 		listen  string
 		mlisten string
+		dlisten string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run an authority on loopback for trying muster out (initialises --data on first start)",
 		Long: `dev is the quick start: it initialises DIR (default ./muster-data) if it
 does not hold an authority yet, then runs the authority on loopback with the
-embedded SQLite store, and prints what to do next.
+embedded SQLite store, and an embedded discovery service (DIR/discovery) the
+authority registers with, and prints what to do next. With the discovery,
+PSK joins need its referral ticket, as in production; --discovery-listen ""
+runs the authority alone.
 
 It is not for production: everything, the CA keys included, lives in DIR.`,
 		Args: cobra.NoArgs,
@@ -43,7 +52,19 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			} else if err != nil {
 				return fmt.Errorf("dev: %w", err)
 			}
-			ready := func(addr string) {
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			g, ctx := errgroup.WithContext(ctx)
+			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL,
+				logFormat: "text", logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
+			if dlisten != "" {
+				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten)
+				if err != nil {
+					return fmt.Errorf("dev: %w", err)
+				}
+				o.discovery, o.discoveryFP = disc.Addr(), disc.Fingerprint()
+			}
+			o.ready = func(addr string) {
 				m, q := devCommand(), shellQuote(dir)
 				fmt.Fprintf(env.Stdout, `
 muster dev: authority %s is listening on %s (metrics on http://%s/metrics)
@@ -58,19 +79,29 @@ In another terminal, as the operator in %s:
   4. Look at what happened:
        %s agents list --data %s
        %s audit list --data %s
-
-Stop with Ctrl-C; the state stays in %s for the next start.
-`, info.AuthorityID, addr, mlisten, d, m, q, m, m, m, q, m, q, d)
+`, info.AuthorityID, addr, mlisten, d, m, q, m, m, m, q, m, q)
+				if o.discovery != "" {
+					fmt.Fprintf(env.Stdout, `  5. Or join with the bootstrap PSK through the discovery service on %s,
+     which hands out the referral ticket the authority wants with the PSK
+     (put the PSK that "%s psk show --data %s" prints in ./psk.txt):
+       %s agent join --data ./agent-psk --node my-psk-node --psk-file ./psk.txt \
+         --discovery %s --discovery-fingerprint %s \
+         --authority-id %s --ca-fingerprint %s
+`, o.discovery, m, q, m, o.discovery, o.discoveryFP, info.AuthorityID, info.CAFingerprint)
+				}
+				fmt.Fprintf(env.Stdout, "\nStop with Ctrl-C; the state stays in %s for the next start.\n", d)
 			}
-			return runAuthority(cmd.Context(), env, authorityOptions{
-				dir: dir, listen: listen, metricsListen: mlisten,
-				agentCertTTL: defaultAgentCertTTL, logFormat: "text", logLevel: "info", ready: ready,
+			g.Go(func() error {
+				defer cancel()
+				return runAuthority(ctx, env, o)
 			})
+			return g.Wait()
 		},
 	}
 	cmd.Flags().StringVar(&dir, "data", "muster-data", "data directory (created on first start)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7443", "address of the API")
 	cmd.Flags().StringVar(&mlisten, "metrics-listen", "127.0.0.1:7444", "address of /metrics")
+	cmd.Flags().StringVar(&dlisten, "discovery-listen", discoveryd.DefaultListen, `address of the embedded discovery service ("" : none)`)
 	return cmd
 }
 
@@ -88,4 +119,47 @@ func devCommand() string {
 		return "go run ./cmd/muster"
 	}
 	return self
+}
+
+// startDevDiscovery runs a discovery service from dir (initialised on first
+// start) in g and returns it once it listens.
+func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, listen string) (*discoveryd.Server, error) {
+	log, err := newLogger(env.Stderr, "text", "info")
+	if err != nil {
+		return nil, err
+	}
+	id, err := discoveryd.Init(dir)
+	if err != nil {
+		return nil, err
+	}
+	st, err := openDiscoveryStore(ctx, id.Dir, "")
+	if err != nil {
+		return nil, err
+	}
+	ready := make(chan struct{})
+	srv, err := discoveryd.New(discoveryd.Config{Dir: dir, Store: st, Listen: listen, Log: log.With("service", "discovery"),
+		Ready: func(string) { close(ready) }})
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	done := make(chan error, 1)
+	g.Go(func() error {
+		defer st.Close()
+		err := srv.Run(ctx)
+		done <- err
+		if err != nil {
+			return fmt.Errorf("discovery: %w", err)
+		}
+		return nil
+	})
+	select {
+	case <-ready:
+		return srv, nil
+	case err := <-done:
+		if err == nil {
+			err = ctx.Err()
+		}
+		return nil, fmt.Errorf("discovery: %w", err)
+	}
 }

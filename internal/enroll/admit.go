@@ -33,6 +33,8 @@ type admission struct {
 	pub   crypto.PublicKey
 	keyID []byte
 	now   time.Time
+	// ticket is the referral ticket whose single use the join records.
+	ticket *store.TicketUse
 }
 
 // admit issues the first certificate of a new instance and commits the
@@ -86,6 +88,7 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 		NodeID:       a.nodeID,
 		MaySupersede: a.maySupersede,
 		RetryWindow:  s.cfg.RetryWindow,
+		Ticket:       a.ticket,
 		Instance:     inst,
 		Certificate: store.Certificate{
 			Serial:     inst.LastSerial,
@@ -102,6 +105,9 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	switch {
 	case errors.Is(err, store.ErrTokenSpent):
 		return nil, refuse(KindFailedPrecondition, "join token has no uses left or expired").with("token %s, at the write", a.tokenID)
+	case errors.Is(err, store.ErrTicketReplayed):
+		s.observeTicket(TicketResultReplayed)
+		return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s, at the write", a.proof)
 	case errors.Is(err, store.ErrNodeTaken) && a.tokenID == "":
 		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s, at the write", a.proof)
 	case errors.Is(err, store.ErrNodeTaken):

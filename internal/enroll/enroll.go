@@ -47,6 +47,8 @@ type Store interface {
 	// clock.
 	Now(ctx context.Context) (time.Time, error)
 	ListPSKs(ctx context.Context) ([]store.PSK, error)
+	// TicketUsed tells a replayed referral ticket before the write does.
+	TicketUsed(ctx context.Context, id string) (bool, error)
 }
 
 // Auditor writes the audit trail. Refusals go through Refuse, which may
@@ -86,6 +88,16 @@ type Config struct {
 	// PSKObserver, if set, is told the result of each PSK validation:
 	// PSKResultActive, PSKResultGrace or PSKResultInvalid.
 	PSKObserver func(result string)
+	// Tickets, if set, checks referral tickets: a discovery service is
+	// configured and every PSK bootstrap needs a ticket.
+	Tickets TicketVerifier
+	// PSKOptionalUntil, if set with Tickets, lets a bootstrap with a valid
+	// ticket and no PSK join until then, by the store clock (the migration
+	// window of bootstrap.psk_required: false).
+	PSKOptionalUntil time.Time
+	// TicketObserver, if set, is told the result of each ticket check
+	// (TicketResult*).
+	TicketObserver func(result string)
 	// DecoyKey keys the trust bundles answered for unknown token IDs, so
 	// they look like the real ones.
 	DecoyKey []byte
@@ -164,6 +176,9 @@ type Issued struct {
 	// Retry: the request repeated one already answered; this is the
 	// certificate issued then.
 	Retry bool
+	// TicketID is the jti of the referral ticket a new join used, to be
+	// reported to discovery.
+	TicketID string
 	// audited: the audit record was written with the change itself.
 	audited bool
 }

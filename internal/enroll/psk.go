@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/psk"
+	"github.com/muster-dev/muster/internal/referral"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -22,24 +24,48 @@ const (
 // Reasons of PSK bootstrap refusals. DESIGN.md: PERMISSION_DENIED with a
 // message that says which check failed.
 const (
-	ReasonPSKMissing  = "bootstrap PSK is missing"
-	ReasonPSKMismatch = "bootstrap PSK does not match"
-	reasonNoDiscovery = "referral tickets need a discovery service, which this authority is not configured with"
-	reasonNodeTaken   = "node ID already exists; an operator must delete the node before it can join again"
+	ReasonPSKMissing    = "bootstrap PSK is missing"
+	ReasonPSKMismatch   = "bootstrap PSK does not match"
+	ReasonTicketMissing = "referral ticket is missing: this authority admits PSK agents through its discovery service"
+	ReasonTicketUsed    = "referral ticket was already used: ask the discovery service for a new one"
+	reasonNoDiscovery   = "referral tickets need a discovery service, which this authority is not configured with"
+	reasonNodeTaken     = "node ID already exists; an operator must delete the node before it can join again"
+	reasonTicketKeys    = "cannot check the referral ticket now: the discovery service's keys are unavailable"
 )
 
-// BootstrapWithPSK admits an agent with the authority's bootstrap PSK. The
-// CSR is required and its common name is the node ID. The checks run in
-// this order: fields well-formed (INVALID_ARGUMENT); the source's rate
-// limit; the PSK matches the active or an unexpired grace PSK (compared
-// in constant time against each); the node ID is free, unless the request
-// repeats a join of the same PSK, node and key within the retry window,
-// which gets the certificate already issued; no lock on the node. A
-// refused attempt writes nothing but its audit record, which names the
-// PSK by ID, never by value.
-//
-// Referral tickets need a discovery service, which is not built yet: a
-// request carrying one is refused.
+// Results of a referral-ticket check, for TicketObserver.
+const (
+	TicketResultOK       = "ok"
+	TicketResultMissing  = "missing"
+	TicketResultInvalid  = "invalid"
+	TicketResultExpired  = "expired"
+	TicketResultReplayed = "replayed"
+)
+
+// CredentialTicketOnly is what a join admitted by a referral ticket without
+// a PSK (bootstrap.psk_required false, before psk_optional_until) records
+// in place of a PSK ID.
+const CredentialTicketOnly = "ticket-only"
+
+// TicketVerifier checks a referral ticket's signature and claims for a node;
+// *referral.Invalid says why one is refused. Single use is the store's.
+type TicketVerifier interface {
+	Verify(ctx context.Context, token, nodeID string) (referral.Claims, error)
+}
+
+// BootstrapWithPSK admits an agent with the authority's bootstrap PSK and,
+// when a discovery service is configured, a referral ticket. The CSR is
+// required and its common name is the node ID. The checks run in this
+// order: fields well-formed (INVALID_ARGUMENT); the source's rate limit;
+// the referral ticket's signature and claims, when tickets are enforced;
+// the PSK matches the active or an unexpired grace PSK (compared in
+// constant time against each), or may be left out during the migration
+// window; the node ID is free, unless the request repeats a join of the
+// same credential, node and key within the retry window, which gets the
+// certificate already issued; the ticket unused; no lock on the node or
+// key. The ticket's single use is then written with the join. A refused
+// attempt writes nothing but its audit record, which names the PSK by ID
+// and the ticket by jti, never a secret.
 func (s *Service) BootstrapWithPSK(ctx context.Context, r Request, pskText, referralTicket string, csrData []byte) (*Issued, error) {
 	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Source: r.Source, CorrelationID: r.CorrelationID}
 	iss, err := s.bootstrapPSK(ctx, r, pskText, referralTicket, csrData, &ev)
@@ -55,7 +81,7 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 			return nil, refuse(KindInvalid, "bootstrap_psk: "+err.Error())
 		}
 	}
-	if referralTicket != "" {
+	if referralTicket != "" && s.cfg.Tickets == nil {
 		return nil, refuse(KindInvalid, reasonNoDiscovery)
 	}
 	if len(csrData) == 0 {
@@ -78,24 +104,28 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
 		return nil, refuse(KindRateLimited, "too many requests from this source")
 	}
-	// 3. The PSK matches.
-	if pskText == "" {
-		s.observePSK(PSKResultInvalid)
-		return nil, refuse(KindPermissionDenied, ReasonPSKMissing)
+	// 3. The referral ticket, when tickets are enforced.
+	var ticket *referral.Claims
+	if s.cfg.Tickets != nil {
+		c, err := s.checkTicket(ctx, referralTicket, nodeID)
+		if err != nil {
+			return nil, err
+		}
+		ticket = &c
 	}
-	matched, err := s.matchPSK(ctx, given)
+	// 4. The PSK matches, or may be left out.
+	credential, proof, err := s.checkPSK(ctx, pskText, given, ticket)
 	if err != nil {
 		return nil, err
 	}
-	if matched.ID == "" {
-		s.observePSK(PSKResultInvalid)
-		return nil, refuse(KindPermissionDenied, ReasonPSKMismatch)
+	if credential != CredentialTicketOnly {
+		ev.Actor = "psk:" + credential
 	}
-	s.observePSK(matched.Status)
-	ev.Actor = "psk:" + matched.ID
-	proof := fmt.Sprintf("psk %s (%s)", matched.ID, matched.Status)
+	if ticket != nil {
+		proof += ", referral ticket " + ticket.ID
+	}
 
-	// 4. Node ID free, or a retry of the join that took it.
+	// 5. Node ID free, or a retry of the join that took it.
 	now := s.cfg.Now()
 	node, err := s.cfg.Store.GetNode(ctx, nodeID)
 	nodeExists := err == nil
@@ -103,22 +133,93 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 		return nil, err
 	}
 	if nodeExists {
-		if node.TokenID == matched.ID {
-			if iss, err := s.retryJoin(ctx, node, matched.ID, kid, now); iss != nil || err != nil {
+		if node.TokenID == credential {
+			if iss, err := s.retryJoin(ctx, node, credential, kid, now); iss != nil || err != nil {
 				return iss, err
 			}
 		}
 		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
 	}
-	// 5. No lock on the node or the key to certify.
+	// 6. The ticket not used before (the write below decides; this says
+	// so before the lock checks).
+	var use *store.TicketUse
+	if ticket != nil {
+		used, err := s.cfg.Store.TicketUsed(ctx, ticket.ID)
+		if err != nil {
+			return nil, err
+		}
+		if used {
+			s.observeTicket(TicketResultReplayed)
+			return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s", proof)
+		}
+		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(referral.Leeway)}
+	}
+	// 7. No lock on the node or the key to certify.
 	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
 	}
 
-	return s.admit(ctx, admission{nodeID: nodeID, credential: matched.ID, proof: proof, method: store.JoinMethodPSK,
-		pub: csr.PublicKey, keyID: kid, now: now}, ev)
+	iss, err := s.admit(ctx, admission{nodeID: nodeID, credential: credential, proof: proof, method: store.JoinMethodPSK,
+		pub: csr.PublicKey, keyID: kid, now: now, ticket: use}, ev)
+	if err == nil && ticket != nil && !iss.Retry {
+		s.observeTicket(TicketResultOK)
+		iss.TicketID = ticket.ID
+	}
+	return iss, err
+}
+
+// checkTicket verifies a referral ticket for nodeID; its single use is
+// checked later, with the join.
+func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referral.Claims, error) {
+	if token == "" {
+		s.observeTicket(TicketResultMissing)
+		return referral.Claims{}, refuse(KindPermissionDenied, ReasonTicketMissing)
+	}
+	c, err := s.cfg.Tickets.Verify(ctx, token, nodeID)
+	var inv *referral.Invalid
+	switch {
+	case errors.As(err, &inv) && inv.Expired:
+		s.observeTicket(TicketResultExpired)
+		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one")
+	case errors.As(err, &inv):
+		s.observeTicket(TicketResultInvalid)
+		return c, refuse(KindPermissionDenied, inv.Error())
+	case err != nil:
+		return c, refuse(KindUnavailable, reasonTicketKeys).with("%v", err)
+	}
+	return c, nil
+}
+
+// checkPSK matches the given PSK and returns the credential the join
+// records (the PSK's ID, or CredentialTicketOnly) and the proof the audit
+// record names. Without a PSK, a join passes only with a valid ticket
+// before PSKOptionalUntil, by the store clock.
+func (s *Service) checkPSK(ctx context.Context, pskText string, given psk.PSK, ticket *referral.Claims) (credential, proof string, err error) {
+	if pskText == "" {
+		if ticket != nil && !s.cfg.PSKOptionalUntil.IsZero() {
+			now, err := s.cfg.Store.Now(ctx)
+			if err != nil {
+				return "", "", err
+			}
+			if now.Before(s.cfg.PSKOptionalUntil) {
+				return CredentialTicketOnly, "no PSK (bootstrap.psk_optional_until " + s.cfg.PSKOptionalUntil.UTC().Format(time.RFC3339) + ")", nil
+			}
+		}
+		s.observePSK(PSKResultInvalid)
+		return "", "", refuse(KindPermissionDenied, ReasonPSKMissing)
+	}
+	matched, err := s.matchPSK(ctx, given)
+	if err != nil {
+		return "", "", err
+	}
+	if matched.ID == "" {
+		s.observePSK(PSKResultInvalid)
+		return "", "", refuse(KindPermissionDenied, ReasonPSKMismatch)
+	}
+	s.observePSK(matched.Status)
+	return matched.ID, fmt.Sprintf("psk %s (%s)", matched.ID, matched.Status), nil
 }
 
 // matchPSK returns the stored PSK, active or in an unexpired grace, that
@@ -172,5 +273,11 @@ func (s *Service) matchPSK(ctx context.Context, given psk.PSK) (store.PSK, error
 func (s *Service) observePSK(result string) {
 	if s.cfg.PSKObserver != nil {
 		s.cfg.PSKObserver(result)
+	}
+}
+
+func (s *Service) observeTicket(result string) {
+	if s.cfg.TicketObserver != nil {
+		s.cfg.TicketObserver(result)
 	}
 }

@@ -20,6 +20,7 @@ const (
 	KindPermissionDenied                   // bound elsewhere, locked, deleted, superseded, copied
 	KindAlreadyExists                      // node ID held by another machine
 	KindUnauthenticated                    // no usable identity
+	KindUnavailable                        // a dependency is down; retrying may succeed
 )
 
 // Refusal is a request the authority turned down for a reason the caller

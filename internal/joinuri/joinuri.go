@@ -48,6 +48,9 @@ type URI struct {
 	Fingerprint string // "" when absent (allowed for tokens only)
 	Node        string
 	AuthorityID string
+	// DiscoveryFingerprint pins discovery's CA when AuthorityID is set;
+	// "" trusts the system roots for it.
+	DiscoveryFingerprint string
 }
 
 func invalid(format string, args ...any) error {
@@ -137,6 +140,10 @@ func Parse(s string) (URI, error) {
 				return URI{}, invalid("authority_id: %v", err)
 			}
 			out.AuthorityID = v[0]
+		case "discovery_fingerprint":
+			if out.DiscoveryFingerprint, err = ca.ParseFingerprint(v[0]); err != nil {
+				return URI{}, fmt.Errorf("%w: discovery_fingerprint: %v", ErrInvalid, err)
+			}
 		default:
 			return URI{}, invalid("unknown query parameter %q", k)
 		}
@@ -145,6 +152,9 @@ func Parse(s string) (URI, error) {
 	// trust bundle); the other methods would send their secret blind.
 	if out.Fingerprint == "" && out.Method != MethodToken {
 		return URI{}, invalid("a %s URI needs fingerprint=sha256:…", out.Method)
+	}
+	if out.DiscoveryFingerprint != "" && out.AuthorityID == "" {
+		return URI{}, invalid("discovery_fingerprint without authority_id: the address is an authority's, not a discovery's")
 	}
 	return out, nil
 }
@@ -166,7 +176,7 @@ func (u URI) Reveal() string {
 	// ':' is legal in a query (RFC 3986 section 3.4); keeping it makes the
 	// fingerprint read as DESIGN.md and kubeadm write it.
 	var q []string
-	for _, kv := range [][2]string{{"fingerprint", u.Fingerprint}, {"node", u.Node}, {"authority_id", u.AuthorityID}} {
+	for _, kv := range [][2]string{{"fingerprint", u.Fingerprint}, {"node", u.Node}, {"authority_id", u.AuthorityID}, {"discovery_fingerprint", u.DiscoveryFingerprint}} {
 		if kv[1] != "" {
 			q = append(q, kv[0]+"="+strings.ReplaceAll(url.QueryEscape(kv[1]), "%3A", ":"))
 		}

@@ -27,6 +27,8 @@ func TestParse(t *testing.T) {
 			func(u URI) bool { return u.Method == MethodPSK && u.PSK.Reveal() == "muster-psk:"+hex64 }},
 		{"psk with discovery", "muster+psk://" + hex64 + "@disc:7450?fingerprint=" + fp + "&authority_id=prod-a3f2e1",
 			func(u URI) bool { return u.AuthorityID == "prod-a3f2e1" }},
+		{"psk with pinned discovery", "muster+psk://" + hex64 + "@disc:7450?fingerprint=" + fp + "&authority_id=prod-a3f2e1&discovery_fingerprint=" + fp,
+			func(u URI) bool { return u.AuthorityID == "prod-a3f2e1" && u.DiscoveryFingerprint == fp }},
 		{"bound keypair", "muster+bound-keypair://bot-1@h:1?fingerprint=" + fp,
 			func(u URI) bool { return u.KeypairName == "bot-1" && u.KeypairSecret == "" }},
 		{"bound keypair with secret", "muster+bound-keypair://bot-1:s%40cret@h:1?fingerprint=" + fp,
@@ -68,6 +70,8 @@ func TestParseRefusals(t *testing.T) {
 		"muster+token://" + tok + "@h:1?color=red", "muster+token://" + tok + "@h:1?node=a&node=b",
 		"muster+psk://" + strings.Repeat("ab", 32) + "@h:1", // no fingerprint
 		"muster+psk://nothex@h:1?fingerprint=" + fp,
+		"muster+psk://" + strings.Repeat("ab", 32) + "@h:1?fingerprint=" + fp + "&discovery_fingerprint=" + fp, // no authority_id
+		"muster+psk://" + strings.Repeat("ab", 32) + "@h:1?fingerprint=" + fp + "&authority_id=a-b&discovery_fingerprint=x",
 		"muster+bound-keypair://Bad@h:1?fingerprint=" + fp,
 		"muster+bound-keypair://bot:@h:1?fingerprint=" + fp,
 	} {

@@ -1,0 +1,276 @@
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/psk"
+)
+
+// referralEnv is a discovery, and an authority registered with it.
+type referralEnv struct {
+	disc        *discoveryProc
+	discDir     string
+	dir         string
+	auth        *authorityProc
+	authorityID string
+	fingerprint string
+	psk         string
+}
+
+// newReferralEnv starts a discovery and an authority with --discovery;
+// config, if set, is the authority's authority.yaml.
+func newReferralEnv(t *testing.T, config string, authorityArgs ...string) *referralEnv {
+	t.Helper()
+	e := &referralEnv{discDir: filepath.Join(t.TempDir(), "discovery")}
+	e.disc = startDiscovery(t, e.discDir)
+	var init map[string]any
+	e.dir, init = initDir(t)
+	e.authorityID, e.fingerprint, e.psk = init["authority_id"].(string), init["ca_fingerprint"].(string), init["bootstrap_psk"].(string)
+	if config != "" {
+		if err := os.WriteFile(filepath.Join(e.dir, "authority.yaml"), []byte(config), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.auth = startAuthority(t, e.dir, append([]string{"--discovery", e.disc.addr, "--discovery-fingerprint", e.disc.fingerprint}, authorityArgs...)...)
+	e.waitRegistered(t)
+	return e
+}
+
+// waitRegistered waits until discovery knows the authority.
+func (e *referralEnv) waitRegistered(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		r := muster(t, nil, "discovery", "lookup", e.authorityID, "--discovery", e.disc.addr, "--discovery-fingerprint", e.disc.fingerprint)
+		if r.code == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the authority did not register with discovery: %s\n%s", r.stderr, e.auth.Logs())
+		}
+	}
+}
+
+// join runs agent join through discovery with the given PSK ("" : none).
+func (e *referralEnv) join(t *testing.T, adir, node, key string, extra ...string) result {
+	t.Helper()
+	var env []string
+	if key != "" {
+		env = []string{"MUSTER_BOOTSTRAP_PSK=" + key}
+	}
+	return muster(t, env, append([]string{"agent", "join", "--data", adir, "--node", node, "--discovery", e.disc.addr,
+		"--discovery-fingerprint", e.disc.fingerprint, "--authority-id", e.authorityID, "--ca-fingerprint", e.fingerprint}, extra...)...)
+}
+
+func (e *referralEnv) mustJoin(t *testing.T, node string) string {
+	t.Helper()
+	adir := filepath.Join(t.TempDir(), node)
+	if r := e.join(t, adir, node, e.psk); r.code != 0 {
+		t.Fatalf("join of %s through discovery: exit %d\n%s\nauthority:\n%s", node, r.code, r.stderr, e.auth.Logs())
+	}
+	return adir
+}
+
+func metricsOf(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
+}
+
+// TestReferralJoin: the PSK flow through discovery, as DESIGN.md draws it:
+// lookup, the authority proved by its root and SAN, a ticket, then the PSK
+// and the ticket to the authority. Discovery, authority and agent are
+// separate processes.
+func TestReferralJoin(t *testing.T) {
+	e := newReferralEnv(t, "")
+
+	adir := e.mustJoin(t, "n1")
+	st := agentStatus(t, adir)
+	if st["authority"] != e.auth.addr || st["join_method"] != "psk" || st["authority_id"] != e.authorityID {
+		t.Fatalf("status after a join through discovery: %v", st)
+	}
+	cfg, _ := os.ReadFile(filepath.Join(adir, "agent.yaml"))
+	if strings.Contains(string(cfg), e.psk[len(psk.Prefix):]) || !strings.Contains(string(cfg), "discovery: "+e.disc.addr) {
+		t.Errorf("agent.yaml after the join:\n%s", cfg)
+	}
+	if a := auditJoins(t, e.dir); !strings.Contains(a, "referral ticket") {
+		t.Errorf("the join's audit record does not name its referral ticket:\n%s", a)
+	}
+	mustRun(t, "agent", "renew", "--data", adir)
+
+	// The authority now requires a ticket: the PSK alone is refused.
+	r := muster(t, []string{"MUSTER_BOOTSTRAP_PSK=" + e.psk, "MUSTER_CA_FINGERPRINT=" + e.fingerprint},
+		"agent", "join", "--data", filepath.Join(t.TempDir(), "direct"), "--node", "direct", "--authority", e.auth.addr)
+	wantJoinFailure(t, r, "PERMISSION_DENIED", "referral ticket is missing")
+
+	// The joining URI with authority_id= names discovery.
+	uri := "muster+psk://" + strings.TrimPrefix(e.psk, psk.Prefix) + "@" + e.disc.addr + "?fingerprint=" + e.fingerprint +
+		"&authority_id=" + e.authorityID + "&discovery_fingerprint=" + e.disc.fingerprint
+	if r := muster(t, []string{"MUSTER_JOIN_URI=" + uri}, "agent", "join", "--data", filepath.Join(t.TempDir(), "n2"), "--node", "n2"); r.code != 0 {
+		t.Fatalf("join through discovery by URI: exit %d\n%s", r.code, r.stderr)
+	}
+
+	// A wrong discovery pin stops the agent before it asks anything.
+	r = e.join(t, filepath.Join(t.TempDir(), "pin"), "pin", e.psk, "--discovery-fingerprint", "sha256:"+strings.Repeat("0", 64))
+	wantJoinFailure(t, r, "", "discovery")
+	// An authority ID discovery does not know.
+	r = e.join(t, filepath.Join(t.TempDir(), "unknown"), "unknown", e.psk, "--authority-id", "prod-000000")
+	wantJoinFailure(t, r, "NOT_FOUND", "")
+
+	// After an on-demand rotation of discovery's keys, tickets signed by
+	// the new key are accepted: the authority fetches the JWKS again on
+	// the unknown key ID. (A new key signs once it is 10 s old.)
+	mustRun(t, "discovery", "rotate-key", "--data", e.discDir)
+	time.Sleep(11 * time.Second)
+	e.mustJoin(t, "n3")
+
+	m := metricsOf(t, e.auth.metrics)
+	for _, want := range []string{`muster_referral_tickets_total{result="ok"} 3`, `muster_referral_tickets_total{result="missing"} 1`,
+		`muster_discovery_calls_total{code="OK",operation="register"}`, `muster_joins_total{method="psk",result="OK"} 3`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("authority metrics lack %s", want)
+		}
+	}
+}
+
+// TestReferralPolicy: discovery enforces the policy the authority signed,
+// and its daily quota counts the joins the authority reported, not the
+// tickets handed out.
+func TestReferralPolicy(t *testing.T) {
+	e := newReferralEnv(t, `discovery:
+  policy:
+    denied_node_id_patterns: ["bad-.*"]
+    new_agents_per_day: 2
+`)
+	r := e.join(t, filepath.Join(t.TempDir(), "bad-1"), "bad-1", e.psk)
+	wantJoinFailure(t, r, "PERMISSION_DENIED", "denied pattern")
+
+	// Tickets that lead to no join do not count: a wrong PSK gets a
+	// ticket, then is refused by the authority.
+	other, _ := psk.Generate()
+	for i := range 3 {
+		node := "wrong-" + string(rune('a'+i))
+		wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), node), node, other.Reveal()), "PERMISSION_DENIED", "bootstrap PSK does not match")
+	}
+	e.mustJoin(t, "q1")
+	e.mustJoin(t, "q2")
+	// The reports travel asynchronously; once both are in, the quota is
+	// spent.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		r := e.join(t, filepath.Join(t.TempDir(), "q3"), "q3", e.psk)
+		if r.code != 0 && strings.Contains(r.stderr, "RESOURCE_EXHAUSTED") && strings.Contains(r.stderr, "quota") {
+			break
+		}
+		if r.code == 0 || time.Now().After(deadline) {
+			t.Fatalf("third join with a quota of 2: exit %d\n%s", r.code, r.stderr)
+		}
+	}
+}
+
+// TestReferralImpostorGetsNoPSK: an endpoint that discovery lists and whose
+// certificate chains to the pinned root but does not name the authority
+// (here a server certificate without the SPIFFE SAN, standing for a
+// compromised discovery or any other server of the fleet) receives nothing:
+// the agent refuses it in the handshake.
+func TestReferralImpostorGetsNoPSK(t *testing.T) {
+	dir, init := initDir(t)
+	h, err := ca.Load(filepath.Join(dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	issuer := h.Issuer(ca.RoleServer)
+	leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: key.Public(), CommonName: "impostor", ServerAuth: true,
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, NotBefore: time.Now(), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{leaf.Raw, issuer.Cert.Raw, h.Root.Raw}, PrivateKey: key}},
+		NextProtos:   []string{"h2"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	var received atomic.Int64
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				n, _ := io.Copy(io.Discard, c)
+				received.Add(n)
+			}()
+		}
+	}()
+
+	// The authority advertises the impostor's address, so discovery lists
+	// it as the endpoint.
+	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
+	auth := startAuthority(t, dir, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint, "--advertise", lis.Addr().String())
+	e := &referralEnv{disc: d, dir: dir, authorityID: init["authority_id"].(string), fingerprint: init["ca_fingerprint"].(string),
+		psk: init["bootstrap_psk"].(string)}
+	e.waitRegistered(t)
+	adir := filepath.Join(t.TempDir(), "victim")
+	r := e.join(t, adir, "victim", e.psk)
+	wantJoinFailure(t, r, "", "not an authority")
+	assertNoAgentCerts(t, adir)
+	time.Sleep(200 * time.Millisecond)
+	if n := received.Load(); n != 0 {
+		t.Fatalf("the impostor received %d bytes of application data", n)
+	}
+	if a := mustRun(t, "audit", "list", "--data", dir, "--authority", auth.listen, "-o", "json"); strings.Contains(a, "victim") {
+		t.Fatalf("the authority heard of the join:\n%s", a)
+	}
+}
+
+// TestPSKOptionalMigration: bootstrap.psk_required false admits agents on
+// a ticket alone until psk_optional_until, and only with discovery.
+func TestPSKOptionalMigration(t *testing.T) {
+	dir, _ := initDir(t)
+	line := mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+		"--psk-required=false", "--psk-optional-until", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	if !strings.Contains(line, "needs referral tickets") {
+		t.Errorf("psk_required false without discovery: %q", line)
+	}
+	line = mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--psk-required=false",
+		"--discovery", "127.0.0.1:1")
+	if !strings.Contains(line, "psk_optional_until") {
+		t.Errorf("psk_required false without an end: %q", line)
+	}
+
+	until := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	e := newReferralEnv(t, "bootstrap:\n  psk_required: false\n  psk_optional_until: "+until+"\n")
+	adir := filepath.Join(t.TempDir(), "legacy")
+	if r := e.join(t, adir, "legacy", ""); r.code != 0 {
+		t.Fatalf("join on a ticket alone during the migration: exit %d\n%s", r.code, r.stderr)
+	}
+	if a := auditJoins(t, e.dir); !strings.Contains(a, "no PSK") {
+		t.Errorf("the PSK-less join is not audited as such:\n%s", a)
+	}
+	// A wrong PSK is still refused.
+	other, _ := psk.Generate()
+	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "w"), "w", other.Reveal()), "PERMISSION_DENIED", "does not match")
+}
