@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,4 +133,54 @@ func TestLeaderFailover(t *testing.T) {
 	leader.cmd.Process.Kill()
 	<-leader.done
 	waitFor("the follower to take the lead", func() bool { return leading(follower) })
+}
+
+// TestReplicasSharePSKRotation: a PSK rotated through one replica is
+// honoured by the others at once, the old one during its grace only, and
+// refused by every replica once the grace has ended.
+func TestReplicasSharePSKRotation(t *testing.T) {
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	var replicas []*agentEnv
+	for i := range 3 {
+		d := dir
+		if i > 0 {
+			d = replicaDir(t, dir)
+		}
+		e := &agentEnv{dir: d, auth: startAuthority(t, d, "--store", url), fingerprint: caFingerprintOf(t, dir)}
+		replicas = append(replicas, e)
+	}
+	old := showPSKs(t, dir).Active.PSK
+	const grace = 4 * time.Second
+	rot := rotatePSK(t, replicas[0].dir, "--grace", grace.String())
+	ends := time.Now().Add(grace)
+
+	// During the grace: the new PSK on replica 2, the old one on replica 3.
+	mustPSKJoin(t, replicas[1], "new-on-2", rot.Active.PSK)
+	mustPSKJoin(t, replicas[2], "old-on-3", old)
+	if a := auditJoins(t, dir); !strings.Contains(a, "(grace)") {
+		t.Errorf("the old PSK's join is not recorded as grace:\n%s", a)
+	}
+	// After it, by the database's clock, the old PSK is refused by every
+	// replica, and the new one still joins.
+	time.Sleep(time.Until(ends) + time.Second)
+	for i, e := range replicas {
+		node := "old-after-" + string(rune('1'+i))
+		wantJoinFailure(t, pskJoin(t, e, filepath.Join(t.TempDir(), node), node, old, e.fingerprint), "PERMISSION_DENIED", "does not match")
+	}
+	mustPSKJoin(t, replicas[2], "new-on-3", rot.Active.PSK)
+}
+
+// caFingerprintOf reads the root fingerprint recorded in an authority directory.
+func caFingerprintOf(t *testing.T, dir string) string {
+	t.Helper()
+	var info struct {
+		CAFingerprint string `json:"ca_fingerprint"`
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "authority.json"))
+	if err != nil || json.Unmarshal(data, &info) != nil || info.CAFingerprint == "" {
+		t.Fatalf("reading %s/authority.json: %v", dir, err)
+	}
+	return info.CAFingerprint
 }
