@@ -274,3 +274,42 @@ func TestPSKOptionalMigration(t *testing.T) {
 	other, _ := psk.Generate()
 	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "w"), "w", other.Reveal()), "PERMISSION_DENIED", "does not match")
 }
+
+// TestDiscoveryReplicasOnPostgres: two discovery processes share one
+// PostgreSQL database (and the same data directory files): an authority
+// registered through one is looked up through the other, an agent joins
+// with a ticket from either, and a key rotated through the store is served
+// by both.
+func TestDiscoveryReplicasOnPostgres(t *testing.T) {
+	url := postgres(t)
+	ddir := filepath.Join(t.TempDir(), "discovery")
+	d1 := startDiscovery(t, ddir, "--store", url)
+	d2 := startDiscovery(t, replicaDir(t, ddir), "--store", url)
+	if d1.fingerprint != d2.fingerprint {
+		t.Fatalf("replicas with the same files have different pins: %s, %s", d1.fingerprint, d2.fingerprint)
+	}
+	dir, init := initDir(t)
+	e := &referralEnv{disc: d1, discDir: ddir, dir: dir, authorityID: init["authority_id"].(string),
+		fingerprint: init["ca_fingerprint"].(string), psk: init["bootstrap_psk"].(string)}
+	e.auth = startAuthority(t, dir, "--discovery", d1.addr, "--discovery-fingerprint", d1.fingerprint)
+	e.waitRegistered(t)
+	// Replica 2 knows the registration; its tickets carry replica 2's
+	// issuer, which the authority does not accept: the agent names the
+	// discovery the authority trusts.
+	e.disc = d2
+	e.waitRegistered(t)
+	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "via-2"), "via-2", e.psk), "PERMISSION_DENIED", "not by this authority's discovery")
+	e.disc = d1
+	e.mustJoin(t, "via-1")
+
+	before := servedKeys(t, d2)
+	mustRun(t, "discovery", "rotate-key", "--data", ddir, "--store", url)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if k1, k2 := servedKeys(t, d1), servedKeys(t, d2); len(k1) == len(before)+1 && strings.Join(k1, ",") == strings.Join(k2, ",") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rotated key is not served by both replicas: %v, %v (before %v)", servedKeys(t, d1), servedKeys(t, d2), before)
+		}
+	}
+}
