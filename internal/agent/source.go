@@ -182,7 +182,20 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 			break
 		}
 	}
-	discovery := pick(func(l layer) string { return l.discovery })
+	// Where to join is one choice, made by the first layer that names an
+	// authority or a discovery (discovery first within a layer, as
+	// agent.yaml after a join through discovery holds both): an explicit
+	// --authority is not overridden by a discovery from the environment
+	// or agent.yaml, nor the other way round.
+	var authority, discovery string
+	for _, l := range layers {
+		if l.discovery != "" || l.authority != "" {
+			if discovery = l.discovery; discovery == "" {
+				authority = l.authority
+			}
+			break
+		}
+	}
 	switch {
 	case secret == "" && discovery != "":
 		method = JoinMethodPSK
@@ -210,7 +223,7 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		PSK:           res.Request.PSK,
 		AuthorityID:   pick(func(l layer) string { return l.authorityID }),
 		Node:          pick(func(l layer) string { return l.node }),
-		Authority:     pick(func(l layer) string { return l.authority }),
+		Authority:     authority,
 		CAFingerprint: pick(func(l layer) string { return l.fingerprint }),
 		Discovery:     discovery,
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,6 +36,11 @@ type DiscoveryConfig struct {
 	Policy discovery.Policy
 	// RegisterEvery is the period of re-registration (default 10 minutes).
 	RegisterEvery time.Duration
+	// Endpoints, if set, are the addresses registered, in order of
+	// preference (the load balancer in front of several replicas, a
+	// bootstrap listener); by default the advertised address. Only the
+	// leader registers, so replicas must not each register their own.
+	Endpoints []string
 }
 
 // Periods of the discovery link.
@@ -101,9 +107,10 @@ func (d *discoveryLink) verifier() *referral.Verifier {
 // reports its own joins); registration is a leader job.
 func (d *discoveryLink) run(ctx context.Context) error {
 	defer d.conn.Close()
-	go d.keys.Run(ctx)
-	d.deliverReports(ctx)
-	return nil
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.keys.Run(ctx) })
+	g.Go(func() error { d.deliverReports(ctx); return nil })
+	return g.Wait()
 }
 
 // report queues a join for discovery's quota. The queue is in memory: a
@@ -244,6 +251,9 @@ func (d *discoveryLink) send(ctx context.Context, reg discovery.Registration) (*
 // endpoints are the advertised addresses agents can reach; an unspecified
 // host ("[::]:7443") names no machine and is left out.
 func (d *discoveryLink) endpoints() []string {
+	if len(d.cfg.Endpoints) > 0 {
+		return d.cfg.Endpoints
+	}
 	var out []string
 	for _, a := range []string{d.s.advertise()} {
 		host, _, err := net.SplitHostPort(a)

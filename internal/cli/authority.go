@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -47,6 +48,7 @@ type authorityConfig struct {
 		Address       string           `yaml:"address"`
 		Fingerprint   string           `yaml:"fingerprint"`
 		RegisterEvery string           `yaml:"register_every"`
+		Endpoints     []string         `yaml:"endpoints"`
 		Policy        discovery.Policy `yaml:"policy"`
 	} `yaml:"discovery"`
 	Bootstrap struct {
@@ -91,6 +93,7 @@ type authorityOptions struct {
 	discovery       string
 	discoveryFP     string
 	registerEvery   time.Duration
+	endpoints       []string
 	policy          discovery.Policy
 	pskRequired     bool
 	pskOptional     string
@@ -143,7 +146,7 @@ flags override it.`,
 			if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
 				o.pskRequired = *cfg.Bootstrap.PSKRequired
 			}
-			o.policy = cfg.Discovery.Policy
+			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
 				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
 					return fmt.Errorf("authority: discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
@@ -281,6 +284,10 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	return nil
 }
 
+// maxPSKOptional is the migration window past which the authority warns
+// that it is long.
+const maxPSKOptional = 30 * 24 * time.Hour
+
 // bootstrapSettings checks the discovery and PSK settings together. The
 // PSK may be made optional only for a migration: with an end date, and only
 // while referral tickets are enforced (DESIGN.md); anything else refuses to
@@ -300,7 +307,13 @@ func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.Discove
 		if err := o.policy.Validate(); err != nil {
 			return nil, time.Time{}, fmt.Errorf("discovery.policy: %w", err)
 		}
-		disc = &authority.DiscoveryConfig{Address: o.discovery, Fingerprint: o.discoveryFP, Policy: o.policy, RegisterEvery: o.registerEvery}
+		for _, ep := range o.endpoints {
+			if host, _, err := net.SplitHostPort(ep); err != nil || host == "" {
+				return nil, time.Time{}, fmt.Errorf("discovery.endpoints: %q is not HOST:PORT", ep)
+			}
+		}
+		disc = &authority.DiscoveryConfig{Address: o.discovery, Fingerprint: o.discoveryFP, Policy: o.policy,
+			RegisterEvery: o.registerEvery, Endpoints: o.endpoints}
 	} else if o.discoveryFP != "" {
 		return nil, time.Time{}, errors.New("--discovery-fingerprint without --discovery")
 	}
@@ -324,6 +337,9 @@ func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.Discove
 		return nil, time.Time{}, errors.New("bootstrap.psk_required false needs referral tickets: configure a discovery service (--discovery)")
 	case !until.After(time.Now()):
 		log.Warn("bootstrap.psk_optional_until has passed: the bootstrap PSK is required", "psk_optional_until", until)
+	case until.After(time.Now().Add(maxPSKOptional)):
+		log.Warn("UNSAFE until the migration ends, and it ends far away: agents with a referral ticket but no bootstrap PSK are admitted; keep the window short",
+			"psk_optional_until", until, "more_than", maxPSKOptional.String())
 	default:
 		log.Warn("UNSAFE until the migration ends: agents with a referral ticket but no bootstrap PSK are admitted",
 			"psk_optional_until", until)

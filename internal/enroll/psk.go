@@ -152,7 +152,11 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 			s.observeTicket(TicketResultReplayed)
 			return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s", proof)
 		}
-		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(referral.Leeway)}
+		// The use is kept past the last moment any replica accepts the
+		// ticket: the expiry checks allow Leeway on a replica's clock,
+		// the cleaner runs on the store's, and the two may differ by as
+		// much again.
+		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
 	}
 	// 7. No lock on the node or the key to certify.
 	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, keyLock(kid)); err != nil {
