@@ -64,7 +64,7 @@ var (
 	hier     *ca.Hierarchy
 )
 
-func newEnv(t *testing.T, wrap func(Store) Store) *env {
+func newEnv(t testing.TB, wrap func(Store) Store) *env {
 	t.Helper()
 	hierOnce.Do(func() {
 		var err error

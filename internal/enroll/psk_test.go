@@ -29,7 +29,7 @@ type pskEnv struct {
 	expired int
 }
 
-func newPSKEnv(t *testing.T) *pskEnv {
+func newPSKEnv(t testing.TB) *pskEnv {
 	t.Helper()
 	e := &pskEnv{env: newEnv(t, nil)}
 	sk, _ := seal.DeriveStorageKey(e.h.RootKey)
@@ -45,7 +45,7 @@ func newPSKEnv(t *testing.T) *pskEnv {
 	return e
 }
 
-func (e *pskEnv) sealed(t *testing.T, key psk.PSK, status string) store.PSK {
+func (e *pskEnv) sealed(t testing.TB, key psk.PSK, status string) store.PSK {
 	t.Helper()
 	p := store.PSK{ID: "psk-" + uuid.NewString(), Status: status, CreatedAt: time.Now()}
 	var err error
@@ -56,7 +56,7 @@ func (e *pskEnv) sealed(t *testing.T, key psk.PSK, status string) store.PSK {
 }
 
 // active stores a new active PSK.
-func (e *pskEnv) active(t *testing.T) (psk.PSK, string) {
+func (e *pskEnv) active(t testing.TB) (psk.PSK, string) {
 	t.Helper()
 	key, _ := psk.Generate()
 	p := e.sealed(t, key, store.PSKActive)
@@ -77,7 +77,7 @@ func (e *pskEnv) rotate(t *testing.T, from string, grace time.Duration) (psk.PSK
 	return key, p.ID
 }
 
-func nodeCSR(t *testing.T, cn string) []byte {
+func nodeCSR(t testing.TB, cn string) []byte {
 	t.Helper()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn}}, key)

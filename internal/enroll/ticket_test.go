@@ -39,7 +39,7 @@ type ticketEnv struct {
 	tickets []string
 }
 
-func newTicketEnv(t *testing.T) *ticketEnv {
+func newTicketEnv(t testing.TB) *ticketEnv {
 	t.Helper()
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	e := &ticketEnv{pskEnv: newPSKEnv(t), key: priv, src: &keySource{keys: map[string]ed25519.PublicKey{"k1": pub}}}
@@ -49,7 +49,7 @@ func newTicketEnv(t *testing.T) *ticketEnv {
 }
 
 // ticket issues a ticket for node, issued at iat.
-func (e *ticketEnv) ticket(t *testing.T, node string, iat time.Time) (string, string) {
+func (e *ticketEnv) ticket(t testing.TB, node string, iat time.Time) (string, string) {
 	t.Helper()
 	jti := referral.NewID()
 	tok, err := referral.Issue(e.key, "k1", referral.Claims{Issuer: testIssuer, AuthorityID: e.svc.cfg.AuthorityID, NodeID: node,
