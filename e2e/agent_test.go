@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -314,14 +313,9 @@ func TestAgentRun(t *testing.T) {
 	if st := agentStatus(t, adir); st["node_id"] != "runner" {
 		t.Errorf("status %v", st)
 	}
-	resp, err := http.Get("http://" + metricsAddr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := metricsOf(t, metricsAddr)
 	for _, want := range []string{"muster_agent_identity_expiry_timestamp_seconds", "muster_agent_generation 0", "muster_agent_renewals_total"} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
 	}

@@ -1,18 +1,12 @@
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,88 +15,23 @@ import (
 	"github.com/muster-dev/muster/internal/referral"
 )
 
-// discoveryProc is a running `muster discovery`.
-type discoveryProc struct {
-	cmd         *exec.Cmd
-	addr        string
-	fingerprint string
-	issuer      string
-	mu          sync.Mutex
-	logs        bytes.Buffer
-	done        chan struct{}
-	exitErr     error
-}
-
-func (p *discoveryProc) Logs() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.logs.String()
+// allowing is the --allow-authority flag that lets the authority muster
+// init printed init for register.
+func allowing(init map[string]any) []string {
+	return []string{"--allow-authority", init["authority_id"].(string) + "=" + init["ca_fingerprint"].(string)}
 }
 
 // startDiscovery starts discovery on OS-chosen loopback ports and waits for
-// its "discovery started" log line, which names the bound address.
+// its "discovery started" log line, which names the bound address. extra
+// are further flags (allowing, --store…).
 func startDiscovery(t *testing.T, dir string, extra ...string) *discoveryProc {
 	t.Helper()
-	args := append([]string{"discovery", "--data", dir, "--listen", "127.0.0.1:0",
-		"--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
-	cmd := exec.Command(musterBin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &discoveryProc{cmd: cmd, done: make(chan struct{})}
-	started := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			line := sc.Text()
-			p.mu.Lock()
-			p.logs.WriteString(line + "\n")
-			p.mu.Unlock()
-			var rec map[string]any
-			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "discovery started" {
-				started <- rec
-			}
-		}
-		io.Copy(io.Discard, stderr)
-		p.exitErr = cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.stop(t) })
-	select {
-	case rec := <-started:
-		p.addr, _ = rec["listen"].(string)
-		p.fingerprint, _ = rec["fingerprint"].(string)
-		p.issuer, _ = rec["issuer"].(string)
-	case <-p.done:
-		t.Fatalf("discovery exited before starting: %v\n%s", p.exitErr, p.Logs())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("discovery did not start in 30s\n%s", p.Logs())
-	}
+	p, rec := startProc(t, "discovery", "discovery started", append([]string{"discovery", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)...)
+	p.addr = p.listen
+	p.fingerprint, _ = rec["fingerprint"].(string)
+	p.issuer, _ = rec["issuer"].(string)
 	return p
-}
-
-// stop sends SIGTERM and waits for a clean exit.
-func (p *discoveryProc) stop(t *testing.T) {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-		if p.exitErr != nil {
-			t.Errorf("discovery exited with %v after SIGTERM\n%s", p.exitErr, p.Logs())
-		}
-	case <-time.After(20 * time.Second):
-		p.cmd.Process.Kill()
-		t.Errorf("discovery did not stop within 20s of SIGTERM\n%s", p.Logs())
-	}
 }
 
 type discoveryShow struct {
@@ -270,8 +199,8 @@ func TestDiscoveryRefusals(t *testing.T) {
 // TestDiscoveryLookupRegisteredAuthority runs an authority registered with
 // discovery, and looks it up through the CLI.
 func TestDiscoveryLookupRegisteredAuthority(t *testing.T) {
-	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
 	adir, init := initDir(t)
+	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"), allowing(init)...)
 	startAuthority(t, adir, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint)
 	id := init["authority_id"].(string)
 	var res struct {

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,32 +107,44 @@ func initDir(t *testing.T, extra ...string) (string, map[string]any) {
 	return dir, got
 }
 
-// authorityProc is a running `muster authority`.
-type authorityProc struct {
-	cmd *exec.Cmd
-	// addr is the advertised address, listen the bound one.
-	addr, listen string
-	metrics      string
-	// bootstrap is the bootstrap-only listener, when one was asked for.
+// proc is a running muster server: `muster authority` or `muster
+// discovery`, its JSON log collected.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	// addr is the address clients use (the authority's advertised one,
+	// discovery's bound one), listen the bound one, metrics the metrics
+	// listener's.
+	addr, listen, metrics string
+	// bootstrap is the authority's bootstrap-only listener, when one was
+	// asked for.
 	bootstrap string
-	mu        sync.Mutex
-	logs      bytes.Buffer
-	done      chan struct{}
-	exitErr   error
+	// fingerprint and issuer are discovery's CA pin and ticket issuer.
+	fingerprint, issuer string
+	mu                  sync.Mutex
+	logs                bytes.Buffer
+	done                chan struct{}
+	exitErr             error
 }
 
-func (p *authorityProc) Logs() string {
+// authorityProc and discoveryProc name what a test runs.
+type (
+	authorityProc = proc
+	discoveryProc = proc
+)
+
+func (p *proc) Logs() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.logs.String()
 }
 
-// startAuthority starts the authority on OS-chosen loopback ports and waits
-// for its "authority started" log line.
-func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
+// startProc runs the binary with args, which ask for JSON logs, waits for
+// the log record whose msg is startedMsg, and returns the process with
+// that record; name is how failures refer to it. The process is stopped
+// when the test ends.
+func startProc(t *testing.T, name, startedMsg string, args ...string) (*proc, map[string]any) {
 	t.Helper()
-	args := append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0",
-		"--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)
 	cmd := exec.Command(musterBin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	stderr, err := cmd.StderrPipe()
@@ -141,7 +154,7 @@ func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &authorityProc{cmd: cmd, done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
 	started := make(chan map[string]any, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -151,8 +164,11 @@ func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
 			p.logs.WriteString(line + "\n")
 			p.mu.Unlock()
 			var rec map[string]any
-			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "authority started" {
-				started <- rec
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == startedMsg {
+				select {
+				case started <- rec:
+				default:
+				}
 			}
 		}
 		io.Copy(io.Discard, stderr)
@@ -162,20 +178,30 @@ func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
 	t.Cleanup(func() { p.stop(t) })
 	select {
 	case rec := <-started:
-		p.addr, _ = rec["advertise"].(string)
 		p.listen, _ = rec["listen"].(string)
 		p.metrics, _ = rec["metrics_listen"].(string)
-		p.bootstrap, _ = rec["bootstrap_listen"].(string)
+		return p, rec
 	case <-p.done:
-		t.Fatalf("authority exited before starting: %v\n%s", p.exitErr, p.Logs())
+		t.Fatalf("%s exited before starting: %v\n%s", name, p.exitErr, p.Logs())
 	case <-time.After(30 * time.Second):
-		t.Fatalf("authority did not start in 30s\n%s", p.Logs())
+		t.Fatalf("%s did not start in 30s\n%s", name, p.Logs())
 	}
+	return nil, nil
+}
+
+// startAuthority starts the authority on OS-chosen loopback ports and waits
+// for its "authority started" log line.
+func startAuthority(t *testing.T, dir string, extra ...string) *authorityProc {
+	t.Helper()
+	p, rec := startProc(t, "authority", "authority started", append([]string{"authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, extra...)...)
+	p.addr, _ = rec["advertise"].(string)
+	p.bootstrap, _ = rec["bootstrap_listen"].(string)
 	return p
 }
 
 // stop sends SIGTERM and waits for a clean exit.
-func (p *authorityProc) stop(t *testing.T) {
+func (p *proc) stop(t *testing.T) {
 	select {
 	case <-p.done:
 		return
@@ -185,12 +211,24 @@ func (p *authorityProc) stop(t *testing.T) {
 	select {
 	case <-p.done:
 		if p.exitErr != nil {
-			t.Errorf("authority exited with %v after SIGTERM\n%s", p.exitErr, p.Logs())
+			t.Errorf("%s exited with %v after SIGTERM\n%s", p.name, p.exitErr, p.Logs())
 		}
 	case <-time.After(20 * time.Second):
 		p.cmd.Process.Kill()
-		t.Errorf("authority did not stop within 20s of SIGTERM\n%s", p.Logs())
+		t.Errorf("%s did not stop within 20s of SIGTERM\n%s", p.name, p.Logs())
 	}
+}
+
+// metricsOf scrapes /metrics at addr.
+func metricsOf(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return string(body)
 }
 
 // execCommand prepares the binary with a clean environment.

@@ -8,8 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -275,12 +273,7 @@ func TestExchangeRetryAndKeystore(t *testing.T) {
 		t.Fatalf("agent certificate fields: %v %q", leaf.URIs, leaf.Subject.CommonName)
 	}
 
-	resp2, err := http.Get("http://" + e.auth.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp2.Body)
-	resp2.Body.Close()
+	body := metricsOf(t, e.auth.metrics)
 	for _, want := range []string{
 		`muster_joins_total{method="token",result="OK"} 2`,
 		`muster_joins_total{method="token",result="Retry"} 1`,
@@ -289,7 +282,7 @@ func TestExchangeRetryAndKeystore(t *testing.T) {
 		`muster_tokens{state="used_up"} 2`,
 		"muster_issuance_duration_seconds_bucket",
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

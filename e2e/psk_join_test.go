@@ -8,8 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"io"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,18 +137,13 @@ func TestPSKJoin(t *testing.T) {
 	mustPSKJoin(t, e, "n5", rot2.Active.PSK)
 
 	// The metric counts each validation by result.
-	resp, err := http.Get("http://" + e.auth.metrics + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := metricsOf(t, e.auth.metrics)
 	for _, want := range []string{
 		`muster_psk_validations_total{result="active"} 4`,
 		`muster_psk_validations_total{result="grace"} 1`,
 		`muster_psk_validations_total{result="invalid"} 2`,
 	} {
-		if !strings.Contains(string(body), want) {
+		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %s", want)
 		}
 	}

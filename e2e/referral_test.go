@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,15 +29,16 @@ type referralEnv struct {
 	psk         string
 }
 
-// newReferralEnv starts a discovery and an authority with --discovery;
-// config, if set, is the authority's authority.yaml.
+// newReferralEnv starts a discovery that allows a new authority, and the
+// authority with --discovery; config, if set, is the authority's
+// authority.yaml.
 func newReferralEnv(t *testing.T, config string, authorityArgs ...string) *referralEnv {
 	t.Helper()
 	e := &referralEnv{discDir: filepath.Join(t.TempDir(), "discovery")}
-	e.disc = startDiscovery(t, e.discDir)
 	var init map[string]any
 	e.dir, init = initDir(t)
 	e.authorityID, e.fingerprint, e.psk = init["authority_id"].(string), init["ca_fingerprint"].(string), init["bootstrap_psk"].(string)
+	e.disc = startDiscovery(t, e.discDir, allowing(init)...)
 	if config != "" {
 		if err := os.WriteFile(filepath.Join(e.dir, "authority.yaml"), []byte(config), 0o600); err != nil {
 			t.Fatal(err)
@@ -81,17 +81,6 @@ func (e *referralEnv) mustJoin(t *testing.T, node string) string {
 		t.Fatalf("join of %s through discovery: exit %d\n%s\nauthority:\n%s", node, r.code, r.stderr, e.auth.Logs())
 	}
 	return adir
-}
-
-func metricsOf(t *testing.T, addr string) string {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return string(body)
 }
 
 // TestReferralJoin: the PSK flow through discovery, as DESIGN.md draws it:
@@ -228,7 +217,7 @@ func TestReferralImpostorGetsNoPSK(t *testing.T) {
 
 	// The authority advertises the impostor's address, so discovery lists
 	// it as the endpoint.
-	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
+	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"), allowing(init)...)
 	auth := startAuthority(t, dir, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint, "--advertise", lis.Addr().String())
 	e := &referralEnv{disc: d, dir: dir, authorityID: init["authority_id"].(string), fingerprint: init["ca_fingerprint"].(string),
 		psk: init["bootstrap_psk"].(string)}
@@ -282,13 +271,13 @@ func TestPSKOptionalMigration(t *testing.T) {
 // by both.
 func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 	url := postgres(t)
+	dir, init := initDir(t)
 	ddir := filepath.Join(t.TempDir(), "discovery")
-	d1 := startDiscovery(t, ddir, "--store", url)
-	d2 := startDiscovery(t, replicaDir(t, ddir), "--store", url)
+	d1 := startDiscovery(t, ddir, append(allowing(init), "--store", url)...)
+	d2 := startDiscovery(t, replicaDir(t, ddir), append(allowing(init), "--store", url)...)
 	if d1.fingerprint != d2.fingerprint {
 		t.Fatalf("replicas with the same files have different pins: %s, %s", d1.fingerprint, d2.fingerprint)
 	}
-	dir, init := initDir(t)
 	e := &referralEnv{disc: d1, discDir: ddir, dir: dir, authorityID: init["authority_id"].(string),
 		fingerprint: init["ca_fingerprint"].(string), psk: init["bootstrap_psk"].(string)}
 	e.auth = startAuthority(t, dir, "--discovery", d1.addr, "--discovery-fingerprint", d1.fingerprint)

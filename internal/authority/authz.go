@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 
 	"google.golang.org/grpc"
@@ -16,10 +15,9 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/google/uuid"
-
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callinfo"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -102,7 +100,10 @@ func serviceOf(fullMethod string) (service, method string) {
 // caller for the handler, or a status error: UNAUTHENTICATED without a
 // certificate, PERMISSION_DENIED with the wrong one or a locked identity.
 func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapListener bool) (Caller, error) {
-	c := Caller{Source: sourceOf(ctx), CorrelationID: correlationID(ctx)}
+	c := Caller{CorrelationID: callinfo.CorrelationID(ctx)}
+	if src := callinfo.Source(ctx); src.IsValid() {
+		c.Source = src.String()
+	}
 	chain := verifiedChain(ctx)
 	if chain != nil {
 		c.Cert = chain[0]
@@ -183,43 +184,6 @@ func verifiedChain(ctx context.Context) []*x509.Certificate {
 	return ti.State.VerifiedChains[0]
 }
 
-func sourceOf(ctx context.Context) string {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
-		return ""
-	}
-	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-		return host
-	}
-	return p.Addr.String()
-}
-
-const correlationHeader = "x-correlation-id"
-
-// correlationID takes the caller's ID when it is a plausible one, so a
-// request can be followed from the CLI into the audit log, and makes one
-// otherwise.
-func correlationID(ctx context.Context) string {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(correlationHeader); len(v) == 1 && validCorrelationID(v[0]) {
-			return v[0]
-		}
-	}
-	return uuid.NewString()
-}
-
-func validCorrelationID(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 // interceptors are the authorization interceptors of one listener.
 func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -234,7 +198,7 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		return nil, err
 	}
-	grpc.SetHeader(ctx, metadata.Pairs(correlationHeader, c.CorrelationID))
+	grpc.SetHeader(ctx, metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	return handler(context.WithValue(ctx, callerKey{}, c), req)
 }
 
@@ -250,6 +214,6 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	if err != nil {
 		return err
 	}
-	ss.SetHeader(metadata.Pairs(correlationHeader, c.CorrelationID))
+	ss.SetHeader(metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	return handler(srv, wrappedStream{ss, context.WithValue(ss.Context(), callerKey{}, c)})
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -300,56 +301,21 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	return gs
 }
 
-// hostsOf lists the host parts of addresses for the certificate's SANs. An
-// unspecified address (":7443", "0.0.0.0:7443") stands for every interface,
-// so the certificate gets the machine's name and loopback.
-func hostsOf(addrs ...string) []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(h string) {
-		if !seen[h] {
-			seen[h] = true
-			out = append(out, h)
-		}
-	}
-	for _, a := range addrs {
-		if a == "" {
-			continue
-		}
-		h, _, err := net.SplitHostPort(a)
-		if err != nil {
-			h = a
-		}
-		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
-			if name, err := os.Hostname(); err == nil {
-				add(name)
-			}
-			add("localhost")
-			add("127.0.0.1")
-			add("::1")
-			continue
-		}
-		add(h)
-	}
-	return out
-}
-
 // Run binds every listener, records the advertised address, serves until
 // ctx is done and then stops gracefully.
 func (s *Server) Run(ctx context.Context) error {
-	lis, err := net.Listen("tcp", s.cfg.Listen)
+	lis, err := listener.Listen(s.cfg.Listen, s.cfg.TrustedProxies)
 	if err != nil {
-		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, unwrapOp(err))
+		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
 	defer lis.Close()
-	lis = withTrustedProxies(lis, s.cfg.TrustedProxies)
 	advertise := s.cfg.Advertise
 	if advertise == "" {
 		advertise = lis.Addr().String()
 	}
 	s.enroll.SetEndpoints([]string{advertise})
 	s.advertised.Store(&advertise)
-	tc, err := s.serverTLS(ca.RoleServer, hostsOf(s.cfg.Listen, lis.Addr().String(), advertise))
+	tc, err := s.serverTLS(ca.RoleServer, listener.Hosts(s.cfg.Listen, lis.Addr().String(), advertise))
 	if err != nil {
 		return err
 	}
@@ -358,12 +324,11 @@ func (s *Server) Run(ctx context.Context) error {
 	var bootLis net.Listener
 	var boot *grpc.Server
 	if s.cfg.BootstrapListen != "" {
-		if bootLis, err = net.Listen("tcp", s.cfg.BootstrapListen); err != nil {
-			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, unwrapOp(err))
+		if bootLis, err = listener.Listen(s.cfg.BootstrapListen, s.cfg.TrustedProxies); err != nil {
+			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, err)
 		}
 		defer bootLis.Close()
-		bootLis = withTrustedProxies(bootLis, s.cfg.TrustedProxies)
-		btc, err := s.serverTLS(ca.RoleBootstrap, hostsOf(s.cfg.BootstrapListen, bootLis.Addr().String()))
+		btc, err := s.serverTLS(ca.RoleBootstrap, listener.Hosts(s.cfg.BootstrapListen, bootLis.Addr().String()))
 		if err != nil {
 			return err
 		}
@@ -373,8 +338,8 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = net.Listen("tcp", s.cfg.MetricsListen); err != nil {
-			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, unwrapOp(err))
+		if metricsLis, err = listener.Listen(s.cfg.MetricsListen, nil); err != nil {
+			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
 		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
@@ -388,7 +353,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("authority: the audit log is not writable: %w", err)
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
-		"bootstrap_listen", addrOf(bootLis), "metrics_listen", addrOf(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
+		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise)
 	}
@@ -463,25 +428,4 @@ func (s *Server) metricsHandler() http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-func addrOf(l net.Listener) string {
-	if l == nil {
-		return ""
-	}
-	return l.Addr().String()
-}
-
-// unwrapOp keeps the system's reason ("address already in use") and drops
-// the *net.OpError prefix that would repeat the address.
-func unwrapOp(err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Err != nil {
-		var se *os.SyscallError
-		if errors.As(oe.Err, &se) {
-			return se.Err
-		}
-		return oe.Err
-	}
-	return err
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/postgres"
@@ -230,7 +231,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if o.agentCertTTL <= 0 || o.agentCertTTL > maxAgentCertTTL {
 		return fmt.Errorf("authority: agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
 	}
-	proxies, err := authority.ParseTrustedProxies(o.trustedProxies)
+	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}

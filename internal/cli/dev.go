@@ -58,7 +58,8 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL,
 				logFormat: "text", logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
 			if dlisten != "" {
-				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten)
+				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}
+				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten, own)
 				if err != nil {
 					return fmt.Errorf("dev: %w", err)
 				}
@@ -122,8 +123,9 @@ func devCommand() string {
 }
 
 // startDevDiscovery runs a discovery service from dir (initialised on first
-// start) in g and returns it once it listens.
-func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, listen string) (*discoveryd.Server, error) {
+// start) in g and returns it once it listens. Only the authority allowed
+// (dev's own) may register with it.
+func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, listen string, allowed discovery.AllowEntry) (*discoveryd.Server, error) {
 	log, err := newLogger(env.Stderr, "text", "info")
 	if err != nil {
 		return nil, err
@@ -138,7 +140,7 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 	}
 	ready := make(chan struct{})
 	srv, err := discoveryd.New(discoveryd.Config{Dir: dir, Store: st, Listen: listen, Log: log.With("service", "discovery"),
-		Ready: func(string) { close(ready) }})
+		AllowedAuthorities: []discovery.AllowEntry{allowed}, Ready: func(string) { close(ready) }})
 	if err != nil {
 		st.Close()
 		return nil, err

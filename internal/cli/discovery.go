@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/discoveryd"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -40,6 +41,13 @@ type discoveryOptions struct {
 	keyRotation   time.Duration
 	logFormat     string
 	logLevel      string
+	// allow are --allow-authority entries (ID=sha256:HEX), added to those
+	// of DIR/discovery.yaml; openRegistration accepts any other ID too.
+	allow            []string
+	openRegistration bool
+	// trustedProxies are IPs or CIDRs of TCP load balancers whose PROXY
+	// header names the client.
+	trustedProxies []string
 }
 
 func newDiscoveryCmd(env *Env) *cobra.Command {
@@ -59,7 +67,21 @@ own (DIR/tls) whose fingerprint authorities and agents pin with
 are rotated every --key-rotation and published, with the previous key
 during an overlap, at https://ADVERTISE/.well-known/jwks.json on the same
 listener. The ticket issuer is https://ADVERTISE: authorities must name
-discovery by that same HOST:PORT.`,
+discovery by that same HOST:PORT, so discovery refuses to start when it
+would be 0.0.0.0 or [::] (set --advertise).
+
+Only the authorities allowed may register, each under its own root: list
+them with --allow-authority AUTHORITY_ID=sha256:HEX (the authority's ID
+and ca_fingerprint, as muster init printed them) or in DIR/discovery.yaml:
+
+  allowed_authorities:
+    - {authority_id: prod-a3f2e1, ca_fingerprint: "sha256:…"}
+
+The flags add to the file. Without any, every registration is refused.
+--open-registration accepts any other authority ID too, locked to the
+first root that registers it: unsafe, as whoever grinds a key matching an
+ID's 6 hex digits can take the ID first. muster discovery forget deletes
+a registration.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.dir == "" {
@@ -80,12 +102,23 @@ discovery by that same HOST:PORT.`,
 	f.DurationVar(&o.keyRotation, "key-rotation", discoveryd.DefaultKeyRotation, "how long a ticket signing key is used before the next one")
 	f.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
-	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env))
+	f.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
+	f.StringSliceVar(&o.allow, "allow-authority", nil, "AUTHORITY_ID=sha256:HEX: an authority that may register, under that root only (repeatable; adds to DIR/discovery.yaml)")
+	f.BoolVar(&o.openRegistration, "open-registration", false, "UNSAFE: also accept authority IDs not allowed, each locked to the first root that registers it")
+	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env))
 	return cmd
 }
 
 func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	log, err := newLogger(env.Stderr, o.logFormat, o.logLevel)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	allowed, err := registrationSettings(discoveryd.Dir(o.dir), o.allow, o.openRegistration, log)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
@@ -101,6 +134,8 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	srv, err := discoveryd.New(discoveryd.Config{
 		Dir: string(id.Dir), Store: st, Listen: o.listen, Advertise: o.advertise,
 		MetricsListen: o.metricsListen, KeyRotation: o.keyRotation, Log: log,
+		TrustedProxies:     proxies,
+		AllowedAuthorities: allowed, OpenRegistration: o.openRegistration,
 	})
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
@@ -143,6 +178,15 @@ type discoveryShowJSON struct {
 	Fingerprint string          `json:"fingerprint"`
 	Issuer      string          `json:"issuer,omitempty"`
 	TicketKeys  []ticketKeyJSON `json:"ticket_keys"`
+	// AllowedAuthorities are those of DIR/discovery.yaml; --allow-authority
+	// flags given at start are not known here.
+	AllowedAuthorities []allowedJSON `json:"allowed_authorities"`
+	ConfigFile         string        `json:"config_file"`
+}
+
+type allowedJSON struct {
+	AuthorityID   string `json:"authority_id"`
+	CAFingerprint string `json:"ca_fingerprint"`
 }
 
 func newDiscoveryShowCmd(env *Env) *cobra.Command {
@@ -153,11 +197,13 @@ func newDiscoveryShowCmd(env *Env) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "show --data DIR",
-		Short: "Print discovery's fingerprint, ticket issuer and ticket keys",
+		Short: "Print discovery's fingerprint, ticket issuer, ticket keys and allowed authorities",
 		Long: `show prints what authorities and agents need to trust this discovery:
 the fingerprint of its CA (--discovery-fingerprint), and the ticket issuer
-once a discovery has started in DIR; then the ticket signing keys. It reads
-DIR and the store, whether or not discovery is running.`,
+once a discovery has started in DIR; then the ticket signing keys, and the
+authorities DIR/discovery.yaml allows to register (--allow-authority flags
+given at start add to these). It reads DIR and the store, whether or not
+discovery is running.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -185,6 +231,14 @@ DIR and the store, whether or not discovery is running.`,
 					return fmt.Errorf("discovery show: %w", err)
 				}
 				res.TicketKeys = keys
+			}
+			cfg, err := loadDiscoveryConfig(d.ConfigFile())
+			if err != nil {
+				return fmt.Errorf("discovery show: %w", err)
+			}
+			res.ConfigFile, res.AllowedAuthorities = d.ConfigFile(), []allowedJSON{}
+			for _, e := range cfg.AllowedAuthorities {
+				res.AllowedAuthorities = append(res.AllowedAuthorities, allowedJSON{AuthorityID: e.AuthorityID, CAFingerprint: e.Fingerprint})
 			}
 			if out.json() {
 				return writeJSON(env.Stdout, res)
@@ -240,6 +294,16 @@ func printDiscoveryShow(w io.Writer, res discoveryShowJSON) {
 				until = pskTime(*k.PublishUntil)
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", k.ID, k.Status, pskTime(k.CreatedAt), until)
+		}
+		tw.Flush()
+	}
+	if len(res.AllowedAuthorities) == 0 {
+		fmt.Fprintf(w, "Allowed:      no authority in %s; without --allow-authority AUTHORITY_ID=sha256:… (or --open-registration) at start, every registration is refused\n", res.ConfigFile)
+	} else {
+		fmt.Fprintf(w, "Allowed:      in %s (--allow-authority at start adds to these):\n", res.ConfigFile)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		for _, a := range res.AllowedAuthorities {
+			fmt.Fprintf(tw, "  %s\t%s\n", a.AuthorityID, a.CAFingerprint)
 		}
 		tw.Flush()
 	}

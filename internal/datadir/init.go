@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/psk"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -96,7 +97,7 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	}
 	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
 	if err != nil {
-		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, unwrapPath(err))
+		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
 	}
 	ok := false
 	defer func() {
@@ -114,7 +115,7 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	// rename(2) replaces an empty directory atomically and refuses a
 	// non-empty one, so a racing init cannot be overwritten.
 	if err := os.Rename(staging, target); err != nil {
-		return InitResult{}, fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, unwrapPath(err))
+		return InitResult{}, fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, oserr.Reason(err))
 	}
 	ok = true
 	if d, err := os.Open(filepath.Dir(target)); err == nil {
@@ -132,7 +133,7 @@ func checkTarget(d Dir) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("datadir: cannot read %s: %w", d, unwrapPath(err))
+		return fmt.Errorf("datadir: cannot read %s: %w", d, oserr.Reason(err))
 	}
 	if _, err := os.Stat(d.InfoFile()); err == nil {
 		return fmt.Errorf("%w: %s already holds an authority; refusing to overwrite it", ErrAlreadyInitialised, d)
@@ -319,16 +320,6 @@ func writeJSON(path string, v any) error {
 		return err
 	}
 	return identity.WriteFileAtomic(path, append(data, '\n'), 0o600)
-}
-
-// unwrapPath drops the *PathError wrapper whose path would repeat what the
-// caller's message already names.
-func unwrapPath(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // NewAuditLogger wires the audit logger with keys derived from the storage

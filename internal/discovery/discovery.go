@@ -108,10 +108,10 @@ func CheckPolicyCertificate(cert, root *x509.Certificate) error {
 // fingerprint>", the form muster init gives it, so an authority ID names
 // its root.
 func CheckAuthorityID(id, fingerprint string) error {
-	i := strings.LastIndex(id, "-")
-	if i <= 0 || ca.ValidName(id[:i]) != nil {
-		return fmt.Errorf("discovery: authority ID %q is not NAME-HEX6", id)
+	if err := ValidAuthorityID(id); err != nil {
+		return err
 	}
+	i := strings.LastIndex(id, "-")
 	if want := ca.AuthorityID(id[:i], fingerprint); want != id {
 		return fmt.Errorf("discovery: authority ID %q does not match its root (whose fingerprint %s gives %s)", id, fingerprint, want)
 	}

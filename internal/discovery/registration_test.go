@@ -224,8 +224,8 @@ func TestRegistrationVerifyRefuses(t *testing.T) {
 		{name: "bundle of another root", before: func(r *Registration) { r.CABundlePEM = pemOf(other.Root) }, wantMsg: "does not match its root"},
 
 		{name: "authority ID of another root", before: func(r *Registration) { r.AuthorityID = "prod-" + otherHex6 }, wantMsg: "does not match its root"},
-		{name: "authority ID with upper-case hex", before: func(r *Registration) { r.AuthorityID = "prod-" + strings.ToUpper(hex6) },
-			wantMsg: "does not match its root"},
+		{name: "authority ID with upper-case hex", before: func(r *Registration) { r.AuthorityID = "prod-A" + hex6[1:] },
+			wantMsg: "is not NAME-HEX6"},
 		{name: "authority ID without hex", before: func(r *Registration) { r.AuthorityID = "prod" }, wantMsg: "is not NAME-HEX6"},
 		{name: "authority ID with a bad name", before: func(r *Registration) { r.AuthorityID = "Prod-" + hex6 }, wantMsg: "is not NAME-HEX6"},
 		{name: "empty authority ID", before: func(r *Registration) { r.AuthorityID = "" }, wantMsg: "is not NAME-HEX6"},

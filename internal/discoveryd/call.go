@@ -2,35 +2,32 @@ package discoveryd
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
 
-	"github.com/google/uuid"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 
 	"github.com/muster-dev/muster/internal/audit"
-	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callinfo"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/store"
 )
 
 // call is one request: who sent it, for the rate limits and the audit log.
 type call struct {
-	method        string
+	method string
+	// source is the client's address: the TCP peer, or the client a
+	// trusted proxy named (Config.TrustedProxies).
 	source        netip.Addr
 	correlationID string
 }
 
 func (s *Server) newCall(ctx context.Context, method string) call {
-	return call{method: method, source: sourceOf(ctx), correlationID: correlationID(ctx)}
+	return call{method: method, source: callinfo.Source(ctx), correlationID: callinfo.CorrelationID(ctx)}
 }
 
 // src is the source as the audit log and the limiter keys write it.
@@ -39,48 +36,6 @@ func (c call) src() string {
 		return "unknown"
 	}
 	return c.source.String()
-}
-
-// sourceOf is the TCP peer's address.
-func sourceOf(ctx context.Context) netip.Addr {
-	p, ok := peer.FromContext(ctx)
-	if !ok || p.Addr == nil {
-		return netip.Addr{}
-	}
-	if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
-		return ap.Addr().Unmap()
-	}
-	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
-		if a, err := netip.ParseAddr(host); err == nil {
-			return a.Unmap()
-		}
-	}
-	return netip.Addr{}
-}
-
-const correlationHeader = "x-correlation-id"
-
-// correlationID takes the caller's ID when it is a plausible one and
-// makes one otherwise.
-func correlationID(ctx context.Context) string {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(correlationHeader); len(v) == 1 && validCorrelationID(v[0]) {
-			return v[0]
-		}
-	}
-	return uuid.NewString()
-}
-
-func validCorrelationID(s string) bool {
-	if len(s) == 0 || len(s) > 64 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // refuseAudited writes a refusal to the audit log, through the flood
@@ -113,20 +68,22 @@ func (s *Server) allowSource(c call, b bucket) error {
 // checkAuthorityID checks the form NAME-HEX6 of an authority ID, before
 // anything is looked up.
 func checkAuthorityID(id string) error {
-	i := strings.LastIndexByte(id, '-')
-	if i <= 0 || len(id)-i-1 != 6 || ca.ValidName(id[:i]) != nil || strings.ToLower(id[i+1:]) != id[i+1:] {
-		return refuse(codes.InvalidArgument, discovery.DenyInvalid, "%s: authority ID %q is not NAME-HEX6 (as muster init prints it)", discovery.DenyInvalid, id)
-	}
-	if _, err := hex.DecodeString(id[i+1:]); err != nil {
-		return refuse(codes.InvalidArgument, discovery.DenyInvalid, "%s: authority ID %q is not NAME-HEX6 (as muster init prints it)", discovery.DenyInvalid, id)
+	if err := discovery.ValidAuthorityID(id); err != nil {
+		return refuse(codes.InvalidArgument, discovery.DenyInvalid, "%s: %s", discovery.DenyInvalid, strings.TrimPrefix(err.Error(), "discovery: "))
 	}
 	return nil
 }
 
 // registration returns an authority's registration as verified when it
-// was stored; a *refusal (NOT_FOUND, unknown_authority) if there is none.
+// was stored; a *refusal (NOT_FOUND, unknown_authority) if there is none,
+// or if the allow-list no longer admits its ID and root (a registration
+// stored before the list, or under open registration, is not served once
+// the list names its ID with another root, or no longer names it).
 func (s *Server) registration(ctx context.Context, authorityID string) (store.Registration, *discovery.Verified, error) {
 	reg, err := s.store.GetRegistration(ctx, authorityID)
+	if err == nil && s.allow.Check(reg.AuthorityID, reg.RootFingerprint) != nil {
+		err = store.ErrNotFound
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown, "%s: authority %s is not registered with this discovery", discovery.DenyUnknown, authorityID)
 	}
@@ -140,9 +97,12 @@ func (s *Server) registration(ctx context.Context, authorityID string) (store.Re
 	return reg, v, nil
 }
 
-// policyCache keeps parsed registrations by authority ID and version
-// (which the store ties to one document), so a ticket request does not
-// parse certificates and compile patterns again. Safe for concurrent use.
+// policyCache keeps parsed registrations by authority ID and version, so
+// a ticket request does not parse certificates and compile patterns
+// again. The store ties a version to one document only while the
+// registration lives: after muster discovery forget, the ID may register
+// again from version 1 with another document, so a hit counts only for
+// the same document. Safe for concurrent use.
 type policyCache struct {
 	mu sync.Mutex
 	m  map[string]*discovery.Verified
@@ -157,15 +117,15 @@ func (p *policyCache) get(reg store.Registration) (*discovery.Verified, error) {
 	p.mu.Lock()
 	v, ok := p.m[key]
 	p.mu.Unlock()
-	if ok {
+	if ok && string(v.Document) == string(reg.Document) {
 		return v, nil
 	}
 	v, err := discovery.ParseStored(reg.Document)
 	if err != nil {
 		return nil, err
 	}
-	if v.AuthorityID != reg.AuthorityID || v.Version != reg.Version {
-		return nil, errors.New("the stored document names another authority or version")
+	if v.AuthorityID != reg.AuthorityID || v.Version != reg.Version || v.Fingerprint != reg.RootFingerprint {
+		return nil, errors.New("the stored document names another authority, version or root")
 	}
 	p.mu.Lock()
 	if len(p.m) >= policyCacheSize {

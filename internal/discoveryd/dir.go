@@ -18,6 +18,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/atomicfile"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/seal"
 )
 
@@ -28,6 +29,7 @@ import (
 //	DIR/tls/ca.crt, ca.key     discovery's own CA: its fingerprint is the pin
 //	DIR/discovery.db           the embedded SQLite store (unless --store)
 //	DIR/discovery.addr         where the running discovery listens and its issuer
+//	DIR/discovery.yaml         settings (optional): the authorities allowed to register
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
 type Dir string
 
@@ -41,6 +43,7 @@ func (d Dir) CACertFile() string      { return d.path("tls", "ca.crt") }
 func (d Dir) CAKeyFile() string       { return d.path("tls", "ca.key") }
 func (d Dir) DatabaseFile() string    { return d.path("discovery.db") }
 func (d Dir) AddressFile() string     { return d.path("discovery.addr") }
+func (d Dir) ConfigFile() string      { return d.path("discovery.yaml") }
 func (d Dir) CheckpointFile() string  { return d.path("audit-checkpoint.json") }
 func (d Dir) DefaultStoreURL() string { return "sqlite://" + d.DatabaseFile() }
 
@@ -83,7 +86,7 @@ func Init(dir string) (*Identity, error) {
 		return nil, fmt.Errorf("discoveryd: %s holds an authority; give discovery a directory of its own", abs)
 	}
 	if err := os.MkdirAll(abs, 0o700); err != nil {
-		return nil, fmt.Errorf("discoveryd: cannot create %s: %w", abs, unwrapPath(err))
+		return nil, fmt.Errorf("discoveryd: cannot create %s: %w", abs, oserr.Reason(err))
 	}
 	if err := os.Chmod(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("discoveryd: %w", err)
@@ -96,7 +99,7 @@ func Init(dir string) (*Identity, error) {
 		// Exclusive: if another process wrote one meanwhile, theirs
 		// stays and is read below.
 		if err := k.WriteFile(d.StorageKeyFile()); err != nil && !errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("discoveryd: writing %s: %w", d.StorageKeyFile(), unwrapPath(err))
+			return nil, fmt.Errorf("discoveryd: writing %s: %w", d.StorageKeyFile(), oserr.Reason(err))
 		}
 	}
 	if _, err := os.Stat(d.CACertFile()); errors.Is(err, fs.ErrNotExist) {
@@ -137,7 +140,7 @@ func createCA(d Dir, now time.Time) error {
 		if _, serr := os.Stat(d.CACertFile()); serr == nil {
 			return nil
 		}
-		return fmt.Errorf("discoveryd: cannot create %s: %w", d.TLSDir(), unwrapPath(err))
+		return fmt.Errorf("discoveryd: cannot create %s: %w", d.TLSDir(), oserr.Reason(err))
 	}
 	return atomicfile.SyncDir(string(d))
 }
@@ -273,18 +276,4 @@ func (d Dir) ReadAddress() (Address, error) {
 		return Address{}, fmt.Errorf("discoveryd: %s is corrupt", d.AddressFile())
 	}
 	return a, nil
-}
-
-// unwrapPath drops the *PathError wrapper whose path would repeat what the
-// caller's message already names.
-func unwrapPath(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	var le *os.LinkError
-	if errors.As(err, &le) {
-		return le.Err
-	}
-	return err
 }

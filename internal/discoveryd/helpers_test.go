@@ -37,6 +37,17 @@ type env struct {
 
 type option func(*Server)
 
+// allowing replaces the open registration of run with an allow-list.
+func allowing(open bool, entries ...discovery.AllowEntry) option {
+	return func(s *Server) {
+		l, err := discovery.NewAllowlist(entries, open)
+		if err != nil {
+			panic(err)
+		}
+		s.allow = l
+	}
+}
+
 // generous lifts discovery's own per-source limits, so a test can send
 // many requests from loopback.
 func generous(s *Server) {
@@ -60,15 +71,18 @@ func start(t *testing.T, opts ...option) *env {
 	return e
 }
 
-// run starts a server on the env's directory and store.
+// run starts a server on the env's directory and store. Registration is
+// open, so a test registers whatever authority it makes; allowing sets an
+// allow-list instead.
 func (e *env) run(opts ...option) {
 	t := e.t
 	t.Helper()
 	ready := make(chan string, 1)
 	srv, err := New(Config{
 		Dir: e.dir, Store: e.st, Listen: "127.0.0.1:0", MetricsListen: "127.0.0.1:0",
-		Log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Ready: func(addr string) { ready <- addr },
+		Log:              slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Ready:            func(addr string) { ready <- addr },
+		OpenRegistration: true,
 	})
 	if err != nil {
 		t.Fatal(err)

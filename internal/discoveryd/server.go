@@ -22,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -37,7 +38,9 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
@@ -84,6 +87,10 @@ type Config struct {
 	Advertise string
 	// MetricsListen, if set, serves /metrics and /healthz over plain HTTP.
 	MetricsListen string
+	// TrustedProxies are the TCP load balancers whose PROXY protocol
+	// header names a connection's source on Listen, for allowed CIDRs,
+	// rate limits, tickets and the audit log; empty: none.
+	TrustedProxies []netip.Prefix
 	// KeyRotation is how long a ticket key signs (default
 	// DefaultKeyRotation).
 	KeyRotation time.Duration
@@ -92,6 +99,13 @@ type Config struct {
 	// address the listener is bound to (HOST:PORT, the port chosen when
 	// Listen asked for port 0).
 	Ready func(addr string)
+	// AllowedAuthorities may register, each under the root fingerprint
+	// listed for it only. OpenRegistration accepts any other authority ID
+	// as well, locked to the first root that registers it: anyone who
+	// grinds a key matching an ID's 6 hex digits can take it first. With
+	// neither, every registration is refused (discovery.Allowlist).
+	AllowedAuthorities []discovery.AllowEntry
+	OpenRegistration   bool
 }
 
 // Server is a discovery service.
@@ -113,8 +127,11 @@ type Server struct {
 	// RPCs and of ReportJoin.
 	sourceLimit, reportLimit bucket
 	policies                 *policyCache
-	grpc                     *grpc.Server
-	now                      func() time.Time
+	// allow decides which authorities may register, and which stored
+	// registrations are served.
+	allow *discovery.Allowlist
+	grpc  *grpc.Server
+	now   func() time.Time
 
 	addr        atomic.Pointer[string]
 	issuer      atomic.Pointer[string]
@@ -147,6 +164,13 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("discoveryd: advertise address %q: want HOST:PORT", cfg.Advertise)
 		}
 	}
+	if err := checkIssuerHost(cfg.Listen, cfg.Advertise); err != nil {
+		return nil, err
+	}
+	allow, err := discovery.NewAllowlist(cfg.AllowedAuthorities, cfg.OpenRegistration)
+	if err != nil {
+		return nil, err
+	}
 	id, err := Init(cfg.Dir)
 	if err != nil {
 		return nil, err
@@ -162,6 +186,7 @@ func New(cfg Config) (*Server, error) {
 		reportLimit: bucket{ReportRate, ReportBurst},
 		policy:      ratelimit.New(1, 1), // every use names its own rate
 		policies:    newPolicyCache(),
+		allow:       allow,
 		now:         time.Now,
 	}
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
@@ -229,9 +254,10 @@ func (s *Server) Run(ctx context.Context) error {
 	if installed != "" {
 		s.recordOK(ctx, "ticket_key.create", installed, "first ticket key")
 	}
-	lis, err := net.Listen("tcp", s.cfg.Listen)
+	// The PROXY header comes before TLS: ServeTLS wraps this listener.
+	lis, err := listener.Listen(s.cfg.Listen, s.cfg.TrustedProxies)
 	if err != nil {
-		return fmt.Errorf("discoveryd: cannot listen on %s: %w", s.cfg.Listen, unwrapOp(err))
+		return fmt.Errorf("discoveryd: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
 	defer lis.Close()
 	bound := lis.Addr().String()
@@ -242,10 +268,7 @@ func (s *Server) Run(ctx context.Context) error {
 	issuer := discoveryclient.Issuer(advertise)
 	s.addr.Store(&bound)
 	s.issuer.Store(&issuer)
-	if h, _, _ := net.SplitHostPort(advertise); net.ParseIP(h) != nil && net.ParseIP(h).IsUnspecified() {
-		s.log.Warn("the ticket issuer names no machine: set --advertise to the HOST:PORT authorities and agents use", "issuer", issuer)
-	}
-	certs := &serverCerts{issuer: &ca.Issuer{Cert: s.id.CA, Key: s.id.CAKey}, hosts: hostsOf(s.cfg.Listen, bound, advertise)}
+	certs := &serverCerts{issuer: &ca.Issuer{Cert: s.id.CA, Key: s.id.CAKey}, hosts: listener.Hosts(s.cfg.Listen, bound, advertise)}
 	if _, err := certs.get(nil); err != nil {
 		return err
 	}
@@ -265,8 +288,8 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = net.Listen("tcp", s.cfg.MetricsListen); err != nil {
-			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, unwrapOp(err))
+		if metricsLis, err = listener.Listen(s.cfg.MetricsListen, nil); err != nil {
+			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
 		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
@@ -283,7 +306,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	keyID, _ := s.keys.activeSince()
 	s.log.Info("discovery started", "listen", bound, "advertise", advertise, "issuer", issuer,
-		"fingerprint", s.Fingerprint(), "metrics_listen", addrOf(metricsLis), "ticket_key", keyID, "dir", string(s.id.Dir))
+		"fingerprint", s.Fingerprint(), "metrics_listen", listener.Addr(metricsLis), "ticket_key", keyID, "dir", string(s.id.Dir),
+		"trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(bound)
 	}
@@ -374,25 +398,4 @@ func (s *Server) metricsHandler() http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	return mux
-}
-
-func addrOf(l net.Listener) string {
-	if l == nil {
-		return ""
-	}
-	return l.Addr().String()
-}
-
-// unwrapOp keeps the system's reason ("address already in use") and drops
-// the *net.OpError prefix that would repeat the address.
-func unwrapOp(err error) error {
-	var oe *net.OpError
-	if errors.As(err, &oe) && oe.Err != nil {
-		var se *os.SyscallError
-		if errors.As(oe.Err, &se) {
-			return se.Err
-		}
-		return oe.Err
-	}
-	return err
 }

@@ -27,8 +27,9 @@ type service struct {
 	s *Server
 }
 
-// RegisterAuthority records or updates an authority's entry: structure,
-// then signature, then the store's rules (root lock, versions up only).
+// RegisterAuthority records or updates an authority's entry: the
+// allow-list for the ID, structure, signature, the allow-list for the root,
+// then the store's rules (root lock, versions up only).
 func (h *service) RegisterAuthority(ctx context.Context, req *musterv1.RegisterAuthorityRequest) (*musterv1.RegisterAuthorityResponse, error) {
 	s := h.s
 	c := s.newCall(ctx, "RegisterAuthority")
@@ -47,6 +48,11 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 	if err := checkAuthorityID(req.GetAuthorityId()); err != nil {
 		return nil, "invalid", err
 	}
+	// An ID nobody allowed is refused before any signature is checked.
+	if err := s.allow.CheckID(req.GetAuthorityId()); err != nil {
+		result, err := notAllowed(err)
+		return nil, result, err
+	}
 	reg := discovery.Registration{
 		AuthorityID:          req.GetAuthorityId(),
 		Endpoints:            req.GetEndpoints(),
@@ -62,6 +68,12 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 		}
 		return nil, "invalid", refuse(codes.InvalidArgument, "invalid", "%s", err)
 	}
+	// Before anything is written: an ID listed with another root stays
+	// free for its own.
+	if err := s.allow.Check(v.AuthorityID, v.Fingerprint); err != nil {
+		result, err := notAllowed(err)
+		return nil, result, err
+	}
 	stored, changed, err := s.store.PutRegistration(ctx, store.Registration{
 		AuthorityID:     v.AuthorityID,
 		RootFingerprint: v.Fingerprint,
@@ -76,7 +88,8 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 			locked = cur.RootFingerprint
 		}
 		return nil, "root_mismatch", refuse(codes.PermissionDenied, "root_mismatch",
-			"authority ID %s is locked to root fingerprint %s; this registration is signed under %s", v.AuthorityID, locked, v.Fingerprint)
+			"authority ID %s is locked to root fingerprint %s; this registration is signed under %s (if the registered root is not the authority's, remove it with muster discovery forget %s)",
+			v.AuthorityID, locked, v.Fingerprint, v.AuthorityID)
 	case errors.Is(err, store.ErrStaleVersion):
 		cur := "a newer one"
 		if r, gerr := s.store.GetRegistration(ctx, v.AuthorityID); gerr == nil {

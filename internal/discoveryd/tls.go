@@ -7,7 +7,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -67,39 +66,4 @@ func (s *serverCerts) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw, s.issuer.Cert.Raw}, PrivateKey: key, Leaf: leaf}
 	s.cur = c
 	return c, nil
-}
-
-// hostsOf lists the host parts of addresses for the certificate's SANs,
-// always with the loopback names. An unspecified address (":7450",
-// "0.0.0.0:7450") stands for every interface, so the machine's name is
-// added too.
-func hostsOf(addrs ...string) []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(h string) {
-		if h != "" && !seen[h] {
-			seen[h] = true
-			out = append(out, h)
-		}
-	}
-	for _, a := range addrs {
-		if a == "" {
-			continue
-		}
-		h, _, err := net.SplitHostPort(a)
-		if err != nil {
-			h = a
-		}
-		if ip := net.ParseIP(h); h == "" || ip != nil && ip.IsUnspecified() {
-			if name, err := os.Hostname(); err == nil {
-				add(name)
-			}
-			continue
-		}
-		add(h)
-	}
-	add("localhost")
-	add("127.0.0.1")
-	add("::1")
-	return out
 }

@@ -96,6 +96,12 @@ type DiscoveryStore interface {
 	PutRegistration(ctx context.Context, r Registration) (stored Registration, changed bool, err error)
 	// GetRegistration returns an authority's registration; ErrNotFound.
 	GetRegistration(ctx context.Context, authorityID string) (Registration, error)
+	// DeleteRegistration drops an authority's registration, so its ID is
+	// free again: the next registration, under any root, is a new one
+	// (muster discovery forget). Its join reports are kept and still count
+	// toward the quota of whoever registers the ID next. ErrNotFound if
+	// there is none.
+	DeleteRegistration(ctx context.Context, authorityID string) error
 
 	// RecordJoinReport stores a report unless (AuthorityID, ReportID) is
 	// stored already; inserted says which. ReportedAt is the store clock.

@@ -88,6 +88,15 @@ func (s *Store) GetRegistration(ctx context.Context, authorityID string) (store.
 	return r, nil
 }
 
+// DeleteRegistration drops an authority's registration in one statement;
+// a concurrent PutRegistration of the ID either finds the row (and waits
+// for its lock) or inserts anew after the delete commits. Join reports are
+// kept. ErrNotFound if there is none.
+func (s *Store) DeleteRegistration(ctx context.Context, authorityID string) error {
+	return execOne(ctx, s.pool, "delete registration "+authorityID,
+		`DELETE FROM discovery_registrations WHERE authority_id = $1`, authorityID)
+}
+
 // RecordJoinReport stores a report unless (AuthorityID, ReportID) is stored
 // already, in one INSERT … ON CONFLICT DO NOTHING: a concurrent insert of
 // the same key waits for the first and then does nothing. inserted says

@@ -85,6 +85,27 @@ func (s *SQLite) GetRegistration(ctx context.Context, authorityID string) (store
 	return r, nil
 }
 
+// DeleteRegistration drops an authority's registration, on the single
+// writer, so it is ordered against every PutRegistration: a registration
+// after it inserts anew. Join reports are kept. ErrNotFound if there is
+// none.
+func (s *SQLite) DeleteRegistration(ctx context.Context, authorityID string) error {
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM discovery_registrations WHERE authority_id = ?`, authorityID)
+		if err != nil {
+			return wrap("delete registration", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return wrap("delete registration", err)
+		}
+		if n == 0 {
+			return wrap("delete registration "+authorityID, sql.ErrNoRows)
+		}
+		return nil
+	})
+}
+
 // RecordJoinReport stores a report unless (AuthorityID, ReportID) is stored
 // already, in one INSERT … ON CONFLICT DO NOTHING; inserted says which.
 // ReportedAt is the store clock; r's is ignored.

@@ -104,6 +104,39 @@ func registrationCases() []testCase {
 			_, err := s.GetRegistration(ctx, "other-000000")
 			wantErr(t, "GetRegistration", err, store.ErrNotFound)
 		}},
+		{"delete frees the ID for another root and keeps the join reports", func(t *testing.T, ctx context.Context, s store.Store) {
+			first := mustRegister(t, ctx, s, registration(authorityA, rootA, 3, `{"v":3}`))
+			other := mustRegister(t, ctx, s, registration("test-b4c5d6", rootB, 1, `{"b":1}`))
+			if _, err := s.RecordJoinReport(ctx, store.JoinReport{AuthorityID: authorityA, ReportID: "i1", NodeID: "n1", TicketID: "t1", JoinedAt: at(0)}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+			mustNil(t, "DeleteRegistration", s.DeleteRegistration(ctx, authorityA))
+			_, err := s.GetRegistration(ctx, authorityA)
+			wantErr(t, "GetRegistration after the delete", err, store.ErrNotFound)
+			wantErr(t, "DeleteRegistration again", s.DeleteRegistration(ctx, authorityA), store.ErrNotFound)
+			wantRegistration(t, ctx, s, other)
+
+			// Another root, and a version below the deleted one: a new
+			// registration, registered now.
+			r := registration(authorityA, rootB, 1, `{"v":1}`)
+			got := mustRegister(t, ctx, s, r)
+			if !got.RegisteredAt.After(first.RegisteredAt) || !got.UpdatedAt.Equal(got.RegisteredAt) {
+				t.Errorf("re-registration registered %v, updated %v; want a new registration after %v", got.RegisteredAt, got.UpdatedAt, first.RegisteredAt)
+			}
+			wantRegistration(t, ctx, s, stored(r, got.RegisteredAt, got.RegisteredAt))
+			// The new root is locked in turn.
+			_, _, err = s.PutRegistration(ctx, registration(authorityA, rootA, 4, `{"v":4}`))
+			wantErr(t, "PutRegistration under the deleted root", err, store.ErrRootMismatch)
+			if n, err := s.CountJoinReports(ctx, authorityA, time.Hour); err != nil || n != 1 {
+				t.Errorf("CountJoinReports after the delete = %d, %v; want the report kept", n, err)
+			}
+		}},
+		{"delete of an unknown ID is not found", func(t *testing.T, ctx context.Context, s store.Store) {
+			a := mustRegister(t, ctx, s, registration(authorityA, rootA, 1, `{"v":1}`))
+			wantErr(t, "DeleteRegistration", s.DeleteRegistration(ctx, "other-000000"), store.ErrNotFound)
+			wantRegistration(t, ctx, s, a)
+		}},
 		{"registrations are kept per authority ID", func(t *testing.T, ctx context.Context, s store.Store) {
 			a := mustRegister(t, ctx, s, registration(authorityA, rootA, 7, `{"a":7}`))
 			b := mustRegister(t, ctx, s, registration("test-b4c5d6", rootB, 1, `{"b":1}`))

@@ -1,4 +1,4 @@
-package authority
+package listener
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 )
 
 // ParseTrustedProxies reads addresses and CIDR ranges of the TCP load
-// balancers allowed to tell the authority where a connection came from.
+// balancers allowed to say where a connection came from.
 func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
 	var out []netip.Prefix
 	for _, s := range list {
@@ -34,10 +34,9 @@ func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
 const proxyHeaderTimeout = 5 * time.Second
 
 // withTrustedProxies makes connections from a trusted proxy carry the
-// client address from their PROXY protocol header (v1 or v2), which is then
-// the source for rate limits and the audit log. A connection from anywhere
-// else is taken as it is: its bytes are never read as a header, so nobody
-// outside the trusted ranges can claim another source.
+// client address from their PROXY protocol header (v1 or v2). A connection
+// from anywhere else is taken as it is: its bytes are never read as a
+// header, so nobody outside the trusted ranges can claim another source.
 func withTrustedProxies(lis net.Listener, trusted []netip.Prefix) net.Listener {
 	if len(trusted) == 0 {
 		return lis

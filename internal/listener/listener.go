@@ -1,0 +1,38 @@
+// Package listener binds the TCP listeners of muster's servers, the
+// authority and discovery, and names the hosts their certificates carry.
+//
+// A connection's source, which per-source rate limits, allowed CIDRs and
+// audit records use, is its TCP peer, except that behind a load balancer
+// the source comes from a configured trusted proxy only (DESIGN.md, "RPC
+// services"): the PROXY protocol header (v1 or v2, HAProxy's
+// proxy-protocol.txt) is read from connections whose peer is a trusted
+// proxy and never from any other. The package holds no business rule.
+package listener
+
+import (
+	"net"
+	"net/netip"
+
+	"github.com/muster-dev/muster/internal/oserr"
+)
+
+// Listen binds addr over TCP. Connections from a trusted proxy carry the
+// client address of their PROXY header as their remote address; trusted
+// may be empty. If the bind fails, the error is the system's reason alone
+// ("address already in use"), so the caller's message names addr once.
+func Listen(addr string, trusted []netip.Prefix) (net.Listener, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, oserr.Reason(err)
+	}
+	return withTrustedProxies(lis, trusted), nil
+}
+
+// Addr is the address l is bound to; "" for a nil listener (one that was
+// not asked for).
+func Addr(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
