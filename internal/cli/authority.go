@@ -66,19 +66,26 @@ func loadAuthorityConfig(path string) (authorityConfig, error) {
 	var c authorityConfig
 	// Keys the file leaves out keep the default policy's values.
 	c.Discovery.Policy = discovery.DefaultPolicy()
+	return c, readYAMLFile(path, &c)
+}
+
+// readYAMLFile decodes the YAML file at path into v, which keeps its values
+// when the file does not exist. Unknown keys are refused, so a misspelt
+// setting cannot be silently ignored.
+func readYAMLFile(path string, v any) error {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return c, nil
+		return nil
 	}
 	if err != nil {
-		return c, err
+		return err
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fmt.Errorf("%s: %v", path, oneLine(err.Error()))
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("%s: %v", path, oneLine(err.Error()))
 	}
-	return c, nil
+	return nil
 }
 
 // authorityOptions are the settings after flags override authority.yaml.

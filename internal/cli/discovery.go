@@ -147,6 +147,21 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	return nil
 }
 
+// discoveryStore opens the data directory --data names and its store, for
+// the commands that work on discovery's store directly, whether or not
+// discovery runs.
+func discoveryStore(ctx context.Context, dir, storeURL string) (discoveryd.Dir, store.Store, error) {
+	d, err := discoveryDir(dir)
+	if err != nil {
+		return "", nil, err
+	}
+	st, err := openDiscoveryStore(ctx, d, storeURL)
+	if err != nil {
+		return "", nil, err
+	}
+	return d, st, nil
+}
+
 // openDiscoveryStore opens the store a URL names, by default the SQLite
 // file in the data directory.
 func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, url string) (store.Store, error) {
@@ -447,11 +462,7 @@ stay valid until they expire.`, discoveryd.KeyOverlap),
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, err := discoveryDir(dir)
-			if err != nil {
-				return fmt.Errorf("discovery rotate-key: %w", err)
-			}
-			st, err := openDiscoveryStore(cmd.Context(), d, storeURL)
+			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
 			if err != nil {
 				return fmt.Errorf("discovery rotate-key: %w", err)
 			}

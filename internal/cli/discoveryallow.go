@@ -1,16 +1,9 @@
 package cli
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
-	"io/fs"
 	"log/slog"
-	"os"
 	"strings"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryd"
@@ -28,17 +21,9 @@ type discoveryConfig struct {
 // its entries.
 func loadDiscoveryConfig(path string) (discoveryConfig, error) {
 	var c discoveryConfig
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return c, nil
-	}
+	err := readYAMLFile(path, &c)
 	if err != nil {
 		return c, err
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) {
-		return c, fmt.Errorf("%s: %v", path, oneLine(err.Error()))
 	}
 	for i, e := range c.AllowedAuthorities {
 		if c.AllowedAuthorities[i], err = e.Canonical(); err != nil {

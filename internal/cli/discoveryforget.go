@@ -45,11 +45,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, err := discoveryDir(dir)
-			if err != nil {
-				return fmt.Errorf("discovery forget: %w", err)
-			}
-			st, err := openDiscoveryStore(cmd.Context(), d, storeURL)
+			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
 			if err != nil {
 				return fmt.Errorf("discovery forget: %w", err)
 			}

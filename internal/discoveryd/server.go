@@ -28,7 +28,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
@@ -41,6 +40,7 @@ import (
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/listener"
+	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
@@ -383,19 +383,8 @@ func (s *Server) handler() http.Handler {
 }
 
 func (s *Server) metricsHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintln(w, "ok")
+	return metricsmux.New(s.metrics.reg, func(ctx context.Context) error {
+		_, err := s.store.Now(ctx)
+		return err
 	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if _, err := s.store.Now(ctx); err != nil {
-			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	return mux
 }

@@ -1,0 +1,34 @@
+package metricsmux
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+func TestHandler(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_test_total", Help: "t"})
+	reg.MustRegister(c)
+	var down error
+	h := New(reg, func(context.Context) error { return down })
+	for _, tt := range []struct {
+		path string
+		down error
+		code int
+	}{
+		{"/metrics", nil, 200}, {"/healthz", nil, 200}, {"/readyz", nil, 200},
+		{"/readyz", errors.New("db gone"), 503}, {"/healthz", errors.New("db gone"), 200}, {"/nothing", nil, 404},
+	} {
+		down = tt.down
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, tt.path, nil))
+		if rec.Code != tt.code {
+			t.Errorf("GET %s (store error %v) = %d, want %d", tt.path, tt.down, rec.Code, tt.code)
+		}
+	}
+}
