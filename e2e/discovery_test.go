@@ -151,6 +151,22 @@ func TestDiscovery(t *testing.T) {
 	if !strings.Contains(text, "New ticket key:") || !strings.Contains(text, "Previous key:    "+rot.Active) {
 		t.Errorf("rotate-key printed %q", text)
 	}
+	// --revoke-previous: the key it replaces leaves the JWKS at once.
+	out = mustRun(t, "discovery", "rotate-key", "--data", dir, "--revoke-previous", "-o", "json")
+	var rev struct {
+		Previous string `json:"previous"`
+		Active   string `json:"active"`
+	}
+	if err := json.Unmarshal([]byte(out), &rev); err != nil || rev.Previous == "" {
+		t.Fatalf("rotate-key --revoke-previous -o json printed %q: %v", out, err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for got := servedKeys(t, p); slices.Contains(got, rev.Previous) || !slices.Contains(got, rev.Active); got = servedKeys(t, p) {
+		if time.Now().After(deadline) {
+			t.Fatalf("served keys %v 20s after rotate-key --revoke-previous: %s still served or %s not", got, rev.Previous, rev.Active)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 
 	// A restart keeps the identity and the keys.
 	p.stop(t)

@@ -448,15 +448,21 @@ func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
 	var (
 		dir      string
 		storeURL string
+		revoke   bool
 		out      output
 	)
 	cmd := &cobra.Command{
-		Use:   "rotate-key --data DIR",
+		Use:   "rotate-key --data DIR [--revoke-previous]",
 		Short: "Make a new ticket signing key now",
 		Long: fmt.Sprintf(`rotate-key makes a new active ticket signing key through the store, whether
 or not discovery is running: running discovery servers publish it within
-seconds and sign with it about ten seconds later. The previous key stays in the JWKS for %s, so tickets it signed
-stay valid until they expire.`, discoveryd.KeyOverlap),
+seconds and sign with it about ten seconds later. The previous key stays in
+the JWKS for %s, so tickets it signed stay valid until they expire.
+
+With --revoke-previous (the key may have leaked), the previous key leaves
+the JWKS at once and the new one signs at once; authorities drop the old
+key at their next JWKS refresh, within a minute, and refuse its tickets
+from then on.`, discoveryd.KeyOverlap),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -467,7 +473,7 @@ stay valid until they expire.`, discoveryd.KeyOverlap),
 				return fmt.Errorf("discovery rotate-key: %w", err)
 			}
 			defer st.Close()
-			r, err := discoveryd.RotateKey(cmd.Context(), string(d), st)
+			r, err := discoveryd.RotateKey(cmd.Context(), string(d), st, revoke)
 			if err != nil {
 				return fmt.Errorf("discovery rotate-key: %w", err)
 			}
@@ -494,6 +500,7 @@ stay valid until they expire.`, discoveryd.KeyOverlap),
 	}
 	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
 	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh, within a minute")
 	out.register(cmd)
 	return cmd
 }

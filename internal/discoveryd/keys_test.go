@@ -88,7 +88,7 @@ func TestKeyRotation(t *testing.T) {
 
 	// A rotation by another process (muster discovery rotate-key) is
 	// picked up within seconds.
-	r, err := RotateKey(ctxT(t), e.dir, e.st)
+	r, err := RotateKey(ctxT(t), e.dir, e.st, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestNewKeySignsOnceEveryReplicaPublishesIt(t *testing.T) {
 	a := newAuthority(t, "prod")
 	e.register(a, 1, openPolicy())
 	first, _ := e.srv.keys.activeSince()
-	r, err := RotateKey(ctxT(t), e.dir, e.st)
+	r, err := RotateKey(ctxT(t), e.dir, e.st, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -81,9 +81,11 @@ func (s *Server) recordOK(ctx context.Context, action, target, reason string) {
 // RotateKey makes a new active ticket key now, through the store, whether
 // or not a discovery is running on it (muster discovery rotate-key): the
 // current key stays published for KeyOverlap; running servers publish the
-// new one within seconds and sign with it about ten seconds later.
+// new one within seconds and sign with it about ten seconds later. With
+// revoke (a key that may have leaked), the current key leaves the JWKS at
+// once and the new one signs at once; tickets in flight are refused.
 // ErrRotated if another rotation won the race.
-func RotateKey(ctx context.Context, dir string, st store.Store) (Rotation, error) {
+func RotateKey(ctx context.Context, dir string, st store.Store, revoke bool) (Rotation, error) {
 	id, err := Load(dir)
 	if err != nil {
 		return Rotation{}, err
@@ -108,7 +110,11 @@ func RotateKey(ctx context.Context, dir string, st store.Store) (Rotation, error
 		}
 		from = a.ID
 	}
-	r, err := rotate(ctx, st, sealer, from, KeyOverlap)
+	overlap := KeyOverlap
+	if revoke {
+		overlap = 0
+	}
+	r, err := rotate(ctx, st, sealer, from, overlap)
 	if err != nil {
 		return Rotation{}, err
 	}
@@ -117,6 +123,9 @@ func RotateKey(ctx context.Context, dir string, st store.Store) (Rotation, error
 		return r, err
 	}
 	action, reason := "ticket_key.rotate", rotationReason(r)
+	if revoke {
+		reason = fmt.Sprintf("replaces %s, revoked at once", r.From)
+	}
 	if r.From == "" {
 		action, reason = "ticket_key.create", "first ticket key"
 	}

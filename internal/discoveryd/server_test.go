@@ -267,7 +267,7 @@ func TestRefusesAnAuthorityStore(t *testing.T) {
 	if err := srv.Run(ctx); err == nil || !strings.Contains(err.Error(), "database of its own") {
 		t.Errorf("Run on an authority's store: %v", err)
 	}
-	if _, err := RotateKey(ctx, dir, st); err == nil || !strings.Contains(err.Error(), "database of its own") {
+	if _, err := RotateKey(ctx, dir, st, false); err == nil || !strings.Contains(err.Error(), "database of its own") {
 		t.Errorf("RotateKey on an authority's store: %v", err)
 	}
 	if keys, _ := st.ListTicketKeys(ctx); len(keys) != 0 {

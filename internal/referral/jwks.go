@@ -64,8 +64,10 @@ func ParseJWKS(data []byte) (map[string]ed25519.PublicKey, error) {
 
 // Refresh periods of a KeyCache.
 const (
-	// RefreshEvery is the scheduled refresh.
-	RefreshEvery = 5 * time.Minute
+	// RefreshEvery is the scheduled refresh; it bounds how long a key
+	// discovery revoked stays trusted. One small HTTPS request a minute
+	// per replica is cheap.
+	RefreshEvery = time.Minute
 	// RefetchAfter is the least time between two fetches caused by an
 	// unknown key ID, so a stream of made-up key IDs cannot turn the
 	// authority into a flood against discovery.
