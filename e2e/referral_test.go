@@ -14,8 +14,13 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/psk"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // referralEnv is a discovery, and an authority registered with it.
@@ -299,6 +304,69 @@ func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the rotated key is not served by both replicas: %v, %v (before %v)", servedKeys(t, d1), servedKeys(t, d2), before)
+		}
+	}
+}
+
+// TestReferralReportSurvivesCrash: the report of a join waits in the
+// authority's store until discovery has it. A join made while discovery is
+// down, by an authority killed before it could report, still counts toward
+// the daily quota once both are back.
+func TestReferralReportSurvivesCrash(t *testing.T) {
+	e := newReferralEnv(t, "discovery:\n  policy:\n    new_agents_per_day: 1\n")
+	j := &joinEnv{dir: e.dir, auth: e.auth}
+	j.setup(t)
+	ctx := t.Context()
+	ticket := func(d *discoveryProc, node string) (*musterv1.RequestReferralTicketResponse, error) {
+		conn, err := discoveryclient.Dial(d.addr, d.fingerprint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return musterv1.NewDiscoveryServiceClient(conn).RequestReferralTicket(ctx,
+			&musterv1.RequestReferralTicketRequest{AuthorityId: e.authorityID, NodeId: node})
+	}
+	tk, err := ticket(e.disc, "crash-1")
+	if err != nil {
+		t.Fatalf("a ticket under a quota of 1 with no join yet: %v", err)
+	}
+	c := pskClient(t, j, e.auth.addr)
+	_, csr := nodeCSR(t, "crash-1")
+	// The ticket is checked before the PSK, and a refusal uses nothing:
+	// this one proves the authority holds discovery's keys, so the join
+	// below needs no discovery.
+	other, _ := psk.Generate()
+	_, err = c.RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: csr, BootstrapPsk: other.Reveal(), ReferralTicket: tk.GetTicket()})
+	wantCode(t, err, codes.PermissionDenied, "does not match")
+
+	e.disc.stop(t)
+	if _, err := c.RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: csr, BootstrapPsk: e.psk, ReferralTicket: tk.GetTicket()}); err != nil {
+		t.Fatalf("join with the ticket while discovery is down: %v\n%s", err, e.auth.Logs())
+	}
+	// The report cannot go out; the authority dies with it pending.
+	waitMetric(t, e.auth, "muster_discovery_reports_pending 1", 10*time.Second)
+	e.auth.cmd.Process.Kill()
+	<-e.auth.done
+
+	// Discovery comes back on the same address and data (so the issuer
+	// is the same), then the authority.
+	disc := startDiscovery(t, e.discDir, append(allowing(map[string]any{"authority_id": e.authorityID, "ca_fingerprint": e.fingerprint}),
+		"--listen", e.disc.addr)...)
+	auth := startAuthority(t, e.dir, "--discovery", disc.addr, "--discovery-fingerprint", disc.fingerprint)
+	waitMetric(t, auth, `muster_discovery_calls_total{code="OK",operation="report"} 1`, 10*time.Second)
+	waitMetric(t, auth, "muster_discovery_reports_pending 0", time.Second)
+	_, err = ticket(disc, "crash-2")
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "quota") {
+		t.Fatalf("a ticket once the join is reported: %v, want RESOURCE_EXHAUSTED quota", err)
+	}
+}
+
+// waitMetric waits until the authority's metrics contain line.
+func waitMetric(t *testing.T, p *authorityProc, line string, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); !strings.Contains(metricsOf(t, p.metrics), line); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the authority's metrics lack %q after %v\n%s", line, within, p.Logs())
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -70,9 +69,10 @@ func (c *certificateService) RequestCertificate(ctx context.Context, req *muster
 	} else {
 		iss, err = c.s.enroll.BootstrapWithPSK(ctx, requestOf(ctx), req.GetBootstrapPsk(), req.GetReferralTicket(), req.GetCsr())
 		c.s.metrics.join(store.JoinMethodPSK, start, iss, err)
+		// The join wrote its report to discovery in the store; wake the
+		// delivery if this replica leads it.
 		if err == nil && iss.TicketID != "" && c.s.discovery != nil {
-			c.s.discovery.report(discovery.JoinReport{AuthorityID: c.s.info.AuthorityID, NodeID: iss.NodeID,
-				InstanceID: iss.InstanceID, TicketID: iss.TicketID, JoinedAt: time.Now()})
+			c.s.discovery.reportJoined()
 		}
 	}
 	if err != nil {

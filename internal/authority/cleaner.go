@@ -40,13 +40,15 @@ func (s *Server) lead(ctx context.Context, job string, fn func(context.Context) 
 }
 
 // backgroundJobs are the periodic jobs one replica runs for all: audit
-// checkpoints and the token cleaner.
+// checkpoints, the token cleaner and, with a discovery service,
+// registration and the delivery of join reports.
 func (s *Server) backgroundJobs(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.audit.Run(gctx) })
 	g.Go(func() error { return s.cleanTokens(gctx) })
 	if s.discovery != nil {
 		g.Go(func() error { return s.discovery.registerLoop(gctx) })
+		g.Go(func() error { return s.discovery.reportLoop(gctx) })
 	}
 	return g.Wait()
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -19,12 +18,14 @@ import (
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/referral"
+	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // DiscoveryConfig links the authority to a discovery service: it registers
-// there, reports the joins tickets led to, and requires a referral ticket
-// with every PSK bootstrap.
+// there, reports the joins tickets led to (from the store's outbox, so a
+// crash loses no report), and requires a referral ticket with every PSK
+// bootstrap.
 type DiscoveryConfig struct {
 	// Address is discovery's HOST:PORT; its tickets' issuer is
 	// "https://"+Address.
@@ -47,20 +48,20 @@ type DiscoveryConfig struct {
 const (
 	defaultRegisterEvery = 10 * time.Minute
 	registerRetry        = 30 * time.Second
-	reportQueue          = 10000
-	reportRetryMax       = time.Minute
 	discoveryCallTimeout = 15 * time.Second
 )
 
 // discoveryLink is the authority's side of a discovery service.
 type discoveryLink struct {
-	s       *Server
-	cfg     DiscoveryConfig
-	conn    *grpc.ClientConn
-	client  musterv1.DiscoveryServiceClient
-	keys    *referral.KeyCache
-	reports chan discovery.JoinReport
-	policy  []byte // canonical JSON
+	s      *Server
+	cfg    DiscoveryConfig
+	conn   *grpc.ClientConn
+	client musterv1.DiscoveryServiceClient
+	keys   *referral.KeyCache
+	policy []byte // canonical JSON
+	// joined wakes the report delivery after a join on this replica; one
+	// slot is enough, as a pass sends every pending report.
+	joined chan struct{}
 }
 
 func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
@@ -82,7 +83,7 @@ func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
 		return nil, fmt.Errorf("authority: discovery %s: %w", cfg.Address, err)
 	}
 	d := &discoveryLink{s: s, cfg: cfg, conn: conn, client: musterv1.NewDiscoveryServiceClient(conn),
-		reports: make(chan discovery.JoinReport, reportQueue), policy: policy}
+		policy: policy, joined: make(chan struct{}, 1)}
 	d.keys = &referral.KeyCache{
 		Fetch: func(ctx context.Context) ([]byte, error) {
 			ctx, cancel := context.WithTimeout(ctx, discoveryCallTimeout)
@@ -103,55 +104,111 @@ func (d *discoveryLink) verifier() *referral.Verifier {
 	return &referral.Verifier{Keys: d.keys, Issuer: discoveryclient.Issuer(d.cfg.Address), AuthorityID: d.s.info.AuthorityID, Now: time.Now}
 }
 
-// run keeps the JWKS fresh and delivers join reports on every replica (each
-// reports its own joins); registration is a leader job.
+// run keeps the JWKS fresh, on every replica: each checks the tickets of
+// its own joins. Registration and report delivery are leader jobs.
 func (d *discoveryLink) run(ctx context.Context) error {
 	defer d.conn.Close()
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return d.keys.Run(ctx) })
-	g.Go(func() error { d.deliverReports(ctx); return nil })
-	return g.Wait()
+	return d.keys.Run(ctx)
 }
 
-// report queues a join for discovery's quota. The queue is in memory: a
-// report lost to a crash under-counts the quota, never over-counts it.
-func (d *discoveryLink) report(r discovery.JoinReport) {
+// Join reports wait in the store's outbox (store.ReportOutbox), written in
+// the transaction of the join they count, until discovery has answered
+// them: a crash, a restart or an unreachable discovery delays a report but
+// loses none. The leader sends them at start, every reportPoll (joins on
+// other replicas), at once after a join on this replica, and after a
+// failure once a backoff has passed that doubles from reportBackoff up to
+// reportBackoffMax.
+const (
+	reportPoll       = 2 * time.Second
+	reportBatch      = 100
+	reportBackoff    = time.Second
+	reportBackoffMax = time.Minute
+)
+
+// reportJoined wakes the report delivery after a join that used a ticket.
+// It never blocks: on a replica that does not lead, nobody listens, and the
+// leader's poll finds the report.
+func (d *discoveryLink) reportJoined() {
 	select {
-	case d.reports <- r:
+	case d.joined <- struct{}{}:
 	default:
-		d.s.log.Error("join report queue full: discovery's quota will not count this join", "node", r.NodeID, "instance", r.InstanceID)
 	}
 }
 
-func (d *discoveryLink) deliverReports(ctx context.Context) {
+// reportLoop delivers the pending join reports. It runs on the leader
+// replica only, so one replica sends each report; one sent twice (its
+// answer lost, or the leader changed midway) is counted once by discovery,
+// which keys reports by instance.
+func (d *discoveryLink) reportLoop(ctx context.Context) error {
+	defer d.s.metrics.reportsPending.Set(0) // the next leader counts them
+	var backoff time.Duration
 	for {
-		var r discovery.JoinReport
+		more, err := d.deliverReports(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if n, err := d.s.store.CountPendingReports(ctx); err == nil {
+			d.s.metrics.reportsPending.Set(float64(n))
+		}
+		wait, wake := reportPoll, d.joined
+		switch {
+		case err != nil:
+			backoff = min(max(2*backoff, reportBackoff), reportBackoffMax)
+			wait, wake = backoff, nil // a join does not cut a backoff short
+			d.s.log.Warn("cannot deliver join reports to discovery; retrying", "discovery", d.cfg.Address, "in", wait, "err", err)
+		case more:
+			backoff = 0
+			continue
+		default:
+			backoff = 0
+		}
 		select {
 		case <-ctx.Done():
-			return
-		case r = <-d.reports:
-		}
-		for wait := time.Second; ; wait = min(2*wait, reportRetryMax) {
-			err := d.sendReport(ctx, r)
-			d.s.metrics.discoveryCall("report", err)
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			if c := status.Code(err); c == codes.PermissionDenied || c == codes.InvalidArgument {
-				d.s.log.Error("discovery refused a join report", "node", r.NodeID, "instance", r.InstanceID, "err", err)
-				break
-			}
-			d.s.log.Warn("cannot report a join to discovery; retrying", "node", r.NodeID, "in", wait, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(wait):
-			}
+			return nil
+		case <-wake:
+		case <-time.After(wait):
 		}
 	}
 }
 
-func (d *discoveryLink) sendReport(ctx context.Context, r discovery.JoinReport) error {
+// deliverReports sends up to reportBatch pending reports, oldest first,
+// and deletes each that discovery answered (recorded or already counted)
+// or refused for good. more says the batch was full. err is the first
+// failure worth retrying (discovery or the store unavailable, a rate
+// limit); it ends the pass, as the reports after it would fare alike, and
+// leaves the report pending.
+func (d *discoveryLink) deliverReports(ctx context.Context) (more bool, err error) {
+	pending, err := d.s.store.ListPendingReports(ctx, reportBatch)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range pending {
+		err := d.sendReport(ctx, p)
+		d.s.metrics.discoveryCall("report", err)
+		switch c := status.Code(err); {
+		case err == nil:
+		case ctx.Err() != nil:
+			return false, ctx.Err()
+		case c == codes.PermissionDenied || c == codes.InvalidArgument:
+			// Discovery will never accept this report: retrying would
+			// only hold up the others.
+			d.s.log.Error("discovery refused a join report, which it will never accept: dropped, so its daily quota does not count this join",
+				"discovery", d.cfg.Address, "node", p.NodeID, "instance", p.InstanceID, "ticket", p.TicketID, "err", err)
+		default:
+			return false, fmt.Errorf("report of node %s, instance %s: %w", p.NodeID, p.InstanceID, err)
+		}
+		// ErrNotFound: another replica delivered it as leadership moved.
+		if err := d.s.store.DeletePendingReport(ctx, p.InstanceID); err != nil && !errors.Is(err, store.ErrNotFound) {
+			return false, err
+		}
+	}
+	return len(pending) == reportBatch, nil
+}
+
+// sendReport signs a pending report with the policy key and sends it.
+func (d *discoveryLink) sendReport(ctx context.Context, p store.PendingReport) error {
+	r := discovery.JoinReport{AuthorityID: d.s.info.AuthorityID, NodeID: p.NodeID, InstanceID: p.InstanceID,
+		TicketID: p.TicketID, JoinedAt: p.JoinedAt}
 	sig, err := r.Sign(d.s.ca.Issuer(ca.RolePolicy).Key)
 	if err != nil {
 		return err

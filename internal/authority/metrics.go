@@ -30,6 +30,8 @@ type metrics struct {
 	psks         *prometheus.CounterVec
 	tickets      *prometheus.CounterVec
 	discovery    *prometheus.CounterVec
+	// reportsPending is set by the replica that delivers join reports.
+	reportsPending prometheus.Gauge
 }
 
 func newMetrics(version string) *metrics {
@@ -77,6 +79,10 @@ func newMetrics(version string) *metrics {
 			Name: "muster_discovery_calls_total",
 			Help: "Calls to the discovery service, by operation (register, report) and gRPC status code.",
 		}, []string{"operation", "code"}),
+		reportsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_discovery_reports_pending",
+			Help: "Join reports stored and not yet delivered to discovery, as the replica leading background jobs counted them after its last delivery pass (0 on the others).",
+		}),
 	}
 	for _, r := range []string{enroll.PSKResultActive, enroll.PSKResultGrace, enroll.PSKResultInvalid} {
 		m.psks.WithLabelValues(r)
@@ -86,7 +92,7 @@ func newMetrics(version string) *metrics {
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, m.reportsPending, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

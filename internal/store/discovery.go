@@ -82,6 +82,19 @@ type TicketUse struct {
 	KeepUntil time.Time
 }
 
+// PendingReport is a join the authority has yet to report to discovery
+// (ReportJoin). CommitJoin writes one with every join that used a referral
+// ticket, in the join's transaction, so the join and its report are durable
+// together; the delivery deletes it once discovery has answered.
+type PendingReport struct {
+	InstanceID string // the join's instance: the report's ID at discovery
+	NodeID     string
+	TicketID   string    // the referral ticket's jti
+	JoinedAt   time.Time // the instance's CreatedAt
+	// CreatedAt is set by the store clock when the join commits.
+	CreatedAt time.Time
+}
+
 // DiscoveryStore is what a discovery service keeps. All methods are safe
 // for concurrent use.
 type DiscoveryStore interface {
@@ -139,4 +152,21 @@ type TicketUseStore interface {
 	// DeleteTicketUses drops uses whose KeepUntil has passed by the store
 	// clock and returns how many.
 	DeleteTicketUses(ctx context.Context) (int64, error)
+}
+
+// ReportOutbox is the authority's outbox of join reports to discovery. The
+// reports are written by CommitJoin (Join.Ticket), never by the caller;
+// delivery reads and deletes them, so a report outlives a crash and is
+// sent until discovery has answered it (discovery counts each instance
+// once, so a report sent twice is counted once). All methods are safe for
+// concurrent use.
+type ReportOutbox interface {
+	// ListPendingReports returns up to limit reports, oldest first (by
+	// CreatedAt, then InstanceID). A limit below 1 is an error.
+	ListPendingReports(ctx context.Context, limit int) ([]PendingReport, error)
+	// CountPendingReports returns how many reports are pending.
+	CountPendingReports(ctx context.Context) (int64, error)
+	// DeletePendingReport drops the report of an instance; ErrNotFound if
+	// there is none (another replica delivered it, for example).
+	DeletePendingReport(ctx context.Context, instanceID string) error
 }

@@ -112,7 +112,8 @@ type Join struct {
 	// same public key, the join is a retry of a lost reply: nothing is
 	// written and that instance is returned with Retry set.
 	RetryWindow time.Duration
-	// Ticket, if set, is the referral ticket the join used: its use is
+	// Ticket, if set, is the referral ticket the join used: its use, and
+	// the join's pending report to discovery (see ReportOutbox), are
 	// recorded in the same transaction, and a jti recorded already fails
 	// the join with ErrTicketReplayed. A retry (see RetryWindow) records
 	// nothing and is not refused for its ticket.
@@ -173,7 +174,9 @@ type JoinStore interface {
 	// up by the store clock; ErrNotFound if it is gone); the node ID claim
 	// (ErrNodeTaken, or supersession when allowed); the referral ticket's
 	// use, if Ticket is set (ErrTicketReplayed); the new instance; the
-	// certificate record. On any error nothing is written.
+	// certificate record; if Ticket is set, the join's pending report
+	// (PendingReport: JoinedAt is the instance's CreatedAt). On any error
+	// nothing is written.
 	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
 	// CommitRenewal advances an instance from FromGeneration to
 	// FromGeneration+1 and records the certificate, only if the instance

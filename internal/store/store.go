@@ -194,5 +194,6 @@ type Store interface {
 
 	JoinStore
 	TicketUseStore
+	ReportOutbox
 	DiscoveryStore
 }

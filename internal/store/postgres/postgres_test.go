@@ -98,8 +98,8 @@ func TestOpenRace(t *testing.T) {
 }
 
 func TestLoadMigrations(t *testing.T) {
-	if len(migrations) != 3 {
-		t.Errorf("%d migrations embedded, want 3 (the SQLite store's count)", len(migrations))
+	if len(migrations) != 4 {
+		t.Errorf("%d migrations embedded, want 4 (the SQLite store's count)", len(migrations))
 	}
 }
 

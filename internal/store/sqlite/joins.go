@@ -29,7 +29,9 @@ import (
 //     jti; ErrTicketReplayed if the jti is recorded already.
 //  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
-//  6. j.Audit's record, appended to the chain (see AppendAudit).
+//  6. The join's pending report to discovery, if j.Ticket is set
+//     (store.ReportOutbox).
+//  7. j.Audit's record, appended to the chain (see AppendAudit).
 //
 // The store fills the fields of j.Instance the contract leaves to it, and
 // any of these left empty by the caller: the instance's TokenID and Last*
@@ -155,6 +157,13 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 	}
 	if err := insertCertificate(ctx, tx, cert); err != nil {
 		return store.JoinResult{}, wrap("commit join: insert certificate", err)
+	}
+	// 6. The report to discovery goes in with the join it counts, so
+	// neither is durable without the other.
+	if j.Ticket != nil {
+		if err := insertPendingReport(ctx, tx, in, j.Ticket); err != nil {
+			return store.JoinResult{}, err
+		}
 	}
 	if j.Audit != nil {
 		if _, err := appendAudit(ctx, tx, j.Audit); err != nil {

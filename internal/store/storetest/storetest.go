@@ -46,6 +46,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Node", nodeCases()},
 		{"JoinAudit", joinAuditCases()},
 		{"TicketUse", ticketUseCases()},
+		{"ReportOutbox", reportOutboxCases()},
 		{"Registration", registrationCases()},
 		{"JoinReport", joinReportCases()},
 		{"TicketKey", ticketKeyCases()},

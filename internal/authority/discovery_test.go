@@ -1,0 +1,212 @@
+package authority
+
+import (
+	"context"
+	"crypto/sha256"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/discovery"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// fakeDiscovery answers ReportJoin with the code set for the node, after
+// checking the signature as discovery does; it records what it accepted.
+type fakeDiscovery struct {
+	musterv1.DiscoveryServiceClient
+	policy *ca.Issuer
+
+	mu      sync.Mutex
+	answers map[string]codes.Code // by node ID; OK by default
+	got     []discovery.JoinReport
+}
+
+func (f *fakeDiscovery) answer(node string, c codes.Code) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.answers[node] = c
+}
+
+func (f *fakeDiscovery) received() []discovery.JoinReport {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.got)
+}
+
+func (f *fakeDiscovery) ReportJoin(ctx context.Context, req *musterv1.ReportJoinRequest, _ ...grpc.CallOption) (*musterv1.ReportJoinResponse, error) {
+	r := discovery.JoinReport{AuthorityID: req.GetAuthorityId(), NodeID: req.GetNodeId(), InstanceID: req.GetInstanceId(),
+		TicketID: req.GetTicketId(), JoinedAt: req.GetJoinedAt().AsTime()}
+	if err := r.Verify(f.policy.Cert, req.GetSignature()); err != nil {
+		return nil, status.Error(codes.PermissionDenied, err.Error())
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c := f.answers[r.NodeID]; c != codes.OK {
+		return nil, status.Error(c, "refused by the test")
+	}
+	f.got = append(f.got, r)
+	return &musterv1.ReportJoinResponse{Recorded: true}, nil
+}
+
+// metricValue reads a counter or a gauge.
+func metricValue(m prometheus.Metric) float64 {
+	var pb dto.Metric
+	if err := m.Write(&pb); err != nil {
+		return -1
+	}
+	if g := pb.GetGauge(); g != nil {
+		return g.GetValue()
+	}
+	return pb.GetCounter().GetValue()
+}
+
+// newReportLink is a discovery link to a fake discovery, on a fresh
+// SQLite store.
+func newReportLink(t *testing.T) (*discoveryLink, *fakeDiscovery, store.Store) {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	h, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{info: datadir.Info{AuthorityID: "test-abcdef"}, ca: h, store: st, metrics: newMetrics("test"),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	f := &fakeDiscovery{policy: h.Issuer(ca.RolePolicy), answers: map[string]codes.Code{}}
+	d := &discoveryLink{s: s, cfg: DiscoveryConfig{Address: "discovery.test:7450"}, client: f, joined: make(chan struct{}, 1)}
+	return d, f, st
+}
+
+// ticketJoin commits a PSK join of node that used a referral ticket, so
+// the store holds its pending report, and returns the instance.
+func ticketJoin(t *testing.T, st store.Store, node string) store.Instance {
+	t.Helper()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	key := sha256.Sum256([]byte(node))
+	res, err := st.CommitJoin(t.Context(), store.Join{
+		Credential: "psk-1",
+		NodeID:     node,
+		Ticket:     &store.TicketUse{ID: "jti-" + node, KeepUntil: now.Add(time.Hour)},
+		Instance:   store.Instance{ID: "instance-" + node, JoinMethod: store.JoinMethodPSK, CreatedAt: now},
+		Certificate: store.Certificate{Serial: "5e" + node[len(node)-1:], PublicKey: key[:],
+			NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Instance
+}
+
+func pendingIDs(t *testing.T, st store.Store) []string {
+	t.Helper()
+	rs, err := st.ListPendingReports(t.Context(), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rs {
+		ids = append(ids, r.InstanceID)
+	}
+	return ids
+}
+
+// TestDeliverReports: a pass sends the pending reports oldest first,
+// signed with the policy key, and deletes those discovery answered or
+// refused for good; an unavailable discovery ends the pass and keeps the
+// rest.
+func TestDeliverReports(t *testing.T) {
+	d, f, st := newReportLink(t)
+	in1 := ticketJoin(t, st, "node-1")
+	ticketJoin(t, st, "node-2")
+	ticketJoin(t, st, "node-3")
+	ticketJoin(t, st, "node-4")
+	f.answer("node-2", codes.PermissionDenied)
+	f.answer("node-3", codes.InvalidArgument)
+	f.answer("node-4", codes.Unavailable)
+
+	more, err := d.deliverReports(t.Context())
+	if err == nil || more {
+		t.Fatalf("deliverReports = %v, %v; want the Unavailable error", more, err)
+	}
+	if got := pendingIDs(t, st); !slices.Equal(got, []string{"instance-node-4"}) {
+		t.Errorf("pending after the pass: %v, want node-4's only (delivered and refused-for-good ones dropped)", got)
+	}
+	got := f.received()
+	want := discovery.JoinReport{AuthorityID: "test-abcdef", NodeID: "node-1", InstanceID: in1.ID, TicketID: "jti-node-1", JoinedAt: in1.CreatedAt}
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("discovery received %+v, want [%+v]", got, want)
+	}
+	for code, n := range map[string]float64{"OK": 1, "PermissionDenied": 1, "InvalidArgument": 1, "Unavailable": 1} {
+		if v := metricValue(d.s.metrics.discovery.WithLabelValues("report", code)); v != n {
+			t.Errorf("muster_discovery_calls_total{operation=report,code=%s} = %v, want %v", code, v, n)
+		}
+	}
+
+	// Once discovery is back, the report goes, and the pass is clean.
+	f.answer("node-4", codes.OK)
+	if more, err := d.deliverReports(t.Context()); err != nil || more {
+		t.Fatalf("deliverReports = %v, %v", more, err)
+	}
+	if got := pendingIDs(t, st); len(got) != 0 {
+		t.Errorf("pending after the second pass: %v", got)
+	}
+}
+
+// TestReportLoop: the leader job delivers at once after a join, backs off
+// while discovery is unavailable, and keeps the gauge.
+func TestReportLoop(t *testing.T) {
+	d, f, st := newReportLink(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- d.reportLoop(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor := func(what string, within time.Duration, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(within); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within %v", what, within)
+			}
+		}
+	}
+	gauge := func() float64 { return metricValue(d.s.metrics.reportsPending) }
+
+	// The first pass finds nothing; a join wakes the loop well before
+	// its poll.
+	time.Sleep(50 * time.Millisecond)
+	ticketJoin(t, st, "node-1")
+	d.reportJoined()
+	waitFor("the report delivered after the nudge", reportPoll/2, func() bool { return len(f.received()) == 1 })
+	waitFor("the gauge back to 0", time.Second, func() bool { return gauge() == 0 })
+
+	// Discovery unavailable: the report stays, and the gauge says so.
+	f.answer("node-2", codes.Unavailable)
+	ticketJoin(t, st, "node-2")
+	d.reportJoined()
+	waitFor("the gauge at 1", time.Second, func() bool { return gauge() == 1 })
+	// Back: delivered after the backoff, with no nudge.
+	f.answer("node-2", codes.OK)
+	waitFor("the report delivered after the backoff", 3*reportBackoff, func() bool { return len(f.received()) == 2 })
+	waitFor("the gauge back to 0", time.Second, func() bool { return gauge() == 0 })
+	if got := pendingIDs(t, st); len(got) != 0 {
+		t.Errorf("pending: %v", got)
+	}
+}

@@ -1,0 +1,14 @@
+-- 0004: the authority's outbox of join reports. A join that used a referral
+-- ticket writes its report here in the join's transaction; the leader
+-- delivers it to discovery (ReportJoin) and deletes it once discovery has
+-- answered, so a crash or a restart loses no report. Times as in 0001.
+CREATE TABLE pending_reports (
+	instance_id TEXT    NOT NULL PRIMARY KEY,
+	node_id     TEXT    NOT NULL,
+	ticket_id   TEXT    NOT NULL,
+	joined_at   INTEGER NOT NULL,
+	created_at  INTEGER NOT NULL
+) STRICT;
+
+-- Delivery reads the oldest first.
+CREATE INDEX pending_reports_created_at ON pending_reports (created_at, instance_id);
