@@ -30,20 +30,34 @@ func replicaDir(t *testing.T, from string) string {
 	return to
 }
 
-// TestReplicasShareOnePostgres: three authority processes on one database.
-// What must happen once happens once across them, and what one replica
-// writes the others enforce at once.
-func TestReplicasShareOnePostgres(t *testing.T) {
+// startReplicas initialises an authority on a fresh PostgreSQL database and
+// starts n replicas of it, each from its own copy of the directory. It
+// returns the database's URL and the replicas.
+func startReplicas(t *testing.T, n int) (string, []*agentEnv) {
+	t.Helper()
 	url := postgres(t)
 	dir := filepath.Join(t.TempDir(), "authority")
 	mustRun(t, "init", "--data", dir, "--store", url)
-	var replicas []*joinEnv
-	for i := range 3 {
+	fp := caFingerprintOf(t, dir)
+	var replicas []*agentEnv
+	for i := range n {
 		d := dir
 		if i > 0 {
 			d = replicaDir(t, dir)
 		}
-		e := &joinEnv{dir: d, auth: startAuthority(t, d, "--store", url)}
+		replicas = append(replicas, &agentEnv{dir: d, auth: startAuthority(t, d, "--store", url), fingerprint: fp})
+	}
+	return url, replicas
+}
+
+// TestReplicasShareOnePostgres: three authority processes on one database.
+// What must happen once happens once across them, and what one replica
+// writes the others enforce at once.
+func TestReplicasShareOnePostgres(t *testing.T) {
+	url, started := startReplicas(t, 3)
+	var replicas []*joinEnv
+	for _, r := range started {
+		e := &joinEnv{dir: r.dir, auth: r.auth}
 		e.setup(t)
 		replicas = append(replicas, e)
 	}
@@ -105,11 +119,8 @@ func TestReplicasShareOnePostgres(t *testing.T) {
 // TestLeaderFailover: background jobs (token cleaner, audit checkpoints)
 // run on one replica; killing it moves them to another.
 func TestLeaderFailover(t *testing.T) {
-	url := postgres(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
-	a := startAuthority(t, dir, "--store", url)
-	b := startAuthority(t, replicaDir(t, dir), "--store", url)
+	_, rs := startReplicas(t, 2)
+	a, b := rs[0].auth, rs[1].auth
 	leading := func(p *authorityProc) bool { return strings.Contains(p.Logs(), `"msg":"leading background jobs"`) }
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
@@ -139,18 +150,8 @@ func TestLeaderFailover(t *testing.T) {
 // honoured by the others at once, the old one during its grace only, and
 // refused by every replica once the grace has ended.
 func TestReplicasSharePSKRotation(t *testing.T) {
-	url := postgres(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
-	var replicas []*agentEnv
-	for i := range 3 {
-		d := dir
-		if i > 0 {
-			d = replicaDir(t, dir)
-		}
-		e := &agentEnv{dir: d, auth: startAuthority(t, d, "--store", url), fingerprint: caFingerprintOf(t, dir)}
-		replicas = append(replicas, e)
-	}
+	_, replicas := startReplicas(t, 3)
+	dir := replicas[0].dir
 	old := showPSKs(t, dir).Active.PSK
 	const grace = 4 * time.Second
 	rot := rotatePSK(t, replicas[0].dir, "--grace", grace.String())
