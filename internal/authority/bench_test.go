@@ -87,7 +87,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 		ready := make(chan string, 1)
 		srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready: func(addr string) { ready <- addr }}, m)
+			Ready: func(addr, _ string) { ready <- addr }}, m)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -74,8 +74,9 @@ type Config struct {
 	Version        string
 	Log            *slog.Logger
 	// Ready, when set, is called once every listener is bound, with the
-	// address the API is reachable at.
-	Ready func(apiAddr string)
+	// address the API is reachable at and the bound metrics address (""
+	// without one).
+	Ready func(apiAddr, metricsAddr string)
 }
 
 // Server is a running authority.
@@ -355,7 +356,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
 		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
 	if s.cfg.Ready != nil {
-		s.cfg.Ready(advertise)
+		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}
 
 	g, gctx := errgroup.WithContext(ctx)

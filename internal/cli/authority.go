@@ -107,7 +107,7 @@ type authorityOptions struct {
 	pskOptional     string
 	logFormat       string
 	logLevel        string
-	ready           func(addr string)
+	ready           func(addr, metricsAddr string)
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {

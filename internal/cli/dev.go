@@ -65,10 +65,10 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 				}
 				o.discovery, o.discoveryFP = disc.Addr(), disc.Fingerprint()
 			}
-			o.ready = func(addr string) {
+			o.ready = func(addr, metricsAddr string) {
 				m, q := devCommand(), shellQuote(dir)
 				fmt.Fprintf(env.Stdout, `
-muster dev: authority %s is listening on %s (metrics on http://%s/metrics)
+muster dev: authority %s is listening on %s (%s)
 
 In another terminal, as the operator in %s:
   1. Create a join token (it prints a joining URI):
@@ -80,7 +80,7 @@ In another terminal, as the operator in %s:
   4. Look at what happened:
        %s agents list --data %s
        %s audit list --data %s
-`, info.AuthorityID, addr, mlisten, d, m, q, m, m, m, q, m, q)
+`, info.AuthorityID, addr, metricsNote(metricsAddr), d, m, q, m, m, m, q, m, q)
 				if o.discovery != "" {
 					fmt.Fprintf(env.Stdout, `  5. Or join with the bootstrap PSK through the discovery service on %s,
      which hands out the referral ticket the authority wants with the PSK
@@ -164,4 +164,11 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 		}
 		return nil, fmt.Errorf("discovery: %w", err)
 	}
+}
+
+func metricsNote(addr string) string {
+	if addr == "" {
+		return "no metrics listener"
+	}
+	return "metrics on http://" + addr + "/metrics"
 }
