@@ -483,6 +483,37 @@ func TestLocksRefuseRenewal(t *testing.T) {
 	}
 }
 
+// TestLockedRenewalNamesOneLock: a renewal refused by several locks is
+// audited as a renewal (not as a refused API call) naming the lock on the
+// node, the first of its targets, every time.
+func TestLockedRenewalNamesOneLock(t *testing.T) {
+	e := newJoinEnv(t)
+	tok := e.token(t)
+	id, resp := e.join(t, tok, "twice-locked")
+	var lock map[string]any
+	mustRun(t, "lock", "create", "--instance", resp.GetInstanceId(), "--data", e.dir)
+	json.Unmarshal([]byte(mustRun(t, "lock", "create", "--node", "twice-locked", "--data", e.dir, "-o", "json")), &lock)
+	mustRun(t, "lock", "create", "--token", tok[:6], "--data", e.dir)
+	for range 2 {
+		_, err := e.renew(t, id, must2(newCSR(t)))
+		wantCode(t, err, codes.PermissionDenied, "locked")
+	}
+	var recs []map[string]any
+	json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", e.dir, "--action", "agent.renew", "-o", "json")), &recs)
+	want := "locked: lock " + lock["id"].(string) + " on node twice-locked"
+	if len(recs) != 2 {
+		t.Fatalf("agent.renew records: %v, want 2", recs)
+	}
+	for _, r := range recs {
+		if r["result"] != "denied" || r["reason"] != want {
+			t.Errorf("renewal record %v, want denied with reason %q", r, want)
+		}
+	}
+	if a := mustRun(t, "audit", "list", "--data", e.dir, "--action", "api.access", "-o", "json"); strings.Contains(a, "twice-locked") {
+		t.Errorf("the locked renewal was refused before the renewal: %s", a)
+	}
+}
+
 // TestLocksOnKeysAndPastedSecrets: a lock on a public key (as agents show
 // prints it) refuses renewals of that key; a join token pasted whole where
 // an ID is wanted is refused or cut to its ID, and never reaches the audit

@@ -56,7 +56,10 @@ const (
 	accessAdmin
 	// accessAgentOrAnonymous: a caller without a client certificate is
 	// let through (the handler treats it as a bootstrap, proved by what it
-	// sends); one with a certificate must pass the agent rule.
+	// sends); one with a certificate must pass the agent rule. The handler
+	// checks the node's locks, with those of the instance, token and keys
+	// it alone knows, in one query (enroll's renewal), so the rule here
+	// does not look them up again.
 	accessAgentOrAnonymous
 	// accessAnonymous: only callers without a client certificate; one
 	// with a certificate is refused (PERMISSION_DENIED).
@@ -119,7 +122,7 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 		if chain == nil {
 			return c, nil
 		}
-		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, "", fullMethod)
 	case accessAnonymous:
 		if chain == nil {
 			return c, nil
@@ -133,6 +136,9 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	}
 }
 
+// requireRole checks that the caller holds role, from the issuer's
+// intermediate, and, unless lockKind is empty, that no lock of that kind
+// is on its name.
 func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certificate, role spiffeid.Role, issuer ca.Role, lockKind, fullMethod string) error {
 	var reason string
 	var code codes.Code
@@ -143,8 +149,10 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate", issuer)
 	case c.ID.Role != role:
 		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity", s.info.TrustDomain, role)
+	case lockKind == "":
+		return nil
 	default:
-		_, err := s.store.FindLock(ctx, lockKind, c.ID.Name)
+		_, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
 		switch {
 		case err == nil:
 			code, reason = codes.PermissionDenied, "locked"

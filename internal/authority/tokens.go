@@ -189,17 +189,15 @@ func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv
 	if certs, err := ca.ParseCertsPEM(inst.LastChainPEM); err == nil {
 		p.NotAfter = timestamppb.New(certs[0].NotAfter)
 	}
-	for _, k := range [][2]string{{store.LockNode, n.ID}, {store.LockInstance, inst.ID}, {store.LockToken, inst.TokenID}} {
-		if k[1] == "" {
-			continue
-		}
-		l, err := a.s.store.FindLock(ctx, k[0], k[1])
-		if err == nil {
-			p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
-			break
-		} else if !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
+	targets := []store.LockTarget{{Kind: store.LockNode, Target: n.ID}, {Kind: store.LockInstance, Target: inst.ID}}
+	if inst.TokenID != "" {
+		targets = append(targets, store.LockTarget{Kind: store.LockToken, Target: inst.TokenID})
+	}
+	l, err := a.s.store.FindAnyLock(ctx, targets)
+	if err == nil {
+		p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
 	}
 	return p, nil
 }

@@ -41,7 +41,7 @@ type Store interface {
 	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
 	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
-	FindLock(ctx context.Context, kind, target string) (store.Lock, error)
+	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
 	InsertLock(ctx context.Context, l store.Lock) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
 	// clock.
@@ -232,31 +232,37 @@ func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte
 	}, nil
 }
 
-// lockOn returns the first lock in force on any of the targets, or nil.
-func (s *Service) lockOn(ctx context.Context, targets ...[2]string) (*store.Lock, error) {
+// lockOn returns the lock in force on the earliest of targets that has
+// one, or nil, in one store query: when several locks apply, the refusal
+// names the same one every time, by the order the caller lists (the node
+// first, then the instance, the token and the keys). An empty target (a
+// key the authority is about to mint) is skipped.
+func (s *Service) lockOn(ctx context.Context, targets ...store.LockTarget) (*store.Lock, error) {
+	named := make([]store.LockTarget, 0, len(targets))
 	for _, t := range targets {
-		if t[1] == "" {
-			continue
-		}
-		l, err := s.cfg.Store.FindLock(ctx, t[0], t[1])
-		switch {
-		case err == nil:
-			return &l, nil
-		case !errors.Is(err, store.ErrNotFound):
-			return nil, err
+		if t.Target != "" {
+			named = append(named, t)
 		}
 	}
-	return nil, nil
+	l, err := s.cfg.Store.FindAnyLock(ctx, named)
+	switch {
+	case err == nil:
+		return &l, nil
+	case errors.Is(err, store.ErrNotFound):
+		return nil, nil
+	default:
+		return nil, err
+	}
 }
 
 // keyLock is the lock target of a public key: the hex SHA-256 of its
 // SubjectPublicKeyInfo, as `muster agents show` prints it. A nil key (one
 // the authority is about to mint) names no target.
-func keyLock(kid []byte) [2]string {
+func keyLock(kid []byte) store.LockTarget {
 	if kid == nil {
-		return [2]string{store.LockPublicKey, ""}
+		return store.LockTarget{Kind: store.LockPublicKey}
 	}
-	return [2]string{store.LockPublicKey, hex.EncodeToString(kid)}
+	return store.LockTarget{Kind: store.LockPublicKey, Target: hex.EncodeToString(kid)}
 }
 
 func newLockID() string { return "lock-" + uuid.NewString()[:8] }

@@ -223,7 +223,7 @@ func TestConcurrentRenewals(t *testing.T) {
 	if inst.Generation != 1 {
 		t.Fatalf("generation %d, want 1", inst.Generation)
 	}
-	if _, err := e.st.FindLock(t.Context(), store.LockInstance, inst.ID); err != nil {
+	if _, err := e.st.FindAnyLock(t.Context(), []store.LockTarget{{Kind: store.LockInstance, Target: inst.ID}}); err != nil {
 		t.Fatalf("copied instance not locked: %v", err)
 	}
 }

@@ -159,7 +159,7 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
 	}
 	// 7. No lock on the node or the key to certify.
-	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, keyLock(kid)); err != nil {
+	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)

@@ -99,7 +99,8 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 
 // standing refuses an instance that may not renew: its node deleted, the
 // instance superseded, or a lock on node, instance, token, the key it holds
-// or the key it asks to have certified.
+// or the key it asks to have certified. It is the only lock check of a
+// renewal (authorization leaves the node's to it), one query for them all.
 func (s *Service) standing(ctx context.Context, rec store.Certificate, inst store.Instance, kid []byte) error {
 	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
 	switch {
@@ -110,8 +111,11 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
 		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
 	}
-	l, err := s.lockOn(ctx, [2]string{store.LockNode, rec.NodeID}, [2]string{store.LockInstance, inst.ID},
-		[2]string{store.LockToken, inst.TokenID}, keyLock(rec.PublicKey), keyLock(kid))
+	l, err := s.lockOn(ctx,
+		store.LockTarget{Kind: store.LockNode, Target: rec.NodeID},
+		store.LockTarget{Kind: store.LockInstance, Target: inst.ID},
+		store.LockTarget{Kind: store.LockToken, Target: inst.TokenID},
+		keyLock(rec.PublicKey), keyLock(kid))
 	if err != nil {
 		return err
 	}

@@ -146,7 +146,7 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 	// A lost reply: the same token, node and key within the window gets
 	// the certificate already issued, even if that use spent the token.
 	if nodeExists && node.TokenID == t.ID && kid != nil {
-		if iss, err := s.retryJoin(ctx, node, t.ID, kid, now, [2]string{store.LockToken, t.ID}); iss != nil || err != nil {
+		if iss, err := s.retryJoin(ctx, node, t.ID, kid, now, store.LockTarget{Kind: store.LockToken, Target: t.ID}); iss != nil || err != nil {
 			return iss, err
 		}
 	}
@@ -166,7 +166,8 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
 	}
 	// 7. No lock on node, token or the key to certify.
-	if l, err := s.lockOn(ctx, [2]string{store.LockNode, nodeID}, [2]string{store.LockToken, t.ID}, keyLock(kid)); err != nil {
+	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID},
+		store.LockTarget{Kind: store.LockToken, Target: t.ID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
@@ -180,7 +181,7 @@ func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string,
 // returns nil if the request is not a retry. credential is the ID of the
 // token or PSK the join proved; locks are the targets, besides the node
 // and the instance, whose lock refuses the retry.
-func (s *Service) retryJoin(ctx context.Context, node store.Node, credential string, kid []byte, now time.Time, locks ...[2]string) (*Issued, error) {
+func (s *Service) retryJoin(ctx context.Context, node store.Node, credential string, kid []byte, now time.Time, locks ...store.LockTarget) (*Issued, error) {
 	inst, err := s.cfg.Store.GetInstance(ctx, node.InstanceID)
 	if err != nil {
 		return nil, err
@@ -189,7 +190,7 @@ func (s *Service) retryJoin(ctx context.Context, node store.Node, credential str
 		!hmac.Equal(inst.LastPublicKey, kid) || now.Sub(inst.CreatedAt) > s.cfg.RetryWindow {
 		return nil, nil
 	}
-	targets := append([][2]string{{store.LockNode, node.ID}, {store.LockInstance, inst.ID}, keyLock(kid)}, locks...)
+	targets := append([]store.LockTarget{{Kind: store.LockNode, Target: node.ID}, {Kind: store.LockInstance, Target: inst.ID}, keyLock(kid)}, locks...)
 	if l, err := s.lockOn(ctx, targets...); err != nil {
 		return nil, err
 	} else if l != nil {

@@ -75,6 +75,10 @@ const (
 	LockAdmin     = "admin"
 )
 
+// LockTarget is what a lock can apply to: a lock kind and its target (a
+// node ID, instance ID, token ID, public key hash or operator name).
+type LockTarget struct{ Kind, Target string }
+
 // Lock is a deny rule on one target. A zero ExpiresAt never expires; any
 // other is in force while the store clock is before it.
 type Lock struct {
@@ -171,9 +175,14 @@ type Store interface {
 	ListLocks(ctx context.Context) ([]Lock, error)
 	// DeleteLock removes a lock; ErrNotFound if there is none with that ID.
 	DeleteLock(ctx context.Context, id string) error
-	// FindLock returns an unexpired lock on (kind, target), by the store
-	// clock; ErrNotFound if there is none.
-	FindLock(ctx context.Context, kind, target string) (Lock, error)
+	// FindAnyLock returns a lock not expired by the store clock on any of
+	// targets, in at most one query; ErrNotFound if there is none, and for
+	// no targets (without a query). When several match, it returns the
+	// lock on the earliest target in the list (of several on that target,
+	// the oldest, ties by ID): a caller lists targets from the reason it
+	// would name first to the last, and a refusal names the same lock
+	// every time.
+	FindAnyLock(ctx context.Context, targets []LockTarget) (Lock, error)
 
 	// AppendAudit appends one record to the chain. Inside one write
 	// transaction that serializes every writer of the chain, it reads the

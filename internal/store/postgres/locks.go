@@ -43,12 +43,28 @@ func (s *Store) DeleteLock(ctx context.Context, id string) error {
 	return execOne(ctx, s.pool, "delete lock "+id, `DELETE FROM locks WHERE id = $1`, id)
 }
 
-// FindLock returns an unexpired lock on (kind, target), by the store clock,
-// the oldest if there are several; ErrNotFound if there is none.
-func (s *Store) FindLock(ctx context.Context, kind, target string) (store.Lock, error) {
-	l, err := scanLock(s.pool.QueryRow(ctx, `SELECT `+lockColumns+` FROM locks
-		WHERE kind = $1 AND target = $2 AND `+unexpired+`
-		ORDER BY created_at, id LIMIT 1`, kind, target))
+// FindAnyLock returns an unexpired lock, by the store clock, on any of
+// targets: the one on the earliest target in the list, and of several on
+// that target the oldest (ties by ID). ErrNotFound if there is none, and
+// for no targets, which runs no query.
+//
+// The targets travel as two arrays, so one statement text serves any
+// number of them and pgx prepares it once per connection; WITH ORDINALITY
+// numbers them for the ordering, and each is looked up through the
+// (kind, target) index.
+func (s *Store) FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error) {
+	if len(targets) == 0 {
+		return store.Lock{}, wrap("find lock", pgx.ErrNoRows)
+	}
+	kinds, names := make([]string, len(targets)), make([]string, len(targets))
+	for i, t := range targets {
+		kinds[i], names[i] = t.Kind, t.Target
+	}
+	l, err := scanLock(s.pool.QueryRow(ctx, `SELECT `+lockColumns+`
+		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS wanted (want_kind, want_target, pos)
+		JOIN locks ON kind = want_kind AND target = want_target
+		WHERE `+unexpired+`
+		ORDER BY pos, created_at, id LIMIT 1`, kinds, names))
 	if err != nil {
 		return store.Lock{}, wrap("find lock", err)
 	}

@@ -3,6 +3,8 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"strings"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -65,16 +67,59 @@ func (s *SQLite) DeleteLock(ctx context.Context, id string) error {
 	return nil
 }
 
-// FindLock returns an unexpired lock on (kind, target), by the store clock,
-// the oldest if there are several; ErrNotFound if there is none.
-func (s *SQLite) FindLock(ctx context.Context, kind, target string) (store.Lock, error) {
-	l, err := scanLock(s.r.QueryRowContext(ctx, `SELECT `+lockColumns+` FROM locks
-		WHERE kind = ? AND target = ? AND `+unexpired+`
-		ORDER BY created_at, id LIMIT 1`, kind, target))
+// FindAnyLock returns an unexpired lock, by the store clock, on any of
+// targets: the one on the earliest target in the list, and of several on
+// that target the oldest (ties by ID). ErrNotFound if there is none, and
+// for no targets, which runs no query.
+func (s *SQLite) FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error) {
+	if len(targets) == 0 {
+		return store.Lock{}, wrap("find lock", sql.ErrNoRows)
+	}
+	args := make([]any, 0, 2*len(targets))
+	for _, t := range targets {
+		args = append(args, t.Kind, t.Target)
+	}
+	l, err := scanLock(s.r.QueryRowContext(ctx, findAnyLockQuery(len(targets)), args...))
 	if err != nil {
 		return store.Lock{}, wrap("find lock", err)
 	}
 	return l, nil
+}
+
+// findAnyLockQueries[n] is FindAnyLock's query for n targets: the targets
+// as a VALUES table numbered by position, each looked up through the
+// (kind, target) index, the first match by position winning. One text per
+// count makes each a prepared statement that the read pool caches; the
+// lock checks of a join or renewal have two to five targets.
+var findAnyLockQueries = func() (qs [8]string) {
+	for n := 1; n < len(qs); n++ {
+		qs[n] = buildFindAnyLockQuery(n)
+	}
+	return qs
+}()
+
+func findAnyLockQuery(n int) string {
+	if n < len(findAnyLockQueries) {
+		return findAnyLockQueries[n]
+	}
+	return buildFindAnyLockQuery(n)
+}
+
+func buildFindAnyLockQuery(n int) string {
+	var b strings.Builder
+	b.WriteString(`WITH wanted (pos, want_kind, want_target) AS (VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(`, `)
+		}
+		fmt.Fprintf(&b, `(%d, ?, ?)`, i)
+	}
+	// CROSS JOIN keeps wanted the outer loop: a few index lookups,
+	// whatever the planner guesses about the size of locks.
+	b.WriteString(`) SELECT ` + lockColumns + ` FROM wanted CROSS JOIN locks
+		WHERE kind = want_kind AND target = want_target AND ` + unexpired + `
+		ORDER BY pos, created_at, id LIMIT 1`)
+	return b.String()
 }
 
 func scanLock(row interface{ Scan(...any) error }) (store.Lock, error) {

@@ -44,6 +44,16 @@ func lockFixture(t *testing.T, ctx context.Context, s store.Store) map[string]st
 }
 
 func lockCases() []testCase {
+	var (
+		node1    = store.LockTarget{Kind: store.LockNode, Target: "node-1"}
+		tok1     = store.LockTarget{Kind: store.LockToken, Target: "tok-1"}
+		inst1    = store.LockTarget{Kind: store.LockInstance, Target: "i-1"}
+		alice    = store.LockTarget{Kind: store.LockAdmin, Target: "alice"}
+		node2    = store.LockTarget{Kind: store.LockNode, Target: "node-2"}
+		tok2     = store.LockTarget{Kind: store.LockToken, Target: "tok-2"}
+		key1     = store.LockTarget{Kind: store.LockPublicKey, Target: "pk-1"}
+		nodeInst = store.LockTarget{Kind: store.LockInstance, Target: "node-1"}
+	)
 	cases := []testCase{
 		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
 			got, err := s.ListLocks(ctx)
@@ -51,8 +61,8 @@ func lockCases() []testCase {
 			if len(got) != 0 {
 				t.Errorf("ListLocks on an empty store = %v, want none", got)
 			}
-			_, err = s.FindLock(ctx, store.LockNode, "node-1")
-			wantErr(t, "FindLock", err, store.ErrNotFound)
+			_, err = s.FindAnyLock(ctx, []store.LockTarget{node1})
+			wantErr(t, "FindAnyLock", err, store.ErrNotFound)
 		}},
 		{"list hides expired, oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
 			l := lockFixture(t, ctx, s)
@@ -66,14 +76,14 @@ func lockCases() []testCase {
 			dup.Kind, dup.Target = store.LockPublicKey, "pk-1"
 			err := s.InsertLock(ctx, dup)
 			wantErr(t, "InsertLock duplicate", err, store.ErrConflict)
-			_, err = s.FindLock(ctx, store.LockPublicKey, "pk-1")
-			wantErr(t, "FindLock after conflict", err, store.ErrNotFound)
+			_, err = s.FindAnyLock(ctx, []store.LockTarget{key1})
+			wantErr(t, "FindAnyLock after conflict", err, store.ErrNotFound)
 		}},
 		{"delete", func(t *testing.T, ctx context.Context, s store.Store) {
 			l := lockFixture(t, ctx, s)
 			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "live"))
-			_, err := s.FindLock(ctx, store.LockToken, "tok-1")
-			wantErr(t, "FindLock after delete", err, store.ErrNotFound)
+			_, err := s.FindAnyLock(ctx, []store.LockTarget{tok1})
+			wantErr(t, "FindAnyLock after delete", err, store.ErrNotFound)
 			got, err := s.ListLocks(ctx)
 			mustNil(t, "ListLocks", err)
 			wantEqual(t, "ListLocks", got, []store.Lock{l["forever"], l["admin-live"]})
@@ -92,31 +102,51 @@ func lockCases() []testCase {
 			err := s.DeleteLock(ctx, "expired")
 			wantErr(t, "DeleteLock twice", err, store.ErrNotFound)
 		}},
+		{"find oldest on one target", func(t *testing.T, ctx context.Context, s store.Store) {
+			l := lockFixture(t, ctx, s)
+			newer := l["forever"]
+			newer.ID, newer.CreatedAt = "newer", newer.CreatedAt.Add(time.Hour)
+			older := newer
+			older.ID, older.CreatedAt = "older", l["forever"].CreatedAt.Add(-time.Hour)
+			mustNil(t, "InsertLock newer", s.InsertLock(ctx, newer))
+			mustNil(t, "InsertLock older", s.InsertLock(ctx, older))
+			got, err := s.FindAnyLock(ctx, []store.LockTarget{tok2, node1})
+			mustNil(t, "FindAnyLock", err)
+			wantEqual(t, "FindAnyLock", got, older)
+		}},
 	}
 
 	finds := []struct {
-		name         string
-		kind, target string
-		want         string // lock ID; "" for ErrNotFound
+		name    string
+		targets []store.LockTarget
+		want    string // lock ID; "" for ErrNotFound
 	}{
-		{"find without expiry", store.LockNode, "node-1", "forever"},
-		{"find unexpired", store.LockToken, "tok-1", "live"},
-		{"find ignores expired", store.LockInstance, "i-1", ""},
-		{"find skips expired for live", store.LockAdmin, "alice", "admin-live"},
-		{"find matches kind", store.LockInstance, "node-1", ""},
-		{"find matches target exactly", store.LockNode, "node-", ""},
-		{"find matches target case", store.LockNode, "NODE-1", ""},
+		{"find without expiry", []store.LockTarget{node1}, "forever"},
+		{"find unexpired", []store.LockTarget{tok1}, "live"},
+		{"find ignores expired", []store.LockTarget{inst1}, ""},
+		{"find skips expired for live", []store.LockTarget{alice}, "admin-live"},
+		{"find matches kind", []store.LockTarget{nodeInst}, ""},
+		{"find matches target exactly", []store.LockTarget{{Kind: store.LockNode, Target: "node-"}}, ""},
+		{"find matches target case", []store.LockTarget{{Kind: store.LockNode, Target: "NODE-1"}}, ""},
+		{"find no targets", nil, ""},
+		{"find none of several", []store.LockTarget{node2, inst1, nodeInst, tok2, key1}, ""},
+		{"find one of several", []store.LockTarget{node2, key1, tok1, tok2}, "live"},
+		{"find skips an expired target", []store.LockTarget{inst1, tok1}, "live"},
+		// live is the newer lock: position, not age, decides.
+		{"find first target first", []store.LockTarget{tok1, node1}, "live"},
+		{"find first target first, reversed", []store.LockTarget{node1, tok1}, "forever"},
+		{"find repeated target", []store.LockTarget{node2, alice, alice}, "admin-live"},
 	}
 	for _, f := range finds {
 		cases = append(cases, testCase{f.name, func(t *testing.T, ctx context.Context, s store.Store) {
 			l := lockFixture(t, ctx, s)
-			got, err := s.FindLock(ctx, f.kind, f.target)
+			got, err := s.FindAnyLock(ctx, f.targets)
 			if f.want == "" {
-				wantErr(t, "FindLock", err, store.ErrNotFound)
+				wantErr(t, "FindAnyLock", err, store.ErrNotFound)
 				return
 			}
-			mustNil(t, "FindLock", err)
-			wantEqual(t, "FindLock", got, l[f.want])
+			mustNil(t, "FindAnyLock", err)
+			wantEqual(t, "FindAnyLock", got, l[f.want])
 		}})
 	}
 	return cases
