@@ -2,13 +2,17 @@ package cli
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -33,11 +37,9 @@ type auditJSON struct {
 
 func newAuditListCmd(env *Env) *cobra.Command {
 	var (
-		af     adminFlags
-		out    output
-		since  string
-		action string
-		limit  int
+		af  adminFlags
+		out output
+		lf  auditListFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "list",
@@ -47,54 +49,111 @@ func newAuditListCmd(env *Env) *cobra.Command {
 			if err := out.check(); err != nil {
 				return err
 			}
-			req := &musterv1.ListAuditRequest{Action: action}
-			if since != "" {
-				t, err := parseSince(since, time.Now())
-				if err != nil {
-					return fmt.Errorf("audit list: %w", err)
-				}
-				req.Since = timestamppb.New(t)
+			f, err := lf.filter(time.Now())
+			if err != nil {
+				return fmt.Errorf("audit list: %w", err)
 			}
-			var recs []*musterv1.AuditRecord
+			req := &musterv1.ListAuditRequest{Action: f.Action}
+			if !f.Since.IsZero() {
+				req.Since = timestamppb.New(f.Since)
+			}
+			var recs []auditJSON
 			if err := af.call(cmd, env, "audit list", func(ctx context.Context, c *adminClient) error {
-				for {
-					req.Limit = int32(min(limit-len(recs), 1000))
+				recs, err = lf.page(func(afterSeq int64, n int) ([]auditJSON, int64, error) {
+					req.AfterSeq, req.Limit = afterSeq, int32(n)
 					resp, err := c.ListAudit(ctx, req)
 					if err != nil {
-						return err
+						return nil, 0, err
 					}
-					recs = append(recs, resp.GetRecords()...)
-					if resp.GetNextAfterSeq() == 0 || len(recs) >= limit {
-						return nil
+					var page []auditJSON
+					for _, r := range resp.GetRecords() {
+						page = append(page, auditJSON{r.GetSeq(), r.GetTime().AsTime(), r.GetActor(), r.GetAction(), r.GetTarget(),
+							r.GetResult(), r.GetReason(), r.GetSource(), r.GetCorrelationId(), r.GetHash()})
 					}
-					req.AfterSeq = resp.GetNextAfterSeq()
-				}
+					return page, resp.GetNextAfterSeq(), nil
+				})
+				return err
 			}); err != nil {
 				return err
 			}
-			if out.json() {
-				list := []auditJSON{}
-				for _, r := range recs {
-					list = append(list, auditJSON{r.GetSeq(), r.GetTime().AsTime(), r.GetActor(), r.GetAction(), r.GetTarget(),
-						r.GetResult(), r.GetReason(), r.GetSource(), r.GetCorrelationId(), r.GetHash()})
-				}
-				return writeJSON(env.Stdout, list)
-			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tACTION\tTARGET\tRESULT\tREASON")
-			for _, r := range recs {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.GetSeq(), r.GetTime().AsTime().UTC().Format(time.RFC3339),
-					r.GetActor(), r.GetAction(), r.GetTarget(), r.GetResult(), r.GetReason())
-			}
-			return tw.Flush()
+			return writeAuditList(env.Stdout, out, recs)
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
-	cmd.Flags().StringVar(&since, "since", "", "only records at or after this time: RFC 3339, or a duration ago such as 2h")
-	cmd.Flags().StringVar(&action, "action", "", "only this action, or a prefix ending in * (token.*)")
-	cmd.Flags().IntVar(&limit, "limit", 10000, "at most this many records")
+	lf.register(cmd)
 	return cmd
+}
+
+// auditListFlags are the filters of audit list and discovery audit list.
+type auditListFlags struct {
+	since  string
+	action string
+	limit  int
+}
+
+func (lf *auditListFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&lf.since, "since", "", "only records at or after this time: RFC 3339, or a duration ago such as 2h")
+	cmd.Flags().StringVar(&lf.action, "action", "", "only this action, or a prefix ending in * (token.*)")
+	cmd.Flags().IntVar(&lf.limit, "limit", 10000, "at most this many records")
+}
+
+// filter is the store filter the flags ask for; the caller pages.
+func (lf *auditListFlags) filter(now time.Time) (store.AuditFilter, error) {
+	f := store.AuditFilter{Action: lf.action}
+	if lf.since != "" {
+		t, err := parseSince(lf.since, now)
+		if err != nil {
+			return store.AuditFilter{}, err
+		}
+		f.Since = t
+	}
+	return f, nil
+}
+
+// maxAuditPage is how many records audit list asks for at a time.
+const maxAuditPage = 1000
+
+// page collects up to --limit records from fetch, which returns at most n
+// records after afterSeq and the seq to continue after, 0 at the end.
+func (lf *auditListFlags) page(fetch func(afterSeq int64, n int) ([]auditJSON, int64, error)) ([]auditJSON, error) {
+	var (
+		recs  []auditJSON
+		after int64
+	)
+	for {
+		page, next, err := fetch(after, min(lf.limit-len(recs), maxAuditPage))
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, page...)
+		if next == 0 || len(recs) >= lf.limit {
+			return recs, nil
+		}
+		after = next
+	}
+}
+
+// auditRecordJSON is a record of a store as audit list prints it.
+func auditRecordJSON(r store.AuditRecord) auditJSON {
+	return auditJSON{r.Seq, r.Time, r.Actor, r.Action, r.Target, r.Result, r.Reason, r.Source, r.CorrelationID, hex.EncodeToString(r.Hash)}
+}
+
+// writeAuditList prints records as a table, or as JSON.
+func writeAuditList(w io.Writer, out output, recs []auditJSON) error {
+	if out.json() {
+		if recs == nil {
+			recs = []auditJSON{}
+		}
+		return writeJSON(w, recs)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tACTION\tTARGET\tRESULT\tREASON")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.Time.UTC().Format(time.RFC3339),
+			r.Actor, r.Action, r.Target, r.Result, r.Reason)
+	}
+	return tw.Flush()
 }
 
 // parseSince reads an absolute RFC 3339 time or a duration before now.
@@ -132,24 +191,51 @@ database, and exits non-zero.`,
 			if err != nil {
 				return err
 			}
-			if out.json() {
-				if err := writeJSON(env.Stdout, map[string]any{
-					"ok": r.GetOk(), "records_checked": r.GetRecordsChecked(), "checkpoints_checked": r.GetCheckpointsChecked(),
-					"first_bad_seq": r.GetFirstBadSeq(), "problem": r.GetProblem(), "head_seq": r.GetHeadSeq(), "head_hash": r.GetHeadHash(),
-				}); err != nil {
-					return err
-				}
-			} else if r.GetOk() {
-				fmt.Fprintf(env.Stdout, "audit chain intact: %d records, %d signed checkpoints, head %d %s\n",
-					r.GetRecordsChecked(), r.GetCheckpointsChecked(), r.GetHeadSeq(), r.GetHeadHash())
-			}
-			if !r.GetOk() {
-				return fmt.Errorf("audit verify: tampering detected at record %d: %s", r.GetFirstBadSeq(), r.GetProblem())
-			}
-			return nil
+			return writeAuditVerify(env.Stdout, out, "audit verify", auditVerify{
+				OK: r.GetOk(), RecordsChecked: r.GetRecordsChecked(), CheckpointsChecked: r.GetCheckpointsChecked(),
+				FirstBadSeq: r.GetFirstBadSeq(), Problem: r.GetProblem(), HeadSeq: r.GetHeadSeq(), HeadHash: r.GetHeadHash(),
+			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// auditVerify is the outcome of a verification, of the authority's chain
+// (through the admin API) or of discovery's (audit.Report).
+type auditVerify struct {
+	OK                 bool
+	RecordsChecked     int64
+	CheckpointsChecked int64
+	FirstBadSeq        int64
+	Problem            string
+	HeadSeq            int64
+	HeadHash           string
+}
+
+// auditVerifyOf reads a report of audit.Logger.Verify.
+func auditVerifyOf(rep audit.Report) auditVerify {
+	return auditVerify{OK: rep.OK, RecordsChecked: rep.RecordsChecked, CheckpointsChecked: rep.CheckpointsChecked,
+		FirstBadSeq: rep.FirstBadSeq, Problem: rep.Problem, HeadSeq: rep.Head.Seq, HeadHash: hex.EncodeToString(rep.Head.Hash)}
+}
+
+// writeAuditVerify prints the outcome of a verification, and returns an
+// error naming the first bad record when the chain was tampered with.
+func writeAuditVerify(w io.Writer, out output, name string, r auditVerify) error {
+	if out.json() {
+		if err := writeJSON(w, map[string]any{
+			"ok": r.OK, "records_checked": r.RecordsChecked, "checkpoints_checked": r.CheckpointsChecked,
+			"first_bad_seq": r.FirstBadSeq, "problem": r.Problem, "head_seq": r.HeadSeq, "head_hash": r.HeadHash,
+		}); err != nil {
+			return err
+		}
+	} else if r.OK {
+		fmt.Fprintf(w, "audit chain intact: %d records, %d signed checkpoints, head %d %s\n",
+			r.RecordsChecked, r.CheckpointsChecked, r.HeadSeq, r.HeadHash)
+	}
+	if !r.OK {
+		return fmt.Errorf("%s: tampering detected at record %d: %s", name, r.FirstBadSeq, r.Problem)
+	}
+	return nil
 }

@@ -105,7 +105,7 @@ a registration.`,
 	f.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	f.StringSliceVar(&o.allow, "allow-authority", nil, "AUTHORITY_ID=sha256:HEX: an authority that may register, under that root only (repeatable; adds to DIR/discovery.yaml)")
 	f.BoolVar(&o.openRegistration, "open-registration", false, "UNSAFE: also accept authority IDs not allowed, each locked to the first root that registers it")
-	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env))
+	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env), newDiscoveryAuditCmd(env))
 	return cmd
 }
 

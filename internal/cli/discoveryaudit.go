@@ -1,0 +1,124 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/discoveryd"
+)
+
+// newDiscoveryAuditCmd reads and verifies discovery's own audit chain,
+// directly in its store, whether or not discovery runs: muster audit goes
+// through an authority's admin API, which discovery does not have.
+func newDiscoveryAuditCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "audit", Short: "Read and verify discovery's audit log"}
+	cmd.AddCommand(newDiscoveryAuditListCmd(env), newDiscoveryAuditVerifyCmd(env))
+	return cmd
+}
+
+func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
+	var (
+		dir      string
+		storeURL string
+		out      output
+		lf       auditListFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "list --data DIR",
+		Short: "List discovery's audit records, oldest first",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			f, err := lf.filter(time.Now())
+			if err != nil {
+				return fmt.Errorf("discovery audit list: %w", err)
+			}
+			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			if err != nil {
+				return fmt.Errorf("discovery audit list: %w", err)
+			}
+			defer st.Close()
+			// The logger is not needed to read, but opening it checks the
+			// directory's keys and that the store is discovery's own.
+			if _, err := discoveryd.AuditLog(cmd.Context(), string(d), st); err != nil {
+				return fmt.Errorf("discovery audit list: %w", err)
+			}
+			recs, err := lf.page(func(afterSeq int64, n int) ([]auditJSON, int64, error) {
+				if n <= 0 {
+					return nil, 0, nil
+				}
+				f.AfterSeq, f.Limit = afterSeq, n
+				rs, err := st.ListAudit(cmd.Context(), f)
+				if err != nil {
+					return nil, 0, err
+				}
+				page := make([]auditJSON, 0, len(rs))
+				for _, r := range rs {
+					page = append(page, auditRecordJSON(r))
+				}
+				next := int64(0)
+				if len(rs) == n {
+					next = rs[n-1].Seq
+				}
+				return page, next, nil
+			})
+			if err != nil {
+				return fmt.Errorf("discovery audit list: %w", err)
+			}
+			return writeAuditList(env.Stdout, out, recs)
+		},
+	}
+	discoveryAuditFlags(cmd, &dir, &storeURL)
+	out.register(cmd)
+	lf.register(cmd)
+	return cmd
+}
+
+func newDiscoveryAuditVerifyCmd(env *Env) *cobra.Command {
+	var (
+		dir      string
+		storeURL string
+		out      output
+	)
+	cmd := &cobra.Command{
+		Use:   "verify --data DIR",
+		Short: "Check discovery's audit chain and its signed checkpoints; exits non-zero on tampering",
+		Long: `verify walks discovery's whole audit chain in its store: every record's
+keyed hash, the links between records, and the signed checkpoints kept in
+the store and in the data directory. It names the first record that was
+edited, removed or inserted, even when the whole chain was rewritten in the
+database, and exits non-zero. It only reads, whether or not discovery runs.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			if err != nil {
+				return fmt.Errorf("discovery audit verify: %w", err)
+			}
+			defer st.Close()
+			l, err := discoveryd.AuditLog(cmd.Context(), string(d), st)
+			if err != nil {
+				return fmt.Errorf("discovery audit verify: %w", err)
+			}
+			rep, err := l.Verify(cmd.Context())
+			if err != nil {
+				return fmt.Errorf("discovery audit verify: %w", err)
+			}
+			return writeAuditVerify(env.Stdout, out, "discovery audit verify", auditVerifyOf(rep))
+		},
+	}
+	discoveryAuditFlags(cmd, &dir, &storeURL)
+	out.register(cmd)
+	return cmd
+}
+
+func discoveryAuditFlags(cmd *cobra.Command, dir, storeURL *string) {
+	cmd.Flags().StringVar(dir, "data", "", "discovery data directory")
+	cmd.Flags().StringVar(storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+}
