@@ -147,15 +147,22 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	return nil
 }
 
-// discoveryStore opens the data directory --data names and its store, for
-// the commands that work on discovery's store directly, whether or not
-// discovery runs.
-func discoveryStore(ctx context.Context, dir, storeURL string) (discoveryd.Dir, store.Store, error) {
-	d, err := discoveryDir(dir)
+// discoveryStoreFlags are --data and --store of the commands that work on
+// discovery's store directly, whether or not discovery runs.
+type discoveryStoreFlags struct{ dir, storeURL string }
+
+func (f *discoveryStoreFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.dir, "data", "", "discovery data directory")
+	cmd.Flags().StringVar(&f.storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+}
+
+// open opens the data directory and its store.
+func (f *discoveryStoreFlags) open(ctx context.Context) (discoveryd.Dir, store.Store, error) {
+	d, err := discoveryDir(f.dir)
 	if err != nil {
 		return "", nil, err
 	}
-	st, err := openDiscoveryStore(ctx, d, storeURL)
+	st, err := openDiscoveryStore(ctx, d, f.storeURL)
 	if err != nil {
 		return "", nil, err
 	}
@@ -206,9 +213,8 @@ type allowedJSON struct {
 
 func newDiscoveryShowCmd(env *Env) *cobra.Command {
 	var (
-		dir      string
-		storeURL string
-		out      output
+		sf  discoveryStoreFlags
+		out output
 	)
 	cmd := &cobra.Command{
 		Use:   "show --data DIR",
@@ -224,7 +230,7 @@ discovery is running.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, err := discoveryDir(dir)
+			d, err := discoveryDir(sf.dir)
 			if err != nil {
 				return fmt.Errorf("discovery show: %w", err)
 			}
@@ -240,8 +246,8 @@ discovery is running.`,
 			}
 			// The embedded store exists once discovery has started; show
 			// does not create it.
-			if _, err := os.Stat(d.DatabaseFile()); storeURL != "" || err == nil {
-				keys, err := listTicketKeys(cmd.Context(), d, storeURL)
+			if _, err := os.Stat(d.DatabaseFile()); sf.storeURL != "" || err == nil {
+				keys, err := listTicketKeys(cmd.Context(), d, sf.storeURL)
 				if err != nil {
 					return fmt.Errorf("discovery show: %w", err)
 				}
@@ -262,8 +268,7 @@ discovery is running.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
-	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	sf.register(cmd)
 	out.register(cmd)
 	return cmd
 }
@@ -446,10 +451,9 @@ type rotateJSON struct {
 
 func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
 	var (
-		dir      string
-		storeURL string
-		revoke   bool
-		out      output
+		sf     discoveryStoreFlags
+		revoke bool
+		out    output
 	)
 	cmd := &cobra.Command{
 		Use:   "rotate-key --data DIR [--revoke-previous]",
@@ -468,7 +472,7 @@ from then on.`, discoveryd.KeyOverlap),
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			d, st, err := sf.open(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("discovery rotate-key: %w", err)
 			}
@@ -498,8 +502,7 @@ from then on.`, discoveryd.KeyOverlap),
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
-	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	sf.register(cmd)
 	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh, within a minute")
 	out.register(cmd)
 	return cmd

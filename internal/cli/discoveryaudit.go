@@ -20,10 +20,9 @@ func newDiscoveryAuditCmd(env *Env) *cobra.Command {
 
 func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 	var (
-		dir      string
-		storeURL string
-		out      output
-		lf       auditListFlags
+		sf  discoveryStoreFlags
+		out output
+		lf  auditListFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "list --data DIR",
@@ -37,7 +36,7 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}
-			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			d, st, err := sf.open(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}
@@ -72,7 +71,7 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 			return writeAuditList(env.Stdout, out, recs)
 		},
 	}
-	discoveryAuditFlags(cmd, &dir, &storeURL)
+	sf.register(cmd)
 	out.register(cmd)
 	lf.register(cmd)
 	return cmd
@@ -80,9 +79,8 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 
 func newDiscoveryAuditVerifyCmd(env *Env) *cobra.Command {
 	var (
-		dir      string
-		storeURL string
-		out      output
+		sf  discoveryStoreFlags
+		out output
 	)
 	cmd := &cobra.Command{
 		Use:   "verify --data DIR",
@@ -97,7 +95,7 @@ database, and exits non-zero. It only reads, whether or not discovery runs.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			d, st, err := sf.open(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("discovery audit verify: %w", err)
 			}
@@ -113,12 +111,7 @@ database, and exits non-zero. It only reads, whether or not discovery runs.`,
 			return writeAuditVerify(env.Stdout, out, "discovery audit verify", auditVerifyOf(rep))
 		},
 	}
-	discoveryAuditFlags(cmd, &dir, &storeURL)
+	sf.register(cmd)
 	out.register(cmd)
 	return cmd
-}
-
-func discoveryAuditFlags(cmd *cobra.Command, dir, storeURL *string) {
-	cmd.Flags().StringVar(dir, "data", "", "discovery data directory")
-	cmd.Flags().StringVar(storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
 }

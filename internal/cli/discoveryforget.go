@@ -22,9 +22,8 @@ type forgetJSON struct {
 
 func newDiscoveryForgetCmd(env *Env) *cobra.Command {
 	var (
-		dir      string
-		storeURL string
-		out      output
+		sf  discoveryStoreFlags
+		out output
 	)
 	cmd := &cobra.Command{
 		Use:   "forget AUTHORITY_ID --data DIR",
@@ -45,7 +44,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := discoveryStore(cmd.Context(), dir, storeURL)
+			d, st, err := sf.open(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("discovery forget: %w", err)
 			}
@@ -66,8 +65,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&dir, "data", "", "discovery data directory")
-	cmd.Flags().StringVar(&storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	sf.register(cmd)
 	out.register(cmd)
 	return cmd
 }
