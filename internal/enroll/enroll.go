@@ -47,8 +47,6 @@ type Store interface {
 	// clock.
 	Now(ctx context.Context) (time.Time, error)
 	ListPSKs(ctx context.Context) ([]store.PSK, error)
-	// TicketUsed tells a replayed referral ticket before the write does.
-	TicketUsed(ctx context.Context, id string) (bool, error)
 }
 
 // Auditor writes the audit trail. Refusals go through Refuse, which may

@@ -62,9 +62,9 @@ type TicketVerifier interface {
 // constant time against each), or may be left out during the migration
 // window; the node ID is free, unless the request repeats a join of the
 // same credential, node and key within the retry window, which gets the
-// certificate already issued; the ticket unused; no lock on the node or
-// key. The ticket's single use is then written with the join. A refused
-// attempt writes nothing but its audit record, which names the PSK by ID
+// certificate already issued; no lock on the node or key; and, at the
+// write, the ticket unused (its single use is written with the join). A
+// refused attempt writes nothing but its audit record, which names the PSK by ID
 // and the ticket by jti, never a secret.
 func (s *Service) BootstrapWithPSK(ctx context.Context, r Request, pskText, referralTicket string, csrData []byte) (*Issued, error) {
 	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Source: r.Source, CorrelationID: r.CorrelationID}
@@ -140,25 +140,17 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 		}
 		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
 	}
-	// 6. The ticket not used before (the write below decides; this says
-	// so before the lock checks).
+	// The ticket's single use is written with the join, which refuses a
+	// jti already recorded (store.ErrTicketReplayed): one round trip, and
+	// the only check that holds against a concurrent replay. It is kept
+	// past the last moment any replica accepts the ticket: the expiry
+	// checks allow Leeway on a replica's clock, the cleaner runs on the
+	// store's, and the two may differ by as much again.
 	var use *store.TicketUse
 	if ticket != nil {
-		used, err := s.cfg.Store.TicketUsed(ctx, ticket.ID)
-		if err != nil {
-			return nil, err
-		}
-		if used {
-			s.observeTicket(TicketResultReplayed)
-			return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s", proof)
-		}
-		// The use is kept past the last moment any replica accepts the
-		// ticket: the expiry checks allow Leeway on a replica's clock,
-		// the cleaner runs on the store's, and the two may differ by as
-		// much again.
 		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
 	}
-	// 7. No lock on the node or the key to certify.
+	// 6. No lock on the node or the key to certify.
 	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID}, keyLock(kid)); err != nil {
 		return nil, err
 	} else if l != nil {
@@ -236,13 +228,19 @@ func (s *Service) matchPSK(ctx context.Context, given psk.PSK) (store.PSK, error
 	if s.cfg.PSKSealer == nil {
 		return store.PSK{}, errors.New("enroll: no PSK sealer configured")
 	}
-	now, err := s.cfg.Store.Now(ctx)
-	if err != nil {
-		return store.PSK{}, err
-	}
 	ps, err := s.cfg.Store.ListPSKs(ctx)
 	if err != nil {
 		return store.PSK{}, err
+	}
+	// Only a grace PSK needs the store clock; most joins meet none.
+	var now time.Time
+	for _, p := range ps {
+		if p.Status == store.PSKGrace {
+			if now, err = s.cfg.Store.Now(ctx); err != nil {
+				return store.PSK{}, err
+			}
+			break
+		}
 	}
 	var matched store.PSK
 	expired := false

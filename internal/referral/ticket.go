@@ -123,7 +123,7 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	tok, err := jwt.ParseSigned(token, []jose.SignatureAlgorithm{jose.EdDSA})
 	if err != nil {
 		if alg := headerAlg(token); alg != "" && alg != string(jose.EdDSA) {
-			return Claims{}, invalid("is signed with %q; only EdDSA is accepted", alg)
+			return Claims{}, invalid("is signed with %.16q; only EdDSA is accepted", alg)
 		}
 		return Claims{}, invalid("is malformed")
 	}
@@ -132,7 +132,7 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	}
 	key, err := v.Keys.TicketKey(ctx, tok.Headers[0].KeyID)
 	if errors.Is(err, ErrUnknownKey) {
-		return Claims{}, invalid("is signed by key %q, which the discovery does not publish", tok.Headers[0].KeyID)
+		return Claims{}, invalid("is signed by key %.64q, which the discovery does not publish", tok.Headers[0].KeyID)
 	}
 	if err != nil {
 		return Claims{}, err
@@ -149,7 +149,7 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	}
 	switch {
 	case std.Issuer != v.Issuer:
-		return Claims{}, invalid("is issued by %q, not by this authority's discovery %q", std.Issuer, v.Issuer)
+		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q", std.Issuer, v.Issuer)
 	case len(std.Audience) != 1 || std.Audience[0] != v.AuthorityID || priv.AuthorityID != v.AuthorityID:
 		return Claims{}, invalid("is for another authority")
 	case nodeID == "" || std.Subject != nodeID || priv.NodeID != nodeID:
