@@ -173,7 +173,7 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 	if err != nil {
 		return "", nil, "", fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
 	}
-	if fp := look.GetCaFingerprint(); !sameFingerprint(fp, r.CAFingerprint) {
+	if fp := look.GetCaFingerprint(); !ca.SameFingerprint(fp, r.CAFingerprint) {
 		return "", nil, "", &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
 			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, fp)}
 	}
@@ -200,10 +200,4 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 		return "", nil, "", fmt.Errorf("discovery %s: referral ticket: %w", r.Discovery, err)
 	}
 	return endpoint, peer, t.GetTicket(), nil
-}
-
-func sameFingerprint(a, b string) bool {
-	fa, err1 := ca.ParseFingerprint(a)
-	fb, err2 := ca.ParseFingerprint(b)
-	return err1 == nil && err2 == nil && fa == fb
 }

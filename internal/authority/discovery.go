@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -17,6 +18,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/referral"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -311,25 +313,14 @@ func (d *discoveryLink) endpoints() []string {
 	if len(d.cfg.Endpoints) > 0 {
 		return d.cfg.Endpoints
 	}
-	var out []string
-	for _, a := range []string{d.s.advertise()} {
-		host, _, err := net.SplitHostPort(a)
-		if ip := net.ParseIP(host); err != nil || host == "" || ip != nil && ip.IsUnspecified() {
-			continue
-		}
-		out = append(out, a)
+	a := d.s.advertise()
+	if host, _, err := net.SplitHostPort(a); err != nil || listener.Unspecified(host) {
+		return nil
 	}
-	return out
+	return []string{a}
 }
 
 func sameRegistration(cur *musterv1.LookupAuthorityResponse, reg discovery.Registration) bool {
-	if cur.GetCaBundlePem() != reg.CABundlePEM || cur.GetPolicyJson() != string(reg.Policy) || len(cur.GetEndpoints()) != len(reg.Endpoints) {
-		return false
-	}
-	for i, e := range cur.GetEndpoints() {
-		if e != reg.Endpoints[i] {
-			return false
-		}
-	}
-	return true
+	return cur.GetCaBundlePem() == reg.CABundlePEM && cur.GetPolicyJson() == string(reg.Policy) &&
+		slices.Equal(cur.GetEndpoints(), reg.Endpoints)
 }

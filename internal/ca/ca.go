@@ -215,8 +215,15 @@ func ParseFingerprint(s string) (string, error) {
 
 // MatchesFingerprint reports whether c's public key has the pin fp.
 func MatchesFingerprint(c *x509.Certificate, fp string) bool {
-	want, err := ParseFingerprint(fp)
-	return err == nil && Fingerprint(c) == want
+	return SameFingerprint(Fingerprint(c), fp)
+}
+
+// SameFingerprint reports whether a and b are well-formed and the same pin
+// (hex case aside).
+func SameFingerprint(a, b string) bool {
+	fa, err1 := ParseFingerprint(a)
+	fb, err2 := ParseFingerprint(b)
+	return err1 == nil && err2 == nil && fa == fb
 }
 
 // AuthorityID is "<name>-<first 6 hex of the fingerprint>".

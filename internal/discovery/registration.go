@@ -145,6 +145,21 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 				c.Subject.CommonName, c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
+	v, err := verified(r, doc, root, certs[0])
+	if err != nil {
+		return nil, err
+	}
+	// What was signed must be what is enforced: a policy whose keys only
+	// decode case-insensitively, or with fields the decoder drops, would
+	// sign one thing and mean another.
+	if raw, err := canonicalRaw(r.Policy); err != nil || !bytes.Equal(raw, v.CanonicalPolicy) {
+		return nil, errors.New("discovery: registration: the policy is not in its canonical field names and values (send Policy.Canonical())")
+	}
+	return v, nil
+}
+
+// verified completes a checked registration with its parsed policy.
+func verified(r Registration, doc []byte, root, policyCert *x509.Certificate) (*Verified, error) {
 	p, err := ParsePolicy(r.Policy)
 	if err != nil {
 		return nil, err
@@ -153,13 +168,8 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 	if err != nil {
 		return nil, err
 	}
-	// What was signed must be what is enforced: a policy whose keys only
-	// decode case-insensitively, or with fields the decoder drops, would
-	// sign one thing and mean another.
-	if raw, err := canonicalRaw(r.Policy); err != nil || !bytes.Equal(raw, cp) {
-		return nil, errors.New("discovery: registration: the policy is not in its canonical field names and values (send Policy.Canonical())")
-	}
-	return &Verified{Registration: r, Document: doc, Root: root, Fingerprint: fp, PolicyCert: certs[0], ParsedPolicy: p, CanonicalPolicy: cp}, nil
+	return &Verified{Registration: r, Document: doc, Root: root, Fingerprint: ca.Fingerprint(root), PolicyCert: policyCert,
+		ParsedPolicy: p, CanonicalPolicy: cp}, nil
 }
 
 // clockSkew is DESIGN.md's allowance for times set by another machine.
@@ -182,15 +192,7 @@ func ParseStored(doc []byte) (*Verified, error) {
 	if err != nil || len(certs) != 1 {
 		return nil, errors.New("discovery: stored registration: bad policy certificate")
 	}
-	p, err := ParsePolicy(r.Policy)
-	if err != nil {
-		return nil, err
-	}
-	cp, err := p.Canonical()
-	if err != nil {
-		return nil, err
-	}
-	return &Verified{Registration: r, Document: doc, Root: bundle[0], Fingerprint: ca.Fingerprint(bundle[0]), PolicyCert: certs[0], ParsedPolicy: p, CanonicalPolicy: cp}, nil
+	return verified(r, doc, bundle[0], certs[0])
 }
 
 func checkEndpoint(ep string) error {

@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/muster-dev/muster/internal/discovery"
+	"github.com/muster-dev/muster/internal/listener"
 )
 
 // Registration refusals of the allow-list, as the registrations metric
@@ -52,7 +52,7 @@ func checkIssuerHost(listen, advertise string) error {
 		// A malformed listen address fails to bind, with its reason.
 		return nil
 	}
-	if ip, err := netip.ParseAddr(host); host == "" || err == nil && ip.Unmap().IsUnspecified() {
+	if listener.Unspecified(host) {
 		return fmt.Errorf("discoveryd: the ticket issuer https://%s would name no machine: %s %s is unspecified; set --advertise to the HOST:PORT authorities and agents reach discovery at",
 			addr, what, addr)
 	}

@@ -2,6 +2,7 @@ package listener
 
 import (
 	"net"
+	"net/netip"
 	"os"
 )
 
@@ -39,7 +40,7 @@ func Hosts(addrs ...string) []string {
 		}
 		ip := net.ParseIP(h)
 		switch {
-		case h == "" || ip != nil && ip.IsUnspecified():
+		case Unspecified(h):
 			if name, err := os.Hostname(); err == nil {
 				add(name)
 			}
@@ -52,4 +53,12 @@ func Hosts(addrs ...string) []string {
 		}
 	}
 	return out
+}
+
+// Unspecified reports whether host names no machine: empty, 0.0.0.0 or ::
+// (IPv4-mapped included). A server bound there listens on every
+// interface, but nobody can dial it by that name.
+func Unspecified(host string) bool {
+	ip, err := netip.ParseAddr(host)
+	return host == "" || err == nil && ip.Unmap().IsUnspecified()
 }
