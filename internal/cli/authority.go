@@ -8,7 +8,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -316,8 +315,8 @@ func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.Discove
 			return nil, time.Time{}, fmt.Errorf("discovery.policy: %w", err)
 		}
 		for _, ep := range o.endpoints {
-			if host, _, err := net.SplitHostPort(ep); err != nil || host == "" {
-				return nil, time.Time{}, fmt.Errorf("discovery.endpoints: %q is not HOST:PORT", ep)
+			if err := discovery.CheckEndpoint(ep); err != nil {
+				return nil, time.Time{}, fmt.Errorf("discovery.endpoints: %w", err)
 			}
 		}
 		disc = &authority.DiscoveryConfig{Address: o.discovery, Fingerprint: o.discoveryFP, Policy: o.policy,

@@ -103,7 +103,7 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 		return nil, fmt.Errorf("discovery: registration: between 1 and %d endpoints", maxEndpoints)
 	}
 	for _, ep := range r.Endpoints {
-		if err := checkEndpoint(ep); err != nil {
+		if err := CheckEndpoint(ep); err != nil {
 			return nil, err
 		}
 	}
@@ -195,7 +195,11 @@ func ParseStored(doc []byte) (*Verified, error) {
 	return verified(r, doc, bundle[0], certs[0])
 }
 
-func checkEndpoint(ep string) error {
+// CheckEndpoint checks an endpoint as a registration carries it: HOST:PORT,
+// a port from 1 to 65535 without a sign. The authority checks its
+// configured endpoints with it at start, so a bad one is refused then,
+// not at every registration.
+func CheckEndpoint(ep string) error {
 	host, port, err := net.SplitHostPort(ep)
 	if err != nil || host == "" || len(ep) > maxEndpointSize {
 		return fmt.Errorf("discovery: registration: endpoint %q is not HOST:PORT", ep)
