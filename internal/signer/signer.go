@@ -1,0 +1,116 @@
+// Package signer holds the authority's task-signing keys (DESIGN.md "Signed
+// tasks and the signer lifecycle"; seed "Node Task Signing Lifecycle v1"):
+// versioned Ed25519 signers, the states a version moves through and the one
+// table of transitions between them, the custody of private keys, and the
+// verifier set document agents trust.
+//
+// The package decides; it never writes. A lifecycle operation returns the
+// changes it implies (Plan), and the store applies each as one conditional
+// write on the state it expects, so two replicas acting at once cannot both
+// succeed.
+package signer
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// State is where one signer version is in its life.
+type State string
+
+// Signer states. At most one signer is active; at most one is staged; at
+// most one is in grace.
+const (
+	// Staged: published to agents, not yet signing.
+	Staged State = "staged"
+	// Active: signs every new task and verifier set.
+	Active State = "active"
+	// Grace: replaced, still accepted by agents until RetiresAt.
+	Grace State = "grace"
+	// Retired: no longer accepted; kept for the record.
+	Retired State = "retired"
+	// Revoked: distrusted at once; the next verifier set names it revoked.
+	Revoked State = "revoked"
+)
+
+// Valid reports whether s is one of the five states.
+func (s State) Valid() bool {
+	switch s {
+	case Staged, Active, Grace, Retired, Revoked:
+		return true
+	}
+	return false
+}
+
+// Trusted reports whether agents accept signatures of a signer in state s.
+func (s State) Trusted() bool { return s == Staged || s == Active || s == Grace }
+
+// Signer is one version of the task-signing key, without its private half.
+type Signer struct {
+	VersionID string
+	PublicKey ed25519.PublicKey
+	State     State
+	// PublishedAt is when the version was created and published to agents.
+	PublishedAt time.Time
+	// EffectiveAt is when it becomes (or became) active.
+	EffectiveAt time.Time
+	// GraceUntil is the end of the grace of the signer this one replaces:
+	// agents keep accepting the predecessor until then.
+	GraceUntil time.Time
+	// RetiresAt is when a signer in grace stops being accepted; set when it
+	// enters grace.
+	RetiresAt time.Time
+	// EndedAt is when it was retired or revoked.
+	EndedAt time.Time
+	// Previous is the version that was active when this one was staged.
+	Previous string
+}
+
+var versionIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+
+// ErrMalformedVersionID is returned for a version ID outside the node-ID
+// alphabet, which keeps it safe in file names, logs and audit targets.
+var ErrMalformedVersionID = errors.New("signer: version ID must match ^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+
+// ValidVersionID checks a version ID's form.
+func ValidVersionID(id string) error {
+	if !versionIDPattern.MatchString(id) {
+		return ErrMalformedVersionID
+	}
+	return nil
+}
+
+// NextVersionID returns "v<N+1>" where N is the highest "v<N>" among
+// signers, so operators read versions in order. Two replicas computing the
+// same ID at once collide on the store's unique key and one retries.
+func NextVersionID(signers []Signer) string {
+	var n uint64
+	for _, s := range signers {
+		if v, err := strconv.ParseUint(strings.TrimPrefix(s.VersionID, "v"), 10, 63); err == nil && strings.HasPrefix(s.VersionID, "v") && v > n {
+			n = v
+		}
+	}
+	return "v" + strconv.FormatUint(n+1, 10)
+}
+
+// EncodePublicKey is the text form of a public key on the wire and in
+// documents: base64url without padding.
+func EncodePublicKey(pub ed25519.PublicKey) string {
+	return base64.RawURLEncoding.EncodeToString(pub)
+}
+
+// ParsePublicKey reads the text form, refusing anything that is not 32
+// bytes of base64url without padding.
+func ParsePublicKey(s string) (ed25519.PublicKey, error) {
+	b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return nil, fmt.Errorf("signer: public key is not %d bytes of base64url without padding", ed25519.PublicKeySize)
+	}
+	return ed25519.PublicKey(b), nil
+}

@@ -1,0 +1,224 @@
+package signer
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+)
+
+// SetType names the verifier set document inside it, so a signature over
+// another document (a task) is never read as a verifier set.
+const SetType = "muster-verifier-set"
+
+// Decoder limits: a verifier set holds a handful of keys; anything larger
+// is refused before it is parsed further.
+const (
+	MaxSetBytes = 64 << 10
+	MaxSetKeys  = 64
+)
+
+// SetKey is one signer as agents see it: never the private half.
+type SetKey struct {
+	VersionID   string    `json:"version_id"`
+	PublicKey   string    `json:"public_key"`
+	State       State     `json:"state"`
+	PublishedAt time.Time `json:"published_at"`
+	EffectiveAt time.Time `json:"effective_at,omitzero"`
+	GraceUntil  time.Time `json:"grace_until,omitzero"`
+	RetiresAt   time.Time `json:"retires_at,omitzero"`
+	EndedAt     time.Time `json:"ended_at,omitzero"`
+	Previous    string    `json:"previous,omitempty"`
+}
+
+// VerifierSet is the document of the keys agents accept, revocations
+// included. Version only goes up: the store advances it with every signer
+// change.
+type VerifierSet struct {
+	Type        string    `json:"type"`
+	AuthorityID string    `json:"authority_id"`
+	Version     int64     `json:"version"`
+	IssuedAt    time.Time `json:"issued_at"`
+	Keys        []SetKey  `json:"keys"`
+}
+
+// signedSet is the wire form: the set as canonical JSON, and one Ed25519
+// signature over exactly those bytes by the active signer.
+type signedSet struct {
+	Set             json.RawMessage `json:"set"`
+	SignerVersionID string          `json:"signer_version_id"`
+	Signature       string          `json:"signature"`
+}
+
+// ErrSetMalformed is returned for a verifier set that fails its structural
+// check; ErrSetSignature for one whose signature does not verify.
+var (
+	ErrSetMalformed = errors.New("signer: malformed verifier set")
+	ErrSetSignature = errors.New("signer: verifier set signature does not verify")
+)
+
+func malformed(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrSetMalformed, fmt.Sprintf(format, a...))
+}
+
+// NewVerifierSet builds the set agents get from the store's signers.
+func NewVerifierSet(authorityID string, version int64, signers []Signer, now time.Time) VerifierSet {
+	v := VerifierSet{Type: SetType, AuthorityID: authorityID, Version: version, IssuedAt: now.UTC(), Keys: []SetKey{}}
+	for _, s := range signers {
+		v.Keys = append(v.Keys, SetKey{
+			VersionID: s.VersionID, PublicKey: EncodePublicKey(s.PublicKey), State: s.State,
+			PublishedAt: s.PublishedAt.UTC(), EffectiveAt: s.EffectiveAt.UTC(), GraceUntil: s.GraceUntil.UTC(),
+			RetiresAt: s.RetiresAt.UTC(), EndedAt: s.EndedAt.UTC(), Previous: s.Previous,
+		})
+	}
+	return v
+}
+
+// Canonical returns the set's RFC 8785 form, the bytes that are signed.
+func (v VerifierSet) Canonical() ([]byte, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	return jcs.Transform(raw)
+}
+
+// Sign encodes the set signed by the active signer, through sign (custody).
+func (v VerifierSet) Sign(sign func(msg []byte) ([]byte, error)) ([]byte, error) {
+	if err := v.check(); err != nil {
+		return nil, err
+	}
+	active, _ := v.Active()
+	doc, err := v.Canonical()
+	if err != nil {
+		return nil, err
+	}
+	sig, err := sign(doc)
+	if err != nil {
+		return nil, err
+	}
+	return json.Marshal(signedSet{Set: doc, SignerVersionID: active.VersionID, Signature: base64.RawURLEncoding.EncodeToString(sig)})
+}
+
+// Active returns the set's active key.
+func (v VerifierSet) Active() (SetKey, bool) {
+	for _, k := range v.Keys {
+		if k.State == Active {
+			return k, true
+		}
+	}
+	return SetKey{}, false
+}
+
+// Key returns the key of one version.
+func (v VerifierSet) Key(versionID string) (SetKey, bool) {
+	for _, k := range v.Keys {
+		if k.VersionID == versionID {
+			return k, true
+		}
+	}
+	return SetKey{}, false
+}
+
+// check is the structural check: type, version, bounded keys, each key
+// well-formed and unique, exactly one active, at most one staged and one
+// in grace.
+func (v VerifierSet) check() error {
+	if v.Type != SetType {
+		return malformed("type %q", v.Type)
+	}
+	if v.Version <= 0 {
+		return malformed("version must be positive")
+	}
+	if !utf8.ValidString(v.AuthorityID) || v.AuthorityID == "" || len(v.AuthorityID) > 128 {
+		return malformed("authority ID")
+	}
+	if len(v.Keys) > MaxSetKeys {
+		return malformed("more than %d keys", MaxSetKeys)
+	}
+	seen := map[string]bool{}
+	count := map[State]int{}
+	for _, k := range v.Keys {
+		if ValidVersionID(k.VersionID) != nil || seen[k.VersionID] {
+			return malformed("version ID %q missing, malformed or repeated", k.VersionID)
+		}
+		seen[k.VersionID] = true
+		if !k.State.Valid() {
+			return malformed("key %s: state %q", k.VersionID, k.State)
+		}
+		if k.Previous != "" && ValidVersionID(k.Previous) != nil {
+			return malformed("key %s: previous version ID", k.VersionID)
+		}
+		if _, err := ParsePublicKey(k.PublicKey); err != nil {
+			return malformed("key %s: public key", k.VersionID)
+		}
+		count[k.State]++
+	}
+	if count[Active] != 1 || count[Staged] > 1 || count[Grace] > 1 {
+		return malformed("want one active key, at most one staged and one in grace")
+	}
+	return nil
+}
+
+// ParseVerifierSet decodes a signed verifier set, checks its structure and
+// that it is signed by its own active key, and returns it. Whether that key
+// is one the caller trusts is the caller's decision (Trust.Accept).
+func ParseVerifierSet(data []byte) (VerifierSet, error) {
+	if len(data) > MaxSetBytes {
+		return VerifierSet{}, malformed("larger than %d bytes", MaxSetBytes)
+	}
+	var w signedSet
+	if err := DecodeStrict(data, &w); err != nil {
+		return VerifierSet{}, malformed("%v", err)
+	}
+	sig, err := base64.RawURLEncoding.Strict().DecodeString(w.Signature)
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return VerifierSet{}, malformed("signature")
+	}
+	var v VerifierSet
+	if err := DecodeStrict(w.Set, &v); err != nil {
+		return VerifierSet{}, malformed("%v", err)
+	}
+	if err := v.check(); err != nil {
+		return VerifierSet{}, err
+	}
+	active, _ := v.Active()
+	if active.VersionID != w.SignerVersionID {
+		return VerifierSet{}, malformed("signed by %q, not its active key %s", w.SignerVersionID, active.VersionID)
+	}
+	doc, err := jcs.Transform(w.Set)
+	if err != nil {
+		return VerifierSet{}, malformed("canonical form: %v", err)
+	}
+	pub, _ := ParsePublicKey(active.PublicKey)
+	if !ed25519.Verify(pub, doc, sig) {
+		return VerifierSet{}, ErrSetSignature
+	}
+	return v, nil
+}
+
+// DecodeStrict decodes one JSON value of a signed document, refusing
+// invalid UTF-8 (which json would replace, letting two texts share one
+// canonical form), unknown fields and trailing data. Package task decodes
+// its envelopes with it too.
+func DecodeStrict(data []byte, v any) error {
+	if !utf8.Valid(data) {
+		return errors.New("not UTF-8")
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return errors.New("trailing data")
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package signer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/seal"
+)
+
+// fleet is an authority's signers with their custody, for tests.
+type fleet struct {
+	t       testing.TB
+	custody *Sealed
+	refs    map[string][]byte
+	signers []Signer
+	version int64
+}
+
+func newFleet(t testing.TB) *fleet {
+	c, err := NewSealed(seal.StorageKey{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fleet{t: t, custody: c, refs: map[string][]byte{}}
+}
+
+func (f *fleet) key(id string) Key {
+	k, err := f.custody.Generate(context.Background(), id)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.refs[id] = k.Ref
+	return k
+}
+
+func (f *fleet) apply(changes []Change, err error) {
+	f.t.Helper()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	for _, c := range changes {
+		replaced := false
+		for i := range f.signers {
+			if f.signers[i].VersionID == c.To.VersionID {
+				f.signers[i], replaced = c.To, true
+			}
+		}
+		if !replaced {
+			f.signers = append(f.signers, c.To)
+		}
+	}
+	f.version++
+}
+
+// set returns the current verifier set, signed by the active signer.
+func (f *fleet) set(now time.Time) []byte {
+	f.t.Helper()
+	active, _ := ActiveOf(f.signers)
+	raw, err := NewVerifierSet("prod-a3f2e1", f.version, f.signers, now).Sign(func(msg []byte) ([]byte, error) {
+		return f.custody.Sign(context.Background(), active.VersionID, active.PublicKey, f.refs[active.VersionID], msg)
+	})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return raw
+}
+
+func TestVerifierSetRoundTrip(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, t0.Add(time.Hour), t0.Add(2*time.Hour), DefaultMinLeadTime))
+	raw := f.set(t0)
+	v, err := ParseVerifierSet(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Version != 2 || len(v.Keys) != 2 {
+		t.Fatalf("set = %+v", v)
+	}
+	if k, _ := v.Key("v2"); k.State != Staged || !k.EffectiveAt.Equal(t0.Add(time.Hour)) || k.Previous != "v1" {
+		t.Fatalf("staged key = %+v", k)
+	}
+}
+
+func TestVerifierSetRefusals(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	good := f.set(t0)
+	var w signedSet
+	if err := json.Unmarshal(good, &w); err != nil {
+		t.Fatal(err)
+	}
+	edit := func(fn func(*signedSet, map[string]any)) []byte {
+		c := w
+		var set map[string]any
+		if err := json.Unmarshal(w.Set, &set); err != nil {
+			t.Fatal(err)
+		}
+		fn(&c, set)
+		c.Set, _ = json.Marshal(set)
+		out, _ := json.Marshal(c)
+		return out
+	}
+	for name, tc := range map[string]struct {
+		raw  []byte
+		want error
+	}{
+		"too large":      {append(good, make([]byte, MaxSetBytes)...), ErrSetMalformed},
+		"trailing":       {append(append([]byte(nil), good...), "{}"...), ErrSetMalformed},
+		"unknown field":  {edit(func(_ *signedSet, s map[string]any) { s["extra"] = 1 }), ErrSetMalformed},
+		"wrong type":     {edit(func(_ *signedSet, s map[string]any) { s["type"] = "muster-task" }), ErrSetMalformed},
+		"zero version":   {edit(func(_ *signedSet, s map[string]any) { s["version"] = 0 }), ErrSetMalformed},
+		"no active key":  {edit(func(_ *signedSet, s map[string]any) { s["keys"] = []any{} }), ErrSetMalformed},
+		"other signer":   {edit(func(w *signedSet, _ map[string]any) { w.SignerVersionID = "v9" }), ErrSetMalformed},
+		"bad signature":  {edit(func(w *signedSet, _ map[string]any) { w.Signature = strings.Repeat("A", 86) }), ErrSetSignature},
+		"short sig":      {edit(func(w *signedSet, _ map[string]any) { w.Signature = "AAAA" }), ErrSetMalformed},
+		"edited version": {edit(func(_ *signedSet, s map[string]any) { s["version"] = 5 }), ErrSetSignature},
+	} {
+		if _, err := ParseVerifierSet(tc.raw); !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", name, err, tc.want)
+		}
+	}
+}
+
+// TestTrustFollowsRotation is what an agent sees through a rotation: it
+// learns the staged key, accepts the set the new key signs, keeps the old
+// key until grace ends, refuses stale sets and sets signed by a key it does
+// not trust as active, and an agent that missed every set still switches by
+// the times it holds.
+func TestTrustFollowsRotation(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	first := f.set(t0)
+	tr, err := NewTrust(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Accept(first, t0); err != nil {
+		t.Fatal(err)
+	}
+	eff, grace := t0.Add(time.Hour), t0.Add(3*time.Hour)
+	f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, eff, grace, DefaultMinLeadTime))
+	v2 := f.signers[1]
+	if err := tr.AddStaged(SetKey{VersionID: "v2", PublicKey: EncodePublicKey(v2.PublicKey), EffectiveAt: eff, GraceUntil: grace, Previous: "v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.AddStaged(SetKey{VersionID: "v2", PublicKey: EncodePublicKey(newPub(t))}); !errors.Is(err, ErrKeyConflict) {
+		t.Fatalf("conflicting key: %v", err)
+	}
+	// An offline agent holding only the first set and the staged key.
+	offline, _ := NewTrust(tr.Raw(), tr.Pending())
+
+	for _, tc := range []struct {
+		at     time.Time
+		v1, v2 State
+	}{
+		{t0, Active, Staged},
+		{eff.Add(-Skew), Grace, Active},
+		{grace, Grace, Active},
+		{grace.Add(Skew + time.Second), Retired, Active},
+	} {
+		for id, want := range map[string]State{"v1": tc.v1, "v2": tc.v2} {
+			if _, got, _ := offline.StateAt(id, tc.at); got != want {
+				t.Errorf("at %s: %s is %s, want %s", tc.at.Sub(t0), id, got, want)
+			}
+		}
+	}
+	if _, _, ok := offline.Verifier("v1", grace.Add(time.Hour)); ok {
+		t.Error("old key accepted after grace")
+	}
+
+	stale := f.set(t0) // version 2, signed by v1, still active at the authority
+	f.apply(PlanActivate(f.signers, ByClock, eff))
+	rotated := f.set(eff)
+	if err := tr.Accept(rotated, t0); !errors.Is(err, ErrSetUntrusted) {
+		t.Fatalf("set signed by v2 before its effective time: %v", err)
+	}
+	if err := tr.Accept(rotated, eff); err != nil {
+		t.Fatalf("rotated set: %v", err)
+	}
+	if len(tr.Pending()) != 0 || tr.Version() != 3 {
+		t.Fatalf("pending %v version %d", tr.Pending(), tr.Version())
+	}
+	if err := tr.Accept(stale, eff); !errors.Is(err, ErrSetStale) {
+		t.Fatalf("stale set: %v", err)
+	}
+	if got := tr.Accepted(eff); got["v1"] != Grace || got["v2"] != Active {
+		t.Fatalf("accepted = %v", got)
+	}
+
+	// A set signed by a stranger's active key is refused by a trusting agent.
+	g := newFleet(t)
+	g.apply(PlanCreate(nil, "v1", g.key("v1").Public, t0))
+	g.version = 10
+	if err := tr.Accept(g.set(eff), eff); !errors.Is(err, ErrSetUntrusted) {
+		t.Fatalf("foreign set: %v", err)
+	}
+}
+
+func TestParseStaticKeys(t *testing.T) {
+	a, b := EncodePublicKey(newPub(t)), EncodePublicKey(newPub(t))
+	keys, err := ParseStaticKeys(a + ", " + b + "\n")
+	if err != nil || len(keys) != 2 {
+		t.Fatalf("keys %d, %v", len(keys), err)
+	}
+	if _, err := ParseStaticKeys(a + ",nope"); err == nil || strings.Contains(err.Error(), a) {
+		t.Fatalf("bad entry: %v", err)
+	}
+}
+
+func FuzzParseVerifierSet(f *testing.F) {
+	fl := newFleet(f)
+	fl.apply(PlanCreate(nil, "v1", fl.key("v1").Public, t0))
+	f.Add(fl.set(t0))
+	f.Add([]byte(`{"set":{},"signer_version_id":"v1","signature":""}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		v, err := ParseVerifierSet(data)
+		if err != nil {
+			return
+		}
+		if err := v.check(); err != nil {
+			t.Fatalf("accepted a set that fails its own check: %v", err)
+		}
+		if _, ok := v.Active(); !ok {
+			t.Fatal("accepted a set without an active key")
+		}
+	})
+}
