@@ -13,7 +13,7 @@ import (
 // domain packages, and the identity helpers they build on.
 var domain = []string{
 	"atomicfile", "audit", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit", "referral",
-	"seal", "spiffeid", "store", "trustbundle",
+	"seal", "signer", "spiffeid", "store", "task", "trustbundle",
 }
 
 // forbidden import path prefixes for domain packages.

@@ -15,10 +15,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
 // State is where one signer version is in its life.
@@ -72,15 +73,13 @@ type Signer struct {
 	Previous string
 }
 
-var versionIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
-
 // ErrMalformedVersionID is returned for a version ID outside the node-ID
-// alphabet, which keeps it safe in file names, logs and audit targets.
+// form (spiffeid.ValidNodeID), which keeps it safe in file names, logs and audit targets.
 var ErrMalformedVersionID = errors.New("signer: version ID must match ^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
 
 // ValidVersionID checks a version ID's form.
 func ValidVersionID(id string) error {
-	if !versionIDPattern.MatchString(id) {
+	if spiffeid.ValidNodeID(id) != nil {
 		return ErrMalformedVersionID
 	}
 	return nil
