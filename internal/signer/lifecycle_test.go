@@ -116,12 +116,14 @@ func apply(t *testing.T, signers []Signer, changes []Change) []Signer {
 	t.Helper()
 	out := append([]Signer(nil), signers...)
 	for _, c := range changes {
-		if c.From == none {
+		found := c.From == none
+		if found {
 			out = append(out, c.To)
-			continue
 		}
-		found := false
 		for i := range out {
+			if c.From == none {
+				break
+			}
 			if out[i].VersionID == c.To.VersionID {
 				if out[i].State != c.From {
 					t.Fatalf("change %s of %s expects %s, is %s", c.Action, c.To.VersionID, c.From, out[i].State)
@@ -131,6 +133,12 @@ func apply(t *testing.T, signers []Signer, changes []Change) []Signer {
 		}
 		if !found {
 			t.Fatalf("change of unknown %s", c.To.VersionID)
+		}
+		live := map[State]int{}
+		for _, s := range out {
+			if live[s.State]++; s.State.Trusted() && live[s.State] > 1 {
+				t.Fatalf("after %s of %s: two signers %s", c.Action, c.To.VersionID, s.State)
+			}
 		}
 	}
 	return out

@@ -14,7 +14,10 @@ const DefaultMinLeadTime = 10 * time.Minute
 
 // Change is one signer's part of a lifecycle step: the store writes To only
 // if the signer is still in From (From == "" inserts To, refusing an
-// existing version ID). A plan's changes are written together or not at all.
+// existing version ID). A plan's changes are written together or not at all,
+// in order, and ordered so that each frees its state before another change
+// takes it: at most one signer is staged, active or in grace after every
+// single write, which the store's unique index checks.
 type Change struct {
 	Action Action
 	From   State
@@ -137,7 +140,9 @@ func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error)
 		return nil, err
 	}
 	up.To.EffectiveAt = now
-	changes := []Change{up}
+	// Each change frees its slot before the next takes it: the store holds
+	// at most one staged, one active and one in grace at every write.
+	var changes []Change
 	if old, ok := find(signers, inState(Grace)); ok {
 		c, err := step(old, ActRetire, ByCommand, now)
 		if err != nil {
@@ -153,7 +158,7 @@ func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error)
 		c.To.RetiresAt = staged.GraceUntil
 		changes = append(changes, c)
 	}
-	return changes, nil
+	return append(changes, up), nil
 }
 
 // PlanRetire retires the signer in grace: by the clock when its grace has
