@@ -205,4 +205,5 @@ type Store interface {
 	TicketUseStore
 	ReportOutbox
 	DiscoveryStore
+	SignerStore
 }

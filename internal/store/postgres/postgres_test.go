@@ -98,8 +98,8 @@ func TestOpenRace(t *testing.T) {
 }
 
 func TestLoadMigrations(t *testing.T) {
-	if len(migrations) != 4 {
-		t.Errorf("%d migrations embedded, want 4 (the SQLite store's count)", len(migrations))
+	if len(migrations) != 5 {
+		t.Errorf("%d migrations embedded, want 5 (the SQLite store's count)", len(migrations))
 	}
 }
 

@@ -1,0 +1,100 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const signerColumns = `version_id, public_key, key_ref, state, published_at, effective_at, grace_until, retires_at, ended_at, previous`
+
+// ListSigners returns every signer, oldest published first, and the
+// verifier set version, read in one REPEATABLE READ snapshot so the
+// version matches the rows.
+func (s *Store) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, 0, wrap("list signers: begin", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var version int64
+	if err := tx.QueryRow(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
+		return nil, 0, wrap("list signers: version", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT `+signerColumns+` FROM signers ORDER BY published_at, version_id`)
+	if err != nil {
+		return nil, 0, wrap("list signers", err)
+	}
+	out, err := collect(rows, "list signers", scanSigner)
+	if err != nil {
+		return nil, 0, err
+	}
+	return out, version, nil
+}
+
+// ApplySignerChanges writes a lifecycle step (see store.SignerStore) in one
+// READ COMMITTED transaction. Its first statement advances the one
+// signer_set row only from the expected version: a concurrent step waits on
+// that row and, once the first commits, re-reads it, finds the version
+// moved and conflicts. Each update is conditional on the row's state, and
+// the partial unique index keeps one signer per live state.
+func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+	err := s.inTx(ctx, "apply signer changes", func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1 WHERE id = 1 AND version = $1`, expect)
+		if err != nil {
+			return wrap("apply signer changes: version", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("postgres: apply signer changes: verifier set version is no longer %d: %w", expect, store.ErrConflict)
+		}
+		for _, c := range changes {
+			if err := applySignerChange(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return expect + 1, nil
+}
+
+func applySignerChange(ctx context.Context, tx pgx.Tx, c store.SignerChange) error {
+	t := c.To
+	if c.From == "" {
+		_, err := tx.Exec(ctx, `INSERT INTO signers (`+signerColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			t.VersionID, t.PublicKey, t.KeyRef, t.State, timeArg(t.PublishedAt), timeArg(t.EffectiveAt),
+			timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.Previous)
+		if err != nil {
+			return wrap("insert signer "+t.VersionID, err)
+		}
+		return nil
+	}
+	// Only the lifecycle fields change; the key and its reference never do.
+	tag, err := tx.Exec(ctx, `UPDATE signers SET state = $1, effective_at = $2, grace_until = $3, retires_at = $4, ended_at = $5
+		WHERE version_id = $6 AND state = $7`,
+		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.VersionID, c.From)
+	if err != nil {
+		return wrap("update signer "+t.VersionID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("postgres: update signer %s: not in state %s: %w", t.VersionID, c.From, store.ErrConflict)
+	}
+	return nil
+}
+
+func scanSigner(row pgx.Row) (store.Signer, error) {
+	var (
+		sg                                    store.Signer
+		published, eff, grace, retires, ended *int64
+	)
+	if err := row.Scan(&sg.VersionID, &sg.PublicKey, &sg.KeyRef, &sg.State, &published, &eff, &grace, &retires, &ended, &sg.Previous); err != nil {
+		return store.Signer{}, err
+	}
+	sg.PublishedAt, sg.EffectiveAt, sg.GraceUntil, sg.RetiresAt, sg.EndedAt = timeCol(published), timeCol(eff), timeCol(grace), timeCol(retires), timeCol(ended)
+	return sg, nil
+}

@@ -1,0 +1,58 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Signer states, as package signer names them.
+const (
+	SignerStaged  = "staged"
+	SignerActive  = "active"
+	SignerGrace   = "grace"
+	SignerRetired = "retired"
+	SignerRevoked = "revoked"
+)
+
+// Signer is one version of the authority's task-signing key. KeyRef is what
+// the signer custody keeps for the private key (for sealed custody, the key
+// encrypted under the signer purpose); the store never sees the key in
+// clear.
+type Signer struct {
+	VersionID   string
+	PublicKey   []byte
+	KeyRef      []byte
+	State       string
+	PublishedAt time.Time
+	EffectiveAt time.Time
+	GraceUntil  time.Time
+	RetiresAt   time.Time
+	EndedAt     time.Time
+	Previous    string
+}
+
+// SignerChange is one conditional write of a lifecycle step: insert To
+// when From is empty, else update the row of To.VersionID to To only where
+// it is still in state From.
+type SignerChange struct {
+	From string
+	To   Signer
+}
+
+// SignerStore keeps the signers and the verifier set's version. Safe for
+// concurrent use.
+type SignerStore interface {
+	// ListSigners returns every signer, oldest published first (ties by
+	// version ID), and the verifier set version: the number of change sets
+	// applied so far (0 before the first signer).
+	ListSigners(ctx context.Context) ([]Signer, int64, error)
+	// ApplySignerChanges writes changes in one transaction, in order, and
+	// advances the verifier set version from expectVersion to
+	// expectVersion+1, which it returns. ErrConflict, and nothing written,
+	// if the version is no longer expectVersion (another change won), if
+	// an updated row is not in its From state, if an inserted version ID
+	// exists, or if a write would leave two signers staged, active or in
+	// grace (a partial unique index). Of several change sets computed from
+	// one version, across processes, exactly one succeeds.
+	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange) (int64, error)
+}

@@ -1,0 +1,104 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const signerColumns = `version_id, public_key, key_ref, state, published_at, effective_at, grace_until, retires_at, ended_at, previous`
+
+// ListSigners returns every signer, oldest published first, and the
+// verifier set version, read in one snapshot.
+func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
+	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, 0, wrap("list signers", err)
+	}
+	defer tx.Rollback()
+	var version int64
+	if err := tx.QueryRowContext(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
+		return nil, 0, wrap("list signers: version", err)
+	}
+	rows, err := tx.QueryContext(ctx, `SELECT `+signerColumns+` FROM signers ORDER BY published_at, version_id`)
+	if err != nil {
+		return nil, 0, wrap("list signers", err)
+	}
+	defer rows.Close()
+	var out []store.Signer
+	for rows.Next() {
+		sg, err := scanSigner(rows)
+		if err != nil {
+			return nil, 0, wrap("list signers", err)
+		}
+		out = append(out, sg)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, 0, wrap("list signers", err)
+	}
+	return out, version, nil
+}
+
+// ApplySignerChanges writes a lifecycle step (see store.SignerStore). The
+// writer runs one transaction at a time, here and through the file lock in
+// any other process, and the version check is inside it, so of two steps
+// from one version the second conflicts.
+func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1 WHERE id = 1 AND version = ?`, expect)
+		if err != nil {
+			return wrap("apply signer changes: version", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("sqlite: apply signer changes: verifier set version is no longer %d: %w", expect, store.ErrConflict)
+		}
+		for _, c := range changes {
+			if err := applySignerChange(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	return expect + 1, nil
+}
+
+func applySignerChange(ctx context.Context, tx *writeTx, c store.SignerChange) error {
+	t := c.To
+	if c.From == "" {
+		_, err := tx.ExecContext(ctx, `INSERT INTO signers (`+signerColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			t.VersionID, t.PublicKey, t.KeyRef, t.State, timeArg(t.PublishedAt), timeArg(t.EffectiveAt),
+			timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.Previous)
+		if err != nil {
+			return wrap("insert signer "+t.VersionID, err)
+		}
+		return nil
+	}
+	// Only the lifecycle fields change; the key and its reference never do.
+	res, err := tx.ExecContext(ctx, `UPDATE signers SET state = ?, effective_at = ?, grace_until = ?, retires_at = ?, ended_at = ?
+		WHERE version_id = ? AND state = ?`,
+		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.VersionID, c.From)
+	if err != nil {
+		return wrap("update signer "+t.VersionID, err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("sqlite: update signer %s: not in state %s: %w", t.VersionID, c.From, store.ErrConflict)
+	}
+	return nil
+}
+
+func scanSigner(row scanner) (store.Signer, error) {
+	var (
+		sg                                    store.Signer
+		published, eff, grace, retires, ended sql.NullInt64
+	)
+	if err := row.Scan(&sg.VersionID, &sg.PublicKey, &sg.KeyRef, &sg.State, &published, &eff, &grace, &retires, &ended, &sg.Previous); err != nil {
+		return store.Signer{}, err
+	}
+	sg.PublishedAt, sg.EffectiveAt, sg.GraceUntil, sg.RetiresAt, sg.EndedAt = timeCol(published), timeCol(eff), timeCol(grace), timeCol(retires), timeCol(ended)
+	return sg, nil
+}

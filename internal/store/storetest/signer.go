@@ -1,0 +1,185 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func signerRow(id, state string, published time.Duration) store.Signer {
+	return store.Signer{
+		VersionID: id, PublicKey: []byte("pub-" + id), KeyRef: []byte("sealed-" + id), State: state,
+		PublishedAt: at(published), EffectiveAt: at(published + time.Hour),
+	}
+}
+
+func insert(s store.Signer) store.SignerChange { return store.SignerChange{To: s} }
+
+func move(s store.Signer, from, to string) store.SignerChange {
+	s.State = from
+	c := store.SignerChange{From: from, To: s}
+	c.To.State = to
+	return c
+}
+
+// signerStates lists signers as id=state, failing if a live state repeats.
+func signerStates(t *testing.T, ctx context.Context, s store.Store) (map[string]string, int64) {
+	t.Helper()
+	rows, v, err := s.ListSigners(ctx)
+	mustNil(t, "ListSigners", err)
+	m, live := map[string]string{}, map[string]int{}
+	for _, r := range rows {
+		m[r.VersionID] = r.State
+		if live[r.State]++; r.State != store.SignerRetired && r.State != store.SignerRevoked && live[r.State] > 1 {
+			t.Fatalf("two signers %s: %v", r.State, m)
+		}
+	}
+	return m, v
+}
+
+func signerCases() []testCase {
+	return []testCase{
+		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
+			rows, v, err := s.ListSigners(ctx)
+			mustNil(t, "ListSigners", err)
+			if len(rows) != 0 || v != 0 {
+				t.Fatalf("ListSigners = %v, %d; want none at version 0", rows, v)
+			}
+		}},
+		{"insert and read back every field", func(t *testing.T, ctx context.Context, s store.Store) {
+			a := signerRow("v1", store.SignerActive, 0)
+			b := signerRow("v2", store.SignerStaged, time.Minute)
+			b.GraceUntil, b.Previous = at(25*time.Hour), "v1"
+			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			mustNil(t, "create", err)
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)})
+			mustNil(t, "stage", err)
+			rows, got, err := s.ListSigners(ctx)
+			mustNil(t, "ListSigners", err)
+			if got != 2 || v != 2 {
+				t.Errorf("version = %d (returned %d), want 2", got, v)
+			}
+			if diff := cmp.Diff([]store.Signer{a, b}, rows, cmpOpts); diff != "" {
+				t.Errorf("ListSigners (-want +got):\n%s", diff)
+			}
+		}},
+		{"a full rotation, each step conditional", func(t *testing.T, ctx context.Context, s store.Store) {
+			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
+			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			mustNil(t, "create", err)
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)})
+			mustNil(t, "stage", err)
+			demote := move(a, store.SignerActive, store.SignerGrace)
+			demote.To.RetiresAt = at(25 * time.Hour)
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{demote, move(b, store.SignerStaged, store.SignerActive)})
+			mustNil(t, "activate", err)
+			retire := move(demote.To, store.SignerGrace, store.SignerRetired)
+			retire.To.EndedAt = at(26 * time.Hour)
+			_, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{retire})
+			mustNil(t, "retire", err)
+			m, got := signerStates(t, ctx, s)
+			if diff := cmp.Diff(map[string]string{"v1": store.SignerRetired, "v2": store.SignerActive}, m); diff != "" || got != 4 {
+				t.Errorf("after rotation, version %d:\n%s", got, diff)
+			}
+			rows, _, _ := s.ListSigners(ctx)
+			if !rows[0].EndedAt.Equal(at(26*time.Hour)) || !rows[0].RetiresAt.Equal(at(25*time.Hour)) {
+				t.Errorf("retired row = %+v", rows[0])
+			}
+		}},
+		{"refusals write nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			a := signerRow("v1", store.SignerActive, 0)
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			mustNil(t, "create", err)
+			for name, tc := range map[string]struct {
+				version int64
+				changes []store.SignerChange
+			}{
+				"stale version":            {0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}},
+				"future version":           {5, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}},
+				"row not in from state":    {1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0)), move(a, store.SignerGrace, store.SignerRetired)}},
+				"unknown row":              {1, []store.SignerChange{move(signerRow("v9", "", 0), store.SignerStaged, store.SignerActive)}},
+				"second active":            {1, []store.SignerChange{insert(signerRow("v2", store.SignerActive, 0))}},
+				"duplicate version ID":     {1, []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))}},
+				"activate before demoting": {1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0)), move(signerRow("v2", "", 0), store.SignerStaged, store.SignerActive)}},
+			} {
+				_, err := s.ApplySignerChanges(ctx, tc.version, tc.changes)
+				if !errors.Is(err, store.ErrConflict) {
+					t.Errorf("%s: %v, want ErrConflict", name, err)
+				}
+				m, v := signerStates(t, ctx, s)
+				if diff := cmp.Diff(map[string]string{"v1": store.SignerActive}, m); diff != "" || v != 1 {
+					t.Fatalf("%s wrote something: version %d\n%s", name, v, diff)
+				}
+			}
+		}},
+		{"concurrent first signers: exactly one is created", func(t *testing.T, ctx context.Context, s store.Store) {
+			const n = 8
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					_, errs[i] = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", i), store.SignerActive, 0))})
+				})
+			}
+			wg.Wait()
+			wins := 0
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					wins++
+				case !errors.Is(err, store.ErrConflict):
+					t.Errorf("replica %d: %v, want ErrConflict", i, err)
+				}
+			}
+			m, v := signerStates(t, ctx, s)
+			if wins != 1 || len(m) != 1 || v != 1 {
+				t.Fatalf("%d creations won, signers %v at version %d; want exactly one", wins, m, v)
+			}
+		}},
+		{"concurrent changes from one version: exactly one applies", func(t *testing.T, ctx context.Context, s store.Store) {
+			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			mustNil(t, "create", err)
+			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{insert(b)})
+			mustNil(t, "stage", err)
+			// Half activate the staged signer, half discard it (a rollback):
+			// whichever commits first, the others find the version moved.
+			activate := []store.SignerChange{move(a, store.SignerActive, store.SignerGrace), move(b, store.SignerStaged, store.SignerActive)}
+			discard := []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}
+			const n = 8
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				changes := activate
+				if i%2 == 1 {
+					changes = discard
+				}
+				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, v, changes) })
+			}
+			wg.Wait()
+			wins := 0
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					wins++
+				case !errors.Is(err, store.ErrConflict):
+					t.Errorf("change %d: %v, want ErrConflict", i, err)
+				}
+			}
+			m, got := signerStates(t, ctx, s)
+			if wins != 1 || got != 3 {
+				t.Fatalf("%d changes won, version %d, signers %v; want exactly one", wins, got, m)
+			}
+			if m["v2"] != store.SignerActive && m["v2"] != store.SignerRetired {
+				t.Fatalf("signers %v", m)
+			}
+		}},
+	}
+}
