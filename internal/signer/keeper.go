@@ -1,0 +1,329 @@
+package signer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Store is the part of the store the keeper needs.
+type Store interface {
+	Now(ctx context.Context) (time.Time, error)
+	ListSigners(ctx context.Context) ([]store.Signer, int64, error)
+	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
+}
+
+// Auditor records one audit event.
+type Auditor interface {
+	Record(ctx context.Context, e audit.Event) error
+}
+
+// Actor is who asks for a lifecycle step, as the audit records it.
+type Actor struct{ Name, Source, CorrelationID string }
+
+// Keeper runs the signer lifecycle against the store: it reads the
+// signers, plans a step by the table, writes it as one conditional change
+// set, and audits the outcome as node_task_signer.<action>. Times are the
+// store's clock, so every replica decides alike. Safe for concurrent use;
+// of two replicas taking the same step, one writes and the other gets
+// store.ErrConflict.
+type Keeper struct {
+	st          Store
+	custody     Custody
+	audit       Auditor
+	authorityID string
+	minLead     time.Duration
+}
+
+// NewKeeper returns a keeper. minLead <= 0 means DefaultMinLeadTime.
+func NewKeeper(st Store, custody Custody, a Auditor, authorityID string, minLead time.Duration) *Keeper {
+	if minLead <= 0 {
+		minLead = DefaultMinLeadTime
+	}
+	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: minLead}
+}
+
+// MinLeadTime is signer.min_lead_time.
+func (k *Keeper) MinLeadTime() time.Duration { return k.minLead }
+
+// Snapshot is the signers, the verifier set version and the store clock,
+// read together.
+type Snapshot struct {
+	Signers []Signer
+	refs    map[string][]byte
+	Version int64
+	Now     time.Time
+}
+
+// Load reads the signers.
+func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
+	now, err := k.st.Now(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	rows, version, err := k.st.ListSigners(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	snap := Snapshot{Version: version, Now: now, refs: map[string][]byte{}}
+	for _, r := range rows {
+		snap.Signers = append(snap.Signers, fromRow(r))
+		snap.refs[r.VersionID] = r.KeyRef
+	}
+	return snap, nil
+}
+
+func fromRow(r store.Signer) Signer {
+	return Signer{VersionID: r.VersionID, PublicKey: r.PublicKey, State: State(r.State), PublishedAt: r.PublishedAt,
+		EffectiveAt: r.EffectiveAt, GraceUntil: r.GraceUntil, RetiresAt: r.RetiresAt, EndedAt: r.EndedAt, Previous: r.Previous}
+}
+
+func toRow(s Signer, ref []byte) store.Signer {
+	return store.Signer{VersionID: s.VersionID, PublicKey: s.PublicKey, KeyRef: ref, State: string(s.State), PublishedAt: s.PublishedAt,
+		EffectiveAt: s.EffectiveAt, GraceUntil: s.GraceUntil, RetiresAt: s.RetiresAt, EndedAt: s.EndedAt, Previous: s.Previous}
+}
+
+// Result is one applied step: the changes written and the set version
+// they made.
+type Result struct {
+	Changes []Change
+	Version int64
+}
+
+// apply writes a plan read from snap. ref is the new signer's key
+// reference for a plan that inserts one.
+func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref []byte) (Result, error) {
+	rows := make([]store.SignerChange, len(changes))
+	for i, c := range changes {
+		r := snap.refs[c.To.VersionID]
+		if c.From == none {
+			r = ref
+		}
+		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r)}
+	}
+	v, err := k.st.ApplySignerChanges(ctx, snap.Version, rows)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Changes: changes, Version: v}, nil
+}
+
+// record audits a step's outcome: the acting signer version as the target,
+// and in the reason the previous version and the times, or the refusal.
+func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, err error) {
+	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(a), Result: audit.ResultOK,
+		Source: who.Source, CorrelationID: who.CorrelationID}
+	if err != nil {
+		e.Result = audit.ResultDenied
+		if errors.Is(err, store.ErrConflict) || !isRule(err) {
+			e.Result = audit.ResultError
+		}
+		e.Reason = err.Error()
+	} else {
+		var parts []string
+		for _, c := range res.Changes {
+			if e.Target == "" && (c.Action == a || (a == ActCreate && c.Action == ActCreate)) {
+				e.Target = c.To.VersionID
+			}
+			parts = append(parts, describe(c))
+		}
+		e.Reason = fmt.Sprintf("verifier set version %d: %s", res.Version, strings.Join(parts, "; "))
+	}
+	_ = k.audit.Record(context.WithoutCancel(ctx), e)
+}
+
+// describe states one change for the audit: version, states, previous
+// version and times.
+func describe(c Change) string {
+	from := string(c.From)
+	if from == "" {
+		from = "new"
+	}
+	s := fmt.Sprintf("%s %s->%s", c.To.VersionID, from, c.To.State)
+	if c.To.Previous != "" {
+		s += " previous=" + c.To.Previous
+	}
+	for _, t := range []struct {
+		name string
+		at   time.Time
+	}{{"effective_at", c.To.EffectiveAt}, {"grace_until", c.To.GraceUntil}, {"retires_at", c.To.RetiresAt}, {"ended_at", c.To.EndedAt}} {
+		if !t.at.IsZero() {
+			s += " " + t.name + "=" + t.at.UTC().Format(time.RFC3339)
+		}
+	}
+	return s
+}
+
+// isRule reports whether err is a refusal by the lifecycle's rules (as
+// opposed to a failure of the store or the custody).
+func isRule(err error) bool {
+	var ie *IllegalError
+	var te *TimesError
+	for _, e := range []error{ErrExists, ErrNoActive, ErrStagedExists, ErrNotFound, ErrNoStaged, ErrNoSuccessor, ErrNoRotation, ErrRollbackClosed, ErrNotDue, ErrMalformedVersionID} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return errors.As(err, &ie) || errors.As(err, &te)
+}
+
+// EnsureFirst creates the first signer, active, if there is none: at init,
+// and at every authority start so that an upgraded authority gets one.
+// Replicas starting together create one between them: the losers find it
+// made and return created false.
+func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return false, err
+	}
+	if len(snap.Signers) > 0 {
+		return false, nil
+	}
+	id := NextVersionID(snap.Signers)
+	key, err := k.custody.Generate(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	changes, err := PlanCreate(snap.Signers, id, key.Public, snap.Now)
+	if err != nil {
+		return false, err
+	}
+	res, err := k.apply(ctx, snap, changes, key.Ref)
+	if errors.Is(err, store.ErrConflict) {
+		// Another replica created it first.
+		return false, nil
+	}
+	k.record(ctx, who, ActCreate, res, err)
+	return err == nil, err
+}
+
+// Stage publishes a new signer, effective effectiveIn from now (at least
+// the lead time), keeping the active one accepted for grace after that.
+func (k *Keeper) Stage(ctx context.Context, who Actor, effectiveIn, grace time.Duration) (Result, error) {
+	res, err := k.stage(ctx, effectiveIn, grace)
+	k.record(ctx, who, ActStage, res, err)
+	return res, err
+}
+
+func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (Result, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	if grace <= 0 {
+		return Result{}, &TimesError{Reason: "grace must be positive"}
+	}
+	id := NextVersionID(snap.Signers)
+	eff := snap.Now.Add(effectiveIn)
+	// Check the rules before custody makes a key that would be thrown away.
+	if _, err := PlanStage(snap.Signers, id, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
+		return Result{}, err
+	}
+	key, err := k.custody.Generate(ctx, id)
+	if err != nil {
+		return Result{}, err
+	}
+	changes, err := PlanStage(snap.Signers, id, key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
+	if err != nil {
+		return Result{}, err
+	}
+	return k.apply(ctx, snap, changes, key.Ref)
+}
+
+// step reads the signers, plans with plan and writes the result.
+func (k *Keeper) step(ctx context.Context, who Actor, a Action, plan func(Snapshot) ([]Change, error)) (Result, error) {
+	res, err := func() (Result, error) {
+		snap, err := k.Load(ctx)
+		if err != nil {
+			return Result{}, err
+		}
+		changes, err := plan(snap)
+		if err != nil {
+			return Result{}, err
+		}
+		return k.apply(ctx, snap, changes, nil)
+	}()
+	k.record(ctx, who, a, res, err)
+	return res, err
+}
+
+// Activate makes the staged signer active now.
+func (k *Keeper) Activate(ctx context.Context, who Actor) (Result, error) {
+	return k.step(ctx, who, ActActivate, func(s Snapshot) ([]Change, error) { return PlanActivate(s.Signers, ByCommand, s.Now) })
+}
+
+// Retire retires the signer in grace now.
+func (k *Keeper) Retire(ctx context.Context, who Actor) (Result, error) {
+	return k.step(ctx, who, ActRetire, func(s Snapshot) ([]Change, error) { return PlanRetire(s.Signers, ByCommand, s.Now) })
+}
+
+// Revoke revokes one signer now.
+func (k *Keeper) Revoke(ctx context.Context, who Actor, versionID string) (Result, error) {
+	return k.step(ctx, who, ActRevoke, func(s Snapshot) ([]Change, error) { return PlanRevoke(s.Signers, versionID, s.Now) })
+}
+
+// Rollback undoes the rotation in progress (PlanRollback).
+func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
+	return k.step(ctx, who, ActRollback, func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
+}
+
+// Tick takes the step the clock has made due, if any: the leader's job.
+// It returns a zero Result when nothing was due, or when another replica
+// took the step first.
+func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	changes, err := Due(snap.Signers, snap.Now)
+	if err != nil || len(changes) == 0 {
+		return Result{}, err
+	}
+	a := changes[len(changes)-1].Action
+	res, err := k.apply(ctx, snap, changes, nil)
+	if errors.Is(err, store.ErrConflict) {
+		return Result{}, nil
+	}
+	k.record(ctx, who, a, res, err)
+	return res, err
+}
+
+// signWith signs msg with one signer version through custody.
+func (k *Keeper) signWith(ctx context.Context, snap Snapshot, s Signer, msg []byte) ([]byte, error) {
+	return k.custody.Sign(ctx, s.VersionID, s.PublicKey, snap.refs[s.VersionID], msg)
+}
+
+// ActiveSigner returns the active signer's version ID and a function that
+// signs with it.
+func (k *Keeper) ActiveSigner(ctx context.Context) (string, func([]byte) ([]byte, error), error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	active, ok := ActiveOf(snap.Signers)
+	if !ok {
+		return "", nil, ErrNoActive
+	}
+	return active.VersionID, func(msg []byte) ([]byte, error) { return k.signWith(ctx, snap, active, msg) }, nil
+}
+
+// VerifierSet returns the current verifier set, signed by the active
+// signer.
+func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	active, ok := ActiveOf(snap.Signers)
+	if !ok {
+		return nil, ErrNoActive
+	}
+	return NewVerifierSet(k.authorityID, snap.Version, snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
+		return k.signWith(ctx, snap, active, msg)
+	})
+}

@@ -1,0 +1,146 @@
+package signer
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+)
+
+type auditLog struct {
+	mu     sync.Mutex
+	events []audit.Event
+}
+
+func (a *auditLog) Record(_ context.Context, e audit.Event) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.events = append(a.events, e)
+	return nil
+}
+
+// clockStore moves the store's clock by an offset, so a test can step
+// through effective and grace times.
+type clockStore struct {
+	store.Store
+	offset time.Duration
+}
+
+func (c *clockStore) Now(ctx context.Context) (time.Time, error) {
+	now, err := c.Store.Now(ctx)
+	return now.Add(c.offset), err
+}
+
+func newKeeper(t *testing.T) (*Keeper, *clockStore, *auditLog) {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	custody, _ := NewSealed(seal.StorageKey{3})
+	cs := &clockStore{Store: st}
+	log := &auditLog{}
+	return NewKeeper(cs, custody, log, "prod-a3f2e1", 0), cs, log
+}
+
+func TestKeeperLifecycle(t *testing.T) {
+	ctx := t.Context()
+	k, clock, log := newKeeper(t)
+	who := Actor{Name: "spiffe://td/admin/ops", CorrelationID: "c-1"}
+
+	// Replicas starting together create one first signer.
+	var wg sync.WaitGroup
+	created := make([]bool, 4)
+	for i := range created {
+		wg.Go(func() {
+			var err error
+			if created[i], err = k.EnsureFirst(ctx, Actor{Name: "authority"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	n := 0
+	for _, c := range created {
+		if c {
+			n++
+		}
+	}
+	snap, _ := k.Load(ctx)
+	if n != 1 || len(snap.Signers) != 1 || snap.Signers[0].State != Active {
+		t.Fatalf("%d creations, signers %+v", n, snap.Signers)
+	}
+
+	if _, err := k.Stage(ctx, who, time.Minute, time.Hour); !isRule(err) {
+		t.Fatalf("stage inside lead time: %v", err)
+	}
+	res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := k.VerifierSet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := ParseVerifierSet(raw)
+	if err != nil || set.Version != res.Version || len(set.Keys) != 2 {
+		t.Fatalf("verifier set %+v, %v", set, err)
+	}
+
+	// Nothing due until the effective time; then the clock activates.
+	if r, err := k.Tick(ctx, Actor{Name: "authority"}); err != nil || r.Changes != nil {
+		t.Fatalf("tick before effect: %+v %v", r, err)
+	}
+	clock.offset = time.Hour + time.Second
+	if r, err := k.Tick(ctx, Actor{Name: "authority"}); err != nil || len(r.Changes) != 2 {
+		t.Fatalf("tick at effect: %+v %v", r, err)
+	}
+	id, sign, err := k.ActiveSigner(ctx)
+	if err != nil || id != "v2" {
+		t.Fatalf("active %s %v", id, err)
+	}
+	if _, err := sign([]byte("task")); err != nil {
+		t.Fatal(err)
+	}
+	// Roll back inside grace: v1 signs again, v2 is staged again.
+	if _, err := k.Rollback(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if id, _, _ := k.ActiveSigner(ctx); id != "v1" {
+		t.Fatalf("active after rollback = %s", id)
+	}
+	if _, err := k.Revoke(ctx, who, "v9"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("revoke unknown: %v", err)
+	}
+	if _, err := k.Activate(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Retire(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+
+	var actions []string
+	for _, e := range log.events {
+		actions = append(actions, e.Action+"="+e.Result)
+		if e.Result == audit.ResultOK && !strings.Contains(e.Reason, "verifier set version") {
+			t.Errorf("audit reason %q lacks the set version", e.Reason)
+		}
+	}
+	want := "node_task_signer.create=ok node_task_signer.stage=denied node_task_signer.stage=ok node_task_signer.activate=ok " +
+		"node_task_signer.rollback=ok node_task_signer.revoke=denied node_task_signer.activate=ok node_task_signer.retire=ok"
+	if got := strings.Join(actions, " "); got != want {
+		t.Fatalf("audit:\n got %s\nwant %s", got, want)
+	}
+	if e := log.events[2]; e.Target != "v2" || e.CorrelationID != "c-1" || !strings.Contains(e.Reason, "previous=v1") || !strings.Contains(e.Reason, "grace_until=") {
+		t.Fatalf("stage audit = %+v", e)
+	}
+}
