@@ -46,6 +46,7 @@ func (s *Server) backgroundJobs(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.audit.Run(gctx) })
 	g.Go(func() error { return s.cleanTokens(gctx) })
+	g.Go(func() error { return s.signerClock(gctx) })
 	if s.discovery != nil {
 		g.Go(func() error { return s.discovery.registerLoop(gctx) })
 		g.Go(func() error { return s.discovery.reportLoop(gctx) })

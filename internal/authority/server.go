@@ -38,6 +38,7 @@ import (
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -77,6 +78,10 @@ type Config struct {
 	// address the API is reachable at and the bound metrics address (""
 	// without one).
 	Ready func(apiAddr, metricsAddr string)
+
+	// SignerMinLeadTime is signer.min_lead_time: how far ahead a staged
+	// signer must become effective (0: signer.DefaultMinLeadTime).
+	SignerMinLeadTime time.Duration
 }
 
 // Server is a running authority.
@@ -91,6 +96,7 @@ type Server struct {
 	enroll   *enroll.Service
 	limiter  *ratelimit.Keyed
 	tokens   *seal.Sealer
+	signers  *signer.Keeper
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time
@@ -134,6 +140,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	custody, err := signer.NewSealed(cfg.StorageKey)
+	if err != nil {
+		return nil, err
+	}
+	s.signers = signer.NewKeeper(cfg.Store, custody, cfg.Audit, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
 	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
 		return nil, errors.New("authority: bootstrap.psk_required false needs referral tickets: configure a discovery service")
 	}
@@ -348,6 +359,9 @@ func (s *Server) Run(ctx context.Context) error {
 
 	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {
 		return fmt.Errorf("authority: recording the address in %s: %w", s.cfg.Dir, err)
+	}
+	if err := s.ensureSigner(ctx); err != nil {
+		return err
 	}
 	if _, err := s.audit.Record(ctx, audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
 		Result: audit.ResultOK, Reason: "listening on " + lis.Addr().String() + ", advertising " + advertise}); err != nil {

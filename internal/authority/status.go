@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -51,6 +52,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return status.Error(codes.InvalidArgument, ia.msg)
 	case errors.Is(err, ca.ErrBadCSR), errors.Is(err, ca.ErrKeyType), errors.Is(err, spiffeid.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.As(err, new(*signer.TimesError)):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, signer.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case signer.IsRule(err):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrNotFound):
 		return status.Error(codes.NotFound, "not found")
 	case errors.Is(err, store.ErrConflict):

@@ -59,6 +59,9 @@ type authorityConfig struct {
 		Format string `yaml:"format"`
 		Level  string `yaml:"level"`
 	} `yaml:"log"`
+	Signer struct {
+		MinLeadTime string `yaml:"min_lead_time"`
+	} `yaml:"signer"`
 }
 
 func loadAuthorityConfig(path string) (authorityConfig, error) {
@@ -107,6 +110,9 @@ type authorityOptions struct {
 	logFormat       string
 	logLevel        string
 	ready           func(addr, metricsAddr string)
+
+	// signerMinLead is signer.min_lead_time; 0 means the default.
+	signerMinLead time.Duration
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
@@ -152,6 +158,9 @@ flags override it.`,
 			pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
 			if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
 				o.pskRequired = *cfg.Bootstrap.PSKRequired
+			}
+			if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
+				return fmt.Errorf("authority: %w", err)
 			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
@@ -280,6 +289,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: Version, Log: log, Ready: o.ready,
+		SignerMinLeadTime: o.signerMinLead,
 	}, m)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

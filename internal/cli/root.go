@@ -72,6 +72,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newLockCmd(env),
 		newTokenCmd(env),
 		newPSKCmd(env),
+		newSignerCmd(env),
 		newAgentsCmd(env),
 		newAgentCmd(env),
 		newStatusCmd(env),

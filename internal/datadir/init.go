@@ -23,6 +23,7 @@ import (
 	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/psk"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -210,6 +211,16 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		if _, err := logger.Record(ctx, e); err != nil {
 			return InitResult{}, err
 		}
+	}
+	// The first task signer, active at once (DESIGN.md: muster init
+	// creates it); authorities started on an older data directory create
+	// it at start instead.
+	custody, err := signer.NewSealed(sk)
+	if err != nil {
+		return InitResult{}, err
+	}
+	if _, err := signer.NewKeeper(st, custody, logger, info.AuthorityID, 0).EnsureFirst(ctx, signer.Actor{Name: "muster init"}); err != nil {
+		return InitResult{}, err
 	}
 	if _, err := logger.Checkpoint(ctx); err != nil {
 		return InitResult{}, err

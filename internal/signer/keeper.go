@@ -18,9 +18,9 @@ type Store interface {
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
 }
 
-// Auditor records one audit event.
+// Auditor records one audit event; *audit.Logger is one.
 type Auditor interface {
-	Record(ctx context.Context, e audit.Event) error
+	Record(ctx context.Context, e audit.Event) (store.AuditRecord, error)
 }
 
 // Actor is who asks for a lifecycle step, as the audit records it.
@@ -120,7 +120,7 @@ func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, er
 		Source: who.Source, CorrelationID: who.CorrelationID}
 	if err != nil {
 		e.Result = audit.ResultDenied
-		if errors.Is(err, store.ErrConflict) || !isRule(err) {
+		if errors.Is(err, store.ErrConflict) || !IsRule(err) {
 			e.Result = audit.ResultError
 		}
 		e.Reason = err.Error()
@@ -134,7 +134,9 @@ func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, er
 		}
 		e.Reason = fmt.Sprintf("verifier set version %d: %s", res.Version, strings.Join(parts, "; "))
 	}
-	_ = k.audit.Record(context.WithoutCancel(ctx), e)
+	// A failed audit write does not undo a committed step; the store
+	// keeps the step and the next audit write reports the log's trouble.
+	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
 }
 
 // describe states one change for the audit: version, states, previous
@@ -159,9 +161,10 @@ func describe(c Change) string {
 	return s
 }
 
-// isRule reports whether err is a refusal by the lifecycle's rules (as
-// opposed to a failure of the store or the custody).
-func isRule(err error) bool {
+// IsRule reports whether err is a refusal by the lifecycle's rules (as
+// opposed to a failure of the store or the custody): the operator can act
+// on its message.
+func IsRule(err error) bool {
 	var ie *IllegalError
 	var te *TimesError
 	for _, e := range []error{ErrExists, ErrNoActive, ErrStagedExists, ErrNotFound, ErrNoStaged, ErrNoSuccessor, ErrNoRotation, ErrRollbackClosed, ErrNotDue, ErrMalformedVersionID} {

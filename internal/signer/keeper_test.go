@@ -20,11 +20,11 @@ type auditLog struct {
 	events []audit.Event
 }
 
-func (a *auditLog) Record(_ context.Context, e audit.Event) error {
+func (a *auditLog) Record(_ context.Context, e audit.Event) (store.AuditRecord, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.events = append(a.events, e)
-	return nil
+	return store.AuditRecord{}, nil
 }
 
 // clockStore moves the store's clock by an offset, so a test can step
@@ -80,7 +80,7 @@ func TestKeeperLifecycle(t *testing.T) {
 		t.Fatalf("%d creations, signers %+v", n, snap.Signers)
 	}
 
-	if _, err := k.Stage(ctx, who, time.Minute, time.Hour); !isRule(err) {
+	if _, err := k.Stage(ctx, who, time.Minute, time.Hour); !IsRule(err) {
 		t.Fatalf("stage inside lead time: %v", err)
 	}
 	res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)

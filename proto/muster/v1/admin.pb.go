@@ -2584,7 +2584,7 @@ var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\"\x12\n" +
 	"\x10GetStatusRequest\"\x94\x02\n" +
 	"\x11GetStatusResponse\x12!\n" +
 	"\fauthority_id\x18\x01 \x01(\tR\vauthorityId\x12!\n" +
@@ -2791,8 +2791,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
-	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\x80\n" +
-	"\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xe9\r\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -2812,7 +2811,13 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\bGetAgent\x12\x1a.muster.v1.GetAgentRequest\x1a\x1b.muster.v1.GetAgentResponse\x12L\n" +
 	"\vDeleteAgent\x12\x1d.muster.v1.DeleteAgentRequest\x1a\x1e.muster.v1.DeleteAgentResponse\x12@\n" +
 	"\aGetPSKs\x12\x19.muster.v1.GetPSKsRequest\x1a\x1a.muster.v1.GetPSKsResponse\x12F\n" +
-	"\tRotatePSK\x12\x1b.muster.v1.RotatePSKRequest\x1a\x1c.muster.v1.RotatePSKResponse\x12F\n" +
+	"\tRotatePSK\x12\x1b.muster.v1.RotatePSKRequest\x1a\x1c.muster.v1.RotatePSKResponse\x12L\n" +
+	"\vListSigners\x12\x1d.muster.v1.ListSignersRequest\x1a\x1e.muster.v1.ListSignersResponse\x12M\n" +
+	"\vStageSigner\x12\x1d.muster.v1.StageSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12S\n" +
+	"\x0eActivateSigner\x12 .muster.v1.ActivateSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
+	"\fRetireSigner\x12\x1e.muster.v1.RetireSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
+	"\fRevokeSigner\x12\x1e.muster.v1.RevokeSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12S\n" +
+	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -2876,6 +2881,14 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	nil,                           // 43: muster.v1.CreateTokenRequest.LabelsEntry
 	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
+	(*ListSignersRequest)(nil),    // 46: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),    // 47: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil), // 48: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),   // 49: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),   // 50: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil), // 51: muster.v1.RollbackSignerRequest
+	(*ListSignersResponse)(nil),   // 52: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 53: muster.v1.SignerChangeResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	44, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -2935,27 +2948,39 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	35, // 54: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
 	38, // 55: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
 	40, // 56: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	15, // 57: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 58: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 59: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 60: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 61: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 62: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 63: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 64: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	21, // 65: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	23, // 66: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	25, // 67: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	27, // 68: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	32, // 69: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	34, // 70: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	36, // 71: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	39, // 72: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	41, // 73: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	16, // 74: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 75: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	59, // [59:76] is the sub-list for method output_type
-	42, // [42:59] is the sub-list for method input_type
+	46, // 57: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	47, // 58: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	48, // 59: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	49, // 60: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	50, // 61: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	51, // 62: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	15, // 63: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 64: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 65: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 66: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 67: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 68: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 69: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 70: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	21, // 71: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	23, // 72: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	25, // 73: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	27, // 74: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	32, // 75: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	34, // 76: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	36, // 77: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	39, // 78: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	41, // 79: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	52, // 80: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	53, // 81: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	53, // 82: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	53, // 83: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	53, // 84: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	53, // 85: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	16, // 86: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 87: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	65, // [65:88] is the sub-list for method output_type
+	42, // [42:65] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name
@@ -2966,6 +2991,7 @@ func file_muster_v1_admin_proto_init() {
 	if File_muster_v1_admin_proto != nil {
 		return
 	}
+	file_muster_v1_signer_proto_init()
 	file_muster_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -19,23 +19,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_GetStatus_FullMethodName     = "/muster.v1.AdminService/GetStatus"
-	AdminService_AddOperator_FullMethodName   = "/muster.v1.AdminService/AddOperator"
-	AdminService_ListOperators_FullMethodName = "/muster.v1.AdminService/ListOperators"
-	AdminService_CreateLock_FullMethodName    = "/muster.v1.AdminService/CreateLock"
-	AdminService_ListLocks_FullMethodName     = "/muster.v1.AdminService/ListLocks"
-	AdminService_DeleteLock_FullMethodName    = "/muster.v1.AdminService/DeleteLock"
-	AdminService_CreateToken_FullMethodName   = "/muster.v1.AdminService/CreateToken"
-	AdminService_ListTokens_FullMethodName    = "/muster.v1.AdminService/ListTokens"
-	AdminService_GetToken_FullMethodName      = "/muster.v1.AdminService/GetToken"
-	AdminService_DeleteToken_FullMethodName   = "/muster.v1.AdminService/DeleteToken"
-	AdminService_ListAgents_FullMethodName    = "/muster.v1.AdminService/ListAgents"
-	AdminService_GetAgent_FullMethodName      = "/muster.v1.AdminService/GetAgent"
-	AdminService_DeleteAgent_FullMethodName   = "/muster.v1.AdminService/DeleteAgent"
-	AdminService_GetPSKs_FullMethodName       = "/muster.v1.AdminService/GetPSKs"
-	AdminService_RotatePSK_FullMethodName     = "/muster.v1.AdminService/RotatePSK"
-	AdminService_ListAudit_FullMethodName     = "/muster.v1.AdminService/ListAudit"
-	AdminService_VerifyAudit_FullMethodName   = "/muster.v1.AdminService/VerifyAudit"
+	AdminService_GetStatus_FullMethodName      = "/muster.v1.AdminService/GetStatus"
+	AdminService_AddOperator_FullMethodName    = "/muster.v1.AdminService/AddOperator"
+	AdminService_ListOperators_FullMethodName  = "/muster.v1.AdminService/ListOperators"
+	AdminService_CreateLock_FullMethodName     = "/muster.v1.AdminService/CreateLock"
+	AdminService_ListLocks_FullMethodName      = "/muster.v1.AdminService/ListLocks"
+	AdminService_DeleteLock_FullMethodName     = "/muster.v1.AdminService/DeleteLock"
+	AdminService_CreateToken_FullMethodName    = "/muster.v1.AdminService/CreateToken"
+	AdminService_ListTokens_FullMethodName     = "/muster.v1.AdminService/ListTokens"
+	AdminService_GetToken_FullMethodName       = "/muster.v1.AdminService/GetToken"
+	AdminService_DeleteToken_FullMethodName    = "/muster.v1.AdminService/DeleteToken"
+	AdminService_ListAgents_FullMethodName     = "/muster.v1.AdminService/ListAgents"
+	AdminService_GetAgent_FullMethodName       = "/muster.v1.AdminService/GetAgent"
+	AdminService_DeleteAgent_FullMethodName    = "/muster.v1.AdminService/DeleteAgent"
+	AdminService_GetPSKs_FullMethodName        = "/muster.v1.AdminService/GetPSKs"
+	AdminService_RotatePSK_FullMethodName      = "/muster.v1.AdminService/RotatePSK"
+	AdminService_ListSigners_FullMethodName    = "/muster.v1.AdminService/ListSigners"
+	AdminService_StageSigner_FullMethodName    = "/muster.v1.AdminService/StageSigner"
+	AdminService_ActivateSigner_FullMethodName = "/muster.v1.AdminService/ActivateSigner"
+	AdminService_RetireSigner_FullMethodName   = "/muster.v1.AdminService/RetireSigner"
+	AdminService_RevokeSigner_FullMethodName   = "/muster.v1.AdminService/RevokeSigner"
+	AdminService_RollbackSigner_FullMethodName = "/muster.v1.AdminService/RollbackSigner"
+	AdminService_ListAudit_FullMethodName      = "/muster.v1.AdminService/ListAudit"
+	AdminService_VerifyAudit_FullMethodName    = "/muster.v1.AdminService/VerifyAudit"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -66,6 +72,14 @@ type AdminServiceClient interface {
 	// Bootstrap PSK. Reading it is audited (psk.show) like every other call.
 	GetPSKs(ctx context.Context, in *GetPSKsRequest, opts ...grpc.CallOption) (*GetPSKsResponse, error)
 	RotatePSK(ctx context.Context, in *RotatePSKRequest, opts ...grpc.CallOption) (*RotatePSKResponse, error)
+	// Task signers (signer.proto). Every step is audited as
+	// node_task_signer.<step>.
+	ListSigners(ctx context.Context, in *ListSignersRequest, opts ...grpc.CallOption) (*ListSignersResponse, error)
+	StageSigner(ctx context.Context, in *StageSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	ActivateSigner(ctx context.Context, in *ActivateSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	RetireSigner(ctx context.Context, in *RetireSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	RevokeSigner(ctx context.Context, in *RevokeSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	RollbackSigner(ctx context.Context, in *RollbackSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(ctx context.Context, in *VerifyAuditRequest, opts ...grpc.CallOption) (*VerifyAuditResponse, error)
@@ -229,6 +243,66 @@ func (c *adminServiceClient) RotatePSK(ctx context.Context, in *RotatePSKRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) ListSigners(ctx context.Context, in *ListSignersRequest, opts ...grpc.CallOption) (*ListSignersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSignersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListSigners_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) StageSigner(ctx context.Context, in *StageSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignerChangeResponse)
+	err := c.cc.Invoke(ctx, AdminService_StageSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ActivateSigner(ctx context.Context, in *ActivateSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignerChangeResponse)
+	err := c.cc.Invoke(ctx, AdminService_ActivateSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RetireSigner(ctx context.Context, in *RetireSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignerChangeResponse)
+	err := c.cc.Invoke(ctx, AdminService_RetireSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RevokeSigner(ctx context.Context, in *RevokeSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignerChangeResponse)
+	err := c.cc.Invoke(ctx, AdminService_RevokeSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RollbackSigner(ctx context.Context, in *RollbackSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignerChangeResponse)
+	err := c.cc.Invoke(ctx, AdminService_RollbackSigner_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListAuditResponse)
@@ -277,6 +351,14 @@ type AdminServiceServer interface {
 	// Bootstrap PSK. Reading it is audited (psk.show) like every other call.
 	GetPSKs(context.Context, *GetPSKsRequest) (*GetPSKsResponse, error)
 	RotatePSK(context.Context, *RotatePSKRequest) (*RotatePSKResponse, error)
+	// Task signers (signer.proto). Every step is audited as
+	// node_task_signer.<step>.
+	ListSigners(context.Context, *ListSignersRequest) (*ListSignersResponse, error)
+	StageSigner(context.Context, *StageSignerRequest) (*SignerChangeResponse, error)
+	ActivateSigner(context.Context, *ActivateSignerRequest) (*SignerChangeResponse, error)
+	RetireSigner(context.Context, *RetireSignerRequest) (*SignerChangeResponse, error)
+	RevokeSigner(context.Context, *RevokeSignerRequest) (*SignerChangeResponse, error)
+	RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error)
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(context.Context, *VerifyAuditRequest) (*VerifyAuditResponse, error)
@@ -334,6 +416,24 @@ func (UnimplementedAdminServiceServer) GetPSKs(context.Context, *GetPSKsRequest)
 }
 func (UnimplementedAdminServiceServer) RotatePSK(context.Context, *RotatePSKRequest) (*RotatePSKResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotatePSK not implemented")
+}
+func (UnimplementedAdminServiceServer) ListSigners(context.Context, *ListSignersRequest) (*ListSignersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSigners not implemented")
+}
+func (UnimplementedAdminServiceServer) StageSigner(context.Context, *StageSignerRequest) (*SignerChangeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StageSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) ActivateSigner(context.Context, *ActivateSignerRequest) (*SignerChangeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ActivateSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) RetireSigner(context.Context, *RetireSignerRequest) (*SignerChangeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetireSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) RevokeSigner(context.Context, *RevokeSignerRequest) (*SignerChangeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackSigner not implemented")
 }
 func (UnimplementedAdminServiceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
@@ -632,6 +732,114 @@ func _AdminService_RotatePSK_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListSigners_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSignersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListSigners(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListSigners_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListSigners(ctx, req.(*ListSignersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_StageSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StageSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).StageSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_StageSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).StageSigner(ctx, req.(*StageSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ActivateSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ActivateSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ActivateSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ActivateSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ActivateSigner(ctx, req.(*ActivateSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RetireSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetireSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RetireSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RetireSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RetireSigner(ctx, req.(*RetireSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RevokeSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RevokeSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RevokeSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RevokeSigner(ctx, req.(*RevokeSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RollbackSigner_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackSignerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RollbackSigner(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RollbackSigner_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RollbackSigner(ctx, req.(*RollbackSignerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListAuditRequest)
 	if err := dec(in); err != nil {
@@ -734,6 +942,30 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RotatePSK",
 			Handler:    _AdminService_RotatePSK_Handler,
+		},
+		{
+			MethodName: "ListSigners",
+			Handler:    _AdminService_ListSigners_Handler,
+		},
+		{
+			MethodName: "StageSigner",
+			Handler:    _AdminService_StageSigner_Handler,
+		},
+		{
+			MethodName: "ActivateSigner",
+			Handler:    _AdminService_ActivateSigner_Handler,
+		},
+		{
+			MethodName: "RetireSigner",
+			Handler:    _AdminService_RetireSigner_Handler,
+		},
+		{
+			MethodName: "RevokeSigner",
+			Handler:    _AdminService_RevokeSigner_Handler,
+		},
+		{
+			MethodName: "RollbackSigner",
+			Handler:    _AdminService_RollbackSigner_Handler,
 		},
 		{
 			MethodName: "ListAudit",

@@ -1,0 +1,174 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/signer"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// signerTick is how often the leader looks for a signer activation or
+// retirement that has come due: a staged signer starts signing at most
+// this late after its effective time.
+const signerTick = 5 * time.Second
+
+// ensureSigner creates the first task signer when the store has none: an
+// authority upgraded from a version without signers gets one at start.
+// Replicas starting together create one between them.
+func (s *Server) ensureSigner(ctx context.Context) error {
+	created, err := s.signers.EnsureFirst(ctx, signer.Actor{Name: "authority"})
+	if err != nil {
+		return fmt.Errorf("authority: creating the first task signer: %w", err)
+	}
+	if created {
+		s.log.Info("created the first task signer")
+	}
+	return nil
+}
+
+// signerClock is the leader's job that activates a staged signer at its
+// effective time and retires a signer in grace when its grace ends.
+func (s *Server) signerClock(ctx context.Context) error {
+	t := time.NewTicker(signerTick)
+	defer t.Stop()
+	for {
+		res, err := s.signers.Tick(ctx, signer.Actor{Name: "authority"})
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.log.Error("signer lifecycle step failed", "err", err)
+		case len(res.Changes) > 0:
+			s.log.Info("signer lifecycle step taken by the clock", "action", res.Changes[len(res.Changes)-1].Action,
+				"signer_version_id", res.Changes[len(res.Changes)-1].To.VersionID, "verifier_set_version", res.Version)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// Defaults of muster signer stage.
+const (
+	defaultSignerEffectiveIn = time.Hour
+	defaultSignerGrace       = 24 * time.Hour
+	maxSignerWindow          = 366 * 24 * time.Hour
+)
+
+func signerToProto(s signer.Signer) *musterv1.Signer {
+	return &musterv1.Signer{
+		VersionId: s.VersionID, PublicKey: signer.EncodePublicKey(s.PublicKey), State: string(s.State),
+		PublishedAt: timestampOrNil(s.PublishedAt), EffectiveAt: timestampOrNil(s.EffectiveAt),
+		GraceUntil: timestampOrNil(s.GraceUntil), RetiresAt: timestampOrNil(s.RetiresAt),
+		EndedAt: timestampOrNil(s.EndedAt), Previous: s.Previous,
+	}
+}
+
+func timestampOrNil(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+func (a *adminService) ListSigners(ctx context.Context, _ *musterv1.ListSignersRequest) (*musterv1.ListSignersResponse, error) {
+	snap, err := a.s.signers.Load(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	resp := &musterv1.ListSignersResponse{VerifierSetVersion: snap.Version, MinLeadTime: durationpb.New(a.s.signers.MinLeadTime())}
+	for _, s := range snap.Signers {
+		resp.Signers = append(resp.Signers, signerToProto(s))
+	}
+	return resp, nil
+}
+
+// actor is the caller as the signer keeper audits it.
+func actor(ctx context.Context) signer.Actor {
+	c := callerFrom(ctx)
+	return signer.Actor{Name: c.Actor(), Source: c.Source, CorrelationID: c.CorrelationID}
+}
+
+// signerStep answers a lifecycle step. The keeper has audited it; a
+// conflict means another replica or operator changed the signers between
+// this step's read and its write.
+func (a *adminService) signerStep(ctx context.Context, res signer.Result, err error) (*musterv1.SignerChangeResponse, error) {
+	if errors.Is(err, store.ErrConflict) {
+		return nil, status.Error(codes.Aborted, "the signers changed concurrently; run muster signer list and try again")
+	}
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	resp := &musterv1.SignerChangeResponse{VerifierSetVersion: res.Version}
+	for _, c := range res.Changes {
+		resp.Changed = append(resp.Changed, signerToProto(c.To))
+	}
+	return resp, nil
+}
+
+// malformedStep refuses and audits a request the keeper never saw.
+func (a *adminService) malformedStep(ctx context.Context, act signer.Action, target string, err error) (*musterv1.SignerChangeResponse, error) {
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "node_task_signer."+string(act), target, err)
+	return nil, err
+}
+
+// optionalDuration reads an optional, positive, bounded duration.
+func optionalDuration(name string, d *durationpb.Duration, def time.Duration) (time.Duration, error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, badRequest(name + ": " + err.Error())
+	}
+	v := d.AsDuration()
+	if v <= 0 || v > maxSignerWindow {
+		return 0, badRequest(fmt.Sprintf("%s must be positive and at most %s", name, maxSignerWindow))
+	}
+	return v, nil
+}
+
+func (a *adminService) StageSigner(ctx context.Context, req *musterv1.StageSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	eff, err := optionalDuration("effective_in", req.EffectiveIn, defaultSignerEffectiveIn)
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActStage, "", err)
+	}
+	grace, err := optionalDuration("grace", req.Grace, defaultSignerGrace)
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActStage, "", err)
+	}
+	res, err := a.s.signers.Stage(ctx, actor(ctx), eff, grace)
+	return a.signerStep(ctx, res, err)
+}
+
+func (a *adminService) ActivateSigner(ctx context.Context, _ *musterv1.ActivateSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	res, err := a.s.signers.Activate(ctx, actor(ctx))
+	return a.signerStep(ctx, res, err)
+}
+
+func (a *adminService) RetireSigner(ctx context.Context, _ *musterv1.RetireSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	res, err := a.s.signers.Retire(ctx, actor(ctx))
+	return a.signerStep(ctx, res, err)
+}
+
+func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	if err := signer.ValidVersionID(req.VersionId); err != nil {
+		return a.malformedStep(ctx, signer.ActRevoke, "", badRequest(err.Error()))
+	}
+	res, err := a.s.signers.Revoke(ctx, actor(ctx), req.VersionId)
+	return a.signerStep(ctx, res, err)
+}
+
+func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	res, err := a.s.signers.Rollback(ctx, actor(ctx))
+	return a.signerStep(ctx, res, err)
+}

@@ -1,0 +1,220 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newSignerCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "signer",
+		Short: "List and rotate the task signers",
+		Long: `The authority signs every task and verifier set with its active Ed25519
+signer. A rotation stages a new signer, which agents are told about ahead
+of time; at its effective time it becomes active and the previous signer
+stays accepted until the end of its grace, then retires. Activation and
+retirement happen at their times by themselves; activate and retire force
+them now. rollback undoes a rotation (before the effective time, or within
+the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
+	}
+	cmd.AddCommand(newSignerListCmd(env), newSignerStageCmd(env),
+		newSignerStepCmd(env, "activate", "Make the staged signer active now", cobra.NoArgs,
+			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
+				return c.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{})
+			}),
+		newSignerStepCmd(env, "retire", "Retire the signer in grace now", cobra.NoArgs,
+			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
+				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{})
+			}),
+		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)", cobra.ExactArgs(1),
+			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
+				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
+			}),
+		newSignerStepCmd(env, "rollback", "Undo the rotation in progress", cobra.NoArgs,
+			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
+				return c.RollbackSigner(ctx, &musterv1.RollbackSignerRequest{})
+			}),
+	)
+	return cmd
+}
+
+// signerJSON is one signer as -o json prints it.
+type signerJSON struct {
+	VersionID   string     `json:"version_id"`
+	PublicKey   string     `json:"public_key"`
+	State       string     `json:"state"`
+	PublishedAt *time.Time `json:"published_at,omitempty"`
+	EffectiveAt *time.Time `json:"effective_at,omitempty"`
+	GraceUntil  *time.Time `json:"grace_until,omitempty"`
+	RetiresAt   *time.Time `json:"retires_at,omitempty"`
+	EndedAt     *time.Time `json:"ended_at,omitempty"`
+	Previous    string     `json:"previous,omitempty"`
+}
+
+func signersOf(ss []*musterv1.Signer) []signerJSON {
+	out := []signerJSON{}
+	for _, s := range ss {
+		out = append(out, signerJSON{
+			VersionID: s.GetVersionId(), PublicKey: s.GetPublicKey(), State: s.GetState(),
+			PublishedAt: timeOf(s.GetPublishedAt()), EffectiveAt: timeOf(s.GetEffectiveAt()), GraceUntil: timeOf(s.GetGraceUntil()),
+			RetiresAt: timeOf(s.GetRetiresAt()), EndedAt: timeOf(s.GetEndedAt()), Previous: s.GetPrevious(),
+		})
+	}
+	return out
+}
+
+// printSigners prints signers as a table.
+func printSigners(w io.Writer, ss []signerJSON) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VERSION\tSTATE\tPUBLISHED\tEFFECTIVE\tGRACE UNTIL\tRETIRES\tENDED\tPREVIOUS\tPUBLIC KEY")
+	for _, s := range ss {
+		prev := s.Previous
+		if prev == "" {
+			prev = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.VersionID, s.State, fmtTime(s.PublishedAt), fmtTime(s.EffectiveAt),
+			fmtTime(s.GraceUntil), fmtTime(s.RetiresAt), fmtTime(s.EndedAt), prev, s.PublicKey)
+	}
+	tw.Flush()
+}
+
+func newSignerListCmd(env *Env) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List the task signers and the verifier set version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			resp, err := callAdmin(cmd, env, &af, "signer list", func(ctx context.Context, c *adminClient) (*musterv1.ListSignersResponse, error) {
+				return c.ListSigners(ctx, &musterv1.ListSignersRequest{})
+			})
+			if err != nil {
+				return err
+			}
+			ss := signersOf(resp.GetSigners())
+			if out.json() {
+				return writeJSON(env.Stdout, struct {
+					Signers            []signerJSON `json:"signers"`
+					VerifierSetVersion int64        `json:"verifier_set_version"`
+					MinLeadTime        string       `json:"min_lead_time"`
+				}{ss, resp.GetVerifierSetVersion(), resp.GetMinLeadTime().AsDuration().String()})
+			}
+			printSigners(env.Stdout, ss)
+			fmt.Fprintf(env.Stdout, "\nVerifier set version %d; minimum lead time %s.\n", resp.GetVerifierSetVersion(), resp.GetMinLeadTime().AsDuration())
+			return nil
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// printChange prints the outcome of a lifecycle step.
+func printChange(env *Env, out output, resp *musterv1.SignerChangeResponse) error {
+	ss := signersOf(resp.GetChanged())
+	if out.json() {
+		return writeJSON(env.Stdout, struct {
+			Changed            []signerJSON `json:"changed"`
+			VerifierSetVersion int64        `json:"verifier_set_version"`
+		}{ss, resp.GetVerifierSetVersion()})
+	}
+	printSigners(env.Stdout, ss)
+	fmt.Fprintf(env.Stdout, "\nVerifier set version %d.\n", resp.GetVerifierSetVersion())
+	return nil
+}
+
+func newSignerStageCmd(env *Env) *cobra.Command {
+	var (
+		af                 adminFlags
+		out                output
+		effectiveIn, grace time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "stage",
+		Short: "Make a new signer, to become active later",
+		Long: `Make a new signer, staged: it appears in the verifier set at once and
+becomes active --effective-in from now (default 1h, at least
+signer.min_lead_time). The current signer stays accepted for --grace after
+that (default 24h), then retires.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			resp, err := callAdmin(cmd, env, &af, "signer stage", func(ctx context.Context, c *adminClient) (*musterv1.SignerChangeResponse, error) {
+				return c.StageSigner(ctx, &musterv1.StageSignerRequest{EffectiveIn: durationpb.New(effectiveIn), Grace: durationpb.New(grace)})
+			})
+			if err != nil {
+				return err
+			}
+			return printChange(env, out, resp)
+		},
+	}
+	cmd.Flags().DurationVar(&effectiveIn, "effective-in", time.Hour, "when the new signer becomes active, from now")
+	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long after that the current signer stays accepted")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// newSignerStepCmd is one lifecycle step that takes no flags of its own.
+func newSignerStepCmd(env *Env, use, short string, args cobra.PositionalArgs, call func(context.Context, *adminClient, []string) (*musterv1.SignerChangeResponse, error)) *cobra.Command {
+	var (
+		af  adminFlags
+		out output
+	)
+	cmd := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  args,
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			resp, err := callAdmin(cmd, env, &af, "signer "+cmd.Name(), func(ctx context.Context, c *adminClient) (*musterv1.SignerChangeResponse, error) {
+				return call(ctx, c, a)
+			})
+			if err != nil {
+				return err
+			}
+			return printChange(env, out, resp)
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// Bounds of signer.min_lead_time in authority.yaml. Below a minute agents
+// connected through a restart could miss a rotation; above a week a
+// rotation could not be staged in time for an emergency.
+const (
+	minSignerLead = time.Minute
+	maxSignerLead = 7 * 24 * time.Hour
+)
+
+// signerMinLeadTime reads signer.min_lead_time; "" is the default.
+func signerMinLeadTime(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < minSignerLead || d > maxSignerLead {
+		return 0, fmt.Errorf("signer.min_lead_time %q: want a duration between %s and %s", s, minSignerLead, maxSignerLead)
+	}
+	return d, nil
+}

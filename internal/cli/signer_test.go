@@ -1,0 +1,41 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func TestPrintSigners(t *testing.T) {
+	at := time.Date(2026, 3, 9, 12, 0, 0, 0, time.UTC)
+	var b bytes.Buffer
+	printSigners(&b, signersOf([]*musterv1.Signer{
+		{VersionId: "v1", State: "grace", PublicKey: "AAAA", PublishedAt: timestamppb.New(at), RetiresAt: timestamppb.New(at.Add(time.Hour))},
+		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: timestamppb.New(at), Previous: "v1"},
+	}))
+	want := `VERSION  STATE   PUBLISHED             EFFECTIVE  GRACE UNTIL  RETIRES               ENDED  PREVIOUS  PUBLIC KEY
+v1       grace   2026-03-09T12:00:00Z  -          -            2026-03-09T13:00:00Z  -      -         AAAA
+v2       active  2026-03-09T12:00:00Z  -          -            -                     -      v1        BBBB
+`
+	if b.String() != want {
+		t.Errorf("printed:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestSignerMinLeadTime(t *testing.T) {
+	for in, want := range map[string]time.Duration{"": 0, "10m": 10 * time.Minute, "1m": time.Minute} {
+		if got, err := signerMinLeadTime(in); err != nil || got != want {
+			t.Errorf("%q: %v, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"30s", "8d", "169h", "soon", "-10m"} {
+		if _, err := signerMinLeadTime(in); err == nil || !strings.Contains(err.Error(), "signer.min_lead_time") {
+			t.Errorf("%q accepted: %v", in, err)
+		}
+	}
+}
