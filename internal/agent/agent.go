@@ -101,6 +101,9 @@ type Options struct {
 	// Authority, if set, is the address renewals use instead of the one
 	// in agent.yaml or state.json (the authority moved).
 	Authority string
+	// StaticVerifiers is MUSTER_TASK_SIGNING_PUBKEYS: a transition list of
+	// task verifiers accepted besides the verifier set.
+	StaticVerifiers string
 }
 
 // Agent joins and renews for one data directory. Its methods are safe
@@ -113,11 +116,14 @@ type Agent struct {
 	now       func() time.Time
 	timeout   time.Duration
 	authority string
+	// staticVerifiers is Options.StaticVerifiers.
+	staticVerifiers string
 }
 
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
-	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority}
+	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
+		staticVerifiers: o.StaticVerifiers}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/signer"
 )
 
 // ErrNoIdentity reports a data directory that holds no identity yet.
@@ -185,6 +186,11 @@ type State struct {
 	LastRenewal *time.Time `json:"last_renewal"`
 	NotAfter    time.Time  `json:"not_after"`
 	Serial      string     `json:"serial"`
+	// VerifierSet is the last signed verifier set the agent accepted, as
+	// received; StagedVerifiers the staged signers learnt since from
+	// rotate tasks (package signer's Trust).
+	VerifierSet     json.RawMessage `json:"verifier_set,omitempty"`
+	StagedVerifiers []signer.SetKey `json:"staged_verifiers,omitempty"`
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.

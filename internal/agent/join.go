@@ -180,6 +180,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		JoinMethod: r.method(), JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
 		Serial: serialOf(chain[0]),
 	}
+	a.takeVerifierSet(st, j.verifierSet, true)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, err
 	}
@@ -214,6 +215,8 @@ type joinResult struct {
 	// renewal is the address renewals go to; joined the one the join
 	// went to.
 	renewal, joined string
+	// verifierSet is the signed verifier set the answer carried.
+	verifierSet []byte
 }
 
 func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
@@ -227,7 +230,7 @@ func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer)
 	}
 	return &joinResult{chain: chain, roots: bundle.RootCerts, authorityID: bundle.AuthorityID, trustDomain: bundle.TrustDomain,
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
-		renewal: renewalAddress(bundle.Endpoints, r.Authority), joined: r.Authority}, nil
+		renewal: renewalAddress(bundle.Endpoints, r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet()}, nil
 }
 
 // pinOf is the fingerprint to record: the one given, else the first root's.

@@ -9,6 +9,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/muster-dev/muster/internal/signer"
 )
 
 // Metrics are the agent's Prometheus series. Labels hold only bounded
@@ -19,6 +21,8 @@ type Metrics struct {
 	expiry     prometheus.Gauge
 	renewals   *prometheus.CounterVec
 	generation prometheus.Gauge
+	setVersion prometheus.Gauge
+	setRefused prometheus.Counter
 }
 
 // NewMetrics returns the agent's series in their own registry.
@@ -38,8 +42,16 @@ func NewMetrics() *Metrics {
 			Help: "Generation (renewal count) of the agent's current instance.",
 		}),
 	}
+	m.setVersion = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "muster_agent_verifier_set_version",
+		Help: "Version of the task verifier set the agent holds (0: none yet).",
+	})
+	m.setRefused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "muster_agent_verifier_set_refusals_total",
+		Help: "Verifier sets the agent received and did not take (stale, malformed, or not signed by a signer it trusts as active).",
+	})
 	m.renewals.WithLabelValues("ok")
-	m.reg.MustRegister(m.expiry, m.renewals, m.generation)
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused)
 	return m
 }
 
@@ -49,6 +61,22 @@ func (m *Metrics) observe(st *State) {
 	}
 	m.expiry.Set(float64(st.NotAfter.Unix()))
 	m.generation.Set(float64(st.Generation))
+	if t, err := signer.NewTrust(st.VerifierSet, nil); err == nil && len(st.VerifierSet) > 0 {
+		m.setVersion.Set(float64(t.Version()))
+	}
+}
+
+// verifierSet records a verifier set taken (err nil, at version) or
+// refused.
+func (m *Metrics) verifierSet(version int64, err error) {
+	if m == nil {
+		return
+	}
+	if err != nil {
+		m.setRefused.Inc()
+		return
+	}
+	m.setVersion.Set(float64(version))
 }
 
 func (m *Metrics) renewal(err error) {

@@ -86,6 +86,7 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	if iid := resp.GetInstanceId(); iid != "" {
 		st.InstanceID = iid
 	}
+	a.takeVerifierSet(st, resp.GetVerifierSet(), false)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"os"
+
+	"github.com/muster-dev/muster/internal/signer"
 )
 
 // Status is what `muster agent status` shows: the state, with the address
@@ -14,6 +16,14 @@ type Status struct {
 	// RenewalPending is set while a renewal's key waits for its
 	// certificate (the last attempt failed or was interrupted).
 	RenewalPending bool `json:"renewal_pending"`
+	// VerifierSetVersion is the version of the verifier set held (0:
+	// none); AcceptedSigners the signer versions whose tasks are accepted
+	// now, with their states; StaticVerifiers the number of keys of the
+	// MUSTER_TASK_SIGNING_PUBKEYS transition list, when the agent runs on
+	// one.
+	VerifierSetVersion int64                   `json:"verifier_set_version"`
+	AcceptedSigners    map[string]signer.State `json:"accepted_signers"`
+	StaticVerifiers    int                     `json:"static_verifiers,omitempty"`
 }
 
 // Status reads the identity without changing anything; ErrNoIdentity if
@@ -28,6 +38,12 @@ func (a *Agent) Status() (*Status, error) {
 	_, pendErr := os.Stat(a.dir.PendingKeyFile())
 	view := *st
 	view.Authority, view.NotAfter, view.Serial = a.address(st), leaf.NotAfter.UTC(), serialOf(leaf)
+	t, err := a.trustOf(st)
+	if err != nil {
+		return nil, err
+	}
+	view.VerifierSet, view.StagedVerifiers = nil, nil
 	return &Status{State: view, SPIFFEID: sid.String(), Expired: !a.now().Before(leaf.NotAfter),
-		RenewalPending: pendErr == nil}, nil
+		RenewalPending: pendErr == nil, VerifierSetVersion: t.Version(), AcceptedSigners: t.Accepted(a.now()),
+		StaticVerifiers: len(t.StaticKeys())}, nil
 }

@@ -64,10 +64,13 @@ const (
 	// accessAnonymous: only callers without a client certificate; one
 	// with a certificate is refused (PERMISSION_DENIED).
 	accessAnonymous
+	// accessAgent: an agent certificate of a node not locked.
+	accessAgent
 )
 
 var serviceAccess = map[string]access{
 	"muster.v1.AdminService":                   accessAdmin,
+	"muster.v1.AgentService":                   accessAgent,
 	"muster.v1.BootstrapService":               accessPublic,
 	"muster.v1.CertificateService":             accessAgentOrAnonymous,
 	"grpc.health.v1.Health":                    accessPublic,
@@ -131,6 +134,8 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 			"this listener serves bootstraps only; renew at the authority's main address")
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
+	case accessAgent:
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
 	default:
 		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
 	}

@@ -47,6 +47,7 @@ func (b *bootstrapService) ExchangeJoinToken(ctx context.Context, req *musterv1.
 		Generation:          iss.Generation,
 		AuthorityId:         b.s.info.AuthorityID,
 		TrustDomain:         b.s.info.TrustDomain,
+		VerifierSet:         b.s.verifierSet(ctx),
 	}, nil
 }
 
@@ -83,6 +84,7 @@ func (c *certificateService) RequestCertificate(ctx context.Context, req *muster
 		CaCertificatePem:    string(iss.CAPEM),
 		InstanceId:          iss.InstanceID,
 		Generation:          iss.Generation,
+		VerifierSet:         c.s.verifierSet(ctx),
 	}
 	if callerFrom(ctx).Cert == nil {
 		if a := c.s.advertise(); a != "" {

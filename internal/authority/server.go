@@ -307,6 +307,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
 	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
 	if admin {
+		musterv1.RegisterAgentServiceServer(gs, &agentService{s: s})
 		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
 	}
 	reflection.Register(gs)

@@ -172,3 +172,30 @@ func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackS
 	res, err := a.s.signers.Rollback(ctx, actor(ctx))
 	return a.signerStep(ctx, res, err)
 }
+
+// verifierSet is the signed verifier set for a join or renewal answer. A
+// failure to build it is logged and the answer goes without it: the agent
+// keeps the set it has and catches up at its next renewal, which is better
+// than refusing it an identity.
+func (s *Server) verifierSet(ctx context.Context) []byte {
+	raw, err := s.signers.VerifierSet(ctx)
+	if err != nil {
+		s.log.Error("cannot build the verifier set", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
+		return nil
+	}
+	return raw
+}
+
+// agentService is what enrolled agents call over mTLS.
+type agentService struct {
+	musterv1.UnimplementedAgentServiceServer
+	s *Server
+}
+
+func (a *agentService) GetVerifierSet(ctx context.Context, _ *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
+	raw, err := a.s.signers.VerifierSet(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.GetVerifierSetResponse{VerifierSet: raw}, nil
+}

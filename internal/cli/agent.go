@@ -18,7 +18,7 @@ func newAgentCmd(env *Env) *cobra.Command {
 		Use:   "agent",
 		Short: "Run the agent on a machine: join once, then keep its identity fresh",
 	}
-	cmd.AddCommand(newAgentJoinCmd(env), newAgentRunCmd(env), newAgentRenewCmd(env), newAgentStatusCmd(env))
+	cmd.AddCommand(newAgentJoinCmd(env), newAgentRunCmd(env), newAgentRenewCmd(env), newAgentStatusCmd(env), newAgentTrustCmd(env))
 	return cmd
 }
 
@@ -221,7 +221,8 @@ and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
 				}
 				defer lis.Close()
 			}
-			a := agent.New(agent.Options{Dir: dir, Log: log, Metrics: m, Timeout: timeout, Authority: env.Getenv(agent.EnvAuthority)})
+			a := agent.New(agent.Options{Dir: dir, Log: log, Metrics: m, Timeout: timeout, Authority: env.Getenv(agent.EnvAuthority),
+				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv)})
 			join := func() (agent.JoinRequest, error) {
 				cfg, err := dir.ReadConfig()
 				if err != nil {
@@ -291,7 +292,8 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("agent status: %w", err)
 			}
-			s, err := agent.New(agent.Options{Dir: dir, Authority: env.Getenv(agent.EnvAuthority)}).Status()
+			s, err := agent.New(agent.Options{Dir: dir, Authority: env.Getenv(agent.EnvAuthority),
+				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv)}).Status()
 			if errors.Is(err, agent.ErrNoIdentity) {
 				return fmt.Errorf("agent status: %w", noIdentity(err))
 			} else if err != nil {
@@ -322,6 +324,7 @@ Last renewal:  %s
 Joined:        %s with join method %s
 `, s.NodeID, s.SPIFFEID, s.InstanceID, s.AuthorityID, s.Authority, s.Generation, valid, last,
 				s.JoinedAt.UTC().Format(time.RFC3339), s.JoinMethod)
+			printTaskTrust(env.Stdout, s)
 			return nil
 		},
 	}

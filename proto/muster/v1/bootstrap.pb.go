@@ -182,8 +182,11 @@ type ExchangeJoinTokenResponse struct {
 	Generation          int64                  `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
 	AuthorityId         string                 `protobuf:"bytes,7,opt,name=authority_id,json=authorityId,proto3" json:"authority_id,omitempty"`
 	TrustDomain         string                 `protobuf:"bytes,8,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// verifier_set is the signed verifier set: the task signers the agent
+	// starts trusting with its join.
+	VerifierSet   []byte `protobuf:"bytes,9,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExchangeJoinTokenResponse) Reset() {
@@ -272,6 +275,13 @@ func (x *ExchangeJoinTokenResponse) GetTrustDomain() string {
 	return ""
 }
 
+func (x *ExchangeJoinTokenResponse) GetVerifierSet() []byte {
+	if x != nil {
+		return x.VerifierSet
+	}
+	return nil
+}
+
 var File_muster_v1_bootstrap_proto protoreflect.FileDescriptor
 
 const file_muster_v1_bootstrap_proto_rawDesc = "" +
@@ -285,7 +295,7 @@ const file_muster_v1_bootstrap_proto_rawDesc = "" +
 	"\n" +
 	"join_token\x18\x01 \x01(\tR\tjoinToken\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x10\n" +
-	"\x03csr\x18\x03 \x01(\fR\x03csr\"\xc5\x02\n" +
+	"\x03csr\x18\x03 \x01(\fR\x03csr\"\xe8\x02\n" +
 	"\x19ExchangeJoinTokenResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x16\n" +
@@ -297,7 +307,8 @@ const file_muster_v1_bootstrap_proto_rawDesc = "" +
 	"generation\x18\x06 \x01(\x03R\n" +
 	"generation\x12!\n" +
 	"\fauthority_id\x18\a \x01(\tR\vauthorityId\x12!\n" +
-	"\ftrust_domain\x18\b \x01(\tR\vtrustDomain2\xc9\x01\n" +
+	"\ftrust_domain\x18\b \x01(\tR\vtrustDomain\x12!\n" +
+	"\fverifier_set\x18\t \x01(\fR\vverifierSet2\xc9\x01\n" +
 	"\x10BootstrapService\x12U\n" +
 	"\x0eGetTrustBundle\x12 .muster.v1.GetTrustBundleRequest\x1a!.muster.v1.GetTrustBundleResponse\x12^\n" +
 	"\x11ExchangeJoinToken\x12#.muster.v1.ExchangeJoinTokenRequest\x1a$.muster.v1.ExchangeJoinTokenResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"

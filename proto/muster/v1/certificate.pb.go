@@ -96,7 +96,11 @@ type RequestCertificateResponse struct {
 	// endpoints are the API addresses the authority advertises, where
 	// renewals go; set for a bootstrap, which may have come through the
 	// bootstrap-only listener.
-	Endpoints     []string `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	Endpoints []string `protobuf:"bytes,5,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// verifier_set is the signed verifier set of the task signers; an agent
+	// takes it only if it is newer than its own and signed by a signer it
+	// trusts as active (or, at a bootstrap, as its first).
+	VerifierSet   []byte `protobuf:"bytes,6,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -166,6 +170,13 @@ func (x *RequestCertificateResponse) GetEndpoints() []string {
 	return nil
 }
 
+func (x *RequestCertificateResponse) GetVerifierSet() []byte {
+	if x != nil {
+		return x.VerifierSet
+	}
+	return nil
+}
+
 var File_muster_v1_certificate_proto protoreflect.FileDescriptor
 
 const file_muster_v1_certificate_proto_rawDesc = "" +
@@ -174,7 +185,7 @@ const file_muster_v1_certificate_proto_rawDesc = "" +
 	"\x19RequestCertificateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12#\n" +
 	"\rbootstrap_psk\x18\x02 \x01(\tR\fbootstrapPsk\x12'\n" +
-	"\x0freferral_ticket\x18\x03 \x01(\tR\x0ereferralTicket\"\xdd\x01\n" +
+	"\x0freferral_ticket\x18\x03 \x01(\tR\x0ereferralTicket\"\x80\x02\n" +
 	"\x1aRequestCertificateResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1f\n" +
@@ -183,7 +194,8 @@ const file_muster_v1_certificate_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x04 \x01(\x03R\n" +
 	"generation\x12\x1c\n" +
-	"\tendpoints\x18\x05 \x03(\tR\tendpoints2w\n" +
+	"\tendpoints\x18\x05 \x03(\tR\tendpoints\x12!\n" +
+	"\fverifier_set\x18\x06 \x01(\fR\vverifierSet2w\n" +
 	"\x12CertificateService\x12a\n" +
 	"\x12RequestCertificate\x12$.muster.v1.RequestCertificateRequest\x1a%.muster.v1.RequestCertificateResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 

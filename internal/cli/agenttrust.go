@@ -1,0 +1,87 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/agent"
+)
+
+func newAgentTrustCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "trust",
+		Short: "The task verifiers the agent trusts",
+	}
+	cmd.AddCommand(newAgentTrustRefreshCmd(env))
+	return cmd
+}
+
+func newAgentTrustRefreshCmd(env *Env) *cobra.Command {
+	var (
+		data string
+		out  output
+	)
+	cmd := &cobra.Command{
+		Use:   "refresh --data ADIR",
+		Short: "Fetch the authority's current verifier set now (a repair path)",
+		Long: `Ask the authority, over mTLS with the agent's certificate, for its current
+verifier set of task signers, and take it if it is newer than the one held
+and signed by a signer the agent trusts as active. Joins and renewals
+deliver the set anyway; this is for an agent that missed a rotation.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			dir, err := agentDir(env, data)
+			if err != nil {
+				return fmt.Errorf("agent trust refresh: %w", err)
+			}
+			a := agent.New(agent.Options{Dir: dir, Authority: env.Getenv(agent.EnvAuthority),
+				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv)})
+			version, err := a.RefreshTrust(cmd.Context())
+			if errors.Is(err, agent.ErrNoIdentity) {
+				return fmt.Errorf("agent trust refresh: %w", noIdentity(err))
+			} else if err != nil {
+				return fmt.Errorf("agent trust refresh: %w", err)
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, struct {
+					VerifierSetVersion int64 `json:"verifier_set_version"`
+				}{version})
+			}
+			fmt.Fprintf(env.Stdout, "Verifier set version %d.\n", version)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	out.register(cmd)
+	return cmd
+}
+
+// printTaskTrust adds the task verifiers to muster agent status.
+func printTaskTrust(w io.Writer, s *agent.Status) {
+	var ids []string
+	for id := range s.AcceptedSigners {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var parts []string
+	for _, id := range ids {
+		parts = append(parts, fmt.Sprintf("%s (%s)", id, s.AcceptedSigners[id]))
+	}
+	accepted := strings.Join(parts, ", ")
+	if accepted == "" {
+		accepted = "none"
+	}
+	fmt.Fprintf(w, "Task signers:  verifier set version %d; accepted: %s\n", s.VerifierSetVersion, accepted)
+	if s.StaticVerifiers > 0 {
+		fmt.Fprintf(w, "Static list:   %d keys from %s (a transition setting: remove it once the verifier set is delivered)\n",
+			s.StaticVerifiers, agent.StaticVerifiersEnv)
+	}
+}
