@@ -23,6 +23,7 @@ type Metrics struct {
 	generation prometheus.Gauge
 	setVersion prometheus.Gauge
 	setRefused prometheus.Counter
+	streams    prometheus.Counter
 }
 
 // NewMetrics returns the agent's series in their own registry.
@@ -50,8 +51,12 @@ func NewMetrics() *Metrics {
 		Name: "muster_agent_verifier_set_refusals_total",
 		Help: "Verifier sets the agent received and did not take (stale, malformed, or not signed by a signer it trusts as active).",
 	})
+	m.streams = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "muster_agent_stream_reconnects_total",
+		Help: "Times the stream to the authority closed and the agent reconnects.",
+	})
 	m.renewals.WithLabelValues("ok")
-	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused)
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused, m.streams)
 	return m
 }
 
@@ -63,6 +68,12 @@ func (m *Metrics) observe(st *State) {
 	m.generation.Set(float64(st.Generation))
 	if t, err := signer.NewTrust(st.VerifierSet, nil); err == nil && len(st.VerifierSet) > 0 {
 		m.setVersion.Set(float64(t.Version()))
+	}
+}
+
+func (m *Metrics) streamClosed() {
+	if m != nil {
+		m.streams.Inc()
 	}
 }
 

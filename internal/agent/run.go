@@ -80,6 +80,12 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			return err
 		}
 	}
+	// The stream runs beside the renewals, on whichever certificate is
+	// current when it (re)connects, and stops with them.
+	sctx, stop := context.WithCancel(ctx)
+	streamDone := make(chan struct{})
+	go func() { defer close(streamDone); a.keepStream(sctx) }()
+	defer func() { stop(); <-streamDone }()
 	var (
 		scheduled string
 		due       time.Time

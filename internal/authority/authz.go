@@ -64,7 +64,9 @@ const (
 	// accessAnonymous: only callers without a client certificate; one
 	// with a certificate is refused (PERMISSION_DENIED).
 	accessAnonymous
-	// accessAgent: an agent certificate of a node not locked.
+	// accessAgent: an agent certificate. The handlers check the
+	// instance's standing (deletion, supersession, every lock) themselves
+	// with enroll's Standing, the stream again while it lasts.
 	accessAgent
 )
 
@@ -135,7 +137,7 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
 	case accessAgent:
-		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, store.LockNode, fullMethod)
+		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, "", fullMethod)
 	default:
 		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
 	}

@@ -97,6 +97,7 @@ type Server struct {
 	limiter  *ratelimit.Keyed
 	tokens   *seal.Sealer
 	signers  *signer.Keeper
+	streams  *streamMetrics
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time
@@ -145,6 +146,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		return nil, err
 	}
 	s.signers = signer.NewKeeper(cfg.Store, custody, cfg.Audit, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
+	if s.streams, err = newStreamMetrics(s.metrics.reg); err != nil {
+		return nil, err
+	}
 	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
 		return nil, errors.New("authority: bootstrap.psk_required false needs referral tickets: configure a discovery service")
 	}

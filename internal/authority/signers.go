@@ -193,6 +193,9 @@ type agentService struct {
 }
 
 func (a *agentService) GetVerifierSet(ctx context.Context, _ *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
+	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
 	raw, err := a.s.signers.VerifierSet(ctx)
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)

@@ -318,15 +318,27 @@ func (k *Keeper) ActiveSigner(ctx context.Context) (string, func([]byte) ([]byte
 // VerifierSet returns the current verifier set, signed by the active
 // signer.
 func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
+	raw, _, err := k.SignedVerifierSet(ctx, -1)
+	return raw, err
+}
+
+// SignedVerifierSet returns the current verifier set, signed by the active
+// signer, and its version; nil when the version is still have, so a stream
+// signs only the sets it sends.
+func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
+	}
+	if snap.Version == have {
+		return nil, have, nil
 	}
 	active, ok := ActiveOf(snap.Signers)
 	if !ok {
-		return nil, ErrNoActive
+		return nil, 0, ErrNoActive
 	}
-	return NewVerifierSet(k.authorityID, snap.Version, snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
+	raw, err := NewVerifierSet(k.authorityID, snap.Version, snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
 		return k.signWith(ctx, snap, active, msg)
 	})
+	return raw, snap.Version, err
 }

@@ -9,6 +9,7 @@ package musterv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -103,16 +104,236 @@ func (x *GetVerifierSetResponse) GetVerifierSet() []byte {
 	return nil
 }
 
+type AgentMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*AgentMessage_Heartbeat
+	Body          isAgentMessage_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentMessage) Reset() {
+	*x = AgentMessage{}
+	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentMessage) ProtoMessage() {}
+
+func (x *AgentMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
+func (*AgentMessage) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *AgentMessage) GetBody() isAgentMessage_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *AgentMessage) GetHeartbeat() *Heartbeat {
+	if x != nil {
+		if x, ok := x.Body.(*AgentMessage_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+type isAgentMessage_Body interface {
+	isAgentMessage_Body()
+}
+
+type AgentMessage_Heartbeat struct {
+	Heartbeat *Heartbeat `protobuf:"bytes,1,opt,name=heartbeat,proto3,oneof"`
+}
+
+func (*AgentMessage_Heartbeat) isAgentMessage_Body() {}
+
+// Heartbeat is what the agent reports of itself.
+type Heartbeat struct {
+	state              protoimpl.MessageState `protogen:"open.v1"`
+	VerifierSetVersion int64                  `protobuf:"varint,1,opt,name=verifier_set_version,json=verifierSetVersion,proto3" json:"verifier_set_version,omitempty"`
+	// accepted_signers: signer version -> state, the signers whose
+	// signatures the agent accepts now.
+	AcceptedSigners  map[string]string      `protobuf:"bytes,2,rep,name=accepted_signers,json=acceptedSigners,proto3" json:"accepted_signers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	IdentityNotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=identity_not_after,json=identityNotAfter,proto3" json:"identity_not_after,omitempty"`
+	// static_verifiers: keys of a MUSTER_TASK_SIGNING_PUBKEYS list.
+	StaticVerifiers int32 `protobuf:"varint,4,opt,name=static_verifiers,json=staticVerifiers,proto3" json:"static_verifiers,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Heartbeat) Reset() {
+	*x = Heartbeat{}
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Heartbeat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Heartbeat) ProtoMessage() {}
+
+func (x *Heartbeat) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
+func (*Heartbeat) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Heartbeat) GetVerifierSetVersion() int64 {
+	if x != nil {
+		return x.VerifierSetVersion
+	}
+	return 0
+}
+
+func (x *Heartbeat) GetAcceptedSigners() map[string]string {
+	if x != nil {
+		return x.AcceptedSigners
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetIdentityNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IdentityNotAfter
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetStaticVerifiers() int32 {
+	if x != nil {
+		return x.StaticVerifiers
+	}
+	return 0
+}
+
+type AuthorityMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*AuthorityMessage_VerifierSet
+	Body          isAuthorityMessage_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthorityMessage) Reset() {
+	*x = AuthorityMessage{}
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthorityMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthorityMessage) ProtoMessage() {}
+
+func (x *AuthorityMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthorityMessage.ProtoReflect.Descriptor instead.
+func (*AuthorityMessage) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AuthorityMessage) GetBody() isAuthorityMessage_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *AuthorityMessage) GetVerifierSet() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*AuthorityMessage_VerifierSet); ok {
+			return x.VerifierSet
+		}
+	}
+	return nil
+}
+
+type isAuthorityMessage_Body interface {
+	isAuthorityMessage_Body()
+}
+
+type AuthorityMessage_VerifierSet struct {
+	// verifier_set: a signed verifier set, as GetVerifierSet returns it.
+	VerifierSet []byte `protobuf:"bytes,1,opt,name=verifier_set,json=verifierSet,proto3,oneof"`
+}
+
+func (*AuthorityMessage_VerifierSet) isAuthorityMessage_Body() {}
+
 var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
 const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/agent.proto\x12\tmuster.v1\"\x17\n" +
+	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x17\n" +
 	"\x15GetVerifierSetRequest\";\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
-	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet2e\n" +
+	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\"L\n" +
+	"\fAgentMessage\x124\n" +
+	"\theartbeat\x18\x01 \x01(\v2\x14.muster.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
+	"\x04body\"\xcc\x02\n" +
+	"\tHeartbeat\x120\n" +
+	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
+	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
+	"\x12identity_not_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10identityNotAfter\x12)\n" +
+	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x1aB\n" +
+	"\x14AcceptedSignersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
+	"\x10AuthorityMessage\x12#\n" +
+	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSetB\x06\n" +
+	"\x04body2\xaa\x01\n" +
 	"\fAgentService\x12U\n" +
-	"\x0eGetVerifierSet\x12 .muster.v1.GetVerifierSetRequest\x1a!.muster.v1.GetVerifierSetResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\x0eGetVerifierSet\x12 .muster.v1.GetVerifierSetRequest\x1a!.muster.v1.GetVerifierSetResponse\x12C\n" +
+	"\aConnect\x12\x17.muster.v1.AgentMessage\x1a\x1b.muster.v1.AuthorityMessage(\x010\x01B7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_agent_proto_rawDescOnce sync.Once
@@ -126,19 +347,29 @@ func file_muster_v1_agent_proto_rawDescGZIP() []byte {
 	return file_muster_v1_agent_proto_rawDescData
 }
 
-var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_muster_v1_agent_proto_goTypes = []any{
 	(*GetVerifierSetRequest)(nil),  // 0: muster.v1.GetVerifierSetRequest
 	(*GetVerifierSetResponse)(nil), // 1: muster.v1.GetVerifierSetResponse
+	(*AgentMessage)(nil),           // 2: muster.v1.AgentMessage
+	(*Heartbeat)(nil),              // 3: muster.v1.Heartbeat
+	(*AuthorityMessage)(nil),       // 4: muster.v1.AuthorityMessage
+	nil,                            // 5: muster.v1.Heartbeat.AcceptedSignersEntry
+	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
-	0, // 0: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	1, // 1: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
+	5, // 1: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
+	6, // 2: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	0, // 3: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	2, // 4: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	1, // 5: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	4, // 6: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	5, // [5:7] is the sub-list for method output_type
+	3, // [3:5] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -146,13 +377,19 @@ func file_muster_v1_agent_proto_init() {
 	if File_muster_v1_agent_proto != nil {
 		return
 	}
+	file_muster_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+		(*AgentMessage_Heartbeat)(nil),
+	}
+	file_muster_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+		(*AuthorityMessage_VerifierSet)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_agent_proto_rawDesc), len(file_muster_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	AgentService_GetVerifierSet_FullMethodName = "/muster.v1.AgentService/GetVerifierSet"
+	AgentService_Connect_FullMethodName        = "/muster.v1.AgentService/Connect"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -27,12 +28,18 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // AgentService is what an enrolled agent calls with its agent certificate
-// (mTLS). Every call needs a certificate from the agent intermediate
-// carrying spiffe://TD/agent/NODE, of a node not locked.
+// (mTLS): a certificate from the agent intermediate carrying
+// spiffe://TD/agent/NODE. Each RPC checks the instance's standing itself
+// (node deleted, instance superseded, locks), as a renewal does.
 type AgentServiceClient interface {
 	// GetVerifierSet returns the current verifier set: the repair path of
 	// muster agent trust refresh. Joins and renewals carry it too.
 	GetVerifierSet(ctx context.Context, in *GetVerifierSetRequest, opts ...grpc.CallOption) (*GetVerifierSetResponse, error)
+	// Connect is the agent's long-lived stream: verifier sets down (one at
+	// once, then each new version), heartbeats up. The authority closes it
+	// within a second of a lock, a deletion or a supersession, and at the
+	// certificate's NotAfter.
+	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, AuthorityMessage], error)
 }
 
 type agentServiceClient struct {
@@ -53,17 +60,36 @@ func (c *agentServiceClient) GetVerifierSet(ctx context.Context, in *GetVerifier
 	return out, nil
 }
 
+func (c *agentServiceClient) Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, AuthorityMessage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[0], AgentService_Connect_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AgentMessage, AuthorityMessage]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_ConnectClient = grpc.BidiStreamingClient[AgentMessage, AuthorityMessage]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
 //
 // AgentService is what an enrolled agent calls with its agent certificate
-// (mTLS). Every call needs a certificate from the agent intermediate
-// carrying spiffe://TD/agent/NODE, of a node not locked.
+// (mTLS): a certificate from the agent intermediate carrying
+// spiffe://TD/agent/NODE. Each RPC checks the instance's standing itself
+// (node deleted, instance superseded, locks), as a renewal does.
 type AgentServiceServer interface {
 	// GetVerifierSet returns the current verifier set: the repair path of
 	// muster agent trust refresh. Joins and renewals carry it too.
 	GetVerifierSet(context.Context, *GetVerifierSetRequest) (*GetVerifierSetResponse, error)
+	// Connect is the agent's long-lived stream: verifier sets down (one at
+	// once, then each new version), heartbeats up. The authority closes it
+	// within a second of a lock, a deletion or a supersession, and at the
+	// certificate's NotAfter.
+	Connect(grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -76,6 +102,9 @@ type UnimplementedAgentServiceServer struct{}
 
 func (UnimplementedAgentServiceServer) GetVerifierSet(context.Context, *GetVerifierSetRequest) (*GetVerifierSetResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetVerifierSet not implemented")
+}
+func (UnimplementedAgentServiceServer) Connect(grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]) error {
+	return status.Error(codes.Unimplemented, "method Connect not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -116,6 +145,13 @@ func _AgentService_GetVerifierSet_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).Connect(&grpc.GenericServerStream[AgentMessage, AuthorityMessage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_ConnectServer = grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +164,13 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AgentService_GetVerifierSet_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Connect",
+			Handler:       _AgentService_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "muster/v1/agent.proto",
 }

@@ -1,0 +1,63 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond every 50ms for up to d and reports how long it took.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %s", what, d)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestAgentStream: a running agent holds a stream, gets a new verifier set
+// on it as soon as a signer is staged, and the stream is closed within a
+// second of a lock on its node.
+func TestAgentStream(t *testing.T) {
+	e := newAgentEnv(t)
+	tok := e.createToken(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
+		t.Fatalf("agent join: exit %d\n%s", r.code, r.stderr)
+	}
+	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, 5*time.Second, "authority sees the stream", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
+	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, "muster_connected_agents 1") {
+		t.Errorf("metrics do not count the stream:\n%s", grepLines(m, "muster_connected_agents"))
+	}
+
+	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "30m")
+	took := waitFor(t, 5*time.Second, "the staged signer reaches the agent", func() bool {
+		st := agentStatus(t, adir)
+		return st["verifier_set_version"] == float64(2)
+	})
+	t.Logf("verifier set version 2 reached the agent over its stream in %s", took)
+
+	mustRun(t, "lock", "create", "--data", e.dir, "--node", "n1", "--reason", "test")
+	took = waitFor(t, 1500*time.Millisecond, "the stream closes after the lock", func() bool {
+		l := grepLines(e.auth.Logs(), `"msg":"agent stream closed"`)
+		return strings.Contains(l, `"node":"n1"`) && strings.Contains(l, "locked")
+	})
+	t.Logf("stream closed %s after the lock", took)
+	waitFor(t, 5*time.Second, "the agent notices", func() bool { return strings.Contains(ag.Logs(), "stream to the authority closed") })
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
