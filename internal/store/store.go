@@ -206,4 +206,5 @@ type Store interface {
 	ReportOutbox
 	DiscoveryStore
 	SignerStore
+	TaskStore
 }

@@ -51,6 +51,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JoinReport", joinReportCases()},
 		{"TicketKey", ticketKeyCases()},
 		{"Signer", signerCases()},
+		{"Task", taskCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -28,3 +28,26 @@ CREATE TABLE signer_set (
 	version INTEGER NOT NULL
 ) STRICT;
 INSERT INTO signer_set (id, version) VALUES (1, 0);
+
+-- Signed tasks (DESIGN.md "Signed tasks"): the signed envelope once, and
+-- one delivery row per target node, so a task sent through one replica
+-- reaches an agent whose stream is held by another, and an offline agent
+-- gets it when it reconnects (until the task expires).
+CREATE TABLE tasks (
+	task_id           TEXT    NOT NULL PRIMARY KEY,
+	task_type         TEXT    NOT NULL,
+	signer_version_id TEXT    NOT NULL,
+	signed            BLOB    NOT NULL,
+	created_by        TEXT    NOT NULL,
+	created_at        INTEGER NOT NULL,
+	expires_at        INTEGER NOT NULL
+) STRICT;
+
+CREATE TABLE task_deliveries (
+	task_id    TEXT    NOT NULL REFERENCES tasks (task_id) ON DELETE CASCADE,
+	node_id    TEXT    NOT NULL,
+	state      TEXT    NOT NULL CHECK (state IN ('queued', 'delivered', 'ok', 'refused', 'failed')),
+	detail     TEXT    NOT NULL DEFAULT '',
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (node_id, task_id)
+) STRICT;

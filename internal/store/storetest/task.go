@@ -1,0 +1,105 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func taskRow(id string, created, expires time.Duration) store.Task {
+	return store.Task{ID: id, Type: "node.report", SignerVersionID: "v1", Signed: []byte("signed-" + id),
+		CreatedBy: "spiffe://td/admin/ops", CreatedAt: at(created), ExpiresAt: at(expires)}
+}
+
+func taskIDs(t *testing.T, ctx context.Context, s store.Store, node string) []string {
+	t.Helper()
+	ts, err := s.PendingTasks(ctx, node)
+	mustNil(t, "PendingTasks", err)
+	ids := []string{}
+	for _, x := range ts {
+		ids = append(ids, x.ID)
+	}
+	return ids
+}
+
+func taskCases() []testCase {
+	return []testCase{
+		{"queued per node, answered once", func(t *testing.T, ctx context.Context, s store.Store) {
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			a := taskRow("a", 0, 0)
+			a.CreatedAt, a.ExpiresAt = now.Add(-time.Minute).Truncate(time.Microsecond), now.Add(time.Hour).Truncate(time.Microsecond)
+			b := a
+			b.ID, b.CreatedAt = "b", a.CreatedAt.Add(time.Second)
+			mustNil(t, "InsertTask a", s.InsertTask(ctx, a, []string{"n1", "n2"}))
+			mustNil(t, "InsertTask b", s.InsertTask(ctx, b, []string{"n1"}))
+			wantErr(t, "InsertTask duplicate", s.InsertTask(ctx, a, []string{"n3"}), store.ErrConflict)
+
+			got, err := s.PendingTasks(ctx, "n1")
+			mustNil(t, "PendingTasks", err)
+			if diff := cmp.Diff([]store.Task{a, b}, got, cmpOpts); diff != "" {
+				t.Fatalf("PendingTasks n1 (-want +got):\n%s", diff)
+			}
+			if ids := taskIDs(t, ctx, s, "n3"); len(ids) != 0 {
+				t.Fatalf("the duplicate queued %v for n3", ids)
+			}
+			mustNil(t, "MarkTaskDelivered", s.MarkTaskDelivered(ctx, "a", "n1"))
+			wantErr(t, "MarkTaskDelivered twice", s.MarkTaskDelivered(ctx, "a", "n1"), store.ErrConflict)
+			if ids := taskIDs(t, ctx, s, "n1"); !cmp.Equal(ids, []string{"a", "b"}) {
+				t.Fatalf("a delivered task is pending until answered: %v", ids)
+			}
+			mustNil(t, "RecordTaskResult", s.RecordTaskResult(ctx, "a", "n1", store.TaskOK, "done"))
+			wantErr(t, "RecordTaskResult twice", s.RecordTaskResult(ctx, "a", "n1", store.TaskRefused, "replayed"), store.ErrConflict)
+			wantErr(t, "RecordTaskResult not sent", s.RecordTaskResult(ctx, "b", "n2", store.TaskOK, ""), store.ErrNotFound)
+			wantErr(t, "MarkTaskDelivered answered", s.MarkTaskDelivered(ctx, "a", "n1"), store.ErrConflict)
+			if ids := taskIDs(t, ctx, s, "n1"); !cmp.Equal(ids, []string{"b"}) {
+				t.Fatalf("pending n1 = %v, want b", ids)
+			}
+			// An undelivered queued task can be answered too (a refusal of
+			// a task the agent got through another replica's stream).
+			mustNil(t, "RecordTaskResult queued", s.RecordTaskResult(ctx, "a", "n2", store.TaskRefused, "mistargeted"))
+		}},
+		{"expired tasks are not pending", func(t *testing.T, ctx context.Context, s store.Store) {
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			old := taskRow("old", 0, 0)
+			old.CreatedAt, old.ExpiresAt = now.Add(-time.Hour), now.Add(-time.Second)
+			mustNil(t, "InsertTask", s.InsertTask(ctx, old, []string{"n1"}))
+			if ids := taskIDs(t, ctx, s, "n1"); len(ids) != 0 {
+				t.Fatalf("expired task pending: %v", ids)
+			}
+		}},
+		{"concurrent answers: exactly one stands", func(t *testing.T, ctx context.Context, s store.Store) {
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			x := taskRow("x", 0, 0)
+			x.CreatedAt, x.ExpiresAt = now, now.Add(time.Hour)
+			mustNil(t, "InsertTask", s.InsertTask(ctx, x, []string{"n1"}))
+			const n = 8
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { errs[i] = s.RecordTaskResult(ctx, "x", "n1", store.TaskOK, "") })
+			}
+			wg.Wait()
+			ok := 0
+			for i, err := range errs {
+				switch {
+				case err == nil:
+					ok++
+				case !errors.Is(err, store.ErrConflict):
+					t.Errorf("answer %d: %v", i, err)
+				}
+			}
+			if ok != 1 {
+				t.Fatalf("%d answers stood, want 1", ok)
+			}
+		}},
+	}
+}

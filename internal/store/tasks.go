@@ -1,0 +1,45 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Task delivery states: queued until a stream sends it, delivered until
+// the agent answers, then ok, refused or failed.
+const (
+	TaskQueued    = "queued"
+	TaskDelivered = "delivered"
+	TaskOK        = "ok"
+	TaskRefused   = "refused"
+	TaskFailed    = "failed"
+)
+
+// Task is one signed task: Signed is the wire form agents verify.
+type Task struct {
+	ID              string
+	Type            string
+	SignerVersionID string
+	Signed          []byte
+	CreatedBy       string
+	CreatedAt       time.Time
+	ExpiresAt       time.Time
+}
+
+// TaskStore queues signed tasks per node. Safe for concurrent use.
+type TaskStore interface {
+	// InsertTask stores a task and queues it for each of nodeIDs, in one
+	// transaction; ErrConflict if its ID exists.
+	InsertTask(ctx context.Context, t Task, nodeIDs []string) error
+	// PendingTasks returns the tasks queued or delivered to nodeID and not
+	// answered, that have not expired by the store clock, oldest first.
+	PendingTasks(ctx context.Context, nodeID string) ([]Task, error)
+	// MarkTaskDelivered moves a queued delivery to delivered; ErrConflict
+	// if it is not queued (delivered already, or answered).
+	MarkTaskDelivered(ctx context.Context, taskID, nodeID string) error
+	// RecordTaskResult records the agent's answer (TaskOK, TaskRefused or
+	// TaskFailed) of a queued or delivered task; ErrConflict if it was
+	// answered already (of two answers, the first stands), ErrNotFound if
+	// the task was never queued for nodeID.
+	RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string) error
+}
