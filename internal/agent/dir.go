@@ -191,6 +191,10 @@ type State struct {
 	// rotate tasks (package signer's Trust).
 	VerifierSet     json.RawMessage `json:"verifier_set,omitempty"`
 	StagedVerifiers []signer.SetKey `json:"staged_verifiers,omitempty"`
+	// RecentTasks is the replay window: task ID -> the task's expiry.
+	RecentTasks map[string]time.Time `json:"recent_tasks,omitempty"`
+	// LastRotateTask is the last rotate task the agent took.
+	LastRotateTask string `json:"last_rotate_task,omitempty"`
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.

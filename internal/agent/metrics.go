@@ -24,6 +24,7 @@ type Metrics struct {
 	setVersion prometheus.Gauge
 	setRefused prometheus.Counter
 	streams    prometheus.Counter
+	refused    prometheus.Counter
 }
 
 // NewMetrics returns the agent's series in their own registry.
@@ -55,8 +56,12 @@ func NewMetrics() *Metrics {
 		Name: "muster_agent_stream_reconnects_total",
 		Help: "Times the stream to the authority closed and the agent reconnects.",
 	})
+	m.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "muster_agent_task_refusals_total",
+		Help: "Tasks the agent refused (the authority counts them by signer version and reason).",
+	})
 	m.renewals.WithLabelValues("ok")
-	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused, m.streams)
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused, m.streams, m.refused)
 	return m
 }
 
@@ -68,6 +73,12 @@ func (m *Metrics) observe(st *State) {
 	m.generation.Set(float64(st.Generation))
 	if t, err := signer.NewTrust(st.VerifierSet, nil); err == nil && len(st.VerifierSet) > 0 {
 		m.setVersion.Set(float64(t.Version()))
+	}
+}
+
+func (m *Metrics) taskRefused() {
+	if m != nil {
+		m.refused.Inc()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -75,12 +76,19 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 	}
 	a.log.Info("stream to the authority open", "authority", a.address(st))
 
+	// A gRPC stream takes one sender at a time.
+	var sendMu sync.Mutex
+	send := func(m *musterv1.AgentMessage) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(m)
+	}
 	sendErr := make(chan error, 1)
 	go func() {
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()
 		for {
-			if err := stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
 				sendErr <- err
 				return
 			}
@@ -98,6 +106,14 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			case serr := <-sendErr:
 				return errors.Join(err, serr)
 			default:
+				return err
+			}
+		}
+		if raw := m.GetTask(); raw != nil {
+			// Tasks run in turn, each after the previous answered: a
+			// renewal or a handler may take a while, and the stream
+			// keeps the order the authority queued them in.
+			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Result{Result: a.handleTask(ctx, raw)}}); err != nil {
 				return err
 			}
 		}

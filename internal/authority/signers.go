@@ -147,6 +147,9 @@ func (a *adminService) StageSigner(ctx context.Context, req *musterv1.StageSigne
 		return a.malformedStep(ctx, signer.ActStage, "", err)
 	}
 	res, err := a.s.signers.Stage(ctx, actor(ctx), eff, grace)
+	if staged, ok := rotationOf(res); ok && err == nil {
+		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+	}
 	return a.signerStep(ctx, res, err)
 }
 
@@ -170,6 +173,10 @@ func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSig
 
 func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackSignerRequest) (*musterv1.SignerChangeResponse, error) {
 	res, err := a.s.signers.Rollback(ctx, actor(ctx))
+	if staged, ok := rotationOf(res); ok && err == nil {
+		// Rolled back inside grace: the rollout is re-issued.
+		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+	}
 	return a.signerStep(ctx, res, err)
 }
 

@@ -3,12 +3,18 @@ package authority
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/signer"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/task"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -43,6 +49,9 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				recvErr <- err
 				return
 			}
+			if r := m.GetResult(); r != nil {
+				a.s.taskResult(ctx, c.ID.Name, r)
+			}
 			if hb := m.GetHeartbeat(); hb != nil {
 				a.s.streams.heartbeats.Inc()
 				log.Debug("heartbeat", "verifier_set_version", hb.GetVerifierSetVersion(), "accepted_signers", hb.GetAcceptedSigners(),
@@ -52,6 +61,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	}()
 
 	var sent int64 = -1 // the version of the last set sent
+	delivered := map[string]bool{}
 	t := time.NewTicker(streamCheckEvery)
 	defer t.Stop()
 	for {
@@ -64,6 +74,11 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				return err
 			}
 			sent = version
+		}
+		if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil {
+			if ctx.Err() == nil {
+				return toStatus(ctx, a.s.log, err)
+			}
 		}
 		select {
 		case err := <-recvErr:
@@ -91,6 +106,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 type streamMetrics struct {
 	connected  prometheus.Gauge
 	heartbeats prometheus.Counter
+	refusals   *prometheus.CounterVec
 }
 
 func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
@@ -103,11 +119,98 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 			Name: "muster_agent_heartbeats_total",
 			Help: "Heartbeats received on agent streams by this replica.",
 		}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_task_verification_failures_total",
+			Help: "Tasks agents refused, by the signer version the task named and the reason.",
+		}, []string{"signer", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.heartbeats} {
+	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// sendTasks sends the node's pending tasks that this stream has not sent
+// yet. A task sent by another replica's stream (the agent reconnected) is
+// sent again: the agent's replay window answers it as replayed, and the
+// first answer stands.
+func (a *agentService) sendTasks(ctx context.Context, stream musterv1.AgentService_ConnectServer, node string, delivered map[string]bool) error {
+	tasks, err := a.s.store.PendingTasks(ctx, node)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if delivered[t.ID] {
+			continue
+		}
+		if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_Task{Task: t.Signed}}); err != nil {
+			return err
+		}
+		delivered[t.ID] = true
+		if err := a.s.store.MarkTaskDelivered(ctx, t.ID, node); err != nil && !errors.Is(err, store.ErrConflict) {
+			return err
+		}
+	}
+	return nil
+}
+
+// taskResult records an agent's answer to a task, once, and audits it.
+func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskResult) {
+	state := r.GetState()
+	switch state {
+	case store.TaskOK, store.TaskRefused, store.TaskFailed:
+	default:
+		return
+	}
+	detail := r.GetReason()
+	if d := r.GetDetail(); d != "" {
+		detail = strings.TrimSpace(detail + " " + d)
+	}
+	if len(detail) > maxTaskDetail {
+		detail = detail[:maxTaskDetail]
+	}
+	err := s.store.RecordTaskResult(ctx, r.GetTaskId(), node, state, detail)
+	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+		// A second answer (a redelivery refused as replayed) or a task
+		// never queued for this node: the first answer stands.
+		return
+	}
+	if err != nil {
+		s.log.Error("cannot record a task result", "err", err, "node", node)
+		return
+	}
+	if state == store.TaskRefused {
+		s.streams.refusals.WithLabelValues(signerLabel(r.GetSignerVersionId()), reasonLabel(r.GetReason())).Inc()
+	}
+	result := audit.ResultOK
+	if state != store.TaskOK {
+		result = audit.ResultDenied
+	}
+	s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
+		Target: r.GetTaskId(), Result: result, Reason: fmt.Sprintf("%s by signer %s: %s", state, r.GetSignerVersionId(), detail)})
+}
+
+// maxTaskDetail bounds what of a task's output is kept.
+const maxTaskDetail = 4096
+
+// signerLabel keeps a metric label bounded: a version ID as signers have
+// them, else "other".
+func signerLabel(v string) string {
+	if signer.ValidVersionID(v) != nil || len(v) > 16 {
+		return "other"
+	}
+	return v
+}
+
+// reasonLabel keeps a metric label bounded: one of the agent's refusal
+// reasons, else "other".
+func reasonLabel(r string) string {
+	switch task.Reason(r) {
+	case task.ReasonMalformed, task.ReasonUnsigned, task.ReasonUnknownSigner, task.ReasonBadSignature, task.ReasonExpired,
+		task.ReasonNotYetValid, task.ReasonReplayed, task.ReasonWindowFull, task.ReasonMistargeted, task.ReasonInvalidRotate, task.ReasonNoHandler:
+		return r
+	}
+	return "other"
 }

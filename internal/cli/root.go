@@ -73,6 +73,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newTokenCmd(env),
 		newPSKCmd(env),
 		newSignerCmd(env),
+		newTaskCmd(env),
 		newAgentsCmd(env),
 		newAgentCmd(env),
 		newStatusCmd(env),

@@ -24,6 +24,9 @@ const (
 	ReasonWindowFull    Reason = "replay_window_full"
 	ReasonMistargeted   Reason = "mistargeted"
 	ReasonInvalidRotate Reason = "invalid_rotate"
+	// ReasonNoHandler: a custom task type the agent's configuration maps
+	// to no handler.
+	ReasonNoHandler Reason = "no_handler"
 )
 
 // RefusalError is a refused task: the reason, the signer version the task

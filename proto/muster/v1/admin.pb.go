@@ -2791,7 +2791,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
-	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xe9\r\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xae\x0e\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -2817,7 +2817,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eActivateSigner\x12 .muster.v1.ActivateSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRetireSigner\x12\x1e.muster.v1.RetireSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRevokeSigner\x12\x1e.muster.v1.RevokeSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12S\n" +
-	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12F\n" +
+	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12C\n" +
+	"\bSendTask\x12\x1a.muster.v1.SendTaskRequest\x1a\x1b.muster.v1.SendTaskResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -2887,8 +2888,10 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*RetireSignerRequest)(nil),   // 49: muster.v1.RetireSignerRequest
 	(*RevokeSignerRequest)(nil),   // 50: muster.v1.RevokeSignerRequest
 	(*RollbackSignerRequest)(nil), // 51: muster.v1.RollbackSignerRequest
-	(*ListSignersResponse)(nil),   // 52: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 53: muster.v1.SignerChangeResponse
+	(*SendTaskRequest)(nil),       // 52: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),   // 53: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 54: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 55: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	44, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -2954,33 +2957,35 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	49, // 60: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
 	50, // 61: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
 	51, // 62: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	15, // 63: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 64: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 65: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 66: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 67: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 68: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 69: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 70: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	21, // 71: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	23, // 72: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	25, // 73: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	27, // 74: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	32, // 75: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	34, // 76: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	36, // 77: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	39, // 78: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	41, // 79: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	52, // 80: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	53, // 81: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	53, // 82: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	53, // 83: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	53, // 84: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	53, // 85: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	16, // 86: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 87: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	65, // [65:88] is the sub-list for method output_type
-	42, // [42:65] is the sub-list for method input_type
+	52, // 63: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 64: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 65: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 66: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 67: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 68: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 69: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 70: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 71: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	21, // 72: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	23, // 73: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	25, // 74: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	27, // 75: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	32, // 76: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	34, // 77: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	36, // 78: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	39, // 79: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	41, // 80: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	53, // 81: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	54, // 82: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	54, // 83: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	54, // 84: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	54, // 85: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	54, // 86: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	55, // 87: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 88: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 89: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	66, // [66:90] is the sub-list for method output_type
+	42, // [42:66] is the sub-list for method input_type
 	42, // [42:42] is the sub-list for extension type_name
 	42, // [42:42] is the sub-list for extension extendee
 	0,  // [0:42] is the sub-list for field type_name

@@ -40,6 +40,7 @@ const (
 	AdminService_RetireSigner_FullMethodName   = "/muster.v1.AdminService/RetireSigner"
 	AdminService_RevokeSigner_FullMethodName   = "/muster.v1.AdminService/RevokeSigner"
 	AdminService_RollbackSigner_FullMethodName = "/muster.v1.AdminService/RollbackSigner"
+	AdminService_SendTask_FullMethodName       = "/muster.v1.AdminService/SendTask"
 	AdminService_ListAudit_FullMethodName      = "/muster.v1.AdminService/ListAudit"
 	AdminService_VerifyAudit_FullMethodName    = "/muster.v1.AdminService/VerifyAudit"
 )
@@ -80,6 +81,9 @@ type AdminServiceClient interface {
 	RetireSigner(ctx context.Context, in *RetireSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
 	RevokeSigner(ctx context.Context, in *RevokeSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
 	RollbackSigner(ctx context.Context, in *RollbackSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	// SendTask signs a task with the active signer and queues it for its
+	// target nodes; their streams deliver it (task.send).
+	SendTask(ctx context.Context, in *SendTaskRequest, opts ...grpc.CallOption) (*SendTaskResponse, error)
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(ctx context.Context, in *VerifyAuditRequest, opts ...grpc.CallOption) (*VerifyAuditResponse, error)
@@ -303,6 +307,16 @@ func (c *adminServiceClient) RollbackSigner(ctx context.Context, in *RollbackSig
 	return out, nil
 }
 
+func (c *adminServiceClient) SendTask(ctx context.Context, in *SendTaskRequest, opts ...grpc.CallOption) (*SendTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendTaskResponse)
+	err := c.cc.Invoke(ctx, AdminService_SendTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListAuditResponse)
@@ -359,6 +373,9 @@ type AdminServiceServer interface {
 	RetireSigner(context.Context, *RetireSignerRequest) (*SignerChangeResponse, error)
 	RevokeSigner(context.Context, *RevokeSignerRequest) (*SignerChangeResponse, error)
 	RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error)
+	// SendTask signs a task with the active signer and queues it for its
+	// target nodes; their streams deliver it (task.send).
+	SendTask(context.Context, *SendTaskRequest) (*SendTaskResponse, error)
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(context.Context, *VerifyAuditRequest) (*VerifyAuditResponse, error)
@@ -434,6 +451,9 @@ func (UnimplementedAdminServiceServer) RevokeSigner(context.Context, *RevokeSign
 }
 func (UnimplementedAdminServiceServer) RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RollbackSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) SendTask(context.Context, *SendTaskRequest) (*SendTaskResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SendTask not implemented")
 }
 func (UnimplementedAdminServiceServer) ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAudit not implemented")
@@ -840,6 +860,24 @@ func _AdminService_RollbackSigner_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SendTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SendTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SendTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SendTask(ctx, req.(*SendTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListAudit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListAuditRequest)
 	if err := dec(in); err != nil {
@@ -966,6 +1004,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RollbackSigner",
 			Handler:    _AdminService_RollbackSigner_Handler,
+		},
+		{
+			MethodName: "SendTask",
+			Handler:    _AdminService_SendTask_Handler,
 		},
 		{
 			MethodName: "ListAudit",

@@ -109,6 +109,7 @@ type AgentMessage struct {
 	// Types that are valid to be assigned to Body:
 	//
 	//	*AgentMessage_Heartbeat
+	//	*AgentMessage_Result
 	Body          isAgentMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -160,6 +161,15 @@ func (x *AgentMessage) GetHeartbeat() *Heartbeat {
 	return nil
 }
 
+func (x *AgentMessage) GetResult() *TaskResult {
+	if x != nil {
+		if x, ok := x.Body.(*AgentMessage_Result); ok {
+			return x.Result
+		}
+	}
+	return nil
+}
+
 type isAgentMessage_Body interface {
 	isAgentMessage_Body()
 }
@@ -168,7 +178,93 @@ type AgentMessage_Heartbeat struct {
 	Heartbeat *Heartbeat `protobuf:"bytes,1,opt,name=heartbeat,proto3,oneof"`
 }
 
+type AgentMessage_Result struct {
+	Result *TaskResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
+}
+
 func (*AgentMessage_Heartbeat) isAgentMessage_Body() {}
+
+func (*AgentMessage_Result) isAgentMessage_Body() {}
+
+// TaskResult is the agent's answer to one task: state ok, refused (the
+// task did not verify or its rules did not hold: reason says which, by
+// signer version) or failed (it ran and failed).
+type TaskResult struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	TaskId          string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	State           string                 `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Reason          string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	SignerVersionId string                 `protobuf:"bytes,4,opt,name=signer_version_id,json=signerVersionId,proto3" json:"signer_version_id,omitempty"`
+	// detail: bounded output of the task (at most 4 KiB).
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskResult) Reset() {
+	*x = TaskResult{}
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskResult) ProtoMessage() {}
+
+func (x *TaskResult) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
+func (*TaskResult) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *TaskResult) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *TaskResult) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *TaskResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *TaskResult) GetSignerVersionId() string {
+	if x != nil {
+		return x.SignerVersionId
+	}
+	return ""
+}
+
+func (x *TaskResult) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
 
 // Heartbeat is what the agent reports of itself.
 type Heartbeat struct {
@@ -186,7 +282,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -198,7 +294,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -211,7 +307,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Heartbeat) GetVerifierSetVersion() int64 {
@@ -247,6 +343,7 @@ type AuthorityMessage struct {
 	// Types that are valid to be assigned to Body:
 	//
 	//	*AuthorityMessage_VerifierSet
+	//	*AuthorityMessage_Task
 	Body          isAuthorityMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -254,7 +351,7 @@ type AuthorityMessage struct {
 
 func (x *AuthorityMessage) Reset() {
 	*x = AuthorityMessage{}
-	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	mi := &file_muster_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +363,7 @@ func (x *AuthorityMessage) String() string {
 func (*AuthorityMessage) ProtoMessage() {}
 
 func (x *AuthorityMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	mi := &file_muster_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +376,7 @@ func (x *AuthorityMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorityMessage.ProtoReflect.Descriptor instead.
 func (*AuthorityMessage) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AuthorityMessage) GetBody() isAuthorityMessage_Body {
@@ -298,6 +395,15 @@ func (x *AuthorityMessage) GetVerifierSet() []byte {
 	return nil
 }
 
+func (x *AuthorityMessage) GetTask() []byte {
+	if x != nil {
+		if x, ok := x.Body.(*AuthorityMessage_Task); ok {
+			return x.Task
+		}
+	}
+	return nil
+}
+
 type isAuthorityMessage_Body interface {
 	isAuthorityMessage_Body()
 }
@@ -307,7 +413,14 @@ type AuthorityMessage_VerifierSet struct {
 	VerifierSet []byte `protobuf:"bytes,1,opt,name=verifier_set,json=verifierSet,proto3,oneof"`
 }
 
+type AuthorityMessage_Task struct {
+	// task: a signed task (JSON: the envelope and its Ed25519 signature).
+	Task []byte `protobuf:"bytes,2,opt,name=task,proto3,oneof"`
+}
+
 func (*AuthorityMessage_VerifierSet) isAuthorityMessage_Body() {}
+
+func (*AuthorityMessage_Task) isAuthorityMessage_Body() {}
 
 var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
@@ -316,10 +429,18 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x17\n" +
 	"\x15GetVerifierSetRequest\";\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
-	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\"L\n" +
+	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\"}\n" +
 	"\fAgentMessage\x124\n" +
-	"\theartbeat\x18\x01 \x01(\v2\x14.muster.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"\xcc\x02\n" +
+	"\theartbeat\x18\x01 \x01(\v2\x14.muster.v1.HeartbeatH\x00R\theartbeat\x12/\n" +
+	"\x06result\x18\x02 \x01(\v2\x15.muster.v1.TaskResultH\x00R\x06resultB\x06\n" +
+	"\x04body\"\x97\x01\n" +
+	"\n" +
+	"TaskResult\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
+	"\x11signer_version_id\x18\x04 \x01(\tR\x0fsignerVersionId\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xcc\x02\n" +
 	"\tHeartbeat\x120\n" +
 	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
 	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
@@ -327,9 +448,10 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x1aB\n" +
 	"\x14AcceptedSignersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"?\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +
 	"\x10AuthorityMessage\x12#\n" +
-	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSetB\x06\n" +
+	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSet\x12\x14\n" +
+	"\x04task\x18\x02 \x01(\fH\x00R\x04taskB\x06\n" +
 	"\x04body2\xaa\x01\n" +
 	"\fAgentService\x12U\n" +
 	"\x0eGetVerifierSet\x12 .muster.v1.GetVerifierSetRequest\x1a!.muster.v1.GetVerifierSetResponse\x12C\n" +
@@ -347,29 +469,31 @@ func file_muster_v1_agent_proto_rawDescGZIP() []byte {
 	return file_muster_v1_agent_proto_rawDescData
 }
 
-var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_muster_v1_agent_proto_goTypes = []any{
 	(*GetVerifierSetRequest)(nil),  // 0: muster.v1.GetVerifierSetRequest
 	(*GetVerifierSetResponse)(nil), // 1: muster.v1.GetVerifierSetResponse
 	(*AgentMessage)(nil),           // 2: muster.v1.AgentMessage
-	(*Heartbeat)(nil),              // 3: muster.v1.Heartbeat
-	(*AuthorityMessage)(nil),       // 4: muster.v1.AuthorityMessage
-	nil,                            // 5: muster.v1.Heartbeat.AcceptedSignersEntry
-	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
+	(*TaskResult)(nil),             // 3: muster.v1.TaskResult
+	(*Heartbeat)(nil),              // 4: muster.v1.Heartbeat
+	(*AuthorityMessage)(nil),       // 5: muster.v1.AuthorityMessage
+	nil,                            // 6: muster.v1.Heartbeat.AcceptedSignersEntry
+	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
-	3, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
-	5, // 1: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
-	6, // 2: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
-	0, // 3: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	2, // 4: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	1, // 5: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	4, // 6: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	4, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
+	3, // 1: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
+	6, // 2: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
+	7, // 3: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	0, // 4: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	2, // 5: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	1, // 6: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	5, // 7: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -379,9 +503,11 @@ func file_muster_v1_agent_proto_init() {
 	}
 	file_muster_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*AgentMessage_Heartbeat)(nil),
+		(*AgentMessage_Result)(nil),
 	}
-	file_muster_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_muster_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AuthorityMessage_VerifierSet)(nil),
+		(*AuthorityMessage_Task)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -389,7 +515,7 @@ func file_muster_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_agent_proto_rawDesc), len(file_muster_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

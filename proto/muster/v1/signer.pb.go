@@ -500,6 +500,162 @@ func (x *SignerChangeResponse) GetVerifierSetVersion() int64 {
 	return 0
 }
 
+type SendTaskRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	TaskType string                 `protobuf:"bytes,1,opt,name=task_type,json=taskType,proto3" json:"task_type,omitempty"`
+	// Exactly one of node_ids, labels (nodes whose join token carries every
+	// label) or all.
+	NodeIds []string          `protobuf:"bytes,2,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
+	Labels  map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	All     bool              `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	Params  map[string]string `protobuf:"bytes,5,rep,name=params,proto3" json:"params,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// expires: the task's lifetime; unset means 10m, at most 24h.
+	Expires       *durationpb.Duration `protobuf:"bytes,6,opt,name=expires,proto3" json:"expires,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendTaskRequest) Reset() {
+	*x = SendTaskRequest{}
+	mi := &file_muster_v1_signer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendTaskRequest) ProtoMessage() {}
+
+func (x *SendTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_signer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendTaskRequest.ProtoReflect.Descriptor instead.
+func (*SendTaskRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_signer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SendTaskRequest) GetTaskType() string {
+	if x != nil {
+		return x.TaskType
+	}
+	return ""
+}
+
+func (x *SendTaskRequest) GetNodeIds() []string {
+	if x != nil {
+		return x.NodeIds
+	}
+	return nil
+}
+
+func (x *SendTaskRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *SendTaskRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *SendTaskRequest) GetParams() map[string]string {
+	if x != nil {
+		return x.Params
+	}
+	return nil
+}
+
+func (x *SendTaskRequest) GetExpires() *durationpb.Duration {
+	if x != nil {
+		return x.Expires
+	}
+	return nil
+}
+
+type SendTaskResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// node_ids: the nodes the task was queued for.
+	NodeIds         []string               `protobuf:"bytes,2,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
+	SignerVersionId string                 `protobuf:"bytes,3,opt,name=signer_version_id,json=signerVersionId,proto3" json:"signer_version_id,omitempty"`
+	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *SendTaskResponse) Reset() {
+	*x = SendTaskResponse{}
+	mi := &file_muster_v1_signer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendTaskResponse) ProtoMessage() {}
+
+func (x *SendTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_signer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendTaskResponse.ProtoReflect.Descriptor instead.
+func (*SendTaskResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_signer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SendTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SendTaskResponse) GetNodeIds() []string {
+	if x != nil {
+		return x.NodeIds
+	}
+	return nil
+}
+
+func (x *SendTaskResponse) GetSignerVersionId() string {
+	if x != nil {
+		return x.SignerVersionId
+	}
+	return ""
+}
+
+func (x *SendTaskResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 var File_muster_v1_signer_proto protoreflect.FileDescriptor
 
 const file_muster_v1_signer_proto_rawDesc = "" +
@@ -535,7 +691,26 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\x15RollbackSignerRequest\"u\n" +
 	"\x14SignerChangeResponse\x12+\n" +
 	"\achanged\x18\x01 \x03(\v2\x11.muster.v1.SignerR\achanged\x120\n" +
-	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersionB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"\x86\x03\n" +
+	"\x0fSendTaskRequest\x12\x1b\n" +
+	"\ttask_type\x18\x01 \x01(\tR\btaskType\x12\x19\n" +
+	"\bnode_ids\x18\x02 \x03(\tR\anodeIds\x12>\n" +
+	"\x06labels\x18\x03 \x03(\v2&.muster.v1.SendTaskRequest.LabelsEntryR\x06labels\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12>\n" +
+	"\x06params\x18\x05 \x03(\v2&.muster.v1.SendTaskRequest.ParamsEntryR\x06params\x123\n" +
+	"\aexpires\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\aexpires\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
+	"\vParamsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xad\x01\n" +
+	"\x10SendTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x19\n" +
+	"\bnode_ids\x18\x02 \x03(\tR\anodeIds\x12*\n" +
+	"\x11signer_version_id\x18\x03 \x01(\tR\x0fsignerVersionId\x129\n" +
+	"\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAtB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_signer_proto_rawDescOnce sync.Once
@@ -549,7 +724,7 @@ func file_muster_v1_signer_proto_rawDescGZIP() []byte {
 	return file_muster_v1_signer_proto_rawDescData
 }
 
-var file_muster_v1_signer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_muster_v1_signer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_muster_v1_signer_proto_goTypes = []any{
 	(*Signer)(nil),                // 0: muster.v1.Signer
 	(*ListSignersRequest)(nil),    // 1: muster.v1.ListSignersRequest
@@ -560,25 +735,33 @@ var file_muster_v1_signer_proto_goTypes = []any{
 	(*RevokeSignerRequest)(nil),   // 6: muster.v1.RevokeSignerRequest
 	(*RollbackSignerRequest)(nil), // 7: muster.v1.RollbackSignerRequest
 	(*SignerChangeResponse)(nil),  // 8: muster.v1.SignerChangeResponse
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*SendTaskRequest)(nil),       // 9: muster.v1.SendTaskRequest
+	(*SendTaskResponse)(nil),      // 10: muster.v1.SendTaskResponse
+	nil,                           // 11: muster.v1.SendTaskRequest.LabelsEntry
+	nil,                           // 12: muster.v1.SendTaskRequest.ParamsEntry
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
 }
 var file_muster_v1_signer_proto_depIdxs = []int32{
-	9,  // 0: muster.v1.Signer.published_at:type_name -> google.protobuf.Timestamp
-	9,  // 1: muster.v1.Signer.effective_at:type_name -> google.protobuf.Timestamp
-	9,  // 2: muster.v1.Signer.grace_until:type_name -> google.protobuf.Timestamp
-	9,  // 3: muster.v1.Signer.retires_at:type_name -> google.protobuf.Timestamp
-	9,  // 4: muster.v1.Signer.ended_at:type_name -> google.protobuf.Timestamp
+	13, // 0: muster.v1.Signer.published_at:type_name -> google.protobuf.Timestamp
+	13, // 1: muster.v1.Signer.effective_at:type_name -> google.protobuf.Timestamp
+	13, // 2: muster.v1.Signer.grace_until:type_name -> google.protobuf.Timestamp
+	13, // 3: muster.v1.Signer.retires_at:type_name -> google.protobuf.Timestamp
+	13, // 4: muster.v1.Signer.ended_at:type_name -> google.protobuf.Timestamp
 	0,  // 5: muster.v1.ListSignersResponse.signers:type_name -> muster.v1.Signer
-	10, // 6: muster.v1.ListSignersResponse.min_lead_time:type_name -> google.protobuf.Duration
-	10, // 7: muster.v1.StageSignerRequest.effective_in:type_name -> google.protobuf.Duration
-	10, // 8: muster.v1.StageSignerRequest.grace:type_name -> google.protobuf.Duration
+	14, // 6: muster.v1.ListSignersResponse.min_lead_time:type_name -> google.protobuf.Duration
+	14, // 7: muster.v1.StageSignerRequest.effective_in:type_name -> google.protobuf.Duration
+	14, // 8: muster.v1.StageSignerRequest.grace:type_name -> google.protobuf.Duration
 	0,  // 9: muster.v1.SignerChangeResponse.changed:type_name -> muster.v1.Signer
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	11, // 10: muster.v1.SendTaskRequest.labels:type_name -> muster.v1.SendTaskRequest.LabelsEntry
+	12, // 11: muster.v1.SendTaskRequest.params:type_name -> muster.v1.SendTaskRequest.ParamsEntry
+	14, // 12: muster.v1.SendTaskRequest.expires:type_name -> google.protobuf.Duration
+	13, // 13: muster.v1.SendTaskResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_signer_proto_init() }
@@ -592,7 +775,7 @@ func file_muster_v1_signer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_signer_proto_rawDesc), len(file_muster_v1_signer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newTaskCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "task",
+		Short: "Send signed tasks to agents",
+	}
+	cmd.AddCommand(newTaskSendCmd(env))
+	return cmd
+}
+
+// parsePairs reads k=v flags into a map.
+func parsePairs(flag string, pairs []string) (map[string]string, error) {
+	m := map[string]string{}
+	for _, p := range pairs {
+		k, v, ok := strings.Cut(p, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("--%s %q: want key=value", flag, p)
+		}
+		if _, dup := m[k]; dup {
+			return nil, fmt.Errorf("--%s: %s given twice", flag, k)
+		}
+		m[k] = v
+	}
+	return m, nil
+}
+
+func newTaskSendCmd(env *Env) *cobra.Command {
+	var (
+		af                   adminFlags
+		out                  output
+		typ                  string
+		nodes, labels, param []string
+		all                  bool
+		expires              time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "send --type T (--node N ... | --label k=v ... | --all) [--param k=v ...] [--expires 10m]",
+		Short: "Sign a task with the active signer and queue it for agents",
+		Long: `Sign a task with the active signer and queue it for the target agents; each
+gets it on its stream, now or when it next connects, until the task expires.
+Built-in types: node.renew_now (renew the certificate now) and node.report
+(answer with the agent's status). Any other type runs only on agents whose
+task-handlers.yaml maps it to an executable (docs/task-handlers.md).
+--label selects the nodes whose join token carries every label given.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			n := 0
+			for _, set := range []bool{len(nodes) > 0, len(labels) > 0, all} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				return fmt.Errorf("task send: give exactly one of --node, --label or --all")
+			}
+			lm, err := parsePairs("label", labels)
+			if err != nil {
+				return fmt.Errorf("task send: %w", err)
+			}
+			pm, err := parsePairs("param", param)
+			if err != nil {
+				return fmt.Errorf("task send: %w", err)
+			}
+			resp, err := callAdmin(cmd, env, &af, "task send", func(ctx context.Context, c *adminClient) (*musterv1.SendTaskResponse, error) {
+				return c.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: typ, NodeIds: nodes, Labels: lm, All: all, Params: pm,
+					Expires: durationpb.New(expires)})
+			})
+			if err != nil {
+				return err
+			}
+			if out.json() {
+				return writeJSON(env.Stdout, struct {
+					TaskID          string    `json:"task_id"`
+					NodeIDs         []string  `json:"node_ids"`
+					SignerVersionID string    `json:"signer_version_id"`
+					ExpiresAt       time.Time `json:"expires_at"`
+				}{resp.GetTaskId(), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
+			}
+			fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
+				resp.GetSignerVersionId(), len(resp.GetNodeIds()), resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+			fmt.Fprintln(env.Stdout, "Results: muster audit list --action task.result")
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&typ, "type", "", "task type (node.renew_now, node.report, or a custom type)")
+	f.StringSliceVar(&nodes, "node", nil, "a target node ID (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "a label k=v the target nodes' join tokens carry (repeatable)")
+	f.BoolVar(&all, "all", false, "every enrolled node")
+	f.StringArrayVar(&param, "param", nil, "a parameter k=v (repeatable)")
+	f.DurationVar(&expires, "expires", 10*time.Minute, "how long the task may be delivered and run (at most 24h)")
+	cmd.MarkFlagRequired("type")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
