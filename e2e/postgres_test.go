@@ -48,7 +48,7 @@ func TestAuthorityOnPostgres(t *testing.T) {
 	if !strings.Contains(mustRun(t, "audit", "verify", "--data", dir), "intact") {
 		t.Fatal("audit verify on PostgreSQL")
 	}
-	if !strings.Contains(mustRun(t, "status", "--data", dir), "schema 4") {
+	if !strings.Contains(mustRun(t, "status", "--data", dir), "schema 5") {
 		t.Error("status does not show the PostgreSQL schema")
 	}
 }

@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReplicasShareSignersAndStreams: on two replicas of one PostgreSQL
+// store, a signer staged through one replica is rolled out to an agent
+// whose stream the other holds, a signer activated through one is the one
+// the other signs with, and a lock made through one closes the stream on
+// the other within a second.
+func TestReplicasShareSignersAndStreams(t *testing.T) {
+	_, rs := startReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	on := func(r *agentEnv, args ...string) string {
+		return mustRun(t, append(args, "--data", r.dir, "--authority", r.auth.addr)...)
+	}
+	var tok createdToken
+	if err := json.Unmarshal([]byte(on(a, "token", "create", "-o", "json")), &tok); err != nil {
+		t.Fatal(err)
+	}
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, 5*time.Second, "replica a holds the stream", func() bool { return strings.Contains(a.auth.Logs(), "agent stream opened") })
+
+	on(b, "signer", "stage", "--effective-in", "15m")
+	waitFor(t, 10*time.Second, "the rotate task sent through b reaches the agent on a", func() bool {
+		st := agentStatus(t, adir)
+		return st["last_rotate_task"] != nil && st["accepted_signers"].(map[string]any)["v2"] == "staged"
+	})
+
+	on(b, "signer", "activate")
+	var sent struct {
+		SignerVersionID string `json:"signer_version_id"`
+	}
+	if err := json.Unmarshal([]byte(on(a, "task", "send", "--type", "node.report", "--node", "n1", "-o", "json")), &sent); err != nil || sent.SignerVersionID != "v2" {
+		t.Fatalf("replica a signs with %q after b activated v2 (%v)", sent.SignerVersionID, err)
+	}
+
+	on(b, "lock", "create", "--node", "n1", "--reason", "test")
+	took := waitFor(t, 1500*time.Millisecond, "the stream on a closes after the lock through b", func() bool {
+		l := grepLines(a.auth.Logs(), `"msg":"agent stream closed"`)
+		return strings.Contains(l, "locked")
+	})
+	t.Logf("stream on replica a closed %s after the lock through replica b", took)
+}
