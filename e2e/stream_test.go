@@ -36,6 +36,10 @@ func TestAgentStream(t *testing.T) {
 		t.Errorf("metrics do not count the stream:\n%s", grepLines(m, "muster_connected_agents"))
 	}
 
+	waitFor(t, 5*time.Second, "agents show reports the stream and a heartbeat", func() bool {
+		out := mustRun(t, "agents", "show", "n1", "--data", e.dir)
+		return strings.Contains(out, "Stream: connected to "+e.auth.addr) && strings.Contains(out, "Heartbeat: verifier set version 1, accepts v1 (active)")
+	})
 	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "30m")
 	took := waitFor(t, 5*time.Second, "the staged signer reaches the agent", func() bool {
 		st := agentStatus(t, adir)
@@ -50,6 +54,9 @@ func TestAgentStream(t *testing.T) {
 	})
 	t.Logf("stream closed %s after the lock", took)
 	waitFor(t, 5*time.Second, "the agent notices", func() bool { return strings.Contains(ag.Logs(), "stream to the authority closed") })
+	waitFor(t, 5*time.Second, "agents show reports the stream closed", func() bool {
+		return strings.Contains(mustRun(t, "agents", "show", "n1", "--data", e.dir), "Stream: disconnected, last seen")
+	})
 }
 
 func grepLines(s, sub string) string {

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -33,6 +34,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
+	var err error
 	// A stream never outlives the certificate it was opened with.
 	ctx, cancel := context.WithDeadline(ctx, c.Cert.NotAfter)
 	defer cancel()
@@ -40,6 +42,25 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	defer a.s.streams.connected.Dec()
 	log := a.s.log.With("node", c.ID.Name, "correlation_id", c.CorrelationID)
 	log.Info("agent stream opened")
+	row := store.AgentStream{NodeID: c.ID.Name, Replica: a.s.advertise(), Connected: true}
+	if row.ConnectedAt, err = a.s.store.Now(ctx); err != nil {
+		return toStatus(ctx, a.s.log, err)
+	}
+	row.LastSeen = row.ConnectedAt
+	if err := a.s.store.RecordAgentStream(ctx, row); err != nil {
+		return toStatus(ctx, a.s.log, err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		now, err := a.s.store.Now(rctx)
+		if err == nil {
+			err = a.s.store.CloseAgentStream(rctx, row.NodeID, row.ConnectedAt, now)
+		}
+		if err != nil {
+			log.Error("cannot record the stream's end", "err", err)
+		}
+	}()
 
 	recvErr := make(chan error, 1)
 	go func() {
@@ -54,8 +75,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 			}
 			if hb := m.GetHeartbeat(); hb != nil {
 				a.s.streams.heartbeats.Inc()
-				log.Debug("heartbeat", "verifier_set_version", hb.GetVerifierSetVersion(), "accepted_signers", hb.GetAcceptedSigners(),
-					"identity_not_after", hb.GetIdentityNotAfter().AsTime(), "static_verifiers", hb.GetStaticVerifiers())
+				a.s.recordHeartbeat(ctx, row, hb)
 			}
 		}
 	}()
@@ -213,4 +233,48 @@ func reasonLabel(r string) string {
 		return r
 	}
 	return "other"
+}
+
+// heartbeatJSON is a heartbeat as the store keeps it and agents show
+// prints it.
+type heartbeatJSON struct {
+	VerifierSetVersion int64             `json:"verifier_set_version"`
+	AcceptedSigners    map[string]string `json:"accepted_signers"`
+	IdentityNotAfter   time.Time         `json:"identity_not_after"`
+	StaticVerifiers    int32             `json:"static_verifiers,omitempty"`
+}
+
+// recordHeartbeat keeps an agent's last heartbeat and when it was heard.
+// The agent's figures are bounded before they are kept.
+func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) {
+	doc := heartbeatJSON{VerifierSetVersion: hb.GetVerifierSetVersion(), AcceptedSigners: map[string]string{},
+		IdentityNotAfter: hb.GetIdentityNotAfter().AsTime().UTC(), StaticVerifiers: hb.GetStaticVerifiers()}
+	for v, st := range hb.GetAcceptedSigners() {
+		if len(doc.AcceptedSigners) < signer.MaxSetKeys && signer.ValidVersionID(v) == nil && signer.State(st).Valid() {
+			doc.AcceptedSigners[v] = st
+		}
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return
+	}
+	row.Report = string(b)
+	if row.LastSeen, err = s.store.Now(ctx); err == nil {
+		err = s.store.RecordAgentStream(ctx, row)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("cannot record a heartbeat", "err", err, "node", row.NodeID)
+	}
+}
+
+// streamStatus is what agents list and show say of a node's stream.
+func (s *Server) streamStatus(ctx context.Context, node string) (*musterv1.AgentStreamStatus, error) {
+	a, err := s.store.GetAgentStream(ctx, node)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	return &musterv1.AgentStreamStatus{Connected: a.Connected, Replica: a.Replica, ConnectedAt: timestampOrNil(a.ConnectedAt),
+		LastSeen: timestampOrNil(a.LastSeen), Heartbeat: a.Report}, nil
 }

@@ -199,6 +199,9 @@ func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return nil, err
 	}
+	if p.Stream, err = a.s.streamStatus(ctx, n.ID); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 

@@ -34,22 +34,23 @@ func fmtTime(t *time.Time) string {
 }
 
 type agentJSON struct {
-	NodeID       string     `json:"node"`
-	JoinMethod   string     `json:"join_method"`
-	TokenID      string     `json:"token_id,omitempty"`
-	InstanceID   string     `json:"instance_id"`
-	Generation   int64      `json:"generation"`
-	CreatedAt    *time.Time `json:"created_at"`
-	UpdatedAt    *time.Time `json:"updated_at"`
-	NotAfter     *time.Time `json:"not_after"`
-	LastIssuedAt *time.Time `json:"last_issued_at"`
-	Locked       string     `json:"locked,omitempty"`
+	NodeID       string      `json:"node"`
+	JoinMethod   string      `json:"join_method"`
+	TokenID      string      `json:"token_id,omitempty"`
+	InstanceID   string      `json:"instance_id"`
+	Generation   int64       `json:"generation"`
+	CreatedAt    *time.Time  `json:"created_at"`
+	UpdatedAt    *time.Time  `json:"updated_at"`
+	NotAfter     *time.Time  `json:"not_after"`
+	LastIssuedAt *time.Time  `json:"last_issued_at"`
+	Locked       string      `json:"locked,omitempty"`
+	Stream       *streamJSON `json:"stream,omitempty"`
 }
 
 func agentOf(a *musterv1.Agent) agentJSON {
 	return agentJSON{NodeID: a.GetNodeId(), JoinMethod: a.GetJoinMethod(), TokenID: a.GetTokenId(), InstanceID: a.GetInstanceId(),
 		Generation: a.GetGeneration(), CreatedAt: timeOf(a.GetCreatedAt()), UpdatedAt: timeOf(a.GetUpdatedAt()),
-		NotAfter: timeOf(a.GetNotAfter()), LastIssuedAt: timeOf(a.GetLastIssuedAt()), Locked: a.GetLocked()}
+		NotAfter: timeOf(a.GetNotAfter()), LastIssuedAt: timeOf(a.GetLastIssuedAt()), Locked: a.GetLocked(), Stream: streamOf(a.GetStream())}
 }
 
 func newAgentsListCmd(env *Env) *cobra.Command {
@@ -158,6 +159,7 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 					if a.Locked != "" {
 						fmt.Fprintf(env.Stdout, "Locked: %s\n", a.Locked)
 					}
+					printStream(env.Stdout, a.Stream)
 				} else {
 					fmt.Fprintf(env.Stdout, "Node %s was deleted; its history:\n", args[0])
 				}

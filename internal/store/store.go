@@ -207,4 +207,5 @@ type Store interface {
 	DiscoveryStore
 	SignerStore
 	TaskStore
+	AgentStreamStore
 }

@@ -52,6 +52,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"TicketKey", ticketKeyCases()},
 		{"Signer", signerCases()},
 		{"Task", taskCases()},
+		{"AgentStream", agentStreamCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

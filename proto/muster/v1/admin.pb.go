@@ -1745,7 +1745,9 @@ type Agent struct {
 	NotAfter     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
 	LastIssuedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_issued_at,json=lastIssuedAt,proto3" json:"last_issued_at,omitempty"`
 	// locked names the lock in force on the node or its instance, if any.
-	Locked        string `protobuf:"bytes,10,opt,name=locked,proto3" json:"locked,omitempty"`
+	Locked string `protobuf:"bytes,10,opt,name=locked,proto3" json:"locked,omitempty"`
+	// stream: the agent's stream, unset if it never connected.
+	Stream        *AgentStreamStatus `protobuf:"bytes,11,opt,name=stream,proto3" json:"stream,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1848,6 +1850,13 @@ func (x *Agent) GetLocked() string {
 		return x.Locked
 	}
 	return ""
+}
+
+func (x *Agent) GetStream() *AgentStreamStatus {
+	if x != nil {
+		return x.Stream
+	}
+	return nil
 }
 
 type AgentInstance struct {
@@ -2718,7 +2727,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\"$\n" +
 	"\x12DeleteTokenRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
-	"\x13DeleteTokenResponse\"\xa6\x03\n" +
+	"\x13DeleteTokenResponse\"\xdc\x03\n" +
 	"\x05Agent\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vjoin_method\x18\x02 \x01(\tR\n" +
@@ -2736,7 +2745,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\tnot_after\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12@\n" +
 	"\x0elast_issued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\flastIssuedAt\x12\x16\n" +
 	"\x06locked\x18\n" +
-	" \x01(\tR\x06locked\"\xed\x01\n" +
+	" \x01(\tR\x06locked\x124\n" +
+	"\x06stream\x18\v \x01(\v2\x1c.muster.v1.AgentStreamStatusR\x06stream\"\xed\x01\n" +
 	"\rAgentInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -2882,16 +2892,17 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	nil,                           // 43: muster.v1.CreateTokenRequest.LabelsEntry
 	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
-	(*ListSignersRequest)(nil),    // 46: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 47: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 48: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 49: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 50: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 51: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 52: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 53: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 54: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 55: muster.v1.SendTaskResponse
+	(*AgentStreamStatus)(nil),     // 46: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),    // 47: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),    // 48: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil), // 49: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),   // 50: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),   // 51: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil), // 52: muster.v1.RollbackSignerRequest
+	(*SendTaskRequest)(nil),       // 53: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),   // 54: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 55: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 56: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	44, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -2921,74 +2932,75 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	44, // 24: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
 	44, // 25: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
 	44, // 26: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	44, // 27: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	44, // 28: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	44, // 29: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	44, // 30: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
-	28, // 31: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
-	28, // 32: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
-	29, // 33: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
-	30, // 34: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	44, // 35: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	44, // 36: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
-	37, // 37: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
-	37, // 38: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	45, // 39: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
-	37, // 40: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
-	37, // 41: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	0,  // 42: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 43: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 44: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 45: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 46: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 47: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	20, // 48: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	22, // 49: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	24, // 50: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	26, // 51: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	31, // 52: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	33, // 53: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	35, // 54: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	38, // 55: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	40, // 56: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	46, // 57: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	47, // 58: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	48, // 59: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	49, // 60: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	50, // 61: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	51, // 62: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	52, // 63: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 64: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 65: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 66: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 67: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 68: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 69: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 70: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 71: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	21, // 72: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	23, // 73: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	25, // 74: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	27, // 75: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	32, // 76: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	34, // 77: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	36, // 78: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	39, // 79: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	41, // 80: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	53, // 81: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	54, // 82: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	54, // 83: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	54, // 84: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	54, // 85: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	54, // 86: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	55, // 87: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 88: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 89: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	66, // [66:90] is the sub-list for method output_type
-	42, // [42:66] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	46, // 27: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	44, // 28: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	44, // 29: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	44, // 30: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	44, // 31: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	28, // 32: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
+	28, // 33: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
+	29, // 34: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
+	30, // 35: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
+	44, // 36: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	44, // 37: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 38: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
+	37, // 39: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
+	45, // 40: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	37, // 41: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
+	37, // 42: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
+	0,  // 43: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 44: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 45: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 46: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 47: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 48: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	20, // 49: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	22, // 50: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	24, // 51: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	26, // 52: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	31, // 53: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	33, // 54: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	35, // 55: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	38, // 56: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	40, // 57: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	47, // 58: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	48, // 59: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	49, // 60: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	50, // 61: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	51, // 62: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	52, // 63: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	53, // 64: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 65: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 66: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 67: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 68: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 69: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 70: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 71: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 72: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	21, // 73: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	23, // 74: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	25, // 75: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	27, // 76: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	32, // 77: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	34, // 78: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	36, // 79: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	39, // 80: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	41, // 81: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	54, // 82: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	55, // 83: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	55, // 84: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	55, // 85: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	55, // 86: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	55, // 87: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	56, // 88: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 89: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 90: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	67, // [67:91] is the sub-list for method output_type
+	43, // [43:67] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }

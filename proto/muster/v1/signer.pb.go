@@ -656,6 +656,87 @@ func (x *SendTaskResponse) GetExpiresAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// AgentStreamStatus is what the authority last knew of an agent's stream.
+type AgentStreamStatus struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Connected bool                   `protobuf:"varint,1,opt,name=connected,proto3" json:"connected,omitempty"`
+	// replica: the advertised address of the replica holding (or that held)
+	// the stream.
+	Replica     string                 `protobuf:"bytes,2,opt,name=replica,proto3" json:"replica,omitempty"`
+	ConnectedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	LastSeen    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// heartbeat: the agent's last heartbeat, JSON: verifier set version,
+	// accepted signers, identity expiry, static verifiers.
+	Heartbeat     string `protobuf:"bytes,5,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentStreamStatus) Reset() {
+	*x = AgentStreamStatus{}
+	mi := &file_muster_v1_signer_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentStreamStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentStreamStatus) ProtoMessage() {}
+
+func (x *AgentStreamStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_signer_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentStreamStatus.ProtoReflect.Descriptor instead.
+func (*AgentStreamStatus) Descriptor() ([]byte, []int) {
+	return file_muster_v1_signer_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AgentStreamStatus) GetConnected() bool {
+	if x != nil {
+		return x.Connected
+	}
+	return false
+}
+
+func (x *AgentStreamStatus) GetReplica() string {
+	if x != nil {
+		return x.Replica
+	}
+	return ""
+}
+
+func (x *AgentStreamStatus) GetConnectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedAt
+	}
+	return nil
+}
+
+func (x *AgentStreamStatus) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
+func (x *AgentStreamStatus) GetHeartbeat() string {
+	if x != nil {
+		return x.Heartbeat
+	}
+	return ""
+}
+
 var File_muster_v1_signer_proto protoreflect.FileDescriptor
 
 const file_muster_v1_signer_proto_rawDesc = "" +
@@ -710,7 +791,13 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\bnode_ids\x18\x02 \x03(\tR\anodeIds\x12*\n" +
 	"\x11signer_version_id\x18\x03 \x01(\tR\x0fsignerVersionId\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAtB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xe1\x01\n" +
+	"\x11AgentStreamStatus\x12\x1c\n" +
+	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
+	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
+	"\fconnected_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x127\n" +
+	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x1c\n" +
+	"\theartbeat\x18\x05 \x01(\tR\theartbeatB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_signer_proto_rawDescOnce sync.Once
@@ -724,7 +811,7 @@ func file_muster_v1_signer_proto_rawDescGZIP() []byte {
 	return file_muster_v1_signer_proto_rawDescData
 }
 
-var file_muster_v1_signer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_muster_v1_signer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_muster_v1_signer_proto_goTypes = []any{
 	(*Signer)(nil),                // 0: muster.v1.Signer
 	(*ListSignersRequest)(nil),    // 1: muster.v1.ListSignersRequest
@@ -737,31 +824,34 @@ var file_muster_v1_signer_proto_goTypes = []any{
 	(*SignerChangeResponse)(nil),  // 8: muster.v1.SignerChangeResponse
 	(*SendTaskRequest)(nil),       // 9: muster.v1.SendTaskRequest
 	(*SendTaskResponse)(nil),      // 10: muster.v1.SendTaskResponse
-	nil,                           // 11: muster.v1.SendTaskRequest.LabelsEntry
-	nil,                           // 12: muster.v1.SendTaskRequest.ParamsEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),     // 11: muster.v1.AgentStreamStatus
+	nil,                           // 12: muster.v1.SendTaskRequest.LabelsEntry
+	nil,                           // 13: muster.v1.SendTaskRequest.ParamsEntry
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
 }
 var file_muster_v1_signer_proto_depIdxs = []int32{
-	13, // 0: muster.v1.Signer.published_at:type_name -> google.protobuf.Timestamp
-	13, // 1: muster.v1.Signer.effective_at:type_name -> google.protobuf.Timestamp
-	13, // 2: muster.v1.Signer.grace_until:type_name -> google.protobuf.Timestamp
-	13, // 3: muster.v1.Signer.retires_at:type_name -> google.protobuf.Timestamp
-	13, // 4: muster.v1.Signer.ended_at:type_name -> google.protobuf.Timestamp
+	14, // 0: muster.v1.Signer.published_at:type_name -> google.protobuf.Timestamp
+	14, // 1: muster.v1.Signer.effective_at:type_name -> google.protobuf.Timestamp
+	14, // 2: muster.v1.Signer.grace_until:type_name -> google.protobuf.Timestamp
+	14, // 3: muster.v1.Signer.retires_at:type_name -> google.protobuf.Timestamp
+	14, // 4: muster.v1.Signer.ended_at:type_name -> google.protobuf.Timestamp
 	0,  // 5: muster.v1.ListSignersResponse.signers:type_name -> muster.v1.Signer
-	14, // 6: muster.v1.ListSignersResponse.min_lead_time:type_name -> google.protobuf.Duration
-	14, // 7: muster.v1.StageSignerRequest.effective_in:type_name -> google.protobuf.Duration
-	14, // 8: muster.v1.StageSignerRequest.grace:type_name -> google.protobuf.Duration
+	15, // 6: muster.v1.ListSignersResponse.min_lead_time:type_name -> google.protobuf.Duration
+	15, // 7: muster.v1.StageSignerRequest.effective_in:type_name -> google.protobuf.Duration
+	15, // 8: muster.v1.StageSignerRequest.grace:type_name -> google.protobuf.Duration
 	0,  // 9: muster.v1.SignerChangeResponse.changed:type_name -> muster.v1.Signer
-	11, // 10: muster.v1.SendTaskRequest.labels:type_name -> muster.v1.SendTaskRequest.LabelsEntry
-	12, // 11: muster.v1.SendTaskRequest.params:type_name -> muster.v1.SendTaskRequest.ParamsEntry
-	14, // 12: muster.v1.SendTaskRequest.expires:type_name -> google.protobuf.Duration
-	13, // 13: muster.v1.SendTaskResponse.expires_at:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	12, // 10: muster.v1.SendTaskRequest.labels:type_name -> muster.v1.SendTaskRequest.LabelsEntry
+	13, // 11: muster.v1.SendTaskRequest.params:type_name -> muster.v1.SendTaskRequest.ParamsEntry
+	15, // 12: muster.v1.SendTaskRequest.expires:type_name -> google.protobuf.Duration
+	14, // 13: muster.v1.SendTaskResponse.expires_at:type_name -> google.protobuf.Timestamp
+	14, // 14: muster.v1.AgentStreamStatus.connected_at:type_name -> google.protobuf.Timestamp
+	14, // 15: muster.v1.AgentStreamStatus.last_seen:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_signer_proto_init() }
@@ -775,7 +865,7 @@ func file_muster_v1_signer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_signer_proto_rawDesc), len(file_muster_v1_signer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

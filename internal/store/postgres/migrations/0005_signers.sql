@@ -51,3 +51,14 @@ CREATE TABLE task_deliveries (
 	updated_at BIGINT NOT NULL,
 	PRIMARY KEY (node_id, task_id)
 );
+
+-- The last word of each agent's stream: which replica holds (or held) it,
+-- since when, when the agent was last heard, and its last heartbeat.
+CREATE TABLE agent_streams (
+	node_id      TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	replica      TEXT    NOT NULL,
+	connected    BIGINT  NOT NULL,
+	connected_at BIGINT  NOT NULL,
+	last_seen    BIGINT  NOT NULL,
+	report       TEXT    NOT NULL DEFAULT ''
+);

@@ -51,3 +51,14 @@ CREATE TABLE task_deliveries (
 	updated_at INTEGER NOT NULL,
 	PRIMARY KEY (node_id, task_id)
 ) STRICT;
+
+-- The last word of each agent's stream: which replica holds (or held) it,
+-- since when, when the agent was last heard, and its last heartbeat.
+CREATE TABLE agent_streams (
+	node_id      TEXT    NOT NULL PRIMARY KEY,
+	replica      TEXT    NOT NULL,
+	connected    INTEGER NOT NULL,
+	connected_at INTEGER NOT NULL,
+	last_seen    INTEGER NOT NULL,
+	report       TEXT    NOT NULL DEFAULT ''
+) STRICT;

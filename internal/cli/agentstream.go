@@ -1,0 +1,68 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// streamJSON is an agent's stream as agents list and show print it.
+type streamJSON struct {
+	Connected   bool            `json:"connected"`
+	Replica     string          `json:"replica"`
+	ConnectedAt *time.Time      `json:"connected_at"`
+	LastSeen    *time.Time      `json:"last_seen"`
+	Heartbeat   json.RawMessage `json:"heartbeat,omitempty"`
+}
+
+func streamOf(s *musterv1.AgentStreamStatus) *streamJSON {
+	if s == nil {
+		return nil
+	}
+	j := &streamJSON{Connected: s.GetConnected(), Replica: s.GetReplica(), ConnectedAt: timeOf(s.GetConnectedAt()), LastSeen: timeOf(s.GetLastSeen())}
+	if hb := s.GetHeartbeat(); hb != "" && json.Valid([]byte(hb)) {
+		j.Heartbeat = json.RawMessage(hb)
+	}
+	return j
+}
+
+// printStream adds the stream and the last heartbeat to agents show.
+func printStream(w io.Writer, s *streamJSON) {
+	if s == nil {
+		fmt.Fprintln(w, "Stream: never connected")
+		return
+	}
+	if s.Connected {
+		fmt.Fprintf(w, "Stream: connected to %s since %s, last seen %s\n", s.Replica, fmtTime(s.ConnectedAt), fmtTime(s.LastSeen))
+	} else {
+		fmt.Fprintf(w, "Stream: disconnected, last seen %s (on %s)\n", fmtTime(s.LastSeen), s.Replica)
+	}
+	var hb struct {
+		VerifierSetVersion int64             `json:"verifier_set_version"`
+		AcceptedSigners    map[string]string `json:"accepted_signers"`
+		IdentityNotAfter   *time.Time        `json:"identity_not_after"`
+		StaticVerifiers    int               `json:"static_verifiers"`
+	}
+	if len(s.Heartbeat) == 0 || json.Unmarshal(s.Heartbeat, &hb) != nil {
+		return
+	}
+	var ids []string
+	for id := range hb.AcceptedSigners {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	var parts []string
+	for _, id := range ids {
+		parts = append(parts, fmt.Sprintf("%s (%s)", id, hb.AcceptedSigners[id]))
+	}
+	fmt.Fprintf(w, "Heartbeat: verifier set version %d, accepts %s, identity expires %s", hb.VerifierSetVersion, strings.Join(parts, ", "), fmtTime(hb.IdentityNotAfter))
+	if hb.StaticVerifiers > 0 {
+		fmt.Fprintf(w, ", static list of %d keys", hb.StaticVerifiers)
+	}
+	fmt.Fprintln(w)
+}

@@ -1,0 +1,51 @@
+package postgres
+
+import (
+	"context"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// RecordAgentStream upserts a node's stream row.
+func (s *Store) RecordAgentStream(ctx context.Context, a store.AgentStream) error {
+	connected := 0
+	if a.Connected {
+		connected = 1
+	}
+	_, err := s.pool.Exec(ctx, `INSERT INTO agent_streams (node_id, replica, connected, connected_at, last_seen, report)
+		VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (node_id) DO UPDATE SET replica = excluded.replica, connected = excluded.connected,
+			connected_at = excluded.connected_at, last_seen = excluded.last_seen, report = excluded.report`,
+		a.NodeID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report)
+	if err != nil {
+		return wrap("record agent stream", err)
+	}
+	return nil
+}
+
+// CloseAgentStream marks one stream closed, conditionally on its opening
+// time.
+func (s *Store) CloseAgentStream(ctx context.Context, nodeID string, connectedAt, lastSeen time.Time) error {
+	if _, err := s.pool.Exec(ctx, `UPDATE agent_streams SET connected = 0, last_seen = $1 WHERE node_id = $2 AND connected_at = $3`,
+		timeArg(lastSeen), nodeID, timeArg(connectedAt)); err != nil {
+		return wrap("close agent stream", err)
+	}
+	return nil
+}
+
+// GetAgentStream returns a node's stream row.
+func (s *Store) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
+	var (
+		a               store.AgentStream
+		connected       int64
+		since, lastSeen *int64
+	)
+	err := s.pool.QueryRow(ctx, `SELECT node_id, replica, connected, connected_at, last_seen, report FROM agent_streams WHERE node_id = $1`, nodeID).
+		Scan(&a.NodeID, &a.Replica, &connected, &since, &lastSeen, &a.Report)
+	if err != nil {
+		return store.AgentStream{}, wrap("get agent stream", err)
+	}
+	a.Connected, a.ConnectedAt, a.LastSeen = connected == 1, timeCol(since), timeCol(lastSeen)
+	return a, nil
+}

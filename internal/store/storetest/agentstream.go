@@ -1,0 +1,40 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func agentStreamCases() []testCase {
+	return []testCase{
+		{"record, replace, close only the same stream", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, err := s.GetAgentStream(ctx, "n1")
+			wantErr(t, "GetAgentStream before", err, store.ErrNotFound)
+			first := store.AgentStream{NodeID: "n1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(time.Second), Report: `{"v":1}`}
+			mustNil(t, "RecordAgentStream", s.RecordAgentStream(ctx, first))
+			got, err := s.GetAgentStream(ctx, "n1")
+			mustNil(t, "GetAgentStream", err)
+			if diff := cmp.Diff(first, got, cmpOpts); diff != "" {
+				t.Fatalf("(-want +got):\n%s", diff)
+			}
+			// The agent reconnects to another replica; the first stream's
+			// late close does not mark the new one closed.
+			second := store.AgentStream{NodeID: "n1", Replica: "b:1", Connected: true, ConnectedAt: at(time.Minute), LastSeen: at(time.Minute)}
+			mustNil(t, "RecordAgentStream again", s.RecordAgentStream(ctx, second))
+			mustNil(t, "CloseAgentStream stale", s.CloseAgentStream(ctx, "n1", first.ConnectedAt, at(2*time.Minute)))
+			if got, _ := s.GetAgentStream(ctx, "n1"); !got.Connected || got.Replica != "b:1" {
+				t.Fatalf("a stale close changed the row: %+v", got)
+			}
+			mustNil(t, "CloseAgentStream", s.CloseAgentStream(ctx, "n1", second.ConnectedAt, at(3*time.Minute)))
+			if got, _ := s.GetAgentStream(ctx, "n1"); got.Connected || !got.LastSeen.Equal(at(3*time.Minute)) {
+				t.Fatalf("after close: %+v", got)
+			}
+			mustNil(t, "CloseAgentStream unknown", s.CloseAgentStream(ctx, "n9", at(0), at(0)))
+		}},
+	}
+}
