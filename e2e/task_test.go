@@ -120,6 +120,10 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 			t.Errorf("%s without a handler: %+v", n, r)
 		}
 	}
+	waitFor(t, 5*time.Second, "agents show reports a1's refusal by signer and its rotate task", func() bool {
+		out := mustRun(t, "agents", "show", "a1", "--data", e.dir)
+		return strings.Contains(out, "Task verification failures by signer: v1: 1") && strings.Contains(out, "Last rotate task: "+rotate)
+	})
 	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.rotate_signing_key", "--all"); !strings.Contains(msg, "INVALID_ARGUMENT") {
 		t.Errorf("rotate task by hand: %q", msg)
 	}

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -118,6 +119,11 @@ type Agent struct {
 	authority string
 	// staticVerifiers is Options.StaticVerifiers.
 	staticVerifiers string
+
+	failuresMu sync.Mutex
+	// failures counts refused tasks by the signer version they named,
+	// for heartbeats.
+	failures map[string]int64
 }
 
 // New returns an agent for o.Dir.

@@ -116,6 +116,11 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Result{Result: a.handleTask(ctx, raw)}}); err != nil {
 				return err
 			}
+			// What the task changed (a staged signer, a refusal count)
+			// is reported at once, not at the next heartbeat.
+			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+				return err
+			}
 		}
 		if raw := m.GetVerifierSet(); raw != nil {
 			if err := a.streamedVerifierSet(ctx, raw); err != nil {
@@ -163,6 +168,7 @@ func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
 		return hb
 	}
 	hb.IdentityNotAfter = timestamppb.New(id.Leaf().NotAfter)
+	hb.LastRotateTask, hb.VerificationFailures = st.LastRotateTask, a.failureCounts()
 	if t, err := a.trustOf(st); err == nil {
 		hb.VerifierSetVersion = t.Version()
 		hb.StaticVerifiers = int32(len(t.StaticKeys()))

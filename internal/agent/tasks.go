@@ -36,6 +36,7 @@ func (a *Agent) handleTask(ctx context.Context, raw []byte) *musterv1.TaskResult
 	case errors.As(err, &re):
 		a.log.Warn("task refused", "task_id", re.TaskID, "reason", re.Reason, "signer_version_id", re.SignerVersionID, "detail", re.Detail)
 		a.metrics.taskRefused()
+		a.countFailure(re.SignerVersionID)
 		return &musterv1.TaskResult{TaskId: re.TaskID, State: store.TaskRefused, Reason: string(re.Reason), SignerVersionId: re.SignerVersionID, Detail: re.Detail}
 	case err != nil:
 		return &musterv1.TaskResult{TaskId: env.TaskID, State: store.TaskFailed, SignerVersionId: env.SignerVersionID, Detail: err.Error()}
@@ -206,4 +207,28 @@ func (d Dir) ReadTaskHandlers() (TaskHandlers, error) {
 		}
 	}
 	return h, nil
+}
+
+// maxFailureKeys bounds the signer versions counted, whatever tasks name.
+const maxFailureKeys = 32
+
+func (a *Agent) countFailure(version string) {
+	a.failuresMu.Lock()
+	defer a.failuresMu.Unlock()
+	if a.failures == nil {
+		a.failures = map[string]int64{}
+	}
+	if _, ok := a.failures[version]; ok || len(a.failures) < maxFailureKeys {
+		a.failures[version]++
+	}
+}
+
+func (a *Agent) failureCounts() map[string]int64 {
+	a.failuresMu.Lock()
+	defer a.failuresMu.Unlock()
+	out := make(map[string]int64, len(a.failures))
+	for k, v := range a.failures {
+		out[k] = v
+	}
+	return out
 }

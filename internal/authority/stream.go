@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -242,6 +243,9 @@ type heartbeatJSON struct {
 	AcceptedSigners    map[string]string `json:"accepted_signers"`
 	IdentityNotAfter   time.Time         `json:"identity_not_after"`
 	StaticVerifiers    int32             `json:"static_verifiers,omitempty"`
+	LastRotateTask     string            `json:"last_rotate_task,omitempty"`
+	// VerificationFailures counts refused tasks by signer version.
+	VerificationFailures map[string]int64 `json:"verification_failures,omitempty"`
 }
 
 // recordHeartbeat keeps an agent's last heartbeat and when it was heard.
@@ -249,6 +253,19 @@ type heartbeatJSON struct {
 func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) {
 	doc := heartbeatJSON{VerifierSetVersion: hb.GetVerifierSetVersion(), AcceptedSigners: map[string]string{},
 		IdentityNotAfter: hb.GetIdentityNotAfter().AsTime().UTC(), StaticVerifiers: hb.GetStaticVerifiers()}
+	if uuid.Validate(hb.GetLastRotateTask()) == nil {
+		doc.LastRotateTask = hb.GetLastRotateTask()
+	}
+	for v, n := range hb.GetVerificationFailures() {
+		if v == "" || signer.ValidVersionID(v) == nil {
+			if doc.VerificationFailures == nil {
+				doc.VerificationFailures = map[string]int64{}
+			}
+			if len(doc.VerificationFailures) < signer.MaxSetKeys {
+				doc.VerificationFailures[v] = n
+			}
+		}
+	}
 	for v, st := range hb.GetAcceptedSigners() {
 		if len(doc.AcceptedSigners) < signer.MaxSetKeys && signer.ValidVersionID(v) == nil && signer.State(st).Valid() {
 			doc.AcceptedSigners[v] = st

@@ -47,6 +47,8 @@ func printStream(w io.Writer, s *streamJSON) {
 		AcceptedSigners    map[string]string `json:"accepted_signers"`
 		IdentityNotAfter   *time.Time        `json:"identity_not_after"`
 		StaticVerifiers    int               `json:"static_verifiers"`
+		LastRotateTask     string            `json:"last_rotate_task"`
+		Failures           map[string]int64  `json:"verification_failures"`
 	}
 	if len(s.Heartbeat) == 0 || json.Unmarshal(s.Heartbeat, &hb) != nil {
 		return
@@ -65,4 +67,18 @@ func printStream(w io.Writer, s *streamJSON) {
 		fmt.Fprintf(w, ", static list of %d keys", hb.StaticVerifiers)
 	}
 	fmt.Fprintln(w)
+	if hb.LastRotateTask != "" {
+		fmt.Fprintf(w, "Last rotate task: %s\n", hb.LastRotateTask)
+	}
+	if len(hb.Failures) > 0 {
+		var fs []string
+		for v, n := range hb.Failures {
+			if v == "" {
+				v = "unreadable"
+			}
+			fs = append(fs, fmt.Sprintf("%s: %d", v, n))
+		}
+		slices.Sort(fs)
+		fmt.Fprintf(w, "Task verification failures by signer: %s\n", strings.Join(fs, ", "))
+	}
 }

@@ -276,8 +276,13 @@ type Heartbeat struct {
 	IdentityNotAfter *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=identity_not_after,json=identityNotAfter,proto3" json:"identity_not_after,omitempty"`
 	// static_verifiers: keys of a MUSTER_TASK_SIGNING_PUBKEYS list.
 	StaticVerifiers int32 `protobuf:"varint,4,opt,name=static_verifiers,json=staticVerifiers,proto3" json:"static_verifiers,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// last_rotate_task: the ID of the last node.rotate_signing_key taken.
+	LastRotateTask string `protobuf:"bytes,5,opt,name=last_rotate_task,json=lastRotateTask,proto3" json:"last_rotate_task,omitempty"`
+	// verification_failures: tasks refused since the agent started, by the
+	// signer version they named ("" when unreadable).
+	VerificationFailures map[string]int64 `protobuf:"bytes,6,rep,name=verification_failures,json=verificationFailures,proto3" json:"verification_failures,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -336,6 +341,20 @@ func (x *Heartbeat) GetStaticVerifiers() int32 {
 		return x.StaticVerifiers
 	}
 	return 0
+}
+
+func (x *Heartbeat) GetLastRotateTask() string {
+	if x != nil {
+		return x.LastRotateTask
+	}
+	return ""
+}
+
+func (x *Heartbeat) GetVerificationFailures() map[string]int64 {
+	if x != nil {
+		return x.VerificationFailures
+	}
+	return nil
 }
 
 type AuthorityMessage struct {
@@ -440,15 +459,20 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
 	"\x11signer_version_id\x18\x04 \x01(\tR\x0fsignerVersionId\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xcc\x02\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xa4\x04\n" +
 	"\tHeartbeat\x120\n" +
 	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
 	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
 	"\x12identity_not_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10identityNotAfter\x12)\n" +
-	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x1aB\n" +
+	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x12(\n" +
+	"\x10last_rotate_task\x18\x05 \x01(\tR\x0elastRotateTask\x12c\n" +
+	"\x15verification_failures\x18\x06 \x03(\v2..muster.v1.Heartbeat.VerificationFailuresEntryR\x14verificationFailures\x1aB\n" +
 	"\x14AcceptedSignersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"U\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
+	"\x19VerificationFailuresEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"U\n" +
 	"\x10AuthorityMessage\x12#\n" +
 	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSet\x12\x14\n" +
 	"\x04task\x18\x02 \x01(\fH\x00R\x04taskB\x06\n" +
@@ -469,7 +493,7 @@ func file_muster_v1_agent_proto_rawDescGZIP() []byte {
 	return file_muster_v1_agent_proto_rawDescData
 }
 
-var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_muster_v1_agent_proto_goTypes = []any{
 	(*GetVerifierSetRequest)(nil),  // 0: muster.v1.GetVerifierSetRequest
 	(*GetVerifierSetResponse)(nil), // 1: muster.v1.GetVerifierSetResponse
@@ -478,22 +502,24 @@ var file_muster_v1_agent_proto_goTypes = []any{
 	(*Heartbeat)(nil),              // 4: muster.v1.Heartbeat
 	(*AuthorityMessage)(nil),       // 5: muster.v1.AuthorityMessage
 	nil,                            // 6: muster.v1.Heartbeat.AcceptedSignersEntry
-	(*timestamppb.Timestamp)(nil),  // 7: google.protobuf.Timestamp
+	nil,                            // 7: muster.v1.Heartbeat.VerificationFailuresEntry
+	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
 	4, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
 	3, // 1: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
 	6, // 2: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
-	7, // 3: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
-	0, // 4: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	2, // 5: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	1, // 6: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	5, // 7: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	8, // 3: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	7, // 4: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
+	0, // 5: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	2, // 6: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	1, // 7: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	5, // 8: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -515,7 +541,7 @@ func file_muster_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_agent_proto_rawDesc), len(file_muster_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
