@@ -53,16 +53,7 @@ func printStream(w io.Writer, s *streamJSON) {
 	if len(s.Heartbeat) == 0 || json.Unmarshal(s.Heartbeat, &hb) != nil {
 		return
 	}
-	var ids []string
-	for id := range hb.AcceptedSigners {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	var parts []string
-	for _, id := range ids {
-		parts = append(parts, fmt.Sprintf("%s (%s)", id, hb.AcceptedSigners[id]))
-	}
-	fmt.Fprintf(w, "Heartbeat: verifier set version %d, accepts %s, identity expires %s", hb.VerifierSetVersion, strings.Join(parts, ", "), fmtTime(hb.IdentityNotAfter))
+	fmt.Fprintf(w, "Heartbeat: verifier set version %d, accepts %s, identity expires %s", hb.VerifierSetVersion, signerStates(hb.AcceptedSigners), fmtTime(hb.IdentityNotAfter))
 	if hb.StaticVerifiers > 0 {
 		fmt.Fprintf(w, ", static list of %d keys", hb.StaticVerifiers)
 	}

@@ -66,22 +66,32 @@ deliver the set anyway; this is for an agent that missed a rotation.`,
 
 // printTaskTrust adds the task verifiers to muster agent status.
 func printTaskTrust(w io.Writer, s *agent.Status) {
-	var ids []string
-	for id := range s.AcceptedSigners {
-		ids = append(ids, id)
+	states := map[string]string{}
+	for id, st := range s.AcceptedSigners {
+		states[id] = string(st)
 	}
-	slices.Sort(ids)
-	var parts []string
-	for _, id := range ids {
-		parts = append(parts, fmt.Sprintf("%s (%s)", id, s.AcceptedSigners[id]))
-	}
-	accepted := strings.Join(parts, ", ")
-	if accepted == "" {
-		accepted = "none"
-	}
+	accepted := signerStates(states)
 	fmt.Fprintf(w, "Task signers:  verifier set version %d; accepted: %s\n", s.VerifierSetVersion, accepted)
 	if s.StaticVerifiers > 0 {
 		fmt.Fprintf(w, "Static list:   %d keys from %s (a transition setting: remove it once the verifier set is delivered)\n",
 			s.StaticVerifiers, agent.StaticVerifiersEnv)
 	}
+}
+
+// signerStates prints accepted signers as "v1 (grace), v2 (active)", or
+// "none".
+func signerStates(m map[string]string) string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	parts := make([]string, 0, len(ids))
+	for _, id := range ids {
+		parts = append(parts, fmt.Sprintf("%s (%s)", id, m[id]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }

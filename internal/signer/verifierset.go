@@ -81,7 +81,11 @@ func NewVerifierSet(authorityID string, version int64, signers []Signer, now tim
 }
 
 // Canonical returns the set's RFC 8785 form, the bytes that are signed.
-func (v VerifierSet) Canonical() ([]byte, error) {
+func (v VerifierSet) Canonical() ([]byte, error) { return CanonicalJSON(v) }
+
+// CanonicalJSON is the RFC 8785 form of v's JSON encoding: the bytes every
+// signed document of this package and of package task is signed over.
+func CanonicalJSON(v any) ([]byte, error) {
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return nil, err

@@ -160,13 +160,7 @@ func (e Envelope) Check() error {
 
 // Canonical returns the envelope's RFC 8785 form, the bytes that are
 // signed.
-func (e Envelope) Canonical() ([]byte, error) {
-	raw, err := json.Marshal(e)
-	if err != nil {
-		return nil, err
-	}
-	return jcs.Transform(raw)
-}
+func (e Envelope) Canonical() ([]byte, error) { return signer.CanonicalJSON(e) }
 
 // Sign checks the envelope and encodes it signed through sign (the signer
 // version's custody).

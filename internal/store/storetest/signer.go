@@ -129,15 +129,7 @@ func signerCases() []testCase {
 				})
 			}
 			wg.Wait()
-			wins := 0
-			for i, err := range errs {
-				switch {
-				case err == nil:
-					wins++
-				case !errors.Is(err, store.ErrConflict):
-					t.Errorf("replica %d: %v, want ErrConflict", i, err)
-				}
-			}
+			wins := successes(t, "replica", errs)
 			m, v := signerStates(t, ctx, s)
 			if wins != 1 || len(m) != 1 || v != 1 {
 				t.Fatalf("%d creations won, signers %v at version %d; want exactly one", wins, m, v)
@@ -164,15 +156,7 @@ func signerCases() []testCase {
 				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, v, changes) })
 			}
 			wg.Wait()
-			wins := 0
-			for i, err := range errs {
-				switch {
-				case err == nil:
-					wins++
-				case !errors.Is(err, store.ErrConflict):
-					t.Errorf("change %d: %v, want ErrConflict", i, err)
-				}
-			}
+			wins := successes(t, "change", errs)
 			m, got := signerStates(t, ctx, s)
 			if wins != 1 || got != 3 {
 				t.Fatalf("%d changes won, version %d, signers %v; want exactly one", wins, got, m)
@@ -182,4 +166,21 @@ func signerCases() []testCase {
 			}
 		}},
 	}
+}
+
+// successes counts the nil errors of concurrent attempts and fails the
+// test for any error other than ErrConflict: the losers of a race that
+// must happen once conflict, and nothing else.
+func successes(t *testing.T, what string, errs []error) int {
+	t.Helper()
+	wins := 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+		case !errors.Is(err, store.ErrConflict):
+			t.Errorf("%s %d: %v, want ErrConflict", what, i, err)
+		}
+	}
+	return wins
 }

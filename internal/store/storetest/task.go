@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -88,16 +87,7 @@ func taskCases() []testCase {
 				wg.Go(func() { errs[i] = s.RecordTaskResult(ctx, "x", "n1", store.TaskOK, "") })
 			}
 			wg.Wait()
-			ok := 0
-			for i, err := range errs {
-				switch {
-				case err == nil:
-					ok++
-				case !errors.Is(err, store.ErrConflict):
-					t.Errorf("answer %d: %v", i, err)
-				}
-			}
-			if ok != 1 {
+			if ok := successes(t, "answer", errs); ok != 1 {
 				t.Fatalf("%d answers stood, want 1", ok)
 			}
 		}},
