@@ -68,3 +68,51 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// TestAgentStreamEnds: a stream is closed within a second of its node's
+// deletion and of its instance's supersession by a new join, and never
+// outlives the certificate it was opened with.
+func TestAgentStreamEnds(t *testing.T) {
+	closedFor := func(e *agentEnv, reason string) func() bool {
+		return func() bool { return strings.Contains(grepLines(e.auth.Logs(), `"msg":"agent stream closed"`), reason) }
+	}
+	t.Run("deleted", func(t *testing.T) {
+		e := newAgentEnv(t)
+		adir := filepath.Join(t.TempDir(), "agent")
+		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
+			t.Fatalf("join: %s", r.stderr)
+		}
+		startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		waitFor(t, 5*time.Second, "stream open", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
+		mustRun(t, "agents", "delete", "n1", "--data", e.dir)
+		t.Logf("closed %s after the deletion", waitFor(t, 1500*time.Millisecond, "closed after deletion", closedFor(e, "deleted")))
+	})
+	t.Run("superseded", func(t *testing.T) {
+		e := newAgentEnv(t)
+		adir := filepath.Join(t.TempDir(), "agent")
+		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t, "--node", "n1").URI); r.code != 0 {
+			t.Fatalf("join: %s", r.stderr)
+		}
+		startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		waitFor(t, 5*time.Second, "stream open", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
+		// Deliberate re-provisioning with a token bound to the node.
+		if r := muster(t, nil, "agent", "join", "--data", filepath.Join(t.TempDir(), "again"), "--node", "n1", e.createToken(t, "--node", "n1").URI); r.code != 0 {
+			t.Fatalf("second join: %s", r.stderr)
+		}
+		t.Logf("closed %s after the supersession", waitFor(t, 1500*time.Millisecond, "closed after supersession", closedFor(e, "superseded")))
+	})
+	t.Run("certificate expiry", func(t *testing.T) {
+		e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+		adir := filepath.Join(t.TempDir(), "agent")
+		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
+			t.Fatalf("join: %s", r.stderr)
+		}
+		startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		waitFor(t, 15*time.Second, "the stream ends at the certificate's NotAfter", func() bool {
+			return strings.Contains(e.auth.Logs(), "agent stream closed: certificate expired")
+		})
+		// The agent renewed meanwhile and reconnects with its new
+		// certificate.
+		waitFor(t, 15*time.Second, "reconnected", func() bool { return strings.Count(e.auth.Logs(), "agent stream opened") >= 2 })
+	})
+}
