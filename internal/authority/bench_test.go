@@ -34,6 +34,7 @@ import (
 // several replicas on one store, and returns connections that pin the root
 // like an agent.
 type benchAuthority struct {
+	srvs  []*Server
 	conn  *grpc.ClientConn   // to the first replica
 	conns []*grpc.ClientConn // one per replica
 	h     *ca.Hierarchy
@@ -71,6 +72,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 	}
 	var first store.Store
 	var addrs []string
+	var srvs []*Server
 	for range n {
 		st, err := open(ctx)
 		if err != nil {
@@ -97,6 +99,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 		rctx, rcancel := context.WithCancel(ctx)
 		go func() { done <- srv.Run(rctx) }()
 		addrs = append(addrs, <-ready)
+		srvs = append(srvs, srv)
 		b.Cleanup(func() { rcancel(); <-done; st.Close() })
 	}
 
@@ -118,7 +121,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 		b.Cleanup(func() { conn.Close() })
 		return conn
 	}
-	a := &benchAuthority{h: h, td: res.Info.TrustDomain, token: tok.Reveal(),
+	a := &benchAuthority{srvs: srvs, h: h, td: res.Info.TrustDomain, token: tok.Reveal(),
 		// Renewals go to the replicas in turn, as a load balancer would send them.
 		dial: func(id *identity.Identity) *grpc.ClientConn { return dialAt(addrs[int(next.Add(1))%len(addrs)], id) }}
 	for _, addr := range addrs {
