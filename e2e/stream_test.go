@@ -40,6 +40,9 @@ func TestAgentStream(t *testing.T) {
 		out := mustRun(t, "agents", "show", "n1", "--data", e.dir)
 		return strings.Contains(out, "Stream: connected to "+e.auth.addr) && strings.Contains(out, "Heartbeat: verifier set version 1, accepts v1 (active)")
 	})
+	if out := mustRun(t, "agents", "list", "--data", e.dir); !strings.Contains(out, "connected via "+e.auth.addr) {
+		t.Errorf("agents list does not show the stream:\n%s", out)
+	}
 	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "30m")
 	took := waitFor(t, 5*time.Second, "the staged signer reaches the agent", func() bool {
 		st := agentStatus(t, adir)
@@ -57,6 +60,9 @@ func TestAgentStream(t *testing.T) {
 	waitFor(t, 5*time.Second, "agents show reports the stream closed", func() bool {
 		return strings.Contains(mustRun(t, "agents", "show", "n1", "--data", e.dir), "Stream: disconnected, last seen")
 	})
+	if out := mustRun(t, "agents", "list", "--data", e.dir); !strings.Contains(out, "last seen ") {
+		t.Errorf("agents list does not show when the agent was last seen:\n%s", out)
+	}
 }
 
 func grepLines(s, sub string) string {

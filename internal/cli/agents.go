@@ -79,9 +79,10 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 					return writeJSON(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tLOCKED")
+				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tSTREAM\tLOCKED")
 				for _, a := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter), a.Locked)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
+						streamColumn(a.Stream), a.Locked)
 				}
 				return tw.Flush()
 			})

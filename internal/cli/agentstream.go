@@ -73,3 +73,15 @@ func printStream(w io.Writer, s *streamJSON) {
 		fmt.Fprintf(w, "Task verification failures by signer: %s\n", strings.Join(fs, ", "))
 	}
 }
+
+// streamColumn is the STREAM column of agents list: "connected via
+// REPLICA", "last seen TIME", or "-" for an agent that never connected.
+func streamColumn(s *streamJSON) string {
+	switch {
+	case s == nil:
+		return "-"
+	case s.Connected:
+		return "connected via " + s.Replica
+	}
+	return "last seen " + fmtTime(s.LastSeen)
+}
