@@ -156,17 +156,19 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		TrustDomain: cfg.Info.TrustDomain,
 		Endpoints:   endpoints,
 		TokenSealer: s.tokens,
-		PSKSealer:   psks,
-		ExpireGracePSKs: func(ctx context.Context) {
-			s.expireGracePSKs(context.WithoutCancel(ctx))
+		PSKConfig: enroll.PSKConfig{
+			PSKSealer: psks,
+			ExpireGracePSKs: func(ctx context.Context) {
+				s.expireGracePSKs(context.WithoutCancel(ctx))
+			},
+			PSKObserver:      s.metrics.pskValidation,
+			Tickets:          tickets,
+			PSKOptionalUntil: cfg.PSKOptionalUntil,
+			TicketObserver:   s.metrics.ticket,
 		},
-		PSKObserver:      s.metrics.pskValidation,
-		Tickets:          tickets,
-		PSKOptionalUntil: cfg.PSKOptionalUntil,
-		TicketObserver:   s.metrics.ticket,
-		DecoyKey:         cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
-		AgentCertTTL:     cfg.AgentCertTTL,
-		Limiter:          s.limiter,
+		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
+		AgentCertTTL: cfg.AgentCertTTL,
+		Limiter:      s.limiter,
 	})
 	if err != nil {
 		return nil, err

@@ -77,25 +77,10 @@ type Config struct {
 	Endpoints []string
 	// TokenSealer opens token secrets (purpose seal.InfoToken).
 	TokenSealer *seal.Sealer
-	// PSKSealer opens bootstrap PSKs (purpose seal.InfoPSK); without it
-	// every PSK bootstrap fails.
-	PSKSealer *seal.Sealer
-	// ExpireGracePSKs, if set, is called when a validation met a grace PSK
-	// whose grace has ended, to revoke it (and audit that).
-	ExpireGracePSKs func(ctx context.Context)
-	// PSKObserver, if set, is told the result of each PSK validation:
-	// PSKResultActive, PSKResultGrace or PSKResultInvalid.
-	PSKObserver func(result string)
-	// Tickets, if set, checks referral tickets: a discovery service is
-	// configured and every PSK bootstrap needs a ticket.
-	Tickets TicketVerifier
-	// PSKOptionalUntil, if set with Tickets, lets a bootstrap with a valid
-	// ticket and no PSK join until then, by the store clock (the migration
-	// window of bootstrap.psk_required: false).
-	PSKOptionalUntil time.Time
-	// TicketObserver, if set, is told the result of each ticket check
-	// (TicketResult*).
-	TicketObserver func(result string)
+	// PSKConfig configures the bootstrap-PSK join method. Each method has
+	// its own configuration; the token method's is TokenSealer, which the
+	// trust bundle shares.
+	PSKConfig
 	// DecoyKey keys the trust bundles answered for unknown token IDs, so
 	// they look like the real ones.
 	DecoyKey []byte

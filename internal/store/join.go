@@ -118,6 +118,10 @@ type Join struct {
 	// the join with ErrTicketReplayed. A retry (see RetryWindow) records
 	// nothing and is not refused for its ticket.
 	Ticket *TicketUse
+	// Claims are the join method's further conditions (see Claim), applied
+	// after the token's and the ticket's use; the token and the ticket are
+	// named by TokenID and Ticket, never here.
+	Claims []Claim
 	// Instance is the new instance: ID, JoinMethod, TokenID, CreatedAt and
 	// the Last* fields of its first certificate. NodeID, State, PreviousID
 	// and Generation are set by CommitJoin.
@@ -169,14 +173,13 @@ type JoinStore interface {
 	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
 
 	// CommitJoin performs one admission as a single transaction: the retry
-	// check (by TokenID, else Credential); one use of the token, if TokenID
-	// is set (ErrTokenSpent if it is expired or used
-	// up by the store clock; ErrNotFound if it is gone); the node ID claim
-	// (ErrNodeTaken, or supersession when allowed); the referral ticket's
-	// use, if Ticket is set (ErrTicketReplayed); the new instance; the
-	// certificate record; if Ticket is set, the join's pending report
-	// (PendingReport: JoinedAt is the instance's CreatedAt). On any error
-	// nothing is written.
+	// check (by TokenID, else Credential); each claim of j.AllClaims(), in
+	// order (TokenUse: ErrTokenSpent if the token is expired or used up by
+	// the store clock, ErrNotFound if it is gone; TicketUse:
+	// ErrTicketReplayed); the node ID claim (ErrNodeTaken, or supersession
+	// when allowed); the new instance; the certificate record; if Ticket is
+	// set, the join's pending report (PendingReport: JoinedAt is the
+	// instance's CreatedAt). On any error nothing is written.
 	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
 	// CommitRenewal advances an instance from FromGeneration to
 	// FromGeneration+1 and records the certificate, only if the instance
