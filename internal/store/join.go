@@ -41,6 +41,9 @@ type Token struct {
 	CreatedBy   string
 	CreatedAt   time.Time
 	LastUsedAt  time.Time
+	// BoundKeypair is the spec and status of a bound-keypair token, nil
+	// for other join methods. InsertToken writes it with the token.
+	BoundKeypair *BoundKeypair
 }
 
 // Instance states. A lock is not a state: it is a separate deny rule.
@@ -150,6 +153,9 @@ type Renewal struct {
 	FromGeneration int64
 	Certificate    Certificate // Generation is FromGeneration+1
 	ChainPEM       []byte
+	// Claims are further conditions won in the renewal's write (a key
+	// rotation on a refresh); a failed one fails the renewal.
+	Claims []Claim
 	// Audit, if set, builds the audit record of the renewal, appended to
 	// the chain in the same transaction.
 	Audit func(head AuditHead) (AuditRecord, error)
@@ -169,7 +175,8 @@ type JoinStore interface {
 	// their identities.
 	DeleteToken(ctx context.Context, id string) error
 	// DeleteExpiredTokens removes tokens that expired more than retention
-	// ago by the store clock and returns their IDs.
+	// ago by the store clock and returns their IDs. Bound-keypair tokens
+	// are left alone: only an operator deletes them.
 	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
 
 	// CommitJoin performs one admission as a single transaction: the retry

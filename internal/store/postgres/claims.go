@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -9,14 +10,22 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// applyClaim wins one claim of a join inside its transaction, or fails
-// with the claim's sentinel (see store.Claim).
-func applyClaim(ctx context.Context, tx pgx.Tx, j store.Join, c store.Claim) error {
+// applyClaim wins one claim of a join or renewal inside its transaction,
+// or fails with the claim's sentinel (see store.Claim). instanceID is the
+// join's new instance, "" for a renewal.
+func applyClaim(ctx context.Context, tx pgx.Tx, nodeID, instanceID string, c store.Claim) error {
 	switch c := c.(type) {
 	case store.TokenUse:
 		return useToken(ctx, tx, c.TokenID)
 	case store.TicketUse:
-		return useTicket(ctx, tx, &c, j.NodeID)
+		return useTicket(ctx, tx, &c, nodeID)
+	case store.KeyBinding:
+		return bindKey(ctx, tx, instanceID, c)
+	case store.Recovery:
+		if instanceID == "" {
+			return errors.New("postgres: a recovery is a join: it needs a new instance")
+		}
+		return recoverToken(ctx, tx, instanceID, c)
 	default:
 		return fmt.Errorf("postgres: commit join: unknown claim %T", c)
 	}

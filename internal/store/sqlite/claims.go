@@ -2,19 +2,28 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// applyClaim wins one claim of a join inside its write transaction, or
-// fails with the claim's sentinel (see store.Claim).
-func applyClaim(ctx context.Context, tx *writeTx, j store.Join, c store.Claim) error {
+// applyClaim wins one claim of a join or renewal inside its write
+// transaction, or fails with the claim's sentinel (see store.Claim).
+// instanceID is the join's new instance, "" for a renewal.
+func applyClaim(ctx context.Context, tx *writeTx, nodeID, instanceID string, c store.Claim) error {
 	switch c := c.(type) {
 	case store.TokenUse:
 		return useToken(ctx, tx, c.TokenID)
 	case store.TicketUse:
-		return useTicket(ctx, tx, &c, j.NodeID)
+		return useTicket(ctx, tx, &c, nodeID)
+	case store.KeyBinding:
+		return bindKey(ctx, tx, instanceID, c)
+	case store.Recovery:
+		if instanceID == "" {
+			return errors.New("sqlite: a recovery is a join: it needs a new instance")
+		}
+		return recoverToken(ctx, tx, instanceID, c)
 	default:
 		return fmt.Errorf("sqlite: commit join: unknown claim %T", c)
 	}

@@ -92,7 +92,7 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 	// a concurrent join fails this one before it has written anything
 	// else.
 	for _, c := range j.AllClaims() {
-		if err := applyClaim(ctx, tx, j, c); err != nil {
+		if err := applyClaim(ctx, tx, j.NodeID, in.ID, c); err != nil {
 			return store.JoinResult{}, err
 		}
 	}
@@ -200,6 +200,11 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
+	}
+	for _, cl := range r.Claims {
+		if err := applyClaim(ctx, tx, in.NodeID, "", cl); err != nil {
+			return store.Instance{}, err
+		}
 	}
 	if err := insertCertificate(ctx, tx, c); err != nil {
 		return store.Instance{}, wrap("commit renewal: insert certificate", err)

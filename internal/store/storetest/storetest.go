@@ -50,6 +50,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Registration", registrationCases()},
 		{"JoinReport", joinReportCases()},
 		{"TicketKey", ticketKeyCases()},
+		{"BoundKeypair", boundKeypairCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
