@@ -42,7 +42,6 @@ func (m echoMethod) Attest(ctx context.Context, _ Request, p echoPayload, challe
 	return a, nil
 }
 
-
 func TestMethodSeam(t *testing.T) {
 	e := newEnv(t, nil)
 	tok := e.token(t, 1)
