@@ -12,7 +12,7 @@ import (
 
 // domain packages, and the identity helpers they build on.
 var domain = []string{
-	"atomicfile", "audit", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit", "referral",
+	"atomicfile", "audit", "boundkeypair", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit", "referral",
 	"seal", "spiffeid", "store", "trustbundle",
 }
 
