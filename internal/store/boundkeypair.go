@@ -90,9 +90,25 @@ type Recovery struct {
 func (KeyBinding) claim() {}
 func (Recovery) claim()   {}
 
-// BoundKeypairStore holds what people write of bound-keypair tokens; the
-// status changes only through claims (KeyBinding, Recovery).
+// JoinStateKey is one version of the authority's join-state signing key,
+// its private half sealed (purpose muster-join-state-encryption, the ID as
+// additional data).
+type JoinStateKey struct {
+	ID         string
+	PublicKey  []byte
+	Ciphertext []byte
+	Nonce      []byte
+	CreatedAt  time.Time
+}
+
+// BoundKeypairStore holds what people write of bound-keypair tokens (the
+// status changes only through claims: KeyBinding, Recovery) and the
+// join-state keys. All methods are safe for concurrent use.
 type BoundKeypairStore interface {
+	// InsertJoinStateKey adds a key; ErrConflict if its ID exists.
+	InsertJoinStateKey(ctx context.Context, k JoinStateKey) error
+	// ListJoinStateKeys returns every key, newest first (ties by ID).
+	ListJoinStateKeys(ctx context.Context) ([]JoinStateKey, error)
 	// UpdateBoundKeypairSpec replaces the spec of a bound-keypair token and
 	// returns the token as it now stands; the status is untouched.
 	// ErrNotFound if there is no bound-keypair token with that ID.

@@ -202,3 +202,31 @@ func recoverToken(ctx context.Context, tx *writeTx, instanceID string, c store.R
 		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrRecoveryExhausted)
 	}
 }
+
+// InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.
+func (s *SQLite) InsertJoinStateKey(ctx context.Context, k store.JoinStateKey) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO join_state_keys (id, public_key, ciphertext, nonce, created_at)
+		VALUES (?, ?, ?, ?, ?)`, k.ID, k.PublicKey, k.Ciphertext, k.Nonce, timeArg(k.CreatedAt))
+	if err != nil {
+		return wrap("insert join-state key", err)
+	}
+	return nil
+}
+
+// ListJoinStateKeys returns every join-state key, newest first.
+func (s *SQLite) ListJoinStateKeys(ctx context.Context) ([]store.JoinStateKey, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, public_key, ciphertext, nonce, created_at FROM join_state_keys
+		ORDER BY created_at DESC, id`)
+	if err != nil {
+		return nil, wrap("list join-state keys", err)
+	}
+	return collect(rows, "list join-state keys", func(r scanner) (store.JoinStateKey, error) {
+		var (
+			k       store.JoinStateKey
+			created sql.NullInt64
+		)
+		err := r.Scan(&k.ID, &k.PublicKey, &k.Ciphertext, &k.Nonce, &created)
+		k.CreatedAt = timeCol(created)
+		return k, err
+	})
+}

@@ -290,3 +290,23 @@ func boundKeypairCases() []testCase {
 		}},
 	}
 }
+
+func joinStateKeyCases() []testCase {
+	return []testCase{
+		{"join-state keys are kept, newest first, once per ID", func(t *testing.T, ctx context.Context, s store.Store) {
+			ks, err := s.ListJoinStateKeys(ctx)
+			mustNil(t, "ListJoinStateKeys", err)
+			if len(ks) != 0 {
+				t.Fatalf("a fresh store has keys: %+v", ks)
+			}
+			old := store.JoinStateKey{ID: "js-1", PublicKey: []byte{1}, Ciphertext: []byte{2}, Nonce: []byte{3}, CreatedAt: at(-time.Hour)}
+			cur := store.JoinStateKey{ID: "js-2", PublicKey: []byte{4}, Ciphertext: []byte{5}, Nonce: []byte{6}, CreatedAt: at(0)}
+			mustNil(t, "InsertJoinStateKey old", s.InsertJoinStateKey(ctx, old))
+			mustNil(t, "InsertJoinStateKey current", s.InsertJoinStateKey(ctx, cur))
+			wantErr(t, "InsertJoinStateKey again", s.InsertJoinStateKey(ctx, old), store.ErrConflict)
+			ks, err = s.ListJoinStateKeys(ctx)
+			mustNil(t, "ListJoinStateKeys", err)
+			wantEqual(t, "keys", ks, []store.JoinStateKey{cur, old})
+		}},
+	}
+}

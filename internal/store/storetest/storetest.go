@@ -51,6 +51,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JoinReport", joinReportCases()},
 		{"TicketKey", ticketKeyCases()},
 		{"BoundKeypair", boundKeypairCases()},
+		{"JoinStateKey", joinStateKeyCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

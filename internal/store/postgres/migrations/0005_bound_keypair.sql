@@ -23,3 +23,15 @@ CREATE TABLE bound_keypairs (
 	last_rotated_at      BIGINT,
 	CHECK ((secret_ciphertext IS NULL) = (secret_nonce IS NULL))
 );
+
+-- The authority's join-state signing keys (Ed25519): the private key sealed
+-- under its own purpose (muster-join-state-encryption, the key ID as
+-- additional data). The newest signs; older ones stay to verify the
+-- documents agents still hold.
+CREATE TABLE join_state_keys (
+	id         TEXT COLLATE "C" NOT NULL PRIMARY KEY,
+	public_key BYTEA  NOT NULL,
+	ciphertext BYTEA  NOT NULL,
+	nonce      BYTEA  NOT NULL,
+	created_at BIGINT NOT NULL
+);

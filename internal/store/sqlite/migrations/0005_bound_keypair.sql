@@ -22,3 +22,15 @@ CREATE TABLE bound_keypairs (
 	last_rotated_at      INTEGER,
 	CHECK ((secret_ciphertext IS NULL) = (secret_nonce IS NULL))
 ) STRICT;
+
+-- The authority's join-state signing keys (Ed25519): the private key sealed
+-- under its own purpose (muster-join-state-encryption, the key ID as
+-- additional data). The newest signs; older ones stay to verify the
+-- documents agents still hold.
+CREATE TABLE join_state_keys (
+	id         TEXT    NOT NULL PRIMARY KEY,
+	public_key BLOB    NOT NULL,
+	ciphertext BLOB    NOT NULL,
+	nonce      BLOB    NOT NULL,
+	created_at INTEGER NOT NULL
+) STRICT;
