@@ -89,6 +89,15 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s, at the write", a.Proof)
 	case errors.Is(err, store.ErrNodeTaken):
 		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s, at the write", a.TokenID)
+	case errors.Is(err, store.ErrKeyBindingChanged), errors.Is(err, store.ErrRegistrationClosed):
+		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v", a.Proof, err)
+	case errors.Is(err, store.ErrRecoveryExhausted):
+		return nil, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("%s, at the write", a.Proof)
+	case errors.Is(err, store.ErrRecoverySequenceChanged):
+		// Another recovery from the same join state committed first. This
+		// one is refused but locks nothing: it presented the state that
+		// was current when it was judged.
+		return nil, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("%s: another recovery committed first", a.Proof)
 	case errors.Is(err, store.ErrNotFound):
 		return nil, refuse(KindNotFound, "unknown join token or wrong secret").with("token %s deleted during the join", a.TokenID)
 	case err != nil:

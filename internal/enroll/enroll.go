@@ -41,6 +41,7 @@ type Store interface {
 	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
 	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
+	JoinStateKeyStore
 	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
 	InsertLock(ctx context.Context, l store.Lock) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
@@ -81,6 +82,8 @@ type Config struct {
 	// its own configuration; the token method's is TokenSealer, which the
 	// trust bundle shares.
 	PSKConfig
+	// BoundKeypair configures the bound-keypair join method.
+	BoundKeypair BoundKeypairConfig
 	// DecoyKey keys the trust bundles answered for unknown token IDs, so
 	// they look like the real ones.
 	DecoyKey []byte
@@ -96,6 +99,7 @@ type Config struct {
 // Service performs joins and renewals.
 type Service struct {
 	cfg       Config
+	jsKeys    *joinStateKeys
 	endpoints atomic.Pointer[[]string]
 	agent     *ca.Issuer
 	rootPM    []byte
@@ -122,6 +126,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
 	}
 	s := &Service{cfg: cfg, agent: agent, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
+	s.jsKeys = &joinStateKeys{store: cfg.Store, sealer: cfg.BoundKeypair.JoinStateSealer, now: cfg.Now}
 	s.SetEndpoints(cfg.Endpoints)
 	return s, nil
 }

@@ -3,6 +3,7 @@ package enroll
 import (
 	"context"
 	"crypto"
+	"crypto/x509"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -57,6 +58,11 @@ type Admission struct {
 	Claims []store.Claim
 	// Retry, if set, is the answer already issued to this same request.
 	Retry *Issued
+	// Refresh, if set, is the caller's certificate of the instance it
+	// keeps: the tail renews that instance for CSR (generation rule and
+	// all) instead of making a new one.
+	Refresh *x509.Certificate
+	CSR     []byte
 }
 
 // join runs one join through method m and the common tail, and audits the
@@ -72,6 +78,9 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 	case err != nil:
 	case a.Retry != nil:
 		iss = a.Retry
+	case a.Refresh != nil:
+		ev.Action = "agent.refresh"
+		iss, err = s.renew(ctx, a.Refresh, a.CSR, &ev)
 	default:
 		iss, err = s.admit(ctx, a, &ev)
 		if err == nil && a.Ticket != nil && !iss.Retry {
