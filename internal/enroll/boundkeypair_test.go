@@ -300,4 +300,3 @@ func TestBoundKeypairModes(t *testing.T) {
 		})
 	}
 }
-
