@@ -134,6 +134,14 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	joinStates, err := cfg.StorageKey.Sealer(seal.InfoJoinState)
+	if err != nil {
+		return nil, err
+	}
+	recoveries, err := newRecoveriesGauge(s.metrics.reg)
+	if err != nil {
+		return nil, err
+	}
 	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
 		return nil, errors.New("authority: bootstrap.psk_required false needs referral tickets: configure a discovery service")
 	}
@@ -165,6 +173,12 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 			Tickets:          tickets,
 			PSKOptionalUntil: cfg.PSKOptionalUntil,
 			TicketObserver:   s.metrics.ticket,
+		},
+		BoundKeypair: enroll.BoundKeypairConfig{
+			JoinStateSealer: joinStates,
+			Observer: func(token string, remaining int64) {
+				recoveries.WithLabelValues(token).Set(float64(remaining))
+			},
 		},
 		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
 		AgentCertTTL: cfg.AgentCertTTL,
@@ -297,6 +311,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
 	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
 	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
+	musterv1.RegisterJoinServiceServer(gs, &joinService{s: s})
 	if admin {
 		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
 	}

@@ -74,6 +74,7 @@ type bkOutcome struct {
 	token    store.Token
 	key      boundkeypair.PublicKey
 	sequence int64 // the token's sequence once the join commits
+	counted  bool  // the join took one of the budget
 	retry    bool
 }
 
@@ -83,9 +84,10 @@ type bkOutcome struct {
 // the token known, of this method and for this node (NOT_FOUND alike
 // otherwise); the key (the bound one, or one bound now with the
 // registration secret while the window is open); the challenge solved with
-// that key; the join state and the recovery rules of the token's mode (a
-// stale join state locks the token); locks; and at the write, the key
-// binding and the recovery as conditional claims.
+// that key; locks on the node, the token and the keys; the join state and
+// the recovery rules of the token's mode (a stale join state locks the
+// token); and at the write, the key binding and the recovery as
+// conditional claims.
 func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p BoundKeypairPayload, ch Challenge) (*BoundKeypairResult, error) {
 	if ch == nil {
 		return nil, errors.New("enroll: a bound-keypair join needs a challenge exchange")
@@ -106,10 +108,13 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 	}
 	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1}
 	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
-		if t, err := s.cfg.Store.GetToken(ctx, out.token.ID); err == nil && t.BoundKeypair != nil {
-			bk = t.BoundKeypair
+		// The count as the join's write left it: read before the join, plus
+		// the recovery it took.
+		count := bk.RecoveryCount
+		if out.counted {
+			count++
 		}
-		res.Remaining = boundkeypair.Status{Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount}.Remaining()
+		res.Remaining = boundkeypair.Status{Limit: bk.Spec.RecoveryLimit, Count: count}.Remaining()
 		if s.cfg.BoundKeypair.Observer != nil {
 			s.cfg.BoundKeypair.Observer(out.token.ID, res.Remaining)
 		}
@@ -222,7 +227,17 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
 	}
 
-	// 6. The join state and the recovery rules.
+	// 6. Locks on the node, the token and both keys, before the join
+	// state: once a token is locked, every holder hears so.
+	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: p.NodeID},
+		store.LockTarget{Kind: store.LockToken, Target: t.ID},
+		store.LockTarget{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)); err != nil {
+		return a, err
+	} else if l != nil {
+		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+	}
+
+	// 7. The join state and the recovery rules.
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount, Sequence: bk.RecoverySequence}
 	att := boundkeypair.Attempt{Refresh: s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)}
 	if p.JoinState != "" {
@@ -258,22 +273,13 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, err
 	}
 
-	// 7. Locks on the node, the token and both keys.
-	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: p.NodeID},
-		store.LockTarget{Kind: store.LockToken, Target: t.ID},
-		store.LockTarget{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)); err != nil {
-		return a, err
-	} else if l != nil {
-		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
-	}
-
 	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence}
 	if !v.Recovery {
 		// A refresh: the instance is renewed; nothing is consumed.
 		a.Refresh, a.CSR = p.Cert, p.CSR
 		return a, nil
 	}
-	m.out.sequence = v.ExpectedSequence + 1
+	m.out.sequence, m.out.counted = v.ExpectedSequence+1, v.Counted
 	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, Counted: v.Counted})
 	a.TokenID, a.Method, a.MaySupersede = t.ID, store.JoinMethodBoundKeypair, true
 	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.ExpectedSequence+1, t.ID)
