@@ -74,6 +74,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newPSKCmd(env),
 		newAgentsCmd(env),
 		newAgentCmd(env),
+		newKeypairCmd(env),
 		newStatusCmd(env),
 	)
 	return root
