@@ -95,3 +95,32 @@ func TestRemaining(t *testing.T) {
 		}
 	}
 }
+
+func TestSpecCheck(t *testing.T) {
+	ok := Spec{Name: "bot-1", Node: "bot-1", RecoveryLimit: 1, RecoveryMode: ModeStandard}
+	for name, mutate := range map[string]func(*Spec){
+		"bad name":      func(s *Spec) { s.Name = "Bot_1" },
+		"bad node":      func(s *Spec) { s.Node = "" },
+		"unknown mode":  func(s *Spec) { s.RecoveryMode = "lenient" },
+		"negative":      func(s *Spec) { s.RecoveryLimit = -1 },
+		"huge":          func(s *Spec) { s.RecoveryLimit = MaxRecoveryLimit + 1 },
+		"malformed key": func(s *Spec) { s.InitialPublicKey = "ssh-rsa AAAA" },
+	} {
+		s := ok
+		mutate(&s)
+		if _, err := s.Check(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	withKey := ok
+	withKey.InitialPublicKey = sshKey + " comment"
+	if k, err := withKey.Check(); err != nil || k.String() != sshKey {
+		t.Fatalf("Check with a key: %v, %q", err, k.String())
+	}
+	if (Spec{RecoveryMode: ModeInsecure}).Warning() == "" || ok.Warning() != "" {
+		t.Error("only insecure mode warns")
+	}
+}

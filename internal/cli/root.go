@@ -75,6 +75,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newAgentsCmd(env),
 		newAgentCmd(env),
 		newKeypairCmd(env),
+		newBotCmd(env),
 		newStatusCmd(env),
 	)
 	return root
