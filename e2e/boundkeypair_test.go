@@ -119,6 +119,22 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 	if s := status.Convert(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "recovery_exhausted") {
 		t.Fatalf("past the budget: %v", err)
 	}
+	// Raising the limit with token apply brings the agent back as it is.
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	yaml := fmt.Sprintf("kind: token\nmetadata: {name: bot-1}\nspec:\n  join_method: bound-keypair\n  node: bot-1\n"+
+		"  bound_keypair:\n    onboarding: {initial_public_key: %q}\n    recovery: {limit: 3, mode: standard}\n", pubLine)
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, "token", "apply", "-f", file, "--data", e.dir); !strings.Contains(out, "updated") {
+		t.Fatalf("token apply: %s", out)
+	}
+	if _, err := boundJoin(t, conn, adir, "bot-1", "", second.JoinState); err != nil {
+		t.Fatalf("recovery after raising the limit: %v", err)
+	}
+	if msg := mustFail(t, "token", "apply", "-f", filepath.Join(t.TempDir(), "missing.yaml"), "--data", e.dir); !strings.Contains(msg, "missing.yaml") {
+		t.Fatalf("apply of a missing file: %s", msg)
+	}
 	_, err = boundJoin(t, conn, adir, "bot-1", "", first.JoinState)
 	if s := status.Convert(err); s.Code() != codes.PermissionDenied || !strings.Contains(s.Message(), "join_state_mismatch") {
 		t.Fatalf("stale join state: %v", err)

@@ -18,7 +18,7 @@ import (
 
 func newTokenCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and delete join tokens"}
-	cmd.AddCommand(newTokenCreateCmd(env), newTokenListCmd(env), newTokenGetCmd(env), newTokenDeleteCmd(env))
+	cmd.AddCommand(newTokenCreateCmd(env), newTokenListCmd(env), newTokenGetCmd(env), newTokenDeleteCmd(env), newTokenApplyCmd(env))
 	return cmd
 }
 
