@@ -17,6 +17,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/joinuri"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -66,6 +67,7 @@ func boundJoin(t *testing.T, conn *grpc.ClientConn, adir, name, secret, joinStat
 }
 
 type botInfo struct {
+	URI          string `json:"uri"`
 	BoundKeypair struct {
 		RegistrationSecret  string `json:"registration_secret"`
 		BoundKeyFingerprint string `json:"bound_key_fingerprint"`
@@ -150,6 +152,12 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 	secret := reg.BoundKeypair.RegistrationSecret
 	if secret == "" {
 		t.Fatalf("bot add without a key printed no secret: %+v", reg)
+	}
+	// The joining URI carries the name, the secret and the pin.
+	u, err := joinuri.Parse(reg.URI)
+	if err != nil || u.Method != joinuri.MethodBoundKeypair || u.KeypairName != "bot-2" || u.KeypairSecret != secret ||
+		u.Address != e.auth.addr || u.Fingerprint == "" {
+		t.Fatalf("bot add URI %q: %+v, %v", reg.URI, u, err)
 	}
 	if _, err := boundJoin(t, conn, adir2, "bot-2", secret, ""); err != nil {
 		t.Fatalf("registration: %v", err)

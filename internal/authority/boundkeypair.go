@@ -14,6 +14,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/joinuri"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -148,5 +149,7 @@ func (a *adminService) appliedToken(t store.Token, now time.Time, created bool) 
 	if err := a.s.boundKeypairToProto(p, t, true); err != nil {
 		return nil, err
 	}
-	return &musterv1.ApplyTokenResponse{Token: p, Created: created}, nil
+	uri := joinuri.URI{Method: joinuri.MethodBoundKeypair, KeypairName: t.ID,
+		KeypairSecret: p.GetBoundKeypairStatus().GetRegistrationSecret(), Address: a.s.advertise(), Fingerprint: a.s.info.CAFingerprint}
+	return &musterv1.ApplyTokenResponse{Token: p, Created: created, Uri: uri.Reveal()}, nil
 }

@@ -114,7 +114,10 @@ join and no recovery under the standard mode.`,
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {
-					return writeJSON(env.Stdout, t)
+					return writeJSON(env.Stdout, struct {
+						URI string `json:"uri"`
+						tokenJSON
+					}{resp.GetUri(), t})
 				}
 				b := t.BoundKeypair
 				fmt.Fprintf(env.Stdout, "Token:         %s (bound-keypair)\nNode:          %s\nRecovery:      limit %d, mode %s\n",
@@ -126,6 +129,7 @@ join and no recovery under the standard mode.`,
 					fmt.Fprintf(env.Stdout, "Registration secret: %s\nRegister before:     %s\n", b.RegistrationSecret,
 						b.MustRegisterBefore.UTC().Format(time.RFC3339))
 				}
+				fmt.Fprintf(env.Stdout, "Joining URI:   %s\n", resp.GetUri())
 				return nil
 			})
 		},

@@ -1613,9 +1613,12 @@ func (x *ApplyTokenRequest) GetCreateOnly() bool {
 }
 
 type ApplyTokenResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Token         *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
-	Created       bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Token   *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Created bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// uri is the joining URI (muster+bound-keypair://NAME[:SECRET]@…), with
+	// the registration secret while it is unused.
+	Uri           string `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1662,6 +1665,13 @@ func (x *ApplyTokenResponse) GetCreated() bool {
 		return x.Created
 	}
 	return false
+}
+
+func (x *ApplyTokenResponse) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
 }
 
 type CreateTokenRequest struct {
@@ -3048,10 +3058,11 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12@\n" +
 	"\rbound_keypair\x18\x03 \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12\x1f\n" +
 	"\vcreate_only\x18\x04 \x01(\bR\n" +
-	"createOnly\"V\n" +
+	"createOnly\"h\n" +
 	"\x12ApplyTokenResponse\x12&\n" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"\xc7\x02\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12\x10\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xc7\x02\n" +
 	"\x12CreateTokenRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x17\n" +
 	"\x04uses\x18\x02 \x01(\x03H\x00R\x04uses\x88\x01\x01\x12\x17\n" +
