@@ -23,7 +23,7 @@ import (
 
 // boundJoin runs the bound-keypair stream against the real authority as an
 // agent does: init, the challenge signed with the key in adir, the result.
-func boundJoin(t *testing.T, conn *grpc.ClientConn, adir, name, secret, joinState string) (*musterv1.BoundKeypairResult, error) {
+func boundJoin(t *testing.T, e *joinEnv, conn *grpc.ClientConn, adir, name, secret, joinState string) (*musterv1.BoundKeypairResult, error) {
 	t.Helper()
 	priv, err := agent.LoadBoundKey(agent.Dir(adir))
 	if err != nil {
@@ -33,37 +33,11 @@ func boundJoin(t *testing.T, conn *grpc.ClientConn, adir, name, secret, joinStat
 	_, csr := newCSR(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	stream, err := musterv1.NewJoinServiceClient(conn).RegisterUsingBoundKeypair(ctx)
-	if err != nil {
-		return nil, err
-	}
 	init := &musterv1.BoundKeypairInit{Token: name, NodeId: name, Csr: csr, PreviousJoinState: joinState}
 	if secret != "" {
 		init.RegistrationSecret, init.PublicKey = secret, pub.String()
 	}
-	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_Init{Init: init}}); err != nil {
-		return nil, err
-	}
-	msg, err := stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	c, err := boundkeypair.ParseChallenge(msg.GetChallenge())
-	if err != nil {
-		return nil, err
-	}
-	answer, _ := boundkeypair.Answer(priv, c, time.Now())
-	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse{ChallengeResponse: answer}}); err != nil {
-		return nil, err
-	}
-	msg, err = stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	if msg.GetResult() == nil {
-		return nil, fmt.Errorf("no result")
-	}
-	return msg.GetResult(), nil
+	return agent.JoinBoundKeypair(ctx, musterv1.NewJoinServiceClient(conn), init, priv, e.td)
 }
 
 type botInfo struct {
@@ -105,11 +79,11 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 	if added.BoundKeypair.BoundKeyFingerprint != pub.Fingerprint() || added.BoundKeypair.RegistrationSecret != "" {
 		t.Fatalf("bot add: %+v", added)
 	}
-	first, err := boundJoin(t, conn, adir, "bot-1", "", "")
+	first, err := boundJoin(t, e, conn, adir, "bot-1", "", "")
 	if err != nil {
 		t.Fatalf("first join: %v", err)
 	}
-	second, err := boundJoin(t, conn, adir, "bot-1", "", first.JoinState)
+	second, err := boundJoin(t, e, conn, adir, "bot-1", "", first.JoinState)
 	if err != nil {
 		t.Fatalf("recovery: %v", err)
 	}
@@ -117,7 +91,7 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 		got.BoundKeypair.RecoveriesRemaining != 0 {
 		t.Fatalf("token get after two joins: %+v", got)
 	}
-	_, err = boundJoin(t, conn, adir, "bot-1", "", second.JoinState)
+	_, err = boundJoin(t, e, conn, adir, "bot-1", "", second.JoinState)
 	if s := status.Convert(err); s.Code() != codes.FailedPrecondition || !strings.Contains(s.Message(), "recovery_exhausted") {
 		t.Fatalf("past the budget: %v", err)
 	}
@@ -131,13 +105,13 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 	if out := mustRun(t, "token", "apply", "-f", file, "--data", e.dir); !strings.Contains(out, "updated") {
 		t.Fatalf("token apply: %s", out)
 	}
-	if _, err := boundJoin(t, conn, adir, "bot-1", "", second.JoinState); err != nil {
+	if _, err := boundJoin(t, e, conn, adir, "bot-1", "", second.JoinState); err != nil {
 		t.Fatalf("recovery after raising the limit: %v", err)
 	}
 	if msg := mustFail(t, "token", "apply", "-f", filepath.Join(t.TempDir(), "missing.yaml"), "--data", e.dir); !strings.Contains(msg, "missing.yaml") {
 		t.Fatalf("apply of a missing file: %s", msg)
 	}
-	_, err = boundJoin(t, conn, adir, "bot-1", "", first.JoinState)
+	_, err = boundJoin(t, e, conn, adir, "bot-1", "", first.JoinState)
 	if s := status.Convert(err); s.Code() != codes.PermissionDenied || !strings.Contains(s.Message(), "join_state_mismatch") {
 		t.Fatalf("stale join state: %v", err)
 	}
@@ -159,7 +133,7 @@ func TestBoundKeypairEndToEnd(t *testing.T) {
 		u.Address != e.auth.addr || u.Fingerprint == "" {
 		t.Fatalf("bot add URI %q: %+v, %v", reg.URI, u, err)
 	}
-	if _, err := boundJoin(t, conn, adir2, "bot-2", secret, ""); err != nil {
+	if _, err := boundJoin(t, e, conn, adir2, "bot-2", secret, ""); err != nil {
 		t.Fatalf("registration: %v", err)
 	}
 	if got := botOf(t, mustRun(t, "token", "get", "bot-2", "--data", e.dir, "-o", "json")); got.BoundKeypair.RegistrationSecret != "" ||

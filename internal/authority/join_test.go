@@ -10,10 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/seal"
@@ -37,39 +37,9 @@ func botToken(t testing.TB, a *benchAuthority, node string, limit int64, mode st
 }
 
 // joinBound runs the bound-keypair stream as an agent does.
-func joinBound(ctx context.Context, conn *grpc.ClientConn, node, joinState string, priv ed25519.PrivateKey, csr []byte) (*musterv1.BoundKeypairResult, error) {
-	stream, err := musterv1.NewJoinServiceClient(conn).RegisterUsingBoundKeypair(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_Init{
-		Init: &musterv1.BoundKeypairInit{Token: node, NodeId: node, Csr: csr, PreviousJoinState: joinState}}}); err != nil {
-		return nil, err
-	}
-	msg, err := stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	c, err := boundkeypair.ParseChallenge(msg.GetChallenge())
-	if err != nil {
-		return nil, err
-	}
-	answer, err := boundkeypair.Answer(priv, c, time.Now())
-	if err != nil {
-		return nil, err
-	}
-	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse{
-		ChallengeResponse: answer}}); err != nil {
-		return nil, err
-	}
-	msg, err = stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	if msg.GetResult() == nil {
-		return nil, fmt.Errorf("no result")
-	}
-	return msg.GetResult(), nil
+func joinBound(ctx context.Context, a *benchAuthority, node, joinState string, priv ed25519.PrivateKey, csr []byte) (*musterv1.BoundKeypairResult, error) {
+	return agent.JoinBoundKeypair(ctx, musterv1.NewJoinServiceClient(a.conn), &musterv1.BoundKeypairInit{Token: node, NodeId: node,
+		Csr: csr, PreviousJoinState: joinState}, priv, a.info.AuthorityID)
 }
 
 func wantStatus(t *testing.T, err error, code codes.Code, reason string) {
@@ -86,7 +56,7 @@ func TestRegisterUsingBoundKeypair(t *testing.T) {
 	botToken(t, a, "bot-1", 2, boundkeypair.ModeStandard, pub)
 	_, csr := benchCSR(t)
 
-	first, err := joinBound(ctx, a.conn, "bot-1", "", priv, csr)
+	first, err := joinBound(ctx, a, "bot-1", "", priv, csr)
 	if err != nil {
 		t.Fatalf("first join: %v", err)
 	}
@@ -109,7 +79,7 @@ func TestRegisterUsingBoundKeypair(t *testing.T) {
 
 	// A recovery with the join state; then the budget is spent.
 	_, csr2 := benchCSR(t)
-	second, err := joinBound(ctx, a.conn, "bot-1", first.JoinState, priv, csr2)
+	second, err := joinBound(ctx, a, "bot-1", first.JoinState, priv, csr2)
 	if err != nil {
 		t.Fatalf("recovery: %v", err)
 	}
@@ -117,16 +87,16 @@ func TestRegisterUsingBoundKeypair(t *testing.T) {
 		t.Fatalf("recovery result %+v", second)
 	}
 	_, csr3 := benchCSR(t)
-	_, err = joinBound(ctx, a.conn, "bot-1", second.JoinState, priv, csr3)
+	_, err = joinBound(ctx, a, "bot-1", second.JoinState, priv, csr3)
 	wantStatus(t, err, codes.FailedPrecondition, "recovery_exhausted")
 
 	// Another key fails the challenge; a stale join state locks.
 	_, other, _ := ed25519.GenerateKey(rand.Reader)
-	_, err = joinBound(ctx, a.conn, "bot-1", second.JoinState, other, csr3)
+	_, err = joinBound(ctx, a, "bot-1", second.JoinState, other, csr3)
 	wantStatus(t, err, codes.Unauthenticated, "challenge_failed")
-	_, err = joinBound(ctx, a.conn, "bot-1", first.JoinState, priv, csr3)
+	_, err = joinBound(ctx, a, "bot-1", first.JoinState, priv, csr3)
 	wantStatus(t, err, codes.PermissionDenied, "join_state_mismatch")
-	_, err = joinBound(ctx, a.conn, "bot-1", second.JoinState, priv, csr3)
+	_, err = joinBound(ctx, a, "bot-1", second.JoinState, priv, csr3)
 	wantStatus(t, err, codes.PermissionDenied, "locked")
 
 	// Refusals and the lock are audited.
@@ -181,7 +151,7 @@ func BenchmarkBoundKeypairRecovery(b *testing.B) {
 		state := ""
 		for pb.Next() {
 			_, csr := benchCSR(b)
-			res, err := joinBound(context.Background(), a.conn, node, state, priv, csr)
+			res, err := joinBound(context.Background(), a, node, state, priv, csr)
 			if err != nil {
 				b.Error(err)
 				return
