@@ -1,0 +1,165 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/agent"
+)
+
+// agentState reads ADIR/state.json.
+func agentState(t *testing.T, adir string) agent.State {
+	t.Helper()
+	st, err := agent.Dir(adir).ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *st
+}
+
+// waitLog waits for a log record of p whose msg is msg, counting from the
+// n-th such record (so a second refresh can be waited for).
+func waitLog(t *testing.T, p *proc, msg string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if strings.Count(p.Logs(), fmt.Sprintf(`"msg":%q`, msg)) >= n {
+			return
+		}
+		select {
+		case <-p.done:
+			t.Fatalf("%s exited waiting for %q: %v\n%s", p.name, msg, p.exitErr, p.Logs())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	t.Fatalf("%s logged no %q in %s\n%s", p.name, msg, within, p.Logs())
+}
+
+// waitExpired sleeps until the agent's certificate has expired.
+func waitExpired(t *testing.T, adir string) {
+	t.Helper()
+	time.Sleep(time.Until(agentState(t, adir).NotAfter) + time.Second)
+}
+
+func recoveryCount(t *testing.T, dir, name string) int64 {
+	t.Helper()
+	return botOf(t, mustRun(t, "token", "get", name, "--data", dir, "-o", "json")).BoundKeypair.RecoveryCount
+}
+
+// TestBoundKeypairAgent: through the built binary, muster agent join
+// --bound-keypair with a static key, agent run refreshing (nothing
+// consumed, same instance), the agent stopped past its certificate's TTL
+// and recovering on restart (a new instance, one recovery), a spent budget
+// retried by agent run until token apply raises the limit; and a join with
+// the registration secret in the joining URI, which makes the key and
+// leaves no secret in agent.yaml.
+func TestBoundKeypairAgent(t *testing.T) {
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+
+	adir := filepath.Join(t.TempDir(), "agent")
+	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
+	keyFile := filepath.Join(t.TempDir(), "bot.pub")
+	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "2", "--data", e.dir)
+
+	// A join with a token that does not exist leaves no certificate files.
+	bad := filepath.Join(t.TempDir(), "bad")
+	mustRun(t, "keypair", "create", "--data", bad)
+	if msg := mustFail(t, "agent", "join", "--data", bad, "--bound-keypair", "nobody", "--authority", e.auth.addr,
+		"--ca-fingerprint", e.fingerprint); !strings.Contains(msg, "join failed") {
+		t.Fatalf("join with an unknown token: %s", msg)
+	}
+	assertNoAgentCerts(t, bad)
+
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--node", "runner",
+		"--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	joined := agentState(t, adir)
+	if joined.JoinMethod != agent.JoinMethodBoundKeypair || joined.JoinState == "" || joined.InstanceID == "" ||
+		joined.RecoveriesRemaining == nil || *joined.RecoveriesRemaining != 1 {
+		t.Fatalf("state.json after the join: %+v", joined)
+	}
+	if n := recoveryCount(t, e.dir, "runner"); n != 1 {
+		t.Fatalf("recovery_count after the first join = %d, want 1", n)
+	}
+
+	// agent run refreshes at about half-life: same instance, nothing consumed.
+	run := func() *proc {
+		p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
+		return p
+	}
+	p := run()
+	waitLog(t, p, "refresh done", 2, 20*time.Second)
+	if st := agentState(t, adir); st.InstanceID != joined.InstanceID || st.Serial == joined.Serial {
+		t.Fatalf("after refreshes: instance %s (want %s), serial %s (joined %s)", st.InstanceID, joined.InstanceID, st.Serial, joined.Serial)
+	}
+	if n := recoveryCount(t, e.dir, "runner"); n != 1 {
+		t.Fatalf("recovery_count after refreshes = %d, want 1", n)
+	}
+	p.stop(t)
+
+	// Stopped past its TTL, the agent recovers on restart.
+	waitExpired(t, adir)
+	p = run()
+	waitLog(t, p, "recovery done", 1, 20*time.Second)
+	recovered := agentState(t, adir)
+	if recovered.InstanceID == joined.InstanceID || recovered.JoinState == joined.JoinState {
+		t.Fatalf("recovery kept instance %s", recovered.InstanceID)
+	}
+	if n := recoveryCount(t, e.dir, "runner"); n != 2 {
+		t.Fatalf("recovery_count after the recovery = %d, want 2", n)
+	}
+	if show := mustRun(t, "agents", "show", "runner", "--data", e.dir); !strings.Contains(show, recovered.InstanceID) {
+		t.Errorf("agents show lacks the new instance %s:\n%s", recovered.InstanceID, show)
+	}
+	p.stop(t)
+
+	// The budget is spent: agent run retries until the limit is raised.
+	waitExpired(t, adir)
+	p = run()
+	waitLog(t, p, "recovery failed; retrying", 1, 20*time.Second)
+	if !strings.Contains(p.Logs(), "recovery_exhausted") {
+		t.Fatalf("the retried recovery does not say why:\n%s", p.Logs())
+	}
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	yaml := fmt.Sprintf("kind: token\nmetadata: {name: runner}\nspec:\n  join_method: bound-keypair\n  node: runner\n"+
+		"  bound_keypair:\n    onboarding: {initial_public_key: %q}\n    recovery: {limit: 3, mode: standard}\n", pubLine)
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
+	waitLog(t, p, "recovery done", 1, 40*time.Second)
+	if st := agentState(t, adir); st.InstanceID == recovered.InstanceID {
+		t.Fatalf("no new instance after raising the limit: %s", st.InstanceID)
+	}
+	p.stop(t)
+
+	// Registration with the secret in the joining URI: the key is made on
+	// the first join, and the secret does not stay in agent.yaml.
+	var reg botInfo
+	if err := json.Unmarshal([]byte(mustRun(t, "bot", "add", "builder", "--data", e.dir, "-o", "json")), &reg); err != nil {
+		t.Fatal(err)
+	}
+	adir2 := filepath.Join(t.TempDir(), "agent2")
+	r := muster(t, []string{"MUSTER_JOIN_URI=" + reg.URI}, "agent", "join", "--data", adir2)
+	if r.code != 0 {
+		t.Fatalf("join with the URI: exit %d\n%s", r.code, r.stderr)
+	}
+	fi, err := os.Stat(agent.Dir(adir2).BoundKeyFile())
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("bound key after registration: %v %v", fi, err)
+	}
+	if cfg, _ := os.ReadFile(agent.Dir(adir2).ConfigFile()); strings.Contains(string(cfg), reg.BoundKeypair.RegistrationSecret) ||
+		!strings.Contains(string(cfg), "bound_keypair: builder") {
+		t.Fatalf("agent.yaml after registration:\n%s", cfg)
+	}
+	if got := botOf(t, mustRun(t, "token", "get", "builder", "--data", e.dir, "-o", "json")); got.BoundKeypair.BoundKeyFingerprint == "" {
+		t.Fatalf("no key bound after registration: %+v", got)
+	}
+}
