@@ -264,7 +264,7 @@ func TestResolveBoundKeypair(t *testing.T) {
 			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "file-secret", "bot", "h:1"}, ""},
 		{"env secret", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp,
 			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "env-secret", "bot", "h:1"}, ""},
-		{"URI with a secret", JoinInputs{Getenv: env(EnvJoinURI, "muster+bound-keypair://bot:uri-secret@h:2?fingerprint=" + fp)},
+		{"URI with a secret", JoinInputs{Getenv: env(EnvJoinURI, "muster+bound-keypair://bot:uri-secret@h:2?fingerprint="+fp)},
 			want{"bot", "uri-secret", "bot", "h:2"}, ""},
 		{"agent.yaml after a join", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair, BoundKeypair: "bot", Node: "n",
 			Authority: "h:3", CAFingerprint: fp}}, want{"bot", "", "n", "h:3"}, ""},
