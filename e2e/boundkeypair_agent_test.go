@@ -91,7 +91,8 @@ func TestBoundKeypairAgent(t *testing.T) {
 
 	// agent run refreshes at about half-life: same instance, nothing consumed.
 	run := func() *proc {
-		p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
+		p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+			"--metrics-listen", "127.0.0.1:0")
 		return p
 	}
 	p := run()
@@ -101,6 +102,9 @@ func TestBoundKeypairAgent(t *testing.T) {
 	}
 	if n := recoveryCount(t, e.dir, "runner"); n != 1 {
 		t.Fatalf("recovery_count after refreshes = %d, want 1", n)
+	}
+	if body := metricsOf(t, p.metrics); !strings.Contains(body, `muster_bound_keypair_recoveries_remaining{token="runner"} 1`) {
+		t.Errorf("the agent's metrics lack the recoveries remaining:\n%s", body)
 	}
 	p.stop(t)
 

@@ -19,6 +19,9 @@ type Metrics struct {
 	expiry     prometheus.Gauge
 	renewals   *prometheus.CounterVec
 	generation prometheus.Gauge
+	// remaining is a bound-keypair agent's recovery budget left; its one
+	// label is the agent's own token name, as on the authority.
+	remaining *prometheus.GaugeVec
 }
 
 // NewMetrics returns the agent's series in their own registry.
@@ -37,9 +40,13 @@ func NewMetrics() *Metrics {
 			Name: "muster_agent_generation",
 			Help: "Generation (renewal count) of the agent's current instance.",
 		}),
+		remaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "muster_bound_keypair_recoveries_remaining",
+			Help: "Recoveries the agent's standard-mode bound-keypair token has left, as of its last join, refresh or recovery.",
+		}, []string{"token"}),
 	}
 	m.renewals.WithLabelValues("ok")
-	m.reg.MustRegister(m.expiry, m.renewals, m.generation)
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.remaining)
 	return m
 }
 
@@ -49,6 +56,9 @@ func (m *Metrics) observe(st *State) {
 	}
 	m.expiry.Set(float64(st.NotAfter.Unix()))
 	m.generation.Set(float64(st.Generation))
+	if st.BoundKeypair != "" && st.RecoveriesRemaining != nil && *st.RecoveriesRemaining >= 0 {
+		m.remaining.WithLabelValues(st.BoundKeypair).Set(float64(*st.RecoveriesRemaining))
+	}
 }
 
 func (m *Metrics) renewal(err error) {
