@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -123,6 +124,11 @@ func TestBoundKeypairAgent(t *testing.T) {
 		t.Errorf("agents show lacks the new instance %s:\n%s", recovered.InstanceID, show)
 	}
 	p.stop(t)
+	// A copy of the machine, which will hold a stale join state.
+	stale := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", adir, stale).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
 
 	// The budget is spent: agent run retries until the limit is raised.
 	waitExpired(t, adir)
@@ -144,6 +150,15 @@ func TestBoundKeypairAgent(t *testing.T) {
 	}
 	p.stop(t)
 
+	// The copy recovers with a join state the token has moved past: a
+	// permanent refusal, which ends agent run with one clear line (and
+	// locks the token).
+	r := muster(t, nil, "agent", "run", "--data", stale, "--log-format", "json")
+	if r.code == 0 || !strings.Contains(r.stderr, "muster: recovery failed: PERMISSION_DENIED") ||
+		!strings.Contains(r.stderr, "join_state_mismatch") {
+		t.Fatalf("agent run with a stale join state: exit %d\n%s", r.code, r.stderr)
+	}
+
 	// Registration with the secret in the joining URI: the key is made on
 	// the first join, and the secret does not stay in agent.yaml.
 	var reg botInfo
@@ -151,7 +166,7 @@ func TestBoundKeypairAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	adir2 := filepath.Join(t.TempDir(), "agent2")
-	r := muster(t, []string{"MUSTER_JOIN_URI=" + reg.URI}, "agent", "join", "--data", adir2)
+	r = muster(t, []string{"MUSTER_JOIN_URI=" + reg.URI}, "agent", "join", "--data", adir2)
 	if r.code != 0 {
 		t.Fatalf("join with the URI: exit %d\n%s", r.code, r.stderr)
 	}
