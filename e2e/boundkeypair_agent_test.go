@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -180,5 +183,34 @@ func TestBoundKeypairAgent(t *testing.T) {
 	}
 	if got := botOf(t, mustRun(t, "token", "get", "builder", "--data", e.dir, "-o", "json")); got.BoundKeypair.BoundKeyFingerprint == "" {
 		t.Fatalf("no key bound after registration: %+v", got)
+	}
+
+	// agent run joins an empty directory from MUSTER_JOIN_URI too.
+	if err := json.Unmarshal([]byte(mustRun(t, "bot", "add", "tester", "--data", e.dir, "-o", "json")), &reg); err != nil {
+		t.Fatal(err)
+	}
+	adir3 := filepath.Join(t.TempDir(), "agent3")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := execCommand(ctx, "agent", "run", "--data", adir3, "--log-format", "json")
+	cmd.Env = append(cmd.Env, "MUSTER_JOIN_URI="+reg.URI)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); !agent.Dir(adir3).HasIdentity(); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("agent run did not join in 20s:\n%s", logs.String())
+		}
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("agent run after SIGTERM: %v\n%s", err, logs.String())
+	}
+	if st := agentState(t, adir3); st.JoinMethod != agent.JoinMethodBoundKeypair || st.NodeID != "tester" || st.BoundKeypair != "tester" {
+		t.Fatalf("state.json after agent run joined: %+v", st)
 	}
 }
