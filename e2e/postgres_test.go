@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -48,7 +49,13 @@ func TestAuthorityOnPostgres(t *testing.T) {
 	if !strings.Contains(mustRun(t, "audit", "verify", "--data", dir), "intact") {
 		t.Fatal("audit verify on PostgreSQL")
 	}
-	if !strings.Contains(mustRun(t, "status", "--data", dir), "schema 5") {
-		t.Error("status does not show the PostgreSQL schema")
+	// The newest schema is the number of migrations, which the dialects
+	// share; counted so that a new migration needs no edit here.
+	migrations, err := filepath.Glob(filepath.Join("..", "internal", "store", "postgres", "migrations", "*.sql"))
+	if err != nil || len(migrations) == 0 {
+		t.Fatalf("migrations: %v", err)
+	}
+	if want := fmt.Sprintf("schema %d", len(migrations)); !strings.Contains(mustRun(t, "status", "--data", dir), want) {
+		t.Errorf("status does not show the PostgreSQL schema (%s)", want)
 	}
 }

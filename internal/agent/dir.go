@@ -121,6 +121,10 @@ type Config struct {
 	Discovery            string `yaml:"discovery,omitempty"`
 	DiscoveryFingerprint string `yaml:"discovery_fingerprint,omitempty"`
 	AuthorityID          string `yaml:"authority_id,omitempty"`
+	// BoundKeypair is the bound-keypair token's name; RegistrationSecret
+	// binds the agent's key to it, kept only until the join succeeds.
+	BoundKeypair       string `yaml:"bound_keypair,omitempty"`
+	RegistrationSecret string `yaml:"registration_secret,omitempty"`
 }
 
 // ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown
@@ -147,7 +151,7 @@ func (d Dir) ReadConfig() (Config, error) {
 func redactYAMLError(err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
-		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk)"
+		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk, discovery, discovery_fingerprint, authority_id, bound_keypair, registration_secret)"
 	}
 	return "malformed YAML"
 }
@@ -195,6 +199,12 @@ type State struct {
 	RecentTasks map[string]time.Time `json:"recent_tasks,omitempty"`
 	// LastRotateTask is the last rotate task the agent took.
 	LastRotateTask string `json:"last_rotate_task,omitempty"`
+	// JoinState is the last join state document of a bound-keypair join,
+	// presented at the next one; RecoveriesRemaining its budget left
+	// (-1: the token's mode does not count).
+	BoundKeypair        string `json:"bound_keypair,omitempty"`
+	JoinState           string `json:"join_state,omitempty"`
+	RecoveriesRemaining *int64 `json:"recoveries_remaining,omitempty"`
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.

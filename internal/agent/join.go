@@ -22,8 +22,9 @@ import (
 
 // Join methods, as state.json and agent.yaml name them.
 const (
-	JoinMethodToken = "token"
-	JoinMethodPSK   = "psk"
+	JoinMethodToken        = "token"
+	JoinMethodPSK          = "psk"
+	JoinMethodBoundKeypair = "bound-keypair"
 )
 
 // JoinRequest is everything a join needs: a join token, or the bootstrap
@@ -47,10 +48,18 @@ type JoinRequest struct {
 	// Force joins over an existing identity, which stays in place until
 	// the new join succeeds.
 	Force bool
+	// BoundKeypair is the name of a bound-keypair token (which needs
+	// CAFingerprint); RegistrationSecret, if set, binds the agent's key
+	// to it on this first join.
+	BoundKeypair       string
+	RegistrationSecret string
 }
 
 // method is the join method of r.
 func (r JoinRequest) method() string {
+	if r.BoundKeypair != "" {
+		return JoinMethodBoundKeypair
+	}
 	if r.Token.ID == "" && (!r.PSK.IsZero() || r.Discovery != "") {
 		return JoinMethodPSK
 	}
@@ -58,6 +67,9 @@ func (r JoinRequest) method() string {
 }
 
 func (r JoinRequest) check() error {
+	if r.BoundKeypair != "" {
+		return r.checkBound()
+	}
 	if r.Discovery != "" {
 		return r.checkDiscovery()
 	}
@@ -159,9 +171,12 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		return nil, err
 	}
 	var j *joinResult
-	if r.method() == JoinMethodPSK {
+	switch r.method() {
+	case JoinMethodBoundKeypair:
+		j, err = a.joinBound(ctx, r, key)
+	case JoinMethodPSK:
 		j, err = a.joinPSK(ctx, r, key)
-	} else {
+	default:
 		j, err = a.joinToken(ctx, r, key)
 	}
 	if err != nil {
@@ -178,7 +193,8 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		NodeID: r.Node, InstanceID: j.instanceID, AuthorityID: j.authorityID,
 		TrustDomain: j.trustDomain, Authority: j.renewal, Generation: j.generation,
 		JoinMethod: r.method(), JoinedAt: now.UTC(), NotAfter: chain[0].NotAfter.UTC(),
-		Serial: serialOf(chain[0]),
+		Serial: serialOf(chain[0]), JoinState: j.joinState, RecoveriesRemaining: j.remaining,
+		BoundKeypair: r.BoundKeypair,
 	}
 	a.takeVerifierSet(st, j.verifierSet, true)
 	if err := a.dir.writeState(st); err != nil {
@@ -194,6 +210,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		cfg = Config{}
 	}
 	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token, cfg.PSK = j.joined, r.Node, r.method(), "", ""
+	cfg.BoundKeypair, cfg.RegistrationSecret = r.BoundKeypair, ""
 	cfg.CAFingerprint = pinOf(j.roots, r.CAFingerprint)
 	if r.Discovery != "" {
 		cfg.Discovery, cfg.DiscoveryFingerprint, cfg.AuthorityID = r.Discovery, r.DiscoveryFingerprint, r.AuthorityID
@@ -212,6 +229,9 @@ type joinResult struct {
 	authorityID, trustDomain string
 	instanceID               string
 	generation               int64
+	// joinState and remaining are a bound-keypair join's.
+	joinState string
+	remaining *int64
 	// renewal is the address renewals go to; joined the one the join
 	// went to.
 	renewal, joined string

@@ -25,6 +25,9 @@ type Metrics struct {
 	setRefused prometheus.Counter
 	streams    prometheus.Counter
 	refused    prometheus.Counter
+	// remaining is a bound-keypair agent's recovery budget left; its one
+	// label is the agent's own token name, as on the authority.
+	remaining *prometheus.GaugeVec
 }
 
 // NewMetrics returns the agent's series in their own registry.
@@ -43,6 +46,10 @@ func NewMetrics() *Metrics {
 			Name: "muster_agent_generation",
 			Help: "Generation (renewal count) of the agent's current instance.",
 		}),
+		remaining: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "muster_bound_keypair_recoveries_remaining",
+			Help: "Recoveries the agent's standard-mode bound-keypair token has left, as of its last join, refresh or recovery.",
+		}, []string{"token"}),
 	}
 	m.setVersion = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "muster_agent_verifier_set_version",
@@ -61,7 +68,7 @@ func NewMetrics() *Metrics {
 		Help: "Tasks the agent refused (the authority counts them by signer version and reason).",
 	})
 	m.renewals.WithLabelValues("ok")
-	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.setVersion, m.setRefused, m.streams, m.refused)
+	m.reg.MustRegister(m.expiry, m.renewals, m.generation, m.remaining, m.setVersion, m.setRefused, m.streams, m.refused)
 	return m
 }
 
@@ -73,6 +80,9 @@ func (m *Metrics) observe(st *State) {
 	m.generation.Set(float64(st.Generation))
 	if t, err := signer.NewTrust(st.VerifierSet, nil); err == nil && len(st.VerifierSet) > 0 {
 		m.setVersion.Set(float64(t.Version()))
+	}
+	if st.BoundKeypair != "" && st.RecoveriesRemaining != nil && *st.RecoveriesRemaining >= 0 {
+		m.remaining.WithLabelValues(st.BoundKeypair).Set(float64(*st.RecoveriesRemaining))
 	}
 }
 

@@ -92,7 +92,11 @@ func (a *Agent) probeAuthority(ctx context.Context, r JoinRequest) (*authorityPe
 	d := tls.Dialer{Config: tc}
 	conn, err := d.DialContext(cctx, "tcp", r.Authority)
 	if verr != nil {
-		return nil, fmt.Errorf("%w (the authority at %s; the PSK was not sent)", verr, r.Authority)
+		nothing := "the PSK was not sent"
+		if r.method() == JoinMethodBoundKeypair {
+			nothing = "no challenge was signed"
+		}
+		return nil, fmt.Errorf("%w (the authority at %s; %s)", verr, r.Authority, nothing)
 	}
 	if err != nil {
 		return nil, err

@@ -149,8 +149,8 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 			return nil, nil, err
 		}
 	}
-	if cfg, err := a.dir.ReadConfig(); err == nil && (cfg.Token != "" || cfg.PSK != "") {
-		cfg.Token, cfg.PSK = "", ""
+	if cfg, err := a.dir.ReadConfig(); err == nil && (cfg.Token != "" || cfg.PSK != "" || cfg.RegistrationSecret != "") {
+		cfg.Token, cfg.PSK, cfg.RegistrationSecret = "", "", ""
 		if err := a.dir.WriteConfig(cfg); err != nil {
 			return nil, nil, err
 		}

@@ -73,7 +73,11 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 		}
 		req.Force = false
 		a.log.Info("no identity yet: joining", "node", req.Node, "authority", req.Authority, "join_method", req.method(), "token_id", req.Token.ID)
-		if err := a.retry(ctx, "join", time.Time{}, func() error {
+		retryable := Transient
+		if req.method() == JoinMethodBoundKeypair {
+			retryable = retryableBound
+		}
+		if err := a.retryIf(ctx, "join", time.Time{}, retryable, func() error {
 			_, err := a.Join(ctx, req)
 			return err
 		}); err != nil {
@@ -101,8 +105,22 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			a.log.Info("identity loaded", "node", st.NodeID, "instance", st.InstanceID, "generation", st.Generation,
 				"not_after", leaf.NotAfter, "next_renewal", due)
 		}
+		bound := st.JoinMethod == JoinMethodBoundKeypair
 		if !a.now().Before(leaf.NotAfter) {
-			return &OpError{Op: "renewal", Err: &ExpiredError{NotAfter: leaf.NotAfter}}
+			if !bound {
+				return &OpError{Op: "renewal", Err: &ExpiredError{NotAfter: leaf.NotAfter}}
+			}
+			// A bound-keypair agent recovers by proving its key again; a
+			// spent budget is retried, for an operator may raise it.
+			a.log.Warn("certificate expired: recovering with the bound key", "not_after", leaf.NotAfter,
+				"recoveries_remaining", remainingOf(st))
+			if err := a.retryIf(ctx, "recovery", time.Time{}, retryableBound, func() error {
+				_, err := a.Rebind(ctx)
+				return err
+			}); err != nil {
+				return err
+			}
+			continue
 		}
 		if wait := due.Sub(a.now()); wait > 0 {
 			if !sleep(ctx, min(wait, maxSleep)) {
@@ -112,8 +130,14 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			// (muster agent renew).
 			continue
 		}
+		renew := a.Renew
+		if bound {
+			// A refresh repeats the challenge with the valid
+			// certificate: the authority consumes nothing.
+			renew = a.Rebind
+		}
 		if err := a.retry(ctx, "renewal", leaf.NotAfter, func() error {
-			_, err := a.Renew(ctx)
+			_, err := renew(ctx)
 			return err
 		}); err != nil {
 			return err
@@ -160,13 +184,18 @@ func (a *Agent) renewAt(st *State, leaf *x509.Certificate) time.Time {
 // reaches past notAfter (when set): the last attempt is made before the
 // certificate expires, and the one after it reports the expiry.
 func (a *Agent) retry(ctx context.Context, op string, notAfter time.Time, f func() error) error {
+	return a.retryIf(ctx, op, notAfter, Transient, f)
+}
+
+// retryIf is retry with retryable deciding which failures are retried.
+func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retryable func(error) bool, f func() error) error {
 	delay := backoffMin
 	for attempt := 1; ; attempt++ {
 		err := f()
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if !Transient(err) {
+		if !retryable(err) {
 			return err
 		}
 		wait := delay/2 + rand.N(delay/2+1)

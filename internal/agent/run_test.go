@@ -157,3 +157,28 @@ func TestRenewAt(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryableBound: a bound-keypair agent retries a spent recovery
+// budget (an operator may raise it) besides transient failures, and
+// nothing else.
+func TestRetryableBound(t *testing.T) {
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"unavailable", status.Error(codes.Unavailable, "down"), true},
+		{"recovery_exhausted", status.Error(codes.FailedPrecondition, "recovery_exhausted: raise the limit"), true},
+		{"recovery_exhausted wrapped", &OpError{Op: "recovery", Err: status.Error(codes.FailedPrecondition, "recovery_exhausted")}, true},
+		{"registration_closed", status.Error(codes.FailedPrecondition, "registration_closed"), false},
+		{"join_state_mismatch", status.Error(codes.PermissionDenied, "join_state_mismatch"), false},
+		{"locked", status.Error(codes.PermissionDenied, "locked"), false},
+		{"challenge_failed", status.Error(codes.Unauthenticated, "challenge_failed"), false},
+		{"local", errors.New("recovery_exhausted"), false},
+	}
+	for _, tt := range tests {
+		if got := retryableBound(tt.err); got != tt.want {
+			t.Errorf("%s: retryableBound = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}

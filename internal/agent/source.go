@@ -26,6 +26,9 @@ const (
 	EnvDiscovery     = "MUSTER_DISCOVERY"
 	// EnvDiscoveryFingerprint pins discovery's CA.
 	EnvDiscoveryFingerprint = "MUSTER_DISCOVERY_FINGERPRINT"
+	// EnvRegistrationSecret binds the agent's key to a bound-keypair
+	// token on its first join.
+	EnvRegistrationSecret = "MUSTER_REGISTRATION_SECRET"
 )
 
 // Token sources, as ResolveJoin names them.
@@ -39,6 +42,7 @@ const (
 	SourceEnvToken  = EnvJoinToken
 	SourceEnvURI    = EnvJoinURI
 	SourceConfig    = "agent.yaml"
+	SourceBound     = "--bound-keypair"
 )
 
 // maxTokenFile bounds a token or PSK file: a token is 23 bytes, a PSK 75.
@@ -52,6 +56,9 @@ type JoinInputs struct {
 	Node, Authority, CAFingerprint  string
 	AuthorityID                     string
 	Discovery, DiscoveryFingerprint string
+	// BoundKeypair names a bound-keypair token; RegistrationSecretFile
+	// holds the secret that binds the key on the first join.
+	BoundKeypair, RegistrationSecretFile string
 	// Getenv reads the MUSTER_* variables; nil reads none.
 	Getenv func(string) string
 	// Stdin is read for --token-file -.
@@ -75,6 +82,9 @@ type layer struct {
 	secret, method, source                    string
 	node, authority, fingerprint, authorityID string
 	discovery, discoveryFP                    string
+	// boundName names a bound-keypair token, regSecret its registration
+	// secret.
+	boundName, regSecret string
 }
 
 // ResolveJoin picks each parameter from the first layer that gives it: the
@@ -98,15 +108,24 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	cli := layer{node: in.Node, authority: in.Authority, fingerprint: in.CAFingerprint, authorityID: in.AuthorityID,
 		discovery: in.Discovery, discoveryFP: in.DiscoveryFingerprint}
 	n := 0
-	for _, s := range []string{in.Token, in.TokenFile, in.PSK, in.PSKFile, in.URI} {
+	for _, s := range []string{in.Token, in.TokenFile, in.PSK, in.PSKFile, in.URI, in.BoundKeypair} {
 		if s != "" {
 			n++
 		}
 	}
 	if n > 1 {
-		return res, errors.New("give only one of --token, --token-file, --psk, --psk-file and a joining URI")
+		return res, errors.New("give only one of --token, --token-file, --psk, --psk-file, --bound-keypair and a joining URI")
+	}
+	if in.RegistrationSecretFile != "" {
+		sec, err := readSecretFile("--registration-secret-file", in.RegistrationSecretFile, in.Stdin)
+		if err != nil {
+			return res, err
+		}
+		cli.regSecret = sec
 	}
 	switch {
+	case in.BoundKeypair != "":
+		cli.boundName, cli.method, cli.source = in.BoundKeypair, JoinMethodBoundKeypair, SourceBound
 	case in.Token != "":
 		cli.secret, cli.method, cli.source = in.Token, JoinMethodToken, SourceTokenFlag
 		res.Warnings = append(res.Warnings, "--token is visible to other users of this machine; prefer --token-file or MUSTER_JOIN_TOKEN")
@@ -134,7 +153,8 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 
 	// The environment.
 	env := layer{node: getenv(EnvNodeID), authority: getenv(EnvAuthority), fingerprint: getenv(EnvCAFingerprint),
-		authorityID: getenv(EnvAuthorityID), discovery: getenv(EnvDiscovery), discoveryFP: getenv(EnvDiscoveryFingerprint)}
+		authorityID: getenv(EnvAuthorityID), discovery: getenv(EnvDiscovery), discoveryFP: getenv(EnvDiscoveryFingerprint),
+		regSecret: getenv(EnvRegistrationSecret)}
 	if u := getenv(EnvJoinURI); u != "" {
 		if err := fromURI(&env, u, SourceEnvURI); err != nil {
 			return res, fmt.Errorf("%s: %w", EnvJoinURI, err)
@@ -151,8 +171,14 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	}
 
 	// agent.yaml.
-	if m := in.Config.JoinMethod; m != "" && m != JoinMethodToken && m != JoinMethodPSK {
-		return res, fmt.Errorf("agent.yaml: join method %q is not supported by this agent yet: use a join token or the bootstrap PSK", m)
+	switch m := in.Config.JoinMethod; m {
+	case "", JoinMethodToken, JoinMethodPSK:
+	case JoinMethodBoundKeypair:
+		if in.Config.BoundKeypair == "" {
+			return res, errors.New("agent.yaml: join method bound-keypair needs bound_keypair (the token's name)")
+		}
+	default:
+		return res, fmt.Errorf("agent.yaml: join method %q is not supported by this agent: use a join token, the bootstrap PSK or a bound-keypair token", m)
 	}
 	if in.Config.Token != "" && in.Config.PSK != "" {
 		return res, errors.New("agent.yaml: give token or psk, not both")
@@ -164,7 +190,10 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		file.secret, file.method, file.source = in.Config.Token, JoinMethodToken, SourceConfig
 	case in.Config.PSK != "":
 		file.secret, file.method, file.source = in.Config.PSK, JoinMethodPSK, SourceConfig
+	case in.Config.JoinMethod == JoinMethodBoundKeypair:
+		file.boundName, file.method, file.source = in.Config.BoundKeypair, JoinMethodBoundKeypair, SourceConfig
 	}
+	file.regSecret = in.Config.RegistrationSecret
 
 	layers := []layer{cli, env, file}
 	pick := func(get func(layer) string) string {
@@ -175,10 +204,10 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		}
 		return ""
 	}
-	var secret, method string
+	var secret, method, boundName string
 	for _, l := range layers {
-		if l.secret != "" {
-			secret, method, res.TokenSource = l.secret, l.method, l.source
+		if l.secret != "" || l.boundName != "" {
+			secret, method, boundName, res.TokenSource = l.secret, l.method, l.boundName, l.source
 			break
 		}
 	}
@@ -197,14 +226,15 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		}
 	}
 	switch {
+	case boundName != "":
 	case secret == "" && discovery != "":
 		method = JoinMethodPSK
 		res.Warnings = append(res.Warnings, "no bootstrap PSK: joining on the referral ticket alone, which the authority accepts only while it migrates to the PSK")
 	case secret == "":
-		return res, errors.New("no join token or bootstrap PSK: give --token-file FILE, --psk-file FILE, MUSTER_JOIN_TOKEN, MUSTER_BOOTSTRAP_PSK, a joining URI, or token or psk in agent.yaml")
+		return res, errors.New("no join token or bootstrap PSK: give --token-file FILE, --psk-file FILE, --bound-keypair NAME, MUSTER_JOIN_TOKEN, MUSTER_BOOTSTRAP_PSK, a joining URI, or token or psk in agent.yaml")
 	}
 	switch {
-	case secret == "":
+	case secret == "" || boundName != "":
 	case method == JoinMethodPSK:
 		p, err := psk.Parse(strings.TrimSpace(secret))
 		if err != nil {
@@ -226,6 +256,17 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		Authority:     authority,
 		CAFingerprint: pick(func(l layer) string { return l.fingerprint }),
 		Discovery:     discovery,
+		BoundKeypair:  boundName,
+	}
+	if boundName != "" {
+		if res.Request.Node == "" {
+			// muster bot add NAME makes the token of node NAME.
+			res.Request.Node = boundName
+		}
+		res.Request.RegistrationSecret = pick(func(l layer) string { return l.regSecret })
+		if discovery != "" {
+			return res, errors.New("a bound-keypair join goes to the authority's address (--authority), not through discovery")
+		}
 	}
 	if discovery != "" {
 		res.Request.DiscoveryFingerprint = pick(func(l layer) string { return l.discoveryFP })
@@ -253,6 +294,8 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 		res.Request.CAFingerprint = canon
 	} else if method == JoinMethodPSK {
 		return res, errors.New("a bootstrap PSK join needs the CA fingerprint: give --ca-fingerprint sha256:… (or MUSTER_CA_FINGERPRINT, a muster+psk:// URI, ca_fingerprint in agent.yaml)")
+	} else if boundName != "" {
+		return res, errors.New("a bound-keypair join needs the CA fingerprint: give --ca-fingerprint sha256:… (or MUSTER_CA_FINGERPRINT, a muster+bound-keypair:// URI, ca_fingerprint in agent.yaml)")
 	}
 	return res, nil
 }
@@ -269,8 +312,11 @@ func fromURI(l *layer, s, source string) error {
 		l.secret, l.method = u.Token.Reveal(), JoinMethodToken
 	case joinuri.MethodPSK:
 		l.secret, l.method = u.PSK.Reveal(), JoinMethodPSK
+	case joinuri.MethodBoundKeypair:
+		l.boundName, l.method = u.KeypairName, JoinMethodBoundKeypair
+		l.regSecret = firstNonEmpty(l.regSecret, u.KeypairSecret)
 	default:
-		return fmt.Errorf("join method %s is not supported by this agent yet: use a join token or the bootstrap PSK", u.Method)
+		return fmt.Errorf("join method %s is not supported by this agent", u.Method)
 	}
 	l.source = source
 	l.node = firstNonEmpty(l.node, u.Node)

@@ -235,3 +235,64 @@ func TestResolveJoinDiscovery(t *testing.T) {
 		})
 	}
 }
+
+// TestResolveBoundKeypair: where a bound-keypair join's name, registration
+// secret, node and pin come from, and what it refuses.
+func TestResolveBoundKeypair(t *testing.T) {
+	const fp = "sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	secFile := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(secFile, []byte("file-secret\n"), 0o600)
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+	type want struct{ name, secret, node, authority string }
+	tests := []struct {
+		name string
+		in   JoinInputs
+		want want
+		err  string
+	}{
+		{"flags", JoinInputs{BoundKeypair: "bot", Node: "n", Authority: "h:1", CAFingerprint: fp},
+			want{"bot", "", "n", "h:1"}, ""},
+		{"node defaults to the name", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp},
+			want{"bot", "", "bot", "h:1"}, ""},
+		{"secret file beats env", JoinInputs{BoundKeypair: "bot", RegistrationSecretFile: secFile, Authority: "h:1", CAFingerprint: fp,
+			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "file-secret", "bot", "h:1"}, ""},
+		{"env secret", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp,
+			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "env-secret", "bot", "h:1"}, ""},
+		{"URI with a secret", JoinInputs{Getenv: env(EnvJoinURI, "muster+bound-keypair://bot:uri-secret@h:2?fingerprint="+fp)},
+			want{"bot", "uri-secret", "bot", "h:2"}, ""},
+		{"agent.yaml after a join", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair, BoundKeypair: "bot", Node: "n",
+			Authority: "h:3", CAFingerprint: fp}}, want{"bot", "", "n", "h:3"}, ""},
+		{"agent.yaml without the name", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair}}, want{}, "needs bound_keypair"},
+		{"no fingerprint", JoinInputs{BoundKeypair: "bot", Authority: "h:1"}, want{}, "needs the CA fingerprint"},
+		{"with a token", JoinInputs{BoundKeypair: "bot", Token: "aaaaaa.aaaaaaaaaaaaaaaa"}, want{}, "only one of"},
+		{"through discovery", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", AuthorityID: "a", CAFingerprint: fp}, want{}, "not through discovery"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := ResolveJoin(tt.in)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := res.Request
+			got := want{r.BoundKeypair, r.RegistrationSecret, r.Node, r.Authority}
+			if got != tt.want || r.method() != JoinMethodBoundKeypair || r.CAFingerprint != fp {
+				t.Fatalf("got %+v (method %s, fp %s), want %+v", got, r.method(), r.CAFingerprint, tt.want)
+			}
+			if err := r.check(); err != nil {
+				t.Fatalf("check: %v", err)
+			}
+		})
+	}
+}

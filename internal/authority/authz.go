@@ -71,10 +71,13 @@ const (
 )
 
 var serviceAccess = map[string]access{
-	"muster.v1.AdminService":                   accessAdmin,
-	"muster.v1.AgentService":                   accessAgent,
-	"muster.v1.BootstrapService":               accessPublic,
-	"muster.v1.CertificateService":             accessAgentOrAnonymous,
+	"muster.v1.AdminService":       accessAdmin,
+	"muster.v1.AgentService":       accessAgent,
+	"muster.v1.BootstrapService":   accessPublic,
+	"muster.v1.CertificateService": accessAgentOrAnonymous,
+	// A bound-keypair refresh presents the agent certificate; a join or a
+	// recovery presents none.
+	"muster.v1.JoinService":                    accessAgentOrAnonymous,
 	"grpc.health.v1.Health":                    accessPublic,
 	"grpc.reflection.v1.ServerReflection":      accessPublic,
 	"grpc.reflection.v1alpha.ServerReflection": accessPublic,

@@ -41,15 +41,19 @@ type benchAuthority struct {
 	td    string
 	token string
 	dial  func(id *identity.Identity) *grpc.ClientConn
+	// store and sk are the first replica's, to set up what a test needs.
+	store store.Store
+	sk    seal.StorageKey
+	info  datadir.Info
 }
 
-func startBench(b *testing.B) *benchAuthority {
+func startBench(b testing.TB) *benchAuthority {
 	return startReplicas(b, nil, 1)
 }
 
 // startReplicas initialises an authority on the store open returns (nil:
 // the embedded SQLite file, durable writes) and runs n replicas of it.
-func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
+func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
@@ -121,7 +125,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 		b.Cleanup(func() { conn.Close() })
 		return conn
 	}
-	a := &benchAuthority{srvs: srvs, h: h, td: res.Info.TrustDomain, token: tok.Reveal(),
+	a := &benchAuthority{srvs: srvs, h: h, td: res.Info.TrustDomain, token: tok.Reveal(), store: first, sk: sk, info: res.Info,
 		// Renewals go to the replicas in turn, as a load balancer would send them.
 		dial: func(id *identity.Identity) *grpc.ClientConn { return dialAt(addrs[int(next.Add(1))%len(addrs)], id) }}
 	for _, addr := range addrs {
@@ -131,7 +135,7 @@ func startReplicas(b *testing.B, open func(ctx context.Context) (store.Store, er
 	return a
 }
 
-func benchCSR(b *testing.B) (*ecdsa.PrivateKey, []byte) {
+func benchCSR(b testing.TB) (*ecdsa.PrivateKey, []byte) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
 	if err != nil {

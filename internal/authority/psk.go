@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,14 +16,6 @@ import (
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
-)
-
-// The old bootstrap PSK stays accepted for a grace period after a rotation,
-// so agents can be given the new one; a month is long enough for any
-// rollout and short enough that a leaked key does not linger.
-const (
-	defaultPSKGrace = 24 * time.Hour
-	maxPSKGrace     = 30 * 24 * time.Hour
 )
 
 // pskSealer opens PSKs sealed by datadir.NewPSK. Deriving it is cheap next
@@ -142,18 +133,15 @@ func (a *adminService) RotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 }
 
 func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKRequest) (*musterv1.RotatePSKResponse, string, error) {
-	grace := defaultPSKGrace
+	grace := psk.DefaultGrace
 	if req.Grace != nil {
 		if err := req.Grace.CheckValid(); err != nil {
 			return nil, "", badRequest("grace: " + err.Error())
 		}
 		grace = req.Grace.AsDuration()
 	}
-	switch {
-	case grace < 0:
-		return nil, "", badRequest("grace must not be negative (0 revokes the current PSK at once)")
-	case grace > maxPSKGrace:
-		return nil, "", badRequest(fmt.Sprintf("grace must be at most %s (30 days)", maxPSKGrace))
+	if err := psk.CheckGrace(grace); err != nil {
+		return nil, "", badRequest(err.Error())
 	}
 
 	ps, err := a.s.store.ListPSKs(ctx)

@@ -149,6 +149,14 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if s.streams, err = newStreamMetrics(s.metrics.reg); err != nil {
 		return nil, err
 	}
+	joinStates, err := cfg.StorageKey.Sealer(seal.InfoJoinState)
+	if err != nil {
+		return nil, err
+	}
+	recoveries, err := newRecoveriesGauge(s.metrics.reg)
+	if err != nil {
+		return nil, err
+	}
 	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
 		return nil, errors.New("authority: bootstrap.psk_required false needs referral tickets: configure a discovery service")
 	}
@@ -171,17 +179,25 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		TrustDomain: cfg.Info.TrustDomain,
 		Endpoints:   endpoints,
 		TokenSealer: s.tokens,
-		PSKSealer:   psks,
-		ExpireGracePSKs: func(ctx context.Context) {
-			s.expireGracePSKs(context.WithoutCancel(ctx))
+		PSKConfig: enroll.PSKConfig{
+			PSKSealer: psks,
+			ExpireGracePSKs: func(ctx context.Context) {
+				s.expireGracePSKs(context.WithoutCancel(ctx))
+			},
+			PSKObserver:      s.metrics.pskValidation,
+			Tickets:          tickets,
+			PSKOptionalUntil: cfg.PSKOptionalUntil,
+			TicketObserver:   s.metrics.ticket,
 		},
-		PSKObserver:      s.metrics.pskValidation,
-		Tickets:          tickets,
-		PSKOptionalUntil: cfg.PSKOptionalUntil,
-		TicketObserver:   s.metrics.ticket,
-		DecoyKey:         cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
-		AgentCertTTL:     cfg.AgentCertTTL,
-		Limiter:          s.limiter,
+		BoundKeypair: enroll.BoundKeypairConfig{
+			JoinStateSealer: joinStates,
+			Observer: func(token string, remaining int64) {
+				recoveries.WithLabelValues(token).Set(float64(remaining))
+			},
+		},
+		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
+		AgentCertTTL: cfg.AgentCertTTL,
+		Limiter:      s.limiter,
 	})
 	if err != nil {
 		return nil, err
@@ -310,6 +326,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
 	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
 	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
+	musterv1.RegisterJoinServiceServer(gs, &joinService{s: s})
 	if admin {
 		musterv1.RegisterAgentServiceServer(gs, &agentService{s: s})
 		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -18,31 +17,15 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-const (
-	defaultTokenTTL  = 24 * time.Hour
-	maxDescription   = 256
-	maxLabels        = 32
-	maxLabelValueLen = 256
-)
-
-var labelKeyRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]{0,61}[a-z0-9])?$`)
-
 // Token states, as listed to operators.
 const (
-	tokenActive  = "active"
-	tokenExpired = "expired"
-	tokenUsedUp  = "used_up"
+	tokenActive  = jointoken.StateActive
+	tokenExpired = jointoken.StateExpired
+	tokenUsedUp  = jointoken.StateUsedUp
 )
 
 func tokenState(t store.Token, now time.Time) string {
-	switch {
-	case !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt):
-		return tokenExpired
-	case t.UsesAllowed > 0 && t.UsesCount >= t.UsesAllowed:
-		return tokenUsedUp
-	default:
-		return tokenActive
-	}
+	return jointoken.Usage{ExpiresAt: t.ExpiresAt, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount}.State(now)
 }
 
 func tokenToProto(t store.Token, now time.Time) *musterv1.Token {
@@ -68,36 +51,18 @@ func (a *adminService) CreateToken(ctx context.Context, req *musterv1.CreateToke
 }
 
 func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateTokenRequest) (*musterv1.CreateTokenResponse, string, error) {
-	ttl := defaultTokenTTL
+	spec := jointoken.Spec{TTL: jointoken.DefaultTTL, Uses: 1, Node: req.GetNodeId(), Description: req.GetDescription(),
+		Labels: req.GetLabels(), UnsafeUnlimited: req.GetUnsafeUnlimited()}
 	if req.Ttl != nil {
-		ttl = req.Ttl.AsDuration()
+		spec.TTL = req.Ttl.AsDuration()
 	}
-	uses := int64(1)
 	if req.Uses != nil {
-		uses = req.GetUses()
+		spec.Uses = req.GetUses()
 	}
-	switch {
-	case ttl < 0:
-		return nil, "", badRequest("ttl must not be negative (0 means never expires)")
-	case uses < 0:
-		return nil, "", badRequest("uses must not be negative (0 means unlimited until expiry)")
-	case ttl == 0 && uses == 0 && !req.GetUnsafeUnlimited():
-		return nil, "", badRequest("a token that never expires and has unlimited uses admits anyone who ever sees it; set a ttl or uses, or pass --unsafe-unlimited")
-	case len(req.GetDescription()) > maxDescription:
-		return nil, "", badRequest(fmt.Sprintf("description must be at most %d characters", maxDescription))
-	case len(req.GetLabels()) > maxLabels:
-		return nil, "", badRequest(fmt.Sprintf("at most %d labels", maxLabels))
+	if err := spec.Check(); err != nil {
+		return nil, "", badRequest(err.Error())
 	}
-	if n := req.GetNodeId(); n != "" {
-		if err := spiffeid.ValidNodeID(n); err != nil {
-			return nil, "", badRequest("node: " + err.Error())
-		}
-	}
-	for k, v := range req.GetLabels() {
-		if !labelKeyRE.MatchString(k) || len(v) > maxLabelValueLen {
-			return nil, "", badRequest(fmt.Sprintf("label %q: keys are 1-63 of a-z 0-9 . _ / -, values at most %d characters", k, maxLabelValueLen))
-		}
-	}
+	ttl, uses := spec.TTL, spec.Uses
 	now, err := a.s.store.Now(ctx)
 	if err != nil {
 		return nil, "", err
@@ -128,7 +93,7 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 			return nil, "", err
 		}
 	}
-	if ttl == 0 && uses == 0 {
+	if spec.Unlimited() {
 		a.s.log.Warn("created a join token with no expiry and unlimited uses (--unsafe-unlimited)", "token_id", t.ID)
 	}
 	uri := joinuri.URI{Method: joinuri.MethodToken, Token: tok, Address: a.s.advertise(),
@@ -145,26 +110,36 @@ func (a *adminService) ListTokens(ctx context.Context, _ *musterv1.ListTokensReq
 	now := time.Now()
 	resp := &musterv1.ListTokensResponse{}
 	for _, t := range ts {
-		resp.Tokens = append(resp.Tokens, tokenToProto(t, now))
+		p := tokenToProto(t, now)
+		if err := a.s.boundKeypairToProto(p, t, false); err != nil {
+			return nil, toStatus(ctx, a.s.log, err)
+		}
+		resp.Tokens = append(resp.Tokens, p)
 	}
 	return resp, nil
 }
 
 func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenRequest) (*musterv1.GetTokenResponse, error) {
-	if !jointoken.ValidID(req.GetId()) {
-		return nil, toStatus(ctx, a.s.log, badRequest("a token ID is 6 characters of a-z 0-9 (the part before the dot)"))
+	if !validTokenName(req.GetId()) {
+		return nil, toStatus(ctx, a.s.log, badRequest(badTokenName))
 	}
 	t, err := a.s.store.GetToken(ctx, req.GetId())
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	return &musterv1.GetTokenResponse{Token: tokenToProto(t, time.Now())}, nil
+	p := tokenToProto(t, time.Now())
+	// One token's answer shows a registration secret not yet used, as
+	// DESIGN.md's status does; a list never does.
+	if err := a.s.boundKeypairToProto(p, t, true); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.GetTokenResponse{Token: p}, nil
 }
 
 func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteTokenRequest) (*musterv1.DeleteTokenResponse, error) {
 	err := error(nil)
-	if !jointoken.ValidID(req.GetId()) {
-		err = badRequest("a token ID is 6 characters of a-z 0-9 (the part before the dot)")
+	if !validTokenName(req.GetId()) {
+		err = badRequest(badTokenName)
 	} else {
 		err = a.s.store.DeleteToken(ctx, req.GetId())
 	}

@@ -61,8 +61,8 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
-		Short: "Join an authority with a join token or the bootstrap PSK, once",
+		Use:   "join --data ADIR [--token-file F | --psk-file F | --bound-keypair NAME [--registration-secret-file F] | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
+		Short: "Join an authority with a join token, the bootstrap PSK or a bound keypair, once",
 		Long: `join admits this machine with a join token or the authority's bootstrap PSK
 and writes its identity to ADIR.
 
@@ -88,6 +88,16 @@ lists until one proves to be that authority by --ca-fingerprint's root and
 the authority's SPIFFE ID, asks discovery for a referral ticket for the node,
 and sends the ticket and the PSK to that authority. Discovery never sees
 the PSK, and a discovery posing as the authority gets nothing.
+
+With --bound-keypair NAME (or a muster+bound-keypair:// URI, or
+join_method bound-keypair in agent.yaml) the agent proves the Ed25519 key
+in ADIR/keys/bound.key by signing the authority's challenge, only for an
+authority proved by --ca-fingerprint's root. The key is made beforehand
+with muster keypair create, or here on a first join that registers it with
+the token's registration secret (--registration-secret-file,
+MUSTER_REGISTRATION_SECRET, or NAME:SECRET in the URI). The node defaults
+to NAME. The join state document the authority returns is kept in
+state.json for the next refresh or recovery (muster agent run).
 
 join tries once and exits non-zero on any failure, leaving no certificate
 files. It refuses to replace an identity unless --force is given; the old
@@ -139,6 +149,8 @@ identity stays until the new join succeeds.`,
 	f.StringVar(&in.CAFingerprint, "ca-fingerprint", "", "pin of the authority's root CA, sha256:HEX (env MUSTER_CA_FINGERPRINT)")
 	f.StringVar(&in.Discovery, "discovery", "", "discovery service HOST:PORT to look the authority up and get a referral ticket (env MUSTER_DISCOVERY)")
 	f.StringVar(&in.DiscoveryFingerprint, "discovery-fingerprint", "", "pin of the discovery's CA, sha256:HEX (env MUSTER_DISCOVERY_FINGERPRINT; default: system roots)")
+	f.StringVar(&in.BoundKeypair, "bound-keypair", "", "name of the bound-keypair token to join with (the key is ADIR/keys/bound.key)")
+	f.StringVar(&in.RegistrationSecretFile, "registration-secret-file", "", "file holding the bound-keypair token's registration secret (env MUSTER_REGISTRATION_SECRET); - reads standard input")
 	f.BoolVar(&force, "force", false, "join again over an existing identity")
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
 	out.register(cmd)
@@ -201,7 +213,15 @@ first, with the token or PSK, node and authority from MUSTER_JOIN_TOKEN,
 MUSTER_BOOTSTRAP_PSK, MUSTER_JOIN_URI, MUSTER_NODE_ID, MUSTER_AUTHORITY,
 MUSTER_AUTHORITY_ID, MUSTER_CA_FINGERPRINT or ADIR/agent.yaml. It renews at about half of each certificate's lifetime,
 retries UNAVAILABLE, DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED with backoff,
-and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
+and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.
+
+A bound-keypair agent (MUSTER_JOIN_URI muster+bound-keypair://, or
+join_method bound-keypair in agent.yaml) refreshes by repeating the
+challenge with its valid certificate, which consumes nothing. With no
+valid certificate (stopped past its TTL) it recovers: the authority issues
+a new instance and, under standard mode, takes one recovery of the budget.
+A spent budget (recovery_exhausted) is retried with backoff, so raising the
+token's recovery limit (muster token apply) brings the agent back as it is.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := agentDir(env, data)
@@ -303,9 +323,12 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 				return writeJSON(env.Stdout, s)
 			}
 			valid := s.NotAfter.Format(time.RFC3339)
-			if s.Expired {
+			switch {
+			case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair:
+				valid += " (EXPIRED: muster agent run recovers with the bound key)"
+			case s.Expired:
 				valid += " (EXPIRED: join again with a new token)"
-			} else {
+			default:
 				valid += fmt.Sprintf(" (in %s)", time.Until(s.NotAfter).Round(time.Second))
 			}
 			last := "never"
@@ -325,6 +348,13 @@ Joined:        %s with join method %s
 `, s.NodeID, s.SPIFFEID, s.InstanceID, s.AuthorityID, s.Authority, s.Generation, valid, last,
 				s.JoinedAt.UTC().Format(time.RFC3339), s.JoinMethod)
 			printTaskTrust(env.Stdout, s)
+			if s.JoinMethod == agent.JoinMethodBoundKeypair {
+				left := "not counted (the token's mode does not count)"
+				if s.RecoveriesRemaining != nil && *s.RecoveriesRemaining >= 0 {
+					left = fmt.Sprint(*s.RecoveriesRemaining)
+				}
+				fmt.Fprintf(env.Stdout, "Bound keypair: token %s, recoveries remaining %s\n", s.BoundKeypair, left)
+			}
 			return nil
 		},
 	}

@@ -76,6 +76,8 @@ Start with "muster dev" to run an authority on this machine, or
 		newTaskCmd(env),
 		newAgentsCmd(env),
 		newAgentCmd(env),
+		newKeypairCmd(env),
+		newBotCmd(env),
 		newStatusCmd(env),
 	)
 	return root

@@ -12,12 +12,13 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/muster-dev/muster/internal/jointoken"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 func newTokenCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{Use: "token", Short: "Create, list and delete join tokens"}
-	cmd.AddCommand(newTokenCreateCmd(env), newTokenListCmd(env), newTokenGetCmd(env), newTokenDeleteCmd(env))
+	cmd.AddCommand(newTokenCreateCmd(env), newTokenListCmd(env), newTokenGetCmd(env), newTokenDeleteCmd(env), newTokenApplyCmd(env))
 	return cmd
 }
 
@@ -34,12 +35,14 @@ type tokenJSON struct {
 	CreatedBy   string            `json:"created_by"`
 	CreatedAt   time.Time         `json:"created_at"`
 	LastUsedAt  *time.Time        `json:"last_used_at,omitempty"`
+	// BoundKeypair is a bound-keypair token's spec and status.
+	BoundKeypair *boundKeypairJSON `json:"bound_keypair,omitempty"`
 }
 
 func tokenOf(t *musterv1.Token) tokenJSON {
 	j := tokenJSON{ID: t.GetId(), JoinMethod: t.GetJoinMethod(), State: t.GetState(), UsesAllowed: t.GetUsesAllowed(),
 		UsesCount: t.GetUsesCount(), NodeID: t.GetNodeId(), Description: t.GetDescription(), Labels: t.GetLabels(),
-		CreatedBy: t.GetCreatedBy(), CreatedAt: t.GetCreatedAt().AsTime()}
+		CreatedBy: t.GetCreatedBy(), CreatedAt: t.GetCreatedAt().AsTime(), BoundKeypair: boundKeypairOf(t)}
 	if t.GetExpiresAt() != nil {
 		e := t.GetExpiresAt().AsTime()
 		j.ExpiresAt = &e
@@ -223,9 +226,12 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 
 // tokenIDArg accepts a whole token where an ID is wanted and keeps only the
 // ID, so a pasted token does not send its secret to a listing command.
+// A bound-keypair token's name, which may hold dots, is kept whole.
 func tokenIDArg(s string) string {
-	id, _, _ := strings.Cut(s, ".")
-	return id
+	if tok, err := jointoken.Parse(s); err == nil {
+		return tok.ID
+	}
+	return s
 }
 
 func newTokenDeleteCmd(env *Env) *cobra.Command {

@@ -2,11 +2,9 @@ package enroll
 
 import (
 	"context"
-	"crypto"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 
@@ -15,66 +13,44 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// admission is a join whose proof has been verified: what every join method
-// hands to the common tail.
-type admission struct {
-	nodeID string
-	// tokenID is the token whose use this is; credential, for a method
-	// without a token, the ID of what proved the join (a PSK's). Either
-	// is recorded as the instance's TokenID.
-	tokenID    string
-	credential string
-	// proof names the proof in the audit record ("token ID", "psk ID
-	// (active)"), never a secret.
-	proof        string
-	method       string
-	maySupersede bool
-	// pub is the CSR's key; nil asks the authority to mint one.
-	pub   crypto.PublicKey
-	keyID []byte
-	now   time.Time
-	// ticket is the referral ticket whose single use the join records.
-	ticket *store.TicketUse
-}
-
 // admit issues the first certificate of a new instance and commits the
 // join. The certificate is signed before the write so the store's write
 // lock is never held across a signature; if the write fails, the
 // certificate is simply never handed out.
-func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Issued, error) {
+func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Issued, error) {
 	var keystore func(leaf *x509.Certificate) ([]byte, string, error)
-	if a.pub == nil {
+	if a.PublicKey == nil {
 		key, finish, err := s.keystore()
 		if err != nil {
 			return nil, err
 		}
-		a.pub, keystore = key.Public(), finish
-		if a.keyID, err = keyID(a.pub); err != nil {
+		a.PublicKey, keystore = key.Public(), finish
+		if a.KeyID, err = keyID(a.PublicKey); err != nil {
 			return nil, err
 		}
 	}
-	leaf, chain, err := s.issue(a.nodeID, a.pub, a.now)
+	leaf, chain, err := s.issue(a.NodeID, a.PublicKey, a.Now)
 	if err != nil {
 		return nil, err
 	}
-	recorded := a.tokenID
-	if a.credential != "" {
-		recorded = a.credential
+	recorded := a.TokenID
+	if a.Credential != "" {
+		recorded = a.Credential
 	}
 	inst := store.Instance{
 		ID:            uuid.NewString(),
-		JoinMethod:    a.method,
+		JoinMethod:    a.Method,
 		TokenID:       recorded,
-		CreatedAt:     a.now,
+		CreatedAt:     a.Now,
 		LastSerial:    serialOf(leaf),
-		LastPublicKey: a.keyID,
+		LastPublicKey: a.KeyID,
 		LastChainPEM:  chain,
-		LastIssuedAt:  a.now,
+		LastIssuedAt:  a.Now,
 	}
 	// The record of the join is written with the join: both or neither.
 	ev.Result = audit.ResultOK
-	ev.Reason = fmt.Sprintf("method %s, %s, instance %s, serial %s", a.method, a.proof, inst.ID, inst.LastSerial)
-	if a.maySupersede {
+	ev.Reason = fmt.Sprintf("method %s, %s, instance %s, serial %s", a.Method, a.Proof, inst.ID, inst.LastSerial)
+	if a.MaySupersede {
 		ev.Reason += ", superseding the node's current instance if any"
 	}
 	build, err := s.cfg.Audit.Builder(*ev)
@@ -83,46 +59,56 @@ func (s *Service) admit(ctx context.Context, a admission, ev *audit.Event) (*Iss
 	}
 	res, err := s.cfg.Store.CommitJoin(ctx, store.Join{
 		Audit:        build,
-		TokenID:      a.tokenID,
-		Credential:   a.credential,
-		NodeID:       a.nodeID,
-		MaySupersede: a.maySupersede,
+		TokenID:      a.TokenID,
+		Credential:   a.Credential,
+		NodeID:       a.NodeID,
+		MaySupersede: a.MaySupersede,
 		RetryWindow:  s.cfg.RetryWindow,
-		Ticket:       a.ticket,
+		Ticket:       a.Ticket,
+		Claims:       a.Claims,
 		Instance:     inst,
 		Certificate: store.Certificate{
 			Serial:     inst.LastSerial,
-			NodeID:     a.nodeID,
+			NodeID:     a.NodeID,
 			InstanceID: inst.ID,
-			JoinMethod: a.method,
+			JoinMethod: a.Method,
 			TokenID:    recorded,
-			PublicKey:  a.keyID,
+			PublicKey:  a.KeyID,
 			NotBefore:  leaf.NotBefore,
 			NotAfter:   leaf.NotAfter,
-			IssuedAt:   a.now,
+			IssuedAt:   a.Now,
 		},
 	})
 	switch {
 	case errors.Is(err, store.ErrTokenSpent):
-		return nil, refuse(KindFailedPrecondition, "join token has no uses left or expired").with("token %s, at the write", a.tokenID)
+		return nil, refuse(KindFailedPrecondition, "join token has no uses left or expired").with("token %s, at the write", a.TokenID)
 	case errors.Is(err, store.ErrTicketReplayed):
 		s.observeTicket(TicketResultReplayed)
-		return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s, at the write", a.proof)
-	case errors.Is(err, store.ErrNodeTaken) && a.tokenID == "":
-		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s, at the write", a.proof)
+		return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s, at the write", a.Proof)
+	case errors.Is(err, store.ErrNodeTaken) && a.TokenID == "":
+		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s, at the write", a.Proof)
 	case errors.Is(err, store.ErrNodeTaken):
-		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s, at the write", a.tokenID)
+		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s, at the write", a.TokenID)
+	case errors.Is(err, store.ErrKeyBindingChanged), errors.Is(err, store.ErrRegistrationClosed):
+		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v", a.Proof, err)
+	case errors.Is(err, store.ErrRecoveryExhausted):
+		return nil, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("%s, at the write", a.Proof)
+	case errors.Is(err, store.ErrRecoverySequenceChanged):
+		// Another recovery from the same join state committed first. This
+		// one is refused but locks nothing: it presented the state that
+		// was current when it was judged.
+		return nil, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("%s: another recovery committed first", a.Proof)
 	case errors.Is(err, store.ErrNotFound):
-		return nil, refuse(KindNotFound, "unknown join token or wrong secret").with("token %s deleted during the join", a.tokenID)
+		return nil, refuse(KindNotFound, "unknown join token or wrong secret").with("token %s deleted during the join", a.TokenID)
 	case err != nil:
 		return nil, err
 	}
 	if res.Retry {
 		ev.Reason = fmt.Sprintf("retry answered with instance %s, serial %s", res.Instance.ID, res.Instance.LastSerial)
-		return s.issuedFrom(a.nodeID, res.Instance, true)
+		return s.issuedFrom(a.NodeID, res.Instance, true)
 	}
 	s.cfg.Audit.Appended(*ev)
-	iss := &Issued{NodeID: a.nodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
+	iss := &Issued{NodeID: a.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
 	if keystore != nil {
 		if iss.PKCS12, iss.PKCS12Password, err = keystore(leaf); err != nil {
 			return nil, err

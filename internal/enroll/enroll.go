@@ -41,6 +41,7 @@ type Store interface {
 	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
 	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
+	JoinStateKeyStore
 	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
 	InsertLock(ctx context.Context, l store.Lock) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
@@ -77,25 +78,12 @@ type Config struct {
 	Endpoints []string
 	// TokenSealer opens token secrets (purpose seal.InfoToken).
 	TokenSealer *seal.Sealer
-	// PSKSealer opens bootstrap PSKs (purpose seal.InfoPSK); without it
-	// every PSK bootstrap fails.
-	PSKSealer *seal.Sealer
-	// ExpireGracePSKs, if set, is called when a validation met a grace PSK
-	// whose grace has ended, to revoke it (and audit that).
-	ExpireGracePSKs func(ctx context.Context)
-	// PSKObserver, if set, is told the result of each PSK validation:
-	// PSKResultActive, PSKResultGrace or PSKResultInvalid.
-	PSKObserver func(result string)
-	// Tickets, if set, checks referral tickets: a discovery service is
-	// configured and every PSK bootstrap needs a ticket.
-	Tickets TicketVerifier
-	// PSKOptionalUntil, if set with Tickets, lets a bootstrap with a valid
-	// ticket and no PSK join until then, by the store clock (the migration
-	// window of bootstrap.psk_required: false).
-	PSKOptionalUntil time.Time
-	// TicketObserver, if set, is told the result of each ticket check
-	// (TicketResult*).
-	TicketObserver func(result string)
+	// PSKConfig configures the bootstrap-PSK join method. Each method has
+	// its own configuration; the token method's is TokenSealer, which the
+	// trust bundle shares.
+	PSKConfig
+	// BoundKeypair configures the bound-keypair join method.
+	BoundKeypair BoundKeypairConfig
 	// DecoyKey keys the trust bundles answered for unknown token IDs, so
 	// they look like the real ones.
 	DecoyKey []byte
@@ -111,6 +99,7 @@ type Config struct {
 // Service performs joins and renewals.
 type Service struct {
 	cfg       Config
+	jsKeys    *joinStateKeys
 	endpoints atomic.Pointer[[]string]
 	agent     *ca.Issuer
 	rootPM    []byte
@@ -137,6 +126,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
 	}
 	s := &Service{cfg: cfg, agent: agent, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
+	s.jsKeys = &joinStateKeys{store: cfg.Store, sealer: cfg.BoundKeypair.JoinStateSealer, now: cfg.Now}
 	s.SetEndpoints(cfg.Endpoints)
 	return s, nil
 }

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/psk"
 	"github.com/muster-dev/muster/internal/referral"
+	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -67,59 +67,94 @@ type TicketVerifier interface {
 // refused attempt writes nothing but its audit record, which names the PSK by ID
 // and the ticket by jti, never a secret.
 func (s *Service) BootstrapWithPSK(ctx context.Context, r Request, pskText, referralTicket string, csrData []byte) (*Issued, error) {
-	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Source: r.Source, CorrelationID: r.CorrelationID}
-	iss, err := s.bootstrapPSK(ctx, r, pskText, referralTicket, csrData, &ev)
-	return s.finish(ctx, ev, iss, err)
+	return join(ctx, s, pskMethod{s}, r, PSKPayload{PSK: pskText, ReferralTicket: referralTicket, CSR: csrData}, nil)
 }
 
-func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referralTicket string, csrData []byte, ev *audit.Event) (*Issued, error) {
+// PSKPayload is what a PSK bootstrap presents.
+type PSKPayload struct {
+	PSK            string // "" during the migration window only
+	ReferralTicket string // required when a discovery service is configured
+	CSR            []byte // required: its common name is the node ID
+}
+
+// PSKConfig is the PSK method's configuration.
+type PSKConfig struct {
+	// PSKSealer opens bootstrap PSKs (purpose seal.InfoPSK); without it
+	// every PSK bootstrap fails.
+	PSKSealer *seal.Sealer
+	// ExpireGracePSKs, if set, is called when a validation met a grace PSK
+	// whose grace has ended, to revoke it (and audit that).
+	ExpireGracePSKs func(ctx context.Context)
+	// PSKObserver, if set, is told the result of each PSK validation:
+	// PSKResultActive, PSKResultGrace or PSKResultInvalid.
+	PSKObserver func(result string)
+	// Tickets, if set, checks referral tickets: a discovery service is
+	// configured and every PSK bootstrap needs a ticket.
+	Tickets TicketVerifier
+	// PSKOptionalUntil, if set with Tickets, lets a bootstrap with a valid
+	// ticket and no PSK join until then, by the store clock (the migration
+	// window of bootstrap.psk_required: false).
+	PSKOptionalUntil time.Time
+	// TicketObserver, if set, is told the result of each ticket check
+	// (TicketResult*).
+	TicketObserver func(result string)
+}
+
+// pskMethod is the bootstrap-PSK Method; it reads the Service's PSKConfig.
+type pskMethod struct{ s *Service }
+
+// Attest implements Method.
+func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challenge) (Admission, error) {
+	s := m.s
+	pskText, referralTicket, csrData := p.PSK, p.ReferralTicket, p.CSR
+	var a Admission
 	// 1. Fields well-formed.
 	var given psk.PSK
 	if pskText != "" {
 		var err error
 		if given, err = psk.Parse(pskText); err != nil {
-			return nil, refuse(KindInvalid, "bootstrap_psk: "+err.Error())
+			return a, refuse(KindInvalid, "bootstrap_psk: "+err.Error())
 		}
 	}
 	if referralTicket != "" && s.cfg.Tickets == nil {
-		return nil, refuse(KindInvalid, reasonNoDiscovery)
+		return a, refuse(KindInvalid, reasonNoDiscovery)
 	}
 	if len(csrData) == 0 {
-		return nil, refuse(KindInvalid, "csr is required: its common name is the node ID")
+		return a, refuse(KindInvalid, "csr is required: its common name is the node ID")
 	}
 	csr, err := ca.ParseCSR(csrData)
 	if err != nil {
-		return nil, refuse(KindInvalid, "csr: "+err.Error())
+		return a, refuse(KindInvalid, "csr: "+err.Error())
 	}
 	nodeID := csr.Subject.CommonName
 	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		return nil, refuse(KindInvalid, "csr common name (the node ID): "+err.Error())
+		return a, refuse(KindInvalid, "csr common name (the node ID): "+err.Error())
 	}
-	ev.Target = nodeID
+	a.NodeID = nodeID
 	kid, err := keyID(csr.PublicKey)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
 	// 2. The source's rate limit.
 	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
-		return nil, refuse(KindRateLimited, "too many requests from this source")
+		return a, refuse(KindRateLimited, "too many requests from this source")
 	}
 	// 3. The referral ticket, when tickets are enforced.
 	var ticket *referral.Claims
 	if s.cfg.Tickets != nil {
 		c, err := s.checkTicket(ctx, referralTicket, nodeID)
 		if err != nil {
-			return nil, err
+			return a, err
 		}
 		ticket = &c
 	}
 	// 4. The PSK matches, or may be left out.
 	credential, proof, err := s.checkPSK(ctx, pskText, given, ticket)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
 	if credential != CredentialTicketOnly {
-		ev.Actor = "psk:" + credential
+		a.Actor = "psk:" + credential
 	}
 	if ticket != nil {
 		proof += ", referral ticket " + ticket.ID
@@ -130,15 +165,20 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 	node, err := s.cfg.Store.GetNode(ctx, nodeID)
 	nodeExists := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, err
+		return a, err
 	}
 	if nodeExists {
 		if node.TokenID == credential {
-			if iss, err := s.retryJoin(ctx, node, credential, kid, now); iss != nil || err != nil {
-				return iss, err
+			iss, err := s.retryJoin(ctx, node, credential, kid, now)
+			if err != nil {
+				return a, err
+			}
+			if iss != nil {
+				a.Retry = iss
+				return a, nil
 			}
 		}
-		return nil, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
+		return a, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
 	}
 	// The ticket's single use is written with the join, which refuses a
 	// jti already recorded (store.ErrTicketReplayed): one round trip, and
@@ -146,24 +186,19 @@ func (s *Service) bootstrapPSK(ctx context.Context, r Request, pskText, referral
 	// past the last moment any replica accepts the ticket: the expiry
 	// checks allow Leeway on a replica's clock, the cleaner runs on the
 	// store's, and the two may differ by as much again.
-	var use *store.TicketUse
 	if ticket != nil {
-		use = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
+		a.Ticket = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
 	}
 	// 6. No lock on the node or the key to certify.
 	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID}, keyLock(kid)); err != nil {
-		return nil, err
+		return a, err
 	} else if l != nil {
-		return nil, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
+		return a, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
 	}
 
-	iss, err := s.admit(ctx, admission{nodeID: nodeID, credential: credential, proof: proof, method: store.JoinMethodPSK,
-		pub: csr.PublicKey, keyID: kid, now: now, ticket: use}, ev)
-	if err == nil && ticket != nil && !iss.Retry {
-		s.observeTicket(TicketResultOK)
-		iss.TicketID = ticket.ID
-	}
-	return iss, err
+	a.Credential, a.Proof, a.Method = credential, proof, store.JoinMethodPSK
+	a.PublicKey, a.KeyID, a.Now = csr.PublicKey, kid, now
+	return a, nil
 }
 
 // checkTicket verifies a referral ticket for nodeID; its single use is

@@ -76,105 +76,123 @@ func (s *Service) openToken(t store.Token) (jointoken.Token, error) {
 	return jointoken.New(t.ID, secret)
 }
 
+// TokenPayload is what a join-token join presents.
+type TokenPayload struct {
+	Token  string // id.secret
+	NodeID string
+	CSR    []byte // optional: without one the authority mints the key
+}
+
+// tokenMethod is the join-token Method. Its configuration is the
+// Service's TokenSealer, which the trust bundle shares.
+type tokenMethod struct{ s *Service }
+
 // ExchangeJoinToken admits an agent with a join token. The checks run in
 // the order of DESIGN.md's table, so a caller without the secret learns
 // nothing about the token, and a refused attempt consumes nothing.
 func (s *Service) ExchangeJoinToken(ctx context.Context, r Request, token, nodeID string, csrData []byte) (*Issued, error) {
-	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Target: nodeID,
-		Source: r.Source, CorrelationID: r.CorrelationID}
-	iss, err := s.exchange(ctx, r, token, nodeID, csrData, &ev)
-	return s.finish(ctx, ev, iss, err)
+	return join(ctx, s, tokenMethod{s}, r, TokenPayload{Token: token, NodeID: nodeID, CSR: csrData}, nil)
 }
 
-func (s *Service) exchange(ctx context.Context, r Request, token, nodeID string, csrData []byte, ev *audit.Event) (*Issued, error) {
+// Attest implements Method.
+func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Challenge) (Admission, error) {
+	s := m.s
+	token, nodeID, csrData := p.Token, p.NodeID, p.CSR
+	a := Admission{NodeID: nodeID}
 	// 1. Fields present and well-formed.
 	if token == "" || nodeID == "" {
-		return nil, refuse(KindInvalid, "join_token and node_id are required")
+		return a, refuse(KindInvalid, "join_token and node_id are required")
 	}
 	tok, err := jointoken.Parse(token)
 	if err != nil {
-		return nil, refuse(KindInvalid, err.Error())
+		return a, refuse(KindInvalid, err.Error())
 	}
-	ev.Actor = "token:" + tok.ID
+	a.Actor = "token:" + tok.ID
 	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		ev.Target = ""
-		return nil, refuse(KindInvalid, "node_id: "+err.Error())
+		a.NodeID = ""
+		return a, refuse(KindInvalid, "node_id: "+err.Error())
 	}
 	var pub crypto.PublicKey
 	if len(csrData) > 0 {
 		csr, err := ca.ParseCSR(csrData)
 		if err != nil {
-			return nil, refuse(KindInvalid, "csr: "+err.Error())
+			return a, refuse(KindInvalid, "csr: "+err.Error())
 		}
 		pub = csr.PublicKey
 	}
 	// 2. The source's rate limit.
 	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
-		return nil, refuse(KindRateLimited, "too many requests from this source")
+		return a, refuse(KindRateLimited, "too many requests from this source")
 	}
 	// 3. Token known and secret right, alike when either fails.
 	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
 	t, err := s.cfg.Store.GetToken(ctx, tok.ID)
 	if errors.Is(err, store.ErrNotFound) {
-		return nil, notFound.with("no token %s", tok.ID)
+		return a, notFound.with("no token %s", tok.ID)
 	} else if err != nil {
-		return nil, err
+		return a, err
 	}
 	if t.JoinMethod != store.JoinMethodToken {
-		return nil, notFound.with("token %s is a %s token", tok.ID, t.JoinMethod)
+		return a, notFound.with("token %s is a %s token", tok.ID, t.JoinMethod)
 	}
 	stored, err := s.openToken(t)
 	if err != nil {
-		return nil, err
+		return a, err
 	}
 	if !stored.SecretEqual(tok.Secret()) {
-		return nil, notFound.with("wrong secret for token %s", tok.ID)
+		return a, notFound.with("wrong secret for token %s", tok.ID)
 	}
 
 	var kid []byte
 	if pub != nil {
 		if kid, err = keyID(pub); err != nil {
-			return nil, err
+			return a, err
 		}
 	}
 	now := s.cfg.Now()
 	node, err := s.cfg.Store.GetNode(ctx, nodeID)
 	nodeExists := err == nil
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return nil, err
+		return a, err
 	}
 	// A lost reply: the same token, node and key within the window gets
 	// the certificate already issued, even if that use spent the token.
 	if nodeExists && node.TokenID == t.ID && kid != nil {
-		if iss, err := s.retryJoin(ctx, node, t.ID, kid, now, store.LockTarget{Kind: store.LockToken, Target: t.ID}); iss != nil || err != nil {
-			return iss, err
+		iss, err := s.retryJoin(ctx, node, t.ID, kid, now, store.LockTarget{Kind: store.LockToken, Target: t.ID})
+		if err != nil {
+			return a, err
+		}
+		if iss != nil {
+			a.Retry = iss
+			return a, nil
 		}
 	}
 	// 4. Not expired or used up.
-	if !t.ExpiresAt.IsZero() && !now.Before(t.ExpiresAt) {
-		return nil, refuse(KindFailedPrecondition, "join token expired").with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
-	}
-	if t.UsesAllowed > 0 && t.UsesCount >= t.UsesAllowed {
-		return nil, refuse(KindFailedPrecondition, "join token has no uses left").with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
+	switch err := (jointoken.Usage{ExpiresAt: t.ExpiresAt, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount}).Check(now); err {
+	case jointoken.ErrExpired:
+		return a, refuse(KindFailedPrecondition, err.Error()).with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
+	case jointoken.ErrUsedUp:
+		return a, refuse(KindFailedPrecondition, err.Error()).with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
 	}
 	// 5. Not bound to another node.
 	if t.NodeID != "" && t.NodeID != nodeID {
-		return nil, refuse(KindPermissionDenied, "join token is bound to another node").with("token %s is bound to %s", t.ID, t.NodeID)
+		return a, refuse(KindPermissionDenied, "join token is bound to another node").with("token %s is bound to %s", t.ID, t.NodeID)
 	}
 	// 6. Node ID free, or the token is bound to it.
 	if nodeExists && t.NodeID != nodeID {
-		return nil, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
+		return a, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
 	}
 	// 7. No lock on node, token or the key to certify.
 	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID},
 		store.LockTarget{Kind: store.LockToken, Target: t.ID}, keyLock(kid)); err != nil {
-		return nil, err
+		return a, err
 	} else if l != nil {
-		return nil, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
-	return s.admit(ctx, admission{nodeID: nodeID, tokenID: t.ID, proof: "token " + t.ID, method: store.JoinMethodToken,
-		maySupersede: t.NodeID == nodeID, pub: pub, keyID: kid, now: now}, ev)
+	a.TokenID, a.Proof, a.Method = t.ID, "token "+t.ID, store.JoinMethodToken
+	a.MaySupersede, a.PublicKey, a.KeyID, a.Now = t.NodeID == nodeID, pub, kid, now
+	return a, nil
 }
 
 // retryJoin answers a repeated join from the node's current instance, or

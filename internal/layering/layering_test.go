@@ -12,8 +12,8 @@ import (
 
 // domain packages, and the identity helpers they build on.
 var domain = []string{
-	"atomicfile", "audit", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit", "referral",
-	"seal", "signer", "spiffeid", "store", "task", "trustbundle",
+	"atomicfile", "audit", "boundkeypair", "ca", "discovery", "enroll", "identity", "jointoken", "joinuri", "psk", "ratelimit",
+	"referral", "seal", "signer", "spiffeid", "store", "task", "trustbundle",
 }
 
 // forbidden import path prefixes for domain packages.

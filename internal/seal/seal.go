@@ -39,6 +39,9 @@ const (
 	// InfoDiscoveryKey seals discovery's referral-ticket signing keys,
 	// under discovery's own storage key.
 	InfoDiscoveryKey = "muster-discovery-key-encryption"
+	// InfoJoinState seals the authority's join-state signing keys (the
+	// bound-keypair join state documents).
+	InfoJoinState = "muster-join-state-encryption"
 )
 
 // ErrDecrypt is returned for a ciphertext that does not open: a wrong key, a

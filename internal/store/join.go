@@ -41,6 +41,9 @@ type Token struct {
 	CreatedBy   string
 	CreatedAt   time.Time
 	LastUsedAt  time.Time
+	// BoundKeypair is the spec and status of a bound-keypair token, nil
+	// for other join methods. InsertToken writes it with the token.
+	BoundKeypair *BoundKeypair
 }
 
 // Instance states. A lock is not a state: it is a separate deny rule.
@@ -118,6 +121,10 @@ type Join struct {
 	// the join with ErrTicketReplayed. A retry (see RetryWindow) records
 	// nothing and is not refused for its ticket.
 	Ticket *TicketUse
+	// Claims are the join method's further conditions (see Claim), applied
+	// after the token's and the ticket's use; the token and the ticket are
+	// named by TokenID and Ticket, never here.
+	Claims []Claim
 	// Instance is the new instance: ID, JoinMethod, TokenID, CreatedAt and
 	// the Last* fields of its first certificate. NodeID, State, PreviousID
 	// and Generation are set by CommitJoin.
@@ -146,6 +153,9 @@ type Renewal struct {
 	FromGeneration int64
 	Certificate    Certificate // Generation is FromGeneration+1
 	ChainPEM       []byte
+	// Claims are further conditions won in the renewal's write (a key
+	// rotation on a refresh); a failed one fails the renewal.
+	Claims []Claim
 	// Audit, if set, builds the audit record of the renewal, appended to
 	// the chain in the same transaction.
 	Audit func(head AuditHead) (AuditRecord, error)
@@ -165,18 +175,18 @@ type JoinStore interface {
 	// their identities.
 	DeleteToken(ctx context.Context, id string) error
 	// DeleteExpiredTokens removes tokens that expired more than retention
-	// ago by the store clock and returns their IDs.
+	// ago by the store clock and returns their IDs. Bound-keypair tokens
+	// are left alone: only an operator deletes them.
 	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
 
 	// CommitJoin performs one admission as a single transaction: the retry
-	// check (by TokenID, else Credential); one use of the token, if TokenID
-	// is set (ErrTokenSpent if it is expired or used
-	// up by the store clock; ErrNotFound if it is gone); the node ID claim
-	// (ErrNodeTaken, or supersession when allowed); the referral ticket's
-	// use, if Ticket is set (ErrTicketReplayed); the new instance; the
-	// certificate record; if Ticket is set, the join's pending report
-	// (PendingReport: JoinedAt is the instance's CreatedAt). On any error
-	// nothing is written.
+	// check (by TokenID, else Credential); each claim of j.AllClaims(), in
+	// order (TokenUse: ErrTokenSpent if the token is expired or used up by
+	// the store clock, ErrNotFound if it is gone; TicketUse:
+	// ErrTicketReplayed); the node ID claim (ErrNodeTaken, or supersession
+	// when allowed); the new instance; the certificate record; if Ticket is
+	// set, the join's pending report (PendingReport: JoinedAt is the
+	// instance's CreatedAt). On any error nothing is written.
 	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
 	// CommitRenewal advances an instance from FromGeneration to
 	// FromGeneration+1 and records the certificate, only if the instance

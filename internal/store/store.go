@@ -202,6 +202,7 @@ type Store interface {
 	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
 
 	JoinStore
+	BoundKeypairStore
 	TicketUseStore
 	ReportOutbox
 	DiscoveryStore

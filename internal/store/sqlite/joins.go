@@ -20,13 +20,13 @@ import (
 //     less than j.RetryWindow ago by the store clock, is at generation 0 and
 //     certified j.Certificate.PublicKey, that instance is returned with
 //     Retry set and nothing is written, whatever the token's state now.
-//  2. Token use: one conditional UPDATE that takes a use only if the token
-//     is unexpired and has a use left by the store clock; ErrTokenSpent if
-//     it does not, ErrNotFound if there is no such token.
+//  2. Claims: each of j.AllClaims() in order, one conditional write each
+//     (claims.go): a token use takes a use only if the token is unexpired
+//     and has one left by the store clock (ErrTokenSpent, or ErrNotFound
+//     if there is no such token); a ticket use is one INSERT whose primary
+//     key is the jti (ErrTicketReplayed).
 //  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
 //     false; otherwise its current instance becomes superseded.
-//  4. Ticket use, if j.Ticket is set: one INSERT whose primary key is the
-//     jti; ErrTicketReplayed if the jti is recorded already.
 //  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
 //  6. The join's pending report to discovery, if j.Ticket is set
@@ -88,30 +88,12 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 		}
 	}
 
-	// 2. One conditional write is the whole use check, so no two joins can
-	// both take a token's last use, even from two processes.
-	if j.TokenID != "" {
-		res, err := tx.ExecContext(ctx, `UPDATE tokens
-			SET uses_count = uses_count + 1, last_used_at = `+nowMicros+`
-			WHERE id = ? AND (uses_allowed = 0 OR uses_count < uses_allowed) AND `+unexpired,
-			j.TokenID)
-		if err != nil {
-			return store.JoinResult{}, wrap("commit join: use token", err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return store.JoinResult{}, wrap("commit join: use token", err)
-		}
-		if n == 0 {
-			ok, err := exists(ctx, tx, "tokens", j.TokenID)
-			switch {
-			case err != nil:
-				return store.JoinResult{}, wrap("commit join: use token", err)
-			case !ok:
-				return store.JoinResult{}, fmt.Errorf("sqlite: commit join: token %s: %w", j.TokenID, store.ErrNotFound)
-			default:
-				return store.JoinResult{}, fmt.Errorf("sqlite: commit join: token %s: %w", j.TokenID, store.ErrTokenSpent)
-			}
+	// 2. The join's claims, each one conditional write: a claim lost to
+	// a concurrent join fails this one before it has written anything
+	// else.
+	for _, c := range j.AllClaims() {
+		if err := applyClaim(ctx, tx, j.NodeID, in.ID, c); err != nil {
+			return store.JoinResult{}, err
 		}
 	}
 
@@ -126,13 +108,6 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 			return store.JoinResult{}, wrap("commit join: supersede", err)
 		}
 		in.PreviousID = held
-	}
-
-	// 4. The ticket's jti is the primary key of its use: a replay finds it.
-	if j.Ticket != nil {
-		if err := useTicket(ctx, tx, j.Ticket, j.NodeID); err != nil {
-			return store.JoinResult{}, err
-		}
 	}
 
 	// 5. The instance goes in before the node and the certificate, which
@@ -225,6 +200,11 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
+	}
+	for _, cl := range r.Claims {
+		if err := applyClaim(ctx, tx, in.NodeID, "", cl); err != nil {
+			return store.Instance{}, err
+		}
 	}
 	if err := insertCertificate(ctx, tx, c); err != nil {
 		return store.Instance{}, wrap("commit renewal: insert certificate", err)

@@ -22,14 +22,24 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 	if err != nil {
 		return fmt.Errorf("sqlite: insert token: %w", err)
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
-		t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
-	if err != nil {
-		return wrap("insert token", err)
+	if t.BoundKeypair != nil && t.JoinMethod != store.JoinMethodBoundKeypair {
+		return fmt.Errorf("sqlite: insert token %s: only a bound-keypair token has BoundKeypair", t.ID)
 	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
+			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
+		if err != nil {
+			return wrap("insert token", err)
+		}
+		if t.BoundKeypair != nil {
+			if err := insertBoundKeypair(ctx, tx, t.ID, t.BoundKeypair); err != nil {
+				return wrap("insert token", err)
+			}
+		}
+		return nil
+	})
 }
 
 // GetToken returns a token, expired or not; ErrNotFound if there is none
@@ -39,7 +49,11 @@ func (s *SQLite) GetToken(ctx context.Context, id string) (store.Token, error) {
 	if err != nil {
 		return store.Token{}, wrap("get token "+id, err)
 	}
-	return t, nil
+	ts := []store.Token{t}
+	if err := withBoundKeypairs(ctx, s.r, ts); err != nil {
+		return store.Token{}, wrap("get token "+id, err)
+	}
+	return ts[0], nil
 }
 
 // ListTokens returns every token, expired or not, oldest first (ties by
@@ -49,7 +63,14 @@ func (s *SQLite) ListTokens(ctx context.Context) ([]store.Token, error) {
 	if err != nil {
 		return nil, wrap("list tokens", err)
 	}
-	return collect(rows, "list tokens", scanToken)
+	ts, err := collect(rows, "list tokens", scanToken)
+	if err != nil {
+		return nil, err
+	}
+	if err := withBoundKeypairs(ctx, s.r, ts); err != nil {
+		return nil, wrap("list tokens", err)
+	}
+	return ts, nil
 }
 
 // DeleteToken removes a token; ErrNotFound if there is none with that ID.
@@ -73,10 +94,11 @@ func (s *SQLite) DeleteToken(ctx context.Context, id string) error {
 // DeleteExpiredTokens removes the tokens whose expiry is at least retention
 // before the store clock and returns their IDs in ascending order. A
 // negative retention counts as zero, so no token still in force is ever
-// removed.
+// removed. Bound-keypair tokens are left alone: an agent holding one
+// recovers through it, and only an operator removes it.
 func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
 	rows, err := s.w.QueryContext(ctx, `DELETE FROM tokens
-		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - ?
+		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - ? AND join_method <> 'bound-keypair'
 		RETURNING id`, max(retention, 0).Microseconds())
 	if err != nil {
 		return nil, wrap("delete expired tokens", err)

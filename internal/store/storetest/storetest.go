@@ -53,6 +53,8 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Signer", signerCases()},
 		{"Task", taskCases()},
 		{"AgentStream", agentStreamCases()},
+		{"BoundKeypair", boundKeypairCases()},
+		{"JoinStateKey", joinStateKeyCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

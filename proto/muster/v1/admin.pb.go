@@ -1214,9 +1214,12 @@ type Token struct {
 	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastUsedAt  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_used_at,json=lastUsedAt,proto3" json:"last_used_at,omitempty"`
 	// state is active, expired or used_up.
-	State         string `protobuf:"bytes,12,opt,name=state,proto3" json:"state,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	State string `protobuf:"bytes,12,opt,name=state,proto3" json:"state,omitempty"`
+	// bound_keypair is set for a bound-keypair token.
+	BoundKeypair       *BoundKeypairSpec   `protobuf:"bytes,13,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
+	BoundKeypairStatus *BoundKeypairStatus `protobuf:"bytes,14,opt,name=bound_keypair_status,json=boundKeypairStatus,proto3" json:"bound_keypair_status,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Token) Reset() {
@@ -1333,6 +1336,344 @@ func (x *Token) GetState() string {
 	return ""
 }
 
+func (x *Token) GetBoundKeypair() *BoundKeypairSpec {
+	if x != nil {
+		return x.BoundKeypair
+	}
+	return nil
+}
+
+func (x *Token) GetBoundKeypairStatus() *BoundKeypairStatus {
+	if x != nil {
+		return x.BoundKeypairStatus
+	}
+	return nil
+}
+
+// BoundKeypairSpec is the people-written part of a bound-keypair token.
+type BoundKeypairSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// initial_public_key is an ssh-ed25519 key in authorized_keys form
+	// (static binding); empty for registration with a secret.
+	InitialPublicKey   string                 `protobuf:"bytes,1,opt,name=initial_public_key,json=initialPublicKey,proto3" json:"initial_public_key,omitempty"`
+	MustRegisterBefore *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=must_register_before,json=mustRegisterBefore,proto3" json:"must_register_before,omitempty"`
+	RecoveryLimit      int64                  `protobuf:"varint,3,opt,name=recovery_limit,json=recoveryLimit,proto3" json:"recovery_limit,omitempty"`
+	// recovery_mode is standard, relaxed or insecure.
+	RecoveryMode  string                 `protobuf:"bytes,4,opt,name=recovery_mode,json=recoveryMode,proto3" json:"recovery_mode,omitempty"`
+	RotateAfter   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=rotate_after,json=rotateAfter,proto3" json:"rotate_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BoundKeypairSpec) Reset() {
+	*x = BoundKeypairSpec{}
+	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoundKeypairSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoundKeypairSpec) ProtoMessage() {}
+
+func (x *BoundKeypairSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoundKeypairSpec.ProtoReflect.Descriptor instead.
+func (*BoundKeypairSpec) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *BoundKeypairSpec) GetInitialPublicKey() string {
+	if x != nil {
+		return x.InitialPublicKey
+	}
+	return ""
+}
+
+func (x *BoundKeypairSpec) GetMustRegisterBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.MustRegisterBefore
+	}
+	return nil
+}
+
+func (x *BoundKeypairSpec) GetRecoveryLimit() int64 {
+	if x != nil {
+		return x.RecoveryLimit
+	}
+	return 0
+}
+
+func (x *BoundKeypairSpec) GetRecoveryMode() string {
+	if x != nil {
+		return x.RecoveryMode
+	}
+	return ""
+}
+
+func (x *BoundKeypairSpec) GetRotateAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RotateAfter
+	}
+	return nil
+}
+
+// BoundKeypairStatus is written by the authority only.
+type BoundKeypairStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// registration_secret is shown until a key is bound with it.
+	RegistrationSecret  string `protobuf:"bytes,1,opt,name=registration_secret,json=registrationSecret,proto3" json:"registration_secret,omitempty"`
+	BoundPublicKey      string `protobuf:"bytes,2,opt,name=bound_public_key,json=boundPublicKey,proto3" json:"bound_public_key,omitempty"`
+	BoundKeyFingerprint string `protobuf:"bytes,3,opt,name=bound_key_fingerprint,json=boundKeyFingerprint,proto3" json:"bound_key_fingerprint,omitempty"`
+	BoundInstanceId     string `protobuf:"bytes,4,opt,name=bound_instance_id,json=boundInstanceId,proto3" json:"bound_instance_id,omitempty"`
+	RecoveryCount       int64  `protobuf:"varint,5,opt,name=recovery_count,json=recoveryCount,proto3" json:"recovery_count,omitempty"`
+	RecoverySequence    int64  `protobuf:"varint,6,opt,name=recovery_sequence,json=recoverySequence,proto3" json:"recovery_sequence,omitempty"`
+	// recoveries_remaining is -1 for modes that do not count.
+	RecoveriesRemaining int64                  `protobuf:"varint,7,opt,name=recoveries_remaining,json=recoveriesRemaining,proto3" json:"recoveries_remaining,omitempty"`
+	LastRecoveredAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_recovered_at,json=lastRecoveredAt,proto3" json:"last_recovered_at,omitempty"`
+	LastRotatedAt       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_rotated_at,json=lastRotatedAt,proto3" json:"last_rotated_at,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *BoundKeypairStatus) Reset() {
+	*x = BoundKeypairStatus{}
+	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BoundKeypairStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BoundKeypairStatus) ProtoMessage() {}
+
+func (x *BoundKeypairStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BoundKeypairStatus.ProtoReflect.Descriptor instead.
+func (*BoundKeypairStatus) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *BoundKeypairStatus) GetRegistrationSecret() string {
+	if x != nil {
+		return x.RegistrationSecret
+	}
+	return ""
+}
+
+func (x *BoundKeypairStatus) GetBoundPublicKey() string {
+	if x != nil {
+		return x.BoundPublicKey
+	}
+	return ""
+}
+
+func (x *BoundKeypairStatus) GetBoundKeyFingerprint() string {
+	if x != nil {
+		return x.BoundKeyFingerprint
+	}
+	return ""
+}
+
+func (x *BoundKeypairStatus) GetBoundInstanceId() string {
+	if x != nil {
+		return x.BoundInstanceId
+	}
+	return ""
+}
+
+func (x *BoundKeypairStatus) GetRecoveryCount() int64 {
+	if x != nil {
+		return x.RecoveryCount
+	}
+	return 0
+}
+
+func (x *BoundKeypairStatus) GetRecoverySequence() int64 {
+	if x != nil {
+		return x.RecoverySequence
+	}
+	return 0
+}
+
+func (x *BoundKeypairStatus) GetRecoveriesRemaining() int64 {
+	if x != nil {
+		return x.RecoveriesRemaining
+	}
+	return 0
+}
+
+func (x *BoundKeypairStatus) GetLastRecoveredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRecoveredAt
+	}
+	return nil
+}
+
+func (x *BoundKeypairStatus) GetLastRotatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRotatedAt
+	}
+	return nil
+}
+
+// ApplyTokenRequest creates a bound-keypair token or replaces its spec;
+// the status is the authority's and cannot be written.
+type ApplyTokenRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	NodeId       string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	BoundKeypair *BoundKeypairSpec      `protobuf:"bytes,3,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
+	// create_only refuses (ALREADY_EXISTS) to update an existing token.
+	CreateOnly    bool `protobuf:"varint,4,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyTokenRequest) Reset() {
+	*x = ApplyTokenRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyTokenRequest) ProtoMessage() {}
+
+func (x *ApplyTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyTokenRequest.ProtoReflect.Descriptor instead.
+func (*ApplyTokenRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ApplyTokenRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ApplyTokenRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ApplyTokenRequest) GetBoundKeypair() *BoundKeypairSpec {
+	if x != nil {
+		return x.BoundKeypair
+	}
+	return nil
+}
+
+func (x *ApplyTokenRequest) GetCreateOnly() bool {
+	if x != nil {
+		return x.CreateOnly
+	}
+	return false
+}
+
+type ApplyTokenResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Token   *Token                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	Created bool                   `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// uri is the joining URI (muster+bound-keypair://NAME[:SECRET]@…), with
+	// the registration secret while it is unused.
+	Uri           string `protobuf:"bytes,3,opt,name=uri,proto3" json:"uri,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyTokenResponse) Reset() {
+	*x = ApplyTokenResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyTokenResponse) ProtoMessage() {}
+
+func (x *ApplyTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyTokenResponse.ProtoReflect.Descriptor instead.
+func (*ApplyTokenResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ApplyTokenResponse) GetToken() *Token {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *ApplyTokenResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *ApplyTokenResponse) GetUri() string {
+	if x != nil {
+		return x.Uri
+	}
+	return ""
+}
+
 type CreateTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// ttl: unset means 24h; zero means the token never expires.
@@ -1351,7 +1692,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	mi := &file_muster_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1704,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[20]
+	mi := &file_muster_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1717,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CreateTokenRequest) GetTtl() *durationpb.Duration {
@@ -1434,7 +1775,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	mi := &file_muster_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1787,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[21]
+	mi := &file_muster_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1800,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateTokenResponse) GetToken() string {
@@ -1491,7 +1832,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	mi := &file_muster_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1844,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[22]
+	mi := &file_muster_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1857,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 type ListTokensResponse struct {
@@ -1528,7 +1869,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	mi := &file_muster_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1881,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[23]
+	mi := &file_muster_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1894,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListTokensResponse) GetTokens() []*Token {
@@ -1572,7 +1913,7 @@ type GetTokenRequest struct {
 
 func (x *GetTokenRequest) Reset() {
 	*x = GetTokenRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[24]
+	mi := &file_muster_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +1925,7 @@ func (x *GetTokenRequest) String() string {
 func (*GetTokenRequest) ProtoMessage() {}
 
 func (x *GetTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[24]
+	mi := &file_muster_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +1938,7 @@ func (x *GetTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenRequest.ProtoReflect.Descriptor instead.
 func (*GetTokenRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetTokenRequest) GetId() string {
@@ -1616,7 +1957,7 @@ type GetTokenResponse struct {
 
 func (x *GetTokenResponse) Reset() {
 	*x = GetTokenResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[25]
+	mi := &file_muster_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1969,7 @@ func (x *GetTokenResponse) String() string {
 func (*GetTokenResponse) ProtoMessage() {}
 
 func (x *GetTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[25]
+	mi := &file_muster_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1982,7 @@ func (x *GetTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTokenResponse.ProtoReflect.Descriptor instead.
 func (*GetTokenResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetTokenResponse) GetToken() *Token {
@@ -1660,7 +2001,7 @@ type DeleteTokenRequest struct {
 
 func (x *DeleteTokenRequest) Reset() {
 	*x = DeleteTokenRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[26]
+	mi := &file_muster_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1672,7 +2013,7 @@ func (x *DeleteTokenRequest) String() string {
 func (*DeleteTokenRequest) ProtoMessage() {}
 
 func (x *DeleteTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[26]
+	mi := &file_muster_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1685,7 +2026,7 @@ func (x *DeleteTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTokenRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTokenRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteTokenRequest) GetId() string {
@@ -1703,7 +2044,7 @@ type DeleteTokenResponse struct {
 
 func (x *DeleteTokenResponse) Reset() {
 	*x = DeleteTokenResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[27]
+	mi := &file_muster_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1715,7 +2056,7 @@ func (x *DeleteTokenResponse) String() string {
 func (*DeleteTokenResponse) ProtoMessage() {}
 
 func (x *DeleteTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[27]
+	mi := &file_muster_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1728,7 +2069,7 @@ func (x *DeleteTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTokenResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTokenResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 type Agent struct {
@@ -1754,7 +2095,7 @@ type Agent struct {
 
 func (x *Agent) Reset() {
 	*x = Agent{}
-	mi := &file_muster_v1_admin_proto_msgTypes[28]
+	mi := &file_muster_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +2107,7 @@ func (x *Agent) String() string {
 func (*Agent) ProtoMessage() {}
 
 func (x *Agent) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[28]
+	mi := &file_muster_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +2120,7 @@ func (x *Agent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Agent.ProtoReflect.Descriptor instead.
 func (*Agent) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Agent) GetNodeId() string {
@@ -1874,7 +2215,7 @@ type AgentInstance struct {
 
 func (x *AgentInstance) Reset() {
 	*x = AgentInstance{}
-	mi := &file_muster_v1_admin_proto_msgTypes[29]
+	mi := &file_muster_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2227,7 @@ func (x *AgentInstance) String() string {
 func (*AgentInstance) ProtoMessage() {}
 
 func (x *AgentInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[29]
+	mi := &file_muster_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2240,7 @@ func (x *AgentInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentInstance.ProtoReflect.Descriptor instead.
 func (*AgentInstance) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AgentInstance) GetId() string {
@@ -1969,7 +2310,7 @@ type AgentCertificate struct {
 
 func (x *AgentCertificate) Reset() {
 	*x = AgentCertificate{}
-	mi := &file_muster_v1_admin_proto_msgTypes[30]
+	mi := &file_muster_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1981,7 +2322,7 @@ func (x *AgentCertificate) String() string {
 func (*AgentCertificate) ProtoMessage() {}
 
 func (x *AgentCertificate) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[30]
+	mi := &file_muster_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1994,7 +2335,7 @@ func (x *AgentCertificate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentCertificate.ProtoReflect.Descriptor instead.
 func (*AgentCertificate) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *AgentCertificate) GetSerial() string {
@@ -2068,7 +2409,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[31]
+	mi := &file_muster_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2421,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[31]
+	mi := &file_muster_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2434,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 type ListAgentsResponse struct {
@@ -2105,7 +2446,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[32]
+	mi := &file_muster_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +2458,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[32]
+	mi := &file_muster_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +2471,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -2149,7 +2490,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[33]
+	mi := &file_muster_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2161,7 +2502,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[33]
+	mi := &file_muster_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2174,7 +2515,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetAgentRequest) GetNodeId() string {
@@ -2195,7 +2536,7 @@ type GetAgentResponse struct {
 
 func (x *GetAgentResponse) Reset() {
 	*x = GetAgentResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[34]
+	mi := &file_muster_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2548,7 @@ func (x *GetAgentResponse) String() string {
 func (*GetAgentResponse) ProtoMessage() {}
 
 func (x *GetAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[34]
+	mi := &file_muster_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2561,7 @@ func (x *GetAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentResponse.ProtoReflect.Descriptor instead.
 func (*GetAgentResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetAgentResponse) GetAgent() *Agent {
@@ -2253,7 +2594,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[35]
+	mi := &file_muster_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2606,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[35]
+	mi := &file_muster_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2619,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteAgentRequest) GetNodeId() string {
@@ -2296,7 +2637,7 @@ type DeleteAgentResponse struct {
 
 func (x *DeleteAgentResponse) Reset() {
 	*x = DeleteAgentResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[36]
+	mi := &file_muster_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2649,7 @@ func (x *DeleteAgentResponse) String() string {
 func (*DeleteAgentResponse) ProtoMessage() {}
 
 func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[36]
+	mi := &file_muster_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2662,7 @@ func (x *DeleteAgentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentResponse.ProtoReflect.Descriptor instead.
 func (*DeleteAgentResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 // BootstrapPSK is one bootstrap pre-shared key.
@@ -2341,7 +2682,7 @@ type BootstrapPSK struct {
 
 func (x *BootstrapPSK) Reset() {
 	*x = BootstrapPSK{}
-	mi := &file_muster_v1_admin_proto_msgTypes[37]
+	mi := &file_muster_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2694,7 @@ func (x *BootstrapPSK) String() string {
 func (*BootstrapPSK) ProtoMessage() {}
 
 func (x *BootstrapPSK) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[37]
+	mi := &file_muster_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2707,7 @@ func (x *BootstrapPSK) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BootstrapPSK.ProtoReflect.Descriptor instead.
 func (*BootstrapPSK) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BootstrapPSK) GetId() string {
@@ -2405,7 +2746,7 @@ type GetPSKsRequest struct {
 
 func (x *GetPSKsRequest) Reset() {
 	*x = GetPSKsRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[38]
+	mi := &file_muster_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2417,7 +2758,7 @@ func (x *GetPSKsRequest) String() string {
 func (*GetPSKsRequest) ProtoMessage() {}
 
 func (x *GetPSKsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[38]
+	mi := &file_muster_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2430,7 +2771,7 @@ func (x *GetPSKsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPSKsRequest.ProtoReflect.Descriptor instead.
 func (*GetPSKsRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 // GetPSKsResponse holds the keys an agent may present now. A grace key
@@ -2446,7 +2787,7 @@ type GetPSKsResponse struct {
 
 func (x *GetPSKsResponse) Reset() {
 	*x = GetPSKsResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[39]
+	mi := &file_muster_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2799,7 @@ func (x *GetPSKsResponse) String() string {
 func (*GetPSKsResponse) ProtoMessage() {}
 
 func (x *GetPSKsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[39]
+	mi := &file_muster_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2812,7 @@ func (x *GetPSKsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetPSKsResponse.ProtoReflect.Descriptor instead.
 func (*GetPSKsResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetPSKsResponse) GetActive() *BootstrapPSK {
@@ -2499,7 +2840,7 @@ type RotatePSKRequest struct {
 
 func (x *RotatePSKRequest) Reset() {
 	*x = RotatePSKRequest{}
-	mi := &file_muster_v1_admin_proto_msgTypes[40]
+	mi := &file_muster_v1_admin_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +2852,7 @@ func (x *RotatePSKRequest) String() string {
 func (*RotatePSKRequest) ProtoMessage() {}
 
 func (x *RotatePSKRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[40]
+	mi := &file_muster_v1_admin_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +2865,7 @@ func (x *RotatePSKRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotatePSKRequest.ProtoReflect.Descriptor instead.
 func (*RotatePSKRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RotatePSKRequest) GetGrace() *durationpb.Duration {
@@ -2547,7 +2888,7 @@ type RotatePSKResponse struct {
 
 func (x *RotatePSKResponse) Reset() {
 	*x = RotatePSKResponse{}
-	mi := &file_muster_v1_admin_proto_msgTypes[41]
+	mi := &file_muster_v1_admin_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2559,7 +2900,7 @@ func (x *RotatePSKResponse) String() string {
 func (*RotatePSKResponse) ProtoMessage() {}
 
 func (x *RotatePSKResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_admin_proto_msgTypes[41]
+	mi := &file_muster_v1_admin_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2572,7 +2913,7 @@ func (x *RotatePSKResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotatePSKResponse.ProtoReflect.Descriptor instead.
 func (*RotatePSKResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RotatePSKResponse) GetActive() *BootstrapPSK {
@@ -2679,7 +3020,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\rfirst_bad_seq\x18\x04 \x01(\x03R\vfirstBadSeq\x12\x18\n" +
 	"\aproblem\x18\x05 \x01(\tR\aproblem\x12\x19\n" +
 	"\bhead_seq\x18\x06 \x01(\x03R\aheadSeq\x12\x1b\n" +
-	"\thead_hash\x18\a \x01(\tR\bheadHash\"\x8f\x04\n" +
+	"\thead_hash\x18\a \x01(\tR\bheadHash\"\xa2\x05\n" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vjoin_method\x18\x02 \x01(\tR\n" +
@@ -2699,10 +3040,38 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12<\n" +
 	"\flast_used_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"lastUsedAt\x12\x14\n" +
-	"\x05state\x18\f \x01(\tR\x05state\x1a9\n" +
+	"\x05state\x18\f \x01(\tR\x05state\x12@\n" +
+	"\rbound_keypair\x18\r \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12O\n" +
+	"\x14bound_keypair_status\x18\x0e \x01(\v2\x1d.muster.v1.BoundKeypairStatusR\x12boundKeypairStatus\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc7\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x02\n" +
+	"\x10BoundKeypairSpec\x12,\n" +
+	"\x12initial_public_key\x18\x01 \x01(\tR\x10initialPublicKey\x12L\n" +
+	"\x14must_register_before\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x12mustRegisterBefore\x12%\n" +
+	"\x0erecovery_limit\x18\x03 \x01(\x03R\rrecoveryLimit\x12#\n" +
+	"\rrecovery_mode\x18\x04 \x01(\tR\frecoveryMode\x12=\n" +
+	"\frotate_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vrotateAfter\"\xe2\x03\n" +
+	"\x12BoundKeypairStatus\x12/\n" +
+	"\x13registration_secret\x18\x01 \x01(\tR\x12registrationSecret\x12(\n" +
+	"\x10bound_public_key\x18\x02 \x01(\tR\x0eboundPublicKey\x122\n" +
+	"\x15bound_key_fingerprint\x18\x03 \x01(\tR\x13boundKeyFingerprint\x12*\n" +
+	"\x11bound_instance_id\x18\x04 \x01(\tR\x0fboundInstanceId\x12%\n" +
+	"\x0erecovery_count\x18\x05 \x01(\x03R\rrecoveryCount\x12+\n" +
+	"\x11recovery_sequence\x18\x06 \x01(\x03R\x10recoverySequence\x121\n" +
+	"\x14recoveries_remaining\x18\a \x01(\x03R\x13recoveriesRemaining\x12F\n" +
+	"\x11last_recovered_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastRecoveredAt\x12B\n" +
+	"\x0flast_rotated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastRotatedAt\"\xa3\x01\n" +
+	"\x11ApplyTokenRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12@\n" +
+	"\rbound_keypair\x18\x03 \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12\x1f\n" +
+	"\vcreate_only\x18\x04 \x01(\bR\n" +
+	"createOnly\"h\n" +
+	"\x12ApplyTokenResponse\x12&\n" +
+	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12\x10\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xc7\x02\n" +
 	"\x12CreateTokenRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x17\n" +
 	"\x04uses\x18\x02 \x01(\x03H\x00R\x04uses\x88\x01\x01\x12\x17\n" +
@@ -2801,7 +3170,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
-	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xae\x0e\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xf9\x0e\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -2816,6 +3185,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"ListTokens\x12\x1c.muster.v1.ListTokensRequest\x1a\x1d.muster.v1.ListTokensResponse\x12C\n" +
 	"\bGetToken\x12\x1a.muster.v1.GetTokenRequest\x1a\x1b.muster.v1.GetTokenResponse\x12L\n" +
 	"\vDeleteToken\x12\x1d.muster.v1.DeleteTokenRequest\x1a\x1e.muster.v1.DeleteTokenResponse\x12I\n" +
+	"\n" +
+	"ApplyToken\x12\x1c.muster.v1.ApplyTokenRequest\x1a\x1d.muster.v1.ApplyTokenResponse\x12I\n" +
 	"\n" +
 	"ListAgents\x12\x1c.muster.v1.ListAgentsRequest\x1a\x1d.muster.v1.ListAgentsResponse\x12C\n" +
 	"\bGetAgent\x12\x1a.muster.v1.GetAgentRequest\x1a\x1b.muster.v1.GetAgentResponse\x12L\n" +
@@ -2844,7 +3215,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
@@ -2866,141 +3237,155 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*VerifyAuditRequest)(nil),    // 17: muster.v1.VerifyAuditRequest
 	(*VerifyAuditResponse)(nil),   // 18: muster.v1.VerifyAuditResponse
 	(*Token)(nil),                 // 19: muster.v1.Token
-	(*CreateTokenRequest)(nil),    // 20: muster.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 21: muster.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 22: muster.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 23: muster.v1.ListTokensResponse
-	(*GetTokenRequest)(nil),       // 24: muster.v1.GetTokenRequest
-	(*GetTokenResponse)(nil),      // 25: muster.v1.GetTokenResponse
-	(*DeleteTokenRequest)(nil),    // 26: muster.v1.DeleteTokenRequest
-	(*DeleteTokenResponse)(nil),   // 27: muster.v1.DeleteTokenResponse
-	(*Agent)(nil),                 // 28: muster.v1.Agent
-	(*AgentInstance)(nil),         // 29: muster.v1.AgentInstance
-	(*AgentCertificate)(nil),      // 30: muster.v1.AgentCertificate
-	(*ListAgentsRequest)(nil),     // 31: muster.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 32: muster.v1.ListAgentsResponse
-	(*GetAgentRequest)(nil),       // 33: muster.v1.GetAgentRequest
-	(*GetAgentResponse)(nil),      // 34: muster.v1.GetAgentResponse
-	(*DeleteAgentRequest)(nil),    // 35: muster.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),   // 36: muster.v1.DeleteAgentResponse
-	(*BootstrapPSK)(nil),          // 37: muster.v1.BootstrapPSK
-	(*GetPSKsRequest)(nil),        // 38: muster.v1.GetPSKsRequest
-	(*GetPSKsResponse)(nil),       // 39: muster.v1.GetPSKsResponse
-	(*RotatePSKRequest)(nil),      // 40: muster.v1.RotatePSKRequest
-	(*RotatePSKResponse)(nil),     // 41: muster.v1.RotatePSKResponse
-	nil,                           // 42: muster.v1.Token.LabelsEntry
-	nil,                           // 43: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 44: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 45: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),     // 46: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),    // 47: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 48: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 49: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 50: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 51: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 52: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 53: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 54: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 55: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 56: muster.v1.SendTaskResponse
+	(*BoundKeypairSpec)(nil),      // 20: muster.v1.BoundKeypairSpec
+	(*BoundKeypairStatus)(nil),    // 21: muster.v1.BoundKeypairStatus
+	(*ApplyTokenRequest)(nil),     // 22: muster.v1.ApplyTokenRequest
+	(*ApplyTokenResponse)(nil),    // 23: muster.v1.ApplyTokenResponse
+	(*CreateTokenRequest)(nil),    // 24: muster.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),   // 25: muster.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),     // 26: muster.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),    // 27: muster.v1.ListTokensResponse
+	(*GetTokenRequest)(nil),       // 28: muster.v1.GetTokenRequest
+	(*GetTokenResponse)(nil),      // 29: muster.v1.GetTokenResponse
+	(*DeleteTokenRequest)(nil),    // 30: muster.v1.DeleteTokenRequest
+	(*DeleteTokenResponse)(nil),   // 31: muster.v1.DeleteTokenResponse
+	(*Agent)(nil),                 // 32: muster.v1.Agent
+	(*AgentInstance)(nil),         // 33: muster.v1.AgentInstance
+	(*AgentCertificate)(nil),      // 34: muster.v1.AgentCertificate
+	(*ListAgentsRequest)(nil),     // 35: muster.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),    // 36: muster.v1.ListAgentsResponse
+	(*GetAgentRequest)(nil),       // 37: muster.v1.GetAgentRequest
+	(*GetAgentResponse)(nil),      // 38: muster.v1.GetAgentResponse
+	(*DeleteAgentRequest)(nil),    // 39: muster.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),   // 40: muster.v1.DeleteAgentResponse
+	(*BootstrapPSK)(nil),          // 41: muster.v1.BootstrapPSK
+	(*GetPSKsRequest)(nil),        // 42: muster.v1.GetPSKsRequest
+	(*GetPSKsResponse)(nil),       // 43: muster.v1.GetPSKsResponse
+	(*RotatePSKRequest)(nil),      // 44: muster.v1.RotatePSKRequest
+	(*RotatePSKResponse)(nil),     // 45: muster.v1.RotatePSKResponse
+	nil,                           // 46: muster.v1.Token.LabelsEntry
+	nil,                           // 47: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 48: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),     // 50: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),    // 51: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),    // 52: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil), // 53: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),   // 54: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),   // 55: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil), // 56: muster.v1.RollbackSignerRequest
+	(*SendTaskRequest)(nil),       // 57: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),   // 58: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 59: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 60: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	44, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	45, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	44, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	44, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	44, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	48, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	49, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	48, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	48, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	48, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	44, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	44, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	45, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	48, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	48, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	49, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	44, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	44, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	48, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	48, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	44, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	42, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	44, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	44, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
-	45, // 18: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	43, // 19: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
-	19, // 20: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
-	19, // 21: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
-	19, // 22: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	44, // 23: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	44, // 24: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	44, // 25: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	44, // 26: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	46, // 27: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
-	44, // 28: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	44, // 29: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	44, // 30: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	44, // 31: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
-	28, // 32: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
-	28, // 33: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
-	29, // 34: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
-	30, // 35: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	44, // 36: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	44, // 37: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
-	37, // 38: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
-	37, // 39: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	45, // 40: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
-	37, // 41: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
-	37, // 42: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	0,  // 43: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 44: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 45: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 46: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 47: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 48: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	20, // 49: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	22, // 50: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	24, // 51: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	26, // 52: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	31, // 53: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	33, // 54: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	35, // 55: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	38, // 56: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	40, // 57: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	47, // 58: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	48, // 59: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	49, // 60: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	50, // 61: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	51, // 62: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	52, // 63: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	53, // 64: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 65: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 66: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 67: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 68: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 69: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 70: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 71: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 72: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	21, // 73: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	23, // 74: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	25, // 75: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	27, // 76: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	32, // 77: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	34, // 78: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	36, // 79: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	39, // 80: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	41, // 81: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	54, // 82: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	55, // 83: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	55, // 84: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	55, // 85: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	55, // 86: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	55, // 87: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	56, // 88: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 89: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 90: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	67, // [67:91] is the sub-list for method output_type
-	43, // [43:67] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	48, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	46, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	48, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	48, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	20, // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
+	21, // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
+	48, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	48, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	48, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	48, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	20, // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
+	19, // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
+	49, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	47, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	19, // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
+	19, // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
+	19, // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
+	48, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	48, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	48, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	48, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	50, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	48, // 36: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	48, // 37: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	48, // 38: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	48, // 39: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	32, // 40: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
+	32, // 41: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
+	33, // 42: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
+	34, // 43: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
+	48, // 44: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	48, // 45: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 46: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
+	41, // 47: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
+	49, // 48: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	41, // 49: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
+	41, // 50: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
+	0,  // 51: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 52: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 53: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 54: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 55: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 56: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24, // 57: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26, // 58: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28, // 59: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30, // 60: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22, // 61: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35, // 62: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37, // 63: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39, // 64: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42, // 65: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44, // 66: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	51, // 67: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	52, // 68: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	53, // 69: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	54, // 70: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	55, // 71: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	56, // 72: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	57, // 73: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 74: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 75: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 76: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 77: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 78: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 79: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 80: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 81: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 82: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 83: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 84: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 85: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 86: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 87: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 88: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 89: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 90: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 91: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	58, // 92: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	59, // 93: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 94: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 95: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 96: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 97: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	60, // 98: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 99: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 100: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	76, // [76:101] is the sub-list for method output_type
+	51, // [51:76] is the sub-list for method input_type
+	51, // [51:51] is the sub-list for extension type_name
+	51, // [51:51] is the sub-list for extension extendee
+	0,  // [0:51] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -3009,14 +3394,14 @@ func file_muster_v1_admin_proto_init() {
 		return
 	}
 	file_muster_v1_signer_proto_init()
-	file_muster_v1_admin_proto_msgTypes[20].OneofWrappers = []any{}
+	file_muster_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	AdminService_ListTokens_FullMethodName     = "/muster.v1.AdminService/ListTokens"
 	AdminService_GetToken_FullMethodName       = "/muster.v1.AdminService/GetToken"
 	AdminService_DeleteToken_FullMethodName    = "/muster.v1.AdminService/DeleteToken"
+	AdminService_ApplyToken_FullMethodName     = "/muster.v1.AdminService/ApplyToken"
 	AdminService_ListAgents_FullMethodName     = "/muster.v1.AdminService/ListAgents"
 	AdminService_GetAgent_FullMethodName       = "/muster.v1.AdminService/GetAgent"
 	AdminService_DeleteAgent_FullMethodName    = "/muster.v1.AdminService/DeleteAgent"
@@ -66,6 +67,8 @@ type AdminServiceClient interface {
 	ListTokens(ctx context.Context, in *ListTokensRequest, opts ...grpc.CallOption) (*ListTokensResponse, error)
 	GetToken(ctx context.Context, in *GetTokenRequest, opts ...grpc.CallOption) (*GetTokenResponse, error)
 	DeleteToken(ctx context.Context, in *DeleteTokenRequest, opts ...grpc.CallOption) (*DeleteTokenResponse, error)
+	// ApplyToken creates a bound-keypair token or updates its spec.
+	ApplyToken(ctx context.Context, in *ApplyTokenRequest, opts ...grpc.CallOption) (*ApplyTokenResponse, error)
 	// Agents: the admitted nodes, their instances and certificates.
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	GetAgent(ctx context.Context, in *GetAgentRequest, opts ...grpc.CallOption) (*GetAgentResponse, error)
@@ -191,6 +194,16 @@ func (c *adminServiceClient) DeleteToken(ctx context.Context, in *DeleteTokenReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteTokenResponse)
 	err := c.cc.Invoke(ctx, AdminService_DeleteToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ApplyToken(ctx context.Context, in *ApplyTokenRequest, opts ...grpc.CallOption) (*ApplyTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyTokenResponse)
+	err := c.cc.Invoke(ctx, AdminService_ApplyToken_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -358,6 +371,8 @@ type AdminServiceServer interface {
 	ListTokens(context.Context, *ListTokensRequest) (*ListTokensResponse, error)
 	GetToken(context.Context, *GetTokenRequest) (*GetTokenResponse, error)
 	DeleteToken(context.Context, *DeleteTokenRequest) (*DeleteTokenResponse, error)
+	// ApplyToken creates a bound-keypair token or updates its spec.
+	ApplyToken(context.Context, *ApplyTokenRequest) (*ApplyTokenResponse, error)
 	// Agents: the admitted nodes, their instances and certificates.
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	GetAgent(context.Context, *GetAgentRequest) (*GetAgentResponse, error)
@@ -418,6 +433,9 @@ func (UnimplementedAdminServiceServer) GetToken(context.Context, *GetTokenReques
 }
 func (UnimplementedAdminServiceServer) DeleteToken(context.Context, *DeleteTokenRequest) (*DeleteTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteToken not implemented")
+}
+func (UnimplementedAdminServiceServer) ApplyToken(context.Context, *ApplyTokenRequest) (*ApplyTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyToken not implemented")
 }
 func (UnimplementedAdminServiceServer) ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAgents not implemented")
@@ -658,6 +676,24 @@ func _AdminService_DeleteToken_Handler(srv interface{}, ctx context.Context, dec
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).DeleteToken(ctx, req.(*DeleteTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ApplyToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ApplyToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ApplyToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ApplyToken(ctx, req.(*ApplyTokenRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -960,6 +996,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteToken",
 			Handler:    _AdminService_DeleteToken_Handler,
+		},
+		{
+			MethodName: "ApplyToken",
+			Handler:    _AdminService_ApplyToken_Handler,
 		},
 		{
 			MethodName: "ListAgents",

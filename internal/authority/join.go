@@ -1,0 +1,91 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// joinService serves the join methods that need a challenge exchange.
+type joinService struct {
+	musterv1.UnimplementedJoinServiceServer
+	s *Server
+}
+
+// recoveriesGauge is muster_bound_keypair_recoveries_remaining{token}. A
+// token name is chosen by an operator and bounded by the number of tokens;
+// it is not a secret.
+func newRecoveriesGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error) {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "muster_bound_keypair_recoveries_remaining",
+		Help: "Recoveries a standard-mode bound-keypair token has left, as of its last join or refresh on this replica.",
+	}, []string{"token"})
+	return g, reg.Register(g)
+}
+
+// RegisterUsingBoundKeypair runs one bound-keypair join over the stream:
+// init, then one challenge, then the result. The exchange is bounded by
+// the challenge's lifetime, so a caller that never answers holds nothing
+// for long.
+func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) error {
+	ctx, cancel := context.WithTimeout(stream.Context(), boundkeypair.ChallengeTTL+10*time.Second)
+	defer cancel()
+	start := time.Now()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	init := first.GetInit()
+	if init == nil {
+		return status.Error(codes.InvalidArgument, "the first message must be init")
+	}
+	exchange := func(ctx context.Context, challenge []byte) ([]byte, error) {
+		if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{
+			Payload: &musterv1.RegisterUsingBoundKeypairResponse_Challenge{Challenge: challenge}}); err != nil {
+			return nil, err
+		}
+		msg, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := msg.GetPayload().(*musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse); !ok {
+			return nil, errNotAnAnswer
+		}
+		return []byte(msg.GetChallengeResponse()), nil
+	}
+	res, err := j.s.enroll.RegisterUsingBoundKeypair(ctx, requestOf(ctx), enroll.BoundKeypairPayload{
+		Token: init.GetToken(), NodeID: init.GetNodeId(), CSR: init.GetCsr(), JoinState: init.GetPreviousJoinState(),
+		PublicKey: init.GetPublicKey(), RegistrationSecret: init.GetRegistrationSecret(), Cert: callerFrom(ctx).Cert,
+	}, exchange)
+	var iss *enroll.Issued
+	if res != nil {
+		iss = res.Issued
+	}
+	j.s.metrics.join(store.JoinMethodBoundKeypair, start, iss, err)
+	if errors.Is(err, errNotAnAnswer) {
+		return status.Error(codes.InvalidArgument, errNotAnAnswer.Error())
+	}
+	if err != nil {
+		return toStatus(ctx, j.s.log, err)
+	}
+	out := &musterv1.BoundKeypairResult{
+		CertificateChainPem: string(res.ChainPEM), CaCertificatePem: string(res.CAPEM), InstanceId: res.InstanceID,
+		Generation: res.Generation, JoinState: res.JoinState, AuthorityId: j.s.info.AuthorityID,
+		TrustDomain: j.s.info.TrustDomain, RecoveriesRemaining: res.Remaining,
+	}
+	if a := j.s.advertise(); a != "" {
+		out.Endpoints = []string{a}
+	}
+	return stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Result{Result: out}})
+}
+
+var errNotAnAnswer = errors.New("the second message must be challenge_response")

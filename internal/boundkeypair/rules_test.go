@@ -1,0 +1,126 @@
+package boundkeypair
+
+import (
+	"errors"
+	"testing"
+)
+
+// TestJudge is the table of recovery cases: modes × budget × join states
+// × refresh or recovery.
+func TestJudge(t *testing.T) {
+	at := func(seq int64) *JoinState { return &JoinState{RecoverySequence: seq} }
+	forged := &invalidState{"signature does not verify"}
+	type want struct {
+		err      error // nil, ErrRecoveryExhausted, ErrJoinStateInvalid
+		lock     bool
+		recovery bool
+		counted  bool
+	}
+	refresh, recovers, counts := want{}, want{recovery: true}, want{recovery: true, counted: true}
+	exhausted := want{err: ErrRecoveryExhausted}
+	mismatch, stale := want{err: ErrJoinStateInvalid}, want{err: ErrJoinStateInvalid, lock: true}
+
+	cases := []struct {
+		name    string
+		mode    string
+		limit   int64
+		count   int64
+		seq     int64
+		refresh bool
+		state   *JoinState
+		bad     error
+		want    want
+	}{
+		// The first join needs no join state and counts under standard.
+		{"first join, standard", ModeStandard, 1, 0, 0, false, nil, nil, counts},
+		{"first join, standard, limit 0", ModeStandard, 0, 0, 0, false, nil, nil, exhausted},
+		{"first join, relaxed, limit 0", ModeRelaxed, 0, 0, 0, false, nil, nil, recovers},
+		{"first join, insecure", ModeInsecure, 0, 0, 0, false, nil, nil, recovers},
+		// Refreshes consume nothing, in every mode, even with no budget.
+		{"refresh, standard, exhausted", ModeStandard, 1, 1, 1, true, at(1), nil, refresh},
+		{"refresh, relaxed", ModeRelaxed, 1, 1, 4, true, at(4), nil, refresh},
+		{"refresh, insecure, no state", ModeInsecure, 1, 1, 4, true, nil, nil, refresh},
+		// Recoveries.
+		{"recovery, standard, budget left", ModeStandard, 3, 1, 1, false, at(1), nil, counts},
+		{"recovery, standard, exhausted", ModeStandard, 1, 1, 1, false, at(1), nil, exhausted},
+		{"recovery, standard, limit lowered below count", ModeStandard, 1, 2, 2, false, at(2), nil, exhausted},
+		{"recovery, relaxed, past the limit", ModeRelaxed, 1, 1, 5, false, at(5), nil, recovers},
+		{"recovery, insecure, no state", ModeInsecure, 1, 1, 5, false, nil, nil, recovers},
+		{"recovery, insecure, stale state ignored", ModeInsecure, 1, 1, 5, false, at(2), nil, recovers},
+		// Join states.
+		{"stale, standard", ModeStandard, 9, 2, 2, false, at(1), nil, stale},
+		{"stale, relaxed", ModeRelaxed, 9, 0, 7, false, at(6), nil, stale},
+		{"stale on a refresh", ModeStandard, 9, 2, 2, true, at(1), nil, stale},
+		{"missing, standard", ModeStandard, 9, 1, 1, false, nil, nil, mismatch},
+		{"missing, relaxed", ModeRelaxed, 9, 1, 1, false, nil, nil, mismatch},
+		{"forged, standard", ModeStandard, 9, 1, 1, false, nil, forged, mismatch},
+		{"ahead (restored store), standard", ModeStandard, 9, 1, 1, false, at(2), nil, mismatch},
+		{"ahead (restored store), relaxed", ModeRelaxed, 9, 1, 1, true, at(3), nil, mismatch},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v, err := Judge(Status{Mode: tc.mode, Limit: tc.limit, Count: tc.count, Sequence: tc.seq},
+				Attempt{Refresh: tc.refresh, State: tc.state, StateErr: tc.bad})
+			switch {
+			case tc.want.err == nil && err != nil:
+				t.Fatalf("Judge = %v, want a verdict", err)
+			case tc.want.err != nil && !errors.Is(err, tc.want.err):
+				t.Fatalf("Judge = %v, %v, want %v", v, err, tc.want.err)
+			case tc.want.err != nil:
+				if got := errors.Is(err, ErrJoinStateStale); got != tc.want.lock {
+					t.Fatalf("lock = %v, want %v (%v)", got, tc.want.lock, err)
+				}
+				return
+			}
+			if v.Recovery != tc.want.recovery || v.Counted != tc.want.counted {
+				t.Fatalf("verdict %+v, want recovery %v counted %v", v, tc.want.recovery, tc.want.counted)
+			}
+			if v.Recovery && v.ExpectedSequence != tc.seq {
+				t.Fatalf("expected sequence %d, want the token's %d", v.ExpectedSequence, tc.seq)
+			}
+		})
+	}
+}
+
+func TestJudgeRefusesUnknownMode(t *testing.T) {
+	if _, err := Judge(Status{Mode: "lenient"}, Attempt{}); err == nil {
+		t.Fatal("an unknown mode was judged")
+	}
+}
+
+func TestRemaining(t *testing.T) {
+	for _, tc := range []struct{ limit, count, want int64 }{{3, 1, 2}, {1, 1, 0}, {1, 3, 0}} {
+		if got := (Status{Limit: tc.limit, Count: tc.count}).Remaining(); got != tc.want {
+			t.Errorf("Remaining(%d, %d) = %d, want %d", tc.limit, tc.count, got, tc.want)
+		}
+	}
+}
+
+func TestSpecCheck(t *testing.T) {
+	ok := Spec{Name: "bot-1", Node: "bot-1", RecoveryLimit: 1, RecoveryMode: ModeStandard}
+	for name, mutate := range map[string]func(*Spec){
+		"bad name":      func(s *Spec) { s.Name = "Bot_1" },
+		"bad node":      func(s *Spec) { s.Node = "" },
+		"unknown mode":  func(s *Spec) { s.RecoveryMode = "lenient" },
+		"negative":      func(s *Spec) { s.RecoveryLimit = -1 },
+		"huge":          func(s *Spec) { s.RecoveryLimit = MaxRecoveryLimit + 1 },
+		"malformed key": func(s *Spec) { s.InitialPublicKey = "ssh-rsa AAAA" },
+	} {
+		s := ok
+		mutate(&s)
+		if _, err := s.Check(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := ok.Check(); err != nil {
+		t.Fatal(err)
+	}
+	withKey := ok
+	withKey.InitialPublicKey = sshKey + " comment"
+	if k, err := withKey.Check(); err != nil || k.String() != sshKey {
+		t.Fatalf("Check with a key: %v, %q", err, k.String())
+	}
+	if (Spec{RecoveryMode: ModeInsecure}).Warning() == "" || ok.Warning() != "" {
+		t.Error("only insecure mode warns")
+	}
+}

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+func newBotCmd(env *Env) *cobra.Command {
+	cmd := &cobra.Command{Use: "bot", Short: "Add bound-keypair tokens for machines and bots"}
+	cmd.AddCommand(newBotAddCmd(env))
+	return cmd
+}
+
+// boundKeypairJSON is a bound-keypair token's spec and status as printed.
+type boundKeypairJSON struct {
+	InitialPublicKey    string     `json:"initial_public_key,omitempty"`
+	MustRegisterBefore  *time.Time `json:"must_register_before,omitempty"`
+	RecoveryLimit       int64      `json:"recovery_limit"`
+	RecoveryMode        string     `json:"recovery_mode"`
+	RotateAfter         *time.Time `json:"rotate_after,omitempty"`
+	RegistrationSecret  string     `json:"registration_secret,omitempty"`
+	BoundPublicKey      string     `json:"bound_public_key,omitempty"`
+	BoundKeyFingerprint string     `json:"bound_key_fingerprint,omitempty"`
+	BoundInstanceID     string     `json:"bound_instance_id,omitempty"`
+	RecoveryCount       int64      `json:"recovery_count"`
+	RecoverySequence    int64      `json:"recovery_sequence"`
+	RecoveriesRemaining int64      `json:"recoveries_remaining"`
+	LastRecoveredAt     *time.Time `json:"last_recovered_at,omitempty"`
+	LastRotatedAt       *time.Time `json:"last_rotated_at,omitempty"`
+}
+
+func timePtr(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	t := ts.AsTime()
+	return &t
+}
+
+func boundKeypairOf(t *musterv1.Token) *boundKeypairJSON {
+	sp, st := t.GetBoundKeypair(), t.GetBoundKeypairStatus()
+	if sp == nil {
+		return nil
+	}
+	return &boundKeypairJSON{InitialPublicKey: sp.GetInitialPublicKey(), MustRegisterBefore: timePtr(sp.GetMustRegisterBefore()),
+		RecoveryLimit: sp.GetRecoveryLimit(), RecoveryMode: sp.GetRecoveryMode(), RotateAfter: timePtr(sp.GetRotateAfter()),
+		RegistrationSecret: st.GetRegistrationSecret(), BoundPublicKey: st.GetBoundPublicKey(),
+		BoundKeyFingerprint: st.GetBoundKeyFingerprint(), BoundInstanceID: st.GetBoundInstanceId(),
+		RecoveryCount: st.GetRecoveryCount(), RecoverySequence: st.GetRecoverySequence(),
+		RecoveriesRemaining: st.GetRecoveriesRemaining(), LastRecoveredAt: timePtr(st.GetLastRecoveredAt()),
+		LastRotatedAt: timePtr(st.GetLastRotatedAt())}
+}
+
+func newBotAddCmd(env *Env) *cobra.Command {
+	var (
+		af             adminFlags
+		out            output
+		keyFile        string
+		limit          int64
+		mode           string
+		registerBefore string
+	)
+	cmd := &cobra.Command{
+		Use:   "add NAME",
+		Short: "Add a bound-keypair token for node NAME",
+		Long: `Add a bound-keypair token named NAME for node NAME. With --public-key the
+token is bound to that key now (static binding: the file holds an
+ssh-ed25519 key in authorized_keys form, as "muster keypair create" prints
+it). Without it the authority generates a one-use registration secret, shown
+now and by "muster token get NAME" until used, with which the agent binds
+its own key before --register-before (default: in 1h).
+
+The first join counts as a recovery: --recovery-limit 1 admits the first
+join and no recovery under the standard mode.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			spec := &musterv1.BoundKeypairSpec{RecoveryLimit: limit, RecoveryMode: mode}
+			if keyFile != "" {
+				data, err := os.ReadFile(keyFile)
+				if err != nil {
+					return fmt.Errorf("bot add: --public-key: %w", err)
+				}
+				k, err := boundkeypair.ParsePublicKey(strings.TrimSpace(string(data)))
+				if err != nil {
+					return fmt.Errorf("bot add: --public-key %s: %w", keyFile, err)
+				}
+				spec.InitialPublicKey = k.String()
+			} else {
+				deadline, err := parseDeadline(registerBefore, time.Now())
+				if err != nil {
+					return fmt.Errorf("bot add: --register-before: %w", err)
+				}
+				spec.MustRegisterBefore = timestamppb.New(deadline)
+			}
+			if mode == boundkeypair.ModeInsecure {
+				fmt.Fprintln(env.Stderr, "warning: recovery mode insecure skips the join state check: a copied key can recover without being detected")
+			}
+			return af.call(cmd, env, "bot add", func(ctx context.Context, c *adminClient) error {
+				resp, err := c.ApplyToken(ctx, &musterv1.ApplyTokenRequest{Name: args[0], NodeId: args[0], BoundKeypair: spec, CreateOnly: true})
+				if err != nil {
+					return err
+				}
+				t := tokenOf(resp.GetToken())
+				if out.json() {
+					return writeJSON(env.Stdout, struct {
+						URI string `json:"uri"`
+						tokenJSON
+					}{resp.GetUri(), t})
+				}
+				b := t.BoundKeypair
+				fmt.Fprintf(env.Stdout, "Token:         %s (bound-keypair)\nNode:          %s\nRecovery:      limit %d, mode %s\n",
+					t.ID, t.NodeID, b.RecoveryLimit, b.RecoveryMode)
+				if b.BoundKeyFingerprint != "" {
+					fmt.Fprintf(env.Stdout, "Bound key:     %s\n", b.BoundKeyFingerprint)
+				}
+				if b.RegistrationSecret != "" {
+					fmt.Fprintf(env.Stdout, "Registration secret: %s\nRegister before:     %s\n", b.RegistrationSecret,
+						b.MustRegisterBefore.UTC().Format(time.RFC3339))
+				}
+				fmt.Fprintf(env.Stdout, "Joining URI:   %s\n", resp.GetUri())
+				return nil
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&keyFile, "public-key", "", "file holding the agent's ssh-ed25519 public key (static binding)")
+	f.Int64Var(&limit, "recovery-limit", boundkeypair.DefaultRecoveryLimit, "recoveries allowed under the standard mode; the first join counts")
+	f.StringVar(&mode, "recovery-mode", boundkeypair.ModeStandard, "standard, relaxed or insecure")
+	f.StringVar(&registerBefore, "register-before", boundkeypair.DefaultRegisterWithin.String(), "registration deadline: RFC 3339 time or a duration from now")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// parseDeadline reads an RFC 3339 time or a duration from now.
+func parseDeadline(s string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return time.Time{}, fmt.Errorf("%q is neither an RFC 3339 time nor a positive duration", s)
+	}
+	return now.Add(d), nil
+}

@@ -1,0 +1,344 @@
+package enroll
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/subtle"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Reasons of bound-keypair refusals, as DESIGN.md's table names them.
+const (
+	ReasonChallengeFailed    = "challenge_failed"
+	ReasonRegistrationClosed = "registration_closed"
+	ReasonRecoveryExhausted  = "recovery_exhausted"
+	ReasonJoinStateMismatch  = "join_state_mismatch"
+)
+
+// BoundKeypairConfig is the bound-keypair method's configuration. The
+// registration secrets are opened with the Service's TokenSealer.
+type BoundKeypairConfig struct {
+	// JoinStateSealer seals the join-state keys (purpose
+	// seal.InfoJoinState); without it every bound-keypair join fails.
+	JoinStateSealer *seal.Sealer
+	// Observer, if set, is told the recoveries a standard-mode token has
+	// left after each bound-keypair join or refresh.
+	Observer func(token string, remaining int64)
+}
+
+// BoundKeypairPayload is the init message of a bound-keypair join.
+type BoundKeypairPayload struct {
+	Token  string // the token's name
+	NodeID string
+	CSR    []byte // required: the certificate's key, not the bound key
+	// JoinState is the last join state document the agent received, ""
+	// before its first join.
+	JoinState string
+	// PublicKey (authorized_keys) and RegistrationSecret bind a key to a
+	// token that has none yet.
+	PublicKey          string
+	RegistrationSecret string
+	// Cert is the caller's verified agent certificate, if it presented
+	// one: with a valid certificate of the current instance the join is a
+	// refresh.
+	Cert *x509.Certificate
+}
+
+// BoundKeypairResult is an identity and the join state document that goes
+// with it.
+type BoundKeypairResult struct {
+	*Issued
+	JoinState string
+	// Remaining is the recoveries left under standard mode, -1 otherwise.
+	Remaining int64
+}
+
+// bkMethod is the bound-keypair Method. out carries what the entry point
+// needs after the common tail to sign the join state.
+type bkMethod struct {
+	s   *Service
+	out *bkOutcome
+}
+
+type bkOutcome struct {
+	token    store.Token
+	key      boundkeypair.PublicKey
+	sequence int64 // the token's sequence once the join commits
+	counted  bool  // the join took one of the budget
+	retry    bool
+}
+
+// RegisterUsingBoundKeypair admits, refreshes or recovers an agent whose
+// proof is the bound Ed25519 key, over the challenge exchange ch. The
+// checks run in this order: fields well-formed; the source's rate limit;
+// the token known, of this method and for this node (NOT_FOUND alike
+// otherwise); the key (the bound one, or one bound now with the
+// registration secret while the window is open); the challenge solved with
+// that key; locks on the node, the token and the keys; the join state and
+// the recovery rules of the token's mode (a stale join state locks the
+// token); and at the write, the key binding and the recovery as
+// conditional claims.
+func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p BoundKeypairPayload, ch Challenge) (*BoundKeypairResult, error) {
+	if ch == nil {
+		return nil, errors.New("enroll: a bound-keypair join needs a challenge exchange")
+	}
+	out := &bkOutcome{}
+	iss, err := join(ctx, s, bkMethod{s: s, out: out}, r, p, ch)
+	if err != nil {
+		return nil, err
+	}
+	bk := out.token.BoundKeypair
+	doc, err := s.signJoinState(ctx, boundkeypair.JoinState{
+		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now(),
+		InstanceID: iss.InstanceID, BoundKey: out.key.Fingerprint(), RecoverySequence: out.sequence,
+		RecoveryLimit: bk.Spec.RecoveryLimit, RecoveryMode: bk.Spec.RecoveryMode,
+	})
+	if err != nil {
+		return nil, err
+	}
+	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1}
+	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
+		// The count as the join's write left it: read before the join, plus
+		// the recovery it took.
+		count := bk.RecoveryCount
+		if out.counted {
+			count++
+		}
+		res.Remaining = boundkeypair.Status{Limit: bk.Spec.RecoveryLimit, Count: count}.Remaining()
+		if s.cfg.BoundKeypair.Observer != nil {
+			s.cfg.BoundKeypair.Observer(out.token.ID, res.Remaining)
+		}
+	}
+	return res, nil
+}
+
+func (s *Service) signJoinState(ctx context.Context, js boundkeypair.JoinState) (string, error) {
+	k, err := s.joinStateKeys().current(ctx)
+	if err != nil {
+		return "", err
+	}
+	return k.Sign(js)
+}
+
+// Attest implements Method.
+func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, challenge Challenge) (Admission, error) {
+	s := m.s
+	a := Admission{NodeID: p.NodeID}
+	// 1. Fields well-formed.
+	if err := spiffeid.ValidNodeID(p.Token); err != nil {
+		a.NodeID = ""
+		return a, refuse(KindInvalid, "token: "+err.Error())
+	}
+	a.Actor = "bound-keypair:" + p.Token
+	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {
+		a.NodeID = ""
+		return a, refuse(KindInvalid, "node_id: "+err.Error())
+	}
+	if len(p.CSR) == 0 {
+		return a, refuse(KindInvalid, "csr is required")
+	}
+	csr, err := ca.ParseCSR(p.CSR)
+	if err != nil {
+		return a, refuse(KindInvalid, "csr: "+err.Error())
+	}
+	kid, err := keyID(csr.PublicKey)
+	if err != nil {
+		return a, err
+	}
+	var offered boundkeypair.PublicKey
+	if p.PublicKey != "" {
+		if offered, err = boundkeypair.ParsePublicKey(p.PublicKey); err != nil {
+			return a, refuse(KindInvalid, "public_key: "+err.Error())
+		}
+	}
+	// 2. The source's rate limit.
+	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
+		return a, refuse(KindRateLimited, "too many requests from this source")
+	}
+	// 3. The token: known, of this method, for this node; alike otherwise.
+	notFound := refuse(KindNotFound, "unknown bound-keypair token, or not for this node")
+	t, err := s.cfg.Store.GetToken(ctx, p.Token)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return a, notFound.with("no token %s", p.Token)
+	case err != nil:
+		return a, err
+	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
+		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
+	case t.NodeID != p.NodeID:
+		return a, notFound.with("token %s is for node %s", t.ID, t.NodeID)
+	}
+	bk := t.BoundKeypair
+	now := s.cfg.Now()
+
+	// 4. The key to challenge: the bound one, or the offered one with the
+	// registration secret while none is bound.
+	var (
+		key      boundkeypair.PublicKey
+		claims   []store.Claim
+		register bool
+	)
+	if bk.BoundPublicKey != "" {
+		if key, err = boundkeypair.ParsePublicKey(bk.BoundPublicKey); err != nil {
+			return a, fmt.Errorf("enroll: token %s: stored key: %w", t.ID, err)
+		}
+	} else {
+		switch {
+		case bk.SecretCiphertext == nil:
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used", t.ID)
+		case !bk.Spec.MustRegisterBefore.IsZero() && !now.Before(bk.Spec.MustRegisterBefore):
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s",
+				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339))
+		case offered.IsZero() || p.RegistrationSecret == "":
+			return a, refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
+		}
+		secret, err := s.cfg.TokenSealer.Open(bk.SecretCiphertext, bk.SecretNonce, []byte(t.ID))
+		if err != nil {
+			return a, fmt.Errorf("enroll: token %s: registration secret: %w", t.ID, err)
+		}
+		if subtle.ConstantTimeCompare(secret, []byte(p.RegistrationSecret)) != 1 {
+			return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s: wrong registration secret", t.ID)
+		}
+		key, register = offered, true
+		claims = append(claims, store.KeyBinding{TokenID: t.ID, PublicKey: key.String(), UseRegistrationSecret: true})
+	}
+	fp := key.Fingerprint()
+
+	// 5. The challenge, solved with that key.
+	c, err := boundkeypair.NewChallenge(s.cfg.AuthorityID, now)
+	if err != nil {
+		return a, err
+	}
+	answer, err := challenge(ctx, c.Marshal())
+	if err != nil {
+		return a, err
+	}
+	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
+		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
+	}
+
+	// 6. Locks on the node, the token and both keys, before the join
+	// state: once a token is locked, every holder hears so.
+	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: p.NodeID},
+		store.LockTarget{Kind: store.LockToken, Target: t.ID},
+		store.LockTarget{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)); err != nil {
+		return a, err
+	} else if l != nil {
+		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+	}
+
+	// 7. The join state and the recovery rules.
+	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount, Sequence: bk.RecoverySequence}
+	att := boundkeypair.Attempt{Refresh: s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)}
+	if p.JoinState != "" {
+		js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
+		if err != nil {
+			att.StateErr = err
+		} else {
+			att.State = &js
+		}
+	}
+	// A lost reply of a recovery: the agent presents the join state from
+	// before it, for the instance that recovery made, within the retry
+	// window, with the same certificate key. It gets that answer again
+	// rather than a lock.
+	if att.State != nil && att.State.RecoverySequence == st.Sequence-1 && !att.Refresh {
+		if iss, err := s.retryRecovery(ctx, p.NodeID, bk.BoundInstanceID, t.ID, kid, now); err != nil || iss != nil {
+			if iss != nil {
+				*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, retry: true}
+				a.Retry = iss
+			}
+			return a, err
+		}
+	}
+	v, err := boundkeypair.Judge(st, att)
+	switch {
+	case errors.Is(err, boundkeypair.ErrJoinStateStale):
+		return a, s.lockStale(ctx, t.ID, p.NodeID, err)
+	case errors.Is(err, boundkeypair.ErrJoinStateInvalid):
+		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
+	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
+		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v", t.ID, err)
+	case err != nil:
+		return a, err
+	}
+
+	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence}
+	if !v.Recovery {
+		// A refresh: the instance is renewed; nothing is consumed.
+		a.Refresh, a.CSR = p.Cert, p.CSR
+		return a, nil
+	}
+	m.out.sequence, m.out.counted = v.ExpectedSequence+1, v.Counted
+	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, Counted: v.Counted})
+	a.TokenID, a.Method, a.MaySupersede = t.ID, store.JoinMethodBoundKeypair, true
+	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.ExpectedSequence+1, t.ID)
+	if register {
+		a.Proof = fmt.Sprintf("bound key %s registered with the secret of token %s", fp, t.ID)
+	}
+	a.PublicKey, a.KeyID, a.Now, a.Claims = csr.PublicKey, kid, now, claims
+	return a, nil
+}
+
+// holdsCurrent reports whether cert is a certificate this authority issued
+// for nodeID's instance instanceID, which is still current.
+func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) bool {
+	if cert == nil || instanceID == "" || s.cfg.Now().After(cert.NotAfter) {
+		return false
+	}
+	rec, err := s.cfg.Store.GetCertificate(ctx, serialOf(cert))
+	if err != nil || rec.NodeID != nodeID || rec.InstanceID != instanceID {
+		return false
+	}
+	inst, err := s.cfg.Store.GetInstance(ctx, instanceID)
+	return err == nil && inst.State == store.InstanceCurrent
+}
+
+// retryRecovery answers a repeated recovery from the instance it made, or
+// returns nil if the request is not such a repeat.
+func (s *Service) retryRecovery(ctx context.Context, nodeID, instanceID, tokenID string, kid []byte, now time.Time) (*Issued, error) {
+	node, err := s.cfg.Store.GetNode(ctx, nodeID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	} else if err != nil {
+		return nil, err
+	}
+	if node.InstanceID != instanceID {
+		return nil, nil
+	}
+	inst, err := s.cfg.Store.GetInstance(ctx, instanceID)
+	if err != nil {
+		return nil, err
+	}
+	if inst.State != store.InstanceCurrent || inst.Generation != 0 || inst.TokenID != tokenID ||
+		!hmac.Equal(inst.LastPublicKey, kid) || now.Sub(inst.CreatedAt) > s.cfg.RetryWindow {
+		return nil, nil
+	}
+	return s.retryJoin(ctx, node, tokenID, kid, now, store.LockTarget{Kind: store.LockToken, Target: tokenID})
+}
+
+// lockStale locks the token whose join state was presented stale: the
+// keypair is in two places, and the authority cannot tell which holder is
+// genuine, so both are refused from now on.
+func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause error) error {
+	reason := fmt.Sprintf("join_state_mismatch: node %s presented a stale join state (%v)", nodeID, cause)
+	l := store.Lock{ID: newLockID(), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
+	if err := s.cfg.Store.InsertLock(ctx, l); err != nil {
+		return err
+	}
+	if err := s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "lock.create", Target: "token " + tokenID,
+		Result: audit.ResultOK, Reason: reason}); err != nil {
+		return err
+	}
+	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+}

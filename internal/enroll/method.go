@@ -1,0 +1,92 @@
+package enroll
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Method is one join method, in the shape of SPIRE's node attestor: it
+// verifies the caller's proof, possibly over a challenge exchange, and
+// says which node joins and what the join must claim in the store. What
+// follows a verified proof (node reservation, instance, certificate,
+// issuance record, audit, metrics) is common and never re-implemented by a
+// method. P is the method's own request payload; each method carries its
+// own configuration.
+type Method[P any] interface {
+	// Attest verifies payload. It returns a *Refusal for every answer the
+	// caller may see, and fills the Admission's Actor and NodeID as far as
+	// it got, even with a refusal, so the audit record says who was
+	// refused. An Admission with Retry set is a repeat of a join already
+	// answered: it is handed back as it is.
+	Attest(ctx context.Context, r Request, payload P, challenge Challenge) (Admission, error)
+}
+
+// Challenge sends a challenge to the caller and returns its answer, for a
+// method that proves possession over an exchange; single-message methods
+// are given nil and never call it.
+type Challenge func(ctx context.Context, challenge []byte) ([]byte, error)
+
+// Admission is a join whose proof a Method has verified: what every method
+// hands to the common tail (admit).
+type Admission struct {
+	// Actor names the proof's holder in the audit trail ("token:ID",
+	// "psk:ID"); "" stays "anonymous".
+	Actor  string
+	NodeID string
+	// TokenID is the token whose use this is; Credential, for a method
+	// without a token, the ID of what proved the join (a PSK's). Either is
+	// recorded as the instance's TokenID.
+	TokenID    string
+	Credential string
+	// Proof names the proof in the audit record ("token ID", "psk ID
+	// (active)"), never a secret.
+	Proof        string
+	Method       string
+	MaySupersede bool
+	// PublicKey is the key to certify; nil asks the authority to mint one.
+	PublicKey crypto.PublicKey
+	KeyID     []byte
+	Now       time.Time
+	// Ticket is the referral ticket whose single use the join records.
+	Ticket *store.TicketUse
+	// Claims are the method's further conditions, won in the join's write.
+	Claims []store.Claim
+	// Retry, if set, is the answer already issued to this same request.
+	Retry *Issued
+	// Refresh, if set, is the caller's certificate of the instance it
+	// keeps: the tail renews that instance for CSR (generation rule and
+	// all) instead of making a new one.
+	Refresh *x509.Certificate
+	CSR     []byte
+}
+
+// join runs one join through method m and the common tail, and audits the
+// outcome.
+func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payload P, challenge Challenge) (*Issued, error) {
+	a, err := m.Attest(ctx, r, payload, challenge)
+	ev := audit.Event{Actor: "anonymous", Action: "agent.join", Target: a.NodeID, Source: r.Source, CorrelationID: r.CorrelationID}
+	if a.Actor != "" {
+		ev.Actor = a.Actor
+	}
+	var iss *Issued
+	switch {
+	case err != nil:
+	case a.Retry != nil:
+		iss = a.Retry
+	case a.Refresh != nil:
+		ev.Action = "agent.refresh"
+		iss, err = s.renew(ctx, a.Refresh, a.CSR, &ev)
+	default:
+		iss, err = s.admit(ctx, a, &ev)
+		if err == nil && a.Ticket != nil && !iss.Retry {
+			s.observeTicket(TicketResultOK)
+			iss.TicketID = a.Ticket.ID
+		}
+	}
+	return s.finish(ctx, ev, iss, err)
+}

@@ -1,0 +1,116 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sentinel errors of the bound-keypair claims. Each names the one
+// condition that failed at the write, so the caller can tell a lost race
+// from a stale join state without a second read.
+var (
+	// ErrKeyBindingChanged: the token's bound public key was not the one
+	// the binding expected (another join bound or rotated it first).
+	ErrKeyBindingChanged = errors.New("store: bound public key changed")
+	// ErrRegistrationClosed: the registration secret is already used, or
+	// must_register_before has passed by the store clock.
+	ErrRegistrationClosed = errors.New("store: registration closed")
+	// ErrRecoveryExhausted: a counted recovery found recovery_count at
+	// the limit.
+	ErrRecoveryExhausted = errors.New("store: recovery budget exhausted")
+	// ErrRecoverySequenceChanged: the token's recovery sequence was not the
+	// one the recovery expected (another recovery committed first).
+	ErrRecoverySequenceChanged = errors.New("store: recovery sequence changed")
+)
+
+// Recovery modes of a bound-keypair token (DESIGN.md, join method 3).
+const (
+	RecoveryStandard = "standard"
+	RecoveryRelaxed  = "relaxed"
+	RecoveryInsecure = "insecure"
+)
+
+// BoundKeypairSpec is the part of a bound-keypair token people write.
+// Public keys are in the canonical authorized_keys form the boundkeypair
+// package produces; the store compares them as strings.
+type BoundKeypairSpec struct {
+	InitialPublicKey   string
+	MustRegisterBefore time.Time // zero: no registration window
+	RecoveryLimit      int64
+	RecoveryMode       string
+	RotateAfter        time.Time // zero: never asked
+}
+
+// BoundKeypair is a bound-keypair token's spec and status. The
+// registration secret is kept only sealed (with the token ID as
+// additional data) and cleared by the write that uses it.
+type BoundKeypair struct {
+	Spec BoundKeypairSpec
+	// SecretCiphertext and SecretNonce hold the sealed registration
+	// secret; both nil when there is none or it was used.
+	SecretCiphertext []byte
+	SecretNonce      []byte
+	BoundPublicKey   string // "" until a key is bound
+	BoundInstanceID  string // the instance of the last join or recovery
+	RecoveryCount    int64  // counted recoveries (standard mode)
+	// RecoverySequence advances with every recovery, counted or not; the
+	// join state document carries it, so an older one is detectably stale.
+	RecoverySequence int64
+	LastRecoveredAt  time.Time
+	LastRotatedAt    time.Time
+}
+
+// KeyBinding binds a public key to a bound-keypair token in the join's
+// (or renewal's) write, only if the token's bound key is still Expected
+// ("" for the first binding): ErrKeyBindingChanged otherwise. With
+// UseRegistrationSecret the registration secret is consumed in the same
+// write, only while it is unused and before must_register_before by the
+// store clock (ErrRegistrationClosed). Rotate records LastRotatedAt. A join
+// also records its instance as the bound instance.
+type KeyBinding struct {
+	TokenID               string
+	Expected              string
+	PublicKey             string
+	UseRegistrationSecret bool
+	Rotate                bool
+}
+
+// Recovery advances a bound-keypair token's recovery sequence from
+// ExpectedSequence to ExpectedSequence+1 and records the join's instance as
+// the bound one: ErrRecoverySequenceChanged if the sequence moved. Counted
+// (standard mode) also takes one of the recovery budget, only while
+// recovery_count < limit: ErrRecoveryExhausted. Only a join carries it.
+type Recovery struct {
+	TokenID          string
+	ExpectedSequence int64
+	Counted          bool
+}
+
+func (KeyBinding) claim() {}
+func (Recovery) claim()   {}
+
+// JoinStateKey is one version of the authority's join-state signing key,
+// its private half sealed (purpose muster-join-state-encryption, the ID as
+// additional data).
+type JoinStateKey struct {
+	ID         string
+	PublicKey  []byte
+	Ciphertext []byte
+	Nonce      []byte
+	CreatedAt  time.Time
+}
+
+// BoundKeypairStore holds what people write of bound-keypair tokens (the
+// status changes only through claims: KeyBinding, Recovery) and the
+// join-state keys. All methods are safe for concurrent use.
+type BoundKeypairStore interface {
+	// InsertJoinStateKey adds a key; ErrConflict if its ID exists.
+	InsertJoinStateKey(ctx context.Context, k JoinStateKey) error
+	// ListJoinStateKeys returns every key, newest first (ties by ID).
+	ListJoinStateKeys(ctx context.Context) ([]JoinStateKey, error)
+	// UpdateBoundKeypairSpec replaces the spec of a bound-keypair token and
+	// returns the token as it now stands; the status is untouched.
+	// ErrNotFound if there is no bound-keypair token with that ID.
+	UpdateBoundKeypairSpec(ctx context.Context, tokenID string, spec BoundKeypairSpec) (Token, error)
+}

@@ -1,0 +1,224 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const boundKeypairColumns = `token_id, initial_public_key, secret_ciphertext, secret_nonce, must_register_before,
+	recovery_limit, recovery_mode, rotate_after, bound_public_key, bound_instance_id, recovery_count,
+	recovery_sequence, last_recovered_at, last_rotated_at`
+
+// insertBoundKeypair writes a bound-keypair token's row, in the
+// transaction that inserts the token.
+func insertBoundKeypair(ctx context.Context, tx pgx.Tx, id string, b *store.BoundKeypair) error {
+	_, err := tx.Exec(ctx, `INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
+		b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
+		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt))
+	return err
+}
+
+func nilIfEmpty(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func scanBoundKeypair(row pgx.Row) (string, *store.BoundKeypair, error) {
+	var (
+		id                                   string
+		b                                    store.BoundKeypair
+		before, rotate, recovered, rotatedAt *int64
+	)
+	if err := row.Scan(&id, &b.Spec.InitialPublicKey, &b.SecretCiphertext, &b.SecretNonce, &before,
+		&b.Spec.RecoveryLimit, &b.Spec.RecoveryMode, &rotate, &b.BoundPublicKey, &b.BoundInstanceID, &b.RecoveryCount,
+		&b.RecoverySequence, &recovered, &rotatedAt); err != nil {
+		return "", nil, err
+	}
+	b.Spec.MustRegisterBefore, b.Spec.RotateAfter = timeCol(before), timeCol(rotate)
+	b.LastRecoveredAt, b.LastRotatedAt = timeCol(recovered), timeCol(rotatedAt)
+	return id, &b, nil
+}
+
+// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts.
+func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
+	want := false
+	for _, t := range ts {
+		want = want || t.JoinMethod == store.JoinMethodBoundKeypair
+	}
+	if !want {
+		return nil
+	}
+	var (
+		rows pgx.Rows
+		err  error
+	)
+	if len(ts) == 1 {
+		rows, err = q.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = $1`, ts[0].ID)
+	} else {
+		rows, err = q.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs`)
+	}
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	byID := map[string]*store.BoundKeypair{}
+	for rows.Next() {
+		id, b, err := scanBoundKeypair(rows)
+		if err != nil {
+			return err
+		}
+		byID[id] = b
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range ts {
+		if ts[i].JoinMethod == store.JoinMethodBoundKeypair {
+			ts[i].BoundKeypair = byID[ts[i].ID]
+		}
+	}
+	return nil
+}
+
+// UpdateBoundKeypairSpec replaces the spec of a bound-keypair token in one
+// write and returns the token as it now stands; ErrNotFound if there is no
+// bound-keypair token with that ID. The status columns are not written.
+func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec) (store.Token, error) {
+	var t store.Token
+	err := s.inTx(ctx, "update bound keypair", func(tx pgx.Tx) error {
+		res, err := tx.Exec(ctx, `UPDATE bound_keypairs
+			SET initial_public_key = $1, must_register_before = $2, recovery_limit = $3, recovery_mode = $4, rotate_after = $5
+			WHERE token_id = $6`,
+			spec.InitialPublicKey, timeArg(spec.MustRegisterBefore), spec.RecoveryLimit, spec.RecoveryMode,
+			timeArg(spec.RotateAfter), id)
+		if err != nil {
+			return wrap("update bound keypair", err)
+		}
+		if res.RowsAffected() == 0 {
+			return fmt.Errorf("postgres: update bound keypair %s: %w", id, store.ErrNotFound)
+		}
+		if t, err = scanToken(tx.QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = $1`, id)); err != nil {
+			return wrap("update bound keypair", err)
+		}
+		ts := []store.Token{t}
+		if err := withBoundKeypairs(ctx, tx, ts); err != nil {
+			return wrap("update bound keypair", err)
+		}
+		t = ts[0]
+		return nil
+	})
+	return t, err
+}
+
+// bindKey is the KeyBinding claim: one conditional UPDATE on the token's
+// row. Concurrent claims on one token queue on its row lock, and
+// PostgreSQL re-evaluates the WHERE clause against the row the winner
+// committed, so exactly one binding from one expected key succeeds.
+func bindKey(ctx context.Context, tx pgx.Tx, instanceID string, c store.KeyBinding) error {
+	args := []any{c.PublicKey, c.TokenID, c.Expected}
+	q := `UPDATE bound_keypairs SET bound_public_key = $1`
+	if instanceID != "" {
+		args = append(args, instanceID)
+		q += fmt.Sprintf(`, bound_instance_id = $%d`, len(args))
+	}
+	if c.UseRegistrationSecret {
+		q += `, secret_ciphertext = NULL, secret_nonce = NULL`
+	}
+	if c.Rotate {
+		q += `, last_rotated_at = ` + nowMicros
+	}
+	q += ` WHERE token_id = $2 AND bound_public_key = $3`
+	if c.UseRegistrationSecret {
+		q += ` AND secret_ciphertext IS NOT NULL AND (must_register_before IS NULL OR must_register_before > ` + nowMicros + `)`
+	}
+	tag, err := tx.Exec(ctx, q, args...)
+	if err != nil {
+		return wrap("bind key", err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	// Say which condition failed, from the row as committed now.
+	var bound string
+	err = tx.QueryRow(ctx, `SELECT bound_public_key FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&bound)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrNotFound)
+	case err != nil:
+		return wrap("bind key", err)
+	case bound != c.Expected:
+		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrKeyBindingChanged)
+	default:
+		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrRegistrationClosed)
+	}
+}
+
+// recoverToken is the Recovery claim: one conditional UPDATE on the
+// token's row; concurrent recoveries queue on its row lock and only the
+// first finds the sequence it expected.
+func recoverToken(ctx context.Context, tx pgx.Tx, instanceID string, c store.Recovery) error {
+	counted := 0
+	if c.Counted {
+		counted = 1
+	}
+	tag, err := tx.Exec(ctx, `UPDATE bound_keypairs
+		SET recovery_sequence = recovery_sequence + 1, recovery_count = recovery_count + $1,
+			bound_instance_id = $2, last_recovered_at = `+nowMicros+`
+		WHERE token_id = $3 AND recovery_sequence = $4 AND ($1 = 0 OR recovery_count < recovery_limit)`,
+		counted, instanceID, c.TokenID, c.ExpectedSequence)
+	if err != nil {
+		return wrap("recover", err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	var seq int64
+	err = tx.QueryRow(ctx, `SELECT recovery_sequence FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&seq)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrNotFound)
+	case err != nil:
+		return wrap("recover", err)
+	case seq != c.ExpectedSequence:
+		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrRecoverySequenceChanged)
+	default:
+		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrRecoveryExhausted)
+	}
+}
+
+// InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.
+func (s *Store) InsertJoinStateKey(ctx context.Context, k store.JoinStateKey) error {
+	_, err := s.pool.Exec(ctx, `INSERT INTO join_state_keys (id, public_key, ciphertext, nonce, created_at)
+		VALUES ($1, $2, $3, $4, $5)`, k.ID, k.PublicKey, k.Ciphertext, k.Nonce, timeArg(k.CreatedAt))
+	if err != nil {
+		return wrap("insert join-state key", err)
+	}
+	return nil
+}
+
+// ListJoinStateKeys returns every join-state key, newest first.
+func (s *Store) ListJoinStateKeys(ctx context.Context) ([]store.JoinStateKey, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, public_key, ciphertext, nonce, created_at FROM join_state_keys
+		ORDER BY created_at DESC, id`)
+	if err != nil {
+		return nil, wrap("list join-state keys", err)
+	}
+	return collect(rows, "list join-state keys", func(r pgx.Row) (store.JoinStateKey, error) {
+		var (
+			k       store.JoinStateKey
+			created *int64
+		)
+		err := r.Scan(&k.ID, &k.PublicKey, &k.Ciphertext, &k.Nonce, &created)
+		k.CreatedAt = timeCol(created)
+		return k, err
+	})
+}

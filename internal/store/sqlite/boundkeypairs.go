@@ -1,0 +1,232 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const boundKeypairColumns = `token_id, initial_public_key, secret_ciphertext, secret_nonce, must_register_before,
+	recovery_limit, recovery_mode, rotate_after, bound_public_key, bound_instance_id, recovery_count,
+	recovery_sequence, last_recovered_at, last_rotated_at`
+
+// insertBoundKeypair writes a bound-keypair token's row, in the
+// transaction that inserts the token.
+func insertBoundKeypair(ctx context.Context, tx *writeTx, id string, b *store.BoundKeypair) error {
+	_, err := tx.ExecContext(ctx, `INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
+		b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
+		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt))
+	return err
+}
+
+func nilIfEmpty(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
+}
+
+func scanBoundKeypair(row scanner) (string, *store.BoundKeypair, error) {
+	var (
+		id                                   string
+		b                                    store.BoundKeypair
+		before, rotate, recovered, rotatedAt sql.NullInt64
+	)
+	if err := row.Scan(&id, &b.Spec.InitialPublicKey, &b.SecretCiphertext, &b.SecretNonce, &before,
+		&b.Spec.RecoveryLimit, &b.Spec.RecoveryMode, &rotate, &b.BoundPublicKey, &b.BoundInstanceID, &b.RecoveryCount,
+		&b.RecoverySequence, &recovered, &rotatedAt); err != nil {
+		return "", nil, err
+	}
+	b.Spec.MustRegisterBefore, b.Spec.RotateAfter = timeCol(before), timeCol(rotate)
+	b.LastRecoveredAt, b.LastRotatedAt = timeCol(recovered), timeCol(rotatedAt)
+	return id, &b, nil
+}
+
+// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts.
+func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
+	want := false
+	for _, t := range ts {
+		want = want || t.JoinMethod == store.JoinMethodBoundKeypair
+	}
+	if !want {
+		return nil
+	}
+	var (
+		rows *sql.Rows
+		err  error
+	)
+	if len(ts) == 1 {
+		rows, err = q.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = ?`, ts[0].ID)
+	} else {
+		rows, err = q.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs`)
+	}
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	byID := map[string]*store.BoundKeypair{}
+	for rows.Next() {
+		id, b, err := scanBoundKeypair(rows)
+		if err != nil {
+			return err
+		}
+		byID[id] = b
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for i := range ts {
+		if ts[i].JoinMethod == store.JoinMethodBoundKeypair {
+			ts[i].BoundKeypair = byID[ts[i].ID]
+		}
+	}
+	return nil
+}
+
+// querier is what reads need of the reader pool or a write transaction.
+type querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
+
+// UpdateBoundKeypairSpec replaces the spec of a bound-keypair token in one
+// write and returns the token as it now stands; ErrNotFound if there is no
+// bound-keypair token with that ID. The status columns are not written.
+func (s *SQLite) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec) (store.Token, error) {
+	var t store.Token
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE bound_keypairs
+			SET initial_public_key = ?, must_register_before = ?, recovery_limit = ?, recovery_mode = ?, rotate_after = ?
+			WHERE token_id = ?`,
+			spec.InitialPublicKey, timeArg(spec.MustRegisterBefore), spec.RecoveryLimit, spec.RecoveryMode,
+			timeArg(spec.RotateAfter), id)
+		if err != nil {
+			return wrap("update bound keypair", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return wrap("update bound keypair", err)
+		} else if n == 0 {
+			return fmt.Errorf("sqlite: update bound keypair %s: %w", id, store.ErrNotFound)
+		}
+		if t, err = scanToken(tx.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id)); err != nil {
+			return wrap("update bound keypair", err)
+		}
+		ts := []store.Token{t}
+		if err := withBoundKeypairs(ctx, tx, ts); err != nil {
+			return wrap("update bound keypair", err)
+		}
+		t = ts[0]
+		return nil
+	})
+	return t, err
+}
+
+// bindKey is the KeyBinding claim: one conditional UPDATE on the token's
+// row, which the single writer serializes against every other claim.
+func bindKey(ctx context.Context, tx *writeTx, instanceID string, c store.KeyBinding) error {
+	q := `UPDATE bound_keypairs SET bound_public_key = ?`
+	args := []any{c.PublicKey}
+	if instanceID != "" {
+		q += `, bound_instance_id = ?`
+		args = append(args, instanceID)
+	}
+	if c.UseRegistrationSecret {
+		q += `, secret_ciphertext = NULL, secret_nonce = NULL`
+	}
+	if c.Rotate {
+		q += `, last_rotated_at = ` + nowMicros
+	}
+	q += ` WHERE token_id = ? AND bound_public_key = ?`
+	args = append(args, c.TokenID, c.Expected)
+	if c.UseRegistrationSecret {
+		q += ` AND secret_ciphertext IS NOT NULL AND (must_register_before IS NULL OR must_register_before > ` + nowMicros + `)`
+	}
+	res, err := tx.ExecContext(ctx, q, args...)
+	if err != nil {
+		return wrap("bind key", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return wrap("bind key", err)
+	} else if n > 0 {
+		return nil
+	}
+	// Say which condition failed.
+	var bound string
+	err = tx.QueryRowContext(ctx, `SELECT bound_public_key FROM bound_keypairs WHERE token_id = ?`, c.TokenID).Scan(&bound)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("sqlite: bind key: token %s: %w", c.TokenID, store.ErrNotFound)
+	case err != nil:
+		return wrap("bind key", err)
+	case bound != c.Expected:
+		return fmt.Errorf("sqlite: bind key: token %s: %w", c.TokenID, store.ErrKeyBindingChanged)
+	default:
+		return fmt.Errorf("sqlite: bind key: token %s: %w", c.TokenID, store.ErrRegistrationClosed)
+	}
+}
+
+// recover is the Recovery claim: one conditional UPDATE on the token's
+// row.
+func recoverToken(ctx context.Context, tx *writeTx, instanceID string, c store.Recovery) error {
+	counted := 0
+	if c.Counted {
+		counted = 1
+	}
+	res, err := tx.ExecContext(ctx, `UPDATE bound_keypairs
+		SET recovery_sequence = recovery_sequence + 1, recovery_count = recovery_count + ?,
+			bound_instance_id = ?, last_recovered_at = `+nowMicros+`
+		WHERE token_id = ? AND recovery_sequence = ? AND (? = 0 OR recovery_count < recovery_limit)`,
+		counted, instanceID, c.TokenID, c.ExpectedSequence, counted)
+	if err != nil {
+		return wrap("recover", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return wrap("recover", err)
+	} else if n > 0 {
+		return nil
+	}
+	var seq int64
+	err = tx.QueryRowContext(ctx, `SELECT recovery_sequence FROM bound_keypairs WHERE token_id = ?`, c.TokenID).Scan(&seq)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrNotFound)
+	case err != nil:
+		return wrap("recover", err)
+	case seq != c.ExpectedSequence:
+		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrRecoverySequenceChanged)
+	default:
+		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrRecoveryExhausted)
+	}
+}
+
+// InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.
+func (s *SQLite) InsertJoinStateKey(ctx context.Context, k store.JoinStateKey) error {
+	_, err := s.w.ExecContext(ctx, `INSERT INTO join_state_keys (id, public_key, ciphertext, nonce, created_at)
+		VALUES (?, ?, ?, ?, ?)`, k.ID, k.PublicKey, k.Ciphertext, k.Nonce, timeArg(k.CreatedAt))
+	if err != nil {
+		return wrap("insert join-state key", err)
+	}
+	return nil
+}
+
+// ListJoinStateKeys returns every join-state key, newest first.
+func (s *SQLite) ListJoinStateKeys(ctx context.Context) ([]store.JoinStateKey, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT id, public_key, ciphertext, nonce, created_at FROM join_state_keys
+		ORDER BY created_at DESC, id`)
+	if err != nil {
+		return nil, wrap("list join-state keys", err)
+	}
+	return collect(rows, "list join-state keys", func(r scanner) (store.JoinStateKey, error) {
+		var (
+			k       store.JoinStateKey
+			created sql.NullInt64
+		)
+		err := r.Scan(&k.ID, &k.PublicKey, &k.Ciphertext, &k.Nonce, &created)
+		k.CreatedAt = timeCol(created)
+		return k, err
+	})
+}
