@@ -286,6 +286,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		// larger message is refused with RESOURCE_EXHAUSTED before it is
 		// parsed.
 		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxHeaderListSize(listener.MaxHeaderListSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)
 	hs := health.NewServer()

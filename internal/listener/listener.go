@@ -36,3 +36,10 @@ func Addr(l net.Listener) string {
 	}
 	return l.Addr().String()
 }
+
+// MaxHeaderListSize caps the header list (gRPC metadata included) a client
+// may send on one request, on every muster server. Request bodies are
+// already capped before they are parsed; without this cap headers are not,
+// and a few unauthenticated calls carrying megabytes of metadata each grow
+// the process by gigabytes. muster's own clients send well under 1 KiB.
+const MaxHeaderListSize = 16 << 10
