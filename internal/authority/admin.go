@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -173,12 +174,26 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 	if len(req.GetReason()) > maxLockReason {
 		return nil, badRequest(fmt.Sprintf("lock reason must be at most %d characters", maxLockReason))
 	}
+	// Each target has the form of what it names, so a lock never holds
+	// something no join or renewal can match (a path, another case, a
+	// typo that locks nothing).
 	switch req.GetKind() {
 	case store.LockToken:
 		// A whole ID.SECRET pasted here would keep the secret in the lock
 		// list; the ID alone names the token.
 		if strings.Contains(req.GetTarget(), ".") {
 			return nil, badRequest("lock a token by its ID, the part before the dot")
+		}
+		if !jointoken.ValidID(req.GetTarget()) {
+			return nil, badRequest("lock a token by its ID: 6 of a-z 0-9, as tokens list prints it")
+		}
+	case store.LockNode, store.LockAdmin:
+		if err := spiffeid.ValidNodeID(req.GetTarget()); err != nil {
+			return nil, badRequest("lock " + req.GetKind() + " target: " + err.Error())
+		}
+	case store.LockInstance:
+		if u, err := uuid.Parse(req.GetTarget()); err != nil || u.String() != req.GetTarget() {
+			return nil, badRequest("lock an instance by its ID, a lower-case UUID as nodes show prints it")
 		}
 	case store.LockPublicKey:
 		if b, err := hex.DecodeString(req.GetTarget()); err != nil || len(b) != 32 || strings.ToLower(req.GetTarget()) != req.GetTarget() {

@@ -1,0 +1,53 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/identity"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// operatorAdmin is the admin API as the operator init created.
+func operatorAdmin(t *testing.T, dir, addr string) musterv1.AdminServiceClient {
+	t.Helper()
+	op, err := identity.Load(filepath.Join(dir, "operator.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dialAdmin(t, dir, addr, op)
+}
+
+// TestAdminInputsAreBounded: a lock target that names nothing a join or
+// renewal could match is refused with INVALID_ARGUMENT and a reason,
+// audited, and changes nothing.
+func TestAdminInputsAreBounded(t *testing.T) {
+	dir, _ := initDir(t)
+	auth := startAuthority(t, dir)
+	c := operatorAdmin(t, dir, auth.addr)
+	for _, tt := range []struct{ kind, target, want string }{
+		{"node", "../x", "name"},
+		{"node", "Node-1", "name"},
+		{"admin", "a/b", "name"},
+		{"instance", "../x", "UUID"},
+		{"instance", "0AF1E2D3-0000-4000-8000-000000000000", "UUID"},
+		{"token", "ABCDEF", "6 of a-z 0-9"},
+		{"token", "abc", "6 of a-z 0-9"},
+	} {
+		_, err := c.CreateLock(t.Context(), &musterv1.CreateLockRequest{Kind: tt.kind, Target: tt.target})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tt.want) {
+			t.Errorf("lock %s %q: %v, want INVALID_ARGUMENT naming %q", tt.kind, tt.target, err, tt.want)
+		}
+	}
+	if l, err := c.ListLocks(t.Context(), &musterv1.ListLocksRequest{}); err != nil || len(l.GetLocks()) != 0 {
+		t.Fatalf("locks after refusals: %v, %v", l.GetLocks(), err)
+	}
+	out := mustRun(t, "audit", "list", "--data", dir, "-o", "json")
+	if got := strings.Count(out, `"lock.create"`); got != 7 {
+		t.Errorf("%d lock.create records, want the 7 refusals", got)
+	}
+}
