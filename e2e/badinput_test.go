@@ -23,8 +23,8 @@ func operatorAdmin(t *testing.T, dir, addr string) musterv1.AdminServiceClient {
 }
 
 // TestAdminInputsAreBounded: a lock target that names nothing a join or
-// renewal could match is refused with INVALID_ARGUMENT and a reason,
-// audited, and changes nothing.
+// renewal could match, and an audit page size out of range, are refused
+// with INVALID_ARGUMENT and a reason, audited, and change nothing.
 func TestAdminInputsAreBounded(t *testing.T) {
 	dir, _ := initDir(t)
 	auth := startAuthority(t, dir)
@@ -46,8 +46,20 @@ func TestAdminInputsAreBounded(t *testing.T) {
 	if l, err := c.ListLocks(t.Context(), &musterv1.ListLocksRequest{}); err != nil || len(l.GetLocks()) != 0 {
 		t.Fatalf("locks after refusals: %v, %v", l.GetLocks(), err)
 	}
+	for _, limit := range []int32{-1, 1001} {
+		_, err := c.ListAudit(t.Context(), &musterv1.ListAuditRequest{Limit: limit})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "limit") {
+			t.Errorf("ListAudit limit %d: %v, want INVALID_ARGUMENT", limit, err)
+		}
+	}
+	if r, err := c.ListAudit(t.Context(), &musterv1.ListAuditRequest{Limit: 2}); err != nil || len(r.GetRecords()) != 2 {
+		t.Fatalf("ListAudit limit 2: %d records, %v", len(r.GetRecords()), err)
+	}
 	out := mustRun(t, "audit", "list", "--data", dir, "-o", "json")
 	if got := strings.Count(out, `"lock.create"`); got != 7 {
 		t.Errorf("%d lock.create records, want the 7 refusals", got)
+	}
+	if got := strings.Count(out, `"audit.list"`); got != 2 {
+		t.Errorf("%d audit.list records, want the 2 refusals", got)
 	}
 }

@@ -272,8 +272,13 @@ func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockR
 const maxAuditPage = 1000
 
 func (a *adminService) ListAudit(ctx context.Context, req *musterv1.ListAuditRequest) (*musterv1.ListAuditResponse, error) {
+	if req.GetLimit() < 0 || req.GetLimit() > maxAuditPage {
+		err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("limit must be 0 (a full page) to %d; page on with after_seq", maxAuditPage)))
+		a.record(ctx, "audit.list", "", err)
+		return nil, err
+	}
 	limit := int(req.GetLimit())
-	if limit <= 0 || limit > maxAuditPage {
+	if limit == 0 {
 		limit = maxAuditPage
 	}
 	f := store.AuditFilter{Action: req.GetAction(), AfterSeq: req.GetAfterSeq(), Limit: limit + 1}
