@@ -53,10 +53,15 @@ func TestAdminCommands(t *testing.T) {
 	}
 	// Re-adding into the same file is refused: identities are never overwritten.
 	mustFail(t, "admin", "add", "alice", "--data", dir, "--out", alice)
+	// So is a second identity with the same name: its SAN would be alice's.
+	line := mustFail(t, "admin", "add", "alice", "--data", dir, "--out", filepath.Join(t.TempDir(), "alice2.pem"))
+	if !strings.Contains(line, "ALREADY_EXISTS") || !strings.Contains(line, "alice already holds a valid certificate") {
+		t.Errorf("adding alice twice: %q, want ALREADY_EXISTS", line)
+	}
 
 	// Lock alice: her next call is refused, and the refusal is audited.
 	mustRun(t, "lock", "create", "--admin", "alice", "--reason", "laptop stolen", "--data", dir)
-	line := mustFail(t, "status", "--identity", alice, "--authority", a.addr)
+	line = mustFail(t, "status", "--identity", alice, "--authority", a.addr)
 	if !strings.Contains(line, "PERMISSION_DENIED") || !strings.Contains(line, "locked") {
 		t.Errorf("locked operator got %q, want PERMISSION_DENIED ... locked", line)
 	}

@@ -110,7 +110,11 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
-	}); err != nil {
+	}); errors.Is(err, store.ErrConflict) {
+		// Two valid certificates with one SAN could not be told apart in
+		// the audit log, and locking one would lock both.
+		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; choose another name, or wait for it to expire", id.Name)
+	} else if err != nil {
 		return nil, err
 	}
 	return &musterv1.AddOperatorResponse{

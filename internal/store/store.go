@@ -163,7 +163,9 @@ type Store interface {
 	RevokeExpiredGracePSKs(ctx context.Context) ([]string, error)
 
 	// InsertOperator records an issued operator certificate; ErrConflict on
-	// a duplicate serial.
+	// a duplicate serial, or while a certificate of the same name is valid
+	// at o.CreatedAt (one writer wins among concurrent ones, across
+	// replicas).
 	InsertOperator(ctx context.Context, o Operator) error
 	// ListOperators returns every operator certificate, oldest first.
 	ListOperators(ctx context.Context) ([]Operator, error)

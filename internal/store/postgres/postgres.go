@@ -67,6 +67,9 @@ const (
 	migrateLockKey int64 = 0x6d75737465720001 // "muster" + 1: schema migrations
 	auditLockKey   int64 = 0x6d75737465720002 // the audit chain's single writer
 	nodeLockClass  int32 = 0x6d757374         // joins of one node ID
+	// operatorLockClass serializes issuing certificates to one operator
+	// name (with hashtext(name)).
+	operatorLockClass int32 = 0x6d757375
 )
 
 // Open connects to the database at url (a postgres:// or postgresql:// URL
