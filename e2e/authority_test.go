@@ -58,6 +58,7 @@ func TestAdminCommands(t *testing.T) {
 	if !strings.Contains(line, "ALREADY_EXISTS") || !strings.Contains(line, "alice already holds a valid certificate") {
 		t.Errorf("adding alice twice: %q, want ALREADY_EXISTS", line)
 	}
+	mustRun(t, "admin", "add", "alice", "--reissue", "--data", dir, "--out", filepath.Join(t.TempDir(), "alice3.pem"))
 
 	// Lock alice: her next call is refused, and the refusal is audited.
 	mustRun(t, "lock", "create", "--admin", "alice", "--reason", "laptop stolen", "--data", dir)

@@ -109,11 +109,11 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 	if err := a.s.store.InsertOperator(ctx, store.Operator{
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
-		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
+		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: req.GetReissue(),
 	}); errors.Is(err, store.ErrConflict) {
 		// Two valid certificates with one SAN could not be told apart in
 		// the audit log, and locking one would lock both.
-		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; choose another name, or wait for it to expire", id.Name)
+		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; renew it with --reissue, or choose another name", id.Name)
 	} else if err != nil {
 		return nil, err
 	}

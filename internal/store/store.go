@@ -64,6 +64,10 @@ type Operator struct {
 	NotAfter  time.Time
 	CreatedBy string
 	CreatedAt time.Time
+	// Reissue, on insert only, allows a certificate beside a valid one of
+	// the same name: an operator renewing its identity, asked for
+	// explicitly.
+	Reissue bool
 }
 
 // Lock kinds.
@@ -164,7 +168,7 @@ type Store interface {
 
 	// InsertOperator records an issued operator certificate; ErrConflict on
 	// a duplicate serial, or while a certificate of the same name is valid
-	// at o.CreatedAt (one writer wins among concurrent ones, across
+	// at o.CreatedAt and o.Reissue is false (one writer wins among concurrent ones, across
 	// replicas).
 	InsertOperator(ctx context.Context, o Operator) error
 	// ListOperators returns every operator certificate, oldest first.

@@ -11,7 +11,7 @@ import (
 
 // InsertOperator records an issued operator certificate; ErrConflict on a
 // duplicate serial or while another certificate of the same name is valid
-// at o.CreatedAt. The name's advisory lock makes the check and the insert
+// at o.CreatedAt, unless o.Reissue. The name's advisory lock makes the check and the insert
 // one step across replicas.
 func (s *Store) InsertOperator(ctx context.Context, o store.Operator) error {
 	return s.inTx(ctx, "insert operator", func(tx pgx.Tx) error {
@@ -21,9 +21,9 @@ func (s *Store) InsertOperator(ctx context.Context, o store.Operator) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO operators
 			(serial, name, spiffe_id, not_before, not_after, created_by, created_at)
 			SELECT $1, $2, $3, $4, $5, $6, $7
-			WHERE NOT EXISTS (SELECT 1 FROM operators WHERE name = $2 AND not_after > $7)`,
+			WHERE $8 OR NOT EXISTS (SELECT 1 FROM operators WHERE name = $2 AND not_after > $7)`,
 			o.Serial, o.Name, o.SPIFFEID,
-			timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt))
+			timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt), o.Reissue)
 		if err != nil {
 			return wrap("insert operator", err)
 		}

@@ -60,9 +60,13 @@ func operatorCases() []testCase {
 			mustNil(t, "InsertOperator after expiry", s.InsertOperator(ctx, cur))
 			wantErr(t, "InsertOperator while valid", s.InsertOperator(ctx, operator("03", "alice", 0)), store.ErrConflict)
 			mustNil(t, "InsertOperator other name", s.InsertOperator(ctx, operator("04", "bob", 0)))
+			again := operator("05", "bob", 0)
+			again.Reissue = true
+			mustNil(t, "InsertOperator reissue", s.InsertOperator(ctx, again))
+			again.Reissue = false
 			got, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
-			wantEqual(t, "ListOperators", got, []store.Operator{old, cur, operator("04", "bob", 0)})
+			wantEqual(t, "ListOperators", got, []store.Operator{old, cur, operator("04", "bob", 0), again})
 		}},
 		{"concurrent issues to one name: one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			const n = 8
