@@ -32,6 +32,10 @@ var (
 	ErrConflict = errors.New("store: conflict")
 	// ErrSchemaTooNew: the database was migrated by a newer muster.
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+	// ErrUnavailable: the database cannot take the write now (its disk is
+	// full, or it is out of resources); nothing was changed, and the same
+	// request may succeed later.
+	ErrUnavailable = errors.New("store: unavailable")
 )
 
 // PSK states.

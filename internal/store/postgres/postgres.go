@@ -37,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -152,6 +153,11 @@ func wrap(op string, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == uniqueViolation {
 		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrConflict, err)
+	}
+	// Class 53, insufficient resources: disk full (53100), out of memory,
+	// too many connections. The statement failed whole.
+	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "53") {
+		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrUnavailable, err)
 	}
 	return fmt.Errorf("postgres: %s: %w", op, err)
 }
