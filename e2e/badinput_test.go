@@ -1,14 +1,18 @@
 package e2e
 
 import (
+	"crypto/x509"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -61,5 +65,61 @@ func TestAdminInputsAreBounded(t *testing.T) {
 	}
 	if got := strings.Count(out, `"audit.list"`); got != 2 {
 		t.Errorf("%d audit.list records, want the 2 refusals", got)
+	}
+}
+
+// TestClientCertificateRefusals: a client certificate that does not verify
+// (expired, or from another authority) is answered UNAUTHENTICATED with
+// the reason, on renewal and on the admin API alike, and audited; it is
+// never a failed handshake (which clients see as UNAVAILABLE) nor taken as
+// an anonymous bootstrap.
+func TestClientCertificateRefusals(t *testing.T) {
+	e := newJoinEnv(t)
+	h, err := ca.Load(filepath.Join(e.dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherDir, _ := initDir(t)
+	other, err := ca.Load(filepath.Join(otherDir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := func(issuer *ca.Issuer, root *x509.Certificate, role spiffeid.Role, name string, notBefore time.Time) *identity.Identity {
+		key, _ := newCSR(t)
+		id, _ := spiffeid.New(e.td, role, name)
+		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: id.URL(), CommonName: name, ClientAuth: true,
+			NotBefore: notBefore, TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &identity.Identity{Chain: []*x509.Certificate{leaf, issuer.Cert}, Key: key, Roots: []*x509.Certificate{root}}
+	}
+	_, csr := newCSR(t)
+	for _, tt := range []struct {
+		name string
+		id   *identity.Identity
+		want string
+	}{
+		{"expired agent", cert(h.Issuer(ca.RoleAgent), h.Root, spiffeid.RoleAgent, "n1", time.Now().Add(-3*time.Hour)), "expired"},
+		{"foreign agent", cert(other.Issuer(ca.RoleAgent), other.Root, spiffeid.RoleAgent, "n1", time.Now()), "not issued by this authority"},
+	} {
+		_, err := e.renew(t, tt.id, csr)
+		wantCode(t, err, codes.Unauthenticated, tt.want)
+		_, err = musterv1.NewAdminServiceClient(e.dial(t, tt.id)).ListTokens(t.Context(), &musterv1.ListTokensRequest{})
+		wantCode(t, err, codes.Unauthenticated, tt.want)
+	}
+	expiredOp := cert(h.Issuer(ca.RoleAdmin), h.Root, spiffeid.RoleAdmin, "admin", time.Now().Add(-3*time.Hour))
+	_, err = dialAdmin(t, e.dir, e.auth.addr, expiredOp).GetStatus(t.Context(), &musterv1.GetStatusRequest{})
+	wantCode(t, err, codes.Unauthenticated, "expired")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := mustRun(t, "audit", "list", "--data", e.dir, "--action", "api.access", "-o", "json")
+		if strings.Contains(out, "expired") && strings.Contains(out, "not issued by this authority") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refusals were not audited:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

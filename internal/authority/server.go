@@ -266,9 +266,11 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 		MinVersion: tls.VersionTLS12,
 		// Ask for a client certificate but do not require one: bootstrap
 		// callers have none yet, and an agent that has one must be seen as
-		// renewing, never as joining again.
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  s.ca.RootPool(),
+		// renewing, never as joining again. A certificate given is verified
+		// by authorize (clientChain), not in the handshake, so an expired
+		// or foreign one is answered UNAUTHENTICATED with its reason, and
+		// audited, rather than as a failed connection (UNAVAILABLE).
+		ClientAuth: tls.RequestClientCert,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.certificate(role, hosts)
 		},
