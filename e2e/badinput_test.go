@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -119,6 +120,56 @@ func TestClientCertificateRefusals(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the refusals were not audited:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// rawCodec sends a []byte as the request body as it is, so a test can send
+// what no protobuf encoder would.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+func (rawCodec) Unmarshal([]byte, any) error   { return nil }
+func (rawCodec) Name() string                  { return "proto" }
+
+// TestUnreadableRequestsAreRefusedAndAudited: a body that is not a
+// protobuf message of the method's type is INVALID_ARGUMENT (not
+// INTERNAL), one larger than the limit RESOURCE_EXHAUSTED, an unknown
+// method UNIMPLEMENTED; each is audited as a refusal, which Refusals
+// aggregates under a flood.
+func TestUnreadableRequestsAreRefusedAndAudited(t *testing.T) {
+	e := newJoinEnv(t)
+	conn := e.dial(t, nil)
+	call := func(method string, body []byte) error {
+		var out []byte
+		return conn.Invoke(t.Context(), method, body, &out, grpc.ForceCodec(rawCodec{}))
+	}
+	const bundle = "/muster.v1.BootstrapService/GetTrustBundle"
+	wantCode(t, call(bundle, []byte{0x0a, 0xff, 0x01}), codes.InvalidArgument, "not a valid protobuf message")
+	wantCode(t, call(bundle, []byte{0xff}), codes.InvalidArgument, "not a valid protobuf message")
+	wantCode(t, call(bundle, make([]byte, 100<<10)), codes.ResourceExhausted, "larger than")
+	wantCode(t, call("/muster.v1.BootstrapService/NoSuchMethod", nil), codes.Unimplemented, "unknown method")
+	wantCode(t, call("/muster.v1.NoSuchService/X", nil), codes.PermissionDenied, "no access rule")
+	// A well-formed request still works.
+	if _, err := e.boot.GetTrustBundle(t.Context(), &musterv1.GetTrustBundleRequest{TokenId: "zzzzzz"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"not a valid protobuf message", "larger than", "unknown method", "no access rule"}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := mustRun(t, "audit", "list", "--data", e.dir, "--action", "api.access", "-o", "json")
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(out, w) {
+				missing = w
+			}
+		}
+		if missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit record says %q:\n%s", missing, out)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -136,7 +136,7 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
 	default:
-		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
+		return c, s.deny(ctx, c, fullMethod, codes.PermissionDenied, "no access rule for this service")
 	}
 }
 
@@ -233,6 +233,9 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	c, err := s.authorize(ctx, info.FullMethod, bootstrapListener)
 	if err != nil {
 		return nil, err
+	}
+	if unparsedRequest(ctx) {
+		return nil, s.deny(ctx, c, info.FullMethod, codes.InvalidArgument, "request is not a valid protobuf message for this method")
 	}
 	grpc.SetHeader(ctx, metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	return handler(context.WithValue(ctx, callerKey{}, c), req)

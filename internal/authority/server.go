@@ -290,16 +290,22 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxHeaderListSize(listener.MaxHeaderListSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// Calls to a method the listener does not serve pass the stream
+		// interceptors and are audited (unknownMethod).
+		grpc.UnknownServiceHandler(s.unknownMethod),
+		grpc.ForceServerCodecV2(newRequestCodec()),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	// The bootstrap listener serves the unauthenticated RPCs alone: there
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
-	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
-	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
+	// guarded: a request body that cannot be read is refused by unaryAuth,
+	// audited, rather than inside gRPC.
+	gs.RegisterService(s.guarded(&musterv1.BootstrapService_ServiceDesc), &bootstrapService{s: s})
+	gs.RegisterService(s.guarded(&musterv1.CertificateService_ServiceDesc), &certificateService{s: s})
 	if admin {
-		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+		gs.RegisterService(s.guarded(&musterv1.AdminService_ServiceDesc), &adminService{s: s})
 	}
 	reflection.Register(gs)
 	return gs
