@@ -174,3 +174,30 @@ func TestUnreadableRequestsAreRefusedAndAudited(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestAdminReadRefusalsAreAudited: a malformed argument to an admin read
+// is INVALID_ARGUMENT and audited (successful reads are not), a pasted
+// token secret redacted.
+func TestAdminReadRefusalsAreAudited(t *testing.T) {
+	dir, _ := initDir(t)
+	auth := startAuthority(t, dir)
+	c := operatorAdmin(t, dir, auth.addr)
+	_, err := c.GetToken(t.Context(), &musterv1.GetTokenRequest{Id: "abcdef.secretsecretsecre"})
+	wantCode(t, err, codes.InvalidArgument, "token ID")
+	_, err = c.GetAgent(t.Context(), &musterv1.GetAgentRequest{NodeId: "../x"})
+	wantCode(t, err, codes.InvalidArgument, "node")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := mustRun(t, "audit", "list", "--data", dir, "-o", "json")
+		if strings.Contains(out, "secretsecret") {
+			t.Fatalf("the audit log holds the pasted secret:\n%s", out)
+		}
+		if strings.Contains(out, `"token.get"`) && strings.Contains(out, "abcdef.REDACTED") && strings.Contains(out, `"agent.get"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("refused reads not audited:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

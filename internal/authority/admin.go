@@ -36,6 +36,14 @@ type adminService struct {
 
 // record writes an audit record for a handler's outcome; err nil is
 // success. The record is written even when the caller went away.
+// refused audits a refused read (reads that succeed are not audited)
+// through Refusals, aggregated under a flood like every refusal.
+func (a *adminService) refused(ctx context.Context, action, target string, err error) {
+	c := callerFrom(ctx)
+	a.s.refusals.Record(ctx, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultDenied,
+		Reason: status.Convert(err).Message(), Source: c.Source, CorrelationID: c.CorrelationID})
+}
+
 func (a *adminService) record(ctx context.Context, action, target string, err error) {
 	c := callerFrom(ctx)
 	e := audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
