@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,5 +24,54 @@ func TestAgentRefusesUnusablePSKs(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr %q; want %q", tt.name, r.code, r.stderr, tt.want)
 		}
 		assertNoAgentCerts(t, adir)
+	}
+}
+
+// startRefused runs the authority and expects it to exit at once with a
+// message on stderr containing each of want.
+func startRefused(t *testing.T, dir string, extra []string, want ...string) {
+	t.Helper()
+	r := muster(t, nil, append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0"}, extra...)...)
+	if r.code == 0 {
+		t.Fatalf("authority %v started, want a refusal", extra)
+	}
+	for _, w := range want {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("authority %v: stderr %q, want it to say %q", extra, r.stderr, w)
+		}
+	}
+}
+
+// TestAuthorityRefusesAnotherStore: the store is the one muster init
+// created for the data directory, or the authority does not start: an
+// empty PostgreSQL given to an authority initialised on SQLite, another
+// authority's PostgreSQL or SQLite store, and a PostgreSQL authority
+// started without --store (which used to create an empty muster.db and
+// serve from it).
+func TestAuthorityRefusesAnotherStore(t *testing.T) {
+	lite, _ := initDir(t)
+	startRefused(t, lite, []string{"--store", postgres(t)}, "holds no authority", "--store it was initialised with")
+
+	pgURL := postgres(t)
+	onPG := filepath.Join(t.TempDir(), "pg-authority")
+	out := mustRun(t, "init", "--data", onPG, "--store", pgURL, "-o", "json")
+	pgID := strings.Split(strings.Split(out, `"authority_id": "`)[1], `"`)[0]
+	startRefused(t, lite, []string{"--store", pgURL}, "belongs to authority "+pgID, "never share a store")
+
+	other, _ := initDir(t)
+	startRefused(t, lite, []string{"--store", "sqlite://" + filepath.Join(other, "muster.db")}, "belongs to authority", "never share a store")
+
+	startRefused(t, onPG, nil, "was initialised with the store postgres://", "--store")
+	if _, err := os.Stat(filepath.Join(onPG, "muster.db")); err == nil {
+		t.Error("the refused start created muster.db")
+	}
+	// The right stores still start, and their chains are intact.
+	startAuthority(t, onPG, "--store", pgURL).stop(t)
+	for _, d := range []string{lite, other} {
+		a := startAuthority(t, d)
+		if !strings.Contains(mustRun(t, "audit", "verify", "--data", d), "intact") {
+			t.Errorf("audit verify of %s after the refusals", d)
+		}
+		a.stop(t)
 	}
 }

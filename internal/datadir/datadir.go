@@ -56,6 +56,10 @@ type Info struct {
 	TrustDomain   string    `json:"trust_domain"`
 	CAFingerprint string    `json:"ca_fingerprint"`
 	CreatedAt     time.Time `json:"created_at"`
+	// Store is the external store muster init wrote to, its password
+	// removed; "" for the embedded muster.db (and in data directories
+	// made before it was recorded).
+	Store string `json:"store,omitempty"`
 }
 
 // ReadInfo reads authority.json, telling a missing directory, a directory

@@ -45,6 +45,8 @@ type InitOptions struct {
 	// embedded SQLite file in the data directory (PostgreSQL for
 	// replicas). The store must be empty.
 	OpenStore func(ctx context.Context) (store.Store, error)
+	// StoreURL names that store, without its password, for authority.json.
+	StoreURL string
 }
 
 // InitResult is what Init created and what the operator must be told once.
@@ -160,6 +162,7 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		TrustDomain:   o.TrustDomain,
 		CAFingerprint: fp,
 		CreatedAt:     o.Now.UTC().Truncate(time.Second),
+		Store:         o.StoreURL,
 	}
 	if info.TrustDomain == "" {
 		info.TrustDomain = info.AuthorityID
