@@ -277,6 +277,9 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
+	if err := logger.CheckHead(ctx); err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	srv, err := authority.New(authority.Config{
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,

@@ -12,6 +12,7 @@
 //	DIR/muster.db              the embedded SQLite store
 //	DIR/authority.addr         the address the running authority advertises
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
+//	DIR/audit-head             the newest audit record appended (seq and hash)
 package datadir
 
 import (

@@ -334,7 +334,19 @@ func NewAuditLogger(st audit.Store, sk seal.StorageKey, checkpointFile string, o
 		ChainKey:       sk.Derive(seal.InfoAuditChain, 32),
 		CheckpointKey:  ed25519.NewKeyFromSeed(sk.Derive(seal.InfoAuditCheckpoint, ed25519.SeedSize)),
 		CheckpointFile: checkpointFile,
-		Now:            time.Now,
-		OnAppend:       onAppend,
+		// The head file lives beside the checkpoint file, in the same
+		// directory the server owns.
+		HeadFile: headFileBeside(checkpointFile),
+		Now:      time.Now,
+		OnAppend: onAppend,
 	})
+}
+
+// headFileBeside is the audit head file of the data directory whose
+// checkpoint file is checkpointFile ("" for none).
+func headFileBeside(checkpointFile string) string {
+	if checkpointFile == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(checkpointFile), "audit-head")
 }
