@@ -75,3 +75,25 @@ func TestAuthorityRefusesAnotherStore(t *testing.T) {
 		a.stop(t)
 	}
 }
+
+// TestInitCreatesMissingParents: init --data a/b/c where a/b does not exist
+// creates the parents 0700 (private, as the data directory itself) and
+// the authority starts from it; a refused init leaves no parent behind.
+func TestInitCreatesMissingParents(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "a", "b", "c")
+	mustRun(t, "init", "--data", dir)
+	for _, p := range []string{filepath.Join(base, "a"), filepath.Join(base, "a", "b"), dir} {
+		fi, err := os.Stat(p)
+		if err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("%s: %v, mode %v; want a 0700 directory", p, err, fi.Mode().Perm())
+		}
+	}
+	startAuthority(t, dir).stop(t)
+
+	refused := filepath.Join(base, "x", "y", "z")
+	mustFail(t, "init", "--data", refused, "--store", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if _, err := os.Stat(filepath.Join(base, "x")); err == nil {
+		t.Error("a refused init left the parents it created")
+	}
+}

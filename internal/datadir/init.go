@@ -97,11 +97,22 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	if err := checkTarget(Dir(target)); err != nil {
 		return InitResult{}, err
 	}
-	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	// Missing parents are created 0700, as mkdir -p would (but private);
+	// a failed init removes them again.
+	created, err := mkdirParents(filepath.Dir(target))
 	if err != nil {
 		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
 	}
 	ok := false
+	defer func() {
+		if !ok && created != "" {
+			os.RemoveAll(created)
+		}
+	}()
+	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	if err != nil {
+		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
+	}
 	defer func() {
 		if !ok {
 			os.RemoveAll(staging)
@@ -349,4 +360,29 @@ func headFileBeside(checkpointFile string) string {
 		return ""
 	}
 	return filepath.Join(filepath.Dir(checkpointFile), "audit-head")
+}
+
+// mkdirParents creates dir and its missing parents 0700 and returns the
+// topmost directory it created ("" if dir existed), for removal if what
+// follows fails.
+func mkdirParents(dir string) (string, error) {
+	top := ""
+	for p := dir; ; p = filepath.Dir(p) {
+		if _, err := os.Stat(p); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		top = p
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if top == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return top, nil
 }
