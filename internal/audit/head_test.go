@@ -85,3 +85,33 @@ func FuzzParseHead(f *testing.F) {
 		}
 	})
 }
+
+// FuzzReadCheckpointFile: audit-checkpoint.json, damaged or edited. What
+// it reads writes back to the same checkpoint.
+func FuzzReadCheckpointFile(f *testing.F) {
+	f.Add([]byte(`{"seq": 3, "hash": "00ff", "time": "2026-01-02T03:04:05.123456Z", "key_id": "k", "signature": "AAEC"}`))
+	f.Add([]byte(`{"seq": -1}`))
+	f.Add([]byte(`{"seq": 1, "hash": "zz"}`))
+	f.Add([]byte(`{"seq": 1, "hash": "00", "time": "not a time", "signature": "!!"}`))
+	path := filepath.Join(f.TempDir(), "cp.json")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := ReadCheckpointFile(path)
+		if err != nil {
+			return
+		}
+		if c.Seq <= 0 || len(c.Hash) == 0 || len(c.Signature) == 0 {
+			t.Fatalf("accepted an incomplete checkpoint %+v", c)
+		}
+		if err := writeCheckpointFile(path, c); err != nil {
+			t.Fatal(err)
+		}
+		back, err := ReadCheckpointFile(path)
+		if err != nil || back.Seq != c.Seq || !back.Time.Equal(c.Time) || string(back.Hash) != string(c.Hash) ||
+			string(back.Signature) != string(c.Signature) || back.KeyID != c.KeyID {
+			t.Fatalf("checkpoint changed in a round trip: %+v, then %+v (%v)", c, back, err)
+		}
+	})
+}
