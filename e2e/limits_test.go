@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -101,5 +102,24 @@ func TestHeaderListIsCapped(t *testing.T) {
 		if headersAccepted(t, tt.addr, tt.path, 1<<20) {
 			t.Errorf("%s: a request with 1 MiB of metadata was taken", tt.name)
 		}
+	}
+}
+
+// TestSilentConnectionIsClosed: a client that connects and never starts
+// its TLS handshake is disconnected after the handshake timeout (10 s),
+// not held for gRPC's default two minutes.
+func TestSilentConnectionIsClosed(t *testing.T) {
+	dir, _ := initDir(t)
+	auth := startAuthority(t, dir)
+	c, err := net.Dial("tcp", auth.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	start := time.Now()
+	c.SetReadDeadline(start.Add(30 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	if took := time.Since(start); err == nil || took > 20*time.Second {
+		t.Fatalf("silent connection: read %v after %v, want it closed within about 10s", err, took)
 	}
 }

@@ -290,6 +290,12 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.MaxRecvMsgSize(maxRequestSize),
 		grpc.MaxHeaderListSize(listener.MaxHeaderListSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// A connection must finish its TLS handshake within
+		// handshakeTimeout, is closed after idleTimeout without a call,
+		// and carries at most maxStreams calls at once (limits.go).
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
+		grpc.MaxConcurrentStreams(maxStreams),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(s.unknownMethod),
