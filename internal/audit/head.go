@@ -66,17 +66,6 @@ func (h *headFile) note(seq int64, hash []byte) error {
 	return nil
 }
 
-func (h *headFile) close() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.f == nil {
-		return nil
-	}
-	err := h.f.Close()
-	h.f = nil
-	return err
-}
-
 // ReadHeadFile reads a head file: the seq and hash of the newest record
 // noted. A missing file is an error wrapping fs.ErrNotExist.
 func ReadHeadFile(path string) (store.AuditHead, error) {
