@@ -53,10 +53,16 @@ func TestAdminCommands(t *testing.T) {
 	}
 	// Re-adding into the same file is refused: identities are never overwritten.
 	mustFail(t, "admin", "add", "alice", "--data", dir, "--out", alice)
+	// So is a second identity with the same name: its SAN would be alice's.
+	line := mustFail(t, "admin", "add", "alice", "--data", dir, "--out", filepath.Join(t.TempDir(), "alice2.pem"))
+	if !strings.Contains(line, "ALREADY_EXISTS") || !strings.Contains(line, "alice already holds a valid certificate") {
+		t.Errorf("adding alice twice: %q, want ALREADY_EXISTS", line)
+	}
+	mustRun(t, "admin", "add", "alice", "--reissue", "--data", dir, "--out", filepath.Join(t.TempDir(), "alice3.pem"))
 
 	// Lock alice: her next call is refused, and the refusal is audited.
 	mustRun(t, "lock", "create", "--admin", "alice", "--reason", "laptop stolen", "--data", dir)
-	line := mustFail(t, "status", "--identity", alice, "--authority", a.addr)
+	line = mustFail(t, "status", "--identity", alice, "--authority", a.addr)
 	if !strings.Contains(line, "PERMISSION_DENIED") || !strings.Contains(line, "locked") {
 		t.Errorf("locked operator got %q, want PERMISSION_DENIED ... locked", line)
 	}
@@ -406,5 +412,30 @@ func TestDev(t *testing.T) {
 		"--authority-id", field("--authority-id "), "--ca-fingerprint", field("--ca-fingerprint "))
 	if r.code != 0 {
 		t.Fatalf("the PSK join dev prints: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+// TestAuditCatchesACutTail: the newest records, appended after the last
+// checkpoint, removed from the store (after a kill -9, by whoever can write
+// it) are reported by audit verify, and the authority refuses to start on
+// the shorter chain rather than reuse their sequence numbers.
+func TestAuditCatchesACutTail(t *testing.T) {
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	for i := 0; i < 3; i++ {
+		mustRun(t, "lock", "create", "--node", "n"+string(rune('a'+i)), "--data", dir)
+	}
+	tamper(t, dir, func(db *sql.DB) {
+		mustExec(t, db, `DELETE FROM audit_records WHERE seq > (SELECT max(seq) - 2 FROM audit_records)`)
+	})
+	line := mustFail(t, "audit", "verify", "--data", dir, "--authority", a.addr)
+	if !strings.Contains(line, "removed from the tail") {
+		t.Errorf("verify said %q, want the cut tail named", line)
+	}
+	a.cmd.Process.Kill()
+	<-a.done
+	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0")
+	if r.code == 0 || !strings.Contains(r.stderr, "removed from the tail") || !strings.Contains(r.stderr, "head file") {
+		t.Fatalf("restart on the cut chain: exit %d, %s", r.code, r.stderr)
 	}
 }

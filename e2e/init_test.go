@@ -98,6 +98,9 @@ func TestInitKeepsThePSKEncrypted(t *testing.T) {
 	secret := strings.TrimPrefix(out["bootstrap_psk"].(string), "muster-psk:")
 	raw, _ := hex.DecodeString(secret)
 	filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			t.Fatal(err)
+		}
 		if d.IsDir() {
 			return nil
 		}

@@ -10,5 +10,6 @@ func (d Dir) lock(context.Context) (func(), error) {
 	if err := d.ensure(); err != nil {
 		return nil, err
 	}
+	d.clean()
 	return func() {}, nil
 }

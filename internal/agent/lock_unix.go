@@ -13,7 +13,8 @@ import (
 
 // lock takes an exclusive flock on the data directory itself, so a join or
 // renewal by `muster agent renew` and one by a running `muster agent run`
-// never interleave their writes. It waits for the holder, or ctx.
+// never interleave their writes. It waits for the holder, or ctx. Holding
+// the lock, it cleans what an interrupted writer left (clean).
 func (d Dir) lock(ctx context.Context) (unlock func(), err error) {
 	if err := d.ensure(); err != nil {
 		return nil, err
@@ -25,6 +26,7 @@ func (d Dir) lock(ctx context.Context) (unlock func(), err error) {
 	for {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
+			d.clean()
 			return func() {
 				syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 				f.Close()

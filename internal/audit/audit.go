@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -77,6 +78,13 @@ type Config struct {
 	CheckpointInterval time.Duration
 	// OnAppend, if set, is called after each record is appended.
 	OnAppend func(Event)
+	// HeadFile, if set, is rewritten after each append with the newest
+	// record's seq and hash (head.go), so records removed from the tail
+	// before the next checkpoint are still caught.
+	HeadFile string
+	// Log receives what cannot be returned (a head file write that
+	// failed after its record was stored); slog.Default() if nil.
+	Log *slog.Logger
 }
 
 // Logger appends to the audit chain, checkpoints it and verifies it. It is
@@ -92,6 +100,8 @@ type Logger struct {
 	now      func() time.Time
 	interval time.Duration
 	onAppend func(Event)
+	head     *headFile // nil without a HeadFile
+	log      *slog.Logger
 
 	// cpMu serializes Checkpoint, so that the file is written by one call at
 	// a time and last only moves forward.
@@ -129,6 +139,13 @@ func New(cfg Config) (*Logger, error) {
 		now:      cfg.Now,
 		interval: cfg.CheckpointInterval,
 		onAppend: cfg.OnAppend,
+		log:      cfg.Log,
+	}
+	if cfg.HeadFile != "" {
+		l.head = &headFile{path: cfg.HeadFile}
+	}
+	if l.log == nil {
+		l.log = slog.Default()
 	}
 	l.pub = l.signKey.Public().(ed25519.PublicKey)
 	l.keyID = KeyID(l.pub)
@@ -151,7 +168,10 @@ func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error)
 	if err != nil {
 		return store.AuditRecord{}, fmt.Errorf("audit: record %s: %w", e.Action, err)
 	}
-	l.Appended(e)
+	l.noteAppended(rec.Seq, rec.Hash)
+	if l.onAppend != nil {
+		l.onAppend(e)
+	}
 	return rec, nil
 }
 
@@ -191,8 +211,19 @@ func (l *Logger) Builder(e Event) (func(head store.AuditHead) (store.AuditRecord
 	}, nil
 }
 
-// Appended reports a record written through a Builder.
+// Appended reports a record written through a Builder. With a head file
+// it reads the chain's head, which is at least that record, to note it.
 func (l *Logger) Appended(e Event) {
+	if l.head != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		head, err := l.st.AuditHead(ctx)
+		cancel()
+		if err != nil {
+			l.log.Error("audit head file not updated", "err", err)
+		} else {
+			l.noteAppended(head.Seq, head.Hash)
+		}
+	}
 	if l.onAppend != nil {
 		l.onAppend(e)
 	}

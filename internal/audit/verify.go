@@ -168,6 +168,16 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 		return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d (records removed from the tail)",
 			prev.Seq, a.name(), a.Seq)
 	}
+	// The head file covers the newest records, appended since the last
+	// checkpoint. It is read last: records appended during the walk are
+	// looked up in the store, not missed.
+	problem, firstBad, err := l.checkHead(ctx)
+	if err != nil {
+		return Report{}, fmt.Errorf("audit: verify: %w", err)
+	}
+	if problem != "" {
+		return fail(firstBad, "%s", problem)
+	}
 	rep.OK = true
 	return rep, nil
 }

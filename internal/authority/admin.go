@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -35,6 +36,14 @@ type adminService struct {
 
 // record writes an audit record for a handler's outcome; err nil is
 // success. The record is written even when the caller went away.
+// refused audits a refused read (reads that succeed are not audited)
+// through Refusals, aggregated under a flood like every refusal.
+func (a *adminService) refused(ctx context.Context, action, target string, err error) {
+	c := callerFrom(ctx)
+	a.s.refusals.Record(ctx, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultDenied,
+		Reason: status.Convert(err).Message(), Source: c.Source, CorrelationID: c.CorrelationID})
+}
+
 func (a *adminService) record(ctx context.Context, action, target string, err error) {
 	c := callerFrom(ctx)
 	e := audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
@@ -108,8 +117,12 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 	if err := a.s.store.InsertOperator(ctx, store.Operator{
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
-		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
-	}); err != nil {
+		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: req.GetReissue(),
+	}); errors.Is(err, store.ErrConflict) {
+		// Two valid certificates with one SAN could not be told apart in
+		// the audit log, and locking one would lock both.
+		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; renew it with --reissue, or choose another name", id.Name)
+	} else if err != nil {
 		return nil, err
 	}
 	return &musterv1.AddOperatorResponse{
@@ -173,12 +186,26 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 	if len(req.GetReason()) > maxLockReason {
 		return nil, badRequest(fmt.Sprintf("lock reason must be at most %d characters", maxLockReason))
 	}
+	// Each target has the form of what it names, so a lock never holds
+	// something no join or renewal can match (a path, another case, a
+	// typo that locks nothing).
 	switch req.GetKind() {
 	case store.LockToken:
 		// A whole ID.SECRET pasted here would keep the secret in the lock
 		// list; the ID alone names the token.
 		if strings.Contains(req.GetTarget(), ".") {
 			return nil, badRequest("lock a token by its ID, the part before the dot")
+		}
+		if !jointoken.ValidID(req.GetTarget()) {
+			return nil, badRequest("lock a token by its ID: 6 of a-z 0-9, as tokens list prints it")
+		}
+	case store.LockNode, store.LockAdmin:
+		if err := spiffeid.ValidNodeID(req.GetTarget()); err != nil {
+			return nil, badRequest("lock " + req.GetKind() + " target: " + err.Error())
+		}
+	case store.LockInstance:
+		if u, err := uuid.Parse(req.GetTarget()); err != nil || u.String() != req.GetTarget() {
+			return nil, badRequest("lock an instance by its ID, a lower-case UUID as nodes show prints it")
 		}
 	case store.LockPublicKey:
 		if b, err := hex.DecodeString(req.GetTarget()); err != nil || len(b) != 32 || strings.ToLower(req.GetTarget()) != req.GetTarget() {
@@ -257,8 +284,13 @@ func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockR
 const maxAuditPage = 1000
 
 func (a *adminService) ListAudit(ctx context.Context, req *musterv1.ListAuditRequest) (*musterv1.ListAuditResponse, error) {
+	if req.GetLimit() < 0 || req.GetLimit() > maxAuditPage {
+		err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("limit must be 0 (a full page) to %d; page on with after_seq", maxAuditPage)))
+		a.record(ctx, "audit.list", "", err)
+		return nil, err
+	}
 	limit := int(req.GetLimit())
-	if limit <= 0 || limit > maxAuditPage {
+	if limit == 0 {
 		limit = maxAuditPage
 	}
 	f := store.AuditFilter{Action: req.GetAction(), AfterSeq: req.GetAfterSeq(), Limit: limit + 1}

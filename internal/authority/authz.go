@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -115,7 +116,10 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	if src := callinfo.Source(ctx); src.IsValid() {
 		c.Source = src.String()
 	}
-	chain := verifiedChain(ctx)
+	chain, err := s.clientChain(ctx)
+	if err != nil {
+		return c, s.deny(ctx, c, fullMethod, codes.Unauthenticated, err.Error())
+	}
 	if chain != nil {
 		c.Cert = chain[0]
 		if id, err := spiffeid.FromCertificate(chain[0]); err == nil && id.TrustDomain == s.info.TrustDomain {
@@ -142,7 +146,7 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	case accessAgent:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAgent, ca.RoleAgent, "", fullMethod)
 	default:
-		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
+		return c, s.deny(ctx, c, fullMethod, codes.PermissionDenied, "no access rule for this service")
 	}
 }
 
@@ -190,16 +194,40 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 	return status.Error(code, reason)
 }
 
-func verifiedChain(ctx context.Context) []*x509.Certificate {
+// clientChain verifies the client certificate the caller gave, if any,
+// as a TLS server would (to this authority's root, for client use, now),
+// and returns its verified chain: nil without a certificate, an error whose
+// text says what is wrong with one that does not verify.
+func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.VerifiedChains) == 0 {
-		return nil
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil, nil
 	}
-	return ti.State.VerifiedChains[0]
+	certs := ti.State.PeerCertificates
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	chains, err := certs[0].Verify(x509.VerifyOptions{
+		Roots: s.ca.RootPool(), Intermediates: inter, CurrentTime: time.Now(),
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
+	var invalid x509.CertificateInvalidError
+	var unknown x509.UnknownAuthorityError
+	switch {
+	case err == nil:
+		return chains[0], nil
+	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
+		return nil, errors.New("client certificate expired or not yet valid; an agent whose certificate expired must join again")
+	case errors.As(err, &unknown):
+		return nil, errors.New("client certificate not issued by this authority")
+	default:
+		return nil, errors.New("client certificate not valid for client authentication by this authority")
+	}
 }
 
 // interceptors are the authorization interceptors of one listener.
@@ -215,6 +243,9 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	c, err := s.authorize(ctx, info.FullMethod, bootstrapListener)
 	if err != nil {
 		return nil, err
+	}
+	if unparsedRequest(ctx) {
+		return nil, s.deny(ctx, c, info.FullMethod, codes.InvalidArgument, badMessage)
 	}
 	grpc.SetHeader(ctx, metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	return handler(context.WithValue(ctx, callerKey{}, c), req)

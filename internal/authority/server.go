@@ -297,9 +297,11 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 		MinVersion: tls.VersionTLS12,
 		// Ask for a client certificate but do not require one: bootstrap
 		// callers have none yet, and an agent that has one must be seen as
-		// renewing, never as joining again.
-		ClientAuth: tls.VerifyClientCertIfGiven,
-		ClientCAs:  s.ca.RootPool(),
+		// renewing, never as joining again. A certificate given is verified
+		// by authorize (clientChain), not in the handshake, so an expired
+		// or foreign one is answered UNAUTHENTICATED with its reason, and
+		// audited, rather than as a failed connection (UNAVAILABLE).
+		ClientAuth: tls.RequestClientCert,
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 			return s.certificate(role, hosts)
 		},
@@ -317,19 +319,32 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		// larger message is refused with RESOURCE_EXHAUSTED before it is
 		// parsed.
 		grpc.MaxRecvMsgSize(maxRequestSize),
+		grpc.MaxHeaderListSize(listener.MaxHeaderListSize),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		// A connection must finish its TLS handshake within
+		// handshakeTimeout, is closed after idleTimeout without a call,
+		// and carries at most maxStreams calls at once (limits.go).
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
+		grpc.MaxConcurrentStreams(maxStreams),
+		// Calls to a method the listener does not serve pass the stream
+		// interceptors and are audited (unknownMethod).
+		grpc.UnknownServiceHandler(s.unknownMethod),
+		grpc.ForceServerCodecV2(newRequestCodec()),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, hs)
 	// The bootstrap listener serves the unauthenticated RPCs alone: there
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
-	musterv1.RegisterBootstrapServiceServer(gs, &bootstrapService{s: s})
-	musterv1.RegisterCertificateServiceServer(gs, &certificateService{s: s})
-	musterv1.RegisterJoinServiceServer(gs, &joinService{s: s})
+	// guarded: a request body that cannot be read is refused by unaryAuth
+	// (or the stream's RecvMsg), audited, rather than inside gRPC.
+	gs.RegisterService(s.guarded(&musterv1.BootstrapService_ServiceDesc), &bootstrapService{s: s})
+	gs.RegisterService(s.guarded(&musterv1.CertificateService_ServiceDesc), &certificateService{s: s})
+	gs.RegisterService(s.guarded(&musterv1.JoinService_ServiceDesc), &joinService{s: s})
 	if admin {
-		musterv1.RegisterAgentServiceServer(gs, &agentService{s: s})
-		musterv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+		gs.RegisterService(s.guarded(&musterv1.AgentService_ServiceDesc), &agentService{s: s})
+		gs.RegisterService(s.guarded(&musterv1.AdminService_ServiceDesc), &adminService{s: s})
 	}
 	reflection.Register(gs)
 	return gs

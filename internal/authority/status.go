@@ -62,6 +62,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return status.Error(codes.NotFound, "not found")
 	case errors.Is(err, store.ErrConflict):
 		return status.Error(codes.AlreadyExists, "already exists")
+	case errors.Is(err, store.ErrUnavailable):
+		// A full disk passes; the agent retries UNAVAILABLE, not INTERNAL.
+		log.Error("store unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
+		return status.Error(codes.Unavailable, "the authority cannot write to its store now; retry later")
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, "canceled")
 	case errors.Is(err, context.DeadlineExceeded):

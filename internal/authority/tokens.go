@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/ca"
@@ -121,7 +123,9 @@ func (a *adminService) ListTokens(ctx context.Context, _ *musterv1.ListTokensReq
 
 func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenRequest) (*musterv1.GetTokenResponse, error) {
 	if !validTokenName(req.GetId()) {
-		return nil, toStatus(ctx, a.s.log, badRequest(badTokenName))
+		err := toStatus(ctx, a.s.log, badRequest(badTokenName))
+		a.refused(ctx, "token.get", secretFree(req.GetId()), err)
+		return nil, err
 	}
 	t, err := a.s.store.GetToken(ctx, req.GetId())
 	if err != nil {
@@ -201,7 +205,11 @@ func (a *adminService) ListAgents(ctx context.Context, _ *musterv1.ListAgentsReq
 // deletion), and every certificate issued under it.
 func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentRequest) (*musterv1.GetAgentResponse, error) {
 	resp, err := a.getAgent(ctx, req.GetNodeId())
-	return resp, toStatus(ctx, a.s.log, err)
+	err = toStatus(ctx, a.s.log, err)
+	if status.Code(err) == codes.InvalidArgument {
+		a.refused(ctx, "agent.get", req.GetNodeId(), err)
+	}
+	return resp, err
 }
 
 func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.GetAgentResponse, error) {

@@ -31,6 +31,8 @@ func newAdminAddCmd(env *Env) *cobra.Command {
 		ttl  time.Duration
 		path string
 		out  output
+		// reissue renews a name that holds a valid identity.
+		reissue bool
 	)
 	cmd := &cobra.Command{
 		Use:   "add NAME",
@@ -56,7 +58,7 @@ intermediate. The key is made here and never leaves this machine; the file
 				return err
 			}
 			resp, err := callAdmin(cmd, env, &af, "admin add", func(ctx context.Context, c *adminClient) (*musterv1.AddOperatorResponse, error) {
-				return c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: name, Csr: csr, Ttl: durationpb.New(ttl)})
+				return c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: name, Csr: csr, Ttl: durationpb.New(ttl), Reissue: reissue})
 			})
 			if err != nil {
 				return err
@@ -87,6 +89,7 @@ intermediate. The key is made here and never leaves this machine; the file
 	af.register(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", 720*time.Hour, "lifetime of the identity")
 	cmd.Flags().StringVar(&path, "out", "", "file to write the identity to (default NAME.pem); never overwritten")
+	cmd.Flags().BoolVar(&reissue, "reissue", false, "issue a new identity to a NAME whose identity is still valid (renewal)")
 	out.register(cmd)
 	return cmd
 }

@@ -270,17 +270,23 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
-	if o.storeURL == "" {
-		o.storeURL = dir.DefaultStoreURL()
+	if o.storeURL, err = dir.StoreURL(info, o.storeURL); err != nil {
+		return fmt.Errorf("authority: %w", err)
 	}
 	st, err := openStore(ctx, o.storeURL)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
 	defer st.Close()
+	if err := datadir.CheckStore(ctx, st, dir, info, redactURL(o.storeURL)); err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	m := authority.NewMetrics(Version)
 	logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
 	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
+	if err := logger.CheckHead(ctx); err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
 	srv, err := authority.New(authority.Config{

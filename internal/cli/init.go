@@ -41,6 +41,7 @@ leaves DIR untouched when anything fails.`,
 			}
 			if storeURL != "" {
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
+				o.StoreURL = redactURL(storeURL)
 			}
 			res, err := datadir.Init(cmd.Context(), o)
 			if err != nil {

@@ -12,6 +12,7 @@
 //	DIR/muster.db              the embedded SQLite store
 //	DIR/authority.addr         the address the running authority advertises
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
+//	DIR/audit-head             the newest audit record appended (seq and hash)
 package datadir
 
 import (
@@ -56,6 +57,10 @@ type Info struct {
 	TrustDomain   string    `json:"trust_domain"`
 	CAFingerprint string    `json:"ca_fingerprint"`
 	CreatedAt     time.Time `json:"created_at"`
+	// Store is the external store muster init wrote to, its password
+	// removed; "" for the embedded muster.db (and in data directories
+	// made before it was recorded).
+	Store string `json:"store,omitempty"`
 }
 
 // ReadInfo reads authority.json, telling a missing directory, a directory

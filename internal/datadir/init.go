@@ -46,6 +46,8 @@ type InitOptions struct {
 	// embedded SQLite file in the data directory (PostgreSQL for
 	// replicas). The store must be empty.
 	OpenStore func(ctx context.Context) (store.Store, error)
+	// StoreURL names that store, without its password, for authority.json.
+	StoreURL string
 }
 
 // InitResult is what Init created and what the operator must be told once.
@@ -96,11 +98,22 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	if err := checkTarget(Dir(target)); err != nil {
 		return InitResult{}, err
 	}
-	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	// Missing parents are created 0700, as mkdir -p would (but private);
+	// a failed init removes them again.
+	created, err := mkdirParents(filepath.Dir(target))
 	if err != nil {
 		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
 	}
 	ok := false
+	defer func() {
+		if !ok && created != "" {
+			os.RemoveAll(created)
+		}
+	}()
+	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	if err != nil {
+		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
+	}
 	defer func() {
 		if !ok {
 			os.RemoveAll(staging)
@@ -161,6 +174,7 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		TrustDomain:   o.TrustDomain,
 		CAFingerprint: fp,
 		CreatedAt:     o.Now.UTC().Truncate(time.Second),
+		Store:         o.StoreURL,
 	}
 	if info.TrustDomain == "" {
 		info.TrustDomain = info.AuthorityID
@@ -342,7 +356,44 @@ func NewAuditLogger(st audit.Store, sk seal.StorageKey, checkpointFile string, o
 		ChainKey:       sk.Derive(seal.InfoAuditChain, 32),
 		CheckpointKey:  ed25519.NewKeyFromSeed(sk.Derive(seal.InfoAuditCheckpoint, ed25519.SeedSize)),
 		CheckpointFile: checkpointFile,
-		Now:            time.Now,
-		OnAppend:       onAppend,
+		// The head file lives beside the checkpoint file, in the same
+		// directory the server owns.
+		HeadFile: headFileBeside(checkpointFile),
+		Now:      time.Now,
+		OnAppend: onAppend,
 	})
+}
+
+// headFileBeside is the audit head file of the data directory whose
+// checkpoint file is checkpointFile ("" for none).
+func headFileBeside(checkpointFile string) string {
+	if checkpointFile == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(checkpointFile), "audit-head")
+}
+
+// mkdirParents creates dir and its missing parents 0700 and returns the
+// topmost directory it created ("" if dir existed), for removal if what
+// follows fails.
+func mkdirParents(dir string) (string, error) {
+	top := ""
+	for p := dir; ; p = filepath.Dir(p) {
+		if _, err := os.Stat(p); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		top = p
+		if filepath.Dir(p) == p {
+			break
+		}
+	}
+	if top == "" {
+		return "", nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	return top, nil
 }

@@ -104,7 +104,7 @@ func Parse(s string) (URI, error) {
 		if hasSecret {
 			return URI{}, invalid("a PSK has no ':'")
 		}
-		if out.PSK, err = psk.Parse(name); err != nil {
+		if out.PSK, err = psk.ParseHex(name); err != nil {
 			return URI{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
 	case MethodBoundKeypair:

@@ -18,14 +18,15 @@ import (
 
 // Listen binds addr over TCP. Connections from a trusted proxy carry the
 // client address of their PROXY header as their remote address; trusted
-// may be empty. If the bind fails, the error is the system's reason alone
+// may be empty. A source past MaxConnsPerSource open connections has its
+// next one closed at once (a trusted proxy is not counted). If the bind fails, the error is the system's reason alone
 // ("address already in use"), so the caller's message names addr once.
 func Listen(addr string, trusted []netip.Prefix) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, oserr.Reason(err)
 	}
-	return withTrustedProxies(lis, trusted), nil
+	return withTrustedProxies(withSourceLimit(lis, MaxConnsPerSource, trusted), trusted), nil
 }
 
 // Addr is the address l is bound to; "" for a nil listener (one that was
@@ -36,3 +37,10 @@ func Addr(l net.Listener) string {
 	}
 	return l.Addr().String()
 }
+
+// MaxHeaderListSize caps the header list (gRPC metadata included) a client
+// may send on one request, on every muster server. Request bodies are
+// already capped before they are parsed; without this cap headers are not,
+// and a few unauthenticated calls carrying megabytes of metadata each grow
+// the process by gigabytes. muster's own clients send well under 1 KiB.
+const MaxHeaderListSize = 16 << 10

@@ -29,10 +29,23 @@ func Generate() (PSK, error) {
 	return p, nil
 }
 
-// Parse reads a PSK in its text form. The prefix may be omitted, as in the
-// userinfo of a joining URI.
+// ErrAllZero is returned for a well-formed PSK whose 32 bytes are all
+// zero: never a generated one, and a placeholder anyone could guess.
+var ErrAllZero = errors.New("bootstrap PSK is invalid: it is all zeros; use the PSK that `muster psk show` prints")
+
+// Parse reads a PSK in its text form, prefix included: a bare hex string
+// may be some other secret pasted in the wrong place.
 func Parse(s string) (PSK, error) {
-	s = strings.TrimPrefix(s, Prefix)
+	rest, ok := strings.CutPrefix(s, Prefix)
+	if !ok {
+		return PSK{}, ErrMalformed
+	}
+	return ParseHex(rest)
+}
+
+// ParseHex reads a PSK without its prefix, as carried in the userinfo of a
+// joining URI, whose scheme already says what it is.
+func ParseHex(s string) (PSK, error) {
 	if len(s) != 64 {
 		return PSK{}, ErrMalformed
 	}
@@ -44,6 +57,9 @@ func Parse(s string) (PSK, error) {
 	var p PSK
 	if _, err := hex.Decode(p.b[:], []byte(s)); err != nil {
 		return PSK{}, ErrMalformed
+	}
+	if p.IsZero() {
+		return PSK{}, ErrAllZero
 	}
 	return p, nil
 }

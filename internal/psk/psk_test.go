@@ -15,11 +15,11 @@ func TestGenerateParse(t *testing.T) {
 	if !strings.HasPrefix(s, Prefix) || len(s) != len(Prefix)+64 {
 		t.Fatalf("Reveal = %q", s)
 	}
-	for _, in := range []string{s, strings.TrimPrefix(s, Prefix)} {
-		q, err := Parse(in)
-		if err != nil || !q.Equal(p) {
-			t.Fatalf("Parse(%q) = %v, %v", in, q, err)
-		}
+	if q, err := Parse(s); err != nil || !q.Equal(p) {
+		t.Fatalf("Parse(%q) = %v, %v", s, q, err)
+	}
+	if q, err := ParseHex(strings.TrimPrefix(s, Prefix)); err != nil || !q.Equal(p) {
+		t.Fatalf("ParseHex = %v, %v", q, err)
 	}
 	other, _ := Generate()
 	if other.Equal(p) {
@@ -35,10 +35,21 @@ func TestParseRefusals(t *testing.T) {
 	for _, in := range []string{
 		"", Prefix, good[:63], good + "0", strings.ToUpper(good), Prefix + "g" + good[1:],
 		"muster-psk " + good, " " + good, Prefix + Prefix + good,
+		good, // the prefix is required: bare hex may be another secret
 	} {
 		if _, err := Parse(in); err != ErrMalformed {
 			t.Errorf("Parse(%q) = %v, want ErrMalformed", in, err)
 		}
+	}
+	if _, err := ParseHex(Prefix + good); err != ErrMalformed {
+		t.Errorf("ParseHex took the prefix: %v", err)
+	}
+	zero := strings.Repeat("0", 64)
+	if _, err := Parse(Prefix + zero); err != ErrAllZero {
+		t.Errorf("Parse(all zeros) = %v, want ErrAllZero", err)
+	}
+	if _, err := ParseHex(zero); err != ErrAllZero {
+		t.Errorf("ParseHex(all zeros) = %v, want ErrAllZero", err)
 	}
 	if _, err := FromBytes(make([]byte, 31)); err == nil {
 		t.Error("FromBytes accepted 31 bytes")
@@ -65,7 +76,7 @@ func FuzzParse(f *testing.F) {
 		if q, err := Parse(p.Reveal()); err != nil || !q.Equal(p) {
 			t.Fatalf("round trip of %q failed", s)
 		}
-		if strings.TrimPrefix(s, Prefix) != strings.TrimPrefix(p.Reveal(), Prefix) {
+		if s != p.Reveal() {
 			t.Fatalf("Parse(%q) accepted a non-canonical form", s)
 		}
 	})

@@ -32,6 +32,10 @@ var (
 	ErrConflict = errors.New("store: conflict")
 	// ErrSchemaTooNew: the database was migrated by a newer muster.
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
+	// ErrUnavailable: the database cannot take the write now (its disk is
+	// full, or it is out of resources); nothing was changed, and the same
+	// request may succeed later.
+	ErrUnavailable = errors.New("store: unavailable")
 )
 
 // PSK states.
@@ -64,6 +68,10 @@ type Operator struct {
 	NotAfter  time.Time
 	CreatedBy string
 	CreatedAt time.Time
+	// Reissue, on insert only, allows a certificate beside a valid one of
+	// the same name: an operator renewing its identity, asked for
+	// explicitly.
+	Reissue bool
 }
 
 // Lock kinds.
@@ -163,7 +171,9 @@ type Store interface {
 	RevokeExpiredGracePSKs(ctx context.Context) ([]string, error)
 
 	// InsertOperator records an issued operator certificate; ErrConflict on
-	// a duplicate serial.
+	// a duplicate serial, or while a certificate of the same name is valid
+	// at o.CreatedAt and o.Reissue is false (one writer wins among concurrent ones, across
+	// replicas).
 	InsertOperator(ctx context.Context, o Operator) error
 	// ListOperators returns every operator certificate, oldest first.
 	ListOperators(ctx context.Context) ([]Operator, error)

@@ -37,6 +37,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -67,6 +68,9 @@ const (
 	migrateLockKey int64 = 0x6d75737465720001 // "muster" + 1: schema migrations
 	auditLockKey   int64 = 0x6d75737465720002 // the audit chain's single writer
 	nodeLockClass  int32 = 0x6d757374         // joins of one node ID
+	// operatorLockClass serializes issuing certificates to one operator
+	// name (with hashtext(name)).
+	operatorLockClass int32 = 0x6d757375
 )
 
 // Open connects to the database at url (a postgres:// or postgresql:// URL
@@ -149,6 +153,11 @@ func wrap(op string, err error) error {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == uniqueViolation {
 		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrConflict, err)
+	}
+	// Class 53, insufficient resources: disk full (53100), out of memory,
+	// too many connections. The statement failed whole.
+	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "53") {
+		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrUnavailable, err)
 	}
 	return fmt.Errorf("postgres: %s: %w", op, err)
 }

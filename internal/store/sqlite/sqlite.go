@@ -226,6 +226,11 @@ func wrap(op string, err error) error {
 		case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
 			return fmt.Errorf("sqlite: %s: %w: %v", op, store.ErrConflict, err)
 		}
+		// A full disk (or database size limit) is SQLITE_FULL in the
+		// primary code; the write was rolled back.
+		if se.Code()&0xff == sqlite3.SQLITE_FULL {
+			return fmt.Errorf("sqlite: %s: %w: %v", op, store.ErrUnavailable, err)
+		}
 	}
 	return fmt.Errorf("sqlite: %s: %w", op, err)
 }

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -50,6 +52,41 @@ func operatorCases() []testCase {
 			got, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
 			wantEqual(t, "ListOperators", got, []store.Operator{first})
+		}},
+		{"a name holds one valid certificate at a time", func(t *testing.T, ctx context.Context, s store.Store) {
+			old := operator("01", "alice", 100*24*time.Hour) // expired 10 days ago
+			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, old))
+			cur := operator("02", "alice", time.Hour)
+			mustNil(t, "InsertOperator after expiry", s.InsertOperator(ctx, cur))
+			wantErr(t, "InsertOperator while valid", s.InsertOperator(ctx, operator("03", "alice", 0)), store.ErrConflict)
+			mustNil(t, "InsertOperator other name", s.InsertOperator(ctx, operator("04", "bob", 0)))
+			again := operator("05", "bob", 0)
+			again.Reissue = true
+			mustNil(t, "InsertOperator reissue", s.InsertOperator(ctx, again))
+			again.Reissue = false
+			got, err := s.ListOperators(ctx)
+			mustNil(t, "ListOperators", err)
+			wantEqual(t, "ListOperators", got, []store.Operator{old, cur, operator("04", "bob", 0), again})
+		}},
+		{"concurrent issues to one name: one wins", func(t *testing.T, ctx context.Context, s store.Store) {
+			const n = 8
+			errs := concurrently(n, func(i int) error {
+				return s.InsertOperator(ctx, operator(fmt.Sprintf("%02x", i), "carol", 0))
+			})
+			won := 0
+			for _, err := range errs {
+				switch {
+				case err == nil:
+					won++
+				case !errors.Is(err, store.ErrConflict):
+					t.Errorf("concurrent InsertOperator: %v, want nil or ErrConflict", err)
+				}
+			}
+			got, err := s.ListOperators(ctx)
+			mustNil(t, "ListOperators", err)
+			if won != 1 || len(got) != 1 {
+				t.Fatalf("%d of %d concurrent inserts won, %d operators stored; want exactly one", won, n, len(got))
+			}
 		}},
 	}
 }

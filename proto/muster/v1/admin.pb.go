@@ -156,8 +156,12 @@ type AddOperatorRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// csr is a PEM or DER PKCS#10 request; only its public key is used.
-	Csr           []byte               `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
-	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	Csr []byte               `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
+	Ttl *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// reissue issues a new certificate to a name that still holds a valid
+	// one (renewing an identity before it expires); without it such a name
+	// is refused with ALREADY_EXISTS.
+	Reissue       bool `protobuf:"varint,4,opt,name=reissue,proto3" json:"reissue,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +215,13 @@ func (x *AddOperatorRequest) GetTtl() *durationpb.Duration {
 		return x.Ttl
 	}
 	return nil
+}
+
+func (x *AddOperatorRequest) GetReissue() bool {
+	if x != nil {
+		return x.Reissue
+	}
+	return false
 }
 
 type AddOperatorResponse struct {
@@ -2944,11 +2955,12 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x06caller\x18\x05 \x01(\tR\x06caller\x12%\n" +
 	"\x0eschema_version\x18\x06 \x01(\x05R\rschemaVersion\x129\n" +
 	"\n" +
-	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"g\n" +
+	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x81\x01\n" +
 	"\x12AddOperatorRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x12+\n" +
-	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"\xe5\x01\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x18\n" +
+	"\areissue\x18\x04 \x01(\bR\areissue\"\xe5\x01\n" +
 	"\x13AddOperatorResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1b\n" +

@@ -1,0 +1,159 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// The head file holds the newest record this process appended (or saw
+// appended): "SEQ HEX-HASH\n", rewritten in place after every append.
+// Checkpoints are signed but only taken every CheckpointInterval; records
+// removed from the tail of the chain after a crash, before the next
+// checkpoint, left nothing that missed them. The head file does: Verify
+// reports a chain shorter than it, and CheckHead (at start) refuses to
+// append to one, which would reuse the removed records' sequence numbers.
+//
+// The file is written without fsync: it survives the process being killed
+// (the threat here), and after an OS crash it may lag the store, which is
+// never taken for tampering. Like the checkpoint file it is only as safe as
+// the data directory: whoever can write both the store and the directory
+// can cut the tail unseen.
+
+// headFileSize is the fixed size of the file's content (padded with
+// spaces), so an in-place rewrite never leaves a longer old tail behind.
+const headFileSize = 96
+
+// headFile keeps the file of one Logger.
+type headFile struct {
+	path string
+
+	mu  sync.Mutex
+	f   *os.File
+	seq int64 // the newest seq written, never lowered
+}
+
+// note records that the chain holds record seq with hash. Concurrent
+// appends may note out of order; the file only moves forward.
+func (h *headFile) note(seq int64, hash []byte) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if seq <= h.seq {
+		return nil
+	}
+	if h.f == nil {
+		f, err := os.OpenFile(h.path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return fmt.Errorf("audit: head file: %w", err)
+		}
+		h.f = f
+	}
+	line := strconv.FormatInt(seq, 10) + " " + hex.EncodeToString(hash)
+	buf := []byte(line + strings.Repeat(" ", max(headFileSize-len(line)-1, 0)) + "\n")
+	if _, err := h.f.WriteAt(buf, 0); err != nil {
+		return fmt.Errorf("audit: head file: %w", err)
+	}
+	h.seq = seq
+	return nil
+}
+
+// ReadHeadFile reads a head file: the seq and hash of the newest record
+// noted. A missing file is an error wrapping fs.ErrNotExist.
+func ReadHeadFile(path string) (store.AuditHead, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return store.AuditHead{}, fmt.Errorf("audit: read head file: %w", err)
+	}
+	return parseHead(data)
+}
+
+// parseHead reads the content of a head file.
+func parseHead(data []byte) (store.AuditHead, error) {
+	fields := strings.Fields(string(data))
+	if len(fields) != 2 {
+		return store.AuditHead{}, errors.New("audit: head file: want SEQ HASH")
+	}
+	seq, err := strconv.ParseInt(fields[0], 10, 64)
+	if err != nil || seq <= 0 || fields[0] != strconv.FormatInt(seq, 10) {
+		return store.AuditHead{}, errors.New("audit: head file: bad seq")
+	}
+	hash, err := hex.DecodeString(fields[1])
+	if err != nil || len(hash) == 0 || len(hash) > 64 {
+		return store.AuditHead{}, errors.New("audit: head file: bad hash")
+	}
+	return store.AuditHead{Seq: seq, Hash: hash}, nil
+}
+
+// checkHead compares the chain with the head file: "" when the chain holds
+// the noted record, else what is wrong, for an operator.
+func (l *Logger) checkHead(ctx context.Context) (problem string, firstBad int64, err error) {
+	if l.head == nil {
+		return "", 0, nil
+	}
+	noted, err := ReadHeadFile(l.head.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", 0, nil
+	case err != nil:
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return "", 0, err
+		}
+		return fmt.Sprintf("the head file %s is damaged (%v); compare it with a backup and find out who changed it", l.head.path, err), 0, nil
+	}
+	recs, err := l.st.ListAudit(ctx, store.AuditFilter{AfterSeq: noted.Seq - 1, Limit: 1})
+	if err != nil {
+		return "", 0, err
+	}
+	if len(recs) == 0 || recs[0].Seq != noted.Seq {
+		head, err := l.st.AuditHead(ctx)
+		if err != nil {
+			return "", 0, err
+		}
+		return fmt.Sprintf("the chain ends at record %d, but record %d was appended (head file %s): records %d to %d were removed from the tail",
+			head.Seq, noted.Seq, l.head.path, head.Seq+1, noted.Seq), head.Seq + 1, nil
+	}
+	if !bytes.Equal(recs[0].Hash, noted.Hash) {
+		return fmt.Sprintf("record %d differs from the one appended (head file %s): the tail was replaced", noted.Seq, l.head.path), noted.Seq, nil
+	}
+	return "", 0, nil
+}
+
+// ErrShortChain reports a chain that lost records the head file saw
+// appended.
+var ErrShortChain = errors.New("audit: the chain lost records")
+
+// CheckHead returns an error wrapping ErrShortChain if the chain no longer
+// holds the newest record the head file noted: a server must not append to
+// such a chain, as it would reuse the removed records' sequence numbers.
+func (l *Logger) CheckHead(ctx context.Context) error {
+	problem, _, err := l.checkHead(ctx)
+	if err != nil {
+		return fmt.Errorf("audit: checking the head file: %w", err)
+	}
+	if problem != "" {
+		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (if the store was restored from a backup on purpose, remove the head file)", ErrShortChain, problem)
+	}
+	return nil
+}
+
+// noteAppended writes seq and hash to the head file, if there is one. A
+// failure does not undo the append, which is durable in the store; it is
+// logged, and the next append tries again.
+func (l *Logger) noteAppended(seq int64, hash []byte) {
+	if l.head == nil {
+		return
+	}
+	if err := l.head.note(seq, hash); err != nil {
+		l.log.Error("audit head file not updated", "err", err)
+	}
+}

@@ -1,0 +1,117 @@
+package audit
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestHeadFileCatchesACutTail: records removed from the tail after the
+// last checkpoint (a crash, then an attacker with the store) are reported
+// by Verify and refused by CheckHead; an intact chain passes both, also
+// when it grew past the file, and a replaced tail is caught too.
+func TestHeadFileCatchesACutTail(t *testing.T) {
+	dir := t.TempDir()
+	m := &memStore{}
+	l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: filepath.Join(dir, "head")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	record := func(n int) {
+		for i := 0; i < n; i++ {
+			if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	record(3)
+	if _, err := l.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	record(3) // records 4-6, after the checkpoint
+	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
+		t.Fatalf("intact chain: %+v, %v", rep, err)
+	}
+	if err := l.CheckHead(ctx); err != nil {
+		t.Fatalf("CheckHead on an intact chain: %v", err)
+	}
+	if h, err := ReadHeadFile(filepath.Join(dir, "head")); err != nil || h.Seq != 6 {
+		t.Fatalf("head file: %+v, %v", h, err)
+	}
+
+	saved := m.recs
+	m.recs = m.recs[:4] // records 5 and 6 removed
+	rep, err := l.Verify(ctx)
+	if err != nil || rep.OK || rep.FirstBadSeq != 5 || !strings.Contains(rep.Problem, "records 5 to 6 were removed") {
+		t.Fatalf("cut tail: %+v, %v", rep, err)
+	}
+	if err := l.CheckHead(ctx); !errors.Is(err, ErrShortChain) {
+		t.Fatalf("CheckHead on a cut tail: %v, want ErrShortChain", err)
+	}
+
+	// The same length, another record 6: replaced, not cut.
+	m.recs = append(saved[:5:5], saved[5])
+	m.recs[5].Hash = []byte("not the hash")
+	if rep, _ := l.Verify(ctx); rep.OK {
+		t.Fatal("a replaced tail verified")
+	}
+	if err := l.CheckHead(ctx); !errors.Is(err, ErrShortChain) {
+		t.Fatalf("CheckHead on a replaced tail: %v", err)
+	}
+
+	// A damaged file is reported, never trusted.
+	m.recs = saved
+	os.WriteFile(filepath.Join(dir, "head"), []byte("garbage"), 0o600)
+	if rep, _ := l.Verify(ctx); rep.OK || !strings.Contains(rep.Problem, "damaged") {
+		t.Fatalf("damaged head file: %+v", rep)
+	}
+}
+
+func FuzzParseHead(f *testing.F) {
+	f.Add([]byte("12 " + strings.Repeat("ab", 32) + "   \n"))
+	f.Add([]byte("0 00"))
+	f.Add([]byte("-1 zz"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := parseHead(data)
+		if err != nil {
+			return
+		}
+		if h.Seq <= 0 || len(h.Hash) == 0 {
+			t.Fatalf("parseHead(%q) = %+v", data, h)
+		}
+	})
+}
+
+// FuzzReadCheckpointFile: audit-checkpoint.json, damaged or edited. What
+// it reads writes back to the same checkpoint.
+func FuzzReadCheckpointFile(f *testing.F) {
+	f.Add([]byte(`{"seq": 3, "hash": "00ff", "time": "2026-01-02T03:04:05.123456Z", "key_id": "k", "signature": "AAEC"}`))
+	f.Add([]byte(`{"seq": -1}`))
+	f.Add([]byte(`{"seq": 1, "hash": "zz"}`))
+	f.Add([]byte(`{"seq": 1, "hash": "00", "time": "not a time", "signature": "!!"}`))
+	path := filepath.Join(f.TempDir(), "cp.json")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c, err := ReadCheckpointFile(path)
+		if err != nil {
+			return
+		}
+		if c.Seq <= 0 || len(c.Hash) == 0 || len(c.Signature) == 0 {
+			t.Fatalf("accepted an incomplete checkpoint %+v", c)
+		}
+		if err := writeCheckpointFile(path, c); err != nil {
+			t.Fatal(err)
+		}
+		back, err := ReadCheckpointFile(path)
+		if err != nil || back.Seq != c.Seq || !back.Time.Equal(c.Time) || string(back.Hash) != string(c.Hash) ||
+			string(back.Signature) != string(c.Signature) || back.KeyID != c.KeyID {
+			t.Fatalf("checkpoint changed in a round trip: %+v, then %+v (%v)", c, back, err)
+		}
+	})
+}

@@ -1,0 +1,79 @@
+package listener
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+)
+
+// TestConnectionsPerSourceAreCapped: past max open connections from one
+// source, a new one is closed at once; closing one frees its place; a
+// trusted proxy is not counted.
+func TestConnectionsPerSourceAreCapped(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		exempt  []netip.Prefix
+		limited bool
+	}{
+		{"direct", nil, true},
+		{"trusted proxy", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			raw, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lis := withSourceLimit(raw, 3, tt.exempt)
+			defer lis.Close()
+			accepted := make(chan net.Conn, 10)
+			go func() {
+				for {
+					c, err := lis.Accept()
+					if err != nil {
+						return
+					}
+					accepted <- c
+				}
+			}()
+			dial := func() net.Conn {
+				c, err := net.Dial("tcp", raw.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+				return c
+			}
+			closedAtOnce := func(c net.Conn) bool {
+				c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+				_, err := c.Read(make([]byte, 1))
+				return err == io.EOF
+			}
+			var server []net.Conn
+			for i := 0; i < 3; i++ {
+				dial()
+				server = append(server, <-accepted)
+			}
+			fourth := dial()
+			if got := closedAtOnce(fourth); got != tt.limited {
+				t.Fatalf("fourth connection closed at once: %v, want %v", got, tt.limited)
+			}
+			if !tt.limited {
+				return
+			}
+			// One closes: its place is free again.
+			server[0].Close()
+			fifth := dial()
+			select {
+			case c := <-accepted:
+				defer c.Close()
+			case <-time.After(5 * time.Second):
+				t.Fatal("a connection was refused after one of the source's closed")
+			}
+			if closedAtOnce(fifth) {
+				t.Fatal("the fifth connection was closed")
+			}
+		})
+	}
+}

@@ -1,0 +1,45 @@
+package sqlite
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// TestFullDatabaseIsUnavailable: a write that finds no room (a full disk;
+// here the database's page limit, which SQLite reports the same way, as
+// SQLITE_FULL) is store.ErrUnavailable, which the authority answers with
+// UNAVAILABLE so agents retry, and a failed write leaves nothing behind.
+func TestFullDatabaseIsUnavailable(t *testing.T) {
+	s, _ := openTemp(t)
+	ctx := t.Context()
+	var pages int
+	if err := s.w.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.w.ExecContext(ctx, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages+2)); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	var err error
+	inserted := 0
+	for i := 0; i < 200 && err == nil; i++ {
+		err = s.InsertOperator(ctx, store.Operator{Serial: fmt.Sprintf("%04x", i), Name: fmt.Sprintf("op%d", i),
+			SPIFFEID: "spiffe://t/admin/" + strings.Repeat("x", 2000), NotBefore: now, NotAfter: now.Add(time.Hour),
+			CreatedBy: "t", CreatedAt: now})
+		if err == nil {
+			inserted++
+		}
+	}
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("insert into a full database: %v, want store.ErrUnavailable", err)
+	}
+	ops, lerr := s.ListOperators(ctx)
+	if lerr != nil || len(ops) != inserted {
+		t.Fatalf("after the failed write: %d operators (%v), want the %d that succeeded", len(ops), lerr, inserted)
+	}
+}
