@@ -250,7 +250,7 @@ func TestAgentJoinRefusals(t *testing.T) {
 }
 
 // TestAgentRun: run joins an empty directory from the environment, serves
-// its metrics, and stops cleanly on SIGTERM.
+// its metrics and health probes, and stops cleanly on SIGTERM.
 func TestAgentRun(t *testing.T) {
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
@@ -318,6 +318,11 @@ func TestAgentRun(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+	// The probes an orchestrator or the image's health check uses, through
+	// muster healthcheck as an image without curl would.
+	for _, path := range []string{"/healthz", "/readyz"} {
+		mustRun(t, "healthcheck", "--url", "http://"+metricsAddr+path)
 	}
 
 	cmd.Process.Signal(syscall.SIGTERM)

@@ -74,7 +74,7 @@ intermediate. The key is made here and never leaves this machine; the file
 				return fmt.Errorf("admin add: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, map[string]any{
+				return out.write(env.Stdout, map[string]any{
 					"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
 					"not_after": resp.GetNotAfter().AsTime(), "identity": path,
 				})
@@ -123,7 +123,7 @@ func newAdminListCmd(env *Env) *cobra.Command {
 				for _, o := range resp.GetOperators() {
 					ops = append(ops, op{o.GetName(), o.GetSpiffeId(), o.GetSerial(), o.GetNotAfter().AsTime(), o.GetCreatedBy(), o.GetLocked()})
 				}
-				return writeJSON(env.Stdout, ops)
+				return out.write(env.Stdout, ops)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSERIAL\tEXPIRES\tLOCKED\tCREATED BY")

@@ -179,7 +179,7 @@ func newAgentRenewCmd(env *Env) *cobra.Command {
 
 func printAgentState(env *Env, out output, dir agent.Dir, verb string, st *agent.State) error {
 	if out.json() {
-		return writeJSON(env.Stdout, st)
+		return out.write(env.Stdout, st)
 	}
 	fmt.Fprintf(env.Stdout, "%s: node %s, instance %s, generation %d, of authority %s at %s\nCertificate valid until %s, in %s\n",
 		verb, st.NodeID, st.InstanceID, st.Generation, st.AuthorityID, st.Authority,
@@ -191,6 +191,7 @@ func newAgentRunCmd(env *Env) *cobra.Command {
 	var (
 		data, metricsListen string
 		logFormat, logLevel string
+		pprofListen         string
 		timeout             time.Duration
 	)
 	cmd := &cobra.Command{
@@ -242,32 +243,36 @@ and exits non-zero on any other refusal. SIGINT or SIGTERM stop it.`,
 			}
 			log.Info("agent started", args...)
 
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			g, ctx := errgroup.WithContext(ctx)
 			var runErr error
-			g.Go(func() error {
-				// The agent ending, for whatever reason, ends the
-				// metrics listener too.
+			err = withPprof(cmd.Context(), pprofListen, log, func(ctx context.Context) error {
+				ctx, cancel := context.WithCancel(ctx)
 				defer cancel()
-				runErr = a.Run(ctx, join)
-				return runErr
-			})
-			if lis != nil {
-				g.Go(func() error { return m.Serve(ctx, lis) })
-			}
-			if err := g.Wait(); err != nil {
-				if runErr != nil {
-					return agentFailure(runErr)
+				g, ctx := errgroup.WithContext(ctx)
+				g.Go(func() error {
+					// The agent ending, for whatever reason, ends the
+					// metrics listener too.
+					defer cancel()
+					runErr = a.Run(ctx, join)
+					return runErr
+				})
+				if lis != nil {
+					g.Go(func() error { return m.Serve(ctx, lis) })
 				}
-				return fmt.Errorf("agent run: metrics: %w", err)
+				return g.Wait()
+			})
+			switch {
+			case runErr != nil:
+				return agentFailure(runErr)
+			case err != nil:
+				return fmt.Errorf("agent run: %w", err)
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
-	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics (empty: off)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics, /healthz and /readyz (empty: off)")
+	registerPprofFlag(cmd, &pprofListen)
 	f.StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
@@ -298,7 +303,7 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 				return fmt.Errorf("agent status: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, s)
+				return out.write(env.Stdout, s)
 			}
 			valid := s.NotAfter.Format(time.RFC3339)
 			if s.Expired {

@@ -75,7 +75,7 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 					list = append(list, agentOf(a))
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, list)
+					return out.write(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tLOCKED")
@@ -150,7 +150,7 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 						NotBefore: timeOf(ce.GetNotBefore()), NotAfter: timeOf(ce.GetNotAfter()), IssuedAt: timeOf(ce.GetIssuedAt())})
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, doc)
+					return out.write(env.Stdout, doc)
 				}
 				if a := doc.Agent; a != nil {
 					fmt.Fprintf(env.Stdout, "Node %s: instance %s, generation %d, joined by %s (token %s), expires %s\n",

@@ -145,7 +145,7 @@ func writeAuditList(w io.Writer, out output, recs []auditJSON) error {
 		if recs == nil {
 			recs = []auditJSON{}
 		}
-		return writeJSON(w, recs)
+		return out.write(w, recs)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tACTION\tTARGET\tRESULT\tREASON")
@@ -224,7 +224,7 @@ func auditVerifyOf(rep audit.Report) auditVerify {
 // error naming the first bad record when the chain was tampered with.
 func writeAuditVerify(w io.Writer, out output, name string, r auditVerify) error {
 	if out.json() {
-		if err := writeJSON(w, map[string]any{
+		if err := out.write(w, map[string]any{
 			"ok": r.OK, "records_checked": r.RecordsChecked, "checkpoints_checked": r.CheckpointsChecked,
 			"first_bad_seq": r.FirstBadSeq, "problem": r.Problem, "head_seq": r.HeadSeq, "head_hash": r.HeadHash,
 		}); err != nil {

@@ -106,6 +106,7 @@ type authorityOptions struct {
 	pskOptional     string
 	logFormat       string
 	logLevel        string
+	pprofListen     string
 	ready           func(addr, metricsAddr string)
 }
 
@@ -180,6 +181,7 @@ flags override it.`,
 	fl.BoolVar(&o.pskRequired, "psk-required", true, "require the bootstrap PSK; false only for a migration, with --psk-optional-until and --discovery")
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
+	registerPprofFlag(cmd, &o.pprofListen)
 	return cmd
 }
 
@@ -234,6 +236,9 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
+	if err := checkPprof(o.pprofListen); err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
 	if o.agentCertTTL <= 0 || o.agentCertTTL > maxAgentCertTTL {
 		return fmt.Errorf("authority: agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
 	}
@@ -284,8 +289,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
-	if err := srv.Run(ctx); err != nil {
-		return err
+	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
+		return fmt.Errorf("authority: %w", err)
 	}
 	log.Info("authority stopped")
 	return nil

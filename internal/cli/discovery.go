@@ -48,6 +48,7 @@ type discoveryOptions struct {
 	// trustedProxies are IPs or CIDRs of TCP load balancers whose PROXY
 	// header names the client.
 	trustedProxies []string
+	pprofListen    string
 }
 
 func newDiscoveryCmd(env *Env) *cobra.Command {
@@ -105,6 +106,7 @@ a registration.`,
 	f.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	f.StringSliceVar(&o.allow, "allow-authority", nil, "AUTHORITY_ID=sha256:HEX: an authority that may register, under that root only (repeatable; adds to DIR/discovery.yaml)")
 	f.BoolVar(&o.openRegistration, "open-registration", false, "UNSAFE: also accept authority IDs not allowed, each locked to the first root that registers it")
+	registerPprofFlag(cmd, &o.pprofListen)
 	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env), newDiscoveryAuditCmd(env))
 	return cmd
 }
@@ -112,6 +114,9 @@ a registration.`,
 func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	log, err := newLogger(env.Stderr, o.logFormat, o.logLevel)
 	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	if err := checkPprof(o.pprofListen); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
@@ -140,7 +145,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	if err := srv.Run(ctx); err != nil {
+	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	log.Info("discovery stopped")
@@ -262,7 +267,7 @@ discovery is running.`,
 				res.AllowedAuthorities = append(res.AllowedAuthorities, allowedJSON{AuthorityID: e.AuthorityID, CAFingerprint: e.Fingerprint})
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printDiscoveryShow(env.Stdout, res)
 			return nil
@@ -387,7 +392,7 @@ certificate must chain to the system roots and name its host.`,
 				return fmt.Errorf("discovery lookup: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printLookup(env.Stdout, res)
 			return nil
@@ -486,7 +491,7 @@ from then on.`, discoveryd.KeyOverlap),
 				res.PreviousPublishUntil = &r.PublishUntil
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			fmt.Fprintf(env.Stdout, "New ticket key:  %s\n", res.Active)
 			if res.Previous == "" {

@@ -59,7 +59,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			res := forgetJSON{AuthorityID: reg.AuthorityID, CAFingerprint: reg.RootFingerprint, Version: reg.Version,
 				RegisteredAt: reg.RegisteredAt, UpdatedAt: reg.UpdatedAt}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printForget(env.Stdout, res)
 			return nil

@@ -63,7 +63,7 @@ leaves DIR untouched when anything fails.`,
 
 func printInit(env *Env, out output, res datadir.InitResult) error {
 	if out.json() {
-		return writeJSON(env.Stdout, map[string]any{
+		return out.write(env.Stdout, map[string]any{
 			"authority_id":      res.Info.AuthorityID,
 			"trust_domain":      res.Info.TrustDomain,
 			"ca_fingerprint":    res.Info.CAFingerprint,

@@ -76,7 +76,7 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, lockOf(resp.GetLock()))
+				return out.write(env.Stdout, lockOf(resp.GetLock()))
 			}
 			fmt.Fprintf(env.Stdout, "Lock %s created on %s %s\n", resp.GetLock().GetId(), kind, target)
 			return nil
@@ -119,7 +119,7 @@ func newLockListCmd(env *Env) *cobra.Command {
 				for _, l := range resp.GetLocks() {
 					list = append(list, lockOf(l))
 				}
-				return writeJSON(env.Stdout, list)
+				return out.write(env.Stdout, list)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")

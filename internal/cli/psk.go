@@ -73,7 +73,7 @@ audited (psk.show).`,
 			}
 			active, grace := pskOf(resp.GetActive()), pskOf(resp.GetGrace())
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					Active *pskJSON `json:"active"`
 					Grace  *pskJSON `json:"grace"`
 				}{active, grace})
@@ -125,7 +125,7 @@ given the new one cannot join until they are.`,
 			}
 			active, prev := pskOf(resp.GetActive()), pskOf(resp.GetPrevious())
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					Active   *pskJSON `json:"active"`
 					Previous *pskJSON `json:"previous"`
 				}{active, prev})

@@ -30,7 +30,7 @@ func newStatusCmd(env *Env) *cobra.Command {
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, map[string]any{
+				return out.write(env.Stdout, map[string]any{
 					"authority_id": r.GetAuthorityId(), "trust_domain": r.GetTrustDomain(),
 					"ca_fingerprint": r.GetCaFingerprint(), "version": r.GetVersion(), "caller": r.GetCaller(),
 					"schema_version": r.GetSchemaVersion(), "started_at": r.GetStartedAt().AsTime(),

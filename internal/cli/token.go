@@ -116,7 +116,7 @@ expire; both together admit anyone who ever sees the token and need
 				}
 				t := tokenOf(resp.GetInfo())
 				if out.json() {
-					return writeJSON(env.Stdout, struct {
+					return out.write(env.Stdout, struct {
 						Token string `json:"token"`
 						URI   string `json:"uri"`
 						tokenJSON
@@ -171,7 +171,7 @@ func newTokenListCmd(env *Env) *cobra.Command {
 					list = append(list, tokenOf(t))
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, list)
+					return out.write(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
@@ -207,7 +207,7 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {
-					return writeJSON(env.Stdout, t)
+					return out.write(env.Stdout, t)
 				}
 				fmt.Fprintf(env.Stdout, "ID:          %s\nState:       %s\nUses:        %d of %s used\nExpires:     %s\nNode:        %s\nDescription: %s\nLabels:      %s\nCreated:     %s by %s\n",
 					t.ID, t.State, t.UsesCount, map[bool]string{true: "unlimited", false: fmt.Sprint(t.UsesAllowed)}[t.UsesAllowed == 0],
