@@ -18,7 +18,7 @@ func newAgentCmd(env *Env) *cobra.Command {
 		Use:   "agent",
 		Short: "Run the agent on a machine: join once, then keep its identity fresh",
 	}
-	cmd.AddCommand(newAgentJoinCmd(env), newAgentRunCmd(env), newAgentRenewCmd(env), newAgentStatusCmd(env))
+	cmd.AddCommand(newAgentJoinCmd(env), withEnv(env, newAgentRunCmd(env)), newAgentRenewCmd(env), newAgentStatusCmd(env))
 	return cmd
 }
 

@@ -108,7 +108,7 @@ func TestDiscoveryShowAllowed(t *testing.T) {
 		t.Errorf("show -o json: %+v", res.AllowedAuthorities)
 	}
 	os.WriteFile(discoveryd.Dir(dir).ConfigFile(), []byte("allow: []\n"), 0o600)
-	if code, _, stderr := runCLI(t, "discovery", "show", "--data", dir); code == 0 || !strings.Contains(stderr, "field allow not found") {
+	if code, _, stderr := runCLI(t, "discovery", "show", "--data", dir); code == 0 || !strings.Contains(stderr, `unknown setting "allow"`) {
 		t.Errorf("show with a misspelt key: exit %d, %q", code, stderr)
 	}
 }

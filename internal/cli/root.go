@@ -65,9 +65,9 @@ Start with "muster dev" to run an authority on this machine, or
 	}
 	root.AddCommand(
 		newInitCmd(env),
-		newAuthorityCmd(env),
-		newDiscoveryCmd(env),
-		newDevCmd(env),
+		withEnv(env, newAuthorityCmd(env)),
+		withEnv(env, newDiscoveryCmd(env)),
+		withEnv(env, newDevCmd(env)),
 		newAdminCmd(env),
 		newAuditCmd(env),
 		newLockCmd(env),
