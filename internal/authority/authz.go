@@ -132,7 +132,7 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	case accessAdmin:
 		return c, s.requireRole(ctx, c, chain, spiffeid.RoleAdmin, ca.RoleAdmin, store.LockAdmin, fullMethod)
 	default:
-		return c, status.Error(codes.PermissionDenied, "no access rule for this service")
+		return c, refused(codes.PermissionDenied, "no access rule for this service")
 	}
 }
 
@@ -177,7 +177,7 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 		Source:        c.Source,
 		CorrelationID: c.CorrelationID,
 	})
-	return status.Error(code, reason)
+	return refused(code, reason)
 }
 
 func verifiedChain(ctx context.Context) []*x509.Certificate {
