@@ -33,7 +33,9 @@ func newAdminAddCmd(env *Env) *cobra.Command {
 		out  output
 	)
 	cmd := &cobra.Command{
-		Use:   "add NAME",
+		Use: "add NAME",
+		Example: `  muster admin add alice --data ./muster-data --out alice.pem
+  muster admin add ci-bot --ttl 720h --out ci-bot.pem -o json`,
 		Short: "Issue another operator identity",
 		Long: `add issues an operator identity (spiffe://TD/admin/NAME) from the admin
 intermediate. The key is made here and never leaves this machine; the file
@@ -97,7 +99,9 @@ func newAdminListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster admin list --data ./muster-data
+  muster admin list -o yaml`,
 		Short: "List the operator certificates the authority issued",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

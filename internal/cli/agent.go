@@ -61,7 +61,10 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
+		Use: "join --data ADIR [--token-file F | --psk-file F | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
+		Example: `  muster agent join --data ./agent-data --node web-1 'muster://…'
+  muster agent join --data ./agent-data --node web-1 --token-file token.txt --authority authority.example.org:7443
+  muster agent join --data ./agent-data --node web-1 --psk-file psk.txt --discovery discovery.example.org:7450 --authority-id prod-a3f2e1`,
 		Short: "Join an authority with a join token or the bootstrap PSK, once",
 		Long: `join admits this machine with a join token or the authority's bootstrap PSK
 and writes its identity to ADIR.
@@ -152,7 +155,9 @@ func newAgentRenewCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "renew --data ADIR",
+		Use: "renew --data ADIR",
+		Example: `  muster agent renew --data /var/lib/muster-agent
+  muster agent renew --data ./agent-data -o json`,
 		Short: "Renew the agent's certificate once, now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -195,7 +200,9 @@ func newAgentRunCmd(env *Env) *cobra.Command {
 		timeout             time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "run --data ADIR",
+		Use: "run --data ADIR",
+		Example: `  muster agent run --data /var/lib/muster-agent --metrics-listen 127.0.0.1:9464
+  MUSTER_JOIN_URI='muster://…' MUSTER_NODE_ID=web-1 muster agent run --data ./agent-data`,
 		Short: "Run the agent: join if needed, then renew the identity before it expires",
 		Long: `run keeps this machine's identity fresh. If ADIR holds no identity it joins
 first, with the token or PSK, node and authority from MUSTER_JOIN_TOKEN,
@@ -285,7 +292,9 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 		out  output
 	)
 	cmd := &cobra.Command{
-		Use:   "status --data ADIR",
+		Use: "status --data ADIR",
+		Example: `  muster agent status --data /var/lib/muster-agent
+  muster agent status --data ./agent-data -o json`,
 		Short: "Show the agent's identity: node, instance, authority, generation, expiry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -58,7 +58,9 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster agents list --data ./muster-data
+  muster agents list -o json`,
 		Short: "List admitted nodes with their current instance",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -119,7 +121,9 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "show NODE",
+		Use: "show NODE",
+		Example: `  muster agents show web-1 --data ./muster-data
+  muster agents show web-1 -o yaml`,
 		Short: "Show what a node holds, since when, and how it got it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -182,9 +186,10 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 func newAgentsDeleteCmd(env *Env) *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
-		Use:   "delete NODE",
-		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
-		Args:  cobra.ExactArgs(1),
+		Use:     "delete NODE",
+		Example: `  muster agents delete web-1 --data ./muster-data`,
+		Short:   "Delete a node: it can no longer renew, and its ID is free for a new join",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return af.call(cmd, env, "agents delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {

@@ -42,7 +42,9 @@ func newAuditListCmd(env *Env) *cobra.Command {
 		lf  auditListFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster audit list --data ./muster-data --limit 20
+  muster audit list --action token.create --since 24h -o json`,
 		Short: "List audit records, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -173,7 +175,9 @@ func newAuditVerifyCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "verify",
+		Use: "verify",
+		Example: `  muster audit verify --data ./muster-data
+  muster audit verify -o json`,
 		Short: "Check the audit chain and its signed checkpoints; exits non-zero on tampering",
 		Long: `verify asks the authority to walk the whole audit chain: every record's
 keyed hash, the links between records, and the signed checkpoints kept in

@@ -25,7 +25,9 @@ func newDevCmd(env *Env) *cobra.Command {
 		dlisten string
 	)
 	cmd := &cobra.Command{
-		Use:   "dev",
+		Use: "dev",
+		Example: `  muster dev
+  muster dev --data ./dev-data --listen 127.0.0.1:8443 --discovery-listen ""`,
 		Short: "Run an authority on loopback for trying muster out (initialises --data on first start)",
 		Long: `dev is the quick start: it initialises DIR (default ./muster-data) if it
 does not hold an authority yet, then runs the authority on loopback with the

@@ -222,7 +222,9 @@ func newDiscoveryShowCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "show --data DIR",
+		Use: "show --data DIR",
+		Example: `  muster discovery show --data /var/lib/muster-discovery
+  muster discovery show --data ./discovery-data -o json`,
 		Short: "Print discovery's fingerprint, ticket issuer, ticket keys and allowed authorities",
 		Long: `show prints what authorities and agents need to trust this discovery:
 the fingerprint of its CA (--discovery-fingerprint), and the ticket issuer
@@ -353,8 +355,9 @@ func newDiscoveryLookupCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "lookup AUTHORITY_ID --discovery HOST:PORT [--discovery-fingerprint sha256:…]",
-		Short: "Look an authority up at a discovery service",
+		Use:     "lookup AUTHORITY_ID --discovery HOST:PORT [--discovery-fingerprint sha256:…]",
+		Example: `  muster discovery lookup prod-a3f2e1 --discovery discovery.example.org:7450 --discovery-fingerprint sha256:…`,
+		Short:   "Look an authority up at a discovery service",
 		Long: `lookup asks a discovery service for an authority's registered entry: its
 endpoints, the fingerprint of its root CA, the registration version and the
 ticket policy it signed. Without --discovery-fingerprint the discovery's
@@ -461,7 +464,9 @@ func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
 		out    output
 	)
 	cmd := &cobra.Command{
-		Use:   "rotate-key --data DIR [--revoke-previous]",
+		Use: "rotate-key --data DIR [--revoke-previous]",
+		Example: `  muster discovery rotate-key --data /var/lib/muster-discovery
+  muster discovery rotate-key --data /var/lib/muster-discovery --revoke-previous`,
 		Short: "Make a new ticket signing key now",
 		Long: fmt.Sprintf(`rotate-key makes a new active ticket signing key through the store, whether
 or not discovery is running: running discovery servers publish it within

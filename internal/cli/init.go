@@ -19,7 +19,9 @@ func newInitCmd(env *Env) *cobra.Command {
 		out                               output
 	)
 	cmd := &cobra.Command{
-		Use:   "init --data DIR",
+		Use: "init --data DIR",
+		Example: `  muster init --data /var/lib/muster/authority --name prod
+  muster init --data ./authority --store 'postgres://muster@db.internal:5432/muster' -o json`,
 		Short: "Create an authority: its CA hierarchy, storage key, bootstrap PSK and first operator identity",
 		Long: `init creates a new authority in DIR: a root CA with bootstrap, server, agent
 and admin intermediates and a policy signing certificate (ECDSA P-256), the

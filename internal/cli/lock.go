@@ -47,7 +47,9 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 		reason                                  string
 	)
 	cmd := &cobra.Command{
-		Use:   "create (--node|--instance|--token|--public-key|--admin) VALUE",
+		Use: "create (--node|--instance|--token|--public-key|--admin) VALUE",
+		Example: `  muster lock create --node web-1 --reason "disk stolen"
+  muster lock create --token 7f3k2a --ttl 24h -o json`,
 		Short: "Create a lock; it is enforced at once",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -101,7 +103,9 @@ func newLockListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster lock list --data ./muster-data
+  muster lock list -o yaml`,
 		Short: "List the locks in force",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -141,9 +145,10 @@ func newLockListCmd(env *Env) *cobra.Command {
 func newLockDeleteCmd(env *Env) *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
-		Use:   "delete ID",
-		Short: "Delete a lock",
-		Args:  cobra.ExactArgs(1),
+		Use:     "delete ID",
+		Example: `  muster lock delete 01J8Z3…`,
+		Short:   "Delete a lock",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return af.call(cmd, env, "lock delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {

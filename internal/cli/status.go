@@ -16,7 +16,9 @@ func newStatusCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "status",
+		Use: "status",
+		Example: `  muster status --data ./muster-data
+  muster status -o json`,
 		Short: "Show which authority answers and who you are to it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

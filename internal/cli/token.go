@@ -84,7 +84,10 @@ func newTokenCreateCmd(env *Env) *cobra.Command {
 		unsafeUnlimited bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create",
+		Use: "create",
+		Example: `  muster token create --data ./muster-data --ttl 1h
+  muster token create --node web-1 --description "rebuild of web-1"
+  muster token create --uses 50 --ttl 24h --label team=infra -o json`,
 		Short: "Create a join token and print it with its joining URI",
 		Long: `Create a join token. The token (ID.SECRET) is printed once: the authority
 keeps only an encrypted copy and never shows the secret again.
@@ -154,7 +157,9 @@ func newTokenListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster token list --data ./muster-data
+  muster token list -o yaml`,
 		Short: "List join tokens (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -193,7 +198,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "get ID",
+		Use: "get ID",
+		Example: `  muster token get 7f3k2a
+  muster token get 7f3k2a -o json`,
 		Short: "Show one join token (never its secret)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -231,9 +238,10 @@ func tokenIDArg(s string) string {
 func newTokenDeleteCmd(env *Env) *cobra.Command {
 	var af adminFlags
 	cmd := &cobra.Command{
-		Use:   "delete ID",
-		Short: "Delete a join token; nodes it admitted keep their identities",
-		Args:  cobra.ExactArgs(1),
+		Use:     "delete ID",
+		Example: `  muster token delete 7f3k2a`,
+		Short:   "Delete a join token; nodes it admitted keep their identities",
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id := tokenIDArg(args[0])
 			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {

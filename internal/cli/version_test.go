@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -113,5 +114,45 @@ func TestPprofRefusesNonLoopback(t *testing.T) {
 	}
 	if _, err := os.Stat(discoveryDir); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("discovery refused --pprof-listen but created its data directory (%v)", err)
+	}
+}
+
+// TestEveryLeafCommandHasExamples: --help of every command that does
+// something shows how to call it.
+func TestEveryLeafCommandHasExamples(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if !c.HasSubCommands() && c.Runnable() && strings.TrimSpace(c.Example) == "" {
+			t.Errorf("%s has no Example", c.CommandPath())
+		}
+		checkExamples(t, c)
+		for _, s := range c.Commands() {
+			walk(s)
+		}
+	}
+	walk(newRoot(&Env{}))
+}
+
+// checkExamples parses the flags of each example of c with c's own flag
+// set, so an example cannot name a flag the command lacks.
+func checkExamples(t *testing.T, c *cobra.Command) {
+	t.Helper()
+	for _, line := range strings.Split(c.Example, "\n") {
+		words := strings.Fields(line)
+		for len(words) > 0 && strings.Contains(words[0], "=") { // VAR=value prefixes
+			words = words[1:]
+		}
+		if len(words) == 0 || words[0] != "muster" {
+			continue
+		}
+		root := newRoot(&Env{})
+		cmd, rest, err := root.Find(words[1:])
+		if err != nil || cmd.CommandPath() != c.CommandPath() {
+			t.Errorf("example %q of %s runs %v (%v)", line, c.CommandPath(), cmd.CommandPath(), err)
+			continue
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Errorf("example %q of %s: %v", line, c.CommandPath(), err)
+		}
 	}
 }
