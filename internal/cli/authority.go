@@ -330,6 +330,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return fmt.Errorf("authority: %w", err)
 	}
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
+	unlock, err := dir.Lock()
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
+	defer unlock()
 	st, err := openStore(ctx, o.storeURL)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

@@ -12,6 +12,7 @@
 //	DIR/muster.db              the embedded SQLite store
 //	DIR/authority.addr         the address the running authority advertises
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
+//	DIR/authority.lock         flock(2)ed by the running authority; holds its pid
 package datadir
 
 import (
