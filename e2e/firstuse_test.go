@@ -1,7 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -20,4 +24,41 @@ func TestSecondAuthorityOnADirectoryRefuses(t *testing.T) {
 	}
 	// The first one is still the one status reaches.
 	mustRun(t, "status", "--data", dir)
+}
+
+// init and dev accept an existing empty directory, as systemd's
+// StateDirectory= and Kubernetes volumes give, and init still refuses it
+// once it holds an authority.
+func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "init", "--data", dir)
+	if line := mustFail(t, "init", "--data", dir); !strings.Contains(line, "already holds an authority") {
+		t.Fatalf("init on an initialised directory: %q", line)
+	}
+
+	devDir := filepath.Join(t.TempDir(), "dev")
+	if err := os.Mkdir(devDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(musterBin, "dev", "--data", devDir, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--discovery-listen", "")
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "muster dev: authority ") {
+			mustRun(t, "status", "--data", devDir)
+			return
+		}
+	}
+	t.Fatalf("muster dev on an empty directory exited before listening: %v", cmd.Wait())
 }
