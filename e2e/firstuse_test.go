@@ -62,3 +62,23 @@ func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
 	}
 	t.Fatalf("muster dev on an empty directory exited before listening: %v", cmd.Wait())
 }
+
+// A not-found error names what is missing, not only "not found".
+func TestNotFoundNamesTheMissingThing(t *testing.T) {
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	defer a.stop(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"token", "get", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`},
+		{[]string{"token", "delete", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`},
+		{[]string{"agents", "show", "ghost"}, `NOT_FOUND: no node "ghost"`},
+		{[]string{"agents", "delete", "ghost"}, `NOT_FOUND: no node "ghost"`},
+	} {
+		if line := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(line, c.want) {
+			t.Errorf("muster %s: %q, want %q", strings.Join(c.args, " "), line, c.want)
+		}
+	}
+}

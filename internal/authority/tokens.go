@@ -156,7 +156,7 @@ func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenReque
 	}
 	t, err := a.s.store.GetToken(ctx, req.GetId())
 	if err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
+		return nil, toStatus(ctx, a.s.log, notFound(err, fmt.Sprintf("join token %q", req.GetId())))
 	}
 	return &musterv1.GetTokenResponse{Token: tokenToProto(t, time.Now())}, nil
 }
@@ -166,7 +166,7 @@ func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteToke
 	if !jointoken.ValidID(req.GetId()) {
 		err = badRequest("a token ID is 6 characters of a-z 0-9 (the part before the dot)")
 	} else {
-		err = a.s.store.DeleteToken(ctx, req.GetId())
+		err = notFound(a.s.store.DeleteToken(ctx, req.GetId()), fmt.Sprintf("join token %q", req.GetId()))
 	}
 	err = toStatus(ctx, a.s.log, err)
 	a.record(ctx, "token.delete", "token "+secretFree(req.GetId()), err)
@@ -223,7 +223,7 @@ func (a *adminService) ListAgents(ctx context.Context, _ *musterv1.ListAgentsReq
 // deletion), and every certificate issued under it.
 func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentRequest) (*musterv1.GetAgentResponse, error) {
 	resp, err := a.getAgent(ctx, req.GetNodeId())
-	return resp, toStatus(ctx, a.s.log, err)
+	return resp, toStatus(ctx, a.s.log, notFound(err, fmt.Sprintf("node %q", req.GetNodeId())))
 }
 
 func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.GetAgentResponse, error) {
@@ -268,7 +268,7 @@ func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgen
 	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
 		err = badRequest("node: " + verr.Error())
 	} else {
-		err = a.s.store.DeleteNode(ctx, req.GetNodeId())
+		err = notFound(a.s.store.DeleteNode(ctx, req.GetNodeId()), fmt.Sprintf("node %q", req.GetNodeId()))
 	}
 	err = toStatus(ctx, a.s.log, err)
 	a.record(ctx, "agent.delete", req.GetNodeId(), err)
