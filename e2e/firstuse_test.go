@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -79,6 +81,35 @@ func TestNotFoundNamesTheMissingThing(t *testing.T) {
 	} {
 		if line := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(line, c.want) {
 			t.Errorf("muster %s: %q, want %q", strings.Join(c.args, " "), line, c.want)
+		}
+	}
+}
+
+// Every delete command prints what it deleted with -o json.
+func TestDeleteCommandsPrintJSON(t *testing.T) {
+	e := newAgentEnv(t)
+	tok := e.createToken(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	mustRun(t, "agent", "join", "--data", adir, "--node", "n1", tok.URI)
+	mustRun(t, "lock", "create", "--node", "n2", "--data", e.dir)
+	var locks []map[string]any
+	json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", e.dir, "-o", "json")), &locks)
+	if len(locks) != 1 {
+		t.Fatalf("lock list = %v", locks)
+	}
+	lockID := locks[0]["id"].(string)
+	for _, c := range []struct {
+		args []string
+		want map[string]any
+	}{
+		{[]string{"token", "delete", tok.ID}, map[string]any{"id": tok.ID, "deleted": true}},
+		{[]string{"agents", "delete", "n1"}, map[string]any{"node_id": "n1", "deleted": true}},
+		{[]string{"lock", "delete", lockID}, map[string]any{"id": lockID, "deleted": true}},
+	} {
+		out := mustRun(t, append(c.args, "--data", e.dir, "-o", "json")...)
+		var got map[string]any
+		if err := json.Unmarshal([]byte(out), &got); err != nil || !reflect.DeepEqual(got, c.want) {
+			t.Errorf("muster %s -o json printed %q (%v), want %v", strings.Join(c.args, " "), out, err, c.want)
 		}
 	}
 }

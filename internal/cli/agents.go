@@ -184,16 +184,26 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 }
 
 func newAgentsDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:     "delete NODE",
-		Example: `  muster agents delete web-1 --data ./muster-data`,
-		Short:   "Delete a node: it can no longer renew, and its ID is free for a new join",
-		Args:    cobra.ExactArgs(1),
+		Use: "delete NODE",
+		Example: `  muster agents delete web-1 --data ./muster-data
+  muster agents delete web-1 -o json`,
+		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "agents delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{NodeID: args[0], Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Node %s deleted; it can join again only with a new token\n", args[0])
 				return nil
@@ -201,5 +211,6 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }

@@ -143,16 +143,26 @@ func newLockListCmd(env *Env) *cobra.Command {
 }
 
 func newLockDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:     "delete ID",
-		Example: `  muster lock delete 01J8Z3…`,
-		Short:   "Delete a lock",
-		Args:    cobra.ExactArgs(1),
+		Use: "delete ID",
+		Example: `  muster lock delete 01J8Z3…
+  muster lock delete 01J8Z3… -o json`,
+		Short: "Delete a lock",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "lock delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{ID: args[0], Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Lock %s deleted\n", args[0])
 				return nil
@@ -160,5 +170,6 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }

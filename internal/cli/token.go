@@ -236,17 +236,27 @@ func tokenIDArg(s string) string {
 }
 
 func newTokenDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:     "delete ID",
-		Example: `  muster token delete 7f3k2a`,
-		Short:   "Delete a join token; nodes it admitted keep their identities",
-		Args:    cobra.ExactArgs(1),
+		Use: "delete ID",
+		Example: `  muster token delete 7f3k2a
+  muster token delete 7f3k2a -o json`,
+		Short: "Delete a join token; nodes it admitted keep their identities",
+		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			id := tokenIDArg(args[0])
 			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: id}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{ID: id, Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Token %s deleted\n", id)
 				return nil
@@ -254,5 +264,6 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }
