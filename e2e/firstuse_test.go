@@ -45,7 +45,15 @@ func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
 	if err := os.Mkdir(devDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(musterBin, "dev", "--data", devDir, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--discovery-listen", "")
+	devBanner(t, devDir, "--discovery-listen", "")
+	mustRun(t, "status", "--data", devDir)
+}
+
+// devBanner starts muster dev on dir, returns what it printed up to the
+// end of its banner, and leaves it running until the test ends.
+func devBanner(t *testing.T, dir string, extra ...string) string {
+	t.Helper()
+	cmd := exec.Command(musterBin, append([]string{"dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", ""}, extra...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -54,15 +62,34 @@ func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	var out strings.Builder
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {
-		if strings.HasPrefix(sc.Text(), "muster dev: authority ") {
-			mustRun(t, "status", "--data", devDir)
-			return
+		out.WriteString(sc.Text() + "\n")
+		if strings.HasPrefix(sc.Text(), "Stop with Ctrl-C") {
+			return out.String()
 		}
 	}
-	t.Fatalf("muster dev on an empty directory exited before listening: %v", cmd.Wait())
+	t.Fatalf("muster dev exited before its banner ended: %v\n%s", cmd.Wait(), out.String())
+	return ""
+}
+
+// muster dev's banner does not tell the user to start the authority it
+// runs, and its PSK step is one line and the command.
+func TestDevBanner(t *testing.T) {
+	out := devBanner(t, filepath.Join(t.TempDir(), "dev"), "--discovery-listen", "127.0.0.1:0")
+	if strings.Contains(out, "muster authority") {
+		t.Errorf("dev banner tells the user to start an authority:\n%s", out)
+	}
+	_, step5, ok := strings.Cut(out, "  5. ")
+	if !ok {
+		t.Fatalf("no PSK step in the banner:\n%s", out)
+	}
+	step5, _, _ = strings.Cut(step5, "\n\n")
+	if lines := strings.Split(strings.TrimSpace(step5), "\n"); len(lines) != 2 || !strings.Contains(lines[1], "agent join") || !strings.Contains(lines[1], "--psk-file") {
+		t.Errorf("PSK step is %d lines, want one line and the command:\n%s", len(lines), step5)
+	}
 }
 
 // A not-found error names what is missing, not only "not found".

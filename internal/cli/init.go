@@ -64,6 +64,16 @@ leaves DIR untouched when anything fails.`,
 }
 
 func printInit(env *Env, out output, res datadir.InitResult) error {
+	if err := printInitSummary(env, out, res); err != nil || out.json() {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellQuote(string(res.Dir)), storeHint(res.StoreURL))
+	return nil
+}
+
+// printInitSummary prints what init made, without the next step: muster
+// dev, which runs the authority itself, must not tell the user to start it.
+func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	if out.json() {
 		return out.write(env.Stdout, map[string]any{
 			"authority_id":      res.Info.AuthorityID,
@@ -95,9 +105,7 @@ Deploy agents with:
   MUSTER_AUTHORITY_ID=%s
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
-
-Next: muster authority --data %s%s
-`, res.Info.AuthorityID, res.Info.CAFingerprint, shellQuote(string(res.Dir)), storeHint(res.StoreURL))
+`, res.Info.AuthorityID, res.Info.CAFingerprint)
 	return nil
 }
 
