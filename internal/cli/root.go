@@ -103,6 +103,9 @@ func describe(err error) string {
 		if st.Code() == codes.Unavailable {
 			msg = "cannot reach the authority: " + msg
 		}
+		if svc, ok := strings.CutPrefix(msg, "unknown service "); ok && st.Code() == codes.Unimplemented {
+			return notMuster(svc)
+		}
 		return fmt.Sprintf("%s: %s", codeName[st.Code()], oneLine(msg))
 	}
 	return oneLine(err.Error())
