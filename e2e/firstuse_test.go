@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -137,6 +138,35 @@ func TestDeleteCommandsPrintJSON(t *testing.T) {
 		var got map[string]any
 		if err := json.Unmarshal([]byte(out), &got); err != nil || !reflect.DeepEqual(got, c.want) {
 			t.Errorf("muster %s -o json printed %q (%v), want %v", strings.Join(c.args, " "), out, err, c.want)
+		}
+	}
+}
+
+// Every path of the working directory the quick start tells the user to
+// create is gitignored, like muster-data, so trying muster in a checkout
+// leaves no secrets to commit.
+func TestQuickStartPathsAreGitignored(t *testing.T) {
+	cwd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignore, err := os.ReadFile(filepath.Join(filepath.Dir(cwd), ".gitignore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ignored := map[string]bool{}
+	for _, l := range strings.Split(string(ignore), "\n") {
+		ignored[strings.Trim(strings.TrimSpace(l), "/")] = true
+	}
+	out := devBanner(t, filepath.Join(t.TempDir(), "dev"), "--discovery-listen", "127.0.0.1:0")
+	paths := regexp.MustCompile(`(?:^|[\s(])\./([A-Za-z0-9._-]+)`).FindAllStringSubmatch(out, -1)
+	if len(paths) < 2 {
+		t.Fatalf("found %d ./paths in the banner:\n%s", len(paths), out)
+	}
+	for _, p := range append(paths, []string{"", "muster-data"}) {
+		if !ignored[p[1]] {
+			t.Errorf("the quick start's ./%s is not in .gitignore", p[1])
+			ignored[p[1]] = true // once is enough
 		}
 	}
 }
