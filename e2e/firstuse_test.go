@@ -11,6 +11,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // First-use defects (issue 14, item 8): what a new user met on the way in.
@@ -169,4 +173,18 @@ func TestQuickStartPathsAreGitignored(t *testing.T) {
 			ignored[p[1]] = true // once is enough
 		}
 	}
+}
+
+// A join without a CSR cannot be retried, as docs/operator-guide.md and
+// the RPC's comment say: the repeat of a single-use token's join is
+// refused, where the same join with a CSR gets its certificate again.
+func TestJoinWithoutCSRIsNotRetrySafe(t *testing.T) {
+	e := newJoinEnv(t)
+	tok := e.token(t)
+	req := &musterv1.ExchangeJoinTokenRequest{JoinToken: tok, NodeId: "keystore"}
+	if _, err := e.boot.ExchangeJoinToken(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.boot.ExchangeJoinToken(t.Context(), req)
+	wantCode(t, err, codes.FailedPrecondition, "no uses left")
 }
