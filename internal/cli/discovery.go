@@ -325,9 +325,11 @@ func printDiscoveryShow(w io.Writer, res discoveryShowJSON) {
 		tw.Flush()
 	}
 	if len(res.AllowedAuthorities) == 0 {
-		fmt.Fprintf(w, "Allowed:      no authority in %s; without --allow-authority AUTHORITY_ID=sha256:… (or --open-registration) at start, every registration is refused\n", res.ConfigFile)
+		// Only the file is known here: the running service's flags may
+		// allow authorities (or everyone) that no file names.
+		fmt.Fprintf(w, "Allowed:      no authority in %s; the running service's --allow-authority or --open-registration flags may allow more (this directory cannot tell)\n", res.ConfigFile)
 	} else {
-		fmt.Fprintf(w, "Allowed:      in %s (--allow-authority at start adds to these):\n", res.ConfigFile)
+		fmt.Fprintf(w, "Allowed:      in %s (the running service's --allow-authority or --open-registration flags may allow more):\n", res.ConfigFile)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, a := range res.AllowedAuthorities {
 			fmt.Fprintf(tw, "  %s\t%s\n", a.AuthorityID, a.CAFingerprint)
