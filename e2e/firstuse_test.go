@@ -188,3 +188,16 @@ func TestJoinWithoutCSRIsNotRetrySafe(t *testing.T) {
 	_, err := e.boot.ExchangeJoinToken(t.Context(), req)
 	wantCode(t, err, codes.FailedPrecondition, "no uses left")
 }
+
+// A token join pointed at a server that is not an authority (here the
+// discovery service) says so, instead of "UNIMPLEMENTED: unknown service".
+func TestTokenJoinAtANonAuthority(t *testing.T) {
+	e := newAgentEnv(t)
+	tok := e.createToken(t)
+	disc := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
+	r := muster(t, []string{"MUSTER_JOIN_TOKEN=" + tok.Token}, "agent", "join", "--data", filepath.Join(t.TempDir(), "agent"),
+		"--node", "n1", "--authority", disc.addr)
+	if r.code == 0 || !strings.Contains(r.stderr, "is not a muster authority") {
+		t.Fatalf("token join at the discovery service: exit %d, %s", r.code, r.stderr)
+	}
+}
