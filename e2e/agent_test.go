@@ -250,7 +250,7 @@ func TestAgentJoinRefusals(t *testing.T) {
 }
 
 // TestAgentRun: run joins an empty directory from the environment, serves
-// its metrics, and stops cleanly on SIGTERM.
+// its metrics and health probes, and stops cleanly on SIGTERM.
 func TestAgentRun(t *testing.T) {
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
@@ -318,6 +318,11 @@ func TestAgentRun(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
+	}
+	// The probes an orchestrator or the image's health check uses, through
+	// muster healthcheck as an image without curl would.
+	for _, path := range []string{"/healthz", "/readyz"} {
+		mustRun(t, "healthcheck", "--url", "http://"+metricsAddr+path)
 	}
 
 	cmd.Process.Signal(syscall.SIGTERM)
@@ -417,7 +422,7 @@ func TestAgentJoinsThroughTheBootstrapListener(t *testing.T) {
 		t.Fatalf("status after renewal: %v", st)
 	}
 	// The bootstrap listener serves the bootstrap RPCs alone.
-	if r := muster(t, nil, "status", "--data", e.dir, "--authority", e.auth.bootstrap); r.code == 0 || !strings.Contains(r.stderr, "UNIMPLEMENTED") {
+	if r := muster(t, nil, "status", "--data", e.dir, "--authority", e.auth.bootstrap); r.code == 0 || !strings.Contains(r.stderr, "UNIMPLEMENTED: the server at that address is not a muster authority's API address") {
 		t.Fatalf("admin call on the bootstrap listener: exit %d, %s", r.code, r.stderr)
 	}
 }

@@ -275,9 +275,9 @@ func TestExchangeRetryAndKeystore(t *testing.T) {
 
 	body := metricsOf(t, e.auth.metrics)
 	for _, want := range []string{
-		`muster_joins_total{method="token",result="OK"} 2`,
-		`muster_joins_total{method="token",result="Retry"} 1`,
-		`muster_joins_total{method="token",result="FailedPrecondition"} 1`,
+		`muster_joins_total{method="token",result="ok"} 2`,
+		`muster_joins_total{method="token",result="retry"} 1`,
+		`muster_joins_total{method="token",result="failed_precondition"} 1`,
 		`muster_certificates_issued_total{kind="join"} 2`,
 		`muster_tokens{state="used_up"} 2`,
 		"muster_issuance_duration_seconds_bucket",
@@ -340,9 +340,11 @@ func TestRenewalGenerationsAndCopies(t *testing.T) {
 	_, csr3 := newCSR(t)
 	_, err = e.renew(t, gen1, csr3)
 	wantCode(t, err, codes.PermissionDenied, "copy_detected")
+	wantReason(t, err, "copy_detected")
 	// The instance is now locked, for every holder.
 	_, err = e.renew(t, gen0, csr1)
 	wantCode(t, err, codes.PermissionDenied, "locked")
+	wantReason(t, err, "locked")
 
 	var locks []map[string]any
 	json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", e.dir, "-o", "json")), &locks)
@@ -372,10 +374,12 @@ func TestNodeLifecycle(t *testing.T) {
 	second, _ := e.join(t, e.token(t, "--node", "n1"), "n1")
 	_, err := e.renew(t, first, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "superseded")
+	wantReason(t, err, "superseded")
 	// Deleted: cannot renew; the node ID is free for a new token.
 	mustRun(t, "agents", "delete", "n1", "--data", e.dir)
 	_, err = e.renew(t, second, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "deleted")
+	wantReason(t, err, "deleted")
 	third, _ := e.join(t, e.token(t), "n1")
 	if _, err := e.renew(t, third, must2(newCSR(t))); err != nil {
 		t.Fatalf("renewal after re-joining: %v", err)
@@ -401,6 +405,7 @@ func TestNodeLifecycle(t *testing.T) {
 	// certificate cannot renew.
 	_, err = musterv1.NewAdminServiceClient(e.dial(t, third)).ListTokens(t.Context(), &musterv1.ListTokensRequest{})
 	wantCode(t, err, codes.PermissionDenied, "")
+	wantReason(t, err, "permission_denied")
 	op, _ := identity.Load(filepath.Join(e.dir, "operator.pem"))
 	_, err = e.renew(t, op, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "agent")
@@ -408,6 +413,7 @@ func TestNodeLifecycle(t *testing.T) {
 	// renewal: without the PSK it is refused as such.
 	_, err = e.renew(t, nil, must2(nodeCSR(t, "n9")))
 	wantCode(t, err, codes.PermissionDenied, "bootstrap PSK is missing")
+	wantReason(t, err, "psk_missing")
 }
 
 func TestBootstrapRateLimit(t *testing.T) {

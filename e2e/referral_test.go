@@ -137,7 +137,7 @@ func TestReferralJoin(t *testing.T) {
 
 	m := metricsOf(t, e.auth.metrics)
 	for _, want := range []string{`muster_referral_tickets_total{result="ok"} 3`, `muster_referral_tickets_total{result="missing"} 1`,
-		`muster_discovery_calls_total{code="OK",operation="register"}`, `muster_joins_total{method="psk",result="OK"} 3`} {
+		`muster_discovery_calls_total{code="OK",operation="register"}`, `muster_joins_total{method="psk",result="ok"} 3`} {
 		if !strings.Contains(m, want) {
 			t.Errorf("authority metrics lack %s", want)
 		}

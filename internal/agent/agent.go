@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
@@ -207,7 +208,7 @@ func resultOf(err error) string {
 	}
 	var se interface{ GRPCStatus() *status.Status }
 	if errors.As(err, &se) {
-		return se.GRPCStatus().Code().String()
+		return errinfo.CodeWord(se.GRPCStatus().Code())
 	}
 	return "error"
 }

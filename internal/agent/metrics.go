@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -21,6 +22,7 @@ type Metrics struct {
 	expiry     prometheus.Gauge
 	renewals   *prometheus.CounterVec
 	generation prometheus.Gauge
+	health     health
 	setVersion prometheus.Gauge
 	setRefused prometheus.Counter
 	streams    prometheus.Counter
@@ -76,6 +78,7 @@ func (m *Metrics) observe(st *State) {
 	if m == nil || st == nil {
 		return
 	}
+	m.health.observe(st)
 	m.expiry.Set(float64(st.NotAfter.Unix()))
 	m.generation.Set(float64(st.Generation))
 	if t, err := signer.NewTrust(st.VerifierSet, nil); err == nil && len(st.VerifierSet) > 0 {
@@ -118,14 +121,25 @@ func (m *Metrics) renewal(err error) {
 	m.renewals.WithLabelValues(resultOf(err)).Inc()
 }
 
-// Handler serves /metrics.
+// Handler serves /metrics, /healthz (the process answers) and /readyz
+// (the identity is valid and not near its expiry; see health.ready).
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := m.health.ready(time.Now()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	return mux
 }
 
-// Serve serves /metrics on lis until ctx ends.
+// Serve serves Handler on lis until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener) error {
 	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)

@@ -29,6 +29,11 @@ func (a *Agent) Renew(ctx context.Context) (*State, error) {
 }
 
 func (a *Agent) renew(ctx context.Context) (*State, error) {
+	// Taking the lock creates the directory; a renewal of a directory
+	// that holds no identity (a mistyped --data) must fail leaving none.
+	if !a.dir.HasIdentity() {
+		return nil, fmt.Errorf("%w: %s", ErrNoIdentity, a.dir)
+	}
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
 		return nil, err

@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"github.com/muster-dev/muster/internal/identity"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -150,4 +153,17 @@ func TestStatus(t *testing.T) {
 		t.Errorf("status of an empty directory: %v", err)
 	}
 	_ = dir
+}
+
+// A renewal of a directory that does not exist (a mistyped --data) fails
+// without creating it.
+func TestRenewMissingDirectoryCreatesNothing(t *testing.T) {
+	dir := Dir(filepath.Join(t.TempDir(), "typo"))
+	_, err := New(Options{Dir: dir}).Renew(context.Background())
+	if !errors.Is(err, ErrNoIdentity) || !strings.Contains(err.Error(), string(dir)) {
+		t.Fatalf("Renew = %v, want ErrNoIdentity naming %s", err, dir)
+	}
+	if _, err := os.Stat(string(dir)); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("Renew left %s behind: %v", dir, err)
+	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
 )
 
 // Backoff of transient failures; variables so tests can shorten them.
@@ -57,7 +59,13 @@ func (a *Agent) Run(ctx context.Context, join func() (JoinRequest, error)) error
 		return nil
 	}
 	if err != nil {
-		a.log.Error("agent stopped: permanent failure", "err", err)
+		args := []any{"err", err}
+		if r := errinfo.Reason(err); r != "" {
+			// The authority's machine-readable reason (locked,
+			// superseded, …), for log queries and alerts.
+			args = append(args, "reason", r)
+		}
+		a.log.Error("agent stopped: permanent failure", args...)
 	}
 	return err
 }

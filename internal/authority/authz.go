@@ -191,7 +191,7 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 		Source:        c.Source,
 		CorrelationID: c.CorrelationID,
 	})
-	return status.Error(code, reason)
+	return refused(code, reason)
 }
 
 // clientChain verifies the client certificate the caller gave, if any,

@@ -14,6 +14,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/errinfo"
 )
 
 // metrics are the authority's Prometheus series. Labels hold only bounded
@@ -119,19 +120,21 @@ func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	return err
 }
 
-// result is the label of an enrollment outcome.
+// result is the label of an enrollment outcome, in lower snake case like
+// every result label of the authority and the agent (the code labels of
+// the RPC metrics keep gRPC's names, as other gRPC servers export them).
 func result(iss *enroll.Issued, err error) string {
 	switch {
 	case err != nil:
 		var ref *enroll.Refusal
 		if errors.As(err, &ref) {
-			return refusalCodes[ref.Kind].String()
+			return errinfo.CodeWord(refusalCodes[ref.Kind])
 		}
-		return status.Code(err).String()
+		return errinfo.CodeWord(status.Code(err))
 	case iss.Retry:
-		return "Retry"
+		return "retry"
 	default:
-		return codes.OK.String()
+		return errinfo.CodeWord(codes.OK)
 	}
 }
 

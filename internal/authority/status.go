@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -33,6 +34,58 @@ var refusalCodes = map[enroll.Kind]codes.Code{
 	enroll.KindUnavailable:        codes.Unavailable,
 }
 
+// refusalCode are the codes of refusals: the caller asked for something
+// the authority will not do. The others (cancellation, outages, internal
+// errors) carry no reason.
+var refusalCode = map[codes.Code]bool{
+	codes.InvalidArgument: true, codes.NotFound: true, codes.AlreadyExists: true, codes.PermissionDenied: true,
+	codes.ResourceExhausted: true, codes.FailedPrecondition: true, codes.Aborted: true, codes.OutOfRange: true,
+	codes.Unauthenticated: true,
+}
+
+// refusalWords are the machine reasons of refusals whose message is a
+// sentence: the words tools match on in the ErrorInfo of the status.
+var refusalWords = map[string]string{
+	enroll.ReasonPSKMissing:    "psk_missing",
+	enroll.ReasonPSKMismatch:   "psk_mismatch",
+	enroll.ReasonTicketMissing: "ticket_missing",
+	enroll.ReasonTicketUsed:    "ticket_used",
+}
+
+// refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word
+// when the reason is one (locked, deleted, superseded, copy_detected, and
+// those of later join methods), the word of a known sentence, or else the
+// code as a word (permission_denied), so every refusal carries one.
+func refusalReason(code codes.Code, reason string) string {
+	if isReasonWord(reason) {
+		return reason
+	}
+	if w, ok := refusalWords[reason]; ok {
+		return w
+	}
+	return errinfo.CodeWord(code)
+}
+
+// isReasonWord reports whether s is a lower-case snake_case word.
+func isReasonWord(s string) bool {
+	if s == "" || len(s) > 63 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for _, r := range s {
+		if (r < 'a' || r > 'z') && (r < '0' || r > '9') && r != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// refused is a refusal status with message msg and its ErrorInfo reason,
+// for the refusals the service layer makes itself (authorization, bad
+// requests).
+func refused(code codes.Code, msg string) error {
+	return errinfo.Error(code, msg, refusalReason(code, msg))
+}
+
 // toStatus is the one place where errors become gRPC status codes. Domain
 // and store errors carry meaning through sentinels; anything unrecognised is
 // an internal error whose detail goes to the log, never to the caller.
@@ -40,28 +93,33 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok {
+	if st, ok := status.FromError(err); ok {
+		// A handler's own refusal status gets its reason here too.
+		if len(st.Details()) == 0 && refusalCode[st.Code()] {
+			return refused(st.Code(), st.Message())
+		}
 		return err
 	}
 	var ia invalidArgument
 	var ref *enroll.Refusal
 	switch {
 	case errors.As(err, &ref):
-		return status.Error(refusalCodes[ref.Kind], ref.Reason)
+		code := refusalCodes[ref.Kind]
+		return errinfo.Error(code, ref.Reason, refusalReason(code, ref.Reason))
 	case errors.As(err, &ia):
-		return status.Error(codes.InvalidArgument, ia.msg)
+		return refused(codes.InvalidArgument, ia.msg)
 	case errors.Is(err, ca.ErrBadCSR), errors.Is(err, ca.ErrKeyType), errors.Is(err, spiffeid.ErrInvalid):
-		return status.Error(codes.InvalidArgument, err.Error())
+		return refused(codes.InvalidArgument, err.Error())
 	case errors.As(err, new(*signer.TimesError)):
-		return status.Error(codes.InvalidArgument, err.Error())
+		return refused(codes.InvalidArgument, err.Error())
 	case errors.Is(err, signer.ErrNotFound):
-		return status.Error(codes.NotFound, err.Error())
+		return refused(codes.NotFound, err.Error())
 	case signer.IsRule(err):
-		return status.Error(codes.FailedPrecondition, err.Error())
+		return refused(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrNotFound):
-		return status.Error(codes.NotFound, "not found")
+		return refused(codes.NotFound, "not found")
 	case errors.Is(err, store.ErrConflict):
-		return status.Error(codes.AlreadyExists, "already exists")
+		return refused(codes.AlreadyExists, "already exists")
 	case errors.Is(err, store.ErrUnavailable):
 		// A full disk passes; the agent retries UNAVAILABLE, not INTERNAL.
 		log.Error("store unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)

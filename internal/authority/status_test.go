@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,8 +11,53 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/store"
 )
+
+// TestToStatusReasons: every refusal leaves the service layer with its
+// code and a muster.dev ErrorInfo reason (DESIGN.md's word where it names
+// one); cancellations and internal errors carry none.
+func TestToStatusReasons(t *testing.T) {
+	tests := []struct {
+		name   string
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{"locked", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonLocked, Detail: "lock x"}, codes.PermissionDenied, "locked"},
+		{"copy", fmt.Errorf("renew: %w", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonCopyDetected}), codes.PermissionDenied, "copy_detected"},
+		{"superseded", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonSuperseded}, codes.PermissionDenied, "superseded"},
+		{"deleted", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonDeleted}, codes.PermissionDenied, "deleted"},
+		{"a later method's word", &enroll.Refusal{Kind: enroll.KindUnauthenticated, Reason: "challenge_failed"}, codes.Unauthenticated, "challenge_failed"},
+		{"psk missing", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonPSKMissing}, codes.PermissionDenied, "psk_missing"},
+		{"ticket used", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonTicketUsed}, codes.PermissionDenied, "ticket_used"},
+		{"a sentence", &enroll.Refusal{Kind: enroll.KindFailedPrecondition, Reason: "join token expired"}, codes.FailedPrecondition, "failed_precondition"},
+		{"rate limited", &enroll.Refusal{Kind: enroll.KindRateLimited, Reason: "too many requests from this source"}, codes.ResourceExhausted, "resource_exhausted"},
+		{"bad request", badRequest("node_id is required"), codes.InvalidArgument, "invalid_argument"},
+		{"bad csr", fmt.Errorf("x: %w", ca.ErrBadCSR), codes.InvalidArgument, "invalid_argument"},
+		{"store not found", store.ErrNotFound, codes.NotFound, "not_found"},
+		{"handler's own status", status.Error(codes.FailedPrecondition, "refusing to lock yourself"), codes.FailedPrecondition, "failed_precondition"},
+		{"handler's status with a reason", errinfo.Error(codes.PermissionDenied, "x", "locked"), codes.PermissionDenied, "locked"},
+		{"canceled", context.Canceled, codes.Canceled, ""},
+		{"unavailable", status.Error(codes.Unavailable, "cannot check locks"), codes.Unavailable, ""},
+		{"internal", errors.New("disk on fire"), codes.Internal, ""},
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := toStatus(t.Context(), log, tt.err)
+			if status.Code(err) != tt.code || errinfo.Reason(err) != tt.reason {
+				t.Errorf("toStatus(%v) = %v with reason %q; want %v with %q", tt.err, err, errinfo.Reason(err), tt.code, tt.reason)
+			}
+			if tt.code == codes.Internal && status.Convert(err).Message() == tt.err.Error() {
+				t.Errorf("internal detail reached the caller: %v", err)
+			}
+		})
+	}
+}
 
 // TestToStatusStoreErrors: store sentinels reach the caller as the codes
 // DESIGN.md gives them; a full disk is UNAVAILABLE (agents retry it),

@@ -129,7 +129,7 @@ func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenReque
 	}
 	t, err := a.s.store.GetToken(ctx, req.GetId())
 	if err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
+		return nil, toStatus(ctx, a.s.log, notFound(err, fmt.Sprintf("join token %q", req.GetId())))
 	}
 	p := tokenToProto(t, time.Now())
 	// One token's answer shows a registration secret not yet used, as
@@ -145,7 +145,7 @@ func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteToke
 	if !validTokenName(req.GetId()) {
 		err = badRequest(badTokenName)
 	} else {
-		err = a.s.store.DeleteToken(ctx, req.GetId())
+		err = notFound(a.s.store.DeleteToken(ctx, req.GetId()), fmt.Sprintf("join token %q", req.GetId()))
 	}
 	err = toStatus(ctx, a.s.log, err)
 	a.record(ctx, "token.delete", "token "+secretFree(req.GetId()), err)
@@ -205,7 +205,7 @@ func (a *adminService) ListAgents(ctx context.Context, _ *musterv1.ListAgentsReq
 // deletion), and every certificate issued under it.
 func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentRequest) (*musterv1.GetAgentResponse, error) {
 	resp, err := a.getAgent(ctx, req.GetNodeId())
-	err = toStatus(ctx, a.s.log, err)
+	err = toStatus(ctx, a.s.log, notFound(err, fmt.Sprintf("node %q", req.GetNodeId())))
 	if status.Code(err) == codes.InvalidArgument {
 		a.refused(ctx, "agent.get", req.GetNodeId(), err)
 	}
@@ -254,7 +254,7 @@ func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgen
 	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
 		err = badRequest("node: " + verr.Error())
 	} else {
-		err = a.s.store.DeleteNode(ctx, req.GetNodeId())
+		err = notFound(a.s.store.DeleteNode(ctx, req.GetNodeId()), fmt.Sprintf("node %q", req.GetNodeId()))
 	}
 	err = toStatus(ctx, a.s.log, err)
 	a.record(ctx, "agent.delete", req.GetNodeId(), err)

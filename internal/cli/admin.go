@@ -35,7 +35,9 @@ func newAdminAddCmd(env *Env) *cobra.Command {
 		reissue bool
 	)
 	cmd := &cobra.Command{
-		Use:   "add NAME",
+		Use: "add NAME",
+		Example: `  muster admin add alice --data ./muster-data --out alice.pem
+  muster admin add ci-bot --ttl 720h --out ci-bot.pem -o json`,
 		Short: "Issue another operator identity",
 		Long: `add issues an operator identity (spiffe://TD/admin/NAME) from the admin
 intermediate. The key is made here and never leaves this machine; the file
@@ -76,7 +78,7 @@ intermediate. The key is made here and never leaves this machine; the file
 				return fmt.Errorf("admin add: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, map[string]any{
+				return out.write(env.Stdout, map[string]any{
 					"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
 					"not_after": resp.GetNotAfter().AsTime(), "identity": path,
 				})
@@ -100,7 +102,9 @@ func newAdminListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster admin list --data ./muster-data
+  muster admin list -o yaml`,
 		Short: "List the operator certificates the authority issued",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -126,7 +130,7 @@ func newAdminListCmd(env *Env) *cobra.Command {
 				for _, o := range resp.GetOperators() {
 					ops = append(ops, op{o.GetName(), o.GetSpiffeId(), o.GetSerial(), o.GetNotAfter().AsTime(), o.GetCreatedBy(), o.GetLocked()})
 				}
-				return writeJSON(env.Stdout, ops)
+				return out.write(env.Stdout, ops)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tSERIAL\tEXPIRES\tLOCKED\tCREATED BY")

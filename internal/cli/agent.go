@@ -18,7 +18,7 @@ func newAgentCmd(env *Env) *cobra.Command {
 		Use:   "agent",
 		Short: "Run the agent on a machine: join once, then keep its identity fresh",
 	}
-	cmd.AddCommand(newAgentJoinCmd(env), newAgentRunCmd(env), newAgentRenewCmd(env), newAgentStatusCmd(env), newAgentTrustCmd(env))
+	cmd.AddCommand(newAgentJoinCmd(env), withEnv(env, newAgentRunCmd(env)), newAgentRenewCmd(env), newAgentStatusCmd(env), newAgentTrustCmd(env))
 	return cmd
 }
 
@@ -61,7 +61,11 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "join --data ADIR [--token-file F | --psk-file F | --bound-keypair NAME [--registration-secret-file F] | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
+		Use: "join --data ADIR [--token-file F | --psk-file F | --bound-keypair NAME [--registration-secret-file F] | URI] --node NODE (--authority HOST:PORT | --discovery HOST:PORT --authority-id ID) [--ca-fingerprint sha256:…]",
+		Example: `  muster agent join --data ./agent-data --node web-1 'muster+token://…'
+  muster agent join --data ./agent-data --node web-1 --token-file token.txt --authority authority.example.org:7443
+  muster agent join --data ./agent-data --node web-1 --psk-file psk.txt --discovery discovery.example.org:7450 --authority-id prod-a3f2e1
+  muster agent join --data ./agent-data --bound-keypair build-runner-01 --authority authority.example.org:7443 --ca-fingerprint sha256:…`,
 		Short: "Join an authority with a join token, the bootstrap PSK or a bound keypair, once",
 		Long: `join admits this machine with a join token or the authority's bootstrap PSK
 and writes its identity to ADIR.
@@ -164,7 +168,9 @@ func newAgentRenewCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "renew --data ADIR",
+		Use: "renew --data ADIR",
+		Example: `  muster agent renew --data /var/lib/muster-agent
+  muster agent renew --data ./agent-data -o json`,
 		Short: "Renew the agent's certificate once, now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -191,7 +197,7 @@ func newAgentRenewCmd(env *Env) *cobra.Command {
 
 func printAgentState(env *Env, out output, dir agent.Dir, verb string, st *agent.State) error {
 	if out.json() {
-		return writeJSON(env.Stdout, st)
+		return out.write(env.Stdout, st)
 	}
 	fmt.Fprintf(env.Stdout, "%s: node %s, instance %s, generation %d, of authority %s at %s\nCertificate valid until %s, in %s\n",
 		verb, st.NodeID, st.InstanceID, st.Generation, st.AuthorityID, st.Authority,
@@ -203,10 +209,13 @@ func newAgentRunCmd(env *Env) *cobra.Command {
 	var (
 		data, metricsListen string
 		logFormat, logLevel string
+		pprofListen         string
 		timeout             time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "run --data ADIR",
+		Use: "run --data ADIR",
+		Example: `  muster agent run --data /var/lib/muster-agent --metrics-listen 127.0.0.1:9464
+  MUSTER_JOIN_URI='muster+token://…' MUSTER_NODE_ID=web-1 muster agent run --data ./agent-data`,
 		Short: "Run the agent: join if needed, then renew the identity before it expires",
 		Long: `run keeps this machine's identity fresh. If ADIR holds no identity it joins
 first, with the token or PSK, node and authority from MUSTER_JOIN_TOKEN,
@@ -263,32 +272,36 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 			}
 			log.Info("agent started", args...)
 
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			g, ctx := errgroup.WithContext(ctx)
 			var runErr error
-			g.Go(func() error {
-				// The agent ending, for whatever reason, ends the
-				// metrics listener too.
+			err = withPprof(cmd.Context(), pprofListen, log, func(ctx context.Context) error {
+				ctx, cancel := context.WithCancel(ctx)
 				defer cancel()
-				runErr = a.Run(ctx, join)
-				return runErr
-			})
-			if lis != nil {
-				g.Go(func() error { return m.Serve(ctx, lis) })
-			}
-			if err := g.Wait(); err != nil {
-				if runErr != nil {
-					return agentFailure(runErr)
+				g, ctx := errgroup.WithContext(ctx)
+				g.Go(func() error {
+					// The agent ending, for whatever reason, ends the
+					// metrics listener too.
+					defer cancel()
+					runErr = a.Run(ctx, join)
+					return runErr
+				})
+				if lis != nil {
+					g.Go(func() error { return m.Serve(ctx, lis) })
 				}
-				return fmt.Errorf("agent run: metrics: %w", err)
+				return g.Wait()
+			})
+			switch {
+			case runErr != nil:
+				return agentFailure(runErr)
+			case err != nil:
+				return fmt.Errorf("agent run: %w", err)
 			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
-	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics (empty: off)")
+	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics, /healthz and /readyz (empty: off)")
+	registerPprofFlag(cmd, &pprofListen)
 	f.StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
@@ -301,7 +314,9 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 		out  output
 	)
 	cmd := &cobra.Command{
-		Use:   "status --data ADIR",
+		Use: "status --data ADIR",
+		Example: `  muster agent status --data /var/lib/muster-agent
+  muster agent status --data ./agent-data -o json`,
 		Short: "Show the agent's identity: node, instance, authority, generation, expiry",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -320,7 +335,7 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 				return fmt.Errorf("agent status: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, s)
+				return out.write(env.Stdout, s)
 			}
 			valid := s.NotAfter.Format(time.RFC3339)
 			switch {

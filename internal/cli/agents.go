@@ -59,7 +59,9 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster agents list --data ./muster-data
+  muster agents list -o json`,
 		Short: "List admitted nodes with their current instance",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -76,7 +78,7 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 					list = append(list, agentOf(a))
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, list)
+					return out.write(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tSTREAM\tLOCKED")
@@ -121,7 +123,9 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "show NODE",
+		Use: "show NODE",
+		Example: `  muster agents show web-1 --data ./muster-data
+  muster agents show web-1 -o yaml`,
 		Short: "Show what a node holds, since when, and how it got it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -152,7 +156,7 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 						NotBefore: timeOf(ce.GetNotBefore()), NotAfter: timeOf(ce.GetNotAfter()), IssuedAt: timeOf(ce.GetIssuedAt())})
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, doc)
+					return out.write(env.Stdout, doc)
 				}
 				if a := doc.Agent; a != nil {
 					fmt.Fprintf(env.Stdout, "Node %s: instance %s, generation %d, joined by %s (token %s), expires %s\n",
@@ -183,15 +187,26 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 }
 
 func newAgentsDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:   "delete NODE",
+		Use: "delete NODE",
+		Example: `  muster agents delete web-1 --data ./muster-data
+  muster agents delete web-1 -o json`,
 		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "agents delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{NodeID: args[0], Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Node %s deleted; it can join again only with a new token\n", args[0])
 				return nil
@@ -199,5 +214,6 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }

@@ -42,7 +42,9 @@ func newAuditListCmd(env *Env) *cobra.Command {
 		lf  auditListFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster audit list --data ./muster-data --limit 20
+  muster audit list --action token.create --since 24h -o json`,
 		Short: "List audit records, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -145,7 +147,7 @@ func writeAuditList(w io.Writer, out output, recs []auditJSON) error {
 		if recs == nil {
 			recs = []auditJSON{}
 		}
-		return writeJSON(w, recs)
+		return out.write(w, recs)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tTIME\tACTOR\tACTION\tTARGET\tRESULT\tREASON")
@@ -173,7 +175,9 @@ func newAuditVerifyCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "verify",
+		Use: "verify",
+		Example: `  muster audit verify --data ./muster-data
+  muster audit verify -o json`,
 		Short: "Check the audit chain and its signed checkpoints; exits non-zero on tampering",
 		Long: `verify asks the authority to walk the whole audit chain: every record's
 keyed hash, the links between records, and the signed checkpoints kept in
@@ -224,7 +228,7 @@ func auditVerifyOf(rep audit.Report) auditVerify {
 // error naming the first bad record when the chain was tampered with.
 func writeAuditVerify(w io.Writer, out output, name string, r auditVerify) error {
 	if out.json() {
-		if err := writeJSON(w, map[string]any{
+		if err := out.write(w, map[string]any{
 			"ok": r.OK, "records_checked": r.RecordsChecked, "checkpoints_checked": r.CheckpointsChecked,
 			"first_bad_seq": r.FirstBadSeq, "problem": r.Problem, "head_seq": r.HeadSeq, "head_hash": r.HeadHash,
 		}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -85,7 +86,7 @@ func readYAMLFile(path string, v any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%s: %v", path, oneLine(err.Error()))
+		return fmt.Errorf("%s: %v", path, oneLine(explainYAML(data, err).Error()))
 	}
 	return nil
 }
@@ -109,6 +110,7 @@ type authorityOptions struct {
 	pskOptional     string
 	logFormat       string
 	logLevel        string
+	pprofListen     string
 	ready           func(addr, metricsAddr string)
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
@@ -117,13 +119,19 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl string
+	var ttl, configFile string
+	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
 		Short: "Run the authority: the CA, every join method, renewal, the admin API",
 		Long: `authority serves muster's gRPC API over TLS from an initialised data
-directory. Settings come from DIR/authority.yaml (unknown keys are refused);
-flags override it.`,
+directory. Settings come from DIR/authority.yaml, or the file --config
+names (unknown keys are refused); MUSTER_* environment variables override
+the file, and flags override both. --check-config validates the settings
+and the data directory, prints the settings in force, and exits.`,
+		Example: `  muster authority --data /var/lib/muster
+  muster authority --data /var/lib/muster --config /etc/muster/authority.yaml --check-config
+  MUSTER_STORE=postgres://muster@db.internal/muster PGPASSFILE=/run/secrets/pgpass muster authority --data /var/lib/muster`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.dir == "" {
@@ -132,7 +140,16 @@ flags override it.`,
 			if o.dir == "" {
 				return fmt.Errorf("authority: --data DIR is required")
 			}
-			cfg, err := loadAuthorityConfig(datadir.Dir(o.dir).ConfigFile())
+			cfgPath := datadir.Dir(o.dir).ConfigFile()
+			if configFile != "" {
+				// A file named on purpose must exist; DIR/authority.yaml
+				// is optional.
+				if _, err := os.Stat(configFile); err != nil {
+					return fmt.Errorf("authority: --config: %w", err)
+				}
+				cfgPath = configFile
+			}
+			cfg, err := loadAuthorityConfig(cfgPath)
 			if err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -169,7 +186,10 @@ flags override it.`,
 				}
 			}
 			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
-				return fmt.Errorf("authority: agent certificate ttl %q: %v", ttl, err)
+				return fmt.Errorf("authority: agent_cert_ttl %q: want a duration such as 24h", ttl)
+			}
+			if checkOnly {
+				return checkAuthorityConfig(env, o, cfgPath)
 			}
 			return runAuthority(cmd.Context(), env, o)
 		},
@@ -189,6 +209,9 @@ flags override it.`,
 	fl.BoolVar(&o.pskRequired, "psk-required", true, "require the bootstrap PSK; false only for a migration, with --psk-optional-until and --discovery")
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
+	registerPprofFlag(cmd, &o.pprofListen)
+	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
+	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
 }
 
@@ -213,8 +236,22 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log format %q: use text or json", format)
 }
 
+// checkStoreURL checks the form of a store URL without connecting.
+func checkStoreURL(url string) error {
+	switch {
+	case url == "sqlite://":
+		return fmt.Errorf("store URL %q has no path", url)
+	case strings.HasPrefix(url, "sqlite://"), strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+		return nil
+	}
+	return fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", redactURL(url))
+}
+
 // openStore opens the store a URL names.
 func openStore(ctx context.Context, url string) (store.Store, error) {
+	if err := checkStoreURL(url); err != nil {
+		return nil, err
+	}
 	switch {
 	case strings.HasPrefix(url, "sqlite://"):
 		path := strings.TrimPrefix(url, "sqlite://")
@@ -222,10 +259,9 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 			return nil, fmt.Errorf("store URL %q has no path", url)
 		}
 		return sqlite.Open(ctx, path)
-	case strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
+	default:
 		return postgres.Open(ctx, url)
 	}
-	return nil, fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", redactURL(url))
 }
 
 // redactURL drops the userinfo of a URL, where a database password lives.
@@ -238,41 +274,76 @@ func redactURL(u string) string {
 	return u
 }
 
-func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
+// authoritySetup is what runAuthority needs before it opens the store,
+// each piece checked: what --check-config validates.
+type authoritySetup struct {
+	log     *slog.Logger
+	proxies []netip.Prefix
+	disc    *authority.DiscoveryConfig
+	pskOpt  time.Time
+	dir     datadir.Dir
+	info    datadir.Info
+	ca      *ca.Hierarchy
+	sk      seal.StorageKey
+}
+
+// loadAuthority checks the settings and reads the data directory, opening
+// nothing that serves or writes.
+func loadAuthority(env *Env, o *authorityOptions) (*authoritySetup, error) {
 	log, err := newLogger(env.Stderr, o.logFormat, o.logLevel)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
+	}
+	if err := checkPprof(o.pprofListen); err != nil {
+		return nil, err
 	}
 	if o.agentCertTTL <= 0 || o.agentCertTTL > maxAgentCertTTL {
-		return fmt.Errorf("authority: agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
+		return nil, fmt.Errorf("agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
 	}
 	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
 	}
-	disc, pskOptionalUntil, err := bootstrapSettings(o, log)
+	disc, pskOptionalUntil, err := bootstrapSettings(*o, log)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
 	}
 	dir := datadir.Dir(o.dir)
 	info, err := dir.ReadInfo()
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
 	}
 	h, err := ca.Load(dir.CADir())
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
 	}
 	if h.Fingerprint() != info.CAFingerprint {
-		return fmt.Errorf("authority: the root CA in %s does not match the fingerprint in %s", dir.CADir(), dir.InfoFile())
+		return nil, fmt.Errorf("the root CA in %s does not match the fingerprint in %s", dir.CADir(), dir.InfoFile())
 	}
 	sk, err := seal.LoadStorageKey(dir.StorageKeyFile())
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return nil, err
 	}
 	if o.storeURL, err = dir.StoreURL(info, o.storeURL); err != nil {
+		return nil, err
+	}
+	if err := checkStoreURL(o.storeURL); err != nil {
+		return nil, err
+	}
+	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: info, ca: h, sk: sk}, nil
+}
+
+func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
+	su, err := loadAuthority(env, &o)
+	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
+	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
+	unlock, err := dir.Lock()
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
+	defer unlock()
 	st, err := openStore(ctx, o.storeURL)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
@@ -300,8 +371,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
-	if err := srv.Run(ctx); err != nil {
-		return err
+	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
+		return fmt.Errorf("authority: %w", err)
 	}
 	log.Info("authority stopped")
 	return nil

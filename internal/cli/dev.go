@@ -25,7 +25,9 @@ func newDevCmd(env *Env) *cobra.Command {
 		dlisten string
 	)
 	cmd := &cobra.Command{
-		Use:   "dev",
+		Use: "dev",
+		Example: `  muster dev
+  muster dev --data ./dev-data --listen 127.0.0.1:8443 --discovery-listen ""`,
 		Short: "Run an authority on loopback for trying muster out (initialises --data on first start)",
 		Long: `dev is the quick start: it initialises DIR (default ./muster-data) if it
 does not hold an authority yet, then runs the authority on loopback with the
@@ -45,7 +47,7 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 					return fmt.Errorf("dev: %w", err)
 				}
 				fmt.Fprintf(env.Stdout, "Initialised a new authority in %s\n\n", res.Dir)
-				if err := printInit(env, output{format: "text"}, res); err != nil {
+				if err := printInitSummary(env, output{format: "text"}, res); err != nil {
 					return err
 				}
 				info = res.Info
@@ -82,13 +84,8 @@ In another terminal, as the operator in %s:
        %s audit list --data %s
 `, info.AuthorityID, addr, metricsNote(metricsAddr), d, m, q, m, m, m, q, m, q)
 				if o.discovery != "" {
-					fmt.Fprintf(env.Stdout, `  5. Or join with the bootstrap PSK through the discovery service on %s,
-     which hands out the referral ticket the authority wants with the PSK
-     (put the PSK that "%s psk show --data %s" prints in ./psk.txt):
-       %s agent join --data ./agent-psk --node my-psk-node --psk-file ./psk.txt \
-         --discovery %s --discovery-fingerprint %s \
-         --authority-id %s --ca-fingerprint %s
-`, o.discovery, m, q, m, o.discovery, o.discoveryFP, info.AuthorityID, info.CAFingerprint)
+					fmt.Fprintf(env.Stdout, "  5. Or join with the bootstrap PSK (in ./psk.txt, from %s psk show --data %s) and a referral ticket:\n       %s\n",
+						m, q, devPSKJoin(m, o.discovery, o.discoveryFP, info))
 				}
 				fmt.Fprintf(env.Stdout, "\nStop with Ctrl-C; the state stays in %s for the next start.\n", d)
 			}
@@ -171,4 +168,11 @@ func metricsNote(addr string) string {
 		return "no metrics listener"
 	}
 	return "metrics on http://" + addr + "/metrics"
+}
+
+// devPSKJoin is the one command of the dev banner's PSK step: the agent
+// gets its referral ticket from dev's embedded discovery service.
+func devPSKJoin(m, disc, discFP string, info datadir.Info) string {
+	return fmt.Sprintf("%s agent join --data ./agent-psk --node my-psk-node --psk-file ./psk.txt --discovery %s --discovery-fingerprint %s --authority-id %s --ca-fingerprint %s",
+		m, disc, discFP, info.AuthorityID, info.CAFingerprint)
 }

@@ -48,6 +48,7 @@ type discoveryOptions struct {
 	// trustedProxies are IPs or CIDRs of TCP load balancers whose PROXY
 	// header names the client.
 	trustedProxies []string
+	pprofListen    string
 }
 
 func newDiscoveryCmd(env *Env) *cobra.Command {
@@ -105,6 +106,7 @@ a registration.`,
 	f.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	f.StringSliceVar(&o.allow, "allow-authority", nil, "AUTHORITY_ID=sha256:HEX: an authority that may register, under that root only (repeatable; adds to DIR/discovery.yaml)")
 	f.BoolVar(&o.openRegistration, "open-registration", false, "UNSAFE: also accept authority IDs not allowed, each locked to the first root that registers it")
+	registerPprofFlag(cmd, &o.pprofListen)
 	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env), newDiscoveryAuditCmd(env))
 	return cmd
 }
@@ -112,6 +114,9 @@ a registration.`,
 func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	log, err := newLogger(env.Stderr, o.logFormat, o.logLevel)
 	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
+	if err := checkPprof(o.pprofListen); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
@@ -140,7 +145,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	if err := srv.Run(ctx); err != nil {
+	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	log.Info("discovery stopped")
@@ -217,7 +222,9 @@ func newDiscoveryShowCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "show --data DIR",
+		Use: "show --data DIR",
+		Example: `  muster discovery show --data /var/lib/muster-discovery
+  muster discovery show --data ./discovery-data -o json`,
 		Short: "Print discovery's fingerprint, ticket issuer, ticket keys and allowed authorities",
 		Long: `show prints what authorities and agents need to trust this discovery:
 the fingerprint of its CA (--discovery-fingerprint), and the ticket issuer
@@ -262,7 +269,7 @@ discovery is running.`,
 				res.AllowedAuthorities = append(res.AllowedAuthorities, allowedJSON{AuthorityID: e.AuthorityID, CAFingerprint: e.Fingerprint})
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printDiscoveryShow(env.Stdout, res)
 			return nil
@@ -318,9 +325,11 @@ func printDiscoveryShow(w io.Writer, res discoveryShowJSON) {
 		tw.Flush()
 	}
 	if len(res.AllowedAuthorities) == 0 {
-		fmt.Fprintf(w, "Allowed:      no authority in %s; without --allow-authority AUTHORITY_ID=sha256:… (or --open-registration) at start, every registration is refused\n", res.ConfigFile)
+		// Only the file is known here: the running service's flags may
+		// allow authorities (or everyone) that no file names.
+		fmt.Fprintf(w, "Allowed:      no authority in %s; the running service's --allow-authority or --open-registration flags may allow more (this directory cannot tell)\n", res.ConfigFile)
 	} else {
-		fmt.Fprintf(w, "Allowed:      in %s (--allow-authority at start adds to these):\n", res.ConfigFile)
+		fmt.Fprintf(w, "Allowed:      in %s (the running service's --allow-authority or --open-registration flags may allow more):\n", res.ConfigFile)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		for _, a := range res.AllowedAuthorities {
 			fmt.Fprintf(tw, "  %s\t%s\n", a.AuthorityID, a.CAFingerprint)
@@ -348,8 +357,9 @@ func newDiscoveryLookupCmd(env *Env) *cobra.Command {
 		out     output
 	)
 	cmd := &cobra.Command{
-		Use:   "lookup AUTHORITY_ID --discovery HOST:PORT [--discovery-fingerprint sha256:…]",
-		Short: "Look an authority up at a discovery service",
+		Use:     "lookup AUTHORITY_ID --discovery HOST:PORT [--discovery-fingerprint sha256:…]",
+		Example: `  muster discovery lookup prod-a3f2e1 --discovery discovery.example.org:7450 --discovery-fingerprint sha256:…`,
+		Short:   "Look an authority up at a discovery service",
 		Long: `lookup asks a discovery service for an authority's registered entry: its
 endpoints, the fingerprint of its root CA, the registration version and the
 ticket policy it signed. Without --discovery-fingerprint the discovery's
@@ -387,7 +397,7 @@ certificate must chain to the system roots and name its host.`,
 				return fmt.Errorf("discovery lookup: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printLookup(env.Stdout, res)
 			return nil
@@ -456,7 +466,9 @@ func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
 		out    output
 	)
 	cmd := &cobra.Command{
-		Use:   "rotate-key --data DIR [--revoke-previous]",
+		Use: "rotate-key --data DIR [--revoke-previous]",
+		Example: `  muster discovery rotate-key --data /var/lib/muster-discovery
+  muster discovery rotate-key --data /var/lib/muster-discovery --revoke-previous`,
 		Short: "Make a new ticket signing key now",
 		Long: fmt.Sprintf(`rotate-key makes a new active ticket signing key through the store, whether
 or not discovery is running: running discovery servers publish it within
@@ -486,7 +498,7 @@ from then on.`, discoveryd.KeyOverlap),
 				res.PreviousPublishUntil = &r.PublishUntil
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			fmt.Fprintf(env.Stdout, "New ticket key:  %s\n", res.Active)
 			if res.Previous == "" {

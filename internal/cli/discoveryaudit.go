@@ -25,7 +25,9 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 		lf  auditListFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "list --data DIR",
+		Use: "list --data DIR",
+		Example: `  muster discovery audit list --data /var/lib/muster-discovery
+  muster discovery audit list --data ./discovery-data -o json`,
 		Short: "List discovery's audit records, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -83,8 +85,9 @@ func newDiscoveryAuditVerifyCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "verify --data DIR",
-		Short: "Check discovery's audit chain and its signed checkpoints; exits non-zero on tampering",
+		Use:     "verify --data DIR",
+		Example: `  muster discovery audit verify --data /var/lib/muster-discovery`,
+		Short:   "Check discovery's audit chain and its signed checkpoints; exits non-zero on tampering",
 		Long: `verify walks discovery's whole audit chain in its store: every record's
 keyed hash, the links between records, and the signed checkpoints kept in
 the store and in the data directory. It names the first record that was

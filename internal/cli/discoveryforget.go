@@ -26,8 +26,9 @@ func newDiscoveryForgetCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "forget AUTHORITY_ID --data DIR",
-		Short: "Delete an authority's registration, freeing its ID",
+		Use:     "forget AUTHORITY_ID --data DIR",
+		Example: `  muster discovery forget prod-a3f2e1 --data /var/lib/muster-discovery`,
+		Short:   "Delete an authority's registration, freeing its ID",
 		Long: `forget deletes an authority's registration through the store, whether or
 not discovery is running (running servers stop serving it at once), and
 records it in discovery's audit chain. The authority ID is free again: the
@@ -59,7 +60,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			res := forgetJSON{AuthorityID: reg.AuthorityID, CAFingerprint: reg.RootFingerprint, Version: reg.Version,
 				RegisteredAt: reg.RegisteredAt, UpdatedAt: reg.UpdatedAt}
 			if out.json() {
-				return writeJSON(env.Stdout, res)
+				return out.write(env.Stdout, res)
 			}
 			printForget(env.Stdout, res)
 			return nil

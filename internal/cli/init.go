@@ -19,7 +19,9 @@ func newInitCmd(env *Env) *cobra.Command {
 		out                               output
 	)
 	cmd := &cobra.Command{
-		Use:   "init --data DIR",
+		Use: "init --data DIR",
+		Example: `  muster init --data /var/lib/muster/authority --name prod
+  muster init --data ./authority --store 'postgres://muster@db.internal:5432/muster' -o json`,
 		Short: "Create an authority: its CA hierarchy, storage key, bootstrap PSK and first operator identity",
 		Long: `init creates a new authority in DIR: a root CA with bootstrap, server, agent
 and admin intermediates and a policy signing certificate (ECDSA P-256), the
@@ -63,8 +65,18 @@ leaves DIR untouched when anything fails.`,
 }
 
 func printInit(env *Env, out output, res datadir.InitResult) error {
+	if err := printInitSummary(env, out, res); err != nil || out.json() {
+		return err
+	}
+	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellQuote(string(res.Dir)), storeHint(res.StoreURL))
+	return nil
+}
+
+// printInitSummary prints what init made, without the next step: muster
+// dev, which runs the authority itself, must not tell the user to start it.
+func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	if out.json() {
-		return writeJSON(env.Stdout, map[string]any{
+		return out.write(env.Stdout, map[string]any{
 			"authority_id":      res.Info.AuthorityID,
 			"trust_domain":      res.Info.TrustDomain,
 			"ca_fingerprint":    res.Info.CAFingerprint,
@@ -94,9 +106,7 @@ Deploy agents with:
   MUSTER_AUTHORITY_ID=%s
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
-
-Next: muster authority --data %s%s
-`, res.Info.AuthorityID, res.Info.CAFingerprint, shellQuote(string(res.Dir)), storeHint(res.StoreURL))
+`, res.Info.AuthorityID, res.Info.CAFingerprint)
 	return nil
 }
 

@@ -47,7 +47,9 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 		reason                                  string
 	)
 	cmd := &cobra.Command{
-		Use:   "create (--node|--instance|--token|--public-key|--admin) VALUE",
+		Use: "create (--node|--instance|--token|--public-key|--admin) VALUE",
+		Example: `  muster lock create --node web-1 --reason "disk stolen"
+  muster lock create --token 7f3k2a --ttl 24h -o json`,
 		Short: "Create a lock; it is enforced at once",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -76,7 +78,7 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, lockOf(resp.GetLock()))
+				return out.write(env.Stdout, lockOf(resp.GetLock()))
 			}
 			fmt.Fprintf(env.Stdout, "Lock %s created on %s %s\n", resp.GetLock().GetId(), kind, target)
 			return nil
@@ -101,7 +103,9 @@ func newLockListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster lock list --data ./muster-data
+  muster lock list -o yaml`,
 		Short: "List the locks in force",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -119,7 +123,7 @@ func newLockListCmd(env *Env) *cobra.Command {
 				for _, l := range resp.GetLocks() {
 					list = append(list, lockOf(l))
 				}
-				return writeJSON(env.Stdout, list)
+				return out.write(env.Stdout, list)
 			}
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")
@@ -139,15 +143,26 @@ func newLockListCmd(env *Env) *cobra.Command {
 }
 
 func newLockDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:   "delete ID",
+		Use: "delete ID",
+		Example: `  muster lock delete 01J8Z3…
+  muster lock delete 01J8Z3… -o json`,
 		Short: "Delete a lock",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "lock delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{ID: args[0], Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Lock %s deleted\n", args[0])
 				return nil
@@ -155,5 +170,6 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }

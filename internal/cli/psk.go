@@ -55,7 +55,9 @@ func newPSKShowCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "show",
+		Use: "show",
+		Example: `  muster psk show --data ./muster-data
+  muster psk show -o json`,
 		Short: "Print the active bootstrap PSK and any PSK in grace",
 		Long: `Print the active bootstrap PSK with its creation time, and the previous
 PSK while it is in grace, with the end of its grace. Reading the PSK is
@@ -73,7 +75,7 @@ audited (psk.show).`,
 			}
 			active, grace := pskOf(resp.GetActive()), pskOf(resp.GetGrace())
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					Active *pskJSON `json:"active"`
 					Grace  *pskJSON `json:"grace"`
 				}{active, grace})
@@ -106,8 +108,9 @@ func newPSKRotateCmd(env *Env) *cobra.Command {
 		grace time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "rotate",
-		Short: "Make a new bootstrap PSK and put the current one in grace",
+		Use:     "rotate",
+		Example: `  muster psk rotate --data ./muster-data --grace 24h`,
+		Short:   "Make a new bootstrap PSK and put the current one in grace",
 		Long: `Make a new active bootstrap PSK. The current one stays accepted for
 --grace (default 24h, at most 720h); a PSK already in grace is revoked at
 once. --grace 0 revokes the current PSK at once: agents that have not been
@@ -125,7 +128,7 @@ given the new one cannot join until they are.`,
 			}
 			active, prev := pskOf(resp.GetActive()), pskOf(resp.GetPrevious())
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					Active   *pskJSON `json:"active"`
 					Previous *pskJSON `json:"previous"`
 				}{active, prev})

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -60,13 +61,13 @@ Start with "muster dev" to run an authority on this machine, or
 "muster init --data DIR" then "muster authority --data DIR" for a real one.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       Version,
+		Version:       currentBuild().Version,
 	}
 	root.AddCommand(
 		newInitCmd(env),
-		newAuthorityCmd(env),
-		newDiscoveryCmd(env),
-		newDevCmd(env),
+		withEnv(env, newAuthorityCmd(env)),
+		withEnv(env, newDiscoveryCmd(env)),
+		withEnv(env, newDevCmd(env)),
 		newAdminCmd(env),
 		newAuditCmd(env),
 		newLockCmd(env),
@@ -79,6 +80,8 @@ Start with "muster dev" to run an authority on this machine, or
 		newKeypairCmd(env),
 		newBotCmd(env),
 		newStatusCmd(env),
+		newVersionCmd(env),
+		newHealthcheckCmd(env),
 	)
 	return root
 }
@@ -104,6 +107,9 @@ func describe(err error) string {
 		if st.Code() == codes.Unavailable {
 			msg = "cannot reach the authority: " + msg
 		}
+		if svc, ok := strings.CutPrefix(msg, "unknown service "); ok && st.Code() == codes.Unimplemented {
+			return notMuster(svc)
+		}
 		return fmt.Sprintf("%s: %s", codeName[st.Code()], oneLine(msg))
 	}
 	return oneLine(err.Error())
@@ -115,20 +121,63 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 type output struct{ format string }
 
 func (o *output) register(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&o.format, "output", "o", "text", "output format: text or json")
+	cmd.Flags().StringVarP(&o.format, "output", "o", "text", "output format: text, json or yaml")
 }
 
 func (o *output) check() error {
-	if o.format != "text" && o.format != "json" {
-		return fmt.Errorf("unknown output format %q: use text or json", o.format)
+	switch o.format {
+	case "text", "json", "yaml":
+		return nil
 	}
-	return nil
+	return fmt.Errorf("unknown output format %q: use text, json or yaml", o.format)
 }
 
-func (o *output) json() bool { return o.format == "json" }
+// json reports whether the output is structured (JSON or YAML): commands
+// then print their JSON shape, which write renders in the chosen format.
+func (o *output) json() bool { return o.format == "json" || o.format == "yaml" }
+
+func (o *output) structured() bool { return o.json() }
+
+// write prints v as JSON or, with -o yaml, as the same document in YAML:
+// one shape, the JSON field names, for both formats.
+func (o *output) write(w io.Writer, v any) error {
+	if o.format == "yaml" {
+		return writeYAML(w, v)
+	}
+	return writeJSON(w, v)
+}
 
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// writeYAML renders v's JSON encoding as block-style YAML, so the field
+// names and order are the ones -o json prints.
+func writeYAML(w io.Writer, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return err
+	}
+	blockStyle(&doc)
+	enc := yaml.NewEncoder(w)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return err
+	}
+	return enc.Close()
+}
+
+// blockStyle drops the flow style ({…}, […]) and quoting the JSON source
+// gave each node, leaving the encoder to choose, as for any YAML document.
+func blockStyle(n *yaml.Node) {
+	n.Style = 0
+	for _, c := range n.Content {
+		blockStyle(c)
+	}
 }

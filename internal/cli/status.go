@@ -16,7 +16,9 @@ func newStatusCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "status",
+		Use: "status",
+		Example: `  muster status --data ./muster-data
+  muster status -o json`,
 		Short: "Show which authority answers and who you are to it",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -30,7 +32,7 @@ func newStatusCmd(env *Env) *cobra.Command {
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, map[string]any{
+				return out.write(env.Stdout, map[string]any{
 					"authority_id": r.GetAuthorityId(), "trust_domain": r.GetTrustDomain(),
 					"ca_fingerprint": r.GetCaFingerprint(), "version": r.GetVersion(), "caller": r.GetCaller(),
 					"schema_version": r.GetSchemaVersion(), "started_at": r.GetStartedAt().AsTime(),

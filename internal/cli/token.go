@@ -87,7 +87,10 @@ func newTokenCreateCmd(env *Env) *cobra.Command {
 		unsafeUnlimited bool
 	)
 	cmd := &cobra.Command{
-		Use:   "create",
+		Use: "create",
+		Example: `  muster token create --data ./muster-data --ttl 1h
+  muster token create --node web-1 --description "rebuild of web-1"
+  muster token create --uses 50 --ttl 24h --label team=infra -o json`,
 		Short: "Create a join token and print it with its joining URI",
 		Long: `Create a join token. The token (ID.SECRET) is printed once: the authority
 keeps only an encrypted copy and never shows the secret again.
@@ -119,7 +122,7 @@ expire; both together admit anyone who ever sees the token and need
 				}
 				t := tokenOf(resp.GetInfo())
 				if out.json() {
-					return writeJSON(env.Stdout, struct {
+					return out.write(env.Stdout, struct {
 						Token string `json:"token"`
 						URI   string `json:"uri"`
 						tokenJSON
@@ -157,7 +160,9 @@ func newTokenListCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "list",
+		Use: "list",
+		Example: `  muster token list --data ./muster-data
+  muster token list -o yaml`,
 		Short: "List join tokens (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -174,7 +179,7 @@ func newTokenListCmd(env *Env) *cobra.Command {
 					list = append(list, tokenOf(t))
 				}
 				if out.json() {
-					return writeJSON(env.Stdout, list)
+					return out.write(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
@@ -196,7 +201,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   "get ID",
+		Use: "get ID",
+		Example: `  muster token get 7f3k2a
+  muster token get 7f3k2a -o json`,
 		Short: "Show one join token (never its secret)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -210,7 +217,7 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {
-					return writeJSON(env.Stdout, t)
+					return out.write(env.Stdout, t)
 				}
 				fmt.Fprintf(env.Stdout, "ID:          %s\nState:       %s\nUses:        %d of %s used\nExpires:     %s\nNode:        %s\nDescription: %s\nLabels:      %s\nCreated:     %s by %s\n",
 					t.ID, t.State, t.UsesCount, map[bool]string{true: "unlimited", false: fmt.Sprint(t.UsesAllowed)}[t.UsesAllowed == 0],
@@ -235,16 +242,27 @@ func tokenIDArg(s string) string {
 }
 
 func newTokenDeleteCmd(env *Env) *cobra.Command {
-	var af adminFlags
+	var (
+		af  adminFlags
+		out output
+	)
 	cmd := &cobra.Command{
-		Use:   "delete ID",
+		Use: "delete ID",
+		Example: `  muster token delete 7f3k2a
+  muster token delete 7f3k2a -o json`,
 		Short: "Delete a join token; nodes it admitted keep their identities",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
 			id := tokenIDArg(args[0])
 			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: id}); err != nil {
 					return err
+				}
+				if out.json() {
+					return out.write(env.Stdout, deleted{ID: id, Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Token %s deleted\n", id)
 				return nil
@@ -252,5 +270,6 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 		},
 	}
 	af.register(cmd)
+	out.register(cmd)
 	return cmd
 }

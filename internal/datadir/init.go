@@ -110,7 +110,17 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 			os.RemoveAll(created)
 		}
 	}()
-	staging, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".init-*")
+	// An existing (empty) directory is kept and filled in place: systemd's
+	// StateDirectory= and Kubernetes volumes give one whose parent the
+	// service cannot write, or that is a mount point, so the staging
+	// directory is then built inside it and its entries moved in.
+	_, statErr := os.Stat(target)
+	inPlace := statErr == nil
+	parent := filepath.Dir(target)
+	if inPlace {
+		parent = target
+	}
+	staging, err := os.MkdirTemp(parent, "."+filepath.Base(target)+".init-*")
 	if err != nil {
 		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
 	}
@@ -126,9 +136,15 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	if err != nil {
 		return InitResult{}, err
 	}
-	// rename(2) replaces an empty directory atomically and refuses a
-	// non-empty one, so a racing init cannot be overwritten.
-	if err := os.Rename(staging, target); err != nil {
+	// rename(2) refuses to replace an existing directory here (os.Rename
+	// checks), and moveInto refuses any existing name, so a racing init
+	// cannot be overwritten.
+	if inPlace {
+		err = moveInto(staging, target)
+	} else {
+		err = os.Rename(staging, target)
+	}
+	if err != nil {
 		return InitResult{}, fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, oserr.Reason(err))
 	}
 	ok = true

@@ -115,7 +115,12 @@ type ExchangeJoinTokenRequest struct {
 	JoinToken string                 `protobuf:"bytes,1,opt,name=join_token,json=joinToken,proto3" json:"join_token,omitempty"`
 	NodeId    string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	// csr is optional: without it the authority mints the key and returns a
-	// PKCS#12 keystore.
+	// PKCS#12 keystore. Such a join cannot be retried: a repeat is only
+	// recognised by the CSR's key, so a request whose reply was lost is a new
+	// join. It is refused (FAILED_PRECONDITION "no uses left" once the token
+	// is spent, ALREADY_EXISTS for an unbound token whose node now exists) or,
+	// with a token bound to the node and uses left, admits a new instance and
+	// spends another use. Send a CSR wherever the reply may be lost.
 	Csr           []byte `protobuf:"bytes,3,opt,name=csr,proto3" json:"csr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

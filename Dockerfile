@@ -1,0 +1,29 @@
+# muster's container image, for people with Docker or Podman. The same
+# image builds without a container engine: scripts/build-image (CI checks
+# that one with scripts/check-image).
+#   docker build -t muster:dev --build-arg VERSION=v1.2.3 .
+FROM golang:1.26 AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+ARG VERSION=dev
+ARG COMMIT=unknown
+ARG BUILD_DATE=unknown
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -X github.com/muster-dev/muster/internal/cli.Version=${VERSION} -X github.com/muster-dev/muster/internal/cli.Commit=${COMMIT} -X github.com/muster-dev/muster/internal/cli.BuildDate=${BUILD_DATE}" \
+      -o /out/muster ./cmd/muster \
+ && mkdir -p /out/data /out/tmp && chmod 1777 /out/tmp
+
+# Empty base: no shell, no libc, nothing to exec but muster.
+FROM scratch
+COPY --from=build --chown=65532:65532 /out/data /data
+COPY --from=build /out/tmp /tmp
+COPY --from=build /out/muster /muster
+USER 65532:65532
+ENV MUSTER_LOG_FORMAT=json
+WORKDIR /
+# Probe with the binary itself (there is no curl), e.g. for an agent:
+# HEALTHCHECK CMD ["/muster", "healthcheck", "--url", "http://127.0.0.1:9464/healthz"]
+ENTRYPOINT ["/muster"]
+CMD ["--help"]

@@ -1,0 +1,95 @@
+{{- define "muster.fullname" -}}
+{{- printf "%s-muster" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "muster.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "muster.labels" -}}
+app.kubernetes.io/name: muster
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "muster.authoritySelector" -}}
+app.kubernetes.io/name: muster
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: authority
+{{- end -}}
+
+{{/* The files of `muster init`, as Secret keys and their paths in DIR. */}}
+{{- define "muster.dataItems" -}}
+- {key: authority.json, path: authority.json}
+- {key: storage.key, path: storage.key}
+{{- range $f := list "admin" "agent" "bootstrap" "policy" "server" }}
+- {key: ca-{{ $f }}.crt, path: ca/{{ $f }}.crt}
+- {key: ca-{{ $f }}.key, path: ca/{{ $f }}.key}
+{{- end }}
+- {key: ca-root.crt, path: ca/root.crt}
+{{- end -}}
+
+{{/* The authority's pod spec, shared by the StatefulSet and the Deployment. */}}
+{{- define "muster.authorityPod" -}}
+securityContext:
+  runAsNonRoot: true
+  runAsUser: 65532
+  runAsGroup: 65532
+  fsGroup: 65532
+  seccompProfile: {type: RuntimeDefault}
+initContainers:
+  - name: copy-data
+    image: {{ .Values.authority.initImage }}
+    # cp -n: the files of init come in once; what the authority writes
+    # (muster.db with SQLite, audit-checkpoint.json) stays.
+    command: ["sh", "-c", "mkdir -p /data/authority/ca && cp -rn /seed/. /data/authority/ && chmod -R go-rwx /data/authority"]
+    securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+    volumeMounts:
+      - {name: seed, mountPath: /seed, readOnly: true}
+      - {name: data, mountPath: /data}
+containers:
+  - name: authority
+    image: {{ include "muster.image" . }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    args: ["authority"]
+    env:
+      - {name: MUSTER_DATA, value: /data/authority}
+      - {name: MUSTER_LISTEN, value: "0.0.0.0:7443"}
+      - {name: MUSTER_METRICS_LISTEN, value: "0.0.0.0:7444"}
+      - {name: MUSTER_ADVERTISE, value: {{ default (printf "%s.%s.svc:%d" (include "muster.fullname" .) .Release.Namespace (int .Values.authority.service.port)) .Values.authority.advertise | quote }}}
+      - {name: MUSTER_AGENT_CERT_TTL, value: {{ .Values.authority.agentCertTTL | quote }}}
+      - {name: MUSTER_LOG_FORMAT, value: json}
+      - {name: MUSTER_LOG_LEVEL, value: {{ .Values.authority.logLevel | quote }}}
+      {{- with .Values.authority.postgres.urlSecret }}
+      - name: MUSTER_STORE
+        valueFrom: {secretKeyRef: {name: {{ . }}, key: url}}
+      {{- end }}
+      {{- with .Values.authority.postgres.passwordSecret }}
+      - name: PGPASSWORD
+        valueFrom: {secretKeyRef: {name: {{ . }}, key: password}}
+      {{- end }}
+    ports:
+      - {name: api, containerPort: 7443}
+      - {name: metrics, containerPort: 7444}
+    livenessProbe:
+      httpGet: {path: /healthz, port: metrics}
+      periodSeconds: 10
+    readinessProbe:
+      httpGet: {path: /readyz, port: metrics}
+      periodSeconds: 5
+    securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
+    resources: {{- toYaml .Values.authority.resources | nindent 6 }}
+    volumeMounts:
+      - {name: data, mountPath: /data}
+volumes:
+  - name: seed
+    secret:
+      secretName: {{ .Values.authority.dataSecret }}
+      defaultMode: 0400
+      items:
+        {{- include "muster.dataItems" . | nindent 8 }}
+        {{- if not .Values.authority.postgres.urlSecret }}
+        - {key: muster.db, path: muster.db}
+        {{- end }}
+{{- end -}}

@@ -1,0 +1,117 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func runCLIEnv(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Run(context.Background(), args, Env{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb,
+		Getenv: func(k string) string { return vars[k] }})
+	return code, out.String(), errb.String()
+}
+
+// TestAuthoritySettingsPrecedence: a flag beats its MUSTER_* variable,
+// which beats the settings file, which beats the default; --check-config
+// prints what is in force and starts nothing.
+func TestAuthoritySettingsPrecedence(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+		t.Fatalf("init: %s", stderr)
+	}
+	other := filepath.Join(t.TempDir(), "other.yaml")
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(filepath.Join(dir, "authority.yaml"), "listen: 127.0.0.1:1001\nmetrics_listen: 127.0.0.1:2001\nadvertise: file.example:1\n")
+	write(other, "listen: 127.0.0.1:1002\n")
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{"file", nil, nil, []string{"listen:                127.0.0.1:1001", "metrics_listen:        127.0.0.1:2001", "advertise:             file.example:1"}},
+		{"env over file", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, nil, []string{"listen:                127.0.0.1:1003", "metrics_listen:        127.0.0.1:2001"}},
+		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
+		{"--config replaces DIR/authority.yaml", nil, []string{"--config", other}, []string{"listen:                127.0.0.1:1002", "metrics_listen:        127.0.0.1:7444", "advertise:             (off)"}},
+		{"MUSTER_DATA and a password-free store URL", map[string]string{"MUSTER_DATA": dir, "MUSTER_STORE": "postgres://muster:secret@db.internal/muster"}, []string{}, []string{"store:                 postgres://…@db.internal/muster"}},
+		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"authority", "--check-config"}, tt.args...)
+			if tt.env["MUSTER_DATA"] == "" {
+				args = append(args, "--data", dir)
+			}
+			code, stdout, stderr := runCLIEnv(t, tt.env, args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, stderr)
+			}
+			if !strings.HasPrefix(stdout, "configuration OK: authority ") || strings.Contains(stdout, "secret") {
+				t.Errorf("output:\n%s", stdout)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(stdout, w) {
+					t.Errorf("output lacks %q:\n%s", w, stdout)
+				}
+			}
+		})
+	}
+}
+
+// TestAuthorityConfigErrors: a bad setting names the setting (by its path
+// in the file, or its variable) and what it takes, never a Go type, and
+// never echoes a value from the environment.
+func TestAuthorityConfigErrors(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+		t.Fatalf("init: %s", stderr)
+	}
+	tests := []struct {
+		name string
+		file string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{name: "unknown key", file: "listen: a:1\nlisten_addr: b:2\n", want: `line 2: unknown setting "listen_addr"`},
+		{name: "unknown nested key", file: "discovery:\n  address: d:1\n  polcy: {}\n", want: `line 3: unknown setting "discovery.polcy"`},
+		{name: "wrong kind", file: "bootstrap:\n  psk_required: maybe\n", want: `line 2: bootstrap.psk_required: want true or false, not "maybe"`},
+		{name: "list expected", file: "trusted_proxies: 10.0.0.1\n", want: `line 1: trusted_proxies: want a list`},
+		{name: "number expected", file: "discovery:\n  policy:\n    new_agents_per_day: many\n", want: `line 3: discovery.policy.new_agents_per_day: want a number, not "many"`},
+		{name: "bad ttl", file: "agent_cert_ttl: forever\n", want: `agent_cert_ttl "forever": want a duration such as 24h`},
+		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
+		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
+		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},
+		{name: "pprof beyond loopback", args: []string{"--pprof-listen", ":6060"}, want: "pprof listens only on a loopback address"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			os.Remove(filepath.Join(dir, "authority.yaml"))
+			if tt.file != "" {
+				if err := os.WriteFile(filepath.Join(dir, "authority.yaml"), []byte(tt.file), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			code, _, stderr := runCLIEnv(t, tt.env, append([]string{"authority", "--check-config", "--data", dir}, tt.args...)...)
+			if code == 0 || !strings.Contains(stderr, tt.want) {
+				t.Errorf("exit %d, stderr %q; want a refusal with %q", code, stderr, tt.want)
+			}
+			for _, leak := range []string{"cli.", "authorityConfig", "!!str", "secretish", "pw@"} {
+				if strings.Contains(stderr, leak) {
+					t.Errorf("stderr %q shows %q", stderr, leak)
+				}
+			}
+		})
+	}
+}
