@@ -20,12 +20,13 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// validTokenName accepts a join token's ID or a bound-keypair token's name.
+// validTokenName accepts a join token's ID or a bound-keypair token's name;
+// a whole join token (ID.SECRET), which is also a valid node ID, is neither.
 func validTokenName(name string) bool {
-	return jointoken.ValidID(name) || spiffeid.ValidNodeID(name) == nil
+	return jointoken.ValidID(name) || (spiffeid.ValidNodeID(name) == nil && !jointoken.LooksLike(name))
 }
 
-const badTokenName = "a token is named by a join token's ID (6 characters of a-z 0-9) or a bound-keypair token's name (a node ID)"
+const badTokenName = "a token is named by its token ID (6 characters of a-z 0-9, the part before the dot) or, for a bound-keypair token, by its name (a node ID not of the form ID.SECRET)"
 
 func timeOf(ts *timestamppb.Timestamp) time.Time {
 	if ts == nil {

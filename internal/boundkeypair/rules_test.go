@@ -100,6 +100,7 @@ func TestSpecCheck(t *testing.T) {
 	ok := Spec{Name: "bot-1", Node: "bot-1", RecoveryLimit: 1, RecoveryMode: ModeStandard}
 	for name, mutate := range map[string]func(*Spec){
 		"bad name":      func(s *Spec) { s.Name = "Bot_1" },
+		"a join token":  func(s *Spec) { s.Name = "abcdef.0123456789abcdef" },
 		"bad node":      func(s *Spec) { s.Node = "" },
 		"unknown mode":  func(s *Spec) { s.RecoveryMode = "lenient" },
 		"negative":      func(s *Spec) { s.RecoveryLimit = -1 },

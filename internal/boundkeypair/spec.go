@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -33,6 +34,11 @@ type Spec struct {
 func (s Spec) Check() (PublicKey, error) {
 	if err := spiffeid.ValidNodeID(s.Name); err != nil {
 		return PublicKey{}, fmt.Errorf("metadata.name: %w", err)
+	}
+	// A name of a join token's form (ID.SECRET) would make a pasted join
+	// token look like a token name, which the authority may audit or echo.
+	if jointoken.LooksLike(s.Name) {
+		return PublicKey{}, errors.New("metadata.name: has the form of a join token (ID.SECRET); choose another name")
 	}
 	if err := spiffeid.ValidNodeID(s.Node); err != nil {
 		return PublicKey{}, fmt.Errorf("spec.node: %w", err)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"math/big"
 	"regexp"
+	"strings"
 )
 
 const (
@@ -75,6 +76,14 @@ func New(id string, secret []byte) (Token, error) {
 
 // ValidID reports whether s has the form of a token ID.
 func ValidID(s string) bool { return idRE.MatchString(s) }
+
+// LooksLike reports whether s may be a join token pasted whole, even
+// mistyped: a token ID followed by a dot and anything. Such a string may
+// hold a secret wherever it appears, so it is never taken as a name.
+func LooksLike(s string) bool {
+	id, _, cut := strings.Cut(s, ".")
+	return cut && ValidID(id)
+}
 
 // Secret returns the secret part, for sealing at rest and keying the trust
 // bundle signature.
