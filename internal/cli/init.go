@@ -29,7 +29,8 @@ storage key that encrypts secrets at rest, the embedded SQLite store, the
 first bootstrap PSK, and an operator identity (DIR/operator.pem).
 
 It refuses a DIR that already holds an authority or any other file, and
-leaves DIR untouched when anything fails.`,
+leaves DIR untouched when anything fails. An existing empty DIR (systemd's
+StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
