@@ -134,9 +134,17 @@ func (s *Server) refuseUnread(ctx context.Context, method, reason string) {
 	s.refusals.Record(ctx, e)
 }
 
-// unknownMethod answers a method or service the listener does not serve
-// (UNIMPLEMENTED, as gRPC would), and audits it.
-func (s *Server) unknownMethod(_ any, ss grpc.ServerStream) error {
+// unknownMethod answers a method or service the listener gs does not
+// serve (UNIMPLEMENTED, in gRPC's own words, which clients recognise), and
+// audits it.
+func (s *Server) unknownMethod(gs *grpc.Server, ss grpc.ServerStream) error {
 	method, _ := grpc.Method(ss.Context())
-	return s.deny(ss.Context(), callerFrom(ss.Context()), method, codes.Unimplemented, "unknown method")
+	reason := "unknown method"
+	if svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/"); ok {
+		reason = "unknown service " + svc
+		if _, served := gs.GetServiceInfo()[svc]; served {
+			reason = "unknown method " + name + " for service " + svc
+		}
+	}
+	return s.deny(ss.Context(), callerFrom(ss.Context()), method, codes.Unimplemented, reason)
 }

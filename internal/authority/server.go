@@ -311,7 +311,8 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 
 func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	unaryAuth, streamAuth := s.interceptors(!admin)
-	gs := grpc.NewServer(
+	var gs *grpc.Server
+	gs = grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(tc)),
 		grpc.ChainUnaryInterceptor(s.metrics.unary, unaryAuth),
 		grpc.ChainStreamInterceptor(s.metrics.stream, streamAuth),
@@ -329,7 +330,9 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.MaxConcurrentStreams(maxStreams),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
-		grpc.UnknownServiceHandler(s.unknownMethod),
+		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
+			return s.unknownMethod(gs, ss)
+		}),
 		grpc.ForceServerCodecV2(newRequestCodec()),
 	)
 	hs := health.NewServer()

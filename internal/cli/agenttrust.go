@@ -27,8 +27,9 @@ func newAgentTrustRefreshCmd(env *Env) *cobra.Command {
 		out  output
 	)
 	cmd := &cobra.Command{
-		Use:   "refresh --data ADIR",
-		Short: "Fetch the authority's current verifier set now (a repair path)",
+		Use:     "refresh --data ADIR",
+		Short:   "Fetch the authority's current verifier set now (a repair path)",
+		Example: `  muster agent trust refresh --data /var/lib/muster-agent`,
 		Long: `Ask the authority, over mTLS with the agent's certificate, for its current
 verifier set of task signers, and take it if it is newer than the one held
 and signed by a signer the agent trusts as active. Joins and renewals

@@ -72,6 +72,9 @@ func newBotAddCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "add NAME",
 		Short: "Add a bound-keypair token for node NAME",
+		Example: `  muster bot add build-runner-01
+  muster bot add build-runner-01 --public-key runner.pub --recovery-limit 3
+  muster bot add gpu-7 --recovery-mode relaxed --register-before 24h -o json`,
 		Long: `Add a bound-keypair token named NAME for node NAME. With --public-key the
 token is bound to that key now (static binding: the file holds an
 ssh-ed25519 key in authorized_keys form, as "muster keypair create" prints

@@ -20,8 +20,9 @@ func newKeypairCreateCmd(env *Env) *cobra.Command {
 		out  output
 	)
 	cmd := &cobra.Command{
-		Use:   "create",
-		Short: "Make the agent's bound Ed25519 key and print its public key",
+		Use:     "create",
+		Short:   "Make the agent's bound Ed25519 key and print its public key",
+		Example: `  muster keypair create --data /var/lib/muster-agent > runner.pub`,
 		Long: `Make the Ed25519 key a bound-keypair agent proves itself with, in
 ADIR/keys/bound.key (0600), and print the public key in authorized_keys form
 for the token's spec.bound_keypair.onboarding.initial_public_key (static

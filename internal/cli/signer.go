@@ -26,19 +26,20 @@ them now. rollback undoes a rotation (before the effective time, or within
 the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 	}
 	cmd.AddCommand(newSignerListCmd(env), newSignerStageCmd(env),
-		newSignerStepCmd(env, "activate", "Make the staged signer active now", cobra.NoArgs,
+		newSignerStepCmd(env, "activate", "Make the staged signer active now", "  muster signer activate", cobra.NoArgs,
 			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
 				return c.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{})
 			}),
-		newSignerStepCmd(env, "retire", "Retire the signer in grace now", cobra.NoArgs,
+		newSignerStepCmd(env, "retire", "Retire the signer in grace now", "  muster signer retire", cobra.NoArgs,
 			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{})
 			}),
-		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)", cobra.ExactArgs(1),
+		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
+			"  muster signer revoke 01JF0Q6W4Z8N3V5R7T9X1B2C4D", cobra.ExactArgs(1),
 			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
 			}),
-		newSignerStepCmd(env, "rollback", "Undo the rotation in progress", cobra.NoArgs,
+		newSignerStepCmd(env, "rollback", "Undo the rotation in progress", "  muster signer rollback -o json", cobra.NoArgs,
 			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RollbackSigner(ctx, &musterv1.RollbackSignerRequest{})
 			}),
@@ -94,7 +95,9 @@ func newSignerListCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List the task signers and the verifier set version",
-		Args:  cobra.NoArgs,
+		Example: `  muster signer list
+  muster signer list -o json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -146,6 +149,8 @@ func newSignerStageCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stage",
 		Short: "Make a new signer, to become active later",
+		Example: `  muster signer stage
+  muster signer stage --effective-in 2h --grace 48h -o json`,
 		Long: `Make a new signer, staged: it appears in the verifier set at once and
 becomes active --effective-in from now (default 1h, at least
 signer.min_lead_time). The current signer stays accepted for --grace after
@@ -172,15 +177,16 @@ that (default 24h), then retires.`,
 }
 
 // newSignerStepCmd is one lifecycle step that takes no flags of its own.
-func newSignerStepCmd(env *Env, use, short string, args cobra.PositionalArgs, call func(context.Context, *adminClient, []string) (*musterv1.SignerChangeResponse, error)) *cobra.Command {
+func newSignerStepCmd(env *Env, use, short, example string, args cobra.PositionalArgs, call func(context.Context, *adminClient, []string) (*musterv1.SignerChangeResponse, error)) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
 	)
 	cmd := &cobra.Command{
-		Use:   use,
-		Short: short,
-		Args:  args,
+		Use:     use,
+		Short:   short,
+		Example: example,
+		Args:    args,
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if err := out.check(); err != nil {
 				return err

@@ -49,6 +49,9 @@ func newTaskSendCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "send --type T (--node N ... | --label k=v ... | --all) [--param k=v ...] [--expires 10m]",
 		Short: "Sign a task with the active signer and queue it for agents",
+		Example: `  muster task send --type node.renew_now --node web-1
+  muster task send --type node.report --label pool=gpu --expires 30m
+  muster task send --type site.restart-nginx --all --param grace=10s -o json`,
 		Long: `Sign a task with the active signer and queue it for the target agents; each
 gets it on its stream, now or when it next connects, until the task expires.
 Built-in types: node.renew_now (renew the certificate now) and node.report

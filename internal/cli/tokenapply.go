@@ -108,6 +108,8 @@ func newTokenApplyCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "apply -f token.yaml",
 		Short: "Create a bound-keypair token or replace its spec",
+		Example: `  muster token apply -f build-runner-01.yaml
+  muster token apply -f - -o json`,
 		Long: `Create a bound-keypair token from token.yaml, or replace the spec of an
 existing one (raising spec.bound_keypair.recovery.limit brings an agent whose
 budget is spent back). The status is the authority's: a file that sets it is
