@@ -42,7 +42,7 @@ initContainers:
   - name: copy-data
     image: {{ .Values.authority.initImage }}
     # cp -n: the files of init come in once; what the authority writes
-    # (muster.db with SQLite, audit-checkpoint.json) stays.
+    # (muster.db with SQLite, audit-checkpoint.json, audit-head) stays.
     command: ["sh", "-c", "mkdir -p /data/authority/ca && cp -rn /seed/. /data/authority/ && chmod -R go-rwx /data/authority"]
     securityContext: {allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {drop: [ALL]}}
     volumeMounts:
