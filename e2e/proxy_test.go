@@ -1,19 +1,12 @@
 package e2e
 
 import (
-	"context"
-	"crypto/x509"
 	"encoding/json"
-	"net"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
-	"github.com/muster-dev/muster/internal/identity"
-	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -21,24 +14,7 @@ import (
 // header naming the client, then the client's TLS.
 func (e *joinEnv) dialViaProxy(t *testing.T, client string) musterv1.BootstrapServiceClient {
 	t.Helper()
-	pool := x509.NewCertPool()
-	pool.AddCert(e.root)
-	want, _ := spiffeid.New(e.td, spiffeid.RoleAuthority, e.td)
-	conn, err := grpc.NewClient(e.auth.addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(nil, pool, identity.MatchID(want)))),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-			if err != nil {
-				return nil, err
-			}
-			_, err = c.Write([]byte("PROXY TCP4 " + client + " 127.0.0.1 40000 7443\r\n"))
-			return c, err
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return musterv1.NewBootstrapServiceClient(conn)
+	return musterv1.NewBootstrapServiceClient(e.dialFrom(t, client, nil))
 }
 
 func TestTrustedProxyNamesTheSource(t *testing.T) {

@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"errors"
+	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,12 +42,21 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 	defer cancel()
 	start := time.Now()
 	first, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		// A stream closed before init is a request, refused and audited
+		// like one, not an error without a code.
+		const msg = "the stream ended before init"
+		j.s.refuseUnread(ctx, musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName, msg)
+		return refused(codes.InvalidArgument, msg)
+	}
 	if err != nil {
 		return err
 	}
 	init := first.GetInit()
 	if init == nil {
-		return status.Error(codes.InvalidArgument, "the first message must be init")
+		const msg = "the first message must be init"
+		j.s.refuseUnread(ctx, musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName, msg)
+		return refused(codes.InvalidArgument, msg)
 	}
 	exchange := func(ctx context.Context, challenge []byte) ([]byte, error) {
 		if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{
@@ -54,8 +64,11 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 			return nil, err
 		}
 		msg, err := stream.Recv()
-		if err != nil {
-			return nil, err
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("the stream ended first")
+		}
+		if st, ok := status.FromError(err); ok && err != nil {
+			return nil, errors.New(st.Message())
 		}
 		if _, ok := msg.GetPayload().(*musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse); !ok {
 			return nil, errNotAnAnswer
@@ -71,9 +84,6 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		iss = res.Issued
 	}
 	j.s.metrics.join(store.JoinMethodBoundKeypair, start, iss, err)
-	if errors.Is(err, errNotAnAnswer) {
-		return status.Error(codes.InvalidArgument, errNotAnAnswer.Error())
-	}
 	if err != nil {
 		return toStatus(ctx, j.s.log, err)
 	}

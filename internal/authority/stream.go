@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -104,6 +105,11 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 		select {
 		case err := <-recvErr:
 			log.Info("agent stream closed by the agent", "err", err)
+			if _, ok := status.FromError(err); ok && !errors.Is(err, io.EOF) {
+				// A message that was refused (one that does not parse, or
+				// is too large) ends the stream with its refusal, not OK.
+				return err
+			}
 			return nil
 		case <-ctx.Done():
 			if errors.Is(context.Cause(ctx), context.DeadlineExceeded) && stream.Context().Err() == nil {

@@ -221,7 +221,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	answer, err := challenge(ctx, c.Marshal())
 	if err != nil {
-		return a, err
+		// The caller ended the stream, or sent something else, instead of
+		// an answer: a refusal of its request, not the authority's fault.
+		return a, refuse(KindInvalid, "the challenge was not answered: "+err.Error()).with("token %s", t.ID)
 	}
 	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
