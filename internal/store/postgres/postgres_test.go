@@ -312,3 +312,47 @@ func benchJoin(n int64) store.Join {
 			NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
 	}
 }
+
+// TestWatchChanges: a change committed through one pool is announced to a
+// watcher listening through another (two replicas).
+func TestWatchChanges(t *testing.T) {
+	storetest.RunWatchTests(t, func(t *testing.T) (store.Store, store.Store) {
+		a, url := openFresh(t)
+		return a, openURL(t, url)
+	})
+}
+
+// TestWatchChangesLostConnection: when the listening session is killed,
+// WatchChanges returns an error (the authority listens again) instead of
+// waiting forever on a dead connection.
+func TestWatchChangesLostConnection(t *testing.T) {
+	ctx := t.Context()
+	a, _ := openFresh(t)
+	listening := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.WatchChanges(ctx, func(nodes []string) {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("WatchChanges did not start listening")
+	}
+	if _, err := a.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid() AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("WatchChanges returned nil after its connection was killed")
+		}
+	case <-time.After(2*watchPing + 10*time.Second):
+		t.Fatal("WatchChanges did not notice its connection was killed")
+	}
+}

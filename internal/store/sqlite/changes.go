@@ -1,0 +1,82 @@
+package sqlite
+
+import (
+	"context"
+	"sync"
+)
+
+// changeHub broadcasts the changes an open agent stream must learn of (a
+// lock, a node's deletion or supersession, a task queued for it, a signer
+// step) to the watchers of one database file. The authority holds the data
+// directory's lock, so every write comes from this process, and every
+// handle opened on the same file shares the hub: a change committed
+// through one handle is announced to a watcher on another. Writes announce
+// themselves after their commit returns, never before.
+type changeHub struct {
+	mu    sync.Mutex
+	refs  int
+	watch map[*watcher]struct{}
+}
+
+type watcher struct{ notify func(nodes []string) }
+
+var (
+	hubsMu sync.Mutex
+	hubs   = map[string]*changeHub{} // by the file's absolute path
+)
+
+// acquireHub returns the hub of the database file at abs.
+func acquireHub(abs string) *changeHub {
+	hubsMu.Lock()
+	defer hubsMu.Unlock()
+	h := hubs[abs]
+	if h == nil {
+		h = &changeHub{watch: map[*watcher]struct{}{}}
+		hubs[abs] = h
+	}
+	h.refs++
+	return h
+}
+
+// releaseHub drops a handle's reference to the hub of abs.
+func releaseHub(abs string) {
+	hubsMu.Lock()
+	defer hubsMu.Unlock()
+	if h := hubs[abs]; h != nil {
+		if h.refs--; h.refs == 0 {
+			delete(hubs, abs)
+		}
+	}
+}
+
+// announce tells every watcher of a committed change to nodes (none:
+// every node).
+func (h *changeHub) announce(nodes ...string) {
+	if len(nodes) == 0 {
+		nodes = nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for w := range h.watch {
+		w.notify(nodes)
+	}
+}
+
+// WatchChanges calls notify(nil) once it is registered, then notify with
+// the node IDs of each change committed through any handle on this file
+// (nil: every node), until ctx ends; it returns nil. notify must not block.
+// There is no connection to lose: the broadcast is in process.
+func (s *SQLite) WatchChanges(ctx context.Context, notify func(nodes []string)) error {
+	w := &watcher{notify: notify}
+	s.hub.mu.Lock()
+	s.hub.watch[w] = struct{}{}
+	s.hub.mu.Unlock()
+	defer func() {
+		s.hub.mu.Lock()
+		delete(s.hub.watch, w)
+		s.hub.mu.Unlock()
+	}()
+	notify(nil)
+	<-ctx.Done()
+	return nil
+}
