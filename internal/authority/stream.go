@@ -20,18 +20,19 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// streamCheckEvery is how often an open agent stream re-checks the
-// instance's standing in the store and looks for a new verifier set. The
-// store is shared by every replica, so a lock, deletion or supersession
-// made through any of them closes the stream within this period (the
-// "equivalent" of LISTEN/NOTIFY that works on both backends; it costs one
-// standing check per connected agent per period).
+// streamCheckEvery is how often open agent streams re-check the store when
+// the store cannot announce changes (changeWatcher). Both backends can, and
+// then a stream re-checks only when woken by a change that concerns it.
 var streamCheckEvery = 500 * time.Millisecond
 
 // Connect serves an agent's stream (see agent.proto).
 func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
 	c := callerFrom(ctx)
+	// Subscribed before the first check, so a change committed after that
+	// check wakes the stream.
+	changed, unsubscribe := a.s.hub.subscribe(c.ID.Name)
+	defer unsubscribe()
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
@@ -83,8 +84,6 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 
 	var sent int64 = -1 // the version of the last set sent
 	delivered := map[string]bool{}
-	t := time.NewTicker(streamCheckEvery)
-	defer t.Stop()
 	for {
 		raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
 		if err != nil && ctx.Err() == nil {
@@ -111,7 +110,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
 			}
 			return nil
-		case <-t.C:
+		case <-changed:
 		}
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 			if ctx.Err() != nil {
@@ -128,6 +127,7 @@ type streamMetrics struct {
 	connected  prometheus.Gauge
 	heartbeats prometheus.Counter
 	refusals   *prometheus.CounterVec
+	watchLost  prometheus.Counter
 }
 
 func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
@@ -140,12 +140,16 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 			Name: "muster_agent_heartbeats_total",
 			Help: "Heartbeats received on agent streams by this replica.",
 		}),
+		watchLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_change_watch_lost_total",
+			Help: "Times this replica lost the store's change notifications and listened again; open streams re-check each time.",
+		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_task_verification_failures_total",
 			Help: "Tasks agents refused, by the signer version the task named and the reason.",
 		}, []string{"signer", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals} {
+	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals, m.watchLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
