@@ -5,72 +5,96 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // changeWatcher is what a store offers so that open agent streams learn of
 // a change committed through any replica without each asking the store:
 // PostgreSQL by LISTEN/NOTIFY on a dedicated connection, SQLite by a
-// broadcast from its write path. WatchChanges calls notify(nil) once it
-// listens (a change before may have gone unseen), then notify with the
-// node IDs each committed change concerns (nil: every node), until ctx
-// ends (nil) or it can no longer listen (an error; the caller calls
-// again). notify must not block.
+// broadcast from its write path. WatchChanges announces store.ChangeAll for
+// every node once it listens (a change before may have gone unseen), then
+// each committed change, until ctx ends (nil) or it can no longer listen
+// (an error; the caller calls again). notify must not block.
 type changeWatcher interface {
-	WatchChanges(ctx context.Context, notify func(nodes []string)) error
+	WatchChanges(ctx context.Context, notify func(store.Change)) error
 }
 
 // streamHub routes change notifications to the open streams they concern,
-// by node ID. A stream's channel holds one pending wake-up: changes that
-// arrive while it re-checks fold into the next check.
+// by node ID.
 type streamHub struct {
 	mu     sync.Mutex
-	byNode map[string]map[chan struct{}]struct{}
+	byNode map[string]map[*streamWake]struct{}
+}
+
+// streamWake is one stream's subscription: the kinds of change it has yet
+// to re-check, and a channel holding one pending wake-up, so changes that
+// arrive while the stream re-checks fold into its next check.
+type streamWake struct {
+	c       chan struct{}
+	mu      sync.Mutex
+	pending store.ChangeKind
+}
+
+// take returns the kinds of change pending and clears them.
+func (w *streamWake) take() store.ChangeKind {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	k := w.pending
+	w.pending = 0
+	return k
+}
+
+func (w *streamWake) wake(k store.ChangeKind) {
+	w.mu.Lock()
+	w.pending |= k
+	w.mu.Unlock()
+	select {
+	case w.c <- struct{}{}:
+	default: // a wake-up is pending already
+	}
 }
 
 func newStreamHub() *streamHub {
-	return &streamHub{byNode: map[string]map[chan struct{}]struct{}{}}
+	return &streamHub{byNode: map[string]map[*streamWake]struct{}{}}
 }
 
-// subscribe returns the channel that wakes the stream of node, and the
-// function that removes it.
-func (h *streamHub) subscribe(node string) (<-chan struct{}, func()) {
-	c := make(chan struct{}, 1)
+// subscribe returns the subscription of a stream of node, and the function
+// that removes it.
+func (h *streamHub) subscribe(node string) (*streamWake, func()) {
+	w := &streamWake{c: make(chan struct{}, 1)}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.byNode[node] == nil {
-		h.byNode[node] = map[chan struct{}]struct{}{}
+		h.byNode[node] = map[*streamWake]struct{}{}
 	}
-	h.byNode[node][c] = struct{}{}
-	return c, func() {
+	h.byNode[node][w] = struct{}{}
+	return w, func() {
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		delete(h.byNode[node], c)
+		delete(h.byNode[node], w)
 		if len(h.byNode[node]) == 0 {
 			delete(h.byNode, node)
 		}
 	}
 }
 
-// notify wakes the streams of nodes, or every stream for nil.
-func (h *streamHub) notify(nodes []string) {
+// notify wakes the streams a change concerns: those of its nodes, or every
+// stream.
+func (h *streamHub) notify(c store.Change) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if nodes == nil {
-		for _, cs := range h.byNode {
-			wake(cs)
+	if c.Nodes == nil {
+		for _, ws := range h.byNode {
+			for w := range ws {
+				w.wake(c.Kind)
+			}
 		}
 		return
 	}
-	for _, n := range nodes {
-		wake(h.byNode[n])
-	}
-}
-
-func wake(cs map[chan struct{}]struct{}) {
-	for c := range cs {
-		select {
-		case c <- struct{}{}:
-		default: // a wake-up is pending already
+	for _, n := range c.Nodes {
+		for w := range h.byNode[n] {
+			w.wake(c.Kind)
 		}
 	}
 }
@@ -97,7 +121,7 @@ func (s *Server) watchChanges(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				s.hub.notify(nil)
+				s.hub.notify(store.Change{Kind: store.ChangeAll})
 			}
 		}
 	}

@@ -31,7 +31,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	c := callerFrom(ctx)
 	// Subscribed before the first check, so a change committed after that
 	// check wakes the stream.
-	changed, unsubscribe := a.s.hub.subscribe(c.ID.Name)
+	wake, unsubscribe := a.s.hub.subscribe(c.ID.Name)
 	defer unsubscribe()
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
@@ -84,19 +84,31 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 
 	var sent int64 = -1 // the version of the last set sent
 	delivered := map[string]bool{}
+	// A stream re-checks only what a change it is woken by concerns: its
+	// standing (a lock, deletion, supersession), the verifier set (a signer
+	// step) or its tasks; an idle stream asks the store nothing.
+	check := store.ChangeSigners | store.ChangeTasks // standing was checked above
 	for {
-		raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
-		if err != nil && ctx.Err() == nil {
-			return toStatus(ctx, a.s.log, err)
-		}
-		if raw != nil {
-			if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
-				return err
+		if check&store.ChangeStanding != 0 {
+			if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
+				log.Info("agent stream closed", "reason", err)
+				return toStatus(ctx, a.s.log, err)
 			}
-			sent = version
 		}
-		if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil {
-			if ctx.Err() == nil {
+		if check&store.ChangeSigners != 0 {
+			raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
+			if err != nil && ctx.Err() == nil {
+				return toStatus(ctx, a.s.log, err)
+			}
+			if raw != nil {
+				if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
+					return err
+				}
+				sent = version
+			}
+		}
+		if check&store.ChangeTasks != 0 {
+			if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil && ctx.Err() == nil {
 				return toStatus(ctx, a.s.log, err)
 			}
 		}
@@ -110,14 +122,8 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
 			}
 			return nil
-		case <-changed:
-		}
-		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
-			if ctx.Err() != nil {
-				continue
-			}
-			log.Info("agent stream closed", "reason", err)
-			return toStatus(ctx, a.s.log, err)
+		case <-wake.c:
+			check = wake.take()
 		}
 	}
 }

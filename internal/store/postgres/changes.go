@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // changeChannel is the LISTEN/NOTIFY channel of changes an open agent
@@ -20,11 +23,8 @@ import (
 // notification never precedes its change.
 const changeChannel = "muster_changes"
 
-// everyone is the payload of a change that concerns every node.
-const everyone = "*"
-
 // maxPayload bounds a notification's payload below PostgreSQL's 8000 bytes;
-// a task for more nodes than fit is announced to everyone.
+// a task for more nodes than fit is announced to every node.
 const maxPayload = 4000
 
 // watchPing is how often a quiet listening connection is checked with one
@@ -32,27 +32,37 @@ const maxPayload = 4000
 // entry) is noticed within this period, and WatchChanges returns.
 var watchPing = 10 * time.Second
 
-// changePayload encodes the node IDs a change concerns, one a line; none
-// means everyone.
-func changePayload(nodes []string) string {
-	p := strings.Join(nodes, "\n")
-	if len(nodes) == 0 || len(p) > maxPayload {
-		return everyone
+// changePayload encodes a change: its kind as a decimal, then the node IDs
+// it concerns, one a line; the kind alone means every node.
+func changePayload(kind store.ChangeKind, nodes []string) string {
+	p := strconv.Itoa(int(kind))
+	if len(nodes) == 0 {
+		return p
+	}
+	if all := p + "\n" + strings.Join(nodes, "\n"); len(all) <= maxPayload {
+		return all
 	}
 	return p
 }
 
-// changeNodes decodes a payload; nil means everyone.
-func changeNodes(payload string) []string {
-	if payload == everyone || payload == "" {
-		return nil
+// parseChange decodes a payload; an unreadable kind is taken as every
+// kind, for every node.
+func parseChange(payload string) store.Change {
+	k, nodes, _ := strings.Cut(payload, "\n")
+	kind, err := strconv.Atoi(k)
+	if err != nil || kind <= 0 || store.ChangeKind(kind)&^store.ChangeAll != 0 {
+		return store.Change{Kind: store.ChangeAll}
 	}
-	return strings.Split(payload, "\n")
+	c := store.Change{Kind: store.ChangeKind(kind)}
+	if nodes != "" {
+		c.Nodes = strings.Split(nodes, "\n")
+	}
+	return c
 }
 
 // notifyTx queues the notification of a change made in tx.
-func notifyTx(ctx context.Context, tx pgx.Tx, nodes ...string) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, changePayload(nodes)); err != nil {
+func notifyTx(ctx context.Context, tx pgx.Tx, kind store.ChangeKind, nodes ...string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, changePayload(kind, nodes)); err != nil {
 		return wrap("notify change", err)
 	}
 	return nil
@@ -60,12 +70,12 @@ func notifyTx(ctx context.Context, tx pgx.Tx, nodes ...string) error {
 
 // WatchChanges listens for changes committed through any handle on the
 // database, by any replica, on a dedicated connection (not one of the
-// pool's). Once listening it calls notify(nil), since a change committed
-// before may have gone unseen, then notify with the node IDs of each change
-// (nil: every node). It returns nil when ctx ends, or an error when the
-// connection is lost; the caller calls again, and the first notify(nil)
-// covers whatever was missed. notify must not block.
-func (s *Store) WatchChanges(ctx context.Context, notify func(nodes []string)) error {
+// pool's). Once listening it announces store.ChangeAll for every node,
+// since a change committed before may have gone unseen, then each change.
+// It returns nil when ctx ends, or an error when the connection is lost;
+// the caller calls again, and the first announcement covers whatever was
+// missed. notify must not block.
+func (s *Store) WatchChanges(ctx context.Context, notify func(store.Change)) error {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	// Waiting for a notification ends at a deadline on the socket, not a
 	// cancel request, which could arrive late and cancel the ping after it.
@@ -80,7 +90,7 @@ func (s *Store) WatchChanges(ctx context.Context, notify func(nodes []string)) e
 	if _, err := conn.Exec(ctx, `LISTEN `+changeChannel); err != nil {
 		return wrap("watch changes: listen", err)
 	}
-	notify(nil)
+	notify(store.Change{Kind: store.ChangeAll})
 	for {
 		wctx, cancel := context.WithTimeout(ctx, watchPing)
 		n, err := conn.WaitForNotification(wctx)
@@ -100,7 +110,7 @@ func (s *Store) WatchChanges(ctx context.Context, notify func(nodes []string)) e
 		case err != nil:
 			return wrap("watch changes", err)
 		default:
-			notify(changeNodes(n.Payload))
+			notify(parseChange(n.Payload))
 		}
 	}
 }

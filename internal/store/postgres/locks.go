@@ -26,7 +26,7 @@ func (s *Store) InsertLock(ctx context.Context, l store.Lock) error {
 		if err != nil {
 			return wrap("insert lock", err)
 		}
-		return notifyTx(ctx, tx)
+		return notifyTx(ctx, tx, store.ChangeStanding)
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -331,7 +332,7 @@ func TestWatchChangesLostConnection(t *testing.T) {
 	listening := make(chan struct{}, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- a.WatchChanges(ctx, func(nodes []string) {
+		done <- a.WatchChanges(ctx, func(store.Change) {
 			select {
 			case listening <- struct{}{}:
 			default:
@@ -354,5 +355,36 @@ func TestWatchChangesLostConnection(t *testing.T) {
 		}
 	case <-time.After(2*watchPing + 10*time.Second):
 		t.Fatal("WatchChanges did not notice its connection was killed")
+	}
+}
+
+// TestChangePayload: a payload decodes to the change it encodes; a task for
+// more nodes than fit is announced to every node; an unreadable payload is
+// taken as everything, for every node.
+func TestChangePayload(t *testing.T) {
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = fmt.Sprintf("node-%04d", i)
+	}
+	for _, c := range []struct {
+		name string
+		in   string
+		want store.Change
+	}{
+		{"kind alone", changePayload(store.ChangeSigners, nil), store.Change{Kind: store.ChangeSigners}},
+		{"nodes", changePayload(store.ChangeTasks, []string{"a", "b"}), store.Change{Kind: store.ChangeTasks, Nodes: []string{"a", "b"}}},
+		{"too many nodes", changePayload(store.ChangeTasks, many), store.Change{Kind: store.ChangeTasks}},
+		{"garbage", "x\ny", store.Change{Kind: store.ChangeAll}},
+		{"unknown kind", "64\na", store.Change{Kind: store.ChangeAll}},
+		{"empty", "", store.Change{Kind: store.ChangeAll}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if len(c.in) > maxPayload {
+				t.Fatalf("payload of %d bytes", len(c.in))
+			}
+			if got := parseChange(c.in); !slices.Equal(got.Nodes, c.want.Nodes) || got.Kind != c.want.Kind {
+				t.Fatalf("parseChange(%q) = %+v, want %+v", c.in, got, c.want)
+			}
+		})
 	}
 }

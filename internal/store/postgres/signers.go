@@ -56,7 +56,7 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 			}
 		}
 		// Every stream sends the new verifier set.
-		return notifyTx(ctx, tx)
+		return notifyTx(ctx, tx, store.ChangeSigners)
 	})
 	if err != nil {
 		return 0, err

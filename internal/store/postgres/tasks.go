@@ -25,7 +25,7 @@ func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) 
 				return wrap("insert task delivery", err)
 			}
 		}
-		return notifyTx(ctx, tx, nodeIDs...)
+		return notifyTx(ctx, tx, store.ChangeTasks, nodeIDs...)
 	})
 }
 

@@ -3,6 +3,8 @@ package sqlite
 import (
 	"context"
 	"sync"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // changeHub broadcasts the changes an open agent stream must learn of (a
@@ -18,7 +20,7 @@ type changeHub struct {
 	watch map[*watcher]struct{}
 }
 
-type watcher struct{ notify func(nodes []string) }
+type watcher struct{ notify func(store.Change) }
 
 var (
 	hubsMu sync.Mutex
@@ -49,24 +51,25 @@ func releaseHub(abs string) {
 	}
 }
 
-// announce tells every watcher of a committed change to nodes (none:
-// every node).
-func (h *changeHub) announce(nodes ...string) {
-	if len(nodes) == 0 {
-		nodes = nil
+// announce tells every watcher of a committed change of kind to nodes
+// (none: every node).
+func (h *changeHub) announce(kind store.ChangeKind, nodes ...string) {
+	c := store.Change{Kind: kind}
+	if len(nodes) > 0 {
+		c.Nodes = nodes
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for w := range h.watch {
-		w.notify(nodes)
+		w.notify(c)
 	}
 }
 
-// WatchChanges calls notify(nil) once it is registered, then notify with
-// the node IDs of each change committed through any handle on this file
-// (nil: every node), until ctx ends; it returns nil. notify must not block.
-// There is no connection to lose: the broadcast is in process.
-func (s *SQLite) WatchChanges(ctx context.Context, notify func(nodes []string)) error {
+// WatchChanges announces store.ChangeAll for every node once it is
+// registered, then each change committed through any handle on this file,
+// until ctx ends; it returns nil. notify must not block. There is no
+// connection to lose: the broadcast is in process.
+func (s *SQLite) WatchChanges(ctx context.Context, notify func(store.Change)) error {
 	w := &watcher{notify: notify}
 	s.hub.mu.Lock()
 	s.hub.watch[w] = struct{}{}
@@ -76,7 +79,7 @@ func (s *SQLite) WatchChanges(ctx context.Context, notify func(nodes []string)) 
 		delete(s.hub.watch, w)
 		s.hub.mu.Unlock()
 	}()
-	notify(nil)
+	notify(store.Change{Kind: store.ChangeAll})
 	<-ctx.Done()
 	return nil
 }

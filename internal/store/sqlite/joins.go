@@ -58,7 +58,7 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 		return store.JoinResult{}, err
 	}
 	if res.Instance.PreviousID != "" && !res.Retry {
-		s.hub.announce(j.NodeID) // superseded
+		s.hub.announce(store.ChangeStanding, j.NodeID) // superseded
 	}
 	return res, nil
 }

@@ -26,7 +26,7 @@ func (s *SQLite) InsertLock(ctx context.Context, l store.Lock) error {
 	}
 	// A lock may be on a token or a key that many nodes share, so every
 	// open stream re-checks.
-	s.hub.announce()
+	s.hub.announce(store.ChangeStanding)
 	return nil
 }
 

@@ -27,7 +27,7 @@ func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string)
 		return nil
 	})
 	if err == nil {
-		s.hub.announce(nodeIDs...)
+		s.hub.announce(store.ChangeTasks, nodeIDs...)
 	}
 	return err
 }
