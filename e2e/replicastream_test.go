@@ -11,7 +11,8 @@ import (
 // TestReplicasShareSignersAndStreams: on two replicas of one PostgreSQL
 // store, a signer staged through one replica is rolled out to an agent
 // whose stream the other holds, a signer activated through one is the one
-// the other signs with, and a lock made through one closes the stream on
+// the other signs with, a task sent through one reaches the agent on the
+// other within a second, and a lock made through one closes the stream on
 // the other within a second.
 func TestReplicasShareSignersAndStreams(t *testing.T) {
 	_, rs := startReplicas(t, 2)
@@ -27,7 +28,7 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
 		t.Fatalf("join: %s", r.stderr)
 	}
-	startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	waitFor(t, 5*time.Second, "replica a holds the stream", func() bool { return strings.Contains(a.auth.Logs(), "agent stream opened") })
 
 	on(b, "signer", "stage", "--effective-in", "15m")
@@ -44,8 +45,21 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 		t.Fatalf("replica a signs with %q after b activated v2 (%v)", sent.SignerVersionID, err)
 	}
 
+	// A task queued through b wakes the stream on a by notification, not
+	// by a poll of the store.
+	var task struct {
+		TaskID string `json:"task_id"`
+	}
+	if err := json.Unmarshal([]byte(on(b, "task", "send", "--type", "node.report", "--node", "n1", "-o", "json")), &task); err != nil || task.TaskID == "" {
+		t.Fatalf("task send through b: %v", err)
+	}
+	took := waitFor(t, time.Second, "the task sent through b reaches the agent on a", func() bool {
+		return strings.Contains(grepLines(ag.Logs(), `"msg":"task done"`), task.TaskID)
+	})
+	t.Logf("task sent through replica b done by the agent on replica a %s after the send returned", took)
+
 	on(b, "lock", "create", "--node", "n1", "--reason", "test")
-	took := waitFor(t, 1500*time.Millisecond, "the stream on a closes after the lock through b", func() bool {
+	took = waitFor(t, 1500*time.Millisecond, "the stream on a closes after the lock through b", func() bool {
 		l := grepLines(a.auth.Logs(), `"msg":"agent stream closed"`)
 		return strings.Contains(l, "locked")
 	})

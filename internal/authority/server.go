@@ -98,6 +98,8 @@ type Server struct {
 	tokens   *seal.Sealer
 	signers  *signer.Keeper
 	streams  *streamMetrics
+	// hub wakes open agent streams when a change concerns them.
+	hub *streamHub
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time
@@ -127,6 +129,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		started: time.Now(),
 		cfg:     cfg,
 		certs:   map[ca.Role]*tls.Certificate{},
+		hub:     newStreamHub(),
 	}
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
@@ -426,6 +429,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })

@@ -21,18 +21,19 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// streamCheckEvery is how often an open agent stream re-checks the
-// instance's standing in the store and looks for a new verifier set. The
-// store is shared by every replica, so a lock, deletion or supersession
-// made through any of them closes the stream within this period (the
-// "equivalent" of LISTEN/NOTIFY that works on both backends; it costs one
-// standing check per connected agent per period).
+// streamCheckEvery is how often open agent streams re-check the store when
+// the store cannot announce changes (changeWatcher). Both backends can, and
+// then a stream re-checks only when woken by a change that concerns it.
 var streamCheckEvery = 500 * time.Millisecond
 
 // Connect serves an agent's stream (see agent.proto).
 func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error {
 	ctx := stream.Context()
 	c := callerFrom(ctx)
+	// Subscribed before the first check, so a change committed after that
+	// check wakes the stream.
+	wake, unsubscribe := a.s.hub.subscribe(c.ID.Name)
+	defer unsubscribe()
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
@@ -84,21 +85,31 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 
 	var sent int64 = -1 // the version of the last set sent
 	delivered := map[string]bool{}
-	t := time.NewTicker(streamCheckEvery)
-	defer t.Stop()
+	// A stream re-checks only what a change it is woken by concerns: its
+	// standing (a lock, deletion, supersession), the verifier set (a signer
+	// step) or its tasks; an idle stream asks the store nothing.
+	check := store.ChangeSigners | store.ChangeTasks // standing was checked above
 	for {
-		raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
-		if err != nil && ctx.Err() == nil {
-			return toStatus(ctx, a.s.log, err)
-		}
-		if raw != nil {
-			if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
-				return err
+		if check&store.ChangeStanding != 0 {
+			if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
+				log.Info("agent stream closed", "reason", err)
+				return toStatus(ctx, a.s.log, err)
 			}
-			sent = version
 		}
-		if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil {
-			if ctx.Err() == nil {
+		if check&store.ChangeSigners != 0 {
+			raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
+			if err != nil && ctx.Err() == nil {
+				return toStatus(ctx, a.s.log, err)
+			}
+			if raw != nil {
+				if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
+					return err
+				}
+				sent = version
+			}
+		}
+		if check&store.ChangeTasks != 0 {
+			if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil && ctx.Err() == nil {
 				return toStatus(ctx, a.s.log, err)
 			}
 		}
@@ -117,14 +128,8 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
 			}
 			return nil
-		case <-t.C:
-		}
-		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
-			if ctx.Err() != nil {
-				continue
-			}
-			log.Info("agent stream closed", "reason", err)
-			return toStatus(ctx, a.s.log, err)
+		case <-wake.c:
+			check = wake.take()
 		}
 	}
 }
@@ -134,6 +139,7 @@ type streamMetrics struct {
 	connected  prometheus.Gauge
 	heartbeats prometheus.Counter
 	refusals   *prometheus.CounterVec
+	watchLost  prometheus.Counter
 }
 
 func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
@@ -146,12 +152,16 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 			Name: "muster_agent_heartbeats_total",
 			Help: "Heartbeats received on agent streams by this replica.",
 		}),
+		watchLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_change_watch_lost_total",
+			Help: "Times this replica lost the store's change notifications and listened again; open streams re-check each time.",
+		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_task_verification_failures_total",
 			Help: "Tasks agents refused, by the signer version the task named and the reason.",
 		}, []string{"signer", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals} {
+	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals, m.watchLost} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

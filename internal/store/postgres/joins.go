@@ -114,6 +114,9 @@ func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance,
 			WHERE id = $1 AND state = 'current'`, held); err != nil {
 			return store.JoinResult{}, wrap("commit join: supersede", err)
 		}
+		if err := notifyTx(ctx, tx, store.ChangeStanding, j.NodeID); err != nil {
+			return store.JoinResult{}, err
+		}
 		in.PreviousID = held
 	}
 

@@ -17,13 +17,17 @@ const unexpired = `(expires_at IS NULL OR expires_at > ` + nowMicros + `)`
 // InsertLock adds a lock; ErrConflict on a duplicate ID. A lock whose
 // ExpiresAt has passed is stored but never found.
 func (s *Store) InsertLock(ctx context.Context, l store.Lock) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO locks (`+lockColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
-	if err != nil {
-		return wrap("insert lock", err)
-	}
-	return nil
+	// A lock may be on a token or a key that many nodes share, so every
+	// open stream re-checks.
+	return s.inTx(ctx, "insert lock", func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO locks (`+lockColumns+`)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
+		if err != nil {
+			return wrap("insert lock", err)
+		}
+		return notifyTx(ctx, tx, store.ChangeStanding)
+	})
 }
 
 // ListLocks returns the locks not expired by the store clock, oldest first

@@ -52,7 +52,7 @@ func (s *Store) DeleteNode(ctx context.Context, id string) error {
 			WHERE id = $1 AND state = 'current'`, instanceID); err != nil {
 			return wrap("delete node "+id, err)
 		}
-		return nil
+		return notifyTx(ctx, tx, store.ChangeStanding, id)
 	})
 }
 

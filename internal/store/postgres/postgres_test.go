@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -310,5 +311,80 @@ func benchJoin(n int64) store.Join {
 			LastChainPEM: []byte("-----BEGIN CERTIFICATE-----")},
 		Certificate: store.Certificate{Serial: serial, PublicKey: key[:],
 			NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+	}
+}
+
+// TestWatchChanges: a change committed through one pool is announced to a
+// watcher listening through another (two replicas).
+func TestWatchChanges(t *testing.T) {
+	storetest.RunWatchTests(t, func(t *testing.T) (store.Store, store.Store) {
+		a, url := openFresh(t)
+		return a, openURL(t, url)
+	})
+}
+
+// TestWatchChangesLostConnection: when the listening session is killed,
+// WatchChanges returns an error (the authority listens again) instead of
+// waiting forever on a dead connection.
+func TestWatchChangesLostConnection(t *testing.T) {
+	ctx := t.Context()
+	a, _ := openFresh(t)
+	listening := make(chan struct{}, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- a.WatchChanges(ctx, func(store.Change) {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	select {
+	case <-listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("WatchChanges did not start listening")
+	}
+	if _, err := a.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE query LIKE 'LISTEN %' AND pid <> pg_backend_pid() AND datname = current_database()`); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("WatchChanges returned nil after its connection was killed")
+		}
+	case <-time.After(2*watchPing + 10*time.Second):
+		t.Fatal("WatchChanges did not notice its connection was killed")
+	}
+}
+
+// TestChangePayload: a payload decodes to the change it encodes; a task for
+// more nodes than fit is announced to every node; an unreadable payload is
+// taken as everything, for every node.
+func TestChangePayload(t *testing.T) {
+	many := make([]string, 1000)
+	for i := range many {
+		many[i] = fmt.Sprintf("node-%04d", i)
+	}
+	for _, c := range []struct {
+		name string
+		in   string
+		want store.Change
+	}{
+		{"kind alone", changePayload(store.ChangeSigners, nil), store.Change{Kind: store.ChangeSigners}},
+		{"nodes", changePayload(store.ChangeTasks, []string{"a", "b"}), store.Change{Kind: store.ChangeTasks, Nodes: []string{"a", "b"}}},
+		{"too many nodes", changePayload(store.ChangeTasks, many), store.Change{Kind: store.ChangeTasks}},
+		{"garbage", "x\ny", store.Change{Kind: store.ChangeAll}},
+		{"unknown kind", "64\na", store.Change{Kind: store.ChangeAll}},
+		{"empty", "", store.Change{Kind: store.ChangeAll}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if len(c.in) > maxPayload {
+				t.Fatalf("payload of %d bytes", len(c.in))
+			}
+			if got := parseChange(c.in); !slices.Equal(got.Nodes, c.want.Nodes) || got.Kind != c.want.Kind {
+				t.Fatalf("parseChange(%q) = %+v, want %+v", c.in, got, c.want)
+			}
+		})
 	}
 }

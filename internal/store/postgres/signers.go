@@ -55,7 +55,8 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 				return err
 			}
 		}
-		return nil
+		// Every stream sends the new verifier set.
+		return notifyTx(ctx, tx, store.ChangeSigners)
 	})
 	if err != nil {
 		return 0, err

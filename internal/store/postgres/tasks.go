@@ -25,7 +25,7 @@ func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) 
 				return wrap("insert task delivery", err)
 			}
 		}
-		return nil
+		return notifyTx(ctx, tx, store.ChangeTasks, nodeIDs...)
 	})
 }
 

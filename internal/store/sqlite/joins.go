@@ -57,6 +57,9 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 	if err != nil {
 		return store.JoinResult{}, err
 	}
+	if res.Instance.PreviousID != "" && !res.Retry {
+		s.hub.announce(store.ChangeStanding, j.NodeID) // superseded
+	}
 	return res, nil
 }
 

@@ -24,6 +24,9 @@ func (s *SQLite) InsertLock(ctx context.Context, l store.Lock) error {
 	if err != nil {
 		return wrap("insert lock", err)
 	}
+	// A lock may be on a token or a key that many nodes share, so every
+	// open stream re-checks.
+	s.hub.announce(store.ChangeStanding)
 	return nil
 }
 

@@ -57,6 +57,7 @@ func (s *SQLite) DeleteNode(ctx context.Context, id string) error {
 	if err := tx.Commit(); err != nil {
 		return wrap("delete node: commit", err)
 	}
+	s.hub.announce(store.ChangeStanding, id)
 	return nil
 }
 

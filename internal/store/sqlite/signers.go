@@ -64,6 +64,7 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 	if err != nil {
 		return 0, err
 	}
+	s.hub.announce(store.ChangeSigners) // every stream sends the new verifier set
 	return expect + 1, nil
 }
 

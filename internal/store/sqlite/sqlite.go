@@ -48,6 +48,11 @@ type SQLite struct {
 	wstmts *stmtCache
 
 	// ops feeds the group committer (batch.go).
+	// hub announces committed changes to watchers (changes.go); path is
+	// its key.
+	hub  *changeHub
+	path string
+
 	ops           chan *writeOp
 	closed        chan struct{}
 	closeOnce     sync.Once
@@ -126,6 +131,7 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 	}
 	s.r = &readDB{DB: r, cache: newStmtCache(r)}
 	s.wstmts = newStmtCache(w)
+	s.path, s.hub = abs, acquireHub(abs)
 	go s.committer()
 	return s, nil
 }
@@ -189,6 +195,10 @@ func (s *SQLite) Close() error {
 	<-s.committerDone // the batch in flight finishes first
 	s.r.cache.close()
 	s.wstmts.close()
+	if s.hub != nil {
+		releaseHub(s.path)
+		s.hub = nil
+	}
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

@@ -282,3 +282,17 @@ func TestAppendAuditTwoHandles(t *testing.T) {
 		prev = r.Hash
 	}
 }
+
+// TestWatchChanges: a change committed through one handle is announced to a
+// watcher on another handle of the same file.
+func TestWatchChanges(t *testing.T) {
+	storetest.RunWatchTests(t, func(t *testing.T) (store.Store, store.Store) {
+		a, path := openTemp(t)
+		b, err := Open(t.Context(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return a, b
+	})
+}

@@ -13,7 +13,7 @@ const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.cr
 
 // InsertTask stores a task and its deliveries in one write transaction.
 func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
-	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 			return wrap("insert task", err)
@@ -26,6 +26,10 @@ func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string)
 		}
 		return nil
 	})
+	if err == nil {
+		s.hub.announce(store.ChangeTasks, nodeIDs...)
+	}
+	return err
 }
 
 // PendingTasks returns the unanswered, unexpired tasks of a node.

@@ -1,0 +1,26 @@
+package store
+
+// ChangeKind says what a committed change means to an open agent stream,
+// so that it re-checks only that: its standing, the verifier set or its
+// tasks. Kinds combine as bits.
+type ChangeKind uint8
+
+const (
+	// ChangeStanding: a lock, a node's deletion or supersession.
+	ChangeStanding ChangeKind = 1 << iota
+	// ChangeSigners: a signer step, so a new verifier set.
+	ChangeSigners
+	// ChangeTasks: a task queued.
+	ChangeTasks
+
+	// ChangeAll is what a watcher announces once it listens: changes
+	// before may have gone unseen.
+	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks
+)
+
+// Change is a committed change as a store announces it to its watchers:
+// what changed, for which node IDs (nil: every node).
+type Change struct {
+	Kind  ChangeKind
+	Nodes []string
+}

@@ -1,0 +1,116 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// changeChannel is the LISTEN/NOTIFY channel of changes an open agent
+// stream must learn of: a lock, a node's deletion or supersession, a task
+// queued for it, a signer step. The writes queue their notification with
+// pg_notify inside their own transaction, and PostgreSQL delivers it to
+// every listening session when, and only if, that transaction commits: a
+// notification never precedes its change.
+const changeChannel = "muster_changes"
+
+// maxPayload bounds a notification's payload below PostgreSQL's 8000 bytes;
+// a task for more nodes than fit is announced to every node.
+const maxPayload = 4000
+
+// watchPing is how often a quiet listening connection is checked with one
+// query: a connection lost without a word (a dead peer, a dropped NAT
+// entry) is noticed within this period, and WatchChanges returns.
+var watchPing = 10 * time.Second
+
+// changePayload encodes a change: its kind as a decimal, then the node IDs
+// it concerns, one a line; the kind alone means every node.
+func changePayload(kind store.ChangeKind, nodes []string) string {
+	p := strconv.Itoa(int(kind))
+	if len(nodes) == 0 {
+		return p
+	}
+	if all := p + "\n" + strings.Join(nodes, "\n"); len(all) <= maxPayload {
+		return all
+	}
+	return p
+}
+
+// parseChange decodes a payload; an unreadable kind is taken as every
+// kind, for every node.
+func parseChange(payload string) store.Change {
+	k, nodes, _ := strings.Cut(payload, "\n")
+	kind, err := strconv.Atoi(k)
+	if err != nil || kind <= 0 || store.ChangeKind(kind)&^store.ChangeAll != 0 {
+		return store.Change{Kind: store.ChangeAll}
+	}
+	c := store.Change{Kind: store.ChangeKind(kind)}
+	if nodes != "" {
+		c.Nodes = strings.Split(nodes, "\n")
+	}
+	return c
+}
+
+// notifyTx queues the notification of a change made in tx.
+func notifyTx(ctx context.Context, tx pgx.Tx, kind store.ChangeKind, nodes ...string) error {
+	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, changePayload(kind, nodes)); err != nil {
+		return wrap("notify change", err)
+	}
+	return nil
+}
+
+// WatchChanges listens for changes committed through any handle on the
+// database, by any replica, on a dedicated connection (not one of the
+// pool's). Once listening it announces store.ChangeAll for every node,
+// since a change committed before may have gone unseen, then each change.
+// It returns nil when ctx ends, or an error when the connection is lost;
+// the caller calls again, and the first announcement covers whatever was
+// missed. notify must not block.
+func (s *Store) WatchChanges(ctx context.Context, notify func(store.Change)) error {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	// Waiting for a notification ends at a deadline on the socket, not a
+	// cancel request, which could arrive late and cancel the ping after it.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("postgres: watch changes: connect: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, `LISTEN `+changeChannel); err != nil {
+		return wrap("watch changes: listen", err)
+	}
+	notify(store.Change{Kind: store.ChangeAll})
+	for {
+		wctx, cancel := context.WithTimeout(ctx, watchPing)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, context.DeadlineExceeded):
+			// Quiet for a while: the safety poll, one query on this
+			// connection, proves it still listens.
+			if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return wrap("watch changes: ping", err)
+			}
+		case err != nil:
+			return wrap("watch changes", err)
+		default:
+			notify(parseChange(n.Payload))
+		}
+	}
+}
