@@ -70,9 +70,13 @@ func Run(ctx context.Context, op Operation, cfg RunConfig) (*Outcome, error) {
 	if cfg.Duration <= 0 && cfg.Requests <= 0 {
 		return nil, errors.New("loadgen: give a duration or a request count")
 	}
+	// The end of the run stops new requests but lets those in flight
+	// finish: a request cut off would be counted by the authority as a
+	// failure the run caused, and not by the run.
+	stop := ctx
 	if cfg.Duration > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		stop, cancel = context.WithTimeout(ctx, cfg.Duration)
 		defer cancel()
 	}
 	var watch *procWatch
@@ -95,7 +99,7 @@ func Run(ctx context.Context, op Operation, cfg RunConfig) (*Outcome, error) {
 	for w := range cfg.Concurrency {
 		t := tallies[w]
 		wg.Go(func() {
-			for ctx.Err() == nil {
+			for stop.Err() == nil {
 				seq := next.Add(1) - 1
 				if cfg.Requests > 0 && seq >= cfg.Requests {
 					return
@@ -111,8 +115,7 @@ func Run(ctx context.Context, op Operation, cfg RunConfig) (*Outcome, error) {
 					t.lat = append(t.lat, d)
 					t.ok.Add(1)
 				case ctx.Err() != nil:
-					// Cut off by the end of the run: not the authority's
-					// answer, so not counted.
+					// Interrupted (^C): not the authority's answer.
 					return
 				default:
 					code := status.Code(err).String()
