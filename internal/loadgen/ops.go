@@ -399,11 +399,13 @@ type bot struct {
 
 func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error) {
 	s.Log("setup: %d bound-keypair bots, %d keys and CSRs", s.Concurrency, csrPool)
-	csrs, err := makeCSRs(csrPool, nil)
+	// The first joins have keys of their own: a bot's next join with
+	// the key of its last would be answered as the retry of a lost reply.
+	csrs, err := makeCSRs(csrPool+s.Concurrency, nil)
 	if err != nil {
 		return nil, err
 	}
-	r := &recovery{t: t, csrs: csrs, bots: make([]bot, s.Concurrency)}
+	r := &recovery{t: t, csrs: csrs[:csrPool], bots: make([]bot, s.Concurrency)}
 	for w := range r.bots {
 		pub, priv, err := ed25519.GenerateKey(rand.Reader)
 		if err != nil {
@@ -424,7 +426,7 @@ func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error)
 		}
 		r.bots[w] = bot{name: name, key: priv}
 		// The first join binds the instance; every later one recovers.
-		if err := r.join(ctx, w, int64(w)); err != nil {
+		if err := r.join(ctx, w, int64(w), csrs[csrPool+w].csr); err != nil {
 			return nil, fmt.Errorf("loadgen: first join of bot %s: %w", name, err)
 		}
 	}
@@ -439,11 +441,11 @@ func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error)
 	}}, nil
 }
 
-func (r *recovery) join(ctx context.Context, worker int, seq int64) error {
+func (r *recovery) join(ctx context.Context, worker int, seq int64, csr []byte) error {
 	b := &r.bots[worker]
 	return r.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
 		res, err := agent.JoinBoundKeypair(ctx, musterv1.NewJoinServiceClient(conn), &musterv1.BoundKeypairInit{Token: b.name,
-			NodeId: b.name, Csr: r.csrs[seq%csrPool].csr, PreviousJoinState: b.state}, b.key, r.t.authorityID.Name)
+			NodeId: b.name, Csr: csr, PreviousJoinState: b.state}, b.key, r.t.authorityID.Name)
 		if err == nil {
 			b.state = res.GetJoinState()
 		}
@@ -452,7 +454,7 @@ func (r *recovery) join(ctx context.Context, worker int, seq int64) error {
 }
 
 func (r *recovery) Do(ctx context.Context, worker int, seq int64) error {
-	return r.join(ctx, worker, seq)
+	return r.join(ctx, worker, seq, r.csrs[seq%csrPool].csr)
 }
 
 // maxRecoveryLimit is the largest recovery limit the authority accepts.
