@@ -211,8 +211,8 @@ func printBench(w io.Writer, r benchReport) {
 		}
 	}
 	if a := run.Authority; a != nil {
-		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
-			float64(a.PeakRSSBytes)/(1<<20))
+		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
+			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
 	}
 	fmt.Fprintf(w, "Crypto bound: %s per operation on one core (%.0f/s): %s\n", r.Bound.PerOp.Round(time.Microsecond), r.Bound.PerCore, r.Bound.What)
 	fmt.Fprintf(w, "Of the bound: %.2f\n", r.OfBound)

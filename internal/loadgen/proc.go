@@ -19,6 +19,10 @@ type ProcUsage struct {
 	Cores float64 `json:"cores"`
 	// PeakRSSBytes is the largest VmRSS sampled every 100 ms.
 	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	// CPUPerRequest is the authority's CPU time per successful request:
+	// unlike throughput, it hardly changes when other work shares the
+	// machine, so it is the figure to compare with the bound there.
+	CPUPerRequest time.Duration `json:"cpu_per_request_ns"`
 }
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat's times: 100 on every

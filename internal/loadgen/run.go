@@ -154,6 +154,9 @@ func Run(ctx context.Context, op Operation, cfg RunConfig) (*Outcome, error) {
 		if err != nil {
 			return nil, err
 		}
+		if out.OK > 0 {
+			usage.CPUPerRequest = time.Duration(usage.CPUSeconds * float64(time.Second) / float64(out.OK))
+		}
 		out.Authority = usage
 	}
 	return out, nil
