@@ -116,10 +116,10 @@ func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
 	rand.Read(runID)
 	t := &target{addr: s.Addr, roots: s.Operator.RootPool(), rootList: s.Operator.Roots, match: identity.MatchID(authID),
 		shared: s.Connection == ConnShared, run: "bench-" + hex.EncodeToString(runID), authorityID: authID}
+	// Only a literal IPv4 loopback address: a name may resolve to ::1,
+	// which no 127.x.y.z source can reach.
 	if host, _, err := net.SplitHostPort(s.Addr); err == nil {
 		if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() && ip.IsLoopback() {
-			t.loopback = true
-		} else if host == "localhost" {
 			t.loopback = true
 		}
 	}
@@ -233,8 +233,8 @@ func makeCSRs(n int, cn func(i int) string) ([]keyCSR, error) {
 // through: the authority never sees two uses of one by one node in a row.
 const csrPool = 256
 
-// createToken makes a join token for the run: uses as given, or
-// unlimited for an hour when uses is 0.
+// createToken makes a join token for the run, valid for an hour, with
+// uses uses.
 func createToken(ctx context.Context, s Setup, t *target, uses int64) (secret, id string, err error) {
 	resp, err := s.Admin.CreateToken(ctx, &musterv1.CreateTokenRequest{Ttl: durationpb.New(time.Hour), Uses: &uses,
 		Description: "muster bench " + t.run})
