@@ -78,6 +78,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newAgentsCmd(env),
 		newAgentCmd(env),
 		newKeypairCmd(env),
+		newBenchCmd(env),
 		newBotCmd(env),
 		newStatusCmd(env),
 		newVersionCmd(env),

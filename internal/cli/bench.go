@@ -1,0 +1,219 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/loadgen"
+)
+
+// benchReport is muster bench's output, text or -o json.
+type benchReport struct {
+	Op          string           `json:"op"`
+	Authority   string           `json:"authority"`
+	Connection  string           `json:"connection"`
+	Concurrency int              `json:"concurrency"`
+	Run         *loadgen.Outcome `json:"run"`
+	Bound       *loadgen.Bound   `json:"bound"`
+	// OfBound is the throughput divided by the bound's operations per
+	// second on one core: 1.0 would mean the store, RPC, TLS beyond the
+	// bound's, and audit cost nothing.
+	OfBound float64 `json:"of_bound"`
+}
+
+func newBenchCmd(env *Env) *cobra.Command {
+	var af adminFlags
+	var out output
+	var op, conn string
+	var concurrency, prepared int
+	var duration time.Duration
+	var requests int64
+	var pid int
+	cmd := &cobra.Command{
+		Use:   "bench --op OP",
+		Short: "Drive a running authority with simulated agents and measure what it carries",
+		Long: `Drive a running authority over its real protocol from many simulated agents,
+and print throughput, latency percentiles (p50, p95, p99, max), errors by
+gRPC code and, when the authority runs on this machine, its CPU time and
+peak resident memory during the run (from /proc).
+
+Operations (--op):
+  token-join      ExchangeJoinToken, a node ID of its own per request
+  psk-join        RequestCertificate with the bootstrap PSK
+  renew           RequestCertificate over mTLS, one agent per worker renewing
+                  generation after generation with a fresh key each time
+  bound-recovery  the bound-keypair stream of a bot with no certificate
+
+A setup step first creates what the run needs through the admin API with the
+operator identity (a join token, the PSK read as "muster psk show" reads it,
+agents joined for renewals, bots for recoveries) and makes every key and CSR
+before the clock starts. Nodes are named bench-RUNID-N; the run's join token
+and bots are deleted at the end, its agents stay (muster agents list).
+
+When the authority is on loopback, each simulated agent connects from its own
+127.x.y.z address, as a fleet comes from many addresses; otherwise the
+authority's per-source rate limit (20, then 5 a second) applies to joins.
+
+The same run measures the crypto floor of the operation on this machine (join:
+CSR signature check + certificate signature; renewal: TLS 1.3 handshake with a
+client certificate + the same; recovery: Ed25519 verify + join-state JWT
+signature + the same) and prints the throughput as a fraction of it.
+Joins and recoveries leave state in the authority: bench a test authority.`,
+		Example: `  muster bench --data ./muster-data --op token-join --concurrency 32 --duration 10s
+  muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
+  muster bench --data ./muster-data --op psk-join --connection shared --requests 500`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			switch {
+			case !validOp(op):
+				return fmt.Errorf("bench: --op %q: want one of %s", op, strings.Join(loadgen.Operations, ", "))
+			case concurrency < 1:
+				return fmt.Errorf("bench: --concurrency %d: want at least 1", concurrency)
+			case duration <= 0 && requests <= 0:
+				return errors.New("bench: give --duration or --requests")
+			case duration > 0 && requests > 0:
+				return errors.New("bench: give --duration or --requests, not both")
+			case requests < 0:
+				return fmt.Errorf("bench: --requests %d: want a positive count", requests)
+			}
+			if requests > 0 {
+				prepared = int(requests)
+			}
+			data := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
+			addr := firstOf(af.authority, env.Getenv("MUSTER_AUTHORITY"))
+			if addr == "" {
+				rec, err := data.ReadAddress()
+				if err != nil {
+					return fmt.Errorf("bench: %w", err)
+				}
+				addr = rec.Address
+				if pid == 0 {
+					pid = lockHolder(data)
+				}
+			}
+			idPath := firstOf(af.identity, env.Getenv("MUSTER_IDENTITY"), data.OperatorFile())
+			operator, err := identity.Load(idPath)
+			if err != nil {
+				return fmt.Errorf("bench: %w (give an operator identity with --identity or MUSTER_IDENTITY)", err)
+			}
+			af.authority = addr
+			admin, err := af.dial(env)
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			defer admin.Close()
+			ctx := cmd.Context()
+			logf := func(format string, args ...any) { fmt.Fprintf(env.Stderr, "bench: "+format+"\n", args...) }
+			setupCtx, cancel := af.context(ctx)
+			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
+				Prepared: prepared, Operator: operator, Admin: admin, Log: logf})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			defer func() {
+				cctx, cancel := af.context(context.WithoutCancel(ctx))
+				defer cancel()
+				if err := p.Close(cctx); err != nil {
+					logf("cleaning up: %v", err)
+				}
+			}()
+			logf("measuring the crypto bound of %s", op)
+			bound, err := loadgen.MeasureBound(op)
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			logf("running %s against %s: concurrency %d, connection %s", op, addr, concurrency, firstOf(conn, loadgen.ConnNew))
+			run, err := loadgen.Run(ctx, p, loadgen.RunConfig{Concurrency: concurrency, Duration: duration, Requests: requests,
+				Progress: env.Stderr, PID: pid})
+			if err != nil {
+				return fmt.Errorf("bench: %w", err)
+			}
+			rep := benchReport{Op: op, Authority: addr, Connection: firstOf(conn, loadgen.ConnNew), Concurrency: concurrency,
+				Run: run, Bound: bound, OfBound: run.Throughput / bound.PerCore}
+			if out.structured() {
+				return out.write(env.Stdout, rep)
+			}
+			printBench(env.Stdout, rep)
+			return nil
+		},
+	}
+	af.register(cmd)
+	out.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&op, "op", "", "operation: "+strings.Join(loadgen.Operations, ", "))
+	f.IntVar(&concurrency, "concurrency", 8, "simulated agents sending at once")
+	f.DurationVar(&duration, "duration", 0, "how long to run (or --requests)")
+	f.Int64Var(&requests, "requests", 0, "how many requests to send (or --duration)")
+	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew)")
+	f.IntVar(&prepared, "prepare", 20000, "with --duration: join requests (nodes and CSRs) made before the run; the run ends early if they are used up")
+	f.IntVar(&pid, "authority-pid", 0, "the authority's process on this machine, for its CPU and memory (default: the pid in DIR/authority.lock when the address comes from DIR)")
+	return cmd
+}
+
+func validOp(op string) bool {
+	for _, o := range loadgen.Operations {
+		if o == op {
+			return true
+		}
+	}
+	return false
+}
+
+// lockHolder is the pid the running authority wrote to DIR/authority.lock,
+// or 0 when there is none this machine runs.
+func lockHolder(d datadir.Dir) int {
+	b, err := os.ReadFile(d.LockFile())
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid)); err != nil {
+		return 0
+	}
+	return pid
+}
+
+func printBench(w io.Writer, r benchReport) {
+	run := r.Run
+	fmt.Fprintf(w, "Operation:    %s (%s connection, concurrency %d) against %s\n", r.Op, r.Connection, r.Concurrency, r.Authority)
+	fmt.Fprintf(w, "Requests:     %d in %s, %d ok", run.Requests, run.Elapsed.Round(time.Millisecond), run.OK)
+	if run.Exhausted {
+		fmt.Fprint(w, " (stopped: the prepared requests were used up; raise --prepare)")
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Throughput:   %.1f/s\n", run.Throughput)
+	l := run.Latency
+	fmt.Fprintf(w, "Latency:      p50 %s  p95 %s  p99 %s  max %s\n", l.P50.Round(time.Microsecond), l.P95.Round(time.Microsecond),
+		l.P99.Round(time.Microsecond), l.Max.Round(time.Microsecond))
+	if len(run.Errors) == 0 {
+		fmt.Fprintln(w, "Errors:       none")
+	} else {
+		fmt.Fprintln(w, "Errors:")
+		for code, n := range run.Errors {
+			fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, run.FirstError[code])
+		}
+	}
+	if a := run.Authority; a != nil {
+		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
+			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
+	}
+	fmt.Fprintf(w, "Crypto bound: %s per operation on one core (%.0f/s): %s\n", r.Bound.PerOp.Round(time.Microsecond), r.Bound.PerCore, r.Bound.What)
+	fmt.Fprintf(w, "Of the bound: %.2f\n", r.OfBound)
+}

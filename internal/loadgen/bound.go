@@ -1,0 +1,213 @@
+package loadgen
+
+import (
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+)
+
+// Bound is the crypto floor of one operation, measured on this machine in
+// this run, one at a time on one goroutine: the time the signatures and
+// verifications the operation cannot avoid take, and nothing else (no
+// store, RPC, audit or encoding).
+type Bound struct {
+	// What names the crypto counted.
+	What    string        `json:"what"`
+	PerOp   time.Duration `json:"per_op_ns"`
+	PerCore float64       `json:"ops_per_second_per_core"`
+}
+
+// boundIterations is how many times each bound repeats its crypto: enough
+// for a stable mean, short enough (well under a second) for a CI smoke.
+const boundIterations = 300
+
+// boundFixture is a CA of the kind the authority runs (ECDSA P-256 at
+// every level), made for the measurement only.
+type boundFixture struct {
+	h       *ca.Hierarchy
+	csr     []byte
+	agentID *url.URL
+}
+
+func newBoundFixture() (*boundFixture, error) {
+	h, err := ca.Create("bench", time.Now())
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	csr, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	if err != nil {
+		return nil, err
+	}
+	id, err := spiffeid.New("bench.test", spiffeid.RoleAgent, "node")
+	if err != nil {
+		return nil, err
+	}
+	return &boundFixture{h: h, csr: csr, agentID: id.URL()}, nil
+}
+
+// issue is the crypto every issuance does: the CSR's signature checked
+// once and the certificate signed.
+func (f *boundFixture) issue() error {
+	csr, err := ca.ParseCSR(f.csr)
+	if err != nil {
+		return err
+	}
+	_, err = f.h.Issuer(ca.RoleAgent).Issue(ca.LeafRequest{PublicKey: csr.PublicKey, SPIFFEID: f.agentID,
+		CommonName: "node", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+	return err
+}
+
+// MeasureBound times the crypto floor of op ("token-join", "psk-join",
+// "renew" or "bound-recovery").
+func MeasureBound(op string) (*Bound, error) {
+	f, err := newBoundFixture()
+	if err != nil {
+		return nil, err
+	}
+	var what string
+	var step func() error
+	switch op {
+	case OpTokenJoin, OpPSKJoin:
+		what, step = "CSR signature check + certificate signature", f.issue
+	case OpRenew:
+		hs, err := f.handshaker()
+		if err != nil {
+			return nil, err
+		}
+		what = "TLS 1.3 handshake with a client certificate (both ends) + CSR signature check + certificate signature"
+		step = func() error {
+			if err := hs(); err != nil {
+				return err
+			}
+			return f.issue()
+		}
+	case OpBoundRecovery:
+		rec, err := f.recoverer()
+		if err != nil {
+			return nil, err
+		}
+		what = "Ed25519 answer verify + join-state JWT signature + CSR signature check + certificate signature"
+		step = func() error {
+			if err := rec(); err != nil {
+				return err
+			}
+			return f.issue()
+		}
+	default:
+		return nil, fmt.Errorf("loadgen: unknown operation %q", op)
+	}
+	// One untimed round warms caches and lazily built tables.
+	if err := step(); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	for range boundIterations {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	per := time.Since(start) / boundIterations
+	return &Bound{What: what, PerOp: per, PerCore: float64(time.Second) / float64(per)}, nil
+}
+
+// handshaker returns a function that runs one TLS 1.3 handshake in this
+// process over an in-memory pipe, the client presenting an agent
+// certificate and each end verifying the other's chain, as the agent and
+// the authority do at a renewal. Both ends are counted: the load generator
+// and the authority share this machine, so it does both.
+func (f *boundFixture) handshaker() (func() error, error) {
+	leaf := func(role ca.Role, server bool) (tls.Certificate, error) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			return tls.Certificate{}, err
+		}
+		c, err := f.h.Issuer(role).Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: f.agentID, CommonName: "node",
+			ServerAuth: server, ClientAuth: !server, NotBefore: time.Now(), TTL: time.Hour})
+		if err != nil {
+			return tls.Certificate{}, err
+		}
+		id := &identity.Identity{Chain: []*x509.Certificate{c, f.h.Issuer(role).Cert}, Key: key}
+		return id.TLSCertificate(), nil
+	}
+	srvCert, err := leaf(ca.RoleServer, true)
+	if err != nil {
+		return nil, err
+	}
+	cliCert, err := leaf(ca.RoleAgent, false)
+	if err != nil {
+		return nil, err
+	}
+	roots := f.h.RootPool()
+	anyID := func(spiffeid.ID) error { return nil }
+	srvConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{srvCert},
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: roots, SessionTicketsDisabled: true}
+	cliConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cliCert}, InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			return identity.VerifyPeer(cs.PeerCertificates, roots, anyID, x509.ExtKeyUsageServerAuth, time.Now())
+		}}
+	return func() error {
+		a, b := net.Pipe()
+		defer a.Close()
+		defer b.Close()
+		errc := make(chan error, 1)
+		go func() { errc <- tls.Server(b, srvConf).Handshake() }()
+		cerr := tls.Client(a, cliConf).Handshake()
+		if serr := <-errc; serr != nil {
+			return serr
+		}
+		return cerr
+	}, nil
+}
+
+// recoverer returns a function that does the bound-keypair crypto of a
+// recovery: the agent's answer to a challenge verified (Ed25519 in a JWT)
+// and a new join state signed. The answer is made first, as the agent
+// makes it.
+func (f *boundFixture) recoverer() (func() error, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	bound, err := boundkeypair.NewPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	ch, err := boundkeypair.NewChallenge("bench", now)
+	if err != nil {
+		return nil, err
+	}
+	answer, err := boundkeypair.Answer(priv, ch, now)
+	if err != nil {
+		return nil, err
+	}
+	sk, err := boundkeypair.NewSigningKey()
+	if err != nil {
+		return nil, err
+	}
+	state := boundkeypair.JoinState{Issuer: "bench", Token: "bot", NodeID: "node", IssuedAt: now, InstanceID: "instance",
+		BoundKey: bound.Fingerprint(), RecoverySequence: 1, RecoveryLimit: 10, RecoveryMode: boundkeypair.ModeStandard}
+	return func() error {
+		if err := ch.Verify(answer, bound, time.Now()); err != nil {
+			return err
+		}
+		_, err := sk.Sign(state)
+		return err
+	}, nil
+}

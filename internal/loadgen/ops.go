@@ -1,0 +1,461 @@
+package loadgen
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// The operations muster bench drives.
+const (
+	OpTokenJoin     = "token-join"
+	OpPSKJoin       = "psk-join"
+	OpRenew         = "renew"
+	OpBoundRecovery = "bound-recovery"
+)
+
+// Operations lists them, for help and errors.
+var Operations = []string{OpTokenJoin, OpPSKJoin, OpRenew, OpBoundRecovery}
+
+// Connection modes: a new TLS connection per request, as a real agent
+// makes one, or one connection per simulated agent kept for the run.
+const (
+	ConnNew    = "new"
+	ConnShared = "shared"
+)
+
+// Setup says what to prepare and where the authority is.
+type Setup struct {
+	Op         string
+	Addr       string
+	Connection string
+	// Concurrency is the number of simulated agents: renewals and
+	// recoveries prepare one identity or bot each.
+	Concurrency int
+	// Prepared is how many join requests (each its own node and CSR)
+	// are made before the clock starts.
+	Prepared int
+	// Operator is the identity the admin API was reached with: its roots
+	// are the ones simulated agents pin.
+	Operator *identity.Identity
+	Admin    musterv1.AdminServiceClient
+	// Log, if set, says what the setup does.
+	Log func(format string, args ...any)
+}
+
+// Prepared is an operation ready to run; Close removes what the setup
+// created that would otherwise stay usable (the join token).
+type Prepared struct {
+	Operation
+	Close func(ctx context.Context) error
+}
+
+// target is the authority as the simulated agents see it.
+type target struct {
+	addr     string
+	roots    *x509.CertPool
+	rootList []*x509.Certificate
+	match    identity.Matcher
+	shared   bool
+	// loopback: the authority is on this machine's loopback, so each
+	// simulated agent connects from its own 127.x.y.z address, as a
+	// fleet comes from many addresses (the per-source rate limit of
+	// unauthenticated calls would otherwise throttle the whole run).
+	loopback bool
+	conns    []*grpc.ClientConn
+	// run names the nodes and tokens of this run apart from others.
+	run         string
+	authorityID spiffeid.ID
+}
+
+// Prepare creates what op needs through the admin API and makes every key
+// and CSR the run will send, so the timed part sends requests only.
+func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
+	if s.Connection == "" {
+		s.Connection = ConnNew
+	}
+	if s.Connection != ConnNew && s.Connection != ConnShared {
+		return nil, fmt.Errorf("loadgen: connection %q: want %s or %s", s.Connection, ConnNew, ConnShared)
+	}
+	if s.Connection == ConnShared && s.Op == OpRenew {
+		return nil, errors.New("loadgen: renewals need a new connection each: a connection presents one certificate, and a renewal must present the newest (the authority treats an older one as a copy)")
+	}
+	if s.Log == nil {
+		s.Log = func(string, ...any) {}
+	}
+	st, err := s.Admin.GetStatus(ctx, &musterv1.GetStatusRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: authority status: %w", err)
+	}
+	authID, err := spiffeid.New(st.GetTrustDomain(), spiffeid.RoleAuthority, st.GetAuthorityId())
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: authority ID: %w", err)
+	}
+	runID := make([]byte, 4)
+	rand.Read(runID)
+	t := &target{addr: s.Addr, roots: s.Operator.RootPool(), rootList: s.Operator.Roots, match: identity.MatchID(authID),
+		shared: s.Connection == ConnShared, run: "bench-" + hex.EncodeToString(runID), authorityID: authID}
+	// Only a literal IPv4 loopback address: a name may resolve to ::1,
+	// which no 127.x.y.z source can reach.
+	if host, _, err := net.SplitHostPort(s.Addr); err == nil {
+		if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() && ip.IsLoopback() {
+			t.loopback = true
+		}
+	}
+	if t.shared {
+		t.conns = make([]*grpc.ClientConn, s.Concurrency)
+		for w := range t.conns {
+			if t.conns[w], err = t.dial(int64(w), nil); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var p *Prepared
+	switch s.Op {
+	case OpTokenJoin:
+		p, err = prepareTokenJoin(ctx, s, t)
+	case OpPSKJoin:
+		p, err = preparePSKJoin(ctx, s, t)
+	case OpRenew:
+		p, err = prepareRenew(ctx, s, t)
+	case OpBoundRecovery:
+		p, err = prepareRecovery(ctx, s, t)
+	default:
+		err = fmt.Errorf("loadgen: unknown operation %q (want one of %v)", s.Op, Operations)
+	}
+	if err != nil {
+		t.close()
+		return nil, err
+	}
+	inner := p.Close
+	p.Close = func(ctx context.Context) error {
+		t.close()
+		if inner != nil {
+			return inner(ctx)
+		}
+		return nil
+	}
+	return p, nil
+}
+
+func (t *target) close() {
+	for _, c := range t.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// sourceAddr is the loopback address simulated agent n connects from:
+// 127.1.0.1 onwards, skipping .0 and .255.
+func sourceAddr(n int64) net.IP {
+	n %= 254 * 256 * 254
+	return net.IPv4(127, byte(1+n/(256*254)), byte(n/254%256), byte(1+n%254))
+}
+
+// dial makes a connection to the authority pinned to its ID, presenting
+// id if not nil, from source address n when on loopback.
+func (t *target) dial(n int64, id *identity.Identity) (*grpc.ClientConn, error) {
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match)))}
+	if t.loopback {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(n)}}
+		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	}
+	return grpc.NewClient(t.addr, opts...)
+}
+
+// call runs f on the worker's shared connection, or on a new one from its
+// own source that is closed after, as an agent's is.
+func (t *target) call(worker int, seq int64, id *identity.Identity, f func(*grpc.ClientConn) error) error {
+	if t.shared {
+		return f(t.conns[worker])
+	}
+	conn, err := t.dial(seq, id)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return f(conn)
+}
+
+func newKey() (*ecdsa.PrivateKey, error) { return ecdsa.GenerateKey(elliptic.P256(), rand.Reader) }
+
+// keyCSR is a key and a CSR for it, made before the run.
+type keyCSR struct {
+	key *ecdsa.PrivateKey
+	csr []byte
+}
+
+func makeCSRs(n int, cn func(i int) string) ([]keyCSR, error) {
+	out := make([]keyCSR, n)
+	for i := range out {
+		key, err := newKey()
+		if err != nil {
+			return nil, err
+		}
+		var tmpl x509.CertificateRequest
+		if cn != nil {
+			tmpl.Subject = pkix.Name{CommonName: cn(i)}
+		}
+		csr, err := x509.CreateCertificateRequest(rand.Reader, &tmpl, key)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = keyCSR{key, csr}
+	}
+	return out, nil
+}
+
+// csrPool is how many distinct keys renewals and token joins cycle
+// through: the authority never sees two uses of one by one node in a row.
+const csrPool = 256
+
+// createToken makes a join token for the run, valid for an hour, with
+// uses uses.
+func createToken(ctx context.Context, s Setup, t *target, uses int64) (secret, id string, err error) {
+	resp, err := s.Admin.CreateToken(ctx, &musterv1.CreateTokenRequest{Ttl: durationpb.New(time.Hour), Uses: &uses,
+		Description: "muster bench " + t.run})
+	if err != nil {
+		return "", "", fmt.Errorf("loadgen: create a join token: %w", err)
+	}
+	return resp.GetToken(), resp.GetInfo().GetId(), nil
+}
+
+func deleteToken(s Setup, id string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		_, err := s.Admin.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: id})
+		return err
+	}
+}
+
+// tokenJoin is ExchangeJoinToken with a node ID of its own per request.
+type tokenJoin struct {
+	t     *target
+	token string
+	csrs  []keyCSR
+	max   int64
+}
+
+func prepareTokenJoin(ctx context.Context, s Setup, t *target) (*Prepared, error) {
+	s.Log("setup: a join token for %d joins, %d keys and CSRs", s.Prepared, csrPool)
+	csrs, err := makeCSRs(csrPool, nil)
+	if err != nil {
+		return nil, err
+	}
+	secret, id, err := createToken(ctx, s, t, int64(s.Prepared))
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{Operation: &tokenJoin{t: t, token: secret, csrs: csrs, max: int64(s.Prepared)}, Close: deleteToken(s, id)}, nil
+}
+
+func (j *tokenJoin) Do(ctx context.Context, worker int, seq int64) error {
+	if seq >= j.max {
+		return ErrExhausted
+	}
+	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
+		_, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+			JoinToken: j.token, NodeId: fmt.Sprintf("%s-%d", j.t.run, seq), Csr: j.csrs[seq%csrPool].csr})
+		return err
+	})
+}
+
+// pskJoin is RequestCertificate with the bootstrap PSK; the node ID is
+// the CSR's common name, so every request has a CSR of its own.
+type pskJoin struct {
+	t    *target
+	psk  string
+	csrs []keyCSR
+}
+
+func preparePSKJoin(ctx context.Context, s Setup, t *target) (*Prepared, error) {
+	resp, err := s.Admin.GetPSKs(ctx, &musterv1.GetPSKsRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: read the bootstrap PSK: %w", err)
+	}
+	s.Log("setup: the bootstrap PSK read through the admin API; %d keys and CSRs", s.Prepared)
+	csrs, err := makeCSRs(s.Prepared, func(i int) string { return fmt.Sprintf("%s-%d", t.run, i) })
+	if err != nil {
+		return nil, err
+	}
+	return &Prepared{Operation: &pskJoin{t: t, psk: resp.GetActive().GetPsk(), csrs: csrs}}, nil
+}
+
+func (j *pskJoin) Do(ctx context.Context, worker int, seq int64) error {
+	if seq >= int64(len(j.csrs)) {
+		return ErrExhausted
+	}
+	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
+		_, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{
+			Csr: j.csrs[seq].csr, BootstrapPsk: j.psk})
+		return err
+	})
+}
+
+// renew is one agent per worker renewing its instance generation after
+// generation over a new mTLS connection each time.
+type renew struct {
+	t      *target
+	agents []*identity.Identity
+	csrs   []keyCSR
+}
+
+func prepareRenew(ctx context.Context, s Setup, t *target) (*Prepared, error) {
+	s.Log("setup: joining %d agents to renew, %d keys and CSRs", s.Concurrency, csrPool)
+	csrs, err := makeCSRs(csrPool+s.Concurrency, nil)
+	if err != nil {
+		return nil, err
+	}
+	secret, id, err := createToken(ctx, s, t, int64(s.Concurrency))
+	if err != nil {
+		return nil, err
+	}
+	defer deleteToken(s, id)(ctx)
+	r := &renew{t: t, csrs: csrs[:csrPool], agents: make([]*identity.Identity, s.Concurrency)}
+	for w := range r.agents {
+		k := csrs[csrPool+w]
+		conn, err := t.dial(int64(w), nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+			JoinToken: secret, NodeId: fmt.Sprintf("%s-%d", t.run, w), Csr: k.csr})
+		conn.Close()
+		if err != nil {
+			return nil, fmt.Errorf("loadgen: join agent %d to renew: %w", w, err)
+		}
+		if r.agents[w], err = r.identity(resp.GetCertificateChainPem(), k.key); err != nil {
+			return nil, err
+		}
+	}
+	return &Prepared{Operation: r}, nil
+}
+
+func (r *renew) identity(chainPEM string, key *ecdsa.PrivateKey) (*identity.Identity, error) {
+	chain, err := ca.ParseCertsPEM([]byte(chainPEM))
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: the authority's chain: %w", err)
+	}
+	return &identity.Identity{Chain: chain, Key: key, Roots: r.t.rootList}, nil
+}
+
+func (r *renew) Do(ctx context.Context, worker int, seq int64) error {
+	next := r.csrs[seq%csrPool]
+	var chainPEM string
+	err := r.t.call(worker, int64(worker), r.agents[worker], func(conn *grpc.ClientConn) error {
+		resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: next.csr})
+		chainPEM = resp.GetCertificateChainPem()
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	id, err := r.identity(chainPEM, next.key)
+	if err != nil {
+		return err
+	}
+	r.agents[worker] = id
+	return nil
+}
+
+// recovery is a bot per worker joining again with its bound key and no
+// certificate: each join is a recovery, answered with a new instance.
+type recovery struct {
+	t    *target
+	bots []bot
+	csrs []keyCSR
+}
+
+type bot struct {
+	name string
+	key  ed25519.PrivateKey
+	// state is the join state of the bot's last join, presented at the
+	// next as an agent presents the one in its state.json.
+	state string
+}
+
+func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error) {
+	s.Log("setup: %d bound-keypair bots, %d keys and CSRs", s.Concurrency, csrPool)
+	// The first joins have keys of their own: a bot's next join with
+	// the key of its last would be answered as the retry of a lost reply.
+	csrs, err := makeCSRs(csrPool+s.Concurrency, nil)
+	if err != nil {
+		return nil, err
+	}
+	r := &recovery{t: t, csrs: csrs[:csrPool], bots: make([]bot, s.Concurrency)}
+	for w := range r.bots {
+		pub, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		pk, err := boundkeypair.NewPublicKey(pub)
+		if err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("%s-bot-%d", t.run, w)
+		// Standard mode, the default: each recovery presents the last
+		// join state and counts against the limit, set high enough
+		// never to be the answer.
+		if _, err := s.Admin.ApplyToken(ctx, &musterv1.ApplyTokenRequest{Name: name, NodeId: name, CreateOnly: true,
+			BoundKeypair: &musterv1.BoundKeypairSpec{InitialPublicKey: pk.String(), RecoveryLimit: maxRecoveryLimit,
+				RecoveryMode: boundkeypair.ModeStandard}}); err != nil {
+			return nil, fmt.Errorf("loadgen: create bot %s: %w", name, err)
+		}
+		r.bots[w] = bot{name: name, key: priv}
+		// The first join binds the instance; every later one recovers.
+		if err := r.join(ctx, w, int64(w), csrs[csrPool+w].csr); err != nil {
+			return nil, fmt.Errorf("loadgen: first join of bot %s: %w", name, err)
+		}
+	}
+	return &Prepared{Operation: r, Close: func(ctx context.Context) error {
+		var errs []error
+		for _, b := range r.bots {
+			if _, err := s.Admin.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: b.name}); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}}, nil
+}
+
+func (r *recovery) join(ctx context.Context, worker int, seq int64, csr []byte) error {
+	b := &r.bots[worker]
+	return r.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
+		res, err := agent.JoinBoundKeypair(ctx, musterv1.NewJoinServiceClient(conn), &musterv1.BoundKeypairInit{Token: b.name,
+			NodeId: b.name, Csr: csr, PreviousJoinState: b.state}, b.key, r.t.authorityID.Name)
+		if err == nil {
+			b.state = res.GetJoinState()
+		}
+		return err
+	})
+}
+
+func (r *recovery) Do(ctx context.Context, worker int, seq int64) error {
+	return r.join(ctx, worker, seq, r.csrs[seq%csrPool].csr)
+}
+
+// maxRecoveryLimit is the largest recovery limit the authority accepts.
+const maxRecoveryLimit = 1 << 20
