@@ -67,6 +67,9 @@ type BoundKeypairResult struct {
 	JoinState string
 	// Remaining is the recoveries left under standard mode, -1 otherwise.
 	Remaining int64
+	// BoundKey is the fingerprint of the key bound after this join: the
+	// new one if it rotated.
+	BoundKey string
 }
 
 // bkMethod is the bound-keypair Method. out carries what the entry point
@@ -113,7 +116,7 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 	if err != nil {
 		return nil, err
 	}
-	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1}
+	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1, BoundKey: out.key.Fingerprint()}
 	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
 		// The count as the join's write left it: read before the join, plus
 		// the recovery it took.

@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/boundkeypair"
+)
+
+// TestBoundKeypairRotation: through the built binary, token apply sets
+// rotate_after in the past; the running agent's next refresh is asked for
+// a new key, proves it with a second challenge, and swaps keys/bound.key
+// for it; token get shows the new fingerprint and last_rotated_at; the
+// next refresh proves the new key and is not asked to rotate again. The
+// join also delivers the verifier set.
+func TestBoundKeypairRotation(t *testing.T) {
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := filepath.Join(t.TempDir(), "agent")
+	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
+	keyFile := filepath.Join(t.TempDir(), "bot.pub")
+	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "bot", "add", "rotor", "--public-key", keyFile, "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "rotor", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	type status struct {
+		BoundKeyFingerprint string     `json:"bound_key_fingerprint"`
+		LastRotatedAt       *time.Time `json:"last_rotated_at"`
+		RecoveryCount       int64      `json:"recovery_count"`
+	}
+	get := func() status {
+		var s struct {
+			BoundKeypair status `json:"bound_keypair"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, "token", "get", "rotor", "--data", e.dir, "-o", "json")), &s); err != nil {
+			t.Fatal(err)
+		}
+		return s.BoundKeypair
+	}
+	// The bound join brought the verifier set, as a token join does.
+	var ast map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "agent", "status", "--data", adir, "-o", "json")), &ast); err != nil {
+		t.Fatal(err)
+	}
+	if ast["verifier_set_version"] != float64(1) {
+		t.Fatalf("verifier set version after the bound join: %v", ast["verifier_set_version"])
+	}
+	before := get()
+	if before.LastRotatedAt != nil {
+		t.Fatalf("last_rotated_at before any rotation: %v", before.LastRotatedAt)
+	}
+
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	yaml := fmt.Sprintf("kind: token\nmetadata: {name: rotor}\nspec:\n  join_method: bound-keypair\n  node: rotor\n"+
+		"  bound_keypair:\n    onboarding: {initial_public_key: %q}\n    recovery: {limit: 1, mode: standard}\n    rotate_after: %q\n",
+		pubLine, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339))
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
+
+	joined := agentState(t, adir)
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
+	waitLog(t, p, "bound key rotated", 1, 20*time.Second)
+	waitLog(t, p, "refresh done", 2, 20*time.Second)
+	p.stop(t)
+	if n := strings.Count(p.Logs(), `"msg":"made a new bound key for the rotation the authority asked for"`); n != 1 {
+		t.Fatalf("the agent made %d new keys, want 1:\n%s", n, p.Logs())
+	}
+
+	after := get()
+	priv, err := agent.LoadBoundKey(agent.Dir(adir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey))
+	if after.BoundKeyFingerprint == before.BoundKeyFingerprint || after.BoundKeyFingerprint != pub.Fingerprint() {
+		t.Fatalf("bound key %s after the rotation (was %s), the agent holds %s", after.BoundKeyFingerprint, before.BoundKeyFingerprint, pub.Fingerprint())
+	}
+	if after.LastRotatedAt == nil || after.RecoveryCount != before.RecoveryCount {
+		t.Fatalf("token after the rotation: %+v (before %+v)", after, before)
+	}
+	if _, err := os.Stat(agent.Dir(adir).NextBoundKeyFile()); !os.IsNotExist(err) {
+		t.Fatalf("a pending key is left after the rotation: %v", err)
+	}
+	if st := agentState(t, adir); st.InstanceID != joined.InstanceID {
+		t.Fatalf("a refresh that rotated made instance %s, want %s", st.InstanceID, joined.InstanceID)
+	}
+	if show := mustRun(t, "token", "get", "rotor", "--data", e.dir); !strings.Contains(show, after.BoundKeyFingerprint) {
+		t.Errorf("token get does not show the new key:\n%s", show)
+	}
+}
