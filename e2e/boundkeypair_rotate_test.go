@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -95,5 +96,31 @@ func TestBoundKeypairRotation(t *testing.T) {
 	}
 	if show := mustRun(t, "token", "get", "rotor", "--data", e.dir); !strings.Contains(show, after.BoundKeyFingerprint) {
 		t.Errorf("token get does not show the new key:\n%s", show)
+	}
+
+	// agents list and show: the bound key and the recoveries left (limit
+	// 1, the first join counted: 0).
+	list := mustRun(t, "agents", "list", "--data", e.dir)
+	if !strings.Contains(list, "RECOVERIES") || !regexp.MustCompile(`(?m)^rotor\s+bound-keypair\s+\S+\s+\d+\s+\S+\s+0\s`).MatchString(list) {
+		t.Errorf("agents list lacks the recoveries remaining:\n%s", list)
+	}
+	show := mustRun(t, "agents", "show", "rotor", "--data", e.dir)
+	if !strings.Contains(show, "Bound key: "+after.BoundKeyFingerprint) || !strings.Contains(show, "Recoveries remaining: 0") ||
+		!strings.Contains(show, "PREVIOUS") {
+		t.Errorf("agents show lacks the bound key or the recoveries:\n%s", show)
+	}
+	var doc struct {
+		Agent struct {
+			BoundKeypair struct {
+				BoundKeyFingerprint string `json:"bound_key_fingerprint"`
+				RecoveriesRemaining int64  `json:"recoveries_remaining"`
+			} `json:"bound_keypair"`
+		} `json:"agent"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "agents", "show", "rotor", "--data", e.dir, "-o", "json")), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if b := doc.Agent.BoundKeypair; b.BoundKeyFingerprint != after.BoundKeyFingerprint || b.RecoveriesRemaining != 0 {
+		t.Errorf("agents show -o json: %+v", b)
 	}
 }
