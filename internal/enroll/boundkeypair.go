@@ -34,6 +34,11 @@ type BoundKeypairConfig struct {
 	// Observer, if set, is told the recoveries a standard-mode token has
 	// left after each bound-keypair join or refresh.
 	Observer func(token string, remaining int64)
+	// WarnAt is the low-budget threshold: a recovery that takes one of a
+	// standard-mode budget and leaves WarnAt or fewer is audited
+	// (token.recoveries_low) and Low is called; negative disables it.
+	WarnAt int64
+	Low    func(token, nodeID string, remaining int64)
 }
 
 // BoundKeypairPayload is the init message of a bound-keypair join.
@@ -128,8 +133,28 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		if s.cfg.BoundKeypair.Observer != nil {
 			s.cfg.BoundKeypair.Observer(out.token.ID, res.Remaining)
 		}
+		if err := s.warnLowBudget(ctx, out, iss.NodeID, res.Remaining); err != nil {
+			return nil, err
+		}
 	}
 	return res, nil
+}
+
+// warnLowBudget audits a counted recovery that left the token's budget at
+// or under the threshold, so an operator hears of it before the agent is
+// refused recovery_exhausted. Refreshes and repeats take nothing and say
+// nothing.
+func (s *Service) warnLowBudget(ctx context.Context, out *bkOutcome, nodeID string, remaining int64) error {
+	c := s.cfg.BoundKeypair
+	if !out.counted || out.retry || c.WarnAt < 0 || remaining > c.WarnAt {
+		return nil
+	}
+	if c.Low != nil {
+		c.Low(out.token.ID, nodeID, remaining)
+	}
+	return s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "token.recoveries_low", Target: "token " + out.token.ID,
+		Result: audit.ResultOK, Reason: fmt.Sprintf("node %s: %d of %d recoveries left (warning at %d or fewer); raise spec.bound_keypair.recovery.limit if recoveries are expected",
+			nodeID, remaining, out.token.BoundKeypair.Spec.RecoveryLimit, c.WarnAt)})
 }
 
 func (s *Service) signJoinState(ctx context.Context, js boundkeypair.JoinState) (string, error) {

@@ -208,3 +208,64 @@ func TestBoundKeypairRotationPendingKeyRetried(t *testing.T) {
 		t.Fatalf("after %d challenges the bound key is not the pending one", *n)
 	}
 }
+
+// TestBoundKeypairLowBudgetWarning: a counted recovery that leaves the
+// threshold or fewer is audited (token.recoveries_low) and reported; the
+// first join above it, refreshes and a disabled threshold say nothing.
+func TestBoundKeypairLowBudgetWarning(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		warnAt int64
+		want   []int64 // the remaining counts warned about, in order
+	}{
+		{"default threshold 1", 1, []int64{1, 0}},
+		{"threshold 0", 0, []int64{0}},
+		{"disabled", -1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBKEnv(t, 3, boundkeypair.ModeStandard)
+			var warned []int64
+			b.svc.cfg.BoundKeypair.WarnAt = tc.warnAt
+			b.svc.cfg.BoundKeypair.Low = func(token, node string, remaining int64) {
+				if token != "bot-1" || node != "node-1" {
+					t.Errorf("Low(%s, %s)", token, node)
+				}
+				warned = append(warned, remaining)
+			}
+			low := func() (n int) {
+				for _, e := range b.audit.events {
+					if e.Action == "token.recoveries_low" {
+						n++
+						if e.Target != "token bot-1" || e.Actor != "authority" {
+							t.Errorf("audit event %+v", e)
+						}
+					}
+				}
+				return n
+			}
+			res, _ := b.register(t) // 2 left
+			leaf, err := ca.ParseCertsPEM(res.ChainPEM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, der := csr(t)
+			if _, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+				CSR: der, JoinState: res.JoinState, Cert: leaf[0]}, answerWith(b.priv)); err != nil {
+				t.Fatalf("refresh: %v", err)
+			}
+			for range 2 { // 1 left, then 0
+				if res, err = b.recover(t, res.JoinState); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if len(warned) != len(tc.want) || low() != len(tc.want) {
+				t.Fatalf("warned %v with %d audit events, want %v", warned, low(), tc.want)
+			}
+			for i := range warned {
+				if warned[i] != tc.want[i] {
+					t.Fatalf("warned %v, want %v", warned, tc.want)
+				}
+			}
+		})
+	}
+}
