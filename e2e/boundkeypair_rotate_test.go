@@ -111,6 +111,11 @@ func TestBoundKeypairRotation(t *testing.T) {
 	}
 	var doc struct {
 		Agent struct {
+			Stream struct {
+				Heartbeat struct {
+					RecoveriesRemaining *int64 `json:"recoveries_remaining"`
+				} `json:"heartbeat"`
+			} `json:"stream"`
 			BoundKeypair struct {
 				BoundKeyFingerprint string `json:"bound_key_fingerprint"`
 				RecoveriesRemaining int64  `json:"recoveries_remaining"`
@@ -122,5 +127,9 @@ func TestBoundKeypairRotation(t *testing.T) {
 	}
 	if b := doc.Agent.BoundKeypair; b.BoundKeyFingerprint != after.BoundKeyFingerprint || b.RecoveriesRemaining != 0 {
 		t.Errorf("agents show -o json: %+v", b)
+	}
+	// The agent's heartbeat reports its budget too.
+	if n := doc.Agent.Stream.Heartbeat.RecoveriesRemaining; n == nil || *n != 0 {
+		t.Errorf("heartbeat recoveries remaining: %v, want 0", n)
 	}
 }
