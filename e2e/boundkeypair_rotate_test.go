@@ -20,7 +20,9 @@ import (
 // a new key, proves it with a second challenge, and swaps keys/bound.key
 // for it; token get shows the new fingerprint and last_rotated_at; the
 // next refresh proves the new key and is not asked to rotate again. The
-// join also delivers the verifier set.
+// join also delivers the verifier set. An agent whose rotation reply was
+// lost (old bound.key, new key pending, the authority bound the new one)
+// falls back to the pending key.
 func TestBoundKeypairRotation(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	adir := filepath.Join(t.TempDir(), "agent")
@@ -68,6 +70,10 @@ func TestBoundKeypairRotation(t *testing.T) {
 	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
 
 	joined := agentState(t, adir)
+	oldKey, err := os.ReadFile(agent.Dir(adir).BoundKeyFile())
+	if err != nil {
+		t.Fatal(err)
+	}
 	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
 	waitLog(t, p, "bound key rotated", 1, 20*time.Second)
 	waitLog(t, p, "refresh done", 2, 20*time.Second)
@@ -131,5 +137,36 @@ func TestBoundKeypairRotation(t *testing.T) {
 	// The agent's heartbeat reports its budget too.
 	if n := doc.Agent.Stream.Heartbeat.RecoveriesRemaining; n == nil || *n != 0 {
 		t.Errorf("heartbeat recoveries remaining: %v, want 0", n)
+	}
+
+	// The rotation's reply lost after the authority bound the new key: the
+	// agent still holds the old key as bound.key and the new one pending.
+	// Its next refresh is refused with the old key, proves the pending one,
+	// and keeps it.
+	d := agent.Dir(adir)
+	newKey, err := os.ReadFile(d.BoundKeyFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.NextBoundKeyFile(), newKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.BoundKeyFile(), oldKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, _ = startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
+	waitLog(t, p, "refresh done", 1, 20*time.Second)
+	p.stop(t)
+	if !strings.Contains(p.Logs(), "proving the pending key") {
+		t.Fatalf("the agent did not fall back to the pending key:\n%s", p.Logs())
+	}
+	if held, _ := os.ReadFile(d.BoundKeyFile()); string(held) != string(newKey) {
+		t.Fatal("bound.key is not the key the authority bound")
+	}
+	if _, err := os.Stat(d.NextBoundKeyFile()); !os.IsNotExist(err) {
+		t.Fatalf("the pending key is left: %v", err)
+	}
+	if got := get(); got.BoundKeyFingerprint != after.BoundKeyFingerprint {
+		t.Fatalf("the bound key moved to %s", got.BoundKeyFingerprint)
 	}
 }
