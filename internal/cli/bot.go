@@ -56,9 +56,13 @@ func (b *boundKeypairJSON) write(w io.Writer) {
 	if bound == "" {
 		bound = "none yet (registration open until " + when(b.MustRegisterBefore) + ")"
 	}
-	fmt.Fprintf(w, "Bound key:   %s\nInstance:    %s\nRecoveries:  %d of %d used (mode %s), %s remaining, sequence %d, last %s\nRotation:    after %s, last rotated %s\n",
+	rotation := "not asked"
+	if b.RotateAfter != nil {
+		rotation = "after " + when(b.RotateAfter)
+	}
+	fmt.Fprintf(w, "Bound key:   %s\nInstance:    %s\nRecoveries:  %d of %d used (mode %s), %s remaining, sequence %d, last %s\nRotation:    %s, last rotated %s\n",
 		bound, b.BoundInstanceID, b.RecoveryCount, b.RecoveryLimit, b.RecoveryMode, remaining, b.RecoverySequence,
-		when(b.LastRecoveredAt), when(b.RotateAfter), when(b.LastRotatedAt))
+		when(b.LastRecoveredAt), rotation, when(b.LastRotatedAt))
 }
 
 func timePtr(ts *timestamppb.Timestamp) *time.Time {
