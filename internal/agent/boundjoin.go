@@ -18,52 +18,126 @@ import (
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // JoinBoundKeypair runs the bound-keypair stream (DESIGN.md, join method
-// 3): it sends init, signs the authority's challenge with key, and returns
-// the result. It signs only a challenge addressed to authorityID, the
-// authority the caller pinned, so an answer cannot be replayed to another.
+// 3) with key alone: it cannot rotate (see ExchangeBoundKeypair).
 func JoinBoundKeypair(ctx context.Context, c musterv1.JoinServiceClient, init *musterv1.BoundKeypairInit, key ed25519.PrivateKey, authorityID string) (*musterv1.BoundKeypairResult, error) {
+	return ExchangeBoundKeypair(ctx, c, init, &BoundKeys{Current: key}, authorityID)
+}
+
+// BoundKeys are the keys a bound-keypair exchange signs with.
+type BoundKeys struct {
+	// Current is the bound key: it signs the first challenge.
+	Current ed25519.PrivateKey
+	// Next, if set, is a pending key offered in init.new_public_key: it
+	// signs the second challenge.
+	Next ed25519.PrivateKey
+	// NewKey, if set, makes the key the authority asks for when the
+	// token's rotate_after has passed, and stores it as pending before it
+	// returns, so an agent that dies before the result still has it. The
+	// exchange records the key it made in Next.
+	NewKey func() (ed25519.PrivateKey, error)
+}
+
+// pending is the key a rotation in this exchange offered, or nil.
+func (k *BoundKeys) pending() ed25519.PrivateKey { return k.Next }
+
+// boundKeys are the agent's keys for an exchange: the bound key, the
+// pending key of an interrupted rotation (offered again), and the means
+// to make one when the authority asks.
+func (a *Agent) boundKeys(current ed25519.PrivateKey) (*BoundKeys, error) {
+	next, err := a.pendingBoundKey()
+	if err != nil {
+		return nil, err
+	}
+	if next != nil {
+		a.log.Info("offering the pending bound key of an interrupted rotation", "path", a.dir.NextBoundKeyFile())
+	}
+	return &BoundKeys{Current: current, Next: next, NewKey: a.newPendingBoundKey}, nil
+}
+
+// ExchangeBoundKeypair runs the bound-keypair stream: it sends init, signs
+// the authority's challenge with keys.Current, answers a request for a new
+// key with keys.NewKey and signs the next challenge with that key (or with
+// keys.Next, offered in init), and returns the result. It signs only a
+// challenge addressed to authorityID, the authority the caller pinned, so
+// an answer cannot be replayed to another.
+func ExchangeBoundKeypair(ctx context.Context, c musterv1.JoinServiceClient, init *musterv1.BoundKeypairInit, keys *BoundKeys, authorityID string) (*musterv1.BoundKeypairResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.RegisterUsingBoundKeypair(ctx)
 	if err != nil {
 		return nil, err
 	}
+	if keys.Next != nil {
+		pub, err := boundkeypair.NewPublicKey(keys.Next.Public().(ed25519.PublicKey))
+		if err != nil {
+			return nil, err
+		}
+		init.NewPublicKey = pub.String()
+	}
 	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_Init{Init: init}}); err != nil {
 		return nil, err
 	}
-	msg, err := stream.Recv()
-	if err != nil {
-		return nil, err
+	// The authority sends at most two challenges: the bound key's, then
+	// the new key's; anything more is not the protocol.
+	signer, challenges := keys.Current, 0
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		switch p := msg.GetPayload().(type) {
+		case *musterv1.RegisterUsingBoundKeypairResponse_Result:
+			return p.Result, nil
+		case *musterv1.RegisterUsingBoundKeypairResponse_NewKeyRequest:
+			if keys.NewKey == nil || keys.Next != nil || challenges != 1 {
+				return nil, errors.New("agent: the authority asked for a new bound key this agent cannot give now")
+			}
+			next, err := keys.NewKey()
+			if err != nil {
+				return nil, err
+			}
+			pub, err := boundkeypair.NewPublicKey(next.Public().(ed25519.PublicKey))
+			if err != nil {
+				return nil, err
+			}
+			keys.Next = next
+			if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_NewPublicKey{
+				NewPublicKey: pub.String()}}); err != nil {
+				return nil, err
+			}
+		case *musterv1.RegisterUsingBoundKeypairResponse_Challenge:
+			if challenges++; challenges == 2 {
+				signer = keys.Next
+			}
+			if signer == nil || challenges > 2 {
+				return nil, errors.New("agent: the authority sent a challenge no key of this agent is for")
+			}
+			ch, err := boundkeypair.ParseChallenge(p.Challenge)
+			if err != nil {
+				return nil, err
+			}
+			if ch.Audience != authorityID {
+				return nil, fmt.Errorf("agent: the challenge is for authority %.64q, not %s", ch.Audience, authorityID)
+			}
+			answer, err := boundkeypair.Answer(signer, ch, time.Now())
+			if err != nil {
+				return nil, err
+			}
+			if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse{
+				ChallengeResponse: answer}}); err != nil {
+				return nil, err
+			}
+		default:
+			return nil, errors.New("agent: the authority sent a message this agent does not know")
+		}
 	}
-	ch, err := boundkeypair.ParseChallenge(msg.GetChallenge())
-	if err != nil {
-		return nil, err
-	}
-	if ch.Audience != authorityID {
-		return nil, fmt.Errorf("agent: the challenge is for authority %.64q, not %s", ch.Audience, authorityID)
-	}
-	answer, err := boundkeypair.Answer(key, ch, time.Now())
-	if err != nil {
-		return nil, err
-	}
-	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairRequest{Payload: &musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse{
-		ChallengeResponse: answer}}); err != nil {
-		return nil, err
-	}
-	msg, err = stream.Recv()
-	if err != nil {
-		return nil, err
-	}
-	if msg.GetResult() == nil {
-		return nil, errors.New("agent: the authority sent no result after the challenge")
-	}
-	return msg.GetResult(), nil
 }
 
 // checkBound checks a bound-keypair join: it goes to the authority's
@@ -139,21 +213,28 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 			init.PreviousJoinState = st.JoinState
 		}
 	}
-	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, priv, key,
+	keys, err := a.boundKeys(priv)
+	if err != nil {
+		return nil, err
+	}
+	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, roots, r.Node)
 	if err != nil {
+		return nil, err
+	}
+	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, err
 	}
 	remaining := res.GetRecoveriesRemaining()
 	return &joinResult{chain: chain, roots: roots, authorityID: peer.id.Name, trustDomain: peer.id.TrustDomain,
 		instanceID: res.GetInstanceId(), generation: res.GetGeneration(), joinState: res.GetJoinState(), remaining: &remaining,
-		renewal: renewalAddress(res.GetEndpoints(), r.Authority), joined: r.Authority}, nil
+		renewal: renewalAddress(res.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: res.GetVerifierSet()}, nil
 }
 
 // boundExchange runs the stream over a connection made with tc (which
 // verifies the authority authorityID) for a certificate of key, and checks
 // the certificate it gets.
-func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, init *musterv1.BoundKeypairInit, priv ed25519.PrivateKey,
+func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, init *musterv1.BoundKeypairInit, keys *BoundKeys,
 	key crypto.Signer, authorityID spiffeid.ID, roots []*x509.Certificate, node string) (*musterv1.BoundKeypairResult, []*x509.Certificate, error) {
 	agentID, err := spiffeid.New(authorityID.TrustDomain, spiffeid.RoleAgent, node)
 	if err != nil {
@@ -169,7 +250,7 @@ func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, 
 	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	res, err := JoinBoundKeypair(cctx, musterv1.NewJoinServiceClient(conn), init, priv, authorityID.Name)
+	res, err := ExchangeBoundKeypair(cctx, musterv1.NewJoinServiceClient(conn), init, keys, authorityID.Name)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -233,10 +314,28 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err != nil {
 		return nil, op, err
 	}
-	init := &musterv1.BoundKeypairInit{Token: st.BoundKeypair, NodeId: st.NodeID, PreviousJoinState: st.JoinState}
-	res, chain, err := a.boundExchange(ctx, a.address(st), identity.ClientTLS(client, id.RootPool(), identity.MatchID(authorityID)),
-		init, priv, key, authorityID, id.Roots, st.NodeID)
+	keys, err := a.boundKeys(priv)
 	if err != nil {
+		return nil, op, err
+	}
+	exchange := func(keys *BoundKeys) (*musterv1.BoundKeypairResult, []*x509.Certificate, error) {
+		init := &musterv1.BoundKeypairInit{Token: st.BoundKeypair, NodeId: st.NodeID, PreviousJoinState: st.JoinState}
+		return a.boundExchange(ctx, a.address(st), identity.ClientTLS(client, id.RootPool(), identity.MatchID(authorityID)),
+			init, keys, key, authorityID, id.Roots, st.NodeID)
+	}
+	res, chain, err := exchange(keys)
+	if pending := keys.pending(); err != nil && pending != nil && errinfo.Reason(err) == reasonChallengeFailed {
+		// A rotation whose result was lost: the authority may have bound
+		// the pending key already, so the bound one no longer proves.
+		a.log.Warn("the bound key was refused while a rotation is pending; proving the pending key", "err", err)
+		keys = &BoundKeys{Current: pending}
+		res, chain, err = exchange(keys)
+		keys.Next = pending
+	}
+	if err != nil {
+		return nil, op, err
+	}
+	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
 	}
 	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: id.Roots}, false); err != nil {
@@ -246,6 +345,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	remaining := res.GetRecoveriesRemaining()
 	st.Generation, st.LastRenewal, st.NotAfter, st.Serial = res.GetGeneration(), &now, chain[0].NotAfter.UTC(), serialOf(chain[0])
 	st.InstanceID, st.JoinState, st.RecoveriesRemaining = res.GetInstanceId(), res.GetJoinState(), &remaining
+	a.takeVerifierSet(st, res.GetVerifierSet(), false)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, op, err
 	}
@@ -254,6 +354,10 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	}
 	return st, op, nil
 }
+
+// reasonChallengeFailed is DESIGN.md's word for a challenge not solved
+// with the bound key.
+const reasonChallengeFailed = "challenge_failed"
 
 // retryableBound: besides transient failures, a spent recovery budget is
 // worth retrying, since an operator raising the limit brings the agent

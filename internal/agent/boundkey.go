@@ -48,22 +48,26 @@ func CreateBoundKey(d Dir) (boundkeypair.PublicKey, error) {
 }
 
 // LoadBoundKey reads the bound key; fs.ErrNotExist if there is none.
-func LoadBoundKey(d Dir) (ed25519.PrivateKey, error) {
-	data, err := readSmall(d.BoundKeyFile())
+func LoadBoundKey(d Dir) (ed25519.PrivateKey, error) { return loadEd25519(d.BoundKeyFile()) }
+
+// loadEd25519 reads a PKCS#8 PEM Ed25519 key; fs.ErrNotExist if there is
+// none.
+func loadEd25519(path string) (ed25519.PrivateKey, error) {
+	data, err := readSmall(path)
 	if err != nil {
 		return nil, err
 	}
 	block, _ := pem.Decode(data)
 	if block == nil || block.Type != "PRIVATE KEY" {
-		return nil, fmt.Errorf("agent: %s is not a PEM private key", d.BoundKeyFile())
+		return nil, fmt.Errorf("agent: %s is not a PEM private key", path)
 	}
 	k, err := x509.ParsePKCS8PrivateKey(block.Bytes)
 	if err != nil {
-		return nil, fmt.Errorf("agent: %s: %w", d.BoundKeyFile(), err)
+		return nil, fmt.Errorf("agent: %s: %w", path, err)
 	}
 	priv, ok := k.(ed25519.PrivateKey)
 	if !ok {
-		return nil, fmt.Errorf("agent: %s is not an Ed25519 key", d.BoundKeyFile())
+		return nil, fmt.Errorf("agent: %s is not an Ed25519 key", path)
 	}
 	return priv, nil
 }

@@ -169,6 +169,9 @@ func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
 	}
 	hb.IdentityNotAfter = timestamppb.New(id.Leaf().NotAfter)
 	hb.LastRotateTask, hb.VerificationFailures = st.LastRotateTask, a.failureCounts()
+	if n := st.RecoveriesRemaining; n != nil && *n >= 0 {
+		hb.RecoveriesRemaining = n
+	}
 	if t, err := a.trustOf(st); err == nil {
 		hb.VerifierSetVersion = t.Version()
 		hb.StaticVerifiers = int32(len(t.StaticKeys()))

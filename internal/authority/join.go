@@ -34,7 +34,8 @@ func newRecoveriesGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error)
 }
 
 // RegisterUsingBoundKeypair runs one bound-keypair join over the stream:
-// init, then one challenge, then the result. The exchange is bounded by
+// init, then one challenge, a second one for a new key when the key
+// rotates, then the result. The exchange is bounded by
 // the challenge's lifetime, so a caller that never answers holds nothing
 // for long.
 func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) error {
@@ -75,9 +76,24 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		}
 		return []byte(msg.GetChallengeResponse()), nil
 	}
+	newKey := func(ctx context.Context) (string, error) {
+		if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{
+			Payload: &musterv1.RegisterUsingBoundKeypairResponse_NewKeyRequest{NewKeyRequest: true}}); err != nil {
+			return "", err
+		}
+		msg, err := stream.Recv()
+		if err != nil {
+			return "", err
+		}
+		if _, ok := msg.GetPayload().(*musterv1.RegisterUsingBoundKeypairRequest_NewPublicKey); !ok {
+			return "", errNotANewKey
+		}
+		return msg.GetNewPublicKey(), nil
+	}
 	res, err := j.s.enroll.RegisterUsingBoundKeypair(ctx, requestOf(ctx), enroll.BoundKeypairPayload{
 		Token: init.GetToken(), NodeID: init.GetNodeId(), CSR: init.GetCsr(), JoinState: init.GetPreviousJoinState(),
 		PublicKey: init.GetPublicKey(), RegistrationSecret: init.GetRegistrationSecret(), Cert: callerFrom(ctx).Cert,
+		NewPublicKey: init.GetNewPublicKey(), NewKey: newKey,
 	}, exchange)
 	var iss *enroll.Issued
 	if res != nil {
@@ -91,6 +107,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		CertificateChainPem: string(res.ChainPEM), CaCertificatePem: string(res.CAPEM), InstanceId: res.InstanceID,
 		Generation: res.Generation, JoinState: res.JoinState, AuthorityId: j.s.info.AuthorityID,
 		TrustDomain: j.s.info.TrustDomain, RecoveriesRemaining: res.Remaining,
+		VerifierSet: j.s.verifierSet(ctx), BoundKeyFingerprint: res.BoundKey,
 	}
 	if a := j.s.advertise(); a != "" {
 		out.Endpoints = []string{a}
@@ -98,4 +115,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 	return stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Result{Result: out}})
 }
 
-var errNotAnAnswer = errors.New("the second message must be challenge_response")
+var (
+	errNotAnAnswer = errors.New("a challenge must be answered with challenge_response")
+	errNotANewKey  = errors.New("new_key_request must be answered with new_public_key")
+)

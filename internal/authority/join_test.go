@@ -17,6 +17,7 @@ import (
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -66,6 +67,14 @@ func TestRegisterUsingBoundKeypair(t *testing.T) {
 	}
 	if first.RecoveriesRemaining != 1 || first.JoinState == "" || first.AuthorityId != a.info.AuthorityID {
 		t.Fatalf("result %+v", first)
+	}
+	// The verifier set comes with every bound-keypair join, as with a
+	// token's, and the bound key is named.
+	if vs, err := signer.NewTrust(first.VerifierSet, nil); err != nil || vs.Version() != 1 {
+		t.Fatalf("verifier set in the result: %v (%q)", err, first.VerifierSet)
+	}
+	if k, _ := boundkeypair.NewPublicKey(pub); first.BoundKeyFingerprint != k.Fingerprint() {
+		t.Fatalf("bound key fingerprint %q, want %q", first.BoundKeyFingerprint, k.Fingerprint())
 	}
 	// The join-state key is in the store, sealed under its own purpose.
 	keys, err := a.store.ListJoinStateKeys(ctx)

@@ -82,6 +82,10 @@ type Config struct {
 	// SignerMinLeadTime is signer.min_lead_time: how far ahead a staged
 	// signer must become effective (0: signer.DefaultMinLeadTime).
 	SignerMinLeadTime time.Duration
+	// RecoveriesWarnAt is bound_keypair.recoveries_warn_at: a counted
+	// bound-keypair recovery that leaves this many or fewer is logged as a
+	// warning and audited (token.recoveries_low); negative disables it.
+	RecoveriesWarnAt int64
 }
 
 // Server is a running authority.
@@ -196,6 +200,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 			JoinStateSealer: joinStates,
 			Observer: func(token string, remaining int64) {
 				recoveries.WithLabelValues(token).Set(float64(remaining))
+			},
+			WarnAt: cfg.RecoveriesWarnAt,
+			Low: func(token, node string, remaining int64) {
+				s.log.Warn("bound-keypair token is running out of recoveries", "token", token, "node", node,
+					"recoveries_remaining", remaining, "warn_at", cfg.RecoveriesWarnAt)
 			},
 		},
 		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),

@@ -262,6 +262,8 @@ type heartbeatJSON struct {
 	LastRotateTask     string            `json:"last_rotate_task,omitempty"`
 	// VerificationFailures counts refused tasks by signer version.
 	VerificationFailures map[string]int64 `json:"verification_failures,omitempty"`
+	// RecoveriesRemaining: a bound-keypair agent's budget, as it last heard.
+	RecoveriesRemaining *int64 `json:"recoveries_remaining,omitempty"`
 }
 
 // recordHeartbeat keeps an agent's last heartbeat and when it was heard.
@@ -269,6 +271,10 @@ type heartbeatJSON struct {
 func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) {
 	doc := heartbeatJSON{VerifierSetVersion: hb.GetVerifierSetVersion(), AcceptedSigners: map[string]string{},
 		IdentityNotAfter: hb.GetIdentityNotAfter().AsTime().UTC(), StaticVerifiers: hb.GetStaticVerifiers()}
+	if hb.RecoveriesRemaining != nil && hb.GetRecoveriesRemaining() >= 0 {
+		n := hb.GetRecoveriesRemaining()
+		doc.RecoveriesRemaining = &n
+	}
 	if uuid.Validate(hb.GetLastRotateTask()) == nil {
 		doc.LastRotateTask = hb.GetLastRotateTask()
 	}

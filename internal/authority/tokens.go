@@ -181,6 +181,20 @@ func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv
 	if p.Stream, err = a.s.streamStatus(ctx, n.ID); err != nil {
 		return nil, err
 	}
+	if inst.JoinMethod == store.JoinMethodBoundKeypair && inst.TokenID != "" {
+		// The token may be gone (deleted); the node keeps its identity.
+		t, err := a.s.store.GetToken(ctx, inst.TokenID)
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+		if err == nil {
+			tp := &musterv1.Token{}
+			if err := a.s.boundKeypairToProto(tp, t, false); err != nil {
+				return nil, err
+			}
+			p.BoundKeypair = tp.GetBoundKeypairStatus()
+		}
+	}
 	return p, nil
 }
 

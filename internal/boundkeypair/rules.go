@@ -3,6 +3,7 @@ package boundkeypair
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Recovery modes (DESIGN.md): standard counts every recovery against the
@@ -106,4 +107,12 @@ func Judge(st Status, a Attempt) (Verdict, error) {
 		return Verdict{}, fmt.Errorf("%w: %d of %d recoveries used", ErrRecoveryExhausted, st.Count, st.Limit)
 	}
 	return v, nil
+}
+
+// RotationDue reports whether a token's bound key must be rotated at now:
+// rotate_after is set and has passed, and the key was not rotated since
+// (lastRotated before rotateAfter), so one rotation answers each
+// rotate_after an operator sets.
+func RotationDue(rotateAfter, lastRotated, now time.Time) bool {
+	return !rotateAfter.IsZero() && !now.Before(rotateAfter) && lastRotated.Before(rotateAfter)
 }

@@ -3,6 +3,7 @@ package boundkeypair
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 // TestJudge is the table of recovery cases: modes × budget × join states
@@ -123,5 +124,27 @@ func TestSpecCheck(t *testing.T) {
 	}
 	if (Spec{RecoveryMode: ModeInsecure}).Warning() == "" || ok.Warning() != "" {
 		t.Error("only insecure mode warns")
+	}
+}
+
+// TestRotationDue: a rotation is due once per rotate_after that has passed.
+func TestRotationDue(t *testing.T) {
+	t0 := time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC)
+	cases := map[string]struct {
+		after, last time.Time
+		want        bool
+	}{
+		"no rotate_after":             {time.Time{}, time.Time{}, false},
+		"rotate_after in the future":  {t0.Add(time.Hour), time.Time{}, false},
+		"passed, never rotated":       {t0.Add(-time.Hour), time.Time{}, true},
+		"passed, rotated before it":   {t0.Add(-time.Hour), t0.Add(-2 * time.Hour), true},
+		"passed, rotated since":       {t0.Add(-time.Hour), t0.Add(-time.Minute), false},
+		"exactly now, never rotated":  {t0, time.Time{}, true},
+		"rotated exactly at the mark": {t0.Add(-time.Hour), t0.Add(-time.Hour), false},
+	}
+	for name, c := range cases {
+		if got := RotationDue(c.after, c.last, t0); got != c.want {
+			t.Errorf("%s: RotationDue = %v, want %v", name, got, c.want)
+		}
 	}
 }

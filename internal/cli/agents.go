@@ -45,12 +45,42 @@ type agentJSON struct {
 	LastIssuedAt *time.Time  `json:"last_issued_at"`
 	Locked       string      `json:"locked,omitempty"`
 	Stream       *streamJSON `json:"stream,omitempty"`
+	// BoundKeypair is set for a node a bound-keypair token admitted.
+	BoundKeypair *agentBoundJSON `json:"bound_keypair,omitempty"`
+}
+
+// agentBoundJSON is what agents list and show print of a bound-keypair
+// node's token: the key that proves it and the budget left.
+type agentBoundJSON struct {
+	BoundKeyFingerprint string `json:"bound_key_fingerprint"`
+	// RecoveriesRemaining is -1 when the token's mode does not count.
+	RecoveriesRemaining int64      `json:"recoveries_remaining"`
+	RecoverySequence    int64      `json:"recovery_sequence"`
+	LastRotatedAt       *time.Time `json:"last_rotated_at,omitempty"`
+}
+
+// recoveries is the RECOVERIES column: the budget left, "-" for a node
+// without a counted budget.
+func (a agentJSON) recoveries() string {
+	if a.BoundKeypair == nil || a.BoundKeypair.RecoveriesRemaining < 0 {
+		return "-"
+	}
+	return fmt.Sprint(a.BoundKeypair.RecoveriesRemaining)
 }
 
 func agentOf(a *musterv1.Agent) agentJSON {
 	return agentJSON{NodeID: a.GetNodeId(), JoinMethod: a.GetJoinMethod(), TokenID: a.GetTokenId(), InstanceID: a.GetInstanceId(),
 		Generation: a.GetGeneration(), CreatedAt: timeOf(a.GetCreatedAt()), UpdatedAt: timeOf(a.GetUpdatedAt()),
-		NotAfter: timeOf(a.GetNotAfter()), LastIssuedAt: timeOf(a.GetLastIssuedAt()), Locked: a.GetLocked(), Stream: streamOf(a.GetStream())}
+		NotAfter: timeOf(a.GetNotAfter()), LastIssuedAt: timeOf(a.GetLastIssuedAt()), Locked: a.GetLocked(), Stream: streamOf(a.GetStream()),
+		BoundKeypair: agentBoundOf(a.GetBoundKeypair())}
+}
+
+func agentBoundOf(b *musterv1.BoundKeypairStatus) *agentBoundJSON {
+	if b == nil {
+		return nil
+	}
+	return &agentBoundJSON{BoundKeyFingerprint: b.GetBoundKeyFingerprint(), RecoveriesRemaining: b.GetRecoveriesRemaining(),
+		RecoverySequence: b.GetRecoverySequence(), LastRotatedAt: timeOf(b.GetLastRotatedAt())}
 }
 
 func newAgentsListCmd(env *Env) *cobra.Command {
@@ -81,10 +111,10 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 					return out.write(env.Stdout, list)
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tSTREAM\tLOCKED")
+				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
 				for _, a := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
-						streamColumn(a.Stream), a.Locked)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
+						a.recoveries(), streamColumn(a.Stream), a.Locked)
 				}
 				return tw.Flush()
 			})
@@ -164,14 +194,22 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 					if a.Locked != "" {
 						fmt.Fprintf(env.Stdout, "Locked: %s\n", a.Locked)
 					}
+					if b := a.BoundKeypair; b != nil {
+						fmt.Fprintf(env.Stdout, "Bound key: %s (last rotated %s)\nRecoveries remaining: %s (recovery sequence %d)\n",
+							b.BoundKeyFingerprint, fmtTime(b.LastRotatedAt), a.recoveries(), b.RecoverySequence)
+					}
 					printStream(env.Stdout, a.Stream)
 				} else {
 					fmt.Fprintf(env.Stdout, "Node %s was deleted; its history:\n", args[0])
 				}
 				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "\nINSTANCE\tSTATE\tMETHOD\tTOKEN\tGENERATION\tCREATED")
+				fmt.Fprintln(tw, "\nINSTANCE\tSTATE\tMETHOD\tTOKEN\tGENERATION\tCREATED\tPREVIOUS")
 				for _, i := range doc.Instances {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.ID, i.State, i.JoinMethod, i.TokenID, i.Generation, fmtTime(i.CreatedAt))
+					prev := i.PreviousID
+					if prev == "" {
+						prev = "-"
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i.ID, i.State, i.JoinMethod, i.TokenID, i.Generation, fmtTime(i.CreatedAt), prev)
 				}
 				fmt.Fprintln(tw, "\nSERIAL\tINSTANCE\tGENERATION\tISSUED\tNOT AFTER")
 				for _, ce := range doc.Certificates {

@@ -63,7 +63,15 @@ type authorityConfig struct {
 	Signer struct {
 		MinLeadTime string `yaml:"min_lead_time"`
 	} `yaml:"signer"`
+	BoundKeypair struct {
+		// RecoveriesWarnAt: nil keeps the default.
+		RecoveriesWarnAt *int64 `yaml:"recoveries_warn_at"`
+	} `yaml:"bound_keypair"`
 }
+
+// defaultRecoveriesWarnAt is bound_keypair.recoveries_warn_at's default:
+// warn when one recovery is left.
+const defaultRecoveriesWarnAt = 1
 
 func loadAuthorityConfig(path string) (authorityConfig, error) {
 	var c authorityConfig
@@ -115,6 +123,8 @@ type authorityOptions struct {
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
 	signerMinLead time.Duration
+	// recoveriesWarnAt is bound_keypair.recoveries_warn_at.
+	recoveriesWarnAt int64
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
@@ -178,6 +188,10 @@ and the data directory, prints the settings in force, and exits.`,
 			}
 			if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
 				return fmt.Errorf("authority: %w", err)
+			}
+			o.recoveriesWarnAt = defaultRecoveriesWarnAt
+			if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
+				o.recoveriesWarnAt = *w
 			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
@@ -367,6 +381,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: Version, Log: log, Ready: o.ready,
 		SignerMinLeadTime: o.signerMinLead,
+		RecoveriesWarnAt:  o.recoveriesWarnAt,
 	}, m)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -36,6 +37,32 @@ type boundKeypairJSON struct {
 	RecoveriesRemaining int64      `json:"recoveries_remaining"`
 	LastRecoveredAt     *time.Time `json:"last_recovered_at,omitempty"`
 	LastRotatedAt       *time.Time `json:"last_rotated_at,omitempty"`
+}
+
+// write prints the bound-keypair part of token get: the key, the budget
+// and the rotation, never the registration secret.
+func (b *boundKeypairJSON) write(w io.Writer) {
+	when := func(t *time.Time) string {
+		if t == nil {
+			return "never"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	remaining := "not counted (mode " + b.RecoveryMode + ")"
+	if b.RecoveriesRemaining >= 0 {
+		remaining = fmt.Sprint(b.RecoveriesRemaining)
+	}
+	bound := b.BoundKeyFingerprint
+	if bound == "" {
+		bound = "none yet (registration open until " + when(b.MustRegisterBefore) + ")"
+	}
+	rotation := "not asked"
+	if b.RotateAfter != nil {
+		rotation = "after " + when(b.RotateAfter)
+	}
+	fmt.Fprintf(w, "Bound key:   %s\nInstance:    %s\nRecoveries:  %d of %d used (mode %s), %s remaining, sequence %d, last %s\nRotation:    %s, last rotated %s\n",
+		bound, b.BoundInstanceID, b.RecoveryCount, b.RecoveryLimit, b.RecoveryMode, remaining, b.RecoverySequence,
+		when(b.LastRecoveredAt), rotation, when(b.LastRotatedAt))
 }
 
 func timePtr(ts *timestamppb.Timestamp) *time.Time {

@@ -57,7 +57,7 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
-			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL,
+			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
 				logFormat: "text", logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
 			if dlisten != "" {
 				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}

@@ -222,6 +222,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 				fmt.Fprintf(env.Stdout, "ID:          %s\nState:       %s\nUses:        %d of %s used\nExpires:     %s\nNode:        %s\nDescription: %s\nLabels:      %s\nCreated:     %s by %s\n",
 					t.ID, t.State, t.UsesCount, map[bool]string{true: "unlimited", false: fmt.Sprint(t.UsesAllowed)}[t.UsesAllowed == 0],
 					t.expiry(), t.NodeID, t.Description, t.labels(), t.CreatedAt.UTC().Format(time.RFC3339), t.CreatedBy)
+				if t.BoundKeypair != nil {
+					t.BoundKeypair.write(env.Stdout)
+				}
 				return nil
 			})
 		},

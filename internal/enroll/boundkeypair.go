@@ -34,6 +34,11 @@ type BoundKeypairConfig struct {
 	// Observer, if set, is told the recoveries a standard-mode token has
 	// left after each bound-keypair join or refresh.
 	Observer func(token string, remaining int64)
+	// WarnAt is the low-budget threshold: a recovery that takes one of a
+	// standard-mode budget and leaves WarnAt or fewer is audited
+	// (token.recoveries_low) and Low is called; negative disables it.
+	WarnAt int64
+	Low    func(token, nodeID string, remaining int64)
 }
 
 // BoundKeypairPayload is the init message of a bound-keypair join.
@@ -48,6 +53,12 @@ type BoundKeypairPayload struct {
 	// token that has none yet.
 	PublicKey          string
 	RegistrationSecret string
+	// NewPublicKey (authorized_keys) asks to rotate the bound key to it in
+	// this join; NewKey, if set, is how the authority asks the agent for a
+	// new key when the token's rotate_after has passed. An agent that
+	// offers neither keeps its key and is asked again at its next join.
+	NewPublicKey string
+	NewKey       func(ctx context.Context) (string, error)
 	// Cert is the caller's verified agent certificate, if it presented
 	// one: with a valid certificate of the current instance the join is a
 	// refresh.
@@ -61,6 +72,9 @@ type BoundKeypairResult struct {
 	JoinState string
 	// Remaining is the recoveries left under standard mode, -1 otherwise.
 	Remaining int64
+	// BoundKey is the fingerprint of the key bound after this join: the
+	// new one if it rotated.
+	BoundKey string
 }
 
 // bkMethod is the bound-keypair Method. out carries what the entry point
@@ -76,6 +90,7 @@ type bkOutcome struct {
 	sequence int64 // the token's sequence once the join commits
 	counted  bool  // the join took one of the budget
 	retry    bool
+	rotated  bool // the bound key was rotated to key
 }
 
 // RegisterUsingBoundKeypair admits, refreshes or recovers an agent whose
@@ -106,7 +121,7 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 	if err != nil {
 		return nil, err
 	}
-	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1}
+	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1, BoundKey: out.key.Fingerprint()}
 	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
 		// The count as the join's write left it: read before the join, plus
 		// the recovery it took.
@@ -118,8 +133,28 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		if s.cfg.BoundKeypair.Observer != nil {
 			s.cfg.BoundKeypair.Observer(out.token.ID, res.Remaining)
 		}
+		if err := s.warnLowBudget(ctx, out, iss.NodeID, res.Remaining); err != nil {
+			return nil, err
+		}
 	}
 	return res, nil
+}
+
+// warnLowBudget audits a counted recovery that left the token's budget at
+// or under the threshold, so an operator hears of it before the agent is
+// refused recovery_exhausted. Refreshes and repeats take nothing and say
+// nothing.
+func (s *Service) warnLowBudget(ctx context.Context, out *bkOutcome, nodeID string, remaining int64) error {
+	c := s.cfg.BoundKeypair
+	if !out.counted || out.retry || c.WarnAt < 0 || remaining > c.WarnAt {
+		return nil
+	}
+	if c.Low != nil {
+		c.Low(out.token.ID, nodeID, remaining)
+	}
+	return s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "token.recoveries_low", Target: "token " + out.token.ID,
+		Result: audit.ResultOK, Reason: fmt.Sprintf("node %s: %d of %d recoveries left (warning at %d or fewer); raise spec.bound_keypair.recovery.limit if recoveries are expected",
+			nodeID, remaining, out.token.BoundKeypair.Spec.RecoveryLimit, c.WarnAt)})
 }
 
 func (s *Service) signJoinState(ctx context.Context, js boundkeypair.JoinState) (string, error) {
@@ -159,6 +194,12 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if p.PublicKey != "" {
 		if offered, err = boundkeypair.ParsePublicKey(p.PublicKey); err != nil {
 			return a, refuse(KindInvalid, "public_key: "+err.Error())
+		}
+	}
+	var offeredNew boundkeypair.PublicKey
+	if p.NewPublicKey != "" {
+		if offeredNew, err = boundkeypair.ParsePublicKey(p.NewPublicKey); err != nil {
+			return a, refuse(KindInvalid, "new_public_key: "+err.Error())
 		}
 	}
 	// 2. The source's rate limit.
@@ -276,9 +317,22 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 
 	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence}
+	// 8. Rotation: asked by the agent, or due by the token's rotate_after;
+	// the new key must solve a challenge of its own, and the binding
+	// changes only in this join's write, from the key just proved.
+	if !register {
+		next, err := m.rotation(ctx, t, p, offeredNew, key, now, challenge)
+		if err != nil {
+			return a, err
+		}
+		if !next.IsZero() {
+			claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: next.String(), Rotate: true})
+			m.out.key, m.out.rotated = next, true
+		}
+	}
 	if !v.Recovery {
 		// A refresh: the instance is renewed; nothing is consumed.
-		a.Refresh, a.CSR = p.Cert, p.CSR
+		a.Refresh, a.CSR, a.Claims = p.Cert, p.CSR, claims
 		return a, nil
 	}
 	m.out.sequence, m.out.counted = v.ExpectedSequence+1, v.Counted
@@ -288,8 +342,53 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if register {
 		a.Proof = fmt.Sprintf("bound key %s registered with the secret of token %s", fp, t.ID)
 	}
+	if m.out.rotated {
+		a.Proof += fmt.Sprintf(", key rotated to %s", m.out.key.Fingerprint())
+	}
 	a.PublicKey, a.KeyID, a.Now, a.Claims = csr.PublicKey, kid, now, claims
 	return a, nil
+}
+
+// rotation returns the key to rotate the token's binding to, proved by a
+// second challenge, or the zero key when there is no rotation: the agent
+// offered none and either rotate_after has not passed, the key was
+// rotated since, or the agent cannot be asked.
+func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPayload, offered, current boundkeypair.PublicKey, now time.Time, challenge Challenge) (boundkeypair.PublicKey, error) {
+	var none boundkeypair.PublicKey
+	bk := t.BoundKeypair
+	if offered.IsZero() {
+		if !boundkeypair.RotationDue(bk.Spec.RotateAfter, bk.LastRotatedAt, now) || p.NewKey == nil {
+			return none, nil
+		}
+		text, err := p.NewKey(ctx)
+		if err != nil {
+			return none, notAnswered("the new key was not sent", err, t.ID)
+		}
+		if offered, err = boundkeypair.ParsePublicKey(text); err != nil {
+			return none, refuse(KindInvalid, "new_public_key: "+err.Error())
+		}
+	}
+	if offered.String() == current.String() {
+		return none, refuse(KindInvalid, "new_public_key is the key already bound")
+	}
+	fp := offered.Fingerprint()
+	c, err := boundkeypair.NewChallenge(m.s.cfg.AuthorityID, now)
+	if err != nil {
+		return none, err
+	}
+	answer, err := challenge(ctx, c.Marshal())
+	if err != nil {
+		return none, notAnswered("the new key's challenge was not answered", err, t.ID)
+	}
+	if err := c.Verify(string(answer), offered, m.s.cfg.Now()); err != nil {
+		return none, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, new key %s: %v", t.ID, fp, err)
+	}
+	if l, err := m.s.lockOn(ctx, store.LockTarget{Kind: store.LockPublicKey, Target: fp}); err != nil {
+		return none, err
+	} else if l != nil {
+		return none, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on the new key %s", t.ID, l.ID, fp)
+	}
+	return offered, nil
 }
 
 // holdsCurrent reports whether cert is a certificate this authority issued
@@ -343,4 +442,14 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		return err
 	}
 	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+}
+
+// notAnswered is the refusal of a caller that sent something else than
+// what the exchange asked for; a caller that went away (its context ended)
+// is no refusal, and its error is returned as it is.
+func notAnswered(what string, err error, token string) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return refuse(KindInvalid, what+": "+err.Error()).with("token %s", token)
 }

@@ -54,7 +54,8 @@ type Admission struct {
 	Now       time.Time
 	// Ticket is the referral ticket whose single use the join records.
 	Ticket *store.TicketUse
-	// Claims are the method's further conditions, won in the join's write.
+	// Claims are the method's further conditions, won in the join's (or,
+	// with Refresh, the renewal's) write.
 	Claims []store.Claim
 	// Retry, if set, is the answer already issued to this same request.
 	Retry *Issued
@@ -80,7 +81,7 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 		iss = a.Retry
 	case a.Refresh != nil:
 		ev.Action = "agent.refresh"
-		iss, err = s.renew(ctx, a.Refresh, a.CSR, &ev)
+		iss, err = s.renew(ctx, a.Refresh, a.CSR, a.Claims, &ev)
 	default:
 		iss, err = s.admit(ctx, a, &ev)
 		if err == nil && a.Ticket != nil && !iss.Retry {

@@ -23,11 +23,13 @@ func (s *Service) Renew(ctx context.Context, r Request, leaf *x509.Certificate, 
 	if id, err := spiffeid.FromCertificate(leaf); err == nil {
 		ev.Actor, ev.Target = id.String(), id.Name
 	}
-	iss, err := s.renew(ctx, leaf, csrData, &ev)
+	iss, err := s.renew(ctx, leaf, csrData, nil, &ev)
 	return s.finish(ctx, ev, iss, err)
 }
 
-func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, ev *audit.Event) (*Issued, error) {
+// renew certifies csrData for leaf's instance; claims (a bound key's
+// rotation on a refresh) are won in the renewal's write or fail it.
+func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, claims []store.Claim, ev *audit.Event) (*Issued, error) {
 	if leaf == nil {
 		return nil, refuse(KindUnauthenticated, "no valid agent certificate")
 	}
@@ -82,7 +84,12 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
-			Certificate: cert, ChainPEM: chain, Audit: build})
+			Certificate: cert, ChainPEM: chain, Claims: claims, Audit: build})
+		if errors.Is(err, store.ErrKeyBindingChanged) {
+			// Another join rotated or bound the key between the challenge
+			// and the write: this answer proved the old one.
+			return nil, refuse(KindUnauthenticated, ReasonChallengeFailed).with("%s: the bound key changed during the exchange", ev.Reason)
+		}
 		if errors.Is(err, store.ErrConflict) && attempt == 0 {
 			// Another request advanced or ended the instance between the
 			// read and the write: judge this one again against what it

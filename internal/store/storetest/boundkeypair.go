@@ -228,6 +228,25 @@ func boundKeypairCases() []testCase {
 				t.Error("a renewal carried a recovery")
 			}
 		}},
+		{"8 racing rotations from one bound key: exactly one key is bound", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 100, store.RecoveryStandard))
+			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i0", now, register("bot-1", "key-1")...))
+			errs := concurrently(8, func(i int) error {
+				_, err := s.CommitJoin(ctx, bkJoin("bot-1", "node-1", "r"+string(rune('a'+i)), now,
+					store.KeyBinding{TokenID: "bot-1", Expected: "key-1", PublicKey: "key-" + string(rune('a'+i)), Rotate: true}))
+				return err
+			})
+			ok, lost := tally(t, errs, store.ErrKeyBindingChanged)
+			if ok != 1 || lost != 7 {
+				t.Fatalf("%d rotations won and %d lost, want 1 and 7", ok, lost)
+			}
+			bk := getBK(t, ctx, s, "bot-1")
+			if bk.BoundPublicKey == "key-1" || len(bk.BoundPublicKey) != len("key-a") || bk.LastRotatedAt.IsZero() ||
+				bk.BoundInstanceID != "r"+bk.BoundPublicKey[len("key-"):] {
+				t.Errorf("after the race: %+v", bk)
+			}
+		}},
 		{"8 racing recoveries from one join state: exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 100, store.RecoveryStandard))

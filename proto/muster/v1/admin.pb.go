@@ -2099,7 +2099,11 @@ type Agent struct {
 	// locked names the lock in force on the node or its instance, if any.
 	Locked string `protobuf:"bytes,10,opt,name=locked,proto3" json:"locked,omitempty"`
 	// stream: the agent's stream, unset if it never connected.
-	Stream        *AgentStreamStatus `protobuf:"bytes,11,opt,name=stream,proto3" json:"stream,omitempty"`
+	Stream *AgentStreamStatus `protobuf:"bytes,11,opt,name=stream,proto3" json:"stream,omitempty"`
+	// bound_keypair: for a node whose current instance a bound-keypair token
+	// admitted, that token's status (bound key, recoveries remaining, …),
+	// never its registration secret.
+	BoundKeypair  *BoundKeypairStatus `protobuf:"bytes,12,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2207,6 +2211,13 @@ func (x *Agent) GetLocked() string {
 func (x *Agent) GetStream() *AgentStreamStatus {
 	if x != nil {
 		return x.Stream
+	}
+	return nil
+}
+
+func (x *Agent) GetBoundKeypair() *BoundKeypairStatus {
+	if x != nil {
+		return x.BoundKeypair
 	}
 	return nil
 }
@@ -3108,7 +3119,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\"$\n" +
 	"\x12DeleteTokenRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x15\n" +
-	"\x13DeleteTokenResponse\"\xdc\x03\n" +
+	"\x13DeleteTokenResponse\"\xa0\x04\n" +
 	"\x05Agent\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
 	"\vjoin_method\x18\x02 \x01(\tR\n" +
@@ -3127,7 +3138,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0elast_issued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\flastIssuedAt\x12\x16\n" +
 	"\x06locked\x18\n" +
 	" \x01(\tR\x06locked\x124\n" +
-	"\x06stream\x18\v \x01(\v2\x1c.muster.v1.AgentStreamStatusR\x06stream\"\xed\x01\n" +
+	"\x06stream\x18\v \x01(\v2\x1c.muster.v1.AgentStreamStatusR\x06stream\x12B\n" +
+	"\rbound_keypair\x18\f \x01(\v2\x1d.muster.v1.BoundKeypairStatusR\fboundKeypair\"\xed\x01\n" +
 	"\rAgentInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1f\n" +
@@ -3328,76 +3340,77 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	48, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
 	48, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
 	50, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
-	48, // 36: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	48, // 37: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	48, // 38: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	48, // 39: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
-	32, // 40: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
-	32, // 41: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
-	33, // 42: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
-	34, // 43: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	48, // 44: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	48, // 45: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
-	41, // 46: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
-	41, // 47: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	49, // 48: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
-	41, // 49: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
-	41, // 50: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	0,  // 51: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 52: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 53: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 54: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 55: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 56: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24, // 57: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26, // 58: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28, // 59: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30, // 60: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22, // 61: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35, // 62: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37, // 63: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39, // 64: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42, // 65: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44, // 66: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	51, // 67: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	52, // 68: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	53, // 69: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	54, // 70: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	55, // 71: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	56, // 72: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	57, // 73: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 74: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 75: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 76: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 77: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 78: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 79: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 80: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 81: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 82: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 83: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 84: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 85: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 86: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 87: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 88: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 89: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 90: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 91: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	58, // 92: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	59, // 93: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 94: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 95: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 96: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 97: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	60, // 98: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 99: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 100: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	76, // [76:101] is the sub-list for method output_type
-	51, // [51:76] is the sub-list for method input_type
-	51, // [51:51] is the sub-list for extension type_name
-	51, // [51:51] is the sub-list for extension extendee
-	0,  // [0:51] is the sub-list for field type_name
+	21, // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
+	48, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	48, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	48, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	48, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	32, // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
+	32, // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
+	33, // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
+	34, // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
+	48, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	48, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
+	41, // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
+	49, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	41, // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
+	41, // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
+	0,  // 52: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 53: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 54: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 55: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 56: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 57: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24, // 58: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26, // 59: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28, // 60: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30, // 61: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22, // 62: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35, // 63: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37, // 64: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39, // 65: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42, // 66: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44, // 67: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	51, // 68: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	52, // 69: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	53, // 70: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	54, // 71: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	55, // 72: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	56, // 73: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	57, // 74: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 75: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 76: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	1,  // 77: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 78: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 79: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 80: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 81: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 82: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 83: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 84: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 85: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 86: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 87: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 88: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 89: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 90: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 91: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 92: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	58, // 93: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	59, // 94: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 95: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 96: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 97: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	59, // 98: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	60, // 99: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 100: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 101: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	77, // [77:102] is the sub-list for method output_type
+	52, // [52:77] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }

@@ -281,8 +281,11 @@ type Heartbeat struct {
 	// verification_failures: tasks refused since the agent started, by the
 	// signer version they named ("" when unreadable).
 	VerificationFailures map[string]int64 `protobuf:"bytes,6,rep,name=verification_failures,json=verificationFailures,proto3" json:"verification_failures,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// recoveries_remaining: for an agent of a standard-mode bound-keypair
+	// token, the budget its last join state left (unset otherwise).
+	RecoveriesRemaining *int64 `protobuf:"varint,7,opt,name=recoveries_remaining,json=recoveriesRemaining,proto3,oneof" json:"recoveries_remaining,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -355,6 +358,13 @@ func (x *Heartbeat) GetVerificationFailures() map[string]int64 {
 		return x.VerificationFailures
 	}
 	return nil
+}
+
+func (x *Heartbeat) GetRecoveriesRemaining() int64 {
+	if x != nil && x.RecoveriesRemaining != nil {
+		return *x.RecoveriesRemaining
+	}
+	return 0
 }
 
 type AuthorityMessage struct {
@@ -459,20 +469,22 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
 	"\x11signer_version_id\x18\x04 \x01(\tR\x0fsignerVersionId\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xa4\x04\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xf5\x04\n" +
 	"\tHeartbeat\x120\n" +
 	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
 	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
 	"\x12identity_not_after\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x10identityNotAfter\x12)\n" +
 	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x12(\n" +
 	"\x10last_rotate_task\x18\x05 \x01(\tR\x0elastRotateTask\x12c\n" +
-	"\x15verification_failures\x18\x06 \x03(\v2..muster.v1.Heartbeat.VerificationFailuresEntryR\x14verificationFailures\x1aB\n" +
+	"\x15verification_failures\x18\x06 \x03(\v2..muster.v1.Heartbeat.VerificationFailuresEntryR\x14verificationFailures\x126\n" +
+	"\x14recoveries_remaining\x18\a \x01(\x03H\x00R\x13recoveriesRemaining\x88\x01\x01\x1aB\n" +
 	"\x14AcceptedSignersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
 	"\x19VerificationFailuresEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"U\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\x17\n" +
+	"\x15_recoveries_remaining\"U\n" +
 	"\x10AuthorityMessage\x12#\n" +
 	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSet\x12\x14\n" +
 	"\x04task\x18\x02 \x01(\fH\x00R\x04taskB\x06\n" +
@@ -531,6 +543,7 @@ func file_muster_v1_agent_proto_init() {
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Result)(nil),
 	}
+	file_muster_v1_agent_proto_msgTypes[4].OneofWrappers = []any{}
 	file_muster_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AuthorityMessage_VerifierSet)(nil),
 		(*AuthorityMessage_Task)(nil),

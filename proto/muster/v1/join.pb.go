@@ -27,6 +27,7 @@ type RegisterUsingBoundKeypairRequest struct {
 	//
 	//	*RegisterUsingBoundKeypairRequest_Init
 	//	*RegisterUsingBoundKeypairRequest_ChallengeResponse
+	//	*RegisterUsingBoundKeypairRequest_NewPublicKey
 	Payload       isRegisterUsingBoundKeypairRequest_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -87,6 +88,15 @@ func (x *RegisterUsingBoundKeypairRequest) GetChallengeResponse() string {
 	return ""
 }
 
+func (x *RegisterUsingBoundKeypairRequest) GetNewPublicKey() string {
+	if x != nil {
+		if x, ok := x.Payload.(*RegisterUsingBoundKeypairRequest_NewPublicKey); ok {
+			return x.NewPublicKey
+		}
+	}
+	return ""
+}
+
 type isRegisterUsingBoundKeypairRequest_Payload interface {
 	isRegisterUsingBoundKeypairRequest_Payload()
 }
@@ -100,10 +110,18 @@ type RegisterUsingBoundKeypairRequest_ChallengeResponse struct {
 	ChallengeResponse string `protobuf:"bytes,2,opt,name=challenge_response,json=challengeResponse,proto3,oneof"`
 }
 
+type RegisterUsingBoundKeypairRequest_NewPublicKey struct {
+	// new_public_key answers new_key_request: the agent's new bound key
+	// (authorized_keys form), which the next challenge must be signed with.
+	NewPublicKey string `protobuf:"bytes,3,opt,name=new_public_key,json=newPublicKey,proto3,oneof"`
+}
+
 func (*RegisterUsingBoundKeypairRequest_Init) isRegisterUsingBoundKeypairRequest_Payload() {}
 
 func (*RegisterUsingBoundKeypairRequest_ChallengeResponse) isRegisterUsingBoundKeypairRequest_Payload() {
 }
+
+func (*RegisterUsingBoundKeypairRequest_NewPublicKey) isRegisterUsingBoundKeypairRequest_Payload() {}
 
 type BoundKeypairInit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -119,8 +137,13 @@ type BoundKeypairInit struct {
 	// to a token that has none yet.
 	PublicKey          string `protobuf:"bytes,5,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
 	RegistrationSecret string `protobuf:"bytes,6,opt,name=registration_secret,json=registrationSecret,proto3" json:"registration_secret,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// new_public_key asks to rotate the bound key to this one (authorized_keys
+	// form) in this join: after the first challenge (signed with the bound
+	// key) the authority sends a second one to sign with this key. An agent
+	// resends its pending key here after an interrupted rotation.
+	NewPublicKey  string `protobuf:"bytes,7,opt,name=new_public_key,json=newPublicKey,proto3" json:"new_public_key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BoundKeypairInit) Reset() {
@@ -195,12 +218,20 @@ func (x *BoundKeypairInit) GetRegistrationSecret() string {
 	return ""
 }
 
+func (x *BoundKeypairInit) GetNewPublicKey() string {
+	if x != nil {
+		return x.NewPublicKey
+	}
+	return ""
+}
+
 type RegisterUsingBoundKeypairResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Payload:
 	//
 	//	*RegisterUsingBoundKeypairResponse_Challenge
 	//	*RegisterUsingBoundKeypairResponse_Result
+	//	*RegisterUsingBoundKeypairResponse_NewKeyRequest
 	Payload       isRegisterUsingBoundKeypairResponse_Payload `protobuf_oneof:"payload"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -261,6 +292,15 @@ func (x *RegisterUsingBoundKeypairResponse) GetResult() *BoundKeypairResult {
 	return nil
 }
 
+func (x *RegisterUsingBoundKeypairResponse) GetNewKeyRequest() bool {
+	if x != nil {
+		if x, ok := x.Payload.(*RegisterUsingBoundKeypairResponse_NewKeyRequest); ok {
+			return x.NewKeyRequest
+		}
+	}
+	return false
+}
+
 type isRegisterUsingBoundKeypairResponse_Payload interface {
 	isRegisterUsingBoundKeypairResponse_Payload()
 }
@@ -274,9 +314,19 @@ type RegisterUsingBoundKeypairResponse_Result struct {
 	Result *BoundKeypairResult `protobuf:"bytes,2,opt,name=result,proto3,oneof"`
 }
 
+type RegisterUsingBoundKeypairResponse_NewKeyRequest struct {
+	// new_key_request: the token's rotate_after has passed; the agent
+	// answers with new_public_key, then signs the next challenge with it.
+	// The new key is bound only when the result arrives.
+	NewKeyRequest bool `protobuf:"varint,3,opt,name=new_key_request,json=newKeyRequest,proto3,oneof"`
+}
+
 func (*RegisterUsingBoundKeypairResponse_Challenge) isRegisterUsingBoundKeypairResponse_Payload() {}
 
 func (*RegisterUsingBoundKeypairResponse_Result) isRegisterUsingBoundKeypairResponse_Payload() {}
+
+func (*RegisterUsingBoundKeypairResponse_NewKeyRequest) isRegisterUsingBoundKeypairResponse_Payload() {
+}
 
 type BoundKeypairResult struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -292,6 +342,12 @@ type BoundKeypairResult struct {
 	// the token's mode does not count.
 	RecoveriesRemaining int64    `protobuf:"varint,8,opt,name=recoveries_remaining,json=recoveriesRemaining,proto3" json:"recoveries_remaining,omitempty"`
 	Endpoints           []string `protobuf:"bytes,9,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
+	// verifier_set is the signed verifier set (as ExchangeJoinToken carries
+	// it), delivered with every join, refresh and recovery.
+	VerifierSet []byte `protobuf:"bytes,10,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// bound_key_fingerprint is the key the token is bound to after this join
+	// (SHA256:… of the public key): the new one after a rotation.
+	BoundKeyFingerprint string `protobuf:"bytes,11,opt,name=bound_key_fingerprint,json=boundKeyFingerprint,proto3" json:"bound_key_fingerprint,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -389,15 +445,30 @@ func (x *BoundKeypairResult) GetEndpoints() []string {
 	return nil
 }
 
+func (x *BoundKeypairResult) GetVerifierSet() []byte {
+	if x != nil {
+		return x.VerifierSet
+	}
+	return nil
+}
+
+func (x *BoundKeypairResult) GetBoundKeyFingerprint() string {
+	if x != nil {
+		return x.BoundKeyFingerprint
+	}
+	return ""
+}
+
 var File_muster_v1_join_proto protoreflect.FileDescriptor
 
 const file_muster_v1_join_proto_rawDesc = "" +
 	"\n" +
-	"\x14muster/v1/join.proto\x12\tmuster.v1\"\x91\x01\n" +
+	"\x14muster/v1/join.proto\x12\tmuster.v1\"\xb9\x01\n" +
 	" RegisterUsingBoundKeypairRequest\x121\n" +
 	"\x04init\x18\x01 \x01(\v2\x1b.muster.v1.BoundKeypairInitH\x00R\x04init\x12/\n" +
-	"\x12challenge_response\x18\x02 \x01(\tH\x00R\x11challengeResponseB\t\n" +
-	"\apayload\"\xd3\x01\n" +
+	"\x12challenge_response\x18\x02 \x01(\tH\x00R\x11challengeResponse\x12&\n" +
+	"\x0enew_public_key\x18\x03 \x01(\tH\x00R\fnewPublicKeyB\t\n" +
+	"\apayload\"\xf9\x01\n" +
 	"\x10BoundKeypairInit\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x10\n" +
@@ -405,11 +476,13 @@ const file_muster_v1_join_proto_rawDesc = "" +
 	"\x13previous_join_state\x18\x04 \x01(\tR\x11previousJoinState\x12\x1d\n" +
 	"\n" +
 	"public_key\x18\x05 \x01(\tR\tpublicKey\x12/\n" +
-	"\x13registration_secret\x18\x06 \x01(\tR\x12registrationSecret\"\x87\x01\n" +
+	"\x13registration_secret\x18\x06 \x01(\tR\x12registrationSecret\x12$\n" +
+	"\x0enew_public_key\x18\a \x01(\tR\fnewPublicKey\"\xb1\x01\n" +
 	"!RegisterUsingBoundKeypairResponse\x12\x1e\n" +
 	"\tchallenge\x18\x01 \x01(\fH\x00R\tchallenge\x127\n" +
-	"\x06result\x18\x02 \x01(\v2\x1d.muster.v1.BoundKeypairResultH\x00R\x06resultB\t\n" +
-	"\apayload\"\xed\x02\n" +
+	"\x06result\x18\x02 \x01(\v2\x1d.muster.v1.BoundKeypairResultH\x00R\x06result\x12(\n" +
+	"\x0fnew_key_request\x18\x03 \x01(\bH\x00R\rnewKeyRequestB\t\n" +
+	"\apayload\"\xc4\x03\n" +
 	"\x12BoundKeypairResult\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1f\n" +
@@ -423,7 +496,10 @@ const file_muster_v1_join_proto_rawDesc = "" +
 	"\fauthority_id\x18\x06 \x01(\tR\vauthorityId\x12!\n" +
 	"\ftrust_domain\x18\a \x01(\tR\vtrustDomain\x121\n" +
 	"\x14recoveries_remaining\x18\b \x01(\x03R\x13recoveriesRemaining\x12\x1c\n" +
-	"\tendpoints\x18\t \x03(\tR\tendpoints2\x89\x01\n" +
+	"\tendpoints\x18\t \x03(\tR\tendpoints\x12!\n" +
+	"\fverifier_set\x18\n" +
+	" \x01(\fR\vverifierSet\x122\n" +
+	"\x15bound_key_fingerprint\x18\v \x01(\tR\x13boundKeyFingerprint2\x89\x01\n" +
 	"\vJoinService\x12z\n" +
 	"\x19RegisterUsingBoundKeypair\x12+.muster.v1.RegisterUsingBoundKeypairRequest\x1a,.muster.v1.RegisterUsingBoundKeypairResponse(\x010\x01B7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -466,10 +542,12 @@ func file_muster_v1_join_proto_init() {
 	file_muster_v1_join_proto_msgTypes[0].OneofWrappers = []any{
 		(*RegisterUsingBoundKeypairRequest_Init)(nil),
 		(*RegisterUsingBoundKeypairRequest_ChallengeResponse)(nil),
+		(*RegisterUsingBoundKeypairRequest_NewPublicKey)(nil),
 	}
 	file_muster_v1_join_proto_msgTypes[2].OneofWrappers = []any{
 		(*RegisterUsingBoundKeypairResponse_Challenge)(nil),
 		(*RegisterUsingBoundKeypairResponse_Result)(nil),
+		(*RegisterUsingBoundKeypairResponse_NewKeyRequest)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
