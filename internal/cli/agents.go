@@ -126,8 +126,9 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 		Use: "show NODE",
 		Example: `  muster agents show web-1 --data ./muster-data
   muster agents show web-1 -o yaml`,
-		Short: "Show what a node holds, since when, and how it got it",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Show what a node holds, since when, and how it got it",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listNodeIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -195,8 +196,9 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete NODE",
 		Example: `  muster agents delete web-1 --data ./muster-data
   muster agents delete web-1 -o json`,
-		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a node: it can no longer renew, and its ID is free for a new join",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listNodeIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err

@@ -94,6 +94,8 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 	f.StringVar(&reason, "reason", "", "why, for the audit log and lock list")
 	af.register(cmd)
 	out.register(cmd)
+	af.completeFlag(env, cmd, "node", listNodeIDs)
+	af.completeFlag(env, cmd, "token", listTokenIDs)
 	return cmd
 }
 
@@ -151,8 +153,9 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete ID",
 		Example: `  muster lock delete 01J8Z3…
   muster lock delete 01J8Z3… -o json`,
-		Short: "Delete a lock",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a lock",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listLockIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err

@@ -204,8 +204,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 		Use: "get ID",
 		Example: `  muster token get 7f3k2a
   muster token get 7f3k2a -o json`,
-		Short: "Show one join token (never its secret)",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Show one join token (never its secret)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -250,8 +251,9 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete ID",
 		Example: `  muster token delete 7f3k2a
   muster token delete 7f3k2a -o json`,
-		Short: "Delete a join token; nodes it admitted keep their identities",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a join token; nodes it admitted keep their identities",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
