@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -80,19 +81,24 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 				if out.json() {
 					return out.write(env.Stdout, list)
 				}
-				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tSTREAM\tLOCKED")
-				for _, a := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
-						streamColumn(a.Stream), a.Locked)
-				}
-				return tw.Flush()
+				return printAgents(env.Stdout, list)
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printAgents is agents list's table.
+func printAgents(w io.Writer, list []agentJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tSTREAM\tLOCKED")
+	for _, a := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
+			streamColumn(a.Stream), a.Locked)
+	}
+	return tw.Flush()
 }
 
 type instanceJSON struct {

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -127,21 +128,26 @@ func newLockListCmd(env *Env) *cobra.Command {
 				}
 				return out.write(env.Stdout, list)
 			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")
-			for _, l := range resp.GetLocks() {
-				exp := "never"
-				if l.GetExpiresAt() != nil {
-					exp = l.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.GetId(), l.GetKind(), l.GetTarget(), exp, l.GetReason())
-			}
-			return tw.Flush()
+			return printLocks(env.Stdout, resp.GetLocks())
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printLocks is lock list's table.
+func printLocks(w io.Writer, locks []*musterv1.Lock) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")
+	for _, l := range locks {
+		exp := "never"
+		if l.GetExpiresAt() != nil {
+			exp = l.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.GetId(), l.GetKind(), l.GetTarget(), exp, l.GetReason())
+	}
+	return tw.Flush()
 }
 
 func newLockDeleteCmd(env *Env) *cobra.Command {

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -181,18 +182,23 @@ func newTokenListCmd(env *Env) *cobra.Command {
 				if out.json() {
 					return out.write(env.Stdout, list)
 				}
-				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
-				for _, t := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
-				}
-				return tw.Flush()
+				return printTokens(env.Stdout, list)
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printTokens is token list's table.
+func printTokens(w io.Writer, list []tokenJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	for _, t := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
+	}
+	return tw.Flush()
 }
 
 func newTokenGetCmd(env *Env) *cobra.Command {
