@@ -181,10 +181,16 @@ func TestExchangeCheckOrder(t *testing.T) {
 		{"locked token", lockedTok, "n1", csr, codes.PermissionDenied, "locked"},
 		{"locked node", good, "locked-node", csr, codes.PermissionDenied, "locked"},
 	}
+	// The ErrorInfo reasons tools match on instead of the messages.
+	tokenReasons := map[string]string{"used up": "token_used_up", "expired": "token_expired",
+		"bound to another node": "token_bound_elsewhere", "node taken": "node_taken", "locked token": "locked", "unknown token": "not_found"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := e.boot.ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{JoinToken: tt.token, NodeId: tt.node, Csr: tt.csr})
 			wantCode(t, err, tt.code, tt.msg)
+			if r, ok := tokenReasons[tt.name]; ok {
+				wantReason(t, err, r)
+			}
 		})
 	}
 	// A refused attempt consumes nothing.

@@ -50,6 +50,13 @@ var refusalWords = map[string]string{
 	enroll.ReasonPSKMismatch:   "psk_mismatch",
 	enroll.ReasonTicketMissing: "ticket_missing",
 	enroll.ReasonTicketUsed:    "ticket_used",
+
+	enroll.ReasonTokenExpired:        "token_expired",
+	enroll.ReasonTokenUsedUp:         "token_used_up",
+	enroll.ReasonTokenSpent:          "token_spent",
+	enroll.ReasonTokenBoundElsewhere: "token_bound_elsewhere",
+	enroll.ReasonNodeTakenToken:      "node_taken",
+	enroll.ReasonNodeTaken:           "node_taken",
 }
 
 // refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word

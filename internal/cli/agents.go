@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -110,19 +111,24 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 				if out.json() {
 					return out.write(env.Stdout, list)
 				}
-				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
-				for _, a := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
-						a.recoveries(), streamColumn(a.Stream), a.Locked)
-				}
-				return tw.Flush()
+				return printAgents(env.Stdout, list)
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printAgents is agents list's table.
+func printAgents(w io.Writer, list []agentJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+	for _, a := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
+			a.recoveries(), streamColumn(a.Stream), a.Locked)
+	}
+	return tw.Flush()
 }
 
 type instanceJSON struct {
@@ -156,8 +162,9 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 		Use: "show NODE",
 		Example: `  muster agents show web-1 --data ./muster-data
   muster agents show web-1 -o yaml`,
-		Short: "Show what a node holds, since when, and how it got it",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Show what a node holds, since when, and how it got it",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listNodeIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -233,8 +240,9 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete NODE",
 		Example: `  muster agents delete web-1 --data ./muster-data
   muster agents delete web-1 -o json`,
-		Short: "Delete a node: it can no longer renew, and its ID is free for a new join",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a node: it can no longer renew, and its ID is free for a new join",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listNodeIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err

@@ -52,7 +52,7 @@ deliver the set anyway; this is for an agent that missed a rotation.`,
 				return fmt.Errorf("agent trust refresh: %w", err)
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					VerifierSetVersion int64 `json:"verifier_set_version"`
 				}{version})
 			}

@@ -144,7 +144,7 @@ join and no recovery under the standard mode.`,
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {
-					return writeJSON(env.Stdout, struct {
+					return out.write(env.Stdout, struct {
 						URI string `json:"uri"`
 						tokenJSON
 					}{resp.GetUri(), t})

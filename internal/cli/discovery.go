@@ -49,10 +49,15 @@ type discoveryOptions struct {
 	// header names the client.
 	trustedProxies []string
 	pprofListen    string
+	// configFile is the settings file in use: DIR/discovery.yaml, or the
+	// one --config names.
+	configFile string
 }
 
 func newDiscoveryCmd(env *Env) *cobra.Command {
 	var o discoveryOptions
+	var configFile string
+	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "discovery --data DIR",
 		Short: "Run a discovery service: authorities register there, agents get referral tickets",
@@ -73,7 +78,8 @@ would be 0.0.0.0 or [::] (set --advertise).
 
 Only the authorities allowed may register, each under its own root: list
 them with --allow-authority AUTHORITY_ID=sha256:HEX (the authority's ID
-and ca_fingerprint, as muster init printed them) or in DIR/discovery.yaml:
+and ca_fingerprint, as muster init printed them) or in DIR/discovery.yaml
+(or the file --config names):
 
   allowed_authorities:
     - {authority_id: prod-a3f2e1, ca_fingerprint: "sha256:…"}
@@ -82,14 +88,24 @@ The flags add to the file. Without any, every registration is refused.
 --open-registration accepts any other authority ID too, locked to the
 first root that registers it: unsafe, as whoever grinds a key matching an
 ID's 6 hex digits can take the ID first. muster discovery forget deletes
-a registration.`,
+a registration.
+
+The settings file may also hold listen, advertise, store, metrics_listen,
+key_rotation, trusted_proxies and log.format/log.level; MUSTER_* variables
+override it and flags override both. --check-config validates the settings
+and exits.`,
+		Example: `  muster discovery --data /var/lib/muster-discovery --advertise discovery.example.com:7450
+  muster discovery --data /var/lib/muster-discovery --config /etc/muster/discovery.yaml --check-config`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.dir == "" {
 				return errors.New("discovery: --data DIR is required")
 			}
-			if o.keyRotation < minKeyRotation || o.keyRotation > maxKeyRotation {
-				return fmt.Errorf("discovery: --key-rotation must be between %s and %s", minKeyRotation, maxKeyRotation)
+			if err := discoverySettings(cmd, &o, configFile); err != nil {
+				return fmt.Errorf("discovery: %w", err)
+			}
+			if checkOnly {
+				return checkDiscoveryConfig(env, o)
 			}
 			return runDiscovery(cmd.Context(), env, o)
 		},
@@ -107,6 +123,8 @@ a registration.`,
 	f.StringSliceVar(&o.allow, "allow-authority", nil, "AUTHORITY_ID=sha256:HEX: an authority that may register, under that root only (repeatable; adds to DIR/discovery.yaml)")
 	f.BoolVar(&o.openRegistration, "open-registration", false, "UNSAFE: also accept authority IDs not allowed, each locked to the first root that registers it")
 	registerPprofFlag(cmd, &o.pprofListen)
+	f.StringVar(&configFile, "config", "", "settings file (default: DIR/discovery.yaml)")
+	f.BoolVar(&checkOnly, "check-config", false, "validate the settings, print those in force, and exit")
 	cmd.AddCommand(newDiscoveryShowCmd(env), newDiscoveryLookupCmd(env), newDiscoveryRotateKeyCmd(env), newDiscoveryForgetCmd(env), newDiscoveryAuditCmd(env))
 	return cmd
 }
@@ -123,7 +141,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	allowed, err := registrationSettings(discoveryd.Dir(o.dir), o.allow, o.openRegistration, log)
+	allowed, err := registrationSettings(o.configFile, o.allow, o.openRegistration, log)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}

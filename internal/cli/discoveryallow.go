@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"github.com/muster-dev/muster/internal/discovery"
-	"github.com/muster-dev/muster/internal/discoveryd"
 )
 
 // discoveryConfig is DIR/discovery.yaml. Unknown keys are refused, so a
@@ -15,6 +14,18 @@ import (
 // every start.
 type discoveryConfig struct {
 	AllowedAuthorities []discovery.AllowEntry `yaml:"allowed_authorities"`
+	// The server settings, as the flags of the same names; flags and
+	// MUSTER_* variables override them.
+	Listen         string   `yaml:"listen"`
+	Advertise      string   `yaml:"advertise"`
+	Store          string   `yaml:"store"`
+	MetricsListen  string   `yaml:"metrics_listen"`
+	KeyRotation    string   `yaml:"key_rotation"`
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	Log            struct {
+		Format string `yaml:"format"`
+		Level  string `yaml:"level"`
+	} `yaml:"log"`
 }
 
 // loadDiscoveryConfig reads DIR/discovery.yaml, if there is one, and checks
@@ -34,12 +45,12 @@ func loadDiscoveryConfig(path string) (discoveryConfig, error) {
 }
 
 // registrationSettings is the allow-list discovery starts with: the
-// entries of DIR/discovery.yaml plus those of --allow-authority
+// entries of the settings file (DIR/discovery.yaml or --config) plus those of --allow-authority
 // (ID=sha256:HEX). As the authority's bootstrapSettings does for the PSK,
 // it refuses what cannot be right (a malformed entry, one ID with two
 // roots) and warns about what is unsafe or refuses everything.
-func registrationSettings(dir discoveryd.Dir, flags []string, open bool, log *slog.Logger) ([]discovery.AllowEntry, error) {
-	cfg, err := loadDiscoveryConfig(dir.ConfigFile())
+func registrationSettings(cfgPath string, flags []string, open bool, log *slog.Logger) ([]discovery.AllowEntry, error) {
+	cfg, err := loadDiscoveryConfig(cfgPath)
 	if err != nil {
 		return nil, err
 	}
@@ -68,7 +79,7 @@ func registrationSettings(dir discoveryd.Dir, flags []string, open bool, log *sl
 			"allowed_authorities", strings.Join(ids, ","))
 	case len(entries) == 0:
 		log.Warn("no authority is allowed to register: every registration is refused; allow each with --allow-authority AUTHORITY_ID=sha256:… (its ca_fingerprint) or in discovery.yaml",
-			"config", dir.ConfigFile())
+			"config", cfgPath)
 	default:
 		log.Info("authorities allowed to register", "allowed_authorities", strings.Join(ids, ","))
 	}

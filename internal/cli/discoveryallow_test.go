@@ -71,7 +71,7 @@ func TestRegistrationSettings(t *testing.T) {
 				}
 			}
 			var logs bytes.Buffer
-			got, err := registrationSettings(dir, tt.flags, tt.open, slog.New(slog.NewTextHandler(&logs, nil)))
+			got, err := registrationSettings(dir.ConfigFile(), tt.flags, tt.open, slog.New(slog.NewTextHandler(&logs, nil)))
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) || strings.Contains(err.Error(), "\n") {
 					t.Fatalf("registrationSettings = %v, %v; want one line containing %q", got, err, tt.err)

@@ -41,21 +41,27 @@ func TestGoldenText(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d: %s", code, stderr)
 			}
-			got := normalize.Replace(stdout)
-			path := filepath.Join("testdata", tt.name+".golden")
-			if *update {
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run with -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("muster %s differs from %s:\n--- got\n%s\n--- want\n%s", strings.Join(tt.args, " "), path, got, want)
-			}
+			checkGolden(t, tt.name, "muster "+strings.Join(tt.args, " "), normalize.Replace(stdout))
 		})
+	}
+}
+
+// checkGolden compares got, the output of what, with testdata/NAME.golden,
+// first rewriting the file with -update.
+func checkGolden(t *testing.T, name, what, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from %s:\n--- got\n%s\n--- want\n%s", what, path, got, want)
 	}
 }
 

@@ -42,7 +42,7 @@ replaced.`,
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					PublicKey   string `json:"public_key"`
 					Fingerprint string `json:"fingerprint"`
 					KeyFile     string `json:"key_file"`

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"text/tabwriter"
 	"time"
 
@@ -94,6 +95,8 @@ func newLockCreateCmd(env *Env) *cobra.Command {
 	f.StringVar(&reason, "reason", "", "why, for the audit log and lock list")
 	af.register(cmd)
 	out.register(cmd)
+	af.completeFlag(env, cmd, "node", listNodeIDs)
+	af.completeFlag(env, cmd, "token", listTokenIDs)
 	return cmd
 }
 
@@ -125,21 +128,26 @@ func newLockListCmd(env *Env) *cobra.Command {
 				}
 				return out.write(env.Stdout, list)
 			}
-			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")
-			for _, l := range resp.GetLocks() {
-				exp := "never"
-				if l.GetExpiresAt() != nil {
-					exp = l.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.GetId(), l.GetKind(), l.GetTarget(), exp, l.GetReason())
-			}
-			return tw.Flush()
+			return printLocks(env.Stdout, resp.GetLocks())
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printLocks is lock list's table.
+func printLocks(w io.Writer, locks []*musterv1.Lock) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tKIND\tTARGET\tEXPIRES\tREASON")
+	for _, l := range locks {
+		exp := "never"
+		if l.GetExpiresAt() != nil {
+			exp = l.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.GetId(), l.GetKind(), l.GetTarget(), exp, l.GetReason())
+	}
+	return tw.Flush()
 }
 
 func newLockDeleteCmd(env *Env) *cobra.Command {
@@ -151,8 +159,9 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete ID",
 		Example: `  muster lock delete 01J8Z3…
   muster lock delete 01J8Z3… -o json`,
-		Short: "Delete a lock",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a lock",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listLockIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err

@@ -64,7 +64,7 @@ Start with "muster dev" to run an authority on this machine, or
 		Version:       currentBuild().Version,
 	}
 	root.AddCommand(
-		newInitCmd(env),
+		withEnv(env, newInitCmd(env)),
 		withEnv(env, newAuthorityCmd(env)),
 		withEnv(env, newDiscoveryCmd(env)),
 		withEnv(env, newDevCmd(env)),

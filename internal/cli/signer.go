@@ -110,7 +110,7 @@ func newSignerListCmd(env *Env) *cobra.Command {
 			}
 			ss := signersOf(resp.GetSigners())
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					Signers            []signerJSON `json:"signers"`
 					VerifierSetVersion int64        `json:"verifier_set_version"`
 					MinLeadTime        string       `json:"min_lead_time"`
@@ -130,7 +130,7 @@ func newSignerListCmd(env *Env) *cobra.Command {
 func printChange(env *Env, out output, resp *musterv1.SignerChangeResponse) error {
 	ss := signersOf(resp.GetChanged())
 	if out.json() {
-		return writeJSON(env.Stdout, struct {
+		return out.write(env.Stdout, struct {
 			Changed            []signerJSON `json:"changed"`
 			VerifierSetVersion int64        `json:"verifier_set_version"`
 		}{ss, resp.GetVerifierSetVersion()})

@@ -88,7 +88,7 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 				return err
 			}
 			if out.json() {
-				return writeJSON(env.Stdout, struct {
+				return out.write(env.Stdout, struct {
 					TaskID          string    `json:"task_id"`
 					NodeIDs         []string  `json:"node_ids"`
 					SignerVersionID string    `json:"signer_version_id"`
@@ -111,5 +111,6 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 	cmd.MarkFlagRequired("type")
 	af.register(cmd)
 	out.register(cmd)
+	af.completeFlag(env, cmd, "node", listNodeIDs)
 	return cmd
 }

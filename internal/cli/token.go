@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -181,18 +182,23 @@ func newTokenListCmd(env *Env) *cobra.Command {
 				if out.json() {
 					return out.write(env.Stdout, list)
 				}
-				tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
-				for _, t := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
-				}
-				return tw.Flush()
+				return printTokens(env.Stdout, list)
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// printTokens is token list's table.
+func printTokens(w io.Writer, list []tokenJSON) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	for _, t := range list {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
+	}
+	return tw.Flush()
 }
 
 func newTokenGetCmd(env *Env) *cobra.Command {
@@ -204,8 +210,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 		Use: "get ID",
 		Example: `  muster token get 7f3k2a
   muster token get 7f3k2a -o json`,
-		Short: "Show one join token (never its secret)",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Show one join token (never its secret)",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
@@ -253,8 +260,9 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 		Use: "delete ID",
 		Example: `  muster token delete 7f3k2a
   muster token delete 7f3k2a -o json`,
-		Short: "Delete a join token; nodes it admitted keep their identities",
-		Args:  cobra.ExactArgs(1),
+		Short:             "Delete a join token; nodes it admitted keep their identities",
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err

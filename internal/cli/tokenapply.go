@@ -147,7 +147,7 @@ refused. Unknown keys are refused, so a misspelt field is never ignored.
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {
-					return writeJSON(env.Stdout, t)
+					return out.write(env.Stdout, t)
 				}
 				verb := "updated"
 				if resp.GetCreated() {

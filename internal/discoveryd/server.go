@@ -159,12 +159,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.Advertise != "" {
-		if h, p, err := net.SplitHostPort(cfg.Advertise); err != nil || h == "" || p == "" {
-			return nil, fmt.Errorf("discoveryd: advertise address %q: want HOST:PORT", cfg.Advertise)
-		}
-	}
-	if err := checkIssuerHost(cfg.Listen, cfg.Advertise); err != nil {
+	if err := CheckAddresses(cfg.Listen, cfg.Advertise); err != nil {
 		return nil, err
 	}
 	allow, err := discovery.NewAllowlist(cfg.AllowedAuthorities, cfg.OpenRegistration)

@@ -29,7 +29,6 @@ const (
 	ReasonTicketMissing = "referral ticket is missing: this authority admits PSK agents through its discovery service"
 	ReasonTicketUsed    = "referral ticket was already used: ask the discovery service for a new one"
 	reasonNoDiscovery   = "referral tickets need a discovery service, which this authority is not configured with"
-	reasonNodeTaken     = "node ID already exists; an operator must delete the node before it can join again"
 	reasonTicketKeys    = "cannot check the referral ticket now: the discovery service's keys are unavailable"
 )
 
@@ -178,7 +177,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 				return a, nil
 			}
 		}
-		return a, refuse(KindAlreadyExists, reasonNodeTaken).with("%s", proof)
+		return a, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s", proof)
 	}
 	// The ticket's single use is written with the join, which refuses a
 	// jti already recorded (store.ErrTicketReplayed): one round trip, and

@@ -120,7 +120,7 @@ func TestPSKCheckOrder(t *testing.T) {
 		{name: "missing PSK", csr: nodeCSR(t, "n1"), kind: KindPermissionDenied, reason: ReasonPSKMissing},
 		{name: "wrong PSK", psk: wrong.Reveal(), csr: nodeCSR(t, "n1"), kind: KindPermissionDenied, reason: ReasonPSKMismatch},
 		{name: "wrong PSK for a taken node", psk: wrong.Reveal(), csr: nodeCSR(t, "taken"), kind: KindPermissionDenied, reason: ReasonPSKMismatch},
-		{name: "node taken", psk: good, csr: nodeCSR(t, "taken"), kind: KindAlreadyExists, reason: reasonNodeTaken},
+		{name: "node taken", psk: good, csr: nodeCSR(t, "taken"), kind: KindAlreadyExists, reason: ReasonNodeTaken},
 		{name: "node locked", psk: good, csr: nodeCSR(t, "locked"), kind: KindPermissionDenied, reason: ReasonLocked},
 	}
 	for _, tt := range tests {
@@ -206,7 +206,7 @@ func TestPSKRetry(t *testing.T) {
 	}
 	// Another key is another request, and the node is taken.
 	_, err = e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), "", nodeCSR(t, "n1"))
-	wantRefusal(t, err, KindAlreadyExists, reasonNodeTaken)
+	wantRefusal(t, err, KindAlreadyExists, ReasonNodeTaken)
 	// The same key after the PSK was revoked is judged by the PSK it
 	// sends.
 	e.rotate(t, mustActiveID(t, e), 0)

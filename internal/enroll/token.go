@@ -170,17 +170,17 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	// 4. Not expired or used up.
 	switch err := (jointoken.Usage{ExpiresAt: t.ExpiresAt, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount}).Check(now); err {
 	case jointoken.ErrExpired:
-		return a, refuse(KindFailedPrecondition, err.Error()).with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
+		return a, refuse(KindFailedPrecondition, ReasonTokenExpired).with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
 	case jointoken.ErrUsedUp:
-		return a, refuse(KindFailedPrecondition, err.Error()).with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
+		return a, refuse(KindFailedPrecondition, ReasonTokenUsedUp).with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
 	}
 	// 5. Not bound to another node.
 	if t.NodeID != "" && t.NodeID != nodeID {
-		return a, refuse(KindPermissionDenied, "join token is bound to another node").with("token %s is bound to %s", t.ID, t.NodeID)
+		return a, refuse(KindPermissionDenied, ReasonTokenBoundElsewhere).with("token %s is bound to %s", t.ID, t.NodeID)
 	}
 	// 6. Node ID free, or the token is bound to it.
 	if nodeExists && t.NodeID != nodeID {
-		return a, refuse(KindAlreadyExists, "node ID already exists; delete the node or use a token bound to it with --node").with("token %s", t.ID)
+		return a, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s", t.ID)
 	}
 	// 7. No lock on node, token or the key to certify.
 	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID},
