@@ -90,7 +90,8 @@ type bkOutcome struct {
 	sequence int64 // the token's sequence once the join commits
 	counted  bool  // the join took one of the budget
 	retry    bool
-	rotated  bool // the bound key was rotated to key
+	rotated  bool                   // the bound key was rotated to key
+	proved   boundkeypair.PublicKey // the key the first challenge proved
 }
 
 // RegisterUsingBoundKeypair admits, refreshes or recovers an agent whose
@@ -113,6 +114,16 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		return nil, err
 	}
 	bk := out.token.BoundKeypair
+	if iss.Retry && !out.retry {
+		// The write found this the repeat of a join it already answered
+		// (same node and certificate key, inside the retry window) and
+		// applied none of this join's claims: the recovery, and any
+		// rotation, did not happen, and the join state must say so.
+		out.sequence, out.counted = bk.RecoverySequence, false
+		if out.rotated {
+			out.key, out.rotated = out.proved, false
+		}
+	}
 	doc, err := s.signJoinState(ctx, boundkeypair.JoinState{
 		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now(),
 		InstanceID: iss.InstanceID, BoundKey: out.key.Fingerprint(), RecoverySequence: out.sequence,
@@ -327,7 +338,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		if !next.IsZero() {
 			claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: next.String(), Rotate: true})
-			m.out.key, m.out.rotated = next, true
+			m.out.proved, m.out.key, m.out.rotated = key, next, true
 		}
 	}
 	if !v.Recovery {

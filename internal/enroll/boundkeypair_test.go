@@ -252,6 +252,34 @@ func TestBoundKeypairLostReplyIsRetried(t *testing.T) {
 	}
 }
 
+// TestBoundKeypairRecoveryWithTheJoinsKey: a recovery that presents the
+// current join state but the certificate key of the join before it is
+// answered by the write as a repeat of that join; nothing is consumed, so
+// the join state it carries must be the token's as it stands, or every
+// later recovery would be refused as ahead of the store.
+func TestBoundKeypairRecoveryWithTheJoinsKey(t *testing.T) {
+	b := newBKEnv(t, 5, boundkeypair.ModeStandard)
+	first, der := b.register(t)
+	again, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+		CSR: der, JoinState: first.JoinState}, answerWith(b.priv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Retry || again.InstanceID != first.InstanceID {
+		t.Fatalf("answered %+v, want the join's answer again", again.Issued)
+	}
+	st := b.status(t)
+	if got := b.joinState(t, again.JoinState).RecoverySequence; got != st.RecoverySequence {
+		t.Fatalf("join state at sequence %d, the token's is %d", got, st.RecoverySequence)
+	}
+	if again.Remaining != first.Remaining {
+		t.Fatalf("remaining %d after a repeat, want %d", again.Remaining, first.Remaining)
+	}
+	if _, err := b.recover(t, again.JoinState); err != nil {
+		t.Fatalf("the next recovery: %v", err)
+	}
+}
+
 func TestBoundKeypairRefreshConsumesNothing(t *testing.T) {
 	b := newBKEnv(t, 1, boundkeypair.ModeStandard)
 	first, _ := b.register(t)
