@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -53,7 +54,17 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	if err := a.s.store.RecordAgentStream(ctx, row); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
+	// A heartbeat being recorded as the stream ends must not mark the
+	// stream connected again after its end is recorded: the two writes are
+	// serialised, and no heartbeat is recorded once the end is.
+	var (
+		recordMu sync.Mutex
+		ended    bool
+	)
 	defer func() {
+		recordMu.Lock()
+		defer recordMu.Unlock()
+		ended = true
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		now, err := a.s.store.Now(rctx)
@@ -78,7 +89,11 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 			}
 			if hb := m.GetHeartbeat(); hb != nil {
 				a.s.streams.heartbeats.Inc()
-				a.s.recordHeartbeat(ctx, row, hb)
+				recordMu.Lock()
+				if !ended {
+					a.s.recordHeartbeat(ctx, row, hb)
+				}
+				recordMu.Unlock()
 			}
 		}
 	}()
