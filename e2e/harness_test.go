@@ -145,8 +145,14 @@ func (p *proc) Logs() string {
 // when the test ends.
 func startProc(t *testing.T, name, startedMsg string, args ...string) (*proc, map[string]any) {
 	t.Helper()
+	return startProcEnv(t, name, startedMsg, nil, args...)
+}
+
+// startProcEnv is startProc with env added to the clean environment.
+func startProcEnv(t *testing.T, name, startedMsg string, env []string, args ...string) (*proc, map[string]any) {
+	t.Helper()
 	cmd := exec.Command(musterBin, args...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
