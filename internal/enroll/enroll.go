@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +100,8 @@ type Config struct {
 // Service performs joins and renewals.
 type Service struct {
 	cfg       Config
+	decoyOnce sync.Once
+	decoy     store.Token // a sealed token no ID names, for decoyCompare
 	jsKeys    *joinStateKeys
 	endpoints atomic.Pointer[[]string]
 	agent     *ca.Issuer

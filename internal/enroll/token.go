@@ -67,6 +67,25 @@ func (s *Service) refuseBundle(ctx context.Context, r Request, ref *Refusal) err
 	return ref
 }
 
+// decoyCompare does for a token that does not exist the work a wrong
+// secret costs (a decryption and a constant-time comparison), so the time
+// of the answer does not tell whether the ID exists.
+func (s *Service) decoyCompare(tok jointoken.Token) {
+	s.decoyOnce.Do(func() {
+		d, err := jointoken.Generate()
+		if err != nil {
+			return
+		}
+		ct, nonce, err := s.cfg.TokenSealer.Seal(d.Secret(), []byte(d.ID))
+		if err == nil {
+			s.decoy = store.Token{ID: d.ID, Ciphertext: ct, Nonce: nonce}
+		}
+	})
+	if stored, err := s.openToken(s.decoy); err == nil {
+		stored.SecretEqual(tok.Secret())
+	}
+}
+
 // openToken decrypts a stored token's secret.
 func (s *Service) openToken(t store.Token) (jointoken.Token, error) {
 	secret, err := s.cfg.TokenSealer.Open(t.Ciphertext, t.Nonce, []byte(t.ID))
@@ -128,11 +147,13 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
 	t, err := s.cfg.Store.GetToken(ctx, tok.ID)
 	if errors.Is(err, store.ErrNotFound) {
+		s.decoyCompare(tok)
 		return a, notFound.with("no token %s", tok.ID)
 	} else if err != nil {
 		return a, err
 	}
 	if t.JoinMethod != store.JoinMethodToken {
+		s.decoyCompare(tok)
 		return a, notFound.with("token %s is a %s token", tok.ID, t.JoinMethod)
 	}
 	stored, err := s.openToken(t)
