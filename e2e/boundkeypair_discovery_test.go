@@ -31,7 +31,7 @@ func TestBoundKeypairThroughDiscovery(t *testing.T) {
 
 	// Another root pinned: refused before the secret or a signature leaves.
 	adir := filepath.Join(t.TempDir(), "runner")
-	r := muster(t, []string{"MUSTER_JOIN_URI=" + uri("sha256:" + strings.Repeat("0", 64))}, "agent", "join", "--data", adir)
+	r := muster(t, []string{"MUSTER_JOIN_URI=" + uri("sha256:"+strings.Repeat("0", 64))}, "agent", "join", "--data", adir)
 	wantJoinFailure(t, r, "", "nothing was sent")
 	assertNoAgentCerts(t, adir)
 
