@@ -141,14 +141,16 @@ func ExchangeBoundKeypair(ctx context.Context, c musterv1.JoinServiceClient, ini
 }
 
 // checkBound checks a bound-keypair join: it goes to the authority's
-// address, pinned to its root, since the challenge is answered only for
-// an authority proved by that root.
+// address, or through discovery with the authority ID, pinned to its root
+// either way, since the challenge is answered only for an authority proved
+// by that root. Through discovery no referral ticket is asked for: the
+// bound key is the proof, and discovery is trusted with nothing.
 func (r JoinRequest) checkBound() error {
 	switch {
 	case r.Token.ID != "" || !r.PSK.IsZero():
 		return errors.New("give a bound-keypair token, a join token or a bootstrap PSK, not several")
-	case r.Discovery != "":
-		return errors.New("a bound-keypair join goes to the authority's address (--authority), not through discovery")
+	case r.Discovery != "" && r.AuthorityID == "":
+		return errors.New("a bound-keypair join through discovery needs the authority ID (--authority-id, MUSTER_AUTHORITY_ID, authority_id= in the joining URI)")
 	case r.CAFingerprint == "":
 		return errors.New("a bound-keypair join needs the CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, or a muster+bound-keypair:// URI): the key signs a challenge only for an authority whose root has that key")
 	}
@@ -158,7 +160,16 @@ func (r JoinRequest) checkBound() error {
 	if err := spiffeid.ValidNodeID(r.Node); err != nil {
 		return fmt.Errorf("node ID: %w", err)
 	}
-	if _, _, err := net.SplitHostPort(r.Authority); err != nil || r.Authority == "" {
+	if r.Discovery != "" {
+		if _, _, err := net.SplitHostPort(r.Discovery); err != nil {
+			return fmt.Errorf("discovery address %q: want HOST:PORT", r.Discovery)
+		}
+		if r.DiscoveryFingerprint != "" {
+			if _, err := ca.ParseFingerprint(r.DiscoveryFingerprint); err != nil {
+				return fmt.Errorf("discovery fingerprint: %w", err)
+			}
+		}
+	} else if _, _, err := net.SplitHostPort(r.Authority); err != nil || r.Authority == "" {
 		return fmt.Errorf("authority address %q: want HOST:PORT", r.Authority)
 	}
 	_, err := ca.ParseFingerprint(r.CAFingerprint)
@@ -183,16 +194,23 @@ func (a *Agent) boundKey(register bool) (ed25519.PrivateKey, error) {
 	return priv, err
 }
 
-// joinBound is the first bound-keypair join: the authority is verified by
-// the pinned root before anything is sent, then the key answers its
+// joinBound is the first bound-keypair join: the authority (looked up
+// through discovery when r names one) is verified by the pinned root
+// before anything is sent, then the key answers its
 // challenge (and, with the registration secret, is bound to the token).
 func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
 	priv, err := a.boundKey(r.RegistrationSecret != "")
 	if err != nil {
 		return nil, err
 	}
-	peer, err := a.probeAuthority(ctx, r)
-	if err != nil {
+	var peer *authorityPeer
+	if r.Discovery != "" {
+		// The exchange goes to the endpoint that proved itself; no
+		// ticket is needed, the bound key being the proof.
+		if r.Authority, peer, err = a.locate(ctx, r); err != nil {
+			return nil, err
+		}
+	} else if peer, err = a.probeAuthority(ctx, r); err != nil {
 		return nil, err
 	}
 	pool := x509.NewCertPool()

@@ -158,12 +158,9 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet()}, nil
 }
 
-// refer goes through discovery: it looks the authority up, probes its
-// endpoints in order until one proves, by the pinned root and the authority
-// SAN, to be that authority (discovery's own certificate never carries
-// that SAN, so a discovery posing as the authority gets nothing), and only
-// then asks for a referral ticket for the node. Nothing secret goes to
-// discovery.
+// refer goes through discovery: it locates the authority, and only then
+// asks discovery for a referral ticket for the node. Nothing secret goes
+// to discovery.
 func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer *authorityPeer, ticket string, err error) {
 	conn, err := discoveryclient.Dial(r.Discovery, r.DiscoveryFingerprint)
 	if err != nil {
@@ -171,31 +168,8 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 	}
 	defer conn.Close()
 	client := musterv1.NewDiscoveryServiceClient(conn)
-	cctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	look, err := client.LookupAuthority(cctx, &musterv1.LookupAuthorityRequest{AuthorityId: r.AuthorityID})
-	if err != nil {
-		return "", nil, "", fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
-	}
-	if fp := look.GetCaFingerprint(); !ca.SameFingerprint(fp, r.CAFingerprint) {
-		return "", nil, "", &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
-			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, fp)}
-	}
-	var errs []error
-	for _, ep := range look.GetEndpoints() {
-		probe := r
-		probe.Authority = ep
-		if peer, err = a.probeAuthority(ctx, probe); err == nil {
-			endpoint = ep
-			break
-		}
-		errs = append(errs, err)
-	}
-	if peer == nil {
-		if len(errs) == 0 {
-			errs = append(errs, errors.New("discovery lists no endpoint"))
-		}
-		return "", nil, "", fmt.Errorf("no endpoint of authority %s proved to be it: %w", r.AuthorityID, errors.Join(errs...))
+	if endpoint, peer, err = a.locateWith(ctx, client, r); err != nil {
+		return "", nil, "", err
 	}
 	tctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
@@ -204,4 +178,47 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 		return "", nil, "", fmt.Errorf("discovery %s: referral ticket: %w", r.Discovery, err)
 	}
 	return endpoint, peer, t.GetTicket(), nil
+}
+
+// locate looks the authority up through discovery and returns the first
+// endpoint that proves to be it (see locateWith).
+func (a *Agent) locate(ctx context.Context, r JoinRequest) (string, *authorityPeer, error) {
+	conn, err := discoveryclient.Dial(r.Discovery, r.DiscoveryFingerprint)
+	if err != nil {
+		return "", nil, err
+	}
+	defer conn.Close()
+	return a.locateWith(ctx, musterv1.NewDiscoveryServiceClient(conn), r)
+}
+
+// locateWith looks the authority up, refuses a listing whose root is not
+// the pinned one, and probes its endpoints in order until one proves, by
+// the pinned root and the authority SAN, to be that authority (discovery's
+// own certificate never carries that SAN, so a discovery posing as the
+// authority gets nothing). Nothing is sent to an endpoint before it
+// proves.
+func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryServiceClient, r JoinRequest) (endpoint string, peer *authorityPeer, err error) {
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	look, err := client.LookupAuthority(cctx, &musterv1.LookupAuthorityRequest{AuthorityId: r.AuthorityID})
+	if err != nil {
+		return "", nil, fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
+	}
+	if fp := look.GetCaFingerprint(); !ca.SameFingerprint(fp, r.CAFingerprint) {
+		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
+			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, fp)}
+	}
+	var errs []error
+	for _, ep := range look.GetEndpoints() {
+		probe := r
+		probe.Authority = ep
+		if peer, err = a.probeAuthority(ctx, probe); err == nil {
+			return ep, peer, nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		errs = append(errs, errors.New("discovery lists no endpoint"))
+	}
+	return "", nil, fmt.Errorf("no endpoint of authority %s proved to be it: %w", r.AuthorityID, errors.Join(errs...))
 }

@@ -264,9 +264,6 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 			res.Request.Node = boundName
 		}
 		res.Request.RegistrationSecret = pick(func(l layer) string { return l.regSecret })
-		if discovery != "" {
-			return res, errors.New("a bound-keypair join goes to the authority's address (--authority), not through discovery")
-		}
 	}
 	if discovery != "" {
 		res.Request.DiscoveryFingerprint = pick(func(l layer) string { return l.discoveryFP })

@@ -249,7 +249,8 @@ func TestResolveBoundKeypair(t *testing.T) {
 		}
 		return func(k string) string { return m[k] }
 	}
-	type want struct{ name, secret, node, authority string }
+	const dfp = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	type want struct{ name, secret, node, authority, discovery, discoveryFP, authorityID string }
 	tests := []struct {
 		name string
 		in   JoinInputs
@@ -257,21 +258,35 @@ func TestResolveBoundKeypair(t *testing.T) {
 		err  string
 	}{
 		{"flags", JoinInputs{BoundKeypair: "bot", Node: "n", Authority: "h:1", CAFingerprint: fp},
-			want{"bot", "", "n", "h:1"}, ""},
+			want{"bot", "", "n", "h:1", "", "", ""}, ""},
 		{"node defaults to the name", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp},
-			want{"bot", "", "bot", "h:1"}, ""},
+			want{"bot", "", "bot", "h:1", "", "", ""}, ""},
 		{"secret file beats env", JoinInputs{BoundKeypair: "bot", RegistrationSecretFile: secFile, Authority: "h:1", CAFingerprint: fp,
-			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "file-secret", "bot", "h:1"}, ""},
+			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "file-secret", "bot", "h:1", "", "", ""}, ""},
 		{"env secret", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp,
-			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "env-secret", "bot", "h:1"}, ""},
+			Getenv: env(EnvRegistrationSecret, "env-secret")}, want{"bot", "env-secret", "bot", "h:1", "", "", ""}, ""},
 		{"URI with a secret", JoinInputs{Getenv: env(EnvJoinURI, "muster+bound-keypair://bot:uri-secret@h:2?fingerprint="+fp)},
-			want{"bot", "uri-secret", "bot", "h:2"}, ""},
+			want{"bot", "uri-secret", "bot", "h:2", "", "", ""}, ""},
 		{"agent.yaml after a join", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair, BoundKeypair: "bot", Node: "n",
-			Authority: "h:3", CAFingerprint: fp}}, want{"bot", "", "n", "h:3"}, ""},
+			Authority: "h:3", CAFingerprint: fp}}, want{"bot", "", "n", "h:3", "", "", ""}, ""},
 		{"agent.yaml without the name", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair}}, want{}, "needs bound_keypair"},
 		{"no fingerprint", JoinInputs{BoundKeypair: "bot", Authority: "h:1"}, want{}, "needs the CA fingerprint"},
 		{"with a token", JoinInputs{BoundKeypair: "bot", Token: "aaaaaa.aaaaaaaaaaaaaaaa"}, want{}, "only one of"},
-		{"through discovery", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", AuthorityID: "a", CAFingerprint: fp}, want{}, "not through discovery"},
+		{"through discovery", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", AuthorityID: "prod-a", CAFingerprint: fp, DiscoveryFingerprint: dfp},
+			want{"bot", "", "bot", "", "d:1", dfp, "prod-a"}, ""},
+		{"URI through discovery", JoinInputs{URI: "muster+bound-keypair://bot:uri-secret@d:2?fingerprint=" + fp +
+			"&authority_id=prod-a&discovery_fingerprint=" + dfp}, want{"bot", "uri-secret", "bot", "", "d:2", dfp, "prod-a"}, ""},
+		{"environment through discovery", JoinInputs{BoundKeypair: "bot", CAFingerprint: fp,
+			Getenv: env(EnvDiscovery, "d:3", EnvAuthorityID, "prod-a")}, want{"bot", "", "bot", "", "d:3", "", "prod-a"}, ""},
+		{"agent.yaml after a discovery join", JoinInputs{Config: Config{JoinMethod: JoinMethodBoundKeypair, BoundKeypair: "bot",
+			Node: "n", Authority: "h:3", Discovery: "d:4", AuthorityID: "prod-a", CAFingerprint: fp}},
+			want{"bot", "", "n", "", "d:4", "", "prod-a"}, ""},
+		{"--authority beats a discovery in agent.yaml", JoinInputs{BoundKeypair: "bot", Authority: "h:1", CAFingerprint: fp,
+			Config: Config{Discovery: "d:4", AuthorityID: "prod-a"}}, want{"bot", "", "bot", "h:1", "", "", "prod-a"}, ""},
+		{"through discovery without the authority ID", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", CAFingerprint: fp}, want{}, "needs the authority ID"},
+		{"through discovery without the CA fingerprint", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", AuthorityID: "prod-a"}, want{}, "needs the CA fingerprint"},
+		{"through discovery, bad discovery fingerprint", JoinInputs{BoundKeypair: "bot", Discovery: "d:1", AuthorityID: "prod-a", CAFingerprint: fp,
+			DiscoveryFingerprint: "sha256:nope"}, want{}, "discovery fingerprint"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -286,7 +301,7 @@ func TestResolveBoundKeypair(t *testing.T) {
 				t.Fatal(err)
 			}
 			r := res.Request
-			got := want{r.BoundKeypair, r.RegistrationSecret, r.Node, r.Authority}
+			got := want{r.BoundKeypair, r.RegistrationSecret, r.Node, r.Authority, r.Discovery, r.DiscoveryFingerprint, r.AuthorityID}
 			if got != tt.want || r.method() != JoinMethodBoundKeypair || r.CAFingerprint != fp {
 				t.Fatalf("got %+v (method %s, fp %s), want %+v", got, r.method(), r.CAFingerprint, tt.want)
 			}

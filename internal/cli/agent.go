@@ -65,7 +65,8 @@ func newAgentJoinCmd(env *Env) *cobra.Command {
 		Example: `  muster agent join --data ./agent-data --node web-1 'muster+token://…'
   muster agent join --data ./agent-data --node web-1 --token-file token.txt --authority authority.example.org:7443
   muster agent join --data ./agent-data --node web-1 --psk-file psk.txt --discovery discovery.example.org:7450 --authority-id prod-a3f2e1
-  muster agent join --data ./agent-data --bound-keypair build-runner-01 --authority authority.example.org:7443 --ca-fingerprint sha256:…`,
+  muster agent join --data ./agent-data --bound-keypair build-runner-01 --authority authority.example.org:7443 --ca-fingerprint sha256:…
+  muster agent join --data ./agent-data --bound-keypair build-runner-01 --discovery discovery.example.org:7450 --authority-id prod-a3f2e1 --ca-fingerprint sha256:…`,
 		Short: "Join an authority with a join token, the bootstrap PSK or a bound keypair, once",
 		Long: `join admits this machine with a join token or the authority's bootstrap PSK
 and writes its identity to ADIR.
@@ -91,7 +92,9 @@ the agent looks --authority-id up at the discovery service (pinned by
 lists until one proves to be that authority by --ca-fingerprint's root and
 the authority's SPIFFE ID, asks discovery for a referral ticket for the node,
 and sends the ticket and the PSK to that authority. Discovery never sees
-the PSK, and a discovery posing as the authority gets nothing.
+the PSK, and a discovery posing as the authority gets nothing. A
+bound-keypair join through discovery finds and proves the authority the
+same way, then answers its challenge there; it needs no referral ticket.
 
 With --bound-keypair NAME (or a muster+bound-keypair:// URI, or
 join_method bound-keypair in agent.yaml) the agent proves the Ed25519 key
