@@ -86,6 +86,9 @@ type Config struct {
 	// bound-keypair recovery that leaves this many or fewer is logged as a
 	// warning and audited (token.recoveries_low); negative disables it.
 	RecoveriesWarnAt int64
+	// BoundKeypairCertTTL is the lifetime of bound-keypair agents'
+	// certificates (zero: enroll.DefaultBoundKeypairCertTTL).
+	BoundKeypairCertTTL time.Duration
 }
 
 // Server is a running authority.
@@ -201,7 +204,8 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 			Observer: func(token string, remaining int64) {
 				recoveries.WithLabelValues(token).Set(float64(remaining))
 			},
-			WarnAt: cfg.RecoveriesWarnAt,
+			WarnAt:  cfg.RecoveriesWarnAt,
+			CertTTL: cfg.BoundKeypairCertTTL,
 			Low: func(token, node string, remaining int64) {
 				s.log.Warn("bound-keypair token is running out of recoveries", "token", token, "node", node,
 					"recoveries_remaining", remaining, "warn_at", cfg.RecoveriesWarnAt)

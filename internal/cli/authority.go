@@ -21,6 +21,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
@@ -66,6 +67,8 @@ type authorityConfig struct {
 	BoundKeypair struct {
 		// RecoveriesWarnAt: nil keeps the default.
 		RecoveriesWarnAt *int64 `yaml:"recoveries_warn_at"`
+		// CertTTL: empty keeps the default (1h, at most agent_cert_ttl).
+		CertTTL string `yaml:"cert_ttl"`
 	} `yaml:"bound_keypair"`
 }
 
@@ -108,18 +111,21 @@ type authorityOptions struct {
 	metricsListen   string
 	storeURL        string
 	agentCertTTL    time.Duration
-	trustedProxies  []string
-	discovery       string
-	discoveryFP     string
-	registerEvery   time.Duration
-	endpoints       []string
-	policy          discovery.Policy
-	pskRequired     bool
-	pskOptional     string
-	logFormat       string
-	logLevel        string
-	pprofListen     string
-	ready           func(addr, metricsAddr string)
+	// boundCertTTL is bound_keypair.cert_ttl (zero: 1h, but never longer
+	// than agentCertTTL, so a short test or lab setting shortens both).
+	boundCertTTL   time.Duration
+	trustedProxies []string
+	discovery      string
+	discoveryFP    string
+	registerEvery  time.Duration
+	endpoints      []string
+	policy         discovery.Policy
+	pskRequired    bool
+	pskOptional    string
+	logFormat      string
+	logLevel       string
+	pprofListen    string
+	ready          func(addr, metricsAddr string)
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
 	signerMinLead time.Duration
@@ -129,7 +135,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl, configFile string
+	var ttl, boundTTL, configFile string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -175,6 +181,7 @@ and the data directory, prints the settings in force, and exits.`,
 			pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
 			pick(&o.storeURL, "store", cfg.Store)
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
+			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
 			pick(&o.logFormat, "log-format", cfg.Log.Format)
 			pick(&o.logLevel, "log-level", cfg.Log.Level)
 			if !f.Changed("trusted-proxy") {
@@ -202,6 +209,11 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
 				return fmt.Errorf("authority: agent_cert_ttl %q: want a duration such as 24h", ttl)
 			}
+			if boundTTL != "" {
+				if o.boundCertTTL, err = time.ParseDuration(boundTTL); err != nil || o.boundCertTTL <= 0 {
+					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
+				}
+			}
 			if checkOnly {
 				return checkAuthorityConfig(env, o, cfgPath)
 			}
@@ -216,6 +228,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
+	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&o.discovery, "discovery", "", "HOST:PORT of the discovery service to register with; PSK bootstraps then need its referral tickets")
@@ -314,6 +327,12 @@ func loadAuthority(env *Env, o *authorityOptions) (*authoritySetup, error) {
 	if o.agentCertTTL <= 0 || o.agentCertTTL > maxAgentCertTTL {
 		return nil, fmt.Errorf("agent certificate ttl must be between 1s and %s", maxAgentCertTTL)
 	}
+	if o.boundCertTTL > maxAgentCertTTL {
+		return nil, fmt.Errorf("bound-keypair certificate ttl must be between 1s and %s", maxAgentCertTTL)
+	}
+	if o.boundCertTTL == 0 {
+		o.boundCertTTL = min(enroll.DefaultBoundKeypairCertTTL, o.agentCertTTL)
+	}
 	proxies, err := listener.ParseTrustedProxies(o.trustedProxies)
 	if err != nil {
 		return nil, err
@@ -380,8 +399,9 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: Version, Log: log, Ready: o.ready,
-		SignerMinLeadTime: o.signerMinLead,
-		RecoveriesWarnAt:  o.recoveriesWarnAt,
+		SignerMinLeadTime:   o.signerMinLead,
+		RecoveriesWarnAt:    o.recoveriesWarnAt,
+		BoundKeypairCertTTL: o.boundCertTTL,
 	}, m)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

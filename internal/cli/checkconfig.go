@@ -30,6 +30,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("metrics_listen", o.metricsListen)
 	row("pprof_listen", o.pprofListen)
 	row("agent_cert_ttl", o.agentCertTTL.String())
+	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
 	row("discovery.address", o.discovery)
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))

@@ -29,7 +29,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 			return nil, err
 		}
 	}
-	leaf, chain, err := s.issue(a.NodeID, a.PublicKey, a.Now)
+	leaf, chain, err := s.issue(a.NodeID, a.Method, a.PublicKey, a.Now)
 	if err != nil {
 		return nil, err
 	}

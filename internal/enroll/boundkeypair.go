@@ -39,6 +39,11 @@ type BoundKeypairConfig struct {
 	// (token.recoveries_low) and Low is called; negative disables it.
 	WarnAt int64
 	Low    func(token, nodeID string, remaining int64)
+	// CertTTL is the lifetime of bound-keypair agents' certificates:
+	// shorter than others' (DefaultBoundKeypairCertTTL), since a
+	// bound-keypair agent that misses a refresh recovers with its key.
+	// Zero means the default.
+	CertTTL time.Duration
 }
 
 // BoundKeypairPayload is the init message of a bound-keypair join.

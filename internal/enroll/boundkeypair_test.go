@@ -121,6 +121,34 @@ func TestBoundKeypairRegistration(t *testing.T) {
 	}
 }
 
+// TestBoundKeypairCertTTL: bound-keypair agents get their own, shorter
+// certificate lifetime (DESIGN.md: 1 h by default; they can recover), both
+// at the join and at a refresh, whatever the other agents' lifetime is.
+func TestBoundKeypairCertTTL(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  time.Duration
+		want time.Duration
+	}{
+		{"default", 0, DefaultBoundKeypairCertTTL},
+		{"configured", 10 * time.Minute, 10 * time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBKEnv(t, 2, boundkeypair.ModeStandard)
+			b.svc.cfg.BoundKeypair.CertTTL = tc.set
+			res, _ := b.register(t)
+			certs, err := ca.ParseCertsPEM(res.ChainPEM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// NotBefore is backdated a minute for clock skew.
+			if got := certs[0].NotAfter.Sub(certs[0].NotBefore) - time.Minute; got != tc.want {
+				t.Fatalf("certificate lifetime %s, want %s (agents' is %s)", got, tc.want, b.svc.cfg.AgentCertTTL)
+			}
+		})
+	}
+}
+
 func TestBoundKeypairRegistrationRefusals(t *testing.T) {
 	b := newBKEnv(t, 2, boundkeypair.ModeStandard)
 	otherPriv := func() ed25519.PrivateKey { _, p, _ := ed25519.GenerateKey(rand.Reader); return p }()

@@ -9,6 +9,7 @@
 package enroll
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/ecdsa"
@@ -115,6 +116,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("enroll: store, audit, CA and token sealer are required")
 	case cfg.AgentCertTTL <= 0 || cfg.AgentCertTTL > MaxAgentCertTTL:
 		return nil, fmt.Errorf("enroll: agent certificate lifetime must be between 1s and %s", MaxAgentCertTTL)
+	case cfg.BoundKeypair.CertTTL < 0 || cfg.BoundKeypair.CertTTL > MaxAgentCertTTL:
+		return nil, fmt.Errorf("enroll: bound-keypair certificate lifetime must be between 1s and %s", MaxAgentCertTTL)
 	case len(cfg.DecoyKey) < 32:
 		return nil, errors.New("enroll: decoy key must be 32 bytes")
 	}
@@ -144,8 +147,11 @@ func (s *Service) SetEndpoints(eps []string) {
 // Lifetimes.
 const (
 	DefaultAgentCertTTL = 24 * time.Hour
-	MaxAgentCertTTL     = 7 * 24 * time.Hour
-	DefaultRetryWindow  = 10 * time.Minute
+	// DefaultBoundKeypairCertTTL is DESIGN.md's lifetime for bound-keypair
+	// agents' certificates.
+	DefaultBoundKeypairCertTTL = time.Hour
+	MaxAgentCertTTL            = 7 * 24 * time.Hour
+	DefaultRetryWindow         = 10 * time.Minute
 )
 
 // Request is who asks, for the rate limit and the audit trail.
@@ -185,8 +191,12 @@ func keyID(pub crypto.PublicKey) ([]byte, error) {
 	return sum[:], nil
 }
 
-// issue signs an agent certificate for nodeID.
-func (s *Service) issue(nodeID string, pub crypto.PublicKey, now time.Time) (*x509.Certificate, []byte, error) {
+// issue signs an agent certificate for nodeID, which joined by method.
+func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time) (*x509.Certificate, []byte, error) {
+	ttl := s.cfg.AgentCertTTL
+	if method == store.JoinMethodBoundKeypair {
+		ttl = cmp.Or(s.cfg.BoundKeypair.CertTTL, DefaultBoundKeypairCertTTL)
+	}
 	id, err := spiffeid.New(s.cfg.TrustDomain, spiffeid.RoleAgent, nodeID)
 	if err != nil {
 		return nil, nil, err
@@ -197,7 +207,7 @@ func (s *Service) issue(nodeID string, pub crypto.PublicKey, now time.Time) (*x5
 		CommonName: nodeID,
 		ClientAuth: true,
 		NotBefore:  now,
-		TTL:        s.cfg.AgentCertTTL,
+		TTL:        ttl,
 	})
 	if err != nil {
 		return nil, nil, err
