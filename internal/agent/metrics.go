@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/muster-dev/muster/internal/httpserve"
 	"github.com/muster-dev/muster/internal/signer"
 )
 
@@ -141,19 +141,5 @@ func (m *Metrics) Handler() http.Handler {
 
 // Serve serves Handler on lis until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener) error {
-	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	}
+	return httpserve.Serve(ctx, lis, m.Handler())
 }

@@ -13,7 +13,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/netip"
-	"time"
+
+	"github.com/muster-dev/muster/internal/httpserve"
 )
 
 // ErrNotLoopback refuses an address that other machines could reach.
@@ -70,19 +71,5 @@ func Handler() http.Handler {
 func Serve(ctx context.Context, lis net.Listener) error {
 	// No write timeout: a CPU profile or trace streams for as long as the
 	// caller's ?seconds= asks.
-	srv := &http.Server{Handler: Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-		if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	}
+	return httpserve.Serve(ctx, lis, Handler())
 }
