@@ -42,7 +42,10 @@ func (a *Agent) Status() (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
-	view.VerifierSet, view.StagedVerifiers = nil, nil
+	// The join state document is what a bound-keypair recovery presents:
+	// a status travels (a node.report task's result reaches the authority's
+	// task store and audit trail), so it never carries it.
+	view.VerifierSet, view.StagedVerifiers, view.JoinState = nil, nil, ""
 	return &Status{State: view, SPIFFEID: sid.String(), Expired: !a.now().Before(leaf.NotAfter),
 		RenewalPending: pendErr == nil, VerifierSetVersion: t.Version(), AcceptedSigners: t.Accepted(a.now()),
 		StaticVerifiers: len(t.StaticKeys())}, nil

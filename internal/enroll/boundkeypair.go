@@ -149,9 +149,9 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		if s.cfg.BoundKeypair.Observer != nil {
 			s.cfg.BoundKeypair.Observer(out.token.ID, res.Remaining)
 		}
-		if err := s.warnLowBudget(ctx, out, iss.NodeID, res.Remaining); err != nil {
-			return nil, err
-		}
+		// The join is committed: the agent must not lose its certificate
+		// over the warning's audit record (Low has logged the warning).
+		_ = s.warnLowBudget(ctx, out, iss.NodeID, res.Remaining)
 	}
 	return res, nil
 }
@@ -298,7 +298,12 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 
 	// 7. The join state and the recovery rules.
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount, Sequence: bk.RecoverySequence}
-	att := boundkeypair.Attempt{Refresh: s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)}
+	holds, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)
+	if err != nil {
+		// Not knowing must not turn a refresh into a counted recovery.
+		return a, err
+	}
+	att := boundkeypair.Attempt{Refresh: holds}
 	if p.JoinState != "" {
 		js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
 		if err != nil {
@@ -408,17 +413,29 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 }
 
 // holdsCurrent reports whether cert is a certificate this authority issued
-// for nodeID's instance instanceID, which is still current.
-func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) bool {
+// for nodeID's instance instanceID, which is still current; an error only
+// when the store could not tell.
+func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) (bool, error) {
 	if cert == nil || instanceID == "" || s.cfg.Now().After(cert.NotAfter) {
-		return false
+		return false, nil
 	}
 	rec, err := s.cfg.Store.GetCertificate(ctx, serialOf(cert))
-	if err != nil || rec.NodeID != nodeID || rec.InstanceID != instanceID {
-		return false
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	case rec.NodeID != nodeID || rec.InstanceID != instanceID:
+		return false, nil
 	}
 	inst, err := s.cfg.Store.GetInstance(ctx, instanceID)
-	return err == nil && inst.State == store.InstanceCurrent
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return inst.State == store.InstanceCurrent, nil
 }
 
 // retryRecovery answers a repeated recovery from the instance it made, or
