@@ -35,7 +35,7 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{})
 			}),
 		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
-			"  muster signer revoke 01JF0Q6W4Z8N3V5R7T9X1B2C4D", cobra.ExactArgs(1),
+			"  muster signer revoke v2", cobra.ExactArgs(1),
 			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
 			}),

@@ -210,7 +210,7 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 		Use: "get ID",
 		Example: `  muster token get 7f3k2a
   muster token get 7f3k2a -o json`,
-		Short:             "Show one join token (never its secret)",
+		Short:             "Show one token (never a join token's secret; a bound-keypair token's registration secret in -o json/yaml until it is used)",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
