@@ -57,7 +57,10 @@ type BoundKeypair struct {
 	// RecoverySequence advances with every recovery, counted or not; the
 	// join state document carries it, so an older one is detectably stale.
 	RecoverySequence int64
-	LastRecoveredAt  time.Time
+	// Epoch is the authority epoch (ResyncEpoch) of the token's last
+	// recovery: its join state documents carry it.
+	Epoch           string
+	LastRecoveredAt time.Time
 	LastRotatedAt    time.Time
 }
 
@@ -77,14 +80,30 @@ type KeyBinding struct {
 }
 
 // Recovery advances a bound-keypair token's recovery sequence from
-// ExpectedSequence to ExpectedSequence+1 and records the join's instance as
-// the bound one: ErrRecoverySequenceChanged if the sequence moved. Counted
-// (standard mode) also takes one of the recovery budget, only while
-// recovery_count < limit: ErrRecoveryExhausted. Only a join carries it.
+// ExpectedSequence to ExpectedSequence+1 (or to Sequence, if set), records
+// Epoch as the token's epoch and the join's instance as the bound one:
+// ErrRecoverySequenceChanged if the sequence or the epoch (ExpectedEpoch)
+// moved. Counted (standard mode) also takes one of the recovery budget,
+// only while recovery_count < limit: ErrRecoveryExhausted. Resync (a join
+// state ahead of a restored store, brought forward) holds only while
+// Epoch's window is open by the store clock: ErrResyncClosed. Only a join
+// carries it.
 type Recovery struct {
 	TokenID          string
 	ExpectedSequence int64
+	ExpectedEpoch    string
 	Counted          bool
+	Epoch            string
+	Sequence         int64
+	Resync           bool
+}
+
+// NewSequence is the sequence the recovery records.
+func (r Recovery) NewSequence() int64 {
+	if r.Sequence != 0 {
+		return r.Sequence
+	}
+	return r.ExpectedSequence + 1
 }
 
 func (KeyBinding) claim() {}

@@ -213,6 +213,7 @@ type Store interface {
 
 	JoinStore
 	BoundKeypairStore
+	ResyncStore
 	TicketUseStore
 	ReportOutbox
 	DiscoveryStore

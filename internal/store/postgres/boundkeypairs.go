@@ -12,16 +12,16 @@ import (
 
 const boundKeypairColumns = `token_id, initial_public_key, secret_ciphertext, secret_nonce, must_register_before,
 	recovery_limit, recovery_mode, rotate_after, bound_public_key, bound_instance_id, recovery_count,
-	recovery_sequence, last_recovered_at, last_rotated_at`
+	recovery_sequence, last_recovered_at, last_rotated_at, epoch`
 
 // insertBoundKeypair writes a bound-keypair token's row, in the
 // transaction that inserts the token.
 func insertBoundKeypair(ctx context.Context, tx pgx.Tx, id string, b *store.BoundKeypair) error {
 	_, err := tx.Exec(ctx, `INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
 		id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
 		b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
-		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt))
+		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt), b.Epoch)
 	return err
 }
 
@@ -40,7 +40,7 @@ func scanBoundKeypair(row pgx.Row) (string, *store.BoundKeypair, error) {
 	)
 	if err := row.Scan(&id, &b.Spec.InitialPublicKey, &b.SecretCiphertext, &b.SecretNonce, &before,
 		&b.Spec.RecoveryLimit, &b.Spec.RecoveryMode, &rotate, &b.BoundPublicKey, &b.BoundInstanceID, &b.RecoveryCount,
-		&b.RecoverySequence, &recovered, &rotatedAt); err != nil {
+		&b.RecoverySequence, &recovered, &rotatedAt, &b.Epoch); err != nil {
 		return "", nil, err
 	}
 	b.Spec.MustRegisterBefore, b.Spec.RotateAfter = timeCol(before), timeCol(rotate)
@@ -164,35 +164,37 @@ func bindKey(ctx context.Context, tx pgx.Tx, instanceID string, c store.KeyBindi
 
 // recoverToken is the Recovery claim: one conditional UPDATE on the
 // token's row; concurrent recoveries queue on its row lock and only the
-// first finds the sequence it expected.
+// first finds the sequence and epoch it expected. A resync holds only while
+// its epoch's window is open by the database clock.
 func recoverToken(ctx context.Context, tx pgx.Tx, instanceID string, c store.Recovery) error {
 	counted := 0
 	if c.Counted {
 		counted = 1
 	}
 	tag, err := tx.Exec(ctx, `UPDATE bound_keypairs
-		SET recovery_sequence = recovery_sequence + 1, recovery_count = recovery_count + $1,
-			bound_instance_id = $2, last_recovered_at = `+nowMicros+`
-		WHERE token_id = $3 AND recovery_sequence = $4 AND ($1 = 0 OR recovery_count < recovery_limit)`,
-		counted, instanceID, c.TokenID, c.ExpectedSequence)
+		SET recovery_sequence = $1, recovery_count = recovery_count + $2, epoch = $3,
+			bound_instance_id = $4, last_recovered_at = `+nowMicros+`
+		WHERE token_id = $5 AND recovery_sequence = $6 AND epoch = $7 AND ($2 = 0 OR recovery_count < recovery_limit)
+			AND (NOT $8 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
+				WHERE id = $3 AND closed_at IS NULL AND open_until > `+nowMicros+`))`,
+		c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, c.Resync)
 	if err != nil {
 		return wrap("recover", err)
 	}
 	if tag.RowsAffected() > 0 {
 		return nil
 	}
-	var seq int64
-	err = tx.QueryRow(ctx, `SELECT recovery_sequence FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&seq)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	var (
+		seq   int64
+		epoch string
+	)
+	err = tx.QueryRow(ctx, `SELECT recovery_sequence, epoch FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&seq, &epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrNotFound)
-	case err != nil:
+	} else if err != nil {
 		return wrap("recover", err)
-	case seq != c.ExpectedSequence:
-		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrRecoverySequenceChanged)
-	default:
-		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrRecoveryExhausted)
 	}
+	return store.RecoveryFailed("postgres", c, seq, epoch)
 }
 
 // InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.

@@ -11,16 +11,16 @@ import (
 
 const boundKeypairColumns = `token_id, initial_public_key, secret_ciphertext, secret_nonce, must_register_before,
 	recovery_limit, recovery_mode, rotate_after, bound_public_key, bound_instance_id, recovery_count,
-	recovery_sequence, last_recovered_at, last_rotated_at`
+	recovery_sequence, last_recovered_at, last_rotated_at, epoch`
 
 // insertBoundKeypair writes a bound-keypair token's row, in the
 // transaction that inserts the token.
 func insertBoundKeypair(ctx context.Context, tx *writeTx, id string, b *store.BoundKeypair) error {
 	_, err := tx.ExecContext(ctx, `INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
 		b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
-		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt))
+		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt), b.Epoch)
 	return err
 }
 
@@ -39,7 +39,7 @@ func scanBoundKeypair(row scanner) (string, *store.BoundKeypair, error) {
 	)
 	if err := row.Scan(&id, &b.Spec.InitialPublicKey, &b.SecretCiphertext, &b.SecretNonce, &before,
 		&b.Spec.RecoveryLimit, &b.Spec.RecoveryMode, &rotate, &b.BoundPublicKey, &b.BoundInstanceID, &b.RecoveryCount,
-		&b.RecoverySequence, &recovered, &rotatedAt); err != nil {
+		&b.RecoverySequence, &recovered, &rotatedAt, &b.Epoch); err != nil {
 		return "", nil, err
 	}
 	b.Spec.MustRegisterBefore, b.Spec.RotateAfter = timeCol(before), timeCol(rotate)
@@ -169,18 +169,25 @@ func bindKey(ctx context.Context, tx *writeTx, instanceID string, c store.KeyBin
 	}
 }
 
-// recover is the Recovery claim: one conditional UPDATE on the token's
-// row.
+// recoverToken is the Recovery claim: one conditional UPDATE on the
+// token's row, which the single writer serializes against every other
+// claim. A resync holds only while its epoch's window is open.
 func recoverToken(ctx context.Context, tx *writeTx, instanceID string, c store.Recovery) error {
-	counted := 0
+	counted, resync := 0, 0
 	if c.Counted {
 		counted = 1
 	}
+	if c.Resync {
+		resync = 1
+	}
 	res, err := tx.ExecContext(ctx, `UPDATE bound_keypairs
-		SET recovery_sequence = recovery_sequence + 1, recovery_count = recovery_count + ?,
+		SET recovery_sequence = ?, recovery_count = recovery_count + ?, epoch = ?,
 			bound_instance_id = ?, last_recovered_at = `+nowMicros+`
-		WHERE token_id = ? AND recovery_sequence = ? AND (? = 0 OR recovery_count < recovery_limit)`,
-		counted, instanceID, c.TokenID, c.ExpectedSequence, counted)
+		WHERE token_id = ? AND recovery_sequence = ? AND epoch = ? AND (? = 0 OR recovery_count < recovery_limit)
+			AND (? = 0 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
+				WHERE id = ? AND closed_at IS NULL AND open_until > `+nowMicros+`))`,
+		c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, counted,
+		resync, c.Epoch)
 	if err != nil {
 		return wrap("recover", err)
 	}
@@ -189,18 +196,17 @@ func recoverToken(ctx context.Context, tx *writeTx, instanceID string, c store.R
 	} else if n > 0 {
 		return nil
 	}
-	var seq int64
-	err = tx.QueryRowContext(ctx, `SELECT recovery_sequence FROM bound_keypairs WHERE token_id = ?`, c.TokenID).Scan(&seq)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	var (
+		seq   int64
+		epoch string
+	)
+	err = tx.QueryRowContext(ctx, `SELECT recovery_sequence, epoch FROM bound_keypairs WHERE token_id = ?`, c.TokenID).Scan(&seq, &epoch)
+	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrNotFound)
-	case err != nil:
+	} else if err != nil {
 		return wrap("recover", err)
-	case seq != c.ExpectedSequence:
-		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrRecoverySequenceChanged)
-	default:
-		return fmt.Errorf("sqlite: recover: token %s: %w", c.TokenID, store.ErrRecoveryExhausted)
 	}
+	return store.RecoveryFailed("sqlite", c, seq, epoch)
 }
 
 // InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.

@@ -1,0 +1,74 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const resyncColumns = `id, ordinal, opened_at, open_until, closed_at, opened_by, closed_by, reason`
+
+// openWindow is true of a row whose window is open by the store clock.
+const openWindow = `closed_at IS NULL AND open_until > ` + nowMicros
+
+func scanResyncEpoch(r scanner) (store.ResyncEpoch, error) {
+	var (
+		e                       store.ResyncEpoch
+		opened, until, closedAt sql.NullInt64
+	)
+	err := r.Scan(&e.ID, &e.Ordinal, &opened, &until, &closedAt, &e.OpenedBy, &e.ClosedBy, &e.Reason)
+	e.OpenedAt, e.Until, e.ClosedAt = timeCol(opened), timeCol(until), timeCol(closedAt)
+	return e, err
+}
+
+// OpenResync begins the next epoch in one conditional INSERT that adds no
+// row while a window is open.
+func (s *SQLite) OpenResync(ctx context.Context, o store.ResyncOpen) (store.ResyncEpoch, error) {
+	var e store.ResyncEpoch
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO bound_keypair_epochs (id, ordinal, opened_at, open_until, opened_by, reason)
+			SELECT ?, next.ordinal, next.now, next.now + ?, ?, ?
+			FROM (SELECT COALESCE(MAX(ordinal), 0) + 1 AS ordinal, `+nowMicros+` AS now FROM bound_keypair_epochs) AS next
+			WHERE NOT EXISTS (SELECT 1 FROM bound_keypair_epochs WHERE `+openWindow+`)`,
+			o.ID, o.For.Microseconds(), o.OpenedBy, o.Reason)
+		if err != nil {
+			return wrap("open resync", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return wrap("open resync", err)
+		} else if n == 0 {
+			return fmt.Errorf("sqlite: open resync: a window is open: %w", store.ErrConflict)
+		}
+		if e, err = scanResyncEpoch(tx.QueryRowContext(ctx, `SELECT `+resyncColumns+` FROM bound_keypair_epochs WHERE id = ?`, o.ID)); err != nil {
+			return wrap("open resync", err)
+		}
+		return nil
+	})
+	return e, err
+}
+
+// CloseResync closes the open window in one conditional UPDATE.
+func (s *SQLite) CloseResync(ctx context.Context, closedBy string) (store.ResyncEpoch, error) {
+	var e store.ResyncEpoch
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		e, err = scanResyncEpoch(tx.QueryRowContext(ctx, `UPDATE bound_keypair_epochs SET closed_at = `+nowMicros+`, closed_by = ?
+			WHERE `+openWindow+` RETURNING `+resyncColumns, closedBy))
+		if err != nil {
+			return wrap("close resync: no window is open", err)
+		}
+		return nil
+	})
+	return e, err
+}
+
+// ListResyncEpochs returns every epoch, oldest first.
+func (s *SQLite) ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+resyncColumns+` FROM bound_keypair_epochs ORDER BY ordinal`)
+	if err != nil {
+		return nil, wrap("list resync epochs", err)
+	}
+	return collect(rows, "list resync epochs", scanResyncEpoch)
+}
