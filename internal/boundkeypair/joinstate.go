@@ -32,6 +32,9 @@ type JoinState struct {
 	RecoverySequence int64
 	RecoveryLimit    int64
 	RecoveryMode     string
+	// Epoch is the authority epoch of the token's last recovery ("" before
+	// any resync window was opened): sequences compare within an epoch.
+	Epoch string
 }
 
 type joinStateClaims struct {
@@ -40,6 +43,7 @@ type joinStateClaims struct {
 	RecoverySequence int64  `json:"recovery_sequence"`
 	RecoveryLimit    int64  `json:"recovery_limit"`
 	RecoveryMode     string `json:"recovery_mode"`
+	Epoch            string `json:"epoch,omitempty"`
 }
 
 // SigningKey is one version of the authority's join-state key. Old
@@ -100,7 +104,7 @@ func (k SigningKey) Sign(s JoinState) (string, error) {
 	}
 	std := jwt.Claims{Issuer: s.Issuer, Audience: jwt.Audience{s.Token}, Subject: s.NodeID, IssuedAt: jwt.NewNumericDate(s.IssuedAt)}
 	return jwt.Signed(signer).Claims(std).Claims(joinStateClaims{s.InstanceID, s.BoundKey, s.RecoverySequence,
-		s.RecoveryLimit, s.RecoveryMode}).Serialize()
+		s.RecoveryLimit, s.RecoveryMode, s.Epoch}).Serialize()
 }
 
 // ErrJoinStateInvalid: a document that is not a join state this authority
@@ -153,5 +157,5 @@ func VerifyJoinState(doc string, keys func(kid string) (ed25519.PublicKey, bool)
 	}
 	return JoinState{Issuer: std.Issuer, Token: token, NodeID: nodeID, IssuedAt: std.IssuedAt.Time(),
 		InstanceID: mine.InstanceID, BoundKey: mine.BoundKey, RecoverySequence: mine.RecoverySequence,
-		RecoveryLimit: mine.RecoveryLimit, RecoveryMode: mine.RecoveryMode}, nil
+		RecoveryLimit: mine.RecoveryLimit, RecoveryMode: mine.RecoveryMode, Epoch: mine.Epoch}, nil
 }

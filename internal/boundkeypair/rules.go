@@ -24,12 +24,37 @@ type Status struct {
 	Mode     string
 	Limit    int64
 	Count    int64
-	Sequence int64 // 0 until the first join
+	Sequence int64  // 0 until the first join
+	Epoch    string // the authority epoch of the token's last recovery
 }
 
 // Remaining is the recoveries left under standard mode (never negative);
 // the other modes do not count.
 func (s Status) Remaining() int64 { return max(s.Limit-s.Count, 0) }
+
+// Epochs is what the authority's store knows of its epochs: each resync
+// window an operator opens after restoring the store begins one. A join
+// state document carries its token's epoch, so sequences compare within an
+// epoch, and a document of an epoch the store does not know was signed
+// after the backup the store was restored from.
+type Epochs struct {
+	// Current is the newest epoch ("" before any window was opened); a
+	// recovery records it.
+	Current string
+	// WindowOpen: Current's window is open (by the store clock when read;
+	// the write checks it again).
+	WindowOpen bool
+	// Ordinal is the order of every epoch the store knows; "" is 0.
+	Ordinal map[string]int64
+}
+
+func (e Epochs) ordinal(id string) (int64, bool) {
+	if id == "" {
+		return 0, true
+	}
+	o, ok := e.Ordinal[id]
+	return o, ok
+}
 
 // Attempt is one join after the challenge was solved with the bound key.
 type Attempt struct {
@@ -42,14 +67,28 @@ type Attempt struct {
 	StateErr error
 }
 
+// Clean reports whether the attempt is a refresh presenting exactly the
+// token's current join state: the one case Judge decides without Epochs.
+func (a Attempt) Clean(st Status) bool {
+	return a.Refresh && a.State != nil && a.State.Epoch == st.Epoch && a.State.RecoverySequence == st.Sequence
+}
+
 // Verdict is how a join goes on.
 type Verdict struct {
-	// Recovery: the join makes a new instance and advances the sequence
-	// from ExpectedSequence (store.Recovery); Counted takes one of the
-	// budget. Otherwise it is a refresh of the current instance.
+	// Recovery: the join makes a new instance and moves the token from
+	// (ExpectedSequence, ExpectedEpoch) to (Sequence, Epoch) (store.Recovery);
+	// Counted takes one of the budget. Otherwise it is a refresh of the
+	// current instance.
 	Recovery         bool
 	Counted          bool
 	ExpectedSequence int64
+	ExpectedEpoch    string
+	Sequence         int64
+	Epoch            string
+	// Resync: a join state ahead of the restored store, accepted inside
+	// Epoch's resync window: the token is brought forward to the
+	// document's sequence + 1, and nothing is counted.
+	Resync bool
 }
 
 // Refusals of Judge.
@@ -74,14 +113,26 @@ func (m *Mismatch) Is(target error) bool {
 	return target == ErrJoinStateInvalid || (m.Lock && target == ErrJoinStateStale)
 }
 
+// ResyncHint is what a refusal of a document ahead of the store tells the
+// operator to do.
+const ResyncHint = "if the store was restored from a backup, open a resync window: muster bound-keypair resync open"
+
 // Judge applies the recovery rules of st.Mode to one attempt whose
-// challenge was solved. The first join (sequence 0) needs no join state and
-// counts as a recovery; later ones need the last document the authority
-// signed (not in insecure mode). A document older than the token's
-// sequence is stale and locks; a newer one (the authority's store was
-// restored from an older backup) or a missing or forged one is refused
-// without a lock, so a restore never locks every bound agent by itself.
-func Judge(st Status, a Attempt) (Verdict, error) {
+// challenge was solved; ep is needed unless a.Clean(st). The first join
+// (sequence 0) needs no join state and counts as a recovery; later ones
+// need the last document the authority signed (not in insecure mode).
+//
+// Within the token's epoch, a document older than the token's sequence is
+// stale and locks. A newer one is what a store restored from an older
+// backup sees (a restore moves the store back, never the agents): outside
+// a resync window it is refused without a lock; inside one it is accepted
+// once (Verdict.Resync), and the token enters the window's epoch. From
+// then on every document of an earlier epoch, and every document of an
+// epoch the store does not know, is a second holder's: stale, and it
+// locks. So a window cannot launder a copied key: of the holders of
+// pre-restore documents for one token, only the first is brought forward,
+// and the next one to come locks the token as before the restore.
+func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 	if !ValidMode(st.Mode) {
 		return Verdict{}, fmt.Errorf("boundkeypair: unknown recovery mode %q", st.Mode)
 	}
@@ -91,22 +142,75 @@ func Judge(st Status, a Attempt) (Verdict, error) {
 			return Verdict{}, a.StateErr
 		case a.State == nil:
 			return Verdict{}, &Mismatch{Reason: "no join state presented"}
-		case a.State.RecoverySequence < st.Sequence:
+		}
+		d := a.State
+		resync := false
+		if d.Epoch != st.Epoch {
+			if err := judgeEpoch(st, d, ep); err != nil {
+				return Verdict{}, err
+			}
+			resync = true
+		} else if d.RecoverySequence < st.Sequence {
 			return Verdict{}, &Mismatch{Lock: true, Reason: fmt.Sprintf("join state at recovery sequence %d, the token is at %d",
-				a.State.RecoverySequence, st.Sequence)}
-		case a.State.RecoverySequence > st.Sequence:
-			return Verdict{}, &Mismatch{Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d (was the store restored from a backup?)",
-				a.State.RecoverySequence, st.Sequence)}
+				d.RecoverySequence, st.Sequence)}
+		} else if d.RecoverySequence > st.Sequence {
+			if err := judgeAhead(st, d, ep); err != nil {
+				return Verdict{}, err
+			}
+			resync = true
+		}
+		if resync {
+			return Verdict{Recovery: true, Resync: true, ExpectedSequence: st.Sequence, ExpectedEpoch: st.Epoch,
+				Sequence: d.RecoverySequence + 1, Epoch: ep.Current}, nil
 		}
 	}
 	if a.Refresh && st.Sequence > 0 {
 		return Verdict{}, nil
 	}
-	v := Verdict{Recovery: true, ExpectedSequence: st.Sequence, Counted: st.Mode == ModeStandard}
+	v := Verdict{Recovery: true, ExpectedSequence: st.Sequence, ExpectedEpoch: st.Epoch, Sequence: st.Sequence + 1,
+		Epoch: ep.Current, Counted: st.Mode == ModeStandard}
 	if v.Counted && st.Count >= st.Limit {
 		return Verdict{}, fmt.Errorf("%w: %d of %d recoveries used", ErrRecoveryExhausted, st.Count, st.Limit)
 	}
 	return v, nil
+}
+
+// judgeEpoch judges a document of another epoch than its token's: nil
+// means it is ahead of the store and may be resynced.
+func judgeEpoch(st Status, d *JoinState, ep Epochs) error {
+	dOrd, known := ep.ordinal(d.Epoch)
+	tOrd, _ := ep.ordinal(st.Epoch)
+	switch {
+	case known && dOrd < tOrd:
+		return &Mismatch{Lock: true, Reason: fmt.Sprintf("join state of epoch %q (sequence %d), before the token's epoch %q (sequence %d): another holder was recovered or resynced since",
+			d.Epoch, d.RecoverySequence, st.Epoch, st.Sequence)}
+	case known:
+		return &Mismatch{Reason: fmt.Sprintf("join state of epoch %q, later than the token's epoch %q", d.Epoch, st.Epoch)}
+	case st.Epoch == ep.Current && st.Epoch != "":
+		// The token already entered the current epoch (resynced or
+		// recovered in it): a second document from before the restore.
+		return &Mismatch{Lock: true, Reason: fmt.Sprintf("join state of epoch %q, unknown to this store, after the token entered the current epoch %q: another holder was resynced or recovered since the restore",
+			d.Epoch, st.Epoch)}
+	}
+	return judgeAhead(st, d, ep)
+}
+
+// judgeAhead judges a document ahead of its token (of its epoch, or of an
+// epoch signed after the backup): nil inside a window the token has not
+// been resynced in yet.
+func judgeAhead(st Status, d *JoinState, ep Epochs) error {
+	switch {
+	case d.RecoverySequence <= st.Sequence:
+		return &Mismatch{Reason: fmt.Sprintf("join state of epoch %q at recovery sequence %d, unknown to this store and not ahead of the token's %d",
+			d.Epoch, d.RecoverySequence, st.Sequence)}
+	case !ep.WindowOpen:
+		return &Mismatch{Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d (was the store restored from a backup?); %s",
+			d.RecoverySequence, st.Sequence, ResyncHint)}
+	case st.Epoch == ep.Current:
+		return &Mismatch{Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d in the current resync epoch %q: the store was restored again since the window opened; close it and open a new one",
+			d.RecoverySequence, st.Sequence, st.Epoch)}
+	}
+	return nil
 }
 
 // RotationDue reports whether a token's bound key must be rotated at now:

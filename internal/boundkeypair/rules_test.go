@@ -61,7 +61,7 @@ func TestJudge(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			v, err := Judge(Status{Mode: tc.mode, Limit: tc.limit, Count: tc.count, Sequence: tc.seq},
-				Attempt{Refresh: tc.refresh, State: tc.state, StateErr: tc.bad})
+				Attempt{Refresh: tc.refresh, State: tc.state, StateErr: tc.bad}, Epochs{})
 			switch {
 			case tc.want.err == nil && err != nil:
 				t.Fatalf("Judge = %v, want a verdict", err)
@@ -84,7 +84,7 @@ func TestJudge(t *testing.T) {
 }
 
 func TestJudgeRefusesUnknownMode(t *testing.T) {
-	if _, err := Judge(Status{Mode: "lenient"}, Attempt{}); err == nil {
+	if _, err := Judge(Status{Mode: "lenient"}, Attempt{}, Epochs{}); err == nil {
 		t.Fatal("an unknown mode was judged")
 	}
 }

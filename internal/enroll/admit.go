@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -98,6 +99,8 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		// one is refused but locks nothing: it presented the state that
 		// was current when it was judged.
 		return nil, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("%s: another recovery committed first", a.Proof)
+	case errors.Is(err, store.ErrResyncClosed):
+		return nil, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("%s: the resync window closed before the write; %s", a.Proof, boundkeypair.ResyncHint)
 	case errors.Is(err, store.ErrNotFound):
 		return nil, refuse(KindNotFound, "unknown join token or wrong secret").with("token %s deleted during the join", a.TokenID)
 	case err != nil:

@@ -92,8 +92,10 @@ type bkMethod struct {
 type bkOutcome struct {
 	token    store.Token
 	key      boundkeypair.PublicKey
-	sequence int64 // the token's sequence once the join commits
-	counted  bool  // the join took one of the budget
+	sequence int64                 // the token's sequence once the join commits
+	epoch    string                // and its epoch
+	counted  bool                  // the join took one of the budget
+	resync   *boundkeypair.Verdict // the join brings a restored token forward
 	retry    bool
 	rotated  bool                   // the bound key was rotated to key
 	proved   boundkeypair.PublicKey // the key the first challenge proved
@@ -124,7 +126,7 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		// (same node and certificate key, inside the retry window) and
 		// applied none of this join's claims: the recovery, and any
 		// rotation, did not happen, and the join state must say so.
-		out.sequence, out.counted = bk.RecoverySequence, false
+		out.sequence, out.epoch, out.counted, out.resync = bk.RecoverySequence, bk.Epoch, false, nil
 		if out.rotated {
 			out.key, out.rotated = out.proved, false
 		}
@@ -132,12 +134,17 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 	doc, err := s.signJoinState(ctx, boundkeypair.JoinState{
 		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now(),
 		InstanceID: iss.InstanceID, BoundKey: out.key.Fingerprint(), RecoverySequence: out.sequence,
-		RecoveryLimit: bk.Spec.RecoveryLimit, RecoveryMode: bk.Spec.RecoveryMode,
+		RecoveryLimit: bk.Spec.RecoveryLimit, RecoveryMode: bk.Spec.RecoveryMode, Epoch: out.epoch,
 	})
 	if err != nil {
 		return nil, err
 	}
 	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1, BoundKey: out.key.Fingerprint()}
+	if out.resync != nil {
+		// Committed: as with the warning below, the record cannot cost
+		// the agent its answer.
+		_ = s.auditResync(ctx, out, iss.NodeID)
+	}
 	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
 		// The count as the join's write left it: read before the join, plus
 		// the recovery it took.
@@ -297,7 +304,8 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 
 	// 7. The join state and the recovery rules.
-	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount, Sequence: bk.RecoverySequence}
+	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
+		Sequence: bk.RecoverySequence, Epoch: bk.Epoch}
 	holds, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)
 	if err != nil {
 		// Not knowing must not turn a refresh into a counted recovery.
@@ -319,13 +327,21 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if att.State != nil && att.State.RecoverySequence == st.Sequence-1 && !att.Refresh {
 		if iss, err := s.retryRecovery(ctx, p.NodeID, bk.BoundInstanceID, t.ID, kid, now); err != nil || iss != nil {
 			if iss != nil {
-				*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, retry: true}
+				*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch, retry: true}
 				a.Retry = iss
 			}
 			return a, err
 		}
 	}
-	v, err := boundkeypair.Judge(st, att)
+	var ep boundkeypair.Epochs
+	if !att.Clean(st) {
+		// Every join but a refresh with the current document may need
+		// the epochs: a recovery records the current one.
+		if ep, err = s.epochs(ctx, now); err != nil {
+			return a, err
+		}
+	}
+	v, err := boundkeypair.Judge(st, att, ep)
 	switch {
 	case errors.Is(err, boundkeypair.ErrJoinStateStale):
 		return a, s.lockStale(ctx, t.ID, p.NodeID, err)
@@ -337,7 +353,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, err
 	}
 
-	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence}
+	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch}
 	// 8. Rotation: asked by the agent, or due by the token's rotate_after;
 	// the new key must solve a challenge of its own, and the binding
 	// changes only in this join's write, from the key just proved.
@@ -356,10 +372,16 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		a.Refresh, a.CSR, a.Claims = p.Cert, p.CSR, claims
 		return a, nil
 	}
-	m.out.sequence, m.out.counted = v.ExpectedSequence+1, v.Counted
-	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, Counted: v.Counted})
+	m.out.sequence, m.out.epoch, m.out.counted = v.Sequence, v.Epoch, v.Counted
+	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, ExpectedEpoch: v.ExpectedEpoch,
+		Counted: v.Counted, Epoch: v.Epoch, Sequence: v.Sequence, Resync: v.Resync})
 	a.TokenID, a.Method, a.MaySupersede = t.ID, store.JoinMethodBoundKeypair, true
-	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.ExpectedSequence+1, t.ID)
+	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.Sequence, t.ID)
+	if v.Resync {
+		m.out.resync = &v
+		a.Proof = fmt.Sprintf("bound key %s, token %s resynced in epoch %q from sequence %d (epoch %q) to %d after a join state of epoch %q at %d",
+			fp, t.ID, v.Epoch, v.ExpectedSequence, v.ExpectedEpoch, v.Sequence, att.State.Epoch, att.State.RecoverySequence)
+	}
 	if register {
 		a.Proof = fmt.Sprintf("bound key %s registered with the secret of token %s", fp, t.ID)
 	}

@@ -44,6 +44,8 @@ type Store interface {
 	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
 	JoinStateKeyStore
+	// ListResyncEpochs serves the bound-keypair join state's epochs.
+	ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error)
 	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
 	InsertLock(ctx context.Context, l store.Lock) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
