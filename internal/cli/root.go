@@ -80,6 +80,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newKeypairCmd(env),
 		newBenchCmd(env),
 		newBotCmd(env),
+		newBoundKeypairCmd(env),
 		newStatusCmd(env),
 		newVersionCmd(env),
 		newHealthcheckCmd(env),

@@ -2952,6 +2952,342 @@ func (x *RotatePSKResponse) GetPrevious() *BootstrapPSK {
 	return nil
 }
 
+// ResyncWindow is one bound-keypair resync window and the authority epoch
+// it began.
+type ResyncWindow struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Epoch    string                 `protobuf:"bytes,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Ordinal  int64                  `protobuf:"varint,2,opt,name=ordinal,proto3" json:"ordinal,omitempty"`
+	OpenedAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=opened_at,json=openedAt,proto3" json:"opened_at,omitempty"`
+	// until is when the window closes by itself.
+	Until *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=until,proto3" json:"until,omitempty"`
+	// closed_at is set when an operator closed it early.
+	ClosedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=closed_at,json=closedAt,proto3" json:"closed_at,omitempty"`
+	OpenedBy string                 `protobuf:"bytes,6,opt,name=opened_by,json=openedBy,proto3" json:"opened_by,omitempty"`
+	ClosedBy string                 `protobuf:"bytes,7,opt,name=closed_by,json=closedBy,proto3" json:"closed_by,omitempty"`
+	Reason   string                 `protobuf:"bytes,8,opt,name=reason,proto3" json:"reason,omitempty"`
+	// open is whether the window is open now (by the store clock).
+	Open          bool `protobuf:"varint,9,opt,name=open,proto3" json:"open,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncWindow) Reset() {
+	*x = ResyncWindow{}
+	mi := &file_muster_v1_admin_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncWindow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncWindow) ProtoMessage() {}
+
+func (x *ResyncWindow) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncWindow.ProtoReflect.Descriptor instead.
+func (*ResyncWindow) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ResyncWindow) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
+}
+
+func (x *ResyncWindow) GetOrdinal() int64 {
+	if x != nil {
+		return x.Ordinal
+	}
+	return 0
+}
+
+func (x *ResyncWindow) GetOpenedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OpenedAt
+	}
+	return nil
+}
+
+func (x *ResyncWindow) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *ResyncWindow) GetClosedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ClosedAt
+	}
+	return nil
+}
+
+func (x *ResyncWindow) GetOpenedBy() string {
+	if x != nil {
+		return x.OpenedBy
+	}
+	return ""
+}
+
+func (x *ResyncWindow) GetClosedBy() string {
+	if x != nil {
+		return x.ClosedBy
+	}
+	return ""
+}
+
+func (x *ResyncWindow) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ResyncWindow) GetOpen() bool {
+	if x != nil {
+		return x.Open
+	}
+	return false
+}
+
+type OpenResyncRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// duration is how long the window stays open: more than 0, at most 7 days.
+	Duration *durationpb.Duration `protobuf:"bytes,1,opt,name=duration,proto3" json:"duration,omitempty"`
+	// reason is required: it goes to the audit record and the window.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenResyncRequest) Reset() {
+	*x = OpenResyncRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenResyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenResyncRequest) ProtoMessage() {}
+
+func (x *OpenResyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenResyncRequest.ProtoReflect.Descriptor instead.
+func (*OpenResyncRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *OpenResyncRequest) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *OpenResyncRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type CloseResyncRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Reason        string                 `protobuf:"bytes,1,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseResyncRequest) Reset() {
+	*x = CloseResyncRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseResyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseResyncRequest) ProtoMessage() {}
+
+func (x *CloseResyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseResyncRequest.ProtoReflect.Descriptor instead.
+func (*CloseResyncRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *CloseResyncRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ResyncWindowResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Window        *ResyncWindow          `protobuf:"bytes,1,opt,name=window,proto3" json:"window,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncWindowResponse) Reset() {
+	*x = ResyncWindowResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncWindowResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncWindowResponse) ProtoMessage() {}
+
+func (x *ResyncWindowResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncWindowResponse.ProtoReflect.Descriptor instead.
+func (*ResyncWindowResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *ResyncWindowResponse) GetWindow() *ResyncWindow {
+	if x != nil {
+		return x.Window
+	}
+	return nil
+}
+
+type ListResyncRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResyncRequest) Reset() {
+	*x = ListResyncRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResyncRequest) ProtoMessage() {}
+
+func (x *ListResyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResyncRequest.ProtoReflect.Descriptor instead.
+func (*ListResyncRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{50}
+}
+
+type ListResyncResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// windows, oldest first.
+	Windows       []*ResyncWindow `protobuf:"bytes,1,rep,name=windows,proto3" json:"windows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResyncResponse) Reset() {
+	*x = ListResyncResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResyncResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResyncResponse) ProtoMessage() {}
+
+func (x *ListResyncResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResyncResponse.ProtoReflect.Descriptor instead.
+func (*ListResyncResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ListResyncResponse) GetWindows() []*ResyncWindow {
+	if x != nil {
+		return x.Windows
+	}
+	return nil
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -3194,7 +3530,27 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
-	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious2\xf9\x0e\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious\"\xc8\x02\n" +
+	"\fResyncWindow\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x18\n" +
+	"\aordinal\x18\x02 \x01(\x03R\aordinal\x127\n" +
+	"\topened_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bopenedAt\x120\n" +
+	"\x05until\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x127\n" +
+	"\tclosed_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bclosedAt\x12\x1b\n" +
+	"\topened_by\x18\x06 \x01(\tR\bopenedBy\x12\x1b\n" +
+	"\tclosed_by\x18\a \x01(\tR\bclosedBy\x12\x16\n" +
+	"\x06reason\x18\b \x01(\tR\x06reason\x12\x12\n" +
+	"\x04open\x18\t \x01(\bR\x04open\"b\n" +
+	"\x11OpenResyncRequest\x125\n" +
+	"\bduration\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\",\n" +
+	"\x12CloseResyncRequest\x12\x16\n" +
+	"\x06reason\x18\x01 \x01(\tR\x06reason\"G\n" +
+	"\x14ResyncWindowResponse\x12/\n" +
+	"\x06window\x18\x01 \x01(\v2\x17.muster.v1.ResyncWindowR\x06window\"\x13\n" +
+	"\x11ListResyncRequest\"G\n" +
+	"\x12ListResyncResponse\x121\n" +
+	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows2\xe0\x10\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -3225,7 +3581,12 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12C\n" +
 	"\bSendTask\x12\x1a.muster.v1.SendTaskRequest\x1a\x1b.muster.v1.SendTaskResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
-	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponse\x12K\n" +
+	"\n" +
+	"OpenResync\x12\x1c.muster.v1.OpenResyncRequest\x1a\x1f.muster.v1.ResyncWindowResponse\x12M\n" +
+	"\vCloseResync\x12\x1d.muster.v1.CloseResyncRequest\x1a\x1f.muster.v1.ResyncWindowResponse\x12I\n" +
+	"\n" +
+	"ListResync\x12\x1c.muster.v1.ListResyncRequest\x1a\x1d.muster.v1.ListResyncResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_admin_proto_rawDescOnce sync.Once
@@ -3239,7 +3600,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
@@ -3287,130 +3648,148 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetPSKsResponse)(nil),       // 43: muster.v1.GetPSKsResponse
 	(*RotatePSKRequest)(nil),      // 44: muster.v1.RotatePSKRequest
 	(*RotatePSKResponse)(nil),     // 45: muster.v1.RotatePSKResponse
-	nil,                           // 46: muster.v1.Token.LabelsEntry
-	nil,                           // 47: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 48: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 49: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),     // 50: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),    // 51: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 52: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 53: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 54: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 55: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 56: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 57: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 58: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 59: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 60: muster.v1.SendTaskResponse
+	(*ResyncWindow)(nil),          // 46: muster.v1.ResyncWindow
+	(*OpenResyncRequest)(nil),     // 47: muster.v1.OpenResyncRequest
+	(*CloseResyncRequest)(nil),    // 48: muster.v1.CloseResyncRequest
+	(*ResyncWindowResponse)(nil),  // 49: muster.v1.ResyncWindowResponse
+	(*ListResyncRequest)(nil),     // 50: muster.v1.ListResyncRequest
+	(*ListResyncResponse)(nil),    // 51: muster.v1.ListResyncResponse
+	nil,                           // 52: muster.v1.Token.LabelsEntry
+	nil,                           // 53: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),     // 56: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),    // 57: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),    // 58: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil), // 59: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),   // 60: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),   // 61: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil), // 62: muster.v1.RollbackSignerRequest
+	(*SendTaskRequest)(nil),       // 63: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),   // 64: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 65: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 66: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	48, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	49, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	48, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	48, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	48, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	54, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	55, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	54, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	54, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	54, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	48, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	48, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	49, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	54, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	54, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	55, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	48, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	48, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	54, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	54, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	48, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	46, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	48, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	48, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	54, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	52, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	54, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	54, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
 	20, // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	21, // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
-	48, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
-	48, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
-	48, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
-	48, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	54, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	54, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	54, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	54, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
 	20, // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	19, // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
-	49, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	47, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	55, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	53, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
 	19, // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
 	19, // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
 	19, // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	48, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	48, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	48, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	48, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	50, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	54, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	54, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	54, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	54, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	56, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
 	21, // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
-	48, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	48, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	48, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	48, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	54, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	54, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	54, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	54, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
 	32, // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
 	32, // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
 	33, // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
 	34, // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	48, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	48, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	54, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	54, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
 	41, // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
 	41, // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	49, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	55, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
 	41, // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
 	41, // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	0,  // 52: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 53: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 54: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 55: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 56: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 57: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24, // 58: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26, // 59: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28, // 60: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30, // 61: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22, // 62: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35, // 63: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37, // 64: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39, // 65: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42, // 66: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44, // 67: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	51, // 68: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	52, // 69: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	53, // 70: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	54, // 71: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	55, // 72: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	56, // 73: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	57, // 74: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 75: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 76: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	1,  // 77: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 78: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 79: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 80: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 81: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 82: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 83: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 84: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 85: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 86: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 87: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 88: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 89: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 90: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 91: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 92: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	58, // 93: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	59, // 94: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 95: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 96: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 97: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	59, // 98: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	60, // 99: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 100: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 101: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	77, // [77:102] is the sub-list for method output_type
-	52, // [52:77] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	54, // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	54, // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	54, // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	55, // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	46, // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
+	46, // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
+	0,  // 58: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 59: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 60: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	8,  // 61: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 62: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 63: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24, // 64: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26, // 65: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28, // 66: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30, // 67: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22, // 68: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35, // 69: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37, // 70: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39, // 71: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42, // 72: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44, // 73: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	57, // 74: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	58, // 75: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	59, // 76: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	60, // 77: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	61, // 78: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	62, // 79: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	63, // 80: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 81: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 82: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47, // 83: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48, // 84: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50, // 85: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	1,  // 86: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 87: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 88: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	9,  // 89: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 90: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 91: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 92: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 93: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 94: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 95: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 96: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 97: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 98: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 99: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 100: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 101: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	64, // 102: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	65, // 103: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	65, // 104: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	65, // 105: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	65, // 106: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	65, // 107: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	66, // 108: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 109: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 110: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49, // 111: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49, // 112: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51, // 113: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	86, // [86:114] is the sub-list for method output_type
+	58, // [58:86] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -3426,7 +3805,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   48,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -44,6 +44,9 @@ const (
 	AdminService_SendTask_FullMethodName       = "/muster.v1.AdminService/SendTask"
 	AdminService_ListAudit_FullMethodName      = "/muster.v1.AdminService/ListAudit"
 	AdminService_VerifyAudit_FullMethodName    = "/muster.v1.AdminService/VerifyAudit"
+	AdminService_OpenResync_FullMethodName     = "/muster.v1.AdminService/OpenResync"
+	AdminService_CloseResync_FullMethodName    = "/muster.v1.AdminService/CloseResync"
+	AdminService_ListResync_FullMethodName     = "/muster.v1.AdminService/ListResync"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -90,6 +93,11 @@ type AdminServiceClient interface {
 	ListAudit(ctx context.Context, in *ListAuditRequest, opts ...grpc.CallOption) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(ctx context.Context, in *VerifyAuditRequest, opts ...grpc.CallOption) (*VerifyAuditResponse, error)
+	// Bound-keypair resync windows, opened after restoring the store from a
+	// backup (operator guide, "Restoring the store").
+	OpenResync(ctx context.Context, in *OpenResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
+	CloseResync(ctx context.Context, in *CloseResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
+	ListResync(ctx context.Context, in *ListResyncRequest, opts ...grpc.CallOption) (*ListResyncResponse, error)
 }
 
 type adminServiceClient struct {
@@ -350,6 +358,36 @@ func (c *adminServiceClient) VerifyAudit(ctx context.Context, in *VerifyAuditReq
 	return out, nil
 }
 
+func (c *adminServiceClient) OpenResync(ctx context.Context, in *OpenResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResyncWindowResponse)
+	err := c.cc.Invoke(ctx, AdminService_OpenResync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CloseResync(ctx context.Context, in *CloseResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResyncWindowResponse)
+	err := c.cc.Invoke(ctx, AdminService_CloseResync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListResync(ctx context.Context, in *ListResyncRequest, opts ...grpc.CallOption) (*ListResyncResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResyncResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListResync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -394,6 +432,11 @@ type AdminServiceServer interface {
 	ListAudit(context.Context, *ListAuditRequest) (*ListAuditResponse, error)
 	// VerifyAudit walks the whole chain and its signed checkpoints.
 	VerifyAudit(context.Context, *VerifyAuditRequest) (*VerifyAuditResponse, error)
+	// Bound-keypair resync windows, opened after restoring the store from a
+	// backup (operator guide, "Restoring the store").
+	OpenResync(context.Context, *OpenResyncRequest) (*ResyncWindowResponse, error)
+	CloseResync(context.Context, *CloseResyncRequest) (*ResyncWindowResponse, error)
+	ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -478,6 +521,15 @@ func (UnimplementedAdminServiceServer) ListAudit(context.Context, *ListAuditRequ
 }
 func (UnimplementedAdminServiceServer) VerifyAudit(context.Context, *VerifyAuditRequest) (*VerifyAuditResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method VerifyAudit not implemented")
+}
+func (UnimplementedAdminServiceServer) OpenResync(context.Context, *OpenResyncRequest) (*ResyncWindowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenResync not implemented")
+}
+func (UnimplementedAdminServiceServer) CloseResync(context.Context, *CloseResyncRequest) (*ResyncWindowResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseResync not implemented")
+}
+func (UnimplementedAdminServiceServer) ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListResync not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -950,6 +1002,60 @@ func _AdminService_VerifyAudit_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_OpenResync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenResyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).OpenResync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_OpenResync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).OpenResync(ctx, req.(*OpenResyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CloseResync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseResyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CloseResync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CloseResync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CloseResync(ctx, req.(*CloseResyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListResync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListResyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListResync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListResync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListResync(ctx, req.(*ListResyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1056,6 +1162,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "VerifyAudit",
 			Handler:    _AdminService_VerifyAudit_Handler,
+		},
+		{
+			MethodName: "OpenResync",
+			Handler:    _AdminService_OpenResync_Handler,
+		},
+		{
+			MethodName: "CloseResync",
+			Handler:    _AdminService_CloseResync_Handler,
+		},
+		{
+			MethodName: "ListResync",
+			Handler:    _AdminService_ListResync_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
