@@ -61,7 +61,7 @@ type BoundKeypair struct {
 	// recovery: its join state documents carry it.
 	Epoch           string
 	LastRecoveredAt time.Time
-	LastRotatedAt    time.Time
+	LastRotatedAt   time.Time
 }
 
 // KeyBinding binds a public key to a bound-keypair token in the join's
