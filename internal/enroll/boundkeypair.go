@@ -293,11 +293,26 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
 	}
 
-	// 6. Locks on the node, the token and both keys, before the join
+	// 6. Whether this is a refresh (a valid certificate of the current
+	// instance), then the locks, in one query: on the node, the token and
+	// the keys (the bound one, the certificate's, a new bound key offered
+	// in init) and, for a refresh, on the instance and the key it holds,
+	// which the renewal then need not look up again. Before the join
 	// state: once a token is locked, every holder hears so.
-	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: p.NodeID},
-		store.LockTarget{Kind: store.LockToken, Target: t.ID},
-		store.LockTarget{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)); err != nil {
+	held, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)
+	if err != nil {
+		// Not knowing must not turn a refresh into a counted recovery.
+		return a, err
+	}
+	targets := []store.LockTarget{{Kind: store.LockNode, Target: p.NodeID}, {Kind: store.LockToken, Target: t.ID},
+		{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)}
+	if !offeredNew.IsZero() && !register {
+		targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: offeredNew.Fingerprint()})
+	}
+	if held != nil {
+		targets = append(targets, held.lockTargets()...)
+	}
+	if l, err := s.lockOn(ctx, targets...); err != nil {
 		return a, err
 	} else if l != nil {
 		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
@@ -306,12 +321,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	// 7. The join state and the recovery rules.
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
 		Sequence: bk.RecoverySequence, Epoch: bk.Epoch}
-	holds, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)
-	if err != nil {
-		// Not knowing must not turn a refresh into a counted recovery.
-		return a, err
-	}
-	att := boundkeypair.Attempt{Refresh: holds}
+	att := boundkeypair.Attempt{Refresh: held != nil}
 	if p.JoinState != "" {
 		js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
 		if err != nil {
@@ -369,7 +379,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	if !v.Recovery {
 		// A refresh: the instance is renewed; nothing is consumed.
-		a.Refresh, a.CSR, a.Claims = p.Cert, p.CSR, claims
+		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
 	}
 	m.out.sequence, m.out.epoch, m.out.counted = v.Sequence, v.Epoch, v.Counted
@@ -399,7 +409,8 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPayload, offered, current boundkeypair.PublicKey, now time.Time, challenge Challenge) (boundkeypair.PublicKey, error) {
 	var none boundkeypair.PublicKey
 	bk := t.BoundKeypair
-	if offered.IsZero() {
+	asked := offered.IsZero()
+	if asked {
 		if !boundkeypair.RotationDue(bk.Spec.RotateAfter, bk.LastRotatedAt, now) || p.NewKey == nil {
 			return none, nil
 		}
@@ -426,38 +437,57 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 	if err := c.Verify(string(answer), offered, m.s.cfg.Now()); err != nil {
 		return none, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, new key %s: %v", t.ID, fp, err)
 	}
-	if l, err := m.s.lockOn(ctx, store.LockTarget{Kind: store.LockPublicKey, Target: fp}); err != nil {
-		return none, err
-	} else if l != nil {
-		return none, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on the new key %s", t.ID, l.ID, fp)
+	if asked {
+		// A key offered in init was in step 6's lock query.
+		if l, err := m.s.lockOn(ctx, store.LockTarget{Kind: store.LockPublicKey, Target: fp}); err != nil {
+			return none, err
+		} else if l != nil {
+			return none, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on the new key %s", t.ID, l.ID, fp)
+		}
 	}
 	return offered, nil
 }
 
-// holdsCurrent reports whether cert is a certificate this authority issued
-// for nodeID's instance instanceID, which is still current; an error only
-// when the store could not tell.
-func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) (bool, error) {
+// held is what holdsCurrent read of a refreshing caller's certificate and
+// instance; the renewal starts from it instead of reading both again.
+type held struct {
+	rec  store.Certificate
+	inst store.Instance
+}
+
+// lockTargets are the locks a renewal checks beyond the join's: the
+// instance, its token and the key the caller's certificate holds.
+func (h *held) lockTargets() []store.LockTarget {
+	return []store.LockTarget{{Kind: store.LockInstance, Target: h.inst.ID}, {Kind: store.LockToken, Target: h.inst.TokenID},
+		keyLock(h.rec.PublicKey)}
+}
+
+// holdsCurrent returns what it read if cert is a certificate this
+// authority issued for nodeID's instance instanceID, which is still
+// current; nil if not, and an error only when the store could not tell.
+func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) (*held, error) {
 	if cert == nil || instanceID == "" || s.cfg.Now().After(cert.NotAfter) {
-		return false, nil
+		return nil, nil
 	}
 	rec, err := s.cfg.Store.GetCertificate(ctx, serialOf(cert))
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return false, nil
+		return nil, nil
 	case err != nil:
-		return false, err
+		return nil, err
 	case rec.NodeID != nodeID || rec.InstanceID != instanceID:
-		return false, nil
+		return nil, nil
 	}
 	inst, err := s.cfg.Store.GetInstance(ctx, instanceID)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		return false, nil
+		return nil, nil
 	case err != nil:
-		return false, err
+		return nil, err
+	case inst.State != store.InstanceCurrent:
+		return nil, nil
 	}
-	return inst.State == store.InstanceCurrent, nil
+	return &held{rec: rec, inst: inst}, nil
 }
 
 // retryRecovery answers a repeated recovery from the instance it made, or

@@ -64,6 +64,9 @@ type Admission struct {
 	// all) instead of making a new one.
 	Refresh *x509.Certificate
 	CSR     []byte
+	// held, with Refresh, is the certificate record and instance the
+	// method read, whose locks it checked: the renewal starts from them.
+	held *held
 }
 
 // join runs one join through method m and the common tail, and audits the
@@ -81,7 +84,7 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 		iss = a.Retry
 	case a.Refresh != nil:
 		ev.Action = "agent.refresh"
-		iss, err = s.renew(ctx, a.Refresh, a.CSR, a.Claims, &ev)
+		iss, err = s.renew(ctx, a.Refresh, a.CSR, a.Claims, &ev, a.held)
 	default:
 		iss, err = s.admit(ctx, a, &ev)
 		if err == nil && a.Ticket != nil && !iss.Retry {

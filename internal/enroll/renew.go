@@ -23,13 +23,16 @@ func (s *Service) Renew(ctx context.Context, r Request, leaf *x509.Certificate, 
 	if id, err := spiffeid.FromCertificate(leaf); err == nil {
 		ev.Actor, ev.Target = id.String(), id.Name
 	}
-	iss, err := s.renew(ctx, leaf, csrData, nil, &ev)
+	iss, err := s.renew(ctx, leaf, csrData, nil, &ev, nil)
 	return s.finish(ctx, ev, iss, err)
 }
 
 // renew certifies csrData for leaf's instance; claims (a bound key's
-// rotation on a refresh) are won in the renewal's write or fail it.
-func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, claims []store.Claim, ev *audit.Event) (*Issued, error) {
+// rotation on a refresh) are won in the renewal's write or fail it. From
+// a bound-keypair refresh, h is what the join read of leaf's record and
+// instance, whose locks it checked together with its own: the first
+// attempt starts from it rather than reading and checking again.
+func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []byte, claims []store.Claim, ev *audit.Event, h *held) (*Issued, error) {
 	if leaf == nil {
 		return nil, refuse(KindUnauthenticated, "no valid agent certificate")
 	}
@@ -42,8 +45,10 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		return nil, err
 	}
 	serial := serialOf(leaf)
-	rec, err := s.cfg.Store.GetCertificate(ctx, serial)
-	if errors.Is(err, store.ErrNotFound) {
+	var rec store.Certificate
+	if h != nil {
+		rec = h.rec
+	} else if rec, err = s.cfg.Store.GetCertificate(ctx, serial); errors.Is(err, store.ErrNotFound) {
 		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
 	} else if err != nil {
 		return nil, err
@@ -53,12 +58,19 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 	}
 
 	for attempt := 0; ; attempt++ {
-		inst, err := s.cfg.Store.GetInstance(ctx, rec.InstanceID)
-		if err != nil {
-			return nil, err
-		}
-		if err := s.standing(ctx, rec, inst, kid); err != nil {
-			return nil, err
+		var inst store.Instance
+		if attempt == 0 && h != nil {
+			inst = h.inst
+			if err := s.nodeStanding(ctx, rec, inst); err != nil {
+				return nil, err
+			}
+		} else {
+			if inst, err = s.cfg.Store.GetInstance(ctx, rec.InstanceID); err != nil {
+				return nil, err
+			}
+			if err := s.standing(ctx, rec, inst, kid); err != nil {
+				return nil, err
+			}
 		}
 		switch g := rec.Generation; {
 		case inst.Generation == g+1 && hmac.Equal(inst.LastPublicKey, kid):
@@ -109,14 +121,8 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 // or the key it asks to have certified. It is the only lock check of a
 // renewal (authorization leaves the node's to it), one query for them all.
 func (s *Service) standing(ctx context.Context, rec store.Certificate, inst store.Instance, kid []byte) error {
-	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
-	switch {
-	case inst.State == store.InstanceDeleted, errors.Is(err, store.ErrNotFound):
-		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
-	case err != nil:
+	if err := s.nodeStanding(ctx, rec, inst); err != nil {
 		return err
-	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
-		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
 	}
 	l, err := s.lockOn(ctx,
 		store.LockTarget{Kind: store.LockNode, Target: rec.NodeID},
@@ -128,6 +134,21 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 	}
 	if l != nil {
 		return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s", l.ID, l.Kind, l.Target)
+	}
+	return nil
+}
+
+// nodeStanding refuses an instance whose node was deleted or that was
+// superseded: standing without the locks.
+func (s *Service) nodeStanding(ctx context.Context, rec store.Certificate, inst store.Instance) error {
+	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
+	switch {
+	case inst.State == store.InstanceDeleted, errors.Is(err, store.ErrNotFound):
+		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
+	case err != nil:
+		return err
+	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
+		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
 	}
 	return nil
 }

@@ -70,6 +70,10 @@ func TestBoundKeypairRotation(t *testing.T) {
 			second: func(*bkEnv, ed25519.PrivateKey) ed25519.PrivateKey { return nil }, kind: -1},
 		{name: "new key locked", rotateAfter: past, refresh: true, ask: true, asked: true, lockNew: true,
 			kind: KindPermissionDenied, reason: ReasonLocked},
+		// Offered in init, the new key is in the first lock query: refused
+		// before a second challenge is sent.
+		{name: "new key offered and locked", refresh: true, offer: true, lockNew: true,
+			kind: KindPermissionDenied, reason: ReasonLocked},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newBKEnv(t, 5, boundkeypair.ModeStandard)

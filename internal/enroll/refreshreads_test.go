@@ -1,0 +1,89 @@
+package enroll
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// countingStore counts the reads a join makes.
+type countingStore struct {
+	Store
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (c *countingStore) count(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls[name]++
+}
+
+func (c *countingStore) GetCertificate(ctx context.Context, serial string) (store.Certificate, error) {
+	c.count("GetCertificate")
+	return c.Store.GetCertificate(ctx, serial)
+}
+
+func (c *countingStore) GetInstance(ctx context.Context, id string) (store.Instance, error) {
+	c.count("GetInstance")
+	return c.Store.GetInstance(ctx, id)
+}
+
+func (c *countingStore) GetNode(ctx context.Context, id string) (store.Node, error) {
+	c.count("GetNode")
+	return c.Store.GetNode(ctx, id)
+}
+
+func (c *countingStore) FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error) {
+	c.count("FindAnyLock")
+	return c.Store.FindAnyLock(ctx, targets)
+}
+
+func (c *countingStore) ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error) {
+	c.count("ListResyncEpochs")
+	return c.Store.ListResyncEpochs(ctx)
+}
+
+// TestBoundKeypairRefreshReadsOnce: a refresh reads the certificate record
+// and the instance once, and checks every lock (the join's and the
+// renewal's) in one query; a lock only the renewal used to check (on the
+// instance) still refuses it.
+func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
+	b := newBKEnv(t, 1, boundkeypair.ModeStandard)
+	first, _ := b.register(t)
+	leaf, err := ca.ParseCertsPEM(first.ChainPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingStore{Store: b.svc.cfg.Store, calls: map[string]int{}}
+	b.svc.cfg.Store = c
+	refresh := func() (*BoundKeypairResult, error) {
+		_, der := csr(t)
+		return b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+			CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, answerWith(b.priv))
+	}
+	res, err := refresh()
+	if err != nil || res.InstanceID != first.InstanceID {
+		t.Fatalf("refresh: %+v, %v", res, err)
+	}
+	want := map[string]int{"GetCertificate": 1, "GetInstance": 1, "GetNode": 1, "FindAnyLock": 1}
+	for name, n := range want {
+		if c.calls[name] != n {
+			t.Errorf("%s called %d times in a refresh, want %d (all: %v)", name, c.calls[name], n, c.calls)
+		}
+	}
+	if c.calls["ListResyncEpochs"] != 0 {
+		t.Errorf("a refresh with the current join state read the resync epochs: %v", c.calls)
+	}
+
+	if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-i", Kind: store.LockInstance, Target: first.InstanceID,
+		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = refresh()
+	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
+}
