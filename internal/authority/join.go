@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
@@ -62,14 +63,11 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 	exchange := func(ctx context.Context, challenge []byte) ([]byte, error) {
 		if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{
 			Payload: &musterv1.RegisterUsingBoundKeypairResponse_Challenge{Challenge: challenge}}); err != nil {
-			return nil, err
+			return nil, exchangeErr(ctx, err)
 		}
 		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("the stream ended first")
-		}
-		if st, ok := status.FromError(err); ok && err != nil {
-			return nil, errors.New(st.Message())
+		if err != nil {
+			return nil, exchangeErr(ctx, err)
 		}
 		if _, ok := msg.GetPayload().(*musterv1.RegisterUsingBoundKeypairRequest_ChallengeResponse); !ok {
 			return nil, errNotAnAnswer
@@ -79,11 +77,11 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 	newKey := func(ctx context.Context) (string, error) {
 		if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{
 			Payload: &musterv1.RegisterUsingBoundKeypairResponse_NewKeyRequest{NewKeyRequest: true}}); err != nil {
-			return "", err
+			return "", exchangeErr(ctx, err)
 		}
 		msg, err := stream.Recv()
 		if err != nil {
-			return "", err
+			return "", exchangeErr(ctx, err)
 		}
 		if _, ok := msg.GetPayload().(*musterv1.RegisterUsingBoundKeypairRequest_NewPublicKey); !ok {
 			return "", errNotANewKey
@@ -115,7 +113,31 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 	return stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Result{Result: out}})
 }
 
+// exchangeErr is what ended a challenge exchange, as the domain judges it:
+// a caller that went away (its stream's context cancelled) or did not
+// finish in time wraps context's error, so it is answered and audited as a
+// cancellation or a deadline rather than as a bad request; a stream the
+// caller closed is the caller's bad request; anything else keeps only its
+// message (a gRPC status from the transport says no more than that).
+func exchangeErr(ctx context.Context, err error) error {
+	if errors.Is(err, io.EOF) {
+		return errStreamEnded
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w: %v", cerr, status.Convert(err).Message())
+	}
+	switch st := status.Convert(err); st.Code() {
+	case codes.Canceled:
+		return fmt.Errorf("%w: %s", context.Canceled, st.Message())
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("%w: %s", context.DeadlineExceeded, st.Message())
+	default:
+		return errors.New(st.Message())
+	}
+}
+
 var (
+	errStreamEnded = errors.New("the stream ended first")
 	errNotAnAnswer = errors.New("a challenge must be answered with challenge_response")
 	errNotANewKey  = errors.New("new_key_request must be answered with new_public_key")
 )

@@ -286,8 +286,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	answer, err := challenge(ctx, c.Marshal())
 	if err != nil {
 		// The caller ended the stream, or sent something else, instead of
-		// an answer: a refusal of its request, not the authority's fault.
-		return a, refuse(KindInvalid, "the challenge was not answered: "+err.Error()).with("token %s", t.ID)
+		// an answer: a refusal of its request, not the authority's fault;
+		// or it went away, which is no refusal (notAnswered).
+		return a, notAnswered("the challenge was not answered", err, t.ID)
 	}
 	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)

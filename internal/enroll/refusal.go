@@ -62,6 +62,14 @@ func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err e
 			ev.Reason += ": " + ref.Detail
 		}
 		s.cfg.Audit.Refuse(ctx, ev)
+	case errors.Is(err, context.Canceled):
+		// The caller went away mid-exchange: neither a refusal nor the
+		// authority's failure, and said so (gRPC's word, as it is answered).
+		ev.Result, ev.Reason = audit.ResultError, "canceled: the caller went away before the join finished ("+err.Error()+")"
+		s.cfg.Audit.Refuse(ctx, ev)
+	case errors.Is(err, context.DeadlineExceeded):
+		ev.Result, ev.Reason = audit.ResultError, "deadline_exceeded: the join was not finished in time ("+err.Error()+")"
+		s.cfg.Audit.Refuse(ctx, ev)
 	case err != nil:
 		ev.Result, ev.Reason = audit.ResultError, "internal error"
 		s.cfg.Audit.Refuse(ctx, ev)
