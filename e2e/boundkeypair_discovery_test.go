@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -19,10 +20,20 @@ import (
 // nothing: the registration secret is still unused afterwards.
 func TestBoundKeypairThroughDiscovery(t *testing.T) {
 	e := newReferralEnv(t, "", "--agent-cert-ttl", "6s")
-	reg := botOf(t, mustRun(t, "bot", "add", "runner", "--data", e.dir, "-o", "json"))
+	if msg := mustFail(t, "bot", "add", "runner", "--discovery", "no-port", "--data", e.dir); !strings.Contains(msg, "--discovery") {
+		t.Fatalf("bot add with a bad discovery address: %s", msg)
+	}
+	out := mustRun(t, "bot", "add", "runner", "--discovery", e.disc.addr, "--discovery-fingerprint", e.disc.fingerprint, "--data", e.dir, "-o", "json")
+	reg := botOf(t, out)
 	secret := reg.BoundKeypair.RegistrationSecret
 	if secret == "" {
 		t.Fatalf("bot add printed no registration secret: %+v", reg)
+	}
+	var printed struct {
+		DiscoveryURI string `json:"discovery_uri"`
+	}
+	if err := json.Unmarshal([]byte(out), &printed); err != nil {
+		t.Fatal(err)
 	}
 	uri := func(fingerprint string) string {
 		return "muster+bound-keypair://runner:" + secret + "@" + e.disc.addr + "?fingerprint=" + fingerprint +
@@ -35,7 +46,11 @@ func TestBoundKeypairThroughDiscovery(t *testing.T) {
 	wantJoinFailure(t, r, "", "nothing was sent")
 	assertNoAgentCerts(t, adir)
 
-	r = muster(t, []string{"MUSTER_JOIN_URI=" + uri(e.fingerprint)}, "agent", "join", "--data", adir)
+	// The discovery form bot add printed is the one DESIGN.md gives.
+	if printed.DiscoveryURI != uri(e.fingerprint) {
+		t.Fatalf("bot add --discovery printed %q, want %q", printed.DiscoveryURI, uri(e.fingerprint))
+	}
+	r = muster(t, []string{"MUSTER_JOIN_URI=" + printed.DiscoveryURI}, "agent", "join", "--data", adir)
 	if r.code != 0 {
 		t.Fatalf("bound-keypair join through discovery by URI: exit %d\n%s\nauthority:\n%s", r.code, r.stderr, e.auth.Logs())
 	}

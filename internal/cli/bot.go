@@ -12,6 +12,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/joinuri"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -95,13 +97,15 @@ func newBotAddCmd(env *Env) *cobra.Command {
 		limit          int64
 		mode           string
 		registerBefore string
+		disc, discFP   string
 	)
 	cmd := &cobra.Command{
 		Use:   "add NAME",
 		Short: "Add a bound-keypair token for node NAME",
 		Example: `  muster bot add build-runner-01
   muster bot add build-runner-01 --public-key runner.pub --recovery-limit 3
-  muster bot add gpu-7 --recovery-mode relaxed --register-before 24h -o json`,
+  muster bot add gpu-7 --recovery-mode relaxed --register-before 24h -o json
+  muster bot add edge-3 --discovery discovery.example:8443 --discovery-fingerprint sha256:4be1…`,
 		Long: `Add a bound-keypair token named NAME for node NAME. With --public-key the
 token is bound to that key now (static binding: the file holds an
 ssh-ed25519 key in authorized_keys form, as "muster keypair create" prints
@@ -110,7 +114,11 @@ now and by "muster token get NAME" until used, with which the agent binds
 its own key before --register-before (default: in 1h).
 
 The first join counts as a recovery: --recovery-limit 1 admits the first
-join and no recovery under the standard mode.`,
+join and no recovery under the standard mode.
+
+With --discovery, the joining URI through that discovery service is printed
+as well (the agent looks the authority up there, then proves it by the CA
+fingerprint before signing anything).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
@@ -134,20 +142,50 @@ join and no recovery under the standard mode.`,
 				}
 				spec.MustRegisterBefore = timestamppb.New(deadline)
 			}
+			if discFP != "" && disc == "" {
+				return fmt.Errorf("bot add: --discovery-fingerprint needs --discovery")
+			}
+			if discFP != "" {
+				fp, err := ca.ParseFingerprint(discFP)
+				if err != nil {
+					return fmt.Errorf("bot add: --discovery-fingerprint: %w", err)
+				}
+				discFP = fp
+			}
 			if mode == boundkeypair.ModeInsecure {
 				fmt.Fprintln(env.Stderr, "warning: recovery mode insecure skips the join state check: a copied key can recover without being detected")
 			}
 			return af.call(cmd, env, "bot add", func(ctx context.Context, c *adminClient) error {
+				var authorityID string
+				if disc != "" {
+					// Checked before the token is made, so a bad address
+					// leaves nothing behind.
+					st, err := c.GetStatus(ctx, &musterv1.GetStatusRequest{})
+					if err != nil {
+						return err
+					}
+					authorityID = st.GetAuthorityId()
+					if _, err := throughDiscovery(placeholderURI, disc, authorityID, discFP); err != nil {
+						return fmt.Errorf("bot add: --discovery: %w", err)
+					}
+				}
 				resp, err := c.ApplyToken(ctx, &musterv1.ApplyTokenRequest{Name: args[0], NodeId: args[0], BoundKeypair: spec, CreateOnly: true})
 				if err != nil {
 					return err
 				}
 				t := tokenOf(resp.GetToken())
+				var discURI string
+				if disc != "" {
+					if discURI, err = throughDiscovery(resp.GetUri(), disc, authorityID, discFP); err != nil {
+						return fmt.Errorf("bot add: --discovery: %w", err)
+					}
+				}
 				if out.json() {
 					return out.write(env.Stdout, struct {
-						URI string `json:"uri"`
+						URI          string `json:"uri"`
+						DiscoveryURI string `json:"discovery_uri,omitempty"`
 						tokenJSON
-					}{resp.GetUri(), t})
+					}{resp.GetUri(), discURI, t})
 				}
 				b := t.BoundKeypair
 				fmt.Fprintf(env.Stdout, "Token:         %s (bound-keypair)\nNode:          %s\nRecovery:      limit %d, mode %s\n",
@@ -160,6 +198,9 @@ join and no recovery under the standard mode.`,
 						b.MustRegisterBefore.UTC().Format(time.RFC3339))
 				}
 				fmt.Fprintf(env.Stdout, "Joining URI:   %s\n", resp.GetUri())
+				if discURI != "" {
+					fmt.Fprintf(env.Stdout, "Through discovery: %s\n", discURI)
+				}
 				return nil
 			})
 		},
@@ -168,6 +209,8 @@ join and no recovery under the standard mode.`,
 	f.StringVar(&keyFile, "public-key", "", "file holding the agent's ssh-ed25519 public key (static binding)")
 	f.Int64Var(&limit, "recovery-limit", boundkeypair.DefaultRecoveryLimit, "recoveries allowed under the standard mode; the first join counts")
 	f.StringVar(&mode, "recovery-mode", boundkeypair.ModeStandard, "standard, relaxed or insecure")
+	f.StringVar(&disc, "discovery", "", "also print the joining URI through this discovery service, HOST:PORT")
+	f.StringVar(&discFP, "discovery-fingerprint", "", "pin of the discovery's CA in that URI, sha256:HEX (default: the agent trusts the system roots for it)")
 	f.StringVar(&registerBefore, "register-before", boundkeypair.DefaultRegisterWithin.String(), "registration deadline: RFC 3339 time or a duration from now")
 	af.register(cmd)
 	out.register(cmd)
@@ -185,3 +228,23 @@ func parseDeadline(s string, now time.Time) (time.Time, error) {
 	}
 	return now.Add(d), nil
 }
+
+// throughDiscovery turns a bound-keypair joining URI for the authority into
+// the same URI through a discovery service (DESIGN.md: the discovery's
+// address, and authority_id added), checked by the parser agents use.
+func throughDiscovery(direct, discovery, authorityID, discoveryFingerprint string) (string, error) {
+	u, err := joinuri.Parse(direct)
+	if err != nil {
+		return "", err
+	}
+	u.Address, u.AuthorityID, u.DiscoveryFingerprint = discovery, authorityID, discoveryFingerprint
+	out := u.Reveal()
+	if _, err := joinuri.Parse(out); err != nil {
+		return "", err
+	}
+	return out, nil
+}
+
+// placeholderURI is a well-formed bound-keypair URI, to check a discovery
+// address before anything is created.
+var placeholderURI = "muster+bound-keypair://check@127.0.0.1:1?fingerprint=sha256:" + strings.Repeat("0", 64)
