@@ -131,14 +131,16 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 			out.key, out.rotated = out.proved, false
 		}
 	}
-	doc, err := s.signJoinState(ctx, boundkeypair.JoinState{
-		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now(),
+	js := boundkeypair.JoinState{
+		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now().Truncate(time.Second),
 		InstanceID: iss.InstanceID, BoundKey: out.key.Fingerprint(), RecoverySequence: out.sequence,
 		RecoveryLimit: bk.Spec.RecoveryLimit, RecoveryMode: bk.Spec.RecoveryMode, Epoch: out.epoch,
-	})
+	}
+	doc, err := s.signJoinState(ctx, js)
 	if err != nil {
 		return nil, err
 	}
+	s.issued.add(doc, js)
 	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1, BoundKey: out.key.Fingerprint()}
 	if out.resync != nil {
 		// Committed: as with the warning below, the record cannot cost
@@ -323,7 +325,10 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
 		Sequence: bk.RecoverySequence, Epoch: bk.Epoch}
 	att := boundkeypair.Attempt{Refresh: held != nil}
-	if p.JoinState != "" {
+	if js, ok := s.issued.lookup(p.JoinState); ok && js.Issuer == s.cfg.AuthorityID && js.Token == t.ID && js.NodeID == p.NodeID {
+		// Exactly a document this process signed for this token and node.
+		att.State = &js
+	} else if p.JoinState != "" {
 		js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
 		if err != nil {
 			att.StateErr = err

@@ -106,6 +106,7 @@ type Service struct {
 	decoyOnce sync.Once
 	decoy     store.Token // a sealed token no ID names, for decoyCompare
 	jsKeys    *joinStateKeys
+	issued    issuedStates // join state documents this process signed
 	endpoints atomic.Pointer[[]string]
 	agent     *ca.Issuer
 	rootPM    []byte
