@@ -128,6 +128,16 @@ func TestBoundKeypairRestore(t *testing.T) {
 	if n := recoveryCount(t, e.dir, "runner"); n != 1 {
 		t.Fatalf("recovery_count after the resync = %d, want 1 (a resync takes none)", n)
 	}
+	var got struct {
+		BoundKeypair struct {
+			Epoch            string `json:"epoch"`
+			RecoverySequence int64  `json:"recovery_sequence"`
+		} `json:"bound_keypair"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "get", "runner", "--data", e.dir, "-o", "json")), &got); err != nil ||
+		got.BoundKeypair.Epoch != windows[0].Epoch || got.BoundKeypair.RecoverySequence != 4 {
+		t.Fatalf("token get after the resync: %+v, %v; want epoch %s at sequence 4 (the agent's 3, brought forward)", got, err, windows[0].Epoch)
+	}
 	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "token.resync"); !strings.Contains(audit, windows[0].Epoch) {
 		t.Fatalf("no token.resync record naming epoch %s:\n%s", windows[0].Epoch, audit)
 	}

@@ -54,7 +54,7 @@ func (s *Server) boundKeypairToProto(p *musterv1.Token, t store.Token, withSecre
 		RecoveryLimit: b.Spec.RecoveryLimit, RecoveryMode: b.Spec.RecoveryMode, RotateAfter: tsOf(b.Spec.RotateAfter)}
 	st := &musterv1.BoundKeypairStatus{BoundPublicKey: b.BoundPublicKey, BoundInstanceId: b.BoundInstanceID,
 		RecoveryCount: b.RecoveryCount, RecoverySequence: b.RecoverySequence, RecoveriesRemaining: -1,
-		LastRecoveredAt: tsOf(b.LastRecoveredAt), LastRotatedAt: tsOf(b.LastRotatedAt)}
+		LastRecoveredAt: tsOf(b.LastRecoveredAt), LastRotatedAt: tsOf(b.LastRotatedAt), Epoch: b.Epoch}
 	if k, err := boundkeypair.ParsePublicKey(b.BoundPublicKey); err == nil {
 		st.BoundKeyFingerprint = k.Fingerprint()
 	}

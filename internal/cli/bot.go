@@ -39,6 +39,7 @@ type boundKeypairJSON struct {
 	RecoveriesRemaining int64      `json:"recoveries_remaining"`
 	LastRecoveredAt     *time.Time `json:"last_recovered_at,omitempty"`
 	LastRotatedAt       *time.Time `json:"last_rotated_at,omitempty"`
+	Epoch               string     `json:"epoch,omitempty"`
 }
 
 // write prints the bound-keypair part of token get: the key, the budget
@@ -65,6 +66,9 @@ func (b *boundKeypairJSON) write(w io.Writer) {
 	fmt.Fprintf(w, "Bound key:   %s\nInstance:    %s\nRecoveries:  %d of %d used (mode %s), %s remaining, sequence %d, last %s\nRotation:    %s, last rotated %s\n",
 		bound, b.BoundInstanceID, b.RecoveryCount, b.RecoveryLimit, b.RecoveryMode, remaining, b.RecoverySequence,
 		when(b.LastRecoveredAt), rotation, when(b.LastRotatedAt))
+	if b.Epoch != "" {
+		fmt.Fprintf(w, "Epoch:       %s (brought forward or recovered in that resync epoch)\n", b.Epoch)
+	}
 }
 
 func timePtr(ts *timestamppb.Timestamp) *time.Time {
@@ -86,7 +90,7 @@ func boundKeypairOf(t *musterv1.Token) *boundKeypairJSON {
 		BoundKeyFingerprint: st.GetBoundKeyFingerprint(), BoundInstanceID: st.GetBoundInstanceId(),
 		RecoveryCount: st.GetRecoveryCount(), RecoverySequence: st.GetRecoverySequence(),
 		RecoveriesRemaining: st.GetRecoveriesRemaining(), LastRecoveredAt: timePtr(st.GetLastRecoveredAt()),
-		LastRotatedAt: timePtr(st.GetLastRotatedAt())}
+		LastRotatedAt: timePtr(st.GetLastRotatedAt()), Epoch: st.GetEpoch()}
 }
 
 func newBotAddCmd(env *Env) *cobra.Command {

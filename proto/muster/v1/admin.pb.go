@@ -1455,8 +1455,11 @@ type BoundKeypairStatus struct {
 	RecoveriesRemaining int64                  `protobuf:"varint,7,opt,name=recoveries_remaining,json=recoveriesRemaining,proto3" json:"recoveries_remaining,omitempty"`
 	LastRecoveredAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=last_recovered_at,json=lastRecoveredAt,proto3" json:"last_recovered_at,omitempty"`
 	LastRotatedAt       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_rotated_at,json=lastRotatedAt,proto3" json:"last_rotated_at,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// epoch is the resync epoch of the token's last recovery ("" before any
+	// resync window was opened).
+	Epoch         string `protobuf:"bytes,10,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BoundKeypairStatus) Reset() {
@@ -1550,6 +1553,13 @@ func (x *BoundKeypairStatus) GetLastRotatedAt() *timestamppb.Timestamp {
 		return x.LastRotatedAt
 	}
 	return nil
+}
+
+func (x *BoundKeypairStatus) GetEpoch() string {
+	if x != nil {
+		return x.Epoch
+	}
+	return ""
 }
 
 // ApplyTokenRequest creates a bound-keypair token or replaces its spec;
@@ -3410,7 +3420,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x14must_register_before\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x12mustRegisterBefore\x12%\n" +
 	"\x0erecovery_limit\x18\x03 \x01(\x03R\rrecoveryLimit\x12#\n" +
 	"\rrecovery_mode\x18\x04 \x01(\tR\frecoveryMode\x12=\n" +
-	"\frotate_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vrotateAfter\"\xe2\x03\n" +
+	"\frotate_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\vrotateAfter\"\xf8\x03\n" +
 	"\x12BoundKeypairStatus\x12/\n" +
 	"\x13registration_secret\x18\x01 \x01(\tR\x12registrationSecret\x12(\n" +
 	"\x10bound_public_key\x18\x02 \x01(\tR\x0eboundPublicKey\x122\n" +
@@ -3420,7 +3430,9 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x11recovery_sequence\x18\x06 \x01(\x03R\x10recoverySequence\x121\n" +
 	"\x14recoveries_remaining\x18\a \x01(\x03R\x13recoveriesRemaining\x12F\n" +
 	"\x11last_recovered_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastRecoveredAt\x12B\n" +
-	"\x0flast_rotated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastRotatedAt\"\xa3\x01\n" +
+	"\x0flast_rotated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastRotatedAt\x12\x14\n" +
+	"\x05epoch\x18\n" +
+	" \x01(\tR\x05epoch\"\xa3\x01\n" +
 	"\x11ApplyTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12@\n" +
