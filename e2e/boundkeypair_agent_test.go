@@ -66,11 +66,7 @@ func TestBoundKeypairAgent(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 
 	adir := filepath.Join(t.TempDir(), "agent")
-	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
-	keyFile := filepath.Join(t.TempDir(), "bot.pub")
-	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	pubLine, keyFile := keypairFile(t, adir)
 	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "2", "--data", e.dir)
 
 	// A join with a token that does not exist leaves no certificate files.

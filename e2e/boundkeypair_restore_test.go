@@ -29,6 +29,18 @@ func copyStore(t *testing.T, from, to string) {
 	}
 }
 
+// keypairFile makes adir's bound key (muster keypair create) and writes its
+// public half to a file for bot add --public-key; it returns both.
+func keypairFile(t *testing.T, adir string) (pubLine, keyFile string) {
+	t.Helper()
+	pubLine = strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
+	keyFile = filepath.Join(t.TempDir(), "bot.pub")
+	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return pubLine, keyFile
+}
+
 // TestBoundKeypairRestore: through the built binary, a bound-keypair agent
 // that recovered after the backup its authority's store was restored from.
 // Without a resync window its agent run is refused join_state_mismatch and
@@ -41,11 +53,7 @@ func TestBoundKeypairRestore(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "agent")
-	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
-	keyFile := filepath.Join(t.TempDir(), "bot.pub")
-	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	_, keyFile := keypairFile(t, adir)
 	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "5", "--data", e.dir)
 	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", addr, "--ca-fingerprint", e.fingerprint)
 
