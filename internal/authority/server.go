@@ -210,6 +210,10 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 				s.log.Warn("bound-keypair token is running out of recoveries", "token", token, "node", node,
 					"recoveries_remaining", remaining, "warn_at", cfg.RecoveriesWarnAt)
 			},
+			Ahead: func(token, node string) {
+				s.log.Warn("bound-keypair join state ahead of the store, refused: if the store was restored from a backup, open a resync window (muster bound-keypair resync open)",
+					"token", token, "node", node)
+			},
 		},
 		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
 		AgentCertTTL: cfg.AgentCertTTL,

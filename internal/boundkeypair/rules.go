@@ -106,6 +106,9 @@ var (
 type Mismatch struct {
 	Reason string
 	Lock   bool
+	// Ahead: the document is ahead of the store and no window admits it,
+	// which is what a store restored from a backup looks like.
+	Ahead bool
 }
 
 func (m *Mismatch) Error() string { return "join_state_mismatch: " + m.Reason }
@@ -204,10 +207,10 @@ func judgeAhead(st Status, d *JoinState, ep Epochs) error {
 		return &Mismatch{Reason: fmt.Sprintf("join state of epoch %q at recovery sequence %d, unknown to this store and not ahead of the token's %d",
 			d.Epoch, d.RecoverySequence, st.Sequence)}
 	case !ep.WindowOpen:
-		return &Mismatch{Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d (was the store restored from a backup?); %s",
+		return &Mismatch{Ahead: true, Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d (was the store restored from a backup?); %s",
 			d.RecoverySequence, st.Sequence, ResyncHint)}
 	case st.Epoch == ep.Current:
-		return &Mismatch{Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d in the current resync epoch %q: the store was restored again since the window opened; close it and open a new one",
+		return &Mismatch{Ahead: true, Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d in the current resync epoch %q: the store was restored again since the window opened; close it and open a new one",
 			d.RecoverySequence, st.Sequence, st.Epoch)}
 	}
 	return nil

@@ -39,6 +39,10 @@ type BoundKeypairConfig struct {
 	// (token.recoveries_low) and Low is called; negative disables it.
 	WarnAt int64
 	Low    func(token, nodeID string, remaining int64)
+	// Ahead, if set, is told of a join state refused as ahead of the
+	// store outside a resync window: the sign of a store restored from a
+	// backup, for the operator's log.
+	Ahead func(token, nodeID string)
 	// CertTTL is the lifetime of bound-keypair agents' certificates:
 	// shorter than others' (DefaultBoundKeypairCertTTL), since a
 	// bound-keypair agent that misses a refresh recovers with its key.
@@ -362,6 +366,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case errors.Is(err, boundkeypair.ErrJoinStateStale):
 		return a, s.lockStale(ctx, t.ID, p.NodeID, err)
 	case errors.Is(err, boundkeypair.ErrJoinStateInvalid):
+		if mm := (*boundkeypair.Mismatch)(nil); errors.As(err, &mm) && mm.Ahead && s.cfg.BoundKeypair.Ahead != nil {
+			s.cfg.BoundKeypair.Ahead(t.ID, p.NodeID)
+		}
 		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
 	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
 		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v", t.ID, err)

@@ -44,6 +44,8 @@ func (b *bkEnv) locked(t *testing.T) bool {
 // then locks the token; after the window, the old rules hold.
 func TestBoundKeypairResync(t *testing.T) {
 	b := newBKEnv(t, 1, boundkeypair.ModeStandard) // the budget is spent by the registration
+	var told []string
+	b.svc.cfg.BoundKeypair.Ahead = func(token, node string) { told = append(told, token+"/"+node) }
 	first, _ := b.register(t)
 	ahead := b.signedAt(t, first.JoinState, 4, "")
 	copied := b.signedAt(t, first.JoinState, 3, "")
@@ -53,6 +55,9 @@ func TestBoundKeypairResync(t *testing.T) {
 	var ref *Refusal
 	if !errors.As(err, &ref) || !strings.Contains(ref.Detail, boundkeypair.ResyncHint) || b.locked(t) {
 		t.Fatalf("ahead, no window: %v (locked %v), want a refusal whose audit detail names the window, and no lock", err, b.locked(t))
+	}
+	if len(told) != 1 || told[0] != "bot-1/node-1" {
+		t.Fatalf("the operator's log was told %v, want bot-1/node-1 once", told)
 	}
 
 	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}); err != nil {
@@ -96,6 +101,9 @@ func TestBoundKeypairResync(t *testing.T) {
 	wantRefusal(t, err, KindPermissionDenied, ReasonJoinStateMismatch)
 	if !b.locked(t) {
 		t.Fatal("a second pre-restore document inside the window did not lock the token")
+	}
+	if len(told) != 1 {
+		t.Fatalf("refusals other than ahead-outside-a-window were told as such: %v", told)
 	}
 }
 
