@@ -7,8 +7,8 @@ import (
 	"github.com/muster-dev/muster/internal/boundkeypair"
 )
 
-// maxIssuedStates bounds the join state documents remembered: about 100
-// bytes each, so at most about 1 MiB.
+// maxIssuedStates bounds the join state documents remembered: a hash and
+// the claims, a few hundred bytes each, so a few MiB at most.
 const maxIssuedStates = 1 << 13
 
 // issuedStates remembers, by their SHA-256, the join state documents this
