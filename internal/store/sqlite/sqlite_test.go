@@ -296,3 +296,17 @@ func TestWatchChanges(t *testing.T) {
 		return a, b
 	})
 }
+
+// TestSignerVersionAcrossHandles: a signer step through one handle is the
+// version the other reads next.
+func TestSignerVersionAcrossHandles(t *testing.T) {
+	storetest.RunSignerVersionTests(t, func(t *testing.T) (store.Store, store.Store) {
+		a, path := openTemp(t)
+		b, err := Open(t.Context(), path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return a, b
+	})
+}
