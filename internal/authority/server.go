@@ -116,6 +116,9 @@ type Server struct {
 
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
+
+	// anchors is the client-certificate check's short path (clientchain.go).
+	anchors clientAnchors
 }
 
 // New builds a server; Run starts it.
