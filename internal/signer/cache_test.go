@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
@@ -174,5 +175,53 @@ func TestVerifierSetCacheNeverGoesBack(t *testing.T) {
 	}
 	if c := a.signed.Load(); c == nil || c.version != stored {
 		t.Fatalf("cached a set of version %d, store at %d", c.version, stored)
+	}
+}
+
+// restoredStore reports the verifier set version as a store restored from
+// an older backup would, while back is set.
+type restoredStore struct {
+	Store
+	back atomic.Int64
+}
+
+func (r *restoredStore) SignerSetVersion(ctx context.Context) (int64, error) {
+	v, err := r.Store.SignerSetVersion(ctx)
+	return v - r.back.Load(), err
+}
+
+func (r *restoredStore) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
+	rows, v, err := r.Store.ListSigners(ctx)
+	return rows, v - r.back.Load(), err
+}
+
+// TestVerifierSetAfterTheStoreWentBack: a store whose version goes back
+// (restored from a backup under a running authority) is served its own
+// set, and the set kept for the higher version is dropped, so when the
+// store reaches that version again with other signers it is signed anew.
+func TestVerifierSetAfterTheStoreWentBack(t *testing.T) {
+	ctx := t.Context()
+	a, b, signs := replicaKeepers(t)
+	who := Actor{Name: "ops"}
+	if _, err := b.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	r := &restoredStore{Store: a.st}
+	a.st = r
+	high, _ := setVersion(t, a)
+	r.back.Store(1)
+	if v, _ := setVersion(t, a); v != high-1 {
+		t.Fatalf("after the store went back: served %d, want %d", v, high-1)
+	}
+	r.back.Store(0)
+	before := signs.signs.Load()
+	if v, _ := setVersion(t, a); v != high {
+		t.Fatalf("served %d, want %d", v, high)
+	}
+	if signs.signs.Load() == before {
+		t.Fatal("the set kept from before the store went back was served again")
 	}
 }

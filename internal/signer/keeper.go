@@ -356,8 +356,16 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 	if version == have {
 		return nil, have, nil
 	}
-	if c := k.signed.Load(); c != nil && c.version == version {
-		return c.raw, version, nil
+	if c := k.signed.Load(); c != nil {
+		if c.version == version {
+			return c.raw, version, nil
+		}
+		if c.version > version {
+			// The store went back (restored from a backup): what was kept
+			// is not this store's, and the version it names will come
+			// again with other signers.
+			k.signed.CompareAndSwap(c, nil)
+		}
 	}
 	snap, err := k.Load(ctx)
 	if err != nil {
