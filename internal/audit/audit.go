@@ -164,7 +164,7 @@ func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error)
 	if err != nil {
 		return store.AuditRecord{}, err
 	}
-	rec, err := l.st.AppendAudit(ctx, build)
+	rec, err := l.st.AppendAudit(ctx, build.Build)
 	if err != nil {
 		return store.AuditRecord{}, fmt.Errorf("audit: record %s: %w", e.Action, err)
 	}
@@ -175,12 +175,12 @@ func (l *Logger) Record(ctx context.Context, e Event) (store.AuditRecord, error)
 	return rec, nil
 }
 
-// Builder returns the function that turns e into the next link of the
-// chain, for a store write that appends the record in the same transaction
-// as the state change it records (a join, a renewal): then the change and
-// its record are durable together or not at all. Call Appended once that
-// write has committed.
-func (l *Logger) Builder(e Event) (func(head store.AuditHead) (store.AuditRecord, error), error) {
+// Builder returns the next link of the chain for e, for a store write that
+// appends the record in the same transaction as the state change it records
+// (a join, a renewal): then the change and its record are durable together
+// or not at all. Pass the link's Build to the write and call Appended once
+// that write has committed.
+func (l *Logger) Builder(e Event) (*Link, error) {
 	if e.Action == "" {
 		return nil, fmt.Errorf("%w: no action", ErrInvalidEvent)
 	}
@@ -190,7 +190,7 @@ func (l *Logger) Builder(e Event) (func(head store.AuditHead) (store.AuditRecord
 		return nil, fmt.Errorf("%w: result %q is not %q, %q or %q",
 			ErrInvalidEvent, e.Result, ResultOK, ResultDenied, ResultError)
 	}
-	return func(head store.AuditHead) (store.AuditRecord, error) {
+	return NewLink(e, func(head store.AuditHead) (store.AuditRecord, error) {
 		// The time is read while the store holds the chain, so record
 		// times never go backwards along the chain as long as the clock
 		// does not.
@@ -208,24 +208,49 @@ func (l *Logger) Builder(e Event) (func(head store.AuditHead) (store.AuditRecord
 		}
 		r.Hash = ChainHash(l.chainKey, r)
 		return r, nil
-	}, nil
+	}), nil
 }
 
-// Appended reports a record written through a Builder. With a head file
-// it reads the chain's head, which is at least that record, to note it.
-func (l *Logger) Appended(e Event) {
-	if l.head != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		head, err := l.st.AuditHead(ctx)
-		cancel()
-		if err != nil {
-			l.log.Error("audit head file not updated", "err", err)
-		} else {
-			l.noteAppended(head.Seq, head.Hash)
-		}
+// Link is one record to be appended by a store write (Logger.Builder). It
+// remembers the record it built last: the store calls Build inside the
+// transaction that commits (again if a batch is retried record by record),
+// so once the write has committed that record is the one in the chain, and
+// the head file is noted without reading the head back from the store.
+type Link struct {
+	e     Event
+	build func(store.AuditHead) (store.AuditRecord, error)
+	built store.AuditRecord
+}
+
+// NewLink returns a link that builds e's record with build; Logger.Builder
+// makes the chain's, another Auditor its own.
+func NewLink(e Event, build func(store.AuditHead) (store.AuditRecord, error)) *Link {
+	return &Link{e: e, build: build}
+}
+
+// Event is the event the link records.
+func (k *Link) Event() Event { return k.e }
+
+// Build makes the record that follows head. The store calls it while it
+// holds the chain; not safe for concurrent use.
+func (k *Link) Build(head store.AuditHead) (store.AuditRecord, error) {
+	r, err := k.build(head)
+	if err == nil {
+		k.built = r
 	}
+	return r, err
+}
+
+// Appended reports that the write carrying k committed: the head file
+// notes k's record and the append is counted as Record counts it; a link
+// the write never built (a repeated join) appended nothing and notes nothing.
+func (l *Logger) Appended(k *Link) {
+	if k.built.Seq == 0 {
+		return // never built: the write appended nothing
+	}
+	l.noteAppended(k.built.Seq, k.built.Hash)
 	if l.onAppend != nil {
-		l.onAppend(e)
+		l.onAppend(k.e)
 	}
 }
 

@@ -15,8 +15,9 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// The head file holds the newest record this process appended (or saw
-// appended): "SEQ HEX-HASH\n", rewritten in place after every append.
+// The head file holds the newest record this process appended:
+// "SEQ HEX-HASH\n", rewritten in place after every append (with replicas,
+// each replica's file is the witness of the records it appended).
 // Checkpoints are signed but only taken every CheckpointInterval; records
 // removed from the tail of the chain after a crash, before the next
 // checkpoint, left nothing that missed them. The head file does: Verify

@@ -1,11 +1,15 @@
 package audit
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // TestHeadFileCatchesACutTail: records removed from the tail after the
@@ -114,4 +118,75 @@ func FuzzReadCheckpointFile(f *testing.F) {
 			t.Fatalf("checkpoint changed in a round trip: %+v, then %+v (%v)", c, back, err)
 		}
 	})
+}
+
+// countingStore counts head reads.
+type countingStore struct {
+	*memStore
+	headReads int
+}
+
+func (c *countingStore) AuditHead(ctx context.Context) (store.AuditHead, error) {
+	c.headReads++
+	return c.memStore.AuditHead(ctx)
+}
+
+// TestLinkNotesTheCommittedRecord: a record written by another store write
+// (a join, a renewal) through Builder is noted in the head file once the
+// write commits, from the record the link built last — the one in the
+// chain, also when a batch built it twice — without reading the head back
+// from the store; a link the write never built (a repeated join) notes
+// nothing.
+func TestLinkNotesTheCommittedRecord(t *testing.T) {
+	dir := t.TempDir()
+	m := &countingStore{memStore: &memStore{}}
+	var appended []string
+	l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: filepath.Join(dir, "head"),
+		OnAppend: func(e Event) { appended = append(appended, e.Action) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := l.Record(ctx, Event{Actor: "a", Action: "first", Result: ResultOK}); err != nil {
+		t.Fatal(err)
+	}
+	link, err := l.Builder(Event{Actor: "a", Action: "join", Result: ResultOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A batch that built the record and rolled back, then the write
+	// that committed it after another record took seq 2.
+	head, _ := m.memStore.AuditHead(ctx)
+	if _, err := link.Build(head); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Record(ctx, Event{Actor: "a", Action: "between", Result: ResultOK}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.AppendAudit(ctx, link.Build); err != nil {
+		t.Fatal(err)
+	}
+	reads := m.headReads
+	l.Appended(link)
+	if m.headReads != reads {
+		t.Errorf("Appended read the head %d times", m.headReads-reads)
+	}
+	got, err := ReadHeadFile(filepath.Join(dir, "head"))
+	want := m.recs[len(m.recs)-1]
+	if err != nil || got.Seq != 3 || !bytes.Equal(got.Hash, want.Hash) {
+		t.Fatalf("head file %+v, %v; want seq 3 and the chain's hash", got, err)
+	}
+	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
+		t.Fatalf("chain: %+v, %v", rep, err)
+	}
+
+	unbuilt, _ := l.Builder(Event{Actor: "a", Action: "repeat", Result: ResultOK})
+	l.Appended(unbuilt)
+	if got, _ := ReadHeadFile(filepath.Join(dir, "head")); got.Seq != 3 {
+		t.Fatalf("an unbuilt link moved the head file to %d", got.Seq)
+	}
+	if strings.Join(appended, ",") != "first,between,join" {
+		t.Errorf("appends reported: %v", appended)
+	}
 }

@@ -208,12 +208,16 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 		return nil, nil
 	}
 	certs := ti.State.PeerCertificates
+	now := time.Now()
+	if chain, ok := s.anchors.verify(s.ca, certs, now); ok {
+		return chain, nil
+	}
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
 	chains, err := certs[0].Verify(x509.VerifyOptions{
-		Roots: s.ca.RootPool(), Intermediates: inter, CurrentTime: time.Now(),
+		Roots: s.ca.RootPool(), Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
 	var invalid x509.CertificateInvalidError

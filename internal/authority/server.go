@@ -116,6 +116,9 @@ type Server struct {
 
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
+
+	// anchors is the client-certificate check's short path (clientchain.go).
+	anchors clientAnchors
 }
 
 // New builds a server; Run starts it.
@@ -244,11 +247,9 @@ func (a enrollAuditor) Record(ctx context.Context, e audit.Event) error {
 
 func (a enrollAuditor) Refuse(ctx context.Context, e audit.Event) { a.s.refusals.Record(ctx, e) }
 
-func (a enrollAuditor) Builder(e audit.Event) (func(store.AuditHead) (store.AuditRecord, error), error) {
-	return a.s.audit.Builder(e)
-}
+func (a enrollAuditor) Builder(e audit.Event) (*audit.Link, error) { return a.s.audit.Builder(e) }
 
-func (a enrollAuditor) Appended(e audit.Event) { a.s.audit.Appended(e) }
+func (a enrollAuditor) Appended(link *audit.Link) { a.s.audit.Appended(link) }
 
 // Metrics holds the authority's metric registry. It exists before the
 // audit logger so the logger can count what it writes.

@@ -59,7 +59,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return nil, err
 	}
 	res, err := s.cfg.Store.CommitJoin(ctx, store.Join{
-		Audit:        build,
+		Audit:        build.Build,
 		TokenID:      a.TokenID,
 		Credential:   a.Credential,
 		NodeID:       a.NodeID,
@@ -110,7 +110,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		ev.Reason = fmt.Sprintf("retry answered with instance %s, serial %s", res.Instance.ID, res.Instance.LastSerial)
 		return s.issuedFrom(a.NodeID, res.Instance, true)
 	}
-	s.cfg.Audit.Appended(*ev)
+	s.cfg.Audit.Appended(build)
 	iss := &Issued{NodeID: a.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
 	if keystore != nil {
 		if iss.PKCS12, iss.PKCS12Password, err = keystore(leaf); err != nil {

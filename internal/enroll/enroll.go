@@ -61,8 +61,8 @@ type Auditor interface {
 	Refuse(ctx context.Context, e audit.Event)
 	// Builder and Appended write a record in the same store transaction
 	// as the change it records (audit.Logger's methods).
-	Builder(e audit.Event) (func(store.AuditHead) (store.AuditRecord, error), error)
-	Appended(e audit.Event)
+	Builder(e audit.Event) (*audit.Link, error)
+	Appended(link *audit.Link)
 }
 
 // Limiter is the per-source rate limit of unauthenticated requests.

@@ -42,14 +42,14 @@ func (f *fakeAudit) Refuse(_ context.Context, e audit.Event) {
 	f.refused = append(f.refused, e)
 }
 
-func (f *fakeAudit) Builder(e audit.Event) (func(store.AuditHead) (store.AuditRecord, error), error) {
-	return func(h store.AuditHead) (store.AuditRecord, error) {
+func (f *fakeAudit) Builder(e audit.Event) (*audit.Link, error) {
+	return audit.NewLink(e, func(h store.AuditHead) (store.AuditRecord, error) {
 		return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),
 			Action: e.Action, Result: e.Result}, nil
-	}, nil
+	}), nil
 }
 
-func (f *fakeAudit) Appended(e audit.Event) { f.Record(context.Background(), e) }
+func (f *fakeAudit) Appended(link *audit.Link) { f.Record(context.Background(), link.Event()) }
 
 type env struct {
 	svc   *Service

@@ -96,7 +96,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
-			Certificate: cert, ChainPEM: chain, Claims: claims, Audit: build})
+			Certificate: cert, ChainPEM: chain, Claims: claims, Audit: build.Build})
 		if errors.Is(err, store.ErrKeyBindingChanged) {
 			// Another join rotated or bound the key between the challenge
 			// and the write: this answer proved the old one.
@@ -110,7 +110,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		} else if err != nil {
 			return nil, err
 		}
-		s.cfg.Audit.Appended(*ev)
+		s.cfg.Audit.Appended(build)
 		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID,
 			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}, nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -15,6 +16,7 @@ import (
 type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	ListSigners(ctx context.Context) ([]store.Signer, int64, error)
+	SignerSetVersion(ctx context.Context) (int64, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
 }
 
@@ -38,6 +40,18 @@ type Keeper struct {
 	audit       Auditor
 	authorityID string
 	minLead     time.Duration
+
+	// signed is the last verifier set this keeper signed, by version. Every
+	// join, renewal and recovery answer carries the set; signing it afresh
+	// each time cost a store transaction and a signature per request.
+	signed atomic.Pointer[cachedSet]
+}
+
+// cachedSet is one signed verifier set and the version it carries; raw is
+// shared by every caller and never modified.
+type cachedSet struct {
+	version int64
+	raw     []byte
 }
 
 // NewKeeper returns a keeper. minLead <= 0 means DefaultMinLeadTime.
@@ -325,7 +339,34 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 // SignedVerifierSet returns the current verifier set, signed by the active
 // signer, and its version; nil when the version is still have, so a stream
 // signs only the sets it sends.
+//
+// The set of a version is signed once and kept: a version names one state
+// of the signer rows (every step advances it in the same conditional
+// write), so two sets of one version differ only in issued_at, which no
+// agent reads. Each call still reads the version from the store, committed
+// state that every replica shares, so a step made through any replica is
+// served by this one from the next call on — never an older set. A change
+// notification would save that read but arrives after the commit, and a
+// set older than the store's version must never be served.
 func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
+	version, err := k.st.SignerSetVersion(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	if version == have {
+		return nil, have, nil
+	}
+	if c := k.signed.Load(); c != nil {
+		if c.version == version {
+			return c.raw, version, nil
+		}
+		if c.version > version {
+			// The store went back (restored from a backup): what was kept
+			// is not this store's, and the version it names will come
+			// again with other signers.
+			k.signed.CompareAndSwap(c, nil)
+		}
+	}
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return nil, 0, err
@@ -340,5 +381,23 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 	raw, err := NewVerifierSet(k.authorityID, snap.Version, snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
 		return k.signWith(ctx, snap, active, msg)
 	})
-	return raw, snap.Version, err
+	if err != nil {
+		return nil, 0, err
+	}
+	k.keep(cachedSet{version: snap.Version, raw: raw})
+	return raw, snap.Version, nil
+}
+
+// keep caches s unless a newer version is cached already (two requests
+// racing across a step must not put the older set back).
+func (k *Keeper) keep(s cachedSet) {
+	for {
+		c := k.signed.Load()
+		if c != nil && c.version >= s.version {
+			return
+		}
+		if k.signed.CompareAndSwap(c, &s) {
+			return
+		}
+	}
 }

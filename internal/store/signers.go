@@ -46,6 +46,11 @@ type SignerStore interface {
 	// version ID), and the verifier set version: the number of change sets
 	// applied so far (0 before the first signer).
 	ListSigners(ctx context.Context) ([]Signer, int64, error)
+	// SignerSetVersion returns the verifier set version alone: one
+	// single-row read of committed state, so a replica that compares it
+	// with the version of a set it signed earlier knows whether that set is
+	// still current, whichever replica made the last step.
+	SignerSetVersion(ctx context.Context) (int64, error)
 	// ApplySignerChanges writes changes in one transaction, in order, and
 	// advances the verifier set version from expectVersion to
 	// expectVersion+1, which it returns. ErrConflict, and nothing written,

@@ -388,3 +388,12 @@ func TestChangePayload(t *testing.T) {
 		})
 	}
 }
+
+// TestSignerVersionAcrossHandles: a signer step through one pool is the
+// version another pool (another replica) reads next.
+func TestSignerVersionAcrossHandles(t *testing.T) {
+	storetest.RunSignerVersionTests(t, func(t *testing.T) (store.Store, store.Store) {
+		a, url := openFresh(t)
+		return a, openURL(t, url)
+	})
+}

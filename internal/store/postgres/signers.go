@@ -35,6 +35,16 @@ func (s *Store) ListSigners(ctx context.Context) ([]store.Signer, int64, error) 
 	return out, version, nil
 }
 
+// SignerSetVersion returns the verifier set version (see
+// store.SignerStore): one round trip.
+func (s *Store) SignerSetVersion(ctx context.Context) (int64, error) {
+	var version int64
+	if err := s.pool.QueryRow(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
+		return 0, wrap("signer set version", err)
+	}
+	return version, nil
+}
+
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore) in one
 // READ COMMITTED transaction. Its first statement advances the one
 // signer_set row only from the expected version: a concurrent step waits on

@@ -41,6 +41,16 @@ func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, int64, error)
 	return out, version, nil
 }
 
+// SignerSetVersion returns the verifier set version (see
+// store.SignerStore).
+func (s *SQLite) SignerSetVersion(ctx context.Context) (int64, error) {
+	var version int64
+	if err := s.r.QueryRowContext(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
+		return 0, wrap("signer set version", err)
+	}
+	return version, nil
+}
+
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore). The
 // writer runs one transaction at a time, here and through the file lock in
 // any other process, and the version check is inside it, so of two steps

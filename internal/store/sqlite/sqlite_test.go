@@ -283,16 +283,22 @@ func TestAppendAuditTwoHandles(t *testing.T) {
 	}
 }
 
+// twoHandles opens two handles on one fresh database file, as two
+// replicas share one store.
+func twoHandles(t *testing.T) (store.Store, store.Store) {
+	a, path := openTemp(t)
+	b, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b
+}
+
 // TestWatchChanges: a change committed through one handle is announced to a
 // watcher on another handle of the same file.
-func TestWatchChanges(t *testing.T) {
-	storetest.RunWatchTests(t, func(t *testing.T) (store.Store, store.Store) {
-		a, path := openTemp(t)
-		b, err := Open(t.Context(), path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return a, b
-	})
-}
+func TestWatchChanges(t *testing.T) { storetest.RunWatchTests(t, twoHandles) }
+
+// TestSignerVersionAcrossHandles: a signer step through one handle is the
+// version the other reads next.
+func TestSignerVersionAcrossHandles(t *testing.T) { storetest.RunSignerVersionTests(t, twoHandles) }

@@ -53,6 +53,25 @@ func signerCases() []testCase {
 				t.Fatalf("ListSigners = %v, %d; want none at version 0", rows, v)
 			}
 		}},
+		{"the version read alone is ListSigners' version", func(t *testing.T, ctx context.Context, s store.Store) {
+			v, err := s.SignerSetVersion(ctx)
+			mustNil(t, "SignerSetVersion", err)
+			if v != 0 {
+				t.Fatalf("SignerSetVersion before any signer = %d, want 0", v)
+			}
+			a := signerRow("v1", store.SignerActive, 0)
+			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			mustNil(t, "create", err)
+			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))})
+			if !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("stale step: %v, want ErrConflict", err)
+			}
+			got, err := s.SignerSetVersion(ctx)
+			mustNil(t, "SignerSetVersion", err)
+			if _, listed := signerStates(t, ctx, s); got != 1 || listed != 1 {
+				t.Fatalf("SignerSetVersion = %d, ListSigners %d; want 1 (a refused step advances nothing)", got, listed)
+			}
+		}},
 		{"insert and read back every field", func(t *testing.T, ctx context.Context, s store.Store) {
 			a := signerRow("v1", store.SignerActive, 0)
 			b := signerRow("v2", store.SignerStaged, time.Minute)
@@ -183,4 +202,29 @@ func successes(t *testing.T, what string, errs []error) int {
 		}
 	}
 	return wins
+}
+
+// RunSignerVersionTests checks that the verifier set version read through
+// one store handle follows every step committed through another handle of
+// the same database at once (two replicas): the authority serves the set
+// it signed for a version only while the store is at that version.
+// newPair is as for RunWatchTests.
+func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, writer store.Store)) {
+	t.Helper()
+	ctx := t.Context()
+	r, w := newPair(t)
+	steps := [][]store.SignerChange{
+		{insert(signerRow("v1", store.SignerActive, 0))},
+		{insert(signerRow("v2", store.SignerStaged, time.Minute))},
+		{move(signerRow("v1", "", 0), store.SignerActive, store.SignerGrace), move(signerRow("v2", "", time.Minute), store.SignerStaged, store.SignerActive)},
+	}
+	for i, changes := range steps {
+		v, err := w.ApplySignerChanges(ctx, int64(i), changes)
+		mustNil(t, "ApplySignerChanges", err)
+		got, err := r.SignerSetVersion(ctx)
+		mustNil(t, "SignerSetVersion", err)
+		if got != v {
+			t.Fatalf("step %d through one handle made version %d; the other reads %d", i+1, v, got)
+		}
+	}
 }
