@@ -54,7 +54,7 @@ const (
 // service layer answers and the audit log records them.
 const (
 	ReasonCanceled         = "canceled: the caller went away before the answer"
-	ReasonDeadlineExceeded = "deadline_exceeded: the caller's deadline passed before the answer"
+	ReasonDeadlineExceeded = "deadline_exceeded: the call's deadline passed before the answer"
 )
 
 // CallerGone is the reason of a call whose context ended: canceled or
