@@ -3,6 +3,9 @@
 # that one with scripts/check-image).
 #   docker build -t muster:dev --build-arg VERSION=v1.2.3 .
 FROM golang:1.26 AS build
+# The image sets GOTOOLCHAIN=local; auto builds with the patched release
+# go.mod's toolchain line names when the image's Go is older.
+ENV GOTOOLCHAIN=auto
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download

@@ -29,6 +29,8 @@ import (
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
 )
 
 // crashKills is how many times TestAuthorityCrashConsistency kills the
@@ -59,6 +61,7 @@ type crashRun struct {
 	identities []*crashIdentity
 	psk        string
 	nodes      atomic.Int64
+	bots       []*crashBot
 }
 
 type crashIdentity struct {
@@ -79,18 +82,33 @@ func freePort(t *testing.T) string {
 }
 
 // TestAuthorityCrashConsistency kills the authority with SIGKILL at random
-// moments while clients join with multi-use tokens and the bootstrap PSK,
+// moments while clients join with multi-use tokens, the bootstrap PSK and
+// bound keypairs (first joins, recoveries, refreshes and key rotations),
 // renew, create tokens and rotate the PSK; it restarts the authority on the
-// same data directory each time. Whatever the moment: no token is used more
-// often than allowed (nor less than the joins clients saw answered), every
-// certificate a client received has its issuance record, the audit chain
-// verifies, and at most one PSK is active and one in grace.
+// same data directory and store each time, on SQLite and on PostgreSQL.
+// Whatever the moment: no token is used more often than allowed (nor less
+// than the joins clients saw answered), every certificate a client received
+// has its issuance record, the audit chain verifies, at most one PSK is
+// active and one in grace, no node has two current instances, a bound-keypair
+// token counts one recovery per instance it made (so none twice from one
+// join state) and its bound key is one its client offered.
 func TestAuthorityCrashConsistency(t *testing.T) {
-	dir, init := initDir(t)
+	t.Run("sqlite", func(t *testing.T) { crashConsistency(t, "") })
+	t.Run("postgres", func(t *testing.T) { crashConsistency(t, postgres(t)) })
+}
+
+// crashConsistency runs the test on the store storeURL names ("" for the
+// data directory's SQLite file).
+func crashConsistency(t *testing.T, storeURL string) {
+	var initArgs, storeArgs []string
+	if storeURL != "" {
+		initArgs, storeArgs = []string{"--store", storeURL}, []string{"--store", storeURL}
+	}
+	dir, init := initDir(t, initArgs...)
 	addr := freePort(t)
 	start := func() *authorityProc {
-		p, rec := startProc(t, "authority", "authority started", "authority", "--data", dir,
-			"--listen", addr, "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+		p, rec := startProc(t, "authority", "authority started", append([]string{"authority", "--data", dir,
+			"--listen", addr, "--metrics-listen", "127.0.0.1:0", "--log-format", "json"}, storeArgs...)...)
 		p.addr, _ = rec["advertise"].(string)
 		return p
 	}
@@ -101,6 +119,7 @@ func TestAuthorityCrashConsistency(t *testing.T) {
 		tokens: map[string]string{}, tokenOK: map[string]int{}, received: map[string][]string{},
 		psk: init["bootstrap_psk"].(string)}
 	c.createToken(t)
+	c.addBots(t, 3)
 
 	kills := crashKills(t)
 	stop := make(chan struct{})
@@ -158,11 +177,7 @@ func TestAuthorityCrashConsistency(t *testing.T) {
 	showPSKs(t, dir)
 	auth.stop(t)
 
-	db, err := sql.Open("sqlite", filepath.Join(dir, "muster.db")+"?_pragma=busy_timeout(10000)")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := openStoreDB(t, dir, storeURL)
 	rows, err := db.Query(`SELECT id, uses_allowed, uses_count FROM tokens`)
 	if err != nil {
 		t.Fatal(err)
@@ -200,22 +215,41 @@ func TestAuthorityCrashConsistency(t *testing.T) {
 	if live["active"] != 1 || live["grace"] > 1 {
 		t.Errorf("bootstrap PSKs after the crashes: %v, want one active and at most one in grace", live)
 	}
+	c.checkBots(t, db)
 	if joins == 0 || len(c.tokens) < 2 {
 		t.Errorf("the clients got %d certificates and created %d tokens in %d kills: the test exercised nothing", joins, len(c.tokens), kills)
 	}
-	t.Logf("%d kills: %d certificates received by clients, %d tokens known", kills, joins, len(c.tokens))
+	t.Logf("%d kills: %d certificates received by clients, %d tokens known; bound keypairs: %v", kills, joins, len(c.tokens), c.botOutcomes())
+}
+
+// openStoreDB opens the authority's store for the checks: the data
+// directory's SQLite file, or the PostgreSQL database storeURL names.
+func openStoreDB(t *testing.T, dir, storeURL string) *sql.DB {
+	t.Helper()
+	driver, dsn := "sqlite", filepath.Join(dir, "muster.db")+"?_pragma=busy_timeout(10000)"
+	if storeURL != "" {
+		driver, dsn = "pgx", storeURL
+	}
+	db, err := sql.Open(driver, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
 
 // step runs one client operation, chosen at random; a failure (the
 // authority is down, or died mid-answer) is expected and not counted.
 func (c *crashRun) step(t *testing.T) {
 	switch n := mrand.IntN(20); {
-	case n < 8:
+	case n < 7:
 		c.tokenJoin(t)
-	case n < 12:
+	case n < 10:
 		c.pskJoin(t)
-	case n < 17:
+	case n < 14:
 		c.renew(t)
+	case n < 17:
+		c.boundJoin(t)
 	case n < 19:
 		c.createToken(t)
 	default:
@@ -224,11 +258,12 @@ func (c *crashRun) step(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 }
 
-func (c *crashRun) conn(t *testing.T, id *identity.Identity) *grpc.ClientConn {
+func (c *crashRun) conn(t *testing.T, id *identity.Identity, opts ...grpc.DialOption) *grpc.ClientConn {
 	pool := x509.NewCertPool()
 	pool.AddCert(c.root)
 	want, _ := spiffeid.New(c.td, spiffeid.RoleAuthority, c.td)
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, pool, identity.MatchID(want)))))
+	opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, pool, identity.MatchID(want)))))
+	conn, err := grpc.NewClient(c.addr, opts...)
 	if err != nil {
 		t.Error(err)
 		return nil

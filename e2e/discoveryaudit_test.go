@@ -107,3 +107,33 @@ func TestDiscoveryAudit(t *testing.T) {
 		t.Errorf("discovery audit verify -o json of an edited chain: exit %d, %v", r.code, rep)
 	}
 }
+
+// TestDiscoveryRefusesACutChain: like the authority, discovery refuses to
+// start on an audit chain shorter than its head file last saw (the newest
+// records removed after a kill -9, or by whoever can write the store),
+// rather than reuse their sequence numbers; audit verify names the cut.
+func TestDiscoveryRefusesACutChain(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "discovery")
+	d := startDiscovery(t, dir)
+	for _, id := range []string{"nobody-aaaaaa", "nobody-bbbbbb", "nobody-cccccc"} {
+		mustFail(t, "discovery", "lookup", id, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint)
+	}
+	d.cmd.Process.Kill()
+	<-d.done
+
+	db, err := sql.Open("sqlite", filepath.Join(dir, "discovery.db")+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	mustExec(t, db, `DROP TRIGGER IF EXISTS audit_records_no_delete`)
+	mustExec(t, db, `DELETE FROM audit_records WHERE seq > (SELECT max(seq) - 2 FROM audit_records)`)
+
+	if line := mustFail(t, "discovery", "audit", "verify", "--data", dir); !strings.Contains(line, "removed from the tail") {
+		t.Errorf("discovery audit verify said %q, want the cut tail named", line)
+	}
+	r := muster(t, nil, "discovery", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "")
+	if r.code == 0 || !strings.Contains(r.stderr, "removed from the tail") || !strings.Contains(r.stderr, "head file") {
+		t.Fatalf("discovery restarted on the cut chain: exit %d, %s", r.code, r.stderr)
+	}
+}

@@ -51,7 +51,7 @@ func (a *adminService) record(ctx context.Context, action, target string, err er
 	if err != nil {
 		e.Result = audit.ResultDenied
 		switch status.Code(err) {
-		case codes.Internal, codes.Unavailable, codes.Unknown, codes.DataLoss:
+		case codes.Internal, codes.Unavailable, codes.Unknown, codes.DataLoss, codes.Canceled, codes.DeadlineExceeded:
 			e.Result = audit.ResultError
 		}
 		e.Reason = status.Convert(err).Message()

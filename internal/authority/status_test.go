@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,6 +61,39 @@ func TestToStatusReasons(t *testing.T) {
 			}
 			if tt.code == codes.Internal && status.Convert(err).Message() == tt.err.Error() {
 				t.Errorf("internal detail reached the caller: %v", err)
+			}
+		})
+	}
+}
+
+// TestToStatusCallerGone: an error that reaches the mapping after the
+// caller went away is the caller's cancellation or deadline, whatever the
+// store answered the interrupted call with (SQLite's "interrupted" does not
+// wrap ctx.Err()), never an internal error of the authority.
+func TestToStatusCallerGone(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	expired, cancel2 := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel2()
+	interrupted := errors.New("sqlite: commit join: interrupted (9)")
+	for _, tt := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want codes.Code
+		msg  string
+	}{
+		{"canceled", canceled, interrupted, codes.Canceled, enroll.ReasonCanceled},
+		{"deadline", expired, interrupted, codes.DeadlineExceeded, enroll.ReasonDeadlineExceeded},
+		{"context.Canceled wrapped", context.Background(), fmt.Errorf("x: %w", context.Canceled), codes.Canceled, enroll.ReasonCanceled},
+		{"refusal after the caller left stays a refusal", canceled, &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonLocked}, codes.PermissionDenied, enroll.ReasonLocked},
+		{"caller still there", context.Background(), interrupted, codes.Internal, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := toStatus(tt.ctx, log, tt.err)
+			if status.Code(err) != tt.want || (tt.msg != "" && status.Convert(err).Message() != tt.msg) {
+				t.Errorf("toStatus = %v, want %v %q", err, tt.want, tt.msg)
 			}
 		})
 	}

@@ -3,6 +3,9 @@ package cli
 import (
 	"fmt"
 	"strings"
+
+	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/signer"
 )
 
 // checkAuthorityConfig validates what muster authority would start with,
@@ -33,7 +36,28 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
 	row("discovery.address", o.discovery)
+	if o.discovery != "" {
+		row("discovery.fingerprint", o.discoveryFP)
+		every := o.registerEvery
+		if every <= 0 {
+			every = authority.DefaultRegisterEvery
+		}
+		row("discovery.register_every", every.String())
+		row("discovery.endpoints", strings.Join(o.endpoints, ", "))
+	}
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))
+	row("bootstrap.psk_optional_until", o.pskOptional)
+	lead := o.signerMinLead
+	if lead <= 0 {
+		lead = signer.DefaultMinLeadTime
+	}
+	row("signer.min_lead_time", lead.String())
+	row("bound_keypair.recoveries_warn_at", fmt.Sprint(o.recoveriesWarnAt))
+	format := o.logFormat
+	if format == "" {
+		format = "json (text on a terminal)"
+	}
+	row("log.format", format)
 	row("log.level", o.logLevel)
 	return nil
 }

@@ -34,6 +34,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	}
 	write(filepath.Join(dir, "authority.yaml"), "listen: 127.0.0.1:1001\nmetrics_listen: 127.0.0.1:2001\nadvertise: file.example:1\n")
 	write(other, "listen: 127.0.0.1:1002\n")
+	withMore := filepath.Join(t.TempDir(), "more.yaml")
+	write(withMore, "signer:\n  min_lead_time: 30m\nbound_keypair:\n  recoveries_warn_at: 3\n  cert_ttl: 2h\ndiscovery:\n  address: disc.example:7450\nbootstrap:\n  psk_required: true\nlog:\n  format: text\n")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -45,6 +47,11 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/authority.yaml", nil, []string{"--config", other}, []string{"listen:                127.0.0.1:1002", "metrics_listen:        127.0.0.1:7444", "advertise:             (off)"}},
 		{"MUSTER_DATA and a password-free store URL", map[string]string{"MUSTER_DATA": dir, "MUSTER_STORE": "postgres://muster:secret@db.internal/muster"}, []string{}, []string{"store:                 postgres://…@db.internal/muster"}},
+		{"defaults in force", nil, nil, []string{"signer.min_lead_time:  10m0s", "bound_keypair.recoveries_warn_at: 1", "bound_keypair.cert_ttl: 1h0m0s",
+			"log.format:            json (text on a terminal)", "bootstrap.psk_optional_until: (off)"}},
+		{"signer, bound keypair and discovery from a file", nil, []string{"--config", withMore}, []string{"signer.min_lead_time:  30m0s",
+			"bound_keypair.recoveries_warn_at: 3", "bound_keypair.cert_ttl: 2h0m0s", "discovery.address:     disc.example:7450",
+			"discovery.register_every: 10m0s", "log.format:            text"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 	}
 	for _, tt := range tests {

@@ -101,7 +101,11 @@ func checkDiscoveryConfig(env *Env, o discoveryOptions) error {
 	}
 	row("config file", o.configFile)
 	row("data", o.dir)
-	row("store", redactURL(o.storeURL))
+	storeURL := o.storeURL
+	if storeURL == "" {
+		storeURL = discoveryd.Dir(o.dir).DefaultStoreURL()
+	}
+	row("store", redactURL(storeURL))
 	row("listen", o.listen)
 	row("advertise", o.advertise)
 	row("metrics_listen", o.metricsListen)

@@ -33,7 +33,8 @@ func TestDiscoverySettings(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"file", nil, []string{"--data", dir}, []string{"listen:                127.0.0.1:1001", "key_rotation:          48h0m0s", "allowed_authorities:   prod-ababab"}},
+		{"file", nil, []string{"--data", dir}, []string{"listen:                127.0.0.1:1001", "key_rotation:          48h0m0s", "allowed_authorities:   prod-ababab",
+			"store:                 sqlite://" + filepath.Join(dir, "discovery.db")}},
 		{"env over file", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir}, []string{"listen:                127.0.0.1:1003", "key_rotation:          48h0m0s"}},
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir, "--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/discovery.yaml", nil, []string{"--data", dir, "--config", other},

@@ -242,6 +242,11 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := checkOwnStore(ctx, s.store); err != nil {
 		return err
 	}
+	// Records removed from the chain's tail (after a kill -9, or by
+	// whoever can write the store) would otherwise be silently reused.
+	if err := s.audit.CheckHead(ctx); err != nil {
+		return fmt.Errorf("discoveryd: %w", err)
+	}
 	installed, err := s.keys.ensure(ctx)
 	if err != nil {
 		return err

@@ -50,6 +50,22 @@ const (
 	ReasonCopyDetected = "copy_detected"
 )
 
+// Reasons of calls that ended because the caller went away, as the
+// service layer answers and the audit log records them.
+const (
+	ReasonCanceled         = "canceled: the caller went away before the answer"
+	ReasonDeadlineExceeded = "deadline_exceeded: the call's deadline passed before the answer"
+)
+
+// CallerGone is the reason of a call whose context ended: canceled or
+// deadline exceeded. Only meaningful when ctx.Err() is not nil.
+func CallerGone(ctx context.Context) string {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return ReasonDeadlineExceeded
+	}
+	return ReasonCanceled
+}
+
 // finish audits the outcome of a join or renewal: a refusal (through the
 // flood guard, with the detail only the audit log sees), an internal
 // error, or a success whose record was not already written with the change.
@@ -62,13 +78,18 @@ func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err e
 			ev.Reason += ": " + ref.Detail
 		}
 		s.cfg.Audit.Refuse(ctx, ev)
+	case err != nil && ctx.Err() != nil:
+		// Not the authority's failure: the caller stopped waiting. Whatever
+		// the store answered the interrupted call with, say that.
+		ev.Result, ev.Reason = audit.ResultError, CallerGone(ctx)
+		s.cfg.Audit.Refuse(ctx, ev)
 	case errors.Is(err, context.Canceled):
 		// The caller went away mid-exchange: neither a refusal nor the
 		// authority's failure, and said so (gRPC's word, as it is answered).
-		ev.Result, ev.Reason = audit.ResultError, "canceled: the caller went away before the join finished ("+err.Error()+")"
+		ev.Result, ev.Reason = audit.ResultError, ReasonCanceled
 		s.cfg.Audit.Refuse(ctx, ev)
 	case errors.Is(err, context.DeadlineExceeded):
-		ev.Result, ev.Reason = audit.ResultError, "deadline_exceeded: the join was not finished in time ("+err.Error()+")"
+		ev.Result, ev.Reason = audit.ResultError, ReasonDeadlineExceeded
 		s.cfg.Audit.Refuse(ctx, ev)
 	case err != nil:
 		ev.Result, ev.Reason = audit.ResultError, "internal error"
