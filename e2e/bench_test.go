@@ -22,6 +22,7 @@ func TestBench(t *testing.T) {
 		{"psk-join", "new"},
 		{"renew", "new"},
 		{"bound-recovery", "new"},
+		{"bound-refresh", "new"},
 		// Few enough requests per simulated agent to stay in the
 		// per-source burst on one connection.
 		{"token-join", "shared"},
@@ -78,6 +79,64 @@ func TestBench(t *testing.T) {
 				t.Errorf("stderr %q: want the setup step said", r.stderr)
 			}
 		})
+	}
+	t.Run("stream", func(t *testing.T) {
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "-o", "json")
+		if r.code != 0 {
+			t.Fatalf("muster bench --op stream: exit %d\nstdout: %s\nstderr: %s\nauthority: %s", r.code, r.stdout, r.stderr, a.Logs())
+		}
+		var rep struct {
+			Op  string `json:"op"`
+			Run struct {
+				Streams    int               `json:"streams"`
+				Opened     int               `json:"opened"`
+				Errors     map[string]int64  `json:"errors"`
+				FirstError map[string]string `json:"first_error"`
+				Memory     *struct {
+					Before    int64 `json:"rss_before_bytes"`
+					After     int64 `json:"rss_after_bytes"`
+					PerStream int64 `json:"rss_per_stream_bytes"`
+				} `json:"memory"`
+				Tasks []struct {
+					TaskID    string `json:"task_id"`
+					Send      int64  `json:"send_ns"`
+					All       int64  `json:"all_ns"`
+					Delivered int    `json:"delivered"`
+				} `json:"tasks"`
+				Delivery struct {
+					P50 int64 `json:"p50_ns"`
+					P99 int64 `json:"p99_ns"`
+					Max int64 `json:"max_ns"`
+				} `json:"delivery"`
+			} `json:"run"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("bench -o json printed %q: %v", r.stdout, err)
+		}
+		run := rep.Run
+		if rep.Op != "stream" || run.Streams != 20 || run.Opened != 20 || len(run.Errors) != 0 || len(run.Tasks) != 2 {
+			t.Fatalf("%+v: want 20 streams open, 2 tasks, no errors", run)
+		}
+		for _, f := range run.Tasks {
+			if f.TaskID == "" || f.Delivered != 20 || f.All <= 0 || f.Send <= 0 {
+				t.Errorf("task %+v: want it delivered to all 20 streams, timed", f)
+			}
+		}
+		if d := run.Delivery; d.P50 <= 0 || d.P50 > d.P99 || d.P99 > d.Max {
+			t.Errorf("delivery %+v: want positive and ordered", d)
+		}
+		// The per-stream figure may be anything (the runtime may return
+		// memory meanwhile); the readings must be there.
+		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
+			t.Errorf("memory %+v: want the authority's RSS before and after", m)
+		}
+		// Every task was audited as sent to the 20 nodes.
+		if out := muster(t, nil, "audit", "list", "--data", dir, "--action", "task.send", "-o", "json"); out.code != 0 || strings.Count(out.stdout, "to 20 nodes") != 2 {
+			t.Errorf("audit of the tasks: %s %s", out.stdout, out.stderr)
+		}
+	})
+	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--duration", "1s"); !strings.Contains(got, "--requests") {
+		t.Errorf("a stream run for a duration: %q", got)
 	}
 	// Renewals cannot share a connection: one presents one certificate.
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "new connection") {

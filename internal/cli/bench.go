@@ -53,6 +53,14 @@ Operations (--op):
   renew           RequestCertificate over mTLS, one agent per worker renewing
                   generation after generation with a fresh key each time
   bound-recovery  the bound-keypair stream of a bot with no certificate
+  bound-refresh   the bound-keypair stream of a bot presenting its valid
+                  certificate: a refresh, which consumes nothing
+  stream          --concurrency agents each hold an AgentService stream open
+                  (as "muster agent run" does); --requests tasks (default 1)
+                  are sent to all of them through SendTask, one after another,
+                  each timed until every stream has it. Prints the
+                  authority's resident memory per stream and the fan-out
+                  time (p50/p95/p99/max per agent)
 
 A setup step first creates what the run needs through the admin API with the
 operator identity (a join token, the PSK read as "muster psk show" reads it,
@@ -71,7 +79,8 @@ signature + the same) and prints the throughput as a fraction of it.
 Joins and recoveries leave state in the authority: bench a test authority.`,
 		Example: `  muster bench --data ./muster-data --op token-join --concurrency 32 --duration 10s
   muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
-  muster bench --data ./muster-data --op psk-join --connection shared --requests 500`,
+  muster bench --data ./muster-data --op psk-join --connection shared --requests 500
+  muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -82,6 +91,12 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				return fmt.Errorf("bench: --op %q: want one of %s", op, strings.Join(loadgen.Operations, ", "))
 			case concurrency < 1:
 				return fmt.Errorf("bench: --concurrency %d: want at least 1", concurrency)
+			case op == loadgen.OpStream && duration > 0:
+				return errors.New("bench: --op stream sends --requests tasks (default 1), not for a --duration")
+			case op == loadgen.OpStream && requests == 0:
+				requests = 1
+			}
+			switch {
 			case duration <= 0 && requests <= 0:
 				return errors.New("bench: give --duration or --requests")
 			case duration > 0 && requests > 0:
@@ -91,6 +106,12 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			}
 			if requests > 0 {
 				prepared = int(requests)
+			}
+			if op == loadgen.OpStream {
+				// One connection per stream, here and at the authority.
+				if limit, err := loadgen.RaiseFileLimit(); err == nil && limit < uint64(concurrency)+64 {
+					return fmt.Errorf("bench: %d streams need as many open files, and this process may open %d (raise ulimit -n)", concurrency, limit)
+				}
 			}
 			data := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
 			addr := firstOf(af.authority, env.Getenv("MUSTER_AUTHORITY"))
@@ -131,6 +152,9 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 					logf("cleaning up: %v", err)
 				}
 			}()
+			if op == loadgen.OpStream {
+				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, logf)
+			}
 			logf("measuring the crypto bound of %s", op)
 			bound, err := loadgen.MeasureBound(op)
 			if err != nil {
