@@ -146,3 +146,65 @@ func TestBench(t *testing.T) {
 		t.Errorf("an unknown op: %q", got)
 	}
 }
+
+// TestBenchSeed fills a stopped authority's store with muster bench seed
+// and checks what an operator and the authority see: the seeded nodes in
+// agents list, the tokens (one spent per node), an intact audit chain with
+// the one bench.seed record, and the authority still joining and renewing.
+// A running authority's directory is refused.
+func TestBenchSeed(t *testing.T) {
+	dir, _ := initDir(t)
+	r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "60", "--nodes", "12", "--batch", "25", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("bench seed: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	var res struct {
+		Run    string `json:"run"`
+		Tokens int    `json:"tokens"`
+		Nodes  int    `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Tokens != 60 || res.Nodes != 12 || res.Run == "" {
+		t.Fatalf("bench seed printed %s (%v): want 60 tokens, 12 nodes", r.stdout, err)
+	}
+	if !strings.Contains(r.stderr, "seed: 60 of 60 tokens, 12 of 12 nodes") {
+		t.Errorf("progress %q: want a line per batch", r.stderr)
+	}
+	a := startAuthority(t, dir)
+	var agents []struct {
+		Node string `json:"node"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "agents", "list", "--data", dir, "-o", "json")), &agents); err != nil {
+		t.Fatal(err)
+	}
+	if len(agents) != 12 || !strings.HasPrefix(agents[0].Node, res.Run+"-") {
+		t.Errorf("agents list: %+v, want the 12 seeded nodes", agents)
+	}
+	var tokens []struct {
+		UsesCount int64 `json:"uses_count"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "list", "--data", dir, "-o", "json")), &tokens); err != nil {
+		t.Fatal(err)
+	}
+	spent := 0
+	for _, tok := range tokens {
+		spent += int(tok.UsesCount)
+	}
+	if len(tokens) != 60 || spent != 12 {
+		t.Errorf("token list: %d tokens, %d uses; want 60 and 12", len(tokens), spent)
+	}
+	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
+		t.Errorf("audit verify: %s", out)
+	}
+	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "bench.seed"); !strings.Contains(out, "60 tokens, 12 nodes") {
+		t.Errorf("audit list: %s", out)
+	}
+	if r := muster(t, nil, "bench", "--data", dir, "--op", "renew", "--concurrency", "2", "--requests", "6", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"ok": 6`) {
+		t.Errorf("renewals on the seeded store: %s %s", r.stdout, r.stderr)
+	}
+	if got := mustFail(t, "bench", "seed", "--data", dir, "--tokens", "1"); !strings.Contains(got, "stop the authority") {
+		t.Errorf("seeding a running authority's directory: %q\n%s", got, a.Logs())
+	}
+	if got := mustFail(t, "bench", "seed", "--data", dir, "--tokens", "1", "--nodes", "2"); !strings.Contains(got, "2 nodes need as many tokens") {
+		t.Errorf("more nodes than tokens: %q", got)
+	}
+}

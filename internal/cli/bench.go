@@ -177,6 +177,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 	}
 	af.register(cmd)
 	out.register(cmd)
+	cmd.AddCommand(newBenchSeedCmd(env))
 	f := cmd.Flags()
 	f.StringVar(&op, "op", "", "operation: "+strings.Join(loadgen.Operations, ", "))
 	f.IntVar(&concurrency, "concurrency", 8, "simulated agents sending at once")

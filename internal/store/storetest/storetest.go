@@ -55,6 +55,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"AgentStream", agentStreamCases()},
 		{"BoundKeypair", boundKeypairCases()},
 		{"JoinStateKey", joinStateKeyCases()},
+		{"Seed", seedCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
