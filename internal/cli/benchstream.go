@@ -41,13 +41,16 @@ func printStreamBench(w io.Writer, r streamBenchReport) {
 	run := r.Run
 	fmt.Fprintf(w, "Operation:    stream (%d agent streams) against %s\n", run.Streams, r.Authority)
 	fmt.Fprintf(w, "Opened:       %d in %s\n", run.Opened, run.OpenElapsed.Round(time.Millisecond))
+	if run.Target == loadgen.TargetAll {
+		fmt.Fprintln(w, "Target:       all (more streams than a task may name: every node in the store is queued the task)")
+	}
 	if m := run.Memory; m != nil {
 		fmt.Fprintf(w, "Memory:       RSS %.1f MiB before, %.1f MiB after: %.1f KiB a stream\n", float64(m.BeforeBytes)/(1<<20),
 			float64(m.AfterBytes)/(1<<20), float64(m.PerStreamBytes)/1024)
 	}
 	for i, f := range run.Tasks {
-		fmt.Fprintf(w, "Task %d:       %s reached %d streams in %s (SendTask %s)\n", i+1, f.TaskID, f.Delivered,
-			f.All.Round(time.Millisecond), f.Send.Round(time.Millisecond))
+		fmt.Fprintf(w, "Task %d:       %s reached %d streams in %s (SendTask %s, queued for %d nodes)\n", i+1, f.TaskID, f.Delivered,
+			f.All.Round(time.Millisecond), f.Send.Round(time.Millisecond), f.Queued)
 	}
 	l := run.Delivery
 	fmt.Fprintf(w, "Delivery:     p50 %s  p95 %s  p99 %s  max %s\n", l.P50.Round(time.Microsecond), l.P95.Round(time.Microsecond),

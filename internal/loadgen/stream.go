@@ -120,9 +120,13 @@ type StreamOutcome struct {
 	// OpenElapsed is the time the streams took to open, all of them
 	// together (TLS handshakes with client certificates and the first
 	// message; not part of the fan-out).
-	OpenElapsed time.Duration     `json:"open_elapsed_ns"`
-	Errors      map[string]int64  `json:"errors"`
-	FirstError  map[string]string `json:"first_error,omitempty"`
+	OpenElapsed time.Duration `json:"open_elapsed_ns"`
+	// Target is how the tasks were addressed: "node_ids" (the run's
+	// agents by name) or, past the most node IDs a task may name, "all"
+	// (every node in the store, streams or not).
+	Target     string            `json:"target"`
+	Errors     map[string]int64  `json:"errors"`
+	FirstError map[string]string `json:"first_error,omitempty"`
 	// Memory is the authority's resident memory before and after the
 	// streams opened, and the difference divided by the streams opened.
 	Memory *StreamMemory `json:"memory,omitempty"`
@@ -150,9 +154,18 @@ type FanOut struct {
 	// every node, audit).
 	Send time.Duration `json:"send_ns"`
 	// All is the time from the call to the last stream's receipt.
-	All       time.Duration `json:"all_ns"`
-	Delivered int           `json:"delivered"`
+	All time.Duration `json:"all_ns"`
+	// Queued is how many nodes the task was queued for; Delivered how
+	// many of the run's streams received it.
+	Queued    int `json:"queued"`
+	Delivered int `json:"delivered"`
 }
+
+// How a stream run's tasks are addressed.
+const (
+	TargetNodes = "node_ids"
+	TargetAll   = "all"
+)
 
 // settle is how long the authority is left after the streams open before
 // its memory is read, so the connections' first allocations are done.
@@ -172,7 +185,10 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 		cfg.Progress = io.Discard
 	}
 	n := len(st.agents)
-	out := &StreamOutcome{Streams: n, Errors: map[string]int64{}, FirstError: map[string]string{}}
+	out := &StreamOutcome{Streams: n, Target: TargetNodes, Errors: map[string]int64{}, FirstError: map[string]string{}}
+	if n > task.MaxNodeIDs {
+		out.Target = TargetAll
+	}
 	var mu sync.Mutex
 	fail := func(err error) {
 		code := status.Code(err).String()
@@ -272,9 +288,14 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	for k := range cfg.Tasks {
 		p := &pending{k: k, all: make(chan struct{}), start: time.Now(), left: out.Opened}
 		current.Store(p)
-		resp, err := st.admin.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: task.TypeReport, NodeIds: st.nodes,
-			Expires: durationpb.New(10 * time.Minute)})
-		f := FanOut{Send: time.Since(p.start)}
+		req := &musterv1.SendTaskRequest{TaskType: task.TypeReport, Expires: durationpb.New(10 * time.Minute)}
+		if out.Target == TargetAll {
+			req.All = true
+		} else {
+			req.NodeIds = st.nodes
+		}
+		resp, err := st.admin.SendTask(ctx, req)
+		f := FanOut{Send: time.Since(p.start), Queued: len(resp.GetNodeIds())}
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: send task %d: %w", k, err)
 		}
