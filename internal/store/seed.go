@@ -12,3 +12,8 @@ type Seed struct {
 	Nodes        []Node
 	Certificates []Certificate
 }
+
+// TokenCounts are the tokens by state (see CountTokens).
+type TokenCounts struct {
+	Active, Expired, UsedUp int64
+}

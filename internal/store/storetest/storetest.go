@@ -56,6 +56,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"BoundKeypair", boundKeypairCases()},
 		{"JoinStateKey", joinStateKeyCases()},
 		{"Seed", seedCases()},
+		{"TokenCount", tokenCountCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
