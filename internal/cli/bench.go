@@ -138,7 +138,13 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			defer admin.Close()
 			ctx := cmd.Context()
 			logf := func(format string, args ...any) { fmt.Fprintf(env.Stderr, "bench: "+format+"\n", args...) }
+			// --timeout bounds a setup of a few calls; one that joins
+			// thousands of agents for streams says how far it got every
+			// thousand instead, and ^C ends it.
 			setupCtx, cancel := af.context(ctx)
+			if op == loadgen.OpStream {
+				setupCtx, cancel = context.WithCancel(ctx)
+			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
 				Prepared: prepared, Operator: operator, Admin: admin, Log: logf})
 			cancel()
