@@ -58,9 +58,10 @@ Operations (--op):
   stream          --concurrency agents each hold an AgentService stream open
                   (as "muster agent run" does); --requests tasks (default 1)
                   are sent to all of them through SendTask, one after another,
-                  each timed until every stream has it. Prints the
-                  authority's resident memory per stream and the fan-out
-                  time (p50/p95/p99/max per agent)
+                  each timed until every stream has it (past 1,024 streams,
+                  the most a task may name, the task goes to all nodes).
+                  Prints the authority's resident memory per stream and
+                  the fan-out time (p50/p95/p99/max per agent)
 
 A setup step first creates what the run needs through the admin API with the
 operator identity (a join token, the PSK read as "muster psk show" reads it,
