@@ -234,18 +234,23 @@ func printBench(w io.Writer, r benchReport) {
 	l := run.Latency
 	fmt.Fprintf(w, "Latency:      p50 %s  p95 %s  p99 %s  max %s\n", l.P50.Round(time.Microsecond), l.P95.Round(time.Microsecond),
 		l.P99.Round(time.Microsecond), l.Max.Round(time.Microsecond))
-	if len(run.Errors) == 0 {
-		fmt.Fprintln(w, "Errors:       none")
-	} else {
-		fmt.Fprintln(w, "Errors:")
-		for code, n := range run.Errors {
-			fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, run.FirstError[code])
-		}
-	}
+	printErrors(w, run.Errors, run.FirstError)
 	if a := run.Authority; a != nil {
 		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
 			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
 	}
 	fmt.Fprintf(w, "Crypto bound: %s per operation on one core (%.0f/s): %s\n", r.Bound.PerOp.Round(time.Microsecond), r.Bound.PerCore, r.Bound.What)
 	fmt.Fprintf(w, "Of the bound: %.2f\n", r.OfBound)
+}
+
+// printErrors prints a run's errors by gRPC code with the first message.
+func printErrors(w io.Writer, errs map[string]int64, first map[string]string) {
+	if len(errs) == 0 {
+		fmt.Fprintln(w, "Errors:       none")
+		return
+	}
+	fmt.Fprintln(w, "Errors:")
+	for code, n := range errs {
+		fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, first[code])
+	}
 }

@@ -55,14 +55,7 @@ func printStreamBench(w io.Writer, r streamBenchReport) {
 	l := run.Delivery
 	fmt.Fprintf(w, "Delivery:     p50 %s  p95 %s  p99 %s  max %s\n", l.P50.Round(time.Microsecond), l.P95.Round(time.Microsecond),
 		l.P99.Round(time.Microsecond), l.Max.Round(time.Microsecond))
-	if len(run.Errors) == 0 {
-		fmt.Fprintln(w, "Errors:       none")
-	} else {
-		fmt.Fprintln(w, "Errors:")
-		for code, n := range run.Errors {
-			fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, run.FirstError[code])
-		}
-	}
+	printErrors(w, run.Errors, run.FirstError)
 	if a := run.Authority; a != nil {
 		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds during the fan-out, peak RSS %.1f MiB\n", a.PID, a.CPUSeconds,
 			float64(a.PeakRSSBytes)/(1<<20))

@@ -38,6 +38,15 @@ type procWatch struct {
 	stopped  chan struct{}
 }
 
+// watchIf watches pid, or nothing when pid is 0 (the authority is not on
+// this machine): a nil watch.
+func watchIf(pid int) (*procWatch, error) {
+	if pid <= 0 {
+		return nil, nil
+	}
+	return watchProc(pid)
+}
+
 func watchProc(pid int) (*procWatch, error) {
 	cpu, err := procCPU(pid)
 	if err != nil {

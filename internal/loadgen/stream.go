@@ -275,13 +275,9 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	}
 	fmt.Fprintf(cfg.Progress, "bench: %d streams open in %s\n", out.Opened, out.OpenElapsed.Round(time.Millisecond))
 
-	var watch *procWatch
-	if cfg.PID > 0 {
-		w, err := watchProc(cfg.PID)
-		if err != nil {
-			return nil, err
-		}
-		watch = w
+	watch, err := watchIf(cfg.PID)
+	if err != nil {
+		return nil, err
 	}
 	fanStart := time.Now()
 	var all []time.Duration
