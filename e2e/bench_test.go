@@ -138,6 +138,9 @@ func TestBench(t *testing.T) {
 	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--duration", "1s"); !strings.Contains(got, "--requests") {
 		t.Errorf("a stream run for a duration: %q", got)
 	}
+	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "connection of its own") {
+		t.Errorf("streams over a shared connection: %q", got)
+	}
 	// Renewals cannot share a connection: one presents one certificate.
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "new connection") {
 		t.Errorf("renew over a shared connection: %q", got)

@@ -107,6 +107,9 @@ func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
 	if s.Connection != ConnNew && s.Connection != ConnShared {
 		return nil, fmt.Errorf("loadgen: connection %q: want %s or %s", s.Connection, ConnNew, ConnShared)
 	}
+	if s.Connection == ConnShared && s.Op == OpStream {
+		return nil, errors.New("loadgen: each agent stream is a connection of its own (--connection shared is for joins)")
+	}
 	if s.Connection == ConnShared && presentsCertificate(s.Op) {
 		return nil, errors.New("loadgen: renewals and refreshes need a new connection each: a connection presents one certificate, and a renewal must present the newest (the authority treats an older one as a copy)")
 	}
