@@ -202,6 +202,10 @@ type JoinStore interface {
 
 	// GetNode returns a node; ErrNotFound.
 	GetNode(ctx context.Context, id string) (Node, error)
+	// MissingNodes returns those of ids that name no node, in the order
+	// given, in one query (a task addressed to a thousand nodes checks
+	// them at once, not with a thousand reads).
+	MissingNodes(ctx context.Context, ids []string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,

@@ -57,6 +57,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JoinStateKey", joinStateKeyCases()},
 		{"Seed", seedCases()},
 		{"TokenCount", tokenCountCases()},
+		{"MissingNodes", missingNodesCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
