@@ -354,7 +354,6 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		// between tasks: per-connection buffers are most of what a
 		// stream costs (limits.go, streamBuffers).
 		grpc.ReadBufferSize(streamReadBuffer),
-		grpc.SharedWriteBuffer(true),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
