@@ -22,6 +22,7 @@ func TestBench(t *testing.T) {
 		{"psk-join", "new"},
 		{"renew", "new"},
 		{"bound-recovery", "new"},
+		{"bound-refresh", "new"},
 		// Few enough requests per simulated agent to stay in the
 		// per-source burst on one connection.
 		{"token-join", "shared"},
@@ -79,11 +80,134 @@ func TestBench(t *testing.T) {
 			}
 		})
 	}
+	t.Run("stream", func(t *testing.T) {
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "-o", "json")
+		if r.code != 0 {
+			t.Fatalf("muster bench --op stream: exit %d\nstdout: %s\nstderr: %s\nauthority: %s", r.code, r.stdout, r.stderr, a.Logs())
+		}
+		var rep struct {
+			Op  string `json:"op"`
+			Run struct {
+				Streams    int               `json:"streams"`
+				Opened     int               `json:"opened"`
+				Errors     map[string]int64  `json:"errors"`
+				FirstError map[string]string `json:"first_error"`
+				Memory     *struct {
+					Before    int64 `json:"rss_before_bytes"`
+					After     int64 `json:"rss_after_bytes"`
+					PerStream int64 `json:"rss_per_stream_bytes"`
+				} `json:"memory"`
+				Tasks []struct {
+					TaskID    string `json:"task_id"`
+					Send      int64  `json:"send_ns"`
+					All       int64  `json:"all_ns"`
+					Delivered int    `json:"delivered"`
+				} `json:"tasks"`
+				Delivery struct {
+					P50 int64 `json:"p50_ns"`
+					P99 int64 `json:"p99_ns"`
+					Max int64 `json:"max_ns"`
+				} `json:"delivery"`
+			} `json:"run"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+			t.Fatalf("bench -o json printed %q: %v", r.stdout, err)
+		}
+		run := rep.Run
+		if rep.Op != "stream" || run.Streams != 20 || run.Opened != 20 || len(run.Errors) != 0 || len(run.Tasks) != 2 {
+			t.Fatalf("%+v: want 20 streams open, 2 tasks, no errors", run)
+		}
+		for _, f := range run.Tasks {
+			if f.TaskID == "" || f.Delivered != 20 || f.All <= 0 || f.Send <= 0 {
+				t.Errorf("task %+v: want it delivered to all 20 streams, timed", f)
+			}
+		}
+		if d := run.Delivery; d.P50 <= 0 || d.P50 > d.P99 || d.P99 > d.Max {
+			t.Errorf("delivery %+v: want positive and ordered", d)
+		}
+		// The per-stream figure may be anything (the runtime may return
+		// memory meanwhile); the readings must be there.
+		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
+			t.Errorf("memory %+v: want the authority's RSS before and after", m)
+		}
+		// Every task was audited as sent to the 20 nodes.
+		if out := muster(t, nil, "audit", "list", "--data", dir, "--action", "task.send", "-o", "json"); out.code != 0 || strings.Count(out.stdout, "to 20 nodes") != 2 {
+			t.Errorf("audit of the tasks: %s %s", out.stdout, out.stderr)
+		}
+	})
+	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--duration", "1s"); !strings.Contains(got, "--requests") {
+		t.Errorf("a stream run for a duration: %q", got)
+	}
+	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "connection of its own") {
+		t.Errorf("streams over a shared connection: %q", got)
+	}
 	// Renewals cannot share a connection: one presents one certificate.
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "new connection") {
 		t.Errorf("renew over a shared connection: %q", got)
 	}
 	if got := mustFail(t, "bench", "--data", dir, "--op", "nope", "--requests", "1"); !strings.Contains(got, "token-join") {
 		t.Errorf("an unknown op: %q", got)
+	}
+}
+
+// TestBenchSeed fills a stopped authority's store with muster bench seed
+// and checks what an operator and the authority see: the seeded nodes in
+// agents list, the tokens (one spent per node), an intact audit chain with
+// the one bench.seed record, and the authority still joining and renewing.
+// A running authority's directory is refused.
+func TestBenchSeed(t *testing.T) {
+	dir, _ := initDir(t)
+	r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "60", "--nodes", "12", "--batch", "25", "-o", "json")
+	if r.code != 0 {
+		t.Fatalf("bench seed: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	var res struct {
+		Run    string `json:"run"`
+		Tokens int    `json:"tokens"`
+		Nodes  int    `json:"nodes"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.Tokens != 60 || res.Nodes != 12 || res.Run == "" {
+		t.Fatalf("bench seed printed %s (%v): want 60 tokens, 12 nodes", r.stdout, err)
+	}
+	if !strings.Contains(r.stderr, "seed: 60 of 60 tokens, 12 of 12 nodes") {
+		t.Errorf("progress %q: want a line per batch", r.stderr)
+	}
+	a := startAuthority(t, dir)
+	var agents []struct {
+		Node string `json:"node"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "agents", "list", "--data", dir, "-o", "json")), &agents); err != nil {
+		t.Fatal(err)
+	}
+	if len(agents) != 12 || !strings.HasPrefix(agents[0].Node, res.Run+"-") {
+		t.Errorf("agents list: %+v, want the 12 seeded nodes", agents)
+	}
+	var tokens []struct {
+		UsesCount int64 `json:"uses_count"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "list", "--data", dir, "-o", "json")), &tokens); err != nil {
+		t.Fatal(err)
+	}
+	spent := 0
+	for _, tok := range tokens {
+		spent += int(tok.UsesCount)
+	}
+	if len(tokens) != 60 || spent != 12 {
+		t.Errorf("token list: %d tokens, %d uses; want 60 and 12", len(tokens), spent)
+	}
+	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
+		t.Errorf("audit verify: %s", out)
+	}
+	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "bench.seed"); !strings.Contains(out, "60 tokens, 12 nodes") {
+		t.Errorf("audit list: %s", out)
+	}
+	if r := muster(t, nil, "bench", "--data", dir, "--op", "renew", "--concurrency", "2", "--requests", "6", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"ok": 6`) {
+		t.Errorf("renewals on the seeded store: %s %s", r.stdout, r.stderr)
+	}
+	if got := mustFail(t, "bench", "seed", "--data", dir, "--tokens", "1"); !strings.Contains(got, "stop the authority") {
+		t.Errorf("seeding a running authority's directory: %q\n%s", got, a.Logs())
+	}
+	if got := mustFail(t, "bench", "seed", "--data", dir, "--tokens", "1", "--nodes", "2"); !strings.Contains(got, "2 nodes need as many tokens") {
+		t.Errorf("more nodes than tokens: %q", got)
 	}
 }

@@ -127,7 +127,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.rotate_signing_key", "--all"); !strings.Contains(msg, "INVALID_ARGUMENT") {
 		t.Errorf("rotate task by hand: %q", msg)
 	}
-	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "nope"); !strings.Contains(msg, "NOT_FOUND") {
+	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "nope"); !strings.Contains(msg, "NOT_FOUND") || !strings.Contains(msg, "no node nope") {
 		t.Errorf("unknown node: %q", msg)
 	}
 	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, `muster_task_verification_failures_total{reason="no_handler",signer="v1"} 2`) {

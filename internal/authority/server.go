@@ -355,6 +355,10 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 			return s.unknownMethod(gs, ss)
 		}),
 		grpc.ForceServerCodecV2(newRequestCodec()),
+		// Every agent holds a connection open for its stream, idle
+		// between tasks: per-connection buffers are most of what a
+		// stream costs (limits.go, streamBuffers).
+		grpc.ReadBufferSize(streamReadBuffer),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

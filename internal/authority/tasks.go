@@ -2,7 +2,6 @@ package authority
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -49,13 +48,12 @@ func (s *Server) queueTask(ctx context.Context, env task.Envelope, nodes []strin
 // (each must exist), or those whose join token carries every label.
 func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) {
 	if len(t.NodeIDs) > 0 {
-		for _, id := range t.NodeIDs {
-			if _, err := s.store.GetNode(ctx, id); err != nil {
-				if errors.Is(err, store.ErrNotFound) {
-					return nil, status.Errorf(codes.NotFound, "no node %s", id)
-				}
-				return nil, err
-			}
+		missing, err := s.store.MissingNodes(ctx, t.NodeIDs)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 {
+			return nil, status.Errorf(codes.NotFound, "no node %s", missing[0])
 		}
 		return t.NodeIDs, nil
 	}

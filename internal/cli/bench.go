@@ -53,6 +53,15 @@ Operations (--op):
   renew           RequestCertificate over mTLS, one agent per worker renewing
                   generation after generation with a fresh key each time
   bound-recovery  the bound-keypair stream of a bot with no certificate
+  bound-refresh   the bound-keypair stream of a bot presenting its valid
+                  certificate: a refresh, which consumes nothing
+  stream          --concurrency agents each hold an AgentService stream open
+                  (as "muster agent run" does); --requests tasks (default 1)
+                  are sent to all of them through SendTask, one after another,
+                  each timed until every stream has it (past 1,024 streams,
+                  the most a task may name, the task goes to all nodes).
+                  Prints the authority's resident memory per stream and
+                  the fan-out time (p50/p95/p99/max per agent)
 
 A setup step first creates what the run needs through the admin API with the
 operator identity (a join token, the PSK read as "muster psk show" reads it,
@@ -71,7 +80,8 @@ signature + the same) and prints the throughput as a fraction of it.
 Joins and recoveries leave state in the authority: bench a test authority.`,
 		Example: `  muster bench --data ./muster-data --op token-join --concurrency 32 --duration 10s
   muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
-  muster bench --data ./muster-data --op psk-join --connection shared --requests 500`,
+  muster bench --data ./muster-data --op psk-join --connection shared --requests 500
+  muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -82,6 +92,12 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				return fmt.Errorf("bench: --op %q: want one of %s", op, strings.Join(loadgen.Operations, ", "))
 			case concurrency < 1:
 				return fmt.Errorf("bench: --concurrency %d: want at least 1", concurrency)
+			case op == loadgen.OpStream && duration > 0:
+				return errors.New("bench: --op stream sends --requests tasks (default 1), not for a --duration")
+			case op == loadgen.OpStream && requests == 0:
+				requests = 1
+			}
+			switch {
 			case duration <= 0 && requests <= 0:
 				return errors.New("bench: give --duration or --requests")
 			case duration > 0 && requests > 0:
@@ -91,6 +107,12 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			}
 			if requests > 0 {
 				prepared = int(requests)
+			}
+			if op == loadgen.OpStream {
+				// One connection per stream, here and at the authority.
+				if limit, err := loadgen.RaiseFileLimit(); err == nil && limit < uint64(concurrency)+64 {
+					return fmt.Errorf("bench: %d streams need as many open files, and this process may open %d (raise ulimit -n)", concurrency, limit)
+				}
 			}
 			data := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
 			addr := firstOf(af.authority, env.Getenv("MUSTER_AUTHORITY"))
@@ -117,7 +139,13 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			defer admin.Close()
 			ctx := cmd.Context()
 			logf := func(format string, args ...any) { fmt.Fprintf(env.Stderr, "bench: "+format+"\n", args...) }
+			// --timeout bounds a setup of a few calls; one that joins
+			// thousands of agents for streams says how far it got every
+			// thousand instead, and ^C ends it.
 			setupCtx, cancel := af.context(ctx)
+			if op == loadgen.OpStream {
+				setupCtx, cancel = context.WithCancel(ctx)
+			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
 				Prepared: prepared, Operator: operator, Admin: admin, Log: logf})
 			cancel()
@@ -131,6 +159,9 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 					logf("cleaning up: %v", err)
 				}
 			}()
+			if op == loadgen.OpStream {
+				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, logf)
+			}
 			logf("measuring the crypto bound of %s", op)
 			bound, err := loadgen.MeasureBound(op)
 			if err != nil {
@@ -153,6 +184,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 	}
 	af.register(cmd)
 	out.register(cmd)
+	cmd.AddCommand(newBenchSeedCmd(env))
 	f := cmd.Flags()
 	f.StringVar(&op, "op", "", "operation: "+strings.Join(loadgen.Operations, ", "))
 	f.IntVar(&concurrency, "concurrency", 8, "simulated agents sending at once")
@@ -202,18 +234,23 @@ func printBench(w io.Writer, r benchReport) {
 	l := run.Latency
 	fmt.Fprintf(w, "Latency:      p50 %s  p95 %s  p99 %s  max %s\n", l.P50.Round(time.Microsecond), l.P95.Round(time.Microsecond),
 		l.P99.Round(time.Microsecond), l.Max.Round(time.Microsecond))
-	if len(run.Errors) == 0 {
-		fmt.Fprintln(w, "Errors:       none")
-	} else {
-		fmt.Fprintln(w, "Errors:")
-		for code, n := range run.Errors {
-			fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, run.FirstError[code])
-		}
-	}
+	printErrors(w, run.Errors, run.FirstError)
 	if a := run.Authority; a != nil {
 		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
 			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
 	}
 	fmt.Fprintf(w, "Crypto bound: %s per operation on one core (%.0f/s): %s\n", r.Bound.PerOp.Round(time.Microsecond), r.Bound.PerCore, r.Bound.What)
 	fmt.Fprintf(w, "Of the bound: %.2f\n", r.OfBound)
+}
+
+// printErrors prints a run's errors by gRPC code with the first message.
+func printErrors(w io.Writer, errs map[string]int64, first map[string]string) {
+	if len(errs) == 0 {
+		fmt.Fprintln(w, "Errors:       none")
+		return
+	}
+	fmt.Fprintln(w, "Errors:")
+	for code, n := range errs {
+		fmt.Fprintf(w, "  %-16s %d  (first: %s)\n", code, n, first[code])
+	}
 }

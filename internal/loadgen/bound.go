@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
@@ -74,43 +75,55 @@ func (f *boundFixture) issue() error {
 }
 
 // MeasureBound times the crypto floor of op ("token-join", "psk-join",
-// "renew" or "bound-recovery").
+// "renew", "bound-recovery" or "bound-refresh"; a stream has none).
 func MeasureBound(op string) (*Bound, error) {
 	f, err := newBoundFixture()
 	if err != nil {
 		return nil, err
 	}
-	var what string
-	var step func() error
+	// Each operation's crypto is a sequence of parts, each named.
+	const (
+		handshake = "TLS 1.3 handshake with a client certificate (both ends)"
+		recovery  = "Ed25519 answer verify + join-state JWT signature"
+		issuance  = "CSR signature check + certificate signature"
+	)
+	var parts []string
 	switch op {
 	case OpTokenJoin, OpPSKJoin:
-		what, step = "CSR signature check + certificate signature", f.issue
+		parts = []string{issuance}
 	case OpRenew:
-		hs, err := f.handshaker()
-		if err != nil {
-			return nil, err
-		}
-		what = "TLS 1.3 handshake with a client certificate (both ends) + CSR signature check + certificate signature"
-		step = func() error {
-			if err := hs(); err != nil {
-				return err
-			}
-			return f.issue()
-		}
+		parts = []string{handshake, issuance}
 	case OpBoundRecovery:
-		rec, err := f.recoverer()
-		if err != nil {
-			return nil, err
-		}
-		what = "Ed25519 answer verify + join-state JWT signature + CSR signature check + certificate signature"
-		step = func() error {
-			if err := rec(); err != nil {
-				return err
-			}
-			return f.issue()
-		}
+		parts = []string{recovery, issuance}
+	case OpBoundRefresh:
+		parts = []string{handshake, recovery, issuance}
 	default:
 		return nil, fmt.Errorf("loadgen: unknown operation %q", op)
+	}
+	var steps []func() error
+	for _, p := range parts {
+		var s func() error
+		switch p {
+		case handshake:
+			s, err = f.handshaker()
+		case recovery:
+			s, err = f.recoverer()
+		default:
+			s = f.issue
+		}
+		if err != nil {
+			return nil, err
+		}
+		steps = append(steps, s)
+	}
+	what := strings.Join(parts, " + ")
+	step := func() error {
+		for _, s := range steps {
+			if err := s(); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	// One untimed round warms caches and lazily built tables.
 	if err := step(); err != nil {

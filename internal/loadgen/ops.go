@@ -33,10 +33,16 @@ const (
 	OpPSKJoin       = "psk-join"
 	OpRenew         = "renew"
 	OpBoundRecovery = "bound-recovery"
+	OpBoundRefresh  = "bound-refresh"
+	OpStream        = "stream"
 )
 
 // Operations lists them, for help and errors.
-var Operations = []string{OpTokenJoin, OpPSKJoin, OpRenew, OpBoundRecovery}
+var Operations = []string{OpTokenJoin, OpPSKJoin, OpRenew, OpBoundRecovery, OpBoundRefresh, OpStream}
+
+// presentsCertificate is whether op's requests present the simulated
+// agent's newest certificate, which changes at every answer.
+func presentsCertificate(op string) bool { return op == OpRenew || op == OpBoundRefresh }
 
 // Connection modes: a new TLS connection per request, as a real agent
 // makes one, or one connection per simulated agent kept for the run.
@@ -68,7 +74,10 @@ type Setup struct {
 // created that would otherwise stay usable (the join token).
 type Prepared struct {
 	Operation
-	Close func(ctx context.Context) error
+	// Streams is set instead of Operation for the stream operation,
+	// which is run by RunStreams.
+	Streams *Streams
+	Close   func(ctx context.Context) error
 }
 
 // target is the authority as the simulated agents see it.
@@ -98,8 +107,11 @@ func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
 	if s.Connection != ConnNew && s.Connection != ConnShared {
 		return nil, fmt.Errorf("loadgen: connection %q: want %s or %s", s.Connection, ConnNew, ConnShared)
 	}
-	if s.Connection == ConnShared && s.Op == OpRenew {
-		return nil, errors.New("loadgen: renewals need a new connection each: a connection presents one certificate, and a renewal must present the newest (the authority treats an older one as a copy)")
+	if s.Connection == ConnShared && s.Op == OpStream {
+		return nil, errors.New("loadgen: each agent stream is a connection of its own (--connection shared is for joins)")
+	}
+	if s.Connection == ConnShared && presentsCertificate(s.Op) {
+		return nil, errors.New("loadgen: renewals and refreshes need a new connection each: a connection presents one certificate, and a renewal must present the newest (the authority treats an older one as a copy)")
 	}
 	if s.Log == nil {
 		s.Log = func(string, ...any) {}
@@ -140,7 +152,11 @@ func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
 	case OpRenew:
 		p, err = prepareRenew(ctx, s, t)
 	case OpBoundRecovery:
-		p, err = prepareRecovery(ctx, s, t)
+		p, err = prepareBots(ctx, s, t, false)
+	case OpBoundRefresh:
+		p, err = prepareBots(ctx, s, t, true)
+	case OpStream:
+		p, err = prepareStreams(ctx, s, t)
 	default:
 		err = fmt.Errorf("loadgen: unknown operation %q (want one of %v)", s.Op, Operations)
 	}
@@ -176,8 +192,8 @@ func sourceAddr(n int64) net.IP {
 
 // dial makes a connection to the authority pinned to its ID, presenting
 // id if not nil, from source address n when on loopback.
-func (t *target) dial(n int64, id *identity.Identity) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match)))}
+func (t *target) dial(n int64, id *identity.Identity, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match)))}, extra...)
 	if t.loopback {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(n)}}
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
@@ -347,19 +363,21 @@ func prepareRenew(ctx context.Context, s Setup, t *target) (*Prepared, error) {
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: join agent %d to renew: %w", w, err)
 		}
-		if r.agents[w], err = r.identity(resp.GetCertificateChainPem(), k.key); err != nil {
+		if r.agents[w], err = t.identity(resp.GetCertificateChainPem(), k.key); err != nil {
 			return nil, err
 		}
 	}
 	return &Prepared{Operation: r}, nil
 }
 
-func (r *renew) identity(chainPEM string, key *ecdsa.PrivateKey) (*identity.Identity, error) {
+// identity is a simulated agent's identity from the chain the authority
+// answered and the key it certified.
+func (t *target) identity(chainPEM string, key *ecdsa.PrivateKey) (*identity.Identity, error) {
 	chain, err := ca.ParseCertsPEM([]byte(chainPEM))
 	if err != nil {
 		return nil, fmt.Errorf("loadgen: the authority's chain: %w", err)
 	}
-	return &identity.Identity{Chain: chain, Key: key, Roots: r.t.rootList}, nil
+	return &identity.Identity{Chain: chain, Key: key, Roots: t.rootList}, nil
 }
 
 func (r *renew) Do(ctx context.Context, worker int, seq int64) error {
@@ -373,7 +391,7 @@ func (r *renew) Do(ctx context.Context, worker int, seq int64) error {
 	if err != nil {
 		return err
 	}
-	id, err := r.identity(chainPEM, next.key)
+	id, err := r.t.identity(chainPEM, next.key)
 	if err != nil {
 		return err
 	}
@@ -381,12 +399,16 @@ func (r *renew) Do(ctx context.Context, worker int, seq int64) error {
 	return nil
 }
 
-// recovery is a bot per worker joining again with its bound key and no
-// certificate: each join is a recovery, answered with a new instance.
-type recovery struct {
-	t    *target
-	bots []bot
-	csrs []keyCSR
+// bots are one bound-keypair bot per worker joining again and again with
+// its bound key and the last join state: without a certificate each join
+// is a recovery, answered with a new instance; with its valid certificate
+// (refresh) it is a refresh of the current instance, which consumes
+// nothing.
+type bots struct {
+	t       *target
+	refresh bool
+	bots    []bot
+	csrs    []keyCSR
 }
 
 type bot struct {
@@ -395,9 +417,11 @@ type bot struct {
 	// state is the join state of the bot's last join, presented at the
 	// next as an agent presents the one in its state.json.
 	state string
+	// id is the bot's newest certificate, presented by a refresh.
+	id *identity.Identity
 }
 
-func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error) {
+func prepareBots(ctx context.Context, s Setup, t *target, refresh bool) (*Prepared, error) {
 	s.Log("setup: %d bound-keypair bots, %d keys and CSRs", s.Concurrency, csrPool)
 	// The first joins have keys of their own: a bot's next join with
 	// the key of its last would be answered as the retry of a lost reply.
@@ -405,7 +429,7 @@ func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error)
 	if err != nil {
 		return nil, err
 	}
-	r := &recovery{t: t, csrs: csrs[:csrPool], bots: make([]bot, s.Concurrency)}
+	r := &bots{t: t, refresh: refresh, csrs: csrs[:csrPool], bots: make([]bot, s.Concurrency)}
 	for w := range r.bots {
 		pub, priv, err := ed25519.GenerateKey(rand.Reader)
 		if err != nil {
@@ -425,8 +449,9 @@ func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error)
 			return nil, fmt.Errorf("loadgen: create bot %s: %w", name, err)
 		}
 		r.bots[w] = bot{name: name, key: priv}
-		// The first join binds the instance; every later one recovers.
-		if err := r.join(ctx, w, int64(w), csrs[csrPool+w].csr); err != nil {
+		// The first join binds the instance; every later one recovers
+		// or refreshes.
+		if err := r.join(ctx, w, int64(w), csrs[csrPool+w]); err != nil {
 			return nil, fmt.Errorf("loadgen: first join of bot %s: %w", name, err)
 		}
 	}
@@ -441,20 +466,30 @@ func prepareRecovery(ctx context.Context, s Setup, t *target) (*Prepared, error)
 	}}, nil
 }
 
-func (r *recovery) join(ctx context.Context, worker int, seq int64, csr []byte) error {
+func (r *bots) join(ctx context.Context, worker int, seq int64, k keyCSR) error {
 	b := &r.bots[worker]
-	return r.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
+	var client *identity.Identity
+	if r.refresh {
+		client = b.id
+	}
+	var chainPEM string
+	err := r.t.call(worker, seq, client, func(conn *grpc.ClientConn) error {
 		res, err := agent.JoinBoundKeypair(ctx, musterv1.NewJoinServiceClient(conn), &musterv1.BoundKeypairInit{Token: b.name,
-			NodeId: b.name, Csr: csr, PreviousJoinState: b.state}, b.key, r.t.authorityID.Name)
+			NodeId: b.name, Csr: k.csr, PreviousJoinState: b.state}, b.key, r.t.authorityID.Name)
 		if err == nil {
-			b.state = res.GetJoinState()
+			b.state, chainPEM = res.GetJoinState(), res.GetCertificateChainPem()
 		}
 		return err
 	})
+	if err != nil || !r.refresh {
+		return err
+	}
+	b.id, err = r.t.identity(chainPEM, k.key)
+	return err
 }
 
-func (r *recovery) Do(ctx context.Context, worker int, seq int64) error {
-	return r.join(ctx, worker, seq, r.csrs[seq%csrPool].csr)
+func (r *bots) Do(ctx context.Context, worker int, seq int64) error {
+	return r.join(ctx, worker, seq, r.csrs[seq%csrPool])
 }
 
 // maxRecoveryLimit is the largest recovery limit the authority accepts.

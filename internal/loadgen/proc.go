@@ -38,6 +38,15 @@ type procWatch struct {
 	stopped  chan struct{}
 }
 
+// watchIf watches pid, or nothing when pid is 0 (the authority is not on
+// this machine): a nil watch.
+func watchIf(pid int) (*procWatch, error) {
+	if pid <= 0 {
+		return nil, nil
+	}
+	return watchProc(pid)
+}
+
 func watchProc(pid int) (*procWatch, error) {
 	cpu, err := procCPU(pid)
 	if err != nil {
@@ -130,4 +139,30 @@ func procRSS(pid int) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("loadgen: /proc status has no VmRSS")
+}
+
+// ProcOpenFiles is pid's soft limit of open files ("Max open files" of
+// /proc/PID/limits); 0 with no error when it is unlimited.
+func ProcOpenFiles(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return 0, err
+	}
+	return parseOpenFiles(b)
+}
+
+func parseOpenFiles(b []byte) (uint64, error) {
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "Max open files"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				break
+			}
+			if f[0] == "unlimited" {
+				return 0, nil
+			}
+			return strconv.ParseUint(f[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("loadgen: /proc limits has no \"Max open files\"")
 }

@@ -79,13 +79,9 @@ func Run(ctx context.Context, op Operation, cfg RunConfig) (*Outcome, error) {
 		stop, cancel = context.WithTimeout(ctx, cfg.Duration)
 		defer cancel()
 	}
-	var watch *procWatch
-	if cfg.PID > 0 {
-		w, err := watchProc(cfg.PID)
-		if err != nil {
-			return nil, err
-		}
-		watch = w
+	watch, err := watchIf(cfg.PID)
+	if err != nil {
+		return nil, err
 	}
 	tallies := make([]*tally, cfg.Concurrency)
 	for w := range tallies {

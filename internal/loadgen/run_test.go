@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -93,5 +94,53 @@ func TestSourceAddrStaysOnLoopbackHosts(t *testing.T) {
 	}
 	if !seen[net.IPv4(127, 1, 0, 1).String()] || len(seen) < 7 {
 		t.Errorf("addresses %v: want 127.1.0.1 first and distinct ones", seen)
+	}
+}
+
+func TestParseOpenFiles(t *testing.T) {
+	const header = "Limit                     Soft Limit           Hard Limit           Units     \n" +
+		"Max cpu time              unlimited            unlimited            seconds   \n"
+	for _, tc := range []struct {
+		name, limits string
+		want         uint64
+		ok           bool
+	}{
+		{"a number", header + "Max open files            1024                 524288               files     \n", 1024, true},
+		{"unlimited", header + "Max open files            unlimited            unlimited            files     \n", 0, true},
+		{"missing", header, 0, false},
+		{"garbled", header + "Max open files            many                 many                 files     \n", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseOpenFiles([]byte(tc.limits))
+			if (err == nil) != tc.ok || got != tc.want {
+				t.Errorf("parseOpenFiles = %v, %v; want %v, ok %v", got, err, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+func TestPendingCountsReceiptsBeforeAndAfterTheID(t *testing.T) {
+	start := time.Now()
+	p := &pending{all: make(chan struct{}), start: start, left: 3}
+	into := make([]time.Duration, 3)
+	p.received(receipt{stream: 0, task: "t1", at: start.Add(time.Millisecond)}, into)
+	p.received(receipt{stream: 1, task: "other", at: start.Add(time.Millisecond)}, into)
+	p.known("t1", into)
+	p.received(receipt{stream: 0, task: "t1", at: start.Add(5 * time.Millisecond)}, into) // a redelivery: the first counts
+	p.received(receipt{stream: 1, task: "t1", at: start.Add(2 * time.Millisecond)}, into)
+	select {
+	case <-p.all:
+		t.Fatal("done with one stream still to receive the task")
+	default:
+	}
+	p.received(receipt{stream: 2, task: "t1", at: start.Add(3 * time.Millisecond)}, into)
+	select {
+	case <-p.all:
+	default:
+		t.Fatal("not done after every stream received the task")
+	}
+	want := []time.Duration{time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond}
+	if !slices.Equal(into, want) {
+		t.Errorf("deliveries %v, want %v", into, want)
 	}
 }

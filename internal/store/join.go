@@ -171,6 +171,11 @@ type JoinStore interface {
 	GetToken(ctx context.Context, id string) (Token, error)
 	// ListTokens returns every token, oldest first.
 	ListTokens(ctx context.Context) ([]Token, error)
+	// CountTokens counts the tokens by their state at now (the states of
+	// jointoken.Usage: expired first, then used up, else active), in the
+	// store, without reading them out: the muster_tokens gauge at every
+	// scrape, at a million tokens.
+	CountTokens(ctx context.Context, now time.Time) (TokenCounts, error)
 	// DeleteToken removes a token; ErrNotFound. Nodes it admitted keep
 	// their identities.
 	DeleteToken(ctx context.Context, id string) error
@@ -197,6 +202,10 @@ type JoinStore interface {
 
 	// GetNode returns a node; ErrNotFound.
 	GetNode(ctx context.Context, id string) (Node, error)
+	// MissingNodes returns those of ids that name no node, in the order
+	// given, in one query (a task addressed to a thousand nodes checks
+	// them at once, not with a thousand reads).
+	MissingNodes(ctx context.Context, ids []string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,

@@ -56,6 +56,9 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"BoundKeypair", boundKeypairCases()},
 		{"JoinStateKey", joinStateKeyCases()},
 		{"Resync", resyncCases()},
+		{"Seed", seedCases()},
+		{"TokenCount", tokenCountCases()},
+		{"MissingNodes", missingNodesCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

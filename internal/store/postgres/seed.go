@@ -1,0 +1,96 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// LoadSeed writes a batch of fixture rows in one transaction with COPY.
+// Tokens are copied into a temporary table first and moved with ON
+// CONFLICT DO NOTHING, so a token whose ID is taken already is skipped
+// (IDs are short and random: at a million tokens a few collide);
+// inserted[i] says whether b.Tokens[i] was written. The instances, nodes
+// and certificates are copied straight into their tables and must not
+// collide. Nothing is checked or audited: see store.Seed.
+func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, err error) {
+	inserted = make([]bool, len(b.Tokens))
+	err = s.inTx(ctx, "seed", func(tx pgx.Tx) error {
+		if len(b.Tokens) > 0 {
+			if _, err := tx.Exec(ctx, `CREATE TEMPORARY TABLE seed_tokens (LIKE tokens) ON COMMIT DROP`); err != nil {
+				return wrap("seed: temporary table", err)
+			}
+			rows := make([][]any, len(b.Tokens))
+			for i, t := range b.Tokens {
+				labels, err := labelsArg(t.Labels)
+				if err != nil {
+					return fmt.Errorf("postgres: seed token: %w", err)
+				}
+				rows[i] = []any{t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
+					t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt)}
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"seed_tokens"}, columns(tokenColumns), pgx.CopyFromRows(rows)); err != nil {
+				return wrap("seed tokens", err)
+			}
+			got, err := tx.Query(ctx, `INSERT INTO tokens SELECT * FROM seed_tokens ON CONFLICT (id) DO NOTHING RETURNING id`)
+			if err != nil {
+				return wrap("seed tokens", err)
+			}
+			ids, err := pgx.CollectRows(got, pgx.RowTo[string])
+			if err != nil {
+				return wrap("seed tokens", err)
+			}
+			written := make(map[string]bool, len(ids))
+			for _, id := range ids {
+				written[id] = true
+			}
+			for i, t := range b.Tokens {
+				inserted[i] = written[t.ID]
+			}
+		}
+		copyRows := func(table, cols string, n int, row func(i int) []any) error {
+			if n == 0 {
+				return nil
+			}
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{table}, columns(cols), pgx.CopyFromSlice(n, func(i int) ([]any, error) { return row(i), nil })); err != nil {
+				return wrap("seed "+table, err)
+			}
+			return nil
+		}
+		if err := copyRows("instances", instanceColumns, len(b.Instances), func(i int) []any {
+			in := b.Instances[i]
+			return []any{in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+				timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)}
+		}); err != nil {
+			return err
+		}
+		if err := copyRows("nodes", nodeColumns, len(b.Nodes), func(i int) []any {
+			n := b.Nodes[i]
+			return []any{n.ID, n.JoinMethod, n.TokenID, n.InstanceID, timeArg(n.CreatedAt), timeArg(n.UpdatedAt)}
+		}); err != nil {
+			return err
+		}
+		return copyRows("certificates", certificateColumns, len(b.Certificates), func(i int) []any {
+			c := b.Certificates[i]
+			return []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
+				timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	return inserted, nil
+}
+
+// columns splits a column list as the queries write it.
+func columns(list string) []string {
+	var out []string
+	for _, c := range strings.Split(list, ",") {
+		out = append(out, strings.TrimSpace(c))
+	}
+	return out
+}
