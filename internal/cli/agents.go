@@ -88,24 +88,29 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		pf  pageFlags
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster agents list --data ./muster-data
-  muster agents list -o json`,
-		Short: "List admitted nodes with their current instance",
+  muster agents list -o json
+  muster agents list --limit 50`,
+		Short: "List admitted nodes with their current instance, fetching every page",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
+			if err := pf.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "agents list", func(ctx context.Context, c *adminClient) error {
-				resp, err := c.ListAgents(ctx, &musterv1.ListAgentsRequest{})
+				agents, err := listAgents(ctx, c, pf)
 				if err != nil {
 					return err
 				}
 				list := []agentJSON{}
-				for _, a := range resp.GetAgents() {
+				for _, a := range agents {
 					list = append(list, agentOf(a))
 				}
 				if out.json() {
@@ -117,6 +122,7 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 	}
 	af.register(cmd)
 	out.register(cmd)
+	pf.register(cmd)
 	return cmd
 }
 

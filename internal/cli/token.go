@@ -159,24 +159,29 @@ func newTokenListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		pf  pageFlags
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster token list --data ./muster-data
-  muster token list -o yaml`,
-		Short: "List join tokens (never their secrets)",
+  muster token list -o yaml
+  muster token list --limit 20 --page-size 100`,
+		Short: "List join tokens (never their secrets), fetching every page",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
+			if err := pf.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "token list", func(ctx context.Context, c *adminClient) error {
-				resp, err := c.ListTokens(ctx, &musterv1.ListTokensRequest{})
+				tokens, err := listTokens(ctx, c, pf)
 				if err != nil {
 					return err
 				}
 				list := []tokenJSON{}
-				for _, t := range resp.GetTokens() {
+				for _, t := range tokens {
 					list = append(list, tokenOf(t))
 				}
 				if out.json() {
@@ -188,6 +193,7 @@ func newTokenListCmd(env *Env) *cobra.Command {
 	}
 	af.register(cmd)
 	out.register(cmd)
+	pf.register(cmd)
 	return cmd
 }
 
