@@ -105,18 +105,18 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 				return err
 			}
 			return af.call(cmd, env, "agents list", func(ctx context.Context, c *adminClient) error {
-				agents, err := listAgents(ctx, c, pf)
+				lo := &listOut[agentJSON]{w: env.Stdout, out: out, table: agentTable}
+				err := eachPage(pf.limit, agentPages(ctx, c, pf.size), func(page []*musterv1.Agent) error {
+					list := make([]agentJSON, 0, len(page))
+					for _, a := range page {
+						list = append(list, agentOf(a))
+					}
+					return lo.page(list)
+				})
 				if err != nil {
 					return err
 				}
-				list := []agentJSON{}
-				for _, a := range agents {
-					list = append(list, agentOf(a))
-				}
-				if out.json() {
-					return out.write(env.Stdout, list)
-				}
-				return printAgents(env.Stdout, list)
+				return lo.end()
 			})
 		},
 	}
@@ -127,9 +127,14 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 }
 
 // printAgents is agents list's table.
-func printAgents(w io.Writer, list []agentJSON) error {
+func printAgents(w io.Writer, list []agentJSON) error { return agentTable(w, list, true) }
+
+// agentTable prints rows of agents list's table, with its header or not.
+func agentTable(w io.Writer, list []agentJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+	if header {
+		fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+	}
 	for _, a := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
 			a.recoveries(), streamColumn(a.Stream), a.Locked)

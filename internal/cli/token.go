@@ -176,18 +176,18 @@ func newTokenListCmd(env *Env) *cobra.Command {
 				return err
 			}
 			return af.call(cmd, env, "token list", func(ctx context.Context, c *adminClient) error {
-				tokens, err := listTokens(ctx, c, pf)
+				lo := &listOut[tokenJSON]{w: env.Stdout, out: out, table: tokenTable}
+				err := eachPage(pf.limit, tokenPages(ctx, c, pf.size), func(page []*musterv1.Token) error {
+					list := make([]tokenJSON, 0, len(page))
+					for _, t := range page {
+						list = append(list, tokenOf(t))
+					}
+					return lo.page(list)
+				})
 				if err != nil {
 					return err
 				}
-				list := []tokenJSON{}
-				for _, t := range tokens {
-					list = append(list, tokenOf(t))
-				}
-				if out.json() {
-					return out.write(env.Stdout, list)
-				}
-				return printTokens(env.Stdout, list)
+				return lo.end()
 			})
 		},
 	}
@@ -198,9 +198,15 @@ func newTokenListCmd(env *Env) *cobra.Command {
 }
 
 // printTokens is token list's table.
-func printTokens(w io.Writer, list []tokenJSON) error {
+func printTokens(w io.Writer, list []tokenJSON) error { return tokenTable(w, list, true) }
+
+// tokenTable prints rows of token list's table, with its header or not: a
+// list printed page by page aligns each page's columns on their own.
+func tokenTable(w io.Writer, list []tokenJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	if header {
+		fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	}
 	for _, t := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
 	}
