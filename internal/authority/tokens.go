@@ -104,23 +104,6 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 	return &musterv1.CreateTokenResponse{Token: tok.Reveal(), Info: tokenToProto(t, now), Uri: uri.Reveal()}, target, nil
 }
 
-func (a *adminService) ListTokens(ctx context.Context, _ *musterv1.ListTokensRequest) (*musterv1.ListTokensResponse, error) {
-	ts, err := a.s.store.ListTokens(ctx)
-	if err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
-	}
-	now := time.Now()
-	resp := &musterv1.ListTokensResponse{}
-	for _, t := range ts {
-		p := tokenToProto(t, now)
-		if err := a.s.boundKeypairToProto(p, t, false); err != nil {
-			return nil, toStatus(ctx, a.s.log, err)
-		}
-		resp.Tokens = append(resp.Tokens, p)
-	}
-	return resp, nil
-}
-
 func (a *adminService) GetToken(ctx context.Context, req *musterv1.GetTokenRequest) (*musterv1.GetTokenResponse, error) {
 	if !validTokenName(req.GetId()) {
 		err := toStatus(ctx, a.s.log, badRequest(badTokenName))
@@ -196,22 +179,6 @@ func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv
 		}
 	}
 	return p, nil
-}
-
-func (a *adminService) ListAgents(ctx context.Context, _ *musterv1.ListAgentsRequest) (*musterv1.ListAgentsResponse, error) {
-	nodes, err := a.s.store.ListNodes(ctx)
-	if err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
-	}
-	resp := &musterv1.ListAgentsResponse{}
-	for _, n := range nodes {
-		p, err := a.agentToProto(ctx, n)
-		if err != nil {
-			return nil, toStatus(ctx, a.s.log, err)
-		}
-		resp.Agents = append(resp.Agents, p)
-	}
-	return resp, nil
 }
 
 // GetAgent answers "what does this machine hold, since when, and how did it

@@ -88,42 +88,53 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		pf  pageFlags
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster agents list --data ./muster-data
-  muster agents list -o json`,
-		Short: "List admitted nodes with their current instance",
+  muster agents list -o json
+  muster agents list --limit 50`,
+		Short: "List admitted nodes with their current instance, fetching every page",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
+			if err := pf.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "agents list", func(ctx context.Context, c *adminClient) error {
-				resp, err := c.ListAgents(ctx, &musterv1.ListAgentsRequest{})
+				lo := &listOut[agentJSON]{w: env.Stdout, out: out, table: agentTable}
+				err := eachPage(pf.limit, agentPages(ctx, c, pf.size), func(page []*musterv1.Agent) error {
+					list := make([]agentJSON, 0, len(page))
+					for _, a := range page {
+						list = append(list, agentOf(a))
+					}
+					return lo.page(list)
+				})
 				if err != nil {
 					return err
 				}
-				list := []agentJSON{}
-				for _, a := range resp.GetAgents() {
-					list = append(list, agentOf(a))
-				}
-				if out.json() {
-					return out.write(env.Stdout, list)
-				}
-				return printAgents(env.Stdout, list)
+				return lo.end()
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
+	pf.register(cmd)
 	return cmd
 }
 
 // printAgents is agents list's table.
-func printAgents(w io.Writer, list []agentJSON) error {
+func printAgents(w io.Writer, list []agentJSON) error { return agentTable(w, list, true) }
+
+// agentTable prints rows of agents list's table, with its header or not.
+func agentTable(w io.Writer, list []agentJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+	if header {
+		fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+	}
 	for _, a := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),
 			a.recoveries(), streamColumn(a.Stream), a.Locked)

@@ -57,12 +57,12 @@ func (a *adminFlags) completeArg(env *Env, list lister) func(*cobra.Command, []s
 }
 
 func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	resp, err := c.ListAgents(ctx, &musterv1.ListAgentsRequest{})
+	agents, err := collectPages(agentPages(ctx, c, 0))
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
-	for _, a := range resp.GetAgents() {
+	for _, a := range agents {
 		ids = append(ids, a.GetNodeId())
 	}
 	return ids, nil
@@ -70,12 +70,12 @@ func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
 
 // listTokenIDs lists token IDs; a bound-keypair token's ID is its name.
 func listTokenIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	resp, err := c.ListTokens(ctx, &musterv1.ListTokensRequest{})
+	tokens, err := collectPages(tokenPages(ctx, c, 0))
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
-	for _, t := range resp.GetTokens() {
+	for _, t := range tokens {
 		ids = append(ids, t.GetId())
 	}
 	return ids, nil

@@ -159,42 +159,54 @@ func newTokenListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		pf  pageFlags
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster token list --data ./muster-data
-  muster token list -o yaml`,
-		Short: "List join tokens (never their secrets)",
+  muster token list -o yaml
+  muster token list --limit 20 --page-size 100`,
+		Short: "List join tokens (never their secrets), fetching every page",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
+			if err := pf.check(); err != nil {
+				return err
+			}
 			return af.call(cmd, env, "token list", func(ctx context.Context, c *adminClient) error {
-				resp, err := c.ListTokens(ctx, &musterv1.ListTokensRequest{})
+				lo := &listOut[tokenJSON]{w: env.Stdout, out: out, table: tokenTable}
+				err := eachPage(pf.limit, tokenPages(ctx, c, pf.size), func(page []*musterv1.Token) error {
+					list := make([]tokenJSON, 0, len(page))
+					for _, t := range page {
+						list = append(list, tokenOf(t))
+					}
+					return lo.page(list)
+				})
 				if err != nil {
 					return err
 				}
-				list := []tokenJSON{}
-				for _, t := range resp.GetTokens() {
-					list = append(list, tokenOf(t))
-				}
-				if out.json() {
-					return out.write(env.Stdout, list)
-				}
-				return printTokens(env.Stdout, list)
+				return lo.end()
 			})
 		},
 	}
 	af.register(cmd)
 	out.register(cmd)
+	pf.register(cmd)
 	return cmd
 }
 
 // printTokens is token list's table.
-func printTokens(w io.Writer, list []tokenJSON) error {
+func printTokens(w io.Writer, list []tokenJSON) error { return tokenTable(w, list, true) }
+
+// tokenTable prints rows of token list's table, with its header or not: a
+// list printed page by page aligns each page's columns on their own.
+func tokenTable(w io.Writer, list []tokenJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	if header {
+		fmt.Fprintln(tw, "ID\tSTATE\tUSES LEFT\tEXPIRES\tNODE\tDESCRIPTION\tLABELS")
+	}
 	for _, t := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.State, t.usesLeft(), t.expiry(), t.NodeID, t.Description, t.labels())
 	}

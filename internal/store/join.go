@@ -171,6 +171,11 @@ type JoinStore interface {
 	GetToken(ctx context.Context, id string) (Token, error)
 	// ListTokens returns every token, oldest first.
 	ListTokens(ctx context.Context) ([]Token, error)
+	// ListTokensPage returns up to limit tokens that come after the key in
+	// ListTokens' order (CreatedAt, then ID); the zero key starts at the
+	// first. A keyset, not an offset: a token inserted or deleted between
+	// two pages neither shifts nor repeats the others.
+	ListTokensPage(ctx context.Context, after TokenKey, limit int) ([]Token, error)
 	// CountTokens counts the tokens by their state at now (the states of
 	// jointoken.Usage: expired first, then used up, else active), in the
 	// store, without reading them out: the muster_tokens gauge at every
@@ -208,6 +213,9 @@ type JoinStore interface {
 	MissingNodes(ctx context.Context, ids []string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
+	// ListNodesPage returns up to limit nodes whose ID is greater than
+	// afterID, ordered by ID; "" starts at the first.
+	ListNodesPage(ctx context.Context, afterID string, limit int) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,
 	// freeing the node ID; ErrNotFound.
 	DeleteNode(ctx context.Context, id string) error

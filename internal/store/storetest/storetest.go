@@ -58,6 +58,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Resync", resyncCases()},
 		{"Seed", seedCases()},
 		{"TokenCount", tokenCountCases()},
+		{"Page", pageCases()},
 		{"MissingNodes", missingNodesCases()},
 	}
 	for _, g := range groups {

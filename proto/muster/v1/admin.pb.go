@@ -1845,8 +1845,16 @@ func (x *CreateTokenResponse) GetUri() string {
 	return ""
 }
 
+// Lists page like Kubernetes' and Teleport's: ask with page_size (0 is the
+// default, 500; at most 1000) and no page_token for the first page, then
+// pass each answer's next_page_token unchanged until it comes back empty.
+// A page token is an opaque keyset cursor (the last item's place in the
+// list order), so an item added or deleted between pages neither shifts
+// nor repeats the others.
 type ListTokensRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1881,9 +1889,25 @@ func (*ListTokensRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
+func (x *ListTokensRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListTokensRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListTokensResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Tokens        []*Token               `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tokens []*Token               `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	// next_page_token is empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1923,6 +1947,13 @@ func (x *ListTokensResponse) GetTokens() []*Token {
 		return x.Tokens
 	}
 	return nil
+}
+
+func (x *ListTokensResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetTokenRequest struct {
@@ -2433,8 +2464,11 @@ func (x *AgentCertificate) GetIssuedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+// Paged as ListTokensRequest is, by node ID.
 type ListAgentsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	PageSize      int32                  `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	PageToken     string                 `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2469,9 +2503,25 @@ func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
+func (x *ListAgentsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListAgentsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListAgentsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Agents        []*Agent               `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Agents []*Agent               `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	// next_page_token is empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2511,6 +2561,13 @@ func (x *ListAgentsResponse) GetAgents() []*Agent {
 		return x.Agents
 	}
 	return nil
+}
+
+func (x *ListAgentsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 type GetAgentRequest struct {
@@ -3457,10 +3514,14 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x13CreateTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\x12$\n" +
 	"\x04info\x18\x02 \x01(\v2\x10.muster.v1.TokenR\x04info\x12\x10\n" +
-	"\x03uri\x18\x03 \x01(\tR\x03uri\"\x13\n" +
-	"\x11ListTokensRequest\">\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"O\n" +
+	"\x11ListTokensRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x12ListTokensResponse\x12(\n" +
-	"\x06tokens\x18\x01 \x03(\v2\x10.muster.v1.TokenR\x06tokens\"!\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x10.muster.v1.TokenR\x06tokens\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"!\n" +
 	"\x0fGetTokenRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\":\n" +
 	"\x10GetTokenResponse\x12&\n" +
@@ -3515,10 +3576,14 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"not_before\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
 	"\tnot_after\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x127\n" +
-	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"\x13\n" +
-	"\x11ListAgentsRequest\">\n" +
+	"\tissued_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\bissuedAt\"O\n" +
+	"\x11ListAgentsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"f\n" +
 	"\x12ListAgentsResponse\x12(\n" +
-	"\x06agents\x18\x01 \x03(\v2\x10.muster.v1.AgentR\x06agents\"*\n" +
+	"\x06agents\x18\x01 \x03(\v2\x10.muster.v1.AgentR\x06agents\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"*\n" +
 	"\x0fGetAgentRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\xb3\x01\n" +
 	"\x10GetAgentResponse\x12&\n" +

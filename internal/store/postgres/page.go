@@ -1,0 +1,36 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// ListTokensPage returns up to limit tokens after the key, in ListTokens'
+// order, from the tokens_list_order index.
+func (s *Store) ListTokensPage(ctx context.Context, after store.TokenKey, limit int) ([]store.Token, error) {
+	// The zero key's CreatedAt is year 1, before every stored time.
+	rows, err := s.pool.Query(ctx, `SELECT `+tokenColumns+` FROM tokens
+		WHERE (created_at, id) > ($1, $2) ORDER BY created_at, id LIMIT $3`,
+		after.CreatedAt.UnixMicro(), after.ID, limit)
+	if err != nil {
+		return nil, wrap("list tokens", err)
+	}
+	ts, err := collect(rows, "list tokens", scanToken)
+	if err != nil {
+		return nil, err
+	}
+	if err := withBoundKeypairs(ctx, s.pool, ts); err != nil {
+		return nil, wrap("list tokens", err)
+	}
+	return ts, nil
+}
+
+// ListNodesPage returns up to limit nodes with an ID after afterID.
+func (s *Store) ListNodesPage(ctx context.Context, afterID string, limit int) ([]store.Node, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit)
+	if err != nil {
+		return nil, wrap("list nodes", err)
+	}
+	return collect(rows, "list nodes", scanNode)
+}
