@@ -65,9 +65,19 @@ func TestListsArePaged(t *testing.T) {
 	}
 
 	c := operatorAdmin(t, dir, a.addr)
-	first, err := c.ListTokens(t.Context(), &musterv1.ListTokensRequest{})
+	// A client that sends no page size may not page (one from before
+	// paging): a list longer than one page is refused, never cut short.
+	_, err := c.ListTokens(t.Context(), &musterv1.ListTokensRequest{})
+	wantCode(t, err, codes.FailedPrecondition, "more than 500 tokens: the list must be read in pages")
+	_, err = c.ListAgents(t.Context(), &musterv1.ListAgentsRequest{})
+	if nodes > 500 {
+		wantCode(t, err, codes.FailedPrecondition, "more than 500 agents")
+	} else if err != nil {
+		t.Fatalf("ListAgents of %d agents with no page size: %v; want the whole list", nodes, err)
+	}
+	first, err := c.ListTokens(t.Context(), &musterv1.ListTokensRequest{PageToken: pageOf(t, c)})
 	if err != nil || len(first.GetTokens()) != 500 || first.GetNextPageToken() == "" {
-		t.Fatalf("ListTokens with no page size: %d tokens, next %q, %v; want the default 500 and a next page", len(first.GetTokens()), first.GetNextPageToken(), err)
+		t.Fatalf("ListTokens with a page token and no page size: %d tokens, next %q, %v; want the default 500 and a next page", len(first.GetTokens()), first.GetNextPageToken(), err)
 	}
 	agentPage, err := c.ListAgents(t.Context(), &musterv1.ListAgentsRequest{PageSize: 2})
 	if err != nil || agentPage.GetNextPageToken() == "" {
@@ -103,4 +113,15 @@ func TestListsArePaged(t *testing.T) {
 	if got := mustFail(t, "token", "list", "--data", dir, "--page-size", "5000"); !strings.Contains(got, "--page-size 5000 is out of range") {
 		t.Errorf("token list --page-size 5000: %q", got)
 	}
+}
+
+// pageOf is the page token after the first token: a call carrying a page
+// token pages, so its default page size applies.
+func pageOf(t *testing.T, c musterv1.AdminServiceClient) string {
+	t.Helper()
+	p, err := c.ListTokens(t.Context(), &musterv1.ListTokensRequest{PageSize: 1})
+	if err != nil || p.GetNextPageToken() == "" {
+		t.Fatalf("ListTokens page of 1: %v, %v", p, err)
+	}
+	return p.GetNextPageToken()
 }

@@ -23,6 +23,13 @@ const (
 )
 
 // pageSize reads a request's page_size: 0 is the default.
+//
+// A first call without a page_size is also what a client from before
+// paging sends, and it cannot see next_page_token: answering it with the
+// first page alone would show an operator a list silently cut short (a
+// token missing from `token list` reads as a token that does not exist).
+// So such a call gets the whole list while it fits one default page, and
+// a refusal that says how to page when it does not (unpaged).
 func pageSize(n int32) (int, error) {
 	switch {
 	case n == 0:
@@ -31,6 +38,22 @@ func pageSize(n int32) (int, error) {
 		return 0, badRequest(fmt.Sprintf("page_size %d is out of range: pass 1 to %d, or 0 for the default (%d)", n, maxPageSize, defaultPageSize))
 	}
 	return int(n), nil
+}
+
+// pagedRequest is a list request that may page.
+type pagedRequest interface {
+	GetPageSize() int32
+	GetPageToken() string
+}
+
+// unpaged says a request asked for neither a page size nor a page: a
+// client that may not page (see pageSize).
+func unpaged(req pagedRequest) bool { return req.GetPageSize() == 0 && req.GetPageToken() == "" }
+
+// tooManyToList refuses an unpaged list longer than one page.
+func tooManyToList(what string, size int) error {
+	return refused(codes.FailedPrecondition, fmt.Sprintf(
+		"more than %d %s: the list must be read in pages — pass page_size (1 to %d) and follow next_page_token; a muster CLI from before paging does not, upgrade it", size, what, maxPageSize))
 }
 
 // pageCursor decodes a request's page_token for list; the empty token
@@ -74,6 +97,9 @@ func (a *adminService) listTokens(ctx context.Context, req *musterv1.ListTokensR
 		return nil, err
 	}
 	resp := &musterv1.ListTokensResponse{}
+	if len(ts) > size && unpaged(req) {
+		return nil, tooManyToList("tokens", size)
+	}
 	if len(ts) > size {
 		ts = ts[:size]
 		last := ts[size-1]
@@ -109,6 +135,9 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 		return nil, err
 	}
 	resp := &musterv1.ListAgentsResponse{}
+	if len(nodes) > size && unpaged(req) {
+		return nil, tooManyToList("agents", size)
+	}
 	if len(nodes) > size {
 		nodes = nodes[:size]
 		resp.NextPageToken = pagetoken.Encode(pagetoken.Agents, pagetoken.Cursor{ID: nodes[size-1].ID})
@@ -127,7 +156,7 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 // page_size or page_token.
 func (a *adminService) listRefusal(ctx context.Context, action string, err error) error {
 	err = toStatus(ctx, a.s.log, err)
-	if status.Code(err) == codes.InvalidArgument {
+	if c := status.Code(err); c == codes.InvalidArgument || c == codes.FailedPrecondition {
 		a.refused(ctx, action, "", err)
 	}
 	return err

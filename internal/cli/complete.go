@@ -57,7 +57,7 @@ func (a *adminFlags) completeArg(env *Env, list lister) func(*cobra.Command, []s
 }
 
 func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	agents, err := collectPages(agentPages(ctx, c, 0))
+	agents, err := collectPages(agentPages(ctx, c, defaultPageSize))
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +70,7 @@ func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
 
 // listTokenIDs lists token IDs; a bound-keypair token's ID is its name.
 func listTokenIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	tokens, err := collectPages(tokenPages(ctx, c, 0))
+	tokens, err := collectPages(tokenPages(ctx, c, defaultPageSize))
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,11 @@ import (
 // pageFlags are a list command's paging flags. The command fetches every
 // page unless --limit stops it earlier; --page-size only trades round trips
 // against the size of each answer.
+// defaultPageSize is the page the CLI asks for. It always names one: an
+// authority answers a call without a page size only while the whole list
+// fits one page (a client from before paging would not follow the rest).
+const defaultPageSize = 500
+
 type pageFlags struct {
 	size  int32
 	limit int
@@ -21,13 +26,13 @@ type pageFlags struct {
 
 func (p *pageFlags) register(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.Int32Var(&p.size, "page-size", 0, "items per request to the authority, 1 to 1000 (0: the authority's default, 500)")
+	f.Int32Var(&p.size, "page-size", defaultPageSize, "items per request to the authority, 1 to 1000")
 	f.IntVar(&p.limit, "limit", 0, "list at most N items (0: all)")
 }
 
 func (p *pageFlags) check() error {
-	if p.size < 0 || p.size > 1000 {
-		return fmt.Errorf("--page-size %d is out of range: pass 1 to 1000, or 0 for the authority's default", p.size)
+	if p.size < 1 || p.size > 1000 {
+		return fmt.Errorf("--page-size %d is out of range: pass 1 to 1000", p.size)
 	}
 	if p.limit < 0 {
 		return fmt.Errorf("--limit %d is negative: pass 0 for all, or the most items to list", p.limit)
