@@ -263,7 +263,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	// challenged instead (the agent rotated or registered after the
 	// backup the store was restored from); the binding then changes in
 	// this join's write, from the key (or no key) the store holds.
-	rebind, ep, err := s.rebindable(ctx, t, p, offered, now)
+	rebind, ep, noRebind, err := s.rebindable(ctx, t, p, offered, now)
 	if err != nil {
 		return a, err
 	}
@@ -314,6 +314,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, notAnswered("the challenge was not answered", err, t.ID)
 	}
 	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
+		if noRebind != "" {
+			// Inside a window the offered key was not the one challenged:
+			// tell the operator why.
+			err = fmt.Errorf("%w (%s)", err, noRebind)
+		}
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
 	}
 

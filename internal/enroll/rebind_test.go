@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,9 @@ func TestBoundKeypairResyncRebindRefusals(t *testing.T) {
 		// ahead, issued after the creation but before the rotation.
 		_, err = b.offer(t, retired, retiredPub, b.signedAt(t, first.JoinState, 7, ""))
 		wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
+		if ref := (*Refusal)(nil); !errors.As(err, &ref) || !strings.Contains(ref.Detail, "not after the token's last rotation") {
+			t.Fatalf("the refusal's audit detail does not say why there was no rebind: %v", err)
+		}
 		if st := b.status(t); st.BoundPublicKey != nextPub.String() || st.RecoverySequence != 2 || b.locked(t) {
 			t.Fatalf("token %+v, locked %v", st, b.locked(t))
 		}

@@ -42,34 +42,36 @@ func (s *Service) auditResync(ctx context.Context, out *bkOutcome, nodeID string
 // rebindable returns the verified join state p presents if its key (the
 // one it names, offered in init) is to be challenged instead of the
 // token's (boundkeypair.MayRebind), with the epochs it read; nil if the
-// join goes on as without a window. Only a join offering a key other than
-// the token's costs the epochs' read and the document's verification.
-func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairPayload, offered boundkeypair.PublicKey, now time.Time) (*boundkeypair.JoinState, boundkeypair.Epochs, error) {
+// join goes on as without a window, and then, inside a window, why not
+// (for the audit record of the refusal that follows). Only a join offering
+// a key other than the token's costs the epochs' read and the document's
+// verification.
+func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairPayload, offered boundkeypair.PublicKey, now time.Time) (*boundkeypair.JoinState, boundkeypair.Epochs, string, error) {
 	bk := t.BoundKeypair
 	if offered.IsZero() || p.JoinState == "" || p.RegistrationSecret != "" || offered.String() == bk.BoundPublicKey {
-		return nil, boundkeypair.Epochs{}, nil
+		return nil, boundkeypair.Epochs{}, "", nil
 	}
 	ep, err := s.epochs(ctx, now)
 	if err != nil || !ep.WindowOpen {
-		return nil, ep, err
+		return nil, ep, "", err
 	}
 	js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
 	if err != nil {
 		// Judged as without a window: the token's key is challenged.
-		return nil, ep, nil
+		return nil, ep, fmt.Sprintf("no rebind to the offered key: %v", err), nil
 	}
 	b := boundkeypair.Binding{LastRotatedAt: bk.LastRotatedAt, CreatedAt: t.CreatedAt}
 	if bk.BoundPublicKey != "" {
 		cur, err := boundkeypair.ParsePublicKey(bk.BoundPublicKey)
 		if err != nil {
-			return nil, ep, fmt.Errorf("enroll: token %s: stored key: %w", t.ID, err)
+			return nil, ep, "", fmt.Errorf("enroll: token %s: stored key: %w", t.ID, err)
 		}
 		b.Key = cur.Fingerprint()
 	}
-	if boundkeypair.MayRebind(b, &js, offered.Fingerprint(), ep) != nil {
-		return nil, ep, nil
+	if err := boundkeypair.MayRebind(b, &js, offered.Fingerprint(), ep); err != nil {
+		return nil, ep, err.Error(), nil
 	}
-	return &js, ep, nil
+	return &js, ep, "", nil
 }
 
 // fingerprintOr names a key for an audit record: its fingerprint, or
