@@ -60,8 +60,8 @@ func (b *bkEnv) openWindow(t *testing.T, id string) {
 // sequence). Without a window the token's old key is challenged and the
 // agent is refused, with no lock; inside one the key its document names
 // is challenged, and the resync rebinds the token to it in its write,
-// audited with both fingerprints; the agent then goes on with it, and the
-// old key's holder is refused.
+// audited with both fingerprints; its lost reply is answered again; the
+// agent then goes on with it, and the old key's holder is refused.
 func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 	b := newBKEnv(t, 5, boundkeypair.ModeStandard)
 	first, _ := b.register(t)
@@ -76,7 +76,9 @@ func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 	}
 
 	b.openWindow(t, "ep-1")
-	res, err := b.offer(t, priv, key, doc)
+	_, der := csr(t)
+	p := BoundKeypairPayload{Token: "bot-1", NodeID: "node-1", CSR: der, JoinState: doc, PublicKey: key.String()}
+	res, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"}, p, answerWith(priv))
 	if err != nil {
 		t.Fatalf("inside the window: %v", err)
 	}
@@ -92,6 +94,16 @@ func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 	}
 	if !audited {
 		t.Fatalf("no token.resync record with both keys in %+v", b.audit.events)
+	}
+
+	// The reply was lost: the same request again gets the same answer,
+	// naming the key the rebind bound.
+	again, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"}, p, answerWith(priv))
+	if err != nil || !again.Retry || again.InstanceID != res.InstanceID {
+		t.Fatalf("the rebind's retry: %+v, %v", again, err)
+	}
+	if js := b.joinState(t, again.JoinState); js.BoundKey != key.Fingerprint() || js.RecoverySequence != 2 || js.Epoch != "ep-1" {
+		t.Fatalf("the retry's document: %+v", js)
 	}
 
 	// The agent goes on with its key and new document.
