@@ -74,6 +74,15 @@ func ExchangeBoundKeypair(ctx context.Context, c musterv1.JoinServiceClient, ini
 	if err != nil {
 		return nil, err
 	}
+	if init.PublicKey == "" {
+		// Offered in every join: after a restore, a resync window
+		// rebinds the token to it if the agent's join state names it.
+		pub, err := boundkeypair.NewPublicKey(keys.Current.Public().(ed25519.PublicKey))
+		if err != nil {
+			return nil, err
+		}
+		init.PublicKey = pub.String()
+	}
 	if keys.Next != nil {
 		pub, err := boundkeypair.NewPublicKey(keys.Next.Public().(ed25519.PublicKey))
 		if err != nil {

@@ -65,12 +65,16 @@ type Attempt struct {
 	// was; StateErr is why a presented one did not verify.
 	State    *JoinState
 	StateErr error
+	// Rebind: the challenge was solved with the key State names, not the
+	// token's, as MayRebind allowed: only a resync may follow, and it
+	// rebinds the token to that key.
+	Rebind bool
 }
 
 // Clean reports whether the attempt is a refresh presenting exactly the
 // token's current join state: the one case Judge decides without Epochs.
 func (a Attempt) Clean(st Status) bool {
-	return a.Refresh && a.State != nil && a.State.Epoch == st.Epoch && a.State.RecoverySequence == st.Sequence
+	return a.Refresh && !a.Rebind && a.State != nil && a.State.Epoch == st.Epoch && a.State.RecoverySequence == st.Sequence
 }
 
 // Verdict is how a join goes on.
@@ -89,6 +93,9 @@ type Verdict struct {
 	// Epoch's resync window: the token is brought forward to the
 	// document's sequence + 1, and nothing is counted.
 	Resync bool
+	// Rebind: the resync also binds the key the join state names
+	// (Attempt.Rebind).
+	Rebind bool
 }
 
 // Refusals of Judge.
@@ -139,6 +146,9 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 	if !ValidMode(st.Mode) {
 		return Verdict{}, fmt.Errorf("boundkeypair: unknown recovery mode %q", st.Mode)
 	}
+	if a.Rebind {
+		return judgeRebind(st, a, ep)
+	}
 	if st.Sequence > 0 && st.Mode != ModeInsecure {
 		switch {
 		case a.StateErr != nil:
@@ -149,7 +159,7 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 		d := a.State
 		resync := false
 		if d.Epoch != st.Epoch {
-			if err := judgeEpoch(st, d, ep); err != nil {
+			if err := judgeEpoch(st, d, ep, false); err != nil {
 				return Verdict{}, err
 			}
 			resync = true
@@ -157,7 +167,7 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 			return Verdict{}, &Mismatch{Lock: true, Reason: fmt.Sprintf("join state at recovery sequence %d, the token is at %d",
 				d.RecoverySequence, st.Sequence)}
 		} else if d.RecoverySequence > st.Sequence {
-			if err := judgeAhead(st, d, ep); err != nil {
+			if err := judgeAhead(st, d, ep, false); err != nil {
 				return Verdict{}, err
 			}
 			resync = true
@@ -179,8 +189,9 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 }
 
 // judgeEpoch judges a document of another epoch than its token's: nil
-// means it is ahead of the store and may be resynced.
-func judgeEpoch(st Status, d *JoinState, ep Epochs) error {
+// means it is ahead of the store and may be resynced. rebind: see
+// judgeAhead.
+func judgeEpoch(st Status, d *JoinState, ep Epochs, rebind bool) error {
 	dOrd, known := ep.ordinal(d.Epoch)
 	tOrd, _ := ep.ordinal(st.Epoch)
 	switch {
@@ -195,15 +206,17 @@ func judgeEpoch(st Status, d *JoinState, ep Epochs) error {
 		return &Mismatch{Lock: true, Reason: fmt.Sprintf("join state of epoch %q, unknown to this store, after the token entered the current epoch %q: another holder was resynced or recovered since the restore",
 			d.Epoch, st.Epoch)}
 	}
-	return judgeAhead(st, d, ep)
+	return judgeAhead(st, d, ep, rebind)
 }
 
 // judgeAhead judges a document ahead of its token (of its epoch, or of an
 // epoch signed after the backup): nil inside a window the token has not
-// been resynced in yet.
-func judgeAhead(st Status, d *JoinState, ep Epochs) error {
+// been resynced in yet. rebind: the document names another key than the
+// token's, signed after its last rotation (MayRebind), so it is ahead at
+// the token's own sequence too.
+func judgeAhead(st Status, d *JoinState, ep Epochs, rebind bool) error {
 	switch {
-	case d.RecoverySequence <= st.Sequence:
+	case d.RecoverySequence < st.Sequence || d.RecoverySequence == st.Sequence && !rebind:
 		return &Mismatch{Reason: fmt.Sprintf("join state of epoch %q at recovery sequence %d, unknown to this store and not ahead of the token's %d",
 			d.Epoch, d.RecoverySequence, st.Sequence)}
 	case !ep.WindowOpen:

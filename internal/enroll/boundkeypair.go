@@ -102,7 +102,8 @@ type bkOutcome struct {
 	resync   *boundkeypair.Verdict // the join brings a restored token forward
 	retry    bool
 	rotated  bool                   // the bound key was rotated to key
-	proved   boundkeypair.PublicKey // the key the first challenge proved
+	proved   boundkeypair.PublicKey // the key the first challenge proved; in a rebind, the key replaced
+	rebound  bool                   // the resync rebound the token from proved to key
 }
 
 // RegisterUsingBoundKeypair admits, refreshes or recovers an agent whose
@@ -131,8 +132,8 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		// applied none of this join's claims: the recovery, and any
 		// rotation, did not happen, and the join state must say so.
 		out.sequence, out.epoch, out.counted, out.resync = bk.RecoverySequence, bk.Epoch, false, nil
-		if out.rotated {
-			out.key, out.rotated = out.proved, false
+		if out.rotated || out.rebound {
+			out.key, out.rotated, out.rebound = out.proved, false, false
 		}
 	}
 	js := boundkeypair.JoinState{
@@ -258,10 +259,26 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		claims   []store.Claim
 		register bool
 	)
+	// A resync window may have the key the agent's join state names
+	// challenged instead (the agent rotated or registered after the
+	// backup the store was restored from); the binding then changes in
+	// this join's write, from the key (or no key) the store holds.
+	rebind, ep, noRebind, err := s.rebindable(ctx, t, p, offered, now)
+	if err != nil {
+		return a, err
+	}
+	var bound boundkeypair.PublicKey
 	if bk.BoundPublicKey != "" {
-		if key, err = boundkeypair.ParsePublicKey(bk.BoundPublicKey); err != nil {
+		if bound, err = boundkeypair.ParsePublicKey(bk.BoundPublicKey); err != nil {
 			return a, fmt.Errorf("enroll: token %s: stored key: %w", t.ID, err)
 		}
+	}
+	if rebind != nil {
+		key = offered
+		claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: key.String(),
+			Rotate: bk.BoundPublicKey != "", DropRegistrationSecret: bk.BoundPublicKey == ""})
+	} else if bk.BoundPublicKey != "" {
+		key = bound
 	} else {
 		switch {
 		case bk.SecretCiphertext == nil:
@@ -297,6 +314,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, notAnswered("the challenge was not answered", err, t.ID)
 	}
 	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
+		if noRebind != "" {
+			// Inside a window the offered key was not the one challenged:
+			// tell the operator why.
+			err = fmt.Errorf("%w (%s)", err, noRebind)
+		}
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
 	}
 
@@ -316,6 +338,10 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if !offeredNew.IsZero() && !register {
 		targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: offeredNew.Fingerprint()})
 	}
+	if rebind != nil && !bound.IsZero() {
+		// The key the rebind replaces: a lock on it still holds.
+		targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: bound.Fingerprint()})
+	}
 	if held != nil {
 		targets = append(targets, held.lockTargets()...)
 	}
@@ -329,7 +355,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
 		Sequence: bk.RecoverySequence, Epoch: bk.Epoch}
 	att := boundkeypair.Attempt{Refresh: held != nil}
-	if js, ok := s.issued.lookup(p.JoinState); ok && js.Issuer == s.cfg.AuthorityID && js.Token == t.ID && js.NodeID == p.NodeID {
+	if rebind != nil {
+		att.State, att.Rebind = rebind, true
+	} else if js, ok := s.issued.lookup(p.JoinState); ok && js.Issuer == s.cfg.AuthorityID && js.Token == t.ID && js.NodeID == p.NodeID {
 		// Exactly a document this process signed for this token and node.
 		att.State = &js
 	} else if p.JoinState != "" {
@@ -344,7 +372,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	// before it, for the instance that recovery made, within the retry
 	// window, with the same certificate key. It gets that answer again
 	// rather than a lock.
-	if att.State != nil && att.State.RecoverySequence == st.Sequence-1 && !att.Refresh {
+	if att.State != nil && att.State.RecoverySequence == st.Sequence-1 && !att.Refresh && !att.Rebind {
 		if iss, err := s.retryRecovery(ctx, p.NodeID, bk.BoundInstanceID, t.ID, kid, now); err != nil || iss != nil {
 			if iss != nil {
 				*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch, retry: true}
@@ -353,8 +381,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			return a, err
 		}
 	}
-	var ep boundkeypair.Epochs
-	if !att.Clean(st) {
+	if !att.Clean(st) && !att.Rebind {
 		// Every join but a refresh with the current document may need
 		// the epochs: a recovery records the current one.
 		if ep, err = s.epochs(ctx, now); err != nil {
@@ -377,10 +404,14 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 
 	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch}
+	if v.Rebind {
+		m.out.rebound, m.out.proved = true, bound
+	}
 	// 8. Rotation: asked by the agent, or due by the token's rotate_after;
 	// the new key must solve a challenge of its own, and the binding
-	// changes only in this join's write, from the key just proved.
-	if !register {
+	// changes only in this join's write, from the key just proved. Not in
+	// a rebind, whose key the agent has just rotated (or registered) to.
+	if !register && !v.Rebind {
 		next, err := m.rotation(ctx, t, p, offeredNew, key, now, challenge)
 		if err != nil {
 			return a, err
@@ -404,6 +435,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		m.out.resync = &v
 		a.Proof = fmt.Sprintf("bound key %s, token %s resynced in epoch %q from sequence %d (epoch %q) to %d after a join state of epoch %q at %d",
 			fp, t.ID, v.Epoch, v.ExpectedSequence, v.ExpectedEpoch, v.Sequence, att.State.Epoch, att.State.RecoverySequence)
+	}
+	if v.Rebind {
+		a.Proof += fmt.Sprintf(", rebound from %s", fingerprintOr(bound))
 	}
 	if register {
 		a.Proof = fmt.Sprintf("bound key %s registered with the secret of token %s", fp, t.ID)

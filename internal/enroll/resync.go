@@ -7,6 +7,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // epochs reads the authority epochs the resync windows began, for judging
@@ -29,7 +30,55 @@ func (s *Service) epochs(ctx context.Context, now time.Time) (boundkeypair.Epoch
 // window let through.
 func (s *Service) auditResync(ctx context.Context, out *bkOutcome, nodeID string) error {
 	v := out.resync
+	reason := fmt.Sprintf("node %s: join state ahead of the restored store accepted in resync epoch %q: sequence %d (epoch %q) brought forward to %d",
+		nodeID, v.Epoch, v.ExpectedSequence, v.ExpectedEpoch, v.Sequence)
+	if out.rebound {
+		reason += fmt.Sprintf("; bound key rebound from %s to %s, the key the join state names", fingerprintOr(out.proved), out.key.Fingerprint())
+	}
 	return s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "token.resync", Target: "token " + out.token.ID,
-		Result: audit.ResultOK, Reason: fmt.Sprintf("node %s: join state ahead of the restored store accepted in resync epoch %q: sequence %d (epoch %q) brought forward to %d",
-			nodeID, v.Epoch, v.ExpectedSequence, v.ExpectedEpoch, v.Sequence)})
+		Result: audit.ResultOK, Reason: reason})
+}
+
+// rebindable returns the verified join state p presents if its key (the
+// one it names, offered in init) is to be challenged instead of the
+// token's (boundkeypair.MayRebind), with the epochs it read; nil if the
+// join goes on as without a window, and then, inside a window, why not
+// (for the audit record of the refusal that follows). Only a join offering
+// a key other than the token's costs the epochs' read and the document's
+// verification.
+func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairPayload, offered boundkeypair.PublicKey, now time.Time) (*boundkeypair.JoinState, boundkeypair.Epochs, string, error) {
+	bk := t.BoundKeypair
+	if offered.IsZero() || p.JoinState == "" || p.RegistrationSecret != "" || offered.String() == bk.BoundPublicKey {
+		return nil, boundkeypair.Epochs{}, "", nil
+	}
+	ep, err := s.epochs(ctx, now)
+	if err != nil || !ep.WindowOpen {
+		return nil, ep, "", err
+	}
+	js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
+	if err != nil {
+		// Judged as without a window: the token's key is challenged.
+		return nil, ep, fmt.Sprintf("no rebind to the offered key: %v", err), nil
+	}
+	b := boundkeypair.Binding{LastRotatedAt: bk.LastRotatedAt, CreatedAt: t.CreatedAt}
+	if bk.BoundPublicKey != "" {
+		cur, err := boundkeypair.ParsePublicKey(bk.BoundPublicKey)
+		if err != nil {
+			return nil, ep, "", fmt.Errorf("enroll: token %s: stored key: %w", t.ID, err)
+		}
+		b.Key = cur.Fingerprint()
+	}
+	if err := boundkeypair.MayRebind(b, &js, offered.Fingerprint(), ep); err != nil {
+		return nil, ep, err.Error(), nil
+	}
+	return &js, ep, "", nil
+}
+
+// fingerprintOr names a key for an audit record: its fingerprint, or
+// "none" for the zero key.
+func fingerprintOr(k boundkeypair.PublicKey) string {
+	if k.IsZero() {
+		return "none"
+	}
+	return k.Fingerprint()
 }

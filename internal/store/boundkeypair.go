@@ -70,13 +70,17 @@ type BoundKeypair struct {
 // UseRegistrationSecret the registration secret is consumed in the same
 // write, only while it is unused and before must_register_before by the
 // store clock (ErrRegistrationClosed). Rotate records LastRotatedAt. A join
-// also records its instance as the bound instance.
+// also records its instance as the bound instance. DropRegistrationSecret
+// clears the registration secret with no condition on it: a resync that
+// binds the key of an agent which used the secret after the backup the
+// store was restored from, so the restored secret is not left to show.
 type KeyBinding struct {
-	TokenID               string
-	Expected              string
-	PublicKey             string
-	UseRegistrationSecret bool
-	Rotate                bool
+	TokenID                string
+	Expected               string
+	PublicKey              string
+	UseRegistrationSecret  bool
+	Rotate                 bool
+	DropRegistrationSecret bool
 }
 
 // Recovery advances a bound-keypair token's recovery sequence from

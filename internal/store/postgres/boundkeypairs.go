@@ -130,7 +130,7 @@ func bindKey(ctx context.Context, tx pgx.Tx, instanceID string, c store.KeyBindi
 		args = append(args, instanceID)
 		q += fmt.Sprintf(`, bound_instance_id = $%d`, len(args))
 	}
-	if c.UseRegistrationSecret {
+	if c.UseRegistrationSecret || c.DropRegistrationSecret {
 		q += `, secret_ciphertext = NULL, secret_nonce = NULL`
 	}
 	if c.Rotate {

@@ -134,7 +134,7 @@ func bindKey(ctx context.Context, tx *writeTx, instanceID string, c store.KeyBin
 		q += `, bound_instance_id = ?`
 		args = append(args, instanceID)
 	}
-	if c.UseRegistrationSecret {
+	if c.UseRegistrationSecret || c.DropRegistrationSecret {
 		q += `, secret_ciphertext = NULL, secret_nonce = NULL`
 	}
 	if c.Rotate {

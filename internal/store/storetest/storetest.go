@@ -56,6 +56,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"BoundKeypair", boundKeypairCases()},
 		{"JoinStateKey", joinStateKeyCases()},
 		{"Resync", resyncCases()},
+		{"Rebind", rebindCases()},
 		{"Seed", seedCases()},
 		{"TokenCount", tokenCountCases()},
 		{"Page", pageCases()},

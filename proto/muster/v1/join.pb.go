@@ -134,7 +134,10 @@ type BoundKeypairInit struct {
 	// previous_join_state is the last join state document the agent received.
 	PreviousJoinState string `protobuf:"bytes,4,opt,name=previous_join_state,json=previousJoinState,proto3" json:"previous_join_state,omitempty"`
 	// public_key (authorized_keys form) and registration_secret bind a key
-	// to a token that has none yet.
+	// to a token that has none yet. The agent offers its bound key here in
+	// every join: inside a resync window, a join state naming it (the agent
+	// rotated or registered after the backup the store was restored from)
+	// has this key challenged, and the resync rebinds the token to it.
 	PublicKey          string `protobuf:"bytes,5,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
 	RegistrationSecret string `protobuf:"bytes,6,opt,name=registration_secret,json=registrationSecret,proto3" json:"registration_secret,omitempty"`
 	// new_public_key asks to rotate the bound key to this one (authorized_keys
