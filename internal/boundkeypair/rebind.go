@@ -35,6 +35,19 @@ var ErrNoRebind = errors.New("boundkeypair: no rebind")
 // signed after the backup: it cannot name a key the token rotated away
 // from (which may be why it was rotated), nor be a document of a deleted
 // token of the same name. Outside a window nothing is rebound.
+//
+// The rotation time is the store's clock and a document's iat the signing
+// replica's, so "after the last rotation" must hold by the clock-skew
+// allowance (Leeway): a document signed just before a rotation by a
+// replica whose clock runs ahead must not pass for one signed after it (it
+// names the key rotated away from, perhaps because it leaked). A genuine
+// rebind's document is signed long after the restored token's last
+// rotation. The creation check has no allowance, so an agent that
+// registered seconds after a backup is still rebound; a namesake's
+// document passes it only if the token was deleted and re-created within
+// the skew of a document's signing, and a leaked key is refused anyway once
+// locked (the guide's answer to a leak), as every offered key is checked
+// against the locks.
 func MayRebind(b Binding, d *JoinState, offered string, ep Epochs) error {
 	switch {
 	case !ep.WindowOpen:
@@ -45,8 +58,8 @@ func MayRebind(b Binding, d *JoinState, offered string, ep Epochs) error {
 		return fmt.Errorf("%w: the join state does not name the offered key", ErrNoRebind)
 	case offered == b.Key:
 		return fmt.Errorf("%w: the join state names the key already bound", ErrNoRebind)
-	case !d.IssuedAt.After(b.LastRotatedAt):
-		return fmt.Errorf("%w: the join state (issued %s) is not after the token's last rotation (%s)", ErrNoRebind,
+	case !d.IssuedAt.After(b.LastRotatedAt.Add(Leeway)):
+		return fmt.Errorf("%w: the join state (issued %s) is not after the token's last rotation (%s) by the clock-skew allowance", ErrNoRebind,
 			d.IssuedAt.UTC().Format(time.RFC3339), b.LastRotatedAt.UTC().Format(time.RFC3339))
 	case !d.IssuedAt.After(b.CreatedAt):
 		return fmt.Errorf("%w: the join state (issued %s) is not after the token's creation (%s)", ErrNoRebind,

@@ -36,6 +36,8 @@ func TestMayRebind(t *testing.T) {
 		{"the document names the key already bound", rotatedB, doc("SHA256:A", after), "SHA256:A", open1, false},
 		{"a document from before the last rotation (a retired key)", rotatedB, doc("SHA256:B", rotated.Add(-time.Second)), "SHA256:B", open1, false},
 		{"a document issued at the last rotation", rotatedB, doc("SHA256:B", rotated), "SHA256:B", open1, false},
+		{"a document within the clock-skew allowance after the last rotation", rotatedB, doc("SHA256:B", rotated.Add(Leeway)), "SHA256:B", open1, false},
+		{"a document just past the allowance after the last rotation", rotatedB, doc("SHA256:B", rotated.Add(Leeway+time.Second)), "SHA256:B", open1, true},
 		{"a document from before the token was created (a deleted namesake)", unbound, doc("SHA256:B", created.Add(-time.Hour)), "SHA256:B", open1, false},
 	}
 	for _, tc := range cases {
