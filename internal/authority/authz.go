@@ -263,7 +263,13 @@ type wrappedStream struct {
 func (w wrappedStream) Context() context.Context { return w.ctx }
 
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler, bootstrapListener bool) error {
-	c, err := s.authorize(ss.Context(), info.FullMethod, bootstrapListener)
+	// authorize verifies the client's chain: done apart, so a long-lived
+	// agent stream does not keep the stack that grew (stack.go).
+	var (
+		c   Caller
+		err error
+	)
+	apart(func() { c, err = s.authorize(ss.Context(), info.FullMethod, bootstrapListener) })
 	if err != nil {
 		return err
 	}

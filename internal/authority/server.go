@@ -357,7 +357,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.ForceServerCodecV2(newRequestCodec()),
 		// Every agent holds a connection open for its stream, idle
 		// between tasks: per-connection buffers are most of what a
-		// stream costs (limits.go, streamBuffers).
+		// stream costs (limits.go, streamReadBuffer).
 		grpc.ReadBufferSize(streamReadBuffer),
 	)
 	hs := health.NewServer()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"time"
@@ -35,10 +36,12 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	// check wakes the stream.
 	wake, unsubscribe := a.s.hub.subscribe(c.ID.Name)
 	defer unsubscribe()
-	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
+	var err error
+	// Store work is done apart (stack.go): this goroutine and the receive
+	// loop wait for the stream's whole life and keep only small stacks.
+	if apart(func() { err = a.s.enroll.Standing(ctx, c.Cert) }); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
-	var err error
 	// A stream never outlives the certificate it was opened with.
 	ctx, cancel := context.WithDeadline(ctx, c.Cert.NotAfter)
 	defer cancel()
@@ -47,11 +50,13 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	log := a.s.log.With("node", c.ID.Name, "correlation_id", c.CorrelationID)
 	log.Info("agent stream opened")
 	row := store.AgentStream{NodeID: c.ID.Name, Replica: a.s.advertise(), Connected: true}
-	if row.ConnectedAt, err = a.s.store.Now(ctx); err != nil {
-		return toStatus(ctx, a.s.log, err)
-	}
-	row.LastSeen = row.ConnectedAt
-	if err := a.s.store.RecordAgentStream(ctx, row); err != nil {
+	apart(func() {
+		if row.ConnectedAt, err = a.s.store.Now(ctx); err == nil {
+			row.LastSeen = row.ConnectedAt
+			err = a.s.store.RecordAgentStream(ctx, row)
+		}
+	})
+	if err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
 	// A heartbeat being recorded as the stream ends must not mark the
@@ -61,7 +66,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 		recordMu sync.Mutex
 		ended    bool
 	)
-	defer func() {
+	defer apart(func() {
 		recordMu.Lock()
 		defer recordMu.Unlock()
 		ended = true
@@ -74,7 +79,7 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 		if err != nil {
 			log.Error("cannot record the stream's end", "err", err)
 		}
-	}()
+	})
 
 	recvErr := make(chan error, 1)
 	go func() {
@@ -85,15 +90,17 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 				return
 			}
 			if r := m.GetResult(); r != nil {
-				a.s.taskResult(ctx, c.ID.Name, r)
+				apart(func() { a.s.taskResult(ctx, c.ID.Name, r) })
 			}
 			if hb := m.GetHeartbeat(); hb != nil {
 				a.s.streams.heartbeats.Inc()
-				recordMu.Lock()
-				if !ended {
-					a.s.recordHeartbeat(ctx, row, hb)
-				}
-				recordMu.Unlock()
+				apart(func() {
+					recordMu.Lock()
+					defer recordMu.Unlock()
+					if !ended {
+						a.s.recordHeartbeat(ctx, row, hb)
+					}
+				})
 			}
 		}
 	}()
@@ -105,28 +112,9 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 	// step) or its tasks; an idle stream asks the store nothing.
 	check := store.ChangeSigners | store.ChangeTasks // standing was checked above
 	for {
-		if check&store.ChangeStanding != 0 {
-			if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
-				log.Info("agent stream closed", "reason", err)
-				return toStatus(ctx, a.s.log, err)
-			}
-		}
-		if check&store.ChangeSigners != 0 {
-			raw, version, err := a.s.signers.SignedVerifierSet(ctx, sent)
-			if err != nil && ctx.Err() == nil {
-				return toStatus(ctx, a.s.log, err)
-			}
-			if raw != nil {
-				if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
-					return err
-				}
-				sent = version
-			}
-		}
-		if check&store.ChangeTasks != 0 {
-			if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil && ctx.Err() == nil {
-				return toStatus(ctx, a.s.log, err)
-			}
+		var end error
+		if apart(func() { end = a.recheck(ctx, stream, c, check, &sent, delivered, log) }); end != nil {
+			return end
 		}
 		select {
 		case err := <-recvErr:
@@ -147,6 +135,36 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error
 			check = wake.take()
 		}
 	}
+}
+
+// recheck does what a change a stream was woken by asks: checks the
+// node's standing, sends a newer verifier set, sends pending tasks. A
+// non-nil result ends the stream with it.
+func (a *agentService) recheck(ctx context.Context, stream musterv1.AgentService_ConnectServer, c Caller, check store.ChangeKind, sent *int64, delivered map[string]bool, log *slog.Logger) error {
+	if check&store.ChangeStanding != 0 {
+		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
+			log.Info("agent stream closed", "reason", err)
+			return toStatus(ctx, a.s.log, err)
+		}
+	}
+	if check&store.ChangeSigners != 0 {
+		raw, version, err := a.s.signers.SignedVerifierSet(ctx, *sent)
+		if err != nil && ctx.Err() == nil {
+			return toStatus(ctx, a.s.log, err)
+		}
+		if raw != nil {
+			if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
+				return err
+			}
+			*sent = version
+		}
+	}
+	if check&store.ChangeTasks != 0 {
+		if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil && ctx.Err() == nil {
+			return toStatus(ctx, a.s.log, err)
+		}
+	}
+	return nil
 }
 
 // streamMetrics are the series of agent streams.
