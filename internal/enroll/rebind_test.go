@@ -67,7 +67,7 @@ func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 	first, _ := b.register(t)
 	oldFP := b.pub.Fingerprint()
 	priv, key := newKey(t)
-	doc := b.signedFor(t, key, 1, time.Now().Add(boundkeypair.Leeway + 2*time.Second))
+	doc := b.signedFor(t, key, 1, time.Now().Add(boundkeypair.Leeway+2*time.Second))
 
 	_, err := b.offer(t, priv, key, doc)
 	wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
@@ -121,7 +121,7 @@ func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 // document binds its key, with no secret presented.
 func TestBoundKeypairResyncRebindsRegistration(t *testing.T) {
 	b := newBKEnv(t, 5, boundkeypair.ModeStandard)
-	doc := b.signedFor(t, b.pub, 1, time.Now().Add(boundkeypair.Leeway + 2*time.Second))
+	doc := b.signedFor(t, b.pub, 1, time.Now().Add(boundkeypair.Leeway+2*time.Second))
 	_, err := b.offer(t, b.priv, b.pub, doc)
 	wantRefusal(t, err, KindInvalid, "")
 	b.openWindow(t, "ep-1")
@@ -199,7 +199,7 @@ func TestBoundKeypairResyncRebindRefusals(t *testing.T) {
 		if err := b.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockPublicKey, Target: key.Fingerprint(), CreatedAt: time.Now()}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := b.offer(t, priv, key, b.signedFor(t, key, 4, time.Now().Add(boundkeypair.Leeway + 2*time.Second)))
+		_, err := b.offer(t, priv, key, b.signedFor(t, key, 4, time.Now().Add(boundkeypair.Leeway+2*time.Second)))
 		wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
 		if st := b.status(t); st.BoundPublicKey != b.pub.String() {
 			t.Fatalf("token %+v", st)
@@ -213,7 +213,7 @@ func TestBoundKeypairResyncRebindRefusals(t *testing.T) {
 		}
 		b.openWindow(t, "ep-1")
 		priv, key := newKey(t)
-		_, err := b.offer(t, priv, key, b.signedFor(t, key, 1, time.Now().Add(boundkeypair.Leeway + 2*time.Second)))
+		_, err := b.offer(t, priv, key, b.signedFor(t, key, 1, time.Now().Add(boundkeypair.Leeway+2*time.Second)))
 		wantRefusal(t, err, KindPermissionDenied, ReasonJoinStateMismatch)
 		if st := b.status(t); st.BoundPublicKey != b.pub.String() || !b.locked(t) {
 			t.Fatalf("token %+v, locked %v", st, b.locked(t))
