@@ -287,7 +287,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s",
 				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339))
 		case offered.IsZero() || p.RegistrationSecret == "":
-			return a, refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
+			r := refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
+			if noRebind == restoreHint {
+				r = r.with("token %s: %s", t.ID, noRebind)
+			}
+			return a, r
 		}
 		secret, err := s.cfg.TokenSealer.Open(bk.SecretCiphertext, bk.SecretNonce, []byte(t.ID))
 		if err != nil {
@@ -315,8 +319,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	if err := c.Verify(string(answer), key, s.cfg.Now()); err != nil {
 		if noRebind != "" {
-			// Inside a window the offered key was not the one challenged:
-			// tell the operator why.
+			// The offered key was not the one challenged: tell the
+			// operator why (inside a window), or that a window would
+			// have let it rebind (outside one).
 			err = fmt.Errorf("%w (%s)", err, noRebind)
 		}
 		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)

@@ -71,9 +71,15 @@ func TestBoundKeypairResyncRebindsRotatedKey(t *testing.T) {
 
 	_, err := b.offer(t, priv, key, doc)
 	wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
+	wantRestoreHint(t, err, true)
 	if b.locked(t) || b.status(t).BoundPublicKey != b.pub.String() {
 		t.Fatalf("no window: locked %v, token %+v", b.locked(t), b.status(t))
 	}
+	// A document from before the token's last rotation would not be
+	// rebound by a window: its refusal does not point to one.
+	_, err = b.offer(t, priv, key, b.signedFor(t, key, 1, time.Now().Add(-time.Hour)))
+	wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
+	wantRestoreHint(t, err, false)
 
 	b.openWindow(t, "ep-1")
 	_, der := csr(t)
@@ -124,6 +130,7 @@ func TestBoundKeypairResyncRebindsRegistration(t *testing.T) {
 	doc := b.signedFor(t, b.pub, 1, time.Now().Add(boundkeypair.Leeway+2*time.Second))
 	_, err := b.offer(t, b.priv, b.pub, doc)
 	wantRefusal(t, err, KindInvalid, "")
+	wantRestoreHint(t, err, true)
 	b.openWindow(t, "ep-1")
 	res, err := b.offer(t, b.priv, b.pub, doc)
 	if err != nil {
@@ -219,4 +226,17 @@ func TestBoundKeypairResyncRebindRefusals(t *testing.T) {
 			t.Fatalf("token %+v, locked %v", st, b.locked(t))
 		}
 	})
+}
+
+// wantRestoreHint checks whether a refusal outside a window tells the
+// operator (in its audit detail) that a resync window would rebind.
+func wantRestoreHint(t *testing.T, err error, want bool) {
+	t.Helper()
+	var ref *Refusal
+	if !errors.As(err, &ref) {
+		t.Fatalf("err = %v, want a refusal", err)
+	}
+	if got := strings.Contains(ref.Detail, "muster bound-keypair resync open"); got != want {
+		t.Fatalf("refusal detail %q: names the resync window %v, want %v", ref.Detail, got, want)
+	}
 }

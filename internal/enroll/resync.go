@@ -52,11 +52,14 @@ func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairP
 		return nil, boundkeypair.Epochs{}, "", nil
 	}
 	ep, err := s.epochs(ctx, now)
-	if err != nil || !ep.WindowOpen {
+	if err != nil {
 		return nil, ep, "", err
 	}
 	js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, t.ID, p.NodeID)
 	if err != nil {
+		if !ep.WindowOpen {
+			return nil, ep, "", nil
+		}
 		// Judged as without a window: the token's key is challenged.
 		return nil, ep, fmt.Sprintf("no rebind to the offered key: %v", err), nil
 	}
@@ -68,11 +71,28 @@ func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairP
 		}
 		b.Key = cur.Fingerprint()
 	}
+	if !ep.WindowOpen {
+		// Nothing is rebound outside a window. But a join that a window
+		// would rebind is what an agent refused after a restore looks
+		// like, so its refusal says what the operator can do about it.
+		open := ep
+		open.WindowOpen = true
+		if boundkeypair.MayRebind(b, &js, offered.Fingerprint(), open) == nil {
+			return nil, ep, restoreHint, nil
+		}
+		return nil, ep, "", nil
+	}
 	if err := boundkeypair.MayRebind(b, &js, offered.Fingerprint(), ep); err != nil {
 		return nil, ep, err.Error(), nil
 	}
 	return &js, ep, "", nil
 }
+
+// restoreHint is the refusal detail of a join a resync window would
+// rebind: the agent's verified join state names its key, issued after the
+// token's last rotation — the mark of a store restored from before it.
+const restoreHint = "the agent's join state names the key it offered, signed after the token's last rotation: " +
+	"if the store was restored from a backup, a resync window (muster bound-keypair resync open) lets it rebind"
 
 // fingerprintOr names a key for an audit record: its fingerprint, or
 // "none" for the zero key.
