@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -81,20 +82,9 @@ func (s *SQLite) GetToken(ctx context.Context, id string) (store.Token, error) {
 }
 
 // ListTokens returns every token, expired or not, oldest first (ties by
-// ID).
+// ID): ListTokensPage's order, in one page.
 func (s *SQLite) ListTokens(ctx context.Context) ([]store.Token, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+tokenColumns+` FROM tokens ORDER BY created_at, id`)
-	if err != nil {
-		return nil, wrap("list tokens", err)
-	}
-	ts, err := collect(rows, "list tokens", scanToken)
-	if err != nil {
-		return nil, err
-	}
-	if err := withBoundKeypairs(ctx, s.r, ts); err != nil {
-		return nil, wrap("list tokens", err)
-	}
-	return ts, nil
+	return s.ListTokensPage(ctx, store.TokenKey{}, math.MaxInt)
 }
 
 // DeleteToken removes a token; ErrNotFound if there is none with that ID.
