@@ -229,7 +229,13 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	for i := range n {
 		streams.Go(func() {
 			gate <- struct{}{}
-			err := st.hold(streamCx, i, func() { nOpened.Add(1); opened.Done(); <-gate }, func(raw []byte, at time.Time) {
+			err := st.hold(streamCx, i, func(ok bool) {
+				if ok {
+					nOpened.Add(1)
+				}
+				opened.Done()
+				<-gate
+			}, func(raw []byte, at time.Time) {
 				p := current.Load()
 				if p == nil {
 					return
@@ -390,11 +396,13 @@ func (p *pending) count(r receipt, into []time.Duration) {
 }
 
 // hold opens agent i's stream as muster agent run does (its certificate,
-// a heartbeat first) and reads it until ctx ends: opened is called at the
-// authority's first message, got at every task.
-func (st *Streams) hold(ctx context.Context, i int, opened func(), got func(raw []byte, at time.Time)) error {
-	once := sync.OnceFunc(opened)
-	defer once()
+// a heartbeat first) and reads it until ctx ends: opened is called once,
+// with true at the authority's first message or false if the stream ended
+// before it (so a stream that never opened is not counted as open); got at
+// every task.
+func (st *Streams) hold(ctx context.Context, i int, opened func(ok bool), got func(raw []byte, at time.Time)) error {
+	var once sync.Once
+	defer once.Do(func() { opened(false) })
 	// Small buffers: ten thousand streams in this process would otherwise
 	// hold 64 KiB each on this side for nothing.
 	conn, err := st.t.dial(int64(i), st.agents[i], grpc.WithReadBufferSize(4096), grpc.WithWriteBufferSize(4096))
@@ -415,7 +423,7 @@ func (st *Streams) hold(ctx context.Context, i int, opened func(), got func(raw 
 			return err
 		}
 		at := time.Now()
-		once()
+		once.Do(func() { opened(true) })
 		if raw := m.GetTask(); raw != nil {
 			got(raw, at)
 		}
