@@ -49,7 +49,7 @@ func (s *Store) CloseResync(ctx context.Context, closedBy string) (store.ResyncE
 	e, err := scanResyncEpoch(s.pool.QueryRow(ctx, `UPDATE bound_keypair_epochs SET closed_at = `+nowMicros+`, closed_by = $1
 		WHERE `+openWindow+` RETURNING `+resyncColumns, closedBy))
 	if err != nil {
-		return e, wrap("close resync: no window is open", err)
+		return e, wrap("close resync", err)
 	}
 	return e, nil
 }

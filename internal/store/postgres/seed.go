@@ -36,7 +36,7 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"seed_tokens"}, columns(tokenColumns), pgx.CopyFromRows(rows)); err != nil {
 				return wrap("seed tokens", err)
 			}
-			got, err := tx.Query(ctx, `INSERT INTO tokens SELECT * FROM seed_tokens ON CONFLICT (id) DO NOTHING RETURNING id`)
+			got, err := tx.Query(ctx, `INSERT INTO tokens (`+tokenColumns+`) SELECT `+tokenColumns+` FROM seed_tokens ON CONFLICT (id) DO NOTHING RETURNING id`)
 			if err != nil {
 				return wrap("seed tokens", err)
 			}

@@ -57,7 +57,7 @@ func (s *SQLite) CloseResync(ctx context.Context, closedBy string) (store.Resync
 		e, err = scanResyncEpoch(tx.QueryRowContext(ctx, `UPDATE bound_keypair_epochs SET closed_at = `+nowMicros+`, closed_by = ?
 			WHERE `+openWindow+` RETURNING `+resyncColumns, closedBy))
 		if err != nil {
-			return wrap("close resync: no window is open", err)
+			return wrap("close resync", err)
 		}
 		return nil
 	})
