@@ -11,14 +11,14 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// pageFlags are a list command's paging flags. The command fetches every
-// page unless --limit stops it earlier; --page-size only trades round trips
-// against the size of each answer.
 // defaultPageSize is the page the CLI asks for. It always names one: an
 // authority answers a call without a page size only while the whole list
 // fits one page (a client from before paging would not follow the rest).
 const defaultPageSize = 500
 
+// pageFlags are a list command's paging flags. The command fetches every
+// page unless --limit stops it earlier; --page-size only trades round trips
+// against the size of each answer.
 type pageFlags struct {
 	size  int32
 	limit int

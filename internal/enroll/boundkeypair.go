@@ -149,7 +149,7 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 	res := &BoundKeypairResult{Issued: iss, JoinState: doc, Remaining: -1, BoundKey: out.key.Fingerprint()}
 	if out.resync != nil {
 		// Committed: as with the warning below, the record cannot cost
-		// the agent its answer.
+		// the agent its answer (the authority's auditor logs a failure).
 		_ = s.auditResync(ctx, out, iss.NodeID)
 	}
 	if bk.Spec.RecoveryMode == boundkeypair.ModeStandard {
