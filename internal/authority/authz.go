@@ -196,8 +196,11 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 
 // clientChain verifies the client certificate the caller gave, if any,
 // as a TLS server would (to this authority's root, for client use, now),
-// and returns its verified chain: nil without a certificate, an error whose
-// text says what is wrong with one that does not verify.
+// and returns its verified chain, leaf first and its intermediate second
+// (the root follows only when the full check ran: the short path of
+// clientAnchors stops at the intermediate it trusts): nil without a
+// certificate, an error whose text says what is wrong with one that does
+// not verify.
 func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {

@@ -131,19 +131,13 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		// A full disk passes; the agent retries UNAVAILABLE, not INTERNAL.
 		log.Error("store unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
 		return status.Error(codes.Unavailable, "the authority cannot write to its store now; retry later")
-	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, enroll.ReasonCanceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return status.Error(codes.DeadlineExceeded, enroll.ReasonDeadlineExceeded)
-	case ctx.Err() != nil:
-		// The caller went away (or its deadline passed) while the call
-		// ran: what the store answers an interrupted query with (SQLite's
-		// "interrupted", a connection closed mid-query) does not always
-		// wrap ctx.Err(), and it is not the authority's failure.
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return status.Error(codes.DeadlineExceeded, enroll.ReasonDeadlineExceeded)
+	}
+	if reason, gone := enroll.CallerGone(ctx, err); gone {
+		code := codes.Canceled
+		if reason == enroll.ReasonDeadlineExceeded {
+			code = codes.DeadlineExceeded
 		}
-		return status.Error(codes.Canceled, enroll.ReasonCanceled)
+		return status.Error(code, reason)
 	}
 	c := callerFrom(ctx)
 	log.Error("request failed", "err", err, "correlation_id", c.CorrelationID)

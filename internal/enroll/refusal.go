@@ -57,13 +57,26 @@ const (
 	ReasonDeadlineExceeded = "deadline_exceeded: the call's deadline passed before the answer"
 )
 
-// CallerGone is the reason of a call whose context ended: canceled or
-// deadline exceeded. Only meaningful when ctx.Err() is not nil.
-func CallerGone(ctx context.Context) string {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return ReasonDeadlineExceeded
+// CallerGone says whether err ended a call because the caller went away —
+// the call's context ended, or err is a context's own error (a stream's
+// exchange ends with it) — and the reason to answer and audit. What the
+// store answers an interrupted query with (SQLite's "interrupted", a
+// connection closed mid-query) does not always wrap ctx.Err(), so the
+// context is asked too.
+func CallerGone(ctx context.Context, err error) (string, bool) {
+	switch {
+	case err == nil:
+		return "", false
+	case errors.Is(err, context.DeadlineExceeded):
+		return ReasonDeadlineExceeded, true
+	case errors.Is(err, context.Canceled):
+		return ReasonCanceled, true
+	case ctx.Err() == nil:
+		return "", false
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return ReasonDeadlineExceeded, true
 	}
-	return ReasonCanceled
+	return ReasonCanceled, true
 }
 
 // finish audits the outcome of a join or renewal: a refusal (through the
@@ -71,6 +84,7 @@ func CallerGone(ctx context.Context) string {
 // error, or a success whose record was not already written with the change.
 func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err error) (*Issued, error) {
 	var ref *Refusal
+	goneReason, gone := CallerGone(ctx, err)
 	switch {
 	case errors.As(err, &ref):
 		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
@@ -78,18 +92,10 @@ func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err e
 			ev.Reason += ": " + ref.Detail
 		}
 		s.cfg.Audit.Refuse(ctx, ev)
-	case err != nil && ctx.Err() != nil:
-		// Not the authority's failure: the caller stopped waiting. Whatever
-		// the store answered the interrupted call with, say that.
-		ev.Result, ev.Reason = audit.ResultError, CallerGone(ctx)
-		s.cfg.Audit.Refuse(ctx, ev)
-	case errors.Is(err, context.Canceled):
-		// The caller went away mid-exchange: neither a refusal nor the
-		// authority's failure, and said so (gRPC's word, as it is answered).
-		ev.Result, ev.Reason = audit.ResultError, ReasonCanceled
-		s.cfg.Audit.Refuse(ctx, ev)
-	case errors.Is(err, context.DeadlineExceeded):
-		ev.Result, ev.Reason = audit.ResultError, ReasonDeadlineExceeded
+	case gone:
+		// Not the authority's failure, nor a refusal: the caller stopped
+		// waiting, and the record says so (gRPC's word, as it is answered).
+		ev.Result, ev.Reason = audit.ResultError, goneReason
 		s.cfg.Audit.Refuse(ctx, ev)
 	case err != nil:
 		ev.Result, ev.Reason = audit.ResultError, "internal error"
