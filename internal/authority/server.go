@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
@@ -214,8 +215,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 					"recoveries_remaining", remaining, "warn_at", cfg.RecoveriesWarnAt)
 			},
 			Ahead: func(token, node string) {
-				s.log.Warn("bound-keypair join state ahead of the store, refused: if the store was restored from a backup, open a resync window (muster bound-keypair resync open)",
-					"token", token, "node", node)
+				s.log.Warn("bound-keypair join state ahead of the store, refused: "+boundkeypair.ResyncHint, "token", token, "node", node)
 			},
 		},
 		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),

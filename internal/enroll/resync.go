@@ -91,8 +91,8 @@ func (s *Service) rebindable(ctx context.Context, t store.Token, p BoundKeypairP
 // restoreHint is the refusal detail of a join a resync window would
 // rebind: the agent's verified join state names its key, issued after the
 // token's last rotation — the mark of a store restored from before it.
-const restoreHint = "the agent's join state names the key it offered, signed after the token's last rotation: " +
-	"if the store was restored from a backup, a resync window (muster bound-keypair resync open) lets it rebind"
+const restoreHint = "the agent's join state names the key it offered, signed after the token's last rotation, " +
+	"so a resync window would rebind it: " + boundkeypair.ResyncHint
 
 // fingerprintOr names a key for an audit record: its fingerprint, or
 // "none" for the zero key.
