@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -105,6 +106,15 @@ test authority only: the nodes and tokens stay.`,
 			res, err := loadgen.Seed(ctx, loader, loadgen.SeedConfig{Tokens: tokens, Nodes: nodes, Batch: batch, CA: h,
 				TrustDomain: info.TrustDomain, Sealer: sealer, CertTTL: certTTL, TokenTTL: tokenTTL, Actor: actor, Progress: env.Stderr})
 			if err != nil {
+				// Each batch commits on its own: rows written before the
+				// failure stay, and the chain says so.
+				if res != nil && res.Tokens > 0 {
+					if _, aerr := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run,
+						Result: audit.ResultError, Reason: fmt.Sprintf("stopped after %d tokens, %d nodes joined with %d of them (fixture rows, no record each): %v",
+							res.Tokens, res.Nodes, res.Nodes, err)}); aerr != nil {
+						err = errors.Join(err, aerr)
+					}
+				}
 				return fmt.Errorf("bench seed: %w", err)
 			}
 			if _, err := logger.Record(ctx, audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run, Result: audit.ResultOK,

@@ -103,18 +103,18 @@ func Seed(ctx context.Context, l SeedLoader, cfg SeedConfig) (*SeedResult, error
 	seen := map[string]bool{}
 	for res.Tokens < cfg.Tokens {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return res, err
 		}
 		now := time.Now()
 		n := min(cfg.Batch, cfg.Tokens-res.Tokens)
 		used := min(n, cfg.Nodes-res.Nodes)
 		tokens, err := seedTokens(cfg, n, used, now, seen)
 		if err != nil {
-			return nil, err
+			return res, err
 		}
 		inserted, err := l.LoadSeed(ctx, store.Seed{Tokens: tokens})
 		if err != nil {
-			return nil, err
+			return res, err
 		}
 		var joined []store.Token
 		for i, ok := range inserted {
@@ -131,10 +131,10 @@ func Seed(ctx context.Context, l SeedLoader, cfg SeedConfig) (*SeedResult, error
 		if len(joined) > 0 {
 			b, err := seedJoins(cfg, res.Run, res.Nodes, joined, keys, now)
 			if err != nil {
-				return nil, err
+				return res, err
 			}
 			if _, err := l.LoadSeed(ctx, b); err != nil {
-				return nil, err
+				return res, err
 			}
 			res.Nodes += len(joined)
 		}
