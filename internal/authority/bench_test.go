@@ -218,7 +218,7 @@ func BenchmarkRenewal(b *testing.B) { benchRenewals(b, startBench(b)) }
 
 func benchRenewals(b *testing.B, a *benchAuthority) {
 	issue := cryptoBound(b, a.h)
-	renewal, err := loadgen.MeasureBound(loadgen.OpRenew)
+	renewal, err := loadgen.MeasureBound(loadgen.OpRenew, true)
 	if err != nil {
 		b.Fatal(err)
 	}

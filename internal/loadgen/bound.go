@@ -20,19 +20,46 @@ import (
 )
 
 // Bound is the crypto floor of one operation, measured on this machine in
-// this run, one at a time on one goroutine: the time the signatures and
-// verifications the operation cannot avoid take, and nothing else (no
-// store, RPC, audit or encoding).
+// this run, one part at a time on one goroutine: the time the signatures,
+// verifications and key exchanges the operation cannot avoid take, and
+// nothing else (no store, RPC, audit or encoding).
 type Bound struct {
 	// What names the crypto counted.
 	What    string        `json:"what"`
 	PerOp   time.Duration `json:"per_op_ns"`
 	PerCore float64       `json:"ops_per_second_per_core"`
+	// Parts is the bound part by part, so a reader can take out the
+	// handshake (Handshake) and compare with the bound of an operation on a
+	// connection kept open.
+	Parts []BoundPart `json:"parts"`
+}
+
+// BoundPart is one part of a Bound, timed on its own.
+type BoundPart struct {
+	What  string        `json:"what"`
+	PerOp time.Duration `json:"per_op_ns"`
+	// Handshake marks the TLS handshake a new connection costs.
+	Handshake bool `json:"handshake,omitempty"`
+}
+
+// WithoutHandshake is the bound's time per operation less its handshake,
+// and whether it had one.
+func (b *Bound) WithoutHandshake() (time.Duration, bool) {
+	per, had := time.Duration(0), false
+	for _, p := range b.Parts {
+		if p.Handshake {
+			had = true
+			continue
+		}
+		per += p.PerOp
+	}
+	return per, had
 }
 
 // boundIterations is how many times each bound repeats its crypto: enough
-// for a stable mean, short enough (well under a second) for a CI smoke.
-const boundIterations = 300
+// for a stable mean, short enough (well under a second) for a CI smoke. A
+// variable so the package's tests can run fewer.
+var boundIterations = 300
 
 // boundFixture is a CA of the kind the authority runs (ECDSA P-256 at
 // every level), made for the measurement only.
@@ -75,76 +102,89 @@ func (f *boundFixture) issue() error {
 }
 
 // MeasureBound times the crypto floor of op ("token-join", "psk-join",
-// "renew", "bound-recovery" or "bound-refresh"; a stream has none).
-func MeasureBound(op string) (*Bound, error) {
+// "renew", "bound-recovery" or "bound-refresh"; a stream has none). With
+// newConn (the bench's --connection new) each request opens a TLS
+// connection of its own, so its handshake is crypto the request cannot
+// avoid and is counted, at both ends, as it always is for a renewal or a
+// refresh, which cannot share a connection: without a client certificate
+// for a join or a recovery, with the agent's for the others.
+func MeasureBound(op string, newConn bool) (*Bound, error) {
 	f, err := newBoundFixture()
 	if err != nil {
 		return nil, err
 	}
-	// Each operation's crypto is a sequence of parts, each named.
 	const (
-		handshake = "TLS 1.3 handshake with a client certificate (both ends)"
-		recovery  = "Ed25519 answer verify + join-state JWT signature"
-		issuance  = "CSR signature check + certificate signature"
+		serverAuth = "TLS 1.3 handshake, server certificate only (both ends)"
+		mutual     = "TLS 1.3 handshake with a client certificate (both ends)"
+		recovery   = "Ed25519 answer verify + join-state JWT signature"
+		issuance   = "CSR signature check + certificate signature"
 	)
 	var parts []string
 	switch op {
 	case OpTokenJoin, OpPSKJoin:
 		parts = []string{issuance}
 	case OpRenew:
-		parts = []string{handshake, issuance}
+		parts = []string{mutual, issuance}
 	case OpBoundRecovery:
 		parts = []string{recovery, issuance}
 	case OpBoundRefresh:
-		parts = []string{handshake, recovery, issuance}
+		parts = []string{mutual, recovery, issuance}
 	default:
 		return nil, fmt.Errorf("loadgen: unknown operation %q", op)
 	}
-	var steps []func() error
+	if newConn && !presentsCertificate(op) {
+		parts = append([]string{serverAuth}, parts...)
+	}
+	b := &Bound{}
+	var names []string
 	for _, p := range parts {
-		var s func() error
+		var step func() error
 		switch p {
-		case handshake:
-			s, err = f.handshaker()
+		case serverAuth, mutual:
+			step, err = f.handshaker(p == mutual)
 		case recovery:
-			s, err = f.recoverer()
+			step, err = f.recoverer()
 		default:
-			s = f.issue
+			step = f.issue
 		}
 		if err != nil {
 			return nil, err
 		}
-		steps = append(steps, s)
-	}
-	what := strings.Join(parts, " + ")
-	step := func() error {
-		for _, s := range steps {
-			if err := s(); err != nil {
-				return err
-			}
+		per, err := timeStep(step)
+		if err != nil {
+			return nil, err
 		}
-		return nil
+		b.Parts = append(b.Parts, BoundPart{What: p, PerOp: per, Handshake: p == serverAuth || p == mutual})
+		b.PerOp += per
+		names = append(names, p)
 	}
-	// One untimed round warms caches and lazily built tables.
+	b.What = strings.Join(names, " + ")
+	b.PerCore = float64(time.Second) / float64(b.PerOp)
+	return b, nil
+}
+
+// timeStep is the mean time of step over boundIterations runs, after one
+// untimed run that warms caches and lazily built tables.
+func timeStep(step func() error) (time.Duration, error) {
 	if err := step(); err != nil {
-		return nil, err
+		return 0, err
 	}
 	start := time.Now()
 	for range boundIterations {
 		if err := step(); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
-	per := time.Since(start) / boundIterations
-	return &Bound{What: what, PerOp: per, PerCore: float64(time.Second) / float64(per)}, nil
+	return time.Since(start) / time.Duration(boundIterations), nil
 }
 
 // handshaker returns a function that runs one TLS 1.3 handshake in this
-// process over an in-memory pipe, the client presenting an agent
-// certificate and each end verifying the other's chain, as the agent and
-// the authority do at a renewal. Both ends are counted: the load generator
+// process over an in-memory pipe, with the authority's default key
+// exchange. The client verifies the server's chain, as an agent does; with
+// mutual the client also presents an agent certificate and the server
+// verifies it, as at a renewal. Both ends are counted: the load generator
 // and the authority share this machine, so it does both.
-func (f *boundFixture) handshaker() (func() error, error) {
+func (f *boundFixture) handshaker(mutual bool) (func() error, error) {
 	leaf := func(role ca.Role, server bool) (tls.Certificate, error) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
@@ -168,12 +208,15 @@ func (f *boundFixture) handshaker() (func() error, error) {
 	}
 	roots := f.h.RootPool()
 	anyID := func(spiffeid.ID) error { return nil }
-	srvConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{srvCert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: roots, SessionTicketsDisabled: true}
-	cliConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{cliCert}, InsecureSkipVerify: true,
+	srvConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{srvCert}, SessionTicketsDisabled: true}
+	cliConf := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
 		VerifyConnection: func(cs tls.ConnectionState) error {
 			return identity.VerifyPeer(cs.PeerCertificates, roots, anyID, x509.ExtKeyUsageServerAuth, time.Now())
 		}}
+	if mutual {
+		srvConf.ClientAuth, srvConf.ClientCAs = tls.RequireAndVerifyClientCert, roots
+		cliConf.Certificates = []tls.Certificate{cliCert}
+	}
 	return func() error {
 		a, b := net.Pipe()
 		defer a.Close()
