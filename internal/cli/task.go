@@ -57,7 +57,10 @@ gets it on its stream, now or when it next connects, until the task expires.
 Built-in types: node.renew_now (renew the certificate now) and node.report
 (answer with the agent's status). Any other type runs only on agents whose
 task-handlers.yaml maps it to an executable (docs/task-handlers.md).
---label selects the nodes whose join token carries every label given.`,
+--label selects the nodes whose join token carries every label given. A
+selection (or a --node list) of more nodes than one signed task may name
+(1,024, fewer when node IDs are long) is sent as one task per page of nodes,
+each signed with its own list: an agent checks that a task names it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -90,13 +93,23 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 			if out.json() {
 				return out.write(env.Stdout, struct {
 					TaskID          string    `json:"task_id"`
+					TaskIDs         []string  `json:"task_ids"`
 					NodeIDs         []string  `json:"node_ids"`
 					SignerVersionID string    `json:"signer_version_id"`
 					ExpiresAt       time.Time `json:"expires_at"`
-				}{resp.GetTaskId(), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
+				}{resp.GetTaskId(), taskIDs(resp), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
 			}
-			fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
-				resp.GetSignerVersionId(), len(resp.GetNodeIds()), resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+			until := resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
+			if ids := taskIDs(resp); len(ids) > 1 {
+				fmt.Fprintf(env.Stdout, "%d tasks (%s), one per page of nodes, signed by %s, queued for %d nodes until %s:\n", len(ids), typ,
+					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+				for _, id := range ids {
+					fmt.Fprintf(env.Stdout, "  %s\n", id)
+				}
+			} else {
+				fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
+					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+			}
 			fmt.Fprintln(env.Stdout, "Results: muster audit list --action task.result")
 			return nil
 		},
@@ -113,4 +126,13 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 	out.register(cmd)
 	af.completeFlag(env, cmd, "node", listNodeIDs)
 	return cmd
+}
+
+// taskIDs is every task of a send; an authority from before pages sends
+// task_id alone.
+func taskIDs(resp *musterv1.SendTaskResponse) []string {
+	if ids := resp.GetTaskIds(); len(ids) > 0 {
+		return ids
+	}
+	return []string{resp.GetTaskId()}
 }
