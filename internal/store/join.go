@@ -217,9 +217,6 @@ type JoinStore interface {
 	NodesWithLabels(ctx context.Context, labels map[string]string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
-	// ListNodesPage returns up to limit nodes whose ID is greater than
-	// afterID, ordered by ID; "" starts at the first.
-	ListNodesPage(ctx context.Context, afterID string, limit int) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,
 	// freeing the node ID; ErrNotFound.
 	DeleteNode(ctx context.Context, id string) error
