@@ -35,6 +35,11 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("agent_cert_ttl", o.agentCertTTL.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
+	limit := fmt.Sprintf("%d per listener", authority.MaxConnections(o.maxConnections))
+	if o.maxConnections == 0 {
+		limit += " (default: the open-file limit less 256)"
+	}
+	row("limits.max_connections", limit)
 	row("discovery.address", o.discovery)
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)

@@ -25,7 +25,7 @@ func TestConnectionsPerSourceAreCapped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lis := withSourceLimit(raw, 3, tt.exempt)
+			lis := withSourceLimit(raw, 3, tt.exempt, func(Refusal) {})
 			defer lis.Close()
 			accepted := make(chan net.Conn, 10)
 			go func() {
