@@ -43,20 +43,12 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("discovery.address", o.discovery)
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)
-		every := o.registerEvery
-		if every <= 0 {
-			every = authority.DefaultRegisterEvery
-		}
-		row("discovery.register_every", every.String())
+		row("discovery.register_every", authority.RegisterEvery(o.registerEvery).String())
 		row("discovery.endpoints", strings.Join(o.endpoints, ", "))
 	}
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))
 	row("bootstrap.psk_optional_until", o.pskOptional)
-	lead := o.signerMinLead
-	if lead <= 0 {
-		lead = signer.DefaultMinLeadTime
-	}
-	row("signer.min_lead_time", lead.String())
+	row("signer.min_lead_time", signer.MinLeadTimeFor(o.signerMinLead).String())
 	row("bound_keypair.recoveries_warn_at", fmt.Sprint(o.recoveriesWarnAt))
 	format := o.logFormat
 	if format == "" {

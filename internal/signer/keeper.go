@@ -56,10 +56,18 @@ type cachedSet struct {
 
 // NewKeeper returns a keeper. minLead <= 0 means DefaultMinLeadTime.
 func NewKeeper(st Store, custody Custody, a Auditor, authorityID string, minLead time.Duration) *Keeper {
-	if minLead <= 0 {
-		minLead = DefaultMinLeadTime
+	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: MinLeadTimeFor(minLead)}
+}
+
+// MinLeadTimeFor is signer.min_lead_time in force for a configured value:
+// the value, or DefaultMinLeadTime when it is not set (<= 0). The keeper
+// and --check-config both ask here, so what check-config prints is what
+// runs.
+func MinLeadTimeFor(configured time.Duration) time.Duration {
+	if configured <= 0 {
+		return DefaultMinLeadTime
 	}
-	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: minLead}
+	return configured
 }
 
 // MinLeadTime is signer.min_lead_time.
