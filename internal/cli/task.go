@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -84,8 +85,11 @@ each signed with its own list: an agent checks that a task names it.`,
 				return fmt.Errorf("task send: %w", err)
 			}
 			resp, err := callAdmin(cmd, env, &af, "task send", func(ctx context.Context, c *adminClient) (*musterv1.SendTaskResponse, error) {
+				// The answer lists every node queued: 100,000 nodes with
+				// long IDs pass gRPC's default 4 MiB, and the tasks are
+				// queued by then.
 				return c.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: typ, NodeIds: nodes, Labels: lm, All: all, Params: pm,
-					Expires: durationpb.New(expires)})
+					Expires: durationpb.New(expires)}, grpc.MaxCallRecvMsgSize(maxSendTaskAnswer))
 			})
 			if err != nil {
 				return err
@@ -127,6 +131,10 @@ each signed with its own list: an agent checks that a task names it.`,
 	af.completeFlag(env, cmd, "node", listNodeIDs)
 	return cmd
 }
+
+// maxSendTaskAnswer bounds the answer of task send: about a million node
+// IDs of 63 characters.
+const maxSendTaskAnswer = 64 << 20
 
 // taskIDs is every task of a send; an authority from before pages sends
 // task_id alone.
