@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -25,35 +24,13 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	accepted := make(chan net.Conn, 10)
-	go func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", lis.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	closedAtOnce := func(c net.Conn) bool {
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		_, err := c.Read(make([]byte, 1))
-		return err == io.EOF
-	}
+	accepted, dial := acceptAll(lis), dialTo(t, lis.Addr().String())
 	var server []net.Conn
 	for range 3 {
 		dial()
 		server = append(server, <-accepted)
 	}
-	if !closedAtOnce(dial()) {
+	if !closedAtOnce(dial(), 2*time.Second) {
 		t.Fatal("the fourth connection was not closed at once")
 	}
 	mu.Lock()
@@ -70,8 +47,7 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a connection was refused after one of the three closed")
 	}
-	next.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
-	if _, err := next.Read(make([]byte, 1)); err == io.EOF {
+	if closedAtOnce(next, 200*time.Millisecond) {
 		t.Fatal("the connection after a close was closed")
 	}
 }

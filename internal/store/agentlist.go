@@ -36,3 +36,14 @@ type AgentLister interface {
 	// GetAgentRow reads one agent as ListAgentsPage does; ErrNotFound.
 	GetAgentRow(ctx context.Context, nodeID string) (AgentRow, error)
 }
+
+// AttachBoundKeypairs sets the BoundKeypair of each bound-keypair agent in
+// rows from byID, the page's bound-keypair rows by token ID (a token that
+// is gone has none).
+func AttachBoundKeypairs(rows []AgentRow, byID map[string]*BoundKeypair) {
+	for i := range rows {
+		if in := rows[i].Instance; in.JoinMethod == JoinMethodBoundKeypair {
+			rows[i].BoundKeypair = byID[in.TokenID]
+		}
+	}
+}

@@ -84,11 +84,7 @@ func (s *Store) agents(ctx context.Context, query string, args ...any) ([]store.
 	for _, k := range bks {
 		byID[k.id] = k.b
 	}
-	for i := range out {
-		if in := out[i].Instance; in.JoinMethod == store.JoinMethodBoundKeypair {
-			out[i].BoundKeypair = byID[in.TokenID]
-		}
-	}
+	store.AttachBoundKeypairs(out, byID)
 	return out, nil
 }
 
