@@ -45,13 +45,9 @@ func tsOf(t time.Time) *timestamppb.Timestamp {
 // boundKeypairToProto fills the bound-keypair spec and status of p; the
 // registration secret only with sealer set (a single token's answer, never
 // a list).
-func (s *Server) boundKeypairToProto(p *musterv1.Token, t store.Token, withSecret bool) error {
-	b := t.BoundKeypair
-	if b == nil {
-		return nil
-	}
-	p.BoundKeypair = &musterv1.BoundKeypairSpec{InitialPublicKey: b.Spec.InitialPublicKey, MustRegisterBefore: tsOf(b.Spec.MustRegisterBefore),
-		RecoveryLimit: b.Spec.RecoveryLimit, RecoveryMode: b.Spec.RecoveryMode, RotateAfter: tsOf(b.Spec.RotateAfter)}
+// boundKeypairStatus is a bound-keypair token's status, without its
+// registration secret.
+func boundKeypairStatus(b *store.BoundKeypair) *musterv1.BoundKeypairStatus {
 	st := &musterv1.BoundKeypairStatus{BoundPublicKey: b.BoundPublicKey, BoundInstanceId: b.BoundInstanceID,
 		RecoveryCount: b.RecoveryCount, RecoverySequence: b.RecoverySequence, RecoveriesRemaining: -1,
 		LastRecoveredAt: tsOf(b.LastRecoveredAt), LastRotatedAt: tsOf(b.LastRotatedAt), Epoch: b.Epoch}
@@ -61,6 +57,17 @@ func (s *Server) boundKeypairToProto(p *musterv1.Token, t store.Token, withSecre
 	if b.Spec.RecoveryMode == boundkeypair.ModeStandard {
 		st.RecoveriesRemaining = boundkeypair.Status{Limit: b.Spec.RecoveryLimit, Count: b.RecoveryCount}.Remaining()
 	}
+	return st
+}
+
+func (s *Server) boundKeypairToProto(p *musterv1.Token, t store.Token, withSecret bool) error {
+	b := t.BoundKeypair
+	if b == nil {
+		return nil
+	}
+	p.BoundKeypair = &musterv1.BoundKeypairSpec{InitialPublicKey: b.Spec.InitialPublicKey, MustRegisterBefore: tsOf(b.Spec.MustRegisterBefore),
+		RecoveryLimit: b.Spec.RecoveryLimit, RecoveryMode: b.Spec.RecoveryMode, RotateAfter: tsOf(b.Spec.RotateAfter)}
+	st := boundKeypairStatus(b)
 	if withSecret && b.SecretCiphertext != nil {
 		secret, err := s.tokens.Open(b.SecretCiphertext, b.SecretNonce, []byte(t.ID))
 		if err != nil {

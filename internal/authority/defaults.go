@@ -1,6 +1,14 @@
 package authority
 
-// DefaultRegisterEvery is how often the authority re-registers with
-// discovery when discovery.register_every is not set (what --check-config
-// prints as in force).
-const DefaultRegisterEvery = defaultRegisterEvery
+import "time"
+
+// RegisterEvery is how often the authority re-registers with discovery
+// for a configured discovery.register_every: the value, or 10 minutes when
+// it is not set (<= 0). The discovery link and --check-config both ask
+// here, so what check-config prints is what runs.
+func RegisterEvery(configured time.Duration) time.Duration {
+	if configured <= 0 {
+		return defaultRegisterEvery
+	}
+	return configured
+}

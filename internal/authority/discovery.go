@@ -67,9 +67,7 @@ type discoveryLink struct {
 }
 
 func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
-	if cfg.RegisterEvery <= 0 {
-		cfg.RegisterEvery = defaultRegisterEvery
-	}
+	cfg.RegisterEvery = RegisterEvery(cfg.RegisterEvery)
 	if err := cfg.Policy.Validate(); err != nil {
 		return nil, err
 	}

@@ -130,7 +130,8 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 	if err != nil {
 		return nil, err
 	}
-	nodes, err := a.s.store.ListNodesPage(ctx, c.ID, size+1)
+	// One query a page (not four reads an agent).
+	nodes, err := a.s.store.ListAgentsPage(ctx, c.ID, size+1)
 	if err != nil {
 		return nil, err
 	}
@@ -140,14 +141,10 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 	}
 	if len(nodes) > size {
 		nodes = nodes[:size]
-		resp.NextPageToken = pagetoken.Encode(pagetoken.Agents, pagetoken.Cursor{ID: nodes[size-1].ID})
+		resp.NextPageToken = pagetoken.Encode(pagetoken.Agents, pagetoken.Cursor{ID: nodes[size-1].Node.ID})
 	}
 	for _, n := range nodes {
-		p, err := a.agentToProto(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		resp.Agents = append(resp.Agents, p)
+		resp.Agents = append(resp.Agents, agentToProto(n))
 	}
 	return resp, nil
 }

@@ -90,6 +90,10 @@ type Config struct {
 	// BoundKeypairCertTTL is the lifetime of bound-keypair agents'
 	// certificates (zero: enroll.DefaultBoundKeypairCertTTL).
 	BoundKeypairCertTTL time.Duration
+	// MaxConnections is limits.max_connections: the connections each
+	// listener holds open at once, from all sources together (zero:
+	// listener.DefaultMaxConns, from the open-file limit).
+	MaxConnections int
 }
 
 // Server is a running authority.
@@ -101,11 +105,13 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	refusals *audit.Refusals
-	enroll   *enroll.Service
-	limiter  *ratelimit.Keyed
-	tokens   *seal.Sealer
-	signers  *signer.Keeper
-	streams  *streamMetrics
+	// connRefusals counts and logs connections the listeners close at once.
+	connRefusals *listener.Refusals
+	enroll       *enroll.Service
+	limiter      *ratelimit.Keyed
+	tokens       *seal.Sealer
+	signers      *signer.Keeper
+	streams      *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
 	// discovery is nil without a discovery service.
@@ -146,8 +152,12 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
 	}
+	connRefusals, err := listener.NewRefusalsMetric(s.metrics.reg, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	s.connRefusals = connRefusals
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
-	var err error
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
 	}
@@ -387,7 +397,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 // Run binds every listener, records the advertised address, serves until
 // ctx is done and then stops gracefully.
 func (s *Server) Run(ctx context.Context) error {
-	lis, err := listener.Listen(s.cfg.Listen, s.cfg.TrustedProxies)
+	lis, err := s.listen(s.cfg.Listen, "api", s.cfg.TrustedProxies)
 	if err != nil {
 		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
@@ -407,7 +417,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var bootLis net.Listener
 	var boot *grpc.Server
 	if s.cfg.BootstrapListen != "" {
-		if bootLis, err = listener.Listen(s.cfg.BootstrapListen, s.cfg.TrustedProxies); err != nil {
+		if bootLis, err = s.listen(s.cfg.BootstrapListen, "bootstrap", s.cfg.TrustedProxies); err != nil {
 			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, err)
 		}
 		defer bootLis.Close()
@@ -421,7 +431,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = listener.Listen(s.cfg.MetricsListen, nil); err != nil {
+		if metricsLis, err = s.listen(s.cfg.MetricsListen, "metrics", nil); err != nil {
 			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
@@ -439,7 +449,8 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("authority: the audit log is not writable: %w", err)
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
-		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
+		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
+		"max_connections", MaxConnections(s.cfg.MaxConnections))
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}

@@ -339,14 +339,8 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	}
 }
 
-// streamStatus is what agents list and show say of a node's stream.
-func (s *Server) streamStatus(ctx context.Context, node string) (*musterv1.AgentStreamStatus, error) {
-	a, err := s.store.GetAgentStream(ctx, node)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, nil
-	} else if err != nil {
-		return nil, err
-	}
+// streamToProto is what agents list and show say of a node's stream.
+func streamToProto(a store.AgentStream) *musterv1.AgentStreamStatus {
 	return &musterv1.AgentStreamStatus{Connected: a.Connected, Replica: a.Replica, ConnectedAt: timestampOrNil(a.ConnectedAt),
-		LastSeen: timestampOrNil(a.LastSeen), Heartbeat: a.Report}, nil
+		LastSeen: timestampOrNil(a.LastSeen), Heartbeat: a.Report}
 }

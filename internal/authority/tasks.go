@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -21,31 +22,54 @@ import (
 // queueTask signs env (its ID, issue time and signer are filled here)
 // with the active signer and queues it for nodes.
 func (s *Server) queueTask(ctx context.Context, env task.Envelope, nodes []string, lifetime time.Duration, actor string) (task.Envelope, error) {
-	now, err := s.store.Now(ctx)
+	envs, err := s.queueTasks(ctx, env, [][]string{nodes}, lifetime, actor)
 	if err != nil {
 		return task.Envelope{}, err
+	}
+	return envs[0], nil
+}
+
+// queueTasks signs one task per page of nodes with the active signer, the
+// same issue time and expiry for all, each page its own task ID and, when
+// env targets node IDs, the page as its signed target; the tasks are
+// queued in one transaction, all or none.
+func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]string, lifetime time.Duration, actor string) ([]task.Envelope, error) {
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return nil, err
 	}
 	version, sign, err := s.signers.ActiveSigner(ctx)
 	if err != nil {
-		return task.Envelope{}, err
+		return nil, err
 	}
-	env.TaskID, env.SignerVersionID = uuid.NewString(), version
+	env.SignerVersionID = version
 	env.IssuedAt = now.UTC().Truncate(time.Second)
 	env.ExpiresAt = env.IssuedAt.Add(lifetime)
 	if env.Params == nil {
 		env.Params = map[string]string{}
 	}
-	signed, err := env.Sign(sign)
-	if err != nil {
-		return task.Envelope{}, err
+	envs := make([]task.Envelope, 0, len(pages))
+	queued := make([]store.QueuedTask, 0, len(pages))
+	for _, nodes := range pages {
+		e := env
+		e.TaskID = uuid.NewString()
+		if len(env.Target.NodeIDs) > 0 {
+			e.Target = task.Target{NodeIDs: nodes}
+		}
+		signed, err := e.Sign(sign)
+		if err != nil {
+			return nil, err
+		}
+		envs = append(envs, e)
+		queued = append(queued, store.QueuedTask{Task: store.Task{ID: e.TaskID, Type: e.TaskType, SignerVersionID: version, Signed: signed,
+			CreatedBy: actor, CreatedAt: now, ExpiresAt: e.ExpiresAt}, NodeIDs: nodes})
 	}
-	err = s.store.InsertTask(ctx, store.Task{ID: env.TaskID, Type: env.TaskType, SignerVersionID: version, Signed: signed,
-		CreatedBy: actor, CreatedAt: now, ExpiresAt: env.ExpiresAt}, nodes)
-	return env, err
+	return envs, s.store.InsertTasks(ctx, queued)
 }
 
 // nodesFor resolves a target to node IDs: every node, the named ones
-// (each must exist), or those whose join token carries every label.
+// (each must exist), or those whose join token carries every label (one
+// query).
 func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) {
 	if len(t.NodeIDs) > 0 {
 		missing, err := s.store.MissingNodes(ctx, t.NodeIDs)
@@ -57,18 +81,15 @@ func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) 
 		}
 		return t.NodeIDs, nil
 	}
+	if !t.All {
+		return s.store.NodesWithLabels(ctx, t.Labels)
+	}
 	nodes, err := s.store.ListNodes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	out := make([]string, 0, len(nodes))
 	for _, n := range nodes {
-		if !t.All {
-			tok, err := s.store.GetToken(ctx, n.TokenID)
-			if err != nil || !t.Matches(n.ID, tok.Labels) {
-				continue
-			}
-		}
 		out = append(out, n.ID)
 	}
 	return out, nil
@@ -99,29 +120,50 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	}
 	if len(req.Labels) > 0 {
 		// Agents do not know their token's labels: a label selector is
-		// resolved here, and the task names the nodes it chose.
+		// resolved here, and each task names the nodes it chose.
 		target = task.Target{NodeIDs: nodes}
 		if len(nodes) == 0 {
 			return nil, "", status.Error(codes.FailedPrecondition, "no node joined with a token carrying these labels")
 		}
 	}
 	env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}
+	// A node list (named or selected) longer than one signed task may hold
+	// is sent as one task per page, each naming its nodes; --all is one
+	// task every agent accepts.
+	pages := [][]string{nodes}
+	if len(target.NodeIDs) > 0 {
+		pages = env.Pages(nodes)
+	}
 	// The envelope's own check reports malformed input before anything is
 	// signed.
 	probe := env
 	probe.TaskID, probe.SignerVersionID, probe.IssuedAt, probe.ExpiresAt = uuid.NewString(), "v1", time.Now(), time.Now().Add(lifetime)
+	if len(target.NodeIDs) > 0 {
+		probe.Target = task.Target{NodeIDs: pages[0]}
+	}
 	if probe.Params == nil {
 		probe.Params = map[string]string{}
 	}
 	if err := probe.Check(); err != nil {
 		return nil, "", badRequest(err.Error())
 	}
-	env, err = a.s.queueTask(ctx, env, nodes, lifetime, callerFrom(ctx).Actor())
-	if err != nil {
+	envs, err := a.s.queueTasks(ctx, env, pages, lifetime, callerFrom(ctx).Actor())
+	if errors.Is(err, task.ErrMalformed) {
+		// Signed, it is larger than an agent accepts.
+		return nil, "", badRequest(err.Error())
+	} else if err != nil {
 		return nil, "", err
 	}
-	return &musterv1.SendTaskResponse{TaskId: env.TaskID, NodeIds: nodes, SignerVersionId: env.SignerVersionID,
-		ExpiresAt: timestamppb.New(env.ExpiresAt)}, fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, len(nodes)), nil
+	resp := &musterv1.SendTaskResponse{TaskId: envs[0].TaskID, NodeIds: nodes, SignerVersionId: envs[0].SignerVersionID,
+		ExpiresAt: timestamppb.New(envs[0].ExpiresAt)}
+	for _, e := range envs {
+		resp.TaskIds = append(resp.TaskIds, e.TaskID)
+	}
+	what := fmt.Sprintf("task %s %s to %d nodes", envs[0].TaskID, req.TaskType, len(nodes))
+	if len(envs) > 1 {
+		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %d nodes", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, len(nodes))
+	}
+	return resp, what, nil
 }
 
 // queueRotation sends node.rotate_signing_key for a staged signer to every

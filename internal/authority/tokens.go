@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/joinuri"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -138,47 +137,28 @@ func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteToke
 	return &musterv1.DeleteTokenResponse{}, nil
 }
 
-// agentToProto summarises a node with its current instance.
-func (a *adminService) agentToProto(ctx context.Context, n store.Node) (*musterv1.Agent, error) {
+// agentToProto summarises a node with its current instance, from the row
+// the store reads with the page (or alone, for GetAgent).
+func agentToProto(a store.AgentRow) *musterv1.Agent {
+	n, inst := a.Node, a.Instance
 	p := &musterv1.Agent{NodeId: n.ID, JoinMethod: n.JoinMethod, TokenId: n.TokenID, InstanceId: n.InstanceID,
-		CreatedAt: timestamppb.New(n.CreatedAt), UpdatedAt: timestamppb.New(n.UpdatedAt)}
-	inst, err := a.s.store.GetInstance(ctx, n.InstanceID)
-	if err != nil {
-		return nil, err
+		CreatedAt: timestamppb.New(n.CreatedAt), UpdatedAt: timestamppb.New(n.UpdatedAt),
+		Generation: inst.Generation, LastIssuedAt: timestamppb.New(inst.LastIssuedAt)}
+	if !a.NotAfter.IsZero() {
+		p.NotAfter = timestamppb.New(a.NotAfter)
 	}
-	p.Generation = inst.Generation
-	p.LastIssuedAt = timestamppb.New(inst.LastIssuedAt)
-	if certs, err := ca.ParseCertsPEM(inst.LastChainPEM); err == nil {
-		p.NotAfter = timestamppb.New(certs[0].NotAfter)
-	}
-	targets := []store.LockTarget{{Kind: store.LockNode, Target: n.ID}, {Kind: store.LockInstance, Target: inst.ID}}
-	if inst.TokenID != "" {
-		targets = append(targets, store.LockTarget{Kind: store.LockToken, Target: inst.TokenID})
-	}
-	l, err := a.s.store.FindAnyLock(ctx, targets)
-	if err == nil {
+	if l := a.Lock; l != nil {
 		p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return nil, err
 	}
-	if p.Stream, err = a.s.streamStatus(ctx, n.ID); err != nil {
-		return nil, err
+	if a.Stream != nil {
+		p.Stream = streamToProto(*a.Stream)
 	}
-	if inst.JoinMethod == store.JoinMethodBoundKeypair && inst.TokenID != "" {
-		// The token may be gone (deleted); the node keeps its identity.
-		t, err := a.s.store.GetToken(ctx, inst.TokenID)
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return nil, err
-		}
-		if err == nil {
-			tp := &musterv1.Token{}
-			if err := a.s.boundKeypairToProto(tp, t, false); err != nil {
-				return nil, err
-			}
-			p.BoundKeypair = tp.GetBoundKeypairStatus()
-		}
+	if a.BoundKeypair != nil {
+		// Nil when the token is gone (deleted): the node keeps its
+		// identity.
+		p.BoundKeypair = boundKeypairStatus(a.BoundKeypair)
 	}
-	return p, nil
+	return p
 }
 
 // GetAgent answers "what does this machine hold, since when, and how did it
@@ -198,12 +178,10 @@ func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.G
 		return nil, badRequest("node: " + err.Error())
 	}
 	resp := &musterv1.GetAgentResponse{}
-	n, err := a.s.store.GetNode(ctx, nodeID)
+	row, err := a.s.store.GetAgentRow(ctx, nodeID)
 	switch {
 	case err == nil:
-		if resp.Agent, err = a.agentToProto(ctx, n); err != nil {
-			return nil, err
-		}
+		resp.Agent = agentToProto(row)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}

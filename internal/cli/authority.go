@@ -70,6 +70,11 @@ type authorityConfig struct {
 		// CertTTL: empty keeps the default (1h, at most agent_cert_ttl).
 		CertTTL string `yaml:"cert_ttl"`
 	} `yaml:"bound_keypair"`
+	Limits struct {
+		// MaxConnections: nil or 0 keeps the default (from the open-file
+		// limit).
+		MaxConnections *int `yaml:"max_connections"`
+	} `yaml:"limits"`
 }
 
 // defaultRecoveriesWarnAt is bound_keypair.recoveries_warn_at's default:
@@ -131,6 +136,8 @@ type authorityOptions struct {
 	signerMinLead time.Duration
 	// recoveriesWarnAt is bound_keypair.recoveries_warn_at.
 	recoveriesWarnAt int64
+	// maxConnections is limits.max_connections; 0 means the default.
+	maxConnections int
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
@@ -200,6 +207,12 @@ and the data directory, prints the settings in force, and exits.`,
 			if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
 				o.recoveriesWarnAt = *w
 			}
+			if n := cfg.Limits.MaxConnections; n != nil && !f.Changed("max-connections") {
+				o.maxConnections = *n
+			}
+			if o.maxConnections < 0 {
+				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256)", o.maxConnections)
+			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
 				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
@@ -236,6 +249,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.BoolVar(&o.pskRequired, "psk-required", true, "require the bootstrap PSK; false only for a migration, with --psk-optional-until and --discovery")
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
+	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections each listener holds open at once, from all sources (limits.max_connections; 0: the open-file limit less 256)")
 	registerPprofFlag(cmd, &o.pprofListen)
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
@@ -402,6 +416,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		SignerMinLeadTime:   o.signerMinLead,
 		RecoveriesWarnAt:    o.recoveriesWarnAt,
 		BoundKeypairCertTTL: o.boundCertTTL,
+		MaxConnections:      o.maxConnections,
 	}, m)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

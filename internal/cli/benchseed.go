@@ -20,6 +20,7 @@ func newBenchSeedCmd(env *Env) *cobra.Command {
 	var dir, storeURL string
 	var tokens, nodes, batch int
 	var certTTL, tokenTTL time.Duration
+	var labels []string
 	cmd := &cobra.Command{
 		Use:   "seed --data DIR --tokens N --nodes N",
 		Short: "Fill a stopped authority's store with tokens and joined nodes, fast, to measure it at scale",
@@ -34,11 +35,13 @@ current instance and a certificate signed by the authority's agent CA
 (64 keys shared among the nodes). No audit record is written per row; one
 bench.seed record says what was seeded, so "muster audit verify" still
 passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
-for --token-ttl, described "muster bench seed".
+for --token-ttl, described "muster bench seed", labelled with --label (a
+fleet for "muster task send --label").
 
 The authority must be stopped (the data directory's lock is taken). Seed a
 test authority only: the nodes and tokens stay.`,
 		Example: `  muster bench seed --data ./bench-data --tokens 1000000 --nodes 100000
+  muster bench seed --data ./bench-data --tokens 5000 --nodes 5000 --label pool=gpu
   muster bench seed --data ./bench-data --store postgres://muster@db/muster --tokens 1000 --nodes 100 -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -52,6 +55,10 @@ test authority only: the nodes and tokens stay.`,
 				return errors.New("bench seed: --tokens and --nodes must not be negative, --batch at least 1")
 			case nodes > tokens:
 				return fmt.Errorf("bench seed: %d nodes need as many tokens, not %d (each node is joined with its own)", nodes, tokens)
+			}
+			lm, err := parsePairs("label", labels)
+			if err != nil {
+				return fmt.Errorf("bench seed: %w", err)
 			}
 			ctx := cmd.Context()
 			d := datadir.Dir(dir)
@@ -104,7 +111,7 @@ test authority only: the nodes and tokens stay.`,
 			}
 			const actor = "muster bench seed"
 			res, err := loadgen.Seed(ctx, loader, loadgen.SeedConfig{Tokens: tokens, Nodes: nodes, Batch: batch, CA: h,
-				TrustDomain: info.TrustDomain, Sealer: sealer, CertTTL: certTTL, TokenTTL: tokenTTL, Actor: actor, Progress: env.Stderr})
+				TrustDomain: info.TrustDomain, Sealer: sealer, CertTTL: certTTL, TokenTTL: tokenTTL, Labels: lm, Actor: actor, Progress: env.Stderr})
 			if err != nil {
 				// Each batch commits on its own: rows written before the
 				// failure stay, and the chain says so.
@@ -138,5 +145,6 @@ test authority only: the nodes and tokens stay.`,
 	f.IntVar(&batch, "batch", 10000, "tokens (and nodes) written per transaction")
 	f.DurationVar(&certTTL, "agent-cert-ttl", defaultAgentCertTTL, "lifetime of the seeded nodes' certificates")
 	f.DurationVar(&tokenTTL, "token-ttl", 30*24*time.Hour, "lifetime of the seeded tokens")
+	f.StringArrayVar(&labels, "label", nil, "a label k=v every seeded token carries, for task send --label (repeatable)")
 	return cmd
 }

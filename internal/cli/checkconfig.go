@@ -35,23 +35,20 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("agent_cert_ttl", o.agentCertTTL.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
+	limit := fmt.Sprintf("%d per listener", authority.MaxConnections(o.maxConnections))
+	if o.maxConnections == 0 {
+		limit += " (default: the open-file limit less 256)"
+	}
+	row("limits.max_connections", limit)
 	row("discovery.address", o.discovery)
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)
-		every := o.registerEvery
-		if every <= 0 {
-			every = authority.DefaultRegisterEvery
-		}
-		row("discovery.register_every", every.String())
+		row("discovery.register_every", authority.RegisterEvery(o.registerEvery).String())
 		row("discovery.endpoints", strings.Join(o.endpoints, ", "))
 	}
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))
 	row("bootstrap.psk_optional_until", o.pskOptional)
-	lead := o.signerMinLead
-	if lead <= 0 {
-		lead = signer.DefaultMinLeadTime
-	}
-	row("signer.min_lead_time", lead.String())
+	row("signer.min_lead_time", signer.MinLeadTimeFor(o.signerMinLead).String())
 	row("bound_keypair.recoveries_warn_at", fmt.Sprint(o.recoveriesWarnAt))
 	format := o.logFormat
 	if format == "" {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/listener"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden with the current output")
@@ -26,7 +28,8 @@ func TestGoldenText(t *testing.T) {
 	}
 	id, td := authorityIdentity(t, dir)
 	normalize := strings.NewReplacer(runtime.Version(), "GOVERSION", runtime.GOOS+"/"+runtime.GOARCH, "PLATFORM",
-		dir, "DIR", id, "AUTHORITY_ID", td, "TRUST_DOMAIN")
+		dir, "DIR", id, "AUTHORITY_ID", td, "TRUST_DOMAIN",
+		fmt.Sprintf(" %d per listener", listener.DefaultMaxConns()), " MAX_CONNECTIONS per listener")
 	tests := []struct {
 		name string
 		args []string

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -57,7 +58,10 @@ gets it on its stream, now or when it next connects, until the task expires.
 Built-in types: node.renew_now (renew the certificate now) and node.report
 (answer with the agent's status). Any other type runs only on agents whose
 task-handlers.yaml maps it to an executable (docs/task-handlers.md).
---label selects the nodes whose join token carries every label given.`,
+--label selects the nodes whose join token carries every label given. A
+selection (or a --node list) of more nodes than one signed task may name
+(1,024, fewer when node IDs are long) is sent as one task per page of nodes,
+each signed with its own list: an agent checks that a task names it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -81,8 +85,11 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 				return fmt.Errorf("task send: %w", err)
 			}
 			resp, err := callAdmin(cmd, env, &af, "task send", func(ctx context.Context, c *adminClient) (*musterv1.SendTaskResponse, error) {
+				// The answer lists every node queued: 100,000 nodes with
+				// long IDs pass gRPC's default 4 MiB, and the tasks are
+				// queued by then.
 				return c.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: typ, NodeIds: nodes, Labels: lm, All: all, Params: pm,
-					Expires: durationpb.New(expires)})
+					Expires: durationpb.New(expires)}, grpc.MaxCallRecvMsgSize(maxSendTaskAnswer))
 			})
 			if err != nil {
 				return err
@@ -90,13 +97,23 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 			if out.json() {
 				return out.write(env.Stdout, struct {
 					TaskID          string    `json:"task_id"`
+					TaskIDs         []string  `json:"task_ids"`
 					NodeIDs         []string  `json:"node_ids"`
 					SignerVersionID string    `json:"signer_version_id"`
 					ExpiresAt       time.Time `json:"expires_at"`
-				}{resp.GetTaskId(), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
+				}{resp.GetTaskId(), taskIDs(resp), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
 			}
-			fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
-				resp.GetSignerVersionId(), len(resp.GetNodeIds()), resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339))
+			until := resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
+			if ids := taskIDs(resp); len(ids) > 1 {
+				fmt.Fprintf(env.Stdout, "%d tasks (%s), one per page of nodes, signed by %s, queued for %d nodes until %s:\n", len(ids), typ,
+					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+				for _, id := range ids {
+					fmt.Fprintf(env.Stdout, "  %s\n", id)
+				}
+			} else {
+				fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
+					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+			}
 			fmt.Fprintln(env.Stdout, "Results: muster audit list --action task.result")
 			return nil
 		},
@@ -113,4 +130,17 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 	out.register(cmd)
 	af.completeFlag(env, cmd, "node", listNodeIDs)
 	return cmd
+}
+
+// maxSendTaskAnswer bounds the answer of task send: about a million node
+// IDs of 63 characters.
+const maxSendTaskAnswer = 64 << 20
+
+// taskIDs is every task of a send; an authority from before pages sends
+// task_id alone.
+func taskIDs(resp *musterv1.SendTaskResponse) []string {
+	if ids := resp.GetTaskIds(); len(ids) > 0 {
+		return ids
+	}
+	return []string{resp.GetTaskId()}
 }

@@ -116,9 +116,11 @@ type Server struct {
 	log      *slog.Logger
 	audit    *audit.Logger
 	refusals *audit.Refusals
-	metrics  *metrics
-	keys     *keyring
-	sealer   *seal.Sealer
+	// connRefusals counts and logs connections the listeners close at once.
+	connRefusals *listener.Refusals
+	metrics      *metrics
+	keys         *keyring
+	sealer       *seal.Sealer
 	// limiter holds the discovery's own per-source buckets; policy the
 	// buckets of the authorities' policies.
 	limiter *ratelimit.Keyed
@@ -188,6 +190,9 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	s.refusals = audit.NewRefusals(s.audit, "discovery", cfg.Log)
+	if s.connRefusals, err = listener.NewRefusalsMetric(s.metrics.reg, cfg.Log); err != nil {
+		return nil, err
+	}
 	if s.sealer, err = id.StorageKey.Sealer(seal.InfoDiscoveryKey); err != nil {
 		return nil, err
 	}
@@ -255,7 +260,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.recordOK(ctx, "ticket_key.create", installed, "first ticket key")
 	}
 	// The PROXY header comes before TLS: ServeTLS wraps this listener.
-	lis, err := listener.Listen(s.cfg.Listen, s.cfg.TrustedProxies)
+	lis, err := s.listen(s.cfg.Listen, "api", s.cfg.TrustedProxies)
 	if err != nil {
 		return fmt.Errorf("discoveryd: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
@@ -288,7 +293,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = listener.Listen(s.cfg.MetricsListen, nil); err != nil {
+		if metricsLis, err = s.listen(s.cfg.MetricsListen, "metrics", nil); err != nil {
 			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()

@@ -18,15 +18,16 @@ const MaxConnsPerSource = 256
 // carries many clients.
 type limitPerSource struct {
 	net.Listener
-	max    int
-	exempt []netip.Prefix
+	max     int
+	exempt  []netip.Prefix
+	refused func(Refusal)
 
 	mu   sync.Mutex
 	open map[netip.Addr]int
 }
 
-func withSourceLimit(lis net.Listener, max int, exempt []netip.Prefix) net.Listener {
-	return &limitPerSource{Listener: lis, max: max, exempt: exempt, open: map[netip.Addr]int{}}
+func withSourceLimit(lis net.Listener, max int, exempt []netip.Prefix, refused func(Refusal)) net.Listener {
+	return &limitPerSource{Listener: lis, max: max, exempt: exempt, open: map[netip.Addr]int{}, refused: refused}
 }
 
 func (l *limitPerSource) Accept() (net.Conn, error) {
@@ -45,6 +46,7 @@ func (l *limitPerSource) Accept() (net.Conn, error) {
 		if l.open[ip] >= l.max {
 			l.mu.Unlock()
 			c.Close()
+			l.refused(RefusedPerSource)
 			continue
 		}
 		l.open[ip]++

@@ -1,7 +1,6 @@
 package listener
 
 import (
-	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -25,38 +24,16 @@ func TestConnectionsPerSourceAreCapped(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lis := withSourceLimit(raw, 3, tt.exempt)
+			lis := withSourceLimit(raw, 3, tt.exempt, func(Refusal) {})
 			defer lis.Close()
-			accepted := make(chan net.Conn, 10)
-			go func() {
-				for {
-					c, err := lis.Accept()
-					if err != nil {
-						return
-					}
-					accepted <- c
-				}
-			}()
-			dial := func() net.Conn {
-				c, err := net.Dial("tcp", raw.Addr().String())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { c.Close() })
-				return c
-			}
-			closedAtOnce := func(c net.Conn) bool {
-				c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
-				_, err := c.Read(make([]byte, 1))
-				return err == io.EOF
-			}
+			accepted, dial := acceptAll(lis), dialTo(t, raw.Addr().String())
 			var server []net.Conn
 			for i := 0; i < 3; i++ {
 				dial()
 				server = append(server, <-accepted)
 			}
 			fourth := dial()
-			if got := closedAtOnce(fourth); got != tt.limited {
+			if got := closedAtOnce(fourth, 500*time.Millisecond); got != tt.limited {
 				t.Fatalf("fourth connection closed at once: %v, want %v", got, tt.limited)
 			}
 			if !tt.limited {
@@ -71,7 +48,7 @@ func TestConnectionsPerSourceAreCapped(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("a connection was refused after one of the source's closed")
 			}
-			if closedAtOnce(fifth) {
+			if closedAtOnce(fifth, 500*time.Millisecond) {
 				t.Fatal("the fifth connection was closed")
 			}
 		})

@@ -11,22 +11,19 @@ package listener
 
 import (
 	"net"
-	"net/netip"
 
 	"github.com/muster-dev/muster/internal/oserr"
 )
 
-// Listen binds addr over TCP. Connections from a trusted proxy carry the
-// client address of their PROXY header as their remote address; trusted
-// may be empty. A source past MaxConnsPerSource open connections has its
-// next one closed at once (a trusted proxy is not counted). If the bind fails, the error is the system's reason alone
-// ("address already in use"), so the caller's message names addr once.
-func Listen(addr string, trusted []netip.Prefix) (net.Listener, error) {
+// listen binds addr. If the bind fails, the error is the system's reason
+// alone ("address already in use"), so the caller's message names addr
+// once.
+func listen(addr string) (net.Listener, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, oserr.Reason(err)
 	}
-	return withTrustedProxies(withSourceLimit(lis, MaxConnsPerSource, trusted), trusted), nil
+	return lis, nil
 }
 
 // Addr is the address l is bound to; "" for a nil listener (one that was

@@ -51,12 +51,12 @@ func TestParseTrustedProxies(t *testing.T) {
 }
 
 func TestListenReportsTheSystemReason(t *testing.T) {
-	busy, err := Listen("127.0.0.1:0", nil)
+	busy, err := Listen("127.0.0.1:0", Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer busy.Close()
-	_, err = Listen(Addr(busy), nil)
+	_, err = Listen(Addr(busy), Options{})
 	if !errors.Is(err, syscall.EADDRINUSE) || strings.Contains(err.Error(), Addr(busy)) {
 		t.Fatalf("second bind: %v, want the reason alone", err)
 	}
@@ -87,7 +87,7 @@ type accepted struct {
 // returns what the accepted connection saw.
 func through(t *testing.T, trusted []netip.Prefix, what []byte) accepted {
 	t.Helper()
-	lis, err := Listen("127.0.0.1:0", trusted)
+	lis, err := Listen("127.0.0.1:0", Options{TrustedProxies: trusted})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,8 @@ type SeedConfig struct {
 	CertTTL time.Duration
 	// TokenTTL is the unused tokens' lifetime from now.
 	TokenTTL time.Duration
+	// Labels are every token's labels (nil for none).
+	Labels   map[string]string
 	Actor    string
 	Progress io.Writer
 }
@@ -163,7 +165,7 @@ func seedTokens(cfg SeedConfig, n, used int, now time.Time, seen map[string]bool
 			continue
 		}
 		seen[tok.ID] = true
-		t := store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, UsesAllowed: 1, Description: "muster bench seed",
+		t := store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, UsesAllowed: 1, Description: "muster bench seed", Labels: cfg.Labels,
 			CreatedBy: cfg.Actor, CreatedAt: now, ExpiresAt: now.Add(cfg.TokenTTL)}
 		if t.Ciphertext, t.Nonce, err = cfg.Sealer.Seal(tok.Secret(), []byte(tok.ID)); err != nil {
 			return nil, err

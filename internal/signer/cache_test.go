@@ -94,10 +94,11 @@ func TestVerifierSetSignedOncePerVersion(t *testing.T) {
 		if err := s.step(s.by); err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
-		stored, err := a.st.SignerSetVersion(ctx)
+		id, err := a.st.SignerSetID(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		stored := id.Version
 		got, raw := setVersion(t, a)
 		if got != stored || got <= prev {
 			t.Fatalf("%s: served version %d, store at %d (before %d)", s.name, got, stored, prev)
@@ -169,12 +170,13 @@ func TestVerifierSetCacheNeverGoesBack(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	stored, _ := a.st.SignerSetVersion(ctx)
+	id, _ := a.st.SignerSetID(ctx)
+	stored := id.Version
 	if v, _ := setVersion(t, a); v != stored {
 		t.Fatalf("served %d, store at %d", v, stored)
 	}
-	if c := a.signed.Load(); c == nil || c.version != stored {
-		t.Fatalf("cached a set of version %d, store at %d", c.version, stored)
+	if c := a.signed.Load(); c == nil || c.id.Version != stored {
+		t.Fatalf("cached a set of version %d, store at %d", c.id.Version, stored)
 	}
 }
 
@@ -185,14 +187,16 @@ type restoredStore struct {
 	back atomic.Int64
 }
 
-func (r *restoredStore) SignerSetVersion(ctx context.Context) (int64, error) {
-	v, err := r.Store.SignerSetVersion(ctx)
-	return v - r.back.Load(), err
+func (r *restoredStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
+	id, err := r.Store.SignerSetID(ctx)
+	id.Version -= r.back.Load()
+	return id, err
 }
 
-func (r *restoredStore) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
-	rows, v, err := r.Store.ListSigners(ctx)
-	return rows, v - r.back.Load(), err
+func (r *restoredStore) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
+	rows, id, err := r.Store.ListSigners(ctx)
+	id.Version -= r.back.Load()
+	return rows, id, err
 }
 
 // TestVerifierSetAfterTheStoreWentBack: a store whose version goes back

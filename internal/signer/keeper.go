@@ -15,8 +15,8 @@ import (
 // Store is the part of the store the keeper needs.
 type Store interface {
 	Now(ctx context.Context) (time.Time, error)
-	ListSigners(ctx context.Context) ([]store.Signer, int64, error)
-	SignerSetVersion(ctx context.Context) (int64, error)
+	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
+	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
 }
 
@@ -41,25 +41,33 @@ type Keeper struct {
 	authorityID string
 	minLead     time.Duration
 
-	// signed is the last verifier set this keeper signed, by version. Every
+	// signed is the last verifier set this keeper signed, by set ID. Every
 	// join, renewal and recovery answer carries the set; signing it afresh
 	// each time cost a store transaction and a signature per request.
 	signed atomic.Pointer[cachedSet]
 }
 
-// cachedSet is one signed verifier set and the version it carries; raw is
-// shared by every caller and never modified.
+// cachedSet is one signed verifier set and the ID of the signer rows it
+// was made from; raw is shared by every caller and never modified.
 type cachedSet struct {
-	version int64
-	raw     []byte
+	id  store.SignerSetID
+	raw []byte
 }
 
 // NewKeeper returns a keeper. minLead <= 0 means DefaultMinLeadTime.
 func NewKeeper(st Store, custody Custody, a Auditor, authorityID string, minLead time.Duration) *Keeper {
-	if minLead <= 0 {
-		minLead = DefaultMinLeadTime
+	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: MinLeadTimeFor(minLead)}
+}
+
+// MinLeadTimeFor is signer.min_lead_time in force for a configured value:
+// the value, or DefaultMinLeadTime when it is not set (<= 0). The keeper
+// and --check-config both ask here, so what check-config prints is what
+// runs.
+func MinLeadTimeFor(configured time.Duration) time.Duration {
+	if configured <= 0 {
+		return DefaultMinLeadTime
 	}
-	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: minLead}
+	return configured
 }
 
 // MinLeadTime is signer.min_lead_time.
@@ -71,7 +79,9 @@ type Snapshot struct {
 	Signers []Signer
 	refs    map[string][]byte
 	Version int64
-	Now     time.Time
+	// set identifies the rows read (the version and the step's time).
+	set store.SignerSetID
+	Now time.Time
 }
 
 // Load reads the signers.
@@ -80,11 +90,11 @@ func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
-	rows, version, err := k.st.ListSigners(ctx)
+	rows, set, err := k.st.ListSigners(ctx)
 	if err != nil {
 		return Snapshot{}, err
 	}
-	snap := Snapshot{Version: version, Now: now, refs: map[string][]byte{}}
+	snap := Snapshot{Version: set.Version, set: set, Now: now, refs: map[string][]byte{}}
 	for _, r := range rows {
 		snap.Signers = append(snap.Signers, fromRow(r))
 		snap.refs[r.VersionID] = r.KeyRef
@@ -340,30 +350,33 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 // signer, and its version; nil when the version is still have, so a stream
 // signs only the sets it sends.
 //
-// The set of a version is signed once and kept: a version names one state
-// of the signer rows (every step advances it in the same conditional
-// write), so two sets of one version differ only in issued_at, which no
-// agent reads. Each call still reads the version from the store, committed
-// state that every replica shares, so a step made through any replica is
-// served by this one from the next call on — never an older set. A change
-// notification would save that read but arrives after the commit, and a
-// set older than the store's version must never be served.
+// The set is signed once per set ID and kept: an ID names one state of
+// the signer rows (every step advances the version and stamps the store
+// clock in the same conditional write), so two sets of one ID differ only
+// in issued_at, which no agent reads. The version alone would not do: a
+// store restored from a backup under a running authority and stepped back
+// up to the version this one kept holds other signers, and only the step's
+// time tells them apart. Each call still reads the ID from the store (one
+// single-row read of committed state that every replica shares), so a step
+// made through any replica is served by this one from the next call on —
+// never an older set. A change notification would save that read but
+// arrives after the commit, and a set older than the store's must never be
+// served.
 func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
-	version, err := k.st.SignerSetVersion(ctx)
+	id, err := k.st.SignerSetID(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	if version == have {
+	if id.Version == have {
 		return nil, have, nil
 	}
 	if c := k.signed.Load(); c != nil {
-		if c.version == version {
-			return c.raw, version, nil
+		if c.id == id {
+			return c.raw, id.Version, nil
 		}
-		if c.version > version {
-			// The store went back (restored from a backup): what was kept
-			// is not this store's, and the version it names will come
-			// again with other signers.
+		if c.id.Version >= id.Version {
+			// The store went back (restored from a backup), perhaps and
+			// stepped up again: what was kept is not this store's.
 			k.signed.CompareAndSwap(c, nil)
 		}
 	}
@@ -384,16 +397,16 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 	if err != nil {
 		return nil, 0, err
 	}
-	k.keep(cachedSet{version: snap.Version, raw: raw})
+	k.keep(cachedSet{id: snap.set, raw: raw})
 	return raw, snap.Version, nil
 }
 
-// keep caches s unless a newer version is cached already (two requests
-// racing across a step must not put the older set back).
+// keep caches s unless a newer version, or s itself, is cached already
+// (two requests racing across a step must not put the older set back).
 func (k *Keeper) keep(s cachedSet) {
 	for {
 		c := k.signed.Load()
-		if c != nil && c.version >= s.version {
+		if c != nil && (c.id.Version > s.id.Version || c.id == s.id) {
 			return
 		}
 		if k.signed.CompareAndSwap(c, &s) {

@@ -144,3 +144,16 @@ func TestKeeperLifecycle(t *testing.T) {
 		t.Fatalf("stage audit = %+v", e)
 	}
 }
+
+func TestMinLeadTimeFor(t *testing.T) {
+	for _, tt := range []struct{ configured, want time.Duration }{
+		{0, DefaultMinLeadTime}, {-time.Minute, DefaultMinLeadTime}, {2 * time.Minute, 2 * time.Minute},
+	} {
+		if got := MinLeadTimeFor(tt.configured); got != tt.want {
+			t.Errorf("MinLeadTimeFor(%s) = %s, want %s", tt.configured, got, tt.want)
+		}
+		if got := NewKeeper(nil, nil, nil, "a", tt.configured).MinLeadTime(); got != tt.want {
+			t.Errorf("NewKeeper(%s).MinLeadTime() = %s, want %s", tt.configured, got, tt.want)
+		}
+	}
+}

@@ -211,11 +211,12 @@ type JoinStore interface {
 	// given, in one query (a task addressed to a thousand nodes checks
 	// them at once, not with a thousand reads).
 	MissingNodes(ctx context.Context, ids []string) ([]string, error)
+	// NodesWithLabels returns the IDs of the nodes whose current
+	// instance's join token carries every one of labels (a label selector),
+	// ordered by ID, in one query (not one token read per node).
+	NodesWithLabels(ctx context.Context, labels map[string]string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
-	// ListNodesPage returns up to limit nodes whose ID is greater than
-	// afterID, ordered by ID; "" starts at the first.
-	ListNodesPage(ctx context.Context, afterID string, limit int) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,
 	// freeing the node ID; ErrNotFound.
 	DeleteNode(ctx context.Context, id string) error

@@ -39,21 +39,33 @@ type SignerChange struct {
 	To   Signer
 }
 
+// SignerSetID identifies the content of a verifier set: its version and
+// the store-clock time (Unix microseconds) of the step that made it, 0
+// before the first step. The version alone does not: a store restored
+// from a backup and stepped back up to the same version holds other
+// signers, and the step's time tells the two apart.
+type SignerSetID struct {
+	Version   int64
+	SteppedAt int64
+}
+
 // SignerStore keeps the signers and the verifier set's version. Safe for
 // concurrent use.
 type SignerStore interface {
 	// ListSigners returns every signer, oldest published first (ties by
-	// version ID), and the verifier set version: the number of change sets
-	// applied so far (0 before the first signer).
-	ListSigners(ctx context.Context) ([]Signer, int64, error)
-	// SignerSetVersion returns the verifier set version alone: one
-	// single-row read of committed state, so a replica that compares it
-	// with the version of a set it signed earlier knows whether that set is
-	// still current, whichever replica made the last step.
-	SignerSetVersion(ctx context.Context) (int64, error)
+	// version ID), and the verifier set's ID, read with them: its version
+	// is the number of change sets applied so far (0 before the first
+	// signer).
+	ListSigners(ctx context.Context) ([]Signer, SignerSetID, error)
+	// SignerSetID returns the verifier set's ID alone: one single-row read
+	// of committed state, so a replica that compares it with the ID of a
+	// set it signed earlier knows whether that set is still current,
+	// whichever replica made the last step, and also after a restore.
+	SignerSetID(ctx context.Context) (SignerSetID, error)
 	// ApplySignerChanges writes changes in one transaction, in order, and
 	// advances the verifier set version from expectVersion to
-	// expectVersion+1, which it returns. ErrConflict, and nothing written,
+	// expectVersion+1, which it returns, stamping the set with the store
+	// clock (SignerSetID.SteppedAt). ErrConflict, and nothing written,
 	// if the version is no longer expectVersion (another change won), if
 	// an updated row is not in its From state, if an inserted version ID
 	// exists, or if a write would leave two signers staged, active or in

@@ -220,4 +220,5 @@ type Store interface {
 	SignerStore
 	TaskStore
 	AgentStreamStore
+	AgentLister
 }

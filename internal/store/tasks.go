@@ -26,11 +26,20 @@ type Task struct {
 	ExpiresAt       time.Time
 }
 
+// QueuedTask is a task and the nodes it is queued for.
+type QueuedTask struct {
+	Task    Task
+	NodeIDs []string
+}
+
 // TaskStore queues signed tasks per node. Safe for concurrent use.
 type TaskStore interface {
 	// InsertTask stores a task and queues it for each of nodeIDs, in one
 	// transaction; ErrConflict if its ID exists.
 	InsertTask(ctx context.Context, t Task, nodeIDs []string) error
+	// InsertTasks stores several tasks, each queued for its own nodes, in
+	// one transaction: all or none (one send split into pages of nodes).
+	InsertTasks(ctx context.Context, ts []QueuedTask) error
 	// PendingTasks returns the tasks queued or delivered to nodeID and not
 	// answered, that have not expired by the store clock, oldest first.
 	PendingTasks(ctx context.Context, nodeID string) ([]Task, error)

@@ -177,7 +177,12 @@ func (e Envelope) Sign(sign func(msg []byte) ([]byte, error)) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(signed{Envelope: doc, Signature: base64.RawURLEncoding.EncodeToString(sig)})
+	out, err := json.Marshal(signed{Envelope: doc, Signature: base64.RawURLEncoding.EncodeToString(sig)})
+	if err == nil && len(out) > MaxTaskBytes {
+		// Agents refuse it as malformed: say so before it is queued.
+		return nil, malformed("signed, it is %d bytes, more than the %d an agent accepts", len(out), MaxTaskBytes)
+	}
+	return out, err
 }
 
 // decode splits a signed task into its envelope, the envelope's bytes as

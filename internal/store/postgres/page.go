@@ -25,12 +25,3 @@ func (s *Store) ListTokensPage(ctx context.Context, after store.TokenKey, limit 
 	}
 	return ts, nil
 }
-
-// ListNodesPage returns up to limit nodes with an ID after afterID.
-func (s *Store) ListNodesPage(ctx context.Context, afterID string, limit int) ([]store.Node, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id > $1 ORDER BY id LIMIT $2`, afterID, limit)
-	if err != nil {
-		return nil, wrap("list nodes", err)
-	}
-	return collect(rows, "list nodes", scanNode)
-}

@@ -14,35 +14,35 @@ const signerColumns = `version_id, public_key, key_ref, state, published_at, eff
 // ListSigners returns every signer, oldest published first, and the
 // verifier set version, read in one REPEATABLE READ snapshot so the
 // version matches the rows.
-func (s *Store) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
+func (s *Store) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, 0, wrap("list signers: begin", err)
+		return nil, store.SignerSetID{}, wrap("list signers: begin", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	var version int64
-	if err := tx.QueryRow(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
-		return nil, 0, wrap("list signers: version", err)
+	var id store.SignerSetID
+	if err := tx.QueryRow(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+		return nil, id, wrap("list signers: version", err)
 	}
 	rows, err := tx.Query(ctx, `SELECT `+signerColumns+` FROM signers ORDER BY published_at, version_id`)
 	if err != nil {
-		return nil, 0, wrap("list signers", err)
+		return nil, store.SignerSetID{}, wrap("list signers", err)
 	}
 	out, err := collect(rows, "list signers", scanSigner)
 	if err != nil {
-		return nil, 0, err
+		return nil, store.SignerSetID{}, err
 	}
-	return out, version, nil
+	return out, id, nil
 }
 
-// SignerSetVersion returns the verifier set version (see
-// store.SignerStore): one round trip.
-func (s *Store) SignerSetVersion(ctx context.Context) (int64, error) {
-	var version int64
-	if err := s.pool.QueryRow(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
-		return 0, wrap("signer set version", err)
+// SignerSetID returns the verifier set's ID (see store.SignerStore): one
+// round trip.
+func (s *Store) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
+	var id store.SignerSetID
+	if err := s.pool.QueryRow(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+		return id, wrap("signer set id", err)
 	}
-	return version, nil
+	return id, nil
 }
 
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore) in one
@@ -53,7 +53,7 @@ func (s *Store) SignerSetVersion(ctx context.Context) (int64, error) {
 // the partial unique index keeps one signer per live state.
 func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
 	err := s.inTx(ctx, "apply signer changes", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1 WHERE id = 1 AND version = $1`, expect)
+		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, expect)
 		if err != nil {
 			return wrap("apply signer changes: version", err)
 		}

@@ -14,18 +14,29 @@ const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.cr
 
 // InsertTask stores a task and its deliveries in one transaction.
 func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
+	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
+}
+
+// InsertTasks stores tasks and their deliveries in one transaction.
+func (s *Store) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
 	return s.inTx(ctx, "insert task", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
-			return wrap("insert task", err)
-		}
-		for _, n := range nodeIDs {
-			if _, err := tx.Exec(ctx, `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
-				VALUES ($1, $2, 'queued', `+nowMicros+`)`, t.ID, n); err != nil {
-				return wrap("insert task delivery", err)
+		for _, q := range ts {
+			t := q.Task
+			if _, err := tx.Exec(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+				return wrap("insert task", err)
+			}
+			for _, n := range q.NodeIDs {
+				if _, err := tx.Exec(ctx, `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
+					VALUES ($1, $2, 'queued', `+nowMicros+`)`, t.ID, n); err != nil {
+					return wrap("insert task delivery", err)
+				}
+			}
+			if err := notifyTx(ctx, tx, store.ChangeTasks, q.NodeIDs...); err != nil {
+				return err
 			}
 		}
-		return notifyTx(ctx, tx, store.ChangeTasks, nodeIDs...)
+		return nil
 	})
 }
 

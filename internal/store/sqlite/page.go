@@ -25,12 +25,3 @@ func (s *SQLite) ListTokensPage(ctx context.Context, after store.TokenKey, limit
 	}
 	return ts, nil
 }
-
-// ListNodesPage returns up to limit nodes with an ID after afterID.
-func (s *SQLite) ListNodesPage(ctx context.Context, afterID string, limit int) ([]store.Node, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id > ? ORDER BY id LIMIT ?`, afterID, limit)
-	if err != nil {
-		return nil, wrap("list nodes", err)
-	}
-	return collect(rows, "list nodes", scanNode)
-}

@@ -12,43 +12,42 @@ const signerColumns = `version_id, public_key, key_ref, state, published_at, eff
 
 // ListSigners returns every signer, oldest published first, and the
 // verifier set version, read in one snapshot.
-func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, int64, error) {
+func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
 	tx, err := s.r.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
 	if err != nil {
-		return nil, 0, wrap("list signers", err)
+		return nil, store.SignerSetID{}, wrap("list signers", err)
 	}
 	defer tx.Rollback()
-	var version int64
-	if err := tx.QueryRowContext(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
-		return nil, 0, wrap("list signers: version", err)
+	var id store.SignerSetID
+	if err := tx.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+		return nil, id, wrap("list signers: version", err)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+signerColumns+` FROM signers ORDER BY published_at, version_id`)
 	if err != nil {
-		return nil, 0, wrap("list signers", err)
+		return nil, store.SignerSetID{}, wrap("list signers", err)
 	}
 	defer rows.Close()
 	var out []store.Signer
 	for rows.Next() {
 		sg, err := scanSigner(rows)
 		if err != nil {
-			return nil, 0, wrap("list signers", err)
+			return nil, store.SignerSetID{}, wrap("list signers", err)
 		}
 		out = append(out, sg)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, 0, wrap("list signers", err)
+		return nil, store.SignerSetID{}, wrap("list signers", err)
 	}
-	return out, version, nil
+	return out, id, nil
 }
 
-// SignerSetVersion returns the verifier set version (see
-// store.SignerStore).
-func (s *SQLite) SignerSetVersion(ctx context.Context) (int64, error) {
-	var version int64
-	if err := s.r.QueryRowContext(ctx, `SELECT version FROM signer_set WHERE id = 1`).Scan(&version); err != nil {
-		return 0, wrap("signer set version", err)
+// SignerSetID returns the verifier set's ID (see store.SignerStore).
+func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
+	var id store.SignerSetID
+	if err := s.r.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+		return id, wrap("signer set id", err)
 	}
-	return version, nil
+	return id, nil
 }
 
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore). The
@@ -57,7 +56,7 @@ func (s *SQLite) SignerSetVersion(ctx context.Context) (int64, error) {
 // from one version the second conflicts.
 func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1 WHERE id = 1 AND version = ?`, expect)
+		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, expect)
 		if err != nil {
 			return wrap("apply signer changes: version", err)
 		}

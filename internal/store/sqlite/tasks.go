@@ -13,21 +13,31 @@ const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.cr
 
 // InsertTask stores a task and its deliveries in one write transaction.
 func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
+	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
+}
+
+// InsertTasks stores tasks and their deliveries in one write transaction.
+func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
-			return wrap("insert task", err)
-		}
-		for _, n := range nodeIDs {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
-				VALUES (?, ?, 'queued', `+nowMicros+`)`, t.ID, n); err != nil {
-				return wrap("insert task delivery", err)
+		for _, q := range ts {
+			t := q.Task
+			if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+				return wrap("insert task", err)
+			}
+			for _, n := range q.NodeIDs {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
+					VALUES (?, ?, 'queued', `+nowMicros+`)`, t.ID, n); err != nil {
+					return wrap("insert task delivery", err)
+				}
 			}
 		}
 		return nil
 	})
 	if err == nil {
-		s.hub.announce(store.ChangeTasks, nodeIDs...)
+		for _, q := range ts {
+			s.hub.announce(store.ChangeTasks, q.NodeIDs...)
+		}
 	}
 	return err
 }

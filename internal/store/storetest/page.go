@@ -127,14 +127,23 @@ func pageCases() []testCase {
 			for i, id := range []string{"node-d", "node-b", "node-e", "node-a", "node-c"} {
 				admit(t, ctx, s, id, fmt.Sprintf("i%d", i), at(time.Duration(i)*time.Minute))
 			}
+			// The agents' page is the node page: ListAgentsPage's node rows.
+			nodesPage := func(after string, size int) ([]store.Node, error) {
+				rows, err := s.ListAgentsPage(ctx, after, size)
+				var ns []store.Node
+				for _, r := range rows {
+					ns = append(ns, r.Node)
+				}
+				return ns, err
+			}
 			want, err := s.ListNodes(ctx)
 			mustNil(t, "ListNodes", err)
 			for _, size := range []int{1, 2, 5, 6} {
 				var got []store.Node
 				after := ""
 				for {
-					ns, err := s.ListNodesPage(ctx, after, size)
-					mustNil(t, "ListNodesPage", err)
+					ns, err := nodesPage(after, size)
+					mustNil(t, "ListAgentsPage", err)
 					got = append(got, ns...)
 					if len(ns) < size {
 						break
@@ -144,13 +153,13 @@ func pageCases() []testCase {
 				wantEqual(t, fmt.Sprintf("pages of %d", size), got, want)
 			}
 			// Across a delete and a join: the cursor is an ID, not a place.
-			ns, err := s.ListNodesPage(ctx, "", 2)
-			mustNil(t, "ListNodesPage", err)
+			ns, err := nodesPage("", 2)
+			mustNil(t, "ListAgentsPage", err)
 			mustNil(t, "DeleteNode node-a", s.DeleteNode(ctx, "node-a"))
 			mustNil(t, "DeleteNode node-c", s.DeleteNode(ctx, "node-c"))
 			admit(t, ctx, s, "node-bb", "i9", at(time.Hour))
-			rest, err := s.ListNodesPage(ctx, ns[len(ns)-1].ID, 10)
-			mustNil(t, "ListNodesPage", err)
+			rest, err := nodesPage(ns[len(ns)-1].ID, 10)
+			mustNil(t, "ListAgentsPage", err)
 			var ids []string
 			for _, n := range slices.Concat(ns, rest) {
 				ids = append(ids, n.ID)

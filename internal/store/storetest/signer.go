@@ -32,8 +32,9 @@ func move(s store.Signer, from, to string) store.SignerChange {
 // signerStates lists signers as id=state, failing if a live state repeats.
 func signerStates(t *testing.T, ctx context.Context, s store.Store) (map[string]string, int64) {
 	t.Helper()
-	rows, v, err := s.ListSigners(ctx)
+	rows, id, err := s.ListSigners(ctx)
 	mustNil(t, "ListSigners", err)
+	v := id.Version
 	m, live := map[string]string{}, map[string]int{}
 	for _, r := range rows {
 		m[r.VersionID] = r.State
@@ -49,27 +50,36 @@ func signerCases() []testCase {
 		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
 			rows, v, err := s.ListSigners(ctx)
 			mustNil(t, "ListSigners", err)
-			if len(rows) != 0 || v != 0 {
-				t.Fatalf("ListSigners = %v, %d; want none at version 0", rows, v)
+			if len(rows) != 0 || v != (store.SignerSetID{}) {
+				t.Fatalf("ListSigners = %v, %+v; want none at version 0", rows, v)
 			}
 		}},
-		{"the version read alone is ListSigners' version", func(t *testing.T, ctx context.Context, s store.Store) {
-			v, err := s.SignerSetVersion(ctx)
-			mustNil(t, "SignerSetVersion", err)
-			if v != 0 {
-				t.Fatalf("SignerSetVersion before any signer = %d, want 0", v)
+		{"the ID read alone is ListSigners' ID; each step stamps it with the store clock", func(t *testing.T, ctx context.Context, s store.Store) {
+			id, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if id != (store.SignerSetID{}) {
+				t.Fatalf("SignerSetID before any signer = %+v, want zero", id)
 			}
+			before := storeNow(t, ctx, s)
 			a := signerRow("v1", store.SignerActive, 0)
 			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
 			mustNil(t, "create", err)
+			after := storeNow(t, ctx, s)
+			first, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if stamp := time.UnixMicro(first.SteppedAt); stamp.Before(before.Add(-time.Millisecond)) || stamp.After(after.Add(time.Millisecond)) {
+				t.Errorf("stepped at %s, want between %s and %s (the store clock)", stamp, before, after)
+			}
 			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))})
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("stale step: %v, want ErrConflict", err)
 			}
-			got, err := s.SignerSetVersion(ctx)
-			mustNil(t, "SignerSetVersion", err)
-			if _, listed := signerStates(t, ctx, s); got != 1 || listed != 1 {
-				t.Fatalf("SignerSetVersion = %d, ListSigners %d; want 1 (a refused step advances nothing)", got, listed)
+			got, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			_, listed, err := s.ListSigners(ctx)
+			mustNil(t, "ListSigners", err)
+			if got != first || listed != first || got.Version != 1 {
+				t.Fatalf("SignerSetID = %+v, ListSigners %+v, after the first step %+v; want version 1 (a refused step changes nothing)", got, listed, first)
 			}
 		}},
 		{"insert and read back every field", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -82,7 +92,7 @@ func signerCases() []testCase {
 			mustNil(t, "stage", err)
 			rows, got, err := s.ListSigners(ctx)
 			mustNil(t, "ListSigners", err)
-			if got != 2 || v != 2 {
+			if got.Version != 2 || v != 2 {
 				t.Errorf("version = %d (returned %d), want 2", got, v)
 			}
 			if diff := cmp.Diff([]store.Signer{a, b}, rows, cmpOpts); diff != "" {
@@ -221,9 +231,9 @@ func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, wri
 	for i, changes := range steps {
 		v, err := w.ApplySignerChanges(ctx, int64(i), changes)
 		mustNil(t, "ApplySignerChanges", err)
-		got, err := r.SignerSetVersion(ctx)
-		mustNil(t, "SignerSetVersion", err)
-		if got != v {
+		id, err := r.SignerSetID(ctx)
+		mustNil(t, "SignerSetID", err)
+		if got := id.Version; got != v {
 			t.Fatalf("step %d through one handle made version %d; the other reads %d", i+1, v, got)
 		}
 	}

@@ -61,6 +61,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"TokenCount", tokenCountCases()},
 		{"Page", pageCases()},
 		{"MissingNodes", missingNodesCases()},
+		{"AgentList", agentListCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

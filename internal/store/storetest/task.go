@@ -64,6 +64,31 @@ func taskCases() []testCase {
 			// a task the agent got through another replica's stream).
 			mustNil(t, "RecordTaskResult queued", s.RecordTaskResult(ctx, "a", "n2", store.TaskRefused, "mistargeted"))
 		}},
+		{"several tasks are queued all or none", func(t *testing.T, ctx context.Context, s store.Store) {
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			page := func(id string) store.Task {
+				x := taskRow(id, 0, 0)
+				x.CreatedAt, x.ExpiresAt = now.Truncate(time.Microsecond), now.Add(time.Hour).Truncate(time.Microsecond)
+				return x
+			}
+			mustNil(t, "InsertTask taken", s.InsertTask(ctx, page("taken"), []string{"n9"}))
+			// The second page's ID is taken: the first page is not kept.
+			wantErr(t, "InsertTasks with a taken ID", s.InsertTasks(ctx, []store.QueuedTask{
+				{Task: page("p1"), NodeIDs: []string{"n1", "n2"}}, {Task: page("taken"), NodeIDs: []string{"n3"}}}), store.ErrConflict)
+			for _, n := range []string{"n1", "n2", "n3"} {
+				if ids := taskIDs(t, ctx, s, n); len(ids) != 0 {
+					t.Fatalf("a failed InsertTasks left %v queued for %s", ids, n)
+				}
+			}
+			mustNil(t, "InsertTasks", s.InsertTasks(ctx, []store.QueuedTask{
+				{Task: page("p1"), NodeIDs: []string{"n1", "n2"}}, {Task: page("p2"), NodeIDs: []string{"n3"}}}))
+			for n, want := range map[string][]string{"n1": {"p1"}, "n2": {"p1"}, "n3": {"p2"}} {
+				if ids := taskIDs(t, ctx, s, n); !cmp.Equal(ids, want) {
+					t.Fatalf("pending %s = %v, want %v", n, ids, want)
+				}
+			}
+		}},
 		{"expired tasks are not pending", func(t *testing.T, ctx context.Context, s store.Store) {
 			now, err := s.Now(ctx)
 			mustNil(t, "Now", err)

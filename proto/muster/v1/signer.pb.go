@@ -588,14 +588,19 @@ func (x *SendTaskRequest) GetExpires() *durationpb.Duration {
 }
 
 type SendTaskResponse struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// task_id: the first (often the only) task of the send.
+	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	// node_ids: the nodes the task was queued for.
 	NodeIds         []string               `protobuf:"bytes,2,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
 	SignerVersionId string                 `protobuf:"bytes,3,opt,name=signer_version_id,json=signerVersionId,proto3" json:"signer_version_id,omitempty"`
 	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// task_ids: every task of the send, task_id first. A selection of more
+	// nodes than one signed task may name (1,024, or fewer long IDs within
+	// 64 KiB) is sent as one task per page of nodes, each naming its own.
+	TaskIds       []string `protobuf:"bytes,5,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SendTaskResponse) Reset() {
@@ -652,6 +657,13 @@ func (x *SendTaskResponse) GetSignerVersionId() string {
 func (x *SendTaskResponse) GetExpiresAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *SendTaskResponse) GetTaskIds() []string {
+	if x != nil {
+		return x.TaskIds
 	}
 	return nil
 }
@@ -785,13 +797,14 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xad\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x01\n" +
 	"\x10SendTaskResponse\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x19\n" +
 	"\bnode_ids\x18\x02 \x03(\tR\anodeIds\x12*\n" +
 	"\x11signer_version_id\x18\x03 \x01(\tR\x0fsignerVersionId\x129\n" +
 	"\n" +
-	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"\xe1\x01\n" +
+	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
+	"\btask_ids\x18\x05 \x03(\tR\ataskIds\"\xe1\x01\n" +
 	"\x11AgentStreamStatus\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +

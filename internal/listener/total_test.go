@@ -1,0 +1,72 @@
+package listener
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestConnectionsInAllAreCapped: past MaxConns open connections on the
+// listener, from any sources, a new one is closed at once and reported as
+// refused for the total; closing one frees its place.
+func TestConnectionsInAllAreCapped(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		refused []Refusal
+	)
+	lis, err := Listen("127.0.0.1:0", Options{MaxConns: 3, Refused: func(r Refusal) {
+		mu.Lock()
+		refused = append(refused, r)
+		mu.Unlock()
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted, dial := acceptAll(lis), dialTo(t, lis.Addr().String())
+	var server []net.Conn
+	for range 3 {
+		dial()
+		server = append(server, <-accepted)
+	}
+	if !closedAtOnce(dial(), 2*time.Second) {
+		t.Fatal("the fourth connection was not closed at once")
+	}
+	mu.Lock()
+	got := append([]Refusal(nil), refused...)
+	mu.Unlock()
+	if len(got) != 1 || got[0] != RefusedTotal {
+		t.Fatalf("refusals %v, want one for the total", got)
+	}
+	server[0].Close()
+	next := dial()
+	select {
+	case c := <-accepted:
+		defer c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("a connection was refused after one of the three closed")
+	}
+	if closedAtOnce(next, 200*time.Millisecond) {
+		t.Fatal("the connection after a close was closed")
+	}
+}
+
+func TestMaxConnsFor(t *testing.T) {
+	for _, tt := range []struct {
+		limit uint64
+		want  int
+	}{
+		{1 << 20, 1<<20 - 256},
+		{20_000, 19_744},
+		{1024, 768},
+		{300, 150}, // at least half
+		{1, 1},
+		{0, 1},
+		{^uint64(0), 1<<30 - 256}, // RLIM_INFINITY
+	} {
+		if got := maxConnsFor(tt.limit); got != tt.want {
+			t.Errorf("maxConnsFor(%d) = %d, want %d", tt.limit, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,132 @@
+package signer
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+)
+
+// swappedStore is the store a running replica reaches through its URL:
+// restoring a backup under it puts another database behind the same URL.
+type swappedStore struct {
+	mu  sync.Mutex
+	cur Store
+}
+
+func (s *swappedStore) get() Store {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+func (s *swappedStore) restore(to Store) { s.mu.Lock(); s.cur = to; s.mu.Unlock() }
+func (s *swappedStore) Now(ctx context.Context) (time.Time, error) {
+	return s.get().Now(ctx)
+}
+func (s *swappedStore) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
+	return s.get().ListSigners(ctx)
+}
+func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
+	return s.get().SignerSetID(ctx)
+}
+func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange) (int64, error) {
+	return s.get().ApplySignerChanges(ctx, v, cs)
+}
+
+// TestVerifierSetAfterARestoreSteppedToTheSameVersion: a replica serves
+// the verifier set of version 2 (a staged signer S1); the store is
+// restored under it from a backup taken at version 1, and another
+// replica stages a different signer S2, which brings the restored store to
+// version 2 again. The replica must serve the set naming S2: it had kept
+// the set by version alone and served S1, which the store no longer holds.
+func TestVerifierSetAfterARestoreSteppedToTheSameVersion(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	open := func(path string) *sqlite.SQLite {
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	sealed, _ := NewSealed(seal.StorageKey{3})
+	who := Actor{Name: "ops"}
+	live := filepath.Join(dir, "muster.db")
+	sw := &swappedStore{cur: open(live)}
+	a := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	other := NewKeeper(open(live), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if _, err := other.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	// The backup: the database at version 1 (no write is in flight, so
+	// the file and its WAL are consistent).
+	backup := filepath.Join(dir, "backup.db")
+	for _, suffix := range []string{"", "-wal"} {
+		data, err := os.ReadFile(live + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	staged := func(k *Keeper) string {
+		res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, ok := rotationOf(res)
+		if !ok {
+			t.Fatal("no staged signer")
+		}
+		return s
+	}
+	s1 := staged(other)
+	if v, raw := setVersion(t, a); v != 2 || !names(t, raw, s1) {
+		t.Fatalf("before the restore: version %d, want 2 naming %s", v, s1)
+	}
+
+	restored := open(backup)
+	sw.restore(restored)
+	s2 := staged(NewKeeper(restored, sealed, &auditLog{}, "prod-a3f2e1", 0))
+	if s1 == s2 {
+		t.Fatalf("both stages made %s", s1)
+	}
+	v, raw := setVersion(t, a)
+	if v != 2 || !names(t, raw, s2) || names(t, raw, s1) {
+		t.Fatalf("after the restore stepped to version 2: served version %d naming %s: %v; want %s, not %s", v, s2, names(t, raw, s2), s2, s1)
+	}
+}
+
+// rotationOf is the public key (text form) of the signer a step staged:
+// both stages name their signer v2, with keys of their own.
+func rotationOf(res Result) (string, bool) {
+	for _, c := range res.Changes {
+		if c.To.State == Staged {
+			return EncodePublicKey(c.To.PublicKey), true
+		}
+	}
+	return "", false
+}
+
+// names reports whether the signed set raw lists the key pub.
+func names(t *testing.T, raw []byte, pub string) bool {
+	t.Helper()
+	set, err := ParseVerifierSet(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range set.Keys {
+		if k.PublicKey == pub {
+			return true
+		}
+	}
+	return false
+}

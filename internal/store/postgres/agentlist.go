@@ -1,0 +1,132 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// agentQuery reads agents (a page, or one) in one round trip: each node with
+// its current instance, the expiry of the instance's last certificate, the
+// first lock in force on the node, the instance or its token (FindAnyLock's
+// order), the stream row, and whether the instance's bound-keypair token
+// still exists.
+const agentQuery = `SELECT n.id, n.join_method, n.token_id, n.instance_id, n.created_at, n.updated_at,
+	i.node_id, i.join_method, i.token_id, i.previous_id, i.state, i.generation, i.created_at, i.last_serial, i.last_public_key, i.last_issued_at,
+	c.not_after,
+	l.id, l.kind, l.target, l.reason, l.created_by, l.created_at, l.expires_at,
+	s.node_id, s.replica, s.connected, s.connected_at, s.last_seen, s.report,
+	t.id
+	FROM nodes n
+	JOIN instances i ON i.id = n.instance_id
+	LEFT JOIN certificates c ON c.serial = i.last_serial
+	LEFT JOIN LATERAL (SELECT x.* FROM locks x
+		WHERE ((x.kind = '` + store.LockNode + `' AND x.target = n.id) OR (x.kind = '` + store.LockInstance + `' AND x.target = i.id)
+			OR (x.kind = '` + store.LockToken + `' AND i.token_id <> '' AND x.target = i.token_id))
+		AND (x.expires_at IS NULL OR x.expires_at > ` + nowMicros + `)
+		ORDER BY CASE x.kind WHEN '` + store.LockNode + `' THEN 0 WHEN '` + store.LockInstance + `' THEN 1 ELSE 2 END, x.created_at, x.id LIMIT 1) l ON true
+	LEFT JOIN agent_streams s ON s.node_id = n.id
+	LEFT JOIN tokens t ON t.id = i.token_id AND i.join_method = '` + store.JoinMethodBoundKeypair + `'
+`
+
+// ListAgentsPage reads a page of agents in one round trip, and the page's
+// bound-keypair state in one more when it has any.
+func (s *Store) ListAgentsPage(ctx context.Context, afterID string, limit int) ([]store.AgentRow, error) {
+	return s.agents(ctx, agentQuery+` WHERE n.id > $1 ORDER BY n.id LIMIT $2`, afterID, limit)
+}
+
+// GetAgentRow reads one agent as ListAgentsPage does; ErrNotFound.
+func (s *Store) GetAgentRow(ctx context.Context, nodeID string) (store.AgentRow, error) {
+	rows, err := s.agents(ctx, agentQuery+` WHERE n.id = $1`, nodeID)
+	if err == nil && len(rows) == 0 {
+		err = wrap("get agent "+nodeID, pgx.ErrNoRows)
+	}
+	if err != nil {
+		return store.AgentRow{}, err
+	}
+	return rows[0], nil
+}
+
+func (s *Store) agents(ctx context.Context, query string, args ...any) ([]store.AgentRow, error) {
+	rows, err := s.pool.Query(ctx, query, args...)
+	if err != nil {
+		return nil, wrap("list agents", err)
+	}
+	var bound []string
+	out, err := collect(rows, "list agents", func(r pgx.Row) (store.AgentRow, error) {
+		a, token, err := scanAgentRow(r)
+		if token != "" {
+			bound = append(bound, token)
+		}
+		return a, err
+	})
+	if err != nil || len(bound) == 0 {
+		return out, err
+	}
+	brows, err := s.pool.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = ANY($1)`, bound)
+	if err != nil {
+		return nil, wrap("list agents: bound keypairs", err)
+	}
+	type keyed struct {
+		id string
+		b  *store.BoundKeypair
+	}
+	bks, err := collect(brows, "list agents: bound keypairs", func(r pgx.Row) (keyed, error) {
+		id, b, err := scanBoundKeypair(r)
+		return keyed{id, b}, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*store.BoundKeypair, len(bks))
+	for _, k := range bks {
+		byID[k.id] = k.b
+	}
+	store.AttachBoundKeypairs(out, byID)
+	return out, nil
+}
+
+// scanAgentRow scans one row of agentQuery; token is the ID of a
+// bound-keypair token that exists, or "".
+func scanAgentRow(r pgx.Row) (store.AgentRow, string, error) {
+	var (
+		a                                             store.AgentRow
+		nCreated, nUpdated, iCreated, iIssued, expiry *int64
+		lID, lKind, lTarget, lReason, lBy             *string
+		lCreated, lExpires                            *int64
+		sNode, sReplica, sReport                      *string
+		sConnected, sSince, sSeen                     *int64
+		token                                         *string
+	)
+	n, in := &a.Node, &a.Instance
+	err := r.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &nCreated, &nUpdated,
+		&in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State, &in.Generation, &iCreated, &in.LastSerial, &in.LastPublicKey, &iIssued,
+		&expiry,
+		&lID, &lKind, &lTarget, &lReason, &lBy, &lCreated, &lExpires,
+		&sNode, &sReplica, &sConnected, &sSince, &sSeen, &sReport,
+		&token)
+	if err != nil {
+		return store.AgentRow{}, "", err
+	}
+	in.ID = n.InstanceID
+	n.CreatedAt, n.UpdatedAt = timeCol(nCreated), timeCol(nUpdated)
+	in.CreatedAt, in.LastIssuedAt, a.NotAfter = timeCol(iCreated), timeCol(iIssued), timeCol(expiry)
+	if lID != nil {
+		a.Lock = &store.Lock{ID: *lID, Kind: deref(lKind), Target: deref(lTarget), Reason: deref(lReason), CreatedBy: deref(lBy),
+			CreatedAt: timeCol(lCreated), ExpiresAt: timeCol(lExpires)}
+	}
+	if sNode != nil {
+		a.Stream = &store.AgentStream{NodeID: *sNode, Replica: deref(sReplica), Connected: sConnected != nil && *sConnected == 1,
+			ConnectedAt: timeCol(sSince), LastSeen: timeCol(sSeen), Report: deref(sReport)}
+	}
+	return a, deref(token), nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
