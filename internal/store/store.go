@@ -212,6 +212,7 @@ type Store interface {
 	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
 
 	JoinStore
+	JoinReader
 	BoundKeypairStore
 	ResyncStore
 	TicketUseStore
