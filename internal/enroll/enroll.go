@@ -40,6 +40,10 @@ type Store interface {
 	// ReadJoin serves a join's reads (its token, its node, the locks that
 	// would refuse it) in one round trip.
 	ReadJoin(ctx context.Context, tokenID, nodeID string, targets []store.LockTarget) (store.JoinRead, error)
+	// ReadRenewal serves a renewal's reads (the presented certificate's
+	// record, its instance and node, the locks that would refuse it) in
+	// one round trip.
+	ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error)
 	GetNode(ctx context.Context, id string) (store.Node, error)
 	GetInstance(ctx context.Context, id string) (store.Instance, error)
 	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)

@@ -213,6 +213,7 @@ type Store interface {
 
 	JoinStore
 	JoinReader
+	RenewalReader
 	BoundKeypairStore
 	ResyncStore
 	TicketUseStore

@@ -47,11 +47,8 @@ func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []
 		// unknown ID what it costs a known one.
 		b.Queue(`SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = $1`, tokenID).QueryRow(func(row pgx.Row) error {
 			_, k, err := scanBoundKeypair(row)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
 			bk = k
-			return err
+			return noRows(err)
 		})
 	}
 	if nodeID != "" {
@@ -59,10 +56,7 @@ func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []
 			var err error
 			r.Node, err = scanNode(row)
 			r.NodeFound = err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
+			return noRows(err)
 		})
 	}
 	if len(targets) > 0 {
@@ -71,10 +65,7 @@ func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []
 			var err error
 			r.Lock, err = scanLock(row)
 			r.Locked = err == nil
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
+			return noRows(err)
 		})
 	}
 	if b.Len() == 0 {
@@ -90,4 +81,69 @@ func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []
 		r.Token.BoundKeypair = bk
 	}
 	return r, nil
+}
+
+// ReadRenewal sends the record, its instance, its node and the lock query
+// as one batch: one round trip. The lock query finds its targets from the
+// record and the instance itself, in store.RenewalLockTargets' order.
+func (s *Store) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
+	var (
+		r store.RenewalRead
+		b pgx.Batch
+	)
+	b.Queue(`SELECT `+certificateColumns+` FROM certificates WHERE serial = $1`, serial).QueryRow(func(row pgx.Row) error {
+		var err error
+		r.Certificate, err = scanCertificate(row)
+		r.CertificateFound = err == nil
+		return noRows(err)
+	})
+	b.Queue(`SELECT `+instanceColumns+` FROM instances
+		WHERE id = (SELECT instance_id FROM certificates WHERE serial = $1)`, serial).QueryRow(func(row pgx.Row) error {
+		var err error
+		r.Instance, err = scanInstance(row)
+		r.InstanceFound = err == nil
+		return noRows(err)
+	})
+	b.Queue(`SELECT `+nodeColumns+` FROM nodes
+		WHERE id = (SELECT node_id FROM certificates WHERE serial = $1)`, serial).QueryRow(func(row pgx.Row) error {
+		var err error
+		r.Node, err = scanNode(row)
+		r.NodeFound = err == nil
+		return noRows(err)
+	})
+	kinds := []string{store.LockNode, store.LockInstance, store.LockToken, store.LockPublicKey}
+	for range keys {
+		kinds = append(kinds, store.LockPublicKey)
+	}
+	b.Queue(`WITH wanted AS (
+			SELECT want_kind, want_target, pos
+			FROM certificates c LEFT JOIN instances i ON i.id = c.instance_id,
+				unnest($2::text[], ARRAY[c.node_id, i.id, i.token_id, encode(c.public_key, 'hex')] || $3::text[])
+					WITH ORDINALITY AS w (want_kind, want_target, pos)
+			WHERE c.serial = $1)
+		SELECT `+lockColumns+`
+		FROM wanted JOIN locks ON kind = want_kind AND target = want_target
+		WHERE want_target <> '' AND `+unexpired+`
+		ORDER BY pos, created_at, id LIMIT 1`, serial, kinds, keys).QueryRow(func(row pgx.Row) error {
+		var err error
+		r.Lock, err = scanLock(row)
+		r.Locked = err == nil
+		return noRows(err)
+	})
+	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
+		return store.RenewalRead{}, wrap("read renewal", err)
+	}
+	if !r.CertificateFound {
+		return store.RenewalRead{}, nil
+	}
+	return r, nil
+}
+
+// noRows is nil for pgx.ErrNoRows: an absent row is a flag of the read,
+// not its failure.
+func noRows(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	return err
 }

@@ -66,3 +66,42 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	}
 	return r, nil
 }
+
+// ReadRenewal reads the record, the instance, the node and the lock one
+// after another on the read pool, as the renewal did before.
+func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
+	var r store.RenewalRead
+	found := func(err error) (bool, error) {
+		if errors.Is(err, store.ErrNotFound) {
+			return false, nil
+		}
+		return err == nil, err
+	}
+	var err error
+	r.Certificate, err = s.GetCertificate(ctx, serial)
+	if r.CertificateFound, err = found(err); err != nil || !r.CertificateFound {
+		return store.RenewalRead{}, err
+	}
+	r.Instance, err = s.GetInstance(ctx, r.Certificate.InstanceID)
+	if r.InstanceFound, err = found(err); err != nil {
+		return store.RenewalRead{}, err
+	}
+	r.Node, err = s.GetNode(ctx, r.Certificate.NodeID)
+	if r.NodeFound, err = found(err); err != nil {
+		return store.RenewalRead{}, err
+	}
+	if !r.InstanceFound {
+		r.Instance = store.Instance{}
+	}
+	if !r.NodeFound {
+		r.Node = store.Node{}
+	}
+	r.Lock, err = s.FindAnyLock(ctx, store.RenewalLockTargets(r.Certificate, r.Instance, keys))
+	if r.Locked, err = found(err); err != nil {
+		return store.RenewalRead{}, err
+	}
+	if !r.Locked {
+		r.Lock = store.Lock{}
+	}
+	return r, nil
+}

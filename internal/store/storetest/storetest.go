@@ -42,6 +42,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Token", tokenCases()},
 		{"Join", joinCases()},
 		{"JoinRead", joinReadCases()},
+		{"RenewalRead", renewalReadCases()},
 		{"JoinRetry", retryCases()},
 		{"Renewal", renewalCases()},
 		{"Node", nodeCases()},
