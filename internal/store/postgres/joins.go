@@ -135,7 +135,7 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 		}
 	}
 
-	// Round trip 2. 3. The supersession happens before the insert: the
+	// Round trip 2, step 3: the supersession happens before the insert: the
 	// unique index instances_one_current admits one current instance per
 	// node ID.
 	if held != "" {
