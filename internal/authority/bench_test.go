@@ -46,6 +46,7 @@ type benchAuthority struct {
 	store store.Store
 	sk    seal.StorageKey
 	info  datadir.Info
+	psk   string // the bootstrap PSK init made
 }
 
 func startBench(b testing.TB) *benchAuthority {
@@ -127,6 +128,7 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 		return conn
 	}
 	a := &benchAuthority{srvs: srvs, h: h, td: res.Info.TrustDomain, token: tok.Reveal(), store: first, sk: sk, info: res.Info,
+		psk: res.BootstrapPSK.Reveal(),
 		// Renewals go to the replicas in turn, as a load balancer would send them.
 		dial: func(id *identity.Identity) *grpc.ClientConn { return dialAt(addrs[int(next.Add(1))%len(addrs)], id) }}
 	for _, addr := range addrs {

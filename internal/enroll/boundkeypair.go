@@ -238,12 +238,13 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	// 3. The token: known, of this method, for this node; alike otherwise.
 	notFound := refuse(KindNotFound, "unknown bound-keypair token, or not for this node")
-	t, err := s.cfg.Store.GetToken(ctx, p.Token)
+	rd, err := s.cfg.Store.ReadJoin(ctx, p.Token, "", nil)
+	t := rd.Token
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return a, notFound.with("no token %s", p.Token)
 	case err != nil:
 		return a, err
+	case !rd.TokenFound:
+		return a, notFound.with("no token %s", p.Token)
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:

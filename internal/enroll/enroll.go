@@ -37,7 +37,13 @@ import (
 
 // Store is what enrollment reads and writes.
 type Store interface {
-	GetToken(ctx context.Context, id string) (store.Token, error)
+	// ReadJoin serves a join's reads (its token, its node, the locks that
+	// would refuse it) in one round trip.
+	ReadJoin(ctx context.Context, tokenID, nodeID string, targets []store.LockTarget) (store.JoinRead, error)
+	// ReadRenewal serves a renewal's reads (the presented certificate's
+	// record, its instance and node, the locks that would refuse it) in
+	// one round trip.
+	ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error)
 	GetNode(ctx context.Context, id string) (store.Node, error)
 	GetInstance(ctx context.Context, id string) (store.Instance, error)
 	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
@@ -242,13 +248,7 @@ func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte
 // first, then the instance, the token and the keys). An empty target (a
 // key the authority is about to mint) is skipped.
 func (s *Service) lockOn(ctx context.Context, targets ...store.LockTarget) (*store.Lock, error) {
-	named := make([]store.LockTarget, 0, len(targets))
-	for _, t := range targets {
-		if t.Target != "" {
-			named = append(named, t)
-		}
-	}
-	l, err := s.cfg.Store.FindAnyLock(ctx, named)
+	l, err := s.cfg.Store.FindAnyLock(ctx, named(targets))
 	switch {
 	case err == nil:
 		return &l, nil
@@ -257,6 +257,25 @@ func (s *Service) lockOn(ctx context.Context, targets ...store.LockTarget) (*sto
 	default:
 		return nil, err
 	}
+}
+
+// named drops the empty targets (a key the authority is about to mint).
+func named(targets []store.LockTarget) []store.LockTarget {
+	out := make([]store.LockTarget, 0, len(targets))
+	for _, t := range targets {
+		if t.Target != "" {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// lockOf is the lock a ReadJoin found, or nil.
+func lockOf(r store.JoinRead) *store.Lock {
+	if !r.Locked {
+		return nil
+	}
+	return &r.Lock
 }
 
 // keyLock is the lock target of a public key: the hex SHA-256 of its

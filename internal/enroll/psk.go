@@ -159,14 +159,14 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 		proof += ", referral ticket " + ticket.ID
 	}
 
-	// 5. Node ID free, or a retry of the join that took it.
+	// 5. Node ID free, or a retry of the join that took it. The locks of
+	// step 6 come in the same read: one round trip.
 	now := s.cfg.Now()
-	node, err := s.cfg.Store.GetNode(ctx, nodeID)
-	nodeExists := err == nil
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
+	rd, err := s.cfg.Store.ReadJoin(ctx, "", nodeID, named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID}, keyLock(kid)}))
+	if err != nil {
 		return a, err
 	}
-	if nodeExists {
+	if node := rd.Node; rd.NodeFound {
 		if node.TokenID == credential {
 			iss, err := s.retryJoin(ctx, node, credential, kid, now)
 			if err != nil {
@@ -189,9 +189,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 		a.Ticket = &store.TicketUse{ID: ticket.ID, KeepUntil: ticket.Expiry.Add(2 * referral.Leeway)}
 	}
 	// 6. No lock on the node or the key to certify.
-	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID}, keyLock(kid)); err != nil {
-		return a, err
-	} else if l != nil {
+	if l := lockOf(rd); l != nil {
 		return a, refuse(KindPermissionDenied, ReasonLocked).with("%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
 	}
 

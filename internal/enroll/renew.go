@@ -45,13 +45,23 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		return nil, err
 	}
 	serial := serialOf(leaf)
-	var rec store.Certificate
+	var (
+		rec store.Certificate
+		// read is what the first attempt of a plain renewal read at once:
+		// the record, the instance, the node and the locks of standing.
+		read *store.RenewalRead
+	)
 	if h != nil {
 		rec = h.rec
-	} else if rec, err = s.cfg.Store.GetCertificate(ctx, serial); errors.Is(err, store.ErrNotFound) {
-		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
-	} else if err != nil {
-		return nil, err
+	} else {
+		rd, err := s.cfg.Store.ReadRenewal(ctx, serial, []string{keyLock(kid).Target})
+		switch {
+		case err != nil:
+			return nil, err
+		case !rd.CertificateFound:
+			return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
+		}
+		rec, read = rd.Certificate, &rd
 	}
 	if rec.NodeID != ev.Target {
 		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s was issued to %s", serial, rec.NodeID)
@@ -63,6 +73,17 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			inst = h.inst
 			if err := s.nodeStanding(ctx, rec, inst); err != nil {
 				return nil, err
+			}
+		} else if attempt == 0 && read != nil {
+			if !read.InstanceFound {
+				return nil, fmt.Errorf("enroll: instance %s: %w", rec.InstanceID, store.ErrNotFound)
+			}
+			inst = read.Instance
+			if err := standingOf(rec, inst, read.Node, read.NodeFound); err != nil {
+				return nil, err
+			}
+			if read.Locked {
+				return nil, lockedOut(read.Lock)
 			}
 		} else {
 			if inst, err = s.cfg.Store.GetInstance(ctx, rec.InstanceID); err != nil {
@@ -124,29 +145,39 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 	if err := s.nodeStanding(ctx, rec, inst); err != nil {
 		return err
 	}
-	l, err := s.lockOn(ctx,
-		store.LockTarget{Kind: store.LockNode, Target: rec.NodeID},
-		store.LockTarget{Kind: store.LockInstance, Target: inst.ID},
-		store.LockTarget{Kind: store.LockToken, Target: inst.TokenID},
-		keyLock(rec.PublicKey), keyLock(kid))
+	// The targets of ReadRenewal, which the first attempt read with them:
+	// node, instance, token, the key held and the key asked for.
+	l, err := s.lockOn(ctx, store.RenewalLockTargets(rec, inst, []string{keyLock(kid).Target})...)
 	if err != nil {
 		return err
 	}
 	if l != nil {
-		return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s", l.ID, l.Kind, l.Target)
+		return lockedOut(*l)
 	}
 	return nil
+}
+
+// lockedOut is a renewal's refusal for a lock in force.
+func lockedOut(l store.Lock) error {
+	return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s", l.ID, l.Kind, l.Target)
 }
 
 // nodeStanding refuses an instance whose node was deleted or that was
 // superseded: standing without the locks.
 func (s *Service) nodeStanding(ctx context.Context, rec store.Certificate, inst store.Instance) error {
 	node, err := s.cfg.Store.GetNode(ctx, rec.NodeID)
-	switch {
-	case inst.State == store.InstanceDeleted, errors.Is(err, store.ErrNotFound):
-		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
-	case err != nil:
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return err
+	}
+	return standingOf(rec, inst, node, err == nil)
+}
+
+// standingOf is nodeStanding on a node already read (found false: no node
+// holds the ID).
+func standingOf(rec store.Certificate, inst store.Instance, node store.Node, found bool) error {
+	switch {
+	case inst.State == store.InstanceDeleted, !found:
+		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
 	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
 		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
 	}

@@ -7,7 +7,6 @@ import (
 	"crypto"
 	"crypto/hmac"
 	"crypto/sha256"
-	"errors"
 	"fmt"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -30,16 +29,16 @@ func (s *Service) TrustBundle(ctx context.Context, r Request, tokenID string) (s
 		return "", s.refuseBundle(ctx, r, refuse(KindRateLimited, "too many requests from this source"))
 	}
 	key := s.decoyKey(tokenID)
-	t, err := s.cfg.Store.GetToken(ctx, tokenID)
+	rd, err := s.cfg.Store.ReadJoin(ctx, tokenID, "", nil)
 	switch {
-	case err == nil && t.JoinMethod == store.JoinMethodToken:
-		tok, err := s.openToken(t)
+	case err != nil:
+		return "", err
+	case rd.TokenFound && rd.Token.JoinMethod == store.JoinMethodToken:
+		tok, err := s.openToken(rd.Token)
 		if err != nil {
 			return "", err
 		}
 		key = trustbundle.Key(tok.ID, tok.Secret())
-	case err != nil && !errors.Is(err, store.ErrNotFound):
-		return "", err
 	}
 	b := trustbundle.Bundle{
 		AuthorityID: s.cfg.AuthorityID,
@@ -143,14 +142,24 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	if s.cfg.Limiter != nil && !s.cfg.Limiter.Allow(r.Source) {
 		return a, refuse(KindRateLimited, "too many requests from this source")
 	}
-	// 3. Token known and secret right, alike when either fails.
+	var kid []byte
+	if pub != nil {
+		if kid, err = keyID(pub); err != nil {
+			return a, err
+		}
+	}
+	// 3. Token known and secret right, alike when either fails. The node
+	// and the locks of step 7 come in the same read: one round trip.
 	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
-	t, err := s.cfg.Store.GetToken(ctx, tok.ID)
-	if errors.Is(err, store.ErrNotFound) {
+	rd, err := s.cfg.Store.ReadJoin(ctx, tok.ID, nodeID, named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID},
+		{Kind: store.LockToken, Target: tok.ID}, keyLock(kid)}))
+	if err != nil {
+		return a, err
+	}
+	t := rd.Token
+	if !rd.TokenFound {
 		s.decoyCompare(tok)
 		return a, notFound.with("no token %s", tok.ID)
-	} else if err != nil {
-		return a, err
 	}
 	if t.JoinMethod != store.JoinMethodToken {
 		s.decoyCompare(tok)
@@ -164,18 +173,8 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 		return a, notFound.with("wrong secret for token %s", tok.ID)
 	}
 
-	var kid []byte
-	if pub != nil {
-		if kid, err = keyID(pub); err != nil {
-			return a, err
-		}
-	}
 	now := s.cfg.Now()
-	node, err := s.cfg.Store.GetNode(ctx, nodeID)
-	nodeExists := err == nil
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return a, err
-	}
+	node, nodeExists := rd.Node, rd.NodeFound
 	// A lost reply: the same token, node and key within the window gets
 	// the certificate already issued, even if that use spent the token.
 	if nodeExists && node.TokenID == t.ID && kid != nil {
@@ -203,11 +202,9 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	if nodeExists && t.NodeID != nodeID {
 		return a, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s", t.ID)
 	}
-	// 7. No lock on node, token or the key to certify.
-	if l, err := s.lockOn(ctx, store.LockTarget{Kind: store.LockNode, Target: nodeID},
-		store.LockTarget{Kind: store.LockToken, Target: t.ID}, keyLock(kid)); err != nil {
-		return a, err
-	} else if l != nil {
+	// 7. No lock on node, token or the key to certify (read with the
+	// token).
+	if l := lockOf(rd); l != nil {
 		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 

@@ -212,6 +212,8 @@ type Store interface {
 	ListAuditCheckpoints(ctx context.Context) ([]AuditCheckpoint, error)
 
 	JoinStore
+	JoinReader
+	RenewalReader
 	BoundKeypairStore
 	ResyncStore
 	TicketUseStore

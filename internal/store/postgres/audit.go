@@ -41,8 +41,8 @@ func (s *Store) AppendAudit(ctx context.Context, build func(head store.AuditHead
 
 // appendAudit is AppendAudit's work inside a transaction, which it makes
 // the chain's single writer until it ends.
-func appendAudit(ctx context.Context, tx pgx.Tx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, auditLockKey); err != nil {
+func appendAudit(ctx context.Context, tx querier, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
+	if _, err := tx.Exec(ctx, auditLockQuery, auditLockKey); err != nil {
 		return store.AuditRecord{}, wrap("append audit: lock", err)
 	}
 	head, err := auditHead(ctx, tx)
@@ -53,14 +53,50 @@ func appendAudit(ctx context.Context, tx pgx.Tx, build func(head store.AuditHead
 	if err != nil {
 		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
 	}
-
-	if _, err := tx.Exec(ctx, `INSERT INTO audit_records (`+auditColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`,
-		rec.Seq, timeArg(rec.Time), rec.Actor, rec.Action, rec.Target, rec.Result,
-		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash); err != nil {
+	if _, err := tx.Exec(ctx, insertAuditQuery, auditArgs(rec)...); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
 	return rec, nil
+}
+
+// queueAuditHead queues, at the end of a pipe's batch, appendAudit's lock
+// and head read: the lock is taken after the other writes of the batch, as
+// appendAudit takes it after the other writes of its transaction, so every
+// writer takes row locks before the chain's lock and none waits for a row
+// while holding it.
+func queueAuditHead(p *pipe, head *store.AuditHead) {
+	p.exec(auditLockQuery, []any{auditLockKey}, wrapped("append audit: lock"))
+	p.row(auditHeadQuery, nil, func(row pgx.Row) error {
+		switch err := row.Scan(&head.Seq, &head.Hash); {
+		case errors.Is(err, pgx.ErrNoRows):
+			*head = store.AuditHead{}
+		case err != nil:
+			return wrap("append audit", err)
+		}
+		return nil
+	})
+}
+
+// queueAuditRecord builds the record on head and queues its insert.
+func queueAuditRecord(p *pipe, head store.AuditHead, build func(head store.AuditHead) (store.AuditRecord, error)) error {
+	rec, err := store.BuildAuditRecord(head, build)
+	if err != nil {
+		return fmt.Errorf("postgres: append audit: %w", err)
+	}
+	p.exec(insertAuditQuery, auditArgs(rec), wrapped("append audit"))
+	return nil
+}
+
+const (
+	auditLockQuery   = `SELECT pg_advisory_xact_lock($1)`
+	auditHeadQuery   = `SELECT seq, hash FROM audit_records ORDER BY seq DESC LIMIT 1`
+	insertAuditQuery = `INSERT INTO audit_records (` + auditColumns + `)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+)
+
+func auditArgs(rec store.AuditRecord) []any {
+	return []any{rec.Seq, timeArg(rec.Time), rec.Actor, rec.Action, rec.Target, rec.Result,
+		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash}
 }
 
 // AuditHead returns the last record's seq and hash: Seq 0 and a nil Hash
@@ -75,7 +111,7 @@ func (s *Store) AuditHead(ctx context.Context) (store.AuditHead, error) {
 
 func auditHead(ctx context.Context, q querier) (store.AuditHead, error) {
 	var h store.AuditHead
-	err := q.QueryRow(ctx, `SELECT seq, hash FROM audit_records ORDER BY seq DESC LIMIT 1`).Scan(&h.Seq, &h.Hash)
+	err := q.QueryRow(ctx, auditHeadQuery).Scan(&h.Seq, &h.Hash)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.AuditHead{}, nil
 	}

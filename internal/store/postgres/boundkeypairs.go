@@ -123,7 +123,7 @@ func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec stor
 // row. Concurrent claims on one token queue on its row lock, and
 // PostgreSQL re-evaluates the WHERE clause against the row the winner
 // committed, so exactly one binding from one expected key succeeds.
-func bindKey(ctx context.Context, tx pgx.Tx, instanceID string, c store.KeyBinding) error {
+func bindKey(ctx context.Context, tx querier, instanceID string, c store.KeyBinding) error {
 	args := []any{c.PublicKey, c.TokenID, c.Expected}
 	q := `UPDATE bound_keypairs SET bound_public_key = $1`
 	if instanceID != "" {
@@ -166,7 +166,7 @@ func bindKey(ctx context.Context, tx pgx.Tx, instanceID string, c store.KeyBindi
 // token's row; concurrent recoveries queue on its row lock and only the
 // first finds the sequence and epoch it expected. A resync holds only while
 // its epoch's window is open by the database clock.
-func recoverToken(ctx context.Context, tx pgx.Tx, instanceID string, c store.Recovery) error {
+func recoverToken(ctx context.Context, tx querier, instanceID string, c store.Recovery) error {
 	counted := 0
 	if c.Counted {
 		counted = 1

@@ -61,12 +61,19 @@ func parseChange(payload string) store.Change {
 }
 
 // notifyTx queues the notification of a change made in tx.
-func notifyTx(ctx context.Context, tx pgx.Tx, kind store.ChangeKind, nodes ...string) error {
-	if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, changeChannel, changePayload(kind, nodes)); err != nil {
+func notifyTx(ctx context.Context, tx querier, kind store.ChangeKind, nodes ...string) error {
+	if _, err := tx.Exec(ctx, notifyQuery, changeChannel, changePayload(kind, nodes)); err != nil {
 		return wrap("notify change", err)
 	}
 	return nil
 }
+
+// queueNotify is notifyTx in a pipe's batch.
+func queueNotify(p *pipe, kind store.ChangeKind, nodes ...string) {
+	p.exec(notifyQuery, []any{changeChannel, changePayload(kind, nodes)}, wrapped("notify change"))
+}
+
+const notifyQuery = `SELECT pg_notify($1, $2)`
 
 // WatchChanges listens for changes committed through any handle on the
 // database, by any replica, on a dedicated connection (not one of the

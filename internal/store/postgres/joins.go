@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -38,6 +39,13 @@ import (
 //     (store.ReportOutbox).
 //  7. j.Audit's record, appended to the chain (see AppendAudit).
 //
+// The statements travel in three round trips (pipe): BEGIN, the lock, the
+// node's holder, the retry check and the claims that are one statement
+// each; then the writes, the chain's lock and its head; then the audit
+// record and COMMIT. Checking a step's answer in Go between two of them is
+// what the first and second wait for; the retry check and the claims are
+// sent together, and a retry rolls back the claims it did not need.
+//
 // The store fills the fields of j.Instance the contract leaves to it, and
 // any of these left empty by the caller: the instance's TokenID and Last*
 // fields from j and j.Certificate, and the certificate's NodeID,
@@ -53,10 +61,9 @@ func (s *Store) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult,
 		return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w", err)
 	}
 	var res store.JoinResult
-	// A retry writes nothing; it still commits, which is harmless.
-	err = s.inTx(ctx, "commit join", func(tx pgx.Tx) error {
+	err = s.inPipe(ctx, "commit join", func(p *pipe) error {
 		var err error
-		res, err = commitJoin(ctx, tx, j, in, cert)
+		res, err = commitJoin(ctx, p, j, in, cert)
 		return err
 	})
 	if err != nil {
@@ -65,105 +72,131 @@ func (s *Store) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult,
 	return res, nil
 }
 
-// commitJoin is CommitJoin's work inside the transaction.
-func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
-	if err := lockNode(ctx, tx, j.NodeID); err != nil {
-		return store.JoinResult{}, wrap("commit join: lock node", err)
-	}
+// errRetry ends the first batch's reading when the retry check found the
+// instance to answer with.
+var errRetry = errors.New("postgres: the join is a retry")
 
-	// held is the node's current instance, "" while the node ID is free.
+// commitJoin is CommitJoin's work on the pipe. A retry returns without
+// committing, which rolls back the claims sent with the retry check.
+func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
+	// Round trip 1. held is the node's current instance, "" while the
+	// node ID is free.
+	p.exec(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, []any{nodeLockClass, j.NodeID}, wrapped("commit join: lock node"))
 	var held string
-	err := tx.QueryRow(ctx, `SELECT instance_id FROM nodes WHERE id = $1`, j.NodeID).Scan(&held)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return store.JoinResult{}, wrap("commit join", err)
-	}
-
+	p.row(`SELECT instance_id FROM nodes WHERE id = $1`, []any{j.NodeID}, func(row pgx.Row) error {
+		if err := row.Scan(&held); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return wrap("commit join", err)
+		}
+		return nil
+	})
 	// 1. The retry check precedes the token use: a single-use token whose
 	// reply was lost is spent, and the retry must still get its answer.
 	// It precedes the ticket use too: the retry repeats the ticket the
 	// first join recorded.
-	if held != "" && in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
-		prev, err := scanInstance(tx.QueryRow(ctx, `SELECT `+instanceColumns+` FROM instances
-			WHERE id = $1 AND state = 'current' AND generation = 0 AND token_id = $2
-			AND last_public_key = $3 AND created_at > `+nowMicros+` - $4`,
-			held, in.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()))
-		switch {
-		case err == nil:
-			return store.JoinResult{Instance: prev, Retry: true}, nil
-		case !errors.Is(err, pgx.ErrNoRows):
-			return store.JoinResult{}, wrap("commit join: retry check", err)
-		}
+	var prev store.Instance
+	if in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
+		p.row(`SELECT `+instanceColumns+` FROM instances
+			WHERE id = (SELECT instance_id FROM nodes WHERE id = $1) AND state = 'current' AND generation = 0
+			AND token_id = $2 AND last_public_key = $3 AND created_at > `+nowMicros+` - $4`,
+			[]any{j.NodeID, in.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()}, func(row pgx.Row) error {
+				var err error
+				switch prev, err = scanInstance(row); {
+				case err == nil:
+					return errRetry
+				case !errors.Is(err, pgx.ErrNoRows):
+					return wrap("commit join: retry check", err)
+				}
+				return nil
+			})
 	}
-
 	// 2. The join's claims, each one conditional write: a claim lost to
 	// a concurrent join fails this one before it has written anything
-	// else.
-	for _, c := range j.AllClaims() {
+	// else. Those that are one statement go with the lock; the first that
+	// is not, and every claim after it, run in order once it is back.
+	claims := j.AllClaims()
+	for len(claims) > 0 {
+		st, ok := claimStatement(j.NodeID, claims[0])
+		if !ok {
+			break
+		}
+		p.row(st.sql, st.args, st.read)
+		claims = claims[1:]
+	}
+	tx, err := p.tx(ctx)
+	switch {
+	case errors.Is(err, errRetry):
+		return store.JoinResult{Instance: prev, Retry: true}, nil
+	case err != nil:
+		return store.JoinResult{}, err
+	}
+	for _, c := range claims {
 		if err := applyClaim(ctx, tx, j.NodeID, in.ID, c); err != nil {
 			return store.JoinResult{}, err
 		}
 	}
 
-	// 3. The supersession happens before the insert: the unique index
-	// instances_one_current admits one current instance per node ID.
+	// Round trip 2, step 3: the supersession happens before the insert: the
+	// unique index instances_one_current admits one current instance per
+	// node ID.
 	if held != "" {
 		if !j.MaySupersede {
 			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE instances SET state = 'superseded'
-			WHERE id = $1 AND state = 'current'`, held); err != nil {
-			return store.JoinResult{}, wrap("commit join: supersede", err)
-		}
-		if err := notifyTx(ctx, tx, store.ChangeStanding, j.NodeID); err != nil {
-			return store.JoinResult{}, err
-		}
+		p.exec(`UPDATE instances SET state = 'superseded' WHERE id = $1 AND state = 'current'`, []any{held},
+			wrapped("commit join: supersede"))
+		queueNotify(p, store.ChangeStanding, j.NodeID)
 		in.PreviousID = held
 	}
-
+	nodeTaken := func(op string) func(pgconn.CommandTag, error) error {
+		return func(_ pgconn.CommandTag, err error) error {
+			switch {
+			case err == nil:
+				return nil
+			case constraintOf(err) == "instances_one_current", constraintOf(err) == "nodes_pkey":
+				// Unreachable while every writer of the ID takes its lock;
+				// kept so that a writer that does not still gets the right
+				// answer.
+				return fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
+			}
+			return wrap(op, err)
+		}
+	}
 	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
-	if _, err := tx.Exec(ctx, `INSERT INTO instances (`+instanceColumns+`)
+	p.exec(`INSERT INTO instances (`+instanceColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
-		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)); err != nil {
-		if constraintOf(err) == "instances_one_current" {
-			// Unreachable while every writer of the ID takes its lock; kept
-			// so that a writer that does not still gets the right answer.
-			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
-		}
-		return store.JoinResult{}, wrap("commit join: insert instance", err)
-	}
+		[]any{in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+			timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)},
+		nodeTaken("commit join: insert instance"))
 	if held != "" {
-		_, err = tx.Exec(ctx, `UPDATE nodes
-			SET instance_id = $1, token_id = $2, join_method = $3, updated_at = $4
-			WHERE id = $5`,
-			in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID)
+		p.exec(`UPDATE nodes SET instance_id = $1, token_id = $2, join_method = $3, updated_at = $4 WHERE id = $5`,
+			[]any{in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID}, nodeTaken("commit join: claim node"))
 	} else {
-		_, err = tx.Exec(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6)`,
-			j.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(in.CreatedAt), timeArg(in.CreatedAt))
+		p.exec(`INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6)`,
+			[]any{j.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(in.CreatedAt), timeArg(in.CreatedAt)},
+			nodeTaken("commit join: claim node"))
 	}
-	if err != nil {
-		if constraintOf(err) == "nodes_pkey" {
-			return store.JoinResult{}, fmt.Errorf("postgres: commit join: node %s: %w", j.NodeID, store.ErrNodeTaken)
-		}
-		return store.JoinResult{}, wrap("commit join: claim node", err)
-	}
-	if err := insertCertificate(ctx, tx, cert); err != nil {
-		return store.JoinResult{}, wrap("commit join: insert certificate", err)
-	}
+	p.exec(insertCertificateQuery, certificateArgs(cert), wrapped("commit join: insert certificate"))
 	// 6. The report to discovery goes in with the join it counts, so
 	// neither commits without the other.
 	if j.Ticket != nil {
-		if err := insertPendingReport(ctx, tx, in, j.Ticket); err != nil {
-			return store.JoinResult{}, err
-		}
+		p.exec(insertPendingReportQuery, pendingReportArgs(in, j.Ticket), wrapped("commit join: insert pending report"))
 	}
-	if j.Audit != nil {
-		if _, err := appendAudit(ctx, tx, j.Audit); err != nil {
-			return store.JoinResult{}, err
-		}
+	res := store.JoinResult{Instance: in, Superseded: in.PreviousID}
+	if j.Audit == nil {
+		return res, p.commit(ctx, "commit join")
 	}
-	return store.JoinResult{Instance: in, Superseded: in.PreviousID}, nil
+	// 7. Round trip 3: the audit record, built on the head read with the
+	// writes, and COMMIT.
+	var head store.AuditHead
+	queueAuditHead(p, &head)
+	if err := p.send(ctx); err != nil {
+		return store.JoinResult{}, err
+	}
+	if err := queueAuditRecord(p, head, j.Audit); err != nil {
+		return store.JoinResult{}, err
+	}
+	return res, p.commit(ctx, "commit join")
 }
 
 // CommitRenewal advances an instance from r.FromGeneration to the next
@@ -175,15 +208,22 @@ func commitJoin(ctx context.Context, tx pgx.Tx, j store.Join, in store.Instance,
 // instance. The certificate's InstanceID, NodeID, Generation, JoinMethod
 // and TokenID are filled from the instance when empty; a given InstanceID,
 // NodeID or Generation that contradicts it is an error.
+//
+// The statements travel in two round trips (pipe): BEGIN, the UPDATE, the
+// certificate record (an INSERT … SELECT from the row the UPDATE left, so
+// it inserts nothing when the UPDATE matched none), the chain's lock and
+// its head; then the audit record and COMMIT. A renewal with claims (a
+// refresh's key rotation) applies them after the first, then reads the
+// head.
 func (s *Store) CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error) {
 	c, err := store.PrepareRenewal(r)
 	if err != nil {
 		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
 	}
 	var in store.Instance
-	err = s.inTx(ctx, "commit renewal", func(tx pgx.Tx) error {
+	err = s.inPipe(ctx, "commit renewal", func(p *pipe) error {
 		var err error
-		in, err = commitRenewal(ctx, tx, r, c)
+		in, err = commitRenewal(ctx, p, r, c)
 		return err
 	})
 	if err != nil {
@@ -192,15 +232,46 @@ func (s *Store) CommitRenewal(ctx context.Context, r store.Renewal) (store.Insta
 	return in, nil
 }
 
-// commitRenewal is CommitRenewal's work inside the transaction.
-func commitRenewal(ctx context.Context, tx pgx.Tx, r store.Renewal, c store.Certificate) (store.Instance, error) {
-	in, err := scanInstance(tx.QueryRow(ctx, `UPDATE instances
-		SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
-		WHERE id = $5 AND generation = $6 AND state = 'current'
-		RETURNING `+instanceColumns,
-		c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration))
-	if errors.Is(err, pgx.ErrNoRows) {
-		ok, err := exists(ctx, tx, "instances", r.InstanceID)
+// errNotRenewed ends the first batch's reading when the UPDATE matched no
+// row.
+var errNotRenewed = errors.New("postgres: no instance renewed")
+
+// commitRenewal is CommitRenewal's work on the pipe.
+func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certificate) (store.Instance, error) {
+	var in store.Instance
+	// One statement: the conditional UPDATE, and the certificate record
+	// inserted from the row it returns, so nothing is inserted when it
+	// matched none. The fields left empty come from that row, as
+	// FillRenewedCertificate fills them; it checks the given ones below.
+	p.row(`WITH renewed AS (UPDATE instances
+			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
+			WHERE id = $5 AND generation = $6 AND state = 'current'
+			RETURNING `+instanceColumns+`),
+		recorded AS (INSERT INTO certificates (`+certificateColumns+`)
+			SELECT $1, COALESCE(NULLIF($7, ''), node_id), id, generation, COALESCE(NULLIF($8, ''), join_method),
+				COALESCE(NULLIF($9, ''), token_id), $2, $10, $11, $4
+			FROM renewed)
+		SELECT `+instanceColumns+` FROM renewed`,
+		[]any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
+			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter)},
+		func(row pgx.Row) error {
+			var err error
+			switch in, err = scanInstance(row); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return errNotRenewed
+			case err != nil:
+				return wrap("commit renewal", err)
+			}
+			return nil
+		})
+	var head store.AuditHead
+	if r.Audit != nil && len(r.Claims) == 0 {
+		queueAuditHead(p, &head)
+	}
+	tx, err := p.tx(ctx)
+	if errors.Is(err, errNotRenewed) {
+		// Nothing failed: the transaction is still open to say why.
+		ok, err := exists(ctx, p.conn, "instances", r.InstanceID)
 		switch {
 		case err != nil:
 			return store.Instance{}, wrap("commit renewal", err)
@@ -212,39 +283,43 @@ func commitRenewal(ctx context.Context, tx pgx.Tx, r store.Renewal, c store.Cert
 		}
 	}
 	if err != nil {
-		return store.Instance{}, wrap("commit renewal", err)
+		return store.Instance{}, err
 	}
-
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
 	}
-	for _, cl := range r.Claims {
-		if err := applyClaim(ctx, tx, in.NodeID, "", cl); err != nil {
-			return store.Instance{}, err
+	if len(r.Claims) > 0 {
+		for _, cl := range r.Claims {
+			if err := applyClaim(ctx, tx, in.NodeID, "", cl); err != nil {
+				return store.Instance{}, err
+			}
 		}
-	}
-	if err := insertCertificate(ctx, tx, c); err != nil {
-		return store.Instance{}, wrap("commit renewal: insert certificate", err)
+		if r.Audit != nil {
+			queueAuditHead(p, &head)
+			if err := p.send(ctx); err != nil {
+				return store.Instance{}, err
+			}
+		}
 	}
 	if r.Audit != nil {
-		if _, err := appendAudit(ctx, tx, r.Audit); err != nil {
+		if err := queueAuditRecord(p, head, r.Audit); err != nil {
 			return store.Instance{}, err
 		}
 	}
-	return in, nil
+	return in, p.commit(ctx, "commit renewal")
 }
 
-func insertCertificate(ctx context.Context, tx pgx.Tx, c store.Certificate) error {
-	_, err := tx.Exec(ctx, `INSERT INTO certificates (`+certificateColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-		c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
-		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt))
-	return err
+const insertCertificateQuery = `INSERT INTO certificates (` + certificateColumns + `)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+
+func certificateArgs(c store.Certificate) []any {
+	return []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
+		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}
 }
 
 // exists reports whether table has a row with the given id. table is
 // always a constant of this package.
-func exists(ctx context.Context, tx pgx.Tx, table, id string) (bool, error) {
+func exists(ctx context.Context, tx querier, table, id string) (bool, error) {
 	var one int
 	err := tx.QueryRow(ctx, `SELECT 1 FROM `+table+` WHERE id = $1`, id).Scan(&one)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -60,19 +60,28 @@ func (s *Store) FindAnyLock(ctx context.Context, targets []store.LockTarget) (st
 	if len(targets) == 0 {
 		return store.Lock{}, wrap("find lock", pgx.ErrNoRows)
 	}
-	kinds, names := make([]string, len(targets)), make([]string, len(targets))
-	for i, t := range targets {
-		kinds[i], names[i] = t.Kind, t.Target
-	}
-	l, err := scanLock(s.pool.QueryRow(ctx, `SELECT `+lockColumns+`
-		FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS wanted (want_kind, want_target, pos)
-		JOIN locks ON kind = want_kind AND target = want_target
-		WHERE `+unexpired+`
-		ORDER BY pos, created_at, id LIMIT 1`, kinds, names))
+	kinds, names := lockArgs(targets)
+	l, err := scanLock(s.pool.QueryRow(ctx, findLockQuery, kinds, names))
 	if err != nil {
 		return store.Lock{}, wrap("find lock", err)
 	}
 	return l, nil
+}
+
+// findLockQuery is FindAnyLock's query: the lock in force on the earliest
+// of the targets, whose kinds and names are $1 and $2 (lockArgs).
+const findLockQuery = `SELECT ` + lockColumns + `
+	FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS wanted (want_kind, want_target, pos)
+	JOIN locks ON kind = want_kind AND target = want_target
+	WHERE ` + unexpired + `
+	ORDER BY pos, created_at, id LIMIT 1`
+
+func lockArgs(targets []store.LockTarget) (kinds, names []string) {
+	kinds, names = make([]string, len(targets)), make([]string, len(targets))
+	for i, t := range targets {
+		kinds[i], names[i] = t.Kind, t.Target
+	}
+	return kinds, names
 }
 
 func scanLock(row pgx.Row) (store.Lock, error) {

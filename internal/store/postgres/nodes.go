@@ -58,7 +58,7 @@ func (s *Store) DeleteNode(ctx context.Context, id string) error {
 
 // lockNode takes the transaction-scoped advisory lock of a node ID. A hash
 // collision between two IDs only serializes their joins.
-func lockNode(ctx context.Context, tx pgx.Tx, id string) error {
+func lockNode(ctx context.Context, tx querier, id string) error {
 	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, nodeLockClass, id)
 	return err
 }

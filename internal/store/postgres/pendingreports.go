@@ -42,16 +42,14 @@ func (s *Store) DeletePendingReport(ctx context.Context, instanceID string) erro
 		`DELETE FROM pending_reports WHERE instance_id = $1`, instanceID)
 }
 
-// insertPendingReport writes the join's report to discovery inside
+// insertPendingReportQuery writes the join's report to discovery inside
 // CommitJoin's transaction, after the instance it names: created_at is the
 // store clock, joined_at the instance's creation.
-func insertPendingReport(ctx context.Context, tx pgx.Tx, in store.Instance, u *store.TicketUse) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO pending_reports (`+pendingReportColumns+`)
-		VALUES ($1, $2, $3, $4, `+nowMicros+`)`,
-		in.ID, in.NodeID, u.ID, timeArg(in.CreatedAt)); err != nil {
-		return wrap("commit join: insert pending report", err)
-	}
-	return nil
+const insertPendingReportQuery = `INSERT INTO pending_reports (` + pendingReportColumns + `)
+	VALUES ($1, $2, $3, $4, ` + nowMicros + `)`
+
+func pendingReportArgs(in store.Instance, u *store.TicketUse) []any {
+	return []any{in.ID, in.NodeID, u.ID, timeArg(in.CreatedAt)}
 }
 
 func scanPendingReport(row pgx.Row) (store.PendingReport, error) {

@@ -77,11 +77,14 @@ const (
 // or a key=value connection string, as pgx accepts) and migrates it to the
 // newest schema this binary knows. It fails with an error wrapping
 // store.ErrSchemaTooNew if the database was migrated by a newer binary.
-func Open(ctx context.Context, url string) (*Store, error) {
+func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// The error may quote the URL, password and all.
 		return nil, errors.New("postgres: invalid connection URL")
+	}
+	for _, o := range opts {
+		o(cfg)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -92,6 +95,16 @@ func Open(ctx context.Context, url string) (*Store, error) {
 		return nil, err
 	}
 	return &Store{pool: pool}, nil
+}
+
+// Option adjusts the connection pool Open makes.
+type Option func(*pgxpool.Config)
+
+// WithTracer sends every statement and batch the store runs to t (a
+// pgx.QueryTracer, and a pgx.BatchTracer if it is one too): the test that
+// counts a join's round trips uses it.
+func WithTracer(t pgx.QueryTracer) Option {
+	return func(c *pgxpool.Config) { c.ConnConfig.Tracer = t }
 }
 
 // Close closes the pool, waiting for connections in use to be released.

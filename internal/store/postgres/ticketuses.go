@@ -54,16 +54,22 @@ func checkTicket(u *store.TicketUse) error {
 // recorded already. It is one INSERT … ON CONFLICT DO NOTHING on the
 // primary key: a concurrent use of the same jti waits for the first
 // transaction and, if that commits, inserts nothing.
-func useTicket(ctx context.Context, tx pgx.Tx, u *store.TicketUse, nodeID string) error {
-	tag, err := tx.Exec(ctx, `INSERT INTO ticket_uses (jti, node_id, keep_until, used_at)
-		VALUES ($1, $2, $3, `+nowMicros+`)
-		ON CONFLICT (jti) DO NOTHING`,
-		u.ID, nodeID, timeArg(u.KeepUntil))
-	if err != nil {
-		return wrap("commit join: use ticket", err)
+func useTicket(u *store.TicketUse, nodeID string) statement {
+	return statement{
+		sql: `INSERT INTO ticket_uses (jti, node_id, keep_until, used_at)
+			VALUES ($1, $2, $3, ` + nowMicros + `)
+			ON CONFLICT (jti) DO NOTHING
+			RETURNING true`,
+		args: []any{u.ID, nodeID, timeArg(u.KeepUntil)},
+		read: func(row pgx.Row) error {
+			var inserted bool
+			switch err := row.Scan(&inserted); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("postgres: commit join: ticket %s: %w", u.ID, store.ErrTicketReplayed)
+			case err != nil:
+				return wrap("commit join: use ticket", err)
+			}
+			return nil
+		},
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: commit join: ticket %s: %w", u.ID, store.ErrTicketReplayed)
-	}
-	return nil
 }

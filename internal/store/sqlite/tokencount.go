@@ -12,12 +12,11 @@ import (
 func (s *SQLite) CountTokens(ctx context.Context, now time.Time) (store.TokenCounts, error) {
 	var c store.TokenCounts
 	var total int64
-	t := timeArg(now)
 	err := s.r.QueryRowContext(ctx, `SELECT
 			COUNT(*),
-			COALESCE(SUM(expires_at IS NOT NULL AND expires_at <= ?), 0),
-			COALESCE(SUM(NOT (expires_at IS NOT NULL AND expires_at <= ?) AND uses_allowed > 0 AND uses_count >= uses_allowed), 0)
-		FROM tokens`, t, t).Scan(&total, &c.Expired, &c.UsedUp)
+			COALESCE(SUM(expires_at IS NOT NULL AND expires_at <= ?1), 0),
+			COALESCE(SUM(NOT (expires_at IS NOT NULL AND expires_at <= ?1) AND uses_allowed > 0 AND uses_count >= uses_allowed), 0)
+		FROM tokens`, timeArg(now)).Scan(&total, &c.Expired, &c.UsedUp)
 	if err != nil {
 		return store.TokenCounts{}, wrap("count tokens", err)
 	}

@@ -15,26 +15,6 @@ import (
 const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_count, expires_at,
 	node_id, description, labels, created_by, created_at, last_used_at`
 
-// getTokenQuery answers with the token's row, or, when no token has the
-// ID, with one decoy row of the same shape flagged 0 (a 32-byte ciphertext
-// and 12-byte nonce, as the sealer writes for a join token's secret). Both
-// cases then cost two index look-ups, one row and the same scan: the
-// answer to a join with an unknown token ID takes as long as one with a
-// known ID and a wrong secret (TestJoinTokenRefusalTiming measures it),
-// so its timing does not tell whether the ID exists.
-const getTokenQuery = `SELECT 1, ` + tokenColumns + ` FROM tokens WHERE id = ?1
-	UNION ALL
-	SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL
-	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1)`
-
-// flagged scans a leading found flag into found, then the row.
-type flagged struct {
-	row   scanner
-	found *int64
-}
-
-func (f flagged) Scan(dst ...any) error { return f.row.Scan(append([]any{f.found}, dst...)...) }
-
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
 // another store.
@@ -64,13 +44,10 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 }
 
 // GetToken returns a token, expired or not; ErrNotFound if there is none
-// with that ID.
+// with that ID. It is the admin API's read: a join reads its token with
+// ReadJoin, whose decoy row keeps an unknown ID from answering sooner.
 func (s *SQLite) GetToken(ctx context.Context, id string) (store.Token, error) {
-	var found int64
-	t, err := scanToken(flagged{s.r.QueryRowContext(ctx, getTokenQuery, id), &found})
-	if err == nil && found == 0 {
-		err = sql.ErrNoRows
-	}
+	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id))
 	if err != nil {
 		return store.Token{}, wrap("get token "+id, err)
 	}

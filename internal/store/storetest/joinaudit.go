@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -77,6 +78,62 @@ func joinAuditCases() []testCase {
 			}
 			if got := head(t, ctx, s); got != 1 {
 				t.Fatalf("audit head after a refused renewal = %d, want 1", got)
+			}
+		}},
+		{"superseding joins racing renewals of the instance they replace, all audited", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A join supersedes the node's instance (its row lock) and then
+			// takes the chain's lock; a renewal of that instance holds its
+			// row and then takes the chain's lock. Every writer takes row
+			// locks before the chain's, so the two never wait on each other
+			// in a cycle: each ends in its own outcome, none in a deadlock
+			// or an error of the database.
+			now := storeNow(t, ctx, s)
+			bound := token("t1", 0, time.Time{}, time.Hour)
+			bound.NodeID = "node-1"
+			insertTokens(t, ctx, s, bound)
+			first := mustJoin(t, ctx, s, newJoin("t1", "node-1", "i0", "key-0", now)).Instance
+			const n = 6
+			errs := concurrently(2*n, func(i int) error {
+				if i%2 == 0 {
+					j := newJoin("t1", "node-1", fmt.Sprintf("i%d", i+1), fmt.Sprintf("key-%d", i+1), now)
+					j.MaySupersede = true
+					j.Audit = link(record("agent.join"))
+					_, err := s.CommitJoin(ctx, j)
+					return err
+				}
+				r := renewalOf(first, fmt.Sprintf("renew-%d", i), now)
+				r.Audit = link(record("agent.renew"))
+				_, err := s.CommitRenewal(ctx, r)
+				return err
+			})
+			var joined, renewed int
+			for i, err := range errs {
+				switch {
+				case err == nil && i%2 == 0:
+					joined++
+				case err == nil:
+					renewed++
+				case i%2 == 1 && errors.Is(err, store.ErrConflict):
+				default:
+					t.Errorf("writer %d: %v", i, err)
+				}
+			}
+			if joined != n || renewed > 1 {
+				t.Fatalf("%d joins and %d renewals succeeded, want %d joins and at most one renewal", joined, renewed, n)
+			}
+			if got := head(t, ctx, s); got != int64(joined+renewed) {
+				t.Fatalf("audit head %d after %d joins and %d renewals", got, joined, renewed)
+			}
+			insts, err := s.ListInstances(ctx, "node-1")
+			mustNil(t, "ListInstances", err)
+			current := 0
+			for _, in := range insts {
+				if in.State == store.InstanceCurrent {
+					current++
+				}
+			}
+			if len(insts) != n+1 || current != 1 {
+				t.Fatalf("%d instances, %d current; want %d, one current", len(insts), current, n+1)
 			}
 		}},
 	}

@@ -41,6 +41,8 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Checkpoint", checkpointCases()},
 		{"Token", tokenCases()},
 		{"Join", joinCases()},
+		{"JoinRead", joinReadCases()},
+		{"RenewalRead", renewalReadCases()},
 		{"JoinRetry", retryCases()},
 		{"Renewal", renewalCases()},
 		{"Node", nodeCases()},

@@ -1,0 +1,181 @@
+package authority
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/postgres"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// roundTrips records the round trips to PostgreSQL made while serving
+// gRPC calls, by method: each Exec, Query or QueryRow is one (BEGIN and
+// COMMIT included), and each batch is one, however many statements it
+// carries. The authority's background work (signer keeper, leader lease,
+// stream bookkeeping) runs outside any call and is not counted.
+type roundTrips struct {
+	mu    sync.Mutex
+	trips map[string][]string
+}
+
+var sqlSpace = regexp.MustCompile(`\s+`)
+
+func (r *roundTrips) add(ctx context.Context, sql string) {
+	method, ok := grpc.Method(ctx)
+	if !ok {
+		return
+	}
+	sql = sqlSpace.ReplaceAllString(strings.TrimSpace(sql), " ")
+	if len(sql) > 110 {
+		sql = sql[:110] + "…"
+	}
+	r.mu.Lock()
+	r.trips[method] = append(r.trips[method], sql)
+	r.mu.Unlock()
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.add(ctx, d.SQL)
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TraceBatchStart records a batch as one round trip, naming each
+// statement by its first words.
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	var sqls []string
+	for _, q := range d.Batch.QueuedQueries {
+		words := strings.Fields(q.SQL)
+		sqls = append(sqls, strings.Join(words[:min(3, len(words))], " "))
+	}
+	r.add(ctx, "batch: "+strings.Join(sqls, " | "))
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// take returns and forgets what was recorded.
+func (r *roundTrips) take() map[string][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.trips
+	r.trips = map[string][]string{}
+	return t
+}
+
+// TestJoinRoundTripsPostgres counts the round trips to PostgreSQL of one
+// token join, one PSK join, one renewal and one bound-keypair recovery,
+// each after a first of its kind (pgx prepares a statement on its first
+// use on a connection), and holds each to its budget: a change that adds
+// one fails here. docs/performance.md "PostgreSQL" lists them.
+func TestJoinRoundTripsPostgres(t *testing.T) {
+	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
+	if benchPGErr != nil {
+		t.Fatalf("PostgreSQL: %v", benchPGErr)
+	}
+	url := benchPG.NewDatabase(t)
+	rt := &roundTrips{trips: map[string][]string{}}
+	a := startReplicas(t, func(ctx context.Context) (store.Store, error) {
+		return postgres.Open(ctx, url, postgres.WithTracer(rt))
+	}, 1)
+	ctx := t.Context()
+	boot := musterv1.NewBootstrapServiceClient(a.conn)
+	certs := musterv1.NewCertificateServiceClient(a.conn)
+
+	csr := func(cn string) (*ecdsa.PrivateKey, []byte) {
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn}}, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key, der
+	}
+	tokenJoin := func(node string) (*ecdsa.PrivateKey, string) {
+		key, der := csr(node)
+		resp, err := boot.ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{JoinToken: a.token, NodeId: node, Csr: der})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return key, resp.GetCertificateChainPem()
+	}
+	pskJoin := func(node string) {
+		_, der := csr(node)
+		if _, err := certs.RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: der, BootstrapPsk: a.psk}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew := func(key *ecdsa.PrivateKey, chainPEM, node string) (*ecdsa.PrivateKey, string) {
+		chain, err := ca.ParseCertsPEM([]byte(chainPEM))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+		defer conn.Close()
+		next, der := csr(node)
+		r, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: der})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return next, r.GetCertificateChainPem()
+	}
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	botToken(t, a, "bot-1", 0, boundkeypair.ModeRelaxed, pub)
+	state := ""
+	recoverBot := func() {
+		_, der := csr("bot-1")
+		res, err := joinBound(ctx, a, "bot-1", state, priv, der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		state = res.JoinState
+	}
+
+	// The first of each, then the one counted.
+	key, chain := tokenJoin("warm-1")
+	renew(key, chain, "warm-1")
+	pskJoin("warm-psk")
+	recoverBot()
+	key, chain = tokenJoin("warm-2")
+	rt.take()
+
+	// Before the batched reads and writes: 15, 14, 12 and 20.
+	budget := map[string]int{"token join": 5, "PSK join": 6, "renewal": 4, "bound-keypair recovery": 8}
+	count := func(op string, f func()) {
+		f()
+		var lines []string
+		n := 0
+		for method, sqls := range rt.take() {
+			n += len(sqls)
+			lines = append(lines, method)
+			for i, s := range sqls {
+				lines = append(lines, fmt.Sprintf("  %2d %s", i+1, s))
+			}
+		}
+		t.Logf("%s: %d round trips\n%s", op, n, strings.Join(lines, "\n"))
+		if n > budget[op] {
+			t.Errorf("%s: %d round trips to PostgreSQL, budget %d", op, n, budget[op])
+		}
+	}
+	count("token join", func() { tokenJoin("node-1") })
+	count("PSK join", func() { pskJoin("psk-1") })
+	count("renewal", func() { renew(key, chain, "warm-2") })
+	count("bound-keypair recovery", recoverBot)
+}

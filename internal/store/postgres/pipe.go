@@ -1,0 +1,105 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// pipe is one READ COMMITTED transaction on one connection whose
+// statements travel in batches: BEGIN goes out with the first batch and
+// COMMIT with the last, so a transaction of n dependent steps costs n round
+// trips rather than one per statement and two more for BEGIN and COMMIT.
+// Each queued statement carries the function that reads its answer; a
+// batch's answers are read in order, and the first that returns an error
+// ends the transaction (the statements after it were sent, and are undone
+// with everything else by the rollback).
+//
+// A pipe that is not committed is rolled back, so an operation that finds
+// it has nothing to write (a retry) just returns.
+type pipe struct {
+	conn  *pgxpool.Conn
+	batch *pgx.Batch
+}
+
+// inPipe runs fn on a pipe and rolls the transaction back unless fn
+// committed it.
+func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) error {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return wrap(op+": acquire", err)
+	}
+	defer c.Release()
+	p := &pipe{conn: c, batch: &pgx.Batch{}}
+	p.exec(`BEGIN ISOLATION LEVEL READ COMMITTED`, nil, func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return wrap(op+": begin", err)
+		}
+		return nil
+	})
+	err = fn(p)
+	// 'T': in a transaction, 'E': in a failed one. A connection lost
+	// mid-way is closed, and the pool drops it on Release; the server
+	// rolls its transaction back.
+	if st := c.Conn().PgConn().TxStatus(); st == 'T' || st == 'E' {
+		c.Exec(context.WithoutCancel(ctx), `ROLLBACK`)
+	}
+	return err
+}
+
+// exec queues a statement whose command tag (or error) read checks.
+func (p *pipe) exec(sql string, args []any, read func(pgconn.CommandTag, error) error) {
+	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error { return read(br.Exec()) }
+}
+
+// row queues a statement that answers with at most one row, which read
+// scans (pgx.ErrNoRows when there is none).
+func (p *pipe) row(sql string, args []any, read func(pgx.Row) error) {
+	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error { return read(br.QueryRow()) }
+}
+
+// send sends what is queued, in one round trip, and reads the answers.
+func (p *pipe) send(ctx context.Context) error {
+	if p.batch.Len() == 0 {
+		return nil
+	}
+	b := p.batch
+	p.batch = &pgx.Batch{}
+	return p.conn.SendBatch(ctx, b).Close()
+}
+
+// commit sends what is queued with COMMIT after it.
+func (p *pipe) commit(ctx context.Context, op string) error {
+	p.exec(`COMMIT`, nil, func(tag pgconn.CommandTag, err error) error {
+		switch {
+		case err != nil:
+			return wrap(op+": commit", err)
+		case tag.String() == "ROLLBACK":
+			// COMMIT of a failed transaction answers ROLLBACK.
+			return wrap(op+": commit", pgx.ErrTxCommitRollback)
+		}
+		return nil
+	})
+	return p.send(ctx)
+}
+
+// tx sends what is queued and returns the connection, for the steps that
+// read an answer before they know their next statement.
+func (p *pipe) tx(ctx context.Context) (querier, error) {
+	if err := p.send(ctx); err != nil {
+		return nil, err
+	}
+	return p.conn, nil
+}
+
+// wrapped is a read that only wraps a statement's error with op.
+func wrapped(op string) func(pgconn.CommandTag, error) error {
+	return func(_ pgconn.CommandTag, err error) error {
+		if err != nil {
+			return wrap(op, err)
+		}
+		return nil
+	}
+}
