@@ -126,6 +126,8 @@ type authorityOptions struct {
 	logLevel       string
 	pprofListen    string
 	ready          func(addr, metricsAddr string)
+	// memoryLimit is --memory-limit in bytes (0: none; memlimit.go).
+	memoryLimit int64
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
 	signerMinLead time.Duration
@@ -135,7 +137,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl, boundTTL, configFile string
+	var ttl, boundTTL, configFile, memoryLimit string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -214,6 +216,9 @@ and the data directory, prints the settings in force, and exits.`,
 					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
 				}
 			}
+			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
 			if checkOnly {
 				return checkAuthorityConfig(env, o, cfgPath)
 			}
@@ -237,6 +242,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	registerPprofFlag(cmd, &o.pprofListen)
+	fl.StringVar(&memoryLimit, "memory-limit", "", "the memory this process may use, such as a container's limit (bytes, or with KiB, MiB, GiB): the Go collector's soft limit is set to 90% of it, unless GOMEMLIMIT is set (empty: none)")
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
@@ -372,6 +378,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return fmt.Errorf("authority: %w", err)
 	}
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
+	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	unlock, err := dir.Lock()
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
