@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBench runs muster bench against a real authority for each operation,
@@ -98,7 +99,8 @@ func TestBench(t *testing.T) {
 		})
 	}
 	t.Run("stream", func(t *testing.T) {
-		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "-o", "json")
+		start := time.Now()
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "--hold", "1s", "-o", "json")
 		if r.code != 0 {
 			t.Fatalf("muster bench --op stream: exit %d\nstdout: %s\nstderr: %s\nauthority: %s", r.code, r.stdout, r.stderr, a.Logs())
 		}
@@ -147,11 +149,21 @@ func TestBench(t *testing.T) {
 		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
 			t.Errorf("memory %+v: want the authority's RSS before and after", m)
 		}
+		// --hold kept the streams open a second after the last task.
+		if !strings.Contains(r.stderr, "holding 20 streams open for 1s") || time.Since(start) < time.Second {
+			t.Errorf("--hold 1s: stderr %q after %s; want the streams held", r.stderr, time.Since(start))
+		}
 		// Every task was audited as sent to the 20 nodes.
 		if out := muster(t, nil, "audit", "list", "--data", dir, "--action", "task.send", "-o", "json"); out.code != 0 || strings.Count(out.stdout, "to 20 nodes") != 2 {
 			t.Errorf("audit of the tasks: %s %s", out.stdout, out.stderr)
 		}
 	})
+	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--requests", "1", "--hold", "1s"); !strings.Contains(got, "--hold") {
+		t.Errorf("--hold for a renew run: %q", got)
+	}
+	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--hold", "-1s"); !strings.Contains(got, "--hold") {
+		t.Errorf("a negative --hold: %q", got)
+	}
 	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--duration", "1s"); !strings.Contains(got, "--requests") {
 		t.Errorf("a stream run for a duration: %q", got)
 	}

@@ -131,6 +131,8 @@ type authorityOptions struct {
 	logLevel       string
 	pprofListen    string
 	ready          func(addr, metricsAddr string)
+	// memoryLimit is --memory-limit in bytes (0: none; memlimit.go).
+	memoryLimit int64
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
 	signerMinLead time.Duration
@@ -142,7 +144,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl, boundTTL, configFile string
+	var ttl, boundTTL, configFile, memoryLimit string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -227,6 +229,9 @@ and the data directory, prints the settings in force, and exits.`,
 					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
 				}
 			}
+			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
 			if checkOnly {
 				return checkAuthorityConfig(env, o, cfgPath)
 			}
@@ -251,6 +256,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections each listener holds open at once, from all sources (limits.max_connections; 0: the open-file limit less 256)")
 	registerPprofFlag(cmd, &o.pprofListen)
+	fl.StringVar(&memoryLimit, "memory-limit", "", "the memory this process may use, such as a container's limit (bytes, or with KiB, MiB, GiB): the Go collector's soft limit is set to 90% of it, unless GOMEMLIMIT is set (empty: none)")
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
@@ -386,6 +392,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return fmt.Errorf("authority: %w", err)
 	}
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
+	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	unlock, err := dir.Lock()
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)

@@ -41,7 +41,7 @@ func newBenchCmd(env *Env) *cobra.Command {
 	var out output
 	var op, conn string
 	var concurrency, prepared int
-	var duration time.Duration
+	var duration, hold time.Duration
 	var requests int64
 	var pid int
 	cmd := &cobra.Command{
@@ -66,7 +66,9 @@ Operations (--op):
                   each timed until every stream has it (past 1,024 streams,
                   the most a task may name, the task goes to all nodes).
                   Prints the authority's resident memory per stream and
-                  the fan-out time (p50/p95/p99/max per agent)
+                  the fan-out time (p50/p95/p99/max per agent); --hold
+                  keeps the streams open, idle, that long afterwards, to
+                  profile the authority while it holds them
 
 A setup step first creates what the run needs through the admin API with the
 operator identity (a join token, the PSK read as "muster psk show" reads it,
@@ -89,7 +91,8 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 		Example: `  muster bench --data ./muster-data --op token-join --concurrency 32 --duration 10s
   muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
   muster bench --data ./muster-data --op psk-join --connection shared --requests 500
-  muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3`,
+  muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3
+  muster bench --data ./muster-data --op stream --concurrency 2000 --requests 1 --hold 2m`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -102,6 +105,10 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				return fmt.Errorf("bench: --concurrency %d: want at least 1", concurrency)
 			case op == loadgen.OpStream && duration > 0:
 				return errors.New("bench: --op stream sends --requests tasks (default 1), not for a --duration")
+			case op != loadgen.OpStream && hold != 0:
+				return errors.New("bench: --hold keeps agent streams open: it is for --op stream")
+			case hold < 0:
+				return fmt.Errorf("bench: --hold %s: want a positive duration", hold)
 			case op == loadgen.OpStream && requests == 0:
 				requests = 1
 			}
@@ -168,7 +175,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				}
 			}()
 			if op == loadgen.OpStream {
-				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, logf)
+				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, hold, logf)
 			}
 			logf("measuring the crypto bound of %s", op)
 			bound, err := loadgen.MeasureBound(op, conn != loadgen.ConnShared)
@@ -203,6 +210,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 	f.Int64Var(&requests, "requests", 0, "how many requests to send (or --duration)")
 	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew)")
 	f.IntVar(&prepared, "prepare", 20000, "with --duration: join requests (nodes and CSRs) made before the run; the run ends early if they are used up")
+	f.DurationVar(&hold, "hold", 0, "with --op stream: keep the streams open, idle, this long after the last task (to profile the authority while it holds them)")
 	f.IntVar(&pid, "authority-pid", 0, "the authority's process on this machine, for its CPU and memory (default: the pid in DIR/authority.lock when the address comes from DIR)")
 	return cmd
 }

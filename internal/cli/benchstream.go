@@ -16,7 +16,7 @@ type streamBenchReport struct {
 	Run       *loadgen.StreamOutcome `json:"run"`
 }
 
-func runStreamBench(ctx context.Context, env *Env, out output, st *loadgen.Streams, addr string, streams, tasks, pid int,
+func runStreamBench(ctx context.Context, env *Env, out output, st *loadgen.Streams, addr string, streams, tasks, pid int, hold time.Duration,
 	logf func(string, ...any)) error {
 	if pid > 0 {
 		// Each stream is one open file at the authority too.
@@ -25,7 +25,7 @@ func runStreamBench(ctx context.Context, env *Env, out output, st *loadgen.Strea
 		}
 	}
 	logf("opening %d agent streams to %s, then %d task(s) to all of them", streams, addr, tasks)
-	run, err := loadgen.RunStreams(ctx, st, loadgen.StreamConfig{Tasks: tasks, Progress: env.Stderr, PID: pid})
+	run, err := loadgen.RunStreams(ctx, st, loadgen.StreamConfig{Tasks: tasks, Progress: env.Stderr, PID: pid, Hold: hold})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}

@@ -109,6 +109,10 @@ type StreamConfig struct {
 	// PID, if not zero, is the authority's process on this machine: its
 	// resident memory before and after the streams open.
 	PID int
+	// Hold, if positive, keeps the streams open this long after the last
+	// task's fan-out, idle, so the authority can be profiled while it
+	// holds them (its heap and goroutines through --pprof-listen).
+	Hold time.Duration
 }
 
 // StreamOutcome is what a stream run measured.
@@ -340,6 +344,14 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	}
 	if out.Opened < n {
 		fail(fmt.Errorf("%d of %d streams did not open", n-out.Opened, n))
+	}
+	if cfg.Hold > 0 {
+		fmt.Fprintf(cfg.Progress, "bench: holding %d streams open for %s\n", out.Opened, cfg.Hold)
+		select {
+		case <-time.After(cfg.Hold):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	return out, nil
 }

@@ -61,6 +61,14 @@ containers:
       - {name: MUSTER_AGENT_CERT_TTL, value: {{ .Values.authority.agentCertTTL | quote }}}
       - {name: MUSTER_LOG_FORMAT, value: json}
       - {name: MUSTER_LOG_LEVEL, value: {{ .Values.authority.logLevel | quote }}}
+      {{- if (.Values.authority.resources.limits).memory }}
+      # The container's memory limit, in bytes: the authority gives the Go
+      # collector 90% of it as its soft limit (GOMEMLIMIT), so a heap grown
+      # near the limit is collected sooner instead of the pod being killed
+      # (docs/performance.md, "Agent streams"). A GOMEMLIMIT set here wins.
+      - name: MUSTER_MEMORY_LIMIT
+        valueFrom: {resourceFieldRef: {containerName: authority, resource: limits.memory}}
+      {{- end }}
       {{- with .Values.authority.postgres.urlSecret }}
       - name: MUSTER_STORE
         valueFrom: {secretKeyRef: {name: {{ . }}, key: url}}

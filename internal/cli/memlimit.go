@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"strconv"
+	"strings"
+)
+
+// memoryLimitShare is the part of --memory-limit (a container's memory
+// limit) the authority gives the Go collector as its soft limit. The rest
+// is what the collector does not count (the binary's text, SQLite's page
+// cache outside the Go heap, the kernel's socket buffers charged to the
+// container) and room for a burst past the soft limit, which the collector
+// lets the heap exceed rather than spend more than half the CPU.
+const memoryLimitShare = 0.9
+
+// parseMemoryLimit reads --memory-limit: a whole number of bytes (what
+// Kubernetes' downward API gives for limits.memory), or with one of the
+// suffixes GOMEMLIMIT takes (B, KiB, MiB, GiB, TiB). Zero or empty is no
+// limit.
+func parseMemoryLimit(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mul    int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}}
+	num, mul := strings.TrimSpace(s), int64(1)
+	if num == "" {
+		return 0, nil
+	}
+	for _, u := range units {
+		if n, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mul = n, u.mul
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mul {
+		return 0, fmt.Errorf("--memory-limit %q: want a whole number of bytes, or one with KiB, MiB, GiB or TiB (such as 2GiB)", s)
+	}
+	return n * mul, nil
+}
+
+// applyMemoryLimit sets the collector's soft memory limit to
+// memoryLimitShare of limit bytes. GOMEMLIMIT, when set, wins: the runtime
+// read it at start, and an operator who set it meant that figure. GOGC is
+// left as it is, so below the limit the collector runs as it always does,
+// and only a heap grown near the limit is collected sooner (more CPU, no
+// out-of-memory kill).
+func applyMemoryLimit(log *slog.Logger, getenv func(string) string, limit int64) {
+	if limit <= 0 {
+		return
+	}
+	if v := getenv("GOMEMLIMIT"); v != "" {
+		log.Info("GOMEMLIMIT is set: --memory-limit does not change it", "gomemlimit", v, "memory_limit", limit)
+		return
+	}
+	soft := int64(float64(limit) * memoryLimitShare)
+	debug.SetMemoryLimit(soft)
+	log.Info("Go memory limit set from --memory-limit", "memory_limit", limit, "gomemlimit", soft)
+}

@@ -1,0 +1,65 @@
+package cli
+
+import (
+	"io"
+	"log/slog"
+	"math"
+	"runtime/debug"
+	"testing"
+)
+
+func TestParseMemoryLimit(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "", want: 0},
+		{in: "0", want: 0},
+		{in: "2147483648", want: 2 << 30}, // the downward API's limits.memory, in bytes
+		{in: "512MiB", want: 512 << 20},
+		{in: "2GiB", want: 2 << 30},
+		{in: "64KiB", want: 64 << 10},
+		{in: "1TiB", want: 1 << 40},
+		{in: "100B", want: 100},
+		{in: " 1GiB ", want: 1 << 30},
+		{in: "2Gi", bad: true}, // a Kubernetes quantity: the downward API resolves it to bytes
+		{in: "1.5GiB", bad: true},
+		{in: "-1", bad: true},
+		{in: "GiB", bad: true},
+		{in: "lots", bad: true},
+		{in: "9223372036854775807TiB", bad: true},
+		{in: "9223372036854775807", want: math.MaxInt64},
+	} {
+		got, err := parseMemoryLimit(tc.in)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("parseMemoryLimit(%q) = %d, want an error", tc.in, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("parseMemoryLimit(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestApplyMemoryLimit(t *testing.T) {
+	prev := debug.SetMemoryLimit(-1)
+	t.Cleanup(func() { debug.SetMemoryLimit(prev) })
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	env := func(kv map[string]string) func(string) string { return func(k string) string { return kv[k] } }
+
+	applyMemoryLimit(log, env(nil), 0)
+	if got := debug.SetMemoryLimit(-1); got != prev {
+		t.Fatalf("no --memory-limit changed the limit to %d", got)
+	}
+	applyMemoryLimit(log, env(map[string]string{"GOMEMLIMIT": "300MiB"}), 1<<30)
+	if got := debug.SetMemoryLimit(-1); got != prev {
+		t.Fatalf("--memory-limit overrode GOMEMLIMIT: limit %d", got)
+	}
+	applyMemoryLimit(log, env(nil), 1000<<20)
+	if got, want := debug.SetMemoryLimit(-1), int64(900<<20); got != want {
+		t.Fatalf("--memory-limit 1000MiB set the limit to %d, want 90%%: %d", got, want)
+	}
+}
