@@ -18,9 +18,15 @@ func MaxConnections(configured int) int {
 }
 
 // listen binds one of the authority's listeners (name: api, bootstrap,
-// metrics) with the caps on connections per source and in all; each
-// connection closed at once is counted and logged (rate-limited).
+// metrics) with the caps on connections per source and in all: the api
+// and bootstrap listeners share one Cap of limits.max_connections (they
+// draw on one table of descriptors), the metrics listener has its own
+// small one. Each connection closed at once is counted and logged
+// (rate-limited).
 func (s *Server) listen(addr, name string, trusted []netip.Prefix) (net.Listener, error) {
-	n := MaxConnections(s.cfg.MaxConnections)
-	return listener.Listen(addr, listener.Options{TrustedProxies: trusted, MaxConns: n, Refused: s.connRefusals.For(name, n)})
+	c := s.conns
+	if name == "metrics" {
+		c = listener.NewCap(listener.MetricsMaxConns)
+	}
+	return listener.Listen(addr, listener.Options{TrustedProxies: trusted, Cap: c, Refused: s.connRefusals.For(name, c.Max())})
 }

@@ -107,11 +107,14 @@ type Server struct {
 	refusals *audit.Refusals
 	// connRefusals counts and logs connections the listeners close at once.
 	connRefusals *listener.Refusals
-	enroll       *enroll.Service
-	limiter      *ratelimit.Keyed
-	tokens       *seal.Sealer
-	signers      *signer.Keeper
-	streams      *streamMetrics
+	// conns is limits.max_connections, shared by the api and bootstrap
+	// listeners.
+	conns   *listener.Cap
+	enroll  *enroll.Service
+	limiter *ratelimit.Keyed
+	tokens  *seal.Sealer
+	signers *signer.Keeper
+	streams *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
 	// discovery is nil without a discovery service.
@@ -157,6 +160,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		return nil, err
 	}
 	s.connRefusals = connRefusals
+	s.conns = listener.NewCap(MaxConnections(cfg.MaxConnections))
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err

@@ -35,7 +35,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("agent_cert_ttl", o.agentCertTTL.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
-	limit := fmt.Sprintf("%d per listener", authority.MaxConnections(o.maxConnections))
+	limit := fmt.Sprintf("%d (api and bootstrap listeners together)", authority.MaxConnections(o.maxConnections))
 	if o.maxConnections == 0 {
 		limit += " (default: the open-file limit less 256)"
 	}

@@ -52,7 +52,7 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"signer, bound keypair and discovery from a file", nil, []string{"--config", withMore}, []string{"signer.min_lead_time:  30m0s",
 			"bound_keypair.recoveries_warn_at: 3", "bound_keypair.cert_ttl: 2h0m0s", "discovery.address:     disc.example:7450",
 			"discovery.register_every: 10m0s", "log.format:            text"}},
-		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 per listener\n"}},
+		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 	}
 	for _, tt := range tests {

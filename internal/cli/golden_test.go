@@ -29,7 +29,7 @@ func TestGoldenText(t *testing.T) {
 	id, td := authorityIdentity(t, dir)
 	normalize := strings.NewReplacer(runtime.Version(), "GOVERSION", runtime.GOOS+"/"+runtime.GOARCH, "PLATFORM",
 		dir, "DIR", id, "AUTHORITY_ID", td, "TRUST_DOMAIN",
-		fmt.Sprintf(" %d per listener", listener.DefaultMaxConns()), " MAX_CONNECTIONS per listener")
+		fmt.Sprintf(" %d (api and bootstrap listeners together)", listener.DefaultMaxConns()), " MAX_CONNECTIONS (api and bootstrap listeners together)")
 	tests := []struct {
 		name string
 		args []string

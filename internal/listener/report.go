@@ -78,7 +78,7 @@ func (rs *Refusals) For(name string, maxConns int) func(Refusal) {
 func NewRefusalsMetric(reg prometheus.Registerer, log *slog.Logger) (*Refusals, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "muster_connections_refused_total",
-		Help: "Connections closed at once by a listener, by listener (api, bootstrap, metrics) and reason: per_source (the source held 256) or total (the listener held limits.max_connections).",
+		Help: "Connections closed at once by a listener, by listener (api, bootstrap, metrics) and reason: per_source (the source held 256) or total (the listeners sharing limits.max_connections held it; the metrics listener: its own 64).",
 	}, []string{"listener", "reason"})
 	if err := reg.Register(c); err != nil {
 		return nil, err

@@ -12,7 +12,7 @@ type Refusal string
 const (
 	// RefusedPerSource: the source held MaxConnsPerSource already.
 	RefusedPerSource Refusal = "per_source"
-	// RefusedTotal: the listener held its MaxConns already.
+	// RefusedTotal: the listener's Cap was full.
 	RefusedTotal Refusal = "total"
 )
 
@@ -21,10 +21,10 @@ type Options struct {
 	// TrustedProxies are the peers whose PROXY header names a connection's
 	// source; they are not counted per source.
 	TrustedProxies []netip.Prefix
-	// MaxConns caps the connections open on the listener at once, from
-	// every source together (limits.max_connections); 0 is
-	// DefaultMaxConns().
-	MaxConns int
+	// Cap counts the connections open at once, from every source
+	// together; listeners given the same Cap share it. nil: a Cap of
+	// DefaultMaxConns() for this listener alone.
+	Cap *Cap
 	// Refused, if set, hears of every connection closed at once. It runs
 	// on the accepting goroutine and must not block.
 	Refused func(Refusal)
@@ -32,11 +32,12 @@ type Options struct {
 
 // fileHeadroom is what DefaultMaxConns leaves of the open-file limit for
 // everything else the process opens: the store's connections and files,
-// the audit checkpoint, the other listeners' sockets.
+// the audit checkpoint, the listeners' own sockets, the metrics
+// listener's few connections (MetricsMaxConns).
 const fileHeadroom = 256
 
-// DefaultMaxConns is the connection cap of a listener whose Options leave
-// MaxConns at 0: the process's open-file limit (RLIMIT_NOFILE, which Go
+// DefaultMaxConns is the default of limits.max_connections, the Cap the
+// serving listeners of one process share: the process's open-file limit (RLIMIT_NOFILE, which Go
 // raises to the hard limit at start) minus 256 descriptors of headroom,
 // and at least half of the limit. Past it, accept(2) fails with EMFILE,
 // and servers retry it in a loop while the connections wait unanswered:
@@ -54,12 +55,55 @@ func DefaultMaxConns() int {
 // read.
 const DefaultMaxConnsUnknown = 10_000
 
+// MetricsMaxConns is the metrics listener's own Cap: scrapes and probes
+// are a few connections, and a full serving Cap must not starve the
+// probes that tell an orchestrator the process is alive.
+const MetricsMaxConns = 64
+
 func maxConnsFor(limit uint64) int {
 	const most = 1 << 30
 	if limit > most {
 		limit = most
 	}
 	return int(max(limit-min(limit, fileHeadroom), limit/2, 1))
+}
+
+// Cap is a count of open connections with a ceiling, shared by the
+// listeners given it: the listeners of one process draw on one table of
+// file descriptors, so a ceiling per listener would let them together
+// hold more than the process may open (limits.max_connections).
+type Cap struct {
+	max int
+
+	mu   sync.Mutex
+	open int
+}
+
+// NewCap returns a Cap of max connections; max <= 0 is DefaultMaxConns().
+func NewCap(max int) *Cap {
+	if max <= 0 {
+		max = DefaultMaxConns()
+	}
+	return &Cap{max: max}
+}
+
+// Max is the ceiling.
+func (c *Cap) Max() int { return c.max }
+
+func (c *Cap) take() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open >= c.max {
+		return false
+	}
+	c.open++
+	return true
+}
+
+func (c *Cap) release() {
+	c.mu.Lock()
+	c.open--
+	c.mu.Unlock()
 }
 
 // Listen binds addr over TCP, enforcing o: the total cap, then the cap
@@ -72,26 +116,23 @@ func Listen(addr string, o Options) (net.Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxConns := o.MaxConns
-	if maxConns <= 0 {
-		maxConns = DefaultMaxConns()
+	c := o.Cap
+	if c == nil {
+		c = NewCap(0)
 	}
 	refused := o.Refused
 	if refused == nil {
 		refused = func(Refusal) {}
 	}
-	total := &limitTotal{Listener: lis, max: maxConns, refused: refused}
+	total := &limitTotal{Listener: lis, cap: c, refused: refused}
 	return withTrustedProxies(withSourceLimit(total, MaxConnsPerSource, o.TrustedProxies, refused), o.TrustedProxies), nil
 }
 
-// limitTotal closes, at once, a new connection while max are open.
+// limitTotal closes, at once, a new connection while its Cap is full.
 type limitTotal struct {
 	net.Listener
-	max     int
+	cap     *Cap
 	refused func(Refusal)
-
-	mu   sync.Mutex
-	open int
 }
 
 func (l *limitTotal) Accept() (net.Conn, error) {
@@ -100,23 +141,11 @@ func (l *limitTotal) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		l.mu.Lock()
-		full := l.open >= l.max
-		if !full {
-			l.open++
-		}
-		l.mu.Unlock()
-		if full {
+		if !l.cap.take() {
 			c.Close()
 			l.refused(RefusedTotal)
 			continue
 		}
-		return &countedConn{Conn: c, release: l.release}, nil
+		return &countedConn{Conn: c, release: l.cap.release}, nil
 	}
-}
-
-func (l *limitTotal) release() {
-	l.mu.Lock()
-	l.open--
-	l.mu.Unlock()
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// TestConnectionsInAllAreCapped: past MaxConns open connections on the
+// TestConnectionsInAllAreCapped: past its Cap of open connections on the
 // listener, from any sources, a new one is closed at once and reported as
 // refused for the total; closing one frees its place.
 func TestConnectionsInAllAreCapped(t *testing.T) {
@@ -15,7 +15,7 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 		mu      sync.Mutex
 		refused []Refusal
 	)
-	lis, err := Listen("127.0.0.1:0", Options{MaxConns: 3, Refused: func(r Refusal) {
+	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(3), Refused: func(r Refusal) {
 		mu.Lock()
 		refused = append(refused, r)
 		mu.Unlock()
@@ -46,6 +46,43 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 		defer c.Close()
 	case <-time.After(5 * time.Second):
 		t.Fatal("a connection was refused after one of the three closed")
+	}
+	if closedAtOnce(next, 200*time.Millisecond) {
+		t.Fatal("the connection after a close was closed")
+	}
+}
+
+// TestListenersShareACap: listeners given one Cap draw on it together, as
+// a process's listeners draw on one table of descriptors: what one holds,
+// the other cannot open, and a close on one frees a place for the other.
+func TestListenersShareACap(t *testing.T) {
+	c := NewCap(2)
+	a, err := Listen("127.0.0.1:0", Options{Cap: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Listen("127.0.0.1:0", Options{Cap: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	acceptedA, dialA := acceptAll(a), dialTo(t, a.Addr().String())
+	acceptedB, dialB := acceptAll(b), dialTo(t, b.Addr().String())
+	dialA()
+	held := <-acceptedA
+	dialB()
+	<-acceptedB
+	if !closedAtOnce(dialB(), 2*time.Second) {
+		t.Fatal("a third connection across two listeners sharing a cap of 2 was kept")
+	}
+	held.Close()
+	next := dialB()
+	select {
+	case c := <-acceptedB:
+		defer c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("a place freed on one listener was not given to the other")
 	}
 	if closedAtOnce(next, 200*time.Millisecond) {
 		t.Fatal("the connection after a close was closed")
