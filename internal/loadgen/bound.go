@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -179,44 +180,53 @@ func timeStep(step func() error) (time.Duration, error) {
 }
 
 // handshaker returns a function that runs one TLS 1.3 handshake in this
-// process over an in-memory pipe, with the authority's default key
-// exchange. The client verifies the server's chain, as an agent does; with
-// mutual the client also presents an agent certificate and the server
-// verifies it, as at a renewal. Both ends are counted: the load generator
-// and the authority share this machine, so it does both.
+// process over an in-memory pipe, as the agent and the authority make it:
+// the authority's default key exchange, its chain (leaf, intermediate and
+// root, which an agent pinning only the root's fingerprint needs), checked
+// by the agent's own TLS configuration (identity.ClientTLS). With mutual
+// the client also presents an agent certificate (leaf and intermediate),
+// which the authority asks for but does not check in the handshake; it
+// checks it per call against its own agent intermediate, one signature
+// (authority.clientAnchors), and so does this server. Both ends are
+// counted: the load generator and the authority share this machine, so it
+// does both.
 func (f *boundFixture) handshaker(mutual bool) (func() error, error) {
-	leaf := func(role ca.Role, server bool) (tls.Certificate, error) {
+	leaf := func(role ca.Role, server bool) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if err != nil {
-			return tls.Certificate{}, err
+			return nil, nil, err
 		}
 		c, err := f.h.Issuer(role).Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: f.agentID, CommonName: "node",
 			ServerAuth: server, ClientAuth: !server, NotBefore: time.Now(), TTL: time.Hour})
-		if err != nil {
-			return tls.Certificate{}, err
-		}
-		id := &identity.Identity{Chain: []*x509.Certificate{c, f.h.Issuer(role).Cert}, Key: key}
-		return id.TLSCertificate(), nil
+		return c, key, err
 	}
-	srvCert, err := leaf(ca.RoleServer, true)
+	srvLeaf, srvKey, err := leaf(ca.RoleServer, true)
 	if err != nil {
 		return nil, err
 	}
-	cliCert, err := leaf(ca.RoleAgent, false)
-	if err != nil {
-		return nil, err
-	}
-	roots := f.h.RootPool()
-	anyID := func(spiffeid.ID) error { return nil }
-	srvConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{srvCert}, SessionTicketsDisabled: true}
-	cliConf := &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true,
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			return identity.VerifyPeer(cs.PeerCertificates, roots, anyID, x509.ExtKeyUsageServerAuth, time.Now())
-		}}
+	srvCert := tls.Certificate{Certificate: [][]byte{srvLeaf.Raw, f.h.Issuer(ca.RoleServer).Cert.Raw, f.h.Root.Raw},
+		PrivateKey: srvKey, Leaf: srvLeaf}
+	srvConf := &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{srvCert}, NextProtos: []string{"h2"}}
+	var client *identity.Identity
 	if mutual {
-		srvConf.ClientAuth, srvConf.ClientCAs = tls.RequireAndVerifyClientCert, roots
-		cliConf.Certificates = []tls.Certificate{cliCert}
+		cliLeaf, cliKey, err := leaf(ca.RoleAgent, false)
+		if err != nil {
+			return nil, err
+		}
+		client = &identity.Identity{Chain: []*x509.Certificate{cliLeaf, f.h.Issuer(ca.RoleAgent).Cert}, Key: cliKey}
+		anchor := x509.NewCertPool()
+		anchor.AddCert(f.h.Issuer(ca.RoleAgent).Cert)
+		srvConf.ClientAuth = tls.RequestClientCert
+		srvConf.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("loadgen: no client certificate")
+			}
+			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: anchor, CurrentTime: time.Now(),
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+			return err
+		}
 	}
+	cliConf := identity.ClientTLS(client, f.h.RootPool(), func(spiffeid.ID) error { return nil })
 	return func() error {
 		a, b := net.Pipe()
 		defer a.Close()
