@@ -99,8 +99,33 @@ func TestBench(t *testing.T) {
 		})
 	}
 	t.Run("stream", func(t *testing.T) {
-		start := time.Now()
-		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "--hold", "1s", "-o", "json")
+		// While the bench runs, the authority's gauge of open streams is
+		// read every 50 ms: --hold must keep all 20 open, idle, for its
+		// time after the last task, on top of the second the bench waits
+		// before its first task (settle).
+		stop, held := make(chan struct{}), make(chan time.Duration, 1)
+		go func() {
+			var first, last time.Time
+			tick := time.NewTicker(50 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					held <- last.Sub(first)
+					return
+				case <-tick.C:
+				}
+				if strings.Contains(metricsOf(t, a.metrics), "\nmuster_connected_agents 20\n") {
+					if first.IsZero() {
+						first = time.Now()
+					}
+					last = time.Now()
+				}
+			}
+		}()
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "--hold", "2s", "-o", "json")
+		close(stop)
+		heldFor := <-held
 		if r.code != 0 {
 			t.Fatalf("muster bench --op stream: exit %d\nstdout: %s\nstderr: %s\nauthority: %s", r.code, r.stdout, r.stderr, a.Logs())
 		}
@@ -149,9 +174,11 @@ func TestBench(t *testing.T) {
 		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
 			t.Errorf("memory %+v: want the authority's RSS before and after", m)
 		}
-		// --hold kept the streams open a second after the last task.
-		if !strings.Contains(r.stderr, "holding 20 streams open for 1s") || time.Since(start) < time.Second {
-			t.Errorf("--hold 1s: stderr %q after %s; want the streams held", r.stderr, time.Since(start))
+		// --hold kept the 20 streams open 2 s after the last task: with the
+		// second before the first task, at least 3 s in all (without
+		// --hold, about one).
+		if !strings.Contains(r.stderr, "holding 20 streams open for 2s") || heldFor < 2800*time.Millisecond {
+			t.Errorf("--hold 2s: stderr %q, 20 streams seen open for %s; want them held at least 3 s", r.stderr, heldFor)
 		}
 		// Every task was audited as sent to the 20 nodes.
 		if out := muster(t, nil, "audit", "list", "--data", dir, "--action", "task.send", "-o", "json"); out.code != 0 || strings.Count(out.stdout, "to 20 nodes") != 2 {
