@@ -17,10 +17,16 @@ import (
 // lets the heap exceed rather than spend more than half the CPU.
 const memoryLimitShare = 0.9
 
+// minMemoryLimit is the smallest --memory-limit taken: below it the
+// collector would run almost without pause (an authority's heap is tens of
+// MiB before its first agent), and a figure that small is most likely a
+// number of MiB given without its unit.
+const minMemoryLimit = 64 << 20
+
 // parseMemoryLimit reads --memory-limit: a whole number of bytes (what
 // Kubernetes' downward API gives for limits.memory), or with one of the
 // suffixes GOMEMLIMIT takes (B, KiB, MiB, GiB, TiB). Zero or empty is no
-// limit.
+// limit; anything else below minMemoryLimit is refused.
 func parseMemoryLimit(s string) (int64, error) {
 	units := []struct {
 		suffix string
@@ -39,6 +45,9 @@ func parseMemoryLimit(s string) (int64, error) {
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 || n > math.MaxInt64/mul {
 		return 0, fmt.Errorf("--memory-limit %q: want a whole number of bytes, or one with KiB, MiB, GiB or TiB (such as 2GiB)", s)
+	}
+	if n*mul > 0 && n*mul < minMemoryLimit {
+		return 0, fmt.Errorf("--memory-limit %q: want at least 64MiB (a number alone is bytes: 2048 is 2 KiB; say 2048MiB or 2GiB)", s)
 	}
 	return n * mul, nil
 }

@@ -19,9 +19,11 @@ func TestParseMemoryLimit(t *testing.T) {
 		{in: "2147483648", want: 2 << 30}, // the downward API's limits.memory, in bytes
 		{in: "512MiB", want: 512 << 20},
 		{in: "2GiB", want: 2 << 30},
-		{in: "64KiB", want: 64 << 10},
+		{in: "64MiB", want: 64 << 20},
 		{in: "1TiB", want: 1 << 40},
-		{in: "100B", want: 100},
+		{in: "64KiB", bad: true}, // below 64 MiB: the collector would never rest
+		{in: "2048", bad: true},  // MiB meant, bytes given
+		{in: "100B", bad: true},
 		{in: " 1GiB ", want: 1 << 30},
 		{in: "2Gi", bad: true}, // a Kubernetes quantity: the downward API resolves it to bytes
 		{in: "1.5GiB", bad: true},

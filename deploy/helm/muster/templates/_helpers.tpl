@@ -65,7 +65,8 @@ containers:
       # The container's memory limit, in bytes: the authority gives the Go
       # collector 90% of it as its soft limit (GOMEMLIMIT), so a heap grown
       # near the limit is collected sooner instead of the pod being killed
-      # (docs/performance.md, "Agent streams"). A GOMEMLIMIT set here wins.
+      # (docs/performance.md, "Agent streams"). GOMEMLIMIT in the container's
+      # environment, were one added to it, would win.
       - name: MUSTER_MEMORY_LIMIT
         valueFrom: {resourceFieldRef: {containerName: authority, resource: limits.memory}}
       {{- end }}
