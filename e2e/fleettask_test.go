@@ -66,6 +66,31 @@ func TestLabelTaskReachesAFleet(t *testing.T) {
 	if len(send) != 1 || !strings.Contains(send[0].Target, "(2, one per page of nodes) node.report to 1501 nodes") {
 		t.Errorf("task.send audit records: %+v; want one naming the 2 tasks and 1501 nodes", send)
 	}
+	// A --node list past one task's worth, naming zz-gpu twice (first and
+	// last, so two pages would each name it): zz-gpu is queued once.
+	args := []string{"task", "send", "--data", dir, "--type", "node.report", "-o", "json", "--node", "zz-gpu"}
+	for _, n := range sent.NodeIDs[:1100] {
+		if n != "zz-gpu" {
+			args = append(args, "--node", n)
+		}
+	}
+	args = append(args, "--node", "zz-gpu")
+	var listed struct {
+		TaskIDs []string `json:"task_ids"`
+		NodeIDs []string `json:"node_ids"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, args...)), &listed); err != nil {
+		t.Fatal(err)
+	}
+	named := 0
+	for _, n := range listed.NodeIDs {
+		if n == "zz-gpu" {
+			named++
+		}
+	}
+	if len(listed.TaskIDs) != 2 || named != 1 {
+		t.Errorf("task send with zz-gpu named twice among %d nodes: %d tasks, zz-gpu queued %d times; want 2 tasks, once", len(listed.NodeIDs), len(listed.TaskIDs), named)
+	}
 	// The table form names every task.
 	text := mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--label", "pool=gpu")
 	if !strings.Contains(text, "2 tasks (node.report), one per page of nodes") || strings.Count(text, "\n  ") != 2 {

@@ -68,18 +68,22 @@ func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]st
 }
 
 // nodesFor resolves a target to node IDs: every node, the named ones
-// (each must exist), or those whose join token carries every label (one
-// query).
+// (each must exist; a node named twice is queued once — split into
+// pages, it would otherwise be named by two tasks, and run both), or
+// those whose join token carries every label (one query).
 func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) {
 	if len(t.NodeIDs) > 0 {
-		missing, err := s.store.MissingNodes(ctx, t.NodeIDs)
+		ids := slices.Clone(t.NodeIDs)
+		slices.Sort(ids)
+		ids = slices.Compact(ids)
+		missing, err := s.store.MissingNodes(ctx, ids)
 		if err != nil {
 			return nil, err
 		}
 		if len(missing) > 0 {
 			return nil, status.Errorf(codes.NotFound, "no node %s", missing[0])
 		}
-		return t.NodeIDs, nil
+		return ids, nil
 	}
 	if !t.All {
 		return s.store.NodesWithLabels(ctx, t.Labels)

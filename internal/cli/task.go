@@ -61,7 +61,10 @@ task-handlers.yaml maps it to an executable (docs/task-handlers.md).
 --label selects the nodes whose join token carries every label given. A
 selection (or a --node list) of more nodes than one signed task may name
 (1,024, fewer when node IDs are long) is sent as one task per page of nodes,
-each signed with its own list: an agent checks that a task names it.`,
+each signed with its own list: an agent checks that a task names it. A node
+named twice is queued once. A --node list travels in the request, which the
+authority takes up to 64 KiB (about 2,900 IDs of 20 characters): for more,
+select by --label.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
