@@ -20,7 +20,7 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "authority.yaml"), []byte("limits:\n  max_connections: 6\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if out := mustRun(t, "authority", "--data", dir, "--check-config"); !strings.Contains(out, "limits.max_connections: 6 per listener\n") {
+	if out := mustRun(t, "authority", "--data", dir, "--check-config"); !strings.Contains(out, "limits.max_connections: 6 (api and bootstrap listeners together)\n") {
 		t.Errorf("--check-config does not print the cap:\n%s", out)
 	}
 	if msg := mustFail(t, "authority", "--data", dir, "--check-config", "--max-connections", "-1"); !strings.Contains(msg, "limits.max_connections -1") {
