@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,11 +18,21 @@ import (
 // ends the transaction (the statements after it were sent, and are undone
 // with everything else by the rollback).
 //
+// A read's own refusal (a spent token, a lost race, a retry: the
+// statement ran and said no) is kept by the pipe, not handed to pgx:
+// pgx takes any error of a batch for a sign that its statements went
+// stale, and forgets every statement it had prepared for the batch on that
+// connection — a DEALLOCATE and a new PREPARE per statement, two more round
+// trips on the next request, for an answer that was not an error of SQL.
+//
 // A pipe that is not committed is rolled back, so an operation that finds
 // it has nothing to write (a retry) just returns.
 type pipe struct {
 	conn  *pgxpool.Conn
 	batch *pgx.Batch
+	// refused is the first refusal a read returned in the batch being
+	// read: what send returns.
+	refused error
 }
 
 // inPipe runs fn on a pipe and rolls the transaction back unless fn
@@ -51,13 +62,47 @@ func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) e
 
 // exec queues a statement whose command tag (or error) read checks.
 func (p *pipe) exec(sql string, args []any, read func(pgconn.CommandTag, error) error) {
-	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error { return read(br.Exec()) }
+	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
+		tag, err := br.Exec()
+		if err != nil {
+			return read(tag, err)
+		}
+		return p.refuse(read(tag, nil))
+	}
 }
 
 // row queues a statement that answers with at most one row, which read
 // scans (pgx.ErrNoRows when there is none).
 func (p *pipe) row(sql string, args []any, read func(pgx.Row) error) {
-	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error { return read(br.QueryRow()) }
+	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
+		row := &scannedRow{Row: br.QueryRow()}
+		err := read(row)
+		if err != nil && row.err != nil && !errors.Is(row.err, pgx.ErrNoRows) {
+			return err // the statement's own error
+		}
+		return p.refuse(err)
+	}
+}
+
+// refuse keeps a read's refusal, the first of the batch, and answers pgx
+// that all is well.
+func (p *pipe) refuse(err error) error {
+	if err != nil && p.refused == nil {
+		p.refused = err
+	}
+	return nil
+}
+
+// scannedRow remembers what Scan returned, so a read's error can be told
+// apart: the statement's, or the read's own refusal of a good answer.
+type scannedRow struct {
+	pgx.Row
+	err error
+}
+
+func (r *scannedRow) Scan(dest ...any) error {
+	r.err = r.Row.Scan(dest...)
+	return r.err
 }
 
 // send sends what is queued, in one round trip, and reads the answers.
@@ -67,7 +112,13 @@ func (p *pipe) send(ctx context.Context) error {
 	}
 	b := p.batch
 	p.batch = &pgx.Batch{}
-	return p.conn.SendBatch(ctx, b).Close()
+	err := p.conn.SendBatch(ctx, b).Close()
+	// A refusal came before any statement error: pgx stops reading at
+	// the first error it is given.
+	if p.refused != nil {
+		err, p.refused = p.refused, nil
+	}
+	return err
 }
 
 // commit sends what is queued with COMMIT after it.
