@@ -239,6 +239,15 @@ var errNotRenewed = errors.New("postgres: no instance renewed")
 // commitRenewal is CommitRenewal's work on the pipe.
 func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	var in store.Instance
+	if len(r.Claims) > 0 {
+		// A renewal's claims (a key rotation) take the bound-keypair
+		// row after the instance's; a recovery takes that row and then
+		// the instance's, to supersede it. Serialised first on the
+		// node's lock, as every join is, the two never hold one each
+		// while waiting for the other.
+		p.exec(`SELECT pg_advisory_xact_lock($1, hashtext(node_id)) FROM instances WHERE id = $2`,
+			[]any{nodeLockClass, r.InstanceID}, wrapped("commit renewal: lock node"))
+	}
 	// One statement: the conditional UPDATE, and the certificate record
 	// inserted from the row it returns, so nothing is inserted when it
 	// matched none. The fields left empty come from that row, as

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -226,6 +227,41 @@ func boundKeypairCases() []testCase {
 			rec.Claims = []store.Claim{store.Recovery{TokenID: "bot-1", ExpectedSequence: 1}}
 			if _, err := s.CommitRenewal(ctx, rec); err == nil {
 				t.Error("a renewal carried a recovery")
+			}
+		}},
+		{"recoveries racing rotating renewals of the instance they replace: one outcome each, no deadlock", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A recovery claims the token's row and then supersedes the
+			// node's instance; a renewal that rotates the bound key holds
+			// that instance's row and then claims the token's. Taken in
+			// those orders the two would wait on each other; each must
+			// end in its own outcome, never in an error of the database.
+			// Round after round, one of each races from the same state.
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 1000, store.RecoveryStandard))
+			cur := mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i0", now, register("bot-1", "key-0")...)).Instance
+			for round := range 40 {
+				bk := getBK(t, ctx, s, "bot-1")
+				errs := concurrently(2, func(i int) error {
+					if i == 0 {
+						_, err := s.CommitJoin(ctx, bkJoin("bot-1", "node-1", fmt.Sprintf("i%d", round+1), now,
+							store.Recovery{TokenID: "bot-1", ExpectedSequence: bk.RecoverySequence, Counted: true}))
+						return err
+					}
+					r := renewalOf(cur, fmt.Sprintf("k%d", round), now)
+					r.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-1", Expected: bk.BoundPublicKey,
+						PublicKey: fmt.Sprintf("key-%d", round+1), Rotate: true}}
+					_, err := s.CommitRenewal(ctx, r)
+					return err
+				})
+				if errs[0] != nil {
+					t.Fatalf("round %d: the recovery: %v", round, errs[0])
+				}
+				if err := errs[1]; err != nil && !errors.Is(err, store.ErrConflict) {
+					t.Fatalf("round %d: the renewal: %v, want success or a conflict", round, err)
+				}
+				in, err := s.GetInstance(ctx, fmt.Sprintf("i%d", round+1))
+				mustNil(t, "GetInstance", err)
+				cur = in
 			}
 		}},
 		{"8 racing rotations from one bound key: exactly one key is bound", func(t *testing.T, ctx context.Context, s store.Store) {
