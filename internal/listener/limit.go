@@ -13,9 +13,10 @@ import (
 const MaxConnsPerSource = 256
 
 // limitPerSource closes, at once, a new connection from a source that
-// already holds max. Connections from a trusted proxy are not counted:
-// their real source is in the PROXY header, read later, and a proxy
-// carries many clients.
+// already holds max. Connections from a trusted proxy are not counted
+// here, as the proxy's: a proxy carries many clients. Their real source,
+// in the PROXY header, is counted on the same tally once the header is
+// read (limitProxied).
 type limitPerSource struct {
 	net.Listener
 	max     int
@@ -26,7 +27,7 @@ type limitPerSource struct {
 	open map[netip.Addr]int
 }
 
-func withSourceLimit(lis net.Listener, max int, exempt []netip.Prefix, refused func(Refusal)) net.Listener {
+func withSourceLimit(lis net.Listener, max int, exempt []netip.Prefix, refused func(Refusal)) *limitPerSource {
 	return &limitPerSource{Listener: lis, max: max, exempt: exempt, open: map[netip.Addr]int{}, refused: refused}
 }
 
@@ -42,17 +43,24 @@ func (l *limitPerSource) Accept() (net.Conn, error) {
 		}
 		ip, _ := netip.AddrFromSlice(tcp.IP)
 		ip = ip.Unmap()
-		l.mu.Lock()
-		if l.open[ip] >= l.max {
-			l.mu.Unlock()
+		if !l.take(ip) {
 			c.Close()
 			l.refused(RefusedPerSource)
 			continue
 		}
-		l.open[ip]++
-		l.mu.Unlock()
 		return &countedConn{Conn: c, release: func() { l.release(ip) }}, nil
 	}
+}
+
+// take counts one more connection from ip, unless it holds max already.
+func (l *limitPerSource) take(ip netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.open[ip] >= l.max {
+		return false
+	}
+	l.open[ip]++
+	return true
 }
 
 func (l *limitPerSource) release(ip netip.Addr) {

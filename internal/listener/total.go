@@ -109,8 +109,10 @@ func (c *Cap) release() {
 // Listen binds addr over TCP, enforcing o: the total cap, then the cap
 // per source, then the PROXY header from trusted proxies (connections from
 // a trusted proxy carry the client address of their PROXY header as their
-// remote address). A connection past a cap is closed before anything is
-// read from it, counted through o.Refused.
+// remote address, and are counted per source by it once it is read). A
+// connection past a cap is closed before anything is read from it (past
+// the cap of the source its header names: after the header, before TLS),
+// counted through o.Refused.
 func Listen(addr string, o Options) (net.Listener, error) {
 	lis, err := listen(addr)
 	if err != nil {
@@ -125,7 +127,11 @@ func Listen(addr string, o Options) (net.Listener, error) {
 		refused = func(Refusal) {}
 	}
 	total := &limitTotal{Listener: lis, cap: c, refused: refused}
-	return withTrustedProxies(withSourceLimit(total, MaxConnsPerSource, o.TrustedProxies, refused), o.TrustedProxies), nil
+	sources := withSourceLimit(total, MaxConnsPerSource, o.TrustedProxies, refused)
+	if len(o.TrustedProxies) == 0 {
+		return sources, nil
+	}
+	return &limitProxied{Listener: withTrustedProxies(sources, o.TrustedProxies), sources: sources}, nil
 }
 
 // limitTotal closes, at once, a new connection while its Cap is full.
