@@ -3,6 +3,7 @@ package listener
 import (
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 )
@@ -42,4 +43,23 @@ func closedAtOnce(c net.Conn, d time.Duration) bool {
 	c.SetReadDeadline(time.Now().Add(d))
 	_, err := c.Read(make([]byte, 1))
 	return err == io.EOF
+}
+
+// refusals records what a listener reports refused, from its accepting
+// goroutine.
+type refusals struct {
+	mu  sync.Mutex
+	got []Refusal
+}
+
+func (r *refusals) add(x Refusal) {
+	r.mu.Lock()
+	r.got = append(r.got, x)
+	r.mu.Unlock()
+}
+
+func (r *refusals) all() []Refusal {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]Refusal(nil), r.got...)
 }

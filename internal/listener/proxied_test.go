@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 )
@@ -16,16 +15,9 @@ import (
 // counted as refused per source, while another client behind the same
 // proxy is served; closing one frees its place.
 func TestProxiedSourcesAreCapped(t *testing.T) {
-	var (
-		mu      sync.Mutex
-		refused []Refusal
-	)
+	var refused refusals
 	lis, err := Listen("127.0.0.1:0", Options{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
-		Refused: func(r Refusal) {
-			mu.Lock()
-			refused = append(refused, r)
-			mu.Unlock()
-		}})
+		Refused: refused.add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,9 +67,7 @@ func TestProxiedSourcesAreCapped(t *testing.T) {
 	if !closedAtOnce(over, 2*time.Second) {
 		t.Fatal("a connection past the client's cap was not closed")
 	}
-	mu.Lock()
-	got := append([]Refusal(nil), refused...)
-	mu.Unlock()
+	got := refused.all()
 	if len(got) != 1 || got[0] != RefusedPerSource {
 		t.Fatalf("refusals %v, want one per source", got)
 	}

@@ -2,7 +2,6 @@ package listener
 
 import (
 	"net"
-	"sync"
 	"testing"
 	"time"
 )
@@ -11,15 +10,8 @@ import (
 // listener, from any sources, a new one is closed at once and reported as
 // refused for the total; closing one frees its place.
 func TestConnectionsInAllAreCapped(t *testing.T) {
-	var (
-		mu      sync.Mutex
-		refused []Refusal
-	)
-	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(3), Refused: func(r Refusal) {
-		mu.Lock()
-		refused = append(refused, r)
-		mu.Unlock()
-	}})
+	var refused refusals
+	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(3), Refused: refused.add})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,9 +25,7 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 	if !closedAtOnce(dial(), 2*time.Second) {
 		t.Fatal("the fourth connection was not closed at once")
 	}
-	mu.Lock()
-	got := append([]Refusal(nil), refused...)
-	mu.Unlock()
+	got := refused.all()
 	if len(got) != 1 || got[0] != RefusedTotal {
 		t.Fatalf("refusals %v, want one for the total", got)
 	}
