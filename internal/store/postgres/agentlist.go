@@ -65,24 +65,9 @@ func (s *Store) agents(ctx context.Context, query string, args ...any) ([]store.
 	if err != nil || len(bound) == 0 {
 		return out, err
 	}
-	brows, err := s.pool.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = ANY($1)`, bound)
+	byID, err := boundKeypairsOf(ctx, s.pool, bound)
 	if err != nil {
 		return nil, wrap("list agents: bound keypairs", err)
-	}
-	type keyed struct {
-		id string
-		b  *store.BoundKeypair
-	}
-	bks, err := collect(brows, "list agents: bound keypairs", func(r pgx.Row) (keyed, error) {
-		id, b, err := scanBoundKeypair(r)
-		return keyed{id, b}, err
-	})
-	if err != nil {
-		return nil, err
-	}
-	byID := make(map[string]*store.BoundKeypair, len(bks))
-	for _, k := range bks {
-		byID[k.id] = k.b
 	}
 	store.AttachBoundKeypairs(out, byID)
 	return out, nil

@@ -48,37 +48,17 @@ func scanBoundKeypair(row pgx.Row) (string, *store.BoundKeypair, error) {
 	return id, &b, nil
 }
 
-// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts.
+// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts,
+// read by their IDs.
 func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
-	want := false
+	var ids []string
 	for _, t := range ts {
-		want = want || t.JoinMethod == store.JoinMethodBoundKeypair
-	}
-	if !want {
-		return nil
-	}
-	var (
-		rows pgx.Rows
-		err  error
-	)
-	if len(ts) == 1 {
-		rows, err = q.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = $1`, ts[0].ID)
-	} else {
-		rows, err = q.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs`)
-	}
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	byID := map[string]*store.BoundKeypair{}
-	for rows.Next() {
-		id, b, err := scanBoundKeypair(rows)
-		if err != nil {
-			return err
+		if t.JoinMethod == store.JoinMethodBoundKeypair {
+			ids = append(ids, t.ID)
 		}
-		byID[id] = b
 	}
-	if err := rows.Err(); err != nil {
+	byID, err := boundKeypairsOf(ctx, q, ids)
+	if err != nil {
 		return err
 	}
 	for i := range ts {
@@ -87,6 +67,28 @@ func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
 		}
 	}
 	return nil
+}
+
+// boundKeypairsOf reads the bound-keypair rows of the tokens ids, by token
+// ID: none, and no query, for no IDs.
+func boundKeypairsOf(ctx context.Context, q querier, ids []string) (map[string]*store.BoundKeypair, error) {
+	byID := map[string]*store.BoundKeypair{}
+	if len(ids) == 0 {
+		return byID, nil
+	}
+	rows, err := q.Query(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		id, b, err := scanBoundKeypair(rows)
+		if err != nil {
+			return nil, err
+		}
+		byID[id] = b
+	}
+	return byID, rows.Err()
 }
 
 // UpdateBoundKeypairSpec replaces the spec of a bound-keypair token in one

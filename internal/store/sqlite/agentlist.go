@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -65,29 +64,9 @@ func (s *SQLite) agents(ctx context.Context, query string, args ...any) ([]store
 	if err != nil || len(bound) == 0 {
 		return out, err
 	}
-	ids, err := json.Marshal(bound)
-	if err != nil {
-		return nil, wrap("list agents", err)
-	}
-	brows, err := s.r.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs
-		WHERE token_id IN (SELECT value FROM json_each(?))`, string(ids))
+	byID, err := boundKeypairsOf(ctx, s.r, bound)
 	if err != nil {
 		return nil, wrap("list agents: bound keypairs", err)
-	}
-	type keyed struct {
-		id string
-		b  *store.BoundKeypair
-	}
-	bks, err := collect(brows, "list agents: bound keypairs", func(r scanner) (keyed, error) {
-		id, b, err := scanBoundKeypair(r)
-		return keyed{id, b}, err
-	})
-	if err != nil {
-		return nil, err
-	}
-	byID := make(map[string]*store.BoundKeypair, len(bks))
-	for _, k := range bks {
-		byID[k.id] = k.b
 	}
 	store.AttachBoundKeypairs(out, byID)
 	return out, nil

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -47,37 +48,17 @@ func scanBoundKeypair(row scanner) (string, *store.BoundKeypair, error) {
 	return id, &b, nil
 }
 
-// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts.
+// withBoundKeypairs attaches their rows to the bound-keypair tokens of ts,
+// read by their IDs.
 func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
-	want := false
+	var ids []string
 	for _, t := range ts {
-		want = want || t.JoinMethod == store.JoinMethodBoundKeypair
-	}
-	if !want {
-		return nil
-	}
-	var (
-		rows *sql.Rows
-		err  error
-	)
-	if len(ts) == 1 {
-		rows, err = q.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = ?`, ts[0].ID)
-	} else {
-		rows, err = q.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs`)
-	}
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	byID := map[string]*store.BoundKeypair{}
-	for rows.Next() {
-		id, b, err := scanBoundKeypair(rows)
-		if err != nil {
-			return err
+		if t.JoinMethod == store.JoinMethodBoundKeypair {
+			ids = append(ids, t.ID)
 		}
-		byID[id] = b
 	}
-	if err := rows.Err(); err != nil {
+	byID, err := boundKeypairsOf(ctx, q, ids)
+	if err != nil {
 		return err
 	}
 	for i := range ts {
@@ -86,6 +67,33 @@ func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
 		}
 	}
 	return nil
+}
+
+// boundKeypairsOf reads the bound-keypair rows of the tokens ids, by token
+// ID: none, and no query, for no IDs.
+func boundKeypairsOf(ctx context.Context, q querier, ids []string) (map[string]*store.BoundKeypair, error) {
+	byID := map[string]*store.BoundKeypair{}
+	if len(ids) == 0 {
+		return byID, nil
+	}
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := q.QueryContext(ctx, `SELECT `+boundKeypairColumns+` FROM bound_keypairs
+		WHERE token_id IN (SELECT value FROM json_each(?))`, string(list))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		id, b, err := scanBoundKeypair(rows)
+		if err != nil {
+			return nil, err
+		}
+		byID[id] = b
+	}
+	return byID, rows.Err()
 }
 
 // querier is what reads need of the reader pool or a write transaction.
