@@ -33,15 +33,14 @@ func (l *limitProxied) Accept() (net.Conn, error) {
 	if !ok {
 		return c, nil // not from a trusted proxy: counted in limitPerSource
 	}
-	return &proxiedConn{Conn: c, upstream: pc.Raw().RemoteAddr(), sources: l.sources}, nil
+	return &proxiedConn{Conn: pc, sources: l.sources}, nil
 }
 
 // proxiedConn is a connection from a trusted proxy, counted by the source
 // in its header from its first read until it is closed.
 type proxiedConn struct {
-	net.Conn
-	upstream net.Addr
-	sources  *limitPerSource
+	*proxyproto.Conn
+	sources *limitPerSource
 
 	once    sync.Once
 	err     error
@@ -59,13 +58,15 @@ func (c *proxiedConn) Read(b []byte) (int, error) {
 	return c.Conn.Read(b)
 }
 
-// count reads the header (RemoteAddr does) and takes a place for its
-// source. A connection without a header (a balancer's own health check)
-// is the proxy's, and is not counted.
+// count reads the header and takes a place for its source. A connection
+// without a header (a balancer's own health check) is the proxy's, and is
+// not counted.
 func (c *proxiedConn) count() {
-	remote := c.Conn.RemoteAddr()
-	tcp, ok := remote.(*net.TCPAddr)
-	if !ok || remote.String() == c.upstream.String() {
+	if c.ProxyHeader() == nil {
+		return
+	}
+	tcp, ok := c.Conn.RemoteAddr().(*net.TCPAddr)
+	if !ok {
 		return
 	}
 	ip, _ := netip.AddrFromSlice(tcp.IP)
