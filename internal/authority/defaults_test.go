@@ -3,8 +3,6 @@ package authority
 import (
 	"testing"
 	"time"
-
-	"github.com/muster-dev/muster/internal/listener"
 )
 
 // TestSettingsInForce: the one place each setting's default is applied,
@@ -15,11 +13,6 @@ func TestSettingsInForce(t *testing.T) {
 	}{{0, 10 * time.Minute}, {-time.Second, 10 * time.Minute}, {time.Minute, time.Minute}, {3 * time.Hour, 3 * time.Hour}} {
 		if got := RegisterEvery(tt.configured); got != tt.want {
 			t.Errorf("RegisterEvery(%s) = %s, want %s", tt.configured, got, tt.want)
-		}
-	}
-	for _, tt := range []struct{ configured, want int }{{0, listener.DefaultMaxConns()}, {-1, listener.DefaultMaxConns()}, {5, 5}} {
-		if got := MaxConnections(tt.configured); got != tt.want {
-			t.Errorf("MaxConnections(%d) = %d, want %d", tt.configured, got, tt.want)
 		}
 	}
 }

@@ -90,9 +90,9 @@ type Config struct {
 	// BoundKeypairCertTTL is the lifetime of bound-keypair agents'
 	// certificates (zero: enroll.DefaultBoundKeypairCertTTL).
 	BoundKeypairCertTTL time.Duration
-	// MaxConnections is limits.max_connections: the connections each
-	// listener holds open at once, from all sources together (zero:
-	// listener.DefaultMaxConns, from the open-file limit).
+	// MaxConnections is limits.max_connections: the connections the api
+	// and bootstrap listeners hold open at once together, from all sources
+	// (zero: listener.DefaultMaxConns, from the open-file limit).
 	MaxConnections int
 }
 
@@ -160,7 +160,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		return nil, err
 	}
 	s.connRefusals = connRefusals
-	s.conns = listener.NewCap(MaxConnections(cfg.MaxConnections))
+	s.conns = listener.NewCap(cfg.MaxConnections)
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
@@ -401,7 +401,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 // Run binds every listener, records the advertised address, serves until
 // ctx is done and then stops gracefully.
 func (s *Server) Run(ctx context.Context) error {
-	lis, err := s.listen(s.cfg.Listen, "api", s.cfg.TrustedProxies)
+	lis, err := listener.ListenAs(s.cfg.Listen, "api", s.cfg.TrustedProxies, s.conns, s.connRefusals)
 	if err != nil {
 		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
@@ -421,7 +421,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var bootLis net.Listener
 	var boot *grpc.Server
 	if s.cfg.BootstrapListen != "" {
-		if bootLis, err = s.listen(s.cfg.BootstrapListen, "bootstrap", s.cfg.TrustedProxies); err != nil {
+		if bootLis, err = listener.ListenAs(s.cfg.BootstrapListen, "bootstrap", s.cfg.TrustedProxies, s.conns, s.connRefusals); err != nil {
 			return fmt.Errorf("authority: cannot listen on %s (bootstrap): %w", s.cfg.BootstrapListen, err)
 		}
 		defer bootLis.Close()
@@ -435,7 +435,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = s.listen(s.cfg.MetricsListen, "metrics", nil); err != nil {
+		if metricsLis, err = listener.ListenAs(s.cfg.MetricsListen, "metrics", nil, s.conns, s.connRefusals); err != nil {
 			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
@@ -454,7 +454,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
 		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
-		"max_connections", MaxConnections(s.cfg.MaxConnections))
+		"max_connections", s.conns.Max())
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}

@@ -213,7 +213,7 @@ and the data directory, prints the settings in force, and exits.`,
 				o.maxConnections = *n
 			}
 			if o.maxConnections < 0 {
-				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256)", o.maxConnections)
+				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
 			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
@@ -254,7 +254,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.BoolVar(&o.pskRequired, "psk-required", true, "require the bootstrap PSK; false only for a migration, with --psk-optional-until and --discovery")
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
-	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256)")
+	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
 	registerPprofFlag(cmd, &o.pprofListen)
 	fl.StringVar(&memoryLimit, "memory-limit", "", "the memory this process may use, such as a container's limit (bytes, or with KiB, MiB, GiB): the Go collector's soft limit is set to 90% of it, unless GOMEMLIMIT is set (empty: none)")
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")

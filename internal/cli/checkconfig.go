@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/signer"
 )
 
@@ -35,9 +36,9 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("agent_cert_ttl", o.agentCertTTL.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
-	limit := fmt.Sprintf("%d (api and bootstrap listeners together)", authority.MaxConnections(o.maxConnections))
+	limit := fmt.Sprintf("%d (api and bootstrap listeners together)", listener.NewCap(o.maxConnections).Max())
 	if o.maxConnections == 0 {
-		limit += " (default: the open-file limit less 256)"
+		limit += " (default: the open-file limit less 256, at least half of it)"
 	}
 	row("limits.max_connections", limit)
 	row("discovery.address", o.discovery)

@@ -260,7 +260,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.recordOK(ctx, "ticket_key.create", installed, "first ticket key")
 	}
 	// The PROXY header comes before TLS: ServeTLS wraps this listener.
-	lis, err := s.listen(s.cfg.Listen, "api", s.cfg.TrustedProxies)
+	lis, err := listener.ListenAs(s.cfg.Listen, "api", s.cfg.TrustedProxies, listener.NewCap(0), s.connRefusals)
 	if err != nil {
 		return fmt.Errorf("discoveryd: cannot listen on %s: %w", s.cfg.Listen, err)
 	}
@@ -293,7 +293,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = s.listen(s.cfg.MetricsListen, "metrics", nil); err != nil {
+		if metricsLis, err = listener.ListenAs(s.cfg.MetricsListen, "metrics", nil, nil, s.connRefusals); err != nil {
 			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()

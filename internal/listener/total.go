@@ -134,6 +134,20 @@ func Listen(addr string, o Options) (net.Listener, error) {
 	return &limitProxied{Listener: withTrustedProxies(sources, o.TrustedProxies), sources: sources}, nil
 }
 
+// ListenAs binds one of a server's listeners, named "api", "bootstrap"
+// or "metrics": the serving ones draw on serving (limits.max_connections,
+// shared by a process's serving listeners), the metrics listener on a
+// small cap of its own (MetricsMaxConns), so a full serving cap does not
+// starve the probes. Each connection closed at once is counted and logged
+// through rs under name.
+func ListenAs(addr, name string, trusted []netip.Prefix, serving *Cap, rs *Refusals) (net.Listener, error) {
+	c := serving
+	if name == "metrics" {
+		c = NewCap(MetricsMaxConns)
+	}
+	return Listen(addr, Options{TrustedProxies: trusted, Cap: c, Refused: rs.For(name, c.Max())})
+}
+
 // limitTotal closes, at once, a new connection while its Cap is full.
 type limitTotal struct {
 	net.Listener

@@ -79,6 +79,17 @@ func TestListenersShareACap(t *testing.T) {
 	}
 }
 
+// TestCapDefault: limits.max_connections in force, as the server and
+// --check-config both take it: the value, or for 0 (or less) the default
+// from the open-file limit.
+func TestCapDefault(t *testing.T) {
+	for _, tt := range []struct{ configured, want int }{{0, DefaultMaxConns()}, {-1, DefaultMaxConns()}, {5, 5}} {
+		if got := NewCap(tt.configured).Max(); got != tt.want {
+			t.Errorf("NewCap(%d).Max() = %d, want %d", tt.configured, got, tt.want)
+		}
+	}
+}
+
 func TestMaxConnsFor(t *testing.T) {
 	for _, tt := range []struct {
 		limit uint64
