@@ -126,9 +126,6 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 	return cmd
 }
 
-// printAgents is agents list's table.
-func printAgents(w io.Writer, list []agentJSON) error { return agentTable(w, list, true) }
-
 // agentTable prints rows of agents list's table, with its header or not.
 func agentTable(w io.Writer, list []agentJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

@@ -50,22 +50,22 @@ func TestGoldenListTables(t *testing.T) {
 			for _, tk := range tokens {
 				list = append(list, tokenOf(tk))
 			}
-			return printTokens(b, list)
+			return tokenTable(b, list, true)
 		}},
 		{"agents-list", func(b *bytes.Buffer) error {
 			var list []agentJSON
 			for _, a := range agents {
 				list = append(list, agentOf(a))
 			}
-			return printAgents(b, list)
+			return agentTable(b, list, true)
 		}},
 		{"lock-list", func(b *bytes.Buffer) error { return printLocks(b, locks) }},
 		{"signer-list", func(b *bytes.Buffer) error { printSigners(b, signersOf(signers)); return nil }},
 		{"empty-lists", func(b *bytes.Buffer) error {
-			if err := printTokens(b, nil); err != nil {
+			if err := tokenTable(b, nil, true); err != nil {
 				return err
 			}
-			if err := printAgents(b, nil); err != nil {
+			if err := agentTable(b, nil, true); err != nil {
 				return err
 			}
 			return printLocks(b, nil)

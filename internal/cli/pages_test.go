@@ -40,7 +40,7 @@ func TestListPrintedPageByPage(t *testing.T) {
 				out := output{format: format}
 				var want, got bytes.Buffer
 				if format == "text" {
-					mustNil(t, printTokens(&want, list))
+					mustNil(t, tokenTable(&want, list, true))
 				} else {
 					mustNil(t, out.write(&want, list))
 				}

@@ -197,9 +197,6 @@ func newTokenListCmd(env *Env) *cobra.Command {
 	return cmd
 }
 
-// printTokens is token list's table.
-func printTokens(w io.Writer, list []tokenJSON) error { return tokenTable(w, list, true) }
-
 // tokenTable prints rows of token list's table, with its header or not: a
 // list printed page by page aligns each page's columns on their own.
 func tokenTable(w io.Writer, list []tokenJSON, header bool) error {

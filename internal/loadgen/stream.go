@@ -29,7 +29,6 @@ type Streams struct {
 	admin  musterv1.AdminServiceClient
 	agents []*identity.Identity
 	nodes  []string
-	log    func(format string, args ...any)
 }
 
 // setupParallel is how many joins the stream setup makes at once.
@@ -49,7 +48,7 @@ func prepareStreams(ctx context.Context, s Setup, t *target) (*Prepared, error) 
 		return nil, err
 	}
 	defer deleteToken(s, id)(ctx)
-	st := &Streams{t: t, admin: s.Admin, agents: make([]*identity.Identity, n), nodes: make([]string, n), log: s.Log}
+	st := &Streams{t: t, admin: s.Admin, agents: make([]*identity.Identity, n), nodes: make([]string, n)}
 	var next atomic.Int64
 	var mu sync.Mutex
 	var errs []error
@@ -96,13 +95,14 @@ func (st *Streams) join(ctx context.Context, token string, i int, k keyCSR) erro
 	return err
 }
 
+// taskWait bounds how long a task may take to reach every stream.
+const taskWait = 2 * time.Minute
+
 // StreamConfig says how many tasks to send to the open streams.
 type StreamConfig struct {
 	// Tasks is how many tasks are sent, one after another, each to every
 	// stream.
 	Tasks int
-	// Wait bounds how long a task may take to reach every stream.
-	Wait time.Duration
 	// Progress, if set, gets a line as the streams open and as each task
 	// reaches them.
 	Progress io.Writer
@@ -178,12 +178,12 @@ const settle = time.Second
 // RunStreams opens every agent's stream, reads the authority's memory
 // before and after, then sends cfg.Tasks tasks to all of them one after
 // another, each timed until every stream has it.
+//
+// A task that has not reached every stream within taskWait is reported
+// DeadlineExceeded.
 func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutcome, error) {
 	if cfg.Tasks < 1 {
 		return nil, fmt.Errorf("loadgen: tasks %d: want at least 1", cfg.Tasks)
-	}
-	if cfg.Wait <= 0 {
-		cfg.Wait = 2 * time.Minute
 	}
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
@@ -307,7 +307,7 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 		}
 		f.TaskID = resp.GetTaskId()
 		p.known(f.TaskID, deliveries[k])
-		timer := time.NewTimer(cfg.Wait)
+		timer := time.NewTimer(taskWait)
 		select {
 		case <-p.all:
 		case <-timer.C:
@@ -327,7 +327,7 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 			}
 		}
 		if f.Delivered < out.Opened {
-			fail(status.Errorf(codes.DeadlineExceeded, "task %s reached %d of %d streams within %s", f.TaskID, f.Delivered, out.Opened, cfg.Wait))
+			fail(status.Errorf(codes.DeadlineExceeded, "task %s reached %d of %d streams within %s", f.TaskID, f.Delivered, out.Opened, taskWait))
 		} else {
 			f.All = slices.Max(got)
 		}

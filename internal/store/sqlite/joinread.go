@@ -90,18 +90,9 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 	if r.NodeFound, err = found(err); err != nil {
 		return store.RenewalRead{}, err
 	}
-	if !r.InstanceFound {
-		r.Instance = store.Instance{}
-	}
-	if !r.NodeFound {
-		r.Node = store.Node{}
-	}
 	r.Lock, err = s.FindAnyLock(ctx, store.RenewalLockTargets(r.Certificate, r.Instance, keys))
 	if r.Locked, err = found(err); err != nil {
 		return store.RenewalRead{}, err
-	}
-	if !r.Locked {
-		r.Lock = store.Lock{}
 	}
 	return r, nil
 }
