@@ -56,8 +56,12 @@ func (a *adminFlags) completeArg(env *Env, list lister) func(*cobra.Command, []s
 	}
 }
 
+// completionLimit is how many IDs a completion offers: one page, so a TAB
+// on a fleet of 100,000 is one call, not two hundred.
+const completionLimit = defaultPageSize
+
 func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	agents, err := collectPages(agentPages(ctx, c, defaultPageSize))
+	agents, err := firstItems(completionLimit, agentPages(ctx, c, defaultPageSize))
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +74,7 @@ func listNodeIDs(ctx context.Context, c *adminClient) ([]string, error) {
 
 // listTokenIDs lists token IDs; a bound-keypair token's ID is its name.
 func listTokenIDs(ctx context.Context, c *adminClient) ([]string, error) {
-	tokens, err := collectPages(tokenPages(ctx, c, defaultPageSize))
+	tokens, err := firstItems(completionLimit, tokenPages(ctx, c, defaultPageSize))
 	if err != nil {
 		return nil, err
 	}
