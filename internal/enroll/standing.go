@@ -3,7 +3,7 @@ package enroll
 import (
 	"context"
 	"crypto/x509"
-	"errors"
+	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -19,15 +19,23 @@ func (s *Service) Standing(ctx context.Context, leaf *x509.Certificate) error {
 		return refuse(KindUnauthenticated, "no valid agent certificate")
 	}
 	serial := serialOf(leaf)
-	rec, err := s.cfg.Store.GetCertificate(ctx, serial)
-	if errors.Is(err, store.ErrNotFound) {
+	// One read, as a renewal's first attempt makes it (on PostgreSQL one
+	// round trip): the record, its instance, its node and the lock in
+	// force on any of them, the instance's token or the record's key.
+	rd, err := s.cfg.Store.ReadRenewal(ctx, serial, nil)
+	switch {
+	case err != nil:
+		return err
+	case !rd.CertificateFound:
 		return refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
-	} else if err != nil {
+	case !rd.InstanceFound:
+		return fmt.Errorf("enroll: instance %s of certificate %s: %w", rd.Certificate.InstanceID, serial, store.ErrNotFound)
+	}
+	if err := standingOf(rd.Certificate, rd.Instance, rd.Node, rd.NodeFound); err != nil {
 		return err
 	}
-	inst, err := s.cfg.Store.GetInstance(ctx, rec.InstanceID)
-	if err != nil {
-		return err
+	if rd.Locked {
+		return lockedOut(rd.Lock)
 	}
-	return s.standing(ctx, rec, inst, rec.PublicKey)
+	return nil
 }
