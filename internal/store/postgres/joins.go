@@ -81,7 +81,7 @@ var errRetry = errors.New("postgres: the join is a retry")
 func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
 	// Round trip 1. held is the node's current instance, "" while the
 	// node ID is free.
-	p.exec(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, []any{nodeLockClass, j.NodeID}, wrapped("commit join: lock node"))
+	p.exec(nodeLockQuery, []any{nodeLockClass, j.NodeID}, wrapped("commit join: lock node"))
 	var held string
 	p.row(`SELECT instance_id FROM nodes WHERE id = $1`, []any{j.NodeID}, func(row pgx.Row) error {
 		if err := row.Scan(&held); err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -165,9 +165,7 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	// refer to it.
 	p.exec(`INSERT INTO instances (`+instanceColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		[]any{in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
-			timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)},
-		nodeTaken("commit join: insert instance"))
+		instanceArgs(in), nodeTaken("commit join: insert instance"))
 	if held != "" {
 		p.exec(`UPDATE nodes SET instance_id = $1, token_id = $2, join_method = $3, updated_at = $4 WHERE id = $5`,
 			[]any{in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID}, nodeTaken("commit join: claim node"))
@@ -321,6 +319,14 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 const insertCertificateQuery = `INSERT INTO certificates (` + certificateColumns + `)
 	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
 
+// instanceArgs are an instance's values in instanceColumns' order.
+func instanceArgs(in store.Instance) []any {
+	return []any{in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)}
+}
+
+// certificateArgs are a certificate record's values in certificateColumns'
+// order.
 func certificateArgs(c store.Certificate) []any {
 	return []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
 		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}

@@ -56,10 +56,14 @@ func (s *Store) DeleteNode(ctx context.Context, id string) error {
 	})
 }
 
-// lockNode takes the transaction-scoped advisory lock of a node ID. A hash
-// collision between two IDs only serializes their joins.
+// nodeLockQuery takes the transaction-scoped advisory lock of a node ID
+// ($2) in nodeLockClass ($1). A hash collision between two IDs only
+// serializes their joins.
+const nodeLockQuery = `SELECT pg_advisory_xact_lock($1, hashtext($2))`
+
+// lockNode takes the node lock of id in tx.
 func lockNode(ctx context.Context, tx querier, id string) error {
-	_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, nodeLockClass, id)
+	_, err := tx.Exec(ctx, nodeLockQuery, nodeLockClass, id)
 	return err
 }
 

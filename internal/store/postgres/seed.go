@@ -62,9 +62,7 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 			return nil
 		}
 		if err := copyRows("instances", instanceColumns, len(b.Instances), func(i int) []any {
-			in := b.Instances[i]
-			return []any{in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
-				timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)}
+			return instanceArgs(b.Instances[i])
 		}); err != nil {
 			return err
 		}
@@ -75,9 +73,7 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 			return err
 		}
 		return copyRows("certificates", certificateColumns, len(b.Certificates), func(i int) []any {
-			c := b.Certificates[i]
-			return []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
-				timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}
+			return certificateArgs(b.Certificates[i])
 		})
 	})
 	if err != nil {
