@@ -248,7 +248,7 @@ func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte
 // first, then the instance, the token and the keys). An empty target (a
 // key the authority is about to mint) is skipped.
 func (s *Service) lockOn(ctx context.Context, targets ...store.LockTarget) (*store.Lock, error) {
-	l, err := s.cfg.Store.FindAnyLock(ctx, named(targets))
+	l, err := s.cfg.Store.FindAnyLock(ctx, store.Named(targets))
 	switch {
 	case err == nil:
 		return &l, nil
@@ -257,17 +257,6 @@ func (s *Service) lockOn(ctx context.Context, targets ...store.LockTarget) (*sto
 	default:
 		return nil, err
 	}
-}
-
-// named drops the empty targets (a key the authority is about to mint).
-func named(targets []store.LockTarget) []store.LockTarget {
-	out := make([]store.LockTarget, 0, len(targets))
-	for _, t := range targets {
-		if t.Target != "" {
-			out = append(out, t)
-		}
-	}
-	return out
 }
 
 // lockOf is the lock a ReadJoin found, or nil.

@@ -162,7 +162,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 	// 5. Node ID free, or a retry of the join that took it. The locks of
 	// step 6 come in the same read: one round trip.
 	now := s.cfg.Now()
-	rd, err := s.cfg.Store.ReadJoin(ctx, "", nodeID, named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID}, keyLock(kid)}))
+	rd, err := s.cfg.Store.ReadJoin(ctx, "", nodeID, store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID}, keyLock(kid)}))
 	if err != nil {
 		return a, err
 	}

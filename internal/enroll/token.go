@@ -151,7 +151,7 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	// 3. Token known and secret right, alike when either fails. The node
 	// and the locks of step 7 come in the same read: one round trip.
 	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
-	rd, err := s.cfg.Store.ReadJoin(ctx, tok.ID, nodeID, named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID},
+	rd, err := s.cfg.Store.ReadJoin(ctx, tok.ID, nodeID, store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID},
 		{Kind: store.LockToken, Target: tok.ID}, keyLock(kid)}))
 	if err != nil {
 		return a, err

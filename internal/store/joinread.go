@@ -72,7 +72,13 @@ func RenewalLockTargets(c Certificate, in Instance, keys []string) []LockTarget 
 	for _, k := range keys {
 		targets = append(targets, LockTarget{LockPublicKey, k})
 	}
-	named := targets[:0]
+	return Named(targets)
+}
+
+// Named returns targets without the empty ones (a key about to be
+// minted, an instance without a token), leaving targets as they were.
+func Named(targets []LockTarget) []LockTarget {
+	named := make([]LockTarget, 0, len(targets))
 	for _, t := range targets {
 		if t.Target != "" {
 			named = append(named, t)
