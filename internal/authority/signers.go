@@ -85,7 +85,7 @@ func (a *adminService) ListSigners(ctx context.Context, _ *musterv1.ListSignersR
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	resp := &musterv1.ListSignersResponse{VerifierSetVersion: snap.Version, MinLeadTime: durationpb.New(a.s.signers.MinLeadTime())}
+	resp := &musterv1.ListSignersResponse{VerifierSetVersion: snap.Version(), MinLeadTime: durationpb.New(a.s.signers.MinLeadTime())}
 	for _, s := range snap.Signers {
 		resp.Signers = append(resp.Signers, signerToProto(s))
 	}

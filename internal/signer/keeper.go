@@ -78,11 +78,13 @@ func (k *Keeper) MinLeadTime() time.Duration { return k.minLead }
 type Snapshot struct {
 	Signers []Signer
 	refs    map[string][]byte
-	Version int64
 	// set identifies the rows read (the version and the step's time).
 	set store.SignerSetID
 	Now time.Time
 }
+
+// Version is the version of the signer set read.
+func (s Snapshot) Version() int64 { return s.set.Version }
 
 // Load reads the signers.
 func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
@@ -94,7 +96,7 @@ func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, err
 	}
-	snap := Snapshot{Version: set.Version, set: set, Now: now, refs: map[string][]byte{}}
+	snap := Snapshot{set: set, Now: now, refs: map[string][]byte{}}
 	for _, r := range rows {
 		snap.Signers = append(snap.Signers, fromRow(r))
 		snap.refs[r.VersionID] = r.KeyRef
@@ -130,7 +132,7 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		}
 		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r)}
 	}
-	v, err := k.st.ApplySignerChanges(ctx, snap.Version, rows)
+	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
 	if err != nil {
 		return Result{}, err
 	}
@@ -384,21 +386,21 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 	if err != nil {
 		return nil, 0, err
 	}
-	if snap.Version == have {
+	if snap.Version() == have {
 		return nil, have, nil
 	}
 	active, ok := ActiveOf(snap.Signers)
 	if !ok {
 		return nil, 0, ErrNoActive
 	}
-	raw, err := NewVerifierSet(k.authorityID, snap.Version, snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
+	raw, err := NewVerifierSet(k.authorityID, snap.Version(), snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
 		return k.signWith(ctx, snap, active, msg)
 	})
 	if err != nil {
 		return nil, 0, err
 	}
 	k.keep(cachedSet{id: snap.set, raw: raw})
-	return raw, snap.Version, nil
+	return raw, snap.Version(), nil
 }
 
 // keep caches s unless a newer version, or s itself, is cached already
