@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -362,28 +363,79 @@ func loadAuthority(env *Env, o *authorityOptions) (*authoritySetup, error) {
 		return nil, err
 	}
 	dir := datadir.Dir(o.dir)
-	info, err := dir.ReadInfo()
+	d, err := loadDataDir(dir, o.storeURL)
 	if err != nil {
 		return nil, err
+	}
+	o.storeURL = d.url
+	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: d.info, ca: d.ca, sk: d.sk}, nil
+}
+
+// dataDir is what an authority's data directory holds, checked: its
+// info, its CA (matching the fingerprint recorded at init), its storage
+// key, and the store URL in force.
+type dataDir struct {
+	info datadir.Info
+	ca   *ca.Hierarchy
+	sk   seal.StorageKey
+	url  string
+}
+
+// loadDataDir reads and checks dir; storeURL, if given, overrides the
+// store the directory names.
+func loadDataDir(dir datadir.Dir, storeURL string) (dataDir, error) {
+	info, err := dir.ReadInfo()
+	if err != nil {
+		return dataDir{}, err
 	}
 	h, err := ca.Load(dir.CADir())
 	if err != nil {
-		return nil, err
+		return dataDir{}, err
 	}
 	if h.Fingerprint() != info.CAFingerprint {
-		return nil, fmt.Errorf("the root CA in %s does not match the fingerprint in %s", dir.CADir(), dir.InfoFile())
+		return dataDir{}, fmt.Errorf("the root CA in %s does not match the fingerprint in %s", dir.CADir(), dir.InfoFile())
 	}
 	sk, err := seal.LoadStorageKey(dir.StorageKeyFile())
 	if err != nil {
-		return nil, err
+		return dataDir{}, err
 	}
-	if o.storeURL, err = dir.StoreURL(info, o.storeURL); err != nil {
-		return nil, err
+	url, err := dir.StoreURL(info, storeURL)
+	if err != nil {
+		return dataDir{}, err
 	}
-	if err := checkStoreURL(o.storeURL); err != nil {
-		return nil, err
+	if err := checkStoreURL(url); err != nil {
+		return dataDir{}, err
 	}
-	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: info, ca: h, sk: sk}, nil
+	return dataDir{info: info, ca: h, sk: sk, url: url}, nil
+}
+
+// openAuthorityStore does what comes before anything writes to an
+// authority's store: the directory's lock (one writer at a time), the
+// store opened and checked against the directory, the audit chain's head
+// checked. onAppend hears of each record. close undoes it all.
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info, sk seal.StorageKey, url string,
+	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
+	unlock, err := dir.Lock()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if st, err = openStore(ctx, url); err != nil {
+		unlock()
+		return nil, nil, nil, err
+	}
+	close = func() { st.Close(); unlock() }
+	if err := datadir.CheckStore(ctx, st, dir, info, redactURL(url)); err != nil {
+		close()
+		return nil, nil, nil, err
+	}
+	if logger, err = datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), onAppend); err == nil {
+		err = logger.CheckHead(ctx)
+	}
+	if err != nil {
+		close()
+		return nil, nil, nil, err
+	}
+	return st, logger, close, nil
 }
 
 func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
@@ -393,27 +445,12 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	}
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
-	unlock, err := dir.Lock()
-	if err != nil {
-		return fmt.Errorf("authority: %w", err)
-	}
-	defer unlock()
-	st, err := openStore(ctx, o.storeURL)
-	if err != nil {
-		return fmt.Errorf("authority: %w", err)
-	}
-	defer st.Close()
-	if err := datadir.CheckStore(ctx, st, dir, info, redactURL(o.storeURL)); err != nil {
-		return fmt.Errorf("authority: %w", err)
-	}
 	m := authority.NewMetrics(Version)
-	logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, m.OnAudit)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
-	if err := logger.CheckHead(ctx); err != nil {
-		return fmt.Errorf("authority: %w", err)
-	}
+	defer closeStore()
 	srv, err := authority.New(authority.Config{
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,

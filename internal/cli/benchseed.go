@@ -9,7 +9,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/audit"
-	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/loadgen"
 	"github.com/muster-dev/muster/internal/seal"
@@ -62,49 +61,22 @@ test authority only: the nodes and tokens stay.`,
 			}
 			ctx := cmd.Context()
 			d := datadir.Dir(dir)
-			info, err := d.ReadInfo()
+			dd, err := loadDataDir(d, storeURL)
 			if err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
-			h, err := ca.Load(d.CADir())
+			info, h, url := dd.info, dd.ca, dd.url
+			sealer, err := dd.sk.Sealer(seal.InfoToken)
 			if err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
-			if h.Fingerprint() != info.CAFingerprint {
-				return fmt.Errorf("bench seed: the root CA in %s does not match the fingerprint in %s", d.CADir(), d.InfoFile())
-			}
-			sk, err := seal.LoadStorageKey(d.StorageKeyFile())
-			if err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
-			sealer, err := sk.Sealer(seal.InfoToken)
-			if err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
-			url, err := d.StoreURL(info, storeURL)
-			if err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
-			unlock, err := d.Lock()
-			if err != nil {
+			st, logger, closeStore, err := openAuthorityStore(ctx, d, info, dd.sk, url, nil)
+			if errors.Is(err, datadir.ErrLocked) {
 				return fmt.Errorf("bench seed: stop the authority first: %w", err)
-			}
-			defer unlock()
-			st, err := openStore(ctx, url)
-			if err != nil {
+			} else if err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
-			defer st.Close()
-			if err := datadir.CheckStore(ctx, st, d, info, redactURL(url)); err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
-			logger, err := datadir.NewAuditLogger(st, sk, d.CheckpointFile(), nil)
-			if err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
-			if err := logger.CheckHead(ctx); err != nil {
-				return fmt.Errorf("bench seed: %w", err)
-			}
+			defer closeStore()
 			loader, ok := st.(loadgen.SeedLoader)
 			if !ok {
 				return fmt.Errorf("bench seed: the store at %s has no bulk loader", redactURL(url))
