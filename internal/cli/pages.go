@@ -67,10 +67,7 @@ func eachPage[T any](limit int, fetch pager[T], f func([]T) error) error {
 	}
 }
 
-// collectPages returns every item of every page.
-func collectPages[T any](fetch pager[T]) ([]T, error) { return firstItems(0, fetch) }
-
-// firstItems collects the first limit items of fetch's pages; 0: all of them.
+// firstItems collects the first limit items of fetch's pages.
 func firstItems[T any](limit int, fetch pager[T]) ([]T, error) {
 	var all []T
 	err := eachPage(limit, fetch, func(page []T) error {
