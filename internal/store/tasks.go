@@ -40,6 +40,15 @@ type TaskStore interface {
 	// InsertTasks stores several tasks, each queued for its own nodes, in
 	// one transaction: all or none (one send split into pages of nodes).
 	InsertTasks(ctx context.Context, ts []QueuedTask) error
+	// QueueTaskToAll stores t and queues it for every node, in one
+	// transaction: all or none. The nodes are read and queued a page of
+	// pageSize at a time, in node ID order (keyset: one statement a page
+	// both reads the page and queues it), so they are never all in memory;
+	// page is called with each page's node IDs, sorted, before the commit
+	// (it must copy what it keeps: the slice is reused, and what it keeps
+	// is true only once QueueTaskToAll returns nil).
+	// It returns how many nodes were queued; ErrConflict if t's ID exists.
+	QueueTaskToAll(ctx context.Context, t Task, pageSize int, page func(nodeIDs []string)) (int, error)
 	// PendingTasks returns the tasks queued or delivered to nodeID and not
 	// answered, that have not expired by the store clock, oldest first.
 	PendingTasks(ctx context.Context, nodeID string) ([]Task, error)

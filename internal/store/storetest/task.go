@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -86,6 +88,68 @@ func taskCases() []testCase {
 			for n, want := range map[string][]string{"n1": {"p1"}, "n2": {"p1"}, "n3": {"p2"}} {
 				if ids := taskIDs(t, ctx, s, n); !cmp.Equal(ids, want) {
 					t.Fatalf("pending %s = %v, want %v", n, ids, want)
+				}
+			}
+		}},
+		{"a task to all is queued for every node, a page at a time", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			nodes := []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7"}
+			for i, n := range nodes {
+				mustJoin(t, ctx, s, newJoin("", n, "inst-"+n, "k"+strconv.Itoa(i), now))
+			}
+			row := func(id string) store.Task {
+				x := taskRow(id, 0, 0)
+				x.CreatedAt, x.ExpiresAt = now.Truncate(time.Microsecond), now.Add(time.Hour).Truncate(time.Microsecond)
+				return x
+			}
+			for _, size := range []int{1, 3, 7, 100} {
+				id := "all-" + strconv.Itoa(size)
+				var pages [][]string
+				n, err := s.QueueTaskToAll(ctx, row(id), size, func(ids []string) { pages = append(pages, slices.Clone(ids)) })
+				mustNil(t, "QueueTaskToAll "+id, err)
+				if n != len(nodes) {
+					t.Fatalf("page size %d: queued for %d nodes, want %d", size, n, len(nodes))
+				}
+				if got := slices.Concat(pages...); !cmp.Equal(got, nodes) {
+					t.Fatalf("page size %d: pages %v, want %v in order", size, pages, nodes)
+				}
+				for _, p := range pages {
+					if len(p) > size {
+						t.Fatalf("page size %d: a page of %d", size, len(p))
+					}
+				}
+			}
+			for _, n := range nodes {
+				if ids := taskIDs(t, ctx, s, n); !cmp.Equal(ids, []string{"all-1", "all-100", "all-3", "all-7"}) {
+					t.Fatalf("pending %s = %v", n, ids)
+				}
+			}
+			// A taken ID queues nothing more.
+			_, err := s.QueueTaskToAll(ctx, row("all-3"), 2, func([]string) {})
+			wantErr(t, "QueueTaskToAll with a taken ID", err, store.ErrConflict)
+		}},
+		{"concurrent sends to all of one task ID: exactly one stands", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			for i, n := range []string{"n1", "n2", "n3"} {
+				mustJoin(t, ctx, s, newJoin("", n, "inst-"+n, "k"+strconv.Itoa(i), now))
+			}
+			x := taskRow("x", 0, 0)
+			x.CreatedAt, x.ExpiresAt = now.Truncate(time.Microsecond), now.Add(time.Hour).Truncate(time.Microsecond)
+			const n = 6
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() {
+					_, errs[i] = s.QueueTaskToAll(ctx, x, 2, func([]string) {})
+				})
+			}
+			wg.Wait()
+			if ok := successes(t, "send", errs); ok != 1 {
+				t.Fatalf("%d sends stood, want 1", ok)
+			}
+			for _, node := range []string{"n1", "n2", "n3"} {
+				if ids := taskIDs(t, ctx, s, node); !cmp.Equal(ids, []string{"x"}) {
+					t.Fatalf("pending %s = %v, want [x] once", node, ids)
 				}
 			}
 		}},
