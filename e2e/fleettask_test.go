@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,22 +34,15 @@ func TestLabelTaskReachesAFleet(t *testing.T) {
 		startProc(t, n, "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	}
 
-	var sent struct {
-		TaskID  string   `json:"task_id"`
-		TaskIDs []string `json:"task_ids"`
-		NodeIDs []string `json:"node_ids"`
-	}
+	var sent sendAnswer
 	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--label", "pool=gpu", "-o", "json")), &sent); err != nil {
 		t.Fatal(err)
 	}
-	if len(sent.NodeIDs) != 1501 || len(sent.TaskIDs) != 2 || sent.TaskIDs[0] != sent.TaskID {
-		t.Fatalf("task send --label pool=gpu: %d nodes in %d tasks (first %s, task_id %s); want 1,501 nodes in 2 tasks",
-			len(sent.NodeIDs), len(sent.TaskIDs), sent.TaskIDs[0], sent.TaskID)
-	}
-	for _, n := range sent.NodeIDs {
-		if n == "zz-web" {
-			t.Fatal("the node joined with pool=web was selected")
-		}
+	// 1,501: the seeded 1,500 and zz-gpu, not zz-web. The answer lists the
+	// first 1,000 and counts the rest.
+	if sent.NodeCount != 1501 || len(sent.NodeIDs) != 1000 || sent.MoreNodes != 501 || len(sent.TaskIDs) != 2 || sent.TaskIDs[0] != sent.TaskID {
+		t.Fatalf("task send --label pool=gpu: %+v nodes (%d listed) in %d tasks (first %s, task_id %s); want 1,501 nodes, 1,000 listed, in 2 tasks",
+			sent.NodeCount, len(sent.NodeIDs), len(sent.TaskIDs), sent.TaskIDs[0], sent.TaskID)
 	}
 	last := sent.TaskIDs[1]
 	waitFor(t, 15*time.Second, "zz-gpu answers the task of the last page", func() bool {
@@ -68,32 +62,58 @@ func TestLabelTaskReachesAFleet(t *testing.T) {
 	}
 	// A --node list past one task's worth, naming zz-gpu twice (first and
 	// last, so two pages would each name it): zz-gpu is queued once.
+	var fleet []struct {
+		Node string `json:"node"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "agents", "list", "--data", dir, "-o", "json")), &fleet); err != nil {
+		t.Fatal(err)
+	}
 	args := []string{"task", "send", "--data", dir, "--type", "node.report", "-o", "json", "--node", "zz-gpu"}
-	for _, n := range sent.NodeIDs[:1100] {
-		if n != "zz-gpu" {
-			args = append(args, "--node", n)
-		}
+	for _, a := range fleet[:1099] {
+		args = append(args, "--node", a.Node)
 	}
 	args = append(args, "--node", "zz-gpu")
-	var listed struct {
-		TaskIDs []string `json:"task_ids"`
-		NodeIDs []string `json:"node_ids"`
-	}
+	var listed sendAnswer
 	if err := json.Unmarshal([]byte(mustRun(t, args...)), &listed); err != nil {
 		t.Fatal(err)
 	}
-	named := 0
-	for _, n := range listed.NodeIDs {
-		if n == "zz-gpu" {
-			named++
-		}
-	}
-	if len(listed.TaskIDs) != 2 || named != 1 {
-		t.Errorf("task send with zz-gpu named twice among %d nodes: %d tasks, zz-gpu queued %d times; want 2 tasks, once", len(listed.NodeIDs), len(listed.TaskIDs), named)
+	if len(listed.TaskIDs) != 2 || listed.NodeCount != 1100 {
+		t.Errorf("task send with zz-gpu named twice among 1,099 others: %d tasks to %d nodes; want 2 tasks to 1,100 (zz-gpu once)", len(listed.TaskIDs), listed.NodeCount)
 	}
 	// The table form names every task.
 	text := mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--label", "pool=gpu")
-	if !strings.Contains(text, "2 tasks (node.report), one per page of nodes") || strings.Count(text, "\n  ") != 2 {
+	if !strings.Contains(text, "2 tasks (node.report), one per page of nodes") || !strings.Contains(text, "queued for 1501 nodes") ||
+		strings.Count(text, "\n  ") != 2 {
 		t.Errorf("task send prints:\n%s", text)
 	}
+
+	// --all: one task, queued for every node a page at a time; the answer
+	// counts them all and lists the first 1,000 (before, it listed all).
+	var all sendAnswer
+	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--all", "-o", "json")), &all); err != nil {
+		t.Fatal(err)
+	}
+	if all.NodeCount != 1702 || len(all.NodeIDs) != 1000 || all.MoreNodes != 702 || len(all.TaskIDs) != 1 || all.TaskID != all.TaskIDs[0] {
+		t.Fatalf("task send --all: %d nodes, %d listed, %d more, tasks %v; want 1,702 nodes, 1,000 listed, 702 more, one task",
+			all.NodeCount, len(all.NodeIDs), all.MoreNodes, all.TaskIDs)
+	}
+	if !slices.IsSorted(all.NodeIDs) || all.NodeIDs[0] != fleet[0].Node {
+		t.Errorf("task send --all lists %s… ; want the first nodes by ID, from %s", all.NodeIDs[0], fleet[0].Node)
+	}
+	// Both agents, last by ID, are among the nodes not listed: queued all
+	// the same.
+	for n := range agents {
+		waitFor(t, 15*time.Second, n+" answers the task to all", func() bool {
+			return results(t, dir, all.TaskID)[n].Result == "ok"
+		})
+	}
+}
+
+// sendAnswer is task send -o json.
+type sendAnswer struct {
+	TaskID    string   `json:"task_id"`
+	TaskIDs   []string `json:"task_ids"`
+	NodeIDs   []string `json:"node_ids"`
+	NodeCount int      `json:"node_count"`
+	MoreNodes int      `json:"more_nodes"`
 }

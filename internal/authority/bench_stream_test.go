@@ -73,7 +73,7 @@ func BenchmarkTaskFanOut(b *testing.B) {
 	srv := a.srvs[0]
 	b.ResetTimer()
 	for b.Loop() {
-		env, err := srv.queueTask(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{All: true}}, nodes, 10*time.Minute, "bench")
+		env, _, _, err := srv.queueToAll(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{All: true}}, 10*time.Minute, "bench")
 		if err != nil {
 			b.Fatal(err)
 		}

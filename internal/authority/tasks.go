@@ -19,14 +19,34 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// queueTask signs env (its ID, issue time and signer are filled here)
-// with the active signer and queues it for nodes.
-func (s *Server) queueTask(ctx context.Context, env task.Envelope, nodes []string, lifetime time.Duration, actor string) (task.Envelope, error) {
-	envs, err := s.queueTasks(ctx, env, [][]string{nodes}, lifetime, actor)
+// maxListedNodes bounds the node IDs a send's answer lists: the count is
+// always given, the IDs only of the first nodes, so an answer to a fleet
+// stays small (a task to 100,000 nodes listed every ID, about 4 MiB).
+const maxListedNodes = 1000
+
+// allPage is how many nodes a send to all reads and queues at a time: the
+// authority holds one page of node IDs, never the fleet.
+const allPage = 1024
+
+// queueToAll signs env (its ID, issue time and signer are filled here)
+// with the active signer and queues it for every node, a page at a time;
+// it returns the task, how many nodes it was queued for, and the first
+// maxListedNodes of them by ID.
+func (s *Server) queueToAll(ctx context.Context, env task.Envelope, lifetime time.Duration, actor string) (task.Envelope, int, []string, error) {
+	envs, queued, err := s.signTasks(ctx, env, [][]string{nil}, lifetime, actor)
 	if err != nil {
-		return task.Envelope{}, err
+		return task.Envelope{}, 0, nil, err
 	}
-	return envs[0], nil
+	var listed []string
+	n, err := s.store.QueueTaskToAll(ctx, queued[0].Task, allPage, func(page []string) {
+		if room := maxListedNodes - len(listed); room > 0 {
+			listed = append(listed, page[:min(room, len(page))]...)
+		}
+	})
+	if err != nil {
+		return task.Envelope{}, 0, nil, err
+	}
+	return envs[0], n, listed, nil
 }
 
 // queueTasks signs one task per page of nodes with the active signer, the
@@ -34,13 +54,22 @@ func (s *Server) queueTask(ctx context.Context, env task.Envelope, nodes []strin
 // env targets node IDs, the page as its signed target; the tasks are
 // queued in one transaction, all or none.
 func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]string, lifetime time.Duration, actor string) ([]task.Envelope, error) {
-	now, err := s.store.Now(ctx)
+	envs, queued, err := s.signTasks(ctx, env, pages, lifetime, actor)
 	if err != nil {
 		return nil, err
 	}
+	return envs, s.store.InsertTasks(ctx, queued)
+}
+
+// signTasks signs one task per page of nodes, as queueTasks queues them.
+func (s *Server) signTasks(ctx context.Context, env task.Envelope, pages [][]string, lifetime time.Duration, actor string) ([]task.Envelope, []store.QueuedTask, error) {
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
 	version, sign, err := s.signers.ActiveSigner(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	env.SignerVersionID = version
 	env.IssuedAt = now.UTC().Truncate(time.Second)
@@ -58,19 +87,20 @@ func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]st
 		}
 		signed, err := e.Sign(sign)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		envs = append(envs, e)
 		queued = append(queued, store.QueuedTask{Task: store.Task{ID: e.TaskID, Type: e.TaskType, SignerVersionID: version, Signed: signed,
 			CreatedBy: actor, CreatedAt: now, ExpiresAt: e.ExpiresAt}, NodeIDs: nodes})
 	}
-	return envs, s.store.InsertTasks(ctx, queued)
+	return envs, queued, nil
 }
 
-// nodesFor resolves a target to node IDs: every node, the named ones
+// nodesFor resolves a target other than all to node IDs: the named ones
 // (each must exist; a node named twice is queued once — split into
 // pages, it would otherwise be named by two tasks, and run both), or
-// those whose join token carries every label (one query).
+// those whose join token carries every label (one query). A send to all
+// never holds the fleet's IDs: queueToAll reads them a page at a time.
 func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) {
 	if len(t.NodeIDs) > 0 {
 		ids := slices.Clone(t.NodeIDs)
@@ -85,18 +115,7 @@ func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) 
 		}
 		return ids, nil
 	}
-	if !t.All {
-		return s.store.NodesWithLabels(ctx, t.Labels)
-	}
-	nodes, err := s.store.ListNodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(nodes))
-	for _, n := range nodes {
-		out = append(out, n.ID)
-	}
-	return out, nil
+	return s.store.NodesWithLabels(ctx, t.Labels)
 }
 
 func (a *adminService) SendTask(ctx context.Context, req *musterv1.SendTaskRequest) (*musterv1.SendTaskResponse, error) {
@@ -118,6 +137,19 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		return nil, "", badRequest(fmt.Sprintf("expires must be at most %s", task.MaxLifetime))
 	}
 	target := task.Target{NodeIDs: req.NodeIds, Labels: req.Labels, All: req.All}
+	if req.All {
+		// The envelope's own check reports malformed input before
+		// anything is signed or read.
+		if err := checkEnvelope(task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}, lifetime); err != nil {
+			return nil, "", err
+		}
+		env, n, listed, err := a.s.queueToAll(ctx, task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}, lifetime,
+			callerFrom(ctx).Actor())
+		if err != nil {
+			return nil, "", err
+		}
+		return sendAnswer([]task.Envelope{env}, n, listed), fmt.Sprintf("task %s %s to %d nodes", env.TaskID, req.TaskType, n), nil
+	}
 	nodes, err := a.s.nodesFor(ctx, target)
 	if err != nil {
 		return nil, "", err
@@ -132,24 +164,12 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	}
 	env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}
 	// A node list (named or selected) longer than one signed task may hold
-	// is sent as one task per page, each naming its nodes; --all is one
-	// task every agent accepts.
-	pages := [][]string{nodes}
-	if len(target.NodeIDs) > 0 {
-		pages = env.Pages(nodes)
-	}
-	// The envelope's own check reports malformed input before anything is
-	// signed.
+	// is sent as one task per page, each naming its nodes.
+	pages := env.Pages(nodes)
 	probe := env
-	probe.TaskID, probe.SignerVersionID, probe.IssuedAt, probe.ExpiresAt = uuid.NewString(), "v1", time.Now(), time.Now().Add(lifetime)
-	if len(target.NodeIDs) > 0 {
-		probe.Target = task.Target{NodeIDs: pages[0]}
-	}
-	if probe.Params == nil {
-		probe.Params = map[string]string{}
-	}
-	if err := probe.Check(); err != nil {
-		return nil, "", badRequest(err.Error())
+	probe.Target = task.Target{NodeIDs: pages[0]}
+	if err := checkEnvelope(probe, lifetime); err != nil {
+		return nil, "", err
 	}
 	envs, err := a.s.queueTasks(ctx, env, pages, lifetime, callerFrom(ctx).Actor())
 	if errors.Is(err, task.ErrMalformed) {
@@ -158,16 +178,37 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	} else if err != nil {
 		return nil, "", err
 	}
-	resp := &musterv1.SendTaskResponse{TaskId: envs[0].TaskID, NodeIds: nodes, SignerVersionId: envs[0].SignerVersionID,
-		ExpiresAt: timestamppb.New(envs[0].ExpiresAt)}
-	for _, e := range envs {
-		resp.TaskIds = append(resp.TaskIds, e.TaskID)
-	}
 	what := fmt.Sprintf("task %s %s to %d nodes", envs[0].TaskID, req.TaskType, len(nodes))
 	if len(envs) > 1 {
 		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %d nodes", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, len(nodes))
 	}
-	return resp, what, nil
+	return sendAnswer(envs, len(nodes), nodes[:min(len(nodes), maxListedNodes)]), what, nil
+}
+
+// checkEnvelope runs the envelope's own check on env as it would be
+// signed (an ID, a signer, the times filled), so malformed input is
+// refused before anything is signed or queued.
+func checkEnvelope(env task.Envelope, lifetime time.Duration) error {
+	env.TaskID, env.SignerVersionID, env.IssuedAt, env.ExpiresAt = uuid.NewString(), "v1", time.Now(), time.Now().Add(lifetime)
+	if env.Params == nil {
+		env.Params = map[string]string{}
+	}
+	if err := env.Check(); err != nil {
+		return badRequest(err.Error())
+	}
+	return nil
+}
+
+// sendAnswer is a send's answer: every task, how many nodes they were
+// queued for, and listed, the first of those nodes (at most
+// maxListedNodes).
+func sendAnswer(envs []task.Envelope, queued int, listed []string) *musterv1.SendTaskResponse {
+	resp := &musterv1.SendTaskResponse{TaskId: envs[0].TaskID, NodeIds: listed, SignerVersionId: envs[0].SignerVersionID,
+		ExpiresAt: timestamppb.New(envs[0].ExpiresAt), NodeCount: int64(queued)}
+	for _, e := range envs {
+		resp.TaskIds = append(resp.TaskIds, e.TaskID)
+	}
+	return resp
 }
 
 // queueRotation sends node.rotate_signing_key for a staged signer to every
@@ -176,10 +217,6 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 // verifier set).
 func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor string) {
 	err := func() error {
-		nodes, err := s.nodesFor(ctx, task.Target{All: true})
-		if err != nil || len(nodes) == 0 {
-			return err
-		}
 		now, err := s.store.Now(ctx)
 		if err != nil {
 			return err
@@ -187,11 +224,11 @@ func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor 
 		lifetime := min(staged.EffectiveAt.Sub(now), task.MaxLifetime)
 		env := task.Envelope{TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true},
 			Params: task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil)}
-		env, err = s.queueTask(ctx, env, nodes, lifetime, actor)
+		env, n, _, err := s.queueToAll(ctx, env, lifetime, actor)
 		if err != nil {
 			return err
 		}
-		s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, len(nodes)),
+		s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, n),
 			Result: audit.ResultOK, Reason: "rollout of signer " + staged.VersionID})
 		return nil
 	}()

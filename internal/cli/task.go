@@ -88,34 +88,39 @@ select by --label.`,
 				return fmt.Errorf("task send: %w", err)
 			}
 			resp, err := callAdmin(cmd, env, &af, "task send", func(ctx context.Context, c *adminClient) (*musterv1.SendTaskResponse, error) {
-				// The answer lists every node queued: 100,000 nodes with
-				// long IDs pass gRPC's default 4 MiB, and the tasks are
-				// queued by then.
+				// The answer lists the first 1,000 nodes queued; an
+				// authority from before node_count lists every one, and
+				// 100,000 long IDs pass gRPC's default 4 MiB after the
+				// tasks are queued.
 				return c.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: typ, NodeIds: nodes, Labels: lm, All: all, Params: pm,
 					Expires: durationpb.New(expires)}, grpc.MaxCallRecvMsgSize(maxSendTaskAnswer))
 			})
 			if err != nil {
 				return err
 			}
+			queued := queuedNodes(resp)
 			if out.json() {
 				return out.write(env.Stdout, struct {
 					TaskID          string    `json:"task_id"`
 					TaskIDs         []string  `json:"task_ids"`
 					NodeIDs         []string  `json:"node_ids"`
+					NodeCount       int       `json:"node_count"`
+					MoreNodes       int       `json:"more_nodes"`
 					SignerVersionID string    `json:"signer_version_id"`
 					ExpiresAt       time.Time `json:"expires_at"`
-				}{resp.GetTaskId(), taskIDs(resp), resp.GetNodeIds(), resp.GetSignerVersionId(), resp.GetExpiresAt().AsTime().UTC()})
+				}{resp.GetTaskId(), taskIDs(resp), resp.GetNodeIds(), queued, queued - len(resp.GetNodeIds()), resp.GetSignerVersionId(),
+					resp.GetExpiresAt().AsTime().UTC()})
 			}
 			until := resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
 			if ids := taskIDs(resp); len(ids) > 1 {
 				fmt.Fprintf(env.Stdout, "%d tasks (%s), one per page of nodes, signed by %s, queued for %d nodes until %s:\n", len(ids), typ,
-					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+					resp.GetSignerVersionId(), queued, until)
 				for _, id := range ids {
 					fmt.Fprintf(env.Stdout, "  %s\n", id)
 				}
 			} else {
 				fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
-					resp.GetSignerVersionId(), len(resp.GetNodeIds()), until)
+					resp.GetSignerVersionId(), queued, until)
 			}
 			fmt.Fprintln(env.Stdout, "Results: muster audit list --action task.result")
 			return nil
@@ -135,8 +140,9 @@ select by --label.`,
 	return cmd
 }
 
-// maxSendTaskAnswer bounds the answer of task send: about a million node
-// IDs of 63 characters.
+// maxSendTaskAnswer bounds the answer of task send from an authority from
+// before node_count, which listed every node: about a million node IDs
+// of 63 characters. A current authority's answer lists 1,000 at most.
 const maxSendTaskAnswer = 64 << 20
 
 // taskIDs is every task of a send; an authority from before pages sends
@@ -146,4 +152,13 @@ func taskIDs(resp *musterv1.SendTaskResponse) []string {
 		return ids
 	}
 	return []string{resp.GetTaskId()}
+}
+
+// queuedNodes is how many nodes a send was queued for: node_count, or, from
+// an authority from before it, the node IDs it listed (all of them).
+func queuedNodes(resp *musterv1.SendTaskResponse) int {
+	if n := resp.GetNodeCount(); n > 0 {
+		return int(n)
+	}
+	return len(resp.GetNodeIds())
 }

@@ -301,7 +301,7 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 			req.NodeIds = st.nodes
 		}
 		resp, err := st.admin.SendTask(ctx, req)
-		f := FanOut{Send: time.Since(p.start), Queued: len(resp.GetNodeIds())}
+		f := FanOut{Send: time.Since(p.start), Queued: int(resp.GetNodeCount())}
 		if err != nil {
 			return nil, fmt.Errorf("loadgen: send task %d: %w", k, err)
 		}

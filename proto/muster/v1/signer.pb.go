@@ -591,14 +591,19 @@ type SendTaskResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// task_id: the first (often the only) task of the send.
 	TaskId string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	// node_ids: the nodes the task was queued for.
+	// node_ids: the nodes the task was queued for, the first 1,000 by ID
+	// at most; node_count says how many there are in all. (An authority
+	// from before node_count listed every node and left it 0.)
 	NodeIds         []string               `protobuf:"bytes,2,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
 	SignerVersionId string                 `protobuf:"bytes,3,opt,name=signer_version_id,json=signerVersionId,proto3" json:"signer_version_id,omitempty"`
 	ExpiresAt       *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// task_ids: every task of the send, task_id first. A selection of more
 	// nodes than one signed task may name (1,024, or fewer long IDs within
 	// 64 KiB) is sent as one task per page of nodes, each naming its own.
-	TaskIds       []string `protobuf:"bytes,5,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
+	TaskIds []string `protobuf:"bytes,5,rep,name=task_ids,json=taskIds,proto3" json:"task_ids,omitempty"`
+	// node_count: how many nodes the send was queued for, all of them, of
+	// which node_ids lists the first.
+	NodeCount     int64 `protobuf:"varint,6,opt,name=node_count,json=nodeCount,proto3" json:"node_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -666,6 +671,13 @@ func (x *SendTaskResponse) GetTaskIds() []string {
 		return x.TaskIds
 	}
 	return nil
+}
+
+func (x *SendTaskResponse) GetNodeCount() int64 {
+	if x != nil {
+		return x.NodeCount
+	}
+	return 0
 }
 
 // AgentStreamStatus is what the authority last knew of an agent's stream.
@@ -797,14 +809,16 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a9\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe7\x01\n" +
 	"\x10SendTaskResponse\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x19\n" +
 	"\bnode_ids\x18\x02 \x03(\tR\anodeIds\x12*\n" +
 	"\x11signer_version_id\x18\x03 \x01(\tR\x0fsignerVersionId\x129\n" +
 	"\n" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
-	"\btask_ids\x18\x05 \x03(\tR\ataskIds\"\xe1\x01\n" +
+	"\btask_ids\x18\x05 \x03(\tR\ataskIds\x12\x1d\n" +
+	"\n" +
+	"node_count\x18\x06 \x01(\x03R\tnodeCount\"\xe1\x01\n" +
 	"\x11AgentStreamStatus\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
