@@ -56,9 +56,7 @@ func (a *adminService) record(ctx context.Context, action, target string, err er
 		}
 		e.Reason = status.Convert(err).Message()
 	}
-	if _, werr := a.s.audit.Record(context.WithoutCancel(ctx), e); werr != nil {
-		a.s.log.Error("audit write failed", "action", action, "err", werr)
-	}
+	_ = a.s.recordAudit(ctx, e)
 }
 
 func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusRequest) (*musterv1.GetStatusResponse, error) {

@@ -81,11 +81,9 @@ func (s *Server) cleanTokensOnce(ctx context.Context) {
 		return
 	}
 	s.log.Info("deleted expired tokens", "count", len(ids))
-	if _, err := s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "token.cleanup",
+	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "token.cleanup",
 		Target: strings.Join(ids, ","), Result: audit.ResultOK,
-		Reason: fmt.Sprintf("%d tokens expired more than %s ago", len(ids), tokenRetention)}); err != nil {
-		s.log.Error("audit write failed", "action", "token.cleanup", "err", err)
-	}
+		Reason: fmt.Sprintf("%d tokens expired more than %s ago", len(ids), tokenRetention)})
 }
 
 // cleanTicketUses drops the records of referral tickets past expiry and

@@ -285,11 +285,9 @@ func (d *discoveryLink) register(ctx context.Context) error {
 	}
 	if resp.GetChanged() {
 		d.s.log.Info("registered with discovery", "discovery", d.cfg.Address, "version", resp.GetVersion(), "endpoints", reg.Endpoints)
-		if _, err := d.s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "discovery.register",
+		_ = d.s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "discovery.register",
 			Target: d.cfg.Address, Result: audit.ResultOK,
-			Reason: fmt.Sprintf("version %d, endpoints %v", resp.GetVersion(), reg.Endpoints)}); err != nil {
-			d.s.log.Error("audit write failed", "action", "discovery.register", "err", err)
-		}
+			Reason: fmt.Sprintf("version %d, endpoints %v", resp.GetVersion(), reg.Endpoints)})
 	}
 	return nil
 }

@@ -41,10 +41,8 @@ func (s *Server) revokeExpiredGracePSKs(ctx context.Context) error {
 		return err
 	}
 	s.log.Info("revoked bootstrap PSKs whose grace ended", "psk_ids", ids)
-	if _, err := s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "psk.expire",
-		Target: "psk " + strings.Join(ids, ","), Result: audit.ResultOK, Reason: "grace period ended"}); err != nil {
-		s.log.Error("audit write failed", "action", "psk.expire", "err", err)
-	}
+	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "psk.expire",
+		Target: "psk " + strings.Join(ids, ","), Result: audit.ResultOK, Reason: "grace period ended"})
 	return nil
 }
 

@@ -110,6 +110,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var ia invalidArgument
 	var ref *enroll.Refusal
 	switch {
+	case errors.As(err, new(auditFailed)):
+		// Logged where it failed, once.
+		if errors.Is(err, store.ErrUnavailable) {
+			return status.Error(codes.Unavailable, "the authority cannot write to its store now; retry later")
+		}
+		return status.Errorf(codes.Internal, "internal error (correlation id %s)", callerFrom(ctx).CorrelationID)
 	case errors.As(err, &ref):
 		code := refusalCodes[ref.Kind]
 		return errinfo.Error(code, ref.Reason, refusalReason(code, ref.Reason))

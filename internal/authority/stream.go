@@ -326,7 +326,7 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	if state != store.TaskOK {
 		result = audit.ResultDenied
 	}
-	s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
+	_ = s.recordAudit(ctx, audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
 		Target: r.GetTaskId(), Result: result, Reason: fmt.Sprintf("%s by signer %s: %s", state, r.GetSignerVersionId(), detail)})
 }
 

@@ -228,7 +228,7 @@ func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor 
 		if err != nil {
 			return err
 		}
-		s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, n),
+		_ = s.recordAudit(ctx, audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, n),
 			Result: audit.ResultOK, Reason: "rollout of signer " + staged.VersionID})
 		return nil
 	}()

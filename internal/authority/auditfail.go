@@ -1,0 +1,32 @@
+package authority
+
+import (
+	"context"
+
+	"github.com/muster-dev/muster/internal/audit"
+)
+
+// auditFailed is an audit write that failed and has been logged where it
+// failed (recordAudit). Returned up a request, toStatus answers it as an
+// internal error (unavailable when the store is) without logging it a
+// second time: before, the operator read one failure as two, the second
+// without the record's target.
+type auditFailed struct{ err error }
+
+func (e auditFailed) Error() string { return e.err.Error() }
+func (e auditFailed) Unwrap() error { return e.err }
+
+// recordAudit writes e, even when the caller has gone. A failure is logged
+// here, once, with what the operator needs to find the gap in the chain:
+// the record's action and target, and the request's correlation ID.
+func (s *Server) recordAudit(ctx context.Context, e audit.Event) error {
+	if _, err := s.audit.Record(context.WithoutCancel(ctx), e); err != nil {
+		id := e.CorrelationID
+		if id == "" {
+			id = callerFrom(ctx).CorrelationID
+		}
+		s.log.Error("audit record not written", "action", e.Action, "target", e.Target, "correlation_id", id, "err", err)
+		return auditFailed{err}
+	}
+	return nil
+}
