@@ -27,7 +27,7 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 		t.Errorf("a negative cap: %q", msg)
 	}
 	a := startAuthority(t, dir)
-	if !strings.Contains(a.Logs(), `"max_connections":6`) {
+	if !strings.Contains(a.Logs(), `"max_connections":6,"open_file_limit":"`) {
 		t.Errorf("the start log does not name the cap:\n%s", a.Logs())
 	}
 	// The sources are 127.0.0.1 and 127.0.0.2: the cap is across them.

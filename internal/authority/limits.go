@@ -1,6 +1,11 @@
 package authority
 
-import "time"
+import (
+	"strconv"
+	"time"
+
+	"github.com/muster-dev/muster/internal/listener"
+)
 
 // The unauthenticated RPCs allow each source a burst of 20 requests and 5
 // per second after it: ample for a fleet behind one NAT rebooting at once,
@@ -30,3 +35,13 @@ const (
 // framer makes one more in-memory read per frame. (Write buffers are
 // shared by gRPC already: a connection holds one only while it writes.)
 const streamReadBuffer = 0
+
+// openFileLimit is the open-file limit this process runs with, for the
+// start log beside the cap it applies: --check-config reads its own
+// process's, which a service manager may set otherwise (LimitNOFILE).
+func openFileLimit() string {
+	if n, ok := listener.FileLimit(); ok {
+		return strconv.FormatUint(n, 10)
+	}
+	return "unknown"
+}

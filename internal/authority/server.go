@@ -451,7 +451,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
 		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
-		"max_connections", s.conns.Max())
+		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit())
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}

@@ -41,6 +41,10 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 		limit += " (default: the open-file limit less 256, at least half of it)"
 	}
 	row("limits.max_connections", limit)
+	// The cap's default comes from the open-file limit of the process that
+	// reads it: this command's, here, which a service manager may set
+	// otherwise for the authority it starts.
+	row("open_file_limit", openFileLimit())
 	row("discovery.address", o.discovery)
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)
@@ -58,4 +62,15 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("log.format", format)
 	row("log.level", o.logLevel)
 	return nil
+}
+
+// openFileLimit says the open-file limit --check-config read and that the
+// running authority reads its own.
+func openFileLimit() string {
+	const own = "this command's: the authority reads its own at start (LimitNOFILE in its systemd unit, its container's ulimit) and logs the cap it applies (max_connections in \"authority started\")"
+	n, ok := listener.FileLimit()
+	if !ok {
+		return fmt.Sprintf("unknown (the default cap is then %d); %s", listener.DefaultMaxConnsUnknown, own)
+	}
+	return fmt.Sprintf("%d, %s", n, own)
 }

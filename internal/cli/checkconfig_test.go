@@ -5,8 +5,11 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/listener"
 )
 
 func runCLIEnv(t *testing.T, vars map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -53,6 +56,7 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 			"bound_keypair.recoveries_warn_at: 3", "bound_keypair.cert_ttl: 2h0m0s", "discovery.address:     disc.example:7450",
 			"discovery.register_every: 10m0s", "log.format:            text"}},
 		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
+		{"the open-file limit the cap's default came from, and that it is this command's", nil, nil, []string{"open_file_limit:       " + fileLimit(t) + ", this command's: the authority reads its own at start (LimitNOFILE"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 	}
 	for _, tt := range tests {
@@ -75,6 +79,15 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fileLimit is this process's open-file limit as --check-config prints it.
+func fileLimit(t *testing.T) string {
+	n, ok := listener.FileLimit()
+	if !ok {
+		return "unknown"
+	}
+	return strconv.FormatUint(n, 10)
 }
 
 // TestAuthorityConfigErrors: a bad setting names the setting (by its path

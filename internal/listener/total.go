@@ -51,6 +51,12 @@ func DefaultMaxConns() int {
 	return maxConnsFor(n)
 }
 
+// FileLimit is this process's open-file limit, from which DefaultMaxConns
+// is computed, and whether it could be read. Another process's may differ:
+// a service manager sets its own (LimitNOFILE in a systemd unit, a
+// container's ulimit).
+func FileLimit() (uint64, bool) { return fileLimit() }
+
 // DefaultMaxConnsUnknown is the cap where the open-file limit cannot be
 // read.
 const DefaultMaxConnsUnknown = 10_000
