@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -45,8 +46,7 @@ type TaskStore interface {
 	// pageSize at a time, in node ID order (keyset: one statement a page
 	// both reads the page and queues it), so they are never all in memory;
 	// page is called with each page's node IDs, sorted, before the commit
-	// (it must copy what it keeps: the slice is reused, and what it keeps
-	// is true only once QueueTaskToAll returns nil).
+	// (what it keeps is true only once QueueTaskToAll returns nil).
 	// It returns how many nodes were queued; ErrConflict if t's ID exists.
 	QueueTaskToAll(ctx context.Context, t Task, pageSize int, page func(nodeIDs []string)) (int, error)
 	// PendingTasks returns the tasks queued or delivered to nodeID and not
@@ -60,4 +60,26 @@ type TaskStore interface {
 	// answered already (of two answers, the first stands), ErrNotFound if
 	// the task was never queued for nodeID.
 	RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string) error
+}
+
+// QueueInPages is the keyset loop of QueueTaskToAll, the same for every
+// backend: next queues the page of at most size nodes after a node ID and
+// returns their IDs, in any order; page is told each page sorted. It
+// returns how many nodes were queued.
+func QueueInPages(size int, next func(after string) ([]string, error), page func(nodeIDs []string)) (int, error) {
+	total := 0
+	for after := ""; ; {
+		ids, err := next(after)
+		if err != nil || len(ids) == 0 {
+			return total, err
+		}
+		// RETURNING does not promise the SELECT's order.
+		slices.Sort(ids)
+		page(ids)
+		total += len(ids)
+		if len(ids) < size {
+			return total, nil
+		}
+		after = ids[len(ids)-1]
+	}
 }

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,41 +22,20 @@ const queueAllPage = `INSERT INTO task_deliveries (task_id, node_id, state, upda
 func (s *Store) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string)) (int, error) {
 	total := 0
 	err := s.inTx(ctx, "queue task to all", func(tx pgx.Tx) error {
-		total = 0
-		if _, err := tx.Exec(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+		if _, err := tx.Exec(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
+			timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 			return wrap("insert task", err)
 		}
-		ids := make([]string, 0, pageSize)
-		for after := ""; ; {
+		var err error
+		total, err = store.QueueInPages(pageSize, func(after string) ([]string, error) {
 			rows, err := tx.Query(ctx, queueAllPage, t.ID, after, pageSize)
 			if err != nil {
-				return wrap("queue task to all", err)
+				return nil, wrap("queue task to all", err)
 			}
-			ids = ids[:0]
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return wrap("queue task to all", err)
-				}
-				ids = append(ids, id)
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return wrap("queue task to all", err)
-			}
-			if len(ids) == 0 {
-				break
-			}
-			// RETURNING does not promise the SELECT's order.
-			slices.Sort(ids)
-			page(ids)
-			total += len(ids)
-			if len(ids) < pageSize {
-				break
-			}
-			after = ids[len(ids)-1]
+			return collect(rows, "queue task to all", func(r pgx.Row) (id string, err error) { return id, r.Scan(&id) })
+		}, page)
+		if err != nil {
+			return err
 		}
 		// Every node: the kind alone, delivered on commit.
 		return notifyTx(ctx, tx, store.ChangeTasks)

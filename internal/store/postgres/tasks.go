@@ -12,6 +12,10 @@ import (
 
 const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.created_by, t.created_at, t.expires_at`
 
+// insertTask stores a task's row (its deliveries apart).
+const insertTask = `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
 // InsertTask stores a task and its deliveries in one transaction.
 func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
 	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
@@ -22,8 +26,7 @@ func (s *Store) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
 	return s.inTx(ctx, "insert task", func(tx pgx.Tx) error {
 		for _, q := range ts {
 			t := q.Task
-			if _, err := tx.Exec(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-				VALUES ($1, $2, $3, $4, $5, $6, $7)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+			if _, err := tx.Exec(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 				return wrap("insert task", err)
 			}
 			// One statement per task, not one per node: a task to a fleet

@@ -2,7 +2,6 @@ package sqlite
 
 import (
 	"context"
-	"slices"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -18,44 +17,19 @@ const queueAllPage = `INSERT INTO task_deliveries (task_id, node_id, state, upda
 func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string)) (int, error) {
 	total := 0
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		total = 0
-		if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+		if _, err := tx.ExecContext(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
+			timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 			return wrap("insert task", err)
 		}
-		ids := make([]string, 0, pageSize)
-		for after := ""; ; {
+		var err error
+		total, err = store.QueueInPages(pageSize, func(after string) ([]string, error) {
 			rows, err := tx.QueryContext(ctx, queueAllPage, t.ID, after, pageSize)
 			if err != nil {
-				return wrap("queue task to all", err)
+				return nil, wrap("queue task to all", err)
 			}
-			ids = ids[:0]
-			for rows.Next() {
-				var id string
-				if err := rows.Scan(&id); err != nil {
-					rows.Close()
-					return wrap("queue task to all", err)
-				}
-				ids = append(ids, id)
-			}
-			if err := rows.Close(); err != nil {
-				return wrap("queue task to all", err)
-			}
-			if err := rows.Err(); err != nil {
-				return wrap("queue task to all", err)
-			}
-			if len(ids) == 0 {
-				return nil
-			}
-			// RETURNING does not promise the SELECT's order.
-			slices.Sort(ids)
-			page(ids)
-			total += len(ids)
-			if len(ids) < pageSize {
-				return nil
-			}
-			after = ids[len(ids)-1]
-		}
+			return collect(rows, "queue task to all", func(r scanner) (id string, err error) { return id, r.Scan(&id) })
+		}, page)
+		return err
 	})
 	if err != nil {
 		return 0, err

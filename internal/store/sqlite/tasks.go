@@ -11,6 +11,10 @@ import (
 
 const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.created_by, t.created_at, t.expires_at`
 
+// insertTask stores a task's row (its deliveries apart).
+const insertTask = `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
+	VALUES (?, ?, ?, ?, ?, ?, ?)`
+
 // InsertTask stores a task and its deliveries in one write transaction.
 func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
 	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
@@ -21,8 +25,7 @@ func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		for _, q := range ts {
 			t := q.Task
-			if _, err := tx.ExecContext(ctx, `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
-				VALUES (?, ?, ?, ?, ?, ?, ?)`, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
+			if _, err := tx.ExecContext(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 				return wrap("insert task", err)
 			}
 			for _, n := range q.NodeIDs {
