@@ -146,7 +146,7 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		env, n, listed, err := a.s.queueToAll(ctx, task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}, lifetime,
 			callerFrom(ctx).Actor())
 		if err != nil {
-			return nil, "", err
+			return nil, "", signedRefusal(err)
 		}
 		return sendAnswer([]task.Envelope{env}, n, listed), fmt.Sprintf("task %s %s to %d nodes", env.TaskID, req.TaskType, n), nil
 	}
@@ -172,17 +172,23 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		return nil, "", err
 	}
 	envs, err := a.s.queueTasks(ctx, env, pages, lifetime, callerFrom(ctx).Actor())
-	if errors.Is(err, task.ErrMalformed) {
-		// Signed, it is larger than an agent accepts.
-		return nil, "", badRequest(err.Error())
-	} else if err != nil {
-		return nil, "", err
+	if err != nil {
+		return nil, "", signedRefusal(err)
 	}
 	what := fmt.Sprintf("task %s %s to %d nodes", envs[0].TaskID, req.TaskType, len(nodes))
 	if len(envs) > 1 {
 		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %d nodes", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, len(nodes))
 	}
 	return sendAnswer(envs, len(nodes), nodes[:min(len(nodes), maxListedNodes)]), what, nil
+}
+
+// signedRefusal refuses a task that, signed, is larger than an agent
+// accepts, as bad input; other errors pass.
+func signedRefusal(err error) error {
+	if errors.Is(err, task.ErrMalformed) {
+		return badRequest(err.Error())
+	}
+	return err
 }
 
 // checkEnvelope runs the envelope's own check on env as it would be
