@@ -29,7 +29,8 @@ func TestGoldenText(t *testing.T) {
 	id, td := authorityIdentity(t, dir)
 	normalize := strings.NewReplacer(runtime.Version(), "GOVERSION", runtime.GOOS+"/"+runtime.GOARCH, "PLATFORM",
 		dir, "DIR", id, "AUTHORITY_ID", td, "TRUST_DOMAIN",
-		fmt.Sprintf(" %d (api and bootstrap listeners together)", listener.DefaultMaxConns()), " MAX_CONNECTIONS (api and bootstrap listeners together)")
+		fmt.Sprintf(" %d (api and bootstrap listeners together)", listener.DefaultMaxConns()), " MAX_CONNECTIONS (api and bootstrap listeners together)",
+		"open_file_limit:       "+fileLimit(t)+",", "open_file_limit:       OPEN_FILE_LIMIT,")
 	tests := []struct {
 		name string
 		args []string
