@@ -193,7 +193,7 @@ func TestJoinRoundTripsPostgres(t *testing.T) {
 	// recovery was 8 and a rotating refresh 10 before their claims went
 	// into the batches.
 	budget := map[string]int{"token join": 5, "PSK join": 6, "renewal": 4, "bound-keypair recovery": 7,
-		"bound-keypair refresh with rotation": 8}
+		"bound-keypair refresh with rotation": 5}
 	count := func(op string, f func()) {
 		f()
 		var lines []string

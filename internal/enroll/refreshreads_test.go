@@ -2,6 +2,7 @@ package enroll
 
 import (
 	"context"
+	"crypto/ed25519"
 	"sync"
 	"testing"
 
@@ -43,15 +44,21 @@ func (c *countingStore) FindAnyLock(ctx context.Context, targets []store.LockTar
 	return c.Store.FindAnyLock(ctx, targets)
 }
 
+func (c *countingStore) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
+	c.count("ReadRenewal")
+	return c.Store.ReadRenewal(ctx, serial, keys)
+}
+
 func (c *countingStore) ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error) {
 	c.count("ListResyncEpochs")
 	return c.Store.ListResyncEpochs(ctx)
 }
 
-// TestBoundKeypairRefreshReadsOnce: a refresh reads the certificate record
-// and the instance once, and checks every lock (the join's and the
-// renewal's) in one query; a lock only the renewal used to check (on the
-// instance) still refuses it.
+// TestBoundKeypairRefreshReadsOnce: a refresh reads the certificate record,
+// the instance, the node and every lock (the join's and the renewal's) in
+// one read, ReadRenewal (one round trip on PostgreSQL; four reads before);
+// a lock only the renewal used to check (on the instance) still refuses
+// it, and so does one only the join checks (on the bound key).
 func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 	b := newBKEnv(t, 1, boundkeypair.ModeStandard)
 	first, _ := b.register(t)
@@ -70,7 +77,7 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 	if err != nil || res.InstanceID != first.InstanceID {
 		t.Fatalf("refresh: %+v, %v", res, err)
 	}
-	want := map[string]int{"GetCertificate": 1, "GetInstance": 1, "GetNode": 1, "FindAnyLock": 1}
+	want := map[string]int{"ReadRenewal": 1, "GetCertificate": 0, "GetInstance": 0, "GetNode": 0, "FindAnyLock": 0}
 	for name, n := range want {
 		if c.calls[name] != n {
 			t.Errorf("%s called %d times in a refresh, want %d (all: %v)", name, c.calls[name], n, c.calls)
@@ -81,6 +88,19 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 	}
 
 	if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-i", Kind: store.LockInstance, Target: first.InstanceID,
+		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = refresh()
+	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
+	if err := b.st.DeleteLock(t.Context(), "lock-i"); err != nil {
+		t.Fatal(err)
+	}
+	bound, err := boundkeypair.NewPublicKey(b.priv.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-k", Kind: store.LockPublicKey, Target: bound.Fingerprint(),
 		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}); err != nil {
 		t.Fatal(err)
 	}
