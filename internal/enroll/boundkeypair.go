@@ -393,9 +393,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			return a, err
 		}
 	}
-	if !att.Clean(st) && !att.Rebind {
+	if !att.Clean(st) && !att.Rebind && ep.Ordinal == nil {
 		// Every join but a refresh with the current document may need
-		// the epochs: a recovery records the current one.
+		// the epochs: a recovery records the current one. Unless
+		// rebindable read them already (epochs always makes Ordinal):
+		// a join that offered a key the window did not rebind.
 		if ep, err = s.epochs(ctx, now); err != nil {
 			return a, err
 		}

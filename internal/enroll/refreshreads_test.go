@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
@@ -106,4 +107,29 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 	}
 	_, err = refresh()
 	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
+}
+
+// TestBoundKeypairDeclinedRebindReadsEpochsOnce: a join that offers a key
+// other than the bound one, inside a window that does not rebind it (its
+// document predates the token's binding), is challenged with the bound
+// key and judged with the epochs rebindable already read: one read of
+// them, not two.
+func TestBoundKeypairDeclinedRebindReadsEpochsOnce(t *testing.T) {
+	b := newBKEnv(t, 5, boundkeypair.ModeStandard)
+	b.register(t)
+	b.openWindow(t, "ep-1")
+	c := &countingStore{Store: b.svc.cfg.Store, calls: map[string]int{}}
+	b.svc.cfg.Store = c
+	_, key := newKey(t)
+	_, der := csr(t)
+	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+		CSR: der, JoinState: b.signedFor(t, key, 1, time.Now().Add(-time.Hour)), PublicKey: key.String()}, answerWith(b.priv))
+	// The bound key answered, with a document at the token's sequence:
+	// a recovery, which records the current epoch.
+	if err != nil {
+		t.Fatalf("the recovery with the bound key: %v", err)
+	}
+	if n := c.calls["ListResyncEpochs"]; n != 1 {
+		t.Errorf("ListResyncEpochs called %d times, want 1 (all: %v)", n, c.calls)
+	}
 }
