@@ -126,7 +126,7 @@ func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec stor
 // lock, and PostgreSQL re-evaluates the WHERE clause against the row the
 // winner committed, so exactly one binding from one expected key
 // succeeds. A failed binding says which condition failed from the row as
-// committed after the rollback (lostClaim).
+// committed after the rollback (lostWrite).
 func bindKey(instanceID string, c store.KeyBinding) statement {
 	args := []any{c.PublicKey, c.TokenID, c.Expected}
 	q := `UPDATE bound_keypairs SET bound_public_key = $1`
@@ -145,7 +145,23 @@ func bindKey(instanceID string, c store.KeyBinding) statement {
 		q += ` AND secret_ciphertext IS NOT NULL AND (must_register_before IS NULL OR must_register_before > ` + nowMicros + `)`
 	}
 	q += ` RETURNING true`
-	why := statement{
+	return statement{sql: q, args: args, read: func(row pgx.Row) error {
+		var bound bool
+		switch err := row.Scan(&bound); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return keyNotBound(c)
+		case err != nil:
+			return wrap("bind key", err)
+		}
+		return nil
+	}}
+}
+
+// keyNotBound says why a key binding failed, from the row as committed
+// after the rollback: ErrNotFound, ErrKeyBindingChanged, or
+// ErrRegistrationClosed when the key was the one expected.
+func keyNotBound(c store.KeyBinding) *lostWrite {
+	return &lostWrite{why: statement{
 		sql:  `SELECT bound_public_key FROM bound_keypairs WHERE token_id = $1`,
 		args: []any{c.TokenID},
 		read: func(row pgx.Row) error {
@@ -160,16 +176,6 @@ func bindKey(instanceID string, c store.KeyBinding) statement {
 			}
 			return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrRegistrationClosed)
 		},
-	}
-	return statement{sql: q, args: args, read: func(row pgx.Row) error {
-		var bound bool
-		switch err := row.Scan(&bound); {
-		case errors.Is(err, pgx.ErrNoRows):
-			return &lostClaim{why: why}
-		case err != nil:
-			return wrap("bind key", err)
-		}
-		return nil
 	}}
 }
 
@@ -178,13 +184,38 @@ func bindKey(instanceID string, c store.KeyBinding) statement {
 // and only the first finds the sequence and epoch it expected. A resync
 // holds only while its epoch's window is open by the database clock. A
 // failed recovery says why from the row as committed after the rollback
-// (lostClaim).
+// (lostWrite).
 func recoverToken(instanceID string, c store.Recovery) statement {
 	counted := 0
 	if c.Counted {
 		counted = 1
 	}
-	why := statement{
+	return statement{
+		sql: `UPDATE bound_keypairs
+			SET recovery_sequence = $1, recovery_count = recovery_count + $2, epoch = $3,
+				bound_instance_id = $4, last_recovered_at = ` + nowMicros + `
+			WHERE token_id = $5 AND recovery_sequence = $6 AND epoch = $7 AND ($2 = 0 OR recovery_count < recovery_limit)
+				AND (NOT $8 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
+					WHERE id = $3 AND closed_at IS NULL AND open_until > ` + nowMicros + `))
+			RETURNING true`,
+		args: []any{c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, c.Resync},
+		read: func(row pgx.Row) error {
+			var recovered bool
+			switch err := row.Scan(&recovered); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return notRecovered(c)
+			case err != nil:
+				return wrap("recover", err)
+			}
+			return nil
+		},
+	}
+}
+
+// notRecovered says why a recovery failed, from the row as committed after
+// the rollback (store.RecoveryFailed), or ErrNotFound.
+func notRecovered(c store.Recovery) *lostWrite {
+	return &lostWrite{why: statement{
 		sql:  `SELECT recovery_sequence, epoch FROM bound_keypairs WHERE token_id = $1`,
 		args: []any{c.TokenID},
 		read: func(row pgx.Row) error {
@@ -200,27 +231,7 @@ func recoverToken(instanceID string, c store.Recovery) statement {
 			}
 			return store.RecoveryFailed("postgres", c, seq, epoch)
 		},
-	}
-	return statement{
-		sql: `UPDATE bound_keypairs
-			SET recovery_sequence = $1, recovery_count = recovery_count + $2, epoch = $3,
-				bound_instance_id = $4, last_recovered_at = ` + nowMicros + `
-			WHERE token_id = $5 AND recovery_sequence = $6 AND epoch = $7 AND ($2 = 0 OR recovery_count < recovery_limit)
-				AND (NOT $8 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
-					WHERE id = $3 AND closed_at IS NULL AND open_until > ` + nowMicros + `))
-			RETURNING true`,
-		args: []any{c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, c.Resync},
-		read: func(row pgx.Row) error {
-			var recovered bool
-			switch err := row.Scan(&recovered); {
-			case errors.Is(err, pgx.ErrNoRows):
-				return &lostClaim{why: why}
-			case err != nil:
-				return wrap("recover", err)
-			}
-			return nil
-		},
-	}
+	}}
 }
 
 // InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.

@@ -24,7 +24,7 @@ type statement struct {
 // whose claims are key bindings only.
 //
 // A claim whose statement cannot say for certain why it failed returns a
-// *lostClaim from its read: the reason is read again by pipe.explain,
+// *lostWrite from its read: the reason is read again by pipe.explain,
 // after the rollback, so a refusal may cost a round trip and a success
 // never does.
 func claimStatement(nodeID, instanceID string, c store.Claim) (statement, error) {
@@ -59,19 +59,20 @@ func queueClaims(p *pipe, nodeID, instanceID string, claims []store.Claim) error
 	return nil
 }
 
-// lostClaim is the refusal of a conditional write that matched no row
-// while the row as its statement saw it does not say why: the statement's
-// snapshot is from before it waited on the row lock of a concurrent
-// writer, whose commit it then found (a use, a binding, a deletion).
-// Under READ COMMITTED only a later statement sees that commit, so the
-// reason is read by one (pipe.explain), on this failure path alone.
-type lostClaim struct {
-	// why reads the row as committed now and returns the claim's
+// lostWrite is the refusal of a conditional write (a claim, a renewal's
+// UPDATE) that matched no row, when the row as its statement saw it does
+// not say why: the statement's snapshot is from before it waited on the
+// row lock of a concurrent writer, whose commit it then found (a use, a
+// binding, a deletion). Under READ COMMITTED only a later statement sees
+// that commit, so the reason is read by one (pipe.explain), on this
+// failure path alone.
+type lostWrite struct {
+	// why reads the row as committed now and returns the write's
 	// sentinel error.
 	why statement
 }
 
-func (*lostClaim) Error() string { return "postgres: claim lost, reason not read" }
+func (*lostWrite) Error() string { return "postgres: conditional write lost, reason not read" }
 
 // useToken takes one use of a token in one conditional UPDATE. Concurrent
 // uses queue on the token's row lock, and PostgreSQL re-evaluates the
@@ -104,7 +105,7 @@ func useToken(id string) statement {
 			case !wasUsable:
 				return tokenSpent(id)
 			}
-			return &lostClaim{why: statement{
+			return &lostWrite{why: statement{
 				sql:  `SELECT EXISTS (SELECT 1 FROM tokens WHERE id = $1)`,
 				args: []any{id},
 				read: func(row pgx.Row) error {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -141,5 +144,84 @@ func waitForLockWait(t *testing.T, s *Store) {
 			t.Fatal("no session waited on the held row")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// tripCounter counts round trips: each query, and each batch however many
+// statements it carries.
+type tripCounter struct{ n atomic.Int64 }
+
+func (c *tripCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *tripCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *tripCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *tripCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// TestRefusedWriteRoundTrips: a renewal that lost its race, and a join
+// whose key binding lost, are refused in two round trips: the batch, then
+// the rollback with the read that says why. The renewal took three (the
+// batch, the read inside the transaction, holding the audit chain's lock,
+// then the rollback), and the binding four (its batch, its UPDATE, its
+// read, the rollback).
+func TestRefusedWriteRoundTrips(t *testing.T) {
+	ctx := t.Context()
+	trips := &tripCounter{}
+	s, err := Open(ctx, srv.NewDatabase(t), WithTracer(trips))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now, err := s.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	if err := s.InsertToken(ctx, store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{},
+		Nonce: []byte{}, NodeID: "bot-1", CreatedBy: "test", CreatedAt: now, BoundKeypair: &store.BoundKeypair{
+			Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i0", now,
+		store.Recovery{TokenID: "bot-1", Counted: true})); err != nil {
+		t.Fatal(err)
+	}
+	audit := func(h store.AuditHead) (store.AuditRecord, error) {
+		return store.AuditRecord{Seq: h.Seq + 1, Time: now, Actor: "test", Action: "test", Result: "ok", PrevHash: h.Hash,
+			Hash: make([]byte, 32)}, nil
+	}
+	for _, tc := range []struct {
+		name string
+		run  func() error
+		want error
+	}{
+		{"renewal from a generation passed", func() error {
+			k := sha256.Sum256([]byte("r1"))
+			_, err := s.CommitRenewal(ctx, store.Renewal{InstanceID: "i0", FromGeneration: 3, ChainPEM: []byte("chain"), Audit: audit,
+				Certificate: store.Certificate{Serial: "5e11", Generation: 4, PublicKey: k[:], NotBefore: now,
+					NotAfter: now.Add(time.Hour), IssuedAt: now}})
+			return err
+		}, store.ErrConflict},
+		{"recovery rotating from a key no longer bound", func() error {
+			_, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i1", now,
+				store.KeyBinding{TokenID: "bot-1", Expected: "key-x", PublicKey: "key-1", Rotate: true},
+				store.Recovery{TokenID: "bot-1", ExpectedSequence: 1, Counted: true}))
+			return err
+		}, store.ErrKeyBindingChanged},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			trips.n.Store(0)
+			if err := tc.run(); !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			if n := trips.n.Load(); n != 2 {
+				t.Errorf("%d round trips, want 2", n)
+			}
+		})
 	}
 }

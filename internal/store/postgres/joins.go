@@ -239,21 +239,6 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	// A lost race is told from an unknown instance after the rollback
 	// (pipe.explain), so the chain's lock taken below is not held while
 	// the instance is read again.
-	lost := &lostClaim{why: statement{
-		sql:  `SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1)`,
-		args: []any{r.InstanceID},
-		read: func(row pgx.Row) error {
-			var ok bool
-			switch err := row.Scan(&ok); {
-			case err != nil:
-				return wrap("commit renewal", err)
-			case !ok:
-				return fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
-			}
-			return fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
-				r.InstanceID, r.FromGeneration, store.ErrConflict)
-		},
-	}}
 	p.row(`WITH renewed AS (UPDATE instances
 			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
 			WHERE id = $5 AND generation = $6 AND state = 'current'
@@ -269,7 +254,7 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 			var err error
 			switch in, err = scanInstance(row); {
 			case errors.Is(err, pgx.ErrNoRows):
-				return lost
+				return notRenewed(r)
 			case err != nil:
 				return wrap("commit renewal", err)
 			}
@@ -297,6 +282,27 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 		}
 	}
 	return in, p.commit(ctx, "commit renewal")
+}
+
+// notRenewed is the refusal of a renewal whose UPDATE matched no row:
+// ErrConflict if the instance exists (not current, or not at
+// r.FromGeneration), ErrNotFound if not, told after the rollback.
+func notRenewed(r store.Renewal) *lostWrite {
+	return &lostWrite{why: statement{
+		sql:  `SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1)`,
+		args: []any{r.InstanceID},
+		read: func(row pgx.Row) error {
+			var ok bool
+			switch err := row.Scan(&ok); {
+			case err != nil:
+				return wrap("commit renewal", err)
+			case !ok:
+				return fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
+			}
+			return fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
+				r.InstanceID, r.FromGeneration, store.ErrConflict)
+		},
+	}}
 }
 
 const insertCertificateQuery = `INSERT INTO certificates (` + certificateColumns + `)

@@ -147,15 +147,15 @@ func wrapped(op string) func(pgconn.CommandTag, error) error {
 	}
 }
 
-// explain turns a lost claim (lostClaim) into its reason: it rolls the
-// transaction back and reads the claim's row in one round trip, in a
-// statement whose snapshot sees every commit the claim waited on. A
+// explain turns a lost write (lostWrite) into its reason: it rolls the
+// transaction back and reads the write's row in one round trip, in a
+// statement whose snapshot sees every commit the write waited on. A
 // rollback first, so the transaction's locks (a row's, the node's, the
 // audit chain's) are released with the first round trip of the failure
 // path rather than after the reason is read. Any other error is returned
 // as it is.
 func (p *pipe) explain(ctx context.Context, op string, err error) error {
-	var lost *lostClaim
+	var lost *lostWrite
 	if !errors.As(err, &lost) {
 		return err
 	}
