@@ -24,6 +24,22 @@ func testJoin(method, token, node, instance string, now time.Time, claims ...sto
 			TokenID: token, PublicKey: k[:], NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now}}
 }
 
+// joinedBot stores bound-keypair token bot-1 with key-0 bound, and its
+// first instance i0 for node bot-1 (recovery sequence 1).
+func joinedBot(t *testing.T, s *Store, now time.Time) {
+	t.Helper()
+	ctx := t.Context()
+	if err := s.InsertToken(ctx, store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{},
+		Nonce: []byte{}, NodeID: "bot-1", CreatedBy: "test", CreatedAt: now, BoundKeypair: &store.BoundKeypair{
+			Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i0", now,
+		store.Recovery{TokenID: "bot-1", Counted: true})); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLostClaimReasons has a concurrent transaction hold the row a claim
 // needs, change it, and commit while the claim waits on its lock: the
 // claim fails, and is refused with the reason of the row as that
@@ -38,15 +54,7 @@ func TestLostClaimReasons(t *testing.T) {
 			UsesAllowed: 2, CreatedBy: "test", CreatedAt: now}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.InsertToken(ctx, store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{},
-			Nonce: []byte{}, NodeID: "bot-1", CreatedBy: "test", CreatedAt: now, BoundKeypair: &store.BoundKeypair{
-				Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i0", now,
-			store.Recovery{TokenID: "bot-1", Counted: true})); err != nil {
-			t.Fatal(err)
-		}
+		joinedBot(t, s, now)
 	}
 	join := func(claims ...store.Claim) func(*Store, time.Time) error {
 		return func(s *Store, now time.Time) error {
@@ -182,15 +190,7 @@ func TestRefusedWriteRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = now.UTC().Truncate(time.Microsecond)
-	if err := s.InsertToken(ctx, store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{},
-		Nonce: []byte{}, NodeID: "bot-1", CreatedBy: "test", CreatedAt: now, BoundKeypair: &store.BoundKeypair{
-			Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i0", now,
-		store.Recovery{TokenID: "bot-1", Counted: true})); err != nil {
-		t.Fatal(err)
-	}
+	joinedBot(t, s, now)
 	audit := func(h store.AuditHead) (store.AuditRecord, error) {
 		return store.AuditRecord{Seq: h.Seq + 1, Time: now, Actor: "test", Action: "test", Result: "ok", PrevHash: h.Hash,
 			Hash: make([]byte, 32)}, nil
