@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc"
 
+	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
@@ -138,14 +139,44 @@ func TestJoinRoundTripsPostgres(t *testing.T) {
 	}
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	botToken(t, a, "bot-1", 0, boundkeypair.ModeRelaxed, pub)
-	state := ""
+	var (
+		state, botChain string
+		botKey          *ecdsa.PrivateKey
+	)
 	recoverBot := func() {
-		_, der := csr("bot-1")
+		var der []byte
+		botKey, der = csr("bot-1")
 		res, err := joinBound(ctx, a, "bot-1", state, priv, der)
 		if err != nil {
 			t.Fatal(err)
 		}
-		state = res.JoinState
+		state, botChain = res.JoinState, res.GetCertificateChainPem()
+	}
+	// A refresh: the bot presents its certificate and rotates its bound
+	// key in the same exchange, so the renewal carries a key binding.
+	refreshBot := func() {
+		chain, err := ca.ParseCertsPEM([]byte(botChain))
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn := a.dial(&identity.Identity{Chain: chain, Key: botKey, Roots: []*x509.Certificate{a.h.Root}})
+		defer conn.Close()
+		nextPub, nextPriv, _ := ed25519.GenerateKey(rand.Reader)
+		next, err := boundkeypair.NewPublicKey(nextPub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key, der := csr("bot-1")
+		res, err := agent.ExchangeBoundKeypair(ctx, musterv1.NewJoinServiceClient(conn), &musterv1.BoundKeypairInit{Token: "bot-1",
+			NodeId: "bot-1", Csr: der, PreviousJoinState: state, NewPublicKey: next.String()},
+			&agent.BoundKeys{Current: priv, Next: nextPriv}, a.info.AuthorityID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.BoundKeyFingerprint != next.Fingerprint() {
+			t.Fatalf("refresh bound %s, want the new key %s", res.BoundKeyFingerprint, next.Fingerprint())
+		}
+		priv, botKey, botChain, state = nextPriv, key, res.GetCertificateChainPem(), res.JoinState
 	}
 
 	// The first of each, then the one counted.
@@ -153,11 +184,16 @@ func TestJoinRoundTripsPostgres(t *testing.T) {
 	renew(key, chain, "warm-1")
 	pskJoin("warm-psk")
 	recoverBot()
+	refreshBot()
+	recoverBot()
 	key, chain = tokenJoin("warm-2")
 	rt.take()
 
-	// Before the batched reads and writes: 15, 14, 12 and 20.
-	budget := map[string]int{"token join": 5, "PSK join": 6, "renewal": 4, "bound-keypair recovery": 8}
+	// Before the batched reads and writes: 15, 14, 12 and 20; a
+	// recovery was 8 and a rotating refresh 10 before their claims went
+	// into the batches.
+	budget := map[string]int{"token join": 5, "PSK join": 6, "renewal": 4, "bound-keypair recovery": 7,
+		"bound-keypair refresh with rotation": 5}
 	count := func(op string, f func()) {
 		f()
 		var lines []string
@@ -178,4 +214,5 @@ func TestJoinRoundTripsPostgres(t *testing.T) {
 	count("PSK join", func() { pskJoin("psk-1") })
 	count("renewal", func() { renew(key, chain, "warm-2") })
 	count("bound-keypair recovery", recoverBot)
+	count("bound-keypair refresh with rotation", refreshBot)
 }

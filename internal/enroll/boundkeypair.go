@@ -329,16 +329,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 
 	// 6. Whether this is a refresh (a valid certificate of the current
-	// instance), then the locks, in one query: on the node, the token and
-	// the keys (the bound one, the certificate's, a new bound key offered
-	// in init) and, for a refresh, on the instance and the key it holds,
-	// which the renewal then need not look up again. Before the join
-	// state: once a token is locked, every holder hears so.
-	held, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID)
-	if err != nil {
-		// Not knowing must not turn a refresh into a counted recovery.
-		return a, err
-	}
+	// instance), read with the locks in one query: on the node, the token
+	// and the keys (the bound one, the certificate's, a new bound key
+	// offered in init) and, for a refresh, on the instance and the key it
+	// holds, which the renewal then need not look up again. Before the
+	// join state: once a token is locked, every holder hears so.
 	targets := []store.LockTarget{{Kind: store.LockNode, Target: p.NodeID}, {Kind: store.LockToken, Target: t.ID},
 		{Kind: store.LockPublicKey, Target: fp}, keyLock(kid)}
 	if !offeredNew.IsZero() && !register {
@@ -348,12 +343,23 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		// The key the rebind replaces: a lock on it still holds.
 		targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: bound.Fingerprint()})
 	}
-	if held != nil {
-		targets = append(targets, held.lockTargets()...)
-	}
-	if l, err := s.lockOn(ctx, targets...); err != nil {
+	held, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID, t.ID, targets)
+	if err != nil {
+		// Not knowing must not turn a refresh into a counted recovery.
 		return a, err
-	} else if l != nil {
+	}
+	var l *store.Lock
+	if held != nil && held.locksRead {
+		l = held.lock
+	} else {
+		if held != nil {
+			targets = append(targets, held.lockTargets()...)
+		}
+		if l, err = s.lockOn(ctx, targets...); err != nil {
+			return a, err
+		}
+	}
+	if l != nil {
 		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
@@ -387,9 +393,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			return a, err
 		}
 	}
-	if !att.Clean(st) && !att.Rebind {
+	if !att.Clean(st) && !att.Rebind && ep.Ordinal == nil {
 		// Every join but a refresh with the current document may need
-		// the epochs: a recovery records the current one.
+		// the epochs: a recovery records the current one. Unless
+		// rebindable read them already (epochs always makes Ordinal):
+		// a join that offered a key the window did not rebind.
 		if ep, err = s.epochs(ctx, now); err != nil {
 			return a, err
 		}
@@ -501,11 +509,18 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 	return offered, nil
 }
 
-// held is what holdsCurrent read of a refreshing caller's certificate and
-// instance; the renewal starts from it instead of reading both again.
+// held is what holdsCurrent read of a refreshing caller's certificate,
+// instance and node; the renewal starts from it instead of reading them
+// again.
 type held struct {
-	rec  store.Certificate
-	inst store.Instance
+	rec       store.Certificate
+	inst      store.Instance
+	node      store.Node
+	nodeFound bool
+	// locksRead: lock is the lock in force on the join's targets and
+	// lockTargets (nil for none), read with the rest.
+	locksRead bool
+	lock      *store.Lock
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the
@@ -518,29 +533,37 @@ func (h *held) lockTargets() []store.LockTarget {
 // holdsCurrent returns what it read if cert is a certificate this
 // authority issued for nodeID's instance instanceID, which is still
 // current; nil if not, and an error only when the store could not tell.
-func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string) (*held, error) {
+// One read (ReadRenewal) brings the record, the instance, the node and
+// the lock in force on the renewal's targets and the public keys among
+// targets (the join's); when the instance is tokenID's, as a refresh's
+// is, that covers every target of targets and the held's lock is that
+// lock (locksRead).
+func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID, tokenID string, targets []store.LockTarget) (*held, error) {
 	if cert == nil || instanceID == "" || s.cfg.Now().After(cert.NotAfter) {
 		return nil, nil
 	}
-	rec, err := s.cfg.Store.GetCertificate(ctx, serialOf(cert))
+	var keys []string
+	for _, t := range targets {
+		if t.Kind == store.LockPublicKey {
+			keys = append(keys, t.Target)
+		}
+	}
+	rd, err := s.cfg.Store.ReadRenewal(ctx, serialOf(cert), keys)
 	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil, nil
 	case err != nil:
 		return nil, err
-	case rec.NodeID != nodeID || rec.InstanceID != instanceID:
+	case !rd.CertificateFound, rd.Certificate.NodeID != nodeID, rd.Certificate.InstanceID != instanceID,
+		!rd.InstanceFound, rd.Instance.State != store.InstanceCurrent:
 		return nil, nil
 	}
-	inst, err := s.cfg.Store.GetInstance(ctx, instanceID)
-	switch {
-	case errors.Is(err, store.ErrNotFound):
-		return nil, nil
-	case err != nil:
-		return nil, err
-	case inst.State != store.InstanceCurrent:
-		return nil, nil
+	h := &held{rec: rd.Certificate, inst: rd.Instance, node: rd.Node, nodeFound: rd.NodeFound}
+	// ReadRenewal's node is the record's (nodeID) and its token the
+	// instance's: the join's node and token targets when it is tokenID's.
+	h.locksRead = rd.Instance.TokenID == tokenID
+	if rd.Locked {
+		h.lock = &rd.Lock
 	}
-	return &held{rec: rec, inst: inst}, nil
+	return h, nil
 }
 
 // retryRecovery answers a repeated recovery from the instance it made, or

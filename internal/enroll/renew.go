@@ -71,7 +71,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		var inst store.Instance
 		if attempt == 0 && h != nil {
 			inst = h.inst
-			if err := s.nodeStanding(ctx, rec, inst); err != nil {
+			if err := standingOf(rec, inst, h.node, h.nodeFound); err != nil {
 				return nil, err
 			}
 		} else if attempt == 0 && read != nil {

@@ -122,10 +122,12 @@ func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec stor
 }
 
 // bindKey is the KeyBinding claim: one conditional UPDATE on the token's
-// row. Concurrent claims on one token queue on its row lock, and
-// PostgreSQL re-evaluates the WHERE clause against the row the winner
-// committed, so exactly one binding from one expected key succeeds.
-func bindKey(ctx context.Context, tx querier, instanceID string, c store.KeyBinding) error {
+// bound-keypair row. Concurrent claims on one token queue on its row
+// lock, and PostgreSQL re-evaluates the WHERE clause against the row the
+// winner committed, so exactly one binding from one expected key
+// succeeds. A failed binding says which condition failed from the row as
+// committed after the rollback (lostWrite).
+func bindKey(instanceID string, c store.KeyBinding) statement {
 	args := []any{c.PublicKey, c.TokenID, c.Expected}
 	q := `UPDATE bound_keypairs SET bound_public_key = $1`
 	if instanceID != "" {
@@ -142,61 +144,94 @@ func bindKey(ctx context.Context, tx querier, instanceID string, c store.KeyBind
 	if c.UseRegistrationSecret {
 		q += ` AND secret_ciphertext IS NOT NULL AND (must_register_before IS NULL OR must_register_before > ` + nowMicros + `)`
 	}
-	tag, err := tx.Exec(ctx, q, args...)
-	if err != nil {
-		return wrap("bind key", err)
-	}
-	if tag.RowsAffected() > 0 {
+	q += ` RETURNING true`
+	return statement{sql: q, args: args, read: func(row pgx.Row) error {
+		var bound bool
+		switch err := row.Scan(&bound); {
+		case errors.Is(err, pgx.ErrNoRows):
+			return keyNotBound(c)
+		case err != nil:
+			return wrap("bind key", err)
+		}
 		return nil
-	}
-	// Say which condition failed, from the row as committed now.
-	var bound string
-	err = tx.QueryRow(ctx, `SELECT bound_public_key FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&bound)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrNotFound)
-	case err != nil:
-		return wrap("bind key", err)
-	case bound != c.Expected:
-		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrKeyBindingChanged)
-	default:
-		return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrRegistrationClosed)
-	}
+	}}
+}
+
+// keyNotBound says why a key binding failed, from the row as committed
+// after the rollback: ErrNotFound, ErrKeyBindingChanged, or
+// ErrRegistrationClosed when the key was the one expected.
+func keyNotBound(c store.KeyBinding) *lostWrite {
+	return &lostWrite{why: statement{
+		sql:  `SELECT bound_public_key FROM bound_keypairs WHERE token_id = $1`,
+		args: []any{c.TokenID},
+		read: func(row pgx.Row) error {
+			var bound string
+			switch err := row.Scan(&bound); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrNotFound)
+			case err != nil:
+				return wrap("bind key", err)
+			case bound != c.Expected:
+				return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrKeyBindingChanged)
+			}
+			return fmt.Errorf("postgres: bind key: token %s: %w", c.TokenID, store.ErrRegistrationClosed)
+		},
+	}}
 }
 
 // recoverToken is the Recovery claim: one conditional UPDATE on the
-// token's row; concurrent recoveries queue on its row lock and only the
-// first finds the sequence and epoch it expected. A resync holds only while
-// its epoch's window is open by the database clock.
-func recoverToken(ctx context.Context, tx querier, instanceID string, c store.Recovery) error {
+// token's bound-keypair row; concurrent recoveries queue on its row lock
+// and only the first finds the sequence and epoch it expected. A resync
+// holds only while its epoch's window is open by the database clock. A
+// failed recovery says why from the row as committed after the rollback
+// (lostWrite).
+func recoverToken(instanceID string, c store.Recovery) statement {
 	counted := 0
 	if c.Counted {
 		counted = 1
 	}
-	tag, err := tx.Exec(ctx, `UPDATE bound_keypairs
-		SET recovery_sequence = $1, recovery_count = recovery_count + $2, epoch = $3,
-			bound_instance_id = $4, last_recovered_at = `+nowMicros+`
-		WHERE token_id = $5 AND recovery_sequence = $6 AND epoch = $7 AND ($2 = 0 OR recovery_count < recovery_limit)
-			AND (NOT $8 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
-				WHERE id = $3 AND closed_at IS NULL AND open_until > `+nowMicros+`))`,
-		c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, c.Resync)
-	if err != nil {
-		return wrap("recover", err)
+	return statement{
+		sql: `UPDATE bound_keypairs
+			SET recovery_sequence = $1, recovery_count = recovery_count + $2, epoch = $3,
+				bound_instance_id = $4, last_recovered_at = ` + nowMicros + `
+			WHERE token_id = $5 AND recovery_sequence = $6 AND epoch = $7 AND ($2 = 0 OR recovery_count < recovery_limit)
+				AND (NOT $8 OR EXISTS (SELECT 1 FROM bound_keypair_epochs
+					WHERE id = $3 AND closed_at IS NULL AND open_until > ` + nowMicros + `))
+			RETURNING true`,
+		args: []any{c.NewSequence(), counted, c.Epoch, instanceID, c.TokenID, c.ExpectedSequence, c.ExpectedEpoch, c.Resync},
+		read: func(row pgx.Row) error {
+			var recovered bool
+			switch err := row.Scan(&recovered); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return notRecovered(c)
+			case err != nil:
+				return wrap("recover", err)
+			}
+			return nil
+		},
 	}
-	if tag.RowsAffected() > 0 {
-		return nil
-	}
-	var (
-		seq   int64
-		epoch string
-	)
-	err = tx.QueryRow(ctx, `SELECT recovery_sequence, epoch FROM bound_keypairs WHERE token_id = $1`, c.TokenID).Scan(&seq, &epoch)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrNotFound)
-	} else if err != nil {
-		return wrap("recover", err)
-	}
-	return store.RecoveryFailed("postgres", c, seq, epoch)
+}
+
+// notRecovered says why a recovery failed, from the row as committed after
+// the rollback (store.RecoveryFailed), or ErrNotFound.
+func notRecovered(c store.Recovery) *lostWrite {
+	return &lostWrite{why: statement{
+		sql:  `SELECT recovery_sequence, epoch FROM bound_keypairs WHERE token_id = $1`,
+		args: []any{c.TokenID},
+		read: func(row pgx.Row) error {
+			var (
+				seq   int64
+				epoch string
+			)
+			switch err := row.Scan(&seq, &epoch); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("postgres: recover: token %s: %w", c.TokenID, store.ErrNotFound)
+			case err != nil:
+				return wrap("recover", err)
+			}
+			return store.RecoveryFailed("postgres", c, seq, epoch)
+		},
+	}}
 }
 
 // InsertJoinStateKey adds a join-state key; ErrConflict if its ID exists.

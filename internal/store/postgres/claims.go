@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -10,75 +9,124 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// applyClaim wins one claim of a join or renewal inside its transaction,
-// or fails with the claim's sentinel (see store.Claim). instanceID is the
-// join's new instance, "" for a renewal.
-func applyClaim(ctx context.Context, tx querier, nodeID, instanceID string, c store.Claim) error {
-	if st, ok := claimStatement(nodeID, c); ok {
-		return st.read(tx.QueryRow(ctx, st.sql, st.args...))
-	}
-	switch c := c.(type) {
-	case store.KeyBinding:
-		return bindKey(ctx, tx, instanceID, c)
-	case store.Recovery:
-		if instanceID == "" {
-			return errors.New("postgres: a recovery is a join: it needs a new instance")
-		}
-		return recoverToken(ctx, tx, instanceID, c)
-	default:
-		return fmt.Errorf("postgres: commit join: unknown claim %T", c)
-	}
-}
-
 // statement is one SQL statement answering with at most one row, and the
-// reading of that row: a claim that is one, so it can travel in a batch
-// with the statements around it.
+// reading of that row: a claim is one, so it travels in a batch with the
+// statements around it.
 type statement struct {
 	sql  string
 	args []any
 	read func(pgx.Row) error
 }
 
-// claimStatement returns the claims that are a single statement whose
-// answer says which condition failed: a token use and a ticket use. The
-// others (key bindings, recoveries) read the row again to say why they
-// failed, and run on their own.
-func claimStatement(nodeID string, c store.Claim) (statement, bool) {
+// claimStatement returns the single conditional statement that wins c, or
+// fails it, inside a join's or a renewal's transaction. instanceID is the
+// join's new instance, nodeID the joining node; both are "" for a renewal,
+// whose claims are key bindings only.
+//
+// A claim whose statement cannot say for certain why it failed returns a
+// *lostWrite from its read: the reason is read again by pipe.explain,
+// after the rollback, so a refusal may cost a round trip and a success
+// never does.
+func claimStatement(nodeID, instanceID string, c store.Claim) (statement, error) {
 	switch c := c.(type) {
 	case store.TokenUse:
-		return useToken(c.TokenID), true
+		return useToken(c.TokenID), nil
 	case store.TicketUse:
-		return useTicket(&c, nodeID), true
+		if nodeID == "" {
+			return statement{}, errors.New("postgres: a ticket use is a join's: it needs a node")
+		}
+		return useTicket(&c, nodeID), nil
+	case store.KeyBinding:
+		return bindKey(instanceID, c), nil
+	case store.Recovery:
+		if instanceID == "" {
+			return statement{}, errors.New("postgres: a recovery is a join: it needs a new instance")
+		}
+		return recoverToken(instanceID, c), nil
 	}
-	return statement{}, false
+	return statement{}, fmt.Errorf("postgres: unknown claim %T", c)
 }
+
+// queueClaims queues the statements of claims on p, in order.
+func queueClaims(p *pipe, nodeID, instanceID string, claims []store.Claim) error {
+	for _, c := range claims {
+		st, err := claimStatement(nodeID, instanceID, c)
+		if err != nil {
+			return err
+		}
+		p.row(st.sql, st.args, st.read)
+	}
+	return nil
+}
+
+// lostWrite is the refusal of a conditional write (a claim, a renewal's
+// UPDATE) that matched no row, when the row as its statement saw it does
+// not say why: the statement's snapshot is from before it waited on the
+// row lock of a concurrent writer, whose commit it then found (a use, a
+// binding, a deletion). Under READ COMMITTED only a later statement sees
+// that commit, so the reason is read by one (pipe.explain), on this
+// failure path alone.
+type lostWrite struct {
+	// why reads the row as committed now and returns the write's
+	// sentinel error.
+	why statement
+}
+
+func (*lostWrite) Error() string { return "postgres: conditional write lost, reason not read" }
 
 // useToken takes one use of a token in one conditional UPDATE. Concurrent
 // uses queue on the token's row lock, and PostgreSQL re-evaluates the
 // WHERE clause against the row each winner committed, so no two joins can
-// take the last use. The same statement says whether the token exists, so
-// a failed use is told apart (ErrTokenSpent, ErrNotFound) without a
-// second round trip.
+// take the last use. The same statement says, from its snapshot, whether
+// the token exists and whether it had a use left: a token absent, or
+// spent, before the statement began is refused without another round
+// trip (ErrNotFound, ErrTokenSpent). A token that was usable in the
+// snapshot but not once its row lock was had was used up or deleted by a
+// concurrent transaction, and the row is read again to tell which.
 func useToken(id string) statement {
+	usable := `(uses_allowed = 0 OR uses_count < uses_allowed) AND ` + unexpired
 	return statement{
 		sql: `WITH used AS (UPDATE tokens
 				SET uses_count = uses_count + 1, last_used_at = ` + nowMicros + `
-				WHERE id = $1 AND (uses_allowed = 0 OR uses_count < uses_allowed) AND ` + unexpired + `
+				WHERE id = $1 AND ` + usable + `
 				RETURNING 1)
-			SELECT EXISTS (SELECT 1 FROM used), EXISTS (SELECT 1 FROM tokens WHERE id = $1)`,
+			SELECT EXISTS (SELECT 1 FROM used), EXISTS (SELECT 1 FROM tokens WHERE id = $1),
+				EXISTS (SELECT 1 FROM tokens WHERE id = $1 AND ` + usable + `)`,
 		args: []any{id},
 		read: func(row pgx.Row) error {
-			var used, exists bool
-			switch err := row.Scan(&used, &exists); {
+			var used, exists, wasUsable bool
+			switch err := row.Scan(&used, &exists, &wasUsable); {
 			case err != nil:
 				return wrap("commit join: use token", err)
 			case used:
 				return nil
 			case !exists:
-				return fmt.Errorf("postgres: commit join: token %s: %w", id, store.ErrNotFound)
-			default:
-				return fmt.Errorf("postgres: commit join: token %s: %w", id, store.ErrTokenSpent)
+				return tokenGone(id)
+			case !wasUsable:
+				return tokenSpent(id)
 			}
+			return &lostWrite{why: statement{
+				sql:  `SELECT EXISTS (SELECT 1 FROM tokens WHERE id = $1)`,
+				args: []any{id},
+				read: func(row pgx.Row) error {
+					var exists bool
+					switch err := row.Scan(&exists); {
+					case err != nil:
+						return wrap("commit join: use token", err)
+					case !exists:
+						return tokenGone(id)
+					}
+					return tokenSpent(id)
+				},
+			}}
 		},
 	}
+}
+
+func tokenGone(id string) error {
+	return fmt.Errorf("postgres: commit join: token %s: %w", id, store.ErrNotFound)
+}
+
+func tokenSpent(id string) error {
+	return fmt.Errorf("postgres: commit join: token %s: %w", id, store.ErrTokenSpent)
 }

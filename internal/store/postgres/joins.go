@@ -40,11 +40,13 @@ import (
 //  7. j.Audit's record, appended to the chain (see AppendAudit).
 //
 // The statements travel in three round trips (pipe): BEGIN, the lock, the
-// node's holder, the retry check and the claims that are one statement
-// each; then the writes, the chain's lock and its head; then the audit
-// record and COMMIT. Checking a step's answer in Go between two of them is
-// what the first and second wait for; the retry check and the claims are
-// sent together, and a retry rolls back the claims it did not need.
+// node's holder, the retry check and the claims (one statement each); then
+// the writes, the chain's lock and its head; then the audit record and
+// COMMIT. Checking a step's answer in Go between two of them is what the
+// first and second wait for; the retry check and the claims are sent
+// together, and a retry rolls back the claims it did not need. A claim
+// lost to a concurrent writer is explained in one more round trip, the
+// rollback with a read of its row (pipe.explain).
 //
 // The store fills the fields of j.Instance the contract leaves to it, and
 // any of these left empty by the caller: the instance's TokenID and Last*
@@ -111,28 +113,16 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	}
 	// 2. The join's claims, each one conditional write: a claim lost to
 	// a concurrent join fails this one before it has written anything
-	// else. Those that are one statement go with the lock; the first that
-	// is not, and every claim after it, run in order once it is back.
-	claims := j.AllClaims()
-	for len(claims) > 0 {
-		st, ok := claimStatement(j.NodeID, claims[0])
-		if !ok {
-			break
-		}
-		p.row(st.sql, st.args, st.read)
-		claims = claims[1:]
+	// else. They go with the lock, in order; one whose failure needs its
+	// row read again to say why is explained after the rollback.
+	if err := queueClaims(p, j.NodeID, in.ID, j.AllClaims()); err != nil {
+		return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w", err)
 	}
-	tx, err := p.tx(ctx)
-	switch {
+	switch err := p.send(ctx); {
 	case errors.Is(err, errRetry):
 		return store.JoinResult{Instance: prev, Retry: true}, nil
 	case err != nil:
-		return store.JoinResult{}, err
-	}
-	for _, c := range claims {
-		if err := applyClaim(ctx, tx, j.NodeID, in.ID, c); err != nil {
-			return store.JoinResult{}, err
-		}
+		return store.JoinResult{}, p.explain(ctx, "commit join", err)
 	}
 
 	// Round trip 2, step 3: the supersession happens before the insert: the
@@ -209,10 +199,10 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 //
 // The statements travel in two round trips (pipe): BEGIN, the UPDATE, the
 // certificate record (an INSERT … SELECT from the row the UPDATE left, so
-// it inserts nothing when the UPDATE matched none), the chain's lock and
-// its head; then the audit record and COMMIT. A renewal with claims (a
-// refresh's key rotation) applies them after the first, then reads the
-// head.
+// it inserts nothing when the UPDATE matched none), the claims (a
+// refresh's key rotation, after the node's lock), the chain's lock and its
+// head; then the audit record and COMMIT. A renewal refused (a lost race,
+// a lost claim) costs one more: the rollback with the read that says why.
 func (s *Store) CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error) {
 	c, err := store.PrepareRenewal(r)
 	if err != nil {
@@ -230,10 +220,6 @@ func (s *Store) CommitRenewal(ctx context.Context, r store.Renewal) (store.Insta
 	return in, nil
 }
 
-// errNotRenewed ends the first batch's reading when the UPDATE matched no
-// row.
-var errNotRenewed = errors.New("postgres: no instance renewed")
-
 // commitRenewal is CommitRenewal's work on the pipe.
 func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	var in store.Instance
@@ -250,6 +236,9 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	// inserted from the row it returns, so nothing is inserted when it
 	// matched none. The fields left empty come from that row, as
 	// FillRenewedCertificate fills them; it checks the given ones below.
+	// A lost race is told from an unknown instance after the rollback
+	// (pipe.explain), so the chain's lock taken below is not held while
+	// the instance is read again.
 	p.row(`WITH renewed AS (UPDATE instances
 			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
 			WHERE id = $5 AND generation = $6 AND state = 'current'
@@ -265,48 +254,27 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 			var err error
 			switch in, err = scanInstance(row); {
 			case errors.Is(err, pgx.ErrNoRows):
-				return errNotRenewed
+				return notRenewed(r)
 			case err != nil:
 				return wrap("commit renewal", err)
 			}
 			return nil
 		})
+	// The claims go in the same batch, after the instance's row lock:
+	// a renewal that lost its race is refused for that, its claims'
+	// answers unread.
+	if err := queueClaims(p, "", "", r.Claims); err != nil {
+		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
+	}
 	var head store.AuditHead
-	if r.Audit != nil && len(r.Claims) == 0 {
+	if r.Audit != nil {
 		queueAuditHead(p, &head)
 	}
-	tx, err := p.tx(ctx)
-	if errors.Is(err, errNotRenewed) {
-		// Nothing failed: the transaction is still open to say why.
-		ok, err := exists(ctx, p.conn, "instances", r.InstanceID)
-		switch {
-		case err != nil:
-			return store.Instance{}, wrap("commit renewal", err)
-		case !ok:
-			return store.Instance{}, fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
-		default:
-			return store.Instance{}, fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
-				r.InstanceID, r.FromGeneration, store.ErrConflict)
-		}
-	}
-	if err != nil {
-		return store.Instance{}, err
+	if err := p.send(ctx); err != nil {
+		return store.Instance{}, p.explain(ctx, "commit renewal", err)
 	}
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
-	}
-	if len(r.Claims) > 0 {
-		for _, cl := range r.Claims {
-			if err := applyClaim(ctx, tx, in.NodeID, "", cl); err != nil {
-				return store.Instance{}, err
-			}
-		}
-		if r.Audit != nil {
-			queueAuditHead(p, &head)
-			if err := p.send(ctx); err != nil {
-				return store.Instance{}, err
-			}
-		}
 	}
 	if r.Audit != nil {
 		if err := queueAuditRecord(p, head, r.Audit); err != nil {
@@ -314,6 +282,27 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 		}
 	}
 	return in, p.commit(ctx, "commit renewal")
+}
+
+// notRenewed is the refusal of a renewal whose UPDATE matched no row:
+// ErrConflict if the instance exists (not current, or not at
+// r.FromGeneration), ErrNotFound if not, told after the rollback.
+func notRenewed(r store.Renewal) *lostWrite {
+	return &lostWrite{why: statement{
+		sql:  `SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1)`,
+		args: []any{r.InstanceID},
+		read: func(row pgx.Row) error {
+			var ok bool
+			switch err := row.Scan(&ok); {
+			case err != nil:
+				return wrap("commit renewal", err)
+			case !ok:
+				return fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
+			}
+			return fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
+				r.InstanceID, r.FromGeneration, store.ErrConflict)
+		},
+	}}
 }
 
 const insertCertificateQuery = `INSERT INTO certificates (` + certificateColumns + `)
@@ -330,15 +319,4 @@ func instanceArgs(in store.Instance) []any {
 func certificateArgs(c store.Certificate) []any {
 	return []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
 		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}
-}
-
-// exists reports whether table has a row with the given id. table is
-// always a constant of this package.
-func exists(ctx context.Context, tx querier, table, id string) (bool, error) {
-	var one int
-	err := tx.QueryRow(ctx, `SELECT 1 FROM `+table+` WHERE id = $1`, id).Scan(&one)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
 }

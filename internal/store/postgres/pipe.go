@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -136,15 +137,6 @@ func (p *pipe) commit(ctx context.Context, op string) error {
 	return p.send(ctx)
 }
 
-// tx sends what is queued and returns the connection, for the steps that
-// read an answer before they know their next statement.
-func (p *pipe) tx(ctx context.Context) (querier, error) {
-	if err := p.send(ctx); err != nil {
-		return nil, err
-	}
-	return p.conn, nil
-}
-
 // wrapped is a read that only wraps a statement's error with op.
 func wrapped(op string) func(pgconn.CommandTag, error) error {
 	return func(_ pgconn.CommandTag, err error) error {
@@ -153,4 +145,27 @@ func wrapped(op string) func(pgconn.CommandTag, error) error {
 		}
 		return nil
 	}
+}
+
+// explain turns a lost write (lostWrite) into its reason: it rolls the
+// transaction back and reads the write's row in one round trip, in a
+// statement whose snapshot sees every commit the write waited on. A
+// rollback first, so the transaction's locks (a row's, the node's, the
+// audit chain's) are released with the first round trip of the failure
+// path rather than after the reason is read. Any other error is returned
+// as it is.
+func (p *pipe) explain(ctx context.Context, op string, err error) error {
+	var lost *lostWrite
+	if !errors.As(err, &lost) {
+		return err
+	}
+	p.batch = &pgx.Batch{}
+	p.exec(`ROLLBACK`, nil, wrapped(op+": rollback"))
+	p.row(lost.why.sql, lost.why.args, lost.why.read)
+	if err := p.send(ctx); err != nil {
+		return err
+	}
+	// Every reason read returns its sentinel; one that did not must still
+	// not pass for a success.
+	return fmt.Errorf("postgres: %s: %w", op, lost)
 }

@@ -35,8 +35,7 @@ func TestPipeRefusalKeepsPreparedStatements(t *testing.T) {
 				}
 				return refused
 			})
-			_, err := p.tx(ctx)
-			return err
+			return p.send(ctx)
 		})
 		if !errors.Is(err, refused) {
 			t.Fatalf("inPipe = %v, want the read's refusal", err)
@@ -55,8 +54,7 @@ func TestPipeRefusalKeepsPreparedStatements(t *testing.T) {
 			var n int
 			return row.Scan(&n)
 		})
-		_, err := p.tx(ctx)
-		return err
+		return p.send(ctx)
 	})
 	if err == nil || errors.Is(err, refused) {
 		t.Errorf("a division by zero: inPipe = %v, want its error", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -262,6 +263,36 @@ func boundKeypairCases() []testCase {
 				in, err := s.GetInstance(ctx, fmt.Sprintf("i%d", round+1))
 				mustNil(t, "GetInstance", err)
 				cur = in
+			}
+		}},
+		{"8 racing rotating refreshes of one instance: one renews it and binds its key", func(t *testing.T, ctx context.Context, s store.Store) {
+			// Each renews the instance from generation 0 and rotates the
+			// bound key in the same write; the renewal's conditional write
+			// and the binding's are one transaction, so the winner's key
+			// is bound and the losers leave nothing.
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 100, store.RecoveryStandard))
+			in := mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i0", now, register("bot-1", "key-0")...)).Instance
+			errs := concurrently(8, func(i int) error {
+				r := renewalOf(in, "k"+string(rune('a'+i)), now)
+				r.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-1", Expected: "key-0",
+					PublicKey: "key-" + string(rune('a'+i)), Rotate: true}}
+				_, err := s.CommitRenewal(ctx, r)
+				return err
+			})
+			ok, lost := tally(t, errs, store.ErrConflict)
+			if ok != 1 || lost != 7 {
+				t.Fatalf("%d refreshes won and %d lost, want 1 and 7", ok, lost)
+			}
+			winner := slices.IndexFunc(errs, func(err error) bool { return err == nil })
+			got, err := s.GetInstance(ctx, "i0")
+			mustNil(t, "GetInstance", err)
+			want := renewed(in, renewalOf(in, "k"+string(rune('a'+winner)), now))
+			if got.Generation != 1 || got.LastSerial != want.LastSerial {
+				t.Errorf("instance after the race: generation %d, serial %s; want 1, %s", got.Generation, got.LastSerial, want.LastSerial)
+			}
+			if bk := getBK(t, ctx, s, "bot-1"); bk.BoundPublicKey != "key-"+string(rune('a'+winner)) || bk.LastRotatedAt.IsZero() {
+				t.Errorf("after the race: bound %q, want the winner's key-%c: %+v", bk.BoundPublicKey, rune('a'+winner), bk)
 			}
 		}},
 		{"8 racing rotations from one bound key: exactly one key is bound", func(t *testing.T, ctx context.Context, s store.Store) {
