@@ -39,7 +39,9 @@ type clientAnchors struct {
 	root    *x509.Certificate
 	// issuers holds this authority's agent and admin intermediates: the
 	// names the API listener advertises, and the intermediates the full
-	// check completes a leaf presented alone with.
+	// check completes a leaf presented alone with. When intermediates come
+	// to rotate (DESIGN), it must hold every one still accepted, as
+	// requireRole's comparison must.
 	issuers *x509.CertPool
 }
 
