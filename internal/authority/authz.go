@@ -196,7 +196,8 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 
 // clientChain verifies the client certificate the caller gave, if any,
 // as a TLS server would (to this authority's root, for client use, now),
-// and returns its verified chain, leaf first and its intermediate second
+// presented whole or as the leaf alone (clientAnchors), and returns its
+// verified chain, leaf first and its intermediate second
 // (the root follows only when the full check ran: the short path of
 // clientAnchors stops at the intermediate it trusts): nil without a
 // certificate, an error whose text says what is wrong with one that does
@@ -215,12 +216,8 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	if chain, ok := s.anchors.verify(s.ca, certs, now); ok {
 		return chain, nil
 	}
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
-	}
 	chains, err := certs[0].Verify(x509.VerifyOptions{
-		Roots: s.ca.RootPool(), Intermediates: inter, CurrentTime: now,
+		Roots: s.ca.RootPool(), Intermediates: s.anchors.intermediates(s.ca, certs), CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
 	var invalid x509.CertificateInvalidError

@@ -24,11 +24,29 @@ import (
 // the leaf's. Anything else (no intermediate, another one, a certificate
 // this path refuses) takes the full check, which gives the same answer and
 // reasons as before.
+//
+// A client may also present its leaf alone: the API listener names this
+// authority's client intermediates in its CertificateRequest (serverTLS),
+// and an agent or operator whose leaf one of them issued then leaves the
+// intermediate out, so the authority does not keep a parsed copy of its own
+// certificate for every connection (docs/performance.md). The short path
+// takes the anchor whose subject is the leaf's issuer, and the signature
+// decides; the full check completes the chain from issuers, so a refused
+// leaf gets the reason it would get presented with an intermediate.
 type clientAnchors struct {
 	once    sync.Once
 	anchors []anchor // none: no short path
 	root    *x509.Certificate
+	// issuers holds this authority's agent and admin intermediates: the
+	// names the API listener advertises, and the intermediates the full
+	// check completes a leaf presented alone with. When intermediates come
+	// to rotate (DESIGN), it must hold every one still accepted, as
+	// requireRole's comparison must.
+	issuers *x509.CertPool
 }
+
+// clientRoles are the intermediates that issue client certificates.
+var clientRoles = []ca.Role{ca.RoleAgent, ca.RoleAdmin}
 
 // anchor is one intermediate and a pool holding it alone.
 type anchor struct {
@@ -41,11 +59,17 @@ type anchor struct {
 // the full check would apply to the leaf (name constraints, extended key
 // usages), which a root made by ca.Create never does.
 func (a *clientAnchors) init(h *ca.Hierarchy) {
+	a.issuers = x509.NewCertPool()
+	for _, role := range clientRoles {
+		if is := h.Issuer(role); is != nil {
+			a.issuers.AddCert(is.Cert)
+		}
+	}
 	root := h.Root
 	if root == nil || len(root.ExtKeyUsage) > 0 || len(root.UnknownExtKeyUsage) > 0 || hasNameConstraints(root) {
 		return
 	}
-	for _, role := range []ca.Role{ca.RoleAgent, ca.RoleAdmin} {
+	for _, role := range clientRoles {
 		is := h.Issuer(role)
 		if is == nil {
 			continue
@@ -67,25 +91,50 @@ func hasNameConstraints(c *x509.Certificate) bool {
 		len(c.ExcludedEmailAddresses) > 0 || len(c.PermittedURIDomains) > 0 || len(c.ExcludedURIDomains) > 0
 }
 
+// clientIssuers returns the pool of this authority's client intermediates.
+func (a *clientAnchors) clientIssuers(h *ca.Hierarchy) *x509.CertPool {
+	a.once.Do(func() { a.init(h) })
+	return a.issuers
+}
+
+// intermediates returns the pool the full check chains certs[0] through:
+// what the client presented after its leaf, or, for a leaf presented
+// alone, this authority's client intermediates.
+func (a *clientAnchors) intermediates(h *ca.Hierarchy, certs []*x509.Certificate) *x509.CertPool {
+	if len(certs) == 1 {
+		return a.clientIssuers(h)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range certs[1:] {
+		inter.AddCert(c)
+	}
+	return inter
+}
+
 // verify returns the verified chain (leaf, intermediate) and true when the
 // short path applies and accepts certs; false sends the caller to the full
 // check.
 func (a *clientAnchors) verify(h *ca.Hierarchy, certs []*x509.Certificate, now time.Time) ([]*x509.Certificate, bool) {
 	a.once.Do(func() { a.init(h) })
-	if len(a.anchors) == 0 || len(certs) != 2 || now.Before(a.root.NotBefore) || now.After(a.root.NotAfter) {
+	if len(a.anchors) == 0 || len(certs) == 0 || len(certs) > 2 || now.Before(a.root.NotBefore) || now.After(a.root.NotAfter) {
 		return nil, false
 	}
 	var pool *x509.CertPool
 	for _, an := range a.anchors {
-		if bytes.Equal(certs[1].Raw, an.cert.Raw) {
+		// Presented alone, the leaf names its issuer; presented with an
+		// intermediate, that must be one of ours byte for byte.
+		if len(certs) == 1 && bytes.Equal(certs[0].RawIssuer, an.cert.RawSubject) ||
+			len(certs) == 2 && bytes.Equal(certs[1].Raw, an.cert.Raw) {
 			pool = an.pool
+			break
 		}
 	}
 	if pool == nil {
 		return nil, false
 	}
-	// The presented intermediate alone is the anchor, as the full check
-	// can chain only through what was presented.
+	// The intermediate alone is the anchor: the full check can chain only
+	// through what was presented, or, for a leaf alone, through the
+	// intermediates this pool is one of.
 	chains, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	if err != nil {

@@ -14,11 +14,16 @@ import (
 )
 
 // fullChain is the check the short path stands in for: the leaf verified
-// through the presented intermediates to the root.
+// through the presented intermediates to the root, or, presented alone,
+// through the authority's agent and admin intermediates.
 func fullChain(h *ca.Hierarchy, certs []*x509.Certificate, now time.Time) ([]*x509.Certificate, error) {
 	inter := x509.NewCertPool()
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
+	}
+	if len(certs) == 1 {
+		inter.AddCert(h.Issuer(ca.RoleAgent).Cert)
+		inter.AddCert(h.Issuer(ca.RoleAdmin).Cert)
 	}
 	chains, err := certs[0].Verify(x509.VerifyOptions{Roots: h.RootPool(), Intermediates: inter, CurrentTime: now,
 		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
@@ -30,7 +35,8 @@ func fullChain(h *ca.Hierarchy, certs []*x509.Certificate, now time.Time) ([]*x5
 
 // TestClientAnchorsAgreeWithTheFullCheck: the short path accepts only
 // chains the full check accepts, with the same leaf and intermediate, and
-// it is taken for an agent's and an operator's certificate as presented;
+// it is taken for an agent's and an operator's certificate as presented,
+// with its intermediate or alone;
 // expired, not yet valid, foreign, wrongly chained or wrong-purpose
 // certificates are never accepted by it (they go to the full check, which
 // gives the reason).
@@ -65,7 +71,11 @@ func TestClientAnchorsAgreeWithTheFullCheck(t *testing.T) {
 	}{
 		{"agent certificate as presented", []*x509.Certificate{agent, agentInter}, now, true},
 		{"operator certificate as presented", []*x509.Certificate{leaf(h, ca.RoleAdmin, true, now, time.Hour), adminInter}, now, true},
-		{"leaf alone", []*x509.Certificate{agent}, now, false},
+		{"agent leaf alone", []*x509.Certificate{agent}, now, true},
+		{"operator leaf alone", []*x509.Certificate{leaf(h, ca.RoleAdmin, true, now, time.Hour)}, now, true},
+		{"expired leaf alone", []*x509.Certificate{leaf(h, ca.RoleAgent, true, now.Add(-3*time.Hour), time.Hour)}, now, false},
+		{"foreign leaf alone, issuer of the same name", []*x509.Certificate{leaf(other, ca.RoleAgent, true, now, time.Hour)}, now, false},
+		{"server leaf alone", []*x509.Certificate{leaf(h, ca.RoleServer, false, now, time.Hour)}, now, false},
 		{"leaf with the wrong intermediate", []*x509.Certificate{agent, adminInter}, now, false},
 		{"leaf, intermediate and root", []*x509.Certificate{agent, agentInter, h.Root}, now, false},
 		{"expired leaf", []*x509.Certificate{leaf(h, ca.RoleAgent, true, now.Add(-3*time.Hour), time.Hour), agentInter}, now, false},

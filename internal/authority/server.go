@@ -331,7 +331,7 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 	if _, err := s.certificate(role, hosts); err != nil {
 		return nil, err
 	}
-	return &tls.Config{
+	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// Ask for a client certificate but do not require one: bootstrap
 		// callers have none yet, and an agent that has one must be seen as
@@ -344,7 +344,19 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 			return s.certificate(role, hosts)
 		},
 		NextProtos: []string{"h2"},
-	}, nil
+	}
+	if role == ca.RoleServer {
+		// Name the agent and admin intermediates in the CertificateRequest
+		// (certificate_authorities), so a client whose leaf one of them
+		// issued presents the leaf alone (identity.ClientTLS), and the
+		// connection does not keep a parsed copy of an intermediate this
+		// authority has. With RequestClientCert crypto/tls only
+		// advertises these names: it verifies against ClientCAs from
+		// VerifyClientCertIfGiven up, so the check stays authorize's.
+		// The bootstrap listener serves anonymous callers only.
+		cfg.ClientCAs = s.anchors.clientIssuers(s.ca)
+	}
+	return cfg, nil
 }
 
 func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {

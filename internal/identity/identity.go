@@ -190,7 +190,8 @@ func MatchRole(td string, role spiffeid.Role) Matcher {
 }
 
 // ClientTLS returns a client configuration that presents the identity (when
-// id is not nil) and accepts only a server whose chain ends at roots and
+// id is not nil; its leaf alone to a server that names the leaf's issuer,
+// see presented) and accepts only a server whose chain ends at roots and
 // whose leaf's SPIFFE ID match accepts.
 func ClientTLS(id *Identity, roots *x509.CertPool, match Matcher) *tls.Config {
 	cfg := &tls.Config{
@@ -204,10 +205,50 @@ func ClientTLS(id *Identity, roots *x509.CertPool, match Matcher) *tls.Config {
 		NextProtos: []string{"h2"},
 	}
 	if id != nil {
-		cert := id.TLSCertificate()
-		cfg.Certificates = []tls.Certificate{cert}
+		cfg.GetClientCertificate = id.presented()
 	}
 	return cfg
+}
+
+// presented returns what the identity presents to a server that asks for a
+// client certificate: its leaf alone when the server names the leaf's
+// issuer among the authorities it accepts (an authority names its own
+// agent and admin intermediates, so it has the intermediate and need not
+// keep a copy of it for every connection), and the whole chain otherwise,
+// as to a server that names none. Only the identity's own certificates are
+// ever presented, whatever the server names.
+func (id *Identity) presented() func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	whole := id.TLSCertificate()
+	if !id.issuedByChain() {
+		return func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &whole, nil }
+	}
+	leaf := id.Chain[0]
+	alone := tls.Certificate{Certificate: [][]byte{leaf.Raw}, PrivateKey: id.Key, Leaf: leaf}
+	return func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		for _, name := range cri.AcceptableCAs {
+			if bytes.Equal(name, leaf.RawIssuer) {
+				return &alone, nil
+			}
+		}
+		return &whole, nil
+	}
+}
+
+// issuedByChain reports whether the chain's second certificate is the
+// leaf's issuer, by name and, when both carry one, by key identifier: the
+// leaf may then be presented alone to a server that names that issuer.
+// The signature is not checked here: the server checks what it is given,
+// and a chain whose intermediate did not sign the leaf is refused by it
+// either way.
+func (id *Identity) issuedByChain() bool {
+	if len(id.Chain) < 2 {
+		return false
+	}
+	leaf, inter := id.Chain[0], id.Chain[1]
+	if !bytes.Equal(leaf.RawIssuer, inter.RawSubject) {
+		return false
+	}
+	return len(leaf.AuthorityKeyId) == 0 || len(inter.SubjectKeyId) == 0 || bytes.Equal(leaf.AuthorityKeyId, inter.SubjectKeyId)
 }
 
 // VerifyPeer checks that certs (leaf first, then intermediates) chain to

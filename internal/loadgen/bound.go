@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -184,8 +183,10 @@ func timeStep(step func() error) (time.Duration, error) {
 // the authority's default key exchange, its chain (leaf, intermediate and
 // root, which an agent pinning only the root's fingerprint needs), checked
 // by the agent's own TLS configuration (identity.ClientTLS). With mutual
-// the client also presents an agent certificate (leaf and intermediate),
-// which the authority asks for but does not check in the handshake; it
+// the client also presents an agent certificate — its leaf alone, as an
+// agent does to an authority that names its agent intermediate in the
+// certificate request — which the authority asks for but does not check
+// in the handshake; it
 // checks it per call against its own agent intermediate, one signature
 // (authority.clientAnchors), and so does this server. Both ends are
 // counted: the load generator and the authority share this machine, so it
@@ -217,9 +218,12 @@ func (f *boundFixture) handshaker(mutual bool) (func() error, error) {
 		anchor := x509.NewCertPool()
 		anchor.AddCert(f.h.Issuer(ca.RoleAgent).Cert)
 		srvConf.ClientAuth = tls.RequestClientCert
+		// The authority names its client intermediates, so the agent
+		// presents its leaf alone: that is the message timed.
+		srvConf.ClientCAs = anchor
 		srvConf.VerifyConnection = func(cs tls.ConnectionState) error {
-			if len(cs.PeerCertificates) == 0 {
-				return errors.New("loadgen: no client certificate")
+			if len(cs.PeerCertificates) != 1 {
+				return fmt.Errorf("loadgen: the client presented %d certificates, want its leaf alone", len(cs.PeerCertificates))
 			}
 			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{Roots: anchor, CurrentTime: time.Now(),
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
