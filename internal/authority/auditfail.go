@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // auditFailed is an audit write that failed and has been logged where it
@@ -20,13 +21,26 @@ func (e auditFailed) Unwrap() error { return e.err }
 // here, once, with what the operator needs to find the gap in the chain:
 // the record's action and target, and the request's correlation ID.
 func (s *Server) recordAudit(ctx context.Context, e audit.Event) error {
-	if _, err := s.audit.Record(context.WithoutCancel(ctx), e); err != nil {
+	_, err := loggedAudit{s}.Record(ctx, e)
+	return err
+}
+
+// loggedAudit is recordAudit as an auditor, for the packages that record
+// on their own (the signer keeper): a step of theirs has committed when
+// they record it, so they cannot answer a failed write and drop it — the
+// log line here is then the operator's only sign of the gap.
+type loggedAudit struct{ s *Server }
+
+func (a loggedAudit) Record(ctx context.Context, e audit.Event) (store.AuditRecord, error) {
+	s := a.s
+	rec, err := s.audit.Record(context.WithoutCancel(ctx), e)
+	if err != nil {
 		id := e.CorrelationID
 		if id == "" {
 			id = callerFrom(ctx).CorrelationID
 		}
 		s.log.Error("audit record not written", "action", e.Action, "target", e.Target, "correlation_id", id, "err", err)
-		return auditFailed{err}
+		return rec, auditFailed{err}
 	}
-	return nil
+	return rec, nil
 }

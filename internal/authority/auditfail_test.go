@@ -61,6 +61,13 @@ func TestFailedAuditWriteIsLoggedOnce(t *testing.T) {
 			(&adminService{s: s}).record(ctx, "lock.create", "instance inst-1", nil)
 			return nil
 		}},
+		// The keeper drops a failed write (its step has committed): the
+		// auditor the authority gives it is the one that logs it.
+		{"the signer keeper's record", errors.New("disk on fire"), codes.OK, func(ctx context.Context, s *Server) error {
+			_, _ = loggedAudit{s}.Record(ctx, audit.Event{Actor: "op", Action: "lock.create", Target: "instance inst-1",
+				Result: audit.ResultOK, CorrelationID: "corr-7"})
+			return nil
+		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, key, _ := ed25519.GenerateKey(rand.Reader)

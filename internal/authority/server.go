@@ -173,7 +173,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.signers = signer.NewKeeper(cfg.Store, custody, cfg.Audit, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
+	s.signers = signer.NewKeeper(cfg.Store, custody, loggedAudit{s}, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
 	if s.streams, err = newStreamMetrics(s.metrics.reg); err != nil {
 		return nil, err
 	}
@@ -505,7 +505,7 @@ func (s *Server) Run(ctx context.Context) error {
 	err = g.Wait()
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.audit.Record(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
+	_ = s.recordAudit(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
 	s.audit.Checkpoint(rctx)
 	if errors.Is(err, grpc.ErrServerStopped) {
 		err = nil
