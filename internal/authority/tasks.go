@@ -137,6 +137,11 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		return nil, "", badRequest(fmt.Sprintf("expires must be at most %s", task.MaxLifetime))
 	}
 	target := task.Target{NodeIDs: req.NodeIds, Labels: req.Labels, All: req.All}
+	// Before anything is read: a target of no kind would resolve to no
+	// nodes, and one of several kinds to one of them.
+	if err := target.CheckKind(); err != nil {
+		return nil, "", badRequest(err.Error())
+	}
 	if req.All {
 		// The envelope's own check reports malformed input before
 		// anything is signed or read.

@@ -52,6 +52,25 @@ type Target struct {
 	All     bool              `json:"all,omitempty"`
 }
 
+// CheckKind checks that t selects by exactly one of node IDs, labels or
+// all — what a target must be before anything is resolved from it.
+func (t Target) CheckKind() error {
+	n := 0
+	if t.All {
+		n++
+	}
+	if len(t.NodeIDs) > 0 {
+		n++
+	}
+	if len(t.Labels) > 0 {
+		n++
+	}
+	if n != 1 {
+		return malformed("target must be exactly one of node IDs, labels or all")
+	}
+	return nil
+}
+
 // Matches reports whether an agent with this node ID and labels is a
 // target.
 func (t Target) Matches(nodeID string, labels map[string]string) bool {
@@ -118,18 +137,8 @@ func (e Envelope) Check() error {
 	if signer.ValidVersionID(e.SignerVersionID) != nil {
 		return malformed("signer version ID")
 	}
-	n := 0
-	if e.Target.All {
-		n++
-	}
-	if len(e.Target.NodeIDs) > 0 {
-		n++
-	}
-	if len(e.Target.Labels) > 0 {
-		n++
-	}
-	if n != 1 {
-		return malformed("target must be exactly one of node IDs, labels or all")
+	if err := e.Target.CheckKind(); err != nil {
+		return err
 	}
 	if len(e.Target.NodeIDs) > MaxNodeIDs || len(e.Target.Labels) > MaxLabels {
 		return malformed("target too large")
