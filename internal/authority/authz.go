@@ -243,7 +243,7 @@ func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerIntercept
 		}
 }
 
-func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, bootstrapListener bool) (any, error) {
+func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, bootstrapListener bool) (_ any, err error) {
 	c, err := s.authorize(ctx, info.FullMethod, bootstrapListener)
 	if err != nil {
 		return nil, err
@@ -252,7 +252,9 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 		return nil, s.deny(ctx, c, info.FullMethod, codes.InvalidArgument, badMessage)
 	}
 	grpc.SetHeader(ctx, metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
-	return handler(context.WithValue(ctx, callerKey{}, c), req)
+	ctx = context.WithValue(ctx, callerKey{}, c)
+	defer s.recovered(ctx, info.FullMethod, &err)
+	return handler(ctx, req)
 }
 
 type wrappedStream struct {
@@ -265,11 +267,18 @@ func (w wrappedStream) Context() context.Context { return w.ctx }
 func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler, bootstrapListener bool) error {
 	// authorize verifies the client's chain: done apart, so a long-lived
 	// agent stream does not keep the stack that grew (stack.go).
+	// A panic is answered here for the authorization, which runs apart,
+	// and by the handler for the rest (agentService.Connect): a deferred
+	// recovery in this frame would lie under every held stream's wait and
+	// take its stack past the 4 KiB it fits in (stack.go).
 	var (
 		c   Caller
 		err error
 	)
-	apart(func() { c, err = s.authorize(ss.Context(), info.FullMethod, bootstrapListener) })
+	apart(func() {
+		defer s.recovered(ss.Context(), info.FullMethod, &err)
+		c, err = s.authorize(ss.Context(), info.FullMethod, bootstrapListener)
+	})
 	if err != nil {
 		return err
 	}

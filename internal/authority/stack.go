@@ -15,11 +15,18 @@ package authority
 // the stream's own goroutines stay at the few KiB their waits need. The
 // cost is one goroutine start per call (about a microsecond), beside a
 // store round trip.
+//
+// A panic in f panics the caller with it (a panicked, with f's stack), so
+// the handler's recovery answers it as it would one of its own.
 func apart(f func()) {
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	go func() {
-		defer close(done)
+		var p error
+		defer func() { done <- p }()
+		defer catch(&p)
 		f()
 	}()
-	<-done
+	if p := <-done; p != nil {
+		panic(p)
+	}
 }

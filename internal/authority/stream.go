@@ -39,16 +39,27 @@ var streamCheckEvery = 500 * time.Millisecond
 // 4 KiB it starts with (less the runtime's guard of 928 bytes) keeps 4
 // KiB instead of growing to 8 KiB for good (the runtime halves a stack
 // only while less than a quarter of it is used, which 2.3 KiB of 8 is not).
-func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) error {
-	var (
-		st  *agentStream
-		err error
-	)
+func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) (err error) {
+	var st *agentStream
+	defer a.ended(stream, &st, &err)
 	if apart(func() { st, err = a.open(stream) }); err != nil {
 		return err
 	}
-	defer apart(st.close)
 	return st.serve()
+}
+
+// ended records the end of the stream st, once opened, apart, and answers
+// a panic of the stream's — the handler's own or one apart or in the
+// receive loop carried to it — in *err (recover.go). One deferred call
+// does both so the handler's frame, under the stream's whole wait, keeps
+// its size.
+func (a *agentService) ended(stream musterv1.AgentService_ConnectServer, st **agentStream, err *error) {
+	if r := recover(); r != nil {
+		*err = a.s.panicAnswer(stream.Context(), musterv1.AgentService_Connect_FullMethodName, r)
+	}
+	if *st != nil {
+		apart((*st).close)
+	}
 }
 
 // agentStream is an open agent stream.
@@ -129,6 +140,15 @@ func (st *agentStream) close() {
 // receive reads the agent's messages until the stream ends: task results
 // and heartbeats are recorded, apart.
 func (st *agentStream) receive() {
+	// A panic here would end the process: it ends the stream instead, as
+	// the handler's recovery answers it (recover.go).
+	var p error
+	defer func() {
+		if p != nil {
+			st.recvErr <- p
+		}
+	}()
+	defer catch(&p)
 	for {
 		m, err := st.stream.Recv()
 		if err != nil {
@@ -177,6 +197,10 @@ func (st *agentStream) serve() error {
 
 // closedByAgent is the stream's end when its receive loop ended with err.
 func (st *agentStream) closedByAgent(err error) error {
+	if p, ok := err.(panicked); ok {
+		// The receive loop's: answered as the handler's own (recover.go).
+		panic(p)
+	}
 	st.a.streamLog(st.c).Info("agent stream closed by the agent", "err", err)
 	if _, ok := status.FromError(err); ok && !errors.Is(err, io.EOF) {
 		// A message that was refused (one that does not parse, or is too
