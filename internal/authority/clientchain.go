@@ -32,7 +32,10 @@ import (
 // certificate for every connection (docs/performance.md). The short path
 // takes the anchor whose subject is the leaf's issuer, and the signature
 // decides; the full check completes the chain from issuers, so a refused
-// leaf gets the reason it would get presented with an intermediate.
+// agent or operator leaf gets the reason it would get presented with its
+// intermediate. (A leaf of another of this authority's intermediates —
+// a listener's — presented alone is refused as not issued by this
+// authority rather than as not valid for client use: refused either way.)
 type clientAnchors struct {
 	once    sync.Once
 	anchors []anchor // none: no short path

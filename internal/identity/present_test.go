@@ -31,6 +31,47 @@ func agentIdentity(t testing.TB, h *ca.Hierarchy) *Identity {
 	return &Identity{Chain: []*x509.Certificate{leaf, h.Issuer(ca.RoleAgent).Cert}, Key: key, Roots: []*x509.Certificate{h.Root}}
 }
 
+// authorityCert issues an authority's listener certificate under h, its
+// chain as the authority serves it, and returns it with its SPIFFE ID.
+func authorityCert(t testing.TB, h *ca.Hierarchy) (tls.Certificate, spiffeid.ID) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := spiffeid.New("td", spiffeid.RoleAuthority, "a")
+	leaf, err := h.Issuer(ca.RoleServer).Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: id.URL(),
+		ServerAuth: true, NotBefore: time.Now().Add(-time.Minute), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{leaf.Raw, h.Issuer(ca.RoleServer).Cert.Raw, h.Root.Raw}, PrivateKey: key, Leaf: leaf}, id
+}
+
+// presented runs one TLS handshake over a pipe and returns the
+// certificates the client presented, as the server saw them.
+func presented(server, client *tls.Config) ([]*x509.Certificate, error) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	type result struct {
+		certs []*x509.Certificate
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s := tls.Server(b, server)
+		err := s.Handshake()
+		done <- result{s.ConnectionState().PeerCertificates, err}
+	}()
+	cerr := tls.Client(a, client).Handshake()
+	r := <-done
+	if cerr != nil {
+		return nil, cerr
+	}
+	return r.certs, r.err
+}
+
 // TestClientTLSPresentsTheLeafAloneWhenItsIssuerIsNamed: over a real
 // handshake, a client presents its leaf alone exactly when the server names
 // the leaf's issuer in its certificate request and the identity's chain
@@ -46,14 +87,7 @@ func TestClientTLSPresentsTheLeafAloneWhenItsIssuerIsNamed(t *testing.T) {
 	// The leaf with another intermediate after it: never shortened.
 	mismatched := &Identity{Chain: []*x509.Certificate{id.Chain[0], h.Issuer(ca.RoleAdmin).Cert}, Key: id.Key, Roots: id.Roots}
 	leafOnly := &Identity{Chain: id.Chain[:1], Key: id.Key, Roots: id.Roots}
-	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	srvID, _ := spiffeid.New("td", spiffeid.RoleAuthority, "a")
-	srvLeaf, err := h.Issuer(ca.RoleServer).Issue(ca.LeafRequest{PublicKey: srvKey.Public(), SPIFFEID: srvID.URL(),
-		ServerAuth: true, NotBefore: time.Now().Add(-time.Minute), TTL: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srvCert := tls.Certificate{Certificate: [][]byte{srvLeaf.Raw, h.Issuer(ca.RoleServer).Cert.Raw}, PrivateKey: srvKey, Leaf: srvLeaf}
+	srvCert, srvID := authorityCert(t, h)
 	cases := []struct {
 		name  string
 		id    *Identity
@@ -72,26 +106,14 @@ func TestClientTLSPresentsTheLeafAloneWhenItsIssuerIsNamed(t *testing.T) {
 			if c.names != nil {
 				srv.ClientCAs = pool(c.names)
 			}
-			a, b := net.Pipe()
-			defer a.Close()
-			defer b.Close()
-			got := make(chan [][]byte, 1)
-			go func() {
-				s := tls.Server(b, srv)
-				if err := s.Handshake(); err != nil {
-					got <- nil
-					return
-				}
-				var raw [][]byte
-				for _, c := range s.ConnectionState().PeerCertificates {
-					raw = append(raw, c.Raw)
-				}
-				got <- raw
-			}()
-			if err := tls.Client(a, ClientTLS(c.id, h.RootPool(), MatchID(srvID))).Handshake(); err != nil {
+			certs, err := presented(srv, ClientTLS(c.id, h.RootPool(), MatchID(srvID)))
+			if err != nil {
 				t.Fatal(err)
 			}
-			raw := <-got
+			var raw [][]byte
+			for _, c := range certs {
+				raw = append(raw, c.Raw)
+			}
 			if len(raw) != len(c.want) {
 				t.Fatalf("presented %d certificates, want %d", len(raw), len(c.want))
 			}
@@ -149,14 +171,7 @@ func BenchmarkClientHandshake(b *testing.B) {
 		b.Fatal(err)
 	}
 	id := agentIdentity(b, h)
-	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	srvID, _ := spiffeid.New("td", spiffeid.RoleAuthority, "a")
-	srvLeaf, err := h.Issuer(ca.RoleServer).Issue(ca.LeafRequest{PublicKey: srvKey.Public(), SPIFFEID: srvID.URL(),
-		ServerAuth: true, NotBefore: time.Now().Add(-time.Minute), TTL: time.Hour})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srvCert := tls.Certificate{Certificate: [][]byte{srvLeaf.Raw, h.Issuer(ca.RoleServer).Cert.Raw, h.Root.Raw}, PrivateKey: srvKey, Leaf: srvLeaf}
+	srvCert, srvID := authorityCert(b, h)
 	client := ClientTLS(id, h.RootPool(), MatchID(srvID))
 	for _, c := range []struct {
 		name  string
@@ -171,22 +186,10 @@ func BenchmarkClientHandshake(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				a, p := net.Pipe()
-				done := make(chan int, 1)
-				go func() {
-					s := tls.Server(p, srv)
-					if s.Handshake() != nil {
-						done <- -1
-						return
-					}
-					done <- len(s.ConnectionState().PeerCertificates)
-				}()
-				err := tls.Client(a, client).Handshake()
-				if n := <-done; err != nil || n != c.want {
-					b.Fatalf("handshake: %v, %d certificates presented, want %d", err, n, c.want)
+				certs, err := presented(srv, client)
+				if err != nil || len(certs) != c.want {
+					b.Fatalf("handshake: %v, %d certificates presented, want %d", err, len(certs), c.want)
 				}
-				a.Close()
-				p.Close()
 			}
 		})
 	}

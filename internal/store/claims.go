@@ -5,8 +5,9 @@ package store
 // a token use, a referral ticket's use, and the claims of later join
 // methods. A join method states what it claims; every backend applies each
 // kind the same way, whatever method asked for it, so a new method adds a
-// kind here and its case in each backend's applyClaim, never a branch in
-// the join itself. A failed claim fails the join with its sentinel and
+// kind here and its case in each backend (SQLite's applyClaim,
+// PostgreSQL's claimStatement, with the re-read that explains a lost
+// write), never a branch in the join itself. A failed claim fails the join with its sentinel and
 // nothing is written.
 //
 // The set is closed (the method is unexported): a backend that meets a

@@ -94,8 +94,12 @@ func TestLostClaimReasons(t *testing.T) {
 			join(recovery), store.ErrRecoverySequenceChanged},
 		{"budget spent during a recovery", `UPDATE bound_keypairs SET recovery_limit = 1 WHERE token_id = 'bot-1'`,
 			join(recovery), store.ErrRecoveryExhausted},
-		{"bound-keypair token deleted during a recovery", `DELETE FROM tokens WHERE id = 'bot-1'`,
+		// The join's token use comes first and is the claim that loses.
+		{"bound-keypair token deleted during a recovering join", `DELETE FROM tokens WHERE id = 'bot-1'`,
 			join(recovery), store.ErrNotFound},
+		// Nothing comes before the key binding: its own lost write answers.
+		{"bound-keypair token deleted during a rotating refresh", `DELETE FROM tokens WHERE id = 'bot-1'`,
+			renewal(rotation), store.ErrNotFound},
 		{"bound key rotated during a rotating refresh", `UPDATE bound_keypairs SET bound_public_key = 'key-x' WHERE token_id = 'bot-1'`,
 			renewal(rotation), store.ErrKeyBindingChanged},
 		{"instance renewed during a renewal", `UPDATE instances SET generation = 1 WHERE id = 'i0'`,
