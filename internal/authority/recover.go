@@ -16,7 +16,7 @@ import (
 // logged with its stack for the operator to report: by the unary
 // authorization interceptor (recovered), inside which the caller is known
 // and the metrics interceptor counts the answer, and for the agent stream
-// by its handler (agentService.ended).
+// by its handler (agentStream.finish).
 
 // panicked is a panic carried from the goroutine it happened on (apart,
 // the stream's receive loop) to the handler's, with the stack where it

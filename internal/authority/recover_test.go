@@ -54,8 +54,8 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			return (&agentService{s: s}).Connect(stubStream{ctx: ctx})
 		}},
 		{"in an agent stream's receive loop", musterv1.AgentService_Connect_FullMethodName, "panicHere", func(s *Server, ctx context.Context) (err error) {
-			defer (&agentService{s: s}).ended(stubStream{ctx: ctx}, new(*agentStream), &err)
-			st := &agentStream{stream: stubStream{ctx: ctx}, recvErr: make(chan error, 1)}
+			st := &agentStream{a: &agentService{s: s}, stream: stubStream{ctx: ctx}, recvErr: make(chan error, 1)}
+			defer st.finish(&err)
 			go st.receive()
 			return st.closedByAgent(<-st.recvErr)
 		}},

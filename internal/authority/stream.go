@@ -40,25 +40,25 @@ var streamCheckEvery = 500 * time.Millisecond
 // KiB instead of growing to 8 KiB for good (the runtime halves a stack
 // only while less than a quarter of it is used, which 2.3 KiB of 8 is not).
 func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) (err error) {
-	var st *agentStream
-	defer a.ended(stream, &st, &err)
-	if apart(func() { st, err = a.open(stream) }); err != nil {
+	st := &agentStream{a: a, stream: stream}
+	defer st.finish(&err)
+	if apart(func() { err = st.open() }); err != nil {
 		return err
 	}
 	return st.serve()
 }
 
-// ended records the end of the stream st, once opened, apart, and answers
-// a panic of the stream's — the handler's own or one apart or in the
-// receive loop carried to it — in *err (recover.go). One deferred call
-// does both so the handler's frame, under the stream's whole wait, keeps
-// its size.
-func (a *agentService) ended(stream musterv1.AgentService_ConnectServer, st **agentStream, err *error) {
+// finish records the stream's end, once it opened, apart, and answers a
+// panic of the stream's — the handler's own, or one apart or in the
+// receive loop carried to it — in *err (recover.go). One deferred call of
+// two words does both, so the handler's frame, under the stream's whole
+// wait, does not grow.
+func (st *agentStream) finish(err *error) {
 	if r := recover(); r != nil {
-		*err = a.s.panicAnswer(stream.Context(), musterv1.AgentService_Connect_FullMethodName, r)
+		*err = st.a.s.panicAnswer(st.stream.Context(), musterv1.AgentService_Connect_FullMethodName, r)
 	}
-	if *st != nil {
-		apart((*st).close)
+	if st.opened {
+		apart(st.close)
 	}
 }
 
@@ -76,6 +76,8 @@ type agentStream struct {
 	row    store.AgentStream
 	// recvErr is the receive loop's end.
 	recvErr chan error
+	// opened: open succeeded, and the end is to be recorded.
+	opened bool
 
 	// A heartbeat being recorded as the stream ends must not mark the
 	// stream connected again after its end is recorded: the two writes are
@@ -86,16 +88,17 @@ type agentStream struct {
 
 // open checks the caller's standing, records the stream and starts its
 // receive loop. On an error nothing is left open.
-func (a *agentService) open(stream musterv1.AgentService_ConnectServer) (*agentStream, error) {
-	ctx := stream.Context()
-	st := &agentStream{a: a, stream: stream, c: callerFrom(ctx), recvErr: make(chan error, 1)}
+func (st *agentStream) open() error {
+	a := st.a
+	ctx := st.stream.Context()
+	st.c, st.recvErr = callerFrom(ctx), make(chan error, 1)
 	c := st.c
 	// Subscribed before the first check, so a change committed after that
 	// check wakes the stream.
 	st.wake, st.unsub = a.s.hub.subscribe(c.ID.Name)
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		st.unsub()
-		return nil, toStatus(ctx, a.s.log, err)
+		return toStatus(ctx, a.s.log, err)
 	}
 	// A stream never outlives the certificate it was opened with.
 	st.ctx, st.cancel = context.WithDeadline(ctx, c.Cert.NotAfter)
@@ -108,12 +111,13 @@ func (a *agentService) open(stream musterv1.AgentService_ConnectServer) (*agentS
 	if err != nil {
 		st.cancel()
 		st.unsub()
-		return nil, toStatus(ctx, a.s.log, err)
+		return toStatus(ctx, a.s.log, err)
 	}
 	a.s.streams.connected.Inc()
 	a.streamLog(c).Info("agent stream opened")
+	st.opened = true
 	go st.receive()
-	return st, nil
+	return nil
 }
 
 // close records the stream's end (the receive loop ends with the stream:
