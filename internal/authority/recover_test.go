@@ -80,3 +80,27 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 		})
 	}
 }
+
+// A stream whose opening panics after it subscribed to changes leaves no
+// subscription behind.
+func TestPanicOpeningAStreamLeavesNothingOpen(t *testing.T) {
+	var buf bytes.Buffer
+	// A caller without a certificate: the opening panics after the
+	// subscription.
+	s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil)), hub: newStreamHub()}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	err := (&agentService{s: s}).Connect(stubStream{ctx: ctx})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("answered %v, want INTERNAL", err)
+	}
+	s.hub.mu.Lock()
+	defer s.hub.mu.Unlock()
+	for node, ws := range s.hub.byNode {
+		if len(ws) > 0 {
+			t.Errorf("node %q still has %d subscriptions", node, len(ws))
+		}
+	}
+	if !strings.Contains(buf.String(), "(*agentStream).open") {
+		t.Errorf("the panic logged is not the opening's:\n%s", buf.String())
+	}
+}

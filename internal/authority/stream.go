@@ -54,10 +54,19 @@ func (a *agentService) Connect(stream musterv1.AgentService_ConnectServer) (err 
 // two words does both, so the handler's frame, under the stream's whole
 // wait, does not grow.
 func (st *agentStream) finish(err *error) {
-	if r := recover(); r != nil {
+	answer := func(r any) {
 		*err = st.a.s.panicAnswer(st.stream.Context(), musterv1.AgentService_Connect_FullMethodName, r)
 	}
+	if r := recover(); r != nil {
+		answer(r)
+	}
 	if st.opened {
+		// A panic recording the end is answered too.
+		defer func() {
+			if r := recover(); r != nil {
+				answer(r)
+			}
+		}()
 		apart(st.close)
 	}
 }
@@ -93,15 +102,24 @@ func (st *agentStream) open() error {
 	ctx := st.stream.Context()
 	st.c, st.recvErr = callerFrom(ctx), make(chan error, 1)
 	c := st.c
+	// Unless the stream opens, nothing is left: on a refusal, an error or
+	// a panic.
+	defer func() {
+		if !st.opened && st.unsub != nil {
+			st.unsub()
+		}
+		if !st.opened && st.cancel != nil {
+			st.cancel()
+		}
+	}()
 	// Subscribed before the first check, so a change committed after that
 	// check wakes the stream.
 	st.wake, st.unsub = a.s.hub.subscribe(c.ID.Name)
-	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
-		st.unsub()
-		return toStatus(ctx, a.s.log, err)
-	}
 	// A stream never outlives the certificate it was opened with.
 	st.ctx, st.cancel = context.WithDeadline(ctx, c.Cert.NotAfter)
+	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
+		return toStatus(ctx, a.s.log, err)
+	}
 	st.row = store.AgentStream{NodeID: c.ID.Name, Replica: a.s.advertise(), Connected: true}
 	var err error
 	if st.row.ConnectedAt, err = a.s.store.Now(st.ctx); err == nil {
@@ -109,8 +127,6 @@ func (st *agentStream) open() error {
 		err = a.s.store.RecordAgentStream(st.ctx, st.row)
 	}
 	if err != nil {
-		st.cancel()
-		st.unsub()
 		return toStatus(ctx, a.s.log, err)
 	}
 	a.s.streams.connected.Inc()
