@@ -244,6 +244,13 @@ func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerIntercept
 }
 
 func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler, bootstrapListener bool) (_ any, err error) {
+	// A panic here or in the handler is the call's INTERNAL answer, logged
+	// with the caller once it is known (recover.go).
+	defer func() {
+		if r := recover(); r != nil {
+			err = s.panicAnswer(ctx, info.FullMethod, r)
+		}
+	}()
 	c, err := s.authorize(ctx, info.FullMethod, bootstrapListener)
 	if err != nil {
 		return nil, err
@@ -253,7 +260,6 @@ func (s *Server) unaryAuth(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	grpc.SetHeader(ctx, metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	ctx = context.WithValue(ctx, callerKey{}, c)
-	defer s.recovered(ctx, info.FullMethod, &err)
 	return handler(ctx, req)
 }
 

@@ -39,7 +39,10 @@ func newRecoveriesGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error)
 // rotates, then the result. The exchange is bounded by
 // the challenge's lifetime, so a caller that never answers holds nothing
 // for long.
-func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) error {
+func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) (err error) {
+	// A short-lived stream: a deferred recovery costs it nothing that
+	// lasts (recover.go).
+	defer j.s.recovered(stream.Context(), musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName, &err)
 	ctx, cancel := context.WithTimeout(stream.Context(), boundkeypair.ChallengeTTL+10*time.Second)
 	defer cancel()
 	start := time.Now()

@@ -14,9 +14,10 @@ import (
 // with it, and whoever can send the request can send it again: the
 // call is answered INTERNAL, with its correlation ID, and the panic is
 // logged with its stack for the operator to report: by the unary
-// authorization interceptor (recovered), inside which the caller is known
-// and the metrics interceptor counts the answer, and for the agent stream
-// by its handler (agentStream.finish).
+// authorization interceptor, inside which the metrics interceptor counts
+// the answer; for streams by the stream interceptor's authorization, the
+// join stream's handler, and the agent stream's (agentStream.finish) and
+// its receive loop.
 
 // panicked is a panic carried from the goroutine it happened on (apart,
 // the stream's receive loop) to the handler's, with the stack where it
@@ -27,6 +28,12 @@ type panicked struct {
 }
 
 func (p panicked) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+// panicEnd ends an agent stream whose receive loop panicked: the call's
+// answer, the panic logged already.
+type panicEnd struct{ status error }
+
+func (e panicEnd) Error() string { return e.status.Error() }
 
 // catch is deferred on a goroutine a request runs on: a panic becomes a
 // panicked in *to.
@@ -40,9 +47,8 @@ func catch(to *error) {
 	}
 }
 
-// recovered is deferred around a unary handler (unaryAuth) and a stream's
-// authorization (streamAuth): a panic becomes the call's INTERNAL answer
-// in *err.
+// recovered is deferred around a stream's authorization (streamAuth) and
+// the join stream: a panic becomes the call's INTERNAL answer in *err.
 func (s *Server) recovered(ctx context.Context, method string, err *error) {
 	if r := recover(); r != nil {
 		*err = s.panicAnswer(ctx, method, r)

@@ -129,9 +129,10 @@ func (st *agentStream) open() error {
 	if err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
+	// Recorded: from here its end is recorded (close), whatever follows.
+	st.opened = true
 	a.s.streams.connected.Inc()
 	a.streamLog(c).Info("agent stream opened")
-	st.opened = true
 	go st.receive()
 	return nil
 }
@@ -140,32 +141,42 @@ func (st *agentStream) open() error {
 // gRPC ends its Recv when the handler returns).
 func (st *agentStream) close() {
 	a := st.a
+	// Released even if recording the end panics (finish answers it).
+	defer func() {
+		a.s.streams.connected.Dec()
+		st.cancel()
+		st.unsub()
+	}()
+	if err := st.recordEnd(); err != nil {
+		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
+	}
+}
+
+// recordEnd records the stream's end; no heartbeat is recorded after it.
+func (st *agentStream) recordEnd() error {
+	a := st.a
 	st.recordMu.Lock()
+	defer st.recordMu.Unlock()
 	st.ended = true
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), 5*time.Second)
+	defer cancel()
 	now, err := a.s.store.Now(rctx)
 	if err == nil {
 		err = a.s.store.CloseAgentStream(rctx, st.row.NodeID, st.row.ConnectedAt, now)
 	}
-	cancel()
-	st.recordMu.Unlock()
-	if err != nil {
-		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
-	}
-	a.s.streams.connected.Dec()
-	st.cancel()
-	st.unsub()
+	return err
 }
 
 // receive reads the agent's messages until the stream ends: task results
 // and heartbeats are recorded, apart.
 func (st *agentStream) receive() {
-	// A panic here would end the process: it ends the stream instead, as
-	// the handler's recovery answers it (recover.go).
+	// A panic here would end the process: it is logged here, where it
+	// happened (the stream may be ending another way, and never read
+	// recvErr), and ends the stream with the call's INTERNAL answer.
 	var p error
 	defer func() {
 		if p != nil {
-			st.recvErr <- p
+			st.recvErr <- panicEnd{st.a.s.panicAnswer(st.stream.Context(), musterv1.AgentService_Connect_FullMethodName, p)}
 		}
 	}()
 	defer catch(&p)
@@ -217,9 +228,9 @@ func (st *agentStream) serve() error {
 
 // closedByAgent is the stream's end when its receive loop ended with err.
 func (st *agentStream) closedByAgent(err error) error {
-	if p, ok := err.(panicked); ok {
-		// The receive loop's: answered as the handler's own (recover.go).
-		panic(p)
+	if p, ok := err.(panicEnd); ok {
+		// The receive loop panicked, and logged it.
+		return p.status
 	}
 	st.a.streamLog(st.c).Info("agent stream closed by the agent", "err", err)
 	if _, ok := status.FromError(err); ok && !errors.Is(err, io.EOF) {
