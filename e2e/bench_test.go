@@ -15,7 +15,8 @@ import (
 // DIR/authority.lock.
 func TestBench(t *testing.T) {
 	dir, _ := initDir(t)
-	a := startAuthority(t, dir)
+	a := startAuthority(t, dir, "--pprof-listen", "127.0.0.1:0")
+	pprofAddr := logField(t, a, "serving Go profiles", "pprof_listen")
 	for _, tc := range []struct {
 		op, conn string
 	}{
@@ -123,7 +124,8 @@ func TestBench(t *testing.T) {
 				}
 			}
 		}()
-		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "--hold", "2s", "-o", "json")
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "20", "--requests", "2", "--hold", "2s",
+			"--authority-pprof", pprofAddr, "-o", "json")
 		close(stop)
 		heldFor := <-held
 		if r.code != 0 {
@@ -140,6 +142,12 @@ func TestBench(t *testing.T) {
 					Before    int64 `json:"rss_before_bytes"`
 					After     int64 `json:"rss_after_bytes"`
 					PerStream int64 `json:"rss_per_stream_bytes"`
+
+					HeapBefore    *int64 `json:"live_heap_before_bytes"`
+					HeapAfter     *int64 `json:"live_heap_after_bytes"`
+					StackBefore   *int64 `json:"stack_before_bytes"`
+					StackAfter    *int64 `json:"stack_after_bytes"`
+					LivePerStream *int64 `json:"live_per_stream_bytes"`
 				} `json:"memory"`
 				Tasks []struct {
 					TaskID    string `json:"task_id"`
@@ -174,6 +182,16 @@ func TestBench(t *testing.T) {
 		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
 			t.Errorf("memory %+v: want the authority's RSS before and after", m)
 		}
+		// The live figure (heap after a forced collection and stacks, from
+		// --authority-pprof) is there, grew with 20 streams, and is part
+		// of what is resident.
+		if m := run.Memory; m == nil || m.HeapBefore == nil || m.HeapAfter == nil || m.StackBefore == nil || m.StackAfter == nil || m.LivePerStream == nil {
+			t.Errorf("memory %+v: want the live heap and stacks read through --authority-pprof", m)
+		} else if *m.HeapBefore <= 0 || *m.StackBefore <= 0 || *m.LivePerStream <= 0 || *m.HeapAfter+*m.StackAfter >= m.After ||
+			*m.LivePerStream*20 >= m.After {
+			t.Errorf("live heap %d → %d, stacks %d → %d, %d a stream, RSS after %d: want a growth, below the resident set",
+				*m.HeapBefore, *m.HeapAfter, *m.StackBefore, *m.StackAfter, *m.LivePerStream, m.After)
+		}
 		// --hold kept the 20 streams open 2 s after the last task: with the
 		// second before the first task, at least 3 s in all (without
 		// --hold, about one).
@@ -187,6 +205,17 @@ func TestBench(t *testing.T) {
 	})
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--requests", "1", "--hold", "1s"); !strings.Contains(got, "--hold") {
 		t.Errorf("--hold for a renew run: %q", got)
+	}
+	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--requests", "1", "--authority-pprof", pprofAddr); !strings.Contains(got, "--op stream") {
+		t.Errorf("--authority-pprof for a renew run: %q", got)
+	}
+	// An address with no profiles behind it (the metrics listener) and a
+	// non-loopback one stop the bench before any agent is joined.
+	for _, bad := range []struct{ addr, want string }{{a.metrics, "404"}, {"192.0.2.1:6060", "loopback"}} {
+		r := muster(t, nil, "bench", "--data", dir, "--op", "stream", "--concurrency", "5", "--authority-pprof", bad.addr)
+		if r.code == 0 || !strings.Contains(r.stderr, "--authority-pprof") || !strings.Contains(r.stderr, bad.want) || strings.Contains(r.stderr, "setup:") {
+			t.Errorf("--authority-pprof %s: exit %d, stderr %q; want it refused (%s) before the setup", bad.addr, r.code, r.stderr, bad.want)
+		}
 	}
 	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--hold", "-1s"); !strings.Contains(got, "--hold") {
 		t.Errorf("a negative --hold: %q", got)
@@ -204,6 +233,24 @@ func TestBench(t *testing.T) {
 	if got := mustFail(t, "bench", "--data", dir, "--op", "nope", "--requests", "1"); !strings.Contains(got, "token-join") {
 		t.Errorf("an unknown op: %q", got)
 	}
+}
+
+// logField is key of the first JSON log record of p whose msg is msg.
+func logField(t *testing.T, p *proc, msg, key string) string {
+	t.Helper()
+	for line := range strings.Lines(p.Logs()) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if m, _ := rec["msg"].(string); strings.HasPrefix(m, msg) {
+			if v, ok := rec[key].(string); ok && v != "" {
+				return v
+			}
+		}
+	}
+	t.Fatalf("%s logged no %q with %s:\n%s", p.name, msg, key, p.Logs())
+	return ""
 }
 
 // TestBenchSeed fills a stopped authority's store with muster bench seed

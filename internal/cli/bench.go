@@ -44,6 +44,7 @@ func newBenchCmd(env *Env) *cobra.Command {
 	var duration, hold time.Duration
 	var requests int64
 	var pid int
+	var authorityPprof string
 	cmd := &cobra.Command{
 		Use:   "bench --op OP",
 		Short: "Drive a running authority with simulated agents and measure what it carries",
@@ -65,7 +66,8 @@ Operations (--op):
                   are sent to all of them through SendTask, one after another,
                   each timed until every stream has it (past 1,024 streams,
                   the most a task may name, the task goes to all nodes).
-                  Prints the authority's resident memory per stream and
+                  Prints the authority's resident memory per stream (with
+                  --authority-pprof its live heap and stacks too) and
                   the fan-out time (p50/p95/p99/max per agent); --hold
                   keeps the streams open, idle, that long afterwards, to
                   profile the authority while it holds them
@@ -92,7 +94,8 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
   muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
   muster bench --data ./muster-data --op psk-join --connection shared --requests 500
   muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3
-  muster bench --data ./muster-data --op stream --concurrency 2000 --requests 1 --hold 2m`,
+  muster bench --data ./muster-data --op stream --concurrency 2000 --requests 1 --hold 2m
+  muster bench --data ./muster-data --op stream --concurrency 2000 --authority-pprof 127.0.0.1:6060`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -109,6 +112,8 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				return errors.New("bench: --hold keeps agent streams open: it is for --op stream")
 			case hold < 0:
 				return fmt.Errorf("bench: --hold %s: want a positive duration", hold)
+			case op != loadgen.OpStream && authorityPprof != "":
+				return errors.New("bench: --authority-pprof reads the authority's memory around agent streams: it is for --op stream")
 			case op == loadgen.OpStream && requests == 0:
 				requests = 1
 			}
@@ -154,6 +159,16 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			defer admin.Close()
 			ctx := cmd.Context()
 			logf := func(format string, args ...any) { fmt.Fprintf(env.Stderr, "bench: "+format+"\n", args...) }
+			if authorityPprof != "" {
+				// Read once now, so a wrong address stops the bench
+				// before thousands of agents are joined.
+				setupCtx, cancel := af.context(ctx)
+				_, err := loadgen.ReadLiveMemory(setupCtx, authorityPprof)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("bench: --authority-pprof: %w", err)
+				}
+			}
 			// --timeout bounds a setup of a few calls; one that joins
 			// thousands of agents for streams says how far it got every
 			// thousand instead, and ^C ends it.
@@ -175,7 +190,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				}
 			}()
 			if op == loadgen.OpStream {
-				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, hold, logf)
+				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, hold, authorityPprof, logf)
 			}
 			logf("measuring the crypto bound of %s", op)
 			bound, err := loadgen.MeasureBound(op, conn != loadgen.ConnShared)
@@ -211,6 +226,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew)")
 	f.IntVar(&prepared, "prepare", 20000, "with --duration: join requests (nodes and CSRs) made before the run; the run ends early if they are used up")
 	f.DurationVar(&hold, "hold", 0, "with --op stream: keep the streams open, idle, this long after the last task (to profile the authority while it holds them)")
+	f.StringVar(&authorityPprof, "authority-pprof", "", "with --op stream: the authority's --pprof-listen address (loopback HOST:PORT), to read its live heap and stacks before and after the streams open")
 	f.IntVar(&pid, "authority-pid", 0, "the authority's process on this machine, for its CPU and memory (default: the pid in DIR/authority.lock when the address comes from DIR)")
 	return cmd
 }

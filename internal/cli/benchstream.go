@@ -17,7 +17,7 @@ type streamBenchReport struct {
 }
 
 func runStreamBench(ctx context.Context, env *Env, out output, st *loadgen.Streams, addr string, streams, tasks, pid int, hold time.Duration,
-	logf func(string, ...any)) error {
+	pprof string, logf func(string, ...any)) error {
 	if pid > 0 {
 		// Each stream is one open file at the authority too.
 		if limit, err := loadgen.ProcOpenFiles(pid); err == nil && limit != 0 && limit < uint64(streams)+64 {
@@ -25,7 +25,7 @@ func runStreamBench(ctx context.Context, env *Env, out output, st *loadgen.Strea
 		}
 	}
 	logf("opening %d agent streams to %s, then %d task(s) to all of them", streams, addr, tasks)
-	run, err := loadgen.RunStreams(ctx, st, loadgen.StreamConfig{Tasks: tasks, Progress: env.Stderr, PID: pid, Hold: hold})
+	run, err := loadgen.RunStreams(ctx, st, loadgen.StreamConfig{Tasks: tasks, Progress: env.Stderr, PID: pid, Hold: hold, Pprof: pprof})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
 	}
@@ -44,9 +44,15 @@ func printStreamBench(w io.Writer, r streamBenchReport) {
 	if run.Target == loadgen.TargetAll {
 		fmt.Fprintln(w, "Target:       all (more streams than a task may name: every node in the store is queued the task)")
 	}
-	if m := run.Memory; m != nil {
+	if m := run.Memory; m != nil && m.AfterBytes > 0 {
 		fmt.Fprintf(w, "Memory:       RSS %.1f MiB before, %.1f MiB after: %.1f KiB a stream\n", float64(m.BeforeBytes)/(1<<20),
 			float64(m.AfterBytes)/(1<<20), float64(m.PerStreamBytes)/1024)
+	}
+	if m := run.Memory; m != nil && m.StreamLive != nil {
+		l := m.StreamLive
+		fmt.Fprintf(w, "Live memory:  heap %.1f → %.1f MiB, stacks %.1f → %.1f MiB: %.1f KiB a stream\n",
+			float64(l.HeapBeforeBytes)/(1<<20), float64(l.HeapAfterBytes)/(1<<20), float64(l.StackBeforeBytes)/(1<<20),
+			float64(l.StackAfterBytes)/(1<<20), float64(l.PerStreamBytes)/1024)
 	}
 	for i, f := range run.Tasks {
 		fmt.Fprintf(w, "Task %d:       %s reached %d streams in %s (SendTask %s, queued for %d nodes)\n", i+1, f.TaskID, f.Delivered,

@@ -113,6 +113,9 @@ type StreamConfig struct {
 	// task's fan-out, idle, so the authority can be profiled while it
 	// holds them (its heap and goroutines through --pprof-listen).
 	Hold time.Duration
+	// Pprof, if set, is the authority's --pprof-listen address: its live
+	// heap and stacks are read there before and after the streams open.
+	Pprof string
 }
 
 // StreamOutcome is what a stream run measured.
@@ -144,11 +147,36 @@ type StreamOutcome struct {
 }
 
 // StreamMemory is the authority's resident memory around the opening of
-// the streams.
+// the streams (zero when its process is not known), and with
+// StreamConfig.Pprof its live memory too.
 type StreamMemory struct {
 	BeforeBytes    int64 `json:"rss_before_bytes"`
 	AfterBytes     int64 `json:"rss_after_bytes"`
 	PerStreamBytes int64 `json:"rss_per_stream_bytes"`
+	*StreamLive
+}
+
+// StreamLive is the authority's live memory around the opening of the
+// streams: the heap after a forced collection and the goroutine stacks in
+// use. The resident set also holds what the runtime has freed but not yet
+// returned to the system, and so moves with the collector's timing; this
+// is what the streams themselves hold.
+type StreamLive struct {
+	HeapBeforeBytes  int64 `json:"live_heap_before_bytes"`
+	HeapAfterBytes   int64 `json:"live_heap_after_bytes"`
+	StackBeforeBytes int64 `json:"stack_before_bytes"`
+	StackAfterBytes  int64 `json:"stack_after_bytes"`
+	// PerStreamBytes is the growth of heap and stacks together, divided
+	// by the streams opened.
+	PerStreamBytes int64 `json:"live_per_stream_bytes"`
+}
+
+// live is m's live part, nil without one (or without m).
+func (m *StreamMemory) live() *StreamLive {
+	if m == nil {
+		return nil
+	}
+	return m.StreamLive
 }
 
 // FanOut is one task sent to every stream.
@@ -209,6 +237,16 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 			return nil, err
 		}
 		out.Memory = &StreamMemory{BeforeBytes: before}
+	}
+	if cfg.Pprof != "" {
+		live, err := ReadLiveMemory(ctx, cfg.Pprof)
+		if err != nil {
+			return nil, err
+		}
+		if out.Memory == nil {
+			out.Memory = &StreamMemory{}
+		}
+		out.Memory.StreamLive = &StreamLive{HeapBeforeBytes: live.HeapAlloc, StackBeforeBytes: live.Stack}
 	}
 
 	// Every stream's receipt of task k, as the time since its SendTask.
@@ -276,12 +314,24 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	}
 	if out.Memory != nil {
 		time.Sleep(settle)
+	}
+	if cfg.PID > 0 {
 		after, err := procRSS(cfg.PID)
 		if err != nil {
 			return nil, err
 		}
 		out.Memory.AfterBytes = after
 		out.Memory.PerStreamBytes = (after - out.Memory.BeforeBytes) / int64(out.Opened)
+	}
+	// Read after the resident set: the forced collection may start
+	// returning memory to the system.
+	if l := out.Memory.live(); l != nil {
+		live, err := ReadLiveMemory(ctx, cfg.Pprof)
+		if err != nil {
+			return nil, err
+		}
+		l.HeapAfterBytes, l.StackAfterBytes = live.HeapAlloc, live.Stack
+		l.PerStreamBytes = (l.HeapAfterBytes - l.HeapBeforeBytes + l.StackAfterBytes - l.StackBeforeBytes) / int64(out.Opened)
 	}
 	fmt.Fprintf(cfg.Progress, "bench: %d streams open in %s\n", out.Opened, out.OpenElapsed.Round(time.Millisecond))
 
