@@ -34,9 +34,16 @@ const liveRead = time.Minute
 const liveMax = 256 << 20
 
 // ReadLiveMemory asks the authority's profiles at addr (HOST:PORT of its
-// --pprof-listen, loopback only) for its heap after a forced collection
+// --pprof-listen, loopback only) for its heap after forced collections
 // (/debug/pprof/heap?debug=1&gc=1) and parses the runtime's MemStats from
 // the end of that text.
+//
+// It asks twice and reads the second answer: what sync.Pools hold (TLS
+// record buffers, gRPC's buffers, many of them after thousands of
+// handshakes) survives one collection in the pools' victim caches and is
+// freed by the next, so after one collection the heap read 2–30 KiB a
+// stream above what the streams hold, depending on how many buffers the
+// last burst pooled.
 func ReadLiveMemory(ctx context.Context, addr string) (LiveMemory, error) {
 	if err := pprofserve.CheckAddr(addr); err != nil {
 		return LiveMemory{}, fmt.Errorf("loadgen: the authority's %w", err)
@@ -44,27 +51,40 @@ func ReadLiveMemory(ctx context.Context, addr string) (LiveMemory, error) {
 	ctx, cancel := context.WithTimeout(ctx, liveRead)
 	defer cancel()
 	url := "http://" + addr + "/debug/pprof/heap?debug=1&gc=1"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return LiveMemory{}, fmt.Errorf("loadgen: the authority's profiles: %w", err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return LiveMemory{}, fmt.Errorf("loadgen: the authority's profiles (its --pprof-listen address): %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return LiveMemory{}, fmt.Errorf("loadgen: GET %s: %s (is %s the authority's --pprof-listen address?)", url, resp.Status, addr)
-	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, liveMax))
-	if err != nil {
-		return LiveMemory{}, fmt.Errorf("loadgen: GET %s: %w", url, err)
+	var b []byte
+	for range 2 {
+		var err error
+		if b, err = getProfile(ctx, url, addr); err != nil {
+			return LiveMemory{}, err
+		}
 	}
 	m, err := parseLiveMemory(b)
 	if err != nil {
 		return LiveMemory{}, fmt.Errorf("%w (is %s the authority's --pprof-listen address?)", err, addr)
 	}
 	return m, nil
+}
+
+// getProfile is the body of one GET of url, a profile of the authority's
+// at addr.
+func getProfile(ctx context.Context, url, addr string) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: the authority's profiles: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: the authority's profiles (its --pprof-listen address): %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("loadgen: GET %s: %s (is %s the authority's --pprof-listen address?)", url, resp.Status, addr)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, liveMax))
+	if err != nil {
+		return nil, fmt.Errorf("loadgen: GET %s: %w", url, err)
+	}
+	return b, nil
 }
 
 // parseLiveMemory reads "# HeapAlloc = N" and "# Stack = INUSE / SYS" from
