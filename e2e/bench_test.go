@@ -182,14 +182,19 @@ func TestBench(t *testing.T) {
 		if m := run.Memory; m == nil || m.Before <= 0 || m.After <= 0 {
 			t.Errorf("memory %+v: want the authority's RSS before and after", m)
 		}
-		// The live figure (heap after a forced collection and stacks, from
-		// --authority-pprof) is there, grew with 20 streams, and is part
-		// of what is resident.
+		// The live figure (heap after forced collections and stacks, from
+		// --authority-pprof) is there, part of what is resident, and the
+		// per-stream figure is its growth ÷ 20. With 20 streams the heap's
+		// growth (~0.5 MiB) is within what the setup's closing join
+		// connections leave live or not at the first reading (their
+		// goroutines too), so only the stacks must grow.
 		if m := run.Memory; m == nil || m.HeapBefore == nil || m.HeapAfter == nil || m.StackBefore == nil || m.StackAfter == nil || m.LivePerStream == nil {
 			t.Errorf("memory %+v: want the live heap and stacks read through --authority-pprof", m)
-		} else if *m.HeapBefore <= 0 || *m.StackBefore <= 0 || *m.LivePerStream <= 0 || *m.HeapAfter+*m.StackAfter >= m.After ||
-			*m.LivePerStream*20 >= m.After {
-			t.Errorf("live heap %d → %d, stacks %d → %d, %d a stream, RSS after %d: want a growth, below the resident set",
+		} else if *m.HeapBefore <= 0 || *m.HeapAfter <= 0 || *m.StackBefore <= 0 || *m.StackAfter <= *m.StackBefore ||
+			*m.HeapAfter+*m.StackAfter >= m.After ||
+			*m.LivePerStream != (*m.HeapAfter-*m.HeapBefore+*m.StackAfter-*m.StackBefore)/20 {
+			t.Errorf("live heap %d → %d, stacks %d → %d, %d a stream, RSS after %d: want the stacks to grow with 20 streams, "+
+				"the live memory below the resident set, and the growth ÷ 20 a stream",
 				*m.HeapBefore, *m.HeapAfter, *m.StackBefore, *m.StackAfter, *m.LivePerStream, m.After)
 		}
 		// --hold kept the 20 streams open 2 s after the last task: with the
