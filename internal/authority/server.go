@@ -444,7 +444,7 @@ func (s *Server) Run(ctx context.Context) error {
 	var metricsLis net.Listener
 	var metricsSrv *http.Server
 	if s.cfg.MetricsListen != "" {
-		if metricsLis, err = listener.ListenAs(s.cfg.MetricsListen, "metrics", nil, s.conns, s.connRefusals); err != nil {
+		if metricsLis, err = listener.ListenAs(s.cfg.MetricsListen, "metrics", nil, listener.NewCap(listener.MetricsMaxConns), s.connRefusals); err != nil {
 			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()

@@ -145,11 +145,11 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	if req.All {
 		// The envelope's own check reports malformed input before
 		// anything is signed or read.
-		if err := checkEnvelope(task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}, lifetime); err != nil {
+		env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}
+		if err := checkEnvelope(env, lifetime); err != nil {
 			return nil, "", err
 		}
-		env, n, listed, err := a.s.queueToAll(ctx, task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}, lifetime,
-			callerFrom(ctx).Actor())
+		env, n, listed, err := a.s.queueToAll(ctx, env, lifetime, callerFrom(ctx).Actor())
 		if err != nil {
 			return nil, "", signedRefusal(err)
 		}

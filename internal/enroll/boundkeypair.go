@@ -343,13 +343,16 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		// The key the rebind replaces: a lock on it still holds.
 		targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: bound.Fingerprint()})
 	}
-	held, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID, t.ID, targets)
+	held, err := s.holdsCurrent(ctx, p.Cert, p.NodeID, bk.BoundInstanceID, targets)
 	if err != nil {
 		// Not knowing must not turn a refresh into a counted recovery.
 		return a, err
 	}
 	var l *store.Lock
-	if held != nil && held.locksRead {
+	// ReadRenewal's node is the record's (the join's) and its token the
+	// instance's: when that is this token, as a refresh's is, the lock
+	// read covers every target of the join's.
+	if held != nil && held.inst.TokenID == t.ID {
 		l = held.lock
 	} else {
 		if held != nil {
@@ -517,10 +520,9 @@ type held struct {
 	inst      store.Instance
 	node      store.Node
 	nodeFound bool
-	// locksRead: lock is the lock in force on the join's targets and
-	// lockTargets (nil for none), read with the rest.
-	locksRead bool
-	lock      *store.Lock
+	// lock is the lock in force on the renewal's targets and the public
+	// keys among the join's (nil for none), read with the rest.
+	lock *store.Lock
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the
@@ -535,10 +537,8 @@ func (h *held) lockTargets() []store.LockTarget {
 // current; nil if not, and an error only when the store could not tell.
 // One read (ReadRenewal) brings the record, the instance, the node and
 // the lock in force on the renewal's targets and the public keys among
-// targets (the join's); when the instance is tokenID's, as a refresh's
-// is, that covers every target of targets and the held's lock is that
-// lock (locksRead).
-func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID, tokenID string, targets []store.LockTarget) (*held, error) {
+// targets (the join's).
+func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, nodeID, instanceID string, targets []store.LockTarget) (*held, error) {
 	if cert == nil || instanceID == "" || s.cfg.Now().After(cert.NotAfter) {
 		return nil, nil
 	}
@@ -557,9 +557,6 @@ func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, node
 		return nil, nil
 	}
 	h := &held{rec: rd.Certificate, inst: rd.Instance, node: rd.Node, nodeFound: rd.NodeFound}
-	// ReadRenewal's node is the record's (nodeID) and its token the
-	// instance's: the join's node and token targets when it is tokenID's.
-	h.locksRead = rd.Instance.TokenID == tokenID
 	if rd.Locked {
 		h.lock = &rd.Lock
 	}

@@ -46,7 +46,6 @@ type Store interface {
 	ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error)
 	GetNode(ctx context.Context, id string) (store.Node, error)
 	GetInstance(ctx context.Context, id string) (store.Instance, error)
-	GetCertificate(ctx context.Context, serial string) (store.Certificate, error)
 	CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error)
 	CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error)
 	JoinStateKeyStore

@@ -141,16 +141,12 @@ func Listen(addr string, o Options) (net.Listener, error) {
 }
 
 // ListenAs binds one of a server's listeners, named "api", "bootstrap"
-// or "metrics": the serving ones draw on serving (limits.max_connections,
-// shared by a process's serving listeners), the metrics listener on a
-// small cap of its own (MetricsMaxConns), so a full serving cap does not
-// starve the probes. Each connection closed at once is counted and logged
+// or "metrics", drawing on c: the serving ones share one cap
+// (limits.max_connections), the metrics listener has a small one of its
+// own (NewCap(MetricsMaxConns)), so a full serving cap does not starve
+// the probes. Each connection closed at once is counted and logged
 // through rs under name.
-func ListenAs(addr, name string, trusted []netip.Prefix, serving *Cap, rs *Refusals) (net.Listener, error) {
-	c := serving
-	if name == "metrics" {
-		c = NewCap(MetricsMaxConns)
-	}
+func ListenAs(addr, name string, trusted []netip.Prefix, c *Cap, rs *Refusals) (net.Listener, error) {
 	return Listen(addr, Options{TrustedProxies: trusted, Cap: c, Refused: rs.For(name, c.Max())})
 }
 

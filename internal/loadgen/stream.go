@@ -171,14 +171,6 @@ type StreamLive struct {
 	PerStreamBytes int64 `json:"live_per_stream_bytes"`
 }
 
-// live is m's live part, nil without one (or without m).
-func (m *StreamMemory) live() *StreamLive {
-	if m == nil {
-		return nil
-	}
-	return m.StreamLive
-}
-
 // FanOut is one task sent to every stream.
 type FanOut struct {
 	TaskID string `json:"task_id"`
@@ -325,7 +317,8 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	}
 	// Read after the resident set: the forced collection may start
 	// returning memory to the system.
-	if l := out.Memory.live(); l != nil {
+	if cfg.Pprof != "" {
+		l := out.Memory.StreamLive
 		live, err := ReadLiveMemory(ctx, cfg.Pprof)
 		if err != nil {
 			return nil, err
