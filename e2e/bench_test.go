@@ -116,7 +116,9 @@ func TestBench(t *testing.T) {
 					return
 				case <-tick.C:
 				}
-				if strings.Contains(metricsOf(t, a.metrics), "\nmuster_connected_agents 20\n") {
+				// Not metricsOf: its t.Fatal would end this goroutine
+				// alone and leave the test waiting on held.
+				if m, err := scrape(a.metrics); err == nil && strings.Contains(m, "\nmuster_connected_agents 20\n") {
 					if first.IsZero() {
 						first = time.Now()
 					}

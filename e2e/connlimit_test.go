@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -39,11 +38,6 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-	closedAtOnce := func(c net.Conn) bool {
-		c.SetReadDeadline(time.Now().Add(2 * time.Second))
-		_, err := c.Read(make([]byte, 1))
-		return err == io.EOF
 	}
 	var held []net.Conn
 	for i := range 6 {

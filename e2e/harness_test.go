@@ -228,13 +228,23 @@ func (p *proc) stop(t *testing.T) {
 // metricsOf scrapes /metrics at addr.
 func metricsOf(t *testing.T, addr string) string {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
+	body, err := scrape(addr)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return body
+}
+
+// scrape is /metrics at addr, for a goroutine other than the test's,
+// where t.Fatal would end only that goroutine.
+func scrape(addr string) (string, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return "", err
+	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return string(body)
+	body, err := io.ReadAll(resp.Body)
+	return string(body), err
 }
 
 // execCommand prepares the binary with a clean environment.
