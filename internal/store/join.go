@@ -212,7 +212,8 @@ type JoinStore interface {
 	// them at once, not with a thousand reads).
 	MissingNodes(ctx context.Context, ids []string) ([]string, error)
 	// NodesWithLabels returns the IDs of the nodes whose current
-	// instance's join token carries every one of labels (a label selector),
+	// instance's join token, while it exists, carries every one of labels
+	// (a label selector; a node whose token is gone is selected by none),
 	// ordered by ID, in one query (not one token read per node).
 	NodesWithLabels(ctx context.Context, labels map[string]string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.

@@ -35,8 +35,8 @@ func missingNodesCases() []testCase {
 			mustJoin(t, ctx, s, newJoin("tok-gpu", "gpu-1", "inst-gpu-1", "k2", at(0)))
 			mustJoin(t, ctx, s, newJoin("tok-web", "web-1", "inst-web-1", "k3", at(0)))
 			mustJoin(t, ctx, s, newJoin("", "psk-1", "inst-psk-1", "k4", at(0)))
-			// A node that joined again with another token is selected by
-			// its current token's labels only.
+			// A node whose join token was deleted is selected by no
+			// label.
 			mustJoin(t, ctx, s, newJoin("tok-gone", "moved-1", "inst-moved-1", "k5", at(0)))
 			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone"))
 			for _, c := range []struct {
