@@ -37,6 +37,18 @@ type AgentLister interface {
 	GetAgentRow(ctx context.Context, nodeID string) (AgentRow, error)
 }
 
+// BoundKeypairTokenIDs are the tokens of the bound-keypair agents in rows,
+// whose state a listing reads in one more query.
+func BoundKeypairTokenIDs(rows []AgentRow) []string {
+	var ids []string
+	for _, r := range rows {
+		if r.Instance.JoinMethod == JoinMethodBoundKeypair && r.Instance.TokenID != "" {
+			ids = append(ids, r.Instance.TokenID)
+		}
+	}
+	return ids
+}
+
 // AttachBoundKeypairs sets the BoundKeypair of each bound-keypair agent in
 // rows from byID, the page's bound-keypair rows by token ID (a token that
 // is gone has none).

@@ -10,14 +10,14 @@ import (
 // agentQuery reads agents (a page, or one) in one statement: each node with
 // its current instance, the expiry of the instance's last certificate, the
 // first lock in force on the node, the instance or its token (FindAnyLock's
-// order, one look-up through the (kind, target) index per target), the
-// stream row, and whether the instance's bound-keypair token still exists.
+// order, one look-up through the (kind, target) index per target), and
+// the stream row. A bound-keypair agent's state is read after (its row
+// goes with its token: ON DELETE CASCADE).
 const agentQuery = `SELECT n.id, n.join_method, n.token_id, n.instance_id, n.created_at, n.updated_at,
 	i.node_id, i.join_method, i.token_id, i.previous_id, i.state, i.generation, i.created_at, i.last_serial, i.last_public_key, i.last_issued_at,
 	c.not_after,
 	l.id, l.kind, l.target, l.reason, l.created_by, l.created_at, l.expires_at,
-	s.node_id, s.replica, s.connected, s.connected_at, s.last_seen, s.report,
-	t.id
+	s.node_id, s.replica, s.connected, s.connected_at, s.last_seen, s.report
 	FROM nodes n
 	JOIN instances i ON i.id = n.instance_id
 	LEFT JOIN certificates c ON c.serial = i.last_serial
@@ -27,7 +27,6 @@ const agentQuery = `SELECT n.id, n.join_method, n.token_id, n.instance_id, n.cre
 		AND (x.expires_at IS NULL OR x.expires_at > ` + nowMicros + `)
 		ORDER BY CASE x.kind WHEN '` + store.LockNode + `' THEN 0 WHEN '` + store.LockInstance + `' THEN 1 ELSE 2 END, x.created_at, x.id LIMIT 1)
 	LEFT JOIN agent_streams s ON s.node_id = n.id
-	LEFT JOIN tokens t ON t.id = i.token_id AND i.join_method = '` + store.JoinMethodBoundKeypair + `'
 `
 
 // ListAgentsPage reads a page of agents in one query, and the page's
@@ -53,14 +52,8 @@ func (s *SQLite) agents(ctx context.Context, query string, args ...any) ([]store
 	if err != nil {
 		return nil, wrap("list agents", err)
 	}
-	var bound []string
-	out, err := collect(rows, "list agents", func(r scanner) (store.AgentRow, error) {
-		a, token, err := scanAgentRow(r)
-		if token != "" {
-			bound = append(bound, token)
-		}
-		return a, err
-	})
+	out, err := collect(rows, "list agents", scanAgentRow)
+	bound := store.BoundKeypairTokenIDs(out)
 	if err != nil || len(bound) == 0 {
 		return out, err
 	}
@@ -72,9 +65,8 @@ func (s *SQLite) agents(ctx context.Context, query string, args ...any) ([]store
 	return out, nil
 }
 
-// scanAgentRow scans one row of agentQuery; token is the ID of a
-// bound-keypair token that exists, or "".
-func scanAgentRow(r scanner) (store.AgentRow, string, error) {
+// scanAgentRow scans one row of agentQuery.
+func scanAgentRow(r scanner) (store.AgentRow, error) {
 	var (
 		a                                             store.AgentRow
 		nCreated, nUpdated, iCreated, iIssued, expiry sql.NullInt64
@@ -82,17 +74,15 @@ func scanAgentRow(r scanner) (store.AgentRow, string, error) {
 		lCreated, lExpires                            sql.NullInt64
 		sNode, sReplica, sReport                      sql.NullString
 		sConnected, sSince, sSeen                     sql.NullInt64
-		token                                         sql.NullString
 	)
 	n, in := &a.Node, &a.Instance
 	err := r.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &nCreated, &nUpdated,
 		&in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State, &in.Generation, &iCreated, &in.LastSerial, &in.LastPublicKey, &iIssued,
 		&expiry,
 		&lID, &lKind, &lTarget, &lReason, &lBy, &lCreated, &lExpires,
-		&sNode, &sReplica, &sConnected, &sSince, &sSeen, &sReport,
-		&token)
+		&sNode, &sReplica, &sConnected, &sSince, &sSeen, &sReport)
 	if err != nil {
-		return store.AgentRow{}, "", err
+		return store.AgentRow{}, err
 	}
 	in.ID = n.InstanceID
 	n.CreatedAt, n.UpdatedAt = timeCol(nCreated), timeCol(nUpdated)
@@ -105,5 +95,5 @@ func scanAgentRow(r scanner) (store.AgentRow, string, error) {
 		a.Stream = &store.AgentStream{NodeID: sNode.String, Replica: sReplica.String, Connected: sConnected.Int64 == 1,
 			ConnectedAt: timeCol(sSince), LastSeen: timeCol(sSeen), Report: sReport.String}
 	}
-	return a, token.String, nil
+	return a, nil
 }
