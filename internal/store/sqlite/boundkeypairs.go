@@ -79,6 +79,9 @@ func withBoundKeypairs(ctx context.Context, q querier, ts []store.Token) error {
 const boundKeypairsByID = `SELECT ` + boundKeypairColumns + ` FROM json_each(?) AS page
 	CROSS JOIN bound_keypairs ON bound_keypairs.token_id = page.value`
 
+// boundKeypairByID reads one token's bound-keypair row.
+const boundKeypairByID = `SELECT ` + boundKeypairColumns + ` FROM bound_keypairs WHERE token_id = ?`
+
 // boundKeypairsOf reads the bound-keypair rows of the tokens ids, by token
 // ID: none, and no query, for no IDs.
 func boundKeypairsOf(ctx context.Context, q querier, ids []string) (map[string]*store.BoundKeypair, error) {
@@ -86,11 +89,17 @@ func boundKeypairsOf(ctx context.Context, q querier, ids []string) (map[string]*
 	if len(ids) == 0 {
 		return byID, nil
 	}
-	list, err := json.Marshal(ids)
-	if err != nil {
-		return nil, err
+	// One ID — a bound-keypair join's read — is a look-up by key, with no
+	// list to encode.
+	query, arg := boundKeypairByID, ids[0]
+	if len(ids) > 1 {
+		list, err := json.Marshal(ids)
+		if err != nil {
+			return nil, err
+		}
+		query, arg = boundKeypairsByID, string(list)
 	}
-	rows, err := q.QueryContext(ctx, boundKeypairsByID, string(list))
+	rows, err := q.QueryContext(ctx, query, arg)
 	if err != nil {
 		return nil, err
 	}
