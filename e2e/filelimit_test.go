@@ -1,14 +1,10 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 )
 
 // TestCapFollowsTheServicesFileLimit: the connection cap's default comes
@@ -26,34 +22,9 @@ func TestCapFollowsTheServicesFileLimit(t *testing.T) {
 	cmd := exec.Command("sh", "-c", `ulimit -n 1024 && exec "$0" "$@"`, musterBin, "authority", "--data", dir,
 		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	})
-	started := make(chan map[string]any, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var rec map[string]any
-			if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["msg"] == "authority started" {
-				started <- rec
-			}
-		}
-	}()
-	select {
-	case rec := <-started:
-		// 1,024 less 256 of headroom.
-		if rec["max_connections"] != float64(768) || rec["open_file_limit"] != "1024" {
-			t.Errorf("the start log says max_connections %v from an open-file limit of %v; want 768 from 1024", rec["max_connections"], rec["open_file_limit"])
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the authority did not start")
+	_, rec := startCmd(t, "authority", "authority started", cmd)
+	// 1,024 less 256 of headroom.
+	if rec["max_connections"] != float64(768) || rec["open_file_limit"] != "1024" {
+		t.Errorf("the start log says max_connections %v from an open-file limit of %v; want 768 from 1024", rec["max_connections"], rec["open_file_limit"])
 	}
 }

@@ -153,6 +153,13 @@ func startProcEnv(t *testing.T, name, startedMsg string, env []string, args ...s
 	t.Helper()
 	cmd := exec.Command(musterBin, args...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	return startCmd(t, name, startedMsg, cmd)
+}
+
+// startCmd is startProc for a command already made (one that runs the
+// binary through a shell, say).
+func startCmd(t *testing.T, name, startedMsg string, cmd *exec.Cmd) (*proc, map[string]any) {
+	t.Helper()
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
