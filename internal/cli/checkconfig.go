@@ -45,6 +45,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	// reads it: this command's, here, which a service manager may set
 	// otherwise for the authority it starts.
 	row("open_file_limit", openFileLimit())
+	row("memory_limit", describeMemoryLimit(o.memoryLimit, env.Getenv("GOMEMLIMIT")))
 	row("discovery.address", o.discovery)
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)

@@ -66,7 +66,23 @@ func applyMemoryLimit(log *slog.Logger, getenv func(string) string, limit int64)
 		log.Info("GOMEMLIMIT is set: --memory-limit does not change it", "gomemlimit", v, "memory_limit", limit)
 		return
 	}
-	soft := int64(float64(limit) * memoryLimitShare)
+	soft := softMemoryLimit(limit)
 	debug.SetMemoryLimit(soft)
 	log.Info("Go memory limit set from --memory-limit", "memory_limit", limit, "gomemlimit", soft)
+}
+
+// softMemoryLimit is the collector's soft limit for --memory-limit limit.
+func softMemoryLimit(limit int64) int64 { return int64(float64(limit) * memoryLimitShare) }
+
+// describeMemoryLimit is --check-config's line for --memory-limit: what
+// applyMemoryLimit would do with it, GOMEMLIMIT being gomemlimit.
+func describeMemoryLimit(limit int64, gomemlimit string) string {
+	switch {
+	case limit <= 0:
+		return ""
+	case gomemlimit != "":
+		return fmt.Sprintf("%d bytes: not applied, GOMEMLIMIT=%s is set and wins", limit, gomemlimit)
+	default:
+		return fmt.Sprintf("%d bytes: the Go collector's soft limit %d (90%%)", limit, softMemoryLimit(limit))
+	}
 }

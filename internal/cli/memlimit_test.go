@@ -65,3 +65,21 @@ func TestApplyMemoryLimit(t *testing.T) {
 		t.Fatalf("--memory-limit 1000MiB set the limit to %d, want 90%%: %d", got, want)
 	}
 }
+
+// --check-config says what the authority will do with --memory-limit.
+func TestDescribeMemoryLimit(t *testing.T) {
+	for _, tt := range []struct {
+		limit      int64
+		gomemlimit string
+		want       string
+	}{
+		{0, "", ""},
+		{0, "1GiB", ""},
+		{1 << 30, "", "1073741824 bytes: the Go collector's soft limit 966367641 (90%)"},
+		{1 << 30, "800MiB", "1073741824 bytes: not applied, GOMEMLIMIT=800MiB is set and wins"},
+	} {
+		if got := describeMemoryLimit(tt.limit, tt.gomemlimit); got != tt.want {
+			t.Errorf("describeMemoryLimit(%d, %q) = %q, want %q", tt.limit, tt.gomemlimit, got, tt.want)
+		}
+	}
+}
