@@ -15,8 +15,13 @@ import (
 // have been lost, and the authority answers the same key with the
 // certificate it already issued), else a new one, persisted before the
 // request. An expired certificate is refused without asking
-// (*ExpiredError). Errors are *OpError.
+// (*ExpiredError). A bound-keypair agent renews as agent run does, by
+// repeating the challenge (Rebind): the authority refuses it a plain
+// renewal. Errors are *OpError.
 func (a *Agent) Renew(ctx context.Context) (*State, error) {
+	if st, err := a.dir.ReadState(); err == nil && st.JoinMethod == JoinMethodBoundKeypair {
+		return a.Rebind(ctx)
+	}
 	st, err := a.renew(ctx)
 	a.metrics.renewal(err)
 	if err != nil {

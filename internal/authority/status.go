@@ -57,6 +57,8 @@ var refusalWords = map[string]string{
 	enroll.ReasonTokenBoundElsewhere: "token_bound_elsewhere",
 	enroll.ReasonNodeTakenToken:      "node_taken",
 	enroll.ReasonNodeTaken:           "node_taken",
+
+	enroll.ReasonChallengeRequired: "challenge_required",
 }
 
 // refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word

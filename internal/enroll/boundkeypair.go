@@ -25,6 +25,17 @@ const (
 	ReasonJoinStateMismatch  = "join_state_mismatch"
 )
 
+// ReasonUnknownBoundToken refuses a bound-keypair join or refresh whose
+// token does not exist (never did, or was deleted) or is not for the
+// node: alike on purpose.
+const ReasonUnknownBoundToken = "unknown bound-keypair token, or not for this node"
+
+// ReasonChallengeRequired refuses a plain renewal (RequestCertificate over
+// mTLS) of a bound-keypair instance: its proof is the bound key, so it
+// refreshes only by the challenge, which checks the token, the binding and
+// the locks; a copied certificate key alone must not keep it alive.
+const ReasonChallengeRequired = "a bound-keypair agent refreshes by repeating the challenge with its bound key, not by a plain renewal"
+
 // BoundKeypairConfig is the bound-keypair method's configuration. The
 // registration secrets are opened with the Service's TokenSealer.
 type BoundKeypairConfig struct {
@@ -237,7 +248,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindRateLimited, "too many requests from this source")
 	}
 	// 3. The token: known, of this method, for this node; alike otherwise.
-	notFound := refuse(KindNotFound, "unknown bound-keypair token, or not for this node")
+	notFound := refuse(KindNotFound, ReasonUnknownBoundToken)
 	rd, err := s.cfg.Store.ReadJoin(ctx, p.Token, "", nil)
 	t := rd.Token
 	switch {
@@ -279,6 +290,15 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: key.String(),
 			Rotate: bk.BoundPublicKey != "", DropRegistrationSecret: bk.BoundPublicKey == ""})
 	} else if bk.BoundPublicKey != "" {
+		if p.RegistrationSecret != "" && !offered.IsZero() && offered.String() != bound.String() {
+			// The secret binds a key only while none is bound: another
+			// key presented with it (a second machine given the same
+			// secret) is told so, not sent to fail a challenge meant for
+			// the bound key. The same key with the secret is the
+			// registered agent repeating its join.
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: the registration secret is used; key %s is bound, not %s",
+				t.ID, bound.Fingerprint(), offered.Fingerprint())
+		}
 		key = bound
 	} else {
 		switch {
@@ -439,7 +459,14 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 	}
 	if !v.Recovery {
-		// A refresh: the instance is renewed; nothing is consumed.
+		// A refresh: the instance is renewed; nothing is consumed. Its
+		// write holds only while the token still exists and is bound to
+		// the key just proved (a deletion or a rotation between the read
+		// and the write refuses it): the binding's own claim says so, or
+		// one that binds the key to itself.
+		if len(claims) == 0 {
+			claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: bk.BoundPublicKey})
+		}
 		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
 	}

@@ -356,3 +356,75 @@ func TestBoundKeypairModes(t *testing.T) {
 		})
 	}
 }
+
+// TestBoundKeypairSpentSecretWithAnotherKey: a second machine given the
+// used registration secret, with a key of its own, is told the
+// registration is closed (DESIGN.md's registration_closed), not sent to
+// fail a challenge meant for the bound key.
+func TestBoundKeypairSpentSecretWithAnotherKey(t *testing.T) {
+	b := newBKEnv(t, 2, boundkeypair.ModeStandard)
+	b.register(t)
+	otherPriv, other := newKey(t)
+	_, der := csr(t)
+	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+		CSR: der, PublicKey: other.String(), RegistrationSecret: b.secret}, answerWith(otherPriv))
+	wantRefusal(t, err, KindFailedPrecondition, ReasonRegistrationClosed)
+	if st := b.status(t); st.BoundPublicKey != b.pub.String() || st.RecoveryCount != 1 {
+		t.Fatalf("a refused registration changed the token: %+v", st)
+	}
+}
+
+// TestBoundKeypairPlainRenewalRefused: a bound-keypair instance cannot
+// renew over mTLS alone (RequestCertificate): a copied certificate key
+// would skip the challenge and outlive the token.
+func TestBoundKeypairPlainRenewalRefused(t *testing.T) {
+	b := newBKEnv(t, 2, boundkeypair.ModeStandard)
+	first, _ := b.register(t)
+	leaf, err := ca.ParseCertsPEM(first.ChainPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, der := csr(t)
+	_, err = b.svc.Renew(t.Context(), Request{}, leaf[0], der)
+	wantRefusal(t, err, KindFailedPrecondition, ReasonChallengeRequired)
+	if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
+		t.Fatalf("the refused renewal advanced the instance to generation %d", inst.Generation)
+	}
+}
+
+// TestBoundKeypairRefreshEndsWithTheToken: a refresh whose token is
+// deleted — before it, or while its challenge is out — is refused as an
+// unknown token, and the instance is not renewed.
+func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
+	for _, during := range []bool{false, true} {
+		t.Run(map[bool]string{false: "deleted before", true: "deleted during the exchange"}[during], func(t *testing.T) {
+			b := newBKEnv(t, 2, boundkeypair.ModeStandard)
+			first, _ := b.register(t)
+			leaf, err := ca.ParseCertsPEM(first.ChainPEM)
+			if err != nil {
+				t.Fatal(err)
+			}
+			answer := answerWith(b.priv)
+			ch := func(ctx context.Context, c []byte) ([]byte, error) {
+				if during {
+					if err := b.st.DeleteToken(ctx, "bot-1"); err != nil {
+						t.Fatal(err)
+					}
+				}
+				return answer(ctx, c)
+			}
+			if !during {
+				if err := b.st.DeleteToken(t.Context(), "bot-1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, der := csr(t)
+			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+				CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, ch)
+			wantRefusal(t, err, KindNotFound, ReasonUnknownBoundToken)
+			if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
+				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
+			}
+		})
+	}
+}

@@ -93,6 +93,10 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 				return nil, err
 			}
 		}
+		if h == nil && inst.JoinMethod == store.JoinMethodBoundKeypair {
+			// Not even a retry's answer: the challenge is the only way.
+			return nil, refuse(KindFailedPrecondition, ReasonChallengeRequired).with("instance %s of token %s", inst.ID, inst.TokenID)
+		}
 		switch g := rec.Generation; {
 		case inst.Generation == g+1 && hmac.Equal(inst.LastPublicKey, kid):
 			ev.Reason = fmt.Sprintf("retry answered with generation %d, serial %s", inst.Generation, inst.LastSerial)
@@ -118,6 +122,11 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		}
 		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
 			Certificate: cert, ChainPEM: chain, Claims: claims, Audit: build.Build})
+		if errors.Is(err, store.ErrNotFound) && len(claims) > 0 {
+			// A refresh's token was deleted between the challenge and the
+			// write: deleting the token ends refreshes.
+			return nil, refuse(KindNotFound, ReasonUnknownBoundToken).with("%s: the token was deleted during the exchange", ev.Reason)
+		}
 		if errors.Is(err, store.ErrKeyBindingChanged) {
 			// Another join rotated or bound the key between the challenge
 			// and the write: this answer proved the old one.

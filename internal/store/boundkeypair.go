@@ -74,6 +74,9 @@ type BoundKeypair struct {
 // clears the registration secret with no condition on it: a resync that
 // binds the key of an agent which used the secret after the backup the
 // store was restored from, so the restored secret is not left to show.
+// A binding of Expected to itself changes nothing: a refresh's write
+// carries one so that it holds only while the token exists
+// (ErrNotFound) still bound to the key it proved.
 type KeyBinding struct {
 	TokenID                string
 	Expected               string

@@ -202,6 +202,36 @@ func boundKeypairCases() []testCase {
 			_, err = s.CommitJoin(ctx, j)
 			wantErr(t, "the recovery claim alone", err, store.ErrNotFound)
 		}},
+		{"a refresh's binding of the bound key to itself holds only while the token exists bound to it", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 1, store.RecoveryStandard))
+			in := mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i1", now, register("bot-1", "key-1")...)).Instance
+			same := store.KeyBinding{TokenID: "bot-1", Expected: "key-1", PublicKey: "key-1"}
+
+			r := renewalOf(in, "k2", now)
+			r.Claims = []store.Claim{same}
+			in, err := s.CommitRenewal(ctx, r)
+			mustNil(t, "a refresh bound to the key it proved", err)
+			if bk := getBK(t, ctx, s, "bot-1"); bk.BoundPublicKey != "key-1" || !bk.LastRotatedAt.IsZero() || bk.BoundInstanceID != "i1" {
+				t.Errorf("a refresh's binding changed the token: %+v", bk)
+			}
+
+			stale := renewalOf(in, "k3", now)
+			stale.FromGeneration = 1
+			stale.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-1", Expected: "key-0", PublicKey: "key-0"}}
+			_, err = s.CommitRenewal(ctx, stale)
+			wantErr(t, "a refresh that proved a key no longer bound", err, store.ErrKeyBindingChanged)
+
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-1"))
+			gone := renewalOf(in, "k3", now)
+			gone.FromGeneration = 1
+			gone.Claims = []store.Claim{same}
+			_, err = s.CommitRenewal(ctx, gone)
+			wantErr(t, "a refresh through a deleted token", err, store.ErrNotFound)
+			if got, _ := s.GetInstance(ctx, "i1"); got.Generation != 1 {
+				t.Errorf("a refused refresh left generation %d, want 1", got.Generation)
+			}
+		}},
 		{"a rotation is won in the renewal's write, from the bound key only", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 1, store.RecoveryStandard))
