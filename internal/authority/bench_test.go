@@ -57,6 +57,13 @@ func startBench(b testing.TB) *benchAuthority {
 // the embedded SQLite file, durable writes) and runs n replicas of it.
 func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
 	b.Helper()
+	return startReplicasWith(b, open, n, nil)
+}
+
+// startReplicasWith is startReplicas with set, if not nil, changing each
+// replica's configuration before it starts.
+func startReplicasWith(b testing.TB, open func(ctx context.Context) (store.Store, error), n int, set func(*Config)) *benchAuthority {
+	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
 	res, err := datadir.Init(ctx, datadir.InitOptions{Dir: datadir.Dir(filepath.Join(b.TempDir(), "a")), Name: "bench",
@@ -93,9 +100,13 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 			b.Fatal(err)
 		}
 		ready := make(chan string, 1)
-		srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+		cfg := Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready: func(addr, _ string) { ready <- addr }}, m)
+			Ready: func(addr, _ string) { ready <- addr }}
+		if set != nil {
+			set(&cfg)
+		}
+		srv, err := New(cfg, m)
 		if err != nil {
 			b.Fatal(err)
 		}

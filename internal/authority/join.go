@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -36,17 +35,25 @@ func newRecoveriesGauge(reg prometheus.Registerer) (*prometheus.GaugeVec, error)
 
 // RegisterUsingBoundKeypair runs one bound-keypair join over the stream:
 // init, then one challenge, a second one for a new key when the key
-// rotates, then the result. The exchange is bounded by
-// the challenge's lifetime, so a caller that never answers holds nothing
-// for long.
+// rotates, then the result. Every wait for the caller (init, an answer, a
+// new key) is bounded by the challenge's lifetime, and the whole exchange
+// by that and a little more, so a caller that never answers holds nothing
+// for long: its stream ends DEADLINE_EXCEEDED, audited.
 func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) (err error) {
 	// A short-lived stream: a deferred recovery costs it nothing that
 	// lasts (recover.go).
 	defer j.s.recovered(stream.Context(), musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName, &err)
-	ctx, cancel := context.WithTimeout(stream.Context(), boundkeypair.ChallengeTTL+10*time.Second)
+	ttl := j.s.challengeTTL()
+	ctx, cancel := context.WithTimeout(stream.Context(), ttl+10*time.Second)
 	defer cancel()
 	start := time.Now()
-	first, err := stream.Recv()
+	recv := func() (*musterv1.RegisterUsingBoundKeypairRequest, error) { return recvWithin(ctx, stream, ttl) }
+	first, err := recv()
+	if errors.Is(err, enroll.ErrNotAnsweredInTime) {
+		msg := fmt.Sprintf("no init within %s", ttl)
+		j.s.refuseUnread(ctx, musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName, msg)
+		return refused(codes.DeadlineExceeded, msg)
+	}
 	if errors.Is(err, io.EOF) {
 		// A stream closed before init is a request, refused and audited
 		// like one, not an error without a code.
@@ -68,7 +75,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 			Payload: &musterv1.RegisterUsingBoundKeypairResponse_Challenge{Challenge: challenge}}); err != nil {
 			return nil, exchangeErr(ctx, err)
 		}
-		msg, err := stream.Recv()
+		msg, err := recv()
 		if err != nil {
 			return nil, exchangeErr(ctx, err)
 		}
@@ -82,7 +89,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 			Payload: &musterv1.RegisterUsingBoundKeypairResponse_NewKeyRequest{NewKeyRequest: true}}); err != nil {
 			return "", exchangeErr(ctx, err)
 		}
-		msg, err := stream.Recv()
+		msg, err := recv()
 		if err != nil {
 			return "", exchangeErr(ctx, err)
 		}
@@ -126,6 +133,9 @@ func exchangeErr(ctx context.Context, err error) error {
 	if errors.Is(err, io.EOF) {
 		return errStreamEnded
 	}
+	if errors.Is(err, enroll.ErrNotAnsweredInTime) {
+		return err
+	}
 	if cerr := ctx.Err(); cerr != nil {
 		return fmt.Errorf("%w: %v", cerr, status.Convert(err).Message())
 	}
@@ -144,3 +154,37 @@ var (
 	errNotAnAnswer = errors.New("a challenge must be answered with challenge_response")
 	errNotANewKey  = errors.New("new_key_request must be answered with new_public_key")
 )
+
+// challengeTTL is how long the caller of a bound-keypair exchange is
+// waited for at each step.
+func (s *Server) challengeTTL() time.Duration {
+	return enroll.BoundKeypairConfig{ChallengeTTL: s.cfg.BoundKeypairChallengeTTL}.ChallengeLifetime()
+}
+
+// recvWithin is stream.Recv bounded by ctx and d. gRPC's Recv heeds only
+// the stream's own context, which ends when the caller hangs up, so a
+// caller that never sends would otherwise hold the handler (and its
+// goroutines and buffers) for as long as it keeps the connection. On
+// expiry the handler returns, which ends the stream and the Recv left
+// waiting with it; nothing calls Recv again meanwhile.
+func recvWithin(ctx context.Context, stream musterv1.JoinService_RegisterUsingBoundKeypairServer, d time.Duration) (*musterv1.RegisterUsingBoundKeypairRequest, error) {
+	type received struct {
+		msg *musterv1.RegisterUsingBoundKeypairRequest
+		err error
+	}
+	got := make(chan received, 1)
+	go func() {
+		msg, err := stream.Recv()
+		got <- received{msg, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case r := <-got:
+		return r.msg, r.err
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-t.C:
+		return nil, fmt.Errorf("%w: waited %s", enroll.ErrNotAnsweredInTime, d)
+	}
+}

@@ -90,6 +90,10 @@ type Config struct {
 	// BoundKeypairCertTTL is the lifetime of bound-keypair agents'
 	// certificates (zero: enroll.DefaultBoundKeypairCertTTL).
 	BoundKeypairCertTTL time.Duration
+	// BoundKeypairChallengeTTL is how long a bound-keypair challenge is
+	// valid and waited for (zero: boundkeypair.ChallengeTTL, a minute,
+	// which is also the most); a stream not answered by then is ended.
+	BoundKeypairChallengeTTL time.Duration
 	// MaxConnections is limits.max_connections: the connections the api
 	// and bootstrap listeners hold open at once together, from all sources
 	// (zero: listener.DefaultMaxConns, from the open-file limit).
@@ -222,8 +226,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 			Observer: func(token string, remaining int64) {
 				recoveries.WithLabelValues(token).Set(float64(remaining))
 			},
-			WarnAt:  cfg.RecoveriesWarnAt,
-			CertTTL: cfg.BoundKeypairCertTTL,
+			WarnAt:       cfg.RecoveriesWarnAt,
+			CertTTL:      cfg.BoundKeypairCertTTL,
+			ChallengeTTL: cfg.BoundKeypairChallengeTTL,
 			Low: func(token, node string, remaining int64) {
 				s.log.Warn("bound-keypair token is running out of recoveries", "token", token, "node", node,
 					"recoveries_remaining", remaining, "warn_at", cfg.RecoveriesWarnAt)

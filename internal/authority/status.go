@@ -32,6 +32,7 @@ var refusalCodes = map[enroll.Kind]codes.Code{
 	enroll.KindAlreadyExists:      codes.AlreadyExists,
 	enroll.KindUnauthenticated:    codes.Unauthenticated,
 	enroll.KindUnavailable:        codes.Unavailable,
+	enroll.KindDeadlineExceeded:   codes.DeadlineExceeded,
 }
 
 // refusalCode are the codes of refusals: the caller asked for something

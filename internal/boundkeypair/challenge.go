@@ -46,15 +46,25 @@ type challengeWire struct {
 	Expiry   int64  `json:"exp"`
 }
 
-// NewChallenge returns a challenge for audience issued at now.
+// NewChallenge returns a challenge for audience issued at now, valid for
+// ChallengeTTL.
 func NewChallenge(audience string, now time.Time) (Challenge, error) {
+	return NewChallengeFor(audience, now, ChallengeTTL)
+}
+
+// NewChallengeFor is NewChallenge valid for ttl, which is at least a
+// second and at most ChallengeTTL (outside those, ChallengeTTL).
+func NewChallengeFor(audience string, now time.Time, ttl time.Duration) (Challenge, error) {
+	if ttl < time.Second || ttl > ChallengeTTL {
+		ttl = ChallengeTTL
+	}
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		return Challenge{}, err
 	}
 	now = now.Truncate(time.Second)
 	return Challenge{Nonce: base64.RawURLEncoding.EncodeToString(b), Audience: audience,
-		IssuedAt: now, Expiry: now.Add(ChallengeTTL)}, nil
+		IssuedAt: now, Expiry: now.Add(ttl.Truncate(time.Second))}, nil
 }
 
 // Marshal is the challenge as sent to the agent.

@@ -59,7 +59,24 @@ type BoundKeypairConfig struct {
 	// bound-keypair agent that misses a refresh recovers with its key.
 	// Zero means the default.
 	CertTTL time.Duration
+	// ChallengeTTL is how long a challenge is valid, and so how long the
+	// exchange waits for its answer: zero (or over
+	// boundkeypair.ChallengeTTL, DESIGN.md's minute) means that minute.
+	ChallengeTTL time.Duration
 }
+
+// ChallengeLifetime is the lifetime of the method's challenges.
+func (c BoundKeypairConfig) ChallengeLifetime() time.Duration {
+	if c.ChallengeTTL <= 0 || c.ChallengeTTL > boundkeypair.ChallengeTTL {
+		return boundkeypair.ChallengeTTL
+	}
+	return max(c.ChallengeTTL, time.Second)
+}
+
+// ErrNotAnsweredInTime is what a Challenge (or NewKey) returns when the
+// caller sent nothing within the challenge's lifetime: a refusal answered
+// DEADLINE_EXCEEDED and audited, which ends the exchange.
+var ErrNotAnsweredInTime = errors.New("enroll: not answered within the challenge's lifetime")
 
 // BoundKeypairPayload is the init message of a bound-keypair join.
 type BoundKeypairPayload struct {
@@ -327,7 +344,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	fp := key.Fingerprint()
 
 	// 5. The challenge, solved with that key.
-	c, err := boundkeypair.NewChallenge(s.cfg.AuthorityID, now)
+	c, err := boundkeypair.NewChallengeFor(s.cfg.AuthorityID, now, s.cfg.BoundKeypair.ChallengeLifetime())
 	if err != nil {
 		return a, err
 	}
@@ -517,7 +534,7 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 		return none, refuse(KindInvalid, "new_public_key is the key already bound")
 	}
 	fp := offered.Fingerprint()
-	c, err := boundkeypair.NewChallenge(m.s.cfg.AuthorityID, now)
+	c, err := boundkeypair.NewChallengeFor(m.s.cfg.AuthorityID, now, m.s.cfg.BoundKeypair.ChallengeLifetime())
 	if err != nil {
 		return none, err
 	}
@@ -633,6 +650,9 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 // what the exchange asked for; a caller that went away (its context ended)
 // is no refusal, and its error is returned as it is.
 func notAnswered(what string, err error, token string) error {
+	if errors.Is(err, ErrNotAnsweredInTime) {
+		return refuse(KindDeadlineExceeded, what+" in time").with("token %s: %v", token, err)
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}

@@ -21,6 +21,7 @@ const (
 	KindAlreadyExists                      // node ID held by another machine
 	KindUnauthenticated                    // no usable identity
 	KindUnavailable                        // a dependency is down; retrying may succeed
+	KindDeadlineExceeded                   // the caller did not answer in time
 )
 
 // Refusal is a request the authority turned down for a reason the caller
