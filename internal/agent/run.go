@@ -206,18 +206,31 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if !retryable(err) {
 			return err
 		}
-		wait := delay/2 + rand.N(delay/2+1)
+		var left time.Duration
 		if !notAfter.IsZero() {
-			if left := notAfter.Sub(a.now()); wait > left {
-				wait = max(left, 0)
-			}
+			left = notAfter.Sub(a.now())
 		}
+		wait := retryWait(delay, !notAfter.IsZero(), left)
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
 		if !sleep(ctx, wait) {
 			return ctx.Err()
 		}
 		delay = min(delay*2, backoffMax)
 	}
+}
+
+// retryWait is the wait before the next attempt: drawn from [delay/2,
+// delay]. With an expiry (expires), left before it, a wait that would
+// pass it is cut to end at it, so the last attempt is made while the
+// certificate is valid; once it has passed, the backoff holds as in any
+// other state — cutting to what is left then (nothing) would retry with
+// no wait at all, a busy loop while the authority is unreachable.
+func retryWait(delay time.Duration, expires bool, left time.Duration) time.Duration {
+	wait := delay/2 + rand.N(delay/2+1)
+	if expires && left > 0 && wait > left {
+		wait = left
+	}
+	return wait
 }
 
 // sleep waits d or until ctx ends; it reports whether d elapsed.

@@ -182,3 +182,57 @@ func TestRetryableBound(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryWait: the backoff is jittered within [delay/2, delay], cut to
+// end at the certificate's expiry while one is ahead, and whole again once
+// it has passed (never zero: that was a busy loop).
+func TestRetryWait(t *testing.T) {
+	const delay = 8 * time.Second
+	for _, tc := range []struct {
+		name     string
+		expires  bool
+		left     time.Duration
+		min, max time.Duration
+	}{
+		{"no expiry", false, 0, delay / 2, delay},
+		{"expiry far ahead", true, time.Hour, delay / 2, delay},
+		{"expiry sooner than the backoff", true, time.Second, time.Second, time.Second},
+		{"expired just now", true, 0, delay / 2, delay},
+		{"expired long ago", true, -time.Hour, delay / 2, delay},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for range 1000 {
+				if w := retryWait(delay, tc.expires, tc.left); w < tc.min || w > tc.max {
+					t.Fatalf("retryWait(%s, %v, %s) = %s, want within [%s, %s]", delay, tc.expires, tc.left, w, tc.min, tc.max)
+				}
+			}
+		})
+	}
+}
+
+// TestRetryPastExpiryBacksOff: a renewal retried through an unreachable
+// authority past its certificate's expiry (a bound-keypair agent keeps
+// trying, to recover) waits with backoff between attempts rather than
+// retrying at once: over three seconds with a 100 ms minimum it makes a
+// handful of attempts, not thousands.
+func TestRetryPastExpiryBacksOff(t *testing.T) {
+	minB := backoffMin
+	backoffMin = 100 * time.Millisecond
+	t.Cleanup(func() { backoffMin = minB })
+	a := newTestAgent(t, Dir(t.TempDir()))
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	attempts := 0
+	err := a.retry(ctx, "renewal", time.Now().Add(200*time.Millisecond), func() error {
+		attempts++
+		return status.Error(codes.Unavailable, "the authority is unreachable")
+	})
+	if ctx.Err() == nil {
+		t.Fatalf("retry ended before its context: %v", err)
+	}
+	// Waits of at least 50, 100, 200, 400, 800 ms, 1.6 s (the first cut
+	// to the expiry): seven attempts at most fit in three seconds.
+	if attempts < 2 || attempts > 8 {
+		t.Fatalf("%d attempts in 3s, want a few (backoff from 100 ms)", attempts)
+	}
+}
