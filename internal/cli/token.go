@@ -218,7 +218,8 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{
 		Use: "get ID",
 		Example: `  muster token get 7f3k2a
-  muster token get 7f3k2a -o json`,
+  muster token get 7f3k2a -o json
+  muster token get build-runner-01 -o yaml > token.yaml   # a bound-keypair token: the resource token apply takes`,
 		Short:             "Show one token (never a join token's secret; a bound-keypair token's registration secret in -o json/yaml until it is used)",
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: af.completeArg(env, listTokenIDs),
@@ -230,6 +231,10 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 				resp, err := c.GetToken(ctx, &musterv1.GetTokenRequest{Id: tokenIDArg(args[0])})
 				if err != nil {
 					return err
+				}
+				if r := resourceOf(resp.GetToken()); r != nil && out.format == "yaml" {
+					// The resource token apply takes back.
+					return out.write(env.Stdout, r)
 				}
 				t := tokenOf(resp.GetToken())
 				if out.json() {

@@ -17,37 +17,13 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// tokenFile is token.yaml (DESIGN.md, join method 3). Status is accepted
-// only empty: it is the authority's.
-type tokenFile struct {
-	Kind     string `yaml:"kind"`
-	Metadata struct {
-		Name string `yaml:"name"`
-	} `yaml:"metadata"`
-	Spec struct {
-		JoinMethod   string `yaml:"join_method"`
-		Node         string `yaml:"node"`
-		BoundKeypair struct {
-			Onboarding struct {
-				InitialPublicKey   string `yaml:"initial_public_key"`
-				RegistrationSecret string `yaml:"registration_secret"`
-				MustRegisterBefore string `yaml:"must_register_before"`
-			} `yaml:"onboarding"`
-			Recovery struct {
-				Limit *int64 `yaml:"limit"`
-				Mode  string `yaml:"mode"`
-			} `yaml:"recovery"`
-			RotateAfter string `yaml:"rotate_after"`
-		} `yaml:"bound_keypair"`
-	} `yaml:"spec"`
-	Status yaml.Node `yaml:"status"`
-}
-
 // maxTokenFile bounds what is read.
 const maxTokenFile = 64 << 10
 
 // parseTokenFile decodes token.yaml strictly: an unknown key, a wrong type
-// or a bad value is an error that names the field.
+// or a bad value is an error that names the field (an unknown key with
+// the keys valid there). A status, as token get -o yaml prints it, is
+// ignored: the authority writes it.
 func parseTokenFile(data []byte) (*musterv1.ApplyTokenRequest, error) {
 	if len(data) > maxTokenFile {
 		return nil, fmt.Errorf("larger than %d bytes", maxTokenFile)
@@ -59,15 +35,13 @@ func parseTokenFile(data []byte) (*musterv1.ApplyTokenRequest, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("empty")
 		}
-		return nil, errors.New(oneLine(err.Error()))
+		return nil, explainFileYAML(data, err, tokenFile{})
 	}
 	switch {
 	case f.Kind != "token":
 		return nil, fmt.Errorf("kind: %q, want token", f.Kind)
 	case f.Spec.JoinMethod != store.JoinMethodBoundKeypair:
 		return nil, fmt.Errorf("spec.join_method: %q; apply writes bound-keypair tokens (join tokens: muster token create)", f.Spec.JoinMethod)
-	case !f.Status.IsZero() && !(f.Status.Kind == yaml.ScalarNode && f.Status.Tag == "!!null"):
-		return nil, errors.New("status: the authority writes the status; remove it from the file")
 	case f.Spec.BoundKeypair.Onboarding.RegistrationSecret != "":
 		return nil, errors.New("spec.bound_keypair.onboarding.registration_secret: leave it empty; the authority generates the secret")
 	}
@@ -112,9 +86,10 @@ func newTokenApplyCmd(env *Env) *cobra.Command {
   muster token apply -f - -o json`,
 		Long: `Create a bound-keypair token from token.yaml, or replace the spec of an
 existing one (raising spec.bound_keypair.recovery.limit brings an agent whose
-budget is spent back). The status is the authority's: a file that sets it is
-refused. Unknown keys are refused, so a misspelt field is never ignored.
--f - reads standard input.`,
+budget is spent back). The file is the token resource that
+muster token get NAME -o yaml prints: edit that and apply it. Its status is the
+authority's and is ignored. Unknown keys are refused, naming the keys valid
+there, so a misspelt field is never ignored. -f - reads standard input.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
