@@ -428,11 +428,13 @@ func TestHostileRequests(t *testing.T) {
 			}), codes.Unauthenticated, "challenge_failed"},
 		{"bound registration with a wrong secret", none, bound(&musterv1.BoundKeypairInit{Token: "bot-secret", NodeId: "bot-secret", Csr: fine,
 			RegistrationSecret: "wrong", PublicKey: authorizedKey(registrant)}, nil), codes.Unauthenticated, "challenge_failed"},
+		// A key is bound: registering another is closed (DESIGN.md's
+		// registration_closed), whatever secret comes with it.
 		{"bound registration of a second key", none, bound(&musterv1.BoundKeypairInit{Token: "bot-key", NodeId: "bot-key", Csr: fine,
 			RegistrationSecret: "anything", PublicKey: authorizedKey(registrant)},
 			func(ch []byte) string {
 				return jwt("EdDSA", ch, func(in []byte) []byte { return ed25519.Sign(registrant, in) })
-			}), codes.Unauthenticated, "challenge_failed"},
+			}), codes.FailedPrecondition, "registration_closed"},
 		// The agent's stream.
 		{"agent stream without a certificate", none, agentConnect(nil), codes.Unauthenticated, "certificate"},
 		{"agent stream sending junk", agent, agentConnect([]byte{0xff, 0x01}), codes.InvalidArgument, "not a valid protobuf message"},
