@@ -175,7 +175,11 @@ func newAgentRenewCmd(env *Env) *cobra.Command {
 		Example: `  muster agent renew --data /var/lib/muster-agent
   muster agent renew --data ./agent-data -o json`,
 		Short: "Renew the agent's certificate once, now",
-		Args:  cobra.NoArgs,
+		Long: `Renew the agent's certificate once, now. A token or PSK agent renews over
+mTLS with its current certificate; a bound-keypair agent refreshes by repeating
+the challenge with its bound key (keys/bound.key), as agent run does, so a
+deleted token or a lock refuses it.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
