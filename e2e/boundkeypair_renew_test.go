@@ -23,9 +23,20 @@ import (
 // instance, nothing consumed); the certificate key alone cannot renew over
 // mTLS (RequestCertificate is refused challenge_required); and once the
 // token is deleted, agent renew and agent run both fail NOT_FOUND, as the
-// operator guide's table says.
+// operator guide's table says. On both stores.
 func TestBoundKeypairRenewEndsWithTheToken(t *testing.T) {
-	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	t.Run("sqlite", func(t *testing.T) { renewEndsWithTheToken(t, newAgentEnv(t, "--agent-cert-ttl", "6s")) })
+	t.Run("postgres", func(t *testing.T) {
+		url := postgres(t)
+		dir, out := initDir(t, "--store", url)
+		e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--agent-cert-ttl", "6s", "--store", url)}
+		e.authorityID, _ = out["authority_id"].(string)
+		e.fingerprint, _ = out["ca_fingerprint"].(string)
+		renewEndsWithTheToken(t, e)
+	})
+}
+
+func renewEndsWithTheToken(t *testing.T, e *agentEnv) {
 	je := &joinEnv{dir: e.dir, auth: e.auth}
 	je.setup(t)
 
