@@ -313,7 +313,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// secret) is told so, not sent to fail a challenge meant for
 			// the bound key. The same key with the secret is the
 			// registered agent repeating its join.
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: the registration secret is used; key %s is bound, not %s",
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s)",
 				t.ID, bound.Fingerprint(), offered.Fingerprint())
 		}
 		key = bound
