@@ -41,7 +41,7 @@ func TestHandlerEnv(t *testing.T) {
 func TestReadTaskHandlers(t *testing.T) {
 	for _, c := range []struct {
 		name, yaml, err string
-		want       Handler
+		want            Handler
 	}{
 		{"a path alone", "handlers:\n  site.a: /bin/true\n", "", Handler{Path: "/bin/true"}},
 		{"a mapping", "handlers:\n  site.a: {path: /bin/true, env: [SITE_REGION], timeout: 5s}\n", "",
