@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// agentDial opens a gRPC connection to the authority with the identity in
+// adir, as the agent would, with opts added.
+func agentDial(t *testing.T, addr, adir string, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	cert, err := tls.LoadX509KeyPair(filepath.Join(adir, "certs", "agent.crt"), filepath.Join(adir, "certs", "agent.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := os.ReadFile(filepath.Join(adir, "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+	c, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tc))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestNonReadingStreamClosedByLock: an agent identity that opens its
+// stream, sends heartbeats and never reads, with tasks queued beyond what
+// HTTP/2 flow control lets the server send, leaves the server waiting in
+// Send; a lock on its node still closes the stream within 2 s (before, it
+// stayed connected until the agent went away).
+func TestNonReadingStreamClosedByLock(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := filepath.Join(t.TempDir(), "quiet")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "quiet", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	// A fixed 64 KiB window: the client never grows it, and never reads.
+	conn := agentDial(t, e.auth.addr, adir, grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(64<<10))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stream, err := musterv1.NewAgentServiceClient(conn).Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the quiet stream is open", func() bool {
+		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: connected")
+	})
+	// Eight tasks of about 56 KiB each: far past the 64 KiB window.
+	big := strings.Repeat("x", 4000)
+	args := []string{"--type", "site.big", "--node", "quiet"}
+	for i := range 14 {
+		args = append(args, "--param", "p"+string(rune('a'+i))+"="+big)
+	}
+	for range 8 {
+		sendTask(t, e.dir, args...)
+	}
+	waitFor(t, 10*time.Second, "the server waits in Send", func() bool {
+		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: connected")
+	})
+	time.Sleep(time.Second) // the server is blocked in Send by now
+	mustRun(t, "lock", "create", "--data", e.dir, "--node", "quiet", "--reason", "test")
+	took := waitFor(t, 2*time.Second, "the non-reading stream closed after the lock", func() bool {
+		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: disconnected")
+	})
+	t.Logf("the non-reading stream was closed %s after the lock", took)
+	// Still heartbeating: the agent is alive, it just does not read.
+	_ = stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}})
+}
