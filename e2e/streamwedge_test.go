@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -84,4 +86,65 @@ func TestNonReadingStreamClosedByLock(t *testing.T) {
 	t.Logf("the non-reading stream was closed %s after the lock", took)
 	// Still heartbeating: the agent is alive, it just does not read.
 	_ = stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}})
+}
+
+// TestOneStreamPerAgent: an agent identity holds one live stream per
+// replica: each new stream replaces the one before, which is closed
+// ABORTED, and the replacement is audited; 50 streams opened by one
+// identity leave one open (before, all 50 stayed).
+func TestOneStreamPerAgent(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := filepath.Join(t.TempDir(), "many")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "many", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	conn := agentDial(t, e.auth.addr, adir)
+	client := musterv1.NewAgentServiceClient(conn)
+	const n = 50
+	ended := make(chan error, n)
+	for i := range n {
+		stream, err := client.Connect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			for {
+				if _, err := stream.Recv(); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+		// Each stream is open (its verifier set arrives) before the next.
+		waitFor(t, 10*time.Second, "stream opened", func() bool {
+			return strings.Count(e.auth.Logs(), `"msg":"agent stream opened"`) == i+1
+		})
+	}
+	for range n - 1 {
+		select {
+		case err := <-ended:
+			if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "replaced by a newer stream") {
+				t.Fatalf("a replaced stream ended with %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("replaced streams were not closed")
+		}
+	}
+	waitFor(t, 5*time.Second, "one stream counted", func() bool {
+		return strings.Contains(metricsOf(t, e.auth.metrics), "muster_connected_agents 1\n")
+	})
+	select {
+	case err := <-ended:
+		t.Fatalf("the newest stream ended: %v", err)
+	default:
+	}
+	if recs := auditOf(t, e.dir, "agent.stream_replace"); len(recs) == 0 || recs[0].Target != "many" || !strings.Contains(recs[0].Reason, "replaced the stream opened at") {
+		t.Fatalf("replacements audited: %+v", recs)
+	}
+	if !strings.Contains(mustRun(t, "agents", "show", "many", "--data", e.dir), "Stream: connected") {
+		t.Error("the node's stream is not shown connected")
+	}
 }

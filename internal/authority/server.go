@@ -117,6 +117,8 @@ type Server struct {
 	streams *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
+	// live is each agent's one live stream on this replica.
+	live liveStreams
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time

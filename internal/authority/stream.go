@@ -86,7 +86,10 @@ type agentStream struct {
 	// expires.
 	ctx    context.Context
 	cancel context.CancelFunc
-	c      Caller
+	// replaced ends ctx with its cause when a newer stream of the same
+	// agent replaces this one (streamlive.go).
+	replaced context.CancelCauseFunc
+	c        Caller
 	wake   *streamWake
 	unsub  func()
 	row    store.AgentStream
@@ -122,13 +125,16 @@ func (st *agentStream) open() error {
 		}
 		if !st.opened && st.cancel != nil {
 			st.cancel()
+			st.replaced(nil)
 		}
 	}()
 	// Subscribed before the first check, so a change committed after that
 	// check wakes the stream.
 	st.wake, st.unsub = a.s.hub.subscribe(c.ID.Name)
 	// A stream never outlives the certificate it was opened with.
-	st.ctx, st.cancel = context.WithDeadline(ctx, c.Cert.NotAfter)
+	base, replaced := context.WithCancelCause(ctx)
+	st.ctx, st.cancel = context.WithDeadline(base, c.Cert.NotAfter)
+	st.replaced = replaced
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
@@ -145,6 +151,7 @@ func (st *agentStream) open() error {
 	st.opened = true
 	a.s.streams.connected.Inc()
 	a.streamLog(c).Info("agent stream opened")
+	st.replaceOld()
 	go st.receive()
 	return nil
 }
@@ -156,7 +163,9 @@ func (st *agentStream) close() {
 	// Released even if recording the end panics (finish answers it).
 	defer func() {
 		a.s.streams.connected.Dec()
+		a.s.live.drop(st)
 		st.cancel()
+		st.replaced(nil)
 		st.unsub()
 	}()
 	if err := st.recordEnd(); err != nil {
@@ -235,9 +244,9 @@ func (st *agentStream) serve() error {
 		}
 		select {
 		case err := <-st.recvErr:
-			return streamEnd{st.closedByAgent(err)}
+			return st.closedByAgent(err)
 		case <-st.ctx.Done():
-			return streamEnd{st.expired()}
+			return st.expired()
 		case <-st.wake.c:
 			check = st.wake.take()
 		}
@@ -302,6 +311,10 @@ func (st *agentStream) closedByAgent(err error) error {
 // expired is the stream's end when its context ended: the certificate it
 // was opened with expired, or the agent or the server went away.
 func (st *agentStream) expired() error {
+	if errors.Is(context.Cause(st.ctx), errReplaced) {
+		st.a.streamLog(st.c).Info("agent stream closed: replaced by a newer stream of the same agent")
+		return status.Error(codes.Aborted, "replaced by a newer stream of the same agent (one stream per agent)")
+	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
 		return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
