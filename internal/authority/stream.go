@@ -90,9 +90,9 @@ type agentStream struct {
 	// agent replaces this one (streamlive.go).
 	replaced context.CancelCauseFunc
 	c        Caller
-	wake   *streamWake
-	unsub  func()
-	row    store.AgentStream
+	wake     *streamWake
+	unsub    func()
+	row      store.AgentStream
 	// recvErr is the receive loop's end.
 	recvErr chan error
 	// opened: open succeeded, and the end is to be recorded.
@@ -163,10 +163,12 @@ func (st *agentStream) close() {
 	// Released even if recording the end panics (finish answers it).
 	defer func() {
 		a.s.streams.connected.Dec()
-		a.s.live.drop(st)
 		st.cancel()
-		st.replaced(nil)
 		st.unsub()
+		a.s.live.drop(st)
+		if st.replaced != nil {
+			st.replaced(nil)
+		}
 	}()
 	if err := st.recordEnd(); err != nil {
 		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
