@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -146,5 +147,84 @@ func TestOneStreamPerAgent(t *testing.T) {
 	}
 	if !strings.Contains(mustRun(t, "agents", "show", "many", "--data", e.dir), "Stream: connected") {
 		t.Error("the node's stream is not shown connected")
+	}
+}
+
+// TestConnectionSharesUnderAttack: with --max-connections 64, one agent
+// identity opening 300 streams (each on a connection of its own) and 300
+// anonymous grpc.health.v1.Health/Watch streams do not stop another
+// agent's renewal or `muster status`: an agent identity holds at most 8
+// connections, anonymous callers at most 3/4 of the cap, and Watch streams
+// are bounded (before, the attack held every place of the cap).
+func TestConnectionSharesUnderAttack(t *testing.T) {
+	e := newAgentEnv(t, "--max-connections", "64")
+	dirs := map[string]string{}
+	for _, n := range []string{"attacker", "victim"} {
+		dirs[n] = filepath.Join(t.TempDir(), n)
+		if r := muster(t, nil, "agent", "join", "--data", dirs[n], "--node", n, e.createToken(t).URI); r.code != 0 {
+			t.Fatalf("join %s: %s", n, r.stderr)
+		}
+	}
+	ca, err := os.ReadFile(filepath.Join(dirs["victim"], "certs", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca)
+	anonTLS := &tls.Config{RootCAs: roots, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12}
+
+	// Each attacking connection holds what it got; one refused is closed
+	// (the attacker does not get to keep a reconnecting client).
+	held := map[string]int{}
+	attack := func(kind string, open func() (*grpc.ClientConn, error)) {
+		for range 300 {
+			c, err := open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ok bool
+			if kind == "stream" {
+				s, err := musterv1.NewAgentServiceClient(c).Connect(t.Context())
+				if err == nil {
+					_, err = s.Recv() // the verifier set: the stream is open
+				}
+				ok = err == nil
+			} else {
+				w, err := healthpb.NewHealthClient(c).Watch(t.Context(), &healthpb.HealthCheckRequest{})
+				if err == nil {
+					_, err = w.Recv()
+				}
+				ok = err == nil
+			}
+			if ok {
+				held[kind]++
+				t.Cleanup(func() { c.Close() })
+			} else {
+				c.Close()
+			}
+		}
+	}
+	attack("stream", func() (*grpc.ClientConn, error) {
+		cert, err := tls.LoadX509KeyPair(filepath.Join(dirs["attacker"], "certs", "agent.crt"), filepath.Join(dirs["attacker"], "certs", "agent.key"))
+		if err != nil {
+			return nil, err
+		}
+		tc := anonTLS.Clone()
+		tc.Certificates = []tls.Certificate{cert}
+		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+	})
+	attack("watch", func() (*grpc.ClientConn, error) {
+		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(anonTLS)))
+	})
+	t.Logf("held by the attack: %d streams of one agent identity, %d anonymous watches; refused: %s", held["stream"], held["watch"],
+		grepLines(metricsOf(t, e.auth.metrics), "muster_connections_refused_total{"))
+	if held["stream"] > 8 || held["stream"] == 0 || held["watch"] > 48 || held["watch"] == 0 {
+		t.Errorf("the attack held %d streams and %d watches; want 1-8 and 1-48", held["stream"], held["watch"])
+	}
+	if r := muster(t, nil, "agent", "renew", "--data", dirs["victim"]); r.code != 0 {
+		t.Errorf("another agent's renewal under the attack: exit %d\n%s", r.code, r.stderr)
+	}
+	if r := muster(t, nil, "status", "--data", e.dir); r.code != 0 {
+		t.Errorf("muster status under the attack: exit %d\n%s", r.code, r.stderr)
 	}
 }
