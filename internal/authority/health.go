@@ -16,10 +16,10 @@ import (
 // bound a Watch is refused RESOURCE_EXHAUSTED (Check answers as ever); at
 // its end the client watches again, or its connection goes idle and is
 // closed like any other.
-const (
-	maxHealthWatches = 64
-	healthWatchFor   = idleTimeout
-)
+const maxHealthWatches = 64
+
+// healthWatchFor is a variable so tests can shorten it.
+var healthWatchFor = idleTimeout
 
 // boundedHealth is the health service with Watch bounded.
 type boundedHealth struct {
