@@ -109,7 +109,7 @@ type Server struct {
 	connRefusals *listener.Refusals
 	// conns is limits.max_connections, shared by the api and bootstrap
 	// listeners.
-	conns   *listener.Cap
+	conns *listener.Cap
 	// shares divide conns among callers once their handshake tells them
 	// apart (connclass.go).
 	shares  *connShares
