@@ -32,10 +32,13 @@ var (
 // ends, reconnecting with jittered exponential backoff. It takes each
 // verifier set the authority sends, and sends heartbeats.
 func (a *Agent) keepStream(ctx context.Context) {
+	// Tasks run beside the streams, and stop with the agent.
+	tasks := newTaskRunner(ctx, a)
+	defer tasks.wait()
 	delay := streamBackoffMin
 	for {
 		start := a.now()
-		err := a.streamOnce(ctx)
+		err := a.streamOnce(ctx, tasks)
 		if ctx.Err() != nil {
 			return
 		}
@@ -53,8 +56,9 @@ func (a *Agent) keepStream(ctx context.Context) {
 }
 
 // streamOnce opens one stream with the current certificate and serves it
-// until it ends.
-func (a *Agent) streamOnce(ctx context.Context) error {
+// until it ends. Its receive loop never waits for a task to run: tasks
+// go to tasks, and their answers come back through a sender of their own.
+func (a *Agent) streamOnce(ctx context.Context, tasks *taskRunner) error {
 	st, id, err := a.loadLocked(ctx)
 	if err != nil {
 		return err
@@ -83,7 +87,7 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 		defer sendMu.Unlock()
 		return stream.Send(m)
 	}
-	sendErr := make(chan error, 1)
+	sendErr := make(chan error, 2)
 	go func() {
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()
@@ -99,6 +103,11 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			}
 		}
 	}()
+	go func() {
+		if err := a.sendAnswers(ctx, tasks, send); err != nil {
+			sendErr <- err
+		}
+	}()
 	for {
 		m, err := stream.Recv()
 		if err != nil {
@@ -110,22 +119,41 @@ func (a *Agent) streamOnce(ctx context.Context) error {
 			}
 		}
 		if raw := m.GetTask(); raw != nil {
-			// Tasks run in turn, each after the previous answered: a
-			// renewal or a handler may take a while, and the stream
-			// keeps the order the authority queued them in.
-			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Result{Result: a.handleTask(ctx, raw)}}); err != nil {
-				return err
-			}
-			// What the task changed (a staged signer, a refusal count)
-			// is reported at once, not at the next heartbeat.
-			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
-				return err
-			}
+			// Verified and remembered here, in the order the authority
+			// queued them; run apart, one of a type at a time.
+			tasks.submit(raw)
 		}
 		if raw := m.GetVerifierSet(); raw != nil {
 			if err := a.streamedVerifierSet(ctx, raw); err != nil {
 				a.log.Warn("could not record a streamed verifier set", "err", err)
 			}
+		}
+	}
+}
+
+// sendAnswers sends the tasks' answers as they come until ctx ends or a
+// send fails (the answer is kept for the next stream), each batch
+// followed by a heartbeat: what a task changed (a staged signer, a
+// refusal count) is reported at once, not at the next heartbeat.
+func (a *Agent) sendAnswers(ctx context.Context, tasks *taskRunner, send func(*musterv1.AgentMessage) error) error {
+	for {
+		sent := false
+		for res := tasks.next(); res != nil; res = tasks.next() {
+			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Result{Result: res}}); err != nil {
+				tasks.requeue(res)
+				return err
+			}
+			sent = true
+		}
+		if sent {
+			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tasks.ready:
 		}
 	}
 }

@@ -211,7 +211,12 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return nil, nil
 	}
-	certs := ti.State.PeerCertificates
+	return s.verifyClientCerts(ti.State.PeerCertificates)
+}
+
+// verifyClientCerts is clientChain's check of the certificates a client
+// presented (at least one).
+func (s *Server) verifyClientCerts(certs []*x509.Certificate) ([]*x509.Certificate, error) {
 	now := time.Now()
 	if chain, ok := s.anchors.verify(s.ca, certs, now); ok {
 		return chain, nil

@@ -113,7 +113,10 @@ type Server struct {
 	connRefusals *listener.Refusals
 	// conns is limits.max_connections, shared by the api and bootstrap
 	// listeners.
-	conns   *listener.Cap
+	conns *listener.Cap
+	// shares divide conns among callers once their handshake tells them
+	// apart (connclass.go).
+	shares  *connShares
 	enroll  *enroll.Service
 	limiter *ratelimit.Keyed
 	tokens  *seal.Sealer
@@ -121,6 +124,8 @@ type Server struct {
 	streams *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
+	// live is each agent's one live stream on this replica.
+	live liveStreams
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time
@@ -165,6 +170,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections)
+	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
@@ -366,9 +372,13 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 
 func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	unaryAuth, streamAuth := s.interceptors(!admin)
+	name := "bootstrap"
+	if admin {
+		name = "api"
+	}
 	var gs *grpc.Server
 	gs = grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(tc)),
+		grpc.Creds(sharedCreds{TransportCredentials: credentials.NewTLS(tc), s: s, refused: s.connRefusals.For(name, s.conns.Max())}),
 		grpc.ChainUnaryInterceptor(s.metrics.unary, unaryAuth),
 		grpc.ChainStreamInterceptor(s.metrics.stream, streamAuth),
 		// Every request muster takes is small; a CSR is under 1 KiB. A
@@ -396,7 +406,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(gs, hs)
+	healthpb.RegisterHealthServer(gs, newBoundedHealth(hs))
 	// The bootstrap listener serves the unauthenticated RPCs alone: there
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
 	// guarded: a request body that cannot be read is refused by unaryAuth

@@ -28,6 +28,13 @@ import (
 // then a stream re-checks only when woken by a change that concerns it.
 var streamCheckEvery = 500 * time.Millisecond
 
+// streamSendTimeout bounds one message sent to an agent: a client that
+// stops reading leaves the server's Send waiting under HTTP/2 flow control,
+// and past this its stream is closed. While a send waits, the stream
+// still answers a change to its standing (a lock, a deletion, a
+// supersession) at once: the stream is closed then, not at the deadline.
+var streamSendTimeout = 10 * time.Second
+
 // Connect serves an agent's stream (see agent.proto).
 //
 // This goroutine waits for the stream's whole life, and so does the
@@ -79,10 +86,13 @@ type agentStream struct {
 	// expires.
 	ctx    context.Context
 	cancel context.CancelFunc
-	c      Caller
-	wake   *streamWake
-	unsub  func()
-	row    store.AgentStream
+	// replaced ends ctx with its cause when a newer stream of the same
+	// agent replaces this one (streamlive.go).
+	replaced context.CancelCauseFunc
+	c        Caller
+	wake     *streamWake
+	unsub    func()
+	row      store.AgentStream
 	// recvErr is the receive loop's end.
 	recvErr chan error
 	// opened: open succeeded, and the end is to be recorded.
@@ -93,6 +103,11 @@ type agentStream struct {
 	// serialised, and no heartbeat is recorded once the end is.
 	recordMu sync.Mutex
 	ended    bool
+
+	// deferred are the changes a stream was woken for while a send
+	// waited (send), for serve to re-check next. Only the goroutine
+	// running recheck writes it, and serve reads it after that returned.
+	deferred store.ChangeKind
 }
 
 // open checks the caller's standing, records the stream and starts its
@@ -110,13 +125,16 @@ func (st *agentStream) open() error {
 		}
 		if !st.opened && st.cancel != nil {
 			st.cancel()
+			st.replaced(nil)
 		}
 	}()
 	// Subscribed before the first check, so a change committed after that
 	// check wakes the stream.
 	st.wake, st.unsub = a.s.hub.subscribe(c.ID.Name)
 	// A stream never outlives the certificate it was opened with.
-	st.ctx, st.cancel = context.WithDeadline(ctx, c.Cert.NotAfter)
+	base, replaced := context.WithCancelCause(ctx)
+	st.ctx, st.cancel = context.WithDeadline(base, c.Cert.NotAfter)
+	st.replaced = replaced
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
@@ -133,6 +151,7 @@ func (st *agentStream) open() error {
 	st.opened = true
 	a.s.streams.connected.Inc()
 	a.streamLog(c).Info("agent stream opened")
+	st.replaceOld()
 	go st.receive()
 	return nil
 }
@@ -146,6 +165,10 @@ func (st *agentStream) close() {
 		a.s.streams.connected.Dec()
 		st.cancel()
 		st.unsub()
+		a.s.live.drop(st)
+		if st.replaced != nil {
+			st.replaced(nil)
+		}
 	}()
 	if err := st.recordEnd(); err != nil {
 		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
@@ -212,8 +235,14 @@ func (st *agentStream) serve() error {
 	check := store.ChangeSigners | store.ChangeTasks // standing was checked as it opened
 	for {
 		var end error
-		if apart(func() { end = st.a.recheck(st.ctx, st.stream, st.c, check, &sent, delivered) }); end != nil {
+		if apart(func() { end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, delivered) }); end != nil {
+			if se, ok := end.(streamEnd); ok {
+				return se.err
+			}
 			return end
+		}
+		if check, st.deferred = st.deferred, 0; check != 0 {
+			continue // woken while a send waited
 		}
 		select {
 		case err := <-st.recvErr:
@@ -225,6 +254,46 @@ func (st *agentStream) serve() error {
 		}
 	}
 }
+
+// send sends m to the agent, waiting at most streamSendTimeout. While it
+// waits, the stream's end (the agent's, the certificate's) ends it, and a
+// change to its standing is checked at once: a lock closes a stream whose
+// agent stopped reading as fast as any other. Other changes wait in
+// deferred. The Send left waiting returns when the handler does.
+func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
+	done := make(chan error, 1)
+	go func() { done <- st.stream.Send(m) }()
+	timer := time.NewTimer(streamSendTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-timer.C:
+			st.a.streamLog(st.c).Warn("agent stream closed: the agent did not read what was sent to it", "waited", streamSendTimeout.String())
+			return status.Errorf(codes.DeadlineExceeded, "the agent did not read its stream for %s; reconnect", streamSendTimeout)
+		case err := <-st.recvErr:
+			return streamEnd{st.closedByAgent(err)}
+		case <-st.ctx.Done():
+			return streamEnd{st.expired()}
+		case <-st.wake.c:
+			k := st.wake.take()
+			st.deferred |= k
+			if k&store.ChangeStanding != 0 {
+				if err := st.a.s.enroll.Standing(st.ctx, st.c.Cert); err != nil && st.ctx.Err() == nil {
+					st.a.streamLog(st.c).Info("agent stream closed while a send waited", "reason", err)
+					return toStatus(st.ctx, st.a.s.log, err)
+				}
+			}
+		}
+	}
+}
+
+// streamEnd is what send returns when the stream ended while it waited:
+// err is the handler's answer (nil: none).
+type streamEnd struct{ err error }
+
+func (e streamEnd) Error() string { return "agent stream ended" }
 
 // closedByAgent is the stream's end when its receive loop ended with err.
 func (st *agentStream) closedByAgent(err error) error {
@@ -244,6 +313,10 @@ func (st *agentStream) closedByAgent(err error) error {
 // expired is the stream's end when its context ended: the certificate it
 // was opened with expired, or the agent or the server went away.
 func (st *agentStream) expired() error {
+	if errors.Is(context.Cause(st.ctx), errReplaced) {
+		st.a.streamLog(st.c).Info("agent stream closed: replaced by a newer stream of the same agent")
+		return status.Error(codes.Aborted, "replaced by a newer stream of the same agent (one stream per agent)")
+	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
 		return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
@@ -263,7 +336,7 @@ func (a *agentService) streamLog(c Caller) *slog.Logger {
 // recheck does what a change a stream was woken by asks: checks the
 // node's standing, sends a newer verifier set, sends pending tasks. A
 // non-nil result ends the stream with it.
-func (a *agentService) recheck(ctx context.Context, stream musterv1.AgentService_ConnectServer, c Caller, check store.ChangeKind, sent *int64, delivered map[string]bool) error {
+func (a *agentService) recheck(ctx context.Context, send func(*musterv1.AuthorityMessage) error, c Caller, check store.ChangeKind, sent *int64, delivered map[string]bool) error {
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
@@ -276,15 +349,20 @@ func (a *agentService) recheck(ctx context.Context, stream musterv1.AgentService
 			return toStatus(ctx, a.s.log, err)
 		}
 		if raw != nil {
-			if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
+			if err := send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_VerifierSet{VerifierSet: raw}}); err != nil {
 				return err
 			}
 			*sent = version
 		}
 	}
 	if check&store.ChangeTasks != 0 {
-		if err := a.sendTasks(ctx, stream, c.ID.Name, delivered); err != nil && ctx.Err() == nil {
-			return toStatus(ctx, a.s.log, err)
+		if err := a.sendTasks(ctx, send, c.ID.Name, delivered); err != nil {
+			if _, ok := err.(streamEnd); ok {
+				return err
+			}
+			if ctx.Err() == nil {
+				return toStatus(ctx, a.s.log, err)
+			}
 		}
 	}
 	return nil
@@ -329,7 +407,7 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 // yet. A task sent by another replica's stream (the agent reconnected) is
 // sent again: the agent's replay window answers it as replayed, and the
 // first answer stands.
-func (a *agentService) sendTasks(ctx context.Context, stream musterv1.AgentService_ConnectServer, node string, delivered map[string]bool) error {
+func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.AuthorityMessage) error, node string, delivered map[string]bool) error {
 	tasks, err := a.s.store.PendingTasks(ctx, node)
 	if err != nil {
 		return err
@@ -338,7 +416,7 @@ func (a *agentService) sendTasks(ctx context.Context, stream musterv1.AgentServi
 		if delivered[t.ID] {
 			continue
 		}
-		if err := stream.Send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_Task{Task: t.Signed}}); err != nil {
+		if err := send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_Task{Task: t.Signed}}); err != nil {
 			return err
 		}
 		delivered[t.ID] = true

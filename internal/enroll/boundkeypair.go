@@ -3,8 +3,10 @@ package enroll
 import (
 	"context"
 	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -633,10 +635,20 @@ func (s *Service) retryRecovery(ctx context.Context, nodeID, instanceID, tokenID
 // lockStale locks the token whose join state was presented stale: the
 // keypair is in two places, and the authority cannot tell which holder is
 // genuine, so both are refused from now on.
+//
+// The lock's ID is the token's (staleLockID), so the insert is the one
+// conditional write: of racing stale presentations, on any number of
+// replicas, exactly one writes the lock and audits it, and the others,
+// finding it there (ErrConflict), are refused by it. Unlocking is one
+// `lock delete`.
 func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause error) error {
 	reason := fmt.Sprintf("join_state_mismatch: node %s presented a stale join state (%v)", nodeID, cause)
-	l := store.Lock{ID: newLockID(), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
-	if err := s.cfg.Store.InsertLock(ctx, l); err != nil {
+	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
+	err := s.cfg.Store.InsertLock(ctx, l)
+	if errors.Is(err, store.ErrConflict) {
+		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+	}
+	if err != nil {
 		return err
 	}
 	if err := s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "lock.create", Target: "token " + tokenID,
@@ -644,6 +656,13 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		return err
 	}
 	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+}
+
+// staleLockID is the ID of the lock a stale join state puts on token: one
+// per token, whatever presented it, so racing presentations write one row.
+func staleLockID(token string) string {
+	sum := sha256.Sum256([]byte("muster stale join state lock\x00" + token))
+	return "lock-stale-" + hex.EncodeToString(sum[:6])
 }
 
 // notAnswered is the refusal of a caller that sent something else than

@@ -3,6 +3,7 @@ package enroll
 import (
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,5 +136,59 @@ func TestBoundKeypairResyncWindowBounds(t *testing.T) {
 	wantRefusal(t, err, KindPermissionDenied, ReasonJoinStateMismatch)
 	if !b.locked(t) {
 		t.Fatal("a stale document inside a window did not lock the token")
+	}
+}
+
+// TestBoundKeypairStaleRaceLocksOnce: many presentations of one stale join
+// state at once are all refused, and make exactly one lock row and one
+// lock.create record (before, each racer that passed the lock check
+// wrote its own lock, and unlocking needed every row deleted).
+func TestBoundKeypairStaleRaceLocksOnce(t *testing.T) {
+	b := newBKEnv(t, 5, boundkeypair.ModeStandard)
+	first, _ := b.register(t)
+	if _, err := b.recover(t, first.JoinState); err != nil {
+		t.Fatal(err)
+	}
+	const racers = 32
+	errs := make(chan error, racers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for range racers {
+		_, der := csr(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+				CSR: der, JoinState: first.JoinState}, answerWith(b.priv))
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		var r *Refusal
+		if !errors.As(err, &r) || r.Kind != KindPermissionDenied || (r.Reason != ReasonJoinStateMismatch && r.Reason != ReasonLocked) {
+			t.Errorf("a racing stale presentation: %v, want join_state_mismatch or locked", err)
+		}
+	}
+	locks, err := b.st.ListLocks(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(locks) != 1 || locks[0].Kind != store.LockToken || locks[0].Target != "bot-1" {
+		t.Fatalf("locks after %d racing stale presentations: %+v, want one on token bot-1", racers, locks)
+	}
+	created := 0
+	b.audit.mu.Lock()
+	for _, e := range b.audit.events {
+		if e.Action == "lock.create" {
+			created++
+		}
+	}
+	b.audit.mu.Unlock()
+	if created != 1 {
+		t.Fatalf("lock.create records: %d, want 1", created)
 	}
 }

@@ -66,6 +66,12 @@ func (rs *Refusals) For(name string, maxConns int) func(Refusal) {
 		case RefusedTotal:
 			rs.log.Warn("connections closed at once: the listener holds its cap of open connections",
 				"listener", name, "refused", n, "max_connections", maxConns, "per", refusalLogEvery)
+		case RefusedAnonymous:
+			rs.log.Warn("connections closed after their handshake: anonymous callers hold their share of the cap; the rest is kept for operators and agents",
+				"listener", name, "refused", n, "max_connections", maxConns, "per", refusalLogEvery)
+		case RefusedIdentity:
+			rs.log.Warn("connections closed after their handshake: a client identity holds its cap of open connections",
+				"listener", name, "refused", n, "per", refusalLogEvery)
 		default:
 			rs.log.Warn("connections closed at once: a source holds its cap of open connections",
 				"listener", name, "refused", n, "max_per_source", MaxConnsPerSource, "per", refusalLogEvery)

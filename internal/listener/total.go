@@ -14,6 +14,14 @@ const (
 	RefusedPerSource Refusal = "per_source"
 	// RefusedTotal: the listener's Cap was full.
 	RefusedTotal Refusal = "total"
+	// RefusedAnonymous: after its TLS handshake, a connection without a
+	// client certificate of the server's found the share of the Cap
+	// anonymous callers may hold full (the rest is kept for operators and
+	// agents).
+	RefusedAnonymous Refusal = "anonymous"
+	// RefusedIdentity: after its TLS handshake, a connection found its
+	// client identity holding its cap of connections already.
+	RefusedIdentity Refusal = "identity"
 )
 
 // Options are what a listener enforces beside its address.

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -78,6 +80,38 @@ func lockCases() []testCase {
 			wantErr(t, "InsertLock duplicate", err, store.ErrConflict)
 			_, err = s.FindAnyLock(ctx, []store.LockTarget{key1})
 			wantErr(t, "FindAnyLock after conflict", err, store.ErrNotFound)
+		}},
+		{"racing inserts of one id make one lock", func(t *testing.T, ctx context.Context, s store.Store) {
+			// The authority's stale join-state lock relies on this: its ID
+			// is the token's, and of many racing writers exactly one
+			// writes, the others are told ErrConflict.
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			const racers = 24
+			errs := make(chan error, racers)
+			start := make(chan struct{})
+			for i := range racers {
+				go func() {
+					<-start
+					errs <- s.InsertLock(ctx, store.Lock{ID: "lock-stale-1", Kind: store.LockToken, Target: "tok-1",
+						Reason: fmt.Sprintf("racer %d", i), CreatedBy: "authority", CreatedAt: now.UTC().Truncate(time.Microsecond)})
+				}()
+			}
+			close(start)
+			won := 0
+			for range racers {
+				switch err := <-errs; {
+				case err == nil:
+					won++
+				case !errors.Is(err, store.ErrConflict):
+					t.Errorf("a racing InsertLock: %v, want nil or ErrConflict", err)
+				}
+			}
+			got, err := s.ListLocks(ctx)
+			mustNil(t, "ListLocks", err)
+			if won != 1 || len(got) != 1 {
+				t.Fatalf("%d racing inserts of one lock ID: %d succeeded, %d rows (%v); want 1 and 1", racers, won, len(got), got)
+			}
 		}},
 		{"delete", func(t *testing.T, ctx context.Context, s store.Store) {
 			l := lockFixture(t, ctx, s)

@@ -1,0 +1,150 @@
+package authority
+
+import (
+	"bytes"
+	"crypto/x509"
+	"errors"
+	"net"
+	"sync"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/listener"
+	"github.com/muster-dev/muster/internal/spiffeid"
+)
+
+// Shares of limits.max_connections, applied once a connection's TLS
+// handshake has said who is calling. The listeners' Cap counts every
+// connection from its accept, before anyone can be told apart; these keep
+// whoever can hold connections without credentials, or with one agent's,
+// from holding all of it:
+//
+//   - anonymous connections (no client certificate this authority issued:
+//     joins, bootstraps, health checks, anyone) hold at most
+//     anonymousShare of the cap, so the rest is kept for operators and for
+//     agents' renewals and streams;
+//   - one agent identity holds at most connsPerAgent connections (an
+//     agent uses one for its stream and one for a renewal at a time);
+//   - operators are not capped beyond the Cap itself.
+//
+// A connection past its share is closed right after its handshake,
+// counted in muster_connections_refused_total{reason="anonymous"|"identity"}
+// and logged once a minute.
+const (
+	anonymousShareNum, anonymousShareDen = 3, 4
+	connsPerAgent                        = 8
+)
+
+// errConnShare is the handshake's failure for a connection past its share.
+var errConnShare = errors.New("authority: connection closed: its caller holds its share of the connection cap")
+
+// connShares counts the connections open by class. Safe for concurrent use.
+type connShares struct {
+	anonMax int
+
+	mu     sync.Mutex
+	anon   int
+	agents map[string]int
+}
+
+func newConnShares(maxConns int) *connShares {
+	return &connShares{anonMax: max(maxConns*anonymousShareNum/anonymousShareDen, 1), agents: map[string]int{}}
+}
+
+// take counts one connection of agent (or, "", an anonymous one unless
+// operator) and returns its release, or false past its share.
+func (c *connShares) take(operator bool, agent string) (func(), listener.Refusal, bool) {
+	if operator {
+		return func() {}, "", true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if agent == "" {
+		if c.anon >= c.anonMax {
+			return nil, listener.RefusedAnonymous, false
+		}
+		c.anon++
+		return sync.OnceFunc(func() { c.mu.Lock(); c.anon--; c.mu.Unlock() }), "", true
+	}
+	if c.agents[agent] >= connsPerAgent {
+		return nil, listener.RefusedIdentity, false
+	}
+	c.agents[agent]++
+	return sync.OnceFunc(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.agents[agent]--; c.agents[agent] <= 0 {
+			delete(c.agents, agent)
+		}
+	}), "", true
+}
+
+// sharedCreds are a listener's TLS credentials that, once a handshake is
+// done, take the connection's place in its caller's share (connShares).
+type sharedCreds struct {
+	credentials.TransportCredentials
+	s       *Server
+	refused func(listener.Refusal)
+}
+
+func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err != nil {
+		return conn, info, err
+	}
+	var certs []*x509.Certificate
+	if ti, ok := info.(credentials.TLSInfo); ok {
+		certs = ti.State.PeerCertificates
+	}
+	operator, agent := c.s.connClass(certs)
+	release, why, ok := c.s.shares.take(operator, agent)
+	if !ok {
+		conn.Close()
+		c.refused(why)
+		return nil, nil, errConnShare
+	}
+	return &sharedConn{Conn: conn, release: release}, info, nil
+}
+
+func (c sharedCreds) Clone() credentials.TransportCredentials {
+	return sharedCreds{TransportCredentials: c.TransportCredentials.Clone(), s: c.s, refused: c.refused}
+}
+
+// connClass tells a connection's caller from the certificate it presented:
+// an operator, an agent (its node ID), or anonymous. A certificate that
+// does not verify is anonymous here (authorize refuses it, with its
+// reason, on the first call), so nobody can spend an agent's share with
+// a certificate naming it.
+func (s *Server) connClass(certs []*x509.Certificate) (operator bool, agent string) {
+	if len(certs) == 0 {
+		return false, ""
+	}
+	chain, err := s.verifyClientCerts(certs)
+	if err != nil || len(chain) < 2 {
+		return false, ""
+	}
+	id, err := spiffeid.FromCertificate(chain[0])
+	if err != nil || id.TrustDomain != s.info.TrustDomain {
+		return false, ""
+	}
+	switch {
+	case id.Role == spiffeid.RoleAdmin && bytes.Equal(chain[1].Raw, s.ca.Issuer(ca.RoleAdmin).Cert.Raw):
+		return true, ""
+	case id.Role == spiffeid.RoleAgent && bytes.Equal(chain[1].Raw, s.ca.Issuer(ca.RoleAgent).Cert.Raw):
+		return false, id.Name
+	}
+	return false, ""
+}
+
+// sharedConn gives its place in its share back when closed, once.
+type sharedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *sharedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}
