@@ -18,6 +18,9 @@ type Store interface {
 	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
+	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
 
 // Auditor records one audit event; *audit.Logger is one.
@@ -135,6 +138,16 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
 	if err != nil {
 		return Result{}, err
+	}
+	// Sign and keep the new set now, while the set it follows is known:
+	// its signer is chosen against snap's states. A failure here is not
+	// the step's: the next request signs it (against the kept set before).
+	prev := map[string]State{}
+	for _, s := range snap.Signers {
+		prev[s.VersionID] = s.State
+	}
+	if _, err := k.publish(ctx, prev); err != nil && ctx.Err() == nil {
+		_ = err // the set is signed again on the next request
 	}
 	return Result{Changes: changes, Version: v}, nil
 }
@@ -348,22 +361,23 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 	return raw, err
 }
 
-// SignedVerifierSet returns the current verifier set, signed by the active
-// signer, and its version; nil when the version is still have, so a stream
-// signs only the sets it sends.
+// SignedVerifierSet returns the current verifier set and its version;
+// nil when the version is still have, so a stream signs only the sets it
+// sends.
 //
-// The set is signed once per set ID and kept: an ID names one state of
-// the signer rows (every step advances the version and stamps the store
-// clock in the same conditional write), so two sets of one ID differ only
-// in issued_at, which no agent reads. The version alone would not do: a
-// store restored from a backup under a running authority and stepped back
-// up to the version this one kept holds other signers, and only the step's
-// time tells them apart. Each call still reads the ID from the store (one
+// Each version is signed once, by any replica, and kept in the store
+// (PutVerifierSet): later requests, and agents catching up through the
+// chain (Chain), get those very bytes. The signer is chosen against the
+// set before (Signing), so every agent holding that one takes this one.
+// The signed set is also kept here by set ID: an ID names one state of the
+// signer rows (every step advances the version and stamps the store clock
+// in the same conditional write). The version alone would not do: a store
+// restored from a backup under a running authority and stepped back up to
+// the version this one kept holds other signers, and only the step's time
+// tells them apart. Each call still reads the ID from the store (one
 // single-row read of committed state that every replica shares), so a step
 // made through any replica is served by this one from the next call on —
-// never an older set. A change notification would save that read but
-// arrives after the commit, and a set older than the store's must never be
-// served.
+// never an older set.
 func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
 	id, err := k.st.SignerSetID(ctx)
 	if err != nil {
@@ -382,25 +396,102 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 			k.signed.CompareAndSwap(c, nil)
 		}
 	}
-	snap, err := k.Load(ctx)
+	c, err := k.publish(ctx, nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	if snap.Version() == have {
+	if c.id.Version == have {
 		return nil, have, nil
 	}
-	active, ok := ActiveOf(snap.Signers)
-	if !ok {
-		return nil, 0, ErrNoActive
-	}
-	raw, err := NewVerifierSet(k.authorityID, snap.Version(), snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
-		return k.signWith(ctx, snap, active, msg)
-	})
+	return c.raw, c.id.Version, nil
+}
+
+// kept returns the set the store keeps for version, nil if none.
+func (k *Keeper) kept(ctx context.Context, version int64) ([]byte, error) {
+	sets, err := k.st.VerifierSets(ctx, version-1, 1)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	k.keep(cachedSet{id: snap.set, raw: raw})
-	return raw, snap.Version(), nil
+	if len(sets) == 1 && sets[0].Version == version {
+		return sets[0].Raw, nil
+	}
+	return nil, nil
+}
+
+// publish returns the signed set of the store's current version: the one
+// kept in the store, else one signed now and kept (the first kept wins a
+// race). prev is the states of the set before, when the caller knows
+// them (a step just applied); else they are read from the kept set before.
+func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return cachedSet{}, err
+	}
+	v := snap.Version()
+	raw, err := k.kept(ctx, v)
+	if err != nil {
+		return cachedSet{}, err
+	}
+	if raw == nil {
+		if prev == nil {
+			if before, err := k.kept(ctx, v-1); err == nil && before != nil {
+				if set, err := ParseVerifierSet(before); err == nil {
+					prev = map[string]State{}
+					for _, key := range set.Keys {
+						prev[key.VersionID] = key.State
+					}
+				}
+			}
+		}
+		by, err := Signing(prev, snap.Signers)
+		if err != nil {
+			return cachedSet{}, err
+		}
+		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.minLead).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+			return k.signWith(ctx, snap, by, msg)
+		})
+		if err != nil {
+			return cachedSet{}, err
+		}
+		if err := k.st.PutVerifierSet(ctx, v, signed); err != nil {
+			return cachedSet{}, err
+		}
+		// Another replica may have kept its own signing of v first:
+		// every agent must see one set per version.
+		if raw, err = k.kept(ctx, v); err != nil {
+			return cachedSet{}, err
+		}
+		if raw == nil {
+			raw = signed
+		}
+	}
+	c := cachedSet{id: snap.set, raw: raw}
+	k.keep(c)
+	return c, nil
+}
+
+// MaxChain bounds the sets one Chain answer carries; an agent further
+// behind asks again from the last one it took.
+const MaxChain = 64
+
+// Chain returns the kept sets after have, oldest first, ending with the
+// current one: an agent that holds have takes them in turn (Trust.AcceptChain),
+// each signed by a key the one before holds as active or staged. At most
+// MaxChain sets; the current one is always the last when the chain is
+// not cut.
+func (k *Keeper) Chain(ctx context.Context, have int64) ([][]byte, error) {
+	if _, _, err := k.SignedVerifierSet(ctx, -1); err != nil {
+		return nil, err
+	}
+	sets, err := k.st.VerifierSets(ctx, max(have, 0), MaxChain)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(sets))
+	for i, s := range sets {
+		out[i] = s.Raw
+	}
+	return out, nil
 }
 
 // keep caches s unless a newer version, or s itself, is cached already

@@ -38,6 +38,15 @@ func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, erro
 func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange) (int64, error) {
 	return s.get().ApplySignerChanges(ctx, v, cs)
 }
+func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64) error {
+	return s.get().AdvanceSignerSet(ctx, v, to)
+}
+func (s *swappedStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
+	return s.get().PutVerifierSet(ctx, v, raw)
+}
+func (s *swappedStore) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
+	return s.get().VerifierSets(ctx, after, limit)
+}
 
 // TestVerifierSetAfterARestoreSteppedToTheSameVersion: a replica serves
 // the verifier set of version 2 (a staged signer S1); the store is

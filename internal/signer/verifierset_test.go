@@ -18,6 +18,9 @@ type fleet struct {
 	refs    map[string][]byte
 	signers []Signer
 	version int64
+	// prev is the states of the set before the last step, which choose
+	// its signer (Signing).
+	prev map[string]State
 }
 
 func newFleet(t testing.TB) *fleet {
@@ -42,6 +45,13 @@ func (f *fleet) apply(changes []Change, err error) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.prev = map[string]State{}
+	for _, s := range f.signers {
+		f.prev[s.VersionID] = s.State
+	}
+	if len(f.signers) == 0 {
+		f.prev = nil
+	}
 	for _, c := range changes {
 		replaced := false
 		for i := range f.signers {
@@ -56,12 +66,15 @@ func (f *fleet) apply(changes []Change, err error) {
 	f.version++
 }
 
-// set returns the current verifier set, signed by the active signer.
+// set returns the current verifier set, signed as the keeper signs it.
 func (f *fleet) set(now time.Time) []byte {
 	f.t.Helper()
-	active, _ := ActiveOf(f.signers)
-	raw, err := NewVerifierSet("prod-a3f2e1", f.version, f.signers, now).Sign(func(msg []byte) ([]byte, error) {
-		return f.custody.Sign(context.Background(), active.VersionID, active.PublicKey, f.refs[active.VersionID], msg)
+	by, err := Signing(f.prev, f.signers)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	raw, err := NewVerifierSet("prod-a3f2e1", f.version, f.signers, now, DefaultMinLeadTime).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		return f.custody.Sign(context.Background(), by.VersionID, by.PublicKey, f.refs[by.VersionID], msg)
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -159,7 +172,8 @@ func TestTrustFollowsRotation(t *testing.T) {
 		v1, v2 State
 	}{
 		{t0, Active, Staged},
-		{eff.Add(-Skew), Grace, Active},
+		{eff.Add(-Skew), Active, Staged},
+		{eff, Grace, Active},
 		{grace, Grace, Active},
 		{grace.Add(Skew + time.Second), Retired, Active},
 	} {
@@ -176,10 +190,9 @@ func TestTrustFollowsRotation(t *testing.T) {
 	stale := f.set(t0) // version 2, signed by v1, still active at the authority
 	f.apply(PlanActivate(f.signers, ByClock, eff))
 	rotated := f.set(eff)
-	if err := tr.Accept(rotated, t0); !errors.Is(err, ErrSetUntrusted) {
-		t.Fatalf("set signed by v2 before its effective time: %v", err)
-	}
-	if err := tr.Accept(rotated, eff); err != nil {
+	// Signed by v2, which the agent holds as staged: taken, whatever the
+	// clock says (a forced activation comes before the effective time).
+	if err := tr.Accept(rotated, t0); err != nil {
 		t.Fatalf("rotated set: %v", err)
 	}
 	if len(tr.Pending()) != 0 || tr.Version() != 3 {
@@ -198,6 +211,13 @@ func TestTrustFollowsRotation(t *testing.T) {
 	g.version = 10
 	if err := tr.Accept(g.set(eff), eff); !errors.Is(err, ErrSetUntrusted) {
 		t.Fatalf("foreign set: %v", err)
+	}
+	// Signed by a key the agent does not hold: refused.
+	h := newFleet(t)
+	h.apply(PlanCreate(nil, "v9", h.key("v9").Public, t0))
+	h.version = 11
+	if err := tr.Accept(h.set(eff), eff); !errors.Is(err, ErrSetUntrusted) {
+		t.Fatalf("set signed by a key the agent does not hold: %v", err)
 	}
 }
 
