@@ -199,13 +199,27 @@ type agentService struct {
 	s *Server
 }
 
-func (a *agentService) GetVerifierSet(ctx context.Context, _ *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
+// GetVerifierSet answers the current set and the chain of sets published
+// after the version the agent holds: an agent that missed several signer
+// steps (offline across rotations, or a stream that carried only the
+// latest set) takes them in turn, each signed by a key the one before
+// holds as active or staged. Over this mTLS channel, the authority's
+// identity checked by the agent, so a kept set reaches only agents of
+// this authority; the chain's own signatures are what the agent trusts.
+func (a *agentService) GetVerifierSet(ctx context.Context, req *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
 	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	if req.GetHaveVersion() < 0 {
+		return nil, toStatus(ctx, a.s.log, badRequest("have_version must not be negative"))
+	}
+	chain, err := a.s.signers.Chain(ctx, req.GetHaveVersion())
+	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
 	raw, err := a.s.signers.VerifierSet(ctx)
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	return &musterv1.GetVerifierSetResponse{VerifierSet: raw}, nil
+	return &musterv1.GetVerifierSetResponse{VerifierSet: raw, Chain: chain}, nil
 }
