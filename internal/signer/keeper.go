@@ -260,17 +260,17 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 	if grace <= 0 {
 		return Result{}, &TimesError{Reason: "grace must be positive"}
 	}
-	id := NextVersionID(snap.Signers)
+	base := NextVersionID(snap.Signers)
 	eff := snap.Now.Add(effectiveIn)
 	// Check the rules before custody makes a key that would be thrown away.
-	if _, err := PlanStage(snap.Signers, id, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
+	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
 		return Result{}, err
 	}
-	key, err := k.custody.Generate(ctx, id)
+	key, err := k.custody.Generate(ctx, base)
 	if err != nil {
 		return Result{}, err
 	}
-	changes, err := PlanStage(snap.Signers, id, key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
+	changes, err := PlanStage(snap.Signers, KeyVersionID(base, key.Public), key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
 	if err != nil {
 		return Result{}, err
 	}
@@ -314,6 +314,45 @@ func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
 	return k.step(ctx, who, ActRollback, func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
 }
 
+// ActAdvance is the audit action of a verifier set version moved past
+// what agents hold after a store restore (Advance).
+const ActAdvance Action = "advance"
+
+// Advance moves the verifier set version past reported, a version an agent
+// holds that is above the store's (the store was restored from a backup:
+// the version went back), and publishes the set at that version, so every
+// agent that holds the restored store's active or staged key takes it.
+// It returns a zero Result when the store is not behind reported, or when
+// another replica advanced it first.
+func (k *Keeper) Advance(ctx context.Context, who Actor, reported int64) (Result, error) {
+	id, err := k.st.SignerSetID(ctx)
+	if err != nil || reported <= id.Version {
+		return Result{}, err
+	}
+	err = k.st.AdvanceSignerSet(ctx, id.Version, reported+1)
+	if errors.Is(err, store.ErrConflict) {
+		return Result{}, nil
+	}
+	res := Result{Version: reported + 1}
+	if err == nil {
+		_, err = k.publish(ctx, nil)
+	}
+	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance), Result: audit.ResultOK,
+		Source: who.Source, CorrelationID: who.CorrelationID,
+		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", reported+1, reported, id.Version)}
+	if err != nil {
+		e.Result, e.Reason = audit.ResultError, err.Error()
+	}
+	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
+	return res, err
+}
+
+// SetVersion is the store's verifier set version.
+func (k *Keeper) SetVersion(ctx context.Context) (int64, error) {
+	id, err := k.st.SignerSetID(ctx)
+	return id.Version, err
+}
+
 // Tick takes the step the clock has made due, if any: the leader's job.
 // It returns a zero Result when nothing was due, or when another replica
 // took the step first.
@@ -337,7 +376,7 @@ func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
 
 // signWith signs msg with one signer version through custody.
 func (k *Keeper) signWith(ctx context.Context, snap Snapshot, s Signer, msg []byte) ([]byte, error) {
-	return k.custody.Sign(ctx, s.VersionID, s.PublicKey, snap.refs[s.VersionID], msg)
+	return k.custody.Sign(ctx, custodyID(s.VersionID), s.PublicKey, snap.refs[s.VersionID], msg)
 }
 
 // ActiveSigner returns the active signer's version ID and a function that
