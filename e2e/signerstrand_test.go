@@ -25,6 +25,18 @@ func signerIDs(t *testing.T, dir string) map[int]string {
 	return out
 }
 
+// acceptedByNumber is agent status's accepted_signers keyed by version
+// number (byNumber).
+func acceptedByNumber(st map[string]any) map[string]any {
+	m, _ := st["accepted_signers"].(map[string]any)
+	out := map[string]any{}
+	for id, s := range m {
+		num, _, _ := strings.Cut(id, "-")
+		out[num] = s
+	}
+	return out
+}
+
 // holds reports whether the agent of adir accepts exactly the signers of
 // want (version ID -> state) at verifier set version at least minVersion.
 func holds(t *testing.T, adir string, minVersion int, want map[string]string) bool {
