@@ -142,13 +142,15 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	// Sign and keep the new set now, while the set it follows is known:
 	// its signer is chosen against snap's states. A failure here is not
 	// the step's: the next request signs it (against the kept set before).
-	prev := map[string]State{}
+	var prev map[string]State // none before the first signer
 	for _, s := range snap.Signers {
+		if prev == nil {
+			prev = map[string]State{}
+		}
 		prev[s.VersionID] = s.State
 	}
-	if _, err := k.publish(ctx, prev); err != nil && ctx.Err() == nil {
-		_ = err // the set is signed again on the next request
-	}
+	// An error is not the step's: the set is signed on the next request.
+	_, _ = k.publish(ctx, prev)
 	return Result{Changes: changes, Version: v}, nil
 }
 
