@@ -116,7 +116,7 @@ func TestForcedActivationReachesTheFleet(t *testing.T) {
 	e := newAgentEnv(t)
 	on := joinAgent(t, e, "on")
 	off := joinAgent(t, e, "off")
-	startProc(t, "on", "stream to the authority open", "agent", "run", "--data", on, "--log-format", "json")
+	onProc, _ := startProc(t, "on", "stream to the authority open", "agent", "run", "--data", on, "--log-format", "json")
 	v1 := signerIDs(t, e.dir)[1]
 
 	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "15m")
@@ -129,6 +129,15 @@ func TestForcedActivationReachesTheFleet(t *testing.T) {
 		return holds(t, on, 3, map[string]string{v1: "grace", v2: "active"})
 	})
 	t.Logf("forced activation reached the running agent in %s", took)
+	// It reports the new set in a heartbeat at once, not 30 s later.
+	waitFor(t, setReach, "agents show reports the new set", func() bool {
+		return strings.Contains(mustRun(t, "agents", "show", "on", "--data", e.dir), "Heartbeat: verifier set version 3")
+	})
+	// The set every stream open carries, already held, is the normal
+	// case: not a warning.
+	if strings.Contains(onProc.Logs(), "verifier set not taken") {
+		t.Errorf("the agent logged a set it did not take:\n%s", onProc.Logs())
+	}
 
 	startProc(t, "off", "stream to the authority open", "agent", "run", "--data", off, "--log-format", "json")
 	waitFor(t, 10*time.Second, "the agent offline at the activation holds it once connected", func() bool {
