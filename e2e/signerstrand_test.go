@@ -211,7 +211,8 @@ func TestEmergencyRevocationRevokes(t *testing.T) {
 // active by its time (the rotate task expired unseen) catches up through
 // the chain of verifier sets, on its stream and by a renewal, and verifies
 // tasks from the new key. signer.min_lead_time is 1m, so the rotation
-// takes about a minute.
+// takes about a minute; an agent running meanwhile takes the rotate task
+// by that lead time.
 func TestAgentOfflineAcrossARotation(t *testing.T) {
 	dir, out := initDir(t)
 	if err := os.WriteFile(filepath.Join(dir, "authority.yaml"), []byte("signer:\n  min_lead_time: 1m\n"), 0o600); err != nil {
@@ -222,9 +223,15 @@ func TestAgentOfflineAcrossARotation(t *testing.T) {
 	e.fingerprint, _ = out["ca_fingerprint"].(string)
 	streamed := joinAgent(t, e, "streamed")
 	renewed := joinAgent(t, e, "renewed")
+	online := joinAgent(t, e, "online")
+	startProc(t, "online", "stream to the authority open", "agent", "run", "--data", online, "--log-format", "json")
 	v1 := signerIDs(t, dir)[1]
 
-	mustRun(t, "signer", "stage", "--data", dir, "--effective-in", "1m", "--grace", "1m")
+	// The running agent takes the rotate task with the authority's lead
+	// time of 1m, which its verifier set carries (not a fixed 10m).
+	if r := rotateAnswer(t, dir, "online", "--effective-in", "1m", "--grace", "1m"); r.Result != "ok" {
+		t.Fatalf("rotate task with the configured lead time: %+v", r)
+	}
 	v2 := signerIDs(t, dir)[2]
 	waitFor(t, 90*time.Second, "the staged signer becomes active by its time", func() bool {
 		m, _ := listSigners(t, dir)

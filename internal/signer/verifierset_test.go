@@ -250,3 +250,90 @@ func FuzzParseVerifierSet(f *testing.F) {
 		}
 	})
 }
+
+// TestSigningKeepsEveryAgent: for each step, the set it makes is signed by
+// a key the previous set holds as active or staged, never by the key the
+// step ended, and an agent holding the previous set takes it.
+func TestSigningKeepsEveryAgent(t *testing.T) {
+	eff, grace := t0.Add(time.Hour), t0.Add(3*time.Hour)
+	for _, tc := range []struct {
+		name string
+		step func(f *fleet)
+		by   string
+	}{
+		{"stage", func(f *fleet) {}, "v1"},
+		{"forced activation", func(f *fleet) { f.apply(PlanActivate(f.signers, ByCommand, t0)) }, "v2"},
+		{"revoke the active key with a staged successor", func(f *fleet) { f.apply(PlanRevoke(f.signers, "v1", t0)) }, "v2"},
+		{"revoke the staged key", func(f *fleet) { f.apply(PlanRevoke(f.signers, "v2", t0)) }, "v1"},
+		{"rollback before effective_at", func(f *fleet) { f.apply(PlanRollback(f.signers, t0, DefaultMinLeadTime)) }, "v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+			agent, _ := NewTrust(nil, nil)
+			if err := agent.Accept(f.set(t0), t0); err != nil {
+				t.Fatal(err)
+			}
+			f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, eff, grace, DefaultMinLeadTime))
+			if tc.name != "stage" {
+				if err := agent.Accept(f.set(t0), t0); err != nil {
+					t.Fatal(err)
+				}
+				tc.step(f)
+			}
+			raw := f.set(t0)
+			var w signedSet
+			if err := json.Unmarshal(raw, &w); err != nil || w.SignerVersionID != tc.by {
+				t.Fatalf("signed by %s, want %s (%v)", w.SignerVersionID, tc.by, err)
+			}
+			// Long after the effective time, by the agent's clock.
+			if err := agent.Accept(raw, grace.Add(time.Hour)); err != nil {
+				t.Fatalf("an agent holding the previous set refuses it: %v", err)
+			}
+		})
+	}
+	// Inside grace, the rollback's set is signed by the key that was
+	// active (staged again), not the restored one, which agents hold in
+	// grace.
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, eff, grace, DefaultMinLeadTime))
+	f.apply(PlanActivate(f.signers, ByClock, eff))
+	agent, _ := NewTrust(f.set(eff), nil)
+	f.apply(PlanRollback(f.signers, eff.Add(time.Minute), DefaultMinLeadTime))
+	if err := agent.Accept(f.set(eff), eff.Add(time.Minute)); err != nil {
+		t.Fatalf("rollback inside grace: %v", err)
+	}
+	// A set may not be signed by a key it does not hold as active or
+	// staged.
+	if _, err := NewVerifierSet("a", 9, f.signers, t0, 0).Sign("v9", nil); err == nil {
+		t.Fatal("signed by a key not in the set")
+	}
+}
+
+// TestSetCarriesMinLeadTime: agents read signer.min_lead_time from the
+// set, and the default from a set that does not say.
+func TestSetCarriesMinLeadTime(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	by, _ := Signing(nil, f.signers)
+	for _, lead := range []time.Duration{time.Minute, 0} {
+		raw, err := NewVerifierSet("a", 1, f.signers, t0, lead).Sign("v1", func(msg []byte) ([]byte, error) {
+			return f.custody.Sign(context.Background(), "v1", by.PublicKey, f.refs["v1"], msg)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := NewTrust(raw, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := lead
+		if lead == 0 {
+			want = DefaultMinLeadTime
+		}
+		if got := tr.MinLeadTime(); got != want {
+			t.Errorf("set with lead %s: agent applies %s", lead, got)
+		}
+	}
+}
