@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -86,7 +87,33 @@ func malformed(format string, a ...any) error {
 func NewVerifierSet(authorityID string, version int64, signers []Signer, now time.Time, minLead time.Duration) VerifierSet {
 	v := VerifierSet{Type: SetType, AuthorityID: authorityID, Version: version, IssuedAt: now.UTC(), Keys: []SetKey{},
 		MinLeadTimeSeconds: int64(minLead / time.Second)}
+	// The set is bounded (MaxSetKeys): the live keys always, and of the
+	// retired and revoked ones the most recently ended. An agent trusts no
+	// key a set does not list, so dropping an old ended key changes
+	// nothing it accepts.
+	ended := 0
 	for _, s := range signers {
+		if !s.State.Trusted() {
+			ended++
+		}
+	}
+	drop := map[string]bool{}
+	if over := len(signers) - MaxSetKeys; over > 0 && ended > 0 {
+		old := make([]Signer, 0, ended)
+		for _, s := range signers {
+			if !s.State.Trusted() {
+				old = append(old, s)
+			}
+		}
+		slices.SortStableFunc(old, func(a, b Signer) int { return a.EndedAt.Compare(b.EndedAt) })
+		for _, s := range old[:min(over, len(old))] {
+			drop[s.VersionID] = true
+		}
+	}
+	for _, s := range signers {
+		if drop[s.VersionID] {
+			continue
+		}
 		v.Keys = append(v.Keys, SetKey{
 			VersionID: s.VersionID, PublicKey: EncodePublicKey(s.PublicKey), State: s.State,
 			PublishedAt: s.PublishedAt.UTC(), EffectiveAt: s.EffectiveAt.UTC(), GraceUntil: s.GraceUntil.UTC(),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -335,5 +336,32 @@ func TestSetCarriesMinLeadTime(t *testing.T) {
 		if got := tr.MinLeadTime(); got != want {
 			t.Errorf("set with lead %s: agent applies %s", lead, got)
 		}
+	}
+}
+
+// TestSetStaysBounded: after more rotations than a set holds keys, the set
+// keeps the live keys and the most recently ended ones, and still signs.
+func TestSetStaysBounded(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	now := t0
+	for i := 2; i <= MaxSetKeys+5; i++ {
+		id := fmt.Sprintf("v%d", i)
+		f.apply(PlanStage(f.signers, id, f.key(id).Public, now, now.Add(time.Hour), now.Add(2*time.Hour), DefaultMinLeadTime))
+		now = now.Add(time.Hour)
+		f.apply(PlanActivate(f.signers, ByClock, now))
+	}
+	v, err := ParseVerifierSet(f.set(now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Keys) != MaxSetKeys {
+		t.Fatalf("%d keys, want %d", len(v.Keys), MaxSetKeys)
+	}
+	if _, ok := v.Key("v1"); ok {
+		t.Fatal("the oldest retired key was kept")
+	}
+	if a, _ := v.Active(); a.VersionID != fmt.Sprintf("v%d", MaxSetKeys+5) {
+		t.Fatalf("active %s", a.VersionID)
 	}
 }
