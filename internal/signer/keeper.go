@@ -320,6 +320,12 @@ func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
 // what agents hold after a store restore (Advance).
 const ActAdvance Action = "advance"
 
+// MaxAdvance bounds how far Advance moves the version at once: a restore
+// loses the steps since its backup, a handful; an agent reporting a
+// version far beyond (a bug, or a compromised agent trying to exhaust the
+// version) is not followed.
+const MaxAdvance = 10000
+
 // Advance moves the verifier set version past reported, a version an agent
 // holds that is above the store's (the store was restored from a backup:
 // the version went back), and publishes the set at that version, so every
@@ -330,6 +336,9 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, reported int64) (Result
 	id, err := k.st.SignerSetID(ctx)
 	if err != nil || reported <= id.Version {
 		return Result{}, err
+	}
+	if reported-id.Version > MaxAdvance {
+		return Result{}, fmt.Errorf("signer: an agent reports verifier set version %d, %d above the store's %d: more than a restore loses (%d); not followed", reported, reported-id.Version, id.Version, MaxAdvance)
 	}
 	err = k.st.AdvanceSignerSet(ctx, id.Version, reported+1)
 	if errors.Is(err, store.ErrConflict) {

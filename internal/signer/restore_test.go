@@ -224,6 +224,9 @@ func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 	if _, st, ok := agent.StateAt(id2, time.Now()); !ok || st != Staged {
 		t.Fatalf("the new signer is %s (%v) to the agent", st, ok)
 	}
+	if _, err := k.Advance(ctx, Actor{Name: "authority"}, 4+MaxAdvance+1); err == nil {
+		t.Fatal("followed a version far beyond any restore")
+	}
 	// Not ahead any more: nothing to do.
 	if res, err := k.Advance(ctx, Actor{Name: "authority"}, 4); err != nil || res.Version != 0 {
 		t.Fatalf("Advance when not behind = %+v, %v", res, err)

@@ -85,8 +85,13 @@ func malformed(format string, a ...any) error {
 
 // NewVerifierSet builds the set agents get from the store's signers.
 func NewVerifierSet(authorityID string, version int64, signers []Signer, now time.Time, minLead time.Duration) VerifierSet {
-	v := VerifierSet{Type: SetType, AuthorityID: authorityID, Version: version, IssuedAt: now.UTC(), Keys: []SetKey{},
-		MinLeadTimeSeconds: int64(minLead / time.Second)}
+	v := VerifierSet{Type: SetType, AuthorityID: authorityID, Version: version, IssuedAt: now.UTC(), Keys: []SetKey{}}
+	if minLead > 0 && minLead != DefaultMinLeadTime {
+		// Said only when it is not the default, which a set without it
+		// means: agents of the release before, which refuse fields they
+		// do not know, keep taking sets of an authority on the default.
+		v.MinLeadTimeSeconds = int64(minLead / time.Second)
+	}
 	// The set is bounded (MaxSetKeys): the live keys always, and of the
 	// retired and revoked ones the most recently ended. An agent trusts no
 	// key a set does not list, so dropping an old ended key changes
