@@ -19,7 +19,7 @@ func TestAgentVerifierSet(t *testing.T) {
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
 		t.Fatalf("agent join: exit %d\n%s", r.code, r.stderr)
 	}
-	accepted := func(st map[string]any) map[string]any { m, _ := st["accepted_signers"].(map[string]any); return m }
+	accepted := func(st map[string]any) map[string]any { return acceptedByNumber(st) }
 	st := agentStatus(t, adir)
 	if st["verifier_set_version"] != float64(1) || accepted(st)["v1"] != "active" || len(accepted(st)) != 1 {
 		t.Fatalf("after join: version %v, accepted %v", st["verifier_set_version"], st["accepted_signers"])

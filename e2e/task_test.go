@@ -71,7 +71,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	t.Logf("rotate task answered by the two running agents in %s", took)
 	for _, n := range []string{"a1", "a2"} {
 		st := agentStatus(t, dirs[n])
-		if st["last_rotate_task"] != rotate || st["accepted_signers"].(map[string]any)["v2"] != "staged" {
+		if st["last_rotate_task"] != rotate || acceptedByNumber(st)["v2"] != "staged" {
 			t.Errorf("%s after the rotate task: %v %v", n, st["last_rotate_task"], st["accepted_signers"])
 		}
 	}

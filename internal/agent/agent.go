@@ -125,12 +125,16 @@ type Agent struct {
 	// failures counts refused tasks by the signer version they named,
 	// for heartbeats.
 	failures map[string]int64
+
+	// trustChanged is signalled (without blocking) whenever the agent
+	// takes a new verifier set, so the stream sends a heartbeat at once.
+	trustChanged chan struct{}
 }
 
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
-		staticVerifiers: o.StaticVerifiers}
+		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1)}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

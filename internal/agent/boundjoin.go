@@ -372,7 +372,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	remaining := res.GetRecoveriesRemaining()
 	st.Generation, st.LastRenewal, st.NotAfter, st.Serial = res.GetGeneration(), &now, chain[0].NotAfter.UTC(), serialOf(chain[0])
 	st.InstanceID, st.JoinState, st.RecoveriesRemaining = res.GetInstanceId(), res.GetJoinState(), &remaining
-	a.takeVerifierSet(st, res.GetVerifierSet(), false)
+	a.takeVerifierSet(ctx, st, res.GetVerifierSet(), false, nil)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, op, err
 	}

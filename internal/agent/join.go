@@ -196,7 +196,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		Serial: serialOf(chain[0]), JoinState: j.joinState, RecoveriesRemaining: j.remaining,
 		BoundKeypair: r.BoundKeypair,
 	}
-	a.takeVerifierSet(st, j.verifierSet, true)
+	a.takeVerifierSet(ctx, st, j.verifierSet, true, nil)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, err
 	}

@@ -96,7 +96,7 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	if iid := resp.GetInstanceId(); iid != "" {
 		st.InstanceID = iid
 	}
-	a.takeVerifierSet(st, resp.GetVerifierSet(), false)
+	a.takeVerifierSet(ctx, st, resp.GetVerifierSet(), false, conn)
 	if err := a.dir.writeState(st); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/identity"
@@ -100,6 +101,9 @@ func (a *Agent) streamOnce(ctx context.Context, tasks *taskRunner) error {
 			case <-ctx.Done():
 				return
 			case <-t.C:
+			case <-a.trustChanged:
+				// A new verifier set is reported at once, so agents
+				// show says what agent status says.
 			}
 		}
 	}()
@@ -124,7 +128,7 @@ func (a *Agent) streamOnce(ctx context.Context, tasks *taskRunner) error {
 			tasks.submit(raw)
 		}
 		if raw := m.GetVerifierSet(); raw != nil {
-			if err := a.streamedVerifierSet(ctx, raw); err != nil {
+			if err := a.streamedVerifierSet(ctx, raw, conn); err != nil {
 				a.log.Warn("could not record a streamed verifier set", "err", err)
 			}
 		}
@@ -169,8 +173,9 @@ func (a *Agent) loadLocked(ctx context.Context) (*State, *identity.Identity, err
 }
 
 // streamedVerifierSet takes a verifier set the stream brought, by the rule
-// of a renewal's, and records it.
-func (a *Agent) streamedVerifierSet(ctx context.Context, raw []byte) error {
+// of a renewal's (catching up over conn, the stream's connection), and
+// records it.
+func (a *Agent) streamedVerifierSet(ctx context.Context, raw []byte, conn grpc.ClientConnInterface) error {
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
 		return err
@@ -180,9 +185,7 @@ func (a *Agent) streamedVerifierSet(ctx context.Context, raw []byte) error {
 	if err != nil {
 		return err
 	}
-	before := string(st.VerifierSet)
-	a.takeVerifierSet(st, raw, false)
-	if string(st.VerifierSet) == before {
+	if !a.takeVerifierSet(ctx, st, raw, false, conn) {
 		return nil
 	}
 	return a.dir.writeState(st)

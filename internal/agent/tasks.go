@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/task"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -70,7 +69,9 @@ func (a *Agent) acceptTask(ctx context.Context, raw []byte) (task.Envelope, func
 	var run func(context.Context) (string, error)
 	switch env.TaskType {
 	case task.TypeRotateSigningKey:
-		key, err := task.ValidateRotate(env, trust, signer.DefaultMinLeadTime, a.now())
+		// The lead time is the authority's signer.min_lead_time, as the
+		// held verifier set names it.
+		key, err := task.ValidateRotate(env, trust, trust.MinLeadTime(), a.now())
 		if err == nil {
 			err = trust.AddStaged(key)
 		}

@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
+	"google.golang.org/grpc"
 
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/signer"
@@ -38,32 +41,93 @@ func (a *Agent) trustOf(st *State) (*signer.Trust, error) {
 
 // takeVerifierSet records a verifier set an answer of the authority
 // carried. At a join (first) the set comes over the channel pinned to the
-// root and replaces whatever was held; later it must pass Trust.Accept. A
-// set that does not pass is logged and ignored: the agent keeps the set it
-// has, and nothing else of the answer depends on it.
-func (a *Agent) takeVerifierSet(st *State, raw []byte, first bool) {
+// root and replaces whatever was held; later it must pass Trust.Accept.
+// A set the agent cannot take directly (it missed the steps between, so
+// the signer is not one it holds) is caught up through the chain of sets
+// the authority kept, asked over conn, the channel that brought the set
+// (mTLS, the authority's identity checked); nil conn asks nothing. A set
+// that still does not pass is logged and ignored: the agent keeps the set
+// it has, and nothing else of the answer depends on it. It reports whether
+// the held set changed.
+func (a *Agent) takeVerifierSet(ctx context.Context, st *State, raw []byte, first bool, conn grpc.ClientConnInterface) bool {
 	if len(raw) == 0 {
-		return
+		return false
 	}
 	if first {
 		st.VerifierSet, st.StagedVerifiers = nil, nil
 	}
 	t, err := a.trustOf(st)
-	if err == nil {
-		err = t.Accept(raw, a.now())
-	}
 	if err != nil {
 		a.log.Warn("verifier set not taken", "err", err)
 		a.metrics.verifierSet(0, err)
-		return
+		return false
 	}
-	st.VerifierSet, st.StagedVerifiers = t.Raw(), t.Pending()
-	a.metrics.verifierSet(t.Version(), nil)
+	before := t.Version()
+	err = t.Accept(raw, a.now())
+	if err != nil && !errors.Is(err, signer.ErrSetStale) && conn != nil {
+		err = a.catchUp(ctx, conn, t)
+	}
+	return a.recordTrust(st, t, before, err)
 }
 
-// RefreshTrust asks the authority, over mTLS, for its current verifier set
-// and takes it by the same rule as a renewal's: the repair path of muster
-// agent trust refresh. It returns the version held afterwards.
+// recordTrust puts what t holds into st after an attempt to take a set
+// that ended with err, logs and counts it, and reports whether the held
+// set changed.
+func (a *Agent) recordTrust(st *State, t *signer.Trust, before int64, err error) bool {
+	changed := t.Version() != before
+	if changed {
+		st.VerifierSet, st.StagedVerifiers = t.Raw(), t.Pending()
+		a.metrics.verifierSet(t.Version(), nil)
+		a.log.Info("verifier set taken", "from_version", before, "version", t.Version())
+		select {
+		case a.trustChanged <- struct{}{}:
+		default:
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, signer.ErrSetStale):
+		// The normal case: every stream open and renewal carries the
+		// set the agent already holds.
+		a.log.Debug("verifier set not taken: not newer", "version", t.Version())
+	default:
+		a.log.Warn("verifier set not taken", "err", err, "version", t.Version())
+		a.metrics.verifierSet(0, err)
+	}
+	return changed
+}
+
+// catchUp asks the authority over conn for the chain of sets after the
+// one t holds and takes them in turn (Trust.AcceptChain), then the current
+// set. A chain cut at signer.MaxChain is asked for again from where it
+// stopped.
+func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *signer.Trust) error {
+	client := musterv1.NewAgentServiceClient(conn)
+	for {
+		have := t.Version()
+		cctx, cancel := context.WithTimeout(ctx, a.timeout)
+		resp, err := client.GetVerifierSet(cctx, &musterv1.GetVerifierSetRequest{HaveVersion: have})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("asking for the verifier sets after version %d: %w", have, err)
+		}
+		if err := t.AcceptChain(resp.GetChain(), a.now()); err != nil {
+			return err
+		}
+		if len(resp.GetChain()) >= signer.MaxChain && t.Version() > have {
+			continue
+		}
+		if err := t.Accept(resp.GetVerifierSet(), a.now()); err != nil && !errors.Is(err, signer.ErrSetStale) {
+			return err
+		}
+		return nil
+	}
+}
+
+// RefreshTrust asks the authority, over mTLS, for the verifier sets after
+// the one it holds and takes them by the rule of a renewal's: the repair
+// path of muster agent trust refresh. It returns the version held
+// afterwards.
 func (a *Agent) RefreshTrust(ctx context.Context) (int64, error) {
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
@@ -83,30 +147,19 @@ func (a *Agent) RefreshTrust(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	defer conn.Close()
-	cctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	resp, err := musterv1.NewAgentServiceClient(conn).GetVerifierSet(cctx, &musterv1.GetVerifierSetRequest{})
-	if err != nil {
-		return 0, err
-	}
 	t, err := a.trustOf(st)
 	if err != nil {
 		return 0, err
 	}
 	before := t.Version()
-	switch err := t.Accept(resp.GetVerifierSet(), a.now()); {
-	case err == nil:
-	case before > 0 && err == signer.ErrSetStale:
-		// Nothing newer: what the agent holds is current.
-		return before, nil
-	default:
-		return 0, err
+	err = a.catchUp(ctx, conn, t)
+	if a.recordTrust(st, t, before, err) {
+		if werr := a.dir.writeState(st); werr != nil {
+			return 0, werr
+		}
 	}
-	st.VerifierSet, st.StagedVerifiers = t.Raw(), t.Pending()
-	if err := a.dir.writeState(st); err != nil {
-		return 0, err
+	if err != nil {
+		return t.Version(), err
 	}
-	a.metrics.verifierSet(t.Version(), nil)
-	a.log.Info("verifier set refreshed", "from_version", before, "version", t.Version())
 	return t.Version(), nil
 }

@@ -121,7 +121,10 @@ type Server struct {
 	limiter *ratelimit.Keyed
 	tokens  *seal.Sealer
 	signers *signer.Keeper
-	streams *streamMetrics
+	// setAhead notices agents holding a newer verifier set than the
+	// store's (a restore).
+	setAhead *setAhead
+	streams  *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
 	// live is each agent's one live stream on this replica.
@@ -185,6 +188,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	s.signers = signer.NewKeeper(cfg.Store, custody, loggedAudit{s}, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
 	if s.streams, err = newStreamMetrics(s.metrics.reg); err != nil {
+		return nil, err
+	}
+	if s.setAhead, err = newSetAhead(s.metrics.reg); err != nil {
 		return nil, err
 	}
 	joinStates, err := cfg.StorageKey.Sealer(seal.InfoJoinState)

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -193,19 +195,89 @@ func (s *Server) verifierSet(ctx context.Context) []byte {
 	return raw
 }
 
+// setAhead watches heartbeats for a verifier set version above the
+// store's: the store was restored from a backup and its version went
+// back. Agents refuse sets not newer than theirs, so the authority moves
+// the version past the highest reported and publishes the set there.
+type setAhead struct {
+	// logged is the highest reported version logged so far: each is
+	// logged once, not with every heartbeat.
+	logged   atomic.Int64
+	detected prometheus.Counter
+	highest  prometheus.Gauge
+}
+
+func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
+	a := &setAhead{
+		detected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_verifier_set_agent_ahead_total",
+			Help: "Heartbeats reporting a verifier set version above the store's (a restored store); each moves the version past it.",
+		}),
+		highest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_verifier_set_agent_ahead_version",
+			Help: "The highest verifier set version an agent reported above the store's; 0 if none.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{a.detected, a.highest} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+// checkSetVersion compares the verifier set version a heartbeat reports
+// with the store's, and when the agent is ahead, logs it (once per
+// version), counts it and advances the store's version past it.
+func (s *Server) checkSetVersion(ctx context.Context, node string, reported int64) {
+	if reported <= 0 || s.setAhead == nil {
+		return
+	}
+	have, err := s.signers.SetVersion(ctx)
+	if err != nil || reported <= have {
+		return
+	}
+	s.setAhead.detected.Inc()
+	if prev := s.setAhead.logged.Load(); reported > prev && s.setAhead.logged.CompareAndSwap(prev, reported) {
+		s.setAhead.highest.Set(float64(reported))
+		s.log.Warn("an agent holds a verifier set newer than the store's: the store was restored from a backup? moving the version past it",
+			"node", node, "agent_version", reported, "store_version", have)
+	}
+	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority"}, reported)
+	if err != nil && ctx.Err() == nil {
+		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "agent_version", reported)
+	} else if res.Version > 0 {
+		s.log.Info("verifier set version moved past the agents'", "version", res.Version)
+	}
+}
+
 // agentService is what enrolled agents call over mTLS.
 type agentService struct {
 	musterv1.UnimplementedAgentServiceServer
 	s *Server
 }
 
-func (a *agentService) GetVerifierSet(ctx context.Context, _ *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
+// GetVerifierSet answers the current set and the chain of sets published
+// after the version the agent holds: an agent that missed several signer
+// steps (offline across rotations, or a stream that carried only the
+// latest set) takes them in turn, each signed by a key the one before
+// holds as active or staged. Over this mTLS channel, the authority's
+// identity checked by the agent, so a kept set reaches only agents of
+// this authority; the chain's own signatures are what the agent trusts.
+func (a *agentService) GetVerifierSet(ctx context.Context, req *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
 	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	if req.GetHaveVersion() < 0 {
+		return nil, toStatus(ctx, a.s.log, badRequest("have_version must not be negative"))
+	}
+	chain, err := a.s.signers.Chain(ctx, req.GetHaveVersion())
+	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
 	raw, err := a.s.signers.VerifierSet(ctx)
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	return &musterv1.GetVerifierSetResponse{VerifierSet: raw}, nil
+	return &musterv1.GetVerifierSetResponse{VerifierSet: raw, Chain: chain}, nil
 }

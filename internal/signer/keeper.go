@@ -18,6 +18,9 @@ type Store interface {
 	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
+	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
 
 // Auditor records one audit event; *audit.Logger is one.
@@ -136,6 +139,18 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	if err != nil {
 		return Result{}, err
 	}
+	// Sign and keep the new set now, while the set it follows is known:
+	// its signer is chosen against snap's states. A failure here is not
+	// the step's: the next request signs it (against the kept set before).
+	var prev map[string]State // none before the first signer
+	for _, s := range snap.Signers {
+		if prev == nil {
+			prev = map[string]State{}
+		}
+		prev[s.VersionID] = s.State
+	}
+	// An error is not the step's: the set is signed on the next request.
+	_, _ = k.publish(ctx, prev)
 	return Result{Changes: changes, Version: v}, nil
 }
 
@@ -247,17 +262,17 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 	if grace <= 0 {
 		return Result{}, &TimesError{Reason: "grace must be positive"}
 	}
-	id := NextVersionID(snap.Signers)
+	base := NextVersionID(snap.Signers)
 	eff := snap.Now.Add(effectiveIn)
 	// Check the rules before custody makes a key that would be thrown away.
-	if _, err := PlanStage(snap.Signers, id, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
+	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
 		return Result{}, err
 	}
-	key, err := k.custody.Generate(ctx, id)
+	key, err := k.custody.Generate(ctx, base)
 	if err != nil {
 		return Result{}, err
 	}
-	changes, err := PlanStage(snap.Signers, id, key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
+	changes, err := PlanStage(snap.Signers, KeyVersionID(base, key.Public), key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
 	if err != nil {
 		return Result{}, err
 	}
@@ -301,6 +316,54 @@ func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
 	return k.step(ctx, who, ActRollback, func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
 }
 
+// ActAdvance is the audit action of a verifier set version moved past
+// what agents hold after a store restore (Advance).
+const ActAdvance Action = "advance"
+
+// MaxAdvance bounds how far Advance moves the version at once: a restore
+// loses the steps since its backup, a handful; an agent reporting a
+// version far beyond (a bug, or a compromised agent trying to exhaust the
+// version) is not followed.
+const MaxAdvance = 10000
+
+// Advance moves the verifier set version past reported, a version an agent
+// holds that is above the store's (the store was restored from a backup:
+// the version went back), and publishes the set at that version, so every
+// agent that holds the restored store's active or staged key takes it.
+// It returns a zero Result when the store is not behind reported, or when
+// another replica advanced it first.
+func (k *Keeper) Advance(ctx context.Context, who Actor, reported int64) (Result, error) {
+	id, err := k.st.SignerSetID(ctx)
+	if err != nil || reported <= id.Version {
+		return Result{}, err
+	}
+	if reported-id.Version > MaxAdvance {
+		return Result{}, fmt.Errorf("signer: an agent reports verifier set version %d, %d above the store's %d: more than a restore loses (%d); not followed", reported, reported-id.Version, id.Version, MaxAdvance)
+	}
+	err = k.st.AdvanceSignerSet(ctx, id.Version, reported+1)
+	if errors.Is(err, store.ErrConflict) {
+		return Result{}, nil
+	}
+	res := Result{Version: reported + 1}
+	if err == nil {
+		_, err = k.publish(ctx, nil)
+	}
+	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance), Result: audit.ResultOK,
+		Source: who.Source, CorrelationID: who.CorrelationID,
+		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", reported+1, reported, id.Version)}
+	if err != nil {
+		e.Result, e.Reason = audit.ResultError, err.Error()
+	}
+	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
+	return res, err
+}
+
+// SetVersion is the store's verifier set version.
+func (k *Keeper) SetVersion(ctx context.Context) (int64, error) {
+	id, err := k.st.SignerSetID(ctx)
+	return id.Version, err
+}
+
 // Tick takes the step the clock has made due, if any: the leader's job.
 // It returns a zero Result when nothing was due, or when another replica
 // took the step first.
@@ -324,7 +387,7 @@ func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
 
 // signWith signs msg with one signer version through custody.
 func (k *Keeper) signWith(ctx context.Context, snap Snapshot, s Signer, msg []byte) ([]byte, error) {
-	return k.custody.Sign(ctx, s.VersionID, s.PublicKey, snap.refs[s.VersionID], msg)
+	return k.custody.Sign(ctx, custodyID(s.VersionID), s.PublicKey, snap.refs[s.VersionID], msg)
 }
 
 // ActiveSigner returns the active signer's version ID and a function that
@@ -348,22 +411,23 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 	return raw, err
 }
 
-// SignedVerifierSet returns the current verifier set, signed by the active
-// signer, and its version; nil when the version is still have, so a stream
-// signs only the sets it sends.
+// SignedVerifierSet returns the current verifier set and its version;
+// nil when the version is still have, so a stream signs only the sets it
+// sends.
 //
-// The set is signed once per set ID and kept: an ID names one state of
-// the signer rows (every step advances the version and stamps the store
-// clock in the same conditional write), so two sets of one ID differ only
-// in issued_at, which no agent reads. The version alone would not do: a
-// store restored from a backup under a running authority and stepped back
-// up to the version this one kept holds other signers, and only the step's
-// time tells them apart. Each call still reads the ID from the store (one
+// Each version is signed once, by any replica, and kept in the store
+// (PutVerifierSet): later requests, and agents catching up through the
+// chain (Chain), get those very bytes. The signer is chosen against the
+// set before (Signing), so every agent holding that one takes this one.
+// The signed set is also kept here by set ID: an ID names one state of the
+// signer rows (every step advances the version and stamps the store clock
+// in the same conditional write). The version alone would not do: a store
+// restored from a backup under a running authority and stepped back up to
+// the version this one kept holds other signers, and only the step's time
+// tells them apart. Each call still reads the ID from the store (one
 // single-row read of committed state that every replica shares), so a step
 // made through any replica is served by this one from the next call on —
-// never an older set. A change notification would save that read but
-// arrives after the commit, and a set older than the store's must never be
-// served.
+// never an older set.
 func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
 	id, err := k.st.SignerSetID(ctx)
 	if err != nil {
@@ -382,25 +446,102 @@ func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int
 			k.signed.CompareAndSwap(c, nil)
 		}
 	}
-	snap, err := k.Load(ctx)
+	c, err := k.publish(ctx, nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	if snap.Version() == have {
+	if c.id.Version == have {
 		return nil, have, nil
 	}
-	active, ok := ActiveOf(snap.Signers)
-	if !ok {
-		return nil, 0, ErrNoActive
-	}
-	raw, err := NewVerifierSet(k.authorityID, snap.Version(), snap.Signers, snap.Now).Sign(func(msg []byte) ([]byte, error) {
-		return k.signWith(ctx, snap, active, msg)
-	})
+	return c.raw, c.id.Version, nil
+}
+
+// kept returns the set the store keeps for version, nil if none.
+func (k *Keeper) kept(ctx context.Context, version int64) ([]byte, error) {
+	sets, err := k.st.VerifierSets(ctx, version-1, 1)
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	k.keep(cachedSet{id: snap.set, raw: raw})
-	return raw, snap.Version(), nil
+	if len(sets) == 1 && sets[0].Version == version {
+		return sets[0].Raw, nil
+	}
+	return nil, nil
+}
+
+// publish returns the signed set of the store's current version: the one
+// kept in the store, else one signed now and kept (the first kept wins a
+// race). prev is the states of the set before, when the caller knows
+// them (a step just applied); else they are read from the kept set before.
+func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return cachedSet{}, err
+	}
+	v := snap.Version()
+	raw, err := k.kept(ctx, v)
+	if err != nil {
+		return cachedSet{}, err
+	}
+	if raw == nil {
+		if prev == nil {
+			if before, err := k.kept(ctx, v-1); err == nil && before != nil {
+				if set, err := ParseVerifierSet(before); err == nil {
+					prev = map[string]State{}
+					for _, key := range set.Keys {
+						prev[key.VersionID] = key.State
+					}
+				}
+			}
+		}
+		by, err := Signing(prev, snap.Signers)
+		if err != nil {
+			return cachedSet{}, err
+		}
+		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.minLead).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+			return k.signWith(ctx, snap, by, msg)
+		})
+		if err != nil {
+			return cachedSet{}, err
+		}
+		if err := k.st.PutVerifierSet(ctx, v, signed); err != nil {
+			return cachedSet{}, err
+		}
+		// Another replica may have kept its own signing of v first:
+		// every agent must see one set per version.
+		if raw, err = k.kept(ctx, v); err != nil {
+			return cachedSet{}, err
+		}
+		if raw == nil {
+			raw = signed
+		}
+	}
+	c := cachedSet{id: snap.set, raw: raw}
+	k.keep(c)
+	return c, nil
+}
+
+// MaxChain bounds the sets one Chain answer carries; an agent further
+// behind asks again from the last one it took.
+const MaxChain = 64
+
+// Chain returns the kept sets after have, oldest first, ending with the
+// current one: an agent that holds have takes them in turn (Trust.AcceptChain),
+// each signed by a key the one before holds as active or staged. At most
+// MaxChain sets; the current one is always the last when the chain is
+// not cut.
+func (k *Keeper) Chain(ctx context.Context, have int64) ([][]byte, error) {
+	if _, _, err := k.SignedVerifierSet(ctx, -1); err != nil {
+		return nil, err
+	}
+	sets, err := k.st.VerifierSets(ctx, max(have, 0), MaxChain)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(sets))
+	for i, s := range sets {
+		out[i] = s.Raw
+	}
+	return out, nil
 }
 
 // keep caches s unless a newer version, or s itself, is cached already

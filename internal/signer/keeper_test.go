@@ -105,7 +105,9 @@ func TestKeeperLifecycle(t *testing.T) {
 		t.Fatalf("tick at effect: %+v %v", r, err)
 	}
 	id, sign, err := k.ActiveSigner(ctx)
-	if err != nil || id != "v2" {
+	// A staged signer's ID is its number and its key's hash.
+	v2 := res.Changes[0].To
+	if err != nil || id != KeyVersionID("v2", v2.PublicKey) || !strings.HasPrefix(id, "v2-") {
 		t.Fatalf("active %s %v", id, err)
 	}
 	if _, err := sign([]byte("task")); err != nil {
@@ -140,7 +142,7 @@ func TestKeeperLifecycle(t *testing.T) {
 	if got := strings.Join(actions, " "); got != want {
 		t.Fatalf("audit:\n got %s\nwant %s", got, want)
 	}
-	if e := log.events[2]; e.Target != "v2" || e.CorrelationID != "c-1" || !strings.Contains(e.Reason, "previous=v1") || !strings.Contains(e.Reason, "grace_until=") {
+	if e := log.events[2]; e.Target != v2.VersionID || e.CorrelationID != "c-1" || !strings.Contains(e.Reason, "previous=v1") || !strings.Contains(e.Reason, "grace_until=") {
 		t.Fatalf("stage audit = %+v", e)
 	}
 }

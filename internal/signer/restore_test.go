@@ -2,8 +2,10 @@ package signer
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -37,6 +39,15 @@ func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, erro
 }
 func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange) (int64, error) {
 	return s.get().ApplySignerChanges(ctx, v, cs)
+}
+func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64) error {
+	return s.get().AdvanceSignerSet(ctx, v, to)
+}
+func (s *swappedStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
+	return s.get().PutVerifierSet(ctx, v, raw)
+}
+func (s *swappedStore) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
+	return s.get().VerifierSets(ctx, after, limit)
 }
 
 // TestVerifierSetAfterARestoreSteppedToTheSameVersion: a replica serves
@@ -129,4 +140,95 @@ func names(t *testing.T, raw []byte, pub string) bool {
 		}
 	}
 	return false
+}
+
+// TestRestoredStoreCatchesUpAgents: agents hold set 3 (a stage and a
+// rollback) when the store is restored from a backup at version 1 and a
+// new signer is staged there. The new signer gets an ID of its own (the
+// number is handed out again, the key hash differs), the authority moves
+// the set version past what the agent reports (Advance), and the agent
+// takes that set and, through it, the new signer.
+func TestRestoredStoreCatchesUpAgents(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	open := func(path string) *sqlite.SQLite {
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	sealed, _ := NewSealed(seal.StorageKey{3})
+	who := Actor{Name: "ops"}
+	live := filepath.Join(dir, "muster.db")
+	sw := &swappedStore{cur: open(live)}
+	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	agent, _ := NewTrust(nil, nil)
+	take := func() error {
+		raw, err := k.VerifierSet(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return agent.Accept(raw, time.Now())
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(dir, "backup.db")
+	for _, suffix := range []string{"", "-wal"} {
+		data, err := os.ReadFile(live + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Rollback(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if err := take(); err != nil || agent.Version() != 3 {
+		t.Fatalf("agent at version %d: %v", agent.Version(), err)
+	}
+
+	sw.restore(open(backup))
+	again, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id1, id2 := first.Changes[0].To.VersionID, again.Changes[0].To.VersionID
+	if id1 == id2 || !strings.HasPrefix(id2, "v2-") {
+		t.Fatalf("the restored store staged %s, before the restore %s: one ID for two keys", id2, id1)
+	}
+	if err := take(); !errors.Is(err, ErrSetStale) {
+		t.Fatalf("set of the restored store before it catches up: %v, want stale", err)
+	}
+	res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Version())
+	if err != nil || res.Version != 4 {
+		t.Fatalf("Advance = %+v, %v", res, err)
+	}
+	if err := take(); err != nil {
+		t.Fatalf("the agent does not take the advanced set: %v", err)
+	}
+	if _, st, ok := agent.StateAt(id2, time.Now()); !ok || st != Staged {
+		t.Fatalf("the new signer is %s (%v) to the agent", st, ok)
+	}
+	if _, err := k.Advance(ctx, Actor{Name: "authority"}, 4+MaxAdvance+1); err == nil {
+		t.Fatal("followed a version far beyond any restore")
+	}
+	// Not ahead any more: nothing to do.
+	if res, err := k.Advance(ctx, Actor{Name: "authority"}, 4); err != nil || res.Version != 0 {
+		t.Fatalf("Advance when not behind = %+v, %v", res, err)
+	}
 }

@@ -12,7 +12,9 @@ package signer
 
 import (
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -85,17 +87,39 @@ func ValidVersionID(id string) error {
 	return nil
 }
 
-// NextVersionID returns "v<N+1>" where N is the highest "v<N>" among
-// signers, so operators read versions in order. Two replicas computing the
-// same ID at once collide on the store's unique key and one retries.
+// NextVersionID returns "v<N+1>" where N is the highest version number
+// among signers ("v<N>" or "v<N>-<key hash>"), so operators read versions
+// in order. Two replicas computing the same ID at once collide on the
+// store's unique key and one retries.
 func NextVersionID(signers []Signer) string {
 	var n uint64
 	for _, s := range signers {
-		if v, err := strconv.ParseUint(strings.TrimPrefix(s.VersionID, "v"), 10, 63); err == nil && strings.HasPrefix(s.VersionID, "v") && v > n {
+		num, _, _ := strings.Cut(s.VersionID, "-")
+		if v, err := strconv.ParseUint(strings.TrimPrefix(num, "v"), 10, 63); err == nil && strings.HasPrefix(num, "v") && v > n {
 			n = v
 		}
 	}
 	return "v" + strconv.FormatUint(n+1, 10)
+}
+
+// KeyVersionID is the version ID of a staged signer: base ("v<N>",
+// NextVersionID) and the first 8 hex digits of the SHA-256 of its public
+// key, e.g. v4-3fa9c2d1. The number keeps versions readable in order; the
+// hash means one ID never names two keys, even after the store is restored
+// from a backup and the number is handed out again, so an agent holding the
+// earlier key refuses nothing (DESIGN.md: IDs are never reused).
+func KeyVersionID(base string, pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return base + "-" + hex.EncodeToString(sum[:4])
+}
+
+// custodyID is the name custody knows a signer's key by: the ID it was
+// generated under, the part before the key hash (KeyVersionID). Custody
+// also checks the key it opens is the row's public key, which the hash
+// names, so a key reference moved to another row still does not sign.
+func custodyID(versionID string) string {
+	base, _, _ := strings.Cut(versionID, "-")
+	return base
 }
 
 // EncodePublicKey is the text form of a public key on the wire and in

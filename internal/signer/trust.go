@@ -16,7 +16,7 @@ const Skew = 2 * time.Minute
 // Errors of an agent accepting a verifier set.
 var (
 	ErrSetStale     = errors.New("signer: verifier set is not newer than the one held")
-	ErrSetUntrusted = errors.New("signer: verifier set is not signed by a key this agent trusts as active")
+	ErrSetUntrusted = errors.New("signer: verifier set is not signed by a key this agent holds as active or staged")
 	ErrSetAuthority = errors.New("signer: verifier set is for another authority")
 	ErrKeyConflict  = errors.New("signer: a different key is already known under this version ID")
 )
@@ -62,6 +62,11 @@ func (t *Trust) Pending() []SetKey { return append([]SetKey(nil), t.pending...) 
 // Version returns the held set's version, 0 before the first.
 func (t *Trust) Version() int64 { return t.set.Version }
 
+// MinLeadTime is the lead time the held set names (signer.min_lead_time),
+// which a rotate task must respect; DefaultMinLeadTime before the first
+// set or when the set does not say.
+func (t *Trust) MinLeadTime() time.Duration { return t.set.MinLeadTime() }
+
 // Static reports whether the agent runs on a static verifier list.
 func (t *Trust) Static() bool { return len(t.static) > 0 }
 
@@ -92,7 +97,10 @@ func (t *Trust) keys() []SetKey {
 
 // StateAt returns a key's state as the agent reads it now: a staged key
 // past its effective time counts as active, and the key it replaces as in
-// grace until the rotation's grace ends, then as retired.
+// grace until the rotation's grace ends, then as retired. The effective
+// time is read without the skew allowance (a staged key is trusted for
+// tasks anyway, and one staged with a lead time shorter than the
+// allowance must not read as active at once); the end of grace with it.
 func (t *Trust) StateAt(versionID string, now time.Time) (SetKey, State, bool) {
 	keys := t.keys()
 	var k SetKey
@@ -107,13 +115,13 @@ func (t *Trust) StateAt(versionID string, now time.Time) (SetKey, State, bool) {
 	}
 	switch k.State {
 	case Staged:
-		if !now.Add(Skew).Before(k.EffectiveAt) {
+		if !now.Before(k.EffectiveAt) {
 			return k, Active, true
 		}
 		return k, Staged, true
 	case Active:
 		for _, s := range keys {
-			if s.State == Staged && s.Previous == k.VersionID && !now.Add(Skew).Before(s.EffectiveAt) {
+			if s.State == Staged && s.Previous == k.VersionID && !now.Before(s.EffectiveAt) {
 				if now.After(s.GraceUntil.Add(Skew)) {
 					return k, Retired, true
 				}
@@ -159,23 +167,50 @@ func (t *Trust) Accepted(now time.Time) map[string]State {
 // Accept takes a signed verifier set. The first set comes with the join,
 // over the channel pinned to the authority's root, and is taken as is;
 // later ones must be newer, for the same authority, and signed by a key
-// this agent trusts as active now.
+// this agent holds as active or staged: in its set as written (or staged
+// by a rotate task since), verified with the public key it holds. The
+// states are read as the set wrote them, not as the clock would move them
+// (StateAt): the authority chose the signer by the same states
+// (Signing), and a set's job is to say what happened, e.g. that a staged
+// key was discarded before its effective time.
 func (t *Trust) Accept(raw []byte, now time.Time) error {
-	v, err := ParseVerifierSet(raw)
+	p, err := parseSigned(raw)
 	if err != nil {
 		return err
 	}
-	if t.raw != nil {
+	v := p.set
+	if t.raw == nil {
+		if _, err := ParseVerifierSet(raw); err != nil {
+			return err
+		}
+	} else {
 		if v.AuthorityID != t.set.AuthorityID {
 			return ErrSetAuthority
 		}
 		if v.Version <= t.set.Version {
 			return ErrSetStale
 		}
-		active, _ := v.Active()
-		held, st, ok := t.StateAt(active.VersionID, now)
-		if !ok || st != Active || held.PublicKey != active.PublicKey {
+		var held SetKey
+		found := false
+		for _, k := range t.keys() {
+			if k.VersionID == p.signer {
+				held, found = k, true
+			}
+		}
+		if !found || !held.State.SignsSets() {
 			return ErrSetUntrusted
+		}
+		if !p.verify(held.PublicKey) {
+			return ErrSetSignature
+		}
+		// The new set must not give a key this agent holds another public
+		// key: a version ID names one key for good.
+		for _, k := range v.Keys {
+			for _, h := range t.keys() {
+				if h.VersionID == k.VersionID && h.PublicKey != k.PublicKey {
+					return ErrKeyConflict
+				}
+			}
 		}
 	}
 	t.set, t.raw = v, append([]byte(nil), raw...)
@@ -186,6 +221,21 @@ func (t *Trust) Accept(raw []byte, now time.Time) error {
 		}
 	}
 	t.pending = kept
+	return nil
+}
+
+// AcceptChain takes, in order, the sets the authority kept from the held
+// version up to its current one (GetVerifierSet's chain): each is
+// accepted by the rule of Accept against the one before, so an agent that
+// missed several steps catches up link by link. Links not newer than the
+// held set are skipped. It stops at the first link it cannot take and
+// returns its error; the links before it stay taken.
+func (t *Trust) AcceptChain(raws [][]byte, now time.Time) error {
+	for _, raw := range raws {
+		if err := t.Accept(raw, now); err != nil && !errors.Is(err, ErrSetStale) {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -46,10 +47,25 @@ type VerifierSet struct {
 	Version     int64     `json:"version"`
 	IssuedAt    time.Time `json:"issued_at"`
 	Keys        []SetKey  `json:"keys"`
+	// MinLeadTimeSeconds is the authority's signer.min_lead_time: agents
+	// refuse a rotate task whose effective time is less than this after
+	// its issue time. 0 (absent): DefaultMinLeadTime.
+	MinLeadTimeSeconds int64 `json:"min_lead_time_seconds,omitempty"`
+}
+
+// MinLeadTime is the set's signer.min_lead_time, DefaultMinLeadTime when
+// the set does not say.
+func (v VerifierSet) MinLeadTime() time.Duration {
+	if v.MinLeadTimeSeconds <= 0 {
+		return DefaultMinLeadTime
+	}
+	return time.Duration(v.MinLeadTimeSeconds) * time.Second
 }
 
 // signedSet is the wire form: the set as canonical JSON, and one Ed25519
-// signature over exactly those bytes by the active signer.
+// signature over exactly those bytes by SignerVersionID — a key that was
+// active or staged in the previous set and is active or staged in this one
+// (Signing), so every agent holding the previous set can take this one.
 type signedSet struct {
 	Set             json.RawMessage `json:"set"`
 	SignerVersionID string          `json:"signer_version_id"`
@@ -68,9 +84,41 @@ func malformed(format string, a ...any) error {
 }
 
 // NewVerifierSet builds the set agents get from the store's signers.
-func NewVerifierSet(authorityID string, version int64, signers []Signer, now time.Time) VerifierSet {
+func NewVerifierSet(authorityID string, version int64, signers []Signer, now time.Time, minLead time.Duration) VerifierSet {
 	v := VerifierSet{Type: SetType, AuthorityID: authorityID, Version: version, IssuedAt: now.UTC(), Keys: []SetKey{}}
+	if minLead > 0 && minLead != DefaultMinLeadTime {
+		// Said only when it is not the default, which a set without it
+		// means: agents of the release before, which refuse fields they
+		// do not know, keep taking sets of an authority on the default.
+		v.MinLeadTimeSeconds = int64(minLead / time.Second)
+	}
+	// The set is bounded (MaxSetKeys): the live keys always, and of the
+	// retired and revoked ones the most recently ended. An agent trusts no
+	// key a set does not list, so dropping an old ended key changes
+	// nothing it accepts.
+	ended := 0
 	for _, s := range signers {
+		if !s.State.Trusted() {
+			ended++
+		}
+	}
+	drop := map[string]bool{}
+	if over := len(signers) - MaxSetKeys; over > 0 && ended > 0 {
+		old := make([]Signer, 0, ended)
+		for _, s := range signers {
+			if !s.State.Trusted() {
+				old = append(old, s)
+			}
+		}
+		slices.SortStableFunc(old, func(a, b Signer) int { return a.EndedAt.Compare(b.EndedAt) })
+		for _, s := range old[:min(over, len(old))] {
+			drop[s.VersionID] = true
+		}
+	}
+	for _, s := range signers {
+		if drop[s.VersionID] {
+			continue
+		}
 		v.Keys = append(v.Keys, SetKey{
 			VersionID: s.VersionID, PublicKey: EncodePublicKey(s.PublicKey), State: s.State,
 			PublishedAt: s.PublishedAt.UTC(), EffectiveAt: s.EffectiveAt.UTC(), GraceUntil: s.GraceUntil.UTC(),
@@ -93,12 +141,15 @@ func CanonicalJSON(v any) ([]byte, error) {
 	return jcs.Transform(raw)
 }
 
-// Sign encodes the set signed by the active signer, through sign (custody).
-func (v VerifierSet) Sign(sign func(msg []byte) ([]byte, error)) ([]byte, error) {
+// Sign encodes the set signed by the key signerID (Signing chooses it),
+// through sign (custody). The signer must be active or staged in the set.
+func (v VerifierSet) Sign(signerID string, sign func(msg []byte) ([]byte, error)) ([]byte, error) {
 	if err := v.check(); err != nil {
 		return nil, err
 	}
-	active, _ := v.Active()
+	if k, ok := v.Key(signerID); !ok || !k.State.SignsSets() {
+		return nil, fmt.Errorf("signer: %s is not active or staged in verifier set %d and may not sign it", signerID, v.Version)
+	}
 	doc, err := v.Canonical()
 	if err != nil {
 		return nil, err
@@ -107,7 +158,36 @@ func (v VerifierSet) Sign(sign func(msg []byte) ([]byte, error)) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(signedSet{Set: doc, SignerVersionID: active.VersionID, Signature: base64.RawURLEncoding.EncodeToString(sig)})
+	return json.Marshal(signedSet{Set: doc, SignerVersionID: signerID, Signature: base64.RawURLEncoding.EncodeToString(sig)})
+}
+
+// SignsSets reports whether a key in state s may sign a verifier set:
+// active or staged. Grace, retired and revoked keys sign nothing, so a
+// leaked old key cannot rewrite trust.
+func (s State) SignsSets() bool { return s == Active || s == Staged }
+
+// Signing chooses the key that signs the set made by a step from prev (the
+// states of the previous set; nil when it is not known) to next: a key
+// that is active or staged in both, so every agent holding the previous
+// set holds the signer as active or staged, and the signer is not one the
+// step ended. The new active key when it qualifies (an activation, forced
+// or not, and a revocation of the active key are signed by the successor);
+// else the other one (a rollback inside grace is signed by the key that was
+// active, now staged again). Without prev, the active key.
+func Signing(prev map[string]State, next []Signer) (Signer, error) {
+	active, ok := ActiveOf(next)
+	if !ok {
+		return Signer{}, ErrNoActive
+	}
+	if prev == nil || prev[active.VersionID].SignsSets() {
+		return active, nil
+	}
+	for _, s := range next {
+		if s.State.SignsSets() && prev[s.VersionID].SignsSets() {
+			return s, nil
+		}
+	}
+	return Signer{}, fmt.Errorf("signer: no key is active or staged in both verifier sets; agents holding the previous set could not take the next")
 }
 
 // Active returns the set's active key.
@@ -171,40 +251,68 @@ func (v VerifierSet) check() error {
 }
 
 // ParseVerifierSet decodes a signed verifier set, checks its structure and
-// that it is signed by its own active key, and returns it. Whether that key
-// is one the caller trusts is the caller's decision (Trust.Accept).
+// that it is signed by a key it lists as active or staged, and returns it.
+// Whether that key is one the caller trusts is the caller's decision
+// (Trust.Accept).
 func ParseVerifierSet(data []byte) (VerifierSet, error) {
+	p, err := parseSigned(data)
+	if err != nil {
+		return VerifierSet{}, err
+	}
+	k, ok := p.set.Key(p.signer)
+	if !ok || !k.State.SignsSets() {
+		return VerifierSet{}, malformed("signed by %q, not a key it lists as active or staged", p.signer)
+	}
+	if !p.verify(k.PublicKey) {
+		return VerifierSet{}, ErrSetSignature
+	}
+	return p.set, nil
+}
+
+// parsedSet is a decoded signed set whose signature is not checked yet.
+type parsedSet struct {
+	set    VerifierSet
+	signer string
+	doc    []byte
+	sig    []byte
+}
+
+// verify checks the signature with pub (the text form).
+func (p parsedSet) verify(pub string) bool {
+	key, err := ParsePublicKey(pub)
+	return err == nil && ed25519.Verify(key, p.doc, p.sig)
+}
+
+func parseSigned(data []byte) (parsedSet, error) {
 	if len(data) > MaxSetBytes {
-		return VerifierSet{}, malformed("larger than %d bytes", MaxSetBytes)
+		return parsedSet{}, malformed("larger than %d bytes", MaxSetBytes)
 	}
 	var w signedSet
 	if err := DecodeStrict(data, &w); err != nil {
-		return VerifierSet{}, malformed("%v", err)
+		return parsedSet{}, malformed("%v", err)
 	}
 	sig, err := base64.RawURLEncoding.Strict().DecodeString(w.Signature)
 	if err != nil || len(sig) != ed25519.SignatureSize {
-		return VerifierSet{}, malformed("signature")
+		return parsedSet{}, malformed("signature")
 	}
 	var v VerifierSet
 	if err := DecodeStrict(w.Set, &v); err != nil {
-		return VerifierSet{}, malformed("%v", err)
+		return parsedSet{}, malformed("%v", err)
 	}
 	if err := v.check(); err != nil {
-		return VerifierSet{}, err
+		return parsedSet{}, err
 	}
-	active, _ := v.Active()
-	if active.VersionID != w.SignerVersionID {
-		return VerifierSet{}, malformed("signed by %q, not its active key %s", w.SignerVersionID, active.VersionID)
+	if v.MinLeadTimeSeconds < 0 {
+		return parsedSet{}, malformed("negative min_lead_time_seconds")
+	}
+	if ValidVersionID(w.SignerVersionID) != nil {
+		return parsedSet{}, malformed("signer version ID")
 	}
 	doc, err := jcs.Transform(w.Set)
 	if err != nil {
-		return VerifierSet{}, malformed("canonical form: %v", err)
+		return parsedSet{}, malformed("canonical form: %v", err)
 	}
-	pub, _ := ParsePublicKey(active.PublicKey)
-	if !ed25519.Verify(pub, doc, sig) {
-		return VerifierSet{}, ErrSetSignature
-	}
-	return v, nil
+	return parsedSet{set: v, signer: w.SignerVersionID, doc: doc, sig: sig}, nil
 }
 
 // DecodeStrict decodes one JSON value of a signed document, refusing

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +19,9 @@ type fleet struct {
 	refs    map[string][]byte
 	signers []Signer
 	version int64
+	// prev is the states of the set before the last step, which choose
+	// its signer (Signing).
+	prev map[string]State
 }
 
 func newFleet(t testing.TB) *fleet {
@@ -42,6 +46,13 @@ func (f *fleet) apply(changes []Change, err error) {
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.prev = map[string]State{}
+	for _, s := range f.signers {
+		f.prev[s.VersionID] = s.State
+	}
+	if len(f.signers) == 0 {
+		f.prev = nil
+	}
 	for _, c := range changes {
 		replaced := false
 		for i := range f.signers {
@@ -56,12 +67,15 @@ func (f *fleet) apply(changes []Change, err error) {
 	f.version++
 }
 
-// set returns the current verifier set, signed by the active signer.
+// set returns the current verifier set, signed as the keeper signs it.
 func (f *fleet) set(now time.Time) []byte {
 	f.t.Helper()
-	active, _ := ActiveOf(f.signers)
-	raw, err := NewVerifierSet("prod-a3f2e1", f.version, f.signers, now).Sign(func(msg []byte) ([]byte, error) {
-		return f.custody.Sign(context.Background(), active.VersionID, active.PublicKey, f.refs[active.VersionID], msg)
+	by, err := Signing(f.prev, f.signers)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	raw, err := NewVerifierSet("prod-a3f2e1", f.version, f.signers, now, DefaultMinLeadTime).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		return f.custody.Sign(context.Background(), by.VersionID, by.PublicKey, f.refs[by.VersionID], msg)
 	})
 	if err != nil {
 		f.t.Fatal(err)
@@ -159,7 +173,8 @@ func TestTrustFollowsRotation(t *testing.T) {
 		v1, v2 State
 	}{
 		{t0, Active, Staged},
-		{eff.Add(-Skew), Grace, Active},
+		{eff.Add(-Skew), Active, Staged},
+		{eff, Grace, Active},
 		{grace, Grace, Active},
 		{grace.Add(Skew + time.Second), Retired, Active},
 	} {
@@ -176,10 +191,9 @@ func TestTrustFollowsRotation(t *testing.T) {
 	stale := f.set(t0) // version 2, signed by v1, still active at the authority
 	f.apply(PlanActivate(f.signers, ByClock, eff))
 	rotated := f.set(eff)
-	if err := tr.Accept(rotated, t0); !errors.Is(err, ErrSetUntrusted) {
-		t.Fatalf("set signed by v2 before its effective time: %v", err)
-	}
-	if err := tr.Accept(rotated, eff); err != nil {
+	// Signed by v2, which the agent holds as staged: taken, whatever the
+	// clock says (a forced activation comes before the effective time).
+	if err := tr.Accept(rotated, t0); err != nil {
 		t.Fatalf("rotated set: %v", err)
 	}
 	if len(tr.Pending()) != 0 || tr.Version() != 3 {
@@ -198,6 +212,13 @@ func TestTrustFollowsRotation(t *testing.T) {
 	g.version = 10
 	if err := tr.Accept(g.set(eff), eff); !errors.Is(err, ErrSetUntrusted) {
 		t.Fatalf("foreign set: %v", err)
+	}
+	// Signed by a key the agent does not hold: refused.
+	h := newFleet(t)
+	h.apply(PlanCreate(nil, "v9", h.key("v9").Public, t0))
+	h.version = 11
+	if err := tr.Accept(h.set(eff), eff); !errors.Is(err, ErrSetUntrusted) {
+		t.Fatalf("set signed by a key the agent does not hold: %v", err)
 	}
 }
 
@@ -229,4 +250,118 @@ func FuzzParseVerifierSet(f *testing.F) {
 			t.Fatal("accepted a set without an active key")
 		}
 	})
+}
+
+// TestSigningKeepsEveryAgent: for each step, the set it makes is signed by
+// a key the previous set holds as active or staged, never by the key the
+// step ended, and an agent holding the previous set takes it.
+func TestSigningKeepsEveryAgent(t *testing.T) {
+	eff, grace := t0.Add(time.Hour), t0.Add(3*time.Hour)
+	for _, tc := range []struct {
+		name string
+		step func(f *fleet)
+		by   string
+	}{
+		{"stage", func(f *fleet) {}, "v1"},
+		{"forced activation", func(f *fleet) { f.apply(PlanActivate(f.signers, ByCommand, t0)) }, "v2"},
+		{"revoke the active key with a staged successor", func(f *fleet) { f.apply(PlanRevoke(f.signers, "v1", t0)) }, "v2"},
+		{"revoke the staged key", func(f *fleet) { f.apply(PlanRevoke(f.signers, "v2", t0)) }, "v1"},
+		{"rollback before effective_at", func(f *fleet) { f.apply(PlanRollback(f.signers, t0, DefaultMinLeadTime)) }, "v1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFleet(t)
+			f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+			agent, _ := NewTrust(nil, nil)
+			if err := agent.Accept(f.set(t0), t0); err != nil {
+				t.Fatal(err)
+			}
+			f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, eff, grace, DefaultMinLeadTime))
+			if tc.name != "stage" {
+				if err := agent.Accept(f.set(t0), t0); err != nil {
+					t.Fatal(err)
+				}
+				tc.step(f)
+			}
+			raw := f.set(t0)
+			var w signedSet
+			if err := json.Unmarshal(raw, &w); err != nil || w.SignerVersionID != tc.by {
+				t.Fatalf("signed by %s, want %s (%v)", w.SignerVersionID, tc.by, err)
+			}
+			// Long after the effective time, by the agent's clock.
+			if err := agent.Accept(raw, grace.Add(time.Hour)); err != nil {
+				t.Fatalf("an agent holding the previous set refuses it: %v", err)
+			}
+		})
+	}
+	// Inside grace, the rollback's set is signed by the key that was
+	// active (staged again), not the restored one, which agents hold in
+	// grace.
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	f.apply(PlanStage(f.signers, "v2", f.key("v2").Public, t0, eff, grace, DefaultMinLeadTime))
+	f.apply(PlanActivate(f.signers, ByClock, eff))
+	agent, _ := NewTrust(f.set(eff), nil)
+	f.apply(PlanRollback(f.signers, eff.Add(time.Minute), DefaultMinLeadTime))
+	if err := agent.Accept(f.set(eff), eff.Add(time.Minute)); err != nil {
+		t.Fatalf("rollback inside grace: %v", err)
+	}
+	// A set may not be signed by a key it does not hold as active or
+	// staged.
+	if _, err := NewVerifierSet("a", 9, f.signers, t0, 0).Sign("v9", nil); err == nil {
+		t.Fatal("signed by a key not in the set")
+	}
+}
+
+// TestSetCarriesMinLeadTime: agents read signer.min_lead_time from the
+// set, and the default from a set that does not say.
+func TestSetCarriesMinLeadTime(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	by, _ := Signing(nil, f.signers)
+	for _, lead := range []time.Duration{time.Minute, 0} {
+		raw, err := NewVerifierSet("a", 1, f.signers, t0, lead).Sign("v1", func(msg []byte) ([]byte, error) {
+			return f.custody.Sign(context.Background(), "v1", by.PublicKey, f.refs["v1"], msg)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := NewTrust(raw, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := lead
+		if lead == 0 {
+			want = DefaultMinLeadTime
+		}
+		if got := tr.MinLeadTime(); got != want {
+			t.Errorf("set with lead %s: agent applies %s", lead, got)
+		}
+	}
+}
+
+// TestSetStaysBounded: after more rotations than a set holds keys, the set
+// keeps the live keys and the most recently ended ones, and still signs.
+func TestSetStaysBounded(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	now := t0
+	for i := 2; i <= MaxSetKeys+5; i++ {
+		id := fmt.Sprintf("v%d", i)
+		f.apply(PlanStage(f.signers, id, f.key(id).Public, now, now.Add(time.Hour), now.Add(2*time.Hour), DefaultMinLeadTime))
+		now = now.Add(time.Hour)
+		f.apply(PlanActivate(f.signers, ByClock, now))
+	}
+	v, err := ParseVerifierSet(f.set(now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Keys) != MaxSetKeys {
+		t.Fatalf("%d keys, want %d", len(v.Keys), MaxSetKeys)
+	}
+	if _, ok := v.Key("v1"); ok {
+		t.Fatal("the oldest retired key was kept")
+	}
+	if a, _ := v.Active(); a.VersionID != fmt.Sprintf("v%d", MaxSetKeys+5) {
+		t.Fatalf("active %s", a.VersionID)
+	}
 }

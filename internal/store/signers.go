@@ -72,4 +72,23 @@ type SignerStore interface {
 	// grace (a partial unique index). Of several change sets computed from
 	// one version, across processes, exactly one succeeds.
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange) (int64, error)
+	// AdvanceSignerSet moves the verifier set version from expectVersion
+	// to to (> expectVersion) with no signer changed, stamping it like a
+	// step: after a store restore, so the next set is newer than what
+	// agents hold. ErrConflict, and nothing written, if the version is no
+	// longer expectVersion or to is not above it.
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	// PutVerifierSet keeps the signed verifier set of one version, the
+	// first written: a second write of a version keeps the first and is
+	// not an error (replicas signing the same version race harmlessly).
+	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
+	// VerifierSets returns the kept sets of versions above after, oldest
+	// first, at most limit of them.
+	VerifierSets(ctx context.Context, after int64, limit int) ([]PublishedSet, error)
+}
+
+// PublishedSet is one signed verifier set as the authority published it.
+type PublishedSet struct {
+	Version int64
+	Raw     []byte
 }

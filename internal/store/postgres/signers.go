@@ -109,3 +109,50 @@ func scanSigner(row pgx.Row) (store.Signer, error) {
 	sg.PublishedAt, sg.EffectiveAt, sg.GraceUntil, sg.RetiresAt, sg.EndedAt = timeCol(published), timeCol(eff), timeCol(grace), timeCol(retires), timeCol(ended)
 	return sg, nil
 }
+
+// AdvanceSignerSet moves the verifier set version forward with no signer
+// changed (see store.SignerStore): one conditional write.
+func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
+	if to <= expect {
+		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	}
+	return s.inTx(ctx, "advance signer set", func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, to, expect)
+		if err != nil {
+			return wrap("advance signer set", err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("postgres: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
+		}
+		return notifyTx(ctx, tx, store.ChangeSigners)
+	})
+}
+
+// PutVerifierSet keeps one version's signed set, the first written.
+func (s *Store) PutVerifierSet(ctx context.Context, version int64, raw []byte) error {
+	if _, err := s.pool.Exec(ctx, `INSERT INTO verifier_sets (version, raw) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING`, version, raw); err != nil {
+		return wrap("put verifier set", err)
+	}
+	return nil
+}
+
+// VerifierSets returns the kept sets above after, oldest first.
+func (s *Store) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
+	rows, err := s.pool.Query(ctx, `SELECT version, raw FROM verifier_sets WHERE version > $1 ORDER BY version LIMIT $2`, after, limit)
+	if err != nil {
+		return nil, wrap("verifier sets", err)
+	}
+	defer rows.Close()
+	var out []store.PublishedSet
+	for rows.Next() {
+		var p store.PublishedSet
+		if err := rows.Scan(&p.Version, &p.Raw); err != nil {
+			return nil, wrap("verifier sets", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("verifier sets", err)
+	}
+	return out, nil
+}

@@ -112,3 +112,58 @@ func scanSigner(row scanner) (store.Signer, error) {
 	sg.PublishedAt, sg.EffectiveAt, sg.GraceUntil, sg.RetiresAt, sg.EndedAt = timeCol(published), timeCol(eff), timeCol(grace), timeCol(retires), timeCol(ended)
 	return sg, nil
 }
+
+// AdvanceSignerSet moves the verifier set version forward with no signer
+// changed (see store.SignerStore): one conditional write.
+func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
+	if to <= expect {
+		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = ?, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, to, expect)
+		if err != nil {
+			return wrap("advance signer set", err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("sqlite: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeSigners)
+	return nil
+}
+
+// PutVerifierSet keeps one version's signed set, the first written.
+func (s *SQLite) PutVerifierSet(ctx context.Context, version int64, raw []byte) error {
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?) ON CONFLICT (version) DO NOTHING`, version, raw)
+		if err != nil {
+			return wrap("put verifier set", err)
+		}
+		return nil
+	})
+}
+
+// VerifierSets returns the kept sets above after, oldest first.
+func (s *SQLite) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT version, raw FROM verifier_sets WHERE version > ? ORDER BY version LIMIT ?`, after, limit)
+	if err != nil {
+		return nil, wrap("verifier sets", err)
+	}
+	defer rows.Close()
+	var out []store.PublishedSet
+	for rows.Next() {
+		var p store.PublishedSet
+		if err := rows.Scan(&p.Version, &p.Raw); err != nil {
+			return nil, wrap("verifier sets", err)
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("verifier sets", err)
+	}
+	return out, nil
+}

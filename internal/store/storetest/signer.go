@@ -194,6 +194,46 @@ func signerCases() []testCase {
 				t.Fatalf("signers %v", m)
 			}
 		}},
+		{"published verifier sets: the first of a version is kept; listed after a version, oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
+			for v := int64(1); v <= 4; v++ {
+				mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, v, []byte(fmt.Sprintf("set-%d", v))))
+			}
+			mustNil(t, "PutVerifierSet again", s.PutVerifierSet(ctx, 2, []byte("other")))
+			got, err := s.VerifierSets(ctx, 1, 2)
+			mustNil(t, "VerifierSets", err)
+			want := []store.PublishedSet{{Version: 2, Raw: []byte("set-2")}, {Version: 3, Raw: []byte("set-3")}}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Fatalf("VerifierSets(1, 2) (-want +got):\n%s", diff)
+			}
+			if got, err := s.VerifierSets(ctx, 4, 10); err != nil || len(got) != 0 {
+				t.Fatalf("VerifierSets(4) = %v, %v; want none", got, err)
+			}
+		}},
+		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))})
+			mustNil(t, "create", err)
+			if err := s.AdvanceSignerSet(ctx, 1, 1); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
+			}
+			const n = 6
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i)) })
+			}
+			wg.Wait()
+			if wins := successes(t, "advance", errs); wins != 1 {
+				t.Fatalf("%d advances won, want 1", wins)
+			}
+			id, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if id.Version < 10 || id.SteppedAt == 0 {
+				t.Fatalf("set ID %+v after the advance", id)
+			}
+			if err := s.AdvanceSignerSet(ctx, 1, 20); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
+			}
+		}},
 	}
 }
 

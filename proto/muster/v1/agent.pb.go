@@ -23,7 +23,10 @@ const (
 )
 
 type GetVerifierSetRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// have_version is the verifier set version the agent holds (0: none):
+	// the answer's chain starts after it.
+	HaveVersion   int64 `protobuf:"varint,1,opt,name=have_version,json=haveVersion,proto3" json:"have_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -58,11 +61,23 @@ func (*GetVerifierSetRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_agent_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *GetVerifierSetRequest) GetHaveVersion() int64 {
+	if x != nil {
+		return x.HaveVersion
+	}
+	return 0
+}
+
 type GetVerifierSetResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// verifier_set is the signed verifier set document (JSON; see
-	// docs/signer-lifecycle.md), signed by the active signer.
-	VerifierSet   []byte `protobuf:"bytes,1,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// verifier_set is the current signed verifier set document (JSON; see
+	// docs/signer-lifecycle.md).
+	VerifierSet []byte `protobuf:"bytes,1,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// chain is every set the authority published after have_version,
+	// oldest first, each signed by a key the one before holds as active or
+	// staged, so an agent that missed several signer steps takes them in
+	// turn. At most 64; ask again from the last one taken for more.
+	Chain         [][]byte `protobuf:"bytes,2,rep,name=chain,proto3" json:"chain,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -100,6 +115,13 @@ func (*GetVerifierSetResponse) Descriptor() ([]byte, []int) {
 func (x *GetVerifierSetResponse) GetVerifierSet() []byte {
 	if x != nil {
 		return x.VerifierSet
+	}
+	return nil
+}
+
+func (x *GetVerifierSetResponse) GetChain() [][]byte {
+	if x != nil {
+		return x.Chain
 	}
 	return nil
 }
@@ -455,10 +477,12 @@ var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
 const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x17\n" +
-	"\x15GetVerifierSetRequest\";\n" +
+	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\":\n" +
+	"\x15GetVerifierSetRequest\x12!\n" +
+	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"Q\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
-	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\"}\n" +
+	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\x12\x14\n" +
+	"\x05chain\x18\x02 \x03(\fR\x05chain\"}\n" +
 	"\fAgentMessage\x124\n" +
 	"\theartbeat\x18\x01 \x01(\v2\x14.muster.v1.HeartbeatH\x00R\theartbeat\x12/\n" +
 	"\x06result\x18\x02 \x01(\v2\x15.muster.v1.TaskResultH\x00R\x06resultB\x06\n" +

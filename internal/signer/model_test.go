@@ -1,0 +1,332 @@
+package signer_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/signer"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+	"github.com/muster-dev/muster/internal/task"
+)
+
+// modelSteps is the number of random steps per seed of TestFleetModel;
+// MUSTER_MODEL_STEPS or -model.steps raise it.
+var (
+	modelSteps = flag.Int("model.steps", 0, "TestFleetModel: steps per seed (default 50, or MUSTER_MODEL_STEPS)")
+	modelSeeds = flag.Int("model.seeds", 0, "TestFleetModel: seeds to run (default 2, or MUSTER_MODEL_SEEDS)")
+)
+
+func modelParam(flagValue int, env string, def int) int {
+	if flagValue > 0 {
+		return flagValue
+	}
+	if n, err := strconv.Atoi(os.Getenv(env)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// modelClock is the store with a clock the model moves.
+type modelClock struct {
+	store.Store
+	mu     sync.Mutex
+	offset time.Duration
+}
+
+func (c *modelClock) Now(ctx context.Context) (time.Time, error) {
+	now, err := c.Store.Now(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return now.Add(c.offset), err
+}
+
+func (c *modelClock) step(d time.Duration) { c.mu.Lock(); c.offset += d; c.mu.Unlock() }
+
+type discardAudit struct{}
+
+func (discardAudit) Record(context.Context, audit.Event) (store.AuditRecord, error) {
+	return store.AuditRecord{}, nil
+}
+
+// modelAgent is one agent of the fleet: its trust (the real acceptance
+// code), whether it is connected, and whether it connected since the last
+// check.
+type modelAgent struct {
+	trust     *signer.Trust
+	online    bool
+	connected bool
+	// reached is what the last stranding check found reachable: the
+	// agent's state and the set version it reached, so an agent whose
+	// trust and the authority's set are unchanged is not replayed again.
+	reached string
+}
+
+// TestFleetModel drives random sequences of stage, activate, retire,
+// revoke, rollback and clock steps through the real signer lifecycle (the
+// keeper on a real SQLite store) against a fleet of agents holding the
+// real trust code (signer.Trust: Accept and AcceptChain, as the agent
+// takes sets on its stream, at renewal and by trust refresh), some
+// connected, some offline, some restarted from what they persisted. After
+// every step it checks: no connected agent trusts a revoked key; every
+// agent that connected since the last step verifies a task from the active
+// signer; no agent holds a set it cannot leave (a copy of every agent,
+// connected now, reaches the authority's current set).
+//
+// CI runs 2 fixed seeds of 50 steps (a few seconds). For a longer run:
+// MUSTER_MODEL_SEEDS=50 MUSTER_MODEL_STEPS=1000 go test -run TestFleetModel
+// ./internal/signer/ (or -model.seeds / -model.steps); a failure names its
+// seed and step.
+func TestFleetModel(t *testing.T) {
+	seeds := modelParam(*modelSeeds, "MUSTER_MODEL_SEEDS", 2)
+	steps := modelParam(*modelSteps, "MUSTER_MODEL_STEPS", 50)
+	for seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) { runModel(t, uint64(seed), steps) })
+	}
+}
+
+func runModel(t *testing.T, seed uint64, steps int) {
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(seed, 20))
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clock := &modelClock{Store: st}
+	custody, _ := signer.NewSealed(seal.StorageKey{9})
+	const minLead = 10 * time.Minute
+	k := signer.NewKeeper(clock, custody, discardAudit{}, "prod-a3f2e1", minLead)
+	who := signer.Actor{Name: "model"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	now := func() time.Time { n, _ := clock.Now(ctx); return n }
+
+	// connect is an agent's stream opening, or a renewal: the current set,
+	// and when that does not take, the chain from the set it holds.
+	connect := func(tr *signer.Trust) error {
+		raw, err := k.VerifierSet(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = tr.Accept(raw, now())
+		if err == nil || errors.Is(err, signer.ErrSetStale) {
+			return nil
+		}
+		chain, cerr := k.Chain(ctx, tr.Version())
+		if cerr != nil {
+			t.Fatal(cerr)
+		}
+		if err := tr.AcceptChain(chain, now()); err != nil {
+			return err
+		}
+		if err := tr.Accept(raw, now()); err != nil && !errors.Is(err, signer.ErrSetStale) {
+			return err
+		}
+		return nil
+	}
+
+	agents := make([]*modelAgent, 6)
+	for i := range agents {
+		tr, _ := signer.NewTrust(nil, nil)
+		raw, err := k.VerifierSet(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tr.Accept(raw, now()); err != nil {
+			t.Fatal(err)
+		}
+		agents[i] = &modelAgent{trust: tr, online: i%2 == 0, connected: true}
+	}
+
+	// rotate hands the rotate task of a stage to the connected agents, as
+	// the stream does: signed by the active signer, validated by the real
+	// rule, its key added as staged.
+	rotate := func(res signer.Result) {
+		var staged signer.Signer
+		for _, c := range res.Changes {
+			if c.To.State == signer.Staged {
+				staged = c.To
+			}
+		}
+		if staged.VersionID == "" {
+			return
+		}
+		id, sign, err := k.ActiveSigner(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		issued := now()
+		env := task.Envelope{TaskID: uuid.NewString(), TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true},
+			Params:   task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil),
+			IssuedAt: issued, ExpiresAt: staged.EffectiveAt, SignerVersionID: id}
+		raw, err := env.Sign(sign)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range agents {
+			if !a.online {
+				continue
+			}
+			v := &task.Verifier{NodeID: "n1", Keys: a.trust, Window: task.NewWindow(nil), Now: now}
+			got, err := v.Verify(raw)
+			if err != nil {
+				continue
+			}
+			if key, err := task.ValidateRotate(got, a.trust, a.trust.MinLeadTime(), now()); err == nil {
+				_ = a.trust.AddStaged(key)
+			}
+		}
+	}
+
+	var history []string
+	fail := func(step int, format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d step %d (%v): %s", seed, step, history, fmt.Sprintf(format, args...))
+	}
+	for step := range steps {
+		snap, err := k.Load(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var op string
+		var res signer.Result
+		switch r := rng.IntN(100); {
+		case r < 15:
+			op = "stage"
+			eff := minLead + time.Duration(rng.IntN(30))*time.Minute
+			res, err = k.Stage(ctx, who, eff, time.Duration(1+rng.IntN(120))*time.Minute)
+			if err == nil {
+				rotate(res)
+			}
+		case r < 23:
+			op = "activate"
+			res, err = k.Activate(ctx, who)
+		case r < 29:
+			op = "retire"
+			res, err = k.Retire(ctx, who)
+		case r < 39:
+			if len(snap.Signers) == 0 {
+				continue
+			}
+			s := snap.Signers[rng.IntN(len(snap.Signers))]
+			op = "revoke " + s.VersionID + "(" + string(s.State) + ")"
+			res, err = k.Revoke(ctx, who, s.VersionID)
+		case r < 47:
+			op = "rollback"
+			res, err = k.Rollback(ctx, who)
+			if err == nil {
+				rotate(res)
+			}
+		case r < 65:
+			d := time.Duration(rng.IntN(90)) * time.Minute
+			op = "clock +" + d.String()
+			clock.step(d)
+			res, err = k.Tick(ctx, signer.Actor{Name: "clock"})
+		case r < 80:
+			a := agents[rng.IntN(len(agents))]
+			a.online = !a.online
+			op = fmt.Sprintf("agent online=%v", a.online)
+		default:
+			// Restart: the agent rebuilds its trust from what it
+			// persisted.
+			a := agents[rng.IntN(len(agents))]
+			tr, err := signer.NewTrust(a.trust.Raw(), a.trust.Pending())
+			if err != nil {
+				fail(step, "restart: %v", err)
+			}
+			a.trust = tr
+			op = "agent restart"
+		}
+		if err != nil && !signer.IsRule(err) {
+			fail(step, "%s: %v", op, err)
+		}
+		if err != nil {
+			op += " refused"
+		}
+		history = append(history, op)
+		if len(history) > 12 {
+			history = history[1:]
+		}
+		_ = res
+
+		// Connected agents get the new set on their stream.
+		for _, a := range agents {
+			a.connected = false
+			if a.online {
+				if err := connect(a.trust); err != nil {
+					fail(step, "a connected agent cannot take the set: %v", err)
+				}
+				a.connected = true
+			}
+		}
+		check(t, ctx, k, agents, now(), connect, func(format string, args ...any) { fail(step, format, args...) })
+	}
+}
+
+func check(t *testing.T, ctx context.Context, k *signer.Keeper, agents []*modelAgent, now time.Time, connect func(*signer.Trust) error, fail func(string, ...any)) {
+	t.Helper()
+	snap, err := k.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	active, ok := signer.ActiveOf(snap.Signers)
+	if !ok {
+		fail("no active signer")
+	}
+	id, sign, err := k.ActiveSigner(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := task.Envelope{TaskID: uuid.NewString(), TaskType: task.TypeReport, Target: task.Target{All: true},
+		Params: map[string]string{}, IssuedAt: now, ExpiresAt: now.Add(time.Minute), SignerVersionID: id}
+	raw, err := env.Sign(sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range agents {
+		if a.online {
+			for _, s := range snap.Signers {
+				if s.State != signer.Revoked {
+					continue
+				}
+				if _, _, ok := a.trust.Verifier(s.VersionID, now); ok {
+					fail("connected agent %d trusts revoked %s", i, s.VersionID)
+				}
+			}
+		}
+		if a.connected {
+			v := &task.Verifier{NodeID: "n1", Keys: a.trust, Window: task.NewWindow(nil), Now: func() time.Time { return now }}
+			if _, err := v.Verify(raw); err != nil {
+				fail("agent %d (set %d) refuses a task from the active signer %s: %v", i, a.trust.Version(), active.VersionID, err)
+			}
+		}
+		// Every agent, offline ones too, can still reach the current set.
+		memo := fmt.Sprintf("%d/%d/%d/%d", a.trust.Version(), len(a.trust.Pending()), snap.Version(), now.Unix())
+		if a.reached == memo {
+			continue
+		}
+		a.reached = memo
+		cp, err := signer.NewTrust(a.trust.Raw(), a.trust.Pending())
+		if err != nil {
+			fail("agent %d: %v", i, err)
+		}
+		if err := connect(cp); err != nil || cp.Version() != snap.Version() {
+			fail("agent %d holding set %d is stranded: reached %d of %d: %v", i, a.trust.Version(), cp.Version(), snap.Version(), err)
+		}
+	}
+}
