@@ -23,6 +23,7 @@ FROM scratch
 COPY --from=build --chown=65532:65532 /out/data /data
 COPY --from=build /out/tmp /tmp
 COPY --from=build /out/muster /muster
+COPY LICENSE /usr/share/doc/muster/LICENSE
 USER 65532:65532
 ENV MUSTER_LOG_FORMAT=json
 WORKDIR /

@@ -402,3 +402,39 @@ func TestFirstUseMessages(t *testing.T) {
 		t.Errorf("agents delete: %q", out)
 	}
 }
+
+// The operator guide's agent unit is the one the Debian package installs
+// (issue 25, item 17: the guide said DynamicUser=yes and
+// Restart=on-failure, the package User=muster and Restart=on-abnormal), and
+// it runs as its own user, not the authority's.
+func TestGuideAgentUnitIsThePackagedOne(t *testing.T) {
+	unit, err := os.ReadFile("../packaging/systemd/muster-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guide, err := os.ReadFile("../docs/operator-guide.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(guide), "### Running the agent with systemd")
+	if !ok {
+		t.Fatal("no systemd section in the operator guide")
+	}
+	_, block, ok := strings.Cut(sec, "```ini\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok || block != string(unit) {
+		t.Errorf("the guide's agent unit differs from packaging/systemd/muster-agent.service:\n%s", block)
+	}
+	for _, want := range []string{"\nUser=muster-agent\n", "\nGroup=muster-agent\n", "\nRestart=on-abnormal\n"} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the agent unit lacks %q", strings.TrimSpace(want))
+		}
+	}
+	auth, err := os.ReadFile("../packaging/systemd/muster-authority.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(auth), "\nUser=muster\n") {
+		t.Error("the authority unit does not run as muster")
+	}
+}

@@ -59,7 +59,7 @@ func newPSKShowCmd(env *Env) *cobra.Command {
 		Use: "show",
 		Example: `  muster psk show --data ./muster-data
   muster psk show -o json
-  muster psk show --raw | muster agent join --psk-file - …`,
+  muster psk show --raw`,
 		Short: "Print the active bootstrap PSK and any PSK in grace",
 		Long: `Print the active bootstrap PSK with its creation time, and the previous
 PSK while it is in grace, with the end of its grace. --raw prints the
