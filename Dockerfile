@@ -1,7 +1,7 @@
 # muster's container image, for people with Docker or Podman. The same
 # image builds without a container engine: scripts/build-image (CI checks
 # that one with scripts/check-image).
-#   docker build -t muster:dev --build-arg VERSION=v1.2.3 .
+#   docker build -t muster:v1.2.3 --build-arg VERSION=v1.2.3 .
 FROM golang:1.26 AS build
 # The image sets GOTOOLCHAIN=local; auto builds with the patched release
 # go.mod's toolchain line names when the image's Go is older.
@@ -23,6 +23,7 @@ FROM scratch
 COPY --from=build --chown=65532:65532 /out/data /data
 COPY --from=build /out/tmp /tmp
 COPY --from=build /out/muster /muster
+COPY LICENSE /usr/share/doc/muster/LICENSE
 USER 65532:65532
 ENV MUSTER_LOG_FORMAT=json
 WORKDIR /

@@ -130,7 +130,7 @@ func TestAgentJoinRenewStatus(t *testing.T) {
 	if st["generation"] != 1.0 || st["last_renewal"] == nil || st["instance_id"] != joined["instance_id"] {
 		t.Fatalf("agent status after a renewal: %v", st)
 	}
-	r = muster(t, []string{"MUSTER_DATA=" + adir}, "agent", "renew", "-o", "json")
+	r = muster(t, []string{"MUSTER_AGENT_DATA=" + adir}, "agent", "renew", "-o", "json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"generation": 2`) {
 		t.Fatalf("second renewal: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
@@ -184,7 +184,7 @@ func TestAgentJoinWithURI(t *testing.T) {
 	// From the environment alone, the node from the URI of a bound token.
 	bound := e.createToken(t, "--node", "n2")
 	adir2 := filepath.Join(t.TempDir(), "agent")
-	r = muster(t, []string{"MUSTER_DATA=" + adir2, "MUSTER_JOIN_URI=" + bound.URI}, "agent", "join")
+	r = muster(t, []string{"MUSTER_AGENT_DATA=" + adir2, "MUSTER_JOIN_URI=" + bound.URI}, "agent", "join")
 	if r.code != 0 {
 		t.Fatalf("agent join with MUSTER_JOIN_URI: exit %d\n%s", r.code, r.stderr)
 	}

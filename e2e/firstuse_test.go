@@ -4,13 +4,16 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -199,5 +202,239 @@ func TestTokenJoinAtANonAuthority(t *testing.T) {
 		"--node", "n1", "--authority", disc.addr)
 	if r.code == 0 || !strings.Contains(r.stderr, "is not a muster authority") {
 		t.Fatalf("token join at the discovery service: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+// lockedBuffer collects a process's output for a test to read meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Every command muster dev's banner prints works pasted as it is, in the
+// directory dev runs in (issue 25, item 15): the token, the join with its
+// URI, agent run, the listings, and the PSK join through the embedded
+// discovery. dev logs JSON where its standard error is not a terminal, as
+// the authority and the agent do (startCmd waits for a JSON record).
+func TestDevBannerStepsRunAsPrinted(t *testing.T) {
+	work := t.TempDir()
+	cmd := exec.Command(musterBin, "dev", "--data", filepath.Join(work, "muster-data"), "--listen", "127.0.0.1:0",
+		"--metrics-listen", "", "--discovery-listen", "127.0.0.1:0")
+	cmd.Dir = work
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	var stdout lockedBuffer
+	cmd.Stdout = &stdout
+	startCmd(t, "muster dev", "authority started", cmd)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(stdout.String(), "Stop with Ctrl-C") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no end of the banner in 30s:\n%s", stdout.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, banner, _ := strings.Cut(stdout.String(), "In another terminal")
+	var steps []string
+	for _, l := range strings.Split(banner, "\n") {
+		if strings.HasPrefix(l, "       ") {
+			steps = append(steps, strings.TrimSpace(l))
+		}
+	}
+	if len(steps) != 6 {
+		t.Fatalf("%d commands in the banner, want 6:\n%s", len(steps), banner)
+	}
+	sh := func(line string) *exec.Cmd {
+		c := exec.Command("sh", "-c", line)
+		c.Dir, c.Env = work, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + work}
+		return c
+	}
+	var uri string
+	for _, step := range steps {
+		if uri != "" {
+			step = strings.ReplaceAll(step, "'URI-FROM-STEP-1'", "'"+uri+"'")
+		}
+		if strings.Contains(step, "URI-FROM-STEP-1") {
+			t.Fatalf("no URI from step 1 for %q", step)
+		}
+		if strings.Contains(step, " agent run ") {
+			a, _ := startCmd(t, "agent run", "identity loaded", sh("exec "+step))
+			a.stop(t)
+			continue
+		}
+		out, err := sh(step).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", step, err, out)
+		}
+		if uri == "" {
+			uri = regexp.MustCompile(`muster\+token://\S+`).FindString(string(out))
+		}
+	}
+	for _, adir := range []string{"agent-data", "agent-psk"} {
+		if _, err := os.Stat(filepath.Join(work, adir, "certs", "agent.crt")); err != nil {
+			t.Errorf("no identity in ./%s after the banner's steps: %v", adir, err)
+		}
+	}
+	nodes := mustRun(t, "agents", "list", "--data", filepath.Join(work, "muster-data"), "-o", "json")
+	if !strings.Contains(nodes, `"my-node"`) || !strings.Contains(nodes, `"my-psk-node"`) {
+		t.Errorf("agents list after the banner's steps: %s", nodes)
+	}
+}
+
+// psk show --raw prints the active PSK alone, which --psk-file reads, and
+// is refused beside -o.
+func TestPSKShowRaw(t *testing.T) {
+	dir, init := initDir(t)
+	a := startAuthority(t, dir)
+	defer a.stop(t)
+	if out := mustRun(t, "psk", "show", "--data", dir, "--raw"); out != init["bootstrap_psk"].(string)+"\n" {
+		t.Errorf("psk show --raw = %q, want the PSK and a newline", out)
+	}
+	if line := mustFail(t, "psk", "show", "--data", dir, "--raw", "-o", "json"); !strings.Contains(line, "--raw") {
+		t.Errorf("psk show --raw -o json: %q", line)
+	}
+}
+
+// The agent's data directory is MUSTER_AGENT_DATA, not MUSTER_DATA (the
+// authority's), and an agent refuses an authority's or a discovery
+// service's directory however it is named (issue 25, item 16).
+func TestAgentDataIsNotTheAuthoritys(t *testing.T) {
+	e := newAgentEnv(t)
+	tok := e.createToken(t)
+	before := dirListing(t, e.dir)
+	r := muster(t, []string{"MUSTER_DATA=" + e.dir}, "agent", "join", "--node", "n1", tok.URI)
+	if r.code == 0 || !strings.Contains(r.stderr, "MUSTER_AGENT_DATA") {
+		t.Errorf("agent join with MUSTER_DATA only: exit %d, %s", r.code, r.stderr)
+	}
+	r = muster(t, nil, "agent", "join", "--data", e.dir, "--node", "n1", tok.URI)
+	if r.code == 0 || !strings.Contains(r.stderr, "is an authority's data directory") {
+		t.Errorf("agent join --data AUTHORITY-DIR: exit %d, %s", r.code, r.stderr)
+	}
+	r = muster(t, []string{"MUSTER_AGENT_DATA=" + e.dir}, "agent", "status")
+	if r.code == 0 || !strings.Contains(r.stderr, "is an authority's data directory") {
+		t.Errorf("agent status with MUSTER_AGENT_DATA=AUTHORITY-DIR: exit %d, %s", r.code, r.stderr)
+	}
+	if after := dirListing(t, e.dir); after != before {
+		t.Errorf("the agent wrote into the authority's directory:\nbefore %s\nafter  %s", before, after)
+	}
+	ddir := filepath.Join(t.TempDir(), "discovery")
+	startDiscovery(t, ddir)
+	r = muster(t, []string{"MUSTER_JOIN_URI=" + tok.URI, "MUSTER_NODE_ID=n1", "MUSTER_AGENT_DATA=" + ddir}, "agent", "run")
+	if r.code == 0 || !strings.Contains(r.stderr, "is a discovery service's data directory") {
+		t.Errorf("agent run with MUSTER_AGENT_DATA=DISCOVERY-DIR: exit %d, %s", r.code, r.stderr)
+	}
+	// Both exported, each command takes its own.
+	adir := filepath.Join(t.TempDir(), "agent")
+	r = muster(t, []string{"MUSTER_DATA=" + e.dir, "MUSTER_AGENT_DATA=" + adir}, "agent", "join", "--node", "n1", tok.URI)
+	if r.code != 0 {
+		t.Fatalf("agent join with both variables: exit %d, %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(adir, "certs", "agent.crt")); err != nil {
+		t.Errorf("no identity in MUSTER_AGENT_DATA: %v", err)
+	}
+	mustRun(t, "agents", "show", "n1", "--data", e.dir)
+}
+
+// dirListing is every path under dir, for "nothing was written here".
+func dirListing(t *testing.T, dir string) string {
+	t.Helper()
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		paths = append(paths, strings.TrimPrefix(p, dir))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(paths, " ")
+}
+
+// A second muster dev says one already runs — on its data directory (the
+// lock's pid), or on its ports — instead of a bare "address already in
+// use" (issue 25, item 19).
+func TestSecondDevSaysOneRuns(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dev")
+	out := devBanner(t, dir, "--discovery-listen", "127.0.0.1:0")
+	line := mustFail(t, "dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--discovery-listen", "127.0.0.1:0")
+	if !strings.Contains(line, "a muster dev (or authority) already runs on "+dir) || !strings.Contains(line, "Ctrl-C") || !strings.Contains(line, "kill ") {
+		t.Errorf("second dev on the same directory: %q", line)
+	}
+	disc := regexp.MustCompile(`--discovery (\S+)`).FindStringSubmatch(out)
+	if disc == nil {
+		t.Fatalf("no discovery address in the banner:\n%s", out)
+	}
+	line = mustFail(t, "dev", "--data", filepath.Join(t.TempDir(), "other"), "--listen", "127.0.0.1:0", "--metrics-listen", "", "--discovery-listen", disc[1])
+	if !strings.Contains(line, disc[1]) || !strings.Contains(line, "most likely a muster dev runs there") || !strings.Contains(line, "--discovery-listen") {
+		t.Errorf("second dev on the first one's discovery port: %q", line)
+	}
+}
+
+// Messages of the first steps (issue 25, item 19): the authority's port in
+// use is said with one "authority:"; status of a build without a release
+// version does not read "muster dev"; agents delete does not promise a
+// new token to every node.
+func TestFirstUseMessages(t *testing.T) {
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	defer a.stop(t)
+	dir2, _ := initDir(t)
+	line := mustFail(t, "authority", "--data", dir2, "--listen", a.listen, "--metrics-listen", "")
+	if strings.Contains(line, "authority: authority:") || !strings.Contains(line, "cannot listen on "+a.listen) {
+		t.Errorf("authority on a port in use: %q", line)
+	}
+	if out := mustRun(t, "status", "--data", dir); strings.Contains(out, "(muster dev,") {
+		t.Errorf("status of a build without a version reads as muster dev:\n%s", out)
+	}
+	e := newAgentEnv(t)
+	tok := e.createToken(t)
+	mustRun(t, "agent", "join", "--data", filepath.Join(t.TempDir(), "agent"), "--node", "n1", tok.URI)
+	if out := mustRun(t, "agents", "delete", "n1", "--data", e.dir); strings.Contains(out, "new token") || !strings.Contains(out, "Node n1 deleted") {
+		t.Errorf("agents delete: %q", out)
+	}
+}
+
+// The operator guide's agent unit is the one the Debian package installs
+// (issue 25, item 17: the guide said DynamicUser=yes and
+// Restart=on-failure, the package User=muster and Restart=on-abnormal), and
+// it runs as its own user, not the authority's.
+func TestGuideAgentUnitIsThePackagedOne(t *testing.T) {
+	unit, err := os.ReadFile("../packaging/systemd/muster-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	guide, err := os.ReadFile("../docs/operator-guide.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(guide), "### Running the agent with systemd")
+	if !ok {
+		t.Fatal("no systemd section in the operator guide")
+	}
+	_, block, ok := strings.Cut(sec, "```ini\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok || block != string(unit) {
+		t.Errorf("the guide's agent unit differs from packaging/systemd/muster-agent.service:\n%s", block)
+	}
+	for _, want := range []string{"\nUser=muster-agent\n", "\nGroup=muster-agent\n", "\nRestart=on-abnormal\n"} {
+		if !strings.Contains(string(unit), want) {
+			t.Errorf("the agent unit lacks %q", strings.TrimSpace(want))
+		}
+	}
+	auth, err := os.ReadFile("../packaging/systemd/muster-authority.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(auth), "\nUser=muster\n") {
+		t.Error("the authority unit does not run as muster")
 	}
 }

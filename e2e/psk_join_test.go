@@ -85,7 +85,7 @@ func TestPSKJoin(t *testing.T) {
 
 	// The init PSK, from the environment alone.
 	adir = filepath.Join(t.TempDir(), "n1")
-	r = muster(t, []string{"MUSTER_DATA=" + adir, "MUSTER_BOOTSTRAP_PSK=" + initPSK, "MUSTER_CA_FINGERPRINT=" + e.fingerprint,
+	r = muster(t, []string{"MUSTER_AGENT_DATA=" + adir, "MUSTER_BOOTSTRAP_PSK=" + initPSK, "MUSTER_CA_FINGERPRINT=" + e.fingerprint,
 		"MUSTER_AUTHORITY=" + e.auth.addr, "MUSTER_NODE_ID=n1"}, "agent", "join")
 	if r.code != 0 {
 		t.Fatalf("PSK join from the environment: exit %d\n%s", r.code, r.stderr)
@@ -264,7 +264,7 @@ func TestAgentRunJoinsWithPSK(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := execCommand(ctx, "agent", "run", "--log-format", "json")
-	cmd.Env = append(cmd.Env, "MUSTER_DATA="+adir, "MUSTER_AUTHORITY="+auth.addr, "MUSTER_CA_FINGERPRINT="+init["ca_fingerprint"].(string),
+	cmd.Env = append(cmd.Env, "MUSTER_AGENT_DATA="+adir, "MUSTER_AUTHORITY="+auth.addr, "MUSTER_CA_FINGERPRINT="+init["ca_fingerprint"].(string),
 		"MUSTER_BOOTSTRAP_PSK="+init["bootstrap_psk"].(string), "MUSTER_NODE_ID=runner")
 	logs := &syncWriter{w: &strings.Builder{}}
 	cmd.Stderr = logs

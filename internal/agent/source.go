@@ -15,7 +15,9 @@ import (
 
 // Environment variables of the agent (DESIGN.md "Command-line contract").
 const (
-	EnvData          = "MUSTER_DATA"
+	// EnvData is the agent's data directory: not MUSTER_DATA, which
+	// names the authority's (or discovery's), so one shell can hold both.
+	EnvData          = "MUSTER_AGENT_DATA"
 	EnvJoinToken     = "MUSTER_JOIN_TOKEN"
 	EnvJoinURI       = "MUSTER_JOIN_URI"
 	EnvNodeID        = "MUSTER_NODE_ID"

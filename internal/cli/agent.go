@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,13 +24,36 @@ func newAgentCmd(env *Env) *cobra.Command {
 	return cmd
 }
 
-// agentDir is --data, else MUSTER_DATA.
+// agentDir is --data, else MUSTER_AGENT_DATA, refused where it is an
+// authority's or a discovery service's data directory: the agent would
+// write its identity among their keys.
 func agentDir(env *Env, flag string) (agent.Dir, error) {
 	d := firstOf(flag, env.Getenv(agent.EnvData))
 	if d == "" {
-		return "", errors.New("--data ADIR is required (or MUSTER_DATA)")
+		if env.Getenv("MUSTER_DATA") != "" {
+			return "", fmt.Errorf("--data ADIR is required (or %s; MUSTER_DATA names the authority's directory, not the agent's)", agent.EnvData)
+		}
+		return "", fmt.Errorf("--data ADIR is required (or %s)", agent.EnvData)
+	}
+	if err := notServerDir(d); err != nil {
+		return "", err
 	}
 	return agent.Dir(d), nil
+}
+
+// notServerDir refuses the data directory of an authority (authority.json)
+// or of a discovery service (its TLS CA, tls/ca.key): an agent needs a
+// directory of its own.
+func notServerDir(d string) error {
+	for _, c := range []struct{ file, what string }{
+		{"authority.json", "an authority's"},
+		{filepath.Join("tls", "ca.key"), "a discovery service's"},
+	} {
+		if _, err := os.Stat(filepath.Join(d, c.file)); err == nil {
+			return fmt.Errorf("%s is %s data directory (it holds %s): give the agent a directory of its own (--data ADIR or %s)", d, c.what, c.file, agent.EnvData)
+		}
+	}
+	return nil
 }
 
 // agentFailure renders an agent error as "join failed: CODE: message".
@@ -145,7 +170,7 @@ identity stays until the new join succeeds.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	f.StringVar(&in.Token, "token", "", "join token ID.SECRET (visible to other users: prefer --token-file or MUSTER_JOIN_TOKEN)")
 	f.StringVar(&in.TokenFile, "token-file", "", "file holding the join token; - reads standard input")
 	f.StringVar(&in.PSK, "psk", "", "bootstrap PSK muster-psk:HEX (visible to other users: prefer --psk-file or MUSTER_BOOTSTRAP_PSK)")
@@ -196,7 +221,7 @@ deleted token or a lock refuses it.`,
 			return printAgentState(env, out, dir, "Renewed", st)
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	cmd.Flags().DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for the authority")
 	out.register(cmd)
 	return cmd
@@ -306,7 +331,9 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	f.StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
+	// Not MUSTER_DATA, the authority's directory (withEnv reads this).
+	_ = f.SetAnnotation("data", envAnnotation, []string{agent.EnvData})
 	f.StringVar(&metricsListen, "metrics-listen", "", "address of /metrics, /healthz and /readyz (empty: off)")
 	registerPprofFlag(cmd, &pprofListen)
 	f.StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
@@ -380,7 +407,7 @@ Joined:        %s with join method %s
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	out.register(cmd)
 	return cmd
 }

@@ -262,7 +262,7 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 				if out.json() {
 					return out.write(env.Stdout, deleted{NodeID: args[0], Deleted: true})
 				}
-				fmt.Fprintf(env.Stdout, "Node %s deleted; it can join again only with a new token\n", args[0])
+				fmt.Fprintf(env.Stdout, "Node %s deleted: it can no longer renew, and comes back only by joining again\n", args[0])
 				return nil
 			})
 		},

@@ -60,7 +60,7 @@ deliver the set anyway; this is for an agent that missed a rotation.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	out.register(cmd)
 	return cmd
 }

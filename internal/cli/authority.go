@@ -441,14 +441,14 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info,
 func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	su, err := loadAuthority(env, &o)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return prefixed("authority", err)
 	}
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, m.OnAudit)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return prefixed("authority", err)
 	}
 	defer closeStore()
 	srv, err := authority.New(authority.Config{
@@ -456,17 +456,17 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
-		Version: Version, Log: log, Ready: o.ready,
+		Version: reportedVersion(), Log: log, Ready: o.ready,
 		SignerMinLeadTime:   o.signerMinLead,
 		RecoveriesWarnAt:    o.recoveriesWarnAt,
 		BoundKeypairCertTTL: o.boundCertTTL,
 		MaxConnections:      o.maxConnections,
 	}, m)
 	if err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return prefixed("authority", err)
 	}
 	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
-		return fmt.Errorf("authority: %w", err)
+		return prefixed("authority", err)
 	}
 	log.Info("authority stopped")
 	return nil
@@ -533,4 +533,13 @@ func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.Discove
 			"psk_optional_until", until)
 	}
 	return disc, until, nil
+}
+
+// prefixed is err under "what: ", unless its message already starts so
+// (the authority package names itself): one "authority: " per line.
+func prefixed(what string, err error) error {
+	if strings.HasPrefix(err.Error(), what+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }

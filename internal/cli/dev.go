@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -19,10 +20,11 @@ import (
 
 func newDevCmd(env *Env) *cobra.Command {
 	var (
-		dir     string
-		listen  string
-		mlisten string
-		dlisten string
+		dir       string
+		listen    string
+		mlisten   string
+		dlisten   string
+		logFormat string
 	)
 	cmd := &cobra.Command{
 		Use: "dev",
@@ -54,16 +56,25 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			} else if err != nil {
 				return fmt.Errorf("dev: %w", err)
 			}
+			// A dev already running on DIR is named before its ports
+			// are found taken.
+			release, err := d.Lock()
+			if errors.Is(err, datadir.ErrLocked) {
+				return devRunning(d)
+			} else if err != nil {
+				return fmt.Errorf("dev: %w", err)
+			}
+			release()
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
 			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
-				logFormat: "text", logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
+				logFormat: logFormat, logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
 			if dlisten != "" {
 				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}
-				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten, own)
+				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten, logFormat, own)
 				if err != nil {
-					return fmt.Errorf("dev: %w", err)
+					return devListenErr(d, prefixed("dev", err))
 				}
 				o.discovery, o.discoveryFP = disc.Addr(), disc.Fingerprint()
 			}
@@ -84,8 +95,8 @@ In another terminal, as the operator in %s:
        %s audit list --data %s
 `, info.AuthorityID, addr, metricsNote(metricsAddr), d, m, q, m, m, m, q, m, q)
 				if o.discovery != "" {
-					fmt.Fprintf(env.Stdout, "  5. Or join with the bootstrap PSK (in ./psk.txt, from %s psk show --data %s) and a referral ticket:\n       %s\n",
-						m, q, devPSKJoin(m, o.discovery, o.discoveryFP, info))
+					fmt.Fprintf(env.Stdout, "  5. Or join with the bootstrap PSK (psk show --raw prints it) and a referral ticket:\n       %s\n",
+						devPSKJoin(m, q, o.discovery, o.discoveryFP, info))
 				}
 				fmt.Fprintf(env.Stdout, "\nStop with Ctrl-C; the state stays in %s for the next start.\n", d)
 			}
@@ -93,14 +104,36 @@ In another terminal, as the operator in %s:
 				defer cancel()
 				return runAuthority(ctx, env, o)
 			})
-			return g.Wait()
+			return devListenErr(d, g.Wait())
 		},
 	}
 	cmd.Flags().StringVar(&dir, "data", "muster-data", "data directory (created on first start)")
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:7443", "address of the API")
 	cmd.Flags().StringVar(&mlisten, "metrics-listen", "127.0.0.1:7444", "address of /metrics")
 	cmd.Flags().StringVar(&dlisten, "discovery-listen", discoveryd.DefaultListen, `address of the embedded discovery service ("" : none)`)
+	cmd.Flags().StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	return cmd
+}
+
+// devRunning says a dev (or an authority) already runs on d: use it, or
+// stop it.
+func devRunning(d datadir.Dir) error {
+	stop := "Ctrl-C in its terminal"
+	if pid := d.LockHolder(); pid > 0 {
+		stop += fmt.Sprintf(", or kill %d", pid)
+	}
+	return fmt.Errorf("dev: a muster dev (or authority) already runs on %s: use it from another terminal, or stop it (%s) before starting this one", d, stop)
+}
+
+// devListenErr turns a listener's "address already in use" into what it
+// most likely is with dev's fixed ports: another muster dev, on another
+// data directory (one on d is found by its lock first).
+func devListenErr(d datadir.Dir, err error) error {
+	if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	return fmt.Errorf("%w: most likely a muster dev runs there on another data directory than %s: stop it (Ctrl-C in its terminal), "+
+		"or give this one other addresses (--listen, --metrics-listen, --discovery-listen)", err, d)
 }
 
 func statErr(path string) error {
@@ -122,8 +155,8 @@ func devCommand() string {
 // startDevDiscovery runs a discovery service from dir (initialised on first
 // start) in g and returns it once it listens. Only the authority allowed
 // (dev's own) may register with it.
-func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, listen string, allowed discovery.AllowEntry) (*discoveryd.Server, error) {
-	log, err := newLogger(env.Stderr, "text", "info")
+func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, listen, logFormat string, allowed discovery.AllowEntry) (*discoveryd.Server, error) {
+	log, err := newLogger(env.Stderr, logFormat, "info")
 	if err != nil {
 		return nil, err
 	}
@@ -148,7 +181,7 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 		err := srv.Run(ctx)
 		done <- err
 		if err != nil {
-			return fmt.Errorf("discovery: %w", err)
+			return prefixed("discoveryd", err)
 		}
 		return nil
 	})
@@ -159,7 +192,7 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 		if err == nil {
 			err = ctx.Err()
 		}
-		return nil, fmt.Errorf("discovery: %w", err)
+		return nil, prefixed("discoveryd", err)
 	}
 }
 
@@ -170,9 +203,11 @@ func metricsNote(addr string) string {
 	return "metrics on http://" + addr + "/metrics"
 }
 
-// devPSKJoin is the one command of the dev banner's PSK step: the agent
-// gets its referral ticket from dev's embedded discovery service.
-func devPSKJoin(m, disc, discFP string, info datadir.Info) string {
-	return fmt.Sprintf("%s agent join --data ./agent-psk --node my-psk-node --psk-file ./psk.txt --discovery %s --discovery-fingerprint %s --authority-id %s --ca-fingerprint %s",
-		m, disc, discFP, info.AuthorityID, info.CAFingerprint)
+// devPSKJoin is the one command of the dev banner's PSK step: psk show
+// --raw hands the PSK to the join on its standard input (never in a file
+// or an argument), and the agent gets its referral ticket from dev's
+// embedded discovery service.
+func devPSKJoin(m, data, disc, discFP string, info datadir.Info) string {
+	return fmt.Sprintf("%s psk show --data %s --raw | %s agent join --data ./agent-psk --node my-psk-node --psk-file - --discovery %s --discovery-fingerprint %s --authority-id %s --ca-fingerprint %s",
+		m, data, m, disc, discFP, info.AuthorityID, info.CAFingerprint)
 }

@@ -16,6 +16,19 @@ func EnvName(flag string) string {
 	return "MUSTER_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// envAnnotation on a flag names its variable where EnvName's would be
+// wrong (agent run's --data is MUSTER_AGENT_DATA: MUSTER_DATA is the
+// authority's directory).
+const envAnnotation = "muster-env"
+
+// envNameOf is f's variable: its annotation, else EnvName.
+func envNameOf(f *pflag.Flag) string {
+	if v := f.Annotations[envAnnotation]; len(v) == 1 {
+		return v[0]
+	}
+	return EnvName(f.Name)
+}
+
 // withEnv lets every flag of cmd (a server command) be set from its
 // environment variable. Precedence: a flag given on the command line, then
 // the environment, then the configuration file, then the default; an
@@ -25,7 +38,7 @@ func EnvName(flag string) string {
 func withEnv(env *Env, cmd *cobra.Command) *cobra.Command {
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		if f.Name != "help" && !strings.Contains(f.Usage, "(env ") {
-			f.Usage += " (env " + EnvName(f.Name) + ")"
+			f.Usage += " (env " + envNameOf(f) + ")"
 		}
 	})
 	prev := cmd.PreRunE
@@ -47,7 +60,7 @@ func applyEnv(env *Env, fs *pflag.FlagSet) error {
 		if err != nil || f.Changed || f.Name == "help" {
 			return
 		}
-		name := EnvName(f.Name)
+		name := envNameOf(f)
 		v := env.Getenv(name)
 		if v == "" {
 			return

@@ -53,7 +53,7 @@ replaced.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_DATA)")
+	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	out.register(cmd)
 	return cmd
 }

@@ -53,19 +53,25 @@ func newPSKShowCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		raw bool
 	)
 	cmd := &cobra.Command{
 		Use: "show",
 		Example: `  muster psk show --data ./muster-data
-  muster psk show -o json`,
+  muster psk show -o json
+  muster psk show --raw`,
 		Short: "Print the active bootstrap PSK and any PSK in grace",
 		Long: `Print the active bootstrap PSK with its creation time, and the previous
-PSK while it is in grace, with the end of its grace. Reading the PSK is
+PSK while it is in grace, with the end of its grace. --raw prints the
+active PSK alone on one line, as --psk-file reads it. Reading the PSK is
 audited (psk.show).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
+			}
+			if raw && cmd.Flags().Changed("output") {
+				return fmt.Errorf("psk show: --raw prints the bare PSK: give it without -o")
 			}
 			resp, err := callAdmin(cmd, env, &af, "psk show", func(ctx context.Context, c *adminClient) (*musterv1.GetPSKsResponse, error) {
 				return c.GetPSKs(ctx, &musterv1.GetPSKsRequest{})
@@ -74,6 +80,13 @@ audited (psk.show).`,
 				return err
 			}
 			active, grace := pskOf(resp.GetActive()), pskOf(resp.GetGrace())
+			if raw {
+				if active == nil || active.PSK == "" {
+					return fmt.Errorf("psk show: the authority has no active PSK")
+				}
+				fmt.Fprintln(env.Stdout, active.PSK)
+				return nil
+			}
 			if out.json() {
 				return out.write(env.Stdout, struct {
 					Active *pskJSON `json:"active"`
@@ -86,6 +99,7 @@ audited (psk.show).`,
 	}
 	af.register(cmd)
 	out.register(cmd)
+	cmd.Flags().BoolVar(&raw, "raw", false, "print only the active PSK, one line (what --psk-file reads)")
 	return cmd
 }
 

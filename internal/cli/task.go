@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -111,17 +112,7 @@ select by --label.`,
 				}{resp.GetTaskId(), taskIDs(resp), resp.GetNodeIds(), queued, queued - len(resp.GetNodeIds()), resp.GetSignerVersionId(),
 					resp.GetExpiresAt().AsTime().UTC()})
 			}
-			until := resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
-			if ids := taskIDs(resp); len(ids) > 1 {
-				fmt.Fprintf(env.Stdout, "%d tasks (%s), one per page of nodes, signed by %s, queued for %d nodes until %s:\n", len(ids), typ,
-					resp.GetSignerVersionId(), queued, until)
-				for _, id := range ids {
-					fmt.Fprintf(env.Stdout, "  %s\n", id)
-				}
-			} else {
-				fmt.Fprintf(env.Stdout, "Task %s (%s), signed by %s, queued for %d nodes until %s.\n", resp.GetTaskId(), typ,
-					resp.GetSignerVersionId(), queued, until)
-			}
+			printSent(env.Stdout, resp, typ)
 			fmt.Fprintln(env.Stdout, "Results: muster audit list --action task.result")
 			return nil
 		},
@@ -152,6 +143,30 @@ func taskIDs(resp *musterv1.SendTaskResponse) []string {
 		return ids
 	}
 	return []string{resp.GetTaskId()}
+}
+
+// printSent says what a send queued, for people.
+func printSent(w io.Writer, resp *musterv1.SendTaskResponse, typ string) {
+	until := resp.GetExpiresAt().AsTime().UTC().Format(time.RFC3339)
+	nodes := countOf(queuedNodes(resp), "node", "nodes")
+	if ids := taskIDs(resp); len(ids) > 1 {
+		fmt.Fprintf(w, "%d tasks (%s), one per page of nodes, signed by %s, queued for %s until %s:\n", len(ids), typ,
+			resp.GetSignerVersionId(), nodes, until)
+		for _, id := range ids {
+			fmt.Fprintf(w, "  %s\n", id)
+		}
+		return
+	}
+	fmt.Fprintf(w, "Task %s (%s), signed by %s, queued for %s until %s.\n", resp.GetTaskId(), typ,
+		resp.GetSignerVersionId(), nodes, until)
+}
+
+// countOf is "1 node", "2 nodes": n with the noun it takes.
+func countOf(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 // queuedNodes is how many nodes a send was queued for: node_count, or, from

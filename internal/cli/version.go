@@ -63,6 +63,27 @@ func currentBuild() buildInfo {
 	return b
 }
 
+// reportedVersion is the version a server reports (muster status): the
+// release's, or, for a build without one (a plain go build), "unreleased
+// build" and its commit, which does not read as the command muster dev.
+func reportedVersion() string {
+	b := currentBuild()
+	if b.Version != "dev" {
+		return b.Version
+	}
+	c := b.Commit
+	if len(c) > 12 {
+		c = c[:12]
+	}
+	if c == "" {
+		return "unreleased build"
+	}
+	if b.Modified {
+		c += "+modified"
+	}
+	return "unreleased build " + c
+}
+
 func unknownIfEmpty(s string) string {
 	if s == "" {
 		return "unknown"

@@ -156,3 +156,18 @@ func checkExamples(t *testing.T, c *cobra.Command) {
 		}
 	}
 }
+
+// TestReportedVersion: a build without a release version reports itself
+// as unreleased, with its commit, never as "dev" (status printed "muster
+// dev", which reads as the command).
+func TestReportedVersion(t *testing.T) {
+	defer func(v, c, d string) { Version, Commit, BuildDate = v, c, d }(Version, Commit, BuildDate)
+	Version, Commit, BuildDate = "dev", "0123456789abcdef", ""
+	if got := reportedVersion(); got != "unreleased build 0123456789ab" {
+		t.Errorf("reportedVersion() = %q", got)
+	}
+	Version = "v1.2.3"
+	if got := reportedVersion(); got != "v1.2.3" {
+		t.Errorf("reportedVersion() = %q, want v1.2.3", got)
+	}
+}

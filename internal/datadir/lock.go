@@ -17,6 +17,19 @@ func (d Dir) LockFile() string { return d.path("authority.lock") }
 // ErrLocked reports a data directory another authority process runs on.
 var ErrLocked = errors.New("datadir: in use by another authority")
 
+// LockHolder is the pid the lock file names: the holder's while the lock
+// is held, else the last holder's; 0 if none.
+func (d Dir) LockHolder() int {
+	b, err := os.ReadFile(d.LockFile())
+	if err != nil {
+		return 0
+	}
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+		return pid
+	}
+	return 0
+}
+
 // Lock takes the directory for this process: a second authority on the
 // same directory would overwrite authority.addr and the audit checkpoint
 // under the first. The lock is flock(2) on DIR/authority.lock, so the
@@ -30,10 +43,8 @@ func (d Dir) Lock() (release func(), err error) {
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder := ""
-		if b, rerr := os.ReadFile(d.LockFile()); rerr == nil {
-			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b))); perr == nil && pid > 0 {
-				holder = fmt.Sprintf(" (pid %d)", pid)
-			}
+		if pid := d.LockHolder(); pid > 0 {
+			holder = fmt.Sprintf(" (pid %d)", pid)
 		}
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {

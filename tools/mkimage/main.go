@@ -2,9 +2,10 @@
 // engine: one layer holding the static binary at /muster on an empty base
 // (no shell, no libc, no package manager), run as a non-root user, written
 // as a `docker save` tarball that `docker load`, `podman load` and
-// `crane push` accept.
+// `crane push` accept. The licence goes beside it, at
+// /usr/share/doc/muster/LICENSE.
 //
-//	go run ./mkimage -binary dist/muster -tag muster:dev -o dist/muster-image.tar
+//	go run ./mkimage -binary dist/muster -license ../LICENSE -tag muster:dev -o dist/muster-image.tar
 package main
 
 import (
@@ -28,20 +29,28 @@ const nonRoot = "65532:65532"
 
 func main() {
 	binary := flag.String("binary", "dist/muster", "static muster binary to put at /muster")
+	license := flag.String("license", "LICENSE", "licence to put at /"+licensePath)
 	tag := flag.String("tag", "muster:dev", "image name and tag recorded in the tarball")
 	out := flag.String("o", "dist/muster-image.tar", "output tarball")
 	arch := flag.String("arch", "amd64", "GOARCH the binary was built for")
 	version := flag.String("version", "dev", "version label")
 	created := flag.String("created", "", "image creation time, RFC 3339 (default: the binary's modification time, for reproducible images)")
 	flag.Parse()
-	if err := build(*binary, *tag, *out, *arch, *version, *created); err != nil {
+	if err := build(*binary, *license, *tag, *out, *arch, *version, *created); err != nil {
 		fmt.Fprintln(os.Stderr, "mkimage:", err)
 		os.Exit(1)
 	}
 }
 
-func build(binary, tag, out, arch, version, created string) error {
+// licensePath is where the image holds muster's licence.
+const licensePath = "usr/share/doc/muster/LICENSE"
+
+func build(binary, license, tag, out, arch, version, created string) error {
 	bin, err := os.ReadFile(binary)
+	if err != nil {
+		return err
+	}
+	lic, err := os.ReadFile(license)
 	if err != nil {
 		return err
 	}
@@ -55,7 +64,7 @@ func build(binary, tag, out, arch, version, created string) error {
 			return fmt.Errorf("-created: %w", err)
 		}
 	}
-	layerTar, err := layerOf(bin, when)
+	layerTar, err := layerOf(bin, lic, when)
 	if err != nil {
 		return err
 	}
@@ -97,10 +106,10 @@ func build(binary, tag, out, arch, version, created string) error {
 	return tarball.WriteToFile(out, ref, img)
 }
 
-// layerOf is the image's one layer: /muster, and /tmp and /data owned by
-// the non-root user (a writable place for --data when no volume is
-// mounted). Fixed times and owners keep the layer reproducible.
-func layerOf(bin []byte, when time.Time) ([]byte, error) {
+// layerOf is the image's one layer: /muster, its licence, and /tmp and
+// /data owned by the non-root user (a writable place for --data when no
+// volume is mounted). Fixed times and owners keep the layer reproducible.
+func layerOf(bin, license []byte, when time.Time) ([]byte, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	for _, d := range []string{"tmp/", "data/"} {
@@ -111,6 +120,17 @@ func layerOf(bin []byte, when time.Time) ([]byte, error) {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: mode, Uid: 65532, Gid: 65532, ModTime: when}); err != nil {
 			return nil, err
 		}
+	}
+	for _, d := range []string{"usr/", "usr/share/", "usr/share/doc/", "usr/share/doc/muster/"} {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: when}); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: licensePath, Mode: 0o644, Size: int64(len(license)), ModTime: when}); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(license); err != nil {
+		return nil, err
 	}
 	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "muster", Mode: 0o755, Size: int64(len(bin)), ModTime: when}); err != nil {
 		return nil, err

@@ -3,7 +3,8 @@
 {{- end -}}
 
 {{- define "muster.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- $tag := required "image.tag is required: the tag scripts/build-image gave the image (muster:<git describe --tags --always --dirty>, or the TAG you set), e.g. --set image.tag=v1.2.3 (docs/install.md, Helm chart)" .Values.image.tag -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 
 {{- define "muster.labels" -}}
