@@ -68,10 +68,10 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 	if open == nil {
 		open = func(ctx context.Context) (store.Store, error) { return sqlite.Open(ctx, dir.DatabaseFile()) }
 	}
-	h, err := ca.Load(dir.CADir())
-	if err != nil {
-		b.Fatal(err)
-	}
+	// Each replica loads its own hierarchy, as separate processes do, so
+	// that what one reads from the store is not seen by another through
+	// shared memory.
+	var h *ca.Hierarchy
 	sk, err := seal.LoadStorageKey(dir.StorageKeyFile())
 	if err != nil {
 		b.Fatal(err)
@@ -84,8 +84,12 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 		if err != nil {
 			b.Fatal(err)
 		}
+		hr, err := ca.Load(dir.CADir())
+		if err != nil {
+			b.Fatal(err)
+		}
 		if first == nil {
-			first = st
+			first, h = st, hr
 		}
 		m := NewMetrics("bench")
 		logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
@@ -93,7 +97,7 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 			b.Fatal(err)
 		}
 		ready := make(chan string, 1)
-		srv, err := New(Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+		srv, err := New(Config{Dir: dir, Info: res.Info, CA: hr, Store: st, Audit: logger, StorageKey: sk,
 			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready: func(addr, _ string) { ready <- addr }}, m)
 		if err != nil {
