@@ -55,7 +55,8 @@ func startBench(b testing.TB) *benchAuthority {
 
 // startReplicas initialises an authority on the store open returns (nil:
 // the embedded SQLite file, durable writes) and runs n replicas of it.
-func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
+// Each option changes every replica's Config before it is built.
+func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int, opts ...func(*Config)) *benchAuthority {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
@@ -97,9 +98,13 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 			b.Fatal(err)
 		}
 		ready := make(chan string, 1)
-		srv, err := New(Config{Dir: dir, Info: res.Info, CA: hr, Store: st, Audit: logger, StorageKey: sk,
+		cfg := Config{Dir: dir, Info: res.Info, CA: hr, Store: st, Audit: logger, StorageKey: sk,
 			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			Ready: func(addr, _ string) { ready <- addr }}, m)
+			Ready: func(addr, _ string) { ready <- addr }}
+		for _, o := range opts {
+			o(&cfg)
+		}
+		srv, err := New(cfg, m)
 		if err != nil {
 			b.Fatal(err)
 		}

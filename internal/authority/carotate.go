@@ -81,7 +81,10 @@ func (s *Server) caStep(ctx context.Context) error {
 		if a == nil {
 			continue
 		}
-		life := a.NotAfter.Sub(a.NotBefore)
+		// An intermediate made to live longer than ca.intermediate_ttl
+		// (muster init's year, or a setting since lowered) is rotated on
+		// the setting's schedule.
+		life := min(a.NotAfter.Sub(a.NotBefore), s.caIntermediateTTL())
 		p, hasPrepared := prepared[string(role)]
 		switch {
 		case hasPrepared && !now.Before(a.NotBefore.Add(life*2/3)):

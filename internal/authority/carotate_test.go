@@ -38,10 +38,9 @@ func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, not
 // active intermediate's life has passed, activates it at two thirds, and
 // retires a retiring one whose not-after has passed, each audited.
 func TestCAClockRotates(t *testing.T) {
-	a := startBench(t)
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
 	ctx := t.Context()
 	s := a.srvs[0]
-	s.cfg.CAIntermediateTTL = 3 * time.Minute
 	now := time.Now()
 	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
 	current := storeIntermediate(t, ctx, a, now.Add(-130*time.Second), 3*time.Minute) // past 2/3
@@ -102,5 +101,33 @@ func TestCAClockRotates(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("audited %v, want %v last", actions, want)
 		}
+	}
+}
+
+// TestCAClockFollowsAShorterTTL: intermediates made longer-lived than
+// ca.intermediate_ttl (muster init's year) are rotated on the setting's
+// schedule, so lowering it takes effect: init's, backdated a minute, are
+// at half of a 2-minute life at once.
+func TestCAClockFollowsAShorterTTL(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
+	ctx := t.Context()
+	if err := a.srvs[0].caStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared := map[string]bool{}
+	for _, r := range rows {
+		if r.State == store.CAPrepared {
+			prepared[r.Role] = true
+			if got := r.NotAfter.Sub(r.CreatedAt); got < time.Minute || got > 2*time.Minute+time.Second {
+				t.Errorf("%s successor lives %v from its creation, want the 2m setting", r.Role, got)
+			}
+		}
+	}
+	if len(prepared) != 4 {
+		t.Fatalf("prepared successors for %v, want every role", prepared)
 	}
 }
