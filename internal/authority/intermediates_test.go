@@ -162,7 +162,14 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			t.Fatalf("replica %d renewed under the old intermediate", r)
 		}
 	}
-	if err := a.store.RetireCACert(ctx, string(ca.RoleAgent), a.h.Issuers[ca.RoleAgent].Cert.SerialNumber.Text(16)); err != nil {
+	oldSerial := a.h.Issuers[ca.RoleAgent].Cert.SerialNumber.Text(16)
+	for r, srv := range a.srvs {
+		got := caNotAfter(t, srv)
+		if got["agent/"+next[ca.RoleAgent].Serial] != next[ca.RoleAgent].NotAfter.Unix() || got["agent/"+oldSerial] == 0 {
+			t.Fatalf("replica %d: muster_ca_not_after_seconds %v; want the new agent intermediate's and the retiring one's", r, got)
+		}
+	}
+	if err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
 		t.Fatal(err)
 	}
 	for r := range a.srvs {
@@ -170,5 +177,32 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			_, err := renew(r, old)
 			return status.Code(err) == codes.Unauthenticated && strings.Contains(err.Error(), "not issued by this authority")
 		})
+		if got := caNotAfter(t, a.srvs[r]); got["agent/"+oldSerial] != 0 || len(got) != 5 {
+			t.Fatalf("replica %d: muster_ca_not_after_seconds %v; want the retired one gone, 4 active and the retiring server one", r, got)
+		}
 	}
+}
+
+// caNotAfter reads muster_ca_not_after_seconds from srv's registry, as
+// role/serial → seconds.
+func caNotAfter(t *testing.T, srv *Server) map[string]int64 {
+	t.Helper()
+	mfs, err := srv.metrics.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "muster_ca_not_after_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			out[l["role"]+"/"+l["serial"]] = int64(m.GetGauge().GetValue())
+		}
+	}
+	return out
 }

@@ -161,6 +161,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
 	}
+	if err := s.metrics.reg.Register(newCACollector(s)); err != nil {
+		return nil, err
+	}
 	connRefusals, err := listener.NewRefusalsMetric(s.metrics.reg, cfg.Log)
 	if err != nil {
 		return nil, err
