@@ -50,11 +50,16 @@ func (s *Server) caIntermediateTTL() time.Duration {
 
 // caStep takes every rotation step that has come due by the store clock.
 func (s *Server) caStep(ctx context.Context) error {
-	rows, err := s.store.ListCACerts(ctx)
+	now, err := s.store.Now(ctx)
 	if err != nil {
 		return err
 	}
-	now, err := s.store.Now(ctx)
+	return s.caStepAt(ctx, now)
+}
+
+// caStepAt takes every rotation step due at now.
+func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
+	rows, err := s.store.ListCACerts(ctx)
 	if err != nil {
 		return err
 	}
@@ -81,16 +86,18 @@ func (s *Server) caStep(ctx context.Context) error {
 		if a == nil {
 			continue
 		}
-		// An intermediate made to live longer than ca.intermediate_ttl
+		// Its life runs from its issuance (NotBefore is backdated for
+		// clock skew). One made to live longer than ca.intermediate_ttl
 		// (muster init's year, or a setting since lowered) is rotated on
 		// the setting's schedule.
-		life := min(a.NotAfter.Sub(a.NotBefore), s.caIntermediateTTL())
+		issued := a.NotBefore.Add(ca.Backdate)
+		life := min(a.NotAfter.Sub(issued), s.caIntermediateTTL())
 		p, hasPrepared := prepared[string(role)]
 		switch {
-		case hasPrepared && !now.Before(a.NotBefore.Add(life*2/3)):
+		case hasPrepared && !now.Before(issued.Add(life*2/3)):
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
 				s.store.ActivateCACert(ctx, string(role), p.Serial))
-		case !hasPrepared && !now.Before(a.NotBefore.Add(life/2)):
+		case !hasPrepared && !now.Before(issued.Add(life/2)):
 			if s.ca.RootKey == nil {
 				continue // reported by the CA warnings, prepared with muster ca rotate --root-key
 			}

@@ -10,9 +10,9 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// storeIntermediate stores an agent intermediate valid from notBefore for
-// ttl and activates it, so the test can place a rotation's deadlines.
-func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, notBefore time.Time, ttl time.Duration) store.CACert {
+// storeIntermediate stores an agent intermediate issued at issued for ttl
+// and activates it, so the test can place a rotation's deadlines.
+func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, issued time.Time, ttl time.Duration) store.CACert {
 	t.Helper()
 	in := a.srvs[0].inter
 	serial, _ := ca.NewSerial()
@@ -20,7 +20,7 @@ func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, not
 	if err != nil {
 		t.Fatal(err)
 	}
-	cert, err := a.h.NewIntermediate(ca.RoleAgent, serial, k.Public, a.h.RootKey, notBefore.Add(ca.Backdate), ttl-ca.Backdate)
+	cert, err := a.h.NewIntermediate(ca.RoleAgent, serial, k.Public, a.h.RootKey, issued, ttl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,12 +106,19 @@ func TestCAClockRotates(t *testing.T) {
 
 // TestCAClockFollowsAShorterTTL: intermediates made longer-lived than
 // ca.intermediate_ttl (muster init's year) are rotated on the setting's
-// schedule, so lowering it takes effect: init's, backdated a minute, are
-// at half of a 2-minute life at once.
+// schedule, so lowering it takes effect: half of a 2-minute life after
+// init, successors are prepared, not before.
 func TestCAClockFollowsAShorterTTL(t *testing.T) {
 	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
 	ctx := t.Context()
-	if err := a.srvs[0].caStep(ctx); err != nil {
+	issued := a.h.Issuers[ca.RoleAgent].Cert.NotBefore.Add(ca.Backdate)
+	if err := a.srvs[0].caStepAt(ctx, issued.Add(50*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := a.store.ListCACerts(ctx); len(rows) != 4 {
+		t.Fatalf("%d CA certificates before half of the 2m life, want init's 4", len(rows))
+	}
+	if err := a.srvs[0].caStepAt(ctx, issued.Add(61*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := a.store.ListCACerts(ctx)
