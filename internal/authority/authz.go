@@ -159,7 +159,7 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 	switch {
 	case chain == nil:
 		code, reason = codes.Unauthenticated, "no client certificate"
-	case len(chain) < 2 || !bytes.Equal(chain[1].Raw, s.ca.Issuer(issuer).Cert.Raw):
+	case len(chain) < 2 || !issuedBy(chain[1], s.ca.Accepted(issuer)):
 		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate", issuer)
 	case c.ID.Role != role:
 		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity", s.info.TrustDomain, role)
@@ -178,6 +178,18 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 		}
 	}
 	return s.deny(ctx, c, fullMethod, code, reason)
+}
+
+// issuedBy reports whether c is byte for byte one of the accepted
+// intermediates: the active one of its role or one the trust bundle still
+// carries (prepared or retiring).
+func issuedBy(c *x509.Certificate, accepted []*x509.Certificate) bool {
+	for _, a := range accepted {
+		if bytes.Equal(c.Raw, a.Raw) {
+			return true
+		}
+	}
+	return false
 }
 
 // deny audits a refused call and returns its status.

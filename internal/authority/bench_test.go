@@ -53,16 +53,20 @@ func startBench(b testing.TB) *benchAuthority {
 	return startReplicas(b, nil, 1)
 }
 
-// startReplicas initialises an authority on the store open returns (nil:
-// the embedded SQLite file, durable writes) and runs n replicas of it.
-func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int) *benchAuthority {
-	b.Helper()
-	return startReplicasWith(b, open, n, nil)
-}
-
 // startReplicasWith is startReplicas with set, if not nil, changing each
 // replica's configuration before it starts.
 func startReplicasWith(b testing.TB, open func(ctx context.Context) (store.Store, error), n int, set func(*Config)) *benchAuthority {
+	b.Helper()
+	if set == nil {
+		return startReplicas(b, open, n)
+	}
+	return startReplicas(b, open, n, set)
+}
+
+// startReplicas initialises an authority on the store open returns (nil:
+// the embedded SQLite file, durable writes) and runs n replicas of it.
+// Each option changes every replica's Config before it is built.
+func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, error), n int, opts ...func(*Config)) *benchAuthority {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(cancel)
@@ -75,10 +79,10 @@ func startReplicasWith(b testing.TB, open func(ctx context.Context) (store.Store
 	if open == nil {
 		open = func(ctx context.Context) (store.Store, error) { return sqlite.Open(ctx, dir.DatabaseFile()) }
 	}
-	h, err := ca.Load(dir.CADir())
-	if err != nil {
-		b.Fatal(err)
-	}
+	// Each replica loads its own hierarchy, as separate processes do, so
+	// that what one reads from the store is not seen by another through
+	// shared memory.
+	var h *ca.Hierarchy
 	sk, err := seal.LoadStorageKey(dir.StorageKeyFile())
 	if err != nil {
 		b.Fatal(err)
@@ -91,8 +95,12 @@ func startReplicasWith(b testing.TB, open func(ctx context.Context) (store.Store
 		if err != nil {
 			b.Fatal(err)
 		}
+		hr, err := ca.Load(dir.CADir())
+		if err != nil {
+			b.Fatal(err)
+		}
 		if first == nil {
-			first = st
+			first, h = st, hr
 		}
 		m := NewMetrics("bench")
 		logger, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), m.OnAudit)
@@ -100,11 +108,11 @@ func startReplicasWith(b testing.TB, open func(ctx context.Context) (store.Store
 			b.Fatal(err)
 		}
 		ready := make(chan string, 1)
-		cfg := Config{Dir: dir, Info: res.Info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+		cfg := Config{Dir: dir, Info: res.Info, CA: hr, Store: st, Audit: logger, StorageKey: sk,
 			Listen: "127.0.0.1:0", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 			Ready: func(addr, _ string) { ready <- addr }}
-		if set != nil {
-			set(&cfg)
+		for _, o := range opts {
+			o(&cfg)
 		}
 		srv, err := New(cfg, m)
 		if err != nil {

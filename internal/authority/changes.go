@@ -99,6 +99,16 @@ func (h *streamHub) notify(c store.Change) {
 	}
 }
 
+// onChange routes a change: a CA step to the intermediates' refresh too,
+// and every change to the open streams it concerns (a stream has nothing
+// to do for a CA step yet; it will send the new trust bundle).
+func (s *Server) onChange(c store.Change) {
+	if c.Kind&store.ChangeCA != 0 {
+		s.inter.changed()
+	}
+	s.hub.notify(c)
+}
+
 // Backoff between attempts to listen again after the store's notification
 // connection was lost.
 const (
@@ -121,14 +131,14 @@ func (s *Server) watchChanges(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				s.hub.notify(store.Change{Kind: store.ChangeAll})
+				s.onChange(store.Change{Kind: store.ChangeAll})
 			}
 		}
 	}
 	wait := watchRetryMin
 	for {
 		start := time.Now()
-		err := w.WatchChanges(ctx, s.hub.notify)
+		err := w.WatchChanges(ctx, s.onChange)
 		if ctx.Err() != nil {
 			return
 		}

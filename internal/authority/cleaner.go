@@ -47,6 +47,7 @@ func (s *Server) backgroundJobs(ctx context.Context) error {
 	g.Go(func() error { return s.audit.Run(gctx) })
 	g.Go(func() error { return s.cleanTokens(gctx) })
 	g.Go(func() error { return s.signerClock(gctx) })
+	g.Go(func() error { return s.caClock(gctx) })
 	if s.discovery != nil {
 		g.Go(func() error { return s.discovery.registerLoop(gctx) })
 		g.Go(func() error { return s.discovery.reportLoop(gctx) })

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
@@ -36,15 +37,23 @@ import (
 // intermediate. (A leaf of another of this authority's intermediates —
 // a listener's — presented alone is refused as not issued by this
 // authority rather than as not valid for client use: refused either way.)
+//
+// Intermediates rotate (DESIGN.md "CA lifecycle"): the anchors are built
+// from every agent and admin intermediate accepted now (ca.Accepted), and
+// built again when the hierarchy's set of intermediates changes.
 type clientAnchors struct {
-	once    sync.Once
-	anchors []anchor // none: no short path
+	mu sync.Mutex
+	st atomic.Pointer[anchorSet]
+}
+
+// anchorSet is the short path built from one set of intermediates.
+type anchorSet struct {
+	from    *ca.Intermediates // what it was built from (nil: the files')
+	anchors []anchor          // none: no short path
 	root    *x509.Certificate
-	// issuers holds this authority's agent and admin intermediates: the
-	// names the API listener advertises, and the intermediates the full
-	// check completes a leaf presented alone with. When intermediates come
-	// to rotate (DESIGN), it must hold every one still accepted, as
-	// requireRole's comparison must.
+	// issuers holds this authority's accepted agent and admin
+	// intermediates: the names the API listener advertises, and the
+	// intermediates the full check completes a leaf presented alone with.
 	issuers *x509.CertPool
 }
 
@@ -61,31 +70,50 @@ type anchor struct {
 // under the root — only when the root adds no constraint of its own that
 // the full check would apply to the leaf (name constraints, extended key
 // usages), which a root made by ca.Create never does.
-func (a *clientAnchors) init(h *ca.Hierarchy) {
-	a.issuers = x509.NewCertPool()
+func buildAnchors(h *ca.Hierarchy, from *ca.Intermediates) *anchorSet {
+	a := &anchorSet{from: from, issuers: x509.NewCertPool()}
 	for _, role := range clientRoles {
-		if is := h.Issuer(role); is != nil {
-			a.issuers.AddCert(is.Cert)
+		for _, c := range h.Accepted(role) {
+			a.issuers.AddCert(c)
 		}
 	}
 	root := h.Root
 	if root == nil || len(root.ExtKeyUsage) > 0 || len(root.UnknownExtKeyUsage) > 0 || hasNameConstraints(root) {
-		return
+		return a
 	}
 	for _, role := range clientRoles {
-		is := h.Issuer(role)
-		if is == nil {
-			continue
+		// Active first: successive intermediates of a role share their
+		// subject, and the short path takes the first whose subject a
+		// leaf presented alone names.
+		for _, c := range h.Accepted(role) {
+			if _, err := c.Verify(x509.VerifyOptions{Roots: h.RootPool(), CurrentTime: c.NotBefore.Add(time.Second),
+				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				continue
+			}
+			pool := x509.NewCertPool()
+			pool.AddCert(c)
+			a.anchors = append(a.anchors, anchor{cert: c, pool: pool})
 		}
-		if _, err := is.Cert.Verify(x509.VerifyOptions{Roots: h.RootPool(), CurrentTime: is.Cert.NotBefore.Add(time.Second),
-			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			continue
-		}
-		pool := x509.NewCertPool()
-		pool.AddCert(is.Cert)
-		a.anchors = append(a.anchors, anchor{cert: is.Cert, pool: pool})
 	}
 	a.root = root
+	return a
+}
+
+// set returns the anchors of h's current intermediates, building them on
+// the first call after a change.
+func (a *clientAnchors) set(h *ca.Hierarchy) *anchorSet {
+	cur := h.CurrentIntermediates()
+	if st := a.st.Load(); st != nil && st.from == cur {
+		return st
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if st := a.st.Load(); st != nil && st.from == cur {
+		return st
+	}
+	st := buildAnchors(h, cur)
+	a.st.Store(st)
+	return st
 }
 
 func hasNameConstraints(c *x509.Certificate) bool {
@@ -96,8 +124,7 @@ func hasNameConstraints(c *x509.Certificate) bool {
 
 // clientIssuers returns the pool of this authority's client intermediates.
 func (a *clientAnchors) clientIssuers(h *ca.Hierarchy) *x509.CertPool {
-	a.once.Do(func() { a.init(h) })
-	return a.issuers
+	return a.set(h).issuers
 }
 
 // intermediates returns the pool the full check chains certs[0] through:
@@ -117,8 +144,8 @@ func (a *clientAnchors) intermediates(h *ca.Hierarchy, certs []*x509.Certificate
 // verify returns the verified chain (leaf, intermediate) and true when the
 // short path applies and accepts certs; false sends the caller to the full
 // check.
-func (a *clientAnchors) verify(h *ca.Hierarchy, certs []*x509.Certificate, now time.Time) ([]*x509.Certificate, bool) {
-	a.once.Do(func() { a.init(h) })
+func (c *clientAnchors) verify(h *ca.Hierarchy, certs []*x509.Certificate, now time.Time) ([]*x509.Certificate, bool) {
+	a := c.set(h)
 	if len(a.anchors) == 0 || len(certs) == 0 || len(certs) > 2 || now.Before(a.root.NotBefore) || now.After(a.root.NotAfter) {
 		return nil, false
 	}

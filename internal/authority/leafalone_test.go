@@ -169,7 +169,9 @@ func TestClientsPresentTheirLeafAloneToTheAPIListener(t *testing.T) {
 			// alone (an authority whose root has constraints has no short
 			// path).
 			full := &Server{ca: f.h}
-			full.anchors.once.Do(func() { full.anchors.init(f.h); full.anchors.anchors = nil })
+			noShortPath := buildAnchors(f.h, f.h.CurrentIntermediates())
+			noShortPath.anchors = nil
+			full.anchors.st.Store(noShortPath)
 			for _, s := range []*Server{f.srv, full} {
 				chain, err := s.chainOf(cs)
 				if c.refused != "" {

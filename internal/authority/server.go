@@ -6,6 +6,7 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -94,6 +95,9 @@ type Config struct {
 	// valid and waited for (zero: boundkeypair.ChallengeTTL, a minute,
 	// which is also the most); a stream not answered by then is ended.
 	BoundKeypairChallengeTTL time.Duration
+	// CAIntermediateTTL is ca.intermediate_ttl: the lifetime of the
+	// intermediates the leader prepares (zero: ca.IntermediateTTL).
+	CAIntermediateTTL time.Duration
 	// MaxConnections is limits.max_connections: the connections the api
 	// and bootstrap listeners hold open at once together, from all sources
 	// (zero: listener.DefaultMaxConns, from the open-file limit).
@@ -136,6 +140,8 @@ type Server struct {
 
 	advertised atomic.Pointer[string]
 
+	// inter reads the intermediates from the store (intermediates.go).
+	inter  *intermediates
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 
@@ -167,6 +173,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
 	}
+	if err := s.metrics.reg.Register(newCACollector(s)); err != nil {
+		return nil, err
+	}
 	connRefusals, err := listener.NewRefusalsMetric(s.metrics.reg, cfg.Log)
 	if err != nil {
 		return nil, err
@@ -184,6 +193,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	custody, err := signer.NewSealed(cfg.StorageKey)
 	if err != nil {
+		return nil, err
+	}
+	if s.inter, err = newIntermediates(s); err != nil {
 		return nil, err
 	}
 	s.signers = signer.NewKeeper(cfg.Store, custody, loggedAudit{s}, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
@@ -305,7 +317,11 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	s.certMu.Lock()
 	defer s.certMu.Unlock()
 	now := time.Now()
-	if c := s.certs[role]; c != nil && now.Before(c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/2)) {
+	issuer := s.ca.Issuer(role)
+	// Re-issued at half its life, and as soon as another intermediate of
+	// the role is active (a rotation), so the listener's chain follows it.
+	if c := s.certs[role]; c != nil && now.Before(c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/2)) &&
+		bytes.Equal(c.Certificate[1], issuer.Cert.Raw) {
 		return c, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -331,7 +347,6 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 			req.DNSNames = append(req.DNSNames, h)
 		}
 	}
-	issuer := s.ca.Issuer(role)
 	leaf, err := issuer.Issue(req)
 	if err != nil {
 		return nil, fmt.Errorf("authority: issuing the %s listener certificate: %w", role, err)
@@ -431,6 +446,11 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 // Run binds every listener, records the advertised address, serves until
 // ctx is done and then stops gracefully.
 func (s *Server) Run(ctx context.Context) error {
+	// Before any listener: every leaf, the listeners' own included, is
+	// signed by the store's active intermediate.
+	if err := s.inter.start(ctx); err != nil {
+		return err
+	}
 	lis, err := listener.ListenAs(s.cfg.Listen, "api", s.cfg.TrustedProxies, s.conns, s.connRefusals)
 	if err != nil {
 		return fmt.Errorf("authority: cannot listen on %s: %w", s.cfg.Listen, err)
@@ -503,6 +523,7 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
+	g.Go(func() error { s.inter.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })

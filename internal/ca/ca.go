@@ -74,10 +74,15 @@ type Issuer struct {
 
 // Hierarchy is the root and the certificates under it. RootKey is nil when
 // the root key has been moved out of the authority's data directory.
+//
+// Issuers are the certificates made by muster init and kept in the data
+// directory; once the authority has read its store, the intermediates
+// there (SetIntermediates) take their place for every leaf it signs.
 type Hierarchy struct {
 	Root    *x509.Certificate
 	RootKey *ecdsa.PrivateKey
 	Issuers map[Role]*Issuer
+	live    live
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,54}[a-z0-9])?$`)
@@ -120,17 +125,7 @@ func Create(name string, now time.Time) (*Hierarchy, error) {
 		if err != nil {
 			return nil, err
 		}
-		tmpl := &x509.Certificate{
-			Subject:               pkix.Name{Organization: []string{"muster"}, CommonName: name + " " + string(role) + " CA"},
-			NotBefore:             now.Add(-Backdate),
-			NotAfter:              now.Add(IntermediateTTL),
-			KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-			ExtKeyUsage:           eku[role],
-			BasicConstraintsValid: true,
-			IsCA:                  true,
-			MaxPathLen:            0,
-			MaxPathLenZero:        true,
-		}
+		tmpl := intermediateTemplate(role, pkix.Name{Organization: []string{"muster"}, CommonName: name + " " + string(role) + " CA"}, now, IntermediateTTL)
 		if role == RolePolicy {
 			tmpl.Subject.CommonName = name + " policy signing"
 			tmpl.NotAfter = now.Add(PolicyTTL)
@@ -145,6 +140,55 @@ func Create(name string, now time.Time) (*Hierarchy, error) {
 	}
 	return h, nil
 }
+
+func intermediateTemplate(role Role, subject pkix.Name, now time.Time, ttl time.Duration) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:               subject,
+		NotBefore:             now.Add(-Backdate),
+		NotAfter:              now.Add(ttl),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		ExtKeyUsage:           eku[role],
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLen:            0,
+		MaxPathLenZero:        true,
+	}
+}
+
+// NewIntermediate signs, with the root key, a successor of role's
+// intermediate for the public key pub (made by key custody), valid from
+// now for ttl, cut at the root's expiry. It keeps the subject of the
+// intermediate muster init made, so names a client was told (a TLS
+// CertificateRequest) still match; the key identifiers tell them apart.
+//
+// serial is chosen by the caller (NewSerial) so that custody can name the
+// key after it before the certificate exists.
+func (h *Hierarchy) NewIntermediate(role Role, serial *big.Int, pub crypto.PublicKey, rootKey crypto.Signer, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
+	first := h.Issuers[role]
+	if first == nil || eku[role] == nil {
+		return nil, fmt.Errorf("ca: no %s intermediate to succeed", role)
+	}
+	if rootKey == nil {
+		return nil, errors.New("ca: preparing an intermediate needs the root key")
+	}
+	if err := AllowedPublicKey(pub); err != nil {
+		return nil, err
+	}
+	tmpl := intermediateTemplate(role, first.Cert.Subject, now, ttl)
+	tmpl.RawSubject = first.Cert.RawSubject
+	if tmpl.NotAfter.After(h.Root.NotAfter) {
+		tmpl.NotAfter = h.Root.NotAfter
+	}
+	tmpl.SerialNumber = serial
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, h.Root, pub, rootKey)
+	if err != nil {
+		return nil, fmt.Errorf("ca: signing the %s intermediate: %w", role, err)
+	}
+	return x509.ParseCertificate(der)
+}
+
+// NewSerial returns a fresh certificate serial: positive, 128 random bits.
+func NewSerial() (*big.Int, error) { return randomSerial() }
 
 func newKey() (*ecdsa.PrivateKey, error) {
 	return ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -177,10 +221,6 @@ func sign(tmpl *x509.Certificate, pub crypto.PublicKey, parent *x509.Certificate
 	}
 	return x509.ParseCertificate(der)
 }
-
-// Issuer returns the certificate and key of role, or nil if the hierarchy
-// has none.
-func (h *Hierarchy) Issuer(role Role) *Issuer { return h.Issuers[role] }
 
 // RootPool returns a pool holding the root alone.
 func (h *Hierarchy) RootPool() *x509.CertPool {

@@ -71,6 +71,10 @@ type authorityConfig struct {
 		// CertTTL: empty keeps the default (1h, at most agent_cert_ttl).
 		CertTTL string `yaml:"cert_ttl"`
 	} `yaml:"bound_keypair"`
+	CA struct {
+		// IntermediateTTL: empty keeps the default (1 year).
+		IntermediateTTL string `yaml:"intermediate_ttl"`
+	} `yaml:"ca"`
 	Limits struct {
 		// MaxConnections: nil or 0 keeps the default (from the open-file
 		// limit).
@@ -117,6 +121,8 @@ type authorityOptions struct {
 	metricsListen   string
 	storeURL        string
 	agentCertTTL    time.Duration
+	// caIntermediateTTL is ca.intermediate_ttl.
+	caIntermediateTTL time.Duration
 	// boundCertTTL is bound_keypair.cert_ttl (zero: 1h, but never longer
 	// than agentCertTTL, so a short test or lab setting shortens both).
 	boundCertTTL   time.Duration
@@ -145,7 +151,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl, boundTTL, configFile, memoryLimit string
+	var ttl, boundTTL, interTTL, configFile, memoryLimit string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -192,6 +198,7 @@ and the data directory, prints the settings in force, and exits.`,
 			pick(&o.storeURL, "store", cfg.Store)
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
 			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
+			pick(&interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
 			pick(&o.logFormat, "log-format", cfg.Log.Format)
 			pick(&o.logLevel, "log-level", cfg.Log.Level)
 			if !f.Changed("trusted-proxy") {
@@ -230,6 +237,10 @@ and the data directory, prints the settings in force, and exits.`,
 					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
 				}
 			}
+			if o.caIntermediateTTL, err = time.ParseDuration(interTTL); err != nil ||
+				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
+				return fmt.Errorf("authority: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
+			}
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -247,6 +258,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
+	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
 	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -455,7 +467,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
-		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
+		CAIntermediateTTL: o.caIntermediateTTL,
+		Discovery:         disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: reportedVersion(), Log: log, Ready: o.ready,
 		SignerMinLeadTime:   o.signerMinLead,
 		RecoveriesWarnAt:    o.recoveriesWarnAt,

@@ -58,6 +58,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
 		{"the open-file limit the cap's default came from, and that it is this command's", nil, nil, []string{"open_file_limit:       " + fileLimit(t) + ", this command's: the authority reads its own at start (LimitNOFILE"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
+		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
+		{"the intermediates' lifetime from the environment", map[string]string{"MUSTER_CA_INTERMEDIATE_TTL": "3m"}, nil, []string{"ca.intermediate_ttl:   3m0s"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,6 +113,7 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "list expected", file: "trusted_proxies: 10.0.0.1\n", want: `line 1: trusted_proxies: want a list`},
 		{name: "number expected", file: "discovery:\n  policy:\n    new_agents_per_day: many\n", want: `line 3: discovery.policy.new_agents_per_day: want a number, not "many"`},
 		{name: "bad ttl", file: "agent_cert_ttl: forever\n", want: `agent_cert_ttl "forever": want a duration such as 24h`},
+		{name: "intermediate ttl below the floor", file: "ca:\n  intermediate_ttl: 1m\n", want: `ca.intermediate_ttl "1m": want a duration from 2m0s to 87600h0m0s`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
 		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},

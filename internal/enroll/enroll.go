@@ -113,7 +113,6 @@ type Service struct {
 	jsKeys    *joinStateKeys
 	issued    issuedStates // join state documents this process signed
 	endpoints atomic.Pointer[[]string]
-	agent     *ca.Issuer
 	rootPM    []byte
 }
 
@@ -135,11 +134,10 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	agent := cfg.CA.Issuer(ca.RoleAgent)
-	if agent == nil {
+	if cfg.CA.Issuer(ca.RoleAgent) == nil {
 		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
 	}
-	s := &Service{cfg: cfg, agent: agent, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
+	s := &Service{cfg: cfg, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
 	s.jsKeys = &joinStateKeys{store: cfg.Store, sealer: cfg.BoundKeypair.JoinStateSealer, now: cfg.Now}
 	s.SetEndpoints(cfg.Endpoints)
 	return s, nil
@@ -209,7 +207,10 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 	if err != nil {
 		return nil, nil, err
 	}
-	leaf, err := s.agent.Issue(ca.LeafRequest{
+	// The active agent intermediate at this moment: a rotation between
+	// two issues changes it for the next one.
+	agent := s.cfg.CA.Issuer(ca.RoleAgent)
+	leaf, err := agent.Issue(ca.LeafRequest{
 		PublicKey:  pub,
 		SPIFFEID:   id.URL(),
 		CommonName: nodeID,
@@ -220,7 +221,18 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 	if err != nil {
 		return nil, nil, err
 	}
-	return leaf, s.agent.ChainPEM(leaf), nil
+	return leaf, agent.ChainPEM(leaf), nil
+}
+
+// issuerOf returns the agent intermediate that signed leaf (the active one
+// when leaf was issued, which a rotation since may have made retiring).
+func (s *Service) issuerOf(leaf *x509.Certificate) *x509.Certificate {
+	for _, c := range s.cfg.CA.Accepted(ca.RoleAgent) {
+		if leaf.CheckSignatureFrom(c) == nil {
+			return c
+		}
+	}
+	return s.cfg.CA.Issuer(ca.RoleAgent).Cert
 }
 
 // keystore mints a key for an agent that sent no CSR and returns it with a
@@ -236,7 +248,7 @@ func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte
 			return nil, "", err
 		}
 		password := base64.RawURLEncoding.EncodeToString(pw)
-		p12, err := pkcs12.Modern.Encode(key, leaf, []*x509.Certificate{s.agent.Cert, s.cfg.CA.Root}, password)
+		p12, err := pkcs12.Modern.Encode(key, leaf, []*x509.Certificate{s.issuerOf(leaf), s.cfg.CA.Root}, password)
 		return p12, password, err
 	}, nil
 }

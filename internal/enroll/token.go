@@ -46,9 +46,12 @@ func (s *Service) TrustBundle(ctx context.Context, r Request, tokenID string) (s
 		Roots:       []string{string(s.rootPM)},
 		Endpoints:   *s.endpoints.Load(),
 	}
+	// Every server and bootstrap intermediate in the bundle (a prepared
+	// successor included), so the agent can check the listener's chain
+	// whichever one signed it.
 	for _, role := range []ca.Role{ca.RoleServer, ca.RoleBootstrap} {
-		if i := s.cfg.CA.Issuer(role); i != nil {
-			b.Intermediates = append(b.Intermediates, string(ca.EncodeCertPEM(i.Cert)))
+		for _, c := range s.cfg.CA.Accepted(role) {
+			b.Intermediates = append(b.Intermediates, string(ca.EncodeCertPEM(c)))
 		}
 	}
 	return trustbundle.Sign(b, tokenID, key, s.cfg.Now())

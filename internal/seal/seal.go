@@ -42,6 +42,9 @@ const (
 	// InfoJoinState seals the authority's join-state signing keys (the
 	// bound-keypair join state documents).
 	InfoJoinState = "muster-join-state-encryption"
+	// InfoCA seals the CA intermediates' private keys kept in the store
+	// (DESIGN.md "CA lifecycle, revocation and key custody").
+	InfoCA = "muster-ca-encryption"
 )
 
 // ErrDecrypt is returned for a ciphertext that does not open: a wrong key, a

@@ -12,10 +12,13 @@ const (
 	ChangeSigners
 	// ChangeTasks: a task queued.
 	ChangeTasks
+	// ChangeCA: a CA certificate prepared, activated or retired, so new
+	// active intermediates and a new trust bundle (for every node).
+	ChangeCA
 
 	// ChangeAll is what a watcher announces once it listens: changes
 	// before may have gone unseen.
-	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks
+	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks | ChangeCA
 )
 
 // Change is a committed change as a store announces it to its watchers:

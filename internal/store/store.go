@@ -220,6 +220,7 @@ type Store interface {
 	ReportOutbox
 	DiscoveryStore
 	SignerStore
+	CAStore
 	TaskStore
 	AgentStreamStore
 	AgentLister

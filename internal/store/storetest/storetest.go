@@ -53,6 +53,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JoinReport", joinReportCases()},
 		{"TicketKey", ticketKeyCases()},
 		{"Signer", signerCases()},
+		{"CACert", caCertCases()},
 		{"Task", taskCases()},
 		{"AgentStream", agentStreamCases()},
 		{"BoundKeypair", boundKeypairCases()},

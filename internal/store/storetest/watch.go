@@ -65,6 +65,9 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 			_, err := w.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))})
 			mustNil(t, "ApplySignerChanges", err)
 		}, notice(store.Change{Kind: store.ChangeSigners})},
+		{"CA certificate step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
+			mustNil(t, "InsertCACert", w.InsertCACert(ctx, caRow("agent", "a1", store.CAPrepared)))
+		}, notice(store.Change{Kind: store.ChangeCA})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

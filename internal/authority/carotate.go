@@ -1,0 +1,124 @@
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// caTick is how often the leader looks for an intermediate to prepare,
+// activate or retire.
+const caTick = 5 * time.Second
+
+// MinCAIntermediateTTL is ca.intermediate_ttl's floor: short enough for
+// tests to watch rotations, long enough that a step every caTick keeps up.
+const MinCAIntermediateTTL = 2 * time.Minute
+
+// caClock is the leader's job that rotates the intermediates (DESIGN.md
+// "CA lifecycle"): at half the active one's life it prepares a successor,
+// at two thirds it activates it, and it retires a retiring one once the
+// last leaf it signed has expired — at its own not-after, since no leaf
+// outlives its issuer (ca.Issuer.Issue cuts it). Each step is one
+// conditional write, so a step another replica took first conflicts and
+// is skipped.
+func (s *Server) caClock(ctx context.Context) error {
+	t := time.NewTicker(caTick)
+	defer t.Stop()
+	for {
+		if err := s.caStep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("CA rotation step failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) caIntermediateTTL() time.Duration {
+	if s.cfg.CAIntermediateTTL > 0 {
+		return s.cfg.CAIntermediateTTL
+	}
+	return ca.IntermediateTTL
+}
+
+// caStep takes every rotation step that has come due by the store clock.
+func (s *Server) caStep(ctx context.Context) error {
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return err
+	}
+	return s.caStepAt(ctx, now)
+}
+
+// caStepAt takes every rotation step due at now.
+func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
+	rows, err := s.store.ListCACerts(ctx)
+	if err != nil {
+		return err
+	}
+	active, prepared := map[string]*x509.Certificate{}, map[string]store.CACert{}
+	for _, r := range rows {
+		switch r.State {
+		case store.CAActive:
+			c, err := x509.ParseCertificate(r.CertDER)
+			if err != nil {
+				return err
+			}
+			active[r.Role] = c
+		case store.CAPrepared:
+			prepared[r.Role] = r
+		case store.CARetiring:
+			if !now.Before(r.NotAfter) {
+				s.caChange(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired",
+					s.store.RetireCACert(ctx, r.Role, r.Serial))
+			}
+		}
+	}
+	for _, role := range caRoles {
+		a := active[string(role)]
+		if a == nil {
+			continue
+		}
+		// Its life runs from its issuance (NotBefore is backdated for
+		// clock skew). One made to live longer than ca.intermediate_ttl
+		// (muster init's year, or a setting since lowered) is rotated on
+		// the setting's schedule.
+		issued := a.NotBefore.Add(ca.Backdate)
+		life := min(a.NotAfter.Sub(issued), s.caIntermediateTTL())
+		p, hasPrepared := prepared[string(role)]
+		switch {
+		case hasPrepared && !now.Before(issued.Add(life*2/3)):
+			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
+				s.store.ActivateCACert(ctx, string(role), p.Serial))
+		case !hasPrepared && !now.Before(issued.Add(life/2)):
+			if s.ca.RootKey == nil {
+				continue // reported by the CA warnings, prepared with muster ca rotate --root-key
+			}
+			row, err := s.inter.prepare(ctx, role, s.ca.RootKey, s.caIntermediateTTL())
+			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
+		}
+	}
+	return nil
+}
+
+// caChange logs and audits a rotation step; a conflict means another
+// replica took it first, and is neither.
+func (s *Server) caChange(ctx context.Context, action, role, serial, why string, err error) {
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		return
+	case err != nil:
+		s.log.Error("CA rotation step failed", "action", action, "role", role, "err", err)
+		_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role, Result: audit.ResultError, Reason: err.Error()})
+		return
+	}
+	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
+	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}

@@ -1,0 +1,140 @@
+package authority
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// storeIntermediate stores an agent intermediate issued at issued for ttl
+// and activates it, so the test can place a rotation's deadlines.
+func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, issued time.Time, ttl time.Duration) store.CACert {
+	t.Helper()
+	in := a.srvs[0].inter
+	serial, _ := ca.NewSerial()
+	k, err := in.custody.Create(ctx, keyName("agent", serial.Text(16)), custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := a.h.NewIntermediate(ca.RoleAgent, serial, k.Public, a.h.RootKey, issued, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := store.CACert{Role: "agent", Serial: serial.Text(16), CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAPrepared, NotAfter: cert.NotAfter}
+	if err := a.store.InsertCACert(ctx, row); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.store.ActivateCACert(ctx, "agent", row.Serial); err != nil {
+		t.Fatal(err)
+	}
+	return row
+}
+
+// TestCAClockRotates: the leader's step prepares a successor once half the
+// active intermediate's life has passed, activates it at two thirds, and
+// retires a retiring one whose not-after has passed, each audited.
+func TestCAClockRotates(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
+	ctx := t.Context()
+	s := a.srvs[0]
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	current := storeIntermediate(t, ctx, a, now.Add(-130*time.Second), 3*time.Minute) // past 2/3
+	states := func() map[string]string {
+		m := map[string]string{}
+		rows, err := a.store.ListCACerts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Role == "agent" {
+				m[r.Serial] = r.State
+			}
+		}
+		return m
+	}
+	if err := s.caStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st := states()
+
+	if st[expired.Serial] != store.CARetired || st[current.Serial] != store.CAActive || len(st) != 4 {
+		t.Fatalf("after the first step: %v; want the expired one retired, the current one active, a successor prepared", st)
+	}
+	var next string
+	for serial, state := range st {
+		if state == store.CAPrepared {
+			next = serial
+		}
+	}
+	if next == "" {
+		t.Fatalf("no successor prepared: %v", st)
+	}
+	if err := s.caStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := states(); st[next] != store.CAActive || st[current.Serial] != store.CARetiring {
+		t.Fatalf("after the second step: %v; want %s active and %s retiring", st, next, current.Serial)
+	}
+	// Nothing else is due: the new one is fresh, the other roles a year old.
+	if err := s.caStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := states(); len(st) != 4 {
+		t.Fatalf("a third step changed something: %v", st)
+	}
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, r := range recs {
+		actions = append(actions, r.Action+" "+r.Target)
+	}
+	want := []string{"ca.retire agent/" + expired.Serial, "ca.prepare agent/" + next, "ca.activate agent/" + next}
+	got := actions[len(actions)-3:]
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("audited %v, want %v last", actions, want)
+		}
+	}
+}
+
+// TestCAClockFollowsAShorterTTL: intermediates made longer-lived than
+// ca.intermediate_ttl (muster init's year) are rotated on the setting's
+// schedule, so lowering it takes effect: half of a 2-minute life after
+// init, successors are prepared, not before.
+func TestCAClockFollowsAShorterTTL(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
+	ctx := t.Context()
+	issued := a.h.Issuers[ca.RoleAgent].Cert.NotBefore.Add(ca.Backdate)
+	if err := a.srvs[0].caStepAt(ctx, issued.Add(50*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := a.store.ListCACerts(ctx); len(rows) != 4 {
+		t.Fatalf("%d CA certificates before half of the 2m life, want init's 4", len(rows))
+	}
+	if err := a.srvs[0].caStepAt(ctx, issued.Add(61*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prepared := map[string]bool{}
+	for _, r := range rows {
+		if r.State == store.CAPrepared {
+			prepared[r.Role] = true
+			if got := r.NotAfter.Sub(r.CreatedAt); got < time.Minute || got > 2*time.Minute+time.Second {
+				t.Errorf("%s successor lives %v from its creation, want the 2m setting", r.Role, got)
+			}
+		}
+	}
+	if len(prepared) != 4 {
+		t.Fatalf("prepared successors for %v, want every role", prepared)
+	}
+}

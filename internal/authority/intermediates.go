@@ -1,0 +1,205 @@
+package authority
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// caRoles are the intermediates kept in the store and rotated. The policy
+// signing certificate is not: it stays in the data directory.
+var caRoles = []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin}
+
+// intermediates keeps the hierarchy's intermediates in step with the
+// store (DESIGN.md "CA lifecycle"): read at start, and again whenever a
+// replica announces a CA step (store.ChangeCA), so every replica signs
+// with the same active intermediate. Their keys are used through custody.
+type intermediates struct {
+	s       *Server
+	custody custody.Custody
+	wake    chan struct{}
+
+	mu      sync.Mutex
+	signers map[string]crypto.Signer // opened keys, by serial
+}
+
+func newIntermediates(s *Server) (*intermediates, error) {
+	c, err := custody.NewSealedCA(s.cfg.StorageKey)
+	if err != nil {
+		return nil, err
+	}
+	return &intermediates{s: s, custody: c, wake: make(chan struct{}, 1), signers: map[string]crypto.Signer{}}, nil
+}
+
+// keyName is the custody name of an intermediate's key.
+func keyName(role, serial string) string { return role + "/" + serial }
+
+// start moves the data directory's intermediates into the store where the
+// store has no active one of their role (an authority upgraded from a
+// version that kept them in files only; replicas starting together import
+// one between them), then reads the store's.
+func (in *intermediates) start(ctx context.Context) error {
+	if err := in.importFiles(ctx); err != nil {
+		return err
+	}
+	if err := in.load(ctx); err != nil {
+		return fmt.Errorf("authority: reading the CA intermediates from the store: %w", err)
+	}
+	return nil
+}
+
+func (in *intermediates) importFiles(ctx context.Context) error {
+	rows, err := in.s.store.ListCACerts(ctx)
+	if err != nil {
+		return fmt.Errorf("authority: listing the CA intermediates: %w", err)
+	}
+	active := map[string]bool{}
+	for _, r := range rows {
+		if r.State == store.CAActive {
+			active[r.Role] = true
+		}
+	}
+	imp, ok := in.custody.(custody.Importer)
+	for _, role := range caRoles {
+		file := in.s.ca.Issuers[role]
+		if active[string(role)] || file == nil {
+			continue
+		}
+		if !ok {
+			return fmt.Errorf("authority: the store has no active %s intermediate and the key custody cannot import the data directory's", role)
+		}
+		serial := file.Cert.SerialNumber.Text(16)
+		k, err := imp.Import(ctx, keyName(string(role), serial), file.Key)
+		if err != nil {
+			return fmt.Errorf("authority: sealing the %s intermediate's key: %w", role, err)
+		}
+		err = in.s.store.InsertCACert(ctx, store.CACert{Role: string(role), Serial: serial, CertDER: file.Cert.Raw,
+			KeyRef: k.Ref, State: store.CAActive, NotAfter: file.Cert.NotAfter})
+		switch {
+		case errors.Is(err, store.ErrConflict):
+			continue // another replica imported one first
+		case err != nil:
+			return fmt.Errorf("authority: storing the %s intermediate: %w", role, err)
+		}
+		in.s.log.Info("moved a CA intermediate from the data directory into the store", "role", role, "serial", serial)
+		if err := in.s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "ca.import", Target: string(role) + "/" + serial,
+			Result: audit.ResultOK, Reason: "the data directory's intermediate, now shared by every replica through the store"}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// load reads every CA certificate and sets the hierarchy's intermediates:
+// the active one of each role with its key, and every one still in the
+// bundle. A certificate that does not chain to the root, or a key that
+// does not open, fails the whole read and the set in use stays.
+func (in *intermediates) load(ctx context.Context) error {
+	rows, err := in.s.store.ListCACerts(ctx)
+	if err != nil {
+		return err
+	}
+	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{}}
+	pending := map[ca.Role][]*x509.Certificate{}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	keep := map[string]crypto.Signer{}
+	for _, r := range rows {
+		if r.State == store.CARetired {
+			continue
+		}
+		cert, err := x509.ParseCertificate(r.CertDER)
+		if err != nil {
+			return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
+		}
+		if err := cert.CheckSignatureFrom(in.s.ca.Root); err != nil {
+			return fmt.Errorf("%s intermediate %s is not signed by this authority's root: %w", r.Role, r.Serial, err)
+		}
+		role := ca.Role(r.Role)
+		if r.State != store.CAActive {
+			pending[role] = append(pending[role], cert)
+			continue
+		}
+		key := in.signers[r.Serial]
+		if key == nil {
+			if key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}); err != nil {
+				return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
+			}
+		}
+		keep[r.Serial] = key
+		next.Active[role] = &ca.Issuer{Cert: cert, Key: key}
+		next.Bundle[role] = append([]*x509.Certificate{cert}, next.Bundle[role]...)
+	}
+	for role, certs := range pending {
+		next.Bundle[role] = append(next.Bundle[role], certs...)
+	}
+	in.signers = keep
+	in.s.ca.SetIntermediates(next)
+	return nil
+}
+
+// changed asks run to read the intermediates again. It never blocks. A
+// server built without one (a test's) has nothing to read.
+func (in *intermediates) changed() {
+	if in == nil {
+		return
+	}
+	select {
+	case in.wake <- struct{}{}:
+	default: // a read is pending already
+	}
+}
+
+// run reads the intermediates again on every announced CA step until ctx
+// ends. The watch announces every kind of change once it (re)listens, so
+// a step missed while it was not listening is read then.
+func (in *intermediates) run(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-in.wake:
+		}
+		if err := in.load(ctx); err != nil && ctx.Err() == nil {
+			in.s.log.Error("reading the CA intermediates from the store failed; signing with the ones read before", "err", err)
+		}
+	}
+}
+
+// prepare makes role's successor: a key in custody and a certificate from
+// the root valid for ttl, stored prepared (one per role: of replicas
+// preparing at once, one wins and the others get store.ErrConflict).
+func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
+	serial, err := ca.NewSerial()
+	if err != nil {
+		return store.CACert{}, err
+	}
+	hexSerial := serial.Text(16)
+	k, err := in.custody.Create(ctx, keyName(string(role), hexSerial), custody.ECDSAP256)
+	if err != nil {
+		return store.CACert{}, err
+	}
+	now, err := in.s.store.Now(ctx)
+	if err != nil {
+		return store.CACert{}, err
+	}
+	cert, err := in.s.ca.NewIntermediate(role, serial, k.Public, rootKey, now, ttl)
+	if err != nil {
+		return store.CACert{}, err
+	}
+	row := store.CACert{Role: string(role), Serial: hexSerial, CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAPrepared, NotAfter: cert.NotAfter}
+	if err := in.s.store.InsertCACert(ctx, row); err != nil {
+		_ = in.custody.Destroy(ctx, keyName(string(role), hexSerial), k)
+		return store.CACert{}, err
+	}
+	return row, nil
+}

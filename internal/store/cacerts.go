@@ -1,0 +1,58 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// CA certificate states (DESIGN.md "CA lifecycle, revocation and key
+// custody"): a prepared intermediate is in the trust bundle but signs
+// nothing; the active one signs every new leaf of its role; a retiring one
+// stays in the bundle until the last leaf it signed has expired; a retired
+// one is kept for the record only.
+const (
+	CAPrepared = "prepared"
+	CAActive   = "active"
+	CARetiring = "retiring"
+	CARetired  = "retired"
+)
+
+// CACert is one intermediate CA certificate and the custody reference of
+// its key (sealed under muster-ca-encryption for sealed custody: never the
+// key in clear). Serial is the certificate's serial in lower-case hex,
+// unique across roles.
+type CACert struct {
+	Role        string
+	Serial      string
+	CertDER     []byte
+	KeyRef      []byte
+	State       string
+	NotAfter    time.Time
+	CreatedAt   time.Time
+	ActivatedAt time.Time
+	RetiringAt  time.Time
+	RetiredAt   time.Time
+}
+
+// CAStore keeps the intermediates, shared by every replica. Each write is
+// one conditional write and announces ChangeCA. Safe for concurrent use.
+type CAStore interface {
+	// ListCACerts returns every CA certificate, by role, then oldest
+	// created first (ties by serial).
+	ListCACerts(ctx context.Context) ([]CACert, error)
+	// InsertCACert adds c in state prepared or active; a zero CreatedAt
+	// becomes the store clock, as does a zero ActivatedAt of an active
+	// one. ErrConflict, and nothing written, on a duplicate serial, or
+	// when the role already has a certificate in c's state (one prepared
+	// and one active per role, a partial unique index: of replicas
+	// preparing or importing at once, exactly one succeeds).
+	InsertCACert(ctx context.Context, c CACert) error
+	// ActivateCACert makes the prepared certificate serial of role active
+	// and the role's active one retiring, in one transaction, stamped by
+	// the store clock. ErrConflict, and nothing written, when serial is
+	// not the role's prepared certificate.
+	ActivateCACert(ctx context.Context, role, serial string) error
+	// RetireCACert moves the retiring certificate serial of role to
+	// retired. ErrConflict when it is not retiring.
+	RetireCACert(ctx context.Context, role, serial string) error
+}

@@ -1,0 +1,105 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+const caColumns = `serial, role, cert_der, key_ref, state, not_after, created_at, activated_at, retiring_at, retired_at`
+
+// ListCACerts returns every CA certificate (see store.CAStore).
+func (s *SQLite) ListCACerts(ctx context.Context) ([]store.CACert, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT `+caColumns+` FROM ca_certs ORDER BY role, created_at, serial`)
+	if err != nil {
+		return nil, wrap("list ca certs", err)
+	}
+	defer rows.Close()
+	var out []store.CACert
+	for rows.Next() {
+		var (
+			c                            store.CACert
+			notAfter, created            int64
+			activated, retiring, retired sql.NullInt64
+		)
+		if err := rows.Scan(&c.Serial, &c.Role, &c.CertDER, &c.KeyRef, &c.State, &notAfter, &created, &activated, &retiring, &retired); err != nil {
+			return nil, wrap("list ca certs", err)
+		}
+		c.NotAfter = timeCol(sql.NullInt64{Int64: notAfter, Valid: true})
+		c.CreatedAt = timeCol(sql.NullInt64{Int64: created, Valid: true})
+		c.ActivatedAt, c.RetiringAt, c.RetiredAt = timeCol(activated), timeCol(retiring), timeCol(retired)
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("list ca certs", err)
+	}
+	return out, nil
+}
+
+// InsertCACert adds a prepared or active CA certificate (see
+// store.CAStore); the partial unique indexes keep one of each per role.
+func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert) error {
+	if c.State != store.CAPrepared && c.State != store.CAActive {
+		return fmt.Errorf("sqlite: insert ca cert %s: state %q: want prepared or active", c.Serial, c.State)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
+			COALESCE(?, CASE WHEN ? = 'active' THEN ` + nowMicros + ` END), NULL, NULL)`
+		args := []any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt), c.State}
+		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+			return wrap("insert ca cert "+c.Serial, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeCA)
+	return nil
+}
+
+// ActivateCACert makes a prepared certificate active and the active one
+// retiring (see store.CAStore), inside one write transaction.
+func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string) error {
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var state string
+		if err := tx.QueryRowContext(ctx, `SELECT state FROM ca_certs WHERE serial = ? AND role = ?`, serial, role).Scan(&state); err != nil || state != store.CAPrepared {
+			return fmt.Errorf("sqlite: activate ca cert %s: not the prepared %s certificate: %w", serial, role, store.ErrConflict)
+		}
+		// The old one steps down first: one active per role is an index.
+		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retiring', retiring_at = `+nowMicros+` WHERE role = ? AND state = 'active'`, role); err != nil {
+			return wrap("activate ca cert: retire the active one", err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'active', activated_at = `+nowMicros+` WHERE serial = ? AND state = 'prepared'`, serial); err != nil {
+			return wrap("activate ca cert "+serial, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeCA)
+	return nil
+}
+
+// RetireCACert moves a retiring certificate to retired (see
+// store.CAStore).
+func (s *SQLite) RetireCACert(ctx context.Context, role, serial string) error {
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = ? AND role = ? AND state = 'retiring'`, serial, role)
+		if err != nil {
+			return wrap("retire ca cert "+serial, err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("sqlite: retire ca cert %s: not a retiring %s certificate: %w", serial, role, store.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeCA)
+	return nil
+}

@@ -1,0 +1,147 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func caRow(role, serial, state string) store.CACert {
+	return store.CACert{Role: role, Serial: serial, CertDER: []byte("der-" + serial), KeyRef: []byte("sealed-" + serial),
+		State: state, NotAfter: at(365 * 24 * time.Hour)}
+}
+
+// caStates lists CA certificates as serial=state.
+func caStates(t *testing.T, ctx context.Context, s store.Store) map[string]string {
+	t.Helper()
+	rows, err := s.ListCACerts(ctx)
+	mustNil(t, "ListCACerts", err)
+	m := map[string]string{}
+	for _, r := range rows {
+		m[r.Serial] = r.State
+	}
+	return m
+}
+
+func caCertCases() []testCase {
+	return []testCase{
+		{"inserted rows come back whole, times from the store clock where zero", func(t *testing.T, ctx context.Context, s store.Store) {
+			rows, err := s.ListCACerts(ctx)
+			mustNil(t, "ListCACerts", err)
+			if len(rows) != 0 {
+				t.Fatalf("a fresh store lists %d CA certificates", len(rows))
+			}
+			before := storeNow(t, ctx, s)
+			given := caRow("agent", "a1", store.CAActive)
+			given.CreatedAt, given.ActivatedAt = at(0), at(time.Minute)
+			mustNil(t, "InsertCACert active", s.InsertCACert(ctx, given))
+			mustNil(t, "InsertCACert active, clock", s.InsertCACert(ctx, caRow("admin", "b1", store.CAActive)))
+			mustNil(t, "InsertCACert prepared", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			rows, err = s.ListCACerts(ctx)
+			mustNil(t, "ListCACerts", err)
+			if len(rows) != 3 || rows[0].Serial != "b1" || rows[1].Serial != "a1" || rows[2].Serial != "a2" {
+				t.Fatalf("ListCACerts order: %+v; want admin b1, then agent a1, a2", rows)
+			}
+			if diff := cmp.Diff(given, rows[1], cmpOpts...); diff != "" {
+				t.Errorf("agent a1 (-inserted +listed):\n%s", diff)
+			}
+			if b := rows[0]; b.CreatedAt.Before(before) || b.ActivatedAt.Before(before) {
+				t.Errorf("admin b1 created %v activated %v: want the store clock, at or after %v", b.CreatedAt, b.ActivatedAt, before)
+			}
+			if p := rows[2]; !p.ActivatedAt.IsZero() || p.CreatedAt.Before(before) {
+				t.Errorf("prepared a2: activated %v created %v; want never activated, created by the store clock", p.ActivatedAt, p.CreatedAt)
+			}
+		}},
+		{"one active and one prepared per role; serials unique", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
+			wantErr(t, "second active", s.InsertCACert(ctx, caRow("server", "s2", store.CAActive)), store.ErrConflict)
+			mustNil(t, "prepared", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared)))
+			wantErr(t, "second prepared", s.InsertCACert(ctx, caRow("server", "s3", store.CAPrepared)), store.ErrConflict)
+			wantErr(t, "duplicate serial", s.InsertCACert(ctx, caRow("agent", "s1", store.CAActive)), store.ErrConflict)
+			mustNil(t, "another role", s.InsertCACert(ctx, caRow("agent", "g1", store.CAPrepared)))
+			if err := s.InsertCACert(ctx, caRow("agent", "g9", store.CARetiring)); err == nil {
+				t.Fatal("InsertCACert of a retiring certificate succeeded")
+			}
+			want := map[string]string{"s1": "active", "s2": "prepared", "g1": "prepared"}
+			if got := caStates(t, ctx, s); !cmp.Equal(got, want) {
+				t.Fatalf("states %v, want %v", got, want)
+			}
+		}},
+		{"activate retires the active one; retire ends a retiring one", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
+			wantErr(t, "activate an active one", s.ActivateCACert(ctx, "agent", "a1"), store.ErrConflict)
+			wantErr(t, "activate under another role", s.ActivateCACert(ctx, "server", "a2"), store.ErrConflict)
+			wantErr(t, "activate an unknown one", s.ActivateCACert(ctx, "agent", "zz"), store.ErrConflict)
+			wantErr(t, "retire an active one", s.RetireCACert(ctx, "agent", "a1"), store.ErrConflict)
+			before := storeNow(t, ctx, s)
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2"))
+			want := map[string]string{"a1": "retiring", "a2": "active", "s1": "active"}
+			if got := caStates(t, ctx, s); !cmp.Equal(got, want) {
+				t.Fatalf("after activation: %v, want %v", got, want)
+			}
+			wantErr(t, "activate twice", s.ActivateCACert(ctx, "agent", "a2"), store.ErrConflict)
+			mustNil(t, "RetireCACert", s.RetireCACert(ctx, "agent", "a1"))
+			wantErr(t, "retire twice", s.RetireCACert(ctx, "agent", "a1"), store.ErrConflict)
+			rows, err := s.ListCACerts(ctx)
+			mustNil(t, "ListCACerts", err)
+			for _, r := range rows {
+				switch r.Serial {
+				case "a1":
+					if r.State != store.CARetired || r.RetiringAt.Before(before) || r.RetiredAt.Before(r.RetiringAt) {
+						t.Errorf("a1: %+v; want retired, retiring then retired by the store clock", r)
+					}
+				case "a2":
+					if r.ActivatedAt.Before(before) {
+						t.Errorf("a2 activated at %v, before %v", r.ActivatedAt, before)
+					}
+				}
+			}
+		}},
+		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			const n = 6
+			var wg sync.WaitGroup
+			errs := make(chan error, 2*n)
+			for i := range n {
+				wg.Add(2)
+				go func() { defer wg.Done(); errs <- s.ActivateCACert(ctx, "agent", "a2") }()
+				go func() {
+					defer wg.Done()
+					errs <- s.InsertCACert(ctx, caRow("admin", fmt.Sprintf("m%d", i), store.CAActive))
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			ok := 0
+			for err := range errs {
+				switch {
+				case err == nil:
+					ok++
+				default:
+					wantErr(t, "concurrent step", err, store.ErrConflict)
+				}
+			}
+			if ok != 2 {
+				t.Fatalf("%d of the concurrent steps succeeded, want one activation and one import", ok)
+			}
+			active := 0
+			for _, st := range caStates(t, ctx, s) {
+				if st == store.CAActive {
+					active++
+				}
+			}
+			if active != 2 {
+				t.Fatalf("%d active certificates, want one agent and one admin", active)
+			}
+		}},
+	}
+}
