@@ -26,6 +26,11 @@ type adminFlags struct {
 	authority string
 	identity  string
 	timeout   time.Duration
+
+	// idPath and id are the operator identity dial loaded: admin renew
+	// replaces that file, status reports its expiry.
+	idPath string
+	id     *identity.Identity
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -58,6 +63,8 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.idPath, a.id = idPath, id
+	warnExpiry(env, idPath, id, me.Name, time.Now())
 	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
 	if addr == "" {
 		rec, err := dir.ReadAddress()
