@@ -223,4 +223,5 @@ type Store interface {
 	TaskStore
 	AgentStreamStore
 	AgentLister
+	CRLStore
 }
