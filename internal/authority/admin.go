@@ -294,6 +294,9 @@ func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockR
 	if err != nil {
 		return nil, err
 	}
+	// An unlock announces nothing to streams; the lists learn of it
+	// here, at once (and any replica's at its next pass).
+	a.s.pokeCRL(store.Change{Kind: store.ChangeStanding})
 	return &musterv1.DeleteLockResponse{}, nil
 }
 

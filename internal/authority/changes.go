@@ -122,13 +122,14 @@ func (s *Server) watchChanges(ctx context.Context) {
 				return
 			case <-t.C:
 				s.hub.notify(store.Change{Kind: store.ChangeAll})
+				s.pokeCRL(store.Change{Kind: store.ChangeAll})
 			}
 		}
 	}
 	wait := watchRetryMin
 	for {
 		start := time.Now()
-		err := w.WatchChanges(ctx, s.hub.notify)
+		err := w.WatchChanges(ctx, func(c store.Change) { s.hub.notify(c); s.pokeCRL(c) })
 		if ctx.Err() != nil {
 			return
 		}

@@ -107,4 +107,3 @@ func (s *Store) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
 	}
 	return nil
 }
-
