@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+)
+
+// fetchCRL gets a list over HTTP and parses it as a relying party would.
+func fetchCRL(t *testing.T, url string, issuer *x509.Certificate) (*x509.RevocationList, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	der, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/pkix-crl" {
+		t.Fatalf("GET %s: %s %q: %s", url, resp.Status, resp.Header.Get("Content-Type"), der)
+	}
+	rl, err := x509.ParseRevocationList(der)
+	if err != nil {
+		t.Fatalf("x509.ParseRevocationList: %v", err)
+	}
+	if err := rl.CheckSignatureFrom(issuer); err != nil {
+		t.Fatalf("the list is not signed by its intermediate: %v", err)
+	}
+	return rl, der
+}
+
+// opensslVerify runs openssl verify -crl_check on an agent's certificate
+// with the list at url fetched now; nil if openssl accepts it.
+func opensslVerify(t *testing.T, adir, url string, issuer *x509.Certificate) error {
+	t.Helper()
+	_, der := fetchCRL(t, url, issuer)
+	tmp := t.TempDir()
+	crlFile, leafFile, interFile := filepath.Join(tmp, "crl.pem"), filepath.Join(tmp, "leaf.pem"), filepath.Join(tmp, "inter.pem")
+	os.WriteFile(crlFile, pem.EncodeToMemory(&pem.Block{Type: "X509 CRL", Bytes: der}), 0o644)
+	certs := readCerts(t, filepath.Join(adir, "certs", "agent.crt"))
+	os.WriteFile(leafFile, ca.EncodeCertPEM(certs[0]), 0o644)
+	os.WriteFile(interFile, ca.EncodeCertPEM(certs[1]), 0o644)
+	out, err := exec.Command("openssl", "verify", "-crl_check", "-CRLfile", crlFile,
+		"-CAfile", filepath.Join(adir, "certs", "ca.crt"), "-untrusted", interFile, leafFile).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
+}
+
+func readCerts(t *testing.T, path string) []*x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := ca.ParseCertsPEM(data)
+	if err != nil || len(certs) < 2 {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return certs
+}
+
+// TestCRL: each issuing intermediate's list is served over HTTP at the
+// URL every new leaf names; openssl verify -crl_check refuses a locked
+// node's certificate within 5 s of the lock and accepts it again once
+// the unlock's list is out; a deleted node's certificate is listed too;
+// the lists are signed again at half their validity, and their age and
+// size are exported.
+func TestCRL(t *testing.T) {
+	crlAddr := freePort(t)
+	base := "http://" + crlAddr
+	e := newAgentEnv(t, "--crl-listen", crlAddr, "--crl-url", base, "--crl-validity", "20s")
+	join := func(node string) string {
+		adir := filepath.Join(t.TempDir(), node)
+		tok := e.createToken(t, "--uses", "1")
+		if r := muster(t, []string{"MUSTER_JOIN_TOKEN=" + tok.Token}, "agent", "join", "--data", adir, "--node", node,
+			"--authority", e.auth.addr); r.code != 0 {
+			t.Fatalf("agent join %s: %s", node, r.stderr)
+		}
+		return adir
+	}
+	a1, a2 := join("n1"), join("n2")
+	certs := readCerts(t, filepath.Join(a1, "certs", "agent.crt"))
+	leaf, inter := certs[0], certs[1]
+	url := base + "/crl/agent-" + inter.SerialNumber.Text(16) + ".crl"
+	if len(leaf.CRLDistributionPoints) != 1 || leaf.CRLDistributionPoints[0] != url {
+		t.Fatalf("the agent's certificate names %v as its CRL Distribution Points, want %s", leaf.CRLDistributionPoints, url)
+	}
+	if err := opensslVerify(t, a1, url, inter); err != nil {
+		t.Fatalf("openssl verify -crl_check before any lock: %v", err)
+	}
+	rl, _ := fetchCRL(t, url, inter)
+	if len(rl.RevokedCertificateEntries) != 0 || rl.Number.Sign() <= 0 {
+		t.Fatalf("a fresh list holds %d entries, number %v", len(rl.RevokedCertificateEntries), rl.Number)
+	}
+
+	// A lock: refused within 5 s.
+	mustRun(t, "lock", "create", "--node", "n1", "--reason", "stolen", "--data", e.dir)
+	locked := time.Now()
+	var err error
+	for err = opensslVerify(t, a1, url, inter); err == nil && time.Since(locked) < 5*time.Second; err = opensslVerify(t, a1, url, inter) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate revoked") {
+		t.Fatalf("openssl verify -crl_check 5 s after the lock: %v", err)
+	}
+	t.Logf("refused %v after the lock", time.Since(locked).Round(10*time.Millisecond))
+	if err := opensslVerify(t, a2, url, inter); err != nil {
+		t.Errorf("another node's certificate is refused: %v", err)
+	}
+	rl, _ = fetchCRL(t, url, inter)
+	if len(rl.RevokedCertificateEntries) != 1 || rl.RevokedCertificateEntries[0].SerialNumber.Cmp(leaf.SerialNumber) != 0 ||
+		rl.RevokedCertificateEntries[0].ReasonCode != 6 {
+		t.Fatalf("the list after the lock: %+v", rl.RevokedCertificateEntries)
+	}
+
+	// The unlock: accepted again with the next list.
+	var locks []map[string]any
+	json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", e.dir, "-o", "json")), &locks)
+	mustRun(t, "lock", "delete", locks[0]["id"].(string), "--data", e.dir)
+	unlocked := time.Now()
+	for err = opensslVerify(t, a1, url, inter); err != nil && time.Since(unlocked) < 15*time.Second; err = opensslVerify(t, a1, url, inter) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("openssl verify -crl_check after the unlock: %v", err)
+	}
+
+	// A deletion: n2's certificate is listed.
+	mustRun(t, "agents", "delete", "n2", "--data", e.dir)
+	deleted := time.Now()
+	for err = opensslVerify(t, a2, url, inter); err == nil && time.Since(deleted) < 5*time.Second; err = opensslVerify(t, a2, url, inter) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate revoked") {
+		t.Fatalf("openssl verify -crl_check 5 s after the deletion: %v", err)
+	}
+
+	// Half the validity: signed again though nothing changed.
+	rl, _ = fetchCRL(t, url, inter)
+	before := rl.Number.Int64()
+	deadline := time.Now().Add(15 * time.Second)
+	for rl.Number.Int64() == before && time.Now().Before(deadline) {
+		time.Sleep(500 * time.Millisecond)
+		rl, _ = fetchCRL(t, url, inter)
+	}
+	if rl.Number.Int64() <= before || len(rl.RevokedCertificateEntries) != 1 {
+		t.Errorf("after half its validity: number %v (was %d), %d entries", rl.Number, before, len(rl.RevokedCertificateEntries))
+	}
+
+	// Every issuing intermediate has its list; nothing else is served.
+	resp, err := http.Get(base + "/crl/agent-00.crl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("an unknown list: %s", resp.Status)
+	}
+	m := metricsOf(t, e.auth.metrics)
+	for _, want := range []string{
+		`muster_crl_entries{role="agent",serial="` + inter.SerialNumber.Text(16) + `"} 1`,
+		`muster_crl_age_seconds{role="admin"`, `muster_crl_age_seconds{role="server"`, `muster_crl_age_seconds{role="bootstrap"`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
