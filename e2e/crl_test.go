@@ -178,3 +178,55 @@ func TestCRL(t *testing.T) {
 		}
 	}
 }
+
+// TestCRLReplicas: two replicas on one PostgreSQL serve the same list; a
+// lock made through one is listed by the other within 5 s, and an unlock
+// through the other leaves both lists.
+func TestCRLReplicas(t *testing.T) {
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	crlA, crlB := freePort(t), freePort(t)
+	dirB := replicaDir(t, dir)
+	a := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--crl-listen", crlA, "--crl-url", "http://"+crlA)}
+	b := &agentEnv{dir: dirB, auth: startAuthority(t, dirB, "--store", url, "--crl-listen", crlB, "--crl-url", "http://"+crlA)}
+
+	adir := filepath.Join(t.TempDir(), "n1")
+	tok := a.createToken(t, "--uses", "1")
+	if r := muster(t, []string{"MUSTER_JOIN_TOKEN=" + tok.Token}, "agent", "join", "--data", adir, "--node", "n1",
+		"--authority", b.auth.addr); r.code != 0 {
+		t.Fatalf("agent join: %s", r.stderr)
+	}
+	certs := readCerts(t, filepath.Join(adir, "certs", "agent.crt"))
+	path := "/crl/agent-" + certs[1].SerialNumber.Text(16) + ".crl"
+	if certs[0].CRLDistributionPoints[0] != "http://"+crlA+path {
+		t.Fatalf("a leaf from replica B names %v", certs[0].CRLDistributionPoints)
+	}
+
+	mustRun(t, "lock", "create", "--node", "n1", "--data", dir)
+	locked := time.Now()
+	var err error
+	for err = opensslVerify(t, adir, "http://"+crlB+path, certs[1]); err == nil && time.Since(locked) < 5*time.Second; err = opensslVerify(t, adir, "http://"+crlB+path, certs[1]) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err == nil || !strings.Contains(err.Error(), "certificate revoked") {
+		t.Fatalf("replica B's list 5 s after a lock through replica A: %v", err)
+	}
+	time.Sleep(1100 * time.Millisecond) // past each replica's one-second read cache
+	_, derA := fetchCRL(t, "http://"+crlA+path, certs[1])
+	_, derB := fetchCRL(t, "http://"+crlB+path, certs[1])
+	if string(derA) != string(derB) {
+		t.Error("the replicas serve different lists")
+	}
+
+	var locks []map[string]any
+	json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", dirB, "-o", "json")), &locks)
+	mustRun(t, "lock", "delete", locks[0]["id"].(string), "--data", dirB)
+	unlocked := time.Now()
+	for err = opensslVerify(t, adir, "http://"+crlA+path, certs[1]); err != nil && time.Since(unlocked) < 5*time.Second; err = opensslVerify(t, adir, "http://"+crlA+path, certs[1]) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("replica A's list 5 s after an unlock through replica B: %v", err)
+	}
+}
