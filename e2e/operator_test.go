@@ -29,6 +29,10 @@ func TestOperatorIdentityLifecycle(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "Warning:") || !strings.Contains(r.stderr, "renew it with muster admin renew") {
 		t.Fatalf("status with an identity expiring in 1h: exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 	}
+	// A shell prompt is no place for it: completion stays silent.
+	if r := muster(t, nil, "__complete", "agents", "show", "--identity", bob, "--data", dir, ""); r.code != 0 || strings.Contains(r.stderr, "warning") {
+		t.Errorf("completion with an identity expiring in 1h: exit %d, stderr %s", r.code, r.stderr)
+	}
 	if r := muster(t, nil, "status", "--data", dir); r.code != 0 || strings.Contains(r.stderr, "warning") || strings.Contains(r.stdout, "Warning:") {
 		t.Fatalf("status with a 30-day identity warns: stdout %s stderr %s", r.stdout, r.stderr)
 	}

@@ -31,6 +31,8 @@ type adminFlags struct {
 	// replaces that file, status reports its expiry.
 	idPath string
 	id     *identity.Identity
+	// quiet: no expiry warning (shell completion prints nothing).
+	quiet bool
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -64,7 +66,9 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 		return nil, err
 	}
 	a.idPath, a.id = idPath, id
-	warnExpiry(env, idPath, id, me.Name, time.Now())
+	if !a.quiet {
+		warnExpiry(env, idPath, id, me.Name, time.Now())
+	}
 	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
 	if addr == "" {
 		rec, err := dir.ReadAddress()
