@@ -168,6 +168,27 @@ func TestCRL(t *testing.T) {
 	if resp.StatusCode != http.StatusNotFound {
 		t.Errorf("an unknown list: %s", resp.Status)
 	}
+	// Operators: a break-glass identity names the admin intermediate's
+	// list (crl_url from the environment here), and a lock on its name
+	// lists it.
+	carol := filepath.Join(t.TempDir(), "carol.pem")
+	if r := muster(t, []string{"MUSTER_CRL_URL=" + base}, "admin", "add", "carol", "--offline", "--data", e.dir, "--out", carol); r.code != 0 {
+		t.Fatalf("admin add --offline: %s", r.stderr)
+	}
+	op := readCerts(t, carol)
+	adminURL := base + "/crl/admin-" + op[1].SerialNumber.Text(16) + ".crl"
+	if len(op[0].CRLDistributionPoints) != 1 || op[0].CRLDistributionPoints[0] != adminURL {
+		t.Fatalf("the break-glass identity names %v, want %s", op[0].CRLDistributionPoints, adminURL)
+	}
+	mustRun(t, "lock", "create", "--admin", "carol", "--data", e.dir)
+	lockedOp := time.Now()
+	for rl, _ = fetchCRL(t, adminURL, op[1]); len(rl.RevokedCertificateEntries) == 0 && time.Since(lockedOp) < 5*time.Second; rl, _ = fetchCRL(t, adminURL, op[1]) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if len(rl.RevokedCertificateEntries) != 1 || rl.RevokedCertificateEntries[0].SerialNumber.Cmp(op[0].SerialNumber) != 0 {
+		t.Errorf("the admin list 5 s after locking carol: %+v", rl.RevokedCertificateEntries)
+	}
+
 	m := metricsOf(t, e.auth.metrics)
 	for _, want := range []string{
 		`muster_crl_entries{role="agent",serial="` + inter.SerialNumber.Text(16) + `"} 1`,

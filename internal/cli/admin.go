@@ -170,20 +170,17 @@ func newAdminListCmd(env *Env) *cobra.Command {
 // the identity written and reported as admin add reports one.
 func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeURL, name string, ttl time.Duration, path string, out output) error {
 	dir := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	if storeURL == "" {
-		storeURL = env.Getenv("MUSTER_STORE")
+	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	if err != nil {
+		return fmt.Errorf("admin add: %w", err)
 	}
-	if storeURL == "" {
-		cfg, err := loadAuthorityConfig(dir.ConfigFile())
-		if err != nil {
-			return fmt.Errorf("admin add: %w", err)
-		}
-		storeURL = cfg.Store
-	}
+	storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
+	// The identity names the revocation list the authority's own would.
+	crlURL := firstOf(env.Getenv("MUSTER_CRL_URL"), cfg.CRLURL)
 	if _, err := os.Stat(path); err == nil {
 		return fmt.Errorf("admin add: %s already exists; give another --out", path)
 	}
-	op, err := addOperatorOffline(cmd.Context(), dir, storeURL, name, ttl, time.Now())
+	op, err := addOperatorOffline(cmd.Context(), dir, storeURL, crlURL, name, ttl, time.Now())
 	if err != nil {
 		return fmt.Errorf("admin add: %w", err)
 	}

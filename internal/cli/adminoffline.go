@@ -7,6 +7,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -30,7 +31,9 @@ type offlineOperator struct {
 // the authority's own records are. A running authority on the same
 // directory or store is left alone: every write here is the store's own
 // conditional write, as from any replica.
-func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, name string, ttl time.Duration, now time.Time) (offlineOperator, error) {
+// crlURL, if set (crl_url), is named in the identity's CRL Distribution
+// Points as the authority names it in the ones it signs.
+func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, name string, ttl time.Duration, now time.Time) (offlineOperator, error) {
 	if ttl <= 0 || ttl > 366*24*time.Hour {
 		return offlineOperator{}, fmt.Errorf("ttl must be between 1s and %s", 366*24*time.Hour)
 	}
@@ -60,6 +63,12 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, name str
 		return offlineOperator{}, err
 	}
 	issuer := offlineAdminIssuer(d)
+	if crlURL != "" {
+		if err := checkCRLURL(crlURL); err != nil {
+			return offlineOperator{}, err
+		}
+		issuer.CRLDistributionPoints = []string{crl.DistributionPoint(crlURL, crl.Issuer{Role: string(ca.RoleAdmin), Cert: issuer.Cert})}
+	}
 	op, err := datadir.IssueOperator(issuer, d.ca.Root, id, nil, ttl, now)
 	if err != nil {
 		return offlineOperator{}, err
