@@ -367,8 +367,20 @@ func TestHostileRequests(t *testing.T) {
 			_, err := c.AddOperator(ctx, &musterv1.AddOperatorRequest{Name: "mallory", Csr: fine})
 			return err
 		}), codes.PermissionDenied, "admin intermediate"},
+		{"agent renews as an operator", agent, adminCall(func(ctx context.Context, c musterv1.AdminServiceClient) error {
+			_, err := c.RenewOperator(ctx, &musterv1.RenewOperatorRequest{Csr: fine})
+			return err
+		}), codes.PermissionDenied, "admin intermediate"},
 		// The operator's certificate as an agent.
 		{"operator renews", op, renew(fine), codes.PermissionDenied, "agent"},
+		{"operator renews with an RSA CSR", op, adminCall(func(ctx context.Context, c musterv1.AdminServiceClient) error {
+			_, err := c.RenewOperator(ctx, &musterv1.RenewOperatorRequest{Csr: csrs["rsa"]})
+			return err
+		}), codes.InvalidArgument, "key type not allowed"},
+		{"operator renews for two years", op, adminCall(func(ctx context.Context, c musterv1.AdminServiceClient) error {
+			_, err := c.RenewOperator(ctx, &musterv1.RenewOperatorRequest{Csr: fine, Ttl: durationpb.New(2 * 366 * 24 * time.Hour)})
+			return err
+		}), codes.InvalidArgument, "ttl"},
 		{"operator asks for verifier sets", op, func(ctx context.Context, c *grpc.ClientConn) error {
 			_, err := musterv1.NewAgentServiceClient(c).GetVerifierSet(ctx, &musterv1.GetVerifierSetRequest{})
 			return err

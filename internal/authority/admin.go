@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -83,18 +84,35 @@ func (a *adminService) AddOperator(ctx context.Context, req *musterv1.AddOperato
 }
 
 func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
-	id, err := spiffeid.New(a.s.info.TrustDomain, spiffeid.RoleAdmin, req.GetName())
+	return a.issueOperator(ctx, req.GetName(), req.GetCsr(), req.GetTtl(), req.GetReissue())
+}
+
+// RenewOperator certifies a new key for the caller's own name: an operator
+// keeps its identity going without anyone else, and cannot point a renewal
+// at another name.
+func (a *adminService) RenewOperator(ctx context.Context, req *musterv1.RenewOperatorRequest) (*musterv1.AddOperatorResponse, error) {
+	name := callerFrom(ctx).ID.Name
+	resp, err := a.issueOperator(ctx, name, req.GetCsr(), req.GetTtl(), true)
+	err = toStatus(ctx, a.s.log, err)
+	a.record(ctx, "operator.renew", name, err)
+	return resp, err
+}
+
+// issueOperator certifies csr's key as the operator identity name; reissue
+// allows it beside a valid certificate of the same name.
+func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []byte, ttlReq *durationpb.Duration, reissue bool) (*musterv1.AddOperatorResponse, error) {
+	id, err := spiffeid.New(a.s.info.TrustDomain, spiffeid.RoleAdmin, name)
 	if err != nil {
 		return nil, badRequest("operator name: " + err.Error())
 	}
 	ttl := defaultOperatorTTL
-	if req.GetTtl() != nil {
-		ttl = req.GetTtl().AsDuration()
+	if ttlReq != nil {
+		ttl = ttlReq.AsDuration()
 	}
 	if ttl <= 0 || ttl > maxOperatorTTL {
 		return nil, badRequest(fmt.Sprintf("ttl must be between 1s and %s", maxOperatorTTL))
 	}
-	csr, err := ca.ParseCSR(req.GetCsr())
+	csr, err := ca.ParseCSR(csrDER)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +133,7 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 	if err := a.s.store.InsertOperator(ctx, store.Operator{
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
-		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: req.GetReissue(),
+		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: reissue,
 	}); errors.Is(err, store.ErrConflict) {
 		// Two valid certificates with one SAN could not be told apart in
 		// the audit log, and locking one would lock both.
@@ -276,6 +294,9 @@ func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockR
 	if err != nil {
 		return nil, err
 	}
+	// An unlock announces nothing to streams; the lists learn of it
+	// here, at once (and any replica's at its next pass).
+	a.s.pokeCRL(store.Change{Kind: store.ChangeStanding})
 	return &musterv1.DeleteLockResponse{}, nil
 }
 

@@ -243,7 +243,7 @@ func (s *Server) verifyClientCerts(certs []*x509.Certificate) ([]*x509.Certifica
 	case err == nil:
 		return chains[0], nil
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
-		return nil, errors.New("client certificate expired or not yet valid; an agent whose certificate expired must join again")
+		return nil, errors.New(expiredReason(certs[0], s.info.TrustDomain))
 	case errors.As(err, &unknown):
 		return nil, errors.New("client certificate not issued by this authority")
 	default:
@@ -307,4 +307,15 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	}
 	ss.SetHeader(metadata.Pairs(callinfo.CorrelationHeader, c.CorrelationID))
 	return handler(srv, wrappedStream{ss, context.WithValue(ss.Context(), callerKey{}, c)})
+}
+
+// expiredReason is the refusal of an expired (or not yet valid) client
+// certificate, naming what brings its holder back: an agent joins again;
+// an operator has no one to ask over the API, so its way back is the
+// break-glass command run beside the storage key.
+func expiredReason(leaf *x509.Certificate, trustDomain string) string {
+	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
+		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", id.Name)
+	}
+	return "client certificate expired or not yet valid; an agent whose certificate expired must join again"
 }

@@ -107,6 +107,7 @@ func (s *Server) onChange(c store.Change) {
 		s.inter.changed()
 	}
 	s.hub.notify(c)
+	s.pokeCRL(c)
 }
 
 // Backoff between attempts to listen again after the store's notification

@@ -11,6 +11,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -108,7 +109,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{}}
+	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{}, Retiring: map[ca.Role][]*ca.Issuer{}}
 	pending := map[ca.Role][]*x509.Certificate{}
 	in.mu.Lock()
 	defer in.mu.Unlock()
@@ -127,7 +128,9 @@ func (in *intermediates) load(ctx context.Context) error {
 		role := ca.Role(r.Role)
 		if r.State != store.CAActive {
 			pending[role] = append(pending[role], cert)
-			continue
+		}
+		if r.State == store.CAPrepared {
+			continue // its key is opened once it is activated
 		}
 		key := in.signers[r.Serial]
 		if key == nil {
@@ -136,7 +139,17 @@ func (in *intermediates) load(ctx context.Context) error {
 			}
 		}
 		keep[r.Serial] = key
-		next.Active[role] = &ca.Issuer{Cert: cert, Key: key}
+		issuer := &ca.Issuer{Cert: cert, Key: key}
+		if in.s.cfg.CRLURL != "" {
+			// Every leaf names its issuer's list (DESIGN.md "Revocation
+			// for relying parties"), whichever intermediate is active.
+			issuer.CRLDistributionPoints = []string{crl.DistributionPoint(in.s.cfg.CRLURL, crl.Issuer{Role: r.Role, Cert: cert})}
+		}
+		if r.State == store.CARetiring {
+			next.Retiring[role] = append(next.Retiring[role], issuer)
+			continue
+		}
+		next.Active[role] = issuer
 		next.Bundle[role] = append([]*x509.Certificate{cert}, next.Bundle[role]...)
 	}
 	for role, certs := range pending {
@@ -144,6 +157,11 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	in.signers = keep
 	in.s.ca.SetIntermediates(next)
+	if in.s.crl != nil {
+		// A new active or retiring intermediate has no list yet, and a
+		// retired one's is no longer signed.
+		in.s.crl.Poke()
+	}
 	return nil
 }
 

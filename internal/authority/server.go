@@ -34,6 +34,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/listener"
@@ -98,6 +99,13 @@ type Config struct {
 	// CAIntermediateTTL is ca.intermediate_ttl: the lifetime of the
 	// intermediates the leader prepares (zero: ca.IntermediateTTL).
 	CAIntermediateTTL time.Duration
+	// CRLListen (optional) serves the certificate revocation lists over
+	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
+	// them from, named in every new leaf. Either one keeps the lists
+	// signed; CRLValidity is their lifetime (zero: crl.DefaultValidity).
+	CRLListen   string
+	CRLURL      string
+	CRLValidity time.Duration
 	// MaxConnections is limits.max_connections: the connections the api
 	// and bootstrap listeners hold open at once together, from all sources
 	// (zero: listener.DefaultMaxConns, from the open-file limit).
@@ -147,6 +155,9 @@ type Server struct {
 
 	// anchors is the client-certificate check's short path (clientchain.go).
 	anchors clientAnchors
+
+	// crl is nil unless lists are asked for (crl.go).
+	crl *crl.Publisher
 }
 
 // New builds a server; Run starts it.
@@ -266,6 +277,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		Limiter:      s.limiter,
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := s.setupCRL(cfg); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -492,6 +506,16 @@ func (s *Server) Run(ctx context.Context) error {
 		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
 	}
 
+	var crlLis net.Listener
+	var crlSrv *http.Server
+	if s.cfg.CRLListen != "" {
+		if crlLis, err = listener.ListenAs(s.cfg.CRLListen, "crl", nil, listener.NewCap(listener.MetricsMaxConns), s.connRefusals); err != nil {
+			return fmt.Errorf("authority: cannot listen on %s (crl): %w", s.cfg.CRLListen, err)
+		}
+		defer crlLis.Close()
+		crlSrv = &http.Server{Handler: s.crlHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 8 << 10}
+	}
+
 	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {
 		return fmt.Errorf("authority: recording the address in %s: %w", s.cfg.Dir, err)
 	}
@@ -503,7 +527,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("authority: the audit log is not writable: %w", err)
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
-		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
+		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "crl_listen", listener.Addr(crlLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
 		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit())
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
@@ -522,6 +546,17 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		})
 	}
+	if crlSrv != nil {
+		g.Go(func() error {
+			if err := crlSrv.Serve(crlLis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	if s.crl != nil {
+		g.Go(func() error { return s.crl.Run(gctx) })
+	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { s.inter.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
@@ -537,10 +572,12 @@ func (s *Server) Run(ctx context.Context) error {
 		if boot != nil {
 			stopGracefully(boot, 10*time.Second)
 		}
-		if metricsSrv != nil {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			metricsSrv.Shutdown(sctx)
-			cancel()
+		for _, hs := range []*http.Server{metricsSrv, crlSrv} {
+			if hs != nil {
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				hs.Shutdown(sctx)
+				cancel()
+			}
 		}
 		return nil
 	})

@@ -70,6 +70,9 @@ var eku = map[Role][]x509.ExtKeyUsage{
 type Issuer struct {
 	Cert *x509.Certificate
 	Key  crypto.Signer
+	// CRLDistributionPoints, if set, are named in every leaf Issue signs:
+	// where relying parties fetch this issuer's revocation list.
+	CRLDistributionPoints []string
 }
 
 // Hierarchy is the root and the certificates under it. RootKey is nil when
@@ -310,6 +313,7 @@ func (i *Issuer) Issue(req LeafRequest) (*x509.Certificate, error) {
 		IPAddresses: req.IPAddresses,
 		// Leaves are never CAs, and say so.
 		BasicConstraintsValid: true,
+		CRLDistributionPoints: i.CRLDistributionPoints,
 	}
 	if req.SPIFFEID != nil {
 		tmpl.URIs = []*url.URL{req.SPIFFEID}

@@ -329,3 +329,27 @@ func BenchmarkIssue(b *testing.B) {
 		}
 	}
 }
+
+// TestIssueNamesCRLDistributionPoints: an issuer with distribution points
+// names them in every leaf; one without names none.
+func TestIssueNamesCRLDistributionPoints(t *testing.T) {
+	h, err := Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	issue := func(i *Issuer) *x509.Certificate {
+		c, err := i.Issue(LeafRequest{PublicKey: key.Public(), CommonName: "n", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if got := issue(h.Issuer(RoleAgent)).CRLDistributionPoints; len(got) != 0 {
+		t.Errorf("without distribution points: %v", got)
+	}
+	h.Issuer(RoleAgent).CRLDistributionPoints = []string{"http://crl.example:7445/crl/agent-1.crl"}
+	if got := issue(h.Issuer(RoleAgent)).CRLDistributionPoints; len(got) != 1 || got[0] != "http://crl.example:7445/crl/agent-1.crl" {
+		t.Errorf("with a distribution point: %v", got)
+	}
+}

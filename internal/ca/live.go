@@ -12,6 +12,10 @@ import (
 type Intermediates struct {
 	Active map[Role]*Issuer
 	Bundle map[Role][]*x509.Certificate
+	// Retiring are the intermediates that sign no new leaf but whose
+	// leaves may still be valid, with their keys: each still signs its
+	// certificate revocation list until it is retired.
+	Retiring map[Role][]*Issuer
 }
 
 // live holds the current *Intermediates of a hierarchy; nil until the

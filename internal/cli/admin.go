@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"os"
 	"text/tabwriter"
 	"time"
 
@@ -15,13 +16,14 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 func newAdminCmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{Use: "admin", Short: "Manage operator identities"}
-	cmd.AddCommand(newAdminAddCmd(env), newAdminListCmd(env))
+	cmd.AddCommand(newAdminAddCmd(env), newAdminListCmd(env), newAdminRenewCmd(env))
 	return cmd
 }
 
@@ -33,15 +35,25 @@ func newAdminAddCmd(env *Env) *cobra.Command {
 		out  output
 		// reissue renews a name that holds a valid identity.
 		reissue bool
+		// offline is the break-glass path (adminoffline.go).
+		offline  bool
+		storeURL string
 	)
 	cmd := &cobra.Command{
 		Use: "add NAME",
 		Example: `  muster admin add alice --data ./muster-data --out alice.pem
-  muster admin add ci-bot --ttl 720h --out ci-bot.pem -o json`,
+  muster admin add ci-bot --ttl 720h --out ci-bot.pem -o json
+  muster admin add alice --offline --data /var/lib/muster --out alice.pem`,
 		Short: "Issue another operator identity",
 		Long: `add issues an operator identity (spiffe://TD/admin/NAME) from the admin
 intermediate. The key is made here and never leaves this machine; the file
-(0600) holds the certificate chain, the key and the root CA.`,
+(0600) holds the certificate chain, the key and the root CA.
+
+With --offline (break-glass, when no operator identity works any more) it
+does not call the authority: on the machine that holds the authority's data
+directory (its storage key and admin intermediate) it signs the identity
+itself, records it in the store (--store, or the one the directory names)
+and appends operator.add to the audit chain.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
@@ -50,6 +62,12 @@ intermediate. The key is made here and never leaves this machine; the file
 			name := args[0]
 			if path == "" {
 				path = name + ".pem"
+			}
+			if offline {
+				return addOperatorOfflineCmd(cmd, env, &af, storeURL, name, ttl, path, out)
+			}
+			if cmd.Flags().Changed("store") {
+				return fmt.Errorf("admin add: --store goes with --offline")
 			}
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			if err != nil {
@@ -92,6 +110,8 @@ intermediate. The key is made here and never leaves this machine; the file
 	cmd.Flags().DurationVar(&ttl, "ttl", 720*time.Hour, "lifetime of the identity")
 	cmd.Flags().StringVar(&path, "out", "", "file to write the identity to (default NAME.pem); never overwritten")
 	cmd.Flags().BoolVar(&reissue, "reissue", false, "issue a new identity to a NAME whose identity is still valid (renewal)")
+	cmd.Flags().BoolVar(&offline, "offline", false, "break-glass: sign the identity here with the admin intermediate of --data, without the authority")
+	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
 	out.register(cmd)
 	return cmd
 }
@@ -144,4 +164,38 @@ func newAdminListCmd(env *Env) *cobra.Command {
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// addOperatorOfflineCmd is admin add --offline: addOperatorOffline, then
+// the identity written and reported as admin add reports one.
+func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeURL, name string, ttl time.Duration, path string, out output) error {
+	dir := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
+	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	if err != nil {
+		return fmt.Errorf("admin add: %w", err)
+	}
+	storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
+	// The identity names the revocation list the authority's own would.
+	crlURL := firstOf(env.Getenv("MUSTER_CRL_URL"), cfg.CRLURL)
+	if _, err := os.Stat(path); err == nil {
+		return fmt.Errorf("admin add: %s already exists; give another --out", path)
+	}
+	op, err := addOperatorOffline(cmd.Context(), dir, storeURL, crlURL, name, ttl, time.Now())
+	if err != nil {
+		return fmt.Errorf("admin add: %w", err)
+	}
+	if err := op.Identity.Save(path, false); err != nil {
+		return fmt.Errorf("admin add: %w", err)
+	}
+	leaf := op.Identity.Leaf()
+	serial := leaf.SerialNumber.Text(16)
+	if out.json() {
+		return out.write(env.Stdout, map[string]any{
+			"spiffe_id": op.ID.String(), "serial": serial,
+			"not_after": leaf.NotAfter, "identity": path, "offline": true,
+		})
+	}
+	fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s, signed offline and audited\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
+		op.ID, serial, leaf.NotAfter.UTC().Format(time.RFC3339), path)
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/enroll"
@@ -44,6 +46,9 @@ type authorityConfig struct {
 	Advertise       string   `yaml:"advertise"`
 	BootstrapListen string   `yaml:"bootstrap_listen"`
 	MetricsListen   string   `yaml:"metrics_listen"`
+	CRLListen       string   `yaml:"crl_listen"`
+	CRLURL          string   `yaml:"crl_url"`
+	CRLValidity     string   `yaml:"crl_validity"`
 	Store           string   `yaml:"store"`
 	AgentCertTTL    string   `yaml:"agent_cert_ttl"`
 	TrustedProxies  []string `yaml:"trusted_proxies"`
@@ -119,6 +124,9 @@ type authorityOptions struct {
 	advertise       string
 	bootstrapListen string
 	metricsListen   string
+	crlListen       string
+	crlURL          string
+	crlValidity     time.Duration
 	storeURL        string
 	agentCertTTL    time.Duration
 	// caIntermediateTTL is ca.intermediate_ttl.
@@ -151,7 +159,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var ttl, boundTTL, interTTL, configFile, memoryLimit string
+	var ttl, boundTTL, interTTL, configFile, memoryLimit, crlValidity string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -195,6 +203,15 @@ and the data directory, prints the settings in force, and exits.`,
 			pick(&o.advertise, "advertise", cfg.Advertise)
 			pick(&o.bootstrapListen, "bootstrap-listen", cfg.BootstrapListen)
 			pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
+			pick(&o.crlListen, "crl-listen", cfg.CRLListen)
+			pick(&o.crlURL, "crl-url", cfg.CRLURL)
+			pick(&crlValidity, "crl-validity", cfg.CRLValidity)
+			if o.crlValidity, err = parseCRLValidity(crlValidity); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
+			if err := checkCRLURL(o.crlURL); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
 			pick(&o.storeURL, "store", cfg.Store)
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
 			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
@@ -256,6 +273,9 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.advertise, "advertise", "", "address agents and operators reach the API at (default: the listen address)")
 	fl.StringVar(&o.bootstrapListen, "bootstrap-listen", "", "optional address serving only the unauthenticated bootstrap RPCs")
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
+	fl.StringVar(&o.crlListen, "crl-listen", "", "address serving the certificate revocation lists over plain HTTP at /crl/ROLE-SERIAL.crl (empty: off)")
+	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
+	fl.StringVar(&crlValidity, "crl-validity", crl.DefaultValidity.String(), "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
@@ -474,6 +494,9 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		RecoveriesWarnAt:    o.recoveriesWarnAt,
 		BoundKeypairCertTTL: o.boundCertTTL,
 		MaxConnections:      o.maxConnections,
+		CRLListen:           o.crlListen,
+		CRLURL:              o.crlURL,
+		CRLValidity:         o.crlValidity,
 	}, m)
 	if err != nil {
 		return prefixed("authority", err)
@@ -555,4 +578,30 @@ func prefixed(what string, err error) error {
 		return err
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// parseCRLValidity reads crl_validity: a duration of at least
+// crl.MinValidity.
+func parseCRLValidity(v string) (time.Duration, error) {
+	if v == "" {
+		return crl.DefaultValidity, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < crl.MinValidity {
+		return 0, fmt.Errorf("crl_validity %q: want a duration of at least %s, such as 24h", v, crl.MinValidity)
+	}
+	return d, nil
+}
+
+// checkCRLURL checks crl_url: an absolute http or https URL without a
+// query, to which /crl/ROLE-SERIAL.crl is appended.
+func checkCRLURL(v string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("crl_url %q: want a URL such as http://crl.example.com:7445 (relying parties fetch BASE/crl/ROLE-SERIAL.crl)", v)
+	}
+	return nil
 }

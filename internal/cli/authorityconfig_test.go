@@ -30,3 +30,26 @@ func TestRecoveriesWarnAtConfig(t *testing.T) {
 		t.Fatalf("misspelt key: %v", err)
 	}
 }
+
+func TestCRLSettings(t *testing.T) {
+	for _, tc := range []struct {
+		url, validity string
+		ok            bool
+	}{
+		{"", "", true},
+		{"http://crl.example.com:7445", "24h", true},
+		{"https://crl.example.com/base/", "10s", true},
+		{"crl.example.com:7445", "24h", false},
+		{"ftp://crl.example.com", "24h", false},
+		{"http://crl.example.com/?x=1", "24h", false},
+		{"http://user@crl.example.com", "24h", false},
+		{"http://crl.example.com", "9s", false},
+		{"http://crl.example.com", "soon", false},
+	} {
+		_, verr := parseCRLValidity(tc.validity)
+		uerr := checkCRLURL(tc.url)
+		if ok := verr == nil && uerr == nil; ok != tc.ok {
+			t.Errorf("crl_url %q, crl_validity %q: %v, %v; want ok %v", tc.url, tc.validity, uerr, verr, tc.ok)
+		}
+	}
+}

@@ -26,6 +26,13 @@ type adminFlags struct {
 	authority string
 	identity  string
 	timeout   time.Duration
+
+	// idPath and id are the operator identity dial loaded: admin renew
+	// replaces that file, status reports its expiry.
+	idPath string
+	id     *identity.Identity
+	// quiet: no expiry warning (shell completion prints nothing).
+	quiet bool
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -57,6 +64,10 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	me, err := id.ID()
 	if err != nil {
 		return nil, err
+	}
+	a.idPath, a.id = idPath, id
+	if !a.quiet {
+		warnExpiry(env, idPath, id, me.Name, time.Now())
 	}
 	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
 	if addr == "" {

@@ -23,6 +23,7 @@ type lister func(ctx context.Context, c *adminClient) ([]string, error)
 // a refusal) completes nothing: a shell prompt is no place for an error.
 func (a *adminFlags) complete(env *Env, list lister) func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 	return func(cmd *cobra.Command, _ []string, typed string) ([]string, cobra.ShellCompDirective) {
+		a.quiet = true
 		c, err := a.dial(env)
 		if err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,16 +32,21 @@ func newStatusCmd(env *Env) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			notAfter := af.id.Leaf().NotAfter
 			if out.json() {
 				return out.write(env.Stdout, map[string]any{
 					"authority_id": r.GetAuthorityId(), "trust_domain": r.GetTrustDomain(),
 					"ca_fingerprint": r.GetCaFingerprint(), "version": r.GetVersion(), "caller": r.GetCaller(),
 					"schema_version": r.GetSchemaVersion(), "started_at": r.GetStartedAt().AsTime(),
+					"identity": af.idPath, "identity_not_after": notAfter,
 				})
 			}
-			fmt.Fprintf(env.Stdout, "Authority:       %s (muster %s, schema %d, up since %s)\nCA fingerprint:  %s\nYou are:         %s\n",
+			fmt.Fprintf(env.Stdout, "Authority:       %s (muster %s, schema %d, up since %s)\nCA fingerprint:  %s\nYou are:         %s\nIdentity:        %s, valid until %s\n",
 				r.GetAuthorityId(), r.GetVersion(), r.GetSchemaVersion(), r.GetStartedAt().AsTime().UTC().Format(time.RFC3339),
-				r.GetCaFingerprint(), r.GetCaller())
+				r.GetCaFingerprint(), r.GetCaller(), af.idPath, notAfter.UTC().Format(time.RFC3339))
+			if w := expiryWarning(af.idPath, af.id, af.id.Leaf().Subject.CommonName, time.Now()); w != "" {
+				fmt.Fprintf(env.Stdout, "Warning:         %s\n", strings.TrimPrefix(w, "warning: "))
+			}
 			return nil
 		},
 	}

@@ -12,7 +12,7 @@ import (
 
 // domain packages, and the identity helpers they build on.
 var domain = []string{
-	"atomicfile", "audit", "boundkeypair", "ca", "custody", "discovery", "enroll", "identity", "jointoken", "joinuri", "pagetoken", "psk", "ratelimit",
+	"atomicfile", "audit", "boundkeypair", "ca", "crl", "custody", "discovery", "enroll", "identity", "jointoken", "joinuri", "pagetoken", "psk", "ratelimit",
 	"referral", "seal", "signer", "spiffeid", "store", "task", "trustbundle",
 }
 

@@ -224,4 +224,5 @@ type Store interface {
 	TaskStore
 	AgentStreamStore
 	AgentLister
+	CRLStore
 }

@@ -65,6 +65,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Page", pageCases()},
 		{"MissingNodes", missingNodesCases()},
 		{"AgentList", agentListCases()},
+		{"CRL", crlCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -3355,6 +3355,59 @@ func (x *ListResyncResponse) GetWindows() []*ResyncWindow {
 	return nil
 }
 
+type RenewOperatorRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// csr is a PEM or DER PKCS#10 request for the new key.
+	Csr           []byte               `protobuf:"bytes,1,opt,name=csr,proto3" json:"csr,omitempty"`
+	Ttl           *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewOperatorRequest) Reset() {
+	*x = RenewOperatorRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewOperatorRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewOperatorRequest) ProtoMessage() {}
+
+func (x *RenewOperatorRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewOperatorRequest.ProtoReflect.Descriptor instead.
+func (*RenewOperatorRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *RenewOperatorRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+func (x *RenewOperatorRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -3627,11 +3680,15 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x06window\x18\x01 \x01(\v2\x17.muster.v1.ResyncWindowR\x06window\"\x13\n" +
 	"\x11ListResyncRequest\"G\n" +
 	"\x12ListResyncResponse\x121\n" +
-	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows2\xe0\x10\n" +
+	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows\"U\n" +
+	"\x14RenewOperatorRequest\x12\x10\n" +
+	"\x03csr\x18\x01 \x01(\fR\x03csr\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\xb2\x11\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
-	"\rListOperators\x12\x1f.muster.v1.ListOperatorsRequest\x1a .muster.v1.ListOperatorsResponse\x12I\n" +
+	"\rListOperators\x12\x1f.muster.v1.ListOperatorsRequest\x1a .muster.v1.ListOperatorsResponse\x12P\n" +
+	"\rRenewOperator\x12\x1f.muster.v1.RenewOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12I\n" +
 	"\n" +
 	"CreateLock\x12\x1c.muster.v1.CreateLockRequest\x1a\x1d.muster.v1.CreateLockResponse\x12F\n" +
 	"\tListLocks\x12\x1b.muster.v1.ListLocksRequest\x1a\x1c.muster.v1.ListLocksResponse\x12I\n" +
@@ -3677,7 +3734,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
@@ -3731,142 +3788,146 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*ResyncWindowResponse)(nil),  // 49: muster.v1.ResyncWindowResponse
 	(*ListResyncRequest)(nil),     // 50: muster.v1.ListResyncRequest
 	(*ListResyncResponse)(nil),    // 51: muster.v1.ListResyncResponse
-	nil,                           // 52: muster.v1.Token.LabelsEntry
-	nil,                           // 53: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 54: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 55: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),     // 56: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),    // 57: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 58: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 59: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 60: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 61: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 62: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 63: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 64: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 65: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 66: muster.v1.SendTaskResponse
+	(*RenewOperatorRequest)(nil),  // 52: muster.v1.RenewOperatorRequest
+	nil,                           // 53: muster.v1.Token.LabelsEntry
+	nil,                           // 54: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),     // 57: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),    // 58: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),    // 59: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil), // 60: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),   // 61: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),   // 62: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil), // 63: muster.v1.RollbackSignerRequest
+	(*SendTaskRequest)(nil),       // 64: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),   // 65: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 66: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 67: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	54, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	55, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	54, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	54, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	54, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	55, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	56, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	55, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	55, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	55, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	54, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	54, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	55, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	55, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	55, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	56, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	54, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	54, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	55, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	55, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	54, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	52, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	54, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	54, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	55, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	55, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	55, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
 	20, // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	21, // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
-	54, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
-	54, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
-	54, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
-	54, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	55, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	55, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	55, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	55, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
 	20, // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	19, // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
-	55, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	53, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	56, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	54, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
 	19, // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
 	19, // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
 	19, // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	54, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	54, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	54, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	54, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	56, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	55, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	55, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	55, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	55, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	57, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
 	21, // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
-	54, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	54, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	54, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	54, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	55, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	55, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	55, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	55, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
 	32, // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
 	32, // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
 	33, // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
 	34, // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	54, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	54, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	55, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	55, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
 	41, // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
 	41, // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	55, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	56, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
 	41, // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
 	41, // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	54, // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
-	54, // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
-	54, // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
-	55, // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	55, // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	55, // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	55, // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	56, // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
 	46, // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
 	46, // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
-	0,  // 58: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 59: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 60: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	8,  // 61: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 62: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 63: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24, // 64: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26, // 65: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28, // 66: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30, // 67: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22, // 68: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35, // 69: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37, // 70: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39, // 71: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42, // 72: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44, // 73: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	57, // 74: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	58, // 75: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	59, // 76: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	60, // 77: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	61, // 78: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	62, // 79: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	63, // 80: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 81: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 82: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47, // 83: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48, // 84: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50, // 85: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	1,  // 86: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 87: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 88: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	9,  // 89: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 90: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 91: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 92: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 93: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 94: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 95: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 96: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 97: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 98: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 99: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 100: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 101: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	64, // 102: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	65, // 103: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	65, // 104: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	65, // 105: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	65, // 106: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	65, // 107: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 108: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 109: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 110: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49, // 111: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49, // 112: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51, // 113: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	86, // [86:114] is the sub-list for method output_type
-	58, // [58:86] is the sub-list for method input_type
-	58, // [58:58] is the sub-list for extension type_name
-	58, // [58:58] is the sub-list for extension extendee
-	0,  // [0:58] is the sub-list for field type_name
+	56, // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	0,  // 59: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,  // 60: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,  // 61: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52, // 62: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,  // 63: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10, // 64: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12, // 65: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24, // 66: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26, // 67: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28, // 68: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30, // 69: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22, // 70: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35, // 71: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37, // 72: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39, // 73: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42, // 74: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44, // 75: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	58, // 76: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	59, // 77: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	60, // 78: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	61, // 79: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	62, // 80: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	63, // 81: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	64, // 82: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 83: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 84: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47, // 85: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48, // 86: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50, // 87: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	1,  // 88: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 89: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 90: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,  // 91: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,  // 92: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 93: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 94: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 95: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 96: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 97: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 98: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 99: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 100: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 101: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 102: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 103: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 104: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	65, // 105: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	66, // 106: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	66, // 107: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	66, // 108: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	66, // 109: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	66, // 110: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	67, // 111: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 112: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 113: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49, // 114: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49, // 115: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51, // 116: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	88, // [88:117] is the sub-list for method output_type
+	59, // [59:88] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -3882,7 +3943,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

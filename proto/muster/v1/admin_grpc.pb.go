@@ -22,6 +22,7 @@ const (
 	AdminService_GetStatus_FullMethodName      = "/muster.v1.AdminService/GetStatus"
 	AdminService_AddOperator_FullMethodName    = "/muster.v1.AdminService/AddOperator"
 	AdminService_ListOperators_FullMethodName  = "/muster.v1.AdminService/ListOperators"
+	AdminService_RenewOperator_FullMethodName  = "/muster.v1.AdminService/RenewOperator"
 	AdminService_CreateLock_FullMethodName     = "/muster.v1.AdminService/CreateLock"
 	AdminService_ListLocks_FullMethodName      = "/muster.v1.AdminService/ListLocks"
 	AdminService_DeleteLock_FullMethodName     = "/muster.v1.AdminService/DeleteLock"
@@ -62,6 +63,9 @@ type AdminServiceClient interface {
 	// AddOperator certifies the public key of a CSR as a new operator identity.
 	AddOperator(ctx context.Context, in *AddOperatorRequest, opts ...grpc.CallOption) (*AddOperatorResponse, error)
 	ListOperators(ctx context.Context, in *ListOperatorsRequest, opts ...grpc.CallOption) (*ListOperatorsResponse, error)
+	// RenewOperator certifies a new key for the calling operator's own name
+	// (taken from its client certificate, never from the request).
+	RenewOperator(ctx context.Context, in *RenewOperatorRequest, opts ...grpc.CallOption) (*AddOperatorResponse, error)
 	CreateLock(ctx context.Context, in *CreateLockRequest, opts ...grpc.CallOption) (*CreateLockResponse, error)
 	ListLocks(ctx context.Context, in *ListLocksRequest, opts ...grpc.CallOption) (*ListLocksResponse, error)
 	DeleteLock(ctx context.Context, in *DeleteLockRequest, opts ...grpc.CallOption) (*DeleteLockResponse, error)
@@ -132,6 +136,16 @@ func (c *adminServiceClient) ListOperators(ctx context.Context, in *ListOperator
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListOperatorsResponse)
 	err := c.cc.Invoke(ctx, AdminService_ListOperators_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RenewOperator(ctx context.Context, in *RenewOperatorRequest, opts ...grpc.CallOption) (*AddOperatorResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddOperatorResponse)
+	err := c.cc.Invoke(ctx, AdminService_RenewOperator_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +415,9 @@ type AdminServiceServer interface {
 	// AddOperator certifies the public key of a CSR as a new operator identity.
 	AddOperator(context.Context, *AddOperatorRequest) (*AddOperatorResponse, error)
 	ListOperators(context.Context, *ListOperatorsRequest) (*ListOperatorsResponse, error)
+	// RenewOperator certifies a new key for the calling operator's own name
+	// (taken from its client certificate, never from the request).
+	RenewOperator(context.Context, *RenewOperatorRequest) (*AddOperatorResponse, error)
 	CreateLock(context.Context, *CreateLockRequest) (*CreateLockResponse, error)
 	ListLocks(context.Context, *ListLocksRequest) (*ListLocksResponse, error)
 	DeleteLock(context.Context, *DeleteLockRequest) (*DeleteLockResponse, error)
@@ -455,6 +472,9 @@ func (UnimplementedAdminServiceServer) AddOperator(context.Context, *AddOperator
 }
 func (UnimplementedAdminServiceServer) ListOperators(context.Context, *ListOperatorsRequest) (*ListOperatorsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListOperators not implemented")
+}
+func (UnimplementedAdminServiceServer) RenewOperator(context.Context, *RenewOperatorRequest) (*AddOperatorResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RenewOperator not implemented")
 }
 func (UnimplementedAdminServiceServer) CreateLock(context.Context, *CreateLockRequest) (*CreateLockResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateLock not implemented")
@@ -602,6 +622,24 @@ func _AdminService_ListOperators_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).ListOperators(ctx, req.(*ListOperatorsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RenewOperator_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewOperatorRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RenewOperator(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RenewOperator_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RenewOperator(ctx, req.(*RenewOperatorRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1074,6 +1112,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOperators",
 			Handler:    _AdminService_ListOperators_Handler,
+		},
+		{
+			MethodName: "RenewOperator",
+			Handler:    _AdminService_RenewOperator_Handler,
 		},
 		{
 			MethodName: "CreateLock",

@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/identity"
+)
+
+// TestOperatorIdentityLifecycle: an operator identity renews itself before
+// it expires (admin renew: new key, same name, the file replaced 0600,
+// audited), is warned about on every admin command as its end nears, and
+// once expired is refused with the break-glass command named, which brings
+// it back (admin add --offline beside the running authority) with the
+// audit chain intact.
+func TestOperatorIdentityLifecycle(t *testing.T) {
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	bob := filepath.Join(t.TempDir(), "bob.pem")
+	mustRun(t, "admin", "add", "bob", "--ttl", "1h", "--out", bob, "--data", dir)
+
+	// Within 7 days of its end: status says so, and every admin command
+	// warns on standard error.
+	r := muster(t, nil, "status", "--identity", bob, "--data", dir)
+	if r.code != 0 || !strings.Contains(r.stdout, "Warning:") || !strings.Contains(r.stderr, "renew it with muster admin renew") {
+		t.Fatalf("status with an identity expiring in 1h: exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+	}
+	// A shell prompt is no place for it: completion stays silent.
+	if r := muster(t, nil, "__complete", "agents", "show", "--identity", bob, "--data", dir, ""); r.code != 0 || strings.Contains(r.stderr, "warning") {
+		t.Errorf("completion with an identity expiring in 1h: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if r := muster(t, nil, "status", "--data", dir); r.code != 0 || strings.Contains(r.stderr, "warning") || strings.Contains(r.stdout, "Warning:") {
+		t.Fatalf("status with a 30-day identity warns: stdout %s stderr %s", r.stdout, r.stderr)
+	}
+
+	// Renewal: a new key and serial under the same name, in the same file.
+	before, err := identity.Load(bob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var renewed map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "admin", "renew", "--identity", bob, "--ttl", "6s", "--data", dir, "-o", "json")), &renewed); err != nil {
+		t.Fatal(err)
+	}
+	after, err := identity.Load(bob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Stat(bob); fi.Mode().Perm() != 0o600 {
+		t.Errorf("renewed identity has mode %v, want 0600", fi.Mode().Perm())
+	}
+	if identity.SamePublicKey(before.Key.Public(), after.Key.Public()) || after.Leaf().SerialNumber.Text(16) != renewed["serial"] {
+		t.Errorf("renew kept the key or wrote another serial than it printed (%v)", renewed)
+	}
+	if after.Leaf().Subject.CommonName != "bob" || !strings.HasSuffix(renewed["spiffe_id"].(string), "/admin/bob") {
+		t.Errorf("renew changed the name: %v", renewed)
+	}
+	if out := mustRun(t, "status", "--identity", bob, "--data", dir); !strings.Contains(out, "/admin/bob") {
+		t.Errorf("status with the renewed identity: %s", out)
+	}
+	// The first operator renews its operator.pem in place.
+	mustRun(t, "admin", "renew", "--data", dir)
+	mustRun(t, "admin", "list", "--data", dir)
+
+	// Expired: refused, with the way back named.
+	time.Sleep(time.Until(after.Leaf().NotAfter.Add(time.Second)))
+	r = muster(t, nil, "status", "--identity", bob, "--data", dir)
+	if r.code == 0 || !strings.Contains(r.stderr, "UNAUTHENTICATED") || !strings.Contains(r.stderr, "muster admin add bob --offline --data DIR") ||
+		strings.Contains(r.stderr, "join again") {
+		t.Fatalf("an expired operator: exit %d, stderr %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "expired at") {
+		t.Errorf("no local warning of the expired identity: %s", r.stderr)
+	}
+
+	// Break-glass beside the running authority.
+	bob2 := filepath.Join(t.TempDir(), "bob2.pem")
+	var added map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "admin", "add", "bob", "--offline", "--data", dir, "--ttl", "2h", "--out", bob2, "-o", "json")), &added); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(bob2); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("break-glass identity: %v %v", fi, err)
+	}
+	if out := mustRun(t, "status", "--identity", bob2, "--authority", a.addr); !strings.Contains(out, "/admin/bob") {
+		t.Errorf("status with the break-glass identity: %s", out)
+	}
+	// --out never overwrites.
+	if line := mustFail(t, "admin", "add", "bob", "--offline", "--data", dir, "--out", bob2); !strings.Contains(line, "already exists") {
+		t.Errorf("break-glass over an existing file: %s", line)
+	}
+
+	var recs []map[string]any
+	json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", dir, "-o", "json", "--action", "operator.*")), &recs)
+	var renews, offline int
+	for _, rec := range recs {
+		switch {
+		case rec["action"] == "operator.renew" && rec["result"] == "ok":
+			renews++
+		case rec["action"] == "operator.add" && rec["actor"] == "muster admin add --offline" && strings.Contains(rec["reason"].(string), added["serial"].(string)):
+			offline++
+		}
+	}
+	if renews != 2 || offline != 1 {
+		t.Errorf("audit: %d operator.renew (want 2), %d offline operator.add (want 1): %v", renews, offline, recs)
+	}
+	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
+		t.Errorf("audit verify after break-glass: %s", out)
+	}
+}

@@ -1,0 +1,49 @@
+package cli
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/muster-dev/muster/internal/identity"
+)
+
+// operatorWarnAhead is how long before its expiry an operator identity is
+// warned about on every admin command (DESIGN.md: 7 days).
+const operatorWarnAhead = 7 * 24 * time.Hour
+
+// expiryWarning is the line an admin command prints to standard error
+// about the operator identity it uses, or "" while it is far from expiry.
+// An identity that has expired cannot renew itself: the line names the
+// break-glass command instead.
+func expiryWarning(path string, id *identity.Identity, name string, now time.Time) string {
+	notAfter := id.Leaf().NotAfter
+	switch left := notAfter.Sub(now); {
+	case left <= 0:
+		return fmt.Sprintf("warning: the operator identity %s (%s) expired at %s; get a new one with muster admin add %s --offline --data DIR, run where the authority's data directory is",
+			path, name, notAfter.UTC().Format(time.RFC3339), name)
+	case left <= operatorWarnAhead:
+		return fmt.Sprintf("warning: the operator identity %s (%s) expires at %s, in %s; renew it with muster admin renew",
+			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left))
+	}
+	return ""
+}
+
+// warnExpiry prints expiryWarning, if any, to standard error.
+func warnExpiry(env *Env, path string, id *identity.Identity, name string, now time.Time) {
+	if w := expiryWarning(path, id, name, now); w != "" {
+		fmt.Fprintf(env.Stderr, "muster: %s\n", w)
+	}
+}
+
+// roundLeft prints a remaining time to a useful precision: days and hours,
+// or minutes and seconds when little is left.
+func roundLeft(d time.Duration) string {
+	switch {
+	case d >= 24*time.Hour:
+		days := d / (24 * time.Hour)
+		return fmt.Sprintf("%dd%dh", days, (d-days*24*time.Hour)/time.Hour)
+	case d >= time.Hour:
+		return d.Round(time.Minute).String()
+	}
+	return d.Round(time.Second).String()
+}

@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+)
+
+// offlineActor is the audit actor of a break-glass operator identity: no
+// operator certificate vouches for it, the storage key does.
+const offlineActor = "muster admin add --offline"
+
+// offlineOperator is what addOperatorOffline issued.
+type offlineOperator struct {
+	ID       spiffeid.ID
+	Identity *identity.Identity
+}
+
+// addOperatorOffline is the break-glass path (DESIGN.md, "Operator
+// identities"): with no operator identity left that the authority accepts,
+// whoever holds the data directory (its storage key and the admin
+// intermediate) signs a new one without the API, records it in the store
+// and appends its audit record to the chain, keyed by the storage key as
+// the authority's own records are. A running authority on the same
+// directory or store is left alone: every write here is the store's own
+// conditional write, as from any replica.
+// crlURL, if set (crl_url), is named in the identity's CRL Distribution
+// Points as the authority names it in the ones it signs.
+func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, name string, ttl time.Duration, now time.Time) (offlineOperator, error) {
+	if ttl <= 0 || ttl > 366*24*time.Hour {
+		return offlineOperator{}, fmt.Errorf("ttl must be between 1s and %s", 366*24*time.Hour)
+	}
+	d, err := loadDataDir(dir, storeURL)
+	if err != nil {
+		return offlineOperator{}, err
+	}
+	id, err := spiffeid.New(d.info.TrustDomain, spiffeid.RoleAdmin, name)
+	if err != nil {
+		return offlineOperator{}, fmt.Errorf("operator name: %w", err)
+	}
+	st, err := openStore(ctx, d.url)
+	if err != nil {
+		return offlineOperator{}, err
+	}
+	defer st.Close()
+	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
+		return offlineOperator{}, err
+	}
+	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	if err != nil {
+		return offlineOperator{}, err
+	}
+	// A chain cut short is refused here as at the authority's start:
+	// appending would reuse the removed records' numbers.
+	if err := logger.CheckHead(ctx); err != nil {
+		return offlineOperator{}, err
+	}
+	issuer := offlineAdminIssuer(d)
+	if crlURL != "" {
+		if err := checkCRLURL(crlURL); err != nil {
+			return offlineOperator{}, err
+		}
+		issuer.CRLDistributionPoints = []string{crl.DistributionPoint(crlURL, crl.Issuer{Role: string(ca.RoleAdmin), Cert: issuer.Cert})}
+	}
+	op, err := datadir.IssueOperator(issuer, d.ca.Root, id, nil, ttl, now)
+	if err != nil {
+		return offlineOperator{}, err
+	}
+	rec := datadir.OperatorRecord(op, id, offlineActor, now)
+	// Break-glass is for a name whose identity is lost as much as for one
+	// that expired: a valid certificate of the name does not stop it.
+	rec.Reissue = true
+	if err := st.InsertOperator(ctx, rec); err != nil {
+		return offlineOperator{}, fmt.Errorf("recording the operator certificate: %w", err)
+	}
+	if _, err := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: offlineActor, Action: "operator.add",
+		Target: id.String(), Result: audit.ResultOK,
+		Reason: fmt.Sprintf("break-glass: serial %s signed with the admin intermediate of %s, valid until %s",
+			rec.Serial, dir, op.Leaf().NotAfter.UTC().Format(time.RFC3339))}); err != nil {
+		return offlineOperator{}, fmt.Errorf("the operator certificate (serial %s) is recorded but its audit record could not be written: %w", rec.Serial, err)
+	}
+	return offlineOperator{ID: id, Identity: op}, nil
+}
+
+// offlineAdminIssuer is the intermediate a break-glass identity is signed
+// with: today the data directory's admin intermediate (the one the
+// authority signs operator identities with).
+func offlineAdminIssuer(d dataDir) *ca.Issuer { return d.ca.Issuer(ca.RoleAdmin) }

@@ -1,0 +1,225 @@
+package crl
+
+import (
+	"context"
+	"crypto/x509"
+	"math/big"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// memStore is the part of the store a Publisher uses, in memory, with the
+// same conditional write.
+type memStore struct {
+	mu      sync.Mutex
+	now     time.Time
+	revoked []store.RevokedCertificate
+	crls    map[string]store.CRL
+	puts    int
+}
+
+func (m *memStore) Now(context.Context) (time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.now, nil
+}
+
+func (m *memStore) ListRevokedCertificates(context.Context, time.Time) ([]store.RevokedCertificate, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]store.RevokedCertificate(nil), m.revoked...), nil
+}
+
+func (m *memStore) GetCRL(_ context.Context, issuer string) (store.CRL, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.crls[issuer]
+	if !ok {
+		return store.CRL{}, store.ErrNotFound
+	}
+	return c, nil
+}
+
+func (m *memStore) PutCRL(_ context.Context, c store.CRL, prev int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.crls[c.Issuer].Number != prev || c.Number <= prev {
+		return store.ErrConflict
+	}
+	m.crls[c.Issuer] = c
+	m.puts++
+	return nil
+}
+
+func setup(t *testing.T) (*ca.Hierarchy, *memStore, func() []Issuer) {
+	t.Helper()
+	now := time.Now().UTC().Truncate(time.Second)
+	h, err := ca.Create("test", now.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &memStore{now: now, crls: map[string]store.CRL{}}
+	issuers := func() []Issuer {
+		var out []Issuer
+		for _, r := range []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin} {
+			out = append(out, Issuer{Role: string(r), Cert: h.Issuer(r).Cert, Signer: h.Issuer(r).Key})
+		}
+		return out
+	}
+	return h, st, issuers
+}
+
+// parse reads the stored list of role, checking its signature.
+func parse(t *testing.T, h *ca.Hierarchy, st *memStore, role ca.Role) *x509.RevocationList {
+	t.Helper()
+	is := h.Issuer(role)
+	c, ok := st.crls[Issuer{Role: string(role), Cert: is.Cert}.Name()]
+	if !ok {
+		t.Fatalf("no list stored for %s", role)
+	}
+	rl, err := x509.ParseRevocationList(c.DER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.CheckSignatureFrom(is.Cert); err != nil {
+		t.Fatalf("list of %s: %v", role, err)
+	}
+	if rl.Number.Int64() != c.Number {
+		t.Errorf("list of %s says number %v, stored as %d", role, rl.Number, c.Number)
+	}
+	return rl
+}
+
+func serials(rl *x509.RevocationList) map[string]int {
+	out := map[string]int{}
+	for _, e := range rl.RevokedCertificateEntries {
+		out[e.SerialNumber.Text(16)] = e.ReasonCode
+	}
+	return out
+}
+
+func TestPublish(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	now := st.now
+	leaf := func(serial string, operator bool, reason string) store.RevokedCertificate {
+		since := now.Add(-time.Minute)
+		if reason == store.RevokedReasonDeleted {
+			since = time.Time{}
+		}
+		return store.RevokedCertificate{Serial: serial, NotBefore: now.Add(-time.Minute), NotAfter: now.Add(time.Hour),
+			Operator: operator, Reason: reason, Since: since}
+	}
+	st.revoked = []store.RevokedCertificate{
+		leaf("a1", false, store.LockNode), leaf("a1", false, store.LockInstance), // one entry
+		leaf("a2", false, store.RevokedReasonDeleted),
+		leaf("b1", true, store.LockAdmin),
+		// Signed before the agent intermediate existed: not its leaf.
+		{Serial: "c1", NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(time.Hour), Reason: store.LockNode},
+	}
+	p := New(Config{Store: st, Issuers: issuers, Validity: time.Hour})
+	next, err := p.Publish(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := now.Add(30 * time.Minute); !next.Equal(want) {
+		t.Errorf("next pass at %v, want half the validity: %v", next, want)
+	}
+	agent := parse(t, h, st, ca.RoleAgent)
+	if got := serials(agent); len(got) != 2 || got["a1"] != reasonCertificateHold || got["a2"] != reasonCessationOfOperation {
+		t.Errorf("agent list: %v", got)
+	}
+	if !agent.NextUpdate.Equal(now.Add(time.Hour)) || !agent.ThisUpdate.Equal(now.Add(-Backdate)) {
+		t.Errorf("agent list valid %v to %v", agent.ThisUpdate, agent.NextUpdate)
+	}
+	if got := serials(parse(t, h, st, ca.RoleAdmin)); len(got) != 1 || got["b1"] == 0 {
+		t.Errorf("admin list: %v", got)
+	}
+	if got := serials(parse(t, h, st, ca.RoleServer)); len(got) != 0 {
+		t.Errorf("server list: %v", got)
+	}
+	deletedAt := agent.RevokedCertificateEntries[1].RevocationTime
+
+	// Nothing changed, nothing signed: a second replica agrees.
+	puts := st.puts
+	if _, err := New(Config{Store: st, Issuers: issuers, Validity: time.Hour}).Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st.puts != puts {
+		t.Errorf("an unchanged pass signed %d lists", st.puts-puts)
+	}
+
+	// An unlock: a1 leaves the next list, whose number follows; a2 keeps
+	// the time of its deletion.
+	st.revoked = st.revoked[2:]
+	st.now = now.Add(time.Minute)
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agent = parse(t, h, st, ca.RoleAgent)
+	if got := serials(agent); len(got) != 1 || got["a2"] == 0 || agent.Number.Int64() != 2 {
+		t.Errorf("after the unlock: %v, number %v", got, agent.Number)
+	}
+	if !agent.RevokedCertificateEntries[0].RevocationTime.Equal(deletedAt) {
+		t.Errorf("a deletion's time moved from %v to %v", deletedAt, agent.RevokedCertificateEntries[0].RevocationTime)
+	}
+	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != 1 {
+		t.Errorf("the unchanged admin list was signed again: number %d", n)
+	}
+
+	// Half the validity: signed again, unchanged.
+	st.now = now.Add(31 * time.Minute)
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != 2 {
+		t.Errorf("admin list at half its validity: number %d, want 2", n)
+	}
+	st2 := p.Statuses()
+	if len(st2) != 4 {
+		t.Errorf("%d statuses, want 4", len(st2))
+	}
+}
+
+// TestPublishRace: replicas publishing at once never reuse a number, and
+// the list stored says what they all read.
+func TestPublishRace(t *testing.T) {
+	h, st, issuers := setup(t)
+	st.revoked = []store.RevokedCertificate{{Serial: "a1", NotBefore: st.now, NotAfter: st.now.Add(time.Hour), Reason: store.LockNode, Since: st.now}}
+	var wg sync.WaitGroup
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := New(Config{Store: st, Issuers: issuers, Validity: time.Hour}).Publish(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := serials(parse(t, h, st, ca.RoleAgent)); got["a1"] == 0 {
+		t.Errorf("agent list: %v", got)
+	}
+	if st.puts != 4 {
+		t.Errorf("%d lists stored by 8 replicas for 4 issuers, want 4", st.puts)
+	}
+}
+
+func TestNameFromPath(t *testing.T) {
+	for path, want := range map[string]string{
+		"/crl/agent-1f.crl": "agent-1f", "/crl/.crl": "", "/crl/a/b.crl": "", "/crl/agent-1f": "", "/x/agent.crl": "",
+	} {
+		got, ok := NameFromPath(path)
+		if got != want || ok != (want != "") {
+			t.Errorf("NameFromPath(%q) = %q, %v", path, got, ok)
+		}
+	}
+	is := Issuer{Role: "agent", Cert: &x509.Certificate{SerialNumber: big.NewInt(0x1f)}}
+	if got := DistributionPoint("http://h:1/", is); got != "http://h:1/crl/agent-1f.crl" {
+		t.Errorf("DistributionPoint = %q", got)
+	}
+}

@@ -1,0 +1,227 @@
+package crl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// Store is the part of the store the Publisher uses.
+type Store interface {
+	Now(ctx context.Context) (time.Time, error)
+	ListRevokedCertificates(ctx context.Context, issuedAfter time.Time) ([]store.RevokedCertificate, error)
+	GetCRL(ctx context.Context, issuer string) (store.CRL, error)
+	PutCRL(ctx context.Context, c store.CRL, prev int64) error
+}
+
+// Defaults and bounds of Config.
+const (
+	DefaultValidity = 24 * time.Hour
+	// MinValidity keeps a list valid long enough to be fetched and used.
+	MinValidity = 10 * time.Second
+	// settle gathers the changes of one burst (a node deleted with its
+	// lock, a fleet locked by a script) into one signing.
+	settle = 500 * time.Millisecond
+	// retryAfter is how soon a failed pass (the store unreachable) is
+	// tried again.
+	retryAfter = 5 * time.Second
+)
+
+// Config is what a Publisher needs.
+type Config struct {
+	Store Store
+	// Issuers returns the issuing intermediates whose lists are kept,
+	// at each pass; safe for concurrent use.
+	Issuers func() []Issuer
+	// Validity is nextUpdate − thisUpdate (zero: DefaultValidity).
+	Validity time.Duration
+	// MaxLeafTTL bounds how long ago a deleted node's last certificate can
+	// have been issued and still be unexpired.
+	MaxLeafTTL time.Duration
+	Log        *slog.Logger
+}
+
+// Status is what the latest pass knows of one list, for metrics.
+type Status struct {
+	Issuer     Issuer
+	Number     int64
+	ThisUpdate time.Time // when it was signed (its thisUpdate is Backdate earlier)
+	Entries    int
+}
+
+// Publisher keeps the lists signed and stored. Its methods are safe for
+// concurrent use.
+type Publisher struct {
+	cfg  Config
+	poke chan struct{}
+
+	mu     sync.Mutex
+	status map[string]Status
+}
+
+// New returns a Publisher; Run keeps it going.
+func New(cfg Config) *Publisher {
+	if cfg.Validity == 0 {
+		cfg.Validity = DefaultValidity
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	return &Publisher{cfg: cfg, poke: make(chan struct{}, 1), status: map[string]Status{}}
+}
+
+// Validity is the lifetime of the lists it signs.
+func (p *Publisher) Validity() time.Duration { return p.cfg.Validity }
+
+// Poke asks for a pass soon: something a list holds may have changed. It
+// never blocks.
+func (p *Publisher) Poke() {
+	select {
+	case p.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Run makes a pass at once, then after each poke (once a burst settles)
+// and whenever a list reaches half its validity, until ctx ends. A failed
+// pass is logged and tried again.
+func (p *Publisher) Run(ctx context.Context) error {
+	for {
+		next, err := p.Publish(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		wait := time.Until(next)
+		if err != nil {
+			p.cfg.Log.Error("signing the certificate revocation lists failed; trying again", "err", err)
+			wait = retryAfter
+		}
+		t := time.NewTimer(max(wait, 0))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		case <-p.poke:
+			t.Stop()
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(settle):
+			}
+		}
+	}
+}
+
+// Publish makes one pass over every issuer: it reads what must be revoked,
+// and signs and stores a new list for each issuer whose stored list says
+// something else or has passed half its validity. It returns when the
+// next pass is due (the earliest half-validity of the lists).
+func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
+	now, err := p.cfg.Store.Now(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	revoked, err := p.cfg.Store.ListRevokedCertificates(ctx, now.Add(-p.cfg.MaxLeafTTL))
+	if err != nil {
+		return time.Time{}, err
+	}
+	next = now.Add(p.cfg.Validity / 2)
+	issuers := p.cfg.Issuers()
+	live := map[string]bool{}
+	var errs []error
+	for _, is := range issuers {
+		live[is.Name()] = true
+		st, err := p.publishOne(ctx, is, entriesFor(is, revoked), now)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if due := st.ThisUpdate.Add(p.cfg.Validity / 2); due.Before(next) {
+			next = due
+		}
+	}
+	p.mu.Lock()
+	for name := range p.status {
+		if !live[name] {
+			delete(p.status, name)
+		}
+	}
+	p.mu.Unlock()
+	return next, errors.Join(errs...)
+}
+
+// publishOne brings the stored list of is up to date: kept if it holds
+// entries already and is younger than half its validity, else signed anew
+// with the next number. Losing the conditional write to another replica
+// means reading its list and deciding again.
+func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, now time.Time) (Status, error) {
+	d := digest(entries)
+	for attempt := 0; attempt < 3; attempt++ {
+		stored, err := p.cfg.Store.GetCRL(ctx, is.Name())
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return Status{}, err
+		}
+		st := Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, Entries: len(entries)}
+		if err == nil && sameBytes(stored.Digest, d) && now.Before(stored.ThisUpdate.Add(p.cfg.Validity/2)) {
+			p.setStatus(st)
+			return st, nil
+		}
+		der, err := sign(is, stored.Number+1, entries, stored.DER, now, p.cfg.Validity)
+		if err != nil {
+			return Status{}, err
+		}
+		c := store.CRL{Issuer: is.Name(), Number: stored.Number + 1, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
+		err = p.cfg.Store.PutCRL(ctx, c, stored.Number)
+		if errors.Is(err, store.ErrConflict) {
+			continue // another replica signed one: read it and decide again
+		}
+		if err != nil {
+			return Status{}, err
+		}
+		st.Number, st.ThisUpdate = c.Number, c.ThisUpdate
+		p.setStatus(st)
+		p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
+		return st, nil
+	}
+	return Status{}, fmt.Errorf("crl: %s: other replicas kept signing lists under this one", is.Name())
+}
+
+func (p *Publisher) setStatus(st Status) {
+	p.mu.Lock()
+	p.status[st.Issuer.Name()] = st
+	p.mu.Unlock()
+}
+
+// Statuses returns what the latest pass knew of each list.
+func (p *Publisher) Statuses() []Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Status, 0, len(p.status))
+	for _, st := range p.status {
+		out = append(out, st)
+	}
+	return out
+}
+
+// Get returns the stored list called name (ROLE-SERIAL) in DER;
+// ErrUnknownIssuer if no current issuing intermediate has that name, an
+// error wrapping store.ErrNotFound if its first list is not signed yet.
+func (p *Publisher) Get(ctx context.Context, name string) (store.CRL, error) {
+	known := false
+	for _, is := range p.cfg.Issuers() {
+		if is.Name() == name {
+			known = true
+			break
+		}
+	}
+	if !known {
+		return store.CRL{}, ErrUnknownIssuer
+	}
+	return p.cfg.Store.GetCRL(ctx, name)
+}
