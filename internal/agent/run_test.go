@@ -111,7 +111,14 @@ func TestRunJoinsAndRenews(t *testing.T) {
 	a := New(Options{Dir: dir, Metrics: m, Now: clock.Now, Timeout: 5 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, func() (JoinRequest, error) { return f.joinRequest("n1"), nil }) }()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- a.Run(ctx, func() (JoinRequest, error) { return f.joinRequest("n1"), nil })
+	}()
+	// A failed test stops Run before shortBackoff's cleanup restores
+	// the variables it reads.
+	t.Cleanup(func() { cancel(); <-stopped })
 
 	var st *State
 	waitFor(t, done, "join", func() bool { st, _ = dir.ReadState(); return st != nil })
