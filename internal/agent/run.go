@@ -14,19 +14,20 @@ import (
 	"github.com/muster-dev/muster/internal/errinfo"
 )
 
-// Backoff of transient failures; variables so tests can shorten them.
+// Backoff of transient failures and the longest wait for a renewal;
+// variables so tests can shorten them.
 var (
 	backoffMin = time.Second
 	backoffMax = 5 * time.Minute
-)
-
-const (
 	// maxSleep bounds one wait, so a machine that was suspended notices
 	// on waking that a renewal is due (timers do not count suspension).
+	// It is also how often the agent looks at Options.Now: a test that
+	// moves that clock shortens it.
 	maxSleep = time.Minute
-	// renewJitter spreads renewals of agents that joined together.
-	renewJitter = 0.1
 )
+
+// renewJitter spreads renewals of agents that joined together.
+const renewJitter = 0.1
 
 // Transient reports whether a failure may go away by itself: the authority
 // unreachable, overloaded or slow (UNAVAILABLE, DEADLINE_EXCEEDED,

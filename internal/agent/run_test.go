@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,39 +40,114 @@ func TestTransient(t *testing.T) {
 }
 
 func shortBackoff(t *testing.T) {
-	minB, maxB := backoffMin, backoffMax
-	backoffMin, backoffMax = 10*time.Millisecond, 40*time.Millisecond
-	t.Cleanup(func() { backoffMin, backoffMax = minB, maxB })
+	minB, maxB, maxS := backoffMin, backoffMax, maxSleep
+	backoffMin, backoffMax, maxSleep = 10*time.Millisecond, 40*time.Millisecond, 5*time.Millisecond
+	t.Cleanup(func() { backoffMin, backoffMax, maxSleep = minB, maxB, maxS })
+}
+
+// testClock is the wall clock moved forward by an offset the test sets,
+// for Options.Now. The agent's schedule follows it, so a test moves it
+// past a renewal's due time instead of waiting for short-lived
+// certificates to age, while TLS, which reads the wall clock, still
+// accepts the certificates (they live an hour). It counts its readings,
+// so a test can tell the agent has looked at it.
+type testClock struct {
+	mu     sync.Mutex
+	offset time.Duration
+	reads  int
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.reads++
+	return time.Now().Add(c.offset)
+}
+
+// set moves the clock to read at now, and returns how often it had been
+// read.
+func (c *testClock) set(at time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.offset = time.Until(at)
+	return c.reads
+}
+
+func (c *testClock) readings() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+// waitFor polls until cond holds, failing if Run ends first or nothing
+// happens within a minute (a hang, not a slow machine).
+func waitFor(t *testing.T, done <-chan error, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for !cond() {
+		select {
+		case err := <-done:
+			t.Fatalf("Run ended waiting for %s: %v", what, err)
+		case <-deadline:
+			t.Fatalf("no %s within a minute", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // TestRunJoinsAndRenews: an agent with no identity joins with the request
-// it is given, renews short-lived certificates at half-life through
-// transient failures, and stops cleanly when cancelled.
+// it is given, renews at about half of each certificate's lifetime (not
+// before 45% of it) through transient failures, and stops cleanly when
+// cancelled. The agent's clock is moved by the test, not waited for.
 func TestRunJoinsAndRenews(t *testing.T) {
 	shortBackoff(t)
-	f := newFakeAuthority(t, fakeOptions{ttl: 2 * time.Second})
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
 	f.mu.Lock()
 	f.renewErrs = []error{status.Error(codes.Unavailable, "down"), status.Error(codes.ResourceExhausted, "busy")}
 	f.mu.Unlock()
 	dir := Dir(t.TempDir())
 	m := NewMetrics()
-	a := New(Options{Dir: dir, Metrics: m, Timeout: 5 * time.Second})
+	clock := &testClock{}
+	a := New(Options{Dir: dir, Metrics: m, Now: clock.Now, Timeout: 5 * time.Second})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx, func() (JoinRequest, error) { return f.joinRequest("n1"), nil }) }()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- a.Run(ctx, func() (JoinRequest, error) { return f.joinRequest("n1"), nil })
+	}()
+	// A failed test stops Run before shortBackoff's cleanup restores
+	// the variables it reads.
+	t.Cleanup(func() { cancel(); <-stopped })
 
-	deadline := time.After(15 * time.Second)
-	for {
-		st, _ := dir.ReadState()
-		if st != nil && st.Generation >= 2 {
-			break
+	var st *State
+	waitFor(t, done, "join", func() bool { st, _ = dir.ReadState(); return st != nil })
+	wantRenewals := 0
+	for gen := int64(1); gen <= 2; gen++ {
+		got := st.JoinedAt
+		if st.LastRenewal != nil {
+			got = *st.LastRenewal
 		}
-		select {
-		case err := <-done:
-			t.Fatalf("Run ended: %v", err)
-		case <-deadline:
-			t.Fatalf("no second renewal in 15s; state %+v", st)
-		case <-time.After(50 * time.Millisecond):
+		half := st.NotAfter.Sub(got) / 2
+		// Short of the earliest due time (half - 10% jitter): the agent
+		// looks at the clock, many times, and does not renew.
+		seen := clock.set(got.Add(half * 8 / 10))
+		waitFor(t, done, "look at the clock", func() bool { return clock.readings() >= seen+20 })
+		if _, _, n := f.calls(); n != wantRenewals {
+			t.Fatalf("generation %d: %d renewal requests at 40%% of the lifetime, want %d", gen-1, n, wantRenewals)
+		}
+		// Past the latest (half + 10%), well before expiry: it renews.
+		clock.set(got.Add(half * 12 / 10))
+		waitFor(t, done, fmt.Sprintf("generation %d", gen), func() bool {
+			st, _ = dir.ReadState()
+			return st != nil && st.Generation >= gen
+		})
+		wantRenewals++
+		if gen == 1 {
+			wantRenewals += 2 // the transient failures, retried
+		}
+		if _, _, n := f.calls(); n != wantRenewals {
+			t.Errorf("generation %d after %d renewal requests, want %d", gen, n, wantRenewals)
 		}
 	}
 	cancel()
@@ -80,8 +156,8 @@ func TestRunJoinsAndRenews(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Run after cancel: %v", err)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not stop within 5s of cancel")
+	case <-time.After(time.Minute):
+		t.Fatal("Run did not stop within a minute of cancel")
 	}
 	if _, ex, _ := f.calls(); ex != 1 {
 		t.Errorf("%d joins, want 1", ex)
@@ -91,18 +167,35 @@ func TestRunJoinsAndRenews(t *testing.T) {
 	}
 }
 
+// TestRunStopsOnPermanentFailure: a due renewal that fails transiently is
+// retried, and one that fails permanently ends Run with its error,
+// leaving the identity as it was.
 func TestRunStopsOnPermanentFailure(t *testing.T) {
 	shortBackoff(t)
-	f := newFakeAuthority(t, fakeOptions{ttl: 2 * time.Second})
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
 	_, dir := joined(t, f)
 	f.mu.Lock()
 	f.renewErrs = []error{status.Error(codes.Unavailable, "down"), status.Error(codes.PermissionDenied, "superseded")}
 	f.mu.Unlock()
 	before := snapshot(t, dir)
-	err := New(Options{Dir: dir}).Run(t.Context(), nil)
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Due (past half of the lifetime and its jitter), not expired.
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute))
+	// A Run that does not stop (the refusal retried) ends with the
+	// context, and nil, failing below rather than hanging.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err = New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil)
 	var op *OpError
 	if !errors.As(err, &op) || op.Op != "renewal" || codeOf(err) != codes.PermissionDenied {
 		t.Fatalf("got %v, want a PERMISSION_DENIED renewal failure", err)
+	}
+	if _, _, n := f.calls(); n != 2 {
+		t.Errorf("%d renewal requests, want 2 (the transient failure retried)", n)
 	}
 	after := snapshot(t, dir)
 	for p, data := range before {
