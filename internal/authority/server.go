@@ -127,6 +127,9 @@ type Server struct {
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 
+	// outage logs a store outage once, not once per failed request.
+	outage *storeOutage
+
 	// anchors is the client-certificate check's short path (clientchain.go).
 	anchors clientAnchors
 }
@@ -151,6 +154,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		certs:   map[ca.Role]*tls.Certificate{},
 		hub:     newStreamHub(),
 	}
+	s.outage = newStoreOutage(cfg.Log, func(ctx context.Context) error {
+		_, err := cfg.Store.Now(ctx)
+		return err
+	})
+	s.metrics.outage = s.outage
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
@@ -482,6 +490,7 @@ func (s *Server) Run(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
+	g.Go(func() error { s.outage.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })

@@ -371,7 +371,9 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 		return
 	}
 	if err != nil {
-		s.log.Error("cannot record a task result", "err", err, "node", node)
+		if !s.outage.fail(err) {
+			s.log.Error("cannot record a task result", "err", err, "node", node)
+		}
 		return
 	}
 	if state == store.TaskRefused {
@@ -457,7 +459,7 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
 		err = s.store.RecordAgentStream(ctx, row)
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 		s.log.Error("cannot record a heartbeat", "err", err, "node", row.NodeID)
 	}
 }
