@@ -148,7 +148,12 @@ func (st *agentStream) close() {
 		st.unsub()
 	}()
 	if err := st.recordEnd(); err != nil {
-		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
+		// Recorded later (pendingEnds), so the agent is not listed
+		// connected for good.
+		if !a.s.outage.fail(err) {
+			a.streamLog(st.c).Error("cannot record the stream's end; retrying", "err", err)
+		}
+		a.s.streamEnds.add(st.row.NodeID, st.row.ConnectedAt, time.Now().UTC())
 	}
 }
 

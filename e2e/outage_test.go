@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store/pgtest"
+)
+
+// TestDatabaseOutage stops the authority's PostgreSQL across an agent's
+// renewal window and starts it again. Through the outage the agent keeps
+// running (its renewal is answered UNAVAILABLE, retried, never a permanent
+// failure) and renews once the database is back; the admin CLI says the
+// authority's store is unavailable, not that the authority cannot be
+// reached; /metrics still answers; the authority logs the outage in a
+// couple of lines, not one per request; and a stream that ended during the
+// outage is recorded as ended once the database is back. Its own cluster:
+// the test stops it.
+func TestDatabaseOutage(t *testing.T) {
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatalf("PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { own.Resume(); own.Stop() })
+	url := own.NewDatabase(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--agent-cert-ttl", "24s")}
+
+	run := func(node string) (*proc, string) {
+		adir := filepath.Join(t.TempDir(), node)
+		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", node, e.createToken(t).URI); r.code != 0 {
+			t.Fatalf("agent join %s: exit %d\n%s", node, r.code, r.stderr)
+		}
+		p, _ := startProc(t, node, "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		return p, adir
+	}
+	stayer, sdir := run("stayer")
+	leaver, _ := run("leaver")
+	waitFor(t, 10*time.Second, "both streams recorded", func() bool {
+		out := mustRun(t, "agents", "list", "--data", dir)
+		return strings.Count(out, "connected via") == 2
+	})
+	// The stayer renews at about half of 24 s (±10%): from 10.8 s after
+	// its join. The database is down from about 6 s to 16 s.
+	time.Sleep(4 * time.Second)
+	if g := agentStatus(t, sdir)["generation"]; g != float64(0) {
+		t.Fatalf("renewed before the outage (generation %v): the test's timing does not hold", g)
+	}
+	if err := own.Halt(); err != nil {
+		t.Fatal(err)
+	}
+	outage := time.Now()
+	logsBefore := len(e.auth.Logs())
+
+	// A stream that ends while the database is down.
+	leaver.cmd.Process.Signal(syscall.SIGTERM)
+	waitFor(t, 10*time.Second, "the leaver stops", func() bool {
+		select {
+		case <-leaver.done:
+			return true
+		default:
+			return false
+		}
+	})
+	r := muster(t, nil, "agents", "list", "--data", dir)
+	if r.code == 0 || strings.Contains(r.stderr, "cannot reach the authority") || !strings.Contains(r.stderr, "UNAVAILABLE: the authority's store is unavailable") {
+		t.Errorf("agents list with the database down: exit %d, %q", r.code, r.stderr)
+	}
+	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, "muster_store_up 0") || !strings.Contains(m, "muster_rpc_requests_total") {
+		t.Errorf("/metrics with the database down:\n%s", grepLines(m, "muster_store_up"))
+	}
+	time.Sleep(time.Until(outage.Add(10 * time.Second)))
+	if err := own.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+
+	waitFor(t, 20*time.Second, "the stayer renews after the outage", func() bool {
+		select {
+		case <-stayer.done:
+			t.Fatalf("the agent exited during the database outage: %v\n%s", stayer.exitErr, stayer.Logs())
+		default:
+		}
+		return agentStatus(t, sdir)["generation"] == float64(1)
+	})
+	t.Logf("renewed %s after the database was back", time.Since(back).Round(100*time.Millisecond))
+	if l := stayer.Logs(); strings.Contains(l, "permanent failure") || !strings.Contains(l, "renewal failed; retrying") {
+		t.Errorf("the agent's log through the outage:\n%s", l)
+	}
+	waitFor(t, 10*time.Second, "the leaver's stream recorded as ended", func() bool {
+		out := mustRun(t, "agents", "show", "leaver", "--data", dir)
+		return strings.Contains(out, "Stream: disconnected")
+	})
+	waitFor(t, 10*time.Second, "the authority logs the store back", func() bool {
+		return strings.Contains(e.auth.Logs(), "the store is available again")
+	})
+	during := e.auth.Logs()[logsBefore:]
+	if n := strings.Count(during, `"level":"WARN"`) + strings.Count(during, `"level":"ERROR"`); n > 4 {
+		t.Errorf("%d warnings and errors through one outage, want the store lost and the notifications lost:\n%s\n%s",
+			n, grepLines(during, `"level":"WARN"`), grepLines(during, `"level":"ERROR"`))
+	}
+	if !strings.Contains(during, "failed_requests") {
+		t.Errorf("the store's return does not count the failed requests:\n%s", grepLines(during, "available again"))
+	}
+}
