@@ -137,3 +137,61 @@ func TestStreamEndsWithItsCertificate(t *testing.T) {
 		}
 	}
 }
+
+// TestLockRightAfterAnOutage: two replicas on one PostgreSQL, an agent's
+// stream on the first; the database is down for 10 s, long enough for the
+// replicas' listening connections to give up several times. A lock made
+// through the second replica as soon as the database is back closes the
+// stream on the first within 2 s: the first listens again within a second
+// of the database's return (its backoff capped at 1 s; it grew to 5 s
+// before), and then re-checks every stream.
+func TestLockRightAfterAnOutage(t *testing.T) {
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatalf("PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { own.Resume(); own.Stop() })
+	url := own.NewDatabase(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	bdir := replicaDir(t, dir)
+	a := startAuthority(t, dir, "--store", url)
+	b := startAuthority(t, bdir, "--store", url)
+	var tok createdToken
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "create", "--data", dir, "--authority", a.addr, "-o", "json")), &tok); err != nil {
+		t.Fatal(err)
+	}
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, 5*time.Second, "replica a holds the stream", func() bool { return strings.Contains(a.Logs(), "agent stream opened") })
+
+	if err := own.Halt(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Second)
+	if err := own.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replica a:\n%s", grepLines(a.Logs(), "store"))
+			t.Logf("replica a streams:\n%s", grepLines(a.Logs(), "stream"))
+		}
+	})
+	waitFor(t, 10*time.Second, "the lock through b", func() bool {
+		return muster(t, nil, "lock", "create", "--data", bdir, "--authority", b.addr, "--node", "n1", "--reason", "test").code == 0
+	})
+	took := waitFor(t, 2*time.Second, "the stream on a closes after the lock through b", func() bool {
+		return strings.Contains(grepLines(a.Logs(), `"msg":"agent stream closed"`), "locked")
+	})
+	t.Logf("stream on replica a closed %s after the lock through replica b, made as the database came back", took)
+	if n := strings.Count(a.Logs(), "lost the store's change notifications"); n != 1 {
+		t.Errorf("replica a logged the loss of its notifications %d times in one outage", n)
+	}
+	if !strings.Contains(a.Logs(), "listening again to the store's change notifications") {
+		t.Error("replica a does not log that it listens again")
+	}
+}

@@ -5,12 +5,15 @@ import (
 	"os"
 )
 
-// Halt stops the server as a crash would (immediate mode: open
-// connections are cut, nothing is checkpointed) and keeps its directory,
-// so Resume can start it again: for tests of what clients do while the
-// database is unreachable. Not safe to call concurrently with Resume.
+// Halt stops the server as an operator's restart does (fast mode: every
+// session is ended with 57P01, admin shutdown) and keeps its directory, so
+// Resume can start it again: for tests of what clients do while the
+// database is unreachable. Not immediate mode, a crash: with this
+// package's synchronous_commit=off a crash loses the last commits, which
+// a production server (synchronous_commit=on) never does. Not safe to
+// call concurrently with Resume.
 func (s *Server) Halt() error {
-	out, err := s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
+	out, err := s.run("pg_ctl", "-D", s.data(), "-m", "fast", "-w", "stop")
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
 	}
