@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,11 @@ import (
 // of muster's tolerates by its retry rules), and the same request may
 // succeed once the database is back.
 func unreachable(err error) bool {
+	// A request its caller cancelled or let time out says nothing of the
+	// database (context.DeadlineExceeded is a net.Error too).
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		// Class 08, connection exception; 57P01 admin shutdown, 57P02
