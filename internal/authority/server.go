@@ -161,7 +161,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		return err
 	})
 	s.metrics.outage = s.outage
-	s.streamEnds = newPendingEnds()
+	s.streamEnds = newPendingEnds(cfg.Store, cfg.Log)
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
@@ -494,7 +494,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { s.outage.run(gctx); return nil })
-	g.Go(func() error { s.streamEnds.run(gctx, s.store, s.log); return nil })
+	g.Go(func() error { s.streamEnds.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })
@@ -518,7 +518,7 @@ func (s *Server) Run(ctx context.Context) error {
 	err = g.Wait()
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	s.streamEnds.flush(rctx, s.store, s.log)
+	s.streamEnds.flush(rctx)
 	_ = s.recordAudit(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
 	s.audit.Checkpoint(rctx)
 	if errors.Is(err, grpc.ErrServerStopped) {

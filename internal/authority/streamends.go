@@ -28,11 +28,15 @@ type streamEnd struct {
 // newer stream of the node alone, so a late record is harmless. Lost if
 // the replica stops first. Safe for concurrent use.
 type pendingEnds struct {
+	store store.AgentStreamStore
+	log   *slog.Logger
 	mu    sync.Mutex
 	ended map[streamEnd]time.Time
 }
 
-func newPendingEnds() *pendingEnds { return &pendingEnds{ended: map[streamEnd]time.Time{}} }
+func newPendingEnds(st store.AgentStreamStore, log *slog.Logger) *pendingEnds {
+	return &pendingEnds{store: st, log: log, ended: map[streamEnd]time.Time{}}
+}
 
 // add keeps the end of node's stream opened at connectedAt, ended at
 // endedAt, to be recorded later.
@@ -53,7 +57,7 @@ func (p *pendingEnds) len() int {
 }
 
 // run records the pending ends every streamEndRetry until ctx ends.
-func (p *pendingEnds) run(ctx context.Context, st store.AgentStreamStore, log *slog.Logger) {
+func (p *pendingEnds) run(ctx context.Context) {
 	t := time.NewTicker(streamEndRetry)
 	defer t.Stop()
 	for {
@@ -62,13 +66,13 @@ func (p *pendingEnds) run(ctx context.Context, st store.AgentStreamStore, log *s
 			return
 		case <-t.C:
 		}
-		p.flush(ctx, st, log)
+		p.flush(ctx)
 	}
 }
 
 // flush tries to record every pending end once; it stops at the first
 // failure, as the store is then most likely still down.
-func (p *pendingEnds) flush(ctx context.Context, st store.AgentStreamStore, log *slog.Logger) {
+func (p *pendingEnds) flush(ctx context.Context) {
 	p.mu.Lock()
 	ends := make(map[streamEnd]time.Time, len(p.ended))
 	for e, at := range p.ended {
@@ -78,7 +82,7 @@ func (p *pendingEnds) flush(ctx context.Context, st store.AgentStreamStore, log 
 	recorded := 0
 	for e, at := range ends {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := st.CloseAgentStream(rctx, e.node, e.connectedAt, at)
+		err := p.store.CloseAgentStream(rctx, e.node, e.connectedAt, at)
 		cancel()
 		if err != nil {
 			break
@@ -89,6 +93,6 @@ func (p *pendingEnds) flush(ctx context.Context, st store.AgentStreamStore, log 
 		recorded++
 	}
 	if recorded > 0 {
-		log.Info("recorded the ends of agent streams that ended while the store was unavailable", "count", recorded)
+		p.log.Info("recorded the ends of agent streams that ended while the store was unavailable", "count", recorded)
 	}
 }

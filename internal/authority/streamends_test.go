@@ -37,17 +37,16 @@ func (c *closingStore) CloseAgentStream(_ context.Context, node string, connecte
 func TestPendingStreamEnds(t *testing.T) {
 	st := &closingStore{closed: map[string]time.Time{}}
 	st.down.Store(true)
-	p := newPendingEnds()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	p := newPendingEnds(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	opened, ended := time.Now().Add(-time.Minute), time.Now()
 	p.add("n1", opened, ended)
 	p.add("n2", opened, ended)
-	p.flush(t.Context(), st, log)
+	p.flush(t.Context())
 	if p.len() != 2 {
 		t.Fatalf("%d ends pending after a failed flush, want 2", p.len())
 	}
 	st.down.Store(false)
-	p.flush(t.Context(), st, log)
+	p.flush(t.Context())
 	if p.len() != 0 || len(st.closed) != 2 || !st.closed["n1"].Equal(ended) {
 		t.Fatalf("after the store came back: %d pending, recorded %v", p.len(), st.closed)
 	}
