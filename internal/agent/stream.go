@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"math/rand/v2"
 	"sync"
@@ -32,6 +33,13 @@ var (
 // keepStream holds the agent's stream to the authority open until ctx
 // ends, reconnecting with jittered exponential backoff. It takes each
 // verifier set the authority sends, and sends heartbeats.
+//
+// A stream ends by design when the certificate it was opened with expires
+// (the authority closes it at NotAfter), which, with a renewal at
+// half-life, is after the agent renewed: such an end is no failure, and
+// the agent reconnects with its new certificate within streamBackoffMin,
+// the backoff starting again from there. Only the other ends (the
+// authority unreachable, a refusal) let the backoff grow.
 func (a *Agent) keepStream(ctx context.Context) {
 	// Tasks run beside the streams, and stop with the agent.
 	tasks := newTaskRunner(ctx, a)
@@ -39,15 +47,21 @@ func (a *Agent) keepStream(ctx context.Context) {
 	delay := streamBackoffMin
 	for {
 		start := a.now()
-		err := a.streamOnce(ctx, tasks)
+		opened, err := a.streamOnce(ctx, tasks)
 		if ctx.Err() != nil {
 			return
 		}
-		if a.now().Sub(start) >= streamStable {
+		renewed := a.outlived(opened)
+		if renewed || a.now().Sub(start) >= streamStable {
 			delay = streamBackoffMin
 		}
 		wait := rand.N(delay + 1)
-		a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
+		if renewed {
+			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
+				"retry_in", wait.Round(time.Millisecond).String())
+		} else {
+			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
+		}
 		a.metrics.streamClosed()
 		if !sleep(ctx, wait) {
 			return
@@ -56,14 +70,35 @@ func (a *Agent) keepStream(ctx context.Context) {
 	}
 }
 
+// outlived reports whether opened, the certificate a stream was opened
+// with, has expired or been replaced by a renewal since: the stream's end
+// was then its certificate's, not a failure.
+func (a *Agent) outlived(opened *x509.Certificate) bool {
+	if opened == nil {
+		return false
+	}
+	if !a.now().Before(opened.NotAfter) {
+		return true
+	}
+	_, id, err := a.loadLocked(context.Background())
+	return err == nil && serialOf(id.Leaf()) != serialOf(opened)
+}
+
 // streamOnce opens one stream with the current certificate and serves it
-// until it ends. Its receive loop never waits for a task to run: tasks
-// go to tasks, and their answers come back through a sender of their own.
-func (a *Agent) streamOnce(ctx context.Context, tasks *taskRunner) error {
+// until it ends. It returns the certificate it opened the stream with, nil
+// if it could not load one.
+func (a *Agent) streamOnce(ctx context.Context, tasks *taskRunner) (*x509.Certificate, error) {
 	st, id, err := a.loadLocked(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	return id.Leaf(), a.serveStream(ctx, st, id, tasks)
+}
+
+// serveStream opens one stream with id and serves it until it ends. Its
+// receive loop never waits for a task to run: tasks go to tasks, and their
+// answers come back through a sender of their own.
+func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identity, tasks *taskRunner) error {
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {
 		return err

@@ -34,6 +34,11 @@ type loggedAudit struct{ s *Server }
 func (a loggedAudit) Record(ctx context.Context, e audit.Event) (store.AuditRecord, error) {
 	s := a.s
 	rec, err := s.audit.Record(context.WithoutCancel(ctx), e)
+	if err != nil && s.outage.fail(err) {
+		// Nothing was written, and the request fails with the store
+		// unavailable; the outage is logged once.
+		return rec, auditFailed{err}
+	}
 	if err != nil {
 		id := e.CorrelationID
 		if id == "" {

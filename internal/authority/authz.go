@@ -172,6 +172,8 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 			code, reason = codes.PermissionDenied, "locked"
 		case errors.Is(err, store.ErrNotFound):
 			return nil
+		case s.outage.fail(err):
+			return storeUnavailable()
 		default:
 			s.log.Error("lock lookup failed", "err", err, "correlation_id", c.CorrelationID)
 			return status.Error(codes.Unavailable, "cannot check locks")

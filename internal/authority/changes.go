@@ -4,6 +4,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -111,17 +112,22 @@ func (s *Server) onChange(c store.Change) {
 }
 
 // Backoff between attempts to listen again after the store's notification
-// connection was lost.
+// connection was lost. The cap is low: while the database is down each
+// attempt costs one refused connection, and once it is back, a lock made
+// through another replica must still close this replica's streams within
+// a second or two.
 const (
 	watchRetryMin = 100 * time.Millisecond
-	watchRetryMax = 5 * time.Second
+	watchRetryMax = time.Second
 )
 
 // watchChanges feeds the hub from the store until ctx ends. When the
 // notification connection is lost it listens again, with backoff, and the
 // store's first notify(nil) makes every stream re-check what it may have
-// missed. A store that cannot announce changes gets the streams woken
-// every streamCheckEvery instead.
+// missed. A loss is logged and counted once, however many attempts it
+// takes to listen again, and listening again is logged once. A store that
+// cannot announce changes gets the streams woken every streamCheckEvery
+// instead.
 func (s *Server) watchChanges(ctx context.Context) {
 	w, ok := s.store.(changeWatcher)
 	if !ok {
@@ -136,18 +142,32 @@ func (s *Server) watchChanges(ctx context.Context) {
 			}
 		}
 	}
+	// listening is set by the first notification of each WatchChanges,
+	// the one it sends once it listens (which may come from the store's
+	// own goroutine). lostAt is when the last loss began, zero at start.
+	var listening atomic.Bool
+	listening.Store(true) // a first attempt that fails is a loss too
+	var lostAt time.Time
+	notify := func(c store.Change) {
+		if !listening.Swap(true) {
+			s.log.Info("listening again to the store's change notifications; open agent streams re-check",
+				"lost_for", time.Since(lostAt).Round(time.Millisecond).String())
+		}
+		s.onChange(c)
+	}
 	wait := watchRetryMin
 	for {
-		start := time.Now()
-		err := w.WatchChanges(ctx, s.onChange)
+		err := w.WatchChanges(ctx, notify)
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(start) > watchRetryMax {
-			wait = watchRetryMin // it listened for a while: a fresh failure
+		if listening.Swap(false) {
+			lostAt, wait = time.Now(), watchRetryMin
+			s.log.Warn("lost the store's change notifications; listening again (open agent streams re-check once it listens)", "err", err)
+			s.streams.watchLost.Inc()
+		} else {
+			s.log.Debug("cannot listen to the store's change notifications yet", "err", err)
 		}
-		s.log.Warn("lost the store's change notifications; listening again (open agent streams re-check once it listens)", "err", err)
-		s.streams.watchLost.Inc()
 		select {
 		case <-ctx.Done():
 			return

@@ -1,10 +1,14 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,4 +112,85 @@ func TestWatchChangesListensAgain(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// outageWatcher listens, then loses its connection and fails to listen
+// again failures times (the database down), then listens until ctx ends.
+type outageWatcher struct {
+	store.Store
+	failures int
+	calls    atomic.Int64
+}
+
+func (f *outageWatcher) WatchChanges(ctx context.Context, notify func(store.Change)) error {
+	n := int(f.calls.Add(1))
+	if n > 1 && n <= 1+f.failures {
+		return errors.New("dial tcp: connection refused")
+	}
+	notify(store.Change{Kind: store.ChangeAll})
+	if n == 1 {
+		return errors.New("unexpected EOF") // the database went down
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// TestWatchChangesOutage: through a database outage of many failed
+// attempts, the loss is counted and logged once, listening again is logged
+// once, and the attempts stay at most a second apart, so the replica
+// listens again soon after the database is back (ten failures with the
+// old backoff, doubling to 5 s, took at least 13 s).
+func TestWatchChangesOutage(t *testing.T) {
+	m, err := newStreamMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	f := &outageWatcher{failures: 10}
+	s := &Server{store: f, hub: newStreamHub(), streams: m, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	w, unsubscribe := s.hub.subscribe("a")
+	defer unsubscribe()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.watchChanges(ctx); close(done) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.calls.Load() < 12 || !strings.Contains(logs.String(), "listening again to") {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d attempts in 10 s the replica does not listen again", f.calls.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := w.take(); got != store.ChangeAll {
+		t.Errorf("woken for %b once listening again, want everything", got)
+	}
+	cancel()
+	<-done
+	if n := metricValue(m.watchLost); n != 1 {
+		t.Errorf("muster_change_watch_lost_total = %v after one outage, want 1", n)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "level=WARN"); n != 1 {
+		t.Errorf("%d warnings for one outage, want 1:\n%s", n, out)
+	}
+	if n := strings.Count(out, "listening again to the store's change notifications"); n != 1 {
+		t.Errorf("listening again logged %d times, want once:\n%s", n, out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -73,7 +73,7 @@ func (s *Server) cleanTokens(ctx context.Context) error {
 func (s *Server) cleanTokensOnce(ctx context.Context) {
 	ids, err := s.store.DeleteExpiredTokens(ctx, tokenRetention)
 	if err != nil {
-		if ctx.Err() == nil {
+		if ctx.Err() == nil && !s.outage.fail(err) {
 			s.log.Error("token cleaner failed", "err", err)
 		}
 		return
@@ -91,7 +91,9 @@ func (s *Server) cleanTokensOnce(ctx context.Context) {
 // clock-skew allowance: a copy of one would be refused as expired anyway.
 func (s *Server) cleanTicketUses(ctx context.Context) {
 	if n, err := s.store.DeleteTicketUses(ctx); err != nil && ctx.Err() == nil {
-		s.log.Error("ticket use cleaner failed", "err", err)
+		if !s.outage.fail(err) {
+			s.log.Error("ticket use cleaner failed", "err", err)
+		}
 	} else if n > 0 {
 		s.log.Debug("dropped expired referral ticket uses", "count", n)
 	}

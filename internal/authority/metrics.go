@@ -20,6 +20,8 @@ import (
 // metrics are the authority's Prometheus series. Labels hold only bounded
 // values (method names, codes, results), never an identity or a secret.
 type metrics struct {
+	// outage counts the calls answered storeUnavailable (nil: none).
+	outage       *storeOutage
 	reg          *prometheus.Registry
 	rpcs         *prometheus.CounterVec
 	rpcDuration  *prometheus.HistogramVec
@@ -104,6 +106,7 @@ func (m *metrics) observe(fullMethod string, start time.Time, err error) {
 	service, method := serviceOf(fullMethod)
 	m.rpcs.WithLabelValues(service, method, status.Code(err).String()).Inc()
 	m.rpcDuration.WithLabelValues(service, method).Observe(time.Since(start).Seconds())
+	m.outage.observe(err)
 }
 
 func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

@@ -28,7 +28,7 @@ func (s *Server) pskSealer() (*seal.Sealer, error) {
 // clock. The cleaner calls it periodically; GetPSKs calls it before every
 // read, so an ended grace PSK is never shown even between sweeps.
 func (s *Server) expireGracePSKs(ctx context.Context) {
-	if err := s.revokeExpiredGracePSKs(ctx); err != nil && ctx.Err() == nil {
+	if err := s.revokeExpiredGracePSKs(ctx); err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 		s.log.Error("revoking expired grace PSKs failed", "err", err)
 	}
 }

@@ -153,6 +153,11 @@ type Server struct {
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 
+	// outage logs a store outage once, not once per failed request.
+	outage *storeOutage
+	// streamEnds are the ends of agent streams still to be recorded.
+	streamEnds *pendingEnds
+
 	// anchors is the client-certificate check's short path (clientchain.go).
 	anchors clientAnchors
 
@@ -180,6 +185,12 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		certs:   map[ca.Role]*tls.Certificate{},
 		hub:     newStreamHub(),
 	}
+	s.outage = newStoreOutage(cfg.Log, func(ctx context.Context) error {
+		_, err := cfg.Store.Now(ctx)
+		return err
+	})
+	s.metrics.outage = s.outage
+	s.streamEnds = newPendingEnds(cfg.Store, cfg.Log)
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
@@ -559,6 +570,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { s.inter.run(gctx); return nil })
+	g.Go(func() error { s.outage.run(gctx); return nil })
+	g.Go(func() error { s.streamEnds.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })
@@ -584,6 +597,7 @@ func (s *Server) Run(ctx context.Context) error {
 	err = g.Wait()
 	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s.streamEnds.flush(rctx)
 	_ = s.recordAudit(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
 	s.audit.Checkpoint(rctx)
 	if errors.Is(err, grpc.ErrServerStopped) {

@@ -46,7 +46,9 @@ func (s *Server) signerClock(ctx context.Context) error {
 		res, err := s.signers.Tick(ctx, signer.Actor{Name: "authority"})
 		switch {
 		case err != nil && ctx.Err() == nil:
-			s.log.Error("signer lifecycle step failed", "err", err)
+			if !s.outage.fail(err) {
+				s.log.Error("signer lifecycle step failed", "err", err)
+			}
 		case len(res.Changes) > 0:
 			s.log.Info("signer lifecycle step taken by the clock", "action", res.Changes[len(res.Changes)-1].Action,
 				"signer_version_id", res.Changes[len(res.Changes)-1].To.VersionID, "verifier_set_version", res.Version)

@@ -116,7 +116,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.As(err, new(auditFailed)):
 		// Logged where it failed, once.
 		if errors.Is(err, store.ErrUnavailable) {
-			return status.Error(codes.Unavailable, "the authority cannot write to its store now; retry later")
+			return storeUnavailable()
 		}
 		return status.Errorf(codes.Internal, "internal error (correlation id %s)", callerFrom(ctx).CorrelationID)
 	case errors.As(err, &ref):
@@ -137,9 +137,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	case errors.Is(err, store.ErrConflict):
 		return refused(codes.AlreadyExists, "already exists")
 	case errors.Is(err, store.ErrUnavailable):
-		// A full disk passes; the agent retries UNAVAILABLE, not INTERNAL.
-		log.Error("store unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
-		return status.Error(codes.Unavailable, "the authority cannot write to its store now; retry later")
+		// A full disk passes, and so does a database outage; the agent
+		// retries UNAVAILABLE, not INTERNAL. Logged once per outage
+		// (storeOutage), not per request.
+		return storeUnavailable()
 	}
 	if reason, gone := enroll.CallerGone(ctx, err); gone {
 		code := codes.Canceled

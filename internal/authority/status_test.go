@@ -117,8 +117,9 @@ func TestToStatusStoreErrors(t *testing.T) {
 		if status.Code(err) != tt.want {
 			t.Errorf("toStatus(%v) = %v, want %v", tt.err, err, tt.want)
 		}
-		if tt.want == codes.Unavailable && status.Convert(err).Message() != "the authority cannot write to its store now; retry later" {
-			t.Errorf("UNAVAILABLE message %q", status.Convert(err).Message())
+		if tt.want == codes.Unavailable && (status.Convert(err).Message() != "the authority's store is unavailable; retry later" ||
+			errinfo.Reason(err) != errinfo.ReasonStoreUnavailable) {
+			t.Errorf("UNAVAILABLE message %q, reason %q", status.Convert(err).Message(), errinfo.Reason(err))
 		}
 	}
 }

@@ -171,7 +171,12 @@ func (st *agentStream) close() {
 		}
 	}()
 	if err := st.recordEnd(); err != nil {
-		a.streamLog(st.c).Error("cannot record the stream's end", "err", err)
+		// Recorded later (pendingEnds), so the agent is not listed
+		// connected for good.
+		if !a.s.outage.fail(err) {
+			a.streamLog(st.c).Error("cannot record the stream's end; retrying", "err", err)
+		}
+		a.s.streamEnds.add(st.row.NodeID, st.row.ConnectedAt, time.Now().UTC())
 	}
 }
 
@@ -449,7 +454,9 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 		return
 	}
 	if err != nil {
-		s.log.Error("cannot record a task result", "err", err, "node", node)
+		if !s.outage.fail(err) {
+			s.log.Error("cannot record a task result", "err", err, "node", node)
+		}
 		return
 	}
 	if state == store.TaskRefused {
@@ -536,7 +543,7 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
 		err = s.store.RecordAgentStream(ctx, row)
 	}
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 		s.log.Error("cannot record a heartbeat", "err", err, "node", row.NodeID)
 	}
 }

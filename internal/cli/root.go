@@ -17,6 +17,8 @@ import (
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
 )
 
 // Version is set at build time with -ldflags "-X ...cli.Version=v1.2.3".
@@ -106,7 +108,7 @@ func describe(err error) string {
 	if errors.As(err, &se) {
 		st := se.GRPCStatus()
 		msg := st.Message()
-		if st.Code() == codes.Unavailable {
+		if st.Code() == codes.Unavailable && errinfo.Reason(err) != errinfo.ReasonStoreUnavailable {
 			msg = "cannot reach the authority: " + msg
 		}
 		if svc, ok := strings.CutPrefix(msg, "unknown service "); ok && st.Code() == codes.Unimplemented {

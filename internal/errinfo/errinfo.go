@@ -16,6 +16,12 @@ import (
 // Domain is the ErrorInfo domain of every muster refusal.
 const Domain = "muster.dev"
 
+// ReasonStoreUnavailable is the reason of an UNAVAILABLE answer the
+// authority gave because it could not reach its store (its database down
+// or restarting, its disk full): unlike an UNAVAILABLE from the transport,
+// the authority itself answered. The same call may succeed later.
+const ReasonStoreUnavailable = "store_unavailable"
+
 // Error returns a status error with code and msg that carries reason in
 // an ErrorInfo. An empty reason gives a status without details.
 func Error(code codes.Code, msg, reason string) error {

@@ -91,7 +91,7 @@ func (s *Store) WatchChanges(ctx context.Context, notify func(store.Change)) err
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return fmt.Errorf("postgres: watch changes: connect: %w", err)
+		return fmt.Errorf("postgres: watch changes: connect: %w", unavailable(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, `LISTEN `+changeChannel); err != nil {

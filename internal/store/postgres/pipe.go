@@ -119,7 +119,9 @@ func (p *pipe) send(ctx context.Context) error {
 	if p.refused != nil {
 		err, p.refused = p.refused, nil
 	}
-	return err
+	// A statement's error is wrapped by its read; the batch's own (the
+	// connection lost on the way) is not.
+	return unavailable(err)
 }
 
 // commit sends what is queued with COMMIT after it.

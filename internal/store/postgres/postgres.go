@@ -117,7 +117,7 @@ func (s *Store) Close() error {
 func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 	v, err := schemaVersion(ctx, s.pool)
 	if err != nil {
-		return 0, fmt.Errorf("postgres: schema version: %w", err)
+		return 0, fmt.Errorf("postgres: schema version: %w", unavailable(err))
 	}
 	return v, nil
 }
@@ -126,7 +126,7 @@ func (s *Store) SchemaVersion(ctx context.Context) (int, error) {
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	var us int64
 	if err := s.pool.QueryRow(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
-		return time.Time{}, fmt.Errorf("postgres: now: %w", err)
+		return time.Time{}, fmt.Errorf("postgres: now: %w", unavailable(err))
 	}
 	return time.UnixMicro(us).UTC(), nil
 }
@@ -172,7 +172,7 @@ func wrap(op string, err error) error {
 	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "53") {
 		return fmt.Errorf("postgres: %s: %w: %v", op, store.ErrUnavailable, err)
 	}
-	return fmt.Errorf("postgres: %s: %w", op, err)
+	return fmt.Errorf("postgres: %s: %w", op, unavailable(err))
 }
 
 // constraintOf returns the constraint a unique violation names, or "".

@@ -1,7 +1,9 @@
 package postgres
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,5 +20,18 @@ func TestWrapInsufficientResources(t *testing.T) {
 		if got := errors.Is(err, store.ErrUnavailable); got != want {
 			t.Errorf("SQLSTATE %s: ErrUnavailable %v, want %v (%v)", code, got, want, err)
 		}
+	}
+}
+
+// TestWrapCallerGone: a request its caller cancelled or let time out is
+// not taken for the database's unavailability.
+func TestWrapCallerGone(t *testing.T) {
+	for _, err := range []error{context.Canceled, context.DeadlineExceeded, fmt.Errorf("timeout: %w", context.DeadlineExceeded)} {
+		if got := wrap("select", err); errors.Is(got, store.ErrUnavailable) {
+			t.Errorf("wrap(%v) = %v, want no ErrUnavailable", err, got)
+		}
+	}
+	if got := wrap("select", &pgconn.ConnectError{}); !errors.Is(got, store.ErrUnavailable) {
+		t.Errorf("a failed connection: %v, want ErrUnavailable", got)
 	}
 }

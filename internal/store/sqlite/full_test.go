@@ -1,6 +1,8 @@
 package sqlite
 
 import (
+	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -41,5 +43,33 @@ func TestFullDatabaseIsUnavailable(t *testing.T) {
 	ops, lerr := s.ListOperators(ctx)
 	if lerr != nil || len(ops) != inserted {
 		t.Fatalf("after the failed write: %d operators (%v), want the %d that succeeded", len(ops), lerr, inserted)
+	}
+}
+
+// TestBusyDatabaseIsUnavailable: a database another process holds locked
+// past the busy timeout (a sqlite3 shell in a transaction, a backup) is
+// store.ErrUnavailable, retried by agents, not an internal error.
+func TestBusyDatabaseIsUnavailable(t *testing.T) {
+	s, path := openTemp(t)
+	ctx := t.Context()
+	other, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, `BEGIN EXCLUSIVE`); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.ExecContext(context.Background(), `ROLLBACK`)
+	now := time.Now()
+	err = s.InsertOperator(ctx, store.Operator{Serial: "01", Name: "op", SPIFFEID: "spiffe://t/admin/op",
+		NotBefore: now, NotAfter: now.Add(time.Hour), CreatedBy: "t", CreatedAt: now})
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("insert into a database locked by another process: %v, want store.ErrUnavailable", err)
 	}
 }

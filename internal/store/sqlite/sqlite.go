@@ -238,7 +238,12 @@ func wrap(op string, err error) error {
 		}
 		// A full disk (or database size limit) is SQLITE_FULL in the
 		// primary code; the write was rolled back.
-		if se.Code()&0xff == sqlite3.SQLITE_FULL {
+		// So is a database locked past the busy timeout (another
+		// process holding it: a backup, a sqlite3 shell) and an I/O
+		// error of the disk: the statement did not take effect, and the
+		// same request may succeed later.
+		switch se.Code() & 0xff {
+		case sqlite3.SQLITE_FULL, sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_IOERR:
 			return fmt.Errorf("sqlite: %s: %w: %v", op, store.ErrUnavailable, err)
 		}
 	}
