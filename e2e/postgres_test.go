@@ -17,13 +17,12 @@ var (
 )
 
 // postgres starts one PostgreSQL for the package on first use and returns
-// a fresh database. It fails, never skips, when the server cannot start.
+// a fresh database. It fails when the server cannot start, and skips only
+// where PostgreSQL is not installed (pgtest.FailOrSkip: never in CI).
 func postgres(t *testing.T) string {
 	t.Helper()
 	pgOnce.Do(func() { pg, pgErr = pgtest.Start() })
-	if pgErr != nil {
-		t.Fatalf("PostgreSQL: %v", pgErr)
-	}
+	pgtest.FailOrSkip(t, pgErr)
 	return pg.NewDatabase(t)
 }
 

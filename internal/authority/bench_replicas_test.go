@@ -33,9 +33,7 @@ func TestMain(m *testing.M) {
 // BenchmarkRenewal are the durable single-node SQLite figures.
 func BenchmarkReplicas(b *testing.B) {
 	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
-	if benchPGErr != nil {
-		b.Fatalf("PostgreSQL: %v", benchPGErr)
-	}
+	pgtest.FailOrSkip(b, benchPGErr)
 	for _, n := range []int{1, 2, 3} {
 		for _, kind := range []string{"join", "renewal"} {
 			b.Run(fmt.Sprintf("postgres-%d/%s", n, kind), func(b *testing.B) {

@@ -89,9 +89,7 @@ func (r *roundTrips) take() map[string][]string {
 // one fails here. docs/performance.md "PostgreSQL" lists them.
 func TestJoinRoundTripsPostgres(t *testing.T) {
 	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
-	if benchPGErr != nil {
-		t.Fatalf("PostgreSQL: %v", benchPGErr)
-	}
+	pgtest.FailOrSkip(t, benchPGErr)
 	url := benchPG.NewDatabase(t)
 	rt := &roundTrips{trips: map[string][]string{}}
 	a := startReplicas(t, func(ctx context.Context) (store.Store, error) {

@@ -1,15 +1,20 @@
 // Package pgtest runs a real, throwaway PostgreSQL server for the tests of
 // the PostgreSQL store: one cluster per test package, started from TestMain
-// with the Debian binaries in /usr/lib/postgresql/*/bin, and a fresh database
-// per test. It follows the recipe in STACK.md: initdb refuses to run as
-// root, so as root the cluster belongs to the postgres user and every
-// server command goes through runuser.
+// with the programs BinDir finds (on PATH, through pg_config, or in Debian's
+// /usr/lib/postgresql/*/bin), and a fresh database per test. It follows the
+// recipe in STACK.md: initdb refuses to run as root, so as root the cluster
+// belongs to the postgres user and every server command goes through
+// runuser.
 //
 // The server runs with fsync=off and synchronous_commit=off: it is for
 // correctness tests, and its timings say nothing about a durable setup.
 //
-// A server that cannot start is a test failure, never a skip: a test
-// package that silently stops testing its backend is worse than a red build.
+// A server that is installed but cannot start is a test failure, never a
+// skip: a test package that silently stops testing its backend is worse than
+// a red build. Where PostgreSQL is not installed at all, the tests that need
+// it skip with one line saying how to install it, so that `go test ./...`
+// works on any machine; MUSTER_REQUIRE_POSTGRES=1 (set by .ci/run) makes
+// that a failure too, so CI never skips them.
 package pgtest
 
 import (
@@ -22,8 +27,8 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,6 +41,11 @@ type Server struct {
 	dir  string // holds data/, log and the Unix socket
 	bin  string // the PostgreSQL bin directory
 	port int
+	// version is the major version initdb wrote to data/PG_VERSION.
+	version int
+	// missing, set by Main where PostgreSQL is not installed, makes
+	// NewDatabase skip (or fail: FailOrSkip) the test that calls it.
+	missing error
 	// asPostgres: the process is root, so server commands run as postgres.
 	asPostgres bool
 	dbs        atomic.Int64
@@ -43,11 +53,17 @@ type Server struct {
 
 // Main is the body of a TestMain that needs a server: it starts one, stores
 // it in *srv, runs the tests, stops it and exits. If the server cannot
-// start, it prints why, with the server log, and exits with status 1.
+// start, it prints why, with the server log, and exits with status 1. If
+// PostgreSQL is not installed (and not required), the tests still run and
+// each NewDatabase skips its test.
 func Main(m *testing.M, srv **Server) {
 	s, err := Start()
+	if errors.Is(err, ErrNotInstalled) && !required() {
+		*srv = &Server{missing: err}
+		os.Exit(m.Run())
+	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+		fmt.Fprintln(os.Stderr, failure(err))
 		os.Exit(1)
 	}
 	*srv = s
@@ -61,23 +77,10 @@ func Main(m *testing.M, srv **Server) {
 	os.Exit(code)
 }
 
-// BinDir returns the newest /usr/lib/postgresql/*/bin that holds initdb.
-func BinDir() (string, error) {
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
-	if len(found) == 0 {
-		return "", errors.New("no /usr/lib/postgresql/*/bin/initdb: install the Debian postgresql package")
-	}
-	slices.SortFunc(found, func(a, b string) int { return versionOf(a) - versionOf(b) })
-	return filepath.Dir(found[len(found)-1]), nil
-}
-
-func versionOf(initdb string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(filepath.Dir(initdb))))
-	return v
-}
-
 // Start creates a cluster in a new temporary directory and starts it on a
-// free loopback port. The error of a failed start includes the server log.
+// free loopback port. The error of a failed start includes the server log;
+// where PostgreSQL is not installed, it wraps ErrNotInstalled (FailOrSkip
+// turns that into a skip).
 func Start() (*Server, error) {
 	bin, err := BinDir()
 	if err != nil {
@@ -107,6 +110,12 @@ func Start() (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
+	pgVersion, err := os.ReadFile(filepath.Join(s.data(), "PG_VERSION"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.version, _ = strconv.Atoi(strings.TrimSpace(string(pgVersion)))
 	// A port taken by another package's server between the probe and the
 	// start makes pg_ctl fail; try a few.
 	for attempt := 0; ; attempt++ {
@@ -132,6 +141,9 @@ func Start() (*Server, error) {
 
 // Stop stops the server at once and removes its directory.
 func (s *Server) Stop() error {
+	if s.missing != nil {
+		return nil
+	}
 	out, err := s.run("pg_ctl", "-D", s.data(), "-m", "immediate", "-w", "stop")
 	if err != nil {
 		return fmt.Errorf("pg_ctl stop: %v\n%s", err, out)
@@ -159,14 +171,19 @@ func (s *Server) Log() string {
 
 // NewDatabase creates an empty database, dropped when the test ends, and
 // returns its URL. Whatever the test opens on it must be closed by
-// cleanups registered after this call.
+// cleanups registered after this call. On the Server Main stores where
+// PostgreSQL is not installed, it skips the test (FailOrSkip).
 func (s *Server) NewDatabase(t testing.TB) string {
 	t.Helper()
+	if s.missing != nil {
+		FailOrSkip(t, s.missing)
+		return "" // only a fake testing.TB returns from FailOrSkip
+	}
 	name := fmt.Sprintf("t%d", s.dbs.Add(1))
 	// FILE_COPY (PostgreSQL 15+) copies template1's few files, several
 	// times faster here than logging every page of it.
 	create := `CREATE DATABASE ` + name
-	if versionOf(filepath.Join(s.bin, "initdb")) >= 15 {
+	if s.version >= 15 {
 		create += ` STRATEGY FILE_COPY`
 	}
 	if err := s.admin(context.Background(), create); err != nil {
