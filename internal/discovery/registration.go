@@ -192,6 +192,11 @@ func ParseStored(doc []byte) (*Verified, error) {
 	if err != nil || len(certs) != 1 {
 		return nil, errors.New("discovery: stored registration: bad policy certificate")
 	}
+	// The ID names the root it was derived from: a stored document whose ID
+	// is missing or another root's would hand agents the wrong authority.
+	if err := CheckAuthorityID(r.AuthorityID, ca.Fingerprint(bundle[0])); err != nil {
+		return nil, fmt.Errorf("discovery: stored registration: %w", err)
+	}
 	return verified(r, doc, bundle[0], certs[0])
 }
 
