@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,6 +25,17 @@ import (
 var musterBin string
 
 func TestMain(m *testing.M) {
+	// These tests drive the real binary through rotations, outages and
+	// restarts, one after the other; under -race on two cores they take
+	// longer than go test's default 10 minutes. A -timeout other than the
+	// default still wins.
+	flag.Parse()
+	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10*time.Minute).String() {
+		if err := f.Value.Set((40 * time.Minute).String()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
 	tmp, err := os.MkdirTemp("", "muster-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

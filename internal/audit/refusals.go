@@ -41,6 +41,11 @@ type Refusals struct {
 	slog  *slog.Logger
 	actor string
 	now   func() time.Time
+	// Reported, if set, reports whether a failed write's error was already
+	// reported elsewhere (the store unavailable, which the server logs once
+	// for the whole outage): such a failure is not logged once more. Set
+	// before the first Record.
+	Reported func(error) bool
 
 	mu      sync.Mutex
 	start   time.Time
@@ -81,8 +86,16 @@ func (r *Refusals) Record(ctx context.Context, e Event) {
 		return
 	}
 	if _, err := r.log.Record(context.WithoutCancel(ctx), e); err != nil {
-		r.slog.Error("audit write failed", "action", e.Action, "err", err)
+		r.failed(e, err)
 	}
+}
+
+// failed logs a write of e that failed with err, unless it was reported.
+func (r *Refusals) failed(e Event, err error) {
+	if r.Reported != nil && r.Reported(err) {
+		return
+	}
+	r.slog.Error("audit write failed", "action", e.Action, "err", err)
 }
 
 // Flush closes the window: one aggregate record per source that went over.
@@ -105,7 +118,7 @@ func (r *Refusals) Flush(ctx context.Context) {
 				n, RefusalSources, start.UTC().Format(time.RFC3339))
 		}
 		if _, err := r.log.Record(ctx, e); err != nil {
-			r.slog.Error("audit write failed", "action", e.Action, "err", err)
+			r.failed(e, err)
 		}
 	}
 }

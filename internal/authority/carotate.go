@@ -30,7 +30,7 @@ func (s *Server) caClock(ctx context.Context) error {
 	t := time.NewTicker(caTick)
 	defer t.Stop()
 	for {
-		if err := s.caStep(ctx); err != nil && ctx.Err() == nil {
+		if err := s.caStep(ctx); err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 			s.log.Error("CA rotation step failed", "err", err)
 		}
 		select {
@@ -114,6 +114,8 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return
+	case s.outage.fail(err):
+		return // logged once for the whole outage; the step is taken again at the next tick
 	case err != nil:
 		s.log.Error("CA rotation step failed", "action", action, "role", role, "err", err)
 		_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role, Result: audit.ResultError, Reason: err.Error()})

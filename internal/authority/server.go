@@ -192,6 +192,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s.metrics.outage = s.outage
 	s.streamEnds = newPendingEnds(cfg.Store, cfg.Log)
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
+	s.refusals.Reported = s.outage.fail
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
 		return nil, err
 	}
