@@ -343,23 +343,29 @@ var ErrNoCommonSigner = errors.New("signer: no key is active or staged both in t
 // can make one up), and is at most MaxAdvance above the store. It
 // returns a zero Result when the store is not behind the set, or when
 // another replica advanced it first; ErrNoCommonSigner, with nothing
-// written, when no key qualifies to sign. Outcomes past the checks of the
-// set are audited as node_task_signer.advance.
+// written, when no key qualifies to sign. Every advance and refusal is
+// audited as node_task_signer.advance (the authority calls this at most
+// once a minute per replica, which bounds the records).
 func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, error) {
+	refuse := func(err error) (Result, error) {
+		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance),
+			Result: audit.ResultDenied, Source: who.Source, CorrelationID: who.CorrelationID, Reason: err.Error()})
+		return Result{}, err
+	}
 	p, err := parseSigned(raw)
 	if err != nil {
-		return Result{}, fmt.Errorf("signer: the agent's verifier set: %w", err)
+		return refuse(fmt.Errorf("signer: the agent's verifier set: %w", err))
 	}
 	set := p.set
 	if set.AuthorityID != k.authorityID {
-		return Result{}, fmt.Errorf("signer: the agent's verifier set is for authority %q, not %q", set.AuthorityID, k.authorityID)
+		return refuse(fmt.Errorf("signer: the agent's verifier set is for authority %q, not %q", set.AuthorityID, k.authorityID))
 	}
 	snap, err := k.Load(ctx)
 	if err != nil || set.Version <= snap.Version() {
 		return Result{}, err
 	}
 	if set.Version-snap.Version() > MaxAdvance {
-		return Result{}, fmt.Errorf("signer: an agent's verifier set has version %d, %d above the store's %d: more than a restore loses (%d); not followed", set.Version, set.Version-snap.Version(), snap.Version(), MaxAdvance)
+		return refuse(fmt.Errorf("signer: an agent's verifier set has version %d, %d above the store's %d: more than a restore loses (%d); not followed", set.Version, set.Version-snap.Version(), snap.Version(), MaxAdvance))
 	}
 	var held *Signer
 	for i := range snap.Signers {
@@ -368,7 +374,7 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		}
 	}
 	if k, ok := set.Key(p.signer); !ok || !k.State.SignsSets() || held == nil || !p.verify(EncodePublicKey(held.PublicKey)) {
-		return Result{}, fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer)
+		return refuse(fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer))
 	}
 	prev := map[string]State{}
 	for _, key := range set.Keys {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -265,7 +266,8 @@ func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	sealed, _ := NewSealed(seal.StorageKey{4})
-	k := NewKeeper(st, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	log := &auditLog{}
+	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
 	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
 		t.Fatal(err)
 	}
@@ -291,6 +293,9 @@ func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 		}
 		if v, _ := k.SetVersion(ctx); v != 1 {
 			t.Fatalf("%s: store version moved to %d", name, v)
+		}
+		if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultDenied {
+			t.Fatalf("%s: refusal not audited: %+v", name, last)
 		}
 	}
 	res, err := k.Advance(ctx, Actor{Name: "authority"}, signedAt(t, k, 1+MaxAdvance, "prod-a3f2e1"))
