@@ -240,6 +240,7 @@ func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
 	}
 	if t, err := a.trustOf(st); err == nil {
 		hb.VerifierSetVersion = t.Version()
+		hb.VerifierSet = t.Raw()
 		hb.StaticVerifiers = int32(len(t.StaticKeys()))
 		hb.AcceptedSigners = map[string]string{}
 		for v, s := range t.Accepted(a.now()) {

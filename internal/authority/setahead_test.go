@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -43,9 +44,30 @@ func (a *auditEvents) Record(_ context.Context, e audit.Event) (store.AuditRecor
 	return store.AuditRecord{}, nil
 }
 
-// TestHeartbeatAheadOfTheStore: heartbeats reporting a verifier set
-// version above the store's (a restored store) are logged once per
-// version, counted, audited, and move the store's version past them.
+// signedSet is k's signers as a set of version v, signed by the active
+// signer: what an agent holding version v of this authority's sets holds.
+func signedSet(t *testing.T, k *signer.Keeper, v int64) []byte {
+	t.Helper()
+	snap, err := k.Load(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, sign, err := k.ActiveSigner(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := signer.NewVerifierSet("prod-a3f2e1", v, snap.Signers, snap.Now, 0).Sign(id, sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestHeartbeatAheadOfTheStore: heartbeats carrying a verifier set above
+// the store's version (a restored store) are logged once per version,
+// counted, audited, and move the store's version past them, at most once
+// a minute per replica; a set this store's keys did not sign moves
+// nothing.
 func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	ctx := t.Context()
 	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
@@ -66,20 +88,34 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	var logs bytes.Buffer
 	s := &Server{signers: k, setAhead: ahead, log: slog.New(slog.NewTextHandler(&logs, nil))}
 
-	s.checkSetVersion(ctx, "n1", 1) // what the store holds: nothing to do
-	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 0 {
+	// Another authority's signers, same IDs: a set they signed is not this store's.
+	other, _ := signer.NewSealed(seal.StorageKey{6})
+	st2, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "other.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st2.Close() })
+	k2 := signer.NewKeeper(st2, other, &auditEvents{}, "prod-a3f2e1", 0)
+	if _, err := k2.EnsureFirst(ctx, signer.Actor{Name: "authority"}); err != nil {
+		t.Fatal(err)
+	}
+	s.checkSetVersion(ctx, "n0", signedSet(t, k2, 900))
+	if v, _ := k.SetVersion(ctx); v != 1 {
+		t.Fatalf("a set signed by a key this store does not hold moved it to %d", v)
+	}
+	ahead.last.Store(0) // that attempt took the minute's slot
+
+	s.checkSetVersion(ctx, "n1", signedSet(t, k, 1)) // what the store holds: nothing to do
+	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 1 {
 		t.Fatalf("a heartbeat at the store's version moved it to %d", v)
 	}
-	s.checkSetVersion(ctx, "n1", 7)
-	s.checkSetVersion(ctx, "n2", 7) // another agent, the version already moved
+	s.checkSetVersion(ctx, "n1", signedSet(t, k, 7))
+	s.checkSetVersion(ctx, "n2", signedSet(t, k, 7)) // another agent, the version already moved
 	if v, _ := k.SetVersion(ctx); v != 8 {
 		t.Fatalf("store version %d after heartbeats at 7, want 8", v)
 	}
 	if n := strings.Count(logs.String(), "newer than the store's"); n != 1 {
-		t.Fatalf("logged %d times:\n%s", n, logs.String())
-	}
-	if aheadValue(t, ahead.detected) != 1 || aheadValue(t, ahead.highest) != 7 {
-		t.Fatalf("metrics: detected %v, highest %v", aheadValue(t, ahead.detected), aheadValue(t, ahead.highest))
+		t.Fatalf("logged %d times, want once (for 900, the highest):\n%s", n, logs.String())
 	}
 	raw, err := k.VerifierSet(ctx)
 	if err != nil {
@@ -91,5 +127,15 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	last := events.events[len(events.events)-1]
 	if last.Action != "node_task_signer.advance" || last.Result != audit.ResultOK {
 		t.Fatalf("audit %+v", last)
+	}
+	// Within the minute: a genuine set further ahead is counted, not followed.
+	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
+	if v, _ := k.SetVersion(ctx); v != 8 || aheadValue(t, ahead.limited) != 1 {
+		t.Fatalf("second advance within a minute: store at %d, limited %v", v, aheadValue(t, ahead.limited))
+	}
+	ahead.last.Store(time.Now().Add(-advanceEvery).UnixNano())
+	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
+	if v, _ := k.SetVersion(ctx); v != 21 {
+		t.Fatalf("a minute later: store at %d, want 21", v)
 	}
 }

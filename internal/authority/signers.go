@@ -197,30 +197,44 @@ func (s *Server) verifierSet(ctx context.Context) []byte {
 	return raw
 }
 
-// setAhead watches heartbeats for a verifier set version above the
-// store's: the store was restored from a backup and its version went
+// setAhead watches heartbeats for a verifier set above the store's
+// version: the store was restored from a backup and its version went
 // back. Agents refuse sets not newer than theirs, so the authority moves
-// the version past the highest reported and publishes the set there.
+// the version past the set an agent holds, if that set verifies with a
+// key the store holds (signer.Keeper.Advance), and publishes there.
 type setAhead struct {
 	// logged is the highest reported version logged so far: each is
 	// logged once, not with every heartbeat.
-	logged   atomic.Int64
+	logged atomic.Int64
+	// last is when this replica last tried an advance (unix nanoseconds):
+	// at most one per advanceEvery, so no agent can make the authority
+	// write, sign, audit and fan out a set with every heartbeat.
+	last     atomic.Int64
 	detected prometheus.Counter
+	limited  prometheus.Counter
 	highest  prometheus.Gauge
 }
+
+// advanceEvery is how often one replica tries to advance the verifier set
+// version for heartbeats ahead of the store.
+const advanceEvery = time.Minute
 
 func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
 	a := &setAhead{
 		detected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_verifier_set_agent_ahead_total",
-			Help: "Heartbeats reporting a verifier set version above the store's (a restored store); each moves the version past it.",
+			Help: "Heartbeats carrying a verifier set above the store's version (a restored store).",
+		}),
+		limited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_verifier_set_advance_limited_total",
+			Help: "Heartbeats ahead of the store not followed because this replica tried an advance less than a minute before.",
 		}),
 		highest: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_verifier_set_agent_ahead_version",
 			Help: "The highest verifier set version an agent reported above the store's; 0 if none.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{a.detected, a.highest} {
+	for _, c := range []prometheus.Collector{a.detected, a.limited, a.highest} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -228,26 +242,45 @@ func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
 	return a, nil
 }
 
-// checkSetVersion compares the verifier set version a heartbeat reports
-// with the store's, and when the agent is ahead, logs it (once per
-// version), counts it and advances the store's version past it.
-func (s *Server) checkSetVersion(ctx context.Context, node string, reported int64) {
-	if reported <= 0 || s.setAhead == nil {
+// claim takes this replica's advance slot if a minute has passed since
+// the last.
+func (a *setAhead) claim(now time.Time) bool {
+	last := a.last.Load()
+	return (last == 0 || now.Sub(time.Unix(0, last)) >= advanceEvery) && a.last.CompareAndSwap(last, now.UnixNano())
+}
+
+// checkSetVersion compares the verifier set a heartbeat carries (raw,
+// the signed set the agent holds) with the store's version, and when the
+// agent is ahead, logs it (once per version), counts it and, at most
+// once a minute on this replica, asks the keeper to advance past it.
+// An agent of a release that sends no set is not followed.
+func (s *Server) checkSetVersion(ctx context.Context, node string, raw []byte) {
+	if len(raw) == 0 || s.setAhead == nil {
+		return
+	}
+	set, err := signer.ParseVerifierSet(raw)
+	if err != nil {
 		return
 	}
 	have, err := s.signers.SetVersion(ctx)
-	if err != nil || reported <= have {
+	if err != nil || set.Version <= have {
 		return
 	}
+	reported := set.Version
 	s.setAhead.detected.Inc()
 	if prev := s.setAhead.logged.Load(); reported > prev && s.setAhead.logged.CompareAndSwap(prev, reported) {
 		s.setAhead.highest.Set(float64(reported))
 		s.log.Warn("an agent holds a verifier set newer than the store's: the store was restored from a backup? moving the version past it",
 			"node", node, "agent_version", reported, "store_version", have)
 	}
-	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority"}, reported)
+	if !s.setAhead.claim(time.Now()) {
+		s.setAhead.limited.Inc()
+		s.log.Debug("verifier set advance not tried: one was tried less than a minute ago", "node", node, "agent_version", reported)
+		return
+	}
+	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority", Source: node}, raw)
 	if err != nil && ctx.Err() == nil {
-		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "agent_version", reported)
+		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "node", node, "agent_version", reported)
 	} else if res.Version > 0 {
 		s.log.Info("verifier set version moved past the agents'", "version", res.Version)
 	}

@@ -539,7 +539,7 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 		return
 	}
 	row.Report = string(b)
-	s.checkSetVersion(ctx, row.NodeID, doc.VerifierSetVersion)
+	s.checkSetVersion(ctx, row.NodeID, hb.GetVerifierSet())
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
 		err = s.store.RecordAgentStream(ctx, row)
 	}

@@ -326,33 +326,81 @@ const ActAdvance Action = "advance"
 // version) is not followed.
 const MaxAdvance = 10000
 
-// Advance moves the verifier set version past reported, a version an agent
-// holds that is above the store's (the store was restored from a backup:
-// the version went back), and publishes the set at that version, so every
-// agent that holds the restored store's active or staged key takes it.
-// It returns a zero Result when the store is not behind reported, or when
-// another replica advanced it first.
-func (k *Keeper) Advance(ctx context.Context, who Actor, reported int64) (Result, error) {
-	id, err := k.st.SignerSetID(ctx)
-	if err != nil || reported <= id.Version {
+// ErrNoCommonSigner refuses an advance when no key is active or staged
+// both in the set an agent holds and in the store: agents holding that set
+// would refuse any set the store can sign (the backup predates an
+// activation they saw). Nothing is published; see the restore procedure.
+var ErrNoCommonSigner = errors.New("signer: no key is active or staged both in the verifier set agents hold and in the store (the backup predates an activation they saw); nothing published: follow \"Restoring the store\" in docs/signer-lifecycle.md (agents must join again)")
+
+// Advance moves the verifier set version past the set an agent holds
+// (raw, as its heartbeat carries it) when that set is above the store's
+// version (the store was restored from a backup: the version went back),
+// and publishes the set at the new version, signed by a key active or
+// staged both in the agent's set and in the store, so the agents holding
+// it take the new one. The agent's set is followed only if it parses, is
+// for this authority, is signed by a key the store holds under the
+// version ID it names (verified with the store's public key, so no agent
+// can make one up), and is at most MaxAdvance above the store. It
+// returns a zero Result when the store is not behind the set, or when
+// another replica advanced it first; ErrNoCommonSigner, with nothing
+// written, when no key qualifies to sign. Every advance and refusal is
+// audited as node_task_signer.advance (the authority calls this at most
+// once a minute per replica, which bounds the records).
+func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, error) {
+	refuse := func(err error) (Result, error) {
+		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance),
+			Result: audit.ResultDenied, Source: who.Source, CorrelationID: who.CorrelationID, Reason: err.Error()})
 		return Result{}, err
 	}
-	if reported-id.Version > MaxAdvance {
-		return Result{}, fmt.Errorf("signer: an agent reports verifier set version %d, %d above the store's %d: more than a restore loses (%d); not followed", reported, reported-id.Version, id.Version, MaxAdvance)
+	p, err := parseSigned(raw)
+	if err != nil {
+		return refuse(fmt.Errorf("signer: the agent's verifier set: %w", err))
 	}
-	err = k.st.AdvanceSignerSet(ctx, id.Version, reported+1)
-	if errors.Is(err, store.ErrConflict) {
-		return Result{}, nil
+	set := p.set
+	if set.AuthorityID != k.authorityID {
+		return refuse(fmt.Errorf("signer: the agent's verifier set is for authority %q, not %q", set.AuthorityID, k.authorityID))
 	}
-	res := Result{Version: reported + 1}
-	if err == nil {
-		_, err = k.publish(ctx, nil)
+	snap, err := k.Load(ctx)
+	if err != nil || set.Version <= snap.Version() {
+		return Result{}, err
 	}
+	if set.Version-snap.Version() > MaxAdvance {
+		return refuse(fmt.Errorf("signer: an agent's verifier set has version %d, %d above the store's %d: more than a restore loses (%d); not followed", set.Version, set.Version-snap.Version(), snap.Version(), MaxAdvance))
+	}
+	var held *Signer
+	for i := range snap.Signers {
+		if snap.Signers[i].VersionID == p.signer {
+			held = &snap.Signers[i]
+		}
+	}
+	if k, ok := set.Key(p.signer); !ok || !k.State.SignsSets() || held == nil || !p.verify(EncodePublicKey(held.PublicKey)) {
+		return refuse(fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer))
+	}
+	prev := map[string]State{}
+	for _, key := range set.Keys {
+		prev[key.VersionID] = key.State
+	}
+	res := Result{Version: set.Version + 1}
 	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance), Result: audit.ResultOK,
 		Source: who.Source, CorrelationID: who.CorrelationID,
-		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", reported+1, reported, id.Version)}
+		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", set.Version+1, set.Version, snap.Version())}
+	if _, err = Signing(prev, snap.Signers); err != nil {
+		err = ErrNoCommonSigner
+		res = Result{}
+	} else {
+		err = k.st.AdvanceSignerSet(ctx, snap.Version(), set.Version+1)
+		if errors.Is(err, store.ErrConflict) {
+			return Result{}, nil
+		}
+		if err == nil {
+			_, err = k.publish(ctx, prev)
+		}
+	}
 	if err != nil {
-		e.Result, e.Reason = audit.ResultError, err.Error()
+		e.Result, e.Reason = audit.ResultError, fmt.Sprintf("agent set version %d, store %d: %v", set.Version, snap.Version(), err)
+		if errors.Is(err, ErrNoCommonSigner) {
+			e.Result = audit.ResultDenied
+		}
 	}
 	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
 	return res, err

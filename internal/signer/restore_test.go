@@ -2,6 +2,7 @@ package signer
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -214,7 +216,7 @@ func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 	if err := take(); !errors.Is(err, ErrSetStale) {
 		t.Fatalf("set of the restored store before it catches up: %v, want stale", err)
 	}
-	res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Version())
+	res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw())
 	if err != nil || res.Version != 4 {
 		t.Fatalf("Advance = %+v, %v", res, err)
 	}
@@ -224,11 +226,207 @@ func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 	if _, st, ok := agent.StateAt(id2, time.Now()); !ok || st != Staged {
 		t.Fatalf("the new signer is %s (%v) to the agent", st, ok)
 	}
-	if _, err := k.Advance(ctx, Actor{Name: "authority"}, 4+MaxAdvance+1); err == nil {
+	if _, err := k.Advance(ctx, Actor{Name: "authority"}, signedAt(t, k, 4+MaxAdvance+1, "prod-a3f2e1")); err == nil {
 		t.Fatal("followed a version far beyond any restore")
 	}
 	// Not ahead any more: nothing to do.
-	if res, err := k.Advance(ctx, Actor{Name: "authority"}, 4); err != nil || res.Version != 0 {
+	if res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw()); err != nil || res.Version != 0 {
 		t.Fatalf("Advance when not behind = %+v, %v", res, err)
+	}
+}
+
+// signedAt is the keeper's current signers as a set of version v for
+// authority, signed by the active signer through the keeper's custody.
+func signedAt(t *testing.T, k *Keeper, v int64, authority string) []byte {
+	t.Helper()
+	snap, err := k.Load(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, sign, err := k.ActiveSigner(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := NewVerifierSet(authority, v, snap.Signers, snap.Now, 0).Sign(id, sign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// TestAdvanceFollowsOnlyVerifiedSets: a heartbeat moves the store's
+// version only with a set signed by a key the store holds, for this
+// authority, within MaxAdvance; a made-up set, however well formed, moves
+// nothing.
+func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
+	ctx := t.Context()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sealed, _ := NewSealed(seal.StorageKey{4})
+	log := &auditLog{}
+	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := k.Load(ctx)
+	// A set naming the store's v1 but with the agent's own key, signed by it.
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	forged := snap.Signers[0]
+	forged.PublicKey = pub
+	fake, err := NewVerifierSet("prod-a3f2e1", 50, []Signer{forged}, snap.Now, 0).Sign(forged.VersionID, func(msg []byte) ([]byte, error) {
+		return ed25519.Sign(priv, msg), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, raw := range map[string][]byte{
+		"made-up key":       fake,
+		"other authority":   signedAt(t, k, 50, "other-b4"),
+		"beyond MaxAdvance": signedAt(t, k, 1+MaxAdvance+1, "prod-a3f2e1"),
+		"not a set":         []byte("50"),
+	} {
+		if _, err := k.Advance(ctx, Actor{Name: "authority"}, raw); err == nil {
+			t.Errorf("%s: followed", name)
+		}
+		if v, _ := k.SetVersion(ctx); v != 1 {
+			t.Fatalf("%s: store version moved to %d", name, v)
+		}
+		if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultDenied {
+			t.Fatalf("%s: refusal not audited: %+v", name, last)
+		}
+	}
+	res, err := k.Advance(ctx, Actor{Name: "authority"}, signedAt(t, k, 1+MaxAdvance, "prod-a3f2e1"))
+	if err != nil || res.Version != 2+MaxAdvance {
+		t.Fatalf("a genuine set at MaxAdvance above: %+v, %v", res, err)
+	}
+}
+
+// TestAdvanceSignsWithAKeyTheAgentsHold: the store was backed up with v2
+// staged and restored after agents saw v2 activated (v1 in grace to
+// them). The advanced set is signed by v2, which they hold as active, not
+// by the store's active v1; a backup from before v2 was staged leaves no
+// key the agents hold to sign with, and nothing is published.
+func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	open := func(path string) *sqlite.SQLite {
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	copyDB := func(from, to string) {
+		for _, suffix := range []string{"", "-wal"} {
+			data, err := os.ReadFile(from + suffix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(to+suffix, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	sealed, _ := NewSealed(seal.StorageKey{6})
+	who := Actor{Name: "ops"}
+	live := filepath.Join(dir, "muster.db")
+	sw := &swappedStore{cur: open(live)}
+	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	agent, _ := NewTrust(nil, nil)
+	take := func() error {
+		raw, err := k.VerifierSet(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return agent.Accept(raw, time.Now())
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	copyDB(live, filepath.Join(dir, "before-stage.db"))
+	if _, err := k.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := take(); err != nil {
+		t.Fatal(err)
+	}
+	copyDB(live, filepath.Join(dir, "staged.db"))
+	if _, err := k.Activate(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if err := take(); err != nil || agent.Version() != 3 {
+		t.Fatalf("agent at %d: %v", agent.Version(), err)
+	}
+
+	sw.restore(open(filepath.Join(dir, "before-stage.db")))
+	// The agents' set is signed by v2, lost with the backup.
+	if _, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw()); err == nil {
+		t.Fatalf("advance with no key the agents hold as active or staged: %v", err)
+	}
+	if v, _ := k.SetVersion(ctx); v != 1 {
+		t.Fatalf("the store moved to %d with nothing to sign with", v)
+	}
+
+	sw.restore(open(filepath.Join(dir, "staged.db")))
+	res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw())
+	if err != nil || res.Version != 4 {
+		t.Fatalf("Advance = %+v, %v", res, err)
+	}
+	if err := take(); err != nil {
+		t.Fatalf("the agent refuses the advanced set: %v", err)
+	}
+}
+
+// TestAdvanceWithNoCommonSigner: agents hold a set, signed by v2, in
+// which v2 is active and v1 retired; the store holds v1 active and v2
+// revoked. No key could sign a set they take: nothing is published, and
+// the refusal points at the restore procedure.
+func TestAdvanceWithNoCommonSigner(t *testing.T) {
+	ctx := t.Context()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	sealed, _ := NewSealed(seal.StorageKey{7})
+	k := NewKeeper(st, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	who := Actor{Name: "ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := k.Load(ctx)
+	theirs := append([]Signer(nil), snap.Signers...)
+	var v2 Signer
+	for i := range theirs {
+		if theirs[i].State == Staged {
+			theirs[i].State, v2 = Active, theirs[i]
+		} else {
+			theirs[i].State = Retired
+		}
+	}
+	raw, err := NewVerifierSet("prod-a3f2e1", 9, theirs, snap.Now, 0).Sign(v2.VersionID, func(msg []byte) ([]byte, error) {
+		return k.signWith(ctx, snap, v2, msg)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Revoke(ctx, who, v2.VersionID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.Advance(ctx, Actor{Name: "authority"}, raw); !errors.Is(err, ErrNoCommonSigner) || !strings.Contains(err.Error(), "docs/signer-lifecycle.md") {
+		t.Fatalf("Advance: %v, want ErrNoCommonSigner", err)
+	}
+	if v, _ := k.SetVersion(ctx); v != 3 {
+		t.Fatalf("store version %d, want 3 (nothing published)", v)
 	}
 }

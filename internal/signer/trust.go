@@ -214,9 +214,16 @@ func (t *Trust) Accept(raw []byte, now time.Time) error {
 		}
 	}
 	t.set, t.raw = v, append([]byte(nil), raw...)
+	// A pending key the set lists is the set's to state. One it does not
+	// list is dropped too when the set was issued after the rotate task
+	// that brought it (PublishedAt is the task's issue time): the
+	// authority no longer holds it (discarded and pruned, or lost with a
+	// restored backup), and an agent that kept it would trust it for
+	// tasks and sets for good. A set issued before the task is simply
+	// older news and leaves it pending.
 	kept := t.pending[:0]
 	for _, p := range t.pending {
-		if _, in := v.Key(p.VersionID); !in {
+		if _, in := v.Key(p.VersionID); !in && !v.IssuedAt.After(p.PublishedAt) {
 			kept = append(kept, p)
 		}
 	}

@@ -365,3 +365,47 @@ func TestSetStaysBounded(t *testing.T) {
 		t.Fatalf("active %s", a.VersionID)
 	}
 }
+
+// TestPendingKeyDroppedByALaterSet: a staged key learnt from a rotate
+// task and absent from a set issued after that task is dropped (the
+// authority discarded it and pruned it, or lost it with a restored
+// backup); a set issued before the task leaves it pending.
+func TestPendingKeyDroppedByALaterSet(t *testing.T) {
+	f := newFleet(t)
+	f.apply(PlanCreate(nil, "v1", f.key("v1").Public, t0))
+	tr, _ := NewTrust(nil, nil)
+	if err := tr.Accept(f.set(t0), t0); err != nil {
+		t.Fatal(err)
+	}
+	v1 := f.signers[0]
+	setAt := func(version int64, at time.Time) []byte {
+		raw, err := NewVerifierSet("prod-a3f2e1", version, []Signer{v1}, at, DefaultMinLeadTime).Sign("v1", func(msg []byte) ([]byte, error) {
+			return f.custody.Sign(context.Background(), "v1", v1.PublicKey, f.refs["v1"], msg)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	issued := t0.Add(time.Minute) // the rotate task's issue time
+	eff := issued.Add(time.Hour)
+	if err := tr.AddStaged(SetKey{VersionID: "v2-3fa9c2d1", PublicKey: EncodePublicKey(newPub(t)), PublishedAt: issued,
+		EffectiveAt: eff, GraceUntil: eff.Add(time.Hour), Previous: "v1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Accept(setAt(2, issued.Add(-time.Second)), issued); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Pending()) != 1 {
+		t.Fatalf("a set issued before the rotate task dropped its key: pending %v", tr.Pending())
+	}
+	if err := tr.Accept(setAt(5, issued.Add(time.Second)), issued); err != nil {
+		t.Fatal(err)
+	}
+	if len(tr.Pending()) != 0 {
+		t.Fatalf("a set issued after the rotate task, without its key, kept it: pending %v", tr.Pending())
+	}
+	if _, _, ok := tr.Verifier("v2-3fa9c2d1", issued); ok {
+		t.Fatal("the dropped key still verifies tasks")
+	}
+}

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"math"
 	"time"
 )
 
@@ -92,3 +94,12 @@ type PublishedSet struct {
 	Version int64
 	Raw     []byte
 }
+
+// MaxSignerSetVersion bounds the verifier set version: ApplySignerChanges
+// and AdvanceSignerSet refuse to reach it (ErrSetVersionExhausted), so no
+// advance, however reached, brings the version near overflow.
+const MaxSignerSetVersion = math.MaxInt64 / 2
+
+// ErrSetVersionExhausted refuses a verifier set version at or above
+// MaxSignerSetVersion.
+var ErrSetVersionExhausted = errors.New("store: verifier set version at its bound")

@@ -52,6 +52,9 @@ func (s *Store) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 // moved and conflicts. Each update is conditional on the row's state, and
 // the partial unique index keeps one signer per live state.
 func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+	if expect+1 >= store.MaxSignerSetVersion {
+		return 0, fmt.Errorf("postgres: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
+	}
 	err := s.inTx(ctx, "apply signer changes", func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, expect)
 		if err != nil {
@@ -115,6 +118,9 @@ func scanSigner(row pgx.Row) (store.Signer, error) {
 func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
 	if to <= expect {
 		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	}
+	if to >= store.MaxSignerSetVersion {
+		return fmt.Errorf("postgres: advance signer set to %d: %w", to, store.ErrSetVersionExhausted)
 	}
 	return s.inTx(ctx, "advance signer set", func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, to, expect)

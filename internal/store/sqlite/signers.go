@@ -55,6 +55,9 @@ func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 // any other process, and the version check is inside it, so of two steps
 // from one version the second conflicts.
 func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+	if expect+1 >= store.MaxSignerSetVersion {
+		return 0, fmt.Errorf("sqlite: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
+	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, expect)
 		if err != nil {
@@ -118,6 +121,9 @@ func scanSigner(row scanner) (store.Signer, error) {
 func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
 	if to <= expect {
 		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	}
+	if to >= store.MaxSignerSetVersion {
+		return fmt.Errorf("sqlite: advance signer set to %d: %w", to, store.ErrSetVersionExhausted)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = ?, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, to, expect)

@@ -233,6 +233,15 @@ func signerCases() []testCase {
 			if err := s.AdvanceSignerSet(ctx, 1, 20); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
 			}
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion); !errors.Is(err, store.ErrSetVersionExhausted) {
+				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
+			}
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1); err != nil {
+				t.Fatalf("advance to just below the bound: %v", err)
+			}
+			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}); !errors.Is(err, store.ErrSetVersionExhausted) {
+				t.Fatalf("a step to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
+			}
 		}},
 	}
 }

@@ -306,8 +306,12 @@ type Heartbeat struct {
 	// recoveries_remaining: for an agent of a standard-mode bound-keypair
 	// token, the budget its last join state left (unset otherwise).
 	RecoveriesRemaining *int64 `protobuf:"varint,7,opt,name=recoveries_remaining,json=recoveriesRemaining,proto3,oneof" json:"recoveries_remaining,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// verifier_set: the signed verifier set the agent holds, as it took it.
+	// The authority follows a version above its store's (a restored store)
+	// only from a set that verifies with a key the store holds.
+	VerifierSet   []byte `protobuf:"bytes,8,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -387,6 +391,13 @@ func (x *Heartbeat) GetRecoveriesRemaining() int64 {
 		return *x.RecoveriesRemaining
 	}
 	return 0
+}
+
+func (x *Heartbeat) GetVerifierSet() []byte {
+	if x != nil {
+		return x.VerifierSet
+	}
+	return nil
 }
 
 type AuthorityMessage struct {
@@ -493,7 +504,7 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
 	"\x11signer_version_id\x18\x04 \x01(\tR\x0fsignerVersionId\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xf5\x04\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x98\x05\n" +
 	"\tHeartbeat\x120\n" +
 	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
 	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
@@ -501,7 +512,8 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x10static_verifiers\x18\x04 \x01(\x05R\x0fstaticVerifiers\x12(\n" +
 	"\x10last_rotate_task\x18\x05 \x01(\tR\x0elastRotateTask\x12c\n" +
 	"\x15verification_failures\x18\x06 \x03(\v2..muster.v1.Heartbeat.VerificationFailuresEntryR\x14verificationFailures\x126\n" +
-	"\x14recoveries_remaining\x18\a \x01(\x03H\x00R\x13recoveriesRemaining\x88\x01\x01\x1aB\n" +
+	"\x14recoveries_remaining\x18\a \x01(\x03H\x00R\x13recoveriesRemaining\x88\x01\x01\x12!\n" +
+	"\fverifier_set\x18\b \x01(\fR\vverifierSet\x1aB\n" +
 	"\x14AcceptedSignersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
