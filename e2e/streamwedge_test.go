@@ -79,15 +79,19 @@ func TestNonReadingStreamClosedByLock(t *testing.T) {
 	for range 8 {
 		sendTask(t, e.dir, args...)
 	}
+	// The authority says it waits in a send: the stream is wedged, not
+	// merely idle (the gauge counts sends waiting over a second).
 	waitFor(t, 10*time.Second, "the server waits in Send", func() bool {
-		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: connected")
+		return strings.Contains(metricsOf(t, e.auth.metrics), "muster_agent_stream_sends_waiting 1\n")
 	})
-	time.Sleep(time.Second) // the server is blocked in Send by now
 	mustRun(t, "lock", "create", "--data", e.dir, "--node", "quiet", "--reason", "test")
 	took := waitFor(t, 2*time.Second, "the non-reading stream closed after the lock", func() bool {
 		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: disconnected")
 	})
 	t.Logf("the non-reading stream was closed %s after the lock", took)
+	waitFor(t, 5*time.Second, "no send waiting once the stream closed", func() bool {
+		return strings.Contains(metricsOf(t, e.auth.metrics), "muster_agent_stream_sends_waiting 0\n")
+	})
 	// Still heartbeating: the agent is alive, it just does not read.
 	_ = stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}})
 }
