@@ -4,9 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,15 +79,19 @@ func TestNonReadingStreamClosedByLock(t *testing.T) {
 	for range 8 {
 		sendTask(t, e.dir, args...)
 	}
+	// The authority says it waits in a send: the stream is wedged, not
+	// merely idle (the gauge counts sends waiting over a second).
 	waitFor(t, 10*time.Second, "the server waits in Send", func() bool {
-		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: connected")
+		return strings.Contains(metricsOf(t, e.auth.metrics), "muster_agent_stream_sends_waiting 1\n")
 	})
-	time.Sleep(time.Second) // the server is blocked in Send by now
 	mustRun(t, "lock", "create", "--data", e.dir, "--node", "quiet", "--reason", "test")
 	took := waitFor(t, 2*time.Second, "the non-reading stream closed after the lock", func() bool {
 		return strings.Contains(mustRun(t, "agents", "show", "quiet", "--data", e.dir), "Stream: disconnected")
 	})
 	t.Logf("the non-reading stream was closed %s after the lock", took)
+	waitFor(t, 5*time.Second, "no send waiting once the stream closed", func() bool {
+		return strings.Contains(metricsOf(t, e.auth.metrics), "muster_agent_stream_sends_waiting 0\n")
+	})
 	// Still heartbeating: the agent is alive, it just does not read.
 	_ = stream.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}})
 }
@@ -204,6 +211,15 @@ func TestConnectionSharesUnderAttack(t *testing.T) {
 			}
 		}
 	}
+	// The attack comes from other sources than the victims (one source
+	// holds at most half the cap): its streams from 127.0.0.2, its watches
+	// from 127.0.0.3 and .4 in turn, so together they can reach the
+	// anonymous share.
+	from := func(ip string) grpc.DialOption {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) })
+	}
+	watchFrom := 0
 	attack("stream", func() (*grpc.ClientConn, error) {
 		cert, err := tls.LoadX509KeyPair(filepath.Join(dirs["attacker"], "certs", "agent.crt"), filepath.Join(dirs["attacker"], "certs", "agent.key"))
 		if err != nil {
@@ -211,10 +227,11 @@ func TestConnectionSharesUnderAttack(t *testing.T) {
 		}
 		tc := anonTLS.Clone()
 		tc.Certificates = []tls.Certificate{cert}
-		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)))
+		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(tc)), from("127.0.0.2"))
 	})
 	attack("watch", func() (*grpc.ClientConn, error) {
-		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(anonTLS)))
+		watchFrom++
+		return grpc.NewClient(e.auth.addr, grpc.WithTransportCredentials(credentials.NewTLS(anonTLS)), from([]string{"127.0.0.3", "127.0.0.4"}[watchFrom%2]))
 	})
 	t.Logf("held by the attack: %d streams of one agent identity, %d anonymous watches; refused: %s", held["stream"], held["watch"],
 		grepLines(metricsOf(t, e.auth.metrics), "muster_connections_refused_total{"))
@@ -227,4 +244,45 @@ func TestConnectionSharesUnderAttack(t *testing.T) {
 	if r := muster(t, nil, "status", "--data", e.dir); r.code != 0 {
 		t.Errorf("muster status under the attack: exit %d\n%s", r.code, r.stderr)
 	}
+}
+
+// TestHalfOpenConnectionsLeaveOperators: connections that never send a
+// ClientHello from another source, kept open (redialled as soon as one is
+// closed), do not stop an operator's `muster status`: one source holds at
+// most half the cap. Before, one source could hold every place of the
+// cap, each for the 10 s handshake timeout. (Many sources together still
+// can: docs/threat-model.md.)
+func TestHalfOpenConnectionsLeaveOperators(t *testing.T) {
+	e := newAgentEnv(t, "--max-connections", "64")
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	var held atomic.Int64
+	for _, src := range []string{"127.0.0.2"} {
+		for range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+				for ctx.Err() == nil {
+					c, err := d.DialContext(ctx, "tcp", e.auth.addr)
+					if err != nil {
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					held.Add(1)
+					go func() { <-ctx.Done(); c.Close() }()
+					c.Read(make([]byte, 1)) // says nothing; ends when closed
+					held.Add(-1)
+					c.Close()
+				}
+			}()
+		}
+	}
+	time.Sleep(2 * time.Second) // the attacker holds what it can
+	t.Logf("half-open connections open at the client end: %d", held.Load())
+	if r := muster(t, nil, "status", "--data", e.dir, "--timeout", "5s"); r.code != 0 {
+		t.Errorf("muster status beside half-open connections: exit %d\n%s", r.code, r.stderr)
+	}
+	t.Logf("refused: %s", grepLines(metricsOf(t, e.auth.metrics), "muster_connections_refused_total{"))
 }

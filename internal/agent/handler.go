@@ -31,7 +31,7 @@ const (
 	// handlerWaitDelay is how long the agent waits for a handler's output
 	// to close once the handler has exited or been killed: a child it
 	// left running (`sleep 600 &`) may hold standard output open, and
-	// the answer does not wait for it.
+	// the answer does not wait for it (the child is killed after it).
 	handlerWaitDelay = 2 * time.Second
 )
 
@@ -163,7 +163,9 @@ func handlerEnv(environ []string, h Handler, env task.Envelope) []string {
 // input, standard output and error (bounded) as the detail, a non-zero
 // exit as a failure. At its time limit the handler's whole process group
 // is killed (a child it started dies with it), and the answer waits for
-// its output at most handlerWaitDelay after it exited or was killed.
+// its output at most handlerWaitDelay after it exited or was killed. Once
+// it has ended, however, the rest of its group is killed too: a child it
+// left running would have no time limit.
 func runHandler(ctx context.Context, h Handler, env task.Envelope) (string, error) {
 	in, err := json.Marshal(env.Params)
 	if err != nil {
@@ -180,6 +182,7 @@ func runHandler(ctx context.Context, h Handler, env task.Envelope) (string, erro
 	out := &boundedBuffer{max: maxHandlerOutput}
 	cmd.Stdout, cmd.Stderr = out, out
 	err = cmd.Run()
+	killGroup(cmd)
 	switch {
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return "", fmt.Errorf("handler %s: killed at its time limit of %s (with its process group): %s", h.Path, limit, out.String())

@@ -96,17 +96,28 @@ func TestHandlerTimeLimitKillsTheGroup(t *testing.T) {
 	if took > h.Timeout+handlerWaitDelay+20*time.Second {
 		t.Fatalf("answered after %s", took)
 	}
+	childGone(t, pidFile, "the time limit")
+}
+
+// childGone reads the PID a handler's script wrote to pidFile and fails
+// unless that process is gone within a few seconds.
+func childGone(t *testing.T, pidFile, what string) {
+	t.Helper()
 	b, err := os.ReadFile(pidFile)
 	if err != nil {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 {
+		t.Fatalf("no child PID in %q", b)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 	deadline := time.Now().Add(5 * time.Second)
 	for alive(pid) && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if pid <= 0 || alive(pid) {
-		t.Fatalf("the handler's child %d outlived the time limit", pid)
+	if alive(pid) {
+		t.Fatalf("the handler's child %d outlived %s", pid, what)
 	}
 }
 
@@ -114,7 +125,8 @@ func TestHandlerTimeLimitKillsTheGroup(t *testing.T) {
 // holding its output is answered with what it wrote, handlerWaitDelay
 // after its exit, not when the child ends.
 func TestHandlerChildHoldingOutput(t *testing.T) {
-	h := Handler{Path: script(t, "echo done\nsleep 600 &\n"), Timeout: time.Minute}
+	pidFile := filepath.Join(t.TempDir(), "child.pid")
+	h := Handler{Path: script(t, "echo done\nsleep 600 &\necho $! > "+pidFile+"\n"), Timeout: time.Minute}
 	start := time.Now()
 	out, err := runHandler(t.Context(), h, task.Envelope{TaskID: "t1", TaskType: "site.bg"})
 	if err != nil || out != "done\n" {
@@ -123,6 +135,33 @@ func TestHandlerChildHoldingOutput(t *testing.T) {
 	if took := time.Since(start); took > handlerWaitDelay+20*time.Second {
 		t.Fatalf("answered after %s", took)
 	}
+	// Answered, and the child it left is killed with the rest of its
+	// group (before, it ran on with no time limit).
+	childGone(t, pidFile, "the handler's answer")
+}
+
+// TestHandlerChildLeftRunningKilled: a handler that exits 0 leaving a
+// child that does not hold its output is answered at once, and the child
+// is killed with its group (before, each such task left one more running).
+func TestHandlerChildLeftRunningKilled(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "child.pid")
+	h := Handler{Path: script(t, "echo done\nsleep 600 >/dev/null 2>&1 &\necho $! > "+pidFile+"\n"), Timeout: time.Minute}
+	out, err := runHandler(t.Context(), h, task.Envelope{TaskID: "t1", TaskType: "site.bg"})
+	if err != nil || out != "done\n" {
+		t.Fatalf("runHandler = %q, %v", out, err)
+	}
+	childGone(t, pidFile, "the handler's answer")
+}
+
+// TestHandlerFailedChildKilled: a handler that fails leaving a child is
+// answered failed, and the child is killed too.
+func TestHandlerFailedChildKilled(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "child.pid")
+	h := Handler{Path: script(t, "sleep 600 >/dev/null 2>&1 &\necho $! > "+pidFile+"\nexit 3\n"), Timeout: time.Minute}
+	if _, err := runHandler(t.Context(), h, task.Envelope{TaskID: "t1", TaskType: "site.bg"}); err == nil {
+		t.Fatal("runHandler of a failing handler = nil error")
+	}
+	childGone(t, pidFile, "the handler's failure")
 }
 
 // TestTaskRunnerTypesApartAndBounded: a task of one type that does not

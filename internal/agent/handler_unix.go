@@ -14,3 +14,13 @@ func inGroup(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 }
+
+// killGroup kills what is left of cmd's process group once the handler
+// has exited: a child it left running (`sleep 600 &`) would otherwise run
+// on with no time limit. The group outlives its leader while any member
+// does, so the ID still names it; with no member left Kill finds none.
+func killGroup(cmd *exec.Cmd) {
+	if cmd.Process != nil {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	}
+}

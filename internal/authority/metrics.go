@@ -35,6 +35,8 @@ type metrics struct {
 	discovery    *prometheus.CounterVec
 	// reportsPending is set by the replica that delivers join reports.
 	reportsPending prometheus.Gauge
+	// streamSendsWaiting counts sends to agents waiting over slowSend.
+	streamSendsWaiting prometheus.Gauge
 }
 
 func newMetrics(version string) *metrics {
@@ -82,6 +84,10 @@ func newMetrics(version string) *metrics {
 			Name: "muster_discovery_calls_total",
 			Help: "Calls to the discovery service, by operation (register, report) and gRPC status code.",
 		}, []string{"operation", "code"}),
+		streamSendsWaiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_agent_stream_sends_waiting",
+			Help: "Sends to agent streams waiting longer than 1 s now: their agents do not read (each is closed at the 10 s send deadline).",
+		}),
 		reportsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_discovery_reports_pending",
 			Help: "Join reports stored and not yet delivered to discovery, as the replica leading background jobs counted them after its last delivery pass (0 on the others).",
@@ -95,7 +101,7 @@ func newMetrics(version string) *metrics {
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, m.reportsPending, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, m.reportsPending, m.streamSendsWaiting, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

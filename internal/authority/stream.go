@@ -35,6 +35,11 @@ var streamCheckEvery = 500 * time.Millisecond
 // supersession) at once: the stream is closed then, not at the deadline.
 var streamSendTimeout = 10 * time.Second
 
+// slowSend is how long a send waits before it is counted in
+// muster_agent_stream_sends_waiting and logged: an agent that reads keeps
+// its window open, so a wait this long means it stopped.
+const slowSend = time.Second
+
 // Connect serves an agent's stream (see agent.proto).
 //
 // This goroutine waits for the stream's whole life, and so does the
@@ -270,10 +275,18 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 	go func() { done <- st.stream.Send(m) }()
 	timer := time.NewTimer(streamSendTimeout)
 	defer timer.Stop()
+	slow := time.NewTimer(slowSend)
+	defer slow.Stop()
 	for {
 		select {
 		case err := <-done:
 			return err
+		case <-slow.C:
+			if m := st.a.s.metrics; m != nil {
+				m.streamSendsWaiting.Inc()
+				defer m.streamSendsWaiting.Dec()
+			}
+			st.a.streamLog(st.c).Info("a send to an agent stream waits: the agent is not reading", "waited", slowSend.String(), "deadline", streamSendTimeout.String())
 		case <-timer.C:
 			st.a.streamLog(st.c).Warn("agent stream closed: the agent did not read what was sent to it", "waited", streamSendTimeout.String())
 			return status.Errorf(codes.DeadlineExceeded, "the agent did not read its stream for %s; reconnect", streamSendTimeout)

@@ -12,6 +12,15 @@ import (
 // connections from one address is stopped here, before any handshake.
 const MaxConnsPerSource = 256
 
+// MaxPerSource is the per-source cap of a listener whose Cap is capMax:
+// MaxConnsPerSource, but never more than half the Cap, so one source's
+// connections — half-open ones included, which the Cap counts from their
+// accept for up to the handshake timeout — cannot fill a small Cap, nor
+// the authority's anonymous share of it (3/4).
+func MaxPerSource(capMax int) int {
+	return min(MaxConnsPerSource, max(capMax/2, 1))
+}
+
 // limitPerSource closes, at once, a new connection from a source that
 // already holds max. Connections from a trusted proxy are not counted
 // here, as the proxy's: a proxy carries many clients. Their real source,

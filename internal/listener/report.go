@@ -74,7 +74,7 @@ func (rs *Refusals) For(name string, maxConns int) func(Refusal) {
 				"listener", name, "refused", n, "per", refusalLogEvery)
 		default:
 			rs.log.Warn("connections closed at once: a source holds its cap of open connections",
-				"listener", name, "refused", n, "max_per_source", MaxConnsPerSource, "per", refusalLogEvery)
+				"listener", name, "refused", n, "max_per_source", MaxPerSource(maxConns), "per", refusalLogEvery)
 		}
 	}
 }

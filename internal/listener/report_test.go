@@ -32,7 +32,7 @@ func TestRefusalsAreCountedAndLoggedOnceAMinute(t *testing.T) {
 		t.Fatalf("%d log lines, want 3 (api's first, bootstrap's first, api's after a minute):\n%s", len(lines), buf.String())
 	}
 	if !strings.Contains(lines[0], "refused=1 ") || !strings.Contains(lines[0], "max_connections=100") ||
-		!strings.Contains(lines[1], "listener=bootstrap") || !strings.Contains(lines[1], "max_per_source=256") ||
+		!strings.Contains(lines[1], "listener=bootstrap") || !strings.Contains(lines[1], "max_per_source=50") ||
 		!strings.Contains(lines[2], "refused=500 ") {
 		t.Errorf("log:\n%s", buf.String())
 	}

@@ -33,6 +33,8 @@ type Options struct {
 	// together; listeners given the same Cap share it. nil: a Cap of
 	// DefaultMaxConns() for this listener alone.
 	Cap *Cap
+	// MaxPerSource is the per-source cap; 0: MaxConnsPerSource.
+	MaxPerSource int
 	// Refused, if set, hears of every connection closed at once. It runs
 	// on the accepting goroutine and must not block.
 	Refused func(Refusal)
@@ -121,7 +123,7 @@ func (c *Cap) release() {
 }
 
 // Listen binds addr over TCP, enforcing o: the total cap, then the cap
-// per source, then the PROXY header from trusted proxies (connections from
+// per source (o.MaxPerSource), then the PROXY header from trusted proxies (connections from
 // a trusted proxy carry the client address of their PROXY header as their
 // remote address, and are counted per source by it once it is read). A
 // connection past a cap is closed before anything is read from it (past
@@ -141,7 +143,11 @@ func Listen(addr string, o Options) (net.Listener, error) {
 		refused = func(Refusal) {}
 	}
 	total := &limitTotal{Listener: lis, cap: c, refused: refused}
-	sources := withSourceLimit(total, MaxConnsPerSource, o.TrustedProxies, refused)
+	perSource := o.MaxPerSource
+	if perSource <= 0 {
+		perSource = MaxConnsPerSource
+	}
+	sources := withSourceLimit(total, perSource, o.TrustedProxies, refused)
 	if len(o.TrustedProxies) == 0 {
 		return sources, nil
 	}
@@ -152,10 +158,10 @@ func Listen(addr string, o Options) (net.Listener, error) {
 // or "metrics", drawing on c: the serving ones share one cap
 // (limits.max_connections), the metrics listener has a small one of its
 // own (NewCap(MetricsMaxConns)), so a full serving cap does not starve
-// the probes. Each connection closed at once is counted and logged
+// the probes. One source holds at most MaxPerSource of c. Each connection closed at once is counted and logged
 // through rs under name.
 func ListenAs(addr, name string, trusted []netip.Prefix, c *Cap, rs *Refusals) (net.Listener, error) {
-	return Listen(addr, Options{TrustedProxies: trusted, Cap: c, Refused: rs.For(name, c.Max())})
+	return Listen(addr, Options{TrustedProxies: trusted, Cap: c, MaxPerSource: MaxPerSource(c.Max()), Refused: rs.For(name, c.Max())})
 }
 
 // limitTotal closes, at once, a new connection while its Cap is full.

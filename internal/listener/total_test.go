@@ -108,3 +108,16 @@ func TestMaxConnsFor(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxPerSource: one source holds at most half a small cap, so it
+// cannot fill the authority's anonymous share (3/4) of it.
+func TestMaxPerSource(t *testing.T) {
+	for capMax, want := range map[int]int{1: 1, 2: 1, 64: 32, 512: 256, 100_000: MaxConnsPerSource} {
+		if got := MaxPerSource(capMax); got != want {
+			t.Errorf("MaxPerSource(%d) = %d, want %d", capMax, got, want)
+		}
+		if capMax >= 4 && MaxPerSource(capMax) >= capMax*3/4 {
+			t.Errorf("MaxPerSource(%d) is not below the anonymous share", capMax)
+		}
+	}
+}
