@@ -59,7 +59,10 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			t.Errorf("%s: %s %s, want the data directory's intermediate, active", r.Role, r.Serial, r.State)
 		}
 		der, _ := ca.EncodeKeyPEM(file.Key)
-		raw := file.Key.(*ecdsa.PrivateKey).D.Bytes()
+		raw, err := file.Key.(*ecdsa.PrivateKey).Bytes()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if bytes.Contains(r.KeyRef, raw) || bytes.Contains(r.KeyRef, der) {
 			t.Errorf("%s: the stored key reference holds the key in clear", r.Role)
 		}
