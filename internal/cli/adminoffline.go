@@ -2,15 +2,19 @@ package cli
 
 import (
 	"context"
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // offlineActor is the audit actor of a break-glass operator identity: no
@@ -25,10 +29,11 @@ type offlineOperator struct {
 
 // addOperatorOffline is the break-glass path (DESIGN.md, "Operator
 // identities"): with no operator identity left that the authority accepts,
-// whoever holds the data directory (its storage key and the admin
-// intermediate) signs a new one without the API, records it in the store
-// and appends its audit record to the chain, keyed by the storage key as
-// the authority's own records are. A running authority on the same
+// whoever holds the data directory (its root certificate and its storage
+// key, which opens the key of the store's active admin intermediate) signs
+// a new one without the API, records it in the store and appends its
+// audit record to the chain, keyed by the storage key as the authority's
+// own records are. A running authority on the same
 // directory or store is left alone: every write here is the store's own
 // conditional write, as from any replica.
 // crlURL, if set (crl_url), is named in the identity's CRL Distribution
@@ -62,11 +67,16 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, 
 	if err := logger.CheckHead(ctx); err != nil {
 		return offlineOperator{}, err
 	}
-	issuer := offlineAdminIssuer(d)
 	if crlURL != "" {
 		if err := checkCRLURL(crlURL); err != nil {
 			return offlineOperator{}, err
 		}
+	}
+	issuer, err := offlineAdminIssuer(ctx, st, d)
+	if err != nil {
+		return offlineOperator{}, err
+	}
+	if crlURL != "" {
 		issuer.CRLDistributionPoints = []string{crl.DistributionPoint(crlURL, crl.Issuer{Role: string(ca.RoleAdmin), Cert: issuer.Cert})}
 	}
 	op, err := datadir.IssueOperator(issuer, d.ca.Root, id, nil, ttl, now)
@@ -82,14 +92,49 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, 
 	}
 	if _, err := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: offlineActor, Action: "operator.add",
 		Target: id.String(), Result: audit.ResultOK,
-		Reason: fmt.Sprintf("break-glass: serial %s signed with the admin intermediate of %s, valid until %s",
-			rec.Serial, dir, op.Leaf().NotAfter.UTC().Format(time.RFC3339))}); err != nil {
+		Reason: fmt.Sprintf("break-glass: serial %s signed with the admin intermediate %s (storage key of %s), valid until %s",
+			rec.Serial, issuer.Cert.SerialNumber.Text(16), dir, op.Leaf().NotAfter.UTC().Format(time.RFC3339))}); err != nil {
 		return offlineOperator{}, fmt.Errorf("the operator certificate (serial %s) is recorded but its audit record could not be written: %w", rec.Serial, err)
 	}
 	return offlineOperator{ID: id, Identity: op}, nil
 }
 
 // offlineAdminIssuer is the intermediate a break-glass identity is signed
-// with: today the data directory's admin intermediate (the one the
-// authority signs operator identities with).
-func offlineAdminIssuer(d dataDir) *ca.Issuer { return d.ca.Issuer(ca.RoleAdmin) }
+// with: the store's active admin intermediate (DESIGN.md "Operator
+// identities"), the one the authority signs operator identities with, its
+// key opened through custody as the authority opens it. Only a store with
+// no active admin intermediate (an authority not started since
+// intermediates moved into the store) leaves the data directory's to sign.
+// The result is a copy: the caller may set its CRL distribution points.
+func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Issuer, error) {
+	rows, err := st.ListCACerts(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the CA certificates from the store: %w", err)
+	}
+	for _, r := range rows {
+		if r.Role != string(ca.RoleAdmin) || r.State != store.CAActive {
+			continue
+		}
+		cert, err := x509.ParseCertificate(r.CertDER)
+		if err != nil {
+			return nil, fmt.Errorf("the store's active admin intermediate %s: %w", r.Serial, err)
+		}
+		if err := cert.CheckSignatureFrom(d.ca.Root); err != nil {
+			return nil, fmt.Errorf("the store's active admin intermediate %s is not signed by the root CA in the data directory: %w", r.Serial, err)
+		}
+		c, err := custody.NewSealedCA(d.sk)
+		if err != nil {
+			return nil, err
+		}
+		key, err := c.Signer(ctx, r.Role+"/"+r.Serial, custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
+		if err != nil {
+			return nil, fmt.Errorf("opening the key of the store's active admin intermediate %s with the data directory's storage key: %w", r.Serial, err)
+		}
+		return &ca.Issuer{Cert: cert, Key: key}, nil
+	}
+	file := d.ca.Issuer(ca.RoleAdmin)
+	if file == nil {
+		return nil, errors.New("no admin intermediate in the store or in the data directory")
+	}
+	return &ca.Issuer{Cert: file.Cert, Key: file.Key}, nil
+}
