@@ -99,13 +99,25 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 				s.store.ActivateCACert(ctx, string(role), p.Serial))
 		case !hasPrepared && !now.Before(issued.Add(life/2)):
 			if s.ca.RootKey == nil {
-				continue // reported by the CA warnings, prepared with muster ca rotate --root-key
+				s.warnNoRootKey(role, a)
+				continue
 			}
 			row, err := s.inter.prepare(ctx, role, s.ca.RootKey, s.caIntermediateTTL())
 			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
 		}
 	}
 	return nil
+}
+
+// warnNoRootKey logs, once per role for the life of this process, that a
+// successor is due and cannot be prepared: the active intermediate runs to
+// its expiry, after which its role issues nothing.
+func (s *Server) warnNoRootKey(role ca.Role, active *x509.Certificate) {
+	if _, warned := s.caNoRootKey.LoadOrStore(role, true); warned {
+		return
+	}
+	s.log.Warn("a CA intermediate is due a successor but the root key is absent, so none is prepared; put the root key back in the data directory and restart the leader (`muster ca rotate --root-key` is not built yet); see docs/ca-lifecycle.md",
+		"role", role, "serial", active.SerialNumber.Text(16), "expires", active.NotAfter.UTC())
 }
 
 // caChange logs and audits a rotation step; a conflict means another

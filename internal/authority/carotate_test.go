@@ -2,6 +2,8 @@ package authority
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,5 +138,35 @@ func TestCAClockFollowsAShorterTTL(t *testing.T) {
 	}
 	if len(prepared) != 4 {
 		t.Fatalf("prepared successors for %v, want every role", prepared)
+	}
+}
+
+// TestCAClockWarnsOnceWithoutTheRootKey: a successor due with no root key
+// is logged as a warning once per role, not at every tick, saying what to
+// do.
+func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
+	ctx := t.Context()
+	var logs syncBuffer
+	s := &Server{store: a.store, ca: &ca.Hierarchy{Root: a.h.Root, Issuers: a.h.Issuers}, cfg: Config{CAIntermediateTTL: 2 * time.Minute},
+		log: slog.New(slog.NewTextHandler(&logs, nil))}
+	issued := a.h.Issuers[ca.RoleAgent].Cert.NotBefore.Add(ca.Backdate)
+	for _, at := range []time.Duration{61 * time.Second, 66 * time.Second, 71 * time.Second} {
+		if err := s.caStepAt(ctx, issued.Add(at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rows, _ := a.store.ListCACerts(ctx); len(rows) != 4 {
+		t.Fatalf("%d CA certificates without the root key, want init's 4", len(rows))
+	}
+	out := logs.String()
+	for _, role := range caRoles {
+		if n := strings.Count(out, "role="+string(role)+" "); n != 1 {
+			t.Errorf("role %s warned %d times in 3 ticks, want once:\n%s", role, n, out)
+		}
+	}
+	if n := strings.Count(out, "level=WARN"); n != len(caRoles) || !strings.Contains(out, "put the root key back in the data directory and restart the leader") ||
+		!strings.Contains(out, "muster ca rotate --root-key") {
+		t.Errorf("the warnings (%d) do not say what to do:\n%s", n, out)
 	}
 }

@@ -129,12 +129,24 @@ func (s *Server) connClass(certs []*x509.Certificate) (operator bool, agent stri
 		return false, ""
 	}
 	switch {
-	case id.Role == spiffeid.RoleAdmin && bytes.Equal(chain[1].Raw, s.ca.Issuer(ca.RoleAdmin).Cert.Raw):
+	case id.Role == spiffeid.RoleAdmin && s.acceptedIntermediate(ca.RoleAdmin, chain[1]):
 		return true, ""
-	case id.Role == spiffeid.RoleAgent && bytes.Equal(chain[1].Raw, s.ca.Issuer(ca.RoleAgent).Cert.Raw):
+	case id.Role == spiffeid.RoleAgent && s.acceptedIntermediate(ca.RoleAgent, chain[1]):
 		return false, id.Name
 	}
 	return false, ""
+}
+
+// acceptedIntermediate reports whether c is one of role's accepted
+// intermediates (active, prepared or retiring), so leaves of a retiring
+// one keep their class through a rotation.
+func (s *Server) acceptedIntermediate(role ca.Role, c *x509.Certificate) bool {
+	for _, a := range s.ca.Accepted(role) {
+		if bytes.Equal(c.Raw, a.Raw) {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedConn gives its place in its share back when closed, once.

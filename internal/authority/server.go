@@ -153,6 +153,9 @@ type Server struct {
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 
+	// caNoRootKey holds the roles whose successor could not be prepared
+	// for want of the root key, already warned of (carotate.go).
+	caNoRootKey sync.Map
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
 	// streamEnds are the ends of agent streams still to be recorded.

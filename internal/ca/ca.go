@@ -304,6 +304,11 @@ func (i *Issuer) Issue(req LeafRequest) (*x509.Certificate, error) {
 	if !req.ServerAuth && !req.ClientAuth {
 		return nil, errors.New("ca: a leaf needs server or client auth")
 	}
+	// A leaf of an expired issuer would be expired when issued.
+	if !i.Cert.NotAfter.After(req.NotBefore) {
+		return nil, fmt.Errorf("ca: the intermediate %q (serial %s) has expired (at %s): it issues nothing; the CA rotation that replaces it needs the root key (see docs/ca-lifecycle.md)",
+			i.Cert.Subject.CommonName, i.Cert.SerialNumber.Text(16), i.Cert.NotAfter.UTC().Format(time.RFC3339))
+	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: req.CommonName},
 		NotBefore:   req.NotBefore.Add(-Backdate),

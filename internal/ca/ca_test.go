@@ -353,3 +353,31 @@ func TestIssueNamesCRLDistributionPoints(t *testing.T) {
 		t.Errorf("with a distribution point: %v", got)
 	}
 }
+
+// TestIssueRefusesAfterTheIssuerExpired: an intermediate past its
+// not-after issues nothing (a leaf of it would be expired already), and
+// says what to do.
+func TestIssueRefusesAfterTheIssuerExpired(t *testing.T) {
+	h := hierarchy(t)
+	serial, _ := NewSerial()
+	ikey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	now := time.Now().Truncate(time.Second)
+	cert, err := h.NewIntermediate(RoleAgent, serial, ikey.Public(), h.RootKey, now.Add(-2*time.Hour), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := &Issuer{Cert: cert, Key: ikey}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	for _, at := range []time.Time{now, cert.NotAfter} {
+		leaf, err := expired.Issue(LeafRequest{PublicKey: key.Public(), ClientAuth: true, NotBefore: at, TTL: time.Hour})
+		if err == nil {
+			t.Fatalf("issued at %v by an intermediate expired at %v: valid %v..%v", at, cert.NotAfter, leaf.NotBefore, leaf.NotAfter)
+		}
+		if !strings.Contains(err.Error(), "expired") || !strings.Contains(err.Error(), "root key") || !strings.Contains(err.Error(), "docs/ca-lifecycle.md") {
+			t.Errorf("the refusal names no way out: %v", err)
+		}
+	}
+	if _, err := expired.Issue(LeafRequest{PublicKey: key.Public(), ClientAuth: true, NotBefore: cert.NotAfter.Add(-time.Second), TTL: time.Hour}); err != nil {
+		t.Errorf("a second before its expiry: %v", err)
+	}
+}

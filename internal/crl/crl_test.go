@@ -223,3 +223,60 @@ func TestNameFromPath(t *testing.T) {
 		t.Errorf("DistributionPoint = %q", got)
 	}
 }
+
+// racingStore lets another replica store a list of one issuer just before
+// this replica's write of it.
+type racingStore struct {
+	*memStore
+	issuer string
+	other  store.CRL
+	raced  bool
+}
+
+func (r *racingStore) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
+	if c.Issuer == r.issuer && !r.raced {
+		r.raced = true
+		r.mu.Lock()
+		r.crls[r.issuer] = r.other
+		r.mu.Unlock()
+	}
+	return r.memStore.PutCRL(ctx, c, prev)
+}
+
+// TestPublishOlderReadKeepsNewerList: a replica whose read of the revoked
+// set is older than the stored list's never signs over it; losing a write
+// ends its pass and asks for another, which reads the revoked set again.
+func TestPublishOlderReadKeepsNewerList(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	agent := Issuer{Role: string(ca.RoleAgent), Cert: h.Issuer(ca.RoleAgent).Cert}.Name()
+
+	// Stored from a later read: kept as it is.
+	later := store.CRL{Issuer: agent, Number: 7, ThisUpdate: st.now.Add(time.Second), NextUpdate: st.now.Add(time.Hour), Digest: []byte("later"), DER: []byte("later")}
+	st.crls[agent] = later
+	st.revoked = []store.RevokedCertificate{{Serial: "a1", NotBefore: st.now, NotAfter: st.now.Add(time.Hour), Reason: store.LockNode, Since: st.now}}
+	if _, err := New(Config{Store: st, Issuers: issuers, Validity: time.Hour}).Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.crls[agent]; got.Number != 7 || string(got.DER) != "later" {
+		t.Fatalf("a pass reading at %v replaced the list signed at %v with number %d", st.now, later.ThisUpdate, got.Number)
+	}
+
+	// Another replica stores a later list just before this one's write.
+	_, st2, _ := setup(t)
+	st2.now, st2.revoked = st.now, st.revoked
+	rs := &racingStore{memStore: st2, issuer: agent, other: store.CRL{Issuer: agent, Number: 1, ThisUpdate: st.now.Add(time.Second),
+		NextUpdate: st.now.Add(time.Hour), Digest: []byte("other"), DER: []byte("other")}}
+	p := New(Config{Store: rs, Issuers: issuers, Validity: time.Hour})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := st2.crls[agent]; got.Number != 1 || string(got.DER) != "other" {
+		t.Fatalf("after losing the write, the pass signed over the other replica's list: number %d", got.Number)
+	}
+	select {
+	case <-p.poke:
+	default:
+		t.Fatal("a pass that lost a write asked for no other pass")
+	}
+}

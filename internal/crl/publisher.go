@@ -134,10 +134,18 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	next = now.Add(p.cfg.Validity / 2)
 	issuers := p.cfg.Issuers()
 	live := map[string]bool{}
-	var errs []error
 	for _, is := range issuers {
 		live[is.Name()] = true
+	}
+	var errs []error
+	for _, is := range issuers {
 		st, err := p.publishOne(ctx, is, entriesFor(is, revoked), now)
+		if errors.Is(err, errRaced) {
+			// What this pass read may be older than what the other
+			// replica signed: read it all again in another pass.
+			p.Poke()
+			break
+		}
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -156,40 +164,52 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	return next, errors.Join(errs...)
 }
 
+// errRaced: another replica stored a list of the same issuer between this
+// pass's read and its write.
+var errRaced = errors.New("crl: another replica stored a list first")
+
 // publishOne brings the stored list of is up to date: kept if it holds
-// entries already and is younger than half its validity, else signed anew
+// entries already and is younger than half its validity, or if it was
+// signed from a read no older than this pass's (now); else signed anew
 // with the next number. Losing the conditional write to another replica
-// means reading its list and deciding again.
+// returns errRaced: its list may come from a later read than entries, so
+// the pass ends rather than signing over it.
 func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, now time.Time) (Status, error) {
 	d := digest(entries)
-	for attempt := 0; attempt < 3; attempt++ {
-		stored, err := p.cfg.Store.GetCRL(ctx, is.Name())
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			return Status{}, err
-		}
-		st := Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, Entries: len(entries)}
-		if err == nil && sameBytes(stored.Digest, d) && now.Before(stored.ThisUpdate.Add(p.cfg.Validity/2)) {
-			p.setStatus(st)
-			return st, nil
-		}
-		der, err := sign(is, stored.Number+1, entries, stored.DER, now, p.cfg.Validity)
-		if err != nil {
-			return Status{}, err
-		}
-		c := store.CRL{Issuer: is.Name(), Number: stored.Number + 1, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
-		err = p.cfg.Store.PutCRL(ctx, c, stored.Number)
-		if errors.Is(err, store.ErrConflict) {
-			continue // another replica signed one: read it and decide again
-		}
-		if err != nil {
-			return Status{}, err
-		}
-		st.Number, st.ThisUpdate = c.Number, c.ThisUpdate
+	stored, err := p.cfg.Store.GetCRL(ctx, is.Name())
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
+		return Status{}, err
+	}
+	st := Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, Entries: len(entries)}
+	if err == nil && sameBytes(stored.Digest, d) && now.Before(stored.ThisUpdate.Add(p.cfg.Validity/2)) {
 		p.setStatus(st)
-		p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
 		return st, nil
 	}
-	return Status{}, fmt.Errorf("crl: %s: other replicas kept signing lists under this one", is.Name())
+	if err == nil && !stored.ThisUpdate.Before(now) {
+		// Signed by another replica from a read at least as late as this
+		// one: keep it. If it says something else, a later pass decides.
+		if !sameBytes(stored.Digest, d) {
+			p.Poke()
+		}
+		p.setStatus(st)
+		return st, nil
+	}
+	der, err := sign(is, stored.Number+1, entries, stored.DER, now, p.cfg.Validity)
+	if err != nil {
+		return Status{}, err
+	}
+	c := store.CRL{Issuer: is.Name(), Number: stored.Number + 1, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
+	err = p.cfg.Store.PutCRL(ctx, c, stored.Number)
+	if errors.Is(err, store.ErrConflict) {
+		return Status{}, fmt.Errorf("%w: %s", errRaced, is.Name())
+	}
+	if err != nil {
+		return Status{}, err
+	}
+	st.Number, st.ThisUpdate = c.Number, c.ThisUpdate
+	p.setStatus(st)
+	p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
+	return st, nil
 }
 
 func (p *Publisher) setStatus(st Status) {
