@@ -89,7 +89,7 @@ func TestTaskHandlerEnvironment(t *testing.T) {
 	adir := filepath.Join(t.TempDir(), "env1")
 	// The agent is deployed with its join settings in its environment,
 	// and keeps them there: a systemd unit or a pod spec does.
-	env := []string{"MUSTER_DATA=" + adir, "MUSTER_BOOTSTRAP_PSK=" + initPSK, "MUSTER_CA_FINGERPRINT=" + e.fingerprint,
+	env := []string{"MUSTER_AGENT_DATA=" + adir, "MUSTER_BOOTSTRAP_PSK=" + initPSK, "MUSTER_CA_FINGERPRINT=" + e.fingerprint,
 		"MUSTER_AUTHORITY=" + e.auth.addr, "MUSTER_NODE_ID=env1", "SITE_REGION=eu-west", "SITE_SECRET=not-for-handlers", "HOME=" + t.TempDir()}
 	if r := muster(t, env, "agent", "join"); r.code != 0 {
 		t.Fatalf("PSK join: %s", r.stderr)
@@ -115,7 +115,7 @@ func TestTaskHandlerEnvironment(t *testing.T) {
 			t.Errorf("the handler's environment lacks %s:\n%s", want, r.Reason)
 		}
 	}
-	for _, leak := range []string{"MUSTER_BOOTSTRAP_PSK", initPSK, initPSK[strings.LastIndex(initPSK, ":")+1:], "MUSTER_DATA", "MUSTER_AUTHORITY=", "SITE_SECRET", "SITE_REGION"} {
+	for _, leak := range []string{"MUSTER_BOOTSTRAP_PSK", initPSK, initPSK[strings.LastIndex(initPSK, ":")+1:], "MUSTER_AGENT_DATA", "MUSTER_AUTHORITY=", "SITE_SECRET", "SITE_REGION"} {
 		if strings.Contains(r.Reason, leak) {
 			t.Errorf("the handler's environment has %q:\n%s", leak, r.Reason)
 		}
