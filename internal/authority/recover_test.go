@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +38,12 @@ func (stubStream) Recv() (*musterv1.AgentMessage, error) { panicHere(); return n
 // it in the authority: the unary interceptor, the stream interceptor's
 // authorization, the agent stream's handler and receive loop.
 func TestPanicIsAnsweredInternal(t *testing.T) {
-	b := startBench(t)
+	// The real authority logs into shared, which its own goroutines (the
+	// leader's jobs) write to as well: swapping its logger mid-run raced
+	// with them. Its cases read only the lines written during their call
+	// that are about a panic.
+	var shared lockedBuffer
+	b := startReplicas(t, nil, 1, func(c *Config) { c.Log = slog.New(slog.NewTextHandler(&shared, nil)) })
 	const method = "/muster.v1.BootstrapService/GetTrustBundle" // public: authorized without a certificate
 	unary := func(s *Server, ctx context.Context, h func()) error {
 		_, err := s.unaryAuth(ctx, nil, &grpc.UnaryServerInfo{FullMethod: method},
@@ -71,21 +77,30 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var buf bytes.Buffer
 			s := &Server{log: slog.New(slog.NewTextHandler(&buf, nil))}
+			read := func() string { return buf.String() }
 			if strings.HasPrefix(tt.method, "/muster.v1.Bootstrap") {
-				// The real authority's authorization, logging here.
+				// The real authority's authorization, logging to shared.
 				s = b.srvs[0]
-				saved := s.log
-				s.log = slog.New(slog.NewTextHandler(&buf, nil))
-				t.Cleanup(func() { s.log = saved })
+				from := shared.Len()
+				read = func() string {
+					var out []string
+					for _, l := range strings.Split(shared.String()[from:], "\n") {
+						if strings.Contains(l, "panic") {
+							out = append(out, l)
+						}
+					}
+					return strings.Join(out, "\n")
+				}
 			}
 			ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
 			err := tt.call(s, ctx)
 			if status.Code(err) != codes.Internal {
 				t.Fatalf("answered %v, want INTERNAL", err)
 			}
-			lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+			logged := read()
+			lines := strings.Split(strings.TrimSpace(logged), "\n")
 			if len(lines) != 1 {
-				t.Fatalf("logged %d lines, want 1:\n%s", len(lines), buf.String())
+				t.Fatalf("logged %d lines, want 1:\n%s", len(lines), logged)
 			}
 			for _, want := range []string{"method=" + tt.method, "request handler panicked", tt.where} {
 				if !strings.Contains(lines[0], want) {
@@ -98,6 +113,30 @@ func TestPanicIsAnsweredInternal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent use.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Len()
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // lineValue is the value of key in a slog text line.
