@@ -3412,7 +3412,7 @@ var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\"\x12\n" +
+	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\x1a\x1bmuster/v1/trustbundle.proto\"\x12\n" +
 	"\x10GetStatusRequest\"\x94\x02\n" +
 	"\x11GetStatusResponse\x12!\n" +
 	"\fauthority_id\x18\x01 \x01(\tR\vauthorityId\x12!\n" +
@@ -3683,7 +3683,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows\"U\n" +
 	"\x14RenewOperatorRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\xb2\x11\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\x80\x12\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -3720,7 +3720,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"OpenResync\x12\x1c.muster.v1.OpenResyncRequest\x1a\x1f.muster.v1.ResyncWindowResponse\x12M\n" +
 	"\vCloseResync\x12\x1d.muster.v1.CloseResyncRequest\x1a\x1f.muster.v1.ResyncWindowResponse\x12I\n" +
 	"\n" +
-	"ListResync\x12\x1c.muster.v1.ListResyncRequest\x1a\x1d.muster.v1.ListResyncResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"ListResync\x12\x1c.muster.v1.ListResyncRequest\x1a\x1d.muster.v1.ListResyncResponse\x12L\n" +
+	"\vGetCAStatus\x12\x1d.muster.v1.GetCAStatusRequest\x1a\x1e.muster.v1.GetCAStatusResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_admin_proto_rawDescOnce sync.Once
@@ -3801,9 +3802,11 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*RevokeSignerRequest)(nil),   // 62: muster.v1.RevokeSignerRequest
 	(*RollbackSignerRequest)(nil), // 63: muster.v1.RollbackSignerRequest
 	(*SendTaskRequest)(nil),       // 64: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 65: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 66: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 67: muster.v1.SendTaskResponse
+	(*GetCAStatusRequest)(nil),    // 65: muster.v1.GetCAStatusRequest
+	(*ListSignersResponse)(nil),   // 66: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),  // 67: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),      // 68: muster.v1.SendTaskResponse
+	(*GetCAStatusResponse)(nil),   // 69: muster.v1.GetCAStatusResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	55, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -3894,37 +3897,39 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	47, // 85: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
 	48, // 86: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
 	50, // 87: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	1,  // 88: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 89: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 90: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,  // 91: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,  // 92: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 93: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 94: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 95: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 96: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 97: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 98: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 99: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 100: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 101: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 102: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 103: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 104: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	65, // 105: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	66, // 106: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 107: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 108: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 109: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 110: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 111: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 112: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 113: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49, // 114: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49, // 115: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51, // 116: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	88, // [88:117] is the sub-list for method output_type
-	59, // [59:88] is the sub-list for method input_type
+	65, // 88: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	1,  // 89: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 90: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 91: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,  // 92: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,  // 93: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 94: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 95: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 96: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 97: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 98: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 99: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 100: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 101: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 102: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 103: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 104: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 105: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	66, // 106: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	67, // 107: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	67, // 108: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	67, // 109: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	67, // 110: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	67, // 111: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	68, // 112: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 113: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 114: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49, // 115: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49, // 116: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51, // 117: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	69, // 118: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	89, // [89:119] is the sub-list for method output_type
+	59, // [59:89] is the sub-list for method input_type
 	59, // [59:59] is the sub-list for extension type_name
 	59, // [59:59] is the sub-list for extension extendee
 	0,  // [0:59] is the sub-list for field type_name
@@ -3936,6 +3941,7 @@ func file_muster_v1_admin_proto_init() {
 		return
 	}
 	file_muster_v1_signer_proto_init()
+	file_muster_v1_trustbundle_proto_init()
 	file_muster_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -48,6 +48,7 @@ const (
 	AdminService_OpenResync_FullMethodName     = "/muster.v1.AdminService/OpenResync"
 	AdminService_CloseResync_FullMethodName    = "/muster.v1.AdminService/CloseResync"
 	AdminService_ListResync_FullMethodName     = "/muster.v1.AdminService/ListResync"
+	AdminService_GetCAStatus_FullMethodName    = "/muster.v1.AdminService/GetCAStatus"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -102,6 +103,9 @@ type AdminServiceClient interface {
 	OpenResync(ctx context.Context, in *OpenResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
 	CloseResync(ctx context.Context, in *CloseResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
 	ListResync(ctx context.Context, in *ListResyncRequest, opts ...grpc.CallOption) (*ListResyncResponse, error)
+	// GetCAStatus: every CA certificate, its state and how many connected
+	// agents hold it (muster ca status).
+	GetCAStatus(ctx context.Context, in *GetCAStatusRequest, opts ...grpc.CallOption) (*GetCAStatusResponse, error)
 }
 
 type adminServiceClient struct {
@@ -402,6 +406,16 @@ func (c *adminServiceClient) ListResync(ctx context.Context, in *ListResyncReque
 	return out, nil
 }
 
+func (c *adminServiceClient) GetCAStatus(ctx context.Context, in *GetCAStatusRequest, opts ...grpc.CallOption) (*GetCAStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetCAStatusResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetCAStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -454,6 +468,9 @@ type AdminServiceServer interface {
 	OpenResync(context.Context, *OpenResyncRequest) (*ResyncWindowResponse, error)
 	CloseResync(context.Context, *CloseResyncRequest) (*ResyncWindowResponse, error)
 	ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error)
+	// GetCAStatus: every CA certificate, its state and how many connected
+	// agents hold it (muster ca status).
+	GetCAStatus(context.Context, *GetCAStatusRequest) (*GetCAStatusResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -550,6 +567,9 @@ func (UnimplementedAdminServiceServer) CloseResync(context.Context, *CloseResync
 }
 func (UnimplementedAdminServiceServer) ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListResync not implemented")
+}
+func (UnimplementedAdminServiceServer) GetCAStatus(context.Context, *GetCAStatusRequest) (*GetCAStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCAStatus not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1094,6 +1114,24 @@ func _AdminService_ListResync_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetCAStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCAStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetCAStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetCAStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetCAStatus(ctx, req.(*GetCAStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1216,6 +1254,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListResync",
 			Handler:    _AdminService_ListResync_Handler,
+		},
+		{
+			MethodName: "GetCAStatus",
+			Handler:    _AdminService_GetCAStatus_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

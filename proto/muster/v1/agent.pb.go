@@ -309,9 +309,17 @@ type Heartbeat struct {
 	// verifier_set: the signed verifier set the agent holds, as it took it.
 	// The authority follows a version above its store's (a restored store)
 	// only from a set that verifies with a key the store holds.
-	VerifierSet   []byte `protobuf:"bytes,8,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	VerifierSet []byte `protobuf:"bytes,8,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// trust_bundle_digest: the digest of the last trust bundle the agent
+	// took (TrustBundle.digest).
+	TrustBundleDigest string `protobuf:"bytes,9,opt,name=trust_bundle_digest,json=trustBundleDigest,proto3" json:"trust_bundle_digest,omitempty"`
+	// trust_bundle_certs: "sha256:" + hex of SHA-256 of the DER of each
+	// certificate the agent holds from its bundle (roots, intermediates,
+	// cross-certificates), so muster ca status counts who holds each. At
+	// most 64.
+	TrustBundleCerts []string `protobuf:"bytes,10,rep,name=trust_bundle_certs,json=trustBundleCerts,proto3" json:"trust_bundle_certs,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Heartbeat) Reset() {
@@ -400,12 +408,27 @@ func (x *Heartbeat) GetVerifierSet() []byte {
 	return nil
 }
 
+func (x *Heartbeat) GetTrustBundleDigest() string {
+	if x != nil {
+		return x.TrustBundleDigest
+	}
+	return ""
+}
+
+func (x *Heartbeat) GetTrustBundleCerts() []string {
+	if x != nil {
+		return x.TrustBundleCerts
+	}
+	return nil
+}
+
 type AuthorityMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Body:
 	//
 	//	*AuthorityMessage_VerifierSet
 	//	*AuthorityMessage_Task
+	//	*AuthorityMessage_TrustBundle
 	Body          isAuthorityMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -466,6 +489,15 @@ func (x *AuthorityMessage) GetTask() []byte {
 	return nil
 }
 
+func (x *AuthorityMessage) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		if x, ok := x.Body.(*AuthorityMessage_TrustBundle); ok {
+			return x.TrustBundle
+		}
+	}
+	return nil
+}
+
 type isAuthorityMessage_Body interface {
 	isAuthorityMessage_Body()
 }
@@ -480,15 +512,22 @@ type AuthorityMessage_Task struct {
 	Task []byte `protobuf:"bytes,2,opt,name=task,proto3,oneof"`
 }
 
+type AuthorityMessage_TrustBundle struct {
+	// trust_bundle: the trust bundle, at open and after each change.
+	TrustBundle *TrustBundle `protobuf:"bytes,3,opt,name=trust_bundle,json=trustBundle,proto3,oneof"`
+}
+
 func (*AuthorityMessage_VerifierSet) isAuthorityMessage_Body() {}
 
 func (*AuthorityMessage_Task) isAuthorityMessage_Body() {}
+
+func (*AuthorityMessage_TrustBundle) isAuthorityMessage_Body() {}
 
 var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
 const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\":\n" +
+	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bmuster/v1/trustbundle.proto\":\n" +
 	"\x15GetVerifierSetRequest\x12!\n" +
 	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"Q\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
@@ -504,7 +543,7 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12*\n" +
 	"\x11signer_version_id\x18\x04 \x01(\tR\x0fsignerVersionId\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x98\x05\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xf6\x05\n" +
 	"\tHeartbeat\x120\n" +
 	"\x14verifier_set_version\x18\x01 \x01(\x03R\x12verifierSetVersion\x12T\n" +
 	"\x10accepted_signers\x18\x02 \x03(\v2).muster.v1.Heartbeat.AcceptedSignersEntryR\x0facceptedSigners\x12H\n" +
@@ -513,17 +552,21 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x10last_rotate_task\x18\x05 \x01(\tR\x0elastRotateTask\x12c\n" +
 	"\x15verification_failures\x18\x06 \x03(\v2..muster.v1.Heartbeat.VerificationFailuresEntryR\x14verificationFailures\x126\n" +
 	"\x14recoveries_remaining\x18\a \x01(\x03H\x00R\x13recoveriesRemaining\x88\x01\x01\x12!\n" +
-	"\fverifier_set\x18\b \x01(\fR\vverifierSet\x1aB\n" +
+	"\fverifier_set\x18\b \x01(\fR\vverifierSet\x12.\n" +
+	"\x13trust_bundle_digest\x18\t \x01(\tR\x11trustBundleDigest\x12,\n" +
+	"\x12trust_bundle_certs\x18\n" +
+	" \x03(\tR\x10trustBundleCerts\x1aB\n" +
 	"\x14AcceptedSignersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aG\n" +
 	"\x19VerificationFailuresEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\x17\n" +
-	"\x15_recoveries_remaining\"U\n" +
+	"\x15_recoveries_remaining\"\x92\x01\n" +
 	"\x10AuthorityMessage\x12#\n" +
 	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSet\x12\x14\n" +
-	"\x04task\x18\x02 \x01(\fH\x00R\x04taskB\x06\n" +
+	"\x04task\x18\x02 \x01(\fH\x00R\x04task\x12;\n" +
+	"\ftrust_bundle\x18\x03 \x01(\v2\x16.muster.v1.TrustBundleH\x00R\vtrustBundleB\x06\n" +
 	"\x04body2\xaa\x01\n" +
 	"\fAgentService\x12U\n" +
 	"\x0eGetVerifierSet\x12 .muster.v1.GetVerifierSetRequest\x1a!.muster.v1.GetVerifierSetResponse\x12C\n" +
@@ -552,6 +595,7 @@ var file_muster_v1_agent_proto_goTypes = []any{
 	nil,                            // 6: muster.v1.Heartbeat.AcceptedSignersEntry
 	nil,                            // 7: muster.v1.Heartbeat.VerificationFailuresEntry
 	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
+	(*TrustBundle)(nil),            // 9: muster.v1.TrustBundle
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
 	4, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
@@ -559,15 +603,16 @@ var file_muster_v1_agent_proto_depIdxs = []int32{
 	6, // 2: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
 	8, // 3: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
 	7, // 4: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
-	0, // 5: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	2, // 6: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	1, // 7: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	5, // 8: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9, // 5: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
+	0, // 6: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	2, // 7: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	1, // 8: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	5, // 9: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	8, // [8:10] is the sub-list for method output_type
+	6, // [6:8] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -575,6 +620,7 @@ func file_muster_v1_agent_proto_init() {
 	if File_muster_v1_agent_proto != nil {
 		return
 	}
+	file_muster_v1_trustbundle_proto_init()
 	file_muster_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Result)(nil),
@@ -583,6 +629,7 @@ func file_muster_v1_agent_proto_init() {
 	file_muster_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*AuthorityMessage_VerifierSet)(nil),
 		(*AuthorityMessage_Task)(nil),
+		(*AuthorityMessage_TrustBundle)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -189,7 +189,9 @@ type ExchangeJoinTokenResponse struct {
 	TrustDomain         string                 `protobuf:"bytes,8,opt,name=trust_domain,json=trustDomain,proto3" json:"trust_domain,omitempty"`
 	// verifier_set is the signed verifier set: the task signers the agent
 	// starts trusting with its join.
-	VerifierSet   []byte `protobuf:"bytes,9,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	VerifierSet []byte `protobuf:"bytes,9,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// trust_bundle: the authority's trust bundle at the join.
+	TrustBundle   *TrustBundle `protobuf:"bytes,10,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -287,11 +289,18 @@ func (x *ExchangeJoinTokenResponse) GetVerifierSet() []byte {
 	return nil
 }
 
+func (x *ExchangeJoinTokenResponse) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
+	}
+	return nil
+}
+
 var File_muster_v1_bootstrap_proto protoreflect.FileDescriptor
 
 const file_muster_v1_bootstrap_proto_rawDesc = "" +
 	"\n" +
-	"\x19muster/v1/bootstrap.proto\x12\tmuster.v1\"2\n" +
+	"\x19muster/v1/bootstrap.proto\x12\tmuster.v1\x1a\x1bmuster/v1/trustbundle.proto\"2\n" +
 	"\x15GetTrustBundleRequest\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\tR\atokenId\"*\n" +
 	"\x16GetTrustBundleResponse\x12\x10\n" +
@@ -300,7 +309,7 @@ const file_muster_v1_bootstrap_proto_rawDesc = "" +
 	"\n" +
 	"join_token\x18\x01 \x01(\tR\tjoinToken\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x10\n" +
-	"\x03csr\x18\x03 \x01(\fR\x03csr\"\xe8\x02\n" +
+	"\x03csr\x18\x03 \x01(\fR\x03csr\"\xa3\x03\n" +
 	"\x19ExchangeJoinTokenResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x16\n" +
@@ -313,7 +322,9 @@ const file_muster_v1_bootstrap_proto_rawDesc = "" +
 	"generation\x12!\n" +
 	"\fauthority_id\x18\a \x01(\tR\vauthorityId\x12!\n" +
 	"\ftrust_domain\x18\b \x01(\tR\vtrustDomain\x12!\n" +
-	"\fverifier_set\x18\t \x01(\fR\vverifierSet2\xc9\x01\n" +
+	"\fverifier_set\x18\t \x01(\fR\vverifierSet\x129\n" +
+	"\ftrust_bundle\x18\n" +
+	" \x01(\v2\x16.muster.v1.TrustBundleR\vtrustBundle2\xc9\x01\n" +
 	"\x10BootstrapService\x12U\n" +
 	"\x0eGetTrustBundle\x12 .muster.v1.GetTrustBundleRequest\x1a!.muster.v1.GetTrustBundleResponse\x12^\n" +
 	"\x11ExchangeJoinToken\x12#.muster.v1.ExchangeJoinTokenRequest\x1a$.muster.v1.ExchangeJoinTokenResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
@@ -336,17 +347,19 @@ var file_muster_v1_bootstrap_proto_goTypes = []any{
 	(*GetTrustBundleResponse)(nil),    // 1: muster.v1.GetTrustBundleResponse
 	(*ExchangeJoinTokenRequest)(nil),  // 2: muster.v1.ExchangeJoinTokenRequest
 	(*ExchangeJoinTokenResponse)(nil), // 3: muster.v1.ExchangeJoinTokenResponse
+	(*TrustBundle)(nil),               // 4: muster.v1.TrustBundle
 }
 var file_muster_v1_bootstrap_proto_depIdxs = []int32{
-	0, // 0: muster.v1.BootstrapService.GetTrustBundle:input_type -> muster.v1.GetTrustBundleRequest
-	2, // 1: muster.v1.BootstrapService.ExchangeJoinToken:input_type -> muster.v1.ExchangeJoinTokenRequest
-	1, // 2: muster.v1.BootstrapService.GetTrustBundle:output_type -> muster.v1.GetTrustBundleResponse
-	3, // 3: muster.v1.BootstrapService.ExchangeJoinToken:output_type -> muster.v1.ExchangeJoinTokenResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	4, // 0: muster.v1.ExchangeJoinTokenResponse.trust_bundle:type_name -> muster.v1.TrustBundle
+	0, // 1: muster.v1.BootstrapService.GetTrustBundle:input_type -> muster.v1.GetTrustBundleRequest
+	2, // 2: muster.v1.BootstrapService.ExchangeJoinToken:input_type -> muster.v1.ExchangeJoinTokenRequest
+	1, // 3: muster.v1.BootstrapService.GetTrustBundle:output_type -> muster.v1.GetTrustBundleResponse
+	3, // 4: muster.v1.BootstrapService.ExchangeJoinToken:output_type -> muster.v1.ExchangeJoinTokenResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_bootstrap_proto_init() }
@@ -354,6 +367,7 @@ func file_muster_v1_bootstrap_proto_init() {
 	if File_muster_v1_bootstrap_proto != nil {
 		return
 	}
+	file_muster_v1_trustbundle_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

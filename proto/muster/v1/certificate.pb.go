@@ -100,7 +100,9 @@ type RequestCertificateResponse struct {
 	// verifier_set is the signed verifier set of the task signers; an agent
 	// takes it only if it is newer than its own and signed by a signer it
 	// trusts as active (or, at a bootstrap, as its first).
-	VerifierSet   []byte `protobuf:"bytes,6,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	VerifierSet []byte `protobuf:"bytes,6,opt,name=verifier_set,json=verifierSet,proto3" json:"verifier_set,omitempty"`
+	// trust_bundle: the authority's trust bundle now.
+	TrustBundle   *TrustBundle `protobuf:"bytes,7,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -177,15 +179,22 @@ func (x *RequestCertificateResponse) GetVerifierSet() []byte {
 	return nil
 }
 
+func (x *RequestCertificateResponse) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
+	}
+	return nil
+}
+
 var File_muster_v1_certificate_proto protoreflect.FileDescriptor
 
 const file_muster_v1_certificate_proto_rawDesc = "" +
 	"\n" +
-	"\x1bmuster/v1/certificate.proto\x12\tmuster.v1\"{\n" +
+	"\x1bmuster/v1/certificate.proto\x12\tmuster.v1\x1a\x1bmuster/v1/trustbundle.proto\"{\n" +
 	"\x19RequestCertificateRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12#\n" +
 	"\rbootstrap_psk\x18\x02 \x01(\tR\fbootstrapPsk\x12'\n" +
-	"\x0freferral_ticket\x18\x03 \x01(\tR\x0ereferralTicket\"\x80\x02\n" +
+	"\x0freferral_ticket\x18\x03 \x01(\tR\x0ereferralTicket\"\xbb\x02\n" +
 	"\x1aRequestCertificateResponse\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1f\n" +
@@ -195,7 +204,8 @@ const file_muster_v1_certificate_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x03R\n" +
 	"generation\x12\x1c\n" +
 	"\tendpoints\x18\x05 \x03(\tR\tendpoints\x12!\n" +
-	"\fverifier_set\x18\x06 \x01(\fR\vverifierSet2w\n" +
+	"\fverifier_set\x18\x06 \x01(\fR\vverifierSet\x129\n" +
+	"\ftrust_bundle\x18\a \x01(\v2\x16.muster.v1.TrustBundleR\vtrustBundle2w\n" +
 	"\x12CertificateService\x12a\n" +
 	"\x12RequestCertificate\x12$.muster.v1.RequestCertificateRequest\x1a%.muster.v1.RequestCertificateResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -215,15 +225,17 @@ var file_muster_v1_certificate_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_muster_v1_certificate_proto_goTypes = []any{
 	(*RequestCertificateRequest)(nil),  // 0: muster.v1.RequestCertificateRequest
 	(*RequestCertificateResponse)(nil), // 1: muster.v1.RequestCertificateResponse
+	(*TrustBundle)(nil),                // 2: muster.v1.TrustBundle
 }
 var file_muster_v1_certificate_proto_depIdxs = []int32{
-	0, // 0: muster.v1.CertificateService.RequestCertificate:input_type -> muster.v1.RequestCertificateRequest
-	1, // 1: muster.v1.CertificateService.RequestCertificate:output_type -> muster.v1.RequestCertificateResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	2, // 0: muster.v1.RequestCertificateResponse.trust_bundle:type_name -> muster.v1.TrustBundle
+	0, // 1: muster.v1.CertificateService.RequestCertificate:input_type -> muster.v1.RequestCertificateRequest
+	1, // 2: muster.v1.CertificateService.RequestCertificate:output_type -> muster.v1.RequestCertificateResponse
+	2, // [2:3] is the sub-list for method output_type
+	1, // [1:2] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_certificate_proto_init() }
@@ -231,6 +243,7 @@ func file_muster_v1_certificate_proto_init() {
 	if File_muster_v1_certificate_proto != nil {
 		return
 	}
+	file_muster_v1_trustbundle_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

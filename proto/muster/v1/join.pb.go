@@ -351,8 +351,10 @@ type BoundKeypairResult struct {
 	// bound_key_fingerprint is the key the token is bound to after this join
 	// (SHA256:… of the public key): the new one after a rotation.
 	BoundKeyFingerprint string `protobuf:"bytes,11,opt,name=bound_key_fingerprint,json=boundKeyFingerprint,proto3" json:"bound_key_fingerprint,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// trust_bundle: the authority's trust bundle now.
+	TrustBundle   *TrustBundle `protobuf:"bytes,12,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BoundKeypairResult) Reset() {
@@ -462,11 +464,18 @@ func (x *BoundKeypairResult) GetBoundKeyFingerprint() string {
 	return ""
 }
 
+func (x *BoundKeypairResult) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
+	}
+	return nil
+}
+
 var File_muster_v1_join_proto protoreflect.FileDescriptor
 
 const file_muster_v1_join_proto_rawDesc = "" +
 	"\n" +
-	"\x14muster/v1/join.proto\x12\tmuster.v1\"\xb9\x01\n" +
+	"\x14muster/v1/join.proto\x12\tmuster.v1\x1a\x1bmuster/v1/trustbundle.proto\"\xb9\x01\n" +
 	" RegisterUsingBoundKeypairRequest\x121\n" +
 	"\x04init\x18\x01 \x01(\v2\x1b.muster.v1.BoundKeypairInitH\x00R\x04init\x12/\n" +
 	"\x12challenge_response\x18\x02 \x01(\tH\x00R\x11challengeResponse\x12&\n" +
@@ -485,7 +494,7 @@ const file_muster_v1_join_proto_rawDesc = "" +
 	"\tchallenge\x18\x01 \x01(\fH\x00R\tchallenge\x127\n" +
 	"\x06result\x18\x02 \x01(\v2\x1d.muster.v1.BoundKeypairResultH\x00R\x06result\x12(\n" +
 	"\x0fnew_key_request\x18\x03 \x01(\bH\x00R\rnewKeyRequestB\t\n" +
-	"\apayload\"\xc4\x03\n" +
+	"\apayload\"\xff\x03\n" +
 	"\x12BoundKeypairResult\x122\n" +
 	"\x15certificate_chain_pem\x18\x01 \x01(\tR\x13certificateChainPem\x12,\n" +
 	"\x12ca_certificate_pem\x18\x02 \x01(\tR\x10caCertificatePem\x12\x1f\n" +
@@ -502,7 +511,8 @@ const file_muster_v1_join_proto_rawDesc = "" +
 	"\tendpoints\x18\t \x03(\tR\tendpoints\x12!\n" +
 	"\fverifier_set\x18\n" +
 	" \x01(\fR\vverifierSet\x122\n" +
-	"\x15bound_key_fingerprint\x18\v \x01(\tR\x13boundKeyFingerprint2\x89\x01\n" +
+	"\x15bound_key_fingerprint\x18\v \x01(\tR\x13boundKeyFingerprint\x129\n" +
+	"\ftrust_bundle\x18\f \x01(\v2\x16.muster.v1.TrustBundleR\vtrustBundle2\x89\x01\n" +
 	"\vJoinService\x12z\n" +
 	"\x19RegisterUsingBoundKeypair\x12+.muster.v1.RegisterUsingBoundKeypairRequest\x1a,.muster.v1.RegisterUsingBoundKeypairResponse(\x010\x01B7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
@@ -524,17 +534,19 @@ var file_muster_v1_join_proto_goTypes = []any{
 	(*BoundKeypairInit)(nil),                  // 1: muster.v1.BoundKeypairInit
 	(*RegisterUsingBoundKeypairResponse)(nil), // 2: muster.v1.RegisterUsingBoundKeypairResponse
 	(*BoundKeypairResult)(nil),                // 3: muster.v1.BoundKeypairResult
+	(*TrustBundle)(nil),                       // 4: muster.v1.TrustBundle
 }
 var file_muster_v1_join_proto_depIdxs = []int32{
 	1, // 0: muster.v1.RegisterUsingBoundKeypairRequest.init:type_name -> muster.v1.BoundKeypairInit
 	3, // 1: muster.v1.RegisterUsingBoundKeypairResponse.result:type_name -> muster.v1.BoundKeypairResult
-	0, // 2: muster.v1.JoinService.RegisterUsingBoundKeypair:input_type -> muster.v1.RegisterUsingBoundKeypairRequest
-	2, // 3: muster.v1.JoinService.RegisterUsingBoundKeypair:output_type -> muster.v1.RegisterUsingBoundKeypairResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	4, // 2: muster.v1.BoundKeypairResult.trust_bundle:type_name -> muster.v1.TrustBundle
+	0, // 3: muster.v1.JoinService.RegisterUsingBoundKeypair:input_type -> muster.v1.RegisterUsingBoundKeypairRequest
+	2, // 4: muster.v1.JoinService.RegisterUsingBoundKeypair:output_type -> muster.v1.RegisterUsingBoundKeypairResponse
+	4, // [4:5] is the sub-list for method output_type
+	3, // [3:4] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_join_proto_init() }
@@ -542,6 +554,7 @@ func file_muster_v1_join_proto_init() {
 	if File_muster_v1_join_proto != nil {
 		return
 	}
+	file_muster_v1_trustbundle_proto_init()
 	file_muster_v1_join_proto_msgTypes[0].OneofWrappers = []any{
 		(*RegisterUsingBoundKeypairRequest_Init)(nil),
 		(*RegisterUsingBoundKeypairRequest_ChallengeResponse)(nil),
