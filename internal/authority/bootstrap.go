@@ -48,6 +48,7 @@ func (b *bootstrapService) ExchangeJoinToken(ctx context.Context, req *musterv1.
 		AuthorityId:         b.s.info.AuthorityID,
 		TrustDomain:         b.s.info.TrustDomain,
 		VerifierSet:         b.s.verifierSet(ctx),
+		TrustBundle:         b.s.trustBundleProto(),
 	}, nil
 }
 
@@ -85,6 +86,7 @@ func (c *certificateService) RequestCertificate(ctx context.Context, req *muster
 		InstanceId:          iss.InstanceID,
 		Generation:          iss.Generation,
 		VerifierSet:         c.s.verifierSet(ctx),
+		TrustBundle:         c.s.trustBundleProto(),
 	}
 	if callerFrom(ctx).Cert == nil {
 		if a := c.s.advertise(); a != "" {

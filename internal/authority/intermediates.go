@@ -157,6 +157,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	in.signers = keep
 	in.s.ca.SetIntermediates(next)
+	in.s.setTrustBundle(in.s.buildTrustBundle(rows))
 	if in.s.crl != nil {
 		// A new active or retiring intermediate has no list yet, and a
 		// retired one's is no longer signed.

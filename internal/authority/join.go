@@ -116,6 +116,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		Generation: res.Generation, JoinState: res.JoinState, AuthorityId: j.s.info.AuthorityID,
 		TrustDomain: j.s.info.TrustDomain, RecoveriesRemaining: res.Remaining,
 		VerifierSet: j.s.verifierSet(ctx), BoundKeyFingerprint: res.BoundKey,
+		TrustBundle: j.s.trustBundleProto(),
 	}
 	if a := j.s.advertise(); a != "" {
 		out.Endpoints = []string{a}

@@ -166,6 +166,9 @@ type Server struct {
 
 	// crl is nil unless lists are asked for (crl.go).
 	crl *crl.Publisher
+
+	// bundle is the trust bundle answers carry (trustbundle.go).
+	bundle bundleCache
 }
 
 // New builds a server; Run starts it.

@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/task"
+	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -242,10 +243,12 @@ func (st *agentStream) receive() {
 func (st *agentStream) serve() error {
 	var sent int64 = -1 // the version of the last set sent
 	delivered := map[string]bool{}
-	check := store.ChangeSigners | store.ChangeTasks // standing was checked as it opened
+	// standing was checked as it opened; the trust bundle is sent at open.
+	check := store.ChangeSigners | store.ChangeTasks | store.ChangeCA
+	sentBundle := "" // the digest of the last trust bundle sent
 	for {
 		var end error
-		if apart(func() { end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, delivered) }); end != nil {
+		if apart(func() { end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, &sentBundle, delivered) }); end != nil {
 			if se, ok := end.(streamEnd); ok {
 				return se.err
 			}
@@ -352,9 +355,10 @@ func (a *agentService) streamLog(c Caller) *slog.Logger {
 }
 
 // recheck does what a change a stream was woken by asks: checks the
-// node's standing, sends a newer verifier set, sends pending tasks. A
+// node's standing, sends a newer verifier set, a changed trust bundle
+// (sentBundle is the digest of the one sent last), pending tasks. A
 // non-nil result ends the stream with it.
-func (a *agentService) recheck(ctx context.Context, send func(*musterv1.AuthorityMessage) error, c Caller, check store.ChangeKind, sent *int64, delivered map[string]bool) error {
+func (a *agentService) recheck(ctx context.Context, send func(*musterv1.AuthorityMessage) error, c Caller, check store.ChangeKind, sent *int64, sentBundle *string, delivered map[string]bool) error {
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
@@ -371,6 +375,14 @@ func (a *agentService) recheck(ctx context.Context, send func(*musterv1.Authorit
 				return err
 			}
 			*sent = version
+		}
+	}
+	if check&store.ChangeCA != 0 {
+		if b := a.s.trustBundle(); b.digest != *sentBundle {
+			if err := send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_TrustBundle{TrustBundle: b.pb}}); err != nil {
+				return err
+			}
+			*sentBundle = b.digest
 		}
 	}
 	if check&store.ChangeTasks != 0 {
@@ -518,6 +530,10 @@ type heartbeatJSON struct {
 	VerificationFailures map[string]int64 `json:"verification_failures,omitempty"`
 	// RecoveriesRemaining: a bound-keypair agent's budget, as it last heard.
 	RecoveriesRemaining *int64 `json:"recoveries_remaining,omitempty"`
+	// TrustBundle is the digest of the trust bundle the agent took last,
+	// TrustBundleCerts the fingerprint of each certificate it holds.
+	TrustBundle      string   `json:"trust_bundle,omitempty"`
+	TrustBundleCerts []string `json:"trust_bundle_certs,omitempty"`
 }
 
 // recordHeartbeat keeps an agent's last heartbeat and when it was heard.
@@ -540,6 +556,14 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 			if len(doc.VerificationFailures) < signer.MaxSetKeys {
 				doc.VerificationFailures[v] = n
 			}
+		}
+	}
+	if d := hb.GetTrustBundleDigest(); validDigest(d) {
+		doc.TrustBundle = d
+	}
+	for _, f := range hb.GetTrustBundleCerts() {
+		if validDigest(f) && len(doc.TrustBundleCerts) < trustbundle.MaxCerts {
+			doc.TrustBundleCerts = append(doc.TrustBundleCerts, f)
 		}
 	}
 	for v, st := range hb.GetAcceptedSigners() {

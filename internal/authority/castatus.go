@@ -1,0 +1,124 @@
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// caWarnAhead is how long before an intermediate's half-life the
+// authority warns that no successor can be prepared without the root key
+// (DESIGN.md "CA lifecycle": the root key).
+const caWarnAhead = 60 * 24 * time.Hour
+
+// caStatusPage is how many agents GetCAStatus reads at once to count who
+// holds each certificate.
+const caStatusPage = 1000
+
+// GetCAStatus lists every CA certificate (the root, every intermediate of
+// the store with its state, the cross-certificates of the bundle) and how
+// many connected agents (on any replica: their last heartbeat, as the
+// store keeps it) hold a bundle that includes it.
+func (a *adminService) GetCAStatus(ctx context.Context, _ *musterv1.GetCAStatusRequest) (*musterv1.GetCAStatusResponse, error) {
+	resp, err := a.s.caStatus(ctx)
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return resp, nil
+}
+
+func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, error) {
+	rows, err := s.store.ListCACerts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	holding, connected, err := s.countBundleHolders(ctx)
+	if err != nil {
+		return nil, err
+	}
+	b := s.trustBundle()
+	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.RootKey != nil, ConnectedAgents: connected, BundleDigest: b.digest}
+	entry := func(kind, role, state string, c *x509.Certificate) *musterv1.CACertificateStatus {
+		f := trustbundle.CertFingerprint(c)
+		return &musterv1.CACertificateStatus{Kind: kind, Role: role, State: state, Serial: c.SerialNumber.Text(16),
+			NotBefore: timestamppb.New(c.NotBefore), NotAfter: timestamppb.New(c.NotAfter), Subject: c.Subject.String(),
+			AgentsHolding: holding[f], Fingerprint: f}
+	}
+	for _, r := range b.set.Roots {
+		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, r))
+	}
+	for _, r := range rows {
+		c, err := x509.ParseCertificate(r.CertDER)
+		if err != nil {
+			return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
+		}
+		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, c))
+		if r.State != store.CAActive || s.ca.RootKey != nil {
+			continue
+		}
+		issued := c.NotBefore.Add(ca.Backdate)
+		half := issued.Add(min(c.NotAfter.Sub(issued), s.caIntermediateTTL()) / 2)
+		if !now.Before(half.Add(-caWarnAhead)) && !hasPrepared(rows, r.Role) {
+			resp.Warnings = append(resp.Warnings, fmt.Sprintf("the %s intermediate %s reaches half its life on %s (expires %s) and the root key is offline: no successor can be prepared; put the root key back in the data directory and restart the leader (docs/ca-lifecycle.md)",
+				r.Role, r.Serial, half.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339)))
+		}
+	}
+	for _, c := range b.set.Cross {
+		resp.Certificates = append(resp.Certificates, entry("cross", "", store.CAActive, c))
+	}
+	return resp, nil
+}
+
+func hasPrepared(rows []store.CACert, role string) bool {
+	for _, r := range rows {
+		if r.Role == role && r.State == store.CAPrepared {
+			return true
+		}
+	}
+	return false
+}
+
+// countBundleHolders reads every agent's stream row and counts, among the
+// connected ones, how many reported holding each certificate (by
+// trustbundle.CertFingerprint).
+func (s *Server) countBundleHolders(ctx context.Context) (map[string]int64, int64, error) {
+	holding := map[string]int64{}
+	var connected int64
+	after := ""
+	for {
+		page, err := s.store.ListAgentsPage(ctx, after, caStatusPage)
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, r := range page {
+			if r.Stream == nil || !r.Stream.Connected {
+				continue
+			}
+			connected++
+			var hb heartbeatJSON
+			if json.Unmarshal([]byte(r.Stream.Report), &hb) != nil {
+				continue
+			}
+			for _, f := range hb.TrustBundleCerts {
+				holding[f]++
+			}
+		}
+		if len(page) < caStatusPage {
+			return holding, connected, nil
+		}
+		after = page[len(page)-1].Node.ID
+	}
+}

@@ -1,0 +1,101 @@
+package authority
+
+import (
+	"crypto/x509"
+	"strings"
+	"sync/atomic"
+
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// bundleCache is the trust bundle every answer carries, built once per CA
+// change (intermediates.load) and read without a store read per renewal.
+type bundleCache struct {
+	p atomic.Pointer[builtBundle]
+}
+
+type builtBundle struct {
+	set trustbundle.Set
+	pb  *musterv1.TrustBundle
+	// digest is set.Digest().
+	digest string
+}
+
+// buildTrustBundle is the one place the trust bundle is made (DESIGN.md
+// "CA lifecycle": roots, intermediates in every non-retired state,
+// cross-certificates, authority ID): the data directory's root, and every
+// intermediate of rows (ListCACerts) that is not retired, each checked to
+// be the root's already (load). Store-kept roots and a root rotation's
+// cross-certificates belong here too. Nil rows (a server whose store was
+// not read yet) stand for the data directory's intermediates.
+func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
+	set := trustbundle.Set{AuthorityID: s.info.AuthorityID, Roots: []*x509.Certificate{s.ca.Root}}
+	if rows == nil {
+		for _, role := range caRoles {
+			if i := s.ca.Issuers[role]; i != nil {
+				set.Intermediates = append(set.Intermediates, i.Cert)
+			}
+		}
+	}
+	for _, r := range rows {
+		if r.State == store.CARetired {
+			continue
+		}
+		c, err := x509.ParseCertificate(r.CertDER)
+		if err != nil {
+			continue // load refused the whole read already
+		}
+		set.Intermediates = append(set.Intermediates, c)
+	}
+	pb := &musterv1.TrustBundle{AuthorityId: set.AuthorityID, Digest: set.Digest()}
+	for _, c := range set.Roots {
+		pb.Roots = append(pb.Roots, c.Raw)
+	}
+	for _, c := range set.Intermediates {
+		pb.Intermediates = append(pb.Intermediates, c.Raw)
+	}
+	for _, c := range set.Cross {
+		pb.CrossCertificates = append(pb.CrossCertificates, c.Raw)
+	}
+	return &builtBundle{set: set, pb: pb, digest: pb.Digest}
+}
+
+// setTrustBundle caches b and, when it differs from the one before, wakes
+// every open agent stream to send it.
+func (s *Server) setTrustBundle(b *builtBundle) {
+	old := s.bundle.p.Swap(b)
+	if old == nil || old.digest != b.digest {
+		s.log.Info("trust bundle changed", "digest", b.digest, "roots", len(b.set.Roots),
+			"intermediates", len(b.set.Intermediates), "cross_certificates", len(b.set.Cross))
+		s.hub.notify(store.Change{Kind: store.ChangeCA})
+	}
+}
+
+// trustBundle is the current trust bundle (the data directory's until the
+// store was read). Answers share it: nobody may modify it.
+func (s *Server) trustBundle() *builtBundle {
+	if b := s.bundle.p.Load(); b != nil {
+		return b
+	}
+	return s.buildTrustBundle(nil)
+}
+
+// trustBundleProto is the current bundle as answers carry it.
+func (s *Server) trustBundleProto() *musterv1.TrustBundle { return s.trustBundle().pb }
+
+// validDigest reports whether d is "sha256:" and 64 lower-case hex
+// digits, as a heartbeat names a bundle or a certificate.
+func validDigest(d string) bool {
+	h, ok := strings.CutPrefix(d, "sha256:")
+	if !ok || len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
