@@ -255,7 +255,8 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 	remaining := res.GetRecoveriesRemaining()
 	return &joinResult{chain: chain, roots: roots, authorityID: peer.id.Name, trustDomain: peer.id.TrustDomain,
 		instanceID: res.GetInstanceId(), generation: res.GetGeneration(), joinState: res.GetJoinState(), remaining: &remaining,
-		renewal: renewalAddress(res.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: res.GetVerifierSet()}, nil
+		renewal: renewalAddress(res.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: res.GetVerifierSet(),
+		bundle: res.GetTrustBundle()}, nil
 }
 
 // boundExchange runs the stream over a connection made with tc (which
@@ -365,7 +366,11 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
 	}
-	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: id.Roots}, false); err != nil {
+	renewed := &identity.Identity{Chain: chain, Key: key, Roots: id.Roots}
+	if err := a.dir.writeIdentity(renewed, false); err != nil {
+		return nil, op, err
+	}
+	if _, err := a.takeBundle(st, renewed, res.GetTrustBundle()); err != nil {
 		return nil, op, err
 	}
 	now := a.now().UTC()

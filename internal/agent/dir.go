@@ -49,6 +49,10 @@ func (d Dir) KeyFile() string { return d.path("certs", "agent.key") }
 // CAFile is the pinned root CA, PEM.
 func (d Dir) CAFile() string { return d.path("certs", "ca.crt") }
 
+// BundleFile is the trust bundle the agent holds, PEM: the trusted roots,
+// then the intermediates and cross-certificates that chain to them.
+func (d Dir) BundleFile() string { return d.path("certs", "bundle.pem") }
+
 // PKCS12File is the keystore holding the key and the chain (0600).
 func (d Dir) PKCS12File() string { return d.path("certs", "agent.p12") }
 
@@ -62,7 +66,7 @@ func (d Dir) PendingKeyFile() string { return d.path("keys", "pending.key") }
 
 // certFiles are every certificate file a join writes.
 func (d Dir) certFiles() []string {
-	return []string{d.CAFile(), d.CertFile(), d.KeyFile(), d.PKCS12File(), d.PKCS12PasswordFile()}
+	return []string{d.CAFile(), d.BundleFile(), d.CertFile(), d.KeyFile(), d.PKCS12File(), d.PKCS12PasswordFile()}
 }
 
 // ensure creates the directory and its subdirectories 0700.
@@ -205,6 +209,9 @@ type State struct {
 	BoundKeypair        string `json:"bound_keypair,omitempty"`
 	JoinState           string `json:"join_state,omitempty"`
 	RecoveriesRemaining *int64 `json:"recoveries_remaining,omitempty"`
+	// TrustBundle is the digest of the last trust bundle the agent took
+	// (certs/bundle.pem holds what it kept of it).
+	TrustBundle string `json:"trust_bundle,omitempty"`
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.

@@ -50,6 +50,7 @@ func TestDirectoryLayout(t *testing.T) {
 		dir.StateFile():          0o600,
 		dir.CertFile():           0o644,
 		dir.CAFile():             0o644,
+		dir.BundleFile():         0o644,
 		dir.KeyFile():            0o600,
 		dir.PKCS12File():         0o600,
 		dir.PKCS12PasswordFile(): 0o600,

@@ -54,6 +54,27 @@ type fakeAuthority struct {
 	loseRenewReply bool
 	// wrongKey certifies a key other than the CSR's.
 	wrongKey bool
+	// extraBundle is added to the trust bundle every answer carries
+	// (the root and the intermediates of h).
+	extraBundle trustbundle.Set
+}
+
+// trustBundle is what the fake's answers carry.
+func (f *fakeAuthority) trustBundle() *musterv1.TrustBundle {
+	b := &musterv1.TrustBundle{AuthorityId: f.aid, Roots: [][]byte{f.h.Root.Raw}}
+	for _, r := range []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin} {
+		b.Intermediates = append(b.Intermediates, f.h.Issuers[r].Cert.Raw)
+	}
+	for _, c := range f.extraBundle.Roots {
+		b.Roots = append(b.Roots, c.Raw)
+	}
+	for _, c := range f.extraBundle.Intermediates {
+		b.Intermediates = append(b.Intermediates, c.Raw)
+	}
+	for _, c := range f.extraBundle.Cross {
+		b.CrossCertificates = append(b.CrossCertificates, c.Raw)
+	}
+	return b
 }
 
 type fakeOptions struct {
@@ -142,7 +163,7 @@ func (f *fakeAuthority) ExchangeJoinToken(_ context.Context, req *musterv1.Excha
 		return nil, err
 	}
 	return &musterv1.ExchangeJoinTokenResponse{CertificateChainPem: chain, CaCertificatePem: string(ca.EncodeCertPEM(f.h.Root)),
-		InstanceId: "instance-1", Generation: 0, AuthorityId: f.aid, TrustDomain: f.trustDomain()}, nil
+		InstanceId: "instance-1", Generation: 0, AuthorityId: f.aid, TrustDomain: f.trustDomain(), TrustBundle: f.trustBundle()}, nil
 }
 
 func (f *fakeAuthority) RequestCertificate(ctx context.Context, req *musterv1.RequestCertificateRequest) (*musterv1.RequestCertificateResponse, error) {
@@ -180,7 +201,7 @@ func (f *fakeAuthority) RequestCertificate(ctx context.Context, req *musterv1.Re
 		return nil, status.Error(codes.Unavailable, "reply lost")
 	}
 	return &musterv1.RequestCertificateResponse{CertificateChainPem: chain, CaCertificatePem: string(ca.EncodeCertPEM(f.h.Root)),
-		InstanceId: "instance-1", Generation: f.generation}, nil
+		InstanceId: "instance-1", Generation: f.generation, TrustBundle: f.trustBundle()}, nil
 }
 
 // issue certifies the CSR's key for node; the same key gets the same

@@ -197,6 +197,9 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		BoundKeypair: r.BoundKeypair,
 	}
 	a.takeVerifierSet(ctx, st, j.verifierSet, true, nil)
+	if _, err := a.takeBundle(st, id, j.bundle); err != nil {
+		return nil, err
+	}
 	if err := a.dir.writeState(st); err != nil {
 		return nil, err
 	}
@@ -237,6 +240,9 @@ type joinResult struct {
 	renewal, joined string
 	// verifierSet is the signed verifier set the answer carried.
 	verifierSet []byte
+	// bundle is the trust bundle the answer carried (nil from an
+	// authority that sends none).
+	bundle *musterv1.TrustBundle
 }
 
 func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
@@ -250,7 +256,8 @@ func (a *Agent) joinToken(ctx context.Context, r JoinRequest, key crypto.Signer)
 	}
 	return &joinResult{chain: chain, roots: bundle.RootCerts, authorityID: bundle.AuthorityID, trustDomain: bundle.TrustDomain,
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
-		renewal: renewalAddress(bundle.Endpoints, r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet()}, nil
+		renewal: renewalAddress(bundle.Endpoints, r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet(),
+		bundle: resp.GetTrustBundle()}, nil
 }
 
 // pinOf is the fingerprint to record: the one given, else the first root's.

@@ -155,7 +155,8 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	}
 	return &joinResult{chain: chain, roots: roots, authorityID: peer.id.Name, trustDomain: peer.id.TrustDomain,
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
-		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet()}, nil
+		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet(),
+		bundle: resp.GetTrustBundle()}, nil
 }
 
 // refer goes through discovery: it locates the authority, and only then

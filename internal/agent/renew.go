@@ -79,13 +79,19 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The roots stay those pinned at the join: a reply's
-	// ca_certificate_pem is never a reason to trust another root.
-	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, id.Roots, agentID, a.now())
+	// A reply's ca_certificate_pem is never a reason to trust another
+	// root; its trust bundle is taken by trustbundle.Take's rule (a new
+	// root only through a cross-certificate from a root trusted now), and
+	// the new certificate must chain to the roots trusted after it.
+	roots, err := a.takeBundle(st, id, resp.GetTrustBundle())
 	if err != nil {
 		return nil, err
 	}
-	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: id.Roots}, false); err != nil {
+	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
+	if err != nil {
+		return nil, err
+	}
+	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: roots}, false); err != nil {
 		return nil, err
 	}
 	renewed := a.now().UTC()

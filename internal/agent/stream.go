@@ -167,6 +167,11 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 				a.log.Warn("could not record a streamed verifier set", "err", err)
 			}
 		}
+		if b := m.GetTrustBundle(); b != nil {
+			if err := a.streamedBundle(ctx, b); err != nil {
+				a.log.Warn("could not record a streamed trust bundle", "err", err)
+			}
+		}
 	}
 }
 
@@ -226,6 +231,35 @@ func (a *Agent) streamedVerifierSet(ctx context.Context, raw []byte, conn grpc.C
 	return a.dir.writeState(st)
 }
 
+// streamedBundle takes a trust bundle the stream brought and records it;
+// the next heartbeat reports it at once.
+func (a *Agent) streamedBundle(ctx context.Context, b *musterv1.TrustBundle) error {
+	unlock, err := a.dir.lock(ctx)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	st, id, err := a.load(true)
+	if err != nil {
+		return err
+	}
+	before := st.TrustBundle
+	if _, err := a.takeBundle(st, id, b); err != nil {
+		return err
+	}
+	if st.TrustBundle == before {
+		return nil
+	}
+	if err := a.dir.writeState(st); err != nil {
+		return err
+	}
+	select {
+	case a.trustChanged <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
 // heartbeat is the agent's report of itself.
 func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
 	hb := &musterv1.Heartbeat{}
@@ -237,6 +271,12 @@ func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
 	hb.LastRotateTask, hb.VerificationFailures = st.LastRotateTask, a.failureCounts()
 	if n := st.RecoveriesRemaining; n != nil && *n >= 0 {
 		hb.RecoveriesRemaining = n
+	}
+	hb.TrustBundleDigest = st.TrustBundle
+	if held, err := a.dir.heldBundle(); err == nil {
+		hb.TrustBundleCerts = held
+	} else {
+		a.log.Warn("cannot read the trust bundle held", "err", err)
 	}
 	if t, err := a.trustOf(st); err == nil {
 		hb.VerifierSetVersion = t.Version()

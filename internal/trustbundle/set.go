@@ -78,8 +78,8 @@ func ParseDER(authorityID string, roots, intermediates, cross [][]byte) (Set, er
 	}
 	s := Set{AuthorityID: authorityID}
 	for _, g := range []struct {
-		der [][]byte
-		to  *[]*x509.Certificate
+		der  [][]byte
+		to   *[]*x509.Certificate
 		kind string
 	}{{roots, &s.Roots, "root"}, {intermediates, &s.Intermediates, "intermediate"}, {cross, &s.Cross, "cross-certificate"}} {
 		for _, d := range g.der {

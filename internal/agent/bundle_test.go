@@ -1,0 +1,134 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/x509"
+	"os"
+	"testing"
+	"time"
+
+	pkcs12 "software.sslmate.com/src/go-pkcs12"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/trustbundle"
+)
+
+func pemCount(t *testing.T, path string) []*x509.Certificate {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := ca.ParseCertsPEM(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certs
+}
+
+// TestJoinWritesTheTrustBundle: a join writes certs/ca.crt (the root) and
+// certs/bundle.pem (the root and the four intermediates), records the
+// bundle's digest, and the heartbeat reports both.
+func TestJoinWritesTheTrustBundle(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	if roots := pemCount(t, dir.CAFile()); len(roots) != 1 || !roots[0].Equal(f.h.Root) {
+		t.Fatalf("ca.crt holds %d certificates, want the root", len(roots))
+	}
+	if b := pemCount(t, dir.BundleFile()); len(b) != 5 || !b[0].Equal(f.h.Root) {
+		t.Fatalf("bundle.pem holds %d certificates, want the root and 4 intermediates", len(b))
+	}
+	st, _ := dir.ReadState()
+	pb := f.trustBundle()
+	want, _ := trustbundle.ParseDER(pb.AuthorityId, pb.Roots, pb.Intermediates, pb.CrossCertificates)
+	if st.TrustBundle != want.Digest() {
+		t.Fatalf("state.json trust_bundle %q, want %q", st.TrustBundle, want.Digest())
+	}
+	hb := a.heartbeat(t.Context())
+	if hb.GetTrustBundleDigest() != want.Digest() || len(hb.GetTrustBundleCerts()) != 5 ||
+		hb.GetTrustBundleCerts()[0] != trustbundle.CertFingerprint(f.h.Root) {
+		t.Fatalf("heartbeat reports %q %q", hb.GetTrustBundleDigest(), hb.GetTrustBundleCerts())
+	}
+}
+
+// TestRenewTakesANewRootOnlyThroughACrossCertificate: a renewal answer
+// whose bundle names another root does not make the agent trust it; with a
+// cross-certificate of that root's key signed by the trusted root it does:
+// ca.crt holds both, bundle.pem the new root's intermediate, and the
+// keystore's chain both roots.
+func TestRenewTakesANewRootOnlyThroughACrossCertificate(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	next, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuers[ca.RoleAgent].Cert}}
+	f.mu.Unlock()
+	caBefore, _ := os.ReadFile(dir.CAFile())
+	if _, err := a.Renew(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if caAfter, _ := os.ReadFile(dir.CAFile()); !bytes.Equal(caBefore, caAfter) {
+		t.Fatal("a root offered without a cross-certificate changed ca.crt")
+	}
+	if b := pemCount(t, dir.BundleFile()); len(b) != 5 {
+		t.Fatalf("bundle.pem holds %d certificates: took what does not chain to a trusted root", len(b))
+	}
+
+	tmpl := *next.Root
+	tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cross, _ := x509.ParseCertificate(der)
+	f.mu.Lock()
+	f.extraBundle.Cross = []*x509.Certificate{cross}
+	f.mu.Unlock()
+	if _, err := a.Renew(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	roots := pemCount(t, dir.CAFile())
+	if len(roots) != 2 || !roots[0].Equal(f.h.Root) || !roots[1].Equal(next.Root) {
+		t.Fatalf("ca.crt holds %d roots, want the old and the cross-certified new", len(roots))
+	}
+	if b := pemCount(t, dir.BundleFile()); len(b) != 8 {
+		t.Fatalf("bundle.pem holds %d certificates, want 2 roots, 5 intermediates, 1 cross-certificate", len(b))
+	}
+	pass, _ := os.ReadFile(dir.PKCS12PasswordFile())
+	p12, _ := os.ReadFile(dir.PKCS12File())
+	_, _, chain, err := pkcs12.DecodeChain(p12, string(pass))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, c := range chain {
+		found = found || c.Equal(next.Root)
+	}
+	if !found {
+		t.Fatal("the keystore's chain lacks the new root")
+	}
+
+	// The authority drops the old root: kept while the certificate, which
+	// chains to it, is valid.
+	f.mu.Lock()
+	f.extraBundle = trustbundle.Set{}
+	f.mu.Unlock()
+	st, _ := dir.ReadState()
+	id, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pb := f.trustBundle()
+	pb.Roots = [][]byte{next.Root.Raw}
+	roots2, err := a.takeBundle(st, id, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(roots2) != 2 {
+		t.Fatalf("%d roots after a bundle without the root the current certificate chains to, want it kept", len(roots2))
+	}
+}
