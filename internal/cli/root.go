@@ -83,6 +83,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newBenchCmd(env),
 		newBotCmd(env),
 		newBoundKeypairCmd(env),
+		newCACmd(env),
 		newStatusCmd(env),
 		newVersionCmd(env),
 		newHealthcheckCmd(env),
