@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -170,4 +171,34 @@ func mustParse(t *testing.T, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestCAStatusWarnsWithoutTheRootKey: with the root key offline, ca status
+// says so and warns of every active intermediate whose half-life is within
+// 60 days (all four under a 2-minute lifetime), and of none under a year's.
+func TestCAStatusWarnsWithoutTheRootKey(t *testing.T) {
+	a := startBench(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		ttl  time.Duration
+		want int
+	}{{2 * time.Minute, 4}, {365 * 24 * time.Hour, 0}} {
+		s := &Server{store: a.store, ca: &ca.Hierarchy{Root: a.h.Root, Issuers: a.h.Issuers}, cfg: Config{CAIntermediateTTL: tc.ttl},
+			info: a.info, hub: newStreamHub(), log: a.srvs[0].log}
+		st, err := s.caStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.GetRootKeyOnline() || len(st.GetWarnings()) != tc.want {
+			t.Fatalf("ttl %s: root key online %v, warnings %q; want offline and %d", tc.ttl, st.GetRootKeyOnline(), st.GetWarnings(), tc.want)
+		}
+		for _, w := range st.GetWarnings() {
+			if !strings.Contains(w, "root key is offline") || !strings.Contains(w, "put the root key back") {
+				t.Errorf("warning does not say what to do: %s", w)
+			}
+		}
+	}
+	if st, err := a.srvs[0].caStatus(ctx); err != nil || !st.GetRootKeyOnline() || len(st.GetWarnings()) != 0 {
+		t.Fatalf("with the root key: %v, %v", st, err)
+	}
 }
