@@ -73,6 +73,9 @@ func printTaskTrust(w io.Writer, s *agent.Status) {
 	}
 	accepted := signerStates(states)
 	fmt.Fprintf(w, "Task signers:  verifier set version %d; accepted: %s\n", s.VerifierSetVersion, accepted)
+	if s.TrustBundle != "" {
+		fmt.Fprintf(w, "Trust bundle:  %s (certs/ca.crt, certs/bundle.pem)\n", s.TrustBundle)
+	}
 	if s.StaticVerifiers > 0 {
 		fmt.Fprintf(w, "Static list:   %d keys from %s (a transition setting: remove it once the verifier set is delivered)\n",
 			s.StaticVerifiers, agent.StaticVerifiersEnv)
