@@ -20,7 +20,7 @@ import (
 // now, id.Chain the current certificate. It writes certs/ca.crt (the
 // roots trusted after it), certs/bundle.pem (those roots, then the
 // intermediates and cross-certificates that chain to them) and, when the
-// roots changed, the keystore, whose chain ends at them; each file only
+// roots file changed, the keystore, whose chain ends at them; each file only
 // when its content changes, all or none (writeFiles). It records the
 // offer's digest in st (written by the caller) and returns the roots
 // trusted now. The directory is locked. A bundle that does not parse or
@@ -53,13 +53,15 @@ func (a *Agent) takeBundle(st *State, id *identity.Identity, pb *musterv1.TrustB
 		bundlePEM = append(bundlePEM, ca.EncodeCertPEM(c)...)
 	}
 	var files []file
+	rootsChanged := false
 	if old, err := readSmall(a.dir.CAFile()); err != nil || !bytes.Equal(old, rootsPEM) {
 		files = append(files, file{a.dir.CAFile(), rootsPEM, 0o644})
+		rootsChanged = true
 	}
 	if old, err := readSmall(a.dir.BundleFile()); err != nil || !bytes.Equal(old, bundlePEM) {
 		files = append(files, file{a.dir.BundleFile(), bundlePEM, 0o644})
 	}
-	if t.RootsChanged() && id.Key != nil {
+	if rootsChanged && id.Key != nil {
 		p12, err := a.dir.keystoreWith(id, t.Set.Roots)
 		if err != nil {
 			return nil, err
@@ -75,7 +77,7 @@ func (a *Agent) takeBundle(st *State, id *identity.Identity, pb *musterv1.TrustB
 		}
 	}
 	digest := offer.Digest()
-	if digest != st.TrustBundle || t.RootsChanged() {
+	if digest != st.TrustBundle || rootsChanged {
 		a.log.Info("trust bundle taken", "digest", digest, "roots", len(t.Set.Roots), "intermediates", len(t.Set.Intermediates),
 			"cross_certificates", len(t.Set.Cross), "new_roots", len(t.NewRoots), "dropped_roots", len(t.DroppedRoots))
 	}

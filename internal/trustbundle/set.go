@@ -120,7 +120,8 @@ var ErrOtherAuthority = errors.New("trust bundle: offered for another authority"
 // authority offered offer at now. The rule (docs/ca-lifecycle.md, "What an
 // agent holds"):
 //
-//   - A root stays trusted if the offer carries a root with its key.
+//   - A root stays trusted if the offer carries a root with its key (the
+//     offered certificate replaces the held one if it is valid now).
 //   - A root of the offer is trusted newly only through a
 //     cross-certificate of the offer whose public key is that root's and
 //     which verifies under a root trusted before this offer (held), is a
@@ -177,6 +178,12 @@ func Take(held Set, current []*x509.Certificate, offer Set, now time.Time) (Take
 		case !selfSignedCA(r):
 			t.Refused = append(t.Refused, fmt.Sprintf("root %s: not a self-signed CA", r.Subject))
 		case keyIn(r, held.Roots):
+			// The same key (the pin): the offered certificate if it is
+			// valid now (a root re-issued with the same key), else the
+			// one held.
+			if !valid(r) {
+				r = sameKey(r, held.Roots)
+			}
 			roots = append(roots, r)
 		case !valid(r):
 			t.Refused = append(t.Refused, fmt.Sprintf("new root %s: not valid now", r.Subject))
@@ -240,6 +247,16 @@ func vouched(r *x509.Certificate, cross, trusted []*x509.Certificate, now time.T
 		}
 	}
 	return false
+}
+
+// sameKey is the certificate of set whose key is c's.
+func sameKey(c *x509.Certificate, set []*x509.Certificate) *x509.Certificate {
+	for _, r := range set {
+		if bytes.Equal(c.RawSubjectPublicKeyInfo, r.RawSubjectPublicKeyInfo) {
+			return r
+		}
+	}
+	return c
 }
 
 // chainsTo reports whether chain (leaf first, then intermediates) ends

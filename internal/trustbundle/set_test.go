@@ -219,3 +219,18 @@ func TestDigestNamesContentAndPlace(t *testing.T) {
 		t.Fatal("digest does not follow content and place")
 	}
 }
+
+func TestTakeKeepsTheHeldRootOverAnExpiredReissue(t *testing.T) {
+	w := newWorld(t)
+	expired := mint(t, "old root", w.oldRoot.key.(*ecdsa.PrivateKey), nil, true, t0.Add(-2*time.Hour), t0.Add(-time.Hour))
+	reissued := mint(t, "old root", w.oldRoot.key.(*ecdsa.PrivateKey), nil, true, t0.Add(-time.Hour), t0.Add(48*time.Hour))
+	held := Set{AuthorityID: "a", Roots: certs(w.oldRoot)}
+	got, _ := Take(held, nil, Set{AuthorityID: "a", Roots: certs(expired)}, t0)
+	if len(got.Set.Roots) != 1 || !got.Set.Roots[0].Equal(w.oldRoot.cert) || got.RootsChanged() {
+		t.Fatal("an expired re-issue of the held root replaced it")
+	}
+	got, _ = Take(held, nil, Set{AuthorityID: "a", Roots: certs(reissued)}, t0)
+	if len(got.Set.Roots) != 1 || !got.Set.Roots[0].Equal(reissued.cert) {
+		t.Fatal("a valid re-issue of the held root (same key) was not taken")
+	}
+}
