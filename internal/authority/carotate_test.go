@@ -76,11 +76,23 @@ func TestCAClockRotates(t *testing.T) {
 	if next == "" {
 		t.Fatalf("no successor prepared: %v", st)
 	}
+	// Past two thirds, but prepared just now: it is not activated until
+	// every replica has had caPublishWindow to publish it.
 	if err := s.caStep(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if st := states(); st[next] != store.CAPrepared || st[current.Serial] != store.CAActive {
+		t.Fatalf("a step within the publish window: %v; want %s still prepared and %s active", st, next, current.Serial)
+	}
+	storeNow, err := a.store.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.caStepAt(ctx, storeNow.Add(caPublishWindow)); err != nil {
+		t.Fatal(err)
+	}
 	if st := states(); st[next] != store.CAActive || st[current.Serial] != store.CARetiring {
-		t.Fatalf("after the second step: %v; want %s active and %s retiring", st, next, current.Serial)
+		t.Fatalf("after the publish window: %v; want %s active and %s retiring", st, next, current.Serial)
 	}
 	// Nothing else is due: the new one is fresh, the other roles a year old.
 	if err := s.caStep(ctx); err != nil {
@@ -142,8 +154,8 @@ func TestCAClockFollowsAShorterTTL(t *testing.T) {
 }
 
 // TestCAClockWarnsOnceWithoutTheRootKey: a successor due with no root key
-// is logged as a warning once per role, not at every tick, saying what to
-// do.
+// is logged as a warning once a day per role, not at every tick, naming
+// the command that prepares it with the offline root key.
 func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
 	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
 	ctx := t.Context()
@@ -165,8 +177,14 @@ func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
 			t.Errorf("role %s warned %d times in 3 ticks, want once:\n%s", role, n, out)
 		}
 	}
-	if n := strings.Count(out, "level=WARN"); n != len(caRoles) || !strings.Contains(out, "put the root key back in the data directory and restart the leader") ||
-		!strings.Contains(out, "muster ca rotate --root-key") {
+	if n := strings.Count(out, "level=WARN"); n != len(caRoles) || !strings.Contains(out, "muster ca rotate agent --root-key FILE") {
 		t.Errorf("the warnings (%d) do not say what to do:\n%s", n, out)
+	}
+	// A day later, once more.
+	if err := s.caStepAt(ctx, issued.Add(71*time.Second+caWarnEvery)); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "role=agent "); n != 2 {
+		t.Errorf("role agent warned %d times after a day, want twice:\n%s", n, logs.String())
 	}
 }

@@ -19,35 +19,38 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_GetStatus_FullMethodName      = "/muster.v1.AdminService/GetStatus"
-	AdminService_AddOperator_FullMethodName    = "/muster.v1.AdminService/AddOperator"
-	AdminService_ListOperators_FullMethodName  = "/muster.v1.AdminService/ListOperators"
-	AdminService_RenewOperator_FullMethodName  = "/muster.v1.AdminService/RenewOperator"
-	AdminService_CreateLock_FullMethodName     = "/muster.v1.AdminService/CreateLock"
-	AdminService_ListLocks_FullMethodName      = "/muster.v1.AdminService/ListLocks"
-	AdminService_DeleteLock_FullMethodName     = "/muster.v1.AdminService/DeleteLock"
-	AdminService_CreateToken_FullMethodName    = "/muster.v1.AdminService/CreateToken"
-	AdminService_ListTokens_FullMethodName     = "/muster.v1.AdminService/ListTokens"
-	AdminService_GetToken_FullMethodName       = "/muster.v1.AdminService/GetToken"
-	AdminService_DeleteToken_FullMethodName    = "/muster.v1.AdminService/DeleteToken"
-	AdminService_ApplyToken_FullMethodName     = "/muster.v1.AdminService/ApplyToken"
-	AdminService_ListAgents_FullMethodName     = "/muster.v1.AdminService/ListAgents"
-	AdminService_GetAgent_FullMethodName       = "/muster.v1.AdminService/GetAgent"
-	AdminService_DeleteAgent_FullMethodName    = "/muster.v1.AdminService/DeleteAgent"
-	AdminService_GetPSKs_FullMethodName        = "/muster.v1.AdminService/GetPSKs"
-	AdminService_RotatePSK_FullMethodName      = "/muster.v1.AdminService/RotatePSK"
-	AdminService_ListSigners_FullMethodName    = "/muster.v1.AdminService/ListSigners"
-	AdminService_StageSigner_FullMethodName    = "/muster.v1.AdminService/StageSigner"
-	AdminService_ActivateSigner_FullMethodName = "/muster.v1.AdminService/ActivateSigner"
-	AdminService_RetireSigner_FullMethodName   = "/muster.v1.AdminService/RetireSigner"
-	AdminService_RevokeSigner_FullMethodName   = "/muster.v1.AdminService/RevokeSigner"
-	AdminService_RollbackSigner_FullMethodName = "/muster.v1.AdminService/RollbackSigner"
-	AdminService_SendTask_FullMethodName       = "/muster.v1.AdminService/SendTask"
-	AdminService_ListAudit_FullMethodName      = "/muster.v1.AdminService/ListAudit"
-	AdminService_VerifyAudit_FullMethodName    = "/muster.v1.AdminService/VerifyAudit"
-	AdminService_OpenResync_FullMethodName     = "/muster.v1.AdminService/OpenResync"
-	AdminService_CloseResync_FullMethodName    = "/muster.v1.AdminService/CloseResync"
-	AdminService_ListResync_FullMethodName     = "/muster.v1.AdminService/ListResync"
+	AdminService_GetStatus_FullMethodName              = "/muster.v1.AdminService/GetStatus"
+	AdminService_AddOperator_FullMethodName            = "/muster.v1.AdminService/AddOperator"
+	AdminService_ListOperators_FullMethodName          = "/muster.v1.AdminService/ListOperators"
+	AdminService_RenewOperator_FullMethodName          = "/muster.v1.AdminService/RenewOperator"
+	AdminService_CreateLock_FullMethodName             = "/muster.v1.AdminService/CreateLock"
+	AdminService_ListLocks_FullMethodName              = "/muster.v1.AdminService/ListLocks"
+	AdminService_DeleteLock_FullMethodName             = "/muster.v1.AdminService/DeleteLock"
+	AdminService_CreateToken_FullMethodName            = "/muster.v1.AdminService/CreateToken"
+	AdminService_ListTokens_FullMethodName             = "/muster.v1.AdminService/ListTokens"
+	AdminService_GetToken_FullMethodName               = "/muster.v1.AdminService/GetToken"
+	AdminService_DeleteToken_FullMethodName            = "/muster.v1.AdminService/DeleteToken"
+	AdminService_ApplyToken_FullMethodName             = "/muster.v1.AdminService/ApplyToken"
+	AdminService_ListAgents_FullMethodName             = "/muster.v1.AdminService/ListAgents"
+	AdminService_GetAgent_FullMethodName               = "/muster.v1.AdminService/GetAgent"
+	AdminService_DeleteAgent_FullMethodName            = "/muster.v1.AdminService/DeleteAgent"
+	AdminService_GetPSKs_FullMethodName                = "/muster.v1.AdminService/GetPSKs"
+	AdminService_RotatePSK_FullMethodName              = "/muster.v1.AdminService/RotatePSK"
+	AdminService_ListSigners_FullMethodName            = "/muster.v1.AdminService/ListSigners"
+	AdminService_StageSigner_FullMethodName            = "/muster.v1.AdminService/StageSigner"
+	AdminService_ActivateSigner_FullMethodName         = "/muster.v1.AdminService/ActivateSigner"
+	AdminService_RetireSigner_FullMethodName           = "/muster.v1.AdminService/RetireSigner"
+	AdminService_RevokeSigner_FullMethodName           = "/muster.v1.AdminService/RevokeSigner"
+	AdminService_RollbackSigner_FullMethodName         = "/muster.v1.AdminService/RollbackSigner"
+	AdminService_SendTask_FullMethodName               = "/muster.v1.AdminService/SendTask"
+	AdminService_ListAudit_FullMethodName              = "/muster.v1.AdminService/ListAudit"
+	AdminService_VerifyAudit_FullMethodName            = "/muster.v1.AdminService/VerifyAudit"
+	AdminService_OpenResync_FullMethodName             = "/muster.v1.AdminService/OpenResync"
+	AdminService_CloseResync_FullMethodName            = "/muster.v1.AdminService/CloseResync"
+	AdminService_ListResync_FullMethodName             = "/muster.v1.AdminService/ListResync"
+	AdminService_DraftCAIntermediate_FullMethodName    = "/muster.v1.AdminService/DraftCAIntermediate"
+	AdminService_PrepareCAIntermediate_FullMethodName  = "/muster.v1.AdminService/PrepareCAIntermediate"
+	AdminService_ActivateCAIntermediate_FullMethodName = "/muster.v1.AdminService/ActivateCAIntermediate"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -102,6 +105,13 @@ type AdminServiceClient interface {
 	OpenResync(ctx context.Context, in *OpenResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
 	CloseResync(ctx context.Context, in *CloseResyncRequest, opts ...grpc.CallOption) (*ResyncWindowResponse, error)
 	ListResync(ctx context.Context, in *ListResyncRequest, opts ...grpc.CallOption) (*ListResyncResponse, error)
+	// CA intermediates ahead of the leader's clock (docs/ca-lifecycle.md):
+	// prepare a role's successor (signed by the authority's root key, or,
+	// with the root key offline, a draft the CLI signs locally and sends
+	// back) and activate the prepared one.
+	DraftCAIntermediate(ctx context.Context, in *DraftCAIntermediateRequest, opts ...grpc.CallOption) (*DraftCAIntermediateResponse, error)
+	PrepareCAIntermediate(ctx context.Context, in *PrepareCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
+	ActivateCAIntermediate(ctx context.Context, in *ActivateCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
 }
 
 type adminServiceClient struct {
@@ -402,6 +412,36 @@ func (c *adminServiceClient) ListResync(ctx context.Context, in *ListResyncReque
 	return out, nil
 }
 
+func (c *adminServiceClient) DraftCAIntermediate(ctx context.Context, in *DraftCAIntermediateRequest, opts ...grpc.CallOption) (*DraftCAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DraftCAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_DraftCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PrepareCAIntermediate(ctx context.Context, in *PrepareCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_PrepareCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ActivateCAIntermediate(ctx context.Context, in *ActivateCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_ActivateCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -454,6 +494,13 @@ type AdminServiceServer interface {
 	OpenResync(context.Context, *OpenResyncRequest) (*ResyncWindowResponse, error)
 	CloseResync(context.Context, *CloseResyncRequest) (*ResyncWindowResponse, error)
 	ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error)
+	// CA intermediates ahead of the leader's clock (docs/ca-lifecycle.md):
+	// prepare a role's successor (signed by the authority's root key, or,
+	// with the root key offline, a draft the CLI signs locally and sends
+	// back) and activate the prepared one.
+	DraftCAIntermediate(context.Context, *DraftCAIntermediateRequest) (*DraftCAIntermediateResponse, error)
+	PrepareCAIntermediate(context.Context, *PrepareCAIntermediateRequest) (*CAIntermediateResponse, error)
+	ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -550,6 +597,15 @@ func (UnimplementedAdminServiceServer) CloseResync(context.Context, *CloseResync
 }
 func (UnimplementedAdminServiceServer) ListResync(context.Context, *ListResyncRequest) (*ListResyncResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListResync not implemented")
+}
+func (UnimplementedAdminServiceServer) DraftCAIntermediate(context.Context, *DraftCAIntermediateRequest) (*DraftCAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DraftCAIntermediate not implemented")
+}
+func (UnimplementedAdminServiceServer) PrepareCAIntermediate(context.Context, *PrepareCAIntermediateRequest) (*CAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareCAIntermediate not implemented")
+}
+func (UnimplementedAdminServiceServer) ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ActivateCAIntermediate not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1094,6 +1150,60 @@ func _AdminService_ListResync_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DraftCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DraftCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DraftCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DraftCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DraftCAIntermediate(ctx, req.(*DraftCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PrepareCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PrepareCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PrepareCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PrepareCAIntermediate(ctx, req.(*PrepareCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ActivateCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ActivateCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ActivateCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ActivateCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ActivateCAIntermediate(ctx, req.(*ActivateCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1216,6 +1326,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListResync",
 			Handler:    _AdminService_ListResync_Handler,
+		},
+		{
+			MethodName: "DraftCAIntermediate",
+			Handler:    _AdminService_DraftCAIntermediate_Handler,
+		},
+		{
+			MethodName: "PrepareCAIntermediate",
+			Handler:    _AdminService_PrepareCAIntermediate_Handler,
+		},
+		{
+			MethodName: "ActivateCAIntermediate",
+			Handler:    _AdminService_ActivateCAIntermediate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
