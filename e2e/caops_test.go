@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -291,5 +292,60 @@ func TestReadyzWhenIntermediatesCannotBeRead(t *testing.T) {
 	}
 	if !regexp.MustCompile(`read the CA intermediates from the store again`).MatchString(e.auth.Logs()) {
 		t.Error("the recovery is not logged")
+	}
+}
+
+// TestCARotateTwoReplicasPostgres: two replicas on one PostgreSQL. The
+// agent intermediate's successor is prepared through replica A; a second
+// prepare through B is refused, naming it; activation through A waits for
+// the publish window; then leaves issued by replica B chain to the new
+// intermediate within seconds, and openssl checks them against the root.
+func TestCARotateTwoReplicasPostgres(t *testing.T) {
+	_, rs := startReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	prep := caRotate(t, a.dir, "agent")
+	serial := prep.Intermediate.Serial
+	if line := mustFail(t, "ca", "rotate", "agent", "--data", b.dir); !strings.Contains(line, "already has a prepared successor (serial "+serial) {
+		t.Errorf("a second prepare through replica B: %s", line)
+	}
+	// Before activation B still signs with the first one.
+	if got := joinAgentChain(t, b, b.auth.addr, "before")[1].SerialNumber.Text(16); got == serial {
+		t.Fatal("replica B signs with the prepared intermediate before its activation")
+	}
+	var act rotateJSON
+	if !pollFor(20*time.Second, func() bool {
+		r := muster(t, nil, "ca", "rotate", "agent", "--activate", "--data", a.dir, "-o", "json")
+		if r.code != 0 && !strings.Contains(r.stderr, "not published by every replica yet") {
+			t.Fatalf("ca rotate --activate through A: %s", r.stderr)
+		}
+		return r.code == 0 && json.Unmarshal([]byte(r.stdout), &act) == nil
+	}) {
+		t.Fatal("ca rotate agent --activate through A did not succeed within 20 s")
+	}
+	activated := time.Now()
+	var certs []*x509.Certificate
+	for i := 0; ; i++ {
+		certs = joinAgentChain(t, b, b.auth.addr, "after-"+strconv.Itoa(i))
+		if certs[1].SerialNumber.Text(16) == serial {
+			break
+		}
+		if time.Since(activated) > 5*time.Second {
+			t.Fatalf("replica B still issues from %s 5 s after activation through A, want %s", certs[1].SerialNumber.Text(16), serial)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("replica B issued from the new intermediate %s after activation through A", time.Since(activated).Round(10*time.Millisecond))
+	verifyLeaf(t, filepath.Join(b.dir, "ca", "root.crt"), certs)
+	// Both replicas record one activation between them.
+	var recs []struct{ Action, Target, Result string }
+	json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", b.dir, "--action", "ca.activate", "-o", "json")), &recs)
+	n := 0
+	for _, r := range recs {
+		if r.Target == "agent/"+serial && r.Result == "ok" {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d successful activations of agent/%s audited, want 1: %+v", n, serial, recs)
 	}
 }
