@@ -24,8 +24,15 @@ const caTick = 5 * time.Second
 // (/readyz), so it takes no traffic. Past the window, every ready replica
 // publishes the successor in its trust bundle and accepts its leaves, so
 // a leaf signed by it is never presented to a replica that refuses it.
-// A variable so tests can shorten it.
-var caPublishWindow = 10 * time.Second
+// Config.CAPublishWindow overrides it, for tests.
+const caPublishWindow = 10 * time.Second
+
+func (s *Server) caPublishWindow() time.Duration {
+	if s.cfg.CAPublishWindow > 0 {
+		return s.cfg.CAPublishWindow
+	}
+	return caPublishWindow
+}
 
 // caWarnAhead is how long before a successor is due (half the active
 // intermediate's life) the authority warns that it cannot prepare one
@@ -108,7 +115,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 		}
 		p, hasPrepared := prepared[string(role)]
 		switch {
-		case hasPrepared && !now.Before(s.successorActivates(a)) && !now.Before(p.CreatedAt.Add(caPublishWindow)):
+		case hasPrepared && !now.Before(s.successorActivates(a)) && !now.Before(p.CreatedAt.Add(s.caPublishWindow())):
 			// A successor an operator prepared late is still published
 			// for caPublishWindow before it signs.
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",

@@ -88,7 +88,7 @@ func TestCAClockRotates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.caStepAt(ctx, storeNow.Add(caPublishWindow)); err != nil {
+	if err := s.caStepAt(ctx, storeNow.Add(s.caPublishWindow())); err != nil {
 		t.Fatal(err)
 	}
 	if st := states(); st[next] != store.CAActive || st[current.Serial] != store.CARetiring {
@@ -186,5 +186,44 @@ func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "role=agent "); n != 2 {
 		t.Errorf("role agent warned %d times after a day, want twice:\n%s", n, logs.String())
+	}
+}
+
+// TestRotationBlockedFrom60DaysBeforeHalfLife: with the root key absent
+// and no successor prepared, the warning (muster status, the metric, the
+// log) starts 60 days before half the active intermediate's life, names
+// the command, and stops once a successor is prepared or with the root
+// key present.
+func TestRotationBlockedFrom60DaysBeforeHalfLife(t *testing.T) {
+	h, err := ca.Create("warn", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := h.Issuers[ca.RoleAgent].Cert
+	due := a.NotBefore.Add(ca.Backdate).Add(a.NotAfter.Sub(a.NotBefore.Add(ca.Backdate)) / 2)
+	offline := &Server{ca: &ca.Hierarchy{Root: h.Root, Issuers: h.Issuers}}
+	online := &Server{ca: h}
+	for _, tt := range []struct {
+		name     string
+		s        *Server
+		prepared bool
+		at       time.Time
+		warn     bool
+	}{
+		{"61 days before", offline, false, due.Add(-61 * 24 * time.Hour), false},
+		{"59 days before", offline, false, due.Add(-59 * 24 * time.Hour), true},
+		{"overdue", offline, false, due.Add(time.Hour), true},
+		{"prepared", offline, true, due.Add(time.Hour), false},
+		{"root key present", online, false, due.Add(-time.Hour), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := tt.s.rotationBlocked(ca.RoleAgent, a, tt.prepared, tt.at)
+			if (w != "") != tt.warn {
+				t.Fatalf("warning %q, want one: %v", w, tt.warn)
+			}
+			if tt.warn && !strings.Contains(w, "muster ca rotate agent --root-key FILE") {
+				t.Errorf("the warning does not name the command: %q", w)
+			}
+		})
 	}
 }

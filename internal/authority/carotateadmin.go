@@ -244,9 +244,9 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	if err != nil {
 		return nil, err
 	}
-	if ready := p.CreatedAt.Add(caPublishWindow); now.Before(ready) {
+	if ready := p.CreatedAt.Add(a.s.caPublishWindow()); now.Before(ready) {
 		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate %s is not published by every replica yet (prepared %s ago; each publishes it in its trust bundle and revocation list within %s): run `muster ca rotate %s --activate` again after %s",
-			role, p.Serial, now.Sub(p.CreatedAt).Round(time.Second), caPublishWindow, role, ready.UTC().Format(time.RFC3339))
+			role, p.Serial, now.Sub(p.CreatedAt).Round(time.Second), a.s.caPublishWindow(), role, ready.UTC().Format(time.RFC3339))
 	}
 	if !a.s.holdsPrepared(role, p.Serial) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this replica has not read the prepared %s intermediate %s from the store yet (see its /readyz and log): try again in a few seconds", role, p.Serial)

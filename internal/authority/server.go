@@ -99,6 +99,9 @@ type Config struct {
 	// CAIntermediateTTL is ca.intermediate_ttl: the lifetime of the
 	// intermediates the leader prepares (zero: ca.IntermediateTTL).
 	CAIntermediateTTL time.Duration
+	// CAPublishWindow is how long a prepared intermediate is in the store
+	// before it may be activated (zero: caPublishWindow); tests shorten it.
+	CAPublishWindow time.Duration
 	// CRLListen (optional) serves the certificate revocation lists over
 	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
 	// them from, named in every new leaf. Either one keeps the lists
