@@ -209,8 +209,8 @@ func TestCARotateOfflineRoot(t *testing.T) {
 	var seen []string
 	for _, r := range recs {
 		seen = append(seen, r.Action+" "+r.Target+" "+r.Result)
-		if r.Result == "denied" && r.Reason == "" {
-			t.Errorf("a refusal audited without a reason: %+v", r)
+		if r.Reason == "" && r.Actor != "authority" {
+			t.Errorf("an operator's CA step audited without a reason: %+v", r)
 		}
 	}
 	all := strings.Join(seen, "\n")

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
@@ -120,7 +121,11 @@ func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.
 	} else if req.GetSerial() != "" {
 		target += "/" + req.GetSerial()
 	}
-	a.record(ctx, "ca.prepare", target, err)
+	why := "prepared by an operator ahead of the leader's clock, signed with the authority's root key"
+	if len(req.GetCertificateDer()) > 0 {
+		why = "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate --root-key)"
+	}
+	a.recordWhy(ctx, "ca.prepare", target, why, err)
 	if err == nil {
 		a.s.log.Info("CA intermediate prepared by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
 			"offline_root", len(req.GetCertificateDer()) > 0, "operator", callerFrom(ctx).Actor())
@@ -209,7 +214,7 @@ func (a *adminService) ActivateCAIntermediate(ctx context.Context, req *musterv1
 	} else if req.GetSerial() != "" {
 		target += "/" + req.GetSerial()
 	}
-	a.record(ctx, "ca.activate", target, err)
+	a.recordWhy(ctx, "ca.activate", target, "activated by an operator ahead of the leader's clock", err)
 	if err == nil {
 		a.s.log.Info("CA intermediate activated by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
 			"operator", callerFrom(ctx).Actor())
@@ -279,6 +284,18 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 		resp.Previous = caIntermediateToProto(prev)
 	}
 	return resp, nil
+}
+
+// recordWhy is record with the reason of a success: an operator's CA
+// step says what it was.
+func (a *adminService) recordWhy(ctx context.Context, action, target, why string, err error) {
+	if err != nil {
+		a.record(ctx, action, target, err)
+		return
+	}
+	c := callerFrom(ctx)
+	_ = a.s.recordAudit(ctx, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
 // holdsPrepared reports whether this replica has read serial as role's
