@@ -109,12 +109,13 @@ func TestCAClockRotates(t *testing.T) {
 	for _, r := range recs {
 		actions = append(actions, r.Action+" "+r.Target)
 	}
+	// The retirement and the preparation are independent steps of one
+	// tick (the running leader's own tick may take either first); the
+	// activation comes after the preparation.
 	want := []string{"ca.retire agent/" + expired.Serial, "ca.prepare agent/" + next, "ca.activate agent/" + next}
 	got := actions[len(actions)-3:]
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("audited %v, want %v last", actions, want)
-		}
+	if got[2] != want[2] || !((got[0] == want[0] && got[1] == want[1]) || (got[0] == want[1] && got[1] == want[0])) {
+		t.Fatalf("audited %v, want %v last", actions, want)
 	}
 }
 

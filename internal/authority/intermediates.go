@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -35,11 +36,17 @@ type intermediates struct {
 	// replica signs with intermediates the others may have moved on from,
 	// so it reports not ready (readyErr) until a read succeeds.
 	failing error
+	// loaded names the rows (serial and state) of the set in use, so a
+	// periodic read that finds the same rows changes nothing.
+	loaded string
 }
 
-// reloadRetry is how soon a read of the intermediates that failed is
-// tried again, without waiting for the next announced CA step.
-var reloadRetry = 5 * time.Second
+// caRefresh is how often every replica reads the intermediates even
+// without a change notification, so that one whose notifications stall
+// silently still publishes a prepared intermediate well within
+// caPublishWindow.
+const caRefresh = 3 * time.Second
+
 
 func newIntermediates(s *Server) (*intermediates, error) {
 	c, err := custody.NewSealedCA(s.cfg.StorageKey)
@@ -120,8 +127,15 @@ func (in *intermediates) load(ctx context.Context) error {
 	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{},
 		Retiring: map[ca.Role][]*ca.Issuer{}, Prepared: map[ca.Role][]*ca.Issuer{}}
 	pending := map[ca.Role][]*x509.Certificate{}
+	var names strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&names, "%s/%s/%s;", r.Role, r.Serial, r.State)
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if names.String() == in.loaded && in.failing == nil {
+		return nil // nothing changed since the last read
+	}
 	keep := map[string]crypto.Signer{}
 	for _, r := range rows {
 		if r.State == store.CARetired {
@@ -169,6 +183,7 @@ func (in *intermediates) load(ctx context.Context) error {
 		next.Bundle[role] = append(next.Bundle[role], certs...)
 	}
 	in.signers = keep
+	in.loaded = names.String()
 	in.s.ca.SetIntermediates(next)
 	if in.s.crl != nil {
 		// A new prepared, active or retiring intermediate has no list
@@ -191,24 +206,31 @@ func (in *intermediates) changed() {
 }
 
 // run reads the intermediates again on every announced CA step until ctx
-// ends. The watch announces every kind of change once it (re)listens, so
-// a step missed while it was not listening is read then. A read that
-// fails is tried again every reloadRetry; the failure is logged once, not
+// ends, and every caRefresh in case a notification was lost without the
+// watch noticing (a read that finds the same rows changes nothing). The
+// watch announces every kind of change once it (re)listens, so a step
+// missed while it was not listening is read then. A read that
+// fails is tried again every caRefresh; the failure is logged once, not
 // per attempt, and the replica is not ready (readyErr) until a read
 // succeeds.
 func (in *intermediates) run(ctx context.Context) {
-	var retry <-chan time.Time
+	refresh := time.NewTicker(caRefresh)
+	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-in.wake:
-		case <-retry:
+		case <-refresh.C:
 		}
-		retry = nil
 		err := in.load(ctx)
 		if ctx.Err() != nil {
 			return
+		}
+		if in.s.outage.fail(err) {
+			// The store is down: logged once for the whole outage, and
+			// /readyz says so already; the set in use stays.
+			continue
 		}
 		in.mu.Lock()
 		was := in.failing
@@ -217,11 +239,8 @@ func (in *intermediates) run(ctx context.Context) {
 		switch {
 		case err != nil && was == nil:
 			in.s.log.Error("reading the CA intermediates from the store failed; signing with the ones read before and reporting not ready (/readyz) until a read succeeds; tried again every few seconds",
-				"err", err, "retry", reloadRetry)
-			fallthrough
-		case err != nil:
-			retry = time.After(reloadRetry)
-		case was != nil:
+				"err", err, "retry", caRefresh)
+		case err == nil && was != nil:
 			in.s.log.Info("read the CA intermediates from the store again; ready")
 		}
 	}
