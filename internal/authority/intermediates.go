@@ -47,7 +47,6 @@ type intermediates struct {
 // caPublishWindow.
 const caRefresh = 3 * time.Second
 
-
 func newIntermediates(s *Server) (*intermediates, error) {
 	c, err := custody.NewSealedCA(s.cfg.StorageKey)
 	if err != nil {
