@@ -73,6 +73,7 @@ func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusReque
 		Caller:        callerFrom(ctx).Actor(),
 		SchemaVersion: int32(v),
 		StartedAt:     timestamppb.New(a.s.started),
+		CaWarnings:    caWarningList(a.s.caWarnings(time.Now())),
 	}, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -14,6 +15,32 @@ import (
 // caTick is how often the leader looks for an intermediate to prepare,
 // activate or retire.
 const caTick = 5 * time.Second
+
+// caPublishWindow is how long a prepared intermediate is in the store
+// before it may be activated, by the leader's clock or by an operator:
+// every replica reads a CA step within about a second of its notification
+// (and again whenever its watch listens anew), opens its key and signs its
+// empty revocation list; one whose read fails reports not ready
+// (/readyz), so it takes no traffic. Past the window, every ready replica
+// publishes the successor in its trust bundle and accepts its leaves, so
+// a leaf signed by it is never presented to a replica that refuses it.
+// Config.CAPublishWindow overrides it, for tests.
+const caPublishWindow = 10 * time.Second
+
+func (s *Server) caPublishWindow() time.Duration {
+	if s.cfg.CAPublishWindow > 0 {
+		return s.cfg.CAPublishWindow
+	}
+	return caPublishWindow
+}
+
+// caWarnAhead is how long before a successor is due (half the active
+// intermediate's life) the authority warns that it cannot prepare one
+// for want of the root key; caWarnEvery is how often the leader logs it.
+const (
+	caWarnAhead = 60 * 24 * time.Hour
+	caWarnEvery = 24 * time.Hour
+)
 
 // MinCAIntermediateTTL is ca.intermediate_ttl's floor: short enough for
 // tests to watch rotations, long enough that a step every caTick keeps up.
@@ -86,22 +113,16 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 		if a == nil {
 			continue
 		}
-		// Its life runs from its issuance (NotBefore is backdated for
-		// clock skew). One made to live longer than ca.intermediate_ttl
-		// (muster init's year, or a setting since lowered) is rotated on
-		// the setting's schedule.
-		issued := a.NotBefore.Add(ca.Backdate)
-		life := min(a.NotAfter.Sub(issued), s.caIntermediateTTL())
 		p, hasPrepared := prepared[string(role)]
 		switch {
-		case hasPrepared && !now.Before(issued.Add(life*2/3)):
+		case hasPrepared && !now.Before(s.successorActivates(a)) && !now.Before(p.CreatedAt.Add(s.caPublishWindow())):
+			// A successor an operator prepared late is still published
+			// for caPublishWindow before it signs.
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
 				s.store.ActivateCACert(ctx, string(role), p.Serial))
-		case !hasPrepared && !now.Before(issued.Add(life/2)):
-			if s.ca.RootKey == nil {
-				s.warnNoRootKey(role, a)
-				continue
-			}
+		case !hasPrepared && s.ca.RootKey == nil && !now.Before(s.successorDue(a).Add(-caWarnAhead)):
+			s.warnNoRootKey(role, a, now)
+		case !hasPrepared && !now.Before(s.successorDue(a)):
 			row, err := s.inter.prepare(ctx, role, s.ca.RootKey, s.caIntermediateTTL())
 			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
 		}
@@ -109,15 +130,78 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 	return nil
 }
 
-// warnNoRootKey logs, once per role for the life of this process, that a
-// successor is due and cannot be prepared: the active intermediate runs to
-// its expiry, after which its role issues nothing.
-func (s *Server) warnNoRootKey(role ca.Role, active *x509.Certificate) {
-	if _, warned := s.caNoRootKey.LoadOrStore(role, true); warned {
+// successorDue is when the successor of the active intermediate a is
+// prepared: at half its life. Its life runs from its issuance (NotBefore
+// is backdated for clock skew); one made to live longer than
+// ca.intermediate_ttl (muster init's year, or a setting since lowered) is
+// rotated on the setting's schedule.
+func (s *Server) successorDue(a *x509.Certificate) time.Time {
+	issued := a.NotBefore.Add(ca.Backdate)
+	return issued.Add(min(a.NotAfter.Sub(issued), s.caIntermediateTTL()) / 2)
+}
+
+// successorActivates is when a's successor is activated: at two thirds
+// of a's life.
+func (s *Server) successorActivates(a *x509.Certificate) time.Time {
+	issued := a.NotBefore.Add(ca.Backdate)
+	return issued.Add(min(a.NotAfter.Sub(issued), s.caIntermediateTTL()) * 2 / 3)
+}
+
+// rotationBlocked is the warning, naming the way out, that role's
+// successor is due within caWarnAhead (or overdue) and cannot be prepared
+// because the root key is absent and none is prepared; "" when it is not.
+func (s *Server) rotationBlocked(role ca.Role, active *x509.Certificate, hasPrepared bool, now time.Time) string {
+	due := s.successorDue(active)
+	if hasPrepared || s.ca.RootKey != nil || now.Before(due.Add(-caWarnAhead)) {
+		return ""
+	}
+	when := "is due " + due.UTC().Format(time.RFC3339)
+	if !now.Before(due) {
+		when = "was due " + due.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("the %s intermediate (serial %s) expires %s; its successor %s but the root key is not in the data directory, so none is prepared: run `muster ca rotate %s --root-key FILE` where the root key is (docs/ca-lifecycle.md)",
+		role, active.SerialNumber.Text(16), active.NotAfter.UTC().Format(time.RFC3339), when, role)
+}
+
+// caWarnings are the rotation warnings of every role as this replica
+// holds its intermediates, for muster status and the metric.
+func (s *Server) caWarnings(now time.Time) map[ca.Role]string {
+	out := map[ca.Role]string{}
+	live := s.ca.CurrentIntermediates()
+	if live == nil {
+		return out
+	}
+	for _, role := range caRoles {
+		if a := live.Active[role]; a != nil {
+			if w := s.rotationBlocked(role, a.Cert, len(live.Prepared[role]) > 0, now); w != "" {
+				out[role] = w
+			}
+		}
+	}
+	return out
+}
+
+// caWarningList is warn in the order of caRoles.
+func caWarningList(warn map[ca.Role]string) []string {
+	var out []string
+	for _, role := range caRoles {
+		if w := warn[role]; w != "" {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// warnNoRootKey logs, at most once a day per role, that role's successor
+// is due soon (or overdue) and cannot be prepared: the active intermediate
+// runs to its expiry, after which its role issues nothing.
+func (s *Server) warnNoRootKey(role ca.Role, active *x509.Certificate, now time.Time) {
+	if last, ok := s.caNoRootKey.Load(role); ok && now.Sub(last.(time.Time)) < caWarnEvery {
 		return
 	}
-	s.log.Warn("a CA intermediate is due a successor but the root key is absent, so none is prepared; put the root key back in the data directory and restart the leader (`muster ca rotate --root-key` is not built yet); see docs/ca-lifecycle.md",
-		"role", role, "serial", active.SerialNumber.Text(16), "expires", active.NotAfter.UTC())
+	s.caNoRootKey.Store(role, now)
+	s.log.Warn("a CA intermediate needs a successor prepared with the offline root key: "+s.rotationBlocked(role, active, false, now),
+		"role", role, "serial", active.SerialNumber.Text(16), "expires", active.NotAfter.UTC(), "due", s.successorDue(active).UTC())
 }
 
 // caChange logs and audits a rotation step; a conflict means another

@@ -76,11 +76,23 @@ func TestCAClockRotates(t *testing.T) {
 	if next == "" {
 		t.Fatalf("no successor prepared: %v", st)
 	}
+	// Past two thirds, but prepared just now: it is not activated until
+	// every replica has had caPublishWindow to publish it.
 	if err := s.caStep(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if st := states(); st[next] != store.CAPrepared || st[current.Serial] != store.CAActive {
+		t.Fatalf("a step within the publish window: %v; want %s still prepared and %s active", st, next, current.Serial)
+	}
+	storeNow, err := a.store.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.caStepAt(ctx, storeNow.Add(s.caPublishWindow())); err != nil {
+		t.Fatal(err)
+	}
 	if st := states(); st[next] != store.CAActive || st[current.Serial] != store.CARetiring {
-		t.Fatalf("after the second step: %v; want %s active and %s retiring", st, next, current.Serial)
+		t.Fatalf("after the publish window: %v; want %s active and %s retiring", st, next, current.Serial)
 	}
 	// Nothing else is due: the new one is fresh, the other roles a year old.
 	if err := s.caStep(ctx); err != nil {
@@ -97,12 +109,13 @@ func TestCAClockRotates(t *testing.T) {
 	for _, r := range recs {
 		actions = append(actions, r.Action+" "+r.Target)
 	}
+	// The retirement and the preparation are independent steps of one
+	// tick (the running leader's own tick may take either first); the
+	// activation comes after the preparation.
 	want := []string{"ca.retire agent/" + expired.Serial, "ca.prepare agent/" + next, "ca.activate agent/" + next}
 	got := actions[len(actions)-3:]
-	for i := range want {
-		if got[i] != want[i] {
-			t.Fatalf("audited %v, want %v last", actions, want)
-		}
+	if got[2] != want[2] || !((got[0] == want[0] && got[1] == want[1]) || (got[0] == want[1] && got[1] == want[0])) {
+		t.Fatalf("audited %v, want %v last", actions, want)
 	}
 }
 
@@ -142,8 +155,8 @@ func TestCAClockFollowsAShorterTTL(t *testing.T) {
 }
 
 // TestCAClockWarnsOnceWithoutTheRootKey: a successor due with no root key
-// is logged as a warning once per role, not at every tick, saying what to
-// do.
+// is logged as a warning once a day per role, not at every tick, naming
+// the command that prepares it with the offline root key.
 func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
 	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 2 * time.Minute })
 	ctx := t.Context()
@@ -165,8 +178,53 @@ func TestCAClockWarnsOnceWithoutTheRootKey(t *testing.T) {
 			t.Errorf("role %s warned %d times in 3 ticks, want once:\n%s", role, n, out)
 		}
 	}
-	if n := strings.Count(out, "level=WARN"); n != len(caRoles) || !strings.Contains(out, "put the root key back in the data directory and restart the leader") ||
-		!strings.Contains(out, "muster ca rotate --root-key") {
+	if n := strings.Count(out, "level=WARN"); n != len(caRoles) || !strings.Contains(out, "muster ca rotate agent --root-key FILE") {
 		t.Errorf("the warnings (%d) do not say what to do:\n%s", n, out)
+	}
+	// A day later, once more.
+	if err := s.caStepAt(ctx, issued.Add(71*time.Second+caWarnEvery)); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(logs.String(), "role=agent "); n != 2 {
+		t.Errorf("role agent warned %d times after a day, want twice:\n%s", n, logs.String())
+	}
+}
+
+// TestRotationBlockedFrom60DaysBeforeHalfLife: with the root key absent
+// and no successor prepared, the warning (muster status, the metric, the
+// log) starts 60 days before half the active intermediate's life, names
+// the command, and stops once a successor is prepared or with the root
+// key present.
+func TestRotationBlockedFrom60DaysBeforeHalfLife(t *testing.T) {
+	h, err := ca.Create("warn", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := h.Issuers[ca.RoleAgent].Cert
+	due := a.NotBefore.Add(ca.Backdate).Add(a.NotAfter.Sub(a.NotBefore.Add(ca.Backdate)) / 2)
+	offline := &Server{ca: &ca.Hierarchy{Root: h.Root, Issuers: h.Issuers}}
+	online := &Server{ca: h}
+	for _, tt := range []struct {
+		name     string
+		s        *Server
+		prepared bool
+		at       time.Time
+		warn     bool
+	}{
+		{"61 days before", offline, false, due.Add(-61 * 24 * time.Hour), false},
+		{"59 days before", offline, false, due.Add(-59 * 24 * time.Hour), true},
+		{"overdue", offline, false, due.Add(time.Hour), true},
+		{"prepared", offline, true, due.Add(time.Hour), false},
+		{"root key present", online, false, due.Add(-time.Hour), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			w := tt.s.rotationBlocked(ca.RoleAgent, a, tt.prepared, tt.at)
+			if (w != "") != tt.warn {
+				t.Fatalf("warning %q, want one: %v", w, tt.warn)
+			}
+			if tt.warn && !strings.Contains(w, "muster ca rotate agent --root-key FILE") {
+				t.Errorf("the warning does not name the command: %q", w)
+			}
+		})
 	}
 }

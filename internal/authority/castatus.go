@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -14,11 +13,6 @@ import (
 	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
-
-// caWarnAhead is how long before an intermediate's half-life the
-// authority warns that no successor can be prepared without the root key
-// (DESIGN.md "CA lifecycle": the root key).
-const caWarnAhead = 60 * 24 * time.Hour
 
 // caStatusPage is how many agents GetCAStatus reads at once to count who
 // holds each certificate.
@@ -66,14 +60,11 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 			return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 		}
 		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, c))
-		if r.State != store.CAActive || s.ca.RootKey != nil {
+		if r.State != store.CAActive {
 			continue
 		}
-		issued := c.NotBefore.Add(ca.Backdate)
-		half := issued.Add(min(c.NotAfter.Sub(issued), s.caIntermediateTTL()) / 2)
-		if !now.Before(half.Add(-caWarnAhead)) && !hasPrepared(rows, r.Role) {
-			resp.Warnings = append(resp.Warnings, fmt.Sprintf("the %s intermediate %s reaches half its life on %s (expires %s) and the root key is offline: no successor can be prepared; put the root key back in the data directory and restart the leader (docs/ca-lifecycle.md)",
-				r.Role, r.Serial, half.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339)))
+		if w := s.rotationBlocked(ca.Role(r.Role), c, hasPrepared(rows, r.Role), now); w != "" {
+			resp.Warnings = append(resp.Warnings, w)
 		}
 	}
 	for _, c := range b.set.Cross {

@@ -24,9 +24,10 @@ const maxLeafTTL = 7 * 24 * time.Hour
 var crlRoles = []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin}
 
 // crlIssuers are the issuing intermediates as the CRL publisher sees them:
-// the active one of each role and every retiring one (whose leaves may
-// still be valid), from the store once it was read, the data directory's
-// before.
+// the active one of each role, every retiring one (whose leaves may still
+// be valid) and every prepared one (whose list, empty, is served before it
+// signs its first leaf), from the store once it was read, the data
+// directory's before.
 func crlIssuers(h *ca.Hierarchy) func() []crl.Issuer {
 	return func() []crl.Issuer {
 		var out []crl.Issuer
@@ -39,6 +40,9 @@ func crlIssuers(h *ca.Hierarchy) func() []crl.Issuer {
 				continue
 			}
 			for _, i := range live.Retiring[role] {
+				out = append(out, crl.Issuer{Role: string(role), Cert: i.Cert, Signer: i.Key})
+			}
+			for _, i := range live.Prepared[role] {
 				out = append(out, crl.Issuer{Role: string(role), Cert: i.Cert, Signer: i.Key})
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,7 +32,20 @@ type intermediates struct {
 
 	mu      sync.Mutex
 	signers map[string]crypto.Signer // opened keys, by serial
+	// failing is why the last read failed, nil once one succeeds: the
+	// replica signs with intermediates the others may have moved on from,
+	// so it reports not ready (readyErr) until a read succeeds.
+	failing error
+	// loaded names the rows (serial and state) of the set in use, so a
+	// periodic read that finds the same rows changes nothing.
+	loaded string
 }
+
+// caRefresh is how often every replica reads the intermediates even
+// without a change notification, so that one whose notifications stall
+// silently still publishes a prepared intermediate well within
+// caPublishWindow.
+const caRefresh = 3 * time.Second
 
 func newIntermediates(s *Server) (*intermediates, error) {
 	c, err := custody.NewSealedCA(s.cfg.StorageKey)
@@ -109,10 +123,18 @@ func (in *intermediates) load(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{}, Retiring: map[ca.Role][]*ca.Issuer{}}
+	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{},
+		Retiring: map[ca.Role][]*ca.Issuer{}, Prepared: map[ca.Role][]*ca.Issuer{}}
 	pending := map[ca.Role][]*x509.Certificate{}
+	var names strings.Builder
+	for _, r := range rows {
+		fmt.Fprintf(&names, "%s/%s/%s;", r.Role, r.Serial, r.State)
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if names.String() == in.loaded && in.failing == nil {
+		return nil // nothing changed since the last read
+	}
 	keep := map[string]crypto.Signer{}
 	for _, r := range rows {
 		if r.State == store.CARetired {
@@ -129,9 +151,6 @@ func (in *intermediates) load(ctx context.Context) error {
 		if r.State != store.CAActive {
 			pending[role] = append(pending[role], cert)
 		}
-		if r.State == store.CAPrepared {
-			continue // its key is opened once it is activated
-		}
 		key := in.signers[r.Serial]
 		if key == nil {
 			if key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}); err != nil {
@@ -145,8 +164,15 @@ func (in *intermediates) load(ctx context.Context) error {
 			// for relying parties"), whichever intermediate is active.
 			issuer.CRLDistributionPoints = []string{crl.DistributionPoint(in.s.cfg.CRLURL, crl.Issuer{Role: r.Role, Cert: cert})}
 		}
-		if r.State == store.CARetiring {
+		switch r.State {
+		case store.CARetiring:
 			next.Retiring[role] = append(next.Retiring[role], issuer)
+			continue
+		case store.CAPrepared:
+			// Its key is opened now, not at activation: it signs its
+			// revocation list from the start, and a key that does not
+			// open shows here (readiness), before it is due to sign.
+			next.Prepared[role] = append(next.Prepared[role], issuer)
 			continue
 		}
 		next.Active[role] = issuer
@@ -156,11 +182,12 @@ func (in *intermediates) load(ctx context.Context) error {
 		next.Bundle[role] = append(next.Bundle[role], certs...)
 	}
 	in.signers = keep
+	in.loaded = names.String()
 	in.s.ca.SetIntermediates(next)
 	in.s.setTrustBundle(in.s.buildTrustBundle(rows))
 	if in.s.crl != nil {
-		// A new active or retiring intermediate has no list yet, and a
-		// retired one's is no longer signed.
+		// A new prepared, active or retiring intermediate has no list
+		// yet, and a retired one's is no longer signed.
 		in.s.crl.Poke()
 	}
 	return nil
@@ -179,19 +206,58 @@ func (in *intermediates) changed() {
 }
 
 // run reads the intermediates again on every announced CA step until ctx
-// ends. The watch announces every kind of change once it (re)listens, so
-// a step missed while it was not listening is read then.
+// ends, and every caRefresh in case a notification was lost without the
+// watch noticing (a read that finds the same rows changes nothing). The
+// watch announces every kind of change once it (re)listens, so a step
+// missed while it was not listening is read then. A read that
+// fails is tried again every caRefresh; the failure is logged once, not
+// per attempt, and the replica is not ready (readyErr) until a read
+// succeeds.
 func (in *intermediates) run(ctx context.Context) {
+	refresh := time.NewTicker(caRefresh)
+	defer refresh.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-in.wake:
+		case <-refresh.C:
 		}
-		if err := in.load(ctx); err != nil && ctx.Err() == nil {
-			in.s.log.Error("reading the CA intermediates from the store failed; signing with the ones read before", "err", err)
+		err := in.load(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if in.s.outage.fail(err) {
+			// The store is down: logged once for the whole outage, and
+			// /readyz says so already; the set in use stays.
+			continue
+		}
+		in.mu.Lock()
+		was := in.failing
+		in.failing = err
+		in.mu.Unlock()
+		switch {
+		case err != nil && was == nil:
+			in.s.log.Error("reading the CA intermediates from the store failed; signing with the ones read before and reporting not ready (/readyz) until a read succeeds; tried again every few seconds",
+				"err", err, "retry", caRefresh)
+		case err == nil && was != nil:
+			in.s.log.Info("read the CA intermediates from the store again; ready")
 		}
 	}
+}
+
+// readyErr says why the replica should take no traffic as far as its
+// intermediates go: nil while the last read of them succeeded.
+func (in *intermediates) readyErr() error {
+	if in == nil {
+		return nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.failing != nil {
+		return fmt.Errorf("the CA intermediates in the store cannot be read, so this replica may sign with ones the others retired or lack ones they sign with: %w", in.failing)
+	}
+	return nil
 }
 
 // prepare makes role's successor: a key in custody and a certificate from
@@ -220,5 +286,6 @@ func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey cryp
 		_ = in.custody.Destroy(ctx, keyName(string(role), hexSerial), k)
 		return store.CACert{}, err
 	}
+	row.CreatedAt = now
 	return row, nil
 }

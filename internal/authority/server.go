@@ -99,6 +99,9 @@ type Config struct {
 	// CAIntermediateTTL is ca.intermediate_ttl: the lifetime of the
 	// intermediates the leader prepares (zero: ca.IntermediateTTL).
 	CAIntermediateTTL time.Duration
+	// CAPublishWindow is how long a prepared intermediate is in the store
+	// before it may be activated (zero: caPublishWindow); tests shorten it.
+	CAPublishWindow time.Duration
 	// CRLListen (optional) serves the certificate revocation lists over
 	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
 	// them from, named in every new leaf. Either one keeps the lists
@@ -153,8 +156,8 @@ type Server struct {
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
 
-	// caNoRootKey holds the roles whose successor could not be prepared
-	// for want of the root key, already warned of (carotate.go).
+	// caNoRootKey holds, by role, when the leader last warned that a
+	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
@@ -625,7 +628,12 @@ func stopGracefully(gs *grpc.Server, timeout time.Duration) {
 
 func (s *Server) metricsHandler() http.Handler {
 	return metricsmux.New(s.metrics.reg, func(ctx context.Context) error {
-		_, err := s.store.Now(ctx)
-		return err
+		if _, err := s.store.Now(ctx); err != nil {
+			return err
+		}
+		if err := s.inter.readyErr(); err != nil {
+			return metricsmux.NotReady{Reason: err.Error()}
+		}
+		return nil
 	})
 }

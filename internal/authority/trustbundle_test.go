@@ -193,7 +193,7 @@ func TestCAStatusWarnsWithoutTheRootKey(t *testing.T) {
 			t.Fatalf("ttl %s: root key online %v, warnings %q; want offline and %d", tc.ttl, st.GetRootKeyOnline(), st.GetWarnings(), tc.want)
 		}
 		for _, w := range st.GetWarnings() {
-			if !strings.Contains(w, "root key is offline") || !strings.Contains(w, "put the root key back") {
+			if !strings.Contains(w, "root key is not in the data directory") || !strings.Contains(w, "muster ca rotate") {
 				t.Errorf("warning does not say what to do: %s", w)
 			}
 		}

@@ -160,34 +160,19 @@ func intermediateTemplate(role Role, subject pkix.Name, now time.Time, ttl time.
 
 // NewIntermediate signs, with the root key, a successor of role's
 // intermediate for the public key pub (made by key custody), valid from
-// now for ttl, cut at the root's expiry. It keeps the subject of the
-// intermediate muster init made, so names a client was told (a TLS
-// CertificateRequest) still match; the key identifiers tell them apart.
+// now for ttl, cut at the root's expiry (Draft, SignDraft).
 //
 // serial is chosen by the caller (NewSerial) so that custody can name the
 // key after it before the certificate exists.
 func (h *Hierarchy) NewIntermediate(role Role, serial *big.Int, pub crypto.PublicKey, rootKey crypto.Signer, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
-	first := h.Issuers[role]
-	if first == nil || eku[role] == nil {
-		return nil, fmt.Errorf("ca: no %s intermediate to succeed", role)
-	}
 	if rootKey == nil {
 		return nil, errors.New("ca: preparing an intermediate needs the root key")
 	}
-	if err := AllowedPublicKey(pub); err != nil {
+	d, err := h.Draft(role, serial, pub, now, ttl)
+	if err != nil {
 		return nil, err
 	}
-	tmpl := intermediateTemplate(role, first.Cert.Subject, now, ttl)
-	tmpl.RawSubject = first.Cert.RawSubject
-	if tmpl.NotAfter.After(h.Root.NotAfter) {
-		tmpl.NotAfter = h.Root.NotAfter
-	}
-	tmpl.SerialNumber = serial
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, h.Root, pub, rootKey)
-	if err != nil {
-		return nil, fmt.Errorf("ca: signing the %s intermediate: %w", role, err)
-	}
-	return x509.ParseCertificate(der)
+	return SignDraft(d, h.Root, rootKey)
 }
 
 // NewSerial returns a fresh certificate serial: positive, 128 random bits.

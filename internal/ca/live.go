@@ -16,6 +16,11 @@ type Intermediates struct {
 	// leaves may still be valid, with their keys: each still signs its
 	// certificate revocation list until it is retired.
 	Retiring map[Role][]*Issuer
+	// Prepared are the successors in the bundle that sign no leaf yet,
+	// with their keys: each signs its (empty) revocation list from the
+	// start, so the first leaf it signs once active never names a list
+	// that is not served.
+	Prepared map[Role][]*Issuer
 }
 
 // live holds the current *Intermediates of a hierarchy; nil until the

@@ -39,6 +39,7 @@ func newStatusCmd(env *Env) *cobra.Command {
 					"ca_fingerprint": r.GetCaFingerprint(), "version": r.GetVersion(), "caller": r.GetCaller(),
 					"schema_version": r.GetSchemaVersion(), "started_at": r.GetStartedAt().AsTime(),
 					"identity": af.idPath, "identity_not_after": notAfter,
+					"ca_warnings": append([]string{}, r.GetCaWarnings()...),
 				})
 			}
 			fmt.Fprintf(env.Stdout, "Authority:       %s (muster %s, schema %d, up since %s)\nCA fingerprint:  %s\nYou are:         %s\nIdentity:        %s, valid until %s\n",
@@ -46,6 +47,9 @@ func newStatusCmd(env *Env) *cobra.Command {
 				r.GetCaFingerprint(), r.GetCaller(), af.idPath, notAfter.UTC().Format(time.RFC3339))
 			if w := expiryWarning(af.idPath, af.id, af.id.Leaf().Subject.CommonName, time.Now()); w != "" {
 				fmt.Fprintf(env.Stdout, "Warning:         %s\n", strings.TrimPrefix(w, "warning: "))
+			}
+			for _, w := range r.GetCaWarnings() {
+				fmt.Fprintf(env.Stdout, "Warning:         %s\n", w)
 			}
 			return nil
 		},

@@ -5,6 +5,7 @@ package metricsmux
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -15,6 +16,13 @@ import (
 
 // readyTimeout bounds the store check of /readyz.
 const readyTimeout = 2 * time.Second
+
+// NotReady is an error of ready whose Reason /readyz may print: a
+// sentence for the operator, free of secrets. Any other error prints as
+// "store unavailable".
+type NotReady struct{ Reason string }
+
+func (e NotReady) Error() string { return e.Reason }
 
 // New returns the handler of reg's metrics, with /readyz answering 503
 // while ready fails.
@@ -28,7 +36,11 @@ func New(reg *prometheus.Registry, ready func(ctx context.Context) error) http.H
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
 		if err := ready(ctx); err != nil {
-			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			msg := "store unavailable"
+			if nr, ok := errors.AsType[NotReady](err); ok {
+				msg = "not ready: " + nr.Reason
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,5 +31,16 @@ func TestHandler(t *testing.T) {
 		if rec.Code != tt.code {
 			t.Errorf("GET %s (store error %v) = %d, want %d", tt.path, tt.down, rec.Code, tt.code)
 		}
+	}
+}
+
+func TestReadyzPrintsNotReadyReason(t *testing.T) {
+	h := New(prometheus.NewRegistry(), func(context.Context) error {
+		return NotReady{Reason: "the CA intermediates cannot be read"}
+	})
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "not ready: the CA intermediates cannot be read") {
+		t.Fatalf("GET /readyz = %d %q, want 503 naming the reason", rec.Code, rec.Body.String())
 	}
 }

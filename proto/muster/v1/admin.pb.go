@@ -69,6 +69,10 @@ type GetStatusResponse struct {
 	Caller        string                 `protobuf:"bytes,5,opt,name=caller,proto3" json:"caller,omitempty"`
 	SchemaVersion int32                  `protobuf:"varint,6,opt,name=schema_version,json=schemaVersion,proto3" json:"schema_version,omitempty"`
 	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// ca_warnings: for each intermediate whose successor is due within 60
+	// days (or overdue) and cannot be prepared for want of the root key, a
+	// sentence naming muster ca rotate ROLE --root-key FILE.
+	CaWarnings    []string `protobuf:"bytes,20,rep,name=ca_warnings,json=caWarnings,proto3" json:"ca_warnings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -148,6 +152,13 @@ func (x *GetStatusResponse) GetSchemaVersion() int32 {
 func (x *GetStatusResponse) GetStartedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *GetStatusResponse) GetCaWarnings() []string {
+	if x != nil {
+		return x.CaWarnings
 	}
 	return nil
 }
@@ -3408,12 +3419,429 @@ func (x *RenewOperatorRequest) GetTtl() *durationpb.Duration {
 	return nil
 }
 
+type DraftCAIntermediateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftCAIntermediateRequest) Reset() {
+	*x = DraftCAIntermediateRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftCAIntermediateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftCAIntermediateRequest) ProtoMessage() {}
+
+func (x *DraftCAIntermediateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftCAIntermediateRequest.ProtoReflect.Descriptor instead.
+func (*DraftCAIntermediateRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *DraftCAIntermediateRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+// DraftCAIntermediateResponse is a successor to sign with the root key:
+// the key is made and sealed by the authority (key_ref opens only there,
+// and only under this role and serial); the certificate's contents are
+// decided by it. The CLI signs them (ca.SignDraft) and sends the
+// certificate back in PrepareCAIntermediate.
+type DraftCAIntermediateResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Serial        string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`                                   // lower-case hex
+	PublicKeyDer  []byte                 `protobuf:"bytes,3,opt,name=public_key_der,json=publicKeyDer,proto3" json:"public_key_der,omitempty"` // PKIX
+	KeyRef        []byte                 `protobuf:"bytes,4,opt,name=key_ref,json=keyRef,proto3" json:"key_ref,omitempty"`
+	RawSubject    []byte                 `protobuf:"bytes,5,opt,name=raw_subject,json=rawSubject,proto3" json:"raw_subject,omitempty"`
+	NotBefore     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	RootDer       []byte                 `protobuf:"bytes,8,opt,name=root_der,json=rootDer,proto3" json:"root_der,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DraftCAIntermediateResponse) Reset() {
+	*x = DraftCAIntermediateResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DraftCAIntermediateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DraftCAIntermediateResponse) ProtoMessage() {}
+
+func (x *DraftCAIntermediateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DraftCAIntermediateResponse.ProtoReflect.Descriptor instead.
+func (*DraftCAIntermediateResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *DraftCAIntermediateResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *DraftCAIntermediateResponse) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *DraftCAIntermediateResponse) GetPublicKeyDer() []byte {
+	if x != nil {
+		return x.PublicKeyDer
+	}
+	return nil
+}
+
+func (x *DraftCAIntermediateResponse) GetKeyRef() []byte {
+	if x != nil {
+		return x.KeyRef
+	}
+	return nil
+}
+
+func (x *DraftCAIntermediateResponse) GetRawSubject() []byte {
+	if x != nil {
+		return x.RawSubject
+	}
+	return nil
+}
+
+func (x *DraftCAIntermediateResponse) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *DraftCAIntermediateResponse) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *DraftCAIntermediateResponse) GetRootDer() []byte {
+	if x != nil {
+		return x.RootDer
+	}
+	return nil
+}
+
+type PrepareCAIntermediateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// Empty: the authority signs the successor with its root key. Set (from
+	// a DraftCAIntermediateResponse): the certificate signed offline.
+	Serial         string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	KeyRef         []byte `protobuf:"bytes,3,opt,name=key_ref,json=keyRef,proto3" json:"key_ref,omitempty"`
+	CertificateDer []byte `protobuf:"bytes,4,opt,name=certificate_der,json=certificateDer,proto3" json:"certificate_der,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *PrepareCAIntermediateRequest) Reset() {
+	*x = PrepareCAIntermediateRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareCAIntermediateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareCAIntermediateRequest) ProtoMessage() {}
+
+func (x *PrepareCAIntermediateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareCAIntermediateRequest.ProtoReflect.Descriptor instead.
+func (*PrepareCAIntermediateRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *PrepareCAIntermediateRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *PrepareCAIntermediateRequest) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *PrepareCAIntermediateRequest) GetKeyRef() []byte {
+	if x != nil {
+		return x.KeyRef
+	}
+	return nil
+}
+
+func (x *PrepareCAIntermediateRequest) GetCertificateDer() []byte {
+	if x != nil {
+		return x.CertificateDer
+	}
+	return nil
+}
+
+type ActivateCAIntermediateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// serial, if set, must be the prepared one.
+	Serial        string `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ActivateCAIntermediateRequest) Reset() {
+	*x = ActivateCAIntermediateRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ActivateCAIntermediateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ActivateCAIntermediateRequest) ProtoMessage() {}
+
+func (x *ActivateCAIntermediateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ActivateCAIntermediateRequest.ProtoReflect.Descriptor instead.
+func (*ActivateCAIntermediateRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *ActivateCAIntermediateRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ActivateCAIntermediateRequest) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+type CAIntermediate struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Serial        string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	NotBefore     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ActivatedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=activated_at,json=activatedAt,proto3" json:"activated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CAIntermediate) Reset() {
+	*x = CAIntermediate{}
+	mi := &file_muster_v1_admin_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CAIntermediate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CAIntermediate) ProtoMessage() {}
+
+func (x *CAIntermediate) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CAIntermediate.ProtoReflect.Descriptor instead.
+func (*CAIntermediate) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *CAIntermediate) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *CAIntermediate) GetSerial() string {
+	if x != nil {
+		return x.Serial
+	}
+	return ""
+}
+
+func (x *CAIntermediate) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *CAIntermediate) GetNotBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotBefore
+	}
+	return nil
+}
+
+func (x *CAIntermediate) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
+func (x *CAIntermediate) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *CAIntermediate) GetActivatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ActivatedAt
+	}
+	return nil
+}
+
+type CAIntermediateResponse struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Intermediate *CAIntermediate        `protobuf:"bytes,1,opt,name=intermediate,proto3" json:"intermediate,omitempty"`
+	// previous is the role's intermediate that became retiring (activation).
+	Previous      *CAIntermediate `protobuf:"bytes,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CAIntermediateResponse) Reset() {
+	*x = CAIntermediateResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CAIntermediateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CAIntermediateResponse) ProtoMessage() {}
+
+func (x *CAIntermediateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CAIntermediateResponse.ProtoReflect.Descriptor instead.
+func (*CAIntermediateResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *CAIntermediateResponse) GetIntermediate() *CAIntermediate {
+	if x != nil {
+		return x.Intermediate
+	}
+	return nil
+}
+
+func (x *CAIntermediateResponse) GetPrevious() *CAIntermediate {
+	if x != nil {
+		return x.Previous
+	}
+	return nil
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\x1a\x1bmuster/v1/trustbundle.proto\"\x12\n" +
-	"\x10GetStatusRequest\"\x94\x02\n" +
+	"\x10GetStatusRequest\"\xb5\x02\n" +
 	"\x11GetStatusResponse\x12!\n" +
 	"\fauthority_id\x18\x01 \x01(\tR\vauthorityId\x12!\n" +
 	"\ftrust_domain\x18\x02 \x01(\tR\vtrustDomain\x12%\n" +
@@ -3422,7 +3850,9 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x06caller\x18\x05 \x01(\tR\x06caller\x12%\n" +
 	"\x0eschema_version\x18\x06 \x01(\x05R\rschemaVersion\x129\n" +
 	"\n" +
-	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x81\x01\n" +
+	"started_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x1f\n" +
+	"\vca_warnings\x18\x14 \x03(\tR\n" +
+	"caWarnings\"\x81\x01\n" +
 	"\x12AddOperatorRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03csr\x18\x02 \x01(\fR\x03csr\x12+\n" +
@@ -3683,7 +4113,41 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows\"U\n" +
 	"\x14RenewOperatorRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\x80\x12\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"0\n" +
+	"\x1aDraftCAIntermediateRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\"\xb8\x02\n" +
+	"\x1bDraftCAIntermediateResponse\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12$\n" +
+	"\x0epublic_key_der\x18\x03 \x01(\fR\fpublicKeyDer\x12\x17\n" +
+	"\akey_ref\x18\x04 \x01(\fR\x06keyRef\x12\x1f\n" +
+	"\vraw_subject\x18\x05 \x01(\fR\n" +
+	"rawSubject\x129\n" +
+	"\n" +
+	"not_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x19\n" +
+	"\broot_der\x18\b \x01(\fR\arootDer\"\x8c\x01\n" +
+	"\x1cPrepareCAIntermediateRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x17\n" +
+	"\akey_ref\x18\x03 \x01(\fR\x06keyRef\x12'\n" +
+	"\x0fcertificate_der\x18\x04 \x01(\fR\x0ecertificateDer\"K\n" +
+	"\x1dActivateCAIntermediateRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\"\xc0\x02\n" +
+	"\x0eCAIntermediate\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x14\n" +
+	"\x05state\x18\x03 \x01(\tR\x05state\x129\n" +
+	"\n" +
+	"not_before\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tnotBefore\x127\n" +
+	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
+	"\n" +
+	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n" +
+	"\factivated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\"\x8e\x01\n" +
+	"\x16CAIntermediateResponse\x12=\n" +
+	"\fintermediate\x18\x01 \x01(\v2\x19.muster.v1.CAIntermediateR\fintermediate\x125\n" +
+	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious2\xb2\x14\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -3721,7 +4185,10 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\vCloseResync\x12\x1d.muster.v1.CloseResyncRequest\x1a\x1f.muster.v1.ResyncWindowResponse\x12I\n" +
 	"\n" +
 	"ListResync\x12\x1c.muster.v1.ListResyncRequest\x1a\x1d.muster.v1.ListResyncResponse\x12L\n" +
-	"\vGetCAStatus\x12\x1d.muster.v1.GetCAStatusRequest\x1a\x1e.muster.v1.GetCAStatusResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\vGetCAStatus\x12\x1d.muster.v1.GetCAStatusRequest\x1a\x1e.muster.v1.GetCAStatusResponse\x12d\n" +
+	"\x13DraftCAIntermediate\x12%.muster.v1.DraftCAIntermediateRequest\x1a&.muster.v1.DraftCAIntermediateResponse\x12c\n" +
+	"\x15PrepareCAIntermediate\x12'.muster.v1.PrepareCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponse\x12e\n" +
+	"\x16ActivateCAIntermediate\x12(.muster.v1.ActivateCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_admin_proto_rawDescOnce sync.Once
@@ -3735,204 +4202,224 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_muster_v1_admin_proto_goTypes = []any{
-	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
-	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
-	(*AddOperatorRequest)(nil),    // 2: muster.v1.AddOperatorRequest
-	(*AddOperatorResponse)(nil),   // 3: muster.v1.AddOperatorResponse
-	(*Operator)(nil),              // 4: muster.v1.Operator
-	(*ListOperatorsRequest)(nil),  // 5: muster.v1.ListOperatorsRequest
-	(*ListOperatorsResponse)(nil), // 6: muster.v1.ListOperatorsResponse
-	(*Lock)(nil),                  // 7: muster.v1.Lock
-	(*CreateLockRequest)(nil),     // 8: muster.v1.CreateLockRequest
-	(*CreateLockResponse)(nil),    // 9: muster.v1.CreateLockResponse
-	(*ListLocksRequest)(nil),      // 10: muster.v1.ListLocksRequest
-	(*ListLocksResponse)(nil),     // 11: muster.v1.ListLocksResponse
-	(*DeleteLockRequest)(nil),     // 12: muster.v1.DeleteLockRequest
-	(*DeleteLockResponse)(nil),    // 13: muster.v1.DeleteLockResponse
-	(*AuditRecord)(nil),           // 14: muster.v1.AuditRecord
-	(*ListAuditRequest)(nil),      // 15: muster.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 16: muster.v1.ListAuditResponse
-	(*VerifyAuditRequest)(nil),    // 17: muster.v1.VerifyAuditRequest
-	(*VerifyAuditResponse)(nil),   // 18: muster.v1.VerifyAuditResponse
-	(*Token)(nil),                 // 19: muster.v1.Token
-	(*BoundKeypairSpec)(nil),      // 20: muster.v1.BoundKeypairSpec
-	(*BoundKeypairStatus)(nil),    // 21: muster.v1.BoundKeypairStatus
-	(*ApplyTokenRequest)(nil),     // 22: muster.v1.ApplyTokenRequest
-	(*ApplyTokenResponse)(nil),    // 23: muster.v1.ApplyTokenResponse
-	(*CreateTokenRequest)(nil),    // 24: muster.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 25: muster.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 26: muster.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 27: muster.v1.ListTokensResponse
-	(*GetTokenRequest)(nil),       // 28: muster.v1.GetTokenRequest
-	(*GetTokenResponse)(nil),      // 29: muster.v1.GetTokenResponse
-	(*DeleteTokenRequest)(nil),    // 30: muster.v1.DeleteTokenRequest
-	(*DeleteTokenResponse)(nil),   // 31: muster.v1.DeleteTokenResponse
-	(*Agent)(nil),                 // 32: muster.v1.Agent
-	(*AgentInstance)(nil),         // 33: muster.v1.AgentInstance
-	(*AgentCertificate)(nil),      // 34: muster.v1.AgentCertificate
-	(*ListAgentsRequest)(nil),     // 35: muster.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 36: muster.v1.ListAgentsResponse
-	(*GetAgentRequest)(nil),       // 37: muster.v1.GetAgentRequest
-	(*GetAgentResponse)(nil),      // 38: muster.v1.GetAgentResponse
-	(*DeleteAgentRequest)(nil),    // 39: muster.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),   // 40: muster.v1.DeleteAgentResponse
-	(*BootstrapPSK)(nil),          // 41: muster.v1.BootstrapPSK
-	(*GetPSKsRequest)(nil),        // 42: muster.v1.GetPSKsRequest
-	(*GetPSKsResponse)(nil),       // 43: muster.v1.GetPSKsResponse
-	(*RotatePSKRequest)(nil),      // 44: muster.v1.RotatePSKRequest
-	(*RotatePSKResponse)(nil),     // 45: muster.v1.RotatePSKResponse
-	(*ResyncWindow)(nil),          // 46: muster.v1.ResyncWindow
-	(*OpenResyncRequest)(nil),     // 47: muster.v1.OpenResyncRequest
-	(*CloseResyncRequest)(nil),    // 48: muster.v1.CloseResyncRequest
-	(*ResyncWindowResponse)(nil),  // 49: muster.v1.ResyncWindowResponse
-	(*ListResyncRequest)(nil),     // 50: muster.v1.ListResyncRequest
-	(*ListResyncResponse)(nil),    // 51: muster.v1.ListResyncResponse
-	(*RenewOperatorRequest)(nil),  // 52: muster.v1.RenewOperatorRequest
-	nil,                           // 53: muster.v1.Token.LabelsEntry
-	nil,                           // 54: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),     // 57: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),    // 58: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 59: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 60: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 61: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 62: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 63: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 64: muster.v1.SendTaskRequest
-	(*GetCAStatusRequest)(nil),    // 65: muster.v1.GetCAStatusRequest
-	(*ListSignersResponse)(nil),   // 66: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 67: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 68: muster.v1.SendTaskResponse
-	(*GetCAStatusResponse)(nil),   // 69: muster.v1.GetCAStatusResponse
+	(*GetStatusRequest)(nil),              // 0: muster.v1.GetStatusRequest
+	(*GetStatusResponse)(nil),             // 1: muster.v1.GetStatusResponse
+	(*AddOperatorRequest)(nil),            // 2: muster.v1.AddOperatorRequest
+	(*AddOperatorResponse)(nil),           // 3: muster.v1.AddOperatorResponse
+	(*Operator)(nil),                      // 4: muster.v1.Operator
+	(*ListOperatorsRequest)(nil),          // 5: muster.v1.ListOperatorsRequest
+	(*ListOperatorsResponse)(nil),         // 6: muster.v1.ListOperatorsResponse
+	(*Lock)(nil),                          // 7: muster.v1.Lock
+	(*CreateLockRequest)(nil),             // 8: muster.v1.CreateLockRequest
+	(*CreateLockResponse)(nil),            // 9: muster.v1.CreateLockResponse
+	(*ListLocksRequest)(nil),              // 10: muster.v1.ListLocksRequest
+	(*ListLocksResponse)(nil),             // 11: muster.v1.ListLocksResponse
+	(*DeleteLockRequest)(nil),             // 12: muster.v1.DeleteLockRequest
+	(*DeleteLockResponse)(nil),            // 13: muster.v1.DeleteLockResponse
+	(*AuditRecord)(nil),                   // 14: muster.v1.AuditRecord
+	(*ListAuditRequest)(nil),              // 15: muster.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),             // 16: muster.v1.ListAuditResponse
+	(*VerifyAuditRequest)(nil),            // 17: muster.v1.VerifyAuditRequest
+	(*VerifyAuditResponse)(nil),           // 18: muster.v1.VerifyAuditResponse
+	(*Token)(nil),                         // 19: muster.v1.Token
+	(*BoundKeypairSpec)(nil),              // 20: muster.v1.BoundKeypairSpec
+	(*BoundKeypairStatus)(nil),            // 21: muster.v1.BoundKeypairStatus
+	(*ApplyTokenRequest)(nil),             // 22: muster.v1.ApplyTokenRequest
+	(*ApplyTokenResponse)(nil),            // 23: muster.v1.ApplyTokenResponse
+	(*CreateTokenRequest)(nil),            // 24: muster.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),           // 25: muster.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),             // 26: muster.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),            // 27: muster.v1.ListTokensResponse
+	(*GetTokenRequest)(nil),               // 28: muster.v1.GetTokenRequest
+	(*GetTokenResponse)(nil),              // 29: muster.v1.GetTokenResponse
+	(*DeleteTokenRequest)(nil),            // 30: muster.v1.DeleteTokenRequest
+	(*DeleteTokenResponse)(nil),           // 31: muster.v1.DeleteTokenResponse
+	(*Agent)(nil),                         // 32: muster.v1.Agent
+	(*AgentInstance)(nil),                 // 33: muster.v1.AgentInstance
+	(*AgentCertificate)(nil),              // 34: muster.v1.AgentCertificate
+	(*ListAgentsRequest)(nil),             // 35: muster.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),            // 36: muster.v1.ListAgentsResponse
+	(*GetAgentRequest)(nil),               // 37: muster.v1.GetAgentRequest
+	(*GetAgentResponse)(nil),              // 38: muster.v1.GetAgentResponse
+	(*DeleteAgentRequest)(nil),            // 39: muster.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),           // 40: muster.v1.DeleteAgentResponse
+	(*BootstrapPSK)(nil),                  // 41: muster.v1.BootstrapPSK
+	(*GetPSKsRequest)(nil),                // 42: muster.v1.GetPSKsRequest
+	(*GetPSKsResponse)(nil),               // 43: muster.v1.GetPSKsResponse
+	(*RotatePSKRequest)(nil),              // 44: muster.v1.RotatePSKRequest
+	(*RotatePSKResponse)(nil),             // 45: muster.v1.RotatePSKResponse
+	(*ResyncWindow)(nil),                  // 46: muster.v1.ResyncWindow
+	(*OpenResyncRequest)(nil),             // 47: muster.v1.OpenResyncRequest
+	(*CloseResyncRequest)(nil),            // 48: muster.v1.CloseResyncRequest
+	(*ResyncWindowResponse)(nil),          // 49: muster.v1.ResyncWindowResponse
+	(*ListResyncRequest)(nil),             // 50: muster.v1.ListResyncRequest
+	(*ListResyncResponse)(nil),            // 51: muster.v1.ListResyncResponse
+	(*RenewOperatorRequest)(nil),          // 52: muster.v1.RenewOperatorRequest
+	(*DraftCAIntermediateRequest)(nil),    // 53: muster.v1.DraftCAIntermediateRequest
+	(*DraftCAIntermediateResponse)(nil),   // 54: muster.v1.DraftCAIntermediateResponse
+	(*PrepareCAIntermediateRequest)(nil),  // 55: muster.v1.PrepareCAIntermediateRequest
+	(*ActivateCAIntermediateRequest)(nil), // 56: muster.v1.ActivateCAIntermediateRequest
+	(*CAIntermediate)(nil),                // 57: muster.v1.CAIntermediate
+	(*CAIntermediateResponse)(nil),        // 58: muster.v1.CAIntermediateResponse
+	nil,                                   // 59: muster.v1.Token.LabelsEntry
+	nil,                                   // 60: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),         // 61: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 62: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),             // 63: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),            // 64: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),            // 65: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil),         // 66: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),           // 67: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),           // 68: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil),         // 69: muster.v1.RollbackSignerRequest
+	(*SendTaskRequest)(nil),               // 70: muster.v1.SendTaskRequest
+	(*GetCAStatusRequest)(nil),            // 71: muster.v1.GetCAStatusRequest
+	(*ListSignersResponse)(nil),           // 72: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),          // 73: muster.v1.SignerChangeResponse
+	(*SendTaskResponse)(nil),              // 74: muster.v1.SendTaskResponse
+	(*GetCAStatusResponse)(nil),           // 75: muster.v1.GetCAStatusResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	55, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	56, // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	55, // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	55, // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	55, // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
-	4,  // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	55, // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	55, // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	56, // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
-	7,  // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
-	7,  // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	55, // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	55, // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
-	14, // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	55, // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	55, // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	55, // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
-	20, // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
-	21, // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
-	55, // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
-	55, // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
-	55, // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
-	55, // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
-	20, // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
-	19, // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
-	56, // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	54, // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
-	19, // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
-	19, // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
-	19, // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	55, // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	55, // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	55, // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	55, // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	57, // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
-	21, // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
-	55, // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	55, // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	55, // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	55, // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
-	32, // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
-	32, // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
-	33, // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
-	34, // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	55, // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	55, // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
-	41, // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
-	41, // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	56, // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
-	41, // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
-	41, // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	55, // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
-	55, // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
-	55, // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
-	56, // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
-	46, // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
-	46, // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
-	56, // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	0,  // 59: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,  // 60: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,  // 61: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	52, // 62: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
-	8,  // 63: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10, // 64: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12, // 65: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24, // 66: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26, // 67: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28, // 68: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30, // 69: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22, // 70: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35, // 71: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37, // 72: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39, // 73: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42, // 74: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44, // 75: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	58, // 76: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	59, // 77: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	60, // 78: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	61, // 79: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	62, // 80: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	63, // 81: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	64, // 82: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 83: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 84: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47, // 85: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48, // 86: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50, // 87: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	65, // 88: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	1,  // 89: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 90: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 91: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,  // 92: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,  // 93: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 94: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 95: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 96: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 97: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 98: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 99: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 100: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 101: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 102: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 103: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 104: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 105: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	66, // 106: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	67, // 107: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 108: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 109: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 110: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 111: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	68, // 112: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 113: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 114: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49, // 115: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49, // 116: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51, // 117: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	69, // 118: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	89, // [89:119] is the sub-list for method output_type
-	59, // [59:89] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	61,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	62,  // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	61,  // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	61,  // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	61,  // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	4,   // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
+	61,  // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	62,  // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	7,   // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
+	7,   // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
+	61,  // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	61,  // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	14,  // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
+	61,  // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	59,  // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	61,  // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	20,  // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
+	21,  // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
+	61,  // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	61,  // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	61,  // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	61,  // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	20,  // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
+	19,  // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
+	62,  // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	60,  // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	19,  // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
+	19,  // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
+	19,  // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
+	61,  // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	61,  // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	61,  // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	63,  // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	21,  // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
+	61,  // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	61,  // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	61,  // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	32,  // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
+	32,  // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
+	33,  // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
+	34,  // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
+	61,  // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	41,  // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
+	41,  // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
+	62,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	41,  // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
+	41,  // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
+	61,  // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	61,  // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	61,  // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	62,  // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	46,  // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
+	46,  // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
+	62,  // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	61,  // 59: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
+	61,  // 60: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
+	61,  // 61: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
+	61,  // 62: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
+	61,  // 63: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
+	61,  // 64: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
+	57,  // 65: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
+	57,  // 66: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
+	0,   // 67: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,   // 68: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,   // 69: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52,  // 70: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,   // 71: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10,  // 72: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12,  // 73: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24,  // 74: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26,  // 75: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28,  // 76: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30,  // 77: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22,  // 78: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35,  // 79: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37,  // 80: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39,  // 81: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42,  // 82: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44,  // 83: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	64,  // 84: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	65,  // 85: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	66,  // 86: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	67,  // 87: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	68,  // 88: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	69,  // 89: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	70,  // 90: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 91: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 92: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 93: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 94: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 95: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	71,  // 96: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 97: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 98: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 99: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	1,   // 100: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 101: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 102: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 103: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 104: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 105: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 106: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 107: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 108: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 109: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 110: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 111: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 112: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 113: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 114: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 115: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 116: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	72,  // 117: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	73,  // 118: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	73,  // 119: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	73,  // 120: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	73,  // 121: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	73,  // 122: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	74,  // 123: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 124: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 125: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 126: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 127: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 128: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	75,  // 129: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 130: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 131: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 132: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	100, // [100:133] is the sub-list for method output_type
+	67,  // [67:100] is the sub-list for method input_type
+	67,  // [67:67] is the sub-list for extension type_name
+	67,  // [67:67] is the sub-list for extension extendee
+	0,   // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -3949,7 +4436,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   55,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,36 +19,39 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_GetStatus_FullMethodName      = "/muster.v1.AdminService/GetStatus"
-	AdminService_AddOperator_FullMethodName    = "/muster.v1.AdminService/AddOperator"
-	AdminService_ListOperators_FullMethodName  = "/muster.v1.AdminService/ListOperators"
-	AdminService_RenewOperator_FullMethodName  = "/muster.v1.AdminService/RenewOperator"
-	AdminService_CreateLock_FullMethodName     = "/muster.v1.AdminService/CreateLock"
-	AdminService_ListLocks_FullMethodName      = "/muster.v1.AdminService/ListLocks"
-	AdminService_DeleteLock_FullMethodName     = "/muster.v1.AdminService/DeleteLock"
-	AdminService_CreateToken_FullMethodName    = "/muster.v1.AdminService/CreateToken"
-	AdminService_ListTokens_FullMethodName     = "/muster.v1.AdminService/ListTokens"
-	AdminService_GetToken_FullMethodName       = "/muster.v1.AdminService/GetToken"
-	AdminService_DeleteToken_FullMethodName    = "/muster.v1.AdminService/DeleteToken"
-	AdminService_ApplyToken_FullMethodName     = "/muster.v1.AdminService/ApplyToken"
-	AdminService_ListAgents_FullMethodName     = "/muster.v1.AdminService/ListAgents"
-	AdminService_GetAgent_FullMethodName       = "/muster.v1.AdminService/GetAgent"
-	AdminService_DeleteAgent_FullMethodName    = "/muster.v1.AdminService/DeleteAgent"
-	AdminService_GetPSKs_FullMethodName        = "/muster.v1.AdminService/GetPSKs"
-	AdminService_RotatePSK_FullMethodName      = "/muster.v1.AdminService/RotatePSK"
-	AdminService_ListSigners_FullMethodName    = "/muster.v1.AdminService/ListSigners"
-	AdminService_StageSigner_FullMethodName    = "/muster.v1.AdminService/StageSigner"
-	AdminService_ActivateSigner_FullMethodName = "/muster.v1.AdminService/ActivateSigner"
-	AdminService_RetireSigner_FullMethodName   = "/muster.v1.AdminService/RetireSigner"
-	AdminService_RevokeSigner_FullMethodName   = "/muster.v1.AdminService/RevokeSigner"
-	AdminService_RollbackSigner_FullMethodName = "/muster.v1.AdminService/RollbackSigner"
-	AdminService_SendTask_FullMethodName       = "/muster.v1.AdminService/SendTask"
-	AdminService_ListAudit_FullMethodName      = "/muster.v1.AdminService/ListAudit"
-	AdminService_VerifyAudit_FullMethodName    = "/muster.v1.AdminService/VerifyAudit"
-	AdminService_OpenResync_FullMethodName     = "/muster.v1.AdminService/OpenResync"
-	AdminService_CloseResync_FullMethodName    = "/muster.v1.AdminService/CloseResync"
-	AdminService_ListResync_FullMethodName     = "/muster.v1.AdminService/ListResync"
-	AdminService_GetCAStatus_FullMethodName    = "/muster.v1.AdminService/GetCAStatus"
+	AdminService_GetStatus_FullMethodName              = "/muster.v1.AdminService/GetStatus"
+	AdminService_AddOperator_FullMethodName            = "/muster.v1.AdminService/AddOperator"
+	AdminService_ListOperators_FullMethodName          = "/muster.v1.AdminService/ListOperators"
+	AdminService_RenewOperator_FullMethodName          = "/muster.v1.AdminService/RenewOperator"
+	AdminService_CreateLock_FullMethodName             = "/muster.v1.AdminService/CreateLock"
+	AdminService_ListLocks_FullMethodName              = "/muster.v1.AdminService/ListLocks"
+	AdminService_DeleteLock_FullMethodName             = "/muster.v1.AdminService/DeleteLock"
+	AdminService_CreateToken_FullMethodName            = "/muster.v1.AdminService/CreateToken"
+	AdminService_ListTokens_FullMethodName             = "/muster.v1.AdminService/ListTokens"
+	AdminService_GetToken_FullMethodName               = "/muster.v1.AdminService/GetToken"
+	AdminService_DeleteToken_FullMethodName            = "/muster.v1.AdminService/DeleteToken"
+	AdminService_ApplyToken_FullMethodName             = "/muster.v1.AdminService/ApplyToken"
+	AdminService_ListAgents_FullMethodName             = "/muster.v1.AdminService/ListAgents"
+	AdminService_GetAgent_FullMethodName               = "/muster.v1.AdminService/GetAgent"
+	AdminService_DeleteAgent_FullMethodName            = "/muster.v1.AdminService/DeleteAgent"
+	AdminService_GetPSKs_FullMethodName                = "/muster.v1.AdminService/GetPSKs"
+	AdminService_RotatePSK_FullMethodName              = "/muster.v1.AdminService/RotatePSK"
+	AdminService_ListSigners_FullMethodName            = "/muster.v1.AdminService/ListSigners"
+	AdminService_StageSigner_FullMethodName            = "/muster.v1.AdminService/StageSigner"
+	AdminService_ActivateSigner_FullMethodName         = "/muster.v1.AdminService/ActivateSigner"
+	AdminService_RetireSigner_FullMethodName           = "/muster.v1.AdminService/RetireSigner"
+	AdminService_RevokeSigner_FullMethodName           = "/muster.v1.AdminService/RevokeSigner"
+	AdminService_RollbackSigner_FullMethodName         = "/muster.v1.AdminService/RollbackSigner"
+	AdminService_SendTask_FullMethodName               = "/muster.v1.AdminService/SendTask"
+	AdminService_ListAudit_FullMethodName              = "/muster.v1.AdminService/ListAudit"
+	AdminService_VerifyAudit_FullMethodName            = "/muster.v1.AdminService/VerifyAudit"
+	AdminService_OpenResync_FullMethodName             = "/muster.v1.AdminService/OpenResync"
+	AdminService_CloseResync_FullMethodName            = "/muster.v1.AdminService/CloseResync"
+	AdminService_ListResync_FullMethodName             = "/muster.v1.AdminService/ListResync"
+	AdminService_GetCAStatus_FullMethodName            = "/muster.v1.AdminService/GetCAStatus"
+	AdminService_DraftCAIntermediate_FullMethodName    = "/muster.v1.AdminService/DraftCAIntermediate"
+	AdminService_PrepareCAIntermediate_FullMethodName  = "/muster.v1.AdminService/PrepareCAIntermediate"
+	AdminService_ActivateCAIntermediate_FullMethodName = "/muster.v1.AdminService/ActivateCAIntermediate"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -106,6 +109,13 @@ type AdminServiceClient interface {
 	// GetCAStatus: every CA certificate, its state and how many connected
 	// agents hold it (muster ca status).
 	GetCAStatus(ctx context.Context, in *GetCAStatusRequest, opts ...grpc.CallOption) (*GetCAStatusResponse, error)
+	// CA intermediates ahead of the leader's clock (docs/ca-lifecycle.md):
+	// prepare a role's successor (signed by the authority's root key, or,
+	// with the root key offline, a draft the CLI signs locally and sends
+	// back) and activate the prepared one.
+	DraftCAIntermediate(ctx context.Context, in *DraftCAIntermediateRequest, opts ...grpc.CallOption) (*DraftCAIntermediateResponse, error)
+	PrepareCAIntermediate(ctx context.Context, in *PrepareCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
+	ActivateCAIntermediate(ctx context.Context, in *ActivateCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
 }
 
 type adminServiceClient struct {
@@ -416,6 +426,36 @@ func (c *adminServiceClient) GetCAStatus(ctx context.Context, in *GetCAStatusReq
 	return out, nil
 }
 
+func (c *adminServiceClient) DraftCAIntermediate(ctx context.Context, in *DraftCAIntermediateRequest, opts ...grpc.CallOption) (*DraftCAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DraftCAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_DraftCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PrepareCAIntermediate(ctx context.Context, in *PrepareCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_PrepareCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ActivateCAIntermediate(ctx context.Context, in *ActivateCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CAIntermediateResponse)
+	err := c.cc.Invoke(ctx, AdminService_ActivateCAIntermediate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -471,6 +511,13 @@ type AdminServiceServer interface {
 	// GetCAStatus: every CA certificate, its state and how many connected
 	// agents hold it (muster ca status).
 	GetCAStatus(context.Context, *GetCAStatusRequest) (*GetCAStatusResponse, error)
+	// CA intermediates ahead of the leader's clock (docs/ca-lifecycle.md):
+	// prepare a role's successor (signed by the authority's root key, or,
+	// with the root key offline, a draft the CLI signs locally and sends
+	// back) and activate the prepared one.
+	DraftCAIntermediate(context.Context, *DraftCAIntermediateRequest) (*DraftCAIntermediateResponse, error)
+	PrepareCAIntermediate(context.Context, *PrepareCAIntermediateRequest) (*CAIntermediateResponse, error)
+	ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -570,6 +617,15 @@ func (UnimplementedAdminServiceServer) ListResync(context.Context, *ListResyncRe
 }
 func (UnimplementedAdminServiceServer) GetCAStatus(context.Context, *GetCAStatusRequest) (*GetCAStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCAStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) DraftCAIntermediate(context.Context, *DraftCAIntermediateRequest) (*DraftCAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DraftCAIntermediate not implemented")
+}
+func (UnimplementedAdminServiceServer) PrepareCAIntermediate(context.Context, *PrepareCAIntermediateRequest) (*CAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareCAIntermediate not implemented")
+}
+func (UnimplementedAdminServiceServer) ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ActivateCAIntermediate not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1132,6 +1188,60 @@ func _AdminService_GetCAStatus_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DraftCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DraftCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DraftCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DraftCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DraftCAIntermediate(ctx, req.(*DraftCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PrepareCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PrepareCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PrepareCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PrepareCAIntermediate(ctx, req.(*PrepareCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ActivateCAIntermediate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ActivateCAIntermediateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ActivateCAIntermediate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ActivateCAIntermediate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ActivateCAIntermediate(ctx, req.(*ActivateCAIntermediateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1258,6 +1368,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCAStatus",
 			Handler:    _AdminService_GetCAStatus_Handler,
+		},
+		{
+			MethodName: "DraftCAIntermediate",
+			Handler:    _AdminService_DraftCAIntermediate_Handler,
+		},
+		{
+			MethodName: "PrepareCAIntermediate",
+			Handler:    _AdminService_PrepareCAIntermediate_Handler,
+		},
+		{
+			MethodName: "ActivateCAIntermediate",
+			Handler:    _AdminService_ActivateCAIntermediate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

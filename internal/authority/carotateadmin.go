@@ -1,0 +1,328 @@
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/crl"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// The operator's side of the CA clock (muster ca rotate ROLE [--activate]
+// [--root-key FILE], docs/ca-lifecycle.md).
+//
+// With the root key offline, preparing takes two calls: DraftCAIntermediate
+// makes the successor's key in custody and says what its certificate
+// holds; the CLI signs that with the root key from a file and sends the
+// certificate back in PrepareCAIntermediate. The authority makes the key
+// because it must end sealed under the storage key, which the machine
+// holding the root key need not have, and so the private key never leaves
+// the authority in clear; the root key never leaves the operator's
+// machine. Between the calls nothing is stored: the draft's key reference
+// is sealed under muster-ca-encryption and bound to ROLE/SERIAL, so it
+// opens only on an authority of this storage key and only for that serial
+// (either replica can take the second call), and a draft never sent back
+// leaves nothing behind.
+
+// caRole parses a rotated intermediate role.
+func caRole(s string) (ca.Role, error) {
+	if r := ca.Role(s); slices.Contains(caRoles, r) {
+		return r, nil
+	}
+	return "", badRequest(fmt.Sprintf("no intermediate role %q: one of bootstrap, server, agent, admin", s))
+}
+
+// preparedOf returns role's prepared and active rows among rows.
+func preparedOf(rows []store.CACert, role ca.Role) (prepared, active *store.CACert) {
+	for i := range rows {
+		if rows[i].Role != string(role) {
+			continue
+		}
+		switch rows[i].State {
+		case store.CAPrepared:
+			prepared = &rows[i]
+		case store.CAActive:
+			active = &rows[i]
+		}
+	}
+	return prepared, active
+}
+
+func alreadyPrepared(role ca.Role, p *store.CACert) error {
+	return status.Errorf(codes.FailedPrecondition, "the %s intermediate already has a prepared successor (serial %s, prepared %s): activate it with `muster ca rotate %s --activate`, or let the leader activate it at two thirds of the active one's life",
+		role, p.Serial, p.CreatedAt.UTC().Format(time.RFC3339), role)
+}
+
+func (a *adminService) DraftCAIntermediate(ctx context.Context, req *musterv1.DraftCAIntermediateRequest) (*musterv1.DraftCAIntermediateResponse, error) {
+	resp, err := a.draftCAIntermediate(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	if err != nil {
+		// A draft changes nothing; only its refusal is recorded.
+		a.record(ctx, "ca.prepare", req.GetRole(), err)
+	}
+	return resp, err
+}
+
+func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.DraftCAIntermediateRequest) (*musterv1.DraftCAIntermediateResponse, error) {
+	role, err := caRole(req.GetRole())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := a.s.store.ListCACerts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if p, _ := preparedOf(rows, role); p != nil {
+		return nil, alreadyPrepared(role, p)
+	}
+	serial, err := ca.NewSerial()
+	if err != nil {
+		return nil, err
+	}
+	k, err := a.s.inter.custody.Create(ctx, keyName(string(role), serial.Text(16)), custody.ECDSAP256)
+	if err != nil {
+		return nil, err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d, err := a.s.ca.Draft(role, serial, k.Public, now, a.s.caIntermediateTTL())
+	if err != nil {
+		return nil, err
+	}
+	pub, err := x509.MarshalPKIXPublicKey(k.Public)
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.DraftCAIntermediateResponse{Role: string(role), Serial: serial.Text(16), PublicKeyDer: pub, KeyRef: k.Ref,
+		RawSubject: d.RawSubject, NotBefore: timestamppb.New(d.NotBefore), NotAfter: timestamppb.New(d.NotAfter), RootDer: a.s.ca.Root.Raw}, nil
+}
+
+func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.PrepareCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
+	resp, err := a.prepareCAIntermediate(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	target := req.GetRole()
+	if resp != nil {
+		target += "/" + resp.GetIntermediate().GetSerial()
+	} else if req.GetSerial() != "" {
+		target += "/" + req.GetSerial()
+	}
+	why := "prepared by an operator ahead of the leader's clock, signed with the authority's root key"
+	if len(req.GetCertificateDer()) > 0 {
+		why = "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate --root-key)"
+	}
+	a.recordWhy(ctx, "ca.prepare", target, why, err)
+	if err == nil {
+		a.s.log.Info("CA intermediate prepared by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
+			"offline_root", len(req.GetCertificateDer()) > 0, "operator", callerFrom(ctx).Actor())
+	}
+	return resp, err
+}
+
+func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.PrepareCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
+	role, err := caRole(req.GetRole())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := a.s.store.ListCACerts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if p, _ := preparedOf(rows, role); p != nil {
+		return nil, alreadyPrepared(role, p)
+	}
+	var row store.CACert
+	if len(req.GetCertificateDer()) == 0 {
+		if a.s.ca.RootKey == nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "the root key is not in this authority's data directory: prepare the successor with `muster ca rotate %s --root-key FILE` on a machine that holds the root key", role)
+		}
+		row, err = a.s.inter.prepare(ctx, role, a.s.ca.RootKey, a.s.caIntermediateTTL())
+	} else {
+		row, err = a.prepareSigned(ctx, role, req)
+	}
+	if errors.Is(err, store.ErrConflict) {
+		if rows, lerr := a.s.store.ListCACerts(ctx); lerr == nil {
+			if p, _ := preparedOf(rows, role); p != nil {
+				return nil, alreadyPrepared(role, p)
+			}
+		}
+		return nil, status.Errorf(codes.Aborted, "another %s intermediate was prepared or activated meanwhile; run `muster ca rotate %s` again if one is still needed", role, role)
+	}
+	if err != nil {
+		return nil, err
+	}
+	a.s.inter.changed()
+	return &musterv1.CAIntermediateResponse{Intermediate: caIntermediateToProto(row)}, nil
+}
+
+// prepareSigned stores a successor signed offline from a draft: the key
+// reference must open (under this role and serial) to the certificate's
+// key, and the certificate must be a successor of the role
+// (ca.CheckSuccessor).
+func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *musterv1.PrepareCAIntermediateRequest) (store.CACert, error) {
+	cert, err := x509.ParseCertificate(req.GetCertificateDer())
+	if err != nil {
+		return store.CACert{}, badRequest("the signed intermediate is not a DER certificate: " + err.Error())
+	}
+	serial, ok := new(big.Int).SetString(req.GetSerial(), 16)
+	if !ok || serial.Sign() <= 0 || serial.Text(16) != req.GetSerial() {
+		return store.CACert{}, badRequest("the draft's serial must be lower-case hex, as DraftCAIntermediate returned it")
+	}
+	name := keyName(string(role), req.GetSerial())
+	k := custody.Key{Public: cert.PublicKey, Ref: req.GetKeyRef()}
+	if _, err := a.s.inter.custody.Signer(ctx, name, k); err != nil {
+		if errors.Is(err, custody.ErrKey) {
+			return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the certificate's key is not the one this authority drafted for the %s intermediate %s: sign the draft unchanged (run `muster ca rotate %s --root-key FILE` again)", role, req.GetSerial(), role)
+		}
+		return store.CACert{}, err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return store.CACert{}, err
+	}
+	if err := a.s.ca.CheckSuccessor(role, serial, cert.PublicKey, cert, now); err != nil {
+		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "%v; sign the draft unchanged with this authority's root key (`muster ca rotate %s --root-key FILE`)", err, role)
+	}
+	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: req.GetKeyRef(), State: store.CAPrepared, NotAfter: cert.NotAfter}
+	if err := a.s.store.InsertCACert(ctx, row); err != nil {
+		return store.CACert{}, err
+	}
+	row.CreatedAt = now
+	return row, nil
+}
+
+func (a *adminService) ActivateCAIntermediate(ctx context.Context, req *musterv1.ActivateCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
+	resp, err := a.activateCAIntermediate(ctx, req)
+	err = toStatus(ctx, a.s.log, err)
+	target := req.GetRole()
+	if resp != nil {
+		target += "/" + resp.GetIntermediate().GetSerial()
+	} else if req.GetSerial() != "" {
+		target += "/" + req.GetSerial()
+	}
+	a.recordWhy(ctx, "ca.activate", target, "activated by an operator ahead of the leader's clock", err)
+	if err == nil {
+		a.s.log.Info("CA intermediate activated by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
+			"operator", callerFrom(ctx).Actor())
+	}
+	return resp, err
+}
+
+// activateCAIntermediate makes role's prepared intermediate active, once
+// it is published: it has been in the store for caPublishWindow (every
+// ready replica has read it), this replica holds it, and its revocation
+// list is stored (with --crl-url, its first leaf names a list that is
+// served). The activation itself is one conditional write on the
+// prepared serial, so of operators and the leader's clock activating at
+// once exactly one succeeds.
+func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1.ActivateCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
+	role, err := caRole(req.GetRole())
+	if err != nil {
+		return nil, err
+	}
+	rows, err := a.s.store.ListCACerts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	p, active := preparedOf(rows, role)
+	switch {
+	case p == nil:
+		return nil, status.Errorf(codes.FailedPrecondition, "the %s intermediate has no prepared successor to activate: prepare one first with `muster ca rotate %s` (or `muster ca rotate %s --root-key FILE` with the root key offline)", role, role, role)
+	case req.GetSerial() != "" && req.GetSerial() != p.Serial:
+		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate is %s, not %s", role, p.Serial, req.GetSerial())
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ready := p.CreatedAt.Add(a.s.caPublishWindow()); now.Before(ready) {
+		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate %s is not published by every replica yet (prepared %s ago; each publishes it in its trust bundle and revocation list within %s): run `muster ca rotate %s --activate` again after %s",
+			role, p.Serial, now.Sub(p.CreatedAt).Round(time.Second), a.s.caPublishWindow(), role, ready.UTC().Format(time.RFC3339))
+	}
+	if !a.s.holdsPrepared(role, p.Serial) {
+		return nil, status.Errorf(codes.FailedPrecondition, "this replica has not read the prepared %s intermediate %s from the store yet (see its /readyz and log): try again in a few seconds", role, p.Serial)
+	}
+	if a.s.crl != nil {
+		cert, err := x509.ParseCertificate(p.CertDER)
+		if err != nil {
+			return nil, err
+		}
+		name := crl.Issuer{Role: p.Role, Cert: cert}.Name()
+		if _, err := a.s.store.GetCRL(ctx, name); errors.Is(err, store.ErrNotFound) {
+			return nil, status.Errorf(codes.FailedPrecondition, "the revocation list of the prepared %s intermediate %s is not signed yet, so its leaves would name a list that is not served: try again in a few seconds", role, p.Serial)
+		} else if err != nil {
+			return nil, err
+		}
+	}
+	if err := a.s.store.ActivateCACert(ctx, string(role), p.Serial); err != nil {
+		if errors.Is(err, store.ErrConflict) {
+			return nil, status.Errorf(codes.Aborted, "the prepared %s intermediate %s was activated or replaced meanwhile (the leader's clock or another operator; `muster audit list --action 'ca.*'`)", role, p.Serial)
+		}
+		return nil, err
+	}
+	a.s.inter.changed()
+	out := *p
+	out.State, out.ActivatedAt = store.CAActive, now
+	resp := &musterv1.CAIntermediateResponse{Intermediate: caIntermediateToProto(out)}
+	if active != nil {
+		prev := *active
+		prev.State, prev.RetiringAt = store.CARetiring, now
+		resp.Previous = caIntermediateToProto(prev)
+	}
+	return resp, nil
+}
+
+// recordWhy is record with the reason of a success: an operator's CA
+// step says what it was.
+func (a *adminService) recordWhy(ctx context.Context, action, target, why string, err error) {
+	if err != nil {
+		a.record(ctx, action, target, err)
+		return
+	}
+	c := callerFrom(ctx)
+	_ = a.s.recordAudit(ctx, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
+}
+
+// holdsPrepared reports whether this replica has read serial as role's
+// prepared intermediate.
+func (s *Server) holdsPrepared(role ca.Role, serial string) bool {
+	live := s.ca.CurrentIntermediates()
+	if live == nil {
+		return false
+	}
+	for _, i := range live.Prepared[role] {
+		if i.Cert.SerialNumber.Text(16) == serial {
+			return true
+		}
+	}
+	return false
+}
+
+func caIntermediateToProto(r store.CACert) *musterv1.CAIntermediate {
+	out := &musterv1.CAIntermediate{Role: r.Role, Serial: r.Serial, State: r.State, NotAfter: timestamppb.New(r.NotAfter)}
+	if c, err := x509.ParseCertificate(r.CertDER); err == nil {
+		out.NotBefore = timestamppb.New(c.NotBefore)
+	}
+	if !r.CreatedAt.IsZero() {
+		out.CreatedAt = timestamppb.New(r.CreatedAt)
+	}
+	if !r.ActivatedAt.IsZero() {
+		out.ActivatedAt = timestamppb.New(r.ActivatedAt)
+	}
+	return out
+}

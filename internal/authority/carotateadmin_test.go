@@ -1,0 +1,179 @@
+package authority
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"math/big"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// signDraftWith signs an authority's draft as the CLI does (ca.SignDraft),
+// with key as the root key, optionally changing the draft first.
+func signDraftWith(t *testing.T, d *musterv1.DraftCAIntermediateResponse, root *x509.Certificate, key crypto.Signer, change func(*ca.Draft)) []byte {
+	t.Helper()
+	pub, err := x509.ParsePKIXPublicKey(d.GetPublicKeyDer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial, _ := new(big.Int).SetString(d.GetSerial(), 16)
+	dr := ca.Draft{Role: ca.Role(d.GetRole()), Serial: serial, Public: pub, RawSubject: d.GetRawSubject(),
+		NotBefore: d.GetNotBefore().AsTime(), NotAfter: d.GetNotAfter().AsTime()}
+	if change != nil {
+		change(&dr)
+	}
+	cert, err := ca.SignDraft(dr, root, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert.Raw
+}
+
+// TestPrepareOfflineRefusesWhatWasNotDrafted: a certificate sent back for
+// a draft is stored only if it is the draft, signed by this root, and its
+// key reference opens under the role and serial drafted; each refusal
+// says so and is audited.
+func TestPrepareOfflineRefusesWhatWasNotDrafted(t *testing.T) {
+	b := startBench(t)
+	a := &adminService{s: b.srvs[0]}
+	ctx := t.Context()
+	other, err := ca.Create("other", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := signDraftWith(t, d1, b.h.Root, b.h.RootKey, nil)
+	for _, tt := range []struct {
+		name string
+		req  *musterv1.PrepareCAIntermediateRequest
+		want string
+	}{
+		{"another root", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: signDraftWith(t, d1, other.Root, other.RootKey, nil)}, "not signed by this authority's root key"},
+		{"another draft's key reference", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d2.GetKeyRef(),
+			CertificateDer: good}, "the certificate's key is not the one this authority drafted"},
+		{"another role", &musterv1.PrepareCAIntermediateRequest{Role: "server", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: good}, "the certificate's key is not the one this authority drafted"},
+		{"another serial", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: signDraftWith(t, d1, b.h.Root, b.h.RootKey, func(d *ca.Draft) { d.Serial = big.NewInt(7) })}, "its serial is not the one the authority drafted"},
+		{"a server certificate for the agent role", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: signDraftWith(t, d1, b.h.Root, b.h.RootKey, func(d *ca.Draft) { d.Role = ca.RoleServer })}, "its key usage is not the agent intermediate's"},
+		{"expired", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: signDraftWith(t, d1, b.h.Root, b.h.RootKey, func(d *ca.Draft) { d.NotAfter = time.Now().Add(-time.Minute) })}, "it is not valid now"},
+		{"not a certificate", &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(),
+			CertificateDer: []byte("nope")}, "not a DER certificate"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := a.PrepareCAIntermediate(ctx, tt.req)
+			if c := status.Code(err); c != codes.FailedPrecondition && c != codes.InvalidArgument {
+				t.Fatalf("answered %v, want a refusal", err)
+			}
+			if !strings.Contains(status.Convert(err).Message(), tt.want) {
+				t.Errorf("answered %q, want it to say %q", status.Convert(err).Message(), tt.want)
+			}
+		})
+	}
+	rows, _ := b.store.ListCACerts(ctx)
+	for _, r := range rows {
+		if r.State == store.CAPrepared {
+			t.Fatalf("a refused certificate was stored: %s %s", r.Role, r.Serial)
+		}
+	}
+	recs, _ := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.prepare"})
+	denied := 0
+	for _, r := range recs {
+		if r.Result == "denied" && r.Reason != "" {
+			denied++
+		}
+	}
+	if denied != 7 {
+		t.Errorf("%d refusals audited with a reason, want 7", denied)
+	}
+
+	resp, err := a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d1.GetSerial(), KeyRef: d1.GetKeyRef(), CertificateDer: good})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetIntermediate().GetSerial() != d1.GetSerial() || resp.GetIntermediate().GetState() != store.CAPrepared {
+		t.Fatalf("prepared %+v", resp.GetIntermediate())
+	}
+}
+
+// TestActivateOnceAcrossReplicas: activation is refused with nothing
+// prepared and within the publish window; past it, of two replicas
+// activating at once exactly one succeeds, and both then sign with the
+// new intermediate.
+func TestActivateOnceAcrossReplicas(t *testing.T) {
+	b := startReplicas(t, nil, 2, func(c *Config) { c.CAPublishWindow = 2 * time.Second })
+	ctx := t.Context()
+	a0, a1 := &adminService{s: b.srvs[0]}, &adminService{s: b.srvs[1]}
+	_, err := a0.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "no prepared successor") {
+		t.Fatalf("activation with nothing prepared: %v", err)
+	}
+	p, err := a0.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := p.GetIntermediate().GetSerial()
+	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent"})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(status.Convert(err).Message(), "not published by every replica yet") {
+		t.Fatalf("activation within the publish window: %v", err)
+	}
+	time.Sleep(2100 * time.Millisecond)
+	for _, s := range b.srvs {
+		deadline := time.Now().Add(5 * time.Second)
+		for !s.holdsPrepared(ca.RoleAgent, serial) {
+			if time.Now().After(deadline) {
+				t.Fatal("a replica did not read the prepared intermediate within 5 s")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for i, a := range []*adminService{a0, a1} {
+		wg.Go(func() {
+			_, errs[i] = a.ActivateCAIntermediate(context.WithoutCancel(ctx), &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: serial})
+		})
+	}
+	wg.Wait()
+	ok := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case status.Code(err) != codes.Aborted && status.Code(err) != codes.FailedPrecondition:
+			t.Errorf("the losing activation answered %v", err)
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("%d activations succeeded, want 1: %v", ok, errs)
+	}
+	for i, s := range b.srvs {
+		deadline := time.Now().Add(5 * time.Second)
+		for s.ca.Issuer(ca.RoleAgent).Cert.SerialNumber.Text(16) != serial {
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d does not sign with the activated intermediate 5 s on", i)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"context"
+	"crypto"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"math/big"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/ca"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+type caIntermediateJSON struct {
+	Role        string     `json:"role"`
+	Serial      string     `json:"serial"`
+	State       string     `json:"state"`
+	NotBefore   time.Time  `json:"not_before"`
+	NotAfter    time.Time  `json:"not_after"`
+	CreatedAt   *time.Time `json:"created_at,omitempty"`
+	ActivatedAt *time.Time `json:"activated_at,omitempty"`
+}
+
+func caIntermediateOf(c *musterv1.CAIntermediate) *caIntermediateJSON {
+	if c == nil {
+		return nil
+	}
+	j := &caIntermediateJSON{Role: c.GetRole(), Serial: c.GetSerial(), State: c.GetState(),
+		NotBefore: c.GetNotBefore().AsTime().UTC(), NotAfter: c.GetNotAfter().AsTime().UTC()}
+	if c.GetCreatedAt() != nil {
+		t := c.GetCreatedAt().AsTime().UTC()
+		j.CreatedAt = &t
+	}
+	if c.GetActivatedAt() != nil {
+		t := c.GetActivatedAt().AsTime().UTC()
+		j.ActivatedAt = &t
+	}
+	return j
+}
+
+func newCARotateCmd(env *Env) *cobra.Command {
+	var (
+		af       adminFlags
+		out      output
+		activate bool
+		rootKey  string
+	)
+	cmd := &cobra.Command{
+		Use: "rotate ROLE [--activate] [--root-key FILE]",
+		Example: `  muster ca rotate agent                           # prepare the agent intermediate's successor now
+  muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
+  muster ca rotate agent --activate                # make the prepared one sign every new agent certificate`,
+		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
+		Long: `ROLE is bootstrap, server, agent or admin. Without --activate, prepares the
+successor of ROLE's intermediate: a new key (made and sealed by the
+authority) and a certificate from the root. It joins the trust bundle at
+once and signs nothing until it is activated, by the leader at two thirds
+of the active intermediate's life or by --activate.
+
+With the root key kept offline, --root-key FILE signs the successor here,
+with the root key read from FILE (PKCS#8 PEM, as DIR/ca/root.key): the
+authority drafts the certificate and makes the key; only the signed
+certificate goes back. The root key never leaves this machine.
+
+--activate refuses while nothing is prepared, and until the prepared one
+has been published by every replica (about ten seconds after it was
+prepared).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			role := args[0]
+			if activate && rootKey != "" {
+				return errors.New("ca rotate: --activate needs no root key; prepare with --root-key first, then activate")
+			}
+			var resp *musterv1.CAIntermediateResponse
+			var err error
+			switch {
+			case activate:
+				resp, err = callAdmin(cmd, env, &af, "ca rotate", func(ctx context.Context, c *adminClient) (*musterv1.CAIntermediateResponse, error) {
+					return c.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: role})
+				})
+			case rootKey != "":
+				key, kerr := readRootKey(rootKey)
+				if kerr != nil {
+					return fmt.Errorf("ca rotate: %w", kerr)
+				}
+				resp, err = callAdmin(cmd, env, &af, "ca rotate", func(ctx context.Context, c *adminClient) (*musterv1.CAIntermediateResponse, error) {
+					d, err := c.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: role})
+					if err != nil {
+						return nil, err
+					}
+					cert, err := signDraft(d, key)
+					if err != nil {
+						return nil, err
+					}
+					return c.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: role, Serial: d.GetSerial(),
+						KeyRef: d.GetKeyRef(), CertificateDer: cert.Raw})
+				})
+			default:
+				resp, err = callAdmin(cmd, env, &af, "ca rotate", func(ctx context.Context, c *adminClient) (*musterv1.CAIntermediateResponse, error) {
+					return c.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: role})
+				})
+			}
+			if err != nil {
+				return err
+			}
+			in := resp.GetIntermediate()
+			if out.json() {
+				return out.write(env.Stdout, map[string]any{"intermediate": caIntermediateOf(in), "previous": caIntermediateOf(resp.GetPrevious())})
+			}
+			if activate {
+				fmt.Fprintf(env.Stdout, "Activated the %s intermediate %s (valid until %s): it signs every new %s certificate from now on.\n",
+					in.GetRole(), in.GetSerial(), in.GetNotAfter().AsTime().UTC().Format(time.RFC3339), in.GetRole())
+				if p := resp.GetPrevious(); p != nil {
+					fmt.Fprintf(env.Stdout, "The previous one, %s, is retiring: it stays in the trust bundle until %s.\n", p.GetSerial(), p.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
+				}
+				return nil
+			}
+			fmt.Fprintf(env.Stdout, "Prepared the %s intermediate %s (valid until %s): it is in the trust bundle and signs nothing yet.\n",
+				in.GetRole(), in.GetSerial(), in.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
+			fmt.Fprintf(env.Stdout, "The leader activates it at two thirds of the active one's life; to activate it now: muster ca rotate %s --activate\n", in.GetRole())
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
+	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
+	af.register(cmd)
+	out.register(cmd)
+	return cmd
+}
+
+// readRootKey reads a PKCS#8 PEM root key; a file others can read is
+// refused, as the authority refuses its own key files.
+func readRootKey(path string) (*rootKeyFile, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s is readable by others (mode %o); chmod 600 it", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	k, err := ca.ParseKeyPEM(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a root key (PKCS#8 PEM, as DIR/ca/root.key): %w", path, err)
+	}
+	return &rootKeyFile{path: path, key: k}, nil
+}
+
+type rootKeyFile struct {
+	path string
+	key  crypto.Signer
+}
+
+// signDraft signs the authority's draft with the root key, after checking
+// that the root it names is the key's.
+func signDraft(d *musterv1.DraftCAIntermediateResponse, k *rootKeyFile) (*x509.Certificate, error) {
+	root, err := x509.ParseCertificate(d.GetRootDer())
+	if err != nil {
+		return nil, fmt.Errorf("the authority's root certificate: %w", err)
+	}
+	pub, err := x509.ParsePKIXPublicKey(d.GetPublicKeyDer())
+	if err != nil {
+		return nil, fmt.Errorf("the drafted intermediate's public key: %w", err)
+	}
+	serial, ok := new(big.Int).SetString(d.GetSerial(), 16)
+	if !ok {
+		return nil, fmt.Errorf("the drafted serial %q is not hex", d.GetSerial())
+	}
+	if eq, ok := k.key.Public().(interface{ Equal(crypto.PublicKey) bool }); !ok || !eq.Equal(root.PublicKey) {
+		return nil, fmt.Errorf("%s is not this authority's root key (its root is %s)", k.path, ca.Fingerprint(root))
+	}
+	return ca.SignDraft(ca.Draft{Role: ca.Role(d.GetRole()), Serial: serial, Public: pub, RawSubject: d.GetRawSubject(),
+		NotBefore: d.GetNotBefore().AsTime(), NotAfter: d.GetNotAfter().AsTime()}, root, k.key)
+}
