@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +26,10 @@ import (
 
 var musterBin string
 
+// e2eParallel is how many tests that call t.Parallel run at once by
+// default (TestMain).
+const e2eParallel = 8
+
 func TestMain(m *testing.M) {
 	// These tests drive the real binary through rotations, outages and
 	// restarts, one after the other; under -race on two cores they take
@@ -32,6 +38,17 @@ func TestMain(m *testing.M) {
 	flag.Parse()
 	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10*time.Minute).String() {
 		if err := f.Value.Set((40 * time.Minute).String()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	// Most tests wait on timers (rotations, outages, certificate
+	// lifetimes), not on the CPU: they call t.Parallel, and up to
+	// e2eParallel of them run at once, not go test's default of one per
+	// core (two in CI, where the waits added up to over ten minutes). A
+	// -parallel other than the default still wins.
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == strconv.Itoa(runtime.GOMAXPROCS(0)) {
+		if err := f.Value.Set(strconv.Itoa(max(e2eParallel, runtime.GOMAXPROCS(0)))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

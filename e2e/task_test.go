@@ -43,6 +43,7 @@ func results(t *testing.T, dir, taskID string) map[string]auditRec {
 // report and a custom task go out, the custom one running only where a
 // handler is configured.
 func TestTaskRotationAcrossAgents(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	dirs := map[string]string{}
 	for _, n := range []string{"a1", "a2", "a3"} {
