@@ -74,6 +74,7 @@ func assertNoAgentCerts(t *testing.T, adir string) {
 }
 
 func TestAgentJoinRenewStatus(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t, "--uses", "1")
 	adir := filepath.Join(t.TempDir(), "agent")
@@ -160,6 +161,7 @@ func TestAgentJoinRenewStatus(t *testing.T) {
 }
 
 func TestAgentJoinWithURI(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 
 	// As the last argument, as token create suggests: it works, with a
@@ -197,6 +199,7 @@ func TestAgentJoinWithURI(t *testing.T) {
 }
 
 func TestAgentJoinRefusals(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t, "--uses", "1")
 
@@ -252,6 +255,7 @@ func TestAgentJoinRefusals(t *testing.T) {
 // TestAgentRun: run joins an empty directory from the environment, serves
 // its metrics and health probes, and stops cleanly on SIGTERM.
 func TestAgentRun(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	adir := filepath.Join(t.TempDir(), "agent")
@@ -346,6 +350,7 @@ func TestAgentRun(t *testing.T) {
 // TestAgentRunRenewsOnItsOwn: with 8-second certificates the agent renews
 // at about half-life, again and again, without anyone asking.
 func TestAgentRunRenewsOnItsOwn(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "8s")
 	tok := e.createToken(t)
 	adir := filepath.Join(t.TempDir(), "agent")
@@ -406,6 +411,7 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 // advertises in its signed trust bundle, as that listener serves no
 // renewals.
 func TestAgentJoinsThroughTheBootstrapListener(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--bootstrap-listen", "127.0.0.1:0")
 	if e.auth.bootstrap == "" || e.auth.bootstrap == e.auth.addr {
 		t.Fatalf("no separate bootstrap listener: %q", e.auth.bootstrap)

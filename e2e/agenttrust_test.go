@@ -13,6 +13,7 @@ import (
 // renewal and muster agent trust refresh bring it a staged signer, and a
 // static MUSTER_TASK_SIGNING_PUBKEYS list shows in its status.
 func TestAgentVerifierSet(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	adir := filepath.Join(t.TempDir(), "agent")

@@ -45,6 +45,7 @@ func waitLookup(t *testing.T, d *discoveryProc, id string) int64 {
 // told to, under their own roots; muster discovery forget frees an ID,
 // and the allowed authority registers it again.
 func TestDiscoveryAllowList(t *testing.T) {
+	t.Parallel()
 	allowedDir, allowed := initDir(t)
 	otherDir, other := initDir(t, "--name", "other")
 	allowedID, otherID := allowed["authority_id"].(string), other["authority_id"].(string)
@@ -112,6 +113,7 @@ func TestDiscoveryAllowList(t *testing.T) {
 // TestDiscoveryRefusesAnUnspecifiedIssuer: listening on every address
 // needs --advertise, or the ticket issuer would name no machine.
 func TestDiscoveryRefusesAnUnspecifiedIssuer(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "discovery")
 	for _, listen := range []string{"0.0.0.0:0", "[::]:0"} {
 		line := mustFail(t, "discovery", "--data", dir, "--listen", listen, "--metrics-listen", "")

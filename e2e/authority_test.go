@@ -31,6 +31,7 @@ import (
 )
 
 func TestAdminCommands(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	a := startAuthority(t, dir)
 	authID := out["authority_id"].(string)
@@ -134,6 +135,7 @@ func dialAdmin(t *testing.T, dir, addr string, id *identity.Identity) musterv1.A
 }
 
 func TestAdminAPIRefusesNonOperators(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	a := startAuthority(t, dir)
 	h, err := ca.Load(filepath.Join(dir, "ca"))
@@ -203,6 +205,7 @@ func tamper(t *testing.T, dir string, f func(db *sql.DB)) {
 }
 
 func TestAuditVerifyCatchesTampering(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		attack  func(t *testing.T, db *sql.DB)
@@ -286,6 +289,7 @@ func mustExec(t *testing.T, db *sql.DB, q string, args ...any) {
 }
 
 func TestMetricsAndHealth(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	mustRun(t, "status", "--data", dir)
@@ -318,6 +322,7 @@ func TestMetricsAndHealth(t *testing.T) {
 }
 
 func TestAuthorityRefusesBadSetups(t *testing.T) {
+	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -367,6 +372,7 @@ func TestAuthorityRefusesBadSetups(t *testing.T) {
 }
 
 func TestDev(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "dev-data")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -420,6 +426,7 @@ func TestDev(t *testing.T) {
 // it) are reported by audit verify, and the authority refuses to start on
 // the shorter chain rather than reuse their sequence numbers.
 func TestAuditCatchesACutTail(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	for i := 0; i < 3; i++ {

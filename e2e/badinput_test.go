@@ -31,6 +31,7 @@ func operatorAdmin(t *testing.T, dir, addr string) musterv1.AdminServiceClient {
 // renewal could match, and an audit page size out of range, are refused
 // with INVALID_ARGUMENT and a reason, audited, and change nothing.
 func TestAdminInputsAreBounded(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	auth := startAuthority(t, dir)
 	c := operatorAdmin(t, dir, auth.addr)
@@ -75,6 +76,7 @@ func TestAdminInputsAreBounded(t *testing.T) {
 // never a failed handshake (which clients see as UNAVAILABLE) nor taken as
 // an anonymous bootstrap.
 func TestClientCertificateRefusals(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	h, err := ca.Load(filepath.Join(e.dir, "ca"))
 	if err != nil {
@@ -139,6 +141,7 @@ func (rawCodec) Name() string                  { return "proto" }
 // method UNIMPLEMENTED; each is audited as a refusal, which Refusals
 // aggregates under a flood.
 func TestUnreadableRequestsAreRefusedAndAudited(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	conn := e.dial(t, nil)
 	call := func(method string, body []byte) error {
@@ -179,6 +182,7 @@ func TestUnreadableRequestsAreRefusedAndAudited(t *testing.T) {
 // is INVALID_ARGUMENT and audited (successful reads are not), a pasted
 // token secret redacted.
 func TestAdminReadRefusalsAreAudited(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	auth := startAuthority(t, dir)
 	c := operatorAdmin(t, dir, auth.addr)

@@ -266,6 +266,7 @@ func logField(t *testing.T, p *proc, msg, key string) string {
 // the one bench.seed record, and the authority still joining and renewing.
 // A running authority's directory is refused.
 func TestBenchSeed(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "60", "--nodes", "12", "--batch", "25", "-o", "json")
 	if r.code != 0 {

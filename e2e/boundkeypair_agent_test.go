@@ -63,6 +63,7 @@ func recoveryCount(t *testing.T, dir, name string) int64 {
 // the registration secret in the joining URI, which makes the key and
 // leaves no secret in agent.yaml.
 func TestBoundKeypairAgent(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 
 	adir := filepath.Join(t.TempDir(), "agent")

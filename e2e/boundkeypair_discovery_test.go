@@ -19,6 +19,7 @@ import (
 // authority's address. A listing whose root is not the pinned one gets
 // nothing: the registration secret is still unused afterwards.
 func TestBoundKeypairThroughDiscovery(t *testing.T) {
+	t.Parallel()
 	e := newReferralEnv(t, "", "--agent-cert-ttl", "6s")
 	if msg := mustFail(t, "bot", "add", "runner", "--discovery", "no-port", "--data", e.dir); !strings.Contains(msg, "--discovery") {
 		t.Fatalf("bot add with a bad discovery address: %s", msg)

@@ -18,6 +18,7 @@ import (
 // token to the key the agent's join state names, audited with both keys;
 // both keep refreshing afterwards, and no secret is issued again.
 func TestBoundKeypairRestoreRebind(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "runner")

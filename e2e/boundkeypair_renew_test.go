@@ -25,6 +25,7 @@ import (
 // token is deleted, agent renew and agent run both fail NOT_FOUND, as the
 // operator guide's table says. On both stores.
 func TestBoundKeypairRenewEndsWithTheToken(t *testing.T) {
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) { renewEndsWithTheToken(t, newAgentEnv(t, "--agent-cert-ttl", "6s")) })
 	t.Run("postgres", func(t *testing.T) {
 		url := postgres(t)
@@ -91,6 +92,7 @@ func renewEndsWithTheToken(t *testing.T, e *agentEnv) {
 // (the operator guide: delete the token and bot add again), and keeps no
 // certificate.
 func TestBoundKeypairSpentSecret(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	var reg botInfo
 	if err := json.Unmarshal([]byte(mustRun(t, "bot", "add", "builder", "--data", e.dir, "-o", "json")), &reg); err != nil {

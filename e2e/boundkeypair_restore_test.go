@@ -50,6 +50,7 @@ func keypairFile(t *testing.T, adir string) (pubLine, keyFile string) {
 // pre-restore document is then refused and locks the token; after `resync
 // close` the window is shut.
 func TestBoundKeypairRestore(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "agent")

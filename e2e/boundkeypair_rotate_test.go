@@ -24,6 +24,7 @@ import (
 // lost (old bound.key, new key pending, the authority bound the new one)
 // falls back to the pending key.
 func TestBoundKeypairRotation(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	adir := filepath.Join(t.TempDir(), "agent")
 	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))

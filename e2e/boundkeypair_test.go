@@ -64,6 +64,7 @@ func botOf(t *testing.T, out string) botInfo {
 // binary; recoveries with the join state until the budget is spent; a
 // stale join state locks the token.
 func TestBoundKeypairEndToEnd(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	conn := e.dial(t, nil)
 

@@ -20,6 +20,7 @@ import (
 // certificate comes from the newest agent intermediate, and openssl checks
 // it against the root. It waits for two rotations: about 3 minutes.
 func TestIntermediatesRotateUnderARunningAgent(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--ca-intermediate-ttl", "2m", "--agent-cert-ttl", "10s")
 	tok := e.createToken(t)
 	adir := filepath.Join(t.TempDir(), "agent")

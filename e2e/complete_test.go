@@ -32,6 +32,7 @@ func completions(t *testing.T, args ...string) ([]string, string) {
 // was typed; with no authority to ask, nothing completes and nothing is
 // printed for the shell to show.
 func TestShellCompletionFromTheAuthority(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	tok2 := e.createToken(t)

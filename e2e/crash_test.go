@@ -93,6 +93,7 @@ func freePort(t *testing.T) string {
 // token counts one recovery per instance it made (so none twice from one
 // join state) and its bound key is one its client offered.
 func TestAuthorityCrashConsistency(t *testing.T) {
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) { crashConsistency(t, "") })
 	t.Run("postgres", func(t *testing.T) { crashConsistency(t, postgres(t)) })
 }
@@ -404,6 +405,7 @@ func (c *crashRun) rotate(t *testing.T) {
 // finished, or loading the identity it has), and the identity it holds is
 // one the authority issued and still renews.
 func TestAgentCrashConsistency(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	rounds := 6
 	// outcomes counts what each kill left behind, so the log shows the

@@ -78,6 +78,7 @@ func servedKeys(t *testing.T, p *discoveryProc) []string {
 }
 
 func TestDiscovery(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "discovery")
 	p := startDiscovery(t, dir)
 
@@ -188,6 +189,7 @@ func TestDiscovery(t *testing.T) {
 }
 
 func TestDiscoveryRefusals(t *testing.T) {
+	t.Parallel()
 	empty := filepath.Join(t.TempDir(), "none")
 	for _, args := range [][]string{
 		{"discovery", "show", "--data", empty},
@@ -215,6 +217,7 @@ func TestDiscoveryRefusals(t *testing.T) {
 // TestDiscoveryLookupRegisteredAuthority runs an authority registered with
 // discovery, and looks it up through the CLI.
 func TestDiscoveryLookupRegisteredAuthority(t *testing.T) {
+	t.Parallel()
 	adir, init := initDir(t)
 	d := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"), allowing(init)...)
 	startAuthority(t, adir, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint)

@@ -35,6 +35,7 @@ func discoveryAudit(t *testing.T, dir string, extra ...string) []discoveryAuditR
 // TestDiscoveryAudit reads and verifies discovery's own audit chain while
 // discovery runs, then catches an edit made in its database.
 func TestDiscoveryAudit(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "discovery")
 	d := startDiscovery(t, dir)
 
@@ -113,6 +114,7 @@ func TestDiscoveryAudit(t *testing.T) {
 // records removed after a kill -9, or by whoever can write the store),
 // rather than reuse their sequence numbers; audit verify names the cut.
 func TestDiscoveryRefusesACutChain(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "discovery")
 	d := startDiscovery(t, dir)
 	for _, id := range []string{"nobody-aaaaaa", "nobody-bbbbbb", "nobody-cccccc"} {

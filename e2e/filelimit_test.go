@@ -13,6 +13,7 @@ import (
 // systemd unit, a container's ulimit) logs the cap it applies from its own
 // limit, and --check-config says that the limit it printed is its own.
 func TestCapFollowsTheServicesFileLimit(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	check := mustRun(t, "authority", "--data", dir, "--check-config")
 	if !strings.Contains(check, "open_file_limit:") || !strings.Contains(check, "this command's: the authority reads its own at start") {

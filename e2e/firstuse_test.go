@@ -25,6 +25,7 @@ import (
 // A second authority on a data directory refuses to start, naming the
 // running one, instead of overwriting its authority.addr.
 func TestSecondAuthorityOnADirectoryRefuses(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	defer a.stop(t)
@@ -40,6 +41,7 @@ func TestSecondAuthorityOnADirectoryRefuses(t *testing.T) {
 // StateDirectory= and Kubernetes volumes give, and init still refuses it
 // once it holds an authority.
 func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "state")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -86,6 +88,7 @@ func devBanner(t *testing.T, dir string, extra ...string) string {
 // muster dev's banner does not tell the user to start the authority it
 // runs, and its PSK step is one line and the command.
 func TestDevBanner(t *testing.T) {
+	t.Parallel()
 	out := devBanner(t, filepath.Join(t.TempDir(), "dev"), "--discovery-listen", "127.0.0.1:0")
 	if strings.Contains(out, "muster authority") {
 		t.Errorf("dev banner tells the user to start an authority:\n%s", out)
@@ -102,6 +105,7 @@ func TestDevBanner(t *testing.T) {
 
 // A not-found error names what is missing, not only "not found".
 func TestNotFoundNamesTheMissingThing(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	defer a.stop(t)
@@ -122,6 +126,7 @@ func TestNotFoundNamesTheMissingThing(t *testing.T) {
 
 // Every delete command prints what it deleted with -o json.
 func TestDeleteCommandsPrintJSON(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	adir := filepath.Join(t.TempDir(), "agent")
@@ -153,6 +158,7 @@ func TestDeleteCommandsPrintJSON(t *testing.T) {
 // create is gitignored, like muster-data, so trying muster in a checkout
 // leaves no secrets to commit.
 func TestQuickStartPathsAreGitignored(t *testing.T) {
+	t.Parallel()
 	cwd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
@@ -182,6 +188,7 @@ func TestQuickStartPathsAreGitignored(t *testing.T) {
 // the RPC's comment say: the repeat of a single-use token's join is
 // refused, where the same join with a CSR gets its certificate again.
 func TestJoinWithoutCSRIsNotRetrySafe(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	tok := e.token(t)
 	req := &musterv1.ExchangeJoinTokenRequest{JoinToken: tok, NodeId: "keystore"}
@@ -195,6 +202,7 @@ func TestJoinWithoutCSRIsNotRetrySafe(t *testing.T) {
 // A token join pointed at a server that is not an authority (here the
 // discovery service) says so, instead of "UNIMPLEMENTED: unknown service".
 func TestTokenJoinAtANonAuthority(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	disc := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
@@ -229,6 +237,7 @@ func (l *lockedBuffer) String() string {
 // discovery. dev logs JSON where its standard error is not a terminal, as
 // the authority and the agent do (startCmd waits for a JSON record).
 func TestDevBannerStepsRunAsPrinted(t *testing.T) {
+	t.Parallel()
 	work := t.TempDir()
 	cmd := exec.Command(musterBin, "dev", "--data", filepath.Join(work, "muster-data"), "--listen", "127.0.0.1:0",
 		"--metrics-listen", "", "--discovery-listen", "127.0.0.1:0")
@@ -294,6 +303,7 @@ func TestDevBannerStepsRunAsPrinted(t *testing.T) {
 // psk show --raw prints the active PSK alone, which --psk-file reads, and
 // is refused beside -o.
 func TestPSKShowRaw(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	a := startAuthority(t, dir)
 	defer a.stop(t)
@@ -309,6 +319,7 @@ func TestPSKShowRaw(t *testing.T) {
 // authority's), and an agent refuses an authority's or a discovery
 // service's directory however it is named (issue 25, item 16).
 func TestAgentDataIsNotTheAuthoritys(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	tok := e.createToken(t)
 	before := dirListing(t, e.dir)
@@ -363,6 +374,7 @@ func dirListing(t *testing.T, dir string) string {
 // lock's pid), or on its ports — instead of a bare "address already in
 // use" (issue 25, item 19).
 func TestSecondDevSaysOneRuns(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "dev")
 	out := devBanner(t, dir, "--discovery-listen", "127.0.0.1:0")
 	line := mustFail(t, "dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--discovery-listen", "127.0.0.1:0")
@@ -384,6 +396,7 @@ func TestSecondDevSaysOneRuns(t *testing.T) {
 // version does not read "muster dev"; agents delete does not promise a
 // new token to every node.
 func TestFirstUseMessages(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	defer a.stop(t)
@@ -408,6 +421,7 @@ func TestFirstUseMessages(t *testing.T) {
 // Restart=on-failure, the package User=muster and Restart=on-abnormal), and
 // it runs as its own user, not the authority's.
 func TestGuideAgentUnitIsThePackagedOne(t *testing.T) {
+	t.Parallel()
 	unit, err := os.ReadFile("../packaging/systemd/muster-agent.service")
 	if err != nil {
 		t.Fatal(err)

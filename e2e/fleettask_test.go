@@ -16,6 +16,7 @@ import (
 // and a node joined with another label is not sent one. Before, the send
 // was refused ("target too large").
 func TestLabelTaskReachesAFleet(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	for _, seed := range [][]string{{"--tokens", "1500", "--nodes", "1500", "--label", "pool=gpu"}, {"--tokens", "200", "--nodes", "200", "--label", "pool=web"}} {
 		if r := muster(t, nil, append([]string{"bench", "seed", "--data", dir}, seed...)...); r.code != 0 {

@@ -15,6 +15,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,14 +26,36 @@ import (
 
 var musterBin string
 
+// e2eParallel is how many tests that call t.Parallel run at once by
+// default (TestMain). They wait more than they compute (the whole package
+// used about 130 s of CPU in 400-700 s), but not more: on a two-core
+// machine shared with other builds (load 15-40), 32 at once made the
+// tests whose agents hold 6-second certificates miss their renewals and
+// a 4-second PSK grace pass before its joins. With 8 the package took
+// 407 s there, against 710 s one test at a time; Go starts the waiting
+// tests in no set order, so the longest (three minutes of CA rotations)
+// may start after others.
+const e2eParallel = 8
+
 func TestMain(m *testing.M) {
 	// These tests drive the real binary through rotations, outages and
-	// restarts, one after the other; under -race on two cores they take
+	// restarts; under -race on two cores, one after the other, they took
 	// longer than go test's default 10 minutes. A -timeout other than the
 	// default still wins.
 	flag.Parse()
 	if f := flag.Lookup("test.timeout"); f != nil && f.Value.String() == (10*time.Minute).String() {
 		if err := f.Value.Set((40 * time.Minute).String()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	// Most tests wait on timers (rotations, outages, certificate
+	// lifetimes), not on the CPU: they call t.Parallel, and up to
+	// e2eParallel of them run at once, not go test's default of one per
+	// core (two in CI, where the waits added up to over ten minutes). A
+	// -parallel other than the default still wins.
+	if f := flag.Lookup("test.parallel"); f != nil && f.Value.String() == strconv.Itoa(runtime.GOMAXPROCS(0)) {
+		if err := f.Value.Set(strconv.Itoa(max(e2eParallel, runtime.GOMAXPROCS(0)))); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

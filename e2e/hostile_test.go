@@ -191,6 +191,7 @@ func rawStream(ctx context.Context, conn *grpc.ClientConn, method string, body [
 // badinput_test.go and the check-order tables of join_test.go and
 // psk_join_test.go, which it does not repeat.
 func TestHostileRequests(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	e := &joinEnv{dir: dir, auth: startAuthority(t, dir, "--trusted-proxy", "127.0.0.1")}
 	e.setup(t)

@@ -32,6 +32,7 @@ func readCert(t *testing.T, path string) *x509.Certificate {
 }
 
 func TestInitCreatesTheHierarchy(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t, "--name", "prod")
 	root := readCert(t, filepath.Join(dir, "ca", "root.crt"))
 
@@ -94,6 +95,7 @@ func TestInitCreatesTheHierarchy(t *testing.T) {
 }
 
 func TestInitKeepsThePSKEncrypted(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	secret := strings.TrimPrefix(out["bootstrap_psk"].(string), "muster-psk:")
 	raw, _ := hex.DecodeString(secret)
@@ -137,6 +139,7 @@ func snapshot(t *testing.T, dir string) map[string]string {
 }
 
 func TestInitRefusals(t *testing.T) {
+	t.Parallel()
 	t.Run("already initialised", func(t *testing.T) {
 		dir, _ := initDir(t)
 		before := snapshot(t, dir)

@@ -147,6 +147,7 @@ func wantCode(t *testing.T, err error, code codes.Code, msg string) {
 // TestExchangeCheckOrder walks DESIGN.md's table of refusals in order: each
 // case fails exactly one check, and gets that check's code.
 func TestExchangeCheckOrder(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	good := e.token(t, "--uses", "5")
 	id := good[:6]
@@ -210,6 +211,7 @@ func TestExchangeCheckOrder(t *testing.T) {
 // TestExchangeRace: many exchanges at once on a k-use token give exactly k
 // certificates.
 func TestExchangeRace(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	const k, n = 3, 16
 	tok := e.token(t, "--uses", "3")
@@ -240,6 +242,7 @@ func TestExchangeRace(t *testing.T) {
 }
 
 func TestExchangeRetryAndKeystore(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	tok := e.token(t)
 	_, csr := newCSR(t)
@@ -295,6 +298,7 @@ func TestExchangeRetryAndKeystore(t *testing.T) {
 }
 
 func TestTrustBundle(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	tok := e.token(t)
 	parsed, _ := jointoken.Parse(tok)
@@ -322,6 +326,7 @@ func TestTrustBundle(t *testing.T) {
 }
 
 func TestRenewalGenerationsAndCopies(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	gen0, _ := e.join(t, e.token(t), "n1")
 
@@ -368,6 +373,7 @@ func TestRenewalGenerationsAndCopies(t *testing.T) {
 func must2[A, B any](_ A, b B) B { return b }
 
 func TestNodeLifecycle(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	tok := e.token(t, "--uses", "2", "--node", "n1")
 	first, _ := e.join(t, tok, "n1")
@@ -444,6 +450,7 @@ func TestBootstrapRateLimit(t *testing.T) {
 }
 
 func TestTokenCommands(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	out := mustRun(t, "token", "create", "--data", e.dir, "--description", "rack 4", "--label", "env=prod", "--uses", "2")
 	if !strings.Contains(out, "muster+token://") || !strings.Contains(out, "fingerprint=sha256") {
@@ -476,6 +483,7 @@ func TestTokenCommands(t *testing.T) {
 // TestLocksRefuseRenewal: a lock on the node, the instance or the token
 // that admitted it stops renewals, and deleting the lock lets them go on.
 func TestLocksRefuseRenewal(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	for _, kind := range []string{"node", "instance", "token"} {
 		t.Run(kind, func(t *testing.T) {
@@ -499,6 +507,7 @@ func TestLocksRefuseRenewal(t *testing.T) {
 // audited as a renewal (not as a refused API call) naming the lock on the
 // node, the first of its targets, every time.
 func TestLockedRenewalNamesOneLock(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	tok := e.token(t)
 	id, resp := e.join(t, tok, "twice-locked")
@@ -531,6 +540,7 @@ func TestLockedRenewalNamesOneLock(t *testing.T) {
 // an ID is wanted is refused or cut to its ID, and never reaches the audit
 // log.
 func TestLocksOnKeysAndPastedSecrets(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	_, csr := newCSR(t)
 	id, _ := e.join(t, e.token(t), "keyed")

@@ -23,6 +23,7 @@ import (
 // and an agent that presents its whole chain, as agents before this did,
 // still renews.
 func TestAuthorityNamesItsClientIntermediates(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	h, err := ca.Load(filepath.Join(e.dir, "ca"))
 	if err != nil {

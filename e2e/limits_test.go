@@ -89,6 +89,7 @@ func headersAccepted(t *testing.T, addr, path string, padding int) bool {
 // handler runs; a request with small metadata still gets its answer.
 // (Discovery serves gRPC through net/http, whose MaxHeaderBytes caps it.)
 func TestHeaderListIsCapped(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t, "--bootstrap-listen", "127.0.0.1:0")
 	disc := startDiscovery(t, filepath.Join(t.TempDir(), "discovery"))
 	for _, tt := range []struct{ name, addr, path string }{
@@ -109,6 +110,7 @@ func TestHeaderListIsCapped(t *testing.T) {
 // its TLS handshake is disconnected after the handshake timeout (10 s),
 // not held for gRPC's default two minutes.
 func TestSilentConnectionIsClosed(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	auth := startAuthority(t, dir)
 	c, err := net.Dial("tcp", auth.addr)

@@ -17,6 +17,7 @@ import (
 // or a page token that is not one it issued for that list, with
 // INVALID_ARGUMENT and an audited refusal.
 func TestListsArePaged(t *testing.T) {
+	t.Parallel()
 	const tokens, nodes = 3000, 300
 	dir, _ := initDir(t)
 	if r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "3000", "--nodes", "300"); r.code != 0 {

@@ -12,6 +12,7 @@ import (
 // generated PSK) is invalid, and bare hex without the muster-psk: prefix
 // may be another secret pasted in the wrong place.
 func TestAgentRefusesUnusablePSKs(t *testing.T) {
+	t.Parallel()
 	fp := "sha256:" + strings.Repeat("ab", 32)
 	for _, tt := range []struct{ name, key, want string }{
 		{"all zeros", "muster-psk:" + strings.Repeat("0", 64), "PSK is invalid"},
@@ -49,6 +50,7 @@ func startRefused(t *testing.T, dir string, extra []string, want ...string) {
 // started without --store (which used to create an empty muster.db and
 // serve from it).
 func TestAuthorityRefusesAnotherStore(t *testing.T) {
+	t.Parallel()
 	lite, _ := initDir(t)
 	startRefused(t, lite, []string{"--store", postgres(t)}, "holds no authority", "--store it was initialised with")
 
@@ -80,6 +82,7 @@ func TestAuthorityRefusesAnotherStore(t *testing.T) {
 // creates the parents 0700 (private, as the data directory itself) and
 // the authority starts from it; a refused init leaves no parent behind.
 func TestInitCreatesMissingParents(t *testing.T) {
+	t.Parallel()
 	base := t.TempDir()
 	dir := filepath.Join(base, "a", "b", "c")
 	mustRun(t, "init", "--data", dir)

@@ -18,6 +18,7 @@ import (
 // it back (admin add --offline beside the running authority) with the
 // audit chain intact.
 func TestOperatorIdentityLifecycle(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	bob := filepath.Join(t.TempDir(), "bob.pem")

@@ -115,13 +115,14 @@ func TestDatabaseOutage(t *testing.T) {
 // each such end instead of doubling its wait (before, the waits grew to 16
 // s and more, and agents went 25 s without a stream).
 func TestStreamEndsWithItsCertificate(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "8s")
 	adir := filepath.Join(t.TempDir(), "agent")
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "short", e.createToken(t).URI); r.code != 0 {
 		t.Fatalf("agent join: exit %d\n%s", r.code, r.stderr)
 	}
 	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
-	waitFor(t, 45*time.Second, "five streams ended with their certificates", func() bool {
+	waitFor(t, 90*time.Second, "five streams ended with their certificates", func() bool {
 		return strings.Count(e.auth.Logs(), "agent stream closed: certificate expired") >= 5
 	})
 	for _, l := range strings.Split(grepLines(ag.Logs(), "stream to the authority closed"), "\n") {

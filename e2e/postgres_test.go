@@ -30,6 +30,7 @@ func postgres(t *testing.T) string {
 // PostgreSQL database, the authority runs on it, agents join and renew,
 // and the audit chain and its checkpoints verify.
 func TestAuthorityOnPostgres(t *testing.T) {
+	t.Parallel()
 	url := postgres(t)
 	dir := filepath.Join(t.TempDir(), "authority")
 	out := mustRun(t, "init", "--data", dir, "--store", url)

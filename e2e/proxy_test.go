@@ -18,6 +18,7 @@ func (e *joinEnv) dialViaProxy(t *testing.T, client string) musterv1.BootstrapSe
 }
 
 func TestTrustedProxyNamesTheSource(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t, "--trusted-proxy", "127.0.0.1")
 	_, err := e.dialViaProxy(t, "198.51.100.7").ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{
 		JoinToken: "zzzzzz.0123456789abcdef", NodeId: "n1"})
@@ -32,6 +33,7 @@ func TestTrustedProxyNamesTheSource(t *testing.T) {
 }
 
 func TestUntrustedProxyHeaderIsRefused(t *testing.T) {
+	t.Parallel()
 	e := newJoinEnv(t)
 	_, err := e.dialViaProxy(t, "198.51.100.7").ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{
 		JoinToken: "zzzzzz.0123456789abcdef", NodeId: "n1"})

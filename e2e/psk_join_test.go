@@ -54,6 +54,7 @@ func auditJoins(t *testing.T, dir string) string {
 }
 
 func TestPSKJoin(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	e := &agentEnv{dir: dir, auth: startAuthority(t, dir)}
 	e.authorityID, _ = init["authority_id"].(string)
@@ -177,6 +178,7 @@ func nodeCSR(t *testing.T, cn string) (*ecdsa.PrivateKey, []byte) {
 // TestPSKBootstrapCheckOrder walks the PSK bootstrap's checks in order,
 // and its retry rule, at the RPC.
 func TestPSKBootstrapCheckOrder(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	e := &joinEnv{dir: dir, auth: startAuthority(t, dir, "--bootstrap-listen", "127.0.0.1:0")}
 	e.setup(t)
@@ -258,6 +260,7 @@ func TestPSKBootstrapCheckOrder(t *testing.T) {
 // TestAgentRunJoinsWithPSK: agent run joins from MUSTER_AUTHORITY,
 // MUSTER_CA_FINGERPRINT, MUSTER_BOOTSTRAP_PSK and MUSTER_NODE_ID alone.
 func TestAgentRunJoinsWithPSK(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	auth := startAuthority(t, dir)
 	adir := filepath.Join(t.TempDir(), "agent")

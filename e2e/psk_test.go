@@ -49,6 +49,7 @@ func rotatePSK(t *testing.T, dir string, args ...string) pskRotate {
 }
 
 func TestPSKShowAndRotate(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	startAuthority(t, dir)
 	initPSK := init["bootstrap_psk"].(string)
@@ -160,6 +161,7 @@ func TestPSKShowAndRotate(t *testing.T) {
 // A grace PSK whose grace has ended is revoked by the next read, whether or
 // not the cleaner has run, and the revocation is audited.
 func TestPSKGraceEndsLazily(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	startAuthority(t, dir)
 	r := rotatePSK(t, dir, "--grace", "1s")

@@ -93,6 +93,7 @@ func (e *referralEnv) mustJoin(t *testing.T, node string) string {
 // and the ticket to the authority. Discovery, authority and agent are
 // separate processes.
 func TestReferralJoin(t *testing.T) {
+	t.Parallel()
 	e := newReferralEnv(t, "")
 
 	adir := e.mustJoin(t, "n1")
@@ -148,6 +149,7 @@ func TestReferralJoin(t *testing.T) {
 // and its daily quota counts the joins the authority reported, not the
 // tickets handed out.
 func TestReferralPolicy(t *testing.T) {
+	t.Parallel()
 	e := newReferralEnv(t, `discovery:
   policy:
     denied_node_id_patterns: ["bad-.*"]
@@ -184,6 +186,7 @@ func TestReferralPolicy(t *testing.T) {
 // compromised discovery or any other server of the fleet) receives nothing:
 // the agent refuses it in the handshake.
 func TestReferralImpostorGetsNoPSK(t *testing.T) {
+	t.Parallel()
 	dir, init := initDir(t)
 	h, err := ca.Load(filepath.Join(dir, "ca"))
 	if err != nil {
@@ -243,6 +246,7 @@ func TestReferralImpostorGetsNoPSK(t *testing.T) {
 // TestPSKOptionalMigration: bootstrap.psk_required false admits agents on
 // a ticket alone until psk_optional_until, and only with discovery.
 func TestPSKOptionalMigration(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	line := mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "",
 		"--psk-required=false", "--psk-optional-until", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
@@ -275,6 +279,7 @@ func TestPSKOptionalMigration(t *testing.T) {
 // with a ticket from either, and a key rotated through the store is served
 // by both.
 func TestDiscoveryReplicasOnPostgres(t *testing.T) {
+	t.Parallel()
 	url := postgres(t)
 	dir, init := initDir(t)
 	ddir := filepath.Join(t.TempDir(), "discovery")
@@ -313,6 +318,7 @@ func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 // down, by an authority killed before it could report, still counts toward
 // the daily quota once both are back.
 func TestReferralReportSurvivesCrash(t *testing.T) {
+	t.Parallel()
 	e := newReferralEnv(t, "discovery:\n  policy:\n    new_agents_per_day: 1\n")
 	j := &joinEnv{dir: e.dir, auth: e.auth}
 	j.setup(t)

@@ -106,6 +106,7 @@ func (ss *secretSet) scan(t *testing.T, where string, what []byte) {
 // their purpose. agent.yaml is not read (it holds a token before the
 // join; the agent tests check it no longer does after).
 func TestNoSecretLeaks(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	var ss secretSet
 	// outputs are the stdout and stderr of every command run, none of

@@ -66,6 +66,7 @@ func wantSigners(t *testing.T, dir string, want map[string]string, version int64
 // back inside its grace and its signer revoked; refusals name the rule;
 // every step is in the audit chain as node_task_signer.*.
 func TestSignerLifecycle(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	startAuthority(t, dir)
 
@@ -136,6 +137,7 @@ func TestSignerLifecycle(t *testing.T) {
 // signers, as one made before signers existed, and finds the first signer
 // created at start; signer.min_lead_time from authority.yaml applies.
 func TestSignerCreatedOnUpgrade(t *testing.T) {
+	t.Parallel()
 	dir, _ := initDir(t)
 	db := filepath.Join(dir, "muster.db")
 	if out, err := exec.Command("sqlite3", db, "DELETE FROM signers; UPDATE signer_set SET version = 0;").CombinedOutput(); err != nil {

@@ -15,6 +15,7 @@ import (
 // past it and publishes version 3, signed by v1, which the agent takes on
 // its stream: it then trusts v1 alone (the lost staged key is gone).
 func TestRestoredStoreFollowsAgents(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	addr := e.auth.addr
 	adir := joinAgent(t, e, "restored")

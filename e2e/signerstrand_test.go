@@ -214,6 +214,7 @@ func TestEmergencyRevocationRevokes(t *testing.T) {
 // takes about a minute; an agent running meanwhile takes the rotate task
 // by that lead time.
 func TestAgentOfflineAcrossARotation(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	if err := os.WriteFile(filepath.Join(dir, "authority.yaml"), []byte("signer:\n  min_lead_time: 1m\n"), 0o600); err != nil {
 		t.Fatal(err)

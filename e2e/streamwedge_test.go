@@ -101,6 +101,7 @@ func TestNonReadingStreamClosedByLock(t *testing.T) {
 // ABORTED, and the replacement is audited; 50 streams opened by one
 // identity leave one open (before, all 50 stayed).
 func TestOneStreamPerAgent(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	adir := filepath.Join(t.TempDir(), "many")
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "many", e.createToken(t).URI); r.code != 0 {

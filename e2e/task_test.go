@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,7 @@ func results(t *testing.T, dir, taskID string) map[string]auditRec {
 // report and a custom task go out, the custom one running only where a
 // handler is configured.
 func TestTaskRotationAcrossAgents(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	dirs := map[string]string{}
 	for _, n := range []string{"a1", "a2", "a3"} {
@@ -94,6 +96,9 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "a1", "-o", "json")), &sent); err != nil || len(sent.NodeIDs) != 1 {
 		t.Fatalf("task send: %+v %v", sent, err)
+	}
+	if want := "task " + sent.TaskID + " node.report to 1 node"; !slices.ContainsFunc(auditOf(t, e.dir, "task.send"), func(r auditRec) bool { return r.Target == want }) {
+		t.Errorf("no task.send audited as %q: %+v", want, auditOf(t, e.dir, "task.send"))
 	}
 	waitFor(t, 10*time.Second, "node.report answered", func() bool {
 		r := results(t, e.dir, sent.TaskID)["a1"]

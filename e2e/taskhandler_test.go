@@ -29,6 +29,7 @@ func sendTask(t *testing.T, dir string, args ...string) string {
 // at its time limit, its child killed with it (before, tasks ran inline in
 // the stream's receive loop, and the answer waited for the child's end).
 func TestTaskHandlerHungWithChild(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	adir := filepath.Join(t.TempDir(), "h1")
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "h1", e.createToken(t).URI); r.code != 0 {
@@ -84,6 +85,7 @@ func TestTaskHandlerHungWithChild(t *testing.T) {
 // nor the task.result audit record (before, handlers inherited the agent's
 // whole environment).
 func TestTaskHandlerEnvironment(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	initPSK := showPSKs(t, e.dir).Active.PSK
 	adir := filepath.Join(t.TempDir(), "env1")

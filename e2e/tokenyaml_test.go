@@ -34,6 +34,7 @@ func guideTokenYAML(t *testing.T) string {
 // unchanged; an edit of it (a raised limit) applies; and a misspelt key is
 // named with the keys valid there, not with a Go type.
 func TestTokenYAMLRoundTrip(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	file := filepath.Join(t.TempDir(), "token.yaml")
 	write := func(s string) {

@@ -153,7 +153,7 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		if err != nil {
 			return nil, "", signedRefusal(err)
 		}
-		return sendAnswer([]task.Envelope{env}, n, listed), fmt.Sprintf("task %s %s to %d nodes", env.TaskID, req.TaskType, n), nil
+		return sendAnswer([]task.Envelope{env}, n, listed), fmt.Sprintf("task %s %s to %s", env.TaskID, req.TaskType, nodeCount(n)), nil
 	}
 	nodes, err := a.s.nodesFor(ctx, target)
 	if err != nil {
@@ -180,11 +180,19 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	if err != nil {
 		return nil, "", signedRefusal(err)
 	}
-	what := fmt.Sprintf("task %s %s to %d nodes", envs[0].TaskID, req.TaskType, len(nodes))
+	what := fmt.Sprintf("task %s %s to %s", envs[0].TaskID, req.TaskType, nodeCount(len(nodes)))
 	if len(envs) > 1 {
-		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %d nodes", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, len(nodes))
+		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %s", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, nodeCount(len(nodes)))
 	}
 	return sendAnswer(envs, len(nodes), nodes[:min(len(nodes), maxListedNodes)]), what, nil
+}
+
+// nodeCount is "1 node" or "N nodes", for audit targets.
+func nodeCount(n int) string {
+	if n == 1 {
+		return "1 node"
+	}
+	return fmt.Sprintf("%d nodes", n)
 }
 
 // signedRefusal refuses a task that, signed, is larger than an agent
@@ -239,7 +247,7 @@ func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor 
 		if err != nil {
 			return err
 		}
-		_ = s.recordAudit(ctx, audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %d nodes", env.TaskID, env.TaskType, n),
+		_ = s.recordAudit(ctx, audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %s", env.TaskID, env.TaskType, nodeCount(n)),
 			Result: audit.ResultOK, Reason: "rollout of signer " + staged.VersionID})
 		return nil
 	}()
