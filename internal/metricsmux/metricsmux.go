@@ -5,6 +5,7 @@ package metricsmux
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -12,6 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
+
+// Reason is a ready error whose text /readyz may show (others are
+// answered "store unavailable", their text kept from the network).
+type Reason string
+
+func (r Reason) Error() string { return string(r) }
 
 // readyTimeout bounds the store check of /readyz.
 const readyTimeout = 2 * time.Second
@@ -28,7 +35,12 @@ func New(reg *prometheus.Registry, ready func(ctx context.Context) error) http.H
 		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
 		defer cancel()
 		if err := ready(ctx); err != nil {
-			http.Error(w, "store unavailable", http.StatusServiceUnavailable)
+			msg := "store unavailable"
+			var r Reason
+			if errors.As(err, &r) {
+				msg = string(r)
+			}
+			http.Error(w, msg, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
