@@ -46,11 +46,13 @@ const PKCS11Build = true
 type Token struct {
 	mod  *pkcs11.Ctx
 	uri  PKCS11URI
-	pin  string
 	sem  chan struct{}
 	idle chan pkcs11.SessionHandle
 
 	mu         sync.Mutex
+	pin        string
+	pinRefused error // the token refused the PIN: never log in again
+	openFails  bool  // set by tests: the token is out
 	slot       uint
 	down       error // why the token is unusable, nil when it is fine
 	recovering bool
@@ -131,16 +133,29 @@ func (t *Token) findSlot() (uint, error) {
 // the session: after the last session closes it must log in again).
 func (t *Token) open() (pkcs11.SessionHandle, error) {
 	t.mu.Lock()
-	slot := t.slot
+	slot, pin, refused, out := t.slot, t.pin, t.pinRefused, t.openFails
 	t.mu.Unlock()
+	if refused != nil {
+		return 0, refused
+	}
+	if out {
+		return 0, fmt.Errorf("custody: opening a PKCS#11 session: %w", pkcs11.Error(pkcs11.CKR_TOKEN_NOT_PRESENT))
+	}
 	sh, err := t.mod.OpenSession(slot, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
 	if err != nil {
 		return 0, fmt.Errorf("custody: opening a PKCS#11 session: %w", err)
 	}
-	if err := t.mod.Login(sh, pkcs11.CKU_USER, t.pin); err != nil && !errors.Is(err, pkcs11.Error(pkcs11.CKR_USER_ALREADY_LOGGED_IN)) {
+	if err := t.mod.Login(sh, pkcs11.CKU_USER, pin); err != nil && !errors.Is(err, pkcs11.Error(pkcs11.CKR_USER_ALREADY_LOGGED_IN)) {
 		t.mod.CloseSession(sh)
-		if errors.Is(err, pkcs11.Error(pkcs11.CKR_PIN_INCORRECT)) {
-			return 0, fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong", t.uri.Token)
+		if errors.Is(err, pkcs11.Error(pkcs11.CKR_PIN_INCORRECT)) || errors.Is(err, pkcs11.Error(pkcs11.CKR_PIN_LOCKED)) {
+			// Never tried again: an HSM locks its user PIN after a few
+			// wrong ones. The authority must be restarted with the right
+			// PIN.
+			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: restart the authority with the right PIN", t.uri.Token, err)
+			t.mu.Lock()
+			t.pinRefused = err
+			t.mu.Unlock()
+			return 0, err
 		}
 		return 0, fmt.Errorf("custody: logging in to PKCS#11 token %q: %w", t.uri.Token, err)
 	}
@@ -227,6 +242,10 @@ func (t *Token) recover() {
 			return
 		}
 		t.down = err
+		if t.pinRefused != nil {
+			t.mu.Unlock()
+			return
+		}
 		t.mu.Unlock()
 		wait = min(wait*2, reconnectBackoffMax)
 	}

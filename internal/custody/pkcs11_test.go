@@ -281,3 +281,77 @@ func TestPKCS11RefusesAnOpenPINFileAndAWrongPIN(t *testing.T) {
 	}
 	tk.Close()
 }
+
+// Sessions lost while the token is out: signing fails with
+// ErrUnavailable and Ready says why, without a crash, until the
+// background re-open (with backoff) finds the token again. DropSessions
+// in a loop stands for a token that keeps failing.
+func TestPKCS11TokenDownIsReportedAndReopened(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.SetOpenFails(true)
+	if err := tk.DropSessions(); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("down"))
+	if _, err := s.Sign(rand.Reader, sum[:], crypto.SHA256); !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("signing with the token unusable: %v, want ErrUnavailable", err)
+	}
+	if err := tk.Ready(); err == nil || !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("Ready while the token cannot be opened: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // a few failed re-opens
+	if tk.Ready() == nil {
+		t.Fatal("re-opened while the token was out")
+	}
+	tk.SetOpenFails(false)
+	deadline := time.Now().Add(20 * time.Second)
+	for tk.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the token was not re-opened: %v", tk.Ready())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	verify(t, k.Public, []byte("back"), s)
+}
+
+// A PIN the token refuses after a lost session is tried once and never
+// again (an HSM locks the PIN after a few wrong ones): the token stays
+// reported down and says to restart with the right PIN.
+func TestPKCS11WrongPINIsNotRetried(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ed", custody.Ed25519)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ed", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.DropSessions(); err != nil {
+		t.Fatal(err)
+	}
+	tk.SetPIN("9999")
+	if _, err := s.Sign(rand.Reader, []byte("m"), crypto.Hash(0)); !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("signing after the PIN was refused: %v, want ErrUnavailable", err)
+	}
+	tk.SetPIN(softhsmtest.PIN)
+	time.Sleep(500 * time.Millisecond)
+	if err := tk.Ready(); err == nil || !strings.Contains(err.Error(), "restart the authority with the right PIN") {
+		t.Fatalf("Ready after a refused PIN: %v", err)
+	}
+	if _, err := s.Sign(rand.Reader, []byte("m"), crypto.Hash(0)); err == nil {
+		t.Fatal("logged in again after the token refused the PIN")
+	}
+}
