@@ -105,6 +105,15 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	if text := mustRun(t, "signer", "list", "--data", dir); !strings.Contains(text, "KEY CUSTODY") || !strings.Contains(text, "pkcs11:token=muster") {
 		t.Errorf("signer list text: %s", text)
 	}
+	// Break-glass signs with the admin intermediate in the token, opened
+	// by the command itself beside the running authority.
+	bob := filepath.Join(t.TempDir(), "bob.pem")
+	if r := muster(t, env, "admin", "add", "bob", "--offline", "--data", dir, "--ttl", "2h", "--out", bob); r.code != 0 {
+		t.Fatalf("break-glass with the admin intermediate in the token: exit %d\n%s", r.code, r.stderr)
+	}
+	if out := mustRun(t, "status", "--identity", bob, "--authority", p.addr); !strings.Contains(out, "/admin/bob") {
+		t.Errorf("status with the break-glass identity: %s", out)
+	}
 	p.stop(t)
 
 	// The keys held in custody: the store's intermediates and signers.
