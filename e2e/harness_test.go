@@ -37,6 +37,10 @@ var musterBin string
 // may start after others.
 const e2eParallel = 8
 
+// buildTags are the tags the binary is built with: those of this test
+// binary's variant (pkcs11_test.go adds -tags pkcs11).
+var buildTags []string
+
 func TestMain(m *testing.M) {
 	// These tests drive the real binary through rotations, outages and
 	// restarts; under -race on two cores, one after the other, they took
@@ -66,7 +70,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	musterBin = filepath.Join(tmp, "muster")
-	build := exec.Command("go", "build", "-o", musterBin, "../cmd/muster")
+	build := exec.Command("go", append(append([]string{"build"}, buildTags...), "-o", musterBin, "../cmd/muster")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building muster:", err)

@@ -48,7 +48,7 @@ type intermediates struct {
 const caRefresh = 3 * time.Second
 
 func newIntermediates(s *Server) (*intermediates, error) {
-	c, err := custody.NewSealedCA(s.cfg.StorageKey)
+	c, err := CACustody(s.cfg.StorageKey, s.cfg.Token)
 	if err != nil {
 		return nil, err
 	}
@@ -88,6 +88,9 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 		file := in.s.ca.Issuers[role]
 		if active[string(role)] || file == nil {
 			continue
+		}
+		if file.Key == nil {
+			return fmt.Errorf("authority: the store has no active %s intermediate and the data directory has no key for it (an authority initialised with --custody keeps them in the store)", role)
 		}
 		if !ok {
 			return fmt.Errorf("authority: the store has no active %s intermediate and the key custody cannot import the data directory's", role)

@@ -35,6 +35,7 @@ import (
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/listener"
@@ -57,6 +58,10 @@ type Config struct {
 	Audit *audit.Logger
 	// StorageKey seals token secrets and keys the decoy trust bundles.
 	StorageKey seal.StorageKey
+	// Token, if set, is the PKCS#11 token new CA intermediates and task
+	// signers are generated in (docs/hsm.md); keys already sealed in the
+	// store keep being used where they are.
+	Token *custody.Token
 	// Listen serves the whole API; BootstrapListen (optional) only the
 	// unauthenticated bootstrap RPCs; MetricsListen (optional) /metrics,
 	// /healthz and /readyz over plain HTTP.
@@ -117,6 +122,8 @@ type Config struct {
 
 // Server is a running authority.
 type Server struct {
+	// token is the PKCS#11 token of the keys' custody; nil without one.
+	token    *custody.Token
 	info     datadir.Info
 	ca       *ca.Hierarchy
 	store    store.Store
@@ -184,6 +191,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	s := &Server{
 		info:    cfg.Info,
+		token:   cfg.Token,
 		ca:      cfg.CA,
 		store:   cfg.Store,
 		audit:   cfg.Audit,
@@ -223,14 +231,14 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	custody, err := signer.NewSealed(cfg.StorageKey)
+	signerKeys, err := SignerCustody(cfg.StorageKey, cfg.Token)
 	if err != nil {
 		return nil, err
 	}
 	if s.inter, err = newIntermediates(s); err != nil {
 		return nil, err
 	}
-	s.signers = signer.NewKeeper(cfg.Store, custody, loggedAudit{s}, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
+	s.signers = signer.NewKeeper(cfg.Store, signerKeys, loggedAudit{s}, cfg.Info.AuthorityID, cfg.SignerMinLeadTime)
 	if s.streams, err = newStreamMetrics(s.metrics.reg); err != nil {
 		return nil, err
 	}
@@ -634,6 +642,41 @@ func (s *Server) metricsHandler() http.Handler {
 		if err := s.inter.readyErr(); err != nil {
 			return metricsmux.NotReady{Reason: err.Error()}
 		}
+		if s.token != nil {
+			if err := s.token.Ready(); err != nil {
+				return metricsmux.NotReady{Reason: "key custody: PKCS#11 token unavailable, re-opening"}
+			}
+		}
 		return nil
 	})
+}
+
+// CACustody is the custody of the CA intermediates' keys: new ones in the
+// token when there is one, sealed otherwise; each existing key where its
+// reference says.
+func CACustody(sk seal.StorageKey, token *custody.Token) (custody.Custody, error) {
+	sealed, err := custody.NewSealedCA(sk)
+	if err != nil {
+		return nil, err
+	}
+	return byRef(sealed, token, "muster-ca/"), nil
+}
+
+// SignerCustody is the custody of the task signers' keys, chosen as
+// CACustody's.
+func SignerCustody(sk seal.StorageKey, token *custody.Token) (*signer.InCustody, error) {
+	sealed, err := custody.NewSealed(sk, seal.InfoSigner, "muster-signer/")
+	if err != nil {
+		return nil, err
+	}
+	return signer.NewInCustody(byRef(sealed, token, "muster-signer/")), nil
+}
+
+func byRef(sealed *custody.Sealed, token *custody.Token, prefix string) custody.ByRef {
+	b := custody.ByRef{New: sealed, Sealed: sealed}
+	if token != nil {
+		t := token.For(prefix)
+		b.New, b.Token = t, t
+	}
+	return b
 }

@@ -91,7 +91,9 @@ func (a *adminService) ListSigners(ctx context.Context, _ *musterv1.ListSignersR
 	}
 	resp := &musterv1.ListSignersResponse{VerifierSetVersion: snap.Version(), MinLeadTime: durationpb.New(a.s.signers.MinLeadTime())}
 	for _, s := range snap.Signers {
-		resp.Signers = append(resp.Signers, signerToProto(s))
+		p := signerToProto(s)
+		p.KeyCustody = snap.KeyCustody(s.VersionID)
+		resp.Signers = append(resp.Signers, p)
 	}
 	return resp, nil
 }

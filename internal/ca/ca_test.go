@@ -270,7 +270,40 @@ func TestWriteLoad(t *testing.T) {
 	if got, err := Load(dir); err != nil || got.RootKey != nil {
 		t.Errorf("Load without root.key: %v", err)
 	}
+
+	// An intermediate whose key is in a token has only its certificate
+	// here; the policy signing key must be a file.
+	os.Remove(filepath.Join(dir, "agent.key"))
+	if got, err := Load(dir); err != nil || got.Issuers[RoleAgent].Key != nil || !got.Issuers[RoleAgent].Cert.Equal(h.Issuer(RoleAgent).Cert) {
+		t.Errorf("Load without agent.key: %v", err)
+	}
+	os.Remove(filepath.Join(dir, "policy.key"))
+	if _, err := Load(dir); err == nil {
+		t.Error("Load without policy.key succeeded")
+	}
 }
+
+// A key held elsewhere (a token's signer) gets no file; its certificate does.
+func TestWriteDirSkipsKeysHeldElsewhere(t *testing.T) {
+	shared := hierarchy(t)
+	h := &Hierarchy{Root: shared.Root, RootKey: shared.RootKey, Issuers: map[Role]*Issuer{}}
+	for r, i := range shared.Issuers {
+		h.Issuers[r] = i
+	}
+	h.Issuers[RoleServer] = &Issuer{Cert: shared.Issuers[RoleServer].Cert, Key: heldElsewhere{shared.Issuers[RoleServer].Key}}
+	dir := filepath.Join(t.TempDir(), "ca")
+	if err := h.WriteDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "server.key")); err == nil {
+		t.Error("a key held elsewhere was written to a file")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "server.crt")); err != nil {
+		t.Error(err)
+	}
+}
+
+type heldElsewhere struct{ crypto.Signer }
 
 func TestLoadRefusals(t *testing.T) {
 	h := hierarchy(t)

@@ -26,7 +26,9 @@ func (h *Hierarchy) WriteDir(dir string) error {
 		if err := atomicfile.Create(filepath.Join(dir, name+".crt"), EncodeCertPEM(cert), 0o644); err != nil {
 			return err
 		}
-		if key == nil {
+		if _, inFile := key.(*ecdsa.PrivateKey); !inFile {
+			// No key, or one held elsewhere (a PKCS#11 token, which
+			// keeps it; the store records which object it is).
 			return nil
 		}
 		pemKey, err := EncodeKeyPEM(key)
@@ -53,7 +55,8 @@ func (h *Hierarchy) WriteDir(dir string) error {
 
 // Load reads a hierarchy written by WriteDir and checks it holds together:
 // every certificate is signed by the root and every key matches its
-// certificate. root.key may be absent (kept offline). Key files readable by
+// certificate. root.key may be absent (kept offline), and so may an
+// intermediate's key when it is held in a token. Key files readable by
 // other users are refused.
 func Load(dir string) (*Hierarchy, error) {
 	root, err := readCert(filepath.Join(dir, "root.crt"))
@@ -86,7 +89,12 @@ func Load(dir string) (*Hierarchy, error) {
 			return nil, fmt.Errorf("%s is not signed by %s", path, filepath.Join(dir, "root.crt"))
 		}
 		key, err := readKey(filepath.Join(dir, string(role)+".key"), cert)
-		if err != nil {
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && role != RolePolicy:
+			// An intermediate whose key is in a PKCS#11 token: the
+			// authority signs with the store's (Key stays nil here).
+			key = nil
+		case err != nil:
 			return nil, err
 		}
 		h.Issuers[role] = &Issuer{Cert: cert, Key: key}

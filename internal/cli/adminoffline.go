@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
@@ -122,13 +123,25 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 		if err := cert.CheckSignatureFrom(d.ca.Root); err != nil {
 			return nil, fmt.Errorf("the store's active admin intermediate %s is not signed by the root CA in the data directory: %w", r.Serial, err)
 		}
-		c, err := custody.NewSealedCA(d.sk)
+		var token *custody.Token
+		if custody.IsPKCS11Ref(r.KeyRef) {
+			// The key is in the authority's token: opened as the
+			// authority opens it (authority.json, MUSTER_PKCS11_PIN),
+			// and left open until this command exits.
+			if token, err = openToken(d.info.Custody, "", ""); err == nil && token == nil {
+				err = custody.ErrNoToken
+			}
+			if err != nil {
+				return nil, fmt.Errorf("the store's active admin intermediate %s is in a PKCS#11 token: %w", r.Serial, err)
+			}
+		}
+		c, err := authority.CACustody(d.sk, token)
 		if err != nil {
 			return nil, err
 		}
 		key, err := c.Signer(ctx, r.Role+"/"+r.Serial, custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
 		if err != nil {
-			return nil, fmt.Errorf("opening the key of the store's active admin intermediate %s with the data directory's storage key: %w", r.Serial, err)
+			return nil, fmt.Errorf("opening the key of the store's active admin intermediate %s (%s): %w", r.Serial, custody.Where(r.KeyRef), err)
 		}
 		return &ca.Issuer{Cert: cert, Key: key}, nil
 	}

@@ -119,7 +119,11 @@ func readYAMLFile(path string, v any) error {
 
 // authorityOptions are the settings after flags override authority.yaml.
 type authorityOptions struct {
-	dir             string
+	dir string
+	// pkcs11Module and pkcs11PINFile replace authority.json's custody
+	// module and PIN file (docs/hsm.md).
+	pkcs11Module    string
+	pkcs11PINFile   string
 	listen          string
 	advertise       string
 	bootstrapListen string
@@ -288,6 +292,8 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
+	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody recorded)")
+	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
 	registerPprofFlag(cmd, &o.pprofListen)
 	fl.StringVar(&memoryLimit, "memory-limit", "", "the memory this process may use, such as a container's limit (bytes, or with KiB, MiB, GiB): the Go collector's soft limit is set to 90% of it, unless GOMEMLIMIT is set (empty: none)")
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
@@ -483,8 +489,15 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
+	token, err := openToken(info.Custody, o.pkcs11Module, o.pkcs11PINFile)
+	if err != nil {
+		return prefixed("authority", err)
+	}
+	if token != nil {
+		defer token.Close()
+	}
 	srv, err := authority.New(authority.Config{
-		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk,
+		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		CAIntermediateTTL: o.caIntermediateTTL,

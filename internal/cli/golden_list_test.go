@@ -37,8 +37,8 @@ func TestGoldenListTables(t *testing.T) {
 		{Id: "01J8Z3EEEEEEEEEEEEEEEEEEEE", Kind: "token", Target: "7f3k2a", CreatedBy: "admin", CreatedAt: ts(0), ExpiresAt: ts(24 * time.Hour)},
 	}
 	signers := []*musterv1.Signer{
-		{VersionId: "v1", State: "grace", PublicKey: "AAAA", PublishedAt: ts(0), RetiresAt: ts(time.Hour)},
-		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: ts(0), EffectiveAt: ts(10 * time.Minute), Previous: "v1"},
+		{VersionId: "v1", State: "grace", PublicKey: "AAAA", PublishedAt: ts(0), RetiresAt: ts(time.Hour), KeyCustody: "sealed"},
+		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: ts(0), EffectiveAt: ts(10 * time.Minute), Previous: "v1", KeyCustody: "pkcs11:token=muster;object=muster-signer%2Fv2;id=%01%02;type=private"},
 	}
 
 	tests := []struct {

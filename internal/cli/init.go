@@ -15,8 +15,9 @@ import (
 
 func newInitCmd(env *Env) *cobra.Command {
 	var (
-		dir, name, td, operator, storeURL string
-		out                               output
+		dir, name, td, operator, storeURL   string
+		custodyURI, pkcs11Module, pkcs11PIN string
+		out                                 output
 	)
 	cmd := &cobra.Command{
 		Use: "init --data DIR",
@@ -46,6 +47,13 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
 				o.StoreURL = redactURL(storeURL)
 			}
+			token, err := initCustody(&o, custodyURI, pkcs11Module, pkcs11PIN)
+			if err != nil {
+				return fmt.Errorf("init: %w", err)
+			}
+			if token != nil {
+				defer token.Close()
+			}
 			res, err := datadir.Init(cmd.Context(), o)
 			if err != nil {
 				return fmt.Errorf("init: %w", err)
@@ -61,6 +69,9 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 	cmd.Flags().StringVar(&td, "trust-domain", "", "SPIFFE trust domain (default: the authority ID)")
 	cmd.Flags().StringVar(&operator, "operator", "admin", "name of the first operator identity")
 	cmd.Flags().StringVar(&storeURL, "store", "", "an empty external store for the authority's records, postgres://… (default: the embedded SQLite file DIR/muster.db)")
+	cmd.Flags().StringVar(&custodyURI, "custody", "sealed", "where the CA intermediates' and task signers' keys are made: sealed (in the store) or a PKCS#11 token's RFC 7512 URI, pkcs11:token=LABEL (the pkcs11 build; docs/hsm.md)")
+	cmd.Flags().StringVar(&pkcs11Module, "pkcs11-module", "", "with --custody pkcs11:…, the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
+	cmd.Flags().StringVar(&pkcs11PIN, "pkcs11-pin-file", "", "with --custody pkcs11:…, the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
 	out.register(cmd)
 	return cmd
 }

@@ -58,6 +58,9 @@ type signerJSON struct {
 	RetiresAt   *time.Time `json:"retires_at,omitempty"`
 	EndedAt     *time.Time `json:"ended_at,omitempty"`
 	Previous    string     `json:"previous,omitempty"`
+	// KeyCustody is where the private key lives: "sealed" or the pkcs11:
+	// URI of its token object ("" from an authority that does not say).
+	KeyCustody string `json:"key_custody,omitempty"`
 }
 
 func signersOf(ss []*musterv1.Signer) []signerJSON {
@@ -67,6 +70,7 @@ func signersOf(ss []*musterv1.Signer) []signerJSON {
 			VersionID: s.GetVersionId(), PublicKey: s.GetPublicKey(), State: s.GetState(),
 			PublishedAt: timeOf(s.GetPublishedAt()), EffectiveAt: timeOf(s.GetEffectiveAt()), GraceUntil: timeOf(s.GetGraceUntil()),
 			RetiresAt: timeOf(s.GetRetiresAt()), EndedAt: timeOf(s.GetEndedAt()), Previous: s.GetPrevious(),
+			KeyCustody: s.GetKeyCustody(),
 		})
 	}
 	return out
@@ -75,14 +79,18 @@ func signersOf(ss []*musterv1.Signer) []signerJSON {
 // printSigners prints signers as a table.
 func printSigners(w io.Writer, ss []signerJSON) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "VERSION\tSTATE\tPUBLISHED\tEFFECTIVE\tGRACE UNTIL\tRETIRES\tENDED\tPREVIOUS\tPUBLIC KEY")
+	fmt.Fprintln(tw, "VERSION\tSTATE\tPUBLISHED\tEFFECTIVE\tGRACE UNTIL\tRETIRES\tENDED\tPREVIOUS\tPUBLIC KEY\tKEY CUSTODY")
 	for _, s := range ss {
 		prev := s.Previous
 		if prev == "" {
 			prev = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.VersionID, s.State, fmtTime(s.PublishedAt), fmtTime(s.EffectiveAt),
-			fmtTime(s.GraceUntil), fmtTime(s.RetiresAt), fmtTime(s.EndedAt), prev, s.PublicKey)
+		where := s.KeyCustody
+		if where == "" {
+			where = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.VersionID, s.State, fmtTime(s.PublishedAt), fmtTime(s.EffectiveAt),
+			fmtTime(s.GraceUntil), fmtTime(s.RetiresAt), fmtTime(s.EndedAt), prev, s.PublicKey, where)
 	}
 	tw.Flush()
 }

@@ -16,11 +16,11 @@ func TestPrintSigners(t *testing.T) {
 	var b bytes.Buffer
 	printSigners(&b, signersOf([]*musterv1.Signer{
 		{VersionId: "v1", State: "grace", PublicKey: "AAAA", PublishedAt: timestamppb.New(at), RetiresAt: timestamppb.New(at.Add(time.Hour))},
-		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: timestamppb.New(at), Previous: "v1"},
+		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: timestamppb.New(at), Previous: "v1", KeyCustody: "sealed"},
 	}))
-	want := `VERSION  STATE   PUBLISHED             EFFECTIVE  GRACE UNTIL  RETIRES               ENDED  PREVIOUS  PUBLIC KEY
-v1       grace   2026-03-09T12:00:00Z  -          -            2026-03-09T13:00:00Z  -      -         AAAA
-v2       active  2026-03-09T12:00:00Z  -          -            -                     -      v1        BBBB
+	want := `VERSION  STATE   PUBLISHED             EFFECTIVE  GRACE UNTIL  RETIRES               ENDED  PREVIOUS  PUBLIC KEY  KEY CUSTODY
+v1       grace   2026-03-09T12:00:00Z  -          -            2026-03-09T13:00:00Z  -      -         AAAA        -
+v2       active  2026-03-09T12:00:00Z  -          -            -                     -      v1        BBBB        sealed
 `
 	if b.String() != want {
 		t.Errorf("printed:\n%s\nwant:\n%s", b.String(), want)

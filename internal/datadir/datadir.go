@@ -62,6 +62,19 @@ type Info struct {
 	// removed; "" for the embedded muster.db (and in data directories
 	// made before it was recorded).
 	Store string `json:"store,omitempty"`
+	// Custody, if set, is the PKCS#11 token muster init generated the
+	// keys in (docs/hsm.md); the authority opens it at start.
+	Custody *Custody `json:"custody,omitempty"`
+}
+
+// Custody is where the authority's keys are generated: a PKCS#11 token.
+type Custody struct {
+	// URI is the token's RFC 7512 pkcs11: URI.
+	URI string `json:"pkcs11_uri"`
+	// Module is the PKCS#11 library.
+	Module string `json:"pkcs11_module"`
+	// PINFile, if set, holds the PIN (else MUSTER_PKCS11_PIN does).
+	PINFile string `json:"pkcs11_pin_file,omitempty"`
 }
 
 // ReadInfo reads authority.json, telling a missing directory, a directory

@@ -19,6 +19,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/psk"
@@ -48,6 +49,15 @@ type InitOptions struct {
 	OpenStore func(ctx context.Context) (store.Store, error)
 	// StoreURL names that store, without its password, for authority.json.
 	StoreURL string
+	// Token, if set, is the PKCS#11 token the CA intermediates and the
+	// first task signer are generated in; Custody, recorded in
+	// authority.json, says how the authority opens it.
+	Token   *custody.Token
+	Custody *Custody
+	// CACustody and SignerCustody choose the custody of the keys from the
+	// storage key and Token (the authority's CACustody, SignerCustody).
+	CACustody     func(seal.StorageKey, *custody.Token) (custody.Custody, error)
+	SignerCustody func(seal.StorageKey, *custody.Token) (signer.Custody, error)
 }
 
 // InitResult is what Init created and what the operator must be told once.
@@ -179,6 +189,18 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	if err != nil {
 		return InitResult{}, err
 	}
+	var sk seal.StorageKey
+	if sk, err = seal.DeriveStorageKey(h.RootKey); err != nil {
+		return InitResult{}, err
+	}
+	// With a token, the intermediates the store rotates are made again
+	// with keys generated inside it; the ones ca.Create made are dropped.
+	var inToken []store.CACert
+	if o.Token != nil {
+		if inToken, err = intermediatesInToken(ctx, h, sk, o); err != nil {
+			return InitResult{}, err
+		}
+	}
 	if err := h.WriteDir(d.CADir()); err != nil {
 		return InitResult{}, err
 	}
@@ -195,10 +217,7 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	if info.TrustDomain == "" {
 		info.TrustDomain = info.AuthorityID
 	}
-	sk, err := seal.DeriveStorageKey(h.RootKey)
-	if err != nil {
-		return InitResult{}, err
-	}
+	info.Custody = o.Custody
 	if err := sk.WriteFile(d.StorageKeyFile()); err != nil {
 		return InitResult{}, err
 	}
@@ -209,6 +228,11 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	}
 	defer st.Close()
 
+	for _, row := range inToken {
+		if err := st.InsertCACert(ctx, row); err != nil {
+			return InitResult{}, err
+		}
+	}
 	key, pskID, err := createPSK(ctx, st, sk, o.Now)
 	if err != nil {
 		return InitResult{}, err
@@ -237,6 +261,10 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 		{Actor: "muster init", Action: "psk.create", Target: pskID, Result: audit.ResultOK},
 		{Actor: "muster init", Action: "operator.add", Target: opID.String(), Result: audit.ResultOK},
 	}
+	for _, row := range inToken {
+		events = append(events, audit.Event{Actor: "muster init", Action: "ca.create", Target: row.Role + "/" + row.Serial, Result: audit.ResultOK,
+			Reason: "key generated in PKCS#11 token: " + string(row.KeyRef)})
+	}
 	for _, e := range events {
 		if _, err := logger.Record(ctx, e); err != nil {
 			return InitResult{}, err
@@ -245,11 +273,16 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	// The first task signer, active at once (DESIGN.md: muster init
 	// creates it); authorities started on an older data directory create
 	// it at start instead.
-	custody, err := signer.NewSealed(sk)
+	var keys signer.Custody
+	if o.SignerCustody != nil {
+		keys, err = o.SignerCustody(sk, o.Token)
+	} else {
+		keys, err = signer.NewSealed(sk)
+	}
 	if err != nil {
 		return InitResult{}, err
 	}
-	if _, err := signer.NewKeeper(st, custody, logger, info.AuthorityID, 0).EnsureFirst(ctx, signer.Actor{Name: "muster init"}); err != nil {
+	if _, err := signer.NewKeeper(st, keys, logger, info.AuthorityID, 0).EnsureFirst(ctx, signer.Actor{Name: "muster init"}); err != nil {
 		return InitResult{}, err
 	}
 	if _, err := logger.Checkpoint(ctx); err != nil {
@@ -412,4 +445,53 @@ func mkdirParents(dir string) (string, error) {
 		return "", err
 	}
 	return top, nil
+}
+
+// rotatedRoles are the intermediates the store keeps and rotates; the
+// policy signing certificate stays in the data directory.
+var rotatedRoles = []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin}
+
+// intermediatesInToken replaces h's rotated intermediates with ones whose
+// keys are generated in o.Token, and returns their store rows (active).
+// A failure destroys the keys made so far.
+func intermediatesInToken(ctx context.Context, h *ca.Hierarchy, sk seal.StorageKey, o InitOptions) (rows []store.CACert, err error) {
+	if o.CACustody == nil {
+		return nil, errors.New("datadir: a token needs the CA custody")
+	}
+	c, err := o.CACustody(sk, o.Token)
+	if err != nil {
+		return nil, err
+	}
+	var made []custody.Key
+	var names []string
+	defer func() {
+		if err != nil {
+			for i, k := range made {
+				_ = c.Destroy(ctx, names[i], k)
+			}
+		}
+	}()
+	for _, role := range rotatedRoles {
+		serial, err := ca.NewSerial()
+		if err != nil {
+			return nil, err
+		}
+		name := string(role) + "/" + serial.Text(16)
+		k, err := c.Create(ctx, name, custody.ECDSAP256)
+		if err != nil {
+			return nil, err
+		}
+		made, names = append(made, k), append(names, name)
+		cert, err := h.NewIntermediate(role, serial, k.Public, h.RootKey, o.Now, ca.IntermediateTTL)
+		if err != nil {
+			return nil, err
+		}
+		key, err := c.Signer(ctx, name, k)
+		if err != nil {
+			return nil, err
+		}
+		h.Issuers[role] = &ca.Issuer{Cert: cert, Key: key}
+		rows = append(rows, store.CACert{Role: string(role), Serial: serial.Text(16), CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAActive, NotAfter: cert.NotAfter})
+	}
+	return rows, nil
 }

@@ -44,3 +44,24 @@ func TestReadyzPrintsNotReadyReason(t *testing.T) {
 		t.Fatalf("GET /readyz = %d %q, want 503 naming the reason", rec.Code, rec.Body.String())
 	}
 }
+
+// /readyz names a NotReady's reason (the key custody's token) and keeps any other
+// error's text, which may be a store's, from the network.
+func TestReadyzReason(t *testing.T) {
+	var down error
+	h := New(prometheus.NewRegistry(), func(context.Context) error { return down })
+	for _, tt := range []struct {
+		down error
+		body string
+	}{
+		{errors.New("dial tcp 10.0.0.5:5432: secret detail"), "store unavailable\n"},
+		{NotReady{Reason: "key custody: PKCS#11 token unavailable, re-opening"}, "not ready: key custody: PKCS#11 token unavailable, re-opening\n"},
+	} {
+		down = tt.down
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code != 503 || rec.Body.String() != tt.body {
+			t.Errorf("%v: %d %q, want 503 %q", tt.down, rec.Code, rec.Body.String(), tt.body)
+		}
+	}
+}

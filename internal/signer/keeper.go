@@ -89,6 +89,10 @@ type Snapshot struct {
 // Version is the version of the signer set read.
 func (s Snapshot) Version() int64 { return s.set.Version }
 
+// KeyCustody names where the private key of versionID lives: "sealed" (in
+// the store) or the pkcs11: URI of its token object.
+func (s Snapshot) KeyCustody(versionID string) string { return Where(s.refs[versionID]) }
+
 // Load reads the signers.
 func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
 	now, err := k.st.Now(ctx)

@@ -41,7 +41,10 @@ type Signer struct {
 	// ended_at: when it was retired or revoked.
 	EndedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=ended_at,json=endedAt,proto3" json:"ended_at,omitempty"`
 	// previous: the version that was active when this one was staged.
-	Previous      string `protobuf:"bytes,9,opt,name=previous,proto3" json:"previous,omitempty"`
+	Previous string `protobuf:"bytes,9,opt,name=previous,proto3" json:"previous,omitempty"`
+	// key_custody: where the private key lives, "sealed" (in the store) or
+	// the pkcs11: URI of its object in the authority's token.
+	KeyCustody    string `protobuf:"bytes,10,opt,name=key_custody,json=keyCustody,proto3" json:"key_custody,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -135,6 +138,13 @@ func (x *Signer) GetEndedAt() *timestamppb.Timestamp {
 func (x *Signer) GetPrevious() string {
 	if x != nil {
 		return x.Previous
+	}
+	return ""
+}
+
+func (x *Signer) GetKeyCustody() string {
+	if x != nil {
+		return x.KeyCustody
 	}
 	return ""
 }
@@ -765,7 +775,7 @@ var File_muster_v1_signer_proto protoreflect.FileDescriptor
 
 const file_muster_v1_signer_proto_rawDesc = "" +
 	"\n" +
-	"\x16muster/v1/signer.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa5\x03\n" +
+	"\x16muster/v1/signer.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x03\n" +
 	"\x06Signer\x12\x1d\n" +
 	"\n" +
 	"version_id\x18\x01 \x01(\tR\tversionId\x12\x1d\n" +
@@ -779,7 +789,10 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\n" +
 	"retires_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tretiresAt\x125\n" +
 	"\bended_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x12\x1a\n" +
-	"\bprevious\x18\t \x01(\tR\bprevious\"\x14\n" +
+	"\bprevious\x18\t \x01(\tR\bprevious\x12\x1f\n" +
+	"\vkey_custody\x18\n" +
+	" \x01(\tR\n" +
+	"keyCustody\"\x14\n" +
 	"\x12ListSignersRequest\"\xb3\x01\n" +
 	"\x13ListSignersResponse\x12+\n" +
 	"\asigners\x18\x01 \x03(\v2\x11.muster.v1.SignerR\asigners\x120\n" +

@@ -1,0 +1,600 @@
+//go:build pkcs11 && cgo
+
+package custody
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/rand"
+	"encoding/asn1"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/miekg/pkcs11"
+)
+
+// PKCS#11 3.0 values for Ed25519, which miekg/pkcs11 v1.1.2 predates.
+const (
+	ckkECEdwards            = 0x40
+	ckmECEdwardsKeyPairGen  = 0x1055
+	ckmEdDSA                = 0x1057
+	reconnectBackoffInitial = 100 * time.Millisecond
+	reconnectBackoffMax     = 30 * time.Second
+)
+
+var (
+	oidP256    = []byte{0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07}
+	oidEd25519 = []byte{0x06, 0x03, 0x2b, 0x65, 0x70}
+)
+
+// PKCS11Build reports whether this binary can open a PKCS#11 token.
+const PKCS11Build = true
+
+// Token is an open PKCS#11 token: one module loaded, one slot, a pool of
+// logged-in sessions. Views on it (For) are the custodies; they share the
+// pool. A session the module reports lost is dropped and the call retried
+// once on a fresh one; when that fails too, the token is re-opened in the
+// background with backoff and Ready says why it is not, until it is.
+type Token struct {
+	mod  *pkcs11.Ctx
+	uri  PKCS11URI
+	sem  chan struct{}
+	idle chan pkcs11.SessionHandle
+
+	mu         sync.Mutex
+	pin        string
+	pinRefused error // the token refused the PIN: never log in again
+	openFails  bool  // set by tests: the token is out
+	slot       uint
+	down       error // why the token is unusable, nil when it is fine
+	recovering bool
+	closed     bool
+	stop       chan struct{}
+	owner      bool // initialised the module, so finalises it
+}
+
+// OpenPKCS11 loads the module, finds the token the URI names and logs in.
+func OpenPKCS11(cfg PKCS11Config) (*Token, error) {
+	u, err := ParsePKCS11URI(cfg.URI)
+	if err != nil {
+		return nil, err
+	}
+	path, err := cfg.module(u)
+	if err != nil {
+		return nil, err
+	}
+	pin, err := cfg.ReadPIN(u)
+	if err != nil {
+		return nil, err
+	}
+	mod := pkcs11.New(path)
+	if mod == nil {
+		return nil, fmt.Errorf("custody: cannot load the PKCS#11 module %s", path)
+	}
+	// A module another Token in this process initialised already is
+	// shared: only the one that initialised it finalises it.
+	owner := true
+	if err := mod.Initialize(); errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
+		owner = false
+	} else if err != nil {
+		mod.Destroy()
+		return nil, fmt.Errorf("custody: initialising the PKCS#11 module %s: %w", path, err)
+	}
+	n := cfg.Sessions
+	if n <= 0 {
+		n = DefaultSessions
+	}
+	t := &Token{mod: mod, uri: u, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
+	if t.slot, err = t.findSlot(); err != nil {
+		t.Close()
+		return nil, err
+	}
+	// One session now, so a wrong PIN fails the start, not the first use.
+	sh, err := t.open()
+	if err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.idle <- sh
+	return t, nil
+}
+
+func (t *Token) findSlot() (uint, error) {
+	slots, err := t.mod.GetSlotList(true)
+	if err != nil {
+		return 0, fmt.Errorf("custody: listing PKCS#11 slots: %w", err)
+	}
+	for _, s := range slots {
+		ti, err := t.mod.GetTokenInfo(s)
+		if err != nil {
+			continue
+		}
+		trim := func(s string) string { return strings.TrimRight(s, " \x00") }
+		if trim(ti.Label) != t.uri.Token ||
+			t.uri.Manufacturer != "" && trim(ti.ManufacturerID) != t.uri.Manufacturer ||
+			t.uri.Model != "" && trim(ti.Model) != t.uri.Model ||
+			t.uri.Serial != "" && trim(ti.SerialNumber) != t.uri.Serial {
+			continue
+		}
+		return s, nil
+	}
+	return 0, fmt.Errorf("custody: no PKCS#11 token labelled %q is present", t.uri.Token)
+}
+
+// open opens a session and logs in (PKCS#11 logs in the application, not
+// the session: after the last session closes it must log in again).
+func (t *Token) open() (pkcs11.SessionHandle, error) {
+	t.mu.Lock()
+	slot, pin, refused, out := t.slot, t.pin, t.pinRefused, t.openFails
+	t.mu.Unlock()
+	if refused != nil {
+		return 0, refused
+	}
+	if out {
+		return 0, fmt.Errorf("custody: opening a PKCS#11 session: %w", pkcs11.Error(pkcs11.CKR_TOKEN_NOT_PRESENT))
+	}
+	sh, err := t.mod.OpenSession(slot, pkcs11.CKF_SERIAL_SESSION|pkcs11.CKF_RW_SESSION)
+	if err != nil {
+		return 0, fmt.Errorf("custody: opening a PKCS#11 session: %w", err)
+	}
+	if err := t.mod.Login(sh, pkcs11.CKU_USER, pin); err != nil && !errors.Is(err, pkcs11.Error(pkcs11.CKR_USER_ALREADY_LOGGED_IN)) {
+		t.mod.CloseSession(sh)
+		if errors.Is(err, pkcs11.Error(pkcs11.CKR_PIN_INCORRECT)) || errors.Is(err, pkcs11.Error(pkcs11.CKR_PIN_LOCKED)) {
+			// Never tried again: an HSM locks its user PIN after a few
+			// wrong ones. The authority must be restarted with the right
+			// PIN.
+			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: restart the authority with the right PIN", t.uri.Token, err)
+			t.mu.Lock()
+			t.pinRefused = err
+			t.mu.Unlock()
+			return 0, err
+		}
+		return 0, fmt.Errorf("custody: logging in to PKCS#11 token %q: %w", t.uri.Token, err)
+	}
+	return sh, nil
+}
+
+// lost reports an error that means the session or token is gone, not
+// that the operation was refused.
+func lost(err error) bool {
+	var e pkcs11.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e {
+	case pkcs11.CKR_SESSION_HANDLE_INVALID, pkcs11.CKR_SESSION_CLOSED, pkcs11.CKR_DEVICE_REMOVED, pkcs11.CKR_DEVICE_ERROR,
+		pkcs11.CKR_TOKEN_NOT_PRESENT, pkcs11.CKR_TOKEN_NOT_RECOGNIZED, pkcs11.CKR_USER_NOT_LOGGED_IN,
+		pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED, pkcs11.CKR_SLOT_ID_INVALID, pkcs11.CKR_GENERAL_ERROR:
+		return true
+	}
+	return false
+}
+
+// do runs fn on a pooled session. A lost session is closed and fn tried
+// once more on a new one; a second loss starts the background re-open.
+func (t *Token) do(ctx context.Context, fn func(pkcs11.SessionHandle) error) error {
+	select {
+	case t.sem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-t.sem }()
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		var sh pkcs11.SessionHandle
+		select {
+		case sh = <-t.idle:
+		default:
+			if sh, err = t.open(); err != nil {
+				if attempt == 0 {
+					continue
+				}
+				return t.markDown(err)
+			}
+		}
+		err = fn(sh)
+		if !lost(err) {
+			t.idle <- sh
+			return err
+		}
+		// The others idle were most likely lost with it (a token
+		// re-inserted, sessions closed under us): the retry opens anew.
+		t.mod.CloseSession(sh)
+		t.drainIdle()
+	}
+	return t.markDown(err)
+}
+
+// markDown records that the token is unusable and starts re-opening it.
+func (t *Token) markDown(cause error) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.down = cause
+	if !t.recovering && !t.closed {
+		t.recovering = true
+		go t.recover()
+	}
+	return fmt.Errorf("%w: %v", ErrUnavailable, cause)
+}
+
+// recover re-opens the token with backoff until a session logs in.
+func (t *Token) recover() {
+	wait := reconnectBackoffInitial
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-time.After(wait):
+		}
+		err := t.reopen()
+		t.mu.Lock()
+		if err == nil {
+			t.down, t.recovering = nil, false
+			t.mu.Unlock()
+			return
+		}
+		t.down = err
+		if t.pinRefused != nil {
+			t.mu.Unlock()
+			return
+		}
+		t.mu.Unlock()
+		wait = min(wait*2, reconnectBackoffMax)
+	}
+}
+
+// reopen drops the idle sessions, finds the slot again (a re-inserted
+// token may have another) and logs in on a new session.
+func (t *Token) reopen() error {
+	t.drainIdle()
+	slot, err := t.findSlot()
+	if errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED)) {
+		if err = t.mod.Initialize(); err == nil {
+			slot, err = t.findSlot()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	t.slot = slot
+	t.mu.Unlock()
+	sh, err := t.open()
+	if err != nil {
+		return err
+	}
+	select {
+	case t.idle <- sh:
+	default:
+		t.mod.CloseSession(sh)
+	}
+	return nil
+}
+
+// drainIdle closes every idle session.
+func (t *Token) drainIdle() {
+	for {
+		select {
+		case sh := <-t.idle:
+			t.mod.CloseSession(sh)
+		default:
+			return
+		}
+	}
+}
+
+// Ready is nil while the token is usable, else why not (for /readyz).
+func (t *Token) Ready() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.down != nil {
+		return fmt.Errorf("%w (re-opening): %v", ErrUnavailable, t.down)
+	}
+	return nil
+}
+
+// Close logs out, closes every session and unloads the module.
+func (t *Token) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	close(t.stop)
+	slot := t.slot
+	t.mu.Unlock()
+	if !t.owner {
+		t.drainIdle()
+		return nil
+	}
+	t.mod.CloseAllSessions(slot)
+	t.mod.Finalize()
+	t.mod.Destroy()
+	return nil
+}
+
+// For returns the custody of one kind of key in this token: its objects'
+// labels are prefix followed by the key's name, e.g. "muster-ca/agent/1f".
+func (t *Token) For(prefix string) *PKCS11 { return &PKCS11{t: t, prefix: prefix} }
+
+// PKCS11 is custody in a PKCS#11 token. Keys are generated inside it as
+// token objects that are sensitive and not extractable; the reference the
+// store keeps is the private key's pkcs11: URI (token, label, CKA_ID), so
+// every replica opening the same token finds the same object.
+type PKCS11 struct {
+	t      *Token
+	prefix string
+}
+
+var _ Custody = (*PKCS11)(nil)
+
+// Token is the token the custody uses.
+func (c *PKCS11) Token() *Token { return c.t }
+
+// Create generates a key pair inside the token.
+func (c *PKCS11) Create(ctx context.Context, name string, alg Algorithm) (Key, error) {
+	var (
+		mech   uint
+		keyTyp uint
+		params []byte
+	)
+	switch alg {
+	case ECDSAP256:
+		mech, keyTyp, params = pkcs11.CKM_EC_KEY_PAIR_GEN, pkcs11.CKK_EC, oidP256
+	case Ed25519:
+		mech, keyTyp, params = ckmECEdwardsKeyPairGen, ckkECEdwards, oidEd25519
+	default:
+		return Key{}, fmt.Errorf("%w: %q", ErrAlgorithm, alg)
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return Key{}, err
+	}
+	label := c.prefix + name
+	pubT := []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PUBLIC_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, keyTyp),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, false),
+		pkcs11.NewAttribute(pkcs11.CKA_VERIFY, true),
+		pkcs11.NewAttribute(pkcs11.CKA_EC_PARAMS, params),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, id),
+	}
+	privT := []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, pkcs11.CKO_PRIVATE_KEY),
+		pkcs11.NewAttribute(pkcs11.CKA_KEY_TYPE, keyTyp),
+		pkcs11.NewAttribute(pkcs11.CKA_TOKEN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_PRIVATE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_SIGN, true),
+		pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, true),
+		pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, false),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, label),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, id),
+	}
+	var pub crypto.PublicKey
+	err := c.t.do(ctx, func(sh pkcs11.SessionHandle) error {
+		pubH, _, err := c.t.mod.GenerateKeyPair(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, pubT, privT)
+		if err != nil {
+			return err
+		}
+		pub, err = c.t.readPublic(sh, pubH, alg)
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("custody: generating a %s key in PKCS#11 token %q: %w", alg, c.t.uri.Token, err)
+	}
+	ref := PKCS11URI{Token: c.t.uri.Token, Object: label, ID: id, Type: "private"}
+	return Key{Public: pub, Ref: []byte(ref.String())}, nil
+}
+
+// readPublic reads a public key object's point.
+func (t *Token) readPublic(sh pkcs11.SessionHandle, h pkcs11.ObjectHandle, alg Algorithm) (crypto.PublicKey, error) {
+	attrs, err := t.mod.GetAttributeValue(sh, h, []*pkcs11.Attribute{pkcs11.NewAttribute(pkcs11.CKA_EC_POINT, nil)})
+	if err != nil {
+		return nil, err
+	}
+	point := attrs[0].Value
+	// CKA_EC_POINT is a DER OCTET STRING; some modules give the bare point.
+	var inner []byte
+	if rest, err := asn1.Unmarshal(point, &inner); err == nil && len(rest) == 0 {
+		point = inner
+	}
+	switch alg {
+	case ECDSAP256:
+		return ecdsa.ParseUncompressedPublicKey(elliptic.P256(), point)
+	case Ed25519:
+		if len(point) != ed25519.PublicKeySize {
+			return nil, fmt.Errorf("custody: the token's Ed25519 public key is %d bytes", len(point))
+		}
+		return ed25519.PublicKey(append([]byte(nil), point...)), nil
+	}
+	return nil, fmt.Errorf("%w: %q", ErrAlgorithm, alg)
+}
+
+// ref reads a reference and checks it names this custody's object of name
+// in this token.
+func (c *PKCS11) ref(name string, k Key) (PKCS11URI, error) {
+	if !IsPKCS11Ref(k.Ref) {
+		return PKCS11URI{}, ErrKey
+	}
+	u, err := ParsePKCS11URI(string(k.Ref))
+	if err != nil || u.Token != c.t.uri.Token || u.Object != c.prefix+name || len(u.ID) == 0 {
+		return PKCS11URI{}, ErrKey
+	}
+	return u, nil
+}
+
+func (t *Token) find(sh pkcs11.SessionHandle, class uint, u PKCS11URI) ([]pkcs11.ObjectHandle, error) {
+	if err := t.mod.FindObjectsInit(sh, []*pkcs11.Attribute{
+		pkcs11.NewAttribute(pkcs11.CKA_CLASS, class),
+		pkcs11.NewAttribute(pkcs11.CKA_LABEL, u.Object),
+		pkcs11.NewAttribute(pkcs11.CKA_ID, u.ID),
+	}); err != nil {
+		return nil, err
+	}
+	hs, _, err := t.mod.FindObjects(sh, 2)
+	if ferr := t.mod.FindObjectsFinal(sh); err == nil {
+		err = ferr
+	}
+	return hs, err
+}
+
+func algOf(pub crypto.PublicKey) (Algorithm, error) {
+	switch p := pub.(type) {
+	case *ecdsa.PublicKey:
+		if p.Curve == elliptic.P256() {
+			return ECDSAP256, nil
+		}
+	case ed25519.PublicKey:
+		return Ed25519, nil
+	}
+	return "", fmt.Errorf("%w: %T", ErrAlgorithm, pub)
+}
+
+// Signer finds the key's objects and checks the public one is k.Public
+// and the private one can never leave the token.
+func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer, error) {
+	u, err := c.ref(name, k)
+	if err != nil {
+		return nil, err
+	}
+	alg, err := algOf(k.Public)
+	if err != nil {
+		return nil, err
+	}
+	err = c.t.do(ctx, func(sh pkcs11.SessionHandle) error {
+		pubs, err := c.t.find(sh, pkcs11.CKO_PUBLIC_KEY, u)
+		if err != nil {
+			return err
+		}
+		privs, err := c.t.find(sh, pkcs11.CKO_PRIVATE_KEY, u)
+		if err != nil {
+			return err
+		}
+		if len(pubs) != 1 || len(privs) != 1 {
+			return ErrKey
+		}
+		pub, err := c.t.readPublic(sh, pubs[0], alg)
+		if err != nil {
+			return ErrKey
+		}
+		type equaler interface{ Equal(crypto.PublicKey) bool }
+		if e, ok := pub.(equaler); !ok || !e.Equal(k.Public) {
+			return ErrKey
+		}
+		attrs, err := c.t.mod.GetAttributeValue(sh, privs[0], []*pkcs11.Attribute{
+			pkcs11.NewAttribute(pkcs11.CKA_SENSITIVE, nil),
+			pkcs11.NewAttribute(pkcs11.CKA_EXTRACTABLE, nil),
+		})
+		if err != nil {
+			return err
+		}
+		if !attrTrue(attrs[0]) || attrTrue(attrs[1]) {
+			return fmt.Errorf("custody: PKCS#11 object %q can leave the token (CKA_SENSITIVE false or CKA_EXTRACTABLE true); muster signs only with keys that cannot", u.Object)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &p11Signer{c: c, u: u, pub: k.Public, alg: alg}, nil
+}
+
+func attrTrue(a *pkcs11.Attribute) bool { return len(a.Value) == 1 && a.Value[0] != 0 }
+
+// Destroy deletes the key's objects from the token. Objects already gone
+// are not an error.
+func (c *PKCS11) Destroy(ctx context.Context, name string, k Key) error {
+	u, err := c.ref(name, k)
+	if err != nil {
+		return err
+	}
+	return c.t.do(ctx, func(sh pkcs11.SessionHandle) error {
+		for _, class := range []uint{pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY} {
+			hs, err := c.t.find(sh, class, u)
+			if err != nil {
+				return err
+			}
+			for _, h := range hs {
+				if err := c.t.mod.DestroyObject(sh, h); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// p11Signer signs inside the token. The private key's handle is looked
+// up for every signature: handles do not survive a re-opened token.
+type p11Signer struct {
+	c   *PKCS11
+	u   PKCS11URI
+	pub crypto.PublicKey
+	alg Algorithm
+}
+
+func (s *p11Signer) Public() crypto.PublicKey { return s.pub }
+
+// Sign signs a digest (ECDSA, returned ASN.1 DER as crypto/ecdsa does) or
+// a whole message (Ed25519, pure: opts.HashFunc() must be 0).
+func (s *p11Signer) Sign(_ io.Reader, data []byte, opts crypto.SignerOpts) ([]byte, error) {
+	var mech uint
+	switch s.alg {
+	case ECDSAP256:
+		mech = pkcs11.CKM_ECDSA
+		if h := opts.HashFunc(); h != 0 && len(data) != h.Size() {
+			return nil, fmt.Errorf("custody: digest is %d bytes, %v needs %d", len(data), h, h.Size())
+		}
+	case Ed25519:
+		mech = ckmEdDSA
+		if opts.HashFunc() != 0 {
+			return nil, errors.New("custody: Ed25519 in the token signs whole messages only (no Ed25519ph)")
+		}
+		if o, ok := opts.(*ed25519.Options); ok && o.Context != "" {
+			return nil, errors.New("custody: Ed25519 contexts are not supported")
+		}
+	}
+	var sig []byte
+	err := s.c.t.do(context.Background(), func(sh pkcs11.SessionHandle) error {
+		hs, err := s.c.t.find(sh, pkcs11.CKO_PRIVATE_KEY, s.u)
+		if err != nil {
+			return err
+		}
+		if len(hs) != 1 {
+			return fmt.Errorf("custody: PKCS#11 object %q is not in token %q", s.u.Object, s.u.Token)
+		}
+		if err := s.c.t.mod.SignInit(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, hs[0]); err != nil {
+			return err
+		}
+		sig, err = s.c.t.mod.Sign(sh, data)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if s.alg == Ed25519 {
+		return sig, nil
+	}
+	return ecdsaDER(sig)
+}
+
+// ecdsaDER turns PKCS#11's r||s into the ASN.1 SEQUENCE crypto.Signer
+// callers (crypto/x509) expect.
+func ecdsaDER(raw []byte) ([]byte, error) {
+	if len(raw) == 0 || len(raw)%2 != 0 {
+		return nil, fmt.Errorf("custody: ECDSA signature from the token is %d bytes", len(raw))
+	}
+	n := len(raw) / 2
+	return asn1.Marshal(struct{ R, S *big.Int }{new(big.Int).SetBytes(raw[:n]), new(big.Int).SetBytes(raw[n:])})
+}

@@ -1,0 +1,357 @@
+//go:build pkcs11 && cgo
+
+package custody_test
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/custody/softhsmtest"
+)
+
+func openToken(t *testing.T, sessions int) (*custody.Token, softhsmtest.Token) {
+	t.Helper()
+	tok := softhsmtest.Start(t)
+	tk, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module, PINFile: tok.PINFile, Sessions: sessions})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tk.Close() })
+	return tk, tok
+}
+
+func verify(t *testing.T, pub crypto.PublicKey, msg []byte, s crypto.Signer) {
+	t.Helper()
+	switch p := pub.(type) {
+	case *ecdsa.PublicKey:
+		sum := sha256.Sum256(msg)
+		sig, err := s.Sign(rand.Reader, sum[:], crypto.SHA256)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ecdsa.VerifyASN1(p, sum[:], sig) {
+			t.Fatal("ECDSA signature from the token does not verify")
+		}
+	case ed25519.PublicKey:
+		sig, err := s.Sign(rand.Reader, msg, crypto.Hash(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ed25519.Verify(p, msg, sig) {
+			t.Fatal("Ed25519 signature from the token does not verify")
+		}
+	default:
+		t.Fatalf("public key %T", pub)
+	}
+}
+
+func TestPKCS11CreateSignDestroy(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	for _, alg := range []custody.Algorithm{custody.ECDSAP256, custody.Ed25519} {
+		t.Run(string(alg), func(t *testing.T) {
+			name := "key-" + string(alg)
+			k, err := c.Create(ctx, name, alg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !custody.IsPKCS11Ref(k.Ref) || !strings.Contains(string(k.Ref), "object=muster-test%2F"+name) {
+				t.Fatalf("reference %q does not name the token object", k.Ref)
+			}
+			s, err := c.Signer(ctx, name, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, k.Public, []byte("muster"), s)
+
+			// Another replica opening the same token finds the key by
+			// its reference alone.
+			other, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module, PINFile: tok.PINFile})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs, err := other.For("muster-test/").Signer(ctx, name, custody.Key{Public: k.Public, Ref: k.Ref})
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, k.Public, []byte("replica"), rs)
+			other.Close()
+
+			if err := c.Destroy(ctx, name, k); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.Signer(ctx, name, k); !errors.Is(err, custody.ErrKey) {
+				t.Fatalf("signer of a destroyed key: %v, want ErrKey", err)
+			}
+			if err := c.Destroy(ctx, name, k); err != nil {
+				t.Fatalf("destroying twice: %v", err)
+			}
+		})
+	}
+}
+
+// A certificate signed by a token key verifies: the r||s signature is
+// turned into the ASN.1 crypto/x509 needs.
+func TestPKCS11SignsCertificates(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 0)
+	c := tk.For("muster-ca/")
+	k, err := c.Create(ctx, "agent/01", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "agent/01", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "token CA"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cert.CheckSignatureFrom(cert); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPKCS11RefusesForeignReferences(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 0)
+	c := tk.For("muster-ca/")
+	signers := tk.For("muster-signer/")
+	k, err := c.Create(ctx, "server/aa", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, err := c.Create(ctx, "server/bb", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, _ := custody.NewSealedCA(storageKey(t, 1))
+	sk, _ := sealed.Create(ctx, "server/aa", custody.ECDSAP256)
+	for name, try := range map[string]func() error{
+		"another name":   func() error { _, err := c.Signer(ctx, "server/bb", k); return err },
+		"another prefix": func() error { _, err := signers.Signer(ctx, "server/aa", k); return err },
+		"another public key": func() error {
+			_, err := c.Signer(ctx, "server/aa", custody.Key{Public: k2.Public, Ref: k.Ref})
+			return err
+		},
+		"a sealed reference": func() error { _, err := c.Signer(ctx, "server/aa", sk); return err },
+		"another token": func() error {
+			_, err := c.Signer(ctx, "server/aa", custody.Key{Public: k.Public, Ref: []byte(strings.Replace(string(k.Ref), "token=muster", "token=other", 1))})
+			return err
+		},
+	} {
+		if err := try(); !errors.Is(err, custody.ErrKey) {
+			t.Errorf("%s: got %v, want ErrKey", name, err)
+		}
+	}
+}
+
+// Many signatures at once share a pool smaller than the callers.
+func TestPKCS11ConcurrentSigning(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 3)
+	c := tk.For("muster-test/")
+	ek, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edk, err := c.Create(ctx, "ed", custody.Ed25519)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := c.Signer(ctx, "ec", ek)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eds, err := c.Signer(ctx, "ed", edk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Go(func() {
+			msg := []byte{byte(i)}
+			if i%2 == 0 {
+				verify(t, ek.Public, msg, es)
+			} else {
+				verify(t, edk.Public, msg, eds)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// Sessions closed under the authority (a token pulled and put back) are
+// re-opened, logged in again, and the signature made: no crash, no error.
+func TestPKCS11ReopensLostSessions(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ed", custody.Ed25519)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ed", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := tk.DropSessions(); err != nil {
+			t.Fatal(err)
+		}
+		verify(t, k.Public, []byte("after"), s)
+		if err := tk.Ready(); err != nil {
+			t.Fatalf("Ready after re-opening: %v", err)
+		}
+	}
+}
+
+// pkcs11-tool, reading the token independently, sees the private keys
+// muster made as sensitive and never extractable.
+func TestPKCS11KeysAreNotExtractable(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	for _, alg := range []custody.Algorithm{custody.ECDSAP256, custody.Ed25519} {
+		if _, err := c.Create(ctx, string(alg), alg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tool, err := exec.LookPath("pkcs11-tool")
+	if err != nil {
+		t.Fatalf("pkcs11-tool (package opensc): %v", err)
+	}
+	out, err := exec.Command(tool, "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects", "--type", "privkey").CombinedOutput()
+	if err != nil {
+		t.Fatalf("pkcs11-tool: %v\n%s", err, out)
+	}
+	objs := strings.Split(string(out), "Private Key Object")[1:]
+	if len(objs) != 2 {
+		t.Fatalf("pkcs11-tool lists %d private keys, want 2:\n%s", len(objs), out)
+	}
+	for _, o := range objs {
+		if !strings.Contains(o, "never extractable") || !strings.Contains(o, "sensitive") || !strings.Contains(o, "local") {
+			t.Errorf("private key not sensitive, never extractable and generated in the token:\n%s", o)
+		}
+	}
+}
+
+func TestPKCS11RefusesAnOpenPINFileAndAWrongPIN(t *testing.T) {
+	tok := softhsmtest.Start(t)
+	open := filepath.Join(t.TempDir(), "pin")
+	if err := os.WriteFile(open, []byte(softhsmtest.PIN), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module, PINFile: open}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("PIN file readable by others: %v", err)
+	}
+	t.Setenv(custody.PINEnv, "0000")
+	if _, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module}); err == nil || !strings.Contains(err.Error(), "PIN is wrong") {
+		t.Errorf("wrong PIN: %v", err)
+	}
+	t.Setenv(custody.PINEnv, softhsmtest.PIN)
+	tk, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module})
+	if err != nil {
+		t.Fatalf("PIN from %s: %v", custody.PINEnv, err)
+	}
+	tk.Close()
+}
+
+// Sessions lost while the token is out: signing fails with
+// ErrUnavailable and Ready says why, without a crash, until the
+// background re-open (with backoff) finds the token again. DropSessions
+// in a loop stands for a token that keeps failing.
+func TestPKCS11TokenDownIsReportedAndReopened(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.SetOpenFails(true)
+	if err := tk.DropSessions(); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("down"))
+	if _, err := s.Sign(rand.Reader, sum[:], crypto.SHA256); !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("signing with the token unusable: %v, want ErrUnavailable", err)
+	}
+	if err := tk.Ready(); err == nil || !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("Ready while the token cannot be opened: %v", err)
+	}
+	time.Sleep(300 * time.Millisecond) // a few failed re-opens
+	if tk.Ready() == nil {
+		t.Fatal("re-opened while the token was out")
+	}
+	tk.SetOpenFails(false)
+	deadline := time.Now().Add(20 * time.Second)
+	for tk.Ready() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the token was not re-opened: %v", tk.Ready())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	verify(t, k.Public, []byte("back"), s)
+}
+
+// A PIN the token refuses after a lost session is tried once and never
+// again (an HSM locks the PIN after a few wrong ones): the token stays
+// reported down and says to restart with the right PIN.
+func TestPKCS11WrongPINIsNotRetried(t *testing.T) {
+	ctx := context.Background()
+	tk, _ := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ed", custody.Ed25519)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ed", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tk.DropSessions(); err != nil {
+		t.Fatal(err)
+	}
+	tk.SetPIN("9999")
+	if _, err := s.Sign(rand.Reader, []byte("m"), crypto.Hash(0)); !errors.Is(err, custody.ErrUnavailable) {
+		t.Fatalf("signing after the PIN was refused: %v, want ErrUnavailable", err)
+	}
+	tk.SetPIN(softhsmtest.PIN)
+	time.Sleep(500 * time.Millisecond)
+	if err := tk.Ready(); err == nil || !strings.Contains(err.Error(), "restart the authority with the right PIN") {
+		t.Fatalf("Ready after a refused PIN: %v", err)
+	}
+	if _, err := s.Sign(rand.Reader, []byte("m"), crypto.Hash(0)); err == nil {
+		t.Fatal("logged in again after the token refused the PIN")
+	}
+}
