@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// socketDir is a short directory for a Unix socket (sun_path holds 108
+// bytes; t.TempDir's names can be longer).
+func socketDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "wapi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// joinedAgent joins a token agent as node and returns its data directory.
+func joinedAgent(t *testing.T, e *agentEnv, node string) string {
+	t.Helper()
+	adir := filepath.Join(t.TempDir(), "agent-"+node)
+	mustRun(t, "agent", "join", "--data", adir, "--node", node, e.createToken(t).URI)
+	return adir
+}
+
+// x509Updates watches X.509 contexts and forwards each one.
+type x509Updates chan *workloadapi.X509Context
+
+func (u x509Updates) OnX509ContextUpdate(c *workloadapi.X509Context) { u <- c }
+func (u x509Updates) OnX509ContextWatchError(error)                  {}
+
+type bundleUpdates chan *x509bundle.Set
+
+func (u bundleUpdates) OnX509BundlesUpdate(s *x509bundle.Set) { u <- s }
+func (u bundleUpdates) OnX509BundlesWatchError(error)         {}
+
+func TestWorkloadAPIServesAndPushes(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "web-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	addr := "unix://" + sock
+	p, started := startProcEnv(t, "agent", "agent started", []string{"MUSTER_WORKLOAD_API=" + addr},
+		"agent", "run", "--data", adir, "--log-format", "json", "--metrics-listen", "127.0.0.1:0")
+	if started["workload_api"] != sock {
+		t.Fatalf("agent started record: %v", started)
+	}
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v %v", fi, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	want := spiffeid.RequireFromPath(td, "/agent/web-1")
+	svid, err := client.FetchX509SVID(ctx)
+	if err != nil {
+		t.Fatalf("FetchX509SVID: %v\n%s", err, p.Logs())
+	}
+	bundles, err := client.FetchX509Bundles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID != want {
+		t.Fatalf("SVID ID %v, want %v", svid.ID, want)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, bundles); err != nil {
+		t.Fatalf("the SVID does not verify against the bundle: %v", err)
+	}
+	onDisk, _ := os.ReadFile(filepath.Join(adir, "certs", "agent.crt"))
+	if blk, _ := pem.Decode(onDisk); blk == nil || !svid.Certificates[0].Equal(mustParse(t, blk.Bytes)) {
+		t.Fatal("the SVID served is not certs/agent.crt")
+	}
+
+	// Open streams get a renewal by another process within a second.
+	svids := make(x509Updates, 8)
+	go client.WatchX509Context(ctx, svids)
+	first := <-svids
+	bset := make(bundleUpdates, 8)
+	go client.WatchX509Bundles(ctx, bset)
+	<-bset
+	mustRun(t, "agent", "renew", "--data", adir)
+	renewed := time.Now()
+	select {
+	case c := <-svids:
+		got := c.DefaultSVID()
+		if got.Certificates[0].Equal(first.DefaultSVID().Certificates[0]) || got.ID != want {
+			t.Fatalf("update after the renewal carries the old certificate or another ID: %v", got.ID)
+		}
+		onDisk, _ := os.ReadFile(filepath.Join(adir, "certs", "agent.crt"))
+		if blk, _ := pem.Decode(onDisk); blk == nil || !got.Certificates[0].Equal(mustParse(t, blk.Bytes)) {
+			t.Fatal("the pushed SVID is not the renewed certs/agent.crt")
+		}
+		t.Logf("renewal pushed %v after agent renew exited", time.Since(renewed))
+	case <-time.After(time.Second):
+		t.Fatalf("no SVID update within a second of agent renew\n%s", p.Logs())
+	}
+
+	// A bundle change (ca.crt gains a root, as a trust bundle update
+	// writes it) reaches the bundle stream within a second.
+	caFile := filepath.Join(adir, "certs", "ca.crt")
+	old, _ := os.ReadFile(caFile)
+	extra := newRootPEM(t)
+	tmp := caFile + ".tmp"
+	if err := os.WriteFile(tmp, append(append([]byte{}, old...), extra...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, caFile); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	deadline := time.After(time.Second)
+	for done := false; !done; {
+		select {
+		case s := <-bset:
+			b, ok := s.Get(td)
+			if ok && len(b.X509Authorities()) == 2 {
+				t.Logf("bundle change pushed after %v", time.Since(changed))
+				done = true
+			}
+		case <-deadline:
+			t.Fatalf("no bundle update with the new root within a second\n%s", p.Logs())
+		}
+	}
+
+	// Without the security header: INVALID_ARGUMENT.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := workload.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(ctx, &workload.X509SVIDRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a call without workload.spiffe.io: %v, want INVALID_ARGUMENT", err)
+	}
+	if m := metricsOf(t, p.metrics); !strings.Contains(m, `muster_agent_workload_api_refusals_total{reason="missing_header"} 1`) {
+		t.Errorf("refusal not counted:\n%s", grepLines(m, "workload_api"))
+	}
+}
+
+func TestWorkloadAPIRefusesUIDsNotAllowed(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "web-2")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	// The test runs as root; the allow-list names someone else.
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--metrics-listen", "127.0.0.1:0", "--workload-api", "unix://"+sock, "--workload-api-allow-uids", "4242",
+		"--workload-api-socket-mode", "0666")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// FetchX509SVID retries PERMISSION_DENIED in go-spiffe's watch, but
+	// its one-shot Fetch returns it.
+	_, err = client.FetchX509Bundles(ctx)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "UID 0") {
+		t.Fatalf("a caller not allowed: %v, want PERMISSION_DENIED naming its UID", err)
+	}
+	if m := metricsOf(t, p.metrics); !strings.Contains(m, `muster_agent_workload_api_refusals_total{reason="uid_not_allowed"} 1`) {
+		t.Errorf("refusal not counted:\n%s", grepLines(m, "workload_api"))
+	}
+	if !strings.Contains(p.Logs(), "workload api: caller refused") {
+		t.Errorf("refusal not logged:\n%s", p.Logs())
+	}
+}
+
+func mustParse(t *testing.T, der []byte) *x509.Certificate {
+	t.Helper()
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// newRootPEM is a self-signed CA certificate, PEM.
+func newRootPEM(t *testing.T) []byte {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "other root"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
