@@ -5,9 +5,11 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"os"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"google.golang.org/grpc"
@@ -219,4 +222,110 @@ func newRootPEM(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// serveWorkloadAPI runs agent run for adir with a Workload API and returns
+// an X.509 source on it.
+func serveWorkloadAPI(t *testing.T, ctx context.Context, adir string) *workloadapi.X509Source {
+	t.Helper()
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	startProc(t, "agent "+filepath.Base(adir), "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--workload-api", "unix://"+sock)
+	src, err := workloadapi.NewX509Source(ctx, workloadapi.WithClientOptions(workloadapi.WithAddr("unix://"+sock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+func hasServerAuth(c *x509.Certificate) bool {
+	for _, u := range c.ExtKeyUsage {
+		if u == x509.ExtKeyUsageServerAuth {
+			return true
+		}
+	}
+	return false
+}
+
+// Two agents joined with --svid-usage client,server tokens mTLS each other
+// with the SVIDs their Workload APIs serve, each authorizing the other's
+// SPIFFE ID; a renewal keeps the usage; a default token's agent gets a
+// client-only SVID.
+func TestWorkloadAPIServerSVIDsMTLS(t *testing.T) {
+	e := newAgentEnv(t)
+	join := func(node string, usage ...string) string {
+		adir := filepath.Join(t.TempDir(), "agent-"+node)
+		tok := e.createToken(t, usage...)
+		mustRun(t, "agent", "join", "--data", adir, "--node", node, tok.URI)
+		return adir
+	}
+	if line := mustFail(t, "token", "create", "--data", e.dir, "--svid-usage", "server"); !strings.Contains(line, "INVALID_ARGUMENT") ||
+		!strings.Contains(line, "client,server") {
+		t.Errorf("--svid-usage server alone: %q", line)
+	}
+	adirA, adirB := join("svc-a", "--svid-usage", "client,server"), join("svc-b", "--svid-usage", "client,server")
+	adirC := join("plain")
+	mustRun(t, "agent", "renew", "--data", adirA)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srcA, srcB, srcC := serveWorkloadAPI(t, ctx, adirA), serveWorkloadAPI(t, ctx, adirB), serveWorkloadAPI(t, ctx, adirC)
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	idA, idB := spiffeid.RequireFromPath(td, "/agent/svc-a"), spiffeid.RequireFromPath(td, "/agent/svc-b")
+	for _, c := range []struct {
+		src  *workloadapi.X509Source
+		want bool
+	}{{srcA, true}, {srcB, true}, {srcC, false}} {
+		svid, err := c.src.GetX509SVID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hasServerAuth(svid.Certificates[0]) != c.want {
+			t.Errorf("%s: server auth %v, want %v", svid.ID, !c.want, c.want)
+		}
+	}
+
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", tlsconfig.MTLSServerConfig(srcA, srcA, tlsconfig.AuthorizeID(idB)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			err = c.(*tls.Conn).Handshake()
+			if err == nil {
+				_, err = c.Write([]byte("hello from a\n"))
+			}
+			c.Close()
+		}
+		served <- err
+	}()
+	conn, err := tls.Dial("tcp", lis.Addr().String(), tlsconfig.MTLSClientConfig(srcB, srcB, tlsconfig.AuthorizeID(idA)))
+	if err != nil {
+		t.Fatalf("agent b's mTLS handshake with agent a: %v", err)
+	}
+	line, _ := io.ReadAll(conn)
+	conn.Close()
+	if err := <-served; err != nil || string(line) != "hello from a\n" {
+		t.Fatalf("agent a's side: %v, read %q", err, line)
+	}
+	if got := conn.ConnectionState().PeerCertificates[0].URIs[0].String(); got != idA.String() {
+		t.Errorf("b talked to %s", got)
+	}
+
+	// Agent b refuses a server that is not a (another agent's SVID).
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	if c, err := tls.Dial("tcp", lis.Addr().String(), tlsconfig.MTLSClientConfig(srcB, srcB, tlsconfig.AuthorizeID(idB))); err == nil {
+		c.Close()
+		t.Fatal("a client authorizing only svc-b accepted svc-a's certificate")
+	}
 }
