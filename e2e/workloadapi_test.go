@@ -8,12 +8,15 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -327,5 +330,96 @@ func TestWorkloadAPIServerSVIDsMTLS(t *testing.T) {
 	if c, err := tls.Dial("tcp", lis.Addr().String(), tlsconfig.MTLSClientConfig(srcB, srcB, tlsconfig.AuthorizeID(idB))); err == nil {
 		c.Close()
 		t.Fatal("a client authorizing only svc-b accepted svc-a's certificate")
+	}
+}
+
+// A bound-keypair agent's refreshes, the one that rotates its bound key
+// included, made by agent run itself, reach an open FetchX509SVID stream
+// within a second of the refresh's log record (the renewal path tells
+// the Workload API in process).
+func TestWorkloadAPIPushesBoundKeyRotation(t *testing.T) {
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := filepath.Join(t.TempDir(), "agent")
+	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
+	keyFile := filepath.Join(t.TempDir(), "bot.pub")
+	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "bot", "add", "rotor", "--public-key", keyFile, "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "rotor", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--workload-api", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type received struct {
+		serial string
+		at     time.Time
+	}
+	var (
+		mu   sync.Mutex
+		got  []received
+		svid = make(x509Updates, 64)
+	)
+	go workloadapi.WatchX509Context(ctx, svid, workloadapi.WithAddr("unix://"+sock))
+	go func() {
+		for c := range svid {
+			mu.Lock()
+			got = append(got, received{fmt.Sprintf("%x", c.DefaultSVID().Certificates[0].SerialNumber), time.Now()})
+			mu.Unlock()
+		}
+	}()
+
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	yaml := fmt.Sprintf("kind: token\nmetadata: {name: rotor}\nspec:\n  join_method: bound-keypair\n  node: rotor\n"+
+		"  bound_keypair:\n    onboarding: {initial_public_key: %q}\n    recovery: {limit: 1, mode: standard}\n    rotate_after: %q\n",
+		pubLine, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339))
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
+	waitLog(t, p, "bound key rotated", 1, 20*time.Second)
+	waitLog(t, p, "refresh done", 2, 20*time.Second)
+	time.Sleep(time.Second)
+
+	// Every refresh logged is pushed within a second of its record, the
+	// rotating one (the first after "bound key rotated") among them.
+	rotated := false
+	refreshes := 0
+	for _, line := range strings.Split(p.Logs(), "\n") {
+		var rec struct {
+			Msg    string    `json:"msg"`
+			Time   time.Time `json:"time"`
+			Serial string    `json:"serial"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if rec.Msg == "bound key rotated" {
+			rotated = true
+		}
+		if rec.Msg != "refresh done" {
+			continue
+		}
+		refreshes++
+		mu.Lock()
+		var at time.Time
+		for _, r := range got {
+			if r.serial == rec.Serial {
+				at = r.at
+			}
+		}
+		mu.Unlock()
+		if at.IsZero() {
+			t.Fatalf("refresh %d (serial %s, rotation seen: %v) never reached the stream\n%s", refreshes, rec.Serial, rotated, p.Logs())
+		}
+		if d := at.Sub(rec.Time); d > time.Second {
+			t.Fatalf("refresh %d (serial %s) reached the stream %v after its log record", refreshes, rec.Serial, d)
+		}
+		t.Logf("refresh %d (rotation seen: %v) pushed %v after its log record", refreshes, rotated, at.Sub(rec.Time).Round(time.Millisecond))
+	}
+	if !rotated || refreshes < 2 {
+		t.Fatalf("rotation %v, %d refreshes", rotated, refreshes)
 	}
 }
