@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"math/big"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,10 +21,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	"google.golang.org/grpc"
@@ -421,5 +424,87 @@ func TestWorkloadAPIPushesBoundKeyRotation(t *testing.T) {
 	}
 	if !rotated || refreshes < 2 {
 		t.Fatalf("rotation %v, %d refreshes", rotated, refreshes)
+	}
+}
+
+// A JWT-SVID fetched through the agent's Workload API (minted by the
+// authority, AgentService.MintJWTSVID) verifies against the JWKS the
+// authority serves relying parties on --crl-listen, and against the
+// Workload API's own FetchJWTBundles and ValidateJWTSVID; another
+// audience does not.
+func TestWorkloadAPIJWTSVIDs(t *testing.T) {
+	e := newAgentEnv(t, "--crl-listen", "127.0.0.1:0")
+	var crlListen string
+	for _, line := range strings.Split(e.auth.Logs(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "authority started" {
+			crlListen, _ = rec["crl_listen"].(string)
+		}
+	}
+	if crlListen == "" {
+		t.Fatalf("no crl_listen in the authority's start record\n%s", e.auth.Logs())
+	}
+	adir := joinedAgent(t, e, "api-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	want := spiffeid.RequireFromPath(td, "/agent/api-1")
+
+	svid, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db", ExtraAudiences: []string{"cache"}})
+	if err != nil {
+		t.Fatalf("FetchJWTSVID: %v", err)
+	}
+	if svid.ID != want || time.Until(svid.Expiry) > 5*time.Minute+5*time.Second || time.Until(svid.Expiry) < 4*time.Minute {
+		t.Fatalf("JWT-SVID %s expiring %v", svid.ID, svid.Expiry)
+	}
+	token := svid.Marshal()
+
+	// The relying party's path: the authority's JWKS over HTTP.
+	resp, err := http.Get("http://" + crlListen + "/.well-known/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET jwks.json: %s %s", resp.Status, body)
+	}
+	b, err := jwtbundle.Parse(td, body)
+	if err != nil {
+		t.Fatalf("the authority's JWKS: %v\n%s", err, body)
+	}
+	got, err := jwtsvid.ParseAndValidate(token, b, []string{"cache"})
+	if err != nil || got.ID != want {
+		t.Fatalf("validating against the authority's JWKS: %v %v", got, err)
+	}
+	if _, err := jwtsvid.ParseAndValidate(token, b, []string{"other"}); err == nil {
+		t.Fatal("a JWT-SVID for db,cache validated for audience other")
+	}
+
+	// The Workload API's own bundle and validation.
+	bundles, err := client.FetchJWTBundles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb, ok := bundles.Get(td)
+	if !ok {
+		t.Fatal("FetchJWTBundles has no bundle of the trust domain")
+	}
+	if _, err := jwtsvid.ParseAndValidate(token, wb, []string{"db"}); err != nil {
+		t.Fatalf("validating against FetchJWTBundles: %v", err)
+	}
+	v, err := client.ValidateJWTSVID(ctx, token, "db")
+	if err != nil || v.ID != want {
+		t.Fatalf("ValidateJWTSVID: %v %v", v, err)
+	}
+	if _, err := client.ValidateJWTSVID(ctx, token, "other"); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("ValidateJWTSVID for another audience: %v, want INVALID_ARGUMENT", err)
 	}
 }

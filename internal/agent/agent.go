@@ -136,6 +136,7 @@ type Agent struct {
 	trustChanged chan struct{}
 
 	onIdentity func()
+	jwts       jwtCache
 }
 
 // New returns an agent for o.Dir.

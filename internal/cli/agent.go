@@ -330,7 +330,7 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 				if lis != nil {
 					g.Go(func() error { return m.Serve(ctx, lis) })
 				}
-				wapi.start(ctx, g, dir)
+				wapi.start(ctx, g, dir, a)
 				return g.Wait()
 			})
 			switch {

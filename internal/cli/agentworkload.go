@@ -41,7 +41,7 @@ type workloadAPI struct {
 	lis  net.Listener
 	path string
 	src  *workload.Source
-	srv  *workload.Server
+	cfg  workload.Config
 }
 
 // setup resolves the settings (flags over agent.yaml) and creates the
@@ -114,7 +114,7 @@ func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logge
 	}
 	src := workload.NewSource(dir.LoadIdentity, log)
 	src.Reload()
-	return &workloadAPI{lis: lis, path: path, src: src, srv: workload.NewServer(src, sc)}, nil
+	return &workloadAPI{lis: lis, path: path, src: src, cfg: sc}, nil
 }
 
 func uint32s(v []uint) []uint32 {
@@ -133,17 +133,20 @@ func (w *workloadAPI) onIdentity() func() {
 	return w.src.Reload
 }
 
-// start serves the API and watches the identity files in g until ctx ends.
-func (w *workloadAPI) start(ctx context.Context, g *errgroup.Group, dir agent.Dir) {
+// start serves the API and watches the identity files in g until ctx ends;
+// JWT-SVIDs come from a.
+func (w *workloadAPI) start(ctx context.Context, g *errgroup.Group, dir agent.Dir, a *agent.Agent) {
 	if w == nil {
 		return
 	}
+	w.cfg.JWT = a
+	srv := workload.NewServer(w.src, w.cfg)
 	g.Go(func() error {
 		w.src.Watch(ctx, filepath.Dir(dir.CertFile()))
 		return nil
 	})
 	g.Go(func() error {
-		if err := w.srv.Serve(ctx, w.lis); err != nil {
+		if err := srv.Serve(ctx, w.lis); err != nil {
 			return fmt.Errorf("workload api: %w", err)
 		}
 		return nil

@@ -51,6 +51,15 @@ type Config struct {
 	Log                              *slog.Logger
 	// Registerer, if set, receives the server's metrics.
 	Registerer prometheus.Registerer
+	// JWT, if set, mints JWT-SVIDs and fetches their keys (the agent,
+	// asking the authority); without it the JWT RPCs are UNIMPLEMENTED.
+	JWT JWTSource
+}
+
+// JWTSource is the agent's side of JWT-SVIDs.
+type JWTSource interface {
+	JWTSVID(ctx context.Context, audience []string) (string, time.Time, error)
+	JWTBundle(ctx context.Context) ([]byte, error)
 }
 
 // Server is the SpiffeWorkloadAPI service over a Source.
@@ -67,6 +76,10 @@ type Server struct {
 
 	mu      sync.Mutex
 	streams map[uint32]int
+
+	jwksMu      sync.Mutex
+	jwks        []byte
+	jwksFetched time.Time
 }
 
 // NewServer returns a server for src.
@@ -230,21 +243,6 @@ func (s *Server) FetchX509SVID(_ *workloadpb.X509SVIDRequest, stream workloadpb.
 // FetchX509Bundles streams the trust domain's bundle.
 func (s *Server) FetchX509Bundles(_ *workloadpb.X509BundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509BundlesServer) error {
 	return watch(stream.Context(), s.src, stream.Send, x509BundlesResponse)
-}
-
-// FetchJWTSVID is not built yet (issue 24: the authority's JWT key).
-func (s *Server) FetchJWTSVID(context.Context, *workloadpb.JWTSVIDRequest) (*workloadpb.JWTSVIDResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served yet by this agent")
-}
-
-// FetchJWTBundles is not built yet.
-func (s *Server) FetchJWTBundles(*workloadpb.JWTBundlesRequest, workloadpb.SpiffeWorkloadAPI_FetchJWTBundlesServer) error {
-	return status.Error(codes.Unimplemented, "workload api: JWT bundles are not served yet by this agent")
-}
-
-// ValidateJWTSVID is not built yet.
-func (s *Server) ValidateJWTSVID(context.Context, *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not validated yet by this agent")
 }
 
 func concatDER(certs []*x509.Certificate) []byte {
