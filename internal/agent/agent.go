@@ -106,6 +106,11 @@ type Options struct {
 	// StaticVerifiers is MUSTER_TASK_SIGNING_PUBKEYS: a transition list of
 	// task verifiers accepted besides the verifier set.
 	StaticVerifiers string
+	// OnIdentity, if set, is called after every join, renewal, refresh
+	// or recovery this agent attempts, failed ones too (they may have
+	// written part of a new identity): the Workload API reloads the
+	// files and pushes what changed to its streams.
+	OnIdentity func()
 }
 
 // Agent joins and renews for one data directory. Its methods are safe
@@ -129,12 +134,15 @@ type Agent struct {
 	// trustChanged is signalled (without blocking) whenever the agent
 	// takes a new verifier set, so the stream sends a heartbeat at once.
 	trustChanged chan struct{}
+
+	onIdentity func()
+	jwts       jwtCache
 }
 
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
-		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1)}
+		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -145,6 +153,14 @@ func New(o Options) *Agent {
 		a.timeout = DefaultTimeout
 	}
 	return a
+}
+
+// identityWritten tells Options.OnIdentity that the identity files may
+// have changed.
+func (a *Agent) identityWritten() {
+	if a.onIdentity != nil {
+		a.onIdentity()
+	}
 }
 
 func dial(addr string, tc *tls.Config) (*grpc.ClientConn, error) {

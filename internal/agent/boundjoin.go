@@ -295,6 +295,7 @@ func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, 
 // recovery, answered with a new instance. Errors are *OpError.
 func (a *Agent) Rebind(ctx context.Context) (*State, error) {
 	st, op, err := a.rebind(ctx)
+	a.identityWritten()
 	a.metrics.renewal(err)
 	if err != nil {
 		return nil, &OpError{Op: op, Err: err}

@@ -129,6 +129,27 @@ type Config struct {
 	// binds the agent's key to it, kept only until the join succeeds.
 	BoundKeypair       string `yaml:"bound_keypair,omitempty"`
 	RegistrationSecret string `yaml:"registration_secret,omitempty"`
+	// WorkloadAPI configures the SPIFFE Workload API socket of agent run
+	// (docs/workload-api.md).
+	WorkloadAPI *WorkloadAPIConfig `yaml:"workload_api,omitempty"`
+}
+
+// WorkloadAPIConfig is agent.yaml's workload_api section; agent run's
+// --workload-api* flags override it.
+type WorkloadAPIConfig struct {
+	// Listen is unix:///PATH; empty serves no Workload API.
+	Listen string `yaml:"listen,omitempty"`
+	// SocketMode is the socket's permission bits in octal (default
+	// 0600); SocketUID and SocketGID its owner (default the agent's).
+	SocketMode string `yaml:"socket_mode,omitempty"`
+	SocketUID  *int   `yaml:"socket_uid,omitempty"`
+	SocketGID  *int   `yaml:"socket_gid,omitempty"`
+	// AllowUIDs and AllowGIDs admit callers by UID or primary GID
+	// (default: the agent's own UID alone).
+	AllowUIDs []uint32 `yaml:"allow_uids,omitempty"`
+	AllowGIDs []uint32 `yaml:"allow_gids,omitempty"`
+	// MaxStreamsPerUID caps one UID's open streams (default 32).
+	MaxStreamsPerUID int `yaml:"max_streams_per_uid,omitempty"`
 }
 
 // ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown
@@ -155,7 +176,7 @@ func (d Dir) ReadConfig() (Config, error) {
 func redactYAMLError(err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
-		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk, discovery, discovery_fingerprint, authority_id, bound_keypair, registration_secret)"
+		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk, discovery, discovery_fingerprint, authority_id, bound_keypair, registration_secret, workload_api: listen, socket_mode, socket_uid, socket_gid, allow_uids, allow_gids, max_streams_per_uid)"
 	}
 	return "malformed YAML"
 }

@@ -133,6 +133,7 @@ func (r JoinRequest) checkDiscovery() error {
 // ErrIdentityExists.
 func (a *Agent) Join(ctx context.Context, r JoinRequest) (*State, error) {
 	st, err := a.join(ctx, r)
+	a.identityWritten()
 	if err != nil {
 		return nil, &OpError{Op: "join", Err: err}
 	}

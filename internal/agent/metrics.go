@@ -89,6 +89,15 @@ func (m *Metrics) observe(st *State) {
 	}
 }
 
+// Registerer is where other parts of agent run (the Workload API) add
+// their series; nil for a nil *Metrics.
+func (m *Metrics) Registerer() prometheus.Registerer {
+	if m == nil {
+		return nil
+	}
+	return m.reg
+}
+
 func (m *Metrics) taskRefused() {
 	if m != nil {
 		m.refused.Inc()

@@ -23,6 +23,7 @@ func (a *Agent) Renew(ctx context.Context) (*State, error) {
 		return a.Rebind(ctx)
 	}
 	st, err := a.renew(ctx)
+	a.identityWritten()
 	a.metrics.renewal(err)
 	if err != nil {
 		return nil, &OpError{Op: "renewal", Err: err}

@@ -167,3 +167,30 @@ func TestRenewMissingDirectoryCreatesNothing(t *testing.T) {
 		t.Fatalf("Renew left %s behind: %v", dir, err)
 	}
 }
+
+// OnIdentity hears of the join and of each renewal, after the files are
+// written: the Workload API reloads them then.
+func TestOnIdentityAfterJoinAndRenewal(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	dir := Dir(t.TempDir())
+	var serials []string
+	a := New(Options{Dir: dir, Timeout: 5 * time.Second, OnIdentity: func() {
+		id, err := dir.LoadIdentity()
+		if err != nil {
+			t.Errorf("OnIdentity: %v", err)
+			return
+		}
+		serials = append(serials, serialOf(id.Leaf()))
+	}})
+	st, err := a.Join(t.Context(), f.joinRequest("n1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := a.Renew(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(serials) != 2 || serials[0] != st.Serial || serials[1] != st2.Serial {
+		t.Fatalf("OnIdentity saw %v, want the join's %s then the renewal's %s", serials, st.Serial, st2.Serial)
+	}
+}

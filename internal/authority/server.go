@@ -38,6 +38,7 @@ import (
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/jwtsvid"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
@@ -142,6 +143,8 @@ type Server struct {
 	enroll  *enroll.Service
 	limiter *ratelimit.Keyed
 	tokens  *seal.Sealer
+	// jwt signs JWT-SVIDs for agents (MintJWTSVID).
+	jwt     *jwtsvid.Issuer
 	signers *signer.Keeper
 	// setAhead notices agents holding a newer verifier set than the
 	// store's (a restore).
@@ -225,6 +228,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
+		return nil, err
+	}
+	if s.jwt, err = s.newJWTIssuer(); err != nil {
 		return nil, err
 	}
 	psks, err := cfg.StorageKey.Sealer(seal.InfoPSK)
@@ -542,7 +548,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (crl): %w", s.cfg.CRLListen, err)
 		}
 		defer crlLis.Close()
-		crlSrv = &http.Server{Handler: s.crlHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 8 << 10}
+		crlSrv = &http.Server{Handler: s.relyingPartyHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 8 << 10}
 	}
 
 	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {

@@ -33,7 +33,7 @@ func tokenToProto(t store.Token, now time.Time) *musterv1.Token {
 	p := &musterv1.Token{
 		Id: t.ID, JoinMethod: t.JoinMethod, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount,
 		NodeId: t.NodeID, Description: t.Description, Labels: t.Labels, CreatedBy: t.CreatedBy,
-		CreatedAt: timestamppb.New(t.CreatedAt), State: tokenState(t, now),
+		CreatedAt: timestamppb.New(t.CreatedAt), State: tokenState(t, now), SvidUsage: t.SVIDUsageOrDefault(),
 	}
 	if !t.ExpiresAt.IsZero() {
 		p.ExpiresAt = timestamppb.New(t.ExpiresAt)
@@ -63,6 +63,10 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 	if err := spec.Check(); err != nil {
 		return nil, "", badRequest(err.Error())
 	}
+	usage, err := jointoken.ParseSVIDUsage(req.GetSvidUsage())
+	if err != nil {
+		return nil, "", badRequest(err.Error())
+	}
 	ttl, uses := spec.TTL, spec.Uses
 	now, err := a.s.store.Now(ctx)
 	if err != nil {
@@ -71,6 +75,7 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 	t := store.Token{
 		JoinMethod: store.JoinMethodToken, UsesAllowed: uses, NodeID: req.GetNodeId(),
 		Description: req.GetDescription(), Labels: req.GetLabels(), CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now,
+		SVIDUsage: usage,
 	}
 	if ttl > 0 {
 		t.ExpiresAt = now.Add(ttl)

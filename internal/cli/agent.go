@@ -243,6 +243,7 @@ func newAgentRunCmd(env *Env) *cobra.Command {
 		logFormat, logLevel string
 		pprofListen         string
 		timeout             time.Duration
+		wl                  workloadFlags
 	)
 	cmd := &cobra.Command{
 		Use: "run --data ADIR",
@@ -282,8 +283,15 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 				}
 				defer lis.Close()
 			}
+			wapi, err := wl.setup(cmd, dir, log, m)
+			if err != nil {
+				return fmt.Errorf("agent run: %w", err)
+			}
+			if wapi != nil {
+				defer wapi.lis.Close()
+			}
 			a := agent.New(agent.Options{Dir: dir, Log: log, Metrics: m, Timeout: timeout, Authority: env.Getenv(agent.EnvAuthority),
-				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv)})
+				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv), OnIdentity: wapi.onIdentity()})
 			join := func() (agent.JoinRequest, error) {
 				cfg, err := dir.ReadConfig()
 				if err != nil {
@@ -302,6 +310,9 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 			if lis != nil {
 				args = append(args, "metrics_listen", lis.Addr().String())
 			}
+			if wapi != nil {
+				args = append(args, "workload_api", wapi.path)
+			}
 			log.Info("agent started", args...)
 
 			var runErr error
@@ -319,6 +330,7 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 				if lis != nil {
 					g.Go(func() error { return m.Serve(ctx, lis) })
 				}
+				wapi.start(ctx, g, dir, a)
 				return g.Wait()
 			})
 			switch {
@@ -339,6 +351,7 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 	f.StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	f.StringVar(&logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
+	wl.register(cmd)
 	return cmd
 }
 

@@ -38,12 +38,18 @@ type tokenJSON struct {
 	LastUsedAt  *time.Time        `json:"last_used_at,omitempty"`
 	// BoundKeypair is a bound-keypair token's spec and status.
 	BoundKeypair *boundKeypairJSON `json:"bound_keypair,omitempty"`
+	// SVIDUsage is "client,server" for a token whose agents may serve
+	// TLS; absent for client only (the default).
+	SVIDUsage string `json:"svid_usage,omitempty"`
 }
 
 func tokenOf(t *musterv1.Token) tokenJSON {
 	j := tokenJSON{ID: t.GetId(), JoinMethod: t.GetJoinMethod(), State: t.GetState(), UsesAllowed: t.GetUsesAllowed(),
 		UsesCount: t.GetUsesCount(), NodeID: t.GetNodeId(), Description: t.GetDescription(), Labels: t.GetLabels(),
 		CreatedBy: t.GetCreatedBy(), CreatedAt: t.GetCreatedAt().AsTime(), BoundKeypair: boundKeypairOf(t)}
+	if u := t.GetSvidUsage(); u != "" && u != "client" {
+		j.SVIDUsage = u
+	}
 	if t.GetExpiresAt() != nil {
 		e := t.GetExpiresAt().AsTime()
 		j.ExpiresAt = &e
@@ -86,26 +92,33 @@ func newTokenCreateCmd(env *Env) *cobra.Command {
 		node, desc      string
 		labels          []string
 		unsafeUnlimited bool
+		svidUsage       string
 	)
 	cmd := &cobra.Command{
 		Use: "create",
 		Example: `  muster token create --data ./muster-data --ttl 1h
   muster token create --node web-1 --description "rebuild of web-1"
-  muster token create --uses 50 --ttl 24h --label team=infra -o json`,
+  muster token create --uses 50 --ttl 24h --label team=infra -o json
+  muster token create --node db-1 --svid-usage client,server`,
 		Short: "Create a join token and print it with its joining URI",
 		Long: `Create a join token. The token (ID.SECRET) is printed once: the authority
 keeps only an encrypted copy and never shows the secret again.
 
 --uses 0 makes the token usable until it expires; --ttl 0 makes it never
 expire; both together admit anyone who ever sees the token and need
---unsafe-unlimited.`,
+--unsafe-unlimited.
+
+--svid-usage client,server lets the certificates of the token's joins serve
+TLS too (server authentication), so the machine's services can take mTLS
+connections with its identity (docs/workload-api.md); renewals keep the
+usage the join gave.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
 			req := &musterv1.CreateTokenRequest{Ttl: durationpb.New(ttl), Uses: &uses, NodeId: node,
-				Description: desc, Labels: map[string]string{}, UnsafeUnlimited: unsafeUnlimited}
+				Description: desc, Labels: map[string]string{}, UnsafeUnlimited: unsafeUnlimited, SvidUsage: svidUsage}
 			for _, l := range labels {
 				k, v, ok := strings.Cut(l, "=")
 				if !ok || k == "" {
@@ -134,6 +147,9 @@ expire; both together admit anyone who ever sees the token and need
 				if t.NodeID != "" {
 					fmt.Fprintf(env.Stdout, "Bound to:    node %s (re-joining it supersedes the node's current instance)\n", t.NodeID)
 				}
+				if t.SVIDUsage != "" {
+					fmt.Fprintf(env.Stdout, "SVID usage:  %s (its machines' certificates may serve TLS)\n", t.SVIDUsage)
+				}
 				node := "--node NODE "
 				if t.NodeID != "" {
 					node = "" // the URI names the node
@@ -150,6 +166,7 @@ expire; both together admit anyone who ever sees the token and need
 	f.StringVar(&desc, "description", "", "free text shown in token list")
 	f.StringArrayVar(&labels, "label", nil, "KEY=VALUE label (repeatable)")
 	f.BoolVar(&unsafeUnlimited, "unsafe-unlimited", false, "allow --ttl 0 together with --uses 0 (unsafe)")
+	f.StringVar(&svidUsage, "svid-usage", "client", "what the joined machine's certificates may do: client, or client,server to serve TLS too")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
@@ -243,6 +260,9 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 				fmt.Fprintf(env.Stdout, "ID:          %s\nState:       %s\nUses:        %d of %s used\nExpires:     %s\nNode:        %s\nDescription: %s\nLabels:      %s\nCreated:     %s by %s\n",
 					t.ID, t.State, t.UsesCount, map[bool]string{true: "unlimited", false: fmt.Sprint(t.UsesAllowed)}[t.UsesAllowed == 0],
 					t.expiry(), t.NodeID, t.Description, t.labels(), t.CreatedAt.UTC().Format(time.RFC3339), t.CreatedBy)
+				if t.SVIDUsage != "" {
+					fmt.Fprintf(env.Stdout, "SVID usage:  %s\n", t.SVIDUsage)
+				}
 				if t.BoundKeypair != nil {
 					t.BoundKeypair.write(env.Stdout)
 				}

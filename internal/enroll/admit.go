@@ -30,7 +30,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 			return nil, err
 		}
 	}
-	leaf, chain, err := s.issue(a.NodeID, a.Method, a.PublicKey, a.Now)
+	leaf, chain, err := s.issue(a.NodeID, a.Method, a.PublicKey, a.Now, a.ServerAuth)
 	if err != nil {
 		return nil, err
 	}

@@ -493,6 +493,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, ExpectedEpoch: v.ExpectedEpoch,
 		Counted: v.Counted, Epoch: v.Epoch, Sequence: v.Sequence, Resync: v.Resync})
 	a.TokenID, a.Method, a.MaySupersede = t.ID, store.JoinMethodBoundKeypair, true
+	a.ServerAuth = t.SVIDUsage == store.SVIDUsageClientServer
 	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.Sequence, t.ID)
 	if v.Resync {
 		m.out.resync = &v

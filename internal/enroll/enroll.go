@@ -21,6 +21,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,8 +198,9 @@ func keyID(pub crypto.PublicKey) ([]byte, error) {
 	return sum[:], nil
 }
 
-// issue signs an agent certificate for nodeID, which joined by method.
-func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time) (*x509.Certificate, []byte, error) {
+// issue signs an agent certificate for nodeID, which joined by method;
+// serverAuth lets it serve TLS too (the token's svid_usage).
+func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time, serverAuth bool) (*x509.Certificate, []byte, error) {
 	ttl := s.cfg.AgentCertTTL
 	if method == store.JoinMethodBoundKeypair {
 		ttl = cmp.Or(s.cfg.BoundKeypair.CertTTL, DefaultBoundKeypairCertTTL)
@@ -215,6 +217,7 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 		SPIFFEID:   id.URL(),
 		CommonName: nodeID,
 		ClientAuth: true,
+		ServerAuth: serverAuth,
 		NotBefore:  now,
 		TTL:        ttl,
 	})
@@ -222,6 +225,12 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 		return nil, nil, err
 	}
 	return leaf, agent.ChainPEM(leaf), nil
+}
+
+// servesTLS reports whether an agent certificate the authority issued may
+// serve TLS: a renewal keeps the usage its instance was given at the join.
+func servesTLS(leaf *x509.Certificate) bool {
+	return slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 }
 
 // issuerOf returns the agent intermediate that signed leaf (the active one

@@ -48,6 +48,10 @@ type Admission struct {
 	Proof        string
 	Method       string
 	MaySupersede bool
+	// ServerAuth, from the token's svid_usage, lets the new instance's
+	// certificates serve TLS too; renewals keep what the instance's
+	// certificate says.
+	ServerAuth bool
 	// PublicKey is the key to certify; nil asks the authority to mint one.
 	PublicKey crypto.PublicKey
 	KeyID     []byte

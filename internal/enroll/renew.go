@@ -105,7 +105,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, s.copyDetected(ctx, rec, inst)
 		}
 		now := s.cfg.Now()
-		next, chain, err := s.issue(rec.NodeID, inst.JoinMethod, csr.PublicKey, now)
+		next, chain, err := s.issue(rec.NodeID, inst.JoinMethod, csr.PublicKey, now, servesTLS(leaf))
 		if err != nil {
 			return nil, err
 		}

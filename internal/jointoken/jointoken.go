@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/subtle"
 	"errors"
+	"fmt"
 	"math/big"
 	"regexp"
 	"strings"
@@ -102,3 +103,18 @@ func (t Token) String() string { return t.ID + ".REDACTED" }
 
 // GoString keeps the secret out of %#v.
 func (t Token) GoString() string { return "jointoken.Token{ID: " + t.ID + "}" }
+
+// ParseSVIDUsage reads what the certificates of a token's joins may be
+// used for: "" or "client" (client authentication only, returned as "")
+// or "client,server" (server authentication too, so agents can serve TLS
+// with them). An agent always authenticates to the authority as a
+// client, so "server" alone is refused.
+func ParseSVIDUsage(s string) (string, error) {
+	switch strings.ReplaceAll(strings.ToLower(s), " ", "") {
+	case "", "client":
+		return "", nil
+	case "client,server", "server,client":
+		return "client,server", nil
+	}
+	return "", fmt.Errorf("svid usage %q: want client or client,server", s)
+}

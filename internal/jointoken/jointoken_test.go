@@ -84,3 +84,17 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParseSVIDUsage(t *testing.T) {
+	for in, want := range map[string]string{"": "", "client": "", "Client": "", "client,server": "client,server",
+		"server,client": "client,server", "client, server": "client,server"} {
+		if got, err := ParseSVIDUsage(in); err != nil || got != want {
+			t.Errorf("ParseSVIDUsage(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"server", "client,client", "peer", "client,server,x"} {
+		if _, err := ParseSVIDUsage(in); err == nil {
+			t.Errorf("ParseSVIDUsage(%q) accepted", in)
+		}
+	}
+}

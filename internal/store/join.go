@@ -44,6 +44,24 @@ type Token struct {
 	// BoundKeypair is the spec and status of a bound-keypair token, nil
 	// for other join methods. InsertToken writes it with the token.
 	BoundKeypair *BoundKeypair
+	// SVIDUsage is what the certificates of the token's joins may be used
+	// for: "" (client authentication only, stored as SVIDUsageClient) or
+	// SVIDUsageClientServer.
+	SVIDUsage string
+}
+
+// SVID usages of a token (docs/workload-api.md).
+const (
+	SVIDUsageClient       = "client"
+	SVIDUsageClientServer = "client,server"
+)
+
+// SVIDUsageOrDefault is t.SVIDUsage, SVIDUsageClient when unset.
+func (t Token) SVIDUsageOrDefault() string {
+	if t.SVIDUsage == "" {
+		return SVIDUsageClient
+	}
+	return t.SVIDUsage
 }
 
 // Instance states. A lock is not a state: it is a separate deny rule.

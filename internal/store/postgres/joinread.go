@@ -16,7 +16,7 @@ import (
 const joinTokenQuery = `SELECT true, ` + tokenColumns + ` FROM tokens WHERE id = $1::text
 	UNION ALL
 	SELECT false, $1::text, 'token', decode(repeat('00', 32), 'hex'), decode(repeat('00', 12), 'hex'), 1, 0, 0::bigint,
-		'', '', '{}'::jsonb, '', 0::bigint, NULL::bigint
+		'', '', '{}'::jsonb, '', 0::bigint, NULL::bigint, 'client'
 	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = $1::text)`
 
 // flagged scans a leading found flag into found, then the row.

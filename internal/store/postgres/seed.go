@@ -31,7 +31,7 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 					return fmt.Errorf("postgres: seed token: %w", err)
 				}
 				rows[i] = []any{t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
-					t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt)}
+					t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault()}
 			}
 			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"seed_tokens"}, columns(tokenColumns), pgx.CopyFromRows(rows)); err != nil {
 				return wrap("seed tokens", err)

@@ -14,7 +14,7 @@ import (
 )
 
 const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_count, expires_at,
-	node_id, description, labels, created_by, created_at, last_used_at`
+	node_id, description, labels, created_by, created_at, last_used_at, svid_usage`
 
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
@@ -29,9 +29,9 @@ func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
 	}
 	return s.inTx(ctx, "insert token", func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO tokens (`+tokenColumns+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13)`,
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14)`,
 			t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
-			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
+			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault())
 		if err != nil {
 			return wrap("insert token", err)
 		}
@@ -103,7 +103,7 @@ func scanToken(row pgx.Row) (store.Token, error) {
 		expires, created, usedAt *int64
 	)
 	if err := row.Scan(&t.ID, &t.JoinMethod, &t.Ciphertext, &t.Nonce, &t.UsesAllowed, &t.UsesCount, &expires,
-		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt); err != nil {
+		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt, &t.SVIDUsage); err != nil {
 		return store.Token{}, err
 	}
 	if err := json.Unmarshal(labels, &t.Labels); err != nil {
@@ -113,6 +113,9 @@ func scanToken(row pgx.Row) (store.Token, error) {
 		t.Labels = nil
 	}
 	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = timeCol(expires), timeCol(created), timeCol(usedAt)
+	if t.SVIDUsage == store.SVIDUsageClient {
+		t.SVIDUsage = "" // the default reads as unset
+	}
 	return t, nil
 }
 

@@ -16,7 +16,7 @@ import (
 // so its timing does not tell whether the ID exists.
 const joinTokenQuery = `SELECT 1, ` + tokenColumns + ` FROM tokens WHERE id = ?1
 	UNION ALL
-	SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL
+	SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
 	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1)`
 
 // flagged scans a leading found flag into found, then the row.

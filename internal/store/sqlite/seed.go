@@ -17,7 +17,7 @@ func (s *SQLite) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, e
 	inserted = make([]bool, len(b.Tokens))
 	err = s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		tokens, err := tx.PrepareContext(ctx, `INSERT INTO tokens (`+tokenColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`)
 		if err != nil {
 			return wrap("seed: prepare tokens", err)
 		}
@@ -28,7 +28,7 @@ func (s *SQLite) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, e
 				return fmt.Errorf("sqlite: seed token: %w", err)
 			}
 			res, err := tokens.ExecContext(ctx, t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount,
-				timeArg(t.ExpiresAt), t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
+				timeArg(t.ExpiresAt), t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault())
 			if err != nil {
 				return wrap("seed token", err)
 			}

@@ -13,7 +13,7 @@ import (
 )
 
 const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_count, expires_at,
-	node_id, description, labels, created_by, created_at, last_used_at`
+	node_id, description, labels, created_by, created_at, last_used_at, svid_usage`
 
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
@@ -28,9 +28,9 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 	}
 	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO tokens (`+tokenColumns+`)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 			t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
-			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt))
+			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault())
 		if err != nil {
 			return wrap("insert token", err)
 		}
@@ -118,7 +118,7 @@ func scanToken(row scanner) (store.Token, error) {
 		expires, created, usedAt sql.NullInt64
 	)
 	if err := row.Scan(&t.ID, &t.JoinMethod, &t.Ciphertext, &t.Nonce, &t.UsesAllowed, &t.UsesCount, &expires,
-		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt); err != nil {
+		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt, &t.SVIDUsage); err != nil {
 		return store.Token{}, err
 	}
 	if err := json.Unmarshal([]byte(labels), &t.Labels); err != nil {
@@ -128,6 +128,9 @@ func scanToken(row scanner) (store.Token, error) {
 		t.Labels = nil
 	}
 	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = timeCol(expires), timeCol(created), timeCol(usedAt)
+	if t.SVIDUsage == store.SVIDUsageClient {
+		t.SVIDUsage = "" // the default reads as unset
+	}
 	return t, nil
 }
 

@@ -61,6 +61,7 @@ func tokenCases() []testCase {
 			tok.Ciphertext = []byte{0, 1, 0xfe, 0xff}
 			tok.LastUsedAt = at(-time.Minute)
 			tok.Labels = map[string]string{"a": "1", "quote\"d": "ünïcode", "": "empty key"}
+			tok.SVIDUsage = store.SVIDUsageClientServer
 			mustNil(t, "InsertToken", s.InsertToken(ctx, tok))
 			got, err := s.GetToken(ctx, "t1")
 			mustNil(t, "GetToken", err)

@@ -1240,8 +1240,12 @@ type Token struct {
 	// bound_keypair is set for a bound-keypair token.
 	BoundKeypair       *BoundKeypairSpec   `protobuf:"bytes,13,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
 	BoundKeypairStatus *BoundKeypairStatus `protobuf:"bytes,14,opt,name=bound_keypair_status,json=boundKeypairStatus,proto3" json:"bound_keypair_status,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// svid_usage is what the certificates of the token's joins may be used
+	// for: "client" (client authentication only) or "client,server" (also
+	// to serve TLS, so agents can mTLS each other; docs/workload-api.md).
+	SvidUsage     string `protobuf:"bytes,15,opt,name=svid_usage,json=svidUsage,proto3" json:"svid_usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Token) Reset() {
@@ -1370,6 +1374,13 @@ func (x *Token) GetBoundKeypairStatus() *BoundKeypairStatus {
 		return x.BoundKeypairStatus
 	}
 	return nil
+}
+
+func (x *Token) GetSvidUsage() string {
+	if x != nil {
+		return x.SvidUsage
+	}
+	return ""
 }
 
 // BoundKeypairSpec is the people-written part of a bound-keypair token.
@@ -1718,8 +1729,10 @@ type CreateTokenRequest struct {
 	// unsafe_unlimited must be set for a token with neither an expiry nor a
 	// use limit.
 	UnsafeUnlimited bool `protobuf:"varint,6,opt,name=unsafe_unlimited,json=unsafeUnlimited,proto3" json:"unsafe_unlimited,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// svid_usage: "" or "client" (the default) or "client,server".
+	SvidUsage     string `protobuf:"bytes,7,opt,name=svid_usage,json=svidUsage,proto3" json:"svid_usage,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateTokenRequest) Reset() {
@@ -1792,6 +1805,13 @@ func (x *CreateTokenRequest) GetUnsafeUnlimited() bool {
 		return x.UnsafeUnlimited
 	}
 	return false
+}
+
+func (x *CreateTokenRequest) GetSvidUsage() string {
+	if x != nil {
+		return x.SvidUsage
+	}
+	return ""
 }
 
 type CreateTokenResponse struct {
@@ -3929,7 +3949,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\rfirst_bad_seq\x18\x04 \x01(\x03R\vfirstBadSeq\x12\x18\n" +
 	"\aproblem\x18\x05 \x01(\tR\aproblem\x12\x19\n" +
 	"\bhead_seq\x18\x06 \x01(\x03R\aheadSeq\x12\x1b\n" +
-	"\thead_hash\x18\a \x01(\tR\bheadHash\"\xa2\x05\n" +
+	"\thead_hash\x18\a \x01(\tR\bheadHash\"\xc1\x05\n" +
 	"\x05Token\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vjoin_method\x18\x02 \x01(\tR\n" +
@@ -3951,7 +3971,9 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"lastUsedAt\x12\x14\n" +
 	"\x05state\x18\f \x01(\tR\x05state\x12@\n" +
 	"\rbound_keypair\x18\r \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12O\n" +
-	"\x14bound_keypair_status\x18\x0e \x01(\v2\x1d.muster.v1.BoundKeypairStatusR\x12boundKeypairStatus\x1a9\n" +
+	"\x14bound_keypair_status\x18\x0e \x01(\v2\x1d.muster.v1.BoundKeypairStatusR\x12boundKeypairStatus\x12\x1d\n" +
+	"\n" +
+	"svid_usage\x18\x0f \x01(\tR\tsvidUsage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x99\x02\n" +
@@ -3982,14 +4004,16 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x12ApplyTokenResponse\x12&\n" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x12\x10\n" +
-	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xc7\x02\n" +
+	"\x03uri\x18\x03 \x01(\tR\x03uri\"\xe6\x02\n" +
 	"\x12CreateTokenRequest\x12+\n" +
 	"\x03ttl\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12\x17\n" +
 	"\x04uses\x18\x02 \x01(\x03H\x00R\x04uses\x88\x01\x01\x12\x17\n" +
 	"\anode_id\x18\x03 \x01(\tR\x06nodeId\x12 \n" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\x12A\n" +
 	"\x06labels\x18\x05 \x03(\v2).muster.v1.CreateTokenRequest.LabelsEntryR\x06labels\x12)\n" +
-	"\x10unsafe_unlimited\x18\x06 \x01(\bR\x0funsafeUnlimited\x1a9\n" +
+	"\x10unsafe_unlimited\x18\x06 \x01(\bR\x0funsafeUnlimited\x12\x1d\n" +
+	"\n" +
+	"svid_usage\x18\a \x01(\tR\tsvidUsage\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\a\n" +

@@ -22,6 +22,192 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type MintJWTSVIDRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// audience: 1 to 8, each 1 to 256 bytes.
+	Audience      []string `protobuf:"bytes,1,rep,name=audience,proto3" json:"audience,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintJWTSVIDRequest) Reset() {
+	*x = MintJWTSVIDRequest{}
+	mi := &file_muster_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintJWTSVIDRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintJWTSVIDRequest) ProtoMessage() {}
+
+func (x *MintJWTSVIDRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintJWTSVIDRequest.ProtoReflect.Descriptor instead.
+func (*MintJWTSVIDRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MintJWTSVIDRequest) GetAudience() []string {
+	if x != nil {
+		return x.Audience
+	}
+	return nil
+}
+
+type MintJWTSVIDResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Token     string                 `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// jwks is the JSON Web Key Set of every key that verifies JWT-SVIDs.
+	Jwks          []byte `protobuf:"bytes,3,opt,name=jwks,proto3" json:"jwks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MintJWTSVIDResponse) Reset() {
+	*x = MintJWTSVIDResponse{}
+	mi := &file_muster_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MintJWTSVIDResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MintJWTSVIDResponse) ProtoMessage() {}
+
+func (x *MintJWTSVIDResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MintJWTSVIDResponse.ProtoReflect.Descriptor instead.
+func (*MintJWTSVIDResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MintJWTSVIDResponse) GetToken() string {
+	if x != nil {
+		return x.Token
+	}
+	return ""
+}
+
+func (x *MintJWTSVIDResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *MintJWTSVIDResponse) GetJwks() []byte {
+	if x != nil {
+		return x.Jwks
+	}
+	return nil
+}
+
+type GetJWTBundleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJWTBundleRequest) Reset() {
+	*x = GetJWTBundleRequest{}
+	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJWTBundleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJWTBundleRequest) ProtoMessage() {}
+
+func (x *GetJWTBundleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJWTBundleRequest.ProtoReflect.Descriptor instead.
+func (*GetJWTBundleRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+type GetJWTBundleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Jwks          []byte                 `protobuf:"bytes,1,opt,name=jwks,proto3" json:"jwks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJWTBundleResponse) Reset() {
+	*x = GetJWTBundleResponse{}
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJWTBundleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJWTBundleResponse) ProtoMessage() {}
+
+func (x *GetJWTBundleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJWTBundleResponse.ProtoReflect.Descriptor instead.
+func (*GetJWTBundleResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetJWTBundleResponse) GetJwks() []byte {
+	if x != nil {
+		return x.Jwks
+	}
+	return nil
+}
+
 type GetVerifierSetRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// have_version is the verifier set version the agent holds (0: none):
@@ -33,7 +219,7 @@ type GetVerifierSetRequest struct {
 
 func (x *GetVerifierSetRequest) Reset() {
 	*x = GetVerifierSetRequest{}
-	mi := &file_muster_v1_agent_proto_msgTypes[0]
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +231,7 @@ func (x *GetVerifierSetRequest) String() string {
 func (*GetVerifierSetRequest) ProtoMessage() {}
 
 func (x *GetVerifierSetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[0]
+	mi := &file_muster_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +244,7 @@ func (x *GetVerifierSetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVerifierSetRequest.ProtoReflect.Descriptor instead.
 func (*GetVerifierSetRequest) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetVerifierSetRequest) GetHaveVersion() int64 {
@@ -84,7 +270,7 @@ type GetVerifierSetResponse struct {
 
 func (x *GetVerifierSetResponse) Reset() {
 	*x = GetVerifierSetResponse{}
-	mi := &file_muster_v1_agent_proto_msgTypes[1]
+	mi := &file_muster_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -96,7 +282,7 @@ func (x *GetVerifierSetResponse) String() string {
 func (*GetVerifierSetResponse) ProtoMessage() {}
 
 func (x *GetVerifierSetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[1]
+	mi := &file_muster_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -109,7 +295,7 @@ func (x *GetVerifierSetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVerifierSetResponse.ProtoReflect.Descriptor instead.
 func (*GetVerifierSetResponse) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetVerifierSetResponse) GetVerifierSet() []byte {
@@ -139,7 +325,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	mi := &file_muster_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -151,7 +337,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[2]
+	mi := &file_muster_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -164,7 +350,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -225,7 +411,7 @@ type TaskResult struct {
 
 func (x *TaskResult) Reset() {
 	*x = TaskResult{}
-	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	mi := &file_muster_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -237,7 +423,7 @@ func (x *TaskResult) String() string {
 func (*TaskResult) ProtoMessage() {}
 
 func (x *TaskResult) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[3]
+	mi := &file_muster_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -250,7 +436,7 @@ func (x *TaskResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskResult.ProtoReflect.Descriptor instead.
 func (*TaskResult) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TaskResult) GetTaskId() string {
@@ -324,7 +510,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	mi := &file_muster_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -336,7 +522,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[4]
+	mi := &file_muster_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -349,7 +535,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Heartbeat) GetVerifierSetVersion() int64 {
@@ -436,7 +622,7 @@ type AuthorityMessage struct {
 
 func (x *AuthorityMessage) Reset() {
 	*x = AuthorityMessage{}
-	mi := &file_muster_v1_agent_proto_msgTypes[5]
+	mi := &file_muster_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +634,7 @@ func (x *AuthorityMessage) String() string {
 func (*AuthorityMessage) ProtoMessage() {}
 
 func (x *AuthorityMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_muster_v1_agent_proto_msgTypes[5]
+	mi := &file_muster_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +647,7 @@ func (x *AuthorityMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorityMessage.ProtoReflect.Descriptor instead.
 func (*AuthorityMessage) Descriptor() ([]byte, []int) {
-	return file_muster_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_muster_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AuthorityMessage) GetBody() isAuthorityMessage_Body {
@@ -527,7 +713,17 @@ var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
 const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bmuster/v1/trustbundle.proto\":\n" +
+	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bmuster/v1/trustbundle.proto\"0\n" +
+	"\x12MintJWTSVIDRequest\x12\x1a\n" +
+	"\baudience\x18\x01 \x03(\tR\baudience\"z\n" +
+	"\x13MintJWTSVIDResponse\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\tR\x05token\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
+	"\x04jwks\x18\x03 \x01(\fR\x04jwks\"\x15\n" +
+	"\x13GetJWTBundleRequest\"*\n" +
+	"\x14GetJWTBundleResponse\x12\x12\n" +
+	"\x04jwks\x18\x01 \x01(\fR\x04jwks\":\n" +
 	"\x15GetVerifierSetRequest\x12!\n" +
 	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"Q\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
@@ -567,10 +763,12 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\fverifier_set\x18\x01 \x01(\fH\x00R\vverifierSet\x12\x14\n" +
 	"\x04task\x18\x02 \x01(\fH\x00R\x04task\x12;\n" +
 	"\ftrust_bundle\x18\x03 \x01(\v2\x16.muster.v1.TrustBundleH\x00R\vtrustBundleB\x06\n" +
-	"\x04body2\xaa\x01\n" +
+	"\x04body2\xc9\x02\n" +
 	"\fAgentService\x12U\n" +
 	"\x0eGetVerifierSet\x12 .muster.v1.GetVerifierSetRequest\x1a!.muster.v1.GetVerifierSetResponse\x12C\n" +
-	"\aConnect\x12\x17.muster.v1.AgentMessage\x1a\x1b.muster.v1.AuthorityMessage(\x010\x01B7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\aConnect\x12\x17.muster.v1.AgentMessage\x1a\x1b.muster.v1.AuthorityMessage(\x010\x01\x12L\n" +
+	"\vMintJWTSVID\x12\x1d.muster.v1.MintJWTSVIDRequest\x1a\x1e.muster.v1.MintJWTSVIDResponse\x12O\n" +
+	"\fGetJWTBundle\x12\x1e.muster.v1.GetJWTBundleRequest\x1a\x1f.muster.v1.GetJWTBundleResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_agent_proto_rawDescOnce sync.Once
@@ -584,35 +782,44 @@ func file_muster_v1_agent_proto_rawDescGZIP() []byte {
 	return file_muster_v1_agent_proto_rawDescData
 }
 
-var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_muster_v1_agent_proto_goTypes = []any{
-	(*GetVerifierSetRequest)(nil),  // 0: muster.v1.GetVerifierSetRequest
-	(*GetVerifierSetResponse)(nil), // 1: muster.v1.GetVerifierSetResponse
-	(*AgentMessage)(nil),           // 2: muster.v1.AgentMessage
-	(*TaskResult)(nil),             // 3: muster.v1.TaskResult
-	(*Heartbeat)(nil),              // 4: muster.v1.Heartbeat
-	(*AuthorityMessage)(nil),       // 5: muster.v1.AuthorityMessage
-	nil,                            // 6: muster.v1.Heartbeat.AcceptedSignersEntry
-	nil,                            // 7: muster.v1.Heartbeat.VerificationFailuresEntry
-	(*timestamppb.Timestamp)(nil),  // 8: google.protobuf.Timestamp
-	(*TrustBundle)(nil),            // 9: muster.v1.TrustBundle
+	(*MintJWTSVIDRequest)(nil),     // 0: muster.v1.MintJWTSVIDRequest
+	(*MintJWTSVIDResponse)(nil),    // 1: muster.v1.MintJWTSVIDResponse
+	(*GetJWTBundleRequest)(nil),    // 2: muster.v1.GetJWTBundleRequest
+	(*GetJWTBundleResponse)(nil),   // 3: muster.v1.GetJWTBundleResponse
+	(*GetVerifierSetRequest)(nil),  // 4: muster.v1.GetVerifierSetRequest
+	(*GetVerifierSetResponse)(nil), // 5: muster.v1.GetVerifierSetResponse
+	(*AgentMessage)(nil),           // 6: muster.v1.AgentMessage
+	(*TaskResult)(nil),             // 7: muster.v1.TaskResult
+	(*Heartbeat)(nil),              // 8: muster.v1.Heartbeat
+	(*AuthorityMessage)(nil),       // 9: muster.v1.AuthorityMessage
+	nil,                            // 10: muster.v1.Heartbeat.AcceptedSignersEntry
+	nil,                            // 11: muster.v1.Heartbeat.VerificationFailuresEntry
+	(*timestamppb.Timestamp)(nil),  // 12: google.protobuf.Timestamp
+	(*TrustBundle)(nil),            // 13: muster.v1.TrustBundle
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
-	4, // 0: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
-	3, // 1: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
-	6, // 2: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
-	8, // 3: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
-	7, // 4: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
-	9, // 5: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
-	0, // 6: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	2, // 7: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	1, // 8: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	5, // 9: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	8, // [8:10] is the sub-list for method output_type
-	6, // [6:8] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	12, // 0: muster.v1.MintJWTSVIDResponse.expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 1: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
+	7,  // 2: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
+	10, // 3: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
+	12, // 4: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	11, // 5: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
+	13, // 6: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
+	4,  // 7: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	6,  // 8: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	0,  // 9: muster.v1.AgentService.MintJWTSVID:input_type -> muster.v1.MintJWTSVIDRequest
+	2,  // 10: muster.v1.AgentService.GetJWTBundle:input_type -> muster.v1.GetJWTBundleRequest
+	5,  // 11: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	9,  // 12: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	1,  // 13: muster.v1.AgentService.MintJWTSVID:output_type -> muster.v1.MintJWTSVIDResponse
+	3,  // 14: muster.v1.AgentService.GetJWTBundle:output_type -> muster.v1.GetJWTBundleResponse
+	11, // [11:15] is the sub-list for method output_type
+	7,  // [7:11] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -621,12 +828,12 @@ func file_muster_v1_agent_proto_init() {
 		return
 	}
 	file_muster_v1_trustbundle_proto_init()
-	file_muster_v1_agent_proto_msgTypes[2].OneofWrappers = []any{
+	file_muster_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*AgentMessage_Heartbeat)(nil),
 		(*AgentMessage_Result)(nil),
 	}
-	file_muster_v1_agent_proto_msgTypes[4].OneofWrappers = []any{}
-	file_muster_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_muster_v1_agent_proto_msgTypes[8].OneofWrappers = []any{}
+	file_muster_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*AuthorityMessage_VerifierSet)(nil),
 		(*AuthorityMessage_Task)(nil),
 		(*AuthorityMessage_TrustBundle)(nil),
@@ -637,7 +844,7 @@ func file_muster_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_agent_proto_rawDesc), len(file_muster_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

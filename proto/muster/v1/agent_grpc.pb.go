@@ -21,6 +21,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AgentService_GetVerifierSet_FullMethodName = "/muster.v1.AgentService/GetVerifierSet"
 	AgentService_Connect_FullMethodName        = "/muster.v1.AgentService/Connect"
+	AgentService_MintJWTSVID_FullMethodName    = "/muster.v1.AgentService/MintJWTSVID"
+	AgentService_GetJWTBundle_FullMethodName   = "/muster.v1.AgentService/GetJWTBundle"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -40,6 +42,14 @@ type AgentServiceClient interface {
 	// within a second of a lock, a deletion or a supersession, and at the
 	// certificate's NotAfter.
 	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[AgentMessage, AuthorityMessage], error)
+	// MintJWTSVID signs a JWT-SVID for the caller (subject its SPIFFE ID)
+	// and the audiences asked, ES256, valid 5 minutes (never past the
+	// caller's certificate): what the agent's Workload API answers
+	// FetchJWTSVID with. The answer carries the JWKS too.
+	MintJWTSVID(ctx context.Context, in *MintJWTSVIDRequest, opts ...grpc.CallOption) (*MintJWTSVIDResponse, error)
+	// GetJWTBundle returns the JWKS that verifies JWT-SVIDs (also served
+	// over HTTP for relying parties, docs/workload-api.md).
+	GetJWTBundle(ctx context.Context, in *GetJWTBundleRequest, opts ...grpc.CallOption) (*GetJWTBundleResponse, error)
 }
 
 type agentServiceClient struct {
@@ -73,6 +83,26 @@ func (c *agentServiceClient) Connect(ctx context.Context, opts ...grpc.CallOptio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_ConnectClient = grpc.BidiStreamingClient[AgentMessage, AuthorityMessage]
 
+func (c *agentServiceClient) MintJWTSVID(ctx context.Context, in *MintJWTSVIDRequest, opts ...grpc.CallOption) (*MintJWTSVIDResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MintJWTSVIDResponse)
+	err := c.cc.Invoke(ctx, AgentService_MintJWTSVID_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) GetJWTBundle(ctx context.Context, in *GetJWTBundleRequest, opts ...grpc.CallOption) (*GetJWTBundleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetJWTBundleResponse)
+	err := c.cc.Invoke(ctx, AgentService_GetJWTBundle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -90,6 +120,14 @@ type AgentServiceServer interface {
 	// within a second of a lock, a deletion or a supersession, and at the
 	// certificate's NotAfter.
 	Connect(grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]) error
+	// MintJWTSVID signs a JWT-SVID for the caller (subject its SPIFFE ID)
+	// and the audiences asked, ES256, valid 5 minutes (never past the
+	// caller's certificate): what the agent's Workload API answers
+	// FetchJWTSVID with. The answer carries the JWKS too.
+	MintJWTSVID(context.Context, *MintJWTSVIDRequest) (*MintJWTSVIDResponse, error)
+	// GetJWTBundle returns the JWKS that verifies JWT-SVIDs (also served
+	// over HTTP for relying parties, docs/workload-api.md).
+	GetJWTBundle(context.Context, *GetJWTBundleRequest) (*GetJWTBundleResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -105,6 +143,12 @@ func (UnimplementedAgentServiceServer) GetVerifierSet(context.Context, *GetVerif
 }
 func (UnimplementedAgentServiceServer) Connect(grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]) error {
 	return status.Error(codes.Unimplemented, "method Connect not implemented")
+}
+func (UnimplementedAgentServiceServer) MintJWTSVID(context.Context, *MintJWTSVIDRequest) (*MintJWTSVIDResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MintJWTSVID not implemented")
+}
+func (UnimplementedAgentServiceServer) GetJWTBundle(context.Context, *GetJWTBundleRequest) (*GetJWTBundleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetJWTBundle not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -152,6 +196,42 @@ func _AgentService_Connect_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_ConnectServer = grpc.BidiStreamingServer[AgentMessage, AuthorityMessage]
 
+func _AgentService_MintJWTSVID_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MintJWTSVIDRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).MintJWTSVID(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_MintJWTSVID_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).MintJWTSVID(ctx, req.(*MintJWTSVIDRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_GetJWTBundle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetJWTBundleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).GetJWTBundle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_GetJWTBundle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).GetJWTBundle(ctx, req.(*GetJWTBundleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -162,6 +242,14 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetVerifierSet",
 			Handler:    _AgentService_GetVerifierSet_Handler,
+		},
+		{
+			MethodName: "MintJWTSVID",
+			Handler:    _AgentService_MintJWTSVID_Handler,
+		},
+		{
+			MethodName: "GetJWTBundle",
+			Handler:    _AgentService_GetJWTBundle_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,513 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
+	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// socketDir is a short directory for a Unix socket (sun_path holds 108
+// bytes; t.TempDir's names can be longer).
+func socketDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "wapi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// joinedAgent joins a token agent as node and returns its data directory.
+func joinedAgent(t *testing.T, e *agentEnv, node string) string {
+	t.Helper()
+	adir := filepath.Join(t.TempDir(), "agent-"+node)
+	mustRun(t, "agent", "join", "--data", adir, "--node", node, e.createToken(t).URI)
+	return adir
+}
+
+// x509Updates watches X.509 contexts and forwards each one.
+type x509Updates chan *workloadapi.X509Context
+
+func (u x509Updates) OnX509ContextUpdate(c *workloadapi.X509Context) { u <- c }
+func (u x509Updates) OnX509ContextWatchError(error)                  {}
+
+type bundleUpdates chan *x509bundle.Set
+
+func (u bundleUpdates) OnX509BundlesUpdate(s *x509bundle.Set) { u <- s }
+func (u bundleUpdates) OnX509BundlesWatchError(error)         {}
+
+func TestWorkloadAPIServesAndPushes(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "web-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	addr := "unix://" + sock
+	p, started := startProcEnv(t, "agent", "agent started", []string{"MUSTER_WORKLOAD_API=" + addr},
+		"agent", "run", "--data", adir, "--log-format", "json", "--metrics-listen", "127.0.0.1:0")
+	if started["workload_api"] != sock {
+		t.Fatalf("agent started record: %v", started)
+	}
+	fi, err := os.Stat(sock)
+	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v %v", fi, err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	want := spiffeid.RequireFromPath(td, "/agent/web-1")
+	svid, err := client.FetchX509SVID(ctx)
+	if err != nil {
+		t.Fatalf("FetchX509SVID: %v\n%s", err, p.Logs())
+	}
+	bundles, err := client.FetchX509Bundles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID != want {
+		t.Fatalf("SVID ID %v, want %v", svid.ID, want)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, bundles); err != nil {
+		t.Fatalf("the SVID does not verify against the bundle: %v", err)
+	}
+	onDisk, _ := os.ReadFile(filepath.Join(adir, "certs", "agent.crt"))
+	if blk, _ := pem.Decode(onDisk); blk == nil || !svid.Certificates[0].Equal(mustParse(t, blk.Bytes)) {
+		t.Fatal("the SVID served is not certs/agent.crt")
+	}
+
+	// Open streams get a renewal by another process within a second.
+	svids := make(x509Updates, 8)
+	go client.WatchX509Context(ctx, svids)
+	first := <-svids
+	bset := make(bundleUpdates, 8)
+	go client.WatchX509Bundles(ctx, bset)
+	<-bset
+	mustRun(t, "agent", "renew", "--data", adir)
+	renewed := time.Now()
+	select {
+	case c := <-svids:
+		got := c.DefaultSVID()
+		if got.Certificates[0].Equal(first.DefaultSVID().Certificates[0]) || got.ID != want {
+			t.Fatalf("update after the renewal carries the old certificate or another ID: %v", got.ID)
+		}
+		onDisk, _ := os.ReadFile(filepath.Join(adir, "certs", "agent.crt"))
+		if blk, _ := pem.Decode(onDisk); blk == nil || !got.Certificates[0].Equal(mustParse(t, blk.Bytes)) {
+			t.Fatal("the pushed SVID is not the renewed certs/agent.crt")
+		}
+		t.Logf("renewal pushed %v after agent renew exited", time.Since(renewed))
+	case <-time.After(time.Second):
+		t.Fatalf("no SVID update within a second of agent renew\n%s", p.Logs())
+	}
+
+	// A bundle change (ca.crt gains a root, as a trust bundle update
+	// writes it) reaches the bundle stream within a second.
+	caFile := filepath.Join(adir, "certs", "ca.crt")
+	old, _ := os.ReadFile(caFile)
+	extra := newRootPEM(t)
+	tmp := caFile + ".tmp"
+	if err := os.WriteFile(tmp, append(append([]byte{}, old...), extra...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, caFile); err != nil {
+		t.Fatal(err)
+	}
+	changed := time.Now()
+	deadline := time.After(time.Second)
+	for done := false; !done; {
+		select {
+		case s := <-bset:
+			b, ok := s.Get(td)
+			if ok && len(b.X509Authorities()) == 2 {
+				t.Logf("bundle change pushed after %v", time.Since(changed))
+				done = true
+			}
+		case <-deadline:
+			t.Fatalf("no bundle update with the new root within a second\n%s", p.Logs())
+		}
+	}
+
+	// Without the security header: INVALID_ARGUMENT.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := workload.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(ctx, &workload.X509SVIDRequest{})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("a call without workload.spiffe.io: %v, want INVALID_ARGUMENT", err)
+	}
+	if m := metricsOf(t, p.metrics); !strings.Contains(m, `muster_agent_workload_api_refusals_total{reason="missing_header"} 1`) {
+		t.Errorf("refusal not counted:\n%s", grepLines(m, "workload_api"))
+	}
+}
+
+func TestWorkloadAPIRefusesUIDsNotAllowed(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "web-2")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	// The test runs as root; the allow-list names someone else.
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--metrics-listen", "127.0.0.1:0", "--workload-api", "unix://"+sock, "--workload-api-allow-uids", "4242",
+		"--workload-api-socket-mode", "0666")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	// FetchX509SVID retries PERMISSION_DENIED in go-spiffe's watch, but
+	// its one-shot Fetch returns it.
+	_, err = client.FetchX509Bundles(ctx)
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "UID 0") {
+		t.Fatalf("a caller not allowed: %v, want PERMISSION_DENIED naming its UID", err)
+	}
+	if m := metricsOf(t, p.metrics); !strings.Contains(m, `muster_agent_workload_api_refusals_total{reason="uid_not_allowed"} 1`) {
+		t.Errorf("refusal not counted:\n%s", grepLines(m, "workload_api"))
+	}
+	if !strings.Contains(p.Logs(), "workload api: caller refused") {
+		t.Errorf("refusal not logged:\n%s", p.Logs())
+	}
+}
+
+func mustParse(t *testing.T, der []byte) *x509.Certificate {
+	t.Helper()
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// newRootPEM is a self-signed CA certificate, PEM.
+func newRootPEM(t *testing.T) []byte {
+	t.Helper()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "other root"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// serveWorkloadAPI runs agent run for adir with a Workload API and returns
+// an X.509 source on it.
+func serveWorkloadAPI(t *testing.T, ctx context.Context, adir string) *workloadapi.X509Source {
+	t.Helper()
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	startProc(t, "agent "+filepath.Base(adir), "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--workload-api", "unix://"+sock)
+	src, err := workloadapi.NewX509Source(ctx, workloadapi.WithClientOptions(workloadapi.WithAddr("unix://"+sock)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	return src
+}
+
+func hasServerAuth(c *x509.Certificate) bool {
+	for _, u := range c.ExtKeyUsage {
+		if u == x509.ExtKeyUsageServerAuth {
+			return true
+		}
+	}
+	return false
+}
+
+// Two agents joined with --svid-usage client,server tokens mTLS each other
+// with the SVIDs their Workload APIs serve, each authorizing the other's
+// SPIFFE ID; a renewal keeps the usage; a default token's agent gets a
+// client-only SVID.
+func TestWorkloadAPIServerSVIDsMTLS(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	join := func(node string, usage ...string) string {
+		adir := filepath.Join(t.TempDir(), "agent-"+node)
+		tok := e.createToken(t, usage...)
+		mustRun(t, "agent", "join", "--data", adir, "--node", node, tok.URI)
+		return adir
+	}
+	if line := mustFail(t, "token", "create", "--data", e.dir, "--svid-usage", "server"); !strings.Contains(line, "INVALID_ARGUMENT") ||
+		!strings.Contains(line, "client,server") {
+		t.Errorf("--svid-usage server alone: %q", line)
+	}
+	adirA, adirB := join("svc-a", "--svid-usage", "client,server"), join("svc-b", "--svid-usage", "client,server")
+	adirC := join("plain")
+	mustRun(t, "agent", "renew", "--data", adirA)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srcA, srcB, srcC := serveWorkloadAPI(t, ctx, adirA), serveWorkloadAPI(t, ctx, adirB), serveWorkloadAPI(t, ctx, adirC)
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	idA, idB := spiffeid.RequireFromPath(td, "/agent/svc-a"), spiffeid.RequireFromPath(td, "/agent/svc-b")
+	for _, c := range []struct {
+		src  *workloadapi.X509Source
+		want bool
+	}{{srcA, true}, {srcB, true}, {srcC, false}} {
+		svid, err := c.src.GetX509SVID()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hasServerAuth(svid.Certificates[0]) != c.want {
+			t.Errorf("%s: server auth %v, want %v", svid.ID, !c.want, c.want)
+		}
+	}
+
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", tlsconfig.MTLSServerConfig(srcA, srcA, tlsconfig.AuthorizeID(idB)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	served := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			err = c.(*tls.Conn).Handshake()
+			if err == nil {
+				_, err = c.Write([]byte("hello from a\n"))
+			}
+			c.Close()
+		}
+		served <- err
+	}()
+	conn, err := tls.Dial("tcp", lis.Addr().String(), tlsconfig.MTLSClientConfig(srcB, srcB, tlsconfig.AuthorizeID(idA)))
+	if err != nil {
+		t.Fatalf("agent b's mTLS handshake with agent a: %v", err)
+	}
+	line, _ := io.ReadAll(conn)
+	conn.Close()
+	if err := <-served; err != nil || string(line) != "hello from a\n" {
+		t.Fatalf("agent a's side: %v, read %q", err, line)
+	}
+	if got := conn.ConnectionState().PeerCertificates[0].URIs[0].String(); got != idA.String() {
+		t.Errorf("b talked to %s", got)
+	}
+
+	// Agent b refuses a server that is not a (another agent's SVID).
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	if c, err := tls.Dial("tcp", lis.Addr().String(), tlsconfig.MTLSClientConfig(srcB, srcB, tlsconfig.AuthorizeID(idB))); err == nil {
+		c.Close()
+		t.Fatal("a client authorizing only svc-b accepted svc-a's certificate")
+	}
+}
+
+// A bound-keypair agent's refreshes, the one that rotates its bound key
+// included, made by agent run itself, reach an open FetchX509SVID stream
+// within a second of the refresh's log record (the renewal path tells
+// the Workload API in process).
+func TestWorkloadAPIPushesBoundKeyRotation(t *testing.T) {
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := filepath.Join(t.TempDir(), "agent")
+	pubLine := strings.TrimSpace(mustRun(t, "keypair", "create", "--data", adir))
+	keyFile := filepath.Join(t.TempDir(), "bot.pub")
+	if err := os.WriteFile(keyFile, []byte(pubLine+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "bot", "add", "rotor", "--public-key", keyFile, "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "rotor", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--workload-api", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type received struct {
+		serial string
+		at     time.Time
+	}
+	var (
+		mu   sync.Mutex
+		got  []received
+		svid = make(x509Updates, 64)
+	)
+	go workloadapi.WatchX509Context(ctx, svid, workloadapi.WithAddr("unix://"+sock))
+	go func() {
+		for c := range svid {
+			mu.Lock()
+			got = append(got, received{fmt.Sprintf("%x", c.DefaultSVID().Certificates[0].SerialNumber), time.Now()})
+			mu.Unlock()
+		}
+	}()
+
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	yaml := fmt.Sprintf("kind: token\nmetadata: {name: rotor}\nspec:\n  join_method: bound-keypair\n  node: rotor\n"+
+		"  bound_keypair:\n    onboarding: {initial_public_key: %q}\n    recovery: {limit: 1, mode: standard}\n    rotate_after: %q\n",
+		pubLine, time.Now().Add(-time.Minute).UTC().Format(time.RFC3339))
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
+	waitLog(t, p, "bound key rotated", 1, 20*time.Second)
+	waitLog(t, p, "refresh done", 2, 20*time.Second)
+	time.Sleep(time.Second)
+
+	// Every refresh logged is pushed within a second of its record, the
+	// rotating one (the first after "bound key rotated") among them.
+	rotated := false
+	refreshes := 0
+	for _, line := range strings.Split(p.Logs(), "\n") {
+		var rec struct {
+			Msg    string    `json:"msg"`
+			Time   time.Time `json:"time"`
+			Serial string    `json:"serial"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		if rec.Msg == "bound key rotated" {
+			rotated = true
+		}
+		if rec.Msg != "refresh done" {
+			continue
+		}
+		refreshes++
+		mu.Lock()
+		var at time.Time
+		for _, r := range got {
+			if r.serial == rec.Serial {
+				at = r.at
+			}
+		}
+		mu.Unlock()
+		if at.IsZero() {
+			t.Fatalf("refresh %d (serial %s, rotation seen: %v) never reached the stream\n%s", refreshes, rec.Serial, rotated, p.Logs())
+		}
+		if d := at.Sub(rec.Time); d > time.Second {
+			t.Fatalf("refresh %d (serial %s) reached the stream %v after its log record", refreshes, rec.Serial, d)
+		}
+		t.Logf("refresh %d (rotation seen: %v) pushed %v after its log record", refreshes, rotated, at.Sub(rec.Time).Round(time.Millisecond))
+	}
+	if !rotated || refreshes < 2 {
+		t.Fatalf("rotation %v, %d refreshes", rotated, refreshes)
+	}
+}
+
+// A JWT-SVID fetched through the agent's Workload API (minted by the
+// authority, AgentService.MintJWTSVID) verifies against the JWKS the
+// authority serves relying parties on --crl-listen, and against the
+// Workload API's own FetchJWTBundles and ValidateJWTSVID; another
+// audience does not.
+func TestWorkloadAPIJWTSVIDs(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--crl-listen", "127.0.0.1:0")
+	var crlListen string
+	for _, line := range strings.Split(e.auth.Logs(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "authority started" {
+			crlListen, _ = rec["crl_listen"].(string)
+		}
+	}
+	if crlListen == "" {
+		t.Fatalf("no crl_listen in the authority's start record\n%s", e.auth.Logs())
+	}
+	adir := joinedAgent(t, e, "api-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	want := spiffeid.RequireFromPath(td, "/agent/api-1")
+
+	svid, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db", ExtraAudiences: []string{"cache"}})
+	if err != nil {
+		t.Fatalf("FetchJWTSVID: %v", err)
+	}
+	if svid.ID != want || time.Until(svid.Expiry) > 5*time.Minute+5*time.Second || time.Until(svid.Expiry) < 4*time.Minute {
+		t.Fatalf("JWT-SVID %s expiring %v", svid.ID, svid.Expiry)
+	}
+	token := svid.Marshal()
+
+	// The relying party's path: the authority's JWKS over HTTP.
+	resp, err := http.Get("http://" + crlListen + "/.well-known/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET jwks.json: %s %s", resp.Status, body)
+	}
+	b, err := jwtbundle.Parse(td, body)
+	if err != nil {
+		t.Fatalf("the authority's JWKS: %v\n%s", err, body)
+	}
+	got, err := jwtsvid.ParseAndValidate(token, b, []string{"cache"})
+	if err != nil || got.ID != want {
+		t.Fatalf("validating against the authority's JWKS: %v %v", got, err)
+	}
+	if _, err := jwtsvid.ParseAndValidate(token, b, []string{"other"}); err == nil {
+		t.Fatal("a JWT-SVID for db,cache validated for audience other")
+	}
+
+	// The Workload API's own bundle and validation.
+	bundles, err := client.FetchJWTBundles(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wb, ok := bundles.Get(td)
+	if !ok {
+		t.Fatal("FetchJWTBundles has no bundle of the trust domain")
+	}
+	if _, err := jwtsvid.ParseAndValidate(token, wb, []string{"db"}); err != nil {
+		t.Fatalf("validating against FetchJWTBundles: %v", err)
+	}
+	v, err := client.ValidateJWTSVID(ctx, token, "db")
+	if err != nil || v.ID != want {
+		t.Fatalf("ValidateJWTSVID: %v %v", v, err)
+	}
+	if _, err := client.ValidateJWTSVID(ctx, token, "other"); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("ValidateJWTSVID for another audience: %v, want INVALID_ARGUMENT", err)
+	}
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// jwtCacheSize bounds the JWT-SVIDs kept for reuse, one per audience set.
+const jwtCacheSize = 64
+
+// jwtCache keeps minted JWT-SVIDs until half their lifetime is left, so
+// workloads that ask often cost the authority one mint per audience set
+// every few minutes.
+type jwtCache struct {
+	mu   sync.Mutex
+	toks map[string]cachedJWT
+}
+
+type cachedJWT struct {
+	token          string
+	issued, expiry time.Time
+}
+
+// withAuthority runs f over an mTLS connection to the authority with the
+// current identity; it reads the files without the directory's lock (a
+// renewal in flight holds it), as the Workload API does.
+func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.ClientConnInterface) error) error {
+	st, id, err := a.load(false)
+	if err != nil {
+		return err
+	}
+	if !a.now().Before(id.Leaf().NotAfter) {
+		return &ExpiredError{NotAfter: id.Leaf().NotAfter}
+	}
+	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
+	if err != nil {
+		return fmt.Errorf("state.json: %w", err)
+	}
+	conn, err := dial(a.address(st), identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	return f(cctx, conn)
+}
+
+// JWTSVID returns a JWT-SVID of this agent for the audiences, minted by
+// the authority (AgentService.MintJWTSVID) or reused while more than half
+// of its lifetime is left.
+func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Time, error) {
+	aud := slices.Clone(audience)
+	slices.Sort(aud)
+	key := strings.Join(aud, "\x00")
+	now := a.now()
+	a.jwts.mu.Lock()
+	if c, ok := a.jwts.toks[key]; ok && now.Before(c.issued.Add(c.expiry.Sub(c.issued)/2)) {
+		a.jwts.mu.Unlock()
+		return c.token, c.expiry, nil
+	}
+	a.jwts.mu.Unlock()
+	var resp *musterv1.MintJWTSVIDResponse
+	err := a.withAuthority(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+		var err error
+		resp, err = musterv1.NewAgentServiceClient(conn).MintJWTSVID(ctx, &musterv1.MintJWTSVIDRequest{Audience: audience})
+		return err
+	})
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	exp := resp.GetExpiresAt().AsTime()
+	a.jwts.mu.Lock()
+	if a.jwts.toks == nil || len(a.jwts.toks) >= jwtCacheSize {
+		a.jwts.toks = map[string]cachedJWT{}
+	}
+	a.jwts.toks[key] = cachedJWT{token: resp.GetToken(), issued: now, expiry: exp}
+	a.jwts.mu.Unlock()
+	return resp.GetToken(), exp, nil
+}
+
+// JWTBundle returns the authority's JWKS of JWT-SVID keys.
+func (a *Agent) JWTBundle(ctx context.Context) ([]byte, error) {
+	var jwks []byte
+	err := a.withAuthority(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
+		resp, err := musterv1.NewAgentServiceClient(conn).GetJWTBundle(ctx, &musterv1.GetJWTBundleRequest{})
+		jwks = resp.GetJwks()
+		return err
+	})
+	return jwks, err
+}

@@ -1,0 +1,93 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/jwtsvid"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// jwtKeyVersion is the JWT-SVID signing key the authority signs with;
+// a rotation adds the next version and publishes both.
+const jwtKeyVersion = 1
+
+func (s *Server) newJWTIssuer() (*jwtsvid.Issuer, error) {
+	k, err := jwtsvid.DeriveKey(s.cfg.StorageKey.Derive, jwtKeyVersion)
+	if err != nil {
+		return nil, err
+	}
+	return jwtsvid.NewIssuer(k)
+}
+
+// MintJWTSVID signs a JWT-SVID for the calling agent, after the same
+// standing checks as any agent RPC (a locked, deleted or superseded
+// instance gets none). Mints are not audited one by one (workloads ask
+// for tokens often, and a mint changes no state); refusals answer with
+// the standing's reason.
+func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
+	c := callerFrom(ctx)
+	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	now := time.Now()
+	tok, exp, err := a.s.jwt.Mint(c.ID.String(), req.GetAudience(), now, c.Cert.NotAfter)
+	if errors.Is(err, jwtsvid.ErrAudience) {
+		return nil, toStatus(ctx, a.s.log, badRequest(err.Error()))
+	} else if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	jwks, err := a.s.jwt.JWKS()
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.MintJWTSVIDResponse{Token: tok, ExpiresAt: timestamppb.New(exp), Jwks: jwks}, nil
+}
+
+// GetJWTBundle answers the JWKS of JWT-SVIDs.
+func (a *agentService) GetJWTBundle(ctx context.Context, _ *musterv1.GetJWTBundleRequest) (*musterv1.GetJWTBundleResponse, error) {
+	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	jwks, err := a.s.jwt.JWKS()
+	if err != nil {
+		return nil, toStatus(ctx, a.s.log, err)
+	}
+	return &musterv1.GetJWTBundleResponse{Jwks: jwks}, nil
+}
+
+// jwksPath is where the --crl-listen listener serves the JWKS to relying
+// parties: public verification data, like the revocation lists, on the
+// same plain-HTTP listener (the metrics listener is the operators').
+const jwksPath = "/.well-known/jwks.json"
+
+func (s *Server) jwksHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		jwks, err := s.jwt.JWKS()
+		if err != nil {
+			http.Error(w, "internal error", http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/jwk-set+json")
+		w.Header().Set("Cache-Control", "max-age=300")
+		w.Write(jwks)
+	})
+}
+
+// relyingPartyHandler is the --crl-listen listener's: revocation lists
+// under /crl/ and the JWT-SVID keys at /.well-known/jwks.json.
+func (s *Server) relyingPartyHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle(jwksPath, s.jwksHandler())
+	mux.Handle("/", s.crlHandler())
+	return mux
+}

@@ -1,0 +1,128 @@
+// Package jwtsvid mints the JWT-SVIDs an agent asks for on behalf of its
+// workloads (docs/workload-api.md) and publishes the keys that verify
+// them as a JWKS: ES256, short-lived, subject the agent's SPIFFE ID.
+//
+// The signing key is derived from the authority's storage key (HKDF,
+// info "muster-jwt-svid-key-v<N>"), so every replica holding the data
+// directory's files signs with the same key and serves the same JWKS,
+// with nothing new in the store. Its key ID names the version; a rotation
+// is a new version published beside the old one until the old one's
+// tokens have expired.
+package jwtsvid
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+)
+
+// TTL is a JWT-SVID's lifetime.
+const TTL = 5 * time.Minute
+
+// Limits of a request: audiences are chosen by local workloads.
+const (
+	MaxAudiences   = 8
+	MaxAudienceLen = 256
+)
+
+// Key is one signing key version.
+type Key struct {
+	ID   string
+	Priv *ecdsa.PrivateKey
+}
+
+// DeriveKey makes version's key from derive (the storage key's HKDF): 32
+// bytes taken as the P-256 scalar, the rare out-of-range draw redrawn.
+func DeriveKey(derive func(info string, n int) []byte, version int) (Key, error) {
+	for attempt := 0; attempt < 8; attempt++ {
+		info := fmt.Sprintf("muster-jwt-svid-key-v%d", version)
+		if attempt > 0 {
+			info += fmt.Sprintf("-%d", attempt)
+		}
+		priv, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), derive(info, 32))
+		if err != nil {
+			continue
+		}
+		der, err := json.Marshal(jose.JSONWebKey{Key: &priv.PublicKey})
+		if err != nil {
+			return Key{}, err
+		}
+		sum := sha256.Sum256(der)
+		return Key{ID: fmt.Sprintf("v%d-%s", version, hex.EncodeToString(sum[:6])), Priv: priv}, nil
+	}
+	return Key{}, errors.New("jwtsvid: no valid key derived")
+}
+
+// Issuer signs with its first key and publishes them all.
+type Issuer struct {
+	keys   []Key
+	signer jose.Signer
+}
+
+// NewIssuer returns an issuer signing with keys[0].
+func NewIssuer(keys ...Key) (*Issuer, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("jwtsvid: no key")
+	}
+	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: keys[0].Priv, KeyID: keys[0].ID}},
+		(&jose.SignerOptions{}).WithType("JWT"))
+	if err != nil {
+		return nil, err
+	}
+	return &Issuer{keys: keys, signer: s}, nil
+}
+
+// ErrAudience refuses a request's audiences.
+var ErrAudience = errors.New("jwtsvid: audience")
+
+// CheckAudiences refuses no audience, too many, an empty one, or one too long.
+func CheckAudiences(aud []string) error {
+	if len(aud) == 0 || len(aud) > MaxAudiences {
+		return fmt.Errorf("%w: want 1 to %d audiences", ErrAudience, MaxAudiences)
+	}
+	for _, a := range aud {
+		if a == "" || len(a) > MaxAudienceLen {
+			return fmt.Errorf("%w: each audience must be 1 to %d bytes", ErrAudience, MaxAudienceLen)
+		}
+	}
+	return nil
+}
+
+// Mint signs a JWT-SVID for subject (a SPIFFE ID) and aud, valid from now
+// for TTL but never past notAfter (the agent certificate's expiry).
+func (i *Issuer) Mint(subject string, aud []string, now, notAfter time.Time) (string, time.Time, error) {
+	if err := CheckAudiences(aud); err != nil {
+		return "", time.Time{}, err
+	}
+	exp := now.Add(TTL)
+	if exp.After(notAfter) {
+		exp = notAfter
+	}
+	if !exp.After(now) {
+		return "", time.Time{}, errors.New("jwtsvid: the caller's certificate has expired")
+	}
+	exp = exp.Truncate(time.Second)
+	tok, err := jwt.Signed(i.signer).Claims(jwt.Claims{Subject: subject, Audience: jwt.Audience(aud),
+		IssuedAt: jwt.NewNumericDate(now), Expiry: jwt.NewNumericDate(exp)}).Serialize()
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	return tok, exp, nil
+}
+
+// JWKS is the key set relying parties verify with: every key, public half.
+func (i *Issuer) JWKS() ([]byte, error) {
+	set := jose.JSONWebKeySet{}
+	for _, k := range i.keys {
+		set.Keys = append(set.Keys, jose.JSONWebKey{Key: &k.Priv.PublicKey, KeyID: k.ID, Algorithm: string(jose.ES256), Use: "jwt-svid"})
+	}
+	return json.Marshal(set)
+}

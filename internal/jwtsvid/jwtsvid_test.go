@@ -1,0 +1,106 @@
+package jwtsvid
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
+)
+
+func fixedDerive(seed byte) func(string, int) []byte {
+	return func(info string, n int) []byte {
+		sum := sha256.Sum256([]byte(info))
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = seed ^ sum[i%len(sum)]
+		}
+		return b
+	}
+}
+
+// The key is a function of the storage key and the version: replicas
+// agree, versions differ.
+func TestDeriveKey(t *testing.T) {
+	a, err := DeriveKey(fixedDerive(1), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := DeriveKey(fixedDerive(1), 1)
+	c, _ := DeriveKey(fixedDerive(1), 2)
+	d, _ := DeriveKey(fixedDerive(2), 1)
+	if !a.Priv.Equal(b.Priv) || a.ID != b.ID || !strings.HasPrefix(a.ID, "v1-") {
+		t.Fatalf("same inputs, different keys: %s %s", a.ID, b.ID)
+	}
+	if a.Priv.Equal(c.Priv) || a.ID == c.ID || a.Priv.Equal(d.Priv) {
+		t.Fatal("another version or storage key gave the same key")
+	}
+}
+
+func TestMintVerifiesWithJWKS(t *testing.T) {
+	k, _ := DeriveKey(func(string, int) []byte { b := make([]byte, 32); rand.Read(b); return b }, 1)
+	iss, err := NewIssuer(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	tok, exp, err := iss.Mint("spiffe://td/agent/n1", []string{"db"}, now, now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := exp.Sub(now); d > TTL || d < TTL-time.Second {
+		t.Fatalf("lifetime %v", d)
+	}
+	raw, _ := iss.JWKS()
+	var set jose.JSONWebKeySet
+	if err := jsonUnmarshal(raw, &set); err != nil || len(set.Keys) != 1 || set.Keys[0].KeyID != k.ID || !set.Keys[0].IsPublic() {
+		t.Fatalf("JWKS %s: %v", raw, err)
+	}
+	parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parsed.Headers[0].KeyID != k.ID {
+		t.Errorf("kid %q", parsed.Headers[0].KeyID)
+	}
+	var c jwt.Claims
+	if err := parsed.Claims(set.Keys[0].Key, &c); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(jwt.Expected{Subject: "spiffe://td/agent/n1", AnyAudience: []string{"db"}, Time: now}); err != nil {
+		t.Fatal(err)
+	}
+	// Never past the caller's certificate; none for an expired one.
+	if _, exp, _ := iss.Mint("s", []string{"a"}, now, now.Add(time.Minute)); exp.After(now.Add(time.Minute)) {
+		t.Errorf("expiry %v past the certificate's", exp)
+	}
+	if _, _, err := iss.Mint("s", []string{"a"}, now, now); err == nil {
+		t.Error("minted for an expired certificate")
+	}
+}
+
+func FuzzCheckAudiences(f *testing.F) {
+	f.Add("db", "cache", 2)
+	f.Add("", "", 1)
+	f.Add(strings.Repeat("a", 300), "b", 9)
+	f.Fuzz(func(t *testing.T, a, b string, n int) {
+		var aud []string
+		for i := 0; i < n%12; i++ {
+			aud = append(aud, []string{a, b}[i%2])
+		}
+		if CheckAudiences(aud) != nil {
+			return
+		}
+		if len(aud) == 0 || len(aud) > MaxAudiences {
+			t.Fatalf("accepted %d audiences", len(aud))
+		}
+		for _, x := range aud {
+			if x == "" || len(x) > MaxAudienceLen {
+				t.Fatalf("accepted audience of %d bytes", len(x))
+			}
+		}
+	})
+}

@@ -1,0 +1,139 @@
+package workload
+
+import (
+	"bytes"
+	"context"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// jwksMaxAge is how long the server reuses the JWKS it fetched, for
+// validation; FetchJWTBundles streams look again as often.
+var jwksMaxAge = time.Minute
+
+func (s *Server) noJWT() error {
+	return status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served by this agent")
+}
+
+// unavailable reports a failure to reach the authority.
+func unavailable(what string, err error) error {
+	return status.Errorf(codes.Unavailable, "workload api: %s: %v", what, err)
+}
+
+// FetchJWTSVID mints (or reuses) a JWT-SVID of the node for the audiences.
+func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDRequest) (*workloadpb.JWTSVIDResponse, error) {
+	if s.cfg.JWT == nil {
+		return nil, s.noJWT()
+	}
+	if len(req.GetAudience()) == 0 {
+		return nil, status.Error(codes.InvalidArgument, "audience must be specified")
+	}
+	snap, _ := s.src.Current()
+	if snap == nil {
+		return nil, status.Error(codes.Unavailable, "workload api: the agent has no identity yet")
+	}
+	if id := req.GetSpiffeId(); id != "" && id != snap.ID {
+		return nil, status.Errorf(codes.PermissionDenied, "workload api: this agent serves only %s", snap.ID)
+	}
+	tok, _, err := s.cfg.JWT.JWTSVID(ctx, req.GetAudience())
+	if status.Code(err) == codes.InvalidArgument {
+		return nil, err
+	} else if err != nil {
+		return nil, unavailable("minting a JWT-SVID", err)
+	}
+	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: snap.ID, Svid: tok}}}, nil
+}
+
+// jwksNow returns the JWKS, fetched again once older than jwksMaxAge.
+func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	if s.jwks != nil && time.Since(s.jwksFetched) < jwksMaxAge {
+		return s.jwks, nil
+	}
+	jwks, err := s.cfg.JWT.JWTBundle(ctx)
+	if err != nil {
+		if s.jwks != nil {
+			return s.jwks, nil // the authority unreachable: the keys we had
+		}
+		return nil, err
+	}
+	s.jwks, s.jwksFetched = jwks, time.Now()
+	return jwks, nil
+}
+
+// FetchJWTBundles streams the trust domain's JWKS, again when it changes.
+func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchJWTBundlesServer) error {
+	if s.cfg.JWT == nil {
+		return s.noJWT()
+	}
+	ctx := stream.Context()
+	var last []byte
+	for {
+		snap, changed := s.src.Current()
+		if snap != nil {
+			jwks, err := s.jwksNow(ctx)
+			if err != nil && last == nil {
+				return unavailable("fetching the JWT bundle", err)
+			}
+			if err == nil && !bytes.Equal(jwks, last) {
+				if err := stream.Send(&workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}); err != nil {
+					return err
+				}
+				last = jwks
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-time.After(jwksMaxAge):
+		}
+	}
+}
+
+// ValidateJWTSVID checks a JWT-SVID of this trust domain against the
+// authority's keys and the audience.
+func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJWTSVIDRequest) (*workloadpb.ValidateJWTSVIDResponse, error) {
+	if s.cfg.JWT == nil {
+		return nil, s.noJWT()
+	}
+	if req.GetAudience() == "" {
+		return nil, status.Error(codes.InvalidArgument, "audience must be specified")
+	}
+	if req.GetSvid() == "" {
+		return nil, status.Error(codes.InvalidArgument, "svid must be specified")
+	}
+	snap, _ := s.src.Current()
+	if snap == nil {
+		return nil, status.Error(codes.Unavailable, "workload api: the agent has no identity yet")
+	}
+	td, err := spiffeid.TrustDomainFromString(snap.TrustDomain)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "workload api: %v", err)
+	}
+	jwks, err := s.jwksNow(ctx)
+	if err != nil {
+		return nil, unavailable("fetching the JWT bundle", err)
+	}
+	b, err := jwtbundle.Parse(td, jwks)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
+	}
+	svid, err := jwtsvid.ParseAndValidate(req.GetSvid(), b, []string{req.GetAudience()})
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	claims, err := structpb.NewStruct(svid.Claims)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "workload api: claims: %v", err)
+	}
+	return &workloadpb.ValidateJWTSVIDResponse{SpiffeId: svid.ID.String(), Claims: claims}, nil
+}

@@ -1,0 +1,273 @@
+package workload
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Limits of one server, defaults where zero.
+const (
+	DefaultMaxStreamsPerUID = 32
+	DefaultMaxConnsPerUID   = 16
+	// maxRecvMsg bounds a request: the largest is a JWT to validate.
+	maxRecvMsg = 64 << 10
+	// maxStreamsPerConn bounds the streams one connection multiplexes.
+	maxStreamsPerConn = 16
+)
+
+// headerKey and headerValue are the metadata every call must carry (the
+// Workload API specification, "Transport"): a browser or a proxy that
+// forwards arbitrary requests cannot add it, so it cannot reach the API
+// by accident.
+const (
+	headerKey   = "workload.spiffe.io"
+	headerValue = "true"
+)
+
+// Config configures a Server.
+type Config struct {
+	// AllowUIDs and AllowGIDs admit a caller whose UID, or whose primary
+	// GID, is listed. Both empty admits no one.
+	AllowUIDs, AllowGIDs []uint32
+	// MaxStreamsPerUID caps the open streams of one UID; MaxConnsPerUID
+	// its open connections.
+	MaxStreamsPerUID, MaxConnsPerUID int
+	Log                              *slog.Logger
+	// Registerer, if set, receives the server's metrics.
+	Registerer prometheus.Registerer
+	// JWT, if set, mints JWT-SVIDs and fetches their keys (the agent,
+	// asking the authority); without it the JWT RPCs are UNIMPLEMENTED.
+	JWT JWTSource
+}
+
+// JWTSource is the agent's side of JWT-SVIDs.
+type JWTSource interface {
+	JWTSVID(ctx context.Context, audience []string) (string, time.Time, error)
+	JWTBundle(ctx context.Context) ([]byte, error)
+}
+
+// Server is the SpiffeWorkloadAPI service over a Source.
+type Server struct {
+	workloadpb.UnimplementedSpiffeWorkloadAPIServer
+
+	src       *Source
+	cfg       Config
+	log       *slog.Logger
+	transport *peerTransport
+	refusals  *prometheus.CounterVec
+	open      prometheus.Gauge
+	logLimit  *rate.Limiter
+
+	mu      sync.Mutex
+	streams map[uint32]int
+
+	jwksMu      sync.Mutex
+	jwks        []byte
+	jwksFetched time.Time
+}
+
+// NewServer returns a server for src.
+func NewServer(src *Source, cfg Config) *Server {
+	if cfg.MaxStreamsPerUID <= 0 {
+		cfg.MaxStreamsPerUID = DefaultMaxStreamsPerUID
+	}
+	if cfg.MaxConnsPerUID <= 0 {
+		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID
+	}
+	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{},
+		// A refused local user must not flood the log: the counter
+		// counts every refusal, the log shows a few a second.
+		logLimit: rate.NewLimiter(rate.Every(time.Second), 10),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "muster_agent_workload_api_refusals_total",
+			Help: "Workload API calls and connections refused, by reason (uid_not_allowed, no_peer_credentials, missing_header, too_many_streams, too_many_connections).",
+		}, []string{"reason"}),
+		open: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_agent_workload_api_streams",
+			Help: "Workload API streams open (FetchX509SVID, FetchX509Bundles).",
+		}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	for _, r := range []string{"uid_not_allowed", "no_peer_credentials", "missing_header", "too_many_streams", "too_many_connections"} {
+		s.refusals.WithLabelValues(r)
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(s.refusals, s.open)
+	}
+	s.transport = newPeerTransport(cfg.MaxConnsPerUID, s.refused)
+	return s
+}
+
+// refused counts and (within the log's rate) logs a refusal.
+func (s *Server) refused(reason string, c *Creds, err error) {
+	s.refusals.WithLabelValues(reason).Inc()
+	if !s.logLimit.Allow() {
+		return
+	}
+	args := []any{"reason", reason, "err", err}
+	if c != nil {
+		args = append(args, "uid", c.UID, "gid", c.GID, "pid", c.PID)
+	}
+	s.log.Warn("workload api: caller refused", args...)
+}
+
+// Serve serves the API on lis until ctx ends, then closes every stream.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	g := grpc.NewServer(
+		grpc.Creds(s.transport),
+		grpc.ChainUnaryInterceptor(s.unary),
+		grpc.ChainStreamInterceptor(s.stream),
+		grpc.MaxRecvMsgSize(maxRecvMsg),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		grpc.ConnectionTimeout(10*time.Second),
+	)
+	workloadpb.RegisterSpiffeWorkloadAPIServer(g, s)
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(lis) }()
+	select {
+	case <-ctx.Done():
+		// Streams never end by themselves: Stop, not GracefulStop.
+		g.Stop()
+		<-done
+		return nil
+	case err := <-done:
+		return err
+	}
+}
+
+// admit checks the caller's credentials and the required metadata.
+func (s *Server) admit(ctx context.Context) (Creds, error) {
+	p, ok := peer.FromContext(ctx)
+	var info authInfo
+	if ok {
+		info, ok = p.AuthInfo.(authInfo)
+	}
+	if !ok || info.err != nil {
+		err := errors.New("no peer credentials")
+		if ok {
+			err = info.err
+		}
+		s.refused("no_peer_credentials", nil, err)
+		return Creds{}, status.Error(codes.PermissionDenied, "workload api: the caller's Unix credentials cannot be read, so it is not admitted")
+	}
+	c := info.creds
+	if !slices.Contains(s.cfg.AllowUIDs, c.UID) && !slices.Contains(s.cfg.AllowGIDs, c.GID) {
+		s.refused("uid_not_allowed", &c, errors.New("UID and GID not in the allow-list"))
+		return c, status.Errorf(codes.PermissionDenied, "workload api: UID %d (GID %d) is not allowed: the agent's workload_api allow_uids/allow_gids admit callers", c.UID, c.GID)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(headerKey); len(v) != 1 || v[0] != headerValue {
+		s.refused("missing_header", &c, errors.New("no workload.spiffe.io: true metadata"))
+		return c, status.Error(codes.InvalidArgument, "security header missing from request")
+	}
+	return c, nil
+}
+
+func (s *Server) unary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if _, err := s.admit(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	c, err := s.admit(ss.Context())
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.streams[c.UID] >= s.cfg.MaxStreamsPerUID {
+		s.mu.Unlock()
+		s.refused("too_many_streams", &c, fmt.Errorf("%d streams open", s.cfg.MaxStreamsPerUID))
+		return status.Errorf(codes.ResourceExhausted, "workload api: UID %d has %d streams open, the most one UID may hold", c.UID, s.cfg.MaxStreamsPerUID)
+	}
+	s.streams[c.UID]++
+	s.mu.Unlock()
+	s.open.Inc()
+	defer func() {
+		s.open.Dec()
+		s.mu.Lock()
+		if s.streams[c.UID]--; s.streams[c.UID] <= 0 {
+			delete(s.streams, c.UID)
+		}
+		s.mu.Unlock()
+	}()
+	return h(srv, ss)
+}
+
+// watch sends the current snapshot, and each one after it, until the
+// caller leaves. Before the agent's first identity it waits.
+func watch[T any](ctx context.Context, src *Source, send func(*T) error, build func(*Snapshot) (*T, error)) error {
+	for {
+		snap, changed := src.Current()
+		if snap != nil {
+			msg, err := build(snap)
+			if err != nil {
+				return status.Errorf(codes.Internal, "workload api: %v", err)
+			}
+			if err := send(msg); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		}
+	}
+}
+
+// FetchX509SVID streams the agent's X.509-SVID with its key and bundle.
+func (s *Server) FetchX509SVID(_ *workloadpb.X509SVIDRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509SVIDServer) error {
+	return watch(stream.Context(), s.src, stream.Send, x509SVIDResponse)
+}
+
+// FetchX509Bundles streams the trust domain's bundle.
+func (s *Server) FetchX509Bundles(_ *workloadpb.X509BundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509BundlesServer) error {
+	return watch(stream.Context(), s.src, stream.Send, x509BundlesResponse)
+}
+
+func concatDER(certs []*x509.Certificate) []byte {
+	var b []byte
+	for _, c := range certs {
+		b = append(b, c.Raw...)
+	}
+	return b
+}
+
+func x509SVIDResponse(snap *Snapshot) (*workloadpb.X509SVIDResponse, error) {
+	key, err := x509.MarshalPKCS8PrivateKey(snap.Key)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the SVID's key: %w", err)
+	}
+	return &workloadpb.X509SVIDResponse{Svids: []*workloadpb.X509SVID{{
+		SpiffeId:    snap.ID,
+		X509Svid:    concatDER(snap.Chain),
+		X509SvidKey: key,
+		Bundle:      concatDER(snap.Roots),
+	}}}, nil
+}
+
+func x509BundlesResponse(snap *Snapshot) (*workloadpb.X509BundlesResponse, error) {
+	return &workloadpb.X509BundlesResponse{Bundles: map[string][]byte{
+		"spiffe://" + snap.TrustDomain: concatDER(snap.Roots),
+	}}, nil
+}
