@@ -103,16 +103,26 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	if v, _ := k.SetVersion(ctx); v != 1 {
 		t.Fatalf("a set signed by a key this store does not hold moved it to %d", v)
 	}
-	ahead.last.Store(0) // that attempt took the minute's slot
+	if last := events.events[len(events.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultDenied {
+		t.Fatalf("the made-up set's refusal audited as %+v", last)
+	}
+	// Made-up sets again within the minute: not audited again.
+	audited := len(events.events)
+	s.checkSetVersion(ctx, "n0", signedSet(t, k2, 900))
+	if len(events.events) != audited || aheadValue(t, ahead.limited) != 1 {
+		t.Fatalf("a second refusal within the minute audited (%d records, was %d) or not counted", len(events.events), audited)
+	}
 
 	s.checkSetVersion(ctx, "n1", signedSet(t, k, 1)) // what the store holds: nothing to do
-	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 1 {
+	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 2 {
 		t.Fatalf("a heartbeat at the store's version moved it to %d", v)
 	}
+	// A genuine set right after the made-up ones is followed at once: they
+	// did not take its slot.
 	s.checkSetVersion(ctx, "n1", signedSet(t, k, 7))
 	s.checkSetVersion(ctx, "n2", signedSet(t, k, 7)) // another agent, the version already moved
 	if v, _ := k.SetVersion(ctx); v != 8 {
-		t.Fatalf("store version %d after heartbeats at 7, want 8", v)
+		t.Fatalf("store version %d after heartbeats at 7 (a made-up set just before), want 8", v)
 	}
 	if n := strings.Count(logs.String(), "newer than the store's"); n != 1 {
 		t.Fatalf("logged %d times, want once (for 900, the highest):\n%s", n, logs.String())
@@ -130,10 +140,10 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	}
 	// Within the minute: a genuine set further ahead is counted, not followed.
 	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
-	if v, _ := k.SetVersion(ctx); v != 8 || aheadValue(t, ahead.limited) != 1 {
+	if v, _ := k.SetVersion(ctx); v != 8 || aheadValue(t, ahead.limited) != 2 {
 		t.Fatalf("second advance within a minute: store at %d, limited %v", v, aheadValue(t, ahead.limited))
 	}
-	ahead.last.Store(time.Now().Add(-advanceEvery).UnixNano())
+	ahead.advance.last.Store(time.Now().Add(-advanceEvery).UnixNano())
 	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
 	if v, _ := k.SetVersion(ctx); v != 21 {
 		t.Fatalf("a minute later: store at %d, want 21", v)

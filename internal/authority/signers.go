@@ -206,13 +206,16 @@ type setAhead struct {
 	// logged is the highest reported version logged so far: each is
 	// logged once, not with every heartbeat.
 	logged atomic.Int64
-	// last is when this replica last tried an advance (unix nanoseconds):
-	// at most one per advanceEvery, so no agent can make the authority
-	// write, sign, audit and fan out a set with every heartbeat.
-	last     atomic.Int64
-	detected prometheus.Counter
-	limited  prometheus.Counter
-	highest  prometheus.Gauge
+	// advance is this replica's slot for an advance of a set that
+	// verified (VerifyAhead), refused for the audit of one that did not:
+	// each taken at most once per advanceEvery, so no agent can make the
+	// authority write, sign, audit and fan out a set, nor audit a refusal,
+	// with every heartbeat, and a made-up set does not take the slot of a
+	// genuine one.
+	advance, refused slot
+	detected         prometheus.Counter
+	limited          prometheus.Counter
+	highest          prometheus.Gauge
 }
 
 // advanceEvery is how often one replica tries to advance the verifier set
@@ -242,11 +245,15 @@ func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
 	return a, nil
 }
 
-// claim takes this replica's advance slot if a minute has passed since
-// the last.
-func (a *setAhead) claim(now time.Time) bool {
-	last := a.last.Load()
-	return (last == 0 || now.Sub(time.Unix(0, last)) >= advanceEvery) && a.last.CompareAndSwap(last, now.UnixNano())
+// slot is taken at most once per advanceEvery.
+type slot struct {
+	last atomic.Int64 // when it was last taken, unix nanoseconds; 0: never
+}
+
+// claim takes the slot if advanceEvery has passed since it was last taken.
+func (l *slot) claim(now time.Time) bool {
+	last := l.last.Load()
+	return (last == 0 || now.Sub(time.Unix(0, last)) >= advanceEvery) && l.last.CompareAndSwap(last, now.UnixNano())
 }
 
 // checkSetVersion compares the verifier set a heartbeat carries (raw,
@@ -273,11 +280,30 @@ func (s *Server) checkSetVersion(ctx context.Context, node string, raw []byte) {
 		s.log.Warn("an agent holds a verifier set newer than the store's: the store was restored from a backup? moving the version past it",
 			"node", node, "agent_version", reported, "store_version", have)
 	}
-	if !s.setAhead.claim(time.Now()) {
+	// The slot of an advance is claimed only once the set verified: a
+	// made-up set is refused (audited through a slot of its own) and
+	// leaves the advance to the next genuine one.
+	behind, refused, err := s.signers.VerifyAhead(ctx, raw)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil && !s.outage.fail(err) {
+			s.log.Error("cannot check an agent's verifier set against the store's", "err", err, "node", node)
+		}
+		return
+	case refused != nil:
+		if !s.setAhead.refused.claim(time.Now()) {
+			s.setAhead.limited.Inc()
+			s.log.Debug("verifier set not followed, not audited: a refusal was audited less than a minute ago", "node", node, "agent_version", reported, "reason", refused)
+			return
+		}
+	case !behind:
+		return // another replica moved the version past it meanwhile
+	case !s.setAhead.advance.claim(time.Now()):
 		s.setAhead.limited.Inc()
 		s.log.Debug("verifier set advance not tried: one was tried less than a minute ago", "node", node, "agent_version", reported)
 		return
 	}
+	// Advance checks the set again, and audits the advance or the refusal.
 	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority", Source: node}, raw)
 	if err != nil && ctx.Err() == nil {
 		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "node", node, "agent_version", reported)
