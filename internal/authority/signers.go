@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -213,9 +214,12 @@ type setAhead struct {
 	// with every heartbeat, and a made-up set does not take the slot of a
 	// genuine one.
 	advance, refused slot
-	detected         prometheus.Counter
-	limited          prometheus.Counter
-	highest          prometheus.Gauge
+	// version caches the store's set version for the heartbeats' first
+	// comparison; a signer change notification invalidates it (onChange).
+	version  versionCache
+	detected prometheus.Counter
+	limited  prometheus.Counter
+	highest  prometheus.Gauge
 }
 
 // advanceEvery is how often one replica tries to advance the verifier set
@@ -245,6 +249,45 @@ func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
 	return a, nil
 }
 
+// versionCache holds the store's verifier set version between signer
+// changes, so a heartbeat costs no store read. Safe for concurrent use.
+type versionCache struct {
+	mu      sync.Mutex
+	gen     uint64 // bumped by each invalidation
+	have    bool
+	version int64
+}
+
+// get returns the cached version, or loads it. A version loaded while an
+// invalidation came is returned but not kept: it may predate the change.
+func (c *versionCache) get(ctx context.Context, load func(context.Context) (int64, error)) (int64, error) {
+	c.mu.Lock()
+	if c.have {
+		defer c.mu.Unlock()
+		return c.version, nil
+	}
+	gen := c.gen
+	c.mu.Unlock()
+	v, err := load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == gen {
+		c.have, c.version = true, v
+	}
+	return v, nil
+}
+
+// invalidate drops the cached version: the signers changed.
+func (c *versionCache) invalidate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.have = false
+}
+
 // slot is taken at most once per advanceEvery.
 type slot struct {
 	last atomic.Int64 // when it was last taken, unix nanoseconds; 0: never
@@ -261,15 +304,20 @@ func (l *slot) claim(now time.Time) bool {
 // agent is ahead, logs it (once per version), counts it and, at most
 // once a minute on this replica, asks the keeper to advance past it.
 // An agent of a release that sends no set is not followed.
-func (s *Server) checkSetVersion(ctx context.Context, node string, raw []byte) {
+//
+// The heartbeat's own figure (claimed) is compared first, with the store's
+// version as this replica last read it (versionCache, kept until a signer
+// change is announced): a heartbeat at or below it costs neither a parse
+// nor a store read.
+func (s *Server) checkSetVersion(ctx context.Context, node string, claimed int64, raw []byte) {
 	if len(raw) == 0 || s.setAhead == nil {
 		return
 	}
-	set, err := signer.ParseVerifierSet(raw)
-	if err != nil {
+	have, err := s.setAhead.version.get(ctx, s.signers.SetVersion)
+	if err != nil || claimed <= have {
 		return
 	}
-	have, err := s.signers.SetVersion(ctx)
+	set, err := signer.ParseVerifierSet(raw)
 	if err != nil || set.Version <= have {
 		return
 	}

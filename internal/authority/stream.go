@@ -565,7 +565,7 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 		return nil
 	}
 	row.Report = string(b)
-	s.checkSetVersion(ctx, row.NodeID, hb.GetVerifierSet())
+	s.checkSetVersion(ctx, row.NodeID, hb.GetVerifierSetVersion(), hb.GetVerifierSet())
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
 		err = s.store.RecordAgentHeartbeat(ctx, row)
 	}
