@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -41,10 +44,17 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 	}
 	var held []net.Conn
 	for i := range 6 {
-		held = append(held, dial([]string{"127.0.0.1", "127.0.0.2"}[i%2]))
+		c := dial([]string{"127.0.0.1", "127.0.0.2"}[i%2])
+		// Each says something (the start of a TLS record): a connection
+		// that has sent nothing would be closed to make room for the next
+		// (TestHalfOpenFloodFromManySources).
+		if _, err := c.Write([]byte{0x16}); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
 	}
-	// Each held connection is accepted (and waits for its TLS handshake)
-	// before the next is dialled past the cap.
+	// Each held connection is accepted and read (and waits for the rest
+	// of its TLS handshake) before the next is dialled past the cap.
 	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
 	if !closedAtOnce(dial("127.0.0.2")) {
@@ -69,4 +79,61 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 	waitFor(t, 5*time.Second, "a freed place serves a call again", func() bool {
 		return muster(t, nil, "status", "--data", dir).code == 0
 	})
+}
+
+// TestHalfOpenFloodFromManySources: with --max-connections 64, eight
+// sources each redialling 32 connections that say nothing (each source
+// within its per-source cap, together four times the cap) do not keep an
+// agent from renewing nor an operator from `muster status`: on a full cap
+// a new connection takes the place of the oldest that has sent nothing,
+// counted as reason="silent". Before, the half-open connections held every
+// place for the 10 s handshake timeout and were redialled at once.
+func TestHalfOpenFloodFromManySources(t *testing.T) {
+	e := newAgentEnv(t, "--max-connections", "64")
+	adir := filepath.Join(t.TempDir(), "victim")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "victim", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	var held atomic.Int64
+	for i := range 8 {
+		src := net.IPv4(127, 0, 1, byte(10+i))
+		for range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}
+				for ctx.Err() == nil {
+					c, err := d.DialContext(ctx, "tcp", e.auth.addr)
+					if err != nil {
+						time.Sleep(10 * time.Millisecond)
+						continue
+					}
+					held.Add(1)
+					stopped := context.AfterFunc(ctx, func() { c.Close() })
+					c.Read(make([]byte, 1)) // says nothing; ends when closed
+					stopped()
+					held.Add(-1)
+					c.Close()
+				}
+			}()
+		}
+	}
+	time.Sleep(2 * time.Second) // the attack holds what it can
+	t.Logf("half-open connections open at the client end: %d", held.Load())
+	for i := range 3 {
+		if r := muster(t, nil, "agent", "renew", "--data", adir, "--timeout", "5s"); r.code != 0 {
+			t.Errorf("renewal %d during the flood: exit %d\n%s", i+1, r.code, r.stderr)
+		}
+		if r := muster(t, nil, "status", "--data", e.dir, "--timeout", "5s"); r.code != 0 {
+			t.Errorf("muster status %d during the flood: exit %d\n%s", i+1, r.code, r.stderr)
+		}
+	}
+	m := metricsOf(t, e.auth.metrics)
+	if !strings.Contains(m, `muster_connections_refused_total{listener="api",reason="silent"}`) {
+		t.Errorf("no connection closed as silent:\n%s", grepLines(m, "muster_connections_refused_total{"))
+	}
+	t.Logf("refused: %s", grepLines(m, "muster_connections_refused_total{"))
 }

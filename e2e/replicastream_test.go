@@ -6,6 +6,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // TestReplicasShareSignersAndStreams: on two replicas of one PostgreSQL
@@ -64,4 +69,72 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 		return strings.Contains(l, "locked")
 	})
 	t.Logf("stream on replica a closed %s after the lock through replica b", took)
+}
+
+// TestOneStreamPerAgentAcrossReplicas: an agent identity that opens a
+// stream on replica a, then one on replica b, keeps only the newer: a ends
+// its stream ABORTED within seconds, told by the store's change
+// notification, and audits the replacement; the node is shown connected
+// through b. Before, both streams stayed open, and each heartbeat of the
+// older one took the node's stream row back.
+func TestOneStreamPerAgentAcrossReplicas(t *testing.T) {
+	_, rs := startReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	var tok createdToken
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "create", "-o", "json", "--data", a.dir, "--authority", a.auth.addr)), &tok); err != nil {
+		t.Fatal(err)
+	}
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	open := func(r *agentEnv) (musterv1.AgentService_ConnectClient, chan error) {
+		stream, err := musterv1.NewAgentServiceClient(agentDial(t, r.auth.addr, adir)).Connect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil { // the verifier set: open
+			t.Fatal(err)
+		}
+		ended := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := stream.Recv(); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+		return stream, ended
+	}
+	heartbeat := func(s musterv1.AgentService_ConnectClient) {
+		_ = s.Send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: &musterv1.Heartbeat{}}})
+	}
+	sa, endedA := open(a)
+	heartbeat(sa)
+	sb, endedB := open(b)
+	start := time.Now()
+	select {
+	case err := <-endedA:
+		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "replaced by a newer stream") {
+			t.Fatalf("the older stream, on replica a, ended with %v", err)
+		}
+		t.Logf("the stream on replica a ended %s after replica b opened a newer one", time.Since(start).Round(time.Millisecond))
+	case <-time.After(5 * time.Second):
+		t.Fatal("two replicas each hold a stream of the same agent")
+	}
+	heartbeat(sb)
+	select {
+	case err := <-endedB:
+		t.Fatalf("the newer stream, on replica b, ended: %v", err)
+	case <-time.After(500 * time.Millisecond):
+	}
+	recs := auditOf(t, a.dir, "agent.stream_replace")
+	if len(recs) != 1 || recs[0].Target != "n1" || !strings.Contains(recs[0].Reason, "on replica "+b.auth.addr) {
+		t.Fatalf("the replacement across replicas audited once, naming replica b: %+v", recs)
+	}
+	waitFor(t, 5*time.Second, "the node shown connected through replica b", func() bool {
+		out := mustRun(t, "agents", "show", "n1", "--data", a.dir, "--authority", a.auth.addr)
+		return strings.Contains(out, "Stream: connected") && strings.Contains(out, b.auth.addr)
+	})
 }

@@ -57,6 +57,9 @@ type fakeAuthority struct {
 	// extraBundle is added to the trust bundle every answer carries
 	// (the root and the intermediates of h).
 	extraBundle trustbundle.Set
+	// renewHold, if set, holds the next renewal until it is closed,
+	// after telling renewHeld that it arrived.
+	renewHold, renewHeld chan struct{}
 }
 
 // trustBundle is what the fake's answers carry.
@@ -179,6 +182,18 @@ func (f *fakeAuthority) RequestCertificate(ctx context.Context, req *musterv1.Re
 	csr, err := ca.ParseCSR(req.GetCsr())
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, "csr")
+	}
+	f.mu.Lock()
+	hold, held := f.renewHold, f.renewHeld
+	f.renewHold = nil
+	f.mu.Unlock()
+	if hold != nil {
+		held <- struct{}{}
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto"
 	"fmt"
 
 	"github.com/muster-dev/muster/internal/identity"
@@ -34,24 +35,22 @@ func (a *Agent) Renew(ctx context.Context) (*State, error) {
 	return st, nil
 }
 
+// renew holds the data directory's lock only while it reads and writes
+// files, not across the request: a slow or unreachable authority does not
+// hold up `muster agent trust refresh`, a task's record or another
+// command. The write is conditional on what was read: the identity's
+// serial, generation and instance unchanged. A renewal or join that wrote
+// in between wins and this one keeps nothing of its answer (it returns the
+// identity on disk); two renewals never interleave their writes.
 func (a *Agent) renew(ctx context.Context) (*State, error) {
 	// Taking the lock creates the directory; a renewal of a directory
 	// that holds no identity (a mistyped --data) must fail leaving none.
 	if !a.dir.HasIdentity() {
 		return nil, fmt.Errorf("%w: %s", ErrNoIdentity, a.dir)
 	}
-	unlock, err := a.dir.lock(ctx)
+	st, id, key, err := a.renewStart(ctx)
 	if err != nil {
 		return nil, err
-	}
-	defer unlock()
-	st, id, err := a.load(true)
-	if err != nil {
-		return nil, err
-	}
-	now := a.now()
-	if !now.Before(id.Leaf().NotAfter) {
-		return nil, &ExpiredError{NotAfter: id.Leaf().NotAfter}
 	}
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {
@@ -60,10 +59,6 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	agentID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAgent, st.NodeID)
 	if err != nil {
 		return nil, fmt.Errorf("state.json: %w", err)
-	}
-	key, err := a.dir.pendingKey(true)
-	if err != nil {
-		return nil, err
 	}
 	csr, err := csrFor(key)
 	if err != nil {
@@ -80,11 +75,23 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	unlock, err := a.dir.lock(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	// Read again: the stream and tasks write state.json (the verifier
+	// set, the replay window, a trust bundle and its roots) while the
+	// request is out, and another renewal may have written a new identity.
+	cur, curID, err := a.load(false)
+	if err != nil {
+		return nil, err
+	}
 	// A reply's ca_certificate_pem is never a reason to trust another
 	// root; its trust bundle is taken by trustbundle.Take's rule (a new
 	// root only through a cross-certificate from a root trusted now), and
 	// the new certificate must chain to the roots trusted after it.
-	roots, err := a.takeBundle(st, id, resp.GetTrustBundle())
+	roots, err := a.takeBundle(cur, curID, resp.GetTrustBundle())
 	if err != nil {
 		return nil, err
 	}
@@ -92,25 +99,65 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, err
 	}
+	if issued := serialOf(chain[0]); cur.Serial == issued {
+		return cur, a.dir.writeState(cur) // a renewal with the same pending key wrote this answer first
+	}
+	if cur.Serial != st.Serial || cur.Generation != st.Generation || cur.InstanceID != st.InstanceID {
+		// Written in between: what is on disk is newer than what this
+		// renewal started from, and its answer must not go over it. Its
+		// key, if still pending, is dropped, or the next renewal would
+		// send it again and be answered this same certificate.
+		if p, err := a.dir.pendingKey(false); err == nil && p != nil && identity.SamePublicKey(p.Public(), key.Public()) {
+			if err := a.dir.removePendingKey(); err != nil {
+				return nil, err
+			}
+		}
+		a.log.Info("renewal answer not kept: the identity was written by another renewal or join while it was in flight",
+			"started_from_generation", st.Generation, "on_disk_generation", cur.Generation, "answered_generation", resp.GetGeneration())
+		return cur, a.dir.writeState(cur)
+	}
 	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: roots}, false); err != nil {
 		return nil, err
 	}
 	renewed := a.now().UTC()
-	st.Generation = resp.GetGeneration()
-	st.LastRenewal = &renewed
-	st.NotAfter = chain[0].NotAfter.UTC()
-	st.Serial = serialOf(chain[0])
+	cur.Generation = resp.GetGeneration()
+	cur.LastRenewal = &renewed
+	cur.NotAfter = chain[0].NotAfter.UTC()
+	cur.Serial = serialOf(chain[0])
 	if iid := resp.GetInstanceId(); iid != "" {
-		st.InstanceID = iid
+		cur.InstanceID = iid
 	}
-	a.takeVerifierSet(ctx, st, resp.GetVerifierSet(), false, conn)
-	if err := a.dir.writeState(st); err != nil {
+	a.takeVerifierSet(ctx, cur, resp.GetVerifierSet(), false, conn)
+	if err := a.dir.writeState(cur); err != nil {
 		return nil, err
 	}
 	if err := a.dir.removePendingKey(); err != nil {
 		return nil, err
 	}
-	return st, nil
+	return cur, nil
+}
+
+// renewStart reads, under the data directory's lock, what a renewal
+// needs: the state, the identity (unexpired) and the key to certify (the
+// pending key of an earlier attempt, else a new one, persisted).
+func (a *Agent) renewStart(ctx context.Context) (*State, *identity.Identity, crypto.Signer, error) {
+	unlock, err := a.dir.lock(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	defer unlock()
+	st, id, err := a.load(true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if now := a.now(); !now.Before(id.Leaf().NotAfter) {
+		return nil, nil, nil, &ExpiredError{NotAfter: id.Leaf().NotAfter}
+	}
+	key, err := a.dir.pendingKey(true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return st, id, key, nil
 }
 
 // address is where renewals go: the API address recorded at the join (the

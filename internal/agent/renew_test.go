@@ -194,3 +194,67 @@ func TestOnIdentityAfterJoinAndRenewal(t *testing.T) {
 		t.Fatalf("OnIdentity saw %v, want the join's %s then the renewal's %s", serials, st.Serial, st2.Serial)
 	}
 }
+
+// TestRenewLocksOnlyAroundFiles: while a renewal waits for a slow
+// authority the data directory's lock is free (before, the renewal held
+// it across the request, and trust refresh, a task's record or another
+// renewal waited for the authority too); a renewal that completes in
+// between wins, and the slow one, answered later, does not write over it.
+func TestRenewLocksOnlyAroundFiles(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	f.mu.Lock()
+	f.renewHold, f.renewHeld = hold, held
+	f.mu.Unlock()
+	type result struct {
+		st  *State
+		err error
+	}
+	slow := make(chan result, 1)
+	go func() {
+		st, err := a.Renew(t.Context())
+		slow <- result{st, err}
+	}()
+	select {
+	case <-held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the renewal did not reach the authority")
+	}
+	lctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	unlock, err := dir.lock(lctx)
+	if err != nil {
+		t.Fatalf("the data directory is locked while a renewal waits for the authority: %v", err)
+	}
+	unlock()
+
+	// Two renewals complete while the slow one waits: the first with the
+	// same pending key (the same certificate), the second with a new key.
+	for i := range 2 {
+		rctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		_, err := a.Renew(rctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("renewal %d while another waits: %v", i+1, err)
+		}
+	}
+	newest, _ := dir.ReadState()
+	close(hold)
+	r := <-slow
+	if r.err != nil {
+		t.Fatalf("the slow renewal: %v", r.err)
+	}
+	got, _ := dir.ReadState()
+	id, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Serial != newest.Serial || got.Generation != newest.Generation || serialOf(id.Leaf()) != newest.Serial || r.st.Serial != newest.Serial {
+		t.Fatalf("the slow renewal's older answer was written over the newer identity: on disk %s (generation %d), want %s (generation %d)",
+			got.Serial, got.Generation, newest.Serial, newest.Generation)
+	}
+	if p, _ := dir.pendingKey(false); p != nil {
+		t.Error("a pending key is left: the next renewal would send the discarded key again")
+	}
+}

@@ -100,12 +100,16 @@ func (h *streamHub) notify(c store.Change) {
 	}
 }
 
-// onChange routes a change: a CA step to the intermediates' refresh too,
-// and every change to the open streams it concerns (a stream has nothing
-// to do for a CA step yet; it will send the new trust bundle).
+// onChange routes a change: a CA step to the intermediates' refresh too, a
+// signer step to the heartbeats' cached set version too, and every change
+// to the open streams it concerns (a stream has nothing to do for a CA
+// step yet; it will send the new trust bundle).
 func (s *Server) onChange(c store.Change) {
 	if c.Kind&store.ChangeCA != 0 {
 		s.inter.changed()
+	}
+	if c.Kind&store.ChangeSigners != 0 && s.setAhead != nil {
+		s.setAhead.version.invalidate()
 	}
 	s.hub.notify(c)
 	s.pokeCRL(c)

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 
@@ -36,12 +38,23 @@ const (
 	connsPerAgent                        = 8
 )
 
+// reserveHandshake is the time a connection has for its TLS handshake when
+// it starts while as many handshakes as the anonymous share are under way
+// (in the reserve): any client on a working network is done in well under
+// a second, and a handshake that stalls there (a partial ClientHello, sent
+// from however many sources) holds its place a second, not the
+// handshakeTimeout of 10 s. Connections that say nothing at all make room
+// on a full cap instead (listener.Cap.EvictSilent).
+const reserveHandshake = time.Second
+
 // errConnShare is the handshake's failure for a connection past its share.
 var errConnShare = errors.New("authority: connection closed: its caller holds its share of the connection cap")
 
 // connShares counts the connections open by class. Safe for concurrent use.
 type connShares struct {
 	anonMax int
+	// handshaking counts the TLS handshakes under way.
+	handshaking atomic.Int64
 
 	mu     sync.Mutex
 	anon   int
@@ -89,7 +102,13 @@ type sharedCreds struct {
 }
 
 func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	// gRPC set the handshake's deadline (handshakeTimeout) before this
+	// call, and clears it once the HTTP/2 preface that follows is read.
+	if n := c.s.shares.handshaking.Add(1); n > int64(c.s.shares.anonMax) {
+		raw.SetDeadline(time.Now().Add(reserveHandshake))
+	}
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	c.s.shares.handshaking.Add(-1)
 	if err != nil {
 		return conn, info, err
 	}

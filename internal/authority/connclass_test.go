@@ -6,8 +6,12 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"errors"
+	"net"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -59,5 +63,49 @@ func TestConnClassAfterRotation(t *testing.T) {
 	}
 	if op, ag := s.connClass(adminLeaf); !op || ag != "" {
 		t.Errorf("a leaf of the retiring admin intermediate classed operator=%v agent=%q, want operator", op, ag)
+	}
+}
+
+// deadlineConn records the deadlines set on it.
+type deadlineConn struct {
+	net.Conn
+	set []time.Time
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.set = append(c.set, t)
+	return nil
+}
+
+// stalledCreds is a TLS handshake that never completes.
+type stalledCreds struct {
+	credentials.TransportCredentials
+}
+
+func (stalledCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("stalled")
+}
+
+// TestReserveHandshakeDeadline: a handshake that starts while as many as
+// the anonymous share of the cap are under way gets reserveHandshake, not
+// gRPC's handshakeTimeout; one below keeps gRPC's; a handshake that ended
+// leaves the count.
+func TestReserveHandshakeDeadline(t *testing.T) {
+	s := &Server{shares: newConnShares(8)} // anonymous share: 6
+	creds := sharedCreds{TransportCredentials: stalledCreds{}, s: s}
+	below := &deadlineConn{}
+	creds.ServerHandshake(below)
+	if len(below.set) != 0 {
+		t.Fatalf("a handshake below the share had its deadline set: %v", below.set)
+	}
+	s.shares.handshaking.Store(6)
+	reserve := &deadlineConn{}
+	start := time.Now()
+	creds.ServerHandshake(reserve)
+	if len(reserve.set) != 1 || reserve.set[0].Sub(start) > reserveHandshake+time.Second || reserve.set[0].Before(start) {
+		t.Fatalf("a handshake in the reserve: deadlines %v, want one about %s from %s", reserve.set, reserveHandshake, start)
+	}
+	if n := s.shares.handshaking.Load(); n != 6 {
+		t.Fatalf("%d handshakes counted after two ended, want the 6 left", n)
 	}
 }

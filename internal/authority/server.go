@@ -224,7 +224,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 		return nil, err
 	}
 	s.connRefusals = connRefusals
-	s.conns = listener.NewCap(cfg.MaxConnections)
+	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {

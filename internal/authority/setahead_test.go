@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -99,20 +100,30 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 	if _, err := k2.EnsureFirst(ctx, signer.Actor{Name: "authority"}); err != nil {
 		t.Fatal(err)
 	}
-	s.checkSetVersion(ctx, "n0", signedSet(t, k2, 900))
+	s.checkSetVersion(ctx, "n0", 900, signedSet(t, k2, 900))
 	if v, _ := k.SetVersion(ctx); v != 1 {
 		t.Fatalf("a set signed by a key this store does not hold moved it to %d", v)
 	}
-	ahead.last.Store(0) // that attempt took the minute's slot
+	if last := events.events[len(events.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultDenied {
+		t.Fatalf("the made-up set's refusal audited as %+v", last)
+	}
+	// Made-up sets again within the minute: not audited again.
+	audited := len(events.events)
+	s.checkSetVersion(ctx, "n0", 900, signedSet(t, k2, 900))
+	if len(events.events) != audited || aheadValue(t, ahead.limited) != 1 {
+		t.Fatalf("a second refusal within the minute audited (%d records, was %d) or not counted", len(events.events), audited)
+	}
 
-	s.checkSetVersion(ctx, "n1", signedSet(t, k, 1)) // what the store holds: nothing to do
-	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 1 {
+	s.checkSetVersion(ctx, "n1", 1, signedSet(t, k, 1)) // what the store holds: nothing to do
+	if v, _ := k.SetVersion(ctx); v != 1 || aheadValue(t, ahead.detected) != 2 {
 		t.Fatalf("a heartbeat at the store's version moved it to %d", v)
 	}
-	s.checkSetVersion(ctx, "n1", signedSet(t, k, 7))
-	s.checkSetVersion(ctx, "n2", signedSet(t, k, 7)) // another agent, the version already moved
+	// A genuine set right after the made-up ones is followed at once: they
+	// did not take its slot.
+	s.checkSetVersion(ctx, "n1", 7, signedSet(t, k, 7))
+	s.checkSetVersion(ctx, "n2", 7, signedSet(t, k, 7)) // another agent, the version already moved
 	if v, _ := k.SetVersion(ctx); v != 8 {
-		t.Fatalf("store version %d after heartbeats at 7, want 8", v)
+		t.Fatalf("store version %d after heartbeats at 7 (a made-up set just before), want 8", v)
 	}
 	if n := strings.Count(logs.String(), "newer than the store's"); n != 1 {
 		t.Fatalf("logged %d times, want once (for 900, the highest):\n%s", n, logs.String())
@@ -129,13 +140,78 @@ func TestHeartbeatAheadOfTheStore(t *testing.T) {
 		t.Fatalf("audit %+v", last)
 	}
 	// Within the minute: a genuine set further ahead is counted, not followed.
-	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
-	if v, _ := k.SetVersion(ctx); v != 8 || aheadValue(t, ahead.limited) != 1 {
+	s.checkSetVersion(ctx, "n3", 20, signedSet(t, k, 20))
+	if v, _ := k.SetVersion(ctx); v != 8 || aheadValue(t, ahead.limited) != 2 {
 		t.Fatalf("second advance within a minute: store at %d, limited %v", v, aheadValue(t, ahead.limited))
 	}
-	ahead.last.Store(time.Now().Add(-advanceEvery).UnixNano())
-	s.checkSetVersion(ctx, "n3", signedSet(t, k, 20))
+	ahead.advance.last.Store(time.Now().Add(-advanceEvery).UnixNano())
+	s.checkSetVersion(ctx, "n3", 20, signedSet(t, k, 20))
 	if v, _ := k.SetVersion(ctx); v != 21 {
 		t.Fatalf("a minute later: store at %d, want 21", v)
+	}
+}
+
+// countingStore counts reads of the store's verifier set version.
+type countingStore struct {
+	store.Store
+	reads atomic.Int64
+}
+
+func (c *countingStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
+	c.reads.Add(1)
+	return c.Store.SignerSetID(ctx)
+}
+
+// TestHeartbeatSetVersionCached: a heartbeat at or below the store's
+// verifier set version costs no store read (before, each one parsed its
+// set and read the store's version): the version is read once and kept
+// until a signer change is announced; a heartbeat above it is checked
+// against the store.
+func TestHeartbeatSetVersionCached(t *testing.T) {
+	ctx := t.Context()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st := &countingStore{Store: db}
+	custody, _ := signer.NewSealed(seal.StorageKey{5})
+	k := signer.NewKeeper(st, custody, &auditEvents{}, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, signer.Actor{Name: "authority"}); err != nil {
+		t.Fatal(err)
+	}
+	ahead, err := newSetAhead(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{signers: k, setAhead: ahead, hub: newStreamHub(), log: slog.New(slog.DiscardHandler)}
+	current := signedSet(t, k, 1)
+	reads := func() int64 { return st.reads.Swap(0) }
+	reads()
+	for range 100 {
+		s.checkSetVersion(ctx, "n1", 1, current)
+	}
+	if n := reads(); n != 1 {
+		t.Fatalf("100 heartbeats at the store's version read it %d times, want 1", n)
+	}
+	// A signer change: the next heartbeat reads the version again, once.
+	s.onChange(store.Change{Kind: store.ChangeSigners})
+	for range 10 {
+		s.checkSetVersion(ctx, "n1", 1, current)
+	}
+	if n := reads(); n != 1 {
+		t.Fatalf("after a signer change, 10 heartbeats read the version %d times, want 1", n)
+	}
+	// Other changes keep it.
+	s.onChange(store.Change{Kind: store.ChangeTasks | store.ChangeStanding | store.ChangeStream, Nodes: []string{"n1"}})
+	s.checkSetVersion(ctx, "n1", 1, current)
+	if n := reads(); n != 0 {
+		t.Fatalf("a change of tasks or standing made a heartbeat read the version %d times", n)
+	}
+	// A heartbeat above the cached version is checked against the store,
+	// and followed.
+	s.checkSetVersion(ctx, "n1", 5, signedSet(t, k, 5))
+	if v, _ := k.SetVersion(ctx); v != 6 {
+		t.Fatalf("store version %d after a heartbeat at 5, want 6", v)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -208,10 +209,16 @@ type setAhead struct {
 	// logged is the highest reported version logged so far: each is
 	// logged once, not with every heartbeat.
 	logged atomic.Int64
-	// last is when this replica last tried an advance (unix nanoseconds):
-	// at most one per advanceEvery, so no agent can make the authority
-	// write, sign, audit and fan out a set with every heartbeat.
-	last     atomic.Int64
+	// advance is this replica's slot for an advance of a set that
+	// verified (VerifyAhead), refused for the audit of one that did not:
+	// each taken at most once per advanceEvery, so no agent can make the
+	// authority write, sign, audit and fan out a set, nor audit a refusal,
+	// with every heartbeat, and a made-up set does not take the slot of a
+	// genuine one.
+	advance, refused slot
+	// version caches the store's set version for the heartbeats' first
+	// comparison; a signer change notification invalidates it (onChange).
+	version  versionCache
 	detected prometheus.Counter
 	limited  prometheus.Counter
 	highest  prometheus.Gauge
@@ -244,11 +251,54 @@ func newSetAhead(reg prometheus.Registerer) (*setAhead, error) {
 	return a, nil
 }
 
-// claim takes this replica's advance slot if a minute has passed since
-// the last.
-func (a *setAhead) claim(now time.Time) bool {
-	last := a.last.Load()
-	return (last == 0 || now.Sub(time.Unix(0, last)) >= advanceEvery) && a.last.CompareAndSwap(last, now.UnixNano())
+// versionCache holds the store's verifier set version between signer
+// changes, so a heartbeat costs no store read. Safe for concurrent use.
+type versionCache struct {
+	mu      sync.Mutex
+	gen     uint64 // bumped by each invalidation
+	have    bool
+	version int64
+}
+
+// get returns the cached version, or loads it. A version loaded while an
+// invalidation came is returned but not kept: it may predate the change.
+func (c *versionCache) get(ctx context.Context, load func(context.Context) (int64, error)) (int64, error) {
+	c.mu.Lock()
+	if c.have {
+		defer c.mu.Unlock()
+		return c.version, nil
+	}
+	gen := c.gen
+	c.mu.Unlock()
+	v, err := load(ctx)
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.gen == gen {
+		c.have, c.version = true, v
+	}
+	return v, nil
+}
+
+// invalidate drops the cached version: the signers changed.
+func (c *versionCache) invalidate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.have = false
+}
+
+// slot is taken at most once per advanceEvery.
+type slot struct {
+	last atomic.Int64 // when it was last taken, unix nanoseconds; 0: never
+}
+
+// claim takes the slot if advanceEvery has passed since it was last taken.
+func (l *slot) claim(now time.Time) bool {
+	last := l.last.Load()
+	return (last == 0 || now.Sub(time.Unix(0, last)) >= advanceEvery) && l.last.CompareAndSwap(last, now.UnixNano())
 }
 
 // checkSetVersion compares the verifier set a heartbeat carries (raw,
@@ -256,15 +306,20 @@ func (a *setAhead) claim(now time.Time) bool {
 // agent is ahead, logs it (once per version), counts it and, at most
 // once a minute on this replica, asks the keeper to advance past it.
 // An agent of a release that sends no set is not followed.
-func (s *Server) checkSetVersion(ctx context.Context, node string, raw []byte) {
+//
+// The heartbeat's own figure (claimed) is compared first, with the store's
+// version as this replica last read it (versionCache, kept until a signer
+// change is announced): a heartbeat at or below it costs neither a parse
+// nor a store read.
+func (s *Server) checkSetVersion(ctx context.Context, node string, claimed int64, raw []byte) {
 	if len(raw) == 0 || s.setAhead == nil {
 		return
 	}
-	set, err := signer.ParseVerifierSet(raw)
-	if err != nil {
+	have, err := s.setAhead.version.get(ctx, s.signers.SetVersion)
+	if err != nil || claimed <= have {
 		return
 	}
-	have, err := s.signers.SetVersion(ctx)
+	set, err := signer.ParseVerifierSet(raw)
 	if err != nil || set.Version <= have {
 		return
 	}
@@ -275,11 +330,30 @@ func (s *Server) checkSetVersion(ctx context.Context, node string, raw []byte) {
 		s.log.Warn("an agent holds a verifier set newer than the store's: the store was restored from a backup? moving the version past it",
 			"node", node, "agent_version", reported, "store_version", have)
 	}
-	if !s.setAhead.claim(time.Now()) {
+	// The slot of an advance is claimed only once the set verified: a
+	// made-up set is refused (audited through a slot of its own) and
+	// leaves the advance to the next genuine one.
+	behind, refused, err := s.signers.VerifyAhead(ctx, raw)
+	switch {
+	case err != nil:
+		if ctx.Err() == nil && !s.outage.fail(err) {
+			s.log.Error("cannot check an agent's verifier set against the store's", "err", err, "node", node)
+		}
+		return
+	case refused != nil:
+		if !s.setAhead.refused.claim(time.Now()) {
+			s.setAhead.limited.Inc()
+			s.log.Debug("verifier set not followed, not audited: a refusal was audited less than a minute ago", "node", node, "agent_version", reported, "reason", refused)
+			return
+		}
+	case !behind:
+		return // another replica moved the version past it meanwhile
+	case !s.setAhead.advance.claim(time.Now()):
 		s.setAhead.limited.Inc()
 		s.log.Debug("verifier set advance not tried: one was tried less than a minute ago", "node", node, "agent_version", reported)
 		return
 	}
+	// Advance checks the set again, and audits the advance or the refusal.
 	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority", Source: node}, raw)
 	if err != nil && ctx.Err() == nil {
 		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "node", node, "agent_version", reported)

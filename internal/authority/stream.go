@@ -144,7 +144,7 @@ func (st *agentStream) open() error {
 	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
-	st.row = store.AgentStream{NodeID: c.ID.Name, Replica: a.s.advertise(), Connected: true}
+	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.advertise(), Connected: true}
 	var err error
 	if st.row.ConnectedAt, err = a.s.store.Now(st.ctx); err == nil {
 		st.row.LastSeen = st.row.ConnectedAt
@@ -228,8 +228,10 @@ func (st *agentStream) receive() {
 			apart(func() {
 				st.recordMu.Lock()
 				defer st.recordMu.Unlock()
-				if !st.ended {
-					st.a.s.recordHeartbeat(st.ctx, st.row, hb)
+				if !st.ended && errors.Is(st.a.s.recordHeartbeat(st.ctx, st.row, hb), store.ErrConflict) {
+					// A newer stream of the agent took the row, on some
+					// replica: this one ends.
+					st.supplanted()
 				}
 			})
 		}
@@ -248,7 +250,13 @@ func (st *agentStream) serve() error {
 	sentBundle := "" // the digest of the last trust bundle sent
 	for {
 		var end error
-		if apart(func() { end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, &sentBundle, delivered) }); end != nil {
+		if apart(func() {
+			if check&store.ChangeStream != 0 && st.supplanted() {
+				end = streamEnd{st.expired()}
+				return
+			}
+			end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, &sentBundle, delivered)
+		}); end != nil {
 			if se, ok := end.(streamEnd); ok {
 				return se.err
 			}
@@ -299,7 +307,10 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 			return streamEnd{st.expired()}
 		case <-st.wake.c:
 			k := st.wake.take()
-			st.deferred |= k
+			st.deferred |= k &^ store.ChangeStream
+			if k&store.ChangeStream != 0 && st.supplanted() {
+				return streamEnd{st.expired()}
+			}
 			if k&store.ChangeStanding != 0 {
 				if err := st.a.s.enroll.Standing(st.ctx, st.c.Cert); err != nil && st.ctx.Err() == nil {
 					st.a.streamLog(st.c).Info("agent stream closed while a send waited", "reason", err)
@@ -536,9 +547,11 @@ type heartbeatJSON struct {
 	TrustBundleCerts []string `json:"trust_bundle_certs,omitempty"`
 }
 
-// recordHeartbeat keeps an agent's last heartbeat and when it was heard.
-// The agent's figures are bounded before they are kept.
-func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) {
+// recordHeartbeat keeps an agent's last heartbeat and when it was heard,
+// in the row of its stream: store.ErrConflict if a newer stream of the
+// agent holds the row. The agent's figures are bounded before they are
+// kept.
+func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) error {
 	doc := heartbeatJSON{VerifierSetVersion: hb.GetVerifierSetVersion(), AcceptedSigners: map[string]string{},
 		IdentityNotAfter: hb.GetIdentityNotAfter().AsTime().UTC(), StaticVerifiers: hb.GetStaticVerifiers()}
 	if hb.RecoveriesRemaining != nil && hb.GetRecoveriesRemaining() >= 0 {
@@ -573,16 +586,17 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	}
 	b, err := json.Marshal(doc)
 	if err != nil {
-		return
+		return nil
 	}
 	row.Report = string(b)
-	s.checkSetVersion(ctx, row.NodeID, hb.GetVerifierSet())
+	s.checkSetVersion(ctx, row.NodeID, hb.GetVerifierSetVersion(), hb.GetVerifierSet())
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
-		err = s.store.RecordAgentStream(ctx, row)
+		err = s.store.RecordAgentHeartbeat(ctx, row)
 	}
-	if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
+	if err != nil && !errors.Is(err, store.ErrConflict) && ctx.Err() == nil && !s.outage.fail(err) {
 		s.log.Error("cannot record a heartbeat", "err", err, "node", row.NodeID)
 	}
+	return err
 }
 
 // streamToProto is what agents list and show say of a node's stream.

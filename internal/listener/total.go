@@ -1,9 +1,11 @@
 package listener
 
 import (
+	"container/list"
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 )
 
 // Refusal says why a listener closed a connection at once.
@@ -22,6 +24,10 @@ const (
 	// RefusedIdentity: after its TLS handshake, a connection found its
 	// client identity holding its cap of connections already.
 	RefusedIdentity Refusal = "identity"
+	// RefusedSilent: the Cap was full, and this connection, the oldest
+	// that had not sent a byte since its accept, was closed to make room
+	// for a new one (Cap.EvictSilent).
+	RefusedSilent Refusal = "silent"
 )
 
 // Options are what a listener enforces beside its address.
@@ -89,10 +95,14 @@ func maxConnsFor(limit uint64) int {
 // file descriptors, so a ceiling per listener would let them together
 // hold more than the process may open (limits.max_connections).
 type Cap struct {
-	max int
+	max   int
+	evict bool
 
 	mu   sync.Mutex
 	open int
+	// silent are the open connections that have not sent a byte since
+	// their accept, oldest first (*capConn), kept when evict is set.
+	silent list.List
 }
 
 // NewCap returns a Cap of max connections; max <= 0 is DefaultMaxConns().
@@ -101,6 +111,19 @@ func NewCap(max int) *Cap {
 		max = DefaultMaxConns()
 	}
 	return &Cap{max: max}
+}
+
+// EvictSilent makes c, when full, close the oldest of its connections that
+// has not sent a byte since its accept to take a new one, instead of
+// refusing the new one; it returns c. Any client that means to talk sends
+// its first bytes (a TLS ClientHello) at once, so a full Cap of
+// connections that say nothing — half-open ones, from however many
+// sources — no longer keeps everyone else out for the handshake timeout:
+// each new connection takes the place of the oldest silent one. Call it
+// before the Cap is used.
+func (c *Cap) EvictSilent() *Cap {
+	c.evict = true
+	return c
 }
 
 // Max is the ceiling.
@@ -116,10 +139,79 @@ func (c *Cap) take() bool {
 	return true
 }
 
-func (c *Cap) release() {
+// admit wraps conn, which holds a place taken, so that its close gives
+// the place back, and, when the Cap evicts, lists it silent until its
+// first byte is read.
+func (c *Cap) admit(conn net.Conn) net.Conn {
+	cc := &capConn{Conn: conn, cap: c}
+	if c.evict {
+		c.mu.Lock()
+		cc.elem = c.silent.PushBack(cc)
+		c.mu.Unlock()
+	}
+	return cc
+}
+
+// oldestSilent takes the oldest silent connection off the list, to be
+// closed; nil if there is none. A connection whose first bytes have come
+// in but are not read yet (its server goroutine is slow to start the
+// handshake) has spoken: it is taken off the list and passed over.
+func (c *Cap) oldestSilent() *capConn {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	for e := c.silent.Front(); e != nil; e = c.silent.Front() {
+		cc := c.silent.Remove(e).(*capConn)
+		cc.elem = nil
+		if !hasSent(cc.Conn) {
+			return cc
+		}
+		cc.spoken.Store(true)
+	}
+	return nil
+}
+
+// spoke takes cc off the silent list: it sent its first byte.
+func (c *Cap) spoke(cc *capConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc.elem != nil {
+		c.silent.Remove(cc.elem)
+		cc.elem = nil
+	}
+}
+
+func (c *Cap) release(cc *capConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc.elem != nil {
+		c.silent.Remove(cc.elem)
+		cc.elem = nil
+	}
 	c.open--
-	c.mu.Unlock()
+}
+
+// capConn holds a place of a Cap until it is closed.
+type capConn struct {
+	net.Conn
+	cap    *Cap
+	once   sync.Once
+	spoken atomic.Bool
+	elem   *list.Element // on cap.silent; guarded by cap.mu
+}
+
+func (c *capConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.cap.evict && !c.spoken.Load() {
+		c.spoken.Store(true)
+		c.cap.spoke(c)
+	}
+	return n, err
+}
+
+func (c *capConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.cap.release(c) })
+	return err
 }
 
 // Listen binds addr over TCP, enforcing o: the total cap, then the cap
@@ -178,10 +270,19 @@ func (l *limitTotal) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if !l.cap.take() {
-			c.Close()
-			l.refused(RefusedTotal)
-			continue
+			// Full: the oldest connection that has said nothing makes
+			// room, if the Cap evicts; another listener of the Cap may
+			// take the place first.
+			if old := l.cap.oldestSilent(); old != nil {
+				old.Close()
+				l.refused(RefusedSilent)
+			}
+			if !l.cap.take() {
+				c.Close()
+				l.refused(RefusedTotal)
+				continue
+			}
 		}
-		return &countedConn{Conn: c, release: l.cap.release}, nil
+		return l.cap.admit(c), nil
 	}
 }

@@ -128,3 +128,81 @@ func TestMaxPerSource(t *testing.T) {
 		}
 	}
 }
+
+// TestFullCapEvictsTheOldestSilent: a full Cap that evicts takes a new
+// connection in place of the oldest that has sent nothing, reported as
+// silent; connections that spoke, read or not yet read, are never closed
+// for it.
+func TestFullCapEvictsTheOldestSilent(t *testing.T) {
+	var refused refusals
+	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(4).EvictSilent(), Refused: refused.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted, dial := acceptAll(lis), dialTo(t, lis.Addr().String())
+	// speak sends a byte on client and reads it on server.
+	speak := func(client, server net.Conn) {
+		t.Helper()
+		if _, err := client.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := server.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// unread has sent a byte the server has not read yet (its goroutine
+	// is slow to start): it has spoken, and is passed over.
+	unread := dial()
+	if _, err := unread.Write([]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	<-accepted
+	talker := dial()
+	speak(talker, <-accepted)
+	time.Sleep(100 * time.Millisecond) // unread's byte is in the server's socket
+	silent1 := dial()
+	<-accepted
+	silent2 := dial()
+	<-accepted
+	// Full: the next takes the place of silent1, the oldest silent.
+	next := dial()
+	select {
+	case c := <-accepted:
+		defer c.Close()
+	case <-time.After(5 * time.Second):
+		t.Fatal("a new connection was refused while a silent one held a place")
+	}
+	if !closedAtOnce(silent1, 2*time.Second) {
+		t.Fatal("the oldest silent connection was not closed")
+	}
+	if closedAtOnce(silent2, 200*time.Millisecond) || closedAtOnce(talker, 200*time.Millisecond) || closedAtOnce(next, 200*time.Millisecond) ||
+		closedAtOnce(unread, 200*time.Millisecond) {
+		t.Fatal("a connection other than the oldest silent one was closed")
+	}
+	var got []Refusal
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got = refused.all(); len(got) > 0 {
+			break
+		}
+	}
+	if len(got) != 1 || got[0] != RefusedSilent {
+		t.Fatalf("refusals %v, want one silent", got)
+	}
+}
+
+// TestCapWithoutEvictionRefuses: a Cap that does not evict refuses the
+// next connection even when those holding it are silent.
+func TestCapWithoutEvictionRefuses(t *testing.T) {
+	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted, dial := acceptAll(lis), dialTo(t, lis.Addr().String())
+	first := dial()
+	<-accepted
+	if !closedAtOnce(dial(), 2*time.Second) || closedAtOnce(first, 200*time.Millisecond) {
+		t.Fatal("a Cap without eviction closed the silent connection, not the new one")
+	}
+}

@@ -330,6 +330,55 @@ const ActAdvance Action = "advance"
 // version) is not followed.
 const MaxAdvance = 10000
 
+// refusal is a set Advance does not follow, as ahead reports it.
+type refusal struct{ err error }
+
+func (r refusal) Error() string { return r.err.Error() }
+
+// VerifyAhead reports whether Advance would follow raw: behind when raw is
+// above the store's version and passes every check Advance makes before
+// it writes; refused, the reason Advance would refuse it; err, the
+// store's error. It writes and audits nothing, so the authority can spend
+// its once-a-minute advance on a set that verified, not on a made-up one.
+func (k *Keeper) VerifyAhead(ctx context.Context, raw []byte) (behind bool, refused, err error) {
+	_, _, behind, err = k.ahead(ctx, raw)
+	var r refusal
+	if errors.As(err, &r) {
+		return false, r.err, nil
+	}
+	return behind, nil, err
+}
+
+// ahead checks raw as Advance follows it: the parsed set and the store's
+// snapshot, and whether the store is behind it; or a refusal.
+func (k *Keeper) ahead(ctx context.Context, raw []byte) (parsedSet, Snapshot, bool, error) {
+	p, err := parseSigned(raw)
+	if err != nil {
+		return parsedSet{}, Snapshot{}, false, refusal{fmt.Errorf("signer: the agent's verifier set: %w", err)}
+	}
+	set := p.set
+	if set.AuthorityID != k.authorityID {
+		return parsedSet{}, Snapshot{}, false, refusal{fmt.Errorf("signer: the agent's verifier set is for authority %q, not %q", set.AuthorityID, k.authorityID)}
+	}
+	snap, err := k.Load(ctx)
+	if err != nil || set.Version <= snap.Version() {
+		return parsedSet{}, snap, false, err
+	}
+	if set.Version-snap.Version() > MaxAdvance {
+		return parsedSet{}, snap, false, refusal{fmt.Errorf("signer: an agent's verifier set has version %d, %d above the store's %d: more than a restore loses (%d); not followed", set.Version, set.Version-snap.Version(), snap.Version(), MaxAdvance)}
+	}
+	var held *Signer
+	for i := range snap.Signers {
+		if snap.Signers[i].VersionID == p.signer {
+			held = &snap.Signers[i]
+		}
+	}
+	if k, ok := set.Key(p.signer); !ok || !k.State.SignsSets() || held == nil || !p.verify(EncodePublicKey(held.PublicKey)) {
+		return parsedSet{}, snap, false, refusal{fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer)}
+	}
+	return p, snap, true, nil
+}
+
 // ErrNoCommonSigner refuses an advance when no key is active or staged
 // both in the set an agent holds and in the store: agents holding that set
 // would refuse any set the store can sign (the backup predates an
@@ -348,38 +397,21 @@ var ErrNoCommonSigner = errors.New("signer: no key is active or staged both in t
 // returns a zero Result when the store is not behind the set, or when
 // another replica advanced it first; ErrNoCommonSigner, with nothing
 // written, when no key qualifies to sign. Every advance and refusal is
-// audited as node_task_signer.advance (the authority calls this at most
-// once a minute per replica, which bounds the records).
+// audited as node_task_signer.advance (the authority calls this, for a
+// set VerifyAhead passed, at most once a minute per replica, and for one
+// it refused at most once a minute too, which bounds the records).
 func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, error) {
-	refuse := func(err error) (Result, error) {
+	p, snap, behind, err := k.ahead(ctx, raw)
+	var r refusal
+	if errors.As(err, &r) {
 		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance),
-			Result: audit.ResultDenied, Source: who.Source, CorrelationID: who.CorrelationID, Reason: err.Error()})
-		return Result{}, err
+			Result: audit.ResultDenied, Source: who.Source, CorrelationID: who.CorrelationID, Reason: r.err.Error()})
+		return Result{}, r.err
 	}
-	p, err := parseSigned(raw)
-	if err != nil {
-		return refuse(fmt.Errorf("signer: the agent's verifier set: %w", err))
+	if err != nil || !behind {
+		return Result{}, err
 	}
 	set := p.set
-	if set.AuthorityID != k.authorityID {
-		return refuse(fmt.Errorf("signer: the agent's verifier set is for authority %q, not %q", set.AuthorityID, k.authorityID))
-	}
-	snap, err := k.Load(ctx)
-	if err != nil || set.Version <= snap.Version() {
-		return Result{}, err
-	}
-	if set.Version-snap.Version() > MaxAdvance {
-		return refuse(fmt.Errorf("signer: an agent's verifier set has version %d, %d above the store's %d: more than a restore loses (%d); not followed", set.Version, set.Version-snap.Version(), snap.Version(), MaxAdvance))
-	}
-	var held *Signer
-	for i := range snap.Signers {
-		if snap.Signers[i].VersionID == p.signer {
-			held = &snap.Signers[i]
-		}
-	}
-	if k, ok := set.Key(p.signer); !ok || !k.State.SignsSets() || held == nil || !p.verify(EncodePublicKey(held.PublicKey)) {
-		return refuse(fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer))
-	}
 	prev := map[string]State{}
 	for _, key := range set.Keys {
 		prev[key.VersionID] = key.State

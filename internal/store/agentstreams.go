@@ -7,7 +7,11 @@ import (
 
 // AgentStream is what the authority last knew of an agent's stream.
 type AgentStream struct {
-	NodeID      string
+	NodeID string
+	// StreamID names one stream (random, chosen as it opens): the row
+	// belongs to the stream that recorded it last, and only that stream
+	// records heartbeats in it.
+	StreamID    string
 	Replica     string // the advertised address of the replica holding it
 	Connected   bool
 	ConnectedAt time.Time
@@ -15,10 +19,18 @@ type AgentStream struct {
 	Report      string // the last heartbeat, JSON
 }
 
-// AgentStreamStore records agents' streams. Safe for concurrent use.
+// AgentStreamStore records agents' streams. An agent holds one live stream
+// across all replicas: the one whose row it is. Safe for concurrent use.
 type AgentStreamStore interface {
-	// RecordAgentStream writes the stream row of s.NodeID, replacing any.
+	// RecordAgentStream writes the stream row of s.NodeID as a new stream
+	// s.StreamID opens, replacing any, and announces ChangeStream for the
+	// node, so that the stream it replaced, on whichever replica, ends.
 	RecordAgentStream(ctx context.Context, s AgentStream) error
+	// RecordAgentHeartbeat records s.LastSeen and s.Report in the row of
+	// s.NodeID, conditionally on the row being stream s.StreamID's and open:
+	// ErrConflict, and nothing written, if a newer stream recorded it since
+	// or the stream's end was recorded; ErrNotFound if there is no row.
+	RecordAgentHeartbeat(ctx context.Context, s AgentStream) error
 	// CloseAgentStream marks the stream opened at connectedAt closed, last
 	// seen at lastSeen. A row written since by a newer stream (the agent
 	// reconnected, perhaps to another replica) is left alone; so is a

@@ -15,10 +15,13 @@ const (
 	// ChangeCA: a CA certificate prepared, activated or retired, so new
 	// active intermediates and a new trust bundle (for every node).
 	ChangeCA
+	// ChangeStream: a new stream of the node was recorded, perhaps by
+	// another replica; the node's older stream, wherever it is, ends.
+	ChangeStream
 
 	// ChangeAll is what a watcher announces once it listens: changes
 	// before may have gone unseen.
-	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks | ChangeCA
+	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks | ChangeCA | ChangeStream
 )
 
 // Change is a committed change as a store announces it to its watchers:

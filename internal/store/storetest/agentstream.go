@@ -15,7 +15,7 @@ func agentStreamCases() []testCase {
 		{"record, replace, close only the same stream", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, err := s.GetAgentStream(ctx, "n1")
 			wantErr(t, "GetAgentStream before", err, store.ErrNotFound)
-			first := store.AgentStream{NodeID: "n1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(time.Second), Report: `{"v":1}`}
+			first := store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(time.Second), Report: `{"v":1}`}
 			mustNil(t, "RecordAgentStream", s.RecordAgentStream(ctx, first))
 			got, err := s.GetAgentStream(ctx, "n1")
 			mustNil(t, "GetAgentStream", err)
@@ -24,7 +24,7 @@ func agentStreamCases() []testCase {
 			}
 			// The agent reconnects to another replica; the first stream's
 			// late close does not mark the new one closed.
-			second := store.AgentStream{NodeID: "n1", Replica: "b:1", Connected: true, ConnectedAt: at(time.Minute), LastSeen: at(time.Minute)}
+			second := store.AgentStream{NodeID: "n1", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Minute), LastSeen: at(time.Minute)}
 			mustNil(t, "RecordAgentStream again", s.RecordAgentStream(ctx, second))
 			mustNil(t, "CloseAgentStream stale", s.CloseAgentStream(ctx, "n1", first.ConnectedAt, at(2*time.Minute)))
 			if got, _ := s.GetAgentStream(ctx, "n1"); !got.Connected || got.Replica != "b:1" {
@@ -35,6 +35,33 @@ func agentStreamCases() []testCase {
 				t.Fatalf("after close: %+v", got)
 			}
 			mustNil(t, "CloseAgentStream unknown", s.CloseAgentStream(ctx, "n9", at(0), at(0)))
+		}},
+		{"only the stream that holds the row records heartbeats", func(t *testing.T, ctx context.Context, s store.Store) {
+			hb := store.AgentStream{NodeID: "n1", StreamID: "s1", LastSeen: at(time.Second), Report: `{"v":1}`}
+			wantErr(t, "RecordAgentHeartbeat before any stream", s.RecordAgentHeartbeat(ctx, hb), store.ErrNotFound)
+			first := store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(0)}
+			mustNil(t, "RecordAgentStream", s.RecordAgentStream(ctx, first))
+			mustNil(t, "RecordAgentHeartbeat", s.RecordAgentHeartbeat(ctx, hb))
+			got, err := s.GetAgentStream(ctx, "n1")
+			mustNil(t, "GetAgentStream", err)
+			want := first
+			want.LastSeen, want.Report = hb.LastSeen, hb.Report
+			if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+				t.Fatalf("after a heartbeat (-want +got):\n%s", diff)
+			}
+			// A newer stream of the same agent, on another replica, takes
+			// the row: the first stream's heartbeats no longer write it
+			// (before, each heartbeat took the row back).
+			second := store.AgentStream{NodeID: "n1", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Minute), LastSeen: at(time.Minute)}
+			mustNil(t, "RecordAgentStream newer", s.RecordAgentStream(ctx, second))
+			hb.LastSeen = at(2 * time.Minute)
+			wantErr(t, "RecordAgentHeartbeat of the replaced stream", s.RecordAgentHeartbeat(ctx, hb), store.ErrConflict)
+			if got, _ := s.GetAgentStream(ctx, "n1"); got.StreamID != "s2" || got.Replica != "b:1" || !got.LastSeen.Equal(at(time.Minute)) {
+				t.Fatalf("a replaced stream's heartbeat changed the row: %+v", got)
+			}
+			// Once its end is recorded, a stream records no heartbeat.
+			mustNil(t, "CloseAgentStream", s.CloseAgentStream(ctx, "n1", second.ConnectedAt, at(3*time.Minute)))
+			wantErr(t, "RecordAgentHeartbeat after the end", s.RecordAgentHeartbeat(ctx, store.AgentStream{NodeID: "n1", StreamID: "s2", LastSeen: at(4 * time.Minute)}), store.ErrConflict)
 		}},
 	}
 }

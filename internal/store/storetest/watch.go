@@ -68,6 +68,11 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 		{"CA certificate step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
 			mustNil(t, "InsertCACert", w.InsertCACert(ctx, caRow("agent", "a1", store.CAPrepared)))
 		}, notice(store.Change{Kind: store.ChangeCA})},
+		{"a new stream of the node, so its older stream on any replica ends", func(t *testing.T, ctx context.Context, w store.Store) {
+			now := storeNow(t, ctx, w)
+			mustNil(t, "RecordAgentStream", w.RecordAgentStream(ctx, store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "b:1",
+				Connected: true, ConnectedAt: now, LastSeen: now}))
+		}, notice(store.Change{Kind: store.ChangeStream, Nodes: []string{"n1"}})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
