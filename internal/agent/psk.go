@@ -46,9 +46,19 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 	if len(certs) < 2 {
 		return nil, fmt.Errorf("%w: the authority sent no root", ErrPinnedRoot)
 	}
-	root := certs[len(certs)-1]
-	if !ca.MatchesFingerprint(root, fingerprint) || !identity.IsRoot(root) {
-		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(root))
+	// The pinned root may be any certificate after the leaf: during a root
+	// rotation the authority presents both roots and the cross-certificate
+	// between them, its signing root last (DESIGN.md "Root rotation").
+	var root *x509.Certificate
+	for _, c := range certs[1:] {
+		if ca.MatchesFingerprint(c, fingerprint) && identity.IsRoot(c) {
+			root = c
+			break
+		}
+	}
+	if root == nil {
+		last := certs[len(certs)-1]
+		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(last))
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(root)
@@ -63,7 +73,7 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 		got = id
 		return nil
 	}
-	if err := identity.VerifyPeer(certs[:len(certs)-1], pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
+	if err := identity.VerifyPeer(certs, pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotAuthority, err)
 	}
 	return &authorityPeer{id: got, root: root}, nil

@@ -37,6 +37,7 @@ func (s *Server) caClock(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-s.caPoke:
 		}
 	}
 }
@@ -81,6 +82,10 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
+	if s.rootSteps(ctx, rows) {
+		return nil // the steps a root rotation needed came first; the rest at the next tick
+	}
+	rs := s.ca.Roots()
 	for _, role := range caRoles {
 		a := active[string(role)]
 		if a == nil {
@@ -98,11 +103,11 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
 				s.store.ActivateCACert(ctx, string(role), p.Serial))
 		case !hasPrepared && !now.Before(issued.Add(life/2)):
-			if s.ca.RootKey == nil {
+			if rs.SigningKey == nil {
 				s.warnNoRootKey(role, a)
 				continue
 			}
-			row, err := s.inter.prepare(ctx, role, s.ca.RootKey, s.caIntermediateTTL())
+			row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL())
 			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
 		}
 	}
@@ -135,4 +140,14 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// pokeCAClock asks the leader's CA clock, if it runs on this replica, to
+// take its steps now rather than at the next tick (a root rotation phase
+// changed). It never blocks; on another replica the next tick does it.
+func (s *Server) pokeCAClock() {
+	select {
+	case s.caPoke <- struct{}{}:
+	default:
+	}
 }

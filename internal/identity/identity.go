@@ -261,19 +261,52 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{
-		Roots:         roots,
-		Intermediates: inter,
-		CurrentTime:   now,
-		KeyUsages:     []x509.ExtKeyUsage{usage},
-	}); err != nil {
-		return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}}
+	if _, err := certs[0].Verify(opts); err != nil {
+		more := crossCertified(certs[1:], roots, now)
+		if more == nil {
+			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+		}
+		opts.Roots = more
+		if _, err := certs[0].Verify(opts); err != nil {
+			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+		}
 	}
 	got, err := spiffeid.FromCertificate(certs[0])
 	if err != nil {
 		return fmt.Errorf("identity: peer certificate: %w", err)
 	}
 	return match(got)
+}
+
+// crossCertified returns roots with every root the peer presented that a
+// cross-certificate it also presented certifies under one of roots (DESIGN.md
+// "Root rotation": during a root rotation the authority presents its other
+// root and the cross-certificate between them, so a holder of either root
+// accepts it), or nil when it presented none. The cross-certificate must
+// verify directly under a trusted root, at now; it is never a link in the
+// leaf's chain, only the way the other root is accepted, as the trust
+// bundle's rule for a new root.
+func crossCertified(presented []*x509.Certificate, roots *x509.CertPool, now time.Time) *x509.CertPool {
+	var more *x509.CertPool
+	for _, r := range presented {
+		if !IsRoot(r) {
+			continue
+		}
+		for _, x := range presented {
+			if x == r || !x.IsCA || !bytes.Equal(x.RawSubjectPublicKeyInfo, r.RawSubjectPublicKeyInfo) || IsRoot(x) {
+				continue
+			}
+			if _, err := x.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+				continue
+			}
+			if more == nil {
+				more = roots.Clone()
+			}
+			more.AddCert(r)
+		}
+	}
+	return more
 }
 
 // IsRoot reports whether c is a self-signed CA certificate: a trust anchor.

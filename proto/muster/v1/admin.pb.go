@@ -3412,7 +3412,7 @@ var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\"\x12\n" +
+	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\x1a\x16muster/v1/caroot.proto\"\x12\n" +
 	"\x10GetStatusRequest\"\x94\x02\n" +
 	"\x11GetStatusResponse\x12!\n" +
 	"\fauthority_id\x18\x01 \x01(\tR\vauthorityId\x12!\n" +
@@ -3683,7 +3683,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\awindows\x18\x01 \x03(\v2\x17.muster.v1.ResyncWindowR\awindows\"U\n" +
 	"\x14RenewOperatorRequest\x12\x10\n" +
 	"\x03csr\x18\x01 \x01(\fR\x03csr\x12+\n" +
-	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\xb2\x11\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl2\xb2\x14\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -3712,7 +3712,13 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eActivateSigner\x12 .muster.v1.ActivateSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRetireSigner\x12\x1e.muster.v1.RetireSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRevokeSigner\x12\x1e.muster.v1.RevokeSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12S\n" +
-	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12C\n" +
+	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12M\n" +
+	"\x0fGetRootRotation\x12!.muster.v1.GetRootRotationRequest\x1a\x17.muster.v1.RootRotation\x12L\n" +
+	"\vPrepareRoot\x12\x1d.muster.v1.PrepareRootRequest\x1a\x1e.muster.v1.PrepareRootResponse\x12C\n" +
+	"\n" +
+	"RotateRoot\x12\x1c.muster.v1.RotateRootRequest\x1a\x17.muster.v1.RootRotation\x12I\n" +
+	"\rNextRootPhase\x12\x1f.muster.v1.NextRootPhaseRequest\x1a\x17.muster.v1.RootRotation\x12Q\n" +
+	"\x11RollbackRootPhase\x12#.muster.v1.RollbackRootPhaseRequest\x1a\x17.muster.v1.RootRotation\x12C\n" +
 	"\bSendTask\x12\x1a.muster.v1.SendTaskRequest\x1a\x1b.muster.v1.SendTaskResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponse\x12K\n" +
@@ -3736,74 +3742,81 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 
 var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_muster_v1_admin_proto_goTypes = []any{
-	(*GetStatusRequest)(nil),      // 0: muster.v1.GetStatusRequest
-	(*GetStatusResponse)(nil),     // 1: muster.v1.GetStatusResponse
-	(*AddOperatorRequest)(nil),    // 2: muster.v1.AddOperatorRequest
-	(*AddOperatorResponse)(nil),   // 3: muster.v1.AddOperatorResponse
-	(*Operator)(nil),              // 4: muster.v1.Operator
-	(*ListOperatorsRequest)(nil),  // 5: muster.v1.ListOperatorsRequest
-	(*ListOperatorsResponse)(nil), // 6: muster.v1.ListOperatorsResponse
-	(*Lock)(nil),                  // 7: muster.v1.Lock
-	(*CreateLockRequest)(nil),     // 8: muster.v1.CreateLockRequest
-	(*CreateLockResponse)(nil),    // 9: muster.v1.CreateLockResponse
-	(*ListLocksRequest)(nil),      // 10: muster.v1.ListLocksRequest
-	(*ListLocksResponse)(nil),     // 11: muster.v1.ListLocksResponse
-	(*DeleteLockRequest)(nil),     // 12: muster.v1.DeleteLockRequest
-	(*DeleteLockResponse)(nil),    // 13: muster.v1.DeleteLockResponse
-	(*AuditRecord)(nil),           // 14: muster.v1.AuditRecord
-	(*ListAuditRequest)(nil),      // 15: muster.v1.ListAuditRequest
-	(*ListAuditResponse)(nil),     // 16: muster.v1.ListAuditResponse
-	(*VerifyAuditRequest)(nil),    // 17: muster.v1.VerifyAuditRequest
-	(*VerifyAuditResponse)(nil),   // 18: muster.v1.VerifyAuditResponse
-	(*Token)(nil),                 // 19: muster.v1.Token
-	(*BoundKeypairSpec)(nil),      // 20: muster.v1.BoundKeypairSpec
-	(*BoundKeypairStatus)(nil),    // 21: muster.v1.BoundKeypairStatus
-	(*ApplyTokenRequest)(nil),     // 22: muster.v1.ApplyTokenRequest
-	(*ApplyTokenResponse)(nil),    // 23: muster.v1.ApplyTokenResponse
-	(*CreateTokenRequest)(nil),    // 24: muster.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),   // 25: muster.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),     // 26: muster.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),    // 27: muster.v1.ListTokensResponse
-	(*GetTokenRequest)(nil),       // 28: muster.v1.GetTokenRequest
-	(*GetTokenResponse)(nil),      // 29: muster.v1.GetTokenResponse
-	(*DeleteTokenRequest)(nil),    // 30: muster.v1.DeleteTokenRequest
-	(*DeleteTokenResponse)(nil),   // 31: muster.v1.DeleteTokenResponse
-	(*Agent)(nil),                 // 32: muster.v1.Agent
-	(*AgentInstance)(nil),         // 33: muster.v1.AgentInstance
-	(*AgentCertificate)(nil),      // 34: muster.v1.AgentCertificate
-	(*ListAgentsRequest)(nil),     // 35: muster.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 36: muster.v1.ListAgentsResponse
-	(*GetAgentRequest)(nil),       // 37: muster.v1.GetAgentRequest
-	(*GetAgentResponse)(nil),      // 38: muster.v1.GetAgentResponse
-	(*DeleteAgentRequest)(nil),    // 39: muster.v1.DeleteAgentRequest
-	(*DeleteAgentResponse)(nil),   // 40: muster.v1.DeleteAgentResponse
-	(*BootstrapPSK)(nil),          // 41: muster.v1.BootstrapPSK
-	(*GetPSKsRequest)(nil),        // 42: muster.v1.GetPSKsRequest
-	(*GetPSKsResponse)(nil),       // 43: muster.v1.GetPSKsResponse
-	(*RotatePSKRequest)(nil),      // 44: muster.v1.RotatePSKRequest
-	(*RotatePSKResponse)(nil),     // 45: muster.v1.RotatePSKResponse
-	(*ResyncWindow)(nil),          // 46: muster.v1.ResyncWindow
-	(*OpenResyncRequest)(nil),     // 47: muster.v1.OpenResyncRequest
-	(*CloseResyncRequest)(nil),    // 48: muster.v1.CloseResyncRequest
-	(*ResyncWindowResponse)(nil),  // 49: muster.v1.ResyncWindowResponse
-	(*ListResyncRequest)(nil),     // 50: muster.v1.ListResyncRequest
-	(*ListResyncResponse)(nil),    // 51: muster.v1.ListResyncResponse
-	(*RenewOperatorRequest)(nil),  // 52: muster.v1.RenewOperatorRequest
-	nil,                           // 53: muster.v1.Token.LabelsEntry
-	nil,                           // 54: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil), // 55: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 56: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),     // 57: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),    // 58: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),    // 59: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil), // 60: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),   // 61: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),   // 62: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil), // 63: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),       // 64: muster.v1.SendTaskRequest
-	(*ListSignersResponse)(nil),   // 65: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),  // 66: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),      // 67: muster.v1.SendTaskResponse
+	(*GetStatusRequest)(nil),         // 0: muster.v1.GetStatusRequest
+	(*GetStatusResponse)(nil),        // 1: muster.v1.GetStatusResponse
+	(*AddOperatorRequest)(nil),       // 2: muster.v1.AddOperatorRequest
+	(*AddOperatorResponse)(nil),      // 3: muster.v1.AddOperatorResponse
+	(*Operator)(nil),                 // 4: muster.v1.Operator
+	(*ListOperatorsRequest)(nil),     // 5: muster.v1.ListOperatorsRequest
+	(*ListOperatorsResponse)(nil),    // 6: muster.v1.ListOperatorsResponse
+	(*Lock)(nil),                     // 7: muster.v1.Lock
+	(*CreateLockRequest)(nil),        // 8: muster.v1.CreateLockRequest
+	(*CreateLockResponse)(nil),       // 9: muster.v1.CreateLockResponse
+	(*ListLocksRequest)(nil),         // 10: muster.v1.ListLocksRequest
+	(*ListLocksResponse)(nil),        // 11: muster.v1.ListLocksResponse
+	(*DeleteLockRequest)(nil),        // 12: muster.v1.DeleteLockRequest
+	(*DeleteLockResponse)(nil),       // 13: muster.v1.DeleteLockResponse
+	(*AuditRecord)(nil),              // 14: muster.v1.AuditRecord
+	(*ListAuditRequest)(nil),         // 15: muster.v1.ListAuditRequest
+	(*ListAuditResponse)(nil),        // 16: muster.v1.ListAuditResponse
+	(*VerifyAuditRequest)(nil),       // 17: muster.v1.VerifyAuditRequest
+	(*VerifyAuditResponse)(nil),      // 18: muster.v1.VerifyAuditResponse
+	(*Token)(nil),                    // 19: muster.v1.Token
+	(*BoundKeypairSpec)(nil),         // 20: muster.v1.BoundKeypairSpec
+	(*BoundKeypairStatus)(nil),       // 21: muster.v1.BoundKeypairStatus
+	(*ApplyTokenRequest)(nil),        // 22: muster.v1.ApplyTokenRequest
+	(*ApplyTokenResponse)(nil),       // 23: muster.v1.ApplyTokenResponse
+	(*CreateTokenRequest)(nil),       // 24: muster.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 25: muster.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 26: muster.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 27: muster.v1.ListTokensResponse
+	(*GetTokenRequest)(nil),          // 28: muster.v1.GetTokenRequest
+	(*GetTokenResponse)(nil),         // 29: muster.v1.GetTokenResponse
+	(*DeleteTokenRequest)(nil),       // 30: muster.v1.DeleteTokenRequest
+	(*DeleteTokenResponse)(nil),      // 31: muster.v1.DeleteTokenResponse
+	(*Agent)(nil),                    // 32: muster.v1.Agent
+	(*AgentInstance)(nil),            // 33: muster.v1.AgentInstance
+	(*AgentCertificate)(nil),         // 34: muster.v1.AgentCertificate
+	(*ListAgentsRequest)(nil),        // 35: muster.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),       // 36: muster.v1.ListAgentsResponse
+	(*GetAgentRequest)(nil),          // 37: muster.v1.GetAgentRequest
+	(*GetAgentResponse)(nil),         // 38: muster.v1.GetAgentResponse
+	(*DeleteAgentRequest)(nil),       // 39: muster.v1.DeleteAgentRequest
+	(*DeleteAgentResponse)(nil),      // 40: muster.v1.DeleteAgentResponse
+	(*BootstrapPSK)(nil),             // 41: muster.v1.BootstrapPSK
+	(*GetPSKsRequest)(nil),           // 42: muster.v1.GetPSKsRequest
+	(*GetPSKsResponse)(nil),          // 43: muster.v1.GetPSKsResponse
+	(*RotatePSKRequest)(nil),         // 44: muster.v1.RotatePSKRequest
+	(*RotatePSKResponse)(nil),        // 45: muster.v1.RotatePSKResponse
+	(*ResyncWindow)(nil),             // 46: muster.v1.ResyncWindow
+	(*OpenResyncRequest)(nil),        // 47: muster.v1.OpenResyncRequest
+	(*CloseResyncRequest)(nil),       // 48: muster.v1.CloseResyncRequest
+	(*ResyncWindowResponse)(nil),     // 49: muster.v1.ResyncWindowResponse
+	(*ListResyncRequest)(nil),        // 50: muster.v1.ListResyncRequest
+	(*ListResyncResponse)(nil),       // 51: muster.v1.ListResyncResponse
+	(*RenewOperatorRequest)(nil),     // 52: muster.v1.RenewOperatorRequest
+	nil,                              // 53: muster.v1.Token.LabelsEntry
+	nil,                              // 54: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),    // 55: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 56: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),        // 57: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),       // 58: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),       // 59: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil),    // 60: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),      // 61: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),      // 62: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil),    // 63: muster.v1.RollbackSignerRequest
+	(*GetRootRotationRequest)(nil),   // 64: muster.v1.GetRootRotationRequest
+	(*PrepareRootRequest)(nil),       // 65: muster.v1.PrepareRootRequest
+	(*RotateRootRequest)(nil),        // 66: muster.v1.RotateRootRequest
+	(*NextRootPhaseRequest)(nil),     // 67: muster.v1.NextRootPhaseRequest
+	(*RollbackRootPhaseRequest)(nil), // 68: muster.v1.RollbackRootPhaseRequest
+	(*SendTaskRequest)(nil),          // 69: muster.v1.SendTaskRequest
+	(*ListSignersResponse)(nil),      // 70: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),     // 71: muster.v1.SignerChangeResponse
+	(*RootRotation)(nil),             // 72: muster.v1.RootRotation
+	(*PrepareRootResponse)(nil),      // 73: muster.v1.PrepareRootResponse
+	(*SendTaskResponse)(nil),         // 74: muster.v1.SendTaskResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	55, // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -3888,43 +3901,53 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	61, // 79: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
 	62, // 80: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
 	63, // 81: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	64, // 82: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15, // 83: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17, // 84: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47, // 85: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48, // 86: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50, // 87: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	1,  // 88: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,  // 89: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,  // 90: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,  // 91: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,  // 92: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11, // 93: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13, // 94: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25, // 95: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27, // 96: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29, // 97: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31, // 98: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23, // 99: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36, // 100: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38, // 101: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40, // 102: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43, // 103: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45, // 104: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	65, // 105: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	66, // 106: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 107: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 108: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 109: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	66, // 110: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	67, // 111: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16, // 112: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18, // 113: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49, // 114: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49, // 115: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51, // 116: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	88, // [88:117] is the sub-list for method output_type
-	59, // [59:88] is the sub-list for method input_type
+	64, // 82: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	65, // 83: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	66, // 84: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	67, // 85: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	68, // 86: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	69, // 87: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15, // 88: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17, // 89: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47, // 90: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48, // 91: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50, // 92: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	1,  // 93: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,  // 94: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,  // 95: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,  // 96: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,  // 97: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11, // 98: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13, // 99: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25, // 100: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27, // 101: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29, // 102: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31, // 103: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23, // 104: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36, // 105: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38, // 106: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40, // 107: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43, // 108: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45, // 109: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	70, // 110: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	71, // 111: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	71, // 112: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	71, // 113: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	71, // 114: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	71, // 115: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	72, // 116: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	73, // 117: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	72, // 118: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	72, // 119: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	72, // 120: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	74, // 121: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16, // 122: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18, // 123: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49, // 124: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49, // 125: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51, // 126: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	93, // [93:127] is the sub-list for method output_type
+	59, // [59:93] is the sub-list for method input_type
 	59, // [59:59] is the sub-list for extension type_name
 	59, // [59:59] is the sub-list for extension extendee
 	0,  // [0:59] is the sub-list for field type_name
@@ -3936,6 +3959,7 @@ func file_muster_v1_admin_proto_init() {
 		return
 	}
 	file_muster_v1_signer_proto_init()
+	file_muster_v1_caroot_proto_init()
 	file_muster_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
