@@ -439,3 +439,19 @@ func (s *Server) loadNow(ctx context.Context) {
 		s.inter.changed()
 	}
 }
+
+// joinFingerprint is the fingerprint joining URIs carry: the signing
+// root's, so from update_servers on new URIs pin the new root (a join
+// pinned to the old one still works until standby).
+func (s *Server) joinFingerprint() string { return ca.Fingerprint(s.ca.Roots().Signing) }
+
+// trustedRootsPEM is every trusted root, the signing one first: an
+// operator's ca.crt, so that an identity issued during a rotation keeps
+// working after standby.
+func trustedRootsPEM(h *ca.Hierarchy) []byte {
+	var out []byte
+	for _, r := range h.Roots().Trusted {
+		out = append(out, ca.EncodeCertPEM(r)...)
+	}
+	return out
+}

@@ -1,0 +1,293 @@
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// rootModel is the phase machine as the design states it: rotate from none
+// or standby to init; next-phase init → update_agents → update_servers →
+// standby; rollback one phase back, from init to none (abandoning the new
+// root).
+type rootModel struct {
+	phase string
+	// made counts the roots made so far; cur is the index of the root a
+	// rotation replaces, next the one replacing it (-1: none).
+	made, cur, next int
+}
+
+func (m *rootModel) apply(op string) bool {
+	switch op {
+	case "rotate":
+		if m.phase != store.RootPhaseNone && m.phase != store.RootPhaseStandby {
+			return false
+		}
+		if m.phase == store.RootPhaseStandby {
+			m.cur = m.next
+		}
+		m.next = m.made
+		m.made++
+		m.phase = store.RootPhaseInit
+	case "next":
+		i := phaseIndex(m.phase)
+		if i < 0 || m.phase == store.RootPhaseStandby {
+			return false
+		}
+		m.phase = rootPhases[i+1]
+	case "rollback":
+		switch i := phaseIndex(m.phase); {
+		case i < 0:
+			return false
+		case i == 0:
+			m.phase, m.next = store.RootPhaseNone, -1
+		default:
+			m.phase = rootPhases[i-1]
+		}
+	}
+	return true
+}
+
+func phaseIndex(p string) int {
+	for i, q := range rootPhases {
+		if q == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestRootRotationModel drives the authority's root rotation with a fixed
+// random sequence of rotate, next-phase and rollback, checked against
+// rootModel after every step, with the leader's CA steps taken between
+// them. Invariants: the trusted set never empties; it holds the root every
+// active intermediate is signed by, which is the phase's signing root (the
+// new one from update_servers on); the listener's chain verifies for an
+// agent that pins any trusted root; in standby the old root is not
+// trusted; and a refused step (the model says it is not allowed) changes
+// nothing.
+func TestRootRotationModel(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(21, 4))
+	m := &rootModel{phase: store.RootPhaseNone, made: 1, next: -1}
+	// fps[i] is the fingerprint of the model's root i.
+	fps := []string{ca.Fingerprint(a.h.Root)}
+	ops := []string{"rotate", "next", "next", "rollback"}
+	// rolledBack records the phases a rollback left, so the sequence is
+	// known to cover every one.
+	rolledBack := map[string]bool{}
+	for step := range 60 {
+		op := ops[rng.IntN(len(ops))]
+		before, err := s.rootStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := m.apply(op)
+		var st RootStatus
+		switch op {
+		case "rotate":
+			st, err = s.rotateRoot(ctx, "test", nil)
+		case "next":
+			_, st, err = s.stepRoot(ctx, "test", false)
+		case "rollback":
+			_, st, err = s.stepRoot(ctx, "test", true)
+		}
+		if allowed != (err == nil) {
+			t.Fatalf("step %d %s from %s: err %v, model allows: %v", step, op, before.Phase, err, allowed)
+		}
+		if err != nil {
+			if !errors.As(err, new(rootRule)) {
+				t.Fatalf("step %d %s: refusal %v is not a rootRule (FAILED_PRECONDITION)", step, op, err)
+			}
+			after, _ := s.rootStatus(ctx)
+			if after.Version != before.Version {
+				t.Fatalf("step %d: a refused %s wrote the rotation (version %d → %d)", step, op, before.Version, after.Version)
+			}
+			continue
+		}
+		if op == "rotate" {
+			fps = append(fps, ca.Fingerprint(st.New))
+			if len(fps) != m.made {
+				t.Fatalf("step %d: the model counts %d roots, the authority made %d", step, m.made, len(fps))
+			}
+		}
+		if op == "rollback" {
+			rolledBack[before.Phase] = true
+		}
+		if st.Phase != m.phase {
+			t.Fatalf("step %d %s: phase %s, model %s", step, op, st.Phase, m.phase)
+		}
+		// The leader's steps, until none is due.
+		for range 3 {
+			if err := s.caStep(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.inter.load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkRootInvariants(t, ctx, a, s, m, fps, step)
+	}
+	for _, p := range rootPhases {
+		if !rolledBack[p] {
+			t.Errorf("the sequence never rolled back from %s; change the seed or the length", p)
+		}
+	}
+	if len(fps) < 3 {
+		t.Errorf("the sequence made %d roots; want at least two rotations", len(fps))
+	}
+}
+
+func checkRootInvariants(t *testing.T, ctx context.Context, a *benchAuthority, s *Server, m *rootModel, fps []string, step int) {
+	t.Helper()
+	rs := s.ca.Roots()
+	if len(rs.Trusted) == 0 {
+		t.Fatalf("step %d: the trusted set is empty", step)
+	}
+	trusted := map[string]bool{}
+	for _, r := range rs.Trusted {
+		trusted[ca.Fingerprint(r)] = true
+	}
+	wantSigning, wantTrusted := fps[m.cur], []int{m.cur}
+	switch m.phase {
+	case store.RootPhaseInit, store.RootPhaseUpdateAgents:
+		wantTrusted = []int{m.cur, m.next}
+	case store.RootPhaseUpdateServers:
+		wantSigning, wantTrusted = fps[m.next], []int{m.cur, m.next}
+	case store.RootPhaseStandby:
+		wantSigning, wantTrusted = fps[m.next], []int{m.next}
+	}
+	if ca.Fingerprint(rs.Signing) != wantSigning || ca.Fingerprint(rs.Trusted[0]) != wantSigning {
+		t.Fatalf("step %d (%s): signing root %s, model %s", step, m.phase, ca.Fingerprint(rs.Signing), wantSigning)
+	}
+	if len(trusted) != len(wantTrusted) {
+		t.Fatalf("step %d (%s): %d trusted roots, model %d", step, m.phase, len(trusted), len(wantTrusted))
+	}
+	for _, i := range wantTrusted {
+		if !trusted[fps[i]] {
+			t.Fatalf("step %d (%s): root %d not trusted", step, m.phase, i)
+		}
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	active := 0
+	for _, r := range rows {
+		if r.State != store.CAActive {
+			continue
+		}
+		active++
+		c, _ := x509.ParseCertificate(r.CertDER)
+		if c.CheckSignatureFrom(rs.Signing) != nil {
+			t.Fatalf("step %d (%s): the active %s intermediate is not signed by the signing root", step, m.phase, r.Role)
+		}
+	}
+	if active != len(caRoles) {
+		t.Fatalf("step %d: %d active intermediates, want %d", step, active, len(caRoles))
+	}
+	// The listener's chain: an agent pinning any trusted root accepts it.
+	cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain []*x509.Certificate
+	for _, der := range cert.Certificate {
+		c, _ := x509.ParseCertificate(der)
+		chain = append(chain, c)
+	}
+	want, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAuthority, a.info.AuthorityID)
+	for _, r := range rs.Trusted {
+		pool := x509.NewCertPool()
+		pool.AddCert(r)
+		if err := identity.VerifyPeer(chain, pool, identity.MatchID(want), x509.ExtKeyUsageServerAuth, time.Now()); err != nil {
+			t.Fatalf("step %d (%s): an agent pinning trusted root %s refuses the listener: %v", step, m.phase, ca.Fingerprint(r), err)
+		}
+	}
+	if !ca.MatchesFingerprint(chain[len(chain)-1], wantSigning) {
+		t.Fatalf("step %d: the listener's chain does not end at the signing root", step)
+	}
+}
+
+// TestRootRotationRefusals: the refusals say what to do.
+func TestRootRotationRefusals(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	for _, c := range []struct {
+		do   func() error
+		want string
+	}{
+		{func() error { _, _, err := s.stepRoot(ctx, "t", false); return err }, "muster ca root rotate"},
+		{func() error { _, _, err := s.stepRoot(ctx, "t", true); return err }, "no root rotation to roll back"},
+		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, ""},
+		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, "muster ca root next-phase"},
+	} {
+		err := c.do()
+		if c.want == "" {
+			if err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("got %v, want a refusal naming %q", err, c.want)
+		}
+	}
+}
+
+// TestRootRotationWithoutRootKey: with the root key out of the data
+// directory, rotate names --root-key; a prepared root whose cross-certificate
+// the operator signed with the right key starts the rotation, and one
+// signed with another key is refused.
+func TestRootRotationWithoutRootKey(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	rootKey := a.h.RootKey
+	s.ca.RootKey = nil
+	s.inter.load(ctx)
+	if _, err := s.rotateRoot(ctx, "t", nil); err == nil || !strings.Contains(err.Error(), "--root-key") {
+		t.Fatalf("rotate without the root key: %v; want a refusal naming --root-key", err)
+	}
+	root, cur, sealed, err := s.prepareRoot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := ca.Create("stranger", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong, err := ca.CrossSign(root, stranger.Root, stranger.RootKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: sealed, crossNewByOld: wrong.Raw}); err == nil {
+		t.Fatal("a cross-certificate signed by another key started the rotation")
+	}
+	cross, err := ca.CrossSign(root, cur, rootKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: []byte("forged"), crossNewByOld: cross.Raw}); err == nil {
+		t.Fatal("a sealed key the authority did not make started the rotation")
+	}
+	st, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: sealed, crossNewByOld: cross.Raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != store.RootPhaseInit || !st.New.Equal(root) || len(st.Cross) != 2 {
+		t.Fatalf("after rotate: %+v", st)
+	}
+}
