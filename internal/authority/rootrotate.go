@@ -325,7 +325,6 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 	return s.rootStatus(ctx)
 }
 
-
 // stepRoot moves the rotation one phase on (next) or back.
 func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool) (from string, _ RootStatus, _ error) {
 	st, err := s.inter.readRoots(ctx)
