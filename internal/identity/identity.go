@@ -283,12 +283,26 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 // cross-certificate it also presented certifies under one of roots (DESIGN.md
 // "Root rotation": during a root rotation the authority presents its other
 // root and the cross-certificate between them, so a holder of either root
-// accepts it), or nil when it presented none. The cross-certificate must
-// verify directly under a trusted root, at now; it is never a link in the
-// leaf's chain, only the way the other root is accepted, as the trust
-// bundle's rule for a new root.
+// accepts it), or nil when it presented none.
 func crossCertified(presented []*x509.Certificate, roots *x509.CertPool, now time.Time) *x509.CertPool {
-	var more *x509.CertPool
+	more := CrossCertified(presented, roots, now)
+	if len(more) == 0 {
+		return nil
+	}
+	pool := roots.Clone()
+	for _, r := range more {
+		pool.AddCert(r)
+	}
+	return pool
+}
+
+// CrossCertified returns the roots among presented that a cross-certificate
+// also among presented certifies under roots: the cross-certificate must
+// verify directly under a root of the pool, at now. It is never a link in
+// a leaf's chain, only the way another root is accepted, by the same rule
+// as the trust bundle's for a new root.
+func CrossCertified(presented []*x509.Certificate, roots *x509.CertPool, now time.Time) []*x509.Certificate {
+	var out []*x509.Certificate
 	for _, r := range presented {
 		if !IsRoot(r) {
 			continue
@@ -300,13 +314,11 @@ func crossCertified(presented []*x509.Certificate, roots *x509.CertPool, now tim
 			if _, err := x.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 				continue
 			}
-			if more == nil {
-				more = roots.Clone()
-			}
-			more.AddCert(r)
+			out = append(out, r)
+			break
 		}
 	}
-	return more
+	return out
 }
 
 // IsRoot reports whether c is a self-signed CA certificate: a trust anchor.
