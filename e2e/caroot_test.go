@@ -185,6 +185,13 @@ func TestRootRotationPhases(t *testing.T) {
 		t.Fatalf("standby: PSK join pinned to the new root: exit %d\n%s", r.code, r.stderr)
 	}
 	tokenJoin("standby", newFP)
+	// Break-glass signs with the store's admin intermediate, now under the
+	// new root, and the identity it writes works.
+	carol := filepath.Join(t.TempDir(), "carol.pem")
+	mustRun(t, "admin", "add", "carol", "--offline", "--data", dir, "--out", carol)
+	if out := mustRun(t, "status", "--identity", carol, "--authority", e.auth.addr); !strings.Contains(out, "/admin/carol") {
+		t.Fatalf("standby: the break-glass identity: %s", out)
+	}
 	step("rollback", "update_servers")
 	joinBoth("update_servers after a rollback from standby")
 	step("next-phase", "standby")
