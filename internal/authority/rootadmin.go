@@ -83,7 +83,8 @@ func (a *adminService) RollbackRootPhase(ctx context.Context, _ *musterv1.Rollba
 }
 
 func (a *adminService) rootStep(ctx context.Context, rollback bool) (*musterv1.RootRotation, error) {
-	from, st, err := a.s.stepRoot(ctx, callerFrom(ctx).Actor(), rollback)
+	c := callerFrom(ctx)
+	from, st, err := a.s.stepRoot(ctx, c.Actor(), rollback, c.Cert)
 	target := from + "->?"
 	if err == nil {
 		target = from + "->" + st.Phase

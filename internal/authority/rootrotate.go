@@ -326,7 +326,10 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 }
 
 // stepRoot moves the rotation one phase on (next) or back.
-func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool) (from string, _ RootStatus, _ error) {
+// callerCert, if not nil, is the operator's certificate: standby is
+// refused while it chains to the old root, which standby stops trusting
+// (the operator would lock themself out, rollback included).
+func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
 	st, err := s.inter.readRoots(ctx)
 	if err != nil {
 		return "", RootStatus{}, err
@@ -350,7 +353,14 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool) (fro
 		// signs fresh ones with its key.
 		return from, RootStatus{}, rootRule("rolling back to update_agents signs intermediates with the old root again, and this authority does not hold its key (" +
 			ca.Fingerprint(st.old) + "); put it back in the data directory (ca/root.key) and restart the leader, or go on with muster ca root next-phase")
+	case to == store.RootPhaseStandby && !rollback:
+		if err := s.readyToDrop(ctx, st.new, "standby stops trusting the old root", callerCert); err != nil {
+			return from, RootStatus{}, err
+		}
 	case to == store.RootPhaseNone:
+		if err := s.readyToDrop(ctx, st.old, "abandoning the rotation stops trusting the new root", callerCert); err != nil {
+			return from, RootStatus{}, err
+		}
 		// Abandoned: the new root and its cross-certificates are dropped.
 		next.NewCertDER, next.NewKeyRef, next.CrossNewByOld, next.CrossOldByNew = nil, nil, nil, nil
 	}
@@ -364,6 +374,15 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool) (fro
 	s.log.Info("root rotation phase changed", "from", from, "to", to, "actor", actor)
 	s.loadNow(ctx)
 	s.pokeCAClock()
+	switch {
+	case to == store.RootPhaseUpdateServers && !rollback:
+		// The leader moves the intermediates within moments; answer once
+		// it has, so that what the operator does next (muster admin
+		// renew) is signed under the new root.
+		s.awaitIntermediatesUnder(ctx, st.new, 15*time.Second)
+	case to == store.RootPhaseUpdateAgents && rollback:
+		s.awaitIntermediatesUnder(ctx, st.old, 15*time.Second)
+	}
 	res, err := s.rootStatus(ctx)
 	return from, res, err
 }
@@ -453,4 +472,66 @@ func trustedRootsPEM(h *ca.Hierarchy) []byte {
 		out = append(out, ca.EncodeCertPEM(r)...)
 	}
 	return out
+}
+
+// intermediatesNotUnder counts the active intermediates root did not sign.
+func (s *Server) intermediatesNotUnder(ctx context.Context, root *x509.Certificate) (int, error) {
+	rows, err := s.store.ListCACerts(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range rows {
+		if r.State != store.CAActive {
+			continue
+		}
+		if c, err := x509.ParseCertificate(r.CertDER); err != nil || c.CheckSignatureFrom(root) != nil {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// awaitIntermediatesUnder waits, at most d, until every active
+// intermediate is signed by root, and reads them.
+func (s *Server) awaitIntermediatesUnder(ctx context.Context, root *x509.Certificate, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		n, err := s.intermediatesNotUnder(ctx, root)
+		if err != nil || n == 0 || time.Now().After(deadline) {
+			s.loadNow(ctx)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// readyToDrop refuses a step that leaves keep the only trusted root
+// (why says which) while something still depends on the other: an active
+// intermediate keep did not sign (the leader has not moved it yet), or
+// the caller's operator certificate, which would be refused from then on,
+// a rollback included.
+func (s *Server) readyToDrop(ctx context.Context, keep *x509.Certificate, why string, callerCert []*x509.Certificate) error {
+	n, err := s.intermediatesNotUnder(ctx, keep)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return rootRule(fmt.Sprintf("%s, and %d active intermediates are not yet signed by the root that stays, %s (the leader moves them within seconds of a phase change; if it cannot, its log says why); run the command again shortly", why, n, ca.Fingerprint(keep)))
+	}
+	for _, leaf := range callerCert {
+		if leaf == nil {
+			continue
+		}
+		for _, inter := range s.ca.Accepted(ca.RoleAdmin) {
+			if leaf.CheckSignatureFrom(inter) == nil && inter.CheckSignatureFrom(keep) != nil {
+				return rootRule(why + ", and your operator identity chains to that root: it would be refused from then on, even to roll back; run muster admin renew, then this command again")
+			}
+		}
+	}
+	return nil
 }

@@ -2,6 +2,9 @@ package authority
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
 	"crypto/x509"
 	"errors"
 	"math/rand/v2"
@@ -289,5 +292,64 @@ func TestRootRotationWithoutRootKey(t *testing.T) {
 	}
 	if st.Phase != store.RootPhaseInit || !st.New.Equal(root) || len(st.Cross) != 2 {
 		t.Fatalf("after rotate: %+v", st)
+	}
+}
+
+// TestRootStandbyNeedsTheOperatorUnderTheNewRoot: next-phase to standby,
+// asked with an operator certificate under the old root, is refused with
+// the way out (muster admin renew), so the operator does not lock
+// themself out; with one under the new root it goes on. Abandoning from
+// init is refused the same way to an operator under the new root.
+// update_servers answers once every active intermediate is under the new
+// root, a rollback to update_agents once they are under the old one.
+func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	leafOf := func(issuer *ca.Issuer) *x509.Certificate {
+		t.Helper()
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+		id, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAdmin, "op")
+		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: "op", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf
+	}
+	old := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	for range 2 {
+		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := s.rootStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.intermediatesNotUnder(ctx, st.New); err != nil || n != 0 {
+		t.Fatalf("update_servers answered with %d intermediates not under the new root (%v)", n, err)
+	}
+	if _, _, err := s.stepRoot(ctx, "t", false, old); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+		t.Fatalf("standby asked by an operator under the old root: %v; want a refusal naming muster admin renew", err)
+	}
+	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
+		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
+	}
+	// Back to init: abandoning the rotation drops the new root, so it is
+	// refused to an operator under it.
+	for range 3 {
+		if _, _, err := s.stepRoot(ctx, "t", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.stepRoot(ctx, "t", true, renewed); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+		t.Fatalf("abandoning asked by an operator under the new root: %v; want a refusal naming muster admin renew", err)
+	}
+	if _, st, err := s.stepRoot(ctx, "t", true, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
+		t.Fatalf("abandoning asked by an operator under the old root: %v %v", st.Phase, err)
 	}
 }
