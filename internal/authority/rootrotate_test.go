@@ -16,6 +16,8 @@ import (
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/postgres"
 )
 
 // rootModel is the phase machine as the design states it: rotate from none
@@ -351,5 +353,71 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	}
 	if _, st, err := s.stepRoot(ctx, "t", true, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
 		t.Fatalf("abandoning asked by an operator under the old root: %v %v", st.Phase, err)
+	}
+}
+
+// TestRootRotationTwoReplicasPostgres: phases stepped through one replica
+// are used by the other within moments (its change notifications): its
+// roots, the listener chain it presents and the intermediate it signs
+// agents with follow; two replicas stepping from the same phase at once
+// take one step between them.
+func TestRootRotationTwoReplicasPostgres(t *testing.T) {
+	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
+	if benchPGErr != nil {
+		t.Fatalf("PostgreSQL: %v", benchPGErr)
+	}
+	url := benchPG.NewDatabase(t)
+	a := startReplicas(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }, 2)
+	ctx := t.Context()
+	one, other := a.srvs[0], a.srvs[1]
+	st, err := other.rotateRoot(ctx, "t", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newRoot := st.New
+	// Both replicas step from init at once: one wins, the other is told
+	// the rotation changed.
+	errs := make(chan error, 2)
+	for _, s := range a.srvs {
+		go func() { _, _, err := s.stepRoot(ctx, "t", false); errs <- err }()
+	}
+	var failed int
+	for range 2 {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, errRootChanged) {
+				t.Fatalf("a concurrent step: %v", err)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d of two concurrent steps from init failed, want exactly one", failed)
+	}
+	if st, _ := one.rootStatus(ctx); st.Phase != store.RootPhaseUpdateAgents {
+		t.Fatalf("after two concurrent steps: phase %s, want update_agents", st.Phase)
+	}
+	if _, _, err := other.stepRoot(ctx, "t", false); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range a.srvs {
+		for {
+			agent := s.ca.Issuer(ca.RoleAgent)
+			rs := s.ca.Roots()
+			if agent.Cert.CheckSignatureFrom(newRoot) == nil && rs.Signing.Equal(newRoot) && len(rs.Trusted) == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a replica still signs agents under the old root 20 s after update_servers (roots %d, signing %s)", len(rs.Trusted), ca.Fingerprint(rs.Signing))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last, _ := x509.ParseCertificate(cert.Certificate[len(cert.Certificate)-1]); !last.Equal(newRoot) {
+			t.Fatal("a replica's listener chain does not end at the new root in update_servers")
+		}
 	}
 }
