@@ -223,3 +223,43 @@ func TestRootRotationPhases(t *testing.T) {
 		t.Errorf("ca.root_rotate records do not name both new roots:\n%s", out)
 	}
 }
+
+// TestRootRotationOfflineRootKey: with the root key taken out of the data
+// directory, rotate refuses naming --root-key; with --root-key the file is
+// read by the CLI, which certifies the new root the authority made, and
+// the rotation starts; a file that is not the root's key is refused, as
+// is one other users may read. A rollback to update_agents, which needs
+// the old root's key on the authority, is refused saying so.
+func TestRootRotationOfflineRootKey(t *testing.T) {
+	dir, _ := initDir(t)
+	offline := filepath.Join(t.TempDir(), "root.key")
+	if err := os.Rename(filepath.Join(dir, "ca", "root.key"), offline); err != nil {
+		t.Fatal(err)
+	}
+	startAuthority(t, dir)
+	if msg := mustFail(t, "ca", "root", "rotate", "--data", dir); !strings.Contains(msg, "--root-key FILE") {
+		t.Fatalf("rotate without the root key: %s", msg)
+	}
+	wrong := filepath.Join(dir, "ca", "agent.key")
+	if msg := mustFail(t, "ca", "root", "rotate", "--data", dir, "--root-key", wrong); !strings.Contains(msg, "is not the key of the current root") {
+		t.Fatalf("rotate with another key: %s", msg)
+	}
+	if err := os.Chmod(offline, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if msg := mustFail(t, "ca", "root", "rotate", "--data", dir, "--root-key", offline); !strings.Contains(msg, "chmod 600") {
+		t.Fatalf("rotate with a key file others may read: %s", msg)
+	}
+	if err := os.Chmod(offline, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := caRoot(t, dir, "rotate", "--root-key", offline)
+	if st.Phase != "init" || st.NewRoot == nil || len(st.CrossCertificates) != 2 {
+		t.Fatalf("rotate --root-key: %+v", st)
+	}
+	caRoot(t, dir, "next-phase")
+	caRoot(t, dir, "next-phase")
+	if msg := mustFail(t, "ca", "root", "rollback", "--data", dir); !strings.Contains(msg, "does not hold its key") {
+		t.Fatalf("rollback to update_agents without the old root key: %s", msg)
+	}
+}
