@@ -37,6 +37,8 @@ var serialTests = map[string]string{
 	"TestCARotateOfflineRoot":                 "a prepared intermediate's list served within 5 s",
 	"TestCARotateTwoReplicasPostgres":         "the other replica's leaves from the new intermediate within 5 s",
 	"TestReadyzWhenIntermediatesCannotBeRead": "readiness follows the 3-second re-read within 5 s",
+	"TestHalfOpenFloodFromManySources":        "an attacker's and an agent's connections timed against each other",
+	"TestOneStreamPerAgentAcrossReplicas":     "the older stream ended within 5 s of a newer one on another replica",
 	"TestWorkloadAPIServesAndPushes":          "a renewal and a bundle change reach open streams within 1 s",
 	"TestWorkloadAPIPushesBoundKeyRotation":   "a bound-key refresh reaches open streams within 1 s",
 }

@@ -223,8 +223,10 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 		return nil, err
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(peer.root)
-	roots := []*x509.Certificate{peer.root}
+	for _, r := range peer.roots {
+		pool.AddCert(r)
+	}
+	roots := peer.roots
 	init := &musterv1.BoundKeypairInit{Token: r.BoundKeypair, NodeId: r.Node}
 	if r.RegistrationSecret != "" {
 		pub, err := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey))

@@ -344,7 +344,20 @@ func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Veri
 	for _, c := range b.RootCerts {
 		pool.AddCert(c)
 	}
-	conn, err := dial(r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(authorityID)))
+	tc := identity.ClientTLS(nil, pool, identity.MatchID(authorityID))
+	// During a root rotation the server presents its other root with a
+	// cross-certificate under the pinned one; the certificate issued may
+	// chain to either, and the agent keeps both (identity.CrossCertified).
+	var presented []*x509.Certificate
+	verify := tc.VerifyConnection
+	tc.VerifyConnection = func(cs tls.ConnectionState) error {
+		if err := verify(cs); err != nil {
+			return err
+		}
+		presented = cs.PeerCertificates
+		return nil
+	}
+	conn, err := dial(r.Authority, tc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -367,6 +380,7 @@ func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Veri
 	if td := resp.GetTrustDomain(); td != "" && td != b.TrustDomain {
 		return nil, nil, fmt.Errorf("the authority answered for trust domain %s, but its trust bundle names %s", td, b.TrustDomain)
 	}
+	b.RootCerts = append(b.RootCerts, identity.CrossCertified(presented, pool, a.now())...)
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, b.RootCerts, agentID, a.now())
 	if err != nil {
 		return nil, nil, err

@@ -36,6 +36,10 @@ var (
 type authorityPeer struct {
 	id   spiffeid.ID
 	root *x509.Certificate
+	// roots is root and every root the server presented with a
+	// cross-certificate under it (a root rotation's other root): the
+	// certificate the join returns may chain to either.
+	roots []*x509.Certificate
 }
 
 // verifyAuthority checks a server's chain without a trust bundle: the last
@@ -46,9 +50,19 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 	if len(certs) < 2 {
 		return nil, fmt.Errorf("%w: the authority sent no root", ErrPinnedRoot)
 	}
-	root := certs[len(certs)-1]
-	if !ca.MatchesFingerprint(root, fingerprint) || !identity.IsRoot(root) {
-		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(root))
+	// The pinned root may be any certificate after the leaf: during a root
+	// rotation the authority presents both roots and the cross-certificate
+	// between them, its signing root last (DESIGN.md "Root rotation").
+	var root *x509.Certificate
+	for _, c := range certs[1:] {
+		if ca.MatchesFingerprint(c, fingerprint) && identity.IsRoot(c) {
+			root = c
+			break
+		}
+	}
+	if root == nil {
+		last := certs[len(certs)-1]
+		return nil, fmt.Errorf("%w %s (its last certificate has %s)", ErrPinnedRoot, fingerprint, ca.Fingerprint(last))
 	}
 	pool := x509.NewCertPool()
 	pool.AddCert(root)
@@ -63,10 +77,10 @@ func verifyAuthority(certs []*x509.Certificate, fingerprint, authorityID string,
 		got = id
 		return nil
 	}
-	if err := identity.VerifyPeer(certs[:len(certs)-1], pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
+	if err := identity.VerifyPeer(certs, pool, match, x509.ExtKeyUsageServerAuth, now); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotAuthority, err)
 	}
-	return &authorityPeer{id: got, root: root}, nil
+	return &authorityPeer{id: got, root: root, roots: append([]*x509.Certificate{root}, identity.CrossCertified(certs, pool, now)...)}, nil
 }
 
 // probeAuthority makes one TLS handshake with the authority and verifies it
@@ -126,7 +140,9 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		return nil, err
 	}
 	pool := x509.NewCertPool()
-	pool.AddCert(peer.root)
+	for _, r := range peer.roots {
+		pool.AddCert(r)
+	}
 	// The connection that carries the PSK checks the same root and the
 	// exact authority ID the probe found.
 	conn, err := dial(r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)))
@@ -148,7 +164,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	if err != nil {
 		return nil, err
 	}
-	roots := []*x509.Certificate{peer.root}
+	roots := peer.roots
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
 	if err != nil {
 		return nil, err

@@ -144,7 +144,7 @@ func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []
 	}
 	return &musterv1.AddOperatorResponse{
 		CertificateChainPem: string(issuer.ChainPEM(leaf)),
-		CaCertificatePem:    string(ca.EncodeCertPEM(a.s.ca.Root)),
+		CaCertificatePem:    string(trustedRootsPEM(a.s.ca)),
 		SpiffeId:            id.String(),
 		NotAfter:            timestamppb.New(leaf.NotAfter),
 		Serial:              serial,

@@ -158,6 +158,6 @@ func (a *adminService) appliedToken(t store.Token, now time.Time, created bool) 
 		return nil, err
 	}
 	uri := joinuri.URI{Method: joinuri.MethodBoundKeypair, KeypairName: t.ID,
-		KeypairSecret: p.GetBoundKeypairStatus().GetRegistrationSecret(), Address: a.s.advertise(), Fingerprint: a.s.info.CAFingerprint}
+		KeypairSecret: p.GetBoundKeypairStatus().GetRegistrationSecret(), Address: a.s.advertise(), Fingerprint: a.s.joinFingerprint()}
 	return &musterv1.ApplyTokenResponse{Token: p, Created: created, Uri: uri.Reveal()}, nil
 }

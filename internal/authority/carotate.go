@@ -64,6 +64,7 @@ func (s *Server) caClock(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-s.caPoke:
 		}
 	}
 }
@@ -108,6 +109,10 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
+	if s.rootSteps(ctx, rows, now) {
+		return nil // the steps a root rotation needed came first; the rest at the next tick
+	}
+	rs := s.ca.Roots()
 	for _, role := range caRoles {
 		a := active[string(role)]
 		if a == nil {
@@ -120,10 +125,10 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			// for caPublishWindow before it signs.
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
 				s.store.ActivateCACert(ctx, string(role), p.Serial))
-		case !hasPrepared && s.ca.RootKey == nil && !now.Before(s.successorDue(a).Add(-caWarnAhead)):
+		case !hasPrepared && rs.SigningKey == nil && !now.Before(s.successorDue(a).Add(-caWarnAhead)):
 			s.warnNoRootKey(role, a, now)
 		case !hasPrepared && !now.Before(s.successorDue(a)):
-			row, err := s.inter.prepare(ctx, role, s.ca.RootKey, s.caIntermediateTTL())
+			row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL())
 			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
 		}
 	}
@@ -152,7 +157,7 @@ func (s *Server) successorActivates(a *x509.Certificate) time.Time {
 // because the root key is absent and none is prepared; "" when it is not.
 func (s *Server) rotationBlocked(role ca.Role, active *x509.Certificate, hasPrepared bool, now time.Time) string {
 	due := s.successorDue(active)
-	if hasPrepared || s.ca.RootKey != nil || now.Before(due.Add(-caWarnAhead)) {
+	if hasPrepared || s.ca.Roots().SigningKey != nil || now.Before(due.Add(-caWarnAhead)) {
 		return ""
 	}
 	when := "is due " + due.UTC().Format(time.RFC3339)
@@ -219,4 +224,14 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// pokeCAClock asks the leader's CA clock, if it runs on this replica, to
+// take its steps now rather than at the next tick (a root rotation phase
+// changed). It never blocks; on another replica the next tick does it.
+func (s *Server) pokeCAClock() {
+	select {
+	case s.caPoke <- struct{}{}:
+	default:
+	}
 }

@@ -100,7 +100,7 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 	if err != nil {
 		return nil, err
 	}
-	d, err := a.s.ca.Draft(role, serial, k.Public, now, a.s.caIntermediateTTL())
+	d, err := a.s.ca.Draft(role, serial, k.Public, a.s.ca.Roots().Signing, now, a.s.caIntermediateTTL())
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 		return nil, err
 	}
 	return &musterv1.DraftCAIntermediateResponse{Role: string(role), Serial: serial.Text(16), PublicKeyDer: pub, KeyRef: k.Ref,
-		RawSubject: d.RawSubject, NotBefore: timestamppb.New(d.NotBefore), NotAfter: timestamppb.New(d.NotAfter), RootDer: a.s.ca.Root.Raw}, nil
+		RawSubject: d.RawSubject, NotBefore: timestamppb.New(d.NotBefore), NotAfter: timestamppb.New(d.NotAfter), RootDer: a.s.ca.Roots().Signing.Raw}, nil
 }
 
 func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.PrepareCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
@@ -147,10 +147,11 @@ func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.
 	}
 	var row store.CACert
 	if len(req.GetCertificateDer()) == 0 {
-		if a.s.ca.RootKey == nil {
+		rs := a.s.ca.Roots()
+		if rs.SigningKey == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "the root key is not in this authority's data directory: prepare the successor with `muster ca rotate %s --root-key FILE` on a machine that holds the root key", role)
 		}
-		row, err = a.s.inter.prepare(ctx, role, a.s.ca.RootKey, a.s.caIntermediateTTL())
+		row, err = a.s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, a.s.caIntermediateTTL())
 	} else {
 		row, err = a.prepareSigned(ctx, role, req)
 	}
@@ -194,7 +195,7 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	if err != nil {
 		return store.CACert{}, err
 	}
-	if err := a.s.ca.CheckSuccessor(role, serial, cert.PublicKey, cert, now); err != nil {
+	if err := a.s.ca.CheckSuccessor(role, serial, cert.PublicKey, cert, a.s.ca.Roots().Signing, now); err != nil {
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "%v; sign the draft unchanged with this authority's root key (`muster ca rotate %s --root-key FILE`)", err, role)
 	}
 	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: req.GetKeyRef(), State: store.CAPrepared, NotAfter: cert.NotAfter}

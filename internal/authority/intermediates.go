@@ -122,6 +122,11 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 // bundle. A certificate that does not chain to the root, or a key that
 // does not open, fails the whole read and the set in use stays.
 func (in *intermediates) load(ctx context.Context) error {
+	roots, err := in.readRoots(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the root rotation: %w", err)
+	}
+	set := roots.set()
 	rows, err := in.s.store.ListCACerts(ctx)
 	if err != nil {
 		return err
@@ -147,8 +152,14 @@ func (in *intermediates) load(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 		}
-		if err := cert.CheckSignatureFrom(in.s.ca.Root); err != nil {
-			return fmt.Errorf("%s intermediate %s is not signed by this authority's root: %w", r.Role, r.Serial, err)
+		if !signedByOneOf(cert, set.Trusted) {
+			if r.State != store.CAActive {
+				// Under a root no longer trusted (the old one, once a
+				// root rotation is in standby): its leaves no longer
+				// verify, and it signs nothing.
+				continue
+			}
+			return fmt.Errorf("%s intermediate %s is not signed by a root this authority trusts", r.Role, r.Serial)
 		}
 		role := ca.Role(r.Role)
 		if r.State != store.CAActive {
@@ -186,6 +197,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	in.signers = keep
 	in.loaded = names.String()
+	in.s.ca.SetRoots(set)
 	in.s.ca.SetIntermediates(next)
 	in.s.setTrustBundle(in.s.buildTrustBundle(rows))
 	if in.s.crl != nil {
@@ -267,6 +279,12 @@ func (in *intermediates) readyErr() error {
 // the root valid for ttl, stored prepared (one per role: of replicas
 // preparing at once, one wins and the others get store.ErrConflict).
 func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
+	return in.prepareUnder(ctx, role, in.s.ca.Root, rootKey, ttl)
+}
+
+// prepareUnder is prepare with the certificate signed by root (the signing
+// root of a root rotation), whose key is rootKey.
+func (in *intermediates) prepareUnder(ctx context.Context, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
 	serial, err := ca.NewSerial()
 	if err != nil {
 		return store.CACert{}, err
@@ -280,7 +298,7 @@ func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey cryp
 	if err != nil {
 		return store.CACert{}, err
 	}
-	cert, err := in.s.ca.NewIntermediate(role, serial, k.Public, rootKey, now, ttl)
+	cert, err := in.s.ca.NewIntermediateUnder(role, serial, k.Public, root, rootKey, now, ttl)
 	if err != nil {
 		return store.CACert{}, err
 	}
@@ -291,4 +309,14 @@ func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey cryp
 	}
 	row.CreatedAt = now
 	return row, nil
+}
+
+// signedByOneOf reports whether one of roots signed c.
+func signedByOneOf(c *x509.Certificate, roots []*x509.Certificate) bool {
+	for _, r := range roots {
+		if c.CheckSignatureFrom(r) == nil {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -165,10 +166,13 @@ type Server struct {
 	inter  *intermediates
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
+	tails  map[ca.Role]*chainTail
 
 	// caNoRootKey holds, by role, when the leader last warned that a
 	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map
+	// caPoke wakes the CA clock (a root rotation phase changed).
+	caPoke chan struct{}
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
 	// streamEnds are the ends of agent streams still to be recorded.
@@ -195,6 +199,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s := &Server{
 		info:    cfg.Info,
 		token:   cfg.Token,
+		caPoke:  make(chan struct{}, 1),
 		ca:      cfg.CA,
 		store:   cfg.Store,
 		audit:   cfg.Audit,
@@ -369,8 +374,15 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	issuer := s.ca.Issuer(role)
 	// Re-issued at half its life, and as soon as another intermediate of
 	// the role is active (a rotation), so the listener's chain follows it.
+	tail := s.chainTail(role, issuer.Cert)
 	if c := s.certs[role]; c != nil && now.Before(c.Leaf.NotBefore.Add(c.Leaf.NotAfter.Sub(c.Leaf.NotBefore)/2)) &&
 		bytes.Equal(c.Certificate[1], issuer.Cert.Raw) {
+		if sameDERs(c.Certificate[2:], tail) {
+			return c, nil
+		}
+		// The roots changed (a root rotation step): same leaf, new tail.
+		c = &tls.Certificate{Certificate: append([][]byte{c.Certificate[0], c.Certificate[1]}, tail...), PrivateKey: c.PrivateKey, Leaf: c.Leaf}
+		s.certs[role] = c
 		return c, nil
 	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -403,9 +415,70 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	// The chain ends with the root, so an agent that pins only the root's
 	// fingerprint (the PSK and bound-keypair flows) can check it before it
 	// sends a secret.
-	c := &tls.Certificate{Certificate: [][]byte{leaf.Raw, issuer.Cert.Raw, s.ca.Root.Raw}, PrivateKey: key, Leaf: leaf}
+	c := &tls.Certificate{Certificate: append([][]byte{leaf.Raw, issuer.Cert.Raw}, tail...), PrivateKey: key, Leaf: leaf}
 	s.certs[role] = c
 	return c, nil
+}
+
+// chainTail is what a listener presents after its leaf and intermediate:
+// the root that signed the intermediate, last, so an agent pinning it
+// finds it where it always was; and during a root rotation, before it,
+// every other trusted root with the cross-certificate of the signing
+// root's key by that root, so an agent that pins (or trusts) only the
+// other root accepts the signing one (identity.VerifyPeer) and a join
+// pinned to either fingerprint works (DESIGN.md "Root rotation"). Cached
+// per intermediate and root set; the caller holds certMu.
+func (s *Server) chainTail(role ca.Role, issuer *x509.Certificate) [][]byte {
+	rs := s.ca.Roots()
+	if t := s.tails[role]; t != nil && t.issuer == issuer && t.roots == rs {
+		return t.ders
+	}
+	var signing *x509.Certificate
+	for _, r := range rs.Trusted {
+		if issuer.CheckSignatureFrom(r) == nil {
+			signing = r
+			break
+		}
+	}
+	if signing == nil {
+		signing = rs.Signing
+	}
+	var ders [][]byte
+	for _, other := range rs.Trusted {
+		if other == signing {
+			continue
+		}
+		for _, x := range rs.Cross {
+			if bytes.Equal(x.RawSubjectPublicKeyInfo, signing.RawSubjectPublicKeyInfo) && x.CheckSignatureFrom(other) == nil {
+				ders = append(ders, x.Raw, other.Raw)
+			}
+		}
+	}
+	ders = append(ders, signing.Raw)
+	if s.tails == nil {
+		s.tails = map[ca.Role]*chainTail{}
+	}
+	s.tails[role] = &chainTail{issuer: issuer, roots: rs, ders: ders}
+	return ders
+}
+
+// chainTail is chainTail's cache.
+type chainTail struct {
+	issuer *x509.Certificate
+	roots  *ca.RootSet
+	ders   [][]byte
+}
+
+func sameDERs(a, b [][]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if !bytes.Equal(a[i], b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {

@@ -130,7 +130,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return refused(codes.InvalidArgument, err.Error())
 	case errors.Is(err, signer.ErrNotFound):
 		return refused(codes.NotFound, err.Error())
-	case signer.IsRule(err):
+	case signer.IsRule(err), errors.As(err, new(rootRule)):
 		return refused(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrNotFound):
 		return refused(codes.NotFound, "not found")

@@ -103,7 +103,7 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 		a.s.log.Warn("created a join token with no expiry and unlimited uses (--unsafe-unlimited)", "token_id", t.ID)
 	}
 	uri := joinuri.URI{Method: joinuri.MethodToken, Token: tok, Address: a.s.advertise(),
-		Fingerprint: a.s.info.CAFingerprint, Node: t.NodeID}
+		Fingerprint: a.s.joinFingerprint(), Node: t.NodeID}
 	target := fmt.Sprintf("token %s", t.ID)
 	return &musterv1.CreateTokenResponse{Token: tok.Reveal(), Info: tokenToProto(t, now), Uri: uri.Reveal()}, target, nil
 }

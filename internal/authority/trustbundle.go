@@ -25,13 +25,18 @@ type builtBundle struct {
 
 // buildTrustBundle is the one place the trust bundle is made (DESIGN.md
 // "CA lifecycle": roots, intermediates in every non-retired state,
-// cross-certificates, authority ID): the data directory's root, and every
-// intermediate of rows (ListCACerts) that is not retired, each checked to
-// be the root's already (load). Store-kept roots and a root rotation's
-// cross-certificates belong here too. Nil rows (a server whose store was
-// not read yet) stand for the data directory's intermediates.
+// cross-certificates, authority ID): the trusted roots of ca.Roots (the
+// data directory's, and a root rotation's from the store) with the
+// rotation's cross-certificates, and every intermediate of rows
+// (ListCACerts) that is not retired, each checked to be a trusted root's
+// already (load). Nil rows (a server whose store was not read yet) stand
+// for the data directory's intermediates.
 func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
-	set := trustbundle.Set{AuthorityID: s.info.AuthorityID, Roots: []*x509.Certificate{s.ca.Root}}
+	// The trusted roots (the signing one first) and, during a root
+	// rotation, its cross-certificates, through which agents take the
+	// other root (rootrotate.go).
+	rs := s.ca.Roots()
+	set := trustbundle.Set{AuthorityID: s.info.AuthorityID, Roots: rs.Trusted, Cross: rs.Cross}
 	if rows == nil {
 		for _, role := range caRoles {
 			if i := s.ca.Issuers[role]; i != nil {

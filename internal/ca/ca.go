@@ -108,16 +108,7 @@ func Create(name string, now time.Time) (*Hierarchy, error) {
 	if err != nil {
 		return nil, err
 	}
-	rootTmpl := &x509.Certificate{
-		Subject:               pkix.Name{Organization: []string{"muster"}, CommonName: name + " root CA"},
-		NotBefore:             now.Add(-Backdate),
-		NotAfter:              now.Add(RootTTL),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		// Root → intermediate → leaf: one CA below the root, no more.
-		MaxPathLen: 1,
-	}
+	rootTmpl := rootTemplate(name, now)
 	root, err := sign(rootTmpl, rootKey.Public(), rootTmpl, rootKey)
 	if err != nil {
 		return nil, err
@@ -158,6 +149,19 @@ func intermediateTemplate(role Role, subject pkix.Name, now time.Time, ttl time.
 	}
 }
 
+func rootTemplate(name string, now time.Time) *x509.Certificate {
+	return &x509.Certificate{
+		Subject:               pkix.Name{Organization: []string{"muster"}, CommonName: name + " root CA"},
+		NotBefore:             now.Add(-Backdate),
+		NotAfter:              now.Add(RootTTL),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		// Root → intermediate → leaf: one CA below the root, no more.
+		MaxPathLen: 1,
+	}
+}
+
 // NewIntermediate signs, with the root key, a successor of role's
 // intermediate for the public key pub (made by key custody), valid from
 // now for ttl, cut at the root's expiry (Draft, SignDraft).
@@ -165,14 +169,20 @@ func intermediateTemplate(role Role, subject pkix.Name, now time.Time, ttl time.
 // serial is chosen by the caller (NewSerial) so that custody can name the
 // key after it before the certificate exists.
 func (h *Hierarchy) NewIntermediate(role Role, serial *big.Int, pub crypto.PublicKey, rootKey crypto.Signer, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
+	return h.NewIntermediateUnder(role, serial, pub, h.Root, rootKey, now, ttl)
+}
+
+// NewIntermediateUnder is NewIntermediate signed by root (the data
+// directory's, or the one a root rotation made), whose key is rootKey.
+func (h *Hierarchy) NewIntermediateUnder(role Role, serial *big.Int, pub crypto.PublicKey, root *x509.Certificate, rootKey crypto.Signer, now time.Time, ttl time.Duration) (*x509.Certificate, error) {
 	if rootKey == nil {
 		return nil, errors.New("ca: preparing an intermediate needs the root key")
 	}
-	d, err := h.Draft(role, serial, pub, now, ttl)
+	d, err := h.Draft(role, serial, pub, root, now, ttl)
 	if err != nil {
 		return nil, err
 	}
-	return SignDraft(d, h.Root, rootKey)
+	return SignDraft(d, root, rootKey)
 }
 
 // NewSerial returns a fresh certificate serial: positive, 128 random bits.
@@ -210,10 +220,13 @@ func sign(tmpl *x509.Certificate, pub crypto.PublicKey, parent *x509.Certificate
 	return x509.ParseCertificate(der)
 }
 
-// RootPool returns a pool holding the root alone.
+// RootPool returns a pool holding every trusted root (Roots): the data
+// directory's alone unless a root rotation is under way or done.
 func (h *Hierarchy) RootPool() *x509.CertPool {
 	p := x509.NewCertPool()
-	p.AddCert(h.Root)
+	for _, r := range h.Roots().Trusted {
+		p.AddCert(r)
+	}
 	return p
 }
 

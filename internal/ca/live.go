@@ -26,7 +26,10 @@ type Intermediates struct {
 // live holds the current *Intermediates of a hierarchy; nil until the
 // authority has read them from its store, and then the files' issuers
 // answer.
-type live struct{ p atomic.Pointer[Intermediates] }
+type live struct {
+	p     atomic.Pointer[Intermediates]
+	roots atomic.Pointer[RootSet]
+}
 
 // SetIntermediates replaces the intermediates every signer of leaves uses
 // from now on. Safe for concurrent use with Issuer and Accepted.

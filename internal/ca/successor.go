@@ -32,11 +32,12 @@ type Draft struct {
 // message says which.
 var ErrSuccessor = errors.New("ca: not a successor intermediate")
 
-// Draft returns the successor of role's intermediate for pub, valid from
-// now (backdated) for ttl, cut at the root's expiry. It keeps the subject
+// Draft returns the successor of role's intermediate for pub, to be signed
+// by root (the signing root: the data directory's, or the one a root
+// rotation made), valid from now (backdated) for ttl, cut at root's expiry. It keeps the subject
 // of the intermediate muster init made, so names a client was told (a TLS
 // CertificateRequest) still match; the key identifiers tell them apart.
-func (h *Hierarchy) Draft(role Role, serial *big.Int, pub crypto.PublicKey, now time.Time, ttl time.Duration) (Draft, error) {
+func (h *Hierarchy) Draft(role Role, serial *big.Int, pub crypto.PublicKey, root *x509.Certificate, now time.Time, ttl time.Duration) (Draft, error) {
 	first := h.Issuers[role]
 	if first == nil || eku[role] == nil {
 		return Draft{}, fmt.Errorf("ca: no %s intermediate to succeed", role)
@@ -46,8 +47,8 @@ func (h *Hierarchy) Draft(role Role, serial *big.Int, pub crypto.PublicKey, now 
 	}
 	d := Draft{Role: role, Serial: serial, Public: pub, RawSubject: first.Cert.RawSubject,
 		NotBefore: now.Add(-Backdate), NotAfter: now.Add(ttl)}
-	if d.NotAfter.After(h.Root.NotAfter) {
-		d.NotAfter = h.Root.NotAfter
+	if d.NotAfter.After(root.NotAfter) {
+		d.NotAfter = root.NotAfter
 	}
 	return d, nil
 }
@@ -85,16 +86,16 @@ func SignDraft(d Draft, root *x509.Certificate, rootKey crypto.Signer) (*x509.Ce
 
 // CheckSuccessor checks that cert, signed elsewhere (SignDraft on the
 // machine holding the root key), is a successor of role's intermediate:
-// signed by the root, for pub and serial, with the role's subject and
+// signed by root (the signing root), for pub and serial, with the role's subject and
 // usage, valid at now and not past the root. It returns an error wrapping
 // ErrSuccessor that says what is wrong.
-func (h *Hierarchy) CheckSuccessor(role Role, serial *big.Int, pub crypto.PublicKey, cert *x509.Certificate, now time.Time) error {
+func (h *Hierarchy) CheckSuccessor(role Role, serial *big.Int, pub crypto.PublicKey, cert, root *x509.Certificate, now time.Time) error {
 	first := h.Issuers[role]
 	bad := func(what string) error { return fmt.Errorf("%w: %s", ErrSuccessor, what) }
 	switch {
 	case first == nil || eku[role] == nil:
 		return bad(fmt.Sprintf("%q is not a rotated intermediate role", role))
-	case cert.CheckSignatureFrom(h.Root) != nil:
+	case cert.CheckSignatureFrom(root) != nil:
 		return bad("it is not signed by this authority's root key")
 	case cert.SerialNumber.Cmp(serial) != 0:
 		return bad("its serial is not the one the authority drafted")
@@ -106,7 +107,7 @@ func (h *Hierarchy) CheckSuccessor(role Role, serial *big.Int, pub crypto.Public
 		return bad("it is not a CA certificate with path length 0")
 	case cert.KeyUsage != x509.KeyUsageCertSign|x509.KeyUsageCRLSign || !slices.Equal(cert.ExtKeyUsage, eku[role]) || len(cert.UnknownExtKeyUsage) > 0:
 		return bad("its key usage is not the " + string(role) + " intermediate's")
-	case cert.NotAfter.After(h.Root.NotAfter):
+	case cert.NotAfter.After(root.NotAfter):
 		return bad("it outlives the root")
 	case !now.Before(cert.NotAfter) || now.Add(2*Backdate).Before(cert.NotBefore):
 		return bad("it is not valid now")

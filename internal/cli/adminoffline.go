@@ -73,14 +73,14 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, 
 			return offlineOperator{}, err
 		}
 	}
-	issuer, err := offlineAdminIssuer(ctx, st, d)
+	issuer, root, err := offlineAdminIssuer(ctx, st, d)
 	if err != nil {
 		return offlineOperator{}, err
 	}
 	if crlURL != "" {
 		issuer.CRLDistributionPoints = []string{crl.DistributionPoint(crlURL, crl.Issuer{Role: string(ca.RoleAdmin), Cert: issuer.Cert})}
 	}
-	op, err := datadir.IssueOperator(issuer, d.ca.Root, id, nil, ttl, now)
+	op, err := datadir.IssueOperator(issuer, root, id, nil, ttl, now)
 	if err != nil {
 		return offlineOperator{}, err
 	}
@@ -107,10 +107,18 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, 
 // no active admin intermediate (an authority not started since
 // intermediates moved into the store) leaves the data directory's to sign.
 // The result is a copy: the caller may set its CRL distribution points.
-func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Issuer, error) {
+func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Issuer, *x509.Certificate, error) {
 	rows, err := st.ListCACerts(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("reading the CA certificates from the store: %w", err)
+		return nil, nil, fmt.Errorf("reading the CA certificates from the store: %w", err)
+	}
+	c, err := custody.NewSealedCA(d.sk)
+	if err != nil {
+		return nil, nil, err
+	}
+	roots, err := offlineRoots(ctx, st, d, c)
+	if err != nil {
+		return nil, nil, err
 	}
 	for _, r := range rows {
 		if r.Role != string(ca.RoleAdmin) || r.State != store.CAActive {
@@ -118,10 +126,17 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 		}
 		cert, err := x509.ParseCertificate(r.CertDER)
 		if err != nil {
-			return nil, fmt.Errorf("the store's active admin intermediate %s: %w", r.Serial, err)
+			return nil, nil, fmt.Errorf("the store's active admin intermediate %s: %w", r.Serial, err)
 		}
-		if err := cert.CheckSignatureFrom(d.ca.Root); err != nil {
-			return nil, fmt.Errorf("the store's active admin intermediate %s is not signed by the root CA in the data directory: %w", r.Serial, err)
+		var root *x509.Certificate
+		for _, rt := range roots {
+			if cert.CheckSignatureFrom(rt) == nil {
+				root = rt
+				break
+			}
+		}
+		if root == nil {
+			return nil, nil, fmt.Errorf("the store's active admin intermediate %s is not signed by the root CA in the data directory nor by a root of the store's root rotation", r.Serial)
 		}
 		var token *custody.Token
 		if custody.IsPKCS11Ref(r.KeyRef) {
@@ -132,22 +147,49 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 				err = custody.ErrNoToken
 			}
 			if err != nil {
-				return nil, fmt.Errorf("the store's active admin intermediate %s is in a PKCS#11 token: %w", r.Serial, err)
+				return nil, nil, fmt.Errorf("the store's active admin intermediate %s is in a PKCS#11 token: %w", r.Serial, err)
 			}
 		}
-		c, err := authority.CACustody(d.sk, token)
+		ic, err := authority.CACustody(d.sk, token)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		key, err := c.Signer(ctx, r.Role+"/"+r.Serial, custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
+		key, err := ic.Signer(ctx, r.Role+"/"+r.Serial, custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
 		if err != nil {
-			return nil, fmt.Errorf("opening the key of the store's active admin intermediate %s (%s): %w", r.Serial, custody.Where(r.KeyRef), err)
+			return nil, nil, fmt.Errorf("opening the key of the store's active admin intermediate %s (%s): %w", r.Serial, custody.Where(r.KeyRef), err)
 		}
-		return &ca.Issuer{Cert: cert, Key: key}, nil
+		return &ca.Issuer{Cert: cert, Key: key}, root, nil
 	}
 	file := d.ca.Issuer(ca.RoleAdmin)
 	if file == nil {
-		return nil, errors.New("no admin intermediate in the store or in the data directory")
+		return nil, nil, errors.New("no admin intermediate in the store or in the data directory")
 	}
-	return &ca.Issuer{Cert: file.Cert, Key: file.Key}, nil
+	return &ca.Issuer{Cert: file.Cert, Key: file.Key}, d.ca.Root, nil
+}
+
+// offlineRoots is the data directory's root and the roots of the store's
+// root rotation (DESIGN.md "Root rotation": from update_servers on the
+// admin intermediate is signed by the new root). A stored root counts only
+// if its sealed key opens with the data directory's storage key, as the
+// authority checks it.
+func offlineRoots(ctx context.Context, st store.Store, d dataDir, c custody.Custody) ([]*x509.Certificate, error) {
+	roots := []*x509.Certificate{d.ca.Root}
+	rot, err := st.GetRootRotation(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the root rotation from the store: %w", err)
+	}
+	for _, p := range [][2][]byte{{rot.NewCertDER, rot.NewKeyRef}, {rot.OldCertDER, rot.OldKeyRef}} {
+		if p[0] == nil {
+			continue
+		}
+		cert, err := x509.ParseCertificate(p[0])
+		if err != nil {
+			return nil, fmt.Errorf("a root of the store's root rotation: %w", err)
+		}
+		if _, err := c.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p[1]}); err != nil {
+			return nil, fmt.Errorf("a root of the store's root rotation (%s) does not open with the data directory's storage key: %w", ca.Fingerprint(cert), err)
+		}
+		roots = append(roots, cert)
+	}
+	return roots, nil
 }

@@ -48,7 +48,7 @@ func TestCARotateSignsTheDraftWithTheRootKeyFile(t *testing.T) {
 	}
 	serial, _ := ca.NewSerial()
 	pub := other.Issuers[ca.RoleAgent].Cert.PublicKey // any P-256 key
-	d, err := h.Draft(ca.RoleAgent, serial, pub, now, 24*time.Hour)
+	d, err := h.Draft(ca.RoleAgent, serial, pub, h.Root, now, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestCARotateSignsTheDraftWithTheRootKeyFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.CheckSuccessor(ca.RoleAgent, serial, pub, cert, now); err != nil {
+	if err := h.CheckSuccessor(ca.RoleAgent, serial, pub, cert, h.Root, now); err != nil {
 		t.Fatalf("the authority would refuse what the CLI signed: %v", err)
 	}
 	otherKey, err := readRootKey(write("other.key", other, 0o600))

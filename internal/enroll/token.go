@@ -43,8 +43,13 @@ func (s *Service) TrustBundle(ctx context.Context, r Request, tokenID string) (s
 	b := trustbundle.Bundle{
 		AuthorityID: s.cfg.AuthorityID,
 		TrustDomain: s.cfg.TrustDomain,
-		Roots:       []string{string(s.rootPM)},
 		Endpoints:   *s.endpoints.Load(),
+	}
+	// Every trusted root, the signing one first: during a root rotation
+	// both, so a join pinned to either finds its own (DESIGN.md "Root
+	// rotation").
+	for _, r := range s.cfg.CA.Roots().Trusted {
+		b.Roots = append(b.Roots, string(ca.EncodeCertPEM(r)))
 	}
 	// Every server and bootstrap intermediate in the bundle (a prepared
 	// successor included), so the agent can check the listener's chain

@@ -261,19 +261,64 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 	for _, c := range certs[1:] {
 		inter.AddCert(c)
 	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{
-		Roots:         roots,
-		Intermediates: inter,
-		CurrentTime:   now,
-		KeyUsages:     []x509.ExtKeyUsage{usage},
-	}); err != nil {
-		return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+	opts := x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}}
+	if _, err := certs[0].Verify(opts); err != nil {
+		more := crossCertified(certs[1:], roots, now)
+		if more == nil {
+			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+		}
+		opts.Roots = more
+		if _, err := certs[0].Verify(opts); err != nil {
+			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+		}
 	}
 	got, err := spiffeid.FromCertificate(certs[0])
 	if err != nil {
 		return fmt.Errorf("identity: peer certificate: %w", err)
 	}
 	return match(got)
+}
+
+// crossCertified returns roots with every root the peer presented that a
+// cross-certificate it also presented certifies under one of roots (DESIGN.md
+// "Root rotation": during a root rotation the authority presents its other
+// root and the cross-certificate between them, so a holder of either root
+// accepts it), or nil when it presented none.
+func crossCertified(presented []*x509.Certificate, roots *x509.CertPool, now time.Time) *x509.CertPool {
+	more := CrossCertified(presented, roots, now)
+	if len(more) == 0 {
+		return nil
+	}
+	pool := roots.Clone()
+	for _, r := range more {
+		pool.AddCert(r)
+	}
+	return pool
+}
+
+// CrossCertified returns the roots among presented that a cross-certificate
+// also among presented certifies under roots: the cross-certificate must
+// verify directly under a root of the pool, at now. It is never a link in
+// a leaf's chain, only the way another root is accepted, by the same rule
+// as the trust bundle's for a new root.
+func CrossCertified(presented []*x509.Certificate, roots *x509.CertPool, now time.Time) []*x509.Certificate {
+	var out []*x509.Certificate
+	for _, r := range presented {
+		if !IsRoot(r) {
+			continue
+		}
+		for _, x := range presented {
+			if x == r || !x.IsCA || !bytes.Equal(x.RawSubjectPublicKeyInfo, r.RawSubjectPublicKeyInfo) || IsRoot(x) {
+				continue
+			}
+			if _, err := x.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+				continue
+			}
+			out = append(out, r)
+			break
+		}
+	}
+	return out
 }
 
 // IsRoot reports whether c is a self-signed CA certificate: a trust anchor.

@@ -221,6 +221,7 @@ type Store interface {
 	DiscoveryStore
 	SignerStore
 	CAStore
+	CARootStore
 	TaskStore
 	AgentStreamStore
 	AgentLister

@@ -54,6 +54,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"TicketKey", ticketKeyCases()},
 		{"Signer", signerCases()},
 		{"CACert", caCertCases()},
+		{"CARoot", caRootCases()},
 		{"Task", taskCases()},
 		{"AgentStream", agentStreamCases()},
 		{"BoundKeypair", boundKeypairCases()},

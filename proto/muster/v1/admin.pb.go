@@ -3860,7 +3860,7 @@ var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\x1a\x1bmuster/v1/trustbundle.proto\"\x12\n" +
+	"\x15muster/v1/admin.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16muster/v1/signer.proto\x1a\x16muster/v1/caroot.proto\x1a\x1bmuster/v1/trustbundle.proto\"\x12\n" +
 	"\x10GetStatusRequest\"\xb5\x02\n" +
 	"\x11GetStatusResponse\x12!\n" +
 	"\fauthority_id\x18\x01 \x01(\tR\vauthorityId\x12!\n" +
@@ -4171,7 +4171,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\factivated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\"\x8e\x01\n" +
 	"\x16CAIntermediateResponse\x12=\n" +
 	"\fintermediate\x18\x01 \x01(\v2\x19.muster.v1.CAIntermediateR\fintermediate\x125\n" +
-	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious2\xb2\x14\n" +
+	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious2\xb2\x17\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -4200,7 +4200,13 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eActivateSigner\x12 .muster.v1.ActivateSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRetireSigner\x12\x1e.muster.v1.RetireSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12O\n" +
 	"\fRevokeSigner\x12\x1e.muster.v1.RevokeSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12S\n" +
-	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12C\n" +
+	"\x0eRollbackSigner\x12 .muster.v1.RollbackSignerRequest\x1a\x1f.muster.v1.SignerChangeResponse\x12M\n" +
+	"\x0fGetRootRotation\x12!.muster.v1.GetRootRotationRequest\x1a\x17.muster.v1.RootRotation\x12L\n" +
+	"\vPrepareRoot\x12\x1d.muster.v1.PrepareRootRequest\x1a\x1e.muster.v1.PrepareRootResponse\x12C\n" +
+	"\n" +
+	"RotateRoot\x12\x1c.muster.v1.RotateRootRequest\x1a\x17.muster.v1.RootRotation\x12I\n" +
+	"\rNextRootPhase\x12\x1f.muster.v1.NextRootPhaseRequest\x1a\x17.muster.v1.RootRotation\x12Q\n" +
+	"\x11RollbackRootPhase\x12#.muster.v1.RollbackRootPhaseRequest\x1a\x17.muster.v1.RootRotation\x12C\n" +
 	"\bSendTask\x12\x1a.muster.v1.SendTaskRequest\x1a\x1b.muster.v1.SendTaskResponse\x12F\n" +
 	"\tListAudit\x12\x1b.muster.v1.ListAuditRequest\x1a\x1c.muster.v1.ListAuditResponse\x12L\n" +
 	"\vVerifyAudit\x12\x1d.muster.v1.VerifyAuditRequest\x1a\x1e.muster.v1.VerifyAuditResponse\x12K\n" +
@@ -4298,12 +4304,19 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*RetireSignerRequest)(nil),           // 67: muster.v1.RetireSignerRequest
 	(*RevokeSignerRequest)(nil),           // 68: muster.v1.RevokeSignerRequest
 	(*RollbackSignerRequest)(nil),         // 69: muster.v1.RollbackSignerRequest
-	(*SendTaskRequest)(nil),               // 70: muster.v1.SendTaskRequest
-	(*GetCAStatusRequest)(nil),            // 71: muster.v1.GetCAStatusRequest
-	(*ListSignersResponse)(nil),           // 72: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),          // 73: muster.v1.SignerChangeResponse
-	(*SendTaskResponse)(nil),              // 74: muster.v1.SendTaskResponse
-	(*GetCAStatusResponse)(nil),           // 75: muster.v1.GetCAStatusResponse
+	(*GetRootRotationRequest)(nil),        // 70: muster.v1.GetRootRotationRequest
+	(*PrepareRootRequest)(nil),            // 71: muster.v1.PrepareRootRequest
+	(*RotateRootRequest)(nil),             // 72: muster.v1.RotateRootRequest
+	(*NextRootPhaseRequest)(nil),          // 73: muster.v1.NextRootPhaseRequest
+	(*RollbackRootPhaseRequest)(nil),      // 74: muster.v1.RollbackRootPhaseRequest
+	(*SendTaskRequest)(nil),               // 75: muster.v1.SendTaskRequest
+	(*GetCAStatusRequest)(nil),            // 76: muster.v1.GetCAStatusRequest
+	(*ListSignersResponse)(nil),           // 77: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),          // 78: muster.v1.SignerChangeResponse
+	(*RootRotation)(nil),                  // 79: muster.v1.RootRotation
+	(*PrepareRootResponse)(nil),           // 80: muster.v1.PrepareRootResponse
+	(*SendTaskResponse)(nil),              // 81: muster.v1.SendTaskResponse
+	(*GetCAStatusResponse)(nil),           // 82: muster.v1.GetCAStatusResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
 	61,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
@@ -4396,51 +4409,61 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	67,  // 87: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
 	68,  // 88: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
 	69,  // 89: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	70,  // 90: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15,  // 91: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17,  // 92: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47,  // 93: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48,  // 94: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50,  // 95: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	71,  // 96: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	53,  // 97: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
-	55,  // 98: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
-	56,  // 99: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
-	1,   // 100: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,   // 101: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,   // 102: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,   // 103: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,   // 104: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11,  // 105: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13,  // 106: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25,  // 107: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27,  // 108: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29,  // 109: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31,  // 110: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23,  // 111: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36,  // 112: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38,  // 113: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40,  // 114: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43,  // 115: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45,  // 116: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	72,  // 117: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	73,  // 118: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	73,  // 119: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	73,  // 120: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	73,  // 121: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	73,  // 122: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	74,  // 123: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16,  // 124: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18,  // 125: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49,  // 126: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49,  // 127: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51,  // 128: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	75,  // 129: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	54,  // 130: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
-	58,  // 131: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	58,  // 132: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	100, // [100:133] is the sub-list for method output_type
-	67,  // [67:100] is the sub-list for method input_type
+	70,  // 90: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	71,  // 91: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	72,  // 92: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	73,  // 93: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	74,  // 94: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	75,  // 95: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 96: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 97: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 98: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 99: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 100: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	76,  // 101: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 102: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 103: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 104: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	1,   // 105: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 106: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 107: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 108: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 109: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 110: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 111: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 112: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 113: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 114: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 115: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 116: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 117: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 118: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 119: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 120: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 121: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	77,  // 122: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	78,  // 123: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	78,  // 124: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	78,  // 125: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	78,  // 126: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	78,  // 127: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	79,  // 128: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	80,  // 129: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	79,  // 130: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	79,  // 131: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	79,  // 132: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	81,  // 133: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 134: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 135: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 136: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 137: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 138: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	82,  // 139: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 140: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 141: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 142: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	105, // [105:143] is the sub-list for method output_type
+	67,  // [67:105] is the sub-list for method input_type
 	67,  // [67:67] is the sub-list for extension type_name
 	67,  // [67:67] is the sub-list for extension extendee
 	0,   // [0:67] is the sub-list for field type_name
@@ -4452,6 +4475,7 @@ func file_muster_v1_admin_proto_init() {
 		return
 	}
 	file_muster_v1_signer_proto_init()
+	file_muster_v1_caroot_proto_init()
 	file_muster_v1_trustbundle_proto_init()
 	file_muster_v1_admin_proto_msgTypes[24].OneofWrappers = []any{}
 	type x struct{}

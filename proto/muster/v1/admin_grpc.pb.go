@@ -42,6 +42,11 @@ const (
 	AdminService_RetireSigner_FullMethodName           = "/muster.v1.AdminService/RetireSigner"
 	AdminService_RevokeSigner_FullMethodName           = "/muster.v1.AdminService/RevokeSigner"
 	AdminService_RollbackSigner_FullMethodName         = "/muster.v1.AdminService/RollbackSigner"
+	AdminService_GetRootRotation_FullMethodName        = "/muster.v1.AdminService/GetRootRotation"
+	AdminService_PrepareRoot_FullMethodName            = "/muster.v1.AdminService/PrepareRoot"
+	AdminService_RotateRoot_FullMethodName             = "/muster.v1.AdminService/RotateRoot"
+	AdminService_NextRootPhase_FullMethodName          = "/muster.v1.AdminService/NextRootPhase"
+	AdminService_RollbackRootPhase_FullMethodName      = "/muster.v1.AdminService/RollbackRootPhase"
 	AdminService_SendTask_FullMethodName               = "/muster.v1.AdminService/SendTask"
 	AdminService_ListAudit_FullMethodName              = "/muster.v1.AdminService/ListAudit"
 	AdminService_VerifyAudit_FullMethodName            = "/muster.v1.AdminService/VerifyAudit"
@@ -95,6 +100,12 @@ type AdminServiceClient interface {
 	RetireSigner(ctx context.Context, in *RetireSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
 	RevokeSigner(ctx context.Context, in *RevokeSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
 	RollbackSigner(ctx context.Context, in *RollbackSignerRequest, opts ...grpc.CallOption) (*SignerChangeResponse, error)
+	// Root rotation (caroot.proto).
+	GetRootRotation(ctx context.Context, in *GetRootRotationRequest, opts ...grpc.CallOption) (*RootRotation, error)
+	PrepareRoot(ctx context.Context, in *PrepareRootRequest, opts ...grpc.CallOption) (*PrepareRootResponse, error)
+	RotateRoot(ctx context.Context, in *RotateRootRequest, opts ...grpc.CallOption) (*RootRotation, error)
+	NextRootPhase(ctx context.Context, in *NextRootPhaseRequest, opts ...grpc.CallOption) (*RootRotation, error)
+	RollbackRootPhase(ctx context.Context, in *RollbackRootPhaseRequest, opts ...grpc.CallOption) (*RootRotation, error)
 	// SendTask signs a task with the active signer and queues it for its
 	// target nodes; their streams deliver it (task.send).
 	SendTask(ctx context.Context, in *SendTaskRequest, opts ...grpc.CallOption) (*SendTaskResponse, error)
@@ -356,6 +367,56 @@ func (c *adminServiceClient) RollbackSigner(ctx context.Context, in *RollbackSig
 	return out, nil
 }
 
+func (c *adminServiceClient) GetRootRotation(ctx context.Context, in *GetRootRotationRequest, opts ...grpc.CallOption) (*RootRotation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RootRotation)
+	err := c.cc.Invoke(ctx, AdminService_GetRootRotation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PrepareRoot(ctx context.Context, in *PrepareRootRequest, opts ...grpc.CallOption) (*PrepareRootResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrepareRootResponse)
+	err := c.cc.Invoke(ctx, AdminService_PrepareRoot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RotateRoot(ctx context.Context, in *RotateRootRequest, opts ...grpc.CallOption) (*RootRotation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RootRotation)
+	err := c.cc.Invoke(ctx, AdminService_RotateRoot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) NextRootPhase(ctx context.Context, in *NextRootPhaseRequest, opts ...grpc.CallOption) (*RootRotation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RootRotation)
+	err := c.cc.Invoke(ctx, AdminService_NextRootPhase_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RollbackRootPhase(ctx context.Context, in *RollbackRootPhaseRequest, opts ...grpc.CallOption) (*RootRotation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RootRotation)
+	err := c.cc.Invoke(ctx, AdminService_RollbackRootPhase_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) SendTask(ctx context.Context, in *SendTaskRequest, opts ...grpc.CallOption) (*SendTaskResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SendTaskResponse)
@@ -497,6 +558,12 @@ type AdminServiceServer interface {
 	RetireSigner(context.Context, *RetireSignerRequest) (*SignerChangeResponse, error)
 	RevokeSigner(context.Context, *RevokeSignerRequest) (*SignerChangeResponse, error)
 	RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error)
+	// Root rotation (caroot.proto).
+	GetRootRotation(context.Context, *GetRootRotationRequest) (*RootRotation, error)
+	PrepareRoot(context.Context, *PrepareRootRequest) (*PrepareRootResponse, error)
+	RotateRoot(context.Context, *RotateRootRequest) (*RootRotation, error)
+	NextRootPhase(context.Context, *NextRootPhaseRequest) (*RootRotation, error)
+	RollbackRootPhase(context.Context, *RollbackRootPhaseRequest) (*RootRotation, error)
 	// SendTask signs a task with the active signer and queues it for its
 	// target nodes; their streams deliver it (task.send).
 	SendTask(context.Context, *SendTaskRequest) (*SendTaskResponse, error)
@@ -596,6 +663,21 @@ func (UnimplementedAdminServiceServer) RevokeSigner(context.Context, *RevokeSign
 }
 func (UnimplementedAdminServiceServer) RollbackSigner(context.Context, *RollbackSignerRequest) (*SignerChangeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RollbackSigner not implemented")
+}
+func (UnimplementedAdminServiceServer) GetRootRotation(context.Context, *GetRootRotationRequest) (*RootRotation, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRootRotation not implemented")
+}
+func (UnimplementedAdminServiceServer) PrepareRoot(context.Context, *PrepareRootRequest) (*PrepareRootResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareRoot not implemented")
+}
+func (UnimplementedAdminServiceServer) RotateRoot(context.Context, *RotateRootRequest) (*RootRotation, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateRoot not implemented")
+}
+func (UnimplementedAdminServiceServer) NextRootPhase(context.Context, *NextRootPhaseRequest) (*RootRotation, error) {
+	return nil, status.Error(codes.Unimplemented, "method NextRootPhase not implemented")
+}
+func (UnimplementedAdminServiceServer) RollbackRootPhase(context.Context, *RollbackRootPhaseRequest) (*RootRotation, error) {
+	return nil, status.Error(codes.Unimplemented, "method RollbackRootPhase not implemented")
 }
 func (UnimplementedAdminServiceServer) SendTask(context.Context, *SendTaskRequest) (*SendTaskResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SendTask not implemented")
@@ -1062,6 +1144,96 @@ func _AdminService_RollbackSigner_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetRootRotation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRootRotationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetRootRotation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetRootRotation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetRootRotation(ctx, req.(*GetRootRotationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PrepareRoot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareRootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PrepareRoot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PrepareRoot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PrepareRoot(ctx, req.(*PrepareRootRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RotateRoot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateRootRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RotateRoot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RotateRoot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RotateRoot(ctx, req.(*RotateRootRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_NextRootPhase_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NextRootPhaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).NextRootPhase(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_NextRootPhase_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).NextRootPhase(ctx, req.(*NextRootPhaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RollbackRootPhase_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RollbackRootPhaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RollbackRootPhase(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RollbackRootPhase_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RollbackRootPhase(ctx, req.(*RollbackRootPhaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_SendTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SendTaskRequest)
 	if err := dec(in); err != nil {
@@ -1340,6 +1512,26 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RollbackSigner",
 			Handler:    _AdminService_RollbackSigner_Handler,
+		},
+		{
+			MethodName: "GetRootRotation",
+			Handler:    _AdminService_GetRootRotation_Handler,
+		},
+		{
+			MethodName: "PrepareRoot",
+			Handler:    _AdminService_PrepareRoot_Handler,
+		},
+		{
+			MethodName: "RotateRoot",
+			Handler:    _AdminService_RotateRoot_Handler,
+		},
+		{
+			MethodName: "NextRootPhase",
+			Handler:    _AdminService_NextRootPhase_Handler,
+		},
+		{
+			MethodName: "RollbackRootPhase",
+			Handler:    _AdminService_RollbackRootPhase_Handler,
 		},
 		{
 			MethodName: "SendTask",

@@ -1,0 +1,423 @@
+package authority
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/x509"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/postgres"
+)
+
+// rootModel is the phase machine as the design states it: rotate from none
+// or standby to init; next-phase init → update_agents → update_servers →
+// standby; rollback one phase back, from init to none (abandoning the new
+// root).
+type rootModel struct {
+	phase string
+	// made counts the roots made so far; cur is the index of the root a
+	// rotation replaces, next the one replacing it (-1: none).
+	made, cur, next int
+}
+
+func (m *rootModel) apply(op string) bool {
+	switch op {
+	case "rotate":
+		if m.phase != store.RootPhaseNone && m.phase != store.RootPhaseStandby {
+			return false
+		}
+		if m.phase == store.RootPhaseStandby {
+			m.cur = m.next
+		}
+		m.next = m.made
+		m.made++
+		m.phase = store.RootPhaseInit
+	case "next":
+		i := phaseIndex(m.phase)
+		if i < 0 || m.phase == store.RootPhaseStandby {
+			return false
+		}
+		m.phase = rootPhases[i+1]
+	case "rollback":
+		switch i := phaseIndex(m.phase); {
+		case i < 0:
+			return false
+		case i == 0:
+			m.phase, m.next = store.RootPhaseNone, -1
+		default:
+			m.phase = rootPhases[i-1]
+		}
+	}
+	return true
+}
+
+func phaseIndex(p string) int {
+	for i, q := range rootPhases {
+		if q == p {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestRootRotationModel drives the authority's root rotation with a fixed
+// random sequence of rotate, next-phase and rollback, checked against
+// rootModel after every step, with the leader's CA steps taken between
+// them. Invariants: the trusted set never empties; it holds the root every
+// active intermediate is signed by, which is the phase's signing root (the
+// new one from update_servers on); the listener's chain verifies for an
+// agent that pins any trusted root; in standby the old root is not
+// trusted; and a refused step (the model says it is not allowed) changes
+// nothing.
+func TestRootRotationModel(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	rng := rand.New(rand.NewPCG(21, 4))
+	m := &rootModel{phase: store.RootPhaseNone, made: 1, next: -1}
+	// fps[i] is the fingerprint of the model's root i.
+	fps := []string{ca.Fingerprint(a.h.Root)}
+	ops := []string{"rotate", "next", "next", "rollback"}
+	// rolledBack records the phases a rollback left, so the sequence is
+	// known to cover every one.
+	rolledBack := map[string]bool{}
+	for step := range 60 {
+		op := ops[rng.IntN(len(ops))]
+		before, err := s.rootStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed := m.apply(op)
+		var st RootStatus
+		switch op {
+		case "rotate":
+			st, err = s.rotateRoot(ctx, "test", nil)
+		case "next":
+			_, st, err = s.stepRoot(ctx, "test", false)
+		case "rollback":
+			_, st, err = s.stepRoot(ctx, "test", true)
+		}
+		if allowed != (err == nil) {
+			t.Fatalf("step %d %s from %s: err %v, model allows: %v", step, op, before.Phase, err, allowed)
+		}
+		if err != nil {
+			if !errors.As(err, new(rootRule)) {
+				t.Fatalf("step %d %s: refusal %v is not a rootRule (FAILED_PRECONDITION)", step, op, err)
+			}
+			after, _ := s.rootStatus(ctx)
+			if after.Version != before.Version {
+				t.Fatalf("step %d: a refused %s wrote the rotation (version %d → %d)", step, op, before.Version, after.Version)
+			}
+			continue
+		}
+		if op == "rotate" {
+			fps = append(fps, ca.Fingerprint(st.New))
+			if len(fps) != m.made {
+				t.Fatalf("step %d: the model counts %d roots, the authority made %d", step, m.made, len(fps))
+			}
+		}
+		if op == "rollback" {
+			rolledBack[before.Phase] = true
+		}
+		if st.Phase != m.phase {
+			t.Fatalf("step %d %s: phase %s, model %s", step, op, st.Phase, m.phase)
+		}
+		// The leader's steps, until none is due.
+		for range 3 {
+			if err := s.caStep(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.inter.load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		checkRootInvariants(t, ctx, a, s, m, fps, step)
+	}
+	for _, p := range rootPhases {
+		if !rolledBack[p] {
+			t.Errorf("the sequence never rolled back from %s; change the seed or the length", p)
+		}
+	}
+	if len(fps) < 3 {
+		t.Errorf("the sequence made %d roots; want at least two rotations", len(fps))
+	}
+}
+
+func checkRootInvariants(t *testing.T, ctx context.Context, a *benchAuthority, s *Server, m *rootModel, fps []string, step int) {
+	t.Helper()
+	rs := s.ca.Roots()
+	if len(rs.Trusted) == 0 {
+		t.Fatalf("step %d: the trusted set is empty", step)
+	}
+	trusted := map[string]bool{}
+	for _, r := range rs.Trusted {
+		trusted[ca.Fingerprint(r)] = true
+	}
+	wantSigning, wantTrusted := fps[m.cur], []int{m.cur}
+	switch m.phase {
+	case store.RootPhaseInit, store.RootPhaseUpdateAgents:
+		wantTrusted = []int{m.cur, m.next}
+	case store.RootPhaseUpdateServers:
+		wantSigning, wantTrusted = fps[m.next], []int{m.cur, m.next}
+	case store.RootPhaseStandby:
+		wantSigning, wantTrusted = fps[m.next], []int{m.next}
+	}
+	if ca.Fingerprint(rs.Signing) != wantSigning || ca.Fingerprint(rs.Trusted[0]) != wantSigning {
+		t.Fatalf("step %d (%s): signing root %s, model %s", step, m.phase, ca.Fingerprint(rs.Signing), wantSigning)
+	}
+	if len(trusted) != len(wantTrusted) {
+		t.Fatalf("step %d (%s): %d trusted roots, model %d", step, m.phase, len(trusted), len(wantTrusted))
+	}
+	for _, i := range wantTrusted {
+		if !trusted[fps[i]] {
+			t.Fatalf("step %d (%s): root %d not trusted", step, m.phase, i)
+		}
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	active := 0
+	for _, r := range rows {
+		if r.State != store.CAActive {
+			continue
+		}
+		active++
+		c, _ := x509.ParseCertificate(r.CertDER)
+		if c.CheckSignatureFrom(rs.Signing) != nil {
+			t.Fatalf("step %d (%s): the active %s intermediate is not signed by the signing root", step, m.phase, r.Role)
+		}
+	}
+	if active != len(caRoles) {
+		t.Fatalf("step %d: %d active intermediates, want %d", step, active, len(caRoles))
+	}
+	// The listener's chain: an agent pinning any trusted root accepts it.
+	cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chain []*x509.Certificate
+	for _, der := range cert.Certificate {
+		c, _ := x509.ParseCertificate(der)
+		chain = append(chain, c)
+	}
+	want, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAuthority, a.info.AuthorityID)
+	for _, r := range rs.Trusted {
+		pool := x509.NewCertPool()
+		pool.AddCert(r)
+		if err := identity.VerifyPeer(chain, pool, identity.MatchID(want), x509.ExtKeyUsageServerAuth, time.Now()); err != nil {
+			t.Fatalf("step %d (%s): an agent pinning trusted root %s refuses the listener: %v", step, m.phase, ca.Fingerprint(r), err)
+		}
+	}
+	if !ca.MatchesFingerprint(chain[len(chain)-1], wantSigning) {
+		t.Fatalf("step %d: the listener's chain does not end at the signing root", step)
+	}
+}
+
+// TestRootRotationRefusals: the refusals say what to do.
+func TestRootRotationRefusals(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	for _, c := range []struct {
+		do   func() error
+		want string
+	}{
+		{func() error { _, _, err := s.stepRoot(ctx, "t", false); return err }, "muster ca root rotate"},
+		{func() error { _, _, err := s.stepRoot(ctx, "t", true); return err }, "no root rotation to roll back"},
+		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, ""},
+		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, "muster ca root next-phase"},
+	} {
+		err := c.do()
+		if c.want == "" {
+			if err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Fatalf("got %v, want a refusal naming %q", err, c.want)
+		}
+	}
+}
+
+// TestRootRotationWithoutRootKey: with the root key out of the data
+// directory, rotate names --root-key; a prepared root whose cross-certificate
+// the operator signed with the right key starts the rotation, and one
+// signed with another key is refused.
+func TestRootRotationWithoutRootKey(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	rootKey := a.h.RootKey
+	s.ca.RootKey = nil
+	s.inter.load(ctx)
+	if _, err := s.rotateRoot(ctx, "t", nil); err == nil || !strings.Contains(err.Error(), "--root-key") {
+		t.Fatalf("rotate without the root key: %v; want a refusal naming --root-key", err)
+	}
+	root, cur, sealed, err := s.prepareRoot(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, err := ca.Create("stranger", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong, err := ca.CrossSign(root, stranger.Root, stranger.RootKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: sealed, crossNewByOld: wrong.Raw}); err == nil {
+		t.Fatal("a cross-certificate signed by another key started the rotation")
+	}
+	cross, err := ca.CrossSign(root, cur, rootKey, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: []byte("forged"), crossNewByOld: cross.Raw}); err == nil {
+		t.Fatal("a sealed key the authority did not make started the rotation")
+	}
+	st, err := s.rotateRoot(ctx, "t", &preparedRoot{cert: root.Raw, sealedKey: sealed, crossNewByOld: cross.Raw})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != store.RootPhaseInit || !st.New.Equal(root) || len(st.Cross) != 2 {
+		t.Fatalf("after rotate: %+v", st)
+	}
+}
+
+// TestRootStandbyNeedsTheOperatorUnderTheNewRoot: next-phase to standby,
+// asked with an operator certificate under the old root, is refused with
+// the way out (muster admin renew), so the operator does not lock
+// themself out; with one under the new root it goes on. Abandoning from
+// init is refused the same way to an operator under the new root.
+// update_servers answers once every active intermediate is under the new
+// root, a rollback to update_agents once they are under the old one.
+func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
+	a := startReplicas(t, nil, 1)
+	s := a.srvs[0]
+	ctx := t.Context()
+	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	leafOf := func(issuer *ca.Issuer) *x509.Certificate {
+		t.Helper()
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+		id, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAdmin, "op")
+		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: "op", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return leaf
+	}
+	old := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	for range 2 {
+		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := s.rootStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.intermediatesNotUnder(ctx, st.New); err != nil || n != 0 {
+		t.Fatalf("update_servers answered with %d intermediates not under the new root (%v)", n, err)
+	}
+	if _, _, err := s.stepRoot(ctx, "t", false, old); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+		t.Fatalf("standby asked by an operator under the old root: %v; want a refusal naming muster admin renew", err)
+	}
+	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
+		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
+	}
+	// Back to init: abandoning the rotation drops the new root, so it is
+	// refused to an operator under it.
+	for range 3 {
+		if _, _, err := s.stepRoot(ctx, "t", true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, err := s.stepRoot(ctx, "t", true, renewed); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+		t.Fatalf("abandoning asked by an operator under the new root: %v; want a refusal naming muster admin renew", err)
+	}
+	if _, st, err := s.stepRoot(ctx, "t", true, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
+		t.Fatalf("abandoning asked by an operator under the old root: %v %v", st.Phase, err)
+	}
+}
+
+// TestRootRotationTwoReplicasPostgres: phases stepped through one replica
+// are used by the other within moments (its change notifications): its
+// roots, the listener chain it presents and the intermediate it signs
+// agents with follow; two replicas stepping from the same phase at once
+// take one step between them.
+func TestRootRotationTwoReplicasPostgres(t *testing.T) {
+	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
+	if benchPGErr != nil {
+		t.Fatalf("PostgreSQL: %v", benchPGErr)
+	}
+	url := benchPG.NewDatabase(t)
+	a := startReplicas(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }, 2)
+	ctx := t.Context()
+	one, other := a.srvs[0], a.srvs[1]
+	st, err := other.rotateRoot(ctx, "t", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newRoot := st.New
+	// Both replicas step from init at once: one wins, the other is told
+	// the rotation changed.
+	errs := make(chan error, 2)
+	for _, s := range a.srvs {
+		go func() { _, _, err := s.stepRoot(ctx, "t", false); errs <- err }()
+	}
+	var failed int
+	for range 2 {
+		if err := <-errs; err != nil {
+			if !errors.Is(err, errRootChanged) {
+				t.Fatalf("a concurrent step: %v", err)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("%d of two concurrent steps from init failed, want exactly one", failed)
+	}
+	if st, _ := one.rootStatus(ctx); st.Phase != store.RootPhaseUpdateAgents {
+		t.Fatalf("after two concurrent steps: phase %s, want update_agents", st.Phase)
+	}
+	if _, _, err := other.stepRoot(ctx, "t", false); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range a.srvs {
+		for {
+			agent := s.ca.Issuer(ca.RoleAgent)
+			rs := s.ca.Roots()
+			if agent.Cert.CheckSignatureFrom(newRoot) == nil && rs.Signing.Equal(newRoot) && len(rs.Trusted) == 2 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("a replica still signs agents under the old root 20 s after update_servers (roots %d, signing %s)", len(rs.Trusted), ca.Fingerprint(rs.Signing))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last, _ := x509.ParseCertificate(cert.Certificate[len(cert.Certificate)-1]); !last.Equal(newRoot) {
+			t.Fatal("a replica's listener chain does not end at the new root in update_servers")
+		}
+	}
+}
