@@ -10,24 +10,31 @@ import (
 // TestBench runs muster bench against a real authority for each operation,
 // a small request count each (this is a smoke of the tool, not a timing:
 // timing aims live in docs/performance.md), and checks its JSON: every
-// request answered, none refused, a throughput, the same-run crypto bound
-// and the ratio to it, and the authority's CPU and memory found from
-// DIR/authority.lock.
+// request answered, none refused, a throughput, the same-run server-side
+// crypto bound with exactly the primitives the operation requires,
+// cpu_efficiency (the bound over the authority's CPU per request) and the
+// throughput's ratio to the bound, and the authority's CPU and memory found
+// from DIR/authority.lock.
 func TestBench(t *testing.T) {
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir, "--pprof-listen", "127.0.0.1:0")
 	pprofAddr := logField(t, a, "serving Go profiles", "pprof_listen")
+	// The server's side of a new connection's handshake, and of one with
+	// the agent's certificate; then each operation's own crypto.
+	hs := "tls-key-share tls-certificate-verify-sign "
+	mtls := hs + "client-chain-verify "
+	issue := "csr-signature-check certificate-sign"
 	for _, tc := range []struct {
-		op, conn string
+		op, conn, primitives string
 	}{
-		{"token-join", "new"},
-		{"psk-join", "new"},
-		{"renew", "new"},
-		{"bound-recovery", "new"},
-		{"bound-refresh", "new"},
+		{"token-join", "new", hs + "token-secret-check " + issue},
+		{"psk-join", "new", hs + "psk-check " + issue},
+		{"renew", "new", mtls + issue},
+		{"bound-recovery", "new", hs + "challenge-answer-verify join-state-sign " + issue},
+		{"bound-refresh", "new", mtls + "challenge-answer-verify join-state-sign " + issue},
 		// Few enough requests per simulated agent to stay in the
 		// per-source burst on one connection.
-		{"token-join", "shared"},
+		{"token-join", "shared", "token-secret-check " + issue},
 	} {
 		t.Run(tc.op+"/"+tc.conn, func(t *testing.T) {
 			r := muster(t, nil, "bench", "--data", dir, "--op", tc.op, "--connection", tc.conn,
@@ -52,18 +59,22 @@ func TestBench(t *testing.T) {
 						PID          int     `json:"pid"`
 						CPUSeconds   float64 `json:"cpu_seconds"`
 						PeakRSSBytes int64   `json:"peak_rss_bytes"`
+						CPUPerReq    int64   `json:"cpu_per_request_ns"`
 					} `json:"authority"`
 				} `json:"run"`
 				Bound struct {
 					What    string  `json:"what"`
 					PerOp   int64   `json:"per_op_ns"`
 					PerCore float64 `json:"ops_per_second_per_core"`
+					Group   string  `json:"group"`
 					Parts   []struct {
+						Primitive string `json:"primitive"`
 						What      string `json:"what"`
 						PerOp     int64  `json:"per_op_ns"`
 						Handshake bool   `json:"handshake"`
 					} `json:"parts"`
 				} `json:"bound"`
+				CPUEfficiency           float64 `json:"cpu_efficiency"`
 				OfBound                 float64 `json:"of_bound"`
 				OfBoundWithoutHandshake float64 `json:"of_bound_without_handshake"`
 			}
@@ -84,15 +95,36 @@ func TestBench(t *testing.T) {
 			// the bound counts it; the ratio to the bound without it is smaller
 			// (and is the figure the in-process benchmarks give).
 			handshake := false
+			var prims []string
 			for _, p := range rep.Bound.Parts {
 				handshake = handshake || p.Handshake
+				prims = append(prims, p.Primitive)
+				if p.PerOp <= 0 || p.What == "" {
+					t.Errorf("bound part %+v: want it timed and described", p)
+				}
+			}
+			if got := strings.Join(prims, " "); got != tc.primitives {
+				t.Errorf("bound primitives %q: want %q", got, tc.primitives)
+			}
+			if handshake != (rep.Bound.Group != "") {
+				t.Errorf("bound group %q with a handshake %v", rep.Bound.Group, handshake)
 			}
 			if want := tc.conn == "new"; handshake != want || (rep.OfBoundWithoutHandshake > 0 && rep.OfBoundWithoutHandshake < rep.OfBound) != want {
 				t.Errorf("bound parts %+v, of_bound %v, without the handshake %v: want a handshake counted %v",
 					rep.Bound.Parts, rep.OfBound, rep.OfBoundWithoutHandshake, want)
 			}
 			if run.Authority == nil || run.Authority.PID != a.cmd.Process.Pid || run.Authority.PeakRSSBytes <= 0 {
-				t.Errorf("authority usage %+v: want the authority's pid %d with its RSS", run.Authority, a.cmd.Process.Pid)
+				t.Fatalf("authority usage %+v: want the authority's pid %d with its RSS", run.Authority, a.cmd.Process.Pid)
+			}
+			// cpu_efficiency is the bound over the authority's CPU per
+			// request, when /proc counted any (40 requests may take less
+			// than its 10 ms tick).
+			if cpu := run.Authority.CPUPerReq; cpu > 0 {
+				if want := float64(rep.Bound.PerOp) / float64(cpu); rep.CPUEfficiency < want*0.999 || rep.CPUEfficiency > want*1.001 {
+					t.Errorf("cpu_efficiency %v: want bound %d ns / CPU %d ns = %v", rep.CPUEfficiency, rep.Bound.PerOp, cpu, want)
+				}
+			} else if rep.CPUEfficiency != 0 {
+				t.Errorf("cpu_efficiency %v with no CPU counted", rep.CPUEfficiency)
 			}
 			if !strings.Contains(r.stderr, "setup:") {
 				t.Errorf("stderr %q: want the setup step said", r.stderr)

@@ -1,68 +1,110 @@
 package loadgen
 
 import (
-	"strings"
+	"slices"
 	"testing"
 )
 
-// TestMeasureBoundParts checks which crypto each operation's bound counts:
-// a request on a new connection pays that connection's handshake (with
-// the agent's certificate when the request presents one), a join on a
-// shared connection does not, and the whole is the sum of its parts.
-func TestMeasureBoundParts(t *testing.T) {
-	defer func(n int) { boundIterations = n }(boundIterations)
-	boundIterations = 3
-	const (
-		serverAuth = "server certificate only"
-		mutual     = "with a client certificate"
-		recovery   = "Ed25519"
-		issuance   = "CSR signature check"
-	)
+// TestServerPrimitives is the bound's definition: the crypto the
+// authority must do for each operation, and nothing the client does. A
+// new connection adds the server's key share and CertificateVerify
+// signature; a request presenting the agent's certificate adds its check
+// and always pays a handshake (it cannot share a connection).
+func TestServerPrimitives(t *testing.T) {
+	hs := []Primitive{PrimKeyShare, PrimCertificateVerify}
+	mtls := []Primitive{PrimKeyShare, PrimCertificateVerify, PrimClientChain}
+	issue := []Primitive{PrimCSR, PrimCertificateSign}
+	cat := func(ps ...[]Primitive) []Primitive { return slices.Concat(ps...) }
 	for _, tc := range []struct {
 		op      string
 		newConn bool
-		parts   []string
+		want    []Primitive
 	}{
-		{OpTokenJoin, true, []string{serverAuth, issuance}},
-		{OpTokenJoin, false, []string{issuance}},
-		{OpPSKJoin, true, []string{serverAuth, issuance}},
-		{OpPSKJoin, false, []string{issuance}},
-		{OpBoundRecovery, true, []string{serverAuth, recovery, issuance}},
-		{OpBoundRecovery, false, []string{recovery, issuance}},
-		{OpRenew, true, []string{mutual, issuance}},
-		{OpBoundRefresh, true, []string{mutual, recovery, issuance}},
+		{OpTokenJoin, true, cat(hs, []Primitive{PrimTokenSecret}, issue)},
+		{OpTokenJoin, false, cat([]Primitive{PrimTokenSecret}, issue)},
+		{OpPSKJoin, true, cat(hs, []Primitive{PrimPSK}, issue)},
+		{OpPSKJoin, false, cat([]Primitive{PrimPSK}, issue)},
+		{OpRenew, true, cat(mtls, issue)},
+		{OpRenew, false, cat(mtls, issue)},
+		{OpBoundRecovery, true, cat(hs, []Primitive{PrimChallengeVerify, PrimJoinStateSign}, issue)},
+		{OpBoundRecovery, false, []Primitive{PrimChallengeVerify, PrimJoinStateSign, PrimCSR, PrimCertificateSign}},
+		{OpBoundRefresh, true, cat(mtls, []Primitive{PrimChallengeVerify, PrimJoinStateSign}, issue)},
+	} {
+		got, err := ServerPrimitives(tc.op, tc.newConn)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("ServerPrimitives(%s, new connection %v) = %v, %v: want %v", tc.op, tc.newConn, got, err, tc.want)
+		}
+		for _, p := range got {
+			if primitiveWhat[p] == "" {
+				t.Errorf("%s: primitive %q is not described", tc.op, p)
+			}
+		}
+	}
+	if _, err := ServerPrimitives(OpStream, true); err == nil {
+		t.Error("a stream has no bound, and one was defined")
+	}
+}
+
+// TestMeasureBoundParts checks that a measured bound times exactly the
+// primitives of its definition, each once, marks the handshake's, names
+// the key-exchange group an agent and the authority negotiate, and sums
+// to its parts.
+func TestMeasureBoundParts(t *testing.T) {
+	defer func(n, r int) { boundIterations, boundRounds = n, r }(boundIterations, boundRounds)
+	boundIterations, boundRounds = 2, 2
+	for _, tc := range []struct {
+		op      string
+		newConn bool
+	}{
+		{OpTokenJoin, true}, {OpTokenJoin, false}, {OpPSKJoin, true}, {OpRenew, true},
+		{OpBoundRecovery, true}, {OpBoundRecovery, false}, {OpBoundRefresh, true},
 	} {
 		name := tc.op + "/shared"
 		if tc.newConn {
 			name = tc.op + "/new"
 		}
 		t.Run(name, func(t *testing.T) {
+			want, err := ServerPrimitives(tc.op, tc.newConn)
+			if err != nil {
+				t.Fatal(err)
+			}
 			b, err := MeasureBound(tc.op, tc.newConn)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(b.Parts) != len(tc.parts) {
-				t.Fatalf("parts %+v: want %d (%v)", b.Parts, len(tc.parts), tc.parts)
-			}
+			var got []Primitive
 			var sum, own int64
-			for i, p := range b.Parts {
-				if !strings.Contains(p.What, tc.parts[i]) || p.PerOp <= 0 {
-					t.Errorf("part %d = %q, %v: want %q, timed", i, p.What, p.PerOp, tc.parts[i])
+			for _, p := range b.Parts {
+				got = append(got, p.Primitive)
+				if p.PerOp <= 0 || p.What == "" {
+					t.Errorf("part %+v: want it timed and described", p)
 				}
-				if hs := strings.Contains(p.What, "handshake"); hs != p.Handshake {
-					t.Errorf("part %q: handshake %v", p.What, p.Handshake)
+				if p.Handshake != handshakePrimitive(p.Primitive) {
+					t.Errorf("part %q: handshake %v", p.Primitive, p.Handshake)
 				}
 				sum += int64(p.PerOp)
 				if !p.Handshake {
 					own += int64(p.PerOp)
 				}
 			}
+			if !slices.Equal(got, want) {
+				t.Errorf("parts %v: want %v", got, want)
+			}
 			if int64(b.PerOp) != sum || b.PerCore <= 0 {
 				t.Errorf("per op %v, per core %v: want the sum of the parts, %v", b.PerOp, b.PerCore, sum)
 			}
+			hasHandshake := slices.Contains(want, PrimKeyShare)
+			if (b.Group != "") != hasHandshake {
+				t.Errorf("group %q with a handshake %v", b.Group, hasHandshake)
+			}
+			if hasHandshake && b.Group != "X25519MLKEM768" {
+				// Go's default at both ends; a change of it changes the
+				// bound, and should be seen.
+				t.Errorf("negotiated group %s: want X25519MLKEM768", b.Group)
+			}
 			per, had := b.WithoutHandshake()
-			if had != (tc.newConn || tc.op == OpRenew || tc.op == OpBoundRefresh) || int64(per) != own {
-				t.Errorf("WithoutHandshake = %v, %v: want %v", per, had, own)
+			if had != hasHandshake || int64(per) != own {
+				t.Errorf("WithoutHandshake = %v, %v: want %v, %v", per, had, own, hasHandshake)
 			}
 		})
 	}

@@ -2,7 +2,11 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
+	"reflect"
+	"strings"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -67,32 +71,200 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	return r, nil
 }
 
-// ReadRenewal reads the record, the instance, the node and the lock one
-// after another on the read pool, as the renewal did before.
+// ReadRenewal reads the record, its instance, its node and the lock in
+// force in one statement (renewalQuery): a renewal's first read, and the
+// standing check of every agent call, was four.
 func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
-	var r store.RenewalRead
-	found := func(err error) (bool, error) {
-		if errors.Is(err, store.ErrNotFound) {
-			return false, nil
+	args := make([]any, 0, 1+len(keys))
+	args = append(args, serial)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	var (
+		r                          store.RenewalRead
+		instFound, nodeFound, lock int64
+	)
+	raw := make([]any, renewalColumns)
+	dst := make([]any, len(raw))
+	for i := range raw {
+		dst[i] = &raw[i]
+	}
+	err := s.r.QueryRowContext(ctx, renewalQuery(len(keys)), args...).Scan(dst...)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return store.RenewalRead{}, nil
+	case err != nil:
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
+	}
+	v := values(raw)
+	if r.Certificate, err = scanCertificate(v.next(certificateColumnCount)); err != nil {
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
+	}
+	r.CertificateFound = true
+	if err := v.next(1).Scan(&instFound); err != nil {
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
+	}
+	if inst := v.next(instanceColumnCount); instFound != 0 {
+		if r.Instance, err = scanInstance(inst); err != nil {
+			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
-		return err == nil, err
+		r.InstanceFound = true
 	}
-	var err error
-	r.Certificate, err = s.GetCertificate(ctx, serial)
-	if r.CertificateFound, err = found(err); err != nil || !r.CertificateFound {
-		return store.RenewalRead{}, err
+	if err := v.next(1).Scan(&nodeFound); err != nil {
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
-	r.Instance, err = s.GetInstance(ctx, r.Certificate.InstanceID)
-	if r.InstanceFound, err = found(err); err != nil {
-		return store.RenewalRead{}, err
+	if node := v.next(nodeColumnCount); nodeFound != 0 {
+		if r.Node, err = scanNode(node); err != nil {
+			return store.RenewalRead{}, wrap("read renewal "+serial, err)
+		}
+		r.NodeFound = true
 	}
-	r.Node, err = s.GetNode(ctx, r.Certificate.NodeID)
-	if r.NodeFound, err = found(err); err != nil {
-		return store.RenewalRead{}, err
+	if err := v.next(1).Scan(&lock); err != nil {
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
-	r.Lock, err = s.FindAnyLock(ctx, store.RenewalLockTargets(r.Certificate, r.Instance, keys))
-	if r.Locked, err = found(err); err != nil {
-		return store.RenewalRead{}, err
+	if l := v.next(lockColumnCount); lock != 0 {
+		if r.Lock, err = scanLock(l); err != nil {
+			return store.RenewalRead{}, wrap("read renewal "+serial, err)
+		}
+		r.Locked = true
 	}
 	return r, nil
+}
+
+// The column counts of the tables ReadRenewal reads, and of its row.
+var (
+	certificateColumnCount = columnCount(certificateColumns)
+	instanceColumnCount    = columnCount(instanceColumns)
+	nodeColumnCount        = columnCount(nodeColumns)
+	lockColumnCount        = columnCount(lockColumns)
+	renewalColumns         = certificateColumnCount + 1 + instanceColumnCount + 1 + nodeColumnCount + 1 + lockColumnCount
+)
+
+func columnCount(cols string) int { return strings.Count(cols, ",") + 1 }
+
+// prefixed qualifies each of cols with the table alias t.
+func prefixed(t, cols string) string {
+	fields := strings.Split(cols, ",")
+	for i, f := range fields {
+		fields[i] = t + "." + strings.TrimSpace(f)
+	}
+	return strings.Join(fields, ", ")
+}
+
+// renewalQueries[n] is ReadRenewal's statement for n keys, one text per
+// count so that each is a prepared statement the read pool caches.
+var renewalQueries = func() (qs [4]string) {
+	for n := range qs {
+		qs[n] = buildRenewalQuery(n)
+	}
+	return qs
+}()
+
+func renewalQuery(n int) string {
+	if n < len(renewalQueries) {
+		return renewalQueries[n]
+	}
+	return buildRenewalQuery(n)
+}
+
+// buildRenewalQuery is the record of serial (?1) with its instance and
+// node (LEFT JOIN: either may be gone), each flagged found, and the lock
+// FindAnyLock would find over store.RenewalLockTargets: unexpired, on the
+// earliest of the node, the instance, the instance's token, the record's
+// key (lower-case hex, as hex.EncodeToString writes it), then each of the
+// n keys (?2…), and of several on that target the oldest (ties by ID).
+// A target that is empty or absent (no instance) matches nothing.
+func buildRenewalQuery(n int) string {
+	keys := []string{`lower(hex(c.public_key))`}
+	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
+		`WHEN lk.target = lower(hex(c.public_key)) THEN 3`}
+	for i := range n {
+		keys = append(keys, fmt.Sprintf("?%d", i+2))
+		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
+	}
+	return `SELECT ` + prefixed("c", certificateColumns) + `,
+		i.id IS NOT NULL, ` + prefixed("i", instanceColumns) + `,
+		n.id IS NOT NULL, ` + prefixed("n", nodeColumns) + `,
+		l.id IS NOT NULL, ` + prefixed("l", lockColumns) + `
+	FROM certificates c
+	LEFT JOIN instances i ON i.id = c.instance_id
+	LEFT JOIN nodes n ON n.id = c.node_id
+	LEFT JOIN locks l ON l.rowid = (SELECT lk.rowid FROM locks lk
+		WHERE lk.target != '' AND (lk.expires_at IS NULL OR lk.expires_at > ` + nowMicros + `)
+			AND ((lk.kind = 'node' AND lk.target = c.node_id)
+				OR (lk.kind = 'instance' AND lk.target = i.id)
+				OR (lk.kind = 'token' AND lk.target = i.token_id)
+				OR (lk.kind = 'public_key' AND lk.target IN (` + strings.Join(keys, ", ") + `)))
+		ORDER BY CASE ` + strings.Join(order, " ") + ` END, lk.created_at, lk.id
+		LIMIT 1)
+	WHERE c.serial = ?1`
+}
+
+// values scans the columns of a row read whole into []any, a table's
+// columns at a time, with the conversions database/sql makes for the
+// types the scan functions use; a NULL leaves a destination that is not a
+// sql.Scanner as it was (the columns of a LEFT JOIN that found nothing).
+type values []any
+
+// next returns a scanner of the next n columns.
+func (v *values) next(n int) scanner {
+	cols := (*v)[:n]
+	*v = (*v)[n:]
+	return values(cols)
+}
+
+func (v values) Scan(dst ...any) error {
+	if len(dst) != len(v) {
+		return fmt.Errorf("sqlite: %d columns scanned into %d destinations", len(v), len(dst))
+	}
+	for i, d := range dst {
+		if err := assign(d, v[i]); err != nil {
+			return fmt.Errorf("sqlite: column %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func assign(dst, src any) error {
+	if sc, ok := dst.(sql.Scanner); ok {
+		return sc.Scan(src)
+	}
+	if src == nil {
+		return nil
+	}
+	d := reflect.ValueOf(dst)
+	if d.Kind() != reflect.Pointer || d.IsNil() {
+		return fmt.Errorf("destination %T is not a pointer", dst)
+	}
+	e := d.Elem()
+	switch s := src.(type) {
+	case string:
+		switch {
+		case e.Kind() == reflect.String:
+			e.SetString(s)
+			return nil
+		case e.Kind() == reflect.Slice && e.Type().Elem().Kind() == reflect.Uint8:
+			e.SetBytes([]byte(s))
+			return nil
+		}
+	case []byte:
+		switch {
+		case e.Kind() == reflect.String:
+			e.SetString(string(s))
+			return nil
+		case e.Kind() == reflect.Slice && e.Type().Elem().Kind() == reflect.Uint8:
+			e.SetBytes(s) // database/sql copied it into the row's []any
+			return nil
+		}
+	case int64:
+		switch e.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+			e.SetInt(s)
+			return nil
+		case reflect.Bool:
+			e.SetBool(s != 0)
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot store %T in %T", src, dst)
 }

@@ -129,6 +129,45 @@ func renewalReadCases() []testCase {
 				wantEqual(t, fmt.Sprintf("ReadRenewal with a lock on %v", targets[i]), got, w)
 			}
 		}},
+		{"only a lock of the right kind on a named target counts", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A PSK join: its instance has no token, so no token target.
+			j := newJoin("", "node-p", "inst-p", "key-p", storeNow(t, ctx, s))
+			mustJoin(t, ctx, s, j)
+			c, err := s.GetCertificate(ctx, j.Certificate.Serial)
+			mustNil(t, "GetCertificate", err)
+			now := storeNow(t, ctx, s)
+			keyHex := fmt.Sprintf("%x", c.PublicKey)
+			for i, l := range []store.Lock{
+				{Kind: store.LockToken, Target: ""},          // the instance's empty token
+				{Kind: store.LockInstance, Target: "node-p"}, // the node's ID as another kind
+				{Kind: store.LockNode, Target: "inst-p"},
+				{Kind: store.LockNode, Target: keyHex},
+				{Kind: store.LockPublicKey, Target: "cd34"}, // a key not asked about
+			} {
+				l.ID, l.Reason, l.CreatedBy, l.CreatedAt = fmt.Sprintf("l-other-%d", i), "r", "admin", now.Add(-time.Hour)
+				mustNil(t, "InsertLock", s.InsertLock(ctx, l))
+			}
+			got, err := s.ReadRenewal(ctx, c.Serial, []string{keyHex, "ab12"})
+			mustNil(t, "ReadRenewal", err)
+			if got.Locked || !got.CertificateFound || !got.InstanceFound || !got.NodeFound {
+				t.Fatalf("ReadRenewal = %+v: want the record, instance and node, no lock", got)
+			}
+			// The record's key, named again among keys: found, as
+			// FindAnyLock finds it at its first position.
+			key := store.Lock{ID: "l-key", Kind: store.LockPublicKey, Target: keyHex, Reason: "r", CreatedBy: "admin",
+				CreatedAt: now.Add(-time.Hour)}
+			second := store.Lock{ID: "l-ab12", Kind: store.LockPublicKey, Target: "ab12", Reason: "r", CreatedBy: "admin",
+				CreatedAt: now.Add(-2 * time.Hour)}
+			mustNil(t, "InsertLock", s.InsertLock(ctx, second))
+			mustNil(t, "InsertLock", s.InsertLock(ctx, key))
+			want, err := s.FindAnyLock(ctx, store.RenewalLockTargets(c, got.Instance, []string{keyHex, "ab12"}))
+			mustNil(t, "FindAnyLock", err)
+			got, err = s.ReadRenewal(ctx, c.Serial, []string{keyHex, "ab12"})
+			mustNil(t, "ReadRenewal", err)
+			if !got.Locked || got.Lock.ID != "l-key" || want.ID != "l-key" {
+				t.Errorf("ReadRenewal lock %+v (locked %v), FindAnyLock %s: want l-key", got.Lock, got.Locked, want.ID)
+			}
+		}},
 		{"unknown serial reads nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			setup(t, ctx, s)
 			got, err := s.ReadRenewal(ctx, "00ff", nil)
