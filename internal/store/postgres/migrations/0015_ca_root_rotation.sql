@@ -1,4 +1,4 @@
--- 0013: the root rotation (DESIGN.md "CA lifecycle, revocation and key
+-- 0015: the root rotation (DESIGN.md "CA lifecycle, revocation and key
 -- custody", "Root rotation"): one row, id 1, shared by every replica. Each
 -- change is one conditional write on version. The old root's certificate
 -- and key are NULL while it is the data directory's root; key references
