@@ -134,7 +134,11 @@ func (in *intermediates) load(ctx context.Context) error {
 	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{},
 		Retiring: map[ca.Role][]*ca.Issuer{}, Prepared: map[ca.Role][]*ca.Issuer{}}
 	pending := map[ca.Role][]*x509.Certificate{}
+	// The root rotation's version is part of what was loaded: a phase
+	// change alters the trusted roots, the signing root and the bundle
+	// with no intermediate changing.
 	var names strings.Builder
+	fmt.Fprintf(&names, "roots/%d/%s;", roots.row.Version, roots.row.Phase)
 	for _, r := range rows {
 		fmt.Fprintf(&names, "%s/%s/%s;", r.Role, r.Serial, r.State)
 	}
