@@ -598,3 +598,14 @@ func ecdsaDER(raw []byte) ([]byte, error) {
 	n := len(raw) / 2
 	return asn1.Marshal(struct{ R, S *big.Int }{new(big.Int).SetBytes(raw[:n]), new(big.Int).SetBytes(raw[n:])})
 }
+
+// module is the library to load.
+func (c PKCS11Config) module(u PKCS11URI) (string, error) {
+	if c.Module != "" {
+		return c.Module, nil
+	}
+	if u.ModulePath != "" {
+		return u.ModulePath, nil
+	}
+	return "", errors.New("custody: no PKCS#11 module: give --pkcs11-module PATH or module-path= in the URI")
+}

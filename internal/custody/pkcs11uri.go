@@ -205,14 +205,3 @@ func (c PKCS11Config) ReadPIN(u PKCS11URI) (string, error) {
 	}
 	return pin, nil
 }
-
-// module is the library to load.
-func (c PKCS11Config) module(u PKCS11URI) (string, error) {
-	if c.Module != "" {
-		return c.Module, nil
-	}
-	if u.ModulePath != "" {
-		return u.ModulePath, nil
-	}
-	return "", errors.New("custody: no PKCS#11 module: give --pkcs11-module PATH or module-path= in the URI")
-}
