@@ -16,6 +16,39 @@ import (
 // activate or retire.
 const caTick = 5 * time.Second
 
+// retireMargin is how long after an intermediate stopped being active a
+// replica may still sign with it: until it reads the store again (within
+// caRefresh of the change, sooner on the change notification).
+const retireMargin = time.Minute
+
+// leafLifetime is the longest lifetime of a leaf each role's intermediate
+// signs: agent certificates (--agent-cert-ttl's cap), the authority's own
+// listener certificates, operator identities.
+var leafLifetime = map[string]time.Duration{
+	string(ca.RoleAgent):     maxLeafTTL,
+	string(ca.RoleServer):    serverCertTTL,
+	string(ca.RoleBootstrap): serverCertTTL,
+	string(ca.RoleAdmin):     maxOperatorTTL,
+}
+
+// lastLeafExpiry is when the last leaf a retiring intermediate signed has
+// expired (DESIGN.md "CA lifecycle": it is retired then, and leaves the
+// trust bundle): it signed until it became retiring, no leaf outlives its
+// role's longest lifetime, and none outlives the intermediate (ca.Issuer
+// cuts it). So an intermediate replaced long before its own expiry (the
+// year muster init gives, under a shorter ca.intermediate_ttl) does not
+// stay in every bundle until then.
+func lastLeafExpiry(r store.CACert) time.Time {
+	longest, ok := leafLifetime[r.Role]
+	if !ok || r.RetiringAt.IsZero() {
+		return r.NotAfter
+	}
+	if t := r.RetiringAt.Add(longest + retireMargin); t.Before(r.NotAfter) {
+		return t
+	}
+	return r.NotAfter
+}
+
 // caPublishWindow is how long a prepared intermediate is in the store
 // before it may be activated, by the leader's clock or by an operator:
 // every replica reads a CA step within about a second of its notification
@@ -103,7 +136,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 		case store.CAPrepared:
 			prepared[r.Role] = r
 		case store.CARetiring:
-			if !now.Before(r.NotAfter) {
+			if !now.Before(lastLeafExpiry(r)) {
 				s.caChange(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired",
 					s.store.RetireCACert(ctx, r.Role, r.Serial))
 			}

@@ -228,3 +228,78 @@ func TestRotationBlockedFrom60DaysBeforeHalfLife(t *testing.T) {
 		})
 	}
 }
+
+// TestRetiredWhenItsLastLeafExpired: an intermediate replaced long before
+// its own expiry (init's year) is retired once the longest leaf it could
+// have signed before it stopped being active has expired, not at its own
+// not-after; one whose not-after comes first is retired then.
+func TestRetiredWhenItsLastLeafExpired(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(*Config) {})
+	ctx := t.Context()
+	s := a.srvs[0]
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := map[string]store.CACert{}
+	for _, r := range rows {
+		if r.State == store.CAActive {
+			old[r.Role] = r
+		}
+	}
+	for _, role := range caRoles {
+		next, err := s.inter.prepare(ctx, role, a.h.RootKey, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.store.ActivateCACert(ctx, string(role), next.Serial); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopped, err := a.store.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := func(r store.CACert) string {
+		rows, err := a.store.ListCACerts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range rows {
+			if x.Serial == r.Serial {
+				return x.State
+			}
+		}
+		return "gone"
+	}
+	// Server and bootstrap leaves live a day, agents' at most a week.
+	steps := []struct {
+		at                time.Duration
+		retiring, retired []ca.Role
+	}{
+		{serverCertTTL, []ca.Role{ca.RoleServer, ca.RoleBootstrap, ca.RoleAgent}, nil},
+		{serverCertTTL + retireMargin + time.Second, []ca.Role{ca.RoleAgent}, []ca.Role{ca.RoleServer, ca.RoleBootstrap}},
+		{maxLeafTTL, []ca.Role{ca.RoleAgent}, nil},
+		{maxLeafTTL + retireMargin + time.Second, nil, []ca.Role{ca.RoleAgent}},
+	}
+	for _, st := range steps {
+		if err := s.caStepAt(ctx, stopped.Add(st.at)); err != nil {
+			t.Fatal(err)
+		}
+		for _, role := range st.retiring {
+			if got := state(old[string(role)]); got != store.CARetiring {
+				t.Fatalf("%s after %s: %s while a leaf it signed may be valid; want retiring", role, st.at, got)
+			}
+		}
+		for _, role := range st.retired {
+			if got := state(old[string(role)]); got != store.CARetired {
+				t.Fatalf("%s after %s: %s once its last leaf expired; want retired", role, st.at, got)
+			}
+		}
+	}
+	// Operator identities may live a year: the admin intermediate is
+	// retired at its own not-after.
+	if got := lastLeafExpiry(store.CACert{Role: string(ca.RoleAdmin), RetiringAt: stopped, NotAfter: old["admin"].NotAfter}); !got.Equal(old["admin"].NotAfter) {
+		t.Fatalf("admin: retired at %s, want its not-after %s", got, old["admin"].NotAfter)
+	}
+}
