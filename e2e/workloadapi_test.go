@@ -1,18 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -133,19 +129,20 @@ func TestWorkloadAPIServesAndPushes(t *testing.T) {
 		t.Fatalf("no SVID update within a second of agent renew\n%s", p.Logs())
 	}
 
-	// A bundle change (ca.crt gains a root, as a trust bundle update
-	// writes it) reaches the bundle stream within a second.
+	// A bundle change reaches the bundle stream within a second of the
+	// agent writing it: a root rotation begins, the agent takes the new
+	// root from its stream (through the cross-certificate) and writes
+	// ca.crt with both roots.
 	caFile := filepath.Join(adir, "certs", "ca.crt")
-	old, _ := os.ReadFile(caFile)
-	extra := newRootPEM(t)
-	tmp := caFile + ".tmp"
-	if err := os.WriteFile(tmp, append(append([]byte{}, old...), extra...), 0o644); err != nil {
-		t.Fatal(err)
+	mustRun(t, "ca", "root", "rotate", "--data", e.dir)
+	var changed time.Time
+	for end := time.Now().Add(15 * time.Second); changed.IsZero(); time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(caFile); bytes.Count(b, []byte("BEGIN CERTIFICATE")) == 2 {
+			changed = time.Now()
+		} else if time.Now().After(end) {
+			t.Fatalf("the agent did not take the new root within 15 s of the rotation\n%s", p.Logs())
+		}
 	}
-	if err := os.Rename(tmp, caFile); err != nil {
-		t.Fatal(err)
-	}
-	changed := time.Now()
 	deadline := time.After(time.Second)
 	for done := false; !done; {
 		select {
@@ -215,20 +212,6 @@ func mustParse(t *testing.T, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// newRootPEM is a self-signed CA certificate, PEM.
-func newRootPEM(t *testing.T) []byte {
-	t.Helper()
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "other root"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &k.PublicKey, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 // serveWorkloadAPI runs agent run for adir with a Workload API and returns
