@@ -34,7 +34,6 @@ func init() { buildTags = []string{"-tags", "pkcs11"} }
 // the data directory nor the store holds any of those private keys, and
 // that the token holds them as never extractable.
 func TestPKCS11CustodyEndToEnd(t *testing.T) {
-	t.Parallel()
 	tok := softhsmtest.Start(t)
 	env := tok.Env()
 	dir := filepath.Join(t.TempDir(), "authority")
@@ -221,7 +220,6 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 // TestPKCS11InitNeedsAModuleAndAPIN: init with --custody refuses without
 // a module or a PIN, and leaves no directory.
 func TestPKCS11InitNeedsAModuleAndAPIN(t *testing.T) {
-	t.Parallel()
 	tok := softhsmtest.Start(t)
 	dir := filepath.Join(t.TempDir(), "authority")
 	r := muster(t, tok.Env(), "init", "--data", dir, "--custody", tok.URI)
