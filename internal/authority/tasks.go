@@ -72,7 +72,12 @@ func (s *Server) signTasks(ctx context.Context, env task.Envelope, pages [][]str
 		return nil, nil, err
 	}
 	env.SignerVersionID = version
-	env.IssuedAt = now.UTC().Truncate(time.Second)
+	// A caller may date the task earlier (a rotate task is dated by its
+	// staging, from which its lead time counts), never later.
+	if env.IssuedAt.IsZero() || env.IssuedAt.After(now) {
+		env.IssuedAt = now
+	}
+	env.IssuedAt = env.IssuedAt.UTC().Truncate(time.Second)
 	env.ExpiresAt = env.IssuedAt.Add(lifetime)
 	if env.Params == nil {
 		env.Params = map[string]string{}
@@ -240,8 +245,19 @@ func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor 
 		if err != nil {
 			return err
 		}
-		lifetime := min(staged.EffectiveAt.Sub(now), task.MaxLifetime)
-		env := task.Envelope{TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true},
+		// Dated by the staging when it is sent right after it: the
+		// staging checked effective_at against the lead time, agents
+		// check effective_at - issued_at against the same lead time, and
+		// a task sent a moment later (across a second boundary) would
+		// fall short of it and be refused when the operator staged with
+		// exactly signer.min_lead_time. A task sent again later is dated
+		// now (agents that miss it learn the signer from the set).
+		issued := now
+		if d := now.Sub(staged.PublishedAt); d >= 0 && d < time.Minute {
+			issued = staged.PublishedAt
+		}
+		lifetime := min(staged.EffectiveAt.Sub(issued), task.MaxLifetime)
+		env := task.Envelope{TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true}, IssuedAt: issued,
 			Params: task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil)}
 		env, n, _, err := s.queueToAll(ctx, env, lifetime, actor)
 		if err != nil {
