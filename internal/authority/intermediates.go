@@ -122,11 +122,10 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 // bundle. A certificate that does not chain to the root, or a key that
 // does not open, fails the whole read and the set in use stays.
 func (in *intermediates) load(ctx context.Context) error {
-	roots, err := in.readRoots(ctx)
+	rot, err := in.s.store.GetRootRotation(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the root rotation: %w", err)
 	}
-	set := roots.set()
 	rows, err := in.s.store.ListCACerts(ctx)
 	if err != nil {
 		return err
@@ -138,7 +137,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	// change alters the trusted roots, the signing root and the bundle
 	// with no intermediate changing.
 	var names strings.Builder
-	fmt.Fprintf(&names, "roots/%d/%s;", roots.row.Version, roots.row.Phase)
+	fmt.Fprintf(&names, "roots/%d/%s;", rot.Version, rot.Phase)
 	for _, r := range rows {
 		fmt.Fprintf(&names, "%s/%s/%s;", r.Role, r.Serial, r.State)
 	}
@@ -147,6 +146,13 @@ func (in *intermediates) load(ctx context.Context) error {
 	if names.String() == in.loaded && in.failing == nil {
 		return nil // nothing changed since the last read
 	}
+	// The roots' keys are opened only when something changed: with
+	// pkcs11 custody each open is a round trip to the token.
+	roots, err := in.openRoots(ctx, rot)
+	if err != nil {
+		return fmt.Errorf("reading the root rotation: %w", err)
+	}
+	set := roots.set()
 	keep := map[string]crypto.Signer{}
 	for _, r := range rows {
 		if r.State == store.CARetired {

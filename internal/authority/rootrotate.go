@@ -83,6 +83,12 @@ func (in *intermediates) readRoots(ctx context.Context) (*rootState, error) {
 	if err != nil {
 		return nil, err
 	}
+	return in.openRoots(ctx, row)
+}
+
+// openRoots is readRoots for a rotation record already read.
+func (in *intermediates) openRoots(ctx context.Context, row store.RootRotation) (*rootState, error) {
+	var err error
 	st := &rootState{row: row, old: in.s.ca.Root}
 	if in.s.ca.RootKey != nil {
 		st.oldKey = in.s.ca.RootKey
