@@ -84,7 +84,7 @@ func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloa
 				return unavailable("fetching the JWT bundle", err)
 			}
 			if err == nil && !bytes.Equal(jwks, last) {
-				if err := stream.Send(&workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}); err != nil {
+				if err := sendWithin(stream.Send, &workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}, s.cfg.SendTimeout); err != nil {
 					return err
 				}
 				last = jwks

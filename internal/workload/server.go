@@ -24,6 +24,7 @@ import (
 // Limits of one server, defaults where zero.
 const (
 	DefaultMaxStreamsPerUID = 32
+	DefaultSendTimeout      = 10 * time.Second
 	DefaultMaxConnsPerUID   = 16
 	// maxRecvMsg bounds a request: the largest is a JWT to validate.
 	maxRecvMsg = 64 << 10
@@ -48,7 +49,12 @@ type Config struct {
 	// MaxStreamsPerUID caps the open streams of one UID; MaxConnsPerUID
 	// its open connections.
 	MaxStreamsPerUID, MaxConnsPerUID int
-	Log                              *slog.Logger
+	// SendTimeout bounds one message sent on a stream: a caller that
+	// stops reading is ended (DEADLINE_EXCEEDED) rather than holding its
+	// place among its UID's streams for as long as it stays connected.
+	// Zero is DefaultSendTimeout.
+	SendTimeout time.Duration
+	Log         *slog.Logger
 	// Registerer, if set, receives the server's metrics.
 	Registerer prometheus.Registerer
 	// JWT, if set, mints JWT-SVIDs and fetches their keys (the agent,
@@ -84,6 +90,9 @@ type Server struct {
 
 // NewServer returns a server for src.
 func NewServer(src *Source, cfg Config) *Server {
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = DefaultSendTimeout
+	}
 	if cfg.MaxStreamsPerUID <= 0 {
 		cfg.MaxStreamsPerUID = DefaultMaxStreamsPerUID
 	}
@@ -213,9 +222,25 @@ func (s *Server) stream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo,
 	return h(srv, ss)
 }
 
+// sendWithin sends msg, waiting at most timeout (Config.SendTimeout).
+// After a timeout the handler returns, which ends the stream and with it
+// the blocked Send.
+func sendWithin[T any](send func(*T) error, msg *T, timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- send(msg) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return status.Errorf(codes.DeadlineExceeded, "workload api: the caller did not read its stream for %s; open it again", timeout)
+	}
+}
+
 // watch sends the current snapshot, and each one after it, until the
 // caller leaves. Before the agent's first identity it waits.
-func watch[T any](ctx context.Context, src *Source, send func(*T) error, build func(*Snapshot) (*T, error)) error {
+func watch[T any](ctx context.Context, src *Source, timeout time.Duration, send func(*T) error, build func(*Snapshot) (*T, error)) error {
 	for {
 		snap, changed := src.Current()
 		if snap != nil {
@@ -223,7 +248,7 @@ func watch[T any](ctx context.Context, src *Source, send func(*T) error, build f
 			if err != nil {
 				return status.Errorf(codes.Internal, "workload api: %v", err)
 			}
-			if err := send(msg); err != nil {
+			if err := sendWithin(send, msg, timeout); err != nil {
 				return err
 			}
 		}
@@ -237,12 +262,12 @@ func watch[T any](ctx context.Context, src *Source, send func(*T) error, build f
 
 // FetchX509SVID streams the agent's X.509-SVID with its key and bundle.
 func (s *Server) FetchX509SVID(_ *workloadpb.X509SVIDRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509SVIDServer) error {
-	return watch(stream.Context(), s.src, stream.Send, x509SVIDResponse)
+	return watch(stream.Context(), s.src, s.cfg.SendTimeout, stream.Send, x509SVIDResponse)
 }
 
 // FetchX509Bundles streams the trust domain's bundle.
 func (s *Server) FetchX509Bundles(_ *workloadpb.X509BundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509BundlesServer) error {
-	return watch(stream.Context(), s.src, stream.Send, x509BundlesResponse)
+	return watch(stream.Context(), s.src, s.cfg.SendTimeout, stream.Send, x509BundlesResponse)
 }
 
 func concatDER(certs []*x509.Certificate) []byte {

@@ -278,3 +278,43 @@ func TestRefusesOtherUIDs(t *testing.T) {
 		t.Fatalf("gid %d allowed: %s", nobody, got)
 	}
 }
+
+// A caller that opens a stream and stops reading is ended once a send
+// waits Config.SendTimeout, so its place among its UID's streams is freed.
+func TestNonReadingStreamEnds(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	addr := serve(t, src, Config{AllowUIDs: []uint32{uint32(os.Geteuid())}, MaxStreamsPerUID: 1, SendTimeout: 300 * time.Millisecond}, 0o600)
+	c := dialRaw(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.FetchX509SVID(withHeader(ctx), &workloadpb.X509SVIDRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	// New identities until the unread stream's flow-control window is
+	// full and a send waits.
+	ids := []*identity.Identity{newIdentity(t, "td", 2), newIdentity(t, "td", 3)}
+	open := func() error {
+		s, err := c.FetchX509Bundles(withHeader(ctx), &workloadpb.X509BundlesRequest{})
+		if err == nil {
+			_, err = s.Recv()
+		}
+		return err
+	}
+	for i := 0; ; i++ {
+		h.set(ids[i%2])
+		src.Reload()
+		time.Sleep(2 * time.Millisecond)
+		if i%50 == 49 {
+			if err := open(); err == nil {
+				return // the non-reading stream was ended and its place freed
+			} else if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("a stream beside the unread one: %v", err)
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the stream that reads nothing still holds its UID's only place after 30 s")
+		}
+	}
+}
