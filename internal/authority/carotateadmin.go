@@ -34,8 +34,10 @@ import (
 // machine. Between the calls nothing is stored: the draft's key reference
 // is sealed under muster-ca-encryption and bound to ROLE/SERIAL, so it
 // opens only on an authority of this storage key and only for that serial
-// (either replica can take the second call), and a draft never sent back
-// leaves nothing behind.
+// (either replica can take the second call), and with sealed custody a
+// draft never sent back leaves nothing behind. With pkcs11 custody the key
+// is an object in the token from the draft on; one never sent back stays
+// there (docs/hsm.md).
 
 // caRole parses a rotated intermediate role.
 func caRole(s string) (ca.Role, error) {
@@ -92,20 +94,25 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 	if err != nil {
 		return nil, err
 	}
-	k, err := a.s.inter.custody.Create(ctx, keyName(string(role), serial.Text(16)), custody.ECDSAP256)
+	name := keyName(string(role), serial.Text(16))
+	k, err := a.s.inter.custody.Create(ctx, name, custody.ECDSAP256)
 	if err != nil {
 		return nil, err
 	}
-	now, err := a.s.store.Now(ctx)
+	d, pub, err := func() (ca.Draft, []byte, error) {
+		now, err := a.s.store.Now(ctx)
+		if err != nil {
+			return ca.Draft{}, nil, err
+		}
+		d, err := a.s.ca.Draft(role, serial, k.Public, a.s.ca.Roots().Signing, now, a.s.caIntermediateTTL())
+		if err != nil {
+			return ca.Draft{}, nil, err
+		}
+		pub, err := x509.MarshalPKIXPublicKey(k.Public)
+		return d, pub, err
+	}()
 	if err != nil {
-		return nil, err
-	}
-	d, err := a.s.ca.Draft(role, serial, k.Public, a.s.ca.Roots().Signing, now, a.s.caIntermediateTTL())
-	if err != nil {
-		return nil, err
-	}
-	pub, err := x509.MarshalPKIXPublicKey(k.Public)
-	if err != nil {
+		_ = a.s.inter.custody.Destroy(ctx, name, k) // a token's key would outlive the refusal
 		return nil, err
 	}
 	return &musterv1.DraftCAIntermediateResponse{Role: string(role), Serial: serial.Text(16), PublicKeyDer: pub, KeyRef: k.Ref,

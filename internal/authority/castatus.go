@@ -44,7 +44,7 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 		return nil, err
 	}
 	b := s.trustBundle()
-	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.RootKey != nil, ConnectedAgents: connected, BundleDigest: b.digest}
+	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.Roots().SigningKey != nil, ConnectedAgents: connected, BundleDigest: b.digest}
 	entry := func(kind, role, state string, c *x509.Certificate) *musterv1.CACertificateStatus {
 		f := trustbundle.CertFingerprint(c)
 		return &musterv1.CACertificateStatus{Kind: kind, Role: role, State: state, Serial: c.SerialNumber.Text(16),

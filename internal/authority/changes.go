@@ -102,8 +102,10 @@ func (h *streamHub) notify(c store.Change) {
 
 // onChange routes a change: a CA step to the intermediates' refresh too, a
 // signer step to the heartbeats' cached set version too, and every change
-// to the open streams it concerns (a stream has nothing to do for a CA
-// step yet; it will send the new trust bundle).
+// to the open streams it concerns. A CA step alone is not passed to the
+// streams: they have nothing to do until the intermediates are read
+// again, and setTrustBundle wakes them then, once, if the bundle changed.
+// (A wider change, such as everything after listening again, is.)
 func (s *Server) onChange(c store.Change) {
 	if c.Kind&store.ChangeCA != 0 {
 		s.inter.changed()
@@ -111,7 +113,9 @@ func (s *Server) onChange(c store.Change) {
 	if c.Kind&store.ChangeSigners != 0 && s.setAhead != nil {
 		s.setAhead.version.invalidate()
 	}
-	s.hub.notify(c)
+	if c.Kind != store.ChangeCA {
+		s.hub.notify(c)
+	}
 	s.pokeCRL(c)
 }
 

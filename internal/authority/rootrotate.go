@@ -232,9 +232,13 @@ func (s *Server) newRoot(ctx context.Context) (*x509.Certificate, custody.Key, c
 	}
 	signer, err := s.inter.custody.Signer(ctx, name, k)
 	if err != nil {
+		_ = s.inter.custody.Destroy(ctx, name, k)
 		return nil, custody.Key{}, nil, err
 	}
 	root, err := ca.NewRoot(s.info.Name, serial, signer, now)
+	if err != nil {
+		_ = s.inter.custody.Destroy(ctx, name, k)
+	}
 	return root, k, signer, err
 }
 

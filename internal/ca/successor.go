@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"math/big"
@@ -65,18 +66,9 @@ func SignDraft(d Draft, root *x509.Certificate, rootKey crypto.Signer) (*x509.Ce
 	if eku[d.Role] == nil {
 		return nil, fmt.Errorf("ca: %q is not a rotated intermediate role", d.Role)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          d.Serial,
-		RawSubject:            d.RawSubject,
-		NotBefore:             d.NotBefore,
-		NotAfter:              d.NotAfter,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		ExtKeyUsage:           eku[d.Role],
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-		MaxPathLen:            0,
-		MaxPathLenZero:        true,
-	}
+	// muster init's template, with the draft's subject, serial and times.
+	tmpl := intermediateTemplate(d.Role, pkix.Name{}, d.NotBefore.Add(Backdate), d.NotAfter.Sub(d.NotBefore.Add(Backdate)))
+	tmpl.RawSubject, tmpl.SerialNumber = d.RawSubject, d.Serial
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, root, d.Public, rootKey)
 	if err != nil {
 		return nil, fmt.Errorf("ca: signing the %s intermediate: %w", d.Role, err)
