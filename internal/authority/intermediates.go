@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -34,8 +35,10 @@ type intermediates struct {
 	signers map[string]crypto.Signer // opened keys, by serial
 	// failing is why the last read failed, nil once one succeeds: the
 	// replica signs with intermediates the others may have moved on from,
-	// so it reports not ready (readyErr) until a read succeeds.
-	failing error
+	// so it reports not ready (readyErr) until a read succeeds. Not under
+	// mu, which a read holds while it opens keys (a slow token), so that
+	// /readyz never waits for one.
+	failing atomic.Pointer[error]
 	// loaded names the rows (serial and state) of the set in use, so a
 	// periodic read that finds the same rows changes nothing.
 	loaded string
@@ -46,6 +49,11 @@ type intermediates struct {
 // silently still publishes a prepared intermediate well within
 // caPublishWindow.
 const caRefresh = 3 * time.Second
+
+// caLoadTimeout bounds one read of the intermediates, keys opened
+// included: a token that stops answering fails the read (and readiness)
+// rather than holding the reader.
+const caLoadTimeout = 30 * time.Second
 
 func newIntermediates(s *Server) (*intermediates, error) {
 	c, err := CACustody(s.cfg.StorageKey, s.cfg.Token)
@@ -143,7 +151,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if names.String() == in.loaded && in.failing == nil {
+	if names.String() == in.loaded && in.failing.Load() == nil {
 		return nil // nothing changed since the last read
 	}
 	// The roots' keys are opened only when something changed: with
@@ -248,7 +256,9 @@ func (in *intermediates) run(ctx context.Context) {
 		case <-in.wake:
 		case <-refresh.C:
 		}
-		err := in.load(ctx)
+		lctx, cancel := context.WithTimeout(ctx, caLoadTimeout)
+		err := in.load(lctx)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
@@ -257,10 +267,15 @@ func (in *intermediates) run(ctx context.Context) {
 			// /readyz says so already; the set in use stays.
 			continue
 		}
-		in.mu.Lock()
-		was := in.failing
-		in.failing = err
-		in.mu.Unlock()
+		var was error
+		if p := in.failing.Load(); p != nil {
+			was = *p
+		}
+		if err != nil {
+			in.failing.Store(&err)
+		} else {
+			in.failing.Store(nil)
+		}
 		switch {
 		case err != nil && was == nil:
 			in.s.log.Error("reading the CA intermediates from the store failed; signing with the ones read before and reporting not ready (/readyz) until a read succeeds; tried again every few seconds",
@@ -277,10 +292,8 @@ func (in *intermediates) readyErr() error {
 	if in == nil {
 		return nil
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.failing != nil {
-		return fmt.Errorf("the CA intermediates in the store cannot be read, so this replica may sign with ones the others retired or lack ones they sign with: %w", in.failing)
+	if p := in.failing.Load(); p != nil {
+		return fmt.Errorf("the CA intermediates in the store cannot be read, so this replica may sign with ones the others retired or lack ones they sign with: %w", *p)
 	}
 	return nil
 }
