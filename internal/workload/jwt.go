@@ -18,6 +18,10 @@ import (
 // validation; FetchJWTBundles streams look again as often.
 var jwksMaxAge = time.Minute
 
+// jwksRetry is how soon a failed fetch is tried again while the keys
+// fetched before are served.
+const jwksRetry = 10 * time.Second
+
 func (s *Server) noJWT() error {
 	return status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served by this agent")
 }
@@ -61,7 +65,11 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	jwks, err := s.cfg.JWT.JWTBundle(ctx)
 	if err != nil {
 		if s.jwks != nil {
-			return s.jwks, nil // the authority unreachable: the keys we had
+			// The authority unreachable: the keys we had, and the next
+			// try in jwksRetry, so callers queued on jwksMu do not each
+			// wait for a fetch of their own.
+			s.jwksFetched = time.Now().Add(jwksRetry - jwksMaxAge)
+			return s.jwks, nil
 		}
 		return nil, err
 	}
