@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -83,23 +84,15 @@ and appends operator.add to the audit chain.`,
 			if err != nil {
 				return err
 			}
-			chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+			id, err := operatorIdentity("admin add", resp, key)
 			if err != nil {
-				return fmt.Errorf("admin add: the authority answered with a bad chain: %w", err)
+				return err
 			}
-			roots, err := ca.ParseCertsPEM([]byte(resp.GetCaCertificatePem()))
-			if err != nil {
-				return fmt.Errorf("admin add: the authority answered with a bad root: %w", err)
-			}
-			id := &identity.Identity{Chain: chain, Key: key, Roots: roots}
 			if err := id.Save(path, false); err != nil {
 				return fmt.Errorf("admin add: %w", err)
 			}
 			if out.json() {
-				return out.write(env.Stdout, map[string]any{
-					"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
-					"not_after": resp.GetNotAfter().AsTime(), "identity": path,
-				})
+				return out.write(env.Stdout, operatorJSON(resp, path))
 			}
 			fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
 				resp.GetSpiffeId(), resp.GetSerial(), resp.GetNotAfter().AsTime().UTC().Format(time.RFC3339), path)
@@ -198,4 +191,26 @@ func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeUR
 	fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s, signed offline and audited\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
 		op.ID, serial, leaf.NotAfter.UTC().Format(time.RFC3339), path)
 	return nil
+}
+
+// operatorIdentity is the identity an AddOperator or RenewOperator answer
+// certifies for key; verb names the command in its errors.
+func operatorIdentity(verb string, resp *musterv1.AddOperatorResponse, key crypto.Signer) (*identity.Identity, error) {
+	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+	if err != nil {
+		return nil, fmt.Errorf("%s: the authority answered with a bad chain: %w", verb, err)
+	}
+	roots, err := ca.ParseCertsPEM([]byte(resp.GetCaCertificatePem()))
+	if err != nil {
+		return nil, fmt.Errorf("%s: the authority answered with a bad root: %w", verb, err)
+	}
+	return &identity.Identity{Chain: chain, Key: key, Roots: roots}, nil
+}
+
+// operatorJSON is what admin add and admin renew print with -o json.
+func operatorJSON(resp *musterv1.AddOperatorResponse, path string) map[string]any {
+	return map[string]any{
+		"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
+		"not_after": resp.GetNotAfter().AsTime(), "identity": path,
+	}
 }

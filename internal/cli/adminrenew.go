@@ -13,8 +13,6 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/identity"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -58,28 +56,20 @@ new one with muster admin add NAME --offline --data DIR.`,
 			if err != nil {
 				return err
 			}
-			chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+			id, err := operatorIdentity("admin renew", resp, key)
 			if err != nil {
-				return fmt.Errorf("admin renew: the authority answered with a bad chain: %w", err)
-			}
-			roots, err := ca.ParseCertsPEM([]byte(resp.GetCaCertificatePem()))
-			if err != nil {
-				return fmt.Errorf("admin renew: the authority answered with a bad root: %w", err)
+				return err
 			}
 			if path == "" {
 				path = af.idPath
 			}
 			// Written to a temporary file and renamed: a crash leaves the
 			// old identity or the new one, never neither.
-			id := &identity.Identity{Chain: chain, Key: key, Roots: roots}
 			if err := id.Save(path, true); err != nil {
 				return fmt.Errorf("admin renew: the new identity (serial %s) could not be written, the old one still works until it expires: %w", resp.GetSerial(), err)
 			}
 			if out.json() {
-				return out.write(env.Stdout, map[string]any{
-					"spiffe_id": resp.GetSpiffeId(), "serial": resp.GetSerial(),
-					"not_after": resp.GetNotAfter().AsTime(), "identity": path,
-				})
+				return out.write(env.Stdout, operatorJSON(resp, path))
 			}
 			fmt.Fprintf(env.Stdout, "Operator %s renewed (serial %s), valid until %s\nIdentity written to %s\n",
 				resp.GetSpiffeId(), resp.GetSerial(), resp.GetNotAfter().AsTime().UTC().Format(time.RFC3339), path)
