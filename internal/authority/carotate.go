@@ -9,6 +9,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -137,8 +138,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			prepared[r.Role] = r
 		case store.CARetiring:
 			if !now.Before(lastLeafExpiry(r)) {
-				s.caChange(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired",
-					s.store.RetireCACert(ctx, r.Role, r.Serial))
+				s.endIntermediate(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired", s.store.RetireCACert)
 			}
 		}
 	}
@@ -257,6 +257,29 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// endIntermediate retires (end: RetireCACert) or discards (DiscardCACert)
+// an intermediate, which clears its key reference in the same conditional
+// write, and destroys the key in custody: only the replica whose write
+// won gets the reference, so a token object is deleted once. The step's
+// audit record says whether the key went; a key that could not be
+// destroyed (a token unavailable) is named so an operator can delete it
+// (docs/hsm.md): its reference is gone from the store either way, so no
+// replica opens it again.
+func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string) ([]byte, error)) {
+	ref, err := end(ctx, role, serial)
+	if err == nil && ref != nil {
+		where := custody.Where(ref)
+		if derr := s.inter.custody.Destroy(ctx, keyName(role, serial), custody.Key{Ref: ref}); derr != nil {
+			s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
+				"role", role, "serial", serial, "key", where, "err", derr)
+			why += "; destroying its key (" + where + ") failed, delete it by hand: " + derr.Error()
+		} else {
+			why += "; its key (" + where + ") destroyed"
+		}
+	}
+	s.caChange(ctx, action, role, serial, why, err)
 }
 
 // pokeCAClock asks the leader's CA clock, if it runs on this replica, to

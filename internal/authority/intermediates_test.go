@@ -172,7 +172,7 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			t.Fatalf("replica %d: muster_ca_not_after_seconds %v; want the new agent intermediate's and the retiring one's", r, got)
 		}
 	}
-	if err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
+	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
 		t.Fatal(err)
 	}
 	for r := range a.srvs {

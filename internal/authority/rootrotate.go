@@ -428,8 +428,8 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		if active.CheckSignatureFrom(rs.Signing) == nil {
 			if prepared != nil {
 				if p, err := x509.ParseCertificate(prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
-					s.caChange(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
-						s.store.DiscardCACert(ctx, string(role), prepared.Serial))
+					s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
+						s.store.DiscardCACert)
 					changed = true
 				}
 			}
@@ -444,8 +444,8 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 				changed = true
 				continue
 			}
-			s.caChange(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
-				s.store.DiscardCACert(ctx, string(role), prepared.Serial))
+			s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
+				s.store.DiscardCACert)
 			changed = true
 		}
 		if rs.SigningKey == nil {

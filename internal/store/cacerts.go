@@ -19,7 +19,7 @@ const (
 
 // CACert is one intermediate CA certificate and the custody reference of
 // its key (sealed under muster-ca-encryption for sealed custody: never the
-// key in clear). Serial is the certificate's serial in lower-case hex,
+// key in clear). A retired one has given up its key: KeyRef is nil. Serial is the certificate's serial in lower-case hex,
 // unique across roles.
 type CACert struct {
 	Role        string
@@ -53,6 +53,9 @@ type CAStore interface {
 	// not the role's prepared certificate.
 	ActivateCACert(ctx context.Context, role, serial string) error
 	// RetireCACert moves the retiring certificate serial of role to
-	// retired. ErrConflict when it is not retiring.
-	RetireCACert(ctx context.Context, role, serial string) error
+	// retired and clears its key reference in the same conditional
+	// write, returning the reference it cleared: only the caller whose
+	// write won gets it, and destroys the key in custody. ErrConflict,
+	// and no reference, when it is not retiring.
+	RetireCACert(ctx context.Context, role, serial string) ([]byte, error)
 }

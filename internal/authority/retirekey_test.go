@@ -1,0 +1,88 @@
+package authority
+
+import (
+	"context"
+	"crypto"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// destroyCounting is a custody that records every Destroy, delegating
+// the rest.
+type destroyCounting struct {
+	custody.Custody
+	mu        *sync.Mutex
+	destroyed *[]string
+}
+
+func (d destroyCounting) Signer(ctx context.Context, name string, k custody.Key) (crypto.Signer, error) {
+	if k.Ref == nil {
+		// Every reader of intermediates must skip a retired row's key.
+		panic("custody: asked to open a nil key reference for " + name)
+	}
+	return d.Custody.Signer(ctx, name, k)
+}
+
+func (d destroyCounting) Destroy(ctx context.Context, name string, k custody.Key) error {
+	d.mu.Lock()
+	*d.destroyed = append(*d.destroyed, name+"="+string(k.Ref))
+	d.mu.Unlock()
+	return d.Custody.Destroy(ctx, name, k)
+}
+
+// TestRetiredIntermediateGivesUpItsKey: retiring an intermediate clears
+// its key reference in the store in the same write, and of two replicas
+// taking the step at once exactly one destroys the key in custody; the
+// replicas read the retired row again without opening its (absent) key;
+// the step's audit record says the key was destroyed.
+func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
+	a := startReplicas(t, nil, 2, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
+	ctx := t.Context()
+	var mu sync.Mutex
+	var destroyed []string
+	for _, s := range a.srvs {
+		s.inter.custody = destroyCounting{Custody: s.inter.custody, mu: &mu, destroyed: &destroyed}
+	}
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+
+	var wg sync.WaitGroup
+	for _, s := range a.srvs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.caStepAt(ctx, now)
+		}()
+	}
+	wg.Wait()
+	if want := "agent/" + expired.Serial + "=" + string(expired.KeyRef); len(destroyed) != 1 || destroyed[0] != want {
+		t.Fatalf("destroyed %q; want exactly one destruction, of the retired intermediate's key %q", destroyed, want)
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Serial == expired.Serial && (r.State != store.CARetired || r.KeyRef != nil) {
+			t.Fatalf("the expired intermediate after the step: state %s, key reference %q; want retired with no key", r.State, r.KeyRef)
+		}
+	}
+	for _, s := range a.srvs {
+		if err := s.inter.load(ctx); err != nil {
+			t.Fatalf("reading the intermediates with a retired row: %v", err)
+		}
+	}
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.retire"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "its key (sealed) destroyed") {
+		t.Fatalf("ca.retire records %+v; want one saying its key was destroyed", recs)
+	}
+}
