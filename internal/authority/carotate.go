@@ -125,11 +125,14 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// A steady tick finds the rows it found before: their certificates
+	// come from the cache, and those no longer asked for are forgotten.
+	defer s.caCerts.sweep()
 	active, prepared := map[string]*x509.Certificate{}, map[string]store.CACert{}
 	for _, r := range rows {
 		switch r.State {
 		case store.CAActive:
-			c, err := x509.ParseCertificate(r.CertDER)
+			c, err := s.caCerts.parse(r.Serial, r.CertDER)
 			if err != nil {
 				return err
 			}

@@ -417,7 +417,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 			}
 			switch r.State {
 			case store.CAActive:
-				active, _ = x509.ParseCertificate(r.CertDER)
+				active, _ = s.caCerts.parse(r.Serial, r.CertDER)
 			case store.CAPrepared:
 				prepared = r
 			}
@@ -427,7 +427,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		}
 		if active.CheckSignatureFrom(rs.Signing) == nil {
 			if prepared != nil {
-				if p, err := x509.ParseCertificate(prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
+				if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
 					s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
 						s.store.DiscardCACert)
 					changed = true
@@ -437,7 +437,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		}
 		why := "root rotation: the active intermediate is not signed by the signing root " + ca.Fingerprint(rs.Signing)
 		if prepared != nil {
-			if p, err := x509.ParseCertificate(prepared.CertDER); err == nil && p.CheckSignatureFrom(rs.Signing) == nil {
+			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && p.CheckSignatureFrom(rs.Signing) == nil {
 				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
 					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, s.store.ActivateCACert(ctx, string(role), prepared.Serial))
 				}

@@ -173,6 +173,8 @@ type Server struct {
 	caNoRootKey sync.Map
 	// caPoke wakes the CA clock (a root rotation phase changed).
 	caPoke chan struct{}
+	// caCerts are the certificates the CA clock parsed (certcache.go).
+	caCerts certCache
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
 	// streamEnds are the ends of agent streams still to be recorded.
