@@ -19,7 +19,7 @@ import (
 
 // keyLog records the keys a fake custody made and destroyed.
 type keyLog struct {
-	mu                sync.Mutex
+	mu              sync.Mutex
 	made, destroyed []string
 }
 
