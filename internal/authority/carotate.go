@@ -145,6 +145,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			}
 		}
 	}
+	s.sweepDrafts(ctx, now)
 	if s.rootSteps(ctx, rows, now) {
 		return nil // the steps a root rotation needed came first; the rest at the next tick
 	}
@@ -260,6 +261,45 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// caDraftTTL is how long a draft (muster ca rotate ROLE --root-key FILE)
+// waits for its signed certificate before the leader destroys its key;
+// caDraftSweep is how often the leader looks.
+const (
+	caDraftTTL   = time.Hour
+	caDraftSweep = time.Minute
+)
+
+// sweepDrafts destroys the keys of drafts whose signed certificate never
+// came back (the CLI stopped between its two calls), at most every
+// caDraftSweep: each is claimed first, one conditional write, so one
+// replica destroys it, and a prepare arriving later is told to draft again.
+func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
+	if last, ok := s.caDraftSwept.Load().(time.Time); ok && now.Sub(last) < caDraftSweep && !now.Before(last) {
+		return
+	}
+	s.caDraftSwept.Store(now)
+	drafts, err := s.store.ListCADrafts(ctx)
+	if err != nil {
+		if !s.outage.fail(err) {
+			s.log.Error("listing the CA drafts failed", "err", err)
+		}
+		return
+	}
+	for _, d := range drafts {
+		if now.Sub(d.CreatedAt) < caDraftTTL {
+			continue
+		}
+		s.endIntermediate(ctx, "ca.discard", d.Role, d.Serial, "a draft whose certificate signed with the offline root key never came back within "+caDraftTTL.String(),
+			func(ctx context.Context, _, serial string) ([]byte, error) {
+				c, err := s.store.ClaimCADraft(ctx, serial)
+				if errors.Is(err, store.ErrNotFound) {
+					err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
+				}
+				return c.KeyRef, err
+			})
+	}
 }
 
 // endIntermediate retires (end: RetireCACert) or discards (DiscardCACert)

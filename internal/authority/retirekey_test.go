@@ -8,8 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // destroyCounting is a custody that records every Destroy, delegating
@@ -84,5 +88,58 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	}
 	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "its key (sealed) destroyed") {
 		t.Fatalf("ca.retire records %+v; want one saying its key was destroyed", recs)
+	}
+}
+
+// TestAbandonedDraftKeyDestroyed: the key of a draft whose signed
+// certificate never comes back (muster ca rotate --root-key stopped
+// between its calls) is destroyed by the leader once caDraftTTL has
+// passed, audited, and a prepare sent afterwards is told to draft again;
+// a draft whose certificate came back is claimed by its prepare and its
+// key kept.
+func TestAbandonedDraftKeyDestroyed(t *testing.T) {
+	b := startBench(t)
+	s := b.srvs[0]
+	var mu sync.Mutex
+	var destroyed []string
+	s.inter.custody = destroyCounting{Custody: s.inter.custody, mu: &mu, destroyed: &destroyed}
+	a := &adminService{s: s}
+	ctx := t.Context()
+	kept, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "server", Serial: kept.GetSerial(), KeyRef: kept.GetKeyRef(),
+		CertificateDer: signDraftWith(t, kept, b.h.Root, b.h.RootKey, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	abandoned, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(destroyed) != 0 {
+		t.Fatalf("a fresh draft's key was destroyed: %q", destroyed)
+	}
+	if err := s.caStepAt(ctx, now.Add(caDraftTTL+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if want := "agent/" + abandoned.GetSerial() + "=" + string(abandoned.GetKeyRef()); len(destroyed) != 1 || destroyed[0] != want {
+		t.Fatalf("destroyed %q; want the abandoned draft's key alone, %q", destroyed, want)
+	}
+	_, err = a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: abandoned.GetSerial(), KeyRef: abandoned.GetKeyRef(),
+		CertificateDer: signDraftWith(t, abandoned, b.h.Root, b.h.RootKey, nil)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "run `muster ca rotate agent --root-key FILE` again") {
+		t.Fatalf("a prepare after its draft expired: %v; want a refusal saying to draft again", err)
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed") {
+		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key was destroyed", recs)
 	}
 }

@@ -175,6 +175,9 @@ type Server struct {
 	caPoke chan struct{}
 	// caCerts are the certificates the CA clock parsed (certcache.go).
 	caCerts certCache
+	// caDraftSwept is when the CA clock last looked for abandoned drafts
+	// (a time.Time).
+	caDraftSwept atomic.Value
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
 	// streamEnds are the ends of agent streams still to be recorded.

@@ -34,6 +34,16 @@ type CACert struct {
 	RetiredAt   time.Time
 }
 
+// CADraft is the key of an intermediate drafted for an operator to sign
+// with an offline root key, kept until the signed certificate comes back
+// (or the leader gives up on it and destroys the key).
+type CADraft struct {
+	Serial    string
+	Role      string
+	KeyRef    []byte
+	CreatedAt time.Time
+}
+
 // CAStore keeps the intermediates, shared by every replica. Each write is
 // one conditional write and announces ChangeCA. Safe for concurrent use.
 type CAStore interface {
@@ -58,4 +68,14 @@ type CAStore interface {
 	// write won gets it, and destroys the key in custody. ErrConflict,
 	// and no reference, when it is not retiring.
 	RetireCACert(ctx context.Context, role, serial string) ([]byte, error)
+	// InsertCADraft records a draft's key; CreatedAt is the store clock.
+	// ErrConflict on a duplicate serial.
+	InsertCADraft(ctx context.Context, d CADraft) error
+	// ListCADrafts returns every draft, oldest first.
+	ListCADrafts(ctx context.Context) ([]CADraft, error)
+	// ClaimCADraft deletes the draft serial and returns it, one
+	// conditional write: of callers claiming it at once (a prepare and
+	// the leader's sweep, two replicas) exactly one gets it and owns its
+	// key. ErrNotFound when there is none.
+	ClaimCADraft(ctx context.Context, serial string) (CADraft, error)
 }

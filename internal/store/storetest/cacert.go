@@ -152,6 +152,50 @@ func caCertCases() []testCase {
 				t.Fatalf("concurrent retirements returned %q; want exactly one, the key reference sealed-a1", got)
 			}
 		}},
+		{"a draft is claimed once; of concurrent claims exactly one gets it", func(t *testing.T, ctx context.Context, s store.Store) {
+			before := storeNow(t, ctx, s)
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("sealed-d1")}))
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d2", Role: "server", KeyRef: []byte("sealed-d2")}))
+			wantErr(t, "duplicate draft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("x")}), store.ErrConflict)
+			drafts, err := s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 2 || drafts[0].Serial != "d1" || string(drafts[0].KeyRef) != "sealed-d1" || drafts[0].Role != "agent" || drafts[0].CreatedAt.Before(before) {
+				t.Fatalf("ListCADrafts: %+v; want d1 (agent, sealed-d1, created by the store clock) then d2", drafts)
+			}
+			const n = 6
+			var wg sync.WaitGroup
+			got, errs := make(chan store.CADraft, n), make(chan error, n)
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d, err := s.ClaimCADraft(ctx, "d1")
+					if err != nil {
+						errs <- err
+						return
+					}
+					got <- d
+				}()
+			}
+			wg.Wait()
+			close(got)
+			close(errs)
+			for err := range errs {
+				wantErr(t, "concurrent claim", err, store.ErrNotFound)
+			}
+			var claimed []store.CADraft
+			for d := range got {
+				claimed = append(claimed, d)
+			}
+			if len(claimed) != 1 || string(claimed[0].KeyRef) != "sealed-d1" {
+				t.Fatalf("concurrent claims got %+v; want exactly one, with its key reference", claimed)
+			}
+			drafts, err = s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("after the claim: %+v; want d2 alone", drafts)
+			}
+		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))

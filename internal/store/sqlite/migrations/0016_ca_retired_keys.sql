@@ -28,3 +28,15 @@ DROP TABLE ca_certs;
 ALTER TABLE ca_certs_0016 RENAME TO ca_certs;
 CREATE UNIQUE INDEX ca_certs_one_active ON ca_certs (role) WHERE state = 'active';
 CREATE UNIQUE INDEX ca_certs_one_prepared ON ca_certs (role) WHERE state = 'prepared';
+
+-- The keys of intermediates drafted for an operator who signs them with
+-- an offline root key (muster ca rotate ROLE --root-key FILE) until the
+-- signed certificate comes back: the prepare claims its draft (a
+-- conditional delete) and the leader destroys the key of one never sent
+-- back, so no token object is left behind.
+CREATE TABLE ca_drafts (
+	serial     TEXT    NOT NULL PRIMARY KEY,
+	role       TEXT    NOT NULL,
+	key_ref    BLOB    NOT NULL,
+	created_at INTEGER NOT NULL
+);
