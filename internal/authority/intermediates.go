@@ -60,6 +60,11 @@ func newIntermediates(s *Server) (*intermediates, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.cfg.WrapCACustody != nil {
+		if c, err = s.cfg.WrapCACustody(c); err != nil {
+			return nil, err
+		}
+	}
 	return &intermediates{s: s, custody: c, wake: make(chan struct{}, 1), signers: map[string]crypto.Signer{}}, nil
 }
 

@@ -32,11 +32,24 @@ func (d destroyCounting) Signer(ctx context.Context, name string, k custody.Key)
 	return d.Custody.Signer(ctx, name, k)
 }
 
+// Import keeps the wrapped custody's ability to take the data
+// directory's intermediates at start.
+func (d destroyCounting) Import(ctx context.Context, name string, key crypto.Signer) (custody.Key, error) {
+	return d.Custody.(custody.Importer).Import(ctx, name, key)
+}
+
 func (d destroyCounting) Destroy(ctx context.Context, name string, k custody.Key) error {
 	d.mu.Lock()
 	*d.destroyed = append(*d.destroyed, name+"="+string(k.Ref))
 	d.mu.Unlock()
 	return d.Custody.Destroy(ctx, name, k)
+}
+
+// countDestroys is a Config.WrapCACustody recording every Destroy.
+func countDestroys(mu *sync.Mutex, destroyed *[]string) func(custody.Custody) (custody.Custody, error) {
+	return func(c custody.Custody) (custody.Custody, error) {
+		return destroyCounting{Custody: c, mu: mu, destroyed: destroyed}, nil
+	}
 }
 
 // TestRetiredIntermediateGivesUpItsKey: retiring an intermediate clears
@@ -45,13 +58,13 @@ func (d destroyCounting) Destroy(ctx context.Context, name string, k custody.Key
 // replicas read the retired row again without opening its (absent) key;
 // the step's audit record says the key was destroyed.
 func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
-	a := startReplicas(t, nil, 2, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
-	ctx := t.Context()
 	var mu sync.Mutex
 	var destroyed []string
-	for _, s := range a.srvs {
-		s.inter.custody = destroyCounting{Custody: s.inter.custody, mu: &mu, destroyed: &destroyed}
-	}
+	a := startReplicas(t, nil, 2, func(c *Config) {
+		c.CAIntermediateTTL = 3 * time.Minute
+		c.WrapCACustody = countDestroys(&mu, &destroyed)
+	})
+	ctx := t.Context()
 	now := time.Now()
 	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
 	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
@@ -98,11 +111,10 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 // a draft whose certificate came back is claimed by its prepare and its
 // key kept.
 func TestAbandonedDraftKeyDestroyed(t *testing.T) {
-	b := startBench(t)
-	s := b.srvs[0]
 	var mu sync.Mutex
 	var destroyed []string
-	s.inter.custody = destroyCounting{Custody: s.inter.custody, mu: &mu, destroyed: &destroyed}
+	b := startReplicas(t, nil, 1, func(c *Config) { c.WrapCACustody = countDestroys(&mu, &destroyed) })
+	s := b.srvs[0]
 	a := &adminService{s: s}
 	ctx := t.Context()
 	kept, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "server"})

@@ -109,6 +109,9 @@ type Config struct {
 	// CAPublishWindow is how long a prepared intermediate is in the store
 	// before it may be activated (zero: caPublishWindow); tests shorten it.
 	CAPublishWindow time.Duration
+	// WrapCACustody, if set, wraps the custody of the CA keys (tests:
+	// counting what is destroyed, a token in place of sealed keys).
+	WrapCACustody func(custody.Custody) (custody.Custody, error)
 	// CRLListen (optional) serves the certificate revocation lists over
 	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
 	// them from, named in every new leaf. Either one keeps the lists
