@@ -235,6 +235,34 @@ func TestPKCS11InitNeedsAModuleAndAPIN(t *testing.T) {
 	}
 }
 
+// TestPKCS11FailedInitLeavesNoObject: an init with --custody that fails
+// after generating the intermediates' keys in the token (its store cannot
+// be reached) destroys them: the token holds no object afterwards, and no
+// directory is left.
+func TestPKCS11FailedInitLeavesNoObject(t *testing.T) {
+	tok := softhsmtest.Start(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	r := muster(t, tok.Env(), "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile,
+		"--store", "postgres://muster@127.0.0.1:1/muster?connect_timeout=2")
+	if r.code == 0 {
+		t.Fatal("init with an unreachable store succeeded")
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Error("a failed init left the data directory")
+	}
+	out, err := exec.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects").CombinedOutput()
+	if err != nil {
+		t.Fatalf("pkcs11-tool: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "Object") {
+		t.Fatalf("after a failed init the token holds objects:\n%s\n(init said: %s)", out, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "127.0.0.1:1") && !strings.Contains(r.stderr, "connect") {
+		t.Errorf("init failed for another reason than the store: %s", r.stderr)
+	}
+}
+
 func parseAnyKey(der []byte) (crypto.Signer, error) {
 	if k, err := x509.ParsePKCS8PrivateKey(der); err == nil {
 		if s, ok := k.(crypto.Signer); ok {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -124,11 +125,14 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 	if err != nil {
 		return err
 	}
+	// A steady tick finds the rows it found before: their certificates
+	// come from the cache, and those no longer asked for are forgotten.
+	defer s.caCerts.sweep()
 	active, prepared := map[string]*x509.Certificate{}, map[string]store.CACert{}
 	for _, r := range rows {
 		switch r.State {
 		case store.CAActive:
-			c, err := x509.ParseCertificate(r.CertDER)
+			c, err := s.caCerts.parse(r.Serial, r.CertDER)
 			if err != nil {
 				return err
 			}
@@ -137,11 +141,11 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			prepared[r.Role] = r
 		case store.CARetiring:
 			if !now.Before(lastLeafExpiry(r)) {
-				s.caChange(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired",
-					s.store.RetireCACert(ctx, r.Role, r.Serial))
+				s.endIntermediate(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired", s.store.RetireCACert)
 			}
 		}
 	}
+	s.sweepDrafts(ctx, now)
 	if s.rootSteps(ctx, rows, now) {
 		return nil // the steps a root rotation needed came first; the rest at the next tick
 	}
@@ -257,6 +261,68 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// caDraftTTL is how long a draft (muster ca rotate ROLE --root-key FILE)
+// waits for its signed certificate before the leader destroys its key;
+// caDraftSweep is how often the leader looks.
+const (
+	caDraftTTL   = time.Hour
+	caDraftSweep = time.Minute
+)
+
+// sweepDrafts destroys the keys of drafts whose signed certificate never
+// came back (the CLI stopped between its two calls), at most every
+// caDraftSweep: each is claimed first, one conditional write, so one
+// replica destroys it, and a prepare arriving later is told to draft again.
+func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
+	if last, ok := s.caDraftSwept.Load().(time.Time); ok && now.Sub(last) < caDraftSweep && !now.Before(last) {
+		return
+	}
+	s.caDraftSwept.Store(now)
+	drafts, err := s.store.ListCADrafts(ctx)
+	if err != nil {
+		if !s.outage.fail(err) {
+			s.log.Error("listing the CA drafts failed", "err", err)
+		}
+		return
+	}
+	for _, d := range drafts {
+		if now.Sub(d.CreatedAt) < caDraftTTL {
+			continue
+		}
+		s.endIntermediate(ctx, "ca.discard", d.Role, d.Serial, "a draft whose certificate signed with the offline root key never came back within "+caDraftTTL.String(),
+			func(ctx context.Context, _, serial string) ([]byte, error) {
+				c, err := s.store.ClaimCADraft(ctx, serial)
+				if errors.Is(err, store.ErrNotFound) {
+					err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
+				}
+				return c.KeyRef, err
+			})
+	}
+}
+
+// endIntermediate retires (end: RetireCACert) or discards (DiscardCACert)
+// an intermediate, which clears its key reference in the same conditional
+// write, and destroys the key in custody: only the replica whose write
+// won gets the reference, so a token object is deleted once. The step's
+// audit record says whether the key went; a key that could not be
+// destroyed (a token unavailable) is named so an operator can delete it
+// (docs/hsm.md): its reference is gone from the store either way, so no
+// replica opens it again.
+func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string) ([]byte, error)) {
+	ref, err := end(ctx, role, serial)
+	if err == nil && ref != nil {
+		where := custody.Where(ref)
+		if derr := s.inter.custody.Destroy(ctx, keyName(role, serial), custody.Key{Ref: ref}); derr != nil {
+			s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
+				"role", role, "serial", serial, "key", where, "err", derr)
+			why += "; destroying its key (" + where + ") failed, delete it by hand: " + derr.Error()
+		} else {
+			why += "; its key (" + where + ") destroyed"
+		}
+	}
+	s.caChange(ctx, action, role, serial, why, err)
 }
 
 // pokeCAClock asks the leader's CA clock, if it runs on this replica, to

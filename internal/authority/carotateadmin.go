@@ -36,8 +36,9 @@ import (
 // opens only on an authority of this storage key and only for that serial
 // (either replica can take the second call), and with sealed custody a
 // draft never sent back leaves nothing behind. With pkcs11 custody the key
-// is an object in the token from the draft on; one never sent back stays
-// there (docs/hsm.md).
+// is an object in the token from the draft on, so the draft's key is
+// recorded (store.CADraft) until the second call claims it; the leader
+// destroys the key of a draft not claimed within caDraftTTL.
 
 // caRole parses a rotated intermediate role.
 func caRole(s string) (ca.Role, error) {
@@ -111,6 +112,11 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 		pub, err := x509.MarshalPKIXPublicKey(k.Public)
 		return d, pub, err
 	}()
+	if err == nil {
+		// Recorded until the signed certificate comes back, so the
+		// leader destroys the key of a draft never sent back.
+		err = a.s.store.InsertCADraft(ctx, store.CADraft{Serial: serial.Text(16), Role: string(role), KeyRef: k.Ref})
+	}
 	if err != nil {
 		_ = a.s.inter.custody.Destroy(ctx, name, k) // a token's key would outlive the refusal
 		return nil, err
@@ -205,8 +211,19 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	if err := a.s.ca.CheckSuccessor(role, serial, cert.PublicKey, cert, a.s.ca.Roots().Signing, now); err != nil {
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "%v; sign the draft unchanged with this authority's root key (`muster ca rotate %s --root-key FILE`)", err, role)
 	}
-	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: req.GetKeyRef(), State: store.CAPrepared, NotAfter: cert.NotAfter}
+	// The draft is claimed (one conditional delete) before the row is
+	// stored: from here its key is this call's, destroyed if the row is
+	// not stored, and the leader's sweep no longer touches it.
+	d, err := a.s.store.ClaimCADraft(ctx, req.GetSerial())
+	if errors.Is(err, store.ErrNotFound) {
+		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was not drafted, or its draft was used or expired (a draft's key is destroyed %s after it was made): run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), caDraftTTL, role)
+	}
+	if err != nil {
+		return store.CACert{}, err
+	}
+	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: d.KeyRef, State: store.CAPrepared, NotAfter: cert.NotAfter}
 	if err := a.s.store.InsertCACert(ctx, row); err != nil {
+		_ = a.s.inter.custody.Destroy(context.WithoutCancel(ctx), name, custody.Key{Public: cert.PublicKey, Ref: d.KeyRef})
 		return store.CACert{}, err
 	}
 	row.CreatedAt = now

@@ -51,19 +51,15 @@ func crlIssuers(h *ca.Hierarchy) func() []crl.Issuer {
 }
 
 // setupCRL makes the publisher when lists are asked for (--crl-listen or
-// --crl-url) and, with --crl-url, names each issuer's list in the CRL
-// Distribution Points of every leaf it signs from now on.
+// --crl-url). With --crl-url, every leaf names its issuer's list in its
+// CRL Distribution Points: the intermediates read from the store carry
+// them (intermediates.load), and only they sign leaves, since the store
+// is read before the authority listens.
 func (s *Server) setupCRL(cfg Config) error {
 	if cfg.CRLListen == "" && cfg.CRLURL == "" {
 		return nil
 	}
-	issuers := crlIssuers(cfg.CA)
-	if cfg.CRLURL != "" {
-		for _, is := range issuers() {
-			cfg.CA.Issuer(ca.Role(is.Role)).CRLDistributionPoints = []string{crl.DistributionPoint(cfg.CRLURL, is)}
-		}
-	}
-	s.crl = crl.New(crl.Config{Store: cfg.Store, Issuers: issuers, Validity: cfg.CRLValidity, MaxLeafTTL: maxLeafTTL, Log: cfg.Log})
+	s.crl = crl.New(crl.Config{Store: cfg.Store, Issuers: crlIssuers(cfg.CA), Validity: cfg.CRLValidity, MaxLeafTTL: maxLeafTTL, Log: cfg.Log})
 	return s.metrics.reg.Register(crlCollector{s.crl})
 }
 

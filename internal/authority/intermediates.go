@@ -60,6 +60,11 @@ func newIntermediates(s *Server) (*intermediates, error) {
 	if err != nil {
 		return nil, err
 	}
+	if s.cfg.WrapCACustody != nil {
+		if c, err = s.cfg.WrapCACustody(c); err != nil {
+			return nil, err
+		}
+	}
 	return &intermediates{s: s, custody: c, wake: make(chan struct{}, 1), signers: map[string]crypto.Signer{}}, nil
 }
 
@@ -298,15 +303,11 @@ func (in *intermediates) readyErr() error {
 	return nil
 }
 
-// prepare makes role's successor: a key in custody and a certificate from
-// the root valid for ttl, stored prepared (one per role: of replicas
-// preparing at once, one wins and the others get store.ErrConflict).
-func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
-	return in.prepareUnder(ctx, role, in.s.ca.Root, rootKey, ttl)
-}
-
-// prepareUnder is prepare with the certificate signed by root (the signing
-// root of a root rotation), whose key is rootKey.
+// prepareUnder makes role's successor: a key in custody and a
+// certificate signed by root (the signing root: the data directory's, or
+// a root rotation's new one), whose key is rootKey, valid for ttl, stored
+// prepared (one per role: of replicas preparing at once, one wins and the
+// others get store.ErrConflict, and the loser's key is destroyed).
 func (in *intermediates) prepareUnder(ctx context.Context, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
 	serial, err := ca.NewSerial()
 	if err != nil {

@@ -3,6 +3,7 @@ package authority
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/ecdsa"
 	"crypto/tls"
 	"crypto/x509"
@@ -172,7 +173,7 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			t.Fatalf("replica %d: muster_ca_not_after_seconds %v; want the new agent intermediate's and the retiring one's", r, got)
 		}
 	}
-	if err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
+	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
 		t.Fatal(err)
 	}
 	for r := range a.srvs {
@@ -208,4 +209,9 @@ func caNotAfter(t *testing.T, srv *Server) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// prepare is prepareUnder with the data directory's root, for tests.
+func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
+	return in.prepareUnder(ctx, role, in.s.ca.Root, rootKey, ttl)
 }

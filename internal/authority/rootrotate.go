@@ -101,6 +101,12 @@ func (in *intermediates) openRoots(ctx context.Context, row store.RootRotation) 
 		if !c.IsCA || c.CheckSignatureFrom(c) != nil {
 			return nil, nil, errors.New("not a self-signed root")
 		}
+		if ref == nil {
+			// Taken offline (muster ca root export-key): the authority
+			// warns before each successor is due, as without
+			// DIR/ca/root.key.
+			return c, nil, nil
+		}
 		k, err := in.custody.Signer(ctx, rootKeyName(c), custody.Key{Public: c.PublicKey, Ref: ref})
 		return c, k, err
 	}
@@ -417,7 +423,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 			}
 			switch r.State {
 			case store.CAActive:
-				active, _ = x509.ParseCertificate(r.CertDER)
+				active, _ = s.caCerts.parse(r.Serial, r.CertDER)
 			case store.CAPrepared:
 				prepared = r
 			}
@@ -427,9 +433,9 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		}
 		if active.CheckSignatureFrom(rs.Signing) == nil {
 			if prepared != nil {
-				if p, err := x509.ParseCertificate(prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
-					s.caChange(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
-						s.store.DiscardCACert(ctx, string(role), prepared.Serial))
+				if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
+					s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
+						s.store.DiscardCACert)
 					changed = true
 				}
 			}
@@ -437,15 +443,15 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		}
 		why := "root rotation: the active intermediate is not signed by the signing root " + ca.Fingerprint(rs.Signing)
 		if prepared != nil {
-			if p, err := x509.ParseCertificate(prepared.CertDER); err == nil && p.CheckSignatureFrom(rs.Signing) == nil {
+			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && p.CheckSignatureFrom(rs.Signing) == nil {
 				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
 					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, s.store.ActivateCACert(ctx, string(role), prepared.Serial))
 				}
 				changed = true
 				continue
 			}
-			s.caChange(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
-				s.store.DiscardCACert(ctx, string(role), prepared.Serial))
+			s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
+				s.store.DiscardCACert)
 			changed = true
 		}
 		if rs.SigningKey == nil {

@@ -109,6 +109,9 @@ type Config struct {
 	// CAPublishWindow is how long a prepared intermediate is in the store
 	// before it may be activated (zero: caPublishWindow); tests shorten it.
 	CAPublishWindow time.Duration
+	// WrapCACustody, if set, wraps the custody of the CA keys (tests:
+	// counting what is destroyed, a token in place of sealed keys).
+	WrapCACustody func(custody.Custody) (custody.Custody, error)
 	// CRLListen (optional) serves the certificate revocation lists over
 	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
 	// them from, named in every new leaf. Either one keeps the lists
@@ -173,6 +176,11 @@ type Server struct {
 	caNoRootKey sync.Map
 	// caPoke wakes the CA clock (a root rotation phase changed).
 	caPoke chan struct{}
+	// caCerts are the certificates the CA clock parsed (certcache.go).
+	caCerts certCache
+	// caDraftSwept is when the CA clock last looked for abandoned drafts
+	// (a time.Time).
+	caDraftSwept atomic.Value
 	// outage logs a store outage once, not once per failed request.
 	outage *storeOutage
 	// streamEnds are the ends of agent streams still to be recorded.

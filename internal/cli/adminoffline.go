@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -171,25 +172,53 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 // root rotation (DESIGN.md "Root rotation": from update_servers on the
 // admin intermediate is signed by the new root). A stored root counts only
 // if its sealed key opens with the data directory's storage key, as the
-// authority checks it.
+// authority checks it, or, once its key was taken offline (muster ca root
+// export-key), if the rotation's cross-certificate certifies its key under
+// a root that counts.
 func offlineRoots(ctx context.Context, st store.Store, d dataDir, c custody.Custody) ([]*x509.Certificate, error) {
 	roots := []*x509.Certificate{d.ca.Root}
 	rot, err := st.GetRootRotation(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the root rotation from the store: %w", err)
 	}
-	for _, p := range [][2][]byte{{rot.NewCertDER, rot.NewKeyRef}, {rot.OldCertDER, rot.OldKeyRef}} {
-		if p[0] == nil {
+	type stored struct{ der, ref, cross []byte }
+	var offline []stored
+	for _, p := range []stored{{rot.NewCertDER, rot.NewKeyRef, rot.CrossNewByOld}, {rot.OldCertDER, rot.OldKeyRef, rot.CrossOldByNew}} {
+		if p.der == nil {
 			continue
 		}
-		cert, err := x509.ParseCertificate(p[0])
+		if p.ref == nil {
+			offline = append(offline, p)
+			continue
+		}
+		cert, err := x509.ParseCertificate(p.der)
 		if err != nil {
 			return nil, fmt.Errorf("a root of the store's root rotation: %w", err)
 		}
-		if _, err := c.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p[1]}); err != nil {
+		if _, err := c.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p.ref}); err != nil {
 			return nil, fmt.Errorf("a root of the store's root rotation (%s) does not open with the data directory's storage key: %w", ca.Fingerprint(cert), err)
 		}
 		roots = append(roots, cert)
+	}
+	// Two passes: an offline root may be certified by the other offline one.
+	for range 2 {
+		for i, p := range offline {
+			if p.der == nil {
+				continue
+			}
+			cert, err1 := x509.ParseCertificate(p.der)
+			cross, err2 := x509.ParseCertificate(p.cross)
+			if err1 != nil || err2 != nil || !bytes.Equal(cert.RawSubjectPublicKeyInfo, cross.RawSubjectPublicKeyInfo) {
+				continue
+			}
+			for _, r := range roots {
+				if cross.CheckSignatureFrom(r) == nil {
+					roots = append(roots, cert)
+					offline[i].der = nil
+					break
+				}
+			}
+		}
 	}
 	return roots, nil
 }

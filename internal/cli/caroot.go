@@ -28,7 +28,7 @@ so every new certificate chains to it; new joining URIs pin it), then
 standby (the old root is no longer trusted). rollback goes one phase back;
 from init it abandons the new root. See docs/ca-lifecycle.md.`,
 	}
-	cmd.AddCommand(newCARootStatusCmd(env), newCARootRotateCmd(env),
+	cmd.AddCommand(newCARootStatusCmd(env), newCARootRotateCmd(env), newCARootExportKeyCmd(env),
 		newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase", "  muster ca root next-phase",
 			func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
 				return c.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{})

@@ -51,7 +51,8 @@ type InitOptions struct {
 	StoreURL string
 	// Token, if set, is the PKCS#11 token the CA intermediates and the
 	// first task signer are generated in; Custody, recorded in
-	// authority.json, says how the authority opens it.
+	// authority.json, says how the authority opens it. A CACustody given
+	// without a Token (tests) makes the rotated intermediates' keys too.
 	Token   *custody.Token
 	Custody *Custody
 	// CACustody and SignerCustody choose the custody of the keys from the
@@ -80,7 +81,7 @@ var ErrAlreadyInitialised = errors.New("datadir: already initialised")
 // Init creates a complete data directory. Everything is built in a staging
 // directory beside DIR and renamed into place at the end, so a failure at
 // any step leaves DIR exactly as it was.
-func Init(ctx context.Context, o InitOptions) (InitResult, error) {
+func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	if err := ca.ValidName(o.Name); err != nil {
 		return InitResult{}, err
 	}
@@ -120,6 +121,16 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 			os.RemoveAll(created)
 		}
 	}()
+	// Keys made in a token outlive the staging directory and the store:
+	// a failed init destroys them (a sealed key has nothing to destroy).
+	var made madeKeys
+	defer func() {
+		if !ok {
+			if derr := made.destroyAll(context.WithoutCancel(ctx)); derr != nil {
+				err = fmt.Errorf("%w (and destroying the keys this init made in the PKCS#11 token failed: delete the objects labelled muster-ca/… and muster-signer/… by hand, docs/hsm.md: %v)", err, derr)
+			}
+		}
+	}()
 	// An existing (empty) directory is kept and filled in place: systemd's
 	// StateDirectory= and Kubernetes volumes give one whose parent the
 	// service cannot write, or that is a mount point, so the staging
@@ -142,7 +153,7 @@ func Init(ctx context.Context, o InitOptions) (InitResult, error) {
 	if err := os.Chmod(staging, 0o700); err != nil {
 		return InitResult{}, err
 	}
-	res, err := build(ctx, Dir(staging), o)
+	res, err := build(ctx, Dir(staging), o, &made)
 	if err != nil {
 		return InitResult{}, err
 	}
@@ -184,7 +195,7 @@ func checkTarget(d Dir) error {
 	return nil
 }
 
-func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
+func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (InitResult, error) {
 	h, err := ca.Create(o.Name, o.Now)
 	if err != nil {
 		return InitResult{}, err
@@ -196,8 +207,8 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	// With a token, the intermediates the store rotates are made again
 	// with keys generated inside it; the ones ca.Create made are dropped.
 	var inToken []store.CACert
-	if o.Token != nil {
-		if inToken, err = intermediatesInToken(ctx, h, sk, o); err != nil {
+	if o.Token != nil || o.CACustody != nil {
+		if inToken, err = intermediatesInToken(ctx, h, sk, o, made); err != nil {
 			return InitResult{}, err
 		}
 	}
@@ -282,6 +293,7 @@ func build(ctx context.Context, d Dir, o InitOptions) (InitResult, error) {
 	if err != nil {
 		return InitResult{}, err
 	}
+	keys = made.signers(keys)
 	if _, err := signer.NewKeeper(st, keys, logger, info.AuthorityID, 0).EnsureFirst(ctx, signer.Actor{Name: "muster init"}); err != nil {
 		return InitResult{}, err
 	}
@@ -452,9 +464,10 @@ func mkdirParents(dir string) (string, error) {
 var rotatedRoles = []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin}
 
 // intermediatesInToken replaces h's rotated intermediates with ones whose
-// keys are generated in o.Token, and returns their store rows (active).
-// A failure destroys the keys made so far.
-func intermediatesInToken(ctx context.Context, h *ca.Hierarchy, sk seal.StorageKey, o InitOptions) (rows []store.CACert, err error) {
+// keys are generated in o.Token (or in o.CACustody without one), and
+// returns their store rows (active). Every key made is added to made, so
+// a failure of init, here or later, destroys it.
+func intermediatesInToken(ctx context.Context, h *ca.Hierarchy, sk seal.StorageKey, o InitOptions, made *madeKeys) (rows []store.CACert, err error) {
 	if o.CACustody == nil {
 		return nil, errors.New("datadir: a token needs the CA custody")
 	}
@@ -462,15 +475,6 @@ func intermediatesInToken(ctx context.Context, h *ca.Hierarchy, sk seal.StorageK
 	if err != nil {
 		return nil, err
 	}
-	var made []custody.Key
-	var names []string
-	defer func() {
-		if err != nil {
-			for i, k := range made {
-				_ = c.Destroy(ctx, names[i], k)
-			}
-		}
-	}()
 	for _, role := range rotatedRoles {
 		serial, err := ca.NewSerial()
 		if err != nil {
@@ -481,7 +485,7 @@ func intermediatesInToken(ctx context.Context, h *ca.Hierarchy, sk seal.StorageK
 		if err != nil {
 			return nil, err
 		}
-		made, names = append(made, k), append(names, name)
+		made.add(func(ctx context.Context) error { return c.Destroy(ctx, name, k) })
 		cert, err := h.NewIntermediate(role, serial, k.Public, h.RootKey, o.Now, ca.IntermediateTTL)
 		if err != nil {
 			return nil, err

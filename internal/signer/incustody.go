@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/muster-dev/muster/internal/custody"
@@ -48,6 +49,19 @@ func (c *InCustody) Generate(ctx context.Context, versionID string) (Key, error)
 		return Key{}, fmt.Errorf("signer: custody made a %T key, want Ed25519", k.Public)
 	}
 	return Key{Public: pub, Ref: k.Ref}, nil
+}
+
+// Destroy removes the key of versionID from custody (a token's objects;
+// nothing for a sealed key, whose reference is the key).
+func (c *InCustody) Destroy(ctx context.Context, versionID string, k Key) error {
+	c.mu.Lock()
+	for key := range c.tokens {
+		if strings.HasPrefix(key, versionID+"\x00") {
+			delete(c.tokens, key)
+		}
+	}
+	c.mu.Unlock()
+	return c.c.Destroy(ctx, versionID, custody.Key{Public: k.Public, Ref: k.Ref})
 }
 
 // Sign signs msg with the key of versionID.

@@ -19,7 +19,7 @@ const (
 
 // CACert is one intermediate CA certificate and the custody reference of
 // its key (sealed under muster-ca-encryption for sealed custody: never the
-// key in clear). Serial is the certificate's serial in lower-case hex,
+// key in clear). A retired one has given up its key: KeyRef is nil. Serial is the certificate's serial in lower-case hex,
 // unique across roles.
 type CACert struct {
 	Role        string
@@ -32,6 +32,16 @@ type CACert struct {
 	ActivatedAt time.Time
 	RetiringAt  time.Time
 	RetiredAt   time.Time
+}
+
+// CADraft is the key of an intermediate drafted for an operator to sign
+// with an offline root key, kept until the signed certificate comes back
+// (or the leader gives up on it and destroys the key).
+type CADraft struct {
+	Serial    string
+	Role      string
+	KeyRef    []byte
+	CreatedAt time.Time
 }
 
 // CAStore keeps the intermediates, shared by every replica. Each write is
@@ -53,6 +63,19 @@ type CAStore interface {
 	// not the role's prepared certificate.
 	ActivateCACert(ctx context.Context, role, serial string) error
 	// RetireCACert moves the retiring certificate serial of role to
-	// retired. ErrConflict when it is not retiring.
-	RetireCACert(ctx context.Context, role, serial string) error
+	// retired and clears its key reference in the same conditional
+	// write, returning the reference it cleared: only the caller whose
+	// write won gets it, and destroys the key in custody. ErrConflict,
+	// and no reference, when it is not retiring.
+	RetireCACert(ctx context.Context, role, serial string) ([]byte, error)
+	// InsertCADraft records a draft's key; CreatedAt is the store clock.
+	// ErrConflict on a duplicate serial.
+	InsertCADraft(ctx context.Context, d CADraft) error
+	// ListCADrafts returns every draft, oldest first.
+	ListCADrafts(ctx context.Context) ([]CADraft, error)
+	// ClaimCADraft deletes the draft serial and returns it, one
+	// conditional write: of callers claiming it at once (a prepare and
+	// the leader's sweep, two replicas) exactly one gets it and owns its
+	// key. ErrNotFound when there is none.
+	ClaimCADraft(ctx context.Context, serial string) (CADraft, error)
 }

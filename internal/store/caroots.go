@@ -58,7 +58,9 @@ type CARootStore interface {
 	PutRootRotation(ctx context.Context, version int64, r RootRotation, restart bool) error
 	// DiscardCACert retires a prepared intermediate that will never be
 	// activated (one signed by a root a rotation step has since stopped
-	// using). ErrConflict when serial is not role's prepared
-	// certificate. Announces ChangeCA.
-	DiscardCACert(ctx context.Context, role, serial string) error
+	// using) and clears its key reference in the same conditional write,
+	// returning the reference it cleared (the winner destroys the key).
+	// ErrConflict when serial is not role's prepared certificate.
+	// Announces ChangeCA.
+	DiscardCACert(ctx context.Context, role, serial string) ([]byte, error)
 }

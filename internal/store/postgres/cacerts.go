@@ -73,17 +73,34 @@ func (s *Store) ActivateCACert(ctx context.Context, role, serial string) error {
 	})
 }
 
-// RetireCACert moves a retiring certificate to retired (see
-// store.CAStore).
-func (s *Store) RetireCACert(ctx context.Context, role, serial string) error {
-	return s.inTx(ctx, "retire ca cert", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = $1 AND role = $2 AND state = 'retiring'`, serial, role)
-		if err != nil {
-			return wrap("retire ca cert "+serial, err)
+// RetireCACert moves a retiring certificate to retired and clears its
+// key reference, returning it (see store.CAStore).
+func (s *Store) RetireCACert(ctx context.Context, role, serial string) ([]byte, error) {
+	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring)
+}
+
+// endCACert retires serial of role from state from, clearing its key
+// reference, in one READ COMMITTED transaction: the row is locked first,
+// so of two replicas ending it the second waits, then finds it retired
+// and conflicts. It returns the reference cleared.
+func (s *Store) endCACert(ctx context.Context, op, role, serial, from string) ([]byte, error) {
+	var ref []byte
+	err := s.inTx(ctx, op, func(tx pgx.Tx) error {
+		var state string
+		err := tx.QueryRow(ctx, `SELECT state, key_ref FROM ca_certs WHERE serial = $1 AND role = $2 FOR UPDATE`, serial, role).Scan(&state, &ref)
+		if err != nil && err != pgx.ErrNoRows {
+			return wrap(op+" "+serial, err)
 		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: retire ca cert %s: not a retiring %s certificate: %w", serial, role, store.ErrConflict)
+		if state != from {
+			return fmt.Errorf("postgres: %s %s: not a %s %s certificate: %w", op, serial, from, role, store.ErrConflict)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = $1`, serial); err != nil {
+			return wrap(op+" "+serial, err)
 		}
 		return notifyTx(ctx, tx, store.ChangeCA)
 	})
+	if err != nil {
+		return nil, err
+	}
+	return ref, nil
 }

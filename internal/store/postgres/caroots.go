@@ -65,17 +65,8 @@ func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.Root
 	})
 }
 
-// DiscardCACert retires a prepared CA certificate (see
-// store.CARootStore).
-func (s *Store) DiscardCACert(ctx context.Context, role, serial string) error {
-	return s.inTx(ctx, "discard ca cert", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = $1 AND role = $2 AND state = 'prepared'`, serial, role)
-		if err != nil {
-			return wrap("discard ca cert "+serial, err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: discard ca cert %s: not the prepared %s certificate: %w", serial, role, store.ErrConflict)
-		}
-		return notifyTx(ctx, tx, store.ChangeCA)
-	})
+// DiscardCACert retires a prepared CA certificate and clears its key
+// reference, returning it (see store.CARootStore).
+func (s *Store) DiscardCACert(ctx context.Context, role, serial string) ([]byte, error) {
+	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared)
 }

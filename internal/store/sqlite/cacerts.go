@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -84,22 +85,35 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string) error 
 	return nil
 }
 
-// RetireCACert moves a retiring certificate to retired (see
-// store.CAStore).
-func (s *SQLite) RetireCACert(ctx context.Context, role, serial string) error {
+// RetireCACert moves a retiring certificate to retired and clears its
+// key reference, returning it (see store.CAStore).
+func (s *SQLite) RetireCACert(ctx context.Context, role, serial string) ([]byte, error) {
+	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring)
+}
+
+// endCACert retires serial of role from state from, clearing its key
+// reference, inside one write transaction (writes are serialised, so of
+// two ending it the second finds it retired and conflicts). It returns
+// the reference cleared.
+func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string) ([]byte, error) {
+	var ref []byte
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = ? AND role = ? AND state = 'retiring'`, serial, role)
-		if err != nil {
-			return wrap("retire ca cert "+serial, err)
+		var state string
+		err := tx.QueryRowContext(ctx, `SELECT state, key_ref FROM ca_certs WHERE serial = ? AND role = ?`, serial, role).Scan(&state, &ref)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return wrap(op+" "+serial, err)
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("sqlite: retire ca cert %s: not a retiring %s certificate: %w", serial, role, store.ErrConflict)
+		if state != from {
+			return fmt.Errorf("sqlite: %s %s: not a %s %s certificate: %w", op, serial, from, role, store.ErrConflict)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = ?`, serial); err != nil {
+			return wrap(op+" "+serial, err)
 		}
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.hub.announce(store.ChangeCA)
-	return nil
+	return ref, nil
 }

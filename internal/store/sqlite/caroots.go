@@ -73,22 +73,8 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 	return nil
 }
 
-// DiscardCACert retires a prepared CA certificate (see
-// store.CARootStore).
-func (s *SQLite) DiscardCACert(ctx context.Context, role, serial string) error {
-	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = ? AND role = ? AND state = 'prepared'`, serial, role)
-		if err != nil {
-			return wrap("discard ca cert "+serial, err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("sqlite: discard ca cert %s: not the prepared %s certificate: %w", serial, role, store.ErrConflict)
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	s.hub.announce(store.ChangeCA)
-	return nil
+// DiscardCACert retires a prepared CA certificate and clears its key
+// reference, returning it (see store.CARootStore).
+func (s *SQLite) DiscardCACert(ctx context.Context, role, serial string) ([]byte, error) {
+	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared)
 }

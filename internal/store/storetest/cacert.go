@@ -17,6 +17,9 @@ func caRow(role, serial, state string) store.CACert {
 		State: state, NotAfter: at(365 * 24 * time.Hour)}
 }
 
+// second is the error of a call that also returns a value.
+func second[T any](_ T, err error) error { return err }
+
 // caStates lists CA certificates as serial=state.
 func caStates(t *testing.T, ctx context.Context, s store.Store) map[string]string {
 	t.Helper()
@@ -80,7 +83,7 @@ func caCertCases() []testCase {
 			wantErr(t, "activate an active one", s.ActivateCACert(ctx, "agent", "a1"), store.ErrConflict)
 			wantErr(t, "activate under another role", s.ActivateCACert(ctx, "server", "a2"), store.ErrConflict)
 			wantErr(t, "activate an unknown one", s.ActivateCACert(ctx, "agent", "zz"), store.ErrConflict)
-			wantErr(t, "retire an active one", s.RetireCACert(ctx, "agent", "a1"), store.ErrConflict)
+			wantErr(t, "retire an active one", second(s.RetireCACert(ctx, "agent", "a1")), store.ErrConflict)
 			before := storeNow(t, ctx, s)
 			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2"))
 			want := map[string]string{"a1": "retiring", "a2": "active", "s1": "active"}
@@ -88,8 +91,16 @@ func caCertCases() []testCase {
 				t.Fatalf("after activation: %v, want %v", got, want)
 			}
 			wantErr(t, "activate twice", s.ActivateCACert(ctx, "agent", "a2"), store.ErrConflict)
-			mustNil(t, "RetireCACert", s.RetireCACert(ctx, "agent", "a1"))
-			wantErr(t, "retire twice", s.RetireCACert(ctx, "agent", "a1"), store.ErrConflict)
+			ref, err := s.RetireCACert(ctx, "agent", "a1")
+			mustNil(t, "RetireCACert", err)
+			if string(ref) != "sealed-a1" {
+				t.Errorf("RetireCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-a1")
+			}
+			ref, err = s.RetireCACert(ctx, "agent", "a1")
+			wantErr(t, "retire twice", err, store.ErrConflict)
+			if ref != nil {
+				t.Errorf("a retirement that conflicted returned the key reference %q", ref)
+			}
 			rows, err := s.ListCACerts(ctx)
 			mustNil(t, "ListCACerts", err)
 			for _, r := range rows {
@@ -98,11 +109,91 @@ func caCertCases() []testCase {
 					if r.State != store.CARetired || r.RetiringAt.Before(before) || r.RetiredAt.Before(r.RetiringAt) {
 						t.Errorf("a1: %+v; want retired, retiring then retired by the store clock", r)
 					}
+					if r.KeyRef != nil {
+						t.Errorf("retired a1 still has its key reference %q", r.KeyRef)
+					}
 				case "a2":
 					if r.ActivatedAt.Before(before) {
 						t.Errorf("a2 activated at %v, before %v", r.ActivatedAt, before)
 					}
 				}
+			}
+		}},
+		{"of concurrent retirements exactly one clears and gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2"))
+			const n = 6
+			var wg sync.WaitGroup
+			refs, errs := make(chan []byte, n), make(chan error, n)
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					ref, err := s.RetireCACert(ctx, "agent", "a1")
+					if err != nil {
+						errs <- err
+						return
+					}
+					refs <- ref
+				}()
+			}
+			wg.Wait()
+			close(refs)
+			close(errs)
+			for err := range errs {
+				wantErr(t, "concurrent retirement", err, store.ErrConflict)
+			}
+			var got [][]byte
+			for r := range refs {
+				got = append(got, r)
+			}
+			if len(got) != 1 || string(got[0]) != "sealed-a1" {
+				t.Fatalf("concurrent retirements returned %q; want exactly one, the key reference sealed-a1", got)
+			}
+		}},
+		{"a draft is claimed once; of concurrent claims exactly one gets it", func(t *testing.T, ctx context.Context, s store.Store) {
+			before := storeNow(t, ctx, s)
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("sealed-d1")}))
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d2", Role: "server", KeyRef: []byte("sealed-d2")}))
+			wantErr(t, "duplicate draft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("x")}), store.ErrConflict)
+			drafts, err := s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 2 || drafts[0].Serial != "d1" || string(drafts[0].KeyRef) != "sealed-d1" || drafts[0].Role != "agent" || drafts[0].CreatedAt.Before(before) {
+				t.Fatalf("ListCADrafts: %+v; want d1 (agent, sealed-d1, created by the store clock) then d2", drafts)
+			}
+			const n = 6
+			var wg sync.WaitGroup
+			got, errs := make(chan store.CADraft, n), make(chan error, n)
+			for range n {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					d, err := s.ClaimCADraft(ctx, "d1")
+					if err != nil {
+						errs <- err
+						return
+					}
+					got <- d
+				}()
+			}
+			wg.Wait()
+			close(got)
+			close(errs)
+			for err := range errs {
+				wantErr(t, "concurrent claim", err, store.ErrNotFound)
+			}
+			var claimed []store.CADraft
+			for d := range got {
+				claimed = append(claimed, d)
+			}
+			if len(claimed) != 1 || string(claimed[0].KeyRef) != "sealed-d1" {
+				t.Fatalf("concurrent claims got %+v; want exactly one, with its key reference", claimed)
+			}
+			drafts, err = s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("after the claim: %+v; want d2 alone", drafts)
 			}
 		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {

@@ -95,10 +95,21 @@ func caRootCases() []testCase {
 		{"discard retires a prepared intermediate only", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared)))
-			wantErr(t, "discard the active one", s.DiscardCACert(ctx, "server", "s1"), store.ErrConflict)
-			wantErr(t, "discard under another role", s.DiscardCACert(ctx, "agent", "s2"), store.ErrConflict)
-			mustNil(t, "DiscardCACert", s.DiscardCACert(ctx, "server", "s2"))
-			wantErr(t, "discard twice", s.DiscardCACert(ctx, "server", "s2"), store.ErrConflict)
+			wantErr(t, "discard the active one", second(s.DiscardCACert(ctx, "server", "s1")), store.ErrConflict)
+			wantErr(t, "discard under another role", second(s.DiscardCACert(ctx, "agent", "s2")), store.ErrConflict)
+			ref, err := s.DiscardCACert(ctx, "server", "s2")
+			mustNil(t, "DiscardCACert", err)
+			if string(ref) != "sealed-s2" {
+				t.Errorf("DiscardCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-s2")
+			}
+			wantErr(t, "discard twice", second(s.DiscardCACert(ctx, "server", "s2")), store.ErrConflict)
+			rows, err := s.ListCACerts(ctx)
+			mustNil(t, "ListCACerts", err)
+			for _, r := range rows {
+				if r.Serial == "s2" && r.KeyRef != nil {
+					t.Errorf("discarded s2 still has its key reference %q", r.KeyRef)
+				}
+			}
 			want := map[string]string{"s1": "active", "s2": "retired"}
 			if got := caStates(t, ctx, s); !cmp.Equal(got, want) {
 				t.Fatalf("states %v, want %v", got, want)

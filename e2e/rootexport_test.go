@@ -1,0 +1,91 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRootKeyExportAfterRotation: after a root rotation reaches standby,
+// muster ca root export-key writes the new root's key to a 0600 file and
+// takes it from the authority (audited): muster ca status says the root
+// key is offline, preparing an intermediate without --root-key is refused,
+// a second export is refused, and muster ca rotate ROLE --root-key FILE
+// prepares a successor signed with the exported key. Break-glass still
+// finds the exported root.
+func TestRootKeyExportAfterRotation(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	startAuthority(t, dir)
+	keyFile := filepath.Join(t.TempDir(), "root.key")
+	if msg := mustFail(t, "ca", "root", "export-key", "--data", dir, "--out", keyFile); !strings.Contains(msg, "no finished root rotation") {
+		t.Fatalf("export-key with no rotation: %s", msg)
+	}
+	newFP := caRoot(t, dir, "rotate").NewRoot.Fingerprint
+	caRoot(t, dir, "next-phase")
+	caRoot(t, dir, "next-phase")
+	mustRun(t, "admin", "renew", "--data", dir)
+	if st := caRoot(t, dir, "next-phase"); st.Phase != "standby" {
+		t.Fatalf("after three next-phase: %+v", st)
+	}
+
+	var exported struct {
+		Fingerprint string `json:"root_fingerprint"`
+		KeyFile     string `json:"key_file"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ca", "root", "export-key", "--data", dir, "--out", keyFile, "-o", "json")), &exported); err != nil {
+		t.Fatal(err)
+	}
+	if exported.Fingerprint != newFP || exported.KeyFile != keyFile {
+		t.Fatalf("export-key printed %+v; want the new root %s and %s", exported, newFP, keyFile)
+	}
+	fi, err := os.Stat(keyFile)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the exported key file: %v %v; want mode 0600", fi, err)
+	}
+	if b, _ := os.ReadFile(keyFile); !strings.Contains(string(b), "PRIVATE KEY") {
+		t.Fatalf("the exported key file holds %q", b)
+	}
+	if msg := mustFail(t, "ca", "root", "export-key", "--data", dir, "--out", filepath.Join(t.TempDir(), "again.key")); !strings.Contains(msg, "exported before") {
+		t.Fatalf("a second export: %s", msg)
+	}
+	if msg := mustFail(t, "ca", "root", "export-key", "--data", dir, "--out", keyFile); !strings.Contains(msg, "already exists") {
+		t.Fatalf("an export over an existing file: %s", msg)
+	}
+
+	// The authority reads the change within its periodic re-read.
+	waitFor(t, 15*time.Second, "ca status says the root key is offline", func() bool {
+		var st struct {
+			RootKey string `json:"root_key"`
+		}
+		return json.Unmarshal([]byte(mustRun(t, "ca", "status", "--data", dir, "-o", "json")), &st) == nil && st.RootKey == "offline"
+	})
+	if msg := mustFail(t, "ca", "rotate", "agent", "--data", dir); !strings.Contains(msg, "--root-key FILE") {
+		t.Fatalf("ca rotate without the root key after the export: %s", msg)
+	}
+	out := mustRun(t, "ca", "rotate", "agent", "--root-key", keyFile, "--data", dir, "-o", "json")
+	if !strings.Contains(out, "prepared") {
+		t.Fatalf("ca rotate agent --root-key with the exported key: %s", out)
+	}
+
+	recs := auditOf(t, dir, "ca.root_export_key")
+	var ok, denied int
+	for _, r := range recs {
+		switch {
+		case r.Result == "ok" && r.Target == newFP && strings.Contains(r.Reason, keyFile):
+			ok++
+		case r.Result == "denied":
+			denied++
+		}
+	}
+	if ok != 1 || denied < 2 {
+		t.Fatalf("ca.root_export_key records %+v; want one success naming the file and the refusals", recs)
+	}
+
+	// Break-glass finds the exported root through its cross-certificate.
+	carol := filepath.Join(t.TempDir(), "carol.pem")
+	mustRun(t, "admin", "add", "carol", "--offline", "--data", dir, "--out", carol)
+}

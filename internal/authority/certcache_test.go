@@ -1,0 +1,40 @@
+package authority
+
+import (
+	"testing"
+	"time"
+)
+
+// TestCAClockSteadyTickParsesNothing: a tick of the leader's CA clock
+// that finds the rows the tick before found parses no certificate; a new
+// row (a prepared successor) is parsed once, when it first appears.
+func TestCAClockSteadyTickParsesNothing(t *testing.T) {
+	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
+	ctx := t.Context()
+	s := a.srvs[0]
+	now := time.Now()
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute) // far from half-life
+	step := func(at time.Time) int {
+		t.Helper()
+		before := s.caCerts.parsed()
+		if err := s.caStepAt(ctx, at); err != nil {
+			t.Fatal(err)
+		}
+		return s.caCerts.parsed() - before
+	}
+	if n := step(now); n == 0 {
+		t.Fatal("the first tick parsed no certificate; the test counts nothing")
+	}
+	for i := range 3 {
+		if n := step(now.Add(time.Duration(i) * caTick)); n != 0 {
+			t.Fatalf("steady tick %d parsed %d certificates, want none", i, n)
+		}
+	}
+	// Past half-life the tick prepares a successor; the tick after parses
+	// it (prepared rows of a root rotation are checked), once.
+	step(now.Add(100 * time.Second))
+	step(now.Add(100*time.Second + caTick))
+	if n := step(now.Add(100*time.Second + 2*caTick)); n != 0 {
+		t.Fatalf("the tick after a prepare settled parsed %d certificates, want none", n)
+	}
+}

@@ -1,0 +1,157 @@
+package authority
+
+import (
+	"context"
+	"crypto"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// destroyCounting is a custody that records every Destroy, delegating
+// the rest.
+type destroyCounting struct {
+	custody.Custody
+	mu        *sync.Mutex
+	destroyed *[]string
+}
+
+func (d destroyCounting) Signer(ctx context.Context, name string, k custody.Key) (crypto.Signer, error) {
+	if k.Ref == nil {
+		// Every reader of intermediates must skip a retired row's key.
+		panic("custody: asked to open a nil key reference for " + name)
+	}
+	return d.Custody.Signer(ctx, name, k)
+}
+
+// Import keeps the wrapped custody's ability to take the data
+// directory's intermediates at start.
+func (d destroyCounting) Import(ctx context.Context, name string, key crypto.Signer) (custody.Key, error) {
+	return d.Custody.(custody.Importer).Import(ctx, name, key)
+}
+
+func (d destroyCounting) Destroy(ctx context.Context, name string, k custody.Key) error {
+	d.mu.Lock()
+	*d.destroyed = append(*d.destroyed, name+"="+string(k.Ref))
+	d.mu.Unlock()
+	return d.Custody.Destroy(ctx, name, k)
+}
+
+// countDestroys is a Config.WrapCACustody recording every Destroy.
+func countDestroys(mu *sync.Mutex, destroyed *[]string) func(custody.Custody) (custody.Custody, error) {
+	return func(c custody.Custody) (custody.Custody, error) {
+		return destroyCounting{Custody: c, mu: mu, destroyed: destroyed}, nil
+	}
+}
+
+// TestRetiredIntermediateGivesUpItsKey: retiring an intermediate clears
+// its key reference in the store in the same write, and of two replicas
+// taking the step at once exactly one destroys the key in custody; the
+// replicas read the retired row again without opening its (absent) key;
+// the step's audit record says the key was destroyed.
+func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
+	var mu sync.Mutex
+	var destroyed []string
+	a := startReplicas(t, nil, 2, func(c *Config) {
+		c.CAIntermediateTTL = 3 * time.Minute
+		c.WrapCACustody = countDestroys(&mu, &destroyed)
+	})
+	ctx := t.Context()
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+
+	var wg sync.WaitGroup
+	for _, s := range a.srvs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = s.caStepAt(ctx, now)
+		}()
+	}
+	wg.Wait()
+	if want := "agent/" + expired.Serial + "=" + string(expired.KeyRef); len(destroyed) != 1 || destroyed[0] != want {
+		t.Fatalf("destroyed %q; want exactly one destruction, of the retired intermediate's key %q", destroyed, want)
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		if r.Serial == expired.Serial && (r.State != store.CARetired || r.KeyRef != nil) {
+			t.Fatalf("the expired intermediate after the step: state %s, key reference %q; want retired with no key", r.State, r.KeyRef)
+		}
+	}
+	for _, s := range a.srvs {
+		if err := s.inter.load(ctx); err != nil {
+			t.Fatalf("reading the intermediates with a retired row: %v", err)
+		}
+	}
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.retire"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "its key (sealed) destroyed") {
+		t.Fatalf("ca.retire records %+v; want one saying its key was destroyed", recs)
+	}
+}
+
+// TestAbandonedDraftKeyDestroyed: the key of a draft whose signed
+// certificate never comes back (muster ca rotate --root-key stopped
+// between its calls) is destroyed by the leader once caDraftTTL has
+// passed, audited, and a prepare sent afterwards is told to draft again;
+// a draft whose certificate came back is claimed by its prepare and its
+// key kept.
+func TestAbandonedDraftKeyDestroyed(t *testing.T) {
+	var mu sync.Mutex
+	var destroyed []string
+	b := startReplicas(t, nil, 1, func(c *Config) { c.WrapCACustody = countDestroys(&mu, &destroyed) })
+	s := b.srvs[0]
+	a := &adminService{s: s}
+	ctx := t.Context()
+	kept, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "server"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "server", Serial: kept.GetSerial(), KeyRef: kept.GetKeyRef(),
+		CertificateDer: signDraftWith(t, kept, b.h.Root, b.h.RootKey, nil)}); err != nil {
+		t.Fatal(err)
+	}
+	abandoned, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(destroyed) != 0 {
+		t.Fatalf("a fresh draft's key was destroyed: %q", destroyed)
+	}
+	if err := s.caStepAt(ctx, now.Add(caDraftTTL+time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if want := "agent/" + abandoned.GetSerial() + "=" + string(abandoned.GetKeyRef()); len(destroyed) != 1 || destroyed[0] != want {
+		t.Fatalf("destroyed %q; want the abandoned draft's key alone, %q", destroyed, want)
+	}
+	_, err = a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: abandoned.GetSerial(), KeyRef: abandoned.GetKeyRef(),
+		CertificateDer: signDraftWith(t, abandoned, b.h.Root, b.h.RootKey, nil)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "run `muster ca rotate agent --root-key FILE` again") {
+		t.Fatalf("a prepare after its draft expired: %v; want a refusal saying to draft again", err)
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed") {
+		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key was destroyed", recs)
+	}
+}
