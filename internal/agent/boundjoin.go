@@ -374,7 +374,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 		keys.Next = pending
 	}
 	if err != nil {
-		return nil, op, err
+		return nil, op, untrustedAuthorityHint(err, st, a.dir)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err

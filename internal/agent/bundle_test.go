@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -174,5 +175,34 @@ func TestRenewWritesTheBundleOnlyAfterTheCertificateVerifies(t *testing.T) {
 	}
 	if roots := pemCount(t, dir.CAFile()); len(roots) != 2 {
 		t.Fatalf("ca.crt holds %d roots after a good renewal, want the old and the cross-certified new", len(roots))
+	}
+}
+
+// TestRenewFromAnUntrustedAuthorityNamesTheWayOut: an agent whose ca.crt
+// holds only a root the authority no longer chains to (a root rotation
+// finished while it was stopped) is refused the connection, and the
+// error, still transient so the agent keeps trying, names the join
+// over its identity that brings it back.
+func TestRenewFromAnUntrustedAuthorityNamesTheWayOut(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	other, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir.CAFile(), ca.EncodeCertPEM(other.Root), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Renew(t.Context())
+	if err == nil {
+		t.Fatal("a renewal from an authority that does not chain to ca.crt succeeded")
+	}
+	for _, want := range []string{"does not chain to the roots in " + dir.CAFile(), "muster agent join --force --data " + string(dir) + " --node n1", "docs/ca-lifecycle.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q:\n%v", want, err)
+		}
+	}
+	if !Transient(err) {
+		t.Errorf("the error is no longer retried: %v", err)
 	}
 }
