@@ -247,12 +247,17 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	if err == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
 		return err
 	}
-	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a new joining URI from muster token create (or --ca-fingerprint set to the root muster ca root status names)",
-		string(dir), st.NodeID)
+	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
+		string(dir), st.NodeID, st.NodeID)
 	if st.JoinMethod == JoinMethodBoundKeypair {
 		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority ADDR --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
 			string(dir), st.NodeID, st.BoundKeypair)
 	}
-	return fmt.Errorf("%w; the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
-		err, dir.CAFile(), how)
+	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
+		dir.CAFile(), how)
+	if s, ok := status.FromError(err); ok {
+		// In the status itself: the CLI prints a status's message.
+		return status.Error(s.Code(), s.Message()+"; "+hint)
+	}
+	return fmt.Errorf("%w; %s", err, hint)
 }
