@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -231,4 +232,32 @@ func resultOf(err error) string {
 		return errinfo.CodeWord(se.GRPCStatus().Code())
 	}
 	return "error"
+}
+
+// untrustedAuthorityHint adds to err, when the authority's certificate did
+// not chain to a root this agent trusts, the way out an operator runs from
+// the agent's data directory. The usual cause is a root rotation that
+// went to standby while this agent was stopped: it trusts only the old
+// root, which the authority no longer presents nor accepts, so nothing
+// the authority sends can vouch for the new root (a bundle is taken only
+// over a connection verified by a root held). The status code is kept, so
+// the agent keeps retrying (an attacker in the path must not be able to
+// stop it) and every retry's warning says what to do.
+func untrustedAuthorityHint(err error, st *State, dir Dir) error {
+	if err == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
+		return err
+	}
+	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
+		string(dir), st.NodeID, st.NodeID)
+	if st.JoinMethod == JoinMethodBoundKeypair {
+		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority ADDR --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
+			string(dir), st.NodeID, st.BoundKeypair)
+	}
+	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
+		dir.CAFile(), how)
+	if s, ok := status.FromError(err); ok {
+		// In the status itself: the CLI prints a status's message.
+		return status.Error(s.Code(), s.Message()+"; "+hint)
+	}
+	return fmt.Errorf("%w; %s", err, hint)
 }

@@ -247,7 +247,7 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 		return nil, err
 	}
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
-		peer.id, roots, r.Node)
+		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
 	if err != nil {
 		return nil, err
 	}
@@ -263,9 +263,9 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 
 // boundExchange runs the stream over a connection made with tc (which
 // verifies the authority authorityID) for a certificate of key, and checks
-// the certificate it gets.
+// the certificate it gets against the roots rootsFor the result trusts.
 func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, init *musterv1.BoundKeypairInit, keys *BoundKeys,
-	key crypto.Signer, authorityID spiffeid.ID, roots []*x509.Certificate, node string) (*musterv1.BoundKeypairResult, []*x509.Certificate, error) {
+	key crypto.Signer, authorityID spiffeid.ID, rootsFor func(*musterv1.BoundKeypairResult) []*x509.Certificate, node string) (*musterv1.BoundKeypairResult, []*x509.Certificate, error) {
 	agentID, err := spiffeid.New(authorityID.TrustDomain, spiffeid.RoleAgent, node)
 	if err != nil {
 		return nil, nil, err
@@ -284,7 +284,7 @@ func (a *Agent) boundExchange(ctx context.Context, addr string, tc *tls.Config, 
 	if err != nil {
 		return nil, nil, err
 	}
-	chain, err := verifyIssued(res.GetCertificateChainPem(), key, roots, agentID, a.now())
+	chain, err := verifyIssued(res.GetCertificateChainPem(), key, rootsFor(res), agentID, a.now())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -349,10 +349,20 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err != nil {
 		return nil, op, err
 	}
+	// The answer's bundle is decided on first (a new root only through a
+	// cross-certificate from a root held now), the certificate verified
+	// against the roots trusted after it, and only then is anything
+	// written: a refresh in update_servers gets a leaf under the new root,
+	// which an agent that missed init learns from this very bundle.
+	var plan bundlePlan
+	rootsFor := func(res *musterv1.BoundKeypairResult) []*x509.Certificate {
+		plan = a.planBundle(st, id, res.GetTrustBundle())
+		return plan.roots
+	}
 	exchange := func(keys *BoundKeys) (*musterv1.BoundKeypairResult, []*x509.Certificate, error) {
 		init := &musterv1.BoundKeypairInit{Token: st.BoundKeypair, NodeId: st.NodeID, PreviousJoinState: st.JoinState}
 		return a.boundExchange(ctx, a.address(st), identity.ClientTLS(client, id.RootPool(), identity.MatchID(authorityID)),
-			init, keys, key, authorityID, id.Roots, st.NodeID)
+			init, keys, key, authorityID, rootsFor, st.NodeID)
 	}
 	res, chain, err := exchange(keys)
 	if pending := keys.pending(); err != nil && pending != nil && errinfo.Reason(err) == reasonChallengeFailed {
@@ -364,16 +374,16 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 		keys.Next = pending
 	}
 	if err != nil {
-		return nil, op, err
+		return nil, op, untrustedAuthorityHint(err, st, a.dir)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
 	}
-	renewed := &identity.Identity{Chain: chain, Key: key, Roots: id.Roots}
+	renewed := &identity.Identity{Chain: chain, Key: key, Roots: plan.roots}
 	if err := a.dir.writeIdentity(renewed, false); err != nil {
 		return nil, op, err
 	}
-	if _, err := a.takeBundle(st, renewed, res.GetTrustBundle()); err != nil {
+	if err := a.writeBundle(st, renewed, plan); err != nil {
 		return nil, op, err
 	}
 	now := a.now().UTC()

@@ -16,30 +16,62 @@ import (
 )
 
 // takeBundle takes the trust bundle an answer of the authority carried
-// (nil: none) by trustbundle.Take's rule: id.Roots are the roots trusted
-// now, id.Chain the current certificate. It writes certs/ca.crt (the
-// roots trusted after it), certs/bundle.pem (those roots, then the
-// intermediates and cross-certificates that chain to them) and, when the
-// roots file changed, the keystore, whose chain ends at them; each file only
-// when its content changes, all or none (writeFiles). It records the
-// offer's digest in st (written by the caller) and returns the roots
-// trusted now. The directory is locked. A bundle that does not parse or
-// names another authority is logged and ignored: the agent keeps what it
-// holds.
+// (nil: none) by trustbundle.Take's rule (planBundle) and writes what it
+// decided (writeBundle). It returns the roots trusted now. The directory
+// is locked.
 func (a *Agent) takeBundle(st *State, id *identity.Identity, pb *musterv1.TrustBundle) ([]*x509.Certificate, error) {
+	p := a.planBundle(st, id, pb)
+	if err := a.writeBundle(st, id, p); err != nil {
+		return nil, err
+	}
+	return p.roots, nil
+}
+
+// bundlePlan is an offered trust bundle decided on and not yet written:
+// an answer that carries a certificate writes its bundle only once that
+// certificate verified against the roots the plan trusts.
+type bundlePlan struct {
+	// roots are the roots trusted after the offer.
+	roots []*x509.Certificate
+	// taken is nil when nothing is to be written (no offer, or one
+	// ignored).
+	taken  *trustbundle.Taken
+	digest string
+}
+
+// planBundle decides, by trustbundle.Take's rule, what the agent holds
+// after an offer (nil: none): id.Roots are the roots trusted now, id.Chain
+// the current certificate. It writes nothing. A bundle that does not
+// parse or names another authority is logged and ignored: the agent keeps
+// what it holds.
+func (a *Agent) planBundle(st *State, id *identity.Identity, pb *musterv1.TrustBundle) bundlePlan {
 	if pb == nil {
-		return id.Roots, nil
+		return bundlePlan{roots: id.Roots}
 	}
 	offer, err := trustbundle.ParseDER(pb.GetAuthorityId(), pb.GetRoots(), pb.GetIntermediates(), pb.GetCrossCertificates())
 	if err != nil {
 		a.log.Warn("trust bundle not taken", "err", err)
-		return id.Roots, nil
+		return bundlePlan{roots: id.Roots}
 	}
 	held := trustbundle.Set{AuthorityID: st.AuthorityID, Roots: id.Roots}
 	t, err := trustbundle.Take(held, id.Chain, offer, a.now())
 	if err != nil {
 		a.log.Warn("trust bundle not taken", "err", err)
-		return id.Roots, nil
+		return bundlePlan{roots: id.Roots}
+	}
+	return bundlePlan{roots: t.Set.Roots, taken: &t, digest: offer.Digest()}
+}
+
+// writeBundle writes what p decided: certs/ca.crt (the roots trusted
+// after it), certs/bundle.pem (those roots, then the intermediates and
+// cross-certificates that chain to them) and, when the roots file
+// changed, the keystore of id, whose chain ends at them; each file only
+// when its content changes, all or none (writeFiles). It records the
+// offer's digest in st (written by the caller). The directory is locked.
+func (a *Agent) writeBundle(st *State, id *identity.Identity, p bundlePlan) error {
+	t := p.taken
+	if t == nil {
+		return nil
 	}
 	for _, r := range t.Refused {
 		a.log.Warn("trust bundle: a certificate not taken", "reason", r)
@@ -64,25 +96,24 @@ func (a *Agent) takeBundle(st *State, id *identity.Identity, pb *musterv1.TrustB
 	if rootsChanged && id.Key != nil {
 		p12, err := a.dir.keystoreWith(id, t.Set.Roots)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		files = append(files, p12...)
 	}
 	if len(files) > 0 {
 		if err := a.dir.ensure(); err != nil {
-			return nil, err
+			return err
 		}
 		if err := writeFiles(files...); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	digest := offer.Digest()
-	if digest != st.TrustBundle || rootsChanged {
-		a.log.Info("trust bundle taken", "digest", digest, "roots", len(t.Set.Roots), "intermediates", len(t.Set.Intermediates),
+	if p.digest != st.TrustBundle || rootsChanged {
+		a.log.Info("trust bundle taken", "digest", p.digest, "roots", len(t.Set.Roots), "intermediates", len(t.Set.Intermediates),
 			"cross_certificates", len(t.Set.Cross), "new_roots", len(t.NewRoots), "dropped_roots", len(t.DroppedRoots))
 	}
-	st.TrustBundle = digest
-	return t.Set.Roots, nil
+	st.TrustBundle = p.digest
+	return nil
 }
 
 // keystoreWith is the keystore of id with its chain ending at roots,

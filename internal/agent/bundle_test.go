@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -130,5 +131,78 @@ func TestRenewTakesANewRootOnlyThroughACrossCertificate(t *testing.T) {
 	}
 	if len(roots2) != 2 {
 		t.Fatalf("%d roots after a bundle without the root the current certificate chains to, want it kept", len(roots2))
+	}
+}
+
+// TestRenewWritesTheBundleOnlyAfterTheCertificateVerifies: a renewal
+// answer whose certificate does not verify (another key certified) leaves
+// ca.crt and bundle.pem as they were, although its bundle carries a new
+// root through a valid cross-certificate; the next, good answer takes it.
+func TestRenewWritesTheBundleOnlyAfterTheCertificateVerifies(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	next, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := *next.Root
+	tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cross, _ := x509.ParseCertificate(der)
+	f.mu.Lock()
+	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Cross: []*x509.Certificate{cross}}
+	f.wrongKey = true
+	f.mu.Unlock()
+	caBefore, _ := os.ReadFile(dir.CAFile())
+	bundleBefore, _ := os.ReadFile(dir.BundleFile())
+	if _, err := a.Renew(t.Context()); err == nil {
+		t.Fatal("a renewal answered with another key's certificate succeeded")
+	}
+	if caAfter, _ := os.ReadFile(dir.CAFile()); !bytes.Equal(caBefore, caAfter) {
+		t.Fatal("a renewal whose certificate did not verify wrote ca.crt")
+	}
+	if bundleAfter, _ := os.ReadFile(dir.BundleFile()); !bytes.Equal(bundleBefore, bundleAfter) {
+		t.Fatal("a renewal whose certificate did not verify wrote bundle.pem")
+	}
+	f.mu.Lock()
+	f.wrongKey = false
+	f.mu.Unlock()
+	if _, err := a.Renew(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if roots := pemCount(t, dir.CAFile()); len(roots) != 2 {
+		t.Fatalf("ca.crt holds %d roots after a good renewal, want the old and the cross-certified new", len(roots))
+	}
+}
+
+// TestRenewFromAnUntrustedAuthorityNamesTheWayOut: an agent whose ca.crt
+// holds only a root the authority no longer chains to (a root rotation
+// finished while it was stopped) is refused the connection, and the
+// error, still transient so the agent keeps trying, names the join
+// over its identity that brings it back.
+func TestRenewFromAnUntrustedAuthorityNamesTheWayOut(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	other, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir.CAFile(), ca.EncodeCertPEM(other.Root), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = a.Renew(t.Context())
+	if err == nil {
+		t.Fatal("a renewal from an authority that does not chain to ca.crt succeeded")
+	}
+	for _, want := range []string{"does not chain to the roots in " + dir.CAFile(), "muster agent join --force --data " + string(dir) + " --node n1", "docs/ca-lifecycle.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q:\n%v", want, err)
+		}
+	}
+	if !Transient(err) {
+		t.Errorf("the error is no longer retried: %v", err)
 	}
 }

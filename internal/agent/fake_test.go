@@ -34,6 +34,7 @@ import (
 type fakeAuthority struct {
 	musterv1.UnimplementedBootstrapServiceServer
 	musterv1.UnimplementedCertificateServiceServer
+	musterv1.UnimplementedJoinServiceServer
 
 	h     *ca.Hierarchy
 	aid   string
@@ -57,6 +58,9 @@ type fakeAuthority struct {
 	// extraBundle is added to the trust bundle every answer carries
 	// (the root and the intermediates of h).
 	extraBundle trustbundle.Set
+	// leafIssuer, if set, signs the certificates of bound-keypair
+	// refreshes instead of h's agent intermediate.
+	leafIssuer *ca.Issuer
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}
@@ -127,6 +131,7 @@ func newFakeAuthority(t *testing.T, o fakeOptions) *fakeAuthority {
 	gs := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
 	musterv1.RegisterBootstrapServiceServer(gs, f)
 	musterv1.RegisterCertificateServiceServer(gs, f)
+	musterv1.RegisterJoinServiceServer(gs, f)
 	go gs.Serve(lis)
 	t.Cleanup(gs.Stop)
 	return f

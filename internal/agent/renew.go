@@ -73,7 +73,7 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, &musterv1.RequestCertificateRequest{Csr: csr})
 	if err != nil {
-		return nil, err
+		return nil, untrustedAuthorityHint(err, st, a.dir)
 	}
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
@@ -91,16 +91,19 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	// root; its trust bundle is taken by trustbundle.Take's rule (a new
 	// root only through a cross-certificate from a root trusted now), and
 	// the new certificate must chain to the roots trusted after it.
-	roots, err := a.takeBundle(cur, curID, resp.GetTrustBundle())
-	if err != nil {
-		return nil, err
-	}
+	// The bundle is written only once the certificate verified.
+	plan := a.planBundle(cur, curID, resp.GetTrustBundle())
+	roots := plan.roots
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
 	if err != nil {
 		return nil, err
 	}
 	if issued := serialOf(chain[0]); cur.Serial == issued {
-		return cur, a.dir.writeState(cur) // a renewal with the same pending key wrote this answer first
+		// A renewal with the same pending key wrote this answer first.
+		if err := a.writeBundle(cur, curID, plan); err != nil {
+			return nil, err
+		}
+		return cur, a.dir.writeState(cur)
 	}
 	if cur.Serial != st.Serial || cur.Generation != st.Generation || cur.InstanceID != st.InstanceID {
 		// Written in between: what is on disk is newer than what this
@@ -114,9 +117,16 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 		}
 		a.log.Info("renewal answer not kept: the identity was written by another renewal or join while it was in flight",
 			"started_from_generation", st.Generation, "on_disk_generation", cur.Generation, "answered_generation", resp.GetGeneration())
+		if err := a.writeBundle(cur, curID, plan); err != nil {
+			return nil, err
+		}
 		return cur, a.dir.writeState(cur)
 	}
-	if err := a.dir.writeIdentity(&identity.Identity{Chain: chain, Key: key, Roots: roots}, false); err != nil {
+	renewedID := &identity.Identity{Chain: chain, Key: key, Roots: roots}
+	if err := a.dir.writeIdentity(renewedID, false); err != nil {
+		return nil, err
+	}
+	if err := a.writeBundle(cur, renewedID, plan); err != nil {
 		return nil, err
 	}
 	renewed := a.now().UTC()

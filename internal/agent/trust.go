@@ -65,7 +65,7 @@ func (a *Agent) takeVerifierSet(ctx context.Context, st *State, raw []byte, firs
 	before := t.Version()
 	err = t.Accept(raw, a.now())
 	if err != nil && !errors.Is(err, signer.ErrSetStale) && conn != nil {
-		err = a.catchUp(ctx, conn, t)
+		_, err = a.catchUp(ctx, conn, t)
 	}
 	return a.recordTrust(st, t, before, err)
 }
@@ -100,8 +100,9 @@ func (a *Agent) recordTrust(st *State, t *signer.Trust, before int64, err error)
 // catchUp asks the authority over conn for the chain of sets after the
 // one t holds and takes them in turn (Trust.AcceptChain), then the current
 // set. A chain cut at signer.MaxChain is asked for again from where it
-// stopped.
-func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *signer.Trust) error {
+// stopped. It returns the trust bundle of the last answer (nil if none
+// came).
+func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *signer.Trust) (*musterv1.TrustBundle, error) {
 	client := musterv1.NewAgentServiceClient(conn)
 	for {
 		have := t.Version()
@@ -109,57 +110,74 @@ func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *s
 		resp, err := client.GetVerifierSet(cctx, &musterv1.GetVerifierSetRequest{HaveVersion: have})
 		cancel()
 		if err != nil {
-			return fmt.Errorf("asking for the verifier sets after version %d: %w", have, err)
+			return nil, fmt.Errorf("asking for the verifier sets after version %d: %w", have, err)
 		}
 		if err := t.AcceptChain(resp.GetChain(), a.now()); err != nil {
-			return err
+			return resp.GetTrustBundle(), err
 		}
 		if len(resp.GetChain()) >= signer.MaxChain && t.Version() > have {
 			continue
 		}
 		if err := t.Accept(resp.GetVerifierSet(), a.now()); err != nil && !errors.Is(err, signer.ErrSetStale) {
-			return err
+			return resp.GetTrustBundle(), err
 		}
-		return nil
+		return resp.GetTrustBundle(), nil
 	}
 }
 
+// Refreshed is what muster agent trust refresh leaves the agent holding.
+type Refreshed struct {
+	// VerifierSetVersion is the verifier set version held afterwards.
+	VerifierSetVersion int64
+	// TrustBundle is the digest of the last trust bundle taken, and Roots
+	// the roots trusted afterwards (certs/ca.crt).
+	TrustBundle string
+	Roots       int
+}
+
 // RefreshTrust asks the authority, over mTLS, for the verifier sets after
-// the one it holds and takes them by the rule of a renewal's: the repair
-// path of muster agent trust refresh. It returns the version held
-// afterwards.
-func (a *Agent) RefreshTrust(ctx context.Context) (int64, error) {
+// the one it holds and the current trust bundle, and takes them by the
+// rule of a renewal's (the bundle by trustbundle.Take's: a new root only
+// through a cross-certificate from a root held): the repair path of muster
+// agent trust refresh.
+func (a *Agent) RefreshTrust(ctx context.Context) (Refreshed, error) {
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
-		return 0, err
+		return Refreshed{}, err
 	}
 	defer unlock()
 	st, id, err := a.load(true)
 	if err != nil {
-		return 0, err
+		return Refreshed{}, err
 	}
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {
-		return 0, fmt.Errorf("state.json: %w", err)
+		return Refreshed{}, fmt.Errorf("state.json: %w", err)
 	}
 	conn, err := dial(a.address(st), identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)))
 	if err != nil {
-		return 0, err
+		return Refreshed{}, err
 	}
 	defer conn.Close()
 	t, err := a.trustOf(st)
 	if err != nil {
-		return 0, err
+		return Refreshed{}, err
 	}
-	before := t.Version()
-	err = a.catchUp(ctx, conn, t)
-	if a.recordTrust(st, t, before, err) {
+	before, digest := t.Version(), st.TrustBundle
+	bundle, err := a.catchUp(ctx, conn, t)
+	changed := a.recordTrust(st, t, before, err)
+	roots, berr := a.takeBundle(st, id, bundle)
+	if berr != nil {
+		return Refreshed{}, berr
+	}
+	if changed || st.TrustBundle != digest {
 		if werr := a.dir.writeState(st); werr != nil {
-			return 0, werr
+			return Refreshed{}, werr
 		}
 	}
+	out := Refreshed{VerifierSetVersion: t.Version(), TrustBundle: st.TrustBundle, Roots: len(roots)}
 	if err != nil {
-		return t.Version(), err
+		return out, untrustedAuthorityHint(err, st, a.dir)
 	}
-	return t.Version(), nil
+	return out, nil
 }

@@ -66,9 +66,12 @@ func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusReque
 		return nil, toStatus(ctx, a.s.log, err)
 	}
 	return &musterv1.GetStatusResponse{
-		AuthorityId:   a.s.info.AuthorityID,
-		TrustDomain:   a.s.info.TrustDomain,
-		CaFingerprint: a.s.info.CAFingerprint,
+		AuthorityId: a.s.info.AuthorityID,
+		TrustDomain: a.s.info.TrustDomain,
+		// The root that signs the intermediates now: during a root
+		// rotation the new one from update_servers on, as joining
+		// URIs pin (the data directory's root is the one init made).
+		CaFingerprint: ca.Fingerprint(a.s.ca.Roots().Signing),
 		Version:       a.s.cfg.Version,
 		Caller:        callerFrom(ctx).Actor(),
 		SchemaVersion: int32(v),

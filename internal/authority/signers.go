@@ -390,5 +390,5 @@ func (a *agentService) GetVerifierSet(ctx context.Context, req *musterv1.GetVeri
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	return &musterv1.GetVerifierSetResponse{VerifierSet: raw, Chain: chain}, nil
+	return &musterv1.GetVerifierSetResponse{VerifierSet: raw, Chain: chain, TrustBundle: a.s.trustBundleProto()}, nil
 }

@@ -28,12 +28,15 @@ func newAgentTrustRefreshCmd(env *Env) *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:     "refresh --data ADIR",
-		Short:   "Fetch the authority's current verifier set now (a repair path)",
+		Short:   "Fetch the authority's current verifier set and trust bundle now (a repair path)",
 		Example: `  muster agent trust refresh --data /var/lib/muster-agent`,
 		Long: `Ask the authority, over mTLS with the agent's certificate, for its current
 verifier set of task signers, and take it if it is newer than the one held
-and signed by a signer the agent trusts as active. Joins and renewals
-deliver the set anyway; this is for an agent that missed a rotation.`,
+and signed by a signer the agent trusts as active; and its trust bundle,
+taken as a renewal takes it (a new root only through a cross-certificate
+signed by a root the agent trusts): certs/ca.crt and certs/bundle.pem.
+Joins, renewals and the agent's stream deliver both anyway; this is for an
+agent that missed a rotation.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -45,7 +48,7 @@ deliver the set anyway; this is for an agent that missed a rotation.`,
 			}
 			a := agent.New(agent.Options{Dir: dir, Authority: env.Getenv(agent.EnvAuthority),
 				StaticVerifiers: env.Getenv(agent.StaticVerifiersEnv)})
-			version, err := a.RefreshTrust(cmd.Context())
+			got, err := a.RefreshTrust(cmd.Context())
 			if errors.Is(err, agent.ErrNoIdentity) {
 				return fmt.Errorf("agent trust refresh: %w", noIdentity(err))
 			} else if err != nil {
@@ -53,10 +56,12 @@ deliver the set anyway; this is for an agent that missed a rotation.`,
 			}
 			if out.json() {
 				return out.write(env.Stdout, struct {
-					VerifierSetVersion int64 `json:"verifier_set_version"`
-				}{version})
+					VerifierSetVersion int64  `json:"verifier_set_version"`
+					TrustBundle        string `json:"trust_bundle"`
+					Roots              int    `json:"roots"`
+				}{got.VerifierSetVersion, got.TrustBundle, got.Roots})
 			}
-			fmt.Fprintf(env.Stdout, "Verifier set version %d.\n", version)
+			fmt.Fprintf(env.Stdout, "Verifier set version %d.\nTrust bundle %s (%d trusted roots in certs/ca.crt).\n", got.VerifierSetVersion, got.TrustBundle, got.Roots)
 			return nil
 		},
 	}

@@ -111,7 +111,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return s.issuedFrom(a.NodeID, res.Instance, true)
 	}
 	s.cfg.Audit.Appended(build)
-	iss := &Issued{NodeID: a.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
+	iss := &Issued{NodeID: a.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID, NotAfter: leaf.NotAfter, audited: true}
 	if keystore != nil {
 		if iss.PKCS12, iss.PKCS12Password, err = keystore(leaf); err != nil {
 			return nil, err
@@ -126,7 +126,7 @@ func (s *Service) issuedFrom(nodeID string, inst store.Instance, retry bool) (*I
 	if err != nil {
 		return nil, fmt.Errorf("enroll: instance %s: stored chain: %w", inst.ID, err)
 	}
-	return &Issued{NodeID: nodeID, ChainPEM: inst.LastChainPEM, CAPEM: s.rootPM, InstanceID: inst.ID,
+	return &Issued{NodeID: nodeID, ChainPEM: inst.LastChainPEM, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
 		Generation: inst.Generation, NotAfter: certs[0].NotAfter, Retry: retry}, nil
 }
 

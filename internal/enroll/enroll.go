@@ -114,7 +114,18 @@ type Service struct {
 	jsKeys    *joinStateKeys
 	issued    issuedStates // join state documents this process signed
 	endpoints atomic.Pointer[[]string]
-	rootPM    []byte
+}
+
+// rootsPEM are the roots the authority trusts now (during a root
+// rotation, both, the signing one first), PEM: an answer's
+// ca_certificate_pem. Read at every answer, since a rotation's phase
+// changes them while the service runs.
+func (s *Service) rootsPEM() []byte {
+	var out []byte
+	for _, r := range s.cfg.CA.Roots().Trusted {
+		out = append(out, ca.EncodeCertPEM(r)...)
+	}
+	return out
 }
 
 // New checks cfg and returns a Service.
@@ -138,7 +149,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.CA.Issuer(ca.RoleAgent) == nil {
 		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
 	}
-	s := &Service{cfg: cfg, rootPM: ca.EncodeCertPEM(cfg.CA.Root)}
+	s := &Service{cfg: cfg}
 	s.jsKeys = &joinStateKeys{store: cfg.Store, sealer: cfg.BoundKeypair.JoinStateSealer, now: cfg.Now}
 	s.SetEndpoints(cfg.Endpoints)
 	return s, nil

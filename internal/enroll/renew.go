@@ -141,7 +141,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		s.cfg.Audit.Appended(build)
-		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootPM, InstanceID: inst.ID,
+		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
 			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}, nil
 	}
 }

@@ -263,7 +263,10 @@ type GetVerifierSetResponse struct {
 	// oldest first, each signed by a key the one before holds as active or
 	// staged, so an agent that missed several signer steps takes them in
 	// turn. At most 64; ask again from the last one taken for more.
-	Chain         [][]byte `protobuf:"bytes,2,rep,name=chain,proto3" json:"chain,omitempty"`
+	Chain [][]byte `protobuf:"bytes,2,rep,name=chain,proto3" json:"chain,omitempty"`
+	// trust_bundle is the current trust bundle, as joins, renewals and the
+	// stream carry it: muster agent trust refresh takes it too.
+	TrustBundle   *TrustBundle `protobuf:"bytes,3,opt,name=trust_bundle,json=trustBundle,proto3" json:"trust_bundle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -308,6 +311,13 @@ func (x *GetVerifierSetResponse) GetVerifierSet() []byte {
 func (x *GetVerifierSetResponse) GetChain() [][]byte {
 	if x != nil {
 		return x.Chain
+	}
+	return nil
+}
+
+func (x *GetVerifierSetResponse) GetTrustBundle() *TrustBundle {
+	if x != nil {
+		return x.TrustBundle
 	}
 	return nil
 }
@@ -725,10 +735,11 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\x14GetJWTBundleResponse\x12\x12\n" +
 	"\x04jwks\x18\x01 \x01(\fR\x04jwks\":\n" +
 	"\x15GetVerifierSetRequest\x12!\n" +
-	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"Q\n" +
+	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"\x8c\x01\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
 	"\fverifier_set\x18\x01 \x01(\fR\vverifierSet\x12\x14\n" +
-	"\x05chain\x18\x02 \x03(\fR\x05chain\"}\n" +
+	"\x05chain\x18\x02 \x03(\fR\x05chain\x129\n" +
+	"\ftrust_bundle\x18\x03 \x01(\v2\x16.muster.v1.TrustBundleR\vtrustBundle\"}\n" +
 	"\fAgentMessage\x124\n" +
 	"\theartbeat\x18\x01 \x01(\v2\x14.muster.v1.HeartbeatH\x00R\theartbeat\x12/\n" +
 	"\x06result\x18\x02 \x01(\v2\x15.muster.v1.TaskResultH\x00R\x06resultB\x06\n" +
@@ -801,25 +812,26 @@ var file_muster_v1_agent_proto_goTypes = []any{
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
 	12, // 0: muster.v1.MintJWTSVIDResponse.expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 1: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
-	7,  // 2: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
-	10, // 3: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
-	12, // 4: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
-	11, // 5: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
-	13, // 6: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
-	4,  // 7: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	6,  // 8: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	0,  // 9: muster.v1.AgentService.MintJWTSVID:input_type -> muster.v1.MintJWTSVIDRequest
-	2,  // 10: muster.v1.AgentService.GetJWTBundle:input_type -> muster.v1.GetJWTBundleRequest
-	5,  // 11: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	9,  // 12: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	1,  // 13: muster.v1.AgentService.MintJWTSVID:output_type -> muster.v1.MintJWTSVIDResponse
-	3,  // 14: muster.v1.AgentService.GetJWTBundle:output_type -> muster.v1.GetJWTBundleResponse
-	11, // [11:15] is the sub-list for method output_type
-	7,  // [7:11] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	13, // 1: muster.v1.GetVerifierSetResponse.trust_bundle:type_name -> muster.v1.TrustBundle
+	8,  // 2: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
+	7,  // 3: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
+	10, // 4: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
+	12, // 5: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	11, // 6: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
+	13, // 7: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
+	4,  // 8: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	6,  // 9: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	0,  // 10: muster.v1.AgentService.MintJWTSVID:input_type -> muster.v1.MintJWTSVIDRequest
+	2,  // 11: muster.v1.AgentService.GetJWTBundle:input_type -> muster.v1.GetJWTBundleRequest
+	5,  // 12: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	9,  // 13: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	1,  // 14: muster.v1.AgentService.MintJWTSVID:output_type -> muster.v1.MintJWTSVIDResponse
+	3,  // 15: muster.v1.AgentService.GetJWTBundle:output_type -> muster.v1.GetJWTBundleResponse
+	12, // [12:16] is the sub-list for method output_type
+	8,  // [8:12] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }

@@ -1,0 +1,156 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"os"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/boundkeypair"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// RegisterUsingBoundKeypair is enough of the bound-keypair stream for a
+// refresh: one challenge (its answer is not checked), then a certificate
+// from f.leafIssuer (else h's agent intermediate) and the trust bundle.
+func (f *fakeAuthority) RegisterUsingBoundKeypair(stream musterv1.JoinService_RegisterUsingBoundKeypairServer) error {
+	msg, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	init := msg.GetInit()
+	ch, err := boundkeypair.NewChallenge(f.aid, time.Now())
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Challenge{Challenge: ch.Marshal()}}); err != nil {
+		return err
+	}
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	csr, err := ca.ParseCSR(init.GetCsr())
+	if err != nil {
+		return status.Error(codes.InvalidArgument, "csr")
+	}
+	f.mu.Lock()
+	iss, wrong := f.leafIssuer, f.wrongKey
+	f.mu.Unlock()
+	if iss == nil {
+		iss = f.h.Issuer(ca.RoleAgent)
+	}
+	pub := csr.PublicKey
+	if wrong {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		pub = k.Public()
+	}
+	aid, _ := spiffeid.New(f.trustDomain(), spiffeid.RoleAgent, init.GetNodeId())
+	leaf, err := iss.Issue(ca.LeafRequest{PublicKey: pub, SPIFFEID: aid.URL(), CommonName: init.GetNodeId(), ClientAuth: true,
+		NotBefore: time.Now(), TTL: f.ttl})
+	if err != nil {
+		return err
+	}
+	return stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Result{Result: &musterv1.BoundKeypairResult{
+		CertificateChainPem: string(iss.ChainPEM(leaf)), InstanceId: "instance-1", Generation: 1, AuthorityId: f.aid,
+		TrustDomain: f.trustDomain(), JoinState: init.GetPreviousJoinState(), TrustBundle: f.trustBundle()}}})
+}
+
+// boundJoined is an agent joined by token whose state then records a
+// bound-keypair token, with its bound key: what a refresh needs.
+func boundJoined(t *testing.T, f *fakeAuthority) (*Agent, Dir) {
+	t.Helper()
+	a, dir := joined(t, f)
+	if _, err := CreateBoundKey(dir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.JoinMethod, st.BoundKeypair = JoinMethodBoundKeypair, "bk"
+	if err := dir.writeState(st); err != nil {
+		t.Fatal(err)
+	}
+	return a, dir
+}
+
+// TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter: a bound-keypair
+// refresh answered, as in a root rotation's update_servers, with a leaf
+// under a new root the agent does not trust yet, and a bundle that
+// carries that root through a cross-certificate signed by the root it
+// trusts: the leaf verifies against the roots trusted after the bundle
+// (ca.crt holds both). Answered with a certificate of another key, the
+// refresh fails and leaves ca.crt and bundle.pem as they were, although
+// the bundle would have been taken.
+func TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter(t *testing.T) {
+	newRoot := func(f *fakeAuthority) (*ca.Hierarchy, *x509.Certificate) {
+		next, err := ca.Create("test", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := *next.Root
+		tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
+		der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cross, _ := x509.ParseCertificate(der)
+		return next, cross
+	}
+
+	t.Run("leaf under the new root", func(t *testing.T) {
+		f := newFakeAuthority(t, fakeOptions{})
+		a, dir := boundJoined(t, f)
+		next, cross := newRoot(f)
+		f.mu.Lock()
+		f.leafIssuer = next.Issuer(ca.RoleAgent)
+		f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuer(ca.RoleAgent).Cert},
+			Cross: []*x509.Certificate{cross}}
+		f.mu.Unlock()
+		st, err := a.Rebind(t.Context())
+		if err != nil {
+			t.Fatalf("refresh answered with a leaf under the cross-certified new root: %v", err)
+		}
+		if roots := pemCount(t, dir.CAFile()); len(roots) != 2 || !roots[1].Equal(next.Root) {
+			t.Fatalf("ca.crt holds %d roots, want the old and the new", len(roots))
+		}
+		id, err := dir.LoadIdentity()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if serialOf(id.Leaf()) != st.Serial || id.Leaf().CheckSignatureFrom(next.Issuer(ca.RoleAgent).Cert) != nil {
+			t.Fatal("the identity on disk is not the new leaf")
+		}
+	})
+
+	t.Run("certificate that does not verify", func(t *testing.T) {
+		f := newFakeAuthority(t, fakeOptions{})
+		a, dir := boundJoined(t, f)
+		next, cross := newRoot(f)
+		f.mu.Lock()
+		f.wrongKey = true
+		f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Cross: []*x509.Certificate{cross}}
+		f.mu.Unlock()
+		caBefore, _ := os.ReadFile(dir.CAFile())
+		bundleBefore, _ := os.ReadFile(dir.BundleFile())
+		if _, err := a.Rebind(t.Context()); err == nil {
+			t.Fatal("a refresh answered with another key's certificate succeeded")
+		}
+		if caAfter, _ := os.ReadFile(dir.CAFile()); !bytes.Equal(caBefore, caAfter) {
+			t.Fatal("a refresh whose certificate did not verify wrote ca.crt")
+		}
+		if bundleAfter, _ := os.ReadFile(dir.BundleFile()); !bytes.Equal(bundleBefore, bundleAfter) {
+			t.Fatal("a refresh whose certificate did not verify wrote bundle.pem")
+		}
+	})
+}
