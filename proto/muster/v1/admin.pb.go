@@ -1592,7 +1592,11 @@ type ApplyTokenRequest struct {
 	NodeId       string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	BoundKeypair *BoundKeypairSpec      `protobuf:"bytes,3,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
 	// create_only refuses (ALREADY_EXISTS) to update an existing token.
-	CreateOnly    bool `protobuf:"varint,4,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	CreateOnly bool `protobuf:"varint,4,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	// svid_usage: "" or "client" (the default) or "client,server", as in
+	// CreateTokenRequest. Applied to an existing token it takes effect at
+	// the bound agent's next refresh or recovery.
+	SvidUsage     string `protobuf:"bytes,5,opt,name=svid_usage,json=svidUsage,proto3" json:"svid_usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1653,6 +1657,13 @@ func (x *ApplyTokenRequest) GetCreateOnly() bool {
 		return x.CreateOnly
 	}
 	return false
+}
+
+func (x *ApplyTokenRequest) GetSvidUsage() string {
+	if x != nil {
+		return x.SvidUsage
+	}
+	return ""
 }
 
 type ApplyTokenResponse struct {
@@ -3994,13 +4005,15 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x11last_recovered_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastRecoveredAt\x12B\n" +
 	"\x0flast_rotated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastRotatedAt\x12\x14\n" +
 	"\x05epoch\x18\n" +
-	" \x01(\tR\x05epoch\"\xa3\x01\n" +
+	" \x01(\tR\x05epoch\"\xc2\x01\n" +
 	"\x11ApplyTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12@\n" +
 	"\rbound_keypair\x18\x03 \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12\x1f\n" +
 	"\vcreate_only\x18\x04 \x01(\bR\n" +
-	"createOnly\"h\n" +
+	"createOnly\x12\x1d\n" +
+	"\n" +
+	"svid_usage\x18\x05 \x01(\tR\tsvidUsage\"h\n" +
 	"\x12ApplyTokenResponse\x12&\n" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x12\x10\n" +
