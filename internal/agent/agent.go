@@ -137,6 +137,7 @@ type Agent struct {
 
 	onIdentity func()
 	jwts       jwtCache
+	authConn   authorityConn
 }
 
 // New returns an agent for o.Dir.
