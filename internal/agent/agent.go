@@ -138,6 +138,7 @@ type Agent struct {
 
 	onIdentity func()
 	jwts       jwtCache
+	authConn   authorityConn
 }
 
 // New returns an agent for o.Dir.

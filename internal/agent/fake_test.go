@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,6 +21,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
@@ -64,6 +67,35 @@ type fakeAuthority struct {
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}
+	// conns counts the connections accepted, open those not closed yet.
+	conns, open atomic.Int64
+}
+
+// countingListener counts f's connections.
+type countingListener struct {
+	net.Listener
+	f *fakeAuthority
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.f.conns.Add(1)
+		l.f.open.Add(1)
+		c = &countedConn{Conn: c, f: l.f}
+	}
+	return c, err
+}
+
+type countedConn struct {
+	net.Conn
+	f    *fakeAuthority
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.f.open.Add(-1) })
+	return c.Conn.Close()
 }
 
 // trustBundle is what the fake's answers carry.
@@ -132,7 +164,8 @@ func newFakeAuthority(t *testing.T, o fakeOptions) *fakeAuthority {
 	musterv1.RegisterBootstrapServiceServer(gs, f)
 	musterv1.RegisterCertificateServiceServer(gs, f)
 	musterv1.RegisterJoinServiceServer(gs, f)
-	go gs.Serve(lis)
+	musterv1.RegisterAgentServiceServer(gs, fakeMinter{})
+	go gs.Serve(countingListener{Listener: lis, f: f})
 	t.Cleanup(gs.Stop)
 	return f
 }
@@ -281,4 +314,20 @@ func codeOf(err error) codes.Code {
 		return se.GRPCStatus().Code()
 	}
 	return codes.OK
+}
+
+// fakeMinter answers MintJWTSVID with a "token" naming the serial of the
+// client certificate the connection presented.
+type fakeMinter struct {
+	musterv1.UnimplementedAgentServiceServer
+}
+
+func (fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
+	p, _ := peer.FromContext(ctx)
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return nil, status.Error(codes.Unauthenticated, "no client certificate")
+	}
+	return &musterv1.MintJWTSVIDResponse{Token: serialOf(ti.State.PeerCertificates[0]),
+		ExpiresAt: timestamppb.New(time.Now().Add(5 * time.Minute))}, nil
 }

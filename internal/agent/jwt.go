@@ -2,6 +2,9 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strings"
@@ -31,9 +34,52 @@ type cachedJWT struct {
 	issued, expiry time.Time
 }
 
+// authorityConn is the connection JWT-SVID calls share: dialled once for
+// an address, authority, certificate and set of roots, so a mint costs no
+// TLS handshake. Each call reads the identity on disk; when it differs
+// from the one the connection was made with (a renewal swapped the
+// certificate, a rotation the roots), the call dials anew and the old
+// connection is closed once calls in flight on it have had their time.
+type authorityConn struct {
+	mu   sync.Mutex
+	key  string
+	conn *grpc.ClientConn
+}
+
+// get returns the connection for key, dialling it with tc if it is not
+// the one held.
+func (c *authorityConn) get(key, addr string, tc func() *tls.Config, grace time.Duration) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil && c.key == key {
+		return c.conn, nil
+	}
+	conn, err := dial(addr, tc())
+	if err != nil {
+		return nil, err
+	}
+	if old := c.conn; old != nil {
+		time.AfterFunc(grace, func() { old.Close() })
+	}
+	c.key, c.conn = key, conn
+	return conn, nil
+}
+
+// connKey names what a connection was made with.
+func connKey(addr string, authorityID spiffeid.ID, id *identity.Identity) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00", addr, authorityID)
+	h.Write(id.Leaf().Raw)
+	for _, r := range id.Roots {
+		h.Write(r.Raw)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
 // withAuthority runs f over an mTLS connection to the authority with the
-// current identity; it reads the files without the directory's lock (a
-// renewal in flight holds it), as the Workload API does.
+// current identity (the shared authorityConn); it reads the files without
+// the directory's lock (a renewal in flight holds it), as the Workload
+// API does.
 func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.ClientConnInterface) error) error {
 	st, id, err := a.load(false)
 	if err != nil {
@@ -46,11 +92,12 @@ func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.
 	if err != nil {
 		return fmt.Errorf("state.json: %w", err)
 	}
-	conn, err := dial(a.address(st), identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)))
+	addr := a.address(st)
+	conn, err := a.authConn.get(connKey(addr, authorityID, id), addr,
+		func() *tls.Config { return identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)) }, 2*a.timeout)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
 	return f(cctx, conn)

@@ -102,6 +102,10 @@ func (a *adminService) applyToken(ctx context.Context, req *musterv1.ApplyTokenR
 	if err != nil {
 		return nil, badRequest(err.Error())
 	}
+	usage, err := jointoken.ParseSVIDUsage(req.GetSvidUsage())
+	if err != nil {
+		return nil, badRequest("spec.svid_usage: " + err.Error())
+	}
 	if w := spec.Warning(); w != "" {
 		a.s.log.Warn(w, "token", spec.Name)
 	}
@@ -120,7 +124,7 @@ func (a *adminService) applyToken(ctx context.Context, req *musterv1.ApplyTokenR
 	case err == nil && old.NodeID != spec.Node:
 		return nil, badRequest(fmt.Sprintf("spec.node: token %s is for node %s; a token's node cannot change", spec.Name, old.NodeID))
 	case err == nil:
-		t, err := a.s.store.UpdateBoundKeypairSpec(ctx, spec.Name, stored)
+		t, err := a.s.store.UpdateBoundKeypairSpec(ctx, spec.Name, stored, usage)
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +134,7 @@ func (a *adminService) applyToken(ctx context.Context, req *musterv1.ApplyTokenR
 	}
 
 	t := store.Token{ID: spec.Name, JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{}, Nonce: []byte{},
-		NodeID: spec.Node, CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, BoundKeypair: &store.BoundKeypair{Spec: stored}}
+		NodeID: spec.Node, CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, BoundKeypair: &store.BoundKeypair{Spec: stored}, SVIDUsage: usage}
 	if key.IsZero() {
 		// No key given: the agent binds its own with a one-use secret.
 		raw := make([]byte, 16)

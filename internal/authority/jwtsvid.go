@@ -12,18 +12,6 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// jwtKeyVersion is the JWT-SVID signing key the authority signs with;
-// a rotation adds the next version and publishes both.
-const jwtKeyVersion = 1
-
-func (s *Server) newJWTIssuer() (*jwtsvid.Issuer, error) {
-	k, err := jwtsvid.DeriveKey(s.cfg.StorageKey.Derive, jwtKeyVersion)
-	if err != nil {
-		return nil, err
-	}
-	return jwtsvid.NewIssuer(k)
-}
-
 // MintJWTSVID signs a JWT-SVID for the calling agent, after the same
 // standing checks as any agent RPC (a locked, deleted or superseded
 // instance gets none). Mints are not audited one by one (workloads ask
@@ -35,13 +23,14 @@ func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVI
 		return nil, toStatus(ctx, a.s.log, err)
 	}
 	now := time.Now()
-	tok, exp, err := a.s.jwt.Mint(c.ID.String(), req.GetAudience(), now, c.Cert.NotAfter)
+	iss := a.s.jwt.Load()
+	tok, exp, err := iss.Mint(c.ID.String(), req.GetAudience(), now, c.Cert.NotAfter)
 	if errors.Is(err, jwtsvid.ErrAudience) {
 		return nil, toStatus(ctx, a.s.log, badRequest(err.Error()))
 	} else if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	jwks, err := a.s.jwt.JWKS()
+	jwks, err := iss.JWKS()
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
@@ -53,7 +42,7 @@ func (a *agentService) GetJWTBundle(ctx context.Context, _ *musterv1.GetJWTBundl
 	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	jwks, err := a.s.jwt.JWKS()
+	jwks, err := a.s.jwt.Load().JWKS()
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
@@ -72,7 +61,7 @@ func (s *Server) jwksHandler() http.Handler {
 			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 			return
 		}
-		jwks, err := s.jwt.JWKS()
+		jwks, err := s.jwt.Load().JWKS()
 		if err != nil {
 			http.Error(w, "internal error", http.StatusInternalServerError)
 			return

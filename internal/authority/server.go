@@ -112,6 +112,10 @@ type Config struct {
 	// WrapCACustody, if set, wraps the custody of the CA keys (tests:
 	// counting what is destroyed, a token in place of sealed keys).
 	WrapCACustody func(custody.Custody) (custody.Custody, error)
+	// JWTKeyRotationPeriod is jwt_svid.key_rotation_period: how long a
+	// JWT-SVID signing key version signs before the next one replaces it
+	// (zero: DefaultJWTKeyRotationPeriod; at least MinJWTKeyRotationPeriod).
+	JWTKeyRotationPeriod time.Duration
 	// CRLListen (optional) serves the certificate revocation lists over
 	// plain HTTP; CRLURL (optional) is the base URL relying parties fetch
 	// them from, named in every new leaf. Either one keeps the lists
@@ -147,8 +151,9 @@ type Server struct {
 	enroll  *enroll.Service
 	limiter *ratelimit.Keyed
 	tokens  *seal.Sealer
-	// jwt signs JWT-SVIDs for agents (MintJWTSVID).
-	jwt     *jwtsvid.Issuer
+	// jwt signs JWT-SVIDs for agents (MintJWTSVID): the issuer of the
+	// key version this replica last read (jwtkey.go).
+	jwt     atomic.Pointer[jwtsvid.Issuer]
 	signers *signer.Keeper
 	// setAhead notices agents holding a newer verifier set than the
 	// store's (a restore).
@@ -243,7 +248,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
 	}
-	if s.jwt, err = s.newJWTIssuer(); err != nil {
+	if err := s.loadJWTKey(); err != nil {
 		return nil, err
 	}
 	psks, err := cfg.StorageKey.Sealer(seal.InfoPSK)
@@ -675,6 +680,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { s.inter.run(gctx); return nil })
+	g.Go(func() error { s.jwtKeyClock(gctx); return nil })
 	g.Go(func() error { s.outage.run(gctx); return nil })
 	g.Go(func() error { s.streamEnds.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })

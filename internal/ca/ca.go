@@ -56,13 +56,25 @@ var (
 	ErrKeyType = errors.New("key type not allowed: want ECDSA P-256 or Ed25519")
 )
 
-// eku is what each intermediate may sign for. Go's verifier enforces EKUs
-// down the chain, so a server certificate minted under the agent
-// intermediate fails to verify, not just to authorize.
+// eku is what each intermediate may sign for. Verifiers (Go's, OpenSSL's)
+// enforce EKUs down the chain, so a leaf minted under an intermediate for
+// a purpose the intermediate lacks fails to verify, not just to authorize:
+// a client certificate under the server or bootstrap intermediate, and
+// anything but a client certificate under the admin one.
+//
+// The agent intermediate allows serverAuth as well, so the SVID of a
+// machine whose token or bot says --svid-usage client,server verifies as a
+// TLS server certificate in OpenSSL and BoringSSL (Envoy). Which agent
+// leaves carry serverAuth is the authority's policy (enroll), not the
+// intermediate's; that an agent leaf is never the authority's server
+// identity rests on its SPIFFE ID (spiffe://TD/agent/…, set by the
+// authority, matched exactly by every client of the authority), see
+// docs/threat-model.md. Before this, agent intermediates were clientAuth
+// only; those still valid keep that until their next rotation.
 var eku = map[Role][]x509.ExtKeyUsage{
 	RoleBootstrap: {x509.ExtKeyUsageServerAuth},
 	RoleServer:    {x509.ExtKeyUsageServerAuth},
-	RoleAgent:     {x509.ExtKeyUsageClientAuth},
+	RoleAgent:     {x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth},
 	RoleAdmin:     {x509.ExtKeyUsageClientAuth},
 }
 

@@ -61,7 +61,11 @@ func TestCreate(t *testing.T) {
 	}{
 		{RoleBootstrap, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth, IntermediateTTL},
 		{RoleServer, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth, IntermediateTTL},
-		{RoleAgent, x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth, IntermediateTTL},
+		// The agent intermediate allows both: a --svid-usage client,server
+		// SVID verifies as a TLS server certificate in OpenSSL (which checks
+		// EKUs down the chain). No wrong purpose to try (ExtKeyUsageAny).
+		{RoleAgent, x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageAny, IntermediateTTL},
+		{RoleAgent, x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageAny, IntermediateTTL},
 		{RoleAdmin, x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth, IntermediateTTL},
 	} {
 		t.Run(string(tc.role), func(t *testing.T) {
@@ -75,16 +79,29 @@ func TestCreate(t *testing.T) {
 			if _, err := c.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{tc.usage}}); err != nil {
 				t.Errorf("does not verify: %v", err)
 			}
+			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			inter := x509.NewCertPool()
+			inter.AddCert(c)
+			// A leaf for the intermediate's purpose verifies for it.
+			ok, err := h.Issuer(tc.role).Issue(LeafRequest{PublicKey: key.Public(), NotBefore: now, TTL: time.Hour,
+				ServerAuth: tc.usage == x509.ExtKeyUsageServerAuth, ClientAuth: tc.usage == x509.ExtKeyUsageClientAuth})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ok.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{tc.usage}}); err != nil {
+				t.Errorf("a leaf for %v does not verify under the %s intermediate: %v", tc.usage, tc.role, err)
+			}
+			if tc.wrong == x509.ExtKeyUsageAny {
+				return
+			}
 			// A leaf issued for the wrong purpose under this intermediate
 			// must not verify for that purpose.
-			key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			key, _ = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			leaf, err := h.Issuer(tc.role).Issue(LeafRequest{PublicKey: key.Public(), NotBefore: now, TTL: time.Hour,
 				ServerAuth: tc.wrong == x509.ExtKeyUsageServerAuth, ClientAuth: tc.wrong == x509.ExtKeyUsageClientAuth})
 			if err != nil {
 				t.Fatal(err)
 			}
-			inter := x509.NewCertPool()
-			inter.AddCert(c)
 			if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{tc.wrong}}); err == nil {
 				t.Errorf("a leaf for %v verified under the %s intermediate", tc.wrong, tc.role)
 			}

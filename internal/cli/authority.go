@@ -80,6 +80,10 @@ type authorityConfig struct {
 		// IntermediateTTL: empty keeps the default (1 year).
 		IntermediateTTL string `yaml:"intermediate_ttl"`
 	} `yaml:"ca"`
+	JWTSVID struct {
+		// KeyRotationPeriod: empty keeps the default (30 days).
+		KeyRotationPeriod string `yaml:"key_rotation_period"`
+	} `yaml:"jwt_svid"`
 	Limits struct {
 		// MaxConnections: nil or 0 keeps the default (from the open-file
 		// limit).
@@ -135,6 +139,8 @@ type authorityOptions struct {
 	agentCertTTL    time.Duration
 	// caIntermediateTTL is ca.intermediate_ttl.
 	caIntermediateTTL time.Duration
+	// jwtKeyPeriod is jwt_svid.key_rotation_period.
+	jwtKeyPeriod time.Duration
 	// boundCertTTL is bound_keypair.cert_ttl (zero: 1h, but never longer
 	// than agentCertTTL, so a short test or lab setting shortens both).
 	boundCertTTL   time.Duration
@@ -163,6 +169,7 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
+	var jwtPeriod string
 	var ttl, boundTTL, interTTL, configFile, memoryLimit, crlValidity string
 	var checkOnly bool
 	cmd := &cobra.Command{
@@ -220,6 +227,7 @@ and the data directory, prints the settings in force, and exits.`,
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
 			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
 			pick(&interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
+			pick(&jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
 			pick(&o.logFormat, "log-format", cfg.Log.Format)
 			pick(&o.logLevel, "log-level", cfg.Log.Level)
 			if !f.Changed("trusted-proxy") {
@@ -262,6 +270,9 @@ and the data directory, prints the settings in force, and exits.`,
 				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
 				return fmt.Errorf("authority: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
 			}
+			if o.jwtKeyPeriod, err = time.ParseDuration(jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
+				return fmt.Errorf("authority: jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", jwtPeriod, authority.MinJWTKeyRotationPeriod)
+			}
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -282,6 +293,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&crlValidity, "crl-validity", crl.DefaultValidity.String(), "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
+	fl.StringVar(&jwtPeriod, "jwt-key-rotation-period", authority.DefaultJWTKeyRotationPeriod.String(), "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
 	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
 	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
@@ -500,8 +512,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
-		CAIntermediateTTL: o.caIntermediateTTL,
-		Discovery:         disc, PSKOptionalUntil: pskOptionalUntil,
+		CAIntermediateTTL: o.caIntermediateTTL, JWTKeyRotationPeriod: o.jwtKeyPeriod,
+		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: reportedVersion(), Log: log, Ready: o.ready,
 		SignerMinLeadTime:   o.signerMinLead,
 		RecoveriesWarnAt:    o.recoveriesWarnAt,

@@ -102,6 +102,7 @@ func newBotAddCmd(env *Env) *cobra.Command {
 		mode           string
 		registerBefore string
 		disc, discFP   string
+		svidUsage      string
 	)
 	cmd := &cobra.Command{
 		Use:   "add NAME",
@@ -109,6 +110,7 @@ func newBotAddCmd(env *Env) *cobra.Command {
 		Example: `  muster bot add build-runner-01
   muster bot add build-runner-01 --public-key runner.pub --recovery-limit 3
   muster bot add gpu-7 --recovery-mode relaxed --register-before 24h -o json
+  muster bot add mesh-4 --svid-usage client,server
   muster bot add edge-3 --discovery discovery.example:8443 --discovery-fingerprint sha256:4be1…`,
 		Long: `Add a bound-keypair token named NAME for node NAME. With --public-key the
 token is bound to that key now (static binding: the file holds an
@@ -122,7 +124,13 @@ join and no recovery under the standard mode.
 
 With --discovery, the joining URI through that discovery service is printed
 as well (the agent looks the authority up there, then proves it by the CA
-fingerprint before signing anything).`,
+fingerprint before signing anything).
+
+--svid-usage client,server lets the agent's certificates serve TLS too (so
+machines can mTLS each other with their SPIFFE identities; see
+docs/workload-api.md). Unlike a join token's, a bound-keypair token's usage
+holds for as long as the token: each refresh and recovery takes it as it
+is then, so "muster token apply" can change it.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
@@ -173,7 +181,7 @@ fingerprint before signing anything).`,
 						return fmt.Errorf("bot add: --discovery: %w", err)
 					}
 				}
-				resp, err := c.ApplyToken(ctx, &musterv1.ApplyTokenRequest{Name: args[0], NodeId: args[0], BoundKeypair: spec, CreateOnly: true})
+				resp, err := c.ApplyToken(ctx, &musterv1.ApplyTokenRequest{Name: args[0], NodeId: args[0], BoundKeypair: spec, CreateOnly: true, SvidUsage: svidUsage})
 				if err != nil {
 					return err
 				}
@@ -201,6 +209,9 @@ fingerprint before signing anything).`,
 					fmt.Fprintf(env.Stdout, "Registration secret: %s\nRegister before:     %s\n", b.RegistrationSecret,
 						b.MustRegisterBefore.UTC().Format(time.RFC3339))
 				}
+				if t.SVIDUsage != "" {
+					fmt.Fprintf(env.Stdout, "SVID usage:    %s (its certificates may serve TLS)\n", t.SVIDUsage)
+				}
 				fmt.Fprintf(env.Stdout, "Joining URI:   %s\n", resp.GetUri())
 				if discURI != "" {
 					fmt.Fprintf(env.Stdout, "Through discovery: %s\n", discURI)
@@ -215,6 +226,7 @@ fingerprint before signing anything).`,
 	f.StringVar(&mode, "recovery-mode", boundkeypair.ModeStandard, "standard, relaxed or insecure")
 	f.StringVar(&disc, "discovery", "", "also print the joining URI through this discovery service, HOST:PORT")
 	f.StringVar(&discFP, "discovery-fingerprint", "", "pin of the discovery's CA in that URI, sha256:HEX (default: the agent trusts the system roots for it)")
+	f.StringVar(&svidUsage, "svid-usage", "client", "what the machine's certificates may do: client, or client,server to serve TLS too")
 	f.StringVar(&registerBefore, "register-before", boundkeypair.DefaultRegisterWithin.String(), "registration deadline: RFC 3339 time or a duration from now")
 	af.register(cmd)
 	out.register(cmd)

@@ -54,7 +54,8 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		Use: "rotate ROLE [--activate] [--root-key FILE]",
 		Example: `  muster ca rotate agent                           # prepare the agent intermediate's successor now
   muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
-  muster ca rotate agent --activate                # make the prepared one sign every new agent certificate`,
+  muster ca rotate agent --activate                # make the prepared one sign every new agent certificate
+  muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now`,
 		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
 		Long: `ROLE is bootstrap, server, agent or admin. Without --activate, prepares the
 successor of ROLE's intermediate: a new key (made and sealed by the
@@ -69,13 +70,24 @@ certificate goes back. The root key never leaves this machine.
 
 --activate refuses while nothing is prepared, and until the prepared one
 has been published by every replica (about ten seconds after it was
-prepared).`,
+prepared).
+
+ROLE jwt rotates the JWT-SVID signing key instead (docs/workload-api.md):
+the next version signs from now on; the JWKS keeps the previous one until
+its tokens have expired. It is refused within jwt_svid's minimum period
+of the last rotation.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
 			role := args[0]
+			if role == "jwt" {
+				if activate || rootKey != "" {
+					return errors.New("ca rotate jwt: takes neither --activate nor --root-key: the next JWT-SVID key is derived and published already, and signs at once")
+				}
+				return rotateJWTKey(cmd, env, &af, out)
+			}
 			if activate && rootKey != "" {
 				return errors.New("ca rotate: --activate needs no root key; prepare with --root-key first, then activate")
 			}

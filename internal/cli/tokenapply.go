@@ -70,7 +70,7 @@ func parseTokenFile(data []byte) (*musterv1.ApplyTokenRequest, error) {
 		}
 		*tf.into = timestamppb.New(t)
 	}
-	return &musterv1.ApplyTokenRequest{Name: f.Metadata.Name, NodeId: f.Spec.Node, BoundKeypair: spec}, nil
+	return &musterv1.ApplyTokenRequest{Name: f.Metadata.Name, NodeId: f.Spec.Node, BoundKeypair: spec, SvidUsage: f.Spec.SVIDUsage}, nil
 }
 
 func newTokenApplyCmd(env *Env) *cobra.Command {

@@ -35,6 +35,13 @@ func TestParseTokenFile(t *testing.T) {
 	if err != nil || defaults.GetBoundKeypair().GetRecoveryLimit() != 1 || defaults.GetBoundKeypair().GetRecoveryMode() != "standard" {
 		t.Fatalf("defaults: %+v, %v", defaults, err)
 	}
+	if req.GetSvidUsage() != "" {
+		t.Errorf("svid_usage %q without one in the file", req.GetSvidUsage())
+	}
+	if got, err := parseTokenFile([]byte(strings.Replace(tokenYAML, "  node: build-runner-01", "  node: build-runner-01\n  svid_usage: client,server", 1))); err != nil ||
+		got.GetSvidUsage() != "client,server" {
+		t.Fatalf("spec.svid_usage: %+v, %v", got, err)
+	}
 	if _, err := parseTokenFile([]byte(tokenYAML + "status: null\n")); err != nil {
 		t.Fatalf("an empty status is refused: %v", err)
 	}

@@ -32,6 +32,9 @@ type tokenSpec struct {
 	JoinMethod   string           `json:"join_method" yaml:"join_method"`
 	Node         string           `json:"node" yaml:"node"`
 	BoundKeypair tokenSpecKeypair `json:"bound_keypair" yaml:"bound_keypair"`
+	// SVIDUsage is client,server for a token whose agent's certificates
+	// may serve TLS; empty (or client) for client authentication only.
+	SVIDUsage string `json:"svid_usage,omitempty" yaml:"svid_usage,omitempty"`
 }
 
 type tokenSpecKeypair struct {
@@ -102,7 +105,7 @@ func resourceOf(t *musterv1.Token) *tokenResource {
 				MustRegisterBefore: when(sp.GetMustRegisterBefore(), sp.GetMustRegisterBefore() != nil)},
 			Recovery:    tokenRecovery{Limit: &limit, Mode: sp.GetRecoveryMode()},
 			RotateAfter: when(sp.GetRotateAfter(), sp.GetRotateAfter() != nil),
-		}},
+		}, SVIDUsage: serverUsage(t.GetSvidUsage())},
 		Status: &tokenStatus{State: t.GetState(), CreatedBy: t.GetCreatedBy(), CreatedAt: t.GetCreatedAt().AsTime().UTC(),
 			BoundKeypair: tokenStatusKeypair{RegistrationSecret: st.GetRegistrationSecret(), BoundPublicKey: st.GetBoundPublicKey(),
 				BoundKeyFingerprint: st.GetBoundKeyFingerprint(), BoundInstanceID: st.GetBoundInstanceId(),
@@ -110,6 +113,15 @@ func resourceOf(t *musterv1.Token) *tokenResource {
 				RecoveriesRemaining: st.GetRecoveriesRemaining(), LastRecoveredAt: timePtr(st.GetLastRecoveredAt()),
 				LastRotatedAt: timePtr(st.GetLastRotatedAt()), Epoch: st.GetEpoch()}},
 	}
+}
+
+// serverUsage is usage when it lets certificates serve TLS, "" for the
+// default (client only), which outputs leave out.
+func serverUsage(usage string) string {
+	if usage == "" || usage == "client" {
+		return ""
+	}
+	return usage
 }
 
 // explainFileYAML is explainYAML for a file decoded strictly into into: an

@@ -42,6 +42,18 @@ func TestTokenResourceRoundTrip(t *testing.T) {
 		b.GetInitialPublicKey() != "" {
 		t.Fatalf("read back %+v", req)
 	}
+	if req.GetSvidUsage() != "" || strings.Contains(out.String(), "svid_usage") {
+		t.Errorf("a client-only token's resource names a usage: %q\n%s", req.GetSvidUsage(), out.String())
+	}
+	// A client,server token's usage survives get then apply.
+	tok.SvidUsage = "client,server"
+	out.Reset()
+	if err := (&output{format: "yaml"}).write(&out, resourceOf(tok)); err != nil {
+		t.Fatal(err)
+	}
+	if req, err := parseTokenFile(out.Bytes()); err != nil || req.GetSvidUsage() != "client,server" {
+		t.Fatalf("svid_usage client,server read back as %q (%v):\n%s", req.GetSvidUsage(), err, out.String())
+	}
 	if resourceOf(&musterv1.Token{Id: "abcdef", JoinMethod: "token"}) != nil {
 		t.Error("a join token has a bound-keypair resource")
 	}

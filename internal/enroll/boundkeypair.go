@@ -486,6 +486,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		if len(claims) == 0 {
 			claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: bk.BoundPublicKey})
 		}
+		if held != nil {
+			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
+		}
 		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
 	}
@@ -570,6 +573,11 @@ type held struct {
 	// lock is the lock in force on the renewal's targets and the public
 	// keys among the join's (nil for none), read with the rest.
 	lock *store.Lock
+	// serverAuth is the token's svid_usage as read by this refresh: a
+	// bound-keypair token stays its agent's policy, so a change by token
+	// apply takes effect at the next refresh (a plain renewal keeps the
+	// usage of the certificate it renews; its token may be long gone).
+	serverAuth bool
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the

@@ -208,7 +208,7 @@ func TestBoundKeypairRecoveryBudget(t *testing.T) {
 	// Raising the limit brings the agent back with no change on its side.
 	spec := b.status(t).Spec
 	spec.RecoveryLimit = 3
-	if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec); err != nil {
+	if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.recover(t, second.JoinState); err != nil {

@@ -50,7 +50,8 @@ type Admission struct {
 	MaySupersede bool
 	// ServerAuth, from the token's svid_usage, lets the new instance's
 	// certificates serve TLS too; renewals keep what the instance's
-	// certificate says.
+	// certificate says, bound-keypair refreshes take the token's usage
+	// as it is then (held.serverAuth).
 	ServerAuth bool
 	// PublicKey is the key to certify; nil asks the authority to mint one.
 	PublicKey crypto.PublicKey

@@ -105,7 +105,11 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, s.copyDetected(ctx, rec, inst)
 		}
 		now := s.cfg.Now()
-		next, chain, err := s.issue(rec.NodeID, inst.JoinMethod, csr.PublicKey, now, servesTLS(leaf))
+		serverAuth := servesTLS(leaf)
+		if h != nil {
+			serverAuth = h.serverAuth
+		}
+		next, chain, err := s.issue(rec.NodeID, inst.JoinMethod, csr.PublicKey, now, serverAuth)
 		if err != nil {
 			return nil, err
 		}

@@ -81,7 +81,7 @@ func TestBoundKeypairRotation(t *testing.T) {
 			if !tc.rotateAfter.IsZero() {
 				spec := b.status(t).Spec
 				spec.RotateAfter = tc.rotateAfter
-				if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec); err != nil {
+				if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec, ""); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -188,7 +188,7 @@ func TestBoundKeypairRotationPendingKeyRetried(t *testing.T) {
 	first, _ := b.register(t)
 	spec := b.status(t).Spec
 	spec.RotateAfter = time.Now().Add(-time.Minute)
-	if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec); err != nil {
+	if _, err := b.st.UpdateBoundKeypairSpec(t.Context(), "bot-1", spec, ""); err != nil {
 		t.Fatal(err)
 	}
 	newPriv, newPub := newBoundKey(t)

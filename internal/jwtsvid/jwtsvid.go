@@ -2,12 +2,15 @@
 // workloads (docs/workload-api.md) and publishes the keys that verify
 // them as a JWKS: ES256, short-lived, subject the agent's SPIFFE ID.
 //
-// The signing key is derived from the authority's storage key (HKDF,
+// The signing keys are derived from the authority's storage key (HKDF,
 // info "muster-jwt-svid-key-v<N>"), so every replica holding the data
-// directory's files signs with the same key and serves the same JWKS,
-// with nothing new in the store. Its key ID names the version; a rotation
-// is a new version published beside the old one until the old one's
-// tokens have expired.
+// directory's files derives the same key for a version; the store says
+// only which version is current. Its key ID names the version. The JWKS
+// publishes the current version's key, the previous one's (a token
+// minted just before a rotation still verifies until it expires) and the
+// next one's (a replica that rotated signs with a key the JWKS of a
+// replica that has not seen the rotation yet, and a relying party's
+// cached copy, already hold).
 package jwtsvid
 
 import (
@@ -63,9 +66,43 @@ func DeriveKey(derive func(info string, n int) []byte, version int) (Key, error)
 
 // Issuer signs with its first key and publishes them all.
 type Issuer struct {
-	keys   []Key
-	signer jose.Signer
+	keys    []Key
+	signer  jose.Signer
+	version int64
 }
+
+// NewVersioned returns the issuer of version (from 1): it signs with
+// version's key and publishes version's, the next one's and, from
+// version 2, the previous one's.
+func NewVersioned(derive func(info string, n int) []byte, version int64) (*Issuer, error) {
+	if version < 1 {
+		return nil, fmt.Errorf("jwtsvid: key version %d: want 1 or more", version)
+	}
+	var keys []Key
+	for _, v := range []int64{version, version + 1, version - 1} {
+		if v < 1 {
+			continue
+		}
+		k, err := DeriveKey(derive, int(v))
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, k)
+	}
+	i, err := NewIssuer(keys...)
+	if err != nil {
+		return nil, err
+	}
+	i.version = version
+	return i, nil
+}
+
+// Version is the key version the issuer signs with (0 for one made by
+// NewIssuer).
+func (i *Issuer) Version() int64 { return i.version }
+
+// KeyID is the ID of the key the issuer signs with.
+func (i *Issuer) KeyID() string { return i.keys[0].ID }
 
 // NewIssuer returns an issuer signing with keys[0].
 func NewIssuer(keys ...Key) (*Issuer, error) {

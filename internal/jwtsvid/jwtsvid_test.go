@@ -104,3 +104,69 @@ func FuzzCheckAudiences(f *testing.F) {
 		}
 	})
 }
+
+// A version's issuer signs with that version's key and publishes the
+// previous, current and next ones: a token minted before a rotation
+// verifies with the JWKS after it, one minted after with the JWKS before.
+func TestNewVersionedPublishesNeighbours(t *testing.T) {
+	kids := func(i *Issuer) map[string]jose.JSONWebKey {
+		raw, err := i.JWKS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var set jose.JSONWebKeySet
+		if err := jsonUnmarshal(raw, &set); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]jose.JSONWebKey{}
+		for _, k := range set.Keys {
+			m[k.KeyID] = k
+		}
+		return m
+	}
+	v1, err := NewVersioned(fixedDerive(1), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, _ := NewVersioned(fixedDerive(1), 2)
+	k1, _ := DeriveKey(fixedDerive(1), 1)
+	k2, _ := DeriveKey(fixedDerive(1), 2)
+	k3, _ := DeriveKey(fixedDerive(1), 3)
+	if v1.KeyID() != k1.ID || v2.KeyID() != k2.ID || v2.Version() != 2 {
+		t.Fatalf("signing keys %s %s, want %s %s", v1.KeyID(), v2.KeyID(), k1.ID, k2.ID)
+	}
+	if got := kids(v1); len(got) != 2 || got[k1.ID].Key == nil || got[k2.ID].Key == nil {
+		t.Fatalf("version 1's JWKS: %v, want v1 and v2", got)
+	}
+	if got := kids(v2); len(got) != 3 || got[k1.ID].Key == nil || got[k2.ID].Key == nil || got[k3.ID].Key == nil {
+		t.Fatalf("version 2's JWKS: %v, want v1, v2 and v3", got)
+	}
+	now := time.Now()
+	verify := func(tok string, with *Issuer) error {
+		parsed, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.ES256})
+		if err != nil {
+			return err
+		}
+		k, ok := kids(with)[parsed.Headers[0].KeyID]
+		if !ok {
+			return jose.ErrJWKSKidNotFound
+		}
+		var c jwt.Claims
+		return parsed.Claims(k.Key, &c)
+	}
+	before, _, _ := v1.Mint("spiffe://td/agent/n1", []string{"db"}, now, now.Add(time.Hour))
+	after, _, _ := v2.Mint("spiffe://td/agent/n1", []string{"db"}, now, now.Add(time.Hour))
+	if err := verify(before, v2); err != nil {
+		t.Errorf("a token of version 1 with version 2's JWKS: %v", err)
+	}
+	if err := verify(after, v1); err != nil {
+		t.Errorf("a token of version 2 with version 1's JWKS: %v", err)
+	}
+	v4, _ := NewVersioned(fixedDerive(1), 4)
+	if err := verify(before, v4); err == nil {
+		t.Error("version 4's JWKS still verifies a token of version 1")
+	}
+	if _, err := NewVersioned(fixedDerive(1), 0); err == nil {
+		t.Error("version 0 accepted")
+	}
+}

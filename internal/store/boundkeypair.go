@@ -136,7 +136,9 @@ type BoundKeypairStore interface {
 	// ListJoinStateKeys returns every key, newest first (ties by ID).
 	ListJoinStateKeys(ctx context.Context) ([]JoinStateKey, error)
 	// UpdateBoundKeypairSpec replaces the spec of a bound-keypair token and
-	// returns the token as it now stands; the status is untouched.
-	// ErrNotFound if there is no bound-keypair token with that ID.
-	UpdateBoundKeypairSpec(ctx context.Context, tokenID string, spec BoundKeypairSpec) (Token, error)
+	// its svid_usage ("" or SVIDUsageClient: client only;
+	// SVIDUsageClientServer) in one write and returns the token as it now
+	// stands; the status is untouched. ErrNotFound if there is no
+	// bound-keypair token with that ID.
+	UpdateBoundKeypairSpec(ctx context.Context, tokenID string, spec BoundKeypairSpec, svidUsage string) (Token, error)
 }

@@ -226,4 +226,5 @@ type Store interface {
 	AgentStreamStore
 	AgentLister
 	CRLStore
+	JWTKeyStore
 }

@@ -94,7 +94,7 @@ func boundKeypairsOf(ctx context.Context, q querier, ids []string) (map[string]*
 // UpdateBoundKeypairSpec replaces the spec of a bound-keypair token in one
 // write and returns the token as it now stands; ErrNotFound if there is no
 // bound-keypair token with that ID. The status columns are not written.
-func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec) (store.Token, error) {
+func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec, svidUsage string) (store.Token, error) {
 	var t store.Token
 	err := s.inTx(ctx, "update bound keypair", func(tx pgx.Tx) error {
 		res, err := tx.Exec(ctx, `UPDATE bound_keypairs
@@ -107,6 +107,10 @@ func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec stor
 		}
 		if res.RowsAffected() == 0 {
 			return fmt.Errorf("postgres: update bound keypair %s: %w", id, store.ErrNotFound)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tokens SET svid_usage = $1 WHERE id = $2`,
+			store.Token{SVIDUsage: svidUsage}.SVIDUsageOrDefault(), id); err != nil {
+			return wrap("update bound keypair", err)
 		}
 		if t, err = scanToken(tx.QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = $1`, id)); err != nil {
 			return wrap("update bound keypair", err)

@@ -122,7 +122,7 @@ type querier interface {
 // UpdateBoundKeypairSpec replaces the spec of a bound-keypair token in one
 // write and returns the token as it now stands; ErrNotFound if there is no
 // bound-keypair token with that ID. The status columns are not written.
-func (s *SQLite) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec) (store.Token, error) {
+func (s *SQLite) UpdateBoundKeypairSpec(ctx context.Context, id string, spec store.BoundKeypairSpec, svidUsage string) (store.Token, error) {
 	var t store.Token
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE bound_keypairs
@@ -137,6 +137,10 @@ func (s *SQLite) UpdateBoundKeypairSpec(ctx context.Context, id string, spec sto
 			return wrap("update bound keypair", err)
 		} else if n == 0 {
 			return fmt.Errorf("sqlite: update bound keypair %s: %w", id, store.ErrNotFound)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE tokens SET svid_usage = ? WHERE id = ?`,
+			store.Token{SVIDUsage: svidUsage}.SVIDUsageOrDefault(), id); err != nil {
+			return wrap("update bound keypair", err)
 		}
 		if t, err = scanToken(tx.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id)); err != nil {
 			return wrap("update bound keypair", err)

@@ -98,15 +98,28 @@ func boundKeypairCases() []testCase {
 			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i1", now, register("bot-1", "key-1")...))
 			before := getBK(t, ctx, s, "bot-1")
 			spec := store.BoundKeypairSpec{InitialPublicKey: "key-0", RecoveryLimit: 5, RecoveryMode: store.RecoveryRelaxed, RotateAfter: at(time.Hour)}
-			got, err := s.UpdateBoundKeypairSpec(ctx, "bot-1", spec)
+			got, err := s.UpdateBoundKeypairSpec(ctx, "bot-1", spec, "")
 			mustNil(t, "UpdateBoundKeypairSpec", err)
 			want := before
 			want.Spec = spec
 			wantEqual(t, "after the update", *got.BoundKeypair, want)
 			wantEqual(t, "read back", getBK(t, ctx, s, "bot-1"), want)
-			_, err = s.UpdateBoundKeypairSpec(ctx, "nope", spec)
+			// The token's svid_usage is written with the spec, and back.
+			got, err = s.UpdateBoundKeypairSpec(ctx, "bot-1", spec, store.SVIDUsageClientServer)
+			mustNil(t, "UpdateBoundKeypairSpec client,server", err)
+			if got.SVIDUsage != store.SVIDUsageClientServer {
+				t.Errorf("after the update to client,server: usage %q", got.SVIDUsage)
+			}
+			wantEqual(t, "the spec after the usage's update", *got.BoundKeypair, want)
+			if r, err := s.GetToken(ctx, "bot-1"); err != nil || r.SVIDUsage != store.SVIDUsageClientServer {
+				t.Errorf("read back: usage %q, %v", r.SVIDUsage, err)
+			}
+			if got, err = s.UpdateBoundKeypairSpec(ctx, "bot-1", spec, ""); err != nil || got.SVIDUsage != "" {
+				t.Errorf("back to client: usage %q, %v", got.SVIDUsage, err)
+			}
+			_, err = s.UpdateBoundKeypairSpec(ctx, "nope", spec, "")
 			wantErr(t, "UpdateBoundKeypairSpec of an unknown token", err, store.ErrNotFound)
-			_, err = s.UpdateBoundKeypairSpec(ctx, "t1", spec)
+			_, err = s.UpdateBoundKeypairSpec(ctx, "t1", spec, "")
 			wantErr(t, "UpdateBoundKeypairSpec of a join token", err, store.ErrNotFound)
 		}},
 		{"registration binds the key, uses the secret and counts the first recovery in one write", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -173,7 +186,7 @@ func boundKeypairCases() []testCase {
 			// Raising the limit brings the exhausted token back.
 			spec := getBK(t, ctx, s, "bot-1").Spec
 			spec.RecoveryLimit = 2
-			_, err = s.UpdateBoundKeypairSpec(ctx, "bot-1", spec)
+			_, err = s.UpdateBoundKeypairSpec(ctx, "bot-1", spec, "")
 			mustNil(t, "UpdateBoundKeypairSpec", err)
 			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i3", now, store.Recovery{TokenID: "bot-1", ExpectedSequence: 2, Counted: true}))
 			if bk := getBK(t, ctx, s, "bot-1"); bk.RecoveryCount != 2 || bk.RecoverySequence != 3 {

@@ -67,6 +67,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"MissingNodes", missingNodesCases()},
 		{"AgentList", agentListCases()},
 		{"CRL", crlCases()},
+		{"JWTKey", jwtKeyCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

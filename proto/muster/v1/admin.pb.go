@@ -1592,7 +1592,11 @@ type ApplyTokenRequest struct {
 	NodeId       string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	BoundKeypair *BoundKeypairSpec      `protobuf:"bytes,3,opt,name=bound_keypair,json=boundKeypair,proto3" json:"bound_keypair,omitempty"`
 	// create_only refuses (ALREADY_EXISTS) to update an existing token.
-	CreateOnly    bool `protobuf:"varint,4,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	CreateOnly bool `protobuf:"varint,4,opt,name=create_only,json=createOnly,proto3" json:"create_only,omitempty"`
+	// svid_usage: "" or "client" (the default) or "client,server", as in
+	// CreateTokenRequest. Applied to an existing token it takes effect at
+	// the bound agent's next refresh or recovery.
+	SvidUsage     string `protobuf:"bytes,5,opt,name=svid_usage,json=svidUsage,proto3" json:"svid_usage,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1653,6 +1657,13 @@ func (x *ApplyTokenRequest) GetCreateOnly() bool {
 		return x.CreateOnly
 	}
 	return false
+}
+
+func (x *ApplyTokenRequest) GetSvidUsage() string {
+	if x != nil {
+		return x.SvidUsage
+	}
+	return ""
 }
 
 type ApplyTokenResponse struct {
@@ -3856,6 +3867,113 @@ func (x *CAIntermediateResponse) GetPrevious() *CAIntermediate {
 	return nil
 }
 
+type RotateJWTKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateJWTKeyRequest) Reset() {
+	*x = RotateJWTKeyRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateJWTKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateJWTKeyRequest) ProtoMessage() {}
+
+func (x *RotateJWTKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateJWTKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateJWTKeyRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{59}
+}
+
+type RotateJWTKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version is the key version now current, key_id its kid;
+	// previous_key_id the one it replaced, still published until tokens
+	// signed with it have expired.
+	Version       int64                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	KeyId         string                 `protobuf:"bytes,2,opt,name=key_id,json=keyId,proto3" json:"key_id,omitempty"`
+	PreviousKeyId string                 `protobuf:"bytes,3,opt,name=previous_key_id,json=previousKeyId,proto3" json:"previous_key_id,omitempty"`
+	RotatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=rotated_at,json=rotatedAt,proto3" json:"rotated_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateJWTKeyResponse) Reset() {
+	*x = RotateJWTKeyResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateJWTKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateJWTKeyResponse) ProtoMessage() {}
+
+func (x *RotateJWTKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateJWTKeyResponse.ProtoReflect.Descriptor instead.
+func (*RotateJWTKeyResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *RotateJWTKeyResponse) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RotateJWTKeyResponse) GetKeyId() string {
+	if x != nil {
+		return x.KeyId
+	}
+	return ""
+}
+
+func (x *RotateJWTKeyResponse) GetPreviousKeyId() string {
+	if x != nil {
+		return x.PreviousKeyId
+	}
+	return ""
+}
+
+func (x *RotateJWTKeyResponse) GetRotatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RotatedAt
+	}
+	return nil
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -3994,13 +4112,15 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x11last_recovered_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x0flastRecoveredAt\x12B\n" +
 	"\x0flast_rotated_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastRotatedAt\x12\x14\n" +
 	"\x05epoch\x18\n" +
-	" \x01(\tR\x05epoch\"\xa3\x01\n" +
+	" \x01(\tR\x05epoch\"\xc2\x01\n" +
 	"\x11ApplyTokenRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12@\n" +
 	"\rbound_keypair\x18\x03 \x01(\v2\x1b.muster.v1.BoundKeypairSpecR\fboundKeypair\x12\x1f\n" +
 	"\vcreate_only\x18\x04 \x01(\bR\n" +
-	"createOnly\"h\n" +
+	"createOnly\x12\x1d\n" +
+	"\n" +
+	"svid_usage\x18\x05 \x01(\tR\tsvidUsage\"h\n" +
 	"\x12ApplyTokenResponse\x12&\n" +
 	"\x05token\x18\x01 \x01(\v2\x10.muster.v1.TokenR\x05token\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\x12\x10\n" +
@@ -4171,7 +4291,14 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\factivated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\"\x8e\x01\n" +
 	"\x16CAIntermediateResponse\x12=\n" +
 	"\fintermediate\x18\x01 \x01(\v2\x19.muster.v1.CAIntermediateR\fintermediate\x125\n" +
-	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious2\xb2\x17\n" +
+	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious\"\x15\n" +
+	"\x13RotateJWTKeyRequest\"\xaa\x01\n" +
+	"\x14RotateJWTKeyResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x15\n" +
+	"\x06key_id\x18\x02 \x01(\tR\x05keyId\x12&\n" +
+	"\x0fprevious_key_id\x18\x03 \x01(\tR\rpreviousKeyId\x129\n" +
+	"\n" +
+	"rotated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\trotatedAt2\x83\x18\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -4218,7 +4345,8 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\vGetCAStatus\x12\x1d.muster.v1.GetCAStatusRequest\x1a\x1e.muster.v1.GetCAStatusResponse\x12d\n" +
 	"\x13DraftCAIntermediate\x12%.muster.v1.DraftCAIntermediateRequest\x1a&.muster.v1.DraftCAIntermediateResponse\x12c\n" +
 	"\x15PrepareCAIntermediate\x12'.muster.v1.PrepareCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponse\x12e\n" +
-	"\x16ActivateCAIntermediate\x12(.muster.v1.ActivateCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\x16ActivateCAIntermediate\x12(.muster.v1.ActivateCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponse\x12O\n" +
+	"\fRotateJWTKey\x12\x1e.muster.v1.RotateJWTKeyRequest\x1a\x1f.muster.v1.RotateJWTKeyResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_admin_proto_rawDescOnce sync.Once
@@ -4232,7 +4360,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),              // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),             // 1: muster.v1.GetStatusResponse
@@ -4293,180 +4421,185 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*ActivateCAIntermediateRequest)(nil), // 56: muster.v1.ActivateCAIntermediateRequest
 	(*CAIntermediate)(nil),                // 57: muster.v1.CAIntermediate
 	(*CAIntermediateResponse)(nil),        // 58: muster.v1.CAIntermediateResponse
-	nil,                                   // 59: muster.v1.Token.LabelsEntry
-	nil,                                   // 60: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),         // 61: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 62: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),             // 63: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),            // 64: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),            // 65: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil),         // 66: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),           // 67: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),           // 68: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil),         // 69: muster.v1.RollbackSignerRequest
-	(*GetRootRotationRequest)(nil),        // 70: muster.v1.GetRootRotationRequest
-	(*PrepareRootRequest)(nil),            // 71: muster.v1.PrepareRootRequest
-	(*RotateRootRequest)(nil),             // 72: muster.v1.RotateRootRequest
-	(*NextRootPhaseRequest)(nil),          // 73: muster.v1.NextRootPhaseRequest
-	(*RollbackRootPhaseRequest)(nil),      // 74: muster.v1.RollbackRootPhaseRequest
-	(*SendTaskRequest)(nil),               // 75: muster.v1.SendTaskRequest
-	(*GetCAStatusRequest)(nil),            // 76: muster.v1.GetCAStatusRequest
-	(*ListSignersResponse)(nil),           // 77: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),          // 78: muster.v1.SignerChangeResponse
-	(*RootRotation)(nil),                  // 79: muster.v1.RootRotation
-	(*PrepareRootResponse)(nil),           // 80: muster.v1.PrepareRootResponse
-	(*SendTaskResponse)(nil),              // 81: muster.v1.SendTaskResponse
-	(*GetCAStatusResponse)(nil),           // 82: muster.v1.GetCAStatusResponse
+	(*RotateJWTKeyRequest)(nil),           // 59: muster.v1.RotateJWTKeyRequest
+	(*RotateJWTKeyResponse)(nil),          // 60: muster.v1.RotateJWTKeyResponse
+	nil,                                   // 61: muster.v1.Token.LabelsEntry
+	nil,                                   // 62: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),         // 63: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 64: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),             // 65: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),            // 66: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),            // 67: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil),         // 68: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),           // 69: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),           // 70: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil),         // 71: muster.v1.RollbackSignerRequest
+	(*GetRootRotationRequest)(nil),        // 72: muster.v1.GetRootRotationRequest
+	(*PrepareRootRequest)(nil),            // 73: muster.v1.PrepareRootRequest
+	(*RotateRootRequest)(nil),             // 74: muster.v1.RotateRootRequest
+	(*NextRootPhaseRequest)(nil),          // 75: muster.v1.NextRootPhaseRequest
+	(*RollbackRootPhaseRequest)(nil),      // 76: muster.v1.RollbackRootPhaseRequest
+	(*SendTaskRequest)(nil),               // 77: muster.v1.SendTaskRequest
+	(*GetCAStatusRequest)(nil),            // 78: muster.v1.GetCAStatusRequest
+	(*ListSignersResponse)(nil),           // 79: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),          // 80: muster.v1.SignerChangeResponse
+	(*RootRotation)(nil),                  // 81: muster.v1.RootRotation
+	(*PrepareRootResponse)(nil),           // 82: muster.v1.PrepareRootResponse
+	(*SendTaskResponse)(nil),              // 83: muster.v1.SendTaskResponse
+	(*GetCAStatusResponse)(nil),           // 84: muster.v1.GetCAStatusResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	61,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	62,  // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	61,  // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	61,  // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	61,  // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	64,  // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	63,  // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,   // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	61,  // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	62,  // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	63,  // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	64,  // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,   // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,   // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	61,  // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	61,  // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	63,  // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	63,  // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14,  // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	61,  // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	59,  // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	61,  // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	63,  // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	61,  // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	63,  // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
 	20,  // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	21,  // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
-	61,  // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
-	61,  // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
-	61,  // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
-	61,  // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	63,  // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	63,  // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	63,  // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	63,  // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
 	20,  // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	19,  // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
-	62,  // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	60,  // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	64,  // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	62,  // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
 	19,  // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
 	19,  // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
 	19,  // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	61,  // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	61,  // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	61,  // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	63,  // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	63,  // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	63,  // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	65,  // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
 	21,  // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
-	61,  // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	61,  // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	61,  // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	63,  // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
 	32,  // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
 	32,  // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
 	33,  // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
 	34,  // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	61,  // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	63,  // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
 	41,  // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
 	41,  // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	62,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	64,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
 	41,  // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
 	41,  // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	61,  // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
-	61,  // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
-	61,  // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
-	62,  // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	63,  // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	63,  // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	63,  // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	64,  // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
 	46,  // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
 	46,  // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
-	62,  // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	61,  // 59: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
-	61,  // 60: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
-	61,  // 61: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
-	61,  // 62: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
-	61,  // 63: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
-	61,  // 64: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
+	64,  // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	63,  // 59: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 60: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 61: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 62: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 63: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 64: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
 	57,  // 65: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
 	57,  // 66: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
-	0,   // 67: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,   // 68: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,   // 69: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	52,  // 70: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
-	8,   // 71: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10,  // 72: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12,  // 73: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24,  // 74: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26,  // 75: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28,  // 76: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30,  // 77: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22,  // 78: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35,  // 79: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37,  // 80: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39,  // 81: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42,  // 82: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44,  // 83: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	64,  // 84: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	65,  // 85: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	66,  // 86: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	67,  // 87: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	68,  // 88: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	69,  // 89: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	70,  // 90: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
-	71,  // 91: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
-	72,  // 92: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
-	73,  // 93: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
-	74,  // 94: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
-	75,  // 95: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15,  // 96: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17,  // 97: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47,  // 98: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48,  // 99: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50,  // 100: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	76,  // 101: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	53,  // 102: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
-	55,  // 103: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
-	56,  // 104: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
-	1,   // 105: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,   // 106: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,   // 107: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,   // 108: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,   // 109: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11,  // 110: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13,  // 111: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25,  // 112: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27,  // 113: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29,  // 114: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31,  // 115: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23,  // 116: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36,  // 117: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38,  // 118: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40,  // 119: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43,  // 120: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45,  // 121: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	77,  // 122: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	78,  // 123: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	78,  // 124: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	78,  // 125: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	78,  // 126: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	78,  // 127: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	79,  // 128: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
-	80,  // 129: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
-	79,  // 130: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
-	79,  // 131: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
-	79,  // 132: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
-	81,  // 133: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16,  // 134: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18,  // 135: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49,  // 136: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49,  // 137: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51,  // 138: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	82,  // 139: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	54,  // 140: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
-	58,  // 141: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	58,  // 142: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	105, // [105:143] is the sub-list for method output_type
-	67,  // [67:105] is the sub-list for method input_type
-	67,  // [67:67] is the sub-list for extension type_name
-	67,  // [67:67] is the sub-list for extension extendee
-	0,   // [0:67] is the sub-list for field type_name
+	63,  // 67: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
+	0,   // 68: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,   // 69: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,   // 70: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52,  // 71: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,   // 72: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10,  // 73: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12,  // 74: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24,  // 75: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26,  // 76: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28,  // 77: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30,  // 78: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22,  // 79: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35,  // 80: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37,  // 81: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39,  // 82: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42,  // 83: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44,  // 84: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	66,  // 85: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	67,  // 86: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	68,  // 87: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	69,  // 88: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	70,  // 89: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	71,  // 90: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	72,  // 91: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	73,  // 92: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	74,  // 93: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	75,  // 94: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	76,  // 95: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	77,  // 96: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 97: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 98: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 99: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 100: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 101: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	78,  // 102: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 103: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 104: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 105: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	59,  // 106: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
+	1,   // 107: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 108: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 109: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 110: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 111: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 112: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 113: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 114: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 115: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 116: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 117: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 118: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 119: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 120: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 121: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 122: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 123: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	79,  // 124: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	80,  // 125: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 126: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 127: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 128: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 129: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	81,  // 130: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	82,  // 131: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	81,  // 132: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	81,  // 133: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	81,  // 134: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	83,  // 135: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 136: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 137: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 138: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 139: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 140: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	84,  // 141: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 142: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 143: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 144: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	60,  // 145: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
+	107, // [107:146] is the sub-list for method output_type
+	68,  // [68:107] is the sub-list for method input_type
+	68,  // [68:68] is the sub-list for extension type_name
+	68,  // [68:68] is the sub-list for extension extendee
+	0,   // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -4484,7 +4617,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   61,
+			NumMessages:   63,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

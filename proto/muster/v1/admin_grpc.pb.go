@@ -57,6 +57,7 @@ const (
 	AdminService_DraftCAIntermediate_FullMethodName    = "/muster.v1.AdminService/DraftCAIntermediate"
 	AdminService_PrepareCAIntermediate_FullMethodName  = "/muster.v1.AdminService/PrepareCAIntermediate"
 	AdminService_ActivateCAIntermediate_FullMethodName = "/muster.v1.AdminService/ActivateCAIntermediate"
+	AdminService_RotateJWTKey_FullMethodName           = "/muster.v1.AdminService/RotateJWTKey"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -127,6 +128,10 @@ type AdminServiceClient interface {
 	DraftCAIntermediate(ctx context.Context, in *DraftCAIntermediateRequest, opts ...grpc.CallOption) (*DraftCAIntermediateResponse, error)
 	PrepareCAIntermediate(ctx context.Context, in *PrepareCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
 	ActivateCAIntermediate(ctx context.Context, in *ActivateCAIntermediateRequest, opts ...grpc.CallOption) (*CAIntermediateResponse, error)
+	// RotateJWTKey makes the next JWT-SVID signing key version current now
+	// (muster ca rotate jwt; docs/workload-api.md), as the automatic
+	// rotation does on its period.
+	RotateJWTKey(ctx context.Context, in *RotateJWTKeyRequest, opts ...grpc.CallOption) (*RotateJWTKeyResponse, error)
 }
 
 type adminServiceClient struct {
@@ -517,6 +522,16 @@ func (c *adminServiceClient) ActivateCAIntermediate(ctx context.Context, in *Act
 	return out, nil
 }
 
+func (c *adminServiceClient) RotateJWTKey(ctx context.Context, in *RotateJWTKeyRequest, opts ...grpc.CallOption) (*RotateJWTKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateJWTKeyResponse)
+	err := c.cc.Invoke(ctx, AdminService_RotateJWTKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -585,6 +600,10 @@ type AdminServiceServer interface {
 	DraftCAIntermediate(context.Context, *DraftCAIntermediateRequest) (*DraftCAIntermediateResponse, error)
 	PrepareCAIntermediate(context.Context, *PrepareCAIntermediateRequest) (*CAIntermediateResponse, error)
 	ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error)
+	// RotateJWTKey makes the next JWT-SVID signing key version current now
+	// (muster ca rotate jwt; docs/workload-api.md), as the automatic
+	// rotation does on its period.
+	RotateJWTKey(context.Context, *RotateJWTKeyRequest) (*RotateJWTKeyResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -708,6 +727,9 @@ func (UnimplementedAdminServiceServer) PrepareCAIntermediate(context.Context, *P
 }
 func (UnimplementedAdminServiceServer) ActivateCAIntermediate(context.Context, *ActivateCAIntermediateRequest) (*CAIntermediateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ActivateCAIntermediate not implemented")
+}
+func (UnimplementedAdminServiceServer) RotateJWTKey(context.Context, *RotateJWTKeyRequest) (*RotateJWTKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateJWTKey not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1414,6 +1436,24 @@ func _AdminService_ActivateCAIntermediate_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_RotateJWTKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateJWTKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RotateJWTKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RotateJWTKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RotateJWTKey(ctx, req.(*RotateJWTKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1572,6 +1612,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ActivateCAIntermediate",
 			Handler:    _AdminService_ActivateCAIntermediate_Handler,
+		},
+		{
+			MethodName: "RotateJWTKey",
+			Handler:    _AdminService_RotateJWTKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,122 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-jose/go-jose/v4"
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+)
+
+// kidOf is the key ID in a JWT's header.
+func kidOf(t *testing.T, token string) string {
+	t.Helper()
+	sig, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sig.Signatures[0].Header.KeyID
+}
+
+// muster ca rotate jwt: a JWT-SVID minted before the rotation still
+// validates after it (the agent's ValidateJWTSVID and the authority's
+// JWKS over HTTP), one minted after is signed with the new kid and
+// validates too; a second rotation at once is refused saying when; the
+// rotation is audited; a period below the minimum is refused at start.
+func TestJWTKeyRotationEndToEnd(t *testing.T) {
+	t.Parallel()
+	if line := mustFail(t, "authority", "--data", t.TempDir(), "--jwt-key-rotation-period", "1m"); !strings.Contains(line, "jwt_svid.key_rotation_period") {
+		t.Errorf("a one-minute period: %q", line)
+	}
+	e := newAgentEnv(t, "--crl-listen", "127.0.0.1:0")
+	var crlListen string
+	for _, line := range strings.Split(e.auth.Logs(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "authority started" {
+			crlListen, _ = rec["crl_listen"].(string)
+		}
+	}
+	adir := joinedAgent(t, e, "jwt-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", "unix://"+sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	httpJWKS := func() *jwtbundle.Bundle {
+		t.Helper()
+		resp, err := http.Get("http://" + crlListen + "/.well-known/jwks.json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		b, err := jwtbundle.Parse(td, body)
+		if err != nil {
+			t.Fatalf("the authority's JWKS: %v\n%s", err, body)
+		}
+		return b
+	}
+
+	before, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldKid := kidOf(t, before.Marshal())
+	if !strings.HasPrefix(oldKid, "v1-") {
+		t.Fatalf("a fresh authority signs with kid %s, want v1-…", oldKid)
+	}
+
+	var rot struct {
+		Version       int64  `json:"version"`
+		KeyID         string `json:"key_id"`
+		PreviousKeyID string `json:"previous_key_id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ca", "rotate", "jwt", "--data", e.dir, "-o", "json")), &rot); err != nil {
+		t.Fatal(err)
+	}
+	if rot.Version != 2 || rot.PreviousKeyID != oldKid || !strings.HasPrefix(rot.KeyID, "v2-") {
+		t.Fatalf("ca rotate jwt: %+v (before: %s)", rot, oldKid)
+	}
+
+	// Another audience, so the agent mints rather than reuses.
+	after, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "cache"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kidOf(t, after.Marshal()); got != rot.KeyID {
+		t.Fatalf("a JWT-SVID minted after the rotation has kid %s, want %s", got, rot.KeyID)
+	}
+	b := httpJWKS()
+	for _, c := range []struct {
+		name, token, aud string
+	}{{"minted before", before.Marshal(), "db"}, {"minted after", after.Marshal(), "cache"}} {
+		if _, err := client.ValidateJWTSVID(ctx, c.token, c.aud); err != nil {
+			t.Errorf("ValidateJWTSVID of the token %s the rotation: %v", c.name, err)
+		}
+		if _, err := jwtsvid.ParseAndValidate(c.token, b, []string{c.aud}); err != nil {
+			t.Errorf("the authority's JWKS does not validate the token %s the rotation: %v", c.name, err)
+		}
+	}
+
+	if line := mustFail(t, "ca", "rotate", "jwt", "--data", e.dir); !strings.Contains(line, "FAILED_PRECONDITION") ||
+		!strings.Contains(line, "muster ca rotate jwt` again after") {
+		t.Errorf("a second rotation at once: %q", line)
+	}
+	if out := mustRun(t, "audit", "list", "--data", e.dir, "--action", "jwt.rotate"); !strings.Contains(out, "jwt-svid/v2") {
+		t.Errorf("the rotation is not audited:\n%s", out)
+	}
+}

@@ -1,0 +1,194 @@
+package authority
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/jwtsvid"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// The JWT-SVID signing key's rotation (docs/workload-api.md). The keys
+// are derived from the storage key by version; the store holds the
+// current version, which one conditional write moves on. Every replica
+// re-reads it every jwtKeyTick and signs with that version's key; the
+// JWKS it serves holds the previous, current and next versions' keys, so
+// a token signed by any replica just before or after a rotation verifies
+// with any replica's JWKS.
+const (
+	// DefaultJWTKeyRotationPeriod is jwt_svid.key_rotation_period's default.
+	DefaultJWTKeyRotationPeriod = 30 * 24 * time.Hour
+	// jwtKeyLag bounds how long a replica may sign with a version after
+	// another rotated it away (it re-reads every jwtKeyTick), with margin.
+	jwtKeyLag  = time.Minute
+	jwtKeyTick = 5 * time.Second
+	// MinJWTKeyRotationPeriod is the shortest period, and the least time
+	// between two rotations: a token signed with the key two rotations
+	// back must have expired (jwtsvid.TTL after the last replica stopped
+	// signing with it), since the JWKS drops that key.
+	MinJWTKeyRotationPeriod = jwtsvid.TTL + jwtKeyLag
+)
+
+// loadJWTKey reads the current version at start.
+func (s *Server) loadJWTKey() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	k, err := s.store.GetJWTKey(ctx)
+	if err != nil {
+		return fmt.Errorf("authority: reading the JWT-SVID key version: %w", err)
+	}
+	return s.useJWTKey(k)
+}
+
+// useJWTKey makes k's version the one this replica signs with, unless it
+// already signs with a later one.
+func (s *Server) useJWTKey(k store.JWTKey) error {
+	for {
+		cur := s.jwt.Load()
+		if cur != nil && cur.Version() >= k.Version {
+			return nil
+		}
+		iss, err := jwtsvid.NewVersioned(s.cfg.StorageKey.Derive, k.Version)
+		if err != nil {
+			return err
+		}
+		if s.jwt.CompareAndSwap(cur, iss) {
+			if cur != nil {
+				s.log.Info("JWT-SVID signing key rotated", "version", k.Version, "kid", iss.KeyID(), "previous_kid", cur.KeyID())
+			}
+			return nil
+		}
+	}
+}
+
+func (s *Server) jwtKeyPeriod() time.Duration {
+	if s.cfg.JWTKeyRotationPeriod > 0 {
+		return s.cfg.JWTKeyRotationPeriod
+	}
+	return DefaultJWTKeyRotationPeriod
+}
+
+// jwtKeyClock re-reads the version on every replica and, when it has
+// been current for the period, rotates it (one replica's conditional
+// write wins; the others read the result).
+func (s *Server) jwtKeyClock(ctx context.Context) {
+	t := time.NewTicker(jwtKeyTick)
+	defer t.Stop()
+	for {
+		if err := s.jwtKeyStep(ctx); err != nil && ctx.Err() == nil && !s.outage.fail(err) {
+			s.log.Error("JWT-SVID key rotation step failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) jwtKeyStep(ctx context.Context) error {
+	return s.jwtKeyStepWith(ctx, s.jwtKeyPeriod())
+}
+
+// jwtKeyStepWith re-reads the version and rotates it if it has been
+// current for period.
+func (s *Server) jwtKeyStepWith(ctx context.Context, period time.Duration) error {
+	k, err := s.store.GetJWTKey(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.useJWTKey(k); err != nil {
+		return err
+	}
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return err
+	}
+	if now.Before(k.RotatedAt.Add(period)) {
+		return nil
+	}
+	next, err := s.rotateJWTKey(ctx, k)
+	if errors.Is(err, store.ErrConflict) {
+		return nil // another replica rotated it; the next step reads it
+	}
+	why := fmt.Sprintf("version %d was current for the rotation period (%s)", k.Version, period)
+	if err != nil {
+		_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "jwt.rotate", Target: jwtKeyTarget(k.Version + 1),
+			Result: audit.ResultError, Reason: err.Error()})
+		return err
+	}
+	return s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "jwt.rotate", Target: jwtKeyTarget(next.Version),
+		Result: audit.ResultOK, Reason: why})
+}
+
+func jwtKeyTarget(version int64) string { return fmt.Sprintf("jwt-svid/v%d", version) }
+
+// rotateJWTKey moves the version on from k (ErrConflict when another
+// rotation came first) and signs with the new one at once.
+func (s *Server) rotateJWTKey(ctx context.Context, k store.JWTKey) (store.JWTKey, error) {
+	next, err := s.store.RotateJWTKey(ctx, k.Version)
+	if err != nil {
+		return store.JWTKey{}, err
+	}
+	return next, s.useJWTKey(next)
+}
+
+// RotateJWTKey rotates the JWT-SVID signing key now (muster ca rotate
+// jwt), audited as jwt.rotate.
+func (a *adminService) RotateJWTKey(ctx context.Context, _ *musterv1.RotateJWTKeyRequest) (*musterv1.RotateJWTKeyResponse, error) {
+	resp, err := a.rotateJWTKey(ctx)
+	err = toStatus(ctx, a.s.log, err)
+	target := "jwt-svid"
+	if resp != nil {
+		target = jwtKeyTarget(resp.GetVersion())
+	}
+	a.recordWhy(ctx, "jwt.rotate", target, "rotated by an operator ahead of the period", err)
+	if err == nil {
+		a.s.log.Info("JWT-SVID signing key rotated by an operator", "version", resp.GetVersion(), "kid", resp.GetKeyId(),
+			"operator", callerFrom(ctx).Actor())
+	}
+	return resp, err
+}
+
+func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKeyResponse, error) {
+	k, err := a.s.store.GetJWTKey(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// The JWKS after this rotation no longer holds version k-1's key:
+	// tokens signed with it must have expired.
+	if after := k.RotatedAt.Add(MinJWTKeyRotationPeriod); k.Version > 1 && now.Before(after) {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"the JWT-SVID key was rotated to version %d at %s; tokens signed with version %d may be valid until %s, and the next rotation unpublishes that key: run `muster ca rotate jwt` again after %s",
+			k.Version, k.RotatedAt.UTC().Format(time.RFC3339), k.Version-1, after.UTC().Format(time.RFC3339), after.UTC().Format(time.RFC3339))
+	}
+	prev, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(k.Version))
+	if err != nil {
+		return nil, err
+	}
+	next, err := a.s.rotateJWTKey(ctx, k)
+	if errors.Is(err, store.ErrConflict) {
+		return nil, status.Errorf(codes.Aborted, "the JWT-SVID key was rotated by another request at the same time; see muster audit list --action jwt.rotate")
+	}
+	if err != nil {
+		return nil, err
+	}
+	cur, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(next.Version))
+	if err != nil {
+		return nil, err
+	}
+	return &musterv1.RotateJWTKeyResponse{Version: next.Version, KeyId: cur.ID, PreviousKeyId: prev.ID,
+		RotatedAt: timestamppb.New(next.RotatedAt)}, nil
+}

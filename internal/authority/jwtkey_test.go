@@ -1,0 +1,71 @@
+package authority
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// The JWT-SVID key rotates on demand (RotateJWTKey) and on its period,
+// once per version across replicas (the other replica follows by
+// re-reading the store), audited either way; a second rotation before the
+// key two back can have no valid token is refused, saying when to retry.
+func TestJWTKeyRotation(t *testing.T) {
+	b := startReplicas(t, nil, 2)
+	r0, r1 := b.srvs[0], b.srvs[1]
+	ctx := t.Context()
+	if v0, v1 := r0.jwt.Load().Version(), r1.jwt.Load().Version(); v0 != 1 || v1 != 1 {
+		t.Fatalf("fresh replicas sign with versions %d and %d, want 1", v0, v1)
+	}
+	before := r0.jwt.Load().KeyID()
+	resp, err := (&adminService{s: r0}).RotateJWTKey(ctx, &musterv1.RotateJWTKeyRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetVersion() != 2 || resp.GetPreviousKeyId() != before || resp.GetKeyId() != r0.jwt.Load().KeyID() || resp.GetKeyId() == before {
+		t.Fatalf("rotate: %+v; replica signs with %s", resp, r0.jwt.Load().KeyID())
+	}
+	deadline := time.Now().Add(3 * jwtKeyTick)
+	for r1.jwt.Load().Version() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the other replica still signs with version %d", r1.jwt.Load().Version())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_, err = (&adminService{s: r1}).RotateJWTKey(ctx, &musterv1.RotateJWTKeyRequest{})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "run `muster ca rotate jwt` again after") {
+		t.Fatalf("a second rotation at once: %v", err)
+	}
+	if k, _ := b.store.GetJWTKey(ctx); k.Version != 2 {
+		t.Fatalf("the refused rotation moved the version to %d", k.Version)
+	}
+	// The period: not due, nothing; due, one rotation by the authority.
+	if err := r1.jwtKeyStepWith(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := r1.jwtKeyStepWith(ctx, time.Nanosecond); err != nil {
+		t.Fatal(err)
+	}
+	if k, _ := b.store.GetJWTKey(ctx); k.Version != 3 || r1.jwt.Load().Version() != 3 {
+		t.Fatalf("after the period: store version %d, replica %d; want 3", k.Version, r1.jwt.Load().Version())
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "jwt.rotate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Actor+" "+r.Target+" "+r.Result)
+	}
+	if len(recs) != 3 || recs[0].Result != audit.ResultOK || recs[0].Target != "jwt-svid/v2" || recs[1].Result != audit.ResultDenied ||
+		recs[2].Actor != "authority" || recs[2].Target != "jwt-svid/v3" || recs[2].Result != audit.ResultOK {
+		t.Fatalf("audit of jwt.rotate: %q", got)
+	}
+}

@@ -1,0 +1,29 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// JWTKey is the version of the JWT-SVID signing key the authority's
+// replicas sign with (docs/workload-api.md): the keys themselves are
+// derived from the storage key by version, so the store holds only which
+// version is current and since when.
+type JWTKey struct {
+	// Version is the current version, from 1.
+	Version int64
+	// RotatedAt is when Version became current (the store clock; for
+	// version 1, when the store was made or upgraded).
+	RotatedAt time.Time
+}
+
+// JWTKeyStore keeps the JWT-SVID key version. Safe for concurrent use.
+type JWTKeyStore interface {
+	// GetJWTKey returns the current version.
+	GetJWTKey(ctx context.Context) (JWTKey, error)
+	// RotateJWTKey makes version from+1 current, RotatedAt the store
+	// clock, in one conditional write: only while from is the stored
+	// version. ErrConflict, and nothing written, when another rotation
+	// came first. It returns the new version.
+	RotateJWTKey(ctx context.Context, from int64) (JWTKey, error)
+}

@@ -1,0 +1,42 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// GetJWTKey returns the JWT-SVID key version (see store.JWTKeyStore).
+func (s *SQLite) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
+	var (
+		k  store.JWTKey
+		at int64
+	)
+	if err := s.r.QueryRowContext(ctx, `SELECT version, rotated_at FROM jwt_svid_key WHERE id = 1`).Scan(&k.Version, &at); err != nil {
+		return store.JWTKey{}, wrap("get jwt key", err)
+	}
+	k.RotatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
+	return k, nil
+}
+
+// RotateJWTKey makes version from+1 current if from still is (see
+// store.JWTKeyStore).
+func (s *SQLite) RotateJWTKey(ctx context.Context, from int64) (store.JWTKey, error) {
+	var k store.JWTKey
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var at int64
+		err := tx.QueryRowContext(ctx, `UPDATE jwt_svid_key SET version = version + 1, rotated_at = `+nowMicros+`
+			WHERE id = 1 AND version = ? RETURNING version, rotated_at`, from).Scan(&k.Version, &at)
+		if err == sql.ErrNoRows {
+			return fmt.Errorf("sqlite: rotate jwt key: version %d is not the current one: %w", from, store.ErrConflict)
+		}
+		if err != nil {
+			return wrap("rotate jwt key", err)
+		}
+		k.RotatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
+		return nil
+	})
+	return k, err
+}

@@ -1,0 +1,66 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+func jwtKeyCases() []testCase {
+	return []testCase{
+		{"a fresh store signs with version 1; a rotation is one conditional write", func(t *testing.T, ctx context.Context, s store.Store) {
+			k, err := s.GetJWTKey(ctx)
+			mustNil(t, "GetJWTKey", err)
+			if k.Version != 1 || k.RotatedAt.IsZero() {
+				t.Fatalf("fresh store: %+v; want version 1 with a start time", k)
+			}
+			before := storeNow(t, ctx, s)
+			got, err := s.RotateJWTKey(ctx, 1)
+			mustNil(t, "RotateJWTKey", err)
+			if got.Version != 2 || got.RotatedAt.Before(before) {
+				t.Fatalf("after the rotation: %+v; want version 2 at the store clock from %v", got, before)
+			}
+			if read, err := s.GetJWTKey(ctx); err != nil || read != got {
+				t.Fatalf("read back %+v (%v), want %+v", read, err, got)
+			}
+			_, err = s.RotateJWTKey(ctx, 1)
+			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
+			if read, _ := s.GetJWTKey(ctx); read != got {
+				t.Fatalf("a refused rotation wrote: %+v", read)
+			}
+		}},
+		{"of concurrent rotations from one version exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
+			const n = 8
+			var (
+				wg        sync.WaitGroup
+				mu        sync.Mutex
+				won, lost int
+			)
+			for range n {
+				wg.Go(func() {
+					_, err := s.RotateJWTKey(ctx, 1)
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil:
+						won++
+					case errors.Is(err, store.ErrConflict):
+						lost++
+					default:
+						t.Errorf("RotateJWTKey: %v", err)
+					}
+				})
+			}
+			wg.Wait()
+			if won != 1 || lost != n-1 {
+				t.Fatalf("%d won, %d lost; want 1 and %d", won, lost, n-1)
+			}
+			if k, _ := s.GetJWTKey(ctx); k.Version != 2 {
+				t.Fatalf("version %d after the race, want 2", k.Version)
+			}
+		}},
+	}
+}
