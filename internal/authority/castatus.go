@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -52,9 +53,12 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 			NotBefore: timestamppb.New(c.NotBefore), NotAfter: timestamppb.New(c.NotAfter), Subject: c.Subject.String(),
 			AgentsHolding: holding[f], Fingerprint: f, KeyCustody: where}
 	}
-	roots := s.ca.Roots()
+	rot, err := s.store.GetRootRotation(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, r := range b.set.Roots {
-		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, rootCustody(roots, r), r))
+		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, s.rootCustody(rot, r), r))
 	}
 	for _, r := range rows {
 		c, err := x509.ParseCertificate(r.CertDER)
@@ -75,11 +79,17 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 	return resp, nil
 }
 
-// rootCustody says where root c's key is: "file" when it is the signing
-// root and the authority holds its key (the data directory's root.key),
+// rootCustody says where root c's key is: where the root rotation's
+// record keeps it (sealed or a token object) for a root a rotation made
+// or stored, "file" for the data directory's root with its key there,
 // "offline" otherwise.
-func rootCustody(rs *ca.RootSet, c *x509.Certificate) string {
-	if rs.SigningKey != nil && rs.Signing != nil && rs.Signing.Equal(c) {
+func (s *Server) rootCustody(rot store.RootRotation, c *x509.Certificate) string {
+	switch {
+	case rot.NewCertDER != nil && bytes.Equal(rot.NewCertDER, c.Raw) && rot.NewKeyRef != nil:
+		return custody.Where(rot.NewKeyRef)
+	case rot.OldCertDER != nil && bytes.Equal(rot.OldCertDER, c.Raw) && rot.OldKeyRef != nil:
+		return custody.Where(rot.OldKeyRef)
+	case s.ca.RootKey != nil && s.ca.Root != nil && s.ca.Root.Equal(c):
 		return "file"
 	}
 	return "offline"
