@@ -105,6 +105,31 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	if text := mustRun(t, "signer", "list", "--data", dir); !strings.Contains(text, "KEY CUSTODY") || !strings.Contains(text, "pkcs11:token=muster") {
 		t.Errorf("signer list text: %s", text)
 	}
+	// ca status says the same of the intermediates; the root key is the
+	// data directory's file.
+	var cas struct {
+		Certificates []struct {
+			Kind       string `json:"kind"`
+			Role       string `json:"role"`
+			KeyCustody string `json:"key_custody"`
+		} `json:"certificates"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "ca", "status", "--data", dir, "-o", "json")), &cas); err != nil {
+		t.Fatal(err)
+	}
+	intermediates := 0
+	for _, c := range cas.Certificates {
+		if c.Kind == "intermediate" {
+			intermediates++
+		}
+		if want := "pkcs11:token=muster;object=muster-ca%2F" + c.Role + "%2F"; c.Kind == "intermediate" && !strings.HasPrefix(c.KeyCustody, want) ||
+			c.Kind == "root" && c.KeyCustody != "file" {
+			t.Errorf("ca status: %s %s key custody %q", c.Kind, c.Role, c.KeyCustody)
+		}
+	}
+	if intermediates < 4 {
+		t.Errorf("ca status lists %d intermediates", intermediates)
+	}
 	// Break-glass signs with the admin intermediate in the token, opened
 	// by the command itself beside the running authority.
 	bob := filepath.Join(t.TempDir(), "bob.pem")

@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -45,21 +47,25 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 	}
 	b := s.trustBundle()
 	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.Roots().SigningKey != nil, ConnectedAgents: connected, BundleDigest: b.digest}
-	entry := func(kind, role, state string, c *x509.Certificate) *musterv1.CACertificateStatus {
+	entry := func(kind, role, state, where string, c *x509.Certificate) *musterv1.CACertificateStatus {
 		f := trustbundle.CertFingerprint(c)
 		return &musterv1.CACertificateStatus{Kind: kind, Role: role, State: state, Serial: c.SerialNumber.Text(16),
 			NotBefore: timestamppb.New(c.NotBefore), NotAfter: timestamppb.New(c.NotAfter), Subject: c.Subject.String(),
-			AgentsHolding: holding[f], Fingerprint: f}
+			AgentsHolding: holding[f], Fingerprint: f, KeyCustody: where}
+	}
+	rot, err := s.store.GetRootRotation(ctx)
+	if err != nil {
+		return nil, err
 	}
 	for _, r := range b.set.Roots {
-		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, r))
+		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, s.rootCustody(rot, r), r))
 	}
 	for _, r := range rows {
 		c, err := x509.ParseCertificate(r.CertDER)
 		if err != nil {
 			return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 		}
-		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, c))
+		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, custody.Where(r.KeyRef), c))
 		if r.State != store.CAActive {
 			continue
 		}
@@ -68,9 +74,25 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 		}
 	}
 	for _, c := range b.set.Cross {
-		resp.Certificates = append(resp.Certificates, entry("cross", "", store.CAActive, c))
+		resp.Certificates = append(resp.Certificates, entry("cross", "", store.CAActive, "", c))
 	}
 	return resp, nil
+}
+
+// rootCustody says where root c's key is: where the root rotation's
+// record keeps it (sealed or a token object) for a root a rotation made
+// or stored, "file" for the data directory's root with its key there,
+// "offline" otherwise.
+func (s *Server) rootCustody(rot store.RootRotation, c *x509.Certificate) string {
+	switch {
+	case rot.NewCertDER != nil && bytes.Equal(rot.NewCertDER, c.Raw) && rot.NewKeyRef != nil:
+		return custody.Where(rot.NewKeyRef)
+	case rot.OldCertDER != nil && bytes.Equal(rot.OldCertDER, c.Raw) && rot.OldKeyRef != nil:
+		return custody.Where(rot.OldKeyRef)
+	case s.ca.RootKey != nil && s.ca.Root != nil && s.ca.Root.Equal(c):
+		return "file"
+	}
+	return "offline"
 }
 
 func hasPrepared(rows []store.CACert, role string) bool {

@@ -153,6 +153,9 @@ func testTrustBundle(t *testing.T, a *benchAuthority) {
 		for _, c := range st.GetCertificates() {
 			counts[c.GetFingerprint()] = fmt.Sprintf("%s/%s/%s:%d", c.GetKind(), c.GetRole(), c.GetState(), c.GetAgentsHolding())
 			ok = ok && c.GetAgentsHolding() == 1
+			if want := map[string]string{"root": "file", "intermediate": "sealed"}[c.GetKind()]; c.GetKeyCustody() != want {
+				t.Fatalf("%s %s %s: key custody %q, want %q", c.GetKind(), c.GetRole(), c.GetSerial(), c.GetKeyCustody(), want)
+			}
 		}
 		if ok && counts[preparedFP] == "intermediate/agent/prepared:1" && len(counts) == 6 {
 			break
@@ -191,6 +194,9 @@ func TestCAStatusWarnsWithoutTheRootKey(t *testing.T) {
 		}
 		if st.GetRootKeyOnline() || len(st.GetWarnings()) != tc.want {
 			t.Fatalf("ttl %s: root key online %v, warnings %q; want offline and %d", tc.ttl, st.GetRootKeyOnline(), st.GetWarnings(), tc.want)
+		}
+		if c := st.GetCertificates()[0]; c.GetKind() != "root" || c.GetKeyCustody() != "offline" {
+			t.Fatalf("root without its key: %s key custody %q, want offline", c.GetKind(), c.GetKeyCustody())
 		}
 		for _, w := range st.GetWarnings() {
 			if !strings.Contains(w, "root key is not in the data directory") || !strings.Contains(w, "muster ca rotate") {

@@ -29,6 +29,10 @@ type caCertJSON struct {
 	NotAfter      time.Time `json:"not_after"`
 	Fingerprint   string    `json:"fingerprint"`
 	AgentsHolding int64     `json:"agents_holding"`
+	// KeyCustody is where the private key lives: "sealed", the pkcs11:
+	// URI of the token object, "file" or "offline" (a root); empty for a
+	// cross-certificate.
+	KeyCustody string `json:"key_custody,omitempty"`
 }
 
 type caStatusJSON struct {
@@ -48,7 +52,8 @@ func caStatusOf(r *musterv1.GetCAStatusResponse) caStatusJSON {
 	for _, c := range r.GetCertificates() {
 		j.Certificates = append(j.Certificates, caCertJSON{Kind: c.GetKind(), Role: c.GetRole(), State: c.GetState(),
 			Serial: c.GetSerial(), Subject: c.GetSubject(), NotBefore: c.GetNotBefore().AsTime().UTC(),
-			NotAfter: c.GetNotAfter().AsTime().UTC(), Fingerprint: c.GetFingerprint(), AgentsHolding: c.GetAgentsHolding()})
+			NotAfter: c.GetNotAfter().AsTime().UTC(), Fingerprint: c.GetFingerprint(), AgentsHolding: c.GetAgentsHolding(),
+			KeyCustody: c.GetKeyCustody()})
 	}
 	return j
 }
@@ -99,13 +104,17 @@ key is offline. See docs/ca-lifecycle.md.`,
 func printCAStatus(w io.Writer, s caStatusJSON) error {
 	fmt.Fprintf(w, "Root key: %s\nTrust bundle: %s\nConnected agents: %d\n\n", s.RootKey, s.BundleDigest, s.ConnectedAgents)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tROLE\tSTATE\tSERIAL\tNOT AFTER\tAGENTS HOLDING")
+	fmt.Fprintln(tw, "KIND\tROLE\tSTATE\tSERIAL\tNOT AFTER\tAGENTS HOLDING\tKEY CUSTODY")
 	for _, c := range s.Certificates {
 		role := c.Role
 		if role == "" {
 			role = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", c.Kind, role, c.State, c.Serial, c.NotAfter.Format(time.RFC3339), c.AgentsHolding)
+		where := c.KeyCustody
+		if where == "" {
+			where = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Kind, role, c.State, c.Serial, c.NotAfter.Format(time.RFC3339), c.AgentsHolding, where)
 	}
 	return tw.Flush()
 }

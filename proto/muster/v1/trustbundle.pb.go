@@ -247,7 +247,11 @@ type CACertificateStatus struct {
 	// bundle that includes this certificate.
 	AgentsHolding int64 `protobuf:"varint,8,opt,name=agents_holding,json=agentsHolding,proto3" json:"agents_holding,omitempty"`
 	// fingerprint: "sha256:" + hex of SHA-256 of the certificate's DER.
-	Fingerprint   string `protobuf:"bytes,9,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	Fingerprint string `protobuf:"bytes,9,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	// key_custody: where the private key lives: "sealed" (in the store),
+	// the token object's pkcs11: URI, "file" (a root key in the data
+	// directory) or "offline" (a root whose key the authority does not hold).
+	KeyCustody    string `protobuf:"bytes,10,opt,name=key_custody,json=keyCustody,proto3" json:"key_custody,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -345,6 +349,13 @@ func (x *CACertificateStatus) GetFingerprint() string {
 	return ""
 }
 
+func (x *CACertificateStatus) GetKeyCustody() string {
+	if x != nil {
+		return x.KeyCustody
+	}
+	return ""
+}
+
 var File_muster_v1_trustbundle_proto protoreflect.FileDescriptor
 
 const file_muster_v1_trustbundle_proto_rawDesc = "" +
@@ -362,7 +373,7 @@ const file_muster_v1_trustbundle_proto_rawDesc = "" +
 	"\x0froot_key_online\x18\x02 \x01(\bR\rrootKeyOnline\x12)\n" +
 	"\x10connected_agents\x18\x03 \x01(\x03R\x0fconnectedAgents\x12\x1a\n" +
 	"\bwarnings\x18\x04 \x03(\tR\bwarnings\x12#\n" +
-	"\rbundle_digest\x18\x05 \x01(\tR\fbundleDigest\"\xc2\x02\n" +
+	"\rbundle_digest\x18\x05 \x01(\tR\fbundleDigest\"\xe3\x02\n" +
 	"\x13CACertificateStatus\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x14\n" +
@@ -373,7 +384,10 @@ const file_muster_v1_trustbundle_proto_rawDesc = "" +
 	"\tnot_after\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x12\x18\n" +
 	"\asubject\x18\a \x01(\tR\asubject\x12%\n" +
 	"\x0eagents_holding\x18\b \x01(\x03R\ragentsHolding\x12 \n" +
-	"\vfingerprint\x18\t \x01(\tR\vfingerprintB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\vfingerprint\x18\t \x01(\tR\vfingerprint\x12\x1f\n" +
+	"\vkey_custody\x18\n" +
+	" \x01(\tR\n" +
+	"keyCustodyB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_trustbundle_proto_rawDescOnce sync.Once
