@@ -41,6 +41,7 @@ var serialTests = map[string]string{
 	"TestOneStreamPerAgentAcrossReplicas":     "the older stream ended within 5 s of a newer one on another replica",
 	"TestPKCS11CustodyEndToEnd":               "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestPKCS11InitNeedsAModuleAndAPIN":       "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
+	"TestPKCS11CustodyJoins":                  "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestWorkloadAPIServesAndPushes":          "a renewal and a bundle change reach open streams within 1 s",
 	"TestWorkloadAPIPushesBoundKeyRotation":   "a bound-key refresh reaches open streams within 1 s",
 }
