@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto"
+	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -118,7 +119,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	p.stop(t)
 
 	// The keys held in custody: the store's intermediates and signers.
-	held := custodyHeld(t, dir, 4, 2)
+	held := custodyHeld(t, dir, 4, 2, 0)
 	for _, s := range listed.Signers {
 		pub, err := signer.ParsePublicKey(s.PublicKey)
 		if err != nil {
@@ -230,7 +231,7 @@ func TestPKCS11CustodyJoins(t *testing.T) {
 	}
 	p.stop(t)
 
-	held := custodyHeld(t, dir, 4, 1)
+	held := custodyHeld(t, dir, 4, 1, 1)
 	known := privateKeysIn(t, padir)
 	for k, v := range privateKeysIn(t, badir) {
 		known[k] = v
@@ -239,12 +240,13 @@ func TestPKCS11CustodyJoins(t *testing.T) {
 		t.Fatalf("the agents' private keys: %d found, want their certificate keys and the bound key", len(known))
 	}
 	assertNoCustodyKeys(t, dir, held, known)
-	assertTokenKeys(t, tok, 5)
+	assertTokenKeys(t, tok, 6) // 4 intermediates, the signer, the join-state key
 }
 
-// custodyHeld is the public keys of the store's intermediates and
-// signers, each checked to be a token object, and their numbers.
-func custodyHeld(t *testing.T, dir string, intermediates, signers int) map[string]crypto.PublicKey {
+// custodyHeld is the public keys of the store's intermediates, signers
+// and join-state keys, each checked to be a token object, and their
+// numbers.
+func custodyHeld(t *testing.T, dir string, intermediates, signers, joinStateKeys int) map[string]crypto.PublicKey {
 	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "muster.db"))
 	if err != nil {
@@ -276,8 +278,19 @@ func custodyHeld(t *testing.T, dir string, intermediates, signers int) map[strin
 		}
 		held["signer "+r.VersionID] = r.PublicKey
 	}
-	if len(caRows) != intermediates || len(sRows) != signers {
-		t.Errorf("%d intermediates and %d signers in the store, want %d and %d", len(caRows), len(sRows), intermediates, signers)
+	jRows, err := st.ListJoinStateKeys(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range jRows {
+		if len(r.Nonce) != 0 || !custody.IsPKCS11Ref(r.Ciphertext) {
+			t.Errorf("join-state key %s: the store holds it sealed, not as a token object (%q)", r.ID, r.Ciphertext)
+		}
+		held["join-state key "+r.ID] = ed25519.PublicKey(r.PublicKey)
+	}
+	if len(caRows) != intermediates || len(sRows) != signers || len(jRows) != joinStateKeys {
+		t.Errorf("%d intermediates, %d signers and %d join-state keys in the store, want %d, %d and %d",
+			len(caRows), len(sRows), len(jRows), intermediates, signers, joinStateKeys)
 	}
 	return held
 }
