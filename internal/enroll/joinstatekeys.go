@@ -60,6 +60,12 @@ func (k *joinStateKeys) makesHere(ref []byte) bool {
 	return true
 }
 
+// makesInToken reports whether new keys are made in a PKCS#11 token.
+func (k *joinStateKeys) makesInToken() bool {
+	c, ok := k.custody.(interface{ MakesHere([]byte) bool })
+	return ok && c.MakesHere([]byte("pkcs11:"))
+}
+
 // current returns the signing key.
 func (k *joinStateKeys) current(ctx context.Context) (boundkeypair.SigningKey, error) {
 	if k.custody == nil {
@@ -106,17 +112,38 @@ func (k *joinStateKeys) sealedBeforeToken(row store.JoinStateKey) bool {
 }
 
 // create makes a key in custody and stores its public key and reference.
-// Its ID is random ("js-" and 16 hex digits): a token object is named
-// before its public key is known.
+// A sealed key is made here and sealed, its ID derived from its public
+// key (boundkeypair.KeyID) as join-state keys always were, so its row is
+// exactly what boundkeypair.OpenSigningKey opens; a token's is generated
+// inside the token, named before its public key is known, so its ID is
+// random ("js-" and 16 hex digits).
 func (k *joinStateKeys) create(ctx context.Context) error {
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return err
-	}
-	id := "js-" + hex.EncodeToString(b[:])
-	key, err := k.custody.Create(ctx, id, custody.Ed25519)
-	if err != nil {
-		return fmt.Errorf("enroll: make a join-state key: %w", err)
+	var (
+		id  string
+		key custody.Key
+		err error
+	)
+	imp, canImport := k.custody.(custody.Importer)
+	if canImport && !k.makesInToken() {
+		nk, err := boundkeypair.NewSigningKey()
+		if err != nil {
+			return err
+		}
+		id = nk.ID
+		key, err = imp.Import(ctx, id, nk.Private)
+		clear(nk.Private.(ed25519.PrivateKey))
+		if err != nil {
+			return fmt.Errorf("enroll: seal a join-state key: %w", err)
+		}
+	} else {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return err
+		}
+		id = "js-" + hex.EncodeToString(b[:])
+		if key, err = k.custody.Create(ctx, id, custody.Ed25519); err != nil {
+			return fmt.Errorf("enroll: make a join-state key: %w", err)
+		}
 	}
 	pub, ok := key.Public.(ed25519.PublicKey)
 	if !ok {

@@ -177,14 +177,22 @@ func TestJoinStateKeyMovesIntoCustody(t *testing.T) {
 }
 
 // TestJoinStateKeySealedNew: with sealed custody and no key yet, the key
-// made is sealed in its row (no seed in the clear) and signs.
+// made is sealed in its row as before custody (no seed in the clear) and
+// signs; with ByRef whose new keys are sealed, likewise.
 func TestJoinStateKeySealedNew(t *testing.T) {
 	ctx := context.Background()
 	var sk seal.StorageKey
 	copy(sk[:], "join-state storage key for tests")
 	sealer, _ := sk.Sealer(seal.InfoJoinState)
-	st := &memJoinStateKeys{}
-	keys := &joinStateKeys{store: st, custody: custody.NewSealedWith(sealer, ""), now: time.Now}
+	sealed := custody.NewSealedWith(sealer, "")
+	for _, c := range []custody.Custody{sealed, custody.ByRef{New: sealed, Sealed: sealed}} {
+		st := &memJoinStateKeys{}
+		sealedNew(t, ctx, sealer, &joinStateKeys{store: st, custody: c, now: time.Now}, st)
+	}
+}
+
+func sealedNew(t *testing.T, ctx context.Context, sealer *seal.Sealer, keys *joinStateKeys, st *memJoinStateKeys) {
+	t.Helper()
 	k, err := keys.current(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -192,6 +200,12 @@ func TestJoinStateKeySealedNew(t *testing.T) {
 	rows, _ := st.ListJoinStateKeys(ctx)
 	if len(rows) != 1 || rows[0].ID != k.ID || len(rows[0].Nonce) != 12 {
 		t.Fatalf("rows: %+v", rows)
+	}
+	// The row is what join-state keys were before custody: it opens
+	// with boundkeypair.OpenSigningKey, its ID derived from its key.
+	opened, err := boundkeypair.OpenSigningKey(sealer, rows[0].ID, rows[0].Ciphertext, rows[0].Nonce)
+	if err != nil || !opened.Public().Equal(k.Private.Public()) {
+		t.Fatalf("the sealed row does not open as before custody: %v", err)
 	}
 	if bytes.Contains(rows[0].Ciphertext, k.Private.(ed25519.PrivateKey).Seed()) {
 		t.Error("the row holds the seed in the clear")
