@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"crypto"
+	"crypto/ed25519"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
@@ -17,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
@@ -142,6 +144,135 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	p.stop(t)
 
 	// The keys held in custody: the store's intermediates and signers.
+	held := custodyHeld(t, dir, 4, 2, 0)
+	for _, s := range listed.Signers {
+		pub, err := signer.ParsePublicKey(s.PublicKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held["listed signer "+s.VersionID] = pub
+	}
+	assertNoCustodyKeys(t, dir, held, privateKeysIn(t, adir))
+	assertTokenKeys(t, tok, 6)
+}
+
+// TestPKCS11CustodyJoins: with the intermediates in a SoftHSM2 token, a
+// PSK join through discovery (bootstrap PSK and referral ticket) and a
+// bound-keypair join, each followed by a renewal, all signed by the
+// token's intermediates; then no key file in the data directory, no
+// private key in the store (nor the agents' own keys anywhere there), and
+// the token's keys never extractable.
+func TestPKCS11CustodyJoins(t *testing.T) {
+	tok := softhsmtest.Start(t)
+	env := tok.Env()
+	dir := filepath.Join(t.TempDir(), "authority")
+	r := muster(t, env, "init", "--data", dir, "-o", "json",
+		"--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile)
+	if r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	var init map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &init); err != nil {
+		t.Fatal(err)
+	}
+	e := &referralEnv{discDir: filepath.Join(t.TempDir(), "discovery"), dir: dir}
+	e.authorityID, e.fingerprint, e.psk = init["authority_id"].(string), init["ca_fingerprint"].(string), init["bootstrap_psk"].(string)
+	e.disc = startDiscovery(t, e.discDir, allowing(init)...)
+	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json",
+		"--discovery", e.disc.addr, "--discovery-fingerprint", e.disc.fingerprint)
+	p.addr, _ = rec["advertise"].(string)
+	e.auth = p
+	e.waitRegistered(t)
+
+	// The agent certificate each join and renewal got is signed by the
+	// agent intermediate, whose key is the token's.
+	agentCA := func() *x509.Certificate {
+		c, err := os.ReadFile(filepath.Join(dir, "ca", "agent.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := pem.Decode(c)
+		cert, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert
+	}()
+	signedByToken := func(adir, what string) {
+		t.Helper()
+		st := agentState(t, adir)
+		data, err := os.ReadFile(agent.Dir(adir).CertFile())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := pem.Decode(data)
+		leaf, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := leaf.CheckSignatureFrom(agentCA); err != nil {
+			t.Errorf("%s (serial %s): not signed by the token's agent intermediate: %v", what, st.Serial, err)
+		}
+	}
+
+	// PSK join through discovery, then a renewal.
+	padir := e.mustJoin(t, "psk-1")
+	if st := agentStatus(t, padir); st["join_method"] != "psk" {
+		t.Fatalf("status after the PSK join: %v", st)
+	}
+	if a := auditJoins(t, dir); !strings.Contains(a, "referral ticket") {
+		t.Errorf("the PSK join's audit record names no referral ticket:\n%s", a)
+	}
+	signedByToken(padir, "the PSK join's certificate")
+	joined := agentState(t, padir).Serial
+	mustRun(t, "agent", "renew", "--data", padir)
+	if st := agentStatus(t, padir); st["generation"] != 1.0 || agentState(t, padir).Serial == joined {
+		t.Fatalf("status after the PSK agent's renewal: %v", st)
+	}
+	signedByToken(padir, "the PSK agent's renewed certificate")
+
+	// Bound-keypair join, then a renewal.
+	badir := filepath.Join(t.TempDir(), "bound")
+	_, keyFile := keypairFile(t, badir)
+	mustRun(t, "bot", "add", "bot-1", "--public-key", keyFile, "--recovery-limit", "2", "--data", dir)
+	mustRun(t, "agent", "join", "--data", badir, "--bound-keypair", "bot-1", "--node", "bot-1",
+		"--authority", p.addr, "--ca-fingerprint", e.fingerprint)
+	bst := agentState(t, badir)
+	if bst.JoinMethod != agent.JoinMethodBoundKeypair || bst.JoinState == "" {
+		t.Fatalf("state.json after the bound-keypair join: %+v", bst)
+	}
+	signedByToken(badir, "the bound-keypair join's certificate")
+	mustRun(t, "agent", "renew", "--data", badir)
+	if st := agentState(t, badir); st.Serial == bst.Serial {
+		t.Fatalf("the bound-keypair agent's renewal kept serial %s", st.Serial)
+	}
+	signedByToken(badir, "the bound-keypair agent's renewed certificate")
+	// (A bound-keypair agent renews through the bound-keypair exchange,
+	// with its join state: two of them.)
+	if m := metricsOf(t, p.metrics); !strings.Contains(m, `muster_joins_total{method="psk",result="ok"} 1`) ||
+		!strings.Contains(m, `muster_joins_total{method="bound-keypair",result="ok"} 2`) {
+		t.Errorf("authority metrics lack one PSK join and two bound-keypair exchanges:\n%s", m)
+	}
+	p.stop(t)
+
+	held := custodyHeld(t, dir, 4, 1, 1)
+	known := privateKeysIn(t, padir)
+	for k, v := range privateKeysIn(t, badir) {
+		known[k] = v
+	}
+	if len(known) < 3 {
+		t.Fatalf("the agents' private keys: %d found, want their certificate keys and the bound key", len(known))
+	}
+	assertNoCustodyKeys(t, dir, held, known)
+	assertTokenKeys(t, tok, 6) // 4 intermediates, the signer, the join-state key
+}
+
+// custodyHeld is the public keys of the store's intermediates, signers
+// and join-state keys, each checked to be a token object, and their
+// numbers.
+func custodyHeld(t *testing.T, dir string, intermediates, signers, joinStateKeys int) map[string]crypto.PublicKey {
+	t.Helper()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "muster.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -160,10 +291,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held["intermediate "+r.Role] = cert.PublicKey
-	}
-	if len(caRows) != 4 {
-		t.Errorf("%d intermediates in the store, want 4", len(caRows))
+		held["intermediate "+r.Role+"/"+r.Serial] = cert.PublicKey
 	}
 	sRows, _, err := st.ListSigners(context.Background())
 	if err != nil {
@@ -175,69 +303,61 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 		}
 		held["signer "+r.VersionID] = r.PublicKey
 	}
-	for _, s := range listed.Signers {
-		pub, err := signer.ParsePublicKey(s.PublicKey)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held["listed signer "+s.VersionID] = pub
+	jRows, err := st.ListJoinStateKeys(context.Background())
+	if err != nil {
+		t.Fatal(err)
 	}
-	// No file in the data directory (nor the store's file) is the private
-	// half of any of them: every PEM or DER private key found is parsed
-	// and its public key compared.
+	for _, r := range jRows {
+		if len(r.Nonce) != 0 || !custody.IsPKCS11Ref(r.Ciphertext) {
+			t.Errorf("join-state key %s: the store holds it sealed, not as a token object (%q)", r.ID, r.Ciphertext)
+		}
+		held["join-state key "+r.ID] = ed25519.PublicKey(r.PublicKey)
+	}
+	if len(caRows) != intermediates || len(sRows) != signers || len(jRows) != joinStateKeys {
+		t.Errorf("%d intermediates, %d signers and %d join-state keys in the store, want %d, %d and %d",
+			len(caRows), len(sRows), len(jRows), intermediates, signers, joinStateKeys)
+	}
+	return held
+}
+
+// assertNoCustodyKeys: no key file for an intermediate, no file in the
+// data directory holding the private half of a held key, no private key
+// in the store, and none of the known keys' raw secrets anywhere
+// (keyScan); and the scan did see the keys that are files (root, policy,
+// operator), so it looked in the right place.
+func assertNoCustodyKeys(t *testing.T, dir string, held map[string]crypto.PublicKey, known map[string]crypto.Signer) {
+	t.Helper()
 	for _, role := range []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin} {
 		if _, err := os.Stat(filepath.Join(dir, "ca", string(role)+".key")); err == nil {
 			t.Errorf("the data directory has a key file for the %s intermediate", role)
 		}
 	}
-	found := 0
-	filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rest := data; ; {
-			var b *pem.Block
-			if b, rest = pem.Decode(rest); b == nil {
-				break
-			}
-			if !strings.Contains(b.Type, "PRIVATE KEY") {
-				continue
-			}
-			found++
-			k, err := parseAnyKey(b.Bytes)
-			if err != nil {
-				t.Errorf("%s: a private key muster cannot parse: %v", path, err)
-				continue
-			}
-			for what, pub := range held {
-				if k.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(pub) {
-					t.Errorf("%s holds the private key of the %s", path, what)
-				}
-			}
-		}
-		return nil
-	})
-	if found == 0 {
+	s := &keyScan{held: held, known: known}
+	s.scanAuthority(t, dir)
+	for _, f := range s.found {
+		t.Errorf("%s: %s", f.where, f.what)
+	}
+	if s.filesKeys == 0 {
 		t.Fatal("the scan found no private key at all (root, policy, operator are expected): it looked in the wrong place")
 	}
+}
 
-	// The token holds them, never extractable.
+// assertTokenKeys: pkcs11-tool lists want private keys in the token, each
+// never extractable.
+func assertTokenKeys(t *testing.T, tok softhsmtest.Token, want int) {
+	t.Helper()
 	out, err := exec.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
 		"--list-objects", "--type", "privkey").CombinedOutput()
 	if err != nil {
 		t.Fatalf("pkcs11-tool: %v\n%s", err, out)
 	}
 	objs := strings.Split(string(out), "Private Key Object")[1:]
-	if len(objs) != 6 {
-		t.Errorf("the token holds %d private keys, want 6 (4 intermediates, 2 signers):\n%s", len(objs), out)
+	if len(objs) != want {
+		t.Errorf("the token holds %d private keys, want %d:\n%s", len(objs), want, out)
 	}
 	for _, o := range objs {
-		if !strings.Contains(o, "never extractable") {
-			t.Errorf("a private key in the token is extractable:\n%s", o)
+		if !strings.Contains(o, "never extractable") || !strings.Contains(o, "sensitive") {
+			t.Errorf("a private key in the token is extractable or not sensitive:\n%s", o)
 		}
 	}
 }
@@ -286,15 +406,6 @@ func TestPKCS11FailedInitLeavesNoObject(t *testing.T) {
 	if !strings.Contains(r.stderr, "127.0.0.1:1") && !strings.Contains(r.stderr, "connect") {
 		t.Errorf("init failed for another reason than the store: %s", r.stderr)
 	}
-}
-
-func parseAnyKey(der []byte) (crypto.Signer, error) {
-	if k, err := x509.ParsePKCS8PrivateKey(der); err == nil {
-		if s, ok := k.(crypto.Signer); ok {
-			return s, nil
-		}
-	}
-	return x509.ParseECPrivateKey(der)
 }
 
 func scrapePath(addr, path string) (string, error) {

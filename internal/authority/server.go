@@ -310,7 +310,8 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 			TicketObserver:   s.metrics.ticket,
 		},
 		BoundKeypair: enroll.BoundKeypairConfig{
-			JoinStateSealer: joinStates,
+			JoinStateSealer:  joinStates,
+			JoinStateCustody: JoinStateCustody(joinStates, cfg.Token),
 			Observer: func(token string, remaining int64) {
 				recoveries.WithLabelValues(token).Set(float64(remaining))
 			},
@@ -763,6 +764,20 @@ func SignerCustody(sk seal.StorageKey, token *custody.Token) (*signer.InCustody,
 		return nil, err
 	}
 	return signer.NewInCustody(byRef(sealed, token, "muster-signer/")), nil
+}
+
+// JoinStateCustody is the custody of the join-state keys, chosen as
+// CACustody's: sealed under the join-state purpose with the key ID as
+// additional data (as those keys have always been sealed), or objects
+// muster-join-state/ID in the token.
+func JoinStateCustody(joinStates *seal.Sealer, token *custody.Token) custody.ByRef {
+	sealed := custody.NewSealedWith(joinStates, "")
+	b := custody.ByRef{New: sealed, Sealed: sealed}
+	if token != nil {
+		t := token.For("muster-join-state/")
+		b.New, b.Token = t, t
+	}
+	return b
 }
 
 func byRef(sealed *custody.Sealed, token *custody.Token, prefix string) custody.ByRef {

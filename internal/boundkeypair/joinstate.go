@@ -1,6 +1,7 @@
 package boundkeypair
 
 import (
+	"crypto"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/cryptosigner"
 	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/muster-dev/muster/internal/seal"
@@ -47,10 +49,12 @@ type joinStateClaims struct {
 }
 
 // SigningKey is one version of the authority's join-state key. Old
-// versions are kept to verify the documents they signed.
+// versions are kept to verify the documents they signed. Private is an
+// Ed25519 key: an ed25519.PrivateKey, or a signer whose key is held in
+// custody (a PKCS#11 token's).
 type SigningKey struct {
 	ID      string // kid
-	Private ed25519.PrivateKey
+	Private crypto.Signer
 }
 
 // NewSigningKey makes a key; its ID is derived from the public key.
@@ -74,9 +78,15 @@ func (k SigningKey) Public() ed25519.PublicKey { return k.Private.Public().(ed25
 
 // Seal encrypts the key's seed for the store with a sealer of purpose
 // seal.InfoJoinState; the key ID is the additional data, so a ciphertext
-// moved to another row does not open.
+// moved to another row does not open. (custody.Sealed with that sealer
+// and no prefix makes the same ciphertext: its reference is nonce then
+// ciphertext.) A key held in custody has no seed to seal.
 func (k SigningKey) Seal(s *seal.Sealer) (ciphertext, nonce []byte, err error) {
-	return s.Seal(k.Private.Seed(), []byte(k.ID))
+	priv, ok := k.Private.(ed25519.PrivateKey)
+	if !ok {
+		return nil, nil, fmt.Errorf("boundkeypair: join-state key %s is held in custody, not sealed", k.ID)
+	}
+	return s.Seal(priv.Seed(), []byte(k.ID))
 }
 
 // OpenSigningKey reverses Seal and checks the key matches its ID.
@@ -97,7 +107,11 @@ func OpenSigningKey(s *seal.Sealer, id string, ciphertext, nonce []byte) (Signin
 
 // Sign signs s as a join state document.
 func (k SigningKey) Sign(s JoinState) (string, error) {
-	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: k.Private},
+	var key any = k.Private
+	if _, ok := k.Private.(ed25519.PrivateKey); !ok {
+		key = cryptosigner.Opaque(k.Private)
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.EdDSA, Key: key},
 		(&jose.SignerOptions{}).WithType(JoinStateType).WithHeader(jose.HeaderKey("kid"), k.ID))
 	if err != nil {
 		return "", err

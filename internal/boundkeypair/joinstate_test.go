@@ -53,7 +53,7 @@ func TestJoinStateRefusals(t *testing.T) {
 	doc, _ := k.Sign(sampleState())
 	forged, _ := SigningKey{ID: k.ID, Private: forger.Private}.Sign(sampleState())
 	c, _ := NewChallenge("prod-a3f2e1", time.Now())
-	answer, _ := Answer(k.Private, c, time.Now()) // right key, wrong typ
+	answer, _ := Answer(k.Private.(ed25519.PrivateKey), c, time.Now()) // right key, wrong typ
 	for _, tc := range []struct {
 		name, doc, iss, token, node, reason string
 	}{
@@ -85,7 +85,7 @@ func TestSigningKeySealedAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := OpenSigningKey(s, k.ID, ct, nonce)
-	if err != nil || !got.Private.Equal(k.Private) {
+	if err != nil || !got.Private.(ed25519.PrivateKey).Equal(k.Private) {
 		t.Fatalf("OpenSigningKey: %v", err)
 	}
 	if _, err := OpenSigningKey(other, k.ID, ct, nonce); err == nil {

@@ -68,6 +68,15 @@ func (b ByRef) Import(ctx context.Context, name string, key crypto.Signer) (Key,
 	return imp.Import(ctx, name, key)
 }
 
+// MakesHere reports whether ref names a key of the custody that makes new
+// keys: a token object when New is the token, a sealed key otherwise. A
+// key that is not (a sealed key on an authority moved to a token) is one
+// to replace with a new key when its owner can do so on its own.
+func (b ByRef) MakesHere(ref []byte) bool {
+	inToken := b.Token != nil && b.New == b.Token
+	return IsPKCS11Ref(ref) == inToken
+}
+
 // Where names where a reference's key lives, for operators: "sealed" or
 // the token object's URI.
 func Where(ref []byte) string {

@@ -15,7 +15,7 @@ const PINEnv = "MUSTER_PKCS11_PIN"
 
 // ErrNoPKCS11Build is returned by OpenPKCS11 in a binary built without
 // PKCS#11 support: the default static build (docs/hsm.md).
-var ErrNoPKCS11Build = errors.New("custody: pkcs11 custody needs the pkcs11 build of muster (PKCS11=1 scripts/build-binary, i.e. CGO_ENABLED=1 go build -tags pkcs11); this binary is the static one without it (docs/hsm.md)")
+var ErrNoPKCS11Build = errors.New("custody: pkcs11 custody needs the pkcs11 build of muster (PKCS11=1 scripts/build-binary, i.e. CGO_ENABLED=1 go build -tags pkcs11); this binary is the static one without it (the .deb installs it as /usr/bin/muster-pkcs11; docs/hsm.md)")
 
 // ErrUnavailable: the token cannot be reached now (a lost session or
 // token, being re-opened). The call may succeed later.

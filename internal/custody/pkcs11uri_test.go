@@ -43,7 +43,7 @@ func TestOpenPKCS11WithoutTheBuild(t *testing.T) {
 		}
 		return
 	}
-	if err != custody.ErrNoPKCS11Build || !strings.Contains(err.Error(), "pkcs11 custody needs the pkcs11 build") {
+	if err != custody.ErrNoPKCS11Build || !strings.Contains(err.Error(), "pkcs11 custody needs the pkcs11 build") || !strings.Contains(err.Error(), "/usr/bin/muster-pkcs11") {
 		t.Fatalf("got %v", err)
 	}
 }

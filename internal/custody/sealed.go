@@ -39,6 +39,13 @@ func NewSealed(key seal.StorageKey, info, prefix string) (*Sealed, error) {
 	return &Sealed{sealer: s, prefix: prefix}, nil
 }
 
+// NewSealedWith returns the custody that seals keys with sealer (its
+// purpose already chosen); the additional data of a key is prefix followed
+// by its name.
+func NewSealedWith(sealer *seal.Sealer, prefix string) *Sealed {
+	return &Sealed{sealer: sealer, prefix: prefix}
+}
+
 // NewSealedCA returns the custody of the CA intermediates' keys (HKDF info
 // muster-ca-encryption).
 func NewSealedCA(key seal.StorageKey) (*Sealed, error) {

@@ -14,6 +14,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -42,8 +43,14 @@ const ReasonChallengeRequired = "a bound-keypair agent refreshes by repeating th
 // registration secrets are opened with the Service's TokenSealer.
 type BoundKeypairConfig struct {
 	// JoinStateSealer seals the join-state keys (purpose
-	// seal.InfoJoinState); without it every bound-keypair join fails.
+	// seal.InfoJoinState) and opens the sealed ones; without it (and
+	// without JoinStateCustody) every bound-keypair join fails.
 	JoinStateSealer *seal.Sealer
+	// JoinStateCustody, if set, makes the new join-state keys and opens
+	// each existing one where its reference says (custody.ByRef: a PKCS#11
+	// token's, and sealed ones with a custody.Sealed of JoinStateSealer
+	// and no prefix); nil is sealed with JoinStateSealer.
+	JoinStateCustody custody.Custody
 	// Observer, if set, is told the recoveries a standard-mode token has
 	// left after each bound-keypair join or refresh.
 	Observer func(token string, remaining int64)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -29,7 +30,7 @@ func newBKEnv(t *testing.T, limit int64, mode string) *bkEnv {
 	var sk seal.StorageKey
 	copy(sk[:], "join-state storage key for tests")
 	e.svc.cfg.BoundKeypair.JoinStateSealer, _ = sk.Sealer(seal.InfoJoinState)
-	e.svc.jsKeys.sealer = e.svc.cfg.BoundKeypair.JoinStateSealer
+	e.svc.jsKeys.custody = custody.NewSealedWith(e.svc.cfg.BoundKeypair.JoinStateSealer, "")
 	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
 	k, _ := boundkeypair.NewPublicKey(pub)
 	b := &bkEnv{env: e, priv: priv, pub: k, secret: "registration-secret-1"}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -150,7 +151,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("enroll: the hierarchy has no agent intermediate")
 	}
 	s := &Service{cfg: cfg}
-	s.jsKeys = &joinStateKeys{store: cfg.Store, sealer: cfg.BoundKeypair.JoinStateSealer, now: cfg.Now}
+	s.jsKeys = &joinStateKeys{store: cfg.Store, custody: cfg.BoundKeypair.JoinStateCustody, now: cfg.Now}
+	if s.jsKeys.custody == nil && cfg.BoundKeypair.JoinStateSealer != nil {
+		s.jsKeys.custody = custody.NewSealedWith(cfg.BoundKeypair.JoinStateSealer, "")
+	}
 	s.SetEndpoints(cfg.Endpoints)
 	return s, nil
 }

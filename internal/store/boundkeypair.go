@@ -116,9 +116,10 @@ func (r Recovery) NewSequence() int64 {
 func (KeyBinding) claim() {}
 func (Recovery) claim()   {}
 
-// JoinStateKey is one version of the authority's join-state signing key,
-// its private half sealed (purpose muster-join-state-encryption, the ID as
-// additional data).
+// JoinStateKey is one version of the authority's join-state signing key.
+// Nonce followed by Ciphertext is its custody reference: its private half
+// sealed (purpose muster-join-state-encryption, the ID as additional
+// data), or, with an empty Nonce, the pkcs11: URI of a token object.
 type JoinStateKey struct {
 	ID         string
 	PublicKey  []byte

@@ -437,5 +437,15 @@ func joinStateKeyCases() []testCase {
 			mustNil(t, "ListJoinStateKeys", err)
 			wantEqual(t, "keys", ks, []store.JoinStateKey{cur, old})
 		}},
+		{"a join-state key in a token: an empty nonce and its URI", func(t *testing.T, ctx context.Context, s store.Store) {
+			uri := []byte("pkcs11:token=muster;object=muster-join-state%2Fjs-1;id=%01%02")
+			k := store.JoinStateKey{ID: "js-1", PublicKey: []byte{1}, Ciphertext: uri, Nonce: []byte{}, CreatedAt: at(0)}
+			mustNil(t, "InsertJoinStateKey", s.InsertJoinStateKey(ctx, k))
+			ks, err := s.ListJoinStateKeys(ctx)
+			mustNil(t, "ListJoinStateKeys", err)
+			if len(ks) != 1 || len(ks[0].Nonce) != 0 || string(ks[0].Ciphertext) != string(uri) {
+				t.Fatalf("read back: %+v", ks)
+			}
+		}},
 	}
 }
