@@ -16,6 +16,7 @@ import (
 	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/loadgen"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
@@ -144,11 +145,15 @@ func TestBoundKeypairStreamNeedsInitFirst(t *testing.T) {
 
 // BenchmarkBoundKeypairRecovery: relaxed-mode recoveries through gRPC over
 // loopback TLS, each agent presenting the join state of its last one,
-// against the crypto of one recovery measured in the same run: one Ed25519
-// verification, one JWT signature and one certificate.
+// against the server-side bound of one recovery over a kept connection
+// (loadgen.ServerPrimitives), measured in the same run.
 func BenchmarkBoundKeypairRecovery(b *testing.B) {
 	a := startBench(b)
-	bound := recoveryCryptoBound(b, a.h)
+	rb, err := loadgen.MeasureBound(loadgen.OpBoundRecovery, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bound := float64(rb.PerOp.Nanoseconds())
 	var n atomic.Int64
 	// CSRs are made by agents, not the authority: prepare one per
 	// recovery first (as BenchmarkExchangeJoinToken does), so the timed
@@ -177,24 +182,4 @@ func BenchmarkBoundKeypairRecovery(b *testing.B) {
 		}
 	})
 	report(b, bound)
-}
-
-func recoveryCryptoBound(b *testing.B, h *ca.Hierarchy) float64 {
-	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
-	k, _ := boundkeypair.NewPublicKey(pub)
-	sk, _ := boundkeypair.NewSigningKey()
-	issue := cryptoBound(b, h) // one CSR check and one certificate
-	c, _ := boundkeypair.NewChallenge("bench", time.Now())
-	answer, _ := boundkeypair.Answer(priv, c, time.Now())
-	const n = 500
-	start := time.Now()
-	for range n {
-		if err := c.Verify(answer, k, time.Now()); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := sk.Sign(boundkeypair.JoinState{Issuer: "bench", Token: "t", NodeID: "n", IssuedAt: time.Now()}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return issue + float64(time.Since(start).Nanoseconds())/n
 }
