@@ -20,7 +20,7 @@ import (
 // kidOf is the key ID in a JWT's header.
 func kidOf(t *testing.T, token string) string {
 	t.Helper()
-	sig, err := jose.ParseSigned(token, []jose.SignatureAlgorithm{jose.ES256})
+	sig, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256})
 	if err != nil {
 		t.Fatal(err)
 	}
