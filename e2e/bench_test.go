@@ -67,6 +67,7 @@ func TestBench(t *testing.T) {
 					PerOp   int64   `json:"per_op_ns"`
 					PerCore float64 `json:"ops_per_second_per_core"`
 					Group   string  `json:"group"`
+					Kept    int64   `json:"kept_connection_ns"`
 					Parts   []struct {
 						Primitive string `json:"primitive"`
 						What      string `json:"what"`
@@ -95,13 +96,22 @@ func TestBench(t *testing.T) {
 			// the bound counts it; the ratio to the bound without it is smaller
 			// (and is the figure the in-process benchmarks give).
 			handshake := false
+			var handshakeNs int64
 			var prims []string
 			for _, p := range rep.Bound.Parts {
 				handshake = handshake || p.Handshake
+				if p.Handshake {
+					handshakeNs += p.PerOp
+				}
 				prims = append(prims, p.Primitive)
 				if p.PerOp <= 0 || p.What == "" {
 					t.Errorf("bound part %+v: want it timed and described", p)
 				}
+			}
+			// Without the handshake's parts, the bound of the operation
+			// on a kept connection.
+			if want := rep.Bound.PerOp - handshakeNs; (handshake && rep.Bound.Kept != want) || (!handshake && rep.Bound.Kept != 0) {
+				t.Errorf("bound kept_connection_ns %d: want %d with a handshake %v", rep.Bound.Kept, want, handshake)
 			}
 			if got := strings.Join(prims, " "); got != tc.primitives {
 				t.Errorf("bound primitives %q: want %q", got, tc.primitives)

@@ -215,7 +215,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			if a := run.Authority; a != nil && a.CPUPerRequest > 0 {
 				rep.CPUEfficiency = bound.PerOp.Seconds() / a.CPUPerRequest.Seconds()
 			}
-			if per, had := bound.WithoutHandshake(); had {
+			if per := bound.KeptConnection; per > 0 {
 				rep.OfBoundWithoutHandshake = run.Throughput * per.Seconds()
 			}
 			if out.structured() {
@@ -288,8 +288,12 @@ func printBench(w io.Writer, r benchReport) {
 	for _, p := range r.Bound.Parts {
 		fmt.Fprintf(w, "              %9s  %s\n", p.PerOp.Round(time.Microsecond), p.What)
 	}
+	if r.Bound.KeptConnection > 0 {
+		fmt.Fprintf(w, "              %9s  without the handshake (on a kept connection)\n", r.Bound.KeptConnection.Round(time.Microsecond))
+	}
 	if r.CPUEfficiency > 0 {
-		fmt.Fprintf(w, "CPU efficiency: %.2f (the bound / the authority's CPU a request)\n", r.CPUEfficiency)
+		fmt.Fprintf(w, "CPU efficiency: %.2f (the bound %s / the authority's CPU a request %s)\n", r.CPUEfficiency,
+			r.Bound.PerOp.Round(time.Microsecond), r.Run.Authority.CPUPerRequest.Round(time.Microsecond))
 	}
 	fmt.Fprintf(w, "Of the bound: %.2f", r.OfBound)
 	if r.OfBoundWithoutHandshake > 0 {

@@ -13,6 +13,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"strings"
@@ -40,6 +41,11 @@ type Bound struct {
 	// negotiate (their defaults), whose server share the handshake part
 	// times; empty when the bound has no handshake.
 	Group string `json:"group,omitempty"`
+	// KeptConnection is the bound without its handshake's parts: the
+	// operation's own crypto, as on a connection whose handshake is done
+	// (ServerPrimitives without a new connection). Zero when the bound
+	// has no handshake.
+	KeptConnection time.Duration `json:"kept_connection_ns,omitempty"`
 	// Parts is the bound primitive by primitive, so a reader can take out
 	// the handshake (Handshake) and compare with the bound of an
 	// operation on a connection kept open.
@@ -107,12 +113,16 @@ func handshakePrimitive(p Primitive) bool {
 // ServerPrimitives is the crypto the authority must do for one request of
 // op: with newConn (the bench's --connection new) the server's part of a
 // new connection's TLS 1.3 handshake (its key share and its
-// CertificateVerify signature), which a renewal and a refresh always pay,
-// with the agent's certificate to check; then the operation's own. Not
-// counted: what the client does, and what the server may skip — a join
-// state this process signed is recognised, not verified again
-// (enroll.issuedStates); an intermediate's signature by the root is not
-// checked per call (authority.clientAnchors).
+// CertificateVerify signature, and, for a renewal or a refresh, which
+// present the agent's certificate, that certificate's check); then the
+// operation's own. Without newConn the request rides a connection whose
+// handshake is done: none of it is counted, the client certificate's
+// check included, since a connection's certificate needs checking once
+// (the authority today checks it on every call, which then counts beyond
+// the bound). Not counted: what the client does, and what the server may
+// skip — a join state this process signed is recognised, not verified
+// again (enroll.issuedStates); an intermediate's signature by the root is
+// not checked per call (authority.clientAnchors).
 func ServerPrimitives(op string, newConn bool) ([]Primitive, error) {
 	issue := []Primitive{PrimCSR, PrimCertificateSign}
 	var own []Primitive
@@ -128,12 +138,12 @@ func ServerPrimitives(op string, newConn bool) ([]Primitive, error) {
 	default:
 		return nil, fmt.Errorf("loadgen: no bound for operation %q", op)
 	}
-	var hs []Primitive
-	switch {
-	case presentsCertificate(op):
-		hs = []Primitive{PrimKeyShare, PrimCertificateVerify, PrimClientChain}
-	case newConn:
-		hs = []Primitive{PrimKeyShare, PrimCertificateVerify}
+	if !newConn {
+		return own, nil
+	}
+	hs := []Primitive{PrimKeyShare, PrimCertificateVerify}
+	if presentsCertificate(op) {
+		hs = append(hs, PrimClientChain)
 	}
 	return append(hs, own...), nil
 }
@@ -163,20 +173,41 @@ var (
 
 // boundFixture holds what the primitives work on, made as the authority
 // and an agent make it (ECDSA P-256 at every level of the CA).
+//
+// Every private key's signatures are counted, by the side that holds it
+// (countingSigner), and so are the client's key shares: the server's keys
+// sign in the timed rounds, the client's only while the fixture is made,
+// and TestBoundCountsNoClientWork holds MeasureBound to that.
 type boundFixture struct {
 	h      *ca.Hierarchy
 	id     spiffeid.ID
 	csr    *x509.CertificateRequest
 	leaf   *x509.Certificate // an agent's, issued by the agent intermediate
-	srvKey *ecdsa.PrivateKey // the listener's key
+	srvKey crypto.Signer     // the listener's key (server)
+	issuer crypto.Signer     // the agent intermediate's key (server)
+	jsKey  crypto.Signer     // the join-state signing key (server, Ed25519)
+	agent  crypto.Signer     // the agent's key: its CSR, its CertificateVerify (client)
 	sealer *seal.Sealer
 	secret []byte
 	sealed []byte
 	nonce  []byte
-	edPub  ed25519.PublicKey
-	edPriv ed25519.PrivateKey
-	answer []byte // the signing input of an answer to a challenge
-	state  []byte // the signing input of a join state
+	botPub ed25519.PublicKey // the bot's bound key (its private half is the client's)
+	answer []byte            // the signing input of an answer to a challenge
+	ansSig []byte            // the bot's signature of it
+	state  []byte            // the signing input of a join state
+
+	serverSigns, clientSigns, clientShares int
+}
+
+// countingSigner counts the signatures a key makes.
+type countingSigner struct {
+	crypto.Signer
+	n *int
+}
+
+func (c countingSigner) Sign(r io.Reader, digest []byte, opts crypto.SignerOpts) ([]byte, error) {
+	*c.n++
+	return c.Signer.Sign(r, digest, opts)
 }
 
 func newBoundFixture() (*boundFixture, error) {
@@ -184,11 +215,13 @@ func newBoundFixture() (*boundFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	f := &boundFixture{h: h}
+	agentKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, key)
+	f.agent = countingSigner{agentKey, &f.clientSigns}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{}, f.agent)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +242,9 @@ func newBoundFixture() (*boundFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := &boundFixture{h: h, id: id, csr: csr, leaf: leaf, srvKey: srvKey}
+	f.id, f.csr, f.leaf = id, csr, leaf
+	f.srvKey = countingSigner{srvKey, &f.serverSigns}
+	f.issuer = countingSigner{h.Issuer(ca.RoleAgent).Key, &f.serverSigns}
 	var sk seal.StorageKey
 	if _, err := rand.Read(sk[:]); err != nil {
 		return nil, err
@@ -224,12 +259,14 @@ func newBoundFixture() (*boundFixture, error) {
 	if f.sealed, f.nonce, err = f.sealer.Seal(f.secret, []byte("token-id")); err != nil {
 		return nil, err
 	}
-	if f.edPub, f.edPriv, err = ed25519.GenerateKey(rand.Reader); err != nil {
+	botPub, botPriv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
 		return nil, err
 	}
+	f.botPub = botPub
 	// The messages signed are the real ones, for their length: an answer
 	// to a challenge and a join state.
-	bound, err := boundkeypair.NewPublicKey(f.edPub)
+	bound, err := boundkeypair.NewPublicKey(botPub)
 	if err != nil {
 		return nil, err
 	}
@@ -238,14 +275,16 @@ func newBoundFixture() (*boundFixture, error) {
 	if err != nil {
 		return nil, err
 	}
-	answer, err := boundkeypair.Answer(f.edPriv, ch, now)
+	answer, err := boundkeypair.Answer(botPriv, ch, now)
 	if err != nil {
 		return nil, err
 	}
+	f.clientSigns++
 	jsKey, err := boundkeypair.NewSigningKey()
 	if err != nil {
 		return nil, err
 	}
+	f.jsKey = countingSigner{jsKey.Private, &f.serverSigns}
 	state, err := jsKey.Sign(boundkeypair.JoinState{Issuer: "bench", Token: "bot", NodeID: "node", IssuedAt: now,
 		InstanceID: "instance", BoundKey: bound.Fingerprint(), RecoverySequence: 1, RecoveryLimit: 10,
 		RecoveryMode: boundkeypair.ModeStandard})
@@ -253,6 +292,10 @@ func newBoundFixture() (*boundFixture, error) {
 		return nil, err
 	}
 	f.answer, f.state = signingInput(answer), signingInput(state)
+	f.ansSig, err = countingSigner{botPriv, &f.clientSigns}.Sign(nil, f.answer, crypto.Hash(0))
+	if err != nil {
+		return nil, err
+	}
 	return f, nil
 }
 
@@ -276,7 +319,7 @@ func (f *boundFixture) negotiatedGroup() (tls.CurveID, error) {
 	}
 	srvConf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}, ClientAuth: tls.RequestClientCert,
 		Certificates: []tls.Certificate{{Certificate: [][]byte{srvLeaf.Raw, f.h.Issuer(ca.RoleServer).Cert.Raw, f.h.Root.Raw},
-			PrivateKey: f.srvKey, Leaf: srvLeaf}}}
+			PrivateKey: f.srvKey.(countingSigner).Signer, Leaf: srvLeaf}}} // not counted: this handshake is not timed
 	cliConf := identity.ClientTLS(nil, f.h.RootPool(), func(spiffeid.ID) error { return nil })
 	a, b := net.Pipe()
 	defer a.Close()
@@ -303,8 +346,9 @@ func (f *boundFixture) negotiatedGroup() (tls.CurveID, error) {
 }
 
 // keyShare returns the server's work for one key share of group, the
-// client's share made beforehand.
-func keyShare(group tls.CurveID) (func() error, error) {
+// client's share made beforehand (clientShare): the timed function holds
+// only its public bytes.
+func (f *boundFixture) keyShare(group tls.CurveID) (func() error, error) {
 	var curve ecdh.Curve
 	hybrid := false
 	switch group {
@@ -321,18 +365,9 @@ func keyShare(group tls.CurveID) (func() error, error) {
 	default:
 		return nil, fmt.Errorf("loadgen: no bound for the key-exchange group %s", group)
 	}
-	peer, err := curve.GenerateKey(rand.Reader)
+	peerShare, ek, err := f.clientShare(curve, hybrid)
 	if err != nil {
 		return nil, err
-	}
-	peerShare := peer.PublicKey().Bytes()
-	var ek []byte
-	if hybrid {
-		dk, err := mlkem.GenerateKey768()
-		if err != nil {
-			return nil, err
-		}
-		ek = dk.EncapsulationKey().Bytes()
 	}
 	return func() error {
 		if hybrid {
@@ -356,18 +391,37 @@ func keyShare(group tls.CurveID) (func() error, error) {
 	}, nil
 }
 
+// clientShare makes the client's key share, as a ClientHello carries it:
+// its ECDH public key and, for a hybrid group, its ML-KEM-768
+// encapsulation key. The client's work: never timed.
+func (f *boundFixture) clientShare(curve ecdh.Curve, hybrid bool) (peerShare, ek []byte, err error) {
+	f.clientShares++
+	peer, err := curve.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	if hybrid {
+		dk, err := mlkem.GenerateKey768()
+		if err != nil {
+			return nil, nil, err
+		}
+		ek = dk.EncapsulationKey().Bytes()
+	}
+	return peer.PublicKey().Bytes(), ek, nil
+}
+
 // step returns the function that does p once.
 func (f *boundFixture) step(p Primitive, group tls.CurveID) (func() error, error) {
 	switch p {
 	case PrimKeyShare:
-		return keyShare(group)
+		return f.keyShare(group)
 	case PrimCertificateVerify:
 		// TLS 1.3: 64 spaces, the context string, a zero byte and the
 		// transcript hash, hashed again and signed.
 		msg := append([]byte(strings.Repeat(" ", 64)+"TLS 1.3, server CertificateVerify\x00"), make([]byte, sha256.Size)...)
 		return func() error {
 			d := sha256.Sum256(msg)
-			_, err := ecdsa.SignASN1(rand.Reader, f.srvKey, d[:])
+			_, err := f.srvKey.Sign(rand.Reader, d[:], crypto.SHA256)
 			return err
 		}, nil
 	case PrimClientChain:
@@ -376,11 +430,10 @@ func (f *boundFixture) step(p Primitive, group tls.CurveID) (func() error, error
 	case PrimCSR:
 		return f.csr.CheckSignature, nil
 	case PrimCertificateSign:
-		key := f.h.Issuer(ca.RoleAgent).Key
 		tbs := f.leaf.RawTBSCertificate
 		return func() error {
 			d := sha256.Sum256(tbs)
-			_, err := key.Sign(rand.Reader, d[:], crypto.SHA256)
+			_, err := f.issuer.Sign(rand.Reader, d[:], crypto.SHA256)
 			return err
 		}, nil
 	case PrimTokenSecret, PrimPSK:
@@ -395,15 +448,17 @@ func (f *boundFixture) step(p Primitive, group tls.CurveID) (func() error, error
 			return nil
 		}, nil
 	case PrimChallengeVerify:
-		sig := ed25519.Sign(f.edPriv, f.answer)
 		return func() error {
-			if !ed25519.Verify(f.edPub, f.answer, sig) {
+			if !ed25519.Verify(f.botPub, f.answer, f.ansSig) {
 				return fmt.Errorf("loadgen: the answer's signature does not verify")
 			}
 			return nil
 		}, nil
 	case PrimJoinStateSign:
-		return func() error { ed25519.Sign(f.edPriv, f.state); return nil }, nil
+		return func() error {
+			_, err := f.jsKey.Sign(nil, f.state, crypto.Hash(0))
+			return err
+		}, nil
 	}
 	return nil, fmt.Errorf("loadgen: unknown primitive %q", p)
 }
@@ -414,11 +469,19 @@ func (f *boundFixture) step(p Primitive, group tls.CurveID) (func() error, error
 // timed by that thread's CPU clock where the system has one, so other work
 // on the machine slows a round without counting in it.
 func MeasureBound(op string, newConn bool) (*Bound, error) {
-	prims, err := ServerPrimitives(op, newConn)
-	if err != nil {
+	if _, err := ServerPrimitives(op, newConn); err != nil {
 		return nil, err
 	}
 	f, err := newBoundFixture()
+	if err != nil {
+		return nil, err
+	}
+	return f.measure(op, newConn)
+}
+
+// measure is MeasureBound on the fixture f.
+func (f *boundFixture) measure(op string, newConn bool) (*Bound, error) {
+	prims, err := ServerPrimitives(op, newConn)
 	if err != nil {
 		return nil, err
 	}
@@ -451,6 +514,9 @@ func MeasureBound(op string, newConn bool) (*Bound, error) {
 		b.Parts = append(b.Parts, BoundPart{Primitive: p, What: what, PerOp: per, Handshake: handshakePrimitive(p)})
 		b.PerOp += per
 		names = append(names, string(p))
+	}
+	if per, had := b.WithoutHandshake(); had {
+		b.KeptConnection = per
 	}
 	b.What = strings.Join(names, " + ")
 	b.PerCore = float64(time.Second) / float64(b.PerOp)
