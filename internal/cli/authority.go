@@ -501,7 +501,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
-	token, err := openToken(info.Custody, o.pkcs11Module, o.pkcs11PINFile)
+	rec, err := storeCustody(ctx, st, info.Custody, o.pkcs11Module)
+	if err != nil {
+		return prefixed("authority", err)
+	}
+	token, err := openToken(rec, o.pkcs11Module, o.pkcs11PINFile)
 	if err != nil {
 		return prefixed("authority", err)
 	}
