@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -107,20 +109,6 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	if err != nil {
 		return authority.CustodyMigrationResult{}, err
 	}
-	if uri == "" || uri == "sealed" {
-		return authority.CustodyMigrationResult{}, fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into")
-	}
-	// The URI, module and PIN file are checked as muster init checks them.
-	var o datadir.InitOptions
-	token, err := initCustody(&o, uri, module, pinFile)
-	if err != nil {
-		return authority.CustodyMigrationResult{}, err
-	}
-	defer token.Close()
-	rec := o.Custody
-	if d.info.Custody != nil && d.info.Custody.URI != rec.URI {
-		return authority.CustodyMigrationResult{}, fmt.Errorf("%s records the token %s, not %s; nothing changed", dir.InfoFile(), d.info.Custody.URI, rec.URI)
-	}
 	st, err := openStore(ctx, d.url)
 	if err != nil {
 		return authority.CustodyMigrationResult{}, err
@@ -136,8 +124,29 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	if err := logger.CheckHead(ctx); err != nil {
 		return authority.CustodyMigrationResult{}, err
 	}
-	m.Store, m.CA, m.StorageKey, m.Token, m.Audit = st, d.ca, d.sk, token, logger
-	m.URI, m.Module, m.AuthorityID, m.Actor = rec.URI, rec.Module, d.info.AuthorityID, migrateActor
+	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger
+	m.URI, m.AuthorityID, m.Actor = uri, d.info.AuthorityID, migrateActor
+	// The URI, module and PIN file are checked, and the token opened, as
+	// muster init does it; a refusal is audited like the migration.
+	refuse := func(err error) (authority.CustodyMigrationResult, error) {
+		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: uri,
+			Result: audit.ResultError, Reason: "nothing changed: " + err.Error()})
+		return authority.CustodyMigrationResult{}, err
+	}
+	if uri == "" || uri == "sealed" {
+		return refuse(fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into"))
+	}
+	var o datadir.InitOptions
+	token, err := initCustody(&o, uri, module, pinFile)
+	if err != nil {
+		return refuse(err)
+	}
+	defer token.Close()
+	rec := o.Custody
+	if d.info.Custody != nil && d.info.Custody.URI != rec.URI {
+		return refuse(fmt.Errorf("%s records the token %s, not %s; nothing changed", dir.InfoFile(), d.info.Custody.URI, rec.URI))
+	}
+	m.Token, m.URI, m.Module = token, rec.URI, rec.Module
 	res, err := authority.MigrateCustody(ctx, m)
 	if err != nil {
 		return res, err
