@@ -316,3 +316,63 @@ func agentLeaf(t *testing.T, adir string) *x509.Certificate {
 	}
 	return leaf
 }
+
+// TestPKCS11MigrateCustodyRollback: a migration rolled back before any
+// key in the token is used (the token lost, say) discards the successors
+// and the signer made in it and forgets the token, so the authority
+// starts again without the module; once a key in the token has signed,
+// the rollback is refused and says to restore the token's backup.
+func TestPKCS11MigrateCustodyRollback(t *testing.T) {
+	tok := softhsmtest.Start(t)
+	env := tok.Env()
+	dir, _ := initDir(t)
+	p := startAuthority(t, dir)
+	migrate := func(extra ...string) result {
+		t.Helper()
+		return muster(t, env, append([]string{"ca", "migrate-custody", "--data", dir, "--custody", tok.URI}, extra...)...)
+	}
+	if r := migrate("--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("migrate-custody: exit %d\n%s", r.code, r.stderr)
+	}
+	p.stop(t)
+	r := migrate("--rollback")
+	if r.code != 0 || !strings.Contains(r.stdout, "removed from the store") || strings.Count(r.stdout, "discarded") != 4 || !strings.Contains(r.stdout, "rolled back") {
+		t.Fatalf("rollback: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := migrate("--rollback"); r.code != 0 || !strings.Contains(r.stdout, "nothing to roll back") {
+		t.Fatalf("a second rollback: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// The sealed authority starts again, without the module, and nothing
+	// of the token is in use or waiting.
+	p = startAuthority(t, dir)
+	out := mustRun(t, "ca", "status", "--data", dir)
+	if strings.Contains(out, "prepared") {
+		t.Errorf("ca status after the rollback lists a prepared intermediate:\n%s", out)
+	}
+	if out := mustRun(t, "signer", "list", "--data", dir); strings.Contains(out, "staged") || strings.Contains(out, "pkcs11:") && strings.Contains(out, "active") && !strings.Contains(out, "sealed") {
+		t.Errorf("signer list after the rollback:\n%s", out)
+	}
+
+	// Migrated again and one intermediate activated: the rollback is refused.
+	if r := migrate("--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("migrate-custody again: exit %d\n%s", r.code, r.stderr)
+	}
+	p.stop(t)
+	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+	p.addr, _ = rec["advertise"].(string)
+	waitFor(t, 30*time.Second, "the agent successor in the token is activated", func() bool {
+		return muster(t, nil, "ca", "rotate", "agent", "--activate", "--data", dir).code == 0
+	})
+	if r := migrate("--rollback"); r.code == 0 || !strings.Contains(r.stderr, "restore the token from its backup") {
+		t.Fatalf("rollback with the token's agent intermediate active: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	a := auditOf(t, dir, "ca.migrate_custody")
+	if len(a) < 4 || a[len(a)-1].Result != "denied" || !strings.Contains(a[1].Reason, "rolled back") {
+		t.Errorf("ca.migrate_custody audit records: %+v", a)
+	}
+	// Still in the token, the authority restarts with it.
+	p.stop(t)
+	startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+}

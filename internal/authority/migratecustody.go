@@ -283,3 +283,122 @@ func migrateSigner(ctx context.Context, m CustodyMigration) (MigrationStep, erro
 	step.Next = "it activates at " + s.EffectiveAt.UTC().Format(time.RFC3339) + ", or run `muster signer activate` once every replica runs with the token"
 	return step, nil
 }
+
+// RollbackCustodyMigration undoes a migration whose token is lost (or
+// was the wrong one) before any key in it was put to use: the successors
+// prepared in the token are discarded, the signer staged there rolled
+// back, and the token's record removed from the store last, so that a
+// run cut short is run again. It opens no token (the token may be gone):
+// the objects stay in it, to delete by hand. Once a key in the token
+// signs (an intermediate or signer activated, a root rotation's root, a
+// join-state key), it is refused: what that key signed needs it, and the
+// way back is the token's backup (docs/hsm.md).
+func RollbackCustodyMigration(ctx context.Context, m CustodyMigration) (CustodyMigrationResult, error) {
+	res, err := rollbackCustody(ctx, m)
+	e := audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK}
+	if err != nil {
+		e.Result, e.Reason = audit.ResultDenied, "rollback refused: "+err.Error()
+	} else {
+		var parts []string
+		for _, s := range res.Steps {
+			parts = append(parts, s.Key+": "+s.Done+" "+s.Serial+s.Version)
+		}
+		e.Reason = "rolled back: the token's record removed from the store; " + strings.Join(parts, "; ")
+	}
+	if _, aerr := m.Audit.Record(context.WithoutCancel(ctx), e); aerr != nil && err == nil {
+		err = fmt.Errorf("rolled back, but its audit record is not written: %w", aerr)
+	}
+	return res, err
+}
+
+// ErrInUse refuses a rollback once a key in the token signs.
+var ErrInUse = errors.New("a key in the token is in use")
+
+func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationResult, error) {
+	res := CustodyMigrationResult{URI: m.URI}
+	rec, err := m.Store.GetKeyCustody(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		return res, nil // nothing recorded: nothing to undo
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Module, res.AlreadyRecorded = rec.Module, true
+	if rec.URI != m.URI {
+		return res, fmt.Errorf("the store records the token %s, not %s; nothing changed", rec.URI, m.URI)
+	}
+	backup := "restore the token from its backup (docs/hsm.md); nothing changed"
+	rows, err := m.Store.ListCACerts(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, r := range rows {
+		if (r.State == store.CAActive || r.State == store.CARetiring) && custody.IsPKCS11Ref(r.KeyRef) {
+			return res, fmt.Errorf("%w: the %s intermediate %s in the token has signed certificates (%s): %s", ErrInUse, r.Role, r.Serial, r.State, backup)
+		}
+	}
+	rot, err := m.Store.GetRootRotation(ctx)
+	if err != nil {
+		return res, err
+	}
+	if custody.IsPKCS11Ref(rot.NewKeyRef) || custody.IsPKCS11Ref(rot.OldKeyRef) {
+		return res, fmt.Errorf("%w: a root of the root rotation is in the token: %s", ErrInUse, backup)
+	}
+	jsk, err := m.Store.ListJoinStateKeys(ctx)
+	if err != nil {
+		return res, err
+	}
+	for _, k := range jsk {
+		if custody.IsPKCS11Ref(k.Ciphertext) {
+			return res, fmt.Errorf("%w: the join-state key %s in the token signed join states agents hold: %s", ErrInUse, k.ID, backup)
+		}
+	}
+	sc, err := SignerCustody(m.StorageKey, nil)
+	if err != nil {
+		return res, err
+	}
+	k := signer.NewKeeper(m.Store, sc, m.Audit, m.AuthorityID, m.SignerMinLead)
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return res, err
+	}
+	var staged *signer.Signer
+	for i, s := range snap.Signers {
+		if !custody.IsPKCS11Ref([]byte(snap.KeyCustody(s.VersionID))) {
+			continue
+		}
+		if s.State != signer.Staged {
+			return res, fmt.Errorf("%w: the task signer %s in the token is %s: %s", ErrInUse, s.VersionID, s.State, backup)
+		}
+		staged = &snap.Signers[i]
+	}
+	for _, r := range rows {
+		if r.State != store.CAPrepared || !custody.IsPKCS11Ref(r.KeyRef) {
+			continue
+		}
+		_, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial)
+		if errors.Is(err, store.ErrConflict) {
+			return res, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
+		}
+		if err != nil {
+			return res, err
+		}
+		if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
+			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"}); err != nil {
+			return res, err
+		}
+		res.Steps = append(res.Steps, MigrationStep{Key: "ca/" + r.Role, Done: "discarded", Serial: r.Serial, Where: custody.Where(r.KeyRef),
+			Next: "its token object is left: delete it by hand if the token comes back"})
+	}
+	if staged != nil {
+		if _, err := k.Rollback(ctx, signer.Actor{Name: m.Actor}); err != nil {
+			return res, fmt.Errorf("rolling back the staged signer %s in the token: %w", staged.VersionID, err)
+		}
+		res.Steps = append(res.Steps, MigrationStep{Key: "signer", Done: "rolled back", Version: staged.VersionID, Where: snap.KeyCustody(staged.VersionID),
+			Next: "the sealed active signer stays; its token object is left: delete it by hand if the token comes back"})
+	}
+	if err := m.Store.ClearKeyCustody(ctx, m.URI); err != nil && !errors.Is(err, store.ErrNotFound) {
+		return res, err
+	}
+	return res, nil
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 )
 
@@ -25,6 +26,7 @@ func newCAMigrateCustodyCmd(env *Env) *cobra.Command {
 		data, storeURL, uri, module, pinFile string
 		interTTL                             string
 		effectiveIn, grace                   time.Duration
+		rollback                             bool
 		out                                  output
 	)
 	cmd := &cobra.Command{
@@ -50,6 +52,10 @@ none from outside, so new keys are made in it through the rotation machinery:
   - the join-state key is made in the token by the first bound-keypair join
     after the restart.
 
+With --rollback (the token lost or wrong, before any key in it is activated)
+it discards what the migration made in the token and removes the token's
+record, without opening it; the sealed keys sign on.
+
 The root key stays where it is: muster ca root rotate makes the new root in the
 token. Run it again at any time: it does what is left and says what is done.`,
 		Args: cobra.NoArgs,
@@ -74,7 +80,10 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			if err != nil {
 				return fmt.Errorf("ca migrate-custody: %w", err)
 			}
-			res, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, authority.CustodyMigration{
+			if rollback && (module != "" || pinFile != "") {
+				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
+			}
+			res, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, authority.CustodyMigration{
 				IntermediateTTL: ttl, SignerMinLead: minLead, SignerEffectiveIn: effectiveIn, SignerGrace: grace,
 			})
 			if err != nil {
@@ -82,6 +91,10 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			}
 			if out.json() {
 				return out.write(env.Stdout, res)
+			}
+			if rollback {
+				printRollback(env.Stdout, res)
+				return nil
 			}
 			printMigration(env.Stdout, res)
 			return nil
@@ -96,6 +109,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 	f.StringVar(&interTTL, "ca-intermediate-ttl", "", "lifetime of the successors prepared in the token (default: ca.intermediate_ttl in DIR/authority.yaml, else 1 year)")
 	f.DurationVar(&effectiveIn, "signer-effective-in", time.Hour, "when the staged signer activates by itself (at least signer.min_lead_time)")
 	f.DurationVar(&grace, "signer-grace", 24*time.Hour, "how long the signer it replaces is still accepted after that")
+	f.BoolVar(&rollback, "rollback", false, "undo a migration to the --custody token (lost, or the wrong one) while none of its keys is in use yet: the successors and signer made in it are discarded and the store forgets it")
 	out.register(cmd)
 	_ = cmd.MarkFlagRequired("custody")
 	return cmd
@@ -103,7 +117,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 
 // migrateCustody opens what the migration needs and runs it: the data
 // directory, the store, the token; m carries the settings.
-func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, m authority.CustodyMigration) (authority.CustodyMigrationResult, error) {
+func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, m authority.CustodyMigration) (authority.CustodyMigrationResult, error) {
 	ctx := cmd.Context()
 	d, err := loadDataDir(dir, storeURL)
 	if err != nil {
@@ -135,6 +149,27 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	}
 	if uri == "" || uri == "sealed" {
 		return refuse(fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into"))
+	}
+	if rollback {
+		// The token is not opened: it may be lost.
+		u, err := custody.ParsePKCS11URI(uri)
+		if err != nil {
+			return refuse(err)
+		}
+		u.ModulePath, u.PINSource = "", ""
+		m.URI = u.String()
+		res, err := authority.RollbackCustodyMigration(ctx, m)
+		if err != nil {
+			return res, err
+		}
+		if d.info.Custody != nil && d.info.Custody.URI == m.URI {
+			info := d.info
+			info.Custody = nil
+			if err := dir.WriteInfo(info); err != nil {
+				return res, fmt.Errorf("rolled back in the store, but %s still names the token (remove its custody): %w", dir.InfoFile(), err)
+			}
+		}
+		return res, nil
 	}
 	var o datadir.InitOptions
 	token, err := initCustody(&o, uri, module, pinFile)
@@ -190,8 +225,24 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
        muster ca rotate ROLE --activate     (bootstrap, server, agent, admin)
   3. Activate the staged signer (or let it activate at its time):
        muster signer activate
-  4. The root key stays where it is; to move it into the token too:
+  4. With --rollback (the token lost or wrong, before any key in it is activated)
+it discards what the migration made in the token and removes the token's
+record, without opening it; the sealed keys sign on.
+
+The root key stays where it is; to move it into the token too:
        muster ca root rotate                (its new root is made in the token)
 The sealed keys are destroyed as rotation retires them; docs/hsm.md.
 `, res.Module)
+}
+
+func printRollback(w io.Writer, res authority.CustodyMigrationResult) {
+	if !res.AlreadyRecorded {
+		fmt.Fprintf(w, "The store records no token: nothing to roll back.\n")
+		return
+	}
+	fmt.Fprintf(w, "Token %s removed from the store and authority.json; the sealed keys sign on.\n", res.URI)
+	for _, s := range res.Steps {
+		fmt.Fprintf(w, "  %-14s %s %s%s (%s): %s\n", s.Key, s.Done, s.Serial, s.Version, s.Where, s.Next)
+	}
+	fmt.Fprintf(w, "Restart every replica as before (muster authority, without --pkcs11-module).\n")
 }

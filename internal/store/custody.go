@@ -28,4 +28,8 @@ type CustodyStore interface {
 	// migration is harmless). ErrConflict, and nothing written, when
 	// another token's URI is recorded. It returns what is recorded.
 	RecordKeyCustody(ctx context.Context, c KeyCustody) (KeyCustody, error)
+	// ClearKeyCustody removes the record of the token uri (a migration
+	// rolled back before any key in the token was put to use), one
+	// conditional delete. ErrNotFound when uri is not what is recorded.
+	ClearKeyCustody(ctx context.Context, uri string) error
 }

@@ -38,3 +38,15 @@ func (s *Store) RecordKeyCustody(ctx context.Context, c store.KeyCustody) (store
 	}
 	return got, nil
 }
+
+// ClearKeyCustody removes the record of uri (see store.CustodyStore).
+func (s *Store) ClearKeyCustody(ctx context.Context, uri string) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM key_custody WHERE id = 1 AND uri = $1`, uri)
+	if err != nil {
+		return wrap("clear key custody", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("postgres: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)
+	}
+	return nil
+}

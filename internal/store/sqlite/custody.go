@@ -46,3 +46,17 @@ func (s *SQLite) RecordKeyCustody(ctx context.Context, c store.KeyCustody) (stor
 	})
 	return out, err
 }
+
+// ClearKeyCustody removes the record of uri (see store.CustodyStore).
+func (s *SQLite) ClearKeyCustody(ctx context.Context, uri string) error {
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM key_custody WHERE id = 1 AND uri = ?`, uri)
+		if err != nil {
+			return wrap("clear key custody", err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return fmt.Errorf("sqlite: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)
+		}
+		return nil
+	})
+}

@@ -36,6 +36,17 @@ func keyCustodyCases() []testCase {
 			if read, _ := s.GetKeyCustody(ctx); read != got {
 				t.Fatalf("a refused record wrote: %+v", read)
 			}
+			wantErr(t, "ClearKeyCustody of another token", s.ClearKeyCustody(ctx, "pkcs11:token=other"), store.ErrNotFound)
+			if read, _ := s.GetKeyCustody(ctx); read != got {
+				t.Fatalf("a refused clear removed %+v", read)
+			}
+			mustNil(t, "ClearKeyCustody", s.ClearKeyCustody(ctx, token.URI))
+			_, err = s.GetKeyCustody(ctx)
+			wantErr(t, "GetKeyCustody after the clear", err, store.ErrNotFound)
+			wantErr(t, "ClearKeyCustody again", s.ClearKeyCustody(ctx, token.URI), store.ErrNotFound)
+			// Another token may be recorded after.
+			_, err = s.RecordKeyCustody(ctx, store.KeyCustody{URI: "pkcs11:token=other", Module: token.Module})
+			mustNil(t, "RecordKeyCustody after the clear", err)
 		}},
 		{"of concurrent records of different tokens exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			const n = 8
