@@ -64,6 +64,10 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		st, err := agent.Dir(adir).ReadState()
 		return err == nil && st.Generation >= 1
 	})
+	// A sealed successor prepared before the migration (by an operator
+	// here, by the leader's clock in life) signed nothing: the migration
+	// discards it for one in the token.
+	mustRun(t, "ca", "rotate", "agent", "--data", dir)
 	sealedInfo, err := os.ReadFile(filepath.Join(dir, "authority.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -98,6 +102,9 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		t.Errorf("migrate-custody prepared or staged %d keys, want 4 intermediates and a signer:\n%s", n, out)
 	}
 	assertTokenKeys(t, tok, 5)
+	if d := auditOf(t, dir, "ca.discard"); len(d) != 1 || !strings.HasPrefix(d[0].Target, "agent/") || !strings.Contains(d[0].Reason, "replaced by one in the PKCS#11 token") {
+		t.Errorf("the sealed agent successor was not discarded for the token's: %+v", d)
+	}
 	// A second run finds it all done and makes nothing.
 	again := migrate()
 	if !strings.Contains(again, "already recorded") || len(regexp.MustCompile(`(?m)^  \S+ +already `).FindAllString(again, -1)) != 5 {
