@@ -43,6 +43,8 @@ var serialTests = map[string]string{
 	"TestPKCS11InitNeedsAModuleAndAPIN":       "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestPKCS11FailedInitLeavesNoObject":      "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestPKCS11CustodyJoins":                  "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
+	"TestPKCS11MigrateCustody":                "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
+	"TestPKCS11MigrateCustodyRollback":        "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestWorkloadAPIServesAndPushes":          "a renewal and a bundle change reach open streams within 1 s",
 	"TestWorkloadAPIPushesBoundKeyRotation":   "a bound-key refresh reaches open streams within 1 s",
 }

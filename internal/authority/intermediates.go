@@ -309,30 +309,36 @@ func (in *intermediates) readyErr() error {
 // prepared (one per role: of replicas preparing at once, one wins and the
 // others get store.ErrConflict, and the loser's key is destroyed).
 func (in *intermediates) prepareUnder(ctx context.Context, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
+	return prepareIntermediate(ctx, in.s.store, in.custody, in.s.ca, role, root, rootKey, ttl)
+}
+
+// prepareIntermediate is prepareUnder for any holder of the store and a
+// custody: the authority's leader and operator, and muster ca
+// migrate-custody, which prepares successors in a token offline.
+func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody, h *ca.Hierarchy, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
 	serial, err := ca.NewSerial()
 	if err != nil {
 		return store.CACert{}, err
 	}
 	hexSerial := serial.Text(16)
-	k, err := in.custody.Create(ctx, keyName(string(role), hexSerial), custody.ECDSAP256)
+	k, err := c.Create(ctx, keyName(string(role), hexSerial), custody.ECDSAP256)
 	if err != nil {
 		return store.CACert{}, err
 	}
-	now, err := in.s.store.Now(ctx)
-	if err != nil {
-		return store.CACert{}, err
+	now, err := st.Now(ctx)
+	if err == nil {
+		var cert *x509.Certificate
+		if cert, err = h.NewIntermediateUnder(role, serial, k.Public, root, rootKey, now, ttl); err == nil {
+			row := store.CACert{Role: string(role), Serial: hexSerial, CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAPrepared, NotAfter: cert.NotAfter}
+			if err = st.InsertCACert(ctx, row); err == nil {
+				row.CreatedAt = now
+				return row, nil
+			}
+		}
 	}
-	cert, err := in.s.ca.NewIntermediateUnder(role, serial, k.Public, root, rootKey, now, ttl)
-	if err != nil {
-		return store.CACert{}, err
-	}
-	row := store.CACert{Role: string(role), Serial: hexSerial, CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAPrepared, NotAfter: cert.NotAfter}
-	if err := in.s.store.InsertCACert(ctx, row); err != nil {
-		_ = in.custody.Destroy(ctx, keyName(string(role), hexSerial), k)
-		return store.CACert{}, err
-	}
-	row.CreatedAt = now
-	return row, nil
+	// A key in a token would outlive the refusal.
+	_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), hexSerial), k)
+	return store.CACert{}, err
 }
 
 // signedByOneOf reports whether one of roots signed c.

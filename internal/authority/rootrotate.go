@@ -88,27 +88,33 @@ func (in *intermediates) readRoots(ctx context.Context) (*rootState, error) {
 
 // openRoots is readRoots for a rotation record already read.
 func (in *intermediates) openRoots(ctx context.Context, row store.RootRotation) (*rootState, error) {
+	return openRootState(ctx, in.custody, in.s.ca, row)
+}
+
+// openRootState is openRoots with the data directory's hierarchy h and
+// the custody c that holds the stored roots' keys.
+func openRootState(ctx context.Context, c custody.Custody, h *ca.Hierarchy, row store.RootRotation) (*rootState, error) {
 	var err error
-	st := &rootState{row: row, old: in.s.ca.Root}
-	if in.s.ca.RootKey != nil {
-		st.oldKey = in.s.ca.RootKey
+	st := &rootState{row: row, old: h.Root}
+	if h.RootKey != nil {
+		st.oldKey = h.RootKey
 	}
 	open := func(der, ref []byte) (*x509.Certificate, crypto.Signer, error) {
-		c, err := x509.ParseCertificate(der)
+		cert, err := x509.ParseCertificate(der)
 		if err != nil {
 			return nil, nil, err
 		}
-		if !c.IsCA || c.CheckSignatureFrom(c) != nil {
+		if !cert.IsCA || cert.CheckSignatureFrom(cert) != nil {
 			return nil, nil, errors.New("not a self-signed root")
 		}
 		if ref == nil {
 			// Taken offline (muster ca root export-key): the authority
 			// warns before each successor is due, as without
 			// DIR/ca/root.key.
-			return c, nil, nil
+			return cert, nil, nil
 		}
-		k, err := in.custody.Signer(ctx, rootKeyName(c), custody.Key{Public: c.PublicKey, Ref: ref})
-		return c, k, err
+		k, err := c.Signer(ctx, rootKeyName(cert), custody.Key{Public: cert.PublicKey, Ref: ref})
+		return cert, k, err
 	}
 	if row.OldCertDER != nil {
 		if st.old, st.oldKey, err = open(row.OldCertDER, row.OldKeyRef); err != nil {

@@ -304,7 +304,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
-	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody recorded)")
+	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
 	registerPprofFlag(cmd, &o.pprofListen)
 	fl.StringVar(&memoryLimit, "memory-limit", "", "the memory this process may use, such as a container's limit (bytes, or with KiB, MiB, GiB): the Go collector's soft limit is set to 90% of it, unless GOMEMLIMIT is set (empty: none)")
@@ -501,7 +501,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
-	token, err := openToken(info.Custody, o.pkcs11Module, o.pkcs11PINFile)
+	rec, err := storeCustody(ctx, st, info.Custody, o.pkcs11Module)
+	if err != nil {
+		return prefixed("authority", err)
+	}
+	token, err := openToken(rec, o.pkcs11Module, o.pkcs11PINFile)
 	if err != nil {
 		return prefixed("authority", err)
 	}

@@ -15,7 +15,7 @@ import (
 // newCACmd is muster ca: the CA hierarchy (docs/ca-lifecycle.md).
 func newCACmd(env *Env) *cobra.Command {
 	cmd := &cobra.Command{Use: "ca", Short: "The CA hierarchy: roots, intermediates and the trust bundle agents hold"}
-	cmd.AddCommand(newCAStatusCmd(env), newCARotateCmd(env), newCARootCmd(env))
+	cmd.AddCommand(newCAStatusCmd(env), newCARotateCmd(env), newCARootCmd(env), newCAMigrateCustodyCmd(env))
 	return cmd
 }
 

@@ -1,13 +1,17 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // openToken opens the PKCS#11 token an authority's keys are generated in
@@ -67,4 +71,35 @@ func initCustody(o *datadir.InitOptions, uri, module, pinFile string) (*custody.
 		return authority.SignerCustody(sk, t)
 	}
 	return t, nil
+}
+
+// storeCustody is the token the authority must open: the one the store
+// records (muster ca migrate-custody: every replica obeys it, whatever
+// its own authority.json says), else the one authority.json records
+// (muster init --custody), else none. A replica whose authority.json does
+// not name the store's token starts only when given its module
+// (--pkcs11-module), so that none runs on without the keys it must sign
+// with.
+func storeCustody(ctx context.Context, st store.CustodyStore, local *datadir.Custody, module string) (*datadir.Custody, error) {
+	rec, err := st.GetKeyCustody(ctx)
+	if errors.Is(err, store.ErrNotFound) {
+		return local, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the key custody the store records: %w", err)
+	}
+	switch {
+	case local != nil && local.URI == rec.URI:
+		return local, nil
+	case local != nil:
+		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s), but authority.json names %s: correct custody.pkcs11_uri in authority.json, or start with the data directory of this store",
+			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), local.URI)
+	case !custody.PKCS11Build:
+		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s): start it with the pkcs11 build of muster (muster-pkcs11; PKCS11=1 scripts/build-binary) and --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN (docs/hsm.md)",
+			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), rec.Module)
+	case module == "":
+		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s): start it with --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN (docs/hsm.md)",
+			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), rec.Module)
+	}
+	return &datadir.Custody{URI: rec.URI, Module: module}, nil
 }

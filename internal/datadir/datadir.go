@@ -139,3 +139,7 @@ func (d Dir) ReadAddress() (Address, error) {
 	}
 	return a, nil
 }
+
+// WriteInfo replaces authority.json (muster ca migrate-custody records the
+// token the keys moved into).
+func (d Dir) WriteInfo(info Info) error { return writeJSON(d.InfoFile(), info) }

@@ -227,4 +227,5 @@ type Store interface {
 	AgentLister
 	CRLStore
 	JWTKeyStore
+	CustodyStore
 }

@@ -68,6 +68,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"AgentList", agentListCases()},
 		{"CRL", crlCases()},
 		{"JWTKey", jwtKeyCases()},
+		{"KeyCustody", keyCustodyCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

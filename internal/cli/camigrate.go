@@ -1,0 +1,248 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/datadir"
+)
+
+// migrateActor is the audit actor of muster ca migrate-custody: no
+// operator certificate vouches for it, the storage key does.
+const migrateActor = "muster ca migrate-custody"
+
+// newCAMigrateCustodyCmd is muster ca migrate-custody (docs/hsm.md,
+// "Moving an existing authority into an HSM").
+func newCAMigrateCustodyCmd(env *Env) *cobra.Command {
+	var (
+		data, storeURL, uri, module, pinFile string
+		interTTL                             string
+		effectiveIn, grace                   time.Duration
+		rollback                             bool
+		out                                  output
+	)
+	cmd := &cobra.Command{
+		Use: "migrate-custody",
+		Example: `  muster-pkcs11 ca migrate-custody --data /var/lib/muster/authority \
+    --custody 'pkcs11:token=muster' --pkcs11-module /usr/lib/softhsm/libsofthsm2.so \
+    --pkcs11-pin-file /etc/muster/pkcs11-pin`,
+		Short: "Move an authority's keys (sealed) into a PKCS#11 token",
+		Long: `migrate-custody moves an authority made with the default sealed custody into a
+PKCS#11 token, on the machine that holds its data directory (the storage key),
+with the pkcs11 build (muster-pkcs11). A token makes its keys inside and takes
+none from outside, so new keys are made in it through the rotation machinery:
+
+  - the token is tested (a key made, used and destroyed); nothing changes if
+    that fails;
+  - the token (URI and module, never the PIN) is recorded in the store and in
+    DIR/authority.json: from then on every replica needs the pkcs11 build and
+    --pkcs11-module to start;
+  - each intermediate role gets a successor prepared with its key in the token
+    (published at once; activated by the leader at its normal time, or by
+    muster ca rotate ROLE --activate);
+  - a task signer is staged with its key in the token (muster signer activate);
+  - the join-state key is made in the token by the first bound-keypair join
+    after the restart.
+
+With --rollback (the token lost or wrong, before any key in it is activated)
+it discards what the migration made in the token and removes the token's
+record, without opening it; the sealed keys sign on.
+
+The root key stays where it is: muster ca root rotate makes the new root in the
+token. Run it again at any time: it does what is left and says what is done.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := out.check(); err != nil {
+				return err
+			}
+			dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
+			cfg, err := loadAuthorityConfig(dir.ConfigFile())
+			if err != nil {
+				return fmt.Errorf("ca migrate-custody: %w", err)
+			}
+			storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
+			ttlText := firstOf(interTTL, cfg.CA.IntermediateTTL)
+			ttl := ca.IntermediateTTL
+			if ttlText != "" {
+				if ttl, err = time.ParseDuration(ttlText); err != nil || ttl < authority.MinCAIntermediateTTL || ttl > ca.RootTTL {
+					return fmt.Errorf("ca migrate-custody: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", ttlText, authority.MinCAIntermediateTTL, ca.RootTTL)
+				}
+			}
+			minLead, err := signerMinLeadTime(cfg.Signer.MinLeadTime)
+			if err != nil {
+				return fmt.Errorf("ca migrate-custody: %w", err)
+			}
+			if rollback && (module != "" || pinFile != "") {
+				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
+			}
+			res, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, authority.CustodyMigration{
+				IntermediateTTL: ttl, SignerMinLead: minLead, SignerEffectiveIn: effectiveIn, SignerGrace: grace,
+			})
+			if err != nil {
+				return fmt.Errorf("ca migrate-custody: %w", err)
+			}
+			if out.json() {
+				return out.write(env.Stdout, res)
+			}
+			if rollback {
+				printRollback(env.Stdout, res)
+				return nil
+			}
+			printMigration(env.Stdout, res)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&data, "data", "", "authority data directory (env MUSTER_DATA, default ./muster-data)")
+	f.StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	f.StringVar(&uri, "custody", "", "the token's RFC 7512 URI, pkcs11:token=LABEL (no PIN in it)")
+	f.StringVar(&module, "pkcs11-module", "", "the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
+	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
+	f.StringVar(&interTTL, "ca-intermediate-ttl", "", "lifetime of the successors prepared in the token (default: ca.intermediate_ttl in DIR/authority.yaml, else 1 year)")
+	f.DurationVar(&effectiveIn, "signer-effective-in", time.Hour, "when the staged signer activates by itself (at least signer.min_lead_time)")
+	f.DurationVar(&grace, "signer-grace", 24*time.Hour, "how long the signer it replaces is still accepted after that")
+	f.BoolVar(&rollback, "rollback", false, "undo a migration to the --custody token (lost, or the wrong one) while none of its keys is in use yet: the successors and signer made in it are discarded and the store forgets it")
+	out.register(cmd)
+	_ = cmd.MarkFlagRequired("custody")
+	return cmd
+}
+
+// migrateCustody opens what the migration needs and runs it: the data
+// directory, the store, the token; m carries the settings.
+func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, m authority.CustodyMigration) (authority.CustodyMigrationResult, error) {
+	ctx := cmd.Context()
+	d, err := loadDataDir(dir, storeURL)
+	if err != nil {
+		return authority.CustodyMigrationResult{}, err
+	}
+	st, err := openStore(ctx, d.url)
+	if err != nil {
+		return authority.CustodyMigrationResult{}, err
+	}
+	defer st.Close()
+	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
+		return authority.CustodyMigrationResult{}, err
+	}
+	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	if err != nil {
+		return authority.CustodyMigrationResult{}, err
+	}
+	if err := logger.CheckHead(ctx); err != nil {
+		return authority.CustodyMigrationResult{}, err
+	}
+	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger
+	m.URI, m.AuthorityID, m.Actor = uri, d.info.AuthorityID, migrateActor
+	// The URI, module and PIN file are checked, and the token opened, as
+	// muster init does it; a refusal is audited like the migration.
+	refuse := func(err error) (authority.CustodyMigrationResult, error) {
+		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: uri,
+			Result: audit.ResultError, Reason: "nothing changed: " + err.Error()})
+		return authority.CustodyMigrationResult{}, err
+	}
+	if uri == "" || uri == "sealed" {
+		return refuse(fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into"))
+	}
+	if rollback {
+		// The token is not opened: it may be lost.
+		u, err := custody.ParsePKCS11URI(uri)
+		if err != nil {
+			return refuse(err)
+		}
+		u.ModulePath, u.PINSource = "", ""
+		m.URI = u.String()
+		res, err := authority.RollbackCustodyMigration(ctx, m)
+		if err != nil {
+			return res, err
+		}
+		if d.info.Custody != nil && d.info.Custody.URI == m.URI {
+			info := d.info
+			info.Custody = nil
+			if err := dir.WriteInfo(info); err != nil {
+				return res, fmt.Errorf("rolled back in the store, but %s still names the token (remove its custody): %w", dir.InfoFile(), err)
+			}
+		}
+		return res, nil
+	}
+	var o datadir.InitOptions
+	token, err := initCustody(&o, uri, module, pinFile)
+	if err != nil {
+		return refuse(err)
+	}
+	defer token.Close()
+	rec := o.Custody
+	if d.info.Custody != nil && d.info.Custody.URI != rec.URI {
+		return refuse(fmt.Errorf("%s records the token %s, not %s; nothing changed", dir.InfoFile(), d.info.Custody.URI, rec.URI))
+	}
+	m.Token, m.URI, m.Module = token, rec.URI, rec.Module
+	res, err := authority.MigrateCustody(ctx, m)
+	if err != nil {
+		return res, err
+	}
+	// authority.json after the store: the store's record is what every
+	// replica obeys; this directory's copy lets its authority start
+	// without repeating the flags.
+	if d.info.Custody == nil || *d.info.Custody != *rec {
+		info := d.info
+		info.Custody = rec
+		if err := dir.WriteInfo(info); err != nil {
+			return res, fmt.Errorf("the store records the token, but %s could not be written (start the authority with --pkcs11-module): %w", dir.InfoFile(), err)
+		}
+	}
+	return res, nil
+}
+
+func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
+	if res.AlreadyRecorded {
+		fmt.Fprintf(w, "Token %s was already recorded in the store (an earlier run).\n", res.URI)
+	} else {
+		fmt.Fprintf(w, "Token %s recorded in the store and in authority.json (module %s).\n", res.URI, res.Module)
+	}
+	for _, s := range res.Steps {
+		id := s.Serial + s.Version
+		if id != "" {
+			id = " " + id
+		}
+		fmt.Fprintf(w, "  %-14s %s%s", s.Key, s.Done, id)
+		if s.Where != "" {
+			fmt.Fprintf(w, " (%s)", s.Where)
+		}
+		fmt.Fprintf(w, ": %s\n", s.Next)
+	}
+	fmt.Fprintf(w, `Next:
+  1. Restart every replica with the pkcs11 build and the token:
+       muster-pkcs11 authority --data DIR --pkcs11-module %s [--pkcs11-pin-file FILE]
+     (a replica started without them refuses to start; one still running
+     without them reports not ready until restarted).
+  2. Once the successors are published, activate them (or let the leader):
+       muster ca rotate ROLE --activate     (bootstrap, server, agent, admin)
+  3. Activate the staged signer (or let it activate at its time):
+       muster signer activate
+  4. With --rollback (the token lost or wrong, before any key in it is activated)
+it discards what the migration made in the token and removes the token's
+record, without opening it; the sealed keys sign on.
+
+The root key stays where it is; to move it into the token too:
+       muster ca root rotate                (its new root is made in the token)
+The sealed keys are destroyed as rotation retires them; docs/hsm.md.
+`, res.Module)
+}
+
+func printRollback(w io.Writer, res authority.CustodyMigrationResult) {
+	if !res.AlreadyRecorded {
+		fmt.Fprintf(w, "The store records no token: nothing to roll back.\n")
+		return
+	}
+	fmt.Fprintf(w, "Token %s removed from the store and authority.json; the sealed keys sign on.\n", res.URI)
+	for _, s := range res.Steps {
+		fmt.Fprintf(w, "  %-14s %s %s%s (%s): %s\n", s.Key, s.Done, s.Serial, s.Version, s.Where, s.Next)
+	}
+	fmt.Fprintf(w, "Restart every replica as before (muster authority, without --pkcs11-module).\n")
+}
