@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"net"
 	"sync"
 	"testing"
@@ -146,5 +147,29 @@ func TestJWTSVIDRedialsAfterAStaleConnection(t *testing.T) {
 	}
 	if n := f.conns.Load() - base; n != 1 {
 		t.Fatalf("the mint after the timeout opened %d connections, want 1", n)
+	}
+}
+
+// The shared connection is closed when Run ends: a stopped agent holds no
+// connection to the authority.
+func TestRunClosesTheSharedConnection(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	a, _ := joined(t, f)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx, nil) }()
+	if _, _, err := a.JWTSVID(t.Context(), []string{"a"}); err != nil {
+		cancel()
+		<-done
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); f.open.Load() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections to the authority open after Run ended, want 0", f.open.Load())
+		}
 	}
 }
