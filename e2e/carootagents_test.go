@@ -1,16 +1,19 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/ca"
 )
 
 // TestRootRotationUnderRunningAgents: two agents with one-minute
@@ -24,54 +27,29 @@ import (
 func TestRootRotationUnderRunningAgents(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "1m")
-	var dirs [2]string
-	var procs [2]*proc
-	start := func(i int, env []string) {
-		p, _ := startProcEnv(t, fmt.Sprintf("agent-%d", i), "agent started", env,
-			"agent", "run", "--data", dirs[i], "--log-format", "json")
-		procs[i] = p
-	}
-	for i := range dirs {
-		tok := e.createToken(t)
-		dirs[i] = filepath.Join(t.TempDir(), fmt.Sprintf("agent-%d", i))
-		start(i, []string{"MUSTER_JOIN_URI=" + tok.URI, fmt.Sprintf("MUSTER_NODE_ID=rooted-%d", i)})
-	}
-	roots := func(i int) int {
-		b, _ := os.ReadFile(filepath.Join(dirs[i], "certs", "ca.crt"))
-		return bytes.Count(b, []byte("BEGIN CERTIFICATE"))
-	}
-	serial := func(i int) string { return agentState(t, dirs[i]).Serial }
-	// chainsTo reports whether agent i's certificate verifies against
-	// root (a PEM file) alone, with its bundle as the untrusted pool.
-	chainsTo := func(i int, root string) bool {
-		out, err := exec.Command("openssl", "verify", "-CAfile", root,
-			"-untrusted", filepath.Join(dirs[i], "certs", "bundle.pem"), "-purpose", "sslclient",
-			filepath.Join(dirs[i], "certs", "agent.crt")).CombinedOutput()
-		return err == nil && strings.Contains(string(out), ": OK")
-	}
+	ra := startRotationAgents(t, e, "rooted")
+	dirs, serial, chainsTo := ra.dirs, ra.serial, ra.chainsTo
+	roots := func(i int) int { return len(ra.rootsOf(i)) }
 
 	// init: both roots in the bundle; running agents take the new one.
 	st := caRoot(t, e.dir, "rotate")
 	if st.Phase != "init" || st.NewRoot == nil {
 		t.Fatalf("after rotate: %+v", st)
 	}
-	newRoot := filepath.Join(t.TempDir(), "new-root.pem")
-	if err := os.WriteFile(newRoot, []byte(st.NewRoot.PEM), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	newRoot := pemFile(t, "new-root.pem", st.NewRoot.PEM)
 	if b, _ := pem.Decode([]byte(st.NewRoot.PEM)); b == nil {
 		t.Fatalf("the new root is not PEM: %q", st.NewRoot.PEM)
 	}
 	for i := range dirs {
 		for end := time.Now().Add(15 * time.Second); roots(i) != 2; time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(end) {
-				t.Fatalf("agent-%d trusts %d roots 15 s after the rotation began, want 2:\n%s\nauthority:\n%s", i, roots(i), procs[i].Logs(), e.auth.Logs())
+				t.Fatalf("agent-%d trusts %d roots 15 s after the rotation began, want 2:\n%s\nauthority:\n%s", i, roots(i), ra.procs[i].Logs(), e.auth.Logs())
 			}
 		}
 	}
 
 	// update_agents with agent-1 stopped.
-	procs[1].stop(t)
+	ra.procs[1].stop(t)
 	if st = caRoot(t, e.dir, "next-phase"); st.Phase != "update_agents" {
 		t.Fatalf("next-phase from init: %+v", st)
 	}
@@ -82,7 +60,7 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 	if st = caRoot(t, e.dir, "next-phase"); st.Phase != "update_servers" {
 		t.Fatalf("next-phase from update_agents: %+v", st)
 	}
-	start(1, nil)
+	ra.start(1, nil)
 	for i := range dirs {
 		before := serial(i)
 		waitFor(t, 75*time.Second, fmt.Sprintf("agent-%d renewed to a leaf under the new root", i), func() bool {
@@ -104,16 +82,98 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 		})
 	}
 
-	metrics := metricsOf(t, e.auth.metrics)
+	ra.stopCheckingNoFailure(t, "during the root rotation")
+}
+
+// rotationAgents are the two agents a root rotation test runs, joined by
+// tokens of e as nodes PREFIX-0 and PREFIX-1 (certificates in
+// dirs[i]/certs), through its phases.
+type rotationAgents struct {
+	e     *agentEnv
+	t     *testing.T
+	dirs  [2]string
+	procs [2]*proc
+}
+
+func startRotationAgents(t *testing.T, e *agentEnv, prefix string) *rotationAgents {
+	t.Helper()
+	ra := &rotationAgents{e: e, t: t}
+	for i := range ra.dirs {
+		ra.dirs[i] = filepath.Join(t.TempDir(), fmt.Sprintf("agent-%d", i))
+		ra.start(i, []string{"MUSTER_JOIN_URI=" + e.createToken(t).URI, fmt.Sprintf("MUSTER_NODE_ID=%s-%d", prefix, i)})
+	}
+	for i := range ra.dirs {
+		waitFor(t, 30*time.Second, fmt.Sprintf("agent-%d joined", i), func() bool {
+			_, err := agent.Dir(ra.dirs[i]).ReadState()
+			return err == nil && agent.Dir(ra.dirs[i]).HasIdentity()
+		})
+	}
+	return ra
+}
+
+// start runs agent i (again), with env added to its environment.
+func (ra *rotationAgents) start(i int, env []string) {
+	ra.t.Helper()
+	ra.procs[i], _ = startProcEnv(ra.t, fmt.Sprintf("agent-%d", i), "agent started", env,
+		"agent", "run", "--data", ra.dirs[i], "--log-format", "json")
+}
+
+// serial is agent i's certificate serial (state.json).
+func (ra *rotationAgents) serial(i int) string { return agentState(ra.t, ra.dirs[i]).Serial }
+
+// rootsOf are the fingerprints of the roots in agent i's ca.crt, sorted.
+func (ra *rotationAgents) rootsOf(i int) []string {
+	b, _ := os.ReadFile(filepath.Join(ra.dirs[i], "certs", "ca.crt"))
+	certs, _ := ca.ParseCertsPEM(b)
+	var fps []string
+	for _, c := range certs {
+		fps = append(fps, ca.Fingerprint(c))
+	}
+	slices.Sort(fps)
+	return fps
+}
+
+// verify runs openssl verify on agent i's certificate against the roots
+// in caFile (PEM), with its bundle.pem as the untrusted pool.
+func (ra *rotationAgents) verify(i int, caFile string) (string, bool) {
+	certs := filepath.Join(ra.dirs[i], "certs")
+	out, err := exec.Command("openssl", "verify", "-CAfile", caFile, "-untrusted", filepath.Join(certs, "bundle.pem"),
+		"-purpose", "sslclient", filepath.Join(certs, "agent.crt")).CombinedOutput()
+	return string(out), err == nil && strings.Contains(string(out), ": OK")
+}
+
+// chainsTo reports whether agent i's certificate verifies against root
+// (a PEM file) alone.
+func (ra *rotationAgents) chainsTo(i int, root string) bool {
+	_, ok := ra.verify(i, root)
+	return ok
+}
+
+// stopCheckingNoFailure checks the authority refused no renewal and no
+// agent logged an error or was told to join again (when names the test's
+// span), and stops the agents.
+func (ra *rotationAgents) stopCheckingNoFailure(t *testing.T, when string) {
+	t.Helper()
+	metrics := metricsOf(t, ra.e.auth.metrics)
 	for _, m := range regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`).FindAllStringSubmatch(metrics, -1) {
 		if m[1] != "ok" && m[2] != "0" {
-			t.Errorf("renewals refused during the root rotation: %s", m[0])
+			t.Errorf("renewals refused %s: %s", when, m[0])
 		}
 	}
-	for _, p := range procs {
+	for _, p := range ra.procs {
 		if logs := p.Logs(); strings.Contains(logs, `"level":"ERROR"`) || strings.Contains(logs, "must join again") {
 			t.Errorf("%s logged a failure:\n%s", p.name, logs)
 		}
 		p.stop(t)
 	}
+}
+
+// pemFile writes text (PEM) to a file name in a temporary directory.
+func pemFile(t *testing.T, name, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -3,15 +3,11 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 )
@@ -46,35 +42,8 @@ func rollbackFrom(t *testing.T, phase string) {
 	psk := init["bootstrap_psk"].(string)
 	oldFP := e.fingerprint
 
-	var dirs [2]string
-	var procs [2]*proc
-	start := func(i int, env []string) {
-		p, _ := startProcEnv(t, fmt.Sprintf("agent-%d", i), "agent started", env,
-			"agent", "run", "--data", dirs[i], "--log-format", "json")
-		procs[i] = p
-	}
-	for i := range dirs {
-		tok := e.createToken(t)
-		dirs[i] = filepath.Join(t.TempDir(), fmt.Sprintf("agent-%d", i))
-		start(i, []string{"MUSTER_JOIN_URI=" + tok.URI, fmt.Sprintf("MUSTER_NODE_ID=rb-%d", i)})
-	}
-	for i := range dirs {
-		waitFor(t, 30*time.Second, fmt.Sprintf("agent-%d joined", i), func() bool {
-			_, err := agent.Dir(dirs[i]).ReadState()
-			return err == nil && agent.Dir(dirs[i]).HasIdentity()
-		})
-	}
-	serial := func(i int) string { return agentState(t, dirs[i]).Serial }
-	rootsOf := func(i int) []string {
-		b, _ := os.ReadFile(filepath.Join(dirs[i], "certs", "ca.crt"))
-		certs, _ := ca.ParseCertsPEM(b)
-		var fps []string
-		for _, c := range certs {
-			fps = append(fps, ca.Fingerprint(c))
-		}
-		slices.Sort(fps)
-		return fps
-	}
+	ra := startRotationAgents(t, e, "rb")
+	dirs, serial, chainsTo, rootsOf := ra.dirs, ra.serial, ra.chainsTo, ra.rootsOf
 	// bundleRoots: the self-signed certificates of bundle.pem.
 	bundleRoots := func(i int) []string {
 		b, _ := os.ReadFile(filepath.Join(dirs[i], "certs", "bundle.pem"))
@@ -88,22 +57,10 @@ func rollbackFrom(t *testing.T, phase string) {
 		slices.Sort(fps)
 		return fps
 	}
-	verify := func(i int) (string, bool) {
-		out, err := exec.Command("openssl", "verify", "-CAfile", filepath.Join(dirs[i], "certs", "ca.crt"),
-			"-untrusted", filepath.Join(dirs[i], "certs", "bundle.pem"), "-purpose", "sslclient",
-			filepath.Join(dirs[i], "certs", "agent.crt")).CombinedOutput()
-		return string(out), err == nil && strings.Contains(string(out), ": OK")
-	}
-	chainsTo := func(i int, root string) bool {
-		out, err := exec.Command("openssl", "verify", "-CAfile", root,
-			"-untrusted", filepath.Join(dirs[i], "certs", "bundle.pem"), "-purpose", "sslclient",
-			filepath.Join(dirs[i], "certs", "agent.crt")).CombinedOutput()
-		return err == nil && strings.Contains(string(out), ": OK")
-	}
 	// stopFresh stops agent-1 after renewing it, so its certificate
 	// (two minutes) outlasts its time offline.
 	stopFresh := func() {
-		procs[1].stop(t)
+		ra.procs[1].stop(t)
 		mustRun(t, "agent", "renew", "--data", dirs[1])
 	}
 
@@ -113,10 +70,7 @@ func rollbackFrom(t *testing.T, phase string) {
 	}
 	st := caRoot(t, dir, "rotate")
 	newFP := st.NewRoot.Fingerprint
-	newRoot := filepath.Join(t.TempDir(), "new-root.pem")
-	if err := os.WriteFile(newRoot, []byte(st.NewRoot.PEM), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	newRoot := pemFile(t, "new-root.pem", st.NewRoot.PEM)
 	waitFor(t, 15*time.Second, "agent-0 takes the new root in init", func() bool { return len(rootsOf(0)) == 2 })
 	if phase != "init" {
 		waitFor(t, 15*time.Second, "agent-1 takes the new root in init", func() bool { return len(rootsOf(1)) == 2 })
@@ -157,23 +111,20 @@ func rollbackFrom(t *testing.T, phase string) {
 		t.Fatalf("after the rollback from %s the old root is not trusted: %v", phase, trusted)
 	}
 	before := [2]string{serial(0), serial(1)}
-	start(1, nil)
+	ra.start(1, nil)
 
 	for i := range dirs {
 		waitFor(t, 100*time.Second, fmt.Sprintf("agent-%d renewed after the rollback", i), func() bool { return serial(i) != before[i] })
 		waitFor(t, 15*time.Second, fmt.Sprintf("agent-%d holds the authority's roots %v", i, trusted), func() bool {
 			return slices.Equal(rootsOf(i), trusted) && slices.Equal(bundleRoots(i), trusted)
 		})
-		if out, ok := verify(i); !ok {
+		if out, ok := ra.verify(i, filepath.Join(dirs[i], "certs", "ca.crt")); !ok {
 			t.Errorf("agent-%d: openssl verify of its leaf against its ca.crt and bundle.pem:\n%s", i, out)
 		}
 	}
 	if phase == "update_servers" {
 		// The intermediates are under the old root again.
-		oldRoot := filepath.Join(t.TempDir(), "old-root.pem")
-		if err := os.WriteFile(oldRoot, []byte(st.OldRoot.PEM), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		oldRoot := pemFile(t, "old-root.pem", st.OldRoot.PEM)
 		for i := range dirs {
 			if !chainsTo(i, oldRoot) {
 				t.Errorf("agent-%d renewed after the rollback to update_agents to a leaf not under the old root", i)
@@ -192,16 +143,5 @@ func rollbackFrom(t *testing.T, phase string) {
 		}
 	}
 
-	metrics := metricsOf(t, e.auth.metrics)
-	for _, m := range regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`).FindAllStringSubmatch(metrics, -1) {
-		if m[1] != "ok" && m[2] != "0" {
-			t.Errorf("renewals refused around the rollback from %s: %s", phase, m[0])
-		}
-	}
-	for _, p := range procs {
-		if logs := p.Logs(); strings.Contains(logs, `"level":"ERROR"`) || strings.Contains(logs, "must join again") {
-			t.Errorf("%s logged a failure:\n%s", p.name, logs)
-		}
-		p.stop(t)
-	}
+	ra.stopCheckingNoFailure(t, "around the rollback from "+phase)
 }

@@ -3,18 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
-	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
-	"github.com/spiffe/go-spiffe/v2/workloadapi"
 )
 
 // kidOf is the key ID in a JWT's header.
@@ -37,39 +31,10 @@ func TestJWTKeyRotationEndToEnd(t *testing.T) {
 	if line := mustFail(t, "authority", "--data", t.TempDir(), "--jwt-key-rotation-period", "1m"); !strings.Contains(line, "jwt_svid.key_rotation_period") {
 		t.Errorf("a one-minute period: %q", line)
 	}
-	e := newAgentEnv(t, "--crl-listen", "127.0.0.1:0")
-	var crlListen string
-	for _, line := range strings.Split(e.auth.Logs(), "\n") {
-		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "authority started" {
-			crlListen, _ = rec["crl_listen"].(string)
-		}
-	}
-	adir := joinedAgent(t, e, "jwt-1")
-	sock := filepath.Join(socketDir(t), "agent.sock")
-	startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", "unix://"+sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
-	httpJWKS := func() *jwtbundle.Bundle {
-		t.Helper()
-		resp, err := http.Get("http://" + crlListen + "/.well-known/jwks.json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		b, err := jwtbundle.Parse(td, body)
-		if err != nil {
-			t.Fatalf("the authority's JWKS: %v\n%s", err, body)
-		}
-		return b
-	}
+	j := newJWTEnv(t, ctx, "jwt-1")
+	client := j.client
 
 	before, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db"})
 	if err != nil {
@@ -85,7 +50,7 @@ func TestJWTKeyRotationEndToEnd(t *testing.T) {
 		KeyID         string `json:"key_id"`
 		PreviousKeyID string `json:"previous_key_id"`
 	}
-	if err := json.Unmarshal([]byte(mustRun(t, "ca", "rotate", "jwt", "--data", e.dir, "-o", "json")), &rot); err != nil {
+	if err := json.Unmarshal([]byte(mustRun(t, "ca", "rotate", "jwt", "--data", j.dir, "-o", "json")), &rot); err != nil {
 		t.Fatal(err)
 	}
 	if rot.Version != 2 || rot.PreviousKeyID != oldKid || !strings.HasPrefix(rot.KeyID, "v2-") {
@@ -100,7 +65,7 @@ func TestJWTKeyRotationEndToEnd(t *testing.T) {
 	if got := kidOf(t, after.Marshal()); got != rot.KeyID {
 		t.Fatalf("a JWT-SVID minted after the rotation has kid %s, want %s", got, rot.KeyID)
 	}
-	b := httpJWKS()
+	b := j.authorityJWKS(t)
 	for _, c := range []struct {
 		name, token, aud string
 	}{{"minted before", before.Marshal(), "db"}, {"minted after", after.Marshal(), "cache"}} {
@@ -112,11 +77,11 @@ func TestJWTKeyRotationEndToEnd(t *testing.T) {
 		}
 	}
 
-	if line := mustFail(t, "ca", "rotate", "jwt", "--data", e.dir); !strings.Contains(line, "FAILED_PRECONDITION") ||
+	if line := mustFail(t, "ca", "rotate", "jwt", "--data", j.dir); !strings.Contains(line, "FAILED_PRECONDITION") ||
 		!strings.Contains(line, "muster ca rotate jwt` again after") {
 		t.Errorf("a second rotation at once: %q", line)
 	}
-	if out := mustRun(t, "audit", "list", "--data", e.dir, "--action", "jwt.rotate"); !strings.Contains(out, "jwt-svid/v2") {
+	if out := mustRun(t, "audit", "list", "--data", j.dir, "--action", "jwt.rotate"); !strings.Contains(out, "jwt-svid/v2") {
 		t.Errorf("the rotation is not audited:\n%s", out)
 	}
 }

@@ -32,6 +32,11 @@ func TestRootKeyExportAfterRotation(t *testing.T) {
 		t.Fatalf("after three next-phase: %+v", st)
 	}
 
+	// A key file that cannot be written is audited too (an error).
+	if msg := mustFail(t, "ca", "root", "export-key", "--data", dir, "--out", filepath.Join(t.TempDir(), "no-such-dir", "root.key")); !strings.Contains(msg, "writing") {
+		t.Fatalf("an export to a missing directory: %s", msg)
+	}
+
 	var exported struct {
 		Fingerprint string `json:"root_fingerprint"`
 		KeyFile     string `json:"key_file"`
@@ -72,16 +77,18 @@ func TestRootKeyExportAfterRotation(t *testing.T) {
 	}
 
 	recs := auditOf(t, dir, "ca.root_export_key")
-	var ok, denied int
+	var ok, denied, failed int
 	for _, r := range recs {
 		switch {
 		case r.Result == "ok" && r.Target == newFP && strings.Contains(r.Reason, keyFile):
 			ok++
 		case r.Result == "denied":
 			denied++
+		case r.Result == "error" && r.Target == newFP && strings.Contains(r.Reason, "no-such-dir"):
+			failed++
 		}
 	}
-	if ok != 1 || denied < 2 {
+	if ok != 1 || denied < 2 || failed != 1 {
 		t.Fatalf("ca.root_export_key records %+v; want one success naming the file and the refusals", recs)
 	}
 

@@ -412,13 +412,18 @@ func TestWorkloadAPIPushesBoundKeyRotation(t *testing.T) {
 	}
 }
 
-// A JWT-SVID fetched through the agent's Workload API (minted by the
-// authority, AgentService.MintJWTSVID) verifies against the JWKS the
-// authority serves relying parties on --crl-listen, and against the
-// Workload API's own FetchJWTBundles and ValidateJWTSVID; another
-// audience does not.
-func TestWorkloadAPIJWTSVIDs(t *testing.T) {
-	t.Parallel()
+// jwtEnv is an authority serving its JWKS on --crl-listen and an agent
+// joined as node serving the Workload API, with a client of it (closed at
+// the test's end): what the JWT-SVID tests share.
+type jwtEnv struct {
+	*agentEnv
+	client    *workloadapi.Client
+	td        spiffeid.TrustDomain
+	crlListen string
+}
+
+func newJWTEnv(t *testing.T, ctx context.Context, node string) jwtEnv {
+	t.Helper()
 	e := newAgentEnv(t, "--crl-listen", "127.0.0.1:0")
 	var crlListen string
 	for _, line := range strings.Split(e.auth.Logs(), "\n") {
@@ -430,17 +435,48 @@ func TestWorkloadAPIJWTSVIDs(t *testing.T) {
 	if crlListen == "" {
 		t.Fatalf("no crl_listen in the authority's start record\n%s", e.auth.Logs())
 	}
-	adir := joinedAgent(t, e, "api-1")
+	adir := joinedAgent(t, e, node)
 	sock := filepath.Join(socketDir(t), "agent.sock")
 	startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", "unix://"+sock)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	client, err := workloadapi.New(ctx, workloadapi.WithAddr("unix://"+sock))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer client.Close()
-	td := spiffeid.RequireTrustDomainFromString(e.authorityID)
+	t.Cleanup(func() { client.Close() })
+	return jwtEnv{agentEnv: e, client: client, td: spiffeid.RequireTrustDomainFromString(e.authorityID), crlListen: crlListen}
+}
+
+// authorityJWKS is the JWKS the authority serves relying parties over
+// HTTP (/.well-known/jwks.json on --crl-listen).
+func (j jwtEnv) authorityJWKS(t *testing.T) *jwtbundle.Bundle {
+	t.Helper()
+	resp, err := http.Get("http://" + j.crlListen + "/.well-known/jwks.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET jwks.json: %s %s", resp.Status, body)
+	}
+	b, err := jwtbundle.Parse(j.td, body)
+	if err != nil {
+		t.Fatalf("the authority's JWKS: %v\n%s", err, body)
+	}
+	return b
+}
+
+// A JWT-SVID fetched through the agent's Workload API (minted by the
+// authority, AgentService.MintJWTSVID) verifies against the JWKS the
+// authority serves relying parties on --crl-listen, and against the
+// Workload API's own FetchJWTBundles and ValidateJWTSVID; another
+// audience does not.
+func TestWorkloadAPIJWTSVIDs(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	j := newJWTEnv(t, ctx, "api-1")
+	client, td := j.client, j.td
 	want := spiffeid.RequireFromPath(td, "/agent/api-1")
 
 	svid, err := client.FetchJWTSVID(ctx, jwtsvid.Params{Audience: "db", ExtraAudiences: []string{"cache"}})
@@ -453,19 +489,7 @@ func TestWorkloadAPIJWTSVIDs(t *testing.T) {
 	token := svid.Marshal()
 
 	// The relying party's path: the authority's JWKS over HTTP.
-	resp, err := http.Get("http://" + crlListen + "/.well-known/jwks.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET jwks.json: %s %s", resp.Status, body)
-	}
-	b, err := jwtbundle.Parse(td, body)
-	if err != nil {
-		t.Fatalf("the authority's JWKS: %v\n%s", err, body)
-	}
+	b := j.authorityJWKS(t)
 	got, err := jwtsvid.ParseAndValidate(token, b, []string{"cache"})
 	if err != nil || got.ID != want {
 		t.Fatalf("validating against the authority's JWKS: %v %v", got, err)

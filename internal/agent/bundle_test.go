@@ -28,6 +28,45 @@ func pemCount(t *testing.T, path string) []*x509.Certificate {
 	return certs
 }
 
+// newCrossRoot is a new hierarchy, as a root rotation makes, and a
+// cross-certificate of its root's key signed by f's root: how an
+// authority vouches for a new root to agents that trust the old one.
+func newCrossRoot(t *testing.T, f *fakeAuthority) (*ca.Hierarchy, *x509.Certificate) {
+	t.Helper()
+	next, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := *next.Root
+	tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cross, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next, cross
+}
+
+// trustFilesKept records ca.crt and bundle.pem now; the function it
+// returns fails the test if either changed since (op names what ran).
+func trustFilesKept(t *testing.T, dir Dir) func(op string) {
+	t.Helper()
+	caBefore, _ := os.ReadFile(dir.CAFile())
+	bundleBefore, _ := os.ReadFile(dir.BundleFile())
+	return func(op string) {
+		t.Helper()
+		if caAfter, _ := os.ReadFile(dir.CAFile()); !bytes.Equal(caBefore, caAfter) {
+			t.Fatalf("%s wrote ca.crt", op)
+		}
+		if bundleAfter, _ := os.ReadFile(dir.BundleFile()); !bytes.Equal(bundleBefore, bundleAfter) {
+			t.Fatalf("%s wrote bundle.pem", op)
+		}
+	}
+}
+
 // TestJoinWritesTheTrustBundle: a join writes certs/ca.crt (the root) and
 // certs/bundle.pem (the root and the four intermediates), records the
 // bundle's digest, and the heartbeat reports both.
@@ -61,10 +100,7 @@ func TestJoinWritesTheTrustBundle(t *testing.T) {
 func TestRenewTakesANewRootOnlyThroughACrossCertificate(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, dir := joined(t, f)
-	next, err := ca.Create("test", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
+	next, cross := newCrossRoot(t, f)
 	f.mu.Lock()
 	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuers[ca.RoleAgent].Cert}}
 	f.mu.Unlock()
@@ -79,13 +115,6 @@ func TestRenewTakesANewRootOnlyThroughACrossCertificate(t *testing.T) {
 		t.Fatalf("bundle.pem holds %d certificates: took what does not chain to a trusted root", len(b))
 	}
 
-	tmpl := *next.Root
-	tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
-	der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cross, _ := x509.ParseCertificate(der)
 	f.mu.Lock()
 	f.extraBundle.Cross = []*x509.Certificate{cross}
 	f.mu.Unlock()
@@ -141,32 +170,16 @@ func TestRenewTakesANewRootOnlyThroughACrossCertificate(t *testing.T) {
 func TestRenewWritesTheBundleOnlyAfterTheCertificateVerifies(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, dir := joined(t, f)
-	next, err := ca.Create("test", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := *next.Root
-	tmpl.Raw, tmpl.RawTBSCertificate, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
-	der, err := x509.CreateCertificate(rand.Reader, &tmpl, f.h.Root, next.Root.PublicKey, f.h.RootKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cross, _ := x509.ParseCertificate(der)
+	next, cross := newCrossRoot(t, f)
 	f.mu.Lock()
 	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Cross: []*x509.Certificate{cross}}
 	f.wrongKey = true
 	f.mu.Unlock()
-	caBefore, _ := os.ReadFile(dir.CAFile())
-	bundleBefore, _ := os.ReadFile(dir.BundleFile())
+	kept := trustFilesKept(t, dir)
 	if _, err := a.Renew(t.Context()); err == nil {
 		t.Fatal("a renewal answered with another key's certificate succeeded")
 	}
-	if caAfter, _ := os.ReadFile(dir.CAFile()); !bytes.Equal(caBefore, caAfter) {
-		t.Fatal("a renewal whose certificate did not verify wrote ca.crt")
-	}
-	if bundleAfter, _ := os.ReadFile(dir.BundleFile()); !bytes.Equal(bundleBefore, bundleAfter) {
-		t.Fatal("a renewal whose certificate did not verify wrote bundle.pem")
-	}
+	kept("a renewal whose certificate did not verify")
 	f.mu.Lock()
 	f.wrongKey = false
 	f.mu.Unlock()

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -65,6 +67,34 @@ func (c *authorityConn) get(key, addr string, tc func() *tls.Config, grace time.
 	return conn, nil
 }
 
+// drop stops sharing conn, if it is still the one held, so the next call
+// dials anew: a call on it timed out or found the authority unreachable.
+// A half-open TCP connection (the authority's host gone without a reset,
+// a NAT that forgot the flow) would otherwise make every later call wait
+// out its deadline until the kernel gives up on it, many minutes later,
+// and gRPC's reconnect backoff (up to two minutes) would fail calls after
+// an authority restart. Calls in flight on it keep their grace, as after a
+// renewal.
+func (c *authorityConn) drop(conn *grpc.ClientConn, grace time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != conn {
+		return
+	}
+	c.key, c.conn = "", nil
+	time.AfterFunc(grace, func() { conn.Close() })
+}
+
+// close closes the held connection (the agent stops).
+func (c *authorityConn) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	c.key, c.conn = "", nil
+}
+
 // connKey names what a connection was made with.
 func connKey(addr string, authorityID spiffeid.ID, id *identity.Identity) string {
 	h := sha256.New()
@@ -100,7 +130,12 @@ func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.
 	}
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	return f(cctx, conn)
+	err = f(cctx, conn)
+	if c := status.Code(err); (c == codes.DeadlineExceeded || c == codes.Unavailable) && ctx.Err() == nil {
+		// Not the caller giving up: the connection may be stale.
+		a.authConn.drop(conn, 2*a.timeout)
+	}
+	return err
 }
 
 // JWTSVID returns a JWT-SVID of this agent for the audiences, minted by

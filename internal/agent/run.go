@@ -55,6 +55,7 @@ func Transient(err error) bool {
 // never removed. Run returns nil once ctx is cancelled.
 func (a *Agent) Run(ctx context.Context, join func() (JoinRequest, error)) error {
 	err := a.run(ctx, join)
+	a.authConn.close()
 	if ctx.Err() != nil {
 		a.log.Info("agent stopped")
 		return nil

@@ -30,6 +30,13 @@ const (
 	// another rotated it away (it re-reads every jwtKeyTick), with margin.
 	jwtKeyLag  = time.Minute
 	jwtKeyTick = 5 * time.Second
+	// jwtKeyStepTimeout bounds one step's store calls: a store call that
+	// hangs (a half-open connection to PostgreSQL, a row lock held by a
+	// stuck transaction) must not stop this replica re-reading the
+	// version, or it would go on signing with a key the others' JWKS
+	// drop two rotations later. Within jwtKeyLag, so a replica that
+	// missed one tick still follows in time.
+	jwtKeyStepTimeout = 2 * jwtKeyTick
 	// MinJWTKeyRotationPeriod is the shortest period, and the least time
 	// between two rotations: a token signed with the key two rotations
 	// back must have expired (jwtsvid.TTL after the last replica stopped
@@ -83,7 +90,10 @@ func (s *Server) jwtKeyClock(ctx context.Context) {
 	t := time.NewTicker(jwtKeyTick)
 	defer t.Stop()
 	for {
-		if err := s.jwtKeyStep(ctx); err != nil && ctx.Err() == nil && !s.outage.fail(err) {
+		sctx, cancel := context.WithTimeout(ctx, jwtKeyStepTimeout)
+		err := s.jwtKeyStep(sctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 			s.log.Error("JWT-SVID key rotation step failed", "err", err)
 		}
 		select {

@@ -1,7 +1,11 @@
 package authority
 
 import (
+	"context"
+	"log/slog"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,7 +13,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -67,5 +73,50 @@ func TestJWTKeyRotation(t *testing.T) {
 	if len(recs) != 3 || recs[0].Result != audit.ResultOK || recs[0].Target != "jwt-svid/v2" || recs[1].Result != audit.ResultDenied ||
 		recs[2].Actor != "authority" || recs[2].Target != "jwt-svid/v3" || recs[2].Result != audit.ResultOK {
 		t.Fatalf("audit of jwt.rotate: %q", got)
+	}
+}
+
+// hangingJWTKeyStore's first GetJWTKey hangs until its context ends (a
+// half-open connection to the database); later ones answer version 2.
+type hangingJWTKeyStore struct {
+	store.Store
+	calls atomic.Int64
+}
+
+func (h *hangingJWTKeyStore) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
+	if h.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return store.JWTKey{}, ctx.Err()
+	}
+	now, err := h.Store.Now(ctx)
+	return store.JWTKey{Version: 2, RotatedAt: now}, err
+}
+
+// A store call of the JWT key clock that hangs ends at the step's
+// deadline: the replica goes on re-reading the version and follows a
+// rotation, instead of signing with the old key forever.
+func TestJWTKeyClockStepHasADeadline(t *testing.T) {
+	ctx := t.Context()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st := &hangingJWTKeyStore{Store: db}
+	s := &Server{store: st, cfg: Config{StorageKey: seal.StorageKey{7}}, log: slog.New(slog.DiscardHandler)}
+	if err := s.useJWTKey(store.JWTKey{Version: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.jwtKeyClock(cctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(jwtKeyStepTimeout + 3*jwtKeyTick)
+	for s.jwt.Load().Version() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after a hung store call the clock still signs with version %d (%d GetJWTKey calls): the step has no deadline",
+				s.jwt.Load().Version(), st.calls.Load())
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

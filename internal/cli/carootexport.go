@@ -78,7 +78,7 @@ exported.`,
 // the record's version: of two exports (or an export and a rotation step)
 // one wins; the loser removes its file. It returns the root's
 // fingerprint. Every outcome past opening the store is audited.
-func exportRootKey(ctx context.Context, dir datadir.Dir, storeURL, path string) (string, error) {
+func exportRootKey(ctx context.Context, dir datadir.Dir, storeURL, path string) (_ string, err error) {
 	if _, err := os.Lstat(path); err == nil {
 		return "", fmt.Errorf("%s already exists; give another --out", path)
 	}
@@ -102,7 +102,17 @@ func exportRootKey(ctx context.Context, dir datadir.Dir, storeURL, path string) 
 		return "", err
 	}
 	target := "root"
+	recorded := false
+	// A failure no refusal below names (a file that cannot be written, the
+	// store failing) is audited too, as an error.
+	defer func() {
+		if err != nil && !recorded {
+			_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: exportKeyActor, Action: "ca.root_export_key",
+				Target: target, Result: audit.ResultError, Reason: err.Error()})
+		}
+	}()
 	record := func(err error, why string) error {
+		recorded = true
 		e := audit.Event{Actor: exportKeyActor, Action: "ca.root_export_key", Target: target, Result: audit.ResultOK, Reason: why}
 		if err != nil {
 			e.Result, e.Reason = audit.ResultDenied, err.Error()
