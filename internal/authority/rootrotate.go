@@ -357,6 +357,9 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, call
 		return "", RootStatus{}, err
 	}
 	from = st.row.Phase
+	if s.rootStepRead != nil {
+		s.rootStepRead()
+	}
 	var to string
 	if rollback {
 		to, err = rollbackRootPhase(from)

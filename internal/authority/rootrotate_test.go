@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -376,7 +377,14 @@ func TestRootRotationTwoReplicasPostgres(t *testing.T) {
 	}
 	newRoot := st.New
 	// Both replicas step from init at once: one wins, the other is told
-	// the rotation changed.
+	// the rotation changed. Both read the rotation before either writes
+	// (left to the scheduler, the two steps could run one after the
+	// other, and both succeed: init to update_agents to update_servers).
+	var read sync.WaitGroup
+	read.Add(2)
+	for _, s := range a.srvs {
+		s.rootStepRead = func() { read.Done(); read.Wait() }
+	}
 	errs := make(chan error, 2)
 	for _, s := range a.srvs {
 		go func() { _, _, err := s.stepRoot(ctx, "t", false); errs <- err }()
@@ -392,6 +400,9 @@ func TestRootRotationTwoReplicasPostgres(t *testing.T) {
 	}
 	if failed != 1 {
 		t.Fatalf("%d of two concurrent steps from init failed, want exactly one", failed)
+	}
+	for _, s := range a.srvs {
+		s.rootStepRead = nil
 	}
 	if st, _ := one.rootStatus(ctx); st.Phase != store.RootPhaseUpdateAgents {
 		t.Fatalf("after two concurrent steps: phase %s, want update_agents", st.Phase)

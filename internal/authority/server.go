@@ -161,6 +161,10 @@ type Server struct {
 	streams  *streamMetrics
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
+	// rootStepRead, when set (tests only), runs between stepRoot's read
+	// of the rotation and its conditional write, so that a test can make
+	// two replicas' steps overlap for certain instead of by luck.
+	rootStepRead func()
 	// live is each agent's one live stream on this replica.
 	live liveStreams
 	// discovery is nil without a discovery service.
