@@ -19,6 +19,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/callinfo"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -206,6 +207,22 @@ func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code cod
 		CorrelationID: c.CorrelationID,
 	})
 	return refused(code, reason)
+}
+
+// standing checks that the calling agent may still be served (its
+// certificate known, its instance current, no lock on it) for the agent
+// RPCs that do not go through enroll, which audits its own refusals: a
+// refusal is audited like any refused call, through the flood guard,
+// since a locked agent may keep asking.
+func (a *agentService) standing(ctx context.Context) error {
+	c := callerFrom(ctx)
+	err := a.s.enroll.Standing(ctx, c.Cert)
+	if ref := (*enroll.Refusal)(nil); errors.As(err, &ref) {
+		method, _ := grpc.Method(ctx)
+		a.s.refusals.Record(ctx, audit.Event{Actor: c.Actor(), Action: "api.access", Target: method,
+			Result: audit.ResultDenied, Reason: ref.Reason, Source: c.Source, CorrelationID: c.CorrelationID})
+	}
+	return toStatus(ctx, a.s.log, err)
 }
 
 // clientChain verifies the client certificate the caller gave, if any,

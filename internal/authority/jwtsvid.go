@@ -15,12 +15,12 @@ import (
 // MintJWTSVID signs a JWT-SVID for the calling agent, after the same
 // standing checks as any agent RPC (a locked, deleted or superseded
 // instance gets none). Mints are not audited one by one (workloads ask
-// for tokens often, and a mint changes no state); refusals answer with
-// the standing's reason.
+// for tokens often, and a mint changes no state); refusals are, through
+// the flood guard, and answer with the standing's reason.
 func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
 	c := callerFrom(ctx)
-	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
+	if err := a.standing(ctx); err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	iss := a.s.jwt.Load()
@@ -39,8 +39,8 @@ func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVI
 
 // GetJWTBundle answers the JWKS of JWT-SVIDs.
 func (a *agentService) GetJWTBundle(ctx context.Context, _ *musterv1.GetJWTBundleRequest) (*musterv1.GetJWTBundleResponse, error) {
-	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
+	if err := a.standing(ctx); err != nil {
+		return nil, err
 	}
 	jwks, err := a.s.jwt.Load().JWKS()
 	if err != nil {

@@ -376,8 +376,8 @@ type agentService struct {
 // identity checked by the agent, so a kept set reaches only agents of
 // this authority; the chain's own signatures are what the agent trusts.
 func (a *agentService) GetVerifierSet(ctx context.Context, req *musterv1.GetVerifierSetRequest) (*musterv1.GetVerifierSetResponse, error) {
-	if err := a.s.enroll.Standing(ctx, callerFrom(ctx).Cert); err != nil {
-		return nil, toStatus(ctx, a.s.log, err)
+	if err := a.standing(ctx); err != nil {
+		return nil, err
 	}
 	if req.GetHaveVersion() < 0 {
 		return nil, toStatus(ctx, a.s.log, badRequest("have_version must not be negative"))

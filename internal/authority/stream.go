@@ -141,8 +141,8 @@ func (st *agentStream) open() error {
 	base, replaced := context.WithCancelCause(ctx)
 	st.ctx, st.cancel = context.WithDeadline(base, c.Cert.NotAfter)
 	st.replaced = replaced
-	if err := a.s.enroll.Standing(ctx, c.Cert); err != nil {
-		return toStatus(ctx, a.s.log, err)
+	if err := a.standing(ctx); err != nil {
+		return err
 	}
 	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.advertise(), Connected: true}
 	var err error
