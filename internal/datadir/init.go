@@ -337,7 +337,7 @@ func openInitStore(ctx context.Context, d Dir, o InitOptions) (store.Store, erro
 	}
 	if head.Seq != 0 || len(psks) != 0 {
 		st.Close()
-		return nil, fmt.Errorf("%w: the store already holds an authority's records; give an empty database (if they are those of a muster init that failed before this release, which left them behind, drop and create the database again: DROP DATABASE name; CREATE DATABASE name OWNER user)", ErrAlreadyInitialised)
+		return nil, fmt.Errorf("%w: the store already holds an authority's records; give an empty database (if they are those of a muster init that failed part way, drop and create the database again: DROP DATABASE name; CREATE DATABASE name OWNER user)", ErrAlreadyInitialised)
 	}
 	return st, nil
 }
