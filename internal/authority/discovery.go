@@ -290,8 +290,7 @@ func (d *discoveryLink) register(ctx context.Context) error {
 		return errors.New("no address agents can reach: set --advertise")
 	}
 	cur, err := d.client.LookupAuthority(ctx, &musterv1.LookupAuthorityRequest{AuthorityId: reg.AuthorityID})
-	switch code := status.Code(err); {
-	case code != codes.NotFound && err != nil:
+	if err != nil && status.Code(err) != codes.NotFound {
 		d.s.metrics.discoveryCall("register", err)
 		return err
 	}
