@@ -15,7 +15,9 @@ import (
 // key is offline, preparing an intermediate without --root-key is refused,
 // a second export is refused, and muster ca rotate ROLE --root-key FILE
 // prepares a successor signed with the exported key. Break-glass still
-// finds the exported root.
+// finds the exported root. The next root rotation's refusals (no key, the
+// data directory's ca/root.key) name the exported file, as does a
+// rollback to update_agents, which the exported key cannot serve.
 func TestRootKeyExportAfterRotation(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
@@ -95,4 +97,25 @@ func TestRootKeyExportAfterRotation(t *testing.T) {
 	// Break-glass finds the exported root through its cross-certificate.
 	carol := filepath.Join(t.TempDir(), "carol.pem")
 	mustRun(t, "admin", "add", "carol", "--offline", "--data", dir, "--out", carol)
+
+	// The next root rotation needs the exported key, and its refusals say
+	// so: not ca/root.key, which holds the key of the root muster init
+	// made, no longer current.
+	for _, args := range [][]string{{}, {"--root-key", filepath.Join(dir, "ca", "root.key")}} {
+		msg := mustFail(t, append([]string{"ca", "root", "rotate", "--data", dir}, args...)...)
+		if !strings.Contains(msg, "muster ca root export-key wrote") || strings.Contains(msg, "muster init wrote it as ca/root.key") {
+			t.Fatalf("ca root rotate %v after the export: %s; want it to name the exported key's file", args, msg)
+		}
+	}
+	if st := caRoot(t, dir, "rotate", "--root-key", keyFile); st.Phase != "init" {
+		t.Fatalf("ca root rotate --root-key with the exported key: %+v", st)
+	}
+	caRoot(t, dir, "next-phase")
+	caRoot(t, dir, "next-phase")
+	// Rolling back to update_agents would sign with the exported root
+	// again: refused, without sending the operator to ca/root.key.
+	msg := mustFail(t, "ca", "root", "rollback", "--data", dir)
+	if !strings.Contains(msg, "muster ca root export-key") || !strings.Contains(msg, "muster ca root next-phase") || strings.Contains(msg, "put it back") {
+		t.Fatalf("rollback to update_agents with the old root's key exported: %s", msg)
+	}
 }

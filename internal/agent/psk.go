@@ -9,11 +9,14 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -221,9 +224,9 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 	if err != nil {
 		return "", nil, fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
 	}
-	if fp := look.GetCaFingerprint(); !ca.SameFingerprint(fp, r.CAFingerprint) {
+	if fps := listedRoots(look); !slices.ContainsFunc(fps, func(fp string) bool { return ca.SameFingerprint(fp, r.CAFingerprint) }) {
 		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
-			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, fp)}
+			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, strings.Join(fps, " or "))}
 	}
 	var errs []error
 	for _, ep := range look.GetEndpoints() {
@@ -238,4 +241,16 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 		errs = append(errs, errors.New("discovery lists no endpoint"))
 	}
 	return "", nil, fmt.Errorf("no endpoint of authority %s proved to be it: %w", r.AuthorityID, errors.Join(errs...))
+}
+
+// listedRoots are the roots discovery lists for an authority: during and
+// after a root rotation, the roots its registration links to the root the
+// ID names (discovery checked the links); otherwise that root alone. It
+// only spares a probe of an authority that cannot be the pinned one: the
+// probe's TLS check against the pinned root decides.
+func listedRoots(look *musterv1.LookupAuthorityResponse) []string {
+	if roots, err := discovery.ParseRoots(look.GetCaBundlePem()); err == nil && ca.SameFingerprint(ca.Fingerprint(roots.Anchor), look.GetCaFingerprint()) {
+		return roots.Fingerprints()
+	}
+	return []string{look.GetCaFingerprint()}
 }

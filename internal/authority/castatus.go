@@ -65,7 +65,13 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 		if err != nil {
 			return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 		}
-		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, custody.Where(r.KeyRef), c))
+		where := custody.Where(r.KeyRef)
+		if len(r.KeyRef) == 0 {
+			// Retired (or discarded): the write that ended it cleared
+			// the reference and the key was destroyed.
+			where = "destroyed"
+		}
+		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, where, c))
 		if r.State != store.CAActive {
 			continue
 		}

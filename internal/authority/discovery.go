@@ -3,10 +3,13 @@ package authority
 import (
 	"context"
 	"crypto"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -64,6 +67,8 @@ type discoveryLink struct {
 	// joined wakes the report delivery after a join on this replica; one
 	// slot is enough, as a pass sends every pending report.
 	joined chan struct{}
+	// registered is rootsKey of the roots last registered.
+	registered atomic.Value
 }
 
 func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
@@ -233,10 +238,33 @@ func (d *discoveryLink) registerLoop(ctx context.Context) error {
 			d.s.log.Error("cannot register with discovery; retrying", "discovery", d.cfg.Address, "in", registerRetry, "err", err)
 			wait = registerRetry
 		}
+		if !d.waitOrRootsChange(ctx, wait) {
+			return nil
+		}
+	}
+}
+
+// rootsPoll is how often the leader compares the trusted roots with the
+// ones it registered: a root rotation's phase change reaches discovery
+// within it, so agents that pin the new root can look the authority up.
+const rootsPoll = 2 * time.Second
+
+// waitOrRootsChange waits d, or less if the trusted roots change (a root
+// rotation step, on any replica); false once ctx ends.
+func (d *discoveryLink) waitOrRootsChange(ctx context.Context, wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		step := min(rootsPoll, time.Until(deadline))
+		if step <= 0 {
+			return true
+		}
 		select {
 		case <-ctx.Done():
-			return nil
-		case <-time.After(wait):
+			return false
+		case <-time.After(step):
+		}
+		if k, _ := d.registered.Load().(string); k != rootsKey(d.s.ca.Roots()) {
+			return true
 		}
 	}
 }
@@ -248,10 +276,13 @@ func (d *discoveryLink) registerLoop(ctx context.Context) error {
 func (d *discoveryLink) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, discoveryCallTimeout)
 	defer cancel()
+	roots := d.s.ca.Roots()
+	// Noted before the attempt, so a failure waits registerRetry, not
+	// rootsPoll, unless the roots change again.
+	d.registered.Store(rootsKey(roots))
 	reg := discovery.Registration{
 		AuthorityID:          d.s.info.AuthorityID,
 		Endpoints:            d.endpoints(),
-		CABundlePEM:          string(ca.EncodeCertPEM(d.s.ca.Root)),
 		Policy:               d.policy,
 		PolicyCertificatePEM: string(ca.EncodeCertPEM(d.s.ca.Issuer(ca.RolePolicy).Cert)),
 	}
@@ -259,12 +290,19 @@ func (d *discoveryLink) register(ctx context.Context) error {
 		return errors.New("no address agents can reach: set --advertise")
 	}
 	cur, err := d.client.LookupAuthority(ctx, &musterv1.LookupAuthorityRequest{AuthorityId: reg.AuthorityID})
-	switch {
-	case status.Code(err) == codes.NotFound:
-		reg.Version = 1
-	case err != nil:
+	if err != nil && status.Code(err) != codes.NotFound {
 		d.s.metrics.discoveryCall("register", err)
 		return err
+	}
+	if reg.CABundlePEM, err = registrationBundle(d.s.ca.Root, roots, cur.GetCaBundlePem(), time.Now()); err != nil {
+		d.s.metrics.discoveryCall("register", err)
+		d.s.refusals.Record(ctx, audit.Event{Actor: "authority", Action: "discovery.register", Target: d.cfg.Address,
+			Result: audit.ResultError, Reason: err.Error()})
+		return err
+	}
+	switch {
+	case cur == nil:
+		reg.Version = 1
 	case sameRegistration(cur, reg):
 		reg.Version = cur.GetVersion()
 	default:
@@ -284,12 +322,56 @@ func (d *discoveryLink) register(ctx context.Context) error {
 		return err
 	}
 	if resp.GetChanged() {
-		d.s.log.Info("registered with discovery", "discovery", d.cfg.Address, "version", resp.GetVersion(), "endpoints", reg.Endpoints)
+		d.s.log.Info("registered with discovery", "discovery", d.cfg.Address, "version", resp.GetVersion(), "endpoints", reg.Endpoints,
+			"roots", rootFingerprints(roots.Trusted))
 		_ = d.s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "discovery.register",
 			Target: d.cfg.Address, Result: audit.ResultOK,
-			Reason: fmt.Sprintf("version %d, endpoints %v", resp.GetVersion(), reg.Endpoints)})
+			Reason: fmt.Sprintf("version %d, endpoints %v, roots %v", resp.GetVersion(), reg.Endpoints, rootFingerprints(roots.Trusted))})
 	}
 	return nil
+}
+
+// registrationBundle is the CA bundle the authority registers
+// (discovery/roots.go): the root its ID names (the data directory's,
+// which issued the policy signing certificate) alone while it is the only
+// trusted root; during and after a root rotation, that root, then the
+// trusted roots (signing first), then the cross-certificates linking them
+// to it. The links come from the rotation in progress and from the bundle
+// discovery holds now (registered): a second rotation's record no longer
+// has the first one's link from the ID's root, and discovery kept it.
+// Only certificates that verify from the ID's root are kept, so nothing
+// discovery answered widens what is registered.
+func registrationBundle(anchor *x509.Certificate, roots *ca.RootSet, registered string, now time.Time) (string, error) {
+	if len(roots.Trusted) == 1 && string(roots.Trusted[0].RawSubjectPublicKeyInfo) == string(anchor.RawSubjectPublicKeyInfo) {
+		return string(ca.EncodeCertPEM(anchor)), nil
+	}
+	candidates := slices.Clone(roots.Cross)
+	if prev, err := discovery.ParseRoots(registered); err == nil {
+		candidates = append(candidates, prev.Links...)
+	}
+	links, err := discovery.LinkRoots(anchor, roots.Trusted, candidates, now)
+	if err != nil {
+		return "", fmt.Errorf("%w (discovery holds no link from an earlier rotation: was the registration forgotten after two root rotations?)", err)
+	}
+	out := ca.EncodeCertPEM(anchor)
+	for _, c := range append(slices.Clone(roots.Trusted), links...) {
+		out = append(out, ca.EncodeCertPEM(c)...)
+	}
+	return string(out), nil
+}
+
+// rootsKey identifies a root set: the registration follows it within
+// rootsPoll of a change.
+func rootsKey(r *ca.RootSet) string {
+	return strings.Join(rootFingerprints(r.Trusted), ",")
+}
+
+func rootFingerprints(cs []*x509.Certificate) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = ca.Fingerprint(c)
+	}
+	return out
 }
 
 func (d *discoveryLink) send(ctx context.Context, reg discovery.Registration) (*musterv1.RegisterAuthorityResponse, error) {

@@ -2,11 +2,18 @@ package authority
 
 import (
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"errors"
 	"io"
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,5 +215,91 @@ func TestReportLoop(t *testing.T) {
 	waitFor("the gauge back to 0", time.Second, func() bool { return gauge() == 0 })
 	if got := pendingIDs(t, st); len(got) != 0 {
 		t.Errorf("pending: %v", got)
+	}
+}
+
+// TestRegistrationBundleAcrossRootRotations: the authority registers the
+// root its ID names alone until a root rotation; then that root, the
+// trusted roots (signing first) and the links to them, taking a first
+// rotation's link from what discovery holds once the second rotation's
+// record no longer has it. Each bundle passes discovery's check.
+func TestRegistrationBundleAcrossRootRotations(t *testing.T) {
+	now := time.Now()
+	h, err := ca.Create("prod", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := h.Root
+	newRoot := func() (*x509.Certificate, crypto.Signer) {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		serial, _ := ca.NewSerial()
+		r, err := ca.NewRoot("prod", serial, key, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r, key
+	}
+	cross := func(sub, iss *x509.Certificate, key crypto.Signer) *x509.Certificate {
+		c, err := ca.CrossSign(sub, iss, key, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	r1, k1 := newRoot()
+	r2, k2 := newRoot()
+	r1ByB, bByR1 := cross(r1, b, h.RootKey), cross(b, r1, k1)
+	r2ByR1, r1ByR2 := cross(r2, r1, k1), cross(r1, r2, k2)
+
+	check := func(name, bundle string, want ...*x509.Certificate) {
+		t.Helper()
+		roots, err := discovery.ParseRoots(bundle)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if !roots.Anchor.Equal(b) {
+			t.Errorf("%s: the bundle does not start with the root the ID names", name)
+		}
+		if err := roots.Check(now); err != nil {
+			t.Errorf("%s: discovery would refuse it: %v", name, err)
+		}
+		var wantFP []string
+		for _, c := range want {
+			wantFP = append(wantFP, ca.Fingerprint(c))
+		}
+		if !slices.Equal(roots.Fingerprints(), wantFP) {
+			t.Errorf("%s: roots %v; want %v", name, roots.Fingerprints(), wantFP)
+		}
+	}
+	bundle, err := registrationBundle(b, &ca.RootSet{Trusted: []*x509.Certificate{b}, Signing: b}, "", now)
+	if err != nil || bundle != string(ca.EncodeCertPEM(b)) {
+		t.Fatalf("no rotation: %v; want the root alone, as before root rotation", err)
+	}
+	phases := []struct {
+		name  string
+		roots *ca.RootSet
+		want  []*x509.Certificate
+	}{
+		{"init", &ca.RootSet{Trusted: []*x509.Certificate{b, r1}, Cross: []*x509.Certificate{r1ByB, bByR1}, Signing: b}, []*x509.Certificate{b, r1}},
+		{"update_servers", &ca.RootSet{Trusted: []*x509.Certificate{r1, b}, Cross: []*x509.Certificate{r1ByB, bByR1}, Signing: r1}, []*x509.Certificate{r1, b}},
+		{"standby", &ca.RootSet{Trusted: []*x509.Certificate{r1}, Cross: []*x509.Certificate{r1ByB}, Signing: r1}, []*x509.Certificate{r1}},
+		// The second rotation's record has only its own links.
+		{"second init", &ca.RootSet{Trusted: []*x509.Certificate{r1, r2}, Cross: []*x509.Certificate{r2ByR1, r1ByR2}, Signing: r1}, []*x509.Certificate{r1, r2}},
+		{"second standby", &ca.RootSet{Trusted: []*x509.Certificate{r2}, Cross: []*x509.Certificate{r2ByR1}, Signing: r2}, []*x509.Certificate{r2}},
+	}
+	registered := bundle
+	for _, p := range phases {
+		if registered, err = registrationBundle(b, p.roots, registered, now); err != nil {
+			t.Fatalf("%s: %v", p.name, err)
+		}
+		check(p.name, registered, p.want...)
+	}
+	// Without what discovery held (the registration forgotten), the
+	// second rotation's roots cannot be linked, and the error says so.
+	if _, err := registrationBundle(b, phases[4].roots, "", now); !errors.Is(err, discovery.ErrRootNotLinked) || !strings.Contains(err.Error(), "forgotten") {
+		t.Errorf("second rotation with nothing registered: %v", err)
 	}
 }

@@ -49,14 +49,14 @@ func (a *adminService) GetRootRotation(ctx context.Context, _ *musterv1.GetRootR
 }
 
 func (a *adminService) PrepareRoot(ctx context.Context, _ *musterv1.PrepareRootRequest) (*musterv1.PrepareRootResponse, error) {
-	root, cur, sealed, err := a.s.prepareRoot(ctx)
+	root, cur, sealed, exported, err := a.s.prepareRoot(ctx)
 	if err != nil {
 		err = toStatus(ctx, a.s.log, err)
 		a.record(ctx, "ca.root_prepare", "", err)
 		return nil, err
 	}
 	a.record(ctx, "ca.root_prepare", ca.Fingerprint(root), nil)
-	return &musterv1.PrepareRootResponse{NewRoot: root.Raw, SealedKey: sealed, CurrentRoot: cur.Raw}, nil
+	return &musterv1.PrepareRootResponse{NewRoot: root.Raw, SealedKey: sealed, CurrentRoot: cur.Raw, CurrentRootExported: exported}, nil
 }
 
 func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootRequest) (*musterv1.RootRotation, error) {

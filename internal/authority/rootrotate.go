@@ -220,6 +220,26 @@ func (st *rootState) currentRoot() (*x509.Certificate, crypto.Signer) {
 	return st.old, st.oldKey
 }
 
+// currentExported reports whether the current root is one a root
+// rotation made whose key was taken out with muster ca root export-key:
+// then its key is that command's file, not DIR/ca/root.key (the root
+// muster init made).
+func (st *rootState) currentExported() bool {
+	if st.row.Phase == store.RootPhaseStandby {
+		return st.row.NewCertDER != nil && st.row.NewKeyRef == nil
+	}
+	return st.row.OldCertDER != nil && st.row.OldKeyRef == nil
+}
+
+// rootKeyHint says where the key of the current root is, for a refusal
+// that asks for it.
+func (st *rootState) rootKeyHint() string {
+	if st.currentExported() {
+		return "the file muster ca root export-key wrote for this root (its --out); ca/root.key holds the key of the root muster init made, which is no longer current"
+	}
+	return "ca/root.key as muster init wrote it"
+}
+
 func (st *rootState) canStart() error {
 	if p := st.row.Phase; p != store.RootPhaseNone && p != store.RootPhaseStandby {
 		return rootRule("a root rotation is in progress (phase " + p + "); finish it with muster ca root next-phase or undo it with muster ca root rollback")
@@ -258,20 +278,20 @@ func (s *Server) newRoot(ctx context.Context) (*x509.Certificate, custody.Key, c
 // caller certifies its key with the current root's key, which the
 // authority does not hold. Nothing is stored; the sealed key opens only
 // under this authority's storage key.
-func (s *Server) prepareRoot(ctx context.Context) (root, current *x509.Certificate, sealed []byte, _ error) {
+func (s *Server) prepareRoot(ctx context.Context) (root, current *x509.Certificate, sealed []byte, exported bool, _ error) {
 	st, err := s.inter.readRoots(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, false, err
 	}
 	if err := st.canStart(); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, false, err
 	}
 	cur, _ := st.currentRoot()
 	root, k, _, err := s.newRoot(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, false, err
 	}
-	return root, cur, k.Ref, nil
+	return root, cur, k.Ref, st.currentExported(), nil
 }
 
 // rotateRoot starts a root rotation: a new root (key in custody), the
@@ -305,7 +325,7 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 	)
 	if prepared == nil {
 		if curKey == nil {
-			return RootStatus{}, rootRule("rotating the root needs the current root's key (" + ca.Fingerprint(cur) + "), which this authority does not hold; give it with muster ca root rotate --root-key FILE")
+			return RootStatus{}, rootRule("rotating the root needs the current root's key (" + ca.Fingerprint(cur) + "), which this authority does not hold; give it with muster ca root rotate --root-key FILE, FILE being " + st.rootKeyHint())
 		}
 		var k custody.Key
 		if root, k, signer, err = s.newRoot(ctx); err != nil {
@@ -373,6 +393,12 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, call
 	switch {
 	case to == store.RootPhaseUpdateServers && !rollback && st.newKey == nil:
 		return from, RootStatus{}, rootRule("the new root's key does not open; it cannot sign intermediates")
+	case to == store.RootPhaseUpdateAgents && rollback && st.oldKey == nil && st.currentExported():
+		// The old root is a rotation's whose key was exported: the
+		// data directory's ca/root.key is another root's, and nothing
+		// puts the exported key back.
+		return from, RootStatus{}, rootRule("rolling back to update_agents signs intermediates with the old root again, whose key (" +
+			ca.Fingerprint(st.old) + ") was taken out with muster ca root export-key and is no longer in this authority; ca/root.key is the key of another root (the one muster init made) and does not help; go on with muster ca root next-phase")
 	case to == store.RootPhaseUpdateAgents && rollback && st.oldKey == nil:
 		// The intermediates go back under the old root: the leader
 		// signs fresh ones with its key.

@@ -267,7 +267,7 @@ func TestRootRotationWithoutRootKey(t *testing.T) {
 	if _, err := s.rotateRoot(ctx, "t", nil); err == nil || !strings.Contains(err.Error(), "--root-key") {
 		t.Fatalf("rotate without the root key: %v; want a refusal naming --root-key", err)
 	}
-	root, cur, sealed, err := s.prepareRoot(ctx)
+	root, cur, sealed, _, err := s.prepareRoot(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -231,6 +231,9 @@ here and never sent.`,
 					return nil, fmt.Errorf("the authority sent a root that does not parse")
 				}
 				if !sameKey(signer.Public(), cur.PublicKey) {
+					if p.GetCurrentRootExported() {
+						return nil, fmt.Errorf("--root-key %s is not the key of the current root %s, which a root rotation made: give the file muster ca root export-key wrote for it (its --out); ca/root.key holds the key of the root muster init made, which is no longer current", rootKey, ca.Fingerprint(cur))
+					}
 					return nil, fmt.Errorf("--root-key %s is not the key of the current root %s; give that root's key (muster init wrote it as ca/root.key)", rootKey, ca.Fingerprint(cur))
 				}
 				cross, err := ca.CrossSign(root, cur, signer, time.Now())

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/discoveryd"
 	"github.com/muster-dev/muster/internal/listener"
@@ -358,13 +359,17 @@ func printDiscoveryShow(w io.Writer, res discoveryShowJSON) {
 }
 
 type lookupJSON struct {
-	AuthorityID   string          `json:"authority_id"`
-	Endpoints     []string        `json:"endpoints"`
-	CAFingerprint string          `json:"ca_fingerprint"`
-	CABundlePEM   string          `json:"ca_bundle_pem"`
-	Version       int64           `json:"version"`
-	Policy        json.RawMessage `json:"policy"`
-	UpdatedAt     time.Time       `json:"updated_at"`
+	AuthorityID   string   `json:"authority_id"`
+	Endpoints     []string `json:"endpoints"`
+	CAFingerprint string   `json:"ca_fingerprint"`
+	// RootFingerprints are the roots agents may pin now, the signing one
+	// first: after a root rotation, not the one the ID names
+	// (ca_fingerprint).
+	RootFingerprints []string        `json:"root_fingerprints"`
+	CABundlePEM      string          `json:"ca_bundle_pem"`
+	Version          int64           `json:"version"`
+	Policy           json.RawMessage `json:"policy"`
+	UpdatedAt        time.Time       `json:"updated_at"`
 }
 
 func newDiscoveryLookupCmd(env *Env) *cobra.Command {
@@ -443,11 +448,12 @@ func discoveryCallError(addr string, err error) error {
 func lookupOf(resp *musterv1.LookupAuthorityResponse) (lookupJSON, error) {
 	res := lookupJSON{AuthorityID: resp.GetAuthorityId(), Endpoints: resp.GetEndpoints(), CAFingerprint: resp.GetCaFingerprint(),
 		CABundlePEM: resp.GetCaBundlePem(), Version: resp.GetVersion(), UpdatedAt: resp.GetUpdatedAt().AsTime()}
-	certs, err := ca.ParseCertsPEM([]byte(res.CABundlePEM))
+	roots, err := discovery.ParseRoots(res.CABundlePEM)
 	if err != nil {
 		return res, fmt.Errorf("the CA bundle discovery answered: %w", err)
 	}
-	if got := ca.Fingerprint(certs[0]); got != res.CAFingerprint {
+	res.RootFingerprints = roots.Fingerprints()
+	if got := ca.Fingerprint(roots.Anchor); got != res.CAFingerprint {
 		return res, fmt.Errorf("discovery names root %s but sends a root with fingerprint %s", res.CAFingerprint, got)
 	}
 	if !json.Valid([]byte(resp.GetPolicyJson())) {
@@ -461,6 +467,10 @@ func printLookup(w io.Writer, res lookupJSON) {
 	fmt.Fprintf(w, "Authority:    %s\n", res.AuthorityID)
 	fmt.Fprintf(w, "Endpoints:    %s\n", strings.Join(res.Endpoints, ", "))
 	fmt.Fprintf(w, "CA:           %s\n", res.CAFingerprint)
+	if len(res.RootFingerprints) != 1 || res.RootFingerprints[0] != res.CAFingerprint {
+		// A root rotation: the ID names the first root; agents pin these.
+		fmt.Fprintf(w, "Roots now:    %s\n", strings.Join(res.RootFingerprints, ", "))
+	}
 	fmt.Fprintf(w, "Version:      %d\n", res.Version)
 	fmt.Fprintf(w, "Updated:      %s\n", pskTime(res.UpdatedAt))
 	var policy bytes.Buffer

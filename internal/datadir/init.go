@@ -195,7 +195,7 @@ func checkTarget(d Dir) error {
 	return nil
 }
 
-func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (InitResult, error) {
+func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitResult, err error) {
 	h, err := ca.Create(o.Name, o.Now)
 	if err != nil {
 		return InitResult{}, err
@@ -238,6 +238,15 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (InitResul
 		return InitResult{}, err
 	}
 	defer st.Close()
+	if o.OpenStore != nil {
+		// An external store outlives a failed init: take back what it
+		// wrote, or say how to.
+		defer func() {
+			if err != nil {
+				err = undoInitStore(context.WithoutCancel(ctx), st, err)
+			}
+		}()
+	}
 
 	for _, row := range inToken {
 		if err := st.InsertCACert(ctx, row); err != nil {
@@ -328,9 +337,33 @@ func openInitStore(ctx context.Context, d Dir, o InitOptions) (store.Store, erro
 	}
 	if head.Seq != 0 || len(psks) != 0 {
 		st.Close()
-		return nil, fmt.Errorf("%w: the store already holds an authority's records; give an empty database", ErrAlreadyInitialised)
+		return nil, fmt.Errorf("%w: the store already holds an authority's records; give an empty database (if they are those of a muster init that failed part way, drop and create the database again: DROP DATABASE name; CREATE DATABASE name OWNER user)", ErrAlreadyInitialised)
 	}
 	return st, nil
+}
+
+// schemaDropper is a store whose schema Open may have made, and can drop
+// again (the PostgreSQL store).
+type schemaDropper interface {
+	Created() bool
+	DropCreated(ctx context.Context) error
+}
+
+// undoInitStore answers an init that failed after it opened an external
+// store (cause): muster init's writes are many, so instead of leaving a
+// half-made authority that the next init would refuse, it drops the
+// schema the store's Open made, rows and all, leaving the database as
+// init found it. Where it cannot (a store that had the schema before, or
+// another kind), the error names the way out.
+func undoInitStore(ctx context.Context, st store.Store, cause error) error {
+	if d, ok := st.(schemaDropper); ok && d.Created() {
+		err := d.DropCreated(ctx)
+		if err == nil {
+			return fmt.Errorf("%w (the store is as muster init found it: run muster init again)", cause)
+		}
+		cause = fmt.Errorf("%w; removing what it wrote to the store failed too: %v", cause, err)
+	}
+	return fmt.Errorf("%w; the store may now hold part of an authority, which the next muster init refuses: drop and create the database again (DROP DATABASE name; CREATE DATABASE name OWNER user) before running muster init again", cause)
 }
 
 func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time) (psk.PSK, string, error) {

@@ -74,9 +74,14 @@ func (r Registration) Sign(key crypto.Signer) (doc, sig []byte, err error) {
 // checked.
 type Verified struct {
 	Registration
-	Document        []byte
-	Root            *x509.Certificate
-	Fingerprint     string
+	Document []byte
+	// Root is the anchor, the root the authority ID names and is locked
+	// to; Fingerprint its fingerprint.
+	Root        *x509.Certificate
+	Fingerprint string
+	// Roots is the bundle parsed: the roots agents may pin now, and the
+	// cross-certificates that link them to Root.
+	Roots           Roots
 	PolicyCert      *x509.Certificate
 	ParsedPolicy    Policy
 	CanonicalPolicy []byte
@@ -84,9 +89,10 @@ type Verified struct {
 
 // Verify checks a registration as discovery receives it, structure first
 // and the signature last: fields well-formed; the CA bundle starts with a
-// self-signed root; the authority ID names that root; the policy signing
-// certificate is issued directly by it; the signature verifies; the policy
-// parses. Whether the root is the one the authority ID is locked to, and
+// self-signed root (the anchor); the authority ID names that root; the
+// policy signing certificate is issued directly by it; the signature
+// verifies; every other root of the bundle is linked to the anchor by its
+// cross-certificates (roots.go); the policy parses. Whether the root is the one the authority ID is locked to, and
 // whether the version is newer, are the store's to decide.
 func (r Registration) Verify(sig []byte) (*Verified, error) {
 	return r.VerifyAt(sig, time.Now())
@@ -110,14 +116,11 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 	if len(r.CABundlePEM) > maxBundleBytes || len(r.PolicyCertificatePEM) > maxBundleBytes {
 		return nil, errors.New("discovery: registration: certificates too large")
 	}
-	bundle, err := ca.ParseCertsPEM([]byte(r.CABundlePEM))
-	if err != nil || len(bundle) == 0 {
-		return nil, fmt.Errorf("discovery: registration: ca_bundle_pem: want the root CA certificate first (%v)", err)
+	roots, err := ParseRoots(r.CABundlePEM)
+	if err != nil {
+		return nil, err
 	}
-	root := bundle[0]
-	if !root.IsCA || root.CheckSignatureFrom(root) != nil {
-		return nil, errors.New("discovery: registration: the first certificate of ca_bundle_pem is not a self-signed CA")
-	}
+	root := roots.Anchor
 	fp := ca.Fingerprint(root)
 	if err := CheckAuthorityID(r.AuthorityID, fp); err != nil {
 		return nil, err
@@ -145,7 +148,12 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 				c.Subject.CommonName, c.NotBefore.UTC().Format(time.RFC3339), c.NotAfter.UTC().Format(time.RFC3339))
 		}
 	}
-	v, err := verified(r, doc, root, certs[0])
+	// Roots other than the anchor only through cross-certificates that
+	// chain to it (roots.go), checked once the signature is known good.
+	if err := roots.Check(now); err != nil {
+		return nil, err
+	}
+	v, err := verified(r, doc, roots, certs[0])
 	if err != nil {
 		return nil, err
 	}
@@ -159,7 +167,8 @@ func (r Registration) VerifyAt(sig []byte, now time.Time) (*Verified, error) {
 }
 
 // verified completes a checked registration with its parsed policy.
-func verified(r Registration, doc []byte, root, policyCert *x509.Certificate) (*Verified, error) {
+func verified(r Registration, doc []byte, roots Roots, policyCert *x509.Certificate) (*Verified, error) {
+	root := roots.Anchor
 	p, err := ParsePolicy(r.Policy)
 	if err != nil {
 		return nil, err
@@ -168,7 +177,7 @@ func verified(r Registration, doc []byte, root, policyCert *x509.Certificate) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Verified{Registration: r, Document: doc, Root: root, Fingerprint: ca.Fingerprint(root), PolicyCert: policyCert,
+	return &Verified{Registration: r, Document: doc, Root: root, Fingerprint: ca.Fingerprint(root), Roots: roots, PolicyCert: policyCert,
 		ParsedPolicy: p, CanonicalPolicy: cp}, nil
 }
 
@@ -184,9 +193,9 @@ func ParseStored(doc []byte) (*Verified, error) {
 		return nil, fmt.Errorf("discovery: stored registration is not a registration document (%v)", err)
 	}
 	r := Registration{d.AuthorityID, d.Endpoints, d.CABundlePEM, d.Policy, d.Version, d.PolicyCertificatePEM}
-	bundle, err := ca.ParseCertsPEM([]byte(r.CABundlePEM))
-	if err != nil || len(bundle) == 0 {
-		return nil, errors.New("discovery: stored registration: bad CA bundle")
+	roots, err := ParseRoots(r.CABundlePEM)
+	if err != nil {
+		return nil, fmt.Errorf("discovery: stored registration: bad CA bundle: %w", err)
 	}
 	certs, err := ca.ParseCertsPEM([]byte(r.PolicyCertificatePEM))
 	if err != nil || len(certs) != 1 {
@@ -194,10 +203,10 @@ func ParseStored(doc []byte) (*Verified, error) {
 	}
 	// The ID names the root it was derived from: a stored document whose ID
 	// is missing or another root's would hand agents the wrong authority.
-	if err := CheckAuthorityID(r.AuthorityID, ca.Fingerprint(bundle[0])); err != nil {
+	if err := CheckAuthorityID(r.AuthorityID, ca.Fingerprint(roots.Anchor)); err != nil {
 		return nil, fmt.Errorf("discovery: stored registration: %w", err)
 	}
-	return verified(r, doc, bundle[0], certs[0])
+	return verified(r, doc, roots, certs[0])
 }
 
 // CheckEndpoint checks an endpoint as a registration carries it: HOST:PORT,

@@ -16,6 +16,9 @@ import (
 const (
 	resultNotAllowed     = "not_allowed"
 	resultRootNotAllowed = "root_not_allowed"
+	// resultRootNotLinked: a root the bundle does not link to the root
+	// the authority ID is locked to (discovery.ErrRootNotLinked).
+	resultRootNotLinked = "root_not_linked"
 )
 
 // notAllowed turns the allow-list's refusal into the caller's. The

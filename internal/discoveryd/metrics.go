@@ -54,7 +54,7 @@ func newMetrics() *metrics {
 		}, []string{"reason"}),
 		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_discovery_registrations_total",
-			Help: "RegisterAuthority calls, by result: created, updated, unchanged, or the refusal (invalid, denied, not_allowed, root_not_allowed, root_mismatch, stale_version, rate_limited, error).",
+			Help: "RegisterAuthority calls, by result: created, updated, unchanged, or the refusal (invalid, denied, not_allowed, root_not_allowed, root_not_linked, root_mismatch, stale_version, rate_limited, error).",
 		}, []string{"result"}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_discovery_join_reports_total",

@@ -63,6 +63,13 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 	}
 	v, err := reg.Verify(req.GetSignature())
 	if err != nil {
+		if errors.Is(err, discovery.ErrRootNotLinked) {
+			// Signed by the authority's policy key, yet naming a root its
+			// own root never certified: never served, the lock unmoved.
+			return nil, resultRootNotLinked, refuse(codes.PermissionDenied, resultRootNotLinked,
+				"%s; discovery takes a new root of %s only through a cross-certificate from the root it is locked to, %s (muster ca root rotate makes one)",
+				err, reg.AuthorityID, lockedRoot(reg))
+		}
 		if registrationDenied(reg, err) {
 			return nil, "denied", refuse(codes.PermissionDenied, "denied", "%s", err)
 		}
@@ -117,6 +124,15 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 		s.log.Info("authority registered", "authority_id", v.AuthorityID, "version", v.Version, "result", result, "endpoints", v.Endpoints)
 	}
 	return &musterv1.RegisterAuthorityResponse{Version: stored.Version, CaFingerprint: stored.RootFingerprint, Changed: changed}, result, nil
+}
+
+// lockedRoot is the fingerprint of a registration's anchor, as far as
+// it parses.
+func lockedRoot(reg discovery.Registration) string {
+	if r, err := discovery.ParseRoots(reg.CABundlePEM); err == nil {
+		return ca.Fingerprint(r.Anchor)
+	}
+	return "the root its ID names"
 }
 
 // registrationDenied tells a registration refused because its signer has

@@ -3,7 +3,9 @@ package postgres
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
+	"regexp"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -28,15 +30,16 @@ func latestVersion() int { return migrations[len(migrations)-1].Version }
 // migrate brings the database to latestVersion, one transaction per
 // migration, holding a session advisory lock throughout: replicas starting
 // together on a new database queue on the lock, and the later ones find the
-// work done. Even CREATE TABLE IF NOT EXISTS races without it.
-func migrate(ctx context.Context, pool *pgxpool.Pool) error {
+// work done. Even CREATE TABLE IF NOT EXISTS races without it. created
+// says the database had no schema (version 0) and this call made it.
+func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return fmt.Errorf("postgres: migrate: %w", err)
+		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	defer conn.Release()
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey); err != nil {
-		return fmt.Errorf("postgres: migrate: lock: %w", err)
+		return false, fmt.Errorf("postgres: migrate: lock: %w", err)
 	}
 	defer func() {
 		// A failed unlock leaves the lock to the session's end: close it.
@@ -49,20 +52,79 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		version    INTEGER NOT NULL PRIMARY KEY,
 		applied_at BIGINT  NOT NULL
 	)`); err != nil {
-		return fmt.Errorf("postgres: migrate: %w", err)
+		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	v, err := schemaVersion(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("postgres: migrate: %w", err)
+		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	if v > latestVersion() {
-		return fmt.Errorf("postgres: database is at schema version %d, this binary knows up to %d: %w",
+		return false, fmt.Errorf("postgres: database is at schema version %d, this binary knows up to %d: %w",
 			v, latestVersion(), store.ErrSchemaTooNew)
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, conn.Conn(), m); err != nil {
-			return err
+			return false, err
 		}
+	}
+	return v == 0, nil
+}
+
+// createdObjects are the tables and functions the migrations make, in an
+// order DROP accepts (CASCADE drops indexes, triggers and constraints).
+var (
+	createTableRe    = regexp.MustCompile(`(?i)CREATE\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?([a-z_][a-z0-9_]*)`)
+	createFunctionRe = regexp.MustCompile(`(?i)CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([a-z_][a-z0-9_]*)\s*\(`)
+)
+
+func createdObjects() (tables, functions []string) {
+	for _, m := range migrations {
+		for _, g := range createTableRe.FindAllStringSubmatch(m.SQL, -1) {
+			tables = append(tables, g[1])
+		}
+		for _, g := range createFunctionRe.FindAllStringSubmatch(m.SQL, -1) {
+			functions = append(functions, g[1])
+		}
+	}
+	return append(tables, "schema_migrations"), functions
+}
+
+// ErrNotCreated: DropCreated on a database whose schema Open did not make.
+var ErrNotCreated = errors.New("postgres: the schema was there before this store opened it; not dropped")
+
+// Created reports whether Open found the database without muster's
+// schema and made it.
+func (s *Store) Created() bool { return s.created }
+
+// DropCreated drops muster's schema (every table and function its
+// migrations make, rows and all) in one transaction, returning a database
+// that Open found without one (Created) to how Open found it. It is for
+// muster init: an init that fails after its first writes leaves nothing
+// behind, so the next one finds an empty database. ErrNotCreated if Open
+// found the schema there: then nothing is dropped. The store is unusable
+// afterwards.
+func (s *Store) DropCreated(ctx context.Context) error {
+	if !s.created {
+		return ErrNotCreated
+	}
+	tables, functions := createdObjects()
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres: drop the schema: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	for _, t := range tables {
+		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{t}.Sanitize()+` CASCADE`); err != nil {
+			return fmt.Errorf("postgres: drop table %s: %w", t, err)
+		}
+	}
+	for _, f := range functions {
+		if _, err := tx.Exec(ctx, `DROP FUNCTION IF EXISTS `+pgx.Identifier{f}.Sanitize()+`()`); err != nil {
+			return fmt.Errorf("postgres: drop function %s: %w", f, err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("postgres: drop the schema: %w", err)
 	}
 	return nil
 }

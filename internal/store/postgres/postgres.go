@@ -52,6 +52,8 @@ import (
 // the database.
 type Store struct {
 	pool *pgxpool.Pool
+	// created: Open made the schema (DropCreated).
+	created bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -90,11 +92,12 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)
 	}
-	if err := migrate(ctx, pool); err != nil {
+	created, err := migrate(ctx, pool)
+	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool}, nil
+	return &Store{pool: pool, created: created}, nil
 }
 
 // Option adjusts the connection pool Open makes.

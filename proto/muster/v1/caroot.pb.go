@@ -234,12 +234,16 @@ func (*PrepareRootRequest) Descriptor() ([]byte, []int) {
 // under the storage key (opaque to the caller; only this authority opens
 // it), and the current root, whose key must certify the new root's.
 type PrepareRootResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NewRoot       []byte                 `protobuf:"bytes,1,opt,name=new_root,json=newRoot,proto3" json:"new_root,omitempty"`
-	SealedKey     []byte                 `protobuf:"bytes,2,opt,name=sealed_key,json=sealedKey,proto3" json:"sealed_key,omitempty"`
-	CurrentRoot   []byte                 `protobuf:"bytes,3,opt,name=current_root,json=currentRoot,proto3" json:"current_root,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	NewRoot     []byte                 `protobuf:"bytes,1,opt,name=new_root,json=newRoot,proto3" json:"new_root,omitempty"`
+	SealedKey   []byte                 `protobuf:"bytes,2,opt,name=sealed_key,json=sealedKey,proto3" json:"sealed_key,omitempty"`
+	CurrentRoot []byte                 `protobuf:"bytes,3,opt,name=current_root,json=currentRoot,proto3" json:"current_root,omitempty"`
+	// current_root_exported: the current root is one a root rotation made,
+	// whose key muster ca root export-key wrote to a file (not the data
+	// directory's ca/root.key, which holds the root muster init made).
+	CurrentRootExported bool `protobuf:"varint,4,opt,name=current_root_exported,json=currentRootExported,proto3" json:"current_root_exported,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *PrepareRootResponse) Reset() {
@@ -291,6 +295,13 @@ func (x *PrepareRootResponse) GetCurrentRoot() []byte {
 		return x.CurrentRoot
 	}
 	return nil
+}
+
+func (x *PrepareRootResponse) GetCurrentRootExported() bool {
+	if x != nil {
+		return x.CurrentRootExported
+	}
+	return false
 }
 
 // RotateRootRequest starts a rotation. Empty: the authority makes the new
@@ -450,12 +461,13 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\rholds_old_key\x18\n" +
 	" \x01(\bR\vholdsOldKey\x12%\n" +
 	"\x0eprevious_phase\x18\v \x01(\tR\rpreviousPhase\"\x14\n" +
-	"\x12PrepareRootRequest\"r\n" +
+	"\x12PrepareRootRequest\"\xa6\x01\n" +
 	"\x13PrepareRootResponse\x12\x19\n" +
 	"\bnew_root\x18\x01 \x01(\fR\anewRoot\x12\x1d\n" +
 	"\n" +
 	"sealed_key\x18\x02 \x01(\fR\tsealedKey\x12!\n" +
-	"\fcurrent_root\x18\x03 \x01(\fR\vcurrentRoot\"v\n" +
+	"\fcurrent_root\x18\x03 \x01(\fR\vcurrentRoot\x122\n" +
+	"\x15current_root_exported\x18\x04 \x01(\bR\x13currentRootExported\"v\n" +
 	"\x11RotateRootRequest\x12\x19\n" +
 	"\bnew_root\x18\x01 \x01(\fR\anewRoot\x12\x1d\n" +
 	"\n" +
