@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"cmp"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -16,6 +17,14 @@ import (
 // caTick is how often the leader looks for an intermediate to prepare,
 // activate or retire.
 const caTick = 5 * time.Second
+
+// caStepTimeout bounds one tick's steps: a store call that hangs (a
+// half-open connection to PostgreSQL, a row lock held by a stuck
+// transaction) or a token that stops answering must not stop the leader's
+// rotations for good; the next tick tries again. Far above what a tick
+// needs (a few store calls, at most a key made and a certificate signed
+// per role).
+const caStepTimeout = time.Minute
 
 // retireMargin is how long after an intermediate stopped being active a
 // replica may still sign with it: until it reads the store again (within
@@ -91,7 +100,10 @@ func (s *Server) caClock(ctx context.Context) error {
 	t := time.NewTicker(caTick)
 	defer t.Stop()
 	for {
-		if err := s.caStep(ctx); err != nil && ctx.Err() == nil && !s.outage.fail(err) {
+		sctx, cancel := context.WithTimeout(ctx, cmp.Or(s.caStepTimeout, caStepTimeout))
+		err := s.caStep(sctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 			s.log.Error("CA rotation step failed", "err", err)
 		}
 		select {
@@ -313,8 +325,13 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string) ([]byte, error)) {
 	ref, err := end(ctx, role, serial)
 	if err == nil && ref != nil {
+		// The write won and the reference is gone from the store: the
+		// key is destroyed now or never, so not with what is left of the
+		// step's deadline.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+		defer cancel()
 		where := custody.Where(ref)
-		if derr := s.inter.custody.Destroy(ctx, keyName(role, serial), custody.Key{Ref: ref}); derr != nil {
+		if derr := s.inter.custody.Destroy(dctx, keyName(role, serial), custody.Key{Ref: ref}); derr != nil {
 			s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
 				"role", role, "serial", serial, "key", where, "err", derr)
 			why += "; destroying its key (" + where + ") failed, delete it by hand: " + derr.Error()

@@ -2,14 +2,18 @@ package authority
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 // storeIntermediate stores an agent intermediate issued at issued for ttl
@@ -301,5 +305,44 @@ func TestRetiredWhenItsLastLeafExpired(t *testing.T) {
 	// retired at its own not-after.
 	if got := lastLeafExpiry(store.CACert{Role: string(ca.RoleAdmin), RetiringAt: stopped, NotAfter: old["admin"].NotAfter}); !got.Equal(old["admin"].NotAfter) {
 		t.Fatalf("admin: retired at %s, want its not-after %s", got, old["admin"].NotAfter)
+	}
+}
+
+// hangingCAStore hangs its first ListCACerts until the caller's deadline,
+// and fails the later ones at once, counting them.
+type hangingCAStore struct {
+	store.Store
+	calls atomic.Int32
+}
+
+func (h *hangingCAStore) ListCACerts(ctx context.Context) ([]store.CACert, error) {
+	if h.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return nil, errors.New("listing failed")
+}
+
+// A CA clock step whose store call hangs ends at the step's deadline and
+// the clock ticks again, instead of stopping the leader's rotations.
+func TestCAClockStepHasADeadline(t *testing.T) {
+	ctx := t.Context()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	st := &hangingCAStore{Store: db}
+	s := &Server{store: st, log: slog.New(slog.DiscardHandler), caStepTimeout: 200 * time.Millisecond}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); s.caClock(cctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(s.caStepTimeout + 3*caTick)
+	for st.calls.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("after a hung store call the CA clock took no further step: the step has no deadline")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -165,6 +165,9 @@ type Server struct {
 	// of the rotation and its conditional write, so that a test can make
 	// two replicas' steps overlap for certain instead of by luck.
 	rootStepRead func()
+	// caStepTimeout, when set (tests only), replaces the const of that
+	// name.
+	caStepTimeout time.Duration
 	// live is each agent's one live stream on this replica.
 	live liveStreams
 	// discovery is nil without a discovery service.
