@@ -225,14 +225,14 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
        muster ca rotate ROLE --activate     (bootstrap, server, agent, admin)
   3. Activate the staged signer (or let it activate at its time):
        muster signer activate
-  4. With --rollback (the token lost or wrong, before any key in it is activated)
-it discards what the migration made in the token and removes the token's
-record, without opening it; the sealed keys sign on.
+  4. Should the token be lost or wrong before any key in it is activated,
+     undo the migration (the token is not opened; the sealed keys sign on):
+       muster ca migrate-custody --data DIR --custody '%s' --rollback
 
 The root key stays where it is; to move it into the token too:
        muster ca root rotate                (its new root is made in the token)
 The sealed keys are destroyed as rotation retires them; docs/hsm.md.
-`, res.Module)
+`, res.Module, res.URI)
 }
 
 func printRollback(w io.Writer, res authority.CustodyMigrationResult) {
