@@ -28,7 +28,7 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "1m")
 	ra := startRotationAgents(t, e, "rooted")
-	dirs, serial, chainsTo := ra.dirs, ra.serial, ra.chainsTo
+	serial, chainsTo := ra.serial, ra.chainsTo
 	roots := func(i int) int { return len(ra.rootsOf(i)) }
 
 	// init: both roots in the bundle; running agents take the new one.
@@ -40,7 +40,7 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 	if b, _ := pem.Decode([]byte(st.NewRoot.PEM)); b == nil {
 		t.Fatalf("the new root is not PEM: %q", st.NewRoot.PEM)
 	}
-	for i := range dirs {
+	for i := range ra.dirs {
 		for end := time.Now().Add(15 * time.Second); roots(i) != 2; time.Sleep(100 * time.Millisecond) {
 			if time.Now().After(end) {
 				t.Fatalf("agent-%d trusts %d roots 15 s after the rotation began, want 2:\n%s\nauthority:\n%s", i, roots(i), ra.procs[i].Logs(), e.auth.Logs())
@@ -61,7 +61,7 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 		t.Fatalf("next-phase from update_agents: %+v", st)
 	}
 	ra.start(1, nil)
-	for i := range dirs {
+	for i := range ra.dirs {
 		before := serial(i)
 		waitFor(t, 75*time.Second, fmt.Sprintf("agent-%d renewed to a leaf under the new root", i), func() bool {
 			return serial(i) != before && chainsTo(i, newRoot)
@@ -75,7 +75,7 @@ func TestRootRotationUnderRunningAgents(t *testing.T) {
 	if st = caRoot(t, e.dir, "next-phase"); st.Phase != "standby" || len(st.TrustedRoots) != 1 {
 		t.Fatalf("next-phase from update_servers: %+v", st)
 	}
-	for i := range dirs {
+	for i := range ra.dirs {
 		before := serial(i)
 		waitFor(t, 75*time.Second, fmt.Sprintf("agent-%d renewed in standby", i), func() bool {
 			return serial(i) != before && chainsTo(i, newRoot)
