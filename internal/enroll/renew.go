@@ -145,8 +145,14 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		s.cfg.Audit.Appended(build)
-		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
-			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}, nil
+		iss := &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
+			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}
+		if read != nil {
+			// Read during this request, before its write: a signer step
+			// committed before the request began is in it.
+			iss.SignerSet, iss.SignerSetRead = read.SignerSet, true
+		}
+		return iss, nil
 	}
 }
 
