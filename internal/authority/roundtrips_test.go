@@ -188,11 +188,12 @@ func TestJoinRoundTripsPostgres(t *testing.T) {
 	rt.take()
 
 	// Before the batched reads and writes: 15, 14, 12 and 20 (a renewal
-	// 4 before its read took the verifier set's ID along); a
+	// 4 and a refresh 5 before their read took the verifier set's ID
+	// along); a
 	// recovery was 8 and a rotating refresh 10 before their claims went
 	// into the batches.
 	budget := map[string]int{"token join": 5, "PSK join": 6, "renewal": 3, "bound-keypair recovery": 7,
-		"bound-keypair refresh with rotation": 5}
+		"bound-keypair refresh with rotation": 4}
 	count := func(op string, f func()) {
 		f()
 		var lines []string

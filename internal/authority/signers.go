@@ -202,10 +202,10 @@ func (s *Server) verifierSet(ctx context.Context) []byte {
 }
 
 // verifierSetOf is verifierSet for an answer whose request read the set's
-// ID with its record (a renewal): served from that ID, without reading it
-// again.
+// ID with its record (a renewal, a bound-keypair refresh): served from
+// that ID, without reading it again.
 func (s *Server) verifierSetOf(ctx context.Context, iss *enroll.Issued) []byte {
-	if !iss.SignerSetRead {
+	if iss == nil || !iss.SignerSetRead {
 		return s.verifierSet(ctx)
 	}
 	raw, err := s.signers.VerifierSetAt(ctx, iss.SignerSet)
