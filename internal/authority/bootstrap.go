@@ -85,7 +85,7 @@ func (c *certificateService) RequestCertificate(ctx context.Context, req *muster
 		CaCertificatePem:    string(iss.CAPEM),
 		InstanceId:          iss.InstanceID,
 		Generation:          iss.Generation,
-		VerifierSet:         c.s.verifierSet(ctx),
+		VerifierSet:         c.s.verifierSetOf(ctx, iss),
 		TrustBundle:         c.s.trustBundleProto(),
 	}
 	if callerFrom(ctx).Cert == nil {

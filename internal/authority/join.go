@@ -115,7 +115,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		CertificateChainPem: string(res.ChainPEM), CaCertificatePem: string(res.CAPEM), InstanceId: res.InstanceID,
 		Generation: res.Generation, JoinState: res.JoinState, AuthorityId: j.s.info.AuthorityID,
 		TrustDomain: j.s.info.TrustDomain, RecoveriesRemaining: res.Remaining,
-		VerifierSet: j.s.verifierSet(ctx), BoundKeyFingerprint: res.BoundKey,
+		VerifierSet: j.s.verifierSetOf(ctx, iss), BoundKeyFingerprint: res.BoundKey,
 		TrustBundle: j.s.trustBundleProto(),
 	}
 	if a := j.s.advertise(); a != "" {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -193,6 +194,21 @@ func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackS
 // than refusing it an identity.
 func (s *Server) verifierSet(ctx context.Context) []byte {
 	raw, err := s.signers.VerifierSet(ctx)
+	if err != nil {
+		s.log.Error("cannot build the verifier set", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
+		return nil
+	}
+	return raw
+}
+
+// verifierSetOf is verifierSet for an answer whose request read the set's
+// ID with its record (a renewal, a bound-keypair refresh): served from
+// that ID, without reading it again.
+func (s *Server) verifierSetOf(ctx context.Context, iss *enroll.Issued) []byte {
+	if iss == nil || !iss.SignerSetRead {
+		return s.verifierSet(ctx)
+	}
+	raw, err := s.signers.VerifierSetAt(ctx, iss.SignerSet)
 	if err != nil {
 		s.log.Error("cannot build the verifier set", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
 		return nil

@@ -585,6 +585,9 @@ type held struct {
 	// apply takes effect at the next refresh (a plain renewal keeps the
 	// usage of the certificate it renews; its token may be long gone).
 	serverAuth bool
+	// signerSet is the verifier set's ID, read with the rest: the
+	// answer carries its set.
+	signerSet store.SignerSetID
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the
@@ -618,7 +621,7 @@ func (s *Service) holdsCurrent(ctx context.Context, cert *x509.Certificate, node
 		!rd.InstanceFound, rd.Instance.State != store.InstanceCurrent:
 		return nil, nil
 	}
-	h := &held{rec: rd.Certificate, inst: rd.Instance, node: rd.Node, nodeFound: rd.NodeFound}
+	h := &held{rec: rd.Certificate, inst: rd.Instance, node: rd.Node, nodeFound: rd.NodeFound, signerSet: rd.SignerSet}
 	if rd.Locked {
 		h.lock = &rd.Lock
 	}

@@ -198,6 +198,11 @@ type Issued struct {
 	// TicketID is the jti of the referral ticket a new join used, to be
 	// reported to discovery.
 	TicketID string
+	// SignerSet is the verifier set's ID the request read with its
+	// record (a renewal's store.RenewalRead), for the answer's set; zero,
+	// with SignerSetRead false, when the request read none.
+	SignerSet     store.SignerSetID
+	SignerSetRead bool
 	// audited: the audit record was written with the change itself.
 	audited bool
 }

@@ -145,8 +145,17 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		s.cfg.Audit.Appended(build)
-		return &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
-			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}, nil
+		iss := &Issued{NodeID: rec.NodeID, ChainPEM: chain, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
+			Generation: updated.Generation, NotAfter: next.NotAfter, audited: true}
+		// Read during this request, before its write: a signer step
+		// committed before the request began is in it.
+		switch {
+		case read != nil:
+			iss.SignerSet, iss.SignerSetRead = read.SignerSet, true
+		case h != nil:
+			iss.SignerSet, iss.SignerSetRead = h.signerSet, true
+		}
+		return iss, nil
 	}
 }
 

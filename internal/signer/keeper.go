@@ -511,12 +511,26 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 // tells them apart. Each call still reads the ID from the store (one
 // single-row read of committed state that every replica shares), so a step
 // made through any replica is served by this one from the next call on —
-// never an older set.
+// never an older set. (A renewal takes the ID along with its record in its
+// one read, VerifierSetAt: read during the call all the same.)
 func (k *Keeper) SignedVerifierSet(ctx context.Context, have int64) ([]byte, int64, error) {
 	id, err := k.st.SignerSetID(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
+	return k.signedAt(ctx, id, have)
+}
+
+// VerifierSetAt is VerifierSet for the set ID id, which the caller read
+// from the store during its request (a renewal reads it with its record,
+// store.RenewalRead): the same bytes, without a read of its own.
+func (k *Keeper) VerifierSetAt(ctx context.Context, id store.SignerSetID) ([]byte, error) {
+	raw, _, err := k.signedAt(ctx, id, -1)
+	return raw, err
+}
+
+// signedAt is SignedVerifierSet once the store's set ID is read.
+func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64) ([]byte, int64, error) {
 	if id.Version == have {
 		return nil, have, nil
 	}

@@ -37,8 +37,9 @@ type JoinReader interface {
 }
 
 // RenewalRead is what a renewal reads before it writes: the record of the
-// certificate presented, its instance, the node it was issued to, and the
-// lock that would refuse it.
+// certificate presented, its instance, the node it was issued to, the
+// lock that would refuse it, and the verifier set's ID its answer carries
+// the set of (read with them, so the answer needs no read of its own).
 type RenewalRead struct {
 	Certificate      Certificate
 	CertificateFound bool
@@ -48,6 +49,8 @@ type RenewalRead struct {
 	NodeFound        bool
 	Lock             Lock
 	Locked           bool
+	// SignerSet is SignerSetID's answer, read in the same round trip.
+	SignerSet SignerSetID
 }
 
 // RenewalReader serves a renewal's reads in one round trip.
@@ -59,7 +62,8 @@ type RenewalReader interface {
 	// SHA-256 of a SubjectPublicKeyInfo) — the order, and the choice among
 	// several locks on one target, of FindAnyLock; empty targets are
 	// skipped. What is absent is reported by the flags, never as
-	// ErrNotFound; without a record nothing else is read.
+	// ErrNotFound; without a record nothing else is read. With a record,
+	// SignerSet is the verifier set's ID as SignerSetID reads it.
 	ReadRenewal(ctx context.Context, serial string, keys []string) (RenewalRead, error)
 }
 

@@ -83,8 +83,8 @@ func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []
 	return r, nil
 }
 
-// ReadRenewal sends the record, its instance, its node and the lock query
-// as one batch: one round trip. The lock query finds its targets from the
+// ReadRenewal sends the record, its instance, its node, the lock query
+// and the verifier set's ID as one batch: one round trip. The lock query finds its targets from the
 // record and the instance itself, in store.RenewalLockTargets' order.
 func (s *Store) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
 	var (
@@ -129,6 +129,9 @@ func (s *Store) ReadRenewal(ctx context.Context, serial string, keys []string) (
 		r.Lock, err = scanLock(row)
 		r.Locked = err == nil
 		return noRows(err)
+	})
+	b.Queue(`SELECT version, stepped_at FROM signer_set WHERE id = 1`).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&r.SignerSet.Version, &r.SignerSet.SteppedAt)
 	})
 	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
 		return store.RenewalRead{}, wrap("read renewal", err)

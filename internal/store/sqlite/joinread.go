@@ -71,9 +71,9 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	return r, nil
 }
 
-// ReadRenewal reads the record, its instance, its node and the lock in
-// force in one statement (renewalQuery): a renewal's first read, and the
-// standing check of every agent call, was four.
+// ReadRenewal reads the record, its instance, its node, the lock in
+// force and the verifier set's ID in one statement (renewalQuery): a
+// renewal's reads, and the standing check of every agent call, were five.
 func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
 	args := make([]any, 0, 1+len(keys))
 	args = append(args, serial)
@@ -128,6 +128,9 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 		}
 		r.Locked = true
 	}
+	if err := v.next(2).Scan(&r.SignerSet.Version, &r.SignerSet.SteppedAt); err != nil {
+		return store.RenewalRead{}, wrap("read renewal "+serial, err)
+	}
 	return r, nil
 }
 
@@ -137,7 +140,7 @@ var (
 	instanceColumnCount    = columnCount(instanceColumns)
 	nodeColumnCount        = columnCount(nodeColumns)
 	lockColumnCount        = columnCount(lockColumns)
-	renewalColumns         = certificateColumnCount + 1 + instanceColumnCount + 1 + nodeColumnCount + 1 + lockColumnCount
+	renewalColumns         = certificateColumnCount + 1 + instanceColumnCount + 1 + nodeColumnCount + 1 + lockColumnCount + 2
 )
 
 func columnCount(cols string) int { return strings.Count(cols, ",") + 1 }
@@ -173,7 +176,9 @@ func renewalQuery(n int) string {
 // earliest of the node, the instance, the instance's token, the record's
 // key (lower-case hex, as hex.EncodeToString writes it), then each of the
 // n keys (?2…), and of several on that target the oldest (ties by ID).
-// A target that is empty or absent (no instance) matches nothing.
+// A target that is empty or absent (no instance) matches nothing. The
+// verifier set's ID (signer_set's one row, which migration 0005 inserts)
+// ends the row.
 func buildRenewalQuery(n int) string {
 	keys := []string{`lower(hex(c.public_key))`}
 	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
@@ -185,8 +190,10 @@ func buildRenewalQuery(n int) string {
 	return `SELECT ` + prefixed("c", certificateColumns) + `,
 		i.id IS NOT NULL, ` + prefixed("i", instanceColumns) + `,
 		n.id IS NOT NULL, ` + prefixed("n", nodeColumns) + `,
-		l.id IS NOT NULL, ` + prefixed("l", lockColumns) + `
+		l.id IS NOT NULL, ` + prefixed("l", lockColumns) + `,
+		ss.version, ss.stepped_at
 	FROM certificates c
+	JOIN signer_set ss ON ss.id = 1
 	LEFT JOIN instances i ON i.id = c.instance_id
 	LEFT JOIN nodes n ON n.id = c.node_id
 	LEFT JOIN locks l ON l.rowid = (SELECT lk.rowid FROM locks lk

@@ -97,7 +97,10 @@ func renewalReadCases() []testCase {
 			mustNil(t, "GetInstance", err)
 			n, err := s.GetNode(ctx, "node-1")
 			mustNil(t, "GetNode", err)
-			base := store.RenewalRead{Certificate: c, CertificateFound: true, Instance: in, InstanceFound: true, Node: n, NodeFound: true}
+			set, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			base := store.RenewalRead{Certificate: c, CertificateFound: true, Instance: in, InstanceFound: true, Node: n, NodeFound: true,
+				SignerSet: set}
 			got, err := s.ReadRenewal(ctx, c.Serial, []string{"ab12"})
 			mustNil(t, "ReadRenewal", err)
 			wantEqual(t, "ReadRenewal without locks", got, base)
@@ -179,10 +182,42 @@ func renewalReadCases() []testCase {
 			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
 			in, err := s.GetInstance(ctx, "inst-1")
 			mustNil(t, "GetInstance", err)
+			set, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
 			got, err := s.ReadRenewal(ctx, c.Serial, nil)
 			mustNil(t, "ReadRenewal", err)
 			wantEqual(t, "ReadRenewal after DeleteNode", got,
-				store.RenewalRead{Certificate: c, CertificateFound: true, Instance: in, InstanceFound: true})
+				store.RenewalRead{Certificate: c, CertificateFound: true, Instance: in, InstanceFound: true, SignerSet: set})
+		}},
+		{"the verifier set's ID is the one in force at the read, as SignerSetID reads it", func(t *testing.T, ctx context.Context, s store.Store) {
+			c := setup(t, ctx, s)
+			before, err := s.ReadRenewal(ctx, c.Serial, nil)
+			mustNil(t, "ReadRenewal", err)
+			if before.SignerSet.Version != 0 {
+				t.Fatalf("ReadRenewal before any signer: set %+v, want version 0", before.SignerSet)
+			}
+			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))})
+			mustNil(t, "ApplySignerChanges", err)
+			want, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			got, err := s.ReadRenewal(ctx, c.Serial, nil)
+			mustNil(t, "ReadRenewal", err)
+			if got.SignerSet != want || got.SignerSet.Version != v {
+				t.Errorf("ReadRenewal after a step to %d: set %+v, SignerSetID %+v", v, got.SignerSet, want)
+			}
+			// A lock and a deleted node change nothing of it.
+			mustNil(t, "InsertLock", s.InsertLock(ctx, store.Lock{ID: "l-n", Kind: store.LockNode, Target: "node-1",
+				Reason: "r", CreatedBy: "admin", CreatedAt: storeNow(t, ctx, s).Add(-time.Hour)}))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			got, err = s.ReadRenewal(ctx, c.Serial, nil)
+			mustNil(t, "ReadRenewal", err)
+			if !got.Locked || got.NodeFound || got.SignerSet != want {
+				t.Errorf("ReadRenewal locked and deleted = %+v: want the lock, no node, set %+v", got, want)
+			}
+			// An unknown serial reads nothing, not even the set.
+			got, err = s.ReadRenewal(ctx, "00ff", nil)
+			mustNil(t, "ReadRenewal", err)
+			wantEqual(t, "ReadRenewal of an unknown serial", got, store.RenewalRead{})
 		}},
 	}
 }
