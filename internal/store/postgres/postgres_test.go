@@ -40,10 +40,16 @@ func openFresh(t testing.TB) (*Store, string) {
 	return openURL(t, url), url
 }
 
+// TestConformance runs the suite on copies of one database that Open
+// migrated (CREATE DATABASE ... TEMPLATE): each case opens its own copy, as
+// a restarted authority opens its database. Creating and migrating a new
+// database took about 0.8 s of each case's 1 s under -race (268 cases).
+// The other tests here (openFresh) still migrate a new database each.
 func TestConformance(t *testing.T) {
+	template, templateURL := openFresh(t)
+	template.Close() // openFresh's cleanup closes it again: a no-op
 	storetest.RunStoreTests(t, func(t *testing.T) store.Store {
-		s, _ := openFresh(t)
-		return s
+		return openURL(t, srv.NewDatabaseFrom(t, templateURL))
 	})
 }
 
