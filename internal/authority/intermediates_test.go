@@ -37,6 +37,7 @@ func TestIntermediatesFromTheStore(t *testing.T) { testIntermediates(t, startBen
 // TestIntermediatesTwoReplicasPostgres: rotated through one replica, used
 // by the other at once (its change notifications).
 func TestIntermediatesTwoReplicasPostgres(t *testing.T) {
+	t.Parallel()
 	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
 	if benchPGErr != nil {
 		t.Fatalf("PostgreSQL: %v", benchPGErr)

@@ -24,6 +24,7 @@ import (
 // re-reading the store), audited either way; a second rotation before the
 // key two back can have no valid token is refused, saying when to retry.
 func TestJWTKeyRotation(t *testing.T) {
+	t.Parallel()
 	b := startReplicas(t, nil, 2)
 	r0, r1 := b.srvs[0], b.srvs[1]
 	ctx := t.Context()

@@ -27,6 +27,7 @@ import (
 // Not yet covered (see the report of branch camodel): simulated agents
 // renewing through the renewal path, offline agents, restarts.
 func TestCALifecycleModel(t *testing.T) {
+	t.Parallel()
 	seed := uint64(21)
 	if v := os.Getenv("MUSTER_MODEL_SEED"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)

@@ -13,6 +13,7 @@ import (
 // root init made; in update_servers the new root's fingerprint (the one
 // joining URIs pin) and both trusted roots, the new one first.
 func TestStatusAndJoinAnswersFollowTheRootRotation(t *testing.T) {
+	t.Parallel()
 	a := startReplicas(t, nil, 1)
 	s := a.srvs[0]
 	ctx := t.Context()

@@ -15,6 +15,7 @@ import (
 // warns before a successor is due instead of preparing one; the roots
 // stay trusted.
 func TestExportedRootKeyIsOffline(t *testing.T) {
+	t.Parallel()
 	a := startReplicas(t, nil, 1)
 	s := a.srvs[0]
 	ctx := t.Context()

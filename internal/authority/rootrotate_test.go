@@ -82,6 +82,7 @@ func phaseIndex(p string) int {
 // trusted; and a refused step (the model says it is not allowed) changes
 // nothing.
 func TestRootRotationModel(t *testing.T) {
+	t.Parallel()
 	a := startReplicas(t, nil, 1)
 	s := a.srvs[0]
 	ctx := t.Context()
@@ -306,6 +307,7 @@ func TestRootRotationWithoutRootKey(t *testing.T) {
 // update_servers answers once every active intermediate is under the new
 // root, a rollback to update_agents once they are under the old one.
 func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
+	t.Parallel()
 	a := startReplicas(t, nil, 1)
 	s := a.srvs[0]
 	ctx := t.Context()
@@ -363,6 +365,7 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 // agents with follow; two replicas stepping from the same phase at once
 // take one step between them.
 func TestRootRotationTwoReplicasPostgres(t *testing.T) {
+	t.Parallel()
 	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
 	if benchPGErr != nil {
 		t.Fatalf("PostgreSQL: %v", benchPGErr)

@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -175,6 +176,32 @@ func (s *Server) Log() string {
 // PostgreSQL is not installed, it skips the test (FailOrSkip).
 func (s *Server) NewDatabase(t testing.TB) string {
 	t.Helper()
+	return s.newDatabase(t, "")
+}
+
+// NewDatabaseFrom creates a database that is a copy of the database at
+// templateURL (a URL NewDatabase returned), dropped when the test ends, and
+// returns its URL: cheaper than migrating a new database for every test
+// when the tests need the same migrated schema. Nothing may be connected to
+// the template while it is copied.
+func (s *Server) NewDatabaseFrom(t testing.TB, templateURL string) string {
+	t.Helper()
+	u, err := url.Parse(templateURL)
+	if err != nil {
+		t.Fatalf("pgtest: template URL: %v", err)
+	}
+	template := strings.TrimPrefix(u.Path, "/")
+	if !validName.MatchString(template) {
+		t.Fatalf("pgtest: template %q is no database NewDatabase created", template)
+	}
+	return s.newDatabase(t, template)
+}
+
+// validName matches the names NewDatabase gives its databases.
+var validName = regexp.MustCompile(`^t[0-9]+$`)
+
+func (s *Server) newDatabase(t testing.TB, template string) string {
+	t.Helper()
 	if s.missing != nil {
 		FailOrSkip(t, s.missing)
 		return "" // only a fake testing.TB returns from FailOrSkip
@@ -183,6 +210,9 @@ func (s *Server) NewDatabase(t testing.TB) string {
 	// FILE_COPY (PostgreSQL 15+) copies template1's few files, several
 	// times faster here than logging every page of it.
 	create := `CREATE DATABASE ` + name
+	if template != "" {
+		create += ` TEMPLATE ` + template
+	}
 	if s.version >= 15 {
 		create += ` STRATEGY FILE_COPY`
 	}

@@ -50,6 +50,7 @@ func TestFullDatabaseIsUnavailable(t *testing.T) {
 // past the busy timeout (a sqlite3 shell in a transaction, a backup) is
 // store.ErrUnavailable, retried by agents, not an internal error.
 func TestBusyDatabaseIsUnavailable(t *testing.T) {
+	t.Parallel() // waits out the busy timeout on its own file
 	s, path := openTemp(t)
 	ctx := t.Context()
 	other, err := sql.Open("sqlite", path)

@@ -144,6 +144,7 @@ func TestCommitJoinFillsRecords(t *testing.T) {
 // disagree with it fails before anything is written, the token use
 // included.
 func TestCommitJoinRejectsContradictions(t *testing.T) {
+	t.Parallel()
 	for name, mod := range map[string]func(*store.Join){
 		"no node ID":                func(j *store.Join) { j.NodeID = "" },
 		"no instance ID":            func(j *store.Join) { j.Instance.ID, j.Certificate.InstanceID = "", "" },
@@ -158,6 +159,7 @@ func TestCommitJoinRejectsContradictions(t *testing.T) {
 		"instance of another key":         func(j *store.Join) { j.Instance.LastPublicKey = []byte("other") },
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			s, _ := openTemp(t)
 			ctx := t.Context()
 			if err := s.InsertToken(ctx, testToken("t1", 1)); err != nil {

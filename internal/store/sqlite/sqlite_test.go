@@ -34,9 +34,45 @@ func openTemp(t testing.TB) (*SQLite, string) {
 	return s, path
 }
 
+// TestConformance runs the suite on copies of one file that Open created
+// and migrated: each case opens its own copy, as a restarted authority
+// opens its file. Migrating a new file took about 0.35 s of a case's
+// 0.37 s under -race (268 cases); opening a copy takes 0.05 s. The other
+// tests here (openTemp) still migrate a new file each.
 func TestConformance(t *testing.T) {
+	template := filepath.Join(t.TempDir(), "muster.db")
+	s, err := Open(context.Background(), template)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	// Close checkpoints the write-ahead log into the file and removes it,
+	// so the file alone is the whole database.
+	for _, suffix := range []string{"-wal", "-shm"} {
+		if _, err := os.Stat(template + suffix); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("after Close, %s%s: %v, want it gone", template, suffix, err)
+		}
+	}
+	image, err := os.ReadFile(template)
+	if err != nil {
+		t.Fatal(err)
+	}
 	storetest.RunStoreTests(t, func(t *testing.T) store.Store {
-		s, _ := openTemp(t)
+		path := filepath.Join(t.TempDir(), "muster.db")
+		if err := os.WriteFile(path, image, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(context.Background(), path)
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
 		return s
 	})
 }
