@@ -3,6 +3,7 @@ package authority
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/x509"
 	"fmt"
 	"math/rand/v2"
@@ -15,11 +16,15 @@ import (
 
 	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // TestCALifecycleModel: intermediate rotation driven by a stepped clock
@@ -80,6 +85,15 @@ func TestCALifecycleModel(t *testing.T) {
 	runLifecycleModel(t, seed, steps)
 }
 
+// followerStore is a store on which this replica never leads the
+// background jobs (another replica, here the model, does).
+type followerStore struct{ *sqlite.SQLite }
+
+func (followerStore) RunAsLeader(ctx context.Context, _ string, _ func(context.Context) error) error {
+	<-ctx.Done()
+	return nil
+}
+
 // modelAgent is one simulated agent: a real agent over its data
 // directory, and what the model knows of it.
 type modelAgent struct {
@@ -115,6 +129,11 @@ type lifecycleModel struct {
 	// (prepared); the store's own dates are the real clock's.
 	seen      map[string]time.Time
 	wasActive map[string]bool
+	// rootKeys are the keys of roots exported (muster ca root
+	// export-key), by fingerprint: the operator's offline media.
+	rootKeys map[string]crypto.Signer
+	// operator counts the operator's CA steps taken and refused.
+	prepared, activated, refusedEarly, exported int
 }
 
 func runLifecycleModel(t *testing.T, seed uint64, steps int) {
@@ -122,6 +141,10 @@ func runLifecycleModel(t *testing.T, seed uint64, steps int) {
 		c.CAIntermediateTTL = 3 * time.Minute
 		// Short, so an operator's activation can wait it out.
 		c.CAPublishWindow = 250 * time.Millisecond
+		// The model is the leader, at its virtual now: the replica's
+		// own CA clock, at the real now, would step in between the
+		// model's steps.
+		c.Store = followerStore{c.Store.(*sqlite.SQLite)}
 	})
 	tok, err := jointoken.Parse(a.token)
 	if err != nil {
@@ -129,7 +152,8 @@ func runLifecycleModel(t *testing.T, seed uint64, steps int) {
 	}
 	authID, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAuthority, a.info.AuthorityID)
 	m := &lifecycleModel{t: t, seed: seed, a: a, s: a.srvs[0], ctx: t.Context(), rng: rand.New(rand.NewPCG(seed, 7)),
-		everRoots: map[string]bool{}, authID: authID, seen: map[string]time.Time{}, wasActive: map[string]bool{}}
+		everRoots: map[string]bool{}, authID: authID, seen: map[string]time.Time{}, wasActive: map[string]bool{},
+		rootKeys: map[string]crypto.Signer{}}
 	m.noteRoots()
 	for i := range 3 {
 		g := &modelAgent{name: fmt.Sprintf("node-%d", i), dir: agent.Dir(filepath.Join(t.TempDir(), fmt.Sprintf("agent%d", i))), online: true}
@@ -155,8 +179,9 @@ func runLifecycleModel(t *testing.T, seed uint64, steps int) {
 	if m.rotations == 0 {
 		t.Errorf("seed %d: no intermediate was rotated during the run; lengthen it", seed)
 	}
-	t.Logf("seed %d, %d steps: %d intermediates activated, %d renewals, %d agents back by themselves, %d refused and joined again (%d trusting none of the authority's roots, %d under a dropped root, %d expired)",
-		seed, steps, m.rotations, m.renewals, m.recovered, m.rejoined, m.refusedWayOut, m.refusedOldRoot, m.refusedExpired)
+	t.Logf("seed %d, %d steps: %d intermediates activated, %d renewals, %d agents back by themselves, %d refused and joined again (%d trusting none of the authority's roots, %d under a dropped root, %d expired); operator: %d prepared, %d activated, %d activations refused within the publish window, %d root keys exported",
+		seed, steps, m.rotations, m.renewals, m.recovered, m.rejoined, m.refusedWayOut, m.refusedOldRoot, m.refusedExpired,
+		m.prepared, m.activated, m.refusedEarly, m.exported)
 }
 
 func (m *lifecycleModel) fail(format string, args ...any) {
@@ -197,7 +222,7 @@ func (m *lifecycleModel) note(format string, args ...any) {
 // pickAndApply takes one random step, recorded first.
 func (m *lifecycleModel) pickAndApply() {
 	g := m.agents[m.rng.IntN(len(m.agents))]
-	switch k := m.rng.IntN(20); {
+	switch k := m.rng.IntN(24); {
 	case k < 9:
 		d := time.Duration(1+m.rng.IntN(90)) * time.Second
 		m.note("advance %s", d)
@@ -235,6 +260,16 @@ func (m *lifecycleModel) pickAndApply() {
 		}
 		m.note("agent %s back (away since step %d)", g.name, g.awaySince)
 		m.comeBack(g)
+	case k < 23:
+		role := caRoles[m.rng.IntN(len(caRoles))]
+		switch r := m.rng.IntN(6); {
+		case r < 2:
+			m.opPrepare(role)
+		case r < 5:
+			m.opActivate(role, r == 4)
+		default:
+			m.opExportRootKey()
+		}
 	default:
 		// A restart reads only what the agent holds on disk.
 		m.note("agent %s restarts", g.name)
@@ -550,5 +585,174 @@ func (m *lifecycleModel) checkCA(vnow time.Time) {
 		if active[string(role)] != 1 {
 			m.fail("role %s has %d active intermediates", role, active[string(role)])
 		}
+	}
+}
+
+// refusedSaying fails unless err is a refusal whose message says want.
+func (m *lifecycleModel) refusedSaying(what string, err error, want string) {
+	m.t.Helper()
+	if err == nil || !strings.Contains(status.Convert(err).Message(), want) {
+		m.fail("%s answered %v; want a refusal saying %q", what, err, want)
+	}
+}
+
+// opPrepare is `muster ca rotate ROLE` through the admin service the CLI
+// calls: with the signing root's key held by the authority it prepares;
+// with the key exported it is refused, and `--root-key FILE` (a draft
+// signed with the exported key, as the CLI signs it) prepares. Either is
+// refused while a successor is prepared already.
+func (m *lifecycleModel) opPrepare(role ca.Role) {
+	adm := &adminService{s: m.s}
+	rows, err := m.a.store.ListCACerts(m.ctx)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	p, _ := preparedOf(rows, role)
+	rs := m.s.ca.Roots()
+	if rs.SigningKey != nil {
+		m.note("ca rotate %s", role)
+		_, err := adm.PrepareCAIntermediate(m.ctx, &musterv1.PrepareCAIntermediateRequest{Role: string(role)})
+		if p != nil {
+			m.refusedSaying("ca rotate "+string(role), err, "already has a prepared successor")
+			return
+		}
+		if err != nil && status.Code(err) != codes.Aborted && !strings.Contains(err.Error(), "already has a prepared successor") {
+			m.fail("ca rotate %s: %v", role, err)
+		}
+		if err == nil {
+			m.prepared++
+		}
+		return
+	}
+	key := m.rootKeys[ca.Fingerprint(rs.Signing)]
+	if key == nil {
+		m.fail("the signing root %s's key is neither held by the authority nor exported", ca.Fingerprint(rs.Signing))
+	}
+	m.note("ca rotate %s --root-key FILE", role)
+	_, err = adm.PrepareCAIntermediate(m.ctx, &musterv1.PrepareCAIntermediateRequest{Role: string(role)})
+	if p != nil {
+		m.refusedSaying("ca rotate "+string(role), err, "already has a prepared successor")
+	} else {
+		m.refusedSaying("ca rotate "+string(role)+" without the root key", err, "--root-key FILE")
+	}
+	d, err := adm.DraftCAIntermediate(m.ctx, &musterv1.DraftCAIntermediateRequest{Role: string(role)})
+	if p != nil {
+		m.refusedSaying("ca rotate "+string(role)+" --root-key", err, "already has a prepared successor")
+		return
+	}
+	if err != nil {
+		m.fail("ca rotate %s --root-key: the draft: %v", role, err)
+	}
+	cert := signDraftWith(m.t, d, rs.Signing, key, nil)
+	if _, err := adm.PrepareCAIntermediate(m.ctx, &musterv1.PrepareCAIntermediateRequest{Role: string(role), Serial: d.GetSerial(),
+		KeyRef: d.GetKeyRef(), CertificateDer: cert}); err != nil {
+		m.fail("ca rotate %s --root-key: %v", role, err)
+	}
+	m.prepared++
+}
+
+// opActivate is `muster ca rotate ROLE --activate`: refused with nothing
+// prepared, and within the publish window (by the store's clock, which
+// the authority judges by); past it, it activates (or is told the leader
+// was first). With wait the operator runs it again once the refusal's
+// time has come.
+func (m *lifecycleModel) opActivate(role ca.Role, wait bool) {
+	if wait {
+		m.note("ca rotate %s --activate, again after the publish window if refused", role)
+	} else {
+		m.note("ca rotate %s --activate", role)
+	}
+	adm := &adminService{s: m.s}
+	if err := m.s.inter.load(m.ctx); err != nil {
+		m.fail("load: %v", err)
+	}
+	rows, err := m.a.store.ListCACerts(m.ctx)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	p, _ := preparedOf(rows, role)
+	before := m.storeNow()
+	_, err = adm.ActivateCAIntermediate(m.ctx, &musterv1.ActivateCAIntermediateRequest{Role: string(role)})
+	after := m.storeNow()
+	what := "ca rotate " + string(role) + " --activate"
+	// What the leader may have done meanwhile (it runs on the real
+	// clock too): activated it first, or replaced it.
+	raced := func(err error) bool {
+		msg := status.Convert(err).Message()
+		return status.Code(err) == codes.Aborted || strings.Contains(msg, "no prepared successor") ||
+			strings.Contains(msg, ", not "+p.Serial) ||
+			// Documented: with revocation lists, the prepared one's
+			// first list is signed within moments of its preparation.
+			strings.Contains(msg, "revocation list of the prepared")
+	}
+	switch {
+	case p == nil:
+		if err == nil {
+			m.fail("%s activated with nothing prepared", what)
+		}
+		m.refusedSaying(what, err, "no prepared successor")
+		return
+	case after.Before(p.CreatedAt.Add(m.s.caPublishWindow())):
+		m.refusedSaying(what, err, "not published by every replica yet")
+		m.refusedEarly++
+		if !wait {
+			return
+		}
+		time.Sleep(p.CreatedAt.Add(m.s.caPublishWindow()).Sub(after) + 20*time.Millisecond)
+		before = m.storeNow()
+		_, err = adm.ActivateCAIntermediate(m.ctx, &musterv1.ActivateCAIntermediateRequest{Role: string(role), Serial: p.Serial})
+	case before.Before(p.CreatedAt.Add(m.s.caPublishWindow())):
+		// At the edge of the window: either answer.
+		if err != nil && !strings.Contains(err.Error(), "not published by every replica yet") && !raced(err) {
+			m.fail("%s at the end of the publish window: %v", what, err)
+		}
+		if err == nil {
+			m.activated++
+		}
+		return
+	}
+	if err != nil && !raced(err) {
+		m.fail("%s, %s after the intermediate %s was prepared: %v", what, before.Sub(p.CreatedAt), p.Serial, err)
+	}
+	if err == nil {
+		m.activated++
+	}
+}
+
+// opExportRootKey is `muster ca root export-key`: in standby with the new
+// root's key in the store, the key is taken out (kept by the model as the
+// operator's offline media) and cleared from the rotation record in one
+// conditional write, as the CLI does. The authority then holds no signing
+// root key.
+func (m *lifecycleModel) opExportRootKey() {
+	rot, err := m.a.store.GetRootRotation(m.ctx)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if rot.Phase != store.RootPhaseStandby || rot.NewKeyRef == nil {
+		m.note("ca root export-key: nothing to export (phase %s)", rot.Phase)
+		return
+	}
+	m.note("ca root export-key")
+	root, err := x509.ParseCertificate(rot.NewCertDER)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	key, err := m.s.inter.custody.Signer(m.ctx, rootKeyName(root), custody.Key{Public: root.PublicKey, Ref: rot.NewKeyRef})
+	if err != nil {
+		m.fail("opening the new root's key: %v", err)
+	}
+	next := rot
+	next.NewKeyRef = nil
+	if err := m.a.store.PutRootRotation(m.ctx, rot.Version, next, false); err != nil {
+		m.fail("export-key's write: %v", err)
+	}
+	m.rootKeys[ca.Fingerprint(root)] = key
+	m.exported++
+	if err := m.s.inter.load(m.ctx); err != nil {
+		m.fail("load: %v", err)
+	}
+	if m.s.ca.Roots().SigningKey != nil {
+		m.fail("the authority still holds the signing root's key after it was exported")
 	}
 }
