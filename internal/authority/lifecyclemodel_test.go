@@ -165,6 +165,10 @@ func runLifecycleModel(t *testing.T, seed uint64, steps int) {
 	}
 	for m.step = range steps {
 		m.pickAndApply()
+		// A step may have activated an intermediate (an operator's
+		// activation): running agents renew before the clock's next
+		// step, as afterCAStep says.
+		m.afterCAStep(false)
 		now := m.storeNow()
 		for range 3 {
 			if err := m.s.caStepAt(m.ctx, now.Add(m.skew)); err != nil {
@@ -375,7 +379,7 @@ func (m *lifecycleModel) afterCAStep(end bool) {
 // it holds after.
 func (m *lifecycleModel) renew(g *modelAgent) {
 	if _, err := g.a.Renew(m.ctx); err != nil {
-		m.fail("the online agent %s's renewal failed: %v", g.name, err)
+		m.fail("the online agent %s's renewal failed: %v\n%s", g.name, err, m.describe(g))
 	}
 	m.renewals++
 	m.checkLeaf(g)
@@ -755,4 +759,24 @@ func (m *lifecycleModel) opExportRootKey() {
 	if m.s.ca.Roots().SigningKey != nil {
 		m.fail("the authority still holds the signing root's key after it was exported")
 	}
+}
+
+// describe says, for a failure, what g holds and what the authority's
+// intermediates are.
+func (m *lifecycleModel) describe(g *modelAgent) string {
+	var b strings.Builder
+	id := m.held(g)
+	fmt.Fprintf(&b, "virtual now %s (skew %s); %s's certificate: serial %x, not after %s, issued by %s", m.storeNow().Add(m.skew).UTC().Format(time.RFC3339),
+		m.skew, g.name, id.Leaf().SerialNumber, id.Leaf().NotAfter.UTC().Format(time.RFC3339), id.Leaf().Issuer)
+	if len(id.Chain) > 1 {
+		fmt.Fprintf(&b, " (intermediate serial %x)", id.Chain[1].SerialNumber)
+	}
+	rows, _ := m.a.store.ListCACerts(m.ctx)
+	for _, r := range rows {
+		if r.State != store.CARetired || len(id.Chain) > 1 && r.Serial == id.Chain[1].SerialNumber.Text(16) {
+			fmt.Fprintf(&b, "\n  %s %s %s created %s activated %s retiring %s not after %s", r.Role, r.Serial, r.State,
+				r.CreatedAt.UTC().Format(time.RFC3339Nano), r.ActivatedAt.UTC().Format(time.RFC3339Nano), r.RetiringAt.UTC().Format(time.RFC3339Nano), r.NotAfter.UTC().Format(time.RFC3339))
+		}
+	}
+	return b.String()
 }
