@@ -30,18 +30,24 @@ import (
 // TestCALifecycleModel: intermediate rotation driven by a stepped clock
 // (the leader's caStepAt at a virtual now, seconds to minutes apart with a
 // 3-minute ca.intermediate_ttl, so prepare, activate and retire all
-// happen) interleaved with root rotate, next-phase and rollback, and with
-// agents that go offline, come back and restart, random with a fixed seed
-// (MUSTER_MODEL_SEED tries another, MUSTER_MODEL_STEPS runs longer).
+// happen; the model is the only leader) interleaved with root rotate,
+// next-phase and rollback, the operator's `ca rotate ROLE`, `--activate`
+// (within and past the publish window), `ca root export-key` and `ca
+// rotate ROLE --root-key`, and agents that go offline, come back and
+// restart, random with a fixed seed (MUSTER_MODEL_SEED tries another,
+// MUSTER_MODEL_STEPS runs longer). Agents still offline come back at the
+// end.
 //
 // The agents are real ones (internal/agent, each with its data
 // directory): they join with a token, renew over mTLS against the running
 // replica, and take trust bundles only through the agent's own rule
 // (trustbundle.Take: a new root only through a cross-certificate under a
 // root already trusted). A restart is a new agent.Agent over the same
-// directory. An online agent renews after every CA step that changed
-// something and at the end of every model step, as a running agent that
-// renews well before its certificate's end would.
+// directory. An online agent renews whenever its certificate's
+// intermediate is no longer active (before the clock's next step, which
+// may retire it) and at the end of a step that changed the active
+// intermediates or the bundle, as a running agent, renewing well before
+// its certificate's end, would.
 //
 // After every step, the authority: each role has exactly one active
 // intermediate, signed by a root the bundle trusts; every non-retired
