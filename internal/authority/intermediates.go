@@ -135,6 +135,14 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 // bundle. A certificate that does not chain to the root, or a key that
 // does not open, fails the whole read and the set in use stays.
 func (in *intermediates) load(ctx context.Context) error {
+	// Loads run at once (the watch's, an operator's step, a root
+	// phase change), so each reads under the lock: a read that began
+	// before another load's must not be installed after it, taking the
+	// replica back to an intermediate already replaced (which the CA
+	// clock may retire meanwhile: its leaves, signed after it stopped
+	// being active, would be refused).
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	rot, err := in.s.store.GetRootRotation(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the root rotation: %w", err)
@@ -154,8 +162,6 @@ func (in *intermediates) load(ctx context.Context) error {
 	for _, r := range rows {
 		fmt.Fprintf(&names, "%s/%s/%s;", r.Role, r.Serial, r.State)
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
 	if names.String() == in.loaded && in.failing.Load() == nil {
 		return nil // nothing changed since the last read
 	}
