@@ -110,21 +110,21 @@ func (s *Store) DropCreated(ctx context.Context) error {
 	tables, functions := createdObjects()
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("postgres: drop the schema: %w", err)
+		return fmt.Errorf("postgres: drop the schema: %w", unavailable(err))
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	for _, t := range tables {
 		if _, err := tx.Exec(ctx, `DROP TABLE IF EXISTS `+pgx.Identifier{t}.Sanitize()+` CASCADE`); err != nil {
-			return fmt.Errorf("postgres: drop table %s: %w", t, err)
+			return fmt.Errorf("postgres: drop table %s: %w", t, unavailable(err))
 		}
 	}
 	for _, f := range functions {
 		if _, err := tx.Exec(ctx, `DROP FUNCTION IF EXISTS `+pgx.Identifier{f}.Sanitize()+`()`); err != nil {
-			return fmt.Errorf("postgres: drop function %s: %w", f, err)
+			return fmt.Errorf("postgres: drop function %s: %w", f, unavailable(err))
 		}
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("postgres: drop the schema: %w", err)
+		return fmt.Errorf("postgres: drop the schema: %w", unavailable(err))
 	}
 	return nil
 }
