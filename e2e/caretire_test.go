@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -12,15 +14,19 @@ import (
 	"time"
 )
 
-// TestIntermediateRetiresThroughTheBinary: with --ca-intermediate-ttl 2m
-// and 10-second agent certificates, an agent intermediate the leader
-// prepared is seen by muster ca status -o json going prepared → active →
-// retiring → retired (at its own not-after: an intermediate of a 2-minute
-// life retires long before the 7 days of the longest agent leaf), its key
-// custody then "destroyed" and its ca.retire record saying the key was
-// destroyed, while a running agent renews throughout with no refusal. The
-// same for the server intermediate. About 3.5 minutes, mostly idle.
-func TestIntermediateRetiresThroughTheBinary(t *testing.T) {
+// TestIntermediatesRotateAndRetireUnderARunningAgent: with
+// --ca-intermediate-ttl 2m (the floor) and 10-second agent certificates,
+// the authority rotates its agent and server intermediates by itself: an
+// intermediate the leader prepared is seen by muster ca status -o json
+// going prepared → active → retiring → retired (retiring once its own
+// successor is active, so each role rotated twice; retired at its own
+// not-after: an intermediate of a 2-minute life retires long before the 7
+// days of the longest agent leaf), its key custody then "destroyed" and
+// its ca.retire record saying the key was destroyed, while a running
+// agent renews throughout with no refusal; openssl verifies the agent's
+// last certificate against the root, and it no longer chains through the
+// init-time intermediate. About 3.5 minutes, mostly idle.
+func TestIntermediatesRotateAndRetireUnderARunningAgent(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--ca-intermediate-ttl", "2m", "--agent-cert-ttl", "10s")
 	tok := e.createToken(t)
@@ -125,5 +131,22 @@ func TestIntermediateRetiresThroughTheBinary(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Errorf("the agent logged errors:\n%s", logs.String())
+	}
+
+	// The agent's certificate chains through the newest agent
+	// intermediate to the root, not through the init-time one.
+	root := filepath.Join(e.dir, "ca", "root.crt")
+	leaf := filepath.Join(adir, "certs", "agent.crt")
+	out, err := exec.Command("openssl", "verify", "-CAfile", root, "-untrusted", leaf, "-purpose", "sslclient", leaf).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), ": OK") {
+		t.Fatalf("openssl verify: %v\n%s", err, out)
+	}
+	pem, err := os.ReadFile(leaf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fileInter, _ := os.ReadFile(filepath.Join(e.dir, "ca", "agent.crt"))
+	if strings.Contains(string(pem), strings.TrimSpace(string(fileInter))) {
+		t.Fatal("the agent's chain still carries the init-time agent intermediate after two rotations")
 	}
 }
