@@ -36,7 +36,8 @@ type connChain struct {
 }
 
 // verifiedChain is a chain verified against inter and roots, valid for
-// any time in [notBefore, notAfter].
+// any time in [notBefore, notAfter]. Never changed once kept: the calls
+// of a connection share it (they only read the chain).
 type verifiedChain struct {
 	chain               []*x509.Certificate
 	inter               *ca.Intermediates
