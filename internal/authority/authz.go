@@ -238,17 +238,27 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	if !ok {
 		return nil, nil
 	}
-	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(ti.State.PeerCertificates) == 0 {
+	var ti credentials.TLSInfo
+	var cc *connChain
+	switch info := p.AuthInfo.(type) {
+	case *connAuthInfo:
+		// The check is kept per connection while what it was made
+		// against holds (connchain.go).
+		ti, cc = info.TLSInfo, info.chain
+	case credentials.TLSInfo:
+		ti = info
+	default:
 		return nil, nil
 	}
-	return s.verifyClientCerts(ti.State.PeerCertificates)
+	if len(ti.State.PeerCertificates) == 0 {
+		return nil, nil
+	}
+	return s.verifyConnCerts(cc, ti.State.PeerCertificates, time.Now())
 }
 
-// verifyClientCerts is clientChain's check of the certificates a client
-// presented (at least one).
-func (s *Server) verifyClientCerts(certs []*x509.Certificate) ([]*x509.Certificate, error) {
-	now := time.Now()
+// verifyClientCertsAt is clientChain's check of the certificates a client
+// presented (at least one), at now.
+func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) ([]*x509.Certificate, error) {
 	if chain, ok := s.anchors.verify(s.ca, certs, now); ok {
 		return chain, nil
 	}

@@ -11,8 +11,10 @@ import (
 )
 
 // clientAnchors is the short path of the client-certificate check that
-// authorize makes on every call (certificates are checked per call, not in
-// the handshake, so an expired or foreign one is refused with a reason).
+// authorize makes (certificates are checked by authorize, not by
+// crypto/tls in the handshake, so an expired or foreign one is refused
+// with a reason; a connection keeps the check for its calls while it
+// holds, connchain.go).
 //
 // The full check verifies two signatures: the leaf's, by the intermediate
 // the client presents, and that intermediate's, by the root. Every chain

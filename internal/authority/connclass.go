@@ -116,12 +116,21 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	if ti, ok := info.(credentials.TLSInfo); ok {
 		certs = ti.State.PeerCertificates
 	}
-	operator, agent := c.s.connClass(certs)
+	// The connection's client-certificate check, made here first and
+	// kept for its calls (connchain.go).
+	var cc *connChain
+	if len(certs) > 0 {
+		cc = &connChain{}
+	}
+	operator, agent := c.s.connClass(cc, certs)
 	release, why, ok := c.s.shares.take(operator, agent)
 	if !ok {
 		conn.Close()
 		c.refused(why)
 		return nil, nil, errConnShare
+	}
+	if ti, ok := info.(credentials.TLSInfo); ok && cc != nil {
+		info = &connAuthInfo{TLSInfo: ti, chain: cc}
 	}
 	return &sharedConn{Conn: conn, release: release}, info, nil
 }
@@ -134,12 +143,13 @@ func (c sharedCreds) Clone() credentials.TransportCredentials {
 // an operator, an agent (its node ID), or anonymous. A certificate that
 // does not verify is anonymous here (authorize refuses it, with its
 // reason, on the first call), so nobody can spend an agent's share with
-// a certificate naming it.
-func (s *Server) connClass(certs []*x509.Certificate) (operator bool, agent string) {
+// a certificate naming it. The check is kept in cc (nil: not kept) for
+// the connection's calls.
+func (s *Server) connClass(cc *connChain, certs []*x509.Certificate) (operator bool, agent string) {
 	if len(certs) == 0 {
 		return false, ""
 	}
-	chain, err := s.verifyClientCerts(certs)
+	chain, err := s.verifyConnCerts(cc, certs, time.Now())
 	if err != nil || len(chain) < 2 {
 		return false, ""
 	}

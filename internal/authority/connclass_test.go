@@ -40,7 +40,7 @@ func TestConnClassAfterRotation(t *testing.T) {
 	}
 	agentLeaf := leaf(ca.RoleAgent, spiffeid.RoleAgent, "n1")
 	adminLeaf := leaf(ca.RoleAdmin, spiffeid.RoleAdmin, "alice")
-	if op, ag := s.connClass(agentLeaf); op || ag != "n1" {
+	if op, ag := s.connClass(nil, agentLeaf); op || ag != "n1" {
 		t.Fatalf("before the rotation: agent leaf classed %v %q", op, ag)
 	}
 	for _, role := range []ca.Role{ca.RoleAgent, ca.RoleAdmin} {
@@ -58,10 +58,10 @@ func TestConnClassAfterRotation(t *testing.T) {
 			t.Fatal("the replica did not take up the new intermediates within 10 s")
 		}
 	}
-	if op, ag := s.connClass(agentLeaf); op || ag != "n1" {
+	if op, ag := s.connClass(nil, agentLeaf); op || ag != "n1" {
 		t.Errorf("a leaf of the retiring agent intermediate classed operator=%v agent=%q, want agent n1", op, ag)
 	}
-	if op, ag := s.connClass(adminLeaf); !op || ag != "" {
+	if op, ag := s.connClass(nil, adminLeaf); !op || ag != "" {
 		t.Errorf("a leaf of the retiring admin intermediate classed operator=%v agent=%q, want operator", op, ag)
 	}
 }

@@ -33,6 +33,10 @@ type RootSet struct {
 // Safe for concurrent use with Roots.
 func (h *Hierarchy) SetRoots(r *RootSet) { h.live.roots.Store(r) }
 
+// CurrentRoots returns what SetRoots last set, or nil: a new value after
+// every change, so a check made against the roots can tell it is stale.
+func (h *Hierarchy) CurrentRoots() *RootSet { return h.live.roots.Load() }
+
 // Roots returns the roots set by SetRoots, or the data directory's root
 // alone (with its key if the data directory holds it) before any was set.
 func (h *Hierarchy) Roots() *RootSet {
