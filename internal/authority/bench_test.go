@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -296,17 +297,26 @@ func benchRenewals(b *testing.B, a *benchAuthority) {
 // ends in this process, as in the renewal benchmark.
 func BenchmarkHandshake(b *testing.B) {
 	a := startBench(b)
-	key, csr := benchCSR(b)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(context.Background(),
-		&musterv1.ExchangeJoinTokenRequest{JoinToken: a.token, NodeId: "handshaker", Csr: csr})
-	if err != nil {
-		b.Fatal(err)
+	// One identity per goroutine: the authority caps the connections of
+	// one agent (connsPerAgent), which 8 goroutines per CPU sharing one
+	// would exceed.
+	const parallelism = 8
+	ids := make([]*identity.Identity, parallelism*runtime.GOMAXPROCS(0))
+	for i := range ids {
+		key, csr := benchCSR(b)
+		resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(context.Background(),
+			&musterv1.ExchangeJoinTokenRequest{JoinToken: a.token, NodeId: fmt.Sprintf("handshaker-%d", i), Csr: csr})
+		if err != nil {
+			b.Fatal(err)
+		}
+		chain, _ := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+		ids[i] = &identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}
 	}
-	chain, _ := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	id := &identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}
-	b.SetParallelism(8)
+	var next atomic.Int32
+	b.SetParallelism(parallelism)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
+		id := ids[int(next.Add(1)-1)%len(ids)]
 		for pb.Next() {
 			conn := a.dial(id)
 			_, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{})
