@@ -32,8 +32,6 @@ var serialTests = map[string]string{
 	"TestConnectionSharesUnderAttack":         "an attacker's and operators' connections timed against each other",
 	"TestHalfOpenConnectionsLeaveOperators":   "an attacker's and operators' connections timed against each other",
 	"TestBootstrapRateLimit":                  "bad exchanges fast enough to outrun the rate limit's refill",
-	"TestCARotateOfflineRoot":                 "a prepared intermediate's list served within 5 s",
-	"TestCARotateTwoReplicasPostgres":         "the other replica's leaves from the new intermediate within 5 s",
 	"TestReadyzWhenIntermediatesCannotBeRead": "readiness follows the 3-second re-read within 5 s",
 	"TestHalfOpenFloodFromManySources":        "an attacker's and an agent's connections timed against each other",
 	"TestOneStreamPerAgentAcrossReplicas":     "the older stream ended within 5 s of a newer one on another replica",
