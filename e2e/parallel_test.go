@@ -27,7 +27,6 @@ var serialTests = map[string]string{
 	"TestEmergencyRevocationRevokes":          "a signer step reaches a connected agent within 2 s",
 	"TestNonReadingStreamClosedByLock":        "a non-reading stream closed within 2 s of a lock",
 	"TestLockRightAfterAnOutage":              "a stream closed within 2 s of a lock",
-	"TestCRLReplicas":                         "a lock in the other replica's list within 5 s",
 	"TestClientGoneMidJoinIsAudited":          "client deadlines of a few hundred microseconds aimed into a join",
 	"TestConnectionSharesUnderAttack":         "an attacker's and operators' connections timed against each other",
 	"TestHalfOpenConnectionsLeaveOperators":   "an attacker's and operators' connections timed against each other",
