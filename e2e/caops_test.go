@@ -84,8 +84,11 @@ func pollFor(d time.Duration, cond func() bool) bool {
 // list is served before it signs anything; --activate refuses until every
 // replica has had the publish window, then activates; the next agent's
 // leaf chains to it and names a list that is served. Refusals are
-// audited with their reasons.
+// audited with their reasons. It runs beside other tests: a replica reads
+// a CA step within about a second of its notification (caPublishWindow),
+// and every window here is 5 s or more.
 func TestCARotateOfflineRoot(t *testing.T) {
+	t.Parallel()
 	dir, out := initDir(t)
 	fp, _ := out["ca_fingerprint"].(string)
 	// The root key goes offline (a USB stick).
@@ -304,7 +307,10 @@ func TestReadyzWhenIntermediatesCannotBeRead(t *testing.T) {
 // prepare through B is refused, naming it; activation through A waits for
 // the publish window; then leaves issued by replica B chain to the new
 // intermediate within seconds, and openssl checks them against the root.
+// It runs beside other tests: B reads the activation within about a second
+// of its notification (caPublishWindow), five times less than it is given.
 func TestCARotateTwoReplicasPostgres(t *testing.T) {
+	t.Parallel()
 	_, rs := startReplicas(t, 2)
 	a, b := rs[0], rs[1]
 	prep := caRotate(t, a.dir, "agent")

@@ -19,8 +19,11 @@ import (
 // reached; /metrics still answers; the authority logs the outage in a
 // couple of lines, not one per request; and a stream that ended during the
 // outage is recorded as ended once the database is back. Its own cluster:
-// the test stops it.
+// the test stops it. The database stops as soon as both streams are
+// recorded and starts again once the agent's renewal has failed twice, so
+// the test waits on the agent, not on a clock: it runs beside others.
 func TestDatabaseOutage(t *testing.T) {
+	t.Parallel()
 	own, err := pgtest.Start()
 	if err != nil {
 		t.Fatalf("PostgreSQL: %v", err)
@@ -46,8 +49,8 @@ func TestDatabaseOutage(t *testing.T) {
 		return strings.Count(out, "connected via") == 2
 	})
 	// The stayer renews at about half of 24 s (±10%): from 10.8 s after
-	// its join. The database is down from about 6 s to 16 s.
-	time.Sleep(4 * time.Second)
+	// its join. The database goes down now, a few seconds after the join,
+	// and comes back once that renewal has failed twice.
 	if g := agentStatus(t, sdir)["generation"]; g != float64(0) {
 		t.Fatalf("renewed before the outage (generation %v): the test's timing does not hold", g)
 	}
@@ -74,7 +77,10 @@ func TestDatabaseOutage(t *testing.T) {
 	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, "muster_store_up 0") || !strings.Contains(m, "muster_rpc_requests_total") {
 		t.Errorf("/metrics with the database down:\n%s", grepLines(m, "muster_store_up"))
 	}
-	time.Sleep(time.Until(outage.Add(10 * time.Second)))
+	waitFor(t, 30*time.Second, "the stayer's renewal fails twice", func() bool {
+		return strings.Count(stayer.Logs(), "renewal failed; retrying") >= 2
+	})
+	t.Logf("the database was down %s", time.Since(outage).Round(100*time.Millisecond))
 	if err := own.Resume(); err != nil {
 		t.Fatal(err)
 	}

@@ -22,7 +22,9 @@ var (
 // TestMain runs, unless go test -parallel says otherwise, four parallel
 // tests at a time rather than GOMAXPROCS. The parallel tests are the
 // longest (root and intermediate rotation, each on its own authority and
-// store) and mostly wait: the package used 64 s of CPU in a 442 s run.
+// store; the CA and JWT key clocks' step deadlines and the change watch's
+// outage, each on its own server, waiting on its ticks) and mostly wait:
+// the package used 64 s of CPU in a 442 s run.
 // The others, TestJoinTokenRefusalTiming among them, still run one at a
 // time, before the parallel ones start.
 func TestMain(m *testing.M) {

@@ -326,6 +326,7 @@ func (h *hangingCAStore) ListCACerts(ctx context.Context) ([]store.CACert, error
 // A CA clock step whose store call hangs ends at the step's deadline and
 // the clock ticks again, instead of stopping the leader's rotations.
 func TestCAClockStepHasADeadline(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
 	if err != nil {

@@ -141,6 +141,7 @@ func (f *outageWatcher) WatchChanges(ctx context.Context, notify func(store.Chan
 // listens again soon after the database is back (ten failures with the
 // old backoff, doubling to 5 s, took at least 13 s).
 func TestWatchChangesOutage(t *testing.T) {
+	t.Parallel()
 	m, err := newStreamMetrics(prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -92,6 +92,7 @@ func lastSeq(recs []store.AuditRecord) int64 {
 // not waited for past the challenge's lifetime: its stream ends
 // DEADLINE_EXCEEDED, and the refusal is audited.
 func TestBoundKeypairUnansweredStreamEnds(t *testing.T) {
+	t.Parallel()
 	const ttl = 2 * time.Second
 	a := startReplicasWith(t, nil, 1, func(c *Config) { c.BoundKeypairChallengeTTL = ttl })
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)

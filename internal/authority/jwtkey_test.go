@@ -97,6 +97,7 @@ func (h *hangingJWTKeyStore) GetJWTKey(ctx context.Context) (store.JWTKey, error
 // deadline: the replica goes on re-reading the version and follows a
 // rotation, instead of signing with the old key forever.
 func TestJWTKeyClockStepHasADeadline(t *testing.T) {
+	t.Parallel()
 	ctx := t.Context()
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
 	if err != nil {
