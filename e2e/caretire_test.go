@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -117,18 +116,7 @@ func TestIntermediatesRotateAndRetireUnderARunningAgent(t *testing.T) {
 	}
 
 	metrics := metricsOf(t, e.auth.metrics)
-	renewed := false
-	for _, m := range regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`).FindAllStringSubmatch(metrics, -1) {
-		switch {
-		case m[1] == "ok":
-			renewed = m[2] != "0"
-		case m[2] != "0":
-			t.Errorf("renewals refused during the rotations: %s", m[0])
-		}
-	}
-	if !renewed {
-		t.Fatalf("no renewal counted:\n%s", metrics)
-	}
+	checkNoRefusedRenewal(t, metrics, "during the rotations", true)
 	if strings.Contains(logs.String(), `"level":"ERROR"`) {
 		t.Errorf("the agent logged errors:\n%s", logs.String())
 	}

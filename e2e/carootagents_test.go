@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -154,12 +153,7 @@ func (ra *rotationAgents) chainsTo(i int, root string) bool {
 // span), and stops the agents.
 func (ra *rotationAgents) stopCheckingNoFailure(t *testing.T, when string) {
 	t.Helper()
-	metrics := metricsOf(t, ra.e.auth.metrics)
-	for _, m := range regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`).FindAllStringSubmatch(metrics, -1) {
-		if m[1] != "ok" && m[2] != "0" {
-			t.Errorf("renewals refused %s: %s", when, m[0])
-		}
-	}
+	checkNoRefusedRenewal(t, metricsOf(t, ra.e.auth.metrics), when, false)
 	for _, p := range ra.procs {
 		if logs := p.Logs(); strings.Contains(logs, `"level":"ERROR"`) || strings.Contains(logs, "must join again") {
 			t.Errorf("%s logged a failure:\n%s", p.name, logs)

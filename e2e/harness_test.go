@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strconv"
 	"strings"
@@ -280,6 +281,28 @@ func metricsOf(t *testing.T, addr string) string {
 		t.Fatal(err)
 	}
 	return body
+}
+
+// renewalResult is one line of muster_renewals_total: result, count.
+var renewalResult = regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`)
+
+// checkNoRefusedRenewal fails t if an authority's metrics count a refused
+// renewal (when names the span checked) and, with wantOK, if they count
+// no renewal at all.
+func checkNoRefusedRenewal(t *testing.T, metrics, when string, wantOK bool) {
+	t.Helper()
+	renewed := false
+	for _, m := range renewalResult.FindAllStringSubmatch(metrics, -1) {
+		switch {
+		case m[1] == "ok":
+			renewed = m[2] != "0"
+		case m[2] != "0":
+			t.Errorf("renewals refused %s: %s", when, m[0])
+		}
+	}
+	if wantOK && !renewed {
+		t.Fatalf("no renewal counted:\n%s", metrics)
+	}
 }
 
 // scrape is /metrics at addr, for a goroutine other than the test's,

@@ -155,11 +155,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		}
 		return agentLeaf(t, adir).CheckSignatureFrom(tokenAgentCA.cert) == nil
 	})
-	for _, m := range regexp.MustCompile(`(?m)^muster_renewals_total\{result="([a-z_]+)"\} (\d+)`).FindAllStringSubmatch(metricsOf(t, p.metrics), -1) {
-		if m[1] != "ok" && m[2] != "0" {
-			t.Errorf("renewals refused after the migration: %s", m[0])
-		}
-	}
+	checkNoRefusedRenewal(t, metricsOf(t, p.metrics), "after the migration", false)
 
 	// The signer staged in the token, activated, signs a task the agent
 	// verifies and runs.
