@@ -73,16 +73,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	})
 	mustRun(t, "signer", "activate", "--data", dir)
 
-	var sent struct {
-		TaskID string `json:"task_id"`
-	}
-	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", "n1", "-o", "json")), &sent); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 10*time.Second, "node.report signed by the token's v2 answered", func() bool {
-		r := results(t, dir, sent.TaskID)["n1"]
-		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"n1"`)
-	})
+	nodeReportAnswered(t, dir, "n1", 10*time.Second, "node.report signed by the token's v2 answered")
 
 	// signer list says where each key is: both in the token.
 	var listed struct {
@@ -417,4 +408,21 @@ func scrapePath(addr, path string) (string, error) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	return string(body), err
+}
+
+// nodeReportAnswered sends node a node.report task and waits, within,
+// for its answer: run, and naming the node (what says which signer the
+// test expects to have signed it).
+func nodeReportAnswered(t *testing.T, dir, node string, within time.Duration, what string) {
+	t.Helper()
+	var sent struct {
+		TaskID string `json:"task_id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", node, "-o", "json")), &sent); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, within, what, func() bool {
+		r := results(t, dir, sent.TaskID)[node]
+		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"`+node+`"`)
+	})
 }

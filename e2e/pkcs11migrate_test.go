@@ -160,16 +160,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 	// The signer staged in the token, activated, signs a task the agent
 	// verifies and runs.
 	mustRun(t, "signer", "activate", "--data", dir)
-	var sent struct {
-		TaskID string `json:"task_id"`
-	}
-	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", "n1", "-o", "json")), &sent); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, 20*time.Second, "node.report signed by the token's signer answered", func() bool {
-		r := results(t, dir, sent.TaskID)["n1"]
-		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"n1"`)
-	})
+	nodeReportAnswered(t, dir, "n1", 20*time.Second, "node.report signed by the token's signer answered")
 	var listed struct {
 		Signers []struct {
 			VersionID  string `json:"version_id"`
