@@ -142,8 +142,14 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	m.URI, m.AuthorityID, m.Actor = uri, d.info.AuthorityID, migrateActor
 	// The URI, module and PIN file are checked, and the token opened, as
 	// muster init does it; a refusal is audited like the migration.
+	// The audit record names the token as parsed: a URI refused for
+	// carrying a PIN (pin-value) must not put it in the log.
+	target := "a pkcs11 URI that does not parse"
+	if u, err := custody.ParsePKCS11URI(uri); err == nil {
+		target = u.String()
+	}
 	refuse := func(err error) (authority.CustodyMigrationResult, error) {
-		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: uri,
+		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: target,
 			Result: audit.ResultError, Reason: "nothing changed: " + err.Error()})
 		return authority.CustodyMigrationResult{}, err
 	}

@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 // recordedCustody is a store whose key_custody row is rec (none when URI
@@ -67,5 +70,35 @@ func TestStoreCustody(t *testing.T) {
 		}
 	} else if err == nil || !strings.Contains(err.Error(), "muster-pkcs11") {
 		t.Errorf("the static build given a module: %v; want it to name the pkcs11 build", err)
+	}
+}
+
+// TestMigrateCustodyKeepsAPINOutOfTheAudit: a --custody URI carrying a PIN
+// (pin-value) is refused, and neither the refusal nor its audit record
+// repeats the PIN.
+func TestMigrateCustodyKeepsAPINOutOfTheAudit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+		t.Fatalf("init: %s", stderr)
+	}
+	const pin = "s3cret-4711"
+	code, stdout, stderr := runCLI(t, "ca", "migrate-custody", "--data", dir, "--custody", "pkcs11:token=muster?pin-value="+pin)
+	if code == 0 || !strings.Contains(stderr, "pin-value") {
+		t.Fatalf("a PIN in the URI: exit %d, %q; want it refused", code, stderr)
+	}
+	if strings.Contains(stdout+stderr, pin) {
+		t.Errorf("the refusal repeats the PIN: %q", stdout+stderr)
+	}
+	st, err := sqlite.Open(context.Background(), datadir.Dir(dir).DatabaseFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	recs, err := st.ListAudit(context.Background(), store.AuditFilter{Action: "ca.migrate_custody"})
+	if err != nil || len(recs) == 0 {
+		t.Fatalf("the refusal is not audited: %v %v", recs, err)
+	}
+	if all := fmt.Sprintf("%+v", recs); strings.Contains(all, pin) {
+		t.Errorf("the audit record holds the PIN: %s", all)
 	}
 }
