@@ -21,8 +21,8 @@ func TestBench(t *testing.T) {
 	pprofAddr := logField(t, a, "serving Go profiles", "pprof_listen")
 	// The server's side of a new connection's handshake, and of one with
 	// the agent's certificate; then each operation's own crypto.
-	hs := "tls-key-share tls-certificate-verify-sign "
-	mtls := hs + "client-chain-verify "
+	hs := "tls-key-share tls-key-schedule tls-certificate-verify-sign "
+	mtls := hs + "client-chain-verify tls-client-certificate-verify-check "
 	issue := "csr-signature-check certificate-sign"
 	for _, tc := range []struct {
 		op, conn, primitives string
@@ -67,6 +67,7 @@ func TestBench(t *testing.T) {
 					PerOp   int64   `json:"per_op_ns"`
 					PerCore float64 `json:"ops_per_second_per_core"`
 					Group   string  `json:"group"`
+					Suite   string  `json:"cipher_suite"`
 					Kept    int64   `json:"kept_connection_ns"`
 					Parts   []struct {
 						Primitive string `json:"primitive"`
@@ -116,8 +117,8 @@ func TestBench(t *testing.T) {
 			if got := strings.Join(prims, " "); got != tc.primitives {
 				t.Errorf("bound primitives %q: want %q", got, tc.primitives)
 			}
-			if handshake != (rep.Bound.Group != "") {
-				t.Errorf("bound group %q with a handshake %v", rep.Bound.Group, handshake)
+			if handshake != (rep.Bound.Group != "") || handshake != (rep.Bound.Suite != "") {
+				t.Errorf("bound group %q, cipher suite %q with a handshake %v", rep.Bound.Group, rep.Bound.Suite, handshake)
 			}
 			if want := tc.conn == "new"; handshake != want || (rep.OfBoundWithoutHandshake > 0 && rep.OfBoundWithoutHandshake < rep.OfBound) != want {
 				t.Errorf("bound parts %+v, of_bound %v, without the handshake %v: want a handshake counted %v",

@@ -89,11 +89,14 @@ authority's per-source rate limit (20, then 5 a second) applies to joins.
 The same run measures, on one core (one thread's CPU clock, best of five
 rounds), the crypto the authority itself must do for the operation, primitive
 by primitive: for a new connection the server's side of the TLS 1.3 handshake
-(its key share and CertificateVerify signature, and the client certificate's
-check when the agent presents one); then the operation's own (join: the token
-or PSK secret check; recovery and refresh: the Ed25519 challenge answer
-verified and the join state signed; every op: the CSR signature checked and
-the certificate signed). It prints cpu_efficiency, that bound divided by the
+(its key share, its key schedule, Finished MACs and transcript hash over
+messages of a real agent handshake's sizes, its CertificateVerify signature,
+and, when the agent presents its certificate, that certificate's check and the
+check of the agent's CertificateVerify signature); then the operation's own
+(join: the token or PSK secret check; recovery and refresh: the Ed25519
+challenge answer verified and the join state signed; every op: the CSR
+signature checked and the certificate signed). The record layer's symmetric
+encryption is not counted. It prints cpu_efficiency, that bound divided by the
 authority's CPU time per request, and the throughput as a fraction of the
 bound's rate on one core (of_bound), with and without the handshake.
 Joins and recoveries leave state in the authority: bench a test authority.`,

@@ -14,14 +14,12 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
-	"net"
 	"runtime"
 	"strings"
 	"time"
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
@@ -29,9 +27,15 @@ import (
 // Bound is the crypto the authority (the server) must do for one
 // operation, measured on this machine in this run, one primitive at a
 // time on one goroutine locked to one thread, best of several rounds: the
-// key exchange, signatures and verifications the operation cannot avoid at
-// the server, and nothing else (no parsing, encoding, store, RPC, audit,
-// symmetric record encryption or the client's side of anything).
+// key exchange, TLS key schedule and transcript hash, signatures and
+// verifications the operation cannot avoid at the server, and nothing else
+// (no parsing, encoding, store, RPC, audit or the client's side of
+// anything). The TLS record layer is not counted: the AES-GCM key set up
+// from each traffic key and the encryption of the records (the handshake's
+// encrypted messages and the request's and answer's bytes) are symmetric
+// crypto whose cost follows the bytes sent, which a leaner encoding of the
+// same request would cut, so it is not crypto the operation cannot avoid
+// in the sense of the others, whose cost is fixed by the protocol.
 type Bound struct {
 	// What names the crypto counted.
 	What    string        `json:"what"`
@@ -41,6 +45,9 @@ type Bound struct {
 	// negotiate (their defaults), whose server share the handshake part
 	// times; empty when the bound has no handshake.
 	Group string `json:"group,omitempty"`
+	// CipherSuite is the TLS 1.3 cipher suite they negotiate, whose hash
+	// the key schedule and transcript use; empty without a handshake.
+	CipherSuite string `json:"cipher_suite,omitempty"`
 	// KeptConnection is the bound without its handshake's parts: the
 	// operation's own crypto, as on a connection whose handshake is done
 	// (ServerPrimitives without a new connection). Zero when the bound
@@ -75,9 +82,20 @@ const (
 	// CertificateVerify: the server's ECDSA P-256 signature over the
 	// transcript hash.
 	PrimCertificateVerify Primitive = "tls-certificate-verify-sign"
+	// The server's TLS 1.3 key schedule (RFC 8446 section 7.1) and
+	// transcript hash: HKDF-Extract and Expand-Label of every secret,
+	// traffic key and IV crypto/tls derives, both Finished HMACs, and the
+	// hash of every handshake message, of the sizes a real agent
+	// handshake has (keySchedule).
+	PrimKeySchedule Primitive = "tls-key-schedule"
 	// The client's leaf checked against this authority's agent
 	// intermediate: one ECDSA P-256 verification (authority.clientAnchors).
 	PrimClientChain Primitive = "client-chain-verify"
+	// The client's CertificateVerify checked: SHA-256 of its signed input
+	// and one ECDSA P-256 verification with the presented leaf's key, the
+	// proof that the client holds the certificate's key, which crypto/tls
+	// makes on every handshake where the client presents one.
+	PrimClientCertificateVerify Primitive = "tls-client-certificate-verify-check"
 	// The CSR's self-signature: one ECDSA P-256 verification.
 	PrimCSR Primitive = "csr-signature-check"
 	// The certificate's signature: SHA-256 of its TBS and one ECDSA P-256
@@ -94,28 +112,35 @@ const (
 )
 
 var primitiveWhat = map[Primitive]string{
-	PrimKeyShare:          "TLS key share (server side)",
-	PrimCertificateVerify: "TLS CertificateVerify signature (ECDSA P-256)",
-	PrimClientChain:       "client certificate check (one ECDSA P-256 verify)",
-	PrimCSR:               "CSR signature check (ECDSA P-256 verify)",
-	PrimCertificateSign:   "certificate signature (SHA-256 + ECDSA P-256 sign)",
-	PrimTokenSecret:       "join-token secret (AES-256-GCM open + constant-time compare)",
-	PrimPSK:               "PSK (AES-256-GCM open + constant-time compare)",
-	PrimChallengeVerify:   "challenge answer (Ed25519 verify)",
-	PrimJoinStateSign:     "join-state JWS (Ed25519 sign)",
+	PrimKeyShare:                "TLS key share (server side)",
+	PrimCertificateVerify:       "TLS CertificateVerify signature (ECDSA P-256)",
+	PrimKeySchedule:             "TLS 1.3 key schedule, Finished MACs and transcript hash (server side)",
+	PrimClientChain:             "client certificate check (one ECDSA P-256 verify)",
+	PrimClientCertificateVerify: "the client's TLS CertificateVerify checked (SHA-256 + ECDSA P-256 verify)",
+	PrimCSR:                     "CSR signature check (ECDSA P-256 verify)",
+	PrimCertificateSign:         "certificate signature (SHA-256 + ECDSA P-256 sign)",
+	PrimTokenSecret:             "join-token secret (AES-256-GCM open + constant-time compare)",
+	PrimPSK:                     "PSK (AES-256-GCM open + constant-time compare)",
+	PrimChallengeVerify:         "challenge answer (Ed25519 verify)",
+	PrimJoinStateSign:           "join-state JWS (Ed25519 sign)",
 }
 
 // handshakePrimitive is whether p belongs to the TLS handshake.
 func handshakePrimitive(p Primitive) bool {
-	return p == PrimKeyShare || p == PrimCertificateVerify || p == PrimClientChain
+	switch p {
+	case PrimKeyShare, PrimKeySchedule, PrimCertificateVerify, PrimClientChain, PrimClientCertificateVerify:
+		return true
+	}
+	return false
 }
 
 // ServerPrimitives is the crypto the authority must do for one request of
 // op: with newConn (the bench's --connection new) the server's part of a
-// new connection's TLS 1.3 handshake (its key share and its
-// CertificateVerify signature, and, for a renewal or a refresh, which
-// present the agent's certificate, that certificate's check); then the
-// operation's own. Without newConn the request rides a connection whose
+// new connection's TLS 1.3 handshake (its key share, its key schedule and
+// transcript hash, its CertificateVerify signature, and, for a renewal or
+// a refresh, which present the agent's certificate, that certificate's
+// check and the check of the client's CertificateVerify, its proof of
+// holding the certificate's key); then the operation's own. Without newConn the request rides a connection whose
 // handshake is done: none of it is counted, the client certificate's
 // check included, since a connection's certificate needs checking once
 // (the authority today checks it on every call, which then counts beyond
@@ -141,9 +166,9 @@ func ServerPrimitives(op string, newConn bool) ([]Primitive, error) {
 	if !newConn {
 		return own, nil
 	}
-	hs := []Primitive{PrimKeyShare, PrimCertificateVerify}
+	hs := []Primitive{PrimKeyShare, PrimKeySchedule, PrimCertificateVerify}
 	if presentsCertificate(op) {
-		hs = append(hs, PrimClientChain)
+		hs = append(hs, PrimClientChain, PrimClientCertificateVerify)
 	}
 	return append(hs, own...), nil
 }
@@ -176,8 +201,11 @@ var (
 //
 // Every private key's signatures are counted, by the side that holds it
 // (countingSigner), and so are the client's key shares: the server's keys
-// sign in the timed rounds, the client's only while the fixture is made,
-// and TestBoundCountsNoClientWork holds MeasureBound to that.
+// sign in the timed rounds, the client's only while the fixture is made
+// (its CSR, its CertificateVerify in the real handshake and the one the
+// server's check verifies, the bot's answer), and
+// TestBoundCountsNoClientWork holds MeasureBound to that. The fixture
+// keeps no client private key but through its counter.
 type boundFixture struct {
 	h      *ca.Hierarchy
 	id     spiffeid.ID
@@ -195,6 +223,12 @@ type boundFixture struct {
 	answer []byte            // the signing input of an answer to a challenge
 	ansSig []byte            // the bot's signature of it
 	state  []byte            // the signing input of a join state
+	// shapes are the real handshakes' shapes, by whether the client
+	// presents a certificate.
+	shapes map[bool]*handshakeShape
+	// clientCVMsg is a client CertificateVerify's signed input, and
+	// clientCVSig the agent's signature of it (made with the fixture).
+	clientCVMsg, clientCVSig []byte
 
 	serverSigns, clientSigns, clientShares int
 }
@@ -296,6 +330,23 @@ func newBoundFixture() (*boundFixture, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The handshakes' shapes, without and with the agent's certificate,
+	// from real handshakes; then the client's CertificateVerify the
+	// server's check verifies, over an input of the negotiated suite's
+	// hash size.
+	f.shapes = map[bool]*handshakeShape{}
+	for _, present := range []bool{false, true} {
+		if f.shapes[present], err = f.realHandshake(present); err != nil {
+			return nil, err
+		}
+	}
+	newHash, _, err := suiteHash(f.shapes[true].suite)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.clientCertificateVerify(newHash().Size()); err != nil {
+		return nil, err
+	}
 	return f, nil
 }
 
@@ -305,44 +356,6 @@ func signingInput(jws string) []byte {
 		return []byte(jws[:i])
 	}
 	return []byte(jws)
-}
-
-// negotiatedGroup runs one TLS handshake between an agent's configuration
-// (identity.ClientTLS) and a server configured as the authority's
-// listeners are (no group preference of their own) and returns the group
-// they chose.
-func (f *boundFixture) negotiatedGroup() (tls.CurveID, error) {
-	srvLeaf, err := f.h.Issuer(ca.RoleServer).Issue(ca.LeafRequest{PublicKey: f.srvKey.Public(), SPIFFEID: f.id.URL(),
-		CommonName: "bench", ServerAuth: true, NotBefore: time.Now(), TTL: time.Hour})
-	if err != nil {
-		return 0, err
-	}
-	srvConf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}, ClientAuth: tls.RequestClientCert,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{srvLeaf.Raw, f.h.Issuer(ca.RoleServer).Cert.Raw, f.h.Root.Raw},
-			PrivateKey: f.srvKey.(countingSigner).Signer, Leaf: srvLeaf}}} // not counted: this handshake is not timed
-	cliConf := identity.ClientTLS(nil, f.h.RootPool(), func(spiffeid.ID) error { return nil })
-	a, b := net.Pipe()
-	defer a.Close()
-	defer b.Close()
-	type result struct {
-		st  tls.ConnectionState
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		s := tls.Server(b, srvConf)
-		err := s.Handshake()
-		done <- result{s.ConnectionState(), err}
-	}()
-	cerr := tls.Client(a, cliConf).Handshake()
-	r := <-done
-	if r.err != nil {
-		return 0, r.err
-	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return r.st.CurveID, nil
 }
 
 // keyShare returns the server's work for one key share of group, the
@@ -410,15 +423,24 @@ func (f *boundFixture) clientShare(curve ecdh.Curve, hybrid bool) (peerShare, ek
 	return peer.PublicKey().Bytes(), ek, nil
 }
 
-// step returns the function that does p once.
-func (f *boundFixture) step(p Primitive, group tls.CurveID) (func() error, error) {
+// step returns the function that does p once, for a handshake of shape
+// hs when p is the handshake's.
+func (f *boundFixture) step(p Primitive, hs *handshakeShape) (func() error, error) {
 	switch p {
 	case PrimKeyShare:
-		return f.keyShare(group)
+		return f.keyShare(hs.group)
+	case PrimKeySchedule:
+		return keySchedule(hs)
+	case PrimClientCertificateVerify:
+		return f.clientCertificateVerifyCheck()
 	case PrimCertificateVerify:
 		// TLS 1.3: 64 spaces, the context string, a zero byte and the
 		// transcript hash, hashed again and signed.
-		msg := append([]byte(strings.Repeat(" ", 64)+"TLS 1.3, server CertificateVerify\x00"), make([]byte, sha256.Size)...)
+		h, _, err := suiteHash(hs.suite)
+		if err != nil {
+			return nil, err
+		}
+		msg := certificateVerifyInput(true, h().Size())
 		return func() error {
 			d := sha256.Sum256(msg)
 			_, err := f.srvKey.Sign(rand.Reader, d[:], crypto.SHA256)
@@ -486,20 +508,15 @@ func (f *boundFixture) measure(op string, newConn bool) (*Bound, error) {
 		return nil, err
 	}
 	b := &Bound{}
-	var group tls.CurveID
-	for _, p := range prims {
-		if p == PrimKeyShare {
-			if group, err = f.negotiatedGroup(); err != nil {
-				return nil, err
-			}
-			b.Group = group.String()
-		}
+	hs := f.shapes[presentsCertificate(op)]
+	if newConn {
+		b.Group, b.CipherSuite = hs.group.String(), tls.CipherSuiteName(hs.suite)
 	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var names []string
 	for _, p := range prims {
-		step, err := f.step(p, group)
+		step, err := f.step(p, hs)
 		if err != nil {
 			return nil, err
 		}
@@ -508,8 +525,11 @@ func (f *boundFixture) measure(op string, newConn bool) (*Bound, error) {
 			return nil, err
 		}
 		what := primitiveWhat[p]
-		if p == PrimKeyShare {
+		switch p {
+		case PrimKeyShare:
 			what += ", " + b.Group
+		case PrimKeySchedule:
+			what += fmt.Sprintf(", %s, %d bytes of handshake messages", b.CipherSuite, hs.transcriptBytes())
 		}
 		b.Parts = append(b.Parts, BoundPart{Primitive: p, What: what, PerOp: per, Handshake: handshakePrimitive(p)})
 		b.PerOp += per

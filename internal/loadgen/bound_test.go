@@ -1,18 +1,26 @@
 package loadgen
 
 import (
+	"crypto/ecdsa"
+	"crypto/sha256"
+	"crypto/tls"
 	"slices"
+	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/ca"
 )
 
 // TestServerPrimitives is the bound's definition: the crypto the
 // authority must do for each operation, and nothing the client does. A
-// new connection adds the server's key share and CertificateVerify
-// signature, and the agent's certificate's check where the request
-// presents one; a request on a kept connection pays none of them.
+// new connection adds the server's key share, key schedule and transcript
+// hash and CertificateVerify signature, and, where the request presents
+// the agent's certificate, that certificate's check and the check of the
+// client's CertificateVerify (its proof of holding the key); a request
+// on a kept connection pays none of them.
 func TestServerPrimitives(t *testing.T) {
-	hs := []Primitive{PrimKeyShare, PrimCertificateVerify}
-	mtls := []Primitive{PrimKeyShare, PrimCertificateVerify, PrimClientChain}
+	hs := []Primitive{PrimKeyShare, PrimKeySchedule, PrimCertificateVerify}
+	mtls := []Primitive{PrimKeyShare, PrimKeySchedule, PrimCertificateVerify, PrimClientChain, PrimClientCertificateVerify}
 	issue := []Primitive{PrimCSR, PrimCertificateSign}
 	bound := []Primitive{PrimChallengeVerify, PrimJoinStateSign}
 	cat := func(ps ...[]Primitive) []Primitive { return slices.Concat(ps...) }
@@ -27,7 +35,8 @@ func TestServerPrimitives(t *testing.T) {
 		{"PSK join, new connection", OpPSKJoin, true, cat(hs, []Primitive{PrimPSK}, issue)},
 		{"PSK join, kept connection", OpPSKJoin, false, cat([]Primitive{PrimPSK}, issue)},
 		// A renewal presents the agent's certificate: a new connection
-		// checks it (one ECDSA verify against the agent intermediate).
+		// checks it (one ECDSA verify against the agent intermediate)
+		// and the client's CertificateVerify (another).
 		{"renewal, new connection", OpRenew, true, cat(mtls, issue)},
 		// On a kept connection the handshake, the certificate's check
 		// included, is done: the CSR and the certificate are left.
@@ -45,6 +54,10 @@ func TestServerPrimitives(t *testing.T) {
 			if primitiveWhat[p] == "" {
 				t.Errorf("%s: primitive %q is not described", tc.name, p)
 			}
+			// On a kept connection nothing of the handshake is left.
+			if !tc.newConn && handshakePrimitive(p) {
+				t.Errorf("%s: the handshake's %q is counted on a kept connection", tc.name, p)
+			}
 		}
 	}
 	if _, err := ServerPrimitives(OpStream, true); err == nil {
@@ -59,8 +72,11 @@ func TestServerPrimitives(t *testing.T) {
 // answers the challenge) sign nothing and the client's key share is made
 // once, before the rounds; the server's keys sign exactly once per timed
 // run of each of its signing primitives (CertificateVerify, the
-// certificate, the join state). Timing the client's CertificateVerify or
-// key share, or a signature made with the wrong side's key, fails here.
+// certificate, the join state). The client's CertificateVerify that the
+// server's check verifies is signed by the agent's counted key while the
+// fixture is made. Timing the client's CertificateVerify signature (for
+// the server's check of it, say) or key share, or a signature made with
+// the wrong side's key, fails here.
 func TestBoundCountsNoClientWork(t *testing.T) {
 	defer func(n, r int) { boundIterations, boundRounds = n, r }(boundIterations, boundRounds)
 	boundIterations, boundRounds = 3, 2
@@ -75,6 +91,11 @@ func TestBoundCountsNoClientWork(t *testing.T) {
 			if server != 0 || client == 0 || f.clientShares != 0 {
 				t.Fatalf("fixture made with %d server and %d client signatures, %d client key shares: want 0, some, 0",
 					server, client, f.clientShares)
+			}
+			// The client's CertificateVerify is the agent key's, made now.
+			d := sha256.Sum256(f.clientCVMsg)
+			if !ecdsa.VerifyASN1(f.agent.Public().(*ecdsa.PublicKey), d[:], f.clientCVSig) {
+				t.Fatal("the fixture's client CertificateVerify is not the agent key's signature")
 			}
 			b, err := f.measure(op, newConn)
 			if err != nil {
@@ -171,6 +192,11 @@ func TestMeasureBoundParts(t *testing.T) {
 				// bound, and should be seen.
 				t.Errorf("negotiated group %s: want X25519MLKEM768", b.Group)
 			}
+			if (b.CipherSuite != "") != hasHandshake || (hasHandshake && b.CipherSuite != "TLS_AES_128_GCM_SHA256") {
+				// The same: with AES hardware at both ends Go picks
+				// AES-128-GCM, whose hash (SHA-256) the key schedule uses.
+				t.Errorf("cipher suite %q with a handshake %v: want TLS_AES_128_GCM_SHA256", b.CipherSuite, hasHandshake)
+			}
 			per, had := b.WithoutHandshake()
 			if had != hasHandshake || int64(per) != own || (had && b.KeptConnection != per) || (!had && b.KeptConnection != 0) {
 				t.Errorf("WithoutHandshake = %v, %v, kept connection %v: want %v, %v", per, had, b.KeptConnection, own, hasHandshake)
@@ -179,5 +205,61 @@ func TestMeasureBoundParts(t *testing.T) {
 	}
 	if _, err := MeasureBound(OpStream, true); err == nil {
 		t.Error("a stream has no bound, and one was measured")
+	}
+}
+
+// TestHandshakeShape checks the handshake the key schedule's transcript is
+// sized from: a real one between an agent's configuration and a server
+// configured as the authority's listener, one round trip, TLS 1.3. Its
+// ClientHello carries the ML-KEM-768 encapsulation key (1,184 bytes), its
+// ServerHello the ciphertext (1,088); the server's Certificate holds its
+// three certificates; an agent presenting its certificate sends its leaf
+// alone (the authority names the leaf's issuer) and a CertificateVerify,
+// and a joining one an empty Certificate and none.
+func TestHandshakeShape(t *testing.T) {
+	defer func(n, r int) { boundIterations, boundRounds = n, r }(boundIterations, boundRounds)
+	boundIterations, boundRounds = 2, 1
+	f, err := newBoundFixture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, present := range []bool{false, true} {
+		s := f.shapes[present]
+		if s.group != tls.X25519MLKEM768 || s.suite != tls.TLS_AES_128_GCM_SHA256 {
+			t.Errorf("present %v: %s, %s: want X25519MLKEM768, TLS_AES_128_GCM_SHA256", present, s.group, tls.CipherSuiteName(s.suite))
+		}
+		if s.presents() != present {
+			t.Errorf("present %v: the client's flight %v", present, s.clientFlight)
+		}
+		if s.clientHello[0] != 1 || len(s.clientHello) < 1184+32 || s.serverHello[0] != 2 || len(s.serverHello) < 1088+32 {
+			t.Errorf("present %v: ClientHello of %d bytes (type %d), ServerHello of %d (type %d)", present,
+				len(s.clientHello), s.clientHello[0], len(s.serverHello), s.serverHello[0])
+		}
+		chain := len(f.h.Issuer(ca.RoleServer).Cert.Raw) + len(f.h.Root.Raw)
+		if cert := s.serverFlight[2]; cert < chain {
+			t.Errorf("present %v: the server's Certificate of %d bytes: want more than its intermediate and root, %d", present, cert, chain)
+		}
+		if fin := s.serverFlight[4]; fin != 4+sha256.Size {
+			t.Errorf("present %v: the server's Finished of %d bytes: want %d", present, fin, 4+sha256.Size)
+		}
+		if fin := s.clientFlight[len(s.clientFlight)-1]; fin != 4+sha256.Size {
+			t.Errorf("present %v: the client's Finished of %d bytes: want %d", present, fin, 4+sha256.Size)
+		}
+		cert := s.clientFlight[0]
+		if present && (cert < len(f.leaf.Raw) || cert >= len(f.leaf.Raw)+len(f.h.Issuer(ca.RoleAgent).Cert.Raw)) {
+			t.Errorf("the client's Certificate of %d bytes: want its leaf (%d bytes) alone", cert, len(f.leaf.Raw))
+		}
+		if !present && cert > 8 {
+			t.Errorf("a joining client's Certificate of %d bytes: want an empty one", cert)
+		}
+	}
+	b, err := f.measure(OpRenew, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range b.Parts {
+		if p.Primitive == PrimKeySchedule && !strings.Contains(p.What, "TLS_AES_128_GCM_SHA256") {
+			t.Errorf("the key schedule's part %q does not name its suite", p.What)
+		}
 	}
 }
