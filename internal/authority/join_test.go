@@ -146,14 +146,10 @@ func TestBoundKeypairStreamNeedsInitFirst(t *testing.T) {
 // BenchmarkBoundKeypairRecovery: relaxed-mode recoveries through gRPC over
 // loopback TLS, each agent presenting the join state of its last one,
 // against the server-side bound of one recovery over a kept connection
-// (loadgen.ServerPrimitives), measured in the same run.
+// (loadgen.ServerPrimitives), measured in the same run (reportBound).
 func BenchmarkBoundKeypairRecovery(b *testing.B) {
 	a := startBench(b)
-	rb, err := loadgen.MeasureBound(loadgen.OpBoundRecovery, false)
-	if err != nil {
-		b.Fatal(err)
-	}
-	bound := float64(rb.PerOp.Nanoseconds())
+	bound := serverBound(b, loadgen.OpBoundRecovery, false).PerOp
 	var n atomic.Int64
 	// CSRs are made by agents, not the authority: prepare one per
 	// recovery first (as BenchmarkExchangeJoinToken does), so the timed
@@ -166,6 +162,7 @@ func BenchmarkBoundKeypairRecovery(b *testing.B) {
 	// Many agents at once, as a fleet recovering after an outage would.
 	b.SetParallelism(16)
 	b.ResetTimer()
+	cpu0 := loadgen.ProcessCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		node := fmt.Sprintf("bot-%d", n.Add(1))
 		pub, priv, _ := ed25519.GenerateKey(rand.Reader)
@@ -181,5 +178,6 @@ func BenchmarkBoundKeypairRecovery(b *testing.B) {
 			state = res.JoinState
 		}
 	})
-	report(b, bound)
+	b.StopTimer()
+	reportBound(b, bound, cpu0)
 }

@@ -5,22 +5,24 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/loadgen"
 )
 
 // BenchmarkPSKBootstrap measures a PSK join in the service (no RPC, no
 // TLS) on a durable SQLite store, with parallel callers, with and without
-// a referral ticket, against the pure crypto of the same join measured in
-// the same run: the CSR's signature checked and the certificate signed,
-// plus, with a ticket, its Ed25519 signature checked. CSRs and tickets
-// are made by agents and discovery, so they are prepared before the clock
-// starts.
+// a referral ticket, against the server-side bound of the same join
+// measured in the same run: muster bench's PSK join on a kept connection
+// (loadgen.MeasureBound: the PSK's check, the CSR's signature checked and
+// the certificate signed), plus, with a ticket, its Ed25519 signature
+// checked, timed the same way (loadgen.TimeCrypto). It reports them as
+// the authority package's in-process benchmarks do (reportBound). CSRs
+// and tickets are made by agents and discovery, so they are prepared
+// before the clock starts.
 func BenchmarkPSKBootstrap(b *testing.B) {
 	for _, withTicket := range []bool{false, true} {
 		name := "psk"
@@ -45,10 +47,11 @@ func BenchmarkPSKBootstrap(b *testing.B) {
 					joins[i].ticket, _ = e.ticket(b, node, time.Now())
 				}
 			}
-			bound := pskCryptoBound(b, e, joins[0].csr, withTicket)
+			bound := pskBound(b, e, withTicket)
 			var next atomic.Int64
 			b.SetParallelism(8)
 			b.ResetTimer()
+			cpu0 := loadgen.ProcessCPU()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					j := joins[next.Add(1)-1]
@@ -59,36 +62,50 @@ func BenchmarkPSKBootstrap(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			perOp := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-			b.ReportMetric(bound, "crypto-ns/op")
-			b.ReportMetric(bound/perOp, "of-crypto-bound")
+			reportBound(b, bound, cpu0)
 		})
 	}
 }
 
-// pskCryptoBound times the crypto of one join alone.
-func pskCryptoBound(b *testing.B, e *ticketEnv, csrDER []byte, withTicket bool) float64 {
-	id, _ := url.Parse("spiffe://td/agent/node-0")
+// pskBound is the server-side bound of one PSK join on a kept connection,
+// with the ticket's signature check when a ticket comes with it.
+func pskBound(b *testing.B, e *ticketEnv, withTicket bool) time.Duration {
+	bound, err := loadgen.MeasureBound(loadgen.OpPSKJoin, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if !withTicket {
+		return bound.PerOp
+	}
 	tok, _ := e.ticket(b, "node-0", time.Now())
 	pub := e.key.Public().(ed25519.PublicKey)
-	const n = 300
-	start := time.Now()
-	for range n {
-		csr, err := ca.ParseCSR(csrDER)
-		if err != nil {
-			b.Fatal(err)
+	ticket, err := loadgen.TimeCrypto(func() error {
+		if !verifyEd25519(pub, tok) {
+			return fmt.Errorf("the ticket's signature does not verify")
 		}
-		if _, err := e.h.Issuer(ca.RoleAgent).Issue(ca.LeafRequest{PublicKey: csr.PublicKey, SPIFFEID: id,
-			CommonName: "node-0", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour}); err != nil {
-			b.Fatal(err)
-		}
-		if withTicket {
-			if !verifyEd25519(pub, tok) {
-				b.Fatal("ticket signature")
-			}
-		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
 	}
-	return float64(time.Since(start).Nanoseconds()) / n
+	return bound.PerOp + ticket
+}
+
+// reportBound prints the bound, the process's CPU per join and the ratios
+// to it, as the authority package's in-process benchmarks do (see its
+// reportBound): of_bound (the bound over the wall time per join) and
+// cpu_efficiency (the bound over the process's CPU per join; no RPC or
+// TLS here, so the process is the service, its store and the callers'
+// loop). cpu0 is loadgen.ProcessCPU when the clock started.
+func reportBound(b *testing.B, bound, cpu0 time.Duration) {
+	cpu := loadgen.ProcessCPU() - cpu0
+	n := float64(b.N)
+	b.ReportMetric(float64(bound.Nanoseconds()), "bound-ns/op")
+	b.ReportMetric(float64(bound.Nanoseconds())/(float64(b.Elapsed().Nanoseconds())/n), "of_bound")
+	if cpu0 > 0 && cpu > 0 {
+		b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/op")
+		b.ReportMetric(float64(bound.Nanoseconds())/(float64(cpu.Nanoseconds())/n), "cpu_efficiency")
+	}
 }
 
 // verifyEd25519 checks a compact JWS's signature and nothing else: the

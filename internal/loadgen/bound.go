@@ -543,6 +543,16 @@ func (f *boundFixture) measure(op string, newConn bool) (*Bound, error) {
 	return b, nil
 }
 
+// TimeCrypto times step as a bound times each of its primitives (the best
+// of the rounds, on this goroutine locked to its thread, by the thread's
+// CPU clock), for a benchmark that adds a primitive of its own to a
+// bound.
+func TimeCrypto(step func() error) (time.Duration, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return timeStep(step)
+}
+
 // timeStep is the best mean time of step over boundRounds rounds of
 // boundIterations runs, after one untimed run that warms caches and
 // lazily built tables.
