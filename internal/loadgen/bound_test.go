@@ -263,3 +263,31 @@ func TestHandshakeShape(t *testing.T) {
 		}
 	}
 }
+
+// TestFlight checks how a side's handshake bytes are split: the hello in
+// the clear, the middlebox ChangeCipherSpec skipped, each encrypted record
+// one message of its length less the inner type and the tag; a second
+// hello (a HelloRetryRequest round), another record type or a truncated
+// record is refused rather than sized wrongly.
+func TestFlight(t *testing.T) {
+	record := func(typ byte, n int) []byte {
+		return append([]byte{typ, 3, 3, byte(n >> 8), byte(n)}, make([]byte, n)...)
+	}
+	cat := func(rs ...[]byte) []byte { return slices.Concat(rs...) }
+	hello, enc, err := flight(cat(record(22, 90), record(20, 1), record(23, 17+15), record(23, 17+1345)))
+	if err != nil || len(hello) != 90 || !slices.Equal(enc, []int{15, 1345}) {
+		t.Errorf("flight = %d-byte hello, %v, %v: want 90, [15 1345], nil", len(hello), enc, err)
+	}
+	for name, b := range map[string][]byte{
+		"two hellos":         cat(record(22, 90), record(22, 90)),
+		"an alert":           cat(record(22, 90), record(21, 2)),
+		"no hello":           record(23, 40),
+		"a truncated":        record(22, 90)[:50],
+		"an empty record":    cat(record(22, 90), record(23, 17)),
+		"a truncated header": []byte{22, 3},
+	} {
+		if _, _, err := flight(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

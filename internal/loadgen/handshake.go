@@ -22,9 +22,9 @@ import (
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
-// handshakeShape is what one real TLS 1.3 handshake between an agent's
-// configuration and a server configured as the authority's listener is
-// gave the bound: the key-exchange group and cipher suite the two
+// handshakeShape is what the bound takes from one real TLS 1.3 handshake
+// between an agent's configuration and a server configured as the
+// authority's listener: the key-exchange group and cipher suite the two
 // negotiate, and the handshake messages the server hashes into its
 // transcript (their bytes as sent, each with its 4-byte header).
 type handshakeShape struct {
@@ -138,8 +138,9 @@ func flight(written []byte) (hello []byte, encrypted []int, err error) {
 // (authority.Server.serverTLS: no group or suite preference of its own,
 // a client certificate requested and not required, the agent and admin
 // intermediates named in the CertificateRequest, the leaf, intermediate
-// and root presented; session tickets off, as the authority's are) and
-// returns its shape. Nothing in it is timed; the client's CertificateVerify
+// and root presented; session tickets off, which changes nothing here: an
+// agent keeps no session cache, so it asks for no ticket) and returns its
+// shape. Nothing in it is timed; the client's CertificateVerify
 // is signed by the agent's counting key, so it counts among the client's
 // signatures made while the fixture is made.
 func (f *boundFixture) realHandshake(present bool) (*handshakeShape, error) {
