@@ -240,7 +240,11 @@ func runKept(ctx context.Context, k keptOp, cfg RunConfig, ready func(context.Co
 		kept.Batches++
 		next += int64(n)
 		if cfg.Progress != nil {
-			fmt.Fprintf(cfg.Progress, "bench: batch %d: %d connections readied, %d ok, %d errors in all\n", kept.Batches, n, t.ok.Load(), t.failed.Load())
+			line := fmt.Sprintf("bench: batch %d: %d connections readied, %d ok, %d errors in all", kept.Batches, n, t.ok.Load(), t.failed.Load())
+			if cpu != nil {
+				line += fmt.Sprintf("; the authority's CPU %.2f s readying, %.2f s for the requests", b.open, b.timed)
+			}
+			fmt.Fprintln(cfg.Progress, line)
 		}
 	}
 	if cpuErr != nil {

@@ -130,7 +130,9 @@ func (f *fakeKept) doOn(_ context.Context, _ *grpc.ClientConn, seq int64) error 
 	return nil
 }
 
-func (f *fakeKept) Do(context.Context, int, int64) error { return errors.New("not over a kept connection") }
+func (f *fakeKept) Do(context.Context, int, int64) error {
+	return errors.New("not over a kept connection")
+}
 
 func (f *fakeKept) keptLimits() (int64, int) { return f.prepared, f.perBatch }
 
@@ -149,8 +151,15 @@ func (f *fakeKept) cpu() (float64, error) {
 	return float64(f.cpuUs.Load()) / 1e6, nil
 }
 
-func TestRunKept(t *testing.T) {
+// noSettle makes RunKept's wait after readying a batch none for t.
+func noSettle(t *testing.T) {
+	old := keptSettle
 	keptSettle = 0
+	t.Cleanup(func() { keptSettle = old })
+}
+
+func TestRunKept(t *testing.T) {
+	noSettle(t)
 	for _, tc := range []struct {
 		name        string
 		op          *fakeKept
@@ -219,7 +228,7 @@ func TestRunKept(t *testing.T) {
 }
 
 func TestRunKeptReadyFails(t *testing.T) {
-	keptSettle = 0
+	noSettle(t)
 	op := &fakeKept{prepared: -1}
 	n := 0
 	var mu sync.Mutex
@@ -246,7 +255,7 @@ func TestRunKeptReadyFails(t *testing.T) {
 }
 
 func TestRunKeptCPUGone(t *testing.T) {
-	keptSettle = 0
+	noSettle(t)
 	op := &fakeKept{prepared: -1}
 	gone := func() (float64, error) { return 0, errors.New("no such process") }
 	if _, err := runKept(context.Background(), op, RunConfig{Concurrency: 1, Batch: 2, Requests: 2}, op.ready, gone); err == nil ||
