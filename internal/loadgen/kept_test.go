@@ -275,3 +275,21 @@ func TestRunKeptRefusesOthers(t *testing.T) {
 		}
 	}
 }
+
+func TestPrepareKeptRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		s    Setup
+		want string
+	}{
+		{Setup{Op: OpBoundRefresh, Connection: ConnKept, Batch: 10}, "renew, token-join, psk-join"},
+		{Setup{Op: OpBoundRecovery, Connection: ConnKept, Batch: 10}, "renew, token-join, psk-join"},
+		{Setup{Op: OpStream, Connection: ConnKept, Batch: 10}, "renew, token-join, psk-join"},
+		{Setup{Op: OpRenew, Connection: ConnKept}, "a batch of 0"},
+		{Setup{Op: OpRenew, Connection: "pooled", Batch: 10}, "want new, shared or kept"},
+	} {
+		// Refused before the authority is asked anything (no Admin).
+		if _, err := Prepare(context.Background(), tc.s); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Prepare(%+v) = %v; want it refused (%s)", tc.s, err, tc.want)
+		}
+	}
+}
