@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"cmp"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -26,19 +28,34 @@ func TestBench(t *testing.T) {
 	issue := "csr-signature-check certificate-sign"
 	for _, tc := range []struct {
 		op, conn, primitives string
+		// requests defaults to 40; batch is --batch with kept.
+		requests, batch int64
 	}{
-		{"token-join", "new", hs + "token-secret-check " + issue},
-		{"psk-join", "new", hs + "psk-check " + issue},
-		{"renew", "new", mtls + issue},
-		{"bound-recovery", "new", hs + "challenge-answer-verify join-state-sign " + issue},
-		{"bound-refresh", "new", mtls + "challenge-answer-verify join-state-sign " + issue},
+		{op: "token-join", conn: "new", primitives: hs + "token-secret-check " + issue},
+		{op: "psk-join", conn: "new", primitives: hs + "psk-check " + issue},
+		{op: "renew", conn: "new", primitives: mtls + issue},
+		{op: "bound-recovery", conn: "new", primitives: hs + "challenge-answer-verify join-state-sign " + issue},
+		{op: "bound-refresh", conn: "new", primitives: mtls + "challenge-answer-verify join-state-sign " + issue},
 		// Few enough requests per simulated agent to stay in the
 		// per-source burst on one connection.
-		{"token-join", "shared", "token-secret-check " + issue},
+		{op: "token-join", conn: "shared", primitives: "token-secret-check " + issue},
+		// Renewals whose handshake is done: 100 agents, each renewed
+		// twice (two batches), each time over a connection readied
+		// before the clock; the bound has no handshake. 200 renewals
+		// are enough authority CPU (at least 60 ms) for /proc's ticks
+		// (20 ms a batch) to count some.
+		{op: "renew", conn: "kept", primitives: issue, requests: 200, batch: 100},
+		{op: "token-join", conn: "kept", primitives: "token-secret-check " + issue, batch: 16},
+		{op: "psk-join", conn: "kept", primitives: "psk-check " + issue, batch: 16},
 	} {
 		t.Run(tc.op+"/"+tc.conn, func(t *testing.T) {
-			r := muster(t, nil, "bench", "--data", dir, "--op", tc.op, "--connection", tc.conn,
-				"--concurrency", "4", "--requests", "40", "-o", "json")
+			requests := cmp.Or(tc.requests, 40)
+			args := []string{"bench", "--data", dir, "--op", tc.op, "--connection", tc.conn,
+				"--concurrency", "4", "--requests", strconv.FormatInt(requests, 10), "-o", "json"}
+			if tc.batch > 0 {
+				args = append(args, "--batch", strconv.FormatInt(tc.batch, 10))
+			}
+			r := muster(t, nil, args...)
 			if r.code != 0 {
 				t.Fatalf("muster bench: exit %d\nstdout: %s\nstderr: %s\nauthority: %s", r.code, r.stdout, r.stderr, a.Logs())
 			}
@@ -61,6 +78,14 @@ func TestBench(t *testing.T) {
 						PeakRSSBytes int64   `json:"peak_rss_bytes"`
 						CPUPerReq    int64   `json:"cpu_per_request_ns"`
 					} `json:"authority"`
+					Kept *struct {
+						Batches     int     `json:"batches"`
+						BatchSize   int64   `json:"batch_size"`
+						Connections int64   `json:"connections"`
+						OpenCPU     float64 `json:"open_cpu_seconds"`
+						OpenPerConn int64   `json:"open_cpu_per_connection_ns"`
+						Error       int64   `json:"cpu_per_request_error_ns"`
+					} `json:"kept"`
 				} `json:"run"`
 				Bound struct {
 					What    string  `json:"what"`
@@ -84,8 +109,8 @@ func TestBench(t *testing.T) {
 				t.Fatalf("bench -o json printed %q: %v", r.stdout, err)
 			}
 			run := rep.Run
-			if rep.Op != tc.op || run.Requests != 40 || run.OK != 40 || len(run.Errors) != 0 {
-				t.Fatalf("op %q: %d requests, %d ok, errors %v %v; want 40 ok, no errors", rep.Op, run.Requests, run.OK, run.Errors, run.FirstError)
+			if rep.Op != tc.op || run.Requests != requests || run.OK != requests || len(run.Errors) != 0 {
+				t.Fatalf("op %q: %d requests, %d ok, errors %v %v; want %d ok, no errors", rep.Op, run.Requests, run.OK, run.Errors, run.FirstError, requests)
 			}
 			if run.Throughput <= 0 || run.Latency.P50 <= 0 || run.Latency.P50 > run.Latency.P99 || run.Latency.P99 > run.Latency.Max {
 				t.Errorf("throughput %v, latency %+v: want positive and ordered", run.Throughput, run.Latency)
@@ -139,6 +164,27 @@ func TestBench(t *testing.T) {
 			}
 			if !strings.Contains(r.stderr, "setup:") {
 				t.Errorf("stderr %q: want the setup step said", r.stderr)
+			}
+			k := run.Kept
+			if tc.conn != "kept" {
+				if k != nil {
+					t.Errorf("kept %+v over %s connections", k, tc.conn)
+				}
+				return
+			}
+			// A batch of --batch connections readied at a time, one a
+			// request, their untimed CPU apart from the requests'.
+			if batches := int((requests + tc.batch - 1) / tc.batch); k == nil || k.Batches != batches || k.BatchSize != tc.batch || k.Connections != requests {
+				t.Fatalf("kept %+v: want %d batches of %d, %d connections", k, batches, tc.batch, requests)
+			}
+			if cpu := run.Authority.CPUPerReq; cpu > 0 && k.Error != int64(k.Batches)*20_000_000/requests {
+				t.Errorf("kept %+v: want the CPU's error bound, 20 ms a batch over %d requests", k, requests)
+			}
+			// 200 renewals and 200 handshakes with a client certificate
+			// are each well over the 40 ms two batches' readings may miss.
+			if tc.op == "renew" && (run.Authority.CPUPerReq <= 0 || rep.CPUEfficiency <= 0 || k.OpenCPU <= 0 || k.OpenPerConn <= 0) {
+				t.Errorf("authority %+v, kept %+v, cpu_efficiency %v: want the CPU of 200 renewals counted, the efficiency, and the CPU of readying their connections",
+					run.Authority, k, rep.CPUEfficiency)
 			}
 		})
 	}
@@ -275,6 +321,14 @@ func TestBench(t *testing.T) {
 	}
 	if got := mustFail(t, "bench", "--data", dir, "--op", "stream", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "connection of its own") {
 		t.Errorf("streams over a shared connection: %q", got)
+	}
+	// --batch is kept connections'; kept connections are for the
+	// operations that have them.
+	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--requests", "1", "--batch", "5"); !strings.Contains(got, "--connection kept") {
+		t.Errorf("--batch over new connections: %q", got)
+	}
+	if got := mustFail(t, "bench", "--data", dir, "--op", "bound-refresh", "--connection", "kept", "--requests", "1"); !strings.Contains(got, "renew, token-join, psk-join") {
+		t.Errorf("a refresh over a kept connection: %q", got)
 	}
 	// Renewals cannot share a connection: one presents one certificate.
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--connection", "shared", "--requests", "1"); !strings.Contains(got, "new connection") {

@@ -44,7 +44,7 @@ func newBenchCmd(env *Env) *cobra.Command {
 	var af adminFlags
 	var out output
 	var op, conn string
-	var concurrency, prepared int
+	var concurrency, prepared, batch int
 	var duration, hold time.Duration
 	var requests int64
 	var pid int
@@ -99,10 +99,31 @@ signature checked and the certificate signed). The record layer's symmetric
 encryption is not counted. It prints cpu_efficiency, that bound divided by the
 authority's CPU time per request, and the throughput as a fraction of the
 bound's rate on one core (of_bound), with and without the handshake.
-Joins and recoveries leave state in the authority: bench a test authority.`,
+Joins and recoveries leave state in the authority: bench a test authority.
+
+Connections (--connection):
+  new     a TLS connection per request, as an agent makes one (the default);
+          the bound counts the server's side of its handshake
+  shared  one connection per simulated agent for the whole run (joins only:
+          a connection presents one certificate, and a renewal must present
+          the newest); its joins come from one source address per agent, so
+          past the per-source burst they are refused ResourceExhausted
+  kept    a request whose handshake is done (renew, token-join, psk-join):
+          in batches of --batch, a connection per request is opened from the
+          request's own source (presenting the renewing agent's newest
+          certificate) and readied with a health check, untimed; then the
+          authority's CPU is read, every request of the batch is sent over its
+          own connection, the CPU is read again and the batch is closed. CPU a
+          request is the batches' timed CPU over the successful requests (the
+          untimed part is printed per connection), within 20 ms a batch (the
+          /proc tick); the bound has no handshake. Renewals join --batch
+          agents, each renewed once a batch, so a run may be any length; hold
+          --batch connections open at both ends (open files, and about 50 KiB
+          of authority memory each)`,
 		Example: `  muster bench --data ./muster-data --op token-join --concurrency 32 --duration 10s
   muster bench --data ./muster-data --op renew --concurrency 8 --requests 2000 -o json
   muster bench --data ./muster-data --op psk-join --connection shared --requests 500
+  muster bench --data ./muster-data --op renew --connection kept --batch 2000 --requests 10000 -o json
   muster bench --data ./muster-data --op stream --concurrency 1000 --requests 3
   muster bench --data ./muster-data --op stream --concurrency 2000 --requests 1 --hold 2m
   muster bench --data ./muster-data --op stream --concurrency 2000 --authority-pprof 127.0.0.1:6060`,
@@ -137,6 +158,30 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 			}
 			if requests > 0 {
 				prepared = int(requests)
+			}
+			conn = firstOf(conn, loadgen.ConnNew)
+			switch {
+			case conn != loadgen.ConnKept && cmd.Flags().Changed("batch"):
+				return fmt.Errorf("bench: --batch is for --connection %s", loadgen.ConnKept)
+			case conn == loadgen.ConnKept && batch < 1:
+				return fmt.Errorf("bench: --batch %d: want at least 1", batch)
+			case conn == loadgen.ConnKept && requests > 0:
+				batch = int(min(int64(batch), requests))
+			case conn == loadgen.ConnKept && op != loadgen.OpRenew:
+				// No batch longer than the joins prepared.
+				batch = min(batch, prepared)
+			}
+			if conn == loadgen.ConnKept {
+				// A connection per request of a batch, here and at the
+				// authority.
+				if limit, err := loadgen.RaiseFileLimit(); err == nil && limit < uint64(batch)+64 {
+					return fmt.Errorf("bench: --batch %d holds as many connections open, and this process may open %d files (lower --batch or raise ulimit -n)", batch, limit)
+				}
+				if pid > 0 {
+					if limit, err := loadgen.ProcOpenFiles(pid); err == nil && limit != 0 && limit < uint64(batch)+256 {
+						return fmt.Errorf("bench: --batch %d holds as many connections open, and the authority (pid %d) may open %d files (lower --batch or raise its LimitNOFILE / ulimit -n)", batch, pid, limit)
+					}
+				}
 			}
 			if op == loadgen.OpStream {
 				// One connection per stream, here and at the authority.
@@ -187,7 +232,7 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				setupCtx, cancel = context.WithCancel(ctx)
 			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
-				Prepared: prepared, Operator: operator, Admin: admin, Log: logf})
+				Prepared: prepared, Batch: batch, Operator: operator, Admin: admin, Log: logf})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
@@ -203,17 +248,24 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 				return runStreamBench(ctx, env, out, p.Streams, addr, concurrency, int(requests), pid, hold, authorityPprof, logf)
 			}
 			logf("measuring the crypto bound of %s", op)
-			bound, err := loadgen.MeasureBound(op, conn != loadgen.ConnShared)
+			// Only a new connection's request pays a handshake.
+			bound, err := loadgen.MeasureBound(op, conn == loadgen.ConnNew)
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
-			logf("running %s against %s: concurrency %d, connection %s", op, addr, concurrency, firstOf(conn, loadgen.ConnNew))
-			run, err := loadgen.Run(ctx, p, loadgen.RunConfig{Concurrency: concurrency, Duration: duration, Requests: requests,
-				Progress: env.Stderr, PID: pid})
+			logf("running %s against %s: concurrency %d, connection %s", op, addr, concurrency, conn)
+			runCfg := loadgen.RunConfig{Concurrency: concurrency, Duration: duration, Requests: requests, Progress: env.Stderr, PID: pid}
+			var run *loadgen.Outcome
+			if conn == loadgen.ConnKept {
+				runCfg.Batch = batch
+				run, err = loadgen.RunKept(ctx, p.Operation, runCfg)
+			} else {
+				run, err = loadgen.Run(ctx, p, runCfg)
+			}
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
 			}
-			rep := benchReport{Op: op, Authority: addr, Connection: firstOf(conn, loadgen.ConnNew), Concurrency: concurrency,
+			rep := benchReport{Op: op, Authority: addr, Connection: conn, Concurrency: concurrency,
 				Run: run, Bound: bound, OfBound: run.Throughput / bound.PerCore}
 			if a := run.Authority; a != nil && a.CPUPerRequest > 0 {
 				rep.CPUEfficiency = bound.PerOp.Seconds() / a.CPUPerRequest.Seconds()
@@ -236,7 +288,8 @@ Joins and recoveries leave state in the authority: bench a test authority.`,
 	f.IntVar(&concurrency, "concurrency", 8, "simulated agents sending at once")
 	f.DurationVar(&duration, "duration", 0, "how long to run (or --requests)")
 	f.Int64Var(&requests, "requests", 0, "how many requests to send (or --duration)")
-	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew)")
+	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew); kept: a connection per request opened and readied before the clock, in batches (renew, token-join, psk-join)")
+	f.IntVar(&batch, "batch", 2000, "with --connection kept: connections opened and readied before each batch of requests (renewals join this many agents)")
 	f.IntVar(&prepared, "prepare", 20000, "with --duration: join requests (nodes and CSRs) made before the run; the run ends early if they are used up")
 	f.DurationVar(&hold, "hold", 0, "with --op stream: keep the streams open, idle, this long after the last task (to profile the authority while it holds them)")
 	f.StringVar(&authorityPprof, "authority-pprof", "", "with --op stream: the authority's --pprof-listen address (loopback HOST:PORT), to read its live heap and stacks before and after the streams open")
@@ -286,6 +339,14 @@ func printBench(w io.Writer, r benchReport) {
 	if a := run.Authority; a != nil {
 		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
 			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
+	}
+	if k := run.Kept; k != nil {
+		fmt.Fprintf(w, "Kept:         %d batches of up to %d connections, each opened and readied (handshake, health check) before the clock in %s\n",
+			k.Batches, k.BatchSize, k.OpenElapsed.Round(time.Millisecond))
+		if run.Authority != nil {
+			fmt.Fprintf(w, "              the authority's CPU a request within ±%s (/proc's tick); untimed, %.2f CPU seconds, %s a connection\n",
+				k.CPUPerRequestError.Round(time.Microsecond), k.OpenCPUSeconds, k.OpenCPUPerConnection.Round(time.Microsecond))
+		}
 	}
 	fmt.Fprintf(w, "Crypto bound: %s per operation at the server, one core (%.0f/s):\n", r.Bound.PerOp.Round(time.Microsecond), r.Bound.PerCore)
 	for _, p := range r.Bound.Parts {

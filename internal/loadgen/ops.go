@@ -13,6 +13,10 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -45,11 +49,16 @@ var Operations = []string{OpTokenJoin, OpPSKJoin, OpRenew, OpBoundRecovery, OpBo
 func presentsCertificate(op string) bool { return op == OpRenew || op == OpBoundRefresh }
 
 // Connection modes: a new TLS connection per request, as a real agent
-// makes one, or one connection per simulated agent kept for the run.
+// makes one; one connection per simulated agent kept for the run; or a
+// connection per request opened and readied before the clock (RunKept).
 const (
 	ConnNew    = "new"
 	ConnShared = "shared"
+	ConnKept   = "kept"
 )
+
+// keptOps are the operations that run with ConnKept.
+var keptOps = []string{OpRenew, OpTokenJoin, OpPSKJoin}
 
 // Setup says what to prepare and where the authority is.
 type Setup struct {
@@ -62,6 +71,10 @@ type Setup struct {
 	// Prepared is how many join requests (each its own node and CSR)
 	// are made before the clock starts.
 	Prepared int
+	// Batch is, with ConnKept, how many connections are opened before
+	// each batch of requests (RunKept): renewals prepare that many
+	// agents, each renewed once a batch.
+	Batch int
 	// Operator is the identity the admin API was reached with: its roots
 	// are the ones simulated agents pin.
 	Operator *identity.Identity
@@ -104,8 +117,14 @@ func Prepare(ctx context.Context, s Setup) (*Prepared, error) {
 	if s.Connection == "" {
 		s.Connection = ConnNew
 	}
-	if s.Connection != ConnNew && s.Connection != ConnShared {
-		return nil, fmt.Errorf("loadgen: connection %q: want %s or %s", s.Connection, ConnNew, ConnShared)
+	if s.Connection != ConnNew && s.Connection != ConnShared && s.Connection != ConnKept {
+		return nil, fmt.Errorf("loadgen: connection %q: want %s, %s or %s", s.Connection, ConnNew, ConnShared, ConnKept)
+	}
+	if s.Connection == ConnKept && !slices.Contains(keptOps, s.Op) {
+		return nil, fmt.Errorf("loadgen: --connection %s is for %s", ConnKept, strings.Join(keptOps, ", "))
+	}
+	if s.Connection == ConnKept && s.Batch < 1 {
+		return nil, fmt.Errorf("loadgen: --connection %s: a batch of %d: want at least 1", ConnKept, s.Batch)
 	}
 	if s.Connection == ConnShared && s.Op == OpStream {
 		return nil, errors.New("loadgen: each agent stream is a connection of its own (--connection shared is for joins)")
@@ -292,12 +311,19 @@ func (j *tokenJoin) Do(ctx context.Context, worker int, seq int64) error {
 	if seq >= j.max {
 		return ErrExhausted
 	}
-	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
-		_, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-			JoinToken: j.token, NodeId: fmt.Sprintf("%s-%d", j.t.run, seq), Csr: j.csrs[seq%csrPool].csr})
-		return err
-	})
+	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error { return j.doOn(ctx, conn, seq) })
 }
+
+func (j *tokenJoin) doOn(ctx context.Context, conn *grpc.ClientConn, seq int64) error {
+	_, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: j.token, NodeId: fmt.Sprintf("%s-%d", j.t.run, seq), Csr: j.csrs[seq%csrPool].csr})
+	return err
+}
+
+// A kept join's connection comes from the request's own source, as a
+// new one would.
+func (j *tokenJoin) keptDial(seq int64) (*grpc.ClientConn, error) { return j.t.dial(seq, nil) }
+func (j *tokenJoin) keptLimits() (int64, int)                     { return j.max, 0 }
 
 // pskJoin is RequestCertificate with the bootstrap PSK; the node ID is
 // the CSR's common name, so every request has a CSR of its own.
@@ -324,15 +350,22 @@ func (j *pskJoin) Do(ctx context.Context, worker int, seq int64) error {
 	if seq >= int64(len(j.csrs)) {
 		return ErrExhausted
 	}
-	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error {
-		_, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{
-			Csr: j.csrs[seq].csr, BootstrapPsk: j.psk})
-		return err
-	})
+	return j.t.call(worker, seq, nil, func(conn *grpc.ClientConn) error { return j.doOn(ctx, conn, seq) })
 }
 
+func (j *pskJoin) doOn(ctx context.Context, conn *grpc.ClientConn, seq int64) error {
+	_, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{
+		Csr: j.csrs[seq].csr, BootstrapPsk: j.psk})
+	return err
+}
+
+func (j *pskJoin) keptDial(seq int64) (*grpc.ClientConn, error) { return j.t.dial(seq, nil) }
+func (j *pskJoin) keptLimits() (int64, int)                     { return int64(len(j.csrs)), 0 }
+
 // renew is one agent per worker renewing its instance generation after
-// generation over a new mTLS connection each time.
+// generation over a new mTLS connection each time; with ConnKept, one
+// agent per connection of a batch, each renewed once a batch over a
+// connection opened before (RunKept).
 type renew struct {
 	t      *target
 	agents []*identity.Identity
@@ -340,34 +373,66 @@ type renew struct {
 }
 
 func prepareRenew(ctx context.Context, s Setup, t *target) (*Prepared, error) {
-	s.Log("setup: joining %d agents to renew, %d keys and CSRs", s.Concurrency, csrPool)
-	csrs, err := makeCSRs(csrPool+s.Concurrency, nil)
+	n := s.Concurrency
+	if s.Connection == ConnKept {
+		n = s.Batch
+	}
+	s.Log("setup: joining %d agents to renew, %d keys and CSRs", n, csrPool)
+	csrs, err := makeCSRs(csrPool+n, nil)
 	if err != nil {
 		return nil, err
 	}
-	secret, id, err := createToken(ctx, s, t, int64(s.Concurrency))
+	secret, id, err := createToken(ctx, s, t, int64(n))
 	if err != nil {
 		return nil, err
 	}
 	defer deleteToken(s, id)(ctx)
-	r := &renew{t: t, csrs: csrs[:csrPool], agents: make([]*identity.Identity, s.Concurrency)}
-	for w := range r.agents {
-		k := csrs[csrPool+w]
-		conn, err := t.dial(int64(w), nil)
-		if err != nil {
-			return nil, err
-		}
-		resp, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-			JoinToken: secret, NodeId: fmt.Sprintf("%s-%d", t.run, w), Csr: k.csr})
-		conn.Close()
-		if err != nil {
-			return nil, fmt.Errorf("loadgen: join agent %d to renew: %w", w, err)
-		}
-		if r.agents[w], err = t.identity(resp.GetCertificateChainPem(), k.key); err != nil {
-			return nil, err
-		}
+	r := &renew{t: t, csrs: csrs[:csrPool], agents: make([]*identity.Identity, n)}
+	// A batch of kept connections may need thousands of agents: they
+	// are joined by --concurrency at once, each from its own source.
+	var next atomic.Int64
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range min(max(s.Concurrency, 1), n) {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				w := int(next.Add(1) - 1)
+				if w >= n {
+					return
+				}
+				if err := r.join(ctx, secret, w, csrs[csrPool+w]); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+					return
+				}
+				if done := w + 1; done%1000 == 0 {
+					s.Log("setup: %d of %d agents joined", done, n)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+		return nil, err
 	}
 	return &Prepared{Operation: r}, nil
+}
+
+func (r *renew) join(ctx context.Context, secret string, w int, k keyCSR) error {
+	conn, err := r.t.dial(int64(w), nil)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := musterv1.NewBootstrapServiceClient(conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: secret, NodeId: fmt.Sprintf("%s-%d", r.t.run, w), Csr: k.csr})
+	if err != nil {
+		return fmt.Errorf("loadgen: join agent %d to renew: %w", w, err)
+	}
+	r.agents[w], err = r.t.identity(resp.GetCertificateChainPem(), k.key)
+	return err
 }
 
 // identity is a simulated agent's identity from the chain the authority
@@ -381,23 +446,51 @@ func (t *target) identity(chainPEM string, key *ecdsa.PrivateKey) (*identity.Ide
 }
 
 func (r *renew) Do(ctx context.Context, worker int, seq int64) error {
-	next := r.csrs[seq%csrPool]
-	var chainPEM string
-	err := r.t.call(worker, int64(worker), r.agents[worker], func(conn *grpc.ClientConn) error {
-		resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: next.csr})
-		chainPEM = resp.GetCertificateChainPem()
-		return err
+	return r.t.call(worker, int64(worker), r.agents[worker], func(conn *grpc.ClientConn) error {
+		return r.renewOn(ctx, conn, worker, r.csrs[seq%csrPool])
 	})
+}
+
+// renewOn renews agent i over conn, which presents its newest
+// certificate, with the key next, and keeps the answer as its newest.
+func (r *renew) renewOn(ctx context.Context, conn *grpc.ClientConn, i int, next keyCSR) error {
+	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(ctx, &musterv1.RequestCertificateRequest{Csr: next.csr})
 	if err != nil {
 		return err
 	}
-	id, err := r.t.identity(chainPEM, next.key)
+	id, err := r.t.identity(resp.GetCertificateChainPem(), next.key)
 	if err != nil {
 		return err
 	}
-	r.agents[worker] = id
+	r.agents[i] = id
 	return nil
 }
+
+// With ConnKept, request seq is agent seq mod the agents' count, over a
+// connection presenting that agent's newest certificate from its own
+// source; a batch holds at most one request per agent.
+func (r *renew) keptDial(seq int64) (*grpc.ClientConn, error) {
+	i, _ := keptAgent(seq, len(r.agents))
+	return r.t.dial(int64(i), r.agents[i])
+}
+
+func (r *renew) doOn(ctx context.Context, conn *grpc.ClientConn, seq int64) error {
+	i, round := keptAgent(seq, len(r.agents))
+	return r.renewOn(ctx, conn, i, r.csrs[keptKey(i, round)])
+}
+
+func (r *renew) keptLimits() (int64, int) { return -1, len(r.agents) }
+
+// keptAgent is the agent of kept renewal seq among n agents and the
+// batch (round) it is in.
+func keptAgent(seq int64, n int) (agent int, round int64) {
+	return int(seq % int64(n)), seq / int64(n)
+}
+
+// keptKey is the key (of csrPool) agent i renews with in round: from
+// one round to the next an agent asks for a key other than the one it
+// holds, as a renewal with a fresh key does.
+func keptKey(i int, round int64) int { return int((int64(i) + round) % csrPool) }
 
 // bots are one bound-keypair bot per worker joining again and again with
 // its bound key and the last join state: without a certificate each join

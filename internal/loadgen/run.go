@@ -36,6 +36,9 @@ type RunConfig struct {
 	// PID, if not zero, is the authority's process on this machine,
 	// watched through /proc during the run.
 	PID int
+	// Batch is, for RunKept, the most connections opened and readied
+	// before each batch of requests.
+	Batch int
 }
 
 // Outcome is what a run measured.
@@ -50,6 +53,9 @@ type Outcome struct {
 	Latency    Latency    `json:"latency"`
 	Exhausted  bool       `json:"exhausted,omitempty"`
 	Authority  *ProcUsage `json:"authority,omitempty"`
+	// Kept is, for a run over kept connections (RunKept), its batches
+	// and the untimed part's cost.
+	Kept *KeptRun `json:"kept,omitempty"`
 }
 
 // worker's results, merged after the run without locks during it.
