@@ -466,9 +466,9 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		if active == nil {
 			continue
 		}
-		if active.CheckSignatureFrom(rs.Signing) == nil {
+		if s.caCerts.signedBy(active, rs.Signing) {
 			if prepared != nil {
-				if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err != nil || p.CheckSignatureFrom(rs.Signing) != nil {
+				if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err != nil || !s.caCerts.signedBy(p, rs.Signing) {
 					s.endIntermediate(ctx, "ca.discard", string(role), prepared.Serial, "root rotation: prepared under a root that no longer signs",
 						s.store.DiscardCACert)
 					changed = true
@@ -478,7 +478,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		}
 		why := "root rotation: the active intermediate is not signed by the signing root " + ca.Fingerprint(rs.Signing)
 		if prepared != nil {
-			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && p.CheckSignatureFrom(rs.Signing) == nil {
+			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && s.caCerts.signedBy(p, rs.Signing) {
 				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
 					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, s.store.ActivateCACert(ctx, string(role), prepared.Serial))
 				}

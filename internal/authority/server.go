@@ -519,6 +519,19 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 			return s.certificate(role, hosts)
 		},
 		NextProtos: []string{"h2"},
+		// No session tickets, so no resumption: a resumed connection
+		// carries the certificates of the handshake that issued its
+		// ticket without a CertificateVerify of its own, so the client
+		// would not prove again that it holds the certificate's key, and
+		// the per-handshake checks (the connection's class and share,
+		// connclass.go; its kept chain, connchain.go) would rest on a
+		// ticket this process sealed up to 7 days before. muster's
+		// clients keep no session cache and never resume; a client that
+		// does (one that offers psk_key_exchange_modes: OpenSSL's, or
+		// Go's with a ClientSessionCache) would otherwise be sent a
+		// NewSessionTicket after every handshake, its certificates sealed
+		// inside, for nothing (TestNoSessionTickets).
+		SessionTicketsDisabled: true,
 	}
 	if role == ca.RoleServer {
 		// Name the agent and admin intermediates in the CertificateRequest

@@ -283,6 +283,11 @@ func (s *Server) Run(ctx context.Context) error {
 			MinVersion:     tls.VersionTLS12,
 			GetCertificate: certs.get,
 			NextProtos:     []string{"h2", "http/1.1"},
+			// No session tickets: muster's clients never resume, and the
+			// authority's listeners send none either (authority
+			// serverTLS); a ticket would cost a sealed session state per
+			// handshake of any client offering resumption.
+			SessionTicketsDisabled: true,
 		},
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
