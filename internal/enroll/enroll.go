@@ -122,9 +122,14 @@ type Service struct {
 // ca_certificate_pem. Read at every answer, since a rotation's phase
 // changes them while the service runs.
 func (s *Service) rootsPEM() []byte {
-	var out []byte
-	for _, r := range s.cfg.CA.Roots().Trusted {
-		out = append(out, ca.EncodeCertPEM(r)...)
+	roots := s.cfg.CA.Roots().Trusted
+	n := 0
+	for _, r := range roots {
+		n += ca.CertPEMLen(r.Raw)
+	}
+	out := make([]byte, 0, n)
+	for _, r := range roots {
+		out = ca.AppendCertPEM(out, r.Raw)
 	}
 	return out
 }
