@@ -116,14 +116,19 @@ type Service struct {
 	jsKeys    *joinStateKeys
 	issued    issuedStates // join state documents this process signed
 	endpoints atomic.Pointer[[]string]
+	roots     atomic.Pointer[keptRootsPEM] // rootsPEM's
 }
 
 // rootsPEM are the roots the authority trusts now (during a root
 // rotation, both, the signing one first), PEM: an answer's
-// ca_certificate_pem. Read at every answer, since a rotation's phase
-// changes them while the service runs.
+// ca_certificate_pem. The root set is read at every answer, since a
+// rotation's phase changes it while the service runs; its encoding is kept
+// while the set holds the same certificates, and callers only read it.
 func (s *Service) rootsPEM() []byte {
 	roots := s.cfg.CA.Roots().Trusted
+	if k := s.roots.Load(); k != nil && slices.Equal(k.certs, roots) {
+		return k.pem
+	}
 	n := 0
 	for _, r := range roots {
 		n += ca.CertPEMLen(r.Raw)
@@ -132,7 +137,15 @@ func (s *Service) rootsPEM() []byte {
 	for _, r := range roots {
 		out = ca.AppendCertPEM(out, r.Raw)
 	}
+	s.roots.Store(&keptRootsPEM{certs: slices.Clone(roots), pem: out})
 	return out
+}
+
+// keptRootsPEM is the PEM of a root set, by its certificates (compared by
+// pointer: a root rotation's sets hold other certificates).
+type keptRootsPEM struct {
+	certs []*x509.Certificate
+	pem   []byte
 }
 
 // New checks cfg and returns a Service.
