@@ -349,7 +349,8 @@ func (i *Issuer) Issue(req LeafRequest) (*x509.Certificate, error) {
 
 // ChainPEM returns leaf then the issuer's certificate, PEM encoded.
 func (i *Issuer) ChainPEM(leaf *x509.Certificate) []byte {
-	return append(EncodeCertPEM(leaf), EncodeCertPEM(i.Cert)...)
+	out := make([]byte, 0, CertPEMLen(leaf.Raw)+CertPEMLen(i.Cert.Raw))
+	return AppendCertPEM(AppendCertPEM(out, leaf.Raw), i.Cert.Raw)
 }
 
 // AllowedPublicKey accepts ECDSA P-256 and Ed25519 keys.

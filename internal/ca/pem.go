@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/ed25519"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -45,7 +46,37 @@ func ParseCSR(data []byte) (*x509.CertificateRequest, error) {
 
 // EncodeCertPEM returns one CERTIFICATE block.
 func EncodeCertPEM(c *x509.Certificate) []byte {
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+	return AppendCertPEM(make([]byte, 0, CertPEMLen(c.Raw)), c.Raw)
+}
+
+const (
+	pemCertBegin = "-----BEGIN CERTIFICATE-----\n"
+	pemCertEnd   = "-----END CERTIFICATE-----\n"
+	pemLine      = 64 // base64 characters per line, as encoding/pem writes them
+)
+
+// CertPEMLen is the length of the CERTIFICATE block of der.
+func CertPEMLen(der []byte) int {
+	n := base64.StdEncoding.EncodedLen(len(der))
+	return len(pemCertBegin) + n + (n+pemLine-1)/pemLine + len(pemCertEnd)
+}
+
+// AppendCertPEM appends the CERTIFICATE block of der to dst, byte for
+// byte what encoding/pem writes for a block without headers, without its
+// buffer and writers: every join and renewal answer encodes its chain and
+// roots, and a dst of CertPEMLen's size takes no other allocation.
+func AppendCertPEM(dst, der []byte) []byte {
+	dst = append(dst, pemCertBegin...)
+	var line [pemLine]byte
+	for len(der) > 0 {
+		chunk := der[:min(len(der), pemLine/4*3)]
+		der = der[len(chunk):]
+		n := base64.StdEncoding.EncodedLen(len(chunk))
+		base64.StdEncoding.Encode(line[:n], chunk)
+		dst = append(dst, line[:n]...)
+		dst = append(dst, '\n')
+	}
+	return append(dst, pemCertEnd...)
 }
 
 // EncodeKeyPEM returns a PKCS#8 PRIVATE KEY block.

@@ -13,6 +13,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/ecdsa"
+	"crypto/ed25519"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
@@ -115,18 +116,36 @@ type Service struct {
 	jsKeys    *joinStateKeys
 	issued    issuedStates // join state documents this process signed
 	endpoints atomic.Pointer[[]string]
+	roots     atomic.Pointer[keptRootsPEM] // rootsPEM's
 }
 
 // rootsPEM are the roots the authority trusts now (during a root
 // rotation, both, the signing one first), PEM: an answer's
-// ca_certificate_pem. Read at every answer, since a rotation's phase
-// changes them while the service runs.
+// ca_certificate_pem. The root set is read at every answer, since a
+// rotation's phase changes it while the service runs; its encoding is kept
+// while the set holds the same certificates, and callers only read it.
 func (s *Service) rootsPEM() []byte {
-	var out []byte
-	for _, r := range s.cfg.CA.Roots().Trusted {
-		out = append(out, ca.EncodeCertPEM(r)...)
+	roots := s.cfg.CA.Roots().Trusted
+	if k := s.roots.Load(); k != nil && slices.Equal(k.certs, roots) {
+		return k.pem
 	}
+	n := 0
+	for _, r := range roots {
+		n += ca.CertPEMLen(r.Raw)
+	}
+	out := make([]byte, 0, n)
+	for _, r := range roots {
+		out = ca.AppendCertPEM(out, r.Raw)
+	}
+	s.roots.Store(&keptRootsPEM{certs: slices.Clone(roots), pem: out})
 	return out
+}
+
+// keptRootsPEM is the PEM of a root set, by its certificates (compared by
+// pointer: a root rotation's sets hold other certificates).
+type keptRootsPEM struct {
+	certs []*x509.Certificate
+	pem   []byte
 }
 
 // New checks cfg and returns a Service.
@@ -207,9 +226,45 @@ type Issued struct {
 	audited bool
 }
 
+// The SubjectPublicKeyInfo prefixes of a P-256 key (SEQUENCE, the
+// algorithm id-ecPublicKey with the curve prime256v1, the BIT STRING of the
+// 65-byte uncompressed point) and of an Ed25519 key (id-Ed25519, the BIT
+// STRING of its 32 bytes).
+var (
+	spkiP256 = []byte{0x30, 0x59, 0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01,
+		0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07, 0x03, 0x42, 0x00}
+	spkiEd25519 = []byte{0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00}
+)
+
 // keyID is the SHA-256 of a public key's SubjectPublicKeyInfo: how the
 // store remembers which key a certificate certified.
 func keyID(pub crypto.PublicKey) ([]byte, error) {
+	// The two key types a CSR may carry (ca.AllowedPublicKey) have a
+	// SubjectPublicKeyInfo of a fixed prefix and the key's bytes (RFC 5480,
+	// RFC 8410): written here without encoding/asn1's reflection, byte for
+	// byte what x509.MarshalPKIXPublicKey writes (TestKeyIDIsMarshalPKIX),
+	// so a key locked under its ID keeps it.
+	var buf [26 + 65]byte // spkiP256 and the point
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		if k.Curve != elliptic.P256() {
+			break
+		}
+		point, err := k.Bytes()
+		if err != nil || len(point) != 65 {
+			break
+		}
+		der := append(append(buf[:0], spkiP256...), point...)
+		sum := sha256.Sum256(der)
+		return sum[:], nil
+	case ed25519.PublicKey:
+		if len(k) != ed25519.PublicKeySize {
+			break
+		}
+		der := append(append(buf[:0], spkiEd25519...), k...)
+		sum := sha256.Sum256(der)
+		return sum[:], nil
+	}
 	der, err := x509.MarshalPKIXPublicKey(pub)
 	if err != nil {
 		return nil, err
