@@ -34,12 +34,6 @@ var serialTests = map[string]string{
 	"TestReadyzWhenIntermediatesCannotBeRead": "readiness follows the 3-second re-read within 5 s",
 	"TestHalfOpenFloodFromManySources":        "an attacker's and an agent's connections timed against each other",
 	"TestOneStreamPerAgentAcrossReplicas":     "the older stream ended within 5 s of a newer one on another replica",
-	"TestPKCS11CustodyEndToEnd":               "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11InitNeedsAModuleAndAPIN":       "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11FailedInitLeavesNoObject":      "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11CustodyJoins":                  "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11MigrateCustody":                "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11MigrateCustodyRollback":        "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestWorkloadAPIServesAndPushes":          "a renewal and a bundle change reach open streams within 1 s",
 	"TestWorkloadAPIPushesBoundKeyRotation":   "a bound-key refresh reaches open streams within 1 s",
 }
