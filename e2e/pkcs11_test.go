@@ -250,6 +250,17 @@ func TestPKCS11CustodyJoins(t *testing.T) {
 	}
 	p.stop(t)
 
+	// A migration rollback over an authority made in the token finds no
+	// migration to undo, and keys the token holds: refused, and
+	// authority.json keeps the token.
+	if r := muster(t, env, "ca", "migrate-custody", "--data", dir, "--custody", tok.URI, "--rollback"); r.code == 0 ||
+		!strings.Contains(r.stderr, "records no migration") || !strings.Contains(r.stderr, "in the token") {
+		t.Errorf("migrate-custody --rollback over an authority made with init --custody: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if info, err := os.ReadFile(filepath.Join(dir, "authority.json")); err != nil || !strings.Contains(string(info), tok.URI) {
+		t.Errorf("authority.json after a refused rollback: %s %v", info, err)
+	}
+
 	held := custodyHeld(t, dir, 4, 1, 1)
 	known := privateKeysIn(t, padir)
 	for k, v := range privateKeysIn(t, badir) {
