@@ -4,7 +4,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -74,6 +76,22 @@ func TestEveryTestIsParallelOrSerial(t *testing.T) {
 	for name := range serialTests {
 		if !seen[name] {
 			t.Errorf("serialTests names %s, which is no test of the package", name)
+		}
+	}
+	// .ci/run runs the longest tests in a process of their own and skips
+	// them in the main run: a name there that is no test would run
+	// nothing there, unnoticed.
+	ci, err := os.ReadFile("../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^long_e2e='\^\(([A-Za-z0-9_|]+)\)\$'$`).FindSubmatch(ci)
+	if m == nil {
+		t.Fatal("../.ci/run has no line long_e2e='^(TestA|TestB)$'")
+	}
+	for _, name := range strings.Split(string(m[1]), "|") {
+		if !seen[name] {
+			t.Errorf(".ci/run's long_e2e names %s, which is no test of the package", name)
 		}
 	}
 }
