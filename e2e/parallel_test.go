@@ -4,7 +4,9 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -34,12 +36,6 @@ var serialTests = map[string]string{
 	"TestReadyzWhenIntermediatesCannotBeRead": "readiness follows the 3-second re-read within 5 s",
 	"TestHalfOpenFloodFromManySources":        "an attacker's and an agent's connections timed against each other",
 	"TestOneStreamPerAgentAcrossReplicas":     "the older stream ended within 5 s of a newer one on another replica",
-	"TestPKCS11CustodyEndToEnd":               "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11InitNeedsAModuleAndAPIN":       "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11FailedInitLeavesNoObject":      "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11CustodyJoins":                  "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11MigrateCustody":                "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
-	"TestPKCS11MigrateCustodyRollback":        "starts SoftHSM2 with t.Setenv(SOFTHSM2_CONF), which t.Parallel forbids",
 	"TestWorkloadAPIServesAndPushes":          "a renewal and a bundle change reach open streams within 1 s",
 	"TestWorkloadAPIPushesBoundKeyRotation":   "a bound-key refresh reaches open streams within 1 s",
 }
@@ -80,6 +76,22 @@ func TestEveryTestIsParallelOrSerial(t *testing.T) {
 	for name := range serialTests {
 		if !seen[name] {
 			t.Errorf("serialTests names %s, which is no test of the package", name)
+		}
+	}
+	// .ci/run runs the longest tests in a process of their own and skips
+	// them in the main run: a name there that is no test would run
+	// nothing there, unnoticed.
+	ci, err := os.ReadFile("../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^long_e2e='\^\(([A-Za-z0-9_|]+)\)\$'$`).FindSubmatch(ci)
+	if m == nil {
+		t.Fatal("../.ci/run has no line long_e2e='^(TestA|TestB)$'")
+	}
+	for _, name := range strings.Split(string(m[1]), "|") {
+		if !seen[name] {
+			t.Errorf(".ci/run's long_e2e names %s, which is no test of the package", name)
 		}
 	}
 }

@@ -9,10 +9,10 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,7 +36,8 @@ func init() { buildTags = []string{"-tags", "pkcs11"} }
 // the data directory nor the store holds any of those private keys, and
 // that the token holds them as never extractable.
 func TestPKCS11CustodyEndToEnd(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	env := tok.Env()
 	dir := filepath.Join(t.TempDir(), "authority")
 	r := muster(t, env, "init", "--data", dir, "-o", "json",
@@ -47,6 +48,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
 		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	p.addr, _ = rec["advertise"].(string)
+	checkTokenEnv(t, p, tok)
 	e := &agentEnv{dir: dir, auth: p}
 	if body, err := scrapePath(p.metrics, "/readyz"); err != nil || body != "ready\n" {
 		t.Fatalf("/readyz with the token open: %q %v", body, err)
@@ -154,7 +156,8 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 // private key in the store (nor the agents' own keys anywhere there), and
 // the token's keys never extractable.
 func TestPKCS11CustodyJoins(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	env := tok.Env()
 	dir := filepath.Join(t.TempDir(), "authority")
 	r := muster(t, env, "init", "--data", dir, "-o", "json",
@@ -247,6 +250,17 @@ func TestPKCS11CustodyJoins(t *testing.T) {
 	}
 	p.stop(t)
 
+	// A migration rollback over an authority made in the token finds no
+	// migration to undo, and keys the token holds: refused, and
+	// authority.json keeps the token.
+	if r := muster(t, env, "ca", "migrate-custody", "--data", dir, "--custody", tok.URI, "--rollback"); r.code == 0 ||
+		!strings.Contains(r.stderr, "records no migration") || !strings.Contains(r.stderr, "in the token") {
+		t.Errorf("migrate-custody --rollback over an authority made with init --custody: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if info, err := os.ReadFile(filepath.Join(dir, "authority.json")); err != nil || !strings.Contains(string(info), tok.URI) {
+		t.Errorf("authority.json after a refused rollback: %s %v", info, err)
+	}
+
 	held := custodyHeld(t, dir, 4, 1, 1)
 	known := privateKeysIn(t, padir)
 	for k, v := range privateKeysIn(t, badir) {
@@ -333,11 +347,36 @@ func assertNoCustodyKeys(t *testing.T, dir string, held map[string]crypto.Public
 	}
 }
 
+// checkTokenEnv: the running process p sees this test's own token (its
+// SOFTHSM2_CONF, so tests with a token each run in parallel) and no PIN in
+// its environment: it reads the PIN from the file --pkcs11-pin-file (or
+// authority.json) names, as docs/hsm.md has it.
+func checkTokenEnv(t *testing.T, p *proc, tok softhsmtest.Token) {
+	t.Helper()
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := ""
+	for _, kv := range strings.Split(string(environ), "\x00") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == custody.PINEnv || strings.TrimSpace(v) == softhsmtest.PIN:
+			t.Errorf("%s's environment holds the token's PIN (%s)", p.name, k)
+		case k == "SOFTHSM2_CONF":
+			conf = v
+		}
+	}
+	if conf != tok.Conf {
+		t.Errorf("%s's SOFTHSM2_CONF is %q, want this test's %s", p.name, conf, tok.Conf)
+	}
+}
+
 // assertTokenKeys: pkcs11-tool lists want private keys in the token, each
 // never extractable.
 func assertTokenKeys(t *testing.T, tok softhsmtest.Token, want int) {
 	t.Helper()
-	out, err := exec.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
 		"--list-objects", "--type", "privkey").CombinedOutput()
 	if err != nil {
 		t.Fatalf("pkcs11-tool: %v\n%s", err, out)
@@ -356,7 +395,8 @@ func assertTokenKeys(t *testing.T, tok softhsmtest.Token, want int) {
 // TestPKCS11InitNeedsAModuleAndAPIN: init with --custody refuses without
 // a module or a PIN, and leaves no directory.
 func TestPKCS11InitNeedsAModuleAndAPIN(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	dir := filepath.Join(t.TempDir(), "authority")
 	r := muster(t, tok.Env(), "init", "--data", dir, "--custody", tok.URI)
 	if r.code == 0 || !strings.Contains(r.stderr, "--pkcs11-module PATH") {
@@ -376,7 +416,8 @@ func TestPKCS11InitNeedsAModuleAndAPIN(t *testing.T) {
 // be reached) destroys them: the token holds no object afterwards, and no
 // directory is left.
 func TestPKCS11FailedInitLeavesNoObject(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	dir := filepath.Join(t.TempDir(), "authority")
 	r := muster(t, tok.Env(), "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile,
 		"--store", "postgres://muster@127.0.0.1:1/muster?connect_timeout=2")
@@ -386,7 +427,7 @@ func TestPKCS11FailedInitLeavesNoObject(t *testing.T) {
 	if _, err := os.Stat(dir); err == nil {
 		t.Error("a failed init left the data directory")
 	}
-	out, err := exec.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
 		"--list-objects").CombinedOutput()
 	if err != nil {
 		t.Fatalf("pkcs11-tool: %v\n%s", err, out)

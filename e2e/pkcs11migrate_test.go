@@ -36,7 +36,8 @@ import (
 // new keys is in the data directory or the store while pkcs11-tool lists
 // them as never extractable.
 func TestPKCS11MigrateCustody(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	env := tok.Env()
 	dir, _ := initDir(t)
 	listen := freePort(t)
@@ -131,6 +132,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 	p, rec = startProcEnv(t, "authority", "authority started", env,
 		append(authArgs, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile)...)
 	p.addr, _ = rec["advertise"].(string)
+	checkTokenEnv(t, p, tok)
 	waitFor(t, 20*time.Second, "the restarted authority is ready", func() bool {
 		body, err := scrapePath(p.metrics, "/readyz")
 		return err == nil && body == "ready\n"
@@ -317,7 +319,8 @@ func agentLeaf(t *testing.T, adir string) *x509.Certificate {
 // starts again without the module; once a key in the token has signed,
 // the rollback is refused and says to restore the token's backup.
 func TestPKCS11MigrateCustodyRollback(t *testing.T) {
-	tok := softhsmtest.Start(t)
+	t.Parallel()
+	tok := softhsmtest.New(t)
 	env := tok.Env()
 	dir, _ := initDir(t)
 	p := startAuthority(t, dir)

@@ -304,6 +304,9 @@ func RollbackCustodyMigration(ctx context.Context, m CustodyMigration) (CustodyM
 			parts = append(parts, s.Key+": "+s.Done+" "+s.Serial+s.Version)
 		}
 		e.Reason = "rolled back: the token's record removed from the store; " + strings.Join(parts, "; ")
+		if !res.AlreadyRecorded {
+			e.Reason = "nothing to roll back in the store (it records no token and holds no key in it); authority.json's record of the token, if any, removed"
+		}
 	}
 	if _, aerr := m.Audit.Record(context.WithoutCancel(ctx), e); aerr != nil && err == nil {
 		err = fmt.Errorf("rolled back, but its audit record is not written: %w", aerr)
@@ -318,7 +321,19 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 	res := CustodyMigrationResult{URI: m.URI}
 	rec, err := m.Store.GetKeyCustody(ctx)
 	if errors.Is(err, store.ErrNotFound) {
-		return res, nil // nothing recorded: nothing to undo
+		// Nothing recorded, nothing to undo in the store: the caller then
+		// removes the token from authority.json (one that names it over a
+		// store restored from before the migration). Not while a key the
+		// store knows is in the token (muster init --custody records no
+		// migration): that would drop the token those keys need.
+		where, err := tokenKeyKnown(ctx, m.Store)
+		if err != nil {
+			return res, err
+		}
+		if where != "" {
+			return res, fmt.Errorf("%w: the store records no migration to roll back, but %s is in the token (an authority made with muster init --custody keeps its keys there); nothing changed, authority.json keeps the token", ErrInUse, where)
+		}
+		return res, nil
 	}
 	if err != nil {
 		return res, err
@@ -401,4 +416,46 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 		return res, err
 	}
 	return res, nil
+}
+
+// tokenKeyKnown names a key the store still uses that is a token object
+// (an intermediate not retired, a root of the root rotation, a join-state
+// key, a task signer staged, active or in grace; a signer rolled back or
+// retired verifies nothing); "" when there is none.
+func tokenKeyKnown(ctx context.Context, st store.Store) (string, error) {
+	rows, err := st.ListCACerts(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, r := range rows {
+		if r.State != store.CARetired && custody.IsPKCS11Ref(r.KeyRef) {
+			return "the " + r.Role + " intermediate " + r.Serial + " (" + r.State + ")", nil
+		}
+	}
+	rot, err := st.GetRootRotation(ctx)
+	if err != nil {
+		return "", err
+	}
+	if custody.IsPKCS11Ref(rot.NewKeyRef) || custody.IsPKCS11Ref(rot.OldKeyRef) {
+		return "a root of the root rotation", nil
+	}
+	jsk, err := st.ListJoinStateKeys(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, k := range jsk {
+		if custody.IsPKCS11Ref(k.Ciphertext) {
+			return "the join-state key " + k.ID, nil
+		}
+	}
+	signers, _, err := st.ListSigners(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range signers {
+		if s.State != store.SignerRetired && s.State != store.SignerRevoked && custody.IsPKCS11Ref(s.KeyRef) {
+			return "the task signer " + s.VersionID + " (" + s.State + ")", nil
+		}
+	}
+	return "", nil
 }

@@ -501,8 +501,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
-	rec, err := storeCustody(ctx, st, info.Custody, o.pkcs11Module)
+	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
 	if err != nil {
+		// The store is reachable: the refusal is audited, with the way out.
+		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
+			Result: audit.ResultDenied, Reason: "key custody: " + err.Error()})
 		return prefixed("authority", err)
 	}
 	token, err := openToken(rec, o.pkcs11Module, o.pkcs11PINFile)

@@ -83,7 +83,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			if rollback && (module != "" || pinFile != "") {
 				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
 			}
-			res, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, authority.CustodyMigration{
+			res, infoNamedToken, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, authority.CustodyMigration{
 				IntermediateTTL: ttl, SignerMinLead: minLead, SignerEffectiveIn: effectiveIn, SignerGrace: grace,
 			})
 			if err != nil {
@@ -93,7 +93,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 				return out.write(env.Stdout, res)
 			}
 			if rollback {
-				printRollback(env.Stdout, res)
+				printRollback(env.Stdout, res, infoNamedToken)
 				return nil
 			}
 			printMigration(env.Stdout, res)
@@ -116,27 +116,28 @@ token. Run it again at any time: it does what is left and says what is done.`,
 }
 
 // migrateCustody opens what the migration needs and runs it: the data
-// directory, the store, the token; m carries the settings.
-func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, m authority.CustodyMigration) (authority.CustodyMigrationResult, error) {
+// directory, the store, the token; m carries the settings. The bool
+// says a rollback removed the token from authority.json.
+func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, m authority.CustodyMigration) (authority.CustodyMigrationResult, bool, error) {
 	ctx := cmd.Context()
 	d, err := loadDataDir(dir, storeURL)
 	if err != nil {
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	st, err := openStore(ctx, d.url)
 	if err != nil {
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	defer st.Close()
 	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
 	if err != nil {
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	if err := logger.CheckHead(ctx); err != nil {
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger
 	m.URI, m.AuthorityID, m.Actor = uri, d.info.AuthorityID, migrateActor
@@ -148,10 +149,10 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	if u, err := custody.ParsePKCS11URI(uri); err == nil {
 		target = u.String()
 	}
-	refuse := func(err error) (authority.CustodyMigrationResult, error) {
+	refuse := func(err error) (authority.CustodyMigrationResult, bool, error) {
 		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: target,
 			Result: audit.ResultError, Reason: "nothing changed: " + err.Error()})
-		return authority.CustodyMigrationResult{}, err
+		return authority.CustodyMigrationResult{}, false, err
 	}
 	if uri == "" || uri == "sealed" {
 		return refuse(fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into"))
@@ -166,16 +167,17 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		m.URI = u.String()
 		res, err := authority.RollbackCustodyMigration(ctx, m)
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
 		if d.info.Custody != nil && d.info.Custody.URI == m.URI {
 			info := d.info
 			info.Custody = nil
 			if err := dir.WriteInfo(info); err != nil {
-				return res, fmt.Errorf("rolled back in the store, but %s still names the token (remove its custody): %w", dir.InfoFile(), err)
+				return res, false, fmt.Errorf("rolled back in the store, but %s still names the token (remove its custody): %w", dir.InfoFile(), err)
 			}
+			return res, true, nil
 		}
-		return res, nil
+		return res, false, nil
 	}
 	var o datadir.InitOptions
 	token, err := initCustody(&o, uri, module, pinFile)
@@ -190,7 +192,7 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	m.Token, m.URI, m.Module = token, rec.URI, rec.Module
 	res, err := authority.MigrateCustody(ctx, m)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	// authority.json after the store: the store's record is what every
 	// replica obeys; this directory's copy lets its authority start
@@ -199,10 +201,10 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		info := d.info
 		info.Custody = rec
 		if err := dir.WriteInfo(info); err != nil {
-			return res, fmt.Errorf("the store records the token, but %s could not be written (start the authority with --pkcs11-module): %w", dir.InfoFile(), err)
+			return res, false, fmt.Errorf("the store records the token, but %s could not be written (start the authority with --pkcs11-module): %w", dir.InfoFile(), err)
 		}
 	}
-	return res, nil
+	return res, false, nil
 }
 
 func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
@@ -241,9 +243,14 @@ The sealed keys are destroyed as rotation retires them; docs/hsm.md.
 `, res.Module, res.URI)
 }
 
-func printRollback(w io.Writer, res authority.CustodyMigrationResult) {
+func printRollback(w io.Writer, res authority.CustodyMigrationResult, forgot bool) {
 	if !res.AlreadyRecorded {
 		fmt.Fprintf(w, "The store records no token: nothing to roll back.\n")
+		if forgot {
+			// A store restored from before the migration under an
+			// authority.json from after it (docs/hsm.md).
+			fmt.Fprintf(w, "Token %s removed from authority.json, which named it (the store holds no key in it); the authority starts sealed, without --pkcs11-module.\n", res.URI)
+		}
 		return
 	}
 	fmt.Fprintf(w, "Token %s removed from the store and authority.json; the sealed keys sign on.\n", res.URI)

@@ -73,33 +73,99 @@ func initCustody(o *datadir.InitOptions, uri, module, pinFile string) (*custody.
 	return t, nil
 }
 
-// storeCustody is the token the authority must open: the one the store
-// records (muster ca migrate-custody: every replica obeys it, whatever
-// its own authority.json says), else the one authority.json records
-// (muster init --custody), else none. A replica whose authority.json does
-// not name the store's token starts only when given its module
-// (--pkcs11-module), so that none runs on without the keys it must sign
-// with.
-func storeCustody(ctx context.Context, st store.CustodyStore, local *datadir.Custody, module string) (*datadir.Custody, error) {
+// custodyRecords is what storeCustody reads from the store: the token it
+// records and the keys in use.
+type custodyRecords interface {
+	GetKeyCustody(ctx context.Context) (store.KeyCustody, error)
+	ListCACerts(ctx context.Context) ([]store.CACert, error)
+	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
+}
+
+// storeCustody is the token the authority in dir must open: the one the
+// store records (muster ca migrate-custody: every replica obeys it,
+// whatever its own authority.json says), else the one authority.json
+// records (muster init --custody), else none. A replica whose
+// authority.json does not name the store's token starts only when given
+// its module (--pkcs11-module), so that none runs on without the keys it
+// must sign with. An authority.json that names a token the store does not
+// record, while the store signs with sealed keys, is the two halves of a
+// migration out of step (docs/hsm.md "Restoring across a migration"): a
+// store restored from before muster ca migrate-custody, or one rolled back
+// from another data directory. The authority does not start then: opening
+// the token would make its next keys there while the store records
+// nothing of it (so replicas would start without it), and the operator
+// would not learn that the migration is undone. The refusal names the two
+// ways out, run from dir.
+func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, module string) (*datadir.Custody, error) {
 	rec, err := st.GetKeyCustody(ctx)
 	if errors.Is(err, store.ErrNotFound) {
+		if local == nil {
+			return nil, nil
+		}
+		sealed, err := sealedKeyInUse(ctx, st)
+		if err != nil {
+			return nil, err
+		}
+		if sealed != "" {
+			return nil, fmt.Errorf("%w: %s names the PKCS#11 token %s, but the store records no token and signs with sealed keys (%s): "+
+				"it is from before muster ca migrate-custody (restored from a backup), or the migration was rolled back from another data directory; nothing was opened. "+
+				"To move into the token again, run `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module %s --pkcs11-pin-file FILE` "+
+				"(new keys are made in the token; the objects an earlier run made there are left, to delete by hand); "+
+				"to stay sealed, run `muster ca migrate-custody --data %s --custody '%s' --rollback` (it removes the token from authority.json) (docs/hsm.md)",
+				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, dir, local.URI, local.Module, dir, local.URI)
+		}
 		return local, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("reading the key custody the store records: %w", err)
 	}
+	recorded := fmt.Sprintf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s)",
+		rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339))
+	// The way to make this directory's authority.json name the token
+	// again (one restored from before the migration, a replica's own
+	// copy): the migration run again finds its steps done.
+	record := fmt.Sprintf("or record the token in %s: `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module PATH --pkcs11-pin-file FILE` (it finds the migration done) (docs/hsm.md)",
+		dir.InfoFile(), dir, rec.URI)
 	switch {
 	case local != nil && local.URI == rec.URI:
 		return local, nil
 	case local != nil:
-		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s), but authority.json names %s: correct custody.pkcs11_uri in authority.json, or start with the data directory of this store",
-			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), local.URI)
+		return nil, fmt.Errorf("%w: %s, but %s names %s: correct custody.pkcs11_uri in authority.json, or start with the data directory of this store",
+			errCustodyOutOfStep, recorded, dir.InfoFile(), local.URI)
 	case !custody.PKCS11Build:
-		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s): start it with the pkcs11 build of muster (muster-pkcs11; PKCS11=1 scripts/build-binary) and --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN (docs/hsm.md)",
-			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), rec.Module)
+		return nil, fmt.Errorf("%s: start it with the pkcs11 build of muster (muster-pkcs11; PKCS11=1 scripts/build-binary) and --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN, %s",
+			recorded, rec.Module, record)
 	case module == "":
-		return nil, fmt.Errorf("the store records that this authority's keys are in the PKCS#11 token %s (muster ca migrate-custody, %s): start it with --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN (docs/hsm.md)",
-			rec.URI, rec.RecordedAt.UTC().Format(time.RFC3339), rec.Module)
+		return nil, fmt.Errorf("%s: start it with --pkcs11-module PATH (%s where it was recorded) and --pkcs11-pin-file FILE or MUSTER_PKCS11_PIN, %s",
+			recorded, rec.Module, record)
 	}
 	return &datadir.Custody{URI: rec.URI, Module: module}, nil
+}
+
+// errCustodyOutOfStep: authority.json and the store disagree on the token.
+var errCustodyOutOfStep = errors.New("the key custody of authority.json and of the store are out of step")
+
+// sealedKeyInUse names a key the store signs with that is sealed (not a
+// token object): an active intermediate or the active task signer; "" when
+// there is none.
+func sealedKeyInUse(ctx context.Context, st custodyRecords) (string, error) {
+	rows, err := st.ListCACerts(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the store's intermediates: %w", err)
+	}
+	for _, r := range rows {
+		if r.State == store.CAActive && !custody.IsPKCS11Ref(r.KeyRef) {
+			return "the active " + r.Role + " intermediate " + r.Serial, nil
+		}
+	}
+	signers, _, err := st.ListSigners(ctx)
+	if err != nil {
+		return "", fmt.Errorf("reading the store's task signers: %w", err)
+	}
+	for _, s := range signers {
+		if s.State == store.SignerActive && !custody.IsPKCS11Ref(s.KeyRef) {
+			return "the active task signer " + s.VersionID, nil
+		}
+	}
+	return "", nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -15,8 +16,18 @@ import (
 )
 
 // recordedCustody is a store whose key_custody row is rec (none when URI
-// is empty).
-type recordedCustody struct{ rec store.KeyCustody }
+// is empty), with its intermediates and signers.
+type recordedCustody struct {
+	rec     store.KeyCustody
+	cas     []store.CACert
+	signers []store.Signer
+}
+
+func (r recordedCustody) ListCACerts(context.Context) ([]store.CACert, error) { return r.cas, nil }
+
+func (r recordedCustody) ListSigners(context.Context) ([]store.Signer, store.SignerSetID, error) {
+	return r.signers, store.SignerSetID{}, nil
+}
 
 func (r recordedCustody) GetKeyCustody(context.Context) (store.KeyCustody, error) {
 	if r.rec.URI == "" {
@@ -37,24 +48,30 @@ func (r recordedCustody) ClearKeyCustody(context.Context, string) error { panic(
 // refusal names what it needs; without a record authority.json decides.
 func TestStoreCustody(t *testing.T) {
 	ctx := context.Background()
+	dir := datadir.Dir("/var/lib/muster/authority")
 	rec := store.KeyCustody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so", RecordedAt: time.Unix(1e9, 0)}
 	local := &datadir.Custody{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", PINFile: "/etc/pin"}
 
-	if got, err := storeCustody(ctx, recordedCustody{}, nil, ""); err != nil || got != nil {
+	if got, err := storeCustody(ctx, recordedCustody{}, dir, nil, ""); err != nil || got != nil {
 		t.Errorf("no record, sealed authority.json: %+v %v; want sealed", got, err)
 	}
-	if got, err := storeCustody(ctx, recordedCustody{}, local, ""); err != nil || got != local {
+	inToken := recordedCustody{
+		cas:     []store.CACert{{Role: "agent", Serial: "a1", State: store.CAActive, KeyRef: []byte("pkcs11:token=muster;object=muster-ca%2Fagent%2Fa1;id=%01")}},
+		signers: []store.Signer{{VersionID: "v1", State: store.SignerActive, KeyRef: []byte("pkcs11:token=muster;object=muster-signer%2Fv1;id=%02")}},
+	}
+	if got, err := storeCustody(ctx, inToken, dir, local, ""); err != nil || got != local {
 		t.Errorf("no record, init --custody: %+v %v; want authority.json's", got, err)
 	}
-	if got, err := storeCustody(ctx, recordedCustody{rec}, local, ""); err != nil || got != local {
+	if got, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, local, ""); err != nil || got != local {
 		t.Errorf("recorded and named by authority.json: %+v %v; want authority.json's", got, err)
 	}
 	other := &datadir.Custody{URI: "pkcs11:token=other", Module: "/opt/hsm.so"}
-	if _, err := storeCustody(ctx, recordedCustody{rec}, other, ""); err == nil || !strings.Contains(err.Error(), "pkcs11:token=other") {
+	if _, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, other, ""); err == nil || !strings.Contains(err.Error(), "pkcs11:token=other") {
 		t.Errorf("authority.json names another token: %v", err)
 	}
-	_, err := storeCustody(ctx, recordedCustody{rec}, nil, "")
-	want := []string{rec.URI, "--pkcs11-module PATH", rec.Module, "--pkcs11-pin-file", "MUSTER_PKCS11_PIN"}
+	_, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, nil, "")
+	want := []string{rec.URI, "--pkcs11-module PATH", rec.Module, "--pkcs11-pin-file", "MUSTER_PKCS11_PIN",
+		"muster-pkcs11 ca migrate-custody --data " + string(dir) + " --custody '" + rec.URI + "'"}
 	if !custody.PKCS11Build {
 		want = append(want, "muster-pkcs11")
 	}
@@ -63,13 +80,58 @@ func TestStoreCustody(t *testing.T) {
 			t.Errorf("a replica without the token's module: %v; want it to name %q", err, w)
 		}
 	}
-	got, err := storeCustody(ctx, recordedCustody{rec}, nil, "/opt/hsm.so")
+	got, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, nil, "/opt/hsm.so")
 	if custody.PKCS11Build {
 		if err != nil || got == nil || got.URI != rec.URI || got.Module != "/opt/hsm.so" {
 			t.Errorf("a replica given the module: %+v %v; want the store's token with that module", got, err)
 		}
 	} else if err == nil || !strings.Contains(err.Error(), "muster-pkcs11") {
 		t.Errorf("the static build given a module: %v; want it to name the pkcs11 build", err)
+	}
+}
+
+// TestStoreCustodyOutOfStep: authority.json names a token the store does
+// not record while the store signs with a sealed key (a store restored
+// from before muster ca migrate-custody): refused, naming the key and the
+// two ways out from the data directory; a store whose keys in use are all
+// in the token (muster init --custody records no migration) starts.
+func TestStoreCustodyOutOfStep(t *testing.T) {
+	ctx := context.Background()
+	dir := datadir.Dir("/var/lib/muster/authority")
+	local := &datadir.Custody{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", PINFile: "/etc/pin"}
+	tokenRef := func(name string) []byte { return []byte("pkcs11:token=muster;object=" + name + ";id=%01") }
+	sealedCA := store.CACert{Role: "server", Serial: "5e", State: store.CAActive, KeyRef: []byte("sealed")}
+	tokenCA := store.CACert{Role: "agent", Serial: "a1", State: store.CAActive, KeyRef: tokenRef("muster-ca%2Fagent%2Fa1")}
+	sealedSigner := store.Signer{VersionID: "v1", State: store.SignerActive, KeyRef: []byte("sealed")}
+	tokenSigner := store.Signer{VersionID: "v2", State: store.SignerActive, KeyRef: tokenRef("muster-signer%2Fv2")}
+	for _, c := range []struct {
+		name string
+		st   recordedCustody
+		key  string // the sealed key the refusal names; "" when it starts
+	}{
+		{"restored from before the migration", recordedCustody{cas: []store.CACert{tokenCA, sealedCA}, signers: []store.Signer{tokenSigner}}, "the active server intermediate 5e"},
+		{"a sealed active signer", recordedCustody{cas: []store.CACert{tokenCA}, signers: []store.Signer{sealedSigner}}, "the active task signer v1"},
+		{"every key in use in the token", recordedCustody{cas: []store.CACert{tokenCA, {Role: "server", Serial: "5e", State: store.CARetiring, KeyRef: []byte("sealed")}},
+			signers: []store.Signer{tokenSigner, {VersionID: "v1", State: store.SignerGrace, KeyRef: []byte("sealed")}}}, ""},
+	} {
+		got, err := storeCustody(ctx, c.st, dir, local, "")
+		if c.key == "" {
+			if err != nil || got != local {
+				t.Errorf("%s: %+v %v; want authority.json's token", c.name, got, err)
+			}
+			continue
+		}
+		if !errors.Is(err, errCustodyOutOfStep) {
+			t.Errorf("%s: %+v %v; want it refused", c.name, got, err)
+			continue
+		}
+		for _, w := range []string{c.key, local.URI, "records no token",
+			"muster-pkcs11 ca migrate-custody --data " + string(dir) + " --custody '" + local.URI + "' --pkcs11-module " + local.Module,
+			"muster ca migrate-custody --data " + string(dir) + " --custody '" + local.URI + "' --rollback"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v; want it to name %q", c.name, err, w)
+			}
+		}
 	}
 }
 

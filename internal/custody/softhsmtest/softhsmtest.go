@@ -1,8 +1,13 @@
 // Package softhsmtest starts a private SoftHSM2 token for a test: its own
-// token directory in a temp dir, found by the module through SOFTHSM2_CONF.
-// Like pgtest for PostgreSQL, a missing SoftHSM2 skips the test on a
-// developer's machine and fails it where MUSTER_REQUIRE_SOFTHSM=1 (set by
-// .ci/run).
+// configuration file and token directory in the test's temp dir, found by
+// the module through SOFTHSM2_CONF. A test that loads the module itself
+// (in-process) uses Start, which sets SOFTHSM2_CONF for the whole test
+// binary (so the test cannot call t.Parallel); a test whose token is used
+// only by the processes it starts (the e2e tests) uses New and gives those
+// processes Token.Env (or runs tools through Token.Command), so that tests
+// with a token each run in parallel. Like pgtest for PostgreSQL, a missing
+// SoftHSM2 skips the test on a developer's machine and fails it where
+// MUSTER_REQUIRE_SOFTHSM=1 (set by .ci/run).
 package softhsmtest
 
 import (
@@ -11,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -42,12 +48,40 @@ type Token struct {
 	PINFile string
 }
 
-// Env is the environment a process needs to see this token.
+// Env is the environment a process needs to see this token: its
+// configuration file, and nothing else (no PIN: a muster process reads it
+// from PINFile, --pkcs11-pin-file).
 func (t Token) Env() []string { return []string{"SOFTHSM2_CONF=" + t.Conf} }
 
-// Start makes a token in a temp dir and points SOFTHSM2_CONF at it for
-// this test (and the processes it starts).
+// Command is a tool (softhsm2-util, pkcs11-tool) run against this token:
+// the test binary's environment, whatever SOFTHSM2_CONF it names replaced
+// by this token's.
+func (t Token) Command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SOFTHSM2_CONF=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, t.Env()...)
+	return cmd
+}
+
+// Start makes a token (New) and points SOFTHSM2_CONF at it for this test,
+// for a test that loads the module in its own process. t.Setenv forbids
+// t.Parallel: a test whose token only the processes it starts use calls
+// New instead.
 func Start(tb testing.TB) Token {
+	tb.Helper()
+	tok := New(tb)
+	tb.Setenv("SOFTHSM2_CONF", tok.Conf)
+	return tok
+}
+
+// New makes a token with its own configuration file and token directory
+// in a temp dir of this test, leaving the test binary's environment
+// alone: the processes that use it are given Env (or run by Command).
+func New(tb testing.TB) Token {
 	tb.Helper()
 	util, err := exec.LookPath("softhsm2-util")
 	if err == nil {
@@ -72,14 +106,14 @@ func Start(tb testing.TB) Token {
 	if err := os.WriteFile(conf, []byte(body), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	tb.Setenv("SOFTHSM2_CONF", conf)
-	out, err := exec.Command(util, "--init-token", "--free", "--label", Label, "--pin", PIN, "--so-pin", SOPIN).CombinedOutput()
-	if err != nil {
-		tb.Fatalf("softhsmtest: softhsm2-util --init-token: %v\n%s", err, out)
-	}
 	pinFile := filepath.Join(dir, "pin")
 	if err := os.WriteFile(pinFile, []byte(PIN+"\n"), 0o600); err != nil {
 		tb.Fatal(err)
 	}
-	return Token{Conf: conf, Module: Module, URI: "pkcs11:token=" + Label, PINFile: pinFile}
+	tok := Token{Conf: conf, Module: Module, URI: "pkcs11:token=" + Label, PINFile: pinFile}
+	out, err := tok.Command(util, "--init-token", "--free", "--label", Label, "--pin", PIN, "--so-pin", SOPIN).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("softhsmtest: softhsm2-util --init-token: %v\n%s", err, out)
+	}
+	return tok
 }
