@@ -506,32 +506,20 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 	if _, err := s.certificate(role, hosts); err != nil {
 		return nil, err
 	}
-	cfg := &tls.Config{
-		MinVersion: tls.VersionTLS12,
-		// Ask for a client certificate but do not require one: bootstrap
-		// callers have none yet, and an agent that has one must be seen as
-		// renewing, never as joining again. A certificate given is verified
-		// by authorize (clientChain), not in the handshake, so an expired
-		// or foreign one is answered UNAUTHENTICATED with its reason, and
-		// audited, rather than as a failed connection (UNAVAILABLE).
-		ClientAuth: tls.RequestClientCert,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return s.certificate(role, hosts)
-		},
-		NextProtos: []string{"h2"},
-		// No session tickets, so no resumption: a resumed connection
-		// carries the certificates of the handshake that issued its
-		// ticket without a CertificateVerify of its own, so the client
-		// would not prove again that it holds the certificate's key, and
-		// the per-handshake checks (the connection's class and share,
-		// connclass.go; its kept chain, connchain.go) would rest on a
-		// ticket this process sealed up to 7 days before. muster's
-		// clients keep no session cache and never resume; a client that
-		// does (one that offers psk_key_exchange_modes: OpenSSL's, or
-		// Go's with a ClientSessionCache) would otherwise be sent a
-		// NewSessionTicket after every handshake, its certificates sealed
-		// inside, for nothing (TestNoSessionTickets).
-		SessionTicketsDisabled: true,
+	// listener.ServerTLS: no session tickets, so no resumption; the
+	// per-handshake checks (the connection's class and share,
+	// connclass.go; its kept chain, connchain.go) see every connection's
+	// own CertificateVerify (TestNoSessionTickets).
+	cfg := listener.ServerTLS("h2")
+	// Ask for a client certificate but do not require one: bootstrap
+	// callers have none yet, and an agent that has one must be seen as
+	// renewing, never as joining again. A certificate given is verified
+	// by authorize (clientChain), not in the handshake, so an expired
+	// or foreign one is answered UNAUTHENTICATED with its reason, and
+	// audited, rather than as a failed connection (UNAVAILABLE).
+	cfg.ClientAuth = tls.RequestClientCert
+	cfg.GetCertificate = func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+		return s.certificate(role, hosts)
 	}
 	if role == ca.RoleServer {
 		// Name the agent and admin intermediates in the CertificateRequest

@@ -16,7 +16,6 @@ package discoveryd
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -277,18 +276,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if _, err := certs.get(nil); err != nil {
 		return err
 	}
+	// listener.ServerTLS: no session tickets (TestNoSessionTickets).
+	tlsConfig := listener.ServerTLS("h2", "http/1.1")
+	tlsConfig.GetCertificate = certs.get
 	srv := &http.Server{
-		Handler: s.handler(),
-		TLSConfig: &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: certs.get,
-			NextProtos:     []string{"h2", "http/1.1"},
-			// No session tickets: muster's clients never resume, and the
-			// authority's listeners send none either (authority
-			// serverTLS); a ticket would cost a sealed session state per
-			// handshake of any client offering resumption.
-			SessionTicketsDisabled: true,
-		},
+		Handler:           s.handler(),
+		TLSConfig:         tlsConfig,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		MaxHeaderBytes:    MaxRequestSize,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -152,10 +153,10 @@ func (f *boundFixture) realHandshake(present bool) (*handshakeShape, error) {
 	issuers := x509.NewCertPool()
 	issuers.AddCert(f.h.Issuer(ca.RoleAgent).Cert)
 	issuers.AddCert(f.h.Issuer(ca.RoleAdmin).Cert)
-	srvConf := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}, ClientAuth: tls.RequestClientCert,
-		ClientCAs: issuers, SessionTicketsDisabled: true,
-		Certificates: []tls.Certificate{{Certificate: [][]byte{srvLeaf.Raw, f.h.Issuer(ca.RoleServer).Cert.Raw, f.h.Root.Raw},
-			PrivateKey: f.srvKey.(countingSigner).Signer, Leaf: srvLeaf}}} // not counted: this handshake is not timed
+	srvConf := listener.ServerTLS("h2")
+	srvConf.ClientAuth, srvConf.ClientCAs = tls.RequestClientCert, issuers
+	srvConf.Certificates = []tls.Certificate{{Certificate: [][]byte{srvLeaf.Raw, f.h.Issuer(ca.RoleServer).Cert.Raw, f.h.Root.Raw},
+		PrivateKey: f.srvKey.(countingSigner).Signer, Leaf: srvLeaf}} // not counted: this handshake is not timed
 	var id *identity.Identity
 	if present {
 		id = &identity.Identity{Chain: []*x509.Certificate{f.leaf, f.h.Issuer(ca.RoleAgent).Cert}, Key: f.agent,
