@@ -15,8 +15,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -390,31 +388,9 @@ func prepareRenew(ctx context.Context, s Setup, t *target) (*Prepared, error) {
 	r := &renew{t: t, csrs: csrs[:csrPool], agents: make([]*identity.Identity, n)}
 	// A batch of kept connections may need thousands of agents: they
 	// are joined by --concurrency at once, each from its own source.
-	var next atomic.Int64
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for range min(max(s.Concurrency, 1), n) {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				w := int(next.Add(1) - 1)
-				if w >= n {
-					return
-				}
-				if err := r.join(ctx, secret, w, csrs[csrPool+w]); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-					return
-				}
-				if done := w + 1; done%1000 == 0 {
-					s.Log("setup: %d of %d agents joined", done, n)
-				}
-			}
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
+	if err := joinAll(ctx, s, n, s.Concurrency, func(w int) error {
+		return r.join(ctx, secret, w, csrs[csrPool+w])
+	}); err != nil {
 		return nil, err
 	}
 	return &Prepared{Operation: r}, nil

@@ -49,18 +49,30 @@ func prepareStreams(ctx context.Context, s Setup, t *target) (*Prepared, error) 
 	}
 	defer deleteToken(s, id)(ctx)
 	st := &Streams{t: t, admin: s.Admin, agents: make([]*identity.Identity, n), nodes: make([]string, n)}
+	if err := joinAll(ctx, s, n, setupParallel, func(i int) error {
+		return st.join(ctx, secret, i, csrs[i%len(csrs)])
+	}); err != nil {
+		return nil, err
+	}
+	return &Prepared{Streams: st}, nil
+}
+
+// joinAll runs join for agents 0..n-1, parallel at once, and returns the
+// first errors (each worker stops at its first) or ctx's, logging every
+// thousandth agent joined.
+func joinAll(ctx context.Context, s Setup, n, parallel int, join func(i int) error) error {
 	var next atomic.Int64
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
-	for range min(n, setupParallel) {
+	for range min(max(parallel, 1), n) {
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)
 				if i >= n {
 					return
 				}
-				if err := st.join(ctx, secret, i, csrs[i%len(csrs)]); err != nil {
+				if err := join(i); err != nil {
 					mu.Lock()
 					errs = append(errs, err)
 					mu.Unlock()
@@ -73,10 +85,7 @@ func prepareStreams(ctx context.Context, s Setup, t *target) (*Prepared, error) 
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(append(errs, ctx.Err())...); err != nil {
-		return nil, err
-	}
-	return &Prepared{Streams: st}, nil
+	return errors.Join(append(errs, ctx.Err())...)
 }
 
 func (st *Streams) join(ctx context.Context, token string, i int, k keyCSR) error {
