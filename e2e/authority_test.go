@@ -245,6 +245,11 @@ func TestAuditVerifyCatchesTampering(t *testing.T) {
 			if !strings.Contains(line, tc.wantSeq) {
 				t.Errorf("verify said %q, want it to name %s", line, tc.wantSeq)
 			}
+			// The same walk in the store, from the data directory.
+			line = mustFail(t, "audit", "verify", "--offline", "--data", dir)
+			if !strings.Contains(line, tc.wantSeq) {
+				t.Errorf("verify --offline said %q, want it to name %s", line, tc.wantSeq)
+			}
 		})
 	}
 }
@@ -444,5 +449,52 @@ func TestAuditCatchesACutTail(t *testing.T) {
 	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0")
 	if r.code == 0 || !strings.Contains(r.stderr, "removed from the tail") || !strings.Contains(r.stderr, "head file") {
 		t.Fatalf("restart on the cut chain: exit %d, %s", r.code, r.stderr)
+	}
+	// With no authority running, the chain is still checked from the
+	// data directory.
+	if line := mustFail(t, "audit", "verify", "--offline", "--data", dir); !strings.Contains(line, "removed from the tail") {
+		t.Errorf("verify --offline on the cut chain said %q", line)
+	}
+}
+
+// TestAuditOffline reads the chain with --offline beside a running
+// authority and after it stopped: the same records as through the admin
+// API, and nothing written by reading.
+func TestAuditOffline(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	for _, n := range []string{"na", "nb"} {
+		mustRun(t, "lock", "create", "--node", n, "--data", dir)
+	}
+	online := mustRun(t, "audit", "list", "--data", dir, "--action", "lock.*", "-o", "json")
+	running := mustRun(t, "audit", "list", "--offline", "--data", dir, "--action", "lock.*", "-o", "json")
+	if online != running || strings.Count(online, `"lock.create"`) != 2 {
+		t.Errorf("audit list --offline beside the authority:\n%s\nthrough the API:\n%s", running, online)
+	}
+	a.stop(t)
+	stopped := mustRun(t, "audit", "list", "--offline", "--data", dir, "--action", "lock.*", "-o", "json")
+	if stopped != online {
+		t.Errorf("audit list --offline after the stop:\n%s\nthrough the API:\n%s", stopped, online)
+	}
+	all := mustRun(t, "audit", "list", "--offline", "--data", dir, "-o", "json")
+	if out := mustRun(t, "audit", "verify", "--offline", "--data", dir); !strings.Contains(out, "audit chain intact") {
+		t.Errorf("audit verify --offline: %s", out)
+	}
+	if again := mustRun(t, "audit", "list", "--offline", "--data", dir, "-o", "json"); again != all {
+		t.Errorf("reading the chain offline changed it:\nbefore: %s\nafter: %s", all, again)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"audit", "list", "--offline", "--data", filepath.Join(t.TempDir(), "none")}, "muster init"},
+		{[]string{"audit", "list", "--offline", "--data", dir, "--store", "sqlite://" + filepath.Join(t.TempDir(), "other.db")}, "no store at"},
+		{[]string{"audit", "list", "--offline", "--data", dir, "--authority", "127.0.0.1:1"}, "--offline does not use"},
+		{[]string{"audit", "verify", "--data", dir, "--store", "sqlite://x.db"}, "--store goes with --offline"},
+	} {
+		if line := mustFail(t, tc.args...); !strings.Contains(line, tc.want) {
+			t.Errorf("muster %s: %q, want %q", strings.Join(tc.args, " "), line, tc.want)
+		}
 	}
 }

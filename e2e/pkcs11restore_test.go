@@ -3,7 +3,7 @@
 package e2e
 
 import (
-	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -11,8 +11,6 @@ import (
 	"testing"
 
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
-	"github.com/muster-dev/muster/internal/store"
-	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 // madeNow is a line of migrate-custody's output for a key it made in the
@@ -78,14 +76,14 @@ func TestPKCS11RestoreAcrossMigration(t *testing.T) {
 				t.Errorf("%s: the refusal does not name %q:\n%s", what, w, r.stderr)
 			}
 		}
-		// No authority runs to ask: the store read as it is.
-		st, err := sqlite.Open(context.Background(), filepath.Join(dir, "muster.db"))
-		if err != nil {
-			t.Fatal(err)
+		// No authority runs to ask: the operator reads the refusal from
+		// the data directory.
+		r = muster(t, env, "audit", "list", "--offline", "--data", dir, "--action", "authority.start", "-o", "json")
+		if r.code != 0 {
+			t.Fatalf("%s: audit list --offline: exit %d\n%s", what, r.code, r.stderr)
 		}
-		defer st.Close()
-		a, err := st.ListAudit(context.Background(), store.AuditFilter{Action: "authority.start"})
-		if err != nil {
+		var a []struct{ Result, Reason string }
+		if err := json.Unmarshal([]byte(r.stdout), &a); err != nil {
 			t.Fatal(err)
 		}
 		if len(a) == 0 || a[len(a)-1].Result != "denied" || !strings.Contains(a[len(a)-1].Reason, want[len(want)-1]) {

@@ -40,20 +40,37 @@ func newAuditListCmd(env *Env) *cobra.Command {
 		af  adminFlags
 		out output
 		lf  auditListFlags
+		of  auditOfflineFlags
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster audit list --data ./muster-data --limit 20
-  muster audit list --action token.create --since 24h -o json`,
+  muster audit list --action token.create --since 24h -o json
+  muster audit list --offline --data ./muster-data --action authority.start`,
 		Short: "List audit records, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
+			if err := of.check(cmd, "audit list"); err != nil {
+				return err
+			}
 			f, err := lf.filter(time.Now())
 			if err != nil {
 				return fmt.Errorf("audit list: %w", err)
+			}
+			if of.offline {
+				st, _, err := of.open(cmd.Context(), env, &af)
+				if err != nil {
+					return fmt.Errorf("audit list: %w", err)
+				}
+				defer st.Close()
+				recs, err := listStoredAudit(cmd.Context(), st, &lf, f)
+				if err != nil {
+					return fmt.Errorf("audit list: %w", err)
+				}
+				return writeAuditList(env.Stdout, out, recs)
 			}
 			req := &musterv1.ListAuditRequest{Action: f.Action}
 			if !f.Since.IsZero() {
@@ -84,6 +101,7 @@ func newAuditListCmd(env *Env) *cobra.Command {
 	af.register(cmd)
 	out.register(cmd)
 	lf.register(cmd)
+	of.register(cmd)
 	return cmd
 }
 
@@ -173,21 +191,43 @@ func newAuditVerifyCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		of  auditOfflineFlags
 	)
 	cmd := &cobra.Command{
 		Use: "verify",
 		Example: `  muster audit verify --data ./muster-data
-  muster audit verify -o json`,
+  muster audit verify -o json
+  muster audit verify --offline --data ./muster-data`,
 		Short: "Check the audit chain and its signed checkpoints; exits non-zero on tampering",
 		Long: `verify asks the authority to walk the whole audit chain: every record's
 keyed hash, the links between records, and the signed checkpoints kept in
 the store and in the data directory. It names the first record that was
 edited, removed or inserted, even when the whole chain was rewritten in the
-database, and exits non-zero.`,
+database, and exits non-zero.
+
+With --offline it walks the chain in the store itself, from the data
+directory (its storage key derives the chain's key), whether or not the
+authority runs: the way to check the chain of an authority that refuses to
+start. Only the authority's own verify is recorded in the chain.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
+			}
+			if err := of.check(cmd, "audit verify"); err != nil {
+				return err
+			}
+			if of.offline {
+				st, l, err := of.open(cmd.Context(), env, &af)
+				if err != nil {
+					return fmt.Errorf("audit verify: %w", err)
+				}
+				defer st.Close()
+				rep, err := l.Verify(cmd.Context())
+				if err != nil {
+					return fmt.Errorf("audit verify: %w", err)
+				}
+				return writeAuditVerify(env.Stdout, out, "audit verify", auditVerifyOf(rep))
 			}
 			r, err := callAdmin(cmd, env, &af, "audit verify", func(ctx context.Context, c *adminClient) (*musterv1.VerifyAuditResponse, error) {
 				return c.VerifyAudit(ctx, &musterv1.VerifyAuditRequest{})
@@ -203,6 +243,7 @@ database, and exits non-zero.`,
 	}
 	af.register(cmd)
 	out.register(cmd)
+	of.register(cmd)
 	return cmd
 }
 

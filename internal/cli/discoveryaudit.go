@@ -48,25 +48,7 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 			if _, err := discoveryd.AuditLog(cmd.Context(), string(d), st); err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}
-			recs, err := lf.page(func(afterSeq int64, n int) ([]auditJSON, int64, error) {
-				if n <= 0 {
-					return nil, 0, nil
-				}
-				f.AfterSeq, f.Limit = afterSeq, n
-				rs, err := st.ListAudit(cmd.Context(), f)
-				if err != nil {
-					return nil, 0, err
-				}
-				page := make([]auditJSON, 0, len(rs))
-				for _, r := range rs {
-					page = append(page, auditRecordJSON(r))
-				}
-				next := int64(0)
-				if len(rs) == n {
-					next = rs[n-1].Seq
-				}
-				return page, next, nil
-			})
+			recs, err := listStoredAudit(cmd.Context(), st, &lf, f)
 			if err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}

@@ -1,0 +1,114 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// auditOfflineFlags are audit list's and audit verify's --offline and
+// --store: the chain read in the store itself, from the data directory,
+// when no authority answers. An authority that refuses to start records
+// why in the chain (authority.start, denied) where the store is reachable,
+// and reading it through the admin API needs the authority that refused.
+type auditOfflineFlags struct {
+	offline  bool
+	storeURL string
+}
+
+func (o *auditOfflineFlags) register(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&o.offline, "offline", false, "read the chain in the store, from the data directory, without the authority (it need not run)")
+	cmd.Flags().StringVar(&o.storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+}
+
+// check refuses flags that go with --offline given without it, and the
+// admin API's flags given with it: they would be silently ignored.
+func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
+	if !o.offline {
+		if cmd.Flags().Changed("store") {
+			return fmt.Errorf("%s: --store goes with --offline", name)
+		}
+		return nil
+	}
+	for _, f := range []string{"authority", "identity"} {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("%s: --%s names the authority's admin API, which --offline does not use", name, f)
+		}
+	}
+	return nil
+}
+
+// open opens the store of the data directory and the audit logger over
+// it, as the authority's start does, without the directory's lock: it
+// only reads, so it may run beside a running authority (SQLite's readers
+// do not block its writer). A SQLite store that does not exist is an
+// error, not a new empty database.
+func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) (store.Store, *audit.Logger, error) {
+	dir := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
+	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := loadDataDir(dir, firstOf(o.storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
+	if err != nil {
+		return nil, nil, err
+	}
+	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("no store at %s: give the store the authority uses with --store", path)
+		}
+	}
+	st, err := openStore(ctx, d.url)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	return st, logger, nil
+}
+
+// auditReader is the part of a store (the authority's or discovery's)
+// listStoredAudit reads.
+type auditReader interface {
+	ListAudit(ctx context.Context, f store.AuditFilter) ([]store.AuditRecord, error)
+}
+
+// listStoredAudit pages the records of st's chain that f selects, up to
+// --limit, as audit list prints them.
+func listStoredAudit(ctx context.Context, st auditReader, lf *auditListFlags, f store.AuditFilter) ([]auditJSON, error) {
+	return lf.page(func(afterSeq int64, n int) ([]auditJSON, int64, error) {
+		if n <= 0 {
+			return nil, 0, nil
+		}
+		f.AfterSeq, f.Limit = afterSeq, n
+		rs, err := st.ListAudit(ctx, f)
+		if err != nil {
+			return nil, 0, err
+		}
+		page := make([]auditJSON, 0, len(rs))
+		for _, r := range rs {
+			page = append(page, auditRecordJSON(r))
+		}
+		next := int64(0)
+		if len(rs) == n {
+			next = rs[n-1].Seq
+		}
+		return page, next, nil
+	})
+}
