@@ -225,10 +225,12 @@ Connections (--connection):
 				}
 			}
 			// --timeout bounds a setup of a few calls; one that joins
-			// thousands of agents for streams says how far it got every
-			// thousand instead, and ^C ends it.
+			// thousands of agents (for streams, or a batch of kept
+			// renewals) says how far it got every thousand instead, and
+			// ^C ends it: on a loaded machine 3,000 joins outlast any
+			// fixed bound.
 			setupCtx, cancel := af.context(ctx)
-			if op == loadgen.OpStream {
+			if op == loadgen.OpStream || (op == loadgen.OpRenew && conn == loadgen.ConnKept) {
 				setupCtx, cancel = context.WithCancel(ctx)
 			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
