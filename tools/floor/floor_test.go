@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"os"
@@ -141,6 +142,27 @@ func TestRenewals(t *testing.T) {
 	}
 	if len(leaf.ExtKeyUsage) != 1 || leaf.ExtKeyUsage[0] != x509.ExtKeyUsageClientAuth {
 		t.Errorf("leaf EKU %v", leaf.ExtKeyUsage)
+	}
+
+	// The handshake is the authority's: TLS 1.3, X25519MLKEM768 (Go's
+	// default), no session ticket offered.
+	tc, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: p.roots, Certificates: []tls.Certificate{id.cert}, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := tc.ConnectionState()
+	tc.Close()
+	if st.Version != tls.VersionTLS13 || st.CurveID != tls.X25519MLKEM768 || st.NegotiatedProtocol != "h2" {
+		t.Errorf("handshake: version %x, group %v, ALPN %q", st.Version, st.CurveID, st.NegotiatedProtocol)
+	}
+	// Without a client certificate there is no connection.
+	if tc, err := tls.Dial("tcp", lis.Addr().String(), &tls.Config{RootCAs: p.roots, NextProtos: []string{"h2"}}); err == nil {
+		// TLS 1.3: the server's refusal arrives with the first read.
+		_, err = tc.Read(make([]byte, 1))
+		tc.Close()
+		if err == nil {
+			t.Error("a client without a certificate was served")
+		}
 	}
 
 	// A CSR whose signature does not verify is refused.
