@@ -30,8 +30,11 @@ func TestBench(t *testing.T) {
 		op, conn, primitives string
 		// requests defaults to 40; batch is --batch with kept.
 		requests, batch int64
+		// unlimited is --unlimited-token.
+		unlimited bool
 	}{
 		{op: "token-join", conn: "new", primitives: hs + "token-secret-check " + issue},
+		{op: "token-join", conn: "new", primitives: hs + "token-secret-check " + issue, unlimited: true},
 		{op: "psk-join", conn: "new", primitives: hs + "psk-check " + issue},
 		{op: "renew", conn: "new", primitives: mtls + issue},
 		{op: "bound-recovery", conn: "new", primitives: hs + "challenge-answer-verify join-state-sign " + issue},
@@ -48,12 +51,19 @@ func TestBench(t *testing.T) {
 		{op: "token-join", conn: "kept", primitives: "token-secret-check " + issue, batch: 16},
 		{op: "psk-join", conn: "kept", primitives: "psk-check " + issue, batch: 16},
 	} {
-		t.Run(tc.op+"/"+tc.conn, func(t *testing.T) {
+		name := tc.op + "/" + tc.conn
+		if tc.unlimited {
+			name += "/unlimited-token"
+		}
+		t.Run(name, func(t *testing.T) {
 			requests := cmp.Or(tc.requests, 40)
 			args := []string{"bench", "--data", dir, "--op", tc.op, "--connection", tc.conn,
 				"--concurrency", "4", "--requests", strconv.FormatInt(requests, 10), "-o", "json"}
 			if tc.batch > 0 {
 				args = append(args, "--batch", strconv.FormatInt(tc.batch, 10))
+			}
+			if tc.unlimited {
+				args = append(args, "--unlimited-token")
 			}
 			r := muster(t, nil, args...)
 			if r.code != 0 {
@@ -299,6 +309,9 @@ func TestBench(t *testing.T) {
 			t.Errorf("audit of the tasks: %s %s", out.stdout, out.stderr)
 		}
 	})
+	if got := mustFail(t, "bench", "--data", dir, "--op", "psk-join", "--requests", "1", "--unlimited-token"); !strings.Contains(got, "--op token-join") {
+		t.Errorf("--unlimited-token with psk-join: %q", got)
+	}
 	if got := mustFail(t, "bench", "--data", dir, "--op", "renew", "--requests", "1", "--hold", "1s"); !strings.Contains(got, "--hold") {
 		t.Errorf("--hold for a renew run: %q", got)
 	}

@@ -45,6 +45,7 @@ func newBenchCmd(env *Env) *cobra.Command {
 	var out output
 	var op, conn string
 	var concurrency, prepared, batch int
+	var unlimited bool
 	var duration, hold time.Duration
 	var requests int64
 	var pid int
@@ -159,6 +160,9 @@ Connections (--connection):
 			if requests > 0 {
 				prepared = int(requests)
 			}
+			if unlimited && op != loadgen.OpTokenJoin {
+				return fmt.Errorf("bench: --unlimited-token is for --op %s", loadgen.OpTokenJoin)
+			}
 			conn = firstOf(conn, loadgen.ConnNew)
 			switch {
 			case conn != loadgen.ConnKept && cmd.Flags().Changed("batch"):
@@ -234,7 +238,7 @@ Connections (--connection):
 				setupCtx, cancel = context.WithCancel(ctx)
 			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
-				Prepared: prepared, Batch: batch, Operator: operator, Admin: admin, Log: logf})
+				Prepared: prepared, Batch: batch, UnlimitedToken: unlimited, Operator: operator, Admin: admin, Log: logf})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)
@@ -293,6 +297,7 @@ Connections (--connection):
 	f.StringVar(&conn, "connection", loadgen.ConnNew, "new: a TLS connection per request, as an agent makes; shared: one per simulated agent for the run (not for renew); kept: a connection per request opened and readied before the clock, in batches (renew, token-join, psk-join)")
 	f.IntVar(&batch, "batch", 2000, "with --connection kept: connections opened and readied before each batch of requests (renewals join this many agents)")
 	f.IntVar(&prepared, "prepare", 20000, "with --duration: join requests (nodes and CSRs) made before the run; the run ends early if they are used up")
+	f.BoolVar(&unlimited, "unlimited-token", false, "with --op token-join: join with one token of unlimited uses (valid for an hour) instead of one of as many uses as requests prepared")
 	f.DurationVar(&hold, "hold", 0, "with --op stream: keep the streams open, idle, this long after the last task (to profile the authority while it holds them)")
 	f.StringVar(&authorityPprof, "authority-pprof", "", "with --op stream: the authority's --pprof-listen address (loopback HOST:PORT), to read its live heap and stacks before and after the streams open")
 	f.IntVar(&pid, "authority-pid", 0, "the authority's process on this machine, for its CPU and memory (default: the pid in DIR/authority.lock when the address comes from DIR)")

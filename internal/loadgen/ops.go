@@ -73,6 +73,10 @@ type Setup struct {
 	// each batch of requests (RunKept): renewals prepare that many
 	// agents, each renewed once a batch.
 	Batch int
+	// UnlimitedToken: token-join joins with a token of unlimited uses
+	// (uses 0) rather than one of Prepared uses; a store may take the two
+	// kinds' uses differently.
+	UnlimitedToken bool
 	// Operator is the identity the admin API was reached with: its roots
 	// are the ones simulated agents pin.
 	Operator *identity.Identity
@@ -298,7 +302,11 @@ func prepareTokenJoin(ctx context.Context, s Setup, t *target) (*Prepared, error
 	if err != nil {
 		return nil, err
 	}
-	secret, id, err := createToken(ctx, s, t, int64(s.Prepared))
+	uses := int64(s.Prepared)
+	if s.UnlimitedToken {
+		uses = 0
+	}
+	secret, id, err := createToken(ctx, s, t, uses)
 	if err != nil {
 		return nil, err
 	}

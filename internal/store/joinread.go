@@ -10,7 +10,10 @@ import (
 type JoinRead struct {
 	// Token is the token asked for, with its BoundKeypair for a
 	// bound-keypair token; TokenFound is false (and Token zero) when no
-	// token has the ID, or none was asked for.
+	// token has the ID, or none was asked for. The UsesCount and
+	// LastUsedAt of a token of unlimited uses may leave out its latest
+	// uses here (the PostgreSQL store counts them apart, and a join needs
+	// neither); GetToken and the token lists give them whole.
 	Token      Token
 	TokenFound bool
 	// Node is the node asked for; NodeFound is false when the ID is free,

@@ -112,7 +112,7 @@ func (s *Store) UpdateBoundKeypairSpec(ctx context.Context, id string, spec stor
 			store.Token{SVIDUsage: svidUsage}.SVIDUsageOrDefault(), id); err != nil {
 			return wrap("update bound keypair", err)
 		}
-		if t, err = scanToken(tx.QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = $1`, id)); err != nil {
+		if t, err = scanToken(tx.QueryRow(ctx, `SELECT `+tokenReadColumns+` FROM tokens WHERE id = $1`, id)); err != nil {
 			return wrap("update bound keypair", err)
 		}
 		ts := []store.Token{t}

@@ -47,12 +47,16 @@ func claimStatement(nodeID, instanceID string, c store.Claim) (statement, error)
 	return statement{}, fmt.Errorf("postgres: unknown claim %T", c)
 }
 
-// queueClaims queues the statements of claims on p, in order.
+// queueClaims queues the statements of claims on p, in order. A token
+// use is preceded by the token's lock, taken shared (see useToken).
 func queueClaims(p *pipe, nodeID, instanceID string, claims []store.Claim) error {
 	for _, c := range claims {
 		st, err := claimStatement(nodeID, instanceID, c)
 		if err != nil {
 			return err
+		}
+		if u, ok := c.(store.TokenUse); ok {
+			p.exec(tokenUseLockQuery, []any{tokenLockClass, u.TokenID}, wrapped("commit join: lock token"))
 		}
 		p.row(st.sql, st.args, st.read)
 	}
@@ -74,23 +78,59 @@ type lostWrite struct {
 
 func (*lostWrite) Error() string { return "postgres: conditional write lost, reason not read" }
 
-// useToken takes one use of a token in one conditional UPDATE. Concurrent
-// uses queue on the token's row lock, and PostgreSQL re-evaluates the
-// WHERE clause against the row each winner committed, so no two joins can
-// take the last use. The same statement says, from its snapshot, whether
-// the token exists and whether it had a use left: a token absent, or
-// spent, before the statement began is refused without another round
-// trip (ErrNotFound, ErrTokenSpent). A token that was usable in the
-// snapshot but not once its row lock was had was used up or deleted by a
-// concurrent transaction, and the row is read again to tell which.
+// useToken takes one use of a token in one conditional statement, after
+// the token's lock taken shared (tokenUseLockQuery, queued before it by
+// queueClaims).
+//
+// A token of N uses (uses_allowed > 0) is one conditional UPDATE of its
+// use count. Concurrent uses queue on the token's row lock, held until
+// each commits, and PostgreSQL re-evaluates the WHERE clause against the
+// row each winner committed, so no two joins can take the last use, on one
+// replica or several.
+//
+// A token of unlimited uses (uses_allowed = 0) has no last use to guard,
+// so its use is a row appended to token_uses (migration 0019) if the token
+// exists and is unexpired: no row lock, and joins on one token no longer
+// wait for each other's commits. What the row lock gave besides the count
+// is that a deletion of the token could not commit between a join's check
+// and its commit; here the token's advisory lock gives it. Joins take it
+// shared, and shared holders do not wait for each other; DeleteToken takes
+// it exclusive before it deletes. Under READ COMMITTED each statement sees
+// what was committed when it began, and this one begins after the lock
+// statement returned, so either
+//   - the join held the lock first: the deletion waits for the join to
+//     commit (a transaction's locks are released after its commit is
+//     visible), then deletes the token and the join's use; or
+//   - the deletion held it first: the join waits, and its statement then
+//     sees the token gone (ErrNotFound).
+//
+// No join commits after the deletion that refuses it. The lock manager
+// queues a join's shared request behind a deletion already waiting, so a
+// deletion waits for the joins in flight only, never for a stream of new
+// ones. (A SELECT … FOR SHARE or FOR KEY SHARE of the token's row, or a
+// foreign key, which takes the latter, would guard the deletion as well,
+// but new row-lock sharers do not queue behind a waiting DELETE, so a busy
+// token could keep its deletion waiting as long as joins overlap.) The
+// expiry is checked by the store clock when the statement runs, as for a
+// token of N uses.
+//
+// The same statement says, from its snapshot, whether the token exists
+// and whether it had a use left: a token absent, or spent, before the
+// statement began is refused without another round trip (ErrNotFound,
+// ErrTokenSpent). A token of N uses that was usable in the snapshot but
+// not once its row lock was had was used up or deleted by a concurrent
+// transaction, and the row is read again to tell which.
 func useToken(id string) statement {
 	usable := `(uses_allowed = 0 OR uses_count < uses_allowed) AND ` + unexpired
 	return statement{
 		sql: `WITH used AS (UPDATE tokens
 				SET uses_count = uses_count + 1, last_used_at = ` + nowMicros + `
-				WHERE id = $1 AND ` + usable + `
+				WHERE id = $1 AND uses_allowed > 0 AND uses_count < uses_allowed AND ` + unexpired + `
+				RETURNING 1),
+			counted AS (INSERT INTO token_uses (token_id, used_at)
+				SELECT id, ` + nowMicros + ` FROM tokens WHERE id = $1 AND uses_allowed = 0 AND ` + unexpired + `
 				RETURNING 1)
-			SELECT EXISTS (SELECT 1 FROM used), EXISTS (SELECT 1 FROM tokens WHERE id = $1),
+			SELECT EXISTS (SELECT 1 FROM used) OR EXISTS (SELECT 1 FROM counted), EXISTS (SELECT 1 FROM tokens WHERE id = $1),
 				EXISTS (SELECT 1 FROM tokens WHERE id = $1 AND ` + usable + `)`,
 		args: []any{id},
 		read: func(row pgx.Row) error {
@@ -122,6 +162,16 @@ func useToken(id string) statement {
 		},
 	}
 }
+
+// tokenUseLockQuery and tokenDeleteLockQuery take a token's advisory lock
+// (tokenLockClass, hashtext(id)) for the transaction: shared by each join
+// that uses the token, exclusive by its deletion (useToken). A hash
+// collision between two IDs only makes a deletion wait for the other
+// token's joins.
+const (
+	tokenUseLockQuery    = `SELECT pg_advisory_xact_lock_shared($1, hashtext($2))`
+	tokenDeleteLockQuery = `SELECT pg_advisory_xact_lock($1, hashtext($2))`
+)
 
 func tokenGone(id string) error {
 	return fmt.Errorf("postgres: commit join: token %s: %w", id, store.ErrNotFound)

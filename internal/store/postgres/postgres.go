@@ -6,8 +6,11 @@
 // constraint or a transaction-scoped advisory lock inside one READ COMMITTED
 // transaction, so the contract of package store holds across processes:
 //
-//   - a token use is one UPDATE whose WHERE clause re-checks the remaining
-//     uses and the expiry on the row version it locks;
+//   - a use of a token of N uses is one UPDATE whose WHERE clause
+//     re-checks the remaining uses and the expiry on the row version it
+//     locks; a use of a token of unlimited uses is a row appended to
+//     token_uses, under the token's advisory lock taken shared, which its
+//     deletion takes exclusive;
 //   - a renewal is one UPDATE … WHERE generation = $n AND state = 'current';
 //   - the audit chain has one writer at a time, serialized by
 //     pg_advisory_xact_lock(auditLockKey) taken before the head is read;
@@ -73,6 +76,9 @@ const (
 	// operatorLockClass serializes issuing certificates to one operator
 	// name (with hashtext(name)).
 	operatorLockClass int32 = 0x6d757375
+	// tokenLockClass orders a token's uses before its deletion (with
+	// hashtext(id); claims.go, useToken).
+	tokenLockClass int32 = 0x6d757376
 )
 
 // Open connects to the database at url (a postgres:// or postgresql:// URL

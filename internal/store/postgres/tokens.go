@@ -16,6 +16,21 @@ import (
 const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_count, expires_at,
 	node_id, description, labels, created_by, created_at, last_used_at, svid_usage`
 
+// tokenReadColumns are tokenColumns as the admin API reads them, from a
+// query over tokens: a token of unlimited uses adds its rows in
+// token_uses to uses_count, and their newest to last_used_at (see
+// useToken). ReadJoin reads tokenColumns: a join needs neither figure
+// (an unlimited token cannot be used up), and counting a busy token's
+// uses would cost each join more the more it had.
+const tokenReadColumns = `id, join_method, ciphertext, nonce, uses_allowed,
+	uses_count + CASE WHEN uses_allowed = 0
+		THEN (SELECT count(*) FROM token_uses u WHERE u.token_id = tokens.id) ELSE 0 END,
+	expires_at, node_id, description, labels, created_by, created_at,
+	CASE WHEN uses_allowed = 0
+		THEN GREATEST(last_used_at, (SELECT max(used_at) FROM token_uses u WHERE u.token_id = tokens.id))
+		ELSE last_used_at END,
+	svid_usage`
+
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
 // another store.
@@ -28,6 +43,12 @@ func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
 		return fmt.Errorf("postgres: insert token %s: only a bound-keypair token has BoundKeypair", t.ID)
 	}
 	return s.inTx(ctx, "insert token", func(tx pgx.Tx) error {
+		// Uses left by a deleted token of the same ID (one the cleaner
+		// removed while a join of it was committing) are not this one's;
+		// if the ID is taken, the INSERT fails and this is undone.
+		if _, err := tx.Exec(ctx, `DELETE FROM token_uses WHERE token_id = $1`, t.ID); err != nil {
+			return wrap("insert token", err)
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO tokens (`+tokenColumns+`)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14)`,
 			t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
@@ -48,7 +69,7 @@ func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
 // with that ID. It is the admin API's read: a join reads its token with
 // ReadJoin, whose decoy row keeps an unknown ID from answering sooner.
 func (s *Store) GetToken(ctx context.Context, id string) (store.Token, error) {
-	t, err := scanToken(s.pool.QueryRow(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = $1`, id))
+	t, err := scanToken(s.pool.QueryRow(ctx, `SELECT `+tokenReadColumns+` FROM tokens WHERE id = $1`, id))
 	if err != nil {
 		return store.Token{}, wrap("get token "+id, err)
 	}
@@ -65,11 +86,23 @@ func (s *Store) ListTokens(ctx context.Context) ([]store.Token, error) {
 	return s.ListTokensPage(ctx, store.TokenKey{}, math.MaxInt)
 }
 
-// DeleteToken removes a token; ErrNotFound if there is none with that ID.
-// Nodes, instances and certificates name the token by ID only, so they are
-// left as they are.
+// DeleteToken removes a token and its uses; ErrNotFound if there is none
+// with that ID. Nodes, instances and certificates name the token by ID
+// only, so they are left as they are. It takes the token's lock exclusive
+// first, so it waits for the joins using the token that are in flight and
+// no join of it commits after it (useToken); the statements after the lock
+// see those joins' uses.
 func (s *Store) DeleteToken(ctx context.Context, id string) error {
-	return execOne(ctx, s.pool, "delete token "+id, `DELETE FROM tokens WHERE id = $1`, id)
+	op := "delete token " + id
+	return s.inTx(ctx, op, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, tokenDeleteLockQuery, tokenLockClass, id); err != nil {
+			return wrap(op+": lock", err)
+		}
+		if _, err := tx.Exec(ctx, `DELETE FROM token_uses WHERE token_id = $1`, id); err != nil {
+			return wrap(op, err)
+		}
+		return execOne(ctx, tx, op, `DELETE FROM tokens WHERE id = $1`, id)
+	})
 }
 
 // DeleteExpiredTokens removes the tokens whose expiry is at least retention
@@ -78,9 +111,15 @@ func (s *Store) DeleteToken(ctx context.Context, id string) error {
 // removed. Bound-keypair tokens are left alone: an agent holding one
 // recovers through it, and only an operator removes it.
 func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `DELETE FROM tokens
-		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
-		RETURNING id`, max(retention, 0).Microseconds())
+	// The expired tokens' uses go with them. No join is using such a
+	// token (it refuses an expired one), so this takes no token's lock; a
+	// use committed by a join that checked the expiry just before it
+	// passed may outlive the token, and InsertToken drops it.
+	rows, err := s.pool.Query(ctx, `WITH gone AS (DELETE FROM tokens
+			WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
+			RETURNING id),
+		uses AS (DELETE FROM token_uses WHERE token_id IN (SELECT id FROM gone))
+		SELECT id FROM gone`, max(retention, 0).Microseconds())
 	if err != nil {
 		return nil, wrap("delete expired tokens", err)
 	}

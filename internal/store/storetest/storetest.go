@@ -46,6 +46,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Checkpoint", checkpointCases()},
 		{"Token", tokenCases()},
 		{"Join", joinCases()},
+		{"TokenUse", tokenUseCases()},
 		{"JoinRead", joinReadCases()},
 		{"RenewalRead", renewalReadCases()},
 		{"JoinRetry", retryCases()},
