@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -265,5 +266,94 @@ func BenchmarkRenewalReadWrite(b *testing.B) {
 			b.Fatal(r.CertificateFound, err)
 		}
 		in = renew()
+	}
+}
+
+// benchBatch is the size of a batch in the batch benchmarks: a busy
+// authority's committer finds about this many writes queued.
+const benchBatch = 16
+
+// runOps runs fns as one batch of the group committer, as it would run
+// them had they been queued together, and fails b if any fails.
+func runOps(b *testing.B, s *SQLite, fns []func(ctx context.Context, tx *writeTx) error) {
+	batch := make([]*writeOp, len(fns))
+	for i, fn := range fns {
+		batch[i] = &writeOp{ctx: b.Context(), fn: fn, done: make(chan error, 1)}
+	}
+	s.runBatch(batch)
+	s.wstmts.preparePending(b.Context()) // as the committer does after a batch
+	for _, op := range batch {
+		if err := <-op.done; err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommitRenewalBatch measures renewals written as the committer
+// writes them under load: benchBatch renewals of benchBatch instances,
+// each with its audit record, in one batch, one commit. The batch is
+// formed directly (runBatch), so every run has the same batches; b.N
+// counts batches.
+func BenchmarkCommitRenewalBatch(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	ins := make([]store.Instance, benchBatch)
+	for i := range ins {
+		res, err := s.CommitJoin(ctx, benchJoin(int64(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ins[i] = res.Instance
+	}
+	fns := make([]func(ctx context.Context, tx *writeTx) error, benchBatch)
+	for b.Loop() {
+		now := time.Now()
+		for i := range ins {
+			in := &ins[i]
+			r := store.Renewal{
+				InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
+				Certificate: store.Certificate{
+					Serial: fmt.Sprintf("%08x%024x", i, 1_000_000+in.Generation), NodeID: in.NodeID, InstanceID: in.ID,
+					Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+					PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+				},
+			}
+			c, err := store.PrepareRenewal(r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fns[i] = func(ctx context.Context, tx *writeTx) error {
+				var err error
+				*in, err = commitRenewal(ctx, tx, r, c)
+				return err
+			}
+		}
+		runOps(b, s, fns)
+	}
+}
+
+// BenchmarkCommitJoinBatch measures joins of new nodes, each with its
+// audit record, benchBatch to a batch (see BenchmarkCommitRenewalBatch).
+func BenchmarkCommitJoinBatch(b *testing.B) {
+	s, _ := openTemp(b)
+	benchToken(b, s)
+	fns := make([]func(ctx context.Context, tx *writeTx) error, benchBatch)
+	var n int64
+	for b.Loop() {
+		for i := range fns {
+			n++
+			j := benchJoin(n)
+			j.Audit = benchLink
+			in, cert, err := store.PrepareJoin(j)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fns[i] = func(ctx context.Context, tx *writeTx) error {
+				_, err := commitJoin(ctx, tx, j, in, cert)
+				return err
+			}
+		}
+		runOps(b, s, fns)
 	}
 }
