@@ -38,19 +38,44 @@ const headFileSize = 96
 type headFile struct {
 	path string
 
-	mu  sync.Mutex
+	mu  sync.Mutex // held while the file is written
 	f   *os.File
 	seq int64 // the newest seq written, never lowered
+	// writes counts the writes of the file, notes (under newest) the
+	// calls of note: what the tests check.
+	writes int
+
+	// newest is the newest record noted, written or not: the writes of a
+	// batch commit together, and one write of the file notes them all.
+	newest struct {
+		sync.Mutex
+		seq   int64
+		hash  []byte
+		notes int
+	}
 }
 
-// note records that the chain holds record seq with hash. Concurrent
-// appends may note out of order; the file only moves forward.
+// note records that the chain holds record seq with hash, and returns
+// once the file holds seq or a newer record. Concurrent appends may note
+// out of order; the file only moves forward. Of appends noted while the
+// file is being written, the next write notes the newest alone: it holds
+// every one of them, as the chain has no gaps.
 func (h *headFile) note(seq int64, hash []byte) error {
+	h.newest.Lock()
+	h.newest.notes++
+	if seq > h.newest.seq {
+		h.newest.seq, h.newest.hash = seq, hash
+	}
+	h.newest.Unlock()
+
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if seq <= h.seq {
-		return nil
+		return nil // written already, by this note or a newer one
 	}
+	h.newest.Lock()
+	seq, hash = h.newest.seq, h.newest.hash
+	h.newest.Unlock()
 	if h.f == nil {
 		f, err := os.OpenFile(h.path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
@@ -64,6 +89,7 @@ func (h *headFile) note(seq int64, hash []byte) error {
 		return fmt.Errorf("audit: head file: %w", err)
 	}
 	h.seq = seq
+	h.writes++
 	return nil
 }
 

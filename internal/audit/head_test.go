@@ -6,7 +6,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -188,5 +190,48 @@ func TestLinkNotesTheCommittedRecord(t *testing.T) {
 	}
 	if strings.Join(appended, ",") != "first,between,join" {
 		t.Errorf("appends reported: %v", appended)
+	}
+}
+
+// TestHeadFileNotesABatchOnce: appends noted while the file is being
+// written are written once, as the newest of them, and none of the notes
+// returns before the file holds its record or a newer one.
+func TestHeadFileNotesABatchOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "head")
+	h := &headFile{path: path}
+	if err := h.note(1, []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock() // a write in progress
+	const n = 8
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			seq := int64(2 + i)
+			if err := h.note(seq, []byte{byte(seq)}); err != nil {
+				t.Error(err)
+			}
+			if got, err := ReadHeadFile(path); err != nil || got.Seq < seq {
+				t.Errorf("note %d returned with the file at %+v, %v", seq, got, err)
+			}
+		})
+	}
+	for {
+		h.newest.Lock()
+		all := h.newest.notes == n+1
+		h.newest.Unlock()
+		if all {
+			break
+		}
+		runtime.Gosched()
+	}
+	h.mu.Unlock()
+	wg.Wait()
+	got, err := ReadHeadFile(path)
+	if err != nil || got.Seq != n+1 || !bytes.Equal(got.Hash, []byte{n + 1}) {
+		t.Fatalf("head file %+v, %v; want %d", got, err, n+1)
+	}
+	if h.writes != 2 {
+		t.Fatalf("the file was written %d times, want 2: the first note, then the batch's newest", h.writes)
 	}
 }

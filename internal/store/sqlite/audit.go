@@ -16,8 +16,8 @@ const defaultAuditLimit = 1000
 const auditColumns = `seq, time, actor, action, target, result, reason, source, correlation_id, prev_hash, hash`
 
 // AppendAudit appends one record to the chain. The read of the head, the
-// call to build and the insert run in one savepoint of a write transaction
-// on the single writer connection (batch.go), so appends are serialized
+// call to build and the insert run as one write of a group-committed
+// transaction on the single writer connection (batch.go), so appends are serialized
 // both within this process and against any other process on the file. The
 // record must have Seq head.Seq+1 and PrevHash head.Hash, else ErrConflict
 // and nothing is written; an error from build is returned wrapped and

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
@@ -121,7 +122,7 @@ func benchJoin(n int64) store.Join {
 	now := time.Now()
 	id := fmt.Sprintf("%d", n)
 	key := sha256.Sum256([]byte(id))
-	serial := fmt.Sprintf("%032x", n)
+	serial := fmt.Sprintf("%x", sha256.Sum256([]byte(id)))[:32] // random, as the CA issues them
 	return store.Join{
 		TokenID: "t1", NodeID: "node-" + id, RetryWindow: time.Minute,
 		Instance: store.Instance{
@@ -265,5 +266,137 @@ func BenchmarkRenewalReadWrite(b *testing.B) {
 			b.Fatal(r.CertificateFound, err)
 		}
 		in = renew()
+	}
+}
+
+// benchBatch is the size of a batch in the batch benchmarks: a busy
+// authority's committer finds about this many writes queued.
+const benchBatch = 16
+
+// runOps runs fns as one batch of the group committer, as it would run
+// them had they been queued together, and fails b if any fails.
+func runOps(b *testing.B, s *SQLite, fns []func(ctx context.Context, tx *writeTx) error) {
+	batch := make([]*writeOp, len(fns))
+	for i, fn := range fns {
+		batch[i] = &writeOp{ctx: b.Context(), fn: fn, done: make(chan error, 1)}
+	}
+	s.runBatch(batch)
+	s.wstmts.preparePending(b.Context()) // as the committer does after a batch
+	for _, op := range batch {
+		if err := <-op.done; err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCommitRenewalBatch measures renewals written as the committer
+// writes them under load: benchBatch renewals of benchBatch instances,
+// each with its audit record, in one batch, one commit. The batch is
+// formed directly (runBatch), so every run has the same batches; b.N
+// counts batches.
+func BenchmarkCommitRenewalBatch(b *testing.B) {
+	for _, size := range []int{1, benchBatch} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) { benchRenewalBatch(b, size) })
+	}
+}
+
+// benchFleet records n certificates of n/10 other nodes, random serials
+// as the CA issues them, so that the batch benchmarks write into b-trees
+// of some depth rather than into a store of a few pages.
+func benchFleet(b *testing.B, s *SQLite, n int) {
+	ctx := b.Context()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now().UnixMicro()
+	for i := range n / 10 {
+		id := fmt.Sprintf("fleet-%d", i)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES (?, ?, 'token', 't1', '', 'current', 9, ?, '', x'00', NULL, ?)`,
+			id, "node-"+id, now, now); err != nil {
+			b.Fatal(err)
+		}
+		for g := range 10 {
+			key := sha256.Sum256([]byte(fmt.Sprint(id, g)))
+			if _, err := tx.ExecContext(ctx, `INSERT INTO certificates (`+certificateColumns+`) VALUES (?, ?, ?, ?, 'token', 't1', ?, ?, ?, ?)`,
+				fmt.Sprintf("%x", key[:16]), "node-"+id, id, g, key[:], now, now, now); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchRenewalBatch(b *testing.B, size int) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	benchFleet(b, s, 5000)
+	ins := make([]store.Instance, size)
+	for i := range ins {
+		res, err := s.CommitJoin(ctx, benchJoin(int64(i)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ins[i] = res.Instance
+	}
+	fns := make([]func(ctx context.Context, tx *writeTx) error, size)
+	for b.Loop() {
+		now := time.Now()
+		for i := range ins {
+			in := &ins[i]
+			r := store.Renewal{
+				InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
+				Certificate: store.Certificate{
+					Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(i, in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
+					Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+					PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+				},
+			}
+			c, err := store.PrepareRenewal(r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fns[i] = func(ctx context.Context, tx *writeTx) error {
+				var err error
+				*in, err = commitRenewal(ctx, tx, r, c)
+				return err
+			}
+		}
+		runOps(b, s, fns)
+	}
+}
+
+// BenchmarkCommitJoinBatch measures joins of new nodes, each with its
+// audit record, benchBatch to a batch (see BenchmarkCommitRenewalBatch).
+func BenchmarkCommitJoinBatch(b *testing.B) {
+	for _, size := range []int{1, benchBatch} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) { benchJoinBatch(b, size) })
+	}
+}
+
+func benchJoinBatch(b *testing.B, size int) {
+	s, _ := openTemp(b)
+	benchToken(b, s)
+	benchFleet(b, s, 5000)
+	fns := make([]func(ctx context.Context, tx *writeTx) error, size)
+	var n int64
+	for b.Loop() {
+		for i := range fns {
+			n++
+			j := benchJoin(n)
+			j.Audit = benchLink
+			in, cert, err := store.PrepareJoin(j)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fns[i] = func(ctx context.Context, tx *writeTx) error {
+				_, err := commitJoin(ctx, tx, j, in, cert)
+				return err
+			}
+		}
+		runOps(b, s, fns)
 	}
 }

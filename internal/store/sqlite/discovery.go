@@ -13,8 +13,8 @@ import (
 
 const registrationColumns = `authority_id, root_fingerprint, version, document, signature, registered_at, updated_at`
 
-// PutRegistration records r (see store.DiscoveryStore) in one savepoint of
-// a write transaction on the single writer (batch.go): the read of the
+// PutRegistration records r (see store.DiscoveryStore) as one write of
+// a group-committed transaction on the single writer (batch.go): the read of the
 // stored registration and the write that follows are serialized against
 // every other writer of the file, so of several registrations of one
 // version exactly one is stored and the others find it. RegisteredAt and

@@ -9,11 +9,11 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// CommitJoin performs one admission in one savepoint of a write transaction
-// on the single writer (batch.go), so the token use, the node ID claim and
+// CommitJoin performs one admission as one write of a group-committed
+// transaction on the single writer (batch.go), so the token use, the node ID claim and
 // the inserts are serialized against every other writer of the file, in
-// this process or another; on any error the savepoint is rolled back and
-// nothing is written. In order:
+// this process or another; on any error nothing of it is
+// written. In order:
 //
 //  1. Retry check: if the node's current instance was created by j.TokenID
 //     (or, for a join without a token, j.Credential)
@@ -152,8 +152,8 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 }
 
 // CommitRenewal advances an instance from r.FromGeneration to the next
-// generation and records the certificate, in one savepoint of a write transaction
-// whose conditional UPDATE admits exactly one of several renewals from the
+// generation and records the certificate, as one write of a group-committed
+// transaction whose conditional UPDATE admits exactly one of several renewals from the
 // same generation. ErrConflict, and nothing written, if the instance is not
 // current or not at r.FromGeneration; ErrNotFound if there is no such
 // instance. The certificate's InstanceID, NodeID, Generation, JoinMethod and

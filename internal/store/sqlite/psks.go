@@ -54,8 +54,8 @@ func (s *SQLite) ListPSKs(ctx context.Context) ([]store.PSK, error) {
 // The writer runs one transaction at a time, in this process and, through
 // the file lock, in any other; the check that fromID is still active is
 // made inside that transaction, so of two rotations from one active PSK
-// the second finds it in grace and conflicts. On any error the write's
-// savepoint is rolled back and nothing is written.
+// the second finds it in grace and conflicts. On any error nothing of
+// the write is written.
 func (s *SQLite) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace time.Duration) (store.PSK, error) {
 	var old store.PSK
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {

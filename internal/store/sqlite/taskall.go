@@ -13,10 +13,12 @@ const queueAllPage = `INSERT INTO task_deliveries (task_id, node_id, state, upda
 	RETURNING node_id`
 
 // QueueTaskToAll stores a task and queues it for every node, a page at a
-// time, in one write transaction.
+// time, in one write transaction. The transaction is its own (writeAlone):
+// page tells the caller of each page as it is queued, so the write must
+// not be run again.
 func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string)) (int, error) {
 	total := 0
-	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+	err := s.writeAlone(ctx, func(ctx context.Context, tx *writeTx) error {
 		if _, err := tx.ExecContext(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
 			timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
 			return wrap("insert task", err)

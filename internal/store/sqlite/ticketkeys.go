@@ -25,8 +25,8 @@ func (s *SQLite) ListTicketKeys(ctx context.Context) ([]store.TicketKey, error) 
 }
 
 // RotateTicketKey makes next the active ticket key (see
-// store.DiscoveryStore) in one savepoint of a write transaction on the
-// single writer, so the check that fromID is still the active key (or, for
+// store.DiscoveryStore) as one write of a group-committed transaction on
+// the single writer, so the check that fromID is still the active key (or, for
 // fromID "", that there is none) is made in the transaction that acts on
 // it: of two rotations from one key the second finds it retired and
 // conflicts. The partial unique index ticket_keys_one_active backs this up.
