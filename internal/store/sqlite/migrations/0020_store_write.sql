@@ -1,4 +1,4 @@
--- 0019 (store_write): one b-tree fewer for every audit append, so for
+-- 0020 (store_write): one b-tree fewer for every audit append, so for
 -- every join and renewal. No query reads audit_records by time: ListAudit
 -- orders by seq with a limit, and for a time bound (alone or with an
 -- action or a seq bound) SQLite's planner walks the table in seq order or

@@ -13,18 +13,18 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// TestMigration0019KeepsTheStore: a store written by a binary that knew
-// migrations up to 0018 opens, migrates (the audit time index goes), and
+// TestMigration0020KeepsTheStore: a store written by a binary that knew
+// migrations up to 0019 opens, migrates (the audit time index goes), and
 // keeps its audit chain, read by time too, and every certificate, read by
 // serial, by node, and through the CRL's locks; renewals go on.
 // Not parallel: it narrows the package's migrations while the old store
 // is made.
-func TestMigration0019KeepsTheStore(t *testing.T) {
+func TestMigration0020KeepsTheStore(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "muster.db")
-	i := slices.IndexFunc(migrations, func(m store.Migration) bool { return m.Version == 19 })
+	i := slices.IndexFunc(migrations, func(m store.Migration) bool { return m.Version == 20 })
 	if i < 0 {
-		t.Fatal("no migration 0019")
+		t.Fatal("no migration 0020")
 	}
 	all := migrations
 	migrations = all[:i]
@@ -86,7 +86,7 @@ func TestMigration0019KeepsTheStore(t *testing.T) {
 	defer s.Close()
 	var timeIndex int
 	if err := s.r.QueryRowContext(ctx, `SELECT COUNT(*) FROM sqlite_schema WHERE name = 'audit_records_time'`).Scan(&timeIndex); err != nil || timeIndex != 0 {
-		t.Fatalf("audit_records_time after 0019: %d, %v", timeIndex, err)
+		t.Fatalf("audit_records_time after 0020: %d, %v", timeIndex, err)
 	}
 	recs, err := s.ListAudit(ctx, store.AuditFilter{Since: now.Add(-time.Hour)})
 	if err != nil || len(recs) != int(headBefore.Seq) {
