@@ -568,6 +568,10 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		// between tasks: per-connection buffers are most of what a
 		// stream costs (limits.go, streamReadBuffer).
 		grpc.ReadBufferSize(streamReadBuffer),
+		// Fixed flow-control windows (limits.go, flowWindow): no
+		// WINDOW_UPDATE and PING written with every call.
+		grpc.StaticStreamWindowSize(flowWindow),
+		grpc.StaticConnWindowSize(flowWindow),
 	)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

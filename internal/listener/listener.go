@@ -10,6 +10,7 @@
 package listener
 
 import (
+	"context"
 	"net"
 
 	"github.com/muster-dev/muster/internal/oserr"
@@ -17,9 +18,9 @@ import (
 
 // listen binds addr. If the bind fails, the error is the system's reason
 // alone ("address already in use"), so the caller's message names addr
-// once.
+// once. Its connections have TCP keep-alive (listenConfig).
 func listen(addr string) (net.Listener, error) {
-	lis, err := net.Listen("tcp", addr)
+	lis, err := listenConfig().Listen(context.Background(), "tcp", addr)
 	if err != nil {
 		return nil, oserr.Reason(err)
 	}

@@ -16,10 +16,17 @@ import "crypto/tls"
 // client that does (OpenSSL's, or Go's with a ClientSessionCache) would
 // otherwise be sent a NewSessionTicket after every handshake, its
 // certificates sealed inside, for nothing.
+//
+// Its records are as large as what the server writes at once (up to 16
+// KiB), not grown from one TCP segment's size over the connection's first
+// writes (dynamic record sizing, for browsers that render a page while it
+// arrives): a gRPC response is read whole before it is used, and was
+// split in two or more records, each its own write(2).
 func ServerTLS(nextProtos ...string) *tls.Config {
 	return &tls.Config{
-		MinVersion:             tls.VersionTLS12,
-		NextProtos:             nextProtos,
-		SessionTicketsDisabled: true,
+		MinVersion:                  tls.VersionTLS12,
+		NextProtos:                  nextProtos,
+		SessionTicketsDisabled:      true,
+		DynamicRecordSizingDisabled: true,
 	}
 }

@@ -214,7 +214,8 @@ func sourceAddr(n int64) net.IP {
 // dial makes a connection to the authority pinned to its ID, presenting
 // id if not nil, from source address n when on loopback.
 func (t *target) dial(n int64, id *identity.Identity, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match)))}, extra...)
+	opts := append(agent.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match))))
+	opts = append(opts, extra...)
 	if t.loopback {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(n)}}
 		opts = append(opts, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
