@@ -232,7 +232,52 @@ func (v values) Scan(dst ...any) error {
 	return nil
 }
 
+// assign stores src in dst as database/sql's Scan would. The destination
+// types the scan functions use are stored directly (a renewal reads about
+// forty columns through here, and reflection on each showed in the
+// authority's profile); any other goes through assignReflect.
 func assign(dst, src any) error {
+	switch d := dst.(type) {
+	case *string:
+		switch s := src.(type) {
+		case string:
+			*d = s
+			return nil
+		case []byte:
+			*d = string(s)
+			return nil
+		case nil:
+			return nil
+		}
+	case *[]byte:
+		switch s := src.(type) {
+		case []byte:
+			*d = s // database/sql copied it into the row's []any
+			return nil
+		case string:
+			*d = []byte(s)
+			return nil
+		case nil:
+			return nil
+		}
+	case *int64:
+		switch s := src.(type) {
+		case int64:
+			*d = s
+			return nil
+		case nil:
+			return nil
+		}
+	case *nullInt:
+		return d.Scan(src)
+	}
+	return assignReflect(dst, src)
+}
+
+// assignReflect is assign for any destination: a sql.Scanner scans src,
+// and a pointer to a string, byte slice, integer or bool takes a value
+// of the matching kind.
+func assignReflect(dst, src any) error {
 	if sc, ok := dst.(sql.Scanner); ok {
 		return sc.Scan(src)
 	}

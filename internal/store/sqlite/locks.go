@@ -128,11 +128,11 @@ func buildFindAnyLockQuery(n int) string {
 func scanLock(row interface{ Scan(...any) error }) (store.Lock, error) {
 	var (
 		l                store.Lock
-		created, expires sql.NullInt64
+		created, expires nullInt
 	)
 	if err := row.Scan(&l.ID, &l.Kind, &l.Target, &l.Reason, &l.CreatedBy, &created, &expires); err != nil {
 		return store.Lock{}, err
 	}
-	l.CreatedAt, l.ExpiresAt = timeCol(created), timeCol(expires)
+	l.CreatedAt, l.ExpiresAt = created.time(), expires.time()
 	return l, nil
 }

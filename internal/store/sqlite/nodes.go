@@ -123,37 +123,37 @@ func collect[T any](rows *sql.Rows, op string, scan func(scanner) (T, error)) ([
 func scanNode(row scanner) (store.Node, error) {
 	var (
 		n                store.Node
-		created, updated sql.NullInt64
+		created, updated nullInt
 	)
 	if err := row.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &created, &updated); err != nil {
 		return store.Node{}, err
 	}
-	n.CreatedAt, n.UpdatedAt = timeCol(created), timeCol(updated)
+	n.CreatedAt, n.UpdatedAt = created.time(), updated.time()
 	return n, nil
 }
 
 func scanInstance(row scanner) (store.Instance, error) {
 	var (
 		in              store.Instance
-		created, issued sql.NullInt64
+		created, issued nullInt
 	)
 	if err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
 		&in.Generation, &created, &in.LastSerial, &in.LastPublicKey, &in.LastChainPEM, &issued); err != nil {
 		return store.Instance{}, err
 	}
-	in.CreatedAt, in.LastIssuedAt = timeCol(created), timeCol(issued)
+	in.CreatedAt, in.LastIssuedAt = created.time(), issued.time()
 	return in, nil
 }
 
 func scanCertificate(row scanner) (store.Certificate, error) {
 	var (
 		c                           store.Certificate
-		notBefore, notAfter, issued sql.NullInt64
+		notBefore, notAfter, issued nullInt
 	)
 	if err := row.Scan(&c.Serial, &c.NodeID, &c.InstanceID, &c.Generation, &c.JoinMethod, &c.TokenID,
 		&c.PublicKey, &notBefore, &notAfter, &issued); err != nil {
 		return store.Certificate{}, err
 	}
-	c.NotBefore, c.NotAfter, c.IssuedAt = timeCol(notBefore), timeCol(notAfter), timeCol(issued)
+	c.NotBefore, c.NotAfter, c.IssuedAt = notBefore.time(), notAfter.time(), issued.time()
 	return c, nil
 }
