@@ -38,7 +38,7 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	var r store.JoinRead
 	if tokenID != "" {
 		var found int64
-		t, err := scanToken(flagged{s.r.QueryRowContext(ctx, joinTokenQuery, tokenID), &found})
+		t, err := scanToken(flagged{s.r.lookup(ctx, joinTokenQuery, tokenID), &found})
 		if err != nil {
 			return store.JoinRead{}, wrap("read join: token "+tokenID, err)
 		}
@@ -89,7 +89,7 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 	for i := range raw {
 		dst[i] = &raw[i]
 	}
-	err := s.r.QueryRowContext(ctx, renewalQuery(len(keys)), args...).Scan(dst...)
+	err := s.r.lookup(ctx, renewalQuery(len(keys)), args...).Scan(dst...)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return store.RenewalRead{}, nil

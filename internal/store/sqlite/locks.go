@@ -82,7 +82,7 @@ func (s *SQLite) FindAnyLock(ctx context.Context, targets []store.LockTarget) (s
 	for _, t := range targets {
 		args = append(args, t.Kind, t.Target)
 	}
-	l, err := scanLock(s.r.QueryRowContext(ctx, findAnyLockQuery(len(targets)), args...))
+	l, err := scanLock(s.r.lookup(ctx, findAnyLockQuery(len(targets)), args...))
 	if err != nil {
 		return store.Lock{}, wrap("find lock", err)
 	}

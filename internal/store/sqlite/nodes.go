@@ -20,7 +20,7 @@ type scanner interface{ Scan(...any) error }
 
 // GetNode returns a node; ErrNotFound if no node holds the ID.
 func (s *SQLite) GetNode(ctx context.Context, id string) (store.Node, error) {
-	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(s.r.lookup(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
 	if err != nil {
 		return store.Node{}, wrap("get node "+id, err)
 	}
@@ -63,7 +63,7 @@ func (s *SQLite) DeleteNode(ctx context.Context, id string) error {
 
 // GetInstance returns an instance, whatever its state; ErrNotFound.
 func (s *SQLite) GetInstance(ctx context.Context, id string) (store.Instance, error) {
-	in, err := scanInstance(s.r.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = ?`, id))
+	in, err := scanInstance(s.r.lookup(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = ?`, id))
 	if err != nil {
 		return store.Instance{}, wrap("get instance "+id, err)
 	}
@@ -84,7 +84,7 @@ func (s *SQLite) ListInstances(ctx context.Context, nodeID string) ([]store.Inst
 
 // GetCertificate returns the record of a serial; ErrNotFound.
 func (s *SQLite) GetCertificate(ctx context.Context, serial string) (store.Certificate, error) {
-	c, err := scanCertificate(s.r.QueryRowContext(ctx, `SELECT `+certificateColumns+` FROM certificates
+	c, err := scanCertificate(s.r.lookup(ctx, `SELECT `+certificateColumns+` FROM certificates
 		WHERE serial = ?`, serial))
 	if err != nil {
 		return store.Certificate{}, wrap("get certificate "+serial, err)

@@ -214,7 +214,7 @@ func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
 // Now returns SQLite's clock, to the millisecond, in UTC.
 func (s *SQLite) Now(ctx context.Context) (time.Time, error) {
 	var us int64
-	if err := s.r.QueryRowContext(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
+	if err := s.r.lookup(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
 		return time.Time{}, fmt.Errorf("sqlite: now: %w", err)
 	}
 	return time.UnixMicro(us).UTC(), nil

@@ -47,7 +47,7 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 // with that ID. It is the admin API's read: a join reads its token with
 // ReadJoin, whose decoy row keeps an unknown ID from answering sooner.
 func (s *SQLite) GetToken(ctx context.Context, id string) (store.Token, error) {
-	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id))
+	t, err := scanToken(s.r.lookup(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id))
 	if err != nil {
 		return store.Token{}, wrap("get token "+id, err)
 	}
