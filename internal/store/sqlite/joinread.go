@@ -50,22 +50,25 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 			r.Token, r.TokenFound = ts[0], true
 		}
 	}
+	// No node and no lock is the usual answer for a join: it is read as
+	// sql.ErrNoRows, without building the ErrNotFound error GetNode and
+	// FindAnyLock would return for it.
 	if nodeID != "" {
-		n, err := s.GetNode(ctx, nodeID)
+		n, err := scanNode(s.r.lookup(ctx, nodeQuery, nodeID))
 		switch {
 		case err == nil:
 			r.Node, r.NodeFound = n, true
-		case !errors.Is(err, store.ErrNotFound):
-			return store.JoinRead{}, err
+		case !errors.Is(err, sql.ErrNoRows):
+			return store.JoinRead{}, wrap("get node "+nodeID, err)
 		}
 	}
 	if len(targets) > 0 {
-		l, err := s.FindAnyLock(ctx, targets)
+		l, err := scanLock(s.r.lookup(ctx, findAnyLockQuery(len(targets)), lockArgs(targets)...))
 		switch {
 		case err == nil:
 			r.Lock, r.Locked = l, true
-		case !errors.Is(err, store.ErrNotFound):
-			return store.JoinRead{}, err
+		case !errors.Is(err, sql.ErrNoRows):
+			return store.JoinRead{}, wrap("find lock", err)
 		}
 	}
 	return r, nil

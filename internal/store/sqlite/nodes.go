@@ -18,9 +18,11 @@ const (
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(...any) error }
 
+const nodeQuery = `SELECT ` + nodeColumns + ` FROM nodes WHERE id = ?`
+
 // GetNode returns a node; ErrNotFound if no node holds the ID.
 func (s *SQLite) GetNode(ctx context.Context, id string) (store.Node, error) {
-	n, err := scanNode(s.r.lookup(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(s.r.lookup(ctx, nodeQuery, id))
 	if err != nil {
 		return store.Node{}, wrap("get node "+id, err)
 	}
