@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,6 +38,50 @@ type metrics struct {
 	reportsPending prometheus.Gauge
 	// streamSendsWaiting counts sends to agents waiting over slowSend.
 	streamSendsWaiting prometheus.Gauge
+
+	// The children of the vectors above that requests use, kept once
+	// made: WithLabelValues hashes and checks its labels on every call,
+	// which showed in the authority's profile of joins and renewals.
+	rpcsBy        seriesCache[rpcKey, prometheus.Counter]
+	rpcDurationBy seriesCache[string, prometheus.Observer]
+	auditBy       seriesCache[string, prometheus.Counter]
+	joinsBy       seriesCache[[2]string, prometheus.Counter]
+	renewalsBy    seriesCache[string, prometheus.Counter]
+	issuanceBy    seriesCache[string, prometheus.Observer]
+	certificateBy seriesCache[string, prometheus.Counter]
+}
+
+// rpcKey names one muster_rpc_requests_total series.
+type rpcKey struct {
+	fullMethod string
+	code       codes.Code
+}
+
+// seriesCache holds the child of a metric vector for each label key met so
+// far, made by newChild on first use: a series appears on the first call
+// that counts in it, as with WithLabelValues. Keys are the vectors'
+// bounded label values, so the map stays small.
+type seriesCache[K comparable, V any] struct {
+	newChild func(K) V
+	mu       sync.RWMutex
+	m        map[K]V
+}
+
+func (c *seriesCache[K, V]) get(k K) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = c.newChild(k) // WithLabelValues returns the same child to racing callers
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[K]V)
+	}
+	c.m[k] = v
+	c.mu.Unlock()
+	return v
 }
 
 func newMetrics(version string) *metrics {
@@ -93,6 +138,18 @@ func newMetrics(version string) *metrics {
 			Help: "Join reports stored and not yet delivered to discovery, as the replica leading background jobs counted them after its last delivery pass (0 on the others).",
 		}),
 	}
+	m.rpcsBy.newChild = func(k rpcKey) prometheus.Counter {
+		service, method := serviceOf(k.fullMethod)
+		return m.rpcs.WithLabelValues(service, method, k.code.String())
+	}
+	m.rpcDurationBy.newChild = func(fullMethod string) prometheus.Observer {
+		return m.rpcDuration.WithLabelValues(serviceOf(fullMethod))
+	}
+	m.auditBy.newChild = func(r string) prometheus.Counter { return m.auditRecords.WithLabelValues(r) }
+	m.joinsBy.newChild = func(k [2]string) prometheus.Counter { return m.joins.WithLabelValues(k[0], k[1]) }
+	m.renewalsBy.newChild = func(r string) prometheus.Counter { return m.renewals.WithLabelValues(r) }
+	m.issuanceBy.newChild = func(kind string) prometheus.Observer { return m.issuance.WithLabelValues(kind) }
+	m.certificateBy.newChild = func(kind string) prometheus.Counter { return m.certificates.WithLabelValues(kind) }
 	for _, r := range []string{enroll.PSKResultActive, enroll.PSKResultGrace, enroll.PSKResultInvalid} {
 		m.psks.WithLabelValues(r)
 	}
@@ -106,12 +163,11 @@ func newMetrics(version string) *metrics {
 	return m
 }
 
-func (m *metrics) onAudit(e audit.Event) { m.auditRecords.WithLabelValues(e.Result).Inc() }
+func (m *metrics) onAudit(e audit.Event) { m.auditBy.get(e.Result).Inc() }
 
 func (m *metrics) observe(fullMethod string, start time.Time, err error) {
-	service, method := serviceOf(fullMethod)
-	m.rpcs.WithLabelValues(service, method, status.Code(err).String()).Inc()
-	m.rpcDuration.WithLabelValues(service, method).Observe(time.Since(start).Seconds())
+	m.rpcsBy.get(rpcKey{fullMethod, status.Code(err)}).Inc()
+	m.rpcDurationBy.get(fullMethod).Observe(time.Since(start).Seconds())
 	m.outage.observe(err)
 }
 
@@ -148,18 +204,18 @@ func result(iss *enroll.Issued, err error) string {
 }
 
 func (m *metrics) join(method string, start time.Time, iss *enroll.Issued, err error) {
-	m.joins.WithLabelValues(method, result(iss, err)).Inc()
+	m.joinsBy.get([2]string{method, result(iss, err)}).Inc()
 	if err == nil && !iss.Retry {
-		m.issuance.WithLabelValues("join").Observe(time.Since(start).Seconds())
-		m.certificates.WithLabelValues("join").Inc()
+		m.issuanceBy.get("join").Observe(time.Since(start).Seconds())
+		m.certificateBy.get("join").Inc()
 	}
 }
 
 func (m *metrics) renewal(start time.Time, iss *enroll.Issued, err error) {
-	m.renewals.WithLabelValues(result(iss, err)).Inc()
+	m.renewalsBy.get(result(iss, err)).Inc()
 	if err == nil && !iss.Retry {
-		m.issuance.WithLabelValues("renewal").Observe(time.Since(start).Seconds())
-		m.certificates.WithLabelValues("renewal").Inc()
+		m.issuanceBy.get("renewal").Observe(time.Since(start).Seconds())
+		m.certificateBy.get("renewal").Inc()
 	}
 }
 

@@ -50,7 +50,8 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 	}
 	// The record of the join is written with the join: both or neither.
 	ev.Result = audit.ResultOK
-	ev.Reason = fmt.Sprintf("method %s, %s, instance %s, serial %s", a.Method, a.Proof, inst.ID, inst.LastSerial)
+	// Concatenated, not formatted: every join builds this reason.
+	ev.Reason = "method " + a.Method + ", " + a.Proof + ", instance " + inst.ID + ", serial " + inst.LastSerial
 	if a.MaySupersede {
 		ev.Reason += ", superseding the node's current instance if any"
 	}
@@ -107,7 +108,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return nil, err
 	}
 	if res.Retry {
-		ev.Reason = fmt.Sprintf("retry answered with instance %s, serial %s", res.Instance.ID, res.Instance.LastSerial)
+		ev.Reason = "retry answered with instance " + res.Instance.ID + ", serial " + res.Instance.LastSerial
 		return s.issuedFrom(a.NodeID, res.Instance, true)
 	}
 	s.cfg.Audit.Appended(build)

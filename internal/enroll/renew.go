@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
@@ -99,7 +100,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		}
 		switch g := rec.Generation; {
 		case inst.Generation == g+1 && hmac.Equal(inst.LastPublicKey, kid):
-			ev.Reason = fmt.Sprintf("retry answered with generation %d, serial %s", inst.Generation, inst.LastSerial)
+			ev.Reason = "retry answered with generation " + strconv.FormatInt(inst.Generation, 10) + ", serial " + inst.LastSerial
 			return s.issuedFrom(rec.NodeID, inst, true)
 		case inst.Generation != g:
 			return nil, s.copyDetected(ctx, rec, inst)
@@ -119,7 +120,8 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			NotBefore: next.NotBefore, NotAfter: next.NotAfter, IssuedAt: now,
 		}
 		ev.Result = audit.ResultOK
-		ev.Reason = fmt.Sprintf("instance %s, generation %d, serial %s", inst.ID, rec.Generation+1, cert.Serial)
+		// Concatenated, not formatted: every renewal builds this reason.
+		ev.Reason = "instance " + inst.ID + ", generation " + strconv.FormatInt(rec.Generation+1, 10) + ", serial " + cert.Serial
 		build, err := s.cfg.Audit.Builder(*ev)
 		if err != nil {
 			return nil, err

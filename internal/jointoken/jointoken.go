@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
-	"regexp"
 	"strings"
 )
 
@@ -24,10 +23,26 @@ const (
 // never repeats the input, which may hold a secret.
 var ErrMalformed = errors.New("join token is malformed: want 6 and 16 characters of a-z 0-9 separated by a dot")
 
-var (
-	idRE    = regexp.MustCompile(`^[a-z0-9]{6}$`)
-	tokenRE = regexp.MustCompile(`^[a-z0-9]{6}\.[a-z0-9]{16}$`)
-)
+// validToken reports whether s matches ^[a-z0-9]{6}\.[a-z0-9]{16}$ and
+// validID whether it matches ^[a-z0-9]{6}$: byte loops, not regexps,
+// since every token join parses its token (TestValidMatchesRegexp and
+// FuzzValidMatchesRegexp hold them to the expressions).
+func validToken(s string) bool {
+	return len(s) == idLen+1+secretLen && s[idLen] == '.' && inAlphabet(s[:idLen]) && inAlphabet(s[idLen+1:])
+}
+
+func validID(s string) bool { return len(s) == idLen && inAlphabet(s) }
+
+// inAlphabet reports whether every byte of s is in [a-z0-9]; a byte of
+// a multi-byte UTF-8 sequence is >= 0x80 and is not.
+func inAlphabet(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
 
 // Token is a parsed join token.
 type Token struct {
@@ -64,7 +79,7 @@ func randomString(n int) (string, error) {
 
 // Parse reads "ID.SECRET".
 func Parse(s string) (Token, error) {
-	if !tokenRE.MatchString(s) {
+	if !validToken(s) {
 		return Token{}, ErrMalformed
 	}
 	return Token{ID: s[:idLen], secret: s[idLen+1:]}, nil
@@ -76,7 +91,7 @@ func New(id string, secret []byte) (Token, error) {
 }
 
 // ValidID reports whether s has the form of a token ID.
-func ValidID(s string) bool { return idRE.MatchString(s) }
+func ValidID(s string) bool { return validID(s) }
 
 // LooksLike reports whether s may be a join token pasted whole, even
 // mistyped: a token ID followed by a dot and anything. Such a string may

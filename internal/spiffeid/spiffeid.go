@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"regexp"
 	"strings"
 )
 
@@ -25,13 +24,46 @@ const (
 // ErrInvalid is wrapped by every parse and validation failure.
 var ErrInvalid = errors.New("invalid SPIFFE ID")
 
-var (
-	// SPIFFE trust domains: lower-case letters, digits, '.', '-', '_'.
-	trustDomainRE = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
-	// Node IDs, operator names and authority IDs share the DNS-label-like
-	// form of DESIGN.md, so every name fits in a host name and a path.
-	nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
-)
+// The names below are checked by byte loops, not regular expressions: a
+// renewal checks several (its certificate's ID, the CSR's), and a regexp
+// match per check showed in the authority's profile. Each loop accepts
+// exactly the language of the expression its comment gives;
+// TestValidMatchesRegexp and FuzzValidMatchesRegexp hold them to it.
+
+// validTrustDomain reports whether td matches ^[a-z0-9._-]{1,255}$: SPIFFE
+// trust domains, lower-case letters, digits, '.', '-', '_'.
+func validTrustDomain(td string) bool {
+	if len(td) < 1 || len(td) > 255 {
+		return false
+	}
+	for i := 0; i < len(td); i++ {
+		if c := td[i]; !alnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// validName reports whether name matches
+// ^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$: node IDs, operator names and
+// authority IDs share the DNS-label-like form of DESIGN.md, so every name
+// fits in a host name and a path.
+func validName(name string) bool {
+	n := len(name)
+	if n < 1 || n > 63 || !alnum(name[0]) || !alnum(name[n-1]) {
+		return false
+	}
+	for i := 1; i < n-1; i++ {
+		if c := name[i]; !alnum(c) && c != '.' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// alnum reports whether c is in [a-z0-9]. Every byte of a multi-byte
+// UTF-8 sequence (or of invalid UTF-8) is >= 0x80 and so is not.
+func alnum(c byte) bool { return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' }
 
 // ID is one parsed muster SPIFFE ID.
 type ID struct {
@@ -42,7 +74,7 @@ type ID struct {
 
 // ValidTrustDomain checks a trust domain name.
 func ValidTrustDomain(td string) error {
-	if !trustDomainRE.MatchString(td) {
+	if !validTrustDomain(td) {
 		return fmt.Errorf("%w: trust domain %q: want 1-255 of a-z 0-9 . - _", ErrInvalid, td)
 	}
 	return nil
@@ -50,7 +82,7 @@ func ValidTrustDomain(td string) error {
 
 // ValidNodeID checks a node ID (also used for operator names).
 func ValidNodeID(name string) error {
-	if !nameRE.MatchString(name) {
+	if !validName(name) {
 		return fmt.Errorf("%w: name %q: want 1-63 of a-z 0-9 . -, starting and ending with a letter or digit", ErrInvalid, name)
 	}
 	return nil
@@ -81,11 +113,12 @@ func Parse(s string) (ID, error) {
 	if !ok {
 		return ID{}, fmt.Errorf("%w: %q does not start with spiffe://", ErrInvalid, s)
 	}
-	parts := strings.Split(rest, "/")
-	if len(parts) != 3 {
+	td, rest, ok1 := strings.Cut(rest, "/")
+	role, name, ok2 := strings.Cut(rest, "/")
+	if !ok1 || !ok2 || strings.Contains(name, "/") {
 		return ID{}, fmt.Errorf("%w: %q: want spiffe://TRUST_DOMAIN/ROLE/NAME", ErrInvalid, s)
 	}
-	return New(parts[0], Role(parts[1]), parts[2])
+	return New(td, Role(role), name)
 }
 
 // String returns the URI form.

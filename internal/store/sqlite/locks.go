@@ -78,15 +78,20 @@ func (s *SQLite) FindAnyLock(ctx context.Context, targets []store.LockTarget) (s
 	if len(targets) == 0 {
 		return store.Lock{}, wrap("find lock", sql.ErrNoRows)
 	}
-	args := make([]any, 0, 2*len(targets))
-	for _, t := range targets {
-		args = append(args, t.Kind, t.Target)
-	}
-	l, err := scanLock(s.r.QueryRowContext(ctx, findAnyLockQuery(len(targets)), args...))
+	l, err := scanLock(s.r.lookup(ctx, findAnyLockQuery(len(targets)), lockArgs(targets)...))
 	if err != nil {
 		return store.Lock{}, wrap("find lock", err)
 	}
 	return l, nil
+}
+
+// lockArgs are findAnyLockQuery's arguments: each target's kind and value.
+func lockArgs(targets []store.LockTarget) []any {
+	args := make([]any, 0, 2*len(targets))
+	for _, t := range targets {
+		args = append(args, t.Kind, t.Target)
+	}
+	return args
 }
 
 // findAnyLockQueries[n] is FindAnyLock's query for n targets: the targets
@@ -128,11 +133,11 @@ func buildFindAnyLockQuery(n int) string {
 func scanLock(row interface{ Scan(...any) error }) (store.Lock, error) {
 	var (
 		l                store.Lock
-		created, expires sql.NullInt64
+		created, expires nullInt
 	)
 	if err := row.Scan(&l.ID, &l.Kind, &l.Target, &l.Reason, &l.CreatedBy, &created, &expires); err != nil {
 		return store.Lock{}, err
 	}
-	l.CreatedAt, l.ExpiresAt = timeCol(created), timeCol(expires)
+	l.CreatedAt, l.ExpiresAt = created.time(), expires.time()
 	return l, nil
 }

@@ -18,9 +18,11 @@ const (
 // scanner is a *sql.Row or *sql.Rows.
 type scanner interface{ Scan(...any) error }
 
+const nodeQuery = `SELECT ` + nodeColumns + ` FROM nodes WHERE id = ?`
+
 // GetNode returns a node; ErrNotFound if no node holds the ID.
 func (s *SQLite) GetNode(ctx context.Context, id string) (store.Node, error) {
-	n, err := scanNode(s.r.QueryRowContext(ctx, `SELECT `+nodeColumns+` FROM nodes WHERE id = ?`, id))
+	n, err := scanNode(s.r.lookup(ctx, nodeQuery, id))
 	if err != nil {
 		return store.Node{}, wrap("get node "+id, err)
 	}
@@ -63,7 +65,7 @@ func (s *SQLite) DeleteNode(ctx context.Context, id string) error {
 
 // GetInstance returns an instance, whatever its state; ErrNotFound.
 func (s *SQLite) GetInstance(ctx context.Context, id string) (store.Instance, error) {
-	in, err := scanInstance(s.r.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = ?`, id))
+	in, err := scanInstance(s.r.lookup(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = ?`, id))
 	if err != nil {
 		return store.Instance{}, wrap("get instance "+id, err)
 	}
@@ -84,7 +86,7 @@ func (s *SQLite) ListInstances(ctx context.Context, nodeID string) ([]store.Inst
 
 // GetCertificate returns the record of a serial; ErrNotFound.
 func (s *SQLite) GetCertificate(ctx context.Context, serial string) (store.Certificate, error) {
-	c, err := scanCertificate(s.r.QueryRowContext(ctx, `SELECT `+certificateColumns+` FROM certificates
+	c, err := scanCertificate(s.r.lookup(ctx, `SELECT `+certificateColumns+` FROM certificates
 		WHERE serial = ?`, serial))
 	if err != nil {
 		return store.Certificate{}, wrap("get certificate "+serial, err)
@@ -123,37 +125,37 @@ func collect[T any](rows *sql.Rows, op string, scan func(scanner) (T, error)) ([
 func scanNode(row scanner) (store.Node, error) {
 	var (
 		n                store.Node
-		created, updated sql.NullInt64
+		created, updated nullInt
 	)
 	if err := row.Scan(&n.ID, &n.JoinMethod, &n.TokenID, &n.InstanceID, &created, &updated); err != nil {
 		return store.Node{}, err
 	}
-	n.CreatedAt, n.UpdatedAt = timeCol(created), timeCol(updated)
+	n.CreatedAt, n.UpdatedAt = created.time(), updated.time()
 	return n, nil
 }
 
 func scanInstance(row scanner) (store.Instance, error) {
 	var (
 		in              store.Instance
-		created, issued sql.NullInt64
+		created, issued nullInt
 	)
 	if err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
 		&in.Generation, &created, &in.LastSerial, &in.LastPublicKey, &in.LastChainPEM, &issued); err != nil {
 		return store.Instance{}, err
 	}
-	in.CreatedAt, in.LastIssuedAt = timeCol(created), timeCol(issued)
+	in.CreatedAt, in.LastIssuedAt = created.time(), issued.time()
 	return in, nil
 }
 
 func scanCertificate(row scanner) (store.Certificate, error) {
 	var (
 		c                           store.Certificate
-		notBefore, notAfter, issued sql.NullInt64
+		notBefore, notAfter, issued nullInt
 	)
 	if err := row.Scan(&c.Serial, &c.NodeID, &c.InstanceID, &c.Generation, &c.JoinMethod, &c.TokenID,
 		&c.PublicKey, &notBefore, &notAfter, &issued); err != nil {
 		return store.Certificate{}, err
 	}
-	c.NotBefore, c.NotAfter, c.IssuedAt = timeCol(notBefore), timeCol(notAfter), timeCol(issued)
+	c.NotBefore, c.NotAfter, c.IssuedAt = notBefore.time(), notAfter.time(), issued.time()
 	return c, nil
 }

@@ -44,7 +44,7 @@ func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, store.SignerS
 // SignerSetID returns the verifier set's ID (see store.SignerStore).
 func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 	var id store.SignerSetID
-	if err := s.r.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+	if err := s.r.lookup(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
 		return id, wrap("signer set id", err)
 	}
 	return id, nil

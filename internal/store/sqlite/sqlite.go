@@ -214,7 +214,7 @@ func (s *SQLite) SchemaVersion(ctx context.Context) (int, error) {
 // Now returns SQLite's clock, to the millisecond, in UTC.
 func (s *SQLite) Now(ctx context.Context) (time.Time, error) {
 	var us int64
-	if err := s.r.QueryRowContext(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
+	if err := s.r.lookup(ctx, `SELECT `+nowMicros).Scan(&us); err != nil {
 		return time.Time{}, fmt.Errorf("sqlite: now: %w", err)
 	}
 	return time.UnixMicro(us).UTC(), nil
@@ -260,6 +260,28 @@ func timeArg(t time.Time) any {
 }
 
 // timeCol converts a column value written by timeArg back to a time.Time.
+// nullInt is a nullable integer column (a time in Unix microseconds) that
+// scans an integer or NULL without reflection: sql.NullInt64.Scan goes
+// through database/sql's convertAssign, whose reflection showed in the
+// authority's profile for the timestamps of every row a renewal or join
+// reads. Any other value scans as sql.NullInt64 would.
+type nullInt struct{ sql.NullInt64 }
+
+func (n *nullInt) Scan(v any) error {
+	switch x := v.(type) {
+	case int64:
+		n.Int64, n.Valid = x, true
+		return nil
+	case nil:
+		n.Int64, n.Valid = 0, false
+		return nil
+	}
+	return n.NullInt64.Scan(v)
+}
+
+// time is timeCol of the column.
+func (n nullInt) time() time.Time { return timeCol(n.NullInt64) }
+
 func timeCol(v sql.NullInt64) time.Time {
 	if !v.Valid {
 		return time.Time{}

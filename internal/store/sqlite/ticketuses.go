@@ -13,7 +13,7 @@ import (
 // or not its KeepUntil has passed.
 func (s *SQLite) TicketUsed(ctx context.Context, id string) (bool, error) {
 	var one int
-	err := s.r.QueryRowContext(ctx, `SELECT 1 FROM ticket_uses WHERE jti = ?`, id).Scan(&one)
+	err := s.r.lookup(ctx, `SELECT 1 FROM ticket_uses WHERE jti = ?`, id).Scan(&one)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return false, nil

@@ -47,7 +47,7 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 // with that ID. It is the admin API's read: a join reads its token with
 // ReadJoin, whose decoy row keeps an unknown ID from answering sooner.
 func (s *SQLite) GetToken(ctx context.Context, id string) (store.Token, error) {
-	t, err := scanToken(s.r.QueryRowContext(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id))
+	t, err := scanToken(s.r.lookup(ctx, `SELECT `+tokenColumns+` FROM tokens WHERE id = ?`, id))
 	if err != nil {
 		return store.Token{}, wrap("get token "+id, err)
 	}
@@ -115,19 +115,23 @@ func scanToken(row scanner) (store.Token, error) {
 	var (
 		t                        store.Token
 		labels                   string
-		expires, created, usedAt sql.NullInt64
+		expires, created, usedAt nullInt
 	)
 	if err := row.Scan(&t.ID, &t.JoinMethod, &t.Ciphertext, &t.Nonce, &t.UsesAllowed, &t.UsesCount, &expires,
 		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt, &t.SVIDUsage); err != nil {
 		return store.Token{}, err
 	}
-	if err := json.Unmarshal([]byte(labels), &t.Labels); err != nil {
-		return store.Token{}, fmt.Errorf("token %s: labels: %w", t.ID, err)
+	// No labels are stored as "{}" (labelsArg), which reads as nil
+	// without the JSON decoder a join would otherwise run on every token.
+	if labels != "{}" {
+		if err := json.Unmarshal([]byte(labels), &t.Labels); err != nil {
+			return store.Token{}, fmt.Errorf("token %s: labels: %w", t.ID, err)
+		}
+		if len(t.Labels) == 0 {
+			t.Labels = nil
+		}
 	}
-	if len(t.Labels) == 0 {
-		t.Labels = nil
-	}
-	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = timeCol(expires), timeCol(created), timeCol(usedAt)
+	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = expires.time(), created.time(), usedAt.time()
 	if t.SVIDUsage == store.SVIDUsageClient {
 		t.SVIDUsage = "" // the default reads as unset
 	}

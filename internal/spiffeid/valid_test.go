@@ -1,0 +1,120 @@
+package spiffeid
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// The expressions validTrustDomain and validName replaced: the oracle
+// their byte loops must agree with on every string.
+var (
+	trustDomainRE = regexp.MustCompile(`^[a-z0-9._-]{1,255}$`)
+	nameRE        = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+)
+
+func TestValidMatchesRegexp(t *testing.T) {
+	tests := []struct {
+		in           string
+		td, nodeName bool
+	}{
+		{"", false, false},
+		{"a", true, true},
+		{"0", true, true},
+		{"z9", true, true},
+		{"-", true, false},
+		{".", true, false},
+		{"_", true, false},
+		{"a-", true, false},
+		{"-a", true, false},
+		{"a.", true, false},
+		{".a", true, false},
+		{"a-b", true, true},
+		{"a.b", true, true},
+		{"a--b", true, true},
+		{"a..b", true, true},
+		{"a_b", true, false},
+		{"prod-a3f2e1", true, true},
+		{"gpu.rack4", true, true},
+		{"A", false, false},
+		{"aB", false, false},
+		{"a b", false, false},
+		{"a/b", false, false},
+		{"a:1", false, false},
+		{"a\n", false, false},
+		{"\na", false, false},
+		{"a\x00", false, false},
+		{"é", false, false},
+		{"aé", false, false},
+		{"a\xffb", false, false},
+		{"a\u0131", false, false}, // dotless i: not folded to 'i'
+		{"a\u212a", false, false}, // Kelvin sign: not folded to 'k'
+		{strings.Repeat("a", 62), true, true},
+		{strings.Repeat("a", 63), true, true},
+		{strings.Repeat("a", 64), true, false},
+		{"a" + strings.Repeat("-", 61) + "a", true, true},
+		{"a" + strings.Repeat("-", 62) + "a", true, false},
+		{strings.Repeat("a", 255), true, false},
+		{strings.Repeat("a", 256), false, false},
+		{strings.Repeat("_", 255), true, false},
+		{strings.Repeat("é", 100), false, false},
+	}
+	for _, tt := range tests {
+		if got := validTrustDomain(tt.in); got != tt.td || got != trustDomainRE.MatchString(tt.in) {
+			t.Errorf("validTrustDomain(%q) = %v, want %v (regexp %v)", tt.in, got, tt.td, trustDomainRE.MatchString(tt.in))
+		}
+		if got := validName(tt.in); got != tt.nodeName || got != nameRE.MatchString(tt.in) {
+			t.Errorf("validName(%q) = %v, want %v (regexp %v)", tt.in, got, tt.nodeName, nameRE.MatchString(tt.in))
+		}
+		if (ValidTrustDomain(tt.in) == nil) != tt.td || (ValidNodeID(tt.in) == nil) != tt.nodeName {
+			t.Errorf("ValidTrustDomain/ValidNodeID(%q) disagree with validTrustDomain/validName", tt.in)
+		}
+	}
+}
+
+// TestValidLengthsMatchRegexp walks every length around the bounds with
+// every byte in each position class that matters.
+func TestValidLengthsMatchRegexp(t *testing.T) {
+	for n := 0; n <= 258; n++ {
+		for c := 0; c < 256; c++ {
+			b := []byte(strings.Repeat("a", n))
+			for _, at := range []int{0, n / 2, n - 1} {
+				if n == 0 {
+					break
+				}
+				b[at] = byte(c)
+				s := string(b)
+				if validTrustDomain(s) != trustDomainRE.MatchString(s) {
+					t.Fatalf("validTrustDomain(%q) = %v, regexp %v", s, validTrustDomain(s), !validTrustDomain(s))
+				}
+				if validName(s) != nameRE.MatchString(s) {
+					t.Fatalf("validName(%q) = %v, regexp %v", s, validName(s), !validName(s))
+				}
+				b[at] = 'a'
+			}
+		}
+	}
+}
+
+func FuzzValidMatchesRegexp(f *testing.F) {
+	for _, s := range []string{"", "a", "a-", "-a", "node-1", "gpu.rack4", "td_x", "A", "a\n", "é", strings.Repeat("a", 63), strings.Repeat("a", 64), strings.Repeat("a", 255), strings.Repeat("a", 256)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := validTrustDomain(s), trustDomainRE.MatchString(s); got != want {
+			t.Fatalf("validTrustDomain(%q) = %v, regexp %v", s, got, want)
+		}
+		if got, want := validName(s), nameRE.MatchString(s); got != want {
+			t.Fatalf("validName(%q) = %v, regexp %v", s, got, want)
+		}
+	})
+}
+
+func BenchmarkParse(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Parse("spiffe://prod-a3f2e1/agent/bench-1234-node-0001"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
