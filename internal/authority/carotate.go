@@ -97,7 +97,7 @@ const MinCAIntermediateTTL = 2 * time.Minute
 // conditional write, so a step another replica took first conflicts and
 // is skipped.
 func (s *Server) caClock(ctx context.Context) error {
-	t := time.NewTicker(caTick)
+	t := time.NewTicker(cmp.Or(s.cfg.CATick, caTick))
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, cmp.Or(s.caStepTimeout, caStepTimeout))

@@ -201,7 +201,7 @@ func TestOpenConnectionRetiredIntermediate(t *testing.T) {
 // since before, whose chain goes through it, is refused.
 func TestOpenConnectionRootDropped(t *testing.T) {
 	t.Parallel()
-	a := startBench(t)
+	a := startReplicas(t, nil, 1, fastCAClock)
 	s := a.srvs[0]
 	ctx := t.Context()
 	conn, _ := openAgent(t, a, "conn-root")

@@ -14,7 +14,7 @@ import (
 // joining URIs pin) and both trusted roots, the new one first.
 func TestStatusAndJoinAnswersFollowTheRootRotation(t *testing.T) {
 	t.Parallel()
-	a := startReplicas(t, nil, 1)
+	a := startReplicas(t, nil, 1, fastCAClock)
 	s := a.srvs[0]
 	ctx := t.Context()
 	admin := &adminService{s: s}

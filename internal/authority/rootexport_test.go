@@ -16,7 +16,7 @@ import (
 // stay trusted.
 func TestExportedRootKeyIsOffline(t *testing.T) {
 	t.Parallel()
-	a := startReplicas(t, nil, 1)
+	a := startReplicas(t, nil, 1, fastCAClock)
 	s := a.srvs[0]
 	ctx := t.Context()
 	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {

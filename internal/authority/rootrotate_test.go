@@ -72,6 +72,20 @@ func phaseIndex(p string) int {
 	return -1
 }
 
+// fastCAClock has the leader's CA clock step every 100 ms and activate an
+// intermediate 200 ms after it was prepared, for the tests that step a
+// root rotation to update_servers or roll it back to update_agents: the
+// step answers once the leader has prepared and activated intermediates
+// under the root that signs (awaitIntermediatesUnder), which the 5 s tick
+// and 10 s publish window make about 15 s each time. What these tests
+// check (the phases, the roots, which intermediates are active and under
+// which root) is the same at any tick; the publish window is
+// TestActivateOnceAcrossReplicas's and TestCALifecycleModel's.
+func fastCAClock(c *Config) {
+	c.CATick = 100 * time.Millisecond
+	c.CAPublishWindow = 200 * time.Millisecond
+}
+
 // TestRootRotationModel drives the authority's root rotation with a fixed
 // random sequence of rotate, next-phase and rollback, checked against
 // rootModel after every step, with the leader's CA steps taken between
@@ -83,7 +97,7 @@ func phaseIndex(p string) int {
 // nothing.
 func TestRootRotationModel(t *testing.T) {
 	t.Parallel()
-	a := startReplicas(t, nil, 1)
+	a := startReplicas(t, nil, 1, fastCAClock)
 	s := a.srvs[0]
 	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(21, 4))
@@ -308,7 +322,7 @@ func TestRootRotationWithoutRootKey(t *testing.T) {
 // root, a rollback to update_agents once they are under the old one.
 func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	t.Parallel()
-	a := startReplicas(t, nil, 1)
+	a := startReplicas(t, nil, 1, fastCAClock)
 	s := a.srvs[0]
 	ctx := t.Context()
 	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
@@ -371,7 +385,7 @@ func TestRootRotationTwoReplicasPostgres(t *testing.T) {
 		t.Fatalf("PostgreSQL: %v", benchPGErr)
 	}
 	url := benchPG.NewDatabase(t)
-	a := startReplicas(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }, 2)
+	a := startReplicas(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }, 2, fastCAClock)
 	ctx := t.Context()
 	one, other := a.srvs[0], a.srvs[1]
 	st, err := other.rotateRoot(ctx, "t", nil)

@@ -109,6 +109,11 @@ type Config struct {
 	// CAPublishWindow is how long a prepared intermediate is in the store
 	// before it may be activated (zero: caPublishWindow); tests shorten it.
 	CAPublishWindow time.Duration
+	// CATick is how often the leader's CA clock steps (zero: caTick);
+	// tests shorten it, with CAPublishWindow, so that a root rotation's
+	// update_servers (which waits for the clock to prepare and activate
+	// intermediates under the new root) answers in moments.
+	CATick time.Duration
 	// WrapCACustody, if set, wraps the custody of the CA keys (tests:
 	// counting what is destroyed, a token in place of sealed keys).
 	WrapCACustody func(custody.Custody) (custody.Custody, error)
