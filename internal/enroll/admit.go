@@ -108,7 +108,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return nil, err
 	}
 	if res.Retry {
-		ev.Reason = "retry answered with instance " + res.Instance.ID + ", serial " + res.Instance.LastSerial
+		ev.Reason = retryReason(res.Instance.ID, res.Instance.LastSerial)
 		return s.issuedFrom(a.NodeID, res.Instance, true)
 	}
 	s.cfg.Audit.Appended(build)
@@ -128,7 +128,14 @@ func (s *Service) issuedFrom(nodeID string, inst store.Instance, retry bool) (*I
 		return nil, fmt.Errorf("enroll: instance %s: stored chain: %w", inst.ID, err)
 	}
 	return &Issued{NodeID: nodeID, ChainPEM: inst.LastChainPEM, CAPEM: s.rootsPEM(), InstanceID: inst.ID,
-		Generation: inst.Generation, NotAfter: certs[0].NotAfter, Retry: retry}, nil
+		Generation: inst.Generation, NotAfter: certs[0].NotAfter, Retry: retry, serial: inst.LastSerial}, nil
+}
+
+// retryReason is the audit reason of a repeated join answered with the
+// certificate already issued to it, whether the repeat was seen at the
+// read (retryJoin) or at the write.
+func retryReason(instanceID, serial string) string {
+	return "retry answered with instance " + instanceID + ", serial " + serial
 }
 
 func serialOf(c *x509.Certificate) string { return c.SerialNumber.Text(16) }

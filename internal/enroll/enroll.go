@@ -224,6 +224,9 @@ type Issued struct {
 	SignerSetRead bool
 	// audited: the audit record was written with the change itself.
 	audited bool
+	// serial is the leaf's, of an answer read back from the store (a
+	// retry), for the audit record's reason.
+	serial string
 }
 
 // The SubjectPublicKeyInfo prefixes of a P-256 key (SEQUENCE, the

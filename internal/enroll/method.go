@@ -87,6 +87,7 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 	case err != nil:
 	case a.Retry != nil:
 		iss = a.Retry
+		ev.Reason = retryReason(iss.InstanceID, iss.serial)
 	case a.Refresh != nil:
 		ev.Action = "agent.refresh"
 		iss, err = s.renew(ctx, a.Refresh, a.CSR, a.Claims, &ev, a.held)

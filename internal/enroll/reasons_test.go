@@ -36,7 +36,7 @@ func TestIssueReasons(t *testing.T) {
 	first, second := serialOf(chain[0]), serialOf(next[0])
 	want := []string{
 		fmt.Sprintf("method %s, token %s, instance %s, serial %s", store.JoinMethodToken, tok.ID, joined.InstanceID, first),
-		"", // a repeated join seen at the read (retryJoin) records no reason
+		fmt.Sprintf("retry answered with instance %s, serial %s", joined.InstanceID, first), // seen at the read (retryJoin)
 		fmt.Sprintf("instance %s, generation %d, serial %s", joined.InstanceID, 1, second),
 		fmt.Sprintf("retry answered with generation %d, serial %s", 1, second),
 	}
