@@ -35,6 +35,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/errinfo"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
@@ -165,24 +166,8 @@ func (a *Agent) identityWritten() {
 	}
 }
 
-// flowWindow is the HTTP/2 flow-control window an agent grants the
-// authority, per stream and per connection: HTTP/2's default, 64 KiB,
-// fixed, as the authority grants its clients. gRPC's default estimates the
-// bandwidth-delay product instead, answering the first DATA frame of each
-// response with a WINDOW_UPDATE and a PING, which cost the authority a
-// read and a write (its PING ack) per call and per task on a stream, to
-// grow windows for bulk transfers an agent never receives.
-const flowWindow = 65535
-
-// DialOptions are the options, beside its credentials, of every
-// connection an agent makes to an authority (muster bench's agents use
-// them too).
-func DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(flowWindow), grpc.WithStaticConnWindowSize(flowWindow)}
-}
-
 func dial(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, append(DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
+	conn, err := grpc.NewClient(addr, append(h2window.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
 	if err != nil {
 		return nil, fmt.Errorf("agent: authority address %q: %w", addr, err)
 	}

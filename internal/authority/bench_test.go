@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/loadgen"
@@ -140,7 +140,7 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 	want, _ := spiffeid.New(res.Info.TrustDomain, spiffeid.RoleAuthority, res.Info.AuthorityID)
 	var next atomic.Int64
 	dialAt := func(addr string, id *identity.Identity) *grpc.ClientConn {
-		conn, err := grpc.NewClient(addr, append(agent.DialOptions(),
+		conn, err := grpc.NewClient(addr, append(h2window.DialOptions(),
 			grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, h.RootPool(), identity.MatchID(want)))))...)
 		if err != nil {
 			b.Fatal(err)

@@ -36,17 +36,6 @@ const (
 // shared by gRPC already: a connection holds one only while it writes.)
 const streamReadBuffer = 0
 
-// flowWindow is the HTTP/2 flow-control window, per stream and per
-// connection, the authority grants its clients: HTTP/2's default, 64 KiB,
-// fixed. gRPC's default grows windows by estimating the bandwidth-delay
-// product, answering the first DATA frame of a call with a WINDOW_UPDATE
-// and a PING (one more write and, for the ack, one more read, per call
-// and per new connection) so that bulk transfers fill a long link; muster
-// makes none (a request is at most maxRequestSize, 64 KiB). Fixed, the
-// window is also all a client may send ahead on a connection, where
-// estimation would let it grow to 16 MiB.
-const flowWindow = 65535
-
 // openFileLimit is the open-file limit this process runs with, for the
 // start log beside the cap it applies: --check-config reads its own
 // process's, which a service manager may set otherwise (LimitNOFILE).

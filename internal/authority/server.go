@@ -39,6 +39,7 @@ import (
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/jwtsvid"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
@@ -547,7 +548,9 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		name = "api"
 	}
 	var gs *grpc.Server
-	gs = grpc.NewServer(
+	// Fixed flow-control windows (h2window): no WINDOW_UPDATE and PING
+	// with every call.
+	gs = grpc.NewServer(append(h2window.ServerOptions(),
 		grpc.Creds(sharedCreds{TransportCredentials: credentials.NewTLS(tc), s: s, refused: s.connRefusals.For(name, s.conns.Max())}),
 		grpc.ChainUnaryInterceptor(s.metrics.unary, unaryAuth),
 		grpc.ChainStreamInterceptor(s.metrics.stream, streamAuth),
@@ -573,11 +576,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		// between tasks: per-connection buffers are most of what a
 		// stream costs (limits.go, streamReadBuffer).
 		grpc.ReadBufferSize(streamReadBuffer),
-		// Fixed flow-control windows (limits.go, flowWindow): no
-		// WINDOW_UPDATE and PING written with every call.
-		grpc.StaticStreamWindowSize(flowWindow),
-		grpc.StaticConnWindowSize(flowWindow),
-	)
+	)...)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(gs, newBoundedHealth(hs))

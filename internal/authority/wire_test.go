@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -61,7 +61,7 @@ func TestWhatTheServerSendsPerCall(t *testing.T) {
 		want, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAuthority, a.info.AuthorityID)
 		wc := &wireCreds{TransportCredentials: credentials.NewTLS(identity.ClientTLS(
 			&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}, a.h.RootPool(), identity.MatchID(want)))}
-		conn, err := grpc.NewClient(*a.srvs[0].advertised.Load(), append(agent.DialOptions(), grpc.WithTransportCredentials(wc))...)
+		conn, err := grpc.NewClient(*a.srvs[0].advertised.Load(), append(h2window.DialOptions(), grpc.WithTransportCredentials(wc))...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/referral"
 )
 
@@ -99,20 +100,6 @@ func verifyPinned(certs []*x509.Certificate, fp string, now time.Time) error {
 	return nil
 }
 
-// flowWindow is the HTTP/2 flow-control window a client of discovery
-// grants it, per stream and per connection: HTTP/2's default, 64 KiB,
-// fixed. gRPC's default estimates the bandwidth-delay product instead,
-// sending a WINDOW_UPDATE and a PING after each response, which discovery
-// reads and answers with a write, to grow windows for transfers far
-// larger than any discovery answer.
-const flowWindow = 65535
-
-// DialOptions are the options of Dial's connections beside their
-// credentials.
-func DialOptions() []grpc.DialOption {
-	return []grpc.DialOption{grpc.WithStaticStreamWindowSize(flowWindow), grpc.WithStaticConnWindowSize(flowWindow)}
-}
-
 // Dial returns a gRPC connection to the discovery at addr (HOST:PORT). It
 // does not connect until the first call.
 func Dial(addr, fingerprint string) (*grpc.ClientConn, error) {
@@ -123,7 +110,7 @@ func Dial(addr, fingerprint string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(addr, append(DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
+	conn, err := grpc.NewClient(addr, append(h2window.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
 	if err != nil {
 		return nil, fmt.Errorf("discoveryclient: discovery address %q: %w", addr, err)
 	}

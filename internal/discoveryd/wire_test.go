@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/h2window"
 )
 
 // TestNoPingAckPerCall: a client dialling as discoveryclient.Dial does
@@ -26,7 +27,7 @@ func TestNoPingAckPerCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	fc := &frameCreds{TransportCredentials: credentials.NewTLS(tc)}
-	conn, err := grpc.NewClient(e.addr, append(discoveryclient.DialOptions(), grpc.WithTransportCredentials(fc))...)
+	conn, err := grpc.NewClient(e.addr, append(h2window.DialOptions(), grpc.WithTransportCredentials(fc))...)
 	if err != nil {
 		t.Fatal(err)
 	}

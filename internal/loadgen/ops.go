@@ -24,6 +24,7 @@ import (
 	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -214,7 +215,7 @@ func sourceAddr(n int64) net.IP {
 // dial makes a connection to the authority pinned to its ID, presenting
 // id if not nil, from source address n when on loopback.
 func (t *target) dial(n int64, id *identity.Identity, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
-	opts := append(agent.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match))))
+	opts := append(h2window.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(identity.ClientTLS(id, t.roots, t.match))))
 	opts = append(opts, extra...)
 	if t.loopback {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(n)}}
