@@ -111,7 +111,10 @@ func (r *readDB) QueryRowContext(ctx context.Context, query string, args ...any)
 // (Rows.awaitDone, the driver's interrupt watcher), which a profile of
 // joins and renewals showed, and neither can end a read of microseconds
 // much sooner than it ends. A context already ended still ends the read
-// before it starts, with the context's error.
+// before it starts, with the context's error. What still bounds the read:
+// SQLite's busy timeout (busyTimeoutMS) on any lock it waits for, and the
+// read pool's connections, each held only by a statement that is itself
+// bounded (a lookup, or a list under its caller's deadline).
 func (r *readDB) lookup(ctx context.Context, query string, args ...any) *sql.Row {
 	if ctx.Err() == nil {
 		ctx = context.WithoutCancel(ctx)
