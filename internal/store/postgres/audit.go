@@ -16,21 +16,29 @@ const defaultAuditLimit = 1000
 
 const auditColumns = `seq, time, actor, action, target, result, reason, source, correlation_id, prev_hash, hash`
 
-// AppendAudit appends one record to the chain. The transaction first takes
-// pg_advisory_xact_lock(auditLockKey), which every writer of the chain in
-// every process takes before reading the head and holds until it commits;
-// under READ COMMITTED the head read that follows sees every append
-// committed before the lock was granted. So two transactions can never both
-// build seq N, and the primary key on seq backs that up. The record must
-// have Seq head.Seq+1 and PrevHash head.Hash, else ErrConflict and nothing
-// is written; an error from build is returned wrapped and nothing is
-// written. build runs while the lock is held: if it writes to the store it
-// deadlocks until ctx ends.
+// AppendAudit appends one record to the chain, in a transaction of its
+// own: BEGIN with the link's baton (and, for a quiet link, the chain's
+// lock and head), then the record with COMMIT (chain.go). Whoever inserts
+// a record holds pg_advisory_xact_lock(auditLockKey), which every writer
+// of the chain in every process takes before it reads the head or inserts
+// on a head it guessed, and holds until it commits; under READ COMMITTED
+// the statement after the lock sees every append committed before the
+// lock was granted. So two transactions can never both insert seq N, and
+// the primary key on seq backs that up. The record must have Seq
+// head.Seq+1 and PrevHash head.Hash, else ErrConflict and nothing is
+// written; an error from build is returned wrapped and nothing is
+// written. build may be called on a guessed head and, if the guess
+// misses, again on the head read; it must not write to the store.
 func (s *Store) AppendAudit(ctx context.Context, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
 	var rec store.AuditRecord
-	err := s.inTx(ctx, "append audit", func(tx pgx.Tx) error {
+	err := s.inPipe(ctx, "append audit", func(p *pipe) error {
+		l := p.startAudit()
+		defer l.end()
+		if err := p.send(ctx); err != nil {
+			return err
+		}
 		var err error
-		rec, err = appendAudit(ctx, tx, build)
+		rec, err = l.commit(ctx, p, build, "append audit")
 		return err
 	})
 	if err != nil {
@@ -39,31 +47,10 @@ func (s *Store) AppendAudit(ctx context.Context, build func(head store.AuditHead
 	return rec, nil
 }
 
-// appendAudit is AppendAudit's work inside a transaction, which it makes
-// the chain's single writer until it ends.
-func appendAudit(ctx context.Context, tx querier, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	if _, err := tx.Exec(ctx, auditLockQuery, auditLockKey); err != nil {
-		return store.AuditRecord{}, wrap("append audit: lock", err)
-	}
-	head, err := auditHead(ctx, tx)
-	if err != nil {
-		return store.AuditRecord{}, wrap("append audit", err)
-	}
-	rec, err := store.BuildAuditRecord(head, build)
-	if err != nil {
-		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
-	}
-	if _, err := tx.Exec(ctx, insertAuditQuery, auditArgs(rec)...); err != nil {
-		return store.AuditRecord{}, wrap("append audit", err)
-	}
-	return rec, nil
-}
-
-// queueAuditHead queues, at the end of a pipe's batch, appendAudit's lock
-// and head read: the lock is taken after the other writes of the batch, as
-// appendAudit takes it after the other writes of its transaction, so every
-// writer takes row locks before the chain's lock and none waits for a row
-// while holding it.
+// queueAuditHead queues, at the end of a pipe's batch, the chain's lock
+// and the head read: the lock is taken after the other writes of the
+// batch, so every writer takes row locks before the chain's lock and none
+// waits for a row while holding it.
 func queueAuditHead(p *pipe, head *store.AuditHead) {
 	p.exec(auditLockQuery, []any{auditLockKey}, wrapped("append audit: lock"))
 	p.row(auditHeadQuery, nil, func(row pgx.Row) error {
@@ -75,16 +62,6 @@ func queueAuditHead(p *pipe, head *store.AuditHead) {
 		}
 		return nil
 	})
-}
-
-// queueAuditRecord builds the record on head and queues its insert.
-func queueAuditRecord(p *pipe, head store.AuditHead, build func(head store.AuditHead) (store.AuditRecord, error)) error {
-	rec, err := store.BuildAuditRecord(head, build)
-	if err != nil {
-		return fmt.Errorf("postgres: append audit: %w", err)
-	}
-	p.exec(insertAuditQuery, auditArgs(rec), wrapped("append audit"))
-	return nil
 }
 
 const (

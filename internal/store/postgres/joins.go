@@ -174,17 +174,15 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	if j.Audit == nil {
 		return res, p.commit(ctx, "commit join")
 	}
-	// 7. Round trip 3: the audit record, built on the head read with the
-	// writes, and COMMIT.
-	var head store.AuditHead
-	queueAuditHead(p, &head)
+	// 7. Round trip 3: the audit record with COMMIT, built on the
+	// record of this Store's previous append (chain.go).
+	l := p.startAudit()
+	defer l.end()
 	if err := p.send(ctx); err != nil {
 		return store.JoinResult{}, err
 	}
-	if err := queueAuditRecord(p, head, j.Audit); err != nil {
-		return store.JoinResult{}, err
-	}
-	return res, p.commit(ctx, "commit join")
+	_, err := l.commit(ctx, p, j.Audit, "commit join")
+	return res, err
 }
 
 // CommitRenewal advances an instance from r.FromGeneration to the next
@@ -266,9 +264,10 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	if err := queueClaims(p, "", "", r.Claims); err != nil {
 		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
 	}
-	var head store.AuditHead
+	var l *link
 	if r.Audit != nil {
-		queueAuditHead(p, &head)
+		l = p.startAudit()
+		defer l.end()
 	}
 	if err := p.send(ctx); err != nil {
 		return store.Instance{}, p.explain(ctx, "commit renewal", err)
@@ -276,12 +275,11 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("postgres: commit renewal: %w", err)
 	}
-	if r.Audit != nil {
-		if err := queueAuditRecord(p, head, r.Audit); err != nil {
-			return store.Instance{}, err
-		}
+	if l == nil {
+		return in, p.commit(ctx, "commit renewal")
 	}
-	return in, p.commit(ctx, "commit renewal")
+	_, err := l.commit(ctx, p, r.Audit, "commit renewal")
+	return in, err
 }
 
 // notRenewed is the refusal of a renewal whose UPDATE matched no row:

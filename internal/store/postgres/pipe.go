@@ -30,6 +30,7 @@ import (
 // it has nothing to write (a retry) just returns.
 type pipe struct {
 	conn  *pgxpool.Conn
+	chain *chain // the Store's, for an append to the audit chain (chain.go)
 	batch *pgx.Batch
 	// refused is the first refusal a read returned in the batch being
 	// read: what send returns.
@@ -44,7 +45,7 @@ func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) e
 		return wrap(op+": acquire", err)
 	}
 	defer c.Release()
-	p := &pipe{conn: c, batch: &pgx.Batch{}}
+	p := &pipe{conn: c, chain: s.chain, batch: &pgx.Batch{}}
 	p.exec(`BEGIN ISOLATION LEVEL READ COMMITTED`, nil, func(_ pgconn.CommandTag, err error) error {
 		if err != nil {
 			return wrap(op+": begin", err)

@@ -13,7 +13,9 @@
 //     deletion takes exclusive;
 //   - a renewal is one UPDATE … WHERE generation = $n AND state = 'current';
 //   - the audit chain has one writer at a time, serialized by
-//     pg_advisory_xact_lock(auditLockKey) taken before the head is read;
+//     pg_advisory_xact_lock(auditLockKey) taken before the head is read
+//     (or before a record built on a guessed head is inserted only if the
+//     head is the guessed one: chain.go);
 //   - joins of one node ID are serialized by an advisory lock on the ID, so
 //     a lost race reports ErrNodeTaken (or supersedes) exactly as a later
 //     join would, and the unique index instances_one_current stays the last
@@ -57,6 +59,8 @@ type Store struct {
 	pool *pgxpool.Pool
 	// created: Open made the schema (DropCreated).
 	created bool
+	// chain orders this Store's appends to the audit chain (chain.go).
+	chain *chain
 }
 
 var _ store.Store = (*Store)(nil)
@@ -79,6 +83,9 @@ const (
 	// tokenLockClass orders a token's uses before its deletion (with
 	// hashtext(id); claims.go, useToken).
 	tokenLockClass int32 = 0x6d757376
+	// batonClass: an append's place in its Store's order of appends to
+	// the audit chain (with a number of the Store's; chain.go).
+	batonClass int32 = 0x6d757377
 )
 
 // Open connects to the database at url (a postgres:// or postgresql:// URL
@@ -103,7 +110,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, created: created}, nil
+	return &Store{pool: pool, created: created, chain: newChain()}, nil
 }
 
 // Option adjusts the connection pool Open makes.

@@ -1,0 +1,317 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// How a Store appends to the audit chain without holding the chain's lock
+// over a round trip.
+//
+// A record's hash is keyed with the chain key, which lives in the
+// authority and never reaches the database (docs/threat-model.md, "Authority
+// → its store"), so the record can only be built in Go, on the head it
+// follows. Read under pg_advisory_xact_lock(auditLockKey), that head costs
+// the lock a round trip: the lock is taken with the transaction's writes,
+// the head goes back to the authority, and the record comes back with
+// COMMIT. Every append of every replica waits for that round trip and the
+// commit before it, so with the database 10 ms away a chain took at most
+// one record per 10 ms plus a commit.
+//
+// But the appends of one Store follow each other in an order the Store
+// can fix itself. Each append is a link: it takes an advisory lock of its
+// own, its baton (batonClass, a number of this Store's), in the batch that
+// carries its writes, and holds it to its end. The links are numbered in
+// the order the Store starts them; a link builds its record on the record
+// of the link before it (which it waits for in Go: no lock of the database
+// is held by that wait) and sends, in one batch, the wait for its
+// predecessor's baton, a savepoint, the chain's lock, the record's insert
+// — which inserts it only if the chain's head is the record it was built
+// on, and fails otherwise — and COMMIT. The predecessor has committed (or
+// rolled back) when the baton is granted, so the chain's lock is held from
+// its grant to the commit inside the database, no round trip in between.
+//
+// A record built on a head that is not the chain's (another replica
+// appended in between, or the predecessor rolled back) fails its insert:
+// the link rolls back to the savepoint — its writes stay — and appends as
+// before, on the head it reads under the chain's lock, and the Store's
+// next links read the head too (quiet) for a while, until a run of them
+// has found the chain's head to be their own predecessor's record. Two
+// replicas appending all the time therefore append as before, each link
+// reading the head; one replica, or replicas taking turns, append without
+// the round trip. Every record is checked against the head under the
+// chain's lock before it is inserted, as before, so the chain is whole
+// whatever the guesses.
+//
+// Deadlocks: a link waits for its predecessor's baton only after every
+// row lock of its transaction is held, and its predecessor holds every
+// row lock of its own and waits only for its own predecessor's baton and
+// the chain's lock; the chain's lock is taken after the baton, and its
+// holder waits for nothing. So the waits form a line, never a cycle.
+type chain struct {
+	mu     sync.Mutex
+	last   *link  // the newest link started
+	batons uint32 // the last baton number given out
+	// quiet holds the quiet links not yet ended: the first link to guess
+	// after them follows them all.
+	quiet map[*link]struct{}
+	// quietUntil: links started before it read the head (a guess missed
+	// lately); quietFor is how long the last miss made it.
+	quietUntil time.Time
+	quietFor   time.Duration
+	// own counts the quiet links in a row that found the chain's head to
+	// be the record of the link before them: nobody else is appending.
+	own int
+	// published is the newest record a link of this Store built (the
+	// guess a quiet link compares the head it reads with).
+	published store.AuditHead
+}
+
+// Tuning of the guesses. A miss makes the next links quiet for
+// quietMin, doubling on a miss after a quiet spell up to quietMax; links
+// guess again once ownToGuess quiet links in a row found their own
+// predecessor's record at the head.
+const (
+	quietMin   = 100 * time.Millisecond
+	quietMax   = 5 * time.Second
+	ownToGuess = 4
+)
+
+func newChain() *chain {
+	// Batons of two replicas that share a number only make one wait for
+	// the other's transaction; a random start makes that rare.
+	return &chain{batons: mrand.Uint32(), quiet: map[*link]struct{}{}}
+}
+
+// link is one append of this Store to the chain.
+type link struct {
+	c     *chain
+	baton int32
+	// preds are the links this one follows: the link started before it
+	// if that guessed, and every quiet link started before it and not
+	// ended; none for a quiet link (it reads the head). base is the newest
+	// record a link of this Store had built when this one started: the
+	// guess when the links before it have all ended.
+	preds []*link
+	base  store.AuditHead
+	// quiet: the head is read under the chain's lock with the writes;
+	// head is where.
+	quiet bool
+	head  store.AuditHead
+	// ready is closed once rec is this link's record (ok) or the link
+	// has failed without building one; a record once built is the one its
+	// successors build on, even if the link misses and appends another
+	// (they then miss too).
+	ready chan struct{}
+	rec   store.AuditHead
+	ok    bool
+	done  bool
+}
+
+// startAudit starts this pipe's append to the chain: it queues the link's
+// baton, and for a quiet link the chain's lock and head, at the end of
+// the batch being built, after the transaction's writes.
+func (p *pipe) startAudit() *link {
+	c := p.chain
+	c.mu.Lock()
+	c.batons++
+	l := &link{c: c, baton: int32(c.batons), ready: make(chan struct{})}
+	l.quiet = c.last == nil || c.own < ownToGuess || time.Now().Before(c.quietUntil)
+	if l.quiet {
+		c.quiet[l] = struct{}{}
+	} else {
+		l.base = c.published
+		if !c.last.quiet {
+			l.preds = append(l.preds, c.last)
+		}
+		for q := range c.quiet {
+			l.preds = append(l.preds, q)
+		}
+	}
+	c.last = l
+	c.mu.Unlock()
+	p.exec(batonLockQuery, []any{batonClass, l.baton}, wrapped("append audit: baton"))
+	if l.quiet {
+		queueAuditHead(p, &l.head)
+	}
+	return l
+}
+
+// commit appends the link's record, built by build, and commits the
+// pipe's transaction; the batch that startAudit queued into must have
+// been sent. It returns the record as stored.
+func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) (store.AuditRecord, error), op string) (store.AuditRecord, error) {
+	defer l.end()
+	if l.quiet {
+		l.c.noteHead(l.head)
+		return l.insert(ctx, p, l.head, build, op)
+	}
+	// Every predecessor's record, the newest of which is the guess.
+	// (The chain of links is not kept alive past its use.)
+	preds := l.preds
+	l.preds = nil
+	batons := make([]int32, len(preds))
+	guess := l.base
+	built := true
+	for i, pred := range preds {
+		select {
+		case <-pred.ready:
+		case <-ctx.Done():
+			return store.AuditRecord{}, wrap(op+": append audit", ctx.Err())
+		}
+		batons[i] = pred.baton
+		built = built && pred.ok
+		if pred.ok && pred.rec.Seq > guess.Seq {
+			guess = pred.rec
+		}
+	}
+	if !built || guess.Seq == 0 {
+		// A predecessor built nothing: read the head, after them.
+		var head store.AuditHead
+		p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+		queueAuditHead(p, &head)
+		if err := p.send(ctx); err != nil {
+			return store.AuditRecord{}, err
+		}
+		return l.insert(ctx, p, head, build, op)
+	}
+	rec, err := store.BuildAuditRecord(guess, build)
+	if err != nil {
+		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
+	}
+	l.publish(rec)
+	p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+	p.exec(`SAVEPOINT audit_link`, nil, wrapped("append audit: savepoint"))
+	p.exec(auditLockQuery, []any{auditLockKey}, wrapped("append audit: lock"))
+	p.exec(linkAuditQuery, append(auditArgs(rec), guess.Seq, guess.Hash), func(_ pgconn.CommandTag, err error) error {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == notNullViolation && pe.ColumnName == "seq" {
+			return errHeadMoved
+		}
+		return wrapped("append audit")(pgconn.CommandTag{}, err)
+	})
+	p.exec(`RELEASE SAVEPOINT audit_link`, nil, wrapped("append audit: release"))
+	err = p.commit(ctx, op)
+	if !errors.Is(err, errHeadMoved) {
+		if err == nil {
+			l.c.hit()
+		}
+		return rec, err
+	}
+	// Another record came first: append on the chain's head, as a
+	// quiet link does, the transaction's writes kept.
+	// The transaction is in error until the rollback to the savepoint,
+	// and pgx prepares a batch's statements before it sends them, so the
+	// rollback goes alone, as a simple query.
+	l.c.miss()
+	if err := p.conn.Conn().PgConn().Exec(ctx, `ROLLBACK TO SAVEPOINT audit_link`).Close(); err != nil {
+		return store.AuditRecord{}, wrap(op+": rollback to savepoint", err)
+	}
+	var head store.AuditHead
+	queueAuditHead(p, &head)
+	if err := p.send(ctx); err != nil {
+		return store.AuditRecord{}, err
+	}
+	return l.insert(ctx, p, head, build, op)
+}
+
+// insert builds the record on head, read under the chain's lock, and
+// sends it with COMMIT.
+func (l *link) insert(ctx context.Context, p *pipe, head store.AuditHead, build func(store.AuditHead) (store.AuditRecord, error), op string) (store.AuditRecord, error) {
+	rec, err := store.BuildAuditRecord(head, build)
+	if err != nil {
+		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
+	}
+	l.publish(rec)
+	p.exec(insertAuditQuery, auditArgs(rec), wrapped("append audit"))
+	return rec, p.commit(ctx, op)
+}
+
+// publish makes rec the record the link's successors build on, once.
+func (l *link) publish(rec store.AuditRecord) {
+	c := l.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.done {
+		return
+	}
+	l.rec, l.ok, l.done = store.AuditHead{Seq: rec.Seq, Hash: rec.Hash}, true, true
+	if rec.Seq > c.published.Seq {
+		c.published = l.rec
+	}
+	close(l.ready)
+}
+
+// end releases the link's successors if it built nothing.
+func (l *link) end() {
+	c := l.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l.preds = nil
+	delete(c.quiet, l)
+	if !l.done {
+		l.done = true
+		close(l.ready)
+	}
+}
+
+// noteHead counts a quiet link's head: the record this Store built last,
+// or another writer's.
+func (c *chain) noteHead(head store.AuditHead) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if head.Seq == c.published.Seq && string(head.Hash) == string(c.published.Hash) {
+		c.own++
+	} else {
+		c.own = 0
+	}
+}
+
+// miss makes the links started next quiet, for longer if the guesses
+// missed again right after the last quiet spell.
+func (c *chain) miss() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if now.After(c.quietUntil) {
+		c.quietFor = min(max(2*c.quietFor, quietMin), quietMax)
+	}
+	c.quietUntil = now.Add(c.quietFor)
+	c.own = 0
+}
+
+// hit notes a guess that held: the next miss starts from the shortest
+// quiet spell.
+func (c *chain) hit() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.quietFor = 0
+}
+
+// errHeadMoved is a guessed record's insert finding another head.
+var errHeadMoved = errors.New("postgres: append audit: the chain's head moved")
+
+// notNullViolation is SQLSTATE 23502.
+const notNullViolation = "23502"
+
+const (
+	batonLockQuery = `SELECT pg_advisory_xact_lock($1, $2)`
+	// batonsLockQuery waits for the batons $2 of class $1.
+	batonsLockQuery = `SELECT pg_advisory_xact_lock($1, b) FROM unnest($2::int4[]) AS b`
+	// linkAuditQuery inserts the record ($1-$11) if the chain's head is
+	// seq $12 with hash $13 (an empty chain for seq 0), read under the
+	// chain's lock; otherwise it offers a record without a seq, which the
+	// primary key refuses (not null), failing the statement.
+	linkAuditQuery = `INSERT INTO audit_records (` + auditColumns + `)
+		SELECT CASE WHEN COALESCE((SELECT seq = $12::bigint AND hash = $13::bytea FROM audit_records ORDER BY seq DESC LIMIT 1), $12 = 0)
+			THEN $1::bigint END, $2::bigint, $3::text, $4::text, $5::text, $6::text, $7::text, $8::text, $9::text,
+			$10::bytea, $11::bytea`
+)
