@@ -220,3 +220,59 @@ func TestChainWrittenBeforeVerifies(t *testing.T) {
 		}
 	}
 }
+
+// TestChainFailedAppendsBetween: appends of one Store at once, some of
+// whose records cannot be built (the link builds nothing, and the links
+// after it read the head), beside a second Store appending now and then
+// (guesses miss): every append that succeeded is in the chain, and the
+// chain verifies.
+func TestChainFailedAppendsBetween(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	key, sign := chainKeys(t)
+	logs := [2]*audit.Logger{chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)}
+	errBuild := errors.New("no record")
+	const workers, each = 12, 15
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		ok    int64
+		other []error
+	)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				n := w*each + i
+				var err error
+				switch {
+				case w == 0 && i%3 == 0:
+					_, err = logs[1].Record(ctx, chainEvent(n))
+				case n%5 == 0:
+					_, err = h[0].AppendAudit(ctx, func(store.AuditHead) (store.AuditRecord, error) {
+						return store.AuditRecord{}, errBuild
+					})
+					if errors.Is(err, errBuild) {
+						continue
+					}
+					if err == nil {
+						err = errors.New("a build that failed appended")
+					}
+				default:
+					_, err = logs[0].Record(ctx, chainEvent(n))
+				}
+				mu.Lock()
+				if err == nil {
+					ok++
+				} else {
+					other = append(other, err)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(other...); err != nil {
+		t.Fatal(err)
+	}
+	wantVerified(t, logs[1], ok)
+}
