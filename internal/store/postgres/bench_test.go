@@ -67,3 +67,20 @@ func BenchmarkCommitJoinParallel(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkCommitJoinAudited measures one admission at a time that
+// appends its audit record, as every join of an authority does.
+func BenchmarkCommitJoinAudited(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n int64
+	for b.Loop() {
+		n++
+		j := benchJoin(n)
+		j.Audit = benchLink
+		if _, err := s.CommitJoin(ctx, j); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

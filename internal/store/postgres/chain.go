@@ -29,10 +29,10 @@ import (
 // But the appends of one Store follow each other in an order the Store
 // can fix itself. Each append is a link: it takes an advisory lock of its
 // own, its baton (batonClass, a number of this Store's), in the batch that
-// carries its writes, and holds it to its end. The links are numbered in
-// the order the Store starts them; a link builds its record on the record
-// of the link before it (which it waits for in Go: no lock of the database
-// is held by that wait) and sends, in one batch, the wait for its
+// carries its writes, and holds it to its end. The links are placed in
+// order as those batches come back; a link builds its record on the
+// record of the link placed before it (which it waits for in Go, if that
+// one has not built it yet) and sends, in one batch, the wait for its
 // predecessor's baton, a savepoint, the chain's lock, the record's insert
 // — which inserts it only if the chain's head is the record it was built
 // on, and fails otherwise — and COMMIT. The predecessor has committed (or
@@ -51,17 +51,18 @@ import (
 // chain's lock before it is inserted, as before, so the chain is whole
 // whatever the guesses.
 //
-// Deadlocks: a link waits for its predecessor's baton only after every
-// row lock of its transaction is held, and its predecessor holds every
-// row lock of its own and waits only for its own predecessor's baton and
-// the chain's lock; the chain's lock is taken after the baton, and its
-// holder waits for nothing. So the waits form a line, never a cycle.
+// Deadlocks: a link is placed, and waits for its predecessors (in Go for
+// their records, in the database for their batons), only once every row
+// lock of its transaction is held; its predecessors were placed before
+// it, so they hold theirs too and wait only for their own predecessors
+// and the chain's lock; the chain's lock is taken after the batons, and
+// its holder waits for nothing. So the waits form a line, never a cycle.
 type chain struct {
 	mu     sync.Mutex
-	last   *link  // the newest link started
+	last   *link  // the newest link placed
 	batons uint32 // the last baton number given out
-	// quiet holds the quiet links not yet ended: the first link to guess
-	// after them follows them all.
+	// quiet holds the quiet links placed and not yet ended: the first
+	// link to guess after them follows them all.
 	quiet map[*link]struct{}
 	// quietUntil: links started before it read the head (a guess missed
 	// lately); quietFor is how long the last miss made it.
@@ -95,10 +96,10 @@ func newChain() *chain {
 type link struct {
 	c     *chain
 	baton int32
-	// preds are the links this one follows: the link started before it
-	// if that guessed, and every quiet link started before it and not
+	// preds are the links this one follows: the link placed before it
+	// if that guessed, and every quiet link placed before it and not
 	// ended; none for a quiet link (it reads the head). base is the newest
-	// record a link of this Store had built when this one started: the
+	// record a link of this Store had built when this one was placed: the
 	// guess when the links before it have all ended.
 	preds []*link
 	base  store.AuditHead
@@ -125,18 +126,6 @@ func (p *pipe) startAudit() *link {
 	c.batons++
 	l := &link{c: c, baton: int32(c.batons), ready: make(chan struct{})}
 	l.quiet = c.last == nil || c.own < ownToGuess || time.Now().Before(c.quietUntil)
-	if l.quiet {
-		c.quiet[l] = struct{}{}
-	} else {
-		l.base = c.published
-		if !c.last.quiet {
-			l.preds = append(l.preds, c.last)
-		}
-		for q := range c.quiet {
-			l.preds = append(l.preds, q)
-		}
-	}
-	c.last = l
 	c.mu.Unlock()
 	p.exec(batonLockQuery, []any{batonClass, l.baton}, wrapped("append audit: baton"))
 	if l.quiet {
@@ -150,8 +139,8 @@ func (p *pipe) startAudit() *link {
 // been sent. It returns the record as stored.
 func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) (store.AuditRecord, error), op string) (store.AuditRecord, error) {
 	defer l.end()
+	l.place()
 	if l.quiet {
-		l.c.noteHead(l.head)
 		return l.insert(ctx, p, l.head, build, op)
 	}
 	// Every predecessor's record, the newest of which is the guess.
@@ -176,7 +165,7 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 	if !built || guess.Seq == 0 {
 		// A predecessor built nothing: read the head, after them.
 		var head store.AuditHead
-		p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+		queueBatons(p, batons)
 		queueAuditHead(p, &head)
 		if err := p.send(ctx); err != nil {
 			return store.AuditRecord{}, err
@@ -188,16 +177,10 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 		return store.AuditRecord{}, fmt.Errorf("postgres: append audit: %w", err)
 	}
 	l.publish(rec)
-	p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+	queueBatons(p, batons)
 	p.exec(`SAVEPOINT audit_link`, nil, wrapped("append audit: savepoint"))
 	p.exec(auditLockQuery, []any{auditLockKey}, wrapped("append audit: lock"))
-	p.exec(linkAuditQuery, append(auditArgs(rec), guess.Seq, guess.Hash), func(_ pgconn.CommandTag, err error) error {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == notNullViolation && pe.ColumnName == "seq" {
-			return errHeadMoved
-		}
-		return wrapped("append audit")(pgconn.CommandTag{}, err)
-	})
+	p.exec(linkAuditQuery, append(auditArgs(rec), guess.Seq, guess.Hash), readLinked)
 	p.exec(`RELEASE SAVEPOINT audit_link`, nil, wrapped("append audit: release"))
 	err = p.commit(ctx, op)
 	if !errors.Is(err, errHeadMoved) {
@@ -221,6 +204,62 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 		return store.AuditRecord{}, err
 	}
 	return l.insert(ctx, p, head, build, op)
+}
+
+// queueBatons queues the wait for the batons of the links this one
+// follows: one (the usual case) or several.
+func queueBatons(p *pipe, batons []int32) {
+	switch len(batons) {
+	case 0:
+	case 1:
+		p.exec(batonLockQuery, []any{batonClass, batons[0]}, wrapped("append audit: wait"))
+	default:
+		p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+	}
+}
+
+// readLinked reads linkAuditQuery's answer: errHeadMoved if the head was
+// not the record's.
+func readLinked(_ pgconn.CommandTag, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == notNullViolation && pe.ColumnName == "seq" {
+		return errHeadMoved
+	}
+	return wrap("append audit", err)
+}
+
+// place puts the link last in its Store's order of appends, once the
+// batch with its baton is back. Its transaction then holds every row lock
+// it takes, and so does every link placed before it, which is all it may
+// wait for: a link waiting for its predecessors never waits, through them,
+// for a row it holds itself. (Placed when it started, a link could wait in
+// Go for a predecessor whose writes wait for the link's rows.)
+func (l *link) place() {
+	c := l.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if l.quiet {
+		c.quiet[l] = struct{}{}
+		// The head a quiet link read: the record this Store built
+		// last, or another writer's.
+		if l.head.Seq == c.published.Seq && string(l.head.Hash) == string(c.published.Hash) {
+			c.own++
+		} else {
+			c.own = 0
+		}
+	} else {
+		l.base = c.published
+		if c.last != nil && !c.last.quiet {
+			l.preds = append(l.preds, c.last)
+		}
+		for q := range c.quiet {
+			l.preds = append(l.preds, q)
+		}
+	}
+	c.last = l
 }
 
 // insert builds the record on head, read under the chain's lock, and
@@ -260,18 +299,6 @@ func (l *link) end() {
 	if !l.done {
 		l.done = true
 		close(l.ready)
-	}
-}
-
-// noteHead counts a quiet link's head: the record this Store built last,
-// or another writer's.
-func (c *chain) noteHead(head store.AuditHead) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if head.Seq == c.published.Seq && string(head.Hash) == string(c.published.Hash) {
-		c.own++
-	} else {
-		c.own = 0
 	}
 }
 
