@@ -31,9 +31,9 @@ import (
 // own, its baton (batonClass, a number of this Store's), in the batch that
 // carries its writes, and holds it to its end. The links are placed in
 // order as those batches come back; a link builds its record on the
-// record of the link placed before it (which it waits for in Go, if that
-// one has not built it yet) and sends, in one batch, the wait for its
-// predecessor's baton, a savepoint, the chain's lock, the record's insert
+// newest record of the links placed before it and not ended (which it
+// waits for in Go, if they have not built theirs yet) and sends, in one
+// batch, the wait for their batons, a savepoint, the chain's lock, the record's insert
 // — which inserts it only if the chain's head is the record it was built
 // on, and fails otherwise — and COMMIT. The predecessor has committed (or
 // rolled back) when the baton is granted, so the chain's lock is held from
@@ -56,25 +56,38 @@ import (
 // lock of its transaction is held; its predecessors were placed before
 // it, so they hold theirs too and wait only for their own predecessors
 // and the chain's lock; the chain's lock is taken after the batons, and
-// its holder waits for nothing. So the waits form a line, never a cycle.
+// its holder waits for nothing; a predecessor's baton is waited for in
+// share mode, so the links that waited for one do not hold it against
+// each other. So the waits form a line, never a cycle.
 type chain struct {
 	mu     sync.Mutex
 	last   *link  // the newest link placed
 	batons uint32 // the last baton number given out
-	// quiet holds the quiet links placed and not yet ended: the first
-	// link to guess after them follows them all.
-	quiet map[*link]struct{}
+	// live holds the links placed and not yet ended: a link placed now
+	// follows them all. unplaced counts the quiet links started and not
+	// yet placed (nor ended): any of them may take the chain's lock
+	// before a link placed now, so such a link does not guess.
+	live     map[*link]struct{}
+	unplaced int
 	// quietUntil: links started before it read the head (a guess missed
 	// lately); quietFor is how long the last miss made it.
 	quietUntil time.Time
 	quietFor   time.Duration
-	// own counts the quiet links in a row that found the chain's head to
-	// be the record of the link before them: nobody else is appending.
+	// own counts the quiet links in a row that found at the chain's head
+	// a record this Store built: nobody else is appending.
 	own int
-	// published is the newest record a link of this Store built (the
-	// guess a quiet link compares the head it reads with).
+	// published is the newest record a link of this Store built; recent
+	// holds the hashes of the last recentRecords it built, oldest first
+	// (a quiet link's head is compared with them: links that guessed
+	// publish their records before they commit, so the head may lag
+	// published).
 	published store.AuditHead
+	recent    []string
+	built     map[string]struct{}
 }
+
+// recentRecords is how many of its own records a Store remembers.
+const recentRecords = 256
 
 // Tuning of the guesses. A miss makes the next links quiet for
 // quietMin, doubling on a miss after a quiet spell up to quietMax; links
@@ -89,16 +102,16 @@ const (
 func newChain() *chain {
 	// Batons of two replicas that share a number only make one wait for
 	// the other's transaction; a random start makes that rare.
-	return &chain{batons: mrand.Uint32(), quiet: map[*link]struct{}{}}
+	return &chain{batons: mrand.Uint32(), live: map[*link]struct{}{}, built: map[string]struct{}{}}
 }
 
 // link is one append of this Store to the chain.
 type link struct {
 	c     *chain
 	baton int32
-	// preds are the links this one follows: the link placed before it
-	// if that guessed, and every quiet link placed before it and not
-	// ended; none for a quiet link (it reads the head). base is the newest
+	// preds are the links this one follows: every link placed before it
+	// and not ended; none for a quiet link (it reads the head). base is
+	// the newest
 	// record a link of this Store had built when this one was placed: the
 	// guess when the links before it have all ended.
 	preds []*link
@@ -107,6 +120,11 @@ type link struct {
 	// head is where.
 	quiet bool
 	head  store.AuditHead
+	// unplaced: a quiet link counted in chain.unplaced. read: a link that
+	// is not quiet but reads the head all the same (quiet links were
+	// under way when it was placed).
+	unplaced bool
+	read     bool
 	// ready is closed once rec is this link's record (ok) or the link
 	// has failed without building one; a record once built is the one its
 	// successors build on, even if the link misses and appends another
@@ -126,6 +144,10 @@ func (p *pipe) startAudit() *link {
 	c.batons++
 	l := &link{c: c, baton: int32(c.batons), ready: make(chan struct{})}
 	l.quiet = c.last == nil || c.own < ownToGuess || time.Now().Before(c.quietUntil)
+	if l.quiet {
+		l.unplaced = true
+		c.unplaced++
+	}
 	c.mu.Unlock()
 	p.exec(batonLockQuery, []any{batonClass, l.baton}, wrapped("append audit: baton"))
 	if l.quiet {
@@ -162,8 +184,9 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 			guess = pred.rec
 		}
 	}
-	if !built || guess.Seq == 0 {
-		// A predecessor built nothing: read the head, after them.
+	if !built || guess.Seq == 0 || l.read {
+		// A predecessor built nothing, or a quiet link not yet placed
+		// may append first: read the head, after them.
 		var head store.AuditHead
 		queueBatons(p, batons)
 		queueAuditHead(p, &head)
@@ -212,9 +235,9 @@ func queueBatons(p *pipe, batons []int32) {
 	switch len(batons) {
 	case 0:
 	case 1:
-		p.exec(batonLockQuery, []any{batonClass, batons[0]}, wrapped("append audit: wait"))
+		p.exec(batonWaitQuery, []any{batonClass, batons[0]}, wrapped("append audit: wait"))
 	default:
-		p.exec(batonsLockQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
+		p.exec(batonsWaitQuery, []any{batonClass, batons}, wrapped("append audit: wait"))
 	}
 }
 
@@ -241,24 +264,26 @@ func (l *link) place() {
 	c := l.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if l.unplaced {
+		l.unplaced = false
+		c.unplaced--
+	}
 	if l.quiet {
-		c.quiet[l] = struct{}{}
-		// The head a quiet link read: the record this Store built
-		// last, or another writer's.
-		if l.head.Seq == c.published.Seq && string(l.head.Hash) == string(c.published.Hash) {
+		// The head a quiet link read: a record this Store built, or
+		// another writer's.
+		if _, ok := c.built[string(l.head.Hash)]; ok || (l.head.Seq == 0 && c.published.Seq == 0) {
 			c.own++
 		} else {
 			c.own = 0
 		}
 	} else {
 		l.base = c.published
-		if c.last != nil && !c.last.quiet {
-			l.preds = append(l.preds, c.last)
-		}
-		for q := range c.quiet {
+		l.read = c.unplaced > 0
+		for q := range c.live {
 			l.preds = append(l.preds, q)
 		}
 	}
+	c.live[l] = struct{}{}
 	c.last = l
 }
 
@@ -286,6 +311,12 @@ func (l *link) publish(rec store.AuditRecord) {
 	if rec.Seq > c.published.Seq {
 		c.published = l.rec
 	}
+	c.recent = append(c.recent, string(rec.Hash))
+	c.built[string(rec.Hash)] = struct{}{}
+	if len(c.recent) > recentRecords {
+		delete(c.built, c.recent[0])
+		c.recent = c.recent[1:]
+	}
 	close(l.ready)
 }
 
@@ -295,7 +326,11 @@ func (l *link) end() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	l.preds = nil
-	delete(c.quiet, l)
+	delete(c.live, l)
+	if l.unplaced {
+		l.unplaced = false
+		c.unplaced--
+	}
 	if !l.done {
 		l.done = true
 		close(l.ready)
@@ -331,8 +366,11 @@ const notNullViolation = "23502"
 
 const (
 	batonLockQuery = `SELECT pg_advisory_xact_lock($1, $2)`
-	// batonsLockQuery waits for the batons $2 of class $1.
-	batonsLockQuery = `SELECT pg_advisory_xact_lock($1, b) FROM unnest($2::int4[]) AS b`
+	// batonWaitQuery waits for a baton, batonsWaitQuery for the batons $2
+	// of class $1: shared, so the links waiting for one baton do not
+	// then hold it against each other.
+	batonWaitQuery  = `SELECT pg_advisory_xact_lock_shared($1, $2)`
+	batonsWaitQuery = `SELECT pg_advisory_xact_lock_shared($1, b) FROM unnest($2::int4[]) AS b`
 	// linkAuditQuery inserts the record ($1-$11) if the chain's head is
 	// seq $12 with hash $13 (an empty chain for seq 0), read under the
 	// chain's lock; otherwise it offers a record without a seq, which the
