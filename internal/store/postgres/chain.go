@@ -33,18 +33,19 @@ import (
 // order as those batches come back; a link builds its record on the
 // newest record of the links placed before it and not ended (which it
 // waits for in Go, if they have not built theirs yet) and sends, in one
-// batch, the wait for their batons, a savepoint, the chain's lock, the record's insert
-// — which inserts it only if the chain's head is the record it was built
-// on, and fails otherwise — and COMMIT. The predecessor has committed (or
-// rolled back) when the baton is granted, so the chain's lock is held from
-// its grant to the commit inside the database, no round trip in between.
+// batch, the wait for their batons, a savepoint, the chain's lock, the
+// record's insert — which inserts it only if the chain's head is the
+// record it was built on, and fails otherwise — and COMMIT. The
+// predecessors have committed (or rolled back) when their batons are
+// granted, so the chain's lock is held from its grant to the commit
+// inside the database, no round trip in between.
 //
 // A record built on a head that is not the chain's (another replica
 // appended in between, or the predecessor rolled back) fails its insert:
 // the link rolls back to the savepoint — its writes stay — and appends as
 // before, on the head it reads under the chain's lock, and the Store's
 // next links read the head too (quiet) for a while, until a run of them
-// has found the chain's head to be their own predecessor's record. Two
+// has found at the chain's head a record of this Store's. Two
 // replicas appending all the time therefore append as before, each link
 // reading the head; one replica, or replicas taking turns, append without
 // the round trip. Every record is checked against the head under the
@@ -61,7 +62,7 @@ import (
 // each other. So the waits form a line, never a cycle.
 type chain struct {
 	mu     sync.Mutex
-	last   *link  // the newest link placed
+	last   *link  // the newest link placed; nil before the Store's first
 	batons uint32 // the last baton number given out
 	// live holds the links placed and not yet ended: a link placed now
 	// follows them all. unplaced counts the quiet links started and not
@@ -91,8 +92,8 @@ const recentRecords = 256
 
 // Tuning of the guesses. A miss makes the next links quiet for
 // quietMin, doubling on a miss after a quiet spell up to quietMax; links
-// guess again once ownToGuess quiet links in a row found their own
-// predecessor's record at the head.
+// guess again once ownToGuess quiet links in a row found a record of
+// their own Store at the head.
 const (
 	quietMin   = 100 * time.Millisecond
 	quietMax   = 5 * time.Second
@@ -111,9 +112,8 @@ type link struct {
 	baton int32
 	// preds are the links this one follows: every link placed before it
 	// and not ended; none for a quiet link (it reads the head). base is
-	// the newest
-	// record a link of this Store had built when this one was placed: the
-	// guess when the links before it have all ended.
+	// the newest record a link of this Store had built when this one was
+	// placed: the guess when the links before it have all ended.
 	preds []*link
 	base  store.AuditHead
 	// quiet: the head is read under the chain's lock with the writes;
