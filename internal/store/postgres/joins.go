@@ -205,8 +205,15 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 // and TokenID are filled from the instance when empty; a given InstanceID,
 // NodeID or Generation that contradicts it is an error.
 //
-// The statements travel in two round trips (pipe): BEGIN, the UPDATE, the
-// certificate record (an INSERT … SELECT from the row the UPDATE left, so
+// The UPDATE admits the renewal only if no lock is in force on
+// r.LockTargets by the store clock (a *store.LockedError, ErrLocked, if
+// one is, told after the rollback), under the targets' advisory locks
+// taken shared in the statement before it (targetLocksQuery), which a
+// lock's creation takes exclusive: a lock committed while the renewal is
+// in flight is seen by the UPDATE, or waits for its commit.
+//
+// The statements travel in two round trips (pipe): BEGIN, the targets'
+// advisory locks, the UPDATE, the certificate record (an INSERT … SELECT from the row the UPDATE left, so
 // it inserts nothing when the UPDATE matched none), the claims (a
 // refresh's key rotation, after the node's lock), the chain's lock and its
 // head; then the audit record and COMMIT. A renewal refused (a lost race,

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -125,4 +126,59 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 			t.Fatalf("InsertLock: %v", err)
 		}
 	})
+}
+
+// TestRenewalLockCheckRoundTrips: the write's lock check travels with
+// the statements a renewal sent already: two round trips with five lock
+// targets, as without them, and two for a renewal a lock refuses (the
+// rollback and the reason in the second).
+func TestRenewalLockCheckRoundTrips(t *testing.T) {
+	ctx := t.Context()
+	trips := &tripCounter{}
+	s, err := Open(ctx, srv.NewDatabase(t), WithTracer(trips))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	if err := s.InsertToken(ctx, store.Token{ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	j := joinOf(1, "t1")
+	res, err := s.CommitJoin(ctx, j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	audit := func(h store.AuditHead) (store.AuditRecord, error) {
+		return store.AuditRecord{Seq: h.Seq + 1, Time: now, Actor: "test", Action: "test", Result: "ok", PrevHash: h.Hash,
+			Hash: make([]byte, 32)}, nil
+	}
+	in := res.Instance
+	renew := func(g int64) error {
+		k := []byte(fmt.Sprintf("key %d, 32 bytes long ..........", g))[:32]
+		r := store.Renewal{InstanceID: in.ID, FromGeneration: g, ChainPEM: []byte("chain"), Audit: audit,
+			Certificate: store.Certificate{Serial: fmt.Sprintf("5e%d", g+1), Generation: g + 1, PublicKey: k, NotBefore: now,
+				NotAfter: now.Add(time.Hour), IssuedAt: now}}
+		c := store.Certificate{NodeID: in.NodeID, PublicKey: in.LastPublicKey}
+		r.LockTargets = store.RenewalLockTargets(c, in, []string{"ab12"})
+		trips.n.Store(0)
+		_, err := s.CommitRenewal(ctx, r)
+		return err
+	}
+	if err := renew(0); err != nil {
+		t.Fatal(err)
+	}
+	if n := trips.n.Load(); n != 2 {
+		t.Errorf("a renewal checking five lock targets: %d round trips, want 2", n)
+	}
+	if err := s.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockToken, Target: "t1", CreatedBy: "admin", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := renew(1); !errors.Is(err, store.ErrLocked) {
+		t.Fatalf("the renewal after the lock: %v, want ErrLocked", err)
+	}
+	if n := trips.n.Load(); n != 2 {
+		t.Errorf("a renewal refused by a lock: %d round trips, want 2", n)
+	}
 }
