@@ -270,16 +270,24 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 			SELECT $1, COALESCE(NULLIF($7, ''), node_id), id, generation, COALESCE(NULLIF($8, ''), join_method),
 				COALESCE(NULLIF($9, ''), token_id), $2, $10, $11, $4
 			FROM renewed)
-		SELECT `+instanceColumns+` FROM renewed`,
+		SELECT id, node_id, join_method, token_id, previous_id, state, generation, created_at FROM renewed`,
 		[]any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
 			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter), kinds, names},
 		func(row pgx.Row) error {
-			var err error
-			switch in, err = scanInstance(row); {
+			// The four columns the UPDATE set are filled from r, not
+			// sent back (the chain PEM is most of the row).
+			var created *int64
+			switch err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
+				&in.Generation, &created); {
 			case errors.Is(err, pgx.ErrNoRows):
 				return notRenewed(r, kinds, names)
 			case err != nil:
 				return wrap("commit renewal", err)
+			}
+			in.CreatedAt = timeCol(created)
+			in.LastSerial, in.LastPublicKey, in.LastChainPEM = c.Serial, c.PublicKey, r.ChainPEM
+			if at, ok := timeArg(c.IssuedAt).(int64); ok {
+				in.LastIssuedAt = timeCol(&at)
 			}
 			return nil
 		})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -198,13 +199,22 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 	args := make([]any, 0, 6+2*len(targets))
 	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration)
 	args = append(args, lockArgs(targets)...)
-	in, err := scanInstance(tx.QueryRowContext(ctx, renewQuery(len(targets)), args...))
+	// The row comes back without the four columns the UPDATE set, which
+	// are filled from r: the chain PEM is not copied back out of SQLite.
+	var (
+		in      store.Instance
+		created nullInt
+	)
+	err := tx.QueryRowContext(ctx, renewQuery(len(targets)), args...).Scan(&in.ID, &in.NodeID, &in.JoinMethod,
+		&in.TokenID, &in.PreviousID, &in.State, &in.Generation, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Instance{}, notRenewed(ctx, tx, r, targets)
 	}
 	if err != nil {
 		return store.Instance{}, wrap("commit renewal", err)
 	}
+	in.CreatedAt = created.time()
+	in.LastSerial, in.LastPublicKey, in.LastChainPEM, in.LastIssuedAt = c.Serial, c.PublicKey, r.ChainPEM, stored(c.IssuedAt)
 
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
@@ -223,6 +233,15 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 		}
 	}
 	return in, nil
+}
+
+// stored is t as a time column gives it back: zero, or t's instant to the
+// microsecond in UTC.
+func stored(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return time.UnixMicro(t.Truncate(time.Microsecond).UnixMicro()).UTC()
 }
 
 // notRenewed says why a renewal's UPDATE matched no row: ErrNotFound
@@ -303,7 +322,7 @@ func buildRenewQuery(n int) string {
 		}
 		b.WriteString(`) AND ` + unexpired + `)`)
 	}
-	b.WriteString(` RETURNING ` + instanceColumns)
+	b.WriteString(` RETURNING id, node_id, join_method, token_id, previous_id, state, generation, created_at`)
 	return b.String()
 }
 
