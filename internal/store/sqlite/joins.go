@@ -265,7 +265,8 @@ func notRenewed(ctx context.Context, tx *writeTx, r store.Renewal, targets []sto
 	if err := lockedIn(ctx, tx, "commit renewal", targets); err != nil {
 		return err
 	}
-	// Unreachable: the UPDATE matched no row for one of these reasons.
+	// The lock the UPDATE saw expired since, by the store clock: a lost
+	// race for the caller, which judges the renewal again.
 	return fmt.Errorf("sqlite: commit renewal: instance %s was not renewed: %w", r.InstanceID, store.ErrConflict)
 }
 
