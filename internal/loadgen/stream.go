@@ -231,13 +231,13 @@ const setupGone = 30 * time.Second
 
 // waitSetupGone reads the authority's goroutine count every 50 ms until
 // it is no more than base (its count before the setup's joins), and
-// returns the last count read: base or less, or more if setupGone passed
+// returns the last count read: base or less, or more if within passed
 // first (the authority may serve other clients too). Each join closes
 // its connection once it has its answer, but the authority's side of it
 // (three goroutines and the connection's buffers) ends only when the
 // authority has read the close, later on a loaded machine.
-func waitSetupGone(ctx context.Context, addr string, base int) (int, error) {
-	deadline := time.NewTimer(setupGone)
+func waitSetupGone(ctx context.Context, addr string, base int, within time.Duration) (int, error) {
+	deadline := time.NewTimer(within)
 	defer deadline.Stop()
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -287,7 +287,7 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	var live *StreamLive
 	if cfg.Pprof != "" {
 		live = &StreamLive{GoroutinesBeforeSetup: st.goroutines}
-		gone, err := waitSetupGone(ctx, cfg.Pprof, st.goroutines)
+		gone, err := waitSetupGone(ctx, cfg.Pprof, st.goroutines, setupGone)
 		if err != nil {
 			return nil, err
 		}
