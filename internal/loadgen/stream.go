@@ -287,11 +287,17 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 	var live *StreamLive
 	if cfg.Pprof != "" {
 		live = &StreamLive{GoroutinesBeforeSetup: st.goroutines}
-		gone, err := waitSetupGone(ctx, cfg.Pprof, st.goroutines, setupGone)
+		// Without a count before the setup (Setup.Pprof not given)
+		// there is nothing to wait for.
+		within := setupGone
+		if st.goroutines == 0 {
+			within = 0
+		}
+		gone, err := waitSetupGone(ctx, cfg.Pprof, st.goroutines, within)
 		if err != nil {
 			return nil, err
 		}
-		if live.GoroutinesBefore = gone; gone > st.goroutines {
+		if live.GoroutinesBefore = gone; gone > st.goroutines && st.goroutines > 0 {
 			fmt.Fprintf(cfg.Progress, "bench: warning: the authority still runs %d goroutines %s after the setup, %d before it: "+
 				"the memory read before the streams may count some of the setup's connections\n", gone, setupGone, st.goroutines)
 		}
