@@ -353,7 +353,7 @@ func shellWord(src []rune, i int, inGroup bool) (string, int, []string) {
 				if src[j] == '$' && j+1 < len(src) && src[j+1] == '(' {
 					end := closeParen(src, j+2)
 					subs = append(subs, string(src[j+2:end]))
-					b.WriteString(string(src[j : min(end+1, len(src))]))
+					b.WriteString(string(src[j:min(end+1, len(src))]))
 					j = end + 1
 					continue
 				}
