@@ -98,7 +98,17 @@ func TestDocCommandChecker(t *testing.T) {
 			"go run ./cmd/muster dev --data ./d\n" +
 			"cat >/etc/muster/agent.env <<'ENV'\nmuster token create --bogus\nENV\n" +
 			"muster token get ID -o yaml > token.yaml && muster token apply -f token.yaml; muster lock list\n" +
+			"docker run --rm -v muster-data:/data -e X=1 muster:v1.2.3-pkcs11 init --data /data/authority\n" +
+			"GODEBUG=x python3 -c 'import os' valgrind --tool=callgrind muster authority --data d --metrics-listen '' &\n" +
+			"# or: muster agent join --data ADIR --node web-01 \\\n#       'muster+psk://HEX@HOST:PORT'\n" +
+			"# muster: a comment about muster, not a command\n" +
 			"```\n", nil},
+		{"wrong flag in a commented alternative", "```sh\nmuster agent join --data D\n# or: muster agent join --data D \\\n#   --psk-fil F\n```\n",
+			[]string{`3: unknown flag --psk-fil`}},
+		{"wrong flag behind docker run", "```sh\ndocker run --rm -v muster-data:/data \\\n  registry.example/muster:v1 init --dat /data/authority\n```\n",
+			[]string{`2: unknown flag --dat`}},
+		{"wrong flag behind a program that runs valgrind", "```\npython3 -c 'x' valgrind --tool=callgrind muster authority --date d &\nmuster status\n```\n",
+			[]string{`2: unknown flag --date`}},
 		{"console output is not a command", "```console\n$ muster status\nmuster token create --bogus\n```\n", nil},
 		{"text block is not checked", "```text\nmuster token create --bogus\n```\n", nil},
 		{"opted out block is not checked", "<!-- not a command -->\n```sh\nmuster token create --bogus\n```\n", nil},
@@ -206,6 +216,15 @@ func blockCommands(file string, first int, body []string, console bool) []docCom
 			line = l
 		}
 		n := first + i
+		if c, ok := commentedCommand(line); ok {
+			// "# or: muster …" names another command to run; a comment's
+			// continuation is the next comment line.
+			line = c
+			for strings.HasSuffix(line, "\\") && i+1 < len(body) && strings.HasPrefix(strings.TrimSpace(body[i+1]), "#") {
+				i++
+				line = strings.TrimSuffix(line, "\\") + " " + strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(body[i]), "#"))
+			}
+		}
 		for strings.HasSuffix(line, "\\") && i+1 < len(body) {
 			i++
 			line = strings.TrimSuffix(line, "\\") + " " + strings.TrimSpace(body[i])
@@ -218,6 +237,20 @@ func blockCommands(file string, first int, body []string, console bool) []docCom
 		}
 	}
 	return cmds
+}
+
+// commentedCommand returns the muster command a comment line offers as an
+// alternative ("# or: muster …", "# muster …").
+func commentedCommand(line string) (string, bool) {
+	c, ok := strings.CutPrefix(strings.TrimSpace(line), "#")
+	if !ok {
+		return "", false
+	}
+	c = strings.TrimSpace(c)
+	if o, ok := strings.CutPrefix(c, "or:"); ok {
+		c = strings.TrimSpace(o)
+	}
+	return c, strings.HasPrefix(c, "muster ")
 }
 
 var (
@@ -434,8 +467,26 @@ func musterCommand(seg []docWord) (docCommand, bool) {
 			return docCommand{text: joinWords(seg), words: seg[i+3:]}, true
 		case isMuster(w):
 			return docCommand{text: joinWords(seg), words: seg[i+1:]}, true
-		default:
+		case (w == "docker" || w == "podman") && i+1 < len(seg) && seg[i+1].s == "run":
+			// docker run [OPTIONS] IMAGE ARGS: the image is muster's.
+			for j := i + 2; j < len(seg); j++ {
+				ref, _, _ := strings.Cut(seg[j].s[strings.LastIndex(seg[j].s, "/")+1:], ":")
+				if ref == "muster" && !strings.HasPrefix(seg[j].s, "-") && !strings.HasPrefix(seg[j-1].s, "-") {
+					return docCommand{text: joinWords(seg), words: seg[j+1:]}, true
+				}
+			}
 			return docCommand{}, false
+		default:
+			// A wrapper run by another program, as python3 -c '…' valgrind … muster.
+			for j := i + 1; j < len(seg); j++ {
+				if seg[j].s == "valgrind" || seg[j].s == "sudo" || seg[j].s == "/usr/bin/time" {
+					i = j
+					break
+				}
+			}
+			if seg[i].s == w {
+				return docCommand{}, false
+			}
 		}
 	}
 	return docCommand{}, false
