@@ -41,6 +41,7 @@ func TestDocCommandsExist(t *testing.T) {
 			}
 		}
 	}
+	t.Logf("%d commands in the docs", checked)
 	// The docs hold some two hundred; far fewer means the extraction broke.
 	if checked < 150 {
 		t.Errorf("%d muster commands found in the docs, want at least 150: the extraction misses blocks", checked)
@@ -626,4 +627,31 @@ func childNames(cmd *cobra.Command) string {
 		}
 	}
 	return strings.Join(names, ", ")
+}
+
+// TestHelpExamplesExist checks the muster commands in every command's
+// --help examples the same way: they are the first docs a user pastes.
+func TestHelpExamplesExist(t *testing.T) {
+	root := newRoot(&Env{})
+	checked := 0
+	var walk func(*cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		if cmd.Example != "" {
+			file := "help of " + cmd.CommandPath()
+			for _, c := range blockCommands(file, 1, strings.Split(cmd.Example, "\n"), false) {
+				checked++
+				if p := checkDocCommand(root, c); p != "" {
+					t.Errorf("%s, example line %d: %s: %s", c.file, c.line, c.text, p)
+				}
+			}
+		}
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+	t.Logf("%d commands in help examples", checked)
+	if checked < 20 {
+		t.Errorf("%d muster commands found in the help examples, want at least 20", checked)
+	}
 }
