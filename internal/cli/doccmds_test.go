@@ -103,9 +103,12 @@ func TestDocCommandChecker(t *testing.T) {
 			"GODEBUG=x python3 -c 'import os' valgrind --tool=callgrind muster authority --data d --metrics-listen '' &\n" +
 			"# or: muster agent join --data ADIR --node web-01 \\\n#       'muster+psk://HEX@HOST:PORT'\n" +
 			"# muster: a comment about muster, not a command\n" +
+			"source <(muster completion bash)\n" +
 			"```\n", nil},
 		{"wrong flag in a commented alternative", "```sh\nmuster agent join --data D\n# or: muster agent join --data D \\\n#   --psk-fil F\n```\n",
 			[]string{`3: unknown flag --psk-fil`}},
+		{"wrong command in <(…)", "```sh\nsource <(muster completion bsh)\n```\n",
+			[]string{`2: "muster completion" runs only its help: no subcommand "bsh"`}},
 		{"wrong flag behind docker run", "```sh\ndocker run --rm -v muster-data:/data \\\n  registry.example/muster:v1 init --dat /data/authority\n```\n",
 			[]string{`2: unknown flag --dat`}},
 		{"wrong flag behind a program that runs valgrind", "```\npython3 -c 'x' valgrind --tool=callgrind muster authority --date d &\nmuster status\n```\n",
@@ -298,6 +301,14 @@ func lineCommands(file string, n int, line string) ([]docCommand, string) {
 				i++
 			}
 			flush()
+			continue
+		case (r == '<' || r == '>') && i+1 < len(src) && src[i+1] == '(':
+			// Process substitution, as source <(muster completion bash).
+			end := closeParen(src, i+2)
+			sub, _ := lineCommands(file, n, string(src[i+2:end]))
+			cmds = append(cmds, sub...)
+			seg = append(seg, docWord{s: string(src[i:min(end+1, len(src))]), group: depth})
+			i = end + 1
 			continue
 		case r == '<' || r == '>' || (r >= '0' && r <= '9' || r == '&') && redirectAt(src, i):
 			op := ""
@@ -509,6 +520,7 @@ func joinWords(ws []docWord) string {
 // checkDocCommand returns what is wrong with c against root's commands, or
 // "" if nothing is.
 func checkDocCommand(root *cobra.Command, c docCommand) string {
+	root.InitDefaultCompletionCmd() // as Execute adds it
 	cmd, ws := root, c.words
 	for len(ws) > 0 && ws[0].group == 0 && !strings.HasPrefix(ws[0].s, "-") {
 		sub := childNamed(cmd, ws[0].s)
