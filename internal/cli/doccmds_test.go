@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"go.yaml.in/yaml/v3"
 )
 
 // The docs' muster command lines are checked against the real command tree
@@ -113,6 +114,10 @@ func TestDocCommandChecker(t *testing.T) {
 			[]string{`2: unknown flag --dat`}},
 		{"wrong flag behind a program that runs valgrind", "```\npython3 -c 'x' valgrind --tool=callgrind muster authority --date d &\nmuster status\n```\n",
 			[]string{`2: unknown flag --date`}},
+		{"wrong flag in a unit's ExecStart", "```ini\n[Service]\nExecStart=\nExecStart=/usr/bin/muster agent run --data /var/lib/muster-agent \\\n  --workload-api-sock unix:///run/a.sock\n```\n",
+			[]string{`4: unknown flag --workload-api-sock`}},
+		{"wrong flag in a container's args", "```yaml\ncontainers:\n  - name: a\n    image: registry.example.org/muster:VERSION\n    args: [\"agent\", \"run\",\n           \"--metric-listen\", \"0.0.0.0:9464\"]\n  - name: b\n    image: busybox\n    args: [\"--bogus\"]\n---\ncommand: [\"/usr/bin/muster\", \"agent\", \"status\"]\nargs: [\"--bogus\"]\n```\n",
+			[]string{`5: unknown flag --metric-listen`, `12: unknown flag --bogus`}},
 		{"console output is not a command", "```console\n$ muster status\nmuster token create --bogus\n```\n", nil},
 		{"text block is not checked", "```text\nmuster token create --bogus\n```\n", nil},
 		{"opted out block is not checked", "<!-- not a command -->\n```sh\nmuster token create --bogus\n```\n", nil},
@@ -168,7 +173,7 @@ func docCommands(file, doc string) []docCommand {
 			}
 			continue
 		}
-		lang := strings.TrimSpace(strings.TrimPrefix(fence, "```"))
+		lang, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(fence, "```")), " ")
 		optOut := prev == "<!-- not a command -->"
 		start := i + 1
 		for i++; i < len(lines) && !strings.HasPrefix(strings.TrimSpace(lines[i]), "```"); i++ {
@@ -180,6 +185,12 @@ func docCommands(file, doc string) []docCommand {
 		}
 		console := false
 		switch lang {
+		case "ini", "systemd":
+			cmds = append(cmds, unitCommands(file, start+1, body)...)
+			continue
+		case "yaml", "yml":
+			cmds = append(cmds, containerCommands(file, start, strings.Join(body, "\n"))...)
+			continue
 		case "sh", "bash", "shell":
 		case "console":
 			console = true
@@ -241,6 +252,81 @@ func blockCommands(file string, first int, body []string, console bool) []docCom
 		}
 	}
 	return cmds
+}
+
+// unitCommands returns the muster commands of a systemd unit's Exec…= lines.
+func unitCommands(file string, first int, body []string) []docCommand {
+	var cmds []docCommand
+	for i := 0; i < len(body); i++ {
+		n := first + i
+		line := strings.TrimSpace(body[i])
+		for strings.HasSuffix(line, "\\") && i+1 < len(body) {
+			i++
+			line = strings.TrimSuffix(line, "\\") + " " + strings.TrimSpace(body[i])
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok || !strings.HasPrefix(key, "Exec") {
+			continue
+		}
+		found, _ := lineCommands(file, n, strings.TrimLeft(value, "-+!@:"))
+		cmds = append(cmds, found...)
+	}
+	return cmds
+}
+
+// containerCommands returns the muster commands of a YAML document's
+// containers: an image named muster and its args (or a command naming
+// muster, then its args).
+func containerCommands(file string, fenceLine int, doc string) []docCommand {
+	var cmds []docCommand
+	var walk func(*yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			var image, command, args *yaml.Node
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				switch n.Content[i].Value {
+				case "image":
+					image = n.Content[i+1]
+				case "command":
+					command = n.Content[i+1]
+				case "args":
+					args = n.Content[i+1]
+				}
+			}
+			var words []docWord
+			runs, at := false, 0
+			if image != nil {
+				ref, _, _ := strings.Cut(image.Value[strings.LastIndex(image.Value, "/")+1:], ":")
+				runs, at = ref == "muster" && command == nil, image.Line
+			}
+			if command != nil && command.Kind == yaml.SequenceNode && len(command.Content) > 0 && isMuster(command.Content[0].Value) {
+				for _, w := range command.Content[1:] {
+					words = append(words, docWord{s: w.Value, literal: !strings.ContainsAny(w.Value, "$…")})
+				}
+				runs, at = true, command.Line
+			}
+			if runs && args != nil && args.Kind == yaml.SequenceNode {
+				for _, w := range args.Content {
+					words = append(words, docWord{s: w.Value, literal: !strings.ContainsAny(w.Value, "$…")})
+				}
+				at = args.Line
+			}
+			if runs && (args != nil || command != nil) {
+				cmds = append(cmds, docCommand{file: file, line: fenceLine + at, text: "muster " + joinWords(words), words: words})
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	dec := yaml.NewDecoder(strings.NewReader(doc))
+	for {
+		var root yaml.Node
+		if dec.Decode(&root) != nil {
+			return cmds // the end, or not YAML: a fragment with placeholders
+		}
+		walk(&root)
+	}
 }
 
 // commentedCommand returns the muster command a comment line offers as an
