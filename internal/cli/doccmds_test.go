@@ -20,7 +20,8 @@ import (
 // block that only shows what muster prints is a ```text block, or has
 // <!-- not a command --> on the line before its fence.
 
-// TestDocCommandsExist checks every muster command in README.md and docs/*.md.
+// TestDocCommandsExist checks every muster command in README.md's and
+// docs/*.md's code blocks, and the packaged systemd units' ExecStart lines.
 func TestDocCommandsExist(t *testing.T) {
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
@@ -42,7 +43,24 @@ func TestDocCommandsExist(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d commands in the docs", checked)
+	units, err := filepath.Glob("../../packaging/systemd/*.service")
+	if err != nil || len(units) == 0 {
+		t.Fatalf("no packaged systemd units: %v", err)
+	}
+	for _, f := range units {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		name := strings.TrimPrefix(f, "../../")
+		for _, c := range unitCommands(name, 1, strings.Split(string(data), "\n")) {
+			checked++
+			if p := checkDocCommand(root, c); p != "" {
+				t.Errorf("%s:%d: %s: %s", c.file, c.line, c.text, p)
+			}
+		}
+	}
+	t.Logf("%d commands in the docs and units", checked)
 	// The docs hold some two hundred; far fewer means the extraction broke.
 	if checked < 150 {
 		t.Errorf("%d muster commands found in the docs, want at least 150: the extraction misses blocks", checked)
