@@ -136,6 +136,9 @@ func TestDocCommandChecker(t *testing.T) {
 			[]string{`4: unknown flag --workload-api-sock`}},
 		{"wrong flag in a container's args", "```yaml\ncontainers:\n  - name: a\n    image: registry.example.org/muster:VERSION\n    args: [\"agent\", \"run\",\n           \"--metric-listen\", \"0.0.0.0:9464\"]\n  - name: b\n    image: busybox\n    args: [\"--bogus\"]\n---\ncommand: [\"/usr/bin/muster\", \"agent\", \"status\"]\nargs: [\"--bogus\"]\n```\n",
 			[]string{`5: unknown flag --metric-listen`, `12: unknown flag --bogus`}},
+		{"wrong flag in an indented code block", "Rotate with\n\n    muster ca rotate ROLE [--activate] [--root-keys FILE]\n\nthen\n\n1. Do this:\n\n       muster ca root status\n       muster ca root statuz\n\n   and prose\n    muster token create --bogus is prose in a list item\n",
+			[]string{`3: unknown flag --root-keys`, `10: "muster ca root" runs only its help: no subcommand "statuz"`}},
+		{"indented output is not a command", "Prints\n\n    muster: FAILED_PRECONDITION: run muster ca rotate --bogus\n", nil},
 		{"console output is not a command", "```console\n$ muster status\nmuster token create --bogus\n```\n", nil},
 		{"text block is not checked", "```text\nmuster token create --bogus\n```\n", nil},
 		{"opted out block is not checked", "<!-- not a command -->\n```sh\nmuster token create --bogus\n```\n", nil},
@@ -177,14 +180,28 @@ type docWord struct {
 }
 
 // docCommands returns the muster commands in the fenced shell blocks of a
-// Markdown document: ```sh, ```bash, ```console (the "$ " lines) and plain
-// ``` blocks whose lines run muster.
+// Markdown document: ```sh, ```bash, ```console (the "$ " lines), plain
+// ``` blocks and indented code blocks whose lines run muster, ```ini
+// units' Exec lines and ```yaml containers running muster.
 func docCommands(file, doc string) []docCommand {
 	lines := strings.Split(doc, "\n")
 	var cmds []docCommand
 	prev := ""
 	for i := 0; i < len(lines); i++ {
 		fence := strings.TrimSpace(lines[i])
+		if strings.HasPrefix(lines[i], "    ") && fence != "" && (i == 0 || strings.TrimSpace(lines[i-1]) == "") {
+			// An indented code block (or a list item's indented
+			// paragraph: only one that runs muster is read).
+			j := i
+			for j < len(lines) && strings.HasPrefix(lines[j], "    ") && strings.TrimSpace(lines[j]) != "" {
+				j++
+			}
+			if runs, console := runsMuster(lines[i:j]); runs && prev != "<!-- not a command -->" {
+				cmds = append(cmds, blockCommands(file, i+1, lines[i:j], console)...)
+			}
+			i, prev = j-1, ""
+			continue
+		}
 		if !strings.HasPrefix(fence, "```") {
 			if fence != "" {
 				prev = fence
@@ -213,17 +230,8 @@ func docCommands(file, doc string) []docCommand {
 		case "console":
 			console = true
 		case "":
-			runs := false
-			for _, l := range body {
-				l = strings.TrimSpace(l)
-				if strings.HasPrefix(l, "muster ") || strings.HasPrefix(l, "$ muster ") {
-					runs = true
-				}
-				if strings.HasPrefix(l, "$ ") {
-					console = true
-				}
-			}
-			if !runs {
+			var runs bool
+			if runs, console = runsMuster(body); !runs {
 				continue
 			}
 		default:
@@ -232,6 +240,21 @@ func docCommands(file, doc string) []docCommand {
 		cmds = append(cmds, blockCommands(file, start+1, body, console)...)
 	}
 	return cmds
+}
+
+// runsMuster reports whether a plain block's lines run muster, and whether
+// they do it at a "$ " prompt (the other lines being its output).
+func runsMuster(body []string) (runs, console bool) {
+	for _, l := range body {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "muster ") || strings.HasPrefix(l, "$ muster ") {
+			runs = true
+		}
+		if strings.HasPrefix(l, "$ ") {
+			console = true
+		}
+	}
+	return runs, console
 }
 
 // blockCommands joins a block's continued lines and finds the muster
