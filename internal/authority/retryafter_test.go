@@ -11,7 +11,7 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-var againAfter = regexp.MustCompile("again after (\\S+)$")
+var againAfter = regexp.MustCompile(`again after (\S+)$`)
 
 // retryTime is the time a refusal says to run the command again after.
 func retryTime(t *testing.T, err error) time.Time {

@@ -477,9 +477,7 @@ func lineCommands(file string, n int, line string) ([]docCommand, string) {
 		closes := 0
 		if inMuster() && depth > 0 {
 			for strings.HasSuffix(w, "]") || strings.HasSuffix(w, ")") || strings.HasSuffix(w, "]...") {
-				if strings.HasSuffix(w, "...") {
-					w = strings.TrimSuffix(w, "...") // repeatable
-				}
+				w = strings.TrimSuffix(w, "...") // repeatable
 				w, closes = w[:len(w)-1], closes+1
 			}
 		}
