@@ -258,3 +258,44 @@ func TestCRLReplicas(t *testing.T) {
 		t.Fatalf("replica A's list 5 s after an unlock through replica B: %v", err)
 	}
 }
+
+// TestCRLLockTTLEnds: a lock given a --ttl leaves the list when it ends,
+// not at the list's next regular signing (half the validity, 12 hours by
+// default): relying parties accept the node's certificate again once the
+// lock the operator asked for is over.
+func TestCRLLockTTLEnds(t *testing.T) {
+	t.Parallel()
+	crlAddr := freePort(t)
+	base := "http://" + crlAddr
+	e := newAgentEnv(t, "--crl-listen", crlAddr, "--crl-url", base) // the default validity, 24h
+	adir := filepath.Join(t.TempDir(), "n1")
+	tok := e.createToken(t, "--uses", "1")
+	if r := muster(t, []string{"MUSTER_JOIN_TOKEN=" + tok.Token}, "agent", "join", "--data", adir, "--node", "n1",
+		"--authority", e.auth.addr); r.code != 0 {
+		t.Fatalf("agent join: %s", r.stderr)
+	}
+	certs := readCerts(t, filepath.Join(adir, "certs", "agent.crt"))
+	inter := certs[1]
+	url := base + "/crl/agent-" + inter.SerialNumber.Text(16) + ".crl"
+
+	mustRun(t, "lock", "create", "--node", "n1", "--ttl", "4s", "--reason", "a short hold", "--data", e.dir)
+	locked := time.Now()
+	rl, _ := fetchCRL(t, url, inter)
+	for len(rl.RevokedCertificateEntries) == 0 && time.Since(locked) < 3*time.Second {
+		time.Sleep(100 * time.Millisecond)
+		rl, _ = fetchCRL(t, url, inter)
+	}
+	if len(rl.RevokedCertificateEntries) != 1 {
+		t.Fatalf("the list 3 s after a 4 s lock: %d entries, want 1", len(rl.RevokedCertificateEntries))
+	}
+	for len(rl.RevokedCertificateEntries) != 0 && time.Since(locked) < 20*time.Second {
+		time.Sleep(200 * time.Millisecond)
+		rl, _ = fetchCRL(t, url, inter)
+	}
+	if len(rl.RevokedCertificateEntries) != 0 {
+		t.Fatalf("the list 20 s after a 4 s lock still holds %d entries (next update %v)", len(rl.RevokedCertificateEntries), rl.NextUpdate)
+	}
+	if err := opensslVerify(t, adir, url, inter); err != nil {
+		t.Errorf("openssl verify -crl_check once the lock ended: %v", err)
+	}
+}

@@ -154,3 +154,44 @@ func TestSignerCreatedOnUpgrade(t *testing.T) {
 	mustRun(t, "signer", "stage", "--data", dir, "--effective-in", "3m")
 	wantSigners(t, dir, map[string]string{"v1": "active", "v2": "staged"}, 2)
 }
+
+// TestSignerRefusalsNameTheWayOut: a signer step refused because the
+// operator ran it out of order, or with times the rules refuse, says what
+// to run instead, on the terminal and in the audit chain's reason.
+func TestSignerRefusalsNameTheWayOut(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	startAuthority(t, dir)
+
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"signer", "activate"}, "muster signer stage"},
+		{[]string{"signer", "retire"}, "muster signer list"},
+		{[]string{"signer", "revoke", "v9"}, "muster signer list"},
+		{[]string{"signer", "stage", "--effective-in", "1m"}, "--effective-in 10m0s"},
+		{[]string{"signer", "stage", "--grace", "0s"}, "--grace"},
+	}
+	for _, c := range cases {
+		if msg := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(msg, c.want) {
+			t.Errorf("muster %s: %q names no %q", strings.Join(c.args, " "), msg, c.want)
+		}
+	}
+	var records []struct {
+		Result string `json:"result"`
+		Reason string `json:"reason"`
+	}
+	out := mustRun(t, "audit", "list", "--data", dir, "--action", "node_task_signer.*", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &records); err != nil {
+		t.Fatalf("audit list printed %q: %v", out, err)
+	}
+	if len(records) != 1+len(cases) {
+		t.Fatalf("%d signer records, want the creation and %d refusals", len(records), len(cases))
+	}
+	for i, c := range cases {
+		if r := records[i+1]; r.Result != "denied" || !strings.Contains(r.Reason, c.want) {
+			t.Errorf("audit of muster %s: %+v, want denied naming %q", strings.Join(c.args, " "), r, c.want)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/muster-dev/muster/internal/benchbound"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/h2window"
@@ -180,31 +181,6 @@ func serverBound(b *testing.B, op string, newConn bool) *loadgen.Bound {
 	return bound
 }
 
-// reportBound prints, beside the time per operation, the server-side
-// bound measured in the same run before the clock started (bound-ns/op),
-// the process's CPU time per operation while the clock ran (cpu-ns/op)
-// and two ratios, named as muster bench names them:
-//
-//   - of_bound, the bound over the wall time per operation: the
-//     throughput as a fraction of the bound's rate on one core;
-//   - cpu_efficiency, the bound over the CPU per operation. The process
-//     holds the authority and its clients (their TLS, gRPC and
-//     signatures), so this reads below muster bench's cpu_efficiency,
-//     the authority's CPU alone, for the same server.
-//
-// cpu0 is loadgen.ProcessCPU when the clock started; 1.0 would be a
-// process doing nothing but the server's crypto.
-func reportBound(b *testing.B, bound time.Duration, cpu0 time.Duration) {
-	cpu := loadgen.ProcessCPU() - cpu0
-	n := float64(b.N)
-	b.ReportMetric(float64(bound.Nanoseconds()), "bound-ns/op")
-	b.ReportMetric(float64(bound.Nanoseconds())/(float64(b.Elapsed().Nanoseconds())/n), "of_bound")
-	if cpu0 > 0 && cpu > 0 {
-		b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/op")
-		b.ReportMetric(float64(bound.Nanoseconds())/(float64(cpu.Nanoseconds())/n), "cpu_efficiency")
-	}
-}
-
 // BenchmarkExchangeJoinToken: joins through gRPC over loopback TLS, each
 // with its own node ID and CSR, with parallel clients as a fleet would.
 func BenchmarkExchangeJoinToken(b *testing.B) { benchJoins(b, startBench(b)) }
@@ -238,7 +214,7 @@ func benchJoins(b *testing.B, a *benchAuthority) {
 		}
 	})
 	b.StopTimer()
-	reportBound(b, bound, cpu0)
+	benchbound.Report(b, bound, cpu0)
 }
 
 // BenchmarkRenewal: renewals over mTLS by parallel agents, each renewing
@@ -292,7 +268,7 @@ func benchRenewals(b *testing.B, a *benchAuthority) {
 	})
 	b.StopTimer()
 	b.ReportMetric(float64(renewal.KeptConnection.Nanoseconds()), "kept-bound-ns/op")
-	reportBound(b, renewal.PerOp, cpu0)
+	benchbound.Report(b, renewal.PerOp, cpu0)
 }
 
 // BenchmarkHandshake is the floor under BenchmarkRenewal: a new mTLS
@@ -336,5 +312,5 @@ func BenchmarkHandshake(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	reportBound(b, handshake, cpu0)
+	benchbound.Report(b, handshake, cpu0)
 }

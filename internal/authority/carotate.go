@@ -95,23 +95,35 @@ const MinCAIntermediateTTL = 2 * time.Minute
 // last leaf it signed has expired — at its own not-after, since no leaf
 // outlives its issuer (ca.Issuer.Issue cuts it). Each step is one
 // conditional write, so a step another replica took first conflicts and
-// is skipped.
+// is skipped. A step that waits for a prepared intermediate's publish
+// window wakes the clock when the window ends, not at the tick after it:
+// a root rotation's update_servers answers once the window has passed.
 func (s *Server) caClock(ctx context.Context) error {
-	t := time.NewTicker(cmp.Or(s.cfg.CATick, caTick))
+	tick := cmp.Or(s.cfg.CATick, caTick)
+	t := time.NewTicker(tick)
 	defer t.Stop()
 	for {
 		sctx, cancel := context.WithTimeout(ctx, cmp.Or(s.caStepTimeout, caStepTimeout))
-		err := s.caStep(sctx)
+		wake, err := s.caStepWake(sctx)
 		cancel()
 		if err != nil && ctx.Err() == nil && !s.outage.fail(err) {
 			s.log.Error("CA rotation step failed", "err", err)
 		}
+		var atWindowEnd <-chan time.Time
+		stop := func() bool { return false }
+		if wake > 0 && wake < tick {
+			w := time.NewTimer(wake)
+			atWindowEnd, stop = w.C, w.Stop
+		}
 		select {
 		case <-ctx.Done():
+			stop()
 			return nil
 		case <-t.C:
 		case <-s.caPoke:
+		case <-atWindowEnd:
 		}
+		stop()
 	}
 }
 
@@ -124,18 +136,45 @@ func (s *Server) caIntermediateTTL() time.Duration {
 
 // caStep takes every rotation step that has come due by the store clock.
 func (s *Server) caStep(ctx context.Context) error {
+	_, err := s.caStepWake(ctx)
+	return err
+}
+
+// caStepWake is caStep that also returns how long after the store clock's
+// now the publish window of a prepared intermediate ends (0 if none is
+// waiting), so that the clock takes the step it waits for then.
+func (s *Server) caStepWake(ctx context.Context) (time.Duration, error) {
 	now, err := s.store.Now(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	return s.caStepAt(ctx, now)
+	wake, err := s.caStepUntil(ctx, now)
+	if err != nil || wake.IsZero() {
+		return 0, err
+	}
+	return wake.Sub(now), nil
 }
 
 // caStepAt takes every rotation step due at now.
 func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
+	_, err := s.caStepUntil(ctx, now)
+	return err
+}
+
+// caStepUntil is caStepAt that also returns the earliest end of a publish
+// window after now (zero if none): of an intermediate prepared before the
+// step, or one this step prepared for a root rotation, whose window ends
+// at the latest caPublishWindow from now (a step at its end that finds it
+// a moment short returns that moment).
+func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time, err error) {
 	rows, err := s.store.ListCACerts(ctx)
 	if err != nil {
-		return err
+		return time.Time{}, err
+	}
+	for _, r := range rows {
+		if end := r.CreatedAt.Add(s.caPublishWindow()); r.State == store.CAPrepared && end.After(now) && (wake.IsZero() || end.Before(wake)) {
+			wake = end
+		}
 	}
 	// A steady tick finds the rows it found before: their certificates
 	// come from the cache, and those no longer asked for are forgotten.
@@ -146,7 +185,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 		case store.CAActive:
 			c, err := s.caCerts.parse(r.Serial, r.CertDER)
 			if err != nil {
-				return err
+				return time.Time{}, err
 			}
 			active[r.Role] = c
 		case store.CAPrepared:
@@ -159,7 +198,12 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 	}
 	s.sweepDrafts(ctx, now)
 	if s.rootSteps(ctx, rows, now) {
-		return nil // the steps a root rotation needed came first; the rest at the next tick
+		// The steps a root rotation needed came first; the rest at the
+		// next tick, or when the window of what they prepared ends.
+		if end := now.Add(s.caPublishWindow()); wake.IsZero() || end.Before(wake) {
+			wake = end
+		}
+		return wake, nil
 	}
 	rs := s.ca.Roots()
 	for _, role := range caRoles {
@@ -181,7 +225,7 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
 		}
 	}
-	return nil
+	return wake, nil
 }
 
 // successorDue is when the successor of the active intermediate a is

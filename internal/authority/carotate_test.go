@@ -40,11 +40,21 @@ func storeIntermediate(t *testing.T, ctx context.Context, a *benchAuthority, iss
 	return row
 }
 
+// noCAClock is the startReplicas option of tests that take the CA clock's
+// steps themselves (caStepAt) on rows they write to the store: every
+// replica is a follower, so no background clock steps in between at the
+// real now. One that did, between the test's activation of an expired
+// intermediate and its insert of the next, prepared a successor of its
+// own: the test's insert then conflicted on the one prepared row a role
+// may have, or the clock's lost and it destroyed its new key (a
+// destruction the test did not expect).
+func noCAClock(c *Config) { c.Store = followerStore{c.Store.(*sqlite.SQLite)} }
+
 // TestCAClockRotates: the leader's step prepares a successor once half the
 // active intermediate's life has passed, activates it at two thirds, and
 // retires a retiring one whose not-after has passed, each audited.
 func TestCAClockRotates(t *testing.T) {
-	a := startReplicas(t, nil, 1, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
 	ctx := t.Context()
 	s := a.srvs[0]
 	now := time.Now()

@@ -247,6 +247,13 @@ func (a *adminService) ActivateCAIntermediate(ctx context.Context, req *musterv1
 	return resp, err
 }
 
+// retryAfter is deadline as a refusal names it to say when to run the
+// command again: RFC 3339 in whole seconds, rounded up, so that acting at
+// the named time is never refused again for the fraction cut off.
+func retryAfter(deadline time.Time) string {
+	return deadline.Add(time.Second - time.Nanosecond).Truncate(time.Second).UTC().Format(time.RFC3339)
+}
+
 // activateCAIntermediate makes role's prepared intermediate active, once
 // it is published: it has been in the store for caPublishWindow (every
 // ready replica has read it), this replica holds it, and its revocation
@@ -276,7 +283,7 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	}
 	if ready := p.CreatedAt.Add(a.s.caPublishWindow()); now.Before(ready) {
 		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate %s is not published by every replica yet (prepared %s ago; each publishes it in its trust bundle and revocation list within %s): run `muster ca rotate %s --activate` again after %s",
-			role, p.Serial, now.Sub(p.CreatedAt).Round(time.Second), a.s.caPublishWindow(), role, ready.UTC().Format(time.RFC3339))
+			role, p.Serial, now.Sub(p.CreatedAt).Round(time.Second), a.s.caPublishWindow(), role, retryAfter(ready))
 	}
 	if !a.s.holdsPrepared(role, p.Serial) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this replica has not read the prepared %s intermediate %s from the store yet (see its /readyz and log): try again in a few seconds", role, p.Serial)

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/benchbound"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/loadgen"
@@ -146,7 +147,7 @@ func TestBoundKeypairStreamNeedsInitFirst(t *testing.T) {
 // BenchmarkBoundKeypairRecovery: relaxed-mode recoveries through gRPC over
 // loopback TLS, each agent presenting the join state of its last one,
 // against the server-side bound of one recovery over a kept connection
-// (loadgen.ServerPrimitives), measured in the same run (reportBound).
+// (loadgen.ServerPrimitives), measured in the same run (benchbound.Report).
 func BenchmarkBoundKeypairRecovery(b *testing.B) {
 	a := startBench(b)
 	bound := serverBound(b, loadgen.OpBoundRecovery, false).PerOp
@@ -179,5 +180,5 @@ func BenchmarkBoundKeypairRecovery(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	reportBound(b, bound, cpu0)
+	benchbound.Report(b, bound, cpu0)
 }

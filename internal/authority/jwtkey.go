@@ -182,7 +182,7 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 	if after := k.RotatedAt.Add(MinJWTKeyRotationPeriod); k.Version > 1 && now.Before(after) {
 		return nil, status.Errorf(codes.FailedPrecondition,
 			"the JWT-SVID key was rotated to version %d at %s; tokens signed with version %d may be valid until %s, and the next rotation unpublishes that key: run `muster ca rotate jwt` again after %s",
-			k.Version, k.RotatedAt.UTC().Format(time.RFC3339), k.Version-1, after.UTC().Format(time.RFC3339), after.UTC().Format(time.RFC3339))
+			k.Version, k.RotatedAt.UTC().Format(time.RFC3339), k.Version-1, retryAfter(after), retryAfter(after))
 	}
 	prev, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(k.Version))
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/muster-dev/muster/internal/benchbound"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/loadgen"
@@ -69,5 +70,5 @@ func BenchmarkRenewalKept(b *testing.B) {
 	b.StopTimer()
 	// No cpu_efficiency: the process's CPU holds the untimed handshakes
 	// too (muster bench --connection kept measures it on the authority).
-	reportBound(b, tb.PerOp, 0)
+	benchbound.Report(b, tb.PerOp, 0)
 }

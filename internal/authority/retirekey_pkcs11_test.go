@@ -27,7 +27,7 @@ func TestRetiredIntermediateLeavesTheToken(t *testing.T) {
 	t.Cleanup(func() { tk.Close() })
 	// New keys go to the token, as with --custody pkcs11: (the test's
 	// intermediates are made through it).
-	a := startReplicas(t, nil, 1, func(c *Config) {
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
 		c.CAIntermediateTTL = 3 * time.Minute
 		c.WrapCACustody = func(sealed custody.Custody) (custody.Custody, error) {
 			inToken, err := CACustody(c.StorageKey, tk)

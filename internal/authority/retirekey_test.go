@@ -60,7 +60,7 @@ func countDestroys(mu *sync.Mutex, destroyed *[]string) func(custody.Custody) (c
 func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	var mu sync.Mutex
 	var destroyed []string
-	a := startReplicas(t, nil, 2, func(c *Config) {
+	a := startReplicas(t, nil, 2, noCAClock, func(c *Config) {
 		c.CAIntermediateTTL = 3 * time.Minute
 		c.WrapCACustody = countDestroys(&mu, &destroyed)
 	})
@@ -74,7 +74,9 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = s.caStepAt(ctx, now)
+			if err := s.caStepAt(ctx, now); err != nil {
+				t.Errorf("a replica's step: %v", err)
+			}
 		}()
 	}
 	wg.Wait()
@@ -113,7 +115,7 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 func TestAbandonedDraftKeyDestroyed(t *testing.T) {
 	var mu sync.Mutex
 	var destroyed []string
-	b := startReplicas(t, nil, 1, func(c *Config) { c.WrapCACustody = countDestroys(&mu, &destroyed) })
+	b := startReplicas(t, nil, 1, noCAClock, func(c *Config) { c.WrapCACustody = countDestroys(&mu, &destroyed) })
 	s := b.srvs[0]
 	a := &adminService{s: s}
 	ctx := t.Context()

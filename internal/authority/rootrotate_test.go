@@ -76,8 +76,9 @@ func phaseIndex(p string) int {
 // intermediate 200 ms after it was prepared, for the tests that step a
 // root rotation to update_servers or roll it back to update_agents: the
 // step answers once the leader has prepared and activated intermediates
-// under the root that signs (awaitIntermediatesUnder), which the 5 s tick
-// and 10 s publish window make about 15 s each time. What these tests
+// under the root that signs (awaitIntermediatesUnder), which the 10 s publish
+// window makes about 10 s each time (the clock wakes at its end,
+// TestCAClockWakesAtPublishWindowEnd). What these tests
 // check (the phases, the roots, which intermediates are active and under
 // which root) is the same at any tick; the publish window is
 // TestActivateOnceAcrossReplicas's and TestCALifecycleModel's.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -140,7 +141,8 @@ func optionalDuration(name string, d *durationpb.Duration, def time.Duration) (t
 	}
 	v := d.AsDuration()
 	if v <= 0 || v > maxSignerWindow {
-		return 0, badRequest(fmt.Sprintf("%s must be positive and at most %s", name, maxSignerWindow))
+		return 0, badRequest(fmt.Sprintf("%s must be positive and at most %s: give `muster signer stage` a --%s within that",
+			name, maxSignerWindow, strings.ReplaceAll(name, "_", "-")))
 	}
 	return v, nil
 }

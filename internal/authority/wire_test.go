@@ -7,16 +7,15 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
-	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/h2frames"
 	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -123,7 +122,7 @@ func (c *wireCreds) ClientHandshake(ctx context.Context, authority string, raw n
 	c.mu.Lock()
 	c.wires = append(c.wires, w)
 	c.mu.Unlock()
-	return &frameConn{Conn: conn, w: w}, info, nil
+	return &h2frames.Conn{Conn: conn, R: &w.frames}, info, nil
 }
 
 func (c *wireCreds) Clone() credentials.TransportCredentials {
@@ -147,23 +146,13 @@ type wire struct {
 	records []tlsRecord
 	rhead   []byte // a record header read in part
 	rleft   int    // bytes of the current record's body still to come
-	// frames: each HTTP/2 frame the server sent, in order, and the
-	// offset in the plaintext where it ends.
-	frames []frame
-	fhead  []byte
-	fleft  int
-	plain  int // plaintext bytes read
+	// frames: each HTTP/2 frame the server sent, above TLS.
+	frames h2frames.Reader
 }
 
 type tlsRecord struct {
 	typ byte
 	len int
-}
-
-type frame struct {
-	typ   http2.FrameType
-	flags http2.Flags
-	end   int
 }
 
 func (w *wire) readRaw(b []byte) {
@@ -187,53 +176,11 @@ func (w *wire) readRaw(b []byte) {
 	}
 }
 
-func (w *wire) readPlain(b []byte) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for len(b) > 0 {
-		if w.fleft > 0 {
-			n := min(w.fleft, len(b))
-			w.fleft -= n
-			w.plain += n
-			b = b[n:]
-			continue
-		}
-		n := min(9-len(w.fhead), len(b))
-		w.fhead = append(w.fhead, b[:n]...)
-		w.plain += n
-		b = b[n:]
-		if len(w.fhead) == 9 {
-			length := int(w.fhead[0])<<16 | int(w.fhead[1])<<8 | int(w.fhead[2])
-			w.frames = append(w.frames, frame{typ: http2.FrameType(w.fhead[3]), flags: http2.Flags(w.fhead[4]), end: w.plain + length})
-			w.fleft, w.fhead = length, w.fhead[:0]
-		}
-	}
-}
-
-func (w *wire) frameCount() int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.frames)
-}
+func (w *wire) frameCount() int { return w.frames.Count() }
 
 // framesSince names the frames from the from-th on: type, and the ACK
 // and END_STREAM flags where they are set.
-func (w *wire) framesSince(from int) string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var names []string
-	for _, f := range w.frames[from:] {
-		s := f.typ.String()
-		if f.typ == http2.FrameSettings && f.flags.Has(http2.FlagSettingsAck) || f.typ == http2.FramePing && f.flags.Has(http2.FlagPingAck) {
-			s += "+ACK"
-		}
-		if (f.typ == http2.FrameHeaders || f.typ == http2.FrameData) && f.flags.Has(http2.FlagHeadersEndStream) {
-			s += "+END_STREAM"
-		}
-		names = append(names, s)
-	}
-	return strings.Join(names, " ")
-}
+func (w *wire) framesSince(from int) string { return w.frames.Names(from) }
 
 // recordsWholeFrames says which of the server's records after its
 // handshake, if any, ends inside an HTTP/2 frame. Those records are the
@@ -243,16 +190,17 @@ func (w *wire) framesSince(from int) string {
 func (w *wire) recordsWholeFrames() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.rleft != 0 || len(w.rhead) != 0 || w.fleft != 0 || len(w.fhead) != 0 {
+	plain, partial := w.frames.Read()
+	if w.rleft != 0 || len(w.rhead) != 0 || partial {
 		return fmt.Errorf("a record or frame read in part")
 	}
 	ends := map[int]bool{}
-	for _, f := range w.frames {
-		ends[f.end] = true
+	for _, f := range w.frames.Frames(0) {
+		ends[f.End] = true
 	}
 	var app []int
 	sum := 0
-	for i := len(w.records) - 1; i >= 0 && sum < w.plain; i-- {
+	for i := len(w.records) - 1; i >= 0 && sum < plain; i-- {
 		r := w.records[i]
 		if r.typ != 23 {
 			return fmt.Errorf("record of type %d after the handshake", r.typ)
@@ -260,8 +208,8 @@ func (w *wire) recordsWholeFrames() error {
 		app = append(app, r.len-17)
 		sum += r.len - 17
 	}
-	if sum != w.plain {
-		return fmt.Errorf("the last records hold %d bytes of plaintext, %d read", sum, w.plain)
+	if sum != plain {
+		return fmt.Errorf("the last records hold %d bytes of plaintext, %d read", sum, plain)
 	}
 	slices.Reverse(app)
 	at := 0
@@ -282,16 +230,5 @@ type recordConn struct {
 func (c *recordConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	c.w.readRaw(b[:n])
-	return n, err
-}
-
-type frameConn struct {
-	net.Conn
-	w *wire
-}
-
-func (c *frameConn) Read(b []byte) (int, error) {
-	n, err := c.Conn.Read(b)
-	c.w.readPlain(b[:n])
 	return n, err
 }

@@ -238,7 +238,7 @@ Connections (--connection):
 				setupCtx, cancel = context.WithCancel(ctx)
 			}
 			p, err := loadgen.Prepare(setupCtx, loadgen.Setup{Op: op, Addr: addr, Connection: conn, Concurrency: concurrency,
-				Prepared: prepared, Batch: batch, UnlimitedToken: unlimited, Operator: operator, Admin: admin, Log: logf})
+				Prepared: prepared, Batch: batch, UnlimitedToken: unlimited, Operator: operator, Admin: admin, Log: logf, Pprof: authorityPprof})
 			cancel()
 			if err != nil {
 				return fmt.Errorf("bench: %w", err)

@@ -53,6 +53,7 @@ func printStreamBench(w io.Writer, r streamBenchReport) {
 		fmt.Fprintf(w, "Live memory:  heap %.1f → %.1f MiB, stacks %.1f → %.1f MiB: %.1f KiB a stream\n",
 			float64(l.HeapBeforeBytes)/(1<<20), float64(l.HeapAfterBytes)/(1<<20), float64(l.StackBeforeBytes)/(1<<20),
 			float64(l.StackAfterBytes)/(1<<20), float64(l.PerStreamBytes)/1024)
+		fmt.Fprintf(w, "Goroutines:   %d before the setup, %d → %d around the streams\n", l.GoroutinesBeforeSetup, l.GoroutinesBefore, l.GoroutinesAfter)
 	}
 	for i, f := range run.Tasks {
 		fmt.Fprintf(w, "Task %d:       %s reached %d streams in %s (SendTask %s, queued for %d nodes)\n", i+1, f.TaskID, f.Delivered,

@@ -43,7 +43,11 @@ type Config struct {
 	// MaxLeafTTL bounds how long ago a deleted node's last certificate can
 	// have been issued and still be unexpired.
 	MaxLeafTTL time.Duration
-	Log        *slog.Logger
+	// LockEnds, if set, returns when the first lock in force that ends
+	// ends (zero if none does): its entries leave the lists then, and a
+	// pass is made then rather than at the lists' half validity.
+	LockEnds func(ctx context.Context) (time.Time, error)
+	Log      *slog.Logger
 }
 
 // Status is what the latest pass knows of one list, for metrics.
@@ -87,8 +91,9 @@ func (p *Publisher) Poke() {
 	}
 }
 
-// Run makes a pass at once, then after each poke (once a burst settles)
-// and whenever a list reaches half its validity, until ctx ends. A failed
+// Run makes a pass at once, then after each poke (once a burst settles),
+// whenever a list reaches half its validity and when a lock ends, until
+// ctx ends. A failed
 // pass is logged and tried again.
 func (p *Publisher) Run(ctx context.Context) error {
 	for {
@@ -121,17 +126,29 @@ func (p *Publisher) Run(ctx context.Context) error {
 // Publish makes one pass over every issuer: it reads what must be revoked,
 // and signs and stores a new list for each issuer whose stored list says
 // something else or has passed half its validity. It returns when the
-// next pass is due (the earliest half-validity of the lists).
+// next pass is due: the earliest half-validity of the lists, or the end of
+// a lock whose entries they hold, if sooner.
 func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	now, err := p.cfg.Store.Now(ctx)
 	if err != nil {
 		return time.Time{}, err
+	}
+	var lockEnds time.Time
+	if p.cfg.LockEnds != nil {
+		// Read before the revoked set: a lock made after this read is
+		// a change the store notifies, and pokes a pass of its own.
+		if lockEnds, err = p.cfg.LockEnds(ctx); err != nil {
+			return time.Time{}, err
+		}
 	}
 	revoked, err := p.cfg.Store.ListRevokedCertificates(ctx, now.Add(-p.cfg.MaxLeafTTL))
 	if err != nil {
 		return time.Time{}, err
 	}
 	next = now.Add(p.cfg.Validity / 2)
+	if !lockEnds.IsZero() && lockEnds.Before(next) {
+		next = lockEnds
+	}
 	issuers := p.cfg.Issuers()
 	live := map[string]bool{}
 	for _, is := range issuers {

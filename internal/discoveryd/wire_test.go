@@ -3,16 +3,14 @@ package discoveryd
 import (
 	"context"
 	"net"
-	"strings"
-	"sync"
 	"testing"
 
-	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/h2frames"
 	"github.com/muster-dev/muster/internal/h2window"
 )
 
@@ -36,7 +34,7 @@ func TestNoPingAckPerCall(t *testing.T) {
 	if _, err := h.Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	from := fc.count()
+	from := fc.frames.Count()
 	for range 2 {
 		if _, err := h.Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
 			t.Fatal(err)
@@ -44,20 +42,17 @@ func TestNoPingAckPerCall(t *testing.T) {
 	}
 	// A PING the client sent on the first response's DATA is answered
 	// before the second response.
-	got := fc.since(from)
-	if want := "HEADERS DATA HEADERS HEADERS DATA HEADERS"; got != want {
+	got := fc.frames.Names(from)
+	if want := "HEADERS DATA HEADERS+END_STREAM HEADERS DATA HEADERS+END_STREAM"; got != want {
 		t.Errorf("discovery's frames for two calls on one connection: %s, want %s", got, want)
 	}
 }
 
-// frameCreds records the types of the HTTP/2 frames the server sends on
-// the connection they make (one).
+// frameCreds records the HTTP/2 frames the server sends on the
+// connection they make (one).
 type frameCreds struct {
 	credentials.TransportCredentials
-	mu     sync.Mutex
-	frames []http2.FrameType
-	head   []byte
-	left   int
+	frames h2frames.Reader
 }
 
 func (c *frameCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -65,54 +60,7 @@ func (c *frameCreds) ClientHandshake(ctx context.Context, authority string, raw 
 	if err != nil {
 		return nil, nil, err
 	}
-	return &frameReader{Conn: conn, c: c}, info, nil
+	return &h2frames.Conn{Conn: conn, R: &c.frames}, info, nil
 }
 
 func (c *frameCreds) Clone() credentials.TransportCredentials { return c }
-
-func (c *frameCreds) read(b []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for len(b) > 0 {
-		if c.left > 0 {
-			n := min(c.left, len(b))
-			c.left -= n
-			b = b[n:]
-			continue
-		}
-		n := min(9-len(c.head), len(b))
-		c.head = append(c.head, b[:n]...)
-		b = b[n:]
-		if len(c.head) == 9 {
-			c.frames = append(c.frames, http2.FrameType(c.head[3]))
-			c.left, c.head = int(c.head[0])<<16|int(c.head[1])<<8|int(c.head[2]), c.head[:0]
-		}
-	}
-}
-
-func (c *frameCreds) count() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.frames)
-}
-
-func (c *frameCreds) since(from int) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var names []string
-	for _, f := range c.frames[from:] {
-		names = append(names, f.String())
-	}
-	return strings.Join(names, " ")
-}
-
-type frameReader struct {
-	net.Conn
-	c *frameCreds
-}
-
-func (r *frameReader) Read(b []byte) (int, error) {
-	n, err := r.Conn.Read(b)
-	r.c.read(b[:n])
-	return n, err
-}

@@ -68,6 +68,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		RetryWindow:  s.cfg.RetryWindow,
 		Ticket:       a.Ticket,
 		Claims:       a.Claims,
+		LockTargets:  a.LockTargets,
 		Instance:     inst,
 		Certificate: store.Certificate{
 			Serial:     inst.LastSerial,

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/benchbound"
 	"github.com/muster-dev/muster/internal/loadgen"
 )
 
@@ -20,7 +21,7 @@ import (
 // (loadgen.MeasureBound: the PSK's check, the CSR's signature checked and
 // the certificate signed), plus, with a ticket, its Ed25519 signature
 // checked, timed the same way (loadgen.TimeCrypto). It reports them as
-// the authority package's in-process benchmarks do (reportBound). CSRs
+// the authority package's in-process benchmarks do (benchbound.Report). CSRs
 // and tickets are made by agents and discovery, so they are prepared
 // before the clock starts.
 func BenchmarkPSKBootstrap(b *testing.B) {
@@ -62,7 +63,9 @@ func BenchmarkPSKBootstrap(b *testing.B) {
 				}
 			})
 			b.StopTimer()
-			reportBound(b, bound, cpu0)
+			// No RPC or TLS here: the process is the service, its store and
+			// the callers' loop.
+			benchbound.Report(b, bound, cpu0)
 		})
 	}
 }
@@ -89,23 +92,6 @@ func pskBound(b *testing.B, e *ticketEnv, withTicket bool) time.Duration {
 		b.Fatal(err)
 	}
 	return bound.PerOp + ticket
-}
-
-// reportBound prints the bound, the process's CPU per join and the ratios
-// to it, as the authority package's in-process benchmarks do (see its
-// reportBound): of_bound (the bound over the wall time per join) and
-// cpu_efficiency (the bound over the process's CPU per join; no RPC or
-// TLS here, so the process is the service, its store and the callers'
-// loop). cpu0 is loadgen.ProcessCPU when the clock started.
-func reportBound(b *testing.B, bound, cpu0 time.Duration) {
-	cpu := loadgen.ProcessCPU() - cpu0
-	n := float64(b.N)
-	b.ReportMetric(float64(bound.Nanoseconds()), "bound-ns/op")
-	b.ReportMetric(float64(bound.Nanoseconds())/(float64(b.Elapsed().Nanoseconds())/n), "of_bound")
-	if cpu0 > 0 && cpu > 0 {
-		b.ReportMetric(float64(cpu.Nanoseconds())/n, "cpu-ns/op")
-		b.ReportMetric(float64(bound.Nanoseconds())/(float64(cpu.Nanoseconds())/n), "cpu_efficiency")
-	}
 }
 
 // verifyEd25519 checks a compact JWS's signature and nothing else: the

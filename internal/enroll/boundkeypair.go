@@ -398,15 +398,13 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	// ReadRenewal's node is the record's (the join's) and its token the
 	// instance's: when that is this token, as a refresh's is, the lock
 	// read covers every target of the join's.
+	if held != nil {
+		targets = append(targets, held.lockTargets()...)
+	}
 	if held != nil && held.inst.TokenID == t.ID {
 		l = held.lock
-	} else {
-		if held != nil {
-			targets = append(targets, held.lockTargets()...)
-		}
-		if l, err = s.lockOn(ctx, targets...); err != nil {
-			return a, err
-		}
+	} else if l, err = s.lockOn(ctx, targets...); err != nil {
+		return a, err
 	}
 	if l != nil {
 		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
@@ -480,6 +478,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			return a, err
 		}
 		if !next.IsZero() {
+			targets = append(targets, store.LockTarget{Kind: store.LockPublicKey, Target: next.Fingerprint()})
 			claims = append(claims, store.KeyBinding{TokenID: t.ID, Expected: bk.BoundPublicKey, PublicKey: next.String(), Rotate: true})
 			m.out.proved, m.out.key, m.out.rotated = key, next, true
 		}
@@ -495,6 +494,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		if held != nil {
 			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
+			held.targets = targets
 		}
 		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
@@ -519,7 +519,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if m.out.rotated {
 		a.Proof += fmt.Sprintf(", key rotated to %s", m.out.key.Fingerprint())
 	}
-	a.PublicKey, a.KeyID, a.Now, a.Claims = csr.PublicKey, kid, now, claims
+	a.PublicKey, a.KeyID, a.Now, a.Claims, a.LockTargets = csr.PublicKey, kid, now, claims, store.Named(targets)
 	return a, nil
 }
 
@@ -588,6 +588,10 @@ type held struct {
 	// signerSet is the verifier set's ID, read with the rest: the
 	// answer carries its set.
 	signerSet store.SignerSetID
+	// targets are the join's lock targets the refresh checked besides the
+	// renewal's (the bound keys, the token): its write is refused by a
+	// lock created on one since.
+	targets []store.LockTarget
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the

@@ -62,6 +62,10 @@ type Admission struct {
 	// Claims are the method's further conditions, won in the join's (or,
 	// with Refresh, the renewal's) write.
 	Claims []store.Claim
+	// LockTargets are the targets whose locks the method checked: a lock
+	// created on one since refuses the join in its write
+	// (store.Join.LockTargets).
+	LockTargets []store.LockTarget
 	// Retry, if set, is the answer already issued to this same request.
 	Retry *Issued
 	// Refresh, if set, is the caller's certificate of the instance it

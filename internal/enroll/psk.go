@@ -162,7 +162,8 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 	// 5. Node ID free, or a retry of the join that took it. The locks of
 	// step 6 come in the same read: one round trip.
 	now := s.cfg.Now()
-	rd, err := s.cfg.Store.ReadJoin(ctx, "", nodeID, store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID}, keyLock(kid)}))
+	targets := store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID}, keyLock(kid)})
+	rd, err := s.cfg.Store.ReadJoin(ctx, "", nodeID, targets)
 	if err != nil {
 		return a, err
 	}
@@ -194,7 +195,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 	}
 
 	a.Credential, a.Proof, a.Method = credential, proof, store.JoinMethodPSK
-	a.PublicKey, a.KeyID, a.Now = csr.PublicKey, kid, now
+	a.PublicKey, a.KeyID, a.Now, a.LockTargets = csr.PublicKey, kid, now, targets
 	return a, nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // Kind classifies a refusal. The service layer maps each kind to one gRPC
@@ -80,10 +81,24 @@ func CallerGone(ctx context.Context, err error) (string, bool) {
 	return ReasonCanceled, true
 }
 
+// lockedAtWrite turns the store's refusal of a join's or renewal's write
+// by a lock created since its read (*store.LockedError) into the refusal
+// of a lock seen at the read: the same code and reason word ("locked"),
+// the lock named in the audit record. Other errors pass unchanged.
+func lockedAtWrite(err error) error {
+	var le *store.LockedError
+	if !errors.As(err, &le) {
+		return err
+	}
+	l := le.Lock
+	return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s, at the write", l.ID, l.Kind, l.Target)
+}
+
 // finish audits the outcome of a join or renewal: a refusal (through the
 // flood guard, with the detail only the audit log sees), an internal
 // error, or a success whose record was not already written with the change.
 func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err error) (*Issued, error) {
+	err = lockedAtWrite(err)
 	var ref *Refusal
 	goneReason, gone := CallerGone(ctx, err)
 	switch {

@@ -126,8 +126,14 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		if err != nil {
 			return nil, err
 		}
+		// The write is refused by a lock created on what was checked
+		// since it was read.
+		targets := store.RenewalLockTargets(rec, inst, []string{keyLock(kid).Target})
+		if h != nil {
+			targets = append(targets, store.Named(h.targets)...)
+		}
 		updated, err := s.cfg.Store.CommitRenewal(ctx, store.Renewal{InstanceID: inst.ID, FromGeneration: rec.Generation,
-			Certificate: cert, ChainPEM: chain, Claims: claims, Audit: build.Build})
+			Certificate: cert, ChainPEM: chain, Claims: claims, LockTargets: targets, Audit: build.Build})
 		if errors.Is(err, store.ErrNotFound) && len(claims) > 0 {
 			// A refresh's token was deleted between the challenge and the
 			// write: deleting the token ends refreshes.

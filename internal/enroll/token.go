@@ -159,8 +159,9 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	// 3. Token known and secret right, alike when either fails. The node
 	// and the locks of step 7 come in the same read: one round trip.
 	notFound := refuse(KindNotFound, "unknown join token or wrong secret")
-	rd, err := s.cfg.Store.ReadJoin(ctx, tok.ID, nodeID, store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID},
-		{Kind: store.LockToken, Target: tok.ID}, keyLock(kid)}))
+	targets := store.Named([]store.LockTarget{{Kind: store.LockNode, Target: nodeID},
+		{Kind: store.LockToken, Target: tok.ID}, keyLock(kid)})
+	rd, err := s.cfg.Store.ReadJoin(ctx, tok.ID, nodeID, targets)
 	if err != nil {
 		return a, err
 	}
@@ -219,6 +220,7 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	a.TokenID, a.Proof, a.Method = t.ID, "token "+t.ID, store.JoinMethodToken
 	a.ServerAuth = t.SVIDUsage == store.SVIDUsageClientServer
 	a.MaySupersede, a.PublicKey, a.KeyID, a.Now = t.NodeID == nodeID, pub, kid, now
+	a.LockTargets = targets
 	return a, nil
 }
 

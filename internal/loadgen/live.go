@@ -65,6 +65,41 @@ func ReadLiveMemory(ctx context.Context, addr string) (LiveMemory, error) {
 	return m, nil
 }
 
+// ReadGoroutines is the authority's goroutine count, from the first line
+// of its goroutine profile at addr (/debug/pprof/goroutine?debug=1,
+// "goroutine profile: total N").
+func ReadGoroutines(ctx context.Context, addr string) (int, error) {
+	if err := pprofserve.CheckAddr(addr); err != nil {
+		return 0, fmt.Errorf("loadgen: the authority's %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveRead)
+	defer cancel()
+	b, err := getProfile(ctx, "http://"+addr+"/debug/pprof/goroutine?debug=1", addr)
+	if err != nil {
+		return 0, err
+	}
+	n, err := parseGoroutines(b)
+	if err != nil {
+		return 0, fmt.Errorf("%w (is %s the authority's --pprof-listen address?)", err, addr)
+	}
+	return n, nil
+}
+
+// parseGoroutines reads N from the "goroutine profile: total N" line that
+// begins a goroutine profile's text (debug=1).
+func parseGoroutines(b []byte) (int, error) {
+	line, _, _ := strings.Cut(string(b), "\n")
+	v, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), "goroutine profile: total ")
+	n, err := strconv.Atoi(v)
+	if !ok || err != nil || n < 0 {
+		if len(line) > 64 {
+			line = line[:64] + "…"
+		}
+		return 0, fmt.Errorf("loadgen: goroutine profile begins %q: want \"goroutine profile: total N\"", line)
+	}
+	return n, nil
+}
+
 // getProfile is the body of one GET of url, a profile of the authority's
 // at addr.
 func getProfile(ctx context.Context, url, addr string) ([]byte, error) {

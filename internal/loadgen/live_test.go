@@ -2,10 +2,13 @@ package loadgen
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/pprofserve"
 )
@@ -109,5 +112,69 @@ func TestReadLiveMemory(t *testing.T) {
 	}
 	if _, err := ReadLiveMemory(context.Background(), "192.0.2.1:6060"); err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Errorf("a non-loopback address: %v", err)
+	}
+}
+
+func TestParseGoroutines(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		err  bool
+	}{
+		{"goroutine profile: total 30\n1 @ 0x1\n", 30, false},
+		{"goroutine profile: total 7\r\n", 7, false},
+		{"goroutine profile: total 0", 0, false},
+		{"", 0, true},
+		{"goroutine profile: total -1\n", 0, true},
+		{"goroutine profile: total 3x\n", 0, true},
+		{"heap profile: 3: 2048 [9: 8192] @ heap/1048576\n", 0, true},
+		{"\x1f\x8b\x08\x00", 0, true},
+	} {
+		got, err := parseGoroutines([]byte(tc.in))
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("%q: got %d, %v; want %d, an error %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestReadGoroutines reads this process's own count through the handler
+// the authority serves its profiles with.
+func TestReadGoroutines(t *testing.T) {
+	srv := httptest.NewServer(pprofserve.Handler())
+	defer srv.Close()
+	if n, err := ReadGoroutines(context.Background(), strings.TrimPrefix(srv.URL, "http://")); err != nil || n <= 0 {
+		t.Fatalf("got %d, %v; want this process's goroutines", n, err)
+	}
+}
+
+// TestWaitSetupGone: the wait reads the count until it is back to the
+// count before the setup (not the first reading, nor a fixed time), and
+// past its bound returns the count still above it.
+func TestWaitSetupGone(t *testing.T) {
+	// An authority whose goroutine count falls by one a reading, from
+	// 35, as the setup's connections close.
+	var reads atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/debug/pprof/goroutine" || r.URL.Query().Get("debug") != "1" {
+			http.NotFound(w, r)
+			return
+		}
+		fmt.Fprintf(w, "goroutine profile: total %d\n", 35-reads.Add(1)+1)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	if n, err := waitSetupGone(context.Background(), addr, 30, time.Minute); err != nil || n != 30 || reads.Load() != 6 {
+		t.Fatalf("got %d, %v after %d readings; want 30 at the sixth", n, err, reads.Load())
+	}
+	// Past its bound it returns what it read last, above the base.
+	reads.Store(0)
+	if n, err := waitSetupGone(context.Background(), addr, 0, 120*time.Millisecond); err != nil || n <= 0 || n >= 35 {
+		t.Fatalf("got %d, %v; want a count above 0 once the bound passed", n, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	reads.Store(0)
+	if _, err := waitSetupGone(ctx, addr, 0, time.Minute); err == nil {
+		t.Error("a cancelled context: want its error")
 	}
 }

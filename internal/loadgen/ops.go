@@ -84,6 +84,11 @@ type Setup struct {
 	Admin    musterv1.AdminServiceClient
 	// Log, if set, says what the setup does.
 	Log func(format string, args ...any)
+	// Pprof, with OpStream, is the authority's --pprof-listen address:
+	// its goroutines are counted before the joins, so that RunStreams
+	// can wait for the joins' connections to be gone at the authority
+	// before it reads the authority's memory.
+	Pprof string
 }
 
 // Prepared is an operation ready to run; Close removes what the setup

@@ -29,6 +29,9 @@ type Streams struct {
 	admin  musterv1.AdminServiceClient
 	agents []*identity.Identity
 	nodes  []string
+	// goroutines is the authority's goroutine count before the joins,
+	// with Setup.Pprof (otherwise 0).
+	goroutines int
 }
 
 // setupParallel is how many joins the stream setup makes at once.
@@ -43,12 +46,19 @@ func prepareStreams(ctx context.Context, s Setup, t *target) (*Prepared, error) 
 	if err != nil {
 		return nil, err
 	}
+	st := &Streams{t: t, admin: s.Admin, agents: make([]*identity.Identity, n), nodes: make([]string, n)}
+	if s.Pprof != "" {
+		// After Prepare's first admin call: the admin connection's
+		// goroutines are there before the joins and after them.
+		if st.goroutines, err = ReadGoroutines(ctx, s.Pprof); err != nil {
+			return nil, err
+		}
+	}
 	secret, id, err := createToken(ctx, s, t, int64(n))
 	if err != nil {
 		return nil, err
 	}
 	defer deleteToken(s, id)(ctx)
-	st := &Streams{t: t, admin: s.Admin, agents: make([]*identity.Identity, n), nodes: make([]string, n)}
 	if err := joinAll(ctx, s, n, setupParallel, func(i int) error {
 		return st.join(ctx, secret, i, csrs[i%len(csrs)])
 	}); err != nil {
@@ -178,6 +188,17 @@ type StreamLive struct {
 	// PerStreamBytes is the growth of heap and stacks together, divided
 	// by the streams opened.
 	PerStreamBytes int64 `json:"live_per_stream_bytes"`
+	// GoroutinesBeforeSetup is the authority's goroutine count before
+	// the setup's joins; GoroutinesBefore and GoroutinesAfter are its
+	// counts at the two readings. The first reading waits (up to
+	// setupGone) for the count to fall back to GoroutinesBeforeSetup:
+	// until the authority has seen a join's connection close, the
+	// connection's goroutines (its transport's reader, writer and
+	// keepalive), their stacks and what they hold would be counted as
+	// there before the streams, and freed by the second reading.
+	GoroutinesBeforeSetup int `json:"goroutines_before_setup"`
+	GoroutinesBefore      int `json:"goroutines_before"`
+	GoroutinesAfter       int `json:"goroutines_after"`
 }
 
 // FanOut is one task sent to every stream.
@@ -203,6 +224,37 @@ const (
 // settle is how long the authority is left after the streams open before
 // its memory is read, so the connections' first allocations are done.
 const settle = time.Second
+
+// setupGone bounds how long RunStreams waits for the setup's join
+// connections to be gone at the authority before it reads its memory.
+const setupGone = 30 * time.Second
+
+// waitSetupGone reads the authority's goroutine count every 50 ms until
+// it is no more than base (its count before the setup's joins), and
+// returns the last count read: base or less, or more if within passed
+// first (the authority may serve other clients too). Each join closes
+// its connection once it has its answer, but the authority's side of it
+// (three goroutines and the connection's buffers) ends only when the
+// authority has read the close, later on a loaded machine.
+func waitSetupGone(ctx context.Context, addr string, base int, within time.Duration) (int, error) {
+	deadline := time.NewTimer(within)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		n, err := ReadGoroutines(ctx, addr)
+		if err != nil || n <= base {
+			return n, err
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return n, nil
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
 
 // RunStreams opens every agent's stream, reads the authority's memory
 // before and after, then sends cfg.Tasks tasks to all of them one after
@@ -232,6 +284,24 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 			out.FirstError[code] = err.Error()
 		}
 	}
+	var live *StreamLive
+	if cfg.Pprof != "" {
+		live = &StreamLive{GoroutinesBeforeSetup: st.goroutines}
+		// Without a count before the setup (Setup.Pprof not given)
+		// there is nothing to wait for.
+		within := setupGone
+		if st.goroutines == 0 {
+			within = 0
+		}
+		gone, err := waitSetupGone(ctx, cfg.Pprof, st.goroutines, within)
+		if err != nil {
+			return nil, err
+		}
+		if live.GoroutinesBefore = gone; gone > st.goroutines && st.goroutines > 0 {
+			fmt.Fprintf(cfg.Progress, "bench: warning: the authority still runs %d goroutines %s after the setup, %d before it: "+
+				"the memory read before the streams may count some of the setup's connections\n", gone, setupGone, st.goroutines)
+		}
+	}
 	if cfg.PID > 0 {
 		before, err := procRSS(cfg.PID)
 		if err != nil {
@@ -239,15 +309,16 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 		}
 		out.Memory = &StreamMemory{BeforeBytes: before}
 	}
-	if cfg.Pprof != "" {
-		live, err := ReadLiveMemory(ctx, cfg.Pprof)
+	if live != nil {
+		m, err := ReadLiveMemory(ctx, cfg.Pprof)
 		if err != nil {
 			return nil, err
 		}
 		if out.Memory == nil {
 			out.Memory = &StreamMemory{}
 		}
-		out.Memory.StreamLive = &StreamLive{HeapBeforeBytes: live.HeapAlloc, StackBeforeBytes: live.Stack}
+		live.HeapBeforeBytes, live.StackBeforeBytes = m.HeapAlloc, m.Stack
+		out.Memory.StreamLive = live
 	}
 
 	// Every stream's receipt of task k, as the time since its SendTask.
@@ -333,6 +404,9 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 			return nil, err
 		}
 		l.HeapAfterBytes, l.StackAfterBytes = live.HeapAlloc, live.Stack
+		if l.GoroutinesAfter, err = ReadGoroutines(ctx, cfg.Pprof); err != nil {
+			return nil, err
+		}
 		l.PerStreamBytes = (l.HeapAfterBytes - l.HeapBeforeBytes + l.StackAfterBytes - l.StackBeforeBytes) / int64(out.Opened)
 	}
 	fmt.Fprintf(cfg.Progress, "bench: %d streams open in %s\n", out.Opened, out.OpenElapsed.Round(time.Millisecond))

@@ -30,7 +30,7 @@ var (
 	ErrNoActive     = errors.New("signer: no active signer")
 	ErrStagedExists = errors.New("signer: a staged signer exists; activate it or roll it back first")
 	ErrNotFound     = errors.New("signer: no such signer version")
-	ErrNoStaged     = errors.New("signer: no staged signer")
+	ErrNoStaged     = errors.New("signer: no staged signer: stage one first (`muster signer stage`)")
 	// ErrNoSuccessor refuses to revoke the active signer while no staged
 	// signer can take its place: nothing could sign the next verifier set.
 	ErrNoSuccessor = errors.New("signer: the active signer can be revoked only while a staged signer exists to replace it; stage one first")
@@ -59,7 +59,7 @@ func ActiveOf(signers []Signer) (Signer, bool) { return find(signers, inState(Ac
 func byVersion(signers []Signer, id string) (Signer, error) {
 	s, ok := find(signers, func(s Signer) bool { return s.VersionID == id })
 	if !ok {
-		return Signer{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return Signer{}, fmt.Errorf("%w: %s (`muster signer list` shows the versions)", ErrNotFound, id)
 	}
 	return s, nil
 }
@@ -99,7 +99,8 @@ func PlanStage(signers []Signer, versionID string, pub ed25519.PublicKey, now, e
 		return nil, ErrStagedExists
 	}
 	if effectiveAt.Before(now.Add(minLead)) {
-		return nil, &TimesError{Reason: fmt.Sprintf("effective time %s is less than the lead time %s away", effectiveAt.UTC().Format(time.RFC3339), minLead)}
+		return nil, &TimesError{Reason: fmt.Sprintf("effective time %s is less than the lead time %s away: stage it at least that far ahead (`muster signer stage --effective-in %s`), or lower signer.min_lead_time",
+			effectiveAt.UTC().Format(time.RFC3339), minLead, minLead)}
 	}
 	if !graceUntil.After(effectiveAt) {
 		return nil, &TimesError{Reason: "grace must end after the effective time"}
@@ -166,7 +167,7 @@ func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error)
 func PlanRetire(signers []Signer, by Trigger, now time.Time) ([]Change, error) {
 	old, ok := find(signers, inState(Grace))
 	if !ok {
-		return nil, fmt.Errorf("%w in grace", ErrNotFound)
+		return nil, fmt.Errorf("%w in grace: a signer is in grace from its successor's activation until its grace ends (`muster signer list` shows the states)", ErrNotFound)
 	}
 	c, err := step(old, ActRetire, by, now)
 	if err != nil {

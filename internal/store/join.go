@@ -16,7 +16,22 @@ var (
 	// ErrNodeTaken: the node ID is held by another instance and the join
 	// may not supersede it.
 	ErrNodeTaken = errors.New("store: node ID already exists")
+	// ErrLocked: a lock is in force, by the store clock at the moment of
+	// the conditional write, on one of the write's LockTargets. The error
+	// is a *LockedError naming the lock.
+	ErrLocked = errors.New("store: locked")
 )
+
+// LockedError is the refusal of a join or renewal write by a lock in
+// force on one of its LockTargets: the one FindAnyLock would return for
+// them. errors.Is(err, ErrLocked) holds for it.
+type LockedError struct{ Lock Lock }
+
+func (e *LockedError) Error() string {
+	return "store: locked by " + e.Lock.ID + " on " + e.Lock.Kind + " " + e.Lock.Target
+}
+
+func (e *LockedError) Is(target error) bool { return target == ErrLocked }
 
 // Join methods.
 const (
@@ -139,6 +154,12 @@ type Join struct {
 	// the join with ErrTicketReplayed. A retry (see RetryWindow) records
 	// nothing and is not refused for its ticket.
 	Ticket *TicketUse
+	// LockTargets are the targets whose locks the caller's read checked
+	// (empty ones are skipped): a lock in force on any of them by the
+	// store clock refuses the join in its write (*LockedError), before
+	// the retry check, so one created between the read and the write
+	// stops it.
+	LockTargets []LockTarget
 	// Claims are the join method's further conditions (see Claim), applied
 	// after the token's and the ticket's use; the token and the ticket are
 	// named by TokenID and Ticket, never here.
@@ -171,6 +192,12 @@ type Renewal struct {
 	FromGeneration int64
 	Certificate    Certificate // Generation is FromGeneration+1
 	ChainPEM       []byte
+	// LockTargets are the targets whose locks the caller's read checked
+	// (RenewalLockTargets, and a refresh's join targets; empty ones are
+	// skipped): a lock in force on any of them by the store clock refuses
+	// the renewal in its conditional write (*LockedError), so one created
+	// between the read and the write stops it.
+	LockTargets []LockTarget
 	// Claims are further conditions won in the renewal's write (a key
 	// rotation on a refresh); a failed one fails the renewal.
 	Claims []Claim
@@ -214,13 +241,16 @@ type JoinStore interface {
 	// ErrTicketReplayed); the node ID claim (ErrNodeTaken, or supersession
 	// when allowed); the new instance; the certificate record; if Ticket is
 	// set, the join's pending report (PendingReport: JoinedAt is the
-	// instance's CreatedAt). On any error nothing is written.
+	// instance's CreatedAt). First of all, a lock in force on any of
+	// j.LockTargets refuses it (*LockedError, ErrLocked). On any error
+	// nothing is written.
 	CommitJoin(ctx context.Context, j Join) (JoinResult, error)
 	// CommitRenewal advances an instance from FromGeneration to
 	// FromGeneration+1 and records the certificate, only if the instance
-	// is current and at FromGeneration; else ErrConflict and nothing is
-	// written (the caller re-reads the instance to tell a retry from a
-	// copy). ErrNotFound if there is no such instance.
+	// is current and at FromGeneration and no lock is in force on any of
+	// r.LockTargets; else ErrConflict (or *LockedError, ErrLocked) and
+	// nothing is written (the caller re-reads the instance to tell a retry
+	// from a copy). ErrNotFound if there is no such instance.
 	CommitRenewal(ctx context.Context, r Renewal) (Instance, error)
 
 	// GetNode returns a node; ErrNotFound.

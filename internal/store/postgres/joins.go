@@ -17,6 +17,10 @@ import (
 //  0. The node ID's advisory lock (see lockNode), so joins and deletions of
 //     one ID take turns, in this process or another, and the node row read
 //     next stays true until commit.
+//     Then the lock check: a lock in force on any of j.LockTargets by the
+//     store clock refuses the join (*store.LockedError), under the
+//     targets' advisory locks taken shared (queueLockCheck), so a lock
+//     committed while the join is in flight is seen or waits for it.
 //  1. Retry check: if the node's current instance was created by j.TokenID
 //     (or, for a join without a token, j.Credential)
 //     less than j.RetryWindow ago by the store clock, is at generation 0 and
@@ -84,6 +88,10 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	// Round trip 1. held is the node's current instance, "" while the
 	// node ID is free.
 	p.exec(nodeLockQuery, []any{nodeLockClass, j.NodeID}, wrapped("commit join: lock node"))
+	// 0. A lock in force on what the caller's read checked refuses the
+	// join, a retry too (as at the read): one created since that read
+	// stops it here.
+	queueLockCheck(p, "commit join", store.Named(j.LockTargets))
 	var held string
 	p.row(`SELECT instance_id FROM nodes WHERE id = $1`, []any{j.NodeID}, func(row pgx.Row) error {
 		if err := row.Scan(&held); err != nil && !errors.Is(err, pgx.ErrNoRows) {
@@ -195,8 +203,15 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 // and TokenID are filled from the instance when empty; a given InstanceID,
 // NodeID or Generation that contradicts it is an error.
 //
-// The statements travel in two round trips (pipe): BEGIN, the UPDATE, the
-// certificate record (an INSERT … SELECT from the row the UPDATE left, so
+// The UPDATE admits the renewal only if no lock is in force on
+// r.LockTargets by the store clock (a *store.LockedError, ErrLocked, if
+// one is, told after the rollback), under the targets' advisory locks
+// taken shared in the statement before it (targetLocksQuery), which a
+// lock's creation takes exclusive: a lock committed while the renewal is
+// in flight is seen by the UPDATE, or waits for its commit.
+//
+// The statements travel in two round trips (pipe): BEGIN, the targets'
+// advisory locks, the UPDATE, the certificate record (an INSERT … SELECT from the row the UPDATE left, so
 // it inserts nothing when the UPDATE matched none), the claims (a
 // refresh's key rotation, after the node's lock), the chain's lock and its
 // head; then the audit record and COMMIT. A renewal refused (a lost race,
@@ -230,6 +245,14 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 		p.exec(`SELECT pg_advisory_xact_lock($1, hashtext(node_id)) FROM instances WHERE id = $2`,
 			[]any{nodeLockClass, r.InstanceID}, wrapped("commit renewal: lock node"))
 	}
+	// The targets' advisory locks, shared, before the UPDATE whose
+	// snapshot then sees any lock whose creation they waited for (see
+	// targetLocksQuery).
+	targets := store.Named(r.LockTargets)
+	kinds, names := lockArgs(targets)
+	if len(targets) > 0 {
+		p.exec(targetLocksQuery, []any{lockTargetClass, kinds, names}, wrapped("commit renewal: lock targets"))
+	}
 	// One statement: the conditional UPDATE, and the certificate record
 	// inserted from the row it returns, so nothing is inserted when it
 	// matched none. The fields left empty come from that row, as
@@ -239,22 +262,30 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	// the instance is read again.
 	p.row(`WITH renewed AS (UPDATE instances
 			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
-			WHERE id = $5 AND generation = $6 AND state = 'current'
+			WHERE id = $5 AND generation = $6 AND state = 'current' AND `+lockFreeCondition(12, 13)+`
 			RETURNING `+instanceColumns+`),
 		recorded AS (INSERT INTO certificates (`+certificateColumns+`)
 			SELECT $1, COALESCE(NULLIF($7, ''), node_id), id, generation, COALESCE(NULLIF($8, ''), join_method),
 				COALESCE(NULLIF($9, ''), token_id), $2, $10, $11, $4
 			FROM renewed)
-		SELECT `+instanceColumns+` FROM renewed`,
+		SELECT id, node_id, join_method, token_id, previous_id, state, generation, created_at FROM renewed`,
 		[]any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
-			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter)},
+			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter), kinds, names},
 		func(row pgx.Row) error {
-			var err error
-			switch in, err = scanInstance(row); {
+			// The four columns the UPDATE set are filled from r, not
+			// sent back (the chain PEM is most of the row).
+			var created *int64
+			switch err := row.Scan(&in.ID, &in.NodeID, &in.JoinMethod, &in.TokenID, &in.PreviousID, &in.State,
+				&in.Generation, &created); {
 			case errors.Is(err, pgx.ErrNoRows):
-				return notRenewed(r)
+				return notRenewed(r, kinds, names)
 			case err != nil:
 				return wrap("commit renewal", err)
+			}
+			in.CreatedAt = timeCol(created)
+			in.LastSerial, in.LastPublicKey, in.LastChainPEM = c.Serial, c.PublicKey, r.ChainPEM
+			if at, ok := timeArg(c.IssuedAt).(int64); ok {
+				in.LastIssuedAt = timeCol(&at)
 			}
 			return nil
 		})
@@ -283,22 +314,35 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 }
 
 // notRenewed is the refusal of a renewal whose UPDATE matched no row:
-// ErrConflict if the instance exists (not current, or not at
-// r.FromGeneration), ErrNotFound if not, told after the rollback.
-func notRenewed(r store.Renewal) *lostWrite {
+// ErrNotFound if the instance does not exist, ErrConflict if it is not
+// current at r.FromGeneration, else the lock in force on the targets
+// whose kinds and names are kinds and names (*store.LockedError), told
+// after the rollback.
+func notRenewed(r store.Renewal, kinds, names []string) *lostWrite {
 	return &lostWrite{why: statement{
-		sql:  `SELECT EXISTS (SELECT 1 FROM instances WHERE id = $1)`,
-		args: []any{r.InstanceID},
+		sql: `SELECT (SELECT state = 'current' AND generation = $2 FROM instances WHERE id = $1), l.*
+			FROM (SELECT 1) AS one LEFT JOIN LATERAL (` + findLockQuery3 + `) AS l ON true`,
+		args: []any{r.InstanceID, r.FromGeneration, kinds, names},
 		read: func(row pgx.Row) error {
-			var ok bool
-			switch err := row.Scan(&ok); {
+			var (
+				current          *bool
+				l                store.Lock
+				id, kind, target *string
+				reason, by       *string
+				created, expires *int64
+			)
+			switch err := row.Scan(&current, &id, &kind, &target, &reason, &by, &created, &expires); {
 			case err != nil:
 				return wrap("commit renewal", err)
-			case !ok:
+			case current == nil:
 				return fmt.Errorf("postgres: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
+			case !*current || id == nil:
+				return fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
+					r.InstanceID, r.FromGeneration, store.ErrConflict)
 			}
-			return fmt.Errorf("postgres: commit renewal: instance %s is not current at generation %d: %w",
-				r.InstanceID, r.FromGeneration, store.ErrConflict)
+			l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy = *id, *kind, *target, *reason, *by
+			l.CreatedAt, l.ExpiresAt = timeCol(created), timeCol(expires)
+			return fmt.Errorf("postgres: commit renewal: %w", &store.LockedError{Lock: l})
 		},
 	}}
 }

@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -20,14 +22,28 @@ func (s *Store) InsertLock(ctx context.Context, l store.Lock) error {
 	// A lock may be on a token or a key that many nodes share, so every
 	// open stream re-checks.
 	return s.inTx(ctx, "insert lock", func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `INSERT INTO locks (`+lockColumns+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
-		if err != nil {
-			return wrap("insert lock", err)
+		if err := insertLock(ctx, tx, l); err != nil {
+			return err
 		}
 		return notifyTx(ctx, tx, store.ChangeStanding)
 	})
+}
+
+// insertLock is InsertLock's write. It takes the target's advisory lock
+// exclusive first: a join or renewal whose lock check has begun
+// (targetLocksQuery, then the check) commits before this lock can, and
+// one that checks later waits for this commit and sees the lock.
+func insertLock(ctx context.Context, tx pgx.Tx, l store.Lock) error {
+	if _, err := tx.Exec(ctx, targetLockQuery, lockTargetClass, l.Kind+" "+l.Target); err != nil {
+		return wrap("insert lock: lock target", err)
+	}
+	_, err := tx.Exec(ctx, `INSERT INTO locks (`+lockColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+		l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
+	if err != nil {
+		return wrap("insert lock", err)
+	}
+	return nil
 }
 
 // ListLocks returns the locks not expired by the store clock, oldest first
@@ -75,6 +91,58 @@ const findLockQuery = `SELECT ` + lockColumns + `
 	JOIN locks ON kind = want_kind AND target = want_target
 	WHERE ` + unexpired + `
 	ORDER BY pos, created_at, id LIMIT 1`
+
+// findLockQuery3 is findLockQuery with the kinds and names as $3 and $4.
+const findLockQuery3 = `SELECT ` + lockColumns + `
+	FROM unnest($3::text[], $4::text[]) WITH ORDINALITY AS wanted (want_kind, want_target, pos)
+	JOIN locks ON kind = want_kind AND target = want_target
+	WHERE ` + unexpired + `
+	ORDER BY pos, created_at, id LIMIT 1`
+
+// targetLockQuery takes a lock target's advisory lock ($2: its kind, a
+// space, its target) exclusive for the transaction: InsertLock's.
+// targetLocksQuery takes those of the targets whose kinds and names are
+// $2 and $3 shared: a join's or renewal's, before the statement that
+// checks their locks. In READ COMMITTED that statement's snapshot is
+// taken after the wait, so it sees any lock whose creation it waited for;
+// a creation that comes later waits for the write's commit. Shared
+// holders never wait for each other, and a creation holds one key only,
+// so no cycle of waits forms. A hash collision only makes one wait for
+// the other.
+const (
+	targetLockQuery  = `SELECT pg_advisory_xact_lock($1, hashtext($2))`
+	targetLocksQuery = `SELECT count(pg_advisory_xact_lock_shared($1, hashtext(k || ' ' || t)))
+		FROM unnest($2::text[], $3::text[]) AS w (k, t)`
+)
+
+// lockFreeCondition is the SQL condition that no lock is in force, by the
+// store clock, on any of the targets whose kinds and names are the arrays
+// $k and $t (each looked up through the (kind, target) index).
+func lockFreeCondition(k, t int) string {
+	return fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM unnest($%d::text[], $%d::text[]) AS w (want_kind, want_target)
+		JOIN locks ON kind = want_kind AND target = want_target WHERE `+unexpired+`)`, k, t)
+}
+
+// queueLockCheck queues, on p, the shared advisory locks of targets and
+// then their lock check: a lock in force refuses the write with a
+// *store.LockedError naming it. Nothing is queued for no targets.
+func queueLockCheck(p *pipe, op string, targets []store.LockTarget) {
+	if len(targets) == 0 {
+		return
+	}
+	kinds, names := lockArgs(targets)
+	p.exec(targetLocksQuery, []any{lockTargetClass, kinds, names}, wrapped(op+": lock targets"))
+	p.row(findLockQuery, []any{kinds, names}, func(row pgx.Row) error {
+		l, err := scanLock(row)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return wrap(op+": find lock", err)
+		}
+		return fmt.Errorf("postgres: %s: %w", op, &store.LockedError{Lock: l})
+	})
+}
 
 func lockArgs(targets []store.LockTarget) (kinds, names []string) {
 	kinds, names = make([]string, len(targets)), make([]string, len(targets))

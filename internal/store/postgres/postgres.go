@@ -11,7 +11,10 @@
 //     locks; a use of a token of unlimited uses is a row appended to
 //     token_uses, under the token's advisory lock taken shared, which its
 //     deletion takes exclusive;
-//   - a renewal is one UPDATE … WHERE generation = $n AND state = 'current';
+//   - a renewal is one UPDATE … WHERE generation = $n AND state = 'current'
+//     AND no lock is in force on its targets, each of whose advisory locks
+//     it holds shared, which a lock's creation takes exclusive (so a
+//     join's or renewal's lock check and a lock's commit take turns);
 //   - the audit chain has one writer at a time, serialized by
 //     pg_advisory_xact_lock(auditLockKey) taken before the head is read
 //     (or before a record built on a guessed head is inserted only if the
@@ -83,9 +86,13 @@ const (
 	// tokenLockClass orders a token's uses before its deletion (with
 	// hashtext(id); claims.go, useToken).
 	tokenLockClass int32 = 0x6d757376
+	// lockTargetClass orders a lock's creation against the joins and
+	// renewals its target would refuse (with hashtext(kind || ' ' ||
+	// target); locks.go, targetLocksQuery).
+	lockTargetClass int32 = 0x6d757377
 	// batonClass: an append's place in its Store's order of appends to
 	// the audit chain (with a number of the Store's; chain.go).
-	batonClass int32 = 0x6d757377
+	batonClass int32 = 0x6d757378
 )
 
 // Open connects to the database at url (a postgres:// or postgresql:// URL

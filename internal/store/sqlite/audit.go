@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -39,7 +40,7 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 
 // appendAudit is AppendAudit's work inside the write transaction.
 func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	head, err := auditHead(ctx, tx)
+	head, headTime, err := chainHead(ctx, tx)
 	if err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
@@ -53,6 +54,13 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 		rec.Seq, timeArg(rec.Time), rec.Actor, rec.Action, rec.Target, rec.Result,
 		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
+	}
+	if head.Seq > 0 && timeArg(rec.Time).(int64) < headTime {
+		// The clock stepped back: a new run of non-decreasing times
+		// starts here (auditSeqFrom).
+		if _, err := tx.ExecContext(ctx, `INSERT INTO audit_clock_steps (seq) VALUES (?)`, rec.Seq); err != nil {
+			return store.AuditRecord{}, wrap("append audit: clock step", err)
+		}
 	}
 	return rec, nil
 }
@@ -68,12 +76,22 @@ func (s *SQLite) AuditHead(ctx context.Context) (store.AuditHead, error) {
 }
 
 func auditHead(ctx context.Context, q queryer) (store.AuditHead, error) {
-	var h store.AuditHead
-	err := q.QueryRowContext(ctx, `SELECT seq, hash FROM audit_records ORDER BY seq DESC LIMIT 1`).Scan(&h.Seq, &h.Hash)
-	if errors.Is(err, sql.ErrNoRows) {
-		return store.AuditHead{}, nil
-	}
+	h, _, err := chainHead(ctx, q)
 	return h, err
+}
+
+// chainHead is auditHead with the last record's time (Unix microseconds;
+// 0 for an empty chain).
+func chainHead(ctx context.Context, q queryer) (store.AuditHead, int64, error) {
+	var (
+		h store.AuditHead
+		t int64
+	)
+	err := q.QueryRowContext(ctx, `SELECT seq, hash, time FROM audit_records ORDER BY seq DESC LIMIT 1`).Scan(&h.Seq, &h.Hash, &t)
+	if errors.Is(err, sql.ErrNoRows) {
+		return store.AuditHead{}, 0, nil
+	}
+	return h, t, err
 }
 
 // ListAudit returns matching records in ascending Seq. An Action ending in
@@ -83,9 +101,17 @@ func (s *SQLite) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.Au
 		where []string
 		args  []any
 	)
+	afterSeq := f.AfterSeq
 	if !f.Since.IsZero() {
+		// The time bound stays: the seq bound only skips the records
+		// before the first one it can select.
 		where = append(where, `time >= ?`)
 		args = append(args, timeArg(f.Since))
+		from, err := s.auditSeqFrom(ctx, f.Since)
+		if err != nil {
+			return nil, wrap("list audit", err)
+		}
+		afterSeq = max(afterSeq, from-1)
 	}
 	if prefix, ok := strings.CutSuffix(f.Action, "*"); ok {
 		// A range rather than LIKE, which ignores ASCII case and would
@@ -102,9 +128,9 @@ func (s *SQLite) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.Au
 		where = append(where, `action = ?`)
 		args = append(args, f.Action)
 	}
-	if f.AfterSeq > 0 {
+	if afterSeq > 0 {
 		where = append(where, `seq > ?`)
-		args = append(args, f.AfterSeq)
+		args = append(args, afterSeq)
 	}
 	limit := f.Limit
 	if limit <= 0 {
@@ -139,6 +165,62 @@ func (s *SQLite) ListAudit(ctx context.Context, f store.AuditFilter) ([]store.Au
 		return nil, wrap("list audit", err)
 	}
 	return recs, nil
+}
+
+// auditSeqFrom returns a seq below which no record has a time at or after
+// since: the first such record's seq, or one past the last record when
+// none has. Record times never go backwards along the chain except where
+// the appending clock stepped back, which audit_clock_steps lists; so the
+// chain is runs of non-decreasing times, and the first run whose last
+// record is at or after since holds the answer, found by a binary search
+// on seq. Two statements, each reading about log2(records) + steps rows by
+// the primary keys, however long the chain. The chain is append-only, so a
+// bound found here holds for any later read of it.
+func (s *SQLite) auditSeqFrom(ctx context.Context, since time.Time) (int64, error) {
+	// The last record of each run, in seq order: the one before each step,
+	// and the head.
+	rows, err := s.r.QueryContext(ctx, `
+		SELECT r.seq, r.time FROM audit_clock_steps c JOIN audit_records r ON r.seq = c.seq - 1
+		UNION ALL
+		SELECT seq, time FROM (SELECT seq, time FROM audit_records ORDER BY seq DESC LIMIT 1)
+		ORDER BY 1`)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	bound := timeArg(since).(int64)
+	first, lo, hi := int64(1), int64(0), int64(0)
+	for rows.Next() {
+		var end, t int64
+		if err := rows.Scan(&end, &t); err != nil {
+			return 0, err
+		}
+		if t >= bound {
+			lo, hi = first, end
+			break
+		}
+		first = end + 1
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	rows.Close()
+	if hi == 0 {
+		return first, nil // no record is at or after since
+	}
+	// Within [lo, hi] times do not decrease and hi's is at or after since:
+	// halve the range, keeping the first such record in it.
+	var seq int64
+	err = s.r.QueryRowContext(ctx, `
+		WITH RECURSIVE search (lo, hi) AS (
+			VALUES (?1, ?2)
+			UNION ALL
+			SELECT iif(r.time >= ?3, s.lo, r.seq + 1), iif(r.time >= ?3, r.seq, s.hi)
+			FROM search s JOIN audit_records r ON r.seq = (s.lo + s.hi) / 2
+			WHERE s.lo < s.hi
+		)
+		SELECT max(lo) FROM search`, lo, hi, bound).Scan(&seq)
+	return seq, err
 }
 
 // prefixEnd returns the least string greater than every string that starts

@@ -83,10 +83,7 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	var (
-		r                          store.RenewalRead
-		instFound, nodeFound, lock int64
-	)
+	var r store.RenewalRead
 	raw := make([]any, renewalColumns)
 	dst := make([]any, len(raw))
 	for i := range raw {
@@ -104,28 +101,21 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
 	r.CertificateFound = true
-	if err := v.next(1).Scan(&instFound); err != nil {
-		return store.RenewalRead{}, wrap("read renewal "+serial, err)
-	}
-	if inst := v.next(instanceColumnCount); instFound != 0 {
+	// A LEFT JOIN that found no row leaves its columns NULL, the first
+	// (the row's id, never NULL in the table) too: that is its flag.
+	if inst := v.next(instanceColumnCount); found(inst) {
 		if r.Instance, err = scanInstance(inst); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
 		r.InstanceFound = true
 	}
-	if err := v.next(1).Scan(&nodeFound); err != nil {
-		return store.RenewalRead{}, wrap("read renewal "+serial, err)
-	}
-	if node := v.next(nodeColumnCount); nodeFound != 0 {
+	if node := v.next(nodeColumnCount); found(node) {
 		if r.Node, err = scanNode(node); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
 		r.NodeFound = true
 	}
-	if err := v.next(1).Scan(&lock); err != nil {
-		return store.RenewalRead{}, wrap("read renewal "+serial, err)
-	}
-	if l := v.next(lockColumnCount); lock != 0 {
+	if l := v.next(lockColumnCount); found(l) {
 		if r.Lock, err = scanLock(l); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
@@ -143,8 +133,15 @@ var (
 	instanceColumnCount    = columnCount(instanceColumns)
 	nodeColumnCount        = columnCount(nodeColumns)
 	lockColumnCount        = columnCount(lockColumns)
-	renewalColumns         = certificateColumnCount + 1 + instanceColumnCount + 1 + nodeColumnCount + 1 + lockColumnCount + 2
+	renewalColumns         = certificateColumnCount + instanceColumnCount + nodeColumnCount + lockColumnCount + 2
 )
+
+// found reports whether the columns of a LEFT JOIN's table (values
+// whose first is the row's id) came from a row.
+func found(cols scanner) bool {
+	v := cols.(values)
+	return len(v) > 0 && v[0] != nil
+}
 
 func columnCount(cols string) int { return strings.Count(cols, ",") + 1 }
 
@@ -174,7 +171,7 @@ func renewalQuery(n int) string {
 }
 
 // buildRenewalQuery is the record of serial (?1) with its instance and
-// node (LEFT JOIN: either may be gone), each flagged found, and the lock
+// node (LEFT JOIN: either may be gone, its columns then NULL), and the lock
 // FindAnyLock would find over store.RenewalLockTargets: unexpired, on the
 // earliest of the node, the instance, the instance's token, the record's
 // key (lower-case hex, as hex.EncodeToString writes it), then each of the
@@ -191,9 +188,9 @@ func buildRenewalQuery(n int) string {
 		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
 	}
 	return `SELECT ` + prefixed("c", certificateColumns) + `,
-		i.id IS NOT NULL, ` + prefixed("i", instanceColumns) + `,
-		n.id IS NOT NULL, ` + prefixed("n", nodeColumns) + `,
-		l.id IS NOT NULL, ` + prefixed("l", lockColumns) + `,
+		` + prefixed("i", instanceColumns) + `,
+		` + prefixed("n", nodeColumns) + `,
+		` + prefixed("l", lockColumns) + `,
 		ss.version, ss.stepped_at
 	FROM certificates c
 	JOIN signer_set ss ON ss.id = 1

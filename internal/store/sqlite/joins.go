@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -15,6 +17,8 @@ import (
 // this process or another; on any error nothing of it is
 // written. In order:
 //
+//  0. Locks: a lock in force on any of j.LockTargets by the store clock
+//     refuses the join (*store.LockedError).
 //  1. Retry check: if the node's current instance was created by j.TokenID
 //     (or, for a join without a token, j.Credential)
 //     less than j.RetryWindow ago by the store clock, is at generation 0 and
@@ -65,8 +69,14 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 
 // commitJoin is CommitJoin's work inside the write transaction.
 func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
-	var err error
+	// 0. A lock in force on what the caller's read checked refuses the
+	// join, a retry too (as at the read): one created since that read
+	// stops it here.
+	if err := lockedIn(ctx, tx, "commit join", store.Named(j.LockTargets)); err != nil {
+		return store.JoinResult{}, err
+	}
 
+	var err error
 	// held is the node's current instance, "" while the node ID is free.
 	var held string
 	err = tx.QueryRowContext(ctx, `SELECT instance_id FROM nodes WHERE id = ?`, j.NodeID).Scan(&held)
@@ -154,9 +164,12 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 // CommitRenewal advances an instance from r.FromGeneration to the next
 // generation and records the certificate, as one write of a group-committed
 // transaction whose conditional UPDATE admits exactly one of several renewals from the
-// same generation. ErrConflict, and nothing written, if the instance is not
-// current or not at r.FromGeneration; ErrNotFound if there is no such
-// instance. The certificate's InstanceID, NodeID, Generation, JoinMethod and
+// same generation and no lock in force on r.LockTargets. ErrConflict, and
+// nothing written, if the instance is not current or not at
+// r.FromGeneration; a *store.LockedError (ErrLocked) if a lock refuses
+// it; ErrNotFound if there is no such instance. A lock is inserted on the
+// same single writer, so none can commit between this check and the
+// write. The certificate's InstanceID, NodeID, Generation, JoinMethod and
 // TokenID are filled from the instance when empty; a given InstanceID,
 // NodeID or Generation that contradicts it is an error.
 func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Instance, error) {
@@ -178,28 +191,30 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 }
 
 // commitRenewal is CommitRenewal's work inside the write transaction.
+// The lock check is part of the conditional UPDATE (renewQuery), so a
+// renewal that no lock refuses costs no statement more; one that matched
+// no row is told apart afterwards (notRenewed).
 func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
-
-	in, err := scanInstance(tx.QueryRowContext(ctx, `UPDATE instances
-		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?
-		WHERE id = ? AND generation = ? AND state = 'current'
-		RETURNING `+instanceColumns,
-		c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration))
+	targets := store.Named(r.LockTargets)
+	args := make([]any, 0, 6+2*len(targets))
+	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration)
+	args = append(args, lockArgs(targets)...)
+	// The row comes back without the four columns the UPDATE set, which
+	// are filled from r: the chain PEM is not copied back out of SQLite.
+	var (
+		in      store.Instance
+		created nullInt
+	)
+	err := tx.QueryRowContext(ctx, renewQuery(len(targets)), args...).Scan(&in.ID, &in.NodeID, &in.JoinMethod,
+		&in.TokenID, &in.PreviousID, &in.State, &in.Generation, &created)
 	if errors.Is(err, sql.ErrNoRows) {
-		ok, err := exists(ctx, tx, "instances", r.InstanceID)
-		switch {
-		case err != nil:
-			return store.Instance{}, wrap("commit renewal", err)
-		case !ok:
-			return store.Instance{}, fmt.Errorf("sqlite: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
-		default:
-			return store.Instance{}, fmt.Errorf("sqlite: commit renewal: instance %s is not current at generation %d: %w",
-				r.InstanceID, r.FromGeneration, store.ErrConflict)
-		}
+		return store.Instance{}, notRenewed(ctx, tx, r, targets)
 	}
 	if err != nil {
 		return store.Instance{}, wrap("commit renewal", err)
 	}
+	in.CreatedAt = created.time()
+	in.LastSerial, in.LastPublicKey, in.LastChainPEM, in.LastIssuedAt = c.Serial, c.PublicKey, r.ChainPEM, stored(c.IssuedAt)
 
 	if err := store.FillRenewedCertificate(&c, in); err != nil {
 		return store.Instance{}, fmt.Errorf("sqlite: commit renewal: %w", err)
@@ -218,6 +233,98 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 		}
 	}
 	return in, nil
+}
+
+// stored is t as a time column gives it back: zero, or t's instant to the
+// microsecond in UTC.
+func stored(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return time.UnixMicro(t.Truncate(time.Microsecond).UnixMicro()).UTC()
+}
+
+// notRenewed says why a renewal's UPDATE matched no row: ErrNotFound
+// without the instance, ErrConflict if it is not current at
+// r.FromGeneration, else the lock in force on one of targets
+// (*store.LockedError). Read in the write transaction, so it sees what
+// the UPDATE saw.
+func notRenewed(ctx context.Context, tx *writeTx, r store.Renewal, targets []store.LockTarget) error {
+	var current bool
+	err := tx.QueryRowContext(ctx, `SELECT state = 'current' AND generation = ? FROM instances WHERE id = ?`,
+		r.FromGeneration, r.InstanceID).Scan(&current)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("sqlite: commit renewal: instance %s: %w", r.InstanceID, store.ErrNotFound)
+	case err != nil:
+		return wrap("commit renewal", err)
+	case !current:
+		return fmt.Errorf("sqlite: commit renewal: instance %s is not current at generation %d: %w",
+			r.InstanceID, r.FromGeneration, store.ErrConflict)
+	}
+	if err := lockedIn(ctx, tx, "commit renewal", targets); err != nil {
+		return err
+	}
+	// The lock the UPDATE saw expired since, by the store clock: a lost
+	// race for the caller, which judges the renewal again.
+	return fmt.Errorf("sqlite: commit renewal: instance %s was not renewed: %w", r.InstanceID, store.ErrConflict)
+}
+
+// lockedIn is a *store.LockedError naming the lock in force on targets
+// (as FindAnyLock chooses it) by the store clock, read in the write
+// transaction; nil if there is none.
+func lockedIn(ctx context.Context, tx *writeTx, op string, targets []store.LockTarget) error {
+	if len(targets) == 0 {
+		return nil
+	}
+	l, err := scanLock(tx.QueryRowContext(ctx, findAnyLockQuery(len(targets)), lockArgs(targets)...))
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil
+	case err != nil:
+		return wrap(op+": find lock", err)
+	}
+	return fmt.Errorf("sqlite: %s: %w", op, &store.LockedError{Lock: l})
+}
+
+// renewQueries[n] is the renewal's conditional UPDATE for n lock targets,
+// one text per count so that each is a prepared statement the writer
+// caches; a renewal has four or five, a refresh a few more.
+var renewQueries = func() (qs [10]string) {
+	for n := range qs {
+		qs[n] = buildRenewQuery(n)
+	}
+	return qs
+}()
+
+func renewQuery(n int) string {
+	if n < len(renewQueries) {
+		return renewQueries[n]
+	}
+	return buildRenewQuery(n)
+}
+
+// buildRenewQuery advances the instance (?5) from generation ?6 if it is
+// current and no lock is in force by the store clock on any of the n
+// targets that follow (kind, target pairs), each looked up through the
+// (kind, target) index.
+func buildRenewQuery(n int) string {
+	var b strings.Builder
+	b.WriteString(`UPDATE instances
+		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?
+		WHERE id = ? AND generation = ? AND state = 'current'`)
+	if n > 0 {
+		b.WriteString(` AND NOT EXISTS (SELECT 1 FROM locks WHERE (`)
+		for i := range n {
+			if i > 0 {
+				b.WriteString(` OR `)
+			}
+			b.WriteString(`(kind = ? AND target = ?)`)
+		}
+		b.WriteString(`) AND ` + unexpired + `)`)
+	}
+	b.WriteString(` RETURNING id, node_id, join_method, token_id, previous_id, state, generation, created_at`)
+	return b.String()
 }
 
 func insertCertificate(ctx context.Context, tx *writeTx, c store.Certificate) error {

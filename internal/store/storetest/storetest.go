@@ -51,6 +51,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"RenewalRead", renewalReadCases()},
 		{"JoinRetry", retryCases()},
 		{"Renewal", renewalCases()},
+		{"WriteLock", writeLockCases()},
 		{"Node", nodeCases()},
 		{"JoinAudit", joinAuditCases()},
 		{"TicketUse", ticketUseCases()},
