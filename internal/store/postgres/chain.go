@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -28,8 +28,9 @@ import (
 //
 // But the appends of one Store follow each other in an order the Store
 // can fix itself. Each append is a link: it takes an advisory lock of its
-// own, its baton (batonClass, a number of this Store's), in the batch that
-// carries its writes, and holds it to its end. The links are placed in
+// own, its baton (batonClass, its transaction's ID modulo 2^32, unique
+// among the transactions under way in the cluster, and not given again
+// for 2^32 transactions), in the batch that carries its writes, and holds it to its end. The links are placed in
 // order as those batches come back; a link builds its record on the
 // newest record of the links placed before it and not ended (which it
 // waits for in Go, if they have not built theirs yet) and sends, in one
@@ -61,9 +62,8 @@ import (
 // share mode, so the links that waited for one do not hold it against
 // each other. So the waits form a line, never a cycle.
 type chain struct {
-	mu     sync.Mutex
-	last   *link  // the newest link placed; nil before the Store's first
-	batons uint32 // the last baton number given out
+	mu   sync.Mutex
+	last *link // the newest link placed; nil before the Store's first
 	// live holds the links placed and not yet ended: a link placed now
 	// follows them all. unplaced counts the quiet links started and not
 	// yet placed (nor ended): any of them may take the chain's lock
@@ -101,9 +101,7 @@ const (
 )
 
 func newChain() *chain {
-	// Batons of two replicas that share a number only make one wait for
-	// the other's transaction; a random start makes that rare.
-	return &chain{batons: mrand.Uint32(), live: map[*link]struct{}{}, built: map[string]struct{}{}}
+	return &chain{live: map[*link]struct{}{}, built: map[string]struct{}{}}
 }
 
 // link is one append of this Store to the chain.
@@ -141,15 +139,19 @@ type link struct {
 func (p *pipe) startAudit() *link {
 	c := p.chain
 	c.mu.Lock()
-	c.batons++
-	l := &link{c: c, baton: int32(c.batons), ready: make(chan struct{})}
+	l := &link{c: c, ready: make(chan struct{})}
 	l.quiet = c.last == nil || c.own < ownToGuess || time.Now().Before(c.quietUntil)
 	if l.quiet {
 		l.unplaced = true
 		c.unplaced++
 	}
 	c.mu.Unlock()
-	p.exec(batonLockQuery, []any{batonClass, l.baton}, wrapped("append audit: baton"))
+	p.row(batonLockQuery, []any{batonClass}, func(row pgx.Row) error {
+		if err := row.Scan(&l.baton); err != nil {
+			return wrap("append audit: baton", err)
+		}
+		return nil
+	})
 	if l.quiet {
 		queueAuditHead(p, &l.head)
 	}
@@ -365,7 +367,17 @@ var errHeadMoved = errors.New("postgres: append audit: the chain's head moved")
 const notNullViolation = "23502"
 
 const (
-	batonLockQuery = `SELECT pg_advisory_xact_lock($1, $2)`
+	// batonLockQuery takes the transaction's baton and answers its
+	// number: the transaction's ID modulo 2^32 (as int4). Live
+	// transactions' IDs are less than 2^31 apart (wraparound), so no two
+	// under way share a baton, and a number is given again only 2^32
+	// transactions later: a link waiting for a predecessor's baton never
+	// waits for another transaction of this Store or of another replica.
+	// (The backend's PID would be unique among sessions but is taken again
+	// by the session's next transaction, which a successor that has not
+	// yet waited would then wait for.)
+	batonLockQuery = `SELECT b FROM (SELECT (pg_current_xact_id()::text::bigint % 4294967296 - 2147483648)::int4 AS b) AS x,
+		LATERAL pg_advisory_xact_lock($1, x.b)`
 	// batonWaitQuery waits for a baton, batonsWaitQuery for the batons $2
 	// of class $1: shared, so the links waiting for one baton do not
 	// then hold it against each other.

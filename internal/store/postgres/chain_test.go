@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -275,4 +276,91 @@ func TestChainFailedAppendsBetween(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantVerified(t, logs[1], ok)
+}
+
+// TestChainBatonsOfTwoStoresCollide: two Stores whose baton numbers would
+// have been the same (counters from one start, as two replicas' random
+// starts could come within the links in flight) append at once, both
+// guessing; every append must end and the chain verify. With batons that
+// are only unique within a Store, a link of one waited in the database
+// for the other's transaction holding the same number while that one
+// waited for it, through a Go-side wait PostgreSQL cannot see: a hang.
+func TestChainBatonsOfTwoStoresCollide(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	key, sign := chainKeys(t)
+	logs := [2]*audit.Logger{chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)}
+	forceSameBatons(h[0], h[1])
+	const workers, each = 8, 40
+	var wg sync.WaitGroup
+	errs := make([]error, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				// Both Stores guess again and again.
+				for _, s := range h {
+					s.chain.mu.Lock()
+					s.chain.own, s.chain.quietUntil = ownToGuess, time.Time{}
+					s.chain.mu.Unlock()
+				}
+				if _, errs[w] = logs[w%2].Record(ctx, chainEvent(w*each+i)); errs[w] != nil {
+					return
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the appends of two Stores with the same baton numbers hang")
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	wantVerified(t, logs[0], workers*each)
+}
+
+// TestChainBatonsUniqueAcrossStores: links of two Stores under way at once
+// hold different batons, whatever the Stores' own state (here both made
+// to count from one number, as two replicas' counters could meet).
+func TestChainBatonsUniqueAcrossStores(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	forceSameBatons(h[0], h[1])
+	// Links that guess (a quiet one would take the chain's lock).
+	for _, s := range h {
+		s.chain.last, s.chain.own = &link{}, ownToGuess
+	}
+	var batons [2]int32
+	err := h[0].inPipe(ctx, "test", func(p0 *pipe) error {
+		l0 := p0.startAudit()
+		defer l0.end()
+		if err := p0.send(ctx); err != nil {
+			return err
+		}
+		batons[0] = l0.baton
+		// A baton that is the other's waits for it: bounded.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return h[1].inPipe(ctx, "test", func(p1 *pipe) error {
+			l1 := p1.startAudit()
+			defer l1.end()
+			if err := p1.send(ctx); err != nil {
+				return err
+			}
+			batons[1] = l1.baton
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if batons[0] == batons[1] {
+		t.Fatalf("two Stores' links under way at once hold the same baton %d", batons[0])
+	}
 }
