@@ -94,6 +94,9 @@ const recentRecords = 256
 // quietMin, doubling on a miss after a quiet spell up to quietMax; links
 // guess again once ownToGuess quiet links in a row found a record of
 // their own Store at the head.
+// predWait bounds a link's wait in Go for its predecessors' records.
+var predWait = time.Second
+
 const (
 	quietMin   = 100 * time.Millisecond
 	quietMax   = 5 * time.Second
@@ -174,13 +177,27 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 	batons := make([]int32, len(preds))
 	guess := l.base
 	built := true
+	// The wait in Go is bounded: a predecessor that has not built its
+	// record by then is waited for in the database only (read the head
+	// after its baton), where every wait is one PostgreSQL's deadlock
+	// detector sees.
+	bound := time.NewTimer(predWait)
+	defer bound.Stop()
+	late := false
 	for i, pred := range preds {
+		batons[i] = pred.baton
+		if late {
+			built = false
+			continue
+		}
 		select {
 		case <-pred.ready:
+		case <-bound.C:
+			late, built = true, false
+			continue
 		case <-ctx.Done():
 			return store.AuditRecord{}, wrap(op+": append audit", ctx.Err())
 		}
-		batons[i] = pred.baton
 		built = built && pred.ok
 		if pred.ok && pred.rec.Seq > guess.Seq {
 			guess = pred.rec

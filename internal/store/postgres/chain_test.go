@@ -364,3 +364,37 @@ func TestChainBatonsUniqueAcrossStores(t *testing.T) {
 		t.Fatalf("two Stores' links under way at once hold the same baton %d", batons[0])
 	}
 }
+
+// TestChainPredecessorWaitBounded: a link whose predecessor never builds
+// its record (in Go; nothing holds its baton in the database) waits for
+// it a bounded time, then reads the head, and appends.
+func TestChainPredecessorWaitBounded(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	key, sign := chainKeys(t)
+	l := chainLogger(t, s, key, sign)
+	for i := range ownToGuess + 1 {
+		if _, err := l.Record(ctx, chainEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stuck := &link{c: s.chain, baton: 12345, ready: make(chan struct{})}
+	s.chain.mu.Lock()
+	s.chain.live[stuck] = struct{}{}
+	s.chain.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		_, err := l.Record(ctx, chainEvent(50))
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an append waits in Go for a predecessor that never builds its record")
+	}
+	stuck.end()
+	wantVerified(t, l, ownToGuess+2)
+}
