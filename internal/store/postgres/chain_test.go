@@ -398,3 +398,57 @@ func TestChainPredecessorWaitBounded(t *testing.T) {
 	stuck.end()
 	wantVerified(t, l, ownToGuess+2)
 }
+
+// TestChainCancelledLinkDoesNotCommit: a link whose caller gives up while
+// it waits for the chain's lock fails, and its write never commits, even
+// once the lock is free; the Store forgets the link.
+func TestChainCancelledLinkDoesNotCommit(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	key, sign := chainKeys(t)
+	l := chainLogger(t, s, key, sign)
+	for i := range ownToGuess + 1 {
+		if _, err := l.Record(ctx, chainEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder, err := s.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, auditLockKey); err != nil {
+		t.Fatal(err)
+	}
+	k, err := l.Builder(chainEvent(60))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j := benchJoin(60)
+	j.Audit = k.Build
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = s.CommitJoin(cctx, j)
+	cancel()
+	if err == nil {
+		t.Fatal("the join committed while the chain's lock was held")
+	}
+	t.Log(err)
+	if _, err := holder.Exec(ctx, `COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	holder.Release()
+	time.Sleep(2 * time.Second)
+	if _, err := s.GetNode(ctx, j.NodeID); err == nil {
+		t.Fatal("the join whose caller was told it failed committed later")
+	}
+	s.chain.mu.Lock()
+	live, unplaced := len(s.chain.live), s.chain.unplaced
+	s.chain.mu.Unlock()
+	if live != 0 || unplaced != 0 {
+		t.Fatalf("the Store keeps %d live and %d unplaced links", live, unplaced)
+	}
+	wantVerified(t, l, ownToGuess+1)
+}

@@ -50,6 +50,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -104,6 +105,13 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	if err != nil {
 		// The error may quote the URL, password and all.
 		return nil, errors.New("postgres: invalid connection URL")
+	}
+	// A statement whose context ends is cancelled on the server (a
+	// CancelRequest) before the socket is closed: closed alone, it left a
+	// transaction waiting for a lock to go on and commit after its caller
+	// was told it failed.
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 5 * time.Second}
 	}
 	for _, o := range opts {
 		o(cfg)
