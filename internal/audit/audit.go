@@ -191,9 +191,11 @@ func (l *Logger) Builder(e Event) (*Link, error) {
 			ErrInvalidEvent, e.Result, ResultOK, ResultDenied, ResultError)
 	}
 	return NewLink(e, func(head store.AuditHead) (store.AuditRecord, error) {
-		// The time is read while the store holds the chain, so record
-		// times never go backwards along the chain as long as the clock
-		// does not.
+		// The time is read when the record is built, after the record
+		// it follows was (a store builds on a head it read under the
+		// chain's lock, or on a record it built itself and inserts only
+		// if that is still the head), so record times never go backwards
+		// along the chain as long as the clock does not.
 		r := store.AuditRecord{
 			Seq:           head.Seq + 1,
 			Time:          l.now().Truncate(time.Microsecond).UTC(),
@@ -231,8 +233,9 @@ func NewLink(e Event, build func(store.AuditHead) (store.AuditRecord, error)) *L
 // Event is the event the link records.
 func (k *Link) Event() Event { return k.e }
 
-// Build makes the record that follows head. The store calls it while it
-// holds the chain; not safe for concurrent use.
+// Build makes the record that follows head. The store may call it more
+// than once, on a guessed head, outside the chain's lock; not safe for
+// concurrent use.
 func (k *Link) Build(head store.AuditHead) (store.AuditRecord, error) {
 	r, err := k.build(head)
 	if err == nil {

@@ -194,12 +194,16 @@ type Store interface {
 	// every time.
 	FindAnyLock(ctx context.Context, targets []LockTarget) (Lock, error)
 
-	// AppendAudit appends one record to the chain. Inside one write
-	// transaction that serializes every writer of the chain, it reads the
-	// head and calls build, which returns the record to insert (its Seq must
-	// be head.Seq+1 and its PrevHash head.Hash, else ErrConflict). If
-	// build returns an error, AppendAudit returns it wrapped. On any error
-	// nothing is written. build must be fast and must not touch the store.
+	// AppendAudit appends one record to the chain. It calls build with a
+	// head, which returns the record to follow it (its Seq must be
+	// head.Seq+1 and its PrevHash head.Hash, else ErrConflict), and inserts
+	// the record only if, under the lock that serializes every writer of
+	// the chain, the head is still that one. The head may be read under
+	// that lock or be a guess (a store's own last record), so build may
+	// run outside the lock and more than once; only the record built on
+	// the head found under the lock is inserted. If build returns an
+	// error, AppendAudit returns it wrapped. On any error nothing is
+	// written. build must be fast and must not touch the store.
 	AppendAudit(ctx context.Context, build func(head AuditHead) (AuditRecord, error)) (AuditRecord, error)
 	// AuditHead returns the last record's seq and hash.
 	AuditHead(ctx context.Context) (AuditHead, error)
