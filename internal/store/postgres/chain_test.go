@@ -452,3 +452,47 @@ func TestChainCancelledLinkDoesNotCommit(t *testing.T) {
 	}
 	wantVerified(t, l, ownToGuess+1)
 }
+
+// TestChainGuessCheckedByHash: a Store's link builds on the record its
+// predecessor published, which then rolled back, while another replica
+// appended a record of the same seq: the guess has the head's seq but not
+// its hash, so its insert must fail and the record be built again on the
+// chain's head.
+func TestChainGuessCheckedByHash(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	key, sign := chainKeys(t)
+	a, b := chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)
+	for i := range ownToGuess + 1 {
+		if _, err := a.Record(ctx, chainEvent(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	head, err := h[0].AuditHead(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := a.Builder(chainEvent(70))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := store.BuildAuditRecord(head, k.Build)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The predecessor: placed, its record published, never inserted (its
+	// transaction rolled back); nothing holds its baton.
+	pred := &link{c: h[0].chain, baton: -2000000000, ready: make(chan struct{})}
+	h[0].chain.mu.Lock()
+	h[0].chain.live[pred] = struct{}{}
+	h[0].chain.mu.Unlock()
+	pred.publish(rec)
+	if _, err := b.Record(ctx, chainEvent(71)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Record(ctx, chainEvent(72)); err != nil {
+		t.Fatal(err)
+	}
+	pred.end()
+	wantVerified(t, b, ownToGuess+3)
+}
