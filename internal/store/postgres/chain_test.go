@@ -290,7 +290,6 @@ func TestChainBatonsOfTwoStoresCollide(t *testing.T) {
 	h := twoHandles(t)
 	key, sign := chainKeys(t)
 	logs := [2]*audit.Logger{chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)}
-	forceSameBatons(h[0], h[1])
 	const workers, each = 8, 40
 	var wg sync.WaitGroup
 	errs := make([]error, workers)
@@ -331,7 +330,6 @@ func TestChainBatonsOfTwoStoresCollide(t *testing.T) {
 func TestChainBatonsUniqueAcrossStores(t *testing.T) {
 	ctx := t.Context()
 	h := twoHandles(t)
-	forceSameBatons(h[0], h[1])
 	// Links that guess (a quiet one would take the chain's lock).
 	for _, s := range h {
 		s.chain.last, s.chain.own = &link{}, ownToGuess
