@@ -210,17 +210,7 @@ func clockSteps(t *testing.T, s *SQLite) []int64 {
 func TestMigration0021FindsClockSteps(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "muster.db")
-	i := slices.IndexFunc(migrations, func(m store.Migration) bool { return m.Version == 21 })
-	if i < 0 {
-		t.Fatal("no migration 0021")
-	}
-	all := migrations
-	migrations = all[:i]
-	old, err := Open(ctx, path)
-	migrations = all
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := openBefore(t, path, 21)
 	base := time.Date(2026, 11, 27, 7, 0, 0, 0, time.UTC)
 	for seq, off := range []time.Duration{0, 2, 1, 1, 5, 3, 4, 9} {
 		// Written as the old binary wrote them: no step is recorded.
