@@ -59,28 +59,8 @@ func (s *Server) setupCRL(cfg Config) error {
 	if cfg.CRLListen == "" && cfg.CRLURL == "" {
 		return nil
 	}
-	s.crl = crl.New(crl.Config{Store: cfg.Store, Issuers: crlIssuers(cfg.CA), Validity: cfg.CRLValidity, MaxLeafTTL: maxLeafTTL,
-		LockEnds: firstLockEnd(cfg.Store), Log: cfg.Log})
+	s.crl = crl.New(crl.Config{Store: cfg.Store, Issuers: crlIssuers(cfg.CA), Validity: cfg.CRLValidity, MaxLeafTTL: maxLeafTTL, Log: cfg.Log})
 	return s.metrics.reg.Register(crlCollector{s.crl})
-}
-
-// firstLockEnd returns when the first lock in force with a --ttl ends
-// (zero if none has one), by the store clock: the lists drop its entries
-// then. Lock ends are not store changes, so no notification says so.
-func firstLockEnd(st store.Store) func(ctx context.Context) (time.Time, error) {
-	return func(ctx context.Context) (time.Time, error) {
-		locks, err := st.ListLocks(ctx)
-		if err != nil {
-			return time.Time{}, err
-		}
-		var first time.Time
-		for _, l := range locks {
-			if !l.ExpiresAt.IsZero() && (first.IsZero() || l.ExpiresAt.Before(first)) {
-				first = l.ExpiresAt
-			}
-		}
-		return first, nil
-	}
 }
 
 // pokeCRL asks for new lists if a change may alter them: a lock, a node's

@@ -17,6 +17,10 @@ type Store interface {
 	ListRevokedCertificates(ctx context.Context, issuedAfter time.Time) ([]store.RevokedCertificate, error)
 	GetCRL(ctx context.Context, issuer string) (store.CRL, error)
 	PutCRL(ctx context.Context, c store.CRL, prev int64) error
+	// ListLocks says when the locks in force end: a lock given a --ttl
+	// leaves the lists then, and lock ends are not changes the store
+	// notifies.
+	ListLocks(ctx context.Context) ([]store.Lock, error)
 }
 
 // Defaults and bounds of Config.
@@ -43,11 +47,7 @@ type Config struct {
 	// MaxLeafTTL bounds how long ago a deleted node's last certificate can
 	// have been issued and still be unexpired.
 	MaxLeafTTL time.Duration
-	// LockEnds, if set, returns when the first lock in force that ends
-	// ends (zero if none does): its entries leave the lists then, and a
-	// pass is made then rather than at the lists' half validity.
-	LockEnds func(ctx context.Context) (time.Time, error)
-	Log      *slog.Logger
+	Log        *slog.Logger
 }
 
 // Status is what the latest pass knows of one list, for metrics.
@@ -133,13 +133,11 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	var lockEnds time.Time
-	if p.cfg.LockEnds != nil {
-		// Read before the revoked set: a lock made after this read is
-		// a change the store notifies, and pokes a pass of its own.
-		if lockEnds, err = p.cfg.LockEnds(ctx); err != nil {
-			return time.Time{}, err
-		}
+	// Read before the revoked set: a lock made after this read is a
+	// change the store notifies, and pokes a pass of its own.
+	lockEnds, err := p.firstLockEnd(ctx)
+	if err != nil {
+		return time.Time{}, err
 	}
 	revoked, err := p.cfg.Store.ListRevokedCertificates(ctx, now.Add(-p.cfg.MaxLeafTTL))
 	if err != nil {
@@ -179,6 +177,23 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	}
 	p.mu.Unlock()
 	return next, errors.Join(errs...)
+}
+
+// firstLockEnd returns when the first lock in force with an end ends
+// (zero if none has one), by the store clock: its entries leave the lists
+// then.
+func (p *Publisher) firstLockEnd(ctx context.Context) (time.Time, error) {
+	locks, err := p.cfg.Store.ListLocks(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	var first time.Time
+	for _, l := range locks {
+		if !l.ExpiresAt.IsZero() && (first.IsZero() || l.ExpiresAt.Before(first)) {
+			first = l.ExpiresAt
+		}
+	}
+	return first, nil
 }
 
 // errRaced: another replica stored a list of the same issuer between this
