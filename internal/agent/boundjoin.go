@@ -197,7 +197,7 @@ func (a *Agent) boundKey(register bool) (ed25519.PrivateKey, error) {
 		return LoadBoundKey(a.dir)
 	}
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, &refusal{codes.FailedPrecondition, fmt.Errorf("no bound key in %s: run muster keypair create --data %s and give its public key to muster bot add --public-key, or join with the registration secret",
+		return nil, &refusal{codes.FailedPrecondition, fmt.Errorf("no bound key in %s: run muster keypair create --data %s and give its public key to muster bot add NAME --public-key FILE, or join with the registration secret",
 			a.dir.BoundKeyFile(), string(a.dir))}
 	}
 	return priv, err

@@ -136,7 +136,7 @@ func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.
 	}
 	why := "prepared by an operator ahead of the leader's clock, signed with the authority's root key"
 	if len(req.GetCertificateDer()) > 0 {
-		why = "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate --root-key)"
+		why = "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate ROLE --root-key FILE)"
 	}
 	a.recordWhy(ctx, "ca.prepare", target, why, err)
 	if err == nil {

@@ -35,7 +35,7 @@ current instance and a certificate signed by the authority's agent CA
 bench.seed record says what was seeded, so "muster audit verify" still
 passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
 for --token-ttl, described "muster bench seed", labelled with --label (a
-fleet for "muster task send --label").
+fleet for "muster task send --label KEY=VALUE").
 
 The authority must be stopped (the data directory's lock is taken). Seed a
 test authority only: the nodes and tokens stay.`,

@@ -88,8 +88,8 @@ and ca_fingerprint, as muster init printed them) or in DIR/discovery.yaml
 The flags add to the file. Without any, every registration is refused.
 --open-registration accepts any other authority ID too, locked to the
 first root that registers it: unsafe, as whoever grinds a key matching an
-ID's 6 hex digits can take the ID first. muster discovery forget deletes
-a registration.
+ID's 6 hex digits can take the ID first. A registration is deleted with
+muster discovery forget AUTHORITY_ID.
 
 The settings file may also hold listen, advertise, store, metrics_listen,
 key_rotation, trusted_proxies and log.format/log.level; MUSTER_* variables

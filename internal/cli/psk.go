@@ -17,7 +17,7 @@ func newPSKCmd(env *Env) *cobra.Command {
 		Use:   "psk",
 		Short: "Show and rotate the bootstrap pre-shared key",
 		Long: `The bootstrap PSK is the authority-wide secret an agent presents to join
-(muster agent join --psk-file, with the CA fingerprint). muster init
+(muster agent join --psk-file FILE, with the CA fingerprint). muster init
 creates it. After a
 rotation the previous PSK stays accepted for a grace period (24h by
 default) while the agents are given the new one.`,
