@@ -124,9 +124,12 @@ func TestDocCommandChecker(t *testing.T) {
 			"# muster: a comment about muster, not a command\n" +
 			"source <(muster completion bash)\n" +
 			"muster help token create\n" +
+			"muster --help; muster token -h; muster --version\n" +
 			"```\n", nil},
 		{"wrong flag in a commented alternative", "```sh\nmuster agent join --data D\n# or: muster agent join --data D \\\n#   --psk-fil F\n```\n",
 			[]string{`3: unknown flag --psk-fil`}},
+		{"help of a group with a wrong flag", "```sh\nmuster token --help --bogus\nmuster --hepl\n```\n",
+			[]string{`2: "muster token" runs only its help: name a subcommand`, `3: "muster" runs only its help: name a subcommand`}},
 		{"wrong command in <(…)", "```sh\nsource <(muster completion bsh)\n```\n",
 			[]string{`2: "muster completion" runs only its help: no subcommand "bsh"`}},
 		{"wrong flag behind docker run", "```sh\ndocker run --rm -v muster-data:/data \\\n  registry.example/muster:v1 init --dat /data/authority\n```\n",
@@ -655,6 +658,9 @@ func checkDocCommand(root *cobra.Command, c docCommand) string {
 			break
 		}
 		cmd, ws = sub, ws[1:]
+	}
+	if !cmd.Runnable() && len(ws) == 1 && (ws[0].s == "--help" || ws[0].s == "-h" || cmd == root && ws[0].s == "--version") {
+		return "" // a group's help (the image's CMD ["--help"])
 	}
 	if !cmd.Runnable() {
 		if len(ws) > 0 && ws[0].group == 0 && !strings.HasPrefix(ws[0].s, "-") {
