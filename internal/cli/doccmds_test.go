@@ -18,10 +18,15 @@ import (
 // flag exists on it (and takes a value exactly when given one), literal flag
 // values parse, and the positional arguments pass its Args validator. A
 // block that only shows what muster prints is a ```text block, or has
-// <!-- not a command --> on the line before its fence.
+// <!-- not a command --> on the line before its fence. A prose code span
+// that starts with "muster " is a command too (it may wrap to the next
+// line); one holding only command words and value-less flags (`muster
+// admin add`, `muster init --custody`, `muster token …`) names a command
+// or its flag, and only those names are checked.
 
 // TestDocCommandsExist checks every muster command in README.md's and
-// docs/*.md's code blocks, and the packaged systemd units' ExecStart lines.
+// docs/*.md's code blocks and prose code spans, and the packaged systemd
+// units' ExecStart lines.
 func TestDocCommandsExist(t *testing.T) {
 	files, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
@@ -29,7 +34,7 @@ func TestDocCommandsExist(t *testing.T) {
 	}
 	files = append([]string{"../../README.md"}, files...)
 	root := newRoot(&Env{})
-	checked := 0
+	checked, inline := 0, 0
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
@@ -38,6 +43,9 @@ func TestDocCommandsExist(t *testing.T) {
 		name := strings.TrimPrefix(f, "../../")
 		for _, c := range docCommands(name, string(data)) {
 			checked++
+			if c.inline {
+				inline++
+			}
 			if p := checkDocCommand(root, c); p != "" {
 				t.Errorf("%s:%d: %s: %s", c.file, c.line, c.text, p)
 			}
@@ -60,10 +68,14 @@ func TestDocCommandsExist(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d commands in the docs and units", checked)
-	// The docs hold two hundred; far fewer means the extraction broke.
-	if checked < 190 {
-		t.Errorf("%d muster commands found in the docs, want at least 190: the extraction misses blocks", checked)
+	t.Logf("%d commands in the docs and units, %d of them inline", checked, inline)
+	// The docs hold two hundred in blocks and more inline; far fewer means
+	// the extraction broke.
+	if checked-inline < 190 {
+		t.Errorf("%d muster commands found in the docs' blocks, want at least 190: the extraction misses blocks", checked-inline)
+	}
+	if inline < 300 {
+		t.Errorf("%d muster commands found in the docs' prose, want at least 300: the extraction misses code spans", inline)
 	}
 }
 
@@ -146,6 +158,17 @@ func TestDocCommandChecker(t *testing.T) {
 		{"console output is not a command", "```console\n$ muster status\nmuster token create --bogus\n```\n", nil},
 		{"text block is not checked", "```text\nmuster token create --bogus\n```\n", nil},
 		{"opted out block is not checked", "<!-- not a command -->\n```sh\nmuster token create --bogus\n```\n", nil},
+		{"wrong flag in an inline span", "Run `muster token create --nodes web-01` to make one.\n",
+			[]string{`1: unknown flag --nodes`}},
+		{"wrong subcommand in an inline span that wraps", "Intro.\n\nThen `muster token\ncreat --node web-01` prints\na URI.\n",
+			[]string{`3: "muster token" runs only its help: no subcommand "creat"`}},
+		{"wrong names in inline spans naming a command", "`muster init --custdy` keeps keys; `muster ca rotat` and `muster tokens` do not exist.\n",
+			[]string{`1: unknown flag --custdy for "muster init"`, `1: "muster ca" has no subcommand "rotat"`, `1: unknown command "tokens"`}},
+		{"wrong flag in a table cell", "| command | what |\n|---|---|\n| `muster psk show [-o json \\| --rawx]` | shows it |\n",
+			[]string{`3: unknown flag --rawx`}},
+		{"wrong flag inline in a list item's paragraph", "1. First:\n\n    then `muster lock list --limt 3`\n    shows them\n",
+			[]string{`3: unknown flag --limt`}},
+		{"inline spans that name commands or are not commands", "`muster admin add` (or `muster admin add --offline`) and `muster init\n--custody`; `muster token …`, `muster audit`; `muster.db`, `MUSTER_DATA`, `muster`, ``muster+token://…``.\n", nil},
 		{"prose is not checked", "Run muster token create --bogus.\n\n```yaml\nmuster: token\n```\n", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,6 +197,11 @@ type docCommand struct {
 	line  int
 	text  string
 	words []docWord
+	// inline: in a prose code span, where `muster admin add` or `muster
+	// init --custody` (command words and value-less flags only) names a
+	// command or its flag rather than a line to run: then the names are
+	// checked, not the arguments or values.
+	inline bool
 }
 
 type docWord struct {
@@ -186,14 +214,22 @@ type docWord struct {
 // docCommands returns the muster commands in the fenced shell blocks of a
 // Markdown document: ```sh, ```bash, ```console (the "$ " lines), plain
 // ``` blocks and indented code blocks whose lines run muster, ```ini
-// units' Exec lines and ```yaml containers running muster.
+// units' Exec lines, ```yaml containers running muster, and the prose's
+// `muster …` code spans.
 func docCommands(file, doc string) []docCommand {
 	lines := strings.Split(doc, "\n")
 	var cmds []docCommand
 	prev := ""
+	para, paraAt := []string(nil), 0 // the prose paragraph being read
+	flush := func() {
+		cmds = append(cmds, inlineCommands(file, paraAt, para)...)
+		para = nil
+	}
+	defer flush()
 	for i := 0; i < len(lines); i++ {
 		fence := strings.TrimSpace(lines[i])
 		if strings.HasPrefix(lines[i], "    ") && fence != "" && (i == 0 || strings.TrimSpace(lines[i-1]) == "") {
+			flush()
 			// An indented code block (or a list item's indented
 			// paragraph: only one that runs muster is read).
 			j := i
@@ -202,6 +238,9 @@ func docCommands(file, doc string) []docCommand {
 			}
 			if runs, console := runsMuster(lines[i:j]); runs && prev != "<!-- not a command -->" {
 				cmds = append(cmds, blockCommands(file, i+1, lines[i:j], console)...)
+			} else if !runs {
+				para, paraAt = lines[i:j], i+1 // a list item's paragraph
+				flush()
 			}
 			i, prev = j-1, ""
 			continue
@@ -209,9 +248,16 @@ func docCommands(file, doc string) []docCommand {
 		if !strings.HasPrefix(fence, "```") {
 			if fence != "" {
 				prev = fence
+				if para == nil {
+					paraAt = i + 1
+				}
+				para = append(para, lines[i])
+			} else {
+				flush()
 			}
 			continue
 		}
+		flush()
 		lang, _, _ := strings.Cut(strings.TrimSpace(strings.TrimPrefix(fence, "```")), " ")
 		optOut := prev == "<!-- not a command -->"
 		start := i + 1
@@ -242,6 +288,62 @@ func docCommands(file, doc string) []docCommand {
 			continue
 		}
 		cmds = append(cmds, blockCommands(file, start+1, body, console)...)
+	}
+	return cmds
+}
+
+// inlineCommands returns the muster commands in a prose paragraph's code
+// spans (`muster …`, which may wrap to the next line), read as a shell line
+// with the placeholders of a code block. A span that starts with anything
+// else (`muster.db`, `MUSTER_DATA`) names no command; one that starts with
+// muster but shows output, not a command, is written with the program's
+// name outside the span or in a text block.
+func inlineCommands(file string, first int, para []string) []docCommand {
+	text := strings.Join(para, "\n")
+	var cmds []docCommand
+	for i := 0; i < len(text); {
+		if text[i] != '`' {
+			i++
+			continue
+		}
+		n := 0
+		for i+n < len(text) && text[i+n] == '`' {
+			n++
+		}
+		fence := strings.Repeat("`", n)
+		end := -1
+		for j := i + n; j < len(text); {
+			k := strings.Index(text[j:], fence)
+			if k < 0 {
+				break
+			}
+			k += j
+			if k+n < len(text) && text[k+n] == '`' { // a longer run
+				for k < len(text) && text[k] == '`' {
+					k++
+				}
+				j = k
+				continue
+			}
+			end = k
+			break
+		}
+		if end < 0 {
+			i += n
+			continue
+		}
+		span := strings.TrimSpace(strings.ReplaceAll(text[i+n:end], "\n", " "))
+		line := first + strings.Count(text[:i], "\n")
+		i = end + n
+		if !strings.HasPrefix(span, "muster ") {
+			continue
+		}
+		// A table cell writes | as \|.
+		found, _ := lineCommands(file, line, strings.ReplaceAll(span, `\|`, "|"))
+		for _, c := range found {
+			c.inline = true
+			cmds = append(cmds, c)
+		}
 	}
 	return cmds
 }
@@ -659,6 +761,26 @@ func checkDocCommand(root *cobra.Command, c docCommand) string {
 		}
 		cmd, ws = sub, ws[1:]
 	}
+	if c.inline && namesOnly(cmd, ws) {
+		for _, w := range ws {
+			if w.s == "…" {
+				continue
+			}
+			if !strings.HasPrefix(w.s, "-") {
+				if cmd == root {
+					return fmt.Sprintf("unknown command %q", w.s)
+				}
+				return fmt.Sprintf("%q has no subcommand %q (it has %s)", cmd.CommandPath(), w.s, childNames(cmd))
+			}
+			cmd.InitDefaultHelpFlag()
+			cmd.InheritedFlags()
+			if name := strings.TrimLeft(w.s, "-"); strings.HasPrefix(w.s, "--") && cmd.Flags().Lookup(name) == nil ||
+				!strings.HasPrefix(w.s, "--") && cmd.Flags().ShorthandLookup(name) == nil {
+				return fmt.Sprintf("unknown flag %s for %q", w.s, cmd.CommandPath())
+			}
+		}
+		return ""
+	}
 	if !cmd.Runnable() && len(ws) == 1 && (ws[0].s == "--help" || ws[0].s == "-h" || cmd == root && ws[0].s == "--version") {
 		return "" // a group's help (the image's CMD ["--help"])
 	}
@@ -743,6 +865,22 @@ func checkDocCommand(root *cobra.Command, c docCommand) string {
 		return validArgs(cmd, append(args, optional...))
 	}
 	return ""
+}
+
+// namesOnly reports whether the words after a command's path only name
+// flags (no values, no arguments), or are "…" or, after a group, one
+// misspelt subcommand: what an inline span naming a command holds.
+func namesOnly(cmd *cobra.Command, ws []docWord) bool {
+	for i, w := range ws {
+		if w.s == "…" || strings.HasPrefix(w.s, "-") && !strings.Contains(w.s, "=") && len(w.s) > 1 {
+			continue
+		}
+		if i == 0 && len(ws) == 1 && w.literal && !cmd.Runnable() {
+			continue // a subcommand that is none: reported as such
+		}
+		return false
+	}
+	return true
 }
 
 func validArgs(cmd *cobra.Command, args []string) string {
