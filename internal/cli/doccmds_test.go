@@ -164,6 +164,8 @@ func TestDocCommandChecker(t *testing.T) {
 			[]string{`3: "muster token" runs only its help: no subcommand "creat"`}},
 		{"wrong names in inline spans naming a command", "`muster init --custdy` keeps keys; `muster ca rotat` and `muster tokens` do not exist.\n",
 			[]string{`1: unknown flag --custdy for "muster init"`, `1: "muster ca" has no subcommand "rotat"`, `1: unknown command "tokens"`}},
+		{"wrong flag in an inline span behind a variable or another build", "`MUSTER_DATA=d muster status --dat d`, `muster-pkcs11 authority --pkcs11-modul M`\n",
+			[]string{`1: unknown flag --dat`, `1: unknown flag --pkcs11-modul`}},
 		{"wrong flag in a table cell", "| command | what |\n|---|---|\n| `muster psk show [-o json \\| --rawx]` | shows it |\n",
 			[]string{`3: unknown flag --rawx`}},
 		{"wrong flag inline in a list item's paragraph", "1. First:\n\n    then `muster lock list --limt 3`\n    shows them\n",
@@ -293,11 +295,10 @@ func docCommands(file, doc string) []docCommand {
 }
 
 // inlineCommands returns the muster commands in a prose paragraph's code
-// spans (`muster …`, which may wrap to the next line), read as a shell line
-// with the placeholders of a code block. A span that starts with anything
-// else (`muster.db`, `MUSTER_DATA`) names no command; one that starts with
-// muster but shows output, not a command, is written with the program's
-// name outside the span or in a text block.
+// spans (which may wrap to the next line), each read as a shell line with
+// the placeholders of a code block: `muster …`, `muster-pkcs11 …`,
+// `MUSTER_X=1 muster …`, `sudo -u muster muster …` run muster; `muster.db`
+// or `muster+token://…` do not.
 func inlineCommands(file string, first int, para []string) []docCommand {
 	text := strings.Join(para, "\n")
 	var cmds []docCommand
@@ -335,7 +336,7 @@ func inlineCommands(file string, first int, para []string) []docCommand {
 		span := strings.TrimSpace(strings.ReplaceAll(text[i+n:end], "\n", " "))
 		line := first + strings.Count(text[:i], "\n")
 		i = end + n
-		if !strings.HasPrefix(span, "muster ") {
+		if !strings.Contains(span, "muster") {
 			continue
 		}
 		// A table cell writes | as \|.

@@ -23,7 +23,8 @@ import (
 //
 //   - Every string literal of non-test Go code in the module (tools/ are
 //     other modules), and every "a" + x + "b" concatenation of them (x read
-//     as the placeholder X), is searched for "muster NAME", NAME a
+//     as the placeholder X), is searched for "muster NAME" (or
+//     "muster-pkcs11 NAME"), NAME a
 //     top-level command; or any NAME after run, use, with, see, try, start
 //     or then, in `…` or "…", or on a printed command line (below), so a
 //     misspelt command is reported rather than taken for prose.
@@ -200,14 +201,14 @@ var (
 	formatVerb = regexp.MustCompile(`%[-+# 0]*(\[\d+\])?\d*(\.\d+)?[a-zA-Z]`)
 	// The program as a verb: "  %s token create" or "… | %s agent join".
 	programVerb = regexp.MustCompile(`(^|\n[ \t]+|^[ \t]+|\| )%s ([a-z][a-z0-9-]*)`)
-	musterAt    = regexp.MustCompile(`muster ([a-z][a-z0-9-]*)`)
+	musterAt    = regexp.MustCompile(`muster(?:-pkcs11)? ([a-z][a-z0-9-]*)`)
 )
 
 // stringCommands returns the muster commands one Go string names.
 // A raw string's lines are the source's: a command on its third line is
 // two lines below the literal.
 func stringCommands(root *cobra.Command, file string, line int, s string, raw bool) []docCommand {
-	if !strings.Contains(s, "muster ") && !strings.Contains(s, "%s ") {
+	if !strings.Contains(s, "muster") && !strings.Contains(s, "%s ") {
 		return nil
 	}
 	first, _, _ := strings.Cut(s, "\n")
@@ -385,6 +386,8 @@ func TestHintCommandChecker(t *testing.T) {
 			[]string{`3: unknown flag --psk-fil`}},
 		{"wrong flag on a printed line with a literal argument", "const next = \"Next:\\n  muster signer revoke v2 --bogus\\n\"",
 			[]string{`3: unknown flag --bogus`}},
+		{"wrong flag of the pkcs11 build on a printed line", "func f() {\n\tfmt.Fprintf(w, `Next:\n  1. Restart:\n       muster-pkcs11 authority --data DIR --pkcs11-modul %s\n`, m)\n}",
+			[]string{`6: unknown flag --pkcs11-modul`}},
 		{"right hints", "package x\n" +
 			"var a = fmt.Errorf(\"%s does not exist: run muster init --data %s\", d, d)\n" +
 			"var b = errors.New(\"the data directory holds no identity: join first (muster agent join)\")\n" +
