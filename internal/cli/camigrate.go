@@ -230,7 +230,7 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
      (a replica started without them refuses to start; one still running
      without them reports not ready until restarted).
   2. Once the successors are published, activate them (or let the leader):
-       muster ca rotate ROLE --activate     (bootstrap, server, agent, admin)
+       muster ca rotate ROLE --activate     # ROLE: bootstrap, server, agent, admin
   3. Activate the staged signer (or let it activate at its time):
        muster signer activate
   4. Should the token be lost or wrong before any key in it is activated,
@@ -238,7 +238,7 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
        muster ca migrate-custody --data DIR --custody '%s' --rollback
 
 The root key stays where it is; to move it into the token too:
-       muster ca root rotate                (its new root is made in the token)
+       muster ca root rotate                # its new root is made in the token
 The sealed keys are destroyed as rotation retires them; docs/hsm.md.
 `, res.Module, res.URI)
 }
