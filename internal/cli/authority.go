@@ -362,6 +362,22 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 	}
 }
 
+// logPool says how many connections a PostgreSQL store's pool opens at
+// most, and what set it: the sizing an operator checks against the
+// database's max_connections (docs/high-availability.md).
+func logPool(log *slog.Logger, st store.Store) {
+	ps, ok := st.(*postgres.Store)
+	if !ok {
+		return
+	}
+	n, fromURL := ps.PoolMaxConns()
+	from := "default"
+	if fromURL {
+		from = "pool_max_conns in the store URL"
+	}
+	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2) // the leader lock and the change listener
+}
+
 // redactURL drops the userinfo of a URL, where a database password lives.
 func redactURL(u string) string {
 	if i := strings.Index(u, "@"); i >= 0 {
@@ -501,6 +517,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
+	logPool(log, st)
 	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
 	if err != nil {
 		// The store is reachable: the refusal is audited, with the way out.
