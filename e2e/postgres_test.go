@@ -41,6 +41,11 @@ func TestAuthorityOnPostgres(t *testing.T) {
 		t.Errorf("a second init on the same database: %q", line)
 	}
 	e := &joinEnv{dir: dir, auth: startAuthority(t, dir, "--store", url)}
+	// The pool's size it uses, logged at start: the default, the URL
+	// setting no pool_max_conns.
+	if logs := e.auth.Logs(); !strings.Contains(logs, `"msg":"store connection pool","pool_max_conns":16,"set_by":"default"`) {
+		t.Errorf("the authority does not log its default pool size:\n%s", logs)
+	}
 	e.setup(t)
 	id, _ := e.join(t, e.token(t), "pg-node")
 	if _, err := e.renew(t, id, must2(newCSR(t))); err != nil {

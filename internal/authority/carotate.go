@@ -319,20 +319,39 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
 }
 
-// caDraftTTL is how long a draft (muster ca rotate ROLE --root-key FILE)
-// waits for its signed certificate before the leader destroys its key;
-// caDraftSweep is how often the leader looks.
+// DefaultCADraftTTL is ca.draft_ttl's default: how long a draft (muster ca
+// rotate ROLE --root-key FILE) waits for its signed certificate before the
+// leader destroys its key. The CLI sends the certificate back within the
+// same command, so the draft needs to outlive only that command; the
+// bounds keep a key in custody no longer than a day, and above a few
+// seconds, which tests use.
 const (
-	caDraftTTL   = time.Hour
-	caDraftSweep = time.Minute
+	DefaultCADraftTTL = time.Hour
+	MinCADraftTTL     = 5 * time.Second
+	MaxCADraftTTL     = 24 * time.Hour
 )
 
+// caDraftSweep is how often the leader looks for expired drafts, at most:
+// under a ca.draft_ttl shorter than twice it, twice a ca.draft_ttl.
+const caDraftSweep = time.Minute
+
+// caDraftTTL is ca.draft_ttl in force.
+func (s *Server) caDraftTTL() time.Duration {
+	return cmp.Or(s.cfg.CADraftTTL, DefaultCADraftTTL)
+}
+
+// caDraftExpired says why a draft's key was or is destroyed, naming the
+// setting and its value.
+func (s *Server) caDraftExpired() string {
+	return "a draft whose certificate signed with the offline root key never came back within ca.draft_ttl (" + s.caDraftTTL().String() + ")"
+}
+
 // sweepDrafts destroys the keys of drafts whose signed certificate never
-// came back (the CLI stopped between its two calls), at most every
-// caDraftSweep: each is claimed first, one conditional write, so one
+// came back within ca.draft_ttl (the CLI stopped between its two calls),
+// looking at most every caDraftSweep: each is claimed first, one conditional write, so one
 // replica destroys it, and a prepare arriving later is told to draft again.
 func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
-	if last, ok := s.caDraftSwept.Load().(time.Time); ok && now.Sub(last) < caDraftSweep && !now.Before(last) {
+	if last, ok := s.caDraftSwept.Load().(time.Time); ok && now.Sub(last) < min(caDraftSweep, s.caDraftTTL()/2) && !now.Before(last) {
 		return
 	}
 	s.caDraftSwept.Store(now)
@@ -344,10 +363,10 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 		return
 	}
 	for _, d := range drafts {
-		if now.Sub(d.CreatedAt) < caDraftTTL {
+		if now.Sub(d.CreatedAt) < s.caDraftTTL() {
 			continue
 		}
-		s.endIntermediate(ctx, "ca.discard", d.Role, d.Serial, "a draft whose certificate signed with the offline root key never came back within "+caDraftTTL.String(),
+		s.endIntermediate(ctx, "ca.discard", d.Role, d.Serial, s.caDraftExpired(),
 			func(ctx context.Context, _, serial string) ([]byte, error) {
 				c, err := s.store.ClaimCADraft(ctx, serial)
 				if errors.Is(err, store.ErrNotFound) {

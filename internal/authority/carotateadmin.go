@@ -38,7 +38,8 @@ import (
 // draft never sent back leaves nothing behind. With pkcs11 custody the key
 // is an object in the token from the draft on, so the draft's key is
 // recorded (store.CADraft) until the second call claims it; the leader
-// destroys the key of a draft not claimed within caDraftTTL.
+// destroys the key of a draft not claimed within ca.draft_ttl (caDraftTTL),
+// and a certificate sent back after it is refused.
 
 // caRole parses a rotated intermediate role.
 func caRole(s string) (ca.Role, error) {
@@ -216,10 +217,17 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	// not stored, and the leader's sweep no longer touches it.
 	d, err := a.s.store.ClaimCADraft(ctx, req.GetSerial())
 	if errors.Is(err, store.ErrNotFound) {
-		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was not drafted, or its draft was used or expired (a draft's key is destroyed %s after it was made): run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), caDraftTTL, role)
+		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was not drafted, or its draft was used or expired (a draft's key is destroyed ca.draft_ttl, %s, after it was made): run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), a.s.caDraftTTL(), role)
 	}
 	if err != nil {
 		return store.CACert{}, err
+	}
+	if ttl := a.s.caDraftTTL(); now.Sub(d.CreatedAt) >= ttl {
+		// Expired, not yet swept: this call claimed it, so it destroys
+		// the key as the leader's sweep would have.
+		a.s.endIntermediate(ctx, "ca.discard", string(role), req.GetSerial(), a.s.caDraftExpired(),
+			func(context.Context, string, string) ([]byte, error) { return d.KeyRef, nil })
+		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was drafted %s ago, past ca.draft_ttl (%s): its key is destroyed; run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), now.Sub(d.CreatedAt).Round(time.Second), ttl, role)
 	}
 	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: d.KeyRef, State: store.CAPrepared, NotAfter: cert.NotAfter}
 	if err := a.s.store.InsertCACert(ctx, row); err != nil {

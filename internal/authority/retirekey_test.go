@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"crypto"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -108,7 +109,7 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 
 // TestAbandonedDraftKeyDestroyed: the key of a draft whose signed
 // certificate never comes back (muster ca rotate --root-key stopped
-// between its calls) is destroyed by the leader once caDraftTTL has
+// between its calls) is destroyed by the leader once ca.draft_ttl has
 // passed, audited, and a prepare sent afterwards is told to draft again;
 // a draft whose certificate came back is claimed by its prepare and its
 // key kept.
@@ -138,7 +139,7 @@ func TestAbandonedDraftKeyDestroyed(t *testing.T) {
 	if len(destroyed) != 0 {
 		t.Fatalf("a fresh draft's key was destroyed: %q", destroyed)
 	}
-	if err := s.caStepAt(ctx, now.Add(caDraftTTL+time.Minute)); err != nil {
+	if err := s.caStepAt(ctx, now.Add(s.caDraftTTL()+time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	if want := "agent/" + abandoned.GetSerial() + "=" + string(abandoned.GetKeyRef()); len(destroyed) != 1 || destroyed[0] != want {
@@ -155,5 +156,52 @@ func TestAbandonedDraftKeyDestroyed(t *testing.T) {
 	}
 	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed") {
 		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key was destroyed", recs)
+	}
+}
+
+// TestExpiredDraftRefusedBeforeSweep: a certificate sent back after
+// ca.draft_ttl, before the leader's sweep found the draft, is refused
+// naming the setting's value, and that prepare destroys the draft's key
+// and audits ca.discard as the sweep would.
+func TestExpiredDraftRefusedBeforeSweep(t *testing.T) {
+	var mu sync.Mutex
+	var destroyed []string
+	const ttl = 300 * time.Millisecond
+	b := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.WrapCACustody = countDestroys(&mu, &destroyed)
+		c.CADraftTTL = ttl
+	})
+	a := &adminService{s: b.srvs[0]}
+	ctx := t.Context()
+	d, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl + 50*time.Millisecond)
+	_, err = a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent", Serial: d.GetSerial(), KeyRef: d.GetKeyRef(),
+		CertificateDer: signDraftWith(t, d, b.h.Root, b.h.RootKey, nil)})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "past ca.draft_ttl (300ms)") ||
+		!strings.Contains(err.Error(), "run `muster ca rotate agent --root-key FILE` again") {
+		t.Fatalf("a prepare after ca.draft_ttl: %v; want a refusal naming it and saying to draft again", err)
+	}
+	mu.Lock()
+	got := slices.Clone(destroyed)
+	mu.Unlock()
+	if want := "agent/" + d.GetSerial() + "=" + string(d.GetKeyRef()); len(got) != 1 || got[0] != want {
+		t.Fatalf("destroyed %q; want the expired draft's key, %q", got, want)
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Target != "agent/"+d.GetSerial() || !strings.Contains(recs[0].Reason, "within ca.draft_ttl (300ms)") {
+		t.Fatalf("ca.discard records %+v; want one for the expired draft naming ca.draft_ttl", recs)
+	}
+	rows, err := b.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := preparedOf(rows, "agent"); p != nil {
+		t.Fatalf("an expired draft was stored prepared: %+v", p)
 	}
 }

@@ -107,6 +107,10 @@ type Config struct {
 	// CAIntermediateTTL is ca.intermediate_ttl: the lifetime of the
 	// intermediates the leader prepares (zero: ca.IntermediateTTL).
 	CAIntermediateTTL time.Duration
+	// CADraftTTL is ca.draft_ttl: how long a draft for an offline-root
+	// rotation (muster ca rotate ROLE --root-key FILE) waits for its signed
+	// certificate before its key is destroyed (zero: DefaultCADraftTTL).
+	CADraftTTL time.Duration
 	// CAPublishWindow is how long a prepared intermediate is in the store
 	// before it may be activated (zero: caPublishWindow); tests shorten it.
 	CAPublishWindow time.Duration

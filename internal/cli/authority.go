@@ -79,6 +79,8 @@ type authorityConfig struct {
 	CA struct {
 		// IntermediateTTL: empty keeps the default (1 year).
 		IntermediateTTL string `yaml:"intermediate_ttl"`
+		// DraftTTL: empty keeps the default (1h).
+		DraftTTL string `yaml:"draft_ttl"`
 	} `yaml:"ca"`
 	JWTSVID struct {
 		// KeyRotationPeriod: empty keeps the default (30 days).
@@ -139,6 +141,8 @@ type authorityOptions struct {
 	agentCertTTL    time.Duration
 	// caIntermediateTTL is ca.intermediate_ttl.
 	caIntermediateTTL time.Duration
+	// caDraftTTL is ca.draft_ttl.
+	caDraftTTL time.Duration
 	// jwtKeyPeriod is jwt_svid.key_rotation_period.
 	jwtKeyPeriod time.Duration
 	// boundCertTTL is bound_keypair.cert_ttl (zero: 1h, but never longer
@@ -170,7 +174,7 @@ type authorityOptions struct {
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
 	var jwtPeriod string
-	var ttl, boundTTL, interTTL, configFile, memoryLimit, crlValidity string
+	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -227,6 +231,7 @@ and the data directory, prints the settings in force, and exits.`,
 			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
 			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
 			pick(&interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
+			pick(&draftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
 			pick(&jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
 			pick(&o.logFormat, "log-format", cfg.Log.Format)
 			pick(&o.logLevel, "log-level", cfg.Log.Level)
@@ -270,6 +275,9 @@ and the data directory, prints the settings in force, and exits.`,
 				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
 				return fmt.Errorf("authority: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
 			}
+			if o.caDraftTTL, err = parseCADraftTTL(draftTTL); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
 			if o.jwtKeyPeriod, err = time.ParseDuration(jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
 				return fmt.Errorf("authority: jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", jwtPeriod, authority.MinJWTKeyRotationPeriod)
 			}
@@ -295,6 +303,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&jwtPeriod, "jwt-key-rotation-period", authority.DefaultJWTKeyRotationPeriod.String(), "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
 	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
+	fl.StringVar(&draftTTL, "ca-draft-ttl", authority.DefaultCADraftTTL.String(), "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
 	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -334,6 +343,16 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("log format %q: use text or json", format)
 }
 
+// parseCADraftTTL reads ca.draft_ttl: a duration within
+// [authority.MinCADraftTTL, authority.MaxCADraftTTL].
+func parseCADraftTTL(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d < authority.MinCADraftTTL || d > authority.MaxCADraftTTL {
+		return 0, fmt.Errorf("ca.draft_ttl %q: want a duration from %s to %s, such as 1h", v, authority.MinCADraftTTL, authority.MaxCADraftTTL)
+	}
+	return d, nil
+}
+
 // checkStoreURL checks the form of a store URL without connecting.
 func checkStoreURL(url string) error {
 	switch {
@@ -360,6 +379,22 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 	default:
 		return postgres.Open(ctx, url)
 	}
+}
+
+// logPool says how many connections a PostgreSQL store's pool opens at
+// most, and what set it: the sizing an operator checks against the
+// database's max_connections (docs/high-availability.md).
+func logPool(log *slog.Logger, st store.Store) {
+	ps, ok := st.(*postgres.Store)
+	if !ok {
+		return
+	}
+	n, fromURL := ps.PoolMaxConns()
+	from := "default"
+	if fromURL {
+		from = "pool_max_conns in the store URL"
+	}
+	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2) // the leader lock and the change listener
 }
 
 // redactURL drops the userinfo of a URL, where a database password lives.
@@ -501,6 +536,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	defer closeStore()
+	logPool(log, st)
 	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
 	if err != nil {
 		// The store is reachable: the refusal is audited, with the way out.
@@ -519,7 +555,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
-		CAIntermediateTTL: o.caIntermediateTTL, JWTKeyRotationPeriod: o.jwtKeyPeriod,
+		CAIntermediateTTL: o.caIntermediateTTL, CADraftTTL: o.caDraftTTL, JWTKeyRotationPeriod: o.jwtKeyPeriod,
 		Discovery: disc, PSKOptionalUntil: pskOptionalUntil,
 		Version: reportedVersion(), Log: log, Ready: o.ready,
 		SignerMinLeadTime:   o.signerMinLead,

@@ -38,6 +38,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("pprof_listen", o.pprofListen)
 	row("agent_cert_ttl", o.agentCertTTL.String())
 	row("ca.intermediate_ttl", o.caIntermediateTTL.String())
+	row("ca.draft_ttl", o.caDraftTTL.String())
 	row("jwt_svid.key_rotation_period", o.jwtKeyPeriod.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))

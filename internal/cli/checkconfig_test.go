@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/listener"
 )
@@ -39,6 +40,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(other, "listen: 127.0.0.1:1002\n")
 	withMore := filepath.Join(t.TempDir(), "more.yaml")
 	write(withMore, "signer:\n  min_lead_time: 30m\nbound_keypair:\n  recoveries_warn_at: 3\n  cert_ttl: 2h\ndiscovery:\n  address: disc.example:7450\nbootstrap:\n  psk_required: true\nlog:\n  format: text\n")
+	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
+	write(withDraft, "ca:\n  draft_ttl: 10s\n")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -60,6 +63,10 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
 		{"the intermediates' lifetime from the environment", map[string]string{"MUSTER_CA_INTERMEDIATE_TTL": "3m"}, nil, []string{"ca.intermediate_ttl:   3m0s"}},
+		{"a draft's lifetime by default", nil, nil, []string{"ca.draft_ttl:          1h0m0s\n"}},
+		{"a draft's lifetime from the environment", map[string]string{"MUSTER_CA_DRAFT_TTL": "90s"}, nil, []string{"ca.draft_ttl:          1m30s\n"}},
+		{"a draft's lifetime from the file", nil, []string{"--config", withDraft}, []string{"ca.draft_ttl:          10s\n"}},
+		{"a draft's lifetime, the flag over the file", nil, []string{"--config", withDraft, "--ca-draft-ttl", "2h"}, []string{"ca.draft_ttl:          2h0m0s\n"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +121,9 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "number expected", file: "discovery:\n  policy:\n    new_agents_per_day: many\n", want: `line 3: discovery.policy.new_agents_per_day: want a number, not "many"`},
 		{name: "bad ttl", file: "agent_cert_ttl: forever\n", want: `agent_cert_ttl "forever": want a duration such as 24h`},
 		{name: "intermediate ttl below the floor", file: "ca:\n  intermediate_ttl: 1m\n", want: `ca.intermediate_ttl "1m": want a duration from 2m0s to 87600h0m0s`},
+		{name: "draft ttl below the floor", file: "ca:\n  draft_ttl: 4s\n", want: `ca.draft_ttl "4s": want a duration from 5s to 24h0m0s, such as 1h`},
+		{name: "draft ttl above the ceiling", env: map[string]string{"MUSTER_CA_DRAFT_TTL": "25h"}, want: `ca.draft_ttl "25h": want a duration from 5s to 24h0m0s, such as 1h`},
+		{name: "draft ttl not a duration", args: []string{"--ca-draft-ttl", "soon"}, want: `ca.draft_ttl "soon": want a duration from 5s to 24h0m0s, such as 1h`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
 		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},
@@ -137,5 +147,18 @@ func TestAuthorityConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestParseCADraftTTL(t *testing.T) {
+	for v, want := range map[string]time.Duration{"5s": 5 * time.Second, "1h": time.Hour, "24h": 24 * time.Hour, "90s": 90 * time.Second} {
+		if got, err := parseCADraftTTL(v); err != nil || got != want {
+			t.Errorf("parseCADraftTTL(%q) = %v, %v; want %v", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"", "4s", "4.999s", "24h0m1s", "-1h", "0", "1", "an hour"} {
+		if got, err := parseCADraftTTL(v); err == nil || !strings.Contains(err.Error(), "ca.draft_ttl") {
+			t.Errorf("parseCADraftTTL(%q) = %v, %v; want an error naming ca.draft_ttl", v, got, err)
+		}
 	}
 }

@@ -45,6 +45,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"strings"
 	"time"
 
@@ -65,6 +66,8 @@ type Store struct {
 	created bool
 	// chain orders this Store's appends to the audit chain (chain.go).
 	chain *chain
+	// poolFromURL: the URL's pool_max_conns sized the pool.
+	poolFromURL bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -113,6 +116,10 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 5 * time.Second}
 	}
+	poolFromURL := setsPoolMaxConns(url)
+	if !poolFromURL {
+		cfg.MaxConns = DefaultPoolMaxConns
+	}
 	for _, o := range opts {
 		o(cfg)
 	}
@@ -125,7 +132,40 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, created: created, chain: newChain()}, nil
+	return &Store{pool: pool, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
+}
+
+// DefaultPoolMaxConns is the connection pool's size when the store URL sets
+// no pool_max_conns. pgx's own default, the larger of 4 and the cores, was
+// the limit of joins and renewals once the database is a few milliseconds
+// away: a join holds its connection for 5 round trips and a commit
+// (docs/performance.md, "The connection pool's size"). 16 with the leader's
+// and the change listener's connections is 18 a replica, so 4 replicas and
+// an operator's sessions stay within PostgreSQL's default max_connections
+// of 100.
+const DefaultPoolMaxConns = 16
+
+// setsPoolMaxConns reports whether a connection string (URL or key=value
+// form) names pool_max_conns, which then decides the pool's size.
+func setsPoolMaxConns(conn string) bool {
+	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
+		u, err := neturl.Parse(conn)
+		return err == nil && u.Query().Has("pool_max_conns")
+	}
+	for _, f := range strings.Fields(conn) {
+		if k, _, _ := strings.Cut(f, "="); k == "pool_max_conns" {
+			return true
+		}
+	}
+	return false
+}
+
+// PoolMaxConns is the most connections the Store's pool opens, and whether
+// the store URL's pool_max_conns set it (otherwise DefaultPoolMaxConns,
+// or an Option, did). The leader lock and the change listener each hold one
+// more connection outside the pool.
+func (s *Store) PoolMaxConns() (n int32, fromURL bool) {
+	return s.pool.Config().MaxConns, s.poolFromURL
 }
 
 // Option adjusts the connection pool Open makes.
