@@ -31,15 +31,15 @@ import (
 // because it must end sealed under the storage key, which the machine
 // holding the root key need not have, and so the private key never leaves
 // the authority in clear; the root key never leaves the operator's
-// machine. Between the calls nothing is stored: the draft's key reference
-// is sealed under muster-ca-encryption and bound to ROLE/SERIAL, so it
-// opens only on an authority of this storage key and only for that serial
-// (either replica can take the second call), and with sealed custody a
-// draft never sent back leaves nothing behind. With pkcs11 custody the key
-// is an object in the token from the draft on, so the draft's key is
-// recorded (store.CADraft) until the second call claims it; the leader
-// destroys the key of a draft not claimed within ca.draft_ttl (caDraftTTL),
-// and a certificate sent back after it is refused.
+// machine. The draft's key reference travels to the CLI and back sealed
+// under muster-ca-encryption and bound to ROLE/SERIAL, so it opens only on
+// an authority of this storage key and only for that serial (either
+// replica can take the second call). Every draft, whatever the custody, is
+// also recorded (store.CADraft) until the second call claims it: a sealed
+// key costs nothing left behind, but a token's key is an object that would
+// outlive an abandoned draft, and one rule for both keeps the sweep simple.
+// The leader destroys the key of a draft not claimed within ca.draft_ttl
+// (caDraftTTL), and a certificate sent back after it is refused.
 
 // caRole parses a rotated intermediate role.
 func caRole(s string) (ca.Role, error) {
