@@ -90,7 +90,8 @@ func TestRootsPEMKeptPerRootSet(t *testing.T) {
 	}
 	// Every answer carries the kept string itself (the response's field
 	// is a string): no answer copies the roots.
-	if unsafe.StringData(s.rootsPEM()) != unsafe.StringData(s.rootsPEM()) {
+	first, second := s.rootsPEM(), s.rootsPEM()
+	if unsafe.StringData(first) != unsafe.StringData(second) {
 		t.Fatal("two answers of one root set carry two copies of its PEM")
 	}
 	h.SetRoots(&ca.RootSet{Trusted: []*x509.Certificate{next.Root, h.Root}, Signing: next.Root})
