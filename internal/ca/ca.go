@@ -321,29 +321,32 @@ func (i *Issuer) Issue(req LeafRequest) (*x509.Certificate, error) {
 		return nil, fmt.Errorf("ca: the intermediate %q (serial %s) has expired (at %s): it issues nothing; the CA rotation that replaces it needs the root key (see docs/ca-lifecycle.md)",
 			i.Cert.Subject.CommonName, i.Cert.SerialNumber.Text(16), i.Cert.NotAfter.UTC().Format(time.RFC3339))
 	}
-	l := leafFields{pub: req.PublicKey, commonName: req.CommonName, dnsNames: req.DNSNames, ips: req.IPAddresses,
-		uri: req.SPIFFEID, notBefore: req.NotBefore.Add(-Backdate), notAfter: req.NotBefore.Add(req.TTL),
-		serverAuth: req.ServerAuth, clientAuth: req.ClientAuth, crlDPs: i.CRLDistributionPoints}
+	tmpl := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: req.CommonName},
+		NotBefore:   req.NotBefore.Add(-Backdate),
+		NotAfter:    req.NotBefore.Add(req.TTL),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		DNSNames:    req.DNSNames,
+		IPAddresses: req.IPAddresses,
+		// Leaves are never CAs, and say so.
+		BasicConstraintsValid: true,
+		CRLDistributionPoints: i.CRLDistributionPoints,
+	}
+	if req.SPIFFEID != nil {
+		tmpl.URIs = []*url.URL{req.SPIFFEID}
+	}
+	if req.ServerAuth {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
+	}
+	if req.ClientAuth {
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
+	}
 	// A leaf that outlived its issuer would fail to verify anyway; cutting
 	// it makes its expiry honest.
-	if l.notAfter.After(i.Cert.NotAfter) {
-		l.notAfter = i.Cert.NotAfter
+	if tmpl.NotAfter.After(i.Cert.NotAfter) {
+		tmpl.NotAfter = i.Cert.NotAfter
 	}
-	serial, err := randomSerial()
-	if err != nil {
-		return nil, err
-	}
-	der, err := leafDER(&l, serial, i.Cert, i.Key)
-	if errors.Is(err, errNotEncoded) {
-		tmpl := l.template(serial)
-		der, err = x509.CreateCertificate(rand.Reader, tmpl, i.Cert, req.PublicKey, i.Key)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ca: signing %q: %w", req.CommonName, err)
-	}
-	// Parsed from what was signed, not built from the fields: callers read
-	// the certificate the agent will hold.
-	return x509.ParseCertificate(der)
+	return sign(tmpl, req.PublicKey, i.Cert, i.Key)
 }
 
 // ChainPEM returns leaf then the issuer's certificate, PEM encoded.
