@@ -40,7 +40,7 @@ func (b *bootstrapService) ExchangeJoinToken(ctx context.Context, req *musterv1.
 	}
 	return &musterv1.ExchangeJoinTokenResponse{
 		CertificateChainPem: string(iss.ChainPEM),
-		CaCertificatePem:    string(iss.CAPEM),
+		CaCertificatePem:    iss.CAPEM,
 		Pkcs12:              iss.PKCS12,
 		Pkcs12Password:      iss.PKCS12Password,
 		InstanceId:          iss.InstanceID,
@@ -82,7 +82,7 @@ func (c *certificateService) RequestCertificate(ctx context.Context, req *muster
 	}
 	resp := &musterv1.RequestCertificateResponse{
 		CertificateChainPem: string(iss.ChainPEM),
-		CaCertificatePem:    string(iss.CAPEM),
+		CaCertificatePem:    iss.CAPEM,
 		InstanceId:          iss.InstanceID,
 		Generation:          iss.Generation,
 		VerifierSet:         c.s.verifierSetOf(ctx, iss),

@@ -112,7 +112,7 @@ func (j *joinService) RegisterUsingBoundKeypair(stream musterv1.JoinService_Regi
 		return toStatus(ctx, j.s.log, err)
 	}
 	out := &musterv1.BoundKeypairResult{
-		CertificateChainPem: string(res.ChainPEM), CaCertificatePem: string(res.CAPEM), InstanceId: res.InstanceID,
+		CertificateChainPem: string(res.ChainPEM), CaCertificatePem: res.CAPEM, InstanceId: res.InstanceID,
 		Generation: res.Generation, JoinState: res.JoinState, AuthorityId: j.s.info.AuthorityID,
 		TrustDomain: j.s.info.TrustDomain, RecoveriesRemaining: res.Remaining,
 		VerifierSet: j.s.verifierSetOf(ctx, iss), BoundKeyFingerprint: res.BoundKey,

@@ -24,10 +24,10 @@ const CorrelationHeader = "x-correlation-id"
 // ID (1 to 64 letters, digits, '-' or '_', so it cannot forge log lines),
 // and a new random one otherwise.
 func CorrelationID(ctx context.Context) string {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(CorrelationHeader); len(v) == 1 && validCorrelationID(v[0]) {
-			return v[0]
-		}
+	// The one key, not FromIncomingContext's copy of every header (a
+	// map and a slice per header, on every call).
+	if v := metadata.ValueFromIncomingContext(ctx, CorrelationHeader); len(v) == 1 && validCorrelationID(v[0]) {
+		return v[0]
 	}
 	return uuid.NewString()
 }
@@ -52,6 +52,10 @@ func Source(ctx context.Context) netip.Addr {
 	p, ok := peer.FromContext(ctx)
 	if !ok || p.Addr == nil {
 		return netip.Addr{}
+	}
+	if ta, ok := p.Addr.(*net.TCPAddr); ok {
+		// The TCP peer as it is, not printed and parsed back.
+		return ta.AddrPort().Addr().Unmap()
 	}
 	if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
 		return ap.Addr().Unmap()

@@ -77,3 +77,26 @@ func TestSource(t *testing.T) {
 		t.Error("Source without a peer is not the zero Addr")
 	}
 }
+
+// TestCallInfoAllocations: reading a call's correlation ID and source
+// takes one allocation for the ID (FromIncomingContext copied every
+// header) and none for a TCP peer's address (it was printed and parsed).
+func TestCallInfoAllocations(t *testing.T) {
+	md := metadata.Pairs(CorrelationHeader, "cli-0123", "user-agent", "grpc-go/1", "te", "trailers", "content-type", "application/grpc")
+	ctx := metadata.NewIncomingContext(context.Background(), md)
+	ctx = peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP("198.51.100.7"), Port: 40000}})
+	if n := testing.AllocsPerRun(100, func() {
+		if CorrelationID(ctx) != "cli-0123" {
+			t.Fatal("correlation ID lost")
+		}
+	}); n > 1 {
+		t.Errorf("CorrelationID: %.0f allocations, want at most 1", n)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		if !Source(ctx).IsValid() {
+			t.Fatal("no source")
+		}
+	}); n > 0 {
+		t.Errorf("Source: %.0f allocations, want none", n)
+	}
+}

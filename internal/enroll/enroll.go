@@ -123,8 +123,9 @@ type Service struct {
 // rotation, both, the signing one first), PEM: an answer's
 // ca_certificate_pem. The root set is read at every answer, since a
 // rotation's phase changes it while the service runs; its encoding is kept
-// while the set holds the same certificates, and callers only read it.
-func (s *Service) rootsPEM() []byte {
+// while the set holds the same certificates, as a string: the answer's
+// field is one, so no answer copies it.
+func (s *Service) rootsPEM() string {
 	roots := s.cfg.CA.Roots().Trusted
 	if k := s.roots.Load(); k != nil && slices.Equal(k.certs, roots) {
 		return k.pem
@@ -137,15 +138,16 @@ func (s *Service) rootsPEM() []byte {
 	for _, r := range roots {
 		out = ca.AppendCertPEM(out, r.Raw)
 	}
-	s.roots.Store(&keptRootsPEM{certs: slices.Clone(roots), pem: out})
-	return out
+	k := &keptRootsPEM{certs: slices.Clone(roots), pem: string(out)}
+	s.roots.Store(k)
+	return k.pem
 }
 
 // keptRootsPEM is the PEM of a root set, by its certificates (compared by
 // pointer: a root rotation's sets hold other certificates).
 type keptRootsPEM struct {
 	certs []*x509.Certificate
-	pem   []byte
+	pem   string
 }
 
 // New checks cfg and returns a Service.
@@ -205,7 +207,7 @@ type Request struct {
 type Issued struct {
 	NodeID         string
 	ChainPEM       []byte
-	CAPEM          []byte
+	CAPEM          string // the trusted roots' PEM, shared by every answer: read only
 	PKCS12         []byte
 	PKCS12Password string
 	InstanceID     string

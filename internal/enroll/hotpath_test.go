@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/muster-dev/muster/internal/ca"
 )
@@ -71,14 +72,14 @@ func TestRootsPEMKeptPerRootSet(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &Service{cfg: Config{CA: h}}
-	want := func(roots ...*x509.Certificate) []byte {
+	want := func(roots ...*x509.Certificate) string {
 		var out []byte
 		for _, r := range roots {
 			out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: r.Raw})...)
 		}
-		return out
+		return string(out)
 	}
-	if got := s.rootsPEM(); !bytes.Equal(got, want(h.Root)) {
+	if got := s.rootsPEM(); got != want(h.Root) {
 		t.Fatalf("roots:\n%s", got)
 	}
 	// Roots itself may allocate the set it returns (before any rotation,
@@ -87,12 +88,18 @@ func TestRootsPEMKeptPerRootSet(t *testing.T) {
 	if n := testing.AllocsPerRun(20, func() { s.rootsPEM() }); n != read {
 		t.Fatalf("the same root set: %v allocations, want %v (Roots' own)", n, read)
 	}
+	// Every answer carries the kept string itself (the response's field
+	// is a string): no answer copies the roots.
+	first, second := s.rootsPEM(), s.rootsPEM()
+	if unsafe.StringData(first) != unsafe.StringData(second) {
+		t.Fatal("two answers of one root set carry two copies of its PEM")
+	}
 	h.SetRoots(&ca.RootSet{Trusted: []*x509.Certificate{next.Root, h.Root}, Signing: next.Root})
-	if got := s.rootsPEM(); !bytes.Equal(got, want(next.Root, h.Root)) {
+	if got := s.rootsPEM(); got != want(next.Root, h.Root) {
 		t.Fatalf("during a rotation:\n%s", got)
 	}
 	h.SetRoots(&ca.RootSet{Trusted: []*x509.Certificate{h.Root}, Signing: h.Root})
-	if got := s.rootsPEM(); !bytes.Equal(got, want(h.Root)) {
+	if got := s.rootsPEM(); got != want(h.Root) {
 		t.Fatalf("after going back:\n%s", got)
 	}
 }
