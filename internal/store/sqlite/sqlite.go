@@ -110,25 +110,6 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 
 	// journal_mode is a property of the file, set above by the writer, so
 	// the readers do not repeat it.
-	r, err := openReaders(ctx, abs, max(4, runtime.GOMAXPROCS(0)))
-	if err != nil {
-		w.Close()
-		return nil, err
-	}
-	if r.lookups, err = openReaders(ctx, abs, lookupConns()); err != nil {
-		r.Close()
-		w.Close()
-		return nil, err
-	}
-	s.r = r
-	s.wstmts = newStmtCache(w)
-	s.path, s.hub = abs, acquireHub(abs)
-	go s.committer()
-	return s, nil
-}
-
-// openReaders opens a pool of n query-only connections.
-func openReaders(ctx context.Context, abs string, n int) (*readDB, error) {
 	r, err := sql.Open("sqlite", dsn(abs, url.Values{
 		"_pragma": {
 			fmt.Sprintf("busy_timeout(%d)", busyTimeoutMS),
@@ -137,30 +118,23 @@ func openReaders(ctx context.Context, abs string, n int) (*readDB, error) {
 		},
 	}))
 	if err != nil {
+		w.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
 	}
+	n := max(4, runtime.GOMAXPROCS(0))
 	r.SetMaxOpenConns(n)
 	r.SetMaxIdleConns(n)
 	if err := r.PingContext(ctx); err != nil {
 		r.Close()
+		w.Close()
 		return nil, fmt.Errorf("sqlite: open %s: %w", abs, err)
 	}
-	return &readDB{DB: r, cache: newStmtCache(r)}, nil
+	s.r = &readDB{DB: r, cache: newStmtCache(r)}
+	s.wstmts = newStmtCache(w)
+	s.path, s.hub = abs, acquireHub(abs)
+	go s.committer()
+	return s, nil
 }
-
-// lookupConns is how many connections the request path's lookups share
-// (readDB.lookup): a quarter of the processors the Go scheduler runs
-// goroutines on, at least one. In WAL mode a connection whose read
-// finds the database changed since its last read empties its page cache
-// and reads again from the file every page it then needs
-// (pagerBeginReadTransaction → pager_reset), and every join and renewal
-// commits; each connection reads after a commit pays for that once, so
-// the fewer connections the lookups spread over, the fewer pages are read
-// again per commit. A lookup is a few index searches, a small part of a
-// request's CPU, so a quarter of the processors keeps up with requests on
-// all of them; one waiting for a connection waits for lookups only, never
-// for a list, which has the store's other read connections.
-func lookupConns() int { return max(1, runtime.GOMAXPROCS(0)/4) }
 
 // init checks the writer connection and migrates the schema.
 func (s *SQLite) init(ctx context.Context, abs string) error {
@@ -219,14 +193,13 @@ func createPrivate(path string) error {
 func (s *SQLite) Close() error {
 	s.closeOnce.Do(func() { close(s.closed) })
 	<-s.committerDone // the batch in flight finishes first
-	s.r.lookups.cache.close()
 	s.r.cache.close()
 	s.wstmts.close()
 	if s.hub != nil {
 		releaseHub(s.path)
 		s.hub = nil
 	}
-	return errors.Join(s.r.lookups.Close(), s.r.Close(), s.w.Close())
+	return errors.Join(s.r.Close(), s.w.Close())
 }
 
 // SchemaVersion returns the highest migration applied to the database.

@@ -91,12 +91,9 @@ func (c *stmtCache) close() {
 }
 
 // readDB is the read pool with cached statements for its queries.
-// lookups, if set, is the pool its lookups use (Open sets it on the
-// store's read pool; see lookupConns).
 type readDB struct {
 	*sql.DB
-	cache   *stmtCache
-	lookups *readDB
+	cache *stmtCache
 }
 
 func (r *readDB) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
@@ -108,22 +105,19 @@ func (r *readDB) QueryRowContext(ctx context.Context, query string, args ...any)
 }
 
 // lookup is QueryRowContext for a read the request path makes through an
-// index (a join's or a renewal's reads, the verifier set's ID), on the
-// lookups pool. It runs without the caller's cancellation: database/sql
-// and the driver honour a cancellable context by starting a goroutine
-// each per query (Rows.awaitDone, the driver's interrupt watcher), which
-// a profile of joins and renewals showed, and neither can end a read of
-// microseconds much sooner than it ends. A context already ended still
-// ends the read before it starts, with the context's error. What still
-// bounds the read: SQLite's busy timeout (busyTimeoutMS) on any lock it
-// waits for, and the lookups pool's connections, each held only by a
-// lookup, itself bounded.
+// index (a join's or a renewal's reads, the verifier set's ID). It runs
+// without the caller's cancellation: database/sql and the driver honour a
+// cancellable context by starting a goroutine each per query
+// (Rows.awaitDone, the driver's interrupt watcher), which a profile of
+// joins and renewals showed, and neither can end a read of microseconds
+// much sooner than it ends. A context already ended still ends the read
+// before it starts, with the context's error. What still bounds the read:
+// SQLite's busy timeout (busyTimeoutMS) on any lock it waits for, and the
+// read pool's connections, each held only by a statement that is itself
+// bounded (a lookup, or a list under its caller's deadline).
 func (r *readDB) lookup(ctx context.Context, query string, args ...any) *sql.Row {
 	if ctx.Err() == nil {
 		ctx = context.WithoutCancel(ctx)
-	}
-	if r.lookups != nil {
-		r = r.lookups
 	}
 	return r.QueryRowContext(ctx, query, args...)
 }
