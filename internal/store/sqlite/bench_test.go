@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -303,8 +304,8 @@ func BenchmarkCommitRenewalBatch(b *testing.B) {
 	b.Run("nolocks", func(b *testing.B) { benchRenewalBatch(b, benchBatch, false) })
 }
 
-// benchFleet records n certificates of n/10 other nodes, random serials
-// as the CA issues them, so that the batch benchmarks write into b-trees
+// benchFleet records n/10 other nodes, each with its instance and ten
+// certificates (random serials as the CA issues them), so that the batch benchmarks write into b-trees
 // of some depth rather than into a store of a few pages.
 func benchFleet(b *testing.B, s *SQLite, n int) {
 	ctx := b.Context()
@@ -315,8 +316,14 @@ func benchFleet(b *testing.B, s *SQLite, n int) {
 	now := time.Now().UnixMicro()
 	for i := range n / 10 {
 		id := fmt.Sprintf("fleet-%d", i)
-		if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES (?, ?, 'token', 't1', '', 'current', 9, ?, '', x'00', NULL, ?)`,
+		// Each node and its instance, holding a chain of the size a
+		// leaf and its intermediate take in PEM.
+		if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`) VALUES (?, ?, 'token', 't1', '', 'current', 9, ?, '', x'00', zeroblob(1500), ?)`,
 			id, "node-"+id, now, now); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, 'token', 't1', ?, ?, ?)`,
+			"node-"+id, id, now, now); err != nil {
 			b.Fatal(err)
 		}
 		for g := range 10 {
@@ -407,4 +414,106 @@ func benchJoinBatch(b *testing.B, size int) {
 		}
 		runOps(b, s, fns)
 	}
+}
+
+// BenchmarkRenewalRound measures a renewal's store work in a store of
+// some size as a busy authority does it: size agents each read their
+// record (ReadRenewal, one after another on the read pool, the first
+// after the last round's commit), then their renewals are written in one
+// batch. b.N counts rounds. With size 1 every read follows a commit, so
+// its connection's page cache was reset.
+func BenchmarkRenewalRound(b *testing.B) {
+	for _, size := range []int{1, benchBatch} {
+		b.Run(fmt.Sprint(size), func(b *testing.B) {
+			s, _ := openTemp(b)
+			ctx := b.Context()
+			benchToken(b, s)
+			benchFleet(b, s, 5000)
+			ins := make([]store.Instance, size)
+			for i := range ins {
+				res, err := s.CommitJoin(ctx, benchJoin(int64(i)))
+				if err != nil {
+					b.Fatal(err)
+				}
+				ins[i] = res.Instance
+			}
+			keys := []string{"ab12"}
+			fns := make([]func(ctx context.Context, tx *writeTx) error, size)
+			for b.Loop() {
+				now := time.Now()
+				for i := range ins {
+					in := &ins[i]
+					rr, err := s.ReadRenewal(ctx, in.LastSerial, keys)
+					if err != nil || !rr.InstanceFound || rr.Instance.Generation != in.Generation {
+						b.Fatal(rr.InstanceFound, err)
+					}
+					r := store.Renewal{
+						InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
+						Certificate: store.Certificate{
+							Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(i, in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
+							Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+							PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+						},
+					}
+					r.LockTargets = store.RenewalLockTargets(r.Certificate, *in, keys)
+					c, err := store.PrepareRenewal(r)
+					if err != nil {
+						b.Fatal(err)
+					}
+					fns[i] = func(ctx context.Context, tx *writeTx) error {
+						var err error
+						*in, err = commitRenewal(ctx, tx, r, c)
+						return err
+					}
+				}
+				runOps(b, s, fns)
+			}
+		})
+	}
+}
+
+// BenchmarkRenewalParallel measures renewals of benchBatch agents at
+// once in a store of some size, as the authority serves them: each reads
+// its record (ReadRenewal) on the read pool, then commits its renewal
+// through the group committer (CommitRenewal); b.N counts renewals.
+// Reads from several goroutines land on several of the pool's
+// connections, and each connection's first read after a commit finds
+// its page cache reset.
+func BenchmarkRenewalParallel(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	benchFleet(b, s, 5000)
+	var next atomic.Int64
+	b.SetParallelism(benchBatch / runtime.GOMAXPROCS(0))
+	b.RunParallel(func(pb *testing.PB) {
+		res, err := s.CommitJoin(ctx, benchJoin(next.Add(1)))
+		if err != nil {
+			b.Error(err)
+			return
+		}
+		in := res.Instance
+		keys := []string{"ab12"}
+		for pb.Next() {
+			rr, err := s.ReadRenewal(ctx, in.LastSerial, keys)
+			if err != nil || !rr.InstanceFound {
+				b.Error(rr.InstanceFound, err)
+				return
+			}
+			now := time.Now()
+			r := store.Renewal{
+				InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
+				Certificate: store.Certificate{
+					Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(in.ID, "/", in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
+					Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+					PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+				},
+			}
+			r.LockTargets = store.RenewalLockTargets(r.Certificate, rr.Instance, keys)
+			if in, err = s.CommitRenewal(ctx, r); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
