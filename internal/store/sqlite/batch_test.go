@@ -50,7 +50,7 @@ func batchRows(t *testing.T, s *SQLite) []string {
 	return ids
 }
 
-func openWithRows(t *testing.T) *SQLite {
+func openWithRows(t testing.TB) *SQLite {
 	s, _ := openTemp(t)
 	if _, err := s.w.ExecContext(t.Context(), `CREATE TABLE batch_rows (id TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
