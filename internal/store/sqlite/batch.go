@@ -195,11 +195,18 @@ func (s *SQLite) failQueued() {
 // runBatch runs batch in one transaction (see the comment at the top) and
 // answers each write.
 func (s *SQLite) runBatch(batch []*writeOp) {
+	returned := false
 	defer func() {
 		r := recover()
-		if r != nil { // not fn's (see run): its writes did not commit
+		if r != nil || !returned {
+			// A panic not fn's (see run), or an fn that ended the
+			// goroutine (runtime.Goexit): the batch did not commit.
+			err := errors.New("sqlite: write batch: a write ended its goroutine")
+			if r != nil {
+				err = fmt.Errorf("sqlite: write batch: %v", r)
+			}
 			for _, op := range batch {
-				op.err = fmt.Errorf("sqlite: write batch: %v", r)
+				op.err = err
 			}
 		}
 		for _, op := range batch {
@@ -209,6 +216,13 @@ func (s *SQLite) runBatch(batch []*writeOp) {
 			panic(r)
 		}
 	}()
+	s.runBatchTxs(batch)
+	returned = true
+}
+
+// runBatchTxs runs batch's transactions for runBatch until one commits or
+// fails, leaving each write's answer in its op.err.
+func (s *SQLite) runBatchTxs(batch []*writeOp) {
 	todo := batch // the writes still to be answered by a commit
 	// plain is how many of todo run without a savepoint.
 	plain := len(todo)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -536,5 +537,56 @@ func TestFollowChosenLeader(t *testing.T) {
 		if err != errLead || !queued {
 			t.Fatalf("follow: %v, still queued %v; want errLead, true", err, queued)
 		}
+	}
+}
+
+// TestBatchGoexit: a write whose fn ends its goroutine (runtime.Goexit,
+// as t.FailNow does) ends the batch that runs it: no write of that batch
+// committed, so none of their callers may hear of success, and the
+// writer is handed over.
+func TestBatchGoexit(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+
+	// Behind the held write: x, whose caller leads the next batch, then
+	// g, whose fn (run by x's caller) ends its goroutine, then y.
+	x := make(chan error, 1)
+	go func() { x <- s.write(context.Background(), insertRow("x", new(int), nil)) }()
+	waitQueued(t, s, 1)
+	g := make(chan error, 1)
+	go func() {
+		g <- s.write(context.Background(), func(ctx context.Context, tx *writeTx) error {
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	waitQueued(t, s, 2)
+	y := make(chan error, 1)
+	go func() { y <- s.write(context.Background(), insertRow("y", new(int), nil)) }()
+	waitQueued(t, s, 3)
+	close(release)
+	if err := within(t, held, "held"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		errc <-chan error
+	}{{"g", g}, {"y", y}} {
+		if err := within(t, c.errc, c.name); err == nil {
+			t.Errorf("%s heard success, but its batch never committed", c.name)
+		}
+	}
+	select {
+	case err := <-x:
+		t.Fatalf("x's caller, whose goroutine ended, returned %v", err)
+	default:
+	}
+	// The writer was handed over: it still works.
+	if err := s.write(context.Background(), insertRow("z", new(int), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := batchRows(t, s); fmt.Sprint(got) != "[held z]" {
+		t.Fatalf("rows %v, want [held z]", got)
 	}
 }
