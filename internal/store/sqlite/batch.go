@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -27,8 +28,27 @@ import (
 // sets (assign results, do not append to them). A write whose fn must run
 // once at most (writeAlone) gets a transaction of its own.
 
+// The writes are queued, in order, in the store's queue. The caller that
+// finds no batch running leads: it takes a batch from the front of the
+// queue (its own write first), runs it, answers each write of it, and
+// hands the writer to the caller of the first write still queued, which
+// leads the next batch in its own goroutine. So a write alone costs no
+// hand-off to another goroutine and back, and under load one wake per
+// batch passes the lead on (a goroutine of its own that ran every batch
+// cost two per write: one to take the write, one to answer it). A queued
+// write whose caller's context ends before a leader takes it leaves the
+// queue and hears the context's error; once taken, its answer is awaited.
+
 // maxBatch bounds a batch so one commit cannot hold the writer for long.
 const maxBatch = 64
+
+// errLead, sent on a queued write's done channel, tells its caller to lead
+// the next batch. It is never returned.
+var errLead = errors.New("sqlite: lead the next batch")
+
+// errWritePanicked is a write's answer when its fn panicked; its caller
+// then panics again with what fn panicked with.
+var errWritePanicked = errors.New("sqlite: the write panicked")
 
 type writeOp struct {
 	ctx context.Context
@@ -37,7 +57,12 @@ type writeOp struct {
 	// once at most (see writeAlone).
 	alone bool
 	err   error
-	done  chan error
+	// panicked is what fn's last run panicked with, if it did.
+	panicked any
+	// lead is set, under writeMu, when the write's caller is chosen to lead
+	// the next batch: it stays in the queue until that batch takes it.
+	lead bool
+	done chan error
 }
 
 // write runs fn in a write transaction, possibly shared with other writes,
@@ -46,7 +71,8 @@ type writeOp struct {
 // above): each run starts from the results of the writes ahead of it, and
 // only the last run's writes and results count. It runs with a context
 // that is not cancelled midway, as interrupting a statement would roll
-// back the whole shared transaction.
+// back the whole shared transaction. It may run in another caller's
+// goroutine; if it panics, write panics with the same value.
 func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *writeTx) error) error {
 	return s.submit(&writeOp{ctx: ctx, fn: fn, done: make(chan error, 1)})
 }
@@ -58,59 +84,145 @@ func (s *SQLite) writeAlone(ctx context.Context, fn func(ctx context.Context, tx
 }
 
 func (s *SQLite) submit(op *writeOp) error {
-	select {
-	case s.ops <- op:
-	case <-op.ctx.Done():
-		return op.ctx.Err()
-	case <-s.closed:
-		return fmt.Errorf("sqlite: store is closed")
+	if err := op.ctx.Err(); err != nil {
+		return err
 	}
-	// Once queued the outcome must be awaited: returning early could
-	// report a failure for a write that then commits.
+	s.writeMu.Lock()
+	if s.writeClosed {
+		s.writeMu.Unlock()
+		return errClosed
+	}
+	s.queue = append(s.queue, op)
+	leader := !s.leading
+	s.leading = true
+	s.writeMu.Unlock()
+	if !leader {
+		if err := s.follow(op); err != errLead {
+			return op.answer(err)
+		}
+	}
+	s.lead()
+	return op.answer(<-op.done) // lead answered it: it runs first in its batch
+}
+
+// answer returns a write's answer err to its caller, panicking again if its
+// fn panicked.
+func (op *writeOp) answer(err error) error {
+	if op.panicked != nil {
+		panic(op.panicked)
+	}
+	return err
+}
+
+var errClosed = errors.New("sqlite: store is closed")
+
+// follow waits for a queued write's answer, or for errLead. If the caller's
+// context ends while the write is still queued and not chosen to lead, it
+// leaves the queue.
+func (s *SQLite) follow(op *writeOp) error {
+	select {
+	case err := <-op.done:
+		return err
+	case <-op.ctx.Done():
+	}
+	s.writeMu.Lock()
+	if i := slices.Index(s.queue, op); i >= 0 && !op.lead {
+		s.queue = slices.Delete(s.queue, i, i+1)
+		s.writeMu.Unlock()
+		return op.ctx.Err()
+	}
+	s.writeMu.Unlock()
+	// Taken into a batch, or chosen to lead: the outcome must be awaited,
+	// as returning early could report a failure for a write that then
+	// commits.
 	return <-op.done
 }
 
-// committer runs batches until the store closes.
-func (s *SQLite) committer() {
-	defer close(s.committerDone)
-	var held *writeOp // a write to run alone, received while forming a batch
-	for {
-		first := held
-		held = nil
-		if first == nil {
-			select {
-			case first = <-s.ops:
-			case <-s.closed:
-				return
-			}
-		}
-		batch := []*writeOp{first}
-	drain:
-		for !first.alone && len(batch) < maxBatch {
-			select {
-			case op := <-s.ops:
-				if op.alone {
-					held = op
-					break drain
-				}
-				batch = append(batch, op)
-			default:
-				break drain
-			}
-		}
-		s.runBatch(batch)
-		s.wstmts.preparePending(context.Background())
+// lead runs one batch from the front of the queue, then hands the writer
+// on. Its caller leads: it found no batch running, or was chosen.
+func (s *SQLite) lead() {
+	s.writeMu.Lock()
+	if s.writeClosed {
+		s.failQueued()
+		s.writeMu.Unlock()
+		return
 	}
+	n := 1
+	for !s.queue[0].alone && n < min(len(s.queue), maxBatch) && !s.queue[n].alone {
+		n++
+	}
+	batch := append(s.batch[:0], s.queue[:n]...)
+	rest := copy(s.queue, s.queue[n:])
+	clear(s.queue[rest:])
+	s.queue = s.queue[:rest]
+	s.writeMu.Unlock()
+
+	defer s.handOver() // even if the batch panics, so the writer is not lost
+	s.runBatch(batch)
+	clear(batch)
+	s.batch = batch
+	s.wstmts.preparePending(context.Background())
+}
+
+// handOver ends a leader's batch: the caller of the first write queued
+// leads the next; with none queued, the writer is idle.
+func (s *SQLite) handOver() {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if len(s.queue) > 0 { // if the store is closing, the next leader fails them
+		next := s.queue[0]
+		next.lead = true
+		next.done <- errLead
+		return
+	}
+	s.leading = false
+	s.writeIdle.Broadcast()
+}
+
+// failQueued answers every queued write that the store is closed, and
+// leaves the writer idle for Close. It is called with writeMu held, by
+// a leader that found the store closing.
+func (s *SQLite) failQueued() {
+	for _, op := range s.queue {
+		op.done <- errClosed
+	}
+	clear(s.queue)
+	s.queue = s.queue[:0]
+	s.leading = false
+	s.writeIdle.Broadcast()
 }
 
 // runBatch runs batch in one transaction (see the comment at the top) and
 // answers each write.
 func (s *SQLite) runBatch(batch []*writeOp) {
+	returned := false
 	defer func() {
+		r := recover()
+		if r != nil || !returned {
+			// A panic not fn's (see run), or an fn that ended the
+			// goroutine (runtime.Goexit): the batch did not commit.
+			err := errors.New("sqlite: write batch: a write ended its goroutine")
+			if r != nil {
+				err = fmt.Errorf("sqlite: write batch: %v", r)
+			}
+			for _, op := range batch {
+				op.err = err
+			}
+		}
 		for _, op := range batch {
 			op.done <- op.err
 		}
+		if r != nil {
+			panic(r)
+		}
 	}()
+	s.runBatchTxs(batch)
+	returned = true
+}
+
+// runBatchTxs runs batch's transactions for runBatch until one commits or
+// fails, leaving each write's answer in its op.err.
+func (s *SQLite) runBatchTxs(batch []*writeOp) {
 	todo := batch // the writes still to be answered by a commit
 	// plain is how many of todo run without a savepoint.
 	plain := len(todo)
@@ -146,6 +258,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 	if err != nil {
 		return 0, false, wrap("begin", err)
 	}
+	defer sqlTx.Rollback() // after a panic; a no-op once committed or rolled back
 	tx := &writeTx{Tx: sqlTx, cache: s.wstmts}
 	ran := false
 	for i, op := range todo {
@@ -154,7 +267,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 			continue
 		}
 		if i < plain {
-			if op.err = op.fn(context.WithoutCancel(op.ctx), tx); op.err != nil {
+			if op.err = op.run(tx); op.err != nil {
 				tx.Rollback() // may fail if SQLite ended it already; it is over either way
 				return i, !ran, nil
 			}
@@ -168,7 +281,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 			tx.Rollback()
 			return 0, false, wrap("savepoint", err)
 		}
-		op.err = op.fn(context.WithoutCancel(op.ctx), tx)
+		op.err = op.run(tx)
 		undo := []string{`RELEASE op`}
 		if op.err != nil {
 			undo = []string{`ROLLBACK TO op`, `RELEASE op`}
@@ -184,4 +297,15 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 		return 0, false, wrap("commit", err)
 	}
 	return -1, false, nil
+}
+
+// run runs op's fn in tx; a panic of fn is its failure, kept for its caller.
+func (op *writeOp) run(tx *writeTx) (err error) {
+	op.panicked = nil
+	defer func() {
+		if r := recover(); r != nil {
+			op.panicked, err = r, errWritePanicked
+		}
+	}()
+	return op.fn(context.WithoutCancel(op.ctx), tx)
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -50,7 +53,7 @@ func batchRows(t *testing.T, s *SQLite) []string {
 	return ids
 }
 
-func openWithRows(t *testing.T) *SQLite {
+func openWithRows(t testing.TB) *SQLite {
 	s, _ := openTemp(t)
 	if _, err := s.w.ExecContext(t.Context(), `CREATE TABLE batch_rows (id TEXT PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
@@ -200,5 +203,390 @@ func TestWriteAloneRunsOnce(t *testing.T) {
 	}
 	if got := batchRows(t, s); fmt.Sprint(got) != "[alone x]" {
 		t.Fatalf("rows %v", got)
+	}
+}
+
+// holdWriter starts a write that leads its batch and blocks until release
+// is closed, and returns once it runs: writes submitted meanwhile queue.
+func holdWriter(t *testing.T, s *SQLite, release <-chan struct{}) (done <-chan error) {
+	t.Helper()
+	running := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		errc <- s.write(context.Background(), func(ctx context.Context, tx *writeTx) error {
+			close(running)
+			<-release
+			_, err := tx.ExecContext(ctx, `INSERT INTO batch_rows (id) VALUES ('held')`)
+			return err
+		})
+	}()
+	<-running
+	return errc
+}
+
+// waitQueued waits until n writes are queued behind the running batch.
+func waitQueued(t *testing.T, s *SQLite, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.writeMu.Lock()
+		got := len(s.queue)
+		s.writeMu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes queued, want %d", got, n)
+		}
+	}
+}
+
+// within fails t unless errc answers in 10 s (a lost leader hangs).
+func within(t *testing.T, errc <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no answer", what)
+		return nil
+	}
+}
+
+// TestBatchHandOver: the writes queued behind a batch run in batches of
+// at most maxBatch, in order, each led by its own caller: the leader of a
+// batch returns once its batch has committed, while the next batch (here
+// blocked) still runs, and a write alone stops a batch.
+func TestBatchHandOver(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+
+	var (
+		mu  sync.Mutex
+		txs []*writeTx // kept reachable: no two transactions share an address
+		ids []string
+	)
+	write := func(id string, alone bool, block <-chan struct{}) <-chan error {
+		errc := make(chan error, 1)
+		fn := func(ctx context.Context, tx *writeTx) error {
+			if block != nil {
+				<-block
+			}
+			mu.Lock()
+			txs, ids = append(txs, tx), append(ids, id)
+			mu.Unlock()
+			_, err := tx.ExecContext(ctx, `INSERT INTO batch_rows (id) VALUES (?)`, id)
+			return err
+		}
+		go func() {
+			if alone {
+				errc <- s.writeAlone(context.Background(), fn)
+			} else {
+				errc <- s.write(context.Background(), fn)
+			}
+		}()
+		return errc
+	}
+	// Behind the held write: a write that blocks until unblock, then
+	// maxBatch+6 writes, a write alone and two more.
+	unblock := make(chan struct{})
+	first := write("a000", false, unblock)
+	waitQueued(t, s, 1)
+	var errcs []<-chan error
+	for i := range maxBatch + 6 {
+		errcs = append(errcs, write(fmt.Sprintf("b%03d", i), false, nil))
+		waitQueued(t, s, 2+i) // in order
+	}
+	errcs = append(errcs, write("c000", true, nil))
+	waitQueued(t, s, maxBatch+8)
+	errcs = append(errcs, write("d000", false, nil))
+	waitQueued(t, s, maxBatch+9)
+	errcs = append(errcs, write("d001", false, nil))
+	waitQueued(t, s, maxBatch+10)
+
+	close(release)
+	// The held write's caller hears its commit although the next batch,
+	// led by a000's caller, is blocked in a000.
+	if err := within(t, held, "the first leader"); err != nil {
+		t.Fatal(err)
+	}
+	close(unblock)
+	for i, errc := range append([]<-chan error{first}, errcs...) {
+		if err := within(t, errc, fmt.Sprint("write ", i)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.IsSorted(ids) {
+		t.Fatalf("writes ran in the order %v", ids)
+	}
+	if got, want := fmt.Sprint(batchSizes(txs)), fmt.Sprint([]int{maxBatch, 7, 1, 2}); got != want {
+		t.Fatalf("batch sizes %s, want %s", got, want)
+	}
+	if got := len(batchRows(t, s)); got != maxBatch+11 {
+		t.Fatalf("%d rows, want %d", got, maxBatch+11)
+	}
+}
+
+// TestBatchContextEnds: a queued write whose caller's context ends leaves
+// the queue and hears the context's error without waiting for the batch
+// running; a leader whose context ends while it is chosen still leads,
+// and one whose context ends while its write runs hears its commit.
+func TestBatchContextEnds(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var runs int
+	queued := make(chan error, 1)
+	go func() { queued <- s.write(ctx, insertRow("b", &runs, nil)) }()
+	waitQueued(t, s, 1)
+	cancel()
+	if err := within(t, queued, "the cancelled write"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled write: %v, want context.Canceled", err)
+	}
+	waitQueued(t, s, 0)
+
+	// Queued behind the held write: e, whose context ends when the held
+	// write commits (before or after e's caller is chosen to lead), and f.
+	ctxE, cancelE := context.WithCancel(context.Background())
+	e := make(chan error, 1)
+	go func() { e <- s.write(ctxE, insertRow("e", &runs, nil)) }()
+	waitQueued(t, s, 1)
+	f := make(chan error, 1)
+	go func() { f <- s.write(context.Background(), insertRow("f", new(int), nil)) }()
+	waitQueued(t, s, 2)
+	cancelE()
+	close(release)
+	if err := within(t, held, "the held write"); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, e, "e"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("e: %v, want context.Canceled", err)
+	}
+	if err := within(t, f, "f"); err != nil {
+		t.Fatalf("f: %v", err)
+	}
+	if runs != 0 {
+		t.Fatalf("a cancelled write ran %d times", runs)
+	}
+
+	// A leader whose context ends while its write runs: it commits.
+	ctxG, cancelG := context.WithCancel(context.Background())
+	err := s.write(ctxG, func(ctx context.Context, tx *writeTx) error {
+		cancelG()
+		_, err := tx.ExecContext(ctx, `INSERT INTO batch_rows (id) VALUES ('g')`)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("g: %v", err)
+	}
+	if got := batchRows(t, s); fmt.Sprint(got) != "[f g held]" {
+		t.Fatalf("rows %v, want [f g held]", got)
+	}
+}
+
+// TestBatchPanic: a write whose fn panics fails alone: its caller panics
+// with the same value (whichever goroutine ran it), what it wrote is
+// undone, the writes batched with it commit, and the writer still works.
+func TestBatchPanic(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+
+	write := func(fn func(ctx context.Context, tx *writeTx) error) <-chan any {
+		c := make(chan any, 1)
+		go func() {
+			defer func() { c <- recover() }()
+			if err := s.write(context.Background(), fn); err != nil {
+				c <- err
+			}
+		}()
+		return c
+	}
+	panicky := func(id string) func(ctx context.Context, tx *writeTx) error {
+		return func(ctx context.Context, tx *writeTx) error {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO batch_rows (id) VALUES (?)`, id); err != nil {
+				return err
+			}
+			panic("boom " + id)
+		}
+	}
+	a := write(insertRow("a", new(int), nil))
+	waitQueued(t, s, 1)
+	b := write(panicky("b"))
+	waitQueued(t, s, 2)
+	c := write(insertRow("c", new(int), nil))
+	waitQueued(t, s, 3)
+	close(release)
+	if err := within(t, held, "held"); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []struct {
+		c    <-chan any
+		want any
+	}{{a, nil}, {b, "boom b"}, {c, nil}} {
+		select {
+		case got := <-w.c:
+			if got != w.want {
+				t.Fatalf("got %v, want %v", got, w.want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer")
+		}
+	}
+	// Leading alone: the same, and the writer is free after it.
+	if got := <-write(panicky("d")); got != "boom d" {
+		t.Fatalf("got %v, want boom d", got)
+	}
+	if err := s.write(context.Background(), insertRow("e", new(int), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := batchRows(t, s); fmt.Sprint(got) != "[a c e held]" {
+		t.Fatalf("rows %v, want [a c e held]", got)
+	}
+}
+
+// TestBatchClose: Close waits for the batch running, whose writes commit;
+// the writes queued behind it and those submitted after hear that the
+// store is closed, and are not written.
+func TestBatchClose(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "muster.db")
+	s, err := Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.w.ExecContext(t.Context(), `CREATE TABLE batch_rows (id TEXT PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	closed := make(chan error, 1)
+	running := make(chan struct{})
+	held := make(chan error, 1)
+	go func() {
+		held <- s.write(context.Background(), func(ctx context.Context, tx *writeTx) error {
+			close(running)
+			<-release
+			select {
+			case <-closed:
+				return errors.New("Close returned while a batch ran")
+			default:
+			}
+			_, err := tx.ExecContext(ctx, `INSERT INTO batch_rows (id) VALUES ('a')`)
+			return err
+		})
+	}()
+	<-running
+	queued := make(chan error, 1)
+	go func() { queued <- s.write(context.Background(), insertRow("b", new(int), nil)) }()
+	waitQueued(t, s, 1)
+	go func() { closed <- s.Close() }()
+	for {
+		s.writeMu.Lock()
+		c := s.writeClosed
+		s.writeMu.Unlock()
+		if c {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // a Close that did not wait would return now
+	close(release)
+	if err := within(t, held, "the running write"); err != nil {
+		t.Fatal(err)
+	}
+	if err := within(t, queued, "the queued write"); !errors.Is(err, errClosed) {
+		t.Fatalf("queued write: %v, want the store closed", err)
+	}
+	if err := within(t, closed, "Close"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.write(context.Background(), insertRow("c", new(int), nil)); !errors.Is(err, errClosed) {
+		t.Fatalf("write after Close: %v, want the store closed", err)
+	}
+	s, err = Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if got := batchRows(t, s); fmt.Sprint(got) != "[a]" {
+		t.Fatalf("rows %v, want [a]", got)
+	}
+}
+
+// TestFollowChosenLeader: a write chosen to lead stays queued and leads
+// even if its caller's context ended, as the writes behind it wait for
+// its batch.
+func TestFollowChosenLeader(t *testing.T) {
+	s := openWithRows(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	for range 50 { // follow finds both its answer and its context ready
+		op := &writeOp{ctx: ctx, lead: true, done: make(chan error, 1)}
+		op.done <- errLead
+		s.writeMu.Lock()
+		s.queue, s.leading = []*writeOp{op}, true
+		s.writeMu.Unlock()
+		err := s.follow(op)
+		s.writeMu.Lock()
+		queued := slices.Equal(s.queue, []*writeOp{op})
+		s.queue, s.leading = nil, false
+		s.writeMu.Unlock()
+		if err != errLead || !queued {
+			t.Fatalf("follow: %v, still queued %v; want errLead, true", err, queued)
+		}
+	}
+}
+
+// TestBatchGoexit: a write whose fn ends its goroutine (runtime.Goexit,
+// as t.FailNow does) ends the batch that runs it: no write of that batch
+// committed, so none of their callers may hear of success, and the
+// writer is handed over.
+func TestBatchGoexit(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+
+	// Behind the held write: x, whose caller leads the next batch, then
+	// g, whose fn (run by x's caller) ends its goroutine, then y.
+	x := make(chan error, 1)
+	go func() { x <- s.write(context.Background(), insertRow("x", new(int), nil)) }()
+	waitQueued(t, s, 1)
+	g := make(chan error, 1)
+	go func() {
+		g <- s.write(context.Background(), func(ctx context.Context, tx *writeTx) error {
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	waitQueued(t, s, 2)
+	y := make(chan error, 1)
+	go func() { y <- s.write(context.Background(), insertRow("y", new(int), nil)) }()
+	waitQueued(t, s, 3)
+	close(release)
+	if err := within(t, held, "held"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		errc <-chan error
+	}{{"g", g}, {"y", y}} {
+		if err := within(t, c.errc, c.name); err == nil {
+			t.Errorf("%s heard success, but its batch never committed", c.name)
+		}
+	}
+	select {
+	case err := <-x:
+		t.Fatalf("x's caller, whose goroutine ended, returned %v", err)
+	default:
+	}
+	// The writer was handed over: it still works.
+	if err := s.write(context.Background(), insertRow("z", new(int), nil)); err != nil {
+		t.Fatal(err)
+	}
+	if got := batchRows(t, s); fmt.Sprint(got) != "[held z]" {
+		t.Fatalf("rows %v, want [held z]", got)
 	}
 }

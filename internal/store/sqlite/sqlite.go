@@ -47,16 +47,18 @@ type SQLite struct {
 	// wstmts caches the writer's prepared statements.
 	wstmts *stmtCache
 
-	// ops feeds the group committer (batch.go).
 	// hub announces committed changes to watchers (changes.go); path is
 	// its key.
 	hub  *changeHub
 	path string
 
-	ops           chan *writeOp
-	closed        chan struct{}
-	closeOnce     sync.Once
-	committerDone chan struct{}
+	// The group commit's queue and its leader (batch.go), under writeMu.
+	writeMu     sync.Mutex
+	queue       []*writeOp
+	leading     bool       // a caller runs a batch, or is chosen to run the next
+	writeIdle   sync.Cond  // signalled when leading ends
+	writeClosed bool       // Close was called: no write is queued any more
+	batch       []*writeOp // the leader's buffer for its batch
 }
 
 var _ store.Store = (*SQLite)(nil)
@@ -102,7 +104,8 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 	w.SetConnMaxLifetime(0)
 	w.SetConnMaxIdleTime(0)
 
-	s := &SQLite{w: w, ops: make(chan *writeOp), closed: make(chan struct{}), committerDone: make(chan struct{})}
+	s := &SQLite{w: w}
+	s.writeIdle.L = &s.writeMu
 	if err := s.init(ctx, abs); err != nil {
 		w.Close()
 		return nil, err
@@ -132,7 +135,6 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 	s.r = &readDB{DB: r, cache: newStmtCache(r)}
 	s.wstmts = newStmtCache(w)
 	s.path, s.hub = abs, acquireHub(abs)
-	go s.committer()
 	return s, nil
 }
 
@@ -191,8 +193,12 @@ func createPrivate(path string) error {
 
 // Close closes the database. In-flight calls may fail.
 func (s *SQLite) Close() error {
-	s.closeOnce.Do(func() { close(s.closed) })
-	<-s.committerDone // the batch in flight finishes first
+	s.writeMu.Lock()
+	s.writeClosed = true
+	for s.leading { // the batch in flight finishes first
+		s.writeIdle.Wait()
+	}
+	s.writeMu.Unlock()
 	s.r.cache.close()
 	s.wstmts.close()
 	if s.hub != nil {
