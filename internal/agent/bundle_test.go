@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/x509"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/trustbundle"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 func pemCount(t *testing.T, path string) []*x509.Certificate {
@@ -217,5 +219,37 @@ func TestRenewFromAnUntrustedAuthorityNamesTheWayOut(t *testing.T) {
 	}
 	if !Transient(err) {
 		t.Errorf("the error is no longer retried: %v", err)
+	}
+}
+
+// TestNoEmptyHeartbeat: an agent that cannot read its state (here its
+// directory's lock is held and the stream is ending) sends no heartbeat,
+// rather than an empty one that the authority would keep in place of the
+// last (no identity, no verifier set, no budget).
+func TestNoEmptyHeartbeat(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	unlock, err := dir.lock(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	sent := 0
+	if err := a.sendHeartbeat(ctx, func(*musterv1.AgentMessage) error { sent++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
+	if sent != 0 {
+		t.Fatalf("sent %d heartbeats without the agent's state, want none", sent)
+	}
+	if err := a.sendHeartbeat(t.Context(), func(m *musterv1.AgentMessage) error {
+		sent++
+		if m.GetHeartbeat().GetIdentityNotAfter() == nil {
+			t.Errorf("heartbeat without the identity's end: %v", m)
+		}
+		return nil
+	}); err != nil || sent != 1 {
+		t.Fatalf("with the state readable: %d sent, %v", sent, err)
 	}
 }

@@ -128,7 +128,7 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()
 		for {
-			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := a.sendHeartbeat(ctx, send); err != nil {
 				sendErr <- err
 				return
 			}
@@ -190,7 +190,7 @@ func (a *Agent) sendAnswers(ctx context.Context, tasks *taskRunner, send func(*m
 			sent = true
 		}
 		if sent {
-			if err := send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: a.heartbeat(ctx)}}); err != nil {
+			if err := a.sendHeartbeat(ctx, send); err != nil {
 				return err
 			}
 		}
@@ -260,13 +260,29 @@ func (a *Agent) streamedBundle(ctx context.Context, b *musterv1.TrustBundle) err
 	return nil
 }
 
-// heartbeat is the agent's report of itself.
+// sendHeartbeat sends the agent's heartbeat, or nothing when it has none
+// to give (see heartbeat); the next one follows at the next tick.
+func (a *Agent) sendHeartbeat(ctx context.Context, send func(*musterv1.AgentMessage) error) error {
+	hb := a.heartbeat(ctx)
+	if hb == nil {
+		return nil
+	}
+	return send(&musterv1.AgentMessage{Body: &musterv1.AgentMessage_Heartbeat{Heartbeat: hb}})
+}
+
+// heartbeat is the agent's report of itself, or nil when its state cannot
+// be read (the agent stopping, a state file being replaced): the authority
+// keeps each heartbeat whole in place of the last, so an empty one would
+// report an agent that holds no identity, verifier set or budget.
 func (a *Agent) heartbeat(ctx context.Context) *musterv1.Heartbeat {
-	hb := &musterv1.Heartbeat{}
 	st, id, err := a.loadLocked(ctx)
 	if err != nil {
-		return hb
+		if ctx.Err() == nil {
+			a.log.Warn("heartbeat skipped: cannot read the agent's state", "err", err)
+		}
+		return nil
 	}
+	hb := &musterv1.Heartbeat{}
 	hb.IdentityNotAfter = timestamppb.New(id.Leaf().NotAfter)
 	hb.LastRotateTask, hb.VerificationFailures = st.LastRotateTask, a.failureCounts()
 	if n := st.RecoveriesRemaining; n != nil && *n >= 0 {
