@@ -340,6 +340,34 @@ func benchFleet(b *testing.B, s *SQLite, n int) {
 	}
 }
 
+// benchRenewal is the renewal of in to its next generation at now, with
+// its audit record; its serial is drawn from seed and the generation, so
+// each agent's differ.
+func benchRenewal(in store.Instance, seed any, now time.Time) store.Renewal {
+	return store.Renewal{
+		InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
+		Certificate: store.Certificate{
+			Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(seed, "/", in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
+			Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+			PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
+		},
+	}
+}
+
+// benchRenewalOp is r as a write of a batch, which leaves *in the
+// renewed instance.
+func benchRenewalOp(b *testing.B, in *store.Instance, r store.Renewal) func(ctx context.Context, tx *writeTx) error {
+	c, err := store.PrepareRenewal(r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return func(ctx context.Context, tx *writeTx) error {
+		var err error
+		*in, err = commitRenewal(ctx, tx, r, c)
+		return err
+	}
+}
+
 // benchRenewalBatch writes size renewals a batch, each checking the
 // locks a renewal checks (store.RenewalLockTargets) if locked.
 func benchRenewalBatch(b *testing.B, size int, locked bool) {
@@ -360,26 +388,11 @@ func benchRenewalBatch(b *testing.B, size int, locked bool) {
 		now := time.Now()
 		for i := range ins {
 			in := &ins[i]
-			r := store.Renewal{
-				InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
-				Certificate: store.Certificate{
-					Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(i, in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
-					Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
-					PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
-				},
-			}
+			r := benchRenewal(*in, i, now)
 			if locked {
 				r.LockTargets = store.RenewalLockTargets(r.Certificate, *in, []string{"ab12"})
 			}
-			c, err := store.PrepareRenewal(r)
-			if err != nil {
-				b.Fatal(err)
-			}
-			fns[i] = func(ctx context.Context, tx *writeTx) error {
-				var err error
-				*in, err = commitRenewal(ctx, tx, r, c)
-				return err
-			}
+			fns[i] = benchRenewalOp(b, in, r)
 		}
 		runOps(b, s, fns)
 	}
@@ -448,24 +461,9 @@ func BenchmarkRenewalRound(b *testing.B) {
 					if err != nil || !rr.InstanceFound || rr.Instance.Generation != in.Generation {
 						b.Fatal(rr.InstanceFound, err)
 					}
-					r := store.Renewal{
-						InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
-						Certificate: store.Certificate{
-							Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(i, in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
-							Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
-							PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
-						},
-					}
+					r := benchRenewal(*in, i, now)
 					r.LockTargets = store.RenewalLockTargets(r.Certificate, *in, keys)
-					c, err := store.PrepareRenewal(r)
-					if err != nil {
-						b.Fatal(err)
-					}
-					fns[i] = func(ctx context.Context, tx *writeTx) error {
-						var err error
-						*in, err = commitRenewal(ctx, tx, r, c)
-						return err
-					}
+					fns[i] = benchRenewalOp(b, in, r)
 				}
 				runOps(b, s, fns)
 			}
@@ -502,14 +500,7 @@ func BenchmarkRenewalParallel(b *testing.B) {
 				return
 			}
 			now := time.Now()
-			r := store.Renewal{
-				InstanceID: in.ID, FromGeneration: in.Generation, ChainPEM: in.LastChainPEM, Audit: benchLink,
-				Certificate: store.Certificate{
-					Serial: fmt.Sprintf("%x", sha256.Sum256([]byte(fmt.Sprint(in.ID, "/", in.Generation))))[:32], NodeID: in.NodeID, InstanceID: in.ID,
-					Generation: in.Generation + 1, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
-					PublicKey: in.LastPublicKey, NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now,
-				},
-			}
+			r := benchRenewal(in, in.ID, now)
 			r.LockTargets = store.RenewalLockTargets(r.Certificate, rr.Instance, keys)
 			if in, err = s.CommitRenewal(ctx, r); err != nil {
 				b.Error(err)
