@@ -368,21 +368,27 @@ func benchRenewalOp(b *testing.B, in *store.Instance, r store.Renewal) func(ctx 
 	}
 }
 
-// benchRenewalBatch writes size renewals a batch, each checking the
-// locks a renewal checks (store.RenewalLockTargets) if locked.
-func benchRenewalBatch(b *testing.B, size int, locked bool) {
+// benchAgents opens a store holding the bench token, a fleet of 5,000
+// certificates and n agents joined with it, whose instances it returns.
+func benchAgents(b *testing.B, n int) (*SQLite, []store.Instance) {
 	s, _ := openTemp(b)
-	ctx := b.Context()
 	benchToken(b, s)
 	benchFleet(b, s, 5000)
-	ins := make([]store.Instance, size)
+	ins := make([]store.Instance, n)
 	for i := range ins {
-		res, err := s.CommitJoin(ctx, benchJoin(int64(i)))
+		res, err := s.CommitJoin(b.Context(), benchJoin(int64(i)))
 		if err != nil {
 			b.Fatal(err)
 		}
 		ins[i] = res.Instance
 	}
+	return s, ins
+}
+
+// benchRenewalBatch writes size renewals a batch, each checking the
+// locks a renewal checks (store.RenewalLockTargets) if locked.
+func benchRenewalBatch(b *testing.B, size int, locked bool) {
+	s, ins := benchAgents(b, size)
 	fns := make([]func(ctx context.Context, tx *writeTx) error, size)
 	for b.Loop() {
 		now := time.Now()
@@ -439,18 +445,8 @@ func benchJoinBatch(b *testing.B, size int) {
 func BenchmarkRenewalRound(b *testing.B) {
 	for _, size := range []int{1, benchBatch} {
 		b.Run(fmt.Sprint(size), func(b *testing.B) {
-			s, _ := openTemp(b)
+			s, ins := benchAgents(b, size)
 			ctx := b.Context()
-			benchToken(b, s)
-			benchFleet(b, s, 5000)
-			ins := make([]store.Instance, size)
-			for i := range ins {
-				res, err := s.CommitJoin(ctx, benchJoin(int64(i)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				ins[i] = res.Instance
-			}
 			keys := []string{"ab12"}
 			fns := make([]func(ctx context.Context, tx *writeTx) error, size)
 			for b.Loop() {
