@@ -66,6 +66,7 @@ func TestSetsPoolMaxConns(t *testing.T) {
 		"host=h dbname=db":                                         false,
 		"host=h dbname=db pool_max_conns=8":                        true,
 		"host=h pool_max_conns = 8":                                true,
+		"host=h password='a pool_max_conns=8'":                     false, // a quoted password
 	} {
 		if got := setsPoolMaxConns(conn); got != want {
 			t.Errorf("setsPoolMaxConns(%q) = %v, want %v", conn, got, want)

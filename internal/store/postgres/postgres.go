@@ -45,7 +45,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	neturl "net/url"
 	"strings"
 	"time"
 
@@ -146,18 +145,16 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 const DefaultPoolMaxConns = 16
 
 // setsPoolMaxConns reports whether a connection string (URL or key=value
-// form) names pool_max_conns, which then decides the pool's size.
+// form) names pool_max_conns, which then decides the pool's size. It asks
+// pgconn's own parser, which keeps a key it does not know (as this one) in
+// RuntimeParams, so quoting and escapes read as pgxpool reads them.
 func setsPoolMaxConns(conn string) bool {
-	if strings.HasPrefix(conn, "postgres://") || strings.HasPrefix(conn, "postgresql://") {
-		u, err := neturl.Parse(conn)
-		return err == nil && u.Query().Has("pool_max_conns")
+	c, err := pgconn.ParseConfig(conn)
+	if err != nil {
+		return false
 	}
-	for _, f := range strings.Fields(conn) {
-		if k, _, _ := strings.Cut(f, "="); k == "pool_max_conns" {
-			return true
-		}
-	}
-	return false
+	_, ok := c.RuntimeParams["pool_max_conns"]
+	return ok
 }
 
 // PoolMaxConns is the most connections the Store's pool opens, and whether
