@@ -405,12 +405,14 @@ func logField(t *testing.T, p *proc, msg, key string) string {
 // TestBenchSeed fills a stopped authority's store with muster bench seed
 // and checks what an operator and the authority see: the seeded nodes in
 // agents list, the tokens (one spent per node), an intact audit chain with
-// the one bench.seed record, and the authority still joining and renewing.
+// the one bench.seed record naming the counts and the tokens' labels, and
+// the authority still joining and renewing.
 // A running authority's directory is refused.
 func TestBenchSeed(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
-	r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "60", "--nodes", "12", "--batch", "25", "-o", "json")
+	r := muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "60", "--nodes", "12", "--batch", "25",
+		"--label", "zone=b", "--label", "pool=seeded", "-o", "json")
 	if r.code != 0 {
 		t.Fatalf("bench seed: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
@@ -451,8 +453,9 @@ func TestBenchSeed(t *testing.T) {
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify: %s", out)
 	}
-	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "bench.seed"); !strings.Contains(out, "60 tokens, 12 nodes") {
-		t.Errorf("audit list: %s", out)
+	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "bench.seed", "-o", "json"); !strings.Contains(out, "60 tokens, 12 nodes") ||
+		!strings.Contains(out, "every token labelled pool=seeded,zone=b") || strings.Count(out, `"bench.seed"`) != 1 {
+		t.Errorf("audit list: want one bench.seed record naming 60 tokens, 12 nodes and the labels pool=seeded,zone=b:\n%s", out)
 	}
 	if r := muster(t, nil, "bench", "--data", dir, "--op", "renew", "--concurrency", "2", "--requests", "6", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"ok": 6`) {
 		t.Errorf("renewals on the seeded store: %s %s", r.stdout, r.stderr)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,8 +34,9 @@ The rows are those the authority writes: token secrets sealed with the
 storage key, --nodes of the tokens spent by a join each, every node with its
 current instance and a certificate signed by the authority's agent CA
 (64 keys shared among the nodes). No audit record is written per row; one
-bench.seed record says what was seeded, so "muster audit verify" still
-passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
+bench.seed record, appended to the audit chain as every write's is, names
+the run and says how many tokens and nodes were written and with which
+labels, so "muster audit verify" still passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
 for --token-ttl, described "muster bench seed", labelled with --label (a
 fleet for "muster task send --label KEY=VALUE").
 
@@ -89,15 +92,14 @@ test authority only: the nodes and tokens stay.`,
 				// failure stay, and the chain says so.
 				if res != nil && res.Tokens > 0 {
 					if _, aerr := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run,
-						Result: audit.ResultError, Reason: fmt.Sprintf("stopped after %d tokens, %d nodes joined with %d of them (fixture rows, no record each): %v",
-							res.Tokens, res.Nodes, res.Nodes, err)}); aerr != nil {
+						Result: audit.ResultError, Reason: fmt.Sprintf("stopped after %s: %v", seedWritten(res, lm), err)}); aerr != nil {
 						err = errors.Join(err, aerr)
 					}
 				}
 				return fmt.Errorf("bench seed: %w", err)
 			}
 			if _, err := logger.Record(ctx, audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run, Result: audit.ResultOK,
-				Reason: fmt.Sprintf("%d tokens, %d nodes joined with %d of them (fixture rows, no record each)", res.Tokens, res.Nodes, res.Nodes)}); err != nil {
+				Reason: seedWritten(res, lm)}); err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
 			if out.structured() {
@@ -119,4 +121,20 @@ test authority only: the nodes and tokens stay.`,
 	f.DurationVar(&tokenTTL, "token-ttl", 30*24*time.Hour, "lifetime of the seeded tokens")
 	f.StringArrayVar(&labels, "label", nil, "a label k=v every seeded token carries, for task send --label (repeatable)")
 	return cmd
+}
+
+// seedWritten says, for the bench.seed audit record, what a seed wrote: how
+// many tokens and joined nodes, and the labels every token carries, which
+// is how a seeded fleet is selected (task send --label).
+func seedWritten(res *loadgen.SeedResult, labels map[string]string) string {
+	s := fmt.Sprintf("%d tokens, %d nodes joined with %d of them (fixture rows, no record each)", res.Tokens, res.Nodes, res.Nodes)
+	if len(labels) == 0 {
+		return s
+	}
+	pairs := make([]string, 0, len(labels))
+	for k, v := range labels {
+		pairs = append(pairs, k+"="+v)
+	}
+	slices.Sort(pairs)
+	return s + ", every token labelled " + strings.Join(pairs, ",")
 }
