@@ -33,10 +33,11 @@ a fleet's size.
 The rows are those the authority writes: token secrets sealed with the
 storage key, --nodes of the tokens spent by a join each, every node with its
 current instance and a certificate signed by the authority's agent CA
-(64 keys shared among the nodes). No audit record is written per row; one
-bench.seed record, appended to the audit chain as every write's is, names
-the run and says how many tokens and nodes were written and with which
-labels, so "muster audit verify" still passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
+(64 keys shared among the nodes). No audit record is written per row; two
+bench.seed records, appended to the audit chain as every write's are, name
+the run: one before the first row (what it is to write), one at the end
+(how many tokens and nodes were written, and with which labels; result
+error if it stopped part-way). "muster audit verify" still passes. Nodes are named seed-RUNID-NNNNNNN; the tokens are single-use, valid
 for --token-ttl, described "muster bench seed", labelled with --label (a
 fleet for "muster task send --label KEY=VALUE").
 
@@ -85,21 +86,35 @@ test authority only: the nodes and tokens stay.`,
 				return fmt.Errorf("bench seed: the store at %s has no bulk loader", redactURL(url))
 			}
 			const actor = "muster bench seed"
+			// The seed is audited before its first row and after its
+			// last: each batch commits on its own, so a seed stopped
+			// part-way (an error, ^C, a kill) keeps what it wrote, and
+			// the first record says a seed of this run began.
+			started := false
+			begin := func(run string) error {
+				if _, err := logger.Record(ctx, audit.Event{Actor: actor, Action: "bench.seed", Target: run, Result: audit.ResultOK,
+					Reason: "started, to write " + seedRows(tokens, nodes, lm) + "; a second bench.seed record says what was written"}); err != nil {
+					return err
+				}
+				started = true
+				return nil
+			}
 			res, err := loadgen.Seed(ctx, loader, loadgen.SeedConfig{Tokens: tokens, Nodes: nodes, Batch: batch, CA: h,
-				TrustDomain: info.TrustDomain, Sealer: sealer, CertTTL: certTTL, TokenTTL: tokenTTL, Labels: lm, Actor: actor, Progress: env.Stderr})
+				TrustDomain: info.TrustDomain, Sealer: sealer, CertTTL: certTTL, TokenTTL: tokenTTL, Labels: lm, Actor: actor, Progress: env.Stderr,
+				Started: begin})
 			if err != nil {
-				// Each batch commits on its own: rows written before the
-				// failure stay, and the chain says so.
-				if res != nil && res.Tokens > 0 {
+				// Rows written before the failure stay, and the chain
+				// says so.
+				if started {
 					if _, aerr := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run,
-						Result: audit.ResultError, Reason: fmt.Sprintf("stopped after %s: %v", seedWritten(res, lm), err)}); aerr != nil {
+						Result: audit.ResultError, Reason: fmt.Sprintf("stopped after %s: %v", seedRows(res.Tokens, res.Nodes, lm), err)}); aerr != nil {
 						err = errors.Join(err, aerr)
 					}
 				}
 				return fmt.Errorf("bench seed: %w", err)
 			}
 			if _, err := logger.Record(ctx, audit.Event{Actor: actor, Action: "bench.seed", Target: res.Run, Result: audit.ResultOK,
-				Reason: seedWritten(res, lm)}); err != nil {
+				Reason: seedRows(res.Tokens, res.Nodes, lm)}); err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
 			if out.structured() {
@@ -123,11 +138,11 @@ test authority only: the nodes and tokens stay.`,
 	return cmd
 }
 
-// seedWritten says, for the bench.seed audit record, what a seed wrote: how
-// many tokens and joined nodes, and the labels every token carries, which
-// is how a seeded fleet is selected (task send --label).
-func seedWritten(res *loadgen.SeedResult, labels map[string]string) string {
-	s := fmt.Sprintf("%d tokens, %d nodes joined with %d of them (fixture rows, no record each)", res.Tokens, res.Nodes, res.Nodes)
+// seedRows says, for a bench.seed audit record, what a seed writes or
+// wrote: how many tokens and joined nodes, and the labels every token
+// carries, which is how a seeded fleet is selected (task send --label).
+func seedRows(tokens, nodes int, labels map[string]string) string {
+	s := fmt.Sprintf("%d tokens, %d nodes joined with %d of them (fixture rows, no record each)", tokens, nodes, nodes)
 	if len(labels) == 0 {
 		return s
 	}

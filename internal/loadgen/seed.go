@@ -50,6 +50,12 @@ type SeedConfig struct {
 	Labels   map[string]string
 	Actor    string
 	Progress io.Writer
+	// Started, if set, is called once with the run's name before the
+	// first row is written; if it fails, the seed writes nothing and
+	// returns its error. muster bench seed audits the seed's start there,
+	// so that a seed killed part-way (each batch commits on its own) still
+	// leaves a record of the rows it wrote.
+	Started func(run string) error
 }
 
 // SeedResult is what a seed wrote.
@@ -101,6 +107,11 @@ func Seed(ctx context.Context, l SeedLoader, cfg SeedConfig) (*SeedResult, error
 	runID := make([]byte, 3)
 	rand.Read(runID)
 	res := &SeedResult{Run: "seed-" + hex.EncodeToString(runID)}
+	if cfg.Started != nil {
+		if err := cfg.Started(res.Run); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	seen := map[string]bool{}
 	for res.Tokens < cfg.Tokens {
