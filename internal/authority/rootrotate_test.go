@@ -19,6 +19,7 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/pgtest"
 	"github.com/muster-dev/muster/internal/store/postgres"
+	"github.com/muster-dev/muster/internal/trustbundle"
 )
 
 // rootModel is the phase machine as the design states it: rotate from none
@@ -218,6 +219,15 @@ func checkRootInvariants(t *testing.T, ctx context.Context, a *benchAuthority, s
 	}
 	if active != len(caRoles) {
 		t.Fatalf("step %d: %d active intermediates, want %d", step, active, len(caRoles))
+	}
+	// An agent trusting every root of the bundle takes all of it: the
+	// bundle offers nothing under a root no longer trusted (in standby the
+	// old root's retiring intermediates and its cross-certificate were
+	// offered, and every agent logged each as not taken at every renewal).
+	b := s.trustBundle().set
+	taken, err := trustbundle.Take(trustbundle.Set{AuthorityID: b.AuthorityID, Roots: b.Roots}, nil, b, time.Now())
+	if err != nil || len(taken.Refused) != 0 {
+		t.Fatalf("step %d (%s): an agent trusting the bundle's roots refuses part of it: %v %q", step, m.phase, err, taken.Refused)
 	}
 	// The listener's chain: an agent pinning any trusted root accepts it.
 	cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
