@@ -24,8 +24,8 @@ func expiryWarning(path string, id *identity.Identity, name, renewArgs string, n
 		return fmt.Sprintf("warning: the operator identity %s (%s) expired at %s; get a new one with muster admin add %s --offline --data DIR, run where the authority's data directory is",
 			path, name, notAfter.UTC().Format(time.RFC3339), name)
 	case left <= operatorWarnAhead:
-		return fmt.Sprintf("warning: the operator identity %s (%s) expires at %s, in %s; renew it with muster admin renew%s",
-			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left), renewArgs)
+		return fmt.Sprintf("warning: the operator identity %s (%s) expires at %s, in %s; renew it with muster admin renew",
+			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left)) + renewArgs
 	}
 	return ""
 }
