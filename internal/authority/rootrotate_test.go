@@ -339,17 +339,20 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
 		t.Fatal(err)
 	}
-	leafOf := func(issuer *ca.Issuer) *x509.Certificate {
+	leafAs := func(issuer *ca.Issuer, role spiffeid.Role, name string) *x509.Certificate {
 		t.Helper()
 		k, _ := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
-		id, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAdmin, "op")
-		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: "op", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+		id, _ := spiffeid.New(a.info.TrustDomain, role, name)
+		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: name, ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return leaf
 	}
+	leafOf := func(issuer *ca.Issuer) *x509.Certificate { return leafAs(issuer, spiffeid.RoleAdmin, "op") }
 	old := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	// An agent that will not renew before standby.
+	oldAgent := leafAs(s.ca.Issuer(ca.RoleAgent), spiffeid.RoleAgent, "web-01")
 	for range 2 {
 		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
 			t.Fatal(err)
@@ -368,6 +371,20 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
 	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
+	}
+	// In standby, a certificate left under the old root is refused with
+	// the way back, not only "not issued by this authority" (a running
+	// agent that had not renewed stopped there, saying no more).
+	if err := s.inter.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for leaf, want := range map[*x509.Certificate]string{
+		old:      "muster admin add op --offline --data DIR",
+		oldAgent: "muster agent join --force --data ADIR --node web-01 with a joining URI from muster token create --node web-01",
+	} {
+		if _, err := s.verifyClientCertsAt([]*x509.Certificate{leaf}, time.Now()); err == nil || !strings.Contains(err.Error(), "no longer trusts") || !strings.Contains(err.Error(), want) {
+			t.Errorf("a %s certificate under the old root in standby: %v; want the way back, %q", leaf.Subject.CommonName, err, want)
+		}
 	}
 	// Back to init: abandoning the rotation drops the new root, so it is
 	// refused to an operator under it.
