@@ -37,6 +37,28 @@ func TestOperatorIdentityLifecycle(t *testing.T) {
 	if r := muster(t, nil, "status", "--data", dir); r.code != 0 || strings.Contains(r.stderr, "warning") || strings.Contains(r.stdout, "Warning:") {
 		t.Fatalf("status with a 30-day identity warns: stdout %s stderr %s", r.stdout, r.stderr)
 	}
+	// The renewal the warning names, pasted as it is, renews bob.pem, not
+	// the data directory's operator.pem (it once named a bare `muster admin
+	// renew`, which renewed the first operator's identity instead).
+	_, pasted, ok := strings.Cut(strings.SplitN(r.stderr, "\n", 2)[0], "renew it with muster ")
+	if !ok {
+		t.Fatal("the warning names no renewal")
+	}
+	adminBefore, err := identity.Load(filepath.Join(dir, "operator.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobBefore, err := identity.Load(bob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, strings.Fields(pasted)...)
+	if adminAfter, err := identity.Load(filepath.Join(dir, "operator.pem")); err != nil || adminAfter.Leaf().SerialNumber.Cmp(adminBefore.Leaf().SerialNumber) != 0 {
+		t.Errorf("the pasted %q renewed operator.pem (%v)", pasted, err)
+	}
+	if bobAfter, err := identity.Load(bob); err != nil || bobAfter.Leaf().SerialNumber.Cmp(bobBefore.Leaf().SerialNumber) == 0 {
+		t.Errorf("the pasted %q did not renew bob.pem (%v)", pasted, err)
+	}
 
 	// Renewal: a new key and serial under the same name, in the same file.
 	before, err := identity.Load(bob)
@@ -106,8 +128,8 @@ func TestOperatorIdentityLifecycle(t *testing.T) {
 			offline++
 		}
 	}
-	if renews != 2 || offline != 1 {
-		t.Errorf("audit: %d operator.renew (want 2), %d offline operator.add (want 1): %v", renews, offline, recs)
+	if renews != 3 || offline != 1 {
+		t.Errorf("audit: %d operator.renew (want 3: the pasted one, two more), %d offline operator.add (want 1): %v", renews, offline, recs)
 	}
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify after break-glass: %s", out)

@@ -221,16 +221,29 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 	}
 }
 
+// lastTryAhead is how long before the certificate's expiry a wait cut
+// short by it ends (at most half of what is left), so that the attempt
+// after it is made while the certificate is still valid.
+const lastTryAhead = 5 * time.Second
+
 // retryWait is the wait before the next attempt: drawn from [delay/2,
 // delay]. With an expiry (expires), left before it, a wait that would
-// pass it is cut to end at it, so the last attempt is made while the
-// certificate is valid; once it has passed, the backoff holds as in any
-// other state — cutting to what is left then (nothing) would retry with
-// no wait at all, a busy loop while the authority is unreachable.
+// reach it is cut to end before it (lastTryAhead, or half of what is
+// left), so the last attempts are made while the certificate is valid:
+// an attempt at the expiry itself finds it expired and does not ask (an
+// agent whose authority came back 10 s before its expiry waited until
+// the expiry, then stopped). Within backoffMin of the expiry the wait
+// ends at it, and the attempt then reports the expiry. Once it has
+// passed, the backoff holds as in any other state — cutting to what is
+// left then (nothing) would retry with no wait at all, a busy loop while
+// the authority is unreachable.
 func retryWait(delay time.Duration, expires bool, left time.Duration) time.Duration {
 	wait := delay/2 + rand.N(delay/2+1)
-	if expires && left > 0 && wait > left {
+	if expires && left > 0 && wait >= left {
 		wait = left
+		if left > backoffMin {
+			wait = left - min(left/2, lastTryAhead)
+		}
 	}
 	return wait
 }

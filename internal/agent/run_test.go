@@ -289,7 +289,12 @@ func TestRetryWait(t *testing.T) {
 	}{
 		{"no expiry", false, 0, delay / 2, delay},
 		{"expiry far ahead", true, time.Hour, delay / 2, delay},
-		{"expiry sooner than the backoff", true, time.Second, time.Second, time.Second},
+		{"expiry within the minimum backoff", true, time.Second, time.Second, time.Second},
+		// A wait that would reach the expiry ends before it, so the
+		// attempt after it can still renew (it ended at the expiry, where
+		// the attempt found the certificate expired and gave up).
+		{"expiry sooner than the backoff", true, 4 * time.Second, 2 * time.Second, 2 * time.Second},
+		{"expiry within the backoff's range", true, 6 * time.Second, 3 * time.Second, 6*time.Second - 1},
 		{"expired just now", true, 0, delay / 2, delay},
 		{"expired long ago", true, -time.Hour, delay / 2, delay},
 	} {

@@ -274,6 +274,9 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
 		return nil, errors.New(expiredReason(certs[0], s.info.TrustDomain))
 	case errors.As(err, &unknown):
+		if why := s.distrustedReason(certs[0]); why != "" {
+			return nil, errors.New(why)
+		}
 		return nil, errors.New("client certificate not issued by this authority")
 	default:
 		return nil, errors.New("client certificate not valid for client authentication by this authority")
@@ -342,6 +345,34 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 // certificate, naming what brings its holder back: an agent joins again;
 // an operator has no one to ask over the API, so its way back is the
 // break-glass command run beside the storage key.
+// distrustedReason is the refusal of a leaf signed by an intermediate of
+// a root this authority no longer trusts (a root rotation went to
+// standby before the leaf was renewed under the new root), naming the
+// way back; "" for any other leaf. A running agent meets it when the
+// rotation went on to standby before it renewed in update_servers, and
+// stops: restarting cannot help.
+func (s *Server) distrustedReason(leaf *x509.Certificate) string {
+	in := s.ca.CurrentIntermediates()
+	if in == nil {
+		return ""
+	}
+	for _, c := range in.Distrusted {
+		if !bytes.Equal(leaf.AuthorityKeyId, c.SubjectKeyId) || leaf.CheckSignatureFrom(c) != nil {
+			continue
+		}
+		const why = "client certificate not issued by this authority: it is under a root this authority no longer trusts (the root rotation went to standby before it was renewed under the new root)"
+		id, err := spiffeid.FromCertificate(leaf)
+		switch {
+		case err != nil || id.TrustDomain != s.info.TrustDomain:
+			return ""
+		case id.Role == spiffeid.RoleAdmin:
+			return fmt.Sprintf("%s; get a new identity with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is, or roll back to update_servers with muster ca root rollback", why, id.Name)
+		}
+		return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s, or an operator rolls back to update_servers with muster ca root rollback and the agent, started again, renews", why, id.Name, id.Name)
+	}
+	return ""
+}
+
 func expiredReason(leaf *x509.Certificate, trustDomain string) string {
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
 		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", id.Name)

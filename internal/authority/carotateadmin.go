@@ -364,5 +364,8 @@ func caIntermediateToProto(r store.CACert) *musterv1.CAIntermediate {
 	if !r.ActivatedAt.IsZero() {
 		out.ActivatedAt = timestamppb.New(r.ActivatedAt)
 	}
+	if r.State == store.CARetiring && !r.RetiringAt.IsZero() {
+		out.RetiresAt = timestamppb.New(lastLeafExpiry(r))
+	}
 	return out
 }

@@ -149,17 +149,28 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
+	resps := make([]*musterv1.CAIntermediateResponse, 2)
+	before := time.Now()
 	for i, a := range []*adminService{a0, a1} {
 		wg.Go(func() {
-			_, errs[i] = a.ActivateCAIntermediate(context.WithoutCancel(ctx), &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: serial})
+			resps[i], errs[i] = a.ActivateCAIntermediate(context.WithoutCancel(ctx), &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: serial})
 		})
 	}
 	wg.Wait()
 	ok := 0
-	for _, err := range errs {
+	for i, err := range errs {
 		switch {
 		case err == nil:
 			ok++
+			// The answer says when the replaced one leaves the trust bundle:
+			// once the last agent certificate it signed has expired, not at
+			// its own not-after (a year on, for muster init's); the CLI
+			// printed the not-after as that time.
+			prev := resps[i].GetPrevious()
+			want := before.Add(maxLeafTTL + retireMargin)
+			if got := prev.GetRetiresAt().AsTime(); got.Before(want.Add(-time.Second)) || got.After(time.Now().Add(maxLeafTTL+retireMargin)) || !got.Before(prev.GetNotAfter().AsTime()) {
+				t.Errorf("the replaced intermediate retires at %v, want %v (its not-after %v)", got, want, prev.GetNotAfter().AsTime())
+			}
 		case status.Code(err) != codes.Aborted && status.Code(err) != codes.FailedPrecondition:
 			t.Errorf("the losing activation answered %v", err)
 		}

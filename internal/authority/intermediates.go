@@ -186,6 +186,7 @@ func (in *intermediates) load(ctx context.Context) error {
 				// Under a root no longer trusted (the old one, once a
 				// root rotation is in standby): its leaves no longer
 				// verify, and it signs nothing.
+				next.Distrusted = append(next.Distrusted, cert)
 				continue
 			}
 			return fmt.Errorf("%s intermediate %s is not signed by a root this authority trusts", r.Role, r.Serial)

@@ -586,10 +586,13 @@ func (m *lifecycleModel) checkCA(vnow time.Time) {
 		if r.State == store.CARetired {
 			continue
 		}
-		if !published[string(r.CertDER)] {
-			c, _ := x509.ParseCertificate(r.CertDER)
+		// Every non-retired intermediate a trusted root signed is in the
+		// bundle, and no other: from standby on, the old root's retiring
+		// ones stay in the store but leave the bundle with their root.
+		if c, _ := x509.ParseCertificate(r.CertDER); published[string(r.CertDER)] != signedByOneOf(c, b.set.Roots) {
 			st, _ := s.rootStatus(m.ctx)
-			m.fail("%s intermediate %s (%s, issued by %s) is not in the bundle (phase %s, roots %v)", r.Role, r.Serial, r.State, c.Issuer, st.Phase, fingerprints(b.set.Roots))
+			m.fail("%s intermediate %s (%s, issued by %s): in the bundle %v, signed by a trusted root %v (phase %s, roots %v)",
+				r.Role, r.Serial, r.State, c.Issuer, published[string(r.CertDER)], signedByOneOf(c, b.set.Roots), st.Phase, fingerprints(b.set.Roots))
 		}
 		if r.State != store.CAActive {
 			continue

@@ -19,6 +19,7 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/pgtest"
 	"github.com/muster-dev/muster/internal/store/postgres"
+	"github.com/muster-dev/muster/internal/trustbundle"
 )
 
 // rootModel is the phase machine as the design states it: rotate from none
@@ -219,6 +220,15 @@ func checkRootInvariants(t *testing.T, ctx context.Context, a *benchAuthority, s
 	if active != len(caRoles) {
 		t.Fatalf("step %d: %d active intermediates, want %d", step, active, len(caRoles))
 	}
+	// An agent trusting every root of the bundle takes all of it: the
+	// bundle offers nothing under a root no longer trusted (in standby the
+	// old root's retiring intermediates and its cross-certificate were
+	// offered, and every agent logged each as not taken at every renewal).
+	b := s.trustBundle().set
+	taken, err := trustbundle.Take(trustbundle.Set{AuthorityID: b.AuthorityID, Roots: b.Roots}, nil, b, time.Now())
+	if err != nil || len(taken.Refused) != 0 {
+		t.Fatalf("step %d (%s): an agent trusting the bundle's roots refuses part of it: %v %q", step, m.phase, err, taken.Refused)
+	}
 	// The listener's chain: an agent pinning any trusted root accepts it.
 	cert, err := s.certificate(ca.RoleServer, []string{"127.0.0.1"})
 	if err != nil {
@@ -329,17 +339,20 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
 		t.Fatal(err)
 	}
-	leafOf := func(issuer *ca.Issuer) *x509.Certificate {
+	leafAs := func(issuer *ca.Issuer, role spiffeid.Role, name string) *x509.Certificate {
 		t.Helper()
 		k, _ := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
-		id, _ := spiffeid.New(a.info.TrustDomain, spiffeid.RoleAdmin, "op")
-		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: "op", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+		id, _ := spiffeid.New(a.info.TrustDomain, role, name)
+		leaf, err := issuer.Issue(ca.LeafRequest{PublicKey: k.Public(), SPIFFEID: id.URL(), CommonName: name, ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return leaf
 	}
+	leafOf := func(issuer *ca.Issuer) *x509.Certificate { return leafAs(issuer, spiffeid.RoleAdmin, "op") }
 	old := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	// An agent that will not renew before standby.
+	oldAgent := leafAs(s.ca.Issuer(ca.RoleAgent), spiffeid.RoleAgent, "web-01")
 	for range 2 {
 		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
 			t.Fatal(err)
@@ -358,6 +371,20 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
 	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
+	}
+	// In standby, a certificate left under the old root is refused with
+	// the way back, not only "not issued by this authority" (a running
+	// agent that had not renewed stopped there, saying no more).
+	if err := s.inter.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for leaf, want := range map[*x509.Certificate]string{
+		old:      "muster admin add op --offline --data DIR",
+		oldAgent: "muster agent join --force --data ADIR --node web-01 with a joining URI from muster token create --node web-01",
+	} {
+		if _, err := s.verifyClientCertsAt([]*x509.Certificate{leaf}, time.Now()); err == nil || !strings.Contains(err.Error(), "no longer trusts") || !strings.Contains(err.Error(), want) {
+			t.Errorf("a %s certificate under the old root in standby: %v; want the way back, %q", leaf.Subject.CommonName, err, want)
+		}
 	}
 	// Back to init: abandoning the rotation drops the new root, so it is
 	// refused to an operator under it.

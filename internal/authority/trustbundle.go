@@ -28,15 +28,26 @@ type builtBundle struct {
 // cross-certificates, authority ID): the trusted roots of ca.Roots (the
 // data directory's, and a root rotation's from the store) with the
 // rotation's cross-certificates, and every intermediate of rows
-// (ListCACerts) that is not retired, each checked to be a trusted root's
-// already (load). Nil rows (a server whose store was not read yet) stand
+// (ListCACerts) that is not retired and is signed by a trusted root
+// (load checked each is one of the authority's roots'). Nil rows (a server whose store was not read yet) stand
 // for the data directory's intermediates.
 func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
 	// The trusted roots (the signing one first) and, during a root
 	// rotation, its cross-certificates, through which agents take the
 	// other root (rootrotate.go).
 	rs := s.ca.Roots()
-	set := trustbundle.Set{AuthorityID: s.info.AuthorityID, Roots: rs.Trusted, Cross: rs.Cross}
+	set := trustbundle.Set{AuthorityID: s.info.AuthorityID, Roots: rs.Trusted}
+	// Only what a trusted root signed: from standby on, the old root's
+	// intermediates stay retiring in the store (a rollback trusts them
+	// again) and its cross-certificate stays in the rotation record, but
+	// no agent may take them (trustbundle.Take refuses each, logging a
+	// warning at every renewal and stream open for as long as they are
+	// offered, up to a year for the admin intermediate).
+	for _, c := range rs.Cross {
+		if signedByOneOf(c, set.Roots) {
+			set.Cross = append(set.Cross, c)
+		}
+	}
 	if rows == nil {
 		for _, role := range caRoles {
 			if i := s.ca.Issuers[role]; i != nil {
@@ -51,6 +62,9 @@ func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
 		c, err := x509.ParseCertificate(r.CertDER)
 		if err != nil {
 			continue // load refused the whole read already
+		}
+		if !signedByOneOf(c, set.Roots) {
+			continue // a root no longer trusted's (above)
 		}
 		set.Intermediates = append(set.Intermediates, c)
 	}

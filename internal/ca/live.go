@@ -21,6 +21,11 @@ type Intermediates struct {
 	// start, so the first leaf it signs once active never names a list
 	// that is not served.
 	Prepared map[Role][]*Issuer
+	// Distrusted are the intermediates still retiring in the store under
+	// a root no longer trusted (a root rotation's old root, from standby
+	// on): they sign nothing and their leaves are refused; a refusal of
+	// one of their leaves says why and what to do.
+	Distrusted []*x509.Certificate
 }
 
 // live holds the current *Intermediates of a hierarchy; nil until the

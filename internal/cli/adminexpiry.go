@@ -14,8 +14,10 @@ const operatorWarnAhead = 7 * 24 * time.Hour
 // expiryWarning is the line an admin command prints to standard error
 // about the operator identity it uses, or "" while it is far from expiry.
 // An identity that has expired cannot renew itself: the line names the
-// break-glass command instead.
-func expiryWarning(path string, id *identity.Identity, name string, now time.Time) string {
+// break-glass command instead. renewArgs are the flags that found this
+// identity (adminFlags.renewArgs), so the renewal it names renews this
+// file and not the data directory's operator.pem.
+func expiryWarning(path string, id *identity.Identity, name, renewArgs string, now time.Time) string {
 	notAfter := id.Leaf().NotAfter
 	switch left := notAfter.Sub(now); {
 	case left <= 0:
@@ -23,14 +25,14 @@ func expiryWarning(path string, id *identity.Identity, name string, now time.Tim
 			path, name, notAfter.UTC().Format(time.RFC3339), name)
 	case left <= operatorWarnAhead:
 		return fmt.Sprintf("warning: the operator identity %s (%s) expires at %s, in %s; renew it with muster admin renew",
-			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left))
+			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left)) + renewArgs
 	}
 	return ""
 }
 
 // warnExpiry prints expiryWarning, if any, to standard error.
-func warnExpiry(env *Env, path string, id *identity.Identity, name string, now time.Time) {
-	if w := expiryWarning(path, id, name, now); w != "" {
+func warnExpiry(env *Env, path string, id *identity.Identity, name, renewArgs string, now time.Time) {
+	if w := expiryWarning(path, id, name, renewArgs, now); w != "" {
 		fmt.Fprintf(env.Stderr, "muster: %s\n", w)
 	}
 }

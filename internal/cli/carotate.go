@@ -24,6 +24,7 @@ type caIntermediateJSON struct {
 	NotAfter    time.Time  `json:"not_after"`
 	CreatedAt   *time.Time `json:"created_at,omitempty"`
 	ActivatedAt *time.Time `json:"activated_at,omitempty"`
+	RetiresAt   *time.Time `json:"retires_at,omitempty"`
 }
 
 func caIntermediateOf(c *musterv1.CAIntermediate) *caIntermediateJSON {
@@ -39,6 +40,10 @@ func caIntermediateOf(c *musterv1.CAIntermediate) *caIntermediateJSON {
 	if c.GetActivatedAt() != nil {
 		t := c.GetActivatedAt().AsTime().UTC()
 		j.ActivatedAt = &t
+	}
+	if c.GetRetiresAt() != nil {
+		t := c.GetRetiresAt().AsTime().UTC()
+		j.RetiresAt = &t
 	}
 	return j
 }
@@ -131,7 +136,13 @@ of the last rotation.`,
 				fmt.Fprintf(env.Stdout, "Activated the %s intermediate %s (valid until %s): it signs every new %s certificate from now on.\n",
 					in.GetRole(), in.GetSerial(), in.GetNotAfter().AsTime().UTC().Format(time.RFC3339), in.GetRole())
 				if p := resp.GetPrevious(); p != nil {
-					fmt.Fprintf(env.Stdout, "The previous one, %s, is retiring: it stays in the trust bundle until %s.\n", p.GetSerial(), p.GetNotAfter().AsTime().UTC().Format(time.RFC3339))
+					// An older authority does not say when: the not-after is
+					// the latest it can be.
+					until, by := p.GetRetiresAt(), "once the last certificate it signed has expired"
+					if until == nil {
+						until, by = p.GetNotAfter(), "at the latest"
+					}
+					fmt.Fprintf(env.Stdout, "The previous one, %s, is retiring: it stays in the trust bundle until %s (%s).\n", p.GetSerial(), until.AsTime().UTC().Format(time.RFC3339), by)
 				}
 				return nil
 			}

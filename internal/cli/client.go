@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +44,21 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long to wait for the authority")
 }
 
+// renewArgs are the flags `muster admin renew` needs to renew the identity
+// this command used, at the authority it reached: the ones given on this
+// command line. Without them a pasted `muster admin renew` would renew the
+// data directory's operator.pem, another operator's identity, or find no
+// authority. The variables need nothing: the shell that pastes it has them.
+func (a *adminFlags) renewArgs() string {
+	var b strings.Builder
+	for _, f := range []struct{ name, val string }{{"data", a.data}, {"authority", a.authority}, {"identity", a.identity}} {
+		if f.val != "" {
+			fmt.Fprintf(&b, " --%s %s", f.name, shellQuote(f.val))
+		}
+	}
+	return b.String()
+}
+
 type adminClient struct {
 	musterv1.AdminServiceClient
 	conn *grpc.ClientConn
@@ -67,7 +83,7 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	a.idPath, a.id = idPath, id
 	if !a.quiet {
-		warnExpiry(env, idPath, id, me.Name, time.Now())
+		warnExpiry(env, idPath, id, me.Name, a.renewArgs(), time.Now())
 	}
 	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
 	if addr == "" {

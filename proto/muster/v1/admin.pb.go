@@ -3723,14 +3723,19 @@ func (x *ActivateCAIntermediateRequest) GetSerial() string {
 }
 
 type CAIntermediate struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
-	Serial        string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
-	State         string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	NotBefore     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
-	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	ActivatedAt   *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=activated_at,json=activatedAt,proto3" json:"activated_at,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Role        string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Serial      string                 `protobuf:"bytes,2,opt,name=serial,proto3" json:"serial,omitempty"`
+	State       string                 `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	NotBefore   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=not_before,json=notBefore,proto3" json:"not_before,omitempty"`
+	NotAfter    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	ActivatedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=activated_at,json=activatedAt,proto3" json:"activated_at,omitempty"`
+	// retires_at, for a retiring intermediate, is when it is retired and
+	// leaves the trust bundle: once the last leaf it signed has expired
+	// (its role's longest leaf lifetime after it stopped signing), or at
+	// its not_after if sooner.
+	RetiresAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=retires_at,json=retiresAt,proto3" json:"retires_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3810,6 +3815,13 @@ func (x *CAIntermediate) GetCreatedAt() *timestamppb.Timestamp {
 func (x *CAIntermediate) GetActivatedAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ActivatedAt
+	}
+	return nil
+}
+
+func (x *CAIntermediate) GetRetiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RetiresAt
 	}
 	return nil
 }
@@ -4278,7 +4290,7 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0fcertificate_der\x18\x04 \x01(\fR\x0ecertificateDer\"K\n" +
 	"\x1dActivateCAIntermediateRequest\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
-	"\x06serial\x18\x02 \x01(\tR\x06serial\"\xc0\x02\n" +
+	"\x06serial\x18\x02 \x01(\tR\x06serial\"\xfb\x02\n" +
 	"\x0eCAIntermediate\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12\x16\n" +
 	"\x06serial\x18\x02 \x01(\tR\x06serial\x12\x14\n" +
@@ -4288,7 +4300,9 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\tnot_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\x129\n" +
 	"\n" +
 	"created_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12=\n" +
-	"\factivated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\"\x8e\x01\n" +
+	"\factivated_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\vactivatedAt\x129\n" +
+	"\n" +
+	"retires_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tretiresAt\"\x8e\x01\n" +
 	"\x16CAIntermediateResponse\x12=\n" +
 	"\fintermediate\x18\x01 \x01(\v2\x19.muster.v1.CAIntermediateR\fintermediate\x125\n" +
 	"\bprevious\x18\x02 \x01(\v2\x19.muster.v1.CAIntermediateR\bprevious\"\x15\n" +
@@ -4514,92 +4528,93 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	63,  // 62: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
 	63,  // 63: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
 	63,  // 64: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
-	57,  // 65: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
-	57,  // 66: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
-	63,  // 67: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
-	0,   // 68: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,   // 69: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,   // 70: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	52,  // 71: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
-	8,   // 72: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10,  // 73: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12,  // 74: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24,  // 75: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26,  // 76: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28,  // 77: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30,  // 78: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22,  // 79: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35,  // 80: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37,  // 81: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39,  // 82: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42,  // 83: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44,  // 84: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	66,  // 85: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	67,  // 86: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	68,  // 87: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	69,  // 88: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	70,  // 89: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	71,  // 90: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	72,  // 91: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
-	73,  // 92: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
-	74,  // 93: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
-	75,  // 94: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
-	76,  // 95: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
-	77,  // 96: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15,  // 97: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17,  // 98: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47,  // 99: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48,  // 100: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50,  // 101: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	78,  // 102: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	53,  // 103: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
-	55,  // 104: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
-	56,  // 105: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
-	59,  // 106: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
-	1,   // 107: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,   // 108: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,   // 109: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,   // 110: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,   // 111: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11,  // 112: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13,  // 113: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25,  // 114: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27,  // 115: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29,  // 116: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31,  // 117: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23,  // 118: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36,  // 119: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38,  // 120: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40,  // 121: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43,  // 122: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45,  // 123: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	79,  // 124: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	80,  // 125: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 126: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 127: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 128: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 129: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	81,  // 130: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
-	82,  // 131: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
-	81,  // 132: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
-	81,  // 133: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
-	81,  // 134: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
-	83,  // 135: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16,  // 136: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18,  // 137: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49,  // 138: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49,  // 139: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51,  // 140: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	84,  // 141: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	54,  // 142: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
-	58,  // 143: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	58,  // 144: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	60,  // 145: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
-	107, // [107:146] is the sub-list for method output_type
-	68,  // [68:107] is the sub-list for method input_type
-	68,  // [68:68] is the sub-list for extension type_name
-	68,  // [68:68] is the sub-list for extension extendee
-	0,   // [0:68] is the sub-list for field type_name
+	63,  // 65: muster.v1.CAIntermediate.retires_at:type_name -> google.protobuf.Timestamp
+	57,  // 66: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
+	57,  // 67: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
+	63,  // 68: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
+	0,   // 69: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,   // 70: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,   // 71: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52,  // 72: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,   // 73: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10,  // 74: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12,  // 75: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24,  // 76: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26,  // 77: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28,  // 78: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30,  // 79: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22,  // 80: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35,  // 81: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37,  // 82: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39,  // 83: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42,  // 84: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44,  // 85: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	66,  // 86: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	67,  // 87: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	68,  // 88: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	69,  // 89: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	70,  // 90: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	71,  // 91: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	72,  // 92: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	73,  // 93: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	74,  // 94: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	75,  // 95: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	76,  // 96: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	77,  // 97: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 98: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 99: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 100: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 101: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 102: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	78,  // 103: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 104: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 105: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 106: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	59,  // 107: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
+	1,   // 108: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 109: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 110: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 111: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 112: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 113: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 114: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 115: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 116: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 117: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 118: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 119: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 120: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 121: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 122: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 123: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 124: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	79,  // 125: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	80,  // 126: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 127: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 128: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 129: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 130: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	81,  // 131: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	82,  // 132: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	81,  // 133: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	81,  // 134: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	81,  // 135: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	83,  // 136: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 137: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 138: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 139: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 140: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 141: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	84,  // 142: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 143: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 144: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 145: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	60,  // 146: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
+	108, // [108:147] is the sub-list for method output_type
+	69,  // [69:108] is the sub-list for method input_type
+	69,  // [69:69] is the sub-list for extension type_name
+	69,  // [69:69] is the sub-list for extension extendee
+	0,   // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
