@@ -40,6 +40,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/h2window"
+	"github.com/muster-dev/muster/internal/httpserve"
 	"github.com/muster-dev/muster/internal/jwtsvid"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
@@ -645,7 +646,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
-		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = httpserve.NewServer(s.metricsHandler(), httpserve.Default)
 	}
 
 	var crlLis net.Listener
@@ -655,7 +656,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (crl): %w", s.cfg.CRLListen, err)
 		}
 		defer crlLis.Close()
-		crlSrv = &http.Server{Handler: s.relyingPartyHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 8 << 10}
+		crlSrv = httpserve.NewServer(s.relyingPartyHandler(), httpserve.Default)
 	}
 
 	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {

@@ -38,6 +38,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/httpserve"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
@@ -295,7 +296,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
-		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = httpserve.NewServer(s.metricsHandler(), httpserve.Default)
 		ma := metricsLis.Addr().String()
 		s.metricsAddr.Store(&ma)
 	}
