@@ -7,6 +7,7 @@ package authority
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -138,6 +139,11 @@ type Config struct {
 	// and bootstrap listeners hold open at once together, from all sources
 	// (zero: listener.DefaultMaxConns, from the open-file limit).
 	MaxConnections int
+	// CallTimeout is limits.call_timeout: the longest a call may last,
+	// its request and reply included, unless the caller asked for less
+	// or the call bounds itself (limits.go, callDeadline). Zero:
+	// DefaultCallTimeout.
+	CallTimeout time.Duration
 }
 
 // Server is a running authority.
@@ -156,6 +162,8 @@ type Server struct {
 	// conns is limits.max_connections, shared by the api and bootstrap
 	// listeners.
 	conns *listener.Cap
+	// callTimeout is limits.call_timeout (callDeadline).
+	callTimeout time.Duration
 	// shares divide conns among callers once their handshake tells them
 	// apart (connclass.go).
 	shares  *connShares
@@ -261,6 +269,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
+	s.callTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
@@ -571,6 +580,9 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
 		grpc.MaxConcurrentStreams(maxStreams),
+		// And no call lasts longer than limits.call_timeout, unless it
+		// bounds itself: a connection carrying a call is never idle.
+		grpc.InTapHandle(s.callDeadline),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
