@@ -1,12 +1,17 @@
 package discoveryd
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"io"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -83,5 +88,72 @@ func TestCallsEndAtCallTimeout(t *testing.T) {
 	}
 	if found < 2 {
 		t.Errorf("%d refusals audited naming the call timeout, want 2", found)
+	}
+}
+
+// TestStreamsPerConnectionCapped: discovery advertises, and holds to, 100
+// calls at once per connection: the 101st open call is reset (a client
+// that read the advertised setting never sends it). Before, net/http's default let each connection carry
+// 250, each a handler and its goroutines.
+func TestStreamsPerConnectionCapped(t *testing.T) {
+	e := start(t)
+	conn, err := tls.Dial("tcp", e.addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	path := "/" + musterv1.DiscoveryService_ServiceDesc.ServiceName + "/" + musterv1.DiscoveryService_ServiceDesc.Methods[0].MethodName
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, f := range []hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "https"}, {Name: ":path", Value: path},
+		{Name: ":authority", Value: e.addr}, {Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+	} {
+		enc.WriteField(f)
+	}
+	advertised := uint32(0)
+	for advertised == 0 {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sf, ok := f.(*http2.SettingsFrame); ok && !sf.IsAck() {
+			v, _ := sf.Value(http2.SettingMaxConcurrentStreams)
+			advertised = v
+			fr.WriteSettingsAck()
+			if v == 0 {
+				t.Fatal("no SETTINGS_MAX_CONCURRENT_STREAMS advertised")
+			}
+		}
+	}
+	if advertised != MaxStreamsPerConn {
+		t.Errorf("SETTINGS_MAX_CONCURRENT_STREAMS %d, want %d", advertised, MaxStreamsPerConn)
+	}
+	// Open calls, their requests never sent, one past the cap.
+	last := uint32(2*MaxStreamsPerConn + 1)
+	for id := uint32(1); id <= last; id += 2 {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("no reset of call %d past the cap: %v", MaxStreamsPerConn+1, err)
+		}
+		if rst, ok := f.(*http2.RSTStreamFrame); ok {
+			if rst.StreamID != last {
+				t.Fatalf("stream %d reset (%v), want only %d, the call past the cap", rst.StreamID, rst.ErrCode, last)
+			}
+			return
+		}
 	}
 }

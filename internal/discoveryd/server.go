@@ -114,6 +114,9 @@ type Config struct {
 	CallTimeout time.Duration
 }
 
+// MaxStreamsPerConn bounds the calls one connection carries at once.
+const MaxStreamsPerConn = 100
+
 // DefaultCallTimeout is Config.CallTimeout's default. Every call
 // discovery serves answers at once; a health watch or a reflection
 // stream, which would answer for as long as asked, watches again.
@@ -328,7 +331,11 @@ func (s *Server) Run(ctx context.Context) error {
 		// or a reflection stream's, without a status; the handler bounds
 		// reads itself.)
 		WriteTimeout: s.callTimeout + 5*time.Second,
-		ErrorLog:     slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		// As the authority's listeners: at most 100 calls at once on a
+		// connection (net/http's default is 250), each held at most the
+		// call timeout; the connections are capped per source.
+		HTTP2:    &http.HTTP2Config{MaxConcurrentStreams: MaxStreamsPerConn},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 
 	var metricsLis net.Listener
