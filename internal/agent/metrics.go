@@ -150,5 +150,5 @@ func (m *Metrics) Handler() http.Handler {
 
 // Serve serves Handler on lis until ctx ends.
 func (m *Metrics) Serve(ctx context.Context, lis net.Listener) error {
-	return httpserve.Serve(ctx, lis, m.Handler())
+	return httpserve.Serve(ctx, lis, httpserve.NewServer(m.Handler(), httpserve.Default))
 }

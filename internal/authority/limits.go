@@ -1,10 +1,17 @@
 package authority
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/tap"
+
 	"github.com/muster-dev/muster/internal/listener"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // The unauthenticated RPCs allow each source a burst of 20 requests and 5
@@ -44,4 +51,52 @@ func openFileLimit() string {
 		return strconv.FormatUint(n, 10)
 	}
 	return "unknown"
+}
+
+// DefaultCallTimeout is limits.call_timeout's default: longer than any
+// call muster's own clients make (the admin CLI waits 30 s by default; a
+// root rotation's update_servers waits up to 30 s for the intermediates).
+const DefaultCallTimeout = time.Minute
+
+// errCallTimeout is the cause of a call's context ended by callDeadline.
+var errCallTimeout = errors.New("the call lasted longer than limits.call_timeout")
+
+// selfBounded are the calls that bound their own time, so callDeadline
+// leaves them be: an agent's stream lasts until its certificate expires,
+// one per identity, and a send to it waits at most streamSendTimeout; a
+// bound-keypair join waits for each answer at most a challenge's
+// lifetime, and lasts that and 10 s in all (join.go); a health watch
+// lasts healthWatchFor, 64 at once (health.go).
+var selfBounded = map[string]bool{
+	musterv1.AgentService_Connect_FullMethodName:                  true,
+	musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName: true,
+	healthpb.Health_Watch_FullMethodName:                          true,
+}
+
+// callDeadline (gRPC's InTapHandle, run as a call's headers arrive) gives
+// every call but the selfBounded ones a deadline of limits.call_timeout
+// when its caller gave none or a later one. A connection carrying a call
+// is never idle (idleTimeout), and gRPC reads a unary request whole
+// before any interceptor or handler sees it, so without it a call whose
+// request never came (or a reflection stream, which answers for as long
+// as it is asked) held its place among the connection's maxStreams, and
+// the connection, for good. The stream's reads and writes end with the
+// context: the call is answered DEADLINE_EXCEEDED and its refusal
+// audited, with the method and source.
+func (s *Server) callDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if selfBounded[info.FullMethodName] {
+		return ctx, nil
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
+		return ctx, nil
+	}
+	// Released with the stream: gRPC cancels the parent when it ends.
+	ctx, cancel := context.WithTimeoutCause(ctx, s.callTimeout, errCallTimeout)
+	context.AfterFunc(ctx, func() {
+		defer cancel()
+		if context.Cause(ctx) == errCallTimeout {
+			s.refuseUnread(ctx, info.FullMethodName, fmt.Sprintf("%v (%s): send the request whole and read the reply within it, or raise limits.call_timeout", errCallTimeout, s.callTimeout))
+		}
+	})
+	return ctx, nil
 }

@@ -7,6 +7,7 @@ package authority
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -40,6 +41,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/h2window"
+	"github.com/muster-dev/muster/internal/httpserve"
 	"github.com/muster-dev/muster/internal/jwtsvid"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
@@ -137,6 +139,11 @@ type Config struct {
 	// and bootstrap listeners hold open at once together, from all sources
 	// (zero: listener.DefaultMaxConns, from the open-file limit).
 	MaxConnections int
+	// CallTimeout is limits.call_timeout: the longest a call may last,
+	// its request and reply included, unless the caller asked for less
+	// or the call bounds itself (limits.go, callDeadline). Zero:
+	// DefaultCallTimeout.
+	CallTimeout time.Duration
 }
 
 // Server is a running authority.
@@ -155,6 +162,8 @@ type Server struct {
 	// conns is limits.max_connections, shared by the api and bootstrap
 	// listeners.
 	conns *listener.Cap
+	// callTimeout is limits.call_timeout (callDeadline).
+	callTimeout time.Duration
 	// shares divide conns among callers once their handshake tells them
 	// apart (connclass.go).
 	shares  *connShares
@@ -260,6 +269,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
+	s.callTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
@@ -570,6 +580,9 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
 		grpc.MaxConcurrentStreams(maxStreams),
+		// And no call lasts longer than limits.call_timeout, unless it
+		// bounds itself: a connection carrying a call is never idle.
+		grpc.InTapHandle(s.callDeadline),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
@@ -645,7 +658,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
-		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = httpserve.NewServer(s.metricsHandler(), httpserve.Default)
 	}
 
 	var crlLis net.Listener
@@ -655,7 +668,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("authority: cannot listen on %s (crl): %w", s.cfg.CRLListen, err)
 		}
 		defer crlLis.Close()
-		crlSrv = &http.Server{Handler: s.relyingPartyHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: 8 << 10}
+		crlSrv = httpserve.NewServer(s.relyingPartyHandler(), httpserve.Default)
 	}
 
 	if err := s.cfg.Dir.WriteAddress(datadir.Address{Address: advertise, AuthorityID: s.info.AuthorityID, PID: os.Getpid()}); err != nil {

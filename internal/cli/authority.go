@@ -90,6 +90,8 @@ type authorityConfig struct {
 		// MaxConnections: nil or 0 keeps the default (from the open-file
 		// limit).
 		MaxConnections *int `yaml:"max_connections"`
+		// CallTimeout: empty keeps the default (1m).
+		CallTimeout string `yaml:"call_timeout"`
 	} `yaml:"limits"`
 }
 
@@ -169,12 +171,14 @@ type authorityOptions struct {
 	recoveriesWarnAt int64
 	// maxConnections is limits.max_connections; 0 means the default.
 	maxConnections int
+	// callTimeout is limits.call_timeout.
+	callTimeout time.Duration
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
 	var jwtPeriod string
-	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity string
+	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity, callTimeout string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -257,6 +261,10 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.maxConnections < 0 {
 				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
 			}
+			pick(&callTimeout, "call-timeout", cfg.Limits.CallTimeout)
+			if o.callTimeout, err = time.ParseDuration(callTimeout); err != nil || o.callTimeout < time.Second {
+				return fmt.Errorf("authority: limits.call_timeout %q: want a duration of at least 1s, such as 1m", callTimeout)
+			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
 				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
@@ -313,6 +321,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
+	fl.StringVar(&callTimeout, "call-timeout", authority.DefaultCallTimeout.String(), "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
 	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
 	registerPprofFlag(cmd, &o.pprofListen)
@@ -562,6 +571,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		RecoveriesWarnAt:    o.recoveriesWarnAt,
 		BoundKeypairCertTTL: o.boundCertTTL,
 		MaxConnections:      o.maxConnections,
+		CallTimeout:         o.callTimeout,
 		CRLListen:           o.crlListen,
 		CRLURL:              o.crlURL,
 		CRLValidity:         o.crlValidity,

@@ -47,6 +47,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 		limit += " (default: the open-file limit less 256, at least half of it)"
 	}
 	row("limits.max_connections", limit)
+	row("limits.call_timeout", o.callTimeout.String())
 	// The cap's default comes from the open-file limit of the process that
 	// reads it: this command's, here, which a service manager may set
 	// otherwise for the authority it starts.

@@ -15,6 +15,7 @@
 package discoveryd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -38,6 +40,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/httpserve"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
@@ -105,6 +108,38 @@ type Config struct {
 	// neither, every registration is refused (discovery.Allowlist).
 	AllowedAuthorities []discovery.AllowEntry
 	OpenRegistration   bool
+	// CallTimeout is the longest a gRPC call may last, its request and
+	// reply included, unless its caller asks for less (zero:
+	// DefaultCallTimeout).
+	CallTimeout time.Duration
+}
+
+// MaxStreamsPerConn bounds the calls one connection carries at once.
+const MaxStreamsPerConn = 100
+
+// DefaultCallTimeout is Config.CallTimeout's default. Every call
+// discovery serves answers at once; a health watch or a reflection
+// stream, which would answer for as long as asked, watches again.
+const DefaultCallTimeout = time.Minute
+
+// errCallTimeout is the reason a call ended at CallTimeout is audited with.
+var errCallTimeout = errors.New("the call lasted longer than discovery's call timeout")
+
+// grpcTimeout reads a grpc-timeout header: up to 8 digits and a unit
+// (gRPC over HTTP/2, "Timeout").
+func grpcTimeout(v string) (time.Duration, bool) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	unit := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second, 'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}[v[len(v)-1]]
+	if unit == 0 {
+		return 0, false
+	}
+	return time.Duration(n) * unit, true
 }
 
 // Server is a discovery service.
@@ -133,6 +168,8 @@ type Server struct {
 	allow *discovery.Allowlist
 	grpc  *grpc.Server
 	now   func() time.Time
+	// callTimeout is Config.CallTimeout (handler).
+	callTimeout time.Duration
 
 	addr        atomic.Pointer[string]
 	issuer      atomic.Pointer[string]
@@ -184,6 +221,7 @@ func New(cfg Config) (*Server, error) {
 		policies:    newPolicyCache(),
 		allow:       allow,
 		now:         time.Now,
+		callTimeout: cmp.Or(cfg.CallTimeout, DefaultCallTimeout),
 	}
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
 		return nil, err
@@ -285,7 +323,19 @@ func (s *Server) Run(ctx context.Context) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       5 * time.Minute,
 		MaxHeaderBytes:    MaxRequestSize,
-		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+		// An answer (over HTTP/2, each call's) must be taken within the
+		// call timeout: a gRPC call whose caller stops reading is blocked
+		// in a write the call's context cannot end, and is reset a little
+		// after the handler's deadline. (Not ReadTimeout: over HTTP/2 it
+		// resets a stream whose caller has not closed its side, a watch's
+		// or a reflection stream's, without a status; the handler bounds
+		// reads itself.)
+		WriteTimeout: s.callTimeout + 5*time.Second,
+		// As the authority's listeners: at most 100 calls at once on a
+		// connection (net/http's default is 250), each held at most the
+		// call timeout; the connections are capped per source.
+		HTTP2:    &http.HTTP2Config{MaxConcurrentStreams: MaxStreamsPerConn},
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
 
 	var metricsLis net.Listener
@@ -295,7 +345,7 @@ func (s *Server) Run(ctx context.Context) error {
 			return fmt.Errorf("discoveryd: cannot listen on %s (metrics): %w", s.cfg.MetricsListen, err)
 		}
 		defer metricsLis.Close()
-		metricsSrv = &http.Server{Handler: s.metricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+		metricsSrv = httpserve.NewServer(s.metricsHandler(), httpserve.Default)
 		ma := metricsLis.Addr().String()
 		s.metricsAddr.Store(&ma)
 	}
@@ -377,9 +427,31 @@ func (s *Server) handler() http.Handler {
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			// A connection carrying a call is never idle: a call whose
+			// request never comes, or a stream that answers for as long
+			// as it is asked, ends at the call timeout, set as the call's
+			// own (grpc-timeout) where the caller gave none or a later
+			// one, so gRPC ends it with its status.
+			ours := false
+			if d, ok := grpcTimeout(r.Header.Get("grpc-timeout")); !ok || d > s.callTimeout {
+				r.Header.Set("grpc-timeout", strconv.FormatInt(s.callTimeout.Milliseconds(), 10)+"m")
+				ours = true
+			}
+			start := time.Now()
 			s.grpc.ServeHTTP(w, r)
+			if ours && time.Since(start) >= s.callTimeout {
+				c := call{method: r.URL.Path}
+				if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+					c.source = ap.Addr().Unmap()
+				}
+				s.refusals.Record(r.Context(), audit.Event{Actor: "anonymous", Action: "api.access", Target: c.method, Result: audit.ResultDenied,
+					Reason: fmt.Sprintf("%v (%s): send the request whole and read the reply within it", errCallTimeout, s.callTimeout), Source: c.src()})
+			}
 			return
 		}
+		// The body, which no handler here reads, too: the server reads
+		// what is left of it after the handler, up to 256 KiB.
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(s.callTimeout))
 		r.Body = http.MaxBytesReader(w, r.Body, MaxRequestSize)
 		mux.ServeHTTP(w, r)
 	})

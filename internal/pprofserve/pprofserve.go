@@ -69,7 +69,8 @@ func Handler() http.Handler {
 
 // Serve serves Handler on lis until ctx ends.
 func Serve(ctx context.Context, lis net.Listener) error {
-	// No write timeout: a CPU profile or trace streams for as long as the
-	// caller's ?seconds= asks.
-	return httpserve.Serve(ctx, lis, Handler())
+	// Streaming: a CPU profile or trace streams for as long as the
+	// caller's ?seconds= asks, so neither the request nor the answer is
+	// bounded; an idle connection still is.
+	return httpserve.Serve(ctx, lis, httpserve.NewServer(Handler(), httpserve.Streaming))
 }

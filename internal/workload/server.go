@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // Limits of one server, defaults where zero.
@@ -26,6 +27,10 @@ const (
 	DefaultMaxStreamsPerUID = 32
 	DefaultSendTimeout      = 10 * time.Second
 	DefaultMaxConnsPerUID   = 16
+	// DefaultCallTimeout bounds a unary call (FetchJWTSVID,
+	// ValidateJWTSVID), its request and reply included: longer than the
+	// agent's own call to the authority a JWT-SVID waits for (30 s).
+	DefaultCallTimeout = time.Minute
 	// maxRecvMsg bounds a request: the largest is a JWT to validate.
 	maxRecvMsg = 64 << 10
 	// maxStreamsPerConn bounds the streams one connection multiplexes.
@@ -54,6 +59,10 @@ type Config struct {
 	// place among its UID's streams for as long as it stays connected.
 	// Zero is DefaultSendTimeout.
 	SendTimeout time.Duration
+	// CallTimeout bounds a unary call, its request and reply included
+	// (zero: DefaultCallTimeout); the streams are bounded by
+	// MaxStreamsPerUID and SendTimeout instead.
+	CallTimeout time.Duration
 	Log         *slog.Logger
 	// Registerer, if set, receives the server's metrics.
 	Registerer prometheus.Registerer
@@ -99,13 +108,16 @@ func NewServer(src *Source, cfg Config) *Server {
 	if cfg.MaxConnsPerUID <= 0 {
 		cfg.MaxConnsPerUID = DefaultMaxConnsPerUID
 	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = DefaultCallTimeout
+	}
 	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{},
 		// A refused local user must not flood the log: the counter
 		// counts every refusal, the log shows a few a second.
 		logLimit: rate.NewLimiter(rate.Every(time.Second), 10),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_agent_workload_api_refusals_total",
-			Help: "Workload API calls and connections refused, by reason (uid_not_allowed, no_peer_credentials, missing_header, too_many_streams, too_many_connections).",
+			Help: "Workload API calls and connections refused, by reason (uid_not_allowed, no_peer_credentials, missing_header, too_many_streams, too_many_connections, call_timeout).",
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_agent_workload_api_streams",
@@ -115,7 +127,7 @@ func NewServer(src *Source, cfg Config) *Server {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	for _, r := range []string{"uid_not_allowed", "no_peer_credentials", "missing_header", "too_many_streams", "too_many_connections"} {
+	for _, r := range []string{"uid_not_allowed", "no_peer_credentials", "missing_header", "too_many_streams", "too_many_connections", "call_timeout"} {
 		s.refusals.WithLabelValues(r)
 	}
 	if cfg.Registerer != nil {
@@ -147,6 +159,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsg),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.ConnectionTimeout(10*time.Second),
+		grpc.InTapHandle(s.callDeadline),
 	)
 	workloadpb.RegisterSpiffeWorkloadAPIServer(g, s)
 	done := make(chan error, 1)
@@ -160,6 +173,40 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	case err := <-done:
 		return err
 	}
+}
+
+// unaryMethods are the API's unary calls, which callDeadline bounds.
+var unaryMethods = func() map[string]bool {
+	m := map[string]bool{}
+	for _, d := range workloadpb.SpiffeWorkloadAPI_ServiceDesc.Methods {
+		m["/"+workloadpb.SpiffeWorkloadAPI_ServiceDesc.ServiceName+"/"+d.MethodName] = true
+	}
+	return m
+}()
+
+var errCallTimeout = errors.New("the call lasted longer than the call timeout")
+
+// callDeadline (gRPC's InTapHandle) gives a unary call Config.CallTimeout
+// where its caller gave none or a later one: gRPC reads a unary request
+// whole before any interceptor sees it, so a call whose request never
+// came was held, uncounted among its UID's streams, for as long as its
+// connection lasted.
+func (s *Server) callDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if !unaryMethods[info.FullMethodName] {
+		return ctx, nil
+	}
+	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.cfg.CallTimeout {
+		return ctx, nil
+	}
+	// Released with the stream: gRPC cancels the parent when it ends.
+	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.CallTimeout, errCallTimeout)
+	context.AfterFunc(ctx, func() {
+		defer cancel()
+		if context.Cause(ctx) == errCallTimeout {
+			s.refused("call_timeout", nil, fmt.Errorf("%s: %w (%s): send the request whole and read the reply within it", info.FullMethodName, errCallTimeout, s.cfg.CallTimeout))
+		}
+	})
+	return ctx, nil
 }
 
 // admit checks the caller's credentials and the required metadata.
