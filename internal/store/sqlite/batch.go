@@ -283,7 +283,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 		return 0, false, wrap("begin", err)
 	}
 	defer sqlTx.Rollback() // after a panic; a no-op once committed or rolled back
-	tx := &writeTx{Tx: sqlTx, cache: s.wstmts}
+	tx := newWriteTx(sqlTx, s.wstmts)
 	ran := false
 	for i, op := range todo {
 		if err := op.ctx.Err(); err != nil {

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -648,5 +649,45 @@ func TestBatchGoexit(t *testing.T) {
 	}
 	if got := batchRows(t, s); fmt.Sprint(got) != "[held z]" {
 		t.Fatalf("rows %v, want [held z]", got)
+	}
+}
+
+// TestWriteTxStmtKept: the writes of a batch that run the same cached
+// statement share the transaction's one handle of it, and it still runs
+// after a failed write's rollback to its savepoint and in the
+// transaction run again.
+func TestWriteTxStmtKept(t *testing.T) {
+	s := openWithRows(t)
+	ctx := t.Context()
+	// The statement is prepared between transactions, once seen in one.
+	if errs := batchOf(s, ctx, insertRow("p", new(int), nil)); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	s.wstmts.preparePending(ctx)
+	var handles []*sql.Stmt
+	fail := errors.New("fails after writing")
+	write := func(id string, fail error) func(ctx context.Context, tx *writeTx) error {
+		return func(ctx context.Context, tx *writeTx) error {
+			if err := insertRow(id, new(int), fail)(ctx, tx); err != nil {
+				return err
+			}
+			handles = append(handles, tx.stmts[0].st)
+			if len(tx.stmts) != 1 {
+				t.Errorf("%s: %d statement handles, want 1", id, len(tx.stmts))
+			}
+			return nil
+		}
+	}
+	errs := batchOf(s, ctx, write("a", nil), write("b", fail), write("c", nil))
+	if errs[0] != nil || !errors.Is(errs[1], fail) || errs[2] != nil {
+		t.Fatalf("answers %v, want nil, %v, nil", errs, fail)
+	}
+	// a ran in the first transaction, which rolled back at b; then a, b
+	// (rolled back to its savepoint) and c in the second, on its one handle.
+	if len(handles) != 3 || handles[1] != handles[2] || handles[0] == handles[1] {
+		t.Errorf("handles %v: want one for the first transaction, one for the second", handles)
+	}
+	if got := fmt.Sprint(batchRows(t, s)); got != "[a c p]" {
+		t.Fatalf("rows %s, want [a c p]", got)
 	}
 }
