@@ -198,7 +198,7 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 	targets := store.Named(r.LockTargets)
 	args := make([]any, 0, 6+2*len(targets))
 	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration)
-	args = append(args, lockArgs(targets)...)
+	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
 	// are filled from r: the chain PEM is not copied back out of SQLite.
 	// Nor does it bring the three its WHERE fixed (the id, the state, the
