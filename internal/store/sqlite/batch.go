@@ -64,7 +64,7 @@ type writePanic struct {
 }
 
 func (p *writePanic) Error() string {
-	return fmt.Sprintf("%v\n\nsqlite: the write panicked in a store write's fn, here:\n%s", p.value, p.stack)
+	return fmt.Sprintf("%v\n\nsqlite: where the store write's fn panicked:\n%s", p.value, p.stack)
 }
 
 // Unwrap returns the value fn panicked with if it is an error.
