@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 )
 
@@ -47,8 +48,30 @@ const maxBatch = 64
 var errLead = errors.New("sqlite: lead the next batch")
 
 // errWritePanicked is a write's answer when its fn panicked; its caller
-// then panics again with what fn panicked with.
+// then panics again with a *writePanic.
 var errWritePanicked = errors.New("sqlite: the write panicked")
+
+// writePanic is what a write's caller panics with when its fn panicked:
+// the value fn panicked with and the stack where it did. fn may have run
+// in another caller's goroutine (the batch's leader), and even in the
+// caller's own the panic is recovered and raised again, so the stack of
+// the caller's panic does not show where fn panicked; its message does
+// (the runtime prints an error's message for an unrecovered panic, and
+// the authority logs a recovered one's).
+type writePanic struct {
+	value any
+	stack []byte
+}
+
+func (p *writePanic) Error() string {
+	return fmt.Sprintf("%v\n\nsqlite: where the store write's fn panicked:\n%s", p.value, p.stack)
+}
+
+// Unwrap returns the value fn panicked with if it is an error.
+func (p *writePanic) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
+}
 
 type writeOp struct {
 	ctx context.Context
@@ -58,7 +81,7 @@ type writeOp struct {
 	alone bool
 	err   error
 	// panicked is what fn's last run panicked with, if it did.
-	panicked any
+	panicked *writePanic
 	// lead is set, under writeMu, when the write's caller is chosen to lead
 	// the next batch: it stays in the queue until that batch takes it.
 	lead bool
@@ -72,7 +95,8 @@ type writeOp struct {
 // only the last run's writes and results count. It runs with a context
 // that is not cancelled midway, as interrupting a statement would roll
 // back the whole shared transaction. It may run in another caller's
-// goroutine; if it panics, write panics with the same value.
+// goroutine; if it panics, write panics with a *writePanic holding the
+// value and the stack where fn panicked.
 func (s *SQLite) write(ctx context.Context, fn func(ctx context.Context, tx *writeTx) error) error {
 	return s.submit(&writeOp{ctx: ctx, fn: fn, done: make(chan error, 1)})
 }
@@ -106,7 +130,7 @@ func (s *SQLite) submit(op *writeOp) error {
 }
 
 // answer returns a write's answer err to its caller, panicking again if its
-// fn panicked.
+// fn panicked (with a *writePanic, which carries fn's stack).
 func (op *writeOp) answer(err error) error {
 	if op.panicked != nil {
 		panic(op.panicked)
@@ -259,7 +283,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 		return 0, false, wrap("begin", err)
 	}
 	defer sqlTx.Rollback() // after a panic; a no-op once committed or rolled back
-	tx := &writeTx{Tx: sqlTx, cache: s.wstmts}
+	tx := newWriteTx(sqlTx, s.wstmts)
 	ran := false
 	for i, op := range todo {
 		if err := op.ctx.Err(); err != nil {
@@ -304,7 +328,7 @@ func (op *writeOp) run(tx *writeTx) (err error) {
 	op.panicked = nil
 	defer func() {
 		if r := recover(); r != nil {
-			op.panicked, err = r, errWritePanicked
+			op.panicked, err = &writePanic{value: r, stack: debug.Stack()}, errWritePanicked
 		}
 	}()
 	return op.fn(context.WithoutCancel(op.ctx), tx)

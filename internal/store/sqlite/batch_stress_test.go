@@ -142,7 +142,7 @@ func TestBatchStress(t *testing.T) {
 					return nil
 				}
 				func() {
-					defer func() { o.panicked = recover() }()
+					defer func() { o.panicked = panicValue(recover()) }()
 					if p.alone {
 						o.err = s.writeAlone(ctx, fn)
 					} else {

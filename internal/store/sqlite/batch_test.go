@@ -2,11 +2,13 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,7 +401,7 @@ func TestBatchPanic(t *testing.T) {
 	write := func(fn func(ctx context.Context, tx *writeTx) error) <-chan any {
 		c := make(chan any, 1)
 		go func() {
-			defer func() { c <- recover() }()
+			defer func() { c <- panicValue(recover()) }()
 			if err := s.write(context.Background(), fn); err != nil {
 				c <- err
 			}
@@ -446,6 +448,65 @@ func TestBatchPanic(t *testing.T) {
 	}
 	if got := batchRows(t, s); fmt.Sprint(got) != "[a c e held]" {
 		t.Fatalf("rows %v, want [a c e held]", got)
+	}
+}
+
+// panicValue is the value a write's fn panicked with, from what its
+// caller recovered (a *writePanic), or r itself if it is not one.
+func panicValue(r any) any {
+	if p, ok := r.(*writePanic); ok {
+		return p.value
+	}
+	return r
+}
+
+// panicInWrite is a write's fn that panics, under a name its stack shows.
+//
+//go:noinline
+func panicInWrite(ctx context.Context, tx *writeTx) error {
+	panic("boom in panicInWrite")
+}
+
+// TestBatchPanicStack: the panic a write's caller raises when its fn
+// panicked, in the leader's goroutine or its own, says where fn panicked:
+// its message holds fn's stack (the caller's own stack does not).
+func TestBatchPanicStack(t *testing.T) {
+	s := openWithRows(t)
+	release := make(chan struct{})
+	held := holdWriter(t, s, release)
+	write := func() <-chan any {
+		c := make(chan any, 1)
+		go func() {
+			defer func() { c <- recover() }()
+			c <- s.write(context.Background(), panicInWrite)
+		}()
+		return c
+	}
+	leader := make(chan error, 1)
+	go func() { leader <- s.write(context.Background(), insertRow("a", new(int), nil)) }()
+	waitQueued(t, s, 1)
+	follower := write() // run by the leader's goroutine, in its batch
+	waitQueued(t, s, 2)
+	close(release)
+	for _, err := range []error{within(t, held, "held"), within(t, leader, "leader")} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range []<-chan any{follower, write() /* leads alone */} {
+		var got any
+		select {
+		case got = <-c:
+		case <-time.After(10 * time.Second):
+			t.Fatal("no answer")
+		}
+		msg := fmt.Sprint(got)
+		if !strings.Contains(msg, "boom in panicInWrite") || !strings.Contains(msg, "sqlite.panicInWrite(") {
+			t.Errorf("write %d: its caller panicked with %q, want the value and panicInWrite's frame", i, msg)
+		}
+		if panicValue(got) != "boom in panicInWrite" {
+			t.Errorf("write %d: panic value %v", i, panicValue(got))
+		}
 	}
 }
 
@@ -588,5 +649,45 @@ func TestBatchGoexit(t *testing.T) {
 	}
 	if got := batchRows(t, s); fmt.Sprint(got) != "[held z]" {
 		t.Fatalf("rows %v, want [held z]", got)
+	}
+}
+
+// TestWriteTxStmtKept: the writes of a batch that run the same cached
+// statement share the transaction's one handle of it, and it still runs
+// after a failed write's rollback to its savepoint and in the
+// transaction run again.
+func TestWriteTxStmtKept(t *testing.T) {
+	s := openWithRows(t)
+	ctx := t.Context()
+	// The statement is prepared between transactions, once seen in one.
+	if errs := batchOf(s, ctx, insertRow("p", new(int), nil)); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	s.wstmts.preparePending(ctx)
+	var handles []*sql.Stmt
+	fail := errors.New("fails after writing")
+	write := func(id string, fail error) func(ctx context.Context, tx *writeTx) error {
+		return func(ctx context.Context, tx *writeTx) error {
+			if err := insertRow(id, new(int), fail)(ctx, tx); err != nil {
+				return err
+			}
+			handles = append(handles, tx.stmts[0].st)
+			if len(tx.stmts) != 1 {
+				t.Errorf("%s: %d statement handles, want 1", id, len(tx.stmts))
+			}
+			return nil
+		}
+	}
+	errs := batchOf(s, ctx, write("a", nil), write("b", fail), write("c", nil))
+	if errs[0] != nil || !errors.Is(errs[1], fail) || errs[2] != nil {
+		t.Fatalf("answers %v, want nil, %v, nil", errs, fail)
+	}
+	// a ran in the first transaction, which rolled back at b; then a, b
+	// (rolled back to its savepoint) and c in the second, on its one handle.
+	if len(handles) != 3 || handles[1] != handles[2] || handles[0] == handles[1] {
+		t.Errorf("handles %v: want one for the first transaction, one for the second", handles)
+	}
+	if got := fmt.Sprint(batchRows(t, s)); got != "[a c p]" {
+		t.Fatalf("rows %s, want [a c p]", got)
 	}
 }

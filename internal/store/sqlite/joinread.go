@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -84,17 +86,27 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 		args = append(args, k)
 	}
 	var r store.RenewalRead
-	raw := make([]any, renewalColumns)
-	dst := make([]any, len(raw))
-	for i := range raw {
-		dst[i] = &raw[i]
-	}
-	err := s.r.lookup(ctx, renewalQuery(len(keys)), args...).Scan(dst...)
+	row := renewalRows.Get().(*renewalRow)
+	defer row.put()
+	raw := row.raw
+	err := s.r.lookup(ctx, renewalQuery(len(keys)), args...).Scan(row.dst...)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return store.RenewalRead{}, nil
 	case err != nil:
 		return store.RenewalRead{}, wrap("read renewal "+serial, err)
+	}
+	// The columns not selected (renewalOmitted), each equal to one that
+	// is: the record's serial is ?1, and a joined instance's and node's
+	// ids are the record's instance_id and node_id (the join's
+	// conditions; TEXT columns compared byte for byte). A LEFT JOIN that
+	// found no row leaves them NULL, as its other columns.
+	raw[certSerialColumn] = serial
+	if raw[instanceIDColumn+1] != nil { // node_id, NOT NULL in the table
+		raw[instanceIDColumn] = raw[certInstanceIDColumn]
+	}
+	if raw[nodeIDColumn+1] != nil { // join_method, NOT NULL in the table
+		raw[nodeIDColumn] = raw[certNodeIDColumn]
 	}
 	v := values(raw)
 	if r.Certificate, err = scanCertificate(v.next(certificateColumnCount)); err != nil {
@@ -136,6 +148,49 @@ var (
 	renewalColumns         = certificateColumnCount + instanceColumnCount + nodeColumnCount + lockColumnCount + 2
 )
 
+// The columns of ReadRenewal's row (certificateColumns, instanceColumns,
+// nodeColumns, lockColumns, then the verifier set's ID) that
+// renewalQuery does not select, as it would only read values ReadRenewal
+// has: each column a query returns costs the driver its name (a string
+// made per query) and its value (a text value is copied, then boxed).
+var (
+	certSerialColumn     = 0 // serial, the argument ?1
+	certNodeIDColumn     = 1
+	certInstanceIDColumn = 2
+	instanceIDColumn     = certificateColumnCount // the instance's id
+	nodeIDColumn         = certificateColumnCount + instanceColumnCount
+	renewalOmitted       = []int{certSerialColumn, instanceIDColumn, nodeIDColumn}
+	// renewalSelected holds, for each column renewalQuery selects, its
+	// index in the row.
+	renewalSelected = func() (sel []int) {
+		for i := range renewalColumns {
+			if !slices.Contains(renewalOmitted, i) {
+				sel = append(sel, i)
+			}
+		}
+		return sel
+	}()
+)
+
+// renewalRow is ReadRenewal's row: raw holds its columns, dst points
+// into raw at the columns the query selects. Pooled: the two slices are
+// about 1.2 KB a read. What ReadRenewal returns holds none of it (the
+// values in raw are strings and byte slices of their own).
+type renewalRow struct{ raw, dst []any }
+
+var renewalRows = sync.Pool{New: func() any {
+	r := &renewalRow{raw: make([]any, renewalColumns), dst: make([]any, len(renewalSelected))}
+	for j, i := range renewalSelected {
+		r.dst[j] = &r.raw[i]
+	}
+	return r
+}}
+
+func (r *renewalRow) put() {
+	clear(r.raw)
+	renewalRows.Put(r)
+}
+
 // found reports whether the columns of a LEFT JOIN's table (values
 // whose first is the row's id) came from a row.
 func found(cols scanner) bool {
@@ -152,6 +207,15 @@ func prefixed(t, cols string) string {
 		fields[i] = t + "." + strings.TrimSpace(f)
 	}
 	return strings.Join(fields, ", ")
+}
+
+// withoutFirst is cols without its first column, which must be first.
+func withoutFirst(cols, first string) string {
+	rest, ok := strings.CutPrefix(cols, first+",")
+	if !ok {
+		panic("sqlite: " + first + " is not the first of " + cols)
+	}
+	return rest
 }
 
 // renewalQueries[n] is ReadRenewal's statement for n keys, one text per
@@ -178,7 +242,7 @@ func renewalQuery(n int) string {
 // n keys (?2…), and of several on that target the oldest (ties by ID).
 // A target that is empty or absent (no instance) matches nothing. The
 // verifier set's ID (signer_set's one row, which migration 0005 inserts)
-// ends the row.
+// ends the row. The row has the tables' columns but renewalOmitted.
 func buildRenewalQuery(n int) string {
 	keys := []string{`lower(hex(c.public_key))`}
 	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
@@ -187,9 +251,9 @@ func buildRenewalQuery(n int) string {
 		keys = append(keys, fmt.Sprintf("?%d", i+2))
 		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
 	}
-	return `SELECT ` + prefixed("c", certificateColumns) + `,
-		` + prefixed("i", instanceColumns) + `,
-		` + prefixed("n", nodeColumns) + `,
+	return `SELECT ` + prefixed("c", withoutFirst(certificateColumns, "serial")) + `,
+		` + prefixed("i", withoutFirst(instanceColumns, "id")) + `,
+		` + prefixed("n", withoutFirst(nodeColumns, "id")) + `,
 		` + prefixed("l", lockColumns) + `,
 		ss.version, ss.stepped_at
 	FROM certificates c

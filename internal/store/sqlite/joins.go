@@ -198,21 +198,25 @@ func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Ce
 	targets := store.Named(r.LockTargets)
 	args := make([]any, 0, 6+2*len(targets))
 	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration)
-	args = append(args, lockArgs(targets)...)
+	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
 	// are filled from r: the chain PEM is not copied back out of SQLite.
+	// Nor does it bring the three its WHERE fixed (the id, the state, the
+	// generation it set): each returned column costs the driver its name
+	// and its value's allocations.
 	var (
 		in      store.Instance
 		created nullInt
 	)
-	err := tx.QueryRowContext(ctx, renewQuery(len(targets)), args...).Scan(&in.ID, &in.NodeID, &in.JoinMethod,
-		&in.TokenID, &in.PreviousID, &in.State, &in.Generation, &created)
+	err := tx.QueryRowContext(ctx, renewQuery(len(targets)), args...).Scan(&in.NodeID, &in.JoinMethod,
+		&in.TokenID, &in.PreviousID, &created)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.Instance{}, notRenewed(ctx, tx, r, targets)
 	}
 	if err != nil {
 		return store.Instance{}, wrap("commit renewal", err)
 	}
+	in.ID, in.State, in.Generation = r.InstanceID, store.InstanceCurrent, r.FromGeneration+1
 	in.CreatedAt = created.time()
 	in.LastSerial, in.LastPublicKey, in.LastChainPEM, in.LastIssuedAt = c.Serial, c.PublicKey, r.ChainPEM, stored(c.IssuedAt)
 
@@ -323,7 +327,8 @@ func buildRenewQuery(n int) string {
 		}
 		b.WriteString(`) AND ` + unexpired + `)`)
 	}
-	b.WriteString(` RETURNING id, node_id, join_method, token_id, previous_id, state, generation, created_at`)
+	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1.
+	b.WriteString(` RETURNING node_id, join_method, token_id, previous_id, created_at`)
 	return b.String()
 }
 

@@ -87,11 +87,29 @@ func (s *SQLite) FindAnyLock(ctx context.Context, targets []store.LockTarget) (s
 
 // lockArgs are findAnyLockQuery's arguments: each target's kind and value.
 func lockArgs(targets []store.LockTarget) []any {
-	args := make([]any, 0, 2*len(targets))
+	return appendLockArgs(make([]any, 0, 2*len(targets)), targets)
+}
+
+// appendLockArgs appends lockArgs(targets) to args.
+func appendLockArgs(args []any, targets []store.LockTarget) []any {
 	for _, t := range targets {
-		args = append(args, t.Kind, t.Target)
+		args = append(args, lockKindArg(t.Kind), t.Target)
 	}
 	return args
+}
+
+// lockKindArgs are the lock kinds as arguments, each boxed once: a join's
+// and a renewal's lock checks pass a kind per target, two to five, and
+// boxing a string that is not a constant allocates.
+var lockKindArgs = [...]any{store.LockNode, store.LockInstance, store.LockToken, store.LockPublicKey, store.LockAdmin}
+
+func lockKindArg(kind string) any {
+	for _, a := range lockKindArgs {
+		if a.(string) == kind {
+			return a
+		}
+	}
+	return kind
 }
 
 // findAnyLockQueries[n] is FindAnyLock's query for n targets: the targets

@@ -135,18 +135,44 @@ func (r *readDB) QueryContext(ctx context.Context, query string, args ...any) (*
 type writeTx struct {
 	*sql.Tx
 	cache *stmtCache
+	// stmts are the transaction's handles (Tx.StmtContext) of the cached
+	// statements it ran, kept for the transaction: the writes of a batch
+	// run the same few statements, and each Tx.StmtContext makes a new
+	// handle (several allocations).
+	stmts []txStmt
+	buf   [16]txStmt // stmts' first array
+}
+
+type txStmt struct{ parent, st *sql.Stmt }
+
+func newWriteTx(tx *sql.Tx, cache *stmtCache) *writeTx {
+	t := &writeTx{Tx: tx, cache: cache}
+	t.stmts = t.buf[:0]
+	return t
+}
+
+// stmt is the transaction's handle of the cached statement parent.
+func (t *writeTx) stmt(ctx context.Context, parent *sql.Stmt) *sql.Stmt {
+	for _, s := range t.stmts {
+		if s.parent == parent {
+			return s.st
+		}
+	}
+	st := t.Tx.StmtContext(ctx, parent)
+	t.stmts = append(t.stmts, txStmt{parent, st})
+	return st
 }
 
 func (t *writeTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := t.cache.cached(query); st != nil {
-		return t.Tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		return t.stmt(ctx, st).QueryRowContext(ctx, args...)
 	}
 	return t.Tx.QueryRowContext(ctx, query, args...)
 }
 
 func (t *writeTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := t.cache.cached(query); st != nil {
-		return t.Tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return t.stmt(ctx, st).ExecContext(ctx, args...)
 	}
 	return t.Tx.ExecContext(ctx, query, args...)
 }
