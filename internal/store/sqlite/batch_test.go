@@ -691,3 +691,30 @@ func TestWriteTxStmtKept(t *testing.T) {
 		t.Fatalf("rows %s, want [a c p]", got)
 	}
 }
+
+// TestWriteTxStmtOtherContext: a statement handle the transaction keeps
+// serves the writes after the one that made it, whatever that write's
+// context did: a write whose context had ended when the handle was made
+// must not leave the handle failing for the next write.
+func TestWriteTxStmtOtherContext(t *testing.T) {
+	s := openWithRows(t)
+	ctx := t.Context()
+	if errs := batchOf(s, ctx, insertRow("p", new(int), nil)); errs[0] != nil {
+		t.Fatal(errs[0])
+	}
+	s.wstmts.preparePending(ctx)
+	sqlTx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sqlTx.Rollback()
+	tx := newWriteTx(sqlTx, s.wstmts)
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := insertRow("a", new(int), nil)(ended, tx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a write with an ended context: %v, want %v", err, context.Canceled)
+	}
+	if err := insertRow("b", new(int), nil)(ctx, tx); err != nil {
+		t.Fatalf("the next write, on the kept handle: %v", err)
+	}
+}

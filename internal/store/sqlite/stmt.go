@@ -152,27 +152,31 @@ func newWriteTx(tx *sql.Tx, cache *stmtCache) *writeTx {
 }
 
 // stmt is the transaction's handle of the cached statement parent.
-func (t *writeTx) stmt(ctx context.Context, parent *sql.Stmt) *sql.Stmt {
+func (t *writeTx) stmt(parent *sql.Stmt) *sql.Stmt {
 	for _, s := range t.stmts {
 		if s.parent == parent {
 			return s.st
 		}
 	}
-	st := t.Tx.StmtContext(ctx, parent)
+	// Not the write's ctx: Tx.StmtContext gives a handle that fails with
+	// ctx's error for good if ctx has ended, and the handle is kept for
+	// the writes after this one. The statement is already prepared on the
+	// one writer connection, so nothing here waits.
+	st := t.Tx.StmtContext(context.Background(), parent)
 	t.stmts = append(t.stmts, txStmt{parent, st})
 	return st
 }
 
 func (t *writeTx) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	if st := t.cache.cached(query); st != nil {
-		return t.stmt(ctx, st).QueryRowContext(ctx, args...)
+		return t.stmt(st).QueryRowContext(ctx, args...)
 	}
 	return t.Tx.QueryRowContext(ctx, query, args...)
 }
 
 func (t *writeTx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
 	if st := t.cache.cached(query); st != nil {
-		return t.stmt(ctx, st).ExecContext(ctx, args...)
+		return t.stmt(st).ExecContext(ctx, args...)
 	}
 	return t.Tx.ExecContext(ctx, query, args...)
 }
