@@ -159,18 +159,21 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 	var code codes.Code
 	switch {
 	case chain == nil:
-		code, reason = codes.Unauthenticated, "no client certificate"
+		code, reason = codes.Unauthenticated, "no client certificate; "+roleWayOut(role)
 	case len(chain) < 2 || !issuedBy(chain[1], s.ca.Accepted(issuer)):
-		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate", issuer)
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate; %s", issuer, roleWayOut(role))
 	case c.ID.Role != role:
-		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity", s.info.TrustDomain, role)
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity; %s", s.info.TrustDomain, role, roleWayOut(role))
 	case lockKind == "":
 		return nil
 	default:
-		_, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
+		l, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
 		switch {
 		case err == nil:
-			code, reason = codes.PermissionDenied, "locked"
+			// The caller is told DESIGN.md's word; the audit record
+			// names the lock and how it is lifted.
+			return s.denyWith(ctx, c, fullMethod, codes.PermissionDenied, enroll.ReasonLocked,
+				fmt.Sprintf("locked: lock %s on %s %s; another operator lifts it with muster lock delete %s", l.ID, l.Kind, l.Target, l.ID))
 		case errors.Is(err, store.ErrNotFound):
 			return nil
 		case s.outage.fail(err):
@@ -195,14 +198,29 @@ func issuedBy(c *x509.Certificate, accepted []*x509.Certificate) bool {
 	return false
 }
 
+// roleWayOut says which identity the calls of role need, and where it
+// comes from: the way out of a refusal for the wrong (or no) certificate.
+func roleWayOut(role spiffeid.Role) string {
+	if role == spiffeid.RoleAdmin {
+		return "admin calls need an operator identity (--identity FILE or MUSTER_IDENTITY; muster admin add NAME makes one)"
+	}
+	return "agent calls need the certificate of an agent that joined this authority (muster agent join)"
+}
+
 // deny audits a refused call and returns its status.
 func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason string) error {
+	return s.denyWith(ctx, c, fullMethod, code, reason, reason)
+}
+
+// denyWith is deny when the audit record says more than the caller is
+// told (which lock refused it).
+func (s *Server) denyWith(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason, auditReason string) error {
 	s.refusals.Record(ctx, audit.Event{
 		Actor:         c.Actor(),
 		Action:        "api.access",
 		Target:        fullMethod,
 		Result:        audit.ResultDenied,
-		Reason:        reason,
+		Reason:        auditReason,
 		Source:        c.Source,
 		CorrelationID: c.CorrelationID,
 	})
