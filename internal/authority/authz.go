@@ -243,6 +243,13 @@ func (a *agentService) standing(ctx context.Context) error {
 	return toStatus(ctx, a.s.log, err)
 }
 
+// badRequest refuses an agent's malformed request (INVALID_ARGUMENT) and
+// audits it like any refused call, through the flood guard.
+func (a *agentService) badRequest(ctx context.Context, msg string) error {
+	method, _ := grpc.Method(ctx)
+	return a.s.deny(ctx, callerFrom(ctx), method, codes.InvalidArgument, msg)
+}
+
 // clientChain verifies the client certificate the caller gave, if any,
 // as a TLS server would (to this authority's root, for client use, now),
 // presented whole or as the leaf alone (clientAnchors), and returns its

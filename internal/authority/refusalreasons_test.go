@@ -100,3 +100,37 @@ func TestAuthorizationRefusalsNameTheWayOut(t *testing.T) {
 		t.Errorf("audited reason %q does not name the lock and muster lock delete", r)
 	}
 }
+
+// TestAgentBadRequestsAudited: an agent's malformed JWT-SVID or
+// verifier-set request is refused with INVALID_ARGUMENT and audited,
+// naming the method and what was wrong.
+func TestAgentBadRequestsAudited(t *testing.T) {
+	t.Parallel()
+	a := startBench(t)
+	ctx := t.Context()
+	key, der := benchCSR(t)
+	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: a.token, NodeId: "bad-req-1", Csr: der})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent := musterv1.NewAgentServiceClient(a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}))
+	_, err = agent.MintJWTSVID(ctx, &musterv1.MintJWTSVIDRequest{})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("JWT-SVID without an audience: %v, want INVALID_ARGUMENT", err)
+	}
+	if r := deniedAudit(t, a, "/muster.v1.AgentService/MintJWTSVID"); !strings.Contains(r, "audience") {
+		t.Errorf("audited reason %q does not say the audience is wrong", r)
+	}
+	_, err = agent.GetVerifierSet(ctx, &musterv1.GetVerifierSetRequest{HaveVersion: -1})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("verifier set with have_version -1: %v, want INVALID_ARGUMENT", err)
+	}
+	if r := deniedAudit(t, a, "/muster.v1.AgentService/GetVerifierSet"); !strings.Contains(r, "have_version") {
+		t.Errorf("audited reason %q does not name have_version", r)
+	}
+}
