@@ -299,11 +299,16 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
 		return nil, errors.New(expiredReason(certs[0], s.info.TrustDomain))
 	case errors.As(err, &unknown):
-		return nil, errors.New("client certificate not issued by this authority")
+		return nil, errors.New("client certificate not issued by this authority (or by a root it no longer trusts)" + foreignWayOut)
 	default:
-		return nil, errors.New("client certificate not valid for client authentication by this authority")
+		return nil, errors.New("client certificate not valid for client authentication by this authority" + foreignWayOut)
 	}
 }
+
+// foreignWayOut ends the refusal of a certificate this authority does not
+// accept: the caller holds another authority's identity (or one from a
+// root this one no longer trusts).
+const foreignWayOut = "; an agent must join this authority again (muster agent join), an operator needs an identity from it (muster admin add NAME)"
 
 // interceptors are the authorization interceptors of one listener.
 func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {

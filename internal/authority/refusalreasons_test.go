@@ -5,6 +5,8 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -132,5 +134,32 @@ func TestAgentBadRequestsAudited(t *testing.T) {
 	}
 	if r := deniedAudit(t, a, "/muster.v1.AgentService/GetVerifierSet"); !strings.Contains(r, "have_version") {
 		t.Errorf("audited reason %q does not name have_version", r)
+	}
+}
+
+// TestForeignCertificateRefusalNamesTheWayOut: a client certificate from
+// another CA is refused UNAUTHENTICATED naming how an agent or an operator
+// gets one this authority accepts, in the answer and the audit record.
+func TestForeignCertificateRefusalNamesTheWayOut(t *testing.T) {
+	t.Parallel()
+	a := startBench(t)
+	ctx := t.Context()
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: "stranger"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	conn := a.dial(&identity.Identity{Chain: []*x509.Certificate{leaf}, Key: k, Roots: []*x509.Certificate{a.h.Root}})
+	_, err = musterv1.NewAdminServiceClient(conn).GetStatus(ctx, &musterv1.GetStatusRequest{})
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.Unauthenticated ||
+		!strings.Contains(msg, "not issued by this authority") || !strings.Contains(msg, "muster agent join") || !strings.Contains(msg, "muster admin add") {
+		t.Errorf("a foreign certificate: %v, want UNAUTHENTICATED naming muster agent join and muster admin add", err)
+	}
+	if r := deniedAudit(t, a, "/muster.v1.AdminService/GetStatus"); !strings.Contains(r, "muster admin add") {
+		t.Errorf("audited reason %q does not name the way out", r)
 	}
 }
