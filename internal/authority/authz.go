@@ -159,18 +159,21 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 	var code codes.Code
 	switch {
 	case chain == nil:
-		code, reason = codes.Unauthenticated, "no client certificate"
+		code, reason = codes.Unauthenticated, "no client certificate; "+roleWayOut(role)
 	case len(chain) < 2 || !issuedBy(chain[1], s.ca.Accepted(issuer)):
-		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate", issuer)
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate not issued by the %s intermediate; %s", issuer, roleWayOut(role))
 	case c.ID.Role != role:
-		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity", s.info.TrustDomain, role)
+		code, reason = codes.PermissionDenied, fmt.Sprintf("certificate does not carry a spiffe://%s/%s/ identity; %s", s.info.TrustDomain, role, roleWayOut(role))
 	case lockKind == "":
 		return nil
 	default:
-		_, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
+		l, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
 		switch {
 		case err == nil:
-			code, reason = codes.PermissionDenied, "locked"
+			// The caller is told DESIGN.md's word; the audit record
+			// names the lock and how it is lifted.
+			return s.denyWith(ctx, c, fullMethod, codes.PermissionDenied, enroll.ReasonLocked,
+				fmt.Sprintf("locked: lock %s on %s %s; another operator lifts it with muster lock delete %s", l.ID, l.Kind, l.Target, l.ID))
 		case errors.Is(err, store.ErrNotFound):
 			return nil
 		case s.outage.fail(err):
@@ -195,14 +198,29 @@ func issuedBy(c *x509.Certificate, accepted []*x509.Certificate) bool {
 	return false
 }
 
+// roleWayOut says which identity the calls of role need, and where it
+// comes from: the way out of a refusal for the wrong (or no) certificate.
+func roleWayOut(role spiffeid.Role) string {
+	if role == spiffeid.RoleAdmin {
+		return "admin calls need an operator identity (--identity FILE or MUSTER_IDENTITY; muster admin add NAME makes one)"
+	}
+	return "agent calls need the certificate of an agent that joined this authority (muster agent join)"
+}
+
 // deny audits a refused call and returns its status.
 func (s *Server) deny(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason string) error {
+	return s.denyWith(ctx, c, fullMethod, code, reason, reason)
+}
+
+// denyWith is deny when the audit record says more than the caller is
+// told (which lock refused it).
+func (s *Server) denyWith(ctx context.Context, c Caller, fullMethod string, code codes.Code, reason, auditReason string) error {
 	s.refusals.Record(ctx, audit.Event{
 		Actor:         c.Actor(),
 		Action:        "api.access",
 		Target:        fullMethod,
 		Result:        audit.ResultDenied,
-		Reason:        reason,
+		Reason:        auditReason,
 		Source:        c.Source,
 		CorrelationID: c.CorrelationID,
 	})
@@ -223,6 +241,13 @@ func (a *agentService) standing(ctx context.Context) error {
 			Result: audit.ResultDenied, Reason: ref.Reason, Source: c.Source, CorrelationID: c.CorrelationID})
 	}
 	return toStatus(ctx, a.s.log, err)
+}
+
+// badRequest refuses an agent's malformed request (INVALID_ARGUMENT) and
+// audits it like any refused call, through the flood guard.
+func (a *agentService) badRequest(ctx context.Context, msg string) error {
+	method, _ := grpc.Method(ctx)
+	return a.s.deny(ctx, callerFrom(ctx), method, codes.InvalidArgument, msg)
 }
 
 // clientChain verifies the client certificate the caller gave, if any,
@@ -277,11 +302,16 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 		if why := s.distrustedReason(certs[0]); why != "" {
 			return nil, errors.New(why)
 		}
-		return nil, errors.New("client certificate not issued by this authority")
+		return nil, errors.New("client certificate not issued by this authority (or by a root it no longer trusts)" + foreignWayOut)
 	default:
-		return nil, errors.New("client certificate not valid for client authentication by this authority")
+		return nil, errors.New("client certificate not valid for client authentication by this authority" + foreignWayOut)
 	}
 }
+
+// foreignWayOut ends the refusal of a certificate this authority does not
+// accept: the caller holds another authority's identity (or one from a
+// root this one no longer trusts).
+const foreignWayOut = "; an agent must join this authority again (muster agent join), an operator needs an identity from it (muster admin add NAME)"
 
 // interceptors are the authorization interceptors of one listener.
 func (s *Server) interceptors(bootstrapListener bool) (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {

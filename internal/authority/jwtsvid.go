@@ -26,7 +26,7 @@ func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVI
 	iss := a.s.jwt.Load()
 	tok, exp, err := iss.Mint(c.ID.String(), req.GetAudience(), now, c.Cert.NotAfter)
 	if errors.Is(err, jwtsvid.ErrAudience) {
-		return nil, toStatus(ctx, a.s.log, badRequest(err.Error()))
+		return nil, a.badRequest(ctx, err.Error())
 	} else if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}

@@ -398,7 +398,7 @@ func (a *agentService) GetVerifierSet(ctx context.Context, req *musterv1.GetVeri
 		return nil, err
 	}
 	if req.GetHaveVersion() < 0 {
-		return nil, toStatus(ctx, a.s.log, badRequest("have_version must not be negative"))
+		return nil, a.badRequest(ctx, "have_version must not be negative")
 	}
 	chain, err := a.s.signers.Chain(ctx, req.GetHaveVersion())
 	if err != nil {

@@ -239,8 +239,10 @@ func New(cfg Config) (*Server, error) {
 		// A larger message is refused with RESOURCE_EXHAUSTED before it
 		// is parsed.
 		grpc.MaxRecvMsgSize(MaxRequestSize),
+		grpc.UnknownServiceHandler(s.unknownMethod),
+		grpc.ForceServerCodecV2(newRequestCodec()),
 	)
-	musterv1.RegisterDiscoveryServiceServer(s.grpc, &service{s: s})
+	s.grpc.RegisterService(s.guarded(&musterv1.DiscoveryService_ServiceDesc), &service{s: s})
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(musterv1.DiscoveryService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -307,7 +307,7 @@ func (s *Server) ticket(ctx context.Context, c call, req *musterv1.RequestReferr
 			return nil, err
 		}
 		if n >= quota {
-			return nil, refuse(codes.ResourceExhausted, discovery.DenyQuota, "%s: authority %s has admitted its %d new agents of the last 24 hours",
+			return nil, refuse(codes.ResourceExhausted, discovery.DenyQuota, "%s: authority %s has admitted its %d new agents of the last 24 hours; retry later, or raise discovery.policy.new_agents_per_day in the authority's configuration",
 				discovery.DenyQuota, authorityID, quota)
 		}
 	}

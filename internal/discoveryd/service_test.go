@@ -486,6 +486,8 @@ func TestQuotaCountsReportedJoins(t *testing.T) {
 		t.Fatal("third report not recorded")
 	}
 	wantCode(t, ask("node-z"), codes.ResourceExhausted, "quota_exhausted: ")
+	// The refusal names the way out.
+	wantCode(t, ask("node-z"), codes.ResourceExhausted, "raise discovery.policy.new_agents_per_day")
 	if got := counter(e.srv.metrics.reports.WithLabelValues(resultRecorded)); got != 3 {
 		t.Errorf("join_reports_total{recorded} = %v, want 3", got)
 	}

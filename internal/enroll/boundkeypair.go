@@ -15,6 +15,7 @@ import (
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -232,6 +233,10 @@ func (s *Service) signJoinState(ctx context.Context, js boundkeypair.JoinState) 
 	return k.Sign(js)
 }
 
+// reasonJoinTokenAsName refuses a join token given as a bound-keypair
+// token's name; it names the way out and never the value.
+const reasonJoinTokenAsName = "token: a join token (ID.SECRET) is not a bound-keypair token name; join with it as a join token (muster agent join --token), or give the name muster bot add printed; the value was not recorded"
+
 // Attest implements Method.
 func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, challenge Challenge) (Admission, error) {
 	s := m.s
@@ -240,6 +245,12 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	if err := spiffeid.ValidNodeID(p.Token); err != nil {
 		a.NodeID = ""
 		return a, refuse(KindInvalid, "token: "+err.Error())
+	}
+	// A join token pasted as the name holds its secret: refused before
+	// it names the actor or reaches any record (no bound-keypair token is
+	// named so: the admin API refuses such names).
+	if jointoken.LooksLike(p.Token) {
+		return a, refuse(KindInvalid, reasonJoinTokenAsName)
 	}
 	a.Actor = "bound-keypair:" + p.Token
 	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {

@@ -5,6 +5,8 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -427,5 +429,29 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
 			}
 		})
+	}
+}
+
+// TestBoundKeypairJoinTokenAsNameNotRecorded: a join token pasted as the
+// bound-keypair token's name is refused as malformed, with the way out,
+// and its secret is in no audit record (it was the actor and the detail
+// of a not-found refusal).
+func TestBoundKeypairJoinTokenAsNameNotRecorded(t *testing.T) {
+	b := newBKEnv(t, 1, boundkeypair.ModeStandard)
+	_, der := csr(t)
+	const pasted = "abc123.secretsecretsecr"
+	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"},
+		BoundKeypairPayload{Token: pasted, NodeID: "node-1", CSR: der}, answerWith(b.priv))
+	wantRefusal(t, err, KindInvalid, reasonJoinTokenAsName)
+	if !strings.Contains(err.Error(), "muster agent join --token") || strings.Contains(err.Error(), "secretsecret") {
+		t.Errorf("refusal %q: want the way out, never the secret", err)
+	}
+	if len(b.audit.refused) == 0 {
+		t.Fatal("the refusal was not audited")
+	}
+	for _, e := range append(b.audit.refused, b.audit.events...) {
+		if strings.Contains(fmt.Sprintf("%+v", e), "secretsecret") {
+			t.Errorf("audit record holds the pasted secret: %+v", e)
+		}
 	}
 }

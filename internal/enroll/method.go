@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -89,6 +90,12 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 	var iss *Issued
 	switch {
 	case err != nil:
+		// A node ID of a join token's exact form, refused, is most likely
+		// a token given as the node (--node and --token swapped): its
+		// secret stays out of the record.
+		if tok, perr := jointoken.Parse(ev.Target); perr == nil {
+			ev.Target = tok.ID + ".REDACTED"
+		}
 	case a.Retry != nil:
 		iss = a.Retry
 		ev.Reason = retryReason(iss.InstanceID, iss.serial)

@@ -120,6 +120,10 @@ func (s *Service) ExchangeJoinToken(ctx context.Context, r Request, token, nodeI
 	return join(ctx, s, tokenMethod{s}, r, TokenPayload{Token: token, NodeID: nodeID, CSR: csrData}, nil)
 }
 
+// reasonSwapped refuses a join whose node ID, not its token, has a join
+// token's form.
+const reasonSwapped = "join token is malformed, and node_id has the form of a join token: were the token and the node ID (--token and --node) swapped? The node_id was not recorded"
+
 // Attest implements Method.
 func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Challenge) (Admission, error) {
 	s := m.s
@@ -131,6 +135,9 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	}
 	tok, err := jointoken.Parse(token)
 	if err != nil {
+		if _, perr := jointoken.Parse(nodeID); perr == nil {
+			return a, refuse(KindInvalid, reasonSwapped)
+		}
 		return a, refuse(KindInvalid, err.Error())
 	}
 	a.Actor = "token:" + tok.ID

@@ -44,7 +44,9 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 		return nil, status.Error(codes.Unavailable, "workload api: the agent has no identity yet")
 	}
 	if id := req.GetSpiffeId(); id != "" && id != snap.ID {
-		return nil, status.Errorf(codes.PermissionDenied, "workload api: this agent serves only %s", snap.ID)
+		err := status.Errorf(codes.PermissionDenied, "workload api: this agent serves only %s; ask for it, or leave spiffe_id empty", snap.ID)
+		s.refused("other_spiffe_id", callerCreds(ctx), err)
+		return nil, err
 	}
 	tok, _, err := s.cfg.JWT.JWTSVID(ctx, req.GetAudience())
 	if status.Code(err) == codes.InvalidArgument {

@@ -117,7 +117,7 @@ func NewServer(src *Source, cfg Config) *Server {
 		logLimit: rate.NewLimiter(rate.Every(time.Second), 10),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_agent_workload_api_refusals_total",
-			Help: "Workload API calls and connections refused, by reason (uid_not_allowed, no_peer_credentials, missing_header, too_many_streams, too_many_connections, call_timeout).",
+			Help: "Workload API calls and connections refused, by reason (uid_not_allowed, no_peer_credentials, missing_header, too_many_streams, too_many_connections, call_timeout, other_spiffe_id).",
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_agent_workload_api_streams",
@@ -207,6 +207,16 @@ func (s *Server) callDeadline(ctx context.Context, info *tap.Info) (context.Cont
 		}
 	})
 	return ctx, nil
+}
+
+// callerCreds are the Unix credentials of ctx's caller, nil if unknown.
+func callerCreds(ctx context.Context) *Creds {
+	if p, ok := peer.FromContext(ctx); ok {
+		if info, ok := p.AuthInfo.(authInfo); ok && info.err == nil {
+			return &info.creds
+		}
+	}
+	return nil
 }
 
 // admit checks the caller's credentials and the required metadata.
