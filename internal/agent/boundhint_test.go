@@ -1,0 +1,40 @@
+package agent
+
+import (
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
+)
+
+// A bound-keypair refusal that ends agent run (or that it retries) names
+// the way out, and keeps the code, the reason word and its details.
+func TestBoundRefusalHint(t *testing.T) {
+	st := &State{NodeID: "br1", BoundKeypair: "br1"}
+	for _, c := range []struct {
+		code   codes.Code
+		reason string
+		want   string
+	}{
+		{codes.FailedPrecondition, "recovery_exhausted", "raise spec.bound_keypair.recovery.limit"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
+		{codes.PermissionDenied, "locked", "muster lock list"},
+		{codes.PermissionDenied, "copy_detected", "muster lock list"},
+	} {
+		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st)
+		s, _ := status.FromError(err)
+		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
+			t.Errorf("%s: got %v (reason %q), want the reason kept and %q", c.reason, err, errinfo.Reason(err), c.want)
+		}
+		if c.reason == "recovery_exhausted" && !retryableBound(err) {
+			t.Error("recovery_exhausted with its hint is no longer retried")
+		}
+	}
+	other := errinfo.Error(codes.Unauthenticated, "challenge_failed", "challenge_failed")
+	if got := boundRefusalHint(other, st); got != other {
+		t.Errorf("challenge_failed changed: %v", got)
+	}
+}
