@@ -38,3 +38,19 @@ func TestBoundRefusalHint(t *testing.T) {
 		t.Errorf("challenge_failed changed: %v", got)
 	}
 }
+
+// A PSK that no longer matches (rotated away while the machine was
+// offline) names where the active one is, keeping code and reason word.
+func TestPSKRefusalHint(t *testing.T) {
+	for reason, msg := range map[string]string{"psk_mismatch": "bootstrap PSK does not match", "psk_missing": "bootstrap PSK is missing"} {
+		err := pskRefusalHint(errinfo.Error(codes.PermissionDenied, msg, reason))
+		s, _ := status.FromError(err)
+		if s.Code() != codes.PermissionDenied || errinfo.Reason(err) != reason || !strings.HasPrefix(s.Message(), msg+"; ") || !strings.Contains(s.Message(), "muster psk show") {
+			t.Errorf("%s: got %v", reason, err)
+		}
+	}
+	other := errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken")
+	if got := pskRefusalHint(other); got != other {
+		t.Errorf("node_taken changed: %v", got)
+	}
+}
