@@ -46,7 +46,7 @@ replaced.`,
 				// nothing else prints it (ssh-keygen does not read PKCS#8).
 				if priv, lerr := agent.LoadBoundKey(dir); lerr == nil {
 					if have, perr := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); perr == nil {
-						return fmt.Errorf("%w, kept; its public key, for muster bot add --public-key: %s (%s)", err, have.String(), have.Fingerprint())
+						return fmt.Errorf("%w, kept; its public key (for muster bot add NAME --public-key FILE): %s (%s)", err, have.String(), have.Fingerprint())
 					}
 				}
 			}
