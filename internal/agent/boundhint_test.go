@@ -23,6 +23,7 @@ func TestBoundRefusalHint(t *testing.T) {
 		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
+		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
 	} {
 		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st)
 		s, _ := status.FromError(err)

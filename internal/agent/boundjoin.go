@@ -249,7 +249,7 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
 	if err != nil {
-		return nil, err
+		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair})
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, err
@@ -435,6 +435,8 @@ func boundRefusalHint(err error, st *State) error {
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():
 		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why (the key in two places locks token %s: find the copy, then muster lock delete ID; a store restored from a backup: muster bound-keypair resync open)", st.BoundKeypair)
+	case "registration_closed":
+		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
 	case "locked", "copy_detected":
 		hint = "muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired (restart agent run then)"
 	default:
