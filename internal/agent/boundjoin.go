@@ -249,7 +249,7 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
 	if err != nil {
-		return nil, err
+		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair})
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, err
@@ -374,7 +374,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 		keys.Next = pending
 	}
 	if err != nil {
-		return nil, op, untrustedAuthorityHint(err, st, a.dir)
+		return nil, op, boundRefusalHint(untrustedAuthorityHint(err, st, a.dir), st)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
@@ -413,4 +413,36 @@ func retryableBound(err error) bool {
 	}
 	s, ok := status.FromError(err)
 	return ok && s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), boundkeypair.ErrRecoveryExhausted.Error())
+}
+
+// boundRefusalHint adds to a refresh's or recovery's refusal the way out
+// an operator takes, so the line agent run or agent renew ends (or, for a
+// spent budget, retries) with says what to do, not only the reason word.
+// The status code, its details and the reason word stay: the agent's
+// retry test and tools matching on the reason still see them.
+func boundRefusalHint(err error, st *State) error {
+	s, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	reason := errinfo.Reason(err)
+	if reason == "" {
+		reason = s.Message()
+	}
+	var hint string
+	switch reason {
+	case boundkeypair.ErrRecoveryExhausted.Error():
+		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
+	case boundkeypair.ErrJoinStateStale.Error():
+		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why (the key in two places locks token %s: find the copy, then muster lock delete ID; a store restored from a backup: muster bound-keypair resync open)", st.BoundKeypair)
+	case "registration_closed":
+		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
+	case "locked", "copy_detected":
+		hint = "muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired (restart agent run then)"
+	default:
+		return err
+	}
+	p := s.Proto()
+	p.Message += "; " + hint
+	return status.FromProto(p).Err()
 }

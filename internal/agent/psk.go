@@ -14,10 +14,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -165,7 +167,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, req)
 	if err != nil {
-		return nil, err
+		return nil, pskRefusalHint(err)
 	}
 	roots := peer.roots
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
@@ -253,4 +255,24 @@ func listedRoots(look *musterv1.LookupAuthorityResponse) []string {
 		return roots.Fingerprints()
 	}
 	return []string{look.GetCaFingerprint()}
+}
+
+// pskRefusalHint adds to a PSK refusal the way out: a PSK that no longer
+// matches is, on a machine that once had the right one, one rotated away
+// (muster psk rotate keeps the previous PSK for its grace only, and a
+// second rotation revokes a PSK still in grace). The code, the message's
+// start and the details (the reason word) stay.
+func pskRefusalHint(err error) error {
+	var hint string
+	switch errinfo.Reason(err) {
+	case "psk_mismatch":
+		hint = "if the PSK was rotated (muster psk rotate), give this machine the active one: muster psk show on the authority prints it"
+	case "psk_missing":
+		hint = "give the PSK (--psk-file, MUSTER_BOOTSTRAP_PSK): muster psk show on the authority prints it"
+	default:
+		return err
+	}
+	p := status.Convert(err).Proto()
+	p.Message += "; " + hint
+	return status.FromProto(p).Err()
 }

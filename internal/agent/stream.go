@@ -51,7 +51,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		renewed := a.outlived(opened)
+		renewed := a.outlived(opened, start)
 		if renewed || a.now().Sub(start) >= streamStable {
 			delay = streamBackoffMin
 		}
@@ -71,13 +71,17 @@ func (a *Agent) keepStream(ctx context.Context) {
 }
 
 // outlived reports whether opened, the certificate a stream was opened
-// with, has expired or been replaced by a renewal since: the stream's end
-// was then its certificate's, not a failure.
-func (a *Agent) outlived(opened *x509.Certificate) bool {
+// with at start, has expired since or been replaced by a renewal: the
+// stream's end was then its certificate's, not a failure. A certificate
+// already expired at start did not outlive the stream: the authority
+// refuses it at once, and the agent, waiting for a recovery (a spent
+// budget is retried for as long as it takes), must back off rather than
+// open a stream every second with it.
+func (a *Agent) outlived(opened *x509.Certificate, start time.Time) bool {
 	if opened == nil {
 		return false
 	}
-	if !a.now().Before(opened.NotAfter) {
+	if !a.now().Before(opened.NotAfter) && start.Before(opened.NotAfter) {
 		return true
 	}
 	_, id, err := a.loadLocked(context.Background())

@@ -168,7 +168,14 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 		return fmt.Errorf("audit: checking the head file: %w", err)
 	}
 	if problem != "" {
-		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (if the store was restored from a backup on purpose, remove the head file)", ErrShortChain, problem)
+		// A restore on purpose leaves both files outside the store ahead
+		// of it: the checkpoint file too, which audit verify would
+		// otherwise report as a cut tail from then on.
+		files := l.head.path
+		if l.file != "" {
+			files += " and " + l.file
+		}
+		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (if the store was restored from a backup on purpose, remove %s)", ErrShortChain, problem, files)
 	}
 	return nil
 }

@@ -384,15 +384,7 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 			if out.json() {
 				return out.write(env.Stdout, s)
 			}
-			valid := s.NotAfter.Format(time.RFC3339)
-			switch {
-			case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair:
-				valid += " (EXPIRED: muster agent run recovers with the bound key)"
-			case s.Expired:
-				valid += " (EXPIRED: join again with a new token)"
-			default:
-				valid += fmt.Sprintf(" (in %s)", time.Until(s.NotAfter).Round(time.Second))
-			}
+			valid := s.NotAfter.Format(time.RFC3339) + validNote(s, time.Now())
 			last := "never"
 			if s.LastRenewal != nil {
 				last = s.LastRenewal.UTC().Format(time.RFC3339)
@@ -423,4 +415,19 @@ Joined:        %s with join method %s
 	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	out.register(cmd)
 	return cmd
+}
+
+// validNote is what agent status says after the certificate's end: how
+// long is left, or, expired, the way back for this join method.
+func validNote(s *agent.Status, now time.Time) string {
+	switch {
+	case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair && s.RecoveriesRemaining != nil && *s.RecoveriesRemaining == 0:
+		// As of the last answer: an operator may have raised it since.
+		return fmt.Sprintf(" (EXPIRED, and the last answer left no recovery: raise the token's spec.bound_keypair.recovery.limit with muster token apply, then muster agent run recovers with the bound key; muster token get %s shows the budget)", s.BoundKeypair)
+	case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair:
+		return " (EXPIRED: muster agent run recovers with the bound key)"
+	case s.Expired:
+		return " (EXPIRED: join again with a new token)"
+	}
+	return fmt.Sprintf(" (in %s)", s.NotAfter.Sub(now).Round(time.Second))
 }

@@ -1,11 +1,14 @@
 package cli
 
 import (
+	"crypto/ed25519"
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/boundkeypair"
 )
 
 func newKeypairCmd(env *Env) *cobra.Command {
@@ -38,6 +41,15 @@ replaced.`,
 				return err
 			}
 			pub, err := agent.CreateBoundKey(dir)
+			if errors.Is(err, agent.ErrBoundKeyExists) {
+				// The public half printed at the first create may be lost;
+				// nothing else prints it (ssh-keygen does not read PKCS#8).
+				if priv, lerr := agent.LoadBoundKey(dir); lerr == nil {
+					if have, perr := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); perr == nil {
+						return fmt.Errorf("%w, kept; its public key (for muster bot add NAME --public-key FILE): %s (%s)", err, have.String(), have.Fingerprint())
+					}
+				}
+			}
 			if err != nil {
 				return err
 			}

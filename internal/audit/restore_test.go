@@ -1,0 +1,69 @@
+package audit
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A store restored from a backup on purpose: the refusal to start names
+// every file outside the store that is ahead of it, and removing what it
+// names leaves a chain that verifies and checkpoints again. (Removing the
+// head file alone left audit-checkpoint.json covering the lost records,
+// so every audit verify after the restore reported tampering.)
+func TestRestoredStoreWayOut(t *testing.T) {
+	dir := t.TempDir()
+	cpFile, headFile := filepath.Join(dir, "audit-checkpoint.json"), filepath.Join(dir, "audit-head")
+	m := &memStore{}
+	open := func() *Logger {
+		l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey, CheckpointFile: cpFile, HeadFile: headFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	l := open()
+	ctx := t.Context()
+	record := func(l *Logger, n int) {
+		for i := 0; i < n; i++ {
+			if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	record(l, 3)
+	if _, err := l.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backupRecs, backupCps := slices.Clone(m.recs), slices.Clone(m.cps)
+	record(l, 3)
+	if _, err := l.Checkpoint(ctx); err != nil { // as at a stop
+		t.Fatal(err)
+	}
+
+	m.recs, m.cps = backupRecs, backupCps // the backup copied back
+	l = open()
+	err := l.CheckHead(ctx)
+	if !errors.Is(err, ErrShortChain) || !strings.Contains(err.Error(), headFile) || !strings.Contains(err.Error(), cpFile) {
+		t.Fatalf("CheckHead after a restore: %v, want ErrShortChain naming %s and %s", err, headFile, cpFile)
+	}
+	for _, f := range []string{headFile, cpFile} {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l = open()
+	if err := l.CheckHead(ctx); err != nil {
+		t.Fatal(err)
+	}
+	record(l, 1)
+	if _, err := l.Checkpoint(ctx); err != nil {
+		t.Fatalf("checkpoint after the way out: %v", err)
+	}
+	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
+		t.Fatalf("verify after the way out: %+v, %v", rep, err)
+	}
+}

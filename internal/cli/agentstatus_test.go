@@ -1,0 +1,38 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/agent"
+)
+
+// agent status on an expired bound-keypair agent whose last answer left
+// no recovery does not promise that agent run recovers: it names raising
+// the budget, which is what makes the recovery work.
+func TestValidNote(t *testing.T) {
+	now := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	zero, one := int64(0), int64(1)
+	bound := func(expired bool, left *int64) *agent.Status {
+		return &agent.Status{State: agent.State{JoinMethod: agent.JoinMethodBoundKeypair, BoundKeypair: "br1",
+			RecoveriesRemaining: left, NotAfter: now.Add(time.Minute)}, Expired: expired}
+	}
+	for _, c := range []struct {
+		s    *agent.Status
+		want string
+	}{
+		{bound(true, &zero), "raise the token's spec.bound_keypair.recovery.limit"},
+		{bound(true, &one), "(EXPIRED: muster agent run recovers with the bound key)"},
+		{bound(true, nil), "(EXPIRED: muster agent run recovers with the bound key)"},
+		{&agent.Status{State: agent.State{JoinMethod: "token"}, Expired: true}, "join again with a new token"},
+		{bound(false, &zero), "(in 1m0s)"},
+	} {
+		if got := validNote(c.s, now); !strings.Contains(got, c.want) {
+			t.Errorf("%+v: %q, want %q", c.s.RecoveriesRemaining, got, c.want)
+		}
+	}
+	if got := validNote(bound(true, &zero), now); strings.Contains(got, "EXPIRED: muster agent run recovers") {
+		t.Errorf("no recovery left, yet: %q", got)
+	}
+}
