@@ -202,7 +202,7 @@ func issuedBy(c *x509.Certificate, accepted []*x509.Certificate) bool {
 // comes from: the way out of a refusal for the wrong (or no) certificate.
 func roleWayOut(role spiffeid.Role) string {
 	if role == spiffeid.RoleAdmin {
-		return "admin calls need an operator identity (--identity FILE or MUSTER_IDENTITY; muster admin add NAME makes one)"
+		return "admin calls need an operator identity (--identity FILE or MUSTER_IDENTITY), which muster admin add NAME makes"
 	}
 	return "agent calls need the certificate of an agent that joined this authority (muster agent join)"
 }

@@ -235,7 +235,7 @@ func (s *Service) signJoinState(ctx context.Context, js boundkeypair.JoinState) 
 
 // reasonJoinTokenAsName refuses a join token given as a bound-keypair
 // token's name; it names the way out and never the value.
-const reasonJoinTokenAsName = "token: a join token (ID.SECRET) is not a bound-keypair token name; join with it as a join token (muster agent join --token), or give the name muster bot add printed; the value was not recorded"
+const reasonJoinTokenAsName = "token: a join token (ID.SECRET) is not a bound-keypair token name; join with it as a join token (muster agent join --token TOKEN), or give the name muster bot add printed; the value was not recorded"
 
 // Attest implements Method.
 func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, challenge Challenge) (Admission, error) {
