@@ -2,54 +2,26 @@ package authority
 
 import (
 	"context"
-	"strings"
-	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	_ "google.golang.org/grpc/encoding/proto" // registers the codec wrapped below
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/callinfo"
+	"github.com/muster-dev/muster/internal/requestcodec"
 )
 
 // A request body that cannot be read fails inside gRPC, before any
 // interceptor runs, and gRPC writes the status itself: a body larger than
 // maxRequestSize is RESOURCE_EXHAUSTED, one that is not a protobuf message
 // INTERNAL, and neither was audited. Two pieces mend that:
-//   - requestCodec reads muster's requests; one that does not parse is
-//     kept aside (unparsed) instead of failing the read, and refused by
+//   - requestcodec reads muster's requests; one that does not parse is
+//     kept aside instead of failing the read, and refused by
 //     unaryAuth with INVALID_ARGUMENT after the caller is authorized;
 //   - guarded wraps each method's handler: a read that fails anyway (too
 //     large) is audited there, its code left as gRPC wrote it.
 // Both refusals go through Refusals, aggregated under a flood.
-
-// unparsed holds the requests requestCodec could not parse, from the read
-// to the check right after it in the same handler (guarded), which removes
-// the entry.
-var unparsed sync.Map // proto.Message -> struct{}
-
-// requestCodec is gRPC's protobuf codec, but a muster request that does not
-// parse is recorded in unparsed rather than failing the read. Messages of
-// other packages (health, reflection) fail as before.
-type requestCodec struct{ encoding.CodecV2 }
-
-func newRequestCodec() requestCodec { return requestCodec{encoding.GetCodecV2("proto")} }
-
-func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.CodecV2.Unmarshal(data, v)
-	if m, ok := v.(proto.Message); ok && err != nil &&
-		strings.HasPrefix(string(m.ProtoReflect().Descriptor().FullName()), "muster.") {
-		proto.Reset(m)
-		unparsed.Store(m, struct{}{})
-		return nil
-	}
-	return err
-}
 
 // decodeKey marks, in a request's context, that its body did not parse.
 type decodeKey struct{}
@@ -67,7 +39,7 @@ func (s *Server) guarded(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 			ctx = context.WithValue(ctx, decodeKey{}, bad)
 			read := func(v any) error {
 				err := dec(v)
-				if _, ok := unparsed.LoadAndDelete(v); ok {
+				if requestcodec.Unparsed(v) {
 					*bad = true
 				}
 				if c := status.Code(err); c == codes.ResourceExhausted || c == codes.Internal || c == codes.Unimplemented {
@@ -80,9 +52,9 @@ func (s *Server) guarded(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 		out.Methods[i] = m
 	}
 	// A stream reads many messages after the interceptor has run, so each
-	// read is checked where it happens: every entry requestCodec records
+	// read is checked where it happens: every entry requestcodec records
 	// is removed by the RecvMsg that caused it, and a stream cannot grow
-	// unparsed.
+	// its record.
 	out.Streams = make([]grpc.StreamDesc, len(desc.Streams))
 	for i, sd := range desc.Streams {
 		h, method := sd.Handler, "/"+desc.ServiceName+"/"+sd.StreamName
@@ -104,7 +76,7 @@ type guardedStream struct {
 
 func (g *guardedStream) RecvMsg(m any) error {
 	err := g.ServerStream.RecvMsg(m)
-	if _, ok := unparsed.LoadAndDelete(m); ok {
+	if requestcodec.Unparsed(m) {
 		g.s.refuseUnread(g.Context(), g.method, badMessage)
 		return status.Error(codes.InvalidArgument, badMessage)
 	}
@@ -139,12 +111,6 @@ func (s *Server) refuseUnread(ctx context.Context, method, reason string) {
 // audits it.
 func (s *Server) unknownMethod(gs *grpc.Server, ss grpc.ServerStream) error {
 	method, _ := grpc.Method(ss.Context())
-	reason := "unknown method"
-	if svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/"); ok {
-		reason = "unknown service " + svc
-		if _, served := gs.GetServiceInfo()[svc]; served {
-			reason = "unknown method " + name + " for service " + svc
-		}
-	}
+	reason := requestcodec.UnknownMethodReason(gs, method)
 	return s.deny(ss.Context(), callerFrom(ss.Context()), method, codes.Unimplemented, reason)
 }

@@ -46,6 +46,7 @@ import (
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
+	"github.com/muster-dev/muster/internal/requestcodec"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -588,7 +589,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
 			return s.unknownMethod(gs, ss)
 		}),
-		grpc.ForceServerCodecV2(newRequestCodec()),
+		grpc.ForceServerCodecV2(requestcodec.New()),
 		// Every agent holds a connection open for its stream, idle
 		// between tasks: per-connection buffers are most of what a
 		// stream costs (limits.go, streamReadBuffer).

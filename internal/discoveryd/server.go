@@ -44,6 +44,7 @@ import (
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
+	"github.com/muster-dev/muster/internal/requestcodec"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -240,7 +241,7 @@ func New(cfg Config) (*Server, error) {
 		// is parsed.
 		grpc.MaxRecvMsgSize(MaxRequestSize),
 		grpc.UnknownServiceHandler(s.unknownMethod),
-		grpc.ForceServerCodecV2(newRequestCodec()),
+		grpc.ForceServerCodecV2(requestcodec.New()),
 	)
 	s.grpc.RegisterService(s.guarded(&musterv1.DiscoveryService_ServiceDesc), &service{s: s})
 	hs := health.NewServer()

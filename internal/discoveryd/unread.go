@@ -2,18 +2,13 @@ package discoveryd
 
 import (
 	"context"
-	"strings"
-	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/encoding"
-	_ "google.golang.org/grpc/encoding/proto" // registers the codec wrapped here
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/requestcodec"
 )
 
 // A request gRPC refuses before a handler runs (a body over
@@ -21,35 +16,11 @@ import (
 // is refused by gRPC itself; these audit it, through the flood guard, as
 // the handlers audit their own refusals.
 
-// unparsed holds the requests requestCodec could not parse, from the read
-// to the check right after it in the same handler (guarded), which removes
-// the entry.
-var unparsed sync.Map // proto.Message -> struct{}
-
-// requestCodec is gRPC's protobuf codec, but a muster request that does not
-// parse is recorded in unparsed rather than failing the read: a failed
-// read is answered by gRPC (INTERNAL) before the handler can answer it.
-// Messages of other packages (health, reflection) fail as before.
-type requestCodec struct{ encoding.CodecV2 }
-
-func newRequestCodec() requestCodec { return requestCodec{encoding.GetCodecV2("proto")} }
-
-func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	err := c.CodecV2.Unmarshal(data, v)
-	if m, ok := v.(proto.Message); ok && err != nil &&
-		strings.HasPrefix(string(m.ProtoReflect().Descriptor().FullName()), "muster.") {
-		proto.Reset(m)
-		unparsed.Store(m, struct{}{})
-		return nil
-	}
-	return err
-}
-
 // badMessage is the refusal of a request that does not parse.
 const badMessage = "request is not a valid protobuf message for this method; use a muster client of this discovery's version"
 
 // guarded returns a copy of desc whose handlers audit a request that
-// could not be read. One that does not parse (requestCodec) is answered
+// could not be read. One that does not parse (requestcodec) is answered
 // INVALID_ARGUMENT (gRPC would say INTERNAL, which blames the server); a
 // too large one keeps gRPC's RESOURCE_EXHAUSTED, which gRPC answers
 // before the record is written.
@@ -61,7 +32,7 @@ func (s *Server) guarded(desc *grpc.ServiceDesc) *grpc.ServiceDesc {
 		m.Handler = func(srv any, ctx context.Context, dec func(any) error, in grpc.UnaryServerInterceptor) (any, error) {
 			read := func(v any) error {
 				err := dec(v)
-				if _, ok := unparsed.LoadAndDelete(v); ok {
+				if requestcodec.Unparsed(v) {
 					err = status.Error(codes.InvalidArgument, badMessage)
 				}
 				if err != nil {
@@ -87,13 +58,7 @@ func (s *Server) refuseUnread(ctx context.Context, method, reason string) {
 // (UNIMPLEMENTED, in gRPC's words, which clients recognise), and audits it.
 func (s *Server) unknownMethod(_ any, ss grpc.ServerStream) error {
 	method, _ := grpc.Method(ss.Context())
-	reason := "unknown method"
-	if svc, name, ok := strings.Cut(strings.TrimPrefix(method, "/"), "/"); ok {
-		reason = "unknown service " + svc
-		if _, served := s.grpc.GetServiceInfo()[svc]; served {
-			reason = "unknown method " + name + " for service " + svc
-		}
-	}
+	reason := requestcodec.UnknownMethodReason(s.grpc, method)
 	s.refuseUnread(ss.Context(), method, reason)
 	return status.Error(codes.Unimplemented, reason)
 }
