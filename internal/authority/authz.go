@@ -371,10 +371,6 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	return handler(srv, wrappedStream{ss, context.WithValue(ss.Context(), callerKey{}, c)})
 }
 
-// expiredReason is the refusal of an expired (or not yet valid) client
-// certificate, naming what brings its holder back: an agent joins again;
-// an operator has no one to ask over the API, so its way back is the
-// break-glass command run beside the storage key.
 // distrustedReason is the refusal of a leaf signed by an intermediate of
 // a root this authority no longer trusts (a root rotation went to
 // standby before the leaf was renewed under the new root), naming the
@@ -403,6 +399,10 @@ func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 	return ""
 }
 
+// expiredReason is the refusal of an expired (or not yet valid) client
+// certificate, naming what brings its holder back: an agent joins again;
+// an operator has no one to ask over the API, so its way back is the
+// break-glass command run beside the storage key.
 func expiredReason(leaf *x509.Certificate, trustDomain string) string {
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
 		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", id.Name)
