@@ -2,7 +2,6 @@ package authority
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -10,6 +9,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/tap"
 
+	"github.com/muster-dev/muster/internal/calldeadline"
 	"github.com/muster-dev/muster/internal/listener"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -58,9 +58,6 @@ func openFileLimit() string {
 // root rotation's update_servers waits up to 30 s for the intermediates).
 const DefaultCallTimeout = time.Minute
 
-// errCallTimeout is the cause of a call's context ended by callDeadline.
-var errCallTimeout = errors.New("the call lasted longer than limits.call_timeout")
-
 // selfBounded are the calls that bound their own time, so callDeadline
 // leaves them be: an agent's stream lasts until its certificate expires,
 // one per identity, and a send to it waits at most streamSendTimeout; a
@@ -76,27 +73,14 @@ var selfBounded = map[string]bool{
 // callDeadline (gRPC's InTapHandle, run as a call's headers arrive) gives
 // every call but the selfBounded ones a deadline of limits.call_timeout
 // when its caller gave none or a later one. A connection carrying a call
-// is never idle (idleTimeout), and gRPC reads a unary request whole
-// before any interceptor or handler sees it, so without it a call whose
-// request never came (or a reflection stream, which answers for as long
-// as it is asked) held its place among the connection's maxStreams, and
-// the connection, for good. The stream's reads and writes end with the
-// context: the call is answered DEADLINE_EXCEEDED and its refusal
-// audited, with the method and source.
-func (s *Server) callDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if selfBounded[info.FullMethodName] {
-		return ctx, nil
-	}
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.callTimeout {
-		return ctx, nil
-	}
-	// Released with the stream: gRPC cancels the parent when it ends.
-	ctx, cancel := context.WithTimeoutCause(ctx, s.callTimeout, errCallTimeout)
-	context.AfterFunc(ctx, func() {
-		defer cancel()
-		if context.Cause(ctx) == errCallTimeout {
-			s.refuseUnread(ctx, info.FullMethodName, fmt.Sprintf("%v (%s): send the request whole and read the reply within it, or raise limits.call_timeout", errCallTimeout, s.callTimeout))
-		}
-	})
-	return ctx, nil
+// is never idle (idleTimeout), so without it a call whose request never
+// came (or a reflection stream, which answers for as long as it is
+// asked) held its place among the connection's maxStreams, and the
+// connection, for good. The call is answered DEADLINE_EXCEEDED and its
+// refusal audited, with the method and source.
+func (s *Server) callDeadline() tap.ServerInHandle {
+	return calldeadline.Tap(s.callTimeout, func(method string) bool { return !selfBounded[method] },
+		func(ctx context.Context, method string) {
+			s.refuseUnread(ctx, method, fmt.Sprintf("the call lasted longer than limits.call_timeout (%s): send the request whole and read the reply within it, or raise limits.call_timeout", s.callTimeout))
+		})
 }

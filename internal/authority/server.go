@@ -583,7 +583,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.MaxConcurrentStreams(maxStreams),
 		// And no call lasts longer than limits.call_timeout, unless it
 		// bounds itself: a connection carrying a call is never idle.
-		grpc.InTapHandle(s.callDeadline),
+		grpc.InTapHandle(s.callDeadline()),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {

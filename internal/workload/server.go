@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/muster-dev/muster/internal/calldeadline"
 	"github.com/prometheus/client_golang/prometheus"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"golang.org/x/time/rate"
@@ -159,7 +160,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		grpc.MaxRecvMsgSize(maxRecvMsg),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.ConnectionTimeout(10*time.Second),
-		grpc.InTapHandle(s.callDeadline),
+		grpc.InTapHandle(s.callDeadline()),
 	)
 	workloadpb.RegisterSpiffeWorkloadAPIServer(g, s)
 	done := make(chan error, 1)
@@ -184,29 +185,15 @@ var unaryMethods = func() map[string]bool {
 	return m
 }()
 
-var errCallTimeout = errors.New("the call lasted longer than the call timeout")
-
 // callDeadline (gRPC's InTapHandle) gives a unary call Config.CallTimeout
-// where its caller gave none or a later one: gRPC reads a unary request
-// whole before any interceptor sees it, so a call whose request never
-// came was held, uncounted among its UID's streams, for as long as its
-// connection lasted.
-func (s *Server) callDeadline(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if !unaryMethods[info.FullMethodName] {
-		return ctx, nil
-	}
-	if d, ok := ctx.Deadline(); ok && time.Until(d) <= s.cfg.CallTimeout {
-		return ctx, nil
-	}
-	// Released with the stream: gRPC cancels the parent when it ends.
-	ctx, cancel := context.WithTimeoutCause(ctx, s.cfg.CallTimeout, errCallTimeout)
-	context.AfterFunc(ctx, func() {
-		defer cancel()
-		if context.Cause(ctx) == errCallTimeout {
-			s.refused("call_timeout", nil, fmt.Errorf("%s: %w (%s): send the request whole and read the reply within it", info.FullMethodName, errCallTimeout, s.cfg.CallTimeout))
-		}
-	})
-	return ctx, nil
+// where its caller gave none or a later one: a unary call whose request
+// never came was held, uncounted among its UID's streams, for as long as
+// its connection lasted.
+func (s *Server) callDeadline() tap.ServerInHandle {
+	return calldeadline.Tap(s.cfg.CallTimeout, func(method string) bool { return unaryMethods[method] },
+		func(_ context.Context, method string) {
+			s.refused("call_timeout", nil, fmt.Errorf("%s: the call lasted longer than the call timeout (%s): send the request whole and read the reply within it", method, s.cfg.CallTimeout))
+		})
 }
 
 // callerCreds are the Unix credentials of ctx's caller, nil if unknown.
