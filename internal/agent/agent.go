@@ -257,9 +257,18 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)
-	if s, ok := status.FromError(err); ok {
-		// In the status itself: the CLI prints a status's message.
-		return status.Error(s.Code(), s.Message()+"; "+hint)
+	return withHint(err, hint)
+}
+
+// withHint adds hint, the way out of err, to err: to a status's message,
+// where the CLI prints it, keeping its code and details (the reason word
+// tools and retries match on); to any other error's text.
+func withHint(err error, hint string) error {
+	s, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%w; %s", err, hint)
 	}
-	return fmt.Errorf("%w; %s", err, hint)
+	p := s.Proto()
+	p.Message += "; " + hint
+	return status.FromProto(p).Err()
 }

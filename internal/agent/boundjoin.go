@@ -442,7 +442,5 @@ func boundRefusalHint(err error, st *State) error {
 	default:
 		return err
 	}
-	p := s.Proto()
-	p.Message += "; " + hint
-	return status.FromProto(p).Err()
+	return withHint(err, hint)
 }

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discovery"
@@ -272,7 +271,5 @@ func pskRefusalHint(err error) error {
 	default:
 		return err
 	}
-	p := status.Convert(err).Proto()
-	p.Message += "; " + hint
-	return status.FromProto(p).Err()
+	return withHint(err, hint)
 }
