@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -139,6 +140,12 @@ func grpcTimeout(v string) (time.Duration, bool) {
 	unit := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second, 'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}[v[len(v)-1]]
 	if unit == 0 {
 		return 0, false
+	}
+	// 99999999H does not fit a Duration: it is read as the longest one
+	// (as gRPC reads it), not as the negative number the product wraps to,
+	// which would pass for shorter than the call timeout.
+	if n > math.MaxInt64/int64(unit) {
+		return math.MaxInt64, true
 	}
 	return time.Duration(n) * unit, true
 }
