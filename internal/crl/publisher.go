@@ -93,8 +93,8 @@ func (p *Publisher) Poke() {
 
 // Run makes a pass at once, then after each poke (once a burst settles),
 // whenever a list reaches half its validity and when a lock ends, until
-// ctx ends. A failed
-// pass is logged and tried again.
+// ctx ends. A failed pass is tried again, and logged unless the store was
+// unavailable.
 func (p *Publisher) Run(ctx context.Context) error {
 	for {
 		next, err := p.Publish(ctx)
@@ -103,7 +103,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 		}
 		wait := time.Until(next)
 		if err != nil {
-			p.cfg.Log.Error("signing the certificate revocation lists failed; trying again", "err", err)
+			// An outage of the store is logged once by the authority, as
+			// it begins and as it ends; logged here too it would be one
+			// line every retryAfter on every replica for its length.
+			if !errors.Is(err, store.ErrUnavailable) {
+				p.cfg.Log.Error("signing the certificate revocation lists failed; trying again", "err", err)
+			}
 			wait = retryAfter
 		}
 		t := time.NewTimer(max(wait, 0))
