@@ -260,6 +260,21 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	return withHint(err, hint)
 }
 
+// unknownCertificateHint adds to err, when the authority has no record of
+// this agent's certificate (errinfo reason certificate_unknown), the way
+// out: joining again over this identity. The usual cause is a store
+// restored from a backup taken before the agent's last renewal, which the
+// agent cannot undo; the refusal alone stopped it saying only what was
+// wrong.
+func unknownCertificateHint(err error, st *State, dir Dir) error {
+	if errinfo.Reason(err) != "certificate_unknown" {
+		return err
+	}
+	hint := fmt.Sprintf("the authority has no record of this certificate (its store was restored from a backup taken before this agent's last renewal, or it is another authority): join again over this identity: muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")",
+		string(dir), st.NodeID, st.NodeID)
+	return withHint(err, hint)
+}
+
 // withHint adds hint, the way out of err, to err: to a status's message,
 // where the CLI prints it, keeping its code and details (the reason word
 // tools and retries match on); to any other error's text.

@@ -73,7 +73,7 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, &musterv1.RequestCertificateRequest{Csr: csr})
 	if err != nil {
-		return nil, untrustedAuthorityHint(err, st, a.dir)
+		return nil, unknownCertificateHint(untrustedAuthorityHint(err, st, a.dir), st, a.dir)
 	}
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {

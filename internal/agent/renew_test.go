@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"github.com/muster-dev/muster/internal/identity"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -13,6 +12,9 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
+	"github.com/muster-dev/muster/internal/identity"
 )
 
 // joined returns an agent that has joined f as node n1.
@@ -120,6 +122,29 @@ func TestRenewRefusals(t *testing.T) {
 		if after[p] != data {
 			t.Errorf("%s changed after a refused renewal", p)
 		}
+	}
+}
+
+// A renewal refused because the authority has no record of the
+// certificate (a store restored from an older backup) stops the agent;
+// the refusal it prints names the way out, a join over this identity,
+// with this agent's data directory and node, keeping the code and the
+// reason word. Other refusals get no such hint.
+func TestRenewUnknownCertificateNamesTheWayOut(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	const msg = "certificate unknown to this authority"
+	f.mu.Lock()
+	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, msg, "certificate_unknown"), errinfo.Error(codes.PermissionDenied, "locked", "locked")}
+	f.mu.Unlock()
+	_, err := a.Renew(t.Context())
+	want := "muster agent join --force --data " + string(dir) + " --node n1 with a joining URI from muster token create --node n1"
+	if codeOf(err) != codes.PermissionDenied || Transient(err) || errinfo.Reason(err) != "certificate_unknown" ||
+		!strings.Contains(err.Error(), msg+"; ") || !strings.Contains(err.Error(), want) {
+		t.Errorf("certificate unknown: got %v", err)
+	}
+	if _, err := a.Renew(t.Context()); codeOf(err) != codes.PermissionDenied || strings.Contains(err.Error(), "join --force") {
+		t.Errorf("locked: got %v", err)
 	}
 }
 

@@ -60,6 +60,8 @@ var refusalWords = map[string]string{
 	enroll.ReasonNodeTaken:           "node_taken",
 
 	enroll.ReasonChallengeRequired: "challenge_required",
+
+	enroll.ReasonCertificateUnknown: "certificate_unknown",
 }
 
 // refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word

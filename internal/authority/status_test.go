@@ -42,6 +42,7 @@ func TestToStatusReasons(t *testing.T) {
 		{"token bound elsewhere", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonTokenBoundElsewhere}, codes.PermissionDenied, "token_bound_elsewhere"},
 		{"node taken (token)", &enroll.Refusal{Kind: enroll.KindAlreadyExists, Reason: enroll.ReasonNodeTakenToken}, codes.AlreadyExists, "node_taken"},
 		{"node taken (PSK)", &enroll.Refusal{Kind: enroll.KindAlreadyExists, Reason: enroll.ReasonNodeTaken}, codes.AlreadyExists, "node_taken"},
+		{"certificate unknown", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonCertificateUnknown, Detail: "serial 1f"}, codes.PermissionDenied, "certificate_unknown"},
 		{"rate limited", &enroll.Refusal{Kind: enroll.KindRateLimited, Reason: "too many requests from this source"}, codes.ResourceExhausted, "resource_exhausted"},
 		{"bad request", badRequest("node_id is required"), codes.InvalidArgument, "invalid_argument"},
 		{"bad csr", fmt.Errorf("x: %w", ca.ErrBadCSR), codes.InvalidArgument, "invalid_argument"},

@@ -52,6 +52,11 @@ const (
 	ReasonCopyDetected = "copy_detected"
 )
 
+// ReasonCertificateUnknown refuses a renewal whose certificate the store
+// has no record of: usually a store restored from a backup taken before
+// the agent's last renewal. The agent's way out is to join again.
+const ReasonCertificateUnknown = "certificate unknown to this authority"
+
 // Reasons of calls that ended because the caller went away, as the
 // service layer answers and the audit log records them.
 const (

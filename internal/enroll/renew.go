@@ -60,12 +60,12 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		case err != nil:
 			return nil, err
 		case !rd.CertificateFound:
-			return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
+			return nil, refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s", serial)
 		}
 		rec, read = rd.Certificate, &rd
 	}
 	if rec.NodeID != ev.Target {
-		return nil, refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s was issued to %s", serial, rec.NodeID)
+		return nil, refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s was issued to %s", serial, rec.NodeID)
 	}
 
 	for attempt := 0; ; attempt++ {

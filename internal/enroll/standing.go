@@ -27,7 +27,7 @@ func (s *Service) Standing(ctx context.Context, leaf *x509.Certificate) error {
 	case err != nil:
 		return err
 	case !rd.CertificateFound:
-		return refuse(KindPermissionDenied, "certificate unknown to this authority").with("serial %s", serial)
+		return refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s", serial)
 	case !rd.InstanceFound:
 		return fmt.Errorf("enroll: instance %s of certificate %s: %w", rd.Certificate.InstanceID, serial, store.ErrNotFound)
 	}
