@@ -172,7 +172,14 @@ func TestRootRotationPhases(t *testing.T) {
 	if st := caRoot(t, dir, "status"); st.JoinFingerprint != newFP || st.SigningRoot.Fingerprint != newFP {
 		t.Fatalf("update_servers: status %+v; want the new root signing and pinned by joining URIs", st)
 	}
-	// The operator identity moves under the new root before standby.
+	// The operator identity moves under the new root before standby; a
+	// copy left under the old root (another replica's data directory)
+	// cannot reach the authority from standby on, and says how to get a
+	// new identity.
+	stale := filepath.Join(t.TempDir(), "stale.pem")
+	if data, err := os.ReadFile(filepath.Join(dir, "operator.pem")); err != nil || os.WriteFile(stale, data, 0o600) != nil {
+		t.Fatalf("copying the operator identity: %v", err)
+	}
 	mustRun(t, "admin", "renew", "--data", dir)
 
 	step("next-phase", "standby")
@@ -186,6 +193,10 @@ func TestRootRotationPhases(t *testing.T) {
 		t.Fatalf("standby: PSK join pinned to the new root: exit %d\n%s", r.code, r.stderr)
 	}
 	tokenJoin("standby", newFP)
+	if msg := mustFail(t, "status", "--identity", stale, "--authority", e.auth.addr); !strings.Contains(msg, "does not chain to the roots in "+stale) ||
+		!strings.Contains(msg, "muster admin add admin --offline --data DIR --out admin-new.pem") {
+		t.Fatalf("standby: an identity left under the old root: %s; want the way out", msg)
+	}
 	// Break-glass signs with the store's admin intermediate, now under the
 	// new root, and the identity it writes works.
 	carol := filepath.Join(t.TempDir(), "carol.pem")

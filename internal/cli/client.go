@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
@@ -137,9 +138,37 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 	ctx, cancel := a.context(cmd.Context())
 	defer cancel()
 	if err := f(ctx, c); err != nil {
-		return fmt.Errorf("%s: %w", name, err)
+		return fmt.Errorf("%s: %w", name, a.untrustedAuthorityHint(err))
 	}
 	return nil
+}
+
+// untrustedAuthorityHint adds to err, when the authority's certificate did
+// not chain to the roots of the operator identity used, the way out. The
+// usual cause is a root rotation that went to standby while this identity
+// was left under the old root (a copy of the data directory on another
+// replica, or an operator who did not run muster admin renew in time):
+// it can neither reach the authority nor renew, and the transport's
+// UNAVAILABLE said only that the authority could not be reached. The
+// status code is kept.
+func (a *adminFlags) untrustedAuthorityHint(err error) error {
+	if a.id == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
+		return err
+	}
+	name := "NAME"
+	if me, idErr := a.id.ID(); idErr == nil {
+		name = me.Name
+	}
+	data := firstOf(a.data, "DIR")
+	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --store URL for a PostgreSQL store), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
+		a.idPath, name, shellQuote(data), shellQuote(name+"-new.pem"))
+	s, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%w; %s", err, hint)
+	}
+	p := s.Proto()
+	p.Message += "; " + hint
+	return status.FromProto(p).Err()
 }
 
 // callAdmin is call for a single RPC whose response the command prints.
