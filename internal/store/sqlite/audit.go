@@ -78,17 +78,17 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 // IMMEDIATE, holding the database's write lock from their start to their
 // end, so no other connection, in this process or another, writes the
 // file meanwhile; in the transaction, only appendAudit writes
-// audit_records. A write rolled back to its savepoint forgets it (batch.go,
-// runOnce), as may have appended; a transaction run again starts without
-// it (a new writeTx).
+// audit_records. A write rolled back to its savepoint makes the
+// transaction forget it (batch.go, runOnce), as the write may have
+// appended; a transaction run again starts without it (a new writeTx).
 type txHead struct {
 	known bool
 	head  store.AuditHead
 	time  int64 // the head's time column, Unix microseconds
 }
 
-// chainHead is chainHead of the transaction, read from the database only
-// when the transaction does not know it. The Hash is shared with the
+// chainHead is the chain's head and its time in the transaction, read
+// from the database only when the transaction does not know it. The Hash is shared with the
 // record appended last (appendAudit): it is only read, by the next
 // append's BuildAuditRecord, which copies it for build, and by its insert.
 func (tx *writeTx) chainHead(ctx context.Context) (store.AuditHead, int64, error) {
