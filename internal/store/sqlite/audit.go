@@ -40,7 +40,7 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 
 // appendAudit is AppendAudit's work inside the write transaction.
 func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	head, headTime, err := chainHead(ctx, tx)
+	head, headTime, err := tx.chainHead(ctx)
 	if err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
@@ -49,20 +49,58 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 		return store.AuditRecord{}, fmt.Errorf("sqlite: append audit: %w", err)
 	}
 
+	// Until the record and its clock step are both in, the chain's head
+	// is not known: a failed statement here leaves it either way.
+	tx.head.known = false
+	recTime := timeArg(rec.Time).(int64) // BuildAuditRecord refuses a zero time
 	if _, err := tx.ExecContext(ctx, `INSERT INTO audit_records (`+auditColumns+`)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		rec.Seq, timeArg(rec.Time), rec.Actor, rec.Action, rec.Target, rec.Result,
+		rec.Seq, recTime, rec.Actor, rec.Action, rec.Target, rec.Result,
 		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
-	if head.Seq > 0 && timeArg(rec.Time).(int64) < headTime {
+	if head.Seq > 0 && recTime < headTime {
 		// The clock stepped back: a new run of non-decreasing times
 		// starts here (auditSeqFrom).
 		if _, err := tx.ExecContext(ctx, `INSERT INTO audit_clock_steps (seq) VALUES (?)`, rec.Seq); err != nil {
 			return store.AuditRecord{}, wrap("append audit: clock step", err)
 		}
 	}
+	tx.head = txHead{known: true, head: store.AuditHead{Seq: rec.Seq, Hash: rec.Hash}, time: recTime}
 	return rec, nil
+}
+
+// txHead is the audit chain's head as a write transaction has left it
+// (known once the transaction read it or appended to it), so that the
+// writes of a batch after the first append without reading it: they
+// append one after another in the one transaction, and nothing else can
+// append to the chain while it runs. The writer's transactions begin
+// IMMEDIATE, holding the database's write lock from their start to their
+// end, so no other connection, in this process or another, writes the
+// file meanwhile; in the transaction, only appendAudit writes
+// audit_records. A write rolled back to its savepoint makes the
+// transaction forget it (batch.go, runOnce), as the write may have
+// appended; a transaction run again starts without it (a new writeTx).
+type txHead struct {
+	known bool
+	head  store.AuditHead
+	time  int64 // the head's time column, Unix microseconds
+}
+
+// chainHead is the chain's head and its time in the transaction, read
+// from the database only when the transaction does not know it. The Hash is shared with the
+// record appended last (appendAudit): it is only read, by the next
+// append's BuildAuditRecord, which copies it for build, and by its insert.
+func (tx *writeTx) chainHead(ctx context.Context) (store.AuditHead, int64, error) {
+	if tx.head.known {
+		return tx.head.head, tx.head.time, nil
+	}
+	h, t, err := chainHead(ctx, tx)
+	if err != nil {
+		return store.AuditHead{}, 0, err
+	}
+	tx.head = txHead{known: true, head: h, time: t}
+	return h, t, nil
 }
 
 // AuditHead returns the last record's seq and hash: Seq 0 and a nil Hash

@@ -309,6 +309,9 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 		undo := []string{`RELEASE op`}
 		if op.err != nil {
 			undo = []string{`ROLLBACK TO op`, `RELEASE op`}
+			// The write may have appended to the audit chain before it
+			// failed: its record goes with the rollback.
+			tx.head.known = false
 		}
 		for _, q := range undo {
 			if _, err := tx.ExecContext(context.Background(), q); err != nil {

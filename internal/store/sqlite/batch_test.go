@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -716,5 +717,82 @@ func TestWriteTxStmtOtherContext(t *testing.T) {
 	}
 	if err := insertRow("b", new(int), nil)(ctx, tx); err != nil {
 		t.Fatalf("the next write, on the kept handle: %v", err)
+	}
+}
+
+// TestAuditHeadKeptInTransaction: the writes of a batch after one that
+// appended to the audit chain append on the head the transaction kept,
+// without reading it; a write rolled back to its savepoint takes its
+// record's head with it, and the next append reads the head again. Each
+// write checks the kept head against the chain's last record read in the
+// transaction, and the chain committed is whole, with its clock step.
+func TestAuditHeadKeptInTransaction(t *testing.T) {
+	s := openWithRows(t)
+	ctx := t.Context()
+	t0 := time.Now()
+	boom := errors.New("fails after appending")
+	var known []string // each run's write and whether it found the head kept
+	appending := func(id string, at time.Time, fail error) func(ctx context.Context, tx *writeTx) error {
+		return func(ctx context.Context, tx *writeTx) error {
+			known = append(known, fmt.Sprintf("%s:%v", id, tx.head.known))
+			if _, err := appendAudit(ctx, tx, func(head store.AuditHead) (store.AuditRecord, error) {
+				seq := head.Seq + 1
+				return store.AuditRecord{Seq: seq, Time: at, Actor: "a", Action: "test." + id, Target: "t",
+					Result: "ok", PrevHash: head.Hash, Hash: []byte(fmt.Sprintf("%s-%d", id, seq))}, nil
+			}); err != nil {
+				return err
+			}
+			h, tm, err := chainHead(ctx, tx.Tx) // the database's, not the kept one
+			if err != nil {
+				return err
+			}
+			if !tx.head.known || tx.head.head.Seq != h.Seq || !bytes.Equal(tx.head.head.Hash, h.Hash) || tx.head.time != tm {
+				t.Errorf("%s: kept head %+v, the chain's %+v at %d", id, tx.head, h, tm)
+			}
+			return fail
+		}
+	}
+	errs := batchOf(s, ctx,
+		appending("a", t0, nil),
+		appending("b", t0.Add(time.Second), boom),
+		appending("c", t0.Add(2*time.Second), nil),
+		appending("d", t0.Add(-time.Hour), nil), // the clock stepped back
+	)
+	if errs[0] != nil || !errors.Is(errs[1], boom) || errs[2] != nil || errs[3] != nil {
+		t.Fatalf("answers %v, want nil, %v, nil, nil", errs, boom)
+	}
+	// The first transaction: a, then b on a's head, rolled back at b. The
+	// second: a again, b in its savepoint on a's head, rolled back; c
+	// reads the head again, d appends on c's.
+	want := "[a:false b:true a:false b:true c:false d:true]"
+	if got := fmt.Sprint(known); got != want {
+		t.Errorf("runs and kept heads %s, want %s", got, want)
+	}
+	recs, err := s.ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var prev []byte
+	for _, r := range recs {
+		got = append(got, fmt.Sprintf("%d:%s", r.Seq, r.Action))
+		if !bytes.Equal(r.PrevHash, prev) {
+			t.Errorf("record %d: prev hash %q, want %q", r.Seq, r.PrevHash, prev)
+		}
+		prev = r.Hash
+	}
+	if fmt.Sprint(got) != "[1:test.a 2:test.c 3:test.d]" {
+		t.Errorf("chain %v, want [1:test.a 2:test.c 3:test.d]", got)
+	}
+	var steps []int64
+	rows, err := s.r.QueryContext(ctx, `SELECT seq FROM audit_clock_steps ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if steps, err = collect(rows, "steps", func(r scanner) (seq int64, err error) { return seq, r.Scan(&seq) }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(steps) != "[3]" {
+		t.Errorf("clock steps %v, want [3]", steps)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -25,13 +24,22 @@ const joinTokenQuery = `SELECT 1, ` + tokenColumns + ` FROM tokens WHERE id = ?1
 	SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
 	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1)`
 
-// flagged scans a leading found flag into found, then the row.
-type flagged struct {
-	row   scanner
-	found *int64
+// scanJoinToken reads joinTokenQuery's row: its leading found flag, then
+// the token (or the decoy).
+func scanJoinToken(row scanner) (store.Token, bool, error) {
+	b, err := readRow(row, 1+tokenColumnCount)
+	if err != nil {
+		return store.Token{}, false, err
+	}
+	defer b.put()
+	flag := b.cols(1)
+	found := flag.int() != 0
+	if err := flag.done(); err != nil {
+		return store.Token{}, false, err
+	}
+	t, err := tokenFrom(cols{v: b.raw[1 : 1+tokenColumnCount]})
+	return t, found, err
 }
-
-func (f flagged) Scan(dst ...any) error { return f.row.Scan(append([]any{f.found}, dst...)...) }
 
 // ReadJoin reads the token (or the decoy), the node and the lock one after
 // another on the read pool: in process, a read costs no round trip, so
@@ -39,12 +47,11 @@ func (f flagged) Scan(dst ...any) error { return f.row.Scan(append([]any{f.found
 func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []store.LockTarget) (store.JoinRead, error) {
 	var r store.JoinRead
 	if tokenID != "" {
-		var found int64
-		t, err := scanToken(flagged{s.r.lookup(ctx, joinTokenQuery, tokenID), &found})
+		t, found, err := scanJoinToken(s.r.lookup(ctx, joinTokenQuery, tokenID))
 		if err != nil {
 			return store.JoinRead{}, wrap("read join: token "+tokenID, err)
 		}
-		if found != 0 {
+		if found {
 			ts := []store.Token{t}
 			if err := withBoundKeypairs(ctx, s.r, ts); err != nil {
 				return store.JoinRead{}, wrap("read join: token "+tokenID, err)
@@ -108,32 +115,40 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 	if raw[nodeIDColumn+1] != nil { // join_method, NOT NULL in the table
 		raw[nodeIDColumn] = raw[certNodeIDColumn]
 	}
-	v := values(raw)
-	if r.Certificate, err = scanCertificate(v.next(certificateColumnCount)); err != nil {
+	// Each table's columns in turn. A LEFT JOIN that found no row leaves
+	// its columns NULL, the first (the row's id, never NULL in the
+	// table) too: that is its flag.
+	at := 0
+	next := func(n int) cols {
+		c := cols{v: raw[at : at+n]}
+		at += n
+		return c
+	}
+	if r.Certificate, err = certificateFrom(next(certificateColumnCount)); err != nil {
 		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
 	r.CertificateFound = true
-	// A LEFT JOIN that found no row leaves its columns NULL, the first
-	// (the row's id, never NULL in the table) too: that is its flag.
-	if inst := v.next(instanceColumnCount); found(inst) {
-		if r.Instance, err = scanInstance(inst); err != nil {
+	if inst := next(instanceColumnCount); found(inst) {
+		if r.Instance, err = instanceFrom(inst); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
 		r.InstanceFound = true
 	}
-	if node := v.next(nodeColumnCount); found(node) {
-		if r.Node, err = scanNode(node); err != nil {
+	if node := next(nodeColumnCount); found(node) {
+		if r.Node, err = nodeFrom(node); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
 		r.NodeFound = true
 	}
-	if l := v.next(lockColumnCount); found(l) {
-		if r.Lock, err = scanLock(l); err != nil {
+	if l := next(lockColumnCount); found(l) {
+		if r.Lock, err = lockFrom(l); err != nil {
 			return store.RenewalRead{}, wrap("read renewal "+serial, err)
 		}
 		r.Locked = true
 	}
-	if err := v.next(2).Scan(&r.SignerSet.Version, &r.SignerSet.SteppedAt); err != nil {
+	ss := next(2)
+	r.SignerSet = store.SignerSetID{Version: ss.int(), SteppedAt: ss.int()}
+	if err := ss.done(); err != nil {
 		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
 	return r, nil
@@ -191,12 +206,9 @@ func (r *renewalRow) put() {
 	renewalRows.Put(r)
 }
 
-// found reports whether the columns of a LEFT JOIN's table (values
-// whose first is the row's id) came from a row.
-func found(cols scanner) bool {
-	v := cols.(values)
-	return len(v) > 0 && v[0] != nil
-}
+// found reports whether the columns of a LEFT JOIN's table (whose first
+// is the row's id) came from a row.
+func found(c cols) bool { return len(c.v) > 0 && c.v[0] != nil }
 
 func columnCount(cols string) int { return strings.Count(cols, ",") + 1 }
 
@@ -269,118 +281,4 @@ func buildRenewalQuery(n int) string {
 		ORDER BY CASE ` + strings.Join(order, " ") + ` END, lk.created_at, lk.id
 		LIMIT 1)
 	WHERE c.serial = ?1`
-}
-
-// values scans the columns of a row read whole into []any, a table's
-// columns at a time, with the conversions database/sql makes for the
-// types the scan functions use; a NULL leaves a destination that is not a
-// sql.Scanner as it was (the columns of a LEFT JOIN that found nothing).
-type values []any
-
-// next returns a scanner of the next n columns.
-func (v *values) next(n int) scanner {
-	cols := (*v)[:n]
-	*v = (*v)[n:]
-	return values(cols)
-}
-
-func (v values) Scan(dst ...any) error {
-	if len(dst) != len(v) {
-		return fmt.Errorf("sqlite: %d columns scanned into %d destinations", len(v), len(dst))
-	}
-	for i, d := range dst {
-		if err := assign(d, v[i]); err != nil {
-			return fmt.Errorf("sqlite: column %d: %w", i, err)
-		}
-	}
-	return nil
-}
-
-// assign stores src in dst as database/sql's Scan would. The destination
-// types the scan functions use are stored directly (a renewal reads about
-// forty columns through here, and reflection on each showed in the
-// authority's profile); any other goes through assignReflect.
-func assign(dst, src any) error {
-	switch d := dst.(type) {
-	case *string:
-		switch s := src.(type) {
-		case string:
-			*d = s
-			return nil
-		case []byte:
-			*d = string(s)
-			return nil
-		case nil:
-			return nil
-		}
-	case *[]byte:
-		switch s := src.(type) {
-		case []byte:
-			*d = s // database/sql copied it into the row's []any
-			return nil
-		case string:
-			*d = []byte(s)
-			return nil
-		case nil:
-			return nil
-		}
-	case *int64:
-		switch s := src.(type) {
-		case int64:
-			*d = s
-			return nil
-		case nil:
-			return nil
-		}
-	case *nullInt:
-		return d.Scan(src)
-	}
-	return assignReflect(dst, src)
-}
-
-// assignReflect is assign for any destination: a sql.Scanner scans src,
-// and a pointer to a string, byte slice, integer or bool takes a value
-// of the matching kind.
-func assignReflect(dst, src any) error {
-	if sc, ok := dst.(sql.Scanner); ok {
-		return sc.Scan(src)
-	}
-	if src == nil {
-		return nil
-	}
-	d := reflect.ValueOf(dst)
-	if d.Kind() != reflect.Pointer || d.IsNil() {
-		return fmt.Errorf("destination %T is not a pointer", dst)
-	}
-	e := d.Elem()
-	switch s := src.(type) {
-	case string:
-		switch {
-		case e.Kind() == reflect.String:
-			e.SetString(s)
-			return nil
-		case e.Kind() == reflect.Slice && e.Type().Elem().Kind() == reflect.Uint8:
-			e.SetBytes([]byte(s))
-			return nil
-		}
-	case []byte:
-		switch {
-		case e.Kind() == reflect.String:
-			e.SetString(string(s))
-			return nil
-		case e.Kind() == reflect.Slice && e.Type().Elem().Kind() == reflect.Uint8:
-			e.SetBytes(s) // database/sql copied it into the row's []any
-			return nil
-		}
-	case int64:
-		switch e.Kind() {
-		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-			e.SetInt(s)
-			return nil
-		case reflect.Bool:
-			e.SetBool(s != 0)
-			return nil
-		}
-	}
-	return fmt.Errorf("cannot store %T in %T", src, dst)
 }

@@ -147,15 +147,3 @@ func buildFindAnyLockQuery(n int) string {
 		ORDER BY pos, created_at, id LIMIT 1`)
 	return b.String()
 }
-
-func scanLock(row interface{ Scan(...any) error }) (store.Lock, error) {
-	var (
-		l                store.Lock
-		created, expires nullInt
-	)
-	if err := row.Scan(&l.ID, &l.Kind, &l.Target, &l.Reason, &l.CreatedBy, &created, &expires); err != nil {
-		return store.Lock{}, err
-	}
-	l.CreatedAt, l.ExpiresAt = created.time(), expires.time()
-	return l, nil
-}

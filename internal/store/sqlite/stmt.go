@@ -141,6 +141,9 @@ type writeTx struct {
 	// handle (several allocations).
 	stmts []txStmt
 	buf   [16]txStmt // stmts' first array
+	// head is the audit chain's head as the transaction has left it, if
+	// known (audit.go, txHead).
+	head txHead
 }
 
 type txStmt struct{ parent, st *sql.Stmt }

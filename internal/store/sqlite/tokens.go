@@ -112,30 +112,51 @@ func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duratio
 }
 
 func scanToken(row scanner) (store.Token, error) {
-	var (
-		t                        store.Token
-		labels                   string
-		expires, created, usedAt nullInt
-	)
-	if err := row.Scan(&t.ID, &t.JoinMethod, &t.Ciphertext, &t.Nonce, &t.UsesAllowed, &t.UsesCount, &expires,
-		&t.NodeID, &t.Description, &labels, &t.CreatedBy, &created, &usedAt, &t.SVIDUsage); err != nil {
+	b, err := readRow(row, tokenColumnCount)
+	if err != nil {
+		return store.Token{}, err
+	}
+	defer b.put()
+	return tokenFrom(b.cols(tokenColumnCount))
+}
+
+var tokenColumnCount = columnCount(tokenColumns)
+
+// tokenFrom decodes tokenColumns (see cols).
+func tokenFrom(c cols) (store.Token, error) {
+	t := store.Token{ID: c.str(), JoinMethod: c.str(), Ciphertext: c.bytes(), Nonce: c.bytes(),
+		UsesAllowed: c.int(), UsesCount: c.int(), ExpiresAt: c.time(), NodeID: c.str(), Description: c.str()}
+	labels := c.str()
+	t.CreatedBy, t.CreatedAt, t.LastUsedAt, t.SVIDUsage = c.str(), c.time(), c.time(), c.str()
+	if err := c.done(); err != nil {
 		return store.Token{}, err
 	}
 	// No labels are stored as "{}" (labelsArg), which reads as nil
 	// without the JSON decoder a join would otherwise run on every token.
 	if labels != "{}" {
-		if err := json.Unmarshal([]byte(labels), &t.Labels); err != nil {
+		var err error
+		if t.Labels, err = labelsCol(labels); err != nil {
 			return store.Token{}, fmt.Errorf("token %s: labels: %w", t.ID, err)
 		}
-		if len(t.Labels) == 0 {
-			t.Labels = nil
-		}
 	}
-	t.ExpiresAt, t.CreatedAt, t.LastUsedAt = expires.time(), created.time(), usedAt.time()
 	if t.SVIDUsage == store.SVIDUsageClient {
 		t.SVIDUsage = "" // the default reads as unset
 	}
 	return t, nil
+}
+
+// labelsCol decodes a labels column; an empty object is nil. A function
+// of its own so that the map's holder json.Unmarshal is handed goes to
+// the heap only when there are labels.
+func labelsCol(s string) (map[string]string, error) {
+	var labels map[string]string
+	if err := json.Unmarshal([]byte(s), &labels); err != nil {
+		return nil, err
+	}
+	if len(labels) == 0 {
+		return nil, nil
+	}
+	return labels, nil
 }
 
 // labelsArg encodes labels as a JSON object; no labels are "{}", never
