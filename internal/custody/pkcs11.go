@@ -572,7 +572,9 @@ func (s *p11Signer) Sign(_ io.Reader, data []byte, opts crypto.SignerOpts) ([]by
 			return err
 		}
 		if len(hs) != 1 {
-			return fmt.Errorf("custody: PKCS#11 object %q is not in token %q", s.u.Object, s.u.Token)
+			return fmt.Errorf("%w: object %q, token %q (deleted, or the token initialised again): restore the token from its backup, "+
+				"or make its successor in the token and activate it (muster ca rotate ROLE, then muster ca rotate ROLE --activate; "+
+				"for a task signer, muster signer stage then muster signer activate)", ErrKeyMissing, s.u.Object, s.u.Token)
 		}
 		if err := s.c.t.mod.SignInit(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, hs[0]); err != nil {
 			return err

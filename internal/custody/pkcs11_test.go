@@ -355,3 +355,40 @@ func TestPKCS11WrongPINIsNotRetried(t *testing.T) {
 		t.Fatal("logged in again after the token refused the PIN")
 	}
 }
+
+// TestPKCS11DeletedObjectIsKeyMissing: an object deleted from the token
+// under a running authority (by hand, or the token initialised again) is
+// ErrKeyMissing, which the service layer answers UNAVAILABLE so agents
+// retry rather than stop, and whose message names the way out.
+func TestPKCS11DeletedObjectIsKeyMissing(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := exec.LookPath("pkcs11-tool")
+	if err != nil {
+		t.Fatalf("pkcs11-tool (package opensc): %v", err)
+	}
+	if out, err := exec.Command(tool, "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--delete-object", "--type", "privkey", "--label", "muster-test/ec").CombinedOutput(); err != nil {
+		t.Fatalf("pkcs11-tool --delete-object: %v\n%s", err, out)
+	}
+	sum := sha256.Sum256([]byte("gone"))
+	_, err = s.Sign(rand.Reader, sum[:], crypto.SHA256)
+	if !errors.Is(err, custody.ErrKeyMissing) {
+		t.Fatalf("signing with a deleted object: %v, want ErrKeyMissing", err)
+	}
+	if !strings.Contains(err.Error(), "muster ca rotate ROLE --activate") {
+		t.Errorf("the error names no way out: %v", err)
+	}
+	if tk.Ready() != nil {
+		t.Errorf("the token itself is still usable, but Ready says %v", tk.Ready())
+	}
+}
