@@ -3,6 +3,8 @@
 package e2e
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +13,73 @@ import (
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
 )
+
+// TestPKCS11StartRefusalsAreAudited: an authority whose token cannot be
+// opened (a wrong PIN, a PIN file others can read, a missing PIN file, a
+// module that is not where authority.json says) refuses to start, says
+// which module and PIN file it used and how to start once fixed, and
+// records the refusal in the store's audit log, which the operator reads
+// with no authority running. The PIN is in neither.
+func TestPKCS11StartRefusalsAreAudited(t *testing.T) {
+	t.Parallel()
+	tok := softhsmtest.New(t)
+	env := tok.Env()
+	dir := filepath.Join(t.TempDir(), "authority")
+	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	pins := t.TempDir()
+	wrong := filepath.Join(pins, "wrong")
+	open := filepath.Join(pins, "open")
+	if err := os.WriteFile(wrong, []byte("987654\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(open, []byte(softhsmtest.PIN+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gone := filepath.Join(pins, "gone")
+	noModule := filepath.Join(t.TempDir(), "libvendor-pkcs11.so")
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"wrong PIN", []string{"--pkcs11-pin-file", wrong}, []string{"the PIN is wrong or locked", "the PIN file " + wrong}},
+		{"PIN file others can read", []string{"--pkcs11-pin-file", open}, []string{"chmod 600", "the PIN file " + open}},
+		{"PIN file missing", []string{"--pkcs11-pin-file", gone}, []string{gone}},
+		{"module missing", []string{"--pkcs11-module", noModule}, []string{"module " + noModule, "the PIN file " + tok.PINFile}},
+	} {
+		args := append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, tt.args...)
+		r := muster(t, env, args...)
+		if r.code == 0 {
+			t.Fatalf("%s: the authority started\n%s", tt.name, r.stderr)
+		}
+		wayOut := "muster-pkcs11 authority --data " + dir
+		for _, w := range append(tt.want, wayOut) {
+			if !strings.Contains(r.stderr, w) {
+				t.Errorf("%s: the refusal does not say %q:\n%s", tt.name, w, r.stderr)
+			}
+		}
+		if strings.Contains(r.stderr, softhsmtest.PIN) {
+			t.Errorf("%s: the refusal shows the PIN:\n%s", tt.name, r.stderr)
+		}
+		r = muster(t, env, "audit", "list", "--offline", "--data", dir, "--action", "authority.start", "-o", "json")
+		if r.code != 0 {
+			t.Fatalf("%s: audit list --offline: exit %d\n%s", tt.name, r.code, r.stderr)
+		}
+		var a []struct{ Result, Reason string }
+		if err := json.Unmarshal([]byte(r.stdout), &a); err != nil {
+			t.Fatal(err)
+		}
+		if len(a) == 0 || a[len(a)-1].Result != "denied" || !strings.Contains(a[len(a)-1].Reason, tt.want[0]) ||
+			!strings.Contains(a[len(a)-1].Reason, wayOut) {
+			t.Errorf("%s: the refusal is not audited with its way out: %+v", tt.name, a)
+		}
+		if strings.Contains(r.stdout, softhsmtest.PIN) {
+			t.Errorf("%s: the audit log holds the PIN: %s", tt.name, r.stdout)
+		}
+	}
+}
 
 // TestPKCS11DeletedKeyAgentsRetry: the active agent intermediate's object
 // deleted from the token under a running authority. A renewal is answered
@@ -56,4 +125,40 @@ func TestPKCS11DeletedKeyAgentsRetry(t *testing.T) {
 		return muster(t, nil, "ca", "rotate", "agent", "--activate", "--data", dir).code == 0
 	})
 	mustRun(t, "agent", "renew", "--data", adir)
+}
+
+// TestPKCS11LostTokenRefusalIsAudited: the token initialised again while
+// the authority was stopped (its keys gone). The start is refused with
+// what happened and the way out, and the refusal is in the audit log,
+// where before it was a bare "stored key reference does not open" that
+// nobody recorded.
+func TestPKCS11LostTokenRefusalIsAudited(t *testing.T) {
+	t.Parallel()
+	tok := softhsmtest.New(t)
+	env := tok.Env()
+	dir := filepath.Join(t.TempDir(), "authority")
+	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	for _, args := range [][]string{
+		{"--delete-token", "--token", softhsmtest.Label},
+		{"--init-token", "--free", "--label", softhsmtest.Label, "--pin", softhsmtest.PIN, "--so-pin", softhsmtest.SOPIN},
+	} {
+		if out, err := tok.Command("softhsm2-util", args...).CombinedOutput(); err != nil {
+			t.Fatalf("softhsm2-util %v: %v\n%s", args, err, out)
+		}
+	}
+	r := muster(t, env, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	wayOut := "restore the token from its backup"
+	if r.code == 0 || !strings.Contains(r.stderr, wayOut) || !strings.Contains(r.stderr, "muster-pkcs11 authority --data "+dir) {
+		t.Fatalf("start over a token that lost its keys: exit %d, want a refusal naming the way out:\n%s", r.code, r.stderr)
+	}
+	r = muster(t, env, "audit", "list", "--offline", "--data", dir, "--action", "authority.start", "-o", "json")
+	var a []struct{ Result, Reason string }
+	if err := json.Unmarshal([]byte(r.stdout), &a); err != nil {
+		t.Fatalf("audit list --offline: %v\n%s%s", err, r.stdout, r.stderr)
+	}
+	if len(a) == 0 || a[len(a)-1].Result != "denied" || !strings.Contains(a[len(a)-1].Reason, wayOut) {
+		t.Errorf("the refusal is not audited: %+v", a)
+	}
 }
