@@ -151,7 +151,7 @@ func (t *Token) open() (pkcs11.SessionHandle, error) {
 			// Never tried again: an HSM locks its user PIN after a few
 			// wrong ones. The authority must be restarted with the right
 			// PIN.
-			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: restart the authority with the right PIN", t.uri.Token, err)
+			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: correct the PIN (the --pkcs11-pin-file FILE, or %s) and run the command again; a running authority keeps it refused until restarted with the right PIN", t.uri.Token, err, PINEnv)
 			t.mu.Lock()
 			t.pinRefused = err
 			t.mu.Unlock()
