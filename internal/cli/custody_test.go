@@ -164,3 +164,65 @@ func TestMigrateCustodyKeepsAPINOutOfTheAudit(t *testing.T) {
 		t.Errorf("the audit record holds the PIN: %s", all)
 	}
 }
+
+// TestMigrateCustodyIntoAnotherTokenOpensNone: a migration into a token
+// other than the one the store or authority.json already binds the keys
+// to is refused before that token is opened (a login there spends one of
+// its PIN tries), audited, and names the token to use. The static build
+// cannot open a token at all, so a refusal that names the bound token
+// shows that none was opened first.
+func TestMigrateCustodyIntoAnotherTokenOpensNone(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		bind  func(t *testing.T, dir datadir.Dir)
+		wants []string
+	}{
+		{"store", func(t *testing.T, dir datadir.Dir) {
+			st, err := sqlite.Open(context.Background(), dir.DatabaseFile())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if _, err := st.RecordKeyCustody(context.Background(), store.KeyCustody{URI: "pkcs11:token=first", Module: "/opt/hsm.so"}); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"the store records", "--custody 'pkcs11:token=first'", "muster ca migrate-custody --data " + "DIR" + " --custody 'pkcs11:token=first' --rollback"}},
+		{"authority.json", func(t *testing.T, dir datadir.Dir) {
+			info, err := dir.ReadInfo()
+			if err != nil {
+				t.Fatal(err)
+			}
+			info.Custody = &datadir.Custody{URI: "pkcs11:token=first", Module: "/opt/hsm.so", PINFile: "/etc/pin"}
+			if err := dir.WriteInfo(info); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"authority.json records the token pkcs11:token=first", "--custody 'pkcs11:token=first'"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "d")
+			if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+				t.Fatalf("init: %s", stderr)
+			}
+			tt.bind(t, datadir.Dir(dir))
+			code, _, stderr := runCLI(t, "ca", "migrate-custody", "--data", dir, "--custody", "pkcs11:token=second",
+				"--pkcs11-module", "/opt/hsm.so", "--pkcs11-pin-file", "/etc/pin")
+			if code == 0 {
+				t.Fatal("the migration into another token was not refused")
+			}
+			for _, w := range tt.wants {
+				if w = strings.ReplaceAll(w, "DIR", dir); !strings.Contains(stderr, w) {
+					t.Errorf("the refusal does not say %q:\n%s", w, stderr)
+				}
+			}
+			st, err := sqlite.Open(context.Background(), datadir.Dir(dir).DatabaseFile())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			recs, err := st.ListAudit(context.Background(), store.AuditFilter{Action: "ca.migrate_custody"})
+			if err != nil || len(recs) == 0 || !strings.Contains(recs[len(recs)-1].Reason, "pkcs11:token=first") {
+				t.Errorf("the refusal is not audited: %+v %v", recs, err)
+			}
+		})
+	}
+}
