@@ -181,7 +181,10 @@ type PKCS11Config struct {
 const DefaultSessions = 8
 
 // ReadPIN finds the PIN: the file (refused when other users can read
-// it), else the variable.
+// it), else the variable, which it then removes from this process's
+// environment: a process started from here (a helper a vendor's module
+// runs, say) would inherit it. The token keeps the PIN it read, for its
+// re-opens.
 func (c PKCS11Config) ReadPIN(u PKCS11URI) (string, error) {
 	file := c.PINFile
 	if file == "" {
@@ -191,6 +194,9 @@ func (c PKCS11Config) ReadPIN(u PKCS11URI) (string, error) {
 		pin, ok := os.LookupEnv(PINEnv)
 		if !ok || pin == "" {
 			return "", fmt.Errorf("custody: no PKCS#11 PIN: give a PIN file (--pkcs11-pin-file, mode 0600) or set %s", PINEnv)
+		}
+		if err := os.Unsetenv(PINEnv); err != nil {
+			return "", fmt.Errorf("custody: removing %s from the environment: %w", PINEnv, err)
 		}
 		return pin, nil
 	}
