@@ -253,6 +253,30 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
 		}
 		fmt.Fprintf(w, ": %s\n", s.Next)
 	}
+	// A signer step skipped (a sealed signer was staged already) leaves
+	// that sealed signer staged: "activate the staged signer" would
+	// activate it and keep the signer out of the token.
+	signerStep := `  3. Activate the staged signer (or let it activate at its time):
+       muster signer activate
+`
+	skipped := false
+	for _, s := range res.Steps {
+		if s.Done != "skipped" {
+			continue
+		}
+		skipped = true
+		if s.Key == "signer" {
+			signerStep = `  3. The staged signer is sealed (skipped above): activate it
+       muster signer activate
+     or roll it back
+       muster signer rollback
+     then run this command again: it stages a signer in the token.
+`
+		}
+	}
+	if skipped {
+		fmt.Fprintln(w, "A key marked skipped is not in the token yet: do what its line says, then run this command again.")
+	}
 	fmt.Fprintf(w, `Next:
   1. Restart every replica with the pkcs11 build and the token:
        muster-pkcs11 authority --data DIR --pkcs11-module %s [--pkcs11-pin-file FILE]
@@ -260,16 +284,14 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
      without them reports not ready until restarted).
   2. Once the successors are published, activate them (or let the leader):
        muster ca rotate ROLE --activate     # ROLE: bootstrap, server, agent, admin
-  3. Activate the staged signer (or let it activate at its time):
-       muster signer activate
-  4. Should the token be lost or wrong before any key in it is activated,
+%s  4. Should the token be lost or wrong before any key in it is activated,
      undo the migration (the token is not opened; the sealed keys sign on):
        muster ca migrate-custody --data DIR --custody '%s' --rollback
 
 The root key stays where it is; to move it into the token too:
        muster ca root rotate                # its new root is made in the token
 The sealed keys are destroyed as rotation retires them; docs/hsm.md.
-`, res.Module, res.URI)
+`, res.Module, signerStep, res.URI)
 }
 
 func printRollback(w io.Writer, res authority.CustodyMigrationResult, forgot bool) {

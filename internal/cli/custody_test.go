@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/store"
@@ -224,5 +225,27 @@ func TestMigrateCustodyIntoAnotherTokenOpensNone(t *testing.T) {
 				t.Errorf("the refusal is not audited: %+v %v", recs, err)
 			}
 		})
+	}
+}
+
+// TestPrintMigrationSkippedSigner: with a sealed signer staged already the
+// migration skips the signer, and its next steps say to activate or roll
+// that one back and run the migration again, not "activate the staged
+// signer" (which activated the sealed one and left the token signerless).
+func TestPrintMigrationSkippedSigner(t *testing.T) {
+	res := authority.CustodyMigrationResult{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", Steps: []authority.MigrationStep{
+		{Key: "ca/agent", Done: "prepared", Serial: "a1", Where: "pkcs11:token=muster;object=muster-ca%2Fagent%2Fa1", Next: "activate it"},
+		{Key: "signer", Done: "skipped", Version: "v2", Next: "signer v2 (sealed) is staged"},
+	}}
+	var out strings.Builder
+	printMigration(&out, res)
+	if text := out.String(); strings.Contains(text, "Activate the staged signer") || !strings.Contains(text, "then run this command again: it stages a signer in the token") {
+		t.Errorf("next steps after a skipped signer:\n%s", text)
+	}
+	res.Steps[1] = authority.MigrationStep{Key: "signer", Done: "staged", Version: "v3", Next: "activate it"}
+	out.Reset()
+	printMigration(&out, res)
+	if text := out.String(); !strings.Contains(text, "Activate the staged signer") || strings.Contains(text, "skipped") {
+		t.Errorf("next steps after a signer staged in the token:\n%s", text)
 	}
 }
