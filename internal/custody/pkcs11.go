@@ -255,6 +255,43 @@ func (t *Token) recover() {
 // token may have another) and logs in on a new session.
 func (t *Token) reopen() error {
 	t.drainIdle()
+	err := t.reopenSlot()
+	t.mu.Lock()
+	refused := t.pinRefused
+	t.mu.Unlock()
+	if err == nil || refused != nil || !t.owner {
+		return err
+	}
+	// A module may keep what it learnt of its tokens at C_Initialize: to
+	// SoftHSM2 a token deleted and initialised again under the same label
+	// stays the old one, and every login fails (CKR_GENERAL_ERROR) until
+	// the process restarts. Starting the module again makes it look anew;
+	// only the Token that initialised it does so, and only with no call
+	// in the module (PKCS#11 leaves C_Finalize during one undefined): it
+	// takes every session slot first, or tries at the next round.
+	held := 0
+	defer func() {
+		for range held {
+			<-t.sem
+		}
+	}()
+	for ; held < cap(t.sem); held++ {
+		select {
+		case t.sem <- struct{}{}:
+		default:
+			return err
+		}
+	}
+	t.mod.Finalize()
+	if err := t.mod.Initialize(); err != nil && !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
+		return fmt.Errorf("custody: initialising the PKCS#11 module again: %w", err)
+	}
+	return t.reopenSlot()
+}
+
+// reopenSlot finds the token's slot and logs in on a new session, kept
+// idle.
+func (t *Token) reopenSlot() error {
 	slot, err := t.findSlot()
 	if errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED)) {
 		if err = t.mod.Initialize(); err == nil {

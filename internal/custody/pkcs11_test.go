@@ -395,3 +395,50 @@ func TestPKCS11DeletedObjectIsKeyMissing(t *testing.T) {
 		t.Errorf("the token itself is still usable, but Ready says %v", tk.Ready())
 	}
 }
+
+// TestPKCS11TokenInitialisedAgainIsReopened: the token deleted and
+// initialised again (same label, same PIN) under a running authority. Its
+// keys are gone, but the token is back: the background re-open must reach
+// it, so that the successors the operator makes there (muster ca rotate)
+// can be made and used without restarting the authority.
+func TestPKCS11TokenInitialisedAgainIsReopened(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--delete-token", "--token", softhsmtest.Label},
+		{"--init-token", "--free", "--label", softhsmtest.Label, "--pin", softhsmtest.PIN, "--so-pin", softhsmtest.SOPIN},
+	} {
+		if out, err := tok.Command("softhsm2-util", args...).CombinedOutput(); err != nil {
+			t.Fatalf("softhsm2-util %v: %v\n%s", args, err, out)
+		}
+	}
+	sum := sha256.Sum256([]byte("gone"))
+	if _, err := s.Sign(rand.Reader, sum[:], crypto.SHA256); err == nil {
+		t.Fatal("signed with a key of the token deleted")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		k2, err := c.Create(ctx, "ec2", custody.ECDSAP256)
+		if err == nil {
+			s2, err := c.Signer(ctx, "ec2", k2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, k2.Public, []byte("back"), s2)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token initialised again is not reached: %v (Ready: %v)", err, tk.Ready())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
