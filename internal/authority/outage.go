@@ -20,6 +20,16 @@ func storeUnavailable() error {
 	return errinfo.Error(codes.Unavailable, "the authority's store is unavailable; retry later", errinfo.ReasonStoreUnavailable)
 }
 
+// custodyUnavailable is the answer to a call that failed because the
+// key it needed could not be used (custody.ErrUnavailable, ErrKeyMissing).
+// Agents retry UNAVAILABLE with backoff, so they ride out a token re-opened
+// or restored, or a successor activated, instead of stopping (INTERNAL is
+// permanent for them). The detail, with the operator's way out, is logged.
+func custodyUnavailable() error {
+	return errinfo.Error(codes.Unavailable, "the authority cannot use its signing key now (key custody unavailable; see its log); retry later",
+		errinfo.ReasonKeyCustodyUnavailable)
+}
+
 // storeProbeEvery is how often, while the store is unavailable, the
 // authority asks it the time to learn that it is back.
 var storeProbeEvery = 500 * time.Millisecond

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/signer"
@@ -143,6 +144,10 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		// retries UNAVAILABLE, not INTERNAL. Logged once per outage
 		// (storeOutage), not per request.
 		return storeUnavailable()
+	}
+	if errors.Is(err, custody.ErrUnavailable) || errors.Is(err, custody.ErrKeyMissing) {
+		log.Error("request failed: key custody unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
+		return custodyUnavailable()
 	}
 	if reason, gone := enroll.CallerGone(ctx, err); gone {
 		code := codes.Canceled

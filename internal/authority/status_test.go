@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/store"
@@ -52,6 +53,8 @@ func TestToStatusReasons(t *testing.T) {
 		{"canceled", context.Canceled, codes.Canceled, ""},
 		{"unavailable", status.Error(codes.Unavailable, "cannot check locks"), codes.Unavailable, ""},
 		{"internal", errors.New("disk on fire"), codes.Internal, ""},
+		{"token unavailable", fmt.Errorf("ca: signing %q: %w: lost", "n1", custody.ErrUnavailable), codes.Unavailable, "key_custody_unavailable"},
+		{"token object deleted", fmt.Errorf("ca: signing %q: %w: object x", "n1", custody.ErrKeyMissing), codes.Unavailable, "key_custody_unavailable"},
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tt := range tests {

@@ -22,6 +22,7 @@ import (
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/enroll"
@@ -546,16 +547,24 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	}
 	defer closeStore()
 	logPool(log, st)
-	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
-	if err != nil {
-		// The store is reachable: the refusal is audited, with the way out.
+	// The store is reachable: a refusal over the keys' custody is
+	// audited, with the way out, as the operator reads it with
+	// `muster audit list --offline` when no authority runs.
+	denied := func(err error) error {
 		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
 			Result: audit.ResultDenied, Reason: "key custody: " + err.Error()})
 		return prefixed("authority", err)
 	}
+	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
+	if err != nil {
+		return denied(err)
+	}
 	token, err := openToken(rec, o.pkcs11Module, o.pkcs11PINFile)
 	if err != nil {
-		return prefixed("authority", err)
+		if rec != nil {
+			err = tokenWayOut(err, dir, rec, o.pkcs11Module, o.pkcs11PINFile)
+		}
+		return denied(err)
 	}
 	if token != nil {
 		defer token.Close()
@@ -580,6 +589,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		return prefixed("authority", err)
 	}
 	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
+		if token != nil && errors.Is(err, custody.ErrKey) {
+			return denied(fmt.Errorf("%w: the PKCS#11 token %s does not hold a key the store names (its object deleted, the token initialised again, "+
+				"or another token with that label): restore the token from its backup (docs/hsm.md \"Production\") and start again: `muster-pkcs11 authority --data %s`, "+
+				"with --pkcs11-module PATH if the token that holds the keys is another module's", err, rec.URI, dir))
+		}
 		return prefixed("authority", err)
 	}
 	log.Info("authority stopped")

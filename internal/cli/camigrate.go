@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // migrateActor is the audit actor of muster ca migrate-custody: no
@@ -179,6 +181,16 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		}
 		return res, false, nil
 	}
+	// The token the authority is bound to is checked before this one is
+	// opened: logging in to a token the migration refuses anyway spends
+	// one of its PIN tries (an HSM locks the PIN after a few wrong ones)
+	// and makes test keys in it.
+	if u, err := custody.ParsePKCS11URI(uri); err == nil {
+		u.ModulePath, u.PINSource = "", ""
+		if err := boundToken(ctx, st, dir, d.info.Custody, u.String()); err != nil {
+			return refuse(err)
+		}
+	}
 	var o datadir.InitOptions
 	token, err := initCustody(&o, uri, module, pinFile)
 	if err != nil {
@@ -186,9 +198,6 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	}
 	defer token.Close()
 	rec := o.Custody
-	if d.info.Custody != nil && d.info.Custody.URI != rec.URI {
-		return refuse(fmt.Errorf("%s records the token %s, not %s; nothing changed", dir.InfoFile(), d.info.Custody.URI, rec.URI))
-	}
 	m.Token, m.URI, m.Module = token, rec.URI, rec.Module
 	res, err := authority.MigrateCustody(ctx, m)
 	if err != nil {
@@ -205,6 +214,26 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		}
 	}
 	return res, false, nil
+}
+
+// boundToken refuses a migration into uri when the store or
+// authority.json already binds the authority's keys to another token, with
+// the way out.
+func boundToken(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, uri string) error {
+	rec, err := st.GetKeyCustody(ctx)
+	switch {
+	case err == nil && rec.URI != uri:
+		return fmt.Errorf("the store records that this authority's keys were moved into the PKCS#11 token %s, not %s (the keys go into one token); "+
+			"nothing changed, no token was opened: run it again with --custody '%s', or, while none of that token's keys is in use, undo that migration first: "+
+			"`muster ca migrate-custody --data %s --custody '%s' --rollback` (docs/hsm.md)", rec.URI, uri, rec.URI, dir, rec.URI)
+	case err != nil && !errors.Is(err, store.ErrNotFound):
+		return fmt.Errorf("reading the key custody the store records: %w", err)
+	}
+	if local != nil && local.URI != uri {
+		return fmt.Errorf("%s records the token %s, not %s; nothing changed, no token was opened: run it again with --custody '%s' (docs/hsm.md)",
+			dir.InfoFile(), local.URI, uri, local.URI)
+	}
+	return nil
 }
 
 func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
@@ -224,6 +253,30 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
 		}
 		fmt.Fprintf(w, ": %s\n", s.Next)
 	}
+	// A signer step skipped (a sealed signer was staged already) leaves
+	// that sealed signer staged: "activate the staged signer" would
+	// activate it and keep the signer out of the token.
+	signerStep := `  3. Activate the staged signer (or let it activate at its time):
+       muster signer activate
+`
+	skipped := false
+	for _, s := range res.Steps {
+		if s.Done != "skipped" {
+			continue
+		}
+		skipped = true
+		if s.Key == "signer" {
+			signerStep = `  3. The staged signer is sealed (skipped above): activate it
+       muster signer activate
+     or roll it back
+       muster signer rollback
+     then run this command again: it stages a signer in the token.
+`
+		}
+	}
+	if skipped {
+		fmt.Fprintln(w, "A key marked skipped is not in the token yet: do what its line says, then run this command again.")
+	}
 	fmt.Fprintf(w, `Next:
   1. Restart every replica with the pkcs11 build and the token:
        muster-pkcs11 authority --data DIR --pkcs11-module %s [--pkcs11-pin-file FILE]
@@ -231,16 +284,14 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
      without them reports not ready until restarted).
   2. Once the successors are published, activate them (or let the leader):
        muster ca rotate ROLE --activate     # ROLE: bootstrap, server, agent, admin
-  3. Activate the staged signer (or let it activate at its time):
-       muster signer activate
-  4. Should the token be lost or wrong before any key in it is activated,
+%s  4. Should the token be lost or wrong before any key in it is activated,
      undo the migration (the token is not opened; the sealed keys sign on):
        muster ca migrate-custody --data DIR --custody '%s' --rollback
 
 The root key stays where it is; to move it into the token too:
        muster ca root rotate                # its new root is made in the token
 The sealed keys are destroyed as rotation retires them; docs/hsm.md.
-`, res.Module, res.URI)
+`, res.Module, signerStep, res.URI)
 }
 
 func printRollback(w io.Writer, res authority.CustodyMigrationResult, forgot bool) {

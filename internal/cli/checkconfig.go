@@ -2,9 +2,12 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/signer"
 )
@@ -14,6 +17,10 @@ import (
 // (the store URL without its password).
 func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	su, err := loadAuthority(env, &o)
+	if err != nil {
+		return fmt.Errorf("authority: %w", err)
+	}
+	keys, err := checkCustody(su.dir, su.info.Custody, o.pkcs11Module, o.pkcs11PINFile)
 	if err != nil {
 		return fmt.Errorf("authority: %w", err)
 	}
@@ -69,7 +76,52 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	}
 	row("log.format", format)
 	row("log.level", o.logLevel)
+	row("key_custody", keys)
 	return nil
+}
+
+// checkCustody is what --check-config can tell of the token the keys are
+// in, without the store or a login (a wrong PIN would spend one of the
+// token's tries): that this build can open one, that the module is there
+// and that the PIN can be read. The start refuses on each, so saying
+// "configuration OK" past them was wrong.
+func checkCustody(dir datadir.Dir, c *datadir.Custody, module, pinFile string) (string, error) {
+	if c == nil {
+		if module != "" || pinFile != "" {
+			return "", fmt.Errorf("--pkcs11-module and --pkcs11-pin-file apply to an authority whose keys are in a PKCS#11 token; %s names none", dir.InfoFile())
+		}
+		return "sealed, as authority.json says (a token the store records, muster ca migrate-custody, is checked at start)", nil
+	}
+	if !custody.PKCS11Build {
+		return "", tokenWayOut(custody.ErrNoPKCS11Build, dir, c, module, pinFile)
+	}
+	cfg := custody.PKCS11Config{URI: c.URI, Module: c.Module, PINFile: c.PINFile}
+	if module != "" {
+		cfg.Module = module
+	}
+	if pinFile != "" {
+		cfg.PINFile = pinFile
+	}
+	u, err := custody.ParsePKCS11URI(cfg.URI)
+	if err != nil {
+		return "", err
+	}
+	if cfg.Module == "" {
+		cfg.Module = u.ModulePath
+	}
+	if _, err := os.Stat(cfg.Module); err != nil {
+		return "", tokenWayOut(fmt.Errorf("custody: the PKCS#11 module: %w", err), dir, c, module, pinFile)
+	}
+	if _, err := cfg.ReadPIN(u); err != nil {
+		return "", tokenWayOut(err, dir, c, module, pinFile)
+	}
+	pin := "the PIN file " + cfg.PINFile
+	if cfg.PINFile == "" && u.PINSource != "" {
+		pin = "the PIN file " + u.PINSource
+	} else if cfg.PINFile == "" {
+		pin = "the PIN from " + custody.PINEnv
+	}
+	return fmt.Sprintf("%s, module %s, %s (the token is opened and logged in to at start)", c.URI, cfg.Module, pin), nil
 }
 
 // openFileLimit says the open-file limit --check-config read and that the

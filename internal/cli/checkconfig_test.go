@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/listener"
 )
 
@@ -163,5 +165,42 @@ func TestParseCADraftTTL(t *testing.T) {
 		if got, err := parseCADraftTTL(v); err == nil || !strings.Contains(err.Error(), "ca.draft_ttl") {
 			t.Errorf("parseCADraftTTL(%q) = %v, %v; want an error naming ca.draft_ttl", v, got, err)
 		}
+	}
+}
+
+// TestCheckConfigKeyCustody: --check-config says where the keys are, and
+// refuses, as the start does, what cannot open the token authority.json
+// names: the static build, or (the pkcs11 build) a module that is not
+// there. It said "configuration OK" and then the start was refused.
+func TestCheckConfigKeyCustody(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+		t.Fatalf("init: %s", stderr)
+	}
+	code, stdout, stderr := runCLI(t, "authority", "--data", dir, "--check-config")
+	if code != 0 || !strings.Contains(stdout, "key_custody:           sealed") {
+		t.Fatalf("sealed: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if code, _, stderr := runCLI(t, "authority", "--data", dir, "--check-config", "--pkcs11-module", "/opt/hsm.so"); code == 0 || !strings.Contains(stderr, "names none") {
+		t.Errorf("a module for sealed keys: exit %d\n%s", code, stderr)
+	}
+	d := datadir.Dir(dir)
+	info, err := d.ReadInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	info.Custody = &datadir.Custody{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", PINFile: "/etc/muster/pkcs11-pin"}
+	if err := d.WriteInfo(info); err != nil {
+		t.Fatal(err)
+	}
+	// The static build cannot open it; the pkcs11 build finds no module.
+	want := "needs the pkcs11 build"
+	if custody.PKCS11Build {
+		want = "the PKCS#11 module: stat /opt/hsm.so"
+	}
+	code, stdout, stderr = runCLI(t, "authority", "--data", dir, "--check-config")
+	if code == 0 || strings.Contains(stdout, "configuration OK") || !strings.Contains(stderr, want) ||
+		!strings.Contains(stderr, "muster-pkcs11 authority --data "+dir) {
+		t.Errorf("a token on the static build: exit %d\n%s%s", code, stdout, stderr)
 	}
 }

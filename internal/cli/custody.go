@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/muster-dev/muster/internal/authority"
@@ -96,6 +97,27 @@ type custodyRecords interface {
 // nothing of it (so replicas would start without it), and the operator
 // would not learn that the migration is undone. The refusal names the two
 // ways out, run from dir.
+// tokenWayOut adds to a failure to open the token which module and PIN
+// source were used (never the PIN) and how to start once it is fixed.
+func tokenWayOut(err error, dir datadir.Dir, c *datadir.Custody, module, pinFile string) error {
+	if module == "" {
+		module = c.Module
+	}
+	if pinFile == "" {
+		pinFile = c.PINFile
+	}
+	pin := "the PIN file " + pinFile
+	switch {
+	case pinFile == "" && strings.Contains(c.URI, "pin-source="):
+		pin = "the PIN file the URI's pin-source names"
+	case pinFile == "":
+		pin = "the PIN from " + custody.PINEnv
+	}
+	return fmt.Errorf("%w (token %s, module %s, %s): once that is fixed, start it again: `muster-pkcs11 authority --data %s`, "+
+		"with --pkcs11-module PATH and --pkcs11-pin-file FILE where this machine's module or PIN file are not the ones %s records (docs/hsm.md)",
+		err, c.URI, module, pin, dir, dir.InfoFile())
+}
+
 func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, module string) (*datadir.Custody, error) {
 	rec, err := st.GetKeyCustody(ctx)
 	if errors.Is(err, store.ErrNotFound) {

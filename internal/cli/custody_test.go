@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/store"
@@ -162,5 +163,89 @@ func TestMigrateCustodyKeepsAPINOutOfTheAudit(t *testing.T) {
 	}
 	if all := fmt.Sprintf("%+v", recs); strings.Contains(all, pin) {
 		t.Errorf("the audit record holds the PIN: %s", all)
+	}
+}
+
+// TestMigrateCustodyIntoAnotherTokenOpensNone: a migration into a token
+// other than the one the store or authority.json already binds the keys
+// to is refused before that token is opened (a login there spends one of
+// its PIN tries), audited, and names the token to use. The static build
+// cannot open a token at all, so a refusal that names the bound token
+// shows that none was opened first.
+func TestMigrateCustodyIntoAnotherTokenOpensNone(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		bind  func(t *testing.T, dir datadir.Dir)
+		wants []string
+	}{
+		{"store", func(t *testing.T, dir datadir.Dir) {
+			st, err := sqlite.Open(context.Background(), dir.DatabaseFile())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			if _, err := st.RecordKeyCustody(context.Background(), store.KeyCustody{URI: "pkcs11:token=first", Module: "/opt/hsm.so"}); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"the store records", "--custody 'pkcs11:token=first'", "muster ca migrate-custody --data " + "DIR" + " --custody 'pkcs11:token=first' --rollback"}},
+		{"authority.json", func(t *testing.T, dir datadir.Dir) {
+			info, err := dir.ReadInfo()
+			if err != nil {
+				t.Fatal(err)
+			}
+			info.Custody = &datadir.Custody{URI: "pkcs11:token=first", Module: "/opt/hsm.so", PINFile: "/etc/pin"}
+			if err := dir.WriteInfo(info); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"authority.json records the token pkcs11:token=first", "--custody 'pkcs11:token=first'"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "d")
+			if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+				t.Fatalf("init: %s", stderr)
+			}
+			tt.bind(t, datadir.Dir(dir))
+			code, _, stderr := runCLI(t, "ca", "migrate-custody", "--data", dir, "--custody", "pkcs11:token=second",
+				"--pkcs11-module", "/opt/hsm.so", "--pkcs11-pin-file", "/etc/pin")
+			if code == 0 {
+				t.Fatal("the migration into another token was not refused")
+			}
+			for _, w := range tt.wants {
+				if w = strings.ReplaceAll(w, "DIR", dir); !strings.Contains(stderr, w) {
+					t.Errorf("the refusal does not say %q:\n%s", w, stderr)
+				}
+			}
+			st, err := sqlite.Open(context.Background(), datadir.Dir(dir).DatabaseFile())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer st.Close()
+			recs, err := st.ListAudit(context.Background(), store.AuditFilter{Action: "ca.migrate_custody"})
+			if err != nil || len(recs) == 0 || !strings.Contains(recs[len(recs)-1].Reason, "pkcs11:token=first") {
+				t.Errorf("the refusal is not audited: %+v %v", recs, err)
+			}
+		})
+	}
+}
+
+// TestPrintMigrationSkippedSigner: with a sealed signer staged already the
+// migration skips the signer, and its next steps say to activate or roll
+// that one back and run the migration again, not "activate the staged
+// signer" (which activated the sealed one and left the token signerless).
+func TestPrintMigrationSkippedSigner(t *testing.T) {
+	res := authority.CustodyMigrationResult{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", Steps: []authority.MigrationStep{
+		{Key: "ca/agent", Done: "prepared", Serial: "a1", Where: "pkcs11:token=muster;object=muster-ca%2Fagent%2Fa1", Next: "activate it"},
+		{Key: "signer", Done: "skipped", Version: "v2", Next: "signer v2 (sealed) is staged"},
+	}}
+	var out strings.Builder
+	printMigration(&out, res)
+	if text := out.String(); strings.Contains(text, "Activate the staged signer") || !strings.Contains(text, "then run this command again: it stages a signer in the token") {
+		t.Errorf("next steps after a skipped signer:\n%s", text)
+	}
+	res.Steps[1] = authority.MigrationStep{Key: "signer", Done: "staged", Version: "v3", Next: "activate it"}
+	out.Reset()
+	printMigration(&out, res)
+	if text := out.String(); !strings.Contains(text, "Activate the staged signer") || strings.Contains(text, "skipped") {
+		t.Errorf("next steps after a signer staged in the token:\n%s", text)
 	}
 }

@@ -109,7 +109,7 @@ func describe(err error) string {
 	if errors.As(err, &se) {
 		st := se.GRPCStatus()
 		msg := st.Message()
-		if st.Code() == codes.Unavailable && errinfo.Reason(err) != errinfo.ReasonStoreUnavailable {
+		if r := errinfo.Reason(err); st.Code() == codes.Unavailable && r != errinfo.ReasonStoreUnavailable && r != errinfo.ReasonKeyCustodyUnavailable {
 			msg = "cannot reach the authority: " + msg
 		}
 		if svc, ok := strings.CutPrefix(msg, "unknown service "); ok && st.Code() == codes.Unimplemented {

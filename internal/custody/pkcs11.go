@@ -151,7 +151,7 @@ func (t *Token) open() (pkcs11.SessionHandle, error) {
 			// Never tried again: an HSM locks its user PIN after a few
 			// wrong ones. The authority must be restarted with the right
 			// PIN.
-			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: restart the authority with the right PIN", t.uri.Token, err)
+			err = fmt.Errorf("custody: logging in to PKCS#11 token %q: the PIN is wrong or locked (%w); not retried, so that the token does not lock it: correct the PIN (the --pkcs11-pin-file FILE, or %s) and run the command again; a running authority keeps it refused until restarted with the right PIN", t.uri.Token, err, PINEnv)
 			t.mu.Lock()
 			t.pinRefused = err
 			t.mu.Unlock()
@@ -255,6 +255,43 @@ func (t *Token) recover() {
 // token may have another) and logs in on a new session.
 func (t *Token) reopen() error {
 	t.drainIdle()
+	err := t.reopenSlot()
+	t.mu.Lock()
+	refused := t.pinRefused
+	t.mu.Unlock()
+	if err == nil || refused != nil || !t.owner {
+		return err
+	}
+	// A module may keep what it learnt of its tokens at C_Initialize: to
+	// SoftHSM2 a token deleted and initialised again under the same label
+	// stays the old one, and every login fails (CKR_GENERAL_ERROR) until
+	// the process restarts. Starting the module again makes it look anew;
+	// only the Token that initialised it does so, and only with no call
+	// in the module (PKCS#11 leaves C_Finalize during one undefined): it
+	// takes every session slot first, or tries at the next round.
+	held := 0
+	defer func() {
+		for range held {
+			<-t.sem
+		}
+	}()
+	for ; held < cap(t.sem); held++ {
+		select {
+		case t.sem <- struct{}{}:
+		default:
+			return err
+		}
+	}
+	t.mod.Finalize()
+	if err := t.mod.Initialize(); err != nil && !errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_ALREADY_INITIALIZED)) {
+		return fmt.Errorf("custody: initialising the PKCS#11 module again: %w", err)
+	}
+	return t.reopenSlot()
+}
+
+// reopenSlot finds the token's slot and logs in on a new session, kept
+// idle.
+func (t *Token) reopenSlot() error {
 	slot, err := t.findSlot()
 	if errors.Is(err, pkcs11.Error(pkcs11.CKR_CRYPTOKI_NOT_INITIALIZED)) {
 		if err = t.mod.Initialize(); err == nil {
@@ -572,7 +609,9 @@ func (s *p11Signer) Sign(_ io.Reader, data []byte, opts crypto.SignerOpts) ([]by
 			return err
 		}
 		if len(hs) != 1 {
-			return fmt.Errorf("custody: PKCS#11 object %q is not in token %q", s.u.Object, s.u.Token)
+			return fmt.Errorf("%w: object %q, token %q (deleted, or the token initialised again): restore the token from its backup, "+
+				"or make its successor in the token and activate it (muster ca rotate ROLE, then muster ca rotate ROLE --activate; "+
+				"for a task signer, muster signer stage then muster signer activate)", ErrKeyMissing, s.u.Object, s.u.Token)
 		}
 		if err := s.c.t.mod.SignInit(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, hs[0]); err != nil {
 			return err

@@ -271,7 +271,10 @@ func TestPKCS11RefusesAnOpenPINFileAndAWrongPIN(t *testing.T) {
 		t.Errorf("PIN file readable by others: %v", err)
 	}
 	t.Setenv(custody.PINEnv, "0000")
-	if _, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module}); err == nil || !strings.Contains(err.Error(), "PIN is wrong") {
+	// Refused to a command (init, migrate-custody, admin add --offline)
+	// as to an authority: the way out is a PIN, not an authority restart.
+	if _, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module}); err == nil || !strings.Contains(err.Error(), "PIN is wrong") ||
+		!strings.Contains(err.Error(), "--pkcs11-pin-file FILE, or "+custody.PINEnv) {
 		t.Errorf("wrong PIN: %v", err)
 	}
 	t.Setenv(custody.PINEnv, softhsmtest.PIN)
@@ -348,10 +351,94 @@ func TestPKCS11WrongPINIsNotRetried(t *testing.T) {
 	}
 	tk.SetPIN(softhsmtest.PIN)
 	time.Sleep(500 * time.Millisecond)
-	if err := tk.Ready(); err == nil || !strings.Contains(err.Error(), "restart the authority with the right PIN") {
+	if err := tk.Ready(); err == nil || !strings.Contains(err.Error(), "restarted with the right PIN") {
 		t.Fatalf("Ready after a refused PIN: %v", err)
 	}
 	if _, err := s.Sign(rand.Reader, []byte("m"), crypto.Hash(0)); err == nil {
 		t.Fatal("logged in again after the token refused the PIN")
+	}
+}
+
+// TestPKCS11DeletedObjectIsKeyMissing: an object deleted from the token
+// under a running authority (by hand, or the token initialised again) is
+// ErrKeyMissing, which the service layer answers UNAVAILABLE so agents
+// retry rather than stop, and whose message names the way out.
+func TestPKCS11DeletedObjectIsKeyMissing(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tool, err := exec.LookPath("pkcs11-tool")
+	if err != nil {
+		t.Fatalf("pkcs11-tool (package opensc): %v", err)
+	}
+	if out, err := exec.Command(tool, "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--delete-object", "--type", "privkey", "--label", "muster-test/ec").CombinedOutput(); err != nil {
+		t.Fatalf("pkcs11-tool --delete-object: %v\n%s", err, out)
+	}
+	sum := sha256.Sum256([]byte("gone"))
+	_, err = s.Sign(rand.Reader, sum[:], crypto.SHA256)
+	if !errors.Is(err, custody.ErrKeyMissing) {
+		t.Fatalf("signing with a deleted object: %v, want ErrKeyMissing", err)
+	}
+	if !strings.Contains(err.Error(), "muster ca rotate ROLE --activate") {
+		t.Errorf("the error names no way out: %v", err)
+	}
+	if tk.Ready() != nil {
+		t.Errorf("the token itself is still usable, but Ready says %v", tk.Ready())
+	}
+}
+
+// TestPKCS11TokenInitialisedAgainIsReopened: the token deleted and
+// initialised again (same label, same PIN) under a running authority. Its
+// keys are gone, but the token is back: the background re-open must reach
+// it, so that the successors the operator makes there (muster ca rotate)
+// can be made and used without restarting the authority.
+func TestPKCS11TokenInitialisedAgainIsReopened(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 2)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--delete-token", "--token", softhsmtest.Label},
+		{"--init-token", "--free", "--label", softhsmtest.Label, "--pin", softhsmtest.PIN, "--so-pin", softhsmtest.SOPIN},
+	} {
+		if out, err := tok.Command("softhsm2-util", args...).CombinedOutput(); err != nil {
+			t.Fatalf("softhsm2-util %v: %v\n%s", args, err, out)
+		}
+	}
+	sum := sha256.Sum256([]byte("gone"))
+	if _, err := s.Sign(rand.Reader, sum[:], crypto.SHA256); err == nil {
+		t.Fatal("signed with a key of the token deleted")
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		k2, err := c.Create(ctx, "ec2", custody.ECDSAP256)
+		if err == nil {
+			s2, err := c.Signer(ctx, "ec2", k2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			verify(t, k2.Public, []byte("back"), s2)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token initialised again is not reached: %v (Ready: %v)", err, tk.Ready())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

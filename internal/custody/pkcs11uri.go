@@ -21,6 +21,12 @@ var ErrNoPKCS11Build = errors.New("custody: pkcs11 custody needs the pkcs11 buil
 // token, being re-opened). The call may succeed later.
 var ErrUnavailable = errors.New("custody: the PKCS#11 token is unavailable")
 
+// ErrKeyMissing: the token answers but no longer holds the object a key
+// reference names (deleted by hand, or the token initialised again). The
+// call may succeed later too: once the token is restored from its backup,
+// or once a successor made in the token signs instead.
+var ErrKeyMissing = errors.New("custody: the key's object is not in the PKCS#11 token")
+
 // PKCS11URI is the part of an RFC 7512 URI muster reads: which token (by
 // label, and optionally manufacturer, model and serial), which object (by
 // label and CKA_ID) and, in the query, the module and where the PIN is.
@@ -175,7 +181,10 @@ type PKCS11Config struct {
 const DefaultSessions = 8
 
 // ReadPIN finds the PIN: the file (refused when other users can read
-// it), else the variable.
+// it), else the variable, which it then removes from this process's
+// environment: a process started from here (a helper a vendor's module
+// runs, say) would inherit it. The token keeps the PIN it read, for its
+// re-opens.
 func (c PKCS11Config) ReadPIN(u PKCS11URI) (string, error) {
 	file := c.PINFile
 	if file == "" {
@@ -185,6 +194,9 @@ func (c PKCS11Config) ReadPIN(u PKCS11URI) (string, error) {
 		pin, ok := os.LookupEnv(PINEnv)
 		if !ok || pin == "" {
 			return "", fmt.Errorf("custody: no PKCS#11 PIN: give a PIN file (--pkcs11-pin-file, mode 0600) or set %s", PINEnv)
+		}
+		if err := os.Unsetenv(PINEnv); err != nil {
+			return "", fmt.Errorf("custody: removing %s from the environment: %w", PINEnv, err)
 		}
 		return pin, nil
 	}

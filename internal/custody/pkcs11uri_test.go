@@ -2,6 +2,8 @@ package custody_test
 
 import (
 	"bytes"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -45,5 +47,26 @@ func TestOpenPKCS11WithoutTheBuild(t *testing.T) {
 	}
 	if err != custody.ErrNoPKCS11Build || !strings.Contains(err.Error(), "pkcs11 custody needs the pkcs11 build") || !strings.Contains(err.Error(), "/usr/bin/muster-pkcs11") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestReadPINFromTheEnvironmentRemovesIt: a PIN given in MUSTER_PKCS11_PIN
+// is read once and leaves the environment, so no process started from
+// the authority (a helper a vendor's module runs) inherits it.
+func TestReadPINFromTheEnvironmentRemovesIt(t *testing.T) {
+	t.Setenv(custody.PINEnv, "s3cret-4711")
+	pin, err := custody.PKCS11Config{}.ReadPIN(custody.PKCS11URI{Token: "muster"})
+	if err != nil || pin != "s3cret-4711" {
+		t.Fatalf("ReadPIN = %q, %v", pin, err)
+	}
+	if v, ok := os.LookupEnv(custody.PINEnv); ok {
+		t.Errorf("%s is still in the environment (%d bytes)", custody.PINEnv, len(v))
+	}
+	out, err := exec.Command("env").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "s3cret-4711") {
+		t.Error("a child process inherits the PIN")
 	}
 }

@@ -22,6 +22,13 @@ const Domain = "muster.dev"
 // the authority itself answered. The same call may succeed later.
 const ReasonStoreUnavailable = "store_unavailable"
 
+// ReasonKeyCustodyUnavailable is the reason of an UNAVAILABLE answer the
+// authority gave because the key it signs with could not be used: its
+// PKCS#11 token unreachable (being re-opened), or the key's object gone
+// from it until the token is restored or a successor activated. The
+// authority itself answered; the same call may succeed later.
+const ReasonKeyCustodyUnavailable = "key_custody_unavailable"
+
 // Error returns a status error with code and msg that carries reason in
 // an ErrorInfo. An empty reason gives a status without details.
 func Error(code codes.Code, msg, reason string) error {
