@@ -136,6 +136,12 @@ type Agent struct {
 	// trustChanged is signalled (without blocking) whenever the agent
 	// takes a new verifier set, so the stream sends a heartbeat at once.
 	trustChanged chan struct{}
+	// standingRefused is signalled (without blocking) when the authority
+	// refuses the stream for the node's standing (locked, deleted,
+	// superseded): Run renews at once, and a renewal refused the same way
+	// stops the agent, instead of its reconnecting for hours until the
+	// renewal was due.
+	standingRefused chan struct{}
 
 	onIdentity func()
 	jwts       jwtCache
@@ -145,7 +151,8 @@ type Agent struct {
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
-		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1), onIdentity: o.OnIdentity}
+		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1),
+		standingRefused: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
