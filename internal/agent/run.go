@@ -146,7 +146,14 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 				// The authority refused the stream for the node's
 				// standing: its answer to a renewal is the one that
 				// stops the agent (or, a lock gone meanwhile, renews).
+				// Not a bound-keypair agent's: its refresh may recover,
+				// and two copies would take the instance from each
+				// other at every refusal.
 				t.Stop()
+				if bound {
+					continue
+				}
+				a.log.Info("renewing now: the stream was refused for the node's standing, and a refused renewal stops the agent")
 			}
 		}
 		renew := a.Renew

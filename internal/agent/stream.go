@@ -63,8 +63,8 @@ func (a *Agent) keepStream(ctx context.Context) {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
 		} else if r := standingRefusal(err); r != "" {
-			a.log.Warn("stream to the authority refused for the node's standing; renewing now, which stops the agent if the authority refuses it too",
-				"reason", r, "err", err)
+			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
+				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
 			select {
 			case a.standingRefused <- struct{}{}:
 			default:
