@@ -172,7 +172,7 @@ func TestLockRightAfterAnOutage(t *testing.T) {
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
 		t.Fatalf("join: %s", r.stderr)
 	}
-	startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	waitFor(t, 5*time.Second, "replica a holds the stream", func() bool { return strings.Contains(a.Logs(), "agent stream opened") })
 
 	if err := own.Halt(); err != nil {
@@ -201,4 +201,5 @@ func TestLockRightAfterAnOutage(t *testing.T) {
 	if !strings.Contains(a.Logs(), "listening again to the store's change notifications") {
 		t.Error("replica a does not log that it listens again")
 	}
+	stoppedFor(t, ag, "locked")
 }

@@ -69,6 +69,7 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 		return strings.Contains(l, "locked")
 	})
 	t.Logf("stream on replica a closed %s after the lock through replica b", took)
+	stoppedFor(t, ag, "locked")
 }
 
 // TestOneStreamPerAgentAcrossReplicas: an agent identity that opens a

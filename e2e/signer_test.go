@@ -172,6 +172,7 @@ func TestSignerRefusalsNameTheWayOut(t *testing.T) {
 		{[]string{"signer", "revoke", "v9"}, "muster signer list"},
 		{[]string{"signer", "stage", "--effective-in", "1m"}, "--effective-in 10m0s"},
 		{[]string{"signer", "stage", "--grace", "0s"}, "--grace"},
+		{[]string{"signer", "revoke", "v1"}, "`muster signer stage`"},
 	}
 	for _, c := range cases {
 		if msg := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(msg, c.want) {

@@ -251,3 +251,47 @@ func TestAgentOfflineAcrossARotation(t *testing.T) {
 		t.Fatalf("after a renewal: %v %v", agentStatus(t, renewed)["verifier_set_version"], agentStatus(t, renewed)["accepted_signers"])
 	}
 }
+
+// TestTaskOutlivingItsSignerNamesTheWayOut: a task queued for an agent
+// that is offline while its signer is replaced and revoked is refused when
+// the agent comes back (unknown_signer, rightly). The audit record of the
+// refusal names the way out, the command that sends it again signed by
+// the active signer, and the rotate task signed by the revoked key, also
+// refused, says there is nothing to do.
+func TestTaskOutlivingItsSignerNamesTheWayOut(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	away := joinAgent(t, e, "away")
+	var sent sendAnswer
+	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "away", "--expires", "1h", "-o", "json")), &sent); err != nil {
+		t.Fatal(err)
+	}
+	v1 := signerIDs(t, e.dir)[1]
+	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "15m")
+	mustRun(t, "signer", "activate", "--data", e.dir)
+	mustRun(t, "signer", "revoke", "--data", e.dir, v1)
+	var rotate string
+	for _, r := range auditOf(t, e.dir, "task.send") {
+		if strings.Contains(r.Target, "node.rotate_signing_key") {
+			rotate = strings.Fields(r.Target)[1]
+		}
+	}
+
+	startProc(t, "away", "stream to the authority open", "agent", "run", "--data", away, "--log-format", "json")
+	var got, rot auditRec
+	waitFor(t, 30*time.Second, "the agent answers the tasks queued while it was away", func() bool {
+		got, rot = results(t, e.dir, sent.TaskID)["away"], results(t, e.dir, rotate)["away"]
+		return got.Result != "" && rot.Result != ""
+	})
+	if got.Result != "denied" || !strings.Contains(got.Reason, "unknown_signer") ||
+		!strings.Contains(got.Reason, "`muster task send --type node.report --node away`") {
+		t.Errorf("the task signed by the revoked key: %+v, want denied unknown_signer naming muster task send --type node.report --node away", got)
+	}
+	if rot.Result != "denied" || !strings.Contains(rot.Reason, "nothing to do") {
+		t.Errorf("the rotate task signed by the revoked key: %+v, want denied saying there is nothing to do", rot)
+	}
+	// Sent again, as the refusal says, it runs.
+	if r := sendReport(t, e.dir, "away"); r.Result != "ok" {
+		t.Fatalf("the task sent again: %+v", r)
+	}
+}

@@ -63,6 +63,7 @@ func TestAgentStream(t *testing.T) {
 	if out := mustRun(t, "agents", "list", "--data", e.dir); !strings.Contains(out, "last seen ") {
 		t.Errorf("agents list does not show when the agent was last seen:\n%s", out)
 	}
+	stoppedFor(t, ag, "locked")
 }
 
 func grepLines(s, sub string) string {
@@ -89,10 +90,11 @@ func TestAgentStreamEnds(t *testing.T) {
 		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
 			t.Fatalf("join: %s", r.stderr)
 		}
-		startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 		waitFor(t, 5*time.Second, "stream open", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
 		mustRun(t, "agents", "delete", "n1", "--data", e.dir)
 		t.Logf("closed %s after the deletion", waitFor(t, 1500*time.Millisecond, "closed after deletion", closedFor(e, "deleted")))
+		stoppedFor(t, ag, "deleted")
 	})
 	t.Run("superseded", func(t *testing.T) {
 		e := newAgentEnv(t)
@@ -100,13 +102,14 @@ func TestAgentStreamEnds(t *testing.T) {
 		if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t, "--node", "n1").URI); r.code != 0 {
 			t.Fatalf("join: %s", r.stderr)
 		}
-		startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+		ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 		waitFor(t, 5*time.Second, "stream open", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
 		// Deliberate re-provisioning with a token bound to the node.
 		if r := muster(t, nil, "agent", "join", "--data", filepath.Join(t.TempDir(), "again"), "--node", "n1", e.createToken(t, "--node", "n1").URI); r.code != 0 {
 			t.Fatalf("second join: %s", r.stderr)
 		}
 		t.Logf("closed %s after the supersession", waitFor(t, 1500*time.Millisecond, "closed after supersession", closedFor(e, "superseded")))
+		stoppedFor(t, ag, "superseded")
 	})
 }
 

@@ -132,8 +132,13 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.rotate_signing_key", "--all"); !strings.Contains(msg, "INVALID_ARGUMENT") {
 		t.Errorf("rotate task by hand: %q", msg)
 	}
-	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "nope"); !strings.Contains(msg, "NOT_FOUND") || !strings.Contains(msg, "no node nope") {
-		t.Errorf("unknown node: %q", msg)
+	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.report", "--node", "nope"); !strings.Contains(msg, "NOT_FOUND") || !strings.Contains(msg, "no node nope") ||
+		!strings.Contains(msg, "`muster agents list`") {
+		t.Errorf("unknown node: %q, want NOT_FOUND naming muster agents list", msg)
+	}
+	if msg := mustFail(t, "task", "send", "--data", e.dir, "--type", "node.report", "--label", "role=none"); !strings.Contains(msg, "FAILED_PRECONDITION") ||
+		!strings.Contains(msg, "`muster token list`") {
+		t.Errorf("a label no token carries: %q, want FAILED_PRECONDITION naming muster token list", msg)
 	}
 	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, `muster_task_verification_failures_total{reason="no_handler",signer="v1"} 2`) {
 		t.Errorf("refusals by signer:\n%s", grepLines(m, "muster_task_verification_failures_total"))

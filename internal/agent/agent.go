@@ -136,6 +136,12 @@ type Agent struct {
 	// trustChanged is signalled (without blocking) whenever the agent
 	// takes a new verifier set, so the stream sends a heartbeat at once.
 	trustChanged chan struct{}
+	// standingRefused is signalled (without blocking) when the authority
+	// refuses the stream for the node's standing (locked, deleted,
+	// superseded): Run renews at once, and a renewal refused the same way
+	// stops the agent, instead of its reconnecting for hours until the
+	// renewal was due.
+	standingRefused chan struct{}
 
 	onIdentity func()
 	jwts       jwtCache
@@ -145,7 +151,8 @@ type Agent struct {
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
-		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1), onIdentity: o.OnIdentity}
+		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1),
+		standingRefused: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -257,21 +264,6 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)
-	return withHint(err, hint)
-}
-
-// unknownCertificateHint adds to err, when the authority has no record of
-// this agent's certificate (errinfo reason certificate_unknown), the way
-// out: joining again over this identity. The usual cause is a store
-// restored from a backup taken before the agent's last renewal, which the
-// agent cannot undo; the refusal alone stopped it saying only what was
-// wrong.
-func unknownCertificateHint(err error, st *State, dir Dir) error {
-	if errinfo.Reason(err) != "certificate_unknown" {
-		return err
-	}
-	hint := fmt.Sprintf("the authority has no record of this certificate (its store was restored from a backup taken before this agent's last renewal, or it is another authority): join again over this identity: muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")",
-		string(dir), st.NodeID, st.NodeID)
 	return withHint(err, hint)
 }
 

@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"fmt"
 
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -73,7 +74,7 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, &musterv1.RequestCertificateRequest{Csr: csr})
 	if err != nil {
-		return nil, unknownCertificateHint(untrustedAuthorityHint(err, st, a.dir), st, a.dir)
+		return nil, standingHint(untrustedAuthorityHint(err, st, a.dir), st, a.dir)
 	}
 	unlock, err := a.dir.lock(ctx)
 	if err != nil {
@@ -231,4 +232,30 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 		a.log.Info("removed the join secret from agent.yaml: the agent has joined")
 	}
 	return st, id, nil
+}
+
+// standingHint adds to a renewal refused for the node's standing (locked,
+// copy_detected, deleted, superseded, or certificate_unknown: a store
+// restored from a backup older than this agent's last renewal) the way out: what the operator runs
+// on the authority, or the join that makes this machine the node again.
+// The refusal itself says only the reason word: the lock's ID and why are
+// in the authority's audit record of the renewal.
+func standingHint(err error, st *State, dir Dir) error {
+	rejoin := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", string(dir), st.NodeID, st.NodeID)
+	var hint string
+	switch errinfo.Reason(err) {
+	case "locked":
+		hint = fmt.Sprintf("on the authority, muster lock list names the lock and why (muster audit list --action agent.renew): muster lock delete ID lifts it; a copy_detected lock (a copy of this identity, or this directory restored from an older backup) stays, and this machine joins again: %s", rejoin)
+	case "copy_detected":
+		hint = fmt.Sprintf("this identity was presented after a newer one was issued (a copy of it, or this directory restored from an older backup): the instance is locked; if this machine is the node, join again: %s", rejoin)
+	case "deleted":
+		hint = fmt.Sprintf("the node was deleted on the authority; to enroll this machine again: %s", rejoin)
+	case "certificate_unknown":
+		hint = fmt.Sprintf("the authority has no record of this certificate (its store was restored from a backup taken before this agent's last renewal, or it is another authority): join again over this identity: %s (docs/high-availability.md, \"Backup and restore\")", rejoin)
+	case "superseded":
+		hint = fmt.Sprintf("a newer join replaced this instance (muster agents show %s names it); if this machine should be the node, join again: %s", st.NodeID, rejoin)
+	default:
+		return err
+	}
+	return withHint(err, hint)
 }

@@ -129,13 +129,13 @@ func TestRenewRefusals(t *testing.T) {
 // certificate (a store restored from an older backup) stops the agent;
 // the refusal it prints names the way out, a join over this identity,
 // with this agent's data directory and node, keeping the code and the
-// reason word. Other refusals get no such hint.
+// reason word. A refusal of the request itself gets no such hint.
 func TestRenewUnknownCertificateNamesTheWayOut(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, dir := joined(t, f)
 	const msg = "certificate unknown to this authority"
 	f.mu.Lock()
-	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, msg, "certificate_unknown"), errinfo.Error(codes.PermissionDenied, "locked", "locked")}
+	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, msg, "certificate_unknown"), errinfo.Error(codes.InvalidArgument, "bad CSR", "invalid_argument")}
 	f.mu.Unlock()
 	_, err := a.Renew(t.Context())
 	want := "muster agent join --force --data " + string(dir) + " --node n1 with a joining URI from muster token create --node n1"
@@ -143,8 +143,8 @@ func TestRenewUnknownCertificateNamesTheWayOut(t *testing.T) {
 		!strings.Contains(err.Error(), msg+"; ") || !strings.Contains(err.Error(), want) {
 		t.Errorf("certificate unknown: got %v", err)
 	}
-	if _, err := a.Renew(t.Context()); codeOf(err) != codes.PermissionDenied || strings.Contains(err.Error(), "join --force") {
-		t.Errorf("locked: got %v", err)
+	if _, err := a.Renew(t.Context()); codeOf(err) != codes.InvalidArgument || strings.Contains(err.Error(), "join --force") {
+		t.Errorf("invalid argument: got %v", err)
 	}
 }
 

@@ -133,12 +133,28 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			continue
 		}
 		if wait := due.Sub(a.now()); wait > 0 {
-			if !sleep(ctx, min(wait, maxSleep)) {
+			t := time.NewTimer(min(wait, maxSleep))
+			select {
+			case <-ctx.Done():
+				t.Stop()
 				return ctx.Err()
+			case <-t.C:
+				// Look again: the identity may have been renewed
+				// meanwhile (muster agent renew).
+				continue
+			case <-a.standingRefused:
+				// The authority refused the stream for the node's
+				// standing: its answer to a renewal is the one that
+				// stops the agent (or, a lock gone meanwhile, renews).
+				// Not a bound-keypair agent's: its refresh may recover,
+				// and two copies would take the instance from each
+				// other at every refusal.
+				t.Stop()
+				if bound {
+					continue
+				}
+				a.log.Info("renewing now: the stream was refused for the node's standing, and a refused renewal stops the agent")
 			}
-			// Look again: the identity may have been renewed meanwhile
-			// (muster agent renew).
-			continue
 		}
 		renew := a.Renew
 		if bound {

@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -59,6 +62,13 @@ func (a *Agent) keepStream(ctx context.Context) {
 		if renewed {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
+		} else if r := standingRefusal(err); r != "" {
+			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
+				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
+			select {
+			case a.standingRefused <- struct{}{}:
+			default:
+			}
 		} else {
 			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
 		}
@@ -68,6 +78,19 @@ func (a *Agent) keepStream(ctx context.Context) {
 		}
 		delay = min(delay*2, streamBackoffMax)
 	}
+}
+
+// standingRefusal is the reason of a stream refused for the node's
+// standing (locked, deleted, superseded), or "".
+func standingRefusal(err error) string {
+	if status.Code(err) != codes.PermissionDenied {
+		return ""
+	}
+	switch r := errinfo.Reason(err); r {
+	case "locked", "deleted", "superseded", "copy_detected":
+		return r
+	}
+	return ""
 }
 
 // outlived reports whether opened, the certificate a stream was opened

@@ -114,6 +114,39 @@ type agentStream struct {
 	// waited (send), for serve to re-check next. Only the goroutine
 	// running recheck writes it, and serve reads it after that returned.
 	deferred store.ChangeKind
+
+	// tasks are the tasks this stream sent, with their types.
+	tasks sentTasks
+}
+
+// sentTasks are the tasks a stream sent, by ID, with their types: serve
+// sends each once, and the receive loop names the type in the way out of
+// a refused answer.
+type sentTasks struct {
+	mu    sync.Mutex
+	types map[string]string
+}
+
+// add records that the task id of type typ was sent, and reports whether
+// it was not yet.
+func (t *sentTasks) add(id, typ string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.types[id]; ok {
+		return false
+	}
+	if t.types == nil {
+		t.types = map[string]string{}
+	}
+	t.types[id] = typ
+	return true
+}
+
+// typeOf is the type of the task id this stream sent, or "".
+func (t *sentTasks) typeOf(id string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.types[id]
 }
 
 // open checks the caller's standing, records the stream and starts its
@@ -221,7 +254,7 @@ func (st *agentStream) receive() {
 			return
 		}
 		if r := m.GetResult(); r != nil {
-			apart(func() { st.a.s.taskResult(st.ctx, st.c.ID.Name, r) })
+			apart(func() { st.a.s.taskResult(st.ctx, st.c.ID.Name, r, st.tasks.typeOf(r.GetTaskId())) })
 		}
 		if hb := m.GetHeartbeat(); hb != nil {
 			st.a.s.streams.heartbeats.Inc()
@@ -244,7 +277,6 @@ func (st *agentStream) receive() {
 // nothing.
 func (st *agentStream) serve() error {
 	var sent int64 = -1 // the version of the last set sent
-	delivered := map[string]bool{}
 	// standing was checked as it opened; the trust bundle is sent at open.
 	check := store.ChangeSigners | store.ChangeTasks | store.ChangeCA
 	sentBundle := "" // the digest of the last trust bundle sent
@@ -255,7 +287,7 @@ func (st *agentStream) serve() error {
 				end = streamEnd{st.expired()}
 				return
 			}
-			end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, &sentBundle, delivered)
+			end = st.a.recheck(st.ctx, st.send, st.c, check, &sent, &sentBundle, &st.tasks)
 		}); end != nil {
 			if se, ok := end.(streamEnd); ok {
 				return se.err
@@ -369,7 +401,7 @@ func (a *agentService) streamLog(c Caller) *slog.Logger {
 // node's standing, sends a newer verifier set, a changed trust bundle
 // (sentBundle is the digest of the one sent last), pending tasks. A
 // non-nil result ends the stream with it.
-func (a *agentService) recheck(ctx context.Context, send func(*musterv1.AuthorityMessage) error, c Caller, check store.ChangeKind, sent *int64, sentBundle *string, delivered map[string]bool) error {
+func (a *agentService) recheck(ctx context.Context, send func(*musterv1.AuthorityMessage) error, c Caller, check store.ChangeKind, sent *int64, sentBundle *string, delivered *sentTasks) error {
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
@@ -448,19 +480,20 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 // yet. A task sent by another replica's stream (the agent reconnected) is
 // sent again: the agent's replay window answers it as replayed, and the
 // first answer stands.
-func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.AuthorityMessage) error, node string, delivered map[string]bool) error {
+func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.AuthorityMessage) error, node string, delivered *sentTasks) error {
 	tasks, err := a.s.store.PendingTasks(ctx, node)
 	if err != nil {
 		return err
 	}
 	for _, t := range tasks {
-		if delivered[t.ID] {
+		// Recorded before the send: the answer may come before Send
+		// returns.
+		if !delivered.add(t.ID, t.Type) {
 			continue
 		}
 		if err := send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_Task{Task: t.Signed}}); err != nil {
 			return err
 		}
-		delivered[t.ID] = true
 		if err := a.s.store.MarkTaskDelivered(ctx, t.ID, node); err != nil && !errors.Is(err, store.ErrConflict) {
 			return err
 		}
@@ -468,8 +501,10 @@ func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.Author
 	return nil
 }
 
-// taskResult records an agent's answer to a task, once, and audits it.
-func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskResult) {
+// taskResult records an agent's answer to a task of type taskType ("" if
+// this stream did not send it), once, and audits it; a refusal with the
+// way out.
+func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskResult, taskType string) {
 	state := r.GetState()
 	switch state {
 	case store.TaskOK, store.TaskRefused, store.TaskFailed:
@@ -502,8 +537,42 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	if state != store.TaskOK {
 		result = audit.ResultDenied
 	}
+	reason := fmt.Sprintf("%s by signer %s: %s", state, r.GetSignerVersionId(), detail)
+	if state == store.TaskRefused {
+		if way := refusalWayOut(task.Reason(r.GetReason()), taskType, node); way != "" {
+			reason += "; " + way
+		}
+	}
 	_ = s.recordAudit(ctx, audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
-		Target: r.GetTaskId(), Result: result, Reason: fmt.Sprintf("%s by signer %s: %s", state, r.GetSignerVersionId(), detail)})
+		Target: r.GetTaskId(), Result: result, Reason: reason})
+}
+
+// refusalWayOut is what the operator can do about an agent's refusal of a
+// task of type taskType ("" if unknown) sent to node. A task queued for
+// an agent that is offline waits for it, and its signer may be retired or
+// revoked before the agent comes back: the agent then refuses it, rightly,
+// and the task must be sent again, signed by the active signer. A rotate
+// task needs nothing: agents learn signers from the verifier set.
+func refusalWayOut(reason task.Reason, taskType, node string) string {
+	again := "send it again with `muster task send`"
+	if taskType != "" {
+		again = fmt.Sprintf("send it again: `muster task send --type %s --node %s` (with its --param flags)", taskType, node)
+	}
+	switch {
+	case taskType == task.TypeRotateSigningKey && (reason == task.ReasonUnknownSigner || reason == task.ReasonInvalidRotate || reason == task.ReasonExpired):
+		return fmt.Sprintf("nothing to do: agents learn signers from the verifier set, which `muster agents show %s` shows the agent holds", node)
+	case reason == task.ReasonUnknownSigner:
+		return fmt.Sprintf("the agent accepts that signer no longer (retired or revoked since the task was sent) or not yet: %s, signed by the active signer; `muster agents show %s` shows the signers it accepts", again, node)
+	case reason == task.ReasonBadSignature:
+		return fmt.Sprintf("the agent holds another key under that signer version: `muster agents show %s` shows its verifier set; on the machine, `muster agent trust refresh` fetches the current one", node)
+	case reason == task.ReasonExpired:
+		return fmt.Sprintf("it reached the agent after its expiry (or the agent's clock is ahead): %s, with a longer --expires", again)
+	case reason == task.ReasonNotYetValid:
+		return "the agent's clock is behind the authority's: set it right (NTP), then " + again
+	case reason == task.ReasonNoHandler:
+		return "map the type to an executable in the agent's task-handlers.yaml (docs/task-handlers.md), then " + again
+	}
+	return ""
 }
 
 // maxTaskDetail bounds what of a task's output is kept.

@@ -116,7 +116,7 @@ func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) 
 			return nil, err
 		}
 		if len(missing) > 0 {
-			return nil, status.Errorf(codes.NotFound, "no node %s", missing[0])
+			return nil, status.Errorf(codes.NotFound, "no node %s (`muster agents list` lists the enrolled nodes)", missing[0])
 		}
 		return ids, nil
 	}
@@ -169,7 +169,7 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 		// resolved here, and each task names the nodes it chose.
 		target = task.Target{NodeIDs: nodes}
 		if len(nodes) == 0 {
-			return nil, "", status.Error(codes.FailedPrecondition, "no node joined with a token carrying these labels")
+			return nil, "", status.Error(codes.FailedPrecondition, "no node joined with a token carrying these labels (`muster token list` shows the tokens' labels; the nodes of a token deleted or cleaned up are in no label selection)")
 		}
 	}
 	env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}

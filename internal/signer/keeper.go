@@ -161,9 +161,17 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 // record audits a step's outcome: the acting signer version as the target,
 // and in the reason the previous version and the times, or the refusal.
 func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, err error) {
+	k.recordAsked(ctx, who, a, "", res, err)
+}
+
+// recordAsked is record for a step that named a version (asked): a
+// refusal's record names it as its target (muster signer revoke v9 is
+// audited as a refused revoke of v9, not of nothing).
+func (k *Keeper) recordAsked(ctx context.Context, who Actor, a Action, asked string, res Result, err error) {
 	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(a), Result: audit.ResultOK,
 		Source: who.Source, CorrelationID: who.CorrelationID}
 	if err != nil {
+		e.Target = asked
 		e.Result = audit.ResultDenied
 		if errors.Is(err, store.ErrConflict) || !IsRule(err) {
 			e.Result = audit.ResultError
@@ -284,7 +292,9 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 }
 
 // step reads the signers, plans with plan and writes the result.
-func (k *Keeper) step(ctx context.Context, who Actor, a Action, plan func(Snapshot) ([]Change, error)) (Result, error) {
+// asked is the version the operator named ("" for the steps that name
+// none), the target of the step's audit record if it is refused.
+func (k *Keeper) step(ctx context.Context, who Actor, a Action, asked string, plan func(Snapshot) ([]Change, error)) (Result, error) {
 	res, err := func() (Result, error) {
 		snap, err := k.Load(ctx)
 		if err != nil {
@@ -296,28 +306,28 @@ func (k *Keeper) step(ctx context.Context, who Actor, a Action, plan func(Snapsh
 		}
 		return k.apply(ctx, snap, changes, nil)
 	}()
-	k.record(ctx, who, a, res, err)
+	k.recordAsked(ctx, who, a, asked, res, err)
 	return res, err
 }
 
 // Activate makes the staged signer active now.
 func (k *Keeper) Activate(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActActivate, func(s Snapshot) ([]Change, error) { return PlanActivate(s.Signers, ByCommand, s.Now) })
+	return k.step(ctx, who, ActActivate, "", func(s Snapshot) ([]Change, error) { return PlanActivate(s.Signers, ByCommand, s.Now) })
 }
 
 // Retire retires the signer in grace now.
 func (k *Keeper) Retire(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActRetire, func(s Snapshot) ([]Change, error) { return PlanRetire(s.Signers, ByCommand, s.Now) })
+	return k.step(ctx, who, ActRetire, "", func(s Snapshot) ([]Change, error) { return PlanRetire(s.Signers, ByCommand, s.Now) })
 }
 
 // Revoke revokes one signer now.
 func (k *Keeper) Revoke(ctx context.Context, who Actor, versionID string) (Result, error) {
-	return k.step(ctx, who, ActRevoke, func(s Snapshot) ([]Change, error) { return PlanRevoke(s.Signers, versionID, s.Now) })
+	return k.step(ctx, who, ActRevoke, versionID, func(s Snapshot) ([]Change, error) { return PlanRevoke(s.Signers, versionID, s.Now) })
 }
 
 // Rollback undoes the rotation in progress (PlanRollback).
 func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActRollback, func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
+	return k.step(ctx, who, ActRollback, "", func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
 }
 
 // ActAdvance is the audit action of a verifier set version moved past

@@ -159,3 +159,27 @@ func TestMinLeadTimeFor(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusedRevokeNamesTheVersion: a refused revocation is audited with
+// the version the operator named as its target, as an accepted one is;
+// its record named no target, so `muster audit list` could not tell which
+// revocation was refused.
+func TestRefusedRevokeNamesTheVersion(t *testing.T) {
+	ctx := t.Context()
+	k, _, log := newKeeper(t)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"v9", "v1"} {
+		if _, err := k.Revoke(ctx, who, v); err == nil {
+			t.Fatalf("revoke %s: accepted", v)
+		}
+		log.mu.Lock()
+		e := log.events[len(log.events)-1]
+		log.mu.Unlock()
+		if e.Action != "node_task_signer.revoke" || e.Result != audit.ResultDenied || e.Target != v {
+			t.Errorf("refused revoke of %s audited as %+v, want denied with target %s", v, e, v)
+		}
+	}
+}

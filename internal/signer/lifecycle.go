@@ -49,7 +49,7 @@ type transition struct {
 
 // ErrRollbackClosed is returned for a rollback after the grace window: the
 // old key may not be reused silently, only by a new rotation.
-var ErrRollbackClosed = errors.New("signer: rollback is possible only before the staged signer's effective time or within the previous signer's grace; after grace, stage a new signer")
+var ErrRollbackClosed = errors.New("signer: rollback is possible only before the staged signer's effective time or within the previous signer's grace; after grace, stage a new signer (`muster signer stage`)")
 
 // transitions is the whole lifecycle: every (action, from) pair not listed
 // is illegal. docs/signer-lifecycle.md draws the same graph.
@@ -97,7 +97,7 @@ func (e *IllegalError) Error() string {
 	if from == "" {
 		from = "nonexistent"
 	}
-	return fmt.Sprintf("signer: cannot %s signer %s in state %s", e.Action, e.VersionID, from)
+	return fmt.Sprintf("signer: cannot %s signer %s in state %s (`muster signer list` shows the states)", e.Action, e.VersionID, from)
 }
 
 // ErrNotDue is returned when the clock asks for a step whose time has not

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -264,3 +265,35 @@ func TestNextVersionID(t *testing.T) {
 		}
 	}
 }
+
+// TestRefusalsNameTheWayOut: every refusal of a step the operator asked
+// for names a command to run (they reach the terminal and the audit
+// chain's reason as they are).
+func TestRefusalsNameTheWayOut(t *testing.T) {
+	const lead = DefaultMinLeadTime
+	s := apply(t, nil, mustPlan(t)(PlanCreate(nil, "v1", newPub(t), t0)))
+	staged := apply(t, s, mustPlan(t)(PlanStage(s, "v2", newPub(t), t0, t0.Add(time.Hour), t0.Add(2*time.Hour), lead)))
+	active := apply(t, staged, mustPlan(t)(PlanActivate(staged, ByCommand, t0)))
+	revoked := apply(t, active, mustPlan(t)(PlanRevoke(active, "v1", t0)))
+	for name, err := range map[string]error{
+		"revoke the only active signer": second(PlanRevoke(s, "v1", t0)),
+		"roll back after grace":         second(PlanRollback(revoked, t0.Add(time.Minute), lead)),
+		"revoke a revoked signer":       second(PlanRevoke(revoked, "v1", t0)),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "(`muster signer ") {
+			t.Errorf("%s: %v, want a refusal naming a muster signer command", name, err)
+		}
+	}
+}
+
+func mustPlan(t *testing.T) func([]Change, error) []Change {
+	return func(c []Change, err error) []Change {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+}
+
+func second[T any](_ T, err error) error { return err }

@@ -33,7 +33,7 @@ var (
 	ErrNoStaged     = errors.New("signer: no staged signer: stage one first (`muster signer stage`)")
 	// ErrNoSuccessor refuses to revoke the active signer while no staged
 	// signer can take its place: nothing could sign the next verifier set.
-	ErrNoSuccessor = errors.New("signer: the active signer can be revoked only while a staged signer exists to replace it; stage one first")
+	ErrNoSuccessor = errors.New("signer: the active signer can be revoked only while a staged signer exists to replace it; stage one first (`muster signer stage`), then revoke it")
 	ErrNoRotation  = errors.New("signer: no rotation to roll back (no staged signer, and the active signer has no predecessor in grace)")
 )
 
