@@ -36,6 +36,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -145,6 +146,10 @@ type Config struct {
 	// or the call bounds itself (limits.go, callDeadline). Zero:
 	// DefaultCallTimeout.
 	CallTimeout time.Duration
+	// MaxCallsPerSource is limits.max_calls_per_source: the calls one
+	// source address may have in flight at once, agents' streams aside
+	// (limits.go, callTap). Zero: DefaultMaxCallsPerSource.
+	MaxCallsPerSource int
 }
 
 // Server is a running authority.
@@ -165,6 +170,9 @@ type Server struct {
 	conns *listener.Cap
 	// callTimeout is limits.call_timeout (callDeadline).
 	callTimeout time.Duration
+	// calls is limits.max_calls_per_source (callTap), shared by the api
+	// and bootstrap listeners.
+	calls *callcap.Cap
 	// shares divide conns among callers once their handshake tells them
 	// apart (connclass.go).
 	shares  *connShares
@@ -271,6 +279,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
 	s.callTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
+	s.calls = callcap.New(cmp.Or(cfg.MaxCallsPerSource, DefaultMaxCallsPerSource))
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
@@ -581,9 +590,11 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
 		grpc.MaxConcurrentStreams(maxStreams),
-		// And no call lasts longer than limits.call_timeout, unless it
-		// bounds itself: a connection carrying a call is never idle.
-		grpc.InTapHandle(s.callDeadline()),
+		// No source has more than limits.max_calls_per_source calls in
+		// flight, and no call lasts longer than limits.call_timeout,
+		// unless it bounds itself: a connection carrying a call is never
+		// idle.
+		grpc.InTapHandle(s.callTap()),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
@@ -684,7 +695,8 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
 		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "crl_listen", listener.Addr(crlLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
-		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit())
+		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit(),
+		"max_calls_per_source", s.calls.Max(), "call_timeout", s.callTimeout.String())
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}
