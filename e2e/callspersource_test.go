@@ -5,6 +5,8 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -116,4 +118,58 @@ func TestCallsPerSourceAreCapped(t *testing.T) {
 	if found < 2 {
 		t.Errorf("%d refusals audited with the source and the setting, want at least 2: %v", found, recs)
 	}
+}
+
+// TestDiscoveryCallLimits: through the binary, discovery's
+// --max-calls-per-source caps the calls one source has in flight (the
+// next refused at once, RESOURCE_EXHAUSTED, audited naming the setting),
+// and limits.call_timeout in discovery.yaml ends a call whose request
+// never comes at that timeout (DEADLINE_EXCEEDED). Before, discovery's
+// call timeout was a fixed minute and its calls were not capped per
+// source.
+func TestDiscoveryCallLimits(t *testing.T) {
+	t.Parallel()
+	const method = "/muster.v1.DiscoveryService/LookupAuthority"
+	t.Run("calls per source", func(t *testing.T) {
+		t.Parallel()
+		dir := filepath.Join(t.TempDir(), "discovery")
+		d := startDiscovery(t, dir, "--max-calls-per-source", "2")
+		if !strings.Contains(d.Logs(), `"max_calls_per_source":2,`) {
+			t.Errorf("the start log does not name the cap:\n%s", d.Logs())
+		}
+		holdCalls(t, d.addr, method, 2)
+		var got string
+		for deadline := time.Now().Add(30 * time.Second); got != "8" && time.Now().Before(deadline); {
+			got = stalledCallStatus(t, d.addr, method, 2*time.Second)
+		}
+		if got != "8" {
+			t.Fatalf("a call past the source's 2 in flight: grpc-status %q, want 8 (RESOURCE_EXHAUSTED)", got)
+		}
+		var found bool
+		waitFor(t, 10*time.Second, "the refusal is audited", func() bool {
+			for _, r := range discoveryAudit(t, dir, "--action", "api.access") {
+				found = found || r.Source == "127.0.0.1" && strings.Contains(r.Reason, "2 calls from 127.0.0.1 have not ended") &&
+					strings.Contains(r.Reason, "raise discovery's limits.max_calls_per_source")
+			}
+			return found
+		})
+	})
+	t.Run("call timeout from discovery.yaml", func(t *testing.T) {
+		t.Parallel()
+		dir := filepath.Join(t.TempDir(), "discovery")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "discovery.yaml"), []byte("limits:\n  call_timeout: 1s\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		d := startDiscovery(t, dir)
+		if !strings.Contains(d.Logs(), `"call_timeout":"1s"`) {
+			t.Errorf("the start log does not name the call timeout:\n%s", d.Logs())
+		}
+		start := time.Now()
+		if got := stalledCallStatus(t, d.addr, method, 20*time.Second); got != "4" {
+			t.Errorf("a call whose request never came: grpc-status %q after %s, want 4 (DEADLINE_EXCEEDED) at the 1 s call timeout", got, time.Since(start).Round(time.Millisecond))
+		}
+	})
 }
