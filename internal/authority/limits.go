@@ -62,6 +62,16 @@ func openFileLimit() string {
 // root rotation's update_servers waits up to 30 s for the intermediates).
 const DefaultCallTimeout = time.Minute
 
+// DefaultRenewalsPerLifetime is limits.renewals_per_lifetime's default:
+// an instance may renew 10 times at once, and 10 times in each lifetime
+// of its certificates after that. An agent renews at half-life (±10%),
+// about twice a lifetime; a renewal answered as a retry, or refused, is
+// not counted. So the rest is room for an operator's muster agent renew
+// by hand, a key rotation, a bound-keypair refresh after a rotation,
+// while a script renewing in a loop, or a stolen certificate renewing
+// without pause, is refused after its tenth signature.
+const DefaultRenewalsPerLifetime = 10
+
 // DefaultMaxCallsPerSource is limits.max_calls_per_source's default
 // (callcap.DefaultPerSource, which says why).
 const DefaultMaxCallsPerSource = callcap.DefaultPerSource

@@ -60,6 +60,8 @@ var refusalWords = map[string]string{
 	enroll.ReasonNodeTaken:           "node_taken",
 
 	enroll.ReasonChallengeRequired: "challenge_required",
+
+	enroll.ReasonRenewalsTooOften: "renewals_too_often",
 }
 
 // refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word
