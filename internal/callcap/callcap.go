@@ -95,27 +95,25 @@ func (c *Cap) Held(src netip.Addr) int {
 // (RESOURCE_EXHAUSTED) and is the caller's to audit; gRPC writes it
 // before any handler or interceptor runs.
 func (c *Cap) Tap(counted func(method string) bool, refused func(ctx context.Context, method string) error, next tap.ServerInHandle) tap.ServerInHandle {
+	if next == nil {
+		next = func(ctx context.Context, _ *tap.Info) (context.Context, error) { return ctx, nil }
+	}
 	return func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if counted(info.FullMethodName) {
-			release, ok := c.Take(callinfo.Source(ctx))
-			if !ok {
-				return nil, refused(ctx, info.FullMethodName)
-			}
-			// gRPC cancels a call's context when the call ends, however
-			// it ends, once this handle has let it through; not when a
-			// later handle refuses it, so that refusal releases here.
-			context.AfterFunc(ctx, release)
-			if next != nil {
-				out, err := next(ctx, info)
-				if err != nil {
-					release()
-				}
-				return out, err
-			}
+		if !counted(info.FullMethodName) {
+			return next(ctx, info)
 		}
-		if next == nil {
-			return ctx, nil
+		release, ok := c.Take(callinfo.Source(ctx))
+		if !ok {
+			return nil, refused(ctx, info.FullMethodName)
 		}
-		return next(ctx, info)
+		// gRPC cancels a call's context when the call ends, however it
+		// ends, once the handles have let it through; not when a later
+		// handle refuses it, so that refusal releases here.
+		context.AfterFunc(ctx, release)
+		out, err := next(ctx, info)
+		if err != nil {
+			release()
+		}
+		return out, err
 	}
 }
