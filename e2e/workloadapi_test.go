@@ -28,7 +28,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
 )
 
 // socketDir is a short directory for a Unix socket (sun_path holds 108
@@ -517,4 +519,41 @@ func TestWorkloadAPIJWTSVIDs(t *testing.T) {
 	if _, err := client.ValidateJWTSVID(ctx, token, "other"); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("ValidateJWTSVID for another audience: %v, want INVALID_ARGUMENT", err)
 	}
+}
+
+// TestWorkloadAPICallTimeoutSetting: agent run's
+// --workload-api-call-timeout (workload_api.call_timeout) ends a unary
+// Workload API call whose request never comes at that timeout
+// (DEADLINE_EXCEEDED), counted as call_timeout; a value under 1s stops
+// agent run with the setting named. Before, the timeout was a fixed
+// minute.
+func TestWorkloadAPICallTimeoutSetting(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "slow-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	if msg := mustFail(t, "agent", "run", "--data", adir, "--workload-api", "unix://"+sock, "--workload-api-call-timeout", "10ms"); !strings.Contains(msg, `workload_api.call_timeout "10ms": want a duration of at least 1s`) {
+		t.Errorf("a call timeout under 1s: %q", msg)
+	}
+	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json",
+		"--metrics-listen", "127.0.0.1:0", "--workload-api", "unix://"+sock, "--workload-api-call-timeout", "1s")
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "workload.spiffe.io", "true"), 30*time.Second)
+	defer cancel()
+	// The headers go out at once; the request never does.
+	cs, err := conn.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, "/SpiffeWorkloadAPI/FetchJWTSVID")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := cs.RecvMsg(&emptypb.Empty{}); status.Code(err) != codes.DeadlineExceeded || ctx.Err() != nil {
+		t.Fatalf("a unary call whose request never came: %v after %s, want DEADLINE_EXCEEDED at the 1 s call timeout", err, time.Since(start).Round(time.Millisecond))
+	}
+	waitFor(t, 10*time.Second, "the call timeout is counted", func() bool {
+		return strings.Contains(metricsOf(t, p.metrics), `muster_agent_workload_api_refusals_total{reason="call_timeout"} 1`)
+	})
 }

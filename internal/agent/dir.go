@@ -150,6 +150,9 @@ type WorkloadAPIConfig struct {
 	AllowGIDs []uint32 `yaml:"allow_gids,omitempty"`
 	// MaxStreamsPerUID caps one UID's open streams (default 32).
 	MaxStreamsPerUID int `yaml:"max_streams_per_uid,omitempty"`
+	// CallTimeout bounds a unary call, its request and reply included
+	// (a duration of at least 1s; default 1m).
+	CallTimeout string `yaml:"call_timeout,omitempty"`
 }
 
 // ReadConfig reads agent.yaml; a missing file is an empty Config. Unknown

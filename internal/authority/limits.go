@@ -6,10 +6,14 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/calldeadline"
+	"github.com/muster-dev/muster/internal/callinfo"
 	"github.com/muster-dev/muster/internal/listener"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -58,6 +62,20 @@ func openFileLimit() string {
 // root rotation's update_servers waits up to 30 s for the intermediates).
 const DefaultCallTimeout = time.Minute
 
+// DefaultRenewalsPerLifetime is limits.renewals_per_lifetime's default:
+// an instance may renew 10 times at once, and 10 times in each lifetime
+// of its certificates after that. An agent renews at half-life (±10%),
+// about twice a lifetime; a renewal answered as a retry, or refused, is
+// not counted. So the rest is room for an operator's muster agent renew
+// by hand, a key rotation, a bound-keypair refresh after a rotation,
+// while a script renewing in a loop, or a stolen certificate renewing
+// without pause, is refused after its tenth signature.
+const DefaultRenewalsPerLifetime = 10
+
+// DefaultMaxCallsPerSource is limits.max_calls_per_source's default
+// (callcap.DefaultPerSource, which says why).
+const DefaultMaxCallsPerSource = callcap.DefaultPerSource
+
 // selfBounded are the calls that bound their own time, so callDeadline
 // leaves them be: an agent's stream lasts until its certificate expires,
 // one per identity, and a send to it waits at most streamSendTimeout; a
@@ -68,6 +86,28 @@ var selfBounded = map[string]bool{
 	musterv1.AgentService_Connect_FullMethodName:                  true,
 	musterv1.JoinService_RegisterUsingBoundKeypair_FullMethodName: true,
 	healthpb.Health_Watch_FullMethodName:                          true,
+}
+
+// callTap (gRPC's InTapHandle, run as a call's headers arrive, before
+// its request is read) counts the call against its source's
+// limits.max_calls_per_source, refusing one past it, and then gives it
+// its deadline (callDeadline).
+//
+// Every call is counted but agents' streams: each lasts as long as its
+// agent's certificate, one per identity (a new one replaces the old), so
+// thousands of agents behind one NAT address hold thousands of them, all
+// legitimately, and an anonymous one is refused by the stream
+// interceptor as soon as it starts. Health watches and bound-keypair
+// joins, which bound their own time, are counted: one source does not
+// need many of them at once.
+func (s *Server) callTap() tap.ServerInHandle {
+	return s.calls.Tap(func(method string) bool { return method != musterv1.AgentService_Connect_FullMethodName },
+		func(ctx context.Context, method string) error {
+			reason := fmt.Sprintf("too many calls in flight from this source: limits.max_calls_per_source (%d) calls from %s have not ended; end them (a call waiting for its request holds its place until limits.call_timeout), or raise limits.max_calls_per_source",
+				s.calls.Max(), callinfo.Source(ctx))
+			s.refuseUnread(ctx, method, reason)
+			return status.Error(codes.ResourceExhausted, reason)
+		}, s.callDeadline())
 }
 
 // callDeadline (gRPC's InTapHandle, run as a call's headers arrive) gives

@@ -36,6 +36,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -145,6 +146,15 @@ type Config struct {
 	// or the call bounds itself (limits.go, callDeadline). Zero:
 	// DefaultCallTimeout.
 	CallTimeout time.Duration
+	// MaxCallsPerSource is limits.max_calls_per_source: the calls one
+	// source address may have in flight at once, agents' streams aside
+	// (limits.go, callTap). Zero: DefaultMaxCallsPerSource.
+	MaxCallsPerSource int
+	// RenewalsPerLifetime is limits.renewals_per_lifetime: how many
+	// renewals one instance is given at once, and again in each lifetime
+	// of its certificates (enroll's allowRenewal). Zero:
+	// DefaultRenewalsPerLifetime.
+	RenewalsPerLifetime int
 }
 
 // Server is a running authority.
@@ -165,12 +175,18 @@ type Server struct {
 	conns *listener.Cap
 	// callTimeout is limits.call_timeout (callDeadline).
 	callTimeout time.Duration
+	// calls is limits.max_calls_per_source (callTap), shared by the api
+	// and bootstrap listeners.
+	calls *callcap.Cap
 	// shares divide conns among callers once their handshake tells them
 	// apart (connclass.go).
 	shares  *connShares
 	enroll  *enroll.Service
 	limiter *ratelimit.Keyed
-	tokens  *seal.Sealer
+	// renewals holds each instance's allowance of renewals
+	// (limits.renewals_per_lifetime), in this replica's memory.
+	renewals *ratelimit.Keyed
+	tokens   *seal.Sealer
 	// jwt signs JWT-SVIDs for agents (MintJWTSVID): the issuer of the
 	// key version this replica last read (jwtkey.go).
 	jwt     atomic.Pointer[jwtsvid.Issuer]
@@ -271,8 +287,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
 	s.callTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
+	s.calls = callcap.New(cmp.Or(cfg.MaxCallsPerSource, DefaultMaxCallsPerSource))
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
+	// Every renewal names its own rate, from its certificates' lifetime.
+	s.renewals = ratelimit.New(1, 1)
 	if s.tokens, err = cfg.StorageKey.Sealer(seal.InfoToken); err != nil {
 		return nil, err
 	}
@@ -354,9 +373,11 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 				s.log.Warn("bound-keypair join state ahead of the store, refused: "+boundkeypair.ResyncHint, "token", token, "node", node)
 			},
 		},
-		DecoyKey:     cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
-		AgentCertTTL: cfg.AgentCertTTL,
-		Limiter:      s.limiter,
+		DecoyKey:            cfg.StorageKey.Derive(seal.InfoTrustBundleDecoy, 32),
+		AgentCertTTL:        cfg.AgentCertTTL,
+		Limiter:             s.limiter,
+		Renewals:            s.renewals,
+		RenewalsPerLifetime: cmp.Or(cfg.RenewalsPerLifetime, DefaultRenewalsPerLifetime),
 	})
 	if err != nil {
 		return nil, err
@@ -581,9 +602,11 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: idleTimeout}),
 		grpc.MaxConcurrentStreams(maxStreams),
-		// And no call lasts longer than limits.call_timeout, unless it
-		// bounds itself: a connection carrying a call is never idle.
-		grpc.InTapHandle(s.callDeadline()),
+		// No source has more than limits.max_calls_per_source calls in
+		// flight, and no call lasts longer than limits.call_timeout,
+		// unless it bounds itself: a connection carrying a call is never
+		// idle.
+		grpc.InTapHandle(s.callTap()),
 		// Calls to a method the listener does not serve pass the stream
 		// interceptors and are audited (unknownMethod).
 		grpc.UnknownServiceHandler(func(srv any, ss grpc.ServerStream) error {
@@ -684,7 +707,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.log.Info("authority started", "authority_id", s.info.AuthorityID, "listen", lis.Addr().String(), "advertise", advertise,
 		"bootstrap_listen", listener.Addr(bootLis), "metrics_listen", listener.Addr(metricsLis), "crl_listen", listener.Addr(crlLis), "trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies),
-		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit())
+		"max_connections", s.conns.Max(), "open_file_limit", openFileLimit(),
+		"max_calls_per_source", s.calls.Max(), "call_timeout", s.callTimeout.String(),
+		"renewals_per_lifetime", cmp.Or(s.cfg.RenewalsPerLifetime, DefaultRenewalsPerLifetime))
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(advertise, listener.Addr(metricsLis))
 	}
@@ -720,6 +745,7 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error { s.streamEnds.run(gctx); return nil })
 	g.Go(func() error { return s.refusals.Run(gctx) })
 	g.Go(func() error { return s.limiter.Run(gctx) })
+	g.Go(func() error { return s.renewals.Run(gctx) })
 	g.Go(func() error { return s.lead(gctx, "background", s.backgroundJobs) })
 	if s.discovery != nil {
 		g.Go(func() error { return s.discovery.run(gctx) })

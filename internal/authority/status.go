@@ -63,6 +63,7 @@ var refusalWords = map[string]string{
 	enroll.ReasonChallengeRequired: "challenge_required",
 
 	enroll.ReasonCertificateUnknown: "certificate_unknown",
+	enroll.ReasonRenewalsTooOften:   "renewals_too_often",
 }
 
 // refusalReason is the ErrorInfo reason of a refusal: DESIGN.md's word

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
@@ -23,6 +24,7 @@ type workloadFlags struct {
 	socketUID, socketGID int
 	allowUIDs, allowGIDs []uint
 	maxStreams           int
+	callTimeout          string
 }
 
 func (w *workloadFlags) register(cmd *cobra.Command) {
@@ -34,6 +36,7 @@ func (w *workloadFlags) register(cmd *cobra.Command) {
 	f.UintSliceVar(&w.allowUIDs, "workload-api-allow-uids", nil, "UIDs admitted to the Workload API, comma-separated (default: the agent's own; workload_api.allow_uids)")
 	f.UintSliceVar(&w.allowGIDs, "workload-api-allow-gids", nil, "primary GIDs admitted to the Workload API, comma-separated (workload_api.allow_gids)")
 	f.IntVar(&w.maxStreams, "workload-api-max-streams-per-uid", 0, "open Workload API streams one UID may hold (default 32; workload_api.max_streams_per_uid)")
+	f.StringVar(&w.callTimeout, "workload-api-call-timeout", "", "the longest a unary Workload API call (FetchJWTSVID, ValidateJWTSVID) may last, its request and reply included (default 1m, at least 1s; workload_api.call_timeout)")
 }
 
 // workloadAPI is a Workload API ready to serve: its socket is listening.
@@ -107,6 +110,14 @@ func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logge
 	}
 	if sc.MaxStreamsPerUID < 0 {
 		return nil, fmt.Errorf("max streams per UID %d: want a positive number", sc.MaxStreamsPerUID)
+	}
+	if f.Changed("workload-api-call-timeout") {
+		c.CallTimeout = w.callTimeout
+	}
+	if c.CallTimeout != "" {
+		if sc.CallTimeout, err = time.ParseDuration(c.CallTimeout); err != nil || sc.CallTimeout < time.Second {
+			return nil, fmt.Errorf("workload_api.call_timeout %q: want a duration of at least 1s, such as 1m", c.CallTimeout)
+		}
 	}
 	lis, err := workload.Listen(sock)
 	if err != nil {

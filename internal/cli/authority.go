@@ -93,6 +93,10 @@ type authorityConfig struct {
 		MaxConnections *int `yaml:"max_connections"`
 		// CallTimeout: empty keeps the default (1m).
 		CallTimeout string `yaml:"call_timeout"`
+		// MaxCallsPerSource: nil or 0 keeps the default (1024).
+		MaxCallsPerSource *int `yaml:"max_calls_per_source"`
+		// RenewalsPerLifetime: nil or 0 keeps the default (10).
+		RenewalsPerLifetime *int `yaml:"renewals_per_lifetime"`
 	} `yaml:"limits"`
 }
 
@@ -174,6 +178,10 @@ type authorityOptions struct {
 	maxConnections int
 	// callTimeout is limits.call_timeout.
 	callTimeout time.Duration
+	// maxCallsPerSource is limits.max_calls_per_source.
+	maxCallsPerSource int
+	// renewalsPerLifetime is limits.renewals_per_lifetime.
+	renewalsPerLifetime int
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
@@ -262,6 +270,24 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.maxConnections < 0 {
 				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
 			}
+			if n := cfg.Limits.MaxCallsPerSource; n != nil && !f.Changed("max-calls-per-source") {
+				o.maxCallsPerSource = *n
+			}
+			if o.maxCallsPerSource == 0 {
+				o.maxCallsPerSource = authority.DefaultMaxCallsPerSource
+			}
+			if o.maxCallsPerSource < 0 {
+				return fmt.Errorf("authority: limits.max_calls_per_source %d: want a number of calls, such as %d (the default)", o.maxCallsPerSource, authority.DefaultMaxCallsPerSource)
+			}
+			if n := cfg.Limits.RenewalsPerLifetime; n != nil && !f.Changed("renewals-per-lifetime") {
+				o.renewalsPerLifetime = *n
+			}
+			if o.renewalsPerLifetime == 0 {
+				o.renewalsPerLifetime = authority.DefaultRenewalsPerLifetime
+			}
+			if o.renewalsPerLifetime < 0 {
+				return fmt.Errorf("authority: limits.renewals_per_lifetime %d: want a number of renewals, such as %d (the default)", o.renewalsPerLifetime, authority.DefaultRenewalsPerLifetime)
+			}
 			pick(&callTimeout, "call-timeout", cfg.Limits.CallTimeout)
 			if o.callTimeout, err = time.ParseDuration(callTimeout); err != nil || o.callTimeout < time.Second {
 				return fmt.Errorf("authority: limits.call_timeout %q: want a duration of at least 1s, such as 1m", callTimeout)
@@ -322,6 +348,8 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
+	fl.IntVar(&o.maxCallsPerSource, "max-calls-per-source", authority.DefaultMaxCallsPerSource, "calls one source address may have in flight at once, agents' streams aside; the next is refused RESOURCE_EXHAUSTED (limits.max_calls_per_source; 0: the default)")
+	fl.IntVar(&o.renewalsPerLifetime, "renewals-per-lifetime", authority.DefaultRenewalsPerLifetime, "renewals one agent instance is given at once, and again in each lifetime of its certificates; the next is refused RESOURCE_EXHAUSTED (limits.renewals_per_lifetime; 0: the default)")
 	fl.StringVar(&callTimeout, "call-timeout", authority.DefaultCallTimeout.String(), "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
 	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
@@ -581,6 +609,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		BoundKeypairCertTTL: o.boundCertTTL,
 		MaxConnections:      o.maxConnections,
 		CallTimeout:         o.callTimeout,
+		MaxCallsPerSource:   o.maxCallsPerSource,
+		RenewalsPerLifetime: o.renewalsPerLifetime,
 		CRLListen:           o.crlListen,
 		CRLURL:              o.crlURL,
 		CRLValidity:         o.crlValidity,

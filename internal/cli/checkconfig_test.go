@@ -42,6 +42,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(other, "listen: 127.0.0.1:1002\n")
 	withMore := filepath.Join(t.TempDir(), "more.yaml")
 	write(withMore, "signer:\n  min_lead_time: 30m\nbound_keypair:\n  recoveries_warn_at: 3\n  cert_ttl: 2h\ndiscovery:\n  address: disc.example:7450\nbootstrap:\n  psk_required: true\nlog:\n  format: text\n")
+	withLimits := filepath.Join(t.TempDir(), "limits.yaml")
+	write(withLimits, "limits:\n  max_calls_per_source: 64\n  renewals_per_lifetime: 4\n")
 	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
 	write(withDraft, "ca:\n  draft_ttl: 10s\n")
 	tests := []struct {
@@ -63,6 +65,12 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
 		{"the call timeout by default", nil, nil, []string{"limits.call_timeout:   1m0s\n"}},
 		{"the call timeout from the environment", map[string]string{"MUSTER_CALL_TIMEOUT": "5m"}, nil, []string{"limits.call_timeout:   5m0s\n"}},
+		{"the calls per source by default", nil, nil, []string{"limits.max_calls_per_source: 1024 (per source address, agents' streams aside)\n"}},
+		{"the calls per source from the environment", map[string]string{"MUSTER_MAX_CALLS_PER_SOURCE": "5000"}, nil, []string{"limits.max_calls_per_source: 5000 ("}},
+		{"the calls per source from a file", nil, []string{"--config", withLimits}, []string{"limits.max_calls_per_source: 64 ("}},
+		{"the renewals per lifetime by default", nil, nil, []string{"limits.renewals_per_lifetime: 10 (per agent instance, in this replica's memory)\n"}},
+		{"the renewals per lifetime from the environment", map[string]string{"MUSTER_RENEWALS_PER_LIFETIME": "50"}, nil, []string{"limits.renewals_per_lifetime: 50 ("}},
+		{"the renewals per lifetime from a file", nil, []string{"--config", withLimits}, []string{"limits.renewals_per_lifetime: 4 ("}},
 		{"the open-file limit the cap's default came from, and that it is this command's", nil, nil, []string{"open_file_limit:       " + fileLimit(t) + ", this command's: the authority reads its own at start (LimitNOFILE"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
@@ -128,6 +136,8 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "draft ttl below the floor", file: "ca:\n  draft_ttl: 4s\n", want: `ca.draft_ttl "4s": want a duration from 5s to 24h0m0s, such as 1h`},
 		{name: "draft ttl above the ceiling", env: map[string]string{"MUSTER_CA_DRAFT_TTL": "25h"}, want: `ca.draft_ttl "25h": want a duration from 5s to 24h0m0s, such as 1h`},
 		{name: "draft ttl not a duration", args: []string{"--ca-draft-ttl", "soon"}, want: `ca.draft_ttl "soon": want a duration from 5s to 24h0m0s, such as 1h`},
+		{name: "negative calls per source", file: "limits:\n  max_calls_per_source: -1\n", want: `limits.max_calls_per_source -1: want a number of calls, such as 1024 (the default)`},
+		{name: "negative renewals per lifetime", file: "limits:\n  renewals_per_lifetime: -2\n", want: `limits.renewals_per_lifetime -2: want a number of renewals, such as 10 (the default)`},
 		{name: "call timeout below the floor", file: "limits:\n  call_timeout: 500ms\n", want: `limits.call_timeout "500ms": want a duration of at least 1s, such as 1m`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
 		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/discoveryd"
@@ -53,6 +54,10 @@ type discoveryOptions struct {
 	// configFile is the settings file in use: DIR/discovery.yaml, or the
 	// one --config names.
 	configFile string
+	// maxCallsPerSource is limits.max_calls_per_source.
+	maxCallsPerSource int
+	// callTimeout is limits.call_timeout.
+	callTimeout time.Duration
 }
 
 func newDiscoveryCmd(env *Env) *cobra.Command {
@@ -117,6 +122,8 @@ and exits.`,
 	f.StringVar(&o.advertise, "advertise", "", "HOST:PORT authorities and agents reach discovery at; names the ticket issuer (default: the listen address)")
 	f.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/discovery.db)")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7451", "address of /metrics, /healthz and /readyz over plain HTTP (empty: off)")
+	f.IntVar(&o.maxCallsPerSource, "max-calls-per-source", callcap.DefaultPerSource, "calls (and HTTPS requests) one source address may have in flight at once; the next is refused RESOURCE_EXHAUSTED (limits.max_calls_per_source; 0: the default)")
+	f.DurationVar(&o.callTimeout, "call-timeout", discoveryd.DefaultCallTimeout, "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; at least 1s)")
 	f.DurationVar(&o.keyRotation, "key-rotation", discoveryd.DefaultKeyRotation, "how long a ticket signing key is used before the next one")
 	f.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -160,6 +167,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 		MetricsListen: o.metricsListen, KeyRotation: o.keyRotation, Log: log,
 		TrustedProxies:     proxies,
 		AllowedAuthorities: allowed, OpenRegistration: o.openRegistration,
+		MaxCallsPerSource: o.maxCallsPerSource, CallTimeout: o.callTimeout,
 	})
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)

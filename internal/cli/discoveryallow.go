@@ -26,6 +26,12 @@ type discoveryConfig struct {
 		Format string `yaml:"format"`
 		Level  string `yaml:"level"`
 	} `yaml:"log"`
+	Limits struct {
+		// MaxCallsPerSource: nil or 0 keeps the default (1024).
+		MaxCallsPerSource *int `yaml:"max_calls_per_source"`
+		// CallTimeout: empty keeps the default (1m).
+		CallTimeout string `yaml:"call_timeout"`
+	} `yaml:"limits"`
 }
 
 // loadDiscoveryConfig reads DIR/discovery.yaml, if there is one, and checks

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/discoveryd"
 	"github.com/muster-dev/muster/internal/listener"
 )
@@ -51,6 +52,25 @@ func discoverySettings(cmd *cobra.Command, o *discoveryOptions, configFile strin
 		if o.keyRotation, err = time.ParseDuration(cfg.KeyRotation); err != nil {
 			return fmt.Errorf("%s: key_rotation %q: want a duration such as 720h", o.configFile, cfg.KeyRotation)
 		}
+	}
+	if n := cfg.Limits.MaxCallsPerSource; n != nil && !f.Changed("max-calls-per-source") {
+		o.maxCallsPerSource = *n
+	}
+	if o.maxCallsPerSource == 0 {
+		o.maxCallsPerSource = callcap.DefaultPerSource
+	}
+	if o.maxCallsPerSource < 0 {
+		return fmt.Errorf("limits.max_calls_per_source %d: want a number of calls, such as %d (the default)", o.maxCallsPerSource, callcap.DefaultPerSource)
+	}
+	if !f.Changed("call-timeout") && cfg.Limits.CallTimeout != "" {
+		d, err := time.ParseDuration(cfg.Limits.CallTimeout)
+		if err != nil || d < time.Second {
+			return fmt.Errorf("%s: limits.call_timeout %q: want a duration of at least 1s, such as 1m", o.configFile, cfg.Limits.CallTimeout)
+		}
+		o.callTimeout = d
+	}
+	if o.callTimeout < time.Second {
+		return fmt.Errorf("limits.call_timeout %s (--call-timeout): want a duration of at least 1s, such as 1m", o.callTimeout)
 	}
 	if o.keyRotation < minKeyRotation || o.keyRotation > maxKeyRotation {
 		return fmt.Errorf("key rotation (--key-rotation, key_rotation) must be between %s and %s", minKeyRotation, maxKeyRotation)
@@ -111,6 +131,8 @@ func checkDiscoveryConfig(env *Env, o discoveryOptions) error {
 	row("metrics_listen", o.metricsListen)
 	row("pprof_listen", o.pprofListen)
 	row("key_rotation", o.keyRotation.String())
+	row("limits.max_calls_per_source", fmt.Sprintf("%d (per source address)", o.maxCallsPerSource))
+	row("limits.call_timeout", o.callTimeout.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
 	row("allowed_authorities", strings.Join(ids, ", "))
 	row("open_registration", fmt.Sprint(o.openRegistration))

@@ -26,6 +26,7 @@ func TestDiscoverySettings(t *testing.T) {
 	write(filepath.Join(dir, "discovery.yaml"), "listen: 127.0.0.1:1001\nkey_rotation: 48h\nallowed_authorities:\n  - {authority_id: prod-ababab, ca_fingerprint: \""+fp+"\"}\n")
 	other := write(filepath.Join(t.TempDir(), "other.yaml"), "listen: 127.0.0.1:1002\nstore: postgres://d:secret@db.internal/disc\n")
 	fresh := filepath.Join(t.TempDir(), "not-yet")
+	limits := write(filepath.Join(t.TempDir(), "limits.yaml"), "limits:\n  max_calls_per_source: 64\n  call_timeout: 2m\n")
 
 	tests := []struct {
 		name string
@@ -39,6 +40,10 @@ func TestDiscoverySettings(t *testing.T) {
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir, "--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/discovery.yaml", nil, []string{"--data", dir, "--config", other},
 			[]string{"listen:                127.0.0.1:1002", "store:                 postgres://…@db.internal/disc", "allowed_authorities:   (off)", "config file:           " + other}},
+		{"limits by default", nil, []string{"--data", dir}, []string{"limits.max_calls_per_source: 1024 (per source address)\n", "limits.call_timeout:   1m0s\n"}},
+		{"limits from a file", nil, []string{"--data", dir, "--config", limits}, []string{"limits.max_calls_per_source: 64 (", "limits.call_timeout:   2m0s\n"}},
+		{"limits from the environment over the file", map[string]string{"MUSTER_MAX_CALLS_PER_SOURCE": "5000", "MUSTER_CALL_TIMEOUT": "30s"}, []string{"--data", dir, "--config", limits},
+			[]string{"limits.max_calls_per_source: 5000 (", "limits.call_timeout:   30s\n"}},
 		{"MUSTER_DATA, a directory not made yet", map[string]string{"MUSTER_DATA": fresh}, nil, []string{"data:                  " + fresh}},
 	}
 	for _, tt := range tests {
@@ -72,6 +77,9 @@ func TestDiscoverySettings(t *testing.T) {
 		{name: "wildcard issuer", file: "listen: 0.0.0.0:7450\n", want: "advertise"},
 		{name: "bad trusted proxy", file: "trusted_proxies: [not-an-ip]\n", want: "not-an-ip"},
 		{name: "bad allow entry", file: "allowed_authorities: [{authority_id: Prod, ca_fingerprint: \"" + fp + "\"}]\n", want: "allowed_authorities[0]"},
+		{name: "negative calls per source", file: "limits:\n  max_calls_per_source: -1\n", want: "limits.max_calls_per_source -1: want a number of calls, such as 1024"},
+		{name: "call timeout below the floor", file: "limits:\n  call_timeout: 500ms\n", want: `limits.call_timeout "500ms": want a duration of at least 1s, such as 1m`},
+		{name: "call timeout flag below the floor", args: []string{"--call-timeout", "10ms"}, want: "limits.call_timeout 10ms (--call-timeout): want a duration of at least 1s"},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},
 		{name: "pprof beyond loopback", args: []string{"--pprof-listen", ":6060"}, want: "pprof listens only on a loopback address"},
 	}

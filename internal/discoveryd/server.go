@@ -38,6 +38,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/callcap"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
@@ -114,6 +115,11 @@ type Config struct {
 	// reply included, unless its caller asks for less (zero:
 	// DefaultCallTimeout).
 	CallTimeout time.Duration
+	// MaxCallsPerSource is how many calls (gRPC calls and HTTPS requests)
+	// one source address may have in flight at once; the next is refused
+	// RESOURCE_EXHAUSTED (HTTP 429) and audited (zero:
+	// callcap.DefaultPerSource).
+	MaxCallsPerSource int
 }
 
 // MaxStreamsPerConn bounds the calls one connection carries at once.
@@ -178,6 +184,8 @@ type Server struct {
 	now   func() time.Time
 	// callTimeout is Config.CallTimeout (handler).
 	callTimeout time.Duration
+	// calls is Config.MaxCallsPerSource (handler).
+	calls *callcap.Cap
 
 	addr        atomic.Pointer[string]
 	issuer      atomic.Pointer[string]
@@ -230,6 +238,7 @@ func New(cfg Config) (*Server, error) {
 		allow:       allow,
 		now:         time.Now,
 		callTimeout: cmp.Or(cfg.CallTimeout, DefaultCallTimeout),
+		calls:       callcap.New(cfg.MaxCallsPerSource),
 	}
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
 		return nil, err
@@ -370,7 +379,7 @@ func (s *Server) Run(ctx context.Context) error {
 	keyID, _ := s.keys.activeSince()
 	s.log.Info("discovery started", "listen", bound, "advertise", advertise, "issuer", issuer,
 		"fingerprint", s.Fingerprint(), "metrics_listen", listener.Addr(metricsLis), "ticket_key", keyID, "dir", string(s.id.Dir),
-		"trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies))
+		"trusted_proxies", fmt.Sprint(s.cfg.TrustedProxies), "max_calls_per_source", s.calls.Max(), "call_timeout", s.callTimeout.String())
 	if s.cfg.Ready != nil {
 		s.cfg.Ready(bound)
 	}
@@ -436,7 +445,19 @@ func (s *Server) handler() http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+		isGRPC := r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
+		// Counted from here, before a request body is read, to the
+		// handler's return: every call (and HTTPS request) discovery
+		// serves answers at once, so only calls held open, a flood's,
+		// reach the cap.
+		src := sourceOf(r)
+		release, ok := s.calls.Take(src)
+		if !ok {
+			s.refuseHeld(w, r, src, isGRPC)
+			return
+		}
+		defer release()
+		if isGRPC {
 			// A connection carrying a call is never idle: a call whose
 			// request never comes, or a stream that answers for as long
 			// as it is asked, ends at the call timeout, set as the call's
@@ -450,10 +471,7 @@ func (s *Server) handler() http.Handler {
 			start := time.Now()
 			s.grpc.ServeHTTP(w, r)
 			if ours && time.Since(start) >= s.callTimeout {
-				c := call{method: r.URL.Path}
-				if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-					c.source = ap.Addr().Unmap()
-				}
+				c := call{method: r.URL.Path, source: src}
 				s.refusals.Record(r.Context(), audit.Event{Actor: "anonymous", Action: "api.access", Target: c.method, Result: audit.ResultDenied,
 					Reason: fmt.Sprintf("%v (%s): send the request whole and read the reply within it", errCallTimeout, s.callTimeout), Source: c.src()})
 			}

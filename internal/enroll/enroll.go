@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/time/rate"
 	pkcs12 "software.sslmate.com/src/go-pkcs12"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -78,6 +79,13 @@ type Limiter interface {
 	Allow(source string) bool
 }
 
+// RenewalLimiter holds each instance's allowance of renewals: AllowRate
+// takes one from key's bucket, which refills at r and holds burst
+// (ratelimit.Keyed).
+type RenewalLimiter interface {
+	AllowRate(key string, r rate.Limit, burst int) bool
+}
+
 // Config wires a Service.
 type Config struct {
 	Store       Store
@@ -105,7 +113,12 @@ type Config struct {
 	// certificate already issued; DESIGN.md sets 10 minutes.
 	RetryWindow time.Duration
 	Limiter     Limiter
-	Now         func() time.Time
+	// Renewals, with RenewalsPerLifetime above zero, bounds how often one
+	// instance is given a new certificate by a renewal (renew.go,
+	// allowRenewal); nil or 0: no bound.
+	Renewals            RenewalLimiter
+	RenewalsPerLifetime int
+	Now                 func() time.Time
 }
 
 // Service performs joins and renewals.
@@ -281,10 +294,7 @@ func keyID(pub crypto.PublicKey) ([]byte, error) {
 // issue signs an agent certificate for nodeID, which joined by method;
 // serverAuth lets it serve TLS too (the token's svid_usage).
 func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time, serverAuth bool) (*x509.Certificate, []byte, error) {
-	ttl := s.cfg.AgentCertTTL
-	if method == store.JoinMethodBoundKeypair {
-		ttl = cmp.Or(s.cfg.BoundKeypair.CertTTL, DefaultBoundKeypairCertTTL)
-	}
+	ttl := s.certTTL(method)
 	id, err := spiffeid.New(s.cfg.TrustDomain, spiffeid.RoleAgent, nodeID)
 	if err != nil {
 		return nil, nil, err
@@ -305,6 +315,15 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 		return nil, nil, err
 	}
 	return leaf, agent.ChainPEM(leaf), nil
+}
+
+// certTTL is the lifetime of the certificates an instance that joined by
+// method is given.
+func (s *Service) certTTL(method string) time.Duration {
+	if method == store.JoinMethodBoundKeypair {
+		return cmp.Or(s.cfg.BoundKeypair.CertTTL, DefaultBoundKeypairCertTTL)
+	}
+	return s.cfg.AgentCertTTL
 }
 
 // servesTLS reports whether an agent certificate the authority issued may

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"golang.org/x/time/rate"
+
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -68,6 +70,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		return nil, refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s was issued to %s", serial, rec.NodeID)
 	}
 
+	counted := false
 	for attempt := 0; ; attempt++ {
 		var inst store.Instance
 		if attempt == 0 && h != nil {
@@ -104,6 +107,15 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return s.issuedFrom(rec.NodeID, inst, true)
 		case inst.Generation != g:
 			return nil, s.copyDetected(ctx, rec, inst)
+		}
+		// Counted once per request, however many attempts its write
+		// takes, and only once a certificate is to be signed: a retry's
+		// answer and a refusal cost no signature.
+		if !counted {
+			counted = true
+			if err := s.allowRenewal(inst); err != nil {
+				return nil, err
+			}
 		}
 		now := s.cfg.Now()
 		serverAuth := servesTLS(leaf)
@@ -165,6 +177,31 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		}
 		return iss, nil
 	}
+}
+
+// ReasonRenewalsTooOften is the refusal of a renewal past its instance's
+// allowance, limits.renewals_per_lifetime renewals in each certificate
+// lifetime: many times what renewing at half-life needs, so an agent
+// refused it renews far more often than its lifetime justifies (a
+// script, or a stolen certificate renewing without pause).
+const ReasonRenewalsTooOften = "renewed too often for the certificate's lifetime (limits.renewals_per_lifetime): an agent renews by itself at half of it, so wait for that renewal; or raise limits.renewals_per_lifetime on the authority"
+
+// allowRenewal takes one renewal from inst's allowance:
+// RenewalsPerLifetime at once, refilled at RenewalsPerLifetime in each
+// lifetime of the certificates inst is given. Counted per instance, so a
+// re-join (a new instance) starts afresh and a copy shares its
+// original's allowance; in the memory of this replica, so each replica
+// allows as much.
+func (s *Service) allowRenewal(inst store.Instance) error {
+	n := s.cfg.RenewalsPerLifetime
+	ttl := s.certTTL(inst.JoinMethod)
+	if s.cfg.Renewals == nil || n <= 0 || ttl <= 0 {
+		return nil
+	}
+	if s.cfg.Renewals.AllowRate(inst.ID, rate.Limit(float64(n)/ttl.Seconds()), n) {
+		return nil
+	}
+	return refuse(KindRateLimited, ReasonRenewalsTooOften).with("instance %s of node %s: more than %d renewals in a certificate lifetime of %s", inst.ID, inst.NodeID, n, ttl)
 }
 
 // standing refuses an instance that may not renew: its node deleted, the

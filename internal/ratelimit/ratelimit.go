@@ -94,7 +94,11 @@ func (k *Keyed) forget(now time.Time) {
 		if lim := b.lim.Limit(); lim > 0 && lim != rate.Inf {
 			idle = max(idle, time.Duration(float64(b.lim.Burst())/float64(lim)*float64(time.Second)))
 		}
-		if now.Sub(b.seen) > idle {
+		// A bucket full again is forgotten at once, however recently it
+		// was used: a new one starts full, so nothing is given early,
+		// and a key that spends one token in a long refill (a renewal
+		// in a day's allowance) is not kept for the whole of it.
+		if now.Sub(b.seen) > idle || b.lim.TokensAt(now) >= float64(b.lim.Burst()) {
 			delete(k.buckets, key)
 		}
 	}

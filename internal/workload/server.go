@@ -192,7 +192,7 @@ var unaryMethods = func() map[string]bool {
 func (s *Server) callDeadline() tap.ServerInHandle {
 	return calldeadline.Tap(s.cfg.CallTimeout, func(method string) bool { return unaryMethods[method] },
 		func(_ context.Context, method string) {
-			s.refused("call_timeout", nil, fmt.Errorf("%s: the call lasted longer than the call timeout (%s): send the request whole and read the reply within it", method, s.cfg.CallTimeout))
+			s.refused("call_timeout", nil, fmt.Errorf("%s: the call lasted longer than the call timeout (%s): send the request whole and read the reply within it, or raise workload_api.call_timeout", method, s.cfg.CallTimeout))
 		})
 }
 
