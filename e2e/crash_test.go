@@ -389,7 +389,9 @@ func (c *crashRun) rotate(t *testing.T) {
 	if mrand.IntN(3) == 0 {
 		grace = "0"
 	}
-	r := muster(t, nil, "psk", "rotate", "--data", c.dir, "--grace", grace, "-o", "json")
+	// A PSK still in grace from the rotation before is revoked: without
+	// --revoke-grace every rotation after the first would be refused.
+	r := muster(t, nil, "psk", "rotate", "--data", c.dir, "--grace", grace, "--revoke-grace", "-o", "json")
 	var out pskRotate
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &out) != nil || out.Active == nil {
 		return

@@ -63,8 +63,14 @@ func TestInitAndDevOnAnEmptyDirectory(t *testing.T) {
 // end of its banner, and leaves it running until the test ends.
 func devBanner(t *testing.T, dir string, extra ...string) string {
 	t.Helper()
+	return devBannerEnv(t, dir, nil, extra...)
+}
+
+// devBannerEnv is devBanner with env added to dev's environment.
+func devBannerEnv(t *testing.T, dir string, env []string, extra ...string) string {
+	t.Helper()
 	cmd := exec.Command(musterBin, append([]string{"dev", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", ""}, extra...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -132,8 +132,9 @@ func TestPSKJoin(t *testing.T) {
 		t.Errorf("join audit does not record the grace PSK %s:\n%s", initID, a)
 	}
 
-	// A rotation without grace revokes the PSK it replaces at once.
-	rot2 := rotatePSK(t, dir, "--grace", "0")
+	// A rotation without grace revokes the PSK it replaces at once (and,
+	// told to, the one still in grace).
+	rot2 := rotatePSK(t, dir, "--grace", "0", "--revoke-grace")
 	wantJoinFailure(t, pskJoin(t, e, filepath.Join(t.TempDir(), "n4"), "n4", rot.Active.PSK, e.fingerprint), "PERMISSION_DENIED", "does not match")
 	mustPSKJoin(t, e, "n5", rot2.Active.PSK)
 

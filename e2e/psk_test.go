@@ -24,8 +24,9 @@ type pskShow struct {
 }
 
 type pskRotate struct {
-	Active   *pskOut `json:"active"`
-	Previous *pskOut `json:"previous"`
+	Active       *pskOut `json:"active"`
+	Previous     *pskOut `json:"previous"`
+	RevokedGrace *pskOut `json:"revoked_grace"`
 }
 
 func showPSKs(t *testing.T, dir string) pskShow {
@@ -83,19 +84,33 @@ func TestPSKShowAndRotate(t *testing.T) {
 		t.Errorf("psk show grace = %+v, want the init PSK until %v", s2.Grace, r.Previous.GraceExpiresAt)
 	}
 
-	// The text form reminds the operator to update the agents.
-	out := mustRun(t, "psk", "rotate", "--data", dir)
-	if !strings.Contains(out, "muster-psk:") || !strings.Contains(out, "accepted until") || !strings.Contains(out, "Update the agents") {
-		t.Errorf("psk rotate printed %q, want the PSK, the grace expiry and a reminder", out)
+	// A second rotation while the init PSK is in grace would revoke it:
+	// refused, naming it and the way out, unless told to.
+	if line := mustFail(t, "psk", "rotate", "--data", dir); !strings.Contains(line, "FAILED_PRECONDITION") ||
+		!strings.Contains(line, s.Active.ID) || !strings.Contains(line, "muster psk rotate --grace 24h --revoke-grace") {
+		t.Errorf("rotate with %s in grace: %q, want FAILED_PRECONDITION naming it and --revoke-grace", s.Active.ID, line)
+	}
+	if s := showPSKs(t, dir); s.Active.ID != r.Active.ID || s.Grace == nil || s.Grace.ID != s2.Grace.ID {
+		t.Errorf("after a refused rotation show = %+v, want it unchanged", s)
+	}
+	// The text form names the grace PSK it revoked and reminds the
+	// operator to update the agents.
+	out := mustRun(t, "psk", "rotate", "--data", dir, "--revoke-grace")
+	if !strings.Contains(out, "muster-psk:") || !strings.Contains(out, "accepted until") || !strings.Contains(out, "Update the agents") ||
+		!strings.Contains(out, "Grace PSK:    "+s.Active.ID+", revoked now") {
+		t.Errorf("psk rotate --revoke-grace printed %q, want the PSK, the grace expiry, the revoked %s and a reminder", out, s.Active.ID)
 	}
 	s3 := showPSKs(t, dir)
 	if s3.Grace == nil || s3.Grace.ID != r.Active.ID {
 		t.Errorf("after a second rotation grace = %+v, want %s (the first rotation's PSK)", s3.Grace, r.Active.ID)
 	}
 
-	r0 := rotatePSK(t, dir, "--grace", "0")
+	r0 := rotatePSK(t, dir, "--grace", "0", "--revoke-grace")
 	if r0.Previous.GraceExpiresAt != nil {
 		t.Errorf("rotate --grace 0 previous = %+v, want it revoked", r0.Previous)
+	}
+	if r0.RevokedGrace == nil || r0.RevokedGrace.ID != r.Active.ID || r0.RevokedGrace.PSK != "" {
+		t.Errorf("rotate --grace 0 --revoke-grace revoked_grace = %+v, want %s without its value", r0.RevokedGrace, r.Active.ID)
 	}
 	s4 := showPSKs(t, dir)
 	if s4.Grace != nil || s4.Active.PSK != r0.Active.PSK {
@@ -147,8 +162,8 @@ func TestPSKShowAndRotate(t *testing.T) {
 			t.Errorf("psk.rotate record %v does not name the PSK IDs", rec)
 		}
 	}
-	if counts["psk.rotate/ok"] != 3 || counts["psk.rotate/denied"] != 2 || counts["psk.show/ok"] < 5 {
-		t.Errorf("audit psk.* records = %v, want 3 rotations, 2 refused, at least 5 reads", counts)
+	if counts["psk.rotate/ok"] != 3 || counts["psk.rotate/denied"] != 3 || counts["psk.show/ok"] < 5 {
+		t.Errorf("audit psk.* records = %v, want 3 rotations, 3 refused, at least 5 reads", counts)
 	}
 	for _, rec := range recs {
 		if rec["action"] == "psk.rotate" && rec["result"] == "ok" && strings.Contains(rec["target"].(string), r.Active.ID) {

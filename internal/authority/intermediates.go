@@ -274,6 +274,10 @@ func (in *intermediates) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		// A load that found nothing changed keeps the bundle it has: one
+		// whose certificate has expired since is replaced now, and open
+		// streams told, even if no answer asked for it.
+		in.s.trustBundle()
 		if in.s.outage.fail(err) {
 			// The store is down: logged once for the whole outage, and
 			// /readyz says so already; the set in use stays.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -142,29 +143,60 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 		return nil, "", badRequest(err.Error())
 	}
 
+	// A grace PSK whose grace has ended is revoked (and audited as
+	// psk.expire) first, so that the rotation revokes only a PSK still
+	// accepted, which it then names.
+	if err := a.s.revokeExpiredGracePSKs(ctx); err != nil {
+		return nil, "", err
+	}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, "", err
+	}
 	ps, err := a.s.store.ListPSKs(ctx)
 	if err != nil {
 		return nil, "", err
 	}
-	var from store.PSK
+	var from, inGrace store.PSK
 	for _, p := range ps {
-		if p.Status == store.PSKActive {
+		switch {
+		case p.Status == store.PSKActive:
 			from = p
+		case p.Status == store.PSKGrace && now.Before(p.GraceExpiresAt):
+			inGrace = p
 		}
 	}
 	if from.ID == "" {
 		return nil, "", errNoActivePSK
 	}
-
-	now, err := a.s.store.Now(ctx)
-	if err != nil {
-		return nil, "", err
+	target := "psk " + from.ID
+	if inGrace.ID != "" {
+		target += " (in grace: " + inGrace.ID + ")"
+		if !req.RevokeGrace {
+			// Agents, discovery-fed machines and secret managers not yet
+			// given the active PSK may still join with the one in grace:
+			// revoking it is the operator's decision, never a side effect.
+			return nil, target, status.Error(codes.FailedPrecondition, fmt.Sprintf(
+				"the bootstrap PSK %s is still in grace until %s (machines not yet given the active PSK may still join with it), and a rotation now would revoke it: "+
+					"wait until then, or revoke it with this rotation: muster psk rotate --grace %s --revoke-grace",
+				inGrace.ID, inGrace.GraceExpiresAt.UTC().Format(time.RFC3339), graceText(grace)))
+		}
 	}
+
 	key, next, err := datadir.NewPSK(a.s.cfg.StorageKey, now)
 	if err != nil {
-		return nil, "", err
+		return nil, target, err
 	}
-	target := fmt.Sprintf("psk %s (replaces %s)", next.ID, from.ID)
+	target = fmt.Sprintf("psk %s (replaces %s)", next.ID, from.ID)
+	if inGrace.ID != "" {
+		target = fmt.Sprintf("psk %s (replaces %s; revokes %s, in grace until %s)", next.ID, from.ID, inGrace.ID,
+			inGrace.GraceExpiresAt.UTC().Format(time.RFC3339))
+	}
+	// The store revokes whatever PSK is in grace when it rotates from
+	// from. Only a rotation (which replaces the active PSK) puts a PSK in
+	// grace, so while from is still active, as the store checks in the
+	// same transaction, the PSK in grace is inGrace or, its grace having
+	// just ended, none: the answer names what was revoked.
 	old, err := a.s.store.RotatePSK(ctx, from.ID, next, grace)
 	if errors.Is(err, store.ErrConflict) {
 		// The store checked inside its transaction that from was still
@@ -175,5 +207,24 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 	if err != nil {
 		return nil, target, err
 	}
-	return &musterv1.RotatePSKResponse{Active: pskToProto(next, key), Previous: pskToProto(old, psk.PSK{})}, target, nil
+	resp := &musterv1.RotatePSKResponse{Active: pskToProto(next, key), Previous: pskToProto(old, psk.PSK{})}
+	if inGrace.ID != "" {
+		resp.RevokedGrace = pskToProto(inGrace, psk.PSK{})
+	}
+	return resp, target, nil
+}
+
+// graceText is a grace as --grace takes it, short: 24h, 1h30m, 10s, 0.
+func graceText(grace time.Duration) string {
+	if grace == 0 {
+		return "0"
+	}
+	t := grace.String()
+	if strings.HasSuffix(t, "m0s") {
+		t = strings.TrimSuffix(t, "0s")
+	}
+	if strings.HasSuffix(t, "h0m") {
+		t = strings.TrimSuffix(t, "0m")
+	}
+	return t
 }

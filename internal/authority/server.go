@@ -118,6 +118,11 @@ type Config struct {
 	// CAPublishWindow is how long a prepared intermediate is in the store
 	// before it may be activated (zero: caPublishWindow); tests shorten it.
 	CAPublishWindow time.Duration
+	// Clock, if set, is the replica's clock for what it serves as of now:
+	// the trust bundle leaves out every certificate past its NotAfter by
+	// it (nil: time.Now). Tests move it; the authority's deadlines use
+	// the store's clock, never this one.
+	Clock func() time.Time
 	// CATick is how often the leader's CA clock steps (zero: caTick);
 	// tests shorten it, with CAPublishWindow, so that a root rotation's
 	// update_servers (which waits for the clock to prepare and activate

@@ -119,7 +119,9 @@ func (a *adminService) signerStep(ctx context.Context, res signer.Result, err er
 	}
 	resp := &musterv1.SignerChangeResponse{VerifierSetVersion: res.Version}
 	for _, c := range res.Changes {
-		resp.Changed = append(resp.Changed, signerToProto(c.To))
+		p := signerToProto(c.To)
+		p.KeyCustody = res.KeyCustody(c.To.VersionID)
+		resp.Changed = append(resp.Changed, p)
 	}
 	return resp, nil
 }

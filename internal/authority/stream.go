@@ -332,6 +332,7 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 			st.a.streamLog(st.c).Info("a send to an agent stream waits: the agent is not reading", "waited", slowSend.String(), "deadline", streamSendTimeout.String())
 		case <-timer.C:
 			st.a.streamLog(st.c).Warn("agent stream closed: the agent did not read what was sent to it", "waited", streamSendTimeout.String())
+			st.a.auditClose(st.ctx, st.c, fmt.Sprintf("the agent did not read what was sent to it for %s", streamSendTimeout))
 			return status.Errorf(codes.DeadlineExceeded, "the agent did not read its stream for %s; reconnect", streamSendTimeout)
 		case err := <-st.recvErr:
 			return streamEnd{st.closedByAgent(err)}
@@ -346,6 +347,7 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 			if k&store.ChangeStanding != 0 {
 				if err := st.a.s.enroll.Standing(st.ctx, st.c.Cert); err != nil && st.ctx.Err() == nil {
 					st.a.streamLog(st.c).Info("agent stream closed while a send waited", "reason", err)
+					st.a.auditClose(st.ctx, st.c, err.Error())
 					return toStatus(st.ctx, st.a.s.log, err)
 				}
 			}
@@ -383,9 +385,21 @@ func (st *agentStream) expired() error {
 	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
+		st.a.auditClose(st.ctx, st.c, "the certificate it was opened with expired at "+st.c.Cert.NotAfter.UTC().Format(time.RFC3339))
 		return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
 	}
 	return nil
+}
+
+// auditClose records that the authority closed c's open stream, and why
+// (a lock, a deletion, a supersession, the certificate's expiry, an agent
+// that stopped reading), as agent.stream_close. It goes through the flood
+// guard, keyed by the agent's source, so an agent that reconnects into the
+// same closure again and again cannot flood the audit chain: past the
+// guard's cap its closures are counted in one api.access.flood record.
+func (a *agentService) auditClose(ctx context.Context, c Caller, reason string) {
+	a.s.refusals.Record(context.WithoutCancel(ctx), audit.Event{Actor: c.Actor(), Action: "agent.stream_close", Target: c.ID.Name,
+		Result: audit.ResultDenied, Reason: "stream closed: " + reason, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
 // streamLog is the logger of c's stream. It is made for each line, not
@@ -405,6 +419,7 @@ func (a *agentService) recheck(ctx context.Context, send func(*musterv1.Authorit
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
+			a.auditClose(ctx, c, err.Error())
 			return toStatus(ctx, a.s.log, err)
 		}
 	}

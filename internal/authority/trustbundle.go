@@ -4,6 +4,7 @@ import (
 	"crypto/x509"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/trustbundle"
@@ -21,6 +22,9 @@ type builtBundle struct {
 	pb  *musterv1.TrustBundle
 	// digest is set.Digest().
 	digest string
+	// expires is set.Expires(): after it, the bundle holds an expired
+	// certificate and is not served as it is (trustBundle).
+	expires time.Time
 }
 
 // buildTrustBundle is the one place the trust bundle is made (DESIGN.md
@@ -68,6 +72,11 @@ func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
 		}
 		set.Intermediates = append(set.Intermediates, c)
 	}
+	return newBuiltBundle(set.Unexpired(s.now()))
+}
+
+// newBuiltBundle is set as answers carry it.
+func newBuiltBundle(set trustbundle.Set) *builtBundle {
 	pb := &musterv1.TrustBundle{AuthorityId: set.AuthorityID, Digest: set.Digest()}
 	for _, c := range set.Roots {
 		pb.Roots = append(pb.Roots, c.Raw)
@@ -78,13 +87,18 @@ func (s *Server) buildTrustBundle(rows []store.CACert) *builtBundle {
 	for _, c := range set.Cross {
 		pb.CrossCertificates = append(pb.CrossCertificates, c.Raw)
 	}
-	return &builtBundle{set: set, pb: pb, digest: pb.Digest}
+	return &builtBundle{set: set, pb: pb, digest: pb.Digest, expires: set.Expires()}
 }
 
 // setTrustBundle caches b and, when it differs from the one before, wakes
 // every open agent stream to send it.
 func (s *Server) setTrustBundle(b *builtBundle) {
-	old := s.bundle.p.Swap(b)
+	s.announceBundle(s.bundle.p.Swap(b), b)
+}
+
+// announceBundle logs b and wakes every open agent stream to send it, if
+// it differs from old, the bundle it replaced (nil: none).
+func (s *Server) announceBundle(old, b *builtBundle) {
 	if old == nil || old.digest != b.digest {
 		s.log.Info("trust bundle changed", "digest", b.digest, "roots", len(b.set.Roots),
 			"intermediates", len(b.set.Intermediates), "cross_certificates", len(b.set.Cross))
@@ -93,12 +107,36 @@ func (s *Server) setTrustBundle(b *builtBundle) {
 }
 
 // trustBundle is the current trust bundle (the data directory's until the
-// store was read). Answers share it: nobody may modify it.
+// store was read). Answers share it: nobody may modify it. It never holds
+// a certificate expired by the replica's clock: the CA clock retires an
+// expired intermediate only at its next step, seconds later, and the
+// store is read again after that, so a cached bundle past its earliest
+// expiry is replaced here, at the first answer that would carry it, and
+// open streams are sent the new one.
 func (s *Server) trustBundle() *builtBundle {
-	if b := s.bundle.p.Load(); b != nil {
+	b := s.bundle.p.Load()
+	if b == nil {
+		return s.buildTrustBundle(nil)
+	}
+	now := s.now()
+	if b.expires.IsZero() || !now.After(b.expires) {
 		return b
 	}
-	return s.buildTrustBundle(nil)
+	nb := newBuiltBundle(b.set.Unexpired(now))
+	if s.bundle.p.CompareAndSwap(b, nb) {
+		s.announceBundle(b, nb)
+	}
+	// Lost to another update: nb is still right for this answer, and the
+	// winner's bundle is checked the same way at the next one.
+	return nb
+}
+
+// now is the replica's clock (Config.Clock).
+func (s *Server) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
 }
 
 // trustBundleProto is the current bundle as answers carry it.

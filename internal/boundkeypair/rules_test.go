@@ -100,13 +100,14 @@ func TestRemaining(t *testing.T) {
 func TestSpecCheck(t *testing.T) {
 	ok := Spec{Name: "bot-1", Node: "bot-1", RecoveryLimit: 1, RecoveryMode: ModeStandard}
 	for name, mutate := range map[string]func(*Spec){
-		"bad name":      func(s *Spec) { s.Name = "Bot_1" },
-		"a join token":  func(s *Spec) { s.Name = "abcdef.0123456789abcdef" },
-		"bad node":      func(s *Spec) { s.Node = "" },
-		"unknown mode":  func(s *Spec) { s.RecoveryMode = "lenient" },
-		"negative":      func(s *Spec) { s.RecoveryLimit = -1 },
-		"huge":          func(s *Spec) { s.RecoveryLimit = MaxRecoveryLimit + 1 },
-		"malformed key": func(s *Spec) { s.InitialPublicKey = "ssh-rsa AAAA" },
+		"bad name":               func(s *Spec) { s.Name = "Bot_1" },
+		"a join token":           func(s *Spec) { s.Name = "abcdef.0123456789abcdef" },
+		"a join token cut short": func(s *Spec) { s.Name = "abcdef.0123" },
+		"bad node":               func(s *Spec) { s.Node = "" },
+		"unknown mode":           func(s *Spec) { s.RecoveryMode = "lenient" },
+		"negative":               func(s *Spec) { s.RecoveryLimit = -1 },
+		"huge":                   func(s *Spec) { s.RecoveryLimit = MaxRecoveryLimit + 1 },
+		"malformed key":          func(s *Spec) { s.InitialPublicKey = "ssh-rsa AAAA" },
 	} {
 		s := ok
 		mutate(&s)
@@ -116,6 +117,15 @@ func TestSpecCheck(t *testing.T) {
 	}
 	if _, err := ok.Check(); err != nil {
 		t.Fatal(err)
+	}
+	// A name whose first label has a token ID's form, and which cannot
+	// hold a token's secret, is a name like any other.
+	for _, name := range []string{"web001.prod.example", "db0001.eu-west-1"} {
+		s := ok
+		s.Name, s.Node = name, name
+		if _, err := s.Check(); err != nil {
+			t.Errorf("bot %q: %v", name, err)
+		}
 	}
 	withKey := ok
 	withKey.InitialPublicKey = sshKey + " comment"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -298,13 +299,8 @@ and the data directory, prints the settings in force, and exits.`,
 					return fmt.Errorf("authority: discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
 				}
 			}
-			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
-				return fmt.Errorf("authority: agent_cert_ttl %q: want a duration such as 24h", ttl)
-			}
-			if boundTTL != "" {
-				if o.boundCertTTL, err = time.ParseDuration(boundTTL); err != nil || o.boundCertTTL <= 0 {
-					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
-				}
+			if o.agentCertTTL, o.boundCertTTL, err = parseAgentCertTTLs(ttl, boundTTL); err != nil {
+				return fmt.Errorf("authority: %w", err)
 			}
 			if o.caIntermediateTTL, err = time.ParseDuration(interTTL); err != nil ||
 				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
@@ -335,11 +331,10 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
 	fl.StringVar(&crlValidity, "crl-validity", crl.DefaultValidity.String(), "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
-	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
+	registerAgentCertTTLFlags(fl, &ttl, &boundTTL)
 	fl.StringVar(&jwtPeriod, "jwt-key-rotation-period", authority.DefaultJWTKeyRotationPeriod.String(), "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
 	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
 	fl.StringVar(&draftTTL, "ca-draft-ttl", authority.DefaultCADraftTTL.String(), "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
-	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&o.discovery, "discovery", "", "HOST:PORT of the discovery service to register with; PSK bootstraps then need its referral tickets")
@@ -358,6 +353,13 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
+}
+
+// registerAgentCertTTLFlags defines --agent-cert-ttl and
+// --bound-keypair-cert-ttl, which the authority and dev share.
+func registerAgentCertTTLFlags(fl *pflag.FlagSet, ttl, boundTTL *string) {
+	fl.StringVar(ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (agent_cert_ttl; at most 168h)")
+	fl.StringVar(boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (bound_keypair.cert_ttl; default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -379,6 +381,21 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("log format %q: use text or json", format)
+}
+
+// parseAgentCertTTLs reads agent_cert_ttl and bound_keypair.cert_ttl (a
+// bound "" is zero: the default, worked out by runAuthority). The
+// authority and dev both read them here, before anything starts.
+func parseAgentCertTTLs(ttl, boundTTL string) (agent, bound time.Duration, err error) {
+	if agent, err = time.ParseDuration(ttl); err != nil || agent <= 0 || agent > maxAgentCertTTL {
+		return 0, 0, fmt.Errorf("agent_cert_ttl %q: want a duration of at most 168h, such as 24h", ttl)
+	}
+	if boundTTL != "" {
+		if bound, err = time.ParseDuration(boundTTL); err != nil || bound <= 0 || bound > maxAgentCertTTL {
+			return 0, 0, fmt.Errorf("bound_keypair.cert_ttl %q: want a duration of at most 168h, such as 1h", boundTTL)
+		}
+	}
+	return agent, bound, nil
 }
 
 // parseCADraftTTL reads ca.draft_ttl: a duration within

@@ -25,6 +25,9 @@ func newDevCmd(env *Env) *cobra.Command {
 		mlisten   string
 		dlisten   string
 		logFormat string
+		// ttl and boundTTL are the agent certificate lifetimes, read as
+		// the authority reads them (flag, MUSTER_*, DIR/authority.yaml).
+		ttl, boundTTL string
 	)
 	cmd := &cobra.Command{
 		Use: "dev",
@@ -37,6 +40,11 @@ embedded SQLite store, and an embedded discovery service (DIR/discovery) the
 authority registers with, and prints what to do next. With the discovery,
 PSK joins need its referral ticket, as in production; --discovery-listen ""
 runs the authority alone.
+
+Agent certificates live --agent-cert-ttl (bound-keypair agents'
+--bound-keypair-cert-ttl), from the flag, its MUSTER_* variable or
+agent_cert_ttl and bound_keypair.cert_ttl in DIR/authority.yaml, as for
+muster authority; dev reads no other setting from that file.
 
 It is not for production: everything, the CA keys included, lives in DIR.`,
 		Args: cobra.NoArgs,
@@ -65,10 +73,27 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 				return fmt.Errorf("dev: %w", err)
 			}
 			release()
+			// The lifetimes come from the flags, their variables, or the
+			// settings file, as muster authority reads them: a user who
+			// shortens them to watch renewals expects dev to follow.
+			cfg, err := loadAuthorityConfig(d.ConfigFile())
+			if err != nil {
+				return fmt.Errorf("dev: %w", err)
+			}
+			if !cmd.Flags().Changed("agent-cert-ttl") && cfg.AgentCertTTL != "" {
+				ttl = cfg.AgentCertTTL
+			}
+			if !cmd.Flags().Changed("bound-keypair-cert-ttl") && cfg.BoundKeypair.CertTTL != "" {
+				boundTTL = cfg.BoundKeypair.CertTTL
+			}
+			agentTTL, boundCertTTL, err := parseAgentCertTTLs(ttl, boundTTL)
+			if err != nil {
+				return fmt.Errorf("dev: %w", err)
+			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
-			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
+			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: agentTTL, boundCertTTL: boundCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
 				logFormat: logFormat, logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
 			if dlisten != "" {
 				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}
@@ -112,6 +137,7 @@ In another terminal, as the operator in %s:
 	cmd.Flags().StringVar(&mlisten, "metrics-listen", "127.0.0.1:7444", "address of /metrics")
 	cmd.Flags().StringVar(&dlisten, "discovery-listen", discoveryd.DefaultListen, `address of the embedded discovery service ("" : none)`)
 	cmd.Flags().StringVar(&logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
+	registerAgentCertTTLFlags(cmd.Flags(), &ttl, &boundTTL)
 	return cmd
 }
 

@@ -117,37 +117,53 @@ func printPSKs(w io.Writer, active, grace *pskJSON) {
 
 func newPSKRotateCmd(env *Env) *cobra.Command {
 	var (
-		af    adminFlags
-		out   output
-		grace time.Duration
+		af          adminFlags
+		out         output
+		grace       time.Duration
+		revokeGrace bool
 	)
 	cmd := &cobra.Command{
-		Use:     "rotate",
-		Example: `  muster psk rotate --data ./muster-data --grace 24h`,
-		Short:   "Make a new bootstrap PSK and put the current one in grace",
+		Use: "rotate",
+		Example: `  muster psk rotate --data ./muster-data --grace 24h
+  muster psk rotate --grace 0 --revoke-grace`,
+		Short: "Make a new bootstrap PSK and put the current one in grace",
 		Long: `Make a new active bootstrap PSK. The current one stays accepted for
---grace (default 24h, at most 720h); a PSK already in grace is revoked at
-once. --grace 0 revokes the current PSK at once: agents that have not been
-given the new one cannot join until they are.`,
+--grace (default 24h, at most 720h). --grace 0 revokes the current PSK at
+once: agents that have not been given the new one cannot join until they
+are.
+
+At most one PSK is in grace. While the previous rotation's PSK is still in
+grace, a rotation is refused, since machines not yet given the active PSK
+may still join with it: wait until its grace ends (muster psk show prints
+when), or give --revoke-grace to revoke it with this rotation; the output
+then names it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
 			resp, err := callAdmin(cmd, env, &af, "psk rotate", func(ctx context.Context, c *adminClient) (*musterv1.RotatePSKResponse, error) {
-				return c.RotatePSK(ctx, &musterv1.RotatePSKRequest{Grace: durationpb.New(grace)})
+				return c.RotatePSK(ctx, &musterv1.RotatePSKRequest{Grace: durationpb.New(grace), RevokeGrace: revokeGrace})
 			})
 			if err != nil {
 				return err
 			}
-			active, prev := pskOf(resp.GetActive()), pskOf(resp.GetPrevious())
+			active, prev, revoked := pskOf(resp.GetActive()), pskOf(resp.GetPrevious()), pskOf(resp.GetRevokedGrace())
 			if out.json() {
 				return out.write(env.Stdout, struct {
-					Active   *pskJSON `json:"active"`
-					Previous *pskJSON `json:"previous"`
-				}{active, prev})
+					Active       *pskJSON `json:"active"`
+					Previous     *pskJSON `json:"previous"`
+					RevokedGrace *pskJSON `json:"revoked_grace,omitempty"`
+				}{active, prev, revoked})
 			}
 			fmt.Fprintf(env.Stdout, "New PSK:      %s\n  ID:         %s\n", active.PSK, active.ID)
+			if revoked != nil {
+				until := ""
+				if revoked.GraceExpiresAt != nil {
+					until = " (it was in grace until " + pskTime(*revoked.GraceExpiresAt) + ")"
+				}
+				fmt.Fprintf(env.Stdout, "Grace PSK:    %s, revoked now%s: machines still given it cannot join until they get the new PSK\n", revoked.ID, until)
+			}
 			if prev.GraceExpiresAt == nil {
 				fmt.Fprintf(env.Stdout, "Previous PSK: %s, revoked now\n", prev.ID)
 				fmt.Fprintln(env.Stdout, "\nAgents that have not joined yet need the new PSK in their configuration before they can join.")
@@ -160,6 +176,7 @@ given the new one cannot join until they are.`,
 		},
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long the current PSK stays accepted; 0 = revoke it now")
+	cmd.Flags().BoolVar(&revokeGrace, "revoke-grace", false, "also revoke the PSK still in grace from the rotation before (refused without it)")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

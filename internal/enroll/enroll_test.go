@@ -258,3 +258,33 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestTrustBundleLeavesOutExpired: the bundle signed for a token holds
+// the server and bootstrap intermediates until their NotAfter (inclusive)
+// and not after it, whatever the CA clock has retired yet.
+func TestTrustBundleLeavesOutExpired(t *testing.T) {
+	e := newEnv(t, nil)
+	tok := e.token(t, 1)
+	notAfter := e.h.Issuers[ca.RoleServer].Cert.NotAfter
+	for _, c := range []struct {
+		at            time.Time
+		intermediates int
+	}{
+		{notAfter, 2},
+		{notAfter.Add(time.Second), 0},
+	} {
+		e.svc.cfg.Now = func() time.Time { return c.at }
+		jws, err := e.svc.TrustBundle(t.Context(), Request{}, tok.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := trustbundle.Verify(jws, tok.ID, trustbundle.Key(tok.ID, tok.Secret()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Bundle.Roots) != 1 || len(v.Bundle.Intermediates) != c.intermediates {
+			t.Errorf("at %s (the intermediates expire at %s): %d roots, %d intermediates; want 1 and %d",
+				c.at, notAfter, len(v.Bundle.Roots), len(v.Bundle.Intermediates), c.intermediates)
+		}
+	}
+}

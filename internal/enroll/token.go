@@ -48,18 +48,26 @@ func (s *Service) TrustBundle(ctx context.Context, r Request, tokenID string) (s
 	// Every trusted root, the signing one first: during a root rotation
 	// both, so a join pinned to either finds its own (DESIGN.md "Root
 	// rotation").
+	// An expired certificate is left out, as from the trust bundle of
+	// every answer: the CA clock retires an expired intermediate only at
+	// its next step.
+	now := s.cfg.Now()
 	for _, r := range s.cfg.CA.Roots().Trusted {
-		b.Roots = append(b.Roots, string(ca.EncodeCertPEM(r)))
+		if !now.After(r.NotAfter) {
+			b.Roots = append(b.Roots, string(ca.EncodeCertPEM(r)))
+		}
 	}
 	// Every server and bootstrap intermediate in the bundle (a prepared
 	// successor included), so the agent can check the listener's chain
 	// whichever one signed it.
 	for _, role := range []ca.Role{ca.RoleServer, ca.RoleBootstrap} {
 		for _, c := range s.cfg.CA.Accepted(role) {
-			b.Intermediates = append(b.Intermediates, string(ca.EncodeCertPEM(c)))
+			if !now.After(c.NotAfter) {
+				b.Intermediates = append(b.Intermediates, string(ca.EncodeCertPEM(c)))
+			}
 		}
 	}
-	return trustbundle.Sign(b, tokenID, key, s.cfg.Now())
+	return trustbundle.Sign(b, tokenID, key, now)
 }
 
 func (s *Service) decoyKey(tokenID string) []byte {

@@ -93,13 +93,31 @@ func New(id string, secret []byte) (Token, error) {
 // ValidID reports whether s has the form of a token ID.
 func ValidID(s string) bool { return validID(s) }
 
-// LooksLike reports whether s may be a join token pasted whole, even
-// mistyped: a token ID followed by a dot and anything. Such a string may
-// hold a secret wherever it appears, so it is never taken as a name.
+// LooksLike reports whether s may hold a join token's secret, whole,
+// cut short or mistyped: a token ID, a dot, and then either nothing but
+// [a-z0-9] (a token, or the start of one), or a run of [a-z0-9] at least
+// suspectRun long before any other character (a token with something
+// glued after it). Such a string is never taken as a name, since names
+// are audited and echoed. A name whose part after the ID's dot has
+// another dot or a dash early ("web001.prod.example", "db0001.eu-west")
+// cannot hold most of a secret and is a name like any other; before, any
+// ID-shaped first label refused it.
 func LooksLike(s string) bool {
-	id, _, cut := strings.Cut(s, ".")
-	return cut && ValidID(id)
+	id, rest, cut := strings.Cut(s, ".")
+	if !cut || !ValidID(id) {
+		return false
+	}
+	run := 0
+	for run < len(rest) && inAlphabet(rest[run:run+1]) {
+		run++
+	}
+	return run == len(rest) || run >= suspectRun
 }
+
+// suspectRun is the shortest run of [a-z0-9] after a token ID and its
+// dot that LooksLike takes for most of a secret even with other
+// characters after it: three quarters of a secret's 16.
+const suspectRun = secretLen * 3 / 4
 
 // Secret returns the secret part, for sealing at rest and keying the trust
 // bundle signature.

@@ -98,3 +98,54 @@ func TestParseSVIDUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestLooksLike: what may hold most of a join token's secret is refused
+// as a name; a node ID that merely starts with six [a-z0-9] and a dot,
+// and cannot hold one, is not (any such first label was refused before).
+func TestLooksLike(t *testing.T) {
+	tok, err := Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s, want := range map[string]bool{
+		tok.Reveal():                             true, // a token
+		tok.Reveal()[:12]:                        true, // cut short
+		tok.Reveal() + "x":                       true, // a character too many
+		tok.Reveal() + "-node":                   true, // something glued after it
+		tok.Reveal() + ".example":                true,
+		tok.ID + "." + tok.Reveal()[7:19] + "-x": true, // 12 characters of it, then more
+		"abc123.prod":                            true, // may be a token cut short: ambiguous, refused
+		"abc123.":                                true,
+		"web001.prod.example":                    false,
+		"db0001.eu-west-1":                       false,
+		"runner.linux-amd64":                     false,
+		"web001":                                 false,
+		"builder.x":                              false, // a first label of 7
+		"abc12.abcdefghijklmnop":                 false, // an ID of 5
+		"ABC123.abcdefghijklmnop":                false, // not a token's alphabet
+	} {
+		if got := LooksLike(s); got != want {
+			t.Errorf("LooksLike(%q) = %v, want %v", s, got, want)
+		}
+	}
+}
+
+// FuzzLooksLike: whatever follows a whole token, and every prefix of one
+// that reaches past the dot, is taken for a token.
+func FuzzLooksLike(f *testing.F) {
+	f.Add("", 7)
+	f.Add("-node", 23)
+	f.Add(".example.com", 12)
+	f.Fuzz(func(t *testing.T, tail string, cut int) {
+		tok, err := Generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !LooksLike(tok.Reveal() + tail) {
+			t.Fatalf("LooksLike(token + %q) = false", tail)
+		}
+		if cut = idLen + 1 + int(uint(cut)%(secretLen+1)); !LooksLike(tok.Reveal()[:cut]) {
+			t.Fatalf("LooksLike of the token's first %d characters = false", cut)
+		}
+	})
+}

@@ -126,18 +126,33 @@ func toRow(s Signer, ref []byte) store.Signer {
 type Result struct {
 	Changes []Change
 	Version int64
+	// refs are the key references of the changed signers, as written.
+	refs map[string][]byte
+}
+
+// KeyCustody names where the private key of a changed signer lives, as
+// Snapshot.KeyCustody does ("" for a version the step did not change), so
+// the answer to a step says what muster signer list says.
+func (r Result) KeyCustody(versionID string) string {
+	ref, ok := r.refs[versionID]
+	if !ok {
+		return ""
+	}
+	return Where(ref)
 }
 
 // apply writes a plan read from snap. ref is the new signer's key
 // reference for a plan that inserts one.
 func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref []byte) (Result, error) {
 	rows := make([]store.SignerChange, len(changes))
+	refs := make(map[string][]byte, len(changes))
 	for i, c := range changes {
 		r := snap.refs[c.To.VersionID]
 		if c.From == none {
 			r = ref
 		}
 		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r)}
+		refs[c.To.VersionID] = r
 	}
 	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
 	if err != nil {
@@ -155,7 +170,7 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	}
 	// An error is not the step's: the set is signed on the next request.
 	_, _ = k.publish(ctx, prev)
-	return Result{Changes: changes, Version: v}, nil
+	return Result{Changes: changes, Version: v, refs: refs}, nil
 }
 
 // record audits a step's outcome: the acting signer version as the target,

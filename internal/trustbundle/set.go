@@ -37,6 +37,34 @@ func (s Set) All() []*x509.Certificate {
 	return append(all, s.Cross...)
 }
 
+// Unexpired returns s without the certificates whose NotAfter has passed
+// at now, which no relying party may use: a bundle is never served with
+// one (DESIGN.md "CA lifecycle"). s is not modified.
+func (s Set) Unexpired(now time.Time) Set {
+	keep := func(certs []*x509.Certificate) []*x509.Certificate {
+		var out []*x509.Certificate
+		for _, c := range certs {
+			if !now.After(c.NotAfter) {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	return Set{AuthorityID: s.AuthorityID, Roots: keep(s.Roots), Intermediates: keep(s.Intermediates), Cross: keep(s.Cross)}
+}
+
+// Expires is the earliest NotAfter of s's certificates (the zero time for
+// an empty set): after it, s.Unexpired is a smaller set.
+func (s Set) Expires() time.Time {
+	var first time.Time
+	for _, c := range s.All() {
+		if first.IsZero() || c.NotAfter.Before(first) {
+			first = c.NotAfter
+		}
+	}
+	return first
+}
+
 // Digest is "sha256:" + hex of SHA-256 over the set's certificates in
 // order, each prefixed by its kind and length, so two sets have the same
 // digest only when they hold the same certificates in the same places.

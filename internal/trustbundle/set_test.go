@@ -234,3 +234,41 @@ func TestTakeKeepsTheHeldRootOverAnExpiredReissue(t *testing.T) {
 		t.Fatal("a valid re-issue of the held root (same key) was not taken")
 	}
 }
+
+// TestUnexpired: a set at a time keeps each certificate until its
+// NotAfter (inclusive, as x509 validity is) and drops it after; Expires is
+// the first NotAfter, when the next drop happens.
+func TestUnexpired(t *testing.T) {
+	root := mint(t, "root", newKey(t), nil, true, t0, t0.Add(100*time.Hour))
+	early := mint(t, "early", newKey(t), root, true, t0, t0.Add(time.Hour))
+	late := mint(t, "late", newKey(t), root, true, t0, t0.Add(10*time.Hour))
+	cross := mint(t, "cross", newKey(t), root, true, t0, t0.Add(5*time.Hour))
+	set := Set{AuthorityID: "a", Roots: []*x509.Certificate{root.cert}, Intermediates: []*x509.Certificate{early.cert, late.cert},
+		Cross: []*x509.Certificate{cross.cert}}
+	if got := set.Expires(); !got.Equal(t0.Add(time.Hour)) {
+		t.Fatalf("Expires = %v, want the early intermediate's NotAfter", got)
+	}
+	for _, c := range []struct {
+		at                       time.Duration
+		roots, intermediates, xs int
+		expires                  time.Duration
+	}{
+		{0, 1, 2, 1, time.Hour},
+		{time.Hour, 1, 2, 1, time.Hour},
+		{time.Hour + time.Second, 1, 1, 1, 5 * time.Hour},
+		{6 * time.Hour, 1, 1, 0, 10 * time.Hour},
+		{101 * time.Hour, 0, 0, 0, 0},
+	} {
+		got := set.Unexpired(t0.Add(c.at))
+		if len(got.Roots) != c.roots || len(got.Intermediates) != c.intermediates || len(got.Cross) != c.xs || got.AuthorityID != "a" {
+			t.Errorf("at +%s: %d roots, %d intermediates, %d cross, authority %q; want %d, %d, %d", c.at,
+				len(got.Roots), len(got.Intermediates), len(got.Cross), got.AuthorityID, c.roots, c.intermediates, c.xs)
+		}
+		if want := t0.Add(c.expires); c.expires == 0 && !got.Expires().IsZero() || c.expires != 0 && !got.Expires().Equal(want) {
+			t.Errorf("at +%s: Expires = %v, want +%s", c.at, got.Expires(), c.expires)
+		}
+	}
+	if len(set.Intermediates) != 2 {
+		t.Fatal("Unexpired modified the set")
+	}
+}

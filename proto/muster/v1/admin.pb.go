@@ -2964,7 +2964,13 @@ type RotatePSKRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// grace: how long the current key stays accepted. Unset means 24h; zero
 	// revokes it at once; at most 30 days.
-	Grace         *durationpb.Duration `protobuf:"bytes,1,opt,name=grace,proto3" json:"grace,omitempty"`
+	Grace *durationpb.Duration `protobuf:"bytes,1,opt,name=grace,proto3" json:"grace,omitempty"`
+	// revoke_grace consents to revoking the key still in grace from the
+	// rotation before (at most one key is in grace). Without it, a rotation
+	// while a key is in grace is refused (FAILED_PRECONDITION, naming the
+	// key and the end of its grace), since agents and machines not yet
+	// given the active key may still use it.
+	RevokeGrace   bool `protobuf:"varint,2,opt,name=revoke_grace,json=revokeGrace,proto3" json:"revoke_grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3006,13 +3012,24 @@ func (x *RotatePSKRequest) GetGrace() *durationpb.Duration {
 	return nil
 }
 
+func (x *RotatePSKRequest) GetRevokeGrace() bool {
+	if x != nil {
+		return x.RevokeGrace
+	}
+	return false
+}
+
 type RotatePSKResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// active is the new key, with its value.
 	Active *BootstrapPSK `protobuf:"bytes,1,opt,name=active,proto3" json:"active,omitempty"`
 	// previous is the key it replaced, without its value: in grace until
 	// previous.grace_expires_at, or revoked when that is unset.
-	Previous      *BootstrapPSK `protobuf:"bytes,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	Previous *BootstrapPSK `protobuf:"bytes,2,opt,name=previous,proto3" json:"previous,omitempty"`
+	// revoked_grace is the key that was in grace until this rotation and is
+	// revoked by it (revoke_grace), without its value, with the end of the
+	// grace it lost in grace_expires_at; unset when no key was in grace.
+	RevokedGrace  *BootstrapPSK `protobuf:"bytes,3,opt,name=revoked_grace,json=revokedGrace,proto3" json:"revoked_grace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3057,6 +3074,13 @@ func (x *RotatePSKResponse) GetActive() *BootstrapPSK {
 func (x *RotatePSKResponse) GetPrevious() *BootstrapPSK {
 	if x != nil {
 		return x.Previous
+	}
+	return nil
+}
+
+func (x *RotatePSKResponse) GetRevokedGrace() *BootstrapPSK {
+	if x != nil {
+		return x.RevokedGrace
 	}
 	return nil
 }
@@ -4241,12 +4265,14 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eGetPSKsRequest\"q\n" +
 	"\x0fGetPSKsResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x12-\n" +
-	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"C\n" +
+	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"f\n" +
 	"\x10RotatePSKRequest\x12/\n" +
-	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"y\n" +
+	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12!\n" +
+	"\frevoke_grace\x18\x02 \x01(\bR\vrevokeGrace\"\xb7\x01\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
-	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious\"\xc8\x02\n" +
+	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious\x12<\n" +
+	"\rrevoked_grace\x18\x03 \x01(\v2\x17.muster.v1.BootstrapPSKR\frevokedGrace\"\xc8\x02\n" +
 	"\fResyncWindow\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\tR\x05epoch\x12\x18\n" +
 	"\aordinal\x18\x02 \x01(\x03R\aordinal\x127\n" +
@@ -4515,106 +4541,107 @@ var file_muster_v1_admin_proto_depIdxs = []int32{
 	64,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
 	41,  // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
 	41,  // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
-	63,  // 52: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
-	63,  // 53: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
-	63,  // 54: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
-	64,  // 55: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
-	46,  // 56: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
-	46,  // 57: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
-	64,  // 58: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	63,  // 59: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 60: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 61: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 62: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 63: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 64: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
-	63,  // 65: muster.v1.CAIntermediate.retires_at:type_name -> google.protobuf.Timestamp
-	57,  // 66: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
-	57,  // 67: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
-	63,  // 68: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
-	0,   // 69: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,   // 70: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,   // 71: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	52,  // 72: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
-	8,   // 73: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10,  // 74: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12,  // 75: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24,  // 76: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26,  // 77: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28,  // 78: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30,  // 79: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22,  // 80: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35,  // 81: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37,  // 82: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39,  // 83: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42,  // 84: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44,  // 85: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	66,  // 86: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	67,  // 87: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	68,  // 88: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	69,  // 89: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	70,  // 90: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	71,  // 91: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	72,  // 92: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
-	73,  // 93: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
-	74,  // 94: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
-	75,  // 95: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
-	76,  // 96: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
-	77,  // 97: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15,  // 98: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17,  // 99: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47,  // 100: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48,  // 101: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50,  // 102: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	78,  // 103: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	53,  // 104: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
-	55,  // 105: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
-	56,  // 106: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
-	59,  // 107: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
-	1,   // 108: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,   // 109: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,   // 110: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,   // 111: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,   // 112: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11,  // 113: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13,  // 114: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25,  // 115: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27,  // 116: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29,  // 117: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31,  // 118: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23,  // 119: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36,  // 120: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38,  // 121: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40,  // 122: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43,  // 123: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45,  // 124: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	79,  // 125: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	80,  // 126: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 127: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 128: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 129: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 130: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	81,  // 131: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
-	82,  // 132: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
-	81,  // 133: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
-	81,  // 134: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
-	81,  // 135: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
-	83,  // 136: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16,  // 137: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18,  // 138: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49,  // 139: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49,  // 140: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51,  // 141: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	84,  // 142: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	54,  // 143: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
-	58,  // 144: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	58,  // 145: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	60,  // 146: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
-	108, // [108:147] is the sub-list for method output_type
-	69,  // [69:108] is the sub-list for method input_type
-	69,  // [69:69] is the sub-list for extension type_name
-	69,  // [69:69] is the sub-list for extension extendee
-	0,   // [0:69] is the sub-list for field type_name
+	41,  // 52: muster.v1.RotatePSKResponse.revoked_grace:type_name -> muster.v1.BootstrapPSK
+	63,  // 53: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	63,  // 54: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	63,  // 55: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	64,  // 56: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	46,  // 57: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
+	46,  // 58: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
+	64,  // 59: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	63,  // 60: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 61: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 62: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
+	63,  // 63: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
+	63,  // 64: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
+	63,  // 65: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
+	63,  // 66: muster.v1.CAIntermediate.retires_at:type_name -> google.protobuf.Timestamp
+	57,  // 67: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
+	57,  // 68: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
+	63,  // 69: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
+	0,   // 70: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,   // 71: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,   // 72: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52,  // 73: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,   // 74: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10,  // 75: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12,  // 76: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24,  // 77: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26,  // 78: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28,  // 79: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30,  // 80: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22,  // 81: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35,  // 82: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37,  // 83: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39,  // 84: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42,  // 85: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44,  // 86: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	66,  // 87: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	67,  // 88: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	68,  // 89: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	69,  // 90: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	70,  // 91: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	71,  // 92: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	72,  // 93: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	73,  // 94: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	74,  // 95: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	75,  // 96: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	76,  // 97: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	77,  // 98: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 99: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 100: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 101: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 102: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 103: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	78,  // 104: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 105: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 106: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 107: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	59,  // 108: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
+	1,   // 109: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 110: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 111: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 112: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 113: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 114: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 115: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 116: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 117: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 118: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 119: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 120: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 121: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 122: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 123: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 124: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 125: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	79,  // 126: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	80,  // 127: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 128: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 129: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 130: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	80,  // 131: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	81,  // 132: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	82,  // 133: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	81,  // 134: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	81,  // 135: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	81,  // 136: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	83,  // 137: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 138: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 139: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 140: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 141: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 142: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	84,  // 143: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 144: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 145: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 146: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	60,  // 147: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
+	109, // [109:148] is the sub-list for method output_type
+	70,  // [70:109] is the sub-list for method input_type
+	70,  // [70:70] is the sub-list for extension type_name
+	70,  // [70:70] is the sub-list for extension extendee
+	0,   // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
