@@ -462,8 +462,16 @@ func nodeReportAnswered(t *testing.T, dir, node string, within time.Duration, wh
 	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", node, "-o", "json")), &sent); err != nil {
 		t.Fatal(err)
 	}
+	var last auditRec
+	defer func() {
+		if t.Failed() {
+			// An answer recorded other than ok stands (the first answer
+			// does): it says why the wait failed.
+			t.Logf("task %s's answer recorded for %s: %+v", sent.TaskID, node, last)
+		}
+	}()
 	waitFor(t, within, what, func() bool {
-		r := results(t, dir, sent.TaskID)[node]
-		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"`+node+`"`)
+		last = results(t, dir, sent.TaskID)[node]
+		return last.Result == "ok" && strings.Contains(last.Reason, `"node_id":"`+node+`"`)
 	})
 }
