@@ -445,9 +445,11 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 }
 
 // sendTasks sends the node's pending tasks that this stream has not sent
-// yet. A task sent by another replica's stream (the agent reconnected) is
-// sent again: the agent's replay window answers it as replayed, and the
-// first answer stands.
+// yet. A task sent by an earlier stream (the agent reconnected, here or
+// on another replica) is sent again: its answer may have been lost with
+// that stream. The agent does not run it again: it answers it when it
+// ends, or with the answer it gave already (or, taken before the agent
+// restarted, as replayed), and the first answer recorded stands.
 func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.AuthorityMessage) error, node string, delivered map[string]bool) error {
 	tasks, err := a.s.store.PendingTasks(ctx, node)
 	if err != nil {
@@ -485,8 +487,8 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	}
 	err := s.store.RecordTaskResult(ctx, r.GetTaskId(), node, state, detail)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		// A second answer (a redelivery refused as replayed) or a task
-		// never queued for this node: the first answer stands.
+		// A second answer (to a task sent again) or a task never
+		// queued for this node: the first answer stands.
 		return
 	}
 	if err != nil {
