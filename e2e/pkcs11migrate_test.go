@@ -163,7 +163,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 	// The signer staged in the token, activated, signs a task the agent
 	// verifies and runs.
 	mustRun(t, "signer", "activate", "--data", dir)
-	nodeReportAnswered(t, dir, "n1", 20*time.Second, "node.report signed by the token's signer answered")
+	nodeReportAnswered(t, dir, "n1", agentReach, "node.report signed by the token's signer answered")
 	var listed struct {
 		Signers []struct {
 			VersionID  string `json:"version_id"`

@@ -107,7 +107,7 @@ func TestTaskHandlerEnvironment(t *testing.T) {
 	startProcEnv(t, "agent", "stream to the authority open", env, "agent", "run", "--log-format", "json")
 
 	id := sendTask(t, e.dir, "--type", "site.env", "--node", "env1")
-	waitFor(t, 20*time.Second, "the env handler answered", func() bool { return results(t, e.dir, id)["env1"].Result != "" })
+	waitFor(t, agentReach, "the env handler answered", func() bool { return results(t, e.dir, id)["env1"].Result != "" })
 	r := results(t, e.dir, id)["env1"]
 	if r.Result != "ok" {
 		t.Fatalf("the env handler: %+v", r)
