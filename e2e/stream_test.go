@@ -125,7 +125,8 @@ func TestAgentStreamEnds(t *testing.T) {
 // TestAgentStreamEndsAtCertificateExpiry: a stream never outlives the
 // certificate it was opened with, and the agent, renewed meanwhile,
 // reconnects with its new one. Apart from TestAgentStreamEnds, whose
-// windows of 1.5 s keep it alone: this one waits 15 s for each step.
+// windows of 1.5 s keep it alone: this one waits agentReach for each
+// step.
 func TestAgentStreamEndsAtCertificateExpiry(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
@@ -140,4 +141,28 @@ func TestAgentStreamEndsAtCertificateExpiry(t *testing.T) {
 	// The agent renewed meanwhile and reconnects with its new
 	// certificate.
 	waitFor(t, agentReach, "reconnected", func() bool { return strings.Count(e.auth.Logs(), "agent stream opened") >= 2 })
+}
+
+// TestAuthorityStopEndsAgentStreams: an authority that stops ends its
+// agents' streams first, saying so, and the agents reconnect. Before, its
+// graceful stop waited its whole 10 s on streams that end only with their
+// certificates, its listener already closed: agents could not renew
+// meanwhile, and one with 10-second certificates expired and stopped for
+// good across a restart (TestPKCS11MigrateCustody, under load).
+func TestAuthorityStopEndsAgentStreams(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, agentReach, "the authority holds the stream", func() bool { return strings.Contains(e.auth.Logs(), "agent stream opened") })
+	e.auth.stop(t)
+	if l := grepLines(e.auth.Logs(), `"msg":"agent stream closed`); !strings.Contains(l, "agent stream closed: the authority is stopping") {
+		t.Errorf("the stopped authority's stream ends:\n%s", l)
+	}
+	waitFor(t, agentReach, "the agent learns the authority stops", func() bool {
+		return strings.Contains(grepLines(ag.Logs(), "stream to the authority closed"), "the authority is stopping")
+	})
 }

@@ -93,8 +93,10 @@ type agentStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	// replaced ends ctx with its cause when a newer stream of the same
-	// agent replaces this one (streamlive.go).
+	// agent replaces this one (streamlive.go), or the authority stops
+	// (errStopping; unstop forgets the stream's end at the stop).
 	replaced context.CancelCauseFunc
+	unstop   func() bool
 	c        Caller
 	wake     *streamWake
 	unsub    func()
@@ -132,6 +134,7 @@ func (st *agentStream) open() error {
 		if !st.opened && st.cancel != nil {
 			st.cancel()
 			st.replaced(nil)
+			st.unstop()
 		}
 	}()
 	// Subscribed before the first check, so a change committed after that
@@ -141,6 +144,10 @@ func (st *agentStream) open() error {
 	base, replaced := context.WithCancelCause(ctx)
 	st.ctx, st.cancel = context.WithDeadline(base, c.Cert.NotAfter)
 	st.replaced = replaced
+	st.unstop = func() bool { return false }
+	if a.s.stopping != nil { // nil in a Server a test made by hand
+		st.unstop = context.AfterFunc(a.s.stopping, func() { replaced(errStopping) })
+	}
 	if err := a.standing(ctx); err != nil {
 		return err
 	}
@@ -174,6 +181,7 @@ func (st *agentStream) close() {
 		a.s.live.drop(st)
 		if st.replaced != nil {
 			st.replaced(nil)
+			st.unstop()
 		}
 	}()
 	if err := st.recordEnd(); err != nil {
@@ -348,6 +356,10 @@ func (st *agentStream) expired() error {
 	if errors.Is(context.Cause(st.ctx), errReplaced) {
 		st.a.streamLog(st.c).Info("agent stream closed: replaced by a newer stream of the same agent")
 		return status.Error(codes.Aborted, "replaced by a newer stream of the same agent (one stream per agent)")
+	}
+	if errors.Is(context.Cause(st.ctx), errStopping) {
+		st.a.streamLog(st.c).Info("agent stream closed: the authority is stopping")
+		return status.Error(codes.Unavailable, "the authority is stopping; reconnect")
 	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
