@@ -359,6 +359,7 @@ func TestAgentRunRenewsOnItsOwn(t *testing.T) {
 	cmd := execCommand(ctx, "agent", "run", "--data", adir, "--log-format", "json")
 	cmd.Env = append(cmd.Env, "MUSTER_JOIN_URI="+tok.URI, "MUSTER_NODE_ID=renewer")
 	logs := &syncWriter{w: &strings.Builder{}}
+	logsOnFailure(t, "agent", logs.String)
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -80,9 +80,9 @@ func rollbackFrom(t *testing.T, phase string) {
 	st := caRoot(t, dir, "rotate")
 	newFP := st.NewRoot.Fingerprint
 	newRoot := pemFile(t, "new-root.pem", st.NewRoot.PEM)
-	waitFor(t, 15*time.Second, "agent-0 takes the new root in init", func() bool { return len(rootsOf(0)) == 2 })
+	waitFor(t, agentReach, "agent-0 takes the new root in init", func() bool { return len(rootsOf(0)) == 2 })
 	if phase != "init" {
-		waitFor(t, 15*time.Second, "agent-1 takes the new root in init", func() bool { return len(rootsOf(1)) == 2 })
+		waitFor(t, agentReach, "agent-1 takes the new root in init", func() bool { return len(rootsOf(1)) == 2 })
 		if phase == "update_agents" {
 			stopFresh()
 		}
@@ -124,7 +124,7 @@ func rollbackFrom(t *testing.T, phase string) {
 
 	for i := range dirs {
 		waitFor(t, 100*time.Second, fmt.Sprintf("agent-%d renewed after the rollback", i), func() bool { return serial(i) != before[i] })
-		waitFor(t, 15*time.Second, fmt.Sprintf("agent-%d holds the authority's roots %v", i, trusted), func() bool {
+		waitFor(t, agentReach, fmt.Sprintf("agent-%d holds the authority's roots %v", i, trusted), func() bool {
 			return slices.Equal(rootsOf(i), trusted) && slices.Equal(bundleRoots(i), trusted)
 		})
 		if out, ok := ra.verify(i, filepath.Join(dirs[i], "certs", "ca.crt")); !ok {

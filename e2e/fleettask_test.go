@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestLabelTaskReachesAFleet: a label matching more nodes than one signed
@@ -46,7 +45,7 @@ func TestLabelTaskReachesAFleet(t *testing.T) {
 			sent.NodeCount, len(sent.NodeIDs), len(sent.TaskIDs), sent.TaskIDs[0], sent.TaskID)
 	}
 	last := sent.TaskIDs[1]
-	waitFor(t, 15*time.Second, "zz-gpu answers the task of the last page", func() bool {
+	waitFor(t, agentReach, "zz-gpu answers the task of the last page", func() bool {
 		return results(t, dir, last)["zz-gpu"].Result == "ok"
 	})
 	if r, ok := results(t, dir, sent.TaskIDs[0])["zz-gpu"]; ok {
@@ -104,7 +103,7 @@ func TestLabelTaskReachesAFleet(t *testing.T) {
 	// Both agents, last by ID, are among the nodes not listed: queued all
 	// the same.
 	for n := range agents {
-		waitFor(t, 15*time.Second, n+" answers the task to all", func() bool {
+		waitFor(t, agentReach, n+" answers the task to all", func() bool {
 			return results(t, dir, all.TaskID)[n].Result == "ok"
 		})
 	}

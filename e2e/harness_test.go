@@ -209,6 +209,9 @@ func startCmd(t *testing.T, name, startedMsg string, cmd *exec.Cmd) (*proc, map[
 		t.Fatal(err)
 	}
 	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	// Registered before the stop below, so it runs after it: the log
+	// printed is whole.
+	logsOnFailure(t, name, p.Logs)
 	started := make(chan map[string]any, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -271,6 +274,26 @@ func (p *proc) stop(t *testing.T) {
 		p.cmd.Process.Kill()
 		t.Errorf("%s did not stop within 20s of SIGTERM\n%s", p.name, p.Logs())
 	}
+}
+
+// logTail is how many of a process's last log lines a failed test prints.
+const logTail = 120
+
+// logsOnFailure prints the last logTail lines of a process's log (logs)
+// when t has failed. It runs as a cleanup, so after a t.Fatal too: a test
+// that fails in CI, where it cannot be watched again, says what the
+// processes it started were doing when it gave up.
+func logsOnFailure(t *testing.T, name string, logs func() string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		lines := strings.SplitAfter(logs(), "\n")
+		if n := len(lines) - logTail; n > 0 {
+			lines = append([]string{fmt.Sprintf("(%d lines before)\n", n)}, lines[n:]...)
+		}
+		t.Logf("the last of %s's log:\n%s", name, strings.Join(lines, ""))
+	})
 }
 
 // metricsOf scrapes /metrics at addr.

@@ -77,7 +77,7 @@ func TestDatabaseOutage(t *testing.T) {
 	if m := metricsOf(t, e.auth.metrics); !strings.Contains(m, "muster_store_up 0") || !strings.Contains(m, "muster_rpc_requests_total") {
 		t.Errorf("/metrics with the database down:\n%s", grepLines(m, "muster_store_up"))
 	}
-	waitFor(t, 30*time.Second, "the stayer's renewal fails twice", func() bool {
+	waitFor(t, agentReach, "the stayer's renewal fails twice", func() bool {
 		return strings.Count(stayer.Logs(), "renewal failed; retrying") >= 2
 	})
 	t.Logf("the database was down %s", time.Since(outage).Round(100*time.Millisecond))
@@ -86,7 +86,7 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 	back := time.Now()
 
-	waitFor(t, 20*time.Second, "the stayer renews after the outage", func() bool {
+	waitFor(t, agentReach, "the stayer renews after the outage", func() bool {
 		select {
 		case <-stayer.done:
 			t.Fatalf("the agent exited during the database outage: %v\n%s", stayer.exitErr, stayer.Logs())

@@ -65,7 +65,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 
 	mustRun(t, "signer", "stage", "--data", dir, "--effective-in", "15m")
-	waitFor(t, 10*time.Second, "the agent takes the rotate task", func() bool {
+	waitFor(t, agentReach, "the agent takes the rotate task", func() bool {
 		for _, rec := range auditOf(t, dir, "task.result") {
 			if strings.HasSuffix(rec.Actor, "/n1") && rec.Result == "ok" {
 				return true
@@ -75,7 +75,7 @@ func TestPKCS11CustodyEndToEnd(t *testing.T) {
 	})
 	mustRun(t, "signer", "activate", "--data", dir)
 
-	nodeReportAnswered(t, dir, "n1", 10*time.Second, "node.report signed by the token's v2 answered")
+	nodeReportAnswered(t, dir, "n1", agentReach, "node.report signed by the token's v2 answered")
 
 	// signer list says where each key is: both in the token.
 	var listed struct {
@@ -462,8 +462,16 @@ func nodeReportAnswered(t *testing.T, dir, node string, within time.Duration, wh
 	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", node, "-o", "json")), &sent); err != nil {
 		t.Fatal(err)
 	}
+	var last auditRec
+	defer func() {
+		if t.Failed() {
+			// An answer recorded other than ok stands (the first answer
+			// does): it says why the wait failed.
+			t.Logf("task %s's answer recorded for %s: %+v", sent.TaskID, node, last)
+		}
+	}()
 	waitFor(t, within, what, func() bool {
-		r := results(t, dir, sent.TaskID)[node]
-		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"`+node+`"`)
+		last = results(t, dir, sent.TaskID)[node]
+		return last.Result == "ok" && strings.Contains(last.Reason, `"node_id":"`+node+`"`)
 	})
 }

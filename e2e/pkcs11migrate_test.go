@@ -53,6 +53,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 	agentCmd := execCommand(ctx, "agent", "run", "--data", adir, "--log-format", "json")
 	agentCmd.Env = append(agentCmd.Env, "MUSTER_JOIN_URI="+e.createToken(t).URI, "MUSTER_NODE_ID=n1")
 	agentLogs := &syncWriter{w: &strings.Builder{}}
+	logsOnFailure(t, "agent", agentLogs.String)
 	agentCmd.Stderr = agentLogs
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)
@@ -162,7 +163,7 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 	// The signer staged in the token, activated, signs a task the agent
 	// verifies and runs.
 	mustRun(t, "signer", "activate", "--data", dir)
-	nodeReportAnswered(t, dir, "n1", 20*time.Second, "node.report signed by the token's signer answered")
+	nodeReportAnswered(t, dir, "n1", agentReach, "node.report signed by the token's signer answered")
 	var listed struct {
 		Signers []struct {
 			VersionID  string `json:"version_id"`
@@ -260,9 +261,6 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		t.Fatal("the scan found no private key at all: it looked in the wrong place")
 	}
 	assertTokenKeys(t, tok, 6)
-	if t.Failed() {
-		t.Logf("agent log:\n%s", agentLogs.String())
-	}
 }
 
 type storedIntermediate struct {

@@ -271,6 +271,7 @@ func TestAgentRunJoinsWithPSK(t *testing.T) {
 	cmd.Env = append(cmd.Env, "MUSTER_AGENT_DATA="+adir, "MUSTER_AUTHORITY="+auth.addr, "MUSTER_CA_FINGERPRINT="+init["ca_fingerprint"].(string),
 		"MUSTER_BOOTSTRAP_PSK="+init["bootstrap_psk"].(string), "MUSTER_NODE_ID=runner")
 	logs := &syncWriter{w: &strings.Builder{}}
+	logsOnFailure(t, "agent", logs.String)
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

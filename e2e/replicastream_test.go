@@ -37,7 +37,7 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 	waitFor(t, 5*time.Second, "replica a holds the stream", func() bool { return strings.Contains(a.auth.Logs(), "agent stream opened") })
 
 	on(b, "signer", "stage", "--effective-in", "15m")
-	waitFor(t, 10*time.Second, "the rotate task sent through b reaches the agent on a", func() bool {
+	waitFor(t, agentReach, "the rotate task sent through b reaches the agent on a", func() bool {
 		st := agentStatus(t, adir)
 		return st["last_rotate_task"] != nil && acceptedByNumber(st)["v2"] == "staged"
 	})

@@ -64,7 +64,7 @@ func sendReport(t *testing.T, dir, node string) auditRec {
 		t.Fatal(err)
 	}
 	var got auditRec
-	waitFor(t, 15*time.Second, node+" answers node.report", func() bool {
+	waitFor(t, agentReach, node+" answers node.report", func() bool {
 		got = results(t, dir, sent.TaskID)[node]
 		return got.Result != ""
 	})
@@ -90,7 +90,7 @@ func rotateAnswer(t *testing.T, dir, node string, args ...string) auditRec {
 		t.Fatal("no rotate task queued")
 	}
 	var got auditRec
-	waitFor(t, 15*time.Second, node+" answers the rotate task", func() bool {
+	waitFor(t, agentReach, node+" answers the rotate task", func() bool {
 		got = results(t, dir, rotate)[node]
 		return got.Result != ""
 	})
@@ -121,7 +121,7 @@ func TestForcedActivationReachesTheFleet(t *testing.T) {
 
 	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "15m")
 	v2 := signerIDs(t, e.dir)[2]
-	waitFor(t, 10*time.Second, "the running agent holds the staged signer", func() bool {
+	waitFor(t, agentReach, "the running agent holds the staged signer", func() bool {
 		return holds(t, on, 2, map[string]string{v1: "active", v2: "staged"})
 	})
 	mustRun(t, "signer", "activate", "--data", e.dir)
@@ -140,7 +140,7 @@ func TestForcedActivationReachesTheFleet(t *testing.T) {
 	}
 
 	startProc(t, "off", "stream to the authority open", "agent", "run", "--data", off, "--log-format", "json")
-	waitFor(t, 10*time.Second, "the agent offline at the activation holds it once connected", func() bool {
+	waitFor(t, agentReach, "the agent offline at the activation holds it once connected", func() bool {
 		return holds(t, off, 3, map[string]string{v1: "grace", v2: "active"})
 	})
 	for _, n := range []string{"on", "off"} {
@@ -177,7 +177,7 @@ func TestEmergencyRevocationRevokes(t *testing.T) {
 	v1 := signerIDs(t, e.dir)[1]
 	mustRun(t, "signer", "stage", "--data", e.dir, "--effective-in", "15m")
 	v2 := signerIDs(t, e.dir)[2]
-	waitFor(t, 10*time.Second, "the running agent holds the staged signer", func() bool {
+	waitFor(t, agentReach, "the running agent holds the staged signer", func() bool {
 		return holds(t, on, 2, map[string]string{v1: "active", v2: "staged"})
 	})
 
@@ -240,7 +240,7 @@ func TestAgentOfflineAcrossARotation(t *testing.T) {
 	})
 
 	startProc(t, "streamed", "stream to the authority open", "agent", "run", "--data", streamed, "--log-format", "json")
-	waitFor(t, 10*time.Second, "the agent started after the rotation holds the new key", func() bool {
+	waitFor(t, agentReach, "the agent started after the rotation holds the new key", func() bool {
 		return holds(t, streamed, 3, map[string]string{v1: "grace", v2: "active"})
 	})
 	if r := sendReport(t, dir, "streamed"); r.Result != "ok" {

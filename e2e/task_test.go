@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 type auditRec struct {
@@ -66,7 +65,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	if rotate == "" {
 		t.Fatalf("no rotate task queued for 3 nodes: %+v", auditOf(t, e.dir, "task.send"))
 	}
-	took := waitFor(t, 10*time.Second, "the running agents take the rotate task", func() bool {
+	took := waitFor(t, agentReach, "the running agents take the rotate task", func() bool {
 		res := results(t, e.dir, rotate)
 		return res["a1"].Result == "ok" && res["a2"].Result == "ok"
 	})
@@ -83,7 +82,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 
 	// The offline agent catches up when it connects.
 	startProc(t, "a3", "stream to the authority open", "agent", "run", "--data", dirs["a3"], "--log-format", "json")
-	waitFor(t, 10*time.Second, "the offline agent takes the rotate task on connect", func() bool {
+	waitFor(t, agentReach, "the offline agent takes the rotate task on connect", func() bool {
 		return results(t, e.dir, rotate)["a3"].Result == "ok"
 	})
 	if st := agentStatus(t, dirs["a3"]); st["last_rotate_task"] != rotate {
@@ -100,7 +99,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	if want := "task " + sent.TaskID + " node.report to 1 node"; !slices.ContainsFunc(auditOf(t, e.dir, "task.send"), func(r auditRec) bool { return r.Target == want }) {
 		t.Errorf("no task.send audited as %q: %+v", want, auditOf(t, e.dir, "task.send"))
 	}
-	waitFor(t, 10*time.Second, "node.report answered", func() bool {
+	waitFor(t, agentReach, "node.report answered", func() bool {
 		r := results(t, e.dir, sent.TaskID)["a1"]
 		return r.Result == "ok" && strings.Contains(r.Reason, `"node_id":"a1"`)
 	})
@@ -115,7 +114,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustRun(t, "task", "send", "--data", e.dir, "--type", "site.echo", "--all", "--param", "msg=hi", "-o", "json")), &sent); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the custom task answered by every agent", func() bool { return len(results(t, e.dir, sent.TaskID)) == 3 })
+	waitFor(t, agentReach, "the custom task answered by every agent", func() bool { return len(results(t, e.dir, sent.TaskID)) == 3 })
 	res := results(t, e.dir, sent.TaskID)
 	if r := res["a3"]; r.Result != "ok" || !strings.Contains(r.Reason, "handled\n{\"msg\":\"hi\"}") {
 		t.Errorf("a3 ran the handler: %+v", r)
@@ -125,7 +124,7 @@ func TestTaskRotationAcrossAgents(t *testing.T) {
 			t.Errorf("%s without a handler: %+v", n, r)
 		}
 	}
-	waitFor(t, 5*time.Second, "agents show reports a1's refusal by signer and its rotate task", func() bool {
+	waitFor(t, agentReach, "agents show reports a1's refusal by signer and its rotate task", func() bool {
 		out := mustRun(t, "agents", "show", "a1", "--data", e.dir)
 		return strings.Contains(out, "Task verification failures by signer: v1: 1") && strings.Contains(out, "Last rotate task: "+rotate)
 	})

@@ -107,7 +107,7 @@ func TestTaskHandlerEnvironment(t *testing.T) {
 	startProcEnv(t, "agent", "stream to the authority open", env, "agent", "run", "--log-format", "json")
 
 	id := sendTask(t, e.dir, "--type", "site.env", "--node", "env1")
-	waitFor(t, 20*time.Second, "the env handler answered", func() bool { return results(t, e.dir, id)["env1"].Result != "" })
+	waitFor(t, agentReach, "the env handler answered", func() bool { return results(t, e.dir, id)["env1"].Result != "" })
 	r := results(t, e.dir, id)["env1"]
 	if r.Result != "ok" {
 		t.Fatalf("the env handler: %+v", r)
@@ -125,5 +125,55 @@ func TestTaskHandlerEnvironment(t *testing.T) {
 	// The whole audit chain, not just this record.
 	if out := mustRun(t, "audit", "list", "--data", e.dir, "-o", "json"); strings.Contains(out, initPSK[strings.LastIndex(initPSK, ":")+1:]) {
 		t.Error("the bootstrap PSK is in the audit log")
+	}
+}
+
+// TestTaskAnsweredAcrossStreams: a task still running when its stream
+// closes (the agent's 6-second certificates close it each time they
+// expire) is sent again by the authority on the agent's next stream. The
+// agent does not run it again, nor answer it replayed: it answers once,
+// when it ends, and that answer is the one recorded. (Before, the
+// redelivery was answered replayed at once, recorded as the task's answer,
+// and the real one dropped: a node.report sent as certificates renewed
+// could be recorded refused.)
+func TestTaskAnsweredAcrossStreams(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := filepath.Join(t.TempDir(), "slow1")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "slow1", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("agent join: exit %d\n%s", r.code, r.stderr)
+	}
+	// The handler runs until the test opens its gate, and counts its runs.
+	work := t.TempDir()
+	gate, runs := filepath.Join(work, "gate"), filepath.Join(work, "runs")
+	handler := filepath.Join(work, "slow.sh")
+	if err := os.WriteFile(handler, []byte("#!/bin/sh\necho run >> "+runs+"\nwhile [ ! -e "+gate+" ]; do sleep 0.1; done\necho slept\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(adir, "task-handlers.yaml"), []byte("handlers:\n  site.slow: "+handler+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ag, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+
+	id := sendTask(t, e.dir, "--type", "site.slow", "--node", "slow1")
+	// Its stream closes with its certificate and the next one brings the
+	// task again while it runs.
+	waitFor(t, agentReach, "the task sent again on a new stream while it runs", func() bool {
+		l := grepLines(ag.Logs(), id)
+		return strings.Contains(l, "task sent again while it runs") || strings.Contains(l, `"msg":"task refused"`)
+	})
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var r auditRec
+	waitFor(t, agentReach, "the slow task answered", func() bool {
+		r = results(t, e.dir, id)["slow1"]
+		return r.Result != ""
+	})
+	if r.Result != "ok" || !strings.Contains(r.Reason, "slept") {
+		t.Fatalf("the task that ran across two streams is recorded %+v, want ok with its output", r)
+	}
+	if got, err := os.ReadFile(runs); err != nil || string(got) != "run\n" {
+		t.Errorf("the handler ran %q (%v), want once", got, err)
 	}
 }

@@ -111,7 +111,7 @@ func TestTrustBundleAcrossRotations(t *testing.T) {
 		if d := caStatus(t, e.dir).BundleDigest; !checked[d] {
 			checked[d] = true
 			for i, adir := range dirs {
-				waitFor(t, 15*time.Second, fmt.Sprintf("agent-%d holds bundle %s", i, d), func() bool {
+				waitFor(t, agentReach, fmt.Sprintf("agent-%d holds bundle %s", i, d), func() bool {
 					return holdsCurrent(adir) || caStatus(t, e.dir).BundleDigest != d
 				})
 			}
@@ -126,7 +126,7 @@ func TestTrustBundleAcrossRotations(t *testing.T) {
 	// bundle of now.
 	p = runSleeper()
 	waitLog(t, p, "recovery done", 1, 30*time.Second)
-	waitFor(t, 15*time.Second, "the sleeper holds the current bundle", func() bool { return holdsCurrent(sleeper) })
+	waitFor(t, agentReach, "the sleeper holds the current bundle", func() bool { return holdsCurrent(sleeper) })
 
 	// A renewal or so more for every agent under the newest intermediates.
 	time.Sleep(12 * time.Second)
@@ -151,7 +151,7 @@ func TestTrustBundleAcrossRotations(t *testing.T) {
 	// ca status: the root online, the active agent and server
 	// intermediates held by the four connected agents.
 	var s caStatusOut
-	waitFor(t, 15*time.Second, "ca status counts the four agents holding the active intermediates", func() bool {
+	waitFor(t, agentReach, "ca status counts the four agents holding the active intermediates", func() bool {
 		s = caStatus(t, e.dir)
 		if s.RootKey != "online" || s.ConnectedAgents != 4 {
 			return false

@@ -211,6 +211,10 @@ type Server struct {
 	caStepTimeout time.Duration
 	// live is each agent's one live stream on this replica.
 	live liveStreams
+	// stopping ends when the authority stops: agent streams end with it
+	// (streamlive.go), so the graceful stop does not wait on them.
+	stopping   context.Context
+	endStreams context.CancelFunc
 	// discovery is nil without a discovery service.
 	discovery *discoveryLink
 	started   time.Time
@@ -257,19 +261,22 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	if cfg.AgentCertTTL == 0 {
 		cfg.AgentCertTTL = enroll.DefaultAgentCertTTL
 	}
+	stopping, endStreams := context.WithCancel(context.Background())
 	s := &Server{
-		info:    cfg.Info,
-		token:   cfg.Token,
-		caPoke:  make(chan struct{}, 1),
-		ca:      cfg.CA,
-		store:   cfg.Store,
-		audit:   cfg.Audit,
-		log:     cfg.Log,
-		metrics: m.m,
-		started: time.Now(),
-		cfg:     cfg,
-		certs:   map[ca.Role]*tls.Certificate{},
-		hub:     newStreamHub(),
+		stopping:   stopping,
+		endStreams: endStreams,
+		info:       cfg.Info,
+		token:      cfg.Token,
+		caPoke:     make(chan struct{}, 1),
+		ca:         cfg.CA,
+		store:      cfg.Store,
+		audit:      cfg.Audit,
+		log:        cfg.Log,
+		metrics:    m.m,
+		started:    time.Now(),
+		cfg:        cfg,
+		certs:      map[ca.Role]*tls.Certificate{},
+		hub:        newStreamHub(),
 	}
 	s.outage = newStoreOutage(cfg.Log, func(ctx context.Context) error {
 		_, err := cfg.Store.Now(ctx)
@@ -758,6 +765,12 @@ func (s *Server) Run(ctx context.Context) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		s.log.Info("authority stopping")
+		// Agent streams end only with their certificates: the graceful
+		// stop would wait its whole 10 s for them, its listener closed,
+		// while agents could not renew (one whose certificate ran out
+		// then stopped for good). Ended first, they reconnect at once,
+		// to another replica or to this one restarted.
+		s.endStreams()
 		stopGracefully(api, 10*time.Second)
 		if boot != nil {
 			stopGracefully(boot, 10*time.Second)

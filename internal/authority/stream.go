@@ -93,8 +93,10 @@ type agentStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	// replaced ends ctx with its cause when a newer stream of the same
-	// agent replaces this one (streamlive.go).
+	// agent replaces this one (streamlive.go), or the authority stops
+	// (errStopping; unstop forgets the stream's end at the stop).
 	replaced context.CancelCauseFunc
+	unstop   func() bool
 	c        Caller
 	wake     *streamWake
 	unsub    func()
@@ -165,6 +167,7 @@ func (st *agentStream) open() error {
 		if !st.opened && st.cancel != nil {
 			st.cancel()
 			st.replaced(nil)
+			st.unstop()
 		}
 	}()
 	// Subscribed before the first check, so a change committed after that
@@ -174,6 +177,10 @@ func (st *agentStream) open() error {
 	base, replaced := context.WithCancelCause(ctx)
 	st.ctx, st.cancel = context.WithDeadline(base, c.Cert.NotAfter)
 	st.replaced = replaced
+	st.unstop = func() bool { return false }
+	if a.s.stopping != nil { // nil in a Server a test made by hand
+		st.unstop = context.AfterFunc(a.s.stopping, func() { replaced(errStopping) })
+	}
 	if err := a.standing(ctx); err != nil {
 		return err
 	}
@@ -207,6 +214,7 @@ func (st *agentStream) close() {
 		a.s.live.drop(st)
 		if st.replaced != nil {
 			st.replaced(nil)
+			st.unstop()
 		}
 	}()
 	if err := st.recordEnd(); err != nil {
@@ -383,6 +391,10 @@ func (st *agentStream) expired() error {
 		st.a.streamLog(st.c).Info("agent stream closed: replaced by a newer stream of the same agent")
 		return status.Error(codes.Aborted, "replaced by a newer stream of the same agent (one stream per agent)")
 	}
+	if errors.Is(context.Cause(st.ctx), errStopping) {
+		st.a.streamLog(st.c).Info("agent stream closed: the authority is stopping")
+		return status.Error(codes.Unavailable, "the authority is stopping; reconnect")
+	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
 		st.a.auditClose(st.ctx, st.c, "the certificate it was opened with expired at "+st.c.Cert.NotAfter.UTC().Format(time.RFC3339))
@@ -492,9 +504,11 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 }
 
 // sendTasks sends the node's pending tasks that this stream has not sent
-// yet. A task sent by another replica's stream (the agent reconnected) is
-// sent again: the agent's replay window answers it as replayed, and the
-// first answer stands.
+// yet. A task sent by an earlier stream (the agent reconnected, here or
+// on another replica) is sent again: its answer may have been lost with
+// that stream. The agent does not run it again: it answers it when it
+// ends, or with the answer it gave already (or, taken before the agent
+// restarted, as replayed), and the first answer recorded stands.
 func (a *agentService) sendTasks(ctx context.Context, send func(*musterv1.AuthorityMessage) error, node string, delivered *sentTasks) error {
 	tasks, err := a.s.store.PendingTasks(ctx, node)
 	if err != nil {
@@ -535,8 +549,8 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	}
 	err := s.store.RecordTaskResult(ctx, r.GetTaskId(), node, state, detail)
 	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		// A second answer (a redelivery refused as replayed) or a task
-		// never queued for this node: the first answer stands.
+		// A second answer (to a task sent again) or a task never
+		// queued for this node: the first answer stands.
 		return
 	}
 	if err != nil {

@@ -13,6 +13,9 @@ import (
 // errReplaced ends a stream a newer one of the same agent replaced.
 var errReplaced = errors.New("authority: replaced by a newer stream of the same agent")
 
+// errStopping ends the streams of an authority that stops.
+var errStopping = errors.New("authority: stopping")
+
 // replacedError is the cause a replaced stream's context ends with: one
 // value per replacement, so that of the two ways a stream learns it was
 // replaced (this replica's newer stream, or the store's row naming a
