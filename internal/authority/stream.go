@@ -396,16 +396,18 @@ func (st *agentStream) expired() error {
 		return status.Error(codes.Unavailable, "the authority is stopping; reconnect")
 	}
 	if errors.Is(context.Cause(st.ctx), context.DeadlineExceeded) && st.stream.Context().Err() == nil {
+		// Not audited: this is how every stream ends, a renewal after the
+		// agent renewed at half-life and opened its next one, so a record
+		// per agent per certificate lifetime would say nothing.
 		st.a.streamLog(st.c).Info("agent stream closed: certificate expired")
-		st.a.auditClose(st.ctx, st.c, "the certificate it was opened with expired at "+st.c.Cert.NotAfter.UTC().Format(time.RFC3339))
 		return status.Error(codes.Unauthenticated, "the certificate this stream was opened with has expired; reconnect with the renewed one")
 	}
 	return nil
 }
 
 // auditClose records that the authority closed c's open stream, and why
-// (a lock, a deletion, a supersession, the certificate's expiry, an agent
-// that stopped reading), as agent.stream_close. It goes through the flood
+// (a lock, a deletion, a supersession, an agent that stopped reading), as
+// agent.stream_close. It goes through the flood
 // guard, keyed by the agent's source, so an agent that reconnects into the
 // same closure again and again cannot flood the audit chain: past the
 // guard's cap its closures are counted in one api.access.flood record.
