@@ -108,7 +108,8 @@ func (s *Store) DropCreated(ctx context.Context) error {
 		return ErrNotCreated
 	}
 	tables, functions := createdObjects()
-	tx, err := s.pool.Begin(ctx)
+	// Like the migrations it undoes, bounded by ctx alone.
+	tx, err := s.pool.p.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("postgres: drop the schema: %w", unavailable(err))
 	}
