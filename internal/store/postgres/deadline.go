@@ -91,11 +91,18 @@ func until(ctx context.Context, deadline time.Time) (context.Context, context.Ca
 }
 
 // timedOut returns err as a timeoutError if ctx (from until) ended by the
-// store's deadline, and unchanged otherwise. An error of SQL the server
-// sent stays itself, unless it is the cancellation the deadline caused
-// (57014, query_canceled).
+// store's deadline, or if connecting failed while ctx had not ended (the
+// connect timeout, which Open sets to the store's timeout, ran out first),
+// and unchanged otherwise. An error of SQL the server sent stays itself,
+// unless it is the cancellation the deadline caused (57014,
+// query_canceled).
 func timedOut(ctx context.Context, timeout time.Duration, err error) error {
-	if err == nil || !errors.Is(context.Cause(ctx), errStoreDeadline) {
+	if err == nil {
+		return err
+	}
+	var ce *pgconn.ConnectError
+	connectTimeout := ctx.Err() == nil && errors.As(err, &ce) && errors.Is(err, context.DeadlineExceeded)
+	if !connectTimeout && !errors.Is(context.Cause(ctx), errStoreDeadline) {
 		return err
 	}
 	var pe *pgconn.PgError
@@ -103,6 +110,16 @@ func timedOut(ctx context.Context, timeout time.Duration, err error) error {
 		return err
 	}
 	return &timeoutError{timeout: timeout, msg: err.Error()}
+}
+
+// bound runs fn, a request on a connection of its own (the leader's, the
+// change listener's), with the store's deadline, as the pool's requests
+// have it.
+func (d *db) bound(ctx context.Context, fn func(context.Context) error) error {
+	t, end := d.limit(ctx)
+	ctx, cancel := until(ctx, end)
+	defer cancel()
+	return timedOut(ctx, t, fn(ctx))
 }
 
 func (d *db) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -165,7 +182,7 @@ func boundQuery(ctx context.Context, t time.Duration, end time.Time,
 	ctx, cancel := until(ctx, end)
 	rows, err := query(ctx, sql, args...)
 	if err != nil {
-		cancel()
+		defer cancel()
 		return nil, timedOut(ctx, t, err)
 	}
 	return &boundRows{Rows: rows, ctx: ctx, cancel: cancel, timeout: t}, nil
@@ -188,23 +205,38 @@ type boundRows struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	timeout time.Duration
+	// done: the rows are closed and err is their error, read before
+	// cancel (which would hide the deadline's cause).
+	done bool
+	err  error
 }
 
 func (r *boundRows) Next() bool {
 	if r.Rows.Next() {
 		return true
 	}
-	// pgx closed the rows.
-	r.cancel()
+	r.finish() // pgx closed the rows
 	return false
 }
 
 func (r *boundRows) Close() {
 	r.Rows.Close()
-	r.cancel()
+	r.finish()
 }
 
-func (r *boundRows) Err() error { return timedOut(r.ctx, r.timeout, r.Rows.Err()) }
+func (r *boundRows) finish() {
+	if !r.done {
+		r.done, r.err = true, timedOut(r.ctx, r.timeout, r.Rows.Err())
+		r.cancel()
+	}
+}
+
+func (r *boundRows) Err() error {
+	if r.done {
+		return r.err
+	}
+	return timedOut(r.ctx, r.timeout, r.Rows.Err())
+}
 
 type boundRow struct {
 	row     pgx.Row
@@ -214,9 +246,8 @@ type boundRow struct {
 }
 
 func (r *boundRow) Scan(dest ...any) error {
-	err := r.row.Scan(dest...)
-	r.cancel()
-	return timedOut(r.ctx, r.timeout, err)
+	defer r.cancel()
+	return timedOut(r.ctx, r.timeout, r.row.Scan(dest...))
 }
 
 type boundBatch struct {
@@ -244,9 +275,8 @@ func (b *boundBatch) QueryRow() pgx.Row {
 }
 
 func (b *boundBatch) Close() error {
-	err := b.BatchResults.Close()
-	b.cancel()
-	return timedOut(b.ctx, b.timeout, err)
+	defer b.cancel()
+	return timedOut(b.ctx, b.timeout, b.BatchResults.Close())
 }
 
 // boundTx is a transaction whose every statement ends at the transaction's
