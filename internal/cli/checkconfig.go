@@ -48,6 +48,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	}
 	row("limits.max_connections", limit)
 	row("limits.call_timeout", o.callTimeout.String())
+	row("limits.store_timeout", o.storeTimeout.String())
 	// The cap's default comes from the open-file limit of the process that
 	// reads it: this command's, here, which a service manager may set
 	// otherwise for the authority it starts.

@@ -42,6 +42,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(withMore, "signer:\n  min_lead_time: 30m\nbound_keypair:\n  recoveries_warn_at: 3\n  cert_ttl: 2h\ndiscovery:\n  address: disc.example:7450\nbootstrap:\n  psk_required: true\nlog:\n  format: text\n")
 	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
 	write(withDraft, "ca:\n  draft_ttl: 10s\n")
+	withStoreTimeout := filepath.Join(t.TempDir(), "store.yaml")
+	write(withStoreTimeout, "limits:\n  store_timeout: 15s\n")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -61,6 +63,9 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
 		{"the call timeout by default", nil, nil, []string{"limits.call_timeout:   1m0s\n"}},
 		{"the call timeout from the environment", map[string]string{"MUSTER_CALL_TIMEOUT": "5m"}, nil, []string{"limits.call_timeout:   5m0s\n"}},
+		{"the store timeout by default", nil, nil, []string{"limits.store_timeout:  10s\n"}},
+		{"the store timeout from the environment", map[string]string{"MUSTER_STORE_TIMEOUT": "4s"}, nil, []string{"limits.store_timeout:  4s\n"}},
+		{"the store timeout from the file", nil, []string{"--config", withStoreTimeout}, []string{"limits.store_timeout:  15s\n"}},
 		{"the open-file limit the cap's default came from, and that it is this command's", nil, nil, []string{"open_file_limit:       " + fileLimit(t) + ", this command's: the authority reads its own at start (LimitNOFILE"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
@@ -127,6 +132,9 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "draft ttl above the ceiling", env: map[string]string{"MUSTER_CA_DRAFT_TTL": "25h"}, want: `ca.draft_ttl "25h": want a duration from 5s to 24h0m0s, such as 1h`},
 		{name: "draft ttl not a duration", args: []string{"--ca-draft-ttl", "soon"}, want: `ca.draft_ttl "soon": want a duration from 5s to 24h0m0s, such as 1h`},
 		{name: "call timeout below the floor", file: "limits:\n  call_timeout: 500ms\n", want: `limits.call_timeout "500ms": want a duration of at least 1s, such as 1m`},
+		{name: "store timeout below the floor", file: "limits:\n  store_timeout: 500ms\n", want: `limits.store_timeout "500ms": want a duration from 1s to 20s, such as 10s`},
+		{name: "store timeout above the ceiling", env: map[string]string{"MUSTER_STORE_TIMEOUT": "30s"}, want: `limits.store_timeout "30s": want a duration from 1s to 20s, such as 10s`},
+		{name: "store timeout not a duration", args: []string{"--store-timeout", "soon"}, want: `limits.store_timeout "soon": want a duration from 1s to 20s, such as 10s`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
 		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},
