@@ -53,7 +53,11 @@ type timeoutError struct {
 }
 
 func (e *timeoutError) Error() string {
-	return fmt.Sprintf("%v: the database did not answer within %s (limits.store_timeout): %s", store.ErrUnavailable, e.timeout, e.msg)
+	limit := "limits.store_timeout"
+	if e.timeout == longRequestTimeout {
+		limit = "the bound of long requests"
+	}
+	return fmt.Sprintf("%v: the database did not answer within %s (%s): %s", store.ErrUnavailable, e.timeout, limit, e.msg)
 }
 
 func (e *timeoutError) Unwrap() error { return store.ErrUnavailable }
@@ -64,8 +68,8 @@ func (e *timeoutError) Unwrap() error { return store.ErrUnavailable }
 // that ran out of the store's deadline fails with store.ErrUnavailable
 // (timeoutError), like a refused connection. The one place every request
 // of the store's methods goes through: the pool itself (p) is used bare
-// only by what bounds itself (migrations, the leader's and the change
-// listener's own connections).
+// only by the migrations, which may take long and are bounded by Open's
+// ctx; the leader's and the change listener's own connections use bound.
 type db struct {
 	p       *pgxpool.Pool
 	timeout time.Duration
