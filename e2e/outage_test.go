@@ -203,3 +203,76 @@ func TestLockRightAfterAnOutage(t *testing.T) {
 	}
 	stoppedFor(t, ag, "locked")
 }
+
+// TestHungDatabase: a database that hangs rather than refusing (every
+// process of its cluster stopped: the kernel still accepts connections and
+// acknowledges data) is an outage like a stopped one, once the store's own
+// deadline (limits.store_timeout, 2 s here) has passed: the admin CLI
+// says the store is unavailable, not DEADLINE_EXCEEDED; the authority logs
+// the outage once and its end; the agent's renewal is answered
+// UNAVAILABLE, retried, and succeeds once the database answers again,
+// without a restart. Before the store had a deadline of its own, every
+// request waited for its caller's (30 s for an agent's renewal), and the
+// outage was never logged.
+func TestHungDatabase(t *testing.T) {
+	t.Parallel()
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatalf("PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { own.Thaw(); own.Stop() })
+	url := own.NewDatabase(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--store-timeout", "2s", "--agent-cert-ttl", "40s")}
+	adir := filepath.Join(t.TempDir(), "n1")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("agent join: exit %d\n%s", r.code, r.stderr)
+	}
+	agent, _ := startProc(t, "n1", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, 10*time.Second, "the stream recorded", func() bool {
+		return strings.Contains(mustRun(t, "agents", "list", "--data", dir), "connected via")
+	})
+	// The agent renews at about half of 40 s (±10%): from 18 s after its
+	// join; the database hangs from now until that renewal has failed.
+	if g := agentStatus(t, adir)["generation"]; g != float64(0) {
+		t.Fatalf("renewed before the database hung (generation %v): the test's timing does not hold", g)
+	}
+	if err := own.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	hung := time.Now()
+
+	start := time.Now()
+	r := muster(t, nil, "agents", "list", "--data", dir)
+	t.Logf("agents list with the database hung: %s", time.Since(start).Round(100*time.Millisecond))
+	if r.code == 0 || !strings.Contains(r.stderr, "UNAVAILABLE: the authority's store is unavailable") {
+		t.Errorf("agents list with the database hung: exit %d, %q", r.code, r.stderr)
+	}
+	waitFor(t, 30*time.Second, "the authority logs the store unavailable", func() bool {
+		return strings.Contains(e.auth.Logs(), "the store is unavailable")
+	})
+	waitFor(t, 40*time.Second, "the agent's renewal fails", func() bool {
+		return strings.Contains(agent.Logs(), "renewal failed; retrying")
+	})
+	t.Logf("the database hung %s", time.Since(hung).Round(100*time.Millisecond))
+	if err := own.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	waitFor(t, 20*time.Second, "the agent renews after the database answers again", func() bool {
+		select {
+		case <-agent.done:
+			t.Fatalf("the agent exited while the database hung: %v\n%s", agent.exitErr, agent.Logs())
+		default:
+		}
+		return agentStatus(t, adir)["generation"] == float64(1)
+	})
+	t.Logf("renewed %s after the database answered again", time.Since(back).Round(100*time.Millisecond))
+	waitFor(t, 20*time.Second, "the authority logs the store back", func() bool {
+		return strings.Contains(e.auth.Logs(), "the store is available again")
+	})
+	if l := agent.Logs(); strings.Contains(l, "permanent failure") {
+		t.Errorf("the agent's log through the hang:\n%s", l)
+	}
+}

@@ -35,8 +35,13 @@ const (
 	// stuck transaction) must not stop this replica re-reading the
 	// version, or it would go on signing with a key the others' JWKS
 	// drop two rotations later. Within jwtKeyLag, so a replica that
-	// missed one tick still follows in time.
-	jwtKeyStepTimeout = 2 * jwtKeyTick
+	// missed one tick still follows in time. Longer than the store's own
+	// deadline for a request (limits.store_timeout, at most 20 s, and 5 s
+	// for pgx to give a cancelled one up): a database that hangs is then
+	// the store's unavailability, logged once for the outage, not this
+	// step's deadline, logged every tick (at 10 s, the default store
+	// timeout's, it was the step's deadline that ran out first).
+	jwtKeyStepTimeout = 30 * time.Second
 	// MinJWTKeyRotationPeriod is the shortest period, and the least time
 	// between two rotations: a token signed with the key two rotations
 	// back must have expired (jwtsvid.TTL after the last replica stopped

@@ -98,6 +98,8 @@ type authorityConfig struct {
 		MaxCallsPerSource *int `yaml:"max_calls_per_source"`
 		// RenewalsPerLifetime: nil or 0 keeps the default (10).
 		RenewalsPerLifetime *int `yaml:"renewals_per_lifetime"`
+		// StoreTimeout: empty keeps the default (10s).
+		StoreTimeout string `yaml:"store_timeout"`
 	} `yaml:"limits"`
 }
 
@@ -183,12 +185,14 @@ type authorityOptions struct {
 	maxCallsPerSource int
 	// renewalsPerLifetime is limits.renewals_per_lifetime.
 	renewalsPerLifetime int
+	// storeTimeout is limits.store_timeout.
+	storeTimeout time.Duration
 }
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
 	var jwtPeriod string
-	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity, callTimeout string
+	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity, callTimeout, storeTimeout string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -293,6 +297,10 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.callTimeout, err = time.ParseDuration(callTimeout); err != nil || o.callTimeout < time.Second {
 				return fmt.Errorf("authority: limits.call_timeout %q: want a duration of at least 1s, such as 1m", callTimeout)
 			}
+			pick(&storeTimeout, "store-timeout", cfg.Limits.StoreTimeout)
+			if o.storeTimeout, err = parseStoreTimeout(storeTimeout); err != nil {
+				return fmt.Errorf("authority: %w", err)
+			}
 			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
 			if cfg.Discovery.RegisterEvery != "" {
 				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
@@ -345,6 +353,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
 	fl.IntVar(&o.maxCallsPerSource, "max-calls-per-source", authority.DefaultMaxCallsPerSource, "calls one source address may have in flight at once, agents' streams aside; the next is refused RESOURCE_EXHAUSTED (limits.max_calls_per_source; 0: the default)")
 	fl.IntVar(&o.renewalsPerLifetime, "renewals-per-lifetime", authority.DefaultRenewalsPerLifetime, "renewals one agent instance is given at once, and again in each lifetime of its certificates; the next is refused RESOURCE_EXHAUSTED (limits.renewals_per_lifetime; 0: the default)")
+	fl.StringVar(&storeTimeout, "store-timeout", postgres.DefaultRequestTimeout.String(), "the longest a PostgreSQL store may leave one request (a statement, a transaction) unanswered before the authority treats the store as unavailable (limits.store_timeout; 1s to 20s)")
 	fl.StringVar(&callTimeout, "call-timeout", authority.DefaultCallTimeout.String(), "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
 	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
@@ -419,8 +428,17 @@ func checkStoreURL(url string) error {
 	return fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", redactURL(url))
 }
 
-// openStore opens the store a URL names.
+// openStore opens the store a URL names, a PostgreSQL one with the
+// default request timeout.
 func openStore(ctx context.Context, url string) (store.Store, error) {
+	return openStoreWith(ctx, url, 0)
+}
+
+// openStoreWith opens the store a URL names; a PostgreSQL store gives up a
+// request unanswered after timeout (limits.store_timeout; 0: the
+// default). A SQLite store is a file of this host's: it has no peer to
+// hang.
+func openStoreWith(ctx context.Context, url string, timeout time.Duration) (store.Store, error) {
 	if err := checkStoreURL(url); err != nil {
 		return nil, err
 	}
@@ -432,13 +450,29 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 		}
 		return sqlite.Open(ctx, path)
 	default:
-		return postgres.Open(ctx, url)
+		return postgres.Open(ctx, url, postgres.WithRequestTimeout(timeout))
 	}
+}
+
+// maxStoreTimeout is limits.store_timeout's ceiling: agents give a renewal
+// 30 s, and pgx takes up to 5 s more to give up a request it cancelled,
+// so a longer one would again leave agents with DEADLINE_EXCEEDED rather
+// than UNAVAILABLE, which they retry.
+const maxStoreTimeout = 20 * time.Second
+
+// parseStoreTimeout reads limits.store_timeout.
+func parseStoreTimeout(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil || d < time.Second || d > maxStoreTimeout {
+		return 0, fmt.Errorf("limits.store_timeout %q: want a duration from 1s to %s, such as %s", s, maxStoreTimeout, postgres.DefaultRequestTimeout)
+	}
+	return d, nil
 }
 
 // logPool says how many connections a PostgreSQL store's pool opens at
 // most, and what set it: the sizing an operator checks against the
-// database's max_connections (docs/high-availability.md).
+// database's max_connections (docs/high-availability.md); and how long a
+// request may go unanswered (limits.store_timeout).
 func logPool(log *slog.Logger, st store.Store) {
 	ps, ok := st.(*postgres.Store)
 	if !ok {
@@ -449,7 +483,8 @@ func logPool(log *slog.Logger, st store.Store) {
 	if fromURL {
 		from = "pool_max_conns in the store URL"
 	}
-	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2) // the leader lock and the change listener
+	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2, // the leader lock and the change listener
+		"store_timeout", ps.RequestTimeout().String())
 }
 
 // redactURL drops the userinfo of a URL, where a database password lives.
@@ -553,13 +588,13 @@ func loadDataDir(dir datadir.Dir, storeURL string) (dataDir, error) {
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
 // checked. onAppend hears of each record. close undoes it all.
-func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info, sk seal.StorageKey, url string,
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info, sk seal.StorageKey, url string, timeout time.Duration,
 	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	unlock, err := dir.Lock()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if st, err = openStore(ctx, url); err != nil {
+	if st, err = openStoreWith(ctx, url, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
 	}
@@ -586,7 +621,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}

@@ -57,6 +57,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("limits.call_timeout", o.callTimeout.String())
 	row("limits.max_calls_per_source", fmt.Sprintf("%d (per source address, agents' streams aside)", o.maxCallsPerSource))
 	row("limits.renewals_per_lifetime", fmt.Sprintf("%d (per agent instance, in this replica's memory)", o.renewalsPerLifetime))
+	row("limits.store_timeout", o.storeTimeout.String())
 	// The cap's default comes from the open-file limit of the process that
 	// reads it: this command's, here, which a service manager may set
 	// otherwise for the authority it starts.

@@ -46,6 +46,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(withLimits, "limits:\n  max_calls_per_source: 64\n  renewals_per_lifetime: 4\n")
 	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
 	write(withDraft, "ca:\n  draft_ttl: 10s\n")
+	withStoreTimeout := filepath.Join(t.TempDir(), "store.yaml")
+	write(withStoreTimeout, "limits:\n  store_timeout: 15s\n")
 	tests := []struct {
 		name string
 		env  map[string]string
@@ -71,6 +73,9 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"the renewals per lifetime by default", nil, nil, []string{"limits.renewals_per_lifetime: 10 (per agent instance, in this replica's memory)\n"}},
 		{"the renewals per lifetime from the environment", map[string]string{"MUSTER_RENEWALS_PER_LIFETIME": "50"}, nil, []string{"limits.renewals_per_lifetime: 50 ("}},
 		{"the renewals per lifetime from a file", nil, []string{"--config", withLimits}, []string{"limits.renewals_per_lifetime: 4 ("}},
+		{"the store timeout by default", nil, nil, []string{"limits.store_timeout:  10s\n"}},
+		{"the store timeout from the environment", map[string]string{"MUSTER_STORE_TIMEOUT": "4s"}, nil, []string{"limits.store_timeout:  4s\n"}},
+		{"the store timeout from the file", nil, []string{"--config", withStoreTimeout}, []string{"limits.store_timeout:  15s\n"}},
 		{"the open-file limit the cap's default came from, and that it is this command's", nil, nil, []string{"open_file_limit:       " + fileLimit(t) + ", this command's: the authority reads its own at start (LimitNOFILE"}},
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
@@ -141,6 +146,9 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "negative calls per source", file: "limits:\n  max_calls_per_source: -1\n", want: `limits.max_calls_per_source -1: want a number of calls, such as 1024 (the default)`},
 		{name: "negative renewals per lifetime", file: "limits:\n  renewals_per_lifetime: -2\n", want: `limits.renewals_per_lifetime -2: want a number of renewals, such as 10 (the default)`},
 		{name: "call timeout below the floor", file: "limits:\n  call_timeout: 500ms\n", want: `limits.call_timeout "500ms": want a duration of at least 1s, such as 1m`},
+		{name: "store timeout below the floor", file: "limits:\n  store_timeout: 500ms\n", want: `limits.store_timeout "500ms": want a duration from 1s to 20s, such as 10s`},
+		{name: "store timeout above the ceiling", env: map[string]string{"MUSTER_STORE_TIMEOUT": "30s"}, want: `limits.store_timeout "30s": want a duration from 1s to 20s, such as 10s`},
+		{name: "store timeout not a duration", args: []string{"--store-timeout", "soon"}, want: `limits.store_timeout "soon": want a duration from 1s to 20s, such as 10s`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
 		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},

@@ -3,6 +3,7 @@ package enroll
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,5 +67,30 @@ func TestCallerGoneIsAuditedAsSuch(t *testing.T) {
 				t.Errorf("node written: %v", err)
 			}
 		})
+	}
+}
+
+// unavailableStore fails the join's write because the store is unavailable.
+type unavailableStore struct{ Store }
+
+func (unavailableStore) CommitJoin(context.Context, store.Join) (store.JoinResult, error) {
+	return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w: the database did not answer within 10s", store.ErrUnavailable)
+}
+
+// TestUnavailableIsNotAuditedAgain: a join that failed because the store is
+// unavailable does not try to write its failure to that store: where the
+// store hangs, the attempt cost the caller a second store deadline, and an
+// agent's renewal ran past the 30 s it gives one.
+func TestUnavailableIsNotAuditedAgain(t *testing.T) {
+	e := newEnv(t, func(s Store) Store { return unavailableStore{Store: s} })
+	tok := e.token(t, 1)
+	_, der := csr(t)
+	if _, err := e.svc.ExchangeJoinToken(t.Context(), Request{Source: "192.0.2.1"}, tok.Reveal(), "n1", der); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("join: %v, want ErrUnavailable", err)
+	}
+	e.audit.mu.Lock()
+	defer e.audit.mu.Unlock()
+	if len(e.audit.refused) != 0 || len(e.audit.events) != 0 {
+		t.Errorf("audited %+v and %+v, want nothing written to the unavailable store", e.audit.refused, e.audit.events)
 	}
 }

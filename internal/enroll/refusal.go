@@ -102,6 +102,12 @@ func lockedAtWrite(err error) error {
 // finish audits the outcome of a join or renewal: a refusal (through the
 // flood guard, with the detail only the audit log sees), an internal
 // error, or a success whose record was not already written with the change.
+// A failure because the store is unavailable is not written: the record
+// would go to the store that just failed, and where the store hangs
+// rather than refusing, the attempt cost the caller a second store
+// deadline (up to 25 s more), past the 30 s agents give a renewal. The
+// authority logs the outage once, with the count of what failed meanwhile
+// (docs/high-availability.md).
 func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err error) (*Issued, error) {
 	err = lockedAtWrite(err)
 	var ref *Refusal
@@ -113,6 +119,7 @@ func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err e
 			ev.Reason += ": " + ref.Detail
 		}
 		s.cfg.Audit.Refuse(ctx, ev)
+	case errors.Is(err, store.ErrUnavailable):
 	case gone:
 		// Not the authority's failure, nor a refusal: the caller stopped
 		// waiting, and the record says so (gRPC's word, as it is answered).

@@ -237,7 +237,7 @@ func (l *link) commit(ctx context.Context, p *pipe, build func(store.AuditHead) 
 	// and pgx prepares a batch's statements before it sends them, so the
 	// rollback goes alone, as a simple query.
 	l.c.miss()
-	if err := p.conn.Conn().PgConn().Exec(ctx, `ROLLBACK TO SAVEPOINT audit_link`).Close(); err != nil {
+	if err := p.simple(ctx, `ROLLBACK TO SAVEPOINT audit_link`); err != nil {
 		return store.AuditRecord{}, wrap(op+": rollback to savepoint", err)
 	}
 	var head store.AuditHead

@@ -411,7 +411,7 @@ func TestChainCancelledLinkDoesNotCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	holder, err := s.pool.Acquire(ctx)
+	holder, err := s.pool.p.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,12 +89,25 @@ func (s *Store) WatchChanges(ctx context.Context, notify func(store.Change)) err
 	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	var conn *pgx.Conn
+	err := s.pool.bound(ctx, func(ctx context.Context) (err error) {
+		conn, err = pgx.ConnectConfig(ctx, cfg)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("postgres: watch changes: connect: %w", unavailable(err))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, `LISTEN `+changeChannel); err != nil {
+	// The listen and the safety poll have the store's deadline: a
+	// database that stopped answering ends the watch, and the caller's
+	// next one learns whether it is back.
+	exec := func(sql string) error {
+		return s.pool.bound(ctx, func(ctx context.Context) error {
+			_, err := conn.Exec(ctx, sql)
+			return err
+		})
+	}
+	if err := exec(`LISTEN ` + changeChannel); err != nil {
 		return wrap("watch changes: listen", err)
 	}
 	notify(store.Change{Kind: store.ChangeAll})
@@ -108,7 +121,7 @@ func (s *Store) WatchChanges(ctx context.Context, notify func(store.Change)) err
 		case errors.Is(err, context.DeadlineExceeded):
 			// Quiet for a while: the safety poll, one query on this
 			// connection, proves it still listens.
-			if _, err := conn.Exec(ctx, `SELECT 1`); err != nil {
+			if err := exec(`SELECT 1`); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}

@@ -113,7 +113,7 @@ func TestLostClaimReasons(t *testing.T) {
 			}
 			now = now.UTC().Truncate(time.Microsecond)
 			setup(t, s, now)
-			holder, err := s.pool.Begin(ctx)
+			holder, err := s.pool.p.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}

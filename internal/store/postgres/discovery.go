@@ -130,6 +130,9 @@ func (s *Store) CountJoinReports(ctx context.Context, authorityID string, window
 // the store clock's now and returns how many. A negative olderThan reaches
 // into the future: it drops every report.
 func (s *Store) DeleteJoinReports(ctx context.Context, olderThan time.Duration) (int64, error) {
+	// A cleaner: what expired since it last ran may be many rows, so it
+	// is bounded by longRequestTimeout, not the store's request timeout.
+	ctx = long(ctx)
 	tag, err := s.pool.Exec(ctx, `DELETE FROM discovery_join_reports
 		WHERE reported_at < `+nowMicros+` - $1`, olderThan.Microseconds())
 	if err != nil {

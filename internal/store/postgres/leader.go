@@ -49,14 +49,21 @@ func (s *Store) RunAsLeader(ctx context.Context, job string, fn func(context.Con
 func (s *Store) leadOnce(ctx context.Context, key int64, fn func(context.Context) error) error {
 	// A connection outside the pool: the pool may recycle its connections,
 	// and the lock must not outlive this process's hold on it.
-	conn, err := pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+	var conn *pgx.Conn
+	err := s.pool.bound(ctx, func(ctx context.Context) (err error) {
+		conn, err = pgx.ConnectConfig(ctx, s.pool.Config().ConnConfig.Copy())
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	for {
 		var got bool
-		if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
+		err := s.pool.bound(ctx, func(ctx context.Context) error {
+			return conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got)
+		})
+		if err != nil {
 			return err
 		}
 		if got {

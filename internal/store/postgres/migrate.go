@@ -108,7 +108,9 @@ func (s *Store) DropCreated(ctx context.Context) error {
 		return ErrNotCreated
 	}
 	tables, functions := createdObjects()
-	tx, err := s.pool.Begin(ctx)
+	// Like the migrations it undoes, it may take long: only a hung
+	// database is cut short.
+	tx, err := s.pool.BeginTx(long(ctx), pgx.TxOptions{})
 	if err != nil {
 		return fmt.Errorf("postgres: drop the schema: %w", unavailable(err))
 	}

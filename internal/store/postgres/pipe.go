@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,17 +36,21 @@ type pipe struct {
 	// refused is the first refusal a read returned in the batch being
 	// read: what send returns.
 	refused error
+	// end is the transaction's deadline, timeout after it began
+	// (deadline.go): every batch ends by then.
+	timeout time.Duration
+	end     time.Time
 }
 
 // inPipe runs fn on a pipe and rolls the transaction back unless fn
 // committed it.
 func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) error {
-	c, err := s.pool.Acquire(ctx)
+	c, timeout, end, err := s.pool.acquire(ctx)
 	if err != nil {
 		return wrap(op+": acquire", err)
 	}
 	defer c.Release()
-	p := &pipe{conn: c, chain: s.chain, batch: &pgx.Batch{}}
+	p := &pipe{conn: c, chain: s.chain, batch: &pgx.Batch{}, timeout: timeout, end: end}
 	p.exec(`BEGIN ISOLATION LEVEL READ COMMITTED`, nil, func(_ pgconn.CommandTag, err error) error {
 		if err != nil {
 			return wrap(op+": begin", err)
@@ -57,7 +62,9 @@ func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) e
 	// mid-way is closed, and the pool drops it on Release; the server
 	// rolls its transaction back.
 	if st := c.Conn().PgConn().TxStatus(); st == 'T' || st == 'E' {
-		c.Exec(context.WithoutCancel(ctx), `ROLLBACK`)
+		rctx, cancel := s.pool.rollbackContext(ctx)
+		c.Exec(rctx, `ROLLBACK`)
+		cancel()
 	}
 	return err
 }
@@ -114,7 +121,7 @@ func (p *pipe) send(ctx context.Context) error {
 	}
 	b := p.batch
 	p.batch = &pgx.Batch{}
-	err := p.conn.SendBatch(ctx, b).Close()
+	err := boundSendBatch(ctx, p.timeout, p.end, p.conn.SendBatch, b).Close()
 	// A refusal came before any statement error: pgx stops reading at
 	// the first error it is given.
 	if p.refused != nil {
@@ -123,6 +130,14 @@ func (p *pipe) send(ctx context.Context) error {
 	// A statement's error is wrapped by its read; the batch's own (the
 	// connection lost on the way) is not.
 	return unavailable(err)
+}
+
+// simple runs sql alone as a simple query (no prepare), by the pipe's
+// deadline.
+func (p *pipe) simple(ctx context.Context, sql string) error {
+	ctx, cancel := until(ctx, p.end)
+	defer cancel()
+	return timedOut(ctx, p.timeout, p.conn.Conn().PgConn().Exec(ctx, sql).Close())
 }
 
 // commit sends what is queued with COMMIT after it.

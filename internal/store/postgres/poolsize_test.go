@@ -33,7 +33,7 @@ func TestPoolMaxConnsDefault(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if c, err := s.pool.Acquire(short); err == nil {
+	if c, err := s.pool.p.Acquire(short); err == nil {
 		c.Release()
 		t.Errorf("a connection beyond the pool's %d was given", DefaultPoolMaxConns)
 	}
@@ -80,7 +80,7 @@ func acquireAll(t *testing.T, s *Store, n int) []*pgxpool.Conn {
 	t.Helper()
 	held := make([]*pgxpool.Conn, 0, n)
 	for range n {
-		c, err := s.pool.Acquire(t.Context())
+		c, err := s.pool.p.Acquire(t.Context())
 		if err != nil {
 			releaseAll(held)
 			t.Fatal(err)

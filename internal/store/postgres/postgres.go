@@ -60,7 +60,8 @@ import (
 // concurrent use by multiple goroutines and by multiple processes sharing
 // the database.
 type Store struct {
-	pool *pgxpool.Pool
+	// pool bounds each request by the store's own deadline (deadline.go).
+	pool *db
 	// created: Open made the schema (DropCreated).
 	created bool
 	// chain orders this Store's appends to the audit chain (chain.go).
@@ -119,19 +120,23 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	if !poolFromURL {
 		cfg.MaxConns = DefaultPoolMaxConns
 	}
-	for _, o := range opts {
-		o(cfg)
+	o := options{pool: cfg, timeout: DefaultRequestTimeout}
+	for _, opt := range opts {
+		opt(&o)
 	}
+	dialHungPeers(&cfg.ConnConfig.Config, o.timeout, setsConnectTimeout(url))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)
 	}
+	// Migrations run under ctx alone: a long one on a big table must not
+	// be cut by the deadline of a request.
 	created, err := migrate(ctx, pool)
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &Store{pool: pool, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
+	return &Store{pool: &db{p: pool, timeout: o.timeout}, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
 }
 
 // DefaultPoolMaxConns is the connection pool's size when the store URL sets
@@ -165,14 +170,35 @@ func (s *Store) PoolMaxConns() (n int32, fromURL bool) {
 	return s.pool.Config().MaxConns, s.poolFromURL
 }
 
-// Option adjusts the connection pool Open makes.
-type Option func(*pgxpool.Config)
+// Option adjusts the store Open makes.
+type Option func(*options)
+
+type options struct {
+	pool    *pgxpool.Config
+	timeout time.Duration
+}
 
 // WithTracer sends every statement and batch the store runs to t (a
 // pgx.QueryTracer, and a pgx.BatchTracer if it is one too): the test that
 // counts a join's round trips uses it.
 func WithTracer(t pgx.QueryTracer) Option {
-	return func(c *pgxpool.Config) { c.ConnConfig.Tracer = t }
+	return func(o *options) { o.pool.ConnConfig.Tracer = t }
+}
+
+// WithRequestTimeout sets how long a request may go unanswered before it
+// fails with store.ErrUnavailable (limits.store_timeout; default
+// DefaultRequestTimeout; deadline.go). Zero or less keeps the default.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.timeout = d
+		}
+	}
+}
+
+// RequestTimeout is the store's deadline for one request (WithRequestTimeout).
+func (s *Store) RequestTimeout() time.Duration {
+	return s.pool.timeout
 }
 
 // Close closes the pool, waiting for connections in use to be released.
@@ -209,6 +235,8 @@ type querier interface {
 // inTx runs fn in a READ COMMITTED transaction and commits it if fn
 // succeeds; on any error it is rolled back.
 func (s *Store) inTx(ctx context.Context, op string, fn func(tx pgx.Tx) error) error {
+	// The transaction's statements, its commit included, share one
+	// deadline (db.BeginTx).
 	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return wrap(op+": begin", err)

@@ -122,6 +122,9 @@ func rotatePSK(ctx context.Context, tx pgx.Tx, fromID string, p store.PSK, grace
 // UPDATE: a row a concurrent rotation revoked first is no longer grace when
 // PostgreSQL re-checks it, so no PSK is revoked twice.
 func (s *Store) RevokeExpiredGracePSKs(ctx context.Context) ([]string, error) {
+	// A cleaner: what expired since it last ran may be many rows, so it
+	// is bounded by longRequestTimeout, not the store's request timeout.
+	ctx = long(ctx)
 	rows, err := s.pool.Query(ctx, `UPDATE bootstrap_psks
 		SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
 		WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`

@@ -18,6 +18,9 @@ import (
 // and certificates are copied straight into their tables and must not
 // collide. Nothing is checked or audited: see store.Seed.
 func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, err error) {
+	// A bulk load: bounded by longRequestTimeout, not the store's
+	// request timeout.
+	ctx = long(ctx)
 	inserted = make([]bool, len(b.Tokens))
 	err = s.inTx(ctx, "seed", func(tx pgx.Tx) error {
 		if len(b.Tokens) > 0 {

@@ -27,6 +27,9 @@ func (s *Store) TicketUsed(ctx context.Context, id string) (bool, error) {
 // DeleteTicketUses drops the uses whose KeepUntil is at or before the store
 // clock's now and returns how many.
 func (s *Store) DeleteTicketUses(ctx context.Context) (int64, error) {
+	// A cleaner: what expired since it last ran may be many rows, so it
+	// is bounded by longRequestTimeout, not the store's request timeout.
+	ctx = long(ctx)
 	tag, err := s.pool.Exec(ctx, `DELETE FROM ticket_uses WHERE keep_until <= `+nowMicros)
 	if err != nil {
 		return 0, wrap("delete ticket uses", err)

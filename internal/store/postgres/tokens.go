@@ -111,6 +111,9 @@ func (s *Store) DeleteToken(ctx context.Context, id string) error {
 // removed. Bound-keypair tokens are left alone: an agent holding one
 // recovers through it, and only an operator removes it.
 func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
+	// A cleaner: what expired since it last ran may be many rows, so it
+	// is bounded by longRequestTimeout, not the store's request timeout.
+	ctx = long(ctx)
 	// The expired tokens' uses go with them. No join is using such a
 	// token (it refuses an expired one), so this takes no token's lock; a
 	// use committed by a join that checked the expiry just before it

@@ -17,7 +17,7 @@ import (
 func holdTokenUse(t *testing.T, s *Store, id string) pgx.Tx {
 	t.Helper()
 	ctx := t.Context()
-	tx, err := s.pool.Begin(ctx)
+	tx, err := s.pool.p.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,4 +113,128 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 	if _, err := s.Now(ctx); err != nil {
 		t.Errorf("Now after the server came back: %v", err)
 	}
+}
+
+// TestHungIsUnavailable: a database that hangs rather than refusing (every
+// process of its cluster stopped: connections are accepted and data
+// acknowledged, nothing answered) is store.ErrUnavailable from every
+// method once the store's request timeout has passed, well before the
+// caller's own deadline, so the authority answers UNAVAILABLE and logs
+// the outage; a caller whose own deadline comes first gets its deadline,
+// not ErrUnavailable; and once the database answers again the same store
+// works. Before the store had a deadline of its own, every method waited
+// for the caller's.
+func TestHungIsUnavailable(t *testing.T) {
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { own.Thaw(); own.Stop() })
+	url := own.NewDatabase(t)
+	s, err := Open(t.Context(), url, WithRequestTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	patient, err := Open(t.Context(), url, WithRequestTimeout(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { patient.Close() })
+	ctx := t.Context()
+	// Connections in both pools, idle: the requests below go out on
+	// connections the database holds, not only on new ones.
+	for _, st := range []*Store{s, patient} {
+		if _, err := st.ListNodes(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := own.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	// Far longer than the store's 2 s (and pgx's 5 s after it to give a
+	// cancelled statement up) on a loaded machine.
+	const callerWait = 90 * time.Second
+	for name, err := range everyMethod(t, s, func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, callerWait)
+	}) {
+		switch {
+		case err == nil:
+			t.Logf("%s: no error on zero arguments; not checked", name)
+		case errors.Is(err, store.ErrUnavailable):
+			if errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s: %v also wraps context.DeadlineExceeded, which callers read as their own deadline", name, err)
+			}
+		case errors.Is(err, context.DeadlineExceeded), strings.Contains(err.Error(), "deadline"),
+			strings.Contains(err.Error(), "timeout"), strings.Contains(err.Error(), "conn"):
+			t.Errorf("%s with the database hung: %v, want ErrUnavailable", name, err)
+		default:
+			t.Logf("%s: %v; not checked", name, err)
+		}
+	}
+
+	// The caller's own deadline, sooner than the store's, says nothing
+	// of the database.
+	short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	if _, err := patient.Now(short); err == nil || errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Now past the caller's deadline: %v, want the caller's deadline, not ErrUnavailable", err)
+	}
+
+	if err := own.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Now(ctx); err != nil {
+		t.Errorf("Now after the database answered again: %v", err)
+	}
+}
+
+// everyMethod calls every method of s that returns an error, at once, each
+// with zero arguments but a context of newCtx, and returns what each
+// returned; a method that panics on zero arguments is left out, and so is
+// RunAsLeader, which tries again until its context ends.
+func everyMethod(t *testing.T, s *Store, newCtx func() (context.Context, context.CancelFunc)) map[string]error {
+	v := reflect.ValueOf(s)
+	var (
+		mu  sync.Mutex
+		wg  sync.WaitGroup
+		out = map[string]error{}
+	)
+	for i := range v.NumMethod() {
+		m := v.Type().Method(i)
+		ft := m.Type
+		if m.Name == "Close" || m.Name == "RunAsLeader" || ft.NumOut() == 0 || ft.Out(ft.NumOut()-1) != reflect.TypeFor[error]() {
+			continue
+		}
+		ctx, cancel := newCtx()
+		defer cancel()
+		args := []reflect.Value{}
+		for j := 1; j < ft.NumIn(); j++ {
+			if in := ft.In(j); in == reflect.TypeFor[context.Context]() {
+				args = append(args, reflect.ValueOf(ctx))
+			} else {
+				args = append(args, reflect.Zero(in))
+			}
+		}
+		wg.Go(func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Logf("%s: panics on zero arguments (%v); not checked", m.Name, r)
+				}
+			}()
+			var res []reflect.Value
+			if ft.IsVariadic() {
+				res = v.Method(i).CallSlice(args)
+			} else {
+				res = v.Method(i).Call(args)
+			}
+			err, _ := res[len(res)-1].Interface().(error)
+			mu.Lock()
+			out[m.Name] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
 }

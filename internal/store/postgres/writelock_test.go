@@ -41,7 +41,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 	// transaction left open until the returned function commits it.
 	holdLock := func(t *testing.T, l store.Lock) func() {
 		t.Helper()
-		tx, err := h[0].pool.Begin(ctx)
+		tx, err := h[0].pool.p.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +107,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 		// Replica 1 holds the renewal's shared target locks as its write
 		// does, in a transaction left open.
 		target := store.LockTarget{Kind: store.LockInstance, Target: j.Instance.ID}
-		tx, err := h[1].pool.Begin(ctx)
+		tx, err := h[1].pool.p.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
