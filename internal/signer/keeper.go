@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -19,6 +20,7 @@ type Store interface {
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	DropSignerKey(ctx context.Context, versionID string, ref []byte) error
 	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
@@ -90,8 +92,24 @@ type Snapshot struct {
 func (s Snapshot) Version() int64 { return s.set.Version }
 
 // KeyCustody names where the private key of versionID lives: "sealed" (in
-// the store) or the pkcs11: URI of its token object.
-func (s Snapshot) KeyCustody(versionID string) string { return Where(s.refs[versionID]) }
+// the store) or the pkcs11: URI of its token object; "destroyed" once it
+// is gone, and "destroy pending: " and the URI for an ended signer whose
+// token object the leader has yet to destroy (the token did not answer).
+func (s Snapshot) KeyCustody(versionID string) string {
+	ref := s.refs[versionID]
+	if len(ref) == 0 {
+		return KeyDestroyed
+	}
+	for _, sg := range s.Signers {
+		if sg.VersionID == versionID && sg.State.Ended() {
+			return "destroy pending: " + Where(ref)
+		}
+	}
+	return Where(ref)
+}
+
+// KeyDestroyed is KeyCustody of a signer whose private key is destroyed.
+const KeyDestroyed = "destroyed"
 
 // Load reads the signers.
 func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
@@ -121,11 +139,61 @@ func toRow(s Signer, ref []byte) store.Signer {
 		EffectiveAt: s.EffectiveAt, GraceUntil: s.GraceUntil, RetiresAt: s.RetiresAt, EndedAt: s.EndedAt, Previous: s.Previous}
 }
 
-// Result is one applied step: the changes written and the set version
-// they made.
+// Result is one applied step: the changes written, the set version they
+// made, and what became of the keys of the signers it ended.
 type Result struct {
 	Changes []Change
 	Version int64
+	Keys    []KeyFate
+}
+
+// KeyFate is what became of an ended signer's private key: destroyed (Err
+// nil), or left for the leader's next pass (Err says why).
+type KeyFate struct {
+	VersionID string
+	// Where is where the key was: "sealed" or its token object's URI.
+	Where string
+	Err   error
+}
+
+func (f KeyFate) String() string {
+	if f.Err != nil {
+		return fmt.Sprintf("destroying %s's key (%s) failed, the leader retries it: %v", f.VersionID, f.Where, f.Err)
+	}
+	return fmt.Sprintf("%s's key (%s) destroyed", f.VersionID, f.Where)
+}
+
+// KeyDestroyer is the ability of a signer custody to destroy a key it
+// made (InCustody has it). A sealed key needs none: it is its reference,
+// which goes from the store.
+type KeyDestroyer interface {
+	Destroy(ctx context.Context, versionID string, k Key) error
+}
+
+// ErrCannotDestroy: a token key's custody cannot destroy it (an authority
+// started without its token).
+var ErrCannotDestroy = errors.New("signer: this custody cannot destroy a key in a PKCS#11 token; start the authority with its token")
+
+// destroyKey destroys the key of an ended signer, read from the store as
+// ended with ref: the token object first, then the reference, in one
+// conditional write, so a failure anywhere leaves the reference for the
+// next pass (destroying an object already gone is no error). won is false
+// when another replica emptied the reference first.
+func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (won bool, err error) {
+	if custody.IsPKCS11Ref(ref) {
+		d, ok := k.custody.(KeyDestroyer)
+		if !ok {
+			return false, ErrCannotDestroy
+		}
+		if err := d.Destroy(ctx, custodyID(s.VersionID), Key{Public: s.PublicKey, Ref: ref}); err != nil {
+			return false, err
+		}
+	}
+	err = k.st.DropSignerKey(ctx, s.VersionID, ref)
+	if errors.Is(err, store.ErrConflict) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // apply writes a plan read from snap. ref is the new signer's key
@@ -137,11 +205,30 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		if c.From == none {
 			r = ref
 		}
-		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r)}
+		// A sealed key is its reference: it goes with the step that ends
+		// the signer. A token's key goes after the write (below).
+		drop := c.From != none && c.To.State.Ended() && len(r) > 0 && !custody.IsPKCS11Ref(r)
+		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r), DropKey: drop}
 	}
 	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
 	if err != nil {
 		return Result{}, err
+	}
+	var fates []KeyFate
+	for i, c := range changes {
+		r := snap.refs[c.To.VersionID]
+		switch {
+		case rows[i].DropKey:
+			fates = append(fates, KeyFate{VersionID: c.To.VersionID, Where: Where(r)})
+		case c.From != none && c.To.State.Ended() && len(r) > 0:
+			// The write won: this replica destroys the token object now,
+			// not with what is left of the caller's deadline; if the token
+			// does not answer, the leader's next pass does (DestroyEnded).
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+			_, derr := k.destroyKey(dctx, c.To, r)
+			cancel()
+			fates = append(fates, KeyFate{VersionID: c.To.VersionID, Where: Where(r), Err: derr})
+		}
 	}
 	// Sign and keep the new set now, while the set it follows is known:
 	// its signer is chosen against snap's states. A failure here is not
@@ -155,8 +242,11 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	}
 	// An error is not the step's: the set is signed on the next request.
 	_, _ = k.publish(ctx, prev)
-	return Result{Changes: changes, Version: v}, nil
+	return Result{Changes: changes, Version: v, Keys: fates}, nil
 }
+
+// destroyTimeout bounds one destruction of a token key.
+const destroyTimeout = 30 * time.Second
 
 // record audits a step's outcome: the acting signer version as the target,
 // and in the reason the previous version and the times, or the refusal.
@@ -176,6 +266,9 @@ func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, er
 				e.Target = c.To.VersionID
 			}
 			parts = append(parts, describe(c))
+		}
+		for _, f := range res.Keys {
+			parts = append(parts, f.String())
 		}
 		e.Reason = fmt.Sprintf("verifier set version %d: %s", res.Version, strings.Join(parts, "; "))
 	}
@@ -467,6 +560,51 @@ func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
 	}
 	k.record(ctx, who, a, res, err)
 	return res, err
+}
+
+// ActDestroyKey is the audit action of an ended signer's key destroyed by
+// the leader's pass (DestroyEnded), not by the step that ended it.
+const ActDestroyKey Action = "destroy_key"
+
+// DestroyEnded destroys the private keys of retired and revoked signers
+// that still have one: a token object the step that ended the signer could
+// not destroy (the token did not answer), and the keys of signers ended
+// before muster destroyed keys. The leader's job, at every clock pass;
+// replicas racing on one key destroy it once between them (the token
+// object's destruction is idempotent, the reference's a conditional
+// write), and only the replica whose write won audits it as
+// node_task_signer.destroy_key. Active, staged and grace signers' keys are
+// never touched. It returns the keys destroyed and the errors of those it
+// could not destroy, which stay for the next pass.
+func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		done []KeyFate
+		errs []error
+	)
+	for _, s := range snap.Signers {
+		ref := snap.refs[s.VersionID]
+		if !s.State.Ended() || len(ref) == 0 {
+			continue
+		}
+		f := KeyFate{VersionID: s.VersionID, Where: Where(ref)}
+		won, err := k.destroyKey(ctx, s, ref)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, err))
+			continue
+		}
+		if !won {
+			continue
+		}
+		done = append(done, f)
+		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActDestroyKey),
+			Result: audit.ResultOK, Target: s.VersionID, Source: who.Source, CorrelationID: who.CorrelationID,
+			Reason: fmt.Sprintf("%s signer %s (ended_at=%s): %s", s.State, s.VersionID, s.EndedAt.UTC().Format(time.RFC3339), f)})
+	}
+	return done, errors.Join(errs...)
 }
 
 // signWith signs msg with one signer version through custody.
