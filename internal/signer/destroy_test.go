@@ -214,7 +214,7 @@ func TestEndedSealedSignerKeyGoesWithTheStep(t *testing.T) {
 // TestEndedTokenSignerKeyDestroyed: a token signer discarded by a rollback
 // loses its token object and then its reference; when the token does not
 // answer, the step still succeeds, its audit says the destruction failed,
-// the list says it is pending, and the leader's pass destroys it once the
+// the list still names the object, and the leader's pass destroys it once the
 // token is back — once between two replicas.
 func TestEndedTokenSignerKeyDestroyed(t *testing.T) {
 	ctx := t.Context()
@@ -266,7 +266,7 @@ func TestEndedTokenSignerKeyDestroyed(t *testing.T) {
 		t.Errorf("rollback audit reason %q does not say the destruction failed and is retried", e.Reason)
 	}
 	snap, _ := k.Load(ctx)
-	if got := snap.KeyCustody(second); got != "destroy pending: "+string(ref) {
+	if got := snap.KeyCustody(second); got != string(ref) {
 		t.Errorf("KeyCustody while the token is down = %q", got)
 	}
 	if _, err := k.DestroyEnded(ctx, Actor{Name: "authority"}); !errors.Is(err, errTokenDown) {
@@ -358,5 +358,47 @@ func TestDestroyEndedTakesOldRows(t *testing.T) {
 	}
 	if e := lastEvent(t, log, "node_task_signer.destroy_key"); !strings.Contains(e.Reason, "(sealed) destroyed") {
 		t.Errorf("destroy_key audit %+v", e)
+	}
+}
+
+// TestEndedTokenKeyWithoutTheToken: a token signer rolled back by an
+// authority that does not open the token (muster ca migrate-custody
+// --rollback) cannot have its object destroyed, then or later: its
+// reference is dropped and the audit record says to delete the object by
+// hand, so no pass retries it forever.
+func TestEndedTokenKeyWithoutTheToken(t *testing.T) {
+	ctx := t.Context()
+	tok := &memToken{keys: map[string]ed25519.PrivateKey{}}
+	path := filepath.Join(t.TempDir(), "muster.db")
+	k, st, _ := tokenKeeper(t, path, tok)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Changes[0].To.VersionID
+	ref := refsOf(t, st)[id]
+
+	sealed, err := custody.NewSealed(seal.StorageKey{3}, seal.InfoSigner, "muster-signer/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := &auditLog{}
+	without := NewKeeper(st, NewInCustody(custody.ByRef{New: sealed, Sealed: sealed}), log, "prod-a3f2e1", 0)
+	res, err = without.Rollback(ctx, who)
+	if err != nil || len(res.Keys) != 1 || !res.Keys[0].Left || res.Keys[0].Err != nil {
+		t.Fatalf("rollback without the token: %+v %v", res, err)
+	}
+	if got := refsOf(t, st)[id]; len(got) != 0 {
+		t.Fatalf("the reference %q stayed: every pass would retry a token it cannot open", got)
+	}
+	if !tok.holds(ref) {
+		t.Fatal("the object went from a token the keeper does not open")
+	}
+	if e := lastEvent(t, log, "node_task_signer.rollback"); !strings.Contains(e.Reason, "delete the object by hand") {
+		t.Errorf("rollback audit reason %q does not say to delete the object by hand", e.Reason)
 	}
 }

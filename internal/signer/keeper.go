@@ -93,19 +93,13 @@ func (s Snapshot) Version() int64 { return s.set.Version }
 
 // KeyCustody names where the private key of versionID lives: "sealed" (in
 // the store) or the pkcs11: URI of its token object; "destroyed" once it
-// is gone, and "destroy pending: " and the URI for an ended signer whose
-// token object the leader has yet to destroy (the token did not answer).
+// is gone. An ended signer still naming a URI has a token object the
+// leader has yet to destroy (the token did not answer).
 func (s Snapshot) KeyCustody(versionID string) string {
-	ref := s.refs[versionID]
-	if len(ref) == 0 {
-		return KeyDestroyed
+	if ref := s.refs[versionID]; len(ref) > 0 {
+		return Where(ref)
 	}
-	for _, sg := range s.Signers {
-		if sg.VersionID == versionID && sg.State.Ended() {
-			return "destroy pending: " + Where(ref)
-		}
-	}
-	return Where(ref)
+	return KeyDestroyed
 }
 
 // KeyDestroyed is KeyCustody of a signer whose private key is destroyed.
@@ -147,18 +141,24 @@ type Result struct {
 	Keys    []KeyFate
 }
 
-// KeyFate is what became of an ended signer's private key: destroyed (Err
-// nil), or left for the leader's next pass (Err says why).
+// KeyFate is what became of an ended signer's private key: destroyed;
+// left in a token this authority does not open (Left: its reference is
+// dropped, the object is to delete by hand); or kept for the leader's next
+// pass (Err says why).
 type KeyFate struct {
 	VersionID string
 	// Where is where the key was: "sealed" or its token object's URI.
 	Where string
+	Left  bool
 	Err   error
 }
 
 func (f KeyFate) String() string {
-	if f.Err != nil {
+	switch {
+	case f.Err != nil:
 		return fmt.Sprintf("destroying %s's key (%s) failed, the leader retries it: %v", f.VersionID, f.Where, f.Err)
+	case f.Left:
+		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped, delete the object by hand (pkcs11-tool --delete-object, docs/hsm.md)", f.VersionID, f.Where)
 	}
 	return fmt.Sprintf("%s's key (%s) destroyed", f.VersionID, f.Where)
 }
@@ -170,30 +170,36 @@ type KeyDestroyer interface {
 	Destroy(ctx context.Context, versionID string, k Key) error
 }
 
-// ErrCannotDestroy: a token key's custody cannot destroy it (an authority
-// started without its token).
-var ErrCannotDestroy = errors.New("signer: this custody cannot destroy a key in a PKCS#11 token; start the authority with its token")
-
-// destroyKey destroys the key of an ended signer, read from the store as
-// ended with ref: the token object first, then the reference, in one
+// destroyKey destroys the key of a signer read from the store as ended
+// with ref: the token object first, then the reference, in one
 // conditional write, so a failure anywhere leaves the reference for the
-// next pass (destroying an object already gone is no error). won is false
-// when another replica emptied the reference first.
-func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (won bool, err error) {
+// next pass (destroying an object already gone is no error). A token
+// this authority does not open (no token configured: the operator left it,
+// muster ca migrate-custody --rollback) will not answer later either: the
+// reference is dropped and the object left, to delete by hand. won is
+// false when another replica dropped the reference first.
+func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (f KeyFate, won bool) {
+	f = KeyFate{VersionID: s.VersionID, Where: Where(ref)}
 	if custody.IsPKCS11Ref(ref) {
 		d, ok := k.custody.(KeyDestroyer)
-		if !ok {
-			return false, ErrCannotDestroy
+		err := custody.ErrNoToken
+		if ok {
+			err = d.Destroy(ctx, custodyID(s.VersionID), Key{Public: s.PublicKey, Ref: ref})
 		}
-		if err := d.Destroy(ctx, custodyID(s.VersionID), Key{Public: s.PublicKey, Ref: ref}); err != nil {
-			return false, err
+		switch {
+		case errors.Is(err, custody.ErrNoToken):
+			f.Left = true
+		case err != nil:
+			f.Err = err
+			return f, false
 		}
 	}
-	err = k.st.DropSignerKey(ctx, s.VersionID, ref)
+	err := k.st.DropSignerKey(ctx, s.VersionID, ref)
 	if errors.Is(err, store.ErrConflict) {
-		return false, nil
+		return f, false
 	}
-	return err == nil, err
+	f.Err = err
+	return f, err == nil
 }
 
 // apply writes a plan read from snap. ref is the new signer's key
@@ -225,9 +231,9 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 			// not with what is left of the caller's deadline; if the token
 			// does not answer, the leader's next pass does (DestroyEnded).
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
-			_, derr := k.destroyKey(dctx, c.To, r)
+			f, _ := k.destroyKey(dctx, c.To, r)
 			cancel()
-			fates = append(fates, KeyFate{VersionID: c.To.VersionID, Where: Where(r), Err: derr})
+			fates = append(fates, f)
 		}
 	}
 	// Sign and keep the new set now, while the set it follows is known:
@@ -590,10 +596,9 @@ func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error)
 		if !s.State.Ended() || len(ref) == 0 {
 			continue
 		}
-		f := KeyFate{VersionID: s.VersionID, Where: Where(ref)}
-		won, err := k.destroyKey(ctx, s, ref)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, err))
+		f, won := k.destroyKey(ctx, s, ref)
+		if f.Err != nil {
+			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, f.Err))
 			continue
 		}
 		if !won {
