@@ -220,6 +220,20 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	if err != nil {
 		return Result{}, err
 	}
+	// Sign and keep the new set now, while the set it follows is known:
+	// its signer is chosen against snap's states. A failure here is not
+	// the step's: the next request signs it (against the kept set before).
+	var prev map[string]State // none before the first signer
+	for _, s := range snap.Signers {
+		if prev == nil {
+			prev = map[string]State{}
+		}
+		prev[s.VersionID] = s.State
+	}
+	// An error is not the step's: the set is signed on the next request.
+	_, _ = k.publish(ctx, prev)
+	// The ended signers' keys go after the set is out, so a revocation
+	// reaches agents without waiting on the token.
 	var fates []KeyFate
 	for i, c := range changes {
 		r := snap.refs[c.To.VersionID]
@@ -236,18 +250,6 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 			fates = append(fates, f)
 		}
 	}
-	// Sign and keep the new set now, while the set it follows is known:
-	// its signer is chosen against snap's states. A failure here is not
-	// the step's: the next request signs it (against the kept set before).
-	var prev map[string]State // none before the first signer
-	for _, s := range snap.Signers {
-		if prev == nil {
-			prev = map[string]State{}
-		}
-		prev[s.VersionID] = s.State
-	}
-	// An error is not the step's: the set is signed on the next request.
-	_, _ = k.publish(ctx, prev)
 	return Result{Changes: changes, Version: v, Keys: fates}, nil
 }
 
@@ -596,7 +598,9 @@ func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error)
 		if !s.State.Ended() || len(ref) == 0 {
 			continue
 		}
-		f, won := k.destroyKey(ctx, s, ref)
+		dctx, cancel := context.WithTimeout(ctx, destroyTimeout)
+		f, won := k.destroyKey(dctx, s, ref)
+		cancel()
 		if f.Err != nil {
 			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, f.Err))
 			continue
