@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -474,4 +475,120 @@ func nodeReportAnswered(t *testing.T, dir, node string, within time.Duration, wh
 		last = results(t, dir, sent.TaskID)[node]
 		return last.Result == "ok" && strings.Contains(last.Reason, `"node_id":"`+node+`"`)
 	})
+}
+
+// TestPKCS11EndedSignersLoseTheirKeys walks docs/hsm.md's signer steps on
+// SoftHSM2: a signer staged in the token and rolled back, and the first
+// signer retired after a rotation, each lose their token object at once
+// (pkcs11-tool no longer lists it), signer list says destroyed, and the
+// audit record of the step says so; the active signer keeps its object
+// and signs.
+func TestPKCS11EndedSignersLoseTheirKeys(t *testing.T) {
+	t.Parallel()
+	tok := softhsmtest.New(t)
+	env := tok.Env()
+	dir := filepath.Join(t.TempDir(), "authority")
+	r := muster(t, env, "init", "--data", dir, "-o", "json",
+		"--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile)
+	if r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+	p.addr, _ = rec["advertise"].(string)
+
+	signers := func() map[string]string {
+		t.Helper()
+		var listed struct {
+			Signers []struct {
+				VersionID  string `json:"version_id"`
+				State      string `json:"state"`
+				KeyCustody string `json:"key_custody"`
+			} `json:"signers"`
+		}
+		if err := json.Unmarshal([]byte(mustRun(t, "signer", "list", "--data", dir, "-o", "json")), &listed); err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, s := range listed.Signers {
+			m[s.VersionID] = s.State + " " + s.KeyCustody
+		}
+		return m
+	}
+	staged := func() string {
+		t.Helper()
+		mustRun(t, "signer", "stage", "--data", dir, "--effective-in", "15m")
+		for id, s := range signers() {
+			if strings.HasPrefix(s, "staged pkcs11:") {
+				return id
+			}
+		}
+		t.Fatalf("no staged signer in the token: %v", signers())
+		return ""
+	}
+	label := func(id string) string { base, _, _ := strings.Cut(id, "-"); return "muster-signer/" + base }
+
+	if got := tokenSignerLabels(t, tok); strings.Join(got, " ") != "muster-signer/v1" {
+		t.Fatalf("the token's signer keys after init: %v", got)
+	}
+	v2 := staged()
+	if got := tokenSignerLabels(t, tok); strings.Join(got, " ") != "muster-signer/v1 "+label(v2) {
+		t.Fatalf("the token's signer keys with %s staged: %v", v2, got)
+	}
+	mustRun(t, "signer", "rollback", "--data", dir)
+	if got := tokenSignerLabels(t, tok); strings.Join(got, " ") != "muster-signer/v1" {
+		t.Errorf("the token's signer keys after rolling %s back: %v; want its object destroyed", v2, got)
+	}
+	if s := signers()[v2]; s != "retired destroyed" {
+		t.Errorf("signer list: the rolled-back %s is %q, want retired destroyed", v2, s)
+	}
+	if recs := auditOf(t, dir, "node_task_signer.rollback"); len(recs) != 1 || !strings.Contains(recs[0].Reason, v2+"'s key (pkcs11:") || !strings.Contains(recs[0].Reason, ") destroyed") {
+		t.Errorf("rollback audit %+v; want it to say the key was destroyed", recs)
+	}
+
+	// A rotation: the first signer retires and its object goes; the new
+	// active one keeps its object and signs.
+	v3 := staged()
+	mustRun(t, "signer", "activate", "--data", dir)
+	mustRun(t, "signer", "retire", "--data", dir)
+	if got := tokenSignerLabels(t, tok); strings.Join(got, " ") != label(v3) {
+		t.Errorf("the token's signer keys after v1 retired: %v; want only %s's", got, v3)
+	}
+	list := signers()
+	if list["v1"] != "retired destroyed" || !strings.HasPrefix(list[v3], "active pkcs11:") {
+		t.Errorf("signer list after the rotation: %v", list)
+	}
+	if recs := auditOf(t, dir, "node_task_signer.retire"); len(recs) != 1 || !strings.Contains(recs[0].Reason, "v1's key (pkcs11:") || !strings.Contains(recs[0].Reason, ") destroyed") {
+		t.Errorf("retire audit %+v; want it to say the key was destroyed", recs)
+	}
+	// A join carries the verifier set the active signer signs, and a task
+	// goes out signed by it.
+	e := &agentEnv{dir: dir, auth: p}
+	if r := muster(t, nil, "agent", "join", "--data", filepath.Join(t.TempDir(), "agent"), "--node", "n1", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join after the rotation: %s", r.stderr)
+	}
+	if out := mustRun(t, "task", "send", "--data", dir, "--type", "node.report", "--node", "n1", "-o", "json"); !strings.Contains(out, `"signer_version_id": "`+v3+`"`) {
+		t.Errorf("a task after the rotation: %s; want it signed by %s", out, v3)
+	}
+	assertTokenKeys(t, tok, 5) // 4 intermediates and the active signer
+}
+
+// tokenSignerLabels lists the labels of the signers' private keys in the
+// token, sorted, as pkcs11-tool shows them.
+func tokenSignerLabels(t *testing.T, tok softhsmtest.Token) []string {
+	t.Helper()
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects", "--type", "privkey").CombinedOutput()
+	if err != nil {
+		t.Fatalf("pkcs11-tool: %v\n%s", err, out)
+	}
+	var labels []string
+	for _, line := range strings.Split(string(out), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if v = strings.TrimSpace(v); ok && k == "label" && strings.HasPrefix(v, "muster-signer/") {
+			labels = append(labels, v)
+		}
+	}
+	slices.Sort(labels)
+	return labels
 }

@@ -40,11 +40,18 @@ func (s *Server) ensureSigner(ctx context.Context) error {
 	return nil
 }
 
+// signerKeyErrorEvery bounds how often the signer clock logs that an
+// ended signer's key could not be destroyed (a token that does not answer
+// fails every pass).
+const signerKeyErrorEvery = time.Minute
+
 // signerClock is the leader's job that activates a staged signer at its
-// effective time and retires a signer in grace when its grace ends.
+// effective time, retires a signer in grace when its grace ends, and
+// destroys the keys of ended signers that still have one.
 func (s *Server) signerClock(ctx context.Context) error {
 	t := time.NewTicker(signerTick)
 	defer t.Stop()
+	var keyErrLogged time.Time
 	for {
 		res, err := s.signers.Tick(ctx, signer.Actor{Name: "authority"})
 		switch {
@@ -55,6 +62,16 @@ func (s *Server) signerClock(ctx context.Context) error {
 		case len(res.Changes) > 0:
 			s.log.Info("signer lifecycle step taken by the clock", "action", res.Changes[len(res.Changes)-1].Action,
 				"signer_version_id", res.Changes[len(res.Changes)-1].To.VersionID, "verifier_set_version", res.Version)
+		}
+		if err == nil {
+			done, err := s.signers.DestroyEnded(ctx, signer.Actor{Name: "authority"})
+			for _, f := range done {
+				s.log.Info("ended signer's key destroyed", "signer_version_id", f.VersionID, "key", f.Where)
+			}
+			if err != nil && ctx.Err() == nil && !s.outage.fail(err) && time.Since(keyErrLogged) >= signerKeyErrorEvery {
+				keyErrLogged = time.Now()
+				s.log.Error("destroying an ended signer's key failed; retried at every clock pass (docs/hsm.md)", "err", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

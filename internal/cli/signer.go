@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -59,7 +60,8 @@ type signerJSON struct {
 	EndedAt     *time.Time `json:"ended_at,omitempty"`
 	Previous    string     `json:"previous,omitempty"`
 	// KeyCustody is where the private key lives: "sealed" or the pkcs11:
-	// URI of its token object ("" from an authority that does not say).
+	// URI of its token object; "destroyed" once a retired or revoked
+	// signer's key is gone ("" from an authority that does not say).
 	KeyCustody string `json:"key_custody,omitempty"`
 }
 
@@ -86,8 +88,12 @@ func printSigners(w io.Writer, ss []signerJSON) {
 			prev = "-"
 		}
 		where := s.KeyCustody
-		if where == "" {
+		switch {
+		case where == "":
 			where = "-"
+		case (s.State == "retired" || s.State == "revoked") && strings.HasPrefix(where, "pkcs11:"):
+			// The leader destroys it at its next pass the token answers.
+			where = "destroy pending: " + where
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.VersionID, s.State, fmtTime(s.PublishedAt), fmtTime(s.EffectiveAt),
 			fmtTime(s.GraceUntil), fmtTime(s.RetiresAt), fmtTime(s.EndedAt), prev, s.PublicKey, where)

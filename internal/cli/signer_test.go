@@ -17,10 +17,14 @@ func TestPrintSigners(t *testing.T) {
 	printSigners(&b, signersOf([]*musterv1.Signer{
 		{VersionId: "v1", State: "grace", PublicKey: "AAAA", PublishedAt: timestamppb.New(at), RetiresAt: timestamppb.New(at.Add(time.Hour))},
 		{VersionId: "v2", State: "active", PublicKey: "BBBB", PublishedAt: timestamppb.New(at), Previous: "v1", KeyCustody: "sealed"},
+		{VersionId: "v0", State: "retired", PublicKey: "CCCC", PublishedAt: timestamppb.New(at), KeyCustody: "destroyed"},
+		{VersionId: "v3", State: "revoked", PublicKey: "DDDD", PublishedAt: timestamppb.New(at), KeyCustody: "pkcs11:token=t;object=muster-signer%2Fv3"},
 	}))
-	want := `VERSION  STATE   PUBLISHED             EFFECTIVE  GRACE UNTIL  RETIRES               ENDED  PREVIOUS  PUBLIC KEY  KEY CUSTODY
-v1       grace   2026-03-09T12:00:00Z  -          -            2026-03-09T13:00:00Z  -      -         AAAA        -
-v2       active  2026-03-09T12:00:00Z  -          -            -                     -      v1        BBBB        sealed
+	want := `VERSION  STATE    PUBLISHED             EFFECTIVE  GRACE UNTIL  RETIRES               ENDED  PREVIOUS  PUBLIC KEY  KEY CUSTODY
+v1       grace    2026-03-09T12:00:00Z  -          -            2026-03-09T13:00:00Z  -      -         AAAA        -
+v2       active   2026-03-09T12:00:00Z  -          -            -                     -      v1        BBBB        sealed
+v0       retired  2026-03-09T12:00:00Z  -          -            -                     -      -         CCCC        destroyed
+v3       revoked  2026-03-09T12:00:00Z  -          -            -                     -      -         DDDD        destroy pending: pkcs11:token=t;object=muster-signer%2Fv3
 `
 	if b.String() != want {
 		t.Errorf("printed:\n%s\nwant:\n%s", b.String(), want)

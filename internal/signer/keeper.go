@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -19,6 +20,7 @@ type Store interface {
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	DropSignerKey(ctx context.Context, versionID string, ref []byte) error
 	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
@@ -90,8 +92,18 @@ type Snapshot struct {
 func (s Snapshot) Version() int64 { return s.set.Version }
 
 // KeyCustody names where the private key of versionID lives: "sealed" (in
-// the store) or the pkcs11: URI of its token object.
-func (s Snapshot) KeyCustody(versionID string) string { return Where(s.refs[versionID]) }
+// the store) or the pkcs11: URI of its token object; "destroyed" once it
+// is gone. An ended signer still naming a URI has a token object the
+// leader has yet to destroy (the token did not answer).
+func (s Snapshot) KeyCustody(versionID string) string {
+	if ref := s.refs[versionID]; len(ref) > 0 {
+		return Where(ref)
+	}
+	return KeyDestroyed
+}
+
+// KeyDestroyed is KeyCustody of a signer whose private key is destroyed.
+const KeyDestroyed = "destroyed"
 
 // Load reads the signers.
 func (k *Keeper) Load(ctx context.Context) (Snapshot, error) {
@@ -121,13 +133,14 @@ func toRow(s Signer, ref []byte) store.Signer {
 		EffectiveAt: s.EffectiveAt, GraceUntil: s.GraceUntil, RetiresAt: s.RetiresAt, EndedAt: s.EndedAt, Previous: s.Previous}
 }
 
-// Result is one applied step: the changes written and the set version
-// they made.
+// Result is one applied step: the changes written, the set version they
+// made, and what became of the keys of the signers it ended.
 type Result struct {
 	Changes []Change
 	Version int64
 	// refs are the key references of the changed signers, as written.
 	refs map[string][]byte
+	Keys []KeyFate
 }
 
 // KeyCustody names where the private key of a changed signer lives, as
@@ -135,10 +148,74 @@ type Result struct {
 // the answer to a step says what muster signer list says.
 func (r Result) KeyCustody(versionID string) string {
 	ref, ok := r.refs[versionID]
-	if !ok {
+	switch {
+	case !ok:
 		return ""
+	case len(ref) == 0:
+		return KeyDestroyed
 	}
 	return Where(ref)
+}
+
+// KeyFate is what became of an ended signer's private key: destroyed;
+// left in a token this authority does not open (Left: its reference is
+// dropped, the object is to delete by hand); or kept for the leader's next
+// pass (Err says why).
+type KeyFate struct {
+	VersionID string
+	// Where is where the key was: "sealed" or its token object's URI.
+	Where string
+	Left  bool
+	Err   error
+}
+
+func (f KeyFate) String() string {
+	switch {
+	case f.Err != nil:
+		return fmt.Sprintf("destroying %s's key (%s) failed, the leader retries it: %v", f.VersionID, f.Where, f.Err)
+	case f.Left:
+		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped, delete the object by hand (pkcs11-tool --delete-object, docs/hsm.md)", f.VersionID, f.Where)
+	}
+	return fmt.Sprintf("%s's key (%s) destroyed", f.VersionID, f.Where)
+}
+
+// KeyDestroyer is the ability of a signer custody to destroy a key it
+// made (InCustody has it). A sealed key needs none: it is its reference,
+// which goes from the store.
+type KeyDestroyer interface {
+	Destroy(ctx context.Context, versionID string, k Key) error
+}
+
+// destroyKey destroys the key of a signer read from the store as ended
+// with ref: the token object first, then the reference, in one
+// conditional write, so a failure anywhere leaves the reference for the
+// next pass (destroying an object already gone is no error). A token
+// this authority does not open (no token configured: the operator left it,
+// muster ca migrate-custody --rollback) will not answer later either: the
+// reference is dropped and the object left, to delete by hand. won is
+// false when another replica dropped the reference first.
+func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (f KeyFate, won bool) {
+	f = KeyFate{VersionID: s.VersionID, Where: Where(ref)}
+	if custody.IsPKCS11Ref(ref) {
+		d, ok := k.custody.(KeyDestroyer)
+		err := custody.ErrNoToken
+		if ok {
+			err = d.Destroy(ctx, custodyID(s.VersionID), Key{Public: s.PublicKey, Ref: ref})
+		}
+		switch {
+		case errors.Is(err, custody.ErrNoToken):
+			f.Left = true
+		case err != nil:
+			f.Err = err
+			return f, false
+		}
+	}
+	err := k.st.DropSignerKey(ctx, s.VersionID, ref)
+	if errors.Is(err, store.ErrConflict) {
+		return f, false
+	}
+	f.Err = err
+	return f, err == nil
 }
 
 // apply writes a plan read from snap. ref is the new signer's key
@@ -151,7 +228,13 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		if c.From == none {
 			r = ref
 		}
-		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r)}
+		// A sealed key is its reference: it goes with the step that ends
+		// the signer. A token's key goes after the write (below).
+		drop := c.From != none && c.To.State.Ended() && len(r) > 0 && !custody.IsPKCS11Ref(r)
+		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r), DropKey: drop}
+		if drop {
+			r = nil
+		}
 		refs[c.To.VersionID] = r
 	}
 	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
@@ -170,8 +253,32 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	}
 	// An error is not the step's: the set is signed on the next request.
 	_, _ = k.publish(ctx, prev)
-	return Result{Changes: changes, Version: v, refs: refs}, nil
+	// The ended signers' keys go after the set is out, so a revocation
+	// reaches agents without waiting on the token.
+	var fates []KeyFate
+	for i, c := range changes {
+		r := snap.refs[c.To.VersionID]
+		switch {
+		case rows[i].DropKey:
+			fates = append(fates, KeyFate{VersionID: c.To.VersionID, Where: Where(r)})
+		case c.From != none && c.To.State.Ended() && len(r) > 0:
+			// The write won: this replica destroys the token object now,
+			// not with what is left of the caller's deadline; if the token
+			// does not answer, the leader's next pass does (DestroyEnded).
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+			f, _ := k.destroyKey(dctx, c.To, r)
+			cancel()
+			if f.Err == nil {
+				refs[c.To.VersionID] = nil
+			}
+			fates = append(fates, f)
+		}
+	}
+	return Result{Changes: changes, Version: v, Keys: fates, refs: refs}, nil
 }
+
+// destroyTimeout bounds one destruction of a token key.
+const destroyTimeout = 30 * time.Second
 
 // record audits a step's outcome: the acting signer version as the target,
 // and in the reason the previous version and the times, or the refusal.
@@ -199,6 +306,9 @@ func (k *Keeper) recordAsked(ctx context.Context, who Actor, a Action, asked str
 				e.Target = c.To.VersionID
 			}
 			parts = append(parts, describe(c))
+		}
+		for _, f := range res.Keys {
+			parts = append(parts, f.String())
 		}
 		e.Reason = fmt.Sprintf("verifier set version %d: %s", res.Version, strings.Join(parts, "; "))
 	}
@@ -492,6 +602,52 @@ func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
 	}
 	k.record(ctx, who, a, res, err)
 	return res, err
+}
+
+// ActDestroyKey is the audit action of an ended signer's key destroyed by
+// the leader's pass (DestroyEnded), not by the step that ended it.
+const ActDestroyKey Action = "destroy_key"
+
+// DestroyEnded destroys the private keys of retired and revoked signers
+// that still have one: a token object the step that ended the signer could
+// not destroy (the token did not answer), and the keys of signers ended
+// before muster destroyed keys. The leader's job, at every clock pass;
+// replicas racing on one key destroy it once between them (the token
+// object's destruction is idempotent, the reference's a conditional
+// write), and only the replica whose write won audits it as
+// node_task_signer.destroy_key. Active, staged and grace signers' keys are
+// never touched. It returns the keys destroyed and the errors of those it
+// could not destroy, which stay for the next pass.
+func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error) {
+	snap, err := k.Load(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		done []KeyFate
+		errs []error
+	)
+	for _, s := range snap.Signers {
+		ref := snap.refs[s.VersionID]
+		if !s.State.Ended() || len(ref) == 0 {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(ctx, destroyTimeout)
+		f, won := k.destroyKey(dctx, s, ref)
+		cancel()
+		if f.Err != nil {
+			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, f.Err))
+			continue
+		}
+		if !won {
+			continue
+		}
+		done = append(done, f)
+		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActDestroyKey),
+			Result: audit.ResultOK, Target: s.VersionID, Source: who.Source, CorrelationID: who.CorrelationID,
+			Reason: fmt.Sprintf("%s signer %s (ended_at=%s): %s", s.State, s.VersionID, s.EndedAt.UTC().Format(time.RFC3339), f)})
+	}
+	return done, errors.Join(errs...)
 }
 
 // signWith signs msg with one signer version through custody.

@@ -45,6 +45,9 @@ func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []sto
 func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64) error {
 	return s.get().AdvanceSignerSet(ctx, v, to)
 }
+func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte) error {
+	return s.get().DropSignerKey(ctx, id, ref)
+}
 func (s *swappedStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
 	return s.get().PutVerifierSet(ctx, v, raw)
 }

@@ -51,6 +51,11 @@ func (s State) Valid() bool {
 	return false
 }
 
+// Ended reports whether s is retired or revoked: no step leads back to
+// signing from there, so the private key is destroyed (the public key
+// stays, for the verifier sets' record).
+func (s State) Ended() bool { return s == Retired || s == Revoked }
+
 // Trusted reports whether agents accept signatures of a signer in state s.
 func (s State) Trusted() bool { return s == Staged || s == Active || s == Grace }
 

@@ -19,7 +19,8 @@ const (
 // Signer is one version of the authority's task-signing key. KeyRef is what
 // the signer custody keeps for the private key (for sealed custody, the key
 // encrypted under the signer purpose); the store never sees the key in
-// clear.
+// clear. KeyRef is empty once the private key is destroyed (a retired or
+// revoked signer's): the public key stays, for the verifier sets' record.
 type Signer struct {
 	VersionID   string
 	PublicKey   []byte
@@ -39,6 +40,10 @@ type Signer struct {
 type SignerChange struct {
 	From string
 	To   Signer
+	// DropKey empties the row's key reference in the same write: the
+	// signer's key is destroyed with the step that ends it (a sealed key,
+	// which is its reference). Only for an update to retired or revoked.
+	DropKey bool
 }
 
 // SignerSetID identifies the content of a verifier set: its version and
@@ -80,6 +85,15 @@ type SignerStore interface {
 	// agents hold. ErrConflict, and nothing written, if the version is no
 	// longer expectVersion or to is not above it.
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	// DropSignerKey empties the key reference of a retired or revoked
+	// signer once its custody object is destroyed (a token's key, which
+	// outlives the step that ended the signer until the token answers),
+	// or of one ended before keys were destroyed: one conditional write,
+	// only where the row is retired or revoked and still holds ref.
+	// ErrConflict, and nothing written, otherwise (another replica
+	// emptied it first, or the row is not what was read). The verifier
+	// set version does not move: no set names a key reference.
+	DropSignerKey(ctx context.Context, versionID string, ref []byte) error
 	// PutVerifierSet keeps the signed verifier set of one version, the
 	// first written: a second write of a version keeps the first and is
 	// not an error (replicas signing the same version race harmlessly).

@@ -88,10 +88,15 @@ func applySignerChange(ctx context.Context, tx pgx.Tx, c store.SignerChange) err
 		}
 		return nil
 	}
-	// Only the lifecycle fields change; the key and its reference never do.
-	tag, err := tx.Exec(ctx, `UPDATE signers SET state = $1, effective_at = $2, grace_until = $3, retires_at = $4, ended_at = $5
-		WHERE version_id = $6 AND state = $7`,
-		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.VersionID, c.From)
+	if c.DropKey && t.State != store.SignerRetired && t.State != store.SignerRevoked {
+		return fmt.Errorf("postgres: update signer %s: its key is destroyed only with a step to retired or revoked, not %s", t.VersionID, t.State)
+	}
+	// Only the lifecycle fields change; the key reference only goes, with
+	// the step that ends the signer (DropKey).
+	tag, err := tx.Exec(ctx, `UPDATE signers SET state = $1, effective_at = $2, grace_until = $3, retires_at = $4, ended_at = $5,
+		key_ref = CASE WHEN $6 THEN ''::bytea ELSE key_ref END
+		WHERE version_id = $7 AND state = $8`,
+		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), c.DropKey, t.VersionID, c.From)
 	if err != nil {
 		return wrap("update signer "+t.VersionID, err)
 	}
@@ -161,4 +166,22 @@ func (s *Store) VerifierSets(ctx context.Context, after int64, limit int) ([]sto
 		return nil, wrap("verifier sets", err)
 	}
 	return out, nil
+}
+
+// DropSignerKey empties an ended signer's key reference (see
+// store.SignerStore): one conditional write; a concurrent one waits on the
+// row and then finds the reference gone.
+func (s *Store) DropSignerKey(ctx context.Context, versionID string, ref []byte) error {
+	if len(ref) == 0 {
+		return fmt.Errorf("postgres: drop signer key %s: no reference given: %w", versionID, store.ErrConflict)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE signers SET key_ref = ''::bytea
+		WHERE version_id = $1 AND state IN ('retired', 'revoked') AND key_ref = $2`, versionID, ref)
+	if err != nil {
+		return wrap("drop signer key "+versionID, err)
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("postgres: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
+	}
+	return nil
 }

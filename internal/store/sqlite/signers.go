@@ -91,10 +91,15 @@ func applySignerChange(ctx context.Context, tx *writeTx, c store.SignerChange) e
 		}
 		return nil
 	}
-	// Only the lifecycle fields change; the key and its reference never do.
-	res, err := tx.ExecContext(ctx, `UPDATE signers SET state = ?, effective_at = ?, grace_until = ?, retires_at = ?, ended_at = ?
+	if c.DropKey && t.State != store.SignerRetired && t.State != store.SignerRevoked {
+		return fmt.Errorf("sqlite: update signer %s: its key is destroyed only with a step to retired or revoked, not %s", t.VersionID, t.State)
+	}
+	// Only the lifecycle fields change; the key reference only goes, with
+	// the step that ends the signer (DropKey).
+	res, err := tx.ExecContext(ctx, `UPDATE signers SET state = ?, effective_at = ?, grace_until = ?, retires_at = ?, ended_at = ?,
+		key_ref = CASE WHEN ? THEN X'' ELSE key_ref END
 		WHERE version_id = ? AND state = ?`,
-		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.VersionID, c.From)
+		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), c.DropKey, t.VersionID, c.From)
 	if err != nil {
 		return wrap("update signer "+t.VersionID, err)
 	}
@@ -140,6 +145,25 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
 	}
 	s.hub.announce(store.ChangeSigners)
 	return nil
+}
+
+// DropSignerKey empties an ended signer's key reference (see
+// store.SignerStore): one conditional write.
+func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte) error {
+	if len(ref) == 0 {
+		return fmt.Errorf("sqlite: drop signer key %s: no reference given: %w", versionID, store.ErrConflict)
+	}
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE signers SET key_ref = X''
+			WHERE version_id = ? AND state IN ('retired', 'revoked') AND key_ref = ?`, versionID, ref)
+		if err != nil {
+			return wrap("drop signer key "+versionID, err)
+		}
+		if n, _ := res.RowsAffected(); n != 1 {
+			return fmt.Errorf("sqlite: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
+		}
+		return nil
+	})
 }
 
 // PutVerifierSet keeps one version's signed set, the first written.

@@ -45,6 +45,18 @@ func signerStates(t *testing.T, ctx context.Context, s store.Store) (map[string]
 	return m, v
 }
 
+// signerRefs lists the signers' key references by version.
+func signerRefs(t *testing.T, ctx context.Context, s store.Store) map[string][]byte {
+	t.Helper()
+	rows, _, err := s.ListSigners(ctx)
+	mustNil(t, "ListSigners", err)
+	m := map[string][]byte{}
+	for _, r := range rows {
+		m[r.VersionID] = r.KeyRef
+	}
+	return m
+}
+
 func signerCases() []testCase {
 	return []testCase{
 		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -192,6 +204,62 @@ func signerCases() []testCase {
 			}
 			if m["v2"] != store.SignerActive && m["v2"] != store.SignerRetired {
 				t.Fatalf("signers %v", m)
+			}
+		}},
+		{"a step that ends a signer drops its key in the same write, and only such a step", func(t *testing.T, ctx context.Context, s store.Store) {
+			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)})
+			mustNil(t, "create and stage", err)
+			keep := move(a, store.SignerActive, store.SignerGrace)
+			keep.DropKey = true
+			if _, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{keep}); err == nil {
+				t.Fatal("a step to grace dropped the key of a signer that still signs")
+			}
+			discard := move(b, store.SignerStaged, store.SignerRetired)
+			discard.DropKey = true
+			_, err = s.ApplySignerChanges(ctx, 1, []store.SignerChange{discard})
+			mustNil(t, "discard with its key", err)
+			refs := signerRefs(t, ctx, s)
+			if len(refs["v2"]) != 0 || string(refs["v1"]) != "sealed-v1" {
+				t.Fatalf("key references after the discard: %q; want v2's gone, v1's kept", refs)
+			}
+		}},
+		{"dropping an ended signer's key: conditional on its state and reference; racing replicas drop it once", func(t *testing.T, ctx context.Context, s store.Store) {
+			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
+			b.KeyRef = []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)})
+			mustNil(t, "create and stage", err)
+			if err := s.DropSignerKey(ctx, "v2", b.KeyRef); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("dropping a staged signer's key: %v, want ErrConflict", err)
+			}
+			if err := s.DropSignerKey(ctx, "v1", a.KeyRef); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("dropping the active signer's key: %v, want ErrConflict", err)
+			}
+			// Ended without DropKey: the token object outlives the step.
+			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)})
+			mustNil(t, "discard", err)
+			if err := s.DropSignerKey(ctx, "v2", []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%02")); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("dropping with another reference: %v, want ErrConflict", err)
+			}
+			if err := s.DropSignerKey(ctx, "v9", b.KeyRef); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("dropping a missing signer's key: %v, want ErrConflict", err)
+			}
+			const n = 6
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { errs[i] = s.DropSignerKey(ctx, "v2", b.KeyRef) })
+			}
+			wg.Wait()
+			if wins := successes(t, "drop", errs); wins != 1 {
+				t.Fatalf("%d drops won, want 1", wins)
+			}
+			refs := signerRefs(t, ctx, s)
+			if len(refs["v2"]) != 0 || string(refs["v1"]) != "sealed-v1" {
+				t.Fatalf("key references after the drop: %q; want v2's gone, v1's kept", refs)
+			}
+			if _, got := signerStates(t, ctx, s); got != v {
+				t.Fatalf("dropping a key moved the verifier set version from %d to %d", v, got)
 			}
 		}},
 		{"published verifier sets: the first of a version is kept; listed after a version, oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
