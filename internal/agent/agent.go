@@ -136,6 +136,9 @@ type Agent struct {
 	// trustChanged is signalled (without blocking) whenever the agent
 	// takes a new verifier set, so the stream sends a heartbeat at once.
 	trustChanged chan struct{}
+	// streamWake is signalled (without blocking) when a renewal, refresh
+	// or recovery succeeds, to end the stream's wait to reconnect.
+	streamWake chan struct{}
 
 	onIdentity func()
 	jwts       jwtCache
@@ -145,7 +148,8 @@ type Agent struct {
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
-		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1), onIdentity: o.OnIdentity}
+		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1),
+		streamWake: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
