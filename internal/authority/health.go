@@ -83,7 +83,7 @@ func (h *boundedHealth) take(ctx context.Context, src string) error {
 		answer = fmt.Sprintf("this source holds %d health watches on this listener already, the most one source may; end one, or use Check", maxHealthWatchesPerSource)
 		reason = fmt.Sprintf("health watch refused: this source holds %d watches on this listener already, the most one source may hold "+
 			"(each lasts up to %s); a health checker there should poll grpc.health.v1.Health/Check or watch fewer services, "+
-			"and if it is a load balancer's address, name the balancer with --trusted-proxy and have it send the PROXY header so each client counts as itself",
+			"and if it is a load balancer's address, name the balancer with --trusted-proxy IP|CIDR (trusted_proxies: in authority.yaml) and have it send the PROXY header, so each client counts as itself",
 			maxHealthWatchesPerSource, healthWatchFor)
 	case h.held >= maxHealthWatches:
 		answer = fmt.Sprintf("this listener holds %d health watches already; use Check", maxHealthWatches)
