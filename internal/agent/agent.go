@@ -142,6 +142,9 @@ type Agent struct {
 	// stops the agent, instead of its reconnecting for hours until the
 	// renewal was due.
 	standingRefused chan struct{}
+	// streamWake is signalled (without blocking) when a renewal, refresh
+	// or recovery succeeds, to end the stream's wait to reconnect.
+	streamWake chan struct{}
 
 	onIdentity func()
 	jwts       jwtCache
@@ -152,7 +155,7 @@ type Agent struct {
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
 		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1),
-		standingRefused: make(chan struct{}, 1), onIdentity: o.OnIdentity}
+		standingRefused: make(chan struct{}, 1), streamWake: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

@@ -302,6 +302,7 @@ func (a *Agent) Rebind(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, &OpError{Op: op, Err: err}
 	}
+	a.authorityAnswered()
 	a.log.Info(op+" done", "node", st.NodeID, "instance", st.InstanceID, "generation", st.Generation,
 		"serial", st.Serial, "not_after", st.NotAfter, "recoveries_remaining", remainingOf(st))
 	a.metrics.observe(st)

@@ -69,6 +69,8 @@ type fakeAuthority struct {
 	renewHold, renewHeld chan struct{}
 	// conns counts the connections accepted, open those not closed yet.
 	conns, open atomic.Int64
+	// connect, if set, serves AgentService.Connect (else UNIMPLEMENTED).
+	connect func(musterv1.AgentService_ConnectServer) error
 }
 
 // countingListener counts f's connections.
@@ -164,7 +166,7 @@ func newFakeAuthority(t *testing.T, o fakeOptions) *fakeAuthority {
 	musterv1.RegisterBootstrapServiceServer(gs, f)
 	musterv1.RegisterCertificateServiceServer(gs, f)
 	musterv1.RegisterJoinServiceServer(gs, f)
-	musterv1.RegisterAgentServiceServer(gs, fakeMinter{})
+	musterv1.RegisterAgentServiceServer(gs, fakeMinter{f: f})
 	go gs.Serve(countingListener{Listener: lis, f: f})
 	t.Cleanup(gs.Stop)
 	return f
@@ -320,6 +322,17 @@ func codeOf(err error) codes.Code {
 // client certificate the connection presented.
 type fakeMinter struct {
 	musterv1.UnimplementedAgentServiceServer
+	f *fakeAuthority
+}
+
+func (m fakeMinter) Connect(stream musterv1.AgentService_ConnectServer) error {
+	m.f.mu.Lock()
+	connect := m.f.connect
+	m.f.mu.Unlock()
+	if connect == nil {
+		return m.UnimplementedAgentServiceServer.Connect(stream)
+	}
+	return connect(stream)
 }
 
 func (fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {

@@ -30,6 +30,7 @@ func (a *Agent) Renew(ctx context.Context) (*State, error) {
 	if err != nil {
 		return nil, &OpError{Op: "renewal", Err: err}
 	}
+	a.authorityAnswered()
 	a.log.Info("renewed", "node", st.NodeID, "instance", st.InstanceID, "generation", st.Generation,
 		"serial", st.Serial, "not_after", st.NotAfter)
 	a.metrics.observe(st)

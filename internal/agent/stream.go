@@ -31,6 +31,8 @@ var (
 	// streamStable is how long a stream must have lasted for the backoff
 	// to start again from its minimum.
 	streamStable = time.Minute
+	// streamJitter draws a reconnection's wait from [0, delay].
+	streamJitter = func(delay time.Duration) time.Duration { return rand.N(delay + 1) }
 )
 
 // keepStream holds the agent's stream to the authority open until ctx
@@ -43,6 +45,14 @@ var (
 // the agent reconnects with its new certificate within streamBackoffMin,
 // the backoff starting again from there. Only the other ends (the
 // authority unreachable, a refusal) let the backoff grow.
+//
+// A renewal that succeeds while the stream waits to reconnect ends the
+// wait (streamWake): the authority is back, and the stream — tasks,
+// verifier sets, trust bundles — need not wait out a backoff grown to
+// minutes while it was down. The backoff itself is kept: a renewal that
+// succeeded before the stream ended says nothing of now (the authority
+// may be flapping) and wakes nothing, and a stream that fails again
+// after a wake waits the doubled delay.
 func (a *Agent) keepStream(ctx context.Context) {
 	// Tasks run beside the streams, and stop with the agent.
 	tasks := newTaskRunner(ctx, a)
@@ -54,11 +64,16 @@ func (a *Agent) keepStream(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		// Only a renewal after this end wakes the wait below.
+		select {
+		case <-a.streamWake:
+		default:
+		}
 		renewed := a.outlived(opened, start)
 		if renewed || a.now().Sub(start) >= streamStable {
 			delay = streamBackoffMin
 		}
-		wait := rand.N(delay + 1)
+		wait := streamJitter(delay)
 		if renewed {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
@@ -73,7 +88,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
 		}
 		a.metrics.streamClosed()
-		if !sleep(ctx, wait) {
+		if !a.waitReconnect(ctx, wait) {
 			return
 		}
 		delay = min(delay*2, streamBackoffMax)
@@ -91,6 +106,30 @@ func standingRefusal(err error) string {
 		return r
 	}
 	return ""
+}
+
+// waitReconnect waits d, or less if a renewal succeeds meanwhile; it
+// reports false when ctx ended.
+func (a *Agent) waitReconnect(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+	case <-a.streamWake:
+		a.log.Info("the authority answered a renewal: reconnecting the stream now")
+	}
+	return true
+}
+
+// authorityAnswered wakes a stream waiting to reconnect (keepStream): a
+// renewal, refresh or recovery just succeeded.
+func (a *Agent) authorityAnswered() {
+	select {
+	case a.streamWake <- struct{}{}:
+	default:
+	}
 }
 
 // outlived reports whether opened, the certificate a stream was opened

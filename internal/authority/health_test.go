@@ -2,6 +2,9 @@ package authority
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,31 +12,77 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/listener"
 )
 
-// fakeWatch is a Health/Watch stream that takes every update.
+// fakeWatch is a Health/Watch stream that takes every update; sent, if
+// set, is told of each.
 type fakeWatch struct {
 	healthpb.Health_WatchServer
-	ctx context.Context
+	ctx  context.Context
+	sent chan<- struct{}
 }
 
-func (f fakeWatch) Context() context.Context                 { return f.ctx }
-func (f fakeWatch) Send(*healthpb.HealthCheckResponse) error { return nil }
+func (f fakeWatch) Context() context.Context { return f.ctx }
+func (f fakeWatch) Send(*healthpb.HealthCheckResponse) error {
+	if f.sent != nil {
+		select {
+		case f.sent <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// fromSource is ctx with a call's peer at ip, as the listener sets it
+// (the TCP peer, or the client a trusted proxy's PROXY header names).
+func fromSource(ctx context.Context, ip string) context.Context {
+	return peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}})
+}
+
+// recordedRefusals keeps the refusals recorded.
+type recordedRefusals struct {
+	mu     sync.Mutex
+	events []audit.Event
+}
+
+func (r *recordedRefusals) Record(_ context.Context, e audit.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recordedRefusals) all() []audit.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]audit.Event(nil), r.events...)
+}
+
+func (h *boundedHealth) holding() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.held
+}
 
 // TestHealthWatchBounded: a watch ends after healthWatchFor, so its
-// connection can go idle; past maxHealthWatches at once a watch is refused.
+// connection can go idle; past maxHealthWatches at once on a listener, or
+// maxHealthWatchesPerSource from one source, a watch is refused
+// RESOURCE_EXHAUSTED and audited. One source cannot hold every watch and
+// shut the others out.
 func TestHealthWatchBounded(t *testing.T) {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	h := newBoundedHealth(hs)
+	refusals := &recordedRefusals{}
+	h := newBoundedHealth(hs, refusals)
 
 	defer func(d time.Duration) { healthWatchFor = d }(healthWatchFor)
 	healthWatchFor = 100 * time.Millisecond
 	start := time.Now()
-	if err := h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: t.Context()}); status.Code(err) != codes.DeadlineExceeded {
+	if err := h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: fromSource(t.Context(), "192.0.2.1")}); status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("a watch past its time: %v, want DEADLINE_EXCEEDED", err)
 	}
 	if d := time.Since(start); d > 10*time.Second {
@@ -43,21 +92,85 @@ func TestHealthWatchBounded(t *testing.T) {
 	healthWatchFor = time.Hour
 	ctx, cancel := context.WithCancel(t.Context())
 	var wg sync.WaitGroup
-	for range maxHealthWatches {
-		wg.Add(1)
-		go func() { defer wg.Done(); h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: ctx}) }()
+	hold := func(src string, n int) {
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: fromSource(ctx, src)})
+			}()
+		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for len(h.slots) < maxHealthWatches && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
+	waitHeld := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for h.holding() < n && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := h.holding(); got != n {
+			t.Fatalf("%d watches held, want %d", got, n)
+		}
 	}
-	if err := h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: t.Context()}); status.Code(err) != codes.ResourceExhausted {
-		t.Errorf("a watch past the bound: %v, want RESOURCE_EXHAUSTED", err)
+	// refused checks that a watch from src is refused RESOURCE_EXHAUSTED
+	// and audited with why: a watch that is served instead fails the test
+	// at its first update, rather than waiting for its end.
+	refused := func(src, why string) {
+		t.Helper()
+		wctx, wcancel := context.WithCancel(fromSource(t.Context(), src))
+		defer wcancel()
+		sent := make(chan struct{}, 1)
+		done := make(chan error, 1)
+		go func() { done <- h.Watch(&healthpb.HealthCheckRequest{}, fakeWatch{ctx: wctx, sent: sent}) }()
+		select {
+		case err := <-done:
+			if status.Code(err) != codes.ResourceExhausted {
+				t.Fatalf("a watch from %s past the bound: %v, want RESOURCE_EXHAUSTED", src, err)
+			}
+		case <-sent:
+			wcancel()
+			<-done
+			t.Fatalf("a watch from %s past the bound was served", src)
+		}
+		evs := refusals.all()
+		if len(evs) == 0 {
+			t.Fatalf("the refused watch from %s was not audited", src)
+		}
+		e := evs[len(evs)-1]
+		if e.Source != src || e.Target != healthpb.Health_Watch_FullMethodName || e.Result != audit.ResultDenied || !strings.Contains(e.Reason, why) {
+			t.Errorf("the refusal audited: %+v; want source %s, a reason saying %q", e, src, why)
+		}
 	}
+
+	// One source holds its share; the next of its watches is refused, and
+	// another source's is served.
+	hold("192.0.2.1", maxHealthWatchesPerSource)
+	waitHeld(maxHealthWatchesPerSource)
+	refused("192.0.2.1", "the most one source may hold")
+	if !strings.Contains(refusals.all()[0].Reason, "--trusted-proxy") {
+		t.Errorf("the per-source refusal does not name the way out for a load balancer's address: %s", refusals.all()[0].Reason)
+	}
+	hold("192.0.2.2", 1)
+	waitHeld(maxHealthWatchesPerSource + 1)
+
+	// Sources each within their share fill the listener.
+	left := maxHealthWatches - maxHealthWatchesPerSource - 1
+	for i := 0; left > 0; i++ {
+		n := min(left, maxHealthWatchesPerSource-1)
+		hold(fmt.Sprintf("198.51.100.%d", i+1), n)
+		left -= n
+	}
+	waitHeld(maxHealthWatches)
+	refused("203.0.113.9", "this listener holds")
+
 	cancel()
 	wg.Wait()
-	if len(h.slots) != 0 {
-		t.Errorf("%d watch places held after every watch ended", len(h.slots))
+	if n := h.holding(); n != 0 {
+		t.Errorf("%d watch places held after every watch ended", n)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.bySource) != 0 {
+		t.Errorf("sources left counted after every watch ended: %v", h.bySource)
 	}
 }
 

@@ -632,7 +632,7 @@ func (s *Server) grpcServer(tc *tls.Config, admin bool) *grpc.Server {
 	)...)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	healthpb.RegisterHealthServer(gs, newBoundedHealth(hs))
+	healthpb.RegisterHealthServer(gs, newBoundedHealth(hs, s.refusals))
 	// The bootstrap listener serves the unauthenticated RPCs alone: there
 	// CertificateService takes PSK bootstraps only (bootstrapAccess).
 	// guarded: a request body that cannot be read is refused by unaryAuth

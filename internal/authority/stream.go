@@ -262,7 +262,7 @@ func (st *agentStream) receive() {
 			return
 		}
 		if r := m.GetResult(); r != nil {
-			apart(func() { st.a.s.taskResult(st.ctx, st.c.ID.Name, r, st.tasks.typeOf(r.GetTaskId())) })
+			apart(func() { st.recordResult(r) })
 		}
 		if hb := m.GetHeartbeat(); hb != nil {
 			st.a.s.streams.heartbeats.Inc()
@@ -277,6 +277,21 @@ func (st *agentStream) receive() {
 			})
 		}
 	}
+}
+
+// resultRecordTimeout bounds recording one task result.
+const resultRecordTimeout = 5 * time.Second
+
+// recordResult records a task result the stream brought. A result that
+// arrives as the stream ends (its certificate expiring, a newer stream
+// replacing it, the authority stopping, a lock) is the agent's answer all
+// the same: recorded with the stream's context it would be lost until the
+// task was sent again on a later stream, so it is recorded with a context
+// that outlives the stream, bounded by its own timeout.
+func (st *agentStream) recordResult(r *musterv1.TaskResult) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), resultRecordTimeout)
+	defer cancel()
+	st.a.s.taskResult(ctx, st.c.ID.Name, r, st.tasks.typeOf(r.GetTaskId()))
 }
 
 // serve waits for what ends the stream, and re-checks what a change it is
