@@ -16,6 +16,7 @@ import (
 
 	"github.com/mattn/go-isatty"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -177,8 +178,8 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var jwtPeriod string
-	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity, callTimeout string
+	st := defaultSettingText()
+	var configFile, memoryLimit string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -212,82 +213,8 @@ and the data directory, prints the settings in force, and exits.`,
 			if err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
-			f := cmd.Flags()
-			pick := func(dst *string, flag, fromFile string) {
-				if !f.Changed(flag) && fromFile != "" {
-					*dst = fromFile
-				}
-			}
-			pick(&o.listen, "listen", cfg.Listen)
-			pick(&o.advertise, "advertise", cfg.Advertise)
-			pick(&o.bootstrapListen, "bootstrap-listen", cfg.BootstrapListen)
-			pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
-			pick(&o.crlListen, "crl-listen", cfg.CRLListen)
-			pick(&o.crlURL, "crl-url", cfg.CRLURL)
-			pick(&crlValidity, "crl-validity", cfg.CRLValidity)
-			if o.crlValidity, err = parseCRLValidity(crlValidity); err != nil {
+			if err := applySettings(cmd.Flags(), cfg, st, &o); err != nil {
 				return fmt.Errorf("authority: %w", err)
-			}
-			if err := checkCRLURL(o.crlURL); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			pick(&o.storeURL, "store", cfg.Store)
-			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
-			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
-			pick(&interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
-			pick(&draftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
-			pick(&jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
-			pick(&o.logFormat, "log-format", cfg.Log.Format)
-			pick(&o.logLevel, "log-level", cfg.Log.Level)
-			if !f.Changed("trusted-proxy") {
-				o.trustedProxies = cfg.TrustedProxies
-			}
-			pick(&o.discovery, "discovery", cfg.Discovery.Address)
-			pick(&o.discoveryFP, "discovery-fingerprint", cfg.Discovery.Fingerprint)
-			pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
-			if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
-				o.pskRequired = *cfg.Bootstrap.PSKRequired
-			}
-			if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			o.recoveriesWarnAt = defaultRecoveriesWarnAt
-			if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
-				o.recoveriesWarnAt = *w
-			}
-			if n := cfg.Limits.MaxConnections; n != nil && !f.Changed("max-connections") {
-				o.maxConnections = *n
-			}
-			if o.maxConnections < 0 {
-				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
-			}
-			pick(&callTimeout, "call-timeout", cfg.Limits.CallTimeout)
-			if o.callTimeout, err = time.ParseDuration(callTimeout); err != nil || o.callTimeout < time.Second {
-				return fmt.Errorf("authority: limits.call_timeout %q: want a duration of at least 1s, such as 1m", callTimeout)
-			}
-			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
-			if cfg.Discovery.RegisterEvery != "" {
-				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
-					return fmt.Errorf("authority: discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
-				}
-			}
-			if o.agentCertTTL, err = time.ParseDuration(ttl); err != nil {
-				return fmt.Errorf("authority: agent_cert_ttl %q: want a duration such as 24h", ttl)
-			}
-			if boundTTL != "" {
-				if o.boundCertTTL, err = time.ParseDuration(boundTTL); err != nil || o.boundCertTTL <= 0 {
-					return fmt.Errorf("authority: bound_keypair.cert_ttl %q: want a duration such as 1h", boundTTL)
-				}
-			}
-			if o.caIntermediateTTL, err = time.ParseDuration(interTTL); err != nil ||
-				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
-				return fmt.Errorf("authority: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
-			}
-			if o.caDraftTTL, err = parseCADraftTTL(draftTTL); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			if o.jwtKeyPeriod, err = time.ParseDuration(jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
-				return fmt.Errorf("authority: jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", jwtPeriod, authority.MinJWTKeyRotationPeriod)
 			}
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
@@ -306,13 +233,13 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
 	fl.StringVar(&o.crlListen, "crl-listen", "", "address serving the certificate revocation lists over plain HTTP at /crl/ROLE-SERIAL.crl (empty: off)")
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
-	fl.StringVar(&crlValidity, "crl-validity", crl.DefaultValidity.String(), "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
+	fl.StringVar(&st.crlValidity, "crl-validity", st.crlValidity, "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
-	fl.StringVar(&ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (at most 168h)")
-	fl.StringVar(&jwtPeriod, "jwt-key-rotation-period", authority.DefaultJWTKeyRotationPeriod.String(), "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
-	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
-	fl.StringVar(&draftTTL, "ca-draft-ttl", authority.DefaultCADraftTTL.String(), "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
-	fl.StringVar(&boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
+	fl.StringVar(&st.ttl, "agent-cert-ttl", st.ttl, "lifetime of agent certificates (at most 168h)")
+	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
+	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
+	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
+	fl.StringVar(&st.boundTTL, "bound-keypair-cert-ttl", st.boundTTL, "lifetime of bound-keypair agents' certificates (default 1h, or --agent-cert-ttl if shorter; at most 168h)")
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&o.discovery, "discovery", "", "HOST:PORT of the discovery service to register with; PSK bootstraps then need its referral tickets")
@@ -321,7 +248,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.pskOptional, "psk-optional-until", "", "RFC 3339 time until which a referral ticket alone admits an agent (with --psk-required=false)")
 	fl.StringSliceVar(&o.trustedProxies, "trusted-proxy", nil, "IP or CIDR of a TCP load balancer whose PROXY protocol header gives the client address (repeatable)")
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
-	fl.StringVar(&callTimeout, "call-timeout", authority.DefaultCallTimeout.String(), "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
+	fl.StringVar(&st.callTimeout, "call-timeout", st.callTimeout, "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
 	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
 	registerPprofFlag(cmd, &o.pprofListen)
@@ -329,6 +256,108 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
+}
+
+// settingText is the settings read as text before they are checked: a
+// flag's value, else the settings file's, else the default.
+type settingText struct {
+	ttl, boundTTL, interTTL, draftTTL, jwtPeriod, crlValidity, callTimeout string
+}
+
+func defaultSettingText() settingText {
+	return settingText{
+		ttl:         defaultAgentCertTTL.String(),
+		interTTL:    ca.IntermediateTTL.String(),
+		draftTTL:    authority.DefaultCADraftTTL.String(),
+		jwtPeriod:   authority.DefaultJWTKeyRotationPeriod.String(),
+		crlValidity: crl.DefaultValidity.String(),
+		callTimeout: authority.DefaultCallTimeout.String(),
+	}
+}
+
+// applySettings sets o from the settings file cfg where the flag of a
+// setting was not given (f: muster authority's flags, or muster dev's,
+// which lack most: the file's value, else the default, holds), and checks
+// them: the one reading of authority.yaml the authority and dev share.
+func applySettings(f *pflag.FlagSet, cfg authorityConfig, s settingText, o *authorityOptions) error {
+	var err error
+	pick := func(dst *string, flag, fromFile string) {
+		if !f.Changed(flag) && fromFile != "" {
+			*dst = fromFile
+		}
+	}
+	pick(&o.listen, "listen", cfg.Listen)
+	pick(&o.advertise, "advertise", cfg.Advertise)
+	pick(&o.bootstrapListen, "bootstrap-listen", cfg.BootstrapListen)
+	pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
+	pick(&o.crlListen, "crl-listen", cfg.CRLListen)
+	pick(&o.crlURL, "crl-url", cfg.CRLURL)
+	pick(&s.crlValidity, "crl-validity", cfg.CRLValidity)
+	if o.crlValidity, err = parseCRLValidity(s.crlValidity); err != nil {
+		return err
+	}
+	if err := checkCRLURL(o.crlURL); err != nil {
+		return err
+	}
+	pick(&o.storeURL, "store", cfg.Store)
+	pick(&s.ttl, "agent-cert-ttl", cfg.AgentCertTTL)
+	pick(&s.boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
+	pick(&s.interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
+	pick(&s.draftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
+	pick(&s.jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
+	pick(&o.logFormat, "log-format", cfg.Log.Format)
+	pick(&o.logLevel, "log-level", cfg.Log.Level)
+	if !f.Changed("trusted-proxy") {
+		o.trustedProxies = cfg.TrustedProxies
+	}
+	pick(&o.discovery, "discovery", cfg.Discovery.Address)
+	pick(&o.discoveryFP, "discovery-fingerprint", cfg.Discovery.Fingerprint)
+	pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
+	if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
+		o.pskRequired = *cfg.Bootstrap.PSKRequired
+	}
+	if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
+		return err
+	}
+	o.recoveriesWarnAt = defaultRecoveriesWarnAt
+	if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
+		o.recoveriesWarnAt = *w
+	}
+	if n := cfg.Limits.MaxConnections; n != nil && !f.Changed("max-connections") {
+		o.maxConnections = *n
+	}
+	if o.maxConnections < 0 {
+		return fmt.Errorf("limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
+	}
+	pick(&s.callTimeout, "call-timeout", cfg.Limits.CallTimeout)
+	if o.callTimeout, err = time.ParseDuration(s.callTimeout); err != nil || o.callTimeout < time.Second {
+		return fmt.Errorf("limits.call_timeout %q: want a duration of at least 1s, such as 1m", s.callTimeout)
+	}
+	o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
+	if cfg.Discovery.RegisterEvery != "" {
+		if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
+			return fmt.Errorf("discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
+		}
+	}
+	if o.agentCertTTL, err = time.ParseDuration(s.ttl); err != nil {
+		return fmt.Errorf("agent_cert_ttl %q: want a duration such as 24h", s.ttl)
+	}
+	if s.boundTTL != "" {
+		if o.boundCertTTL, err = time.ParseDuration(s.boundTTL); err != nil || o.boundCertTTL <= 0 {
+			return fmt.Errorf("bound_keypair.cert_ttl %q: want a duration such as 1h", s.boundTTL)
+		}
+	}
+	if o.caIntermediateTTL, err = time.ParseDuration(s.interTTL); err != nil ||
+		o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
+		return fmt.Errorf("ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", s.interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
+	}
+	if o.caDraftTTL, err = parseCADraftTTL(s.draftTTL); err != nil {
+		return err
+	}
+	if o.jwtKeyPeriod, err = time.ParseDuration(s.jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
+		return fmt.Errorf("jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", s.jwtPeriod, authority.MinJWTKeyRotationPeriod)
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/muster-dev/muster/internal/datadir"
@@ -37,6 +38,13 @@ embedded SQLite store, and an embedded discovery service (DIR/discovery) the
 authority registers with, and prints what to do next. With the discovery,
 PSK joins need its referral ticket, as in production; --discovery-listen ""
 runs the authority alone.
+
+The settings in DIR/authority.yaml hold as for muster authority, but for
+two dev decides itself: it listens where --listen and --metrics-listen say
+(loopback by default), whatever listen and metrics_listen say (it says so
+when it starts), and with its embedded discovery it refuses
+discovery.address and discovery.fingerprint (--discovery-listen "" runs
+it registered with them instead).
 
 It is not for production: everything, the CA keys included, lives in DIR.`,
 		Args: cobra.NoArgs,
@@ -68,8 +76,10 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
-			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: defaultAgentCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
-				logFormat: logFormat, logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
+			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, logFormat: logFormat, logLevel: "info", pskRequired: true}
+			if err := devSettings(env, cmd.Flags(), d.ConfigFile(), dlisten != "", &o); err != nil {
+				return fmt.Errorf("dev: %w", err)
+			}
 			if dlisten != "" {
 				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}
 				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten, logFormat, own)
@@ -210,4 +220,34 @@ func metricsNote(addr string) string {
 func devPSKJoin(m, data, disc, discFP string, info datadir.Info) string {
 	return fmt.Sprintf("%s psk show --data %s --raw | %s agent join --data ./agent-psk --node my-psk-node --psk-file - --discovery %s --discovery-fingerprint %s --authority-id %s --ca-fingerprint %s",
 		m, data, m, disc, discFP, info.AuthorityID, info.CAFingerprint)
+}
+
+// devSettings sets o from the settings file at path as muster authority
+// reads it (applySettings), so a setting in it is never silently ignored:
+// dev's own listen addresses stand, said on stderr, and a discovery
+// service to register with is refused beside the embedded one (two would
+// need two registrations dev does not make).
+func devSettings(env *Env, f *pflag.FlagSet, path string, embeddedDiscovery bool, o *authorityOptions) error {
+	cfg, err := loadAuthorityConfig(path)
+	if err != nil {
+		return err
+	}
+	for _, s := range []struct{ key, addr, flag, used string }{
+		{"listen", cfg.Listen, "--listen", o.listen},
+		{"metrics_listen", cfg.MetricsListen, "--metrics-listen", o.metricsListen},
+	} {
+		if s.addr != "" {
+			fmt.Fprintf(env.Stderr, "dev: %s %s in %s is not used: dev listens on %s (%s), loopback unless it is given\n", s.key, s.addr, path, firstOf(s.used, `""`), s.flag)
+		}
+	}
+	cfg.Listen, cfg.MetricsListen = "", ""
+	if embeddedDiscovery {
+		for _, s := range []struct{ key, v string }{{"discovery.address", cfg.Discovery.Address}, {"discovery.fingerprint", cfg.Discovery.Fingerprint}} {
+			if s.v != "" {
+				return fmt.Errorf("%s %s in %s: dev registers with its embedded discovery service; "+
+					"run dev with --discovery-listen \"\" to register with %s instead", s.key, s.v, path, s.key)
+			}
+		}
+	}
+	return applySettings(f, cfg, defaultSettingText(), o)
 }
