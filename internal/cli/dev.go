@@ -108,6 +108,7 @@ In another terminal, as the operator in %s:
 					fmt.Fprintf(env.Stdout, "  5. Or join with the bootstrap PSK (psk show --raw prints it) and a referral ticket:\n       %s\n",
 						devPSKJoin(m, q, o.discovery, o.discoveryFP, info))
 				}
+				fmt.Fprint(env.Stdout, devAgentEnv(m, q, addr, o.discovery, o.discoveryFP, info))
 				fmt.Fprintf(env.Stdout, "\nStop with Ctrl-C; the state stays in %s for the next start.\n", d)
 			}
 			g.Go(func() error {
@@ -250,4 +251,25 @@ func devSettings(env *Env, f *pflag.FlagSet, path string, embeddedDiscovery bool
 		}
 	}
 	return applySettings(f, cfg, defaultSettingText(), o)
+}
+
+// devAgentEnv is how agents deployed with environment variables join dev's
+// authority, with its real address, pasteable as it is: the PSK comes from
+// psk show --raw, and with the embedded discovery the agent is pointed at
+// discovery (which refers it and issues the referral ticket dev's
+// authority requires with the PSK), not at the authority.
+func devAgentEnv(m, data, addr, disc, discFP string, info datadir.Info) string {
+	var b strings.Builder
+	b.WriteString("\nAgents deployed with environment variables read these (muster agent join, agent run);\npasted in a shell here, the last line joins ./agent-env:\n")
+	vars := [][2]string{{"MUSTER_AUTHORITY", addr}}
+	if disc != "" {
+		vars = [][2]string{{"MUSTER_DISCOVERY", disc}, {"MUSTER_DISCOVERY_FINGERPRINT", discFP}}
+	}
+	vars = append(vars, [2]string{"MUSTER_AUTHORITY_ID", info.AuthorityID}, [2]string{"MUSTER_CA_FINGERPRINT", info.CAFingerprint})
+	for _, v := range vars {
+		fmt.Fprintf(&b, "  export %s=%s\n", v[0], shellQuote(v[1]))
+	}
+	fmt.Fprintf(&b, "  export MUSTER_BOOTSTRAP_PSK=\"$(%s psk show --data %s --raw)\"\n", m, data)
+	fmt.Fprintf(&b, "  %s agent join --data ./agent-env --node my-env-node\n", m)
+	return b.String()
 }

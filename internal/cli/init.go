@@ -80,12 +80,21 @@ func printInit(env *Env, out output, res datadir.InitResult) error {
 	if err := printInitSummary(env, out, res); err != nil || out.json() {
 		return err
 	}
+	fmt.Fprintf(env.Stdout, `
+Deploy agents with:
+  MUSTER_AUTHORITY=<the authority's advertised HOST:PORT>
+  MUSTER_AUTHORITY_ID=%s
+  MUSTER_CA_FINGERPRINT=%s
+  MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
+`, res.Info.AuthorityID, res.Info.CAFingerprint)
 	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellQuote(string(res.Dir)), storeHint(res.StoreURL))
 	return nil
 }
 
-// printInitSummary prints what init made, without the next step: muster
-// dev, which runs the authority itself, must not tell the user to start it.
+// printInitSummary prints what init made, without how to deploy agents and
+// the next step: muster dev, which runs the authority itself, must not tell
+// the user to start it, and prints the agents' variables once it knows the
+// address (devAgentEnv).
 func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	if out.json() {
 		return out.write(env.Stdout, map[string]any{
@@ -112,13 +121,7 @@ func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	fmt.Fprintf(w, `
 Keep the bootstrap PSK secret: with it and the CA fingerprint a machine can
 join. The authority keeps it only encrypted.
-
-Deploy agents with:
-  MUSTER_AUTHORITY=<the authority's advertised HOST:PORT>
-  MUSTER_AUTHORITY_ID=%s
-  MUSTER_CA_FINGERPRINT=%s
-  MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
-`, res.Info.AuthorityID, res.Info.CAFingerprint)
+`)
 	return nil
 }
 
