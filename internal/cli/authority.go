@@ -234,7 +234,7 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.crlListen, "crl-listen", "", "address serving the certificate revocation lists over plain HTTP at /crl/ROLE-SERIAL.crl (empty: off)")
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
 	fl.StringVar(&st.crlValidity, "crl-validity", st.crlValidity, "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
-	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
+	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it; else DIR/muster.db)")
 	fl.StringVar(&st.ttl, "agent-cert-ttl", st.ttl, "lifetime of agent certificates (at most 168h)")
 	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
 	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
@@ -391,6 +391,10 @@ func parseCADraftTTL(v string) (time.Duration, error) {
 	return d, nil
 }
 
+// storeDefaultHelp is the store a command reading the data directory
+// opens when --store is not given.
+const storeDefaultHelp = "store: in DIR/authority.yaml, else the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it, as to muster authority; else DIR/muster.db"
+
 // checkStoreURL checks the form of a store URL without connecting.
 func checkStoreURL(url string) error {
 	switch {
@@ -456,6 +460,8 @@ type authoritySetup struct {
 	info    datadir.Info
 	ca      *ca.Hierarchy
 	sk      seal.StorageKey
+	// data is the data directory as read, its store URL among it.
+	data dataDir
 }
 
 // loadAuthority checks the settings and reads the data directory, opening
@@ -491,7 +497,7 @@ func loadAuthority(env *Env, o *authorityOptions) (*authoritySetup, error) {
 		return nil, err
 	}
 	o.storeURL = d.url
-	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: d.info, ca: d.ca, sk: d.sk}, nil
+	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: d.info, ca: d.ca, sk: d.sk, data: d}, nil
 }
 
 // dataDir is what an authority's data directory holds, checked: its
@@ -502,6 +508,9 @@ type dataDir struct {
 	ca   *ca.Hierarchy
 	sk   seal.StorageKey
 	url  string
+	// urlFromInfo: url is the one authority.json records, without a
+	// password.
+	urlFromInfo bool
 }
 
 // loadDataDir reads and checks dir; storeURL, if given, overrides the
@@ -522,27 +531,41 @@ func loadDataDir(dir datadir.Dir, storeURL string) (dataDir, error) {
 	if err != nil {
 		return dataDir{}, err
 	}
-	url, err := dir.StoreURL(info, storeURL)
+	url, fromInfo, err := dir.StoreURL(info, storeURL)
 	if err != nil {
 		return dataDir{}, err
 	}
 	if err := checkStoreURL(url); err != nil {
 		return dataDir{}, err
 	}
-	return dataDir{info: info, ca: h, sk: sk, url: url}, nil
+	return dataDir{info: info, ca: h, sk: sk, url: url, urlFromInfo: fromInfo}, nil
+}
+
+// openStore opens d's store. Failing to connect to the one authority.json
+// records (no password in it) names where the password comes from and the
+// way out, since the URL given nowhere by the user is not what they
+// would think of.
+func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
+	st, err := openStore(ctx, d.url)
+	if err != nil && d.urlFromInfo {
+		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
+			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)
+	}
+	return st, err
 }
 
 // openAuthorityStore does what comes before anything writes to an
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
 // checked. onAppend hears of each record. close undoes it all.
-func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info, sk seal.StorageKey, url string,
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir,
 	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
+	info, sk, url := d.info, d.sk, d.url
 	unlock, err := dir.Lock()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if st, err = openStore(ctx, url); err != nil {
+	if st, err = d.openStore(ctx); err != nil {
 		unlock()
 		return nil, nil, nil, err
 	}
@@ -569,7 +592,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, su.data, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}

@@ -45,7 +45,7 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 			}
 			if storeURL != "" {
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
-				o.StoreURL = redactURL(storeURL)
+				o.StoreURL = storeURLWithoutPassword(storeURL)
 			}
 			token, err := initCustody(&o, custodyURI, pkcs11Module, pkcs11PIN)
 			if err != nil {
@@ -58,8 +58,8 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 			if err != nil {
 				return fmt.Errorf("init: %w", err)
 			}
-			if u, err := url.Parse(storeURL); storeURL != "" && err == nil {
-				res.StoreURL = u.Redacted() // the password shows as xxxxx
+			if storeURL != "" {
+				res.StoreURL = storeURLWithoutPassword(storeURL)
 			}
 			return printInit(env, out, res)
 		},
@@ -148,4 +148,29 @@ func storeHint(url string) string {
 		return ""
 	}
 	return " --store " + shellQuote(url) + "   (or store: in authority.yaml)"
+}
+
+// storeURLWithoutPassword is a store URL as authority.json records it and
+// init prints it: the user name kept and every password removed (of the
+// user information, and the password and sslpassword parameters), so the
+// commands that read the data directory can connect with it and the
+// password PGPASSWORD or PGPASSFILE gives, as the authority's driver reads
+// it when the URL has none. A URL that does not parse keeps only its
+// scheme, as authority.json's URLs without a user name were recorded: the
+// commands then ask for --store.
+func storeURLWithoutPassword(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		scheme, _, _ := strings.Cut(raw, "://")
+		return scheme + "://…@"
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+		q.Del("password")
+		q.Del("sslpassword")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
 }
