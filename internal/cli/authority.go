@@ -439,8 +439,21 @@ func logPool(log *slog.Logger, st store.Store) {
 	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2) // the leader lock and the change listener
 }
 
-// redactURL drops the userinfo of a URL, where a database password lives.
+// redactURL drops the userinfo of a URL and its password and sslpassword
+// parameters, where a database password lives (a query it cannot read is
+// dropped whole).
 func redactURL(u string) string {
+	if base, query, ok := strings.Cut(u, "?"); ok {
+		q, err := url.ParseQuery(query)
+		switch {
+		case err != nil:
+			u = base + "?…"
+		case q.Has("password") || q.Has("sslpassword"):
+			q.Del("password")
+			q.Del("sslpassword")
+			u = base + "?" + q.Encode()
+		}
+	}
 	if i := strings.Index(u, "@"); i >= 0 {
 		if j := strings.Index(u, "://"); j >= 0 && j < i {
 			return u[:j+3] + "…" + u[i:]
