@@ -141,13 +141,14 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// storeHint reminds that an authority on an external store must be started
-// with it; the URL is shown without its password.
+// storeHint says which store the authority started as "Next:" says opens,
+// and where its password comes from: the URL authority.json records has
+// none.
 func storeHint(url string) string {
 	if url == "" {
 		return ""
 	}
-	return " --store " + shellQuote(url) + "   (or store: in authority.yaml)"
+	return "\n  (it opens the store authority.json records, " + url + ", with the password from PGPASSWORD or PGPASSFILE; --store URL names another)"
 }
 
 // storeURLWithoutPassword is a store URL as authority.json records it and
