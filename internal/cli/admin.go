@@ -53,8 +53,11 @@ intermediate. The key is made here and never leaves this machine; the file
 With --offline (break-glass, when no operator identity works any more) it
 does not call the authority: on the machine that holds the authority's data
 directory (its storage key and admin intermediate) it signs the identity
-itself, records it in the store (--store, or the one the directory names)
-and appends operator.add to the audit chain.`,
+itself, records it in the store and appends operator.add to the audit
+chain. The store is --store's, else store: in DIR/authority.yaml, else the
+one DIR/authority.json records: that URL holds no password, which the
+PostgreSQL driver reads from PGPASSWORD or PGPASSFILE as the authority's
+does; --store is needed only where it cannot connect.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
@@ -104,7 +107,7 @@ and appends operator.add to the audit chain.`,
 	cmd.Flags().StringVar(&path, "out", "", "file to write the identity to (default NAME.pem); never overwritten")
 	cmd.Flags().BoolVar(&reissue, "reissue", false, "issue a new identity to a NAME whose identity is still valid (renewal)")
 	cmd.Flags().BoolVar(&offline, "offline", false, "break-glass: sign the identity here with the admin intermediate of --data, without the authority")
-	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	out.register(cmd)
 	return cmd
 }

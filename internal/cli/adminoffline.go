@@ -52,7 +52,7 @@ func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, 
 	if err != nil {
 		return offlineOperator{}, fmt.Errorf("operator name: %w", err)
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return offlineOperator{}, err
 	}

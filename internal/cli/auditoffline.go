@@ -27,7 +27,7 @@ type auditOfflineFlags struct {
 
 func (o *auditOfflineFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&o.offline, "offline", false, "read the chain in the store, from the data directory, without the authority (it need not run)")
-	cmd.Flags().StringVar(&o.storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	cmd.Flags().StringVar(&o.storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 }
 
 // check refuses flags that go with --offline given without it, and the
@@ -67,7 +67,7 @@ func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) 
 			return nil, nil, fmt.Errorf("no store at %s: give the store the authority uses with --store", path)
 		}
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -191,8 +191,8 @@ type authorityOptions struct {
 
 func newAuthorityCmd(env *Env) *cobra.Command {
 	var o authorityOptions
-	var jwtPeriod string
-	var ttl, boundTTL, interTTL, draftTTL, configFile, memoryLimit, crlValidity, callTimeout, storeTimeout string
+	st := defaultSettingText()
+	var configFile, memoryLimit string
 	var checkOnly bool
 	cmd := &cobra.Command{
 		Use:   "authority --data DIR",
@@ -226,99 +226,8 @@ and the data directory, prints the settings in force, and exits.`,
 			if err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
-			f := cmd.Flags()
-			pick := func(dst *string, flag, fromFile string) {
-				if !f.Changed(flag) && fromFile != "" {
-					*dst = fromFile
-				}
-			}
-			pick(&o.listen, "listen", cfg.Listen)
-			pick(&o.advertise, "advertise", cfg.Advertise)
-			pick(&o.bootstrapListen, "bootstrap-listen", cfg.BootstrapListen)
-			pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
-			pick(&o.crlListen, "crl-listen", cfg.CRLListen)
-			pick(&o.crlURL, "crl-url", cfg.CRLURL)
-			pick(&crlValidity, "crl-validity", cfg.CRLValidity)
-			if o.crlValidity, err = parseCRLValidity(crlValidity); err != nil {
+			if err := applySettings(cmd.Flags(), cfg, st, &o); err != nil {
 				return fmt.Errorf("authority: %w", err)
-			}
-			if err := checkCRLURL(o.crlURL); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			pick(&o.storeURL, "store", cfg.Store)
-			pick(&ttl, "agent-cert-ttl", cfg.AgentCertTTL)
-			pick(&boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
-			pick(&interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
-			pick(&draftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
-			pick(&jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
-			pick(&o.logFormat, "log-format", cfg.Log.Format)
-			pick(&o.logLevel, "log-level", cfg.Log.Level)
-			if !f.Changed("trusted-proxy") {
-				o.trustedProxies = cfg.TrustedProxies
-			}
-			pick(&o.discovery, "discovery", cfg.Discovery.Address)
-			pick(&o.discoveryFP, "discovery-fingerprint", cfg.Discovery.Fingerprint)
-			pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
-			if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
-				o.pskRequired = *cfg.Bootstrap.PSKRequired
-			}
-			if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			o.recoveriesWarnAt = defaultRecoveriesWarnAt
-			if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
-				o.recoveriesWarnAt = *w
-			}
-			if n := cfg.Limits.MaxConnections; n != nil && !f.Changed("max-connections") {
-				o.maxConnections = *n
-			}
-			if o.maxConnections < 0 {
-				return fmt.Errorf("authority: limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
-			}
-			if n := cfg.Limits.MaxCallsPerSource; n != nil && !f.Changed("max-calls-per-source") {
-				o.maxCallsPerSource = *n
-			}
-			if o.maxCallsPerSource == 0 {
-				o.maxCallsPerSource = authority.DefaultMaxCallsPerSource
-			}
-			if o.maxCallsPerSource < 0 {
-				return fmt.Errorf("authority: limits.max_calls_per_source %d: want a number of calls, such as %d (the default)", o.maxCallsPerSource, authority.DefaultMaxCallsPerSource)
-			}
-			if n := cfg.Limits.RenewalsPerLifetime; n != nil && !f.Changed("renewals-per-lifetime") {
-				o.renewalsPerLifetime = *n
-			}
-			if o.renewalsPerLifetime == 0 {
-				o.renewalsPerLifetime = authority.DefaultRenewalsPerLifetime
-			}
-			if o.renewalsPerLifetime < 0 {
-				return fmt.Errorf("authority: limits.renewals_per_lifetime %d: want a number of renewals, such as %d (the default)", o.renewalsPerLifetime, authority.DefaultRenewalsPerLifetime)
-			}
-			pick(&callTimeout, "call-timeout", cfg.Limits.CallTimeout)
-			if o.callTimeout, err = time.ParseDuration(callTimeout); err != nil || o.callTimeout < time.Second {
-				return fmt.Errorf("authority: limits.call_timeout %q: want a duration of at least 1s, such as 1m", callTimeout)
-			}
-			pick(&storeTimeout, "store-timeout", cfg.Limits.StoreTimeout)
-			if o.storeTimeout, err = parseStoreTimeout(storeTimeout); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
-			if cfg.Discovery.RegisterEvery != "" {
-				if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
-					return fmt.Errorf("authority: discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
-				}
-			}
-			if o.agentCertTTL, o.boundCertTTL, err = parseAgentCertTTLs(ttl, boundTTL); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			if o.caIntermediateTTL, err = time.ParseDuration(interTTL); err != nil ||
-				o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
-				return fmt.Errorf("authority: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
-			}
-			if o.caDraftTTL, err = parseCADraftTTL(draftTTL); err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			if o.jwtKeyPeriod, err = time.ParseDuration(jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
-				return fmt.Errorf("authority: jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", jwtPeriod, authority.MinJWTKeyRotationPeriod)
 			}
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
@@ -337,12 +246,12 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7444", "address of /metrics, /healthz and /readyz (empty: off)")
 	fl.StringVar(&o.crlListen, "crl-listen", "", "address serving the certificate revocation lists over plain HTTP at /crl/ROLE-SERIAL.crl (empty: off)")
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
-	fl.StringVar(&crlValidity, "crl-validity", crl.DefaultValidity.String(), "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
-	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/muster.db)")
-	registerAgentCertTTLFlags(fl, &ttl, &boundTTL)
-	fl.StringVar(&jwtPeriod, "jwt-key-rotation-period", authority.DefaultJWTKeyRotationPeriod.String(), "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
-	fl.StringVar(&interTTL, "ca-intermediate-ttl", ca.IntermediateTTL.String(), "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
-	fl.StringVar(&draftTTL, "ca-draft-ttl", authority.DefaultCADraftTTL.String(), "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
+	fl.StringVar(&st.crlValidity, "crl-validity", st.crlValidity, "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
+	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it; else DIR/muster.db)")
+	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
+	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
+	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
+	registerAgentCertTTLFlags(fl, &st.ttl, &st.boundTTL)
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fl.StringVar(&o.discovery, "discovery", "", "HOST:PORT of the discovery service to register with; PSK bootstraps then need its referral tickets")
@@ -353,8 +262,8 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.IntVar(&o.maxConnections, "max-connections", 0, "connections the api and bootstrap listeners hold open at once together, from all sources (limits.max_connections; 0: the open-file limit less 256, at least half of it)")
 	fl.IntVar(&o.maxCallsPerSource, "max-calls-per-source", authority.DefaultMaxCallsPerSource, "calls one source address may have in flight at once, agents' streams aside; the next is refused RESOURCE_EXHAUSTED (limits.max_calls_per_source; 0: the default)")
 	fl.IntVar(&o.renewalsPerLifetime, "renewals-per-lifetime", authority.DefaultRenewalsPerLifetime, "renewals one agent instance is given at once, and again in each lifetime of its certificates; the next is refused RESOURCE_EXHAUSTED (limits.renewals_per_lifetime; 0: the default)")
-	fl.StringVar(&storeTimeout, "store-timeout", postgres.DefaultRequestTimeout.String(), "the longest a PostgreSQL store may leave one request (a statement, a transaction) unanswered before the authority treats the store as unavailable (limits.store_timeout; 1s to 20s)")
-	fl.StringVar(&callTimeout, "call-timeout", authority.DefaultCallTimeout.String(), "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
+	fl.StringVar(&st.storeTimeout, "store-timeout", st.storeTimeout, "the longest a PostgreSQL store may leave one request (a statement, a transaction) unanswered before the authority treats the store as unavailable (limits.store_timeout; 1s to 20s)")
+	fl.StringVar(&st.callTimeout, "call-timeout", st.callTimeout, "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; agents' streams, bound-keypair joins and health watches bound themselves)")
 	fl.StringVar(&o.pkcs11Module, "pkcs11-module", "", "the PKCS#11 library of the token this authority's keys are in (default: the one muster init --custody or muster ca migrate-custody recorded in DIR/authority.json; needed where authority.json names no token but the store does)")
 	fl.StringVar(&o.pkcs11PINFile, "pkcs11-pin-file", "", "file holding the token's user PIN, mode 0600 (default: the one recorded at init, else env MUSTER_PKCS11_PIN)")
 	registerPprofFlag(cmd, &o.pprofListen)
@@ -369,6 +278,126 @@ and the data directory, prints the settings in force, and exits.`,
 func registerAgentCertTTLFlags(fl *pflag.FlagSet, ttl, boundTTL *string) {
 	fl.StringVar(ttl, "agent-cert-ttl", defaultAgentCertTTL.String(), "lifetime of agent certificates (agent_cert_ttl; at most 168h)")
 	fl.StringVar(boundTTL, "bound-keypair-cert-ttl", "", "lifetime of bound-keypair agents' certificates (bound_keypair.cert_ttl; default 1h, or --agent-cert-ttl if shorter; at most 168h)")
+}
+
+// settingText is the settings read as text before they are checked: a
+// flag's value, else the settings file's, else the default.
+type settingText struct {
+	ttl, boundTTL, interTTL, draftTTL, jwtPeriod, crlValidity, callTimeout, storeTimeout string
+}
+
+func defaultSettingText() settingText {
+	return settingText{
+		ttl:          defaultAgentCertTTL.String(),
+		interTTL:     ca.IntermediateTTL.String(),
+		draftTTL:     authority.DefaultCADraftTTL.String(),
+		jwtPeriod:    authority.DefaultJWTKeyRotationPeriod.String(),
+		crlValidity:  crl.DefaultValidity.String(),
+		callTimeout:  authority.DefaultCallTimeout.String(),
+		storeTimeout: postgres.DefaultRequestTimeout.String(),
+	}
+}
+
+// applySettings sets o from the settings file cfg where the flag of a
+// setting was not given (f: muster authority's flags, or muster dev's,
+// which lack most: the file's value, else the default, holds), and checks
+// them: the one reading of authority.yaml the authority and dev share.
+func applySettings(f *pflag.FlagSet, cfg authorityConfig, s settingText, o *authorityOptions) error {
+	var err error
+	pick := func(dst *string, flag, fromFile string) {
+		if !f.Changed(flag) && fromFile != "" {
+			*dst = fromFile
+		}
+	}
+	pick(&o.listen, "listen", cfg.Listen)
+	pick(&o.advertise, "advertise", cfg.Advertise)
+	pick(&o.bootstrapListen, "bootstrap-listen", cfg.BootstrapListen)
+	pick(&o.metricsListen, "metrics-listen", cfg.MetricsListen)
+	pick(&o.crlListen, "crl-listen", cfg.CRLListen)
+	pick(&o.crlURL, "crl-url", cfg.CRLURL)
+	pick(&s.crlValidity, "crl-validity", cfg.CRLValidity)
+	if o.crlValidity, err = parseCRLValidity(s.crlValidity); err != nil {
+		return err
+	}
+	if err := checkCRLURL(o.crlURL); err != nil {
+		return err
+	}
+	pick(&o.storeURL, "store", cfg.Store)
+	pick(&s.ttl, "agent-cert-ttl", cfg.AgentCertTTL)
+	pick(&s.boundTTL, "bound-keypair-cert-ttl", cfg.BoundKeypair.CertTTL)
+	pick(&s.interTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
+	pick(&s.draftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
+	pick(&s.jwtPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
+	pick(&o.logFormat, "log-format", cfg.Log.Format)
+	pick(&o.logLevel, "log-level", cfg.Log.Level)
+	if !f.Changed("trusted-proxy") {
+		o.trustedProxies = cfg.TrustedProxies
+	}
+	pick(&o.discovery, "discovery", cfg.Discovery.Address)
+	pick(&o.discoveryFP, "discovery-fingerprint", cfg.Discovery.Fingerprint)
+	pick(&o.pskOptional, "psk-optional-until", cfg.Bootstrap.PSKOptionalUntil)
+	if !f.Changed("psk-required") && cfg.Bootstrap.PSKRequired != nil {
+		o.pskRequired = *cfg.Bootstrap.PSKRequired
+	}
+	if o.signerMinLead, err = signerMinLeadTime(cfg.Signer.MinLeadTime); err != nil {
+		return err
+	}
+	o.recoveriesWarnAt = defaultRecoveriesWarnAt
+	if w := cfg.BoundKeypair.RecoveriesWarnAt; w != nil {
+		o.recoveriesWarnAt = *w
+	}
+	if n := cfg.Limits.MaxConnections; n != nil && !f.Changed("max-connections") {
+		o.maxConnections = *n
+	}
+	if o.maxConnections < 0 {
+		return fmt.Errorf("limits.max_connections %d: want a number of connections, or 0 for the default (the open-file limit less 256, at least half of it)", o.maxConnections)
+	}
+	if n := cfg.Limits.MaxCallsPerSource; n != nil && !f.Changed("max-calls-per-source") {
+		o.maxCallsPerSource = *n
+	}
+	if o.maxCallsPerSource == 0 {
+		o.maxCallsPerSource = authority.DefaultMaxCallsPerSource
+	}
+	if o.maxCallsPerSource < 0 {
+		return fmt.Errorf("limits.max_calls_per_source %d: want a number of calls, such as %d (the default)", o.maxCallsPerSource, authority.DefaultMaxCallsPerSource)
+	}
+	if n := cfg.Limits.RenewalsPerLifetime; n != nil && !f.Changed("renewals-per-lifetime") {
+		o.renewalsPerLifetime = *n
+	}
+	if o.renewalsPerLifetime == 0 {
+		o.renewalsPerLifetime = authority.DefaultRenewalsPerLifetime
+	}
+	if o.renewalsPerLifetime < 0 {
+		return fmt.Errorf("limits.renewals_per_lifetime %d: want a number of renewals, such as %d (the default)", o.renewalsPerLifetime, authority.DefaultRenewalsPerLifetime)
+	}
+	pick(&s.storeTimeout, "store-timeout", cfg.Limits.StoreTimeout)
+	if o.storeTimeout, err = parseStoreTimeout(s.storeTimeout); err != nil {
+		return err
+	}
+	pick(&s.callTimeout, "call-timeout", cfg.Limits.CallTimeout)
+	if o.callTimeout, err = time.ParseDuration(s.callTimeout); err != nil || o.callTimeout < time.Second {
+		return fmt.Errorf("limits.call_timeout %q: want a duration of at least 1s, such as 1m", s.callTimeout)
+	}
+	o.policy, o.endpoints = cfg.Discovery.Policy, cfg.Discovery.Endpoints
+	if cfg.Discovery.RegisterEvery != "" {
+		if o.registerEvery, err = time.ParseDuration(cfg.Discovery.RegisterEvery); err != nil || o.registerEvery < time.Minute {
+			return fmt.Errorf("discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
+		}
+	}
+	if o.agentCertTTL, o.boundCertTTL, err = parseAgentCertTTLs(s.ttl, s.boundTTL); err != nil {
+		return err
+	}
+	if o.caIntermediateTTL, err = time.ParseDuration(s.interTTL); err != nil ||
+		o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
+		return fmt.Errorf("ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", s.interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
+	}
+	if o.caDraftTTL, err = parseCADraftTTL(s.draftTTL); err != nil {
+		return err
+	}
+	if o.jwtKeyPeriod, err = time.ParseDuration(s.jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
+		return fmt.Errorf("jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", s.jwtPeriod, authority.MinJWTKeyRotationPeriod)
+	}
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -416,6 +445,10 @@ func parseCADraftTTL(v string) (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// storeDefaultHelp is the store a command reading the data directory
+// opens when --store is not given.
+const storeDefaultHelp = "store: in DIR/authority.yaml, else the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it, as to muster authority; else DIR/muster.db"
 
 // checkStoreURL checks the form of a store URL without connecting.
 func checkStoreURL(url string) error {
@@ -487,8 +520,21 @@ func logPool(log *slog.Logger, st store.Store) {
 		"store_timeout", ps.RequestTimeout().String())
 }
 
-// redactURL drops the userinfo of a URL, where a database password lives.
+// redactURL drops the userinfo of a URL and its password and sslpassword
+// parameters, where a database password lives (a query it cannot read is
+// dropped whole).
 func redactURL(u string) string {
+	if base, query, ok := strings.Cut(u, "?"); ok {
+		q, err := url.ParseQuery(query)
+		switch {
+		case err != nil:
+			u = base + "?…"
+		case q.Has("password") || q.Has("sslpassword"):
+			q.Del("password")
+			q.Del("sslpassword")
+			u = base + "?" + q.Encode()
+		}
+	}
 	if i := strings.Index(u, "@"); i >= 0 {
 		if j := strings.Index(u, "://"); j >= 0 && j < i {
 			return u[:j+3] + "…" + u[i:]
@@ -508,6 +554,8 @@ type authoritySetup struct {
 	info    datadir.Info
 	ca      *ca.Hierarchy
 	sk      seal.StorageKey
+	// data is the data directory as read, its store URL among it.
+	data dataDir
 }
 
 // loadAuthority checks the settings and reads the data directory, opening
@@ -543,7 +591,7 @@ func loadAuthority(env *Env, o *authorityOptions) (*authoritySetup, error) {
 		return nil, err
 	}
 	o.storeURL = d.url
-	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: d.info, ca: d.ca, sk: d.sk}, nil
+	return &authoritySetup{log: log, proxies: proxies, disc: disc, pskOpt: pskOptionalUntil, dir: dir, info: d.info, ca: d.ca, sk: d.sk, data: d}, nil
 }
 
 // dataDir is what an authority's data directory holds, checked: its
@@ -554,6 +602,9 @@ type dataDir struct {
 	ca   *ca.Hierarchy
 	sk   seal.StorageKey
 	url  string
+	// urlFromInfo: url is the one authority.json records, without a
+	// password.
+	urlFromInfo bool
 }
 
 // loadDataDir reads and checks dir; storeURL, if given, overrides the
@@ -574,27 +625,47 @@ func loadDataDir(dir datadir.Dir, storeURL string) (dataDir, error) {
 	if err != nil {
 		return dataDir{}, err
 	}
-	url, err := dir.StoreURL(info, storeURL)
+	url, fromInfo, err := dir.StoreURL(info, storeURL)
 	if err != nil {
 		return dataDir{}, err
 	}
 	if err := checkStoreURL(url); err != nil {
 		return dataDir{}, err
 	}
-	return dataDir{info: info, ca: h, sk: sk, url: url}, nil
+	return dataDir{info: info, ca: h, sk: sk, url: url, urlFromInfo: fromInfo}, nil
+}
+
+// openStore opens d's store. Failing to connect to the one authority.json
+// records (no password in it) names where the password comes from and the
+// way out, since the URL given nowhere by the user is not what they
+// would think of.
+func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
+	return d.openStoreWith(ctx, 0)
+}
+
+// openStoreWith is openStore with the PostgreSQL store's request timeout
+// (0: the default).
+func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
+	st, err := openStoreWith(ctx, d.url, timeout)
+	if err != nil && d.urlFromInfo {
+		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
+			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)
+	}
+	return st, err
 }
 
 // openAuthorityStore does what comes before anything writes to an
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
 // checked. onAppend hears of each record. close undoes it all.
-func openAuthorityStore(ctx context.Context, dir datadir.Dir, info datadir.Info, sk seal.StorageKey, url string, timeout time.Duration,
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout time.Duration,
 	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
+	info, sk, url := d.info, d.sk, d.url
 	unlock, err := dir.Lock()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if st, err = openStoreWith(ctx, url, timeout); err != nil {
+	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
 	}
@@ -621,7 +692,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, info, sk, o.storeURL, o.storeTimeout, m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}

@@ -104,7 +104,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "authority data directory (env MUSTER_DATA, default ./muster-data)")
-	f.StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	f.StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	f.StringVar(&uri, "custody", "", "the token's RFC 7512 URI, pkcs11:token=LABEL (no PIN in it)")
 	f.StringVar(&module, "pkcs11-module", "", "the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
 	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
@@ -126,7 +126,7 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	if err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}

@@ -67,7 +67,7 @@ exported.`,
 		},
 	}
 	cmd.Flags().StringVar(&data, "data", "", "the authority's data directory (env MUSTER_DATA; default ./muster-data)")
-	cmd.Flags().StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	cmd.Flags().StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	cmd.Flags().StringVar(&path, "out", "", "the file to write the root key to (0600; never overwritten)")
 	out.register(cmd)
 	return cmd
@@ -86,7 +86,7 @@ func exportRootKey(ctx context.Context, dir datadir.Dir, storeURL, path string) 
 	if err != nil {
 		return "", err
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return "", err
 	}

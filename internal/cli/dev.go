@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/muster-dev/muster/internal/datadir"
@@ -41,10 +42,12 @@ authority registers with, and prints what to do next. With the discovery,
 PSK joins need its referral ticket, as in production; --discovery-listen ""
 runs the authority alone.
 
-Agent certificates live --agent-cert-ttl (bound-keypair agents'
---bound-keypair-cert-ttl), from the flag, its MUSTER_* variable or
-agent_cert_ttl and bound_keypair.cert_ttl in DIR/authority.yaml, as for
-muster authority; dev reads no other setting from that file.
+The settings in DIR/authority.yaml hold as for muster authority, but for
+two dev decides itself: it listens where --listen and --metrics-listen say
+(loopback by default), whatever listen and metrics_listen say (it says so
+when it starts), and with its embedded discovery it refuses
+discovery.address and discovery.fingerprint (--discovery-listen "" runs
+it registered with them instead).
 
 It is not for production: everything, the CA keys included, lives in DIR.`,
 		Args: cobra.NoArgs,
@@ -73,28 +76,13 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 				return fmt.Errorf("dev: %w", err)
 			}
 			release()
-			// The lifetimes come from the flags, their variables, or the
-			// settings file, as muster authority reads them: a user who
-			// shortens them to watch renewals expects dev to follow.
-			cfg, err := loadAuthorityConfig(d.ConfigFile())
-			if err != nil {
-				return fmt.Errorf("dev: %w", err)
-			}
-			if !cmd.Flags().Changed("agent-cert-ttl") && cfg.AgentCertTTL != "" {
-				ttl = cfg.AgentCertTTL
-			}
-			if !cmd.Flags().Changed("bound-keypair-cert-ttl") && cfg.BoundKeypair.CertTTL != "" {
-				boundTTL = cfg.BoundKeypair.CertTTL
-			}
-			agentTTL, boundCertTTL, err := parseAgentCertTTLs(ttl, boundTTL)
-			if err != nil {
-				return fmt.Errorf("dev: %w", err)
-			}
 			ctx, cancel := context.WithCancel(cmd.Context())
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
-			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, agentCertTTL: agentTTL, boundCertTTL: boundCertTTL, recoveriesWarnAt: defaultRecoveriesWarnAt,
-				logFormat: logFormat, logLevel: "info", pskRequired: true, policy: discovery.DefaultPolicy()}
+			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, logFormat: logFormat, logLevel: "info", pskRequired: true}
+			if err := devSettings(env, cmd.Flags(), d.ConfigFile(), dlisten != "", ttl, boundTTL, &o); err != nil {
+				return fmt.Errorf("dev: %w", err)
+			}
 			if dlisten != "" {
 				own := discovery.AllowEntry{AuthorityID: info.AuthorityID, Fingerprint: info.CAFingerprint}
 				disc, err := startDevDiscovery(ctx, g, env, filepath.Join(dir, "discovery"), dlisten, logFormat, own)
@@ -123,6 +111,7 @@ In another terminal, as the operator in %s:
 					fmt.Fprintf(env.Stdout, "  5. Or join with the bootstrap PSK (psk show --raw prints it) and a referral ticket:\n       %s\n",
 						devPSKJoin(m, q, o.discovery, o.discoveryFP, info))
 				}
+				fmt.Fprint(env.Stdout, devAgentEnv(m, q, addr, o.discovery, o.discoveryFP, info))
 				fmt.Fprintf(env.Stdout, "\nStop with Ctrl-C; the state stays in %s for the next start.\n", d)
 			}
 			g.Go(func() error {
@@ -236,4 +225,57 @@ func metricsNote(addr string) string {
 func devPSKJoin(m, data, disc, discFP string, info datadir.Info) string {
 	return fmt.Sprintf("%s psk show --data %s --raw | %s agent join --data ./agent-psk --node my-psk-node --psk-file - --discovery %s --discovery-fingerprint %s --authority-id %s --ca-fingerprint %s",
 		m, data, m, disc, discFP, info.AuthorityID, info.CAFingerprint)
+}
+
+// devSettings sets o from the settings file at path as muster authority
+// reads it (applySettings), so a setting in it is never silently ignored:
+// dev's own listen addresses stand, said on stderr, and a discovery
+// service to register with is refused beside the embedded one (two would
+// need two registrations dev does not make).
+func devSettings(env *Env, f *pflag.FlagSet, path string, embeddedDiscovery bool, ttl, boundTTL string, o *authorityOptions) error {
+	cfg, err := loadAuthorityConfig(path)
+	if err != nil {
+		return err
+	}
+	for _, s := range []struct{ key, addr, flag, used string }{
+		{"listen", cfg.Listen, "--listen", o.listen},
+		{"metrics_listen", cfg.MetricsListen, "--metrics-listen", o.metricsListen},
+	} {
+		if s.addr != "" {
+			fmt.Fprintf(env.Stderr, "dev: %s %s in %s is not used: dev listens on %s (%s), loopback unless it is given\n", s.key, s.addr, path, firstOf(s.used, `""`), s.flag)
+		}
+	}
+	cfg.Listen, cfg.MetricsListen = "", ""
+	if embeddedDiscovery {
+		for _, s := range []struct{ key, v string }{{"discovery.address", cfg.Discovery.Address}, {"discovery.fingerprint", cfg.Discovery.Fingerprint}} {
+			if s.v != "" {
+				return fmt.Errorf("%s %s in %s: dev registers with its embedded discovery service; "+
+					"run dev with --discovery-listen \"\" to register with %s instead", s.key, s.v, path, s.key)
+			}
+		}
+	}
+	st := defaultSettingText()
+	st.ttl, st.boundTTL = ttl, boundTTL // dev's own flags (registerAgentCertTTLFlags)
+	return applySettings(f, cfg, st, o)
+}
+
+// devAgentEnv is how agents deployed with environment variables join dev's
+// authority, with its real address, pasteable as it is: the PSK comes from
+// psk show --raw, and with the embedded discovery the agent is pointed at
+// discovery (which refers it and issues the referral ticket dev's
+// authority requires with the PSK), not at the authority.
+func devAgentEnv(m, data, addr, disc, discFP string, info datadir.Info) string {
+	var b strings.Builder
+	b.WriteString("\nAgents deployed with environment variables read these (muster agent join, agent run);\npasted in a shell here, the last line joins ./agent-env:\n")
+	vars := [][2]string{{"MUSTER_AUTHORITY", addr}}
+	if disc != "" {
+		vars = [][2]string{{"MUSTER_DISCOVERY", disc}, {"MUSTER_DISCOVERY_FINGERPRINT", discFP}}
+	}
+	vars = append(vars, [2]string{"MUSTER_AUTHORITY_ID", info.AuthorityID}, [2]string{"MUSTER_CA_FINGERPRINT", info.CAFingerprint})
+	for _, v := range vars {
+		fmt.Fprintf(&b, "  export %s=%s\n", v[0], shellQuote(v[1]))
+	}
+	fmt.Fprintf(&b, "  export MUSTER_BOOTSTRAP_PSK=\"$(%s psk show --data %s --raw)\"\n", m, data)
+	fmt.Fprintf(&b, "  %s agent join --data ./agent-env --node my-env-node\n", m)
+	return b.String()
 }

@@ -57,8 +57,8 @@ import (
 //     checks line by line.
 //
 // Not covered: a command assembled at run time from non-literal parts (init
-// appends storeHint's " --store URL" to its "Next:" line through a %s, read
-// as one placeholder), flags named without "muster …" before them ("start
+// appends storeHint's note on the store to its "Next:" line through a %s,
+// read as one placeholder), flags named without "muster …" before them ("start
 // it with --allow-authority …"), and whether a prose flag's value is a value
 // or the sentence's next word ("muster init --custody keeps its keys").
 

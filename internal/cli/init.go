@@ -45,7 +45,7 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 			}
 			if storeURL != "" {
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
-				o.StoreURL = redactURL(storeURL)
+				o.StoreURL = storeURLWithoutPassword(storeURL)
 			}
 			token, err := initCustody(&o, custodyURI, pkcs11Module, pkcs11PIN)
 			if err != nil {
@@ -58,8 +58,8 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 			if err != nil {
 				return fmt.Errorf("init: %w", err)
 			}
-			if u, err := url.Parse(storeURL); storeURL != "" && err == nil {
-				res.StoreURL = u.Redacted() // the password shows as xxxxx
+			if storeURL != "" {
+				res.StoreURL = storeURLWithoutPassword(storeURL)
 			}
 			return printInit(env, out, res)
 		},
@@ -80,12 +80,21 @@ func printInit(env *Env, out output, res datadir.InitResult) error {
 	if err := printInitSummary(env, out, res); err != nil || out.json() {
 		return err
 	}
+	fmt.Fprintf(env.Stdout, `
+Deploy agents with:
+  MUSTER_AUTHORITY=<the authority's advertised HOST:PORT>
+  MUSTER_AUTHORITY_ID=%s
+  MUSTER_CA_FINGERPRINT=%s
+  MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
+`, res.Info.AuthorityID, res.Info.CAFingerprint)
 	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellQuote(string(res.Dir)), storeHint(res.StoreURL))
 	return nil
 }
 
-// printInitSummary prints what init made, without the next step: muster
-// dev, which runs the authority itself, must not tell the user to start it.
+// printInitSummary prints what init made, without how to deploy agents and
+// the next step: muster dev, which runs the authority itself, must not tell
+// the user to start it, and prints the agents' variables once it knows the
+// address (devAgentEnv).
 func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	if out.json() {
 		return out.write(env.Stdout, map[string]any{
@@ -112,13 +121,7 @@ func printInitSummary(env *Env, out output, res datadir.InitResult) error {
 	fmt.Fprintf(w, `
 Keep the bootstrap PSK secret: with it and the CA fingerprint a machine can
 join. The authority keeps it only encrypted.
-
-Deploy agents with:
-  MUSTER_AUTHORITY=<the authority's advertised HOST:PORT>
-  MUSTER_AUTHORITY_ID=%s
-  MUSTER_CA_FINGERPRINT=%s
-  MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
-`, res.Info.AuthorityID, res.Info.CAFingerprint)
+`)
 	return nil
 }
 
@@ -138,11 +141,37 @@ func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// storeHint reminds that an authority on an external store must be started
-// with it; the URL is shown without its password.
+// storeHint says which store the authority started as "Next:" says opens,
+// and where its password comes from: the URL authority.json records has
+// none.
 func storeHint(url string) string {
 	if url == "" {
 		return ""
 	}
-	return " --store " + shellQuote(url) + "   (or store: in authority.yaml)"
+	return "\n  (it opens the store authority.json records, " + url + ", with the password from PGPASSWORD or PGPASSFILE; --store URL names another)"
+}
+
+// storeURLWithoutPassword is a store URL as authority.json records it and
+// init prints it: the user name kept and every password removed (of the
+// user information, and the password and sslpassword parameters), so the
+// commands that read the data directory can connect with it and the
+// password PGPASSWORD or PGPASSFILE gives, as the authority's driver reads
+// it when the URL has none. A URL that does not parse keeps only its
+// scheme, as authority.json's URLs without a user name were recorded: the
+// commands then ask for --store.
+func storeURLWithoutPassword(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		scheme, _, _ := strings.Cut(raw, "://")
+		return scheme + "://…@"
+	}
+	if u.User != nil {
+		u.User = url.User(u.User.Username())
+	}
+	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+		q.Del("password")
+		q.Del("sslpassword")
+		u.RawQuery = q.Encode()
+	}
+	return u.String()
 }

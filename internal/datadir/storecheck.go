@@ -25,22 +25,34 @@ var ErrWrongStore = errors.New("datadir: wrong store")
 // initAction is the action of the record that stamps a store.
 const initAction = "authority.init"
 
-// StoreURL returns the URL of the store to open: given, or the embedded
-// SQLite file. With none given it refuses a data directory whose store is
-// elsewhere (recorded in authority.json, or no muster.db at all) before
-// opening anything, so an empty muster.db is never created in its place.
-func (d Dir) StoreURL(info Info, given string) (string, error) {
+// StoreURL returns the URL of the store to open: given, else the one
+// authority.json records (Info.Store: no password, which the driver then
+// reads from PGPASSWORD or PGPASSFILE), else the embedded SQLite file.
+// fromInfo says the URL is authority.json's, so that an error connecting
+// can say where the password comes from. It refuses a data directory whose
+// store is elsewhere but not recorded in full (authority.json written
+// before it kept the user name, or no muster.db at all) before opening
+// anything, so an empty muster.db is never created in its place.
+func (d Dir) StoreURL(info Info, given string) (url string, fromInfo bool, err error) {
 	if given != "" {
-		return given, nil
+		return given, false, nil
 	}
 	if info.Store != "" {
-		return "", fmt.Errorf("%w: %s was initialised with the store %s; start with --store URL (or store: in authority.yaml)", ErrWrongStore, d, info.Store)
+		if strings.Contains(info.Store, redacted) {
+			return "", false, fmt.Errorf("%w: %s was initialised with the store %s, recorded without its user name; "+
+				"give --store URL (or store: in authority.yaml, or MUSTER_STORE)", ErrWrongStore, d, info.Store)
+		}
+		return info.Store, true, nil
 	}
 	if _, err := os.Stat(d.DatabaseFile()); errors.Is(err, fs.ErrNotExist) {
-		return "", fmt.Errorf("%w: %s has no muster.db, so its store is elsewhere; start with the --store URL it was initialised with", ErrWrongStore, d)
+		return "", false, fmt.Errorf("%w: %s has no muster.db, so its store is elsewhere; start with the --store URL it was initialised with", ErrWrongStore, d)
 	}
-	return d.DefaultStoreURL(), nil
+	return d.DefaultStoreURL(), false, nil
 }
+
+// redacted stands for the user and password of a store URL in the
+// authority.json of an init that recorded neither.
+const redacted = "…@"
 
 // auditLister is the part of the store CheckStore reads.
 type auditLister interface {

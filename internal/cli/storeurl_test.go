@@ -1,0 +1,44 @@
+package cli
+
+import (
+	"strings"
+	"testing"
+)
+
+// authority.json records the store URL with its user and without any
+// password, so the commands reading the data directory can connect with
+// it and PGPASSWORD or PGPASSFILE.
+func TestStoreURLWithoutPassword(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"postgres://muster@db.internal:5432/muster", "postgres://muster@db.internal:5432/muster"},
+		{"postgres://muster:s3cret@db.internal:5432/muster?sslmode=require", "postgres://muster@db.internal:5432/muster?sslmode=require"},
+		{"postgresql://muster:s3cret@db/muster?password=s3cret&pool_max_conns=8", "postgresql://muster@db/muster?pool_max_conns=8"},
+		{"postgres://db/muster?sslpassword=s3cret&sslmode=verify-full", "postgres://db/muster?sslmode=verify-full"},
+		{"postgres://db/muster", "postgres://db/muster"},
+		{"postgres://muster:s3cret@db:bad port/muster", "postgres://…@"},
+	} {
+		got := storeURLWithoutPassword(c.in)
+		if got != c.want {
+			t.Errorf("storeURLWithoutPassword(%q) = %q, want %q", c.in, got, c.want)
+		}
+		if strings.Contains(got, "s3cret") {
+			t.Errorf("storeURLWithoutPassword(%q) = %q keeps the password", c.in, got)
+		}
+	}
+}
+
+// A store URL in a message, log line or check-config's table shows
+// neither its user information nor a password parameter.
+func TestRedactURL(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"postgres://muster:s3cret@db/muster", "postgres://…@db/muster"},
+		{"postgres://db/muster?password=s3cret&sslmode=require", "postgres://db/muster?sslmode=require"},
+		{"postgres://muster@db/muster?sslpassword=s3cret", "postgres://…@db/muster?"},
+		{"postgres://db/muster?password=%zz-s3cret", "postgres://db/muster?…"},
+		{"sqlite:///var/lib/muster/muster.db", "sqlite:///var/lib/muster/muster.db"},
+	} {
+		if got := redactURL(c.in); got != c.want || strings.Contains(got, "s3cret") {
+			t.Errorf("redactURL(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
