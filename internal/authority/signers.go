@@ -158,7 +158,7 @@ func (a *adminService) StageSigner(ctx context.Context, req *musterv1.StageSigne
 	}
 	res, err := a.s.signers.Stage(ctx, actor(ctx), eff, grace)
 	if staged, ok := rotationOf(res); ok && err == nil {
-		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())
 	}
 	return a.signerStep(ctx, res, err)
 }
@@ -185,7 +185,7 @@ func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackS
 	res, err := a.s.signers.Rollback(ctx, actor(ctx))
 	if staged, ok := rotationOf(res); ok && err == nil {
 		// Rolled back inside grace: the rollout is re-issued.
-		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())
 	}
 	return a.signerStep(ctx, res, err)
 }

@@ -121,11 +121,37 @@ func toRow(s Signer, ref []byte) store.Signer {
 		EffectiveAt: s.EffectiveAt, GraceUntil: s.GraceUntil, RetiresAt: s.RetiresAt, EndedAt: s.EndedAt, Previous: s.Previous}
 }
 
-// Result is one applied step: the changes written and the set version
-// they made.
+// Result is one applied step: the changes written, the set version they
+// made, and the store's time the step was planned at.
 type Result struct {
 	Changes []Change
 	Version int64
+	At      time.Time
+}
+
+// RolloutIssuedAt is the issue time of the rotate task of a step taken at
+// stepAt (Result.At) and sent at now. The step checked the staged signer's
+// effective time against the lead time from stepAt, and agents check
+// effective_at - issued_at against the same lead time, so a task sent
+// right after its step is dated by the step: dated a moment later it would
+// fall short and be refused when staged (or re-staged by a rollback) with
+// exactly signer.min_lead_time. A task sent later is dated now; agents
+// that miss it learn the signer from the verifier set.
+func RolloutIssuedAt(stepAt, now time.Time) time.Time {
+	if d := now.Sub(stepAt); d >= 0 && d < time.Minute {
+		return stepAt
+	}
+	return now
+}
+
+// wholeSecond rounds t up to a whole second: a rotate task carries the
+// effective time in RFC 3339 seconds, and one cut down to the second would
+// fall short of the lead time the step checked.
+func wholeSecond(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second)
+	}
+	return t
 }
 
 // apply writes a plan read from snap. ref is the new signer's key
@@ -155,7 +181,7 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 	}
 	// An error is not the step's: the set is signed on the next request.
 	_, _ = k.publish(ctx, prev)
-	return Result{Changes: changes, Version: v}, nil
+	return Result{Changes: changes, Version: v, At: snap.Now}, nil
 }
 
 // record audits a step's outcome: the acting signer version as the target,
@@ -267,7 +293,7 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 		return Result{}, &TimesError{Reason: "grace must be positive"}
 	}
 	base := NextVersionID(snap.Signers)
-	eff := snap.Now.Add(effectiveIn)
+	eff := wholeSecond(snap.Now.Add(effectiveIn))
 	// Check the rules before custody makes a key that would be thrown away.
 	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
 		return Result{}, err

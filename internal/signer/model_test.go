@@ -157,10 +157,13 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		agents[i] = &modelAgent{trust: tr, online: i%2 == 0, connected: true}
 	}
 
-	// rotate hands the rotate task of a stage to the connected agents, as
-	// the stream does: signed by the active signer, validated by the real
-	// rule, its key added as staged.
-	rotate := func(res signer.Result) {
+	// rotate hands the rotate task of a stage, or of a rollback that
+	// re-issues it, to the connected agents once they hold the step's set,
+	// as the stream does: dated as the authority dates it, signed by the
+	// active signer, validated by the real rule, its key added as staged.
+	// A connected agent must take it: one that refuses it learns the
+	// signer only from the set, and counts a verification failure.
+	rotate := func(res signer.Result) error {
 		var staged signer.Signer
 		for _, c := range res.Changes {
 			if c.To.State == signer.Staged {
@@ -168,13 +171,13 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 		}
 		if staged.VersionID == "" {
-			return
+			return nil
 		}
 		id, sign, err := k.ActiveSigner(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		issued := now()
+		issued := signer.RolloutIssuedAt(res.At, now())
 		env := task.Envelope{TaskID: uuid.NewString(), TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true},
 			Params:   task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil),
 			IssuedAt: issued, ExpiresAt: staged.EffectiveAt, SignerVersionID: id}
@@ -182,19 +185,22 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, a := range agents {
+		for i, a := range agents {
 			if !a.online {
 				continue
 			}
 			v := &task.Verifier{NodeID: "n1", Keys: a.trust, Window: task.NewWindow(nil), Now: now}
 			got, err := v.Verify(raw)
 			if err != nil {
-				continue
+				return fmt.Errorf("agent %d refuses the rotate task of %s: %w", i, staged.VersionID, err)
 			}
-			if key, err := task.ValidateRotate(got, a.trust, a.trust.MinLeadTime(), now()); err == nil {
-				_ = a.trust.AddStaged(key)
+			key, err := task.ValidateRotate(got, a.trust, a.trust.MinLeadTime(), now())
+			if err != nil {
+				return fmt.Errorf("agent %d refuses the rotate task of %s: %w", i, staged.VersionID, err)
 			}
+			_ = a.trust.AddStaged(key)
 		}
+		return nil
 	}
 
 	// asked is the grace each staged version was asked for; graces the
@@ -211,6 +217,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var rollouts []signer.Result
 		var op string
 		var res signer.Result
 		switch r := rng.IntN(100); {
@@ -223,7 +230,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				for _, c := range res.Changes {
 					asked[c.To.VersionID] = grace
 				}
-				rotate(res)
+				rollouts = append(rollouts, res)
 			}
 		case r < 23:
 			op = "activate"
@@ -238,7 +245,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				clock.step(time.Duration(rng.IntN(3)) * time.Minute)
 				res, err = k.Rollback(ctx, who)
 				if err == nil {
-					rotate(res)
+					rollouts = append(rollouts, res)
 				}
 			}
 		case r < 29:
@@ -255,7 +262,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			op = "rollback"
 			res, err = k.Rollback(ctx, who)
 			if err == nil {
-				rotate(res)
+				rollouts = append(rollouts, res)
 			}
 		case r < 65:
 			d := time.Duration(rng.IntN(90)) * time.Minute
@@ -297,6 +304,11 @@ func runModel(t *testing.T, seed uint64, steps int) {
 					fail(step, "a connected agent cannot take the set: %v", err)
 				}
 				a.connected = true
+			}
+		}
+		for _, r := range rollouts {
+			if err := rotate(r); err != nil {
+				fail(step, "%v", err)
 			}
 		}
 		failf := func(format string, args ...any) { fail(step, format, args...) }

@@ -251,7 +251,7 @@ func PlanRollback(signers []Signer, now time.Time, minLead time.Duration) ([]Cha
 	if err != nil {
 		return nil, err
 	}
-	back.To.EffectiveAt = now.Add(minLead)
+	back.To.EffectiveAt = wholeSecond(now.Add(minLead))
 	back.To.GraceUntil = back.To.EffectiveAt.Add(active.GraceLength())
 	return []Change{back, restore}, nil
 }
