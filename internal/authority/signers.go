@@ -37,6 +37,16 @@ func (s *Server) ensureSigner(ctx context.Context) error {
 	if created {
 		s.log.Info("created the first task signer")
 	}
+	// Agents apply the lead time of the set they hold, which carries the
+	// lead time of the replica that signed it: a replica running with
+	// another one than its peers stages rotations that agents may refuse.
+	// The set can also be older than a change made on every replica (the
+	// next signer step publishes the new value), so this warns rather
+	// than refuses.
+	if lead, v, err := s.signers.SetMinLeadTime(ctx); err == nil && lead != s.signers.MinLeadTime() {
+		s.log.Warn("signer.min_lead_time differs from the one the current verifier set carries: if other replicas run with that one, give every replica the same value, or agents may refuse rotate tasks staged through one of them (docs/high-availability.md, \"Settings every replica must share\"); after a change made on every replica, the next signer step publishes the new value",
+			"signer_min_lead_time", s.signers.MinLeadTime().String(), "verifier_set_min_lead_time", lead.String(), "verifier_set_version", v)
+	}
 	return nil
 }
 

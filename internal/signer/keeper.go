@@ -580,6 +580,22 @@ func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64)
 	return c.raw, c.id.Version, nil
 }
 
+// SetMinLeadTime is the signer.min_lead_time the store's current verifier
+// set carries, which agents apply to the next rotate task, and the set's
+// version. The set carries the lead time of the replica that signed it,
+// so with replicas configured differently it may not be this keeper's.
+func (k *Keeper) SetMinLeadTime(ctx context.Context) (time.Duration, int64, error) {
+	raw, v, err := k.SignedVerifierSet(ctx, -1)
+	if err != nil {
+		return 0, 0, err
+	}
+	set, err := ParseVerifierSet(raw)
+	if err != nil {
+		return 0, 0, err
+	}
+	return set.MinLeadTime(), v, nil
+}
+
 // kept returns the set the store keeps for version, nil if none.
 func (k *Keeper) kept(ctx context.Context, version int64) ([]byte, error) {
 	sets, err := k.st.VerifierSets(ctx, version-1, 1)
