@@ -37,6 +37,16 @@ func (s *Server) ensureSigner(ctx context.Context) error {
 	if created {
 		s.log.Info("created the first task signer")
 	}
+	// Agents apply the lead time of the set they hold, which carries the
+	// lead time of the replica that signed it: a replica running with
+	// another one than its peers stages rotations that agents may refuse.
+	// The set can also be older than a change made on every replica (the
+	// next signer step publishes the new value), so this warns rather
+	// than refuses.
+	if lead, v, err := s.signers.SetMinLeadTime(ctx); err == nil && lead != s.signers.MinLeadTime() {
+		s.log.Warn("signer.min_lead_time differs from the one the current verifier set carries: if other replicas run with that one, give every replica the same value, or agents may refuse rotate tasks staged through one of them (docs/high-availability.md, \"Settings every replica must share\"); after a change made on every replica, the next signer step publishes the new value",
+			"signer_min_lead_time", s.signers.MinLeadTime().String(), "verifier_set_min_lead_time", lead.String(), "verifier_set_version", v)
+	}
 	return nil
 }
 
@@ -177,7 +187,7 @@ func (a *adminService) StageSigner(ctx context.Context, req *musterv1.StageSigne
 	}
 	res, err := a.s.signers.Stage(ctx, actor(ctx), eff, grace)
 	if staged, ok := rotationOf(res); ok && err == nil {
-		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())
 	}
 	return a.signerStep(ctx, res, err)
 }
@@ -204,7 +214,7 @@ func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackS
 	res, err := a.s.signers.Rollback(ctx, actor(ctx))
 	if staged, ok := rotationOf(res); ok && err == nil {
 		// Rolled back inside grace: the rollout is re-issued.
-		a.s.queueRotation(ctx, staged, callerFrom(ctx).Actor())
+		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())
 	}
 	return a.signerStep(ctx, res, err)
 }

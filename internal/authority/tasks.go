@@ -238,24 +238,15 @@ func sendAnswer(envs []task.Envelope, queued int, listed []string) *musterv1.Sen
 // queueRotation sends node.rotate_signing_key for a staged signer to every
 // enrolled agent, signed by the active signer, to arrive before the new
 // signer's effective time (agents that miss it learn the signer from the
-// verifier set).
-func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, actor string) {
+// verifier set). stepAt is the time of the step that staged it
+// (signer.Result.At), which dates the task (signer.RolloutIssuedAt).
+func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, stepAt time.Time, actor string) {
 	err := func() error {
 		now, err := s.store.Now(ctx)
 		if err != nil {
 			return err
 		}
-		// Dated by the staging when it is sent right after it: the
-		// staging checked effective_at against the lead time, agents
-		// check effective_at - issued_at against the same lead time, and
-		// a task sent a moment later (across a second boundary) would
-		// fall short of it and be refused when the operator staged with
-		// exactly signer.min_lead_time. A task sent again later is dated
-		// now (agents that miss it learn the signer from the set).
-		issued := now
-		if d := now.Sub(staged.PublishedAt); d >= 0 && d < time.Minute {
-			issued = staged.PublishedAt
-		}
+		issued := signer.RolloutIssuedAt(stepAt, now)
 		lifetime := min(staged.EffectiveAt.Sub(issued), task.MaxLifetime)
 		env := task.Envelope{TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true}, IssuedAt: issued,
 			Params: task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil)}

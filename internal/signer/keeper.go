@@ -134,10 +134,12 @@ func toRow(s Signer, ref []byte) store.Signer {
 }
 
 // Result is one applied step: the changes written, the set version they
-// made, and what became of the keys of the signers it ended.
+// made, the store's time the step was planned at, and what became of
+// the keys of the signers it ended.
 type Result struct {
 	Changes []Change
 	Version int64
+	At      time.Time
 	// refs are the key references of the changed signers, as written.
 	refs map[string][]byte
 	Keys []KeyFate
@@ -218,6 +220,31 @@ func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (f KeyFat
 	return f, err == nil
 }
 
+// RolloutIssuedAt is the issue time of the rotate task of a step taken at
+// stepAt (Result.At) and sent at now. The step checked the staged signer's
+// effective time against the lead time from stepAt, and agents check
+// effective_at - issued_at against the same lead time, so a task sent
+// right after its step is dated by the step: dated a moment later it would
+// fall short and be refused when staged (or re-staged by a rollback) with
+// exactly signer.min_lead_time. A task sent later is dated now; agents
+// that miss it learn the signer from the verifier set.
+func RolloutIssuedAt(stepAt, now time.Time) time.Time {
+	if d := now.Sub(stepAt); d >= 0 && d < time.Minute {
+		return stepAt
+	}
+	return now
+}
+
+// wholeSecond rounds t up to a whole second: a rotate task carries the
+// effective time in RFC 3339 seconds, and one cut down to the second would
+// fall short of the lead time the step checked.
+func wholeSecond(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second)
+	}
+	return t
+}
+
 // apply writes a plan read from snap. ref is the new signer's key
 // reference for a plan that inserts one.
 func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref []byte) (Result, error) {
@@ -274,7 +301,7 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 			fates = append(fates, f)
 		}
 	}
-	return Result{Changes: changes, Version: v, Keys: fates, refs: refs}, nil
+	return Result{Changes: changes, Version: v, At: snap.Now, Keys: fates, refs: refs}, nil
 }
 
 // destroyTimeout bounds one destruction of a token key.
@@ -400,7 +427,7 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 		return Result{}, &TimesError{Reason: "grace must be positive"}
 	}
 	base := NextVersionID(snap.Signers)
-	eff := snap.Now.Add(effectiveIn)
+	eff := wholeSecond(snap.Now.Add(effectiveIn))
 	// Check the rules before custody makes a key that would be thrown away.
 	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
 		return Result{}, err
@@ -733,6 +760,22 @@ func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64)
 		return nil, have, nil
 	}
 	return c.raw, c.id.Version, nil
+}
+
+// SetMinLeadTime is the signer.min_lead_time the store's current verifier
+// set carries, which agents apply to the next rotate task, and the set's
+// version. The set carries the lead time of the replica that signed it,
+// so with replicas configured differently it may not be this keeper's.
+func (k *Keeper) SetMinLeadTime(ctx context.Context) (time.Duration, int64, error) {
+	raw, v, err := k.SignedVerifierSet(ctx, -1)
+	if err != nil {
+		return 0, 0, err
+	}
+	set, err := ParseVerifierSet(raw)
+	if err != nil {
+		return 0, 0, err
+	}
+	return set.MinLeadTime(), v, nil
 }
 
 // kept returns the set the store keeps for version, nil if none.

@@ -216,7 +216,7 @@ func TestRotationAndRollback(t *testing.T) {
 			t.Fatal(diff)
 		}
 		for _, x := range got {
-			if x.VersionID == "v2" && (!x.EffectiveAt.Equal(now.Add(lead)) || x.GraceUntil.Sub(x.EffectiveAt) != grace.Sub(eff)) {
+			if x.VersionID == "v2" && (!x.EffectiveAt.Equal(now.Add(lead)) || x.GraceLength() != grace.Sub(eff)) {
 				t.Fatalf("re-issued times %v %v", x.EffectiveAt, x.GraceUntil)
 			}
 		}
@@ -254,6 +254,75 @@ func TestRotationAndRollback(t *testing.T) {
 	})
 }
 
+// TestGraceFromActivation checks that the predecessor's grace is the
+// length asked at stage, counted from the real activation, whoever takes
+// it and when, and that activate-and-rollback cycles never lengthen it: a
+// forced activation used to keep the staged grace_until, and the rollback
+// after it re-staged with the longer length it read.
+func TestGraceFromActivation(t *testing.T) {
+	const lead = DefaultMinLeadTime
+	const asked = 24 * time.Hour
+	eff := t0.Add(time.Hour)
+	for name, tc := range map[string]struct {
+		by  Trigger
+		now time.Time
+	}{
+		"forced long before effect": {ByCommand, t0.Add(time.Minute)},
+		"forced just before effect": {ByCommand, eff.Add(-time.Second)},
+		"clock at effect":           {ByClock, eff},
+		"clock after an outage":     {ByClock, eff.Add(30 * time.Hour)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := apply(t, nil, mustPlan(t)(PlanCreate(nil, "v1", newPub(t), t0)))
+			s = apply(t, s, mustPlan(t)(PlanStage(s, "v2", newPub(t), t0, eff, eff.Add(asked), lead)))
+			now, by := tc.now, tc.by
+			for cycle := range 5 {
+				s = apply(t, s, mustPlan(t)(PlanActivate(s, by, now)))
+				for _, x := range s {
+					if x.State == Grace && !x.RetiresAt.Equal(now.Add(asked)) {
+						t.Fatalf("cycle %d: %s in grace until %v, want %v (activated %v + %v)", cycle, x.VersionID, x.RetiresAt, now.Add(asked), now, asked)
+					}
+					if x.State == Active && (!x.EffectiveAt.Equal(now) || x.GraceLength() != asked) {
+						t.Fatalf("cycle %d: active %s effective %v grace %v, want %v and %v", cycle, x.VersionID, x.EffectiveAt, x.GraceLength(), now, asked)
+					}
+				}
+				now = now.Add(time.Minute)
+				s = apply(t, s, mustPlan(t)(PlanRollback(s, now, lead)))
+				for _, x := range s {
+					if x.State == Staged && (!x.EffectiveAt.Equal(now.Add(lead)) || x.GraceLength() != asked) {
+						t.Fatalf("cycle %d: re-staged %s effective %v grace %v, want %v and %v", cycle, x.VersionID, x.EffectiveAt, x.GraceLength(), now.Add(lead), asked)
+					}
+				}
+				// Alternate forced activations with the clock's, each a
+				// little after the effective time it reads.
+				by = ByCommand
+				if cycle%2 == 1 {
+					by, now = ByClock, now.Add(lead+time.Second)
+				}
+			}
+		})
+	}
+	t.Run("emergency rotation", func(t *testing.T) {
+		s := apply(t, nil, mustPlan(t)(PlanCreate(nil, "v1", newPub(t), t0)))
+		s = apply(t, s, mustPlan(t)(PlanStage(s, "v2", newPub(t), t0, eff, eff.Add(asked), lead)))
+		now := t0.Add(time.Minute)
+		s = apply(t, s, mustPlan(t)(PlanRevoke(s, "v1", now)))
+		if a, _ := ActiveOf(s); !a.EffectiveAt.Equal(now) || a.GraceLength() != asked {
+			t.Fatalf("active %s effective %v grace %v, want %v and %v", a.VersionID, a.EffectiveAt, a.GraceLength(), now, asked)
+		}
+	})
+}
+
+func mustPlan(t *testing.T) func([]Change, error) []Change {
+	return func(c []Change, err error) []Change {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+}
+
 func TestNextVersionID(t *testing.T) {
 	for want, in := range map[string][]Signer{
 		"v1": nil,
@@ -283,16 +352,6 @@ func TestRefusalsNameTheWayOut(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "(`muster signer ") {
 			t.Errorf("%s: %v, want a refusal naming a muster signer command", name, err)
 		}
-	}
-}
-
-func mustPlan(t *testing.T) func([]Change, error) []Change {
-	return func(c []Change, err error) []Change {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
 	}
 }
 

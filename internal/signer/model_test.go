@@ -80,11 +80,15 @@ type modelAgent struct {
 // keeper on a real SQLite store) against a fleet of agents holding the
 // real trust code (signer.Trust: Accept and AcceptChain, as the agent
 // takes sets on its stream, at renewal and by trust refresh), some
-// connected, some offline, some restarted from what they persisted. After
-// every step it checks: no connected agent trusts a revoked key; every
-// agent that connected since the last step verifies a task from the active
-// signer; no agent holds a set it cannot leave (a copy of every agent,
-// connected now, reaches the authority's current set).
+// connected, some offline, some restarted from what they persisted; forced
+// activations are often followed by a rollback, the cycle that used to
+// lengthen the grace. After every step it checks: an active signer exists;
+// no signer's grace is longer than the operator asked at stage, counted
+// from its real activation; no connected agent, and no agent holding only
+// the current set, trusts a revoked key; no agent trusts no key; every
+// agent that connected since the last step verifies a task from the
+// active signer; no agent holds a set it cannot leave (a copy of every
+// agent, connected now, reaches the authority's current set).
 //
 // CI runs 2 fixed seeds of 50 steps (a few seconds). For a longer run:
 // MUSTER_MODEL_SEEDS=50 MUSTER_MODEL_STEPS=1000 go test -run TestFleetModel
@@ -153,10 +157,13 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		agents[i] = &modelAgent{trust: tr, online: i%2 == 0, connected: true}
 	}
 
-	// rotate hands the rotate task of a stage to the connected agents, as
-	// the stream does: signed by the active signer, validated by the real
-	// rule, its key added as staged.
-	rotate := func(res signer.Result) {
+	// rotate hands the rotate task of a stage, or of a rollback that
+	// re-issues it, to the connected agents once they hold the step's set,
+	// as the stream does: dated as the authority dates it, signed by the
+	// active signer, validated by the real rule, its key added as staged.
+	// A connected agent must take it: one that refuses it learns the
+	// signer only from the set, and counts a verification failure.
+	rotate := func(res signer.Result) error {
 		var staged signer.Signer
 		for _, c := range res.Changes {
 			if c.To.State == signer.Staged {
@@ -164,13 +171,13 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 		}
 		if staged.VersionID == "" {
-			return
+			return nil
 		}
 		id, sign, err := k.ActiveSigner(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		issued := now()
+		issued := signer.RolloutIssuedAt(res.At, now())
 		env := task.Envelope{TaskID: uuid.NewString(), TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true},
 			Params:   task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil),
 			IssuedAt: issued, ExpiresAt: staged.EffectiveAt, SignerVersionID: id}
@@ -178,21 +185,28 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, a := range agents {
+		for i, a := range agents {
 			if !a.online {
 				continue
 			}
 			v := &task.Verifier{NodeID: "n1", Keys: a.trust, Window: task.NewWindow(nil), Now: now}
 			got, err := v.Verify(raw)
 			if err != nil {
-				continue
+				return fmt.Errorf("agent %d refuses the rotate task of %s: %w", i, staged.VersionID, err)
 			}
-			if key, err := task.ValidateRotate(got, a.trust, a.trust.MinLeadTime(), now()); err == nil {
-				_ = a.trust.AddStaged(key)
+			key, err := task.ValidateRotate(got, a.trust, a.trust.MinLeadTime(), now())
+			if err != nil {
+				return fmt.Errorf("agent %d refuses the rotate task of %s: %w", i, staged.VersionID, err)
 			}
+			_ = a.trust.AddStaged(key)
 		}
+		return nil
 	}
 
+	// asked is the grace each staged version was asked for; graces the
+	// signers the model saw enter grace, with the bound of their grace.
+	asked := map[string]time.Duration{}
+	graces := map[string]time.Time{}
 	var history []string
 	fail := func(step int, format string, args ...any) {
 		t.Helper()
@@ -203,19 +217,37 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		var rollouts []signer.Result
 		var op string
 		var res signer.Result
 		switch r := rng.IntN(100); {
 		case r < 15:
 			op = "stage"
 			eff := minLead + time.Duration(rng.IntN(30))*time.Minute
-			res, err = k.Stage(ctx, who, eff, time.Duration(1+rng.IntN(120))*time.Minute)
+			grace := time.Duration(1+rng.IntN(120)) * time.Minute
+			res, err = k.Stage(ctx, who, eff, grace)
 			if err == nil {
-				rotate(res)
+				for _, c := range res.Changes {
+					asked[c.To.VersionID] = grace
+				}
+				rollouts = append(rollouts, res)
 			}
 		case r < 23:
 			op = "activate"
 			res, err = k.Activate(ctx, who)
+			if err == nil && rng.IntN(2) == 0 {
+				// A forced activation and its rollback, a minute or
+				// two later: the rollout is re-issued.
+				failf := func(format string, args ...any) { fail(step, "after activate: "+format, args...) }
+				check(t, ctx, k, agents, now(), connect, failf)
+				checkGrace(t, ctx, k, asked, graces, now(), failf)
+				op = "activate+rollback"
+				clock.step(time.Duration(rng.IntN(3)) * time.Minute)
+				res, err = k.Rollback(ctx, who)
+				if err == nil {
+					rollouts = append(rollouts, res)
+				}
+			}
 		case r < 29:
 			op = "retire"
 			res, err = k.Retire(ctx, who)
@@ -230,7 +262,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			op = "rollback"
 			res, err = k.Rollback(ctx, who)
 			if err == nil {
-				rotate(res)
+				rollouts = append(rollouts, res)
 			}
 		case r < 65:
 			d := time.Duration(rng.IntN(90)) * time.Minute
@@ -274,7 +306,47 @@ func runModel(t *testing.T, seed uint64, steps int) {
 				a.connected = true
 			}
 		}
-		check(t, ctx, k, agents, now(), connect, func(format string, args ...any) { fail(step, format, args...) })
+		for _, r := range rollouts {
+			if err := rotate(r); err != nil {
+				fail(step, "%v", err)
+			}
+		}
+		failf := func(format string, args ...any) { fail(step, format, args...) }
+		check(t, ctx, k, agents, now(), connect, failf)
+		checkGrace(t, ctx, k, asked, graces, now(), failf)
+	}
+}
+
+// checkGrace checks that no grace is longer than asked: every signer's
+// grace length (GraceUntil - EffectiveAt, re-issued by a rollback) is at
+// most what its stage asked, and a signer that entered grace since the
+// last check retires at most that long after now, the activation that put
+// it there.
+func checkGrace(t *testing.T, ctx context.Context, k *signer.Keeper, asked map[string]time.Duration, graces map[string]time.Time, now time.Time, fail func(string, ...any)) {
+	t.Helper()
+	snap, err := k.Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	active, _ := signer.ActiveOf(snap.Signers)
+	for _, s := range snap.Signers {
+		if want, ok := asked[s.VersionID]; ok && s.State != signer.Retired && s.State != signer.Revoked && s.GraceLength() > want {
+			fail("%s (%s) has a grace of %v, asked %v", s.VersionID, s.State, s.GraceLength(), want)
+		}
+		if s.State != signer.Grace {
+			delete(graces, s.VersionID)
+			continue
+		}
+		if _, seen := graces[s.VersionID]; !seen {
+			want, ok := asked[active.VersionID]
+			if !ok || active.Previous != s.VersionID {
+				fail("%s entered grace, but the active %s (asked %v) does not replace it", s.VersionID, active.VersionID, want)
+			}
+			graces[s.VersionID] = now.Add(want)
+		}
+		if s.RetiresAt.After(graces[s.VersionID]) {
+			fail("%s in grace until %v, past its activation's %v", s.VersionID, s.RetiresAt, graces[s.VersionID])
+		}
 	}
 }
 
@@ -298,7 +370,28 @@ func check(t *testing.T, ctx context.Context, k *signer.Keeper, agents []*modelA
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An agent holding just the current set (one that joins now) trusts
+	// the active signer and no revoked key.
+	cur, err := k.VerifierSet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, _ := signer.NewTrust(nil, nil)
+	if err := fresh.Accept(cur, now); err != nil {
+		fail("the current set: %v", err)
+	}
+	if _, _, ok := fresh.Verifier(active.VersionID, now); !ok {
+		fail("the current set does not trust the active signer %s", active.VersionID)
+	}
+	for _, s := range snap.Signers {
+		if _, _, ok := fresh.Verifier(s.VersionID, now); ok && s.State == signer.Revoked {
+			fail("the current set trusts revoked %s", s.VersionID)
+		}
+	}
 	for i, a := range agents {
+		if len(a.trust.Accepted(now)) == 0 {
+			fail("agent %d (set %d, online %v) trusts no key", i, a.trust.Version(), a.online)
+		}
 		if a.online {
 			for _, s := range snap.Signers {
 				if s.State != signer.Revoked {

@@ -127,10 +127,23 @@ func newSigner(signers []Signer, versionID string, pub ed25519.PublicKey, now ti
 	return Signer{VersionID: versionID, PublicKey: pub, PublishedAt: now}, nil
 }
 
+// activated dates a signer's activation now: its grace, the length the
+// operator asked for at stage (Signer.GraceLength), runs from the real
+// activation, not from the effective time it was staged with. Keeping the
+// staged GraceUntil on a forced activation gave the predecessor a longer
+// grace than asked, and a rollback, which re-stages with the length it
+// reads, made it longer still on every activate-and-rollback cycle.
+func activated(s Signer, now time.Time) Signer {
+	s.GraceUntil = now.Add(s.GraceLength())
+	s.EffectiveAt = now
+	return s
+}
+
 // PlanActivate makes the staged signer active: by the clock at its
 // effective time, by a command at once. The active signer moves to grace
-// until the staged signer's GraceUntil, and a signer still in grace from an
-// earlier rotation retires, so at most one is in grace.
+// for the grace length asked at stage, counted from now, and a signer
+// still in grace from an earlier rotation retires, so at most one is in
+// grace.
 func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error) {
 	staged, ok := find(signers, inState(Staged))
 	if !ok {
@@ -140,7 +153,7 @@ func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error)
 	if err != nil {
 		return nil, err
 	}
-	up.To.EffectiveAt = now
+	up.To = activated(up.To, now)
 	// Each change frees its slot before the next takes it: the store holds
 	// at most one staged, one active and one in grace at every write.
 	var changes []Change
@@ -156,7 +169,7 @@ func PlanActivate(signers []Signer, by Trigger, now time.Time) ([]Change, error)
 		if err != nil {
 			return nil, err
 		}
-		c.To.RetiresAt = staged.GraceUntil
+		c.To.RetiresAt = up.To.GraceUntil
 		changes = append(changes, c)
 	}
 	return append(changes, up), nil
@@ -200,7 +213,7 @@ func PlanRevoke(signers []Signer, versionID string, now time.Time) ([]Change, er
 	if err != nil {
 		return nil, err
 	}
-	up.To.EffectiveAt = now
+	up.To = activated(up.To, now)
 	return []Change{c, up}, nil
 }
 
@@ -208,7 +221,8 @@ func PlanRevoke(signers []Signer, versionID string, now time.Time) ([]Change, er
 // the staged signer's effective time it is discarded; after, within the
 // predecessor's grace, the predecessor signs again and the new signer is
 // staged again with its rollout re-issued (effective minLead from now, with
-// the grace length it had); after grace, ErrRollbackClosed.
+// the grace length asked at stage: activation keeps it, so it does not
+// grow over activate-and-rollback cycles); after grace, ErrRollbackClosed.
 func PlanRollback(signers []Signer, now time.Time, minLead time.Duration) ([]Change, error) {
 	if staged, ok := find(signers, inState(Staged)); ok {
 		c, err := step(staged, ActRollback, ByCommand, now)
@@ -237,9 +251,8 @@ func PlanRollback(signers []Signer, now time.Time, minLead time.Duration) ([]Cha
 	if err != nil {
 		return nil, err
 	}
-	grace := active.GraceUntil.Sub(active.EffectiveAt)
-	back.To.EffectiveAt = now.Add(minLead)
-	back.To.GraceUntil = back.To.EffectiveAt.Add(grace)
+	back.To.EffectiveAt = wholeSecond(now.Add(minLead))
+	back.To.GraceUntil = back.To.EffectiveAt.Add(active.GraceLength())
 	return []Change{back, restore}, nil
 }
 

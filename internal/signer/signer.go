@@ -69,7 +69,10 @@ type Signer struct {
 	// EffectiveAt is when it becomes (or became) active.
 	EffectiveAt time.Time
 	// GraceUntil is the end of the grace of the signer this one replaces:
-	// agents keep accepting the predecessor until then.
+	// agents keep accepting the predecessor until then. GraceUntil minus
+	// EffectiveAt is the grace length the operator asked for at stage
+	// (GraceLength); every step that moves EffectiveAt moves GraceUntil with
+	// it, so the length is kept on the signer without a column of its own.
 	GraceUntil time.Time
 	// RetiresAt is when a signer in grace stops being accepted; set when it
 	// enters grace.
@@ -79,6 +82,10 @@ type Signer struct {
 	// Previous is the version that was active when this one was staged.
 	Previous string
 }
+
+// GraceLength is the grace the operator asked for when this signer was
+// staged: how long its predecessor stays accepted after its activation.
+func (s Signer) GraceLength() time.Duration { return s.GraceUntil.Sub(s.EffectiveAt) }
 
 // ErrMalformedVersionID is returned for a version ID outside the node-ID
 // form (spiffeid.ValidNodeID), which keeps it safe in file names, logs and audit targets.
