@@ -133,7 +133,10 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 // load reads every CA certificate and sets the hierarchy's intermediates:
 // the active one of each role with its key, and every one still in the
 // bundle. A certificate that does not chain to the root, or a key that
-// does not open, fails the whole read and the set in use stays.
+// does not open, fails the whole read and the set in use stays; except a
+// retiring intermediate's key gone from the token, which it no longer
+// needs to sign leaves (it stays in the bundle, keyless, and its
+// revocation list is no longer renewed).
 func (in *intermediates) load(ctx context.Context) error {
 	// Loads run at once (the watch's, an operator's step, a root
 	// phase change), so each reads under the lock: a read that began
@@ -197,11 +200,28 @@ func (in *intermediates) load(ctx context.Context) error {
 		}
 		key := in.signers[r.Serial]
 		if key == nil {
-			if key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}); err != nil {
+			key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
+			switch {
+			case err != nil && r.State == store.CARetiring && errors.Is(err, custody.ErrKeyMissing):
+				// A retiring intermediate signs no new leaf: it only
+				// stays in the bundle until its last leaf expires, so a
+				// lost key does not stop the replica. It can no longer
+				// sign its revocation list: the last one signed is
+				// served until its nextUpdate, and after that relying
+				// parties that check lists refuse its leaves (fail
+				// closed) rather than trust a list nobody can renew.
+				in.s.log.Warn("a retiring CA intermediate's key is missing from the token: it stays in the trust bundle until it retires, signs nothing, and its revocation list is no longer renewed (docs/hsm.md \"A lost token\")",
+					"role", r.Role, "serial", r.Serial, "key", custody.Where(r.KeyRef), "err", err)
+				key = nil
+			case err != nil && errors.Is(err, custody.ErrKeyMissing):
+				return fmt.Errorf("%s intermediate %s (%s): %w; %s", r.Role, r.Serial, r.State, err, in.lostKeyWayOut(r.Role, r.State))
+			case err != nil:
 				return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 			}
 		}
-		keep[r.Serial] = key
+		if key != nil {
+			keep[r.Serial] = key
+		}
 		issuer := &ca.Issuer{Cert: cert, Key: key}
 		if in.s.cfg.CRLURL != "" {
 			// Every leaf names its issuer's list (DESIGN.md "Revocation
@@ -236,6 +256,27 @@ func (in *intermediates) load(ctx context.Context) error {
 		in.s.crl.Poke()
 	}
 	return nil
+}
+
+// lostKeyWayOut names what replaces an intermediate of role in state
+// whose key is gone from the token: a new one made offline under the
+// root (which needs the root key: docs/hsm.md "A lost token").
+func (in *intermediates) lostKeyWayOut(role, state string) string {
+	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s", role, shellArg(string(in.s.cfg.Dir)))
+	if state == store.CAPrepared {
+		return "it signs nothing yet: discard it and make a new one with " + cmd + " (docs/hsm.md \"A lost token\")"
+	}
+	return "replace it with a new intermediate under the root, run on the machine with the data directory while the authority is stopped: " + cmd +
+		" (with the root key offline add --root-key FILE; if the root key was in the lost token too, a new authority is needed: docs/hsm.md \"A lost token\")"
+}
+
+// shellArg quotes s for a POSIX shell when it needs it, so a command in
+// a refusal works pasted.
+func shellArg(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:=@,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // changed asks run to read the intermediates again. It never blocks. A

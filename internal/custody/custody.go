@@ -62,5 +62,11 @@ type Importer interface {
 // The cases are deliberately not told apart.
 var ErrKey = errors.New("custody: the stored key reference does not open to its public key")
 
+// ErrKeyMissing: the token answers but holds no private key object for
+// the reference (deleted, or a token restored or replaced without it).
+// Unlike ErrKey it tells the operator what to do: the key is gone, so
+// whatever signs with it must be replaced (docs/hsm.md "A lost token").
+var ErrKeyMissing = errors.New("custody: the key's private object is not in the PKCS#11 token")
+
 // ErrAlgorithm: the custody cannot make or hold a key of that kind.
 var ErrAlgorithm = errors.New("custody: key algorithm not supported")

@@ -481,6 +481,9 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 		if err != nil {
 			return err
 		}
+		if len(privs) == 0 {
+			return keyMissing{u.String()}
+		}
 		if len(pubs) != 1 || len(privs) != 1 {
 			return ErrKey
 		}
@@ -509,6 +512,14 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 	}
 	return &p11Signer{c: c, u: u, pub: k.Public, alg: alg}, nil
 }
+
+// keyMissing is ErrKeyMissing for one object. It is ErrKey too: callers
+// that only ask whether a reference opens see what they saw before.
+type keyMissing struct{ uri string }
+
+func (e keyMissing) Error() string { return ErrKeyMissing.Error() + ": " + e.uri }
+
+func (e keyMissing) Is(target error) bool { return target == ErrKeyMissing || target == ErrKey }
 
 func attrTrue(a *pkcs11.Attribute) bool { return len(a.Value) == 1 && a.Value[0] != 0 }
 

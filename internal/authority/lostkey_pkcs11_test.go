@@ -1,0 +1,150 @@
+//go:build pkcs11 && cgo
+
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/custody/softhsmtest"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// tokenReplica is one replica whose CA keys are made in a SoftHSM2
+// token, and the token's CA custody, to delete objects behind its back.
+func tokenReplica(t *testing.T) (*benchAuthority, *custody.Token) {
+	t.Helper()
+	tok := softhsmtest.Start(t)
+	tk, err := custody.OpenPKCS11(custody.PKCS11Config{URI: tok.URI, Module: tok.Module, PINFile: tok.PINFile})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tk.Close() })
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.CAIntermediateTTL = 3 * time.Minute
+		c.WrapCACustody = func(sealed custody.Custody) (custody.Custody, error) {
+			inToken, err := CACustody(c.StorageKey, tk)
+			return importSealed{Custody: inToken, sealed: sealed.(custody.Importer)}, err
+		}
+	})
+	return a, tk
+}
+
+// deleteKey removes r's key objects from the token, as a token restored
+// without them (or an operator's pkcs11-tool) would.
+func deleteKey(t *testing.T, ctx context.Context, tokenCA *custody.PKCS11, r store.CACert) {
+	t.Helper()
+	if err := tokenCA.Destroy(ctx, keyName(r.Role, r.Serial), custody.Key{Ref: r.KeyRef}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// readAsAtStart reads the store's intermediates as a starting replica
+// does: no key opened before.
+func readAsAtStart(t *testing.T, s *Server) error {
+	t.Helper()
+	in, err := newIntermediates(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in.load(t.Context())
+}
+
+// TestLostRetiringKeyDoesNotStopStart: a retiring intermediate whose key
+// is gone from the token (it signs no new leaf) no longer stops a replica
+// reading the intermediates, as at its start: it stays in the trust
+// bundle, keyless, so its leaves still verify until it retires. An active
+// intermediate whose key is gone does stop it, and the refusal names
+// the way out (a new intermediate made offline under the root).
+func TestLostRetiringKeyDoesNotStopStart(t *testing.T) {
+	a, tk := tokenReplica(t)
+	tokenCA := tk.For("muster-ca/")
+	s := a.srvs[0]
+	ctx := t.Context()
+	now := time.Now()
+	old := storeIntermediate(t, ctx, a, now.Add(-time.Minute), 3*time.Minute)
+	cur := storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+	if !custody.IsPKCS11Ref(old.KeyRef) {
+		t.Fatalf("the test's intermediate key is not in the token: %q", old.KeyRef)
+	}
+	deleteKey(t, ctx, tokenCA, old)
+	if err := readAsAtStart(t, s); err != nil {
+		t.Fatalf("a retiring intermediate's lost key stops the start: %v", err)
+	}
+	live := s.ca.CurrentIntermediates()
+	var kept bool
+	for _, i := range live.Retiring[ca.RoleAgent] {
+		if i.Cert.SerialNumber.Text(16) == old.Serial {
+			kept = true
+			if i.Key != nil {
+				t.Error("the retiring intermediate whose key is gone has a key")
+			}
+		}
+	}
+	if !kept {
+		t.Fatal("the retiring intermediate whose key is gone left the set in use")
+	}
+	var inBundle bool
+	for _, c := range live.Bundle[ca.RoleAgent] {
+		inBundle = inBundle || c.SerialNumber.Text(16) == old.Serial
+	}
+	if !inBundle {
+		t.Error("the retiring intermediate whose key is gone left the trust bundle: its leaves would stop verifying")
+	}
+	if got := s.ca.Issuer(ca.RoleAgent); got == nil || got.Cert.SerialNumber.Text(16) != cur.Serial {
+		t.Errorf("the active agent intermediate is %v, want %s", got, cur.Serial)
+	}
+
+	deleteKey(t, ctx, tokenCA, cur)
+	err := readAsAtStart(t, s)
+	if !errors.Is(err, custody.ErrKeyMissing) {
+		t.Fatalf("an active intermediate's lost key: %v, want ErrKeyMissing", err)
+	}
+	for _, want := range []string{"agent intermediate " + cur.Serial, "muster ca rotate agent --offline --data "} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
+	}
+
+	// The way out it names: a new agent intermediate under the root,
+	// its key in the token, active at once; the lost one retiring.
+	m := LostKeyRotation{Store: a.store, CA: a.h, StorageKey: a.sk, Token: tk, Audit: s.audit, Actor: "test",
+		Role: ca.RoleAgent, IntermediateTTL: 3 * time.Minute}
+	res, err := RotateLostIntermediate(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !custody.IsPKCS11Ref(res.Active.KeyRef) || res.Previous.Serial != cur.Serial {
+		t.Errorf("replaced %s by %s (%s), want %s replaced by a key in the token", res.Previous.Serial, res.Active.Serial, custody.Where(res.Active.KeyRef), cur.Serial)
+	}
+	if err := readAsAtStart(t, s); err != nil {
+		t.Fatalf("after muster ca rotate agent --offline the replica still cannot start: %v", err)
+	}
+	if got := s.ca.Issuer(ca.RoleAgent); got == nil || got.Cert.SerialNumber.Text(16) != res.Active.Serial || got.Key == nil {
+		t.Fatalf("the active agent intermediate is %v, want %s with its key", got, res.Active.Serial)
+	}
+	// Its key signs, and the certificate chains to the root.
+	if err := certOf(t, res.Active).CheckSignatureFrom(a.h.Root); err != nil {
+		t.Error(err)
+	}
+	// A second run finds the active key opening, and refuses.
+	if _, err := RotateLostIntermediate(ctx, m); err == nil || !strings.Contains(err.Error(), "opens: it is not lost") {
+		t.Errorf("a second run: %v, want a refusal saying the key opens", err)
+	}
+}
+
+// certOf parses r's certificate.
+func certOf(t *testing.T, r store.CACert) *x509.Certificate {
+	t.Helper()
+	c, err := x509.ParseCertificate(r.CertDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
