@@ -42,7 +42,28 @@ type intermediates struct {
 	// loaded names the rows (serial and state) of the set in use, so a
 	// periodic read that finds the same rows changes nothing.
 	loaded string
+	// active are the active intermediates' keys in a token, as the last
+	// successful read found them: what probeKeys looks for.
+	active atomic.Pointer[[]activeKey]
+	// keysFailing is why an active intermediate's key cannot sign, as
+	// the last probe found (nil: every one's object is in the token).
+	keysFailing atomic.Pointer[error]
+	// keyOK is, by role/serial, 1 while the last probe found the active
+	// key's object, 0 when it did not: muster_ca_key_available.
+	keyOK sync.Map
 }
+
+// activeKey is an active intermediate whose key is a token object.
+type activeKey struct {
+	role, serial string
+	key          custody.Key
+}
+
+// keyProbe is how often each replica looks in the token for the active
+// intermediates' key objects: a lookup (no signature) per key, so that
+// /readyz stops saying ready soon after one disappears, without a round
+// trip to the token per probe of /readyz.
+const keyProbe = 10 * time.Second
 
 // caRefresh is how often every replica reads the intermediates even
 // without a change notification, so that one whose notifications stall
@@ -176,6 +197,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	set := roots.set()
 	keep := map[string]crypto.Signer{}
+	var active []activeKey
 	for _, r := range rows {
 		if r.State == store.CARetired {
 			continue
@@ -241,12 +263,16 @@ func (in *intermediates) load(ctx context.Context) error {
 		}
 		next.Active[role] = issuer
 		next.Bundle[role] = append([]*x509.Certificate{cert}, next.Bundle[role]...)
+		if custody.IsPKCS11Ref(r.KeyRef) {
+			active = append(active, activeKey{role: r.Role, serial: r.Serial, key: custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}})
+		}
 	}
 	for role, certs := range pending {
 		next.Bundle[role] = append(next.Bundle[role], certs...)
 	}
 	in.signers = keep
 	in.loaded = names.String()
+	in.active.Store(&active)
 	in.s.ca.SetRoots(set)
 	in.s.ca.SetIntermediates(next)
 	in.s.setTrustBundle(in.s.buildTrustBundle(rows))
@@ -302,10 +328,16 @@ func (in *intermediates) changed() {
 func (in *intermediates) run(ctx context.Context) {
 	refresh := time.NewTicker(caRefresh)
 	defer refresh.Stop()
+	probe := time.NewTicker(keyProbe)
+	defer probe.Stop()
+	in.probeKeys(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-probe.C:
+			in.probeKeys(ctx)
+			continue
 		case <-in.wake:
 		case <-refresh.C:
 		}
@@ -328,6 +360,11 @@ func (in *intermediates) run(ctx context.Context) {
 			in.failing.Store(&err)
 		} else {
 			in.failing.Store(nil)
+			if in.keysFailing.Load() != nil {
+				// A new active intermediate (muster ca rotate --offline)
+				// makes the replica ready without waiting for the probe.
+				in.probeKeys(ctx)
+			}
 		}
 		switch {
 		case err != nil && was == nil:
@@ -339,14 +376,73 @@ func (in *intermediates) run(ctx context.Context) {
 	}
 }
 
+// probeKeys looks in the token for each active intermediate's key object
+// (custody's Signer: a lookup, no signature) and records what it found for
+// readyErr, the log (once per change) and muster_ca_key_available. A
+// token that is down is the token's readiness to report (Token.Ready),
+// not a lost key: such a probe changes nothing.
+func (in *intermediates) probeKeys(ctx context.Context) {
+	keys := in.active.Load()
+	if keys == nil {
+		return
+	}
+	var failing []error
+	for _, k := range *keys {
+		pctx, cancel := context.WithTimeout(ctx, caLoadTimeout)
+		_, err := in.custody.Signer(pctx, keyName(k.role, k.serial), k.key)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && errors.Is(err, custody.ErrUnavailable) {
+			return
+		}
+		id := k.role + "/" + k.serial
+		if err != nil {
+			failing = append(failing, fmt.Errorf("the active %s intermediate %s's key (%s) cannot sign: %w; %s", k.role, k.serial, custody.Where(k.key.Ref), err, in.lostKeyWayOut(k.role, store.CAActive)))
+			in.keyOK.Store(id, 0.0)
+		} else {
+			in.keyOK.Store(id, 1.0)
+		}
+	}
+	in.keyOK.Range(func(id, _ any) bool {
+		for _, k := range *keys {
+			if id == k.role+"/"+k.serial {
+				return true
+			}
+		}
+		in.keyOK.Delete(id)
+		return true
+	})
+	var was error
+	if p := in.keysFailing.Load(); p != nil {
+		was = *p
+	}
+	err := errors.Join(failing...)
+	switch {
+	case err != nil:
+		in.keysFailing.Store(&err)
+		if was == nil || was.Error() != err.Error() {
+			in.s.log.Error("an active CA intermediate's key is not in the token: this replica cannot sign its certificates and reports not ready (/readyz)", "err", err)
+		}
+	case was != nil:
+		in.keysFailing.Store(nil)
+		in.s.log.Info("the active CA intermediates' keys are in the token again; ready")
+	}
+}
+
 // readyErr says why the replica should take no traffic as far as its
-// intermediates go: nil while the last read of them succeeded.
+// intermediates go: nil while the last read of them succeeded and the
+// last probe found every active key in the token.
 func (in *intermediates) readyErr() error {
 	if in == nil {
 		return nil
 	}
 	if p := in.failing.Load(); p != nil {
 		return fmt.Errorf("the CA intermediates in the store cannot be read, so this replica may sign with ones the others retired or lack ones they sign with: %w", *p)
+	}
+	if p := in.keysFailing.Load(); p != nil {
+		return *p
 	}
 	return nil
 }

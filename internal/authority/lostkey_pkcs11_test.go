@@ -6,6 +6,8 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +149,54 @@ func certOf(t *testing.T, r store.CACert) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestReadyzSeesMissingActiveKey: /readyz stops saying ready once the
+// active intermediate's key object is gone from a token that still
+// answers (it checked only that the token answers), with the reason and
+// the way out; muster_ca_key_available says which key.
+func TestReadyzSeesMissingActiveKey(t *testing.T) {
+	a, tk := tokenReplica(t)
+	s := a.srvs[0]
+	ctx := t.Context()
+	cur := storeIntermediate(t, ctx, a, time.Now().Add(-10*time.Second), 3*time.Minute)
+	if err := s.inter.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	readyz := func() (int, string) {
+		rec := httptest.NewRecorder()
+		s.metricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		return rec.Code, rec.Body.String()
+	}
+	metric := func() string {
+		rec := httptest.NewRecorder()
+		s.metricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+		for _, l := range strings.Split(rec.Body.String(), "\n") {
+			if strings.HasPrefix(l, "muster_ca_key_available{") && strings.Contains(l, cur.Serial) {
+				return l
+			}
+		}
+		return ""
+	}
+	s.inter.probeKeys(ctx)
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz with every key in the token: %d %s", code, body)
+	}
+	if m := metric(); !strings.HasSuffix(m, " 1") {
+		t.Errorf("muster_ca_key_available with the key in the token: %q", m)
+	}
+	deleteKey(t, ctx, tk.For("muster-ca/"), cur)
+	s.inter.probeKeys(ctx)
+	code, body := readyz()
+	if code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with the active key gone from the token: %d %s, want 503", code, body)
+	}
+	for _, want := range []string{"agent intermediate " + cur.Serial, "not in the PKCS#11 token", "muster ca rotate agent --offline"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/readyz says %q, not %q", body, want)
+		}
+	}
+	if m := metric(); !strings.HasSuffix(m, " 0") {
+		t.Errorf("muster_ca_key_available with the key gone: %q", m)
+	}
 }
