@@ -200,3 +200,54 @@ func TestReadyzSeesMissingActiveKey(t *testing.T) {
 		t.Errorf("muster_ca_key_available with the key gone: %q", m)
 	}
 }
+
+// DestroyFound passes the token's answer through, as the authority's own
+// custody does.
+func (c importSealed) DestroyFound(ctx context.Context, name string, k custody.Key) (bool, error) {
+	return custody.DestroyFound(ctx, c.Custody, name, k)
+}
+
+// TestStatusAndRetireSayKeyMissing: muster ca status shows an
+// intermediate whose token object is gone as missing, with a warning (not
+// its pkcs11: URI as if the key were there), and retiring it records that
+// its key was already gone, not that it was destroyed.
+func TestStatusAndRetireSayKeyMissing(t *testing.T) {
+	a, tk := tokenReplica(t)
+	s := a.srvs[0]
+	ctx := t.Context()
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	current := storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+	deleteKey(t, ctx, tk.For("muster-ca/"), expired)
+	if err := s.inter.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.caStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range resp.GetCertificates() {
+		got[c.GetSerial()] = c.GetKeyCustody()
+	}
+	if w := got[expired.Serial]; !strings.HasPrefix(w, "missing: pkcs11:") {
+		t.Errorf("ca status shows the key gone from the token as %q, want missing: pkcs11:…", w)
+	}
+	if w := got[current.Serial]; !strings.HasPrefix(w, "pkcs11:") {
+		t.Errorf("ca status shows the key in the token as %q", w)
+	}
+	if !strings.Contains(strings.Join(resp.GetWarnings(), "\n"), "retiring agent intermediate "+expired.Serial+"'s key is missing") {
+		t.Errorf("ca status warnings %q say nothing of the missing key", resp.GetWarnings())
+	}
+
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.retire"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "was already gone from the token") || strings.Contains(recs[0].Reason, "destroyed") {
+		t.Fatalf("ca.retire records %+v; want one saying its key was already gone", recs)
+	}
+}
