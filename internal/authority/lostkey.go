@@ -45,6 +45,10 @@ type LostKeyRotationResult struct {
 	// Reused: a prepared successor whose key opens was activated rather
 	// than a new one made.
 	Reused bool
+	// PreparedOnly: the active key opens and only the prepared
+	// successor's was lost: Active is its replacement, prepared, and
+	// Previous stays active.
+	PreparedOnly bool
 }
 
 // RotateLostIntermediate replaces role's active intermediate whose key is
@@ -57,9 +61,10 @@ type LostKeyRotationResult struct {
 // store. Skipping the publish window costs nothing an agent needs: an
 // agent takes any intermediate that chains to a root it trusts, with its
 // next certificate. The old one becomes retiring, keyless, and stays in
-// the bundle until its leaves expire. Refused while the active key opens
-// (muster ca rotate ROLE does it online), and when the root key is not
-// here. Each write is the store's conditional write; each step audited.
+// the bundle until its leaves expire. A prepared successor whose key is
+// lost while the active one's opens is replaced by a new prepared one.
+// Refused while every key opens (muster ca rotate ROLE does it online),
+// and when the root key is not here. Each write is the store's conditional write; each step audited.
 func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRotationResult, error) {
 	var res LostKeyRotationResult
 	target := string(m.Role)
@@ -100,16 +105,24 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		_, err = c.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
 		return err
 	}
-	switch err := open(*active); {
-	case err == nil:
+	activeErr := open(*active)
+	if activeErr != nil && !errors.Is(activeErr, custody.ErrKeyMissing) {
+		return refuse(fmt.Errorf("opening the active %s intermediate %s's key (%s): %w; only a key the token answers is missing is replaced here", m.Role, active.Serial, custody.Where(active.KeyRef), activeErr))
+	}
+	var preparedErr error
+	if prepared != nil {
+		preparedErr = open(*prepared)
+	}
+	if activeErr == nil && (prepared == nil || preparedErr == nil) {
 		return refuse(fmt.Errorf("the active %s intermediate %s's key (%s) opens: it is not lost; rotate it with the authority running: muster ca rotate %s, then muster ca rotate %s --activate",
 			m.Role, active.Serial, custody.Where(active.KeyRef), m.Role, m.Role))
-	case !errors.Is(err, custody.ErrKeyMissing):
-		return refuse(fmt.Errorf("opening the active %s intermediate %s's key (%s): %w; only a key the token answers is missing is replaced here", m.Role, active.Serial, custody.Where(active.KeyRef), err))
 	}
+	// Only the prepared successor's key is lost: it is replaced by a
+	// new prepared one, which the leader activates at its time.
+	res.PreparedOnly = activeErr == nil
 	res.Previous = *active
 	if prepared != nil {
-		switch err := open(*prepared); {
+		switch err := preparedErr; {
 		case err == nil:
 			res.Active, res.Reused = *prepared, true
 		case errors.Is(err, custody.ErrKeyMissing):
@@ -138,6 +151,9 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 			return res, err
 		}
 		res.Active = row
+	}
+	if res.PreparedOnly {
+		return res, nil
 	}
 	if err := m.Store.ActivateCACert(ctx, string(m.Role), res.Active.Serial); err != nil {
 		return res, fmt.Errorf("activating the %s intermediate %s (run this again: it finds what is done): %w", m.Role, res.Active.Serial, err)

@@ -76,35 +76,27 @@ func TestLostRetiringKeyDoesNotStopStart(t *testing.T) {
 		t.Fatalf("the test's intermediate key is not in the token: %q", old.KeyRef)
 	}
 	deleteKey(t, ctx, tokenCA, old)
-	if err := readAsAtStart(t, s); err != nil {
+	// What this read installs, from its own state: the replica's running
+	// reader may install its own set meanwhile, with the key it opened
+	// before the object went.
+	in, err := newIntermediates(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.load(ctx); err != nil {
 		t.Fatalf("a retiring intermediate's lost key stops the start: %v", err)
 	}
-	live := s.ca.CurrentIntermediates()
-	var kept bool
-	for _, i := range live.Retiring[ca.RoleAgent] {
-		if i.Cert.SerialNumber.Text(16) == old.Serial {
-			kept = true
-			if i.Key != nil {
-				t.Error("the retiring intermediate whose key is gone has a key")
-			}
-		}
+	if !strings.Contains(in.loaded, "agent/"+old.Serial+"/"+store.CARetiring) {
+		t.Errorf("the retiring intermediate whose key is gone left the set read: %s", in.loaded)
 	}
-	if !kept {
-		t.Fatal("the retiring intermediate whose key is gone left the set in use")
+	if in.signers[old.Serial] != nil {
+		t.Error("the retiring intermediate whose key is gone has a key")
 	}
-	var inBundle bool
-	for _, c := range live.Bundle[ca.RoleAgent] {
-		inBundle = inBundle || c.SerialNumber.Text(16) == old.Serial
+	if in.signers[cur.Serial] == nil {
+		t.Error("the active intermediate has no key")
 	}
-	if !inBundle {
-		t.Error("the retiring intermediate whose key is gone left the trust bundle: its leaves would stop verifying")
-	}
-	if got := s.ca.Issuer(ca.RoleAgent); got == nil || got.Cert.SerialNumber.Text(16) != cur.Serial {
-		t.Errorf("the active agent intermediate is %v, want %s", got, cur.Serial)
-	}
-
 	deleteKey(t, ctx, tokenCA, cur)
-	err := readAsAtStart(t, s)
+	err = readAsAtStart(t, s)
 	if !errors.Is(err, custody.ErrKeyMissing) {
 		t.Fatalf("an active intermediate's lost key: %v, want ErrKeyMissing", err)
 	}
@@ -249,5 +241,37 @@ func TestStatusAndRetireSayKeyMissing(t *testing.T) {
 	}
 	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "was already gone from the token") || strings.Contains(recs[0].Reason, "destroyed") {
 		t.Fatalf("ca.retire records %+v; want one saying its key was already gone", recs)
+	}
+}
+
+// TestLostPreparedKey: a prepared successor whose key is gone stops the
+// start too (it is to sign once activated), naming the same way out,
+// which replaces it with a new prepared one and leaves the active one.
+func TestLostPreparedKey(t *testing.T) {
+	a, tk := tokenReplica(t)
+	s := a.srvs[0]
+	ctx := t.Context()
+	cur := storeIntermediate(t, ctx, a, time.Now().Add(-10*time.Second), 3*time.Minute)
+	prepared, err := s.inter.prepareUnder(ctx, ca.RoleAgent, a.h.Root, a.h.RootKey, 3*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deleteKey(t, ctx, tk.For("muster-ca/"), prepared)
+	if err := readAsAtStart(t, s); err == nil || !strings.Contains(err.Error(), "muster ca rotate agent --offline --data ") {
+		t.Fatalf("a prepared intermediate's lost key: %v, want a refusal naming muster ca rotate agent --offline", err)
+	}
+	res, err := RotateLostIntermediate(ctx, LostKeyRotation{Store: a.store, CA: a.h, StorageKey: a.sk, Token: tk, Audit: s.audit,
+		Actor: "test", Role: ca.RoleAgent, IntermediateTTL: 3 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.PreparedOnly || res.Active.Serial == prepared.Serial || res.Previous.Serial != cur.Serial {
+		t.Fatalf("result %+v: want a new prepared one beside the active %s", res, cur.Serial)
+	}
+	if err := readAsAtStart(t, s); err != nil {
+		t.Fatalf("after the offline rotation: %v", err)
+	}
+	if got := s.ca.Issuer(ca.RoleAgent); got == nil || got.Cert.SerialNumber.Text(16) != cur.Serial {
+		t.Errorf("the active agent intermediate is %v, want %s still", got, cur.Serial)
 	}
 }

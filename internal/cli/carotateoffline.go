@@ -99,6 +99,11 @@ func lostRotationJSON(r store.CACert) map[string]any {
 }
 
 func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, dir string, pkcs11 bool) {
+	if res.PreparedOnly {
+		fmt.Fprintf(w, "Prepared the %s intermediate %s (key %s), valid until %s, in place of the prepared one whose key is gone; the active one, %s, signs on until the leader activates it.\n",
+			res.Active.Role, res.Active.Serial, custody.Where(res.Active.KeyRef), res.Active.NotAfter.UTC().Format(time.RFC3339), res.Previous.Serial)
+		return
+	}
 	how := "made under the root"
 	if res.Reused {
 		how = "the prepared successor, whose key opens"
