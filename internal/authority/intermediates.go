@@ -378,9 +378,10 @@ func (in *intermediates) run(ctx context.Context) {
 
 // probeKeys looks in the token for each active intermediate's key object
 // (custody's Signer: a lookup, no signature) and records what it found for
-// readyErr, the log (once per change) and muster_ca_key_available. A
-// token that is down is the token's readiness to report (Token.Ready),
-// not a lost key: such a probe changes nothing.
+// readyErr, the log (once per change) and muster_ca_key_available. Only
+// an answer about the key counts (custody.ErrKey: its object missing, or
+// not the key the store names); a token that is down is the token's
+// readiness to report (Token.Ready), and such a probe changes nothing.
 func (in *intermediates) probeKeys(ctx context.Context) {
 	keys := in.active.Load()
 	if keys == nil {
@@ -394,7 +395,10 @@ func (in *intermediates) probeKeys(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil && errors.Is(err, custody.ErrUnavailable) {
+		if err != nil && !errors.Is(err, custody.ErrKey) {
+			// The token down (its own readiness says so), or too busy
+			// to answer within the timeout: not a finding about the
+			// key, so the last one stands.
 			return
 		}
 		id := k.role + "/" + k.serial
