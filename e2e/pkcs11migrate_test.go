@@ -94,8 +94,9 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		return r.stdout
 	}
 	out := migrate()
-	for _, want := range []string{"recorded in the store", "muster ca rotate ROLE --activate", "muster signer activate",
-		"muster-pkcs11 authority --data DIR --pkcs11-module " + tok.Module, "muster ca root rotate"} {
+	// The steps name this data directory, to paste as they are.
+	for _, want := range []string{"recorded in the store", "muster ca rotate $role --activate --data " + dir, "muster signer activate --data " + dir,
+		"muster-pkcs11 authority --data " + dir + "\n", "--pkcs11-module " + tok.Module, "muster ca root rotate --data " + dir} {
 		if !strings.Contains(out, want) {
 			t.Errorf("migrate-custody's output lacks %q:\n%s", want, out)
 		}

@@ -394,11 +394,17 @@ func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why 
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
 		defer cancel()
 		where := custody.Where(ref)
-		if derr := s.inter.custody.Destroy(dctx, keyName(role, serial), custody.Key{Ref: ref}); derr != nil {
+		found, derr := custody.DestroyFound(dctx, s.inter.custody, keyName(role, serial), custody.Key{Ref: ref})
+		switch {
+		case derr != nil:
 			s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
 				"role", role, "serial", serial, "key", where, "err", derr)
 			why += "; destroying its key (" + where + ") failed, delete it by hand: " + derr.Error()
-		} else {
+		case !found:
+			// Lost with the token, or deleted by hand: saying it was
+			// destroyed now would hide that it went earlier.
+			why += "; its key (" + where + ") was already gone from the token, nothing to destroy"
+		default:
 			why += "; its key (" + where + ") destroyed"
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -71,6 +72,14 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 			// the reference and the key was destroyed.
 			where = "destroyed"
 		}
+		if custody.IsPKCS11Ref(r.KeyRef) && s.inter != nil {
+			// The URI alone would say the key is there: look the object
+			// up (no signature), one lookup per key in the token.
+			if _, err := s.inter.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: c.PublicKey, Ref: r.KeyRef}); errors.Is(err, custody.ErrKeyMissing) {
+				where = "missing: " + where
+				resp.Warnings = append(resp.Warnings, missingKeyWarning(r, s.inter.lostKeyWayOut(r.Role, r.State)))
+			}
+		}
 		resp.Certificates = append(resp.Certificates, entry("intermediate", r.Role, r.State, where, c))
 		if r.State != store.CAActive {
 			continue
@@ -99,6 +108,15 @@ func (s *Server) rootCustody(rot store.RootRotation, c *x509.Certificate) string
 		return "file"
 	}
 	return "offline"
+}
+
+// missingKeyWarning says what a key gone from the token means for its
+// intermediate, and the way out when there is one to take.
+func missingKeyWarning(r store.CACert, wayOut string) string {
+	if r.State == store.CARetiring {
+		return fmt.Sprintf("the retiring %s intermediate %s's key is missing from the token: it stays in the trust bundle until it retires and signs nothing; its revocation list is no longer renewed (docs/hsm.md \"A lost token\")", r.Role, r.Serial)
+	}
+	return fmt.Sprintf("the %s %s intermediate %s's key is missing from the token: %s", r.State, r.Role, r.Serial, wayOut)
 }
 
 func hasPrepared(rows []store.CACert, role string) bool {

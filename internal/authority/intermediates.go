@@ -42,7 +42,28 @@ type intermediates struct {
 	// loaded names the rows (serial and state) of the set in use, so a
 	// periodic read that finds the same rows changes nothing.
 	loaded string
+	// active are the active intermediates' keys in a token, as the last
+	// successful read found them: what probeKeys looks for.
+	active atomic.Pointer[[]activeKey]
+	// keysFailing is why an active intermediate's key cannot sign, as
+	// the last probe found (nil: every one's object is in the token).
+	keysFailing atomic.Pointer[error]
+	// keyOK is, by role/serial, 1 while the last probe found the active
+	// key's object, 0 when it did not: muster_ca_key_available.
+	keyOK sync.Map
 }
+
+// activeKey is an active intermediate whose key is a token object.
+type activeKey struct {
+	role, serial string
+	key          custody.Key
+}
+
+// keyProbe is how often each replica looks in the token for the active
+// intermediates' key objects: a lookup (no signature) per key, so that
+// /readyz stops saying ready soon after one disappears, without a round
+// trip to the token per probe of /readyz.
+const keyProbe = 10 * time.Second
 
 // caRefresh is how often every replica reads the intermediates even
 // without a change notification, so that one whose notifications stall
@@ -133,7 +154,10 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 // load reads every CA certificate and sets the hierarchy's intermediates:
 // the active one of each role with its key, and every one still in the
 // bundle. A certificate that does not chain to the root, or a key that
-// does not open, fails the whole read and the set in use stays.
+// does not open, fails the whole read and the set in use stays; except a
+// retiring intermediate's key gone from the token, which it no longer
+// needs to sign leaves (it stays in the bundle, keyless, and its
+// revocation list is no longer renewed).
 func (in *intermediates) load(ctx context.Context) error {
 	// Loads run at once (the watch's, an operator's step, a root
 	// phase change), so each reads under the lock: a read that began
@@ -173,6 +197,7 @@ func (in *intermediates) load(ctx context.Context) error {
 	}
 	set := roots.set()
 	keep := map[string]crypto.Signer{}
+	var active []activeKey
 	for _, r := range rows {
 		if r.State == store.CARetired {
 			continue
@@ -197,11 +222,28 @@ func (in *intermediates) load(ctx context.Context) error {
 		}
 		key := in.signers[r.Serial]
 		if key == nil {
-			if key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}); err != nil {
+			key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
+			switch {
+			case err != nil && r.State == store.CARetiring && errors.Is(err, custody.ErrKeyMissing):
+				// A retiring intermediate signs no new leaf: it only
+				// stays in the bundle until its last leaf expires, so a
+				// lost key does not stop the replica. It can no longer
+				// sign its revocation list: the last one signed is
+				// served until its nextUpdate, and after that relying
+				// parties that check lists refuse its leaves (fail
+				// closed) rather than trust a list nobody can renew.
+				in.s.log.Warn("a retiring CA intermediate's key is missing from the token: it stays in the trust bundle until it retires, signs nothing, and its revocation list is no longer renewed (docs/hsm.md \"A lost token\")",
+					"role", r.Role, "serial", r.Serial, "key", custody.Where(r.KeyRef), "err", err)
+				key = nil
+			case err != nil && errors.Is(err, custody.ErrKeyMissing):
+				return fmt.Errorf("%s intermediate %s (%s): %w; %s", r.Role, r.Serial, r.State, err, in.lostKeyWayOut(r.Role, r.State))
+			case err != nil:
 				return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 			}
 		}
-		keep[r.Serial] = key
+		if key != nil {
+			keep[r.Serial] = key
+		}
 		issuer := &ca.Issuer{Cert: cert, Key: key}
 		if in.s.cfg.CRLURL != "" {
 			// Every leaf names its issuer's list (DESIGN.md "Revocation
@@ -221,12 +263,16 @@ func (in *intermediates) load(ctx context.Context) error {
 		}
 		next.Active[role] = issuer
 		next.Bundle[role] = append([]*x509.Certificate{cert}, next.Bundle[role]...)
+		if custody.IsPKCS11Ref(r.KeyRef) {
+			active = append(active, activeKey{role: r.Role, serial: r.Serial, key: custody.Key{Public: cert.PublicKey, Ref: r.KeyRef}})
+		}
 	}
 	for role, certs := range pending {
 		next.Bundle[role] = append(next.Bundle[role], certs...)
 	}
 	in.signers = keep
 	in.loaded = names.String()
+	in.active.Store(&active)
 	in.s.ca.SetRoots(set)
 	in.s.ca.SetIntermediates(next)
 	in.s.setTrustBundle(in.s.buildTrustBundle(rows))
@@ -236,6 +282,27 @@ func (in *intermediates) load(ctx context.Context) error {
 		in.s.crl.Poke()
 	}
 	return nil
+}
+
+// lostKeyWayOut names what replaces an intermediate of role in state
+// whose key is gone from the token: a new one made offline under the
+// root (which needs the root key: docs/hsm.md "A lost token").
+func (in *intermediates) lostKeyWayOut(role, state string) string {
+	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s", role, shellArg(string(in.s.cfg.Dir)))
+	if state == store.CAPrepared {
+		return "it signs nothing yet: discard it and make a new one with " + cmd + " (docs/hsm.md \"A lost token\")"
+	}
+	return "replace it with a new intermediate under the root, run on the machine with the data directory while the authority is stopped: " + cmd +
+		" (with the root key offline add --root-key FILE; if the root key was in the lost token too, a new authority is needed: docs/hsm.md \"A lost token\")"
+}
+
+// shellArg quotes s for a POSIX shell when it needs it, so a command in
+// a refusal works pasted.
+func shellArg(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:=@,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // changed asks run to read the intermediates again. It never blocks. A
@@ -261,10 +328,16 @@ func (in *intermediates) changed() {
 func (in *intermediates) run(ctx context.Context) {
 	refresh := time.NewTicker(caRefresh)
 	defer refresh.Stop()
+	probe := time.NewTicker(keyProbe)
+	defer probe.Stop()
+	in.probeKeys(ctx)
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-probe.C:
+			in.probeKeys(ctx)
+			continue
 		case <-in.wake:
 		case <-refresh.C:
 		}
@@ -291,6 +364,11 @@ func (in *intermediates) run(ctx context.Context) {
 			in.failing.Store(&err)
 		} else {
 			in.failing.Store(nil)
+			if in.keysFailing.Load() != nil {
+				// A new active intermediate (muster ca rotate --offline)
+				// makes the replica ready without waiting for the probe.
+				in.probeKeys(ctx)
+			}
 		}
 		switch {
 		case err != nil && was == nil:
@@ -302,14 +380,77 @@ func (in *intermediates) run(ctx context.Context) {
 	}
 }
 
+// probeKeys looks in the token for each active intermediate's key object
+// (custody's Signer: a lookup, no signature) and records what it found for
+// readyErr, the log (once per change) and muster_ca_key_available. Only
+// an answer about the key counts (custody.ErrKey: its object missing, or
+// not the key the store names); a token that is down is the token's
+// readiness to report (Token.Ready), and such a probe changes nothing.
+func (in *intermediates) probeKeys(ctx context.Context) {
+	keys := in.active.Load()
+	if keys == nil {
+		return
+	}
+	var failing []error
+	for _, k := range *keys {
+		pctx, cancel := context.WithTimeout(ctx, caLoadTimeout)
+		_, err := in.custody.Signer(pctx, keyName(k.role, k.serial), k.key)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil && !errors.Is(err, custody.ErrKey) {
+			// The token down (its own readiness says so), or too busy
+			// to answer within the timeout: not a finding about the
+			// key, so the last one stands.
+			return
+		}
+		id := k.role + "/" + k.serial
+		if err != nil {
+			failing = append(failing, fmt.Errorf("the active %s intermediate %s's key (%s) cannot sign: %w; %s", k.role, k.serial, custody.Where(k.key.Ref), err, in.lostKeyWayOut(k.role, store.CAActive)))
+			in.keyOK.Store(id, 0.0)
+		} else {
+			in.keyOK.Store(id, 1.0)
+		}
+	}
+	in.keyOK.Range(func(id, _ any) bool {
+		for _, k := range *keys {
+			if id == k.role+"/"+k.serial {
+				return true
+			}
+		}
+		in.keyOK.Delete(id)
+		return true
+	})
+	var was error
+	if p := in.keysFailing.Load(); p != nil {
+		was = *p
+	}
+	err := errors.Join(failing...)
+	switch {
+	case err != nil:
+		in.keysFailing.Store(&err)
+		if was == nil || was.Error() != err.Error() {
+			in.s.log.Error("an active CA intermediate's key is not in the token: this replica cannot sign its certificates and reports not ready (/readyz)", "err", err)
+		}
+	case was != nil:
+		in.keysFailing.Store(nil)
+		in.s.log.Info("the active CA intermediates' keys are in the token again; ready")
+	}
+}
+
 // readyErr says why the replica should take no traffic as far as its
-// intermediates go: nil while the last read of them succeeded.
+// intermediates go: nil while the last read of them succeeded and the
+// last probe found every active key in the token.
 func (in *intermediates) readyErr() error {
 	if in == nil {
 		return nil
 	}
 	if p := in.failing.Load(); p != nil {
 		return fmt.Errorf("the CA intermediates in the store cannot be read, so this replica may sign with ones the others retired or lack ones they sign with: %w", *p)
+	}
+	if p := in.keysFailing.Load(); p != nil {
+		return *p
 	}
 	return nil
 }

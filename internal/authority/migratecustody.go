@@ -72,6 +72,13 @@ type CustodyMigrationResult struct {
 	// AlreadyRecorded: an earlier run recorded the token.
 	AlreadyRecorded bool            `json:"already_recorded"`
 	Steps           []MigrationStep `json:"steps"`
+	// RootRotation is the phase of a root rotation under way ("" when
+	// none is): its new root's key is where that rotation made it, and
+	// another cannot start until it reaches standby.
+	RootRotation string `json:"root_rotation,omitempty"`
+	// RootKey says where the newest root's key is, for a rotation
+	// under way: "sealed" or its token object.
+	RootKey string `json:"root_key_custody,omitempty"`
 }
 
 // ErrOtherToken refuses a migration to a token when the store records
@@ -134,6 +141,9 @@ func migrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 		return res, fmt.Errorf("reading the root rotation: %w", err)
 	}
 	set := roots.set()
+	if rot.Phase != store.RootPhaseNone && rot.Phase != "" {
+		res.RootRotation, res.RootKey = rot.Phase, custody.Where(rot.NewKeyRef)
+	}
 	if prev, err := m.Store.GetKeyCustody(ctx); err == nil {
 		res.AlreadyRecorded = true
 		if prev.URI != m.URI {

@@ -654,6 +654,12 @@ func (s *Server) Run(ctx context.Context) error {
 	// Before any listener: every leaf, the listeners' own included, is
 	// signed by the store's active intermediate.
 	if err := s.inter.start(ctx); err != nil {
+		if errors.Is(err, custody.ErrKeyMissing) {
+			// A refusal with a way out (an intermediate's key lost
+			// from the token): audited, as every refusal to start.
+			_, _ = s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
+				Result: audit.ResultDenied, Reason: err.Error()})
+		}
 		return err
 	}
 	lis, err := listener.ListenAs(s.cfg.Listen, "api", s.cfg.TrustedProxies, s.conns, s.connRefusals)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -98,7 +99,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 				printRollback(env.Stdout, res, infoNamedToken)
 				return nil
 			}
-			printMigration(env.Stdout, res)
+			printMigration(env.Stdout, res, string(dir))
 			return nil
 		},
 	}
@@ -236,7 +237,11 @@ func boundToken(ctx context.Context, st custodyRecords, dir datadir.Dir, local *
 	return nil
 }
 
-func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
+// printMigration prints what the migration did and the steps left, each
+// a command that works pasted: with this run's data directory (dir, as
+// --data named it) and with the root step that fits the root rotation's
+// phase (none may start while one is under way).
+func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir string) {
 	if res.AlreadyRecorded {
 		fmt.Fprintf(w, "Token %s was already recorded in the store (an earlier run).\n", res.URI)
 	} else {
@@ -253,12 +258,13 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
 		}
 		fmt.Fprintf(w, ": %s\n", s.Next)
 	}
+	d := shellQuote(dir)
 	// A signer step skipped (a sealed signer was staged already) leaves
 	// that sealed signer staged: "activate the staged signer" would
 	// activate it and keep the signer out of the token.
-	signerStep := `  3. Activate the staged signer (or let it activate at its time):
-       muster signer activate
-`
+	signerStep := fmt.Sprintf(`  3. Activate the staged signer (or let it activate at its time):
+       muster signer activate --data %s
+`, d)
 	skipped := false
 	for _, s := range res.Steps {
 		if s.Done != "skipped" {
@@ -266,32 +272,64 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult) {
 		}
 		skipped = true
 		if s.Key == "signer" {
-			signerStep = `  3. The staged signer is sealed (skipped above): activate it
-       muster signer activate
+			signerStep = fmt.Sprintf(`  3. The staged signer is sealed (skipped above): activate it
+       muster signer activate --data %s
      or roll it back
-       muster signer rollback
+       muster signer rollback --data %s
      then run this command again: it stages a signer in the token.
-`
+`, d, d)
 		}
 	}
 	if skipped {
 		fmt.Fprintln(w, "A key marked skipped is not in the token yet: do what its line says, then run this command again.")
 	}
 	fmt.Fprintf(w, `Next:
-  1. Restart every replica with the pkcs11 build and the token:
-       muster-pkcs11 authority --data DIR --pkcs11-module %s [--pkcs11-pin-file FILE]
+  1. Restart every replica with the pkcs11 build and the token (this
+     data directory's authority.json names it; another replica's needs
+     --pkcs11-module %s --pkcs11-pin-file FILE):
+       muster-pkcs11 authority --data %s
      (a replica started without them refuses to start; one still running
      without them reports not ready until restarted).
   2. Once the successors are published, activate them (or let the leader):
-       muster ca rotate ROLE --activate     # ROLE: bootstrap, server, agent, admin
+       for role in bootstrap server agent admin; do muster ca rotate $role --activate --data %s; done
 %s  4. Should the token be lost or wrong before any key in it is activated,
      undo the migration (the token is not opened; the sealed keys sign on):
-       muster ca migrate-custody --data DIR --custody '%s' --rollback
+       muster ca migrate-custody --data %s --custody '%s' --rollback
 
-The root key stays where it is; to move it into the token too:
-       muster ca root rotate                # its new root is made in the token
-The sealed keys are destroyed as rotation retires them; docs/hsm.md.
-`, res.Module, signerStep, res.URI)
+`, shellQuote(res.Module), d, d, signerStep, d, res.URI)
+	fmt.Fprint(w, rootStep(res, d))
+	fmt.Fprintf(w, "The sealed keys are destroyed as rotation retires them; docs/hsm.md.\n")
+}
+
+// rootStep says what moves the root key into the token: a new root
+// rotation when none is under way, else finishing the one that is (its
+// new root's key is where that rotation made it; a rotation cannot start
+// before the one under way reaches standby).
+func rootStep(res authority.CustodyMigrationResult, d string) string {
+	inToken := strings.HasPrefix(res.RootKey, "pkcs11:")
+	switch {
+	case res.RootRotation == "":
+		return fmt.Sprintf(`The root key stays where it is; to move it into the token too:
+       muster ca root rotate --data %s    # its new root is made in the token
+`, d)
+	case res.RootRotation == store.RootPhaseStandby && inToken:
+		return "The root key is in the token already (the last root rotation made it there).\n"
+	case res.RootRotation == store.RootPhaseStandby:
+		return fmt.Sprintf(`The root key (%s, from the last root rotation) stays where it is; to move it into the token too:
+       muster ca root rotate --data %s    # its new root is made in the token
+`, res.RootKey, d)
+	case inToken:
+		return fmt.Sprintf(`A root rotation is under way (phase %s); its new root's key is in the token already.
+Finish it, phase by phase (docs/ca-lifecycle.md):
+       muster ca root next-phase --data %s
+`, res.RootRotation, d)
+	}
+	return fmt.Sprintf(`A root rotation is under way (phase %s) and its new root's key is %s, not in the token.
+No other can start before it reaches standby: finish it phase by phase
+(docs/ca-lifecycle.md), then make a root in the token:
+       muster ca root next-phase --data %s    # until standby
+       muster ca root rotate --data %s        # its new root is made in the token
+`, res.RootRotation, res.RootKey, d, d)
 }
 
 func printRollback(w io.Writer, res authority.CustodyMigrationResult, forgot bool) {

@@ -54,13 +54,16 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		out      output
 		activate bool
 		rootKey  string
+		offline  bool
+		storeURL string
 	)
 	cmd := &cobra.Command{
-		Use: "rotate ROLE [--activate] [--root-key FILE]",
+		Use: "rotate ROLE [--activate] [--root-key FILE] [--offline --data DIR]",
 		Example: `  muster ca rotate agent                           # prepare the agent intermediate's successor now
   muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
   muster ca rotate agent --activate                # make the prepared one sign every new agent certificate
-  muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now`,
+  muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now
+  muster ca rotate agent --offline --data /var/lib/muster/authority   # its key is lost with the token: replace it`,
 		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
 		Long: `ROLE is bootstrap, server, agent or admin. Without --activate, prepares the
 successor of ROLE's intermediate: a new key (made and sealed by the
@@ -77,6 +80,15 @@ certificate goes back. The root key never leaves this machine.
 has been published by every replica (about ten seconds after it was
 prepared).
 
+--offline replaces ROLE's active intermediate whose key is gone from the
+PKCS#11 token (lost without a backup; docs/hsm.md "A lost token"), on the
+machine with the data directory, without the authority (which refuses to
+start without it): a new intermediate under the root (its key in the
+token, or sealed without one), active at once; the old one stays in the
+trust bundle, keyless, until it retires. It needs the root key: in the
+data directory, in custody, or --root-key FILE. Refused while the active
+key opens. Audited.
+
 ROLE jwt rotates the JWT-SVID signing key instead (docs/workload-api.md):
 the next version signs from now on; the JWKS keeps the previous one until
 its tokens have expired. It is refused within jwt_svid's minimum period
@@ -87,6 +99,18 @@ of the last rotation.`,
 				return err
 			}
 			role := args[0]
+			if offline {
+				if activate {
+					return errors.New("ca rotate: --offline activates the new intermediate at once; drop --activate")
+				}
+				if af.authority != "" || af.identity != "" {
+					return errors.New("ca rotate: --offline talks to no authority: drop --authority and --identity")
+				}
+				return rotateLostOffline(cmd, env, af.data, storeURL, role, rootKey, out)
+			}
+			if storeURL != "" {
+				return errors.New("ca rotate: --store goes with --offline")
+			}
 			if role == "jwt" {
 				if activate || rootKey != "" {
 					return errors.New("ca rotate jwt: takes neither --activate nor --root-key: the next JWT-SVID key is derived and published already, and signs at once")
@@ -154,6 +178,8 @@ of the last rotation.`,
 	}
 	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
 	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
+	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, here, with the data directory (--data) and without the authority")
+	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

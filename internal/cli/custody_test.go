@@ -238,13 +238,13 @@ func TestPrintMigrationSkippedSigner(t *testing.T) {
 		{Key: "signer", Done: "skipped", Version: "v2", Next: "signer v2 (sealed) is staged"},
 	}}
 	var out strings.Builder
-	printMigration(&out, res)
+	printMigration(&out, res, "/var/lib/muster")
 	if text := out.String(); strings.Contains(text, "Activate the staged signer") || !strings.Contains(text, "then run this command again: it stages a signer in the token") {
 		t.Errorf("next steps after a skipped signer:\n%s", text)
 	}
 	res.Steps[1] = authority.MigrationStep{Key: "signer", Done: "staged", Version: "v3", Next: "activate it"}
 	out.Reset()
-	printMigration(&out, res)
+	printMigration(&out, res, "/var/lib/muster")
 	if text := out.String(); !strings.Contains(text, "Activate the staged signer") || strings.Contains(text, "skipped") {
 		t.Errorf("next steps after a signer staged in the token:\n%s", text)
 	}

@@ -36,7 +36,8 @@ import (
 // Issuer is one issuing intermediate: the certificate a CRL names as its
 // issuer and the key that signs it. Role is the intermediate's role
 // (bootstrap, server, agent, admin); several issuers may share a role
-// while intermediates rotate.
+// while intermediates rotate. A nil Signer is an issuer whose key is
+// lost: its stored list is served as it is and never re-signed.
 type Issuer struct {
 	Role   string
 	Cert   *x509.Certificate

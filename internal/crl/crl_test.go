@@ -283,3 +283,52 @@ func TestPublishOlderReadKeepsNewerList(t *testing.T) {
 		t.Fatal("a pass that lost a write asked for no other pass")
 	}
 }
+
+// TestPublishLostKey: an issuer whose key is lost (nil Signer: a retiring
+// intermediate whose token object is gone) fails no pass and makes none
+// due sooner; its last list stays stored and served as it was, and the
+// other issuers' lists are signed as before.
+func TestPublishLostKey(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	if _, err := New(Config{Store: st, Issuers: issuers, Validity: time.Hour}).Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost := Issuer{Role: string(ca.RoleAgent), Cert: h.Issuer(ca.RoleAgent).Cert}
+	before, err := st.GetCRL(ctx, lost.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	withLost := func() []Issuer {
+		out := issuers()
+		for i := range out {
+			if out[i].Role == lost.Role {
+				out[i] = lost
+			}
+		}
+		return out
+	}
+	// Past half the validity: every list with a key is due again.
+	st.mu.Lock()
+	st.now = st.now.Add(40 * time.Minute)
+	now := st.now
+	st.mu.Unlock()
+	p := New(Config{Store: st, Issuers: withLost, Validity: time.Hour})
+	next, err := p.Publish(ctx)
+	if err != nil {
+		t.Fatalf("a pass with a lost key: %v", err)
+	}
+	if want := now.Add(30 * time.Minute); !next.Equal(want) {
+		t.Errorf("next pass at %v, want %v (the lost key's list is never due)", next, want)
+	}
+	after, err := p.Get(ctx, lost.Name())
+	if err != nil {
+		t.Fatalf("the lost key's list is no longer served: %v", err)
+	}
+	if after.Number != before.Number {
+		t.Errorf("the lost key's list was re-signed: number %d, was %d", after.Number, before.Number)
+	}
+	if server, _ := st.GetCRL(ctx, Issuer{Role: string(ca.RoleServer), Cert: h.Issuer(ca.RoleServer).Cert}.Name()); server.Number != 2 {
+		t.Errorf("the server intermediate's list is number %d, want 2 (signed again)", server.Number)
+	}
+}

@@ -159,6 +159,13 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	}
 	var errs []error
 	for _, is := range issuers {
+		if is.Signer == nil {
+			// Its key is lost (a retiring intermediate's, docs/hsm.md
+			// "A lost token"): the list last signed is served as it is
+			// until its nextUpdate, never re-signed, so no pass is due
+			// for it.
+			continue
+		}
 		st, err := p.publishOne(ctx, is, entriesFor(is, revoked), now)
 		if errors.Is(err, errRaced) {
 			// What this pass read may be older than what the other

@@ -58,6 +58,16 @@ func (b ByRef) Destroy(ctx context.Context, name string, k Key) error {
 	return c.Destroy(ctx, name, k)
 }
 
+// DestroyFound destroys the key with the custody its reference names,
+// saying whether its private object was there.
+func (b ByRef) DestroyFound(ctx context.Context, name string, k Key) (bool, error) {
+	c, err := b.of(k.Ref)
+	if err != nil {
+		return false, err
+	}
+	return DestroyFound(ctx, c, name, k)
+}
+
 // Import seals key when New is the sealed custody; a token cannot take a
 // key made outside it (its keys are generated inside).
 func (b ByRef) Import(ctx context.Context, name string, key crypto.Signer) (Key, error) {

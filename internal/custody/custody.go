@@ -58,9 +58,32 @@ type Importer interface {
 	Import(ctx context.Context, name string, key crypto.Signer) (Key, error)
 }
 
+// FoundDestroyer is the optional ability to say, while destroying a key,
+// whether its private object was there to destroy (a PKCS#11 token's may
+// have been deleted by hand or lost with a restore).
+type FoundDestroyer interface {
+	DestroyFound(ctx context.Context, name string, k Key) (found bool, err error)
+}
+
+// DestroyFound destroys the key of name with c and reports whether its
+// private half was there; a custody that cannot tell (a sealed key is its
+// reference) says it was.
+func DestroyFound(ctx context.Context, c Custody, name string, k Key) (bool, error) {
+	if f, ok := c.(FoundDestroyer); ok {
+		return f.DestroyFound(ctx, name, k)
+	}
+	return true, c.Destroy(ctx, name, k)
+}
+
 // ErrKey: a stored reference does not produce the key it is stored for.
 // The cases are deliberately not told apart.
 var ErrKey = errors.New("custody: the stored key reference does not open to its public key")
+
+// ErrKeyMissing: the token answers but holds no private key object for
+// the reference (deleted, or a token restored or replaced without it).
+// Unlike ErrKey it tells the operator what to do: the key is gone, so
+// whatever signs with it must be replaced (docs/hsm.md "A lost token").
+var ErrKeyMissing = errors.New("custody: the key's private object is not in the PKCS#11 token")
 
 // ErrAlgorithm: the custody cannot make or hold a key of that kind.
 var ErrAlgorithm = errors.New("custody: key algorithm not supported")

@@ -518,6 +518,9 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 		if err != nil {
 			return err
 		}
+		if len(privs) == 0 {
+			return keyMissing{u.String()}
+		}
 		if len(pubs) != 1 || len(privs) != 1 {
 			return ErrKey
 		}
@@ -547,20 +550,39 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 	return &p11Signer{c: c, u: u, pub: k.Public, alg: alg}, nil
 }
 
+// keyMissing is ErrKeyMissing for one object. It is ErrKey too: callers
+// that only ask whether a reference opens see what they saw before.
+type keyMissing struct{ uri string }
+
+func (e keyMissing) Error() string { return ErrKeyMissing.Error() + ": " + e.uri }
+
+func (e keyMissing) Is(target error) bool { return target == ErrKeyMissing || target == ErrKey }
+
 func attrTrue(a *pkcs11.Attribute) bool { return len(a.Value) == 1 && a.Value[0] != 0 }
 
 // Destroy deletes the key's objects from the token. Objects already gone
 // are not an error.
 func (c *PKCS11) Destroy(ctx context.Context, name string, k Key) error {
+	_, err := c.DestroyFound(ctx, name, k)
+	return err
+}
+
+// DestroyFound is Destroy, saying whether the private key object was
+// there to delete.
+func (c *PKCS11) DestroyFound(ctx context.Context, name string, k Key) (bool, error) {
 	u, err := c.ref(name, k)
 	if err != nil {
-		return err
+		return false, err
 	}
-	return c.t.do(ctx, func(sh pkcs11.SessionHandle) error {
+	var found bool
+	err = c.t.do(ctx, func(sh pkcs11.SessionHandle) error {
 		for _, class := range []uint{pkcs11.CKO_PRIVATE_KEY, pkcs11.CKO_PUBLIC_KEY} {
 			hs, err := c.t.find(sh, class, u)
 			if err != nil {
 				return err
+			}
+			if class == pkcs11.CKO_PRIVATE_KEY {
+				found = len(hs) > 0
 			}
 			for _, h := range hs {
 				if err := c.t.mod.DestroyObject(sh, h); err != nil {
@@ -570,6 +592,7 @@ func (c *PKCS11) Destroy(ctx context.Context, name string, k Key) error {
 		}
 		return nil
 	})
+	return found, err
 }
 
 // p11Signer signs inside the token. The private key's handle is looked

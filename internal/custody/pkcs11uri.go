@@ -21,12 +21,6 @@ var ErrNoPKCS11Build = errors.New("custody: pkcs11 custody needs the pkcs11 buil
 // token, being re-opened). The call may succeed later.
 var ErrUnavailable = errors.New("custody: the PKCS#11 token is unavailable")
 
-// ErrKeyMissing: the token answers but no longer holds the object a key
-// reference names (deleted by hand, or the token initialised again). The
-// call may succeed later too: once the token is restored from its backup,
-// or once a successor made in the token signs instead.
-var ErrKeyMissing = errors.New("custody: the key's object is not in the PKCS#11 token")
-
 // PKCS11URI is the part of an RFC 7512 URI muster reads: which token (by
 // label, and optionally manufacturer, model and serial), which object (by
 // label and CKA_ID) and, in the query, the module and where the PIN is.

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// rotateOfflineActor is the audit actor of muster ca rotate --offline: no
+// operator certificate vouches for it, the storage key does.
+const rotateOfflineActor = "muster ca rotate --offline"
+
+// rotateLostOffline is muster ca rotate ROLE --offline (docs/hsm.md "A
+// lost token"): on the machine with the data directory, with no running
+// authority needed, it replaces role's active intermediate whose key is
+// gone from the token by a new one under the root, active at once.
+func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, rootKeyPath string, out output) error {
+	ctx := cmd.Context()
+	role := ca.Role(roleName)
+	switch role {
+	case ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleAdmin:
+	default:
+		return fmt.Errorf("ca rotate --offline: ROLE is bootstrap, server, agent or admin, not %q", roleName)
+	}
+	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
+	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	ttl := ca.IntermediateTTL
+	if t := cfg.CA.IntermediateTTL; t != "" {
+		if ttl, err = time.ParseDuration(t); err != nil || ttl < authority.MinCAIntermediateTTL || ttl > ca.RootTTL {
+			return fmt.Errorf("ca rotate --offline: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", t, authority.MinCAIntermediateTTL, ca.RootTTL)
+		}
+	}
+	m := authority.LostKeyRotation{Role: role, Actor: rotateOfflineActor, IntermediateTTL: ttl}
+	if rootKeyPath != "" {
+		k, err := readRootKey(rootKeyPath)
+		if err != nil {
+			return fmt.Errorf("ca rotate --offline: %w", err)
+		}
+		m.RootKey = k.key
+	}
+	d, err := loadDataDir(dir, firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	st, err := openStore(ctx, d.url)
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	defer st.Close()
+	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	if err := logger.CheckHead(ctx); err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	// The token as the authority opens it (the store's record and
+	// authority.json, MUSTER_PKCS11_PIN): the new key is made there.
+	rec, err := storeCustody(ctx, st, dir, d.info.Custody, "")
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	token, err := openToken(rec, "", "")
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: the authority's PKCS#11 token: %w", err)
+	}
+	if token != nil {
+		defer token.Close()
+	}
+	m.Store, m.CA, m.StorageKey, m.Token, m.Audit = st, d.ca, d.sk, token, logger
+	res, err := authority.RotateLostIntermediate(ctx, m)
+	if err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
+	if out.json() {
+		return out.write(env.Stdout, map[string]any{"intermediate": lostRotationJSON(res.Active),
+			"previous": lostRotationJSON(res.Previous), "reused_prepared": res.Reused})
+	}
+	printLostRotation(env.Stdout, res, string(dir), token != nil)
+	return nil
+}
+
+func lostRotationJSON(r store.CACert) map[string]any {
+	return map[string]any{"role": r.Role, "serial": r.Serial, "state": r.State, "not_after": r.NotAfter.UTC(), "key_custody": custody.Where(r.KeyRef)}
+}
+
+func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, dir string, pkcs11 bool) {
+	if res.PreparedOnly {
+		fmt.Fprintf(w, "Prepared the %s intermediate %s (key %s), valid until %s, in place of the prepared one whose key is gone; the active one, %s, signs on until the leader activates it.\n",
+			res.Active.Role, res.Active.Serial, custody.Where(res.Active.KeyRef), res.Active.NotAfter.UTC().Format(time.RFC3339), res.Previous.Serial)
+		return
+	}
+	how := "made under the root"
+	if res.Reused {
+		how = "the prepared successor, whose key opens"
+	}
+	fmt.Fprintf(w, "Activated the %s intermediate %s (%s; key %s), valid until %s: it signs every new %s certificate from now on.\n",
+		res.Active.Role, res.Active.Serial, how, custody.Where(res.Active.KeyRef), res.Active.NotAfter.UTC().Format(time.RFC3339), res.Active.Role)
+	fmt.Fprintf(w, "The one whose key is gone, %s, is retiring: it stays in the trust bundle, keyless, until its last certificate expires.\n", res.Previous.Serial)
+	bin := "muster"
+	if pkcs11 {
+		bin = "muster-pkcs11"
+	}
+	fmt.Fprintf(w, `Next: start the authority (a running one reads the change within seconds):
+       %s authority --data %s
+`, bin, shellQuote(dir))
+}
