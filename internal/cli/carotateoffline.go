@@ -53,7 +53,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
