@@ -9,8 +9,8 @@ import (
 )
 
 // The commands that read an authority's data directory without the
-// authority (admin add --offline, audit list and verify --offline, and the
-// authority itself) open a PostgreSQL store with no --store: authority.json
+// authority (admin add --offline, audit list and verify --offline, ca
+// rotate --offline, and the authority itself) open a PostgreSQL store with no --store: authority.json
 // records its URL with the user and without the password, which the
 // driver reads from PGPASSWORD or PGPASSFILE. Where that URL cannot
 // connect, they say where the password comes from and name --store; a
@@ -75,6 +75,7 @@ func TestOfflineCommandsUseTheRecordedStore(t *testing.T) {
 			{"admin", "add", "other", "--offline", "--data", dir, "--out", filepath.Join(t.TempDir(), "o.pem")},
 			{"audit", "list", "--offline", "--data", dir},
 			{"audit", "verify", "--offline", "--data", dir},
+			{"ca", "rotate", "agent", "--offline", "--data", dir},
 			{"authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", ""},
 		} {
 			line := mustFail(t, args...)

@@ -387,9 +387,8 @@ func applySettings(f *pflag.FlagSet, cfg authorityConfig, s settingText, o *auth
 	if o.agentCertTTL, o.boundCertTTL, err = parseAgentCertTTLs(s.ttl, s.boundTTL); err != nil {
 		return err
 	}
-	if o.caIntermediateTTL, err = time.ParseDuration(s.interTTL); err != nil ||
-		o.caIntermediateTTL < authority.MinCAIntermediateTTL || o.caIntermediateTTL > ca.RootTTL {
-		return fmt.Errorf("ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", s.interTTL, authority.MinCAIntermediateTTL, ca.RootTTL)
+	if o.caIntermediateTTL, err = parseCAIntermediateTTL(s.interTTL); err != nil {
+		return err
 	}
 	if o.caDraftTTL, err = parseCADraftTTL(s.draftTTL); err != nil {
 		return err
@@ -434,6 +433,16 @@ func parseAgentCertTTLs(ttl, boundTTL string) (agent, bound time.Duration, err e
 		}
 	}
 	return agent, bound, nil
+}
+
+// parseCAIntermediateTTL reads ca.intermediate_ttl: a duration within
+// [authority.MinCAIntermediateTTL, ca.RootTTL].
+func parseCAIntermediateTTL(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d < authority.MinCAIntermediateTTL || d > ca.RootTTL {
+		return 0, fmt.Errorf("ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", v, authority.MinCAIntermediateTTL, ca.RootTTL)
+	}
+	return d, nil
 }
 
 // parseCADraftTTL reads ca.draft_ttl: a duration within

@@ -75,8 +75,8 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			ttlText := firstOf(interTTL, cfg.CA.IntermediateTTL)
 			ttl := ca.IntermediateTTL
 			if ttlText != "" {
-				if ttl, err = time.ParseDuration(ttlText); err != nil || ttl < authority.MinCAIntermediateTTL || ttl > ca.RootTTL {
-					return fmt.Errorf("ca migrate-custody: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", ttlText, authority.MinCAIntermediateTTL, ca.RootTTL)
+				if ttl, err = parseCAIntermediateTTL(ttlText); err != nil {
+					return fmt.Errorf("ca migrate-custody: %w", err)
 				}
 			}
 			minLead, err := signerMinLeadTime(cfg.Signer.MinLeadTime)

@@ -37,8 +37,8 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	}
 	ttl := ca.IntermediateTTL
 	if t := cfg.CA.IntermediateTTL; t != "" {
-		if ttl, err = time.ParseDuration(t); err != nil || ttl < authority.MinCAIntermediateTTL || ttl > ca.RootTTL {
-			return fmt.Errorf("ca rotate --offline: ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", t, authority.MinCAIntermediateTTL, ca.RootTTL)
+		if ttl, err = parseCAIntermediateTTL(t); err != nil {
+			return fmt.Errorf("ca rotate --offline: %w", err)
 		}
 	}
 	m := authority.LostKeyRotation{Role: role, Actor: rotateOfflineActor, IntermediateTTL: ttl}
@@ -53,7 +53,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
-	st, err := openStore(ctx, d.url)
+	st, err := d.openStore(ctx)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}

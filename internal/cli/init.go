@@ -158,9 +158,15 @@ func storeHint(url string) string {
 // password PGPASSWORD or PGPASSFILE gives, as the authority's driver reads
 // it when the URL has none. A URL that does not parse keeps only its
 // scheme, as authority.json's URLs without a user name were recorded: the
-// commands then ask for --store.
+// commands then ask for --store. So does one whose query does not parse.
 func storeURLWithoutPassword(raw string) string {
 	u, err := url.Parse(raw)
+	var q url.Values
+	if err == nil {
+		// u.Query drops the pairs it cannot read, a password among them,
+		// and the URL would keep it: such a query is not recorded either.
+		q, err = url.ParseQuery(u.RawQuery)
+	}
 	if err != nil {
 		scheme, _, _ := strings.Cut(raw, "://")
 		return scheme + "://…@"
@@ -168,7 +174,7 @@ func storeURLWithoutPassword(raw string) string {
 	if u.User != nil {
 		u.User = url.User(u.User.Username())
 	}
-	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+	if q.Has("password") || q.Has("sslpassword") {
 		q.Del("password")
 		q.Del("sslpassword")
 		u.RawQuery = q.Encode()
