@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"time"
 )
@@ -44,6 +45,16 @@ type SignerChange struct {
 	// signer's key is destroyed with the step that ends it (a sealed key,
 	// which is its reference). Only for an update to retired or revoked.
 	DropKey bool
+}
+
+// CheckDropKey refuses a DropKey on an update that does not end the
+// signer (to retired or revoked): both stores refuse it, before they
+// write anything.
+func (c SignerChange) CheckDropKey() error {
+	if c.DropKey && c.From != "" && c.To.State != SignerRetired && c.To.State != SignerRevoked {
+		return fmt.Errorf("update signer %s: its key is destroyed only with a step to retired or revoked, not %s", c.To.VersionID, c.To.State)
+	}
+	return nil
 }
 
 // SignerSetID identifies the content of a verifier set: its version and

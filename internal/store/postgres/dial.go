@@ -28,9 +28,10 @@ const (
 
 // dialHungPeers makes c's TCP connections notice a dead peer in seconds
 // (keepalives and TCP_USER_TIMEOUT), and bounds connecting by timeout
-// unless the URL's connect_timeout set its own (urlTimeout).
-func dialHungPeers(c *pgconn.Config, timeout time.Duration, urlTimeout bool) {
-	if !urlTimeout {
+// unless c already has a connect timeout (the URL's connect_timeout, which
+// ParseConfig read).
+func dialHungPeers(c *pgconn.Config, timeout time.Duration) {
+	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = timeout
 	}
 	d := &net.Dialer{
@@ -43,11 +44,4 @@ func dialHungPeers(c *pgconn.Config, timeout time.Duration, urlTimeout bool) {
 		},
 	}
 	c.DialFunc = d.DialContext
-}
-
-// setsConnectTimeout reports whether a connection string names
-// connect_timeout (which pgconn then applies itself).
-func setsConnectTimeout(conn string) bool {
-	c, err := pgconn.ParseConfig(conn)
-	return err == nil && c.ConnectTimeout != 0
 }

@@ -124,7 +124,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	dialHungPeers(&cfg.ConnConfig.Config, o.timeout, setsConnectTimeout(url))
+	dialHungPeers(&cfg.ConnConfig.Config, o.timeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)

@@ -55,6 +55,11 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 	if expect+1 >= store.MaxSignerSetVersion {
 		return 0, fmt.Errorf("postgres: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
 	}
+	for _, c := range changes {
+		if err := c.CheckDropKey(); err != nil {
+			return 0, fmt.Errorf("postgres: %w", err)
+		}
+	}
 	err := s.inTx(ctx, "apply signer changes", func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, expect)
 		if err != nil {
@@ -87,9 +92,6 @@ func applySignerChange(ctx context.Context, tx pgx.Tx, c store.SignerChange) err
 			return wrap("insert signer "+t.VersionID, err)
 		}
 		return nil
-	}
-	if c.DropKey && t.State != store.SignerRetired && t.State != store.SignerRevoked {
-		return fmt.Errorf("postgres: update signer %s: its key is destroyed only with a step to retired or revoked, not %s", t.VersionID, t.State)
 	}
 	// Only the lifecycle fields change; the key reference only goes, with
 	// the step that ends the signer (DropKey).

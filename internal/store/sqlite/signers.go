@@ -58,6 +58,11 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 	if expect+1 >= store.MaxSignerSetVersion {
 		return 0, fmt.Errorf("sqlite: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
 	}
+	for _, c := range changes {
+		if err := c.CheckDropKey(); err != nil {
+			return 0, fmt.Errorf("sqlite: %w", err)
+		}
+	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, expect)
 		if err != nil {
@@ -90,9 +95,6 @@ func applySignerChange(ctx context.Context, tx *writeTx, c store.SignerChange) e
 			return wrap("insert signer "+t.VersionID, err)
 		}
 		return nil
-	}
-	if c.DropKey && t.State != store.SignerRetired && t.State != store.SignerRevoked {
-		return fmt.Errorf("sqlite: update signer %s: its key is destroyed only with a step to retired or revoked, not %s", t.VersionID, t.State)
 	}
 	// Only the lifecycle fields change; the key reference only goes, with
 	// the step that ends the signer (DropKey).
