@@ -299,7 +299,8 @@ func RunStreams(ctx context.Context, st *Streams, cfg StreamConfig) (*StreamOutc
 		}
 		if live.GoroutinesBefore = gone; gone > st.goroutines && st.goroutines > 0 {
 			fmt.Fprintf(cfg.Progress, "bench: warning: the authority still runs %d goroutines %s after the setup, %d before it: "+
-				"the memory read before the streams may count some of the setup's connections\n", gone, setupGone, st.goroutines)
+				"the memory read before the streams may count some of the setup's connections, or those of another client that connected meanwhile\n",
+				gone, setupGone, st.goroutines)
 		}
 	}
 	if cfg.PID > 0 {
