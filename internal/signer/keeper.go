@@ -418,13 +418,20 @@ func (k *Keeper) Stage(ctx context.Context, who Actor, effectiveIn, grace time.D
 	return res, err
 }
 
+// GraceTooShort is the refusal of a grace under MinGrace; way names the
+// command (or flag) that asks for a longer one.
+func GraceTooShort(grace time.Duration, way string) string {
+	return fmt.Sprintf("grace %s is under %s: the rotate task carries grace_until in whole seconds, where it would equal effective_at and agents would refuse the task; give a grace of at least %s (%s)",
+		grace, MinGrace, MinGrace, way)
+}
+
 func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (Result, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return Result{}, err
 	}
-	if grace <= 0 {
-		return Result{}, &TimesError{Reason: "grace must be positive"}
+	if grace < MinGrace {
+		return Result{}, &TimesError{Reason: GraceTooShort(grace, "`muster signer stage --grace 24h`")}
 	}
 	base := NextVersionID(snap.Signers)
 	eff := wholeSecond(snap.Now.Add(effectiveIn))
