@@ -279,7 +279,13 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		prev[s.VersionID] = s.State
 	}
 	// An error is not the step's: the set is signed on the next request.
-	_, _ = k.publish(ctx, prev)
+	// The first signer's set (none before it) is left to the first
+	// process that serves it, as no agent can hold a set yet: created by
+	// muster init, which reads no authority.yaml, it carried the default
+	// signer.min_lead_time to every agent whatever the authority ran with.
+	if prev != nil {
+		_, _ = k.publish(ctx, prev)
+	}
 	// The ended signers' keys go after the set is out, so a revocation
 	// reaches agents without waiting on the token.
 	var fates []KeyFate
@@ -383,7 +389,9 @@ func IsRule(err error) bool {
 // EnsureFirst creates the first signer, active, if there is none: at init,
 // and at every authority start so that an upgraded authority gets one.
 // Replicas starting together create one between them: the losers find it
-// made and return created false.
+// made and return created false. The first verifier set is not signed
+// here but by the first keeper that serves it (VerifierSet), with that
+// keeper's signer.min_lead_time: the authority's, not init's default.
 func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
