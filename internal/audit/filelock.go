@@ -33,27 +33,47 @@ var ErrFileLockBusy = errors.New("audit: lock file held by another process")
 // belong to the open file, so two holders in one process exclude each
 // other as two processes do.
 func lockFile(path string) (release func(), err error) {
+	f, err := openLockFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := flockWait(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
+// openLockFile opens (creating it 0600) the lock file at path.
+func openLockFile(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("audit: lock file: %w", err)
 	}
+	return f, nil
+}
+
+// flockWait takes the exclusive flock(2) of f, waiting at most
+// fileLockWait for another holder. funlock releases it.
+func flockWait(f *os.File) error {
 	deadline := time.Now().Add(fileLockWait)
 	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 20*time.Millisecond) {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil
+			return nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("audit: lock file %s: %w", path, err)
+			return fmt.Errorf("audit: lock file %s: %w", f.Name(), err)
 		}
 		if time.Now().After(deadline) {
-			f.Close()
-			return nil, fmt.Errorf("%w for %s: %s", ErrFileLockBusy, fileLockWait, path)
+			return fmt.Errorf("%w for %s: %s", ErrFileLockBusy, fileLockWait, f.Name())
 		}
 		time.Sleep(pause)
 	}
 }
+
+// funlock releases the flock(2) flockWait took.
+func funlock(f *os.File) { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }
 
 // lockedIf is lockFile, or nothing to release when path is "".
 func lockedIf(path string) (release func(), err error) {

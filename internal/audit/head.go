@@ -41,6 +41,11 @@ type headFile struct {
 	path string
 	lock string // the lock file, "" for none
 
+	// lockF is the lock file, kept open for the head file's writes alone
+	// (under mu): its own open file, so the checkpoint's lock, taken
+	// through another, excludes it as another process's would.
+	lockF *os.File
+
 	mu  sync.Mutex // held while the file is written
 	f   *os.File
 	seq int64 // the newest seq written, never lowered
@@ -86,11 +91,19 @@ func (h *headFile) note(seq int64, hash []byte) error {
 		}
 		h.f = f
 	}
-	release, err := lockedIf(h.lock)
-	if err != nil {
-		return fmt.Errorf("audit: head file: %w", err)
+	if h.lock != "" {
+		if h.lockF == nil {
+			f, err := openLockFile(h.lock)
+			if err != nil {
+				return fmt.Errorf("audit: head file: %w", err)
+			}
+			h.lockF = f
+		}
+		if err := flockWait(h.lockF); err != nil {
+			return fmt.Errorf("audit: head file: %w", err)
+		}
+		defer funlock(h.lockF)
 	}
-	defer release()
 	// Another process on the directory may have noted a newer record,
 	// which holds this one (the chain has no gaps), or this one.
 	cur := make([]byte, headFileSize)
