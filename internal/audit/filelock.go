@@ -25,8 +25,8 @@ import (
 // reported and left to the next one.
 const fileLockWait = 5 * time.Second
 
-// ErrFileLockBusy reports a lock file another process held past fileLockWait.
-var ErrFileLockBusy = errors.New("audit: lock file held by another process")
+// errFileLockBusy reports a lock file another process held past fileLockWait.
+var errFileLockBusy = errors.New("audit: lock file held by another process")
 
 // lockFile takes the exclusive flock(2) of path, creating it 0600, and
 // returns its release. Every call opens the file anew: flock(2) locks
@@ -66,7 +66,7 @@ func flockWait(f *os.File) error {
 			return fmt.Errorf("audit: lock file %s: %w", f.Name(), err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w for %s: %s", ErrFileLockBusy, fileLockWait, f.Name())
+			return fmt.Errorf("%w for %s: %s", errFileLockBusy, fileLockWait, f.Name())
 		}
 		time.Sleep(pause)
 	}
