@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
 )
 
@@ -82,4 +83,58 @@ func TestPKCS11LostActiveKey(t *testing.T) {
 	if out := mustRun(t, "ca", "status", "--data", dir); !strings.Contains(out, "retiring") {
 		t.Errorf("ca status after the offline rotation shows no retiring intermediate:\n%s", out)
 	}
+}
+
+// TestPKCS11RotateOfflineBesideTheAuthority: the active agent
+// intermediate's key deleted from the token under a running authority,
+// which reports not ready naming muster ca rotate agent --offline --data
+// DIR; that command, pasted, runs beside the authority on the same data
+// directory (it needs no stop: the store's conditional writes, and the
+// audit files under DIR/audit.lock), the authority takes the new
+// intermediate without a restart and is ready again, an agent renews, and
+// once stopped the audit chain verifies with audit-head at its newest
+// record.
+func TestPKCS11RotateOfflineBesideTheAuthority(t *testing.T) {
+	t.Parallel()
+	tok := softhsmtest.New(t)
+	env := tok.Env()
+	dir := filepath.Join(t.TempDir(), "authority")
+	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+	p.addr, _ = rec["advertise"].(string)
+	e := &agentEnv{dir: dir, auth: p}
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+
+	u, err := custody.ParsePKCS11URI(string(activeIntermediate(t, dir, "agent").ref))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--delete-object", "--type", "privkey", "--label", u.Object).CombinedOutput(); err != nil {
+		t.Fatalf("pkcs11-tool --delete-object: %v\n%s", err, out)
+	}
+	wayOut := "muster ca rotate agent --offline --data " + dir
+	var notReady string
+	waitFor(t, 60*time.Second, "the authority reports the lost key and the way out on /readyz", func() bool {
+		notReady, _ = scrapePath(p.metrics, "/readyz")
+		return strings.Contains(notReady, wayOut)
+	})
+
+	// The way out, pasted, beside the running authority.
+	if r := muster(t, env, strings.Fields(wayOut)[1:]...); r.code != 0 || !strings.Contains(r.stdout, "Activated the agent intermediate") {
+		t.Fatalf("%s beside the running authority: exit %d\n%s%s", wayOut, r.code, r.stdout, r.stderr)
+	}
+	waitFor(t, 60*time.Second, "the authority is ready again without a restart", func() bool {
+		body, err := scrapePath(p.metrics, "/readyz")
+		return err == nil && body == "ready\n"
+	})
+	mustRun(t, "agent", "renew", "--data", adir)
+	p.stop(t)
+	auditHeadAtChainHead(t, dir, env)
 }

@@ -171,13 +171,17 @@ func TestSignerRefusalsNameTheWayOut(t *testing.T) {
 		{[]string{"signer", "retire"}, "muster signer list"},
 		{[]string{"signer", "revoke", "v9"}, "muster signer list"},
 		{[]string{"signer", "stage", "--effective-in", "1m"}, "--effective-in 10m0s"},
-		{[]string{"signer", "stage", "--grace", "0s"}, "--grace"},
 		{[]string{"signer", "revoke", "v1"}, "`muster signer stage`"},
 	}
 	for _, c := range cases {
 		if msg := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(msg, c.want) {
 			t.Errorf("muster %s: %q names no %q", strings.Join(c.args, " "), msg, c.want)
 		}
+	}
+	// A grace under 1s is refused before the authority is asked: nothing
+	// is changed or recorded.
+	if msg := mustFail(t, "signer", "stage", "--grace", "0s", "--data", dir); !strings.Contains(msg, "at least 1s (--grace 24h)") {
+		t.Errorf("muster signer stage --grace 0s: %q names no 1s minimum and --grace 24h", msg)
 	}
 	var records []struct {
 		Result string `json:"result"`

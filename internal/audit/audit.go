@@ -83,6 +83,11 @@ type Config struct {
 	// record's seq and hash (head.go), so records removed from the tail
 	// before the next checkpoint are still caught.
 	HeadFile string
+	// LockFile, if set, is flock(2)ed around each write of CheckpointFile
+	// and HeadFile (filelock.go), so that several processes sharing them
+	// (an authority and an offline command on one data directory) never
+	// move either back.
+	LockFile string
 	// Log receives what cannot be returned (a head file write that
 	// failed after its record was stored); slog.Default() if nil.
 	Log *slog.Logger
@@ -98,6 +103,7 @@ type Logger struct {
 	pub      ed25519.PublicKey
 	keyID    string
 	file     string
+	lock     string // Config.LockFile
 	now      func() time.Time
 	interval time.Duration
 	onAppend func(Event)
@@ -141,13 +147,14 @@ func New(cfg Config) (*Logger, error) {
 		chainKey: bytes.Clone(cfg.ChainKey),
 		signKey:  bytes.Clone(cfg.CheckpointKey),
 		file:     cfg.CheckpointFile,
+		lock:     cfg.LockFile,
 		now:      cfg.Now,
 		interval: cfg.CheckpointInterval,
 		onAppend: cfg.OnAppend,
 		log:      cfg.Log,
 	}
 	if cfg.HeadFile != "" {
-		l.head = &headFile{path: cfg.HeadFile}
+		l.head = &headFile{path: cfg.HeadFile, lock: cfg.LockFile}
 	}
 	if l.log == nil {
 		l.log = slog.Default()

@@ -128,7 +128,7 @@ func (l *Logger) Checkpoint(ctx context.Context) (store.AuditCheckpoint, error) 
 		return store.AuditCheckpoint{}, fmt.Errorf("audit: checkpoint: %w", err)
 	}
 	if l.file != "" {
-		if err := writeCheckpointFile(l.file, c); err != nil {
+		if err := l.replaceCheckpointFile(c); err != nil {
 			return store.AuditCheckpoint{}, fmt.Errorf("audit: checkpoint: %w", err)
 		}
 	}
@@ -231,6 +231,21 @@ func ReadCheckpointFile(path string) (store.AuditCheckpoint, error) {
 		return bad("bad signature encoding", err)
 	}
 	return c, nil
+}
+
+// replaceCheckpointFile writes c to the checkpoint file unless the file
+// holds a newer checkpoint of this key, which another process on the
+// directory signed since this one read the file (filelock.go).
+func (l *Logger) replaceCheckpointFile(c store.AuditCheckpoint) error {
+	release, err := lockedIf(l.lock)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if fc, err := ReadCheckpointFile(l.file); err == nil && fc.Seq > c.Seq && signedBy(l.pub, fc) {
+		return nil
+	}
+	return writeCheckpointFile(l.file, c)
 }
 
 // writeCheckpointFile replaces path with c. The new file is written and

@@ -15,9 +15,11 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// The head file holds the newest record this process appended:
+// The head file holds the newest record appended from its directory:
 // "SEQ HEX-HASH\n", rewritten in place after every append (with replicas,
-// each replica's file is the witness of the records it appended).
+// each replica's file is the witness of the records it and the offline
+// commands run on its directory appended; with a lock file a write never
+// replaces a newer record another process noted, filelock.go).
 // Checkpoints are signed but only taken every CheckpointInterval; records
 // removed from the tail of the chain after a crash, before the next
 // checkpoint, left nothing that missed them. The head file does: Verify
@@ -37,6 +39,12 @@ const headFileSize = 96
 // headFile keeps the file of one Logger.
 type headFile struct {
 	path string
+	lock string // the lock file, "" for none
+
+	// lockF is the lock file, kept open for the head file's writes alone
+	// (under mu): its own open file, so the checkpoint's lock, taken
+	// through another, excludes it as another process's would.
+	lockF *os.File
 
 	mu  sync.Mutex // held while the file is written
 	f   *os.File
@@ -82,6 +90,28 @@ func (h *headFile) note(seq int64, hash []byte) error {
 			return fmt.Errorf("audit: head file: %w", err)
 		}
 		h.f = f
+	}
+	if h.lock != "" {
+		if h.lockF == nil {
+			f, err := openLockFile(h.lock)
+			if err != nil {
+				return fmt.Errorf("audit: head file: %w", err)
+			}
+			h.lockF = f
+		}
+		if err := flockWait(h.lockF); err != nil {
+			return fmt.Errorf("audit: head file: %w", err)
+		}
+		defer funlock(h.lockF)
+	}
+	// Another process on the directory may have noted a newer record,
+	// which holds this one (the chain has no gaps), or this one.
+	cur := make([]byte, headFileSize)
+	if n, _ := h.f.ReadAt(cur, 0); n > 0 {
+		if noted, err := parseHead(cur[:n]); err == nil && (noted.Seq > seq || noted.Seq == seq && bytes.Equal(noted.Hash, hash)) {
+			h.seq = seq
+			return nil
+		}
 	}
 	line := strconv.FormatInt(seq, 10) + " " + hex.EncodeToString(hash)
 	buf := []byte(line + strings.Repeat(" ", max(headFileSize-len(line)-1, 0)) + "\n")

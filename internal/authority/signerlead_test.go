@@ -45,7 +45,11 @@ func TestEnsureSignerWarnsOfAnotherLeadTime(t *testing.T) {
 			t.Cleanup(func() { st.Close() })
 			custody, _ := signer.NewSealed(seal.StorageKey{9})
 			// Another replica, running with 30m, made and signed the set.
-			if _, err := signer.NewKeeper(st, custody, discardSignerAudit{}, "prod-a3f2e1", 30*time.Minute).EnsureFirst(ctx, signer.Actor{Name: "other"}); err != nil {
+			other := signer.NewKeeper(st, custody, discardSignerAudit{}, "prod-a3f2e1", 30*time.Minute)
+			if _, err := other.EnsureFirst(ctx, signer.Actor{Name: "other"}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := other.VerifierSet(ctx); err != nil {
 				t.Fatal(err)
 			}
 			var buf bytes.Buffer
@@ -65,5 +69,42 @@ func TestEnsureSignerWarnsOfAnotherLeadTime(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFirstSetCarriesTheAuthorityLeadTime: the first signer, made by
+// muster init (which reads no authority.yaml: the default lead time), has
+// its verifier set signed at the authority's first start with the
+// authority's signer.min_lead_time, so agents get that from their first
+// join and the start does not warn. Init used to sign it with 10m: every
+// authority configured otherwise warned at its first start, and agents
+// applied 10m until the first signer step.
+func TestFirstSetCarriesTheAuthorityLeadTime(t *testing.T) {
+	ctx := t.Context()
+	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	custody, _ := signer.NewSealed(seal.StorageKey{9})
+	// What muster init does (datadir.Init).
+	if _, err := signer.NewKeeper(st, custody, discardSignerAudit{}, "prod-a3f2e1", 0).EnsureFirst(ctx, signer.Actor{Name: "muster init"}); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{signers: signer.NewKeeper(st, custody, discardSignerAudit{}, "prod-a3f2e1", 2*time.Minute), log: slog.New(slog.NewTextHandler(&buf, nil))}
+	if err := s.ensureSigner(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "level=WARN") {
+		t.Errorf("the first start after init warned:\n%s", buf.String())
+	}
+	raw, err := s.signers.VerifierSet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := signer.ParseVerifierSet(raw)
+	if err != nil || set.Version != 1 || set.MinLeadTime() != 2*time.Minute {
+		t.Fatalf("first verifier set: version %d, lead time %s (%v); want version 1 with the authority's 2m", set.Version, set.MinLeadTime(), err)
 	}
 }

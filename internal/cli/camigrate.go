@@ -15,6 +15,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -83,6 +84,10 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			if err != nil {
 				return fmt.Errorf("ca migrate-custody: %w", err)
 			}
+			// Before anything is written: the signer is staged last.
+			if !rollback && grace < signer.MinGrace {
+				return fmt.Errorf("ca migrate-custody: --signer-grace %s: %s", grace, signer.GraceTooShort(grace, "--signer-grace 24h"))
+			}
 			if rollback && (module != "" || pinFile != "") {
 				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
 			}
@@ -111,7 +116,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
 	f.StringVar(&interTTL, "ca-intermediate-ttl", "", "lifetime of the successors prepared in the token (default: ca.intermediate_ttl in DIR/authority.yaml, else 1 year)")
 	f.DurationVar(&effectiveIn, "signer-effective-in", time.Hour, "when the staged signer activates by itself (at least signer.min_lead_time)")
-	f.DurationVar(&grace, "signer-grace", 24*time.Hour, "how long the signer it replaces is still accepted after that")
+	f.DurationVar(&grace, "signer-grace", 24*time.Hour, "how long the signer it replaces is still accepted after that (at least 1s)")
 	f.BoolVar(&rollback, "rollback", false, "undo a migration to the --custody token (lost, or the wrong one) while none of its keys is in use yet: the successors and signer made in it are discarded and the store forgets it")
 	out.register(cmd)
 	_ = cmd.MarkFlagRequired("custody")

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/muster-dev/muster/internal/signer"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -168,11 +169,15 @@ func newSignerStageCmd(env *Env) *cobra.Command {
 		Long: `Make a new signer, staged: it appears in the verifier set at once and
 becomes active --effective-in from now (default 1h, at least
 signer.min_lead_time). The current signer stays accepted for --grace after
-that (default 24h), then retires.`,
+that (default 24h, at least 1s), then retires.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
+			}
+			// Refused here too, so that nothing is asked of the authority.
+			if grace < signer.MinGrace {
+				return fmt.Errorf("signer stage: --grace %s: %s", grace, signer.GraceTooShort(grace, "--grace 24h"))
 			}
 			resp, err := callAdmin(cmd, env, &af, "signer stage", func(ctx context.Context, c *adminClient) (*musterv1.SignerChangeResponse, error) {
 				return c.StageSigner(ctx, &musterv1.StageSignerRequest{EffectiveIn: durationpb.New(effectiveIn), Grace: durationpb.New(grace)})
@@ -184,7 +189,7 @@ that (default 24h), then retires.`,
 		},
 	}
 	cmd.Flags().DurationVar(&effectiveIn, "effective-in", time.Hour, "when the new signer becomes active, from now")
-	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long after that the current signer stays accepted")
+	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long after that the current signer stays accepted (at least 1s)")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

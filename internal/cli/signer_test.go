@@ -43,3 +43,26 @@ func TestSignerMinLeadTime(t *testing.T) {
 		}
 	}
 }
+
+// TestStageGraceUnderASecondIsRefusedHere: signer stage --grace and ca
+// migrate-custody --signer-grace under 1s are refused before anything is
+// asked or written, naming the minimum and the flag; they used to reach the
+// authority, which staged a signer whose rotate task agents refuse.
+func TestStageGraceUnderASecondIsRefusedHere(t *testing.T) {
+	dir := t.TempDir()
+	for _, args := range [][]string{
+		{"signer", "stage", "--grace", "500ms", "--authority", "127.0.0.1:1", "--identity", dir + "/none.pem"},
+		{"signer", "stage", "--grace", "999ms", "--data", dir},
+		{"ca", "migrate-custody", "--data", dir, "--custody", "pkcs11:token=muster", "--signer-grace", "500ms"},
+	} {
+		code, _, stderr := runCLI(t, args...)
+		flag := args[2]
+		if args[0] == "ca" {
+			flag = "--signer-grace"
+		}
+		if code == 0 || !strings.Contains(stderr, flag+" ") || !strings.Contains(stderr, "at least 1s") || !strings.Contains(stderr, flag+" 24h") ||
+			strings.Contains(stderr, "reach") || strings.Contains(stderr, "not an initialised") {
+			t.Errorf("muster %s: exit %d, stderr %q; want the 1s minimum and %s, before anything else", strings.Join(args, " "), code, stderr, flag)
+		}
+	}
+}

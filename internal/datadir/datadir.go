@@ -13,6 +13,7 @@
 //	DIR/authority.addr         the address the running authority advertises
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
 //	DIR/audit-head             the newest audit record appended (seq and hash)
+//	DIR/audit.lock             flock(2)ed around each write of the two audit files
 //	DIR/authority.lock         flock(2)ed by the running authority; holds its pid
 package datadir
 

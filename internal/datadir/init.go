@@ -453,6 +453,9 @@ func NewAuditLogger(st audit.Store, sk seal.StorageKey, checkpointFile string, o
 		// The head file lives beside the checkpoint file, in the same
 		// directory the server owns.
 		HeadFile: headFileBeside(checkpointFile),
+		// The offline commands append beside a running authority, from
+		// the same directory: its files are written one process at a time.
+		LockFile: besideCheckpoint(checkpointFile, "audit.lock"),
 		Now:      time.Now,
 		OnAppend: onAppend,
 	})
@@ -461,10 +464,16 @@ func NewAuditLogger(st audit.Store, sk seal.StorageKey, checkpointFile string, o
 // headFileBeside is the audit head file of the data directory whose
 // checkpoint file is checkpointFile ("" for none).
 func headFileBeside(checkpointFile string) string {
+	return besideCheckpoint(checkpointFile, "audit-head")
+}
+
+// besideCheckpoint is the file name in the directory of checkpointFile
+// ("" for none).
+func besideCheckpoint(checkpointFile, name string) string {
 	if checkpointFile == "" {
 		return ""
 	}
-	return filepath.Join(filepath.Dir(checkpointFile), "audit-head")
+	return filepath.Join(filepath.Dir(checkpointFile), name)
 }
 
 // mkdirParents creates dir and its missing parents 0700 and returns the

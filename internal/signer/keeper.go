@@ -279,7 +279,13 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		prev[s.VersionID] = s.State
 	}
 	// An error is not the step's: the set is signed on the next request.
-	_, _ = k.publish(ctx, prev)
+	// The first signer's set (none before it) is left to the first
+	// process that serves it, as no agent can hold a set yet: created by
+	// muster init, which reads no authority.yaml, it carried the default
+	// signer.min_lead_time to every agent whatever the authority ran with.
+	if prev != nil {
+		_, _ = k.publish(ctx, prev)
+	}
 	// The ended signers' keys go after the set is out, so a revocation
 	// reaches agents without waiting on the token.
 	var fates []KeyFate
@@ -383,7 +389,9 @@ func IsRule(err error) bool {
 // EnsureFirst creates the first signer, active, if there is none: at init,
 // and at every authority start so that an upgraded authority gets one.
 // Replicas starting together create one between them: the losers find it
-// made and return created false.
+// made and return created false. The first verifier set is not signed
+// here but by the first keeper that serves it (VerifierSet), with that
+// keeper's signer.min_lead_time: the authority's, not init's default.
 func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
@@ -418,13 +426,20 @@ func (k *Keeper) Stage(ctx context.Context, who Actor, effectiveIn, grace time.D
 	return res, err
 }
 
+// GraceTooShort is the refusal of a grace under MinGrace; way names the
+// command (or flag) that asks for a longer one.
+func GraceTooShort(grace time.Duration, way string) string {
+	return fmt.Sprintf("grace %s is under %s: the rotate task carries grace_until in whole seconds, where it would equal effective_at and agents would refuse the task; give a grace of at least %s (%s)",
+		grace, MinGrace, MinGrace, way)
+}
+
 func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (Result, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return Result{}, err
 	}
-	if grace <= 0 {
-		return Result{}, &TimesError{Reason: "grace must be positive"}
+	if grace < MinGrace {
+		return Result{}, &TimesError{Reason: GraceTooShort(grace, "`muster signer stage --grace 24h`")}
 	}
 	base := NextVersionID(snap.Signers)
 	eff := wholeSecond(snap.Now.Add(effectiveIn))

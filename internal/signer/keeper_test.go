@@ -183,3 +183,39 @@ func TestRefusedRevokeNamesTheVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestStageRefusesAGraceUnderASecond: a grace under MinGrace is refused
+// (a rotate task would carry grace_until equal to effective_at, which
+// agents refuse), audited, and stages nothing; MinGrace itself is taken
+// and keeps grace_until after effective_at in the task's whole seconds.
+func TestStageRefusesAGraceUnderASecond(t *testing.T) {
+	ctx := t.Context()
+	k, _, log := newKeeper(t)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := k.Load(ctx)
+	for _, grace := range []time.Duration{500 * time.Millisecond, time.Second - time.Nanosecond, 0, -time.Second} {
+		_, err := k.Stage(ctx, who, time.Hour, grace)
+		var te *TimesError
+		if !errors.As(err, &te) || !strings.Contains(err.Error(), "at least 1s") || !strings.Contains(err.Error(), "muster signer stage --grace 24h") {
+			t.Fatalf("stage with grace %s = %v, want a TimesError naming the 1s minimum and the way out", grace, err)
+		}
+		if e := log.events[len(log.events)-1]; e.Action != "node_task_signer.stage" || e.Result != audit.ResultDenied {
+			t.Errorf("grace %s: audited %+v, want a denied stage", grace, e)
+		}
+	}
+	if after, _ := k.Load(ctx); after.Version() != before.Version() || len(after.Signers) != 1 {
+		t.Fatalf("refused stages changed the signers: %+v", after.Signers)
+	}
+	res, err := k.Stage(ctx, who, time.Hour, MinGrace)
+	if err != nil {
+		t.Fatalf("stage with grace %s: %v", MinGrace, err)
+	}
+	staged := res.Changes[0].To
+	eff, grace := staged.EffectiveAt.UTC().Format(time.RFC3339), staged.GraceUntil.UTC().Format(time.RFC3339)
+	if grace <= eff {
+		t.Fatalf("grace_until %s is not after effective_at %s in whole seconds", grace, eff)
+	}
+}

@@ -12,6 +12,12 @@ import (
 // agents have time to receive it first.
 const DefaultMinLeadTime = 10 * time.Minute
 
+// MinGrace is the shortest grace a stage takes. A rotate task carries
+// effective_at (a whole second) and grace_until in RFC 3339 seconds, so a
+// shorter grace reads as grace_until equal to effective_at, which agents
+// refuse (DESIGN.md: grace_until > effective_at).
+const MinGrace = time.Second
+
 // Change is one signer's part of a lifecycle step: the store writes To only
 // if the signer is still in From (From == "" inserts To, refusing an
 // existing version ID). A plan's changes are written together or not at all,
