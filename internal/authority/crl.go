@@ -99,7 +99,9 @@ func (s *Server) crlHandler() http.Handler {
 		hit, ok := cache[name]
 		mu.Unlock()
 		if !ok || time.Since(hit.read) > time.Second {
-			ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+			// The store's deadline, not a shorter one of its own: a
+			// hung database is then its outage, logged once.
+			ctx, cancel := context.WithTimeout(r.Context(), storeJobTimeout)
 			c, err := s.crl.Get(ctx, name)
 			cancel()
 			switch {
@@ -110,7 +112,9 @@ func (s *Server) crlHandler() http.Handler {
 				http.Error(w, "the first list of this issuer is not signed yet", http.StatusServiceUnavailable)
 				return
 			case err != nil:
-				s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
+				if !s.outage.fail(err) {
+					s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
+				}
 				http.Error(w, "store unavailable", http.StatusServiceUnavailable)
 				return
 			}
