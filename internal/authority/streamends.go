@@ -35,7 +35,7 @@ type pendingEnds struct {
 	// outage once); other failures are retried unlogged.
 	unavailable func(error) bool
 	mu          sync.Mutex
-	ended map[unrecordedEnd]time.Time
+	ended       map[unrecordedEnd]time.Time
 }
 
 func newPendingEnds(st store.AgentStreamStore, log *slog.Logger) *pendingEnds {
