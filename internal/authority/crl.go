@@ -143,6 +143,9 @@ var (
 	crlAgeDesc = prometheus.NewDesc("muster_crl_age_seconds",
 		"Seconds since the certificate revocation list of an issuing intermediate was signed (it is signed again at half its validity, and within seconds of a lock or deletion).",
 		[]string{"role", "serial"}, nil)
+	crlNextUpdateDesc = prometheus.NewDesc("muster_crl_next_update_seconds",
+		"When the certificate revocation list of an issuing intermediate expires (its nextUpdate, Unix seconds), as this replica last read or signed it: relying parties refuse the issuer's leaves after it. Signed anew at half its validity, so it stays at least half a validity ahead unless signing fails, or the intermediate's key is lost (it is never signed again).",
+		[]string{"role", "serial"}, nil)
 	crlEntriesDesc = prometheus.NewDesc("muster_crl_entries",
 		"Certificates listed in the certificate revocation list of an issuing intermediate.",
 		[]string{"role", "serial"}, nil)
@@ -150,6 +153,7 @@ var (
 
 func (c crlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- crlAgeDesc
+	ch <- crlNextUpdateDesc
 	ch <- crlEntriesDesc
 }
 
@@ -158,6 +162,7 @@ func (c crlCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.p.Statuses() {
 		serial := st.Issuer.Cert.SerialNumber.Text(16)
 		ch <- prometheus.MustNewConstMetric(crlAgeDesc, prometheus.GaugeValue, now.Sub(st.ThisUpdate).Seconds(), st.Issuer.Role, serial)
+		ch <- prometheus.MustNewConstMetric(crlNextUpdateDesc, prometheus.GaugeValue, float64(st.NextUpdate.Unix()), st.Issuer.Role, serial)
 		ch <- prometheus.MustNewConstMetric(crlEntriesDesc, prometheus.GaugeValue, float64(st.Entries), st.Issuer.Role, serial)
 	}
 }
