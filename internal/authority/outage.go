@@ -81,6 +81,18 @@ func (o *storeOutage) fail(err error) bool {
 	return true
 }
 
+// isDown reports whether an outage is under way: the store has not
+// answered since a request failed on its unavailability. A nil
+// *storeOutage reports false.
+func (o *storeOutage) isDown() bool {
+	if o == nil {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.down
+}
+
 // begin starts an outage unless one is under way. o.mu is held.
 func (o *storeOutage) begin(err error) {
 	if o.down {

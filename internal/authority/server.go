@@ -803,14 +803,22 @@ func (s *Server) Run(ctx context.Context) error {
 // could not take before, the authority.stop audit record and a checkpoint
 // of the audit chain, within storeJobTimeout. The first failure ends it:
 // with the store unavailable each write would wait the store's deadline
-// in turn. What was left unrecorded is logged with the failure, which
-// names the store's unavailability and the setting that bounds its
-// requests (it said "context deadline exceeded" when this took 5 s,
-// shorter than the store's 10 s).
+// in turn; during an outage already under way nothing is tried, so a
+// hung database does not hold the stop for the store's deadline (the
+// service manager's stop timeout, 30 s in the systemd unit, must cover
+// the graceful stop too). What was left unrecorded is logged with the
+// failure, which names the store's unavailability and the setting that
+// bounds its requests (it said "context deadline exceeded" when this took
+// 5 s, shorter than the store's 10 s).
 func (s *Server) recordStop() {
+	left := "the ends of agent streams that ended unrecorded, the authority.stop audit record and a checkpoint of the audit chain"
+	if s.outage.isDown() {
+		s.log.Error("the store is unavailable as the authority stops (an outage under way): not recorded: "+left,
+			"unrecorded_stream_ends", s.streamEnds.len())
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeJobTimeout)
 	defer cancel()
-	left := "the ends of agent streams that ended unrecorded, the authority.stop audit record and a checkpoint of the audit chain"
 	err := s.streamEnds.flush(ctx)
 	if err == nil {
 		left = "the authority.stop audit record and a checkpoint of the audit chain"
