@@ -197,6 +197,7 @@ func TestCRL(t *testing.T) {
 	for _, want := range []string{
 		`muster_crl_entries{role="agent",serial="` + inter.SerialNumber.Text(16) + `"} 1`,
 		`muster_crl_age_seconds{role="admin"`, `muster_crl_age_seconds{role="server"`, `muster_crl_age_seconds{role="bootstrap"`,
+		`muster_crl_next_update_seconds{role="agent",serial="` + inter.SerialNumber.Text(16) + `"} `,
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("metrics lack %s", want)

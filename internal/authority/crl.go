@@ -99,7 +99,9 @@ func (s *Server) crlHandler() http.Handler {
 		hit, ok := cache[name]
 		mu.Unlock()
 		if !ok || time.Since(hit.read) > time.Second {
-			ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+			// The store's deadline, not a shorter one of its own: a
+			// hung database is then its outage, logged once.
+			ctx, cancel := context.WithTimeout(r.Context(), storeJobTimeout)
 			c, err := s.crl.Get(ctx, name)
 			cancel()
 			switch {
@@ -110,7 +112,9 @@ func (s *Server) crlHandler() http.Handler {
 				http.Error(w, "the first list of this issuer is not signed yet", http.StatusServiceUnavailable)
 				return
 			case err != nil:
-				s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
+				if !s.outage.fail(err) {
+					s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
+				}
 				http.Error(w, "store unavailable", http.StatusServiceUnavailable)
 				return
 			}
@@ -139,6 +143,9 @@ var (
 	crlAgeDesc = prometheus.NewDesc("muster_crl_age_seconds",
 		"Seconds since the certificate revocation list of an issuing intermediate was signed (it is signed again at half its validity, and within seconds of a lock or deletion).",
 		[]string{"role", "serial"}, nil)
+	crlNextUpdateDesc = prometheus.NewDesc("muster_crl_next_update_seconds",
+		"When the certificate revocation list of an issuing intermediate expires (its nextUpdate, Unix seconds), as this replica last read or signed it: relying parties refuse the issuer's leaves after it. Signed anew at half its validity, so it stays at least half a validity ahead unless signing fails, or the intermediate's key is lost (it is never signed again).",
+		[]string{"role", "serial"}, nil)
 	crlEntriesDesc = prometheus.NewDesc("muster_crl_entries",
 		"Certificates listed in the certificate revocation list of an issuing intermediate.",
 		[]string{"role", "serial"}, nil)
@@ -146,6 +153,7 @@ var (
 
 func (c crlCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- crlAgeDesc
+	ch <- crlNextUpdateDesc
 	ch <- crlEntriesDesc
 }
 
@@ -154,6 +162,7 @@ func (c crlCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, st := range c.p.Statuses() {
 		serial := st.Issuer.Cert.SerialNumber.Text(16)
 		ch <- prometheus.MustNewConstMetric(crlAgeDesc, prometheus.GaugeValue, now.Sub(st.ThisUpdate).Seconds(), st.Issuer.Role, serial)
+		ch <- prometheus.MustNewConstMetric(crlNextUpdateDesc, prometheus.GaugeValue, float64(st.NextUpdate.Unix()), st.Issuer.Role, serial)
 		ch <- prometheus.MustNewConstMetric(crlEntriesDesc, prometheus.GaugeValue, float64(st.Entries), st.Issuer.Role, serial)
 	}
 }

@@ -47,17 +47,6 @@ func deleteKey(t *testing.T, ctx context.Context, tokenCA *custody.PKCS11, r sto
 	}
 }
 
-// readAsAtStart reads the store's intermediates as a starting replica
-// does: no key opened before.
-func readAsAtStart(t *testing.T, s *Server) error {
-	t.Helper()
-	in, err := newIntermediates(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return in.load(t.Context())
-}
-
 // TestLostRetiringKeyDoesNotStopStart: a retiring intermediate whose key
 // is gone from the token (it signs no new leaf) no longer stops a replica
 // reading the intermediates, as at its start: it stays in the trust
@@ -281,5 +270,41 @@ func TestLostPreparedKey(t *testing.T) {
 	}
 	if !strings.Contains(after.loaded, "agent/"+cur.Serial+"/"+store.CAActive) || !strings.Contains(after.loaded, "agent/"+res.Active.Serial+"/"+store.CAPrepared) {
 		t.Errorf("the set read after the offline rotation: %s; want %s active, %s prepared", after.loaded, cur.Serial, res.Active.Serial)
+	}
+}
+
+// TestLostRootKeyNamesTheWayOut: a root rotation's root made in the token
+// whose key object is then gone (the token initialised again, restored
+// from a backup older than the rotation) stops a starting replica, with
+// the root, the object and the way out named: restore the token, or a new
+// authority, since nothing else can sign intermediates under that root.
+func TestLostRootKeyNamesTheWayOut(t *testing.T) {
+	a, tk := tokenReplica(t)
+	tokenCA := tk.For("muster-ca/")
+	s := a.srvs[0]
+	ctx := t.Context()
+	st, err := s.rotateRoot(ctx, "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rot, err := a.store.GetRootRotation(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !custody.IsPKCS11Ref(rot.NewKeyRef) {
+		t.Fatalf("the new root's key is not in the token: %q", rot.NewKeyRef)
+	}
+	if err := tokenCA.Destroy(ctx, rootKeyName(st.New), custody.Key{Ref: rot.NewKeyRef}); err != nil {
+		t.Fatal(err)
+	}
+	err = readAsAtStart(t, s)
+	if !errors.Is(err, custody.ErrKeyMissing) {
+		t.Fatalf("the new root's lost key: %v, want ErrKeyMissing", err)
+	}
+	for _, want := range []string{"the stored new root: " + ca.Fingerprint(st.New), string(rot.NewKeyRef),
+		"restore the token from its backup", "muster init --data NEWDIR", `docs/hsm.md "A lost token"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal %q does not say %q", err, want)
+		}
 	}
 }

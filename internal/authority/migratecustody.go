@@ -137,6 +137,9 @@ func migrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 		return res, err
 	}
 	roots, err := openRootState(ctx, caCustody, m.CA, rot)
+	if errors.Is(err, custody.ErrKeyMissing) {
+		return res, fmt.Errorf("reading the root rotation, nothing changed: %w; %s", err, rootKeyWayOut)
+	}
 	if err != nil {
 		return res, fmt.Errorf("reading the root rotation: %w", err)
 	}

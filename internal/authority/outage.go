@@ -30,6 +30,19 @@ func custodyUnavailable() error {
 		errinfo.ReasonKeyCustodyUnavailable)
 }
 
+// storeJobTimeout bounds the store calls of a job that has no caller
+// waiting with a deadline of its own (recording a stream's end or a task
+// result, the pending stream ends, the probe of an outage, what the
+// replica records as it stops). It outlasts the store's own deadline for
+// a request (PostgreSQL: limits.store_timeout, at most 20 s, plus the 5 s
+// pgx takes to give a cancelled statement up; SQLite: its 10 s
+// busy_timeout), so a database that hangs fails the job with
+// store.ErrUnavailable, logged once as the outage and naming the setting
+// that governs it, not with this deadline: at 5 s, shorter than the
+// default store timeout's 10 s, it was "context deadline exceeded",
+// logged by each job as a failure of its own.
+const storeJobTimeout = 30 * time.Second
+
 // storeProbeEvery is how often, while the store is unavailable, the
 // authority asks it the time to learn that it is back.
 var storeProbeEvery = 500 * time.Millisecond
@@ -68,6 +81,18 @@ func (o *storeOutage) fail(err error) bool {
 	return true
 }
 
+// isDown reports whether an outage is under way: the store has not
+// answered since a request failed on its unavailability. A nil
+// *storeOutage reports false.
+func (o *storeOutage) isDown() bool {
+	if o == nil {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.down
+}
+
 // begin starts an outage unless one is under way. o.mu is held.
 func (o *storeOutage) begin(err error) {
 	if o.down {
@@ -102,7 +127,7 @@ func (o *storeOutage) run(ctx context.Context) {
 				return
 			case <-t.C:
 			}
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			pctx, cancel := context.WithTimeout(ctx, storeJobTimeout)
 			back = o.probe(pctx) == nil
 			cancel()
 		}

@@ -86,10 +86,25 @@ func (in *intermediates) readRoots(ctx context.Context) (*rootState, error) {
 	return in.openRoots(ctx, row)
 }
 
-// openRoots is readRoots for a rotation record already read.
+// openRoots is readRoots for a rotation record already read. A root
+// whose key the token no longer holds fails it (the authority does not
+// start) with what is missing and the way out (rootKeyWayOut).
 func (in *intermediates) openRoots(ctx context.Context, row store.RootRotation) (*rootState, error) {
-	return openRootState(ctx, in.custody, in.s.ca, row)
+	st, err := openRootState(ctx, in.custody, in.s.ca, row)
+	if errors.Is(err, custody.ErrKeyMissing) {
+		return nil, fmt.Errorf("%w; %s", err, rootKeyWayOut)
+	}
+	return st, err
 }
+
+// rootKeyWayOut is what the operator can do about a root key gone from the
+// token (docs/hsm.md "A lost token"): bring the object back, or, since no
+// other key can sign intermediates under that root (a root rotation needs
+// it to certify its successor, and migrate-custody --rollback has no sealed
+// copy of a key made in the token), start a new authority.
+const rootKeyWayOut = "restore the token from its backup so that it holds that object again, then start the authority again; " +
+	"without a backup the root's key is lost: neither a root rotation nor muster ca migrate-custody --rollback can replace it (both need the key), " +
+	"and the way out is a new authority: muster init --data NEWDIR, then the agents join it again (docs/hsm.md \"A lost token\")"
 
 // openRootState is openRoots with the data directory's hierarchy h and
 // the custody c that holds the stored roots' keys.
@@ -114,7 +129,10 @@ func openRootState(ctx context.Context, c custody.Custody, h *ca.Hierarchy, row 
 			return cert, nil, nil
 		}
 		k, err := c.Signer(ctx, rootKeyName(cert), custody.Key{Public: cert.PublicKey, Ref: ref})
-		return cert, k, err
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", ca.Fingerprint(cert), err)
+		}
+		return cert, k, nil
 	}
 	if row.OldCertDER != nil {
 		if st.old, st.oldKey, err = open(row.OldCertDER, row.OldKeyRef); err != nil {

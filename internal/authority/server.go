@@ -284,6 +284,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	})
 	s.metrics.outage = s.outage
 	s.streamEnds = newPendingEnds(cfg.Store, cfg.Log)
+	s.streamEnds.unavailable = s.outage.fail
 	s.refusals = audit.NewRefusals(cfg.Audit, "authority", cfg.Log)
 	s.refusals.Reported = s.outage.fail
 	if err := s.metrics.reg.Register(newTokenCollector(s)); err != nil {
@@ -791,15 +792,53 @@ func (s *Server) Run(ctx context.Context) error {
 		return nil
 	})
 	err = g.Wait()
-	rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s.streamEnds.flush(rctx)
-	_ = s.recordAudit(rctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
-	s.audit.Checkpoint(rctx)
+	s.recordStop()
 	if errors.Is(err, grpc.ErrServerStopped) {
 		err = nil
 	}
 	return err
+}
+
+// recordStop records, as the replica stops, the stream ends the store
+// could not take before, the authority.stop audit record and a checkpoint
+// of the audit chain, within storeJobTimeout. The first failure ends it:
+// with the store unavailable each write would wait the store's deadline
+// in turn; during an outage already under way nothing is tried, so a
+// hung database does not hold the stop for the store's deadline (the
+// service manager's stop timeout, 30 s in the systemd unit, must cover
+// the graceful stop too). What was left unrecorded is logged with the
+// failure, which names the store's unavailability and the setting that
+// bounds its requests (it said "context deadline exceeded" when this took
+// 5 s, shorter than the store's 10 s).
+func (s *Server) recordStop() {
+	left := "the ends of agent streams that ended unrecorded, the authority.stop audit record and a checkpoint of the audit chain"
+	if s.outage.isDown() {
+		s.log.Error("the store is unavailable as the authority stops (an outage under way): not recorded: "+left,
+			"unrecorded_stream_ends", s.streamEnds.len())
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeJobTimeout)
+	defer cancel()
+	err := s.streamEnds.flush(ctx)
+	if err == nil {
+		left = "the authority.stop audit record and a checkpoint of the audit chain"
+		err = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
+		if err != nil && !errors.Is(err, store.ErrUnavailable) {
+			return // logged by recordAudit
+		}
+	}
+	if err == nil {
+		left = "a checkpoint of the audit chain"
+		_, err = s.audit.Checkpoint(ctx)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, store.ErrUnavailable):
+		s.log.Error("the store is unavailable as the authority stops: not recorded: "+left,
+			"unrecorded_stream_ends", s.streamEnds.len(), "err", err)
+	default:
+		s.log.Error("recording the authority's stop failed: not recorded: "+left, "unrecorded_stream_ends", s.streamEnds.len(), "err", err)
+	}
 }
 
 func stopGracefully(gs *grpc.Server, timeout time.Duration) {

@@ -233,7 +233,7 @@ func (st *agentStream) recordEnd() error {
 	st.recordMu.Lock()
 	defer st.recordMu.Unlock()
 	st.ended = true
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), storeJobTimeout)
 	defer cancel()
 	now, err := a.s.store.Now(rctx)
 	if err == nil {
@@ -279,8 +279,9 @@ func (st *agentStream) receive() {
 	}
 }
 
-// resultRecordTimeout bounds recording one task result.
-const resultRecordTimeout = 5 * time.Second
+// resultRecordTimeout bounds recording one task result: past the store's
+// own deadline (storeJobTimeout).
+const resultRecordTimeout = storeJobTimeout
 
 // recordResult records a task result the stream brought. A result that
 // arrives as the stream ends (its certificate expiring, a newer stream

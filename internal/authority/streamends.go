@@ -30,8 +30,12 @@ type unrecordedEnd struct {
 type pendingEnds struct {
 	store store.AgentStreamStore
 	log   *slog.Logger
-	mu    sync.Mutex
-	ended map[unrecordedEnd]time.Time
+	// unavailable, if set, is told of a failed retry and reports whether
+	// it was the store's unavailability (storeOutage.fail, which logs the
+	// outage once); other failures are retried unlogged.
+	unavailable func(error) bool
+	mu          sync.Mutex
+	ended       map[unrecordedEnd]time.Time
 }
 
 func newPendingEnds(st store.AgentStreamStore, log *slog.Logger) *pendingEnds {
@@ -66,13 +70,17 @@ func (p *pendingEnds) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		p.flush(ctx)
+		if err := p.flush(ctx); err != nil && ctx.Err() == nil && p.unavailable != nil {
+			p.unavailable(err)
+		}
 	}
 }
 
 // flush tries to record every pending end once; it stops at the first
-// failure, as the store is then most likely still down.
-func (p *pendingEnds) flush(ctx context.Context) {
+// failure, as the store is then most likely still down, and returns it.
+// Each write has the store's deadline (storeJobTimeout), so a hung
+// database fails it as unavailable.
+func (p *pendingEnds) flush(ctx context.Context) error {
 	p.mu.Lock()
 	ends := make(map[unrecordedEnd]time.Time, len(p.ended))
 	for e, at := range p.ended {
@@ -80,9 +88,10 @@ func (p *pendingEnds) flush(ctx context.Context) {
 	}
 	p.mu.Unlock()
 	recorded := 0
+	var err error
 	for e, at := range ends {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := p.store.CloseAgentStream(rctx, e.node, e.connectedAt, at)
+		rctx, cancel := context.WithTimeout(ctx, storeJobTimeout)
+		err = p.store.CloseAgentStream(rctx, e.node, e.connectedAt, at)
 		cancel()
 		if err != nil {
 			break
@@ -95,4 +104,5 @@ func (p *pendingEnds) flush(ctx context.Context) {
 	if recorded > 0 {
 		p.log.Info("recorded the ends of agent streams that ended while the store was unavailable", "count", recorded)
 	}
+	return err
 }

@@ -29,12 +29,18 @@ func newTokenCollector(s *Server) *tokenCollector {
 func (c *tokenCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.up }
 
 func (c *tokenCollector) Collect(ch chan<- prometheus.Metric) {
+	// Shorter than the store's own deadline (limits.store_timeout), as a
+	// scrape must answer within Prometheus' scrape_timeout (10 s by
+	// default): a store that does not answer within it is reported as
+	// muster_store_up 0, and a store that answers unavailable begins the
+	// outage, logged once as a request's failure does.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	// Counted in the store: reading every token out took longer than the
 	// scrape's 2 s at a million tokens (docs/performance.md, Scale).
 	n, err := c.s.store.CountTokens(ctx, time.Now())
 	if err != nil {
+		c.s.outage.fail(err)
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}

@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -41,5 +42,25 @@ func TestScrapeWithTheStoreDown(t *testing.T) {
 	}
 	if !strings.Contains(body, "muster_other_total 0") || !strings.Contains(body, "muster_store_up 0") || strings.Contains(body, "muster_tokens{") {
 		t.Errorf("scrape with the store down:\n%s", body)
+	}
+}
+
+// TestScrapeBeginsTheOutage: a scrape whose token count finds the store
+// unavailable reports it as a request does, as the outage's one log line,
+// besides muster_store_up 0.
+func TestScrapeBeginsTheOutage(t *testing.T) {
+	var logs strings.Builder
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	s := &Server{store: downStore{}, log: log}
+	s.outage = newStoreOutage(log, func(context.Context) error { return nil })
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(newTokenCollector(s)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reg.Gather(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(logs.String(), "the store is unavailable") {
+		t.Errorf("a scrape with the store unavailable logged:\n%s", logs.String())
 	}
 }

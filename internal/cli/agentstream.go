@@ -51,6 +51,15 @@ func printStream(w io.Writer, s *streamJSON) {
 		Failures           map[string]int64  `json:"verification_failures"`
 	}
 	if len(s.Heartbeat) == 0 || json.Unmarshal(s.Heartbeat, &hb) != nil {
+		// A stream's row starts without one (the last stream's report
+		// goes with it) until the agent's first heartbeat is recorded:
+		// said, rather than leaving the line out as if the agent never
+		// reported, with the stream's opening as the last contact.
+		if s.Connected {
+			fmt.Fprintf(w, "Heartbeat: none yet on this stream (opened %s; an agent sends one as its stream opens, then every 30s)\n", fmtTime(s.ConnectedAt))
+		} else {
+			fmt.Fprintln(w, "Heartbeat: none on that stream")
+		}
 		return
 	}
 	fmt.Fprintf(w, "Heartbeat: verifier set version %d, accepts %s, identity expires %s", hb.VerifierSetVersion, signerStates(hb.AcceptedSigners), fmtTime(hb.IdentityNotAfter))

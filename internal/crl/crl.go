@@ -184,3 +184,12 @@ var ErrUnknownIssuer = errors.New("crl: no such issuing intermediate")
 // sameBytes reports whether two digests are equal (they are public; no
 // constant time needed).
 func sameBytes(a, b []byte) bool { return bytes.Equal(a, b) }
+
+// countEntries is the number of certificates a signed list names.
+func countEntries(der []byte) (int, error) {
+	rl, err := x509.ParseRevocationList(der)
+	if err != nil {
+		return 0, err
+	}
+	return len(rl.RevokedCertificateEntries), nil
+}

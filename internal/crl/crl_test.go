@@ -332,3 +332,62 @@ func TestPublishLostKey(t *testing.T) {
 		t.Errorf("the server intermediate's list is number %d, want 2 (signed again)", server.Number)
 	}
 }
+
+// TestStatusNextUpdate: each list's status says when it expires (its
+// nextUpdate), for the metric an alert watches, also for an issuer whose
+// key is lost and whose list is never signed again: a replica that
+// starts with it keyless reports its stored list's nextUpdate, which no
+// pass moves, while the others' move ahead as they are signed anew. The
+// keyless issuer was left out of the statuses, so nothing showed its list
+// running out.
+func TestStatusNextUpdate(t *testing.T) {
+	_, st, issuers := setup(t)
+	ctx := t.Context()
+	validity := time.Hour
+	p := New(Config{Store: st, Issuers: issuers, Validity: validity, MaxLeafTTL: time.Hour})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := st.now.Add(validity)
+	byName := func(p *Publisher) map[string]Status {
+		out := map[string]Status{}
+		for _, s := range p.Statuses() {
+			out[s.Issuer.Role] = s
+		}
+		return out
+	}
+	for role, s := range byName(p) {
+		if !s.NextUpdate.Equal(first) {
+			t.Errorf("%s: next update %s, want %s", role, s.NextUpdate, first)
+		}
+	}
+
+	// Another replica, which holds the agent intermediate without its key.
+	keyless := func() []Issuer {
+		out := issuers()
+		for i := range out {
+			if out[i].Role == string(ca.RoleAgent) {
+				out[i].Signer = nil
+			}
+		}
+		return out
+	}
+	st.mu.Lock()
+	st.now = st.now.Add(validity/2 + time.Minute)
+	st.mu.Unlock()
+	q := New(Config{Store: st, Issuers: keyless, Validity: validity, MaxLeafTTL: time.Hour})
+	if _, err := q.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := byName(q)
+	agent, ok := got[string(ca.RoleAgent)]
+	if !ok {
+		t.Fatalf("the keyless agent intermediate's list has no status: %v", got)
+	}
+	if !agent.NextUpdate.Equal(first) || agent.Number != 1 {
+		t.Errorf("keyless agent list: number %d, next update %s; want the stored 1, %s", agent.Number, agent.NextUpdate, first)
+	}
+	if s := got[string(ca.RoleServer)]; !s.NextUpdate.Equal(st.now.Add(validity)) {
+		t.Errorf("server list signed anew: next update %s, want %s", s.NextUpdate, st.now.Add(validity))
+	}
+}

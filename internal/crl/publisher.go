@@ -55,6 +55,9 @@ type Status struct {
 	Issuer     Issuer
 	Number     int64
 	ThisUpdate time.Time // when it was signed (its thisUpdate is Backdate earlier)
+	// NextUpdate is when relying parties stop trusting it: the list must
+	// be signed anew before then.
+	NextUpdate time.Time
 	Entries    int
 }
 
@@ -163,7 +166,11 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 			// Its key is lost (a retiring intermediate's, docs/hsm.md
 			// "A lost token"): the list last signed is served as it is
 			// until its nextUpdate, never re-signed, so no pass is due
-			// for it.
+			// for it. Its status says when that list expires, for the
+			// metric an alert watches.
+			if err := p.keepStatus(ctx, is); err != nil {
+				errs = append(errs, err)
+			}
 			continue
 		}
 		st, err := p.publishOne(ctx, is, entriesFor(is, revoked), now)
@@ -224,7 +231,7 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return Status{}, err
 	}
-	st := Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, Entries: len(entries)}
+	st := Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, NextUpdate: stored.NextUpdate, Entries: len(entries)}
 	if err == nil && sameBytes(stored.Digest, d) && now.Before(stored.ThisUpdate.Add(p.cfg.Validity/2)) {
 		p.setStatus(st)
 		return st, nil
@@ -250,10 +257,28 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 	if err != nil {
 		return Status{}, err
 	}
-	st.Number, st.ThisUpdate = c.Number, c.ThisUpdate
+	st.Number, st.ThisUpdate, st.NextUpdate = c.Number, c.ThisUpdate, c.NextUpdate
 	p.setStatus(st)
 	p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
 	return st, nil
+}
+
+// keepStatus sets the status of is, which cannot sign, from its stored
+// list: none stored leaves it out.
+func (p *Publisher) keepStatus(ctx context.Context, is Issuer) error {
+	stored, err := p.cfg.Store.GetCRL(ctx, is.Name())
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	entries, err := countEntries(stored.DER)
+	if err != nil {
+		return fmt.Errorf("crl: the stored list of %s: %w", is.Name(), err)
+	}
+	p.setStatus(Status{Issuer: is, Number: stored.Number, ThisUpdate: stored.ThisUpdate, NextUpdate: stored.NextUpdate, Entries: entries})
+	return nil
 }
 
 func (p *Publisher) setStatus(st Status) {

@@ -43,24 +43,52 @@ func long(ctx context.Context) context.Context {
 	return context.WithValue(ctx, longKey{}, true)
 }
 
+// limit is the deadline of one request as its failure names it: how long
+// it may go unanswered (the store's timeout, or longRequestTimeout), and
+// what bounds connecting, when the pool opens a connection for it.
+type limit struct {
+	timeout time.Duration
+	// connect bounds connecting: the store URL's connect_timeout if
+	// connectFromURL, else the store's timeout (dialHungPeers), also for
+	// a long request.
+	connect        time.Duration
+	connectFromURL bool
+}
+
 // timeoutError is a request the database did not answer within the
 // store's deadline: store.ErrUnavailable. It keeps the driver's message but
 // not its chain, which holds context.DeadlineExceeded: the caller's own
 // deadline had not passed.
 type timeoutError struct {
 	timeout time.Duration
+	// setting names what set timeout, for the operator to change:
+	// limits.store_timeout unless connecting ran out of the store URL's
+	// connect_timeout, or a long request of its bound.
+	setting string
 	msg     string
 }
 
 func (e *timeoutError) Error() string {
-	limit := "limits.store_timeout"
-	if e.timeout == longRequestTimeout {
-		limit = "the bound of long requests"
-	}
-	return fmt.Sprintf("%v: the database did not answer within %s (%s): %s", store.ErrUnavailable, e.timeout, limit, e.msg)
+	return fmt.Sprintf("%v: the database did not answer within %s (%s): %s", store.ErrUnavailable, e.timeout, e.setting, e.msg)
 }
 
 func (e *timeoutError) Unwrap() error { return store.ErrUnavailable }
+
+// newTimeoutError names the deadline that ran out: connecting's, when
+// connect says it was (the store URL's connect_timeout if it set one,
+// else the store's timeout, which Open makes the connect timeout), or the
+// request's.
+func newTimeoutError(l limit, connect bool, msg string) *timeoutError {
+	switch {
+	case connect && l.connectFromURL:
+		return &timeoutError{timeout: l.connect, setting: "connect_timeout in the store URL; without it, limits.store_timeout bounds connecting", msg: msg}
+	case connect:
+		return &timeoutError{timeout: l.connect, setting: "limits.store_timeout", msg: msg}
+	case l.timeout == longRequestTimeout:
+		return &timeoutError{timeout: l.timeout, setting: "the bound of long requests", msg: msg}
+	}
+	return &timeoutError{timeout: l.timeout, setting: "limits.store_timeout", msg: msg}
+}
 
 // db is the connection pool as the store's requests use it: each request
 // (a statement, a batch, a transaction) gets the store's own deadline,
@@ -73,6 +101,10 @@ func (e *timeoutError) Unwrap() error { return store.ErrUnavailable }
 type db struct {
 	p       *pgxpool.Pool
 	timeout time.Duration
+	// connect bounds connecting, from the store URL's connect_timeout if
+	// connectFromURL (limit).
+	connect        time.Duration
+	connectFromURL bool
 }
 
 // Config and Close are the pool's.
@@ -80,12 +112,12 @@ func (d *db) Config() *pgxpool.Config { return d.p.Config() }
 func (d *db) Close()                  { d.p.Close() }
 
 // limit is the deadline of a request starting now with ctx.
-func (d *db) limit(ctx context.Context) (time.Duration, time.Time) {
+func (d *db) limit(ctx context.Context) (limit, time.Time) {
 	t := d.timeout
 	if ctx.Value(longKey{}) != nil {
 		t = max(t, longRequestTimeout)
 	}
-	return t, time.Now().Add(t)
+	return limit{timeout: t, connect: d.connect, connectFromURL: d.connectFromURL}, time.Now().Add(t)
 }
 
 // until derives a request's context from the caller's ctx and the store's
@@ -96,11 +128,11 @@ func until(ctx context.Context, deadline time.Time) (context.Context, context.Ca
 
 // timedOut returns err as a timeoutError if ctx (from until) ended by the
 // store's deadline, or if connecting failed while ctx had not ended (the
-// connect timeout, which Open sets to the store's timeout, ran out first),
-// and unchanged otherwise. An error of SQL the server sent stays itself,
+// connect timeout ran out first: the store URL's connect_timeout, or the
+// store's timeout, which Open makes it otherwise), and unchanged otherwise. An error of SQL the server sent stays itself,
 // unless it is the cancellation the deadline caused (57014,
 // query_canceled).
-func timedOut(ctx context.Context, timeout time.Duration, err error) error {
+func timedOut(ctx context.Context, l limit, err error) error {
 	if err == nil {
 		return err
 	}
@@ -113,7 +145,7 @@ func timedOut(ctx context.Context, timeout time.Duration, err error) error {
 	if errors.As(err, &pe) && pe.Code != "57014" {
 		return err
 	}
-	return &timeoutError{timeout: timeout, msg: err.Error()}
+	return newTimeoutError(l, connectTimeout, err.Error())
 }
 
 // bound runs fn, a request on a connection of its own (the leader's, the
@@ -164,7 +196,7 @@ func (d *db) BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error) {
 
 // acquire takes a connection for a pipe (pipe.go), which bounds its own
 // batches by deadline (the same end, from its start).
-func (d *db) acquire(ctx context.Context) (c *pgxpool.Conn, timeout time.Duration, deadline time.Time, err error) {
+func (d *db) acquire(ctx context.Context) (c *pgxpool.Conn, l limit, deadline time.Time, err error) {
 	t, end := d.limit(ctx)
 	actx, cancel := until(ctx, end)
 	defer cancel()
@@ -181,7 +213,7 @@ func (d *db) rollbackContext(ctx context.Context) (context.Context, context.Canc
 
 // boundQuery runs query with the store's deadline; the rows end the
 // request's context when they are closed or read to the end.
-func boundQuery(ctx context.Context, t time.Duration, end time.Time,
+func boundQuery(ctx context.Context, t limit, end time.Time,
 	query func(context.Context, string, ...any) (pgx.Rows, error), sql string, args ...any) (pgx.Rows, error) {
 	ctx, cancel := until(ctx, end)
 	rows, err := query(ctx, sql, args...)
@@ -192,13 +224,13 @@ func boundQuery(ctx context.Context, t time.Duration, end time.Time,
 	return &boundRows{Rows: rows, ctx: ctx, cancel: cancel, timeout: t}, nil
 }
 
-func boundQueryRow(ctx context.Context, t time.Duration, end time.Time,
+func boundQueryRow(ctx context.Context, t limit, end time.Time,
 	query func(context.Context, string, ...any) pgx.Row, sql string, args ...any) pgx.Row {
 	ctx, cancel := until(ctx, end)
 	return &boundRow{row: query(ctx, sql, args...), ctx: ctx, cancel: cancel, timeout: t}
 }
 
-func boundSendBatch(ctx context.Context, t time.Duration, end time.Time,
+func boundSendBatch(ctx context.Context, t limit, end time.Time,
 	send func(context.Context, *pgx.Batch) pgx.BatchResults, b *pgx.Batch) pgx.BatchResults {
 	ctx, cancel := until(ctx, end)
 	return &boundBatch{BatchResults: send(ctx, b), ctx: ctx, cancel: cancel, timeout: t}
@@ -208,7 +240,7 @@ type boundRows struct {
 	pgx.Rows
 	ctx     context.Context
 	cancel  context.CancelFunc
-	timeout time.Duration
+	timeout limit
 	// done: the rows are closed and err is their error, read before
 	// cancel (which would hide the deadline's cause).
 	done bool
@@ -246,7 +278,7 @@ type boundRow struct {
 	row     pgx.Row
 	ctx     context.Context
 	cancel  context.CancelFunc
-	timeout time.Duration
+	timeout limit
 }
 
 func (r *boundRow) Scan(dest ...any) error {
@@ -258,7 +290,7 @@ type boundBatch struct {
 	pgx.BatchResults
 	ctx     context.Context
 	cancel  context.CancelFunc
-	timeout time.Duration
+	timeout limit
 }
 
 func (b *boundBatch) Exec() (pgconn.CommandTag, error) {
@@ -289,7 +321,7 @@ func (b *boundBatch) Close() error {
 // with.
 type boundTx struct {
 	pgx.Tx
-	timeout         time.Duration
+	timeout         limit
 	end             time.Time
 	rollbackTimeout time.Duration
 }

@@ -38,7 +38,7 @@ type pipe struct {
 	refused error
 	// end is the transaction's deadline, timeout after it began
 	// (deadline.go): every batch ends by then.
-	timeout time.Duration
+	timeout limit
 	end     time.Time
 }
 

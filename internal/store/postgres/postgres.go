@@ -104,10 +104,27 @@ const (
 // newest schema this binary knows. It fails with an error wrapping
 // store.ErrSchemaTooNew if the database was migrated by a newer binary.
 func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
+	d, poolFromURL, err := newPool(ctx, url, opts...)
+	if err != nil {
+		return nil, err
+	}
+	// Migrations run under ctx alone: a long one on a big table must not
+	// be cut by the deadline of a request.
+	created, err := migrate(ctx, d.p)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	return &Store{pool: d, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
+}
+
+// newPool makes the connection pool Open migrates and the store uses; it
+// connects to nothing yet.
+func newPool(ctx context.Context, url string, opts ...Option) (d *db, poolFromURL bool, err error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// The error may quote the URL, password and all.
-		return nil, errors.New("postgres: invalid connection URL")
+		return nil, false, errors.New("postgres: invalid connection URL")
 	}
 	// A statement whose context ends is cancelled on the server (a
 	// CancelRequest) before the socket is closed: closed alone, it left a
@@ -116,7 +133,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 5 * time.Second}
 	}
-	poolFromURL := setsPoolMaxConns(url)
+	poolFromURL = setsPoolMaxConns(url)
 	if !poolFromURL {
 		cfg.MaxConns = DefaultPoolMaxConns
 	}
@@ -124,19 +141,15 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	// Read before dialHungPeers gives connecting the store's timeout: a
+	// connect that runs out of the URL's own names that setting.
+	fromURL := cfg.ConnConfig.ConnectTimeout > 0
 	dialHungPeers(&cfg.ConnConfig.Config, o.timeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: open: %w", err)
+		return nil, false, fmt.Errorf("postgres: open: %w", err)
 	}
-	// Migrations run under ctx alone: a long one on a big table must not
-	// be cut by the deadline of a request.
-	created, err := migrate(ctx, pool)
-	if err != nil {
-		pool.Close()
-		return nil, err
-	}
-	return &Store{pool: &db{p: pool, timeout: o.timeout}, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
+	return &db{p: pool, timeout: o.timeout, connect: cfg.ConnConfig.ConnectTimeout, connectFromURL: fromURL}, poolFromURL, nil
 }
 
 // DefaultPoolMaxConns is the connection pool's size when the store URL sets
