@@ -37,6 +37,7 @@ import (
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -260,10 +261,10 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 		return err
 	}
 	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
-		string(dir), st.NodeID, st.NodeID)
+		shellword.Quote(string(dir)), st.NodeID, st.NodeID)
 	if st.JoinMethod == JoinMethodBoundKeypair {
 		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority ADDR --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
-			string(dir), st.NodeID, st.BoundKeypair)
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair))
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -54,7 +55,7 @@ func (a *adminFlags) renewArgs() string {
 	var b strings.Builder
 	for _, f := range []struct{ name, val string }{{"data", a.data}, {"authority", a.authority}, {"identity", a.identity}} {
 		if f.val != "" {
-			fmt.Fprintf(&b, " --%s %s", f.name, shellQuote(f.val))
+			fmt.Fprintf(&b, " --%s %s", f.name, shellword.Quote(f.val))
 		}
 	}
 	return b.String()
@@ -161,7 +162,7 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 	}
 	data := firstOf(a.data, "DIR")
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --store URL for a PostgreSQL store), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
-		a.idPath, name, shellQuote(data), shellQuote(name+"-new.pem"))
+		a.idPath, name, shellword.Quote(data), shellword.Quote(name+"-new.pem"))
 	s, ok := status.FromError(err)
 	if !ok {
 		return fmt.Errorf("%w; %s", err, hint)

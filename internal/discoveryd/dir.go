@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // Dir is a discovery data directory. Layout (directories 0700, key files
@@ -206,11 +207,11 @@ func Load(dir string) (*Identity, error) {
 func ReadCA(dir string) (*x509.Certificate, error) {
 	d := Dir(dir)
 	if _, err := os.Stat(dir); err != nil {
-		return nil, fmt.Errorf("%w: %s does not exist (muster discovery --data %s creates it)", ErrNotInitialised, dir, dir)
+		return nil, fmt.Errorf("%w: %s does not exist (muster discovery --data %s creates it)", ErrNotInitialised, dir, shellword.Quote(dir))
 	}
 	data, err := os.ReadFile(d.CACertFile())
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s has no %s (muster discovery --data %s creates it)", ErrNotInitialised, dir, filepath.Join("tls", "ca.crt"), dir)
+		return nil, fmt.Errorf("%w: %s has no %s (muster discovery --data %s creates it)", ErrNotInitialised, dir, filepath.Join("tls", "ca.crt"), shellword.Quote(dir))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("discoveryd: %w", err)
