@@ -199,7 +199,8 @@ type Server struct {
 	now   func() time.Time
 	// callTimeout is Config.CallTimeout (handler).
 	callTimeout time.Duration
-	// calls is Config.MaxCallsPerSource (handler).
+	// calls is Config.MaxCallsPerSource, and callcap.HealthWatches
+	// within it (handler).
 	calls *callcap.Cap
 
 	addr        atomic.Pointer[string]
@@ -253,7 +254,7 @@ func New(cfg Config) (*Server, error) {
 		allow:       allow,
 		now:         time.Now,
 		callTimeout: cmp.Or(cfg.CallTimeout, DefaultCallTimeout),
-		calls:       callcap.New(cfg.MaxCallsPerSource),
+		calls:       callcap.New(cfg.MaxCallsPerSource, callcap.HealthWatches),
 	}
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
 		return nil, err
@@ -466,9 +467,13 @@ func (s *Server) handler() http.Handler {
 		// serves answers at once, so only calls held open, a flood's,
 		// reach the cap.
 		src := sourceOf(r)
-		release, ok := s.calls.Take(src)
-		if !ok {
-			s.refuseHeld(w, r, src, isGRPC)
+		method := ""
+		if isGRPC {
+			method = r.URL.Path
+		}
+		release, err := s.calls.Take(src, method)
+		if err != nil {
+			s.refuseHeld(w, r, src, isGRPC, err)
 			return
 		}
 		defer release()
