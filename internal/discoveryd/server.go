@@ -82,8 +82,10 @@ type Config struct {
 	// Dir is the data directory; it is initialised if needed (Init).
 	Dir string
 	// Store keeps registrations, join reports, ticket keys and the audit
-	// chain.
-	Store store.Store
+	// chain. StoreURL names it, without a password, for discovery.addr
+	// (Address.Store), where it is not DIR/discovery.db ("": it is).
+	Store    store.Store
+	StoreURL string
 	// Listen serves gRPC and HTTPS (default DefaultListen). Advertise is
 	// the address authorities and agents reach it at, and names the
 	// ticket issuer "https://ADVERTISE" (default: the bound listen
@@ -385,7 +387,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.metricsAddr.Store(&ma)
 	}
 
-	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid()}); err != nil {
+	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid(), Store: s.cfg.StoreURL}); err != nil {
 		return fmt.Errorf("discoveryd: recording the address in %s: %w", s.id.Dir, err)
 	}
 	if _, err := s.audit.Record(ctx, audit.Event{Actor: "discovery", Action: "discovery.start", Target: issuer,
