@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,8 +11,10 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/errinfo"
+	"github.com/muster-dev/muster/internal/identity"
 )
 
 // pastedArgs runs line, a command a hint prints, as an operator pasting it
@@ -53,7 +56,7 @@ func TestHintsQuoteTheDataDirectory(t *testing.T) {
 	for _, name := range []string{"agent data", "it's", "$(touch pwned)", "plain"} {
 		dir := Dir(filepath.Join(t.TempDir(), name))
 		st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair}
-		untrusted := errors.New("identity: peer certificate does not chain to the pinned root: x509: certificate signed by unknown authority")
+		untrusted := &identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")}
 		for _, c := range []struct {
 			name string
 			err  error
@@ -84,5 +87,27 @@ func TestHintsQuoteTheDataDirectory(t *testing.T) {
 	if _, err := os.Stat("pwned"); err == nil {
 		os.Remove("pwned")
 		t.Error("a pasted hint ran the command substitution in its directory's name")
+	}
+}
+
+// The agent's way out of an authority under a root it does not hold is
+// added for its own verification's typed refusal, however wrapped, and
+// not for an error that only reads like it.
+func TestUntrustedAuthorityHintIsTyped(t *testing.T) {
+	st, dir := &State{NodeID: "n1"}, Dir("/srv/agent")
+	untrusted := &identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")}
+	const hint = "does not chain to the roots in"
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"the refusal wrapped", fmt.Errorf("renew: %w", untrusted), true},
+		{"a look-alike status", status.Error(codes.Unavailable, "connection error: "+untrusted.Error()), false},
+		{"a look-alike error", errors.New(untrusted.Error()), false},
+	} {
+		if got := untrustedAuthorityHint(c.err, st, dir); strings.Contains(got.Error(), hint) != c.want {
+			t.Errorf("%s: %v; want the hint %v", c.name, got, c.want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/verifyerr"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -97,11 +99,13 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	// The authority is whoever holds an authority certificate of our trust
 	// domain under the root our identity was issued with.
-	tc := identity.ClientTLS(id, id.RootPool(), identity.MatchRole(me.TrustDomain, spiffeid.RoleAuthority))
-	conn, err := grpc.NewClient(addr,
+	// A call refused because the authority's certificate did not verify
+	// carries that refusal, typed (untrustedAuthorityHint).
+	tc, watched := verifyerr.Watch(identity.ClientTLS(id, id.RootPool(), identity.MatchRole(me.TrustDomain, spiffeid.RoleAuthority)))
+	conn, err := grpc.NewClient(addr, append(watched,
 		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
-		grpc.WithUnaryInterceptor(withCorrelationID),
-	)
+		grpc.WithChainUnaryInterceptor(withCorrelationID),
+	)...)
 	if err != nil {
 		return nil, err
 	}
@@ -151,9 +155,11 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 // replica, or an operator who did not run muster admin renew in time):
 // it can neither reach the authority nor renew, and the transport's
 // UNAVAILABLE said only that the authority could not be reached. The
-// status code is kept.
+// status code is kept. The case is the *identity.UntrustedRootError the
+// CLI's verification of the authority returned, carried past gRPC by
+// verifyerr, never an error's text, which a server could send.
 func (a *adminFlags) untrustedAuthorityHint(err error) error {
-	if a.id == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
+	if untrusted := (*identity.UntrustedRootError)(nil); a.id == nil || !errors.As(err, &untrusted) {
 		return err
 	}
 	name := "NAME"
