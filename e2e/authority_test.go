@@ -446,7 +446,7 @@ func TestAuditCatchesACutTail(t *testing.T) {
 	}
 	a.cmd.Process.Kill()
 	<-a.done
-	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0")
+	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
 	if r.code == 0 || !strings.Contains(r.stderr, "removed from the tail") || !strings.Contains(r.stderr, "head file") {
 		t.Fatalf("restart on the cut chain: exit %d, %s", r.code, r.stderr)
 	}

@@ -196,7 +196,7 @@ func TestDiscoveryRefusals(t *testing.T) {
 		{"discovery", "rotate-key", "--data", empty},
 		{"discovery", "show"},
 		{"discovery", "lookup", "x-abcdef"},
-		{"discovery", "--data", empty, "--key-rotation", "1s"},
+		{"discovery", "--data", empty, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--key-rotation", "1s"},
 	} {
 		line := mustFail(t, args...)
 		if strings.Contains(line, "\n") {

@@ -28,7 +28,7 @@ func kidOf(t *testing.T, token string) string {
 // rotation is audited; a period below the minimum is refused at start.
 func TestJWTKeyRotationEndToEnd(t *testing.T) {
 	t.Parallel()
-	if line := mustFail(t, "authority", "--data", t.TempDir(), "--jwt-key-rotation-period", "1m"); !strings.Contains(line, "jwt_svid.key_rotation_period") {
+	if line := mustFail(t, "authority", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--jwt-key-rotation-period", "1m"); !strings.Contains(line, "jwt_svid.key_rotation_period") {
 		t.Errorf("a one-minute period: %q", line)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

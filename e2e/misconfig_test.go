@@ -29,10 +29,12 @@ func TestAgentRefusesUnusablePSKs(t *testing.T) {
 }
 
 // startRefused runs the authority and expects it to exit at once with a
-// message on stderr containing each of want.
+// message on stderr containing each of want. Both listeners are on ports
+// the OS chooses: a refusal that came only after binding must not take
+// the default metrics port 7444 from a test (or an authority) beside it.
 func startRefused(t *testing.T, dir string, extra []string, want ...string) {
 	t.Helper()
-	r := muster(t, nil, append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0"}, extra...)...)
+	r := muster(t, nil, append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, extra...)...)
 	if r.code == 0 {
 		t.Fatalf("authority %v started, want a refusal", extra)
 	}

@@ -24,7 +24,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +36,9 @@ import (
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/h2window"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/verifyerr"
 )
 
 // DefaultTimeout bounds each RPC.
@@ -177,7 +178,10 @@ func (a *Agent) identityWritten() {
 }
 
 func dial(addr string, tc *tls.Config) (*grpc.ClientConn, error) {
-	conn, err := grpc.NewClient(addr, append(h2window.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
+	// A call that fails because tc refused the authority's certificate
+	// carries that refusal, typed (untrustedAuthorityHint).
+	tc, watched := verifyerr.Watch(tc)
+	conn, err := grpc.NewClient(addr, append(append(h2window.DialOptions(), watched...), grpc.WithTransportCredentials(credentials.NewTLS(tc)))...)
 	if err != nil {
 		return nil, fmt.Errorf("agent: authority address %q: %w", addr, err)
 	}
@@ -254,16 +258,18 @@ func resultOf(err error) string {
 // the authority sends can vouch for the new root (a bundle is taken only
 // over a connection verified by a root held). The status code is kept, so
 // the agent keeps retrying (an attacker in the path must not be able to
-// stop it) and every retry's warning says what to do.
+// stop it) and every retry's warning says what to do. The case is the
+// *identity.UntrustedRootError the agent's verification of the authority
+// returned (over gRPC, carried by verifyerr), never an error's text.
 func untrustedAuthorityHint(err error, st *State, dir Dir) error {
-	if err == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
+	if untrusted := (*identity.UntrustedRootError)(nil); !errors.As(err, &untrusted) {
 		return err
 	}
 	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
-		string(dir), st.NodeID, st.NodeID)
+		shellword.Quote(string(dir)), st.NodeID, st.NodeID)
 	if st.JoinMethod == JoinMethodBoundKeypair {
 		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority ADDR --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
-			string(dir), st.NodeID, st.BoundKeypair)
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair))
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)

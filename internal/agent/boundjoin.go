@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -198,7 +199,7 @@ func (a *Agent) boundKey(register bool) (ed25519.PrivateKey, error) {
 	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, &refusal{codes.FailedPrecondition, fmt.Errorf("no bound key in %s: run muster keypair create --data %s and give its public key to muster bot add NAME --public-key FILE, or join with the registration secret",
-			a.dir.BoundKeyFile(), string(a.dir))}
+			a.dir.BoundKeyFile(), shellword.Quote(string(a.dir)))}
 	}
 	return priv, err
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -242,7 +243,7 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 // The refusal itself says only the reason word: the lock's ID and why are
 // in the authority's audit record of the renewal.
 func standingHint(err error, st *State, dir Dir) error {
-	rejoin := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", string(dir), st.NodeID, st.NodeID)
+	rejoin := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", shellword.Quote(string(dir)), st.NodeID, st.NodeID)
 	var hint string
 	switch errinfo.Reason(err) {
 	case "locked":

@@ -23,14 +23,11 @@ import (
 // closed like any other.
 const maxHealthWatches = 64
 
-// maxHealthWatchesPerSource bounds the watches one source holds on a
-// listener at once, so that one source cannot hold all maxHealthWatches
-// for healthWatchFor at a time and shut every other health checker out.
-// A source is the call's source address (callinfo.Source): the TCP peer,
-// or the client a trusted proxy's PROXY header names, as the listener's
-// per-source connection cap counts it. A health checker watches a service
-// or two; 8 leave room for several behind one address.
-const maxHealthWatchesPerSource = 8
+// One source holds at most callcap.HealthWatches of them, on the api and
+// bootstrap listeners together, so that it cannot hold all
+// maxHealthWatches for healthWatchFor at a time and shut every other
+// health checker out: counted with its other calls, in limits.max_calls_per_source's
+// map, and refused there (callTap).
 
 // healthWatchFor is a variable so tests can shorten it.
 var healthWatchFor = idleTimeout
@@ -46,13 +43,12 @@ type boundedHealth struct {
 	*health.Server
 	refusals refusalRecorder
 
-	mu       sync.Mutex
-	held     int
-	bySource map[string]int
+	mu   sync.Mutex
+	held int
 }
 
 func newBoundedHealth(hs *health.Server, refusals refusalRecorder) *boundedHealth {
-	return &boundedHealth{Server: hs, refusals: refusals, bySource: map[string]int{}}
+	return &boundedHealth{Server: hs, refusals: refusals}
 }
 
 func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
@@ -63,7 +59,7 @@ func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.
 	if err := h.take(stream.Context(), src); err != nil {
 		return err
 	}
-	defer h.release(src)
+	defer h.release()
 	ctx, cancel := context.WithTimeout(stream.Context(), healthWatchFor)
 	defer cancel()
 	err := h.Server.Watch(req, watchStream{Health_WatchServer: stream, ctx: ctx})
@@ -73,25 +69,12 @@ func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.
 	return err
 }
 
-// take counts a watch of src, unless the listener or src holds its bound
+// take counts a watch, unless the listener holds maxHealthWatches
 // already: then the watch is refused RESOURCE_EXHAUSTED and audited.
 func (h *boundedHealth) take(ctx context.Context, src string) error {
 	h.mu.Lock()
-	var answer, reason string
-	switch {
-	case h.bySource[src] >= maxHealthWatchesPerSource:
-		answer = fmt.Sprintf("this source holds %d health watches on this listener already, the most one source may; end one, or use Check", maxHealthWatchesPerSource)
-		reason = fmt.Sprintf("health watch refused: this source holds %d watches on this listener already, the most one source may hold "+
-			"(each lasts up to %s); a health checker there should poll grpc.health.v1.Health/Check or watch fewer services, "+
-			"and if it is a load balancer's address, name the balancer with --trusted-proxy IP|CIDR (trusted_proxies: in authority.yaml) and have it send the PROXY header, so each client counts as itself",
-			maxHealthWatchesPerSource, healthWatchFor)
-	case h.held >= maxHealthWatches:
-		answer = fmt.Sprintf("this listener holds %d health watches already; use Check", maxHealthWatches)
-		reason = fmt.Sprintf("health watch refused: this listener holds %d watches already, the most it may hold (each lasts up to %s); "+
-			"health checkers should poll grpc.health.v1.Health/Check", maxHealthWatches, healthWatchFor)
-	default:
+	if h.held < maxHealthWatches {
 		h.held++
-		h.bySource[src]++
 		h.mu.Unlock()
 		return nil
 	}
@@ -99,19 +82,18 @@ func (h *boundedHealth) take(ctx context.Context, src string) error {
 	if h.refusals != nil {
 		c := callerFrom(ctx)
 		h.refusals.Record(ctx, audit.Event{Actor: c.Actor(), Action: "api.access", Target: healthpb.Health_Watch_FullMethodName,
-			Result: audit.ResultDenied, Reason: reason, Source: src, CorrelationID: c.CorrelationID})
+			Result: audit.ResultDenied, Source: src, CorrelationID: c.CorrelationID,
+			Reason: fmt.Sprintf("health watch refused: this listener holds %d watches already, the most it may hold (each lasts up to %s); "+
+				"health checkers should poll grpc.health.v1.Health/Check", maxHealthWatches, healthWatchFor)})
 	}
-	return status.Error(codes.ResourceExhausted, answer)
+	return status.Errorf(codes.ResourceExhausted, "this listener holds %d health watches already; use Check", maxHealthWatches)
 }
 
-// release gives src's watch back.
-func (h *boundedHealth) release(src string) {
+// release gives a watch's place back.
+func (h *boundedHealth) release() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.held--
-	if h.bySource[src]--; h.bySource[src] <= 0 {
-		delete(h.bySource, src)
-	}
 }
 
 // watchStream is a Watch's stream with the bounded context.

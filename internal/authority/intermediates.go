@@ -15,6 +15,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -288,21 +289,12 @@ func (in *intermediates) load(ctx context.Context) error {
 // whose key is gone from the token: a new one made offline under the
 // root (which needs the root key: docs/hsm.md "A lost token").
 func (in *intermediates) lostKeyWayOut(role, state string) string {
-	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s", role, shellArg(string(in.s.cfg.Dir)))
+	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s", role, shellword.Quote(string(in.s.cfg.Dir)))
 	if state == store.CAPrepared {
 		return "it signs nothing yet: discard it and make a new one with " + cmd + " (docs/hsm.md \"A lost token\")"
 	}
 	return "replace it with a new intermediate under the root, run on the machine with the data directory while the authority is stopped: " + cmd +
 		" (with the root key offline add --root-key FILE; if the root key was in the lost token too, a new authority is needed: docs/hsm.md \"A lost token\")"
-}
-
-// shellArg quotes s for a POSIX shell when it needs it, so a command in
-// a refusal works pasted.
-func shellArg(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+:=@,") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // changed asks run to read the intermediates again. It never blocks. A

@@ -99,10 +99,18 @@ var selfBounded = map[string]bool{
 // legitimately, and an anonymous one is refused by the stream
 // interceptor as soon as it starts. Health watches and bound-keypair
 // joins, which bound their own time, are counted: one source does not
-// need many of them at once.
+// need many of them at once; of health watches it holds at most
+// callcap.HealthWatches, refused with a reason of their own.
 func (s *Server) callTap() tap.ServerInHandle {
 	return s.calls.Tap(func(method string) bool { return method != musterv1.AgentService_Connect_FullMethodName },
-		func(ctx context.Context, method string) error {
+		func(ctx context.Context, method string, r *callcap.Refused) error {
+			if r.Method == healthpb.Health_Watch_FullMethodName {
+				s.refuseUnread(ctx, method, fmt.Sprintf("health watch refused: this source holds %d watches already, the most one source may hold "+
+					"(each lasts up to %s); a health checker there should poll grpc.health.v1.Health/Check or watch fewer services, "+
+					"and if it is a load balancer's address, name the balancer with --trusted-proxy IP|CIDR (trusted_proxies: in authority.yaml) and have it send the PROXY header, so each client counts as itself",
+					r.Max, healthWatchFor))
+				return status.Errorf(codes.ResourceExhausted, "this source holds %d health watches already, the most one source may; end one, or use Check", r.Max)
+			}
 			reason := fmt.Sprintf("too many calls in flight from this source: limits.max_calls_per_source (%d) calls from %s have not ended; end them (a call waiting for its request holds its place until limits.call_timeout), or raise limits.max_calls_per_source",
 				s.calls.Max(), callinfo.Source(ctx))
 			s.refuseUnread(ctx, method, reason)

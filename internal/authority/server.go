@@ -300,7 +300,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	s.connRefusals = connRefusals
 	s.conns = listener.NewCap(cfg.MaxConnections).EvictSilent()
 	s.callTimeout = cmp.Or(cfg.CallTimeout, DefaultCallTimeout)
-	s.calls = callcap.New(cmp.Or(cfg.MaxCallsPerSource, DefaultMaxCallsPerSource))
+	s.calls = callcap.New(cmp.Or(cfg.MaxCallsPerSource, DefaultMaxCallsPerSource), callcap.HealthWatches)
 	s.shares = newConnShares(s.conns.Max())
 	s.limiter = ratelimit.New(bootstrapRate, bootstrapBurst)
 	// Every renewal names its own rate, from its certificates' lifetime.

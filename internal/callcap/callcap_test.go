@@ -31,9 +31,9 @@ func TestTake(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := New(3)
 			for i, src := range tt.takes {
-				_, ok := c.Take(src)
-				if ok != tt.want[i] {
-					t.Fatalf("take %d from %v: %v, want %v", i+1, src, ok, tt.want[i])
+				_, err := c.Take(src, "/m")
+				if (err == nil) != tt.want[i] {
+					t.Fatalf("take %d from %v: %v, want let through %v", i+1, src, err, tt.want[i])
 				}
 			}
 		})
@@ -43,9 +43,9 @@ func TestTake(t *testing.T) {
 func TestReleaseOnce(t *testing.T) {
 	a := netip.MustParseAddr("192.0.2.1")
 	c := New(2)
-	r1, _ := c.Take(a)
-	r2, _ := c.Take(a)
-	if _, ok := c.Take(a); ok {
+	r1, _ := c.Take(a, "/m")
+	r2, _ := c.Take(a, "/m")
+	if _, err := c.Take(a, "/m"); err == nil {
 		t.Fatal("a third call let through at a cap of 2")
 	}
 	r1()
@@ -53,11 +53,11 @@ func TestReleaseOnce(t *testing.T) {
 	if got := c.Held(a); got != 1 {
 		t.Fatalf("held %d after one call ended (released twice), want 1", got)
 	}
-	if _, ok := c.Take(a); !ok {
+	if _, err := c.Take(a, "/m"); err != nil {
 		t.Fatal("a place given back is not taken again")
 	}
 	r1() // still nothing: the count stays at the two calls in flight
-	if _, ok := c.Take(a); ok {
+	if _, err := c.Take(a, "/m"); err == nil {
 		t.Fatal("a call let through past the cap after a third release of one call")
 	}
 	r2()
@@ -102,11 +102,17 @@ func TestTap(t *testing.T) {
 			c := New(2)
 			src := netip.MustParseAddr("192.0.2.7")
 			for range tt.held {
-				c.Take(src)
+				c.Take(src, "/other")
 			}
 			var refusedMethod string
 			h := c.Tap(func(m string) bool { return m == "/counted" },
-				func(_ context.Context, m string) error { refusedMethod = m; return errRefused }, tt.next)
+				func(_ context.Context, m string, r *Refused) error {
+					if r == nil || r.Source != src || r.Max != 2 {
+						t.Errorf("refused with %+v", r)
+					}
+					refusedMethod = m
+					return errRefused
+				}, tt.next)
 			ctx, end := context.WithCancel(withPeer(context.Background(), "192.0.2.7"))
 			defer end()
 			_, err := h(ctx, &tap.Info{FullMethodName: tt.method})
@@ -128,5 +134,52 @@ func TestTap(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBound: a method with a Bound of its own is refused past it, from
+// one source, while the source's other calls and another source's calls
+// of the method go on; each of its calls counts against the source's cap
+// too, and a release gives both places back.
+func TestBound(t *testing.T) {
+	a, b := netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2")
+	const watch = "/grpc.health.v1.Health/Watch"
+	c := New(5, Bound{Method: watch, PerSource: 2})
+	var releases []func()
+	for i := range 2 {
+		r, err := c.Take(a, watch)
+		if err != nil {
+			t.Fatalf("watch %d of a source within its bound: %v", i+1, err)
+		}
+		releases = append(releases, r)
+	}
+	_, err := c.Take(a, watch)
+	var r *Refused
+	if !errors.As(err, &r) || r.Method != watch || r.Max != 2 || r.Source != a {
+		t.Fatalf("a third watch of a bound of 2: %v, want refused past the method's bound", err)
+	}
+	if _, err := c.Take(b, watch); err != nil {
+		t.Fatalf("another source's watch: %v", err)
+	}
+	if got := c.Held(a); got != 2 {
+		t.Fatalf("the source's calls held %d, want its 2 watches counted", got)
+	}
+	for i := range 3 {
+		if _, err := c.Take(a, "/other"); err != nil {
+			t.Fatalf("other call %d of the source, within the cap: %v", i+1, err)
+		}
+	}
+	// The cap of all calls is reached: refused as such, watch or not.
+	_, err = c.Take(a, "/other")
+	if !errors.As(err, &r) || r.Method != "" || r.Max != 5 {
+		t.Fatalf("a call past the cap of 5: %v, want refused past the source's cap", err)
+	}
+	releases[0]()
+	releases[0]()
+	if got := c.HeldOf(a, watch); got != 1 {
+		t.Fatalf("watches held %d after one ended (released twice), want 1", got)
+	}
+	if _, err := c.Take(a, watch); err != nil {
+		t.Fatalf("a watch after one ended: %v", err)
 	}
 }

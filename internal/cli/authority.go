@@ -29,6 +29,7 @@ import (
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/listener"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/postgres"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -754,7 +755,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		if token != nil && errors.Is(err, custody.ErrKey) {
 			return denied(fmt.Errorf("%w: the PKCS#11 token %s does not hold a key the store names (its object deleted, the token initialised again, "+
 				"or another token with that label): restore the token from its backup (docs/hsm.md \"Production\") and start again: `muster-pkcs11 authority --data %s`, "+
-				"with --pkcs11-module PATH if the token that holds the keys is another module's", err, rec.URI, dir))
+				"with --pkcs11-module PATH if the token that holds the keys is another module's", err, rec.URI, shellword.Quote(string(dir))))
 		}
 		return prefixed("authority", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -231,7 +232,7 @@ func boundToken(ctx context.Context, st custodyRecords, dir datadir.Dir, local *
 	case err == nil && rec.URI != uri:
 		return fmt.Errorf("the store records that this authority's keys were moved into the PKCS#11 token %s, not %s (the keys go into one token); "+
 			"nothing changed, no token was opened: run it again with --custody '%s', or, while none of that token's keys is in use, undo that migration first: "+
-			"`muster ca migrate-custody --data %s --custody '%s' --rollback` (docs/hsm.md)", rec.URI, uri, rec.URI, dir, rec.URI)
+			"`muster ca migrate-custody --data %s --custody '%s' --rollback` (docs/hsm.md)", rec.URI, uri, rec.URI, shellword.Quote(string(dir)), rec.URI)
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("reading the key custody the store records: %w", err)
 	}
@@ -263,7 +264,7 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir strin
 		}
 		fmt.Fprintf(w, ": %s\n", s.Next)
 	}
-	d := shellQuote(dir)
+	d := shellword.Quote(dir)
 	// A signer step skipped (a sealed signer was staged already) leaves
 	// that sealed signer staged: "activate the staged signer" would
 	// activate it and keep the signer out of the token.
@@ -301,7 +302,7 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir strin
      undo the migration (the token is not opened; the sealed keys sign on):
        muster ca migrate-custody --data %s --custody '%s' --rollback
 
-`, shellQuote(res.Module), d, d, signerStep, d, res.URI)
+`, shellword.Quote(res.Module), d, d, signerStep, d, res.URI)
 	fmt.Fprint(w, rootStep(res, d))
 	fmt.Fprintf(w, "The sealed keys are destroyed as rotation retires them; docs/hsm.md.\n")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/shellword"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -291,7 +292,7 @@ func loadRootKey(path string) (crypto.Signer, error) {
 		return nil, fmt.Errorf("--root-key: %w", err)
 	}
 	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("--root-key %s: readable by other users (mode %o); chmod 600 %s", path, fi.Mode().Perm(), path)
+		return nil, fmt.Errorf("--root-key %s: readable by other users (mode %o); chmod 600 %s", path, fi.Mode().Perm(), shellword.Quote(path))
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -62,7 +63,7 @@ exported.`,
 			if out.json() {
 				return out.write(env.Stdout, map[string]any{"root_fingerprint": fp, "key_file": path})
 			}
-			fmt.Fprintf(env.Stdout, "The key of the root %s is in %s (mode 0600) and no longer held by the authority.\nKeep it offline; prepare intermediates with `muster ca rotate ROLE --root-key %s` when the authority warns.\n", fp, path, path)
+			fmt.Fprintf(env.Stdout, "The key of the root %s is in %s (mode 0600) and no longer held by the authority.\nKeep it offline; prepare intermediates with `muster ca rotate ROLE --root-key %s` when the authority warns.\n", fp, path, shellword.Quote(path))
 			return nil
 		},
 	}

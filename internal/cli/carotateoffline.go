@@ -11,6 +11,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -117,5 +118,5 @@ func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, dir str
 	}
 	fmt.Fprintf(w, `Next: start the authority (a running one reads the change within seconds):
        %s authority --data %s
-`, bin, shellQuote(dir))
+`, bin, shellword.Quote(dir))
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/verifyerr"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -54,7 +57,7 @@ func (a *adminFlags) renewArgs() string {
 	var b strings.Builder
 	for _, f := range []struct{ name, val string }{{"data", a.data}, {"authority", a.authority}, {"identity", a.identity}} {
 		if f.val != "" {
-			fmt.Fprintf(&b, " --%s %s", f.name, shellQuote(f.val))
+			fmt.Fprintf(&b, " --%s %s", f.name, shellword.Quote(f.val))
 		}
 	}
 	return b.String()
@@ -96,11 +99,13 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	// The authority is whoever holds an authority certificate of our trust
 	// domain under the root our identity was issued with.
-	tc := identity.ClientTLS(id, id.RootPool(), identity.MatchRole(me.TrustDomain, spiffeid.RoleAuthority))
-	conn, err := grpc.NewClient(addr,
+	// A call refused because the authority's certificate did not verify
+	// carries that refusal, typed (untrustedAuthorityHint).
+	tc, watched := verifyerr.Watch(identity.ClientTLS(id, id.RootPool(), identity.MatchRole(me.TrustDomain, spiffeid.RoleAuthority)))
+	conn, err := grpc.NewClient(addr, append(watched,
 		grpc.WithTransportCredentials(credentials.NewTLS(tc)),
-		grpc.WithUnaryInterceptor(withCorrelationID),
-	)
+		grpc.WithChainUnaryInterceptor(withCorrelationID),
+	)...)
 	if err != nil {
 		return nil, err
 	}
@@ -150,9 +155,11 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 // replica, or an operator who did not run muster admin renew in time):
 // it can neither reach the authority nor renew, and the transport's
 // UNAVAILABLE said only that the authority could not be reached. The
-// status code is kept.
+// status code is kept. The case is the *identity.UntrustedRootError the
+// CLI's verification of the authority returned, carried past gRPC by
+// verifyerr, never an error's text, which a server could send.
 func (a *adminFlags) untrustedAuthorityHint(err error) error {
-	if a.id == nil || !strings.Contains(err.Error(), "does not chain to the pinned root") {
+	if untrusted := (*identity.UntrustedRootError)(nil); a.id == nil || !errors.As(err, &untrusted) {
 		return err
 	}
 	name := "NAME"
@@ -161,7 +168,7 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 	}
 	data := firstOf(a.data, "DIR")
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --store URL for a PostgreSQL store), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
-		a.idPath, name, shellQuote(data), shellQuote(name+"-new.pem"))
+		a.idPath, name, shellword.Quote(data), shellword.Quote(name+"-new.pem"))
 	s, ok := status.FromError(err)
 	if !ok {
 		return fmt.Errorf("%w; %s", err, hint)

@@ -11,6 +11,7 @@ import (
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -115,7 +116,7 @@ func tokenWayOut(err error, dir datadir.Dir, c *datadir.Custody, module, pinFile
 	}
 	return fmt.Errorf("%w (token %s, module %s, %s): once that is fixed, start it again: `muster-pkcs11 authority --data %s`, "+
 		"with --pkcs11-module PATH and --pkcs11-pin-file FILE where this machine's module or PIN file are not the ones %s records (docs/hsm.md)",
-		err, c.URI, module, pin, dir, dir.InfoFile())
+		err, c.URI, module, pin, shellword.Quote(string(dir)), dir.InfoFile())
 }
 
 func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, module string) (*datadir.Custody, error) {
@@ -134,7 +135,7 @@ func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local
 				"To move into the token again, run `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module %s --pkcs11-pin-file FILE` "+
 				"(new keys are made in the token; the objects an earlier run made there are left, to delete by hand); "+
 				"to stay sealed, run `muster ca migrate-custody --data %s --custody '%s' --rollback` (it removes the token from authority.json) (docs/hsm.md)",
-				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, dir, local.URI, local.Module, dir, local.URI)
+				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, shellword.Quote(string(dir)), local.URI, shellword.Quote(local.Module), shellword.Quote(string(dir)), local.URI)
 		}
 		return local, nil
 	}
@@ -147,7 +148,7 @@ func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local
 	// again (one restored from before the migration, a replica's own
 	// copy): the migration run again finds its steps done.
 	record := fmt.Sprintf("or record the token in %s: `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module PATH --pkcs11-pin-file FILE` (it finds the migration done) (docs/hsm.md)",
-		dir.InfoFile(), dir, rec.URI)
+		dir.InfoFile(), shellword.Quote(string(dir)), rec.URI)
 	switch {
 	case local != nil && local.URI == rec.URI:
 		return local, nil

@@ -17,6 +17,7 @@ import (
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryd"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 func newDevCmd(env *Env) *cobra.Command {
@@ -92,7 +93,7 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 				o.discovery, o.discoveryFP = disc.Addr(), disc.Fingerprint()
 			}
 			o.ready = func(addr, metricsAddr string) {
-				m, q := devCommand(), shellQuote(dir)
+				m, q := devCommand(), shellword.Quote(dir)
 				fmt.Fprintf(env.Stdout, `
 muster dev: authority %s is listening on %s (%s)
 
@@ -179,7 +180,7 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 	if err != nil {
 		return nil, err
 	}
-	st, err := openDiscoveryStore(ctx, id.Dir, "")
+	_, st, err := openDiscoveryStore(ctx, id.Dir, "")
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +274,7 @@ func devAgentEnv(m, data, addr, disc, discFP string, info datadir.Info) string {
 	}
 	vars = append(vars, [2]string{"MUSTER_AUTHORITY_ID", info.AuthorityID}, [2]string{"MUSTER_CA_FINGERPRINT", info.CAFingerprint})
 	for _, v := range vars {
-		fmt.Fprintf(&b, "  export %s=%s\n", v[0], shellQuote(v[1]))
+		fmt.Fprintf(&b, "  export %s=%s\n", v[0], shellword.Quote(v[1]))
 	}
 	fmt.Fprintf(&b, "  export MUSTER_BOOTSTRAP_PSK=\"$(%s psk show --data %s --raw)\"\n", m, data)
 	fmt.Fprintf(&b, "  %s agent join --data ./agent-env --node my-env-node\n", m)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -120,7 +121,7 @@ and exits.`,
 	f.StringVar(&o.dir, "data", "", "discovery data directory (created on first start)")
 	f.StringVar(&o.listen, "listen", discoveryd.DefaultListen, "address of the API and the JWKS")
 	f.StringVar(&o.advertise, "advertise", "", "HOST:PORT authorities and agents reach discovery at; names the ticket issuer (default: the listen address)")
-	f.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: DIR/discovery.db)")
+	f.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: the one DIR/discovery.addr records, without a password: PGPASSWORD or PGPASSFILE gives it; else DIR/discovery.db)")
 	f.StringVar(&o.metricsListen, "metrics-listen", "127.0.0.1:7451", "address of /metrics, /healthz and /readyz over plain HTTP (empty: off)")
 	f.IntVar(&o.maxCallsPerSource, "max-calls-per-source", callcap.DefaultPerSource, "calls (and HTTPS requests) one source address may have in flight at once; the next is refused RESOURCE_EXHAUSTED (limits.max_calls_per_source; 0: the default)")
 	f.DurationVar(&o.callTimeout, "call-timeout", discoveryd.DefaultCallTimeout, "the longest a call may last, its request and reply included, unless its caller asks for less (limits.call_timeout; at least 1s)")
@@ -157,13 +158,17 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL)
+	url, st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
 	defer st.Close()
+	record, err := discoveryStoreRecord(id.Dir, url)
+	if err != nil {
+		return fmt.Errorf("discovery: %w", err)
+	}
 	srv, err := discoveryd.New(discoveryd.Config{
-		Dir: string(id.Dir), Store: st, Listen: o.listen, Advertise: o.advertise,
+		Dir: string(id.Dir), Store: st, StoreURL: record, Listen: o.listen, Advertise: o.advertise,
 		MetricsListen: o.metricsListen, KeyRotation: o.keyRotation, Log: log,
 		TrustedProxies:     proxies,
 		AllowedAuthorities: allowed, OpenRegistration: o.openRegistration,
@@ -185,7 +190,7 @@ type discoveryStoreFlags struct{ dir, storeURL string }
 
 func (f *discoveryStoreFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.dir, "data", "", "discovery data directory")
-	cmd.Flags().StringVar(&f.storeURL, "store", "", "store URL, if discovery runs with --store (default: DIR/discovery.db)")
+	cmd.Flags().StringVar(&f.storeURL, "store", "", "store URL (default: the one DIR/discovery.addr records, without a password: PGPASSWORD or PGPASSFILE gives it, as to muster discovery; else DIR/discovery.db)")
 }
 
 // open opens the data directory and its store.
@@ -194,20 +199,52 @@ func (f *discoveryStoreFlags) open(ctx context.Context) (discoveryd.Dir, store.S
 	if err != nil {
 		return "", nil, err
 	}
-	st, err := openDiscoveryStore(ctx, d, f.storeURL)
+	_, st, err := openDiscoveryStore(ctx, d, f.storeURL)
 	if err != nil {
 		return "", nil, err
 	}
 	return d, st, nil
 }
 
-// openDiscoveryStore opens the store a URL names, by default the SQLite
-// file in the data directory.
-func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, url string) (store.Store, error) {
-	if url == "" {
-		url = d.DefaultStoreURL()
+// openDiscoveryStore opens the store given names, by default the one
+// discovery.addr records (discoveryd.Dir.StoreURL), else the SQLite file
+// in the data directory; url is the one opened. Failing to connect to the
+// recorded one, which has no password, names where the password comes
+// from and the way out, since a URL the user gave nowhere is not what
+// they would think of.
+func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string) (url string, st store.Store, err error) {
+	url, recorded, err := d.StoreURL(given)
+	if err != nil {
+		return "", nil, err
 	}
-	return openStore(ctx, url)
+	st, err = openStore(ctx, url)
+	if err != nil && recorded {
+		return "", nil, fmt.Errorf("the store %s records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster discovery: "+
+			"set one, or give --store URL", d.AddressFile(), url, err)
+	}
+	return url, st, err
+}
+
+// discoveryStoreRecord is url as discovery.addr records it: "" for the
+// data directory's own discovery.db; a SQLite file by its absolute path,
+// so the commands find it from any directory; any other without its
+// password, as authority.json records the authority's
+// (storeURLWithoutPassword).
+func discoveryStoreRecord(d discoveryd.Dir, url string) (string, error) {
+	if url == d.DefaultStoreURL() {
+		return "", nil
+	}
+	if path, ok := strings.CutPrefix(url, "sqlite://"); ok {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return "", err
+		}
+		if abs == d.DatabaseFile() {
+			return "", nil
+		}
+		return "sqlite://" + abs, nil
+	}
+	return storeURLWithoutPassword(url), nil
 }
 
 // discoveryDir checks --data names an initialised discovery directory.
@@ -280,7 +317,11 @@ discovery is running.`,
 			}
 			// The embedded store exists once discovery has started; show
 			// does not create it.
-			if _, err := os.Stat(d.DatabaseFile()); sf.storeURL != "" || err == nil {
+			url, _, err := d.StoreURL(sf.storeURL)
+			if err != nil {
+				return fmt.Errorf("discovery show: %w", err)
+			}
+			if _, err := os.Stat(d.DatabaseFile()); url != d.DefaultStoreURL() || err == nil {
 				keys, err := listTicketKeys(cmd.Context(), d, sf.storeURL)
 				if err != nil {
 					return fmt.Errorf("discovery show: %w", err)
@@ -308,7 +349,7 @@ discovery is running.`,
 }
 
 func listTicketKeys(ctx context.Context, d discoveryd.Dir, storeURL string) ([]ticketKeyJSON, error) {
-	st, err := openDiscoveryStore(ctx, d, storeURL)
+	_, st, err := openDiscoveryStore(ctx, d, storeURL)
 	if err != nil {
 		return nil, err
 	}

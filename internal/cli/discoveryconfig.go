@@ -121,9 +121,9 @@ func checkDiscoveryConfig(env *Env, o discoveryOptions) error {
 	}
 	row("config file", o.configFile)
 	row("data", o.dir)
-	storeURL := o.storeURL
-	if storeURL == "" {
-		storeURL = discoveryd.Dir(o.dir).DefaultStoreURL()
+	storeURL, _, err := discoveryd.Dir(o.dir).StoreURL(o.storeURL)
+	if err != nil {
+		return fail(err)
 	}
 	row("store", redactURL(storeURL))
 	row("listen", o.listen)

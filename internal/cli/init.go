@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -87,7 +88,7 @@ Deploy agents with:
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
 `, res.Info.AuthorityID, res.Info.CAFingerprint)
-	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellQuote(string(res.Dir)), storeHint(res.StoreURL))
+	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellword.Quote(string(res.Dir)), storeHint(res.StoreURL))
 	return nil
 }
 
@@ -123,22 +124,6 @@ Keep the bootstrap PSK secret: with it and the CA fingerprint a machine can
 join. The authority keeps it only encrypted.
 `)
 	return nil
-}
-
-// shellQuote quotes s for a POSIX shell when it needs it, so printed
-// commands can be pasted as they are.
-func shellQuote(s string) string {
-	safe := s != ""
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-+:=@,", r)) {
-			safe = false
-			break
-		}
-	}
-	if safe {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // storeHint says which store the authority started as "Next:" says opens,

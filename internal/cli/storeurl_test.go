@@ -1,8 +1,11 @@
 package cli
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/discoveryd"
 )
 
 // authority.json records the store URL with its user and without any
@@ -43,6 +46,28 @@ func TestRedactURL(t *testing.T) {
 	} {
 		if got := redactURL(c.in); got != c.want || strings.Contains(got, "s3cret") {
 			t.Errorf("redactURL(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// discovery.addr records the store discovery opened as authority.json
+// records the authority's: without a password; a SQLite file by its
+// absolute path, so the commands find it from any directory; nothing for
+// the data directory's own discovery.db.
+func TestDiscoveryStoreRecord(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	d := discoveryd.Dir(filepath.Join(dir, "disc"))
+	for _, c := range []struct{ in, want string }{
+		{"postgres://muster:s3cret@db/discovery?password=s3cret&sslmode=require", "postgres://muster@db/discovery?sslmode=require"},
+		{d.DefaultStoreURL(), ""},
+		{"sqlite://disc/discovery.db", ""},
+		{"sqlite://other.db", "sqlite://" + filepath.Join(dir, "other.db")},
+		{"sqlite:///srv/discovery.db", "sqlite:///srv/discovery.db"},
+	} {
+		got, err := discoveryStoreRecord(d, c.in)
+		if err != nil || got != c.want {
+			t.Errorf("discoveryStoreRecord(%q) = %q, %v; want %q", c.in, got, err, c.want)
 		}
 	}
 }

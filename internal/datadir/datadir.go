@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // FormatVersion is the layout version Init writes into authority.json.
@@ -83,13 +84,13 @@ type Custody struct {
 func (d Dir) ReadInfo() (Info, error) {
 	if _, err := os.Stat(string(d)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return Info{}, fmt.Errorf("datadir: %s does not exist: run muster init --data %s", d, d)
+			return Info{}, fmt.Errorf("datadir: %s does not exist: run muster init --data %s", d, shellword.Quote(string(d)))
 		}
 		return Info{}, fmt.Errorf("datadir: %w", err)
 	}
 	data, err := os.ReadFile(d.InfoFile())
 	if errors.Is(err, fs.ErrNotExist) {
-		return Info{}, fmt.Errorf("%w: %s has no authority.json (run muster init --data %s)", ErrNotInitialised, d, d)
+		return Info{}, fmt.Errorf("%w: %s has no authority.json (run muster init --data %s)", ErrNotInitialised, d, shellword.Quote(string(d)))
 	}
 	if err != nil {
 		return Info{}, fmt.Errorf("datadir: %w", err)
@@ -129,7 +130,7 @@ func (d Dir) WriteAddress(a Address) error {
 func (d Dir) ReadAddress() (Address, error) {
 	data, err := os.ReadFile(d.AddressFile())
 	if errors.Is(err, fs.ErrNotExist) {
-		return Address{}, fmt.Errorf("datadir: no authority has recorded its address in %s: start muster authority --data %s, or pass --authority", d, d)
+		return Address{}, fmt.Errorf("datadir: no authority has recorded its address in %s: start muster authority --data %s, or pass --authority", d, shellword.Quote(string(d)))
 	}
 	if err != nil {
 		return Address{}, fmt.Errorf("datadir: %w", err)

@@ -14,12 +14,14 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/muster-dev/muster/internal/atomicfile"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/oserr"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // Dir is a discovery data directory. Layout (directories 0700, key files
@@ -28,7 +30,7 @@ import (
 //	DIR/storage.key            the 32-byte key the ticket keys are sealed under
 //	DIR/tls/ca.crt, ca.key     discovery's own CA: its fingerprint is the pin
 //	DIR/discovery.db           the embedded SQLite store (unless --store)
-//	DIR/discovery.addr         where the running discovery listens and its issuer
+//	DIR/discovery.addr         where the running discovery listens, its issuer and its store
 //	DIR/discovery.yaml         settings (optional): the authorities allowed to register
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
 type Dir string
@@ -206,11 +208,11 @@ func Load(dir string) (*Identity, error) {
 func ReadCA(dir string) (*x509.Certificate, error) {
 	d := Dir(dir)
 	if _, err := os.Stat(dir); err != nil {
-		return nil, fmt.Errorf("%w: %s does not exist (muster discovery --data %s creates it)", ErrNotInitialised, dir, dir)
+		return nil, fmt.Errorf("%w: %s does not exist (muster discovery --data %s creates it)", ErrNotInitialised, dir, shellword.Quote(dir))
 	}
 	data, err := os.ReadFile(d.CACertFile())
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: %s has no %s (muster discovery --data %s creates it)", ErrNotInitialised, dir, filepath.Join("tls", "ca.crt"), dir)
+		return nil, fmt.Errorf("%w: %s has no %s (muster discovery --data %s creates it)", ErrNotInitialised, dir, filepath.Join("tls", "ca.crt"), shellword.Quote(dir))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("discoveryd: %w", err)
@@ -246,12 +248,45 @@ func readKey(path string) (crypto.Signer, error) {
 }
 
 // Address is DIR/discovery.addr: where the running (or last) discovery
-// listened, and the issuer of its tickets.
+// listened, the issuer of its tickets, and its store.
 type Address struct {
 	Listen    string `json:"listen"`
 	Advertise string `json:"advertise"`
 	Issuer    string `json:"issuer"`
 	PID       int    `json:"pid"`
+	// Store is the URL of the store discovery opened, when it was not
+	// DIR/discovery.db, without a password (the driver reads it from
+	// PGPASSWORD or PGPASSFILE): the store the commands that work on it
+	// directly, and discovery started again, open without --store
+	// (StoreURL), as authority.json's store is the authority's.
+	Store string `json:"store,omitempty"`
+}
+
+// unrecorded stands for the user and password of a store URL recorded
+// without either, as authority.json writes one it cannot parse.
+const unrecorded = "…@"
+
+// StoreURL returns the URL of d's store: given, else the one
+// discovery.addr records (no password), else DIR/discovery.db. fromRecord
+// says it is discovery.addr's, so that an error connecting can say where
+// the password comes from. A URL recorded without its user name is
+// refused, asking for --store, before anything is opened.
+func (d Dir) StoreURL(given string) (url string, fromRecord bool, err error) {
+	if given != "" {
+		return given, false, nil
+	}
+	a, err := d.ReadAddress()
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return d.DefaultStoreURL(), false, nil
+	case err != nil:
+		return "", false, err
+	case a.Store == "":
+		return d.DefaultStoreURL(), false, nil
+	case strings.Contains(a.Store, unrecorded):
+		return "", false, fmt.Errorf("discoveryd: %s records the store %s without its user name; give --store URL", d.AddressFile(), a.Store)
+	}
+	return a.Store, true, nil
 }
 
 // WriteAddress records a. The file stays after a stop, so `muster

@@ -108,3 +108,67 @@ func TestGRPCMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestHealthWatchesPerSource: one source holds at most
+// callcap.HealthWatches grpc.health.v1.Health/Watch streams at once, as on
+// the authority; the next is refused RESOURCE_EXHAUSTED and audited with
+// its source and why, while the source's other calls go on, and a watch
+// that ends gives its place back. Before, discovery served the plain
+// health server: one source held up to its call cap of watches, each
+// until the call timeout.
+func TestHealthWatchesPerSource(t *testing.T) {
+	e := start(t, func(s *Server) { s.callTimeout = time.Hour })
+	const wait = 10 * time.Second
+	health := healthpb.NewHealthClient(e.conn)
+	var ends []context.CancelFunc
+	defer func() {
+		for _, end := range ends {
+			end()
+		}
+	}()
+	watch := func() error {
+		ctx, cancel := context.WithCancel(t.Context())
+		ends = append(ends, cancel)
+		w, err := health.Watch(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil {
+			_, err = w.Recv() // the first status: the watch is held
+		}
+		return err
+	}
+	for i := range callcap.HealthWatches.PerSource {
+		if err := watch(); err != nil {
+			t.Fatalf("watch %d: %v", i+1, err)
+		}
+	}
+	err := watch()
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(status.Convert(err).Message(), "health watch refused") {
+		t.Fatalf("watch %d of one source: %v, want RESOURCE_EXHAUSTED", callcap.HealthWatches.PerSource+1, err)
+	}
+	if _, err := health.Check(ctxT(t), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("a Check of the source holding its watches: %v", err)
+	}
+	ends[0]()
+	for deadline := time.Now().Add(wait); ; time.Sleep(10 * time.Millisecond) {
+		if err = watch(); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Errorf("a watch after one of the held watches ended: %v", err)
+	}
+
+	var audited bool
+	for deadline := time.Now().Add(wait); !audited && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		recs, err := e.st.ListAudit(t.Context(), store.AuditFilter{Action: "api.access"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			audited = audited || r.Result == "denied" && r.Source == "127.0.0.1" && r.Target == healthpb.Health_Watch_FullMethodName &&
+				strings.Contains(r.Reason, "the most one source may hold") && strings.Contains(r.Reason, "trusted_proxies: in discovery.yaml")
+		}
+	}
+	if !audited {
+		t.Error("the refused watch is not audited with its source and why")
+	}
+}

@@ -82,8 +82,10 @@ type Config struct {
 	// Dir is the data directory; it is initialised if needed (Init).
 	Dir string
 	// Store keeps registrations, join reports, ticket keys and the audit
-	// chain.
-	Store store.Store
+	// chain. StoreURL names it, without a password, for discovery.addr
+	// (Address.Store), where it is not DIR/discovery.db ("": it is).
+	Store    store.Store
+	StoreURL string
 	// Listen serves gRPC and HTTPS (default DefaultListen). Advertise is
 	// the address authorities and agents reach it at, and names the
 	// ticket issuer "https://ADVERTISE" (default: the bound listen
@@ -199,7 +201,8 @@ type Server struct {
 	now   func() time.Time
 	// callTimeout is Config.CallTimeout (handler).
 	callTimeout time.Duration
-	// calls is Config.MaxCallsPerSource (handler).
+	// calls is Config.MaxCallsPerSource, and callcap.HealthWatches
+	// within it (handler).
 	calls *callcap.Cap
 
 	addr        atomic.Pointer[string]
@@ -253,7 +256,7 @@ func New(cfg Config) (*Server, error) {
 		allow:       allow,
 		now:         time.Now,
 		callTimeout: cmp.Or(cfg.CallTimeout, DefaultCallTimeout),
-		calls:       callcap.New(cfg.MaxCallsPerSource),
+		calls:       callcap.New(cfg.MaxCallsPerSource, callcap.HealthWatches),
 	}
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
 		return nil, err
@@ -384,7 +387,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.metricsAddr.Store(&ma)
 	}
 
-	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid()}); err != nil {
+	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid(), Store: s.cfg.StoreURL}); err != nil {
 		return fmt.Errorf("discoveryd: recording the address in %s: %w", s.id.Dir, err)
 	}
 	if _, err := s.audit.Record(ctx, audit.Event{Actor: "discovery", Action: "discovery.start", Target: issuer,
@@ -466,9 +469,13 @@ func (s *Server) handler() http.Handler {
 		// serves answers at once, so only calls held open, a flood's,
 		// reach the cap.
 		src := sourceOf(r)
-		release, ok := s.calls.Take(src)
-		if !ok {
-			s.refuseHeld(w, r, src, isGRPC)
+		method := ""
+		if isGRPC {
+			method = r.URL.Path
+		}
+		release, err := s.calls.Take(src, method)
+		if err != nil {
+			s.refuseHeld(w, r, src, isGRPC, err)
 			return
 		}
 		defer release()

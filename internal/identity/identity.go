@@ -251,8 +251,24 @@ func (id *Identity) issuedByChain() bool {
 	return len(leaf.AuthorityKeyId) == 0 || len(inter.SubjectKeyId) == 0 || bytes.Equal(leaf.AuthorityKeyId, inter.SubjectKeyId)
 }
 
+// UntrustedRootError reports a peer certificate that does not chain to
+// the roots pinned, nor through a cross-certificate the peer presented
+// (VerifyPeer): the peer is under a root this side does not hold, as after
+// a root rotation it missed, whose way out is an identity under the
+// current root. Err is x509's reason. Callers tell it apart with
+// errors.As, never by its text, which any other error can imitate (over
+// gRPC, verifyerr carries it past the transport).
+type UntrustedRootError struct{ Err error }
+
+func (e *UntrustedRootError) Error() string {
+	return "identity: peer certificate does not chain to the pinned root: " + e.Err.Error()
+}
+
+func (e *UntrustedRootError) Unwrap() error { return e.Err }
+
 // VerifyPeer checks that certs (leaf first, then intermediates) chain to
-// roots for usage and that match accepts the leaf's SPIFFE ID.
+// roots for usage and that match accepts the leaf's SPIFFE ID. A chain to
+// no root held is an *UntrustedRootError.
 func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, usage x509.ExtKeyUsage, now time.Time) error {
 	if len(certs) == 0 {
 		return errors.New("identity: peer presented no certificate")
@@ -265,11 +281,11 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 	if _, err := certs[0].Verify(opts); err != nil {
 		more := crossCertified(certs[1:], roots, now)
 		if more == nil {
-			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+			return &UntrustedRootError{Err: err}
 		}
 		opts.Roots = more
 		if _, err := certs[0].Verify(opts); err != nil {
-			return fmt.Errorf("identity: peer certificate does not chain to the pinned root: %w", err)
+			return &UntrustedRootError{Err: err}
 		}
 	}
 	got, err := spiffeid.FromCertificate(certs[0])
