@@ -13,6 +13,7 @@ package verifyerr
 import (
 	"context"
 	"crypto/tls"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -50,8 +51,8 @@ type watch struct {
 }
 
 // attach returns err with the last refusal attached when err is a call's
-// UNAVAILABLE (the transport's failure to connect) and the last handshake
-// was refused; err as it is otherwise.
+// UNAVAILABLE (the transport's failure to connect), the last handshake
+// was refused, and err tells that refusal; err as it is otherwise.
 func (w *watch) attach(err error) error {
 	if err == nil || status.Code(err) != codes.Unavailable {
 		return err
@@ -62,7 +63,15 @@ func (w *watch) attach(err error) error {
 	if refused == nil {
 		return err
 	}
-	return &Error{err: err, status: status.Convert(err), Refused: refused}
+	// The refusal stays until a handshake verifies again, so a later
+	// failure that never reached a handshake (the port closed, the name
+	// gone) would otherwise carry it too: attach it only to the failure
+	// whose text is that refusal's.
+	st := status.Convert(err)
+	if !strings.Contains(st.Message(), refused.Error()) {
+		return err
+	}
+	return &Error{err: err, status: st, Refused: refused}
 }
 
 func (w *watch) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

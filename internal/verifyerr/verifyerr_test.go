@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
 	"math/big"
 	"net"
 	"strings"
@@ -137,5 +138,58 @@ func TestWatchWithoutVerification(t *testing.T) {
 	got, opts := Watch(tc)
 	if got != tc || opts != nil {
 		t.Errorf("Watch changed a configuration that verifies nothing itself: %v, %d options", got == tc, len(opts))
+	}
+}
+
+// A refusal stays until a handshake verifies again, but a later failure
+// that never reached a handshake (nothing listens any more) is not that
+// refusal and carries nothing.
+func TestWatchForgetsOtherFailures(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	// Forward to a real server while lis is open; once it is closed the
+	// port refuses connections.
+	target := serve(t, false)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				s, err := net.Dial("tcp", target)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go func() { _, _ = io.Copy(s, c) }()
+				_, _ = io.Copy(c, s)
+			}()
+		}
+	}()
+	var refuse atomic.Bool
+	refuse.Store(true)
+	c := dial(t, addr, &refuse)
+	if _, err := c.Check(ctx, &healthpb.HealthCheckRequest{}); !errors.As(err, new(refusedError)) {
+		t.Fatalf("a call refused by the client's verification: %v; errors.As does not find the refusal", err)
+	}
+	lis.Close()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_, err = c.Check(ctx, &healthpb.HealthCheckRequest{})
+		if status.Code(err) == codes.Unavailable && !strings.Contains(status.Convert(err).Message(), refusedError{}.Error()) {
+			break
+		}
+	}
+	if status.Code(err) != codes.Unavailable || strings.Contains(status.Convert(err).Message(), refusedError{}.Error()) {
+		t.Fatalf("a call once nothing listens: %v; want UNAVAILABLE for another reason", err)
+	}
+	if errors.As(err, new(refusedError)) {
+		t.Errorf("a call that failed before any handshake (%v) carries the earlier refusal", err)
 	}
 }
