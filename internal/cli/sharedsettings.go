@@ -56,56 +56,77 @@ type sharedMismatch struct {
 func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOptions, record func(audit.Event), log *slog.Logger) error {
 	mine := sharedOf(o)
 	next := mine
+	all, err := st.ListSettings(ctx)
+	if err != nil {
+		return err
+	}
+	held := map[string]store.Setting{}
+	for _, h := range all {
+		held[h.Key] = h
+	}
+	// Every held value is checked before anything is written: a refused
+	// start records nothing.
 	var bad []sharedMismatch
-	for _, key := range authority.SharedSettingKeys() {
+	take := func(key string, h store.Setting) {
 		want := mine.Get(key)
-		h, held, err := heldSetting(ctx, st, key)
-		if err != nil {
-			return err
-		}
-		if !held {
-			h, err = st.PutSetting(ctx, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, 0)
-			switch {
-			case err == nil:
-				record(audit.Event{Actor: sharedActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
-					Reason: fmt.Sprintf("%s recorded as %s from this replica's settings: the store held no value, and every replica uses this one from now on", key, want)})
-				log.Info("shared setting recorded in the store from this replica's settings", "key", key, "value", want.String())
-				continue
-			case errors.Is(err, store.ErrConflict):
-				// Another replica recorded it first: take its value
-				// as the store's.
-				if h, held, err = heldSetting(ctx, st, key); err != nil {
-					return err
-				}
-				if !held {
-					return fmt.Errorf("recording %s in the store: %w", key, store.ErrConflict)
-				}
-			default:
-				return err
-			}
-		}
 		stored, err := authority.ParseSharedSetting(key, h.Value)
-		if err != nil {
+		switch {
+		case err != nil:
 			log.Error("the store holds a shared setting this muster cannot read; this replica uses its own value: set one with `muster settings set KEY VALUE`",
 				"key", key, "err", err, "value", want.String())
+		case stored == want:
+		case hasKey(o.sharedGiven, key):
+			bad = append(bad, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored})
+		default:
+			log.Info("shared setting: using the store's value, which every replica uses (this replica's settings leave it to its default)",
+				"key", key, "value", stored.String(), "default", want.String())
+			next.Set(key, stored)
+		}
+	}
+	for _, key := range authority.SharedSettingKeys() {
+		if h, ok := held[key]; ok {
+			take(key, h)
+		}
+	}
+	if len(bad) > 0 {
+		return sharedMismatchError(bad, o.configPath)
+	}
+	for _, key := range authority.SharedSettingKeys() {
+		if _, ok := held[key]; ok {
 			continue
 		}
-		if stored == want {
-			continue
+		want := mine.Get(key)
+		_, err := st.PutSetting(ctx, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, 0)
+		switch {
+		case err == nil:
+			record(audit.Event{Actor: sharedActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
+				Reason: fmt.Sprintf("%s recorded as %s from this replica's settings: the store held no value, and every replica uses this one from now on", key, want)})
+			log.Info("shared setting recorded in the store from this replica's settings", "key", key, "value", want.String())
+		case errors.Is(err, store.ErrConflict):
+			// Another replica recorded it first: its value is the
+			// store's, as if it had been there.
+			h, ok, err := heldSetting(ctx, st, key)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return fmt.Errorf("recording %s in the store: %w", key, store.ErrConflict)
+			}
+			take(key, h)
+		default:
+			return err
 		}
-		if from, ok := o.sharedGiven[key]; ok {
-			bad = append(bad, sharedMismatch{key: key, from: from, mine: want, stored: stored})
-			continue
-		}
-		log.Info("shared setting: using the store's value, which every replica uses (this replica's settings leave it to its default)",
-			"key", key, "value", stored.String(), "default", want.String())
-		next.Set(key, stored)
 	}
 	if len(bad) > 0 {
 		return sharedMismatchError(bad, o.configPath)
 	}
 	setShared(o, next)
 	return nil
+}
+
+func hasKey(m map[string]string, k string) bool {
+	_, ok := m[k]
+	return ok
 }
 
 // heldSetting returns the store's row of key, and whether it holds one.
