@@ -162,3 +162,31 @@ func sharedMismatchError(bad []sharedMismatch, configPath string) error {
 	b.WriteString(" (docs/high-availability.md, \"Settings kept in the store\")")
 	return errors.New(b.String())
 }
+
+// offlineShared is a shared setting as an offline command (one that
+// opens the store itself, while no authority may run) reads it from
+// authority.yaml: its value, and whether the file gave it.
+type offlineShared struct {
+	key   string
+	value time.Duration
+	given bool
+}
+
+// fromStore returns s's value in force: the store's, which every replica
+// uses, when it holds one, else the file's. A value the file gives other
+// than the store's is refused, as at an authority's start, with the same
+// ways out. It writes nothing.
+func (s offlineShared) fromStore(ctx context.Context, st store.SettingStore, configPath string) (time.Duration, error) {
+	h, ok, err := heldSetting(ctx, st, s.key)
+	if err != nil || !ok {
+		return s.value, err
+	}
+	stored, err := authority.ParseSharedSetting(s.key, h.Value)
+	if err != nil {
+		return s.value, nil // as at start: this muster's own value holds
+	}
+	if s.given && stored != s.value {
+		return 0, sharedMismatchError([]sharedMismatch{{key: s.key, mine: s.value, stored: stored}}, configPath)
+	}
+	return stored, nil
+}

@@ -139,3 +139,39 @@ func TestReconcileShared(t *testing.T) {
 		})
 	}
 }
+
+// TestOfflineSharedFromStore: an offline command (ca migrate-custody, ca
+// rotate --offline) takes a shared setting's value from the store when it
+// holds one, its file's otherwise, and refuses a file's value other than
+// the store's as the authority's start does.
+func TestOfflineSharedFromStore(t *testing.T) {
+	f := &settingsFake{rows: map[string]store.Setting{"ca.intermediate_ttl": {Key: "ca.intermediate_ttl", Value: "4380h0m0s", Version: 2}}}
+	for _, tt := range []struct {
+		name string
+		s    offlineShared
+		want time.Duration
+		err  string
+	}{
+		{"held, the file's left to its default", offlineShared{"ca.intermediate_ttl", 8760 * time.Hour, false}, 4380 * time.Hour, ""},
+		{"held, the file's the same", offlineShared{"ca.intermediate_ttl", 4380 * time.Hour, true}, 4380 * time.Hour, ""},
+		{"held, the file's another", offlineShared{"ca.intermediate_ttl", 720 * time.Hour, true}, 0,
+			"ca.intermediate_ttl is 720h0m0s in /d/authority.yaml but 4380h0m0s in the store"},
+		{"not held: the file's", offlineShared{"signer.min_lead_time", 2 * time.Minute, true}, 2 * time.Minute, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.s.fromStore(t.Context(), f, "/d/authority.yaml")
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v; want one saying %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("%s, %v; want %s", got, err, tt.want)
+			}
+		})
+	}
+	if f.writes != 0 {
+		t.Errorf("an offline command's reading wrote %d settings", f.writes)
+	}
+}
