@@ -117,9 +117,10 @@ func (s *Server) onChange(c store.Change) {
 	if c.Kind&store.ChangeSettings != 0 {
 		s.pokeSettings()
 	}
-	// A shared setting concerns no stream.
-	if k := c.Kind &^ store.ChangeSettings; k != 0 && k != store.ChangeCA {
-		s.hub.notify(store.Change{Kind: k, Nodes: c.Nodes})
+	// A shared setting concerns no stream (a stream ignores its bit in a
+	// wider change).
+	if c.Kind&^(store.ChangeCA|store.ChangeSettings) != 0 {
+		s.hub.notify(c)
 	}
 	s.pokeCRL(c)
 }

@@ -285,8 +285,7 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	// The shared settings start as configured (the CLI has reconciled
 	// them with the store's); settingsClock follows the store's after.
-	first := SharedSettings{SignerMinLeadTime: cfg.SignerMinLeadTime, CAIntermediateTTL: cfg.CAIntermediateTTL,
-		CADraftTTL: cfg.CADraftTTL, JWTKeyRotationPeriod: cfg.JWTKeyRotationPeriod}.withDefaults()
+	first := configuredShared(cfg)
 	s.sharedNow.Store(&first)
 	s.outage = newStoreOutage(cfg.Log, func(ctx context.Context) error {
 		_, err := cfg.Store.Now(ctx)

@@ -156,15 +156,29 @@ func (s SharedSettings) withDefaults() SharedSettings {
 	return s
 }
 
-// shared returns the shared settings in force on this replica.
-func (s *Server) shared() SharedSettings { return *s.sharedNow.Load() }
+// shared returns the shared settings in force on this replica: the
+// configured ones until New (or a test's bare Server) has set any.
+func (s *Server) shared() SharedSettings {
+	if p := s.sharedNow.Load(); p != nil {
+		return *p
+	}
+	return configuredShared(s.cfg)
+}
+
+// configuredShared is the shared settings cfg gives, defaults filled in.
+func configuredShared(cfg Config) SharedSettings {
+	return SharedSettings{SignerMinLeadTime: cfg.SignerMinLeadTime, CAIntermediateTTL: cfg.CAIntermediateTTL,
+		CADraftTTL: cfg.CADraftTTL, JWTKeyRotationPeriod: cfg.JWTKeyRotationPeriod}.withDefaults()
+}
 
 // useShared makes next the shared settings in force, logging each one
 // that changed.
 func (s *Server) useShared(next SharedSettings) {
 	next = next.withDefaults()
 	prev := s.sharedNow.Swap(&next)
-	s.signers.UseMinLeadTime(next.SignerMinLeadTime)
+	if s.signers != nil {
+		s.signers.UseMinLeadTime(next.SignerMinLeadTime)
+	}
 	if prev == nil {
 		return
 	}
