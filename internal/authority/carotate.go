@@ -127,12 +127,8 @@ func (s *Server) caClock(ctx context.Context) error {
 	}
 }
 
-func (s *Server) caIntermediateTTL() time.Duration {
-	if s.cfg.CAIntermediateTTL > 0 {
-		return s.cfg.CAIntermediateTTL
-	}
-	return ca.IntermediateTTL
-}
+// caIntermediateTTL is ca.intermediate_ttl, a shared setting.
+func (s *Server) caIntermediateTTL() time.Duration { return s.shared().CAIntermediateTTL }
 
 // caStep takes every rotation step that has come due by the store clock.
 func (s *Server) caStep(ctx context.Context) error {
@@ -337,7 +333,7 @@ const caDraftSweep = time.Minute
 
 // caDraftTTL is ca.draft_ttl in force.
 func (s *Server) caDraftTTL() time.Duration {
-	return cmp.Or(s.cfg.CADraftTTL, DefaultCADraftTTL)
+	return s.shared().CADraftTTL
 }
 
 // caDraftExpired says why a draft's key was or is destroyed, naming the

@@ -101,8 +101,9 @@ func (h *streamHub) notify(c store.Change) {
 }
 
 // onChange routes a change: a CA step to the intermediates' refresh too, a
-// signer step to the heartbeats' cached set version too, and every change
-// to the open streams it concerns. A CA step alone is not passed to the
+// signer step to the heartbeats' cached set version too, a shared
+// setting's write to settingsClock alone, and every other change to the
+// open streams it concerns. A CA step alone is not passed to the
 // streams: they have nothing to do until the intermediates are read
 // again, and setTrustBundle wakes them then, once, if the bundle changed.
 // (A wider change, such as everything after listening again, is.)
@@ -113,7 +114,12 @@ func (s *Server) onChange(c store.Change) {
 	if c.Kind&store.ChangeSigners != 0 && s.setAhead != nil {
 		s.setAhead.version.invalidate()
 	}
-	if c.Kind != store.ChangeCA {
+	if c.Kind&store.ChangeSettings != 0 {
+		s.pokeSettings()
+	}
+	// A shared setting concerns no stream (a stream ignores its bit in a
+	// wider change).
+	if c.Kind&^(store.ChangeCA|store.ChangeSettings) != 0 {
 		s.hub.notify(c)
 	}
 	s.pokeCRL(c)

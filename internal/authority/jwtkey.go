@@ -81,12 +81,8 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 	}
 }
 
-func (s *Server) jwtKeyPeriod() time.Duration {
-	if s.cfg.JWTKeyRotationPeriod > 0 {
-		return s.cfg.JWTKeyRotationPeriod
-	}
-	return DefaultJWTKeyRotationPeriod
-}
+// jwtKeyPeriod is jwt_svid.key_rotation_period, a shared setting.
+func (s *Server) jwtKeyPeriod() time.Duration { return s.shared().JWTKeyRotationPeriod }
 
 // jwtKeyClock re-reads the version on every replica and, when it has
 // been current for the period, rotates it (one replica's conditional

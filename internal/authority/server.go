@@ -233,6 +233,10 @@ type Server struct {
 	caNoRootKey sync.Map
 	// caPoke wakes the CA clock (a root rotation phase changed).
 	caPoke chan struct{}
+	// sharedNow is the shared settings in force (settings.go), and
+	// settingsPoke wakes settingsClock to read them again.
+	sharedNow    atomic.Pointer[SharedSettings]
+	settingsPoke chan struct{}
 	// caCerts are the certificates the CA clock parsed (certcache.go).
 	caCerts certCache
 	// caDraftSwept is when the CA clock last looked for abandoned drafts
@@ -263,21 +267,26 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	stopping, endStreams := context.WithCancel(context.Background())
 	s := &Server{
-		stopping:   stopping,
-		endStreams: endStreams,
-		info:       cfg.Info,
-		token:      cfg.Token,
-		caPoke:     make(chan struct{}, 1),
-		ca:         cfg.CA,
-		store:      cfg.Store,
-		audit:      cfg.Audit,
-		log:        cfg.Log,
-		metrics:    m.m,
-		started:    time.Now(),
-		cfg:        cfg,
-		certs:      map[ca.Role]*tls.Certificate{},
-		hub:        newStreamHub(),
+		stopping:     stopping,
+		endStreams:   endStreams,
+		info:         cfg.Info,
+		token:        cfg.Token,
+		caPoke:       make(chan struct{}, 1),
+		settingsPoke: make(chan struct{}, 1),
+		ca:           cfg.CA,
+		store:        cfg.Store,
+		audit:        cfg.Audit,
+		log:          cfg.Log,
+		metrics:      m.m,
+		started:      time.Now(),
+		cfg:          cfg,
+		certs:        map[ca.Role]*tls.Certificate{},
+		hub:          newStreamHub(),
 	}
+	// The shared settings start as configured (the CLI has reconciled
+	// them with the store's); settingsClock follows the store's after.
+	first := configuredShared(cfg)
+	s.sharedNow.Store(&first)
 	s.outage = newStoreOutage(cfg.Log, func(ctx context.Context) error {
 		_, err := cfg.Store.Now(ctx)
 		return err
@@ -758,6 +767,7 @@ func (s *Server) Run(ctx context.Context) error {
 		g.Go(func() error { return s.crl.Run(gctx) })
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
+	g.Go(func() error { s.settingsClock(gctx); return nil })
 	g.Go(func() error { s.inter.run(gctx); return nil })
 	g.Go(func() error { s.jwtKeyClock(gctx); return nil })
 	g.Go(func() error { s.outage.run(gctx); return nil })

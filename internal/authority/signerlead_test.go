@@ -62,7 +62,7 @@ func TestEnsureSignerWarnsOfAnotherLeadTime(t *testing.T) {
 				t.Fatalf("warned %v, want %v:\n%s", warned, tc.warn, buf.String())
 			}
 			if tc.warn {
-				for _, want := range []string{"verifier_set_min_lead_time=30m0s", "signer_min_lead_time=" + signer.MinLeadTimeFor(tc.lead).String(), "Settings every replica must share"} {
+				for _, want := range []string{"verifier_set_min_lead_time=30m0s", "signer_min_lead_time=" + signer.MinLeadTimeFor(tc.lead).String(), "Settings kept in the store"} {
 					if !strings.Contains(buf.String(), want) {
 						t.Errorf("the warning does not say %s:\n%s", want, buf.String())
 					}

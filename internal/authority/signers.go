@@ -38,13 +38,12 @@ func (s *Server) ensureSigner(ctx context.Context) error {
 		s.log.Info("created the first task signer")
 	}
 	// Agents apply the lead time of the set they hold, which carries the
-	// lead time of the replica that signed it: a replica running with
-	// another one than its peers stages rotations that agents may refuse.
-	// The set can also be older than a change made on every replica (the
-	// next signer step publishes the new value), so this warns rather
-	// than refuses.
+	// lead time in force when it was signed. signer.min_lead_time is a
+	// shared setting, the same on every replica; a set signed before it
+	// was changed carries the old one until the next signer step
+	// publishes a set with the new one.
 	if lead, v, err := s.signers.SetMinLeadTime(ctx); err == nil && lead != s.signers.MinLeadTime() {
-		s.log.Warn("signer.min_lead_time differs from the one the current verifier set carries: if other replicas run with that one, give every replica the same value, or agents may refuse rotate tasks staged through one of them (docs/high-availability.md, \"Settings every replica must share\"); after a change made on every replica, the next signer step publishes the new value",
+		s.log.Warn("signer.min_lead_time differs from the one the current verifier set carries: agents apply the set's to the next rotate task until the next signer step publishes a set with this one (docs/high-availability.md, \"Settings kept in the store\")",
 			"signer_min_lead_time", s.signers.MinLeadTime().String(), "verifier_set_min_lead_time", lead.String(), "verifier_set_version", v)
 	}
 	return nil

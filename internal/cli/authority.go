@@ -176,6 +176,11 @@ type authorityOptions struct {
 
 	// signerMinLead is signer.min_lead_time; 0 means the default.
 	signerMinLead time.Duration
+	// sharedGiven names, by key, the shared settings given rather than
+	// left to their default, and where: a flag or the settings file.
+	sharedGiven map[string]string
+	// configPath is the settings file read.
+	configPath string
 	// recoveriesWarnAt is bound_keypair.recoveries_warn_at.
 	recoveriesWarnAt int64
 	// maxConnections is limits.max_connections; 0 means the default.
@@ -230,6 +235,7 @@ and the data directory, prints the settings in force, and exits.`,
 			if err := applySettings(cmd.Flags(), cfg, st, &o); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
+			o.configPath = cfgPath
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -249,9 +255,9 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
 	fl.StringVar(&st.crlValidity, "crl-validity", st.crlValidity, "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it; else DIR/muster.db)")
-	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+")")
-	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m)")
-	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+")")
+	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+"; shared: the store's value holds, see muster settings list)")
+	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m; shared: the store's value holds, see muster settings list)")
+	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+"; shared: the store's value holds, see muster settings list)")
 	registerAgentCertTTLFlags(fl, &st.ttl, &st.boundTTL)
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -394,9 +400,25 @@ func applySettings(f *pflag.FlagSet, cfg authorityConfig, s settingText, o *auth
 	if o.caDraftTTL, err = parseCADraftTTL(s.draftTTL); err != nil {
 		return err
 	}
-	if o.jwtKeyPeriod, err = time.ParseDuration(s.jwtPeriod); err != nil || o.jwtKeyPeriod < authority.MinJWTKeyRotationPeriod {
-		return fmt.Errorf("jwt_svid.key_rotation_period %q: want a duration of at least %s, such as 720h", s.jwtPeriod, authority.MinJWTKeyRotationPeriod)
+	if o.jwtKeyPeriod, err = authority.ParseSharedSetting(authority.SettingJWTKeyRotationPeriod, s.jwtPeriod); err != nil {
+		return err
 	}
+	// Which shared settings were given (a flag, its variable, the
+	// file), not left to the default: only those conflict with the
+	// store's value at start (sharedsettings.go).
+	o.sharedGiven = map[string]string{}
+	given := func(key, flag, fromFile string) {
+		switch {
+		case f.Changed(flag):
+			o.sharedGiven[key] = "--" + flag + " (or " + EnvName(flag) + ")"
+		case fromFile != "":
+			o.sharedGiven[key] = "" // the settings file, named at start
+		}
+	}
+	given(authority.SettingSignerMinLeadTime, "", cfg.Signer.MinLeadTime)
+	given(authority.SettingCAIntermediateTTL, "ca-intermediate-ttl", cfg.CA.IntermediateTTL)
+	given(authority.SettingCADraftTTL, "ca-draft-ttl", cfg.CA.DraftTTL)
+	given(authority.SettingJWTKeyRotationPeriod, "jwt-key-rotation-period", cfg.JWTSVID.KeyRotationPeriod)
 	return nil
 }
 
@@ -439,21 +461,13 @@ func parseAgentCertTTLs(ttl, boundTTL string) (agent, bound time.Duration, err e
 // parseCAIntermediateTTL reads ca.intermediate_ttl: a duration within
 // [authority.MinCAIntermediateTTL, ca.RootTTL].
 func parseCAIntermediateTTL(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err != nil || d < authority.MinCAIntermediateTTL || d > ca.RootTTL {
-		return 0, fmt.Errorf("ca.intermediate_ttl %q: want a duration from %s to %s, such as 8760h", v, authority.MinCAIntermediateTTL, ca.RootTTL)
-	}
-	return d, nil
+	return authority.ParseSharedSetting(authority.SettingCAIntermediateTTL, v)
 }
 
 // parseCADraftTTL reads ca.draft_ttl: a duration within
 // [authority.MinCADraftTTL, authority.MaxCADraftTTL].
 func parseCADraftTTL(v string) (time.Duration, error) {
-	d, err := time.ParseDuration(v)
-	if err != nil || d < authority.MinCADraftTTL || d > authority.MaxCADraftTTL {
-		return 0, fmt.Errorf("ca.draft_ttl %q: want a duration from %s to %s, such as 1h", v, authority.MinCADraftTTL, authority.MaxCADraftTTL)
-	}
-	return d, nil
+	return authority.ParseSharedSetting(authority.SettingCADraftTTL, v)
 }
 
 // storeDefaultHelp is the store a command reading the data directory
@@ -714,6 +728,12 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	denied := func(err error) error {
 		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
 			Result: audit.ResultDenied, Reason: "key custody: " + err.Error()})
+		return prefixed("authority", err)
+	}
+	recordShared := func(e audit.Event) { _, _ = logger.Record(context.WithoutCancel(ctx), e) }
+	if err := reconcileShared(ctx, st, &o, recordShared, log); err != nil {
+		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
+			Result: audit.ResultDenied, Reason: "shared settings: " + err.Error()})
 		return prefixed("authority", err)
 	}
 	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,8 +93,10 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			if rollback && (module != "" || pinFile != "") {
 				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
 			}
-			res, infoNamedToken, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, authority.CustodyMigration{
-				IntermediateTTL: ttl, SignerMinLead: minLead, SignerEffectiveIn: effectiveIn, SignerGrace: grace,
+			shared := []offlineShared{{authority.SettingCAIntermediateTTL, ttl, ttlText != ""},
+				{authority.SettingSignerMinLeadTime, cmp.Or(minLead, signer.DefaultMinLeadTime), minLead != 0}}
+			res, infoNamedToken, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, shared, authority.CustodyMigration{
+				SignerEffectiveIn: effectiveIn, SignerGrace: grace,
 			})
 			if err != nil {
 				return fmt.Errorf("ca migrate-custody: %w", err)
@@ -127,7 +130,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 // migrateCustody opens what the migration needs and runs it: the data
 // directory, the store, the token; m carries the settings. The bool
 // says a rollback removed the token from authority.json.
-func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, m authority.CustodyMigration) (authority.CustodyMigrationResult, bool, error) {
+func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, shared []offlineShared, m authority.CustodyMigration) (authority.CustodyMigrationResult, bool, error) {
 	ctx := cmd.Context()
 	d, err := loadDataDir(dir, storeURL)
 	if err != nil {
@@ -146,6 +149,13 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	if err := logger.CheckHead(ctx); err != nil {
+		return authority.CustodyMigrationResult{}, false, err
+	}
+	// The shared settings are the store's, as the authority would use.
+	if m.IntermediateTTL, err = shared[0].fromStore(ctx, st, dir.ConfigFile()); err != nil {
+		return authority.CustodyMigrationResult{}, false, err
+	}
+	if m.SignerMinLead, err = shared[1].fromStore(ctx, st, dir.ConfigFile()); err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger

@@ -69,6 +69,11 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	if err := logger.CheckHead(ctx); err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
+	// The intermediate's lifetime is the store's, as the authority would
+	// use.
+	if m.IntermediateTTL, err = (offlineShared{authority.SettingCAIntermediateTTL, ttl, cfg.CA.IntermediateTTL != ""}).fromStore(ctx, st, dir.ConfigFile()); err != nil {
+		return fmt.Errorf("ca rotate --offline: %w", err)
+	}
 	// The token as the authority opens it (the store's record and
 	// authority.json, MUSTER_PKCS11_PIN): the new key is made there.
 	rec, err := storeCustody(ctx, st, dir, d.info.Custody, "")

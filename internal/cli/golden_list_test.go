@@ -61,6 +61,16 @@ func TestGoldenListTables(t *testing.T) {
 		}},
 		{"lock-list", func(b *bytes.Buffer) error { return printLocks(b, locks) }},
 		{"signer-list", func(b *bytes.Buffer) error { printSigners(b, signersOf(signers)); return nil }},
+		{"settings-list", func(b *bytes.Buffer) error {
+			var list []settingJSON
+			for _, s := range []*musterv1.Setting{
+				{Key: "ca.draft_ttl", Value: "1h0m0s"},
+				{Key: "signer.min_lead_time", Value: "30m0s", Version: 2, UpdatedAt: ts(0), UpdatedBy: "admin:ops"},
+			} {
+				list = append(list, settingOf(s))
+			}
+			return printSettings(b, list)
+		}},
 		{"empty-lists", func(b *bytes.Buffer) error {
 			if err := tokenTable(b, nil, true); err != nil {
 				return err

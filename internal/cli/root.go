@@ -76,6 +76,7 @@ Start with "muster dev" to run an authority on this machine, or
 		newTokenCmd(env),
 		newPSKCmd(env),
 		newSignerCmd(env),
+		newSettingsCmd(env),
 		newCACmd(env),
 		newTaskCmd(env),
 		newAgentsCmd(env),

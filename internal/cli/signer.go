@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/signer"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -224,22 +225,10 @@ func newSignerStepCmd(env *Env, use, short, example string, args cobra.Positiona
 	return cmd
 }
 
-// Bounds of signer.min_lead_time in authority.yaml. Below a minute agents
-// connected through a restart could miss a rotation; above a week a
-// rotation could not be staged in time for an emergency.
-const (
-	minSignerLead = time.Minute
-	maxSignerLead = 7 * 24 * time.Hour
-)
-
 // signerMinLeadTime reads signer.min_lead_time; "" is the default.
 func signerMinLeadTime(s string) (time.Duration, error) {
 	if s == "" {
 		return 0, nil
 	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < minSignerLead || d > maxSignerLead {
-		return 0, fmt.Errorf("signer.min_lead_time %q: want a duration between %s and %s", s, minSignerLead, maxSignerLead)
-	}
-	return d, nil
+	return authority.ParseSharedSetting(authority.SettingSignerMinLeadTime, s)
 }

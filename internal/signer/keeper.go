@@ -44,7 +44,9 @@ type Keeper struct {
 	custody     Custody
 	audit       Auditor
 	authorityID string
-	minLead     time.Duration
+	// minLead is signer.min_lead_time, a time.Duration: a shared setting
+	// the authority changes while the keeper runs (UseMinLeadTime).
+	minLead atomic.Int64
 
 	// signed is the last verifier set this keeper signed, by set ID. Every
 	// join, renewal and recovery answer carries the set; signing it afresh
@@ -61,7 +63,17 @@ type cachedSet struct {
 
 // NewKeeper returns a keeper. minLead <= 0 means DefaultMinLeadTime.
 func NewKeeper(st Store, custody Custody, a Auditor, authorityID string, minLead time.Duration) *Keeper {
-	return &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID, minLead: MinLeadTimeFor(minLead)}
+	k := &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID}
+	k.UseMinLeadTime(minLead)
+	return k
+}
+
+// UseMinLeadTime makes minLead (<= 0: DefaultMinLeadTime) the lead time
+// of the steps taken and the verifier sets signed from now on; a set
+// already kept keeps the lead time it carries, and agents learn the new
+// one with the next signer step's set. Safe for concurrent use.
+func (k *Keeper) UseMinLeadTime(minLead time.Duration) {
+	k.minLead.Store(int64(MinLeadTimeFor(minLead)))
 }
 
 // MinLeadTimeFor is signer.min_lead_time in force for a configured value:
@@ -76,7 +88,7 @@ func MinLeadTimeFor(configured time.Duration) time.Duration {
 }
 
 // MinLeadTime is signer.min_lead_time.
-func (k *Keeper) MinLeadTime() time.Duration { return k.minLead }
+func (k *Keeper) MinLeadTime() time.Duration { return time.Duration(k.minLead.Load()) }
 
 // Snapshot is the signers, the verifier set version and the store clock,
 // read together.
@@ -444,14 +456,14 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 	base := NextVersionID(snap.Signers)
 	eff := wholeSecond(snap.Now.Add(effectiveIn))
 	// Check the rules before custody makes a key that would be thrown away.
-	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.minLead); err != nil {
+	if _, err := PlanStage(snap.Signers, base, make([]byte, 32), snap.Now, eff, eff.Add(grace), k.MinLeadTime()); err != nil {
 		return Result{}, err
 	}
 	key, err := k.custody.Generate(ctx, base)
 	if err != nil {
 		return Result{}, err
 	}
-	changes, err := PlanStage(snap.Signers, KeyVersionID(base, key.Public), key.Public, snap.Now, eff, eff.Add(grace), k.minLead)
+	changes, err := PlanStage(snap.Signers, KeyVersionID(base, key.Public), key.Public, snap.Now, eff, eff.Add(grace), k.MinLeadTime())
 	if err != nil {
 		return Result{}, err
 	}
@@ -494,7 +506,7 @@ func (k *Keeper) Revoke(ctx context.Context, who Actor, versionID string) (Resul
 
 // Rollback undoes the rotation in progress (PlanRollback).
 func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActRollback, "", func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.minLead) })
+	return k.step(ctx, who, ActRollback, "", func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.MinLeadTime()) })
 }
 
 // ActAdvance is the audit action of a verifier set version moved past
@@ -834,7 +846,7 @@ func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet,
 		if err != nil {
 			return cachedSet{}, err
 		}
-		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.minLead).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
 			return k.signWith(ctx, snap, by, msg)
 		})
 		if err != nil {

@@ -18,10 +18,14 @@ const (
 	// ChangeStream: a new stream of the node was recorded, perhaps by
 	// another replica; the node's older stream, wherever it is, ends.
 	ChangeStream
+	// ChangeSettings: a shared setting written (store.SettingStore), so
+	// every replica reads the settings again. No stream has anything to
+	// do for it.
+	ChangeSettings
 
 	// ChangeAll is what a watcher announces once it listens: changes
 	// before may have gone unseen.
-	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks | ChangeCA | ChangeStream
+	ChangeAll = ChangeStanding | ChangeSigners | ChangeTasks | ChangeCA | ChangeStream | ChangeSettings
 )
 
 // Change is a committed change as a store announces it to its watchers:

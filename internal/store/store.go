@@ -232,4 +232,5 @@ type Store interface {
 	CRLStore
 	JWTKeyStore
 	CustodyStore
+	SettingStore
 }

@@ -76,6 +76,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"CRL", crlCases()},
 		{"JWTKey", jwtKeyCases()},
 		{"KeyCustody", keyCustodyCases()},
+		{"Setting", settingCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

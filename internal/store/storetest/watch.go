@@ -73,6 +73,10 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 			mustNil(t, "RecordAgentStream", w.RecordAgentStream(ctx, store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "b:1",
 				Connected: true, ConnectedAt: now, LastSeen: now}))
 		}, notice(store.Change{Kind: store.ChangeStream, Nodes: []string{"n1"}})},
+		{"shared setting written: every replica", func(t *testing.T, ctx context.Context, w store.Store) {
+			_, err := w.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 0)
+			mustNil(t, "PutSetting", err)
+		}, notice(store.Change{Kind: store.ChangeSettings})},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

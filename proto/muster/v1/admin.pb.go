@@ -4010,6 +4010,221 @@ func (x *RotateJWTKeyResponse) GetRotatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+type ListSettingsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSettingsRequest) Reset() {
+	*x = ListSettingsRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSettingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSettingsRequest) ProtoMessage() {}
+
+func (x *ListSettingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSettingsRequest.ProtoReflect.Descriptor instead.
+func (*ListSettingsRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{61}
+}
+
+type ListSettingsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// settings has one entry per shared setting, by key; one the store
+	// holds no value for yet has version 0 and the value the answering
+	// replica uses.
+	Settings      []*Setting `protobuf:"bytes,1,rep,name=settings,proto3" json:"settings,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSettingsResponse) Reset() {
+	*x = ListSettingsResponse{}
+	mi := &file_muster_v1_admin_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSettingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSettingsResponse) ProtoMessage() {}
+
+func (x *ListSettingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSettingsResponse.ProtoReflect.Descriptor instead.
+func (*ListSettingsResponse) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListSettingsResponse) GetSettings() []*Setting {
+	if x != nil {
+		return x.Settings
+	}
+	return nil
+}
+
+type Setting struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key is the setting's name in authority.yaml, such as
+	// signer.min_lead_time; value its canonical text, such as 10m0s.
+	Key   string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	// version counts the store's writes of the key (0: none yet).
+	Version       int64                  `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	UpdatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=updated_at,json=updatedAt,proto3" json:"updated_at,omitempty"`
+	UpdatedBy     string                 `protobuf:"bytes,5,opt,name=updated_by,json=updatedBy,proto3" json:"updated_by,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Setting) Reset() {
+	*x = Setting{}
+	mi := &file_muster_v1_admin_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Setting) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Setting) ProtoMessage() {}
+
+func (x *Setting) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Setting.ProtoReflect.Descriptor instead.
+func (*Setting) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *Setting) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Setting) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
+func (x *Setting) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Setting) GetUpdatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdatedAt
+	}
+	return nil
+}
+
+func (x *Setting) GetUpdatedBy() string {
+	if x != nil {
+		return x.UpdatedBy
+	}
+	return ""
+}
+
+type SetSettingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// value is read as authority.yaml's value of the key is.
+	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSettingRequest) Reset() {
+	*x = SetSettingRequest{}
+	mi := &file_muster_v1_admin_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSettingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSettingRequest) ProtoMessage() {}
+
+func (x *SetSettingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_muster_v1_admin_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSettingRequest.ProtoReflect.Descriptor instead.
+func (*SetSettingRequest) Descriptor() ([]byte, []int) {
+	return file_muster_v1_admin_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *SetSettingRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *SetSettingRequest) GetValue() string {
+	if x != nil {
+		return x.Value
+	}
+	return ""
+}
+
 var File_muster_v1_admin_proto protoreflect.FileDescriptor
 
 const file_muster_v1_admin_proto_rawDesc = "" +
@@ -4338,7 +4553,21 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x06key_id\x18\x02 \x01(\tR\x05keyId\x12&\n" +
 	"\x0fprevious_key_id\x18\x03 \x01(\tR\rpreviousKeyId\x129\n" +
 	"\n" +
-	"rotated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\trotatedAt2\x83\x18\n" +
+	"rotated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\trotatedAt\"\x15\n" +
+	"\x13ListSettingsRequest\"F\n" +
+	"\x14ListSettingsResponse\x12.\n" +
+	"\bsettings\x18\x01 \x03(\v2\x12.muster.v1.SettingR\bsettings\"\xa5\x01\n" +
+	"\aSetting\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x03R\aversion\x129\n" +
+	"\n" +
+	"updated_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12\x1d\n" +
+	"\n" +
+	"updated_by\x18\x05 \x01(\tR\tupdatedBy\";\n" +
+	"\x11SetSettingRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value2\x94\x19\n" +
 	"\fAdminService\x12F\n" +
 	"\tGetStatus\x12\x1b.muster.v1.GetStatusRequest\x1a\x1c.muster.v1.GetStatusResponse\x12L\n" +
 	"\vAddOperator\x12\x1d.muster.v1.AddOperatorRequest\x1a\x1e.muster.v1.AddOperatorResponse\x12R\n" +
@@ -4386,7 +4615,10 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x13DraftCAIntermediate\x12%.muster.v1.DraftCAIntermediateRequest\x1a&.muster.v1.DraftCAIntermediateResponse\x12c\n" +
 	"\x15PrepareCAIntermediate\x12'.muster.v1.PrepareCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponse\x12e\n" +
 	"\x16ActivateCAIntermediate\x12(.muster.v1.ActivateCAIntermediateRequest\x1a!.muster.v1.CAIntermediateResponse\x12O\n" +
-	"\fRotateJWTKey\x12\x1e.muster.v1.RotateJWTKeyRequest\x1a\x1f.muster.v1.RotateJWTKeyResponseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\fRotateJWTKey\x12\x1e.muster.v1.RotateJWTKeyRequest\x1a\x1f.muster.v1.RotateJWTKeyResponse\x12O\n" +
+	"\fListSettings\x12\x1e.muster.v1.ListSettingsRequest\x1a\x1f.muster.v1.ListSettingsResponse\x12>\n" +
+	"\n" +
+	"SetSetting\x12\x1c.muster.v1.SetSettingRequest\x1a\x12.muster.v1.SettingB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_admin_proto_rawDescOnce sync.Once
@@ -4400,7 +4632,7 @@ func file_muster_v1_admin_proto_rawDescGZIP() []byte {
 	return file_muster_v1_admin_proto_rawDescData
 }
 
-var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 63)
+var file_muster_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_muster_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),              // 0: muster.v1.GetStatusRequest
 	(*GetStatusResponse)(nil),             // 1: muster.v1.GetStatusResponse
@@ -4463,185 +4695,195 @@ var file_muster_v1_admin_proto_goTypes = []any{
 	(*CAIntermediateResponse)(nil),        // 58: muster.v1.CAIntermediateResponse
 	(*RotateJWTKeyRequest)(nil),           // 59: muster.v1.RotateJWTKeyRequest
 	(*RotateJWTKeyResponse)(nil),          // 60: muster.v1.RotateJWTKeyResponse
-	nil,                                   // 61: muster.v1.Token.LabelsEntry
-	nil,                                   // 62: muster.v1.CreateTokenRequest.LabelsEntry
-	(*timestamppb.Timestamp)(nil),         // 63: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),           // 64: google.protobuf.Duration
-	(*AgentStreamStatus)(nil),             // 65: muster.v1.AgentStreamStatus
-	(*ListSignersRequest)(nil),            // 66: muster.v1.ListSignersRequest
-	(*StageSignerRequest)(nil),            // 67: muster.v1.StageSignerRequest
-	(*ActivateSignerRequest)(nil),         // 68: muster.v1.ActivateSignerRequest
-	(*RetireSignerRequest)(nil),           // 69: muster.v1.RetireSignerRequest
-	(*RevokeSignerRequest)(nil),           // 70: muster.v1.RevokeSignerRequest
-	(*RollbackSignerRequest)(nil),         // 71: muster.v1.RollbackSignerRequest
-	(*GetRootRotationRequest)(nil),        // 72: muster.v1.GetRootRotationRequest
-	(*PrepareRootRequest)(nil),            // 73: muster.v1.PrepareRootRequest
-	(*RotateRootRequest)(nil),             // 74: muster.v1.RotateRootRequest
-	(*NextRootPhaseRequest)(nil),          // 75: muster.v1.NextRootPhaseRequest
-	(*RollbackRootPhaseRequest)(nil),      // 76: muster.v1.RollbackRootPhaseRequest
-	(*SendTaskRequest)(nil),               // 77: muster.v1.SendTaskRequest
-	(*GetCAStatusRequest)(nil),            // 78: muster.v1.GetCAStatusRequest
-	(*ListSignersResponse)(nil),           // 79: muster.v1.ListSignersResponse
-	(*SignerChangeResponse)(nil),          // 80: muster.v1.SignerChangeResponse
-	(*RootRotation)(nil),                  // 81: muster.v1.RootRotation
-	(*PrepareRootResponse)(nil),           // 82: muster.v1.PrepareRootResponse
-	(*SendTaskResponse)(nil),              // 83: muster.v1.SendTaskResponse
-	(*GetCAStatusResponse)(nil),           // 84: muster.v1.GetCAStatusResponse
+	(*ListSettingsRequest)(nil),           // 61: muster.v1.ListSettingsRequest
+	(*ListSettingsResponse)(nil),          // 62: muster.v1.ListSettingsResponse
+	(*Setting)(nil),                       // 63: muster.v1.Setting
+	(*SetSettingRequest)(nil),             // 64: muster.v1.SetSettingRequest
+	nil,                                   // 65: muster.v1.Token.LabelsEntry
+	nil,                                   // 66: muster.v1.CreateTokenRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),         // 67: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),           // 68: google.protobuf.Duration
+	(*AgentStreamStatus)(nil),             // 69: muster.v1.AgentStreamStatus
+	(*ListSignersRequest)(nil),            // 70: muster.v1.ListSignersRequest
+	(*StageSignerRequest)(nil),            // 71: muster.v1.StageSignerRequest
+	(*ActivateSignerRequest)(nil),         // 72: muster.v1.ActivateSignerRequest
+	(*RetireSignerRequest)(nil),           // 73: muster.v1.RetireSignerRequest
+	(*RevokeSignerRequest)(nil),           // 74: muster.v1.RevokeSignerRequest
+	(*RollbackSignerRequest)(nil),         // 75: muster.v1.RollbackSignerRequest
+	(*GetRootRotationRequest)(nil),        // 76: muster.v1.GetRootRotationRequest
+	(*PrepareRootRequest)(nil),            // 77: muster.v1.PrepareRootRequest
+	(*RotateRootRequest)(nil),             // 78: muster.v1.RotateRootRequest
+	(*NextRootPhaseRequest)(nil),          // 79: muster.v1.NextRootPhaseRequest
+	(*RollbackRootPhaseRequest)(nil),      // 80: muster.v1.RollbackRootPhaseRequest
+	(*SendTaskRequest)(nil),               // 81: muster.v1.SendTaskRequest
+	(*GetCAStatusRequest)(nil),            // 82: muster.v1.GetCAStatusRequest
+	(*ListSignersResponse)(nil),           // 83: muster.v1.ListSignersResponse
+	(*SignerChangeResponse)(nil),          // 84: muster.v1.SignerChangeResponse
+	(*RootRotation)(nil),                  // 85: muster.v1.RootRotation
+	(*PrepareRootResponse)(nil),           // 86: muster.v1.PrepareRootResponse
+	(*SendTaskResponse)(nil),              // 87: muster.v1.SendTaskResponse
+	(*GetCAStatusResponse)(nil),           // 88: muster.v1.GetCAStatusResponse
 }
 var file_muster_v1_admin_proto_depIdxs = []int32{
-	63,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	64,  // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	63,  // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 0: muster.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	68,  // 1: muster.v1.AddOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	67,  // 2: muster.v1.AddOperatorResponse.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 3: muster.v1.Operator.not_before:type_name -> google.protobuf.Timestamp
+	67,  // 4: muster.v1.Operator.not_after:type_name -> google.protobuf.Timestamp
 	4,   // 5: muster.v1.ListOperatorsResponse.operators:type_name -> muster.v1.Operator
-	63,  // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
-	64,  // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
+	67,  // 6: muster.v1.Lock.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 7: muster.v1.Lock.expires_at:type_name -> google.protobuf.Timestamp
+	68,  // 8: muster.v1.CreateLockRequest.ttl:type_name -> google.protobuf.Duration
 	7,   // 9: muster.v1.CreateLockResponse.lock:type_name -> muster.v1.Lock
 	7,   // 10: muster.v1.ListLocksResponse.locks:type_name -> muster.v1.Lock
-	63,  // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
-	63,  // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
+	67,  // 11: muster.v1.AuditRecord.time:type_name -> google.protobuf.Timestamp
+	67,  // 12: muster.v1.ListAuditRequest.since:type_name -> google.protobuf.Timestamp
 	14,  // 13: muster.v1.ListAuditResponse.records:type_name -> muster.v1.AuditRecord
-	63,  // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
-	61,  // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
-	63,  // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
+	67,  // 14: muster.v1.Token.expires_at:type_name -> google.protobuf.Timestamp
+	65,  // 15: muster.v1.Token.labels:type_name -> muster.v1.Token.LabelsEntry
+	67,  // 16: muster.v1.Token.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 17: muster.v1.Token.last_used_at:type_name -> google.protobuf.Timestamp
 	20,  // 18: muster.v1.Token.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	21,  // 19: muster.v1.Token.bound_keypair_status:type_name -> muster.v1.BoundKeypairStatus
-	63,  // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
-	63,  // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
-	63,  // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
-	63,  // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
+	67,  // 20: muster.v1.BoundKeypairSpec.must_register_before:type_name -> google.protobuf.Timestamp
+	67,  // 21: muster.v1.BoundKeypairSpec.rotate_after:type_name -> google.protobuf.Timestamp
+	67,  // 22: muster.v1.BoundKeypairStatus.last_recovered_at:type_name -> google.protobuf.Timestamp
+	67,  // 23: muster.v1.BoundKeypairStatus.last_rotated_at:type_name -> google.protobuf.Timestamp
 	20,  // 24: muster.v1.ApplyTokenRequest.bound_keypair:type_name -> muster.v1.BoundKeypairSpec
 	19,  // 25: muster.v1.ApplyTokenResponse.token:type_name -> muster.v1.Token
-	64,  // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
-	62,  // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
+	68,  // 26: muster.v1.CreateTokenRequest.ttl:type_name -> google.protobuf.Duration
+	66,  // 27: muster.v1.CreateTokenRequest.labels:type_name -> muster.v1.CreateTokenRequest.LabelsEntry
 	19,  // 28: muster.v1.CreateTokenResponse.info:type_name -> muster.v1.Token
 	19,  // 29: muster.v1.ListTokensResponse.tokens:type_name -> muster.v1.Token
 	19,  // 30: muster.v1.GetTokenResponse.token:type_name -> muster.v1.Token
-	63,  // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
-	63,  // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
-	65,  // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
+	67,  // 31: muster.v1.Agent.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 32: muster.v1.Agent.updated_at:type_name -> google.protobuf.Timestamp
+	67,  // 33: muster.v1.Agent.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 34: muster.v1.Agent.last_issued_at:type_name -> google.protobuf.Timestamp
+	69,  // 35: muster.v1.Agent.stream:type_name -> muster.v1.AgentStreamStatus
 	21,  // 36: muster.v1.Agent.bound_keypair:type_name -> muster.v1.BoundKeypairStatus
-	63,  // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
+	67,  // 37: muster.v1.AgentInstance.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 38: muster.v1.AgentCertificate.not_before:type_name -> google.protobuf.Timestamp
+	67,  // 39: muster.v1.AgentCertificate.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 40: muster.v1.AgentCertificate.issued_at:type_name -> google.protobuf.Timestamp
 	32,  // 41: muster.v1.ListAgentsResponse.agents:type_name -> muster.v1.Agent
 	32,  // 42: muster.v1.GetAgentResponse.agent:type_name -> muster.v1.Agent
 	33,  // 43: muster.v1.GetAgentResponse.instances:type_name -> muster.v1.AgentInstance
 	34,  // 44: muster.v1.GetAgentResponse.certificates:type_name -> muster.v1.AgentCertificate
-	63,  // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
+	67,  // 45: muster.v1.BootstrapPSK.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 46: muster.v1.BootstrapPSK.grace_expires_at:type_name -> google.protobuf.Timestamp
 	41,  // 47: muster.v1.GetPSKsResponse.active:type_name -> muster.v1.BootstrapPSK
 	41,  // 48: muster.v1.GetPSKsResponse.grace:type_name -> muster.v1.BootstrapPSK
-	64,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
+	68,  // 49: muster.v1.RotatePSKRequest.grace:type_name -> google.protobuf.Duration
 	41,  // 50: muster.v1.RotatePSKResponse.active:type_name -> muster.v1.BootstrapPSK
 	41,  // 51: muster.v1.RotatePSKResponse.previous:type_name -> muster.v1.BootstrapPSK
 	41,  // 52: muster.v1.RotatePSKResponse.revoked_grace:type_name -> muster.v1.BootstrapPSK
-	63,  // 53: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
-	63,  // 54: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
-	63,  // 55: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
-	64,  // 56: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
+	67,  // 53: muster.v1.ResyncWindow.opened_at:type_name -> google.protobuf.Timestamp
+	67,  // 54: muster.v1.ResyncWindow.until:type_name -> google.protobuf.Timestamp
+	67,  // 55: muster.v1.ResyncWindow.closed_at:type_name -> google.protobuf.Timestamp
+	68,  // 56: muster.v1.OpenResyncRequest.duration:type_name -> google.protobuf.Duration
 	46,  // 57: muster.v1.ResyncWindowResponse.window:type_name -> muster.v1.ResyncWindow
 	46,  // 58: muster.v1.ListResyncResponse.windows:type_name -> muster.v1.ResyncWindow
-	64,  // 59: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
-	63,  // 60: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 61: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 62: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
-	63,  // 63: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
-	63,  // 64: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
-	63,  // 65: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
-	63,  // 66: muster.v1.CAIntermediate.retires_at:type_name -> google.protobuf.Timestamp
+	68,  // 59: muster.v1.RenewOperatorRequest.ttl:type_name -> google.protobuf.Duration
+	67,  // 60: muster.v1.DraftCAIntermediateResponse.not_before:type_name -> google.protobuf.Timestamp
+	67,  // 61: muster.v1.DraftCAIntermediateResponse.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 62: muster.v1.CAIntermediate.not_before:type_name -> google.protobuf.Timestamp
+	67,  // 63: muster.v1.CAIntermediate.not_after:type_name -> google.protobuf.Timestamp
+	67,  // 64: muster.v1.CAIntermediate.created_at:type_name -> google.protobuf.Timestamp
+	67,  // 65: muster.v1.CAIntermediate.activated_at:type_name -> google.protobuf.Timestamp
+	67,  // 66: muster.v1.CAIntermediate.retires_at:type_name -> google.protobuf.Timestamp
 	57,  // 67: muster.v1.CAIntermediateResponse.intermediate:type_name -> muster.v1.CAIntermediate
 	57,  // 68: muster.v1.CAIntermediateResponse.previous:type_name -> muster.v1.CAIntermediate
-	63,  // 69: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
-	0,   // 70: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
-	2,   // 71: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
-	5,   // 72: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
-	52,  // 73: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
-	8,   // 74: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
-	10,  // 75: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
-	12,  // 76: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
-	24,  // 77: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
-	26,  // 78: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
-	28,  // 79: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
-	30,  // 80: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
-	22,  // 81: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
-	35,  // 82: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
-	37,  // 83: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
-	39,  // 84: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
-	42,  // 85: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
-	44,  // 86: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
-	66,  // 87: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
-	67,  // 88: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
-	68,  // 89: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
-	69,  // 90: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
-	70,  // 91: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
-	71,  // 92: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
-	72,  // 93: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
-	73,  // 94: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
-	74,  // 95: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
-	75,  // 96: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
-	76,  // 97: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
-	77,  // 98: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
-	15,  // 99: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
-	17,  // 100: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
-	47,  // 101: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
-	48,  // 102: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
-	50,  // 103: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
-	78,  // 104: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
-	53,  // 105: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
-	55,  // 106: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
-	56,  // 107: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
-	59,  // 108: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
-	1,   // 109: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
-	3,   // 110: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
-	6,   // 111: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
-	3,   // 112: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
-	9,   // 113: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
-	11,  // 114: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
-	13,  // 115: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
-	25,  // 116: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
-	27,  // 117: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
-	29,  // 118: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
-	31,  // 119: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
-	23,  // 120: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
-	36,  // 121: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
-	38,  // 122: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
-	40,  // 123: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
-	43,  // 124: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
-	45,  // 125: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
-	79,  // 126: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
-	80,  // 127: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 128: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 129: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 130: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
-	80,  // 131: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
-	81,  // 132: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
-	82,  // 133: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
-	81,  // 134: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
-	81,  // 135: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
-	81,  // 136: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
-	83,  // 137: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
-	16,  // 138: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
-	18,  // 139: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
-	49,  // 140: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
-	49,  // 141: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
-	51,  // 142: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
-	84,  // 143: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
-	54,  // 144: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
-	58,  // 145: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	58,  // 146: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
-	60,  // 147: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
-	109, // [109:148] is the sub-list for method output_type
-	70,  // [70:109] is the sub-list for method input_type
-	70,  // [70:70] is the sub-list for extension type_name
-	70,  // [70:70] is the sub-list for extension extendee
-	0,   // [0:70] is the sub-list for field type_name
+	67,  // 69: muster.v1.RotateJWTKeyResponse.rotated_at:type_name -> google.protobuf.Timestamp
+	63,  // 70: muster.v1.ListSettingsResponse.settings:type_name -> muster.v1.Setting
+	67,  // 71: muster.v1.Setting.updated_at:type_name -> google.protobuf.Timestamp
+	0,   // 72: muster.v1.AdminService.GetStatus:input_type -> muster.v1.GetStatusRequest
+	2,   // 73: muster.v1.AdminService.AddOperator:input_type -> muster.v1.AddOperatorRequest
+	5,   // 74: muster.v1.AdminService.ListOperators:input_type -> muster.v1.ListOperatorsRequest
+	52,  // 75: muster.v1.AdminService.RenewOperator:input_type -> muster.v1.RenewOperatorRequest
+	8,   // 76: muster.v1.AdminService.CreateLock:input_type -> muster.v1.CreateLockRequest
+	10,  // 77: muster.v1.AdminService.ListLocks:input_type -> muster.v1.ListLocksRequest
+	12,  // 78: muster.v1.AdminService.DeleteLock:input_type -> muster.v1.DeleteLockRequest
+	24,  // 79: muster.v1.AdminService.CreateToken:input_type -> muster.v1.CreateTokenRequest
+	26,  // 80: muster.v1.AdminService.ListTokens:input_type -> muster.v1.ListTokensRequest
+	28,  // 81: muster.v1.AdminService.GetToken:input_type -> muster.v1.GetTokenRequest
+	30,  // 82: muster.v1.AdminService.DeleteToken:input_type -> muster.v1.DeleteTokenRequest
+	22,  // 83: muster.v1.AdminService.ApplyToken:input_type -> muster.v1.ApplyTokenRequest
+	35,  // 84: muster.v1.AdminService.ListAgents:input_type -> muster.v1.ListAgentsRequest
+	37,  // 85: muster.v1.AdminService.GetAgent:input_type -> muster.v1.GetAgentRequest
+	39,  // 86: muster.v1.AdminService.DeleteAgent:input_type -> muster.v1.DeleteAgentRequest
+	42,  // 87: muster.v1.AdminService.GetPSKs:input_type -> muster.v1.GetPSKsRequest
+	44,  // 88: muster.v1.AdminService.RotatePSK:input_type -> muster.v1.RotatePSKRequest
+	70,  // 89: muster.v1.AdminService.ListSigners:input_type -> muster.v1.ListSignersRequest
+	71,  // 90: muster.v1.AdminService.StageSigner:input_type -> muster.v1.StageSignerRequest
+	72,  // 91: muster.v1.AdminService.ActivateSigner:input_type -> muster.v1.ActivateSignerRequest
+	73,  // 92: muster.v1.AdminService.RetireSigner:input_type -> muster.v1.RetireSignerRequest
+	74,  // 93: muster.v1.AdminService.RevokeSigner:input_type -> muster.v1.RevokeSignerRequest
+	75,  // 94: muster.v1.AdminService.RollbackSigner:input_type -> muster.v1.RollbackSignerRequest
+	76,  // 95: muster.v1.AdminService.GetRootRotation:input_type -> muster.v1.GetRootRotationRequest
+	77,  // 96: muster.v1.AdminService.PrepareRoot:input_type -> muster.v1.PrepareRootRequest
+	78,  // 97: muster.v1.AdminService.RotateRoot:input_type -> muster.v1.RotateRootRequest
+	79,  // 98: muster.v1.AdminService.NextRootPhase:input_type -> muster.v1.NextRootPhaseRequest
+	80,  // 99: muster.v1.AdminService.RollbackRootPhase:input_type -> muster.v1.RollbackRootPhaseRequest
+	81,  // 100: muster.v1.AdminService.SendTask:input_type -> muster.v1.SendTaskRequest
+	15,  // 101: muster.v1.AdminService.ListAudit:input_type -> muster.v1.ListAuditRequest
+	17,  // 102: muster.v1.AdminService.VerifyAudit:input_type -> muster.v1.VerifyAuditRequest
+	47,  // 103: muster.v1.AdminService.OpenResync:input_type -> muster.v1.OpenResyncRequest
+	48,  // 104: muster.v1.AdminService.CloseResync:input_type -> muster.v1.CloseResyncRequest
+	50,  // 105: muster.v1.AdminService.ListResync:input_type -> muster.v1.ListResyncRequest
+	82,  // 106: muster.v1.AdminService.GetCAStatus:input_type -> muster.v1.GetCAStatusRequest
+	53,  // 107: muster.v1.AdminService.DraftCAIntermediate:input_type -> muster.v1.DraftCAIntermediateRequest
+	55,  // 108: muster.v1.AdminService.PrepareCAIntermediate:input_type -> muster.v1.PrepareCAIntermediateRequest
+	56,  // 109: muster.v1.AdminService.ActivateCAIntermediate:input_type -> muster.v1.ActivateCAIntermediateRequest
+	59,  // 110: muster.v1.AdminService.RotateJWTKey:input_type -> muster.v1.RotateJWTKeyRequest
+	61,  // 111: muster.v1.AdminService.ListSettings:input_type -> muster.v1.ListSettingsRequest
+	64,  // 112: muster.v1.AdminService.SetSetting:input_type -> muster.v1.SetSettingRequest
+	1,   // 113: muster.v1.AdminService.GetStatus:output_type -> muster.v1.GetStatusResponse
+	3,   // 114: muster.v1.AdminService.AddOperator:output_type -> muster.v1.AddOperatorResponse
+	6,   // 115: muster.v1.AdminService.ListOperators:output_type -> muster.v1.ListOperatorsResponse
+	3,   // 116: muster.v1.AdminService.RenewOperator:output_type -> muster.v1.AddOperatorResponse
+	9,   // 117: muster.v1.AdminService.CreateLock:output_type -> muster.v1.CreateLockResponse
+	11,  // 118: muster.v1.AdminService.ListLocks:output_type -> muster.v1.ListLocksResponse
+	13,  // 119: muster.v1.AdminService.DeleteLock:output_type -> muster.v1.DeleteLockResponse
+	25,  // 120: muster.v1.AdminService.CreateToken:output_type -> muster.v1.CreateTokenResponse
+	27,  // 121: muster.v1.AdminService.ListTokens:output_type -> muster.v1.ListTokensResponse
+	29,  // 122: muster.v1.AdminService.GetToken:output_type -> muster.v1.GetTokenResponse
+	31,  // 123: muster.v1.AdminService.DeleteToken:output_type -> muster.v1.DeleteTokenResponse
+	23,  // 124: muster.v1.AdminService.ApplyToken:output_type -> muster.v1.ApplyTokenResponse
+	36,  // 125: muster.v1.AdminService.ListAgents:output_type -> muster.v1.ListAgentsResponse
+	38,  // 126: muster.v1.AdminService.GetAgent:output_type -> muster.v1.GetAgentResponse
+	40,  // 127: muster.v1.AdminService.DeleteAgent:output_type -> muster.v1.DeleteAgentResponse
+	43,  // 128: muster.v1.AdminService.GetPSKs:output_type -> muster.v1.GetPSKsResponse
+	45,  // 129: muster.v1.AdminService.RotatePSK:output_type -> muster.v1.RotatePSKResponse
+	83,  // 130: muster.v1.AdminService.ListSigners:output_type -> muster.v1.ListSignersResponse
+	84,  // 131: muster.v1.AdminService.StageSigner:output_type -> muster.v1.SignerChangeResponse
+	84,  // 132: muster.v1.AdminService.ActivateSigner:output_type -> muster.v1.SignerChangeResponse
+	84,  // 133: muster.v1.AdminService.RetireSigner:output_type -> muster.v1.SignerChangeResponse
+	84,  // 134: muster.v1.AdminService.RevokeSigner:output_type -> muster.v1.SignerChangeResponse
+	84,  // 135: muster.v1.AdminService.RollbackSigner:output_type -> muster.v1.SignerChangeResponse
+	85,  // 136: muster.v1.AdminService.GetRootRotation:output_type -> muster.v1.RootRotation
+	86,  // 137: muster.v1.AdminService.PrepareRoot:output_type -> muster.v1.PrepareRootResponse
+	85,  // 138: muster.v1.AdminService.RotateRoot:output_type -> muster.v1.RootRotation
+	85,  // 139: muster.v1.AdminService.NextRootPhase:output_type -> muster.v1.RootRotation
+	85,  // 140: muster.v1.AdminService.RollbackRootPhase:output_type -> muster.v1.RootRotation
+	87,  // 141: muster.v1.AdminService.SendTask:output_type -> muster.v1.SendTaskResponse
+	16,  // 142: muster.v1.AdminService.ListAudit:output_type -> muster.v1.ListAuditResponse
+	18,  // 143: muster.v1.AdminService.VerifyAudit:output_type -> muster.v1.VerifyAuditResponse
+	49,  // 144: muster.v1.AdminService.OpenResync:output_type -> muster.v1.ResyncWindowResponse
+	49,  // 145: muster.v1.AdminService.CloseResync:output_type -> muster.v1.ResyncWindowResponse
+	51,  // 146: muster.v1.AdminService.ListResync:output_type -> muster.v1.ListResyncResponse
+	88,  // 147: muster.v1.AdminService.GetCAStatus:output_type -> muster.v1.GetCAStatusResponse
+	54,  // 148: muster.v1.AdminService.DraftCAIntermediate:output_type -> muster.v1.DraftCAIntermediateResponse
+	58,  // 149: muster.v1.AdminService.PrepareCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	58,  // 150: muster.v1.AdminService.ActivateCAIntermediate:output_type -> muster.v1.CAIntermediateResponse
+	60,  // 151: muster.v1.AdminService.RotateJWTKey:output_type -> muster.v1.RotateJWTKeyResponse
+	62,  // 152: muster.v1.AdminService.ListSettings:output_type -> muster.v1.ListSettingsResponse
+	63,  // 153: muster.v1.AdminService.SetSetting:output_type -> muster.v1.Setting
+	113, // [113:154] is the sub-list for method output_type
+	72,  // [72:113] is the sub-list for method input_type
+	72,  // [72:72] is the sub-list for extension type_name
+	72,  // [72:72] is the sub-list for extension extendee
+	0,   // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_admin_proto_init() }
@@ -4659,7 +4901,7 @@ func file_muster_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_admin_proto_rawDesc), len(file_muster_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   63,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -58,6 +58,8 @@ const (
 	AdminService_PrepareCAIntermediate_FullMethodName  = "/muster.v1.AdminService/PrepareCAIntermediate"
 	AdminService_ActivateCAIntermediate_FullMethodName = "/muster.v1.AdminService/ActivateCAIntermediate"
 	AdminService_RotateJWTKey_FullMethodName           = "/muster.v1.AdminService/RotateJWTKey"
+	AdminService_ListSettings_FullMethodName           = "/muster.v1.AdminService/ListSettings"
+	AdminService_SetSetting_FullMethodName             = "/muster.v1.AdminService/SetSetting"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -132,6 +134,13 @@ type AdminServiceClient interface {
 	// (muster ca rotate jwt; docs/workload-api.md), as the automatic
 	// rotation does on its period.
 	RotateJWTKey(ctx context.Context, in *RotateJWTKeyRequest, opts ...grpc.CallOption) (*RotateJWTKeyResponse, error)
+	// ListSettings returns the shared settings the store keeps, which
+	// every replica uses (muster settings list; docs/high-availability.md
+	// "Settings kept in the store").
+	ListSettings(ctx context.Context, in *ListSettingsRequest, opts ...grpc.CallOption) (*ListSettingsResponse, error)
+	// SetSetting changes a shared setting for every replica (muster
+	// settings set KEY VALUE), audited as setting.set.
+	SetSetting(ctx context.Context, in *SetSettingRequest, opts ...grpc.CallOption) (*Setting, error)
 }
 
 type adminServiceClient struct {
@@ -532,6 +541,26 @@ func (c *adminServiceClient) RotateJWTKey(ctx context.Context, in *RotateJWTKeyR
 	return out, nil
 }
 
+func (c *adminServiceClient) ListSettings(ctx context.Context, in *ListSettingsRequest, opts ...grpc.CallOption) (*ListSettingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSettingsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListSettings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetSetting(ctx context.Context, in *SetSettingRequest, opts ...grpc.CallOption) (*Setting, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Setting)
+	err := c.cc.Invoke(ctx, AdminService_SetSetting_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -604,6 +633,13 @@ type AdminServiceServer interface {
 	// (muster ca rotate jwt; docs/workload-api.md), as the automatic
 	// rotation does on its period.
 	RotateJWTKey(context.Context, *RotateJWTKeyRequest) (*RotateJWTKeyResponse, error)
+	// ListSettings returns the shared settings the store keeps, which
+	// every replica uses (muster settings list; docs/high-availability.md
+	// "Settings kept in the store").
+	ListSettings(context.Context, *ListSettingsRequest) (*ListSettingsResponse, error)
+	// SetSetting changes a shared setting for every replica (muster
+	// settings set KEY VALUE), audited as setting.set.
+	SetSetting(context.Context, *SetSettingRequest) (*Setting, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -730,6 +766,12 @@ func (UnimplementedAdminServiceServer) ActivateCAIntermediate(context.Context, *
 }
 func (UnimplementedAdminServiceServer) RotateJWTKey(context.Context, *RotateJWTKeyRequest) (*RotateJWTKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotateJWTKey not implemented")
+}
+func (UnimplementedAdminServiceServer) ListSettings(context.Context, *ListSettingsRequest) (*ListSettingsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSettings not implemented")
+}
+func (UnimplementedAdminServiceServer) SetSetting(context.Context, *SetSettingRequest) (*Setting, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetSetting not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1454,6 +1496,42 @@ func _AdminService_RotateJWTKey_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListSettings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSettingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListSettings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListSettings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListSettings(ctx, req.(*ListSettingsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetSetting_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetSettingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetSetting(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetSetting_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetSetting(ctx, req.(*SetSettingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1616,6 +1694,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RotateJWTKey",
 			Handler:    _AdminService_RotateJWTKey_Handler,
+		},
+		{
+			MethodName: "ListSettings",
+			Handler:    _AdminService_ListSettings_Handler,
+		},
+		{
+			MethodName: "SetSetting",
+			Handler:    _AdminService_SetSetting_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,101 @@
+package authority
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// TestSharedSettingFollowedByEveryReplica: a shared setting set through
+// one replica is in force there at once and on the other once the store
+// announces the write, without a restart; a value out of bounds or a key
+// that is not shared is refused and writes nothing; each is audited as
+// setting.set.
+func TestSharedSettingFollowedByEveryReplica(t *testing.T) {
+	t.Parallel()
+	b := startReplicas(t, nil, 2)
+	r0, r1 := b.srvs[0], b.srvs[1]
+	ctx := t.Context()
+	a0, a1 := &adminService{s: r0}, &adminService{s: r1}
+
+	for _, bad := range []struct{ key, value, want string }{
+		{"signer.min_lead_time", "10s", "want a duration between 1m0s and 168h0m0s"},
+		{"ca.intermediate_ttl", "1m", "want a duration from 2m0s to"},
+		{"crl_validity", "1h", "not a shared setting; the shared settings are ca.draft_ttl, ca.intermediate_ttl, jwt_svid.key_rotation_period, signer.min_lead_time"},
+	} {
+		_, err := a0.SetSetting(ctx, &musterv1.SetSettingRequest{Key: bad.key, Value: bad.value})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("set %s %s: %v; want INVALID_ARGUMENT saying %q", bad.key, bad.value, err, bad.want)
+		}
+	}
+	if held, err := b.store.ListSettings(ctx); err != nil || len(held) != 0 {
+		t.Fatalf("refused sets wrote %+v (%v)", held, err)
+	}
+
+	resp, err := a0.SetSetting(ctx, &musterv1.SetSettingRequest{Key: "signer.min_lead_time", Value: "3m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetValue() != "3m0s" || resp.GetVersion() != 1 {
+		t.Fatalf("set: %+v", resp)
+	}
+	if got := r0.signers.MinLeadTime(); got != 3*time.Minute {
+		t.Fatalf("the replica that took the set uses %s", got)
+	}
+	if _, err := a1.SetSetting(ctx, &musterv1.SetSettingRequest{Key: "ca.intermediate_ttl", Value: "4380h"}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for r1.signers.MinLeadTime() != 3*time.Minute || r0.caIntermediateTTL() != 4380*time.Hour {
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s after the sets, replica 1 uses lead time %s and replica 0 intermediate lifetime %s", r1.signers.MinLeadTime(), r0.caIntermediateTTL())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	list, err := a1.ListSettings(ctx, &musterv1.ListSettingsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, s := range list.GetSettings() {
+		got[s.GetKey()] = s.GetValue() + "@" + string(rune('0'+s.GetVersion()))
+	}
+	want := map[string]string{"signer.min_lead_time": "3m0s@1", "ca.intermediate_ttl": "4380h0m0s@1",
+		"ca.draft_ttl": DefaultCADraftTTL.String() + "@0", "jwt_svid.key_rotation_period": DefaultJWTKeyRotationPeriod.String() + "@0"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("list: %s is %q, want %q", k, got[k], v)
+		}
+	}
+
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "setting.set"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, denied int
+	for _, r := range recs {
+		switch r.Result {
+		case "ok":
+			ok++
+		case "denied":
+			denied++
+		}
+	}
+	if ok != 2 || denied != 3 {
+		t.Errorf("setting.set records: %d ok, %d denied; want 2 and 3: %+v", ok, denied, recs)
+	}
+	if !strings.Contains(recs[len(recs)-2].Reason, "signer.min_lead_time was 10m0s, now 3m0s for every replica") {
+		t.Errorf("the set's record says %q", recs[len(recs)-2].Reason)
+	}
+	if ca.IntermediateTTL == 4380*time.Hour {
+		t.Fatal("the test sets the default: it would prove nothing")
+	}
+}

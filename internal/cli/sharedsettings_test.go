@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// settingsFake is a store.SettingStore holding rows by key. lost, when
+// set, is a row another replica writes just before this one's first
+// write, which then conflicts.
+type settingsFake struct {
+	rows   map[string]store.Setting
+	lost   *store.Setting
+	writes int
+}
+
+func (f *settingsFake) ListSettings(context.Context) ([]store.Setting, error) {
+	var out []store.Setting
+	for _, k := range authority.SharedSettingKeys() {
+		if r, ok := f.rows[k]; ok {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64) (store.Setting, error) {
+	if f.lost != nil && f.lost.Key == s.Key {
+		f.rows[s.Key], f.lost = *f.lost, nil
+	}
+	if f.rows[s.Key].Version != from {
+		return store.Setting{}, store.ErrConflict
+	}
+	f.writes++
+	s.Version = from + 1
+	f.rows[s.Key] = s
+	return s, nil
+}
+
+// TestReconcileShared: at start, a store without a value records the
+// replica's (given or default), one holding a value gives it to a replica
+// that leaves the key out, and one holding another value than the
+// replica's settings give refuses the start, naming both values, where
+// the replica's comes from, and the ways out, and writes nothing.
+func TestReconcileShared(t *testing.T) {
+	held := func(kv ...string) map[string]store.Setting {
+		m := map[string]store.Setting{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = store.Setting{Key: kv[i], Value: kv[i+1], Version: 3, UpdatedBy: "admin"}
+		}
+		return m
+	}
+	tests := []struct {
+		name   string
+		held   map[string]store.Setting
+		lost   *store.Setting
+		lead   time.Duration
+		given  map[string]string
+		want   authority.SharedSettings // zero fields: the defaults
+		writes int
+		err    []string
+		log    string
+	}{
+		{name: "an empty store records the defaults", held: held(), writes: 4},
+		{name: "an empty store records a given value", held: held(), lead: 2 * time.Minute, given: map[string]string{"signer.min_lead_time": ""},
+			want: authority.SharedSettings{SignerMinLeadTime: 2 * time.Minute}, writes: 4},
+		{name: "a key left out takes the store's value", held: held("signer.min_lead_time", "2m0s", "ca.intermediate_ttl", "4380h0m0s"),
+			want: authority.SharedSettings{SignerMinLeadTime: 2 * time.Minute, CAIntermediateTTL: 4380 * time.Hour}, writes: 2,
+			log: "using the store's value"},
+		{name: "a given value equal to the store's", held: held("signer.min_lead_time", "2m0s"), lead: 2 * time.Minute,
+			given: map[string]string{"signer.min_lead_time": ""}, want: authority.SharedSettings{SignerMinLeadTime: 2 * time.Minute}, writes: 3},
+		{name: "a given value other than the store's refuses", held: held("signer.min_lead_time", "2m0s"), lead: 5 * time.Minute,
+			given: map[string]string{"signer.min_lead_time": ""},
+			err: []string{"signer.min_lead_time is 5m0s in /etc/muster/authority.yaml but 2m0s in the store", "make it 2m0s there or leave it out",
+				"`muster settings set signer.min_lead_time 5m0s`", "Settings kept in the store"}},
+		{name: "a differing flag is named as the flag", held: held("ca.intermediate_ttl", "4380h0m0s"),
+			given: map[string]string{"ca.intermediate_ttl": "--ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL)"},
+			err:   []string{"ca.intermediate_ttl is 8760h0m0s in --ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL) but 4380h0m0s in the store"}},
+		{name: "another replica records first: its value holds", held: held(), lost: &store.Setting{Key: "signer.min_lead_time", Value: "3m0s", Version: 1},
+			want: authority.SharedSettings{SignerMinLeadTime: 3 * time.Minute}, writes: 3, log: "using the store's value"},
+		{name: "another replica records another value first than one given: refuses", held: held(), lead: 5 * time.Minute,
+			given: map[string]string{"signer.min_lead_time": ""}, lost: &store.Setting{Key: "signer.min_lead_time", Value: "3m0s", Version: 1},
+			// The race is found at the write, after the keys before it
+			// in order were recorded (agreeing with nothing held).
+			writes: 3,
+			err:    []string{"signer.min_lead_time is 5m0s in /etc/muster/authority.yaml but 3m0s in the store"}},
+		{name: "a stored value this muster cannot read keeps the replica's", held: held("signer.min_lead_time", "banana"), writes: 3,
+			log: "cannot read"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &settingsFake{rows: tt.held, lost: tt.lost}
+			o := &authorityOptions{signerMinLead: tt.lead, sharedGiven: tt.given, configPath: "/etc/muster/authority.yaml"}
+			var logs bytes.Buffer
+			var events []audit.Event
+			err := reconcileShared(t.Context(), f, o, func(e audit.Event) { events = append(events, e) }, slog.New(slog.NewTextHandler(&logs, nil)))
+			if tt.err != nil {
+				if err == nil {
+					t.Fatalf("no error; want one saying %q", tt.err)
+				}
+				for _, w := range tt.err {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				if o.signerMinLead != tt.lead {
+					t.Errorf("a refused start changed the options: lead %s", o.signerMinLead)
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if tt.err == nil {
+				want := tt.want
+				for _, k := range authority.SharedSettingKeys() {
+					if got := sharedOf(o).Get(k); got != want.Get(k) {
+						t.Errorf("%s in force: %s, want %s", k, got, want.Get(k))
+					}
+				}
+			}
+			if f.writes != tt.writes || len(events) != tt.writes {
+				t.Errorf("%d writes, %d audited; want %d each", f.writes, len(events), tt.writes)
+			}
+			for _, e := range events {
+				if e.Action != "setting.set" || e.Actor != "authority" || e.Result != audit.ResultOK || !strings.Contains(e.Reason, "recorded as") {
+					t.Errorf("audit event %+v", e)
+				}
+			}
+			if !strings.Contains(logs.String(), tt.log) {
+				t.Errorf("log does not say %q:\n%s", tt.log, logs.String())
+			}
+		})
+	}
+}
+
+// TestOfflineSharedFromStore: an offline command (ca migrate-custody, ca
+// rotate --offline) takes a shared setting's value from the store when it
+// holds one, its file's otherwise, and refuses a file's value other than
+// the store's as the authority's start does.
+func TestOfflineSharedFromStore(t *testing.T) {
+	f := &settingsFake{rows: map[string]store.Setting{"ca.intermediate_ttl": {Key: "ca.intermediate_ttl", Value: "4380h0m0s", Version: 2}}}
+	for _, tt := range []struct {
+		name string
+		s    offlineShared
+		want time.Duration
+		err  string
+	}{
+		{"held, the file's left to its default", offlineShared{"ca.intermediate_ttl", 8760 * time.Hour, false}, 4380 * time.Hour, ""},
+		{"held, the file's the same", offlineShared{"ca.intermediate_ttl", 4380 * time.Hour, true}, 4380 * time.Hour, ""},
+		{"held, the file's another", offlineShared{"ca.intermediate_ttl", 720 * time.Hour, true}, 0,
+			"ca.intermediate_ttl is 720h0m0s in /d/authority.yaml but 4380h0m0s in the store"},
+		{"not held: the file's", offlineShared{"signer.min_lead_time", 2 * time.Minute, true}, 2 * time.Minute, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.s.fromStore(t.Context(), f, "/d/authority.yaml")
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v; want one saying %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("%s, %v; want %s", got, err, tt.want)
+			}
+		})
+	}
+	if f.writes != 0 {
+		t.Errorf("an offline command's reading wrote %d settings", f.writes)
+	}
+}

@@ -1,0 +1,37 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Setting is one shared setting as the store keeps it: the value every
+// authority replica on the store uses, rather than its own
+// authority.yaml's (docs/high-availability.md, "Settings kept in the
+// store").
+type Setting struct {
+	Key string
+	// Value is the setting's canonical text (a duration as Go prints it).
+	Value string
+	// Version counts the writes of Key, from 1.
+	Version int64
+	// UpdatedAt is the store clock at the last write.
+	UpdatedAt time.Time
+	// UpdatedBy is who wrote it last: "authority" for a replica recording
+	// its authority.yaml value at its first start, else an operator.
+	UpdatedBy string
+}
+
+// SettingStore keeps the shared settings. Safe for concurrent use.
+type SettingStore interface {
+	// ListSettings returns every setting held, ordered by key.
+	ListSettings(ctx context.Context) ([]Setting, error)
+	// PutSetting writes s.Key's Value and UpdatedBy (its Version and
+	// UpdatedAt are ignored) in one conditional write: when from is 0
+	// only if the store holds no value for the key, else only while the
+	// held version is from. It returns the row written: version from+1,
+	// UpdatedAt the store clock. ErrConflict, and nothing written,
+	// otherwise: of several writes from one version exactly one wins,
+	// across replicas. A write announces ChangeSettings.
+	PutSetting(ctx context.Context, s Setting, from int64) (Setting, error)
+}
