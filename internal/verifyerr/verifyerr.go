@@ -13,6 +13,7 @@ package verifyerr
 import (
 	"context"
 	"crypto/tls"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -68,7 +69,7 @@ func (w *watch) attach(err error) error {
 	// gone) would otherwise carry it too: attach it only to the failure
 	// whose text is that refusal's.
 	st := status.Convert(err)
-	if !strings.Contains(st.Message(), refused.Error()) {
+	if !tells(st.Message(), refused) {
 		return err
 	}
 	return &Error{err: err, status: st, Refused: refused}
@@ -93,6 +94,15 @@ type stream struct {
 
 func (s *stream) SendMsg(m any) error { return s.w.attach(s.ClientStream.SendMsg(m)) }
 func (s *stream) RecvMsg(m any) error { return s.w.attach(s.ClientStream.RecvMsg(m)) }
+
+// tells reports whether msg, a failed call's status message, gives
+// refused's text: as it is, or quoted as gRPC quotes a transport's error
+// ("connection error: desc = %q").
+func tells(msg string, refused error) bool {
+	text := refused.Error()
+	quoted := strconv.Quote(text)
+	return strings.Contains(msg, text) || strings.Contains(msg, quoted[1:len(quoted)-1])
+}
 
 // Error is a call's error whose connection was refused by the client's
 // own verification of the server: the call's status as gRPC gave it
