@@ -155,7 +155,9 @@ func TestRenewExpired(t *testing.T) {
 	later := New(Options{Dir: dir, Now: func() time.Time { return st.NotAfter.Add(time.Second) }})
 	_, err := later.Renew(t.Context())
 	var exp *ExpiredError
-	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "join again with a new token") {
+	// The refusal names the join that brings this machine back, with its
+	// own directory and node, as the other refusals of its standing do.
+	if want := "join again with a new token: muster agent join --force --data " + string(dir) + " --node " + st.NodeID + " with a joining URI from muster token create --node " + st.NodeID; !errors.As(err, &exp) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("got %v, want ExpiredError", err)
 	}
 	if _, _, n := f.calls(); n != 0 {
