@@ -4,6 +4,9 @@ import (
 	"context"
 	"crypto"
 	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
@@ -256,7 +259,22 @@ func standingHint(err error, st *State, dir Dir) error {
 	case "superseded":
 		hint = fmt.Sprintf("a newer join replaced this instance (muster agents show %s names it); if this machine should be the node, join again: %s", st.NodeID, rejoin)
 	default:
-		return err
+		return ownDir(err, dir)
 	}
 	return withHint(err, hint)
+}
+
+// ownDir puts this agent's data directory into the join command a refusal
+// names for an agent whose directory the authority cannot know (--data
+// ADIR: a certificate under a root it no longer trusts), so the command
+// printed can be pasted as it is.
+func ownDir(err error, dir Dir) error {
+	const placeholder = "--data ADIR "
+	s, ok := status.FromError(err)
+	if !ok || !strings.Contains(s.Message(), placeholder) {
+		return err
+	}
+	p := s.Proto()
+	p.Message = strings.ReplaceAll(p.Message, placeholder, "--data "+string(dir)+" ")
+	return status.FromProto(p).Err()
 }
