@@ -557,3 +557,43 @@ func TestWorkloadAPICallTimeoutSetting(t *testing.T) {
 		return strings.Contains(metricsOf(t, p.metrics), `muster_agent_workload_api_refusals_total{reason="call_timeout"} 1`)
 	})
 }
+
+// The socket's directory removed while the agent serves it (a cleaner of
+// /tmp or /run, an operator's rm -r): the agent makes the socket again,
+// so a workload that starts afterwards gets its SVID, and says so in its
+// log. It used to keep accepting on a socket nobody could reach, ready
+// and silent.
+func TestWorkloadAPISocketRemovedWhileServing(t *testing.T) {
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "web-1")
+	sock := filepath.Join(socketDir(t), "run", "agent.sock")
+	addr := "unix://" + sock
+	p, _ := startProcEnv(t, "agent", "agent started", nil,
+		"agent", "run", "--data", adir, "--log-format", "json", "--metrics-listen", "127.0.0.1:0", "--workload-api", addr)
+	if err := os.RemoveAll(filepath.Dir(sock)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+		svid, err := workloadapi.FetchX509SVID(cctx, workloadapi.WithAddr(addr))
+		ccancel()
+		if err == nil {
+			if svid.ID.Path() != "/agent/web-1" {
+				t.Fatalf("SVID %v", svid.ID)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no SVID after the socket's directory was removed: %v\n%s", err, p.Logs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for !strings.Contains(p.Logs(), "the socket was removed while the agent served it") {
+		if ctx.Err() != nil {
+			t.Fatalf("the agent did not say it made the socket again\n%s", p.Logs())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

@@ -72,11 +72,26 @@ func (e *OpError) Error() string { return e.Op + " failed: " + e.Err.Error() }
 func (e *OpError) Unwrap() error { return e.Err }
 
 // ExpiredError refuses to renew a certificate past its NotAfter: the
-// authority would refuse it, and only a new join can help.
-type ExpiredError struct{ NotAfter time.Time }
+// authority would refuse it, and only a new join can help. Dir and Node,
+// when known, name that join as a command for this machine.
+type ExpiredError struct {
+	NotAfter time.Time
+	Dir      Dir
+	Node     string
+}
 
 func (e *ExpiredError) Error() string {
-	return fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
+	msg := fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
+	if e.Dir != "" && e.Node != "" {
+		msg += ": " + RejoinCommand(e.Dir, e.Node)
+	}
+	return msg
+}
+
+// RejoinCommand is the way back for a machine whose identity the
+// authority no longer renews: a join over it, bound to its node.
+func RejoinCommand(dir Dir, node string) string {
+	return fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", shellword.Quote(string(dir)), node, node)
 }
 
 // refusal is a verdict the agent reaches without asking, classed with the

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto"
 	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
-	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -164,7 +166,7 @@ func (a *Agent) renewStart(ctx context.Context) (*State, *identity.Identity, cry
 		return nil, nil, nil, err
 	}
 	if now := a.now(); !now.Before(id.Leaf().NotAfter) {
-		return nil, nil, nil, &ExpiredError{NotAfter: id.Leaf().NotAfter}
+		return nil, nil, nil, &ExpiredError{NotAfter: id.Leaf().NotAfter, Dir: a.dir, Node: st.NodeID}
 	}
 	key, err := a.dir.pendingKey(true)
 	if err != nil {
@@ -243,7 +245,7 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 // The refusal itself says only the reason word: the lock's ID and why are
 // in the authority's audit record of the renewal.
 func standingHint(err error, st *State, dir Dir) error {
-	rejoin := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", shellword.Quote(string(dir)), st.NodeID, st.NodeID)
+	rejoin := RejoinCommand(dir, st.NodeID)
 	var hint string
 	switch errinfo.Reason(err) {
 	case "locked":
@@ -257,7 +259,22 @@ func standingHint(err error, st *State, dir Dir) error {
 	case "superseded":
 		hint = fmt.Sprintf("a newer join replaced this instance (muster agents show %s names it); if this machine should be the node, join again: %s", st.NodeID, rejoin)
 	default:
-		return err
+		return ownDir(err, dir)
 	}
 	return withHint(err, hint)
+}
+
+// ownDir puts this agent's data directory into the join command a refusal
+// names for an agent whose directory the authority cannot know (--data
+// ADIR: a certificate under a root it no longer trusts), so the command
+// printed can be pasted as it is.
+func ownDir(err error, dir Dir) error {
+	const placeholder = "--data ADIR "
+	s, ok := status.FromError(err)
+	if !ok || !strings.Contains(s.Message(), placeholder) {
+		return err
+	}
+	p := s.Proto()
+	p.Message = strings.ReplaceAll(p.Message, placeholder, "--data "+string(dir)+" ")
+	return status.FromProto(p).Err()
 }

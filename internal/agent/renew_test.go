@@ -148,6 +148,23 @@ func TestRenewUnknownCertificateNamesTheWayOut(t *testing.T) {
 	}
 }
 
+// A refusal whose way out the authority names for any agent (--data
+// ADIR: a certificate under a root it no longer trusts) reaches the
+// operator with this agent's own directory in it, code and reason kept.
+func TestRenewRefusalNamesThisAgentsDirectory(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	const msg = "client certificate not issued by this authority: it is under a root this authority no longer trusts; join again over this identity: muster agent join --force --data ADIR --node n1 with a joining URI from muster token create --node n1"
+	f.mu.Lock()
+	f.renewErrs = []error{errinfo.Error(codes.Unauthenticated, msg, "unauthenticated")}
+	f.mu.Unlock()
+	_, err := a.Renew(t.Context())
+	want := "muster agent join --force --data " + string(dir) + " --node n1 with a joining URI"
+	if codeOf(err) != codes.Unauthenticated || errinfo.Reason(err) != "unauthenticated" || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "ADIR") {
+		t.Errorf("got %v, want %q", err, want)
+	}
+}
+
 func TestRenewExpired(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	_, dir := joined(t, f)
@@ -155,7 +172,9 @@ func TestRenewExpired(t *testing.T) {
 	later := New(Options{Dir: dir, Now: func() time.Time { return st.NotAfter.Add(time.Second) }})
 	_, err := later.Renew(t.Context())
 	var exp *ExpiredError
-	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "join again with a new token") {
+	// The refusal names the join that brings this machine back, with its
+	// own directory and node, as the other refusals of its standing do.
+	if want := "join again with a new token: muster agent join --force --data " + string(dir) + " --node " + st.NodeID + " with a joining URI from muster token create --node " + st.NodeID; !errors.As(err, &exp) || !strings.Contains(err.Error(), want) {
 		t.Fatalf("got %v, want ExpiredError", err)
 	}
 	if _, _, n := f.calls(); n != 0 {

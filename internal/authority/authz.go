@@ -372,11 +372,14 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 }
 
 // distrustedReason is the refusal of a leaf signed by an intermediate of
-// a root this authority no longer trusts (a root rotation went to
-// standby before the leaf was renewed under the new root), naming the
-// way back; "" for any other leaf. A running agent meets it when the
-// rotation went on to standby before it renewed in update_servers, and
-// stops: restarting cannot help.
+// a root this authority no longer trusts, naming the way back; "" for any
+// other leaf. That root is the old one of a rotation in standby (the leaf
+// was not renewed under the new root in update_servers), which a rollback
+// to update_servers trusts again, or one a rotation left behind for good
+// (a new root abandoned by a rollback from init to none before the leaf
+// was renewed under the old one, or the old root of an earlier rotation),
+// which only a new join or identity replaces. A running agent meets it at
+// its next renewal and stops: restarting cannot help.
 func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 	in := s.ca.CurrentIntermediates()
 	if in == nil {
@@ -386,17 +389,42 @@ func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 		if !bytes.Equal(leaf.AuthorityKeyId, c.SubjectKeyId) || leaf.CheckSignatureFrom(c) != nil {
 			continue
 		}
-		const why = "client certificate not issued by this authority: it is under a root this authority no longer trusts (the root rotation went to standby before it was renewed under the new root)"
 		id, err := spiffeid.FromCertificate(leaf)
-		switch {
-		case err != nil || id.TrustDomain != s.info.TrustDomain:
+		if err != nil || id.TrustDomain != s.info.TrustDomain {
 			return ""
-		case id.Role == spiffeid.RoleAdmin:
-			return fmt.Sprintf("%s; get a new identity with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is, or roll back to update_servers with muster ca root rollback", why, id.Name)
 		}
-		return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s, or an operator rolls back to update_servers with muster ca root rollback and the agent, started again, renews", why, id.Name, id.Name)
+		const why = "client certificate not issued by this authority: it is under a root this authority no longer trusts"
+		if s.rollbackTrusts(c) {
+			const when = why + " (the root rotation went to standby before it was renewed under the new root)"
+			if id.Role == spiffeid.RoleAdmin {
+				return fmt.Sprintf("%s; get a new identity with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is, or roll back to update_servers with muster ca root rollback", when, id.Name)
+			}
+			return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s, or an operator rolls back to update_servers with muster ca root rollback and the agent, started again, renews", when, id.Name, id.Name)
+		}
+		const when = why + " (a root rotation left it behind before this certificate was renewed under the root trusted now: a rollback from init abandoned the new root, or a rotation finished earlier retired the old one); no rollback brings it back"
+		if id.Role == spiffeid.RoleAdmin {
+			return fmt.Sprintf("%s; get a new identity with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", when, id.Name)
+		}
+		return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s", when, id.Name, id.Name)
 	}
 	return ""
+}
+
+// rollbackTrusts reports whether a rollback would trust again the root
+// that signed the intermediate in: the old root of a rotation in standby,
+// whose key the rotation's cross-certificate (signed by the new root)
+// still carries.
+func (s *Server) rollbackTrusts(in *x509.Certificate) bool {
+	r := s.ca.CurrentRoots()
+	if r == nil {
+		return false
+	}
+	for _, x := range r.Cross {
+		if in.CheckSignatureFrom(x) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // expiredReason is the refusal of an expired (or not yet valid) client

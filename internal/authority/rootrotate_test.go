@@ -369,6 +369,9 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 		t.Fatalf("standby asked by an operator under the old root: %v; want a refusal naming muster admin renew", err)
 	}
 	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
+	// An agent that renews in update_servers and not again before the
+	// rotation is abandoned (below).
+	newAgent := leafAs(s.ca.Issuer(ca.RoleAgent), spiffeid.RoleAgent, "web-02")
 	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
 	}
@@ -396,8 +399,28 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	if _, _, err := s.stepRoot(ctx, "t", true, renewed); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
 		t.Fatalf("abandoning asked by an operator under the new root: %v; want a refusal naming muster admin renew", err)
 	}
+	// An agent still under the new root when the rotation is abandoned
+	// (it renewed in update_servers, not since the rollback) is refused
+	// with the way back that works: a join. No rollback trusts the
+	// abandoned root again, so the refusal does not offer one (it used to
+	// say the rotation went to standby, and to roll back to
+	// update_servers, from phase none).
 	if _, st, err := s.stepRoot(ctx, "t", true, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
 		t.Fatalf("abandoning asked by an operator under the old root: %v %v", st.Phase, err)
+	}
+	if err := s.inter.load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.verifyClientCertsAt([]*x509.Certificate{newAgent}, time.Now())
+	if want := "muster agent join --force --data ADIR --node web-02 with a joining URI from muster token create --node web-02"; err == nil || !strings.Contains(err.Error(), "no longer trusts") || !strings.Contains(err.Error(), want) {
+		t.Errorf("an agent under the abandoned root: %v; want the join, %q", err, want)
+	}
+	if err != nil && (strings.Contains(err.Error(), "rollback") && !strings.Contains(err.Error(), "no rollback") || strings.Contains(err.Error(), "went to standby")) {
+		t.Errorf("an agent under the abandoned root is told of a rollback or a standby: %v", err)
+	}
+	_, err = s.verifyClientCertsAt([]*x509.Certificate{renewed}, time.Now())
+	if want := "muster admin add op --offline --data DIR"; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "muster ca root rollback") {
+		t.Errorf("an operator under the abandoned root: %v; want %q and no rollback", err, want)
 	}
 }
 

@@ -125,6 +125,7 @@ func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logge
 	}
 	src := workload.NewSource(dir.LoadIdentity, log)
 	src.Reload()
+	sc.Socket = &sock
 	return &workloadAPI{lis: lis, path: path, src: src, cfg: sc}, nil
 }
 

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // ParseAddr returns the socket path of a Workload API address:
@@ -91,4 +93,61 @@ func Listen(s Socket) (net.Listener, error) {
 		}
 	}
 	return lis, nil
+}
+
+// keepInterval is how often a served socket's path is looked at.
+var keepInterval = time.Second
+
+// keep makes the socket again, and hands each new listener to serve,
+// whenever its path is found missing while lis serves it, until ctx ends:
+// a cleaner of /tmp or /run, or an operator removing its directory, leaves
+// the agent accepting on a socket no new caller can reach by its path,
+// and nothing else would say so. A path taken by another file is not
+// touched: that is logged, once.
+func (s *Server) keep(ctx context.Context, sock Socket, lis net.Listener, serve func(net.Listener)) {
+	cur, _ := lis.(*net.UnixListener)
+	held, _ := os.Lstat(sock.Path)
+	var lastErr string
+	once := func(msg string, args ...any) {
+		if msg != lastErr {
+			lastErr = msg
+			s.log.Warn(msg, args...)
+		}
+	}
+	t := time.NewTicker(keepInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		fi, err := os.Lstat(sock.Path)
+		switch {
+		case err == nil && held != nil && os.SameFile(fi, held):
+			lastErr = ""
+			continue
+		case err == nil:
+			once("workload api: the socket's path is now another file, which the agent leaves alone: callers reach it, not this agent; remove it and the agent makes its socket again", "path", sock.Path)
+			continue
+		case !errors.Is(err, fs.ErrNotExist):
+			once("workload api: cannot look at the socket's path", "path", sock.Path, "err", err)
+			continue
+		}
+		nl, err := Listen(sock)
+		if err != nil {
+			once("workload api: the socket was removed and cannot be made again, so no new caller can connect; the agent tries again every second", "path", sock.Path, "err", err)
+			continue
+		}
+		lastErr = ""
+		held, _ = os.Lstat(sock.Path)
+		// The old listener must not remove the new socket when it is
+		// closed at the end.
+		if cur != nil {
+			cur.SetUnlinkOnClose(false)
+		}
+		cur, _ = nl.(*net.UnixListener)
+		s.log.Warn("workload api: the socket was removed while the agent served it; made it again", "path", sock.Path)
+		serve(nl)
+	}
 }

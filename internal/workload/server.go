@@ -70,6 +70,9 @@ type Config struct {
 	// JWT, if set, mints JWT-SVIDs and fetches their keys (the agent,
 	// asking the authority); without it the JWT RPCs are UNIMPLEMENTED.
 	JWT JWTSource
+	// Socket, if set, is the socket Serve's listener was made with
+	// (Listen): Serve makes it again whenever its path is found missing.
+	Socket *Socket
 }
 
 // JWTSource is the agent's side of JWT-SVIDs.
@@ -165,13 +168,26 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	workloadpb.RegisterSpiffeWorkloadAPIServer(g, s)
 	done := make(chan error, 1)
 	go func() { done <- g.Serve(lis) }()
+	kctx, stopKeep := context.WithCancel(ctx)
+	defer stopKeep()
+	kept := make(chan struct{})
+	go func() {
+		defer close(kept)
+		if s.cfg.Socket != nil {
+			s.keep(kctx, *s.cfg.Socket, lis, func(l net.Listener) { go g.Serve(l) })
+		}
+	}()
 	select {
 	case <-ctx.Done():
+		<-kept
 		// Streams never end by themselves: Stop, not GracefulStop.
 		g.Stop()
 		<-done
 		return nil
 	case err := <-done:
+		stopKeep()
+		<-kept
+		g.Stop()
 		return err
 	}
 }

@@ -1,0 +1,89 @@
+package workload
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+)
+
+// A socket whose directory is removed while the API serves it (a cleaner
+// of /tmp or /run, an operator's rm -r) is made again: a caller that
+// connects afterwards gets the SVID, the socket has its mode again, and
+// the stream opened before keeps working.
+func TestSocketRemovedIsMadeAgain(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	base, err := os.MkdirTemp("", "wapi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	sock := Socket{Path: filepath.Join(base, "run", "agent.sock"), Mode: 0o600, UID: -1, GID: -1}
+	lis, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- NewServer(src, Config{AllowUIDs: []uint32{uint32(os.Geteuid())}, Socket: &sock}).Serve(ctx, lis)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		if _, err := os.Lstat(sock.Path); !os.IsNotExist(err) {
+			t.Errorf("the socket is left behind after Serve: %v", err)
+		}
+	})
+	addr := "unix://" + sock.Path
+
+	tctx, tcancel := context.WithTimeout(ctx, 60*time.Second)
+	defer tcancel()
+	before, err := dialRaw(t, addr).FetchX509SVID(withHeader(tctx), &workloadpb.X509SVIDRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := before.Recv(); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := os.RemoveAll(filepath.Dir(sock.Path)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		fi, err := os.Lstat(sock.Path)
+		if err == nil && fi.Mode().Type() == os.ModeSocket {
+			if fi.Mode().Perm() != sock.Mode {
+				t.Fatalf("socket made again with mode %v, want %v", fi.Mode().Perm(), sock.Mode)
+			}
+			break
+		}
+		if tctx.Err() != nil {
+			t.Fatal("the removed socket was not made again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	after, err := dialRaw(t, addr).FetchX509SVID(withHeader(tctx), &workloadpb.X509SVIDRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := after.Recv()
+	if err != nil || len(resp.Svids) != 1 {
+		t.Fatalf("a caller after the socket was made again: %v %v", resp, err)
+	}
+
+	// The stream from before still gets pushes.
+	h.set(newIdentity(t, "td", 2))
+	src.Reload()
+	if resp, err := before.Recv(); err != nil || len(resp.Svids) != 1 {
+		t.Fatalf("the stream opened before the removal: %v %v", resp, err)
+	}
+}
