@@ -217,11 +217,17 @@ func TestDocumentedMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 		var candidates []string
-		for _, m := range docCode.FindAllStringSubmatch(string(b), -1) {
-			candidates = append(candidates, m[1])
-		}
+		fenced := false
 		for _, line := range strings.Split(string(b), "\n") {
-			if _, expr, ok := strings.Cut(line, "expr: "); ok {
+			if strings.HasPrefix(strings.TrimSpace(line), "```") {
+				fenced = !fenced
+				continue
+			}
+			if !fenced {
+				for _, m := range docCode.FindAllStringSubmatch(line, -1) {
+					candidates = append(candidates, m[1])
+				}
+			} else if _, expr, ok := strings.Cut(line, "expr: "); ok {
 				candidates = append(candidates, expr)
 			}
 		}
