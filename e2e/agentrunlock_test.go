@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestSecondAgentRunRefused: a second `agent run` on a data directory
@@ -22,6 +23,14 @@ func TestSecondAgentRunRefused(t *testing.T) {
 	r := muster(t, nil, "agent", "run", "--data", adir, "--log-format", "json")
 	if r.code == 0 || !strings.Contains(r.stderr, "another muster agent run is running on "+adir) {
 		t.Fatalf("a second agent run on %s: exit %d, %s", adir, r.code, r.stderr)
+	}
+	// The first stops once it has joined, so the next run has an identity
+	// to load and needs no join inputs.
+	for deadline := time.Now().Add(60 * time.Second); !strings.Contains(first.Logs(), `"identity loaded"`); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the first agent loaded no identity within 60 s:\n%s", first.Logs())
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	first.stop(t)
 	startProc(t, "agent again", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
