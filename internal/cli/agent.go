@@ -274,6 +274,11 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 			if err != nil {
 				return fmt.Errorf("agent run: %w", err)
 			}
+			unlock, err := dir.LockRun()
+			if err != nil {
+				return fmt.Errorf("agent run: %w", err)
+			}
+			defer unlock()
 			var m *agent.Metrics
 			var lis net.Listener
 			if metricsListen != "" {

@@ -4,7 +4,9 @@
 # read the CA keys. Create their state directories now, as the units'
 # StateDirectory= would at their first start: `muster init` runs before
 # the authority's first start (docs/install.md). Keep the secrets files
-# readable only by root and the service's group (0640).
+# readable only by root and the service's group (0640). On an upgrade,
+# restart the services that were running so they run the new binary (a
+# stopped one stays stopped, as docs/install.md's upgrade of SQLite says).
 set -e
 if ! getent passwd muster >/dev/null; then
   adduser --system --group --home /var/lib/muster --no-create-home --quiet muster
@@ -26,4 +28,7 @@ chown root:muster-agent /etc/muster/agent.env
 chmod 0640 /etc/muster/authority.env /etc/muster/agent.env
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload >/dev/null || true
+  if [ "$1" = configure ] && [ -n "${2:-}" ]; then
+    systemctl try-restart muster-authority.service muster-agent.service >/dev/null || true
+  fi
 fi

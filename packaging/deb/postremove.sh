@@ -1,5 +1,13 @@
 #!/bin/sh
+# On purge, forget whether the units were enabled (the links
+# `systemctl enable` made would point at unit files that are gone). The
+# data directories, which hold the CA keys, the database and the agent's
+# identity, and the two users are kept: docs/install.md, "Removing".
 set -e
+if [ "$1" = purge ]; then
+  rm -f /etc/systemd/system/multi-user.target.wants/muster-authority.service \
+    /etc/systemd/system/multi-user.target.wants/muster-agent.service
+fi
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload >/dev/null || true
 fi

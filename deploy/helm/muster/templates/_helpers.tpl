@@ -82,6 +82,14 @@ containers:
     ports:
       - {name: api, containerPort: 7443}
       - {name: metrics, containerPort: 7444}
+    # The metrics listener opens once the store is open, after the schema
+    # migrations, which have no deadline (docs/install.md, "Upgrades"):
+    # without a startup probe the liveness probe would kill an authority whose
+    # migration takes over 30 s, rolling it back, again at every restart.
+    startupProbe:
+      httpGet: {path: /healthz, port: metrics}
+      periodSeconds: 10
+      failureThreshold: {{ div (int .Values.authority.startSeconds) 10 | max 1 }}
     livenessProbe:
       httpGet: {path: /healthz, port: metrics}
       periodSeconds: 10
