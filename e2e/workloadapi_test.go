@@ -564,6 +564,7 @@ func TestWorkloadAPICallTimeoutSetting(t *testing.T) {
 // log. It used to keep accepting on a socket nobody could reach, ready
 // and silent.
 func TestWorkloadAPISocketRemovedWhileServing(t *testing.T) {
+	t.Parallel()
 	e := newAgentEnv(t)
 	adir := joinedAgent(t, e, "web-1")
 	sock := filepath.Join(socketDir(t), "run", "agent.sock")
