@@ -689,6 +689,15 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
+		unlockDB, err := datadir.LockSQLiteStore(db)
+		if err != nil {
+			unlock()
+			return nil, nil, nil, err
+		}
+		unlockDir := unlock
+		unlock = func() { unlockDB(); unlockDir() }
+	}
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
