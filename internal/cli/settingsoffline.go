@@ -157,7 +157,7 @@ func printOfflineSet(w io.Writer, r offlineSet) {
 	if r.replicated {
 		fmt.Fprintln(w, "every running replica uses it within moments, and every replica that starts uses it.")
 	} else {
-		fmt.Fprintf(w, "a running authority uses it within %s, and uses it when it starts.\n", 2*authority.SettingsRefresh)
+		fmt.Fprintf(w, "a running authority uses it within %s, a stopped one when it starts.\n", 2*authority.SettingsRefresh)
 	}
 	switch {
 	case r.file == "":
