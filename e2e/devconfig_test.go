@@ -36,12 +36,25 @@ func TestDevHonoursAuthorityYAML(t *testing.T) {
 
 	writeConfig("listen: 0.0.0.0:9\nsigner:\n  min_lead_time: 1m\n")
 	p, _ := startProc(t, "muster dev", "authority started", append(devArgs, "--discovery-listen", "")...)
-	defer p.stop(t)
 	if !strings.Contains(p.Logs(), "dev: listen 0.0.0.0:9 in "+filepath.Join(dir, "authority.yaml")+" is not used") {
 		t.Errorf("dev did not say it keeps its own listen address:\n%s", p.Logs())
 	}
 	if out := mustRun(t, "signer", "list", "--data", dir); !strings.Contains(out, "minimum lead time 1m0s") {
 		t.Errorf("signer list under dev with signer.min_lead_time: 1m:\n%s", out)
+	}
+	p.stop(t)
+
+	// Shared settings (kept in the store) changed in the file take
+	// effect at the next start on the same directory: dev's SQLite store
+	// has one authority, whose settings are the store's.
+	writeConfig("signer:\n  min_lead_time: 3m\nca:\n  intermediate_ttl: 4380h\n")
+	p, _ = startProc(t, "muster dev", "authority started", append(devArgs, "--discovery-listen", "")...)
+	defer p.stop(t)
+	if out := mustRun(t, "signer", "list", "--data", dir); !strings.Contains(out, "minimum lead time 3m0s") {
+		t.Errorf("signer list under dev restarted with signer.min_lead_time: 3m:\n%s", out)
+	}
+	if s := settingsOf(t, "--data", dir)["ca.intermediate_ttl"]; s.Value != "4380h0m0s" {
+		t.Errorf("settings list under dev restarted with ca.intermediate_ttl: 4380h: %+v", s)
 	}
 }
 

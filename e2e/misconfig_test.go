@@ -99,3 +99,25 @@ func TestInitCreatesMissingParents(t *testing.T) {
 		t.Error("a refused init left the parents it created")
 	}
 }
+
+// TestAuthorityRefusesASecondOnOneSQLiteStore: a copy of a running
+// authority's data directory (the same authority, so the store's check
+// passes it) given --store of the same SQLite file refuses to start, as
+// a second on the same directory does: one authority at a time uses an
+// SQLite store (it leads every background job, and its settings are the
+// store's). Once the first stops, the copy starts.
+func TestAuthorityRefusesASecondOnOneSQLiteStore(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	first := startAuthority(t, dir)
+	copied := replicaDir(t, dir)
+	db := "sqlite://" + filepath.Join(dir, "muster.db")
+	line := mustFail(t, "authority", "--data", copied, "--store", db, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	for _, want := range []string{"the SQLite store is in use by another authority (pid ", filepath.Join(dir, "muster.db"), "one authority at a time uses an SQLite store"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("a second authority on one SQLite store: %q, want it to say %q", line, want)
+		}
+	}
+	first.stop(t)
+	startAuthority(t, copied, "--store", db).stop(t)
+}

@@ -3,10 +3,13 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // TestSharedSettingsAcrossReplicasPostgres: two replicas on one
@@ -145,4 +148,157 @@ type settingLine struct {
 	Value     string `json:"value"`
 	Version   int64  `json:"version"`
 	UpdatedBy string `json:"updated_by"`
+}
+
+// leadIn is the signer.min_lead_time in force through the authority of
+// data directory d, as signer list prints it.
+func leadIn(t *testing.T, d string) string {
+	t.Helper()
+	out := mustRun(t, "signer", "list", "--data", d)
+	_, after, ok := strings.Cut(out, "minimum lead time ")
+	if !ok {
+		t.Fatalf("signer list prints no lead time:\n%s", out)
+	}
+	return strings.TrimSuffix(strings.TrimSpace(after), ".")
+}
+
+// settingsOf is muster settings list -o json with args, by key.
+func settingsOf(t *testing.T, args ...string) map[string]settingLine {
+	t.Helper()
+	var list []settingLine
+	if err := json.Unmarshal([]byte(mustRun(t, append([]string{"settings", "list", "-o", "json"}, args...)...)), &list); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]settingLine{}
+	for _, s := range list {
+		m[s.Key] = s
+	}
+	return m
+}
+
+func writeAuthorityYAML(t *testing.T, d, yaml string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(d, "authority.yaml"), []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSharedSettingsFollowTheFileOnSQLite: the one authority on an
+// SQLite store changes a shared setting by its authority.yaml and a
+// restart, as any other setting: started with one value, stopped, the
+// file changed, started again, it runs with the new value, which it
+// records in the store (settings list), audits as setting.set naming
+// both values and the file, and warns of. settings set --offline beside
+// it, from another process, reaches it without a restart, is audited by
+// its own actor, and says that the file's value comes back at the next
+// start.
+func TestSharedSettingsFollowTheFileOnSQLite(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	yaml := filepath.Join(dir, "authority.yaml")
+	writeAuthorityYAML(t, dir, "signer:\n  min_lead_time: 2m\n")
+	a := startAuthority(t, dir)
+	if lead := leadIn(t, dir); lead != "2m0s" {
+		t.Fatalf("signer.min_lead_time in force at the first start: %s, want 2m0s", lead)
+	}
+	a.stop(t)
+
+	writeAuthorityYAML(t, dir, "signer:\n  min_lead_time: 5m\n")
+	a = startAuthority(t, dir, "--ca-draft-ttl", "2h")
+	logsOnFailure(t, "authority", a.Logs)
+	if lead := leadIn(t, dir); lead != "5m0s" {
+		t.Errorf("signer.min_lead_time in force after the file said 5m and a restart: %s", lead)
+	}
+	got := settingsOf(t, "--data", dir)
+	if s := got["signer.min_lead_time"]; s.Value != "5m0s" || s.Version != 2 || s.UpdatedBy != "authority" {
+		t.Errorf("signer.min_lead_time in the store after the restart: %+v; want 5m0s, version 2, by the authority", s)
+	}
+	if s := got["ca.draft_ttl"]; s.Value != "2h0m0s" || s.Version != 2 {
+		t.Errorf("ca.draft_ttl in the store after a restart with --ca-draft-ttl 2h: %+v", s)
+	}
+	audit := mustRun(t, "audit", "list", "--data", dir, "--action", "setting.set")
+	for _, want := range []string{"signer.min_lead_time was 2m0s in the store, now 5m0s from " + yaml,
+		"ca.draft_ttl was 1h0m0s in the store, now 2h0m0s from --ca-draft-ttl"} {
+		if !strings.Contains(audit, want) {
+			t.Errorf("audit list --action setting.set does not hold %q:\n%s", want, audit)
+		}
+	}
+	if logs := a.Logs(); !strings.Contains(logs, `"level":"WARN","msg":"shared setting changed in the store to this authority's value`) {
+		t.Errorf("the authority did not warn that it changed the store's value:\n%s", logs)
+	}
+
+	// settings set --offline, from another process beside the running
+	// authority: it uses the value within seconds, without a restart.
+	out := mustRun(t, "settings", "set", "signer.min_lead_time", "7m", "--offline", "--data", dir)
+	for _, want := range []string{"signer.min_lead_time is 7m0s in the store (version 3), written offline",
+		yaml + " gives signer.min_lead_time 5m, which the authority's next start puts back in the store: make it 7m0s there or leave it out"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("settings set --offline printed %q, want it to say %q", out, want)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for leadIn(t, dir) != "7m0s" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the running authority still uses signer.min_lead_time %s a minute after settings set --offline made it 7m", leadIn(t, dir))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if s := settingsOf(t, "--offline", "--data", dir)["signer.min_lead_time"]; s.Value != "7m0s" || s.Version != 3 || s.UpdatedBy != "muster settings set --offline" {
+		t.Errorf("settings list --offline after settings set --offline: %+v", s)
+	}
+	if audit := mustRun(t, "audit", "list", "--data", dir, "--action", "setting.set", "-o", "json"); !strings.Contains(audit, `"actor": "muster settings set --offline"`) ||
+		!strings.Contains(audit, "signer.min_lead_time was 5m0s, now 7m0s for every replica (offline, from the data directory "+dir+")") {
+		t.Errorf("settings set --offline is not audited with its actor and both values:\n%s", audit)
+	}
+	a.stop(t)
+}
+
+// TestSettingsSetOfflinePostgres: with every replica on a PostgreSQL
+// store stopped, one whose authority.yaml gives a shared setting another
+// value than the store's refuses to start, naming muster settings set
+// KEY VALUE --offline --data DIR (DIR quoted: it holds a space); that
+// command, pasted into a shell, changes the store's value, audited, and
+// the replica then starts with it, while the other, whose file still
+// gives the old value, refuses.
+func TestSettingsSetOfflinePostgres(t *testing.T) {
+	t.Parallel()
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority one")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	other := replicaDir(t, dir)
+	writeAuthorityYAML(t, other, "signer:\n  min_lead_time: 2m\n")
+	startAuthority(t, other).stop(t)
+
+	writeAuthorityYAML(t, dir, "signer:\n  min_lead_time: 5m\n")
+	line := mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	want := "`muster settings set signer.min_lead_time 5m0s --offline --data " + shellword.Quote(dir) + "` (with none running)"
+	if !strings.Contains(line, want) || !strings.Contains(line, "`muster settings set signer.min_lead_time 5m0s` (through a running replica)") {
+		t.Fatalf("the refusal %q does not name both ways out (want %q)", line, want)
+	}
+	pasted := strings.TrimPrefix(strings.TrimSuffix(want, "` (with none running)"), "`muster ")
+	out, err := exec.Command("sh", "-c", shellword.Quote(musterBin)+" "+pasted).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the pasted way out, muster %s: %v\n%s", pasted, err, out)
+	}
+	if !strings.Contains(string(out), "signer.min_lead_time is 5m0s in the store (version 2), written offline") {
+		t.Errorf("settings set --offline printed %q", out)
+	}
+	if s := settingsOf(t, "--offline", "--data", other)["signer.min_lead_time"]; s.Value != "5m0s" || s.Version != 2 {
+		t.Errorf("settings list --offline through the other replica's directory: %+v", s)
+	}
+
+	a := startAuthority(t, dir)
+	logsOnFailure(t, "replica", a.Logs)
+	if lead := leadIn(t, dir); lead != "5m0s" {
+		t.Errorf("signer.min_lead_time in force on the replica started after settings set --offline: %s", lead)
+	}
+	if audit := mustRun(t, "audit", "list", "--data", dir, "--action", "setting.set", "-o", "json"); !strings.Contains(audit, `"actor": "muster settings set --offline"`) ||
+		!strings.Contains(audit, "signer.min_lead_time was 2m0s, now 5m0s for every replica") {
+		t.Errorf("settings set --offline is not audited:\n%s", audit)
+	}
+	if line := mustFail(t, "authority", "--data", other, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"); !strings.Contains(line, "signer.min_lead_time is 2m0s in") ||
+		!strings.Contains(line, "but 5m0s in the store") {
+		t.Errorf("the replica whose file still says 2m: %q", line)
+	}
+	a.stop(t)
 }

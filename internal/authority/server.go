@@ -237,6 +237,9 @@ type Server struct {
 	// settingsPoke wakes settingsClock to read them again.
 	sharedNow    atomic.Pointer[SharedSettings]
 	settingsPoke chan struct{}
+	// sharedUnreadable is, by key, the stored value loadShared last
+	// logged it cannot read: logged once, not at every reading.
+	sharedUnreadable sync.Map
 	// caCerts are the certificates the CA clock parsed (certcache.go).
 	caCerts certCache
 	// caDraftSwept is when the CA clock last looked for abandoned drafts

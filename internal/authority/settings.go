@@ -205,10 +205,13 @@ func (s *Server) loadShared(ctx context.Context) error {
 			continue
 		}
 		if err != nil {
-			s.log.Error("the store holds a shared setting this replica cannot read; it keeps its own value: set one with `muster settings set KEY VALUE`",
-				"key", h.Key, "err", err, "kept", next.Get(h.Key).String())
+			if was, ok := s.sharedUnreadable.Swap(h.Key, h.Value); !ok || was != h.Value {
+				s.log.Error("the store holds a shared setting this replica cannot read; it keeps its own value: set one with `muster settings set KEY VALUE`",
+					"key", h.Key, "err", err, "kept", next.Get(h.Key).String())
+			}
 			continue
 		}
+		s.sharedUnreadable.Delete(h.Key)
 		next.Set(h.Key, v)
 	}
 	s.useShared(next)
@@ -217,6 +220,12 @@ func (s *Server) loadShared(ctx context.Context) error {
 
 // settingsStepTimeout bounds one reading of the shared settings.
 const settingsStepTimeout = 30 * time.Second
+
+// SettingsRefresh is how often an authority on a store that is not
+// replicated (SQLite) reads the shared settings even unannounced: its
+// change announcements are in-process, and muster settings set --offline
+// writes from another process.
+const SettingsRefresh = 3 * time.Second
 
 // pokeSettings asks settingsClock to read the shared settings again.
 func (s *Server) pokeSettings() {
@@ -230,13 +239,23 @@ func (s *Server) pokeSettings() {
 // announces a write of one (store.ChangeSettings, from any replica), and
 // whenever it listens again after losing the announcements
 // (store.ChangeAll): a replica uses a value set through another within
-// one announcement.
+// one announcement. PostgreSQL announces a write from any process
+// (muster settings set --offline too); SQLite only those of this one, so
+// on SQLite the settings are also read every SettingsRefresh, as the CA
+// intermediates are (caRefresh), for a write from an offline command.
 func (s *Server) settingsClock(ctx context.Context) {
+	var refresh <-chan time.Time
+	if !s.store.Replicated() {
+		t := time.NewTicker(SettingsRefresh)
+		defer t.Stop()
+		refresh = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-s.settingsPoke:
+		case <-refresh:
 		}
 		sctx, cancel := context.WithTimeout(ctx, settingsStepTimeout)
 		err := s.loadShared(sctx)

@@ -1,6 +1,9 @@
 package authority
 
 import (
+	"bytes"
+	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -97,5 +101,48 @@ func TestSharedSettingFollowedByEveryReplica(t *testing.T) {
 	}
 	if ca.IntermediateTTL == 4380*time.Hour {
 		t.Fatal("the test sets the default: it would prove nothing")
+	}
+}
+
+// heldSettings is a store whose only answer is its shared settings.
+type heldSettings struct {
+	store.Store
+	rows []store.Setting
+}
+
+func (h *heldSettings) ListSettings(context.Context) ([]store.Setting, error) { return h.rows, nil }
+
+// TestUnreadableSharedSettingLoggedOnce: a stored value this replica
+// cannot read keeps its own and is logged once, not at every reading (on
+// SQLite the settings are read every SettingsRefresh), and again only
+// once the value changes.
+func TestUnreadableSharedSettingLoggedOnce(t *testing.T) {
+	var logs bytes.Buffer
+	st := &heldSettings{rows: []store.Setting{{Key: SettingSignerMinLeadTime, Value: "banana", Version: 1}}}
+	s := &Server{store: st, log: slog.New(slog.NewTextHandler(&logs, nil))}
+	read := func() {
+		t.Helper()
+		if err := s.loadShared(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func() int { return strings.Count(logs.String(), "cannot read") }
+	read()
+	read()
+	if n := count(); n != 1 {
+		t.Fatalf("an unreadable value read twice was logged %d times:\n%s", n, logs.String())
+	}
+	if got := s.shared().SignerMinLeadTime; got != signer.DefaultMinLeadTime {
+		t.Errorf("lead time in force with an unreadable stored one: %s", got)
+	}
+	st.rows[0].Value = "2m0s"
+	read()
+	if got := s.shared().SignerMinLeadTime; got != 2*time.Minute {
+		t.Errorf("lead time in force once readable: %s", got)
+	}
+	st.rows[0].Value = "banana"
+	read()
+	if n := count(); n != 2 {
+		t.Errorf("an unreadable value after a readable one was logged %d times in all, want 2:\n%s", n, logs.String())
 	}
 }

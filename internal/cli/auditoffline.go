@@ -48,39 +48,48 @@ func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 }
 
 // open opens the store of the data directory and the audit logger over
-// it, as the authority's start does, without the directory's lock: it
-// only reads, so it may run beside a running authority (SQLite's readers
-// do not block its writer). A SQLite store that does not exist is an
-// error, not a new empty database.
+// it, as the authority's start does (openOffline).
 func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) (store.Store, *audit.Logger, error) {
-	dir := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
+	st, logger, _, _, err := openOffline(ctx, env, af.data, o.storeURL)
+	return st, logger, err
+}
+
+// openOffline opens the store of the data directory data (--data,
+// MUSTER_DATA, or ./muster-data) and the audit logger over it, as the
+// authority's start does, without the directory's lock, so it may run
+// beside a running authority (SQLite's readers do not block its writer,
+// and its writes, each the store's own conditional write, queue behind
+// the authority's). A SQLite store that does not exist is an error, not
+// a new empty database. It returns the directory's authority.yaml too.
+func openOffline(ctx context.Context, env *Env, data, storeURL string) (store.Store, *audit.Logger, authorityConfig, datadir.Dir, error) {
+	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
 	cfg, err := loadAuthorityConfig(dir.ConfigFile())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, cfg, dir, err
 	}
-	d, err := loadDataDir(dir, firstOf(o.storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
+	d, err := loadDataDir(dir, firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, cfg, dir, err
 	}
 	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, fmt.Errorf("no store at %s: give the store the authority uses with --store", path)
+			return nil, nil, cfg, dir, fmt.Errorf("no store at %s: give the store the authority uses with --store", path)
 		}
 	}
 	st, err := d.openStore(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, cfg, dir, err
 	}
 	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
 		st.Close()
-		return nil, nil, err
+		return nil, nil, cfg, dir, err
 	}
 	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
 	if err != nil {
 		st.Close()
-		return nil, nil, err
+		return nil, nil, cfg, dir, err
 	}
-	return st, logger, nil
+	return st, logger, cfg, dir, nil
 }
 
 // auditReader is the part of a store (the authority's or discovery's)

@@ -255,9 +255,9 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&o.crlURL, "crl-url", "", "base URL relying parties fetch the revocation lists from (http://HOST:PORT), named in every new certificate (empty: none)")
 	fl.StringVar(&st.crlValidity, "crl-validity", st.crlValidity, "lifetime of each revocation list (nextUpdate); it is signed again at half of it")
 	fl.StringVar(&o.storeURL, "store", "", "store URL: sqlite://PATH or postgres://… (default: the one DIR/authority.json records, without a password: PGPASSWORD or PGPASSFILE gives it; else DIR/muster.db)")
-	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+"; shared: the store's value holds, see muster settings list)")
-	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m; shared: the store's value holds, see muster settings list)")
-	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+"; shared: the store's value holds, see muster settings list)")
+	fl.StringVar(&st.jwtPeriod, "jwt-key-rotation-period", st.jwtPeriod, "how long a JWT-SVID signing key signs before the next replaces it (jwt_svid.key_rotation_period; at least "+authority.MinJWTKeyRotationPeriod.String()+"; shared, kept in the store: see muster settings list)")
+	fl.StringVar(&st.interTTL, "ca-intermediate-ttl", st.interTTL, "lifetime of the CA intermediates the authority prepares as it rotates them (ca.intermediate_ttl; at least 2m; shared, kept in the store: see muster settings list)")
+	fl.StringVar(&st.draftTTL, "ca-draft-ttl", st.draftTTL, "how long a draft of muster ca rotate ROLE --root-key waits for its signed certificate before its key is destroyed (ca.draft_ttl; "+authority.MinCADraftTTL.String()+" to "+authority.MaxCADraftTTL.String()+"; shared, kept in the store: see muster settings list)")
 	registerAgentCertTTLFlags(fl, &st.ttl, &st.boundTTL)
 	fl.StringVar(&o.logFormat, "log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
 	fl.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
@@ -688,6 +688,15 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout
 	unlock, err := dir.Lock()
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
+		unlockDB, err := datadir.LockSQLiteStore(db)
+		if err != nil {
+			unlock()
+			return nil, nil, nil, err
+		}
+		unlockDir := unlock
+		unlock = func() { unlockDB(); unlockDir() }
 	}
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()

@@ -152,10 +152,10 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	// The shared settings are the store's, as the authority would use.
-	if m.IntermediateTTL, err = shared[0].fromStore(ctx, st, dir.ConfigFile()); err != nil {
+	if m.IntermediateTTL, err = shared[0].fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
-	if m.SignerMinLead, err = shared[1].fromStore(ctx, st, dir.ConfigFile()); err != nil {
+	if m.SignerMinLead, err = shared[1].fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger

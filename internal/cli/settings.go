@@ -21,7 +21,9 @@ func newSettingsCmd(env *Env) *cobra.Command {
 		Long: `The shared settings govern state every authority replica on a store acts
 on: ` + strings.Join(authority.SharedSettingKeys(), ", ") + `. The store keeps
 their values once and every replica uses the store's;
-"muster settings set KEY VALUE" changes one for every replica at once
+"muster settings set KEY VALUE" changes one for every replica at once.
+With no authority running (or every one refusing to start), --offline
+--data DIR lists and changes them in the store itself
 (docs/high-availability.md, "Settings kept in the store").`,
 	}
 	cmd.AddCommand(newSettingsListCmd(env), newSettingsSetCmd(env))
@@ -51,41 +53,57 @@ func settingOf(s *musterv1.Setting) settingJSON {
 func newSettingsListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
+		of  auditOfflineFlags
 		out output
 	)
 	cmd := &cobra.Command{
 		Use: "list",
 		Example: `  muster settings list --data ./muster-data
-  muster settings list -o json`,
+  muster settings list -o json
+  muster settings list --offline --data /var/lib/muster/authority   # no authority running`,
 		Short: "List the shared settings in force on every replica",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
-			resp, err := callAdmin(cmd, env, &af, "settings list", func(ctx context.Context, c *adminClient) (*musterv1.ListSettingsResponse, error) {
-				return c.ListSettings(ctx, &musterv1.ListSettingsRequest{})
-			})
-			if err != nil {
+			if err := of.check(cmd, "settings list"); err != nil {
 				return err
 			}
 			list := []settingJSON{}
-			for _, s := range resp.GetSettings() {
-				list = append(list, settingOf(s))
+			unheld := "(not in the store yet: the answering replica's)"
+			if of.offline {
+				var err error
+				if list, err = listSettingsOffline(cmd.Context(), env, af.data, of.storeURL); err != nil {
+					return fmt.Errorf("settings list --offline: %w", err)
+				}
+				unheld = "(not in the store yet: authority.yaml's or the default)"
+			} else {
+				resp, err := callAdmin(cmd, env, &af, "settings list", func(ctx context.Context, c *adminClient) (*musterv1.ListSettingsResponse, error) {
+					return c.ListSettings(ctx, &musterv1.ListSettingsRequest{})
+				})
+				if err != nil {
+					return err
+				}
+				for _, s := range resp.GetSettings() {
+					list = append(list, settingOf(s))
+				}
 			}
 			if out.json() {
 				return out.write(env.Stdout, list)
 			}
-			return printSettings(env.Stdout, list)
+			return printSettings(env.Stdout, list, unheld)
 		},
 	}
 	af.register(cmd)
+	registerSettingsOffline(cmd, &of, "read them")
 	out.register(cmd)
 	return cmd
 }
 
-// printSettings is settings list's table.
-func printSettings(w io.Writer, list []settingJSON) error {
+// printSettings is settings list's table; unheld says whose value a key
+// the store holds none of shows.
+func printSettings(w io.Writer, list []settingJSON, unheld string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tVALUE\tVERSION\tUPDATED\tBY")
 	for _, s := range list {
@@ -94,7 +112,7 @@ func printSettings(w io.Writer, list []settingJSON) error {
 			at = s.UpdatedAt.Format(time.RFC3339)
 		}
 		if s.Version == 0 {
-			by = "(not in the store yet: the answering replica's)"
+			by = unheld
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Key, s.Value, s.Version, at, by)
 	}
@@ -104,30 +122,55 @@ func printSettings(w io.Writer, list []settingJSON) error {
 func newSettingsSetCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
+		of  auditOfflineFlags
 		out output
 	)
 	cmd := &cobra.Command{
-		Use: "set KEY VALUE",
+		Use: "set KEY VALUE [--offline --data DIR]",
 		Example: `  muster settings set signer.min_lead_time 30m
-  muster settings set ca.intermediate_ttl 4380h --data ./muster-data`,
+  muster settings set ca.intermediate_ttl 4380h --data ./muster-data
+  muster settings set signer.min_lead_time 30m --offline --data /var/lib/muster/authority   # no replica running`,
 		Short: "Change a shared setting for every replica",
 		Long: `set changes a shared setting in the store; every replica uses the new
 value within moments, without a restart, and the change is audited as
 setting.set. VALUE is read as the key's value in authority.yaml is, with
 the same bounds.
 
-A replica whose authority.yaml (or flag, or MUSTER_* variable) gives the
-key another value refuses to start until that value is changed or left
-out, so edit those files too.`,
+A replica on PostgreSQL whose authority.yaml (or flag, or MUSTER_*
+variable) gives the key another value refuses to start until that value
+is changed or left out, so edit those files too. On SQLite, where one
+authority uses the store, the authority's own value replaces the
+store's when it starts: there, editing authority.yaml and restarting is
+the usual way to change a setting.
+
+--offline changes the setting in the store itself, from the data
+directory (--data, with --store if the store is not the one it names),
+when no authority runs to take the request, or every replica refuses to
+start. It may run beside a running authority too, which uses the new
+value within seconds. The change is audited as setting.set by "` + settingsOfflineActor + `".`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
+				return err
+			}
+			if err := of.check(cmd, "settings set"); err != nil {
 				return err
 			}
 			key, value := args[0], args[1]
 			// Checked here too, so a typo is named before a connection.
 			if _, err := authority.ParseSharedSetting(key, value); err != nil {
 				return fmt.Errorf("settings set: %w", err)
+			}
+			if of.offline {
+				r, err := setSettingOffline(cmd.Context(), env, af.data, of.storeURL, key, value)
+				if err != nil {
+					return fmt.Errorf("settings set --offline: %w", err)
+				}
+				if out.json() {
+					return out.write(env.Stdout, r.row)
+				}
+				printOfflineSet(env.Stdout, r)
+				return nil
 			}
 			resp, err := callAdmin(cmd, env, &af, "settings set", func(ctx context.Context, c *adminClient) (*musterv1.Setting, error) {
 				return c.SetSetting(ctx, &musterv1.SetSettingRequest{Key: key, Value: value})
@@ -145,6 +188,7 @@ out, so edit those files too.`,
 		},
 	}
 	af.register(cmd)
+	registerSettingsOffline(cmd, &of, "change it")
 	out.register(cmd)
 	return cmd
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -33,6 +34,40 @@ const sharedActor = "authority"
 type sharedMismatch struct {
 	key, from    string
 	mine, stored time.Duration
+	// version is the store's row's, which an adopting write replaces.
+	version int64
+}
+
+// where names where m's own value comes from: the flag, or the settings
+// file configPath.
+func (m sharedMismatch) where(configPath string) string {
+	if m.from != "" {
+		return m.from
+	}
+	return configPath
+}
+
+// adoptShared makes m's own value the store's, on a store one authority
+// uses at a time: one conditional write from the version read, audited
+// as setting.set by the authority and logged as a warning, since it
+// changes a value someone may have set with muster settings set. A
+// write in between (muster settings set --offline beside this start)
+// makes the start fail, to be tried again against the new value.
+func adoptShared(ctx context.Context, st store.SettingStore, m sharedMismatch, configPath string, record func(audit.Event), log *slog.Logger) error {
+	from := m.where(configPath)
+	_, err := st.PutSetting(ctx, store.Setting{Key: m.key, Value: m.mine.String(), UpdatedBy: sharedActor}, m.version)
+	if errors.Is(err, store.ErrConflict) {
+		return fmt.Errorf("%s changed in the store while this authority started (written offline beside it): start it again, "+
+			"and it takes %s from %s again: %w", m.key, m.mine, from, err)
+	}
+	if err != nil {
+		return fmt.Errorf("recording %s %s from %s in the store: %w", m.key, m.mine, from, err)
+	}
+	record(audit.Event{Actor: sharedActor, Action: "setting.set", Target: m.key, Result: audit.ResultOK,
+		Reason: fmt.Sprintf("%s was %s in the store, now %s from %s: one authority uses this store, and its settings change the store's", m.key, m.stored, m.mine, from)})
+	log.Warn("shared setting changed in the store to this authority's value: one authority uses this store (SQLite), so its settings file or flag changes the store's",
+		"key", m.key, "was", m.stored.String(), "now", m.mine.String(), "from", from)
+	return nil
 }
 
 // reconcileShared makes o's shared settings the store's, before the
@@ -45,11 +80,18 @@ type sharedMismatch struct {
 //     value as if it had been there;
 //   - the store holds one and o leaves the setting to its default: o
 //     takes the store's;
-//   - the store holds one and o gives another: the authority refuses to
-//     start, naming both values and both ways out. Taking either value
-//     silently could weaken what the operator set: a longer
-//     signer.min_lead_time or a shorter ca.intermediate_ttl in this file
-//     would not be in force, and nothing would say so but a log line.
+//   - the store holds one and o gives another, on a store several
+//     replicas share (PostgreSQL): the authority refuses to start,
+//     naming both values and the ways out. Taking either value silently
+//     could weaken what the operator set: a longer signer.min_lead_time
+//     or a shorter ca.intermediate_ttl in this file would not be in
+//     force, and nothing would say so but a log line;
+//   - the same on a store one authority uses at a time (SQLite): o's
+//     value replaces the store's, in one conditional write from the
+//     version read, audited as setting.set and logged as a warning.
+//     There is no other replica to disagree with, and editing
+//     authority.yaml and restarting is how a single authority's
+//     settings change.
 //
 // A stored value this muster cannot read (a newer muster's, or a hand
 // edit) is logged, and o keeps its own: the others read it as theirs.
@@ -66,7 +108,7 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 	}
 	// Every held value is checked before anything is written: a refused
 	// start records nothing.
-	var bad []sharedMismatch
+	var bad, adopt []sharedMismatch
 	take := func(key string, h store.Setting) {
 		want := mine.Get(key)
 		stored, err := authority.ParseSharedSetting(key, h.Value)
@@ -75,6 +117,8 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 			log.Error("the store holds a shared setting this muster cannot read; this replica uses its own value: set one with `muster settings set KEY VALUE`",
 				"key", key, "err", err, "value", want.String())
 		case stored == want:
+		case hasKey(o.sharedGiven, key) && !st.Replicated():
+			adopt = append(adopt, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored, version: h.Version})
 		case hasKey(o.sharedGiven, key):
 			bad = append(bad, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored})
 		default:
@@ -89,7 +133,7 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 		}
 	}
 	if len(bad) > 0 {
-		return sharedMismatchError(bad, o.configPath)
+		return sharedMismatchError(bad, o.configPath, o.dir)
 	}
 	for _, key := range authority.SharedSettingKeys() {
 		if _, ok := held[key]; ok {
@@ -118,7 +162,12 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 		}
 	}
 	if len(bad) > 0 {
-		return sharedMismatchError(bad, o.configPath)
+		return sharedMismatchError(bad, o.configPath, o.dir)
+	}
+	for _, m := range adopt {
+		if err := adoptShared(ctx, st, m, o.configPath, record, log); err != nil {
+			return err
+		}
 	}
 	setShared(o, next)
 	return nil
@@ -144,20 +193,19 @@ func heldSetting(ctx context.Context, st store.SettingStore, key string) (store.
 }
 
 // sharedMismatchError names each setting given with another value than
-// the store's, and the two ways out.
-func sharedMismatchError(bad []sharedMismatch, configPath string) error {
+// the store's, and the ways out: the replica's own value changed or left
+// out, or the store's changed for every replica, through a running
+// replica or, with none running, offline from the data directory dir.
+func sharedMismatchError(bad []sharedMismatch, configPath, dir string) error {
 	var b strings.Builder
 	for i, m := range bad {
 		if i > 0 {
 			b.WriteString("; ")
 		}
-		from := m.from
-		if from == "" {
-			from = configPath
-		}
 		fmt.Fprintf(&b, "%s is %s in %s but %s in the store, whose value every replica uses: "+
-			"make it %s there or leave it out, or change it for every replica with `muster settings set %s %s`",
-			m.key, m.mine, from, m.stored, m.stored, m.key, m.mine)
+			"make it %s there or leave it out, or change it for every replica with `muster settings set %s %s` "+
+			"(through a running replica) or `muster settings set %s %s --offline --data %s` (with none running)",
+			m.key, m.mine, m.where(configPath), m.stored, m.stored, m.key, m.mine, m.key, m.mine, shellword.Quote(dir))
 	}
 	b.WriteString(" (docs/high-availability.md, \"Settings kept in the store\")")
 	return errors.New(b.String())
@@ -176,7 +224,7 @@ type offlineShared struct {
 // uses, when it holds one, else the file's. A value the file gives other
 // than the store's is refused, as at an authority's start, with the same
 // ways out. It writes nothing.
-func (s offlineShared) fromStore(ctx context.Context, st store.SettingStore, configPath string) (time.Duration, error) {
+func (s offlineShared) fromStore(ctx context.Context, st store.SettingStore, configPath, dir string) (time.Duration, error) {
 	h, ok, err := heldSetting(ctx, st, s.key)
 	if err != nil || !ok {
 		return s.value, err
@@ -186,7 +234,7 @@ func (s offlineShared) fromStore(ctx context.Context, st store.SettingStore, con
 		return s.value, nil // as at start: this muster's own value holds
 	}
 	if s.given && stored != s.value {
-		return 0, sharedMismatchError([]sharedMismatch{{key: s.key, mine: s.value, stored: stored}}, configPath)
+		return 0, sharedMismatchError([]sharedMismatch{{key: s.key, mine: s.value, stored: stored}}, configPath, dir)
 	}
 	return stored, nil
 }

@@ -15,12 +15,16 @@ import (
 
 // settingsFake is a store.SettingStore holding rows by key. lost, when
 // set, is a row another replica writes just before this one's first
-// write, which then conflicts.
+// write, which then conflicts. replicated is what Replicated reports:
+// PostgreSQL's true, SQLite's false.
 type settingsFake struct {
-	rows   map[string]store.Setting
-	lost   *store.Setting
-	writes int
+	rows       map[string]store.Setting
+	lost       *store.Setting
+	writes     int
+	replicated bool
 }
+
+func (f *settingsFake) Replicated() bool { return f.replicated }
 
 func (f *settingsFake) ListSettings(context.Context) ([]store.Setting, error) {
 	var out []store.Setting
@@ -48,8 +52,12 @@ func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64
 // TestReconcileShared: at start, a store without a value records the
 // replica's (given or default), one holding a value gives it to a replica
 // that leaves the key out, and one holding another value than the
-// replica's settings give refuses the start, naming both values, where
-// the replica's comes from, and the ways out, and writes nothing.
+// replica's settings give refuses the start on a replicated store
+// (PostgreSQL), naming both values, where the replica's comes from, and
+// the ways out (online and offline, the data directory quoted), and
+// writes nothing; on SQLite, where one authority uses the store, the
+// given value replaces the store's in one conditional write, audited
+// with both values and where the new one comes from, and warned of.
 func TestReconcileShared(t *testing.T) {
 	held := func(kv ...string) map[string]store.Setting {
 		m := map[string]store.Setting{}
@@ -64,10 +72,14 @@ func TestReconcileShared(t *testing.T) {
 		lost   *store.Setting
 		lead   time.Duration
 		given  map[string]string
+		sqlite bool                     // the store is not replicated
 		want   authority.SharedSettings // zero fields: the defaults
 		writes int
 		err    []string
 		log    string
+		// reason is what the audit record of the adopted value says
+		// (the others say "recorded as").
+		reason []string
 	}{
 		{name: "an empty store records the defaults", held: held(), writes: 4},
 		{name: "an empty store records a given value", held: held(), lead: 2 * time.Minute, given: map[string]string{"signer.min_lead_time": ""},
@@ -80,7 +92,24 @@ func TestReconcileShared(t *testing.T) {
 		{name: "a given value other than the store's refuses", held: held("signer.min_lead_time", "2m0s"), lead: 5 * time.Minute,
 			given: map[string]string{"signer.min_lead_time": ""},
 			err: []string{"signer.min_lead_time is 5m0s in /etc/muster/authority.yaml but 2m0s in the store", "make it 2m0s there or leave it out",
-				"`muster settings set signer.min_lead_time 5m0s`", "Settings kept in the store"}},
+				"`muster settings set signer.min_lead_time 5m0s` (through a running replica)",
+				"`muster settings set signer.min_lead_time 5m0s --offline --data '/var/lib/muster data'` (with none running)", "Settings kept in the store"}},
+		{name: "SQLite: a given value other than the store's replaces it", sqlite: true,
+			held: held("signer.min_lead_time", "2m0s", "ca.intermediate_ttl", "4380h0m0s"), lead: 5 * time.Minute,
+			given: map[string]string{"signer.min_lead_time": ""},
+			want:  authority.SharedSettings{SignerMinLeadTime: 5 * time.Minute, CAIntermediateTTL: 4380 * time.Hour}, writes: 3,
+			log:    "level=WARN msg=\"shared setting changed in the store to this authority's value",
+			reason: []string{"signer.min_lead_time was 2m0s in the store, now 5m0s from /etc/muster/authority.yaml"}},
+		{name: "SQLite: a differing flag replaces it, named as the flag", sqlite: true, held: held("ca.intermediate_ttl", "4380h0m0s"),
+			given:  map[string]string{"ca.intermediate_ttl": "--ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL)"},
+			writes: 4, log: "level=WARN",
+			reason: []string{"ca.intermediate_ttl was 4380h0m0s in the store, now 8760h0m0s from --ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL)"}},
+		{name: "SQLite: a value left out still takes the store's", sqlite: true, held: held("signer.min_lead_time", "2m0s"),
+			want: authority.SharedSettings{SignerMinLeadTime: 2 * time.Minute}, writes: 3, log: "using the store's value"},
+		{name: "SQLite: a write in between (settings set --offline) fails the start", sqlite: true, held: held("signer.min_lead_time", "2m0s"),
+			lead: 5 * time.Minute, given: map[string]string{"signer.min_lead_time": ""},
+			lost:   &store.Setting{Key: "signer.min_lead_time", Value: "7m0s", Version: 4},
+			writes: 3, err: []string{"signer.min_lead_time changed in the store while this authority started", "start it again"}},
 		{name: "a differing flag is named as the flag", held: held("ca.intermediate_ttl", "4380h0m0s"),
 			given: map[string]string{"ca.intermediate_ttl": "--ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL)"},
 			err:   []string{"ca.intermediate_ttl is 8760h0m0s in --ca-intermediate-ttl (or MUSTER_CA_INTERMEDIATE_TTL) but 4380h0m0s in the store"}},
@@ -97,8 +126,8 @@ func TestReconcileShared(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := &settingsFake{rows: tt.held, lost: tt.lost}
-			o := &authorityOptions{signerMinLead: tt.lead, sharedGiven: tt.given, configPath: "/etc/muster/authority.yaml"}
+			f := &settingsFake{rows: tt.held, lost: tt.lost, replicated: !tt.sqlite}
+			o := &authorityOptions{signerMinLead: tt.lead, sharedGiven: tt.given, configPath: "/etc/muster/authority.yaml", dir: "/var/lib/muster data"}
 			var logs bytes.Buffer
 			var events []audit.Event
 			err := reconcileShared(t.Context(), f, o, func(e audit.Event) { events = append(events, e) }, slog.New(slog.NewTextHandler(&logs, nil)))
@@ -128,10 +157,23 @@ func TestReconcileShared(t *testing.T) {
 			if f.writes != tt.writes || len(events) != tt.writes {
 				t.Errorf("%d writes, %d audited; want %d each", f.writes, len(events), tt.writes)
 			}
+			adopted := 0
 			for _, e := range events {
-				if e.Action != "setting.set" || e.Actor != "authority" || e.Result != audit.ResultOK || !strings.Contains(e.Reason, "recorded as") {
+				if e.Action != "setting.set" || e.Actor != "authority" || e.Result != audit.ResultOK {
 					t.Errorf("audit event %+v", e)
 				}
+				if strings.Contains(e.Reason, "recorded as") {
+					continue
+				}
+				adopted++
+				for _, w := range tt.reason {
+					if !strings.Contains(e.Reason, w) {
+						t.Errorf("audit reason %q does not say %q", e.Reason, w)
+					}
+				}
+			}
+			if want := min(len(tt.reason), 1); adopted != want {
+				t.Errorf("%d values replaced in the store, audited; want %d", adopted, want)
 			}
 			if !strings.Contains(logs.String(), tt.log) {
 				t.Errorf("log does not say %q:\n%s", tt.log, logs.String())
@@ -159,7 +201,7 @@ func TestOfflineSharedFromStore(t *testing.T) {
 		{"not held: the file's", offlineShared{"signer.min_lead_time", 2 * time.Minute, true}, 2 * time.Minute, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := tt.s.fromStore(t.Context(), f, "/d/authority.yaml")
+			got, err := tt.s.fromStore(t.Context(), f, "/d/authority.yaml", "/d")
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("error %v; want one saying %q", err, tt.err)

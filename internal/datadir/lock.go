@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,6 +55,57 @@ func (d Dir) Lock() (release func(), err error) {
 	}
 	// Only the holder writes, so the pid read by a refused process is
 	// the holder's (or empty for an instant while it is written).
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return func() { f.Close() }, nil
+}
+
+// ErrStoreLocked reports an SQLite store another authority process runs
+// on, from another data directory.
+var ErrStoreLocked = errors.New("datadir: the SQLite store is in use by another authority")
+
+// SQLiteLockFile is where the running authority holds its lock on the
+// SQLite database file db, beside it as SQLite's own -wal and -shm files.
+func SQLiteLockFile(db string) string { return db + "-authority.lock" }
+
+// LockSQLiteStore takes the SQLite database file db for this process,
+// as Lock takes the data directory. The directory's lock alone does not
+// make this process the store's one authority: a copy of the directory
+// (the same authority, so the store's check passes it) given --store
+// sqlite://DIR/muster.db would run a second authority on the same file,
+// and on SQLite every authority leads every background job and takes
+// its own settings for the store's (docs/high-availability.md). Offline
+// commands do not take it: they work beside the authority. db is
+// resolved through symbolic links first, so that two names of one file
+// take one lock. Call the returned function to release it.
+func LockSQLiteStore(db string) (release func(), err error) {
+	abs, err := filepath.Abs(db)
+	if err != nil {
+		return nil, fmt.Errorf("datadir: %w", err)
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = real
+	}
+	path := SQLiteLockFile(abs)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("datadir: cannot open %s: %w", path, oserr.Reason(err))
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder := ""
+		if b, rerr := os.ReadFile(path); rerr == nil {
+			if pid, cerr := strconv.Atoi(strings.TrimSpace(string(b))); cerr == nil && pid > 0 {
+				holder = fmt.Sprintf(" (pid %d)", pid)
+			}
+		}
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w%s: %s; one authority at a time uses an SQLite store: stop the other first "+
+				"(several replicas need PostgreSQL: docs/high-availability.md)", ErrStoreLocked, holder, abs)
+		}
+		return nil, fmt.Errorf("datadir: cannot lock %s: %w", path, oserr.Reason(err))
+	}
 	if err := f.Truncate(0); err == nil {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}

@@ -34,4 +34,10 @@ type SettingStore interface {
 	// otherwise: of several writes from one version exactly one wins,
 	// across replicas. A write announces ChangeSettings.
 	PutSetting(ctx context.Context, s Setting, from int64) (Setting, error)
+	// Replicated reports whether several authority replicas may run on
+	// the store at once (PostgreSQL). On a store that is not (SQLite:
+	// one authority at a time, held by its data directory's lock) the
+	// authority's own settings may change a shared setting at start,
+	// as no other replica uses the store's value.
+	Replicated() bool
 }

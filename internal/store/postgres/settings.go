@@ -62,3 +62,7 @@ func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64) (s
 	}
 	return out, nil
 }
+
+// Replicated is true: any number of authority replicas may share a
+// PostgreSQL store.
+func (s *Store) Replicated() bool { return true }

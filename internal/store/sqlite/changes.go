@@ -10,10 +10,14 @@ import (
 // changeHub broadcasts the changes an open agent stream must learn of (a
 // lock, a node's deletion or supersession, a task queued for it, a signer
 // step) to the watchers of one database file. The authority holds the data
-// directory's lock, so every write comes from this process, and every
-// handle opened on the same file shares the hub: a change committed
-// through one handle is announced to a watcher on another. Writes announce
-// themselves after their commit returns, never before.
+// directory's lock and the file's, so every write but an offline
+// command's comes from this process, and every handle opened on the same
+// file shares the hub: a change committed through one handle is announced
+// to a watcher on another. Writes announce themselves after their commit
+// returns, never before. An offline command's write (ca rotate --offline,
+// settings set --offline) is announced in its own process only: the
+// authority reads what such commands change on its own clock too
+// (authority's caRefresh, SettingsRefresh).
 type changeHub struct {
 	mu    sync.Mutex
 	refs  int

@@ -63,3 +63,8 @@ func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64) (
 	s.hub.announce(store.ChangeSettings)
 	return out, nil
 }
+
+// Replicated is false: one authority process at a time uses an SQLite
+// file (its data directory's lock; CheckStore refuses another
+// authority's directory), beside offline commands only.
+func (s *SQLite) Replicated() bool { return false }
