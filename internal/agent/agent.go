@@ -71,11 +71,27 @@ func (e *OpError) Error() string { return e.Op + " failed: " + e.Err.Error() }
 func (e *OpError) Unwrap() error { return e.Err }
 
 // ExpiredError refuses to renew a certificate past its NotAfter: the
-// authority would refuse it, and only a new join can help.
-type ExpiredError struct{ NotAfter time.Time }
+// authority would refuse it, and only a new join can help. Node and Dir,
+// when known, make the message name the join that does (a join token
+// bound to the node: a PSK join would find the node taken).
+type ExpiredError struct {
+	NotAfter time.Time
+	Node     string
+	Dir      Dir
+}
 
 func (e *ExpiredError) Error() string {
-	return fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
+	msg := fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
+	if e.Node == "" || e.Dir == "" {
+		return msg
+	}
+	return msg + ": " + rejoinCommand(e.Dir, e.Node)
+}
+
+// rejoinCommand is the join that makes this machine the node again over
+// its identity: a token bound to the node takes it even while it exists.
+func rejoinCommand(dir Dir, node string) string {
+	return fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", string(dir), node, node)
 }
 
 // refusal is a verdict the agent reaches without asking, classed with the

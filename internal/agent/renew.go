@@ -163,7 +163,7 @@ func (a *Agent) renewStart(ctx context.Context) (*State, *identity.Identity, cry
 		return nil, nil, nil, err
 	}
 	if now := a.now(); !now.Before(id.Leaf().NotAfter) {
-		return nil, nil, nil, &ExpiredError{NotAfter: id.Leaf().NotAfter}
+		return nil, nil, nil, &ExpiredError{NotAfter: id.Leaf().NotAfter, Node: st.NodeID, Dir: a.dir}
 	}
 	key, err := a.dir.pendingKey(true)
 	if err != nil {
@@ -242,7 +242,7 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 // The refusal itself says only the reason word: the lock's ID and why are
 // in the authority's audit record of the renewal.
 func standingHint(err error, st *State, dir Dir) error {
-	rejoin := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", string(dir), st.NodeID, st.NodeID)
+	rejoin := rejoinCommand(dir, st.NodeID)
 	var hint string
 	switch errinfo.Reason(err) {
 	case "locked":

@@ -155,8 +155,9 @@ func TestRenewExpired(t *testing.T) {
 	later := New(Options{Dir: dir, Now: func() time.Time { return st.NotAfter.Add(time.Second) }})
 	_, err := later.Renew(t.Context())
 	var exp *ExpiredError
-	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "join again with a new token") {
-		t.Fatalf("got %v, want ExpiredError", err)
+	want := "join again with a new token: muster agent join --force --data " + string(dir) + " --node n1 with a joining URI from muster token create --node n1"
+	if !errors.As(err, &exp) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("got %v, want ExpiredError naming %q", err, want)
 	}
 	if _, _, n := f.calls(); n != 0 {
 		t.Error("an expired certificate was sent to the authority")

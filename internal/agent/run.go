@@ -118,7 +118,7 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 		bound := st.JoinMethod == JoinMethodBoundKeypair
 		if !a.now().Before(leaf.NotAfter) {
 			if !bound {
-				return &OpError{Op: "renewal", Err: &ExpiredError{NotAfter: leaf.NotAfter}}
+				return &OpError{Op: "renewal", Err: &ExpiredError{NotAfter: leaf.NotAfter, Node: st.NodeID, Dir: a.dir}}
 			}
 			// A bound-keypair agent recovers by proving its key again; a
 			// spent budget is retried, for an operator may raise it.
