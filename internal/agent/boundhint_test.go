@@ -44,14 +44,57 @@ func TestBoundRefusalHint(t *testing.T) {
 // offline) names where the active one is, keeping code and reason word.
 func TestPSKRefusalHint(t *testing.T) {
 	for reason, msg := range map[string]string{"psk_mismatch": "bootstrap PSK does not match", "psk_missing": "bootstrap PSK is missing"} {
-		err := pskRefusalHint(errinfo.Error(codes.PermissionDenied, msg, reason))
+		err := pskRefusalHint(errinfo.Error(codes.PermissionDenied, msg, reason), "web-01")
 		s, _ := status.FromError(err)
 		if s.Code() != codes.PermissionDenied || errinfo.Reason(err) != reason || !strings.HasPrefix(s.Message(), msg+"; ") || !strings.Contains(s.Message(), "muster psk show") {
 			t.Errorf("%s: got %v", reason, err)
 		}
 	}
-	other := errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken")
-	if got := pskRefusalHint(other); got != other {
-		t.Errorf("node_taken changed: %v", got)
+	taken := pskRefusalHint(errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken"), "web-01")
+	if s, _ := status.FromError(taken); s.Code() != codes.AlreadyExists || errinfo.Reason(taken) != "node_taken" ||
+		!strings.Contains(s.Message(), "muster token create --node web-01") || !strings.Contains(s.Message(), "muster agents delete web-01") {
+		t.Errorf("node_taken: got %v, want the way out named", taken)
+	}
+	other := errinfo.Error(codes.PermissionDenied, "referral ticket was already used", "ticket_used")
+	if got := pskRefusalHint(other, "web-01"); got != other {
+		t.Errorf("ticket_used changed: %v", got)
+	}
+}
+
+// A join token's refusal at agent join names what the operator runs:
+// each reason of DESIGN.md's join table that an operator acts on, with
+// the token's ID (public) and the node, never the secret; the code and
+// the reason word stay.
+func TestTokenRefusalHint(t *testing.T) {
+	for _, c := range []struct {
+		code   codes.Code
+		msg    string
+		reason string
+		want   []string
+	}{
+		{codes.FailedPrecondition, "join token expired", "token_expired", []string{"muster token create --node web-01", "muster token get abcdef"}},
+		{codes.FailedPrecondition, "join token has no uses left", "token_used_up", []string{"muster token create --node web-01"}},
+		{codes.FailedPrecondition, "join token has no uses left or expired", "token_spent", []string{"muster token create --node web-01"}},
+		{codes.PermissionDenied, "join token is bound to another node", "token_bound_elsewhere", []string{"muster token get abcdef", "muster token create --node web-01"}},
+		{codes.AlreadyExists, "node ID already exists", "node_taken", []string{"muster token create --node web-01", "muster agents delete web-01"}},
+	} {
+		err := tokenRefusalHint(errinfo.Error(c.code, c.msg, c.reason), "abcdef", "web-01")
+		s, _ := status.FromError(err)
+		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.msg+"; ") {
+			t.Errorf("%s: got %v (reason %q), want the code, reason and message kept", c.reason, err, errinfo.Reason(err))
+		}
+		for _, w := range c.want {
+			if !strings.Contains(s.Message(), w) {
+				t.Errorf("%s: got %q, want it to name %q", c.reason, s.Message(), w)
+			}
+		}
+	}
+	for _, other := range []error{
+		errinfo.Error(codes.NotFound, "unknown join token or wrong secret", "not_found"),
+		errinfo.Error(codes.PermissionDenied, "locked", "locked"),
+	} {
+		if got := tokenRefusalHint(other, "abcdef", "web-01"); got != other {
+			t.Errorf("%v changed: %v", other, got)
+		}
 	}
 }

@@ -166,7 +166,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, req)
 	if err != nil {
-		return nil, pskRefusalHint(err)
+		return nil, pskRefusalHint(err, r.Node)
 	}
 	roots := peer.roots
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
@@ -261,13 +261,15 @@ func listedRoots(look *musterv1.LookupAuthorityResponse) []string {
 // (muster psk rotate keeps the previous PSK for its grace only, and a
 // second rotation revokes a PSK still in grace). The code, the message's
 // start and the details (the reason word) stay.
-func pskRefusalHint(err error) error {
+func pskRefusalHint(err error, node string) error {
 	var hint string
 	switch errinfo.Reason(err) {
 	case "psk_mismatch":
 		hint = "if the PSK was rotated (muster psk rotate), give this machine the active one: muster psk show on the authority prints it"
 	case "psk_missing":
 		hint = "give the PSK (--psk-file, MUSTER_BOOTSTRAP_PSK): muster psk show on the authority prints it"
+	case "node_taken":
+		hint = nodeTakenHint(node)
 	default:
 		return err
 	}
