@@ -506,6 +506,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		if held != nil {
 			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
 			held.targets = targets
+			if m.out.rotated {
+				// The binding changes in this refresh's write: its
+				// audit record says so, as a recovery's does.
+				held.note = fmt.Sprintf(", bound key %s rotated to %s", fp, m.out.key.Fingerprint())
+			}
 		}
 		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
@@ -603,6 +608,9 @@ type held struct {
 	// renewal's (the bound keys, the token): its write is refused by a
 	// lock created on one since.
 	targets []store.LockTarget
+	// note is added to the refresh's audit reason: what it changed
+	// besides the certificate (a rotation of the bound key).
+	note string
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the

@@ -134,6 +134,9 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		ev.Result = audit.ResultOK
 		// Concatenated, not formatted: every renewal builds this reason.
 		ev.Reason = "instance " + inst.ID + ", generation " + strconv.FormatInt(rec.Generation+1, 10) + ", serial " + cert.Serial
+		if h != nil {
+			ev.Reason += h.note
+		}
 		build, err := s.cfg.Audit.Builder(*ev)
 		if err != nil {
 			return nil, err

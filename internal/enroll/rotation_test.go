@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -152,6 +153,14 @@ func TestBoundKeypairRotation(t *testing.T) {
 			}
 			if js := b.joinState(t, res.JoinState); js.BoundKey != newPub.Fingerprint() {
 				t.Fatalf("join state bound key %s, want the new key's %s", js.BoundKey, newPub.Fingerprint())
+			}
+			// The token's binding changed: the audit record of the join or
+			// refresh that changed it names the new key, a refresh's too.
+			b.audit.mu.Lock()
+			last := b.audit.events[len(b.audit.events)-1]
+			b.audit.mu.Unlock()
+			if want := "rotated to " + newPub.Fingerprint(); last.Result != "ok" || !strings.Contains(last.Reason, want) {
+				t.Errorf("audit record %s %s %q, want it to say %q", last.Action, last.Result, last.Reason, want)
 			}
 			if tc.refresh && (res.InstanceID != first.InstanceID || after.RecoverySequence != before.RecoverySequence) {
 				t.Fatalf("a refresh that rotated made instance %s, sequence %d", res.InstanceID, after.RecoverySequence)
