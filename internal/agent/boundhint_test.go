@@ -21,11 +21,15 @@ func TestBoundRefusalHint(t *testing.T) {
 	}{
 		{codes.FailedPrecondition, "recovery_exhausted", "raise spec.bound_keypair.recovery.limit"},
 		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
+		// The holder left behind by a stale join state is told that
+		// deleting the lock only lets the other back, and how to keep it.
+		{codes.PermissionDenied, "join_state_mismatch", "muster lock delete ID only lets the other back in"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1, and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
 		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
 	} {
-		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st)
+		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st, "/var/lib/muster-agent")
 		s, _ := status.FromError(err)
 		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
 			t.Errorf("%s: got %v (reason %q), want the reason kept and %q", c.reason, err, errinfo.Reason(err), c.want)
@@ -35,7 +39,7 @@ func TestBoundRefusalHint(t *testing.T) {
 		}
 	}
 	other := errinfo.Error(codes.Unauthenticated, "challenge_failed", "challenge_failed")
-	if got := boundRefusalHint(other, st); got != other {
+	if got := boundRefusalHint(other, st, "/var/lib/muster-agent"); got != other {
 		t.Errorf("challenge_failed changed: %v", got)
 	}
 }

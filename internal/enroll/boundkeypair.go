@@ -688,7 +688,7 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
 	err := s.cfg.Store.InsertLock(ctx, l)
 	if errors.Is(err, store.ErrConflict) {
-		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
 	}
 	if err != nil {
 		return err
@@ -697,7 +697,18 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		Result: audit.ResultOK, Reason: reason}); err != nil {
 		return err
 	}
-	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
+}
+
+// staleWayOut is what the operator does about a stale join state. The
+// holder that presented it is behind for good (another holder recovered
+// since, and only the newest document is accepted), so deleting the lock
+// lets the other holder back and locks again at this one's next attempt;
+// keeping this one means a new token (the stale lock outlives the token:
+// it is deleted with it explicitly).
+func staleWayOut(token, lockID string) string {
+	return fmt.Sprintf("the holder that presented it is behind another holder of the bound key, which recovered since: to keep the other, stop this one, then muster lock delete %s; to keep this one, stop the other, then muster lock delete %s, muster token delete %s, muster bot add %s, and on this machine muster agent join --force with the new registration secret",
+		lockID, lockID, token, token)
 }
 
 // staleLockID is the ID of the lock a stale join state puts on token: one
