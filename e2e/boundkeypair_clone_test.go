@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBoundKeypairCloneKeepTheOneBehind: a bound-keypair agent's data
@@ -75,4 +76,75 @@ func TestBoundKeypairCloneKeepTheOneBehind(t *testing.T) {
 	if out := mustRun(t, "lock", "list", "--data", e.dir); strings.Contains(out, "runner") {
 		t.Errorf("locks left after the way out:\n%s", out)
 	}
+}
+
+// TestBoundKeypairDirRestoredFromBeforeARotation: the agent's data
+// directory restored from a backup taken before its bound key was rotated
+// holds a key the token is no longer bound to. Its refusal
+// (challenge_failed) names where to compare the keys (muster agent status
+// shows this machine's, muster token get the token's) and the way back,
+// which works pasted.
+func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := filepath.Join(t.TempDir(), "agent")
+	_, keyFile := keypairFile(t, adir)
+	mustRun(t, "bot", "add", "rotor", "--public-key", keyFile, "--recovery-limit", "3", "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "rotor", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	backup := filepath.Join(t.TempDir(), "backup")
+	if out, err := exec.Command("cp", "-a", adir, backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	oldKey := botOf(t, mustRun(t, "token", "get", "rotor", "--data", e.dir, "-o", "json")).BoundKeypair.BoundKeyFingerprint
+
+	// The operator's way to rotate: edit what token get printed.
+	spec := mustRun(t, "token", "get", "rotor", "--data", e.dir, "-o", "yaml")
+	due := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	if !strings.Contains(spec, `rotate_after: ""`) {
+		t.Fatalf("token get -o yaml has no empty rotate_after:\n%s", spec)
+	}
+	file := filepath.Join(t.TempDir(), "token.yaml")
+	if err := os.WriteFile(file, []byte(strings.Replace(spec, `rotate_after: ""`, `rotate_after: "`+due+`"`, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "token", "apply", "-f", file, "--data", e.dir)
+	mustRun(t, "agent", "renew", "--data", adir)
+	newKey := botOf(t, mustRun(t, "token", "get", "rotor", "--data", e.dir, "-o", "json")).BoundKeypair.BoundKeyFingerprint
+	if newKey == oldKey {
+		t.Fatalf("the renewal did not rotate the key (%s)", newKey)
+	}
+
+	// The machine is rebuilt from the backup.
+	if err := os.RemoveAll(adir); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", backup, adir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	msg := mustFail(t, "agent", "renew", "--data", adir)
+	for _, want := range []string{"challenge_failed", "compare muster agent status --data " + adir, "with muster token get rotor",
+		"muster token delete rotor, muster bot add rotor, and here muster agent join --force --data " + adir + " --bound-keypair rotor --registration-secret-file F"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the refusal %q does not say %q", msg, want)
+		}
+	}
+	if status := mustRun(t, "agent", "status", "--data", adir); !strings.Contains(status, "key "+oldKey+",") {
+		t.Errorf("agent status does not show the machine's key %s:\n%s", oldKey, status)
+	}
+	var js struct {
+		BoundKeyFingerprint string `json:"bound_key_fingerprint"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "agent", "status", "--data", adir, "-o", "json")), &js); err != nil || js.BoundKeyFingerprint != oldKey {
+		t.Errorf("agent status -o json bound_key_fingerprint %q, want %s (%v)", js.BoundKeyFingerprint, oldKey, err)
+	}
+
+	// The way back, as named.
+	mustRun(t, "token", "delete", "rotor", "--data", e.dir)
+	again := botOf(t, mustRun(t, "bot", "add", "rotor", "--data", e.dir, "-o", "json"))
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(again.BoundKeypair.RegistrationSecret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "agent", "join", "--force", "--data", adir, "--bound-keypair", "rotor", "--registration-secret-file", secret)
+	mustRun(t, "agent", "renew", "--data", adir)
 }

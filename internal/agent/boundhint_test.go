@@ -28,6 +28,10 @@ func TestBoundRefusalHint(t *testing.T) {
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
 		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
+		// Another key than the token's (a directory restored from before a
+		// rotation): where to compare the two, and how to come back.
+		{codes.Unauthenticated, "challenge_failed", "compare muster agent status --data /var/lib/muster-agent (key SHA256:…) with muster token get br1"},
+		{codes.Unauthenticated, "challenge_failed", "muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 	} {
 		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st, "/var/lib/muster-agent")
 		s, _ := status.FromError(err)
@@ -38,9 +42,9 @@ func TestBoundRefusalHint(t *testing.T) {
 			t.Error("recovery_exhausted with its hint is no longer retried")
 		}
 	}
-	other := errinfo.Error(codes.Unauthenticated, "challenge_failed", "challenge_failed")
+	other := errinfo.Error(codes.DeadlineExceeded, "the challenge was not answered in time", "deadline_exceeded")
 	if got := boundRefusalHint(other, st, "/var/lib/muster-agent"); got != other {
-		t.Errorf("challenge_failed changed: %v", got)
+		t.Errorf("deadline_exceeded changed: %v", got)
 	}
 }
 

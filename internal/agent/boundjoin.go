@@ -249,6 +249,10 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
 	if err != nil {
+		if r.RegistrationSecret != "" && errinfo.Reason(err) == reasonChallengeFailed {
+			// Registering, the secret is what was refused.
+			return nil, withHint(err, fmt.Sprintf("the registration secret is not token %s's: muster token get %s on the authority shows it until it is used", r.BoundKeypair, r.BoundKeypair))
+		}
 		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair}, a.dir)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
@@ -437,6 +441,9 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 	case boundkeypair.ErrJoinStateStale.Error():
 		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: muster bound-keypair resync open)",
 			st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
+	case reasonChallengeFailed:
+		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: muster bound-keypair resync open (muster audit list --action agent.join says when a window would rebind it)",
+			st.BoundKeypair, string(dir), st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
 	case "registration_closed":
 		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
 	case "locked", "copy_detected":
