@@ -85,12 +85,12 @@ func (e *ExpiredError) Error() string {
 	if e.Node == "" || e.Dir == "" {
 		return msg
 	}
-	return msg + ": " + rejoinCommand(e.Dir, e.Node)
+	return msg + ": " + RejoinCommand(e.Dir, e.Node)
 }
 
-// rejoinCommand is the join that makes this machine the node again over
+// RejoinCommand is the join that makes this machine the node again over
 // its identity: a token bound to the node takes it even while it exists.
-func rejoinCommand(dir Dir, node string) string {
+func RejoinCommand(dir Dir, node string) string {
 	return fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s", string(dir), node, node)
 }
 

@@ -242,7 +242,7 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 // The refusal itself says only the reason word: the lock's ID and why are
 // in the authority's audit record of the renewal.
 func standingHint(err error, st *State, dir Dir) error {
-	rejoin := rejoinCommand(dir, st.NodeID)
+	rejoin := RejoinCommand(dir, st.NodeID)
 	var hint string
 	switch errinfo.Reason(err) {
 	case "locked":

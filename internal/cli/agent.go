@@ -384,7 +384,7 @@ func newAgentStatusCmd(env *Env) *cobra.Command {
 			if out.json() {
 				return out.write(env.Stdout, s)
 			}
-			valid := s.NotAfter.Format(time.RFC3339) + validNote(s, time.Now())
+			valid := s.NotAfter.Format(time.RFC3339) + validNote(s, dir, time.Now())
 			last := "never"
 			if s.LastRenewal != nil {
 				last = s.LastRenewal.UTC().Format(time.RFC3339)
@@ -423,7 +423,7 @@ Joined:        %s with join method %s
 
 // validNote is what agent status says after the certificate's end: how
 // long is left, or, expired, the way back for this join method.
-func validNote(s *agent.Status, now time.Time) string {
+func validNote(s *agent.Status, dir agent.Dir, now time.Time) string {
 	switch {
 	case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair && s.RecoveriesRemaining != nil && *s.RecoveriesRemaining == 0:
 		// As of the last answer: an operator may have raised it since.
@@ -431,7 +431,7 @@ func validNote(s *agent.Status, now time.Time) string {
 	case s.Expired && s.JoinMethod == agent.JoinMethodBoundKeypair:
 		return " (EXPIRED: muster agent run recovers with the bound key)"
 	case s.Expired:
-		return " (EXPIRED: join again with a new token)"
+		return " (EXPIRED: join again with a new token: " + agent.RejoinCommand(dir, s.NodeID) + ")"
 	}
 	return fmt.Sprintf(" (in %s)", s.NotAfter.Sub(now).Round(time.Second))
 }

@@ -25,14 +25,15 @@ func TestValidNote(t *testing.T) {
 		{bound(true, &zero), "raise the token's spec.bound_keypair.recovery.limit"},
 		{bound(true, &one), "(EXPIRED: muster agent run recovers with the bound key)"},
 		{bound(true, nil), "(EXPIRED: muster agent run recovers with the bound key)"},
-		{&agent.Status{State: agent.State{JoinMethod: "token"}, Expired: true}, "join again with a new token"},
+		{&agent.Status{State: agent.State{JoinMethod: "token", NodeID: "web-01"}, Expired: true},
+			"join again with a new token: muster agent join --force --data /var/lib/muster-agent --node web-01 with a joining URI from muster token create --node web-01"},
 		{bound(false, &zero), "(in 1m0s)"},
 	} {
-		if got := validNote(c.s, now); !strings.Contains(got, c.want) {
+		if got := validNote(c.s, "/var/lib/muster-agent", now); !strings.Contains(got, c.want) {
 			t.Errorf("%+v: %q, want %q", c.s.RecoveriesRemaining, got, c.want)
 		}
 	}
-	if got := validNote(bound(true, &zero), now); strings.Contains(got, "EXPIRED: muster agent run recovers") {
+	if got := validNote(bound(true, &zero), "/var/lib/muster-agent", now); strings.Contains(got, "EXPIRED: muster agent run recovers") {
 		t.Errorf("no recovery left, yet: %q", got)
 	}
 }
