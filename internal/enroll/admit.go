@@ -84,14 +84,14 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 	})
 	switch {
 	case errors.Is(err, store.ErrTokenSpent):
-		return nil, refuse(KindFailedPrecondition, ReasonTokenSpent).with("token %s, at the write", a.TokenID)
+		return nil, refuse(KindFailedPrecondition, ReasonTokenSpent).with("token %s, at the write; %s", a.TokenID, newTokenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrTicketReplayed):
 		s.observeTicket(TicketResultReplayed)
 		return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s, at the write", a.Proof)
 	case errors.Is(err, store.ErrNodeTaken) && a.TokenID == "":
-		return nil, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s, at the write", a.Proof)
+		return nil, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s, at the write; %s", a.Proof, nodeTakenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrNodeTaken):
-		return nil, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s, at the write", a.TokenID)
+		return nil, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s, at the write; %s", a.TokenID, nodeTakenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrKeyBindingChanged), errors.Is(err, store.ErrRegistrationClosed):
 		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v", a.Proof, err)
 	case errors.Is(err, store.ErrRecoveryExhausted):

@@ -178,7 +178,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 				return a, nil
 			}
 		}
-		return a, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s", proof)
+		return a, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s; %s", proof, nodeTakenWayOut(nodeID))
 	}
 	// The ticket's single use is written with the join, which refuses a
 	// jti already recorded (store.ErrTicketReplayed): one round trip, and
