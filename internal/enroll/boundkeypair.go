@@ -333,17 +333,17 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// secret) is told so, not sent to fail a challenge meant for
 			// the bound key. The same key with the secret is the
 			// registered agent repeating its join.
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s)",
-				t.ID, bound.Fingerprint(), offered.Fingerprint())
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s); %s",
+				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID))
 		}
 		key = bound
 	} else {
 		switch {
 		case bk.SecretCiphertext == nil:
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used", t.ID)
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID))
 		case !bk.Spec.MustRegisterBefore.IsZero() && !now.Before(bk.Spec.MustRegisterBefore):
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s",
-				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339))
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s; %s",
+				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID))
 		case offered.IsZero() || p.RegistrationSecret == "":
 			r := refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
 			if noRebind == restoreHint {
@@ -382,7 +382,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// have let it rebind (outside one).
 			err = fmt.Errorf("%w (%s)", err, noRebind)
 		}
-		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
+		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID))
 	}
 
 	// 6. Whether this is a refresh (a valid certificate of the current
@@ -470,7 +470,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
 	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
-		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v", t.ID, err)
+		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v; %s", t.ID, err, raiseLimitWayOut(t.ID))
 	case err != nil:
 		return a, err
 	}
@@ -698,6 +698,20 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		return err
 	}
 	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
+}
+
+// The ways out of bound-keypair refusals, for their audit records (the
+// agent names the same on the line it ends with).
+func newSecretWayOut(token string) string {
+	return fmt.Sprintf("a new registration secret: muster token delete %s, muster bot add %s", token, token)
+}
+
+func raiseLimitWayOut(token string) string {
+	return fmt.Sprintf("if the recovery is expected, raise the limit: muster token get %s -o yaml > token.yaml, edit spec.bound_keypair.recovery.limit, muster token apply -f token.yaml", token)
+}
+
+func otherKeyWayOut(token string) string {
+	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, muster bot add %s", token, token, token)
 }
 
 // staleWayOut is what the operator does about a stale join state. The

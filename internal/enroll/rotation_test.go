@@ -174,6 +174,9 @@ func TestBoundKeypairRotation(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: res.JoinState}, answerWith(b.priv))
 			wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
+			// A machine restored from before the rotation: its refusal's
+			// record says how to compare the keys and come back.
+			b.wantAuditedWayOut(t, "muster token get bot-1 shows its fingerprint, muster agent status on the machine the agent's")
 			_, der = csr(t)
 			again := false
 			if _, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
