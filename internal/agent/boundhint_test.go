@@ -28,14 +28,20 @@ func TestBoundRefusalHint(t *testing.T) {
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
 		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
+		// The token deleted: a new one, and the join over this identity.
+		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		// Another key than the token's (a directory restored from before a
 		// rotation): where to compare the two, and how to come back.
 		{codes.Unauthenticated, "challenge_failed", "compare muster agent status --data /var/lib/muster-agent (key SHA256:…) with muster token get br1"},
 		{codes.Unauthenticated, "challenge_failed", "muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 	} {
-		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st, "/var/lib/muster-agent")
+		word := c.reason
+		if c.code == codes.NotFound {
+			word = "not_found"
+		}
+		err := boundRefusalHint(errinfo.Error(c.code, c.reason, word), st, "/var/lib/muster-agent")
 		s, _ := status.FromError(err)
-		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
+		if s.Code() != c.code || errinfo.Reason(err) != word || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
 			t.Errorf("%s: got %v (reason %q), want the reason kept and %q", c.reason, err, errinfo.Reason(err), c.want)
 		}
 		if c.reason == "recovery_exhausted" && !retryableBound(err) {

@@ -435,7 +435,14 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 		reason = s.Message()
 	}
 	var hint string
+	if s.Code() == codes.NotFound && strings.HasPrefix(s.Message(), "unknown bound-keypair token") {
+		// Its reason word is the code's (not_found): the message says which.
+		reason = "unknown_token"
+	}
 	switch reason {
+	case "unknown_token":
+		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
+			st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
 	case boundkeypair.ErrRecoveryExhausted.Error():
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():

@@ -292,7 +292,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	case !rd.TokenFound:
-		return a, notFound.with("no token %s", p.Token)
+		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token))
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:
@@ -704,6 +704,10 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 // agent names the same on the line it ends with).
 func newSecretWayOut(token string) string {
 	return fmt.Sprintf("a new registration secret: muster token delete %s, muster bot add %s", token, token)
+}
+
+func deletedTokenWayOut(token string) string {
+	return fmt.Sprintf("if it was deleted (which ends refreshes): muster bot add %s, then muster agent join --force on the machine with the new registration secret", token)
 }
 
 func raiseLimitWayOut(token string) string {

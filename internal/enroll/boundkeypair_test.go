@@ -441,6 +441,7 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, ch)
 			wantRefusal(t, err, KindNotFound, ReasonUnknownBoundToken)
+			b.wantAuditedWayOut(t, "muster bot add bot-1, then muster agent join --force on the machine")
 			if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
 				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
 			}
