@@ -64,8 +64,12 @@ func TestBoundKeypairCloneKeepTheOneBehind(t *testing.T) {
 	if err := os.RemoveAll(clone); err != nil {
 		t.Fatal(err)
 	}
+	// Deleted first, the token leaves its lock, and says so.
+	if out := mustRun(t, "token", "delete", "runner", "--data", e.dir); !strings.Contains(out, "Lock "+lockID+" on token runner remains") ||
+		!strings.Contains(out, "muster lock delete "+lockID) {
+		t.Errorf("token delete does not name the lock left on the name:\n%s", out)
+	}
 	mustRun(t, "lock", "delete", lockID, "--data", e.dir)
-	mustRun(t, "token", "delete", "runner", "--data", e.dir)
 	again := botOf(t, mustRun(t, "bot", "add", "runner", "--data", e.dir, "-o", "json"))
 	secret := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte(again.BoundKeypair.RegistrationSecret+"\n"), 0o600); err != nil {
