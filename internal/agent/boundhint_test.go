@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -110,5 +112,17 @@ func TestTokenRefusalHint(t *testing.T) {
 		if got := tokenRefusalHint(other, "abcdef", "web-01"); got != other {
 			t.Errorf("%v changed: %v", other, got)
 		}
+	}
+}
+
+// A discovery that cannot be reached, or that refuses, fails the join as
+// discovery's (DiscoveryError, which the CLI prints naming discovery), not
+// as an unreachable authority.
+func TestLocateFailureNamesDiscovery(t *testing.T) {
+	a := New(Options{Dir: Dir(t.TempDir()), Timeout: 5 * time.Second})
+	_, _, err := a.locate(t.Context(), JoinRequest{Discovery: "127.0.0.1:1", AuthorityID: "prod-a3f2e1", Node: "web-01"})
+	var de *DiscoveryError
+	if !errors.As(err, &de) || de.Addr != "127.0.0.1:1" || status.Code(err) != codes.Unavailable {
+		t.Fatalf("got %v, want a DiscoveryError for 127.0.0.1:1 carrying UNAVAILABLE", err)
 	}
 }
