@@ -189,7 +189,9 @@ type DiscoveryError struct {
 	Err  error
 }
 
-func (e *DiscoveryError) Error() string { return "discovery " + e.Addr + ": " + e.Step + ": " + e.Err.Error() }
+func (e *DiscoveryError) Error() string {
+	return "discovery " + e.Addr + ": " + e.Step + ": " + e.Err.Error()
+}
 func (e *DiscoveryError) Unwrap() error { return e.Err }
 
 // refer goes through discovery: it locates the authority, and only then
