@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,22 +23,36 @@ func TestBoundRefusalHint(t *testing.T) {
 	}{
 		{codes.FailedPrecondition, "recovery_exhausted", "raise spec.bound_keypair.recovery.limit"},
 		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
+		// The holder left behind by a stale join state is told that
+		// deleting the lock only lets the other back, and how to keep it.
+		{codes.PermissionDenied, "join_state_mismatch", "muster lock delete ID only lets the other back in"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1, and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
 		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
+		// The token deleted: a new one, and the join over this identity.
+		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		// Another key than the token's (a directory restored from before a
+		// rotation): where to compare the two, and how to come back.
+		{codes.Unauthenticated, "challenge_failed", "compare muster agent status --data /var/lib/muster-agent (key SHA256:…) with muster token get br1"},
+		{codes.Unauthenticated, "challenge_failed", "muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 	} {
-		err := boundRefusalHint(errinfo.Error(c.code, c.reason, c.reason), st)
+		word := c.reason
+		if c.code == codes.NotFound {
+			word = "not_found"
+		}
+		err := boundRefusalHint(errinfo.Error(c.code, c.reason, word), st, "/var/lib/muster-agent")
 		s, _ := status.FromError(err)
-		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
+		if s.Code() != c.code || errinfo.Reason(err) != word || !strings.HasPrefix(s.Message(), c.reason+"; ") || !strings.Contains(s.Message(), c.want) {
 			t.Errorf("%s: got %v (reason %q), want the reason kept and %q", c.reason, err, errinfo.Reason(err), c.want)
 		}
 		if c.reason == "recovery_exhausted" && !retryableBound(err) {
 			t.Error("recovery_exhausted with its hint is no longer retried")
 		}
 	}
-	other := errinfo.Error(codes.Unauthenticated, "challenge_failed", "challenge_failed")
-	if got := boundRefusalHint(other, st); got != other {
-		t.Errorf("challenge_failed changed: %v", got)
+	other := errinfo.Error(codes.DeadlineExceeded, "the challenge was not answered in time", "deadline_exceeded")
+	if got := boundRefusalHint(other, st, "/var/lib/muster-agent"); got != other {
+		t.Errorf("deadline_exceeded changed: %v", got)
 	}
 }
 
@@ -44,14 +60,69 @@ func TestBoundRefusalHint(t *testing.T) {
 // offline) names where the active one is, keeping code and reason word.
 func TestPSKRefusalHint(t *testing.T) {
 	for reason, msg := range map[string]string{"psk_mismatch": "bootstrap PSK does not match", "psk_missing": "bootstrap PSK is missing"} {
-		err := pskRefusalHint(errinfo.Error(codes.PermissionDenied, msg, reason))
+		err := pskRefusalHint(errinfo.Error(codes.PermissionDenied, msg, reason), "web-01")
 		s, _ := status.FromError(err)
 		if s.Code() != codes.PermissionDenied || errinfo.Reason(err) != reason || !strings.HasPrefix(s.Message(), msg+"; ") || !strings.Contains(s.Message(), "muster psk show") {
 			t.Errorf("%s: got %v", reason, err)
 		}
 	}
-	other := errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken")
-	if got := pskRefusalHint(other); got != other {
-		t.Errorf("node_taken changed: %v", got)
+	taken := pskRefusalHint(errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken"), "web-01")
+	if s, _ := status.FromError(taken); s.Code() != codes.AlreadyExists || errinfo.Reason(taken) != "node_taken" ||
+		!strings.Contains(s.Message(), "muster token create --node web-01") || !strings.Contains(s.Message(), "muster agents delete web-01") {
+		t.Errorf("node_taken: got %v, want the way out named", taken)
+	}
+	other := errinfo.Error(codes.PermissionDenied, "referral ticket was already used", "ticket_used")
+	if got := pskRefusalHint(other, "web-01"); got != other {
+		t.Errorf("ticket_used changed: %v", got)
+	}
+}
+
+// A join token's refusal at agent join names what the operator runs:
+// each reason of DESIGN.md's join table that an operator acts on, with
+// the token's ID (public) and the node, never the secret; the code and
+// the reason word stay.
+func TestTokenRefusalHint(t *testing.T) {
+	for _, c := range []struct {
+		code   codes.Code
+		msg    string
+		reason string
+		want   []string
+	}{
+		{codes.FailedPrecondition, "join token expired", "token_expired", []string{"muster token create --node web-01", "muster token get abcdef"}},
+		{codes.FailedPrecondition, "join token has no uses left", "token_used_up", []string{"muster token create --node web-01"}},
+		{codes.FailedPrecondition, "join token has no uses left or expired", "token_spent", []string{"muster token create --node web-01"}},
+		{codes.PermissionDenied, "join token is bound to another node", "token_bound_elsewhere", []string{"muster token get abcdef", "muster token create --node web-01"}},
+		{codes.AlreadyExists, "node ID already exists", "node_taken", []string{"muster token create --node web-01", "muster agents delete web-01"}},
+	} {
+		err := tokenRefusalHint(errinfo.Error(c.code, c.msg, c.reason), "abcdef", "web-01")
+		s, _ := status.FromError(err)
+		if s.Code() != c.code || errinfo.Reason(err) != c.reason || !strings.HasPrefix(s.Message(), c.msg+"; ") {
+			t.Errorf("%s: got %v (reason %q), want the code, reason and message kept", c.reason, err, errinfo.Reason(err))
+		}
+		for _, w := range c.want {
+			if !strings.Contains(s.Message(), w) {
+				t.Errorf("%s: got %q, want it to name %q", c.reason, s.Message(), w)
+			}
+		}
+	}
+	for _, other := range []error{
+		errinfo.Error(codes.NotFound, "unknown join token or wrong secret", "not_found"),
+		errinfo.Error(codes.PermissionDenied, "locked", "locked"),
+	} {
+		if got := tokenRefusalHint(other, "abcdef", "web-01"); got != other {
+			t.Errorf("%v changed: %v", other, got)
+		}
+	}
+}
+
+// A discovery that cannot be reached, or that refuses, fails the join as
+// discovery's (DiscoveryError, which the CLI prints naming discovery), not
+// as an unreachable authority.
+func TestLocateFailureNamesDiscovery(t *testing.T) {
+	a := New(Options{Dir: Dir(t.TempDir()), Timeout: 5 * time.Second})
+	_, _, err := a.locate(t.Context(), JoinRequest{Discovery: "127.0.0.1:1", AuthorityID: "prod-a3f2e1", Node: "web-01"})
+	var de *DiscoveryError
+	if !errors.As(err, &de) || de.Addr != "127.0.0.1:1" || status.Code(err) != codes.Unavailable {
+		t.Fatalf("got %v, want a DiscoveryError for 127.0.0.1:1 carrying UNAVAILABLE", err)
 	}
 }

@@ -250,7 +250,11 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
 	if err != nil {
-		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair})
+		if r.RegistrationSecret != "" && errinfo.Reason(err) == reasonChallengeFailed {
+			// Registering, the secret is what was refused.
+			return nil, withHint(err, fmt.Sprintf("the registration secret is not token %s's: muster token get %s on the authority shows it until it is used", r.BoundKeypair, r.BoundKeypair))
+		}
+		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair}, a.dir)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, err
@@ -376,7 +380,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 		keys.Next = pending
 	}
 	if err != nil {
-		return nil, op, boundRefusalHint(untrustedAuthorityHint(err, st, a.dir), st)
+		return nil, op, boundRefusalHint(untrustedAuthorityHint(err, st, a.dir), st, a.dir)
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
@@ -422,7 +426,7 @@ func retryableBound(err error) bool {
 // spent budget, retries) with says what to do, not only the reason word.
 // The status code, its details and the reason word stay: the agent's
 // retry test and tools matching on the reason still see them.
-func boundRefusalHint(err error, st *State) error {
+func boundRefusalHint(err error, st *State, dir Dir) error {
 	s, ok := status.FromError(err)
 	if !ok || err == nil {
 		return err
@@ -432,11 +436,22 @@ func boundRefusalHint(err error, st *State) error {
 		reason = s.Message()
 	}
 	var hint string
+	if s.Code() == codes.NotFound && strings.HasPrefix(s.Message(), "unknown bound-keypair token") {
+		// Its reason word is the code's (not_found): the message says which.
+		reason = "unknown_token"
+	}
 	switch reason {
+	case "unknown_token":
+		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
+			st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
 	case boundkeypair.ErrRecoveryExhausted.Error():
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():
-		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why (the key in two places locks token %s: find the copy, then muster lock delete ID; a store restored from a backup: muster bound-keypair resync open)", st.BoundKeypair)
+		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: muster bound-keypair resync open)",
+			st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
+	case reasonChallengeFailed:
+		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: muster bound-keypair resync open (muster audit list --action agent.join says when a window would rebind it)",
+			st.BoundKeypair, string(dir), st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
 	case "registration_closed":
 		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
 	case "locked", "copy_detected":

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/psk"
@@ -372,7 +373,7 @@ func (a *Agent) exchange(ctx context.Context, r JoinRequest, b *trustbundle.Veri
 		JoinToken: r.Token.Reveal(), NodeId: r.Node, Csr: csr,
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, tokenRefusalHint(err, r.Token.ID, r.Node)
 	}
 	if aid := resp.GetAuthorityId(); aid != "" && aid != b.AuthorityID {
 		return nil, nil, fmt.Errorf("the authority answered as %s, but its trust bundle names %s", aid, b.AuthorityID)
@@ -405,4 +406,31 @@ func renewalAddress(endpoints []string, joined string) string {
 		return e
 	}
 	return joined
+}
+
+// tokenRefusalHint adds to a join token's refusal the way out, what the
+// operator runs on the authority (DESIGN.md's table of join refusals, the
+// "what to do" of the operator guide's): a refused join consumed nothing,
+// and only a new token, another node ID or the node's deletion helps.
+// The code, the message's start and the reason word stay.
+func tokenRefusalHint(err error, tokenID, node string) error {
+	var hint string
+	switch errinfo.Reason(err) {
+	case "token_expired", "token_used_up", "token_spent":
+		hint = fmt.Sprintf("nothing was consumed; join with a new token: on the authority, muster token create --node %s (muster token get %s shows this one's uses and expiry)", node, tokenID)
+	case "token_bound_elsewhere":
+		hint = fmt.Sprintf("muster token get %s names the node it admits: join with that node ID, or with a token for this one: muster token create --node %s", tokenID, node)
+	case "node_taken":
+		hint = nodeTakenHint(node)
+	default:
+		return err
+	}
+	return withHint(err, hint)
+}
+
+// nodeTakenHint is the way out of a join whose node ID exists, by token
+// or PSK: the same machine re-provisioned takes its node with a token
+// bound to it; a machine that is gone gives its node ID back.
+func nodeTakenHint(node string) string {
+	return fmt.Sprintf("if this machine is node %s, join with a token bound to it (on the authority, muster token create --node %s; over an identity, agent join --force); if that machine is gone: muster agents delete %s; else choose another node ID", node, node, node)
 }

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
@@ -216,11 +217,15 @@ func TestJoinRefusalsKeepNoFilesAndOldIdentity(t *testing.T) {
 	a := newTestAgent(t, dir)
 
 	f.mu.Lock()
-	f.exchangeErr = status.Error(codes.FailedPrecondition, "join token has no uses left")
+	f.exchangeErr = errinfo.Error(codes.FailedPrecondition, "join token has no uses left", "token_used_up")
 	f.mu.Unlock()
 	_, err := a.Join(t.Context(), f.joinRequest("n1"))
-	if codeOf(err) != codes.FailedPrecondition {
-		t.Fatalf("got %v, want FAILED_PRECONDITION", err)
+	if codeOf(err) != codes.FailedPrecondition || errinfo.Reason(err) != "token_used_up" {
+		t.Fatalf("got %v, want FAILED_PRECONDITION token_used_up", err)
+	}
+	// The line agent join ends with names the way out (TestTokenRefusalHint).
+	if want := "muster token create --node n1"; !strings.Contains(err.Error(), want) {
+		t.Errorf("got %v, want it to name %q", err, want)
 	}
 	assertNoCertFiles(t, dir)
 

@@ -166,7 +166,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	defer cancel()
 	resp, err := musterv1.NewCertificateServiceClient(conn).RequestCertificate(cctx, req)
 	if err != nil {
-		return nil, pskRefusalHint(err)
+		return nil, pskRefusalHint(err, r.Node)
 	}
 	roots := peer.roots
 	chain, err := verifyIssued(resp.GetCertificateChainPem(), key, roots, agentID, a.now())
@@ -178,6 +178,21 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet(),
 		bundle: resp.GetTrustBundle()}, nil
 }
+
+// DiscoveryError is a call to discovery that failed (a refusal, or
+// discovery unreachable), so that what prints it names discovery: the
+// gRPC status inside says nothing of which server answered, and an
+// UNAVAILABLE is not the authority's.
+type DiscoveryError struct {
+	Addr string // discovery's address
+	Step string // what was asked: "looking up ID", "referral ticket"
+	Err  error
+}
+
+func (e *DiscoveryError) Error() string {
+	return "discovery " + e.Addr + ": " + e.Step + ": " + e.Err.Error()
+}
+func (e *DiscoveryError) Unwrap() error { return e.Err }
 
 // refer goes through discovery: it locates the authority, and only then
 // asks discovery for a referral ticket for the node. Nothing secret goes
@@ -196,7 +211,7 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 	defer cancel()
 	t, err := client.RequestReferralTicket(tctx, &musterv1.RequestReferralTicketRequest{AuthorityId: r.AuthorityID, NodeId: r.Node})
 	if err != nil {
-		return "", nil, "", fmt.Errorf("discovery %s: referral ticket: %w", r.Discovery, err)
+		return "", nil, "", &DiscoveryError{Addr: r.Discovery, Step: "referral ticket", Err: err}
 	}
 	return endpoint, peer, t.GetTicket(), nil
 }
@@ -223,7 +238,7 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 	defer cancel()
 	look, err := client.LookupAuthority(cctx, &musterv1.LookupAuthorityRequest{AuthorityId: r.AuthorityID})
 	if err != nil {
-		return "", nil, fmt.Errorf("discovery %s: looking up %s: %w", r.Discovery, r.AuthorityID, err)
+		return "", nil, &DiscoveryError{Addr: r.Discovery, Step: "looking up " + r.AuthorityID, Err: err}
 	}
 	if fps := listedRoots(look); !slices.ContainsFunc(fps, func(fp string) bool { return ca.SameFingerprint(fp, r.CAFingerprint) }) {
 		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
@@ -261,13 +276,15 @@ func listedRoots(look *musterv1.LookupAuthorityResponse) []string {
 // (muster psk rotate keeps the previous PSK for its grace only, and a
 // second rotation revokes a PSK still in grace). The code, the message's
 // start and the details (the reason word) stay.
-func pskRefusalHint(err error) error {
+func pskRefusalHint(err error, node string) error {
 	var hint string
 	switch errinfo.Reason(err) {
 	case "psk_mismatch":
 		hint = "if the PSK was rotated (muster psk rotate), give this machine the active one: muster psk show on the authority prints it"
 	case "psk_missing":
 		hint = "give the PSK (--psk-file, MUSTER_BOOTSTRAP_PSK): muster psk show on the authority prints it"
+	case "node_taken":
+		hint = nodeTakenHint(node)
 	default:
 		return err
 	}

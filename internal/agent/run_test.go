@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -229,6 +230,12 @@ func TestRunExpired(t *testing.T) {
 	var exp *ExpiredError
 	if !errors.As(err, &exp) {
 		t.Fatalf("got %v, want ExpiredError", err)
+	}
+	// The line agent run ends with names the join that works, for this
+	// directory and node (a PSK agent's own join would find its node taken).
+	want := "muster agent join --force --data " + string(dir) + " --node n1 with a joining URI from muster token create --node n1"
+	if !strings.Contains(err.Error(), want) {
+		t.Errorf("got %q, want it to name %q", err, want)
 	}
 }
 

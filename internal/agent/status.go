@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"crypto/ed25519"
 	"os"
 
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/signer"
 )
 
@@ -24,6 +26,11 @@ type Status struct {
 	VerifierSetVersion int64                   `json:"verifier_set_version"`
 	AcceptedSigners    map[string]signer.State `json:"accepted_signers"`
 	StaticVerifiers    int                     `json:"static_verifiers,omitempty"`
+	// BoundKeyFingerprint is the fingerprint of keys/bound.key, the key
+	// a bound-keypair agent proves: compared with muster token get's, it
+	// says whether this machine holds the token's key (a
+	// challenge_failed refusal says it does not).
+	BoundKeyFingerprint string `json:"bound_key_fingerprint,omitempty"`
 }
 
 // Status reads the identity without changing anything; ErrNoIdentity if
@@ -46,7 +53,15 @@ func (a *Agent) Status() (*Status, error) {
 	// a status travels (a node.report task's result reaches the authority's
 	// task store and audit trail), so it never carries it.
 	view.VerifierSet, view.StagedVerifiers, view.JoinState = nil, nil, ""
-	return &Status{State: view, SPIFFEID: sid.String(), Expired: !a.now().Before(leaf.NotAfter),
+	out := &Status{State: view, SPIFFEID: sid.String(), Expired: !a.now().Before(leaf.NotAfter),
 		RenewalPending: pendErr == nil, VerifierSetVersion: t.Version(), AcceptedSigners: t.Accepted(a.now()),
-		StaticVerifiers: len(t.StaticKeys())}, nil
+		StaticVerifiers: len(t.StaticKeys())}
+	if st.JoinMethod == JoinMethodBoundKeypair {
+		if priv, err := LoadBoundKey(a.dir); err == nil {
+			if pub, err := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); err == nil {
+				out.BoundKeyFingerprint = pub.Fingerprint()
+			}
+		}
+	}
+	return out, nil
 }

@@ -435,5 +435,11 @@ func expiredReason(leaf *x509.Certificate, trustDomain string) string {
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
 		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", id.Name)
 	}
+	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAgent {
+		// A bound-keypair agent is told too: it does not join again, it
+		// recovers by itself (and its stream is refused this way until it
+		// has).
+		return fmt.Sprintf("client certificate expired or not yet valid; an agent whose certificate expired must join again: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (a bound-keypair agent recovers with its bound key instead: muster agent run does it)", id.Name, id.Name)
+	}
 	return "client certificate expired or not yet valid; an agent whose certificate expired must join again"
 }

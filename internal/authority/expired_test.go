@@ -37,7 +37,8 @@ func TestExpiredReason(t *testing.T) {
 	if got := leaf(spiffeid.RoleAdmin, "td", "alice"); !strings.Contains(got, "muster admin add alice --offline --data DIR") || strings.Contains(got, "join again") {
 		t.Errorf("operator: %q", got)
 	}
-	if got := leaf(spiffeid.RoleAgent, "td", "node-1"); !strings.Contains(got, "must join again") {
+	if got := leaf(spiffeid.RoleAgent, "td", "node-1"); !strings.Contains(got, "must join again: muster agent join --force --data ADIR --node node-1 with a joining URI from muster token create --node node-1") ||
+		!strings.Contains(got, "a bound-keypair agent recovers with its bound key instead: muster agent run does it") {
 		t.Errorf("agent: %q", got)
 	}
 	if got := leaf(spiffeid.RoleAdmin, "other", "alice"); strings.Contains(got, "--offline") {

@@ -412,7 +412,11 @@ Joined:        %s with join method %s
 				if s.RecoveriesRemaining != nil && *s.RecoveriesRemaining >= 0 {
 					left = fmt.Sprint(*s.RecoveriesRemaining)
 				}
-				fmt.Fprintf(env.Stdout, "Bound keypair: token %s, recoveries remaining %s\n", s.BoundKeypair, left)
+				key := "none in keys/bound.key"
+				if s.BoundKeyFingerprint != "" {
+					key = s.BoundKeyFingerprint
+				}
+				fmt.Fprintf(env.Stdout, "Bound keypair: token %s, key %s, recoveries remaining %s\n", s.BoundKeypair, key, left)
 			}
 			return nil
 		},

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/agent"
 	"github.com/muster-dev/muster/internal/errinfo"
 )
 
@@ -110,7 +111,13 @@ func describe(err error) string {
 	if errors.As(err, &se) {
 		st := se.GRPCStatus()
 		msg := st.Message()
-		if r := errinfo.Reason(err); st.Code() == codes.Unavailable && r != errinfo.ReasonStoreUnavailable && r != errinfo.ReasonKeyCustodyUnavailable {
+		var de *agent.DiscoveryError
+		switch r := errinfo.Reason(err); {
+		case errors.As(err, &de) && st.Code() == codes.Unavailable:
+			msg = fmt.Sprintf("cannot reach discovery at %s (%s): %s", de.Addr, de.Step, msg)
+		case errors.As(err, &de):
+			msg = fmt.Sprintf("discovery %s (%s): %s", de.Addr, de.Step, msg)
+		case st.Code() == codes.Unavailable && r != errinfo.ReasonStoreUnavailable && r != errinfo.ReasonKeyCustodyUnavailable:
 			msg = "cannot reach the authority: " + msg
 		}
 		if svc, ok := strings.CutPrefix(msg, "unknown service "); ok && st.Code() == codes.Unimplemented {

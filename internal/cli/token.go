@@ -310,6 +310,18 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 					return out.write(env.Stdout, deleted{ID: id, Deleted: true})
 				}
 				fmt.Fprintf(env.Stdout, "Token %s deleted\n", id)
+				// A lock names the token's ID, not one token's life: a
+				// bound-keypair token re-created under the name would be
+				// refused by it, so say which remain (a failed listing
+				// changes nothing of the deletion).
+				if resp, err := c.ListLocks(ctx, &musterv1.ListLocksRequest{}); err == nil {
+					for _, l := range resp.GetLocks() {
+						if l.GetKind() == "token" && l.GetTarget() == id {
+							fmt.Fprintf(env.Stdout, "Lock %s on token %s remains: it refuses a token made again under this name (muster bot add %s); muster lock delete %s lifts it\n",
+								l.GetId(), id, id, l.GetId())
+						}
+					}
+				}
 				return nil
 			})
 		},

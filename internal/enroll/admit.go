@@ -84,18 +84,22 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 	})
 	switch {
 	case errors.Is(err, store.ErrTokenSpent):
-		return nil, refuse(KindFailedPrecondition, ReasonTokenSpent).with("token %s, at the write", a.TokenID)
+		return nil, refuse(KindFailedPrecondition, ReasonTokenSpent).with("token %s, at the write; %s", a.TokenID, newTokenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrTicketReplayed):
 		s.observeTicket(TicketResultReplayed)
 		return nil, refuse(KindPermissionDenied, ReasonTicketUsed).with("%s, at the write", a.Proof)
 	case errors.Is(err, store.ErrNodeTaken) && a.TokenID == "":
-		return nil, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s, at the write", a.Proof)
+		return nil, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s, at the write; %s", a.Proof, nodeTakenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrNodeTaken):
-		return nil, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s, at the write", a.TokenID)
-	case errors.Is(err, store.ErrKeyBindingChanged), errors.Is(err, store.ErrRegistrationClosed):
+		return nil, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s, at the write; %s", a.TokenID, nodeTakenWayOut(a.NodeID))
+	case errors.Is(err, store.ErrRegistrationClosed):
+		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v; %s", a.Proof, err, newSecretWayOut(a.TokenID))
+	case errors.Is(err, store.ErrKeyBindingChanged):
+		// Another join bound or rotated the key between the read and
+		// the write: the agent's next attempt is judged against it.
 		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v", a.Proof, err)
 	case errors.Is(err, store.ErrRecoveryExhausted):
-		return nil, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("%s, at the write", a.Proof)
+		return nil, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("%s, at the write; %s", a.Proof, raiseLimitWayOut(a.TokenID))
 	case errors.Is(err, store.ErrRecoverySequenceChanged):
 		// Another recovery from the same join state committed first. This
 		// one is refused but locks nothing: it presented the state that

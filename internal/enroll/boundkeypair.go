@@ -292,7 +292,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	case !rd.TokenFound:
-		return a, notFound.with("no token %s", p.Token)
+		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token))
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:
@@ -333,17 +333,17 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// secret) is told so, not sent to fail a challenge meant for
 			// the bound key. The same key with the secret is the
 			// registered agent repeating its join.
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s)",
-				t.ID, bound.Fingerprint(), offered.Fingerprint())
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s); %s",
+				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID))
 		}
 		key = bound
 	} else {
 		switch {
 		case bk.SecretCiphertext == nil:
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used", t.ID)
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID))
 		case !bk.Spec.MustRegisterBefore.IsZero() && !now.Before(bk.Spec.MustRegisterBefore):
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s",
-				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339))
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s; %s",
+				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID))
 		case offered.IsZero() || p.RegistrationSecret == "":
 			r := refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
 			if noRebind == restoreHint {
@@ -382,7 +382,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// have let it rebind (outside one).
 			err = fmt.Errorf("%w (%s)", err, noRebind)
 		}
-		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v", t.ID, fp, err)
+		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID))
 	}
 
 	// 6. Whether this is a refresh (a valid certificate of the current
@@ -470,7 +470,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
 	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
-		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v", t.ID, err)
+		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v; %s", t.ID, err, raiseLimitWayOut(t.ID))
 	case err != nil:
 		return a, err
 	}
@@ -506,6 +506,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		if held != nil {
 			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
 			held.targets = targets
+			if m.out.rotated {
+				// The binding changes in this refresh's write: its
+				// audit record says so, as a recovery's does.
+				held.note = fmt.Sprintf(", bound key %s rotated to %s", fp, m.out.key.Fingerprint())
+			}
 		}
 		a.Refresh, a.CSR, a.Claims, a.held = p.Cert, p.CSR, claims, held
 		return a, nil
@@ -603,6 +608,9 @@ type held struct {
 	// renewal's (the bound keys, the token): its write is refused by a
 	// lock created on one since.
 	targets []store.LockTarget
+	// note is added to the refresh's audit reason: what it changed
+	// besides the certificate (a rotation of the bound key).
+	note string
 }
 
 // lockTargets are the locks a renewal checks beyond the join's: the
@@ -680,7 +688,7 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
 	err := s.cfg.Store.InsertLock(ctx, l)
 	if errors.Is(err, store.ErrConflict) {
-		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
 	}
 	if err != nil {
 		return err
@@ -689,7 +697,36 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		Result: audit.ResultOK, Reason: reason}); err != nil {
 		return err
 	}
-	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v", tokenID, l.ID, cause)
+	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
+}
+
+// The ways out of bound-keypair refusals, for their audit records (the
+// agent names the same on the line it ends with).
+func newSecretWayOut(token string) string {
+	return fmt.Sprintf("a new registration secret: muster token delete %s, muster bot add %s", token, token)
+}
+
+func deletedTokenWayOut(token string) string {
+	return fmt.Sprintf("if it was deleted (which ends refreshes): muster bot add %s, then muster agent join --force on the machine with the new registration secret", token)
+}
+
+func raiseLimitWayOut(token string) string {
+	return fmt.Sprintf("if the recovery is expected, raise the limit: muster token get %s -o yaml > token.yaml, edit spec.bound_keypair.recovery.limit, muster token apply -f token.yaml", token)
+}
+
+func otherKeyWayOut(token string) string {
+	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, muster bot add %s", token, token, token)
+}
+
+// staleWayOut is what the operator does about a stale join state. The
+// holder that presented it is behind for good (another holder recovered
+// since, and only the newest document is accepted), so deleting the lock
+// lets the other holder back and locks again at this one's next attempt;
+// keeping this one means a new token (the stale lock outlives the token:
+// it is deleted with it explicitly).
+func staleWayOut(token, lockID string) string {
+	return fmt.Sprintf("the holder that presented it is behind another holder of the bound key, which recovered since: to keep the other, stop this one, then muster lock delete %s; to keep this one, stop the other, then muster lock delete %s, muster token delete %s, muster bot add %s, and on this machine muster agent join --force with the new registration secret",
+		lockID, lockID, token, token)
 }
 
 // staleLockID is the ID of the lock a stale join state puts on token: one

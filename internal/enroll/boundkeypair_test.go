@@ -186,6 +186,21 @@ func TestBoundKeypairRegistrationRefusals(t *testing.T) {
 	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1", CSR: der,
 		PublicKey: b.pub.String(), RegistrationSecret: b.secret}, answerWith(b.priv))
 	wantRefusal(t, err, KindFailedPrecondition, ReasonRegistrationClosed)
+	b.wantAuditedWayOut(t, "a new registration secret: muster token delete bot-1, muster bot add bot-1")
+}
+
+// wantAuditedWayOut checks that the last refusal audited names want, the
+// way out an operator runs.
+func (b *bkEnv) wantAuditedWayOut(t *testing.T, want string) {
+	t.Helper()
+	b.audit.mu.Lock()
+	defer b.audit.mu.Unlock()
+	if len(b.audit.refused) == 0 {
+		t.Fatal("no refusal audited")
+	}
+	if last := b.audit.refused[len(b.audit.refused)-1]; !strings.Contains(last.Reason, want) {
+		t.Errorf("audit reason %q, want it to name %q", last.Reason, want)
+	}
 }
 
 func TestBoundKeypairRecoveryBudget(t *testing.T) {
@@ -207,6 +222,7 @@ func TestBoundKeypairRecoveryBudget(t *testing.T) {
 	}
 	_, err = b.recover(t, second.JoinState)
 	wantRefusal(t, err, KindFailedPrecondition, ReasonRecoveryExhausted)
+	b.wantAuditedWayOut(t, "raise the limit: muster token get bot-1 -o yaml > token.yaml, edit spec.bound_keypair.recovery.limit, muster token apply -f token.yaml")
 
 	// Raising the limit brings the agent back with no change on its side.
 	spec := b.status(t).Spec
@@ -425,6 +441,7 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, ch)
 			wantRefusal(t, err, KindNotFound, ReasonUnknownBoundToken)
+			b.wantAuditedWayOut(t, "muster bot add bot-1, then muster agent join --force on the machine")
 			if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
 				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
 			}

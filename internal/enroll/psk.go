@@ -178,7 +178,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 				return a, nil
 			}
 		}
-		return a, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s", proof)
+		return a, refuse(KindAlreadyExists, ReasonNodeTaken).with("%s; %s", proof, nodeTakenWayOut(nodeID))
 	}
 	// The ticket's single use is written with the join, which refuses a
 	// jti already recorded (store.ErrTicketReplayed): one round trip, and
@@ -237,7 +237,7 @@ func (s *Service) checkPSK(ctx context.Context, pskText string, given psk.PSK, t
 			}
 		}
 		s.observePSK(PSKResultInvalid)
-		return "", "", refuse(KindPermissionDenied, ReasonPSKMissing)
+		return "", "", refuse(KindPermissionDenied, ReasonPSKMissing).with("%s", pskMissingWayOut)
 	}
 	matched, err := s.matchPSK(ctx, given)
 	if err != nil {
@@ -245,11 +245,18 @@ func (s *Service) checkPSK(ctx context.Context, pskText string, given psk.PSK, t
 	}
 	if matched.ID == "" {
 		s.observePSK(PSKResultInvalid)
-		return "", "", refuse(KindPermissionDenied, ReasonPSKMismatch)
+		return "", "", refuse(KindPermissionDenied, ReasonPSKMismatch).with("%s", pskMismatchWayOut)
 	}
 	s.observePSK(matched.Status)
 	return matched.ID, fmt.Sprintf("psk %s (%s)", matched.ID, matched.Status), nil
 }
+
+// The ways out of a PSK refusal, for its audit record (the agent adds
+// the same to the line it ends with).
+const (
+	pskMissingWayOut  = "give the machine the PSK (--psk-file, MUSTER_BOOTSTRAP_PSK): muster psk show prints it"
+	pskMismatchWayOut = "if the PSK was rotated (muster psk rotate), give this machine the active one: muster psk show prints it"
+)
 
 // matchPSK returns the stored PSK, active or in an unexpired grace, that
 // equals given, or a zero PSK. Every candidate is compared, in constant

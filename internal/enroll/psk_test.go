@@ -174,6 +174,11 @@ func TestPSKActiveGraceAndRevoked(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, second.Reveal(), "", nodeCSR(t, "n3"))
 	wantRefusal(t, err, KindPermissionDenied, ReasonPSKMismatch)
+	// Its audit record names the way out: a machine offline across two
+	// rotations needs the active PSK.
+	if last := e.audit.refused[len(e.audit.refused)-1]; !strings.Contains(last.Reason, "bootstrap PSK does not match: if the PSK was rotated (muster psk rotate), give this machine the active one: muster psk show prints it") {
+		t.Errorf("audit reason %q names no way out", last.Reason)
+	}
 	if e.expired != 1 {
 		t.Fatalf("expired-grace hook called %d times, want 1", e.expired)
 	}

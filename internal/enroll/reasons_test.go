@@ -2,9 +2,12 @@ package enroll
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -48,6 +51,52 @@ func TestIssueReasons(t *testing.T) {
 	for i, ev := range e.audit.events {
 		if ev.Reason != want[i] {
 			t.Errorf("event %d reason %q, want %q (%+v)", i, ev.Reason, want[i], ev)
+		}
+	}
+}
+
+// TestTokenRefusalReasonsNameTheWayOut: the audit record of a join token
+// refused as expired, used up, bound to another node, or for a node that
+// exists names what the operator runs, for the node that asked.
+func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
+	e := newEnv(t, nil)
+	used := e.token(t, 1)
+	_, der := csr(t)
+	if _, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, used.Reveal(), "n1", der); err != nil {
+		t.Fatal(err)
+	}
+	expired, _ := jointoken.Generate()
+	ct, nonce, _ := e.seal.Seal(expired.Secret(), []byte(expired.ID))
+	if err := e.st.InsertToken(t.Context(), store.Token{ID: expired.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
+		UsesAllowed: 1, CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(-time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	bound, _ := jointoken.Generate()
+	ct, nonce, _ = e.seal.Seal(bound.Secret(), []byte(bound.ID))
+	if err := e.st.InsertToken(t.Context(), store.Token{ID: bound.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
+		UsesAllowed: 1, NodeID: "web-01", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	fresh := e.token(t, 1)
+	for _, c := range []struct {
+		tok  jointoken.Token
+		node string
+		want string
+	}{
+		{used, "n2", "a new token: muster token create --node n2"},
+		{expired, "n3", "a new token: muster token create --node n3"},
+		{bound, "n4", "join as web-01, or with a token for n4: muster token create --node n4"},
+		{fresh, "n1", "re-provisioning node n1: muster token create --node n1, then agent join --force with it; a machine that is gone: muster agents delete n1"},
+	} {
+		_, der := csr(t)
+		if _, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, c.tok.Reveal(), c.node, der); err == nil {
+			t.Fatalf("%s for %s: admitted", c.tok.ID, c.node)
+		}
+		e.audit.mu.Lock()
+		last := e.audit.refused[len(e.audit.refused)-1]
+		e.audit.mu.Unlock()
+		if !strings.Contains(last.Reason, c.want) {
+			t.Errorf("%s for %s: audit reason %q, want it to name %q", c.tok.ID, c.node, last.Reason, c.want)
 		}
 	}
 }

@@ -134,6 +134,9 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		ev.Result = audit.ResultOK
 		// Concatenated, not formatted: every renewal builds this reason.
 		ev.Reason = "instance " + inst.ID + ", generation " + strconv.FormatInt(rec.Generation+1, 10) + ", serial " + cert.Serial
+		if h != nil {
+			ev.Reason += h.note
+		}
 		build, err := s.cfg.Audit.Builder(*ev)
 		if err != nil {
 			return nil, err
@@ -149,7 +152,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		if errors.Is(err, store.ErrNotFound) && len(claims) > 0 {
 			// A refresh's token was deleted between the challenge and the
 			// write: deleting the token ends refreshes.
-			return nil, refuse(KindNotFound, ReasonUnknownBoundToken).with("%s: the token was deleted during the exchange", ev.Reason)
+			return nil, refuse(KindNotFound, ReasonUnknownBoundToken).with("%s: the token was deleted during the exchange; %s", ev.Reason, deletedTokenWayOut(inst.TokenID))
 		}
 		if errors.Is(err, store.ErrKeyBindingChanged) {
 			// Another join rotated or bound the key between the challenge

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,6 +154,14 @@ func TestBoundKeypairRotation(t *testing.T) {
 			if js := b.joinState(t, res.JoinState); js.BoundKey != newPub.Fingerprint() {
 				t.Fatalf("join state bound key %s, want the new key's %s", js.BoundKey, newPub.Fingerprint())
 			}
+			// The token's binding changed: the audit record of the join or
+			// refresh that changed it names the new key, a refresh's too.
+			b.audit.mu.Lock()
+			last := b.audit.events[len(b.audit.events)-1]
+			b.audit.mu.Unlock()
+			if want := "rotated to " + newPub.Fingerprint(); last.Result != "ok" || !strings.Contains(last.Reason, want) {
+				t.Errorf("audit record %s %s %q, want it to say %q", last.Action, last.Result, last.Reason, want)
+			}
 			if tc.refresh && (res.InstanceID != first.InstanceID || after.RecoverySequence != before.RecoverySequence) {
 				t.Fatalf("a refresh that rotated made instance %s, sequence %d", res.InstanceID, after.RecoverySequence)
 			}
@@ -165,6 +174,9 @@ func TestBoundKeypairRotation(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: res.JoinState}, answerWith(b.priv))
 			wantRefusal(t, err, KindUnauthenticated, ReasonChallengeFailed)
+			// A machine restored from before the rotation: its refusal's
+			// record says how to compare the keys and come back.
+			b.wantAuditedWayOut(t, "muster token get bot-1 shows its fingerprint, muster agent status on the machine the agent's")
 			_, der = csr(t)
 			again := false
 			if _, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",

@@ -214,17 +214,17 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	// 4. Not expired or used up.
 	switch err := (jointoken.Usage{ExpiresAt: t.ExpiresAt, UsesAllowed: t.UsesAllowed, UsesCount: t.UsesCount}).Check(now); err {
 	case jointoken.ErrExpired:
-		return a, refuse(KindFailedPrecondition, ReasonTokenExpired).with("token %s expired at %s", t.ID, t.ExpiresAt.Format(time.RFC3339))
+		return a, refuse(KindFailedPrecondition, ReasonTokenExpired).with("token %s expired at %s; %s", t.ID, t.ExpiresAt.Format(time.RFC3339), newTokenWayOut(nodeID))
 	case jointoken.ErrUsedUp:
-		return a, refuse(KindFailedPrecondition, ReasonTokenUsedUp).with("token %s used %d of %d times", t.ID, t.UsesCount, t.UsesAllowed)
+		return a, refuse(KindFailedPrecondition, ReasonTokenUsedUp).with("token %s used %d of %d times; %s", t.ID, t.UsesCount, t.UsesAllowed, newTokenWayOut(nodeID))
 	}
 	// 5. Not bound to another node.
 	if t.NodeID != "" && t.NodeID != nodeID {
-		return a, refuse(KindPermissionDenied, ReasonTokenBoundElsewhere).with("token %s is bound to %s", t.ID, t.NodeID)
+		return a, refuse(KindPermissionDenied, ReasonTokenBoundElsewhere).with("token %s is bound to %s; join as %s, or with a token for %s: muster token create --node %s", t.ID, t.NodeID, t.NodeID, nodeID, nodeID)
 	}
 	// 6. Node ID free, or the token is bound to it.
 	if nodeExists && t.NodeID != nodeID {
-		return a, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s", t.ID)
+		return a, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s; %s", t.ID, nodeTakenWayOut(nodeID))
 	}
 	// 7. No lock on node, token or the key to certify (read with the
 	// token).
@@ -259,4 +259,17 @@ func (s *Service) retryJoin(ctx context.Context, node store.Node, credential str
 		return nil, refuse(KindPermissionDenied, ReasonLocked).with("retry; lock %s on %s %s", l.ID, l.Kind, l.Target)
 	}
 	return s.issuedFrom(node.ID, inst, true)
+}
+
+// newTokenWayOut is the way out of a token that can admit no more joins,
+// for the audit record of the refusal: a refused join consumed nothing.
+func newTokenWayOut(node string) string {
+	return "a new token: muster token create --node " + node
+}
+
+// nodeTakenWayOut is the way out of a join whose node exists: the same
+// machine re-provisioned takes it with a token bound to it; a machine
+// that is gone gives the node ID back.
+func nodeTakenWayOut(node string) string {
+	return fmt.Sprintf("re-provisioning node %s: muster token create --node %s, then agent join --force with it; a machine that is gone: muster agents delete %s", node, node, node)
 }
