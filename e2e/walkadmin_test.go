@@ -36,3 +36,21 @@ func TestAdminAddOutExistsIssuesNothing(t *testing.T) {
 	// The name is free: the same command with another --out works.
 	mustRun(t, "admin", "add", "carol", "--data", dir, "--out", out+".new")
 }
+
+// TestAdminAuthorityAddressWithoutPort: an admin command given an
+// authority address without a port (--authority or MUSTER_AUTHORITY) says
+// so and names the form that works; it once dialed port 443 and said only
+// that the authority could not be reached.
+func TestAdminAuthorityAddressWithoutPort(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	a := startAuthority(t, dir)
+	if line := mustFail(t, "status", "--data", dir, "--authority", "127.0.0.1"); !strings.Contains(line, "--authority \"127.0.0.1\" is not HOST:PORT") || !strings.Contains(line, "--authority 127.0.0.1:7443") {
+		t.Errorf("--authority without a port: %s", line)
+	}
+	r := muster(t, []string{"MUSTER_AUTHORITY=localhost"}, "admin", "list", "--data", dir)
+	if r.code == 0 || !strings.Contains(r.stderr, "MUSTER_AUTHORITY \"localhost\" is not HOST:PORT") {
+		t.Errorf("MUSTER_AUTHORITY without a port: exit %d, stderr %s", r.code, r.stderr)
+	}
+	mustRun(t, "status", "--data", dir, "--authority", a.addr)
+}

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -86,7 +87,18 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	if !a.quiet {
 		warnExpiry(env, idPath, id, me.Name, a.renewArgs(), time.Now())
 	}
-	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
+	addr, from := a.authority, "--authority"
+	if addr == "" {
+		addr, from = env.Getenv("MUSTER_AUTHORITY"), "MUSTER_AUTHORITY"
+	}
+	// Without a port the dialer would try 443 and report only that
+	// nothing answered there.
+	if addr != "" {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			return nil, fmt.Errorf("%s %q is not HOST:PORT: give the authority's address with its port, e.g. --authority %s",
+				from, addr, shellQuote(net.JoinHostPort(strings.Trim(addr, "[]"), "7443")))
+		}
+	}
 	if addr == "" {
 		rec, err := dir.ReadAddress()
 		if err != nil {
