@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestAdminAddOutExistsIssuesNothing: admin add to an --out that already
@@ -53,4 +54,56 @@ func TestAdminAuthorityAddressWithoutPort(t *testing.T) {
 		t.Errorf("MUSTER_AUTHORITY without a port: exit %d, stderr %s", r.code, r.stderr)
 	}
 	mustRun(t, "status", "--data", dir, "--authority", a.addr)
+}
+
+// TestExpiredOperatorWaysOutPasted: the two ways back an expired operator
+// is shown work pasted as they are: another operator's admin add, and the
+// break-glass admin add --offline with the data directory the command was
+// given, each writing beside the expired file. They once named only the
+// break-glass, with --data DIR and no --out: pasted, the placeholder was
+// refused, and with it filled in the default --out NAME.pem was the
+// expired file itself, which admin add never overwrites.
+func TestExpiredOperatorWaysOutPasted(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	startAuthority(t, dir)
+	ids := t.TempDir()
+	for _, name := range []string{"dave", "erin"} {
+		mustRun(t, "admin", "add", name, "--ttl", "1s", "--out", filepath.Join(ids, name+".pem"), "--data", dir)
+	}
+	var dave, erin result
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		dave = muster(t, nil, "status", "--data", dir, "--identity", filepath.Join(ids, "dave.pem"))
+		erin = muster(t, nil, "admin", "list", "--data", dir, "--identity", filepath.Join(ids, "erin.pem"))
+		expired := strings.Contains(dave.stderr, "expired at") && strings.Contains(erin.stderr, "expired at")
+		if dave.code != 0 && erin.code != 0 && expired || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The warning each printed (its first line) names both commands.
+	pasted := func(r result, prefix string) []string {
+		t.Helper()
+		warning := strings.SplitN(r.stderr, "\n", 2)[0]
+		_, rest, ok := strings.Cut(warning, prefix)
+		if !ok {
+			t.Fatalf("no %q in the expired operator's warning: %s", prefix, r.stderr)
+		}
+		cmd, _, _ := strings.Cut(rest, ", or,")
+		return strings.Fields(cmd)
+	}
+	if !strings.Contains(dave.stderr, "UNAUTHENTICATED") {
+		t.Fatalf("an expired operator: exit %d, stderr %s", dave.code, dave.stderr)
+	}
+	// Another operator: the first one, with its own identity (the data
+	// directory's operator.pem).
+	mustRun(t, append(pasted(dave, "issues a new one with muster "), "--data", dir)...)
+	mustRun(t, "status", "--data", dir, "--identity", filepath.Join(ids, "dave-new.pem"))
+	// Break-glass, beside the running authority.
+	mustRun(t, pasted(erin, "where the authority's data directory is, muster ")...)
+	mustRun(t, "admin", "list", "--data", dir, "--identity", filepath.Join(ids, "erin-new.pem"))
+	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
+		t.Errorf("audit verify: %s", out)
+	}
 }

@@ -85,7 +85,7 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	a.idPath, a.id = idPath, id
 	if !a.quiet {
-		warnExpiry(env, idPath, id, me.Name, a.renewArgs(), time.Now())
+		warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.renewArgs(), time.Now())
 	}
 	addr, from := a.authority, "--authority"
 	if addr == "" {
