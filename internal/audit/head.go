@@ -168,16 +168,24 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 		return fmt.Errorf("audit: checking the head file: %w", err)
 	}
 	if problem != "" {
-		// A restore on purpose leaves both files outside the store ahead
-		// of it: the checkpoint file too, which audit verify would
-		// otherwise report as a cut tail from then on.
-		files := l.head.path
-		if l.file != "" {
-			files += " and " + l.file
-		}
-		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (if the store was restored from a backup on purpose, remove %s)", ErrShortChain, problem, files)
+		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (%s)", ErrShortChain, problem, l.restoredWayOut())
 	}
 	return nil
+}
+
+// restoredWayOut is the way out of a chain shorter than the files outside
+// the store saw, when the store was restored from a backup on purpose. It
+// names both files: the checkpoint file, left in place, would have every
+// audit verify report a cut tail from then on.
+func (l *Logger) restoredWayOut() string {
+	var files []string
+	if l.head != nil {
+		files = append(files, l.head.path)
+	}
+	if l.file != "" {
+		files = append(files, l.file)
+	}
+	return "if the store was restored from a backup on purpose, remove " + strings.Join(files, " and ")
 }
 
 // noteAppended writes seq and hash to the head file, if there is one. A

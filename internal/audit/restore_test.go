@@ -50,6 +50,12 @@ func TestRestoredStoreWayOut(t *testing.T) {
 	if !errors.Is(err, ErrShortChain) || !strings.Contains(err.Error(), headFile) || !strings.Contains(err.Error(), cpFile) {
 		t.Fatalf("CheckHead after a restore: %v, want ErrShortChain naming %s and %s", err, headFile, cpFile)
 	}
+	// audit verify --offline, run to read why the authority refused to
+	// start, names the same way out (it once said only that records were
+	// removed from the tail).
+	if rep, err := l.Verify(ctx); err != nil || rep.OK || !strings.Contains(rep.Problem, "restored from a backup on purpose, remove "+headFile+" and "+cpFile) {
+		t.Fatalf("verify after a restore: %+v, %v; want the way out naming %s and %s", rep, err, headFile, cpFile)
+	}
 	for _, f := range []string{headFile, cpFile} {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
