@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -106,4 +107,26 @@ func TestExpiredOperatorWaysOutPasted(t *testing.T) {
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify: %s", out)
 	}
+}
+
+// TestTwoAuthoritiesOneSQLiteStore: a second authority on the SQLite file
+// another runs on, from a copy of its data directory given --store, is
+// refused, naming the store and the first one's pid. It once started,
+// and both led the background jobs (unelected on SQLite) on one store.
+func TestTwoAuthoritiesOneSQLiteStore(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	copyDir := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", dir, copyDir).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	a := startAuthority(t, dir)
+	r := muster(t, nil, "authority", "--data", copyDir, "--store", "sqlite://"+filepath.Join(dir, "muster.db"),
+		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
+	if r.code == 0 || !strings.Contains(r.stderr, "in use by another authority (pid ") || !strings.Contains(r.stderr, "the SQLite store "+filepath.Join(dir, "muster.db")) {
+		t.Fatalf("a second authority on one SQLite store: exit %d, stderr %s", r.code, r.stderr)
+	}
+	// Stopped, the first one leaves the store to the other.
+	a.stop(t)
+	startAuthority(t, copyDir, "--store", "sqlite://"+filepath.Join(dir, "muster.db"))
 }
