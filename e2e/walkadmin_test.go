@@ -130,3 +130,18 @@ func TestTwoAuthoritiesOneSQLiteStore(t *testing.T) {
 	a.stop(t)
 	startAuthority(t, copyDir, "--store", "sqlite://"+filepath.Join(dir, "muster.db"))
 }
+
+// TestAdminTimeoutNotPositive: --timeout 0s (or negative) on an admin
+// command is refused naming the flag; it was sent as a deadline already
+// passed and reported as the authority's DEADLINE_EXCEEDED.
+func TestAdminTimeoutNotPositive(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	startAuthority(t, dir)
+	for _, v := range []string{"0s", "-1s"} {
+		if line := mustFail(t, "admin", "list", "--data", dir, "--timeout", v); !strings.Contains(line, "--timeout "+v+": give a positive duration") {
+			t.Errorf("--timeout %s: %s", v, line)
+		}
+	}
+	mustRun(t, "admin", "list", "--data", dir, "--timeout", "10s")
+}

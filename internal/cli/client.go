@@ -69,6 +69,11 @@ type adminClient struct {
 func (c *adminClient) Close() error { return c.conn.Close() }
 
 func (a *adminFlags) dial(env *Env) (*adminClient, error) {
+	// A deadline already passed would be reported as the authority's
+	// DEADLINE_EXCEEDED.
+	if a.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %s: give a positive duration, e.g. --timeout 30s", a.timeout)
+	}
 	data := firstOf(a.data, env.Getenv("MUSTER_DATA"), "muster-data")
 	dir := datadir.Dir(data)
 	idPath := firstOf(a.identity, env.Getenv("MUSTER_IDENTITY"))
