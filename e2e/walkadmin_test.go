@@ -145,3 +145,28 @@ func TestAdminTimeoutNotPositive(t *testing.T) {
 	}
 	mustRun(t, "admin", "list", "--data", dir, "--timeout", "10s")
 }
+
+// TestLockedOperatorToldWhoLiftsIt: a locked operator's every command is
+// refused with the lock named as a lock on it and who lifts it; it was
+// told only "PERMISSION_DENIED: locked". The lock lifted, it works again.
+func TestLockedOperatorToldWhoLiftsIt(t *testing.T) {
+	t.Parallel()
+	dir, _ := initDir(t)
+	startAuthority(t, dir)
+	frank := filepath.Join(t.TempDir(), "frank.pem")
+	mustRun(t, "admin", "add", "frank", "--data", dir, "--out", frank)
+	var lock map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "lock", "create", "--admin", "frank", "--reason", "walk", "--data", dir, "-o", "json")), &lock); err != nil {
+		t.Fatal(err)
+	}
+	line := mustFail(t, "status", "--data", dir, "--identity", frank)
+	if !strings.Contains(line, "PERMISSION_DENIED: locked; a lock on the operator frank") || !strings.Contains(line, "muster lock list") {
+		t.Fatalf("a locked operator: %s", line)
+	}
+	id, _ := lock["id"].(string)
+	if out := mustRun(t, "lock", "list", "--data", dir); id == "" || !strings.Contains(out, id) {
+		t.Fatalf("lock list (%q): %s", id, out)
+	}
+	mustRun(t, "lock", "delete", id, "--data", dir)
+	mustRun(t, "status", "--data", dir, "--identity", frank)
+}

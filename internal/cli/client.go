@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -155,7 +156,7 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 	ctx, cancel := a.context(cmd.Context())
 	defer cancel()
 	if err := f(ctx, c); err != nil {
-		return fmt.Errorf("%s: %w", name, a.untrustedAuthorityHint(err))
+		return fmt.Errorf("%s: %w", name, a.lockedHint(a.untrustedAuthorityHint(err)))
 	}
 	return nil
 }
@@ -185,6 +186,23 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 	}
 	p := s.Proto()
 	p.Message += "; " + hint
+	return status.FromProto(p).Err()
+}
+
+// lockedHint adds to the authority's bare "locked" (DESIGN.md's word; the
+// audit record names the lock) whose lock it is and who lifts it: a
+// locked operator cannot, and was told nothing it could act on.
+func (a *adminFlags) lockedHint(err error) error {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.PermissionDenied || s.Message() != "locked" || a.id == nil {
+		return err
+	}
+	me, idErr := a.id.ID()
+	if idErr != nil {
+		return err
+	}
+	p := s.Proto()
+	p.Message += fmt.Sprintf("; a lock on the operator %s (%s) refuses its every call: another operator finds it with muster lock list and lifts it with muster lock delete LOCK-ID", me.Name, a.idPath)
 	return status.FromProto(p).Err()
 }
 
