@@ -170,3 +170,21 @@ func TestLockedOperatorToldWhoLiftsIt(t *testing.T) {
 	mustRun(t, "lock", "delete", id, "--data", dir)
 	mustRun(t, "status", "--data", dir, "--identity", frank)
 }
+
+// TestOfflineWithoutDataDirectory: an offline command run without --data
+// (or with a mistyped one) says to give the authority's data directory
+// before it offers muster init, which would make another authority: it
+// once named only muster init --data muster-data.
+func TestOfflineWithoutDataDirectory(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "typo")
+	for _, args := range [][]string{
+		{"audit", "verify", "--offline", "--data", missing},
+		{"audit", "list", "--offline", "--data", missing},
+		{"admin", "add", "gina", "--offline", "--data", missing, "--out", filepath.Join(t.TempDir(), "gina.pem")},
+	} {
+		if line := mustFail(t, args...); !strings.Contains(line, "give the authority's data directory with --data DIR (or MUSTER_DATA)") {
+			t.Errorf("muster %s: %s", strings.Join(args, " "), line)
+		}
+	}
+}
