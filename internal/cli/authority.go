@@ -679,15 +679,6 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout
 		return nil, nil, nil, err
 	}
 	close = func() { st.Close(); unlock() }
-	if path, ok := strings.CutPrefix(url, "sqlite://"); ok {
-		path, _, _ = strings.Cut(path, "?")
-		unlockStore, err := datadir.LockSQLite(path)
-		if err != nil {
-			close()
-			return nil, nil, nil, err
-		}
-		close = func() { st.Close(); unlockStore(); unlock() }
-	}
 	if err := datadir.CheckStore(ctx, st, dir, info, redactURL(url)); err != nil {
 		close()
 		return nil, nil, nil, err

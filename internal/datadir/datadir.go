@@ -14,7 +14,6 @@
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
 //	DIR/audit-head             the newest audit record appended (seq and hash)
 //	DIR/authority.lock         flock(2)ed by the running authority; holds its pid
-//	DIR/muster.db.lock         flock(2)ed by the authority on the SQLite store; holds its pid
 package datadir
 
 import (

@@ -19,10 +19,8 @@ var ErrLocked = errors.New("datadir: in use by another authority")
 
 // LockHolder is the pid the lock file names: the holder's while the lock
 // is held, else the last holder's; 0 if none.
-func (d Dir) LockHolder() int { return lockHolder(d.LockFile()) }
-
-func lockHolder(path string) int {
-	b, err := os.ReadFile(path)
+func (d Dir) LockHolder() int {
+	b, err := os.ReadFile(d.LockFile())
 	if err != nil {
 		return 0
 	}
@@ -39,40 +37,20 @@ func lockHolder(path string) int {
 // file never blocks a restart. The file holds the holder's pid, for the
 // message only. Call the returned function to release it.
 func (d Dir) Lock() (release func(), err error) {
-	return lockFile(d.LockFile(), func(holder string) error {
-		return fmt.Errorf("%w%s: %s; stop it first, or give another --data", ErrLocked, holder, d)
-	})
-}
-
-// LockSQLite takes the SQLite store at path for this process, as Lock
-// takes the directory: background jobs run unelected on SQLite, so a
-// second authority on the same file (a copy of the data directory given
-// --store sqlite://…) would run each of them twice. The lock is flock(2) on
-// PATH.lock, never on the database file, whose POSIX locks SQLite holds.
-func LockSQLite(path string) (release func(), err error) {
-	return lockFile(path+".lock", func(holder string) error {
-		return fmt.Errorf("%w%s: the SQLite store %s; stop it first: one authority runs on a SQLite store (several replicas share a PostgreSQL store: docs/high-availability.md)",
-			ErrLocked, holder, path)
-	})
-}
-
-// lockFile takes flock(2) on path and writes this process's pid in it;
-// inUse is the error when another process holds it, given " (pid N)".
-func lockFile(path string, inUse func(holder string) error) (release func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := os.OpenFile(d.LockFile(), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("datadir: cannot open %s: %w", path, oserr.Reason(err))
+		return nil, fmt.Errorf("datadir: cannot open %s: %w", d.LockFile(), oserr.Reason(err))
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		holder := ""
-		if pid := lockHolder(path); pid > 0 {
+		if pid := d.LockHolder(); pid > 0 {
 			holder = fmt.Sprintf(" (pid %d)", pid)
 		}
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, inUse(holder)
+			return nil, fmt.Errorf("%w%s: %s; stop it first, or give another --data", ErrLocked, holder, d)
 		}
-		return nil, fmt.Errorf("datadir: cannot lock %s: %w", path, oserr.Reason(err))
+		return nil, fmt.Errorf("datadir: cannot lock %s: %w", d.LockFile(), oserr.Reason(err))
 	}
 	// Only the holder writes, so the pid read by a refused process is
 	// the holder's (or empty for an instant while it is written).
