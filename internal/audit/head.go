@@ -197,17 +197,56 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("audit: checking the head file: %w", err)
 	}
-	if problem != "" {
-		// A restore on purpose leaves both files outside the store ahead
-		// of it: the checkpoint file too, which audit verify would
-		// otherwise report as a cut tail from then on.
-		files := l.head.path
-		if l.file != "" {
-			files += " and " + l.file
+	if problem == "" {
+		if problem, err = l.checkCheckpointFile(ctx); err != nil {
+			return fmt.Errorf("audit: checking the checkpoint file: %w", err)
 		}
-		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (if the store was restored from a backup on purpose, remove %s)", ErrShortChain, problem, files)
+	}
+	if problem != "" {
+		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (%s)", ErrShortChain, problem, l.restoredWayOut())
 	}
 	return nil
+}
+
+// checkCheckpointFile compares the chain with the checkpoint file: "" when
+// the chain reaches the record it covers. The head file alone removed (or
+// never written) must not let a cut chain be appended to: the checkpoint
+// file, written at every checkpoint and at the last stop, covers the
+// removed records too. It is read before the chain's head, so a record
+// committed meanwhile can only make the chain longer. A file missing,
+// damaged or not signed with this chain's key is left to Verify to report.
+func (l *Logger) checkCheckpointFile(ctx context.Context) (string, error) {
+	if l.file == "" {
+		return "", nil
+	}
+	c, err := ReadCheckpointFile(l.file)
+	if err != nil || !signedBy(l.pub, c) {
+		return "", nil
+	}
+	head, err := l.st.AuditHead(ctx)
+	if err != nil {
+		return "", err
+	}
+	if c.Seq <= head.Seq {
+		return "", nil
+	}
+	return fmt.Sprintf("the chain ends at record %d, but the checkpoint in %s covers record %d: records %d to %d were removed from the tail",
+		head.Seq, l.file, c.Seq, head.Seq+1, c.Seq), nil
+}
+
+// restoredWayOut is the way out of a chain shorter than the files outside
+// the store saw, when the store was restored from a backup on purpose. It
+// names both files: the checkpoint file, left in place, would have every
+// audit verify report a cut tail from then on.
+func (l *Logger) restoredWayOut() string {
+	var files []string
+	if l.head != nil {
+		files = append(files, l.head.path)
+	}
+	if l.file != "" {
+		files = append(files, l.file)
+	}
+	return "if the store was restored from a backup on purpose, remove " + strings.Join(files, " and ")
 }
 
 // noteAppended writes seq and hash to the head file, if there is one. A

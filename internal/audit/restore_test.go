@@ -50,6 +50,12 @@ func TestRestoredStoreWayOut(t *testing.T) {
 	if !errors.Is(err, ErrShortChain) || !strings.Contains(err.Error(), headFile) || !strings.Contains(err.Error(), cpFile) {
 		t.Fatalf("CheckHead after a restore: %v, want ErrShortChain naming %s and %s", err, headFile, cpFile)
 	}
+	// audit verify --offline, run to read why the authority refused to
+	// start, names the same way out (it once said only that records were
+	// removed from the tail).
+	if rep, err := l.Verify(ctx); err != nil || rep.OK || !strings.Contains(rep.Problem, "restored from a backup on purpose, remove "+headFile+" and "+cpFile) {
+		t.Fatalf("verify after a restore: %+v, %v; want the way out naming %s and %s", rep, err, headFile, cpFile)
+	}
 	for _, f := range []string{headFile, cpFile} {
 		if err := os.Remove(f); err != nil {
 			t.Fatal(err)
@@ -62,6 +68,62 @@ func TestRestoredStoreWayOut(t *testing.T) {
 	record(l, 1)
 	if _, err := l.Checkpoint(ctx); err != nil {
 		t.Fatalf("checkpoint after the way out: %v", err)
+	}
+	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
+		t.Fatalf("verify after the way out: %+v, %v", rep, err)
+	}
+}
+
+// The head file removed alone after the tail was cut (or a restore): the
+// checkpoint file still covers the lost records, and the chain must not
+// be appended to, reusing their numbers. A logger once started on it,
+// checking only the head file, and audit verify then reported tampering
+// for good.
+func TestCheckHeadWithoutHeadFile(t *testing.T) {
+	dir := t.TempDir()
+	cpFile, headFile := filepath.Join(dir, "audit-checkpoint.json"), filepath.Join(dir, "audit-head")
+	m := &memStore{}
+	open := func() *Logger {
+		l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey, CheckpointFile: cpFile, HeadFile: headFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	ctx := t.Context()
+	l := open()
+	for i := 0; i < 6; i++ {
+		if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			if _, err := l.Checkpoint(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	backupRecs, backupCps := slices.Clone(m.recs[:3]), slices.Clone(m.cps)
+	if _, err := l.Checkpoint(ctx); err != nil { // as at a stop
+		t.Fatal(err)
+	}
+	m.recs, m.cps = backupRecs, backupCps
+	if err := os.Remove(headFile); err != nil {
+		t.Fatal(err)
+	}
+	err := open().CheckHead(ctx)
+	if !errors.Is(err, ErrShortChain) || !strings.Contains(err.Error(), "the checkpoint in "+cpFile+" covers record 6") || !strings.Contains(err.Error(), "remove "+headFile+" and "+cpFile) {
+		t.Fatalf("CheckHead with the head file removed: %v, want ErrShortChain naming %s", err, cpFile)
+	}
+	// The way out it names leaves a chain that is appended to and verifies.
+	if err := os.Remove(cpFile); err != nil {
+		t.Fatal(err)
+	}
+	l = open()
+	if err := l.CheckHead(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+		t.Fatal(err)
 	}
 	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
 		t.Fatalf("verify after the way out: %+v, %v", rep, err)

@@ -165,6 +165,12 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 		if !signedBy(l.pub, a.AuditCheckpoint) {
 			return badSignature(a)
 		}
+		if a.file != "" {
+			// The files outside the store are ahead of it: a cut tail, or
+			// a restore, which the authority's refusal to start names too.
+			return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d (records removed from the tail; %s)",
+				prev.Seq, a.name(), a.Seq, l.restoredWayOut())
+		}
 		return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d (records removed from the tail)",
 			prev.Seq, a.name(), a.Seq)
 	}
@@ -176,7 +182,7 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 		return Report{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	if problem != "" {
-		return fail(firstBad, "%s", problem)
+		return fail(firstBad, "%s; %s", problem, l.restoredWayOut())
 	}
 	rep.OK = true
 	return rep, nil

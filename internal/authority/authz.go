@@ -429,11 +429,14 @@ func (s *Server) rollbackTrusts(in *x509.Certificate) bool {
 
 // expiredReason is the refusal of an expired (or not yet valid) client
 // certificate, naming what brings its holder back: an agent joins again;
-// an operator has no one to ask over the API, so its way back is the
-// break-glass command run beside the storage key.
+// an operator cannot renew, so another operator issues it a new identity
+// (the name's only one has expired: no --reissue), or, when none is left,
+// the break-glass command run beside the storage key. Both name an --out
+// of their own: the default NAME.pem is often the expired file itself,
+// which admin add never overwrites.
 func expiredReason(leaf *x509.Certificate, trustDomain string) string {
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
-		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", id.Name)
+		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one from another operator with muster admin add %s --out %s-new.pem, or, if no operator's identity works, with muster admin add %s --offline --data DIR --out %s-new.pem, run where the authority's data directory (its storage key) is", id.Name, id.Name, id.Name, id.Name)
 	}
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAgent {
 		// A bound-keypair agent is told too: it does not join again, it

@@ -34,7 +34,8 @@ func TestExpiredReason(t *testing.T) {
 		}
 		return expiredReason(c, "td")
 	}
-	if got := leaf(spiffeid.RoleAdmin, "td", "alice"); !strings.Contains(got, "muster admin add alice --offline --data DIR") || strings.Contains(got, "join again") {
+	if got := leaf(spiffeid.RoleAdmin, "td", "alice"); !strings.Contains(got, "muster admin add alice --offline --data DIR --out alice-new.pem") ||
+		!strings.Contains(got, "from another operator with muster admin add alice --out alice-new.pem,") || strings.Contains(got, "join again") {
 		t.Errorf("operator: %q", got)
 	}
 	if got := leaf(spiffeid.RoleAgent, "td", "node-1"); !strings.Contains(got, "must join again: muster agent join --force --data ADIR --node node-1 with a joining URI from muster token create --node node-1") ||

@@ -67,6 +67,12 @@ does; --store is needed only where it cannot connect.`,
 			if path == "" {
 				path = name + ".pem"
 			}
+			// Before the authority issues anything: a certificate
+			// issued and recorded whose file cannot be written leaves
+			// the name holding a valid identity whose key is gone.
+			if _, err := os.Stat(path); err == nil {
+				return fmt.Errorf("admin add: %s already exists; give another --out", path)
+			}
 			if offline {
 				return addOperatorOfflineCmd(cmd, env, &af, storeURL, name, ttl, path, out)
 			}
@@ -173,9 +179,6 @@ func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeUR
 	storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
 	// The identity names the revocation list the authority's own would.
 	crlURL := firstOf(env.Getenv("MUSTER_CRL_URL"), cfg.CRLURL)
-	if _, err := os.Stat(path); err == nil {
-		return fmt.Errorf("admin add: %s already exists; give another --out", path)
-	}
 	op, err := addOperatorOffline(cmd.Context(), dir, storeURL, crlURL, name, ttl, time.Now())
 	if err != nil {
 		return fmt.Errorf("admin add: %w", err)

@@ -2,9 +2,11 @@ package cli
 
 import (
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // operatorWarnAhead is how long before its expiry an operator identity is
@@ -13,16 +15,20 @@ const operatorWarnAhead = 7 * 24 * time.Hour
 
 // expiryWarning is the line an admin command prints to standard error
 // about the operator identity it uses, or "" while it is far from expiry.
-// An identity that has expired cannot renew itself: the line names the
-// break-glass command instead. renewArgs are the flags that found this
-// identity (adminFlags.renewArgs), so the renewal it names renews this
-// file and not the data directory's operator.pem.
-func expiryWarning(path string, id *identity.Identity, name, renewArgs string, now time.Time) string {
+// An identity that has expired cannot renew itself: the line names
+// another operator's admin add and the break-glass command instead, with
+// data the data directory this command was given ("" when none) and an
+// --out beside the expired file (the default NAME.pem is often that very
+// file, which admin add never overwrites). renewArgs are the flags that
+// found this identity (adminFlags.renewArgs), so the renewal it names
+// renews this file and not the data directory's operator.pem.
+func expiryWarning(path string, id *identity.Identity, name, data, renewArgs string, now time.Time) string {
 	notAfter := id.Leaf().NotAfter
 	switch left := notAfter.Sub(now); {
 	case left <= 0:
-		return fmt.Sprintf("warning: the operator identity %s (%s) expired at %s; get a new one with muster admin add %s --offline --data DIR, run where the authority's data directory is",
-			path, name, notAfter.UTC().Format(time.RFC3339), name)
+		out := shellword.Quote(filepath.Join(filepath.Dir(path), name+"-new.pem"))
+		return fmt.Sprintf("warning: the operator identity %s (%s) expired at %s; another operator issues a new one with muster admin add %s --out %s, or, where the authority's data directory is, muster admin add %s --offline --data %s --out %s",
+			path, name, notAfter.UTC().Format(time.RFC3339), name, out, name, shellword.Quote(firstOf(data, "DIR")), out)
 	case left <= operatorWarnAhead:
 		return fmt.Sprintf("warning: the operator identity %s (%s) expires at %s, in %s; renew it with muster admin renew",
 			path, name, notAfter.UTC().Format(time.RFC3339), roundLeft(left)) + renewArgs
@@ -31,8 +37,8 @@ func expiryWarning(path string, id *identity.Identity, name, renewArgs string, n
 }
 
 // warnExpiry prints expiryWarning, if any, to standard error.
-func warnExpiry(env *Env, path string, id *identity.Identity, name, renewArgs string, now time.Time) {
-	if w := expiryWarning(path, id, name, renewArgs, now); w != "" {
+func warnExpiry(env *Env, path string, id *identity.Identity, name, data, renewArgs string, now time.Time) {
+	if w := expiryWarning(path, id, name, data, renewArgs, now); w != "" {
 		fmt.Fprintf(env.Stderr, "muster: %s\n", w)
 	}
 }

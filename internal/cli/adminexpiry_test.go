@@ -35,10 +35,10 @@ func TestExpiryWarning(t *testing.T) {
 		{"just outside 7 days", notAfter.Add(-operatorWarnAhead - time.Minute), ""},
 		{"within 7 days", notAfter.Add(-operatorWarnAhead + time.Minute), "in 6d23h; renew it with muster admin renew"},
 		{"minutes left", notAfter.Add(-90 * time.Second), "in 1m30s; renew it with muster admin renew --identity alice.pem"},
-		{"expired", notAfter.Add(time.Second), "expired at " + notAfter.UTC().Format(time.RFC3339) + "; get a new one with muster admin add alice --offline --data DIR"},
+		{"expired", notAfter.Add(time.Second), "expired at " + notAfter.UTC().Format(time.RFC3339) + "; another operator issues a new one with muster admin add alice --out alice-new.pem, or, where the authority's data directory is, muster admin add alice --offline --data DIR --out alice-new.pem"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := expiryWarning("alice.pem", op, "alice", " --identity alice.pem", tc.at)
+			got := expiryWarning("alice.pem", op, "alice", "", " --identity alice.pem", tc.at)
 			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
 				t.Errorf("expiryWarning = %q, want %q", got, tc.want)
 			}

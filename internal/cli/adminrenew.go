@@ -31,8 +31,10 @@ func newAdminRenewCmd(env *Env) *cobra.Command {
 		Long: `renew asks the authority, over the operator identity in use, for a
 certificate of the same name on a new key made here, and replaces the
 identity file in use (or --out) atomically, mode 0600. The authority audits it
-as operator.renew. An identity that has already expired cannot renew: get a
-new one with muster admin add NAME --offline --data DIR.`,
+as operator.renew. An identity that has already expired cannot renew:
+another operator issues a new one with muster admin add NAME --out FILE, or,
+with no operator left, muster admin add NAME --offline --data DIR --out FILE
+where the authority's data directory is.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -71,6 +73,11 @@ type adminClient struct {
 func (c *adminClient) Close() error { return c.conn.Close() }
 
 func (a *adminFlags) dial(env *Env) (*adminClient, error) {
+	// A deadline already passed would be reported as the authority's
+	// DEADLINE_EXCEEDED.
+	if a.timeout <= 0 {
+		return nil, fmt.Errorf("--timeout %s: give a positive duration, e.g. --timeout 30s", a.timeout)
+	}
 	data := firstOf(a.data, env.Getenv("MUSTER_DATA"), "muster-data")
 	dir := datadir.Dir(data)
 	idPath := firstOf(a.identity, env.Getenv("MUSTER_IDENTITY"))
@@ -87,9 +94,20 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	a.idPath, a.id = idPath, id
 	if !a.quiet {
-		warnExpiry(env, idPath, id, me.Name, a.renewArgs(), time.Now())
+		warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.renewArgs(), time.Now())
 	}
-	addr := firstOf(a.authority, env.Getenv("MUSTER_AUTHORITY"))
+	addr, from := a.authority, "--authority"
+	if addr == "" {
+		addr, from = env.Getenv("MUSTER_AUTHORITY"), "MUSTER_AUTHORITY"
+	}
+	// Without a port the dialer would try 443 and report only that
+	// nothing answered there.
+	if addr != "" {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			return nil, fmt.Errorf("%s %q is not HOST:PORT: give the authority's address with its port, e.g. --authority %s",
+				from, addr, shellword.Quote(net.JoinHostPort(strings.Trim(addr, "[]"), "7443")))
+		}
+	}
 	if addr == "" {
 		rec, err := dir.ReadAddress()
 		if err != nil {
@@ -143,7 +161,7 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 	ctx, cancel := a.context(cmd.Context())
 	defer cancel()
 	if err := f(ctx, c); err != nil {
-		return fmt.Errorf("%s: %w", name, a.untrustedAuthorityHint(err))
+		return fmt.Errorf("%s: %w", name, a.lockedHint(a.untrustedAuthorityHint(err)))
 	}
 	return nil
 }
@@ -175,6 +193,23 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 	}
 	p := s.Proto()
 	p.Message += "; " + hint
+	return status.FromProto(p).Err()
+}
+
+// lockedHint adds to the authority's bare "locked" (DESIGN.md's word; the
+// audit record names the lock) whose lock it is and who lifts it: a
+// locked operator cannot, and was told nothing it could act on.
+func (a *adminFlags) lockedHint(err error) error {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.PermissionDenied || s.Message() != "locked" || a.id == nil {
+		return err
+	}
+	me, idErr := a.id.ID()
+	if idErr != nil {
+		return err
+	}
+	p := s.Proto()
+	p.Message += fmt.Sprintf("; a lock on the operator %s (%s) refuses its every call: another operator finds it with muster lock list and lifts it with muster lock delete LOCK-ID", me.Name, a.idPath)
 	return status.FromProto(p).Err()
 }
 

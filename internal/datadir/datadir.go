@@ -85,7 +85,9 @@ type Custody struct {
 func (d Dir) ReadInfo() (Info, error) {
 	if _, err := os.Stat(string(d)); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return Info{}, fmt.Errorf("datadir: %s does not exist: run muster init --data %s", d, shellword.Quote(string(d)))
+			// Most often a mistyped or forgotten --data of an existing
+			// authority: muster init first would make another authority.
+			return Info{}, fmt.Errorf("datadir: %s does not exist: give the authority's data directory with --data DIR (or MUSTER_DATA), or create an authority there with muster init --data %s", d, shellword.Quote(string(d)))
 		}
 		return Info{}, fmt.Errorf("datadir: %w", err)
 	}

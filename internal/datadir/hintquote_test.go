@@ -23,7 +23,7 @@ func TestReadInfoHintQuotesTheDirectory(t *testing.T) {
 			if err == nil {
 				t.Fatalf("ReadInfo of %s: no error", d)
 			}
-			_, cmd, ok := strings.Cut(err.Error(), "run muster init ")
+			_, cmd, ok := strings.Cut(err.Error(), "muster init ")
 			if !ok {
 				t.Fatalf("ReadInfo of %s: %v, want a muster init to run", d, err)
 			}
