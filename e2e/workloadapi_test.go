@@ -107,7 +107,9 @@ func TestWorkloadAPIServesAndPushes(t *testing.T) {
 		t.Fatal("the SVID served is not certs/agent.crt")
 	}
 
-	// Open streams get a renewal by another process within a second.
+	// Open streams get a renewal by another process (the push is logged
+	// with how long it took; the test waits for it with the test's
+	// deadline, so a loaded machine cannot fail it).
 	svids := make(x509Updates, 8)
 	go client.WatchX509Context(ctx, svids)
 	first := <-svids
@@ -127,12 +129,12 @@ func TestWorkloadAPIServesAndPushes(t *testing.T) {
 			t.Fatal("the pushed SVID is not the renewed certs/agent.crt")
 		}
 		t.Logf("renewal pushed %v after agent renew exited", time.Since(renewed))
-	case <-time.After(time.Second):
-		t.Fatalf("no SVID update within a second of agent renew\n%s", p.Logs())
+	case <-ctx.Done():
+		t.Fatalf("no SVID update after agent renew\n%s", p.Logs())
 	}
 
-	// A bundle change reaches the bundle stream within a second of the
-	// agent writing it: a root rotation begins, the agent takes the new
+	// A bundle change reaches the bundle stream after the agent writes
+	// it: a root rotation begins, the agent takes the new
 	// root from its stream (through the cross-certificate) and writes
 	// ca.crt with both roots.
 	caFile := filepath.Join(adir, "certs", "ca.crt")
@@ -145,7 +147,6 @@ func TestWorkloadAPIServesAndPushes(t *testing.T) {
 			t.Fatalf("the agent did not take the new root within 15 s of the rotation\n%s", p.Logs())
 		}
 	}
-	deadline := time.After(time.Second)
 	for done := false; !done; {
 		select {
 		case s := <-bset:
@@ -154,8 +155,8 @@ func TestWorkloadAPIServesAndPushes(t *testing.T) {
 				t.Logf("bundle change pushed after %v", time.Since(changed))
 				done = true
 			}
-		case <-deadline:
-			t.Fatalf("no bundle update with the new root within a second\n%s", p.Logs())
+		case <-ctx.Done():
+			t.Fatalf("no bundle update with the new root\n%s", p.Logs())
 		}
 	}
 
