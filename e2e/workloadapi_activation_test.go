@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// Socket activation: agent run started with a listening socket passed as
+// systemd passes one (LISTEN_PID, LISTEN_FDS, the socket at fd 3) serves
+// the Workload API on it and leaves it when it stops, so across a restart
+// a client connects at once (queued by the kernel, never "no such file or
+// directory") and gets its SVID as soon as the agent is back.
+func TestWorkloadAPISocketActivation(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := joinedAgent(t, e, "act-1")
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	addr := "unix://" + sock
+	// The test is systemd: it holds the socket for the whole test.
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	passed, err := l.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer passed.Close()
+	run := func() *proc {
+		// LISTEN_PID must be the agent's own pid: the shell's, which
+		// exec hands on.
+		cmd := exec.Command("sh", "-c", `LISTEN_PID=$$ LISTEN_FDS=1 LISTEN_FDNAMES=muster-agent.socket exec "$0" "$@"`,
+			musterBin, "agent", "run", "--data", adir, "--log-format", "json", "--workload-api", addr)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+		cmd.ExtraFiles = []*os.File{passed}
+		p, started := startCmd(t, "agent", "agent started", cmd)
+		if started["workload_api"] != sock || started["workload_api_socket"] != "systemd" {
+			t.Fatalf("agent started record: %v", started)
+		}
+		return p
+	}
+	p := run()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	want := spiffeid.RequireFromPath(spiffeid.RequireTrustDomainFromString(e.authorityID), "/agent/act-1")
+	first, err := workloadapi.FetchX509SVID(ctx, workloadapi.WithAddr(addr))
+	if err != nil || first.ID != want {
+		t.Fatalf("FetchX509SVID on the passed socket: %v %v\n%s", first, err, p.Logs())
+	}
+	// A watcher open across the restart.
+	client, err := workloadapi.New(ctx, workloadapi.WithAddr(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	svids := make(x509Updates, 8)
+	go client.WatchX509Context(ctx, svids)
+	<-svids
+
+	p.stop(t)
+	if fi, err := os.Lstat(sock); err != nil || fi.Mode().Type() != os.ModeSocket {
+		t.Fatalf("the agent stopping removed the passed socket: %v %v", fi, err)
+	}
+	// While the agent is down a caller connects (the kernel queues it),
+	// and a go-spiffe fetch begun now waits rather than fails.
+	down, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatalf("connecting while the agent restarts: %v", err)
+	}
+	defer down.Close()
+	fetched := make(chan error, 1)
+	go func() {
+		s, err := workloadapi.FetchX509SVID(ctx, workloadapi.WithAddr(addr))
+		if err == nil && s.ID != want {
+			err = errWrongID(s.ID)
+		}
+		fetched <- err
+	}()
+
+	p = run()
+	back := time.Now()
+	// The connection made while the agent was down is served.
+	conn, err := grpc.NewClient("passthrough:///agent", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return down, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	stream, err := workload.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(
+		metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true"), &workload.X509SVIDRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatalf("the connection made while the agent was down: %v\n%s", err, p.Logs())
+	}
+	if s, err := x509svid.ParseRaw(resp.Svids[0].X509Svid, resp.Svids[0].X509SvidKey); err != nil || s.ID != want {
+		t.Fatalf("the SVID served on the connection made while the agent was down: %v %v", s, err)
+	}
+	t.Logf("connection made while the agent was down served %v after it was back", time.Since(back).Round(time.Millisecond))
+	if err := <-fetched; err != nil {
+		t.Fatalf("go-spiffe FetchX509SVID begun while the agent was down: %v\n%s", err, p.Logs())
+	}
+	t.Logf("go-spiffe FetchX509SVID begun while the agent was down returned %v after it was back", time.Since(back).Round(time.Millisecond))
+	select {
+	case c := <-svids:
+		if c.DefaultSVID().ID != want {
+			t.Fatalf("the watcher's update after the restart: %v", c.DefaultSVID().ID)
+		}
+		t.Logf("go-spiffe watcher open across the restart updated %v after the agent was back", time.Since(back).Round(time.Millisecond))
+	case <-ctx.Done():
+		t.Fatalf("the watcher open across the restart got no SVID after it\n%s", p.Logs())
+	}
+}
+
+type errWrongID spiffeid.ID
+
+func (e errWrongID) Error() string { return "SVID of " + spiffeid.ID(e).String() }
