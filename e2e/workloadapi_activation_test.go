@@ -2,6 +2,10 @@ package e2e
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -188,5 +192,78 @@ func TestWorkloadAPIPassedSocketChecked(t *testing.T) {
 	}
 	if s, err := workloadapi.FetchX509SVID(ctx, workloadapi.WithAddr("unix://"+sock)); err != nil || !strings.HasSuffix(s.ID.String(), "/agent/act-2") {
 		t.Fatalf("FetchX509SVID on the passed socket: %v %v", s, err)
+	}
+}
+
+// A token agent started after its certificate expired stops at once; on a
+// socket passed by systemd, where a caller's connection was already
+// waiting, it must not serve that caller the expired SVID meanwhile.
+func TestWorkloadAPIExpiredAgentServesNothing(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	adir := joinedAgent(t, e, "act-3")
+	crt, err := os.ReadFile(filepath.Join(adir, "certs", "agent.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blk, _ := pem.Decode(crt)
+	if blk == nil {
+		t.Fatal("certs/agent.crt holds no certificate")
+	}
+	time.Sleep(time.Until(mustParse(t, blk.Bytes).NotAfter.Add(time.Second)))
+
+	sock := filepath.Join(socketDir(t), "agent.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	passed, err := l.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer passed.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The caller is waiting before the agent starts.
+	waiting, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("passthrough:///agent", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return waiting, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	got := make(chan error, 1)
+	go func() {
+		stream, err := workload.NewSpiffeWorkloadAPIClient(conn).FetchX509SVID(
+			metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true"), &workload.X509SVIDRequest{})
+		if err == nil {
+			var resp *workload.X509SVIDResponse
+			if resp, err = stream.Recv(); err == nil {
+				err = errors.New("served an SVID")
+				if cs, perr := x509.ParseCertificates(resp.GetSvids()[0].GetX509Svid()); perr == nil && len(cs) > 0 {
+					err = fmt.Errorf("served an SVID valid until %v", cs[0].NotAfter)
+				}
+			} else {
+				err = nil
+			}
+		}
+		got <- err
+	}()
+
+	cmd := exec.CommandContext(ctx, "sh", "-c", `LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@"`,
+		musterBin, "agent", "run", "--data", adir, "--workload-api", "unix://"+sock)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	cmd.ExtraFiles = []*os.File{passed}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "expired") {
+		t.Fatalf("agent run with an expired certificate: %v\n%s", err, out)
+	}
+	// The agent is gone: the caller's stream has ended, without an SVID.
+	if err := <-got; err != nil {
+		t.Fatalf("the caller waiting on the socket: %v\n%s", err, out)
 	}
 }
