@@ -445,6 +445,16 @@ func TestGuideAgentUnitIsThePackagedOne(t *testing.T) {
 	if !ok || block != string(unit) {
 		t.Errorf("the guide's agent unit differs from packaging/systemd/muster-agent.service:\n%s", block)
 	}
+	sock, err := os.ReadFile("../packaging/systemd/muster-agent.socket")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, _ = strings.Cut(sec, "```ini\n")
+	_, block, ok = strings.Cut(sec, "```ini\n")
+	block, _, _ = strings.Cut(block, "```")
+	if !ok || block != string(sock) {
+		t.Errorf("the guide's agent socket unit differs from packaging/systemd/muster-agent.socket:\n%s", block)
+	}
 	for _, want := range []string{"\nUser=muster-agent\n", "\nGroup=muster-agent\n", "\nRestart=on-abnormal\n"} {
 		if !strings.Contains(string(unit), want) {
 			t.Errorf("the agent unit lacks %q", strings.TrimSpace(want))

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -111,6 +112,31 @@ func TestOperatorIdentityLifecycle(t *testing.T) {
 	}
 	if out := mustRun(t, "status", "--identity", bob2, "--authority", a.addr); !strings.Contains(out, "/admin/bob") {
 		t.Errorf("status with the break-glass identity: %s", out)
+	}
+	// Without --out the identity lands in the current directory as
+	// NAME.pem, and the commands after it still use DIR/operator.pem: the
+	// output names the export that makes them use the new one, which
+	// pasted into a shell (here another directory's) works.
+	wd := t.TempDir()
+	add := exec.Command(musterBin, "admin", "add", "carol", "--offline", "--data", dir, "--ttl", "2h")
+	add.Dir, add.Env = wd, []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	printed, err := add.Output()
+	if err != nil {
+		t.Fatalf("admin add carol --offline: %v\n%s", err, printed)
+	}
+	var export string
+	for _, line := range strings.Split(string(printed), "\n") {
+		if l := strings.TrimSpace(line); strings.HasPrefix(l, "export MUSTER_IDENTITY=") {
+			export = l
+		}
+	}
+	if export == "" || !strings.Contains(string(printed), "--identity "+filepath.Join(wd, "carol.pem")) {
+		t.Fatalf("admin add --offline names no export of the new identity, or no --identity:\n%s", printed)
+	}
+	sh := exec.Command("sh", "-c", export+"\nexec \"$0\" status --authority \"$1\"", musterBin, a.addr)
+	sh.Dir, sh.Env = t.TempDir(), []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	if out, err := sh.CombinedOutput(); err != nil || !strings.Contains(string(out), "/admin/carol") {
+		t.Errorf("status after pasting %q: %v\n%s", export, err, out)
 	}
 	// --out never overwrites.
 	if line := mustFail(t, "admin", "add", "bob", "--offline", "--data", dir, "--out", bob2); !strings.Contains(line, "already exists") {

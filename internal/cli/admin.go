@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -103,8 +105,8 @@ does; --store is needed only where it cannot connect.`,
 			if out.json() {
 				return out.write(env.Stdout, operatorJSON(resp, path))
 			}
-			fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
-				resp.GetSpiffeId(), resp.GetSerial(), resp.GetNotAfter().AsTime().UTC().Format(time.RFC3339), path)
+			fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s\n%s",
+				resp.GetSpiffeId(), resp.GetSerial(), resp.GetNotAfter().AsTime().UTC().Format(time.RFC3339), useIdentity(path))
 			return nil
 		},
 	}
@@ -194,9 +196,22 @@ func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeUR
 			"not_after": leaf.NotAfter, "identity": path, "offline": true,
 		})
 	}
-	fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s, signed offline and audited\nIdentity written to %s (use it with --identity or MUSTER_IDENTITY)\n",
-		op.ID, serial, leaf.NotAfter.UTC().Format(time.RFC3339), path)
+	fmt.Fprintf(env.Stdout, "Operator %s (serial %s) valid until %s, signed offline and audited\n%s",
+		op.ID, serial, leaf.NotAfter.UTC().Format(time.RFC3339), useIdentity(path))
 	return nil
+}
+
+// useIdentity says where a new identity was written and how to use it, in
+// lines that paste: admin commands given no --identity and no
+// MUSTER_IDENTITY use the data directory's operator.pem, which after a
+// break-glass is the expired one, so "written to alice.pem" alone leaves
+// the operator refused again.
+func useIdentity(path string) string {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	q := shellword.Quote(path)
+	return fmt.Sprintf("Identity written to %s. Use it in this shell with\n  export MUSTER_IDENTITY=%s\nor give --identity %s to each command; without either, admin commands use the data directory's operator.pem.\n", path, q, q)
 }
 
 // operatorIdentity is the identity an AddOperator or RenewOperator answer

@@ -288,7 +288,7 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 				}
 				defer lis.Close()
 			}
-			wapi, err := wl.setup(cmd, dir, log, m)
+			wapi, err := wl.setup(cmd, env.Getenv, dir, log, m)
 			if err != nil {
 				return fmt.Errorf("agent run: %w", err)
 			}
@@ -317,6 +317,9 @@ token's recovery limit (muster token apply) brings the agent back as it is.`,
 			}
 			if wapi != nil {
 				args = append(args, "workload_api", wapi.path)
+				if wapi.passed {
+					args = append(args, "workload_api_socket", "systemd")
+				}
 			}
 			log.Info("agent started", args...)
 

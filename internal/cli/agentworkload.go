@@ -43,14 +43,18 @@ func (w *workloadFlags) register(cmd *cobra.Command) {
 type workloadAPI struct {
 	lis  net.Listener
 	path string
-	src  *workload.Source
-	cfg  workload.Config
+	// passed is set when lis is the socket systemd passed (socket
+	// activation), which the agent neither makes nor removes.
+	passed bool
+	src    *workload.Source
+	cfg    workload.Config
 }
 
 // setup resolves the settings (flags over agent.yaml) and creates the
-// socket, so a wrong setting stops agent run before it starts; nil when
-// no Workload API is asked for.
-func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logger, m *agent.Metrics) (*workloadAPI, error) {
+// socket, or takes the one systemd passed (muster-agent.socket), so a
+// wrong setting stops agent run before it starts; nil when no Workload
+// API is asked for and no socket was passed.
+func (w *workloadFlags) setup(cmd *cobra.Command, getenv func(string) string, dir agent.Dir, log *slog.Logger, m *agent.Metrics) (_ *workloadAPI, err error) {
 	cfg, err := dir.ReadConfig()
 	if err != nil {
 		return nil, err
@@ -63,15 +67,36 @@ func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logge
 	if f.Changed("workload-api") {
 		c.Listen = w.listen
 	}
-	if c.Listen == "" {
+	var path string
+	if c.Listen != "" {
+		if path, err = workload.ParseAddr(c.Listen); err != nil {
+			return nil, err
+		}
+	}
+	// A socket passed by systemd is checked against the path asked for
+	// (with none asked for, the unit's is taken), and the variables
+	// that pass it are for this process alone, whatever becomes of it.
+	passed, err := workload.Inherited(getenv, path)
+	workload.UnsetListenEnv()
+	if err != nil {
+		return nil, err
+	}
+	if passed != nil {
+		defer func() {
+			if err != nil {
+				passed.Close()
+			}
+		}()
+		if path == "" {
+			path = passed.Addr().String()
+			log.Info("workload api: serving on the socket systemd passed (muster-agent.socket), though no --workload-api or workload_api.listen is set; systemctl mask --now muster-agent.socket turns it off", "path", path)
+		}
+	}
+	if path == "" {
 		return nil, nil
 	}
 	if !workload.PeerCredsSupported {
 		return nil, errors.New("the Workload API admits callers by their credentials (SO_PEERCRED), read on Linux only")
-	}
-	path, err := workload.ParseAddr(c.Listen)
-	if err != nil {
-		return nil, err
 	}
 	sock := workload.Socket{Path: path, Mode: 0o600, UID: -1, GID: -1}
 	if f.Changed("workload-api-socket-mode") {
@@ -119,14 +144,21 @@ func (w *workloadFlags) setup(cmd *cobra.Command, dir agent.Dir, log *slog.Logge
 			return nil, fmt.Errorf("workload_api.call_timeout %q: want a duration of at least 1s, such as 1m", c.CallTimeout)
 		}
 	}
-	lis, err := workload.Listen(sock)
-	if err != nil {
+	lis := passed
+	if passed != nil {
+		// systemd made the socket with the unit's mode and owner, which
+		// the agent leaves as they are: it may not be allowed to change
+		// them (ProtectSystem=), and the unit is where they are set.
+		if d := workload.Differs(sock, c.SocketMode != ""); d != "" {
+			log.Warn("workload api: the socket systemd passed is not as the agent's settings ask; set them in the socket unit (systemctl edit muster-agent.socket)", "path", path, "differs", d)
+		}
+	} else if lis, err = workload.Listen(sock); err != nil {
 		return nil, err
 	}
 	src := workload.NewSource(dir.LoadIdentity, log)
 	src.Reload()
 	sc.Socket = &sock
-	return &workloadAPI{lis: lis, path: path, src: src, cfg: sc}, nil
+	return &workloadAPI{lis: lis, path: path, passed: passed != nil, src: src, cfg: sc}, nil
 }
 
 func uint32s(v []uint) []uint32 {

@@ -35,6 +35,12 @@ import (
 // newIdentity is a root and an agent leaf of td, like the agent holds.
 func newIdentity(t testing.TB, td string, serial int64) *identity.Identity {
 	t.Helper()
+	return newIdentityUntil(t, td, serial, time.Now().Add(time.Hour))
+}
+
+// newIdentityUntil is newIdentity with a leaf valid until notAfter.
+func newIdentityUntil(t testing.TB, td string, serial int64, notAfter time.Time) *identity.Identity {
+	t.Helper()
 	rk, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	root := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "root"}, IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
@@ -47,7 +53,7 @@ func newIdentity(t testing.TB, td string, serial int64) *identity.Identity {
 	u, _ := url.Parse("spiffe://" + td + "/agent/web-1")
 	leaf := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "web-1"}, URIs: []*url.URL{u},
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour)}
+		NotBefore: notAfter.Add(-2 * time.Hour), NotAfter: notAfter}
 	lder, err := x509.CreateCertificate(rand.Reader, leaf, root, &lk.PublicKey, rk)
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +153,8 @@ func TestReloadPushesToStreams(t *testing.T) {
 		if !got.DefaultSVID().Certificates[0].Equal(second.Leaf()) {
 			t.Fatal("the update after a reload without a change, or after a failed load, was not the new identity")
 		}
-	case <-time.After(time.Second):
-		t.Fatal("no update within a second of Reload")
+	case <-ctx.Done():
+		t.Fatal("no update after Reload")
 	}
 }
 
@@ -316,5 +322,42 @@ func TestNonReadingStreamEnds(t *testing.T) {
 		if ctx.Err() != nil {
 			t.Fatal("the stream that reads nothing still holds its UID's only place after 30 s")
 		}
+	}
+}
+
+// An expired certificate is never served: a stream opened while the agent
+// holds one (started after its certificate expired) waits, and its first
+// message is the next valid identity, the one a bound-keypair recovery
+// writes.
+func TestExpiredIdentityIsNotServed(t *testing.T) {
+	expired := newIdentityUntil(t, "td", 1, time.Now().Add(-time.Second))
+	h := &holder{id: expired}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	if snap, _ := src.Current(); snap != nil {
+		t.Fatalf("an expired certificate was made current (not after %v)", snap.Chain[0].NotAfter)
+	}
+	addr := serve(t, src, Config{AllowUIDs: []uint32{uint32(os.Geteuid())}}, 0o600)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := dialRaw(t, addr).FetchX509SVID(withHeader(ctx), &workloadpb.X509SVIDRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Whether the server opens the stream before or after the valid
+	// identity arrives, its first message is the valid one.
+	valid := newIdentity(t, "td", 2)
+	h.set(valid)
+	src.Reload()
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(resp.Svids[0].X509Svid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !leaf.Equal(valid.Leaf()) {
+		t.Fatalf("the first SVID served is serial %v (not after %v), want the valid one", leaf.SerialNumber, leaf.NotAfter)
 	}
 }

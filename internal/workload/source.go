@@ -11,6 +11,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -84,12 +85,19 @@ func (s *Source) Current() (*Snapshot, <-chan struct{}) {
 // Reload reads the identity again and, if its certificates or roots
 // changed, makes it current and wakes every watcher. A load that fails
 // (no identity yet, a renewal half written) keeps the current snapshot:
-// the write that completes it brings another Reload.
+// the write that completes it brings another Reload. An expired
+// certificate is never made current: an agent started with one either
+// exits (a token agent) or recovers (a bound-keypair one, whose recovery
+// reloads), and meanwhile streams wait rather than get an SVID no peer
+// accepts.
 func (s *Source) Reload() {
 	id, err := s.load()
 	var snap *Snapshot
 	if err == nil {
 		snap, err = snapshotOf(id)
+	}
+	if err == nil && !time.Now().Before(snap.Chain[0].NotAfter) {
+		snap, err = nil, fmt.Errorf("the certificate expired at %s", snap.Chain[0].NotAfter.UTC().Format(time.RFC3339))
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

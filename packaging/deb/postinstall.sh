@@ -26,6 +26,14 @@ fi
 chown root:muster /etc/muster/authority.env
 chown root:muster-agent /etc/muster/agent.env
 chmod 0640 /etc/muster/authority.env /etc/muster/agent.env
+# The agent's Workload API socket (muster-agent.socket) is enabled once,
+# the first time the package brings it: an operator's later disable stays
+# (deb-systemd-helper remembers it has handled the unit).
+if command -v deb-systemd-helper >/dev/null; then
+  if ! deb-systemd-helper debian-installed muster-agent.socket; then
+    deb-systemd-helper enable muster-agent.socket >/dev/null || true
+  fi
+fi
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload >/dev/null || true
   if [ "$1" = configure ] && [ -n "${2:-}" ]; then

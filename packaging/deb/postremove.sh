@@ -7,6 +7,10 @@ set -e
 if [ "$1" = purge ]; then
   rm -f /etc/systemd/system/multi-user.target.wants/muster-authority.service \
     /etc/systemd/system/multi-user.target.wants/muster-agent.service
+  # The socket unit's enablement (postinstall enabled it).
+  if command -v deb-systemd-helper >/dev/null; then
+    deb-systemd-helper purge muster-agent.socket >/dev/null || true
+  fi
 fi
 if [ -d /run/systemd/system ]; then
   systemctl daemon-reload >/dev/null || true
