@@ -87,3 +87,43 @@ func TestSocketRemovedIsMadeAgain(t *testing.T) {
 		t.Fatalf("the stream opened before the removal: %v %v", resp, err)
 	}
 }
+
+// A file another put at the socket's path while the API served (another
+// agent's socket, after an operator removed this one's) is left alone
+// when the API stops: the agent removes only the socket it made.
+func TestSocketReplacedIsLeftAtStop(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	base, err := os.MkdirTemp("", "wapi")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	sock := Socket{Path: filepath.Join(base, "agent.sock"), Mode: 0o600, UID: -1, GID: -1}
+	lis, err := Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- NewServer(src, Config{AllowUIDs: []uint32{uint32(os.Geteuid())}, Socket: &sock}).Serve(ctx, lis)
+	}()
+	// Replaced in one step, so that the path is never missing and the
+	// agent never makes its socket again.
+	other := filepath.Join(base, "other")
+	if err := os.WriteFile(other, []byte("not the agent's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, sock.Path); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if b, err := os.ReadFile(sock.Path); err != nil || string(b) != "not the agent's" {
+		t.Errorf("the file put at the socket's path: %q, %v after the API stopped; want it left", b, err)
+	}
+}
