@@ -17,6 +17,8 @@ func TestQuote(t *testing.T) {
 		{"/tmp/$(reboot)", "'/tmp/$(reboot)'"},
 		{"~/data", "'~/data'"},
 		{"a\nb", "'a\nb'"},
+		{"=data", "'=data'"},
+		{"a=b", "a=b"},
 	} {
 		if got := Quote(tt.in); got != tt.want {
 			t.Errorf("Quote(%q) = %s, want %s", tt.in, got, tt.want)
