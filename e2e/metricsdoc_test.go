@@ -211,6 +211,9 @@ func TestDocumentedMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	exprs := 0
+	// An alert the docs give in two places is the same rule in both.
+	type rule struct{ file, expr string }
+	alerts := map[string]rule{}
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -218,17 +221,27 @@ func TestDocumentedMetrics(t *testing.T) {
 		}
 		var candidates []string
 		fenced := false
+		alert := ""
 		for _, line := range strings.Split(string(b), "\n") {
 			if strings.HasPrefix(strings.TrimSpace(line), "```") {
-				fenced = !fenced
+				fenced, alert = !fenced, ""
 				continue
 			}
 			if !fenced {
 				for _, m := range docCode.FindAllStringSubmatch(line, -1) {
 					candidates = append(candidates, m[1])
 				}
+			} else if _, name, ok := strings.Cut(line, "- alert: "); ok {
+				alert = strings.Fields(name)[0]
 			} else if _, expr, ok := strings.Cut(line, "expr: "); ok {
 				candidates = append(candidates, expr)
+				if alert != "" {
+					here := rule{filepath.Base(f), strings.TrimSpace(expr)}
+					if other, ok := alerts[alert]; ok && other.expr != here.expr {
+						t.Errorf("the alert %s is %q in %s and %q in %s: one rule, two meanings", alert, other.expr, other.file, here.expr, here.file)
+					}
+					alerts[alert] = here
+				}
 			}
 		}
 		for _, c := range candidates {

@@ -73,14 +73,20 @@ func (e *OpError) Unwrap() error { return e.Err }
 
 // ExpiredError refuses to renew a certificate past its NotAfter: the
 // authority would refuse it, and only a new join can help. Dir and Node,
-// when known, name that join as a command for this machine.
+// when known, name that join as a command for this machine. Bound is a
+// bound-keypair agent's, which needs none: agent run recovers with the
+// bound key.
 type ExpiredError struct {
 	NotAfter time.Time
 	Dir      Dir
 	Node     string
+	Bound    bool
 }
 
 func (e *ExpiredError) Error() string {
+	if e.Bound {
+		return fmt.Sprintf("certificate expired at %s; muster agent run recovers it with the bound key", e.NotAfter.UTC().Format(time.RFC3339))
+	}
 	msg := fmt.Sprintf("certificate expired at %s; join again with a new token", e.NotAfter.UTC().Format(time.RFC3339))
 	if e.Dir != "" && e.Node != "" {
 		msg += ": " + RejoinCommand(e.Dir, e.Node)

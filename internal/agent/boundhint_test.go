@@ -126,3 +126,22 @@ func TestLocateFailureNamesDiscovery(t *testing.T) {
 		t.Fatalf("got %v, want a DiscoveryError for 127.0.0.1:1 carrying UNAVAILABLE", err)
 	}
 }
+
+// A bound-keypair agent whose certificate expired, asked for a JWT-SVID
+// before its recovery is done, says that agent run recovers it, not the
+// token join of a token agent (whose command would take a token it does
+// not need and drop its bound key's standing).
+func TestExpiredBoundAgentNamesItsRecovery(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	_, dir := boundJoined(t, f)
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := New(Options{Dir: dir, Now: func() time.Time { return st.NotAfter.Add(time.Second) }})
+	_, _, err = later.JWTSVID(t.Context(), []string{"aud"})
+	var exp *ExpiredError
+	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "muster agent run recovers it with the bound key") || strings.Contains(err.Error(), "token create") {
+		t.Errorf("got %v, want the bound key's recovery named", err)
+	}
+}

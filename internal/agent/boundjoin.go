@@ -443,15 +443,15 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 	switch reason {
 	case "unknown_token":
 		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
-			st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
+			st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair)
 	case boundkeypair.ErrRecoveryExhausted.Error():
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():
 		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: muster bound-keypair resync open)",
-			st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
+			st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair)
 	case reasonChallengeFailed:
 		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: muster bound-keypair resync open (muster audit list --action agent.join says when a window would rebind it)",
-			st.BoundKeypair, string(dir), st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, string(dir), st.BoundKeypair)
+			st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair)
 	case "registration_closed":
 		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
 	case "locked", "copy_detected":

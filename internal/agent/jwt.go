@@ -116,7 +116,7 @@ func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.
 		return err
 	}
 	if !a.now().Before(id.Leaf().NotAfter) {
-		return &ExpiredError{NotAfter: id.Leaf().NotAfter, Dir: a.dir, Node: st.NodeID}
+		return &ExpiredError{NotAfter: id.Leaf().NotAfter, Dir: a.dir, Node: st.NodeID, Bound: st.JoinMethod == JoinMethodBoundKeypair}
 	}
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {

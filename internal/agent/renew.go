@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -275,6 +276,6 @@ func ownDir(err error, dir Dir) error {
 		return err
 	}
 	p := s.Proto()
-	p.Message = strings.ReplaceAll(p.Message, placeholder, "--data "+string(dir)+" ")
+	p.Message = strings.ReplaceAll(p.Message, placeholder, "--data "+shellword.Quote(string(dir))+" ")
 	return status.FromProto(p).Err()
 }

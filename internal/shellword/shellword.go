@@ -18,9 +18,11 @@ const safe = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-
 //	/srv/my dir  ->  '/srv/my dir'
 //	/srv/it's    ->  '/srv/it'\''s'
 //
-// The empty string is two single quotes: an empty word, not none.
+// The empty string is two single quotes: an empty word, not none. A word
+// that starts with = is quoted too: zsh, the shell many operators paste
+// into, reads a bare =NAME as the path of the command NAME.
 func Quote(s string) string {
-	if s != "" && strings.Trim(s, safe) == "" {
+	if s != "" && s[0] != '=' && strings.Trim(s, safe) == "" {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"

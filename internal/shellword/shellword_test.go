@@ -2,6 +2,7 @@ package shellword
 
 import (
 	"os/exec"
+	"strings"
 	"testing"
 )
 
@@ -16,6 +17,8 @@ func TestQuote(t *testing.T) {
 		{"/tmp/$(reboot)", "'/tmp/$(reboot)'"},
 		{"~/data", "'~/data'"},
 		{"a\nb", "'a\nb'"},
+		{"=data", "'=data'"},
+		{"a=b", "a=b"},
 	} {
 		if got := Quote(tt.in); got != tt.want {
 			t.Errorf("Quote(%q) = %s, want %s", tt.in, got, tt.want)
@@ -35,4 +38,25 @@ func TestQuotePastes(t *testing.T) {
 			t.Errorf("%q pasted as %s reads back %q", s, Quote(s), out)
 		}
 	}
+}
+
+// FuzzQuotePastes: whatever bytes a word holds (but NUL, which no
+// argument can), Quote's form of it, pasted into sh as printf's
+// argument, is that one word again.
+func FuzzQuotePastes(f *testing.F) {
+	for _, s := range []string{"", "/tmp/my dir", "it's", "''", "$(id)", "~", "a\nb", "=x", "\xff\xfe", "\\"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if strings.ContainsRune(s, 0) {
+			t.Skip("no argument holds a NUL")
+		}
+		out, err := exec.Command("sh", "-c", `printf '%s' `+Quote(s)).Output()
+		if err != nil {
+			t.Fatalf("sh -c printf %s: %v", Quote(s), err)
+		}
+		if string(out) != s {
+			t.Errorf("%q pasted as %s reads back %q", s, Quote(s), out)
+		}
+	})
 }

@@ -92,7 +92,20 @@ func Listen(s Socket) (net.Listener, error) {
 			return nil, fmt.Errorf("workload api socket: setting its owner: %w", err)
 		}
 	}
-	return lis, nil
+	made, err := os.Lstat(s.Path)
+	if err != nil {
+		lis.Close()
+		return nil, fmt.Errorf("workload api socket: %w", err)
+	}
+	return &listener{lis.(*net.UnixListener), made}, nil
+}
+
+// listener is a socket Listen made and the file it made at its path:
+// the path may hold another's file later, which its Close must not
+// unlink (keep).
+type listener struct {
+	*net.UnixListener
+	made os.FileInfo
 }
 
 // keepInterval is how often a served socket's path is looked at.
@@ -105,8 +118,18 @@ var keepInterval = time.Second
 // and nothing else would say so. A path taken by another file is not
 // touched: that is logged, once.
 func (s *Server) keep(ctx context.Context, sock Socket, lis net.Listener, serve func(net.Listener)) {
-	cur, _ := lis.(*net.UnixListener)
-	held, _ := os.Lstat(sock.Path)
+	cur, _ := lis.(*listener)
+	var held os.FileInfo
+	if cur != nil {
+		held = cur.made
+	}
+	defer func() {
+		// The listener's Close unlinks the path, whatever is there by
+		// then: not a file another put there.
+		if fi, err := os.Lstat(sock.Path); cur != nil && (err != nil || !os.SameFile(fi, cur.made)) {
+			cur.SetUnlinkOnClose(false)
+		}
+	}()
 	var lastErr string
 	once := func(msg string, args ...any) {
 		if msg != lastErr {
@@ -140,13 +163,13 @@ func (s *Server) keep(ctx context.Context, sock Socket, lis net.Listener, serve 
 			continue
 		}
 		lastErr = ""
-		held, _ = os.Lstat(sock.Path)
 		// The old listener must not remove the new socket when it is
 		// closed at the end.
 		if cur != nil {
 			cur.SetUnlinkOnClose(false)
 		}
-		cur, _ = nl.(*net.UnixListener)
+		cur = nl.(*listener)
+		held = cur.made
 		s.log.Warn("workload api: the socket was removed while the agent served it; made it again", "path", sock.Path)
 		serve(nl)
 	}
