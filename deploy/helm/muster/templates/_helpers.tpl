@@ -89,7 +89,7 @@ containers:
     startupProbe:
       httpGet: {path: /healthz, port: metrics}
       periodSeconds: 10
-      failureThreshold: {{ div (int .Values.authority.startSeconds) 10 | max 1 }}
+      failureThreshold: {{ div (add (int .Values.authority.startSeconds) 9) 10 | max 1 }}
     livenessProbe:
       httpGet: {path: /healthz, port: metrics}
       periodSeconds: 10
