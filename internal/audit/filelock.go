@@ -28,6 +28,10 @@ const fileLockWait = 5 * time.Second
 // errFileLockBusy reports a lock file another process held past fileLockWait.
 var errFileLockBusy = errors.New("audit: lock file held by another process")
 
+// errHeadLockStillBusy is errFileLockBusy of a head file note that did
+// not wait, as the write before it had waited out the lock already.
+var errHeadLockStillBusy = fmt.Errorf("%w, still (not waited for again until it is free)", errFileLockBusy)
+
 // lockFile takes the exclusive flock(2) of path, creating it 0600, and
 // returns its release. Every call opens the file anew: flock(2) locks
 // belong to the open file, so two holders in one process exclude each
@@ -37,7 +41,7 @@ func lockFile(path string) (release func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := flockWait(f); err != nil {
+	if err := flockWait(f, fileLockWait); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -53,10 +57,10 @@ func openLockFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// flockWait takes the exclusive flock(2) of f, waiting at most
-// fileLockWait for another holder. funlock releases it.
-func flockWait(f *os.File) error {
-	deadline := time.Now().Add(fileLockWait)
+// flockWait takes the exclusive flock(2) of f, waiting at most wait for
+// another holder (0: trying once). funlock releases it.
+func flockWait(f *os.File, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
 	for pause := 100 * time.Microsecond; ; pause = min(2*pause, 20*time.Millisecond) {
 		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
@@ -66,7 +70,7 @@ func flockWait(f *os.File) error {
 			return fmt.Errorf("audit: lock file %s: %w", f.Name(), err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w for %s: %s", errFileLockBusy, fileLockWait, f.Name())
+			return fmt.Errorf("%w for %s: %s", errFileLockBusy, wait, f.Name())
 		}
 		time.Sleep(pause)
 	}

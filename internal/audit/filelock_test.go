@@ -183,3 +183,44 @@ func BenchmarkHeadFileNote(b *testing.B) {
 		})
 	}
 }
+
+// TestHeadFileWaitsOnceForAStuckHolder: with the lock file held past
+// fileLockWait (a stuck process), the note that found it so waits once;
+// the appends after it try the lock without waiting until a write gets
+// it again, rather than each waiting fileLockWait in turn behind the head
+// file's mutex (every append, a renewal's too, notes the head file before
+// it answers: N appends queued behind a stuck holder waited N times 5 s).
+// Once the lock is free the next note writes the newest record.
+func TestHeadFileWaitsOnceForAStuckHolder(t *testing.T) {
+	dir := t.TempDir()
+	h := &headFile{path: filepath.Join(dir, "head"), lock: filepath.Join(dir, "audit.lock")}
+	hash := bytes.Repeat([]byte{1}, 32)
+	stuck, err := lockFile(h.lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := int64(1); seq <= 3; seq++ {
+		if err := h.note(seq, hash); !errors.Is(err, errFileLockBusy) {
+			t.Fatalf("note %d with the lock held: %v, want errFileLockBusy", seq, err)
+		}
+	}
+	if h.lockWaits != 1 {
+		t.Fatalf("3 notes behind a stuck holder waited out the lock %d times; want 1", h.lockWaits)
+	}
+	stuck()
+	if err := h.note(4, hash); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadHeadFile(h.path); err != nil || got.Seq != 4 {
+		t.Fatalf("head file once the lock is free: %+v, %v; want record 4", got, err)
+	}
+	// A write got the lock: a holder stuck again is waited for again.
+	stuck, err = lockFile(h.lock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stuck()
+	if err := h.note(5, hash); !errors.Is(err, errFileLockBusy) || h.lockWaits != 2 {
+		t.Fatalf("note after a write, the lock held again: %v, %d waits; want errFileLockBusy after a second wait", err, h.lockWaits)
+	}
+}

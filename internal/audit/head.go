@@ -45,6 +45,14 @@ type headFile struct {
 	// (under mu): its own open file, so the checkpoint's lock, taken
 	// through another, excludes it as another process's would.
 	lockF *os.File
+	// lockStuck: the last write found the lock held past fileLockWait
+	// (a stuck process). Until a write takes it again, a note tries it
+	// once and does not wait: every append notes the head file before it
+	// answers, behind mu, so N appends queued behind a stuck holder would
+	// each wait fileLockWait in turn. lockWaits counts the waits that ran
+	// out, for the tests.
+	lockStuck bool
+	lockWaits int
 
 	mu  sync.Mutex // held while the file is written
 	f   *os.File
@@ -99,9 +107,21 @@ func (h *headFile) note(seq int64, hash []byte) error {
 			}
 			h.lockF = f
 		}
-		if err := flockWait(h.lockF); err != nil {
+		wait := fileLockWait
+		if h.lockStuck {
+			wait = 0
+		}
+		if err := flockWait(h.lockF, wait); err != nil {
+			if errors.Is(err, errFileLockBusy) {
+				if h.lockStuck {
+					return fmt.Errorf("audit: head file: %w", errHeadLockStillBusy)
+				}
+				h.lockStuck = true
+				h.lockWaits++
+			}
 			return fmt.Errorf("audit: head file: %w", err)
 		}
+		h.lockStuck = false
 		defer funlock(h.lockF)
 	}
 	// Another process on the directory may have noted a newer record,
@@ -256,7 +276,10 @@ func (l *Logger) noteAppended(seq int64, hash []byte) {
 	if l.head == nil {
 		return
 	}
-	if err := l.head.note(seq, hash); err != nil {
+	// While the lock file stays held by a stuck process, each append
+	// fails to note the head file at once: logged when it first waited
+	// it out, not at every append.
+	if err := l.head.note(seq, hash); err != nil && !errors.Is(err, errHeadLockStillBusy) {
 		l.log.Error("audit head file not updated", "err", err)
 	}
 }

@@ -237,6 +237,12 @@ type Server struct {
 	// settingsPoke wakes settingsClock to read them again.
 	sharedNow    atomic.Pointer[SharedSettings]
 	settingsPoke chan struct{}
+	// sharedMu makes each loadShared's applying of what it read one step,
+	// and sharedVersions (under it) is, by key, the store's version in
+	// force: a reading that ends after a newer one (settingsClock's and a
+	// SetSetting's, at once) puts no older value back.
+	sharedMu       sync.Mutex
+	sharedVersions map[string]int64
 	// sharedUnreadable is, by key, the stored value loadShared last
 	// logged it cannot read: logged once, not at every reading.
 	sharedUnreadable sync.Map

@@ -192,14 +192,25 @@ func (s *Server) useShared(next SharedSettings) {
 // loadShared reads the shared settings from the store and uses them. A
 // key the store holds no value for keeps this replica's; one it holds a
 // value of that this replica cannot read (a newer muster's, or a hand
-// edit) keeps this replica's too, with an error logged.
+// edit) keeps this replica's too, with an error logged. A value older
+// than the one in force (this reading began before a write another
+// reading has applied) is not taken.
 func (s *Server) loadShared(ctx context.Context) error {
 	held, err := s.store.ListSettings(ctx)
 	if err != nil {
 		return err
 	}
+	s.sharedMu.Lock()
+	defer s.sharedMu.Unlock()
+	if s.sharedVersions == nil {
+		s.sharedVersions = map[string]int64{}
+	}
 	next := s.shared()
 	for _, h := range held {
+		if h.Version < s.sharedVersions[h.Key] {
+			continue
+		}
+		s.sharedVersions[h.Key] = h.Version
 		v, err := ParseSharedSetting(h.Key, h.Value)
 		if errors.Is(err, ErrUnknownSetting) {
 			continue

@@ -146,3 +146,32 @@ func TestUnreadableSharedSettingLoggedOnce(t *testing.T) {
 		t.Errorf("an unreadable value after a readable one was logged %d times in all, want 2:\n%s", n, logs.String())
 	}
 }
+
+// TestSharedSettingsNeverGoBack: a reading of the shared settings that
+// ends after a newer one (settingsClock's and a SetSetting's run at once:
+// the latter read before another replica's write, which settingsClock had
+// already read) does not put the older value back. The older one stayed
+// in force, on PostgreSQL until the next write of a shared setting, as
+// nothing else reads them again.
+func TestSharedSettingsNeverGoBack(t *testing.T) {
+	st := &heldSettings{rows: []store.Setting{{Key: SettingSignerMinLeadTime, Value: "5m0s", Version: 2}}}
+	s := &Server{store: st, log: slog.New(slog.NewTextHandler(&bytes.Buffer{}, nil))}
+	if err := s.loadShared(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// The slower reading, of version 1, applies last.
+	st.rows = []store.Setting{{Key: SettingSignerMinLeadTime, Value: "2m0s", Version: 1}}
+	if err := s.loadShared(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.shared().SignerMinLeadTime; got != 5*time.Minute {
+		t.Fatalf("lead time in force after a reading of version 1 ended last: %s, want version 2's 5m0s", got)
+	}
+	st.rows = []store.Setting{{Key: SettingSignerMinLeadTime, Value: "3m0s", Version: 3}}
+	if err := s.loadShared(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.shared().SignerMinLeadTime; got != 3*time.Minute {
+		t.Fatalf("lead time in force after version 3: %s", got)
+	}
+}

@@ -93,8 +93,12 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			if rollback && (module != "" || pinFile != "") {
 				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
 			}
-			shared := []offlineShared{{authority.SettingCAIntermediateTTL, ttl, ttlText != ""},
-				{authority.SettingSignerMinLeadTime, cmp.Or(minLead, signer.DefaultMinLeadTime), minLead != 0}}
+			ttlFlag := ""
+			if interTTL != "" {
+				ttlFlag = "--ca-intermediate-ttl"
+			}
+			shared := []offlineShared{{authority.SettingCAIntermediateTTL, ttl, ttlText != "", ttlFlag},
+				{authority.SettingSignerMinLeadTime, cmp.Or(minLead, signer.DefaultMinLeadTime), minLead != 0, ""}}
 			res, infoNamedToken, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, shared, authority.CustodyMigration{
 				SignerEffectiveIn: effectiveIn, SignerGrace: grace,
 			})

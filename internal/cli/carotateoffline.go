@@ -71,7 +71,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	}
 	// The intermediate's lifetime is the store's, as the authority would
 	// use.
-	if m.IntermediateTTL, err = (offlineShared{authority.SettingCAIntermediateTTL, ttl, cfg.CA.IntermediateTTL != ""}).fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
+	if m.IntermediateTTL, err = (offlineShared{authority.SettingCAIntermediateTTL, ttl, cfg.CA.IntermediateTTL != "", ""}).fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
 	// The token as the authority opens it (the store's record and

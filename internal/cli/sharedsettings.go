@@ -212,12 +212,14 @@ func sharedMismatchError(bad []sharedMismatch, configPath, dir string) error {
 }
 
 // offlineShared is a shared setting as an offline command (one that
-// opens the store itself, while no authority may run) reads it from
-// authority.yaml: its value, and whether the file gave it.
+// opens the store itself, while no authority may run) reads it from its
+// flag or authority.yaml: its value, whether it was given, and from
+// which flag ("": the file), which a refusal names as the place to change.
 type offlineShared struct {
 	key   string
 	value time.Duration
 	given bool
+	flag  string
 }
 
 // fromStore returns s's value in force: the store's, which every replica
@@ -234,7 +236,7 @@ func (s offlineShared) fromStore(ctx context.Context, st store.SettingStore, con
 		return s.value, nil // as at start: this muster's own value holds
 	}
 	if s.given && stored != s.value {
-		return 0, sharedMismatchError([]sharedMismatch{{key: s.key, mine: s.value, stored: stored}}, configPath, dir)
+		return 0, sharedMismatchError([]sharedMismatch{{key: s.key, from: s.flag, mine: s.value, stored: stored}}, configPath, dir)
 	}
 	return stored, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -194,11 +195,11 @@ func TestOfflineSharedFromStore(t *testing.T) {
 		want time.Duration
 		err  string
 	}{
-		{"held, the file's left to its default", offlineShared{"ca.intermediate_ttl", 8760 * time.Hour, false}, 4380 * time.Hour, ""},
-		{"held, the file's the same", offlineShared{"ca.intermediate_ttl", 4380 * time.Hour, true}, 4380 * time.Hour, ""},
-		{"held, the file's another", offlineShared{"ca.intermediate_ttl", 720 * time.Hour, true}, 0,
+		{"held, the file's left to its default", offlineShared{"ca.intermediate_ttl", 8760 * time.Hour, false, ""}, 4380 * time.Hour, ""},
+		{"held, the file's the same", offlineShared{"ca.intermediate_ttl", 4380 * time.Hour, true, ""}, 4380 * time.Hour, ""},
+		{"held, the file's another", offlineShared{"ca.intermediate_ttl", 720 * time.Hour, true, ""}, 0,
 			"ca.intermediate_ttl is 720h0m0s in /d/authority.yaml but 4380h0m0s in the store"},
-		{"not held: the file's", offlineShared{"signer.min_lead_time", 2 * time.Minute, true}, 2 * time.Minute, ""},
+		{"not held: the file's", offlineShared{"signer.min_lead_time", 2 * time.Minute, true, ""}, 2 * time.Minute, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.s.fromStore(t.Context(), f, "/d/authority.yaml", "/d")
@@ -215,5 +216,24 @@ func TestOfflineSharedFromStore(t *testing.T) {
 	}
 	if f.writes != 0 {
 		t.Errorf("an offline command's reading wrote %d settings", f.writes)
+	}
+}
+
+// TestOfflineSharedNamesTheFlag: ca migrate-custody --ca-intermediate-ttl
+// other than the store's value is refused naming the flag, where the
+// value came from, not the data directory's authority.yaml, which does
+// not give it (it named the file, whose "make it … there" fixed nothing).
+func TestOfflineSharedNamesTheFlag(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "d")
+	if code, _, stderr := runCLI(t, "init", "--data", dir); code != 0 {
+		t.Fatalf("init: %s", stderr)
+	}
+	if code, _, stderr := runCLI(t, "settings", "set", "ca.intermediate_ttl", "4380h", "--offline", "--data", dir); code != 0 {
+		t.Fatalf("settings set --offline: %s", stderr)
+	}
+	code, _, stderr := runCLI(t, "ca", "migrate-custody", "--data", dir, "--custody", "pkcs11:token=muster", "--ca-intermediate-ttl", "720h")
+	if code == 0 || !strings.Contains(stderr, "ca.intermediate_ttl is 720h0m0s in --ca-intermediate-ttl but 4380h0m0s in the store") ||
+		strings.Contains(stderr, "authority.yaml but") {
+		t.Fatalf("migrate-custody with a flag other than the store's: exit %d, stderr %q; want the flag named", code, stderr)
 	}
 }
