@@ -86,7 +86,7 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 		{used, "n2", "a new token: muster token create --node n2"},
 		{expired, "n3", "a new token: muster token create --node n3"},
 		{bound, "n4", "join as web-01, or with a token for n4: muster token create --node n4"},
-		{fresh, "n1", "re-provisioning node n1: muster token create --node n1, then agent join --force with it; a machine that is gone: muster agents delete n1"},
+		{fresh, "n1", "re-provisioning node n1: muster token create --node n1, then on the machine muster agent join --force --data ADIR with the joining URI it prints; a machine that is gone: muster agents delete n1"},
 	} {
 		_, der := csr(t)
 		if _, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, c.tok.Reveal(), c.node, der); err == nil {
