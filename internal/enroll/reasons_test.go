@@ -100,3 +100,17 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 		}
 	}
 }
+
+// TestBotAddNamesTheNode: the bound-keypair way outs make the new token
+// with muster bot add NODE, which names the token after its node: plain
+// for a token muster bot add made (named after its node), and saying
+// which name the agent then joins with for one named otherwise.
+func TestBotAddNamesTheNode(t *testing.T) {
+	if got, want := botAdd("web-01", "web-01"), "muster bot add web-01"; got != want {
+		t.Errorf("a token named after its node: %q, want %q", got, want)
+	}
+	got := botAdd("ci-bot", "web-01")
+	if !strings.HasPrefix(got, "muster bot add web-01 ") || !strings.Contains(got, "--bound-keypair web-01") {
+		t.Errorf("a token named otherwise: %q, want muster bot add web-01 and the name the agent joins with", got)
+	}
+}
