@@ -292,7 +292,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	case !rd.TokenFound:
-		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token))
+		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token, p.NodeID))
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:
@@ -334,16 +334,16 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// the bound key. The same key with the secret is the
 			// registered agent repeating its join.
 			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s); %s",
-				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID))
+				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID, t.NodeID))
 		}
 		key = bound
 	} else {
 		switch {
 		case bk.SecretCiphertext == nil:
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID))
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID, t.NodeID))
 		case !bk.Spec.MustRegisterBefore.IsZero() && !now.Before(bk.Spec.MustRegisterBefore):
 			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s; %s",
-				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID))
+				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID, t.NodeID))
 		case offered.IsZero() || p.RegistrationSecret == "":
 			r := refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
 			if noRebind == restoreHint {
@@ -382,7 +382,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// have let it rebind (outside one).
 			err = fmt.Errorf("%w (%s)", err, noRebind)
 		}
-		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID))
+		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID, t.NodeID))
 	}
 
 	// 6. Whether this is a refresh (a valid certificate of the current
@@ -688,7 +688,7 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
 	err := s.cfg.Store.InsertLock(ctx, l)
 	if errors.Is(err, store.ErrConflict) {
-		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
+		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
 	}
 	if err != nil {
 		return err
@@ -697,25 +697,36 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 		Result: audit.ResultOK, Reason: reason}); err != nil {
 		return err
 	}
-	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, l.ID))
+	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
 }
 
 // The ways out of bound-keypair refusals, for their audit records (the
 // agent names the same on the line it ends with).
-func newSecretWayOut(token string) string {
-	return fmt.Sprintf("a new registration secret: muster token delete %s, muster bot add %s", token, token)
+func newSecretWayOut(token, node string) string {
+	return fmt.Sprintf("a new registration secret: muster token delete %s, %s", token, botAdd(token, node))
 }
 
-func deletedTokenWayOut(token string) string {
-	return fmt.Sprintf("if it was deleted (which ends refreshes): muster bot add %s, then muster agent join --force on the machine with the new registration secret", token)
+func deletedTokenWayOut(token, node string) string {
+	return fmt.Sprintf("if it was deleted (which ends refreshes): %s, then muster agent join --force on the machine with the new registration secret", botAdd(token, node))
+}
+
+// botAdd is the command that makes node a new bound-keypair token in
+// place of token. muster bot add NAME makes the token of node NAME, so it
+// names the node: a token named otherwise (muster token apply) is
+// replaced by one named after its node, which the agent then joins with.
+func botAdd(token, node string) string {
+	if token == node {
+		return "muster bot add " + node
+	}
+	return fmt.Sprintf("muster bot add %s (the new token is named after its node: the agent joins with --bound-keypair %s, not %s)", node, node, token)
 }
 
 func raiseLimitWayOut(token string) string {
 	return fmt.Sprintf("if the recovery is expected, raise the limit: muster token get %s -o yaml > token.yaml, edit spec.bound_keypair.recovery.limit, muster token apply -f token.yaml", token)
 }
 
-func otherKeyWayOut(token string) string {
-	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, muster bot add %s", token, token, token)
+func otherKeyWayOut(token, node string) string {
+	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, %s", token, token, botAdd(token, node))
 }
 
 // staleWayOut is what the operator does about a stale join state. The
@@ -724,9 +735,9 @@ func otherKeyWayOut(token string) string {
 // lets the other holder back and locks again at this one's next attempt;
 // keeping this one means a new token (the stale lock outlives the token:
 // it is deleted with it explicitly).
-func staleWayOut(token, lockID string) string {
-	return fmt.Sprintf("the holder that presented it is behind another holder of the bound key, which recovered since: to keep the other, stop this one, then muster lock delete %s; to keep this one, stop the other, then muster lock delete %s, muster token delete %s, muster bot add %s, and on this machine muster agent join --force with the new registration secret",
-		lockID, lockID, token, token)
+func staleWayOut(token, node, lockID string) string {
+	return fmt.Sprintf("the holder that presented it is behind another holder of the bound key, which recovered since: to keep the other, stop this one, then muster lock delete %s; to keep this one, stop the other, then muster lock delete %s, muster token delete %s, %s, and on this machine muster agent join --force with the new registration secret",
+		lockID, lockID, token, botAdd(token, node))
 }
 
 // staleLockID is the ID of the lock a stale join state puts on token: one

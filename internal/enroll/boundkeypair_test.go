@@ -186,7 +186,10 @@ func TestBoundKeypairRegistrationRefusals(t *testing.T) {
 	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1", CSR: der,
 		PublicKey: b.pub.String(), RegistrationSecret: b.secret}, answerWith(b.priv))
 	wantRefusal(t, err, KindFailedPrecondition, ReasonRegistrationClosed)
-	b.wantAuditedWayOut(t, "a new registration secret: muster token delete bot-1, muster bot add bot-1")
+	// Token bot-1 is node-1's: muster bot add NAME makes the token of
+	// node NAME, so the way out names the node (bot-1 would make a token
+	// for a node bot-1, which node-1's agent is refused).
+	b.wantAuditedWayOut(t, "a new registration secret: muster token delete bot-1, muster bot add node-1 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1)")
 }
 
 // wantAuditedWayOut checks that the last refusal audited names want, the
@@ -441,7 +444,7 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, ch)
 			wantRefusal(t, err, KindNotFound, ReasonUnknownBoundToken)
-			b.wantAuditedWayOut(t, "muster bot add bot-1, then muster agent join --force on the machine")
+			b.wantAuditedWayOut(t, "muster bot add node-1 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1), then muster agent join --force on the machine")
 			if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
 				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
 			}

@@ -86,7 +86,7 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 		{used, "n2", "a new token: muster token create --node n2"},
 		{expired, "n3", "a new token: muster token create --node n3"},
 		{bound, "n4", "join as web-01, or with a token for n4: muster token create --node n4"},
-		{fresh, "n1", "re-provisioning node n1: muster token create --node n1, then agent join --force with it; a machine that is gone: muster agents delete n1"},
+		{fresh, "n1", "re-provisioning node n1: muster token create --node n1, then on the machine muster agent join --force --data ADIR with the joining URI it prints; a machine that is gone: muster agents delete n1"},
 	} {
 		_, der := csr(t)
 		if _, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, c.tok.Reveal(), c.node, der); err == nil {
@@ -98,5 +98,19 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 		if !strings.Contains(last.Reason, c.want) {
 			t.Errorf("%s for %s: audit reason %q, want it to name %q", c.tok.ID, c.node, last.Reason, c.want)
 		}
+	}
+}
+
+// TestBotAddNamesTheNode: the bound-keypair way outs make the new token
+// with muster bot add NODE, which names the token after its node: plain
+// for a token muster bot add made (named after its node), and saying
+// which name the agent then joins with for one named otherwise.
+func TestBotAddNamesTheNode(t *testing.T) {
+	if got, want := botAdd("web-01", "web-01"), "muster bot add web-01"; got != want {
+		t.Errorf("a token named after its node: %q, want %q", got, want)
+	}
+	got := botAdd("ci-bot", "web-01")
+	if !strings.HasPrefix(got, "muster bot add web-01 ") || !strings.Contains(got, "--bound-keypair web-01") {
+		t.Errorf("a token named otherwise: %q, want muster bot add web-01 and the name the agent joins with", got)
 	}
 }

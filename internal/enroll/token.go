@@ -271,5 +271,5 @@ func newTokenWayOut(node string) string {
 // machine re-provisioned takes it with a token bound to it; a machine
 // that is gone gives the node ID back.
 func nodeTakenWayOut(node string) string {
-	return fmt.Sprintf("re-provisioning node %s: muster token create --node %s, then agent join --force with it; a machine that is gone: muster agents delete %s", node, node, node)
+	return fmt.Sprintf("re-provisioning node %s: muster token create --node %s, then on the machine muster agent join --force --data ADIR with the joining URI it prints; a machine that is gone: muster agents delete %s", node, node, node)
 }

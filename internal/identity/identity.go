@@ -255,9 +255,9 @@ func (id *Identity) issuedByChain() bool {
 // the roots pinned, nor through a cross-certificate the peer presented
 // (VerifyPeer): the peer is under a root this side does not hold, as after
 // a root rotation it missed, whose way out is an identity under the
-// current root. Err is x509's reason. Callers tell it apart with
-// errors.As, never by its text, which any other error can imitate (over
-// gRPC, verifyerr carries it past the transport).
+// current root. Err is x509's reason, an x509.UnknownAuthorityError. Callers
+// tell it apart with errors.As, never by its text, which any other error
+// can imitate (over gRPC, verifyerr carries it past the transport).
 type UntrustedRootError struct{ Err error }
 
 func (e *UntrustedRootError) Error() string {
@@ -268,7 +268,9 @@ func (e *UntrustedRootError) Unwrap() error { return e.Err }
 
 // VerifyPeer checks that certs (leaf first, then intermediates) chain to
 // roots for usage and that match accepts the leaf's SPIFFE ID. A chain to
-// no root held is an *UntrustedRootError.
+// no root held is an *UntrustedRootError; a chain to one that fails
+// otherwise (expired or not yet valid, as with a clock off, or not for
+// usage) is not, since an identity under another root would not help.
 func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, usage x509.ExtKeyUsage, now time.Time) error {
 	if len(certs) == 0 {
 		return errors.New("identity: peer presented no certificate")
@@ -281,11 +283,11 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 	if _, err := certs[0].Verify(opts); err != nil {
 		more := crossCertified(certs[1:], roots, now)
 		if more == nil {
-			return &UntrustedRootError{Err: err}
+			return verifyFailed(err)
 		}
 		opts.Roots = more
 		if _, err := certs[0].Verify(opts); err != nil {
-			return &UntrustedRootError{Err: err}
+			return verifyFailed(err)
 		}
 	}
 	got, err := spiffeid.FromCertificate(certs[0])
@@ -293,6 +295,16 @@ func VerifyPeer(certs []*x509.Certificate, roots *x509.CertPool, match Matcher, 
 		return fmt.Errorf("identity: peer certificate: %w", err)
 	}
 	return match(got)
+}
+
+// verifyFailed is VerifyPeer's error for x509's err: an
+// *UntrustedRootError when no chain reached a root held.
+func verifyFailed(err error) error {
+	var unknown x509.UnknownAuthorityError
+	if errors.As(err, &unknown) {
+		return &UntrustedRootError{Err: err}
+	}
+	return fmt.Errorf("identity: peer certificate does not verify: %w", err)
 }
 
 // crossCertified returns roots with every root the peer presented that a
