@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -8,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/boundkeypair"
 )
 
 // TestBoundKeypairCloneKeepTheOneBehind: a bound-keypair agent's data
@@ -151,4 +155,114 @@ func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
 	}
 	mustRun(t, "agent", "join", "--force", "--data", adir, "--bound-keypair", "rotor", "--registration-secret-file", secret)
 	mustRun(t, "agent", "renew", "--data", adir)
+}
+
+// TestBoundKeypairCloneWayOutShutsTheCopyOut: the clone way out of the
+// guide (keep the holder behind: new token of the same name, join --force
+// with its registration secret) leaves the copy nothing that joins, even
+// inside a resync window: the genuine machine's new join made a fresh
+// bound key, and the copy's join state, signed for the deleted token of
+// that name, is not the new token's.
+func TestBoundKeypairCloneWayOutShutsTheCopyOut(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
+	genuine := filepath.Join(t.TempDir(), "genuine")
+	r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine)
+	if r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	waitExpired(t, genuine)
+	mustRun(t, "agent", "renew", "--data", clone)
+	mustFail(t, "agent", "renew", "--data", genuine)
+	var locks []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", e.dir, "-o", "json")), &locks); err != nil || len(locks) != 1 {
+		t.Fatalf("lock list: %v %+v", err, locks)
+	}
+	oldKey := botOf(t, mustRun(t, "token", "get", "runner", "--data", e.dir, "-o", "json")).BoundKeypair.BoundKeyFingerprint
+
+	// The way out keeping the genuine machine; the copy is not found, and
+	// keeps its directory (the key and the join state ahead).
+	mustRun(t, "lock", "delete", locks[0].ID, "--data", e.dir)
+	mustRun(t, "token", "delete", "runner", "--data", e.dir)
+	again := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte(again.BoundKeypair.RegistrationSecret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "agent", "join", "--force", "--data", genuine, "--bound-keypair", "runner", "--registration-secret-file", secret)
+	if got := botOf(t, mustRun(t, "token", "get", "runner", "--data", e.dir, "-o", "json")).BoundKeypair.BoundKeyFingerprint; got == oldKey {
+		t.Errorf("join --force with the new token's registration secret bound the key %s the copy holds", got)
+	}
+
+	// A resync window (for a restore elsewhere) admits nothing of the copy.
+	mustRun(t, "bound-keypair", "resync", "open", "--for", "1h", "--reason", "restored muster.db from the test backup", "--data", e.dir)
+	waitExpired(t, clone)
+	if r := muster(t, nil, "agent", "renew", "--data", clone); r.code == 0 {
+		t.Fatalf("the copy recovered into the new token:\n%s", r.stdout)
+	}
+	mustRun(t, "agent", "renew", "--data", genuine)
+}
+
+// TestBoundKeypairCloneWayOutKeepingTheKey: the clone way out with the
+// genuine machine's own key registered again (bot add --public-key, then
+// join --force without a secret): the copy holds that key too, but its
+// join state, ahead of the new token's, is the deleted token's, and is
+// refused inside a resync window as outside it.
+func TestBoundKeypairCloneWayOutKeepingTheKey(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
+	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
+	genuine := filepath.Join(t.TempDir(), "genuine")
+	if r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	clone := filepath.Join(t.TempDir(), "clone")
+	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	waitExpired(t, genuine)
+	mustRun(t, "agent", "renew", "--data", clone)
+	mustFail(t, "agent", "renew", "--data", genuine)
+	var locks []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(mustRun(t, "lock", "list", "--data", e.dir, "-o", "json")), &locks); err != nil || len(locks) != 1 {
+		t.Fatalf("lock list: %v %+v", err, locks)
+	}
+	mustRun(t, "lock", "delete", locks[0].ID, "--data", e.dir)
+	mustRun(t, "token", "delete", "runner", "--data", e.dir)
+	priv, err := agent.LoadBoundKey(agent.Dir(genuine))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubFile := filepath.Join(t.TempDir(), "runner.pub")
+	if err := os.WriteFile(pubFile, []byte(pub.String()+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "bot", "add", "runner", "--public-key", pubFile, "--recovery-limit", "3", "--data", e.dir)
+	mustRun(t, "agent", "join", "--force", "--data", genuine, "--bound-keypair", "runner", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+
+	mustRun(t, "bound-keypair", "resync", "open", "--for", "1h", "--reason", "restored muster.db from the test backup", "--data", e.dir)
+	waitExpired(t, clone)
+	if r := muster(t, nil, "agent", "renew", "--data", clone); r.code == 0 {
+		t.Fatalf("the copy recovered into the new token with the deleted token's join state:\n%s", r.stdout)
+	}
+	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "agent.join"); !strings.Contains(audit, "a token of the same name deleted since") {
+		t.Errorf("the refusal's audit record does not say the join state is a deleted token's:\n%s", audit)
+	}
+	if out := mustRun(t, "lock", "list", "--data", e.dir); strings.Contains(out, "runner") {
+		t.Errorf("the copy's refusal locked the token:\n%s", out)
+	}
+	mustRun(t, "agent", "renew", "--data", genuine)
 }

@@ -289,8 +289,12 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
 		shellword.Quote(string(dir)), st.NodeID, st.NodeID)
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority ADDR --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
-			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair))
+		addr := "ADDR" // a state from before the address was kept
+		if st.Authority != "" {
+			addr = shellword.Quote(st.Authority)
+		}
+		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority %s --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr)
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)

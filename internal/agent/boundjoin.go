@@ -4,18 +4,23 @@ import (
 	"context"
 	"crypto"
 	"crypto/ed25519"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/atomicfile"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/errinfo"
@@ -204,14 +209,85 @@ func (a *Agent) boundKey(register bool) (ed25519.PrivateKey, error) {
 	return priv, err
 }
 
+// JoiningBoundKeyFile is the fresh bound key of a join over an identity
+// with a registration secret, kept apart until the join succeeds.
+func (d Dir) JoiningBoundKeyFile() string { return d.path("keys", "bound.join.key") }
+
+// joiningBoundKey is the key a first join proves, and whether it is a
+// fresh one (in JoiningBoundKeyFile) to replace keys/bound.key once the
+// join succeeds. A join over an identity (--force) with a registration
+// secret registers a fresh key, not the bound key of the identity it
+// replaces: that key may be in other hands (the way out of a copied data
+// directory is a new token registered from the genuine machine), and the
+// new token must not be bound to a key a copy holds. A key made for the
+// static binding (keypair create, then bot add --public-key) is not
+// registered with a secret, and a first join with a secret into a
+// directory holding no identity uses the key it finds, as before.
+func (a *Agent) joiningBoundKey(r JoinRequest) (ed25519.PrivateKey, bool, error) {
+	if r.RegistrationSecret == "" || !r.Force {
+		priv, err := a.boundKey(r.RegistrationSecret != "")
+		return priv, false, err
+	}
+	if _, err := a.dir.ReadState(); err != nil {
+		priv, err := a.boundKey(true)
+		return priv, false, err
+	}
+	if _, err := os.Stat(a.dir.BoundKeyFile()); errors.Is(err, fs.ErrNotExist) {
+		priv, err := a.boundKey(true)
+		return priv, false, err
+	}
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, false, err
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := atomicfile.Write(a.dir.JoiningBoundKeyFile(), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, false, fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("made a fresh bound key to register: the one of the identity replaced stays until the join succeeds", "path", a.dir.JoiningBoundKeyFile())
+	return priv, true, nil
+}
+
+// adoptJoiningBoundKey makes the fresh key of a join that succeeded the
+// bound key (one rename, so a crash leaves the old key or the new). A
+// pending rotation key of the identity replaced is dropped unless this
+// join made one (dropPending).
+func (a *Agent) adoptJoiningBoundKey(dropPending bool) error {
+	if err := os.Rename(a.dir.JoiningBoundKeyFile(), a.dir.BoundKeyFile()); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	if dropPending {
+		if err := os.Remove(a.dir.NextBoundKeyFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("agent: %w", err)
+		}
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(a.dir.BoundKeyFile())); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	a.log.Info("registered a fresh bound key", "path", a.dir.BoundKeyFile())
+	return nil
+}
+
 // joinBound is the first bound-keypair join: the authority (looked up
 // through discovery when r names one) is verified by the pinned root
 // before anything is sent, then the key answers its
 // challenge (and, with the registration secret, is bound to the token).
 func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
-	priv, err := a.boundKey(r.RegistrationSecret != "")
+	priv, fresh, err := a.joiningBoundKey(r)
 	if err != nil {
 		return nil, err
+	}
+	if fresh {
+		// Until the join succeeds the old identity stays whole; a failed
+		// join leaves no fresh key behind.
+		defer func() {
+			if err := os.Remove(a.dir.JoiningBoundKeyFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				a.log.Warn("could not remove the bound key of a failed join", "path", a.dir.JoiningBoundKeyFile(), "err", err)
+			}
+		}()
 	}
 	var peer *authorityPeer
 	if r.Discovery != "" {
@@ -243,9 +319,11 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 			init.PreviousJoinState = st.JoinState
 		}
 	}
-	keys, err := a.boundKeys(priv)
-	if err != nil {
-		return nil, err
+	keys := &BoundKeys{Current: priv, NewKey: a.newPendingBoundKey}
+	if !fresh {
+		if keys, err = a.boundKeys(priv); err != nil {
+			return nil, err
+		}
 	}
 	res, chain, err := a.boundExchange(ctx, r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)), init, keys, key,
 		peer.id, func(*musterv1.BoundKeypairResult) []*x509.Certificate { return roots }, r.Node)
@@ -255,6 +333,11 @@ func (a *Agent) joinBound(ctx context.Context, r JoinRequest, key crypto.Signer)
 			return nil, withHint(err, fmt.Sprintf("the registration secret is not token %s's: muster token get %s on the authority shows it until it is used", r.BoundKeypair, r.BoundKeypair))
 		}
 		return nil, boundRefusalHint(err, &State{NodeID: r.Node, BoundKeypair: r.BoundKeypair}, a.dir)
+	}
+	if fresh {
+		if err := a.adoptJoiningBoundKey(keys.pending() == nil); err != nil {
+			return nil, err
+		}
 	}
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, err

@@ -63,7 +63,7 @@ func flagValue(args []string, name string) string {
 func TestHintsQuoteTheDataDirectory(t *testing.T) {
 	for _, name := range []string{"agent data", "it's", "$(touch pwned)", "plain"} {
 		dir := Dir(filepath.Join(t.TempDir(), name))
-		st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair}
+		st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair, Authority: "127.0.0.1:7443"}
 		untrusted := &identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")}
 		for _, c := range []struct {
 			name string
@@ -96,6 +96,9 @@ func TestHintsQuoteTheDataDirectory(t *testing.T) {
 			}
 			line := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, " with a joining URI"), " (the root"), " (key")
 			args := pastedArgs(t, line)
+			if got := flagValue(args, "authority"); strings.HasPrefix(c.name, "untrusted, bound") && got != st.Authority {
+				t.Errorf("%s: %s pasted gives --authority %q, want the state's %q", c.name, line, got, st.Authority)
+			}
 			if got := flagValue(args, "data"); got != string(dir) {
 				t.Errorf("%s, directory %q: %s pasted gives --data %q", c.name, name, line, got)
 			}

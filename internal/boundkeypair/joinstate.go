@@ -37,6 +37,12 @@ type JoinState struct {
 	// Epoch is the authority epoch of the token's last recovery ("" before
 	// any resync window was opened): sequences compare within an epoch.
 	Epoch string
+	// TokenCreated is the creation of the token the document was signed
+	// for (to the microsecond, as the store keeps it; zero in documents
+	// signed before it was added). A token deleted and made anew under
+	// the same name has another, so a document of the deleted one, which
+	// a copy of its key may still hold, is not the new one's (Judge).
+	TokenCreated time.Time
 }
 
 type joinStateClaims struct {
@@ -46,6 +52,7 @@ type joinStateClaims struct {
 	RecoveryLimit    int64  `json:"recovery_limit"`
 	RecoveryMode     string `json:"recovery_mode"`
 	Epoch            string `json:"epoch,omitempty"`
+	TokenCreated     int64  `json:"token_created,omitempty"` // Unix microseconds
 }
 
 // SigningKey is one version of the authority's join-state key. Old
@@ -117,8 +124,12 @@ func (k SigningKey) Sign(s JoinState) (string, error) {
 		return "", err
 	}
 	std := jwt.Claims{Issuer: s.Issuer, Audience: jwt.Audience{s.Token}, Subject: s.NodeID, IssuedAt: jwt.NewNumericDate(s.IssuedAt)}
+	var created int64
+	if !s.TokenCreated.IsZero() {
+		created = s.TokenCreated.UnixMicro()
+	}
 	return jwt.Signed(signer).Claims(std).Claims(joinStateClaims{s.InstanceID, s.BoundKey, s.RecoverySequence,
-		s.RecoveryLimit, s.RecoveryMode, s.Epoch}).Serialize()
+		s.RecoveryLimit, s.RecoveryMode, s.Epoch, created}).Serialize()
 }
 
 // ErrJoinStateInvalid: a document that is not a join state this authority
@@ -166,10 +177,14 @@ func VerifyJoinState(doc string, keys func(kid string) (ed25519.PublicKey, bool)
 		return JoinState{}, badState("document is for another token")
 	case std.Subject != nodeID:
 		return JoinState{}, badState("document is for another node")
-	case std.IssuedAt == nil || mine.RecoverySequence < 0:
+	case std.IssuedAt == nil || mine.RecoverySequence < 0 || mine.TokenCreated < 0:
 		return JoinState{}, badState("document has malformed claims")
 	}
-	return JoinState{Issuer: std.Issuer, Token: token, NodeID: nodeID, IssuedAt: std.IssuedAt.Time(),
+	js := JoinState{Issuer: std.Issuer, Token: token, NodeID: nodeID, IssuedAt: std.IssuedAt.Time(),
 		InstanceID: mine.InstanceID, BoundKey: mine.BoundKey, RecoverySequence: mine.RecoverySequence,
-		RecoveryLimit: mine.RecoveryLimit, RecoveryMode: mine.RecoveryMode, Epoch: mine.Epoch}, nil
+		RecoveryLimit: mine.RecoveryLimit, RecoveryMode: mine.RecoveryMode, Epoch: mine.Epoch}
+	if mine.TokenCreated > 0 {
+		js.TokenCreated = time.UnixMicro(mine.TokenCreated).UTC()
+	}
+	return js, nil
 }

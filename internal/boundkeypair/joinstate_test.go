@@ -24,7 +24,7 @@ func keySet(ks ...SigningKey) func(string) (ed25519.PublicKey, bool) {
 func sampleState() JoinState {
 	return JoinState{Issuer: "prod-a3f2e1", Token: "bot-1", NodeID: "node-1", IssuedAt: time.Unix(1_800_000_000, 0),
 		InstanceID: "6f1c0f7e-0000-4000-8000-000000000001", BoundKey: "SHA256:abc", RecoverySequence: 3,
-		RecoveryLimit: 5, RecoveryMode: ModeStandard, Epoch: "ep-2b7c"}
+		RecoveryLimit: 5, RecoveryMode: ModeStandard, Epoch: "ep-2b7c", TokenCreated: time.UnixMicro(1_799_999_000_123_456).UTC()}
 }
 
 func TestJoinStateRoundTripAndOldKeys(t *testing.T) {

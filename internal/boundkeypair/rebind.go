@@ -82,6 +82,9 @@ func judgeRebind(st Status, a Attempt, ep Epochs) (Verdict, error) {
 	if d == nil {
 		return Verdict{}, &Mismatch{Reason: "a rebind without a join state"}
 	}
+	if err := ofToken(st, d); err != nil {
+		return Verdict{}, err
+	}
 	var err error
 	switch {
 	case d.Epoch != st.Epoch:

@@ -26,6 +26,9 @@ type Status struct {
 	Count    int64
 	Sequence int64  // 0 until the first join
 	Epoch    string // the authority epoch of the token's last recovery
+	// Created is the token's creation: a join state must be of this token,
+	// not of a deleted one of the same name (JoinState.TokenCreated).
+	Created time.Time
 }
 
 // Remaining is the recoveries left under standard mode (never negative);
@@ -157,6 +160,9 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 			return Verdict{}, &Mismatch{Reason: "no join state presented"}
 		}
 		d := a.State
+		if err := ofToken(st, d); err != nil {
+			return Verdict{}, err
+		}
 		resync := false
 		if d.Epoch != st.Epoch {
 			if err := judgeEpoch(st, d, ep, false); err != nil {
@@ -186,6 +192,33 @@ func Judge(st Status, a Attempt, ep Epochs) (Verdict, error) {
 		return Verdict{}, fmt.Errorf("%w: %d of %d recoveries used", ErrRecoveryExhausted, st.Count, st.Limit)
 	}
 	return v, nil
+}
+
+// ofToken refuses a document signed for an earlier token of st's name. A
+// deleted token's documents verify for a new one of the same name (same
+// authority, name and node), and its sequences mean nothing to the new
+// one's: a copy of the old token's key, the one the way out of a stale
+// join state leaves behind, would hold a document "ahead" of the new token
+// (resynced in any window) or at its very sequence (a plain recovery). So
+// no sequence is compared across tokens, and nothing is locked: the
+// token's own holder is not the one refused. A document of this version
+// names the token's creation; an older one only has its iat, which must
+// not be before the creation's second (iat is in whole seconds), so only a
+// namesake's document signed in the second the new token was made passes.
+func ofToken(st Status, d *JoinState) error {
+	if st.Created.IsZero() {
+		return nil
+	}
+	created := st.Created.Truncate(time.Microsecond)
+	switch {
+	case !d.TokenCreated.IsZero() && !d.TokenCreated.Equal(created):
+		return &Mismatch{Reason: fmt.Sprintf("join state of the token %s created %s, not of this one, created %s: a token of the same name deleted since; the holder of its bound key is not this token's",
+			d.Token, d.TokenCreated.UTC().Format(time.RFC3339Nano), created.UTC().Format(time.RFC3339Nano))}
+	case d.TokenCreated.IsZero() && d.IssuedAt.Before(created.Truncate(time.Second)):
+		return &Mismatch{Reason: fmt.Sprintf("join state issued %s, before this token %s was created (%s): a document of a token of the same name deleted since; the holder of its bound key is not this token's",
+			d.IssuedAt.UTC().Format(time.RFC3339), d.Token, created.UTC().Format(time.RFC3339Nano))}
+	}
+	return nil
 }
 
 // judgeEpoch judges a document of another epoch than its token's: nil

@@ -158,3 +158,50 @@ func TestRotationDue(t *testing.T) {
 		}
 	}
 }
+
+// TestJudgeRefusesANamesakesJoinState: a document of a deleted token of
+// the same name (what a copy of its key holds after the clone way out) is
+// refused whatever its sequence, epoch or window, without a lock (the new
+// token's holder is not the one refused), in a plain join and a rebind;
+// documents of the token itself pass. A document signed before
+// token_created was added is judged by its iat.
+func TestJudgeRefusesANamesakesJoinState(t *testing.T) {
+	created := time.Date(2026, 11, 27, 12, 0, 0, 500_000_000, time.UTC)
+	earlier := created.Add(-time.Hour)
+	open := Epochs{Current: "ep-1", WindowOpen: true, Ordinal: map[string]int64{"ep-1": 1}}
+	closed := Epochs{Ordinal: map[string]int64{}}
+	cases := []struct {
+		name   string
+		state  JoinState
+		ep     Epochs
+		rebind bool
+		ok     bool
+	}{
+		{"namesake ahead, window open", JoinState{RecoverySequence: 2, TokenCreated: earlier, IssuedAt: created.Add(time.Minute)}, open, false, false},
+		{"namesake at the token's sequence, no window", JoinState{RecoverySequence: 1, TokenCreated: earlier, IssuedAt: created.Add(time.Minute)}, closed, false, false},
+		{"namesake of an unknown epoch, window open", JoinState{RecoverySequence: 1, Epoch: "ep-0", TokenCreated: earlier}, open, false, false},
+		{"namesake rebind, window open", JoinState{RecoverySequence: 2, TokenCreated: earlier, IssuedAt: created.Add(time.Minute)}, open, true, false},
+		{"namesake a microsecond apart", JoinState{RecoverySequence: 1, TokenCreated: created.Add(time.Microsecond)}, closed, false, false},
+		{"legacy namesake ahead, window open", JoinState{RecoverySequence: 2, IssuedAt: created.Add(-time.Second).Truncate(time.Second)}, open, false, false},
+		{"legacy namesake at the token's sequence", JoinState{RecoverySequence: 1, IssuedAt: earlier}, closed, false, false},
+		{"the token's own", JoinState{RecoverySequence: 1, TokenCreated: created}, closed, false, true},
+		{"the token's own, ahead, window open", JoinState{RecoverySequence: 2, TokenCreated: created}, open, false, true},
+		{"the token's own legacy, signed in its creation's second", JoinState{RecoverySequence: 1, IssuedAt: created.Truncate(time.Second)}, closed, false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := Status{Mode: ModeRelaxed, Limit: 9, Sequence: 1, Created: created}
+			d := c.state
+			_, err := Judge(st, Attempt{State: &d, Rebind: c.rebind}, c.ep)
+			if c.ok {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrJoinStateInvalid) || errors.Is(err, ErrJoinStateStale) {
+				t.Fatalf("err = %v, want a join_state_mismatch that locks nothing", err)
+			}
+		})
+	}
+}

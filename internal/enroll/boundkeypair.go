@@ -178,6 +178,7 @@ func (s *Service) RegisterUsingBoundKeypair(ctx context.Context, r Request, p Bo
 		Issuer: s.cfg.AuthorityID, Token: out.token.ID, NodeID: iss.NodeID, IssuedAt: s.cfg.Now().Truncate(time.Second),
 		InstanceID: iss.InstanceID, BoundKey: out.key.Fingerprint(), RecoverySequence: out.sequence,
 		RecoveryLimit: bk.Spec.RecoveryLimit, RecoveryMode: bk.Spec.RecoveryMode, Epoch: out.epoch,
+		TokenCreated: out.token.CreatedAt.Truncate(time.Microsecond).UTC(),
 	}
 	doc, err := s.signJoinState(ctx, js)
 	if err != nil {
@@ -423,7 +424,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 
 	// 7. The join state and the recovery rules.
 	st := boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
-		Sequence: bk.RecoverySequence, Epoch: bk.Epoch}
+		Sequence: bk.RecoverySequence, Epoch: bk.Epoch, Created: t.CreatedAt}
 	att := boundkeypair.Attempt{Refresh: held != nil}
 	if rebind != nil {
 		att.State, att.Rebind = rebind, true

@@ -108,7 +108,7 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 
 // TestBoundKeypairDeclinedRebindReadsEpochsOnce: a join that offers a key
 // other than the bound one, inside a window that does not rebind it (its
-// document predates the token's binding), is challenged with the bound
+// document names yet another key), is challenged with the bound
 // key and judged with the epochs rebindable already read: one read of
 // them, not two.
 func TestBoundKeypairDeclinedRebindReadsEpochsOnce(t *testing.T) {
@@ -118,9 +118,10 @@ func TestBoundKeypairDeclinedRebindReadsEpochsOnce(t *testing.T) {
 	c := &countingStore{Store: b.svc.cfg.Store, calls: map[string]int{}}
 	b.svc.cfg.Store = c
 	_, key := newKey(t)
+	_, named := newKey(t)
 	_, der := csr(t)
 	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{Source: "test"}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
-		CSR: der, JoinState: b.signedFor(t, key, 1, time.Now().Add(-time.Hour)), PublicKey: key.String()}, answerWith(b.priv))
+		CSR: der, JoinState: b.signedFor(t, named, 1, time.Now().Add(time.Second)), PublicKey: key.String()}, answerWith(b.priv))
 	// The bound key answered, with a document at the token's sequence:
 	// a recovery, which records the current epoch.
 	if err != nil {

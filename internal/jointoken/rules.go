@@ -14,6 +14,10 @@ import (
 // ticket or a shell history soon stops working.
 const DefaultTTL = 24 * time.Hour
 
+// MinTTL is the shortest lifetime a token may be given, as for the other
+// lifetimes and timeouts the operator sets.
+const MinTTL = time.Second
+
 // Bounds of the operator-written fields of a token.
 const (
 	MaxDescription   = 256
@@ -43,6 +47,10 @@ func (s Spec) Check() error {
 	switch {
 	case s.TTL < 0:
 		return errors.New("ttl must not be negative (0 means never expires)")
+	case s.TTL > 0 && s.TTL < MinTTL:
+		// Expired at creation (or before its joining URI can be pasted),
+		// the token could only mislead.
+		return fmt.Errorf("ttl must be at least %s (0 means never expires), got %s", MinTTL, s.TTL)
 	case s.Uses < 0:
 		return errors.New("uses must not be negative (0 means unlimited until expiry)")
 	case s.Unlimited() && !s.UnsafeUnlimited:

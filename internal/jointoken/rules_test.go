@@ -15,6 +15,9 @@ func TestSpecCheck(t *testing.T) {
 	}{
 		{"default", func(s Spec) Spec { return s }, ""},
 		{"negative ttl", func(s Spec) Spec { s.TTL = -time.Second; return s }, "ttl"},
+		{"ttl 1ns, expired at creation", func(s Spec) Spec { s.TTL = time.Nanosecond; return s }, "at least 1s"},
+		{"ttl 500ms", func(s Spec) Spec { s.TTL = 500 * time.Millisecond; return s }, "at least 1s"},
+		{"ttl 1s", func(s Spec) Spec { s.TTL = time.Second; return s }, ""},
 		{"negative uses", func(s Spec) Spec { s.Uses = -1; return s }, "uses"},
 		{"unlimited", func(s Spec) Spec { s.TTL, s.Uses = 0, 0; return s }, "--unsafe-unlimited"},
 		{"unlimited, unsafe", func(s Spec) Spec { s.TTL, s.Uses, s.UnsafeUnlimited = 0, 0, true; return s }, ""},
