@@ -47,16 +47,15 @@ func (o *settingsOfflineFlags) check(cmd *cobra.Command, name string) error {
 	return o.auditOfflineFlags.check(cmd, name)
 }
 
-// offlineHintFlags is the flags after --offline a command printed for
-// the data directory dir adds to name the settings file configPath, read
-// by an authority started with --config configPath: --data, and --config
-// unless configPath is dir's own authority.yaml.
-func offlineHintFlags(dir, configPath string) string {
-	flags := "--data " + shellword.Quote(dir)
-	if configPath != "" && filepath.Clean(configPath) != filepath.Clean(datadir.Dir(dir).ConfigFile()) {
-		flags += " --config " + shellword.Quote(configPath)
+// offlineConfigHint is what an offline command printed for the data
+// directory dir adds after --data DIR to read the settings file
+// configPath, read by an authority started with --config configPath:
+// --config FILE, or nothing where configPath is dir's own authority.yaml.
+func offlineConfigHint(dir, configPath string) string {
+	if configPath == "" || filepath.Clean(configPath) == filepath.Clean(datadir.Dir(dir).ConfigFile()) {
+		return ""
 	}
-	return flags
+	return " --config " + shellword.Quote(configPath)
 }
 
 // fileShared is, by key, the text authority.yaml gives each shared
@@ -168,8 +167,8 @@ func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOff
 	}
 	row, err := st.PutSetting(ctx, store.Setting{Key: key, Value: v.String(), UpdatedBy: settingsOfflineActor}, from)
 	if errors.Is(err, store.ErrConflict) {
-		return offlineSet{}, fmt.Errorf("%s was changed by another write at the same time: see `muster settings list --offline %s`, "+
-			"and run this again if it is still wanted", key, offlineHintFlags(string(dir), res.config))
+		return offlineSet{}, fmt.Errorf("%s was changed by another write at the same time: see `muster settings list --offline --data %s%s`, "+
+			"and run this again if it is still wanted", key, shellword.Quote(string(dir)), offlineConfigHint(string(dir), res.config))
 	}
 	if err != nil {
 		return offlineSet{}, err
