@@ -302,3 +302,61 @@ func TestSettingsSetOfflinePostgres(t *testing.T) {
 	}
 	a.stop(t)
 }
+
+// TestSettingsSetOfflineConfigFile: a replica started with --config FILE
+// outside its data directory, the store URL only there (as the packaged
+// unit keeps it in /etc/muster/authority.yaml) and authority.json's no
+// use, refuses a differing value with an offline way out that names
+// --config FILE; pasted, it changes the value in that store, and the
+// replica then starts.
+func TestSettingsSetOfflineConfigFile(t *testing.T) {
+	t.Parallel()
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority one")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	other := replicaDir(t, dir)
+	writeAuthorityYAML(t, other, "signer:\n  min_lead_time: 2m\n")
+	startAuthority(t, other).stop(t)
+
+	// authority.json records the store without its user: only the
+	// settings file gives it.
+	info := filepath.Join(dir, "authority.json")
+	raw, err := os.ReadFile(info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["store"] = "postgres://…@127.0.0.1:1/muster"
+	if raw, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(info, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(t.TempDir(), "etc muster", "authority.yaml")
+	if err := os.MkdirAll(filepath.Dir(cfg), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte("store: "+url+"\nsigner:\n  min_lead_time: 5m\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	line := mustFail(t, "authority", "--data", dir, "--config", cfg, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	want := "`muster settings set signer.min_lead_time 5m0s --offline --data " + shellword.Quote(dir) + " --config " + shellword.Quote(cfg) + "` (with none running)"
+	if !strings.Contains(line, want) {
+		t.Fatalf("the refusal %q does not name the offline way out with --config (want %q)", line, want)
+	}
+	pasted := strings.TrimPrefix(strings.TrimSuffix(want, "` (with none running)"), "`muster ")
+	out, err := exec.Command("sh", "-c", shellword.Quote(musterBin)+" "+pasted).CombinedOutput()
+	if err != nil {
+		t.Fatalf("the pasted way out, muster %s: %v\n%s", pasted, err, out)
+	}
+	if s := settingsOf(t, "--offline", "--data", other)["signer.min_lead_time"]; s.Value != "5m0s" || s.Version != 2 {
+		t.Errorf("settings list --offline through the other replica's directory: %+v", s)
+	}
+	a := startAuthority(t, dir, "--config", cfg)
+	logsOnFailure(t, "replica", a.Logs)
+	a.stop(t)
+}

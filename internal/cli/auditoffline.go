@@ -50,7 +50,7 @@ func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 // open opens the store of the data directory and the audit logger over
 // it, as the authority's start does (openOffline).
 func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) (store.Store, *audit.Logger, error) {
-	st, logger, _, _, err := openOffline(ctx, env, af.data, o.storeURL)
+	st, logger, _, _, err := openOffline(ctx, env, af.data, "", o.storeURL)
 	return st, logger, err
 }
 
@@ -60,10 +60,16 @@ func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) 
 // beside a running authority (SQLite's readers do not block its writer,
 // and its writes, each the store's own conditional write, queue behind
 // the authority's). A SQLite store that does not exist is an error, not
-// a new empty database. It returns the directory's authority.yaml too.
-func openOffline(ctx context.Context, env *Env, data, storeURL string) (store.Store, *audit.Logger, authorityConfig, datadir.Dir, error) {
+// a new empty database. It returns the settings read too: configFile
+// (--config), as muster authority --config reads it, else the directory's
+// authority.yaml, where the store URL may be.
+func openOffline(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, *audit.Logger, authorityConfig, datadir.Dir, error) {
 	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	cfgPath, err := authorityConfigPath(dir, configFile)
+	if err != nil {
+		return nil, nil, authorityConfig{}, dir, err
+	}
+	cfg, err := loadAuthorityConfig(cfgPath)
 	if err != nil {
 		return nil, nil, cfg, dir, err
 	}

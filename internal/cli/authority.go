@@ -219,14 +219,9 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.dir == "" {
 				return fmt.Errorf("authority: --data DIR is required")
 			}
-			cfgPath := datadir.Dir(o.dir).ConfigFile()
-			if configFile != "" {
-				// A file named on purpose must exist; DIR/authority.yaml
-				// is optional.
-				if _, err := os.Stat(configFile); err != nil {
-					return fmt.Errorf("authority: --config: %w", err)
-				}
-				cfgPath = configFile
+			cfgPath, err := authorityConfigPath(datadir.Dir(o.dir), configFile)
+			if err != nil {
+				return fmt.Errorf("authority: %w", err)
 			}
 			cfg, err := loadAuthorityConfig(cfgPath)
 			if err != nil {
@@ -278,6 +273,19 @@ and the data directory, prints the settings in force, and exits.`,
 	fl.StringVar(&configFile, "config", "", "settings file (default: DIR/authority.yaml)")
 	fl.BoolVar(&checkOnly, "check-config", false, "validate the settings and the data directory, print the settings in force, and exit")
 	return cmd
+}
+
+// authorityConfigPath is the settings file an authority of dir reads:
+// configFile (--config), which must exist since it was named on purpose,
+// else dir's authority.yaml, which is optional.
+func authorityConfigPath(dir datadir.Dir, configFile string) (string, error) {
+	if configFile == "" {
+		return dir.ConfigFile(), nil
+	}
+	if _, err := os.Stat(configFile); err != nil {
+		return "", fmt.Errorf("--config: %w", err)
+	}
+	return configFile, nil
 }
 
 // registerAgentCertTTLFlags defines --agent-cert-ttl and

@@ -53,7 +53,7 @@ func settingOf(s *musterv1.Setting) settingJSON {
 func newSettingsListCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
-		of  auditOfflineFlags
+		of  settingsOfflineFlags
 		out output
 	)
 	cmd := &cobra.Command{
@@ -74,7 +74,7 @@ func newSettingsListCmd(env *Env) *cobra.Command {
 			unheld := "(not in the store yet: the answering replica's)"
 			if of.offline {
 				var err error
-				if list, err = listSettingsOffline(cmd.Context(), env, af.data, of.storeURL); err != nil {
+				if list, err = listSettingsOffline(cmd.Context(), env, af.data, of); err != nil {
 					return fmt.Errorf("settings list --offline: %w", err)
 				}
 				unheld = "(not in the store yet: authority.yaml's or the default)"
@@ -122,7 +122,7 @@ func printSettings(w io.Writer, list []settingJSON, unheld string) error {
 func newSettingsSetCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
-		of  auditOfflineFlags
+		of  settingsOfflineFlags
 		out output
 	)
 	cmd := &cobra.Command{
@@ -162,7 +162,7 @@ value within seconds. The change is audited as setting.set by "` + settingsOffli
 				return fmt.Errorf("settings set: %w", err)
 			}
 			if of.offline {
-				r, err := setSettingOffline(cmd.Context(), env, af.data, of.storeURL, key, value)
+				r, err := setSettingOffline(cmd.Context(), env, af.data, of, key, value)
 				if err != nil {
 					return fmt.Errorf("settings set --offline: %w", err)
 				}

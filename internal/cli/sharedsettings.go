@@ -195,7 +195,9 @@ func heldSetting(ctx context.Context, st store.SettingStore, key string) (store.
 // sharedMismatchError names each setting given with another value than
 // the store's, and the ways out: the replica's own value changed or left
 // out, or the store's changed for every replica, through a running
-// replica or, with none running, offline from the data directory dir.
+// replica or, with none running, offline from the data directory dir
+// and the settings file configPath (named with --config unless it is
+// dir's own authority.yaml, which the offline command reads by default).
 func sharedMismatchError(bad []sharedMismatch, configPath, dir string) error {
 	var b strings.Builder
 	for i, m := range bad {
@@ -204,8 +206,8 @@ func sharedMismatchError(bad []sharedMismatch, configPath, dir string) error {
 		}
 		fmt.Fprintf(&b, "%s is %s in %s but %s in the store, whose value every replica uses: "+
 			"make it %s there or leave it out, or change it for every replica with `muster settings set %s %s` "+
-			"(through a running replica) or `muster settings set %s %s --offline --data %s` (with none running)",
-			m.key, m.mine, m.where(configPath), m.stored, m.stored, m.key, m.mine, m.key, m.mine, shellword.Quote(dir))
+			"(through a running replica) or `muster settings set %s %s --offline --data %s%s` (with none running)",
+			m.key, m.mine, m.where(configPath), m.stored, m.stored, m.key, m.mine, m.key, m.mine, shellword.Quote(dir), offlineConfigHint(dir, configPath))
 	}
 	b.WriteString(" (docs/high-availability.md, \"Settings kept in the store\")")
 	return errors.New(b.String())

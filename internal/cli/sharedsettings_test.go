@@ -94,7 +94,7 @@ func TestReconcileShared(t *testing.T) {
 			given: map[string]string{"signer.min_lead_time": ""},
 			err: []string{"signer.min_lead_time is 5m0s in /etc/muster/authority.yaml but 2m0s in the store", "make it 2m0s there or leave it out",
 				"`muster settings set signer.min_lead_time 5m0s` (through a running replica)",
-				"`muster settings set signer.min_lead_time 5m0s --offline --data '/var/lib/muster data'` (with none running)", "Settings kept in the store"}},
+				"`muster settings set signer.min_lead_time 5m0s --offline --data '/var/lib/muster data' --config /etc/muster/authority.yaml` (with none running)", "Settings kept in the store"}},
 		{name: "SQLite: a given value other than the store's replaces it", sqlite: true,
 			held: held("signer.min_lead_time", "2m0s", "ca.intermediate_ttl", "4380h0m0s"), lead: 5 * time.Minute,
 			given: map[string]string{"signer.min_lead_time": ""},

@@ -791,8 +791,9 @@ func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64)
 
 // SetMinLeadTime is the signer.min_lead_time the store's current verifier
 // set carries, which agents apply to the next rotate task, and the set's
-// version. The set carries the lead time of the replica that signed it,
-// so with replicas configured differently it may not be this keeper's.
+// version. The set carries the lead time in force when it was signed,
+// the store's shared one (muster settings set), which may have changed
+// since: this keeper's own may already be the newer value.
 func (k *Keeper) SetMinLeadTime(ctx context.Context) (time.Duration, int64, error) {
 	raw, v, err := k.SignedVerifierSet(ctx, -1)
 	if err != nil {
