@@ -20,8 +20,11 @@ var ErrLocked = errors.New("datadir: in use by another authority")
 
 // LockHolder is the pid the lock file names: the holder's while the lock
 // is held, else the last holder's; 0 if none.
-func (d Dir) LockHolder() int {
-	b, err := os.ReadFile(d.LockFile())
+func (d Dir) LockHolder() int { return lockHolder(d.LockFile()) }
+
+// lockHolder is the pid the lock file at path names; 0 if none.
+func lockHolder(path string) int {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
@@ -31,6 +34,39 @@ func (d Dir) LockHolder() int {
 	return 0
 }
 
+// lockPID takes flock(2) on path for this process and writes its pid
+// there, for a refused process's message; the kernel releases the lock
+// when the process dies however it dies, so a stale file never blocks a
+// restart. held is the holder's pid (0 if unknown) when another process
+// holds it: then err wraps syscall.EWOULDBLOCK.
+func lockPID(path string) (release func(), held int, err error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("datadir: cannot open %s: %w", path, oserr.Reason(err))
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, lockHolder(path), err
+		}
+		return nil, 0, fmt.Errorf("datadir: cannot lock %s: %w", path, oserr.Reason(err))
+	}
+	// Only the holder writes, so the pid read by a refused process is
+	// the holder's (or empty for an instant while it is written).
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return func() { f.Close() }, 0, nil
+}
+
+// pidNote is " (pid N)" for a known holder.
+func pidNote(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (pid %d)", pid)
+}
+
 // Lock takes the directory for this process: a second authority on the
 // same directory would overwrite authority.addr and the audit checkpoint
 // under the first. The lock is flock(2) on DIR/authority.lock, so the
@@ -38,27 +74,11 @@ func (d Dir) LockHolder() int {
 // file never blocks a restart. The file holds the holder's pid, for the
 // message only. Call the returned function to release it.
 func (d Dir) Lock() (release func(), err error) {
-	f, err := os.OpenFile(d.LockFile(), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("datadir: cannot open %s: %w", d.LockFile(), oserr.Reason(err))
+	release, held, err := lockPID(d.LockFile())
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("%w%s: %s; stop it first, or give another --data", ErrLocked, pidNote(held), d)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder := ""
-		if pid := d.LockHolder(); pid > 0 {
-			holder = fmt.Sprintf(" (pid %d)", pid)
-		}
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w%s: %s; stop it first, or give another --data", ErrLocked, holder, d)
-		}
-		return nil, fmt.Errorf("datadir: cannot lock %s: %w", d.LockFile(), oserr.Reason(err))
-	}
-	// Only the holder writes, so the pid read by a refused process is
-	// the holder's (or empty for an instant while it is written).
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return func() { f.Close() }, nil
+	return release, err
 }
 
 // ErrStoreLocked reports an SQLite store another authority process runs
@@ -87,27 +107,10 @@ func LockSQLiteStore(db string) (release func(), err error) {
 	if real, err := filepath.EvalSymlinks(abs); err == nil {
 		abs = real
 	}
-	path := SQLiteLockFile(abs)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("datadir: cannot open %s: %w", path, oserr.Reason(err))
+	release, held, err := lockPID(SQLiteLockFile(abs))
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, fmt.Errorf("%w%s: %s; one authority at a time uses an SQLite store: stop the other first "+
+			"(several replicas need PostgreSQL: docs/high-availability.md)", ErrStoreLocked, pidNote(held), abs)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder := ""
-		if b, rerr := os.ReadFile(path); rerr == nil {
-			if pid, cerr := strconv.Atoi(strings.TrimSpace(string(b))); cerr == nil && pid > 0 {
-				holder = fmt.Sprintf(" (pid %d)", pid)
-			}
-		}
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w%s: %s; one authority at a time uses an SQLite store: stop the other first "+
-				"(several replicas need PostgreSQL: docs/high-availability.md)", ErrStoreLocked, holder, abs)
-		}
-		return nil, fmt.Errorf("datadir: cannot lock %s: %w", path, oserr.Reason(err))
-	}
-	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	return func() { f.Close() }, nil
+	return release, err
 }
