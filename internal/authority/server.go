@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -788,61 +789,144 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.discovery != nil {
 		g.Go(func() error { return s.discovery.run(gctx) })
 	}
+	// stopBy is when the whole stop must be over: set as it starts,
+	// read by recordStop after every goroutine of g returned.
+	var stopBy time.Time
 	g.Go(func() error {
 		<-gctx.Done()
-		s.log.Info("authority stopping")
+		stopBy = time.Now().Add(stopBudget)
+		s.log.Info("authority stopping", "budget", stopBudget.String())
 		// Agent streams end only with their certificates: the graceful
-		// stop would wait its whole 10 s for them, its listener closed,
+		// stop would wait its whole grace for them, its listener closed,
 		// while agents could not renew (one whose certificate ran out
 		// then stopped for good). Ended first, they reconnect at once,
 		// to another replica or to this one restarted.
 		s.endStreams()
-		stopGracefully(api, 10*time.Second)
-		if boot != nil {
-			stopGracefully(boot, 10*time.Second)
-		}
-		for _, hs := range []*http.Server{metricsSrv, crlSrv} {
-			if hs != nil {
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				hs.Shutdown(sctx)
-				cancel()
+		var ls []stoppable
+		for _, l := range []struct {
+			name string
+			gs   *grpc.Server
+		}{{"api", api}, {"bootstrap", boot}} {
+			if l.gs != nil {
+				ls = append(ls, grpcStoppable(l.name, l.gs))
 			}
+		}
+		for _, l := range []struct {
+			name string
+			hs   *http.Server
+		}{{"metrics", metricsSrv}, {"crl", crlSrv}} {
+			if l.hs != nil {
+				ls = append(ls, httpStoppable(l.name, l.hs))
+			}
+		}
+		if cut := stopAll(time.Now().Add(stopGrace), ls); len(cut) > 0 {
+			s.log.Warn(fmt.Sprintf("calls still in flight after %s were cut short: their listeners were stopped hard", stopGrace),
+				"listeners", strings.Join(cut, ","))
 		}
 		return nil
 	})
 	err = g.Wait()
-	s.recordStop()
+	s.recordStop(stopBy)
 	if errors.Is(err, grpc.ErrServerStopped) {
 		err = nil
 	}
 	return err
 }
 
+// stopBudget is the longest the authority takes to stop, from SIGTERM to
+// its stop recorded: the service manager kills it after its own stop
+// timeout (TimeoutStopSec=30s in the systemd unit), and must not, or the
+// stop goes unrecorded and agent streams end unannounced. stopGrace of it
+// is what calls in flight get before every listener is stopped hard; the
+// rest, at least a store request's deadline (limits.store_timeout, at most
+// 20 s: 10 s by default), records the stop.
+const (
+	stopBudget = 20 * time.Second
+	stopGrace  = 10 * time.Second
+)
+
+// stoppable is a listener's server as the stop sees it: graceful waits
+// for its calls in flight until ctx ends, then hard ends the rest.
+type stoppable struct {
+	name     string
+	graceful func(ctx context.Context) error
+	hard     func()
+}
+
+func grpcStoppable(name string, gs *grpc.Server) stoppable {
+	return stoppable{name: name, hard: gs.Stop, graceful: func(ctx context.Context) error {
+		done := make(chan struct{})
+		go func() { gs.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+}
+
+func httpStoppable(name string, hs *http.Server) stoppable {
+	return stoppable{name: name, graceful: hs.Shutdown, hard: func() { hs.Close() }}
+}
+
+// stopAll stops the listeners at once, each given until grace ends for
+// its calls in flight and then stopped hard, and returns the names of
+// those stopped hard. One after the other, each waited its own grace: the
+// two gRPC listeners and the two HTTP ones took 30 s together, the systemd
+// unit's whole stop timeout, before the stop was recorded.
+func stopAll(grace time.Time, ls []stoppable) []string {
+	ctx, cancel := context.WithDeadline(context.Background(), grace)
+	defer cancel()
+	cut := make([]bool, len(ls))
+	var wg sync.WaitGroup
+	for i, l := range ls {
+		wg.Go(func() {
+			if l.graceful(ctx) != nil {
+				l.hard()
+				cut[i] = true
+			}
+		})
+	}
+	wg.Wait()
+	var names []string
+	for i, l := range ls {
+		if cut[i] {
+			names = append(names, l.name)
+		}
+	}
+	return names
+}
+
 // recordStop records, as the replica stops, the stream ends the store
 // could not take before, the authority.stop audit record and a checkpoint
-// of the audit chain, within storeJobTimeout. The first failure ends it:
-// with the store unavailable each write would wait the store's deadline
-// in turn; during an outage already under way nothing is tried, so a
-// hung database does not hold the stop for the store's deadline (the
-// service manager's stop timeout, 30 s in the systemd unit, must cover
-// the graceful stop too). What was left unrecorded is logged with the
-// failure, which names the store's unavailability and the setting that
-// bounds its requests (it said "context deadline exceeded" when this took
-// 5 s, shorter than the store's 10 s).
-func (s *Server) recordStop() {
+// of the audit chain, by stopBy (the end of stopBudget): the service
+// manager's stop timeout covers the listeners' stop and this together. The
+// first failure ends it: with the store unavailable each write would wait
+// the store's deadline in turn; during an outage already under way
+// nothing is tried, so a hung database does not hold the stop. What was
+// left unrecorded is logged with the failure, which names the store's
+// unavailability and the setting that bounds its requests, or the stop's
+// budget when that ran out first.
+func (s *Server) recordStop(stopBy time.Time) {
 	left := "the ends of agent streams that ended unrecorded, the authority.stop audit record and a checkpoint of the audit chain"
 	if s.outage.isDown() {
 		s.log.Error("the store is unavailable as the authority stops (an outage under way): not recorded: "+left,
 			"unrecorded_stream_ends", s.streamEnds.len())
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeJobTimeout)
+	ctx, cancel := context.WithDeadline(context.Background(), stopBy)
 	defer cancel()
-	err := s.streamEnds.flush(ctx)
+	ctx, cancel2 := context.WithTimeout(ctx, storeJobTimeout)
+	defer cancel2()
+	err := ctx.Err()
+	if err == nil {
+		err = s.streamEnds.flush(ctx)
+	}
 	if err == nil {
 		left = "the authority.stop audit record and a checkpoint of the audit chain"
 		err = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "authority.stop", Target: s.info.AuthorityID, Result: audit.ResultOK})
-		if err != nil && !errors.Is(err, store.ErrUnavailable) {
+		if err != nil && !errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
 			return // logged by recordAudit
 		}
 	}
@@ -852,21 +936,14 @@ func (s *Server) recordStop() {
 	}
 	switch {
 	case err == nil:
+	case !time.Now().Before(stopBy):
+		s.log.Error(fmt.Sprintf("the authority's stop took its whole %s (calls in flight get %s of it, the store the rest): not recorded: %s", stopBudget, stopGrace, left),
+			"unrecorded_stream_ends", s.streamEnds.len(), "err", err)
 	case errors.Is(err, store.ErrUnavailable):
 		s.log.Error("the store is unavailable as the authority stops: not recorded: "+left,
 			"unrecorded_stream_ends", s.streamEnds.len(), "err", err)
 	default:
 		s.log.Error("recording the authority's stop failed: not recorded: "+left, "unrecorded_stream_ends", s.streamEnds.len(), "err", err)
-	}
-}
-
-func stopGracefully(gs *grpc.Server, timeout time.Duration) {
-	done := make(chan struct{})
-	go func() { gs.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(timeout):
-		gs.Stop()
 	}
 }
 

@@ -87,7 +87,7 @@ func TestStoreJobsOutlastTheStoresDeadline(t *testing.T) {
 		}, ""},
 		{"the stop", func(s *Server) error {
 			s.streamEnds.add("n1", time.Now().Add(-time.Minute), time.Now())
-			s.recordStop()
+			s.recordStop(time.Now().Add(stopBudget))
 			return nil
 		}, "the store is unavailable as the authority stops"},
 		{"the stop during an outage", func(s *Server) error {
@@ -96,7 +96,7 @@ func TestStoreJobsOutlastTheStoresDeadline(t *testing.T) {
 			s.outage.fail(fmt.Errorf("postgres: now: %w", store.ErrUnavailable))
 			s.store = nil
 			s.streamEnds.store = nil
-			s.recordStop()
+			s.recordStop(time.Now().Add(stopBudget))
 			return nil
 		}, "the store is unavailable as the authority stops (an outage under way)"},
 	} {
