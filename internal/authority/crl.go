@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/crl"
@@ -60,6 +61,10 @@ func (s *Server) setupCRL(cfg Config) error {
 		return nil
 	}
 	s.crl = crl.New(crl.Config{Store: cfg.Store, Issuers: crlIssuers(cfg.CA), Validity: cfg.CRLValidity, MaxLeafTTL: maxLeafTTL, Log: cfg.Log})
+	s.crlCache = newCRLCache(s.crl.Get, s.crlReadFailed)
+	if err := s.metrics.reg.Register(s.crlCache.servedCopy); err != nil {
+		return err
+	}
 	return s.metrics.reg.Register(crlCollector{s.crl})
 }
 
@@ -72,18 +77,8 @@ func (s *Server) pokeCRL(c store.Change) {
 }
 
 // crlHandler serves the stored lists, unauthenticated, at
-// /crl/ROLE-SERIAL.crl. Each list is read from the store at most once a
-// second, so every replica serves the newest one without a flood of
-// requests reaching the database.
+// /crl/ROLE-SERIAL.crl, through crlCache.
 func (s *Server) crlHandler() http.Handler {
-	type cached struct {
-		c    store.CRL
-		read time.Time
-	}
-	var (
-		mu    sync.Mutex
-		cache = map[string]cached{}
-	)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
@@ -95,45 +90,178 @@ func (s *Server) crlHandler() http.Handler {
 			http.NotFound(w, r)
 			return
 		}
-		mu.Lock()
-		hit, ok := cache[name]
-		mu.Unlock()
-		if !ok || time.Since(hit.read) > time.Second {
-			// The store's deadline, not a shorter one of its own: a
-			// hung database is then its outage, logged once.
-			ctx, cancel := context.WithTimeout(r.Context(), storeJobTimeout)
-			c, err := s.crl.Get(ctx, name)
-			cancel()
-			switch {
-			case errors.Is(err, crl.ErrUnknownIssuer):
-				http.NotFound(w, r)
-				return
-			case errors.Is(err, store.ErrNotFound):
-				http.Error(w, "the first list of this issuer is not signed yet", http.StatusServiceUnavailable)
-				return
-			case err != nil:
-				if !s.outage.fail(err) {
-					s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
-				}
-				http.Error(w, "store unavailable", http.StatusServiceUnavailable)
-				return
-			}
-			hit = cached{c: c, read: time.Now()}
-			mu.Lock()
-			cache[name] = hit
-			mu.Unlock()
+		l, err := s.crlCache.get(r.Context(), name)
+		switch {
+		case errors.Is(err, crl.ErrUnknownIssuer):
+			http.NotFound(w, r)
+			return
+		case errors.Is(err, store.ErrNotFound):
+			http.Error(w, "the first list of this issuer is not signed yet", http.StatusServiceUnavailable)
+			return
+		case err != nil && r.Context().Err() != nil:
+			return // the client is gone
+		case err != nil:
+			http.Error(w, "certificate revocation list unavailable: the authority cannot read its store and holds no copy of this list before its nextUpdate; "+
+				"the operator should check the authority's store (the authority's log, /readyz and muster_store_up on its metrics listener)", http.StatusServiceUnavailable)
+			return
 		}
 		h := w.Header()
 		h.Set("Content-Type", "application/pkix-crl")
-		h.Set("Content-Length", strconv.Itoa(len(hit.c.DER)))
+		h.Set("Content-Length", strconv.Itoa(len(l.DER)))
 		// A relying party may keep it until nextUpdate; a cache in
 		// between should ask again, so a lock reaches it within seconds.
 		h.Set("Cache-Control", "no-cache")
-		h.Set("Last-Modified", hit.c.ThisUpdate.UTC().Format(http.TimeFormat))
+		h.Set("Last-Modified", l.ThisUpdate.UTC().Format(http.TimeFormat))
 		if r.Method == http.MethodGet {
-			w.Write(hit.c.DER)
+			w.Write(l.DER)
 		}
 	})
+}
+
+const (
+	// crlReadEvery: each list is read from the store at most once a
+	// second per replica, so every replica serves the newest one without
+	// a flood of fetches reaching the database.
+	crlReadEvery = time.Second
+	// crlCopyWait is how long a fetch waits for the store when this
+	// replica holds a copy of the list before its nextUpdate: past it
+	// the copy is served, and the read goes on for the fetches after.
+	crlCopyWait = 2 * time.Second
+)
+
+// crlCache holds the lists as last read from the store. Concurrent
+// fetches of a list share one read; while the store cannot be read (down,
+// or slower than crlCopyWait) the copy held is served as long as it is
+// before its nextUpdate, since a relying party may keep it that long
+// anyway. Before, each fetch after the second read the store itself (a
+// flood of them was a flood of reads of a database already struggling),
+// and a store outage was a 503 for every fetch, so relying parties that
+// fail closed refused every agent.
+type crlCache struct {
+	// read is the store's list (crl.Publisher.Get).
+	read func(ctx context.Context, name string) (store.CRL, error)
+	// failed is told of a read that failed for the store, and whether a
+	// copy is served meanwhile.
+	failed func(name string, err error, copy *store.CRL)
+	// servedCopy counts fetches answered with the copy.
+	servedCopy prometheus.Counter
+	// now is time.Now; tests set it.
+	now func() time.Time
+
+	mu    sync.Mutex
+	lists map[string]cachedCRL
+	reads singleflight.Group
+}
+
+type cachedCRL struct {
+	// c is the list last read, if held.
+	c    store.CRL
+	held bool
+	// tried is when the store was last read for it, err that read's
+	// failure.
+	tried time.Time
+	err   error
+}
+
+func newCRLCache(read func(context.Context, string) (store.CRL, error), failed func(string, error, *store.CRL)) *crlCache {
+	return &crlCache{read: read, failed: failed, lists: map[string]cachedCRL{}, now: time.Now,
+		servedCopy: prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_crl_served_copy_total",
+			Help: "Fetches of a certificate revocation list answered with this replica's copy, before its nextUpdate, because the store could not be read in time."})}
+}
+
+// get returns the list name: the one read within crlReadEvery, else a
+// new read's, shared with every fetch waiting for it. When the store
+// fails or is slow, it returns the copy held if that is before its
+// nextUpdate, and the store's error otherwise.
+func (c *crlCache) get(ctx context.Context, name string) (store.CRL, error) {
+	c.mu.Lock()
+	hit := c.lists[name]
+	c.mu.Unlock()
+	now := c.now()
+	valid := hit.held && now.Before(hit.c.NextUpdate)
+	if !hit.tried.IsZero() && now.Sub(hit.tried) < crlReadEvery {
+		switch {
+		case hit.err == nil:
+			return hit.c, nil
+		case valid: // the store failed within the second
+			c.servedCopy.Inc()
+			return hit.c, nil
+		default:
+			return store.CRL{}, hit.err
+		}
+	}
+	reads := c.reads.DoChan(name, func() (any, error) { return c.readStore(name) })
+	var wait <-chan time.Time
+	if valid {
+		t := time.NewTimer(crlCopyWait)
+		defer t.Stop()
+		wait = t.C
+	}
+	select {
+	case r := <-reads:
+		if r.Err == nil {
+			return r.Val.(store.CRL), nil
+		}
+		if !valid || errors.Is(r.Err, crl.ErrUnknownIssuer) || errors.Is(r.Err, store.ErrNotFound) {
+			return store.CRL{}, r.Err
+		}
+	case <-wait:
+	case <-ctx.Done():
+		return store.CRL{}, ctx.Err()
+	}
+	c.servedCopy.Inc()
+	return hit.c, nil
+}
+
+// readStore reads the list name from the store, with the store's
+// deadline rather than the fetch's: the read is shared, and must not end
+// with the client that started it. A hung database is then its outage,
+// logged once.
+func (c *crlCache) readStore(name string) (any, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeJobTimeout)
+	l, err := c.read(ctx, name)
+	cancel()
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hit := c.lists[name]
+	switch {
+	case err == nil:
+		c.lists[name] = cachedCRL{c: l, held: true, tried: now}
+		return l, nil
+	case errors.Is(err, crl.ErrUnknownIssuer):
+		delete(c.lists, name) // retired: its list is served no more
+	case errors.Is(err, store.ErrNotFound):
+		// Not signed yet: asked again at the next fetch.
+	default:
+		// Said once as the reads of this list start failing, and again
+		// after one succeeded.
+		if hit.tried.IsZero() || hit.err == nil {
+			var copy *store.CRL
+			if hit.held && now.Before(hit.c.NextUpdate) {
+				copy = &hit.c
+			}
+			c.failed(name, err, copy)
+		}
+		hit.tried, hit.err = now, err
+		c.lists[name] = hit
+	}
+	return nil, err
+}
+
+// crlReadFailed logs a list's read that failed for the store, once per
+// outage (storeOutage), and the copy served meanwhile.
+func (s *Server) crlReadFailed(name string, err error, copy *store.CRL) {
+	if !s.outage.fail(err) {
+		s.log.Error("reading a certificate revocation list", "issuer", name, "err", err)
+	}
+	if copy != nil {
+		s.log.Warn("serving this replica's copy of a certificate revocation list until the store answers (muster_crl_served_copy_total counts the fetches)", "issuer", name,
+			"next_update", copy.NextUpdate.UTC().Format(time.RFC3339))
+	} else {
+		s.log.Error("no certificate revocation list to serve: the store could not be read and this replica holds no copy before its nextUpdate; fetches get 503 until the store answers",
+			"issuer", name)
+	}
 }
 
 // crlCollector exports the age and size of each list at scrape time.

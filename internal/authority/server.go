@@ -262,6 +262,8 @@ type Server struct {
 
 	// crl is nil unless lists are asked for (crl.go).
 	crl *crl.Publisher
+	// crlCache serves the lists (crlHandler); nil with crl.
+	crlCache *crlCache
 
 	// bundle is the trust bundle answers carry (trustbundle.go).
 	bundle bundleCache
