@@ -55,7 +55,7 @@ func waitingOutLock(t *testing.T, p *proc) {
 	t.Helper()
 	waitLog(t, p, "renewal refused: locked; asking again", 1, time.Minute)
 	logs := p.Logs()
-	for _, want := range []string{"when deleted (muster lock delete)", "muster lock list names the lock"} {
+	for _, want := range []string{"when deleted (muster lock delete LOCK-ID)", "muster lock list names the lock"} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the locked agent's log does not say %q:\n%s", want, logs)
 		}

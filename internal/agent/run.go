@@ -283,7 +283,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			if d, ok := errinfo.RetryDelay(err); ok {
 				args = append(args, "lock_ends_in", d.Round(time.Second).String())
 			} else {
-				args = append(args, "lock_ends", "when deleted (muster lock delete)")
+				args = append(args, "lock_ends", "when deleted (muster lock delete LOCK-ID)")
 			}
 			a.log.Warn(op+" refused: locked; asking again", args...)
 			if !sleep(ctx, wait) {
