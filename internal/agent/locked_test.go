@@ -1,8 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/errinfo"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // lockedUntil is the authority's refusal for a lock that ends after left.
@@ -124,5 +130,71 @@ func TestRunLockedPastExpiry(t *testing.T) {
 	}
 	if _, _, n := f.calls(); n < 2 {
 		t.Errorf("%d renewal requests, want the last ones made before the expiry", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from several
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestStreamWaitsOutALock: a stream refused for a lock waits as the
+// renewal does (until the lock's end, or lockedRecheck without a TTL)
+// before it reconnects, instead of knocking at its backoff of seconds.
+func TestStreamWaitsOutALock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		min  time.Duration
+	}{
+		{"lock with a TTL", lockedUntil(time.Hour), 59 * time.Minute},
+		{"lock without a TTL", errinfo.Error(codes.PermissionDenied, "locked", "locked"), 10000 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			minB, maxB, recheck := streamBackoffMin, streamBackoffMax, lockedRecheck
+			t.Cleanup(func() { streamBackoffMin, streamBackoffMax, lockedRecheck = minB, maxB, recheck })
+			streamBackoffMin, streamBackoffMax, lockedRecheck = time.Millisecond, time.Millisecond, 10000*time.Hour
+			f := newFakeAuthority(t, fakeOptions{})
+			_, dir := joined(t, f)
+			f.mu.Lock()
+			f.connect = func(musterv1.AgentService_ConnectServer) error { return tc.err }
+			f.mu.Unlock()
+			var logs syncBuffer
+			a := New(Options{Dir: dir, Timeout: 5 * time.Second, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() { defer close(done); a.keepStream(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			const msg = "stream to the authority closed: refused for the node's standing"
+			var rec struct {
+				Msg     string `json:"msg"`
+				RetryIn string `json:"retry_in"`
+			}
+			waitFor(t, nil, "the stream's refusal", func() bool {
+				for _, line := range strings.Split(logs.String(), "\n") {
+					if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg {
+						return true
+					}
+				}
+				return false
+			})
+			if got, err := time.ParseDuration(rec.RetryIn); err != nil || got < tc.min {
+				t.Errorf("the stream reconnects in %q, want at least %s", rec.RetryIn, tc.min)
+			}
+		})
 	}
 }
