@@ -22,10 +22,13 @@ func TestLockWithTTLPausesARunningAgent(t *testing.T) {
 	agent, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	// Long enough that the stream's close (within a second of the lock)
 	// and the renewal it prompts are refused on a loaded machine.
+	locked := time.Now()
 	mustRun(t, "lock", "create", "--data", e.dir, "--node", "web-1", "--ttl", "8s", "--reason", "maintenance")
 	waitLog(t, agent, "stream to the authority closed: refused for the node's standing", 1, time.Minute)
 	waitLog(t, agent, "renewed", 1, 2*time.Minute)
+	renewed := time.Since(locked)
 	waitLog(t, agent, "stream to the authority open", 2, 2*time.Minute)
+	t.Logf("locked for 8s: renewed %s and the stream open again %s after the lock was made", renewed.Round(100*time.Millisecond), time.Since(locked).Round(100*time.Millisecond))
 	if st := agentState(t, adir); st.Generation < 1 {
 		t.Errorf("generation %d after the lock ended, want a renewal", st.Generation)
 	}
