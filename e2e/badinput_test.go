@@ -111,17 +111,45 @@ func TestClientCertificateRefusals(t *testing.T) {
 		_, err = musterv1.NewAdminServiceClient(e.dial(t, tt.id)).ListTokens(t.Context(), &musterv1.ListTokensRequest{})
 		wantCode(t, err, codes.Unauthenticated, tt.want)
 	}
-	expiredOp := cert(h.Issuer(ca.RoleAdmin), h.Root, spiffeid.RoleAdmin, "admin", time.Now().Add(-3*time.Hour))
+	expiredOp := cert(h.Issuer(ca.RoleAdmin), h.Root, spiffeid.RoleAdmin, "alice", time.Now().Add(-3*time.Hour))
 	_, err = dialAdmin(t, e.dir, e.auth.addr, expiredOp).GetStatus(t.Context(), &musterv1.GetStatusRequest{})
 	wantCode(t, err, codes.Unauthenticated, "expired")
+	forgedOp := cert(other.Issuer(ca.RoleAdmin), other.Root, spiffeid.RoleAdmin, "bob", time.Now())
+	_, err = dialAdmin(t, e.dir, e.auth.addr, forgedOp).GetStatus(t.Context(), &musterv1.GetStatusRequest{})
+	wantCode(t, err, codes.Unauthenticated, "not issued by this authority")
+	// Each refusal is audited with the identity its certificate names,
+	// marked: expired: for one this authority issued, claimed: for one it
+	// did not (anyone can write a name in a certificate). Before, all were
+	// audited as anonymous, and the operator could not tell who tried.
+	wantActors := map[string]string{
+		"expired:spiffe://" + e.td + "/admin/alice": "expired",
+		"expired:spiffe://" + e.td + "/agent/n1":    "expired",
+		"claimed:spiffe://" + e.td + "/agent/n1":    "not issued by this authority",
+		"claimed:spiffe://" + e.td + "/admin/bob":   "not issued by this authority",
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out := mustRun(t, "audit", "list", "--data", e.dir, "--action", "api.access", "-o", "json")
-		if strings.Contains(out, "expired") && strings.Contains(out, "not issued by this authority") {
+		recs := auditOf(t, e.dir, "api.access")
+		missing := []string{}
+		for actor, reason := range wantActors {
+			found := false
+			for _, r := range recs {
+				found = found || (r.Actor == actor && r.Result == "denied" && strings.Contains(r.Reason, reason))
+			}
+			if !found {
+				missing = append(missing, actor)
+			}
+		}
+		if len(missing) == 0 {
+			for _, r := range recs {
+				if r.Actor == "anonymous" || r.Actor == "spiffe://"+e.td+"/admin/alice" {
+					t.Errorf("a refusal audited as %q: %+v", r.Actor, r)
+				}
+			}
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the refusals were not audited:\n%s", out)
+			t.Fatalf("no refusal audited as %v:\n%+v", missing, recs)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -8,22 +8,65 @@ import (
 	"time"
 )
 
-// TestLockStopsARunningAgent: a lock on the node of a running agent
-// stops it, as docs/install.md and the operator guide say ("a deleted or
-// locked node stops the agent for good"), naming the reason. The
-// authority closes the agent's stream at the lock and refuses it again:
-// the agent then renews at once, and the renewal's refusal stops it.
-// Before, it reconnected its stream every 2 minutes until its renewal
-// was due, half its certificate's lifetime later (12 hours by default).
-func TestLockStopsARunningAgent(t *testing.T) {
+// TestLockWithTTLPausesARunningAgent: a lock with a TTL on the node of a
+// running agent closes its stream (within a second, DESIGN.md) and its
+// renewal is refused ("locked"), and once the lock has expired the agent
+// renews and opens its stream again by itself, with no restart: the
+// refusal says when the lock ends, and the agent waits until then. Before,
+// the refused renewal stopped the agent for good, and the operator had to
+// start it again by hand on every machine after the lock expired.
+func TestLockWithTTLPausesARunningAgent(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := joinAgent(t, e, "web-1")
+	agent, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	// Long enough that the stream's close (within a second of the lock)
+	// and the renewal it prompts are refused on a loaded machine.
+	locked := time.Now()
+	mustRun(t, "lock", "create", "--data", e.dir, "--node", "web-1", "--ttl", "8s", "--reason", "maintenance")
+	waitLog(t, agent, "stream to the authority closed: refused for the node's standing", 1, time.Minute)
+	waitLog(t, agent, "renewed", 1, 2*time.Minute)
+	renewed := time.Since(locked)
+	waitLog(t, agent, "stream to the authority open", 2, 2*time.Minute)
+	t.Logf("locked for 8s: renewed %s and the stream open again %s after the lock was made", renewed.Round(100*time.Millisecond), time.Since(locked).Round(100*time.Millisecond))
+	if st := agentState(t, adir); st.Generation < 1 {
+		t.Errorf("generation %d after the lock ended, want a renewal", st.Generation)
+	}
+	if logs := agent.Logs(); !strings.Contains(logs, `"reason":"locked"`) || strings.Contains(logs, "permanent failure") {
+		t.Errorf("the agent, locked for 8s, did not wait out the lock:\n%s", logs)
+	}
+}
+
+// TestLockWithoutTTLKeepsTheAgentWaiting: a lock without a TTL closes the
+// agent's stream and refuses its renewal, and the agent keeps running,
+// saying the lock ends when deleted and naming the way out, so that
+// muster lock delete brings it back (at its next attempt, within 15
+// minutes) without a restart. Before, it stopped for good.
+func TestLockWithoutTTLKeepsTheAgentWaiting(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t)
 	adir := joinAgent(t, e, "web-1")
 	agent, _ := startProc(t, "agent", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	mustRun(t, "lock", "create", "--data", e.dir, "--node", "web-1", "--reason", "stolen")
-	stoppedFor(t, agent, "locked")
-	if !strings.Contains(agent.Logs(), "muster lock list") {
-		t.Errorf("the locked agent's last words name no way out:\n%s", agent.Logs())
+	waitingOutLock(t, agent)
+}
+
+// waitingOutLock waits for the running agent p to be refused its renewal
+// for a lock without a TTL, and checks that it keeps running, saying the
+// lock ends when deleted and naming the way out.
+func waitingOutLock(t *testing.T, p *proc) {
+	t.Helper()
+	waitLog(t, p, "renewal refused: locked; asking again", 1, time.Minute)
+	logs := p.Logs()
+	for _, want := range []string{"when deleted (muster lock delete LOCK-ID)", "muster lock list names the lock"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("the locked agent's log does not say %q:\n%s", want, logs)
+		}
+	}
+	select {
+	case <-p.done:
+		t.Fatalf("the locked agent stopped: %v\n%s", p.exitErr, p.Logs())
+	default:
 	}
 }
 
@@ -59,7 +102,7 @@ func TestRestoredAgentDirectoryNamesTheWayOut(t *testing.T) {
 }
 
 // stoppedFor waits for the agent p to stop for good, refused for reason
-// (a lock, a deletion or a supersession made while it ran stops it).
+// (a deletion or a supersession made while it ran stops it).
 func stoppedFor(t *testing.T, p *proc, reason string) {
 	t.Helper()
 	select {

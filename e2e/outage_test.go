@@ -201,7 +201,7 @@ func TestLockRightAfterAnOutage(t *testing.T) {
 	if !strings.Contains(a.Logs(), "listening again to the store's change notifications") {
 		t.Error("replica a does not log that it listens again")
 	}
-	stoppedFor(t, ag, "locked")
+	waitingOutLock(t, ag)
 }
 
 // TestHungDatabase: a database that hangs rather than refusing (every

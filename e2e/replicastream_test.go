@@ -69,7 +69,7 @@ func TestReplicasShareSignersAndStreams(t *testing.T) {
 		return strings.Contains(l, "locked")
 	})
 	t.Logf("stream on replica a closed %s after the lock through replica b", took)
-	stoppedFor(t, ag, "locked")
+	waitingOutLock(t, ag)
 }
 
 // TestOneStreamPerAgentAcrossReplicas: an agent identity that opens a

@@ -75,7 +75,7 @@ func TestAgentStream(t *testing.T) {
 	if out := mustRun(t, "agents", "list", "--data", e.dir); !strings.Contains(out, "last seen ") {
 		t.Errorf("agents list does not show when the agent was last seen:\n%s", out)
 	}
-	stoppedFor(t, ag, "locked")
+	waitingOutLock(t, ag)
 }
 
 func grepLines(s, sub string) string {

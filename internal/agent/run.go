@@ -29,6 +29,44 @@ var (
 // renewJitter spreads renewals of agents that joined together.
 const renewJitter = 0.1
 
+// Waits of an agent the authority refused for a lock; variables so tests
+// can shorten them.
+var (
+	// lockedRecheck is how often an agent refused for a lock without a
+	// TTL asks again, and the longest it waits for one with a TTL. Such
+	// a lock ends only by muster lock delete, which the authority cannot
+	// tell an agent it refuses (its stream is closed): asking again at
+	// this interval brings the fleet back by itself once the operator
+	// lifts the lock, instead of a restart by hand on every machine, at
+	// the cost of one refused (and audited) renewal per locked agent per
+	// interval. A lock with a long TTL may be deleted before it ends,
+	// hence the bound on that wait too.
+	lockedRecheck = 15 * time.Minute
+	// lockedJitterMax bounds the jitter added to a wait for a lock: a
+	// tenth of the wait, at least a second, at most this. It spreads
+	// agents locked together, and prolongs a short lock little.
+	lockedJitterMax = 30 * time.Second
+)
+
+// lockedWait reports whether err is the authority's refusal for a lock
+// (PERMISSION_DENIED, reason locked) and how long to wait before asking
+// again: until the lock ends, as the refusal says (its RetryInfo), at most
+// lockedRecheck, or lockedRecheck for a lock without a TTL (and from an
+// authority that does not say); never less than backoffMin, plus jitter.
+// The authority checks every lock again at the next attempt: a lock
+// created meanwhile, or another one in force, refuses it again.
+func lockedWait(err error) (time.Duration, bool) {
+	if status.Code(err) != codes.PermissionDenied || errinfo.Reason(err) != "locked" {
+		return 0, false
+	}
+	base := lockedRecheck
+	if d, ok := errinfo.RetryDelay(err); ok && d < base {
+		base = max(d, backoffMin)
+	}
+	spread := min(max(base/10, time.Second), lockedJitterMax)
+	return base + rand.N(spread+1), true
+}
+
 // Transient reports whether a failure may go away by itself: the authority
 // unreachable, overloaded or slow (UNAVAILABLE, DEADLINE_EXCEEDED,
 // RESOURCE_EXHAUSTED) or a network error. Any other answer of the
@@ -50,8 +88,12 @@ func Transient(err error) bool {
 // request join returns (called only then), and then renews the identity at
 // about half of each certificate's lifetime, with jitter, until ctx ends.
 // Transient failures are retried with exponential backoff (1 s doubling to
-// 5 min, jittered, never waiting past the certificate's expiry); a
-// permanent failure ends Run with its *OpError. An identity on disk is
+// 5 min, jittered, never waiting past the certificate's expiry). A refusal
+// for a lock is waited out: until the lock's end the authority names (plus
+// jitter), at most lockedRecheck, which is also how often a lock without a
+// TTL is asked about again (lockedWait); no restart is needed when a lock
+// ends or is deleted. Any other permanent failure ends Run with its
+// *OpError. An identity on disk is
 // never removed. Run returns nil once ctx is cancelled.
 func (a *Agent) Run(ctx context.Context, join func() (JoinRequest, error)) error {
 	err := a.run(ctx, join)
@@ -145,7 +187,8 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			case <-a.standingRefused:
 				// The authority refused the stream for the node's
 				// standing: its answer to a renewal is the one that
-				// stops the agent (or, a lock gone meanwhile, renews).
+				// stops the agent, or waits out a lock (or, a lock
+				// gone meanwhile, renews).
 				// Not a bound-keypair agent's: its refresh may recover,
 				// and two copies would take the instance from each
 				// other at every refusal.
@@ -153,7 +196,7 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 				if bound {
 					continue
 				}
-				a.log.Info("renewing now: the stream was refused for the node's standing, and a refused renewal stops the agent")
+				a.log.Info("renewing now: the stream was refused for the node's standing, and the renewal's answer says whether the agent stops or waits out a lock")
 			}
 		}
 		renew := a.Renew
@@ -163,6 +206,13 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			renew = a.Rebind
 		}
 		if err := a.retry(ctx, "renewal", leaf.NotAfter, func() error {
+			// A stream refused before this attempt is answered by it:
+			// left pending, its signal would renew again at once after
+			// a success (a refusal waited out meanwhile, say).
+			select {
+			case <-a.standingRefused:
+			default:
+			}
 			_, err := renew(ctx)
 			return err
 		}); err != nil {
@@ -221,12 +271,29 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if !retryable(err) {
-			return err
-		}
 		var left time.Duration
 		if !notAfter.IsZero() {
 			left = notAfter.Sub(a.now())
+		}
+		if wait, locked := lockedWait(err); locked {
+			// Not a failure of the authority, which answered: the
+			// backoff starts again from its minimum after the lock.
+			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
+			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
+			if d, ok := errinfo.RetryDelay(err); ok {
+				args = append(args, "lock_ends_in", d.Round(time.Second).String())
+			} else {
+				args = append(args, "lock_ends", "when deleted (muster lock delete LOCK-ID)")
+			}
+			a.log.Warn(op+" refused: locked; asking again", args...)
+			if !sleep(ctx, wait) {
+				return ctx.Err()
+			}
+			delay = backoffMin
+			continue
+		}
+		if !retryable(err) {
+			return err
 		}
 		wait := retryWait(delay, !notAfter.IsZero(), left)
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
@@ -254,7 +321,14 @@ const lastTryAhead = 5 * time.Second
 // left then (nothing) would retry with no wait at all, a busy loop while
 // the authority is unreachable.
 func retryWait(delay time.Duration, expires bool, left time.Duration) time.Duration {
-	wait := delay/2 + rand.N(delay/2+1)
+	return cutToExpiry(delay/2+rand.N(delay/2+1), expires, left)
+}
+
+// cutToExpiry is retryWait's cut of a wait that would reach the
+// certificate's expiry, for any wait (a lock's too: an agent locked past
+// its certificate's expiry makes its last attempt while it is valid, then
+// reports the expiry rather than waiting on).
+func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Duration {
 	if expires && left > 0 && wait >= left {
 		wait = left
 		if left > backoffMin {

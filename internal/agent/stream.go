@@ -78,6 +78,12 @@ func (a *Agent) keepStream(ctx context.Context) {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
 		} else if r := standingRefusal(err); r != "" {
+			if lw, locked := lockedWait(err); locked && lw > wait {
+				// Asking before the lock ends is refused again: the
+				// stream waits as the renewal does, and a renewal that
+				// succeeds (the lock deleted) wakes it.
+				wait = lw
+			}
 			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
 				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
 			select {

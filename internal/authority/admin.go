@@ -185,6 +185,10 @@ var lockKinds = map[string]bool{
 	store.LockPublicKey: true, store.LockAdmin: true,
 }
 
+// minLockTTL is the shortest lifetime a lock may be given, the one of the
+// other lifetimes the operator sets.
+const minLockTTL = jointoken.MinTTL
+
 func (a *adminService) CreateLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
 	resp, err := a.createLock(ctx, req)
 	err = toStatus(ctx, a.s.log, err)
@@ -244,9 +248,12 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 		ID: "lock-" + uuid.NewString()[:8], Kind: req.GetKind(), Target: req.GetTarget(),
 		Reason: req.GetReason(), CreatedBy: c.Actor(), CreatedAt: now,
 	}
-	if ttl := req.GetTtl(); ttl != nil {
-		if ttl.AsDuration() <= 0 {
-			return nil, badRequest("lock ttl must be positive")
+	if ttl := req.GetTtl(); ttl != nil && ttl.AsDuration() != 0 {
+		// As a token's (jointoken.MinTTL): a lock shorter than that
+		// lapses before it could refuse anything, and could only mislead
+		// (a typo, 10ns for 10m).
+		if d := ttl.AsDuration(); d < minLockTTL || !ttl.IsValid() {
+			return nil, badRequest(fmt.Sprintf("lock ttl must be at least %s (omit --ttl for a lock that lasts until it is deleted: muster lock delete LOCK-ID), got %s", minLockTTL, d))
 		}
 		l.ExpiresAt = now.Add(ttl.AsDuration())
 	}

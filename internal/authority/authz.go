@@ -26,20 +26,41 @@ import (
 
 // Caller is who made a request, as far as the TLS handshake proved it.
 type Caller struct {
-	// ID is zero for a caller without a client certificate.
+	// ID is zero for a caller without a client certificate, or with one
+	// that did not verify.
 	ID            spiffeid.ID
 	Cert          *x509.Certificate
 	Source        string
 	CorrelationID string
+	// Claimed is, for a caller refused because its certificate did not
+	// verify, the identity that certificate names, marked as unproved
+	// (claimedActor): for the audit record of the refusal only, so the
+	// operator learns who tried. Nothing is granted on it.
+	Claimed string
 }
 
 // Actor is how the caller appears in audit records.
 func (c Caller) Actor() string {
 	if c.ID.Role == "" {
+		if c.Claimed != "" {
+			return c.Claimed
+		}
 		return "anonymous"
 	}
 	return c.ID.String()
 }
+
+// Prefixes of the audit actor of a caller whose certificate did not
+// verify, before the identity it names (claimedActor).
+const (
+	// actorExpired: a certificate this authority issued (it verifies as
+	// of a moment it was valid), now expired or not yet valid.
+	actorExpired = "expired:"
+	// actorClaimed: a certificate whose signature is not this
+	// authority's (or could not be checked): anyone can write a name in
+	// one, so it is only what the caller claims.
+	actorClaimed = "claimed:"
+)
 
 type callerKey struct{}
 
@@ -119,6 +140,9 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	}
 	chain, err := s.clientChain(ctx)
 	if err != nil {
+		// Audited with who the certificate says it is (an operator whose
+		// identity expired, say), marked unproved; c.ID stays zero.
+		c.Claimed = s.claimedActor(ctx)
 		return c, s.deny(ctx, c, fullMethod, codes.Unauthenticated, err.Error())
 	}
 	if chain != nil {
@@ -279,6 +303,53 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 		return nil, nil
 	}
 	return s.verifyConnCerts(cc, ti.State.PeerCertificates, time.Now())
+}
+
+// claimedActor is the audit actor of a caller whose client certificate
+// did not verify: the agent or operator identity of this trust domain it
+// names, after actorExpired when it is one this authority issued (signed
+// by an accepted intermediate of that role: its refusal is then its
+// validity period) and actorClaimed otherwise; "" when it names none.
+func (s *Server) claimedActor(ctx context.Context) string {
+	certs := peerCertificates(ctx)
+	if len(certs) == 0 {
+		return ""
+	}
+	leaf := certs[0]
+	id, err := spiffeid.FromCertificate(leaf)
+	if err != nil || id.TrustDomain != s.info.TrustDomain {
+		return ""
+	}
+	issuer, ok := map[spiffeid.Role]ca.Role{spiffeid.RoleAdmin: ca.RoleAdmin, spiffeid.RoleAgent: ca.RoleAgent}[id.Role]
+	if !ok {
+		return ""
+	}
+	if now := time.Now(); !now.After(leaf.NotAfter) && !now.Before(leaf.NotBefore) {
+		// Refused for another reason than its validity period.
+		return actorClaimed + id.String()
+	}
+	for _, in := range s.ca.Accepted(issuer) {
+		if bytes.Equal(leaf.AuthorityKeyId, in.SubjectKeyId) && leaf.CheckSignatureFrom(in) == nil {
+			return actorExpired + id.String()
+		}
+	}
+	return actorClaimed + id.String()
+}
+
+// peerCertificates is what the caller presented in its TLS handshake,
+// leaf first, unverified; nil without a certificate.
+func peerCertificates(ctx context.Context) []*x509.Certificate {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	switch info := p.AuthInfo.(type) {
+	case *connAuthInfo:
+		return info.TLSInfo.State.PeerCertificates
+	case credentials.TLSInfo:
+		return info.State.PeerCertificates
+	}
+	return nil
 }
 
 // verifyClientCertsAt is clientChain's check of the certificates a client

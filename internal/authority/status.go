@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -125,6 +126,12 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return status.Errorf(codes.Internal, "internal error (correlation id %s)", callerFrom(ctx).CorrelationID)
 	case errors.As(err, &ref):
 		code := refusalCodes[ref.Kind]
+		if !ref.Until.IsZero() {
+			// A lock with a TTL: the agent waits until it ends and asks
+			// again, instead of stopping for good (the ask is checked
+			// again, as any).
+			return errinfo.ErrorUntil(code, ref.Reason, refusalReason(code, ref.Reason), ref.Until, time.Now())
+		}
 		return errinfo.Error(code, ref.Reason, refusalReason(code, ref.Reason))
 	case errors.As(err, &ia):
 		return refused(codes.InvalidArgument, ia.msg)

@@ -70,6 +70,26 @@ func TestToStatusReasons(t *testing.T) {
 	}
 }
 
+// TestToStatusLockUntil: a refusal for a lock with a TTL keeps its code,
+// message and reason (DESIGN.md's) and adds when it ends, as a RetryInfo
+// the agent waits by; one without carries no delay.
+func TestToStatusLockUntil(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ref := &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonLocked, Detail: "lock x",
+		Until: time.Now().Add(10 * time.Minute)}
+	err := toStatus(t.Context(), log, fmt.Errorf("renew: %w", ref))
+	if status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != "locked" || errinfo.Reason(err) != "locked" {
+		t.Fatalf("toStatus = %v with reason %q, want PERMISSION_DENIED locked", err, errinfo.Reason(err))
+	}
+	if d, ok := errinfo.RetryDelay(err); !ok || d <= 9*time.Minute || d > 10*time.Minute {
+		t.Errorf("retry delay %v, %v; want about 10m", d, ok)
+	}
+	ref.Until = time.Time{}
+	if d, ok := errinfo.RetryDelay(toStatus(t.Context(), log, ref)); ok {
+		t.Errorf("a lock without a TTL carries a retry delay %v", d)
+	}
+}
+
 // TestToStatusCallerGone: an error that reaches the mapping after the
 // caller went away is the caller's cancellation or deadline, whatever the
 // store answered the interrupted call with (SQLite's "interrupted" does not

@@ -419,7 +419,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, err
 	}
 	if l != nil {
-		return a, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+		return a, lockedBy(*l, "token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
 	// 7. The join state and the recovery rules.
@@ -580,7 +580,7 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 		if l, err := m.s.lockOn(ctx, store.LockTarget{Kind: store.LockPublicKey, Target: fp}); err != nil {
 			return none, err
 		} else if l != nil {
-			return none, refuse(KindPermissionDenied, ReasonLocked).with("token %s, lock %s on the new key %s", t.ID, l.ID, fp)
+			return none, lockedBy(*l, "token %s, lock %s on the new key %s", t.ID, l.ID, fp)
 		}
 	}
 	return offered, nil

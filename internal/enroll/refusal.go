@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/store"
@@ -32,6 +33,10 @@ type Refusal struct {
 	Kind   Kind
 	Reason string
 	Detail string
+	// Until is when the refusal ends by itself (a lock's expiry), told
+	// to the caller so an agent retries then; zero when only an
+	// operator ends it. A retry before or after is checked again.
+	Until time.Time
 }
 
 func (r *Refusal) Error() string { return r.Reason }
@@ -40,6 +45,15 @@ func refuse(k Kind, reason string) *Refusal { return &Refusal{Kind: k, Reason: r
 
 func (r *Refusal) with(format string, args ...any) *Refusal {
 	r.Detail = fmt.Sprintf(format, args...)
+	return r
+}
+
+// lockedBy is the refusal of a request for the lock l in force ("locked"),
+// ending when l expires (never, without a TTL); the detail, for the audit
+// log, names l.
+func lockedBy(l store.Lock, format string, args ...any) *Refusal {
+	r := refuse(KindPermissionDenied, ReasonLocked).with(format, args...)
+	r.Until = l.ExpiresAt
 	return r
 }
 
@@ -96,7 +110,7 @@ func lockedAtWrite(err error) error {
 		return err
 	}
 	l := le.Lock
-	return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s, at the write", l.ID, l.Kind, l.Target)
+	return lockedBy(l, "lock %s on %s %s, at the write", l.ID, l.Kind, l.Target)
 }
 
 // finish audits the outcome of a join or renewal: a refusal (through the

@@ -229,7 +229,7 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 
 // lockedOut is a renewal's refusal for a lock in force.
 func lockedOut(l store.Lock) error {
-	return refuse(KindPermissionDenied, ReasonLocked).with("lock %s on %s %s", l.ID, l.Kind, l.Target)
+	return lockedBy(l, "lock %s on %s %s", l.ID, l.Kind, l.Target)
 }
 
 // nodeStanding refuses an instance whose node was deleted or that was

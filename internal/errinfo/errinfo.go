@@ -7,10 +7,12 @@ package errinfo
 
 import (
 	"errors"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Domain is the ErrorInfo domain of every muster refusal.
@@ -42,6 +44,44 @@ func Error(code codes.Code, msg, reason string) error {
 		return st.Err()
 	}
 	return withInfo.Err()
+}
+
+// UntilKey is the ErrorInfo metadata key of the time (RFC 3339, UTC) a
+// refusal ends by itself: a lock's expiry. For people and tools reading the
+// refusal; an agent waits by the RetryInfo beside it, which is relative
+// and so does not depend on its clock agreeing with the authority's.
+const UntilKey = "until"
+
+// ErrorUntil is Error for a refusal that ends by itself at until (a lock
+// with a TTL), told at now: besides the ErrorInfo (with until in its
+// metadata) it carries a google.rpc.RetryInfo whose delay is what is left,
+// never negative.
+func ErrorUntil(code codes.Code, msg, reason string, until, now time.Time) error {
+	st := status.New(code, msg)
+	left := max(until.Sub(now), 0)
+	withInfo, err := st.WithDetails(
+		&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: map[string]string{UntilKey: until.UTC().Format(time.RFC3339)}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(left)})
+	if err != nil {
+		return st.Err()
+	}
+	return withInfo.Err()
+}
+
+// RetryDelay is the delay of the RetryInfo err carries: how long until the
+// refusal ends by itself. ok is false when it carries none (a refusal that
+// lasts until someone lifts it, or a server older than the details).
+func RetryDelay(err error) (d time.Duration, ok bool) {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return 0, false
+	}
+	for _, det := range se.GRPCStatus().Details() {
+		if ri, isRetry := det.(*errdetails.RetryInfo); isRetry && ri.GetRetryDelay().IsValid() {
+			return max(ri.GetRetryDelay().AsDuration(), 0), true
+		}
+	}
+	return 0, false
 }
 
 // Reason is the muster.dev reason err carries, or "" when it carries none

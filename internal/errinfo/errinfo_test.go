@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -50,5 +51,43 @@ func TestCodeWord(t *testing.T) {
 	}
 	if got := CodeWord(codes.PermissionDenied); got != "permission_denied" {
 		t.Errorf("CodeWord(PermissionDenied) = %q", got)
+	}
+}
+
+// TestErrorUntil: a refusal that ends by itself carries its reason, the
+// time it ends and the delay until then, never negative; any other error
+// carries no delay.
+func TestErrorUntil(t *testing.T) {
+	now := time.Date(2026, 11, 27, 20, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name  string
+		until time.Time
+		want  time.Duration
+	}{
+		{"ahead", now.Add(90 * time.Second), 90 * time.Second},
+		{"passed", now.Add(-time.Second), 0},
+	}
+	for _, tt := range tests {
+		err := fmt.Errorf("renewal: %w", ErrorUntil(codes.PermissionDenied, "locked", "locked", tt.until, now))
+		if got := Reason(err); got != "locked" {
+			t.Errorf("%s: Reason = %q", tt.name, got)
+		}
+		if got, ok := RetryDelay(err); !ok || got != tt.want {
+			t.Errorf("%s: RetryDelay = %v, %v; want %v, true", tt.name, got, ok, tt.want)
+		}
+		var until string
+		for _, d := range status.Convert(errors.Unwrap(err)).Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok {
+				until = info.GetMetadata()[UntilKey]
+			}
+		}
+		if until != tt.until.Format(time.RFC3339) {
+			t.Errorf("%s: metadata %s = %q", tt.name, UntilKey, until)
+		}
+	}
+	for _, err := range []error{Error(codes.PermissionDenied, "locked", "locked"), status.Error(codes.Unavailable, "down"), errors.New("boom"), nil} {
+		if d, ok := RetryDelay(err); ok {
+			t.Errorf("RetryDelay(%v) = %v, true; want none", err, d)
+		}
 	}
 }

@@ -1,0 +1,200 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// lockedUntil is the authority's refusal for a lock that ends after left.
+func lockedUntil(left time.Duration) error {
+	now := time.Now()
+	return errinfo.ErrorUntil(codes.PermissionDenied, "locked", "locked", now.Add(left), now)
+}
+
+// TestLockedWait: a refusal for a lock is waited out — until the end the
+// authority names, at most lockedRecheck, which is also the wait for a
+// lock without a TTL — never less than backoffMin, plus a bounded jitter;
+// any other refusal is not a lock's.
+func TestLockedWait(t *testing.T) {
+	permanent := errinfo.Error(codes.PermissionDenied, "locked", "locked")
+	tests := []struct {
+		name     string
+		err      error
+		locked   bool
+		min, max time.Duration
+	}{
+		{"lock with a TTL", lockedUntil(90 * time.Second), true, 90 * time.Second, 99 * time.Second},
+		{"short lock", lockedUntil(3 * time.Second), true, 3 * time.Second, 4 * time.Second},
+		{"lock ending now", lockedUntil(0), true, backoffMin, backoffMin + time.Second},
+		{"lock with a long TTL", lockedUntil(48 * time.Hour), true, lockedRecheck, lockedRecheck + lockedJitterMax},
+		{"lock without a TTL", permanent, true, lockedRecheck, lockedRecheck + lockedJitterMax},
+		{"wrapped, with the hint", &OpError{Op: "renewal", Err: withHint(lockedUntil(time.Minute), "muster lock list names it")}, true, time.Minute, time.Minute + 6*time.Second},
+		{"superseded", errinfo.Error(codes.PermissionDenied, "superseded", "superseded"), false, 0, 0},
+		{"locked, another code", errinfo.Error(codes.FailedPrecondition, "locked", "locked"), false, 0, 0},
+		{"no reason", status.Error(codes.PermissionDenied, "locked"), false, 0, 0},
+		{"unavailable", status.Error(codes.Unavailable, "down"), false, 0, 0},
+		{"not a status", errors.New("locked"), false, 0, 0},
+	}
+	for _, tt := range tests {
+		for range 200 {
+			w, locked := lockedWait(tt.err)
+			if locked != tt.locked || w < tt.min || w > tt.max {
+				t.Fatalf("%s: lockedWait = %s, %v; want within [%s, %s], %v", tt.name, w, locked, tt.min, tt.max, tt.locked)
+			}
+		}
+	}
+}
+
+// TestRunWaitsOutALock: a renewal refused for a lock does not stop the
+// agent: it waits (until the lock's end, or lockedRecheck for a lock
+// without a TTL) and asks again, and renews once the lock is gone.
+func TestRunWaitsOutALock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"lock with a TTL", lockedUntil(50 * time.Millisecond)},
+		{"lock without a TTL", errinfo.Error(codes.PermissionDenied, "locked", "locked")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shortBackoff(t)
+			recheck := lockedRecheck
+			lockedRecheck = 100 * time.Millisecond
+			t.Cleanup(func() { lockedRecheck = recheck })
+			f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+			_, dir := joined(t, f)
+			f.mu.Lock()
+			f.renewErrs = []error{tc.err, tc.err}
+			f.mu.Unlock()
+			st, err := dir.ReadState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			clock := &testClock{}
+			clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				done <- New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil)
+			}()
+			t.Cleanup(func() { cancel(); <-stopped })
+			waitFor(t, done, "the renewal after the lock", func() bool {
+				st, _ := dir.ReadState()
+				return st != nil && st.Generation >= 1
+			})
+			if _, _, n := f.calls(); n != 3 {
+				t.Errorf("%d renewal requests, want 3 (two refused for the lock, then one renewed)", n)
+			}
+		})
+	}
+}
+
+// TestRunLockedPastExpiry: an agent locked past its certificate's expiry
+// makes its last attempts while the certificate is valid, then stops with
+// the expiry (and the join that works), instead of waiting on.
+func TestRunLockedPastExpiry(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	f.mu.Lock()
+	for range 100 {
+		f.renewErrs = append(f.renewErrs, lockedUntil(time.Hour))
+	}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-3 * time.Second))
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err = New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil)
+	var exp *ExpiredError
+	if !errors.As(err, &exp) {
+		t.Fatalf("got %v, want ExpiredError", err)
+	}
+	if _, _, n := f.calls(); n < 2 {
+		t.Errorf("%d renewal requests, want the last ones made before the expiry", n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a logger written from several
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestStreamWaitsOutALock: a stream refused for a lock waits as the
+// renewal does (until the lock's end, or lockedRecheck without a TTL)
+// before it reconnects, instead of knocking at its backoff of seconds.
+func TestStreamWaitsOutALock(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		min  time.Duration
+	}{
+		{"lock with a TTL", lockedUntil(time.Hour), 59 * time.Minute},
+		{"lock without a TTL", errinfo.Error(codes.PermissionDenied, "locked", "locked"), 10000 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			minB, maxB, recheck := streamBackoffMin, streamBackoffMax, lockedRecheck
+			t.Cleanup(func() { streamBackoffMin, streamBackoffMax, lockedRecheck = minB, maxB, recheck })
+			streamBackoffMin, streamBackoffMax, lockedRecheck = time.Millisecond, time.Millisecond, 10000*time.Hour
+			f := newFakeAuthority(t, fakeOptions{})
+			_, dir := joined(t, f)
+			f.mu.Lock()
+			f.connect = func(musterv1.AgentService_ConnectServer) error { return tc.err }
+			f.mu.Unlock()
+			var logs syncBuffer
+			a := New(Options{Dir: dir, Timeout: 5 * time.Second, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() { defer close(done); a.keepStream(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+			const msg = "stream to the authority closed: refused for the node's standing"
+			var rec struct {
+				Msg     string `json:"msg"`
+				RetryIn string `json:"retry_in"`
+			}
+			waitFor(t, nil, "the stream's refusal", func() bool {
+				for _, line := range strings.Split(logs.String(), "\n") {
+					if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == msg {
+						return true
+					}
+				}
+				return false
+			})
+			if got, err := time.ParseDuration(rec.RetryIn); err != nil || got < tc.min {
+				t.Errorf("the stream reconnects in %q, want at least %s", rec.RetryIn, tc.min)
+			}
+		})
+	}
+}
