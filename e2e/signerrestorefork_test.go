@@ -18,6 +18,8 @@ import (
 //     then past it on other signers, exits non-zero naming the join
 //     (before, behind: exit 0, "Verifier set version 3", as if current;
 //     past: a bare "not signed by a key this agent holds");
+//   - the authority's refusal to follow the set the agent's heartbeat
+//     shows is audited naming the join (before: only the docs);
 //   - the agent's refusal of a task signed by the store's active signer
 //     is audited with the refresh and the join, not "send it again",
 //     which would sign it with that same signer;
@@ -58,6 +60,21 @@ func TestRestoreBeforeTheAgentsSignerNamesTheWayOut(t *testing.T) {
 	}
 	refreshNamesTheJoin("behind the agent (version 1)")
 
+	// The running agent's heartbeat shows the authority the set ahead; it
+	// cannot follow it, and its refusal names the join.
+	agentProc, _ := startProc(t, "ahead", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
+	waitFor(t, agentReach, "the refused advance is audited", func() bool {
+		for _, r := range auditOf(t, e.dir, "node_task_signer.advance") {
+			if r.Result == "denied" {
+				if !strings.Contains(r.Reason, "muster agent join --force --data ADIR --node NODE with a joining URI from muster token create --node NODE") {
+					t.Fatalf("the refused advance does not name the join:\n%s", r.Reason)
+				}
+				return true
+			}
+		}
+		return false
+	})
+
 	// Steps on the restored store take it past the agent, on signers the
 	// agent never heard of; the stage's rotate task waits for the agent.
 	mustRun(t, "signer", "stage", "--data", e.dir)
@@ -68,7 +85,6 @@ func TestRestoreBeforeTheAgentsSignerNamesTheWayOut(t *testing.T) {
 	}
 	refreshNamesTheJoin("past the agent on other signers")
 
-	agentProc, _ := startProc(t, "ahead", "stream to the authority open", "agent", "run", "--data", adir, "--log-format", "json")
 	got := sendReport(t, e.dir, "ahead")
 	if got.Result != "denied" || !strings.Contains(got.Reason, "unknown_signer") {
 		t.Fatalf("node.report by the store's active signer: %s %q, want denied unknown_signer", got.Result, got.Reason)
