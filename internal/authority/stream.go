@@ -184,7 +184,7 @@ func (st *agentStream) open() error {
 	if err := a.standing(ctx); err != nil {
 		return err
 	}
-	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.advertise(), Connected: true}
+	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.replicaName(), Connected: true}
 	var err error
 	if st.row.ConnectedAt, err = a.s.store.Now(st.ctx); err == nil {
 		st.row.LastSeen = st.row.ConnectedAt
