@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -65,7 +67,7 @@ func (a *Agent) takeVerifierSet(ctx context.Context, st *State, raw []byte, firs
 	before := t.Version()
 	err = t.Accept(raw, a.now())
 	if err != nil && !errors.Is(err, signer.ErrSetStale) && conn != nil {
-		_, err = a.catchUp(ctx, conn, t)
+		_, _, err = a.catchUp(ctx, conn, t)
 	}
 	return a.recordTrust(st, t, before, err)
 }
@@ -91,7 +93,9 @@ func (a *Agent) recordTrust(st *State, t *signer.Trust, before int64, err error)
 		// set the agent already holds.
 		a.log.Debug("verifier set not taken: not newer", "version", t.Version())
 	default:
-		a.log.Warn("verifier set not taken", "err", err, "version", t.Version())
+		// A set the agent's does not lead to says how to get back, on
+		// every stream open and renewal that brings it.
+		a.log.Warn("verifier set not taken", "err", notFollowed(err, t, nil, st, a.dir), "version", t.Version())
 		a.metrics.verifierSet(0, err)
 	}
 	return changed
@@ -101,8 +105,8 @@ func (a *Agent) recordTrust(st *State, t *signer.Trust, before int64, err error)
 // one t holds and takes them in turn (Trust.AcceptChain), then the current
 // set. A chain cut at signer.MaxChain is asked for again from where it
 // stopped. It returns the trust bundle of the last answer (nil if none
-// came).
-func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *signer.Trust) (*musterv1.TrustBundle, error) {
+// came) and the authority's current set as that answer carried it.
+func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *signer.Trust) (*musterv1.TrustBundle, []byte, error) {
 	client := musterv1.NewAgentServiceClient(conn)
 	for {
 		have := t.Version()
@@ -110,19 +114,60 @@ func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *s
 		resp, err := client.GetVerifierSet(cctx, &musterv1.GetVerifierSetRequest{HaveVersion: have})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("asking for the verifier sets after version %d: %w", have, err)
+			return nil, nil, fmt.Errorf("asking for the verifier sets after version %d: %w", have, err)
 		}
 		if err := t.AcceptChain(resp.GetChain(), a.now()); err != nil {
-			return resp.GetTrustBundle(), err
+			return resp.GetTrustBundle(), resp.GetVerifierSet(), err
 		}
 		if len(resp.GetChain()) >= signer.MaxChain && t.Version() > have {
 			continue
 		}
 		if err := t.Accept(resp.GetVerifierSet(), a.now()); err != nil && !errors.Is(err, signer.ErrSetStale) {
-			return resp.GetTrustBundle(), err
+			return resp.GetTrustBundle(), resp.GetVerifierSet(), err
 		}
-		return resp.GetTrustBundle(), nil
+		return resp.GetTrustBundle(), resp.GetVerifierSet(), nil
 	}
+}
+
+// notFollowed is the error of an agent left, after a catch-up that ended
+// with err, holding t while the authority's current set is current: nil
+// when it holds that very set (or the authority sent none). A set the
+// agent cannot take (not signed by a key it holds as active or staged,
+// or giving one of its keys another public key), or one at or below the
+// agent's version that is not the set the agent holds, means the
+// authority's sets do not follow from the agent's: its store was restored
+// from a backup. The authority moves past a set agents hold by itself
+// when a key active or staged in both can sign (docs/signer-lifecycle.md,
+// "Restoring the store"); where none can, only a join over the agent's
+// identity brings it the authority's set again.
+func notFollowed(err error, t *signer.Trust, current []byte, st *State, dir Dir) error {
+	rejoin := fmt.Sprintf("join again: %s (docs/signer-lifecycle.md, \"Restoring the store\")", RejoinCommand(dir, st.NodeID))
+	if st.JoinMethod == JoinMethodBoundKeypair {
+		rejoin = fmt.Sprintf("join again with the bound key: muster agent join --force --data %s --node %s --bound-keypair %s (docs/signer-lifecycle.md, \"Restoring the store\")",
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair))
+	}
+	switch {
+	case errors.Is(err, signer.ErrSetUntrusted), errors.Is(err, signer.ErrKeyConflict):
+		return fmt.Errorf("%w: the authority's verifier sets do not follow from the one this agent holds (version %d): its store was restored from a backup taken before the signer this agent holds as active was staged, or it is another authority; %s",
+			err, t.Version(), rejoin)
+	case err != nil:
+		return err
+	case len(current) == 0 || bytes.Equal(current, t.Raw()):
+		return nil
+	}
+	theirs, perr := signer.ParseVerifierSet(current)
+	if perr != nil {
+		return perr
+	}
+	if theirs.Version == t.Version() && sameKeys(theirs.Keys, t.Raw()) {
+		return nil
+	}
+	if theirs.Version < t.Version() {
+		return fmt.Errorf("the authority's verifier set (version %d) is behind the one this agent holds (version %d): its store was restored from a backup; it moves past the agent's set by itself within a minute or two of the agent's next heartbeat (muster agent run sends them) when a signer of the agent's set is still in its store; if this still fails after that, %s",
+			theirs.Version, t.Version(), rejoin)
+	}
+	return fmt.Errorf("the authority's verifier set version %d is not the one this agent holds under that version: its store was restored from a backup and took other signer steps since; %s",
+		theirs.Version, rejoin)
 }
 
 // Refreshed is what muster agent trust refresh leaves the agent holding.
@@ -164,7 +209,7 @@ func (a *Agent) RefreshTrust(ctx context.Context) (Refreshed, error) {
 		return Refreshed{}, err
 	}
 	before, digest := t.Version(), st.TrustBundle
-	bundle, err := a.catchUp(ctx, conn, t)
+	bundle, current, err := a.catchUp(ctx, conn, t)
 	changed := a.recordTrust(st, t, before, err)
 	roots, berr := a.takeBundle(st, id, bundle)
 	if berr != nil {
@@ -176,8 +221,28 @@ func (a *Agent) RefreshTrust(ctx context.Context) (Refreshed, error) {
 		}
 	}
 	out := Refreshed{VerifierSetVersion: t.Version(), TrustBundle: st.TrustBundle, Roots: len(roots)}
-	if err != nil {
+	if untrusted := (*identity.UntrustedRootError)(nil); errors.As(err, &untrusted) {
 		return out, untrustedAuthorityHint(err, st, a.dir)
 	}
+	if err := notFollowed(err, t, current, st, a.dir); err != nil {
+		return out, err
+	}
 	return out, nil
+}
+
+// sameKeys reports whether the set held (raw) names the keys of keys, each
+// under the same version ID and in the same state: the same set, however
+// it was encoded for the answer that brought it.
+func sameKeys(keys []signer.SetKey, raw []byte) bool {
+	held, err := signer.ParseVerifierSet(raw)
+	if err != nil || len(held.Keys) != len(keys) {
+		return false
+	}
+	for i, k := range keys {
+		h := held.Keys[i]
+		if h.VersionID != k.VersionID || h.PublicKey != k.PublicKey || h.State != k.State {
+			return false
+		}
+	}
+	return true
 }

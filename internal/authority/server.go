@@ -222,6 +222,12 @@ type Server struct {
 	cfg       Config
 
 	advertised atomic.Pointer[string]
+	// replica names this replica in the rows of the streams it holds:
+	// the advertised address, and when that is not the address it is
+	// bound to (replicas behind one balancer share the advertised one),
+	// its host name and bound address too, so agents list tells the
+	// replicas apart.
+	replica atomic.Pointer[string]
 
 	// inter reads the intermediates from the store (intermediates.go).
 	inter  *intermediates
@@ -428,6 +434,14 @@ func (s *Server) advertise() string {
 		return *a
 	}
 	return s.cfg.Advertise
+}
+
+// replicaName is how the rows of this replica's streams name it.
+func (s *Server) replicaName() string {
+	if r := s.replica.Load(); r != nil {
+		return *r
+	}
+	return s.advertise()
 }
 
 // enrollAuditor lets enrollment write the audit log, its refusals through
@@ -695,6 +709,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.enroll.SetEndpoints([]string{advertise})
 	s.advertised.Store(&advertise)
+	replica := advertise
+	if bound := lis.Addr().String(); bound != advertise {
+		host, _ := os.Hostname()
+		replica = fmt.Sprintf("%s (replica %s at %s)", advertise, host, bound)
+	}
+	s.replica.Store(&replica)
 	tc, err := s.serverTLS(ca.RoleServer, listener.Hosts(s.cfg.Listen, lis.Addr().String(), advertise))
 	if err != nil {
 		return err

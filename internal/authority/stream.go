@@ -184,7 +184,7 @@ func (st *agentStream) open() error {
 	if err := a.standing(ctx); err != nil {
 		return err
 	}
-	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.advertise(), Connected: true}
+	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.replicaName(), Connected: true}
 	var err error
 	if st.row.ConnectedAt, err = a.s.store.Now(st.ctx); err == nil {
 		st.row.LastSeen = st.row.ConnectedAt
@@ -586,7 +586,11 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	}
 	reason := fmt.Sprintf("%s by signer %s: %s", state, r.GetSignerVersionId(), detail)
 	if state == store.TaskRefused {
-		if way := refusalWayOut(task.Reason(r.GetReason()), taskType, node); way != "" {
+		current := ""
+		if task.Reason(r.GetReason()) == task.ReasonUnknownSigner {
+			current = s.currentSignerState(ctx, r.GetSignerVersionId())
+		}
+		if way := refusalWayOut(task.Reason(r.GetReason()), taskType, node, current); way != "" {
 			reason += "; " + way
 		}
 	}
@@ -594,18 +598,46 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 		Target: r.GetTaskId(), Result: result, Reason: reason})
 }
 
+// currentSignerState is the state of signer versionID in the store when
+// it is active or staged, the signers the authority's current verifier set
+// vouches for; "" otherwise, or when the store cannot say.
+func (s *Server) currentSignerState(ctx context.Context, versionID string) string {
+	signers, _, err := s.store.ListSigners(ctx)
+	if err != nil {
+		return ""
+	}
+	for _, sg := range signers {
+		if sg.VersionID == versionID && (sg.State == store.SignerActive || sg.State == store.SignerStaged) {
+			return sg.State
+		}
+	}
+	return ""
+}
+
 // refusalWayOut is what the operator can do about an agent's refusal of a
-// task of type taskType ("" if unknown) sent to node. A task queued for
-// an agent that is offline waits for it, and its signer may be retired or
-// revoked before the agent comes back: the agent then refuses it, rightly,
-// and the task must be sent again, signed by the active signer. A rotate
-// task needs nothing: agents learn signers from the verifier set.
-func refusalWayOut(reason task.Reason, taskType, node string) string {
+// task of type taskType ("" if unknown) sent to node; current is the
+// state of the task's signer in the store when it is active or staged
+// ("" otherwise). A task queued for an agent that is offline waits for
+// it, and its signer may be retired or revoked before the agent comes
+// back: the agent then refuses it, rightly, and the task must be sent
+// again, signed by the active signer. A rotate task needs nothing: agents
+// learn signers from the verifier set. Neither helps an agent that does
+// not accept a signer the store holds as active or staged: sent again,
+// the task is signed by that signer again, and the verifier set that
+// names it is one the agent has not taken (it missed it, or its set does
+// not follow from the store's, restored from a backup).
+func refusalWayOut(reason task.Reason, taskType, node, current string) string {
 	again := "send it again with `muster task send`"
 	if taskType != "" {
 		again = fmt.Sprintf("send it again: `muster task send --type %s --node %s` (with its --param flags)", taskType, node)
 	}
 	switch {
+	case reason == task.ReasonUnknownSigner && current != "":
+		return fmt.Sprintf("that signer is %s in the authority's verifier set, which the agent does not hold (`muster agents show %s` shows the set it holds): "+
+			"on the machine, `muster agent trust refresh --data ADIR` takes the current set or says why it cannot; "+
+			"an agent whose set does not follow from the authority's (the store restored from a backup taken before the signer the agent holds as active was staged) must join again: "+
+			"muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/signer-lifecycle.md, \"Restoring the store\")",
+			current, node, node, node)
 	case taskType == task.TypeRotateSigningKey && (reason == task.ReasonUnknownSigner || reason == task.ReasonInvalidRotate || reason == task.ReasonExpired):
 		return fmt.Sprintf("nothing to do: agents learn signers from the verifier set, which `muster agents show %s` shows the agent holds", node)
 	case reason == task.ReasonUnknownSigner:

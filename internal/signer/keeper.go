@@ -563,7 +563,7 @@ func (k *Keeper) ahead(ctx context.Context, raw []byte) (parsedSet, Snapshot, bo
 		}
 	}
 	if k, ok := set.Key(p.signer); !ok || !k.State.SignsSets() || held == nil || !p.verify(EncodePublicKey(held.PublicKey)) {
-		return parsedSet{}, snap, false, refusal{fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed", set.Version, p.signer)}
+		return parsedSet{}, snap, false, refusal{fmt.Errorf("signer: an agent's verifier set version %d is not signed by a key this store holds under %q (made up, or a key lost with a restored backup: see \"Restoring the store\" in docs/signer-lifecycle.md); not followed: %s", set.Version, p.signer, JoinAgainHint)}
 	}
 	return p, snap, true, nil
 }
@@ -572,7 +572,11 @@ func (k *Keeper) ahead(ctx context.Context, raw []byte) (parsedSet, Snapshot, bo
 // both in the set an agent holds and in the store: agents holding that set
 // would refuse any set the store can sign (the backup predates an
 // activation they saw). Nothing is published; see the restore procedure.
-var ErrNoCommonSigner = errors.New("signer: no key is active or staged both in the verifier set agents hold and in the store (the backup predates an activation they saw); nothing published: follow \"Restoring the store\" in docs/signer-lifecycle.md (agents must join again)")
+var ErrNoCommonSigner = errors.New("signer: no key is active or staged both in the verifier set agents hold and in the store (the backup predates an activation they saw); nothing published: follow \"Restoring the store\" in docs/signer-lifecycle.md; " + JoinAgainHint)
+
+// JoinAgainHint is the way out for agents holding a verifier set the
+// store's sets cannot follow: nothing the authority signs reaches them.
+const JoinAgainHint = "agents holding it (`muster agents show NODE` names the signers one accepts) must join again: muster agent join --force --data ADIR --node NODE with a joining URI from muster token create --node NODE"
 
 // Advance moves the verifier set version past the set an agent holds
 // (raw, as its heartbeat carries it) when that set is above the store's
