@@ -84,3 +84,35 @@ func TestDiscoveryJoinPinnedToAnotherRoot(t *testing.T) {
 		t.Fatalf("join pinned to the root ca root status prints: exit %d\n%s", r.code, r.stderr)
 	}
 }
+
+// TestDiscoveryRestartedWithoutItsAllowList: discovery started again
+// without the --allow-authority it had keeps the registration but no
+// longer serves it. The agent's refusal, and discovery's audit record of
+// it, say so and name the flag that serves it again; started with it, the
+// join goes through.
+func TestDiscoveryRestartedWithoutItsAllowList(t *testing.T) {
+	t.Parallel()
+	e := newReferralEnv(t, "")
+	e.mustJoin(t, "web-01")
+	e.disc.stop(t)
+	e.disc = startDiscovery(t, e.discDir, "--listen", e.disc.addr)
+
+	r := e.join(t, filepath.Join(t.TempDir(), "web-02"), "web-02", e.psk)
+	wantJoinFailure(t, r, "NOT_FOUND", "this discovery's allow-list does not admit it")
+	if !strings.Contains(r.stderr, "--allow-authority "+e.authorityID+"=sha256:") {
+		t.Errorf("the refusal names no --allow-authority for %s: %s", e.authorityID, r.stderr)
+	}
+	audit := mustRun(t, "discovery", "audit", "list", "--data", e.discDir, "--action", "authority.lookup")
+	if !strings.Contains(audit, "--allow-authority "+e.authorityID+"=sha256:") {
+		t.Errorf("discovery's audit record of the refusal names no way out:\n%s", audit)
+	}
+
+	// The way out: the flag, with the fingerprint muster init printed.
+	e.disc.stop(t)
+	e.disc = startDiscovery(t, e.discDir, "--listen", e.disc.addr, "--allow-authority", e.authorityID+"="+e.fingerprint)
+	e.mustJoin(t, "web-02")
+
+	// An ID that never registered is told what to check instead.
+	r = e.join(t, filepath.Join(t.TempDir(), "web-03"), "web-03", e.psk, "--authority-id", "prod-000000")
+	wantJoinFailure(t, r, "NOT_FOUND", "is not registered with this discovery: check the authority ID")
+}
