@@ -116,3 +116,20 @@ func TestDiscoveryRestartedWithoutItsAllowList(t *testing.T) {
 	r = e.join(t, filepath.Join(t.TempDir(), "web-03"), "web-03", e.psk, "--authority-id", "prod-000000")
 	wantJoinFailure(t, r, "NOT_FOUND", "is not registered with this discovery: check the authority ID")
 }
+
+// TestDiscoveryJoinWithAnotherDiscoveryPin: an agent pinning discovery to
+// another key (the authority's root fingerprint given by mistake, or the
+// CA of a discovery whose directory was made anew) is stopped at the
+// handshake and told which pin it needs and which command prints it;
+// pinning that one joins.
+func TestDiscoveryJoinWithAnotherDiscoveryPin(t *testing.T) {
+	t.Parallel()
+	e := newReferralEnv(t, "")
+	r := e.join(t, filepath.Join(t.TempDir(), "a"), "web-01", e.psk, "--discovery-fingerprint", e.fingerprint)
+	wantJoinFailure(t, r, "does not match the pinned fingerprint", "muster discovery show --data DIR prints on discovery's machine")
+
+	show := showDiscovery(t, e.discDir)
+	if r := e.join(t, filepath.Join(t.TempDir(), "b"), "web-01", e.psk, "--discovery-fingerprint", show.Fingerprint); r.code != 0 {
+		t.Fatalf("join pinned to the fingerprint discovery show prints: exit %d\n%s", r.code, r.stderr)
+	}
+}
