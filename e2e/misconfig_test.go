@@ -17,6 +17,9 @@ func TestAgentRefusesUnusablePSKs(t *testing.T) {
 	for _, tt := range []struct{ name, key, want string }{
 		{"all zeros", "muster-psk:" + strings.Repeat("0", 64), "PSK is invalid"},
 		{"no prefix", strings.Repeat("0a", 32), "PSK is malformed"},
+		// An environment file's line given as the PSK: the refusal names
+		// the command that prints the PSK as it must be given.
+		{"KEY=VALUE", "MUSTER_BOOTSTRAP_PSK=muster-psk:" + strings.Repeat("0a", 32), "PSK is malformed: want muster-psk: followed by 64 lower-case hex digits; give it as muster psk show --raw prints it"},
 	} {
 		adir := filepath.Join(t.TempDir(), "agent")
 		r := muster(t, []string{"MUSTER_BOOTSTRAP_PSK=" + tt.key, "MUSTER_CA_FINGERPRINT=" + fp},

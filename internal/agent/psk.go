@@ -114,6 +114,9 @@ func (a *Agent) probeAuthority(ctx context.Context, r JoinRequest) (*authorityPe
 		if r.method() == JoinMethodBoundKeypair {
 			nothing = "no challenge was signed"
 		}
+		if errors.Is(verr, ErrPinnedRoot) {
+			return nil, fmt.Errorf("%w (the authority at %s; %s); %s", verr, r.Authority, nothing, pinnedRootHint)
+		}
 		return nil, fmt.Errorf("%w (the authority at %s; %s)", verr, r.Authority, nothing)
 	}
 	if err != nil {
@@ -241,10 +244,11 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 		return "", nil, &DiscoveryError{Addr: r.Discovery, Step: "looking up " + r.AuthorityID, Err: err}
 	}
 	if fps := listedRoots(look); !slices.ContainsFunc(fps, func(fp string) bool { return ca.SameFingerprint(fp, r.CAFingerprint) }) {
-		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent",
-			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, strings.Join(fps, " or "))}
+		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent; %s",
+			ErrPinnedRoot, r.CAFingerprint, r.AuthorityID, strings.Join(fps, " or "), pinnedRootHint)}
 	}
 	var errs []error
+	unreachable := true
 	for _, ep := range look.GetEndpoints() {
 		probe := r
 		probe.Authority = ep
@@ -252,11 +256,41 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 			return ep, peer, nil
 		}
 		errs = append(errs, err)
+		unreachable = unreachable && Transient(err)
 	}
 	if len(errs) == 0 {
 		errs = append(errs, errors.New("discovery lists no endpoint"))
+		unreachable = false
+	}
+	if unreachable {
+		// Nothing answered: the authority is down or not reachable from
+		// here, which may pass (agent run retries UNAVAILABLE), not an
+		// endpoint that failed to prove itself.
+		return "", nil, &refusal{codes.Unavailable, fmt.Errorf("authority %s does not answer at %s, the endpoints discovery %s lists for it: %w; "+
+			"start it, or check that this machine reaches it (muster agent run retries until it answers); "+
+			"muster discovery lookup %s --discovery %s%s shows the endpoints it registered",
+			r.AuthorityID, strings.Join(look.GetEndpoints(), ", "), r.Discovery, errors.Join(errs...),
+			r.AuthorityID, r.Discovery, discoveryPinFlag(r.DiscoveryFingerprint))}
 	}
 	return "", nil, fmt.Errorf("no endpoint of authority %s proved to be it: %w", r.AuthorityID, errors.Join(errs...))
+}
+
+// pinnedRootHint is the way out of a pin that is not the authority's root:
+// after a root rotation's standby the old root is no longer the
+// authority's, and a fingerprint copied from elsewhere (discovery's own,
+// say) never was. The fingerprint to pin comes from the authority's
+// operator, never from what discovery or the server says.
+const pinnedRootHint = "if the authority's root was rotated (muster ca root rotate), or this is not its fingerprint, " +
+	"pin the root it uses now (--ca-fingerprint, MUSTER_CA_FINGERPRINT, or the joining URI's fingerprint=): " +
+	"muster ca root status on the authority prints it as \"Joining URIs pin\""
+
+// discoveryPinFlag is the discovery pin as a command's flag: the one the
+// agent was given, or none when it trusts the system roots.
+func discoveryPinFlag(fp string) string {
+	if fp == "" {
+		return ""
+	}
+	return " --discovery-fingerprint " + fp
 }
 
 // listedRoots are the roots discovery lists for an authority: during and

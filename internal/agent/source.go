@@ -239,6 +239,11 @@ func ResolveJoin(in JoinInputs) (ResolvedJoin, error) {
 	case secret == "" || boundName != "":
 	case method == JoinMethodPSK:
 		p, err := psk.Parse(strings.TrimSpace(secret))
+		if errors.Is(err, psk.ErrMalformed) {
+			// A file in KEY=VALUE form, upper-case hex, the hex alone:
+			// say what the value must be, and where it comes from.
+			return res, fmt.Errorf("%s: %w; give it as muster psk show --raw prints it on the authority (the PSK alone, on one line)", res.TokenSource, err)
+		}
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", res.TokenSource, err)
 		}

@@ -87,7 +87,7 @@ func verifyPinned(certs []*x509.Certificate, fp string, now time.Time) error {
 		inter.AddCert(c)
 	}
 	if !pinned {
-		return fmt.Errorf("%w %s: the server presents no CA certificate with that key", ErrPin, fp)
+		return fmt.Errorf("%w %s: the server presents no CA certificate with that key; %s", ErrPin, fp, pinHint)
 	}
 	if _, err := certs[0].Verify(x509.VerifyOptions{
 		Roots:         roots,
@@ -95,10 +95,17 @@ func verifyPinned(certs []*x509.Certificate, fp string, now time.Time) error {
 		CurrentTime:   now,
 		KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}); err != nil {
-		return fmt.Errorf("%w %s: %v", ErrPin, fp, err)
+		return fmt.Errorf("%w %s: %v; %s", ErrPin, fp, err, pinHint)
 	}
 	return nil
 }
+
+// pinHint is the way out of a pin mismatch: the pin is discovery's own CA,
+// which a new discovery data directory replaces, and which is easily
+// confused with the authority's root fingerprint (a pin for
+// --ca-fingerprint). Nothing was sent to the server.
+const pinHint = "nothing was sent; pin discovery's own CA (--discovery-fingerprint, MUSTER_DISCOVERY_FINGERPRINT, " +
+	"discovery.fingerprint, or a joining URI's discovery_fingerprint=), which muster discovery show --data DIR prints on discovery's machine"
 
 // Dial returns a gRPC connection to the discovery at addr (HOST:PORT). It
 // does not connect until the first call.

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/store"
@@ -148,7 +149,10 @@ func TestServedRegistrationsFollowTheAllowlist(t *testing.T) {
 					}
 					continue
 				}
-				wantCode(t, err, codes.NotFound, "unknown_authority: authority "+a.id+" is not registered")
+				wantCode(t, err, codes.NotFound, "unknown_authority: authority "+a.id+" is registered here but this discovery's allow-list does not admit it")
+				if !strings.Contains(status.Convert(err).Message(), "--allow-authority "+a.id+"=sha256:") {
+					t.Errorf("%s: the refusal names no way out: %v", name, err)
+				}
 			}
 		})
 	}

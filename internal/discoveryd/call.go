@@ -82,10 +82,21 @@ func checkAuthorityID(id string) error {
 func (s *Server) registration(ctx context.Context, authorityID string) (store.Registration, *discovery.Verified, error) {
 	reg, err := s.store.GetRegistration(ctx, authorityID)
 	if err == nil && s.allow.Check(reg.AuthorityID, reg.RootFingerprint) != nil {
-		err = store.ErrNotFound
+		// Stored, but the list no longer admits it (discovery started
+		// again without the --allow-authority it had, say): the refusal,
+		// audited here, tells discovery's operator what to change. The
+		// fingerprint to allow is the authority operator's, never the
+		// registration's (docs/discovery.md), so none is named.
+		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown,
+			"%s: authority %s is registered here but this discovery's allow-list does not admit it (not listed, or listed with another root), "+
+				"so it is not served: start discovery with --allow-authority %s=sha256:… (the ca_fingerprint muster init printed for it), "+
+				"or list it so under allowed_authorities in discovery.yaml", discovery.DenyUnknown, authorityID, authorityID)
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown, "%s: authority %s is not registered with this discovery", discovery.DenyUnknown, authorityID)
+		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown,
+			"%s: authority %s is not registered with this discovery: check the authority ID (muster init printed it), "+
+				"and that the authority runs with --discovery naming this discovery (its log says why a registration is refused)",
+			discovery.DenyUnknown, authorityID)
 	}
 	if err != nil {
 		return reg, nil, err
