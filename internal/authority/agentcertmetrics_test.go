@@ -56,7 +56,7 @@ func TestAgentCertificatesGauge(t *testing.T) {
 		if _, err := st.CommitJoin(ctx, store.Join{TokenID: "t", NodeID: "node-" + id,
 			Instance: store.Instance{ID: "inst-" + id, JoinMethod: store.JoinMethodToken, CreatedAt: now, LastChainPEM: []byte("chain")},
 			Certificate: store.Certificate{Serial: "0" + id, PublicKey: []byte("key " + id),
-				NotBefore: now.Add(life.from), NotAfter: now.Add(life.to), IssuedAt: now}}); err != nil {
+				NotBefore: now.Add(life.from), NotAfter: now.Add(life.to), IssuedAt: now.Add(life.from)}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -5,13 +5,19 @@ import (
 	"time"
 )
 
-// ExpiringAt is when c enters the last quarter of its lifetime. An agent
-// renews at about half of it (±10%), so one still holding c then has
-// failed to renew for a quarter of the lifetime: 6 h of a 24 h
-// certificate, 15 min of a bound-keypair agent's 1 h one. Kept with each
-// instance's latest certificate (AgentCertificateCounter).
+// ExpiringAt is when c enters the last quarter of its lifetime, counted
+// from its issue (its NotBefore is backdated for clock skew, by a minute:
+// most of a short certificate's life). An agent renews at about half of
+// it (±10%), so one still holding c then has failed to renew for a
+// quarter of it: 6 h of a 24 h certificate, 15 min of a bound-keypair
+// agent's 1 h one. Kept with each instance's latest certificate
+// (AgentCertificateCounter).
 func ExpiringAt(c Certificate) time.Time {
-	return c.NotAfter.Add(-c.NotAfter.Sub(c.NotBefore) / 4)
+	from := c.IssuedAt
+	if from.IsZero() {
+		from = c.NotBefore
+	}
+	return c.NotAfter.Add(-c.NotAfter.Sub(from) / 4)
 }
 
 // AgentCertificateCounts counts the nodes (current instances: a deleted

@@ -89,7 +89,7 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 		for i, in := range b.Instances {
 			ids[i] = in.ID
 		}
-		if _, err := tx.Exec(ctx, `UPDATE instances i SET last_not_after = c.not_after, last_expiring_at = c.not_after - (c.not_after - c.not_before) / 4
+		if _, err := tx.Exec(ctx, `UPDATE instances i SET last_not_after = c.not_after, last_expiring_at = c.not_after - (c.not_after - c.issued_at) / 4
 			FROM certificates c WHERE c.serial = i.last_serial AND i.id = ANY($1)`, ids); err != nil {
 			return wrap("seed instance expiry", err)
 		}

@@ -8,9 +8,10 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// lifetime makes j's certificate valid from notBefore to notAfter.
+// lifetime makes j's certificate issued at and valid from notBefore, to
+// notAfter.
 func lifetime(j store.Join, notBefore, notAfter time.Time) store.Join {
-	j.Certificate.NotBefore, j.Certificate.NotAfter = notBefore, notAfter
+	j.Certificate.NotBefore, j.Certificate.NotAfter, j.Certificate.IssuedAt = notBefore, notAfter, notBefore
 	return j
 }
 
