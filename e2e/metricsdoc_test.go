@@ -184,6 +184,7 @@ func TestDocumentedMetrics(t *testing.T) {
 		"muster_verifier_set_agent_ahead_total":     "served; listed in case a scrape races the first verifier set",
 		"muster_verifier_set_advance_limited_total": "served; listed in case a scrape races the first verifier set",
 		"muster_agent_heartbeats_total":             "served; listed in case a scrape races the first heartbeat",
+		"muster_agent_certificates":                 "served; listed in case a scrape races the replica's first count",
 	}
 	for name, d := range docs {
 		got, ok := served[name]

@@ -201,6 +201,8 @@ type Server struct {
 	// store's (a restore).
 	setAhead *setAhead
 	streams  *streamMetrics
+	// agentCerts counts the nodes by their certificates' expiry.
+	agentCerts *agentCerts
 	// hub wakes open agent streams when a change concerns them.
 	hub *streamHub
 	// rootStepRead, when set (tests only), runs between stepRoot's read
@@ -362,6 +364,9 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	recoveries, err := newRecoveriesGauge(s.metrics.reg)
 	if err != nil {
+		return nil, err
+	}
+	if s.agentCerts, err = newAgentCerts(s, s.metrics.reg); err != nil {
 		return nil, err
 	}
 	if !cfg.PSKOptionalUntil.IsZero() && cfg.Discovery == nil {
@@ -800,6 +805,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	g.Go(func() error { s.watchChanges(gctx); return nil })
 	g.Go(func() error { s.settingsClock(gctx); return nil })
+	g.Go(func() error { s.agentCerts.run(gctx); return nil })
 	g.Go(func() error { s.inter.run(gctx); return nil })
 	g.Go(func() error { s.jwtKeyClock(gctx); return nil })
 	g.Go(func() error { s.outage.run(gctx); return nil })

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
@@ -306,18 +307,19 @@ func settingToProto(h store.Setting) *musterv1.Setting {
 }
 
 // SetSetting changes a shared setting for every replica, audited as
-// setting.set with the value before and after.
+// setting.set with the value before and after: the record goes in with
+// the change, in the store's one transaction, so a change that cannot be
+// audited is not made. A refusal is audited on its own.
 func (a *adminService) SetSetting(ctx context.Context, req *musterv1.SetSettingRequest) (*musterv1.Setting, error) {
 	resp, was, err := a.setSetting(ctx, req)
 	err = toStatus(ctx, a.s.log, err)
-	why := ""
-	if err == nil {
-		why = fmt.Sprintf("%s was %s, now %s for every replica", req.GetKey(), was, resp.GetValue())
-		a.s.log.Info("shared setting changed by an operator", "key", req.GetKey(), "was", was, "now", resp.GetValue(),
-			"operator", callerFrom(ctx).Actor())
+	if err != nil {
+		a.record(ctx, "setting.set", req.GetKey(), err)
+		return nil, err
 	}
-	a.recordWhy(ctx, "setting.set", req.GetKey(), why, err)
-	return resp, err
+	a.s.log.Info("shared setting changed by an operator", "key", req.GetKey(), "was", was, "now", resp.GetValue(),
+		"operator", callerFrom(ctx).Actor())
+	return resp, nil
 }
 
 func (a *adminService) setSetting(ctx context.Context, req *musterv1.SetSettingRequest) (*musterv1.Setting, string, error) {
@@ -336,13 +338,22 @@ func (a *adminService) setSetting(ctx context.Context, req *musterv1.SetSettingR
 			from, was = h.Version, h.Value
 		}
 	}
-	row, err := a.s.store.PutSetting(ctx, store.Setting{Key: key, Value: v.String(), UpdatedBy: callerFrom(ctx).Actor()}, from)
+	// The write is conditional on the version read, so was is the value
+	// it replaces whenever it succeeds.
+	c := callerFrom(ctx)
+	link, err := a.s.audit.Builder(audit.Event{Actor: c.Actor(), Action: "setting.set", Target: key, Result: audit.ResultOK,
+		Reason: fmt.Sprintf("%s was %s, now %s for every replica", key, was, v), Source: c.Source, CorrelationID: c.CorrelationID})
+	if err != nil {
+		return nil, "", err
+	}
+	row, err := a.s.store.PutSetting(ctx, store.Setting{Key: key, Value: v.String(), UpdatedBy: c.Actor()}, from, link.Build)
 	if errors.Is(err, store.ErrConflict) {
 		return nil, "", status.Errorf(codes.Aborted, "%s was changed by another request at the same time: see muster settings list, and run muster settings set %s %s again if it is still wanted", key, key, req.GetValue())
 	}
 	if err != nil {
-		return nil, "", err
+		return nil, "", fmt.Errorf("%s not changed: it could not be written with its audit record: %w", key, err)
 	}
+	a.s.audit.Appended(link)
 	// This replica uses it at once; the others when the store announces
 	// the write.
 	if err := a.s.loadShared(ctx); err != nil {

@@ -3,7 +3,12 @@ package authority
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"fmt"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,9 +16,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -173,5 +180,67 @@ func TestSharedSettingsNeverGoBack(t *testing.T) {
 	}
 	if got := s.shared().SignerMinLeadTime; got != 3*time.Minute {
 		t.Fatalf("lead time in force after version 3: %s", got)
+	}
+}
+
+// unauditable is a store that cannot write the audit chain: appends
+// fail with err, and so does the record a setting's write carries (the
+// store's own append in that transaction).
+type unauditable struct {
+	store.Store
+	err error
+}
+
+func (u unauditable) AppendAudit(context.Context, func(store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
+	return store.AuditRecord{}, u.err
+}
+
+func (u unauditable) PutSetting(ctx context.Context, s store.Setting, from int64, _ func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+	return u.Store.PutSetting(ctx, s, from, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+// TestSetSettingUnauditedChangesNothing: a shared setting whose audit
+// record cannot be written is not changed, and the failure is answered
+// and logged with its cause. Before, the value was written first and its
+// record after, whose failure was logged and dropped: the setting
+// changed for every replica with nothing in the chain.
+func TestSetSettingUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	for _, tt := range []struct {
+		name  string
+		cause error
+		code  codes.Code
+	}{
+		{"the chain cannot be written", errors.New("disk on fire"), codes.Internal},
+		{"the store is full", fmt.Errorf("sqlite: disk full: %w", store.ErrUnavailable), codes.Unavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			u := unauditable{Store: st, err: tt.cause}
+			log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var buf bytes.Buffer
+			s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+			ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-7"})
+			_, err = (&adminService{s: s}).SetSetting(ctx, &musterv1.SetSettingRequest{Key: SettingSignerMinLeadTime, Value: "3m"})
+			if status.Code(err) != tt.code {
+				t.Fatalf("SetSetting = %v; want %v", err, tt.code)
+			}
+			if held, err := st.ListSettings(t.Context()); err != nil || len(held) != 0 {
+				t.Fatalf("the setting changed unaudited: the store holds %+v (%v)", held, err)
+			}
+			if tt.code == codes.Internal && !strings.Contains(buf.String(), "signer.min_lead_time not changed") {
+				t.Errorf("the log does not say the setting was not changed:\n%s", buf.String())
+			}
+		})
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 0 {
+		t.Fatalf("audit chain %+v (%v); want it empty", recs, err)
 	}
 }

@@ -747,8 +747,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 			Result: audit.ResultDenied, Reason: "key custody: " + err.Error()})
 		return prefixed("authority", err)
 	}
-	recordShared := func(e audit.Event) { _, _ = logger.Record(context.WithoutCancel(ctx), e) }
-	if err := reconcileShared(ctx, st, &o, recordShared, log); err != nil {
+	if err := reconcileShared(ctx, st, &o, logger, log); err != nil {
 		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
 			Result: audit.ResultDenied, Reason: "shared settings: " + err.Error()})
 		return prefixed("authority", err)

@@ -165,17 +165,15 @@ func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOff
 	} else if res.was, err = fileSharedValue(cfg, key); err != nil {
 		res.was = authority.SharedSettings{}.Get(key).String()
 	}
-	row, err := st.PutSetting(ctx, store.Setting{Key: key, Value: v.String(), UpdatedBy: settingsOfflineActor}, from)
+	row, err := putAudited(ctx, st, logger, store.Setting{Key: key, Value: v.String(), UpdatedBy: settingsOfflineActor}, from,
+		audit.Event{Actor: settingsOfflineActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
+			Reason: fmt.Sprintf("%s was %s, now %s for every replica (offline, from the data directory %s)", key, res.was, v, dir)})
 	if errors.Is(err, store.ErrConflict) {
 		return offlineSet{}, fmt.Errorf("%s was changed by another write at the same time: see `muster settings list --offline --data %s%s`, "+
 			"and run this again if it is still wanted", key, shellword.Quote(string(dir)), offlineConfigHint(string(dir), res.config))
 	}
 	if err != nil {
-		return offlineSet{}, err
-	}
-	if _, err := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: settingsOfflineActor, Action: "setting.set", Target: key,
-		Result: audit.ResultOK, Reason: fmt.Sprintf("%s was %s, now %s for every replica (offline, from the data directory %s)", key, res.was, row.Value, dir)}); err != nil {
-		return offlineSet{}, fmt.Errorf("%s is %s in the store (version %d) but its audit record could not be written: %w", key, row.Value, row.Version, err)
+		return offlineSet{}, fmt.Errorf("%s not changed: it is written with its audit record or not at all, and the write failed: %w", key, err)
 	}
 	at := row.UpdatedAt.UTC()
 	res.row = settingJSON{Key: row.Key, Value: row.Value, Version: row.Version, UpdatedAt: &at, UpdatedBy: row.UpdatedBy}

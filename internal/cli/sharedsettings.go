@@ -47,24 +47,47 @@ func (m sharedMismatch) where(configPath string) string {
 	return configPath
 }
 
+// chainLinks builds the audit records that store writes carry into
+// their own transaction, and hears of those committed (audit.Logger).
+type chainLinks interface {
+	Builder(e audit.Event) (*audit.Link, error)
+	Appended(link *audit.Link)
+}
+
+// putAudited writes s from version from (store.SettingStore.PutSetting)
+// with e's record in the same transaction: the setting changes with its
+// record, or neither is written and the error says why.
+func putAudited(ctx context.Context, st store.SettingStore, links chainLinks, s store.Setting, from int64, e audit.Event) (store.Setting, error) {
+	link, err := links.Builder(e)
+	if err != nil {
+		return store.Setting{}, err
+	}
+	row, err := st.PutSetting(ctx, s, from, link.Build)
+	if err != nil {
+		return store.Setting{}, err
+	}
+	links.Appended(link)
+	return row, nil
+}
+
 // adoptShared makes m's own value the store's, on a store one authority
 // uses at a time: one conditional write from the version read, audited
 // as setting.set by the authority and logged as a warning, since it
 // changes a value someone may have set with muster settings set. A
 // write in between (muster settings set --offline beside this start)
 // makes the start fail, to be tried again against the new value.
-func adoptShared(ctx context.Context, st store.SettingStore, m sharedMismatch, configPath string, record func(audit.Event), log *slog.Logger) error {
+func adoptShared(ctx context.Context, st store.SettingStore, m sharedMismatch, configPath string, links chainLinks, log *slog.Logger) error {
 	from := m.where(configPath)
-	_, err := st.PutSetting(ctx, store.Setting{Key: m.key, Value: m.mine.String(), UpdatedBy: sharedActor}, m.version)
+	_, err := putAudited(ctx, st, links, store.Setting{Key: m.key, Value: m.mine.String(), UpdatedBy: sharedActor}, m.version,
+		audit.Event{Actor: sharedActor, Action: "setting.set", Target: m.key, Result: audit.ResultOK,
+			Reason: fmt.Sprintf("%s was %s in the store, now %s from %s: one authority uses this store, and its settings change the store's", m.key, m.stored, m.mine, from)})
 	if errors.Is(err, store.ErrConflict) {
 		return fmt.Errorf("%s changed in the store while this authority started (written offline beside it): start it again, "+
 			"and it takes %s from %s again: %w", m.key, m.mine, from, err)
 	}
 	if err != nil {
-		return fmt.Errorf("recording %s %s from %s in the store: %w", m.key, m.mine, from, err)
+		return fmt.Errorf("recording %s %s from %s in the store with its audit record (neither is written): %w", m.key, m.mine, from, err)
 	}
-	record(audit.Event{Actor: sharedActor, Action: "setting.set", Target: m.key, Result: audit.ResultOK,
-		Reason: fmt.Sprintf("%s was %s in the store, now %s from %s: one authority uses this store, and its settings change the store's", m.key, m.stored, m.mine, from)})
 	log.Warn("shared setting changed in the store to this authority's value: one authority uses this store (SQLite), so its settings file or flag changes the store's",
 		"key", m.key, "was", m.stored.String(), "now", m.mine.String(), "from", from)
 	return nil
@@ -95,7 +118,7 @@ func adoptShared(ctx context.Context, st store.SettingStore, m sharedMismatch, c
 //
 // A stored value this muster cannot read (a newer muster's, or a hand
 // edit) is logged, and o keeps its own: the others read it as theirs.
-func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOptions, record func(audit.Event), log *slog.Logger) error {
+func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOptions, links chainLinks, log *slog.Logger) error {
 	mine := sharedOf(o)
 	next := mine
 	all, err := st.ListSettings(ctx)
@@ -140,11 +163,11 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 			continue
 		}
 		want := mine.Get(key)
-		_, err := st.PutSetting(ctx, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, 0)
+		_, err := putAudited(ctx, st, links, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, 0,
+			audit.Event{Actor: sharedActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
+				Reason: fmt.Sprintf("%s recorded as %s from this replica's settings: the store held no value, and every replica uses this one from now on", key, want)})
 		switch {
 		case err == nil:
-			record(audit.Event{Actor: sharedActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
-				Reason: fmt.Sprintf("%s recorded as %s from this replica's settings: the store held no value, and every replica uses this one from now on", key, want)})
 			log.Info("shared setting recorded in the store from this replica's settings", "key", key, "value", want.String())
 		case errors.Is(err, store.ErrConflict):
 			// Another replica recorded it first: its value is the
@@ -158,14 +181,14 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 			}
 			take(key, h)
 		default:
-			return err
+			return fmt.Errorf("recording %s %s in the store with its audit record (neither is written): %w", key, want, err)
 		}
 	}
 	if len(bad) > 0 {
 		return sharedMismatchError(bad, o.configPath, o.dir)
 	}
 	for _, m := range adopt {
-		if err := adoptShared(ctx, st, m, o.configPath, record, log); err != nil {
+		if err := adoptShared(ctx, st, m, o.configPath, links, log); err != nil {
 			return err
 		}
 	}

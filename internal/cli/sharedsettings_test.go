@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -37,18 +38,44 @@ func (f *settingsFake) ListSettings(context.Context) ([]store.Setting, error) {
 	return out, nil
 }
 
-func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64) (store.Setting, error) {
+// PutSetting builds the write's audit record, as a store does in the
+// write's transaction: a record that cannot be built writes nothing.
+func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64, build func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
 	if f.lost != nil && f.lost.Key == s.Key {
 		f.rows[s.Key], f.lost = *f.lost, nil
 	}
 	if f.rows[s.Key].Version != from {
 		return store.Setting{}, store.ErrConflict
 	}
+	if build == nil {
+		return store.Setting{}, errors.New("no audit record")
+	}
+	if _, err := build(store.AuditHead{}); err != nil {
+		return store.Setting{}, err
+	}
 	f.writes++
 	s.Version = from + 1
 	f.rows[s.Key] = s
 	return s, nil
 }
+
+// linksFake is a chainLinks whose records are the events it was given,
+// heard once appended; fail, when set, fails every record's build.
+type linksFake struct {
+	events []audit.Event
+	fail   error
+}
+
+func (l *linksFake) Builder(e audit.Event) (*audit.Link, error) {
+	return audit.NewLink(e, func(h store.AuditHead) (store.AuditRecord, error) {
+		if l.fail != nil {
+			return store.AuditRecord{}, l.fail
+		}
+		return store.AuditRecord{Seq: h.Seq + 1, Action: e.Action}, nil
+	}), nil
+}
+
+func (l *linksFake) Appended(k *audit.Link) { l.events = append(l.events, k.Event()) }
 
 // TestReconcileShared: at start, a store without a value records the
 // replica's (given or default), one holding a value gives it to a replica
@@ -130,8 +157,9 @@ func TestReconcileShared(t *testing.T) {
 			f := &settingsFake{rows: tt.held, lost: tt.lost, replicated: !tt.sqlite}
 			o := &authorityOptions{signerMinLead: tt.lead, sharedGiven: tt.given, configPath: "/etc/muster/authority.yaml", dir: "/var/lib/muster data"}
 			var logs bytes.Buffer
-			var events []audit.Event
-			err := reconcileShared(t.Context(), f, o, func(e audit.Event) { events = append(events, e) }, slog.New(slog.NewTextHandler(&logs, nil)))
+			links := &linksFake{}
+			err := reconcileShared(t.Context(), f, o, links, slog.New(slog.NewTextHandler(&logs, nil)))
+			events := links.events
 			if tt.err != nil {
 				if err == nil {
 					t.Fatalf("no error; want one saying %q", tt.err)
@@ -178,6 +206,40 @@ func TestReconcileShared(t *testing.T) {
 			}
 			if !strings.Contains(logs.String(), tt.log) {
 				t.Errorf("log does not say %q:\n%s", tt.log, logs.String())
+			}
+		})
+	}
+}
+
+// TestReconcileSharedUnaudited: a shared setting the start would record
+// or change in the store, but whose audit record cannot be written, is
+// not written: the start fails, naming the setting and the cause. Before,
+// the value was written and its record's failure dropped.
+func TestReconcileSharedUnaudited(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		held map[string]store.Setting
+		want string
+	}{
+		{"a value recorded", map[string]store.Setting{}, "recording ca.draft_ttl"},
+		{"a value adopted (SQLite)", map[string]store.Setting{
+			"ca.draft_ttl":                 {Key: "ca.draft_ttl", Value: authority.DefaultCADraftTTL.String(), Version: 1},
+			"ca.intermediate_ttl":          {Key: "ca.intermediate_ttl", Value: "8760h0m0s", Version: 1},
+			"jwt_svid.key_rotation_period": {Key: "jwt_svid.key_rotation_period", Value: authority.DefaultJWTKeyRotationPeriod.String(), Version: 1},
+			"signer.min_lead_time":         {Key: "signer.min_lead_time", Value: "2m0s", Version: 1},
+		}, "recording signer.min_lead_time 5m0s from /etc/muster/authority.yaml"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &settingsFake{rows: tt.held}
+			o := &authorityOptions{signerMinLead: 5 * time.Minute, sharedGiven: map[string]string{"signer.min_lead_time": ""},
+				configPath: "/etc/muster/authority.yaml", dir: "/d"}
+			links := &linksFake{fail: errors.New("disk on fire")}
+			err := reconcileShared(t.Context(), f, o, links, slog.New(slog.DiscardHandler))
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "disk on fire") {
+				t.Fatalf("reconcileShared = %v; want an error saying %q and the cause", err, tt.want)
+			}
+			if f.writes != 0 || len(links.events) != 0 {
+				t.Fatalf("%d settings written, %d audited, with no audit record possible; want none", f.writes, len(links.events))
 			}
 		})
 	}

@@ -33,7 +33,13 @@ type SettingStore interface {
 	// UpdatedAt the store clock. ErrConflict, and nothing written,
 	// otherwise: of several writes from one version exactly one wins,
 	// across replicas. A write announces ChangeSettings.
-	PutSetting(ctx context.Context, s Setting, from int64) (Setting, error)
+	//
+	// audit builds the change's record (setting.set), appended to the
+	// chain in the same transaction (see AppendAudit): the value changes
+	// with its record or not at all. An error building or appending it
+	// is returned and nothing is written; a nil audit is refused, as a
+	// setting is never changed unaudited.
+	PutSetting(ctx context.Context, s Setting, from int64, audit func(head AuditHead) (AuditRecord, error)) (Setting, error)
 	// Replicated reports whether several authority replicas may run on
 	// the store at once (PostgreSQL). On a store that is not (SQLite:
 	// one authority at a time, held by its data directory's lock) the

@@ -233,4 +233,5 @@ type Store interface {
 	JWTKeyStore
 	CustodyStore
 	SettingStore
+	AgentCertificateCounter
 }

@@ -161,9 +161,9 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	}
 	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
-	p.exec(`INSERT INTO instances (`+instanceColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		instanceArgs(in), nodeTaken("commit join: insert instance"))
+	p.exec(`INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+		append(instanceArgs(in), timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert))), nodeTaken("commit join: insert instance"))
 	if held != "" {
 		p.exec(`UPDATE nodes SET instance_id = $1, token_id = $2, join_method = $3, updated_at = $4 WHERE id = $5`,
 			[]any{in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID}, nodeTaken("commit join: claim node"))
@@ -261,7 +261,8 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 	// (pipe.explain), so the chain's lock taken below is not held while
 	// the instance is read again.
 	p.row(`WITH renewed AS (UPDATE instances
-			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4
+			SET generation = generation + 1, last_serial = $1, last_public_key = $2, last_chain_pem = $3, last_issued_at = $4,
+				last_not_after = $11, last_expiring_at = $14
 			WHERE id = $5 AND generation = $6 AND state = 'current' AND `+lockFreeCondition(12, 13)+`
 			RETURNING `+instanceColumns+`),
 		recorded AS (INSERT INTO certificates (`+certificateColumns+`)
@@ -270,7 +271,7 @@ func commitRenewal(ctx context.Context, p *pipe, r store.Renewal, c store.Certif
 			FROM renewed)
 		SELECT id, node_id, join_method, token_id, previous_id, state, generation, created_at FROM renewed`,
 		[]any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
-			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter), kinds, names},
+			c.NodeID, c.JoinMethod, c.TokenID, timeArg(c.NotBefore), timeArg(c.NotAfter), kinds, names, timeArg(store.ExpiringAt(c))},
 		func(row pgx.Row) error {
 			// The four columns the UPDATE set are filled from r, not
 			// sent back (the chain PEM is most of the row).

@@ -75,9 +75,25 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 		}); err != nil {
 			return err
 		}
-		return copyRows("certificates", certificateColumns, len(b.Certificates), func(i int) []any {
+		if err := copyRows("certificates", certificateColumns, len(b.Certificates), func(i int) []any {
 			return certificateArgs(b.Certificates[i])
-		})
+		}); err != nil {
+			return err
+		}
+		if len(b.Instances) == 0 {
+			return nil
+		}
+		// Each instance's latest certificate's expiry, as a join keeps it
+		// (the counts of muster_agent_certificates).
+		ids := make([]string, len(b.Instances))
+		for i, in := range b.Instances {
+			ids[i] = in.ID
+		}
+		if _, err := tx.Exec(ctx, `UPDATE instances i SET last_not_after = c.not_after, last_expiring_at = c.not_after - (c.not_after - c.issued_at) / 4
+			FROM certificates c WHERE c.serial = i.last_serial AND i.id = ANY($1)`, ids); err != nil {
+			return wrap("seed instance expiry", err)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err

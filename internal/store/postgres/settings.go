@@ -32,10 +32,16 @@ func (s *Store) ListSettings(ctx context.Context) ([]store.Setting, error) {
 }
 
 // PutSetting writes a shared setting if its version is still from (see
-// store.SettingStore): one INSERT … ON CONFLICT DO NOTHING for the first
-// value, one UPDATE conditional on the version after, and the change's
-// notification in the same transaction.
-func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64) (store.Setting, error) {
+// store.SettingStore), in one transaction of two round trips (pipe):
+// BEGIN, one INSERT … ON CONFLICT DO NOTHING for the first value or one
+// UPDATE conditional on the version after, the change's notification,
+// the audit link's baton (chain.go); then the audit record with COMMIT.
+// A refused write, or a record that cannot be built or appended, rolls
+// back both.
+func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+	if audit == nil {
+		return store.Setting{}, fmt.Errorf("postgres: put setting %s: no audit record: a shared setting is never changed unaudited", st.Key)
+	}
 	q := `UPDATE settings SET value = $1, updated_by = $2, version = version + 1, updated_at = ` + nowMicros + `
 		WHERE key = $3 AND version = $4 RETURNING version, updated_at`
 	args := []any{st.Value, st.UpdatedBy, st.Key, from}
@@ -44,18 +50,29 @@ func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64) (s
 			ON CONFLICT (key) DO NOTHING RETURNING version, updated_at`
 		args = []any{st.Key, st.Value, st.UpdatedBy}
 	}
+	op := "put setting " + st.Key
 	out := store.Setting{Key: st.Key, Value: st.Value, UpdatedBy: st.UpdatedBy}
-	err := s.inTx(ctx, "put setting "+st.Key, func(tx pgx.Tx) error {
-		var at int64
-		err := tx.QueryRow(ctx, q, args...).Scan(&out.Version, &at)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("postgres: put setting %s: version %d is not the one held: %w", st.Key, from, store.ErrConflict)
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(q, args, func(row pgx.Row) error {
+			var at int64
+			err := row.Scan(&out.Version, &at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("postgres: put setting %s: version %d is not the one held: %w", st.Key, from, store.ErrConflict)
+			}
+			if err != nil {
+				return wrap(op, err)
+			}
+			out.UpdatedAt = timeCol(&at)
+			return nil
+		})
+		queueNotify(p, store.ChangeSettings)
+		l := p.startAudit()
+		defer l.end()
+		if err := p.send(ctx); err != nil {
+			return err
 		}
-		if err != nil {
-			return wrap("put setting "+st.Key, err)
-		}
-		out.UpdatedAt = timeCol(&at)
-		return notifyTx(ctx, tx, store.ChangeSettings)
+		_, err := l.commit(ctx, p, audit, op)
+		return err
 	})
 	if err != nil {
 		return store.Setting{}, err

@@ -220,9 +220,7 @@ func TestMigration0021FindsClockSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeOld(t, old)
 	s, err := Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)

@@ -125,10 +125,11 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 
 	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
-	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
-		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt)); err != nil {
+		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+		timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert))); err != nil {
 		return store.JoinResult{}, wrap("commit join: insert instance", err)
 	}
 	if held != "" {
@@ -196,8 +197,9 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 // no row is told apart afterwards (notRenewed).
 func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	targets := store.Named(r.LockTargets)
-	args := make([]any, 0, 6+2*len(targets))
-	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration)
+	args := make([]any, 0, 8+2*len(targets))
+	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
+		timeArg(c.NotAfter), timeArg(store.ExpiringAt(c)))
 	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
 	// are filled from r: the chain PEM is not copied back out of SQLite.
@@ -308,15 +310,17 @@ func renewQuery(n int) string {
 	return buildRenewQuery(n)
 }
 
-// buildRenewQuery advances the instance (?5) from generation ?6 if it is
+// buildRenewQuery advances the instance (?5) from generation ?6, its
+// latest certificate's expiry ?7 and ?8 (store.ExpiringAt), if it is
 // current and no lock is in force by the store clock on any of the n
 // targets that follow (kind, target pairs), each looked up through the
 // (kind, target) index.
 func buildRenewQuery(n int) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE instances
-		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?
-		WHERE id = ? AND generation = ? AND state = 'current'`)
+		SET generation = generation + 1, last_serial = ?1, last_public_key = ?2, last_chain_pem = ?3, last_issued_at = ?4,
+			last_not_after = ?7, last_expiring_at = ?8
+		WHERE id = ?5 AND generation = ?6 AND state = 'current'`)
 	if n > 0 {
 		b.WriteString(` AND NOT EXISTS (SELECT 1 FROM locks WHERE (`)
 		for i := range n {

@@ -65,9 +65,7 @@ func TestMigration0020KeepsTheStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeOld(t, old)
 
 	s, err := Open(ctx, path)
 	if err != nil {
@@ -145,5 +143,32 @@ func openBefore(t *testing.T, path string, version int) *SQLite {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// This binary's joins and renewals write the columns 0024 adds: the
+	// old store has them while the test writes it, and loses them in
+	// closeOld, so that it is migrated as the old binary left it.
+	if version <= 24 {
+		for _, c := range laterInstanceColumns {
+			if _, err := old.w.ExecContext(t.Context(), `ALTER TABLE instances ADD COLUMN `+c+` INTEGER`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	return old
+}
+
+// laterInstanceColumns are the instances columns of migration 0024.
+var laterInstanceColumns = []string{"last_not_after", "last_expiring_at"}
+
+// closeOld closes a store openBefore opened, without the columns it
+// added.
+func closeOld(t *testing.T, old *SQLite) {
+	t.Helper()
+	for _, c := range laterInstanceColumns {
+		if _, err := old.w.ExecContext(t.Context(), `ALTER TABLE instances DROP COLUMN `+c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
 }

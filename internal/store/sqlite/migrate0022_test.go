@@ -37,9 +37,7 @@ func TestMigration0022KeepsTheNodes(t *testing.T) {
 	if err != nil || len(before) != 4 {
 		t.Fatalf("old store: %d nodes, %v", len(before), err)
 	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeOld(t, old)
 
 	s, err := Open(ctx, path)
 	if err != nil {
@@ -52,6 +50,11 @@ func TestMigration0022KeepsTheNodes(t *testing.T) {
 	}
 	if !strings.Contains(ddl, "WITHOUT ROWID") || !strings.Contains(ddl, "REFERENCES instances") {
 		t.Fatalf("nodes after 0022: %s", ddl)
+	}
+	// 0024 filled in each instance's certificate expiry from the
+	// certificates held: the four nodes left, each valid for an hour.
+	if n, err := s.CountAgentCertificates(ctx); err != nil || n != (store.AgentCertificateCounts{Valid: 4}) {
+		t.Fatalf("CountAgentCertificates after 0024 = %+v, %v; want 4 valid", n, err)
 	}
 	after, err := s.ListNodes(ctx)
 	if err != nil {

@@ -72,6 +72,18 @@ func (s *SQLite) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, e
 				return wrap("seed certificate", err)
 			}
 		}
+		// Each instance's latest certificate's expiry, as a join keeps it
+		// (the counts of muster_agent_certificates).
+		expiry, err := tx.PrepareContext(ctx, `UPDATE instances SET last_not_after = ?, last_expiring_at = ? WHERE id = ? AND last_serial = ?`)
+		if err != nil {
+			return wrap("seed: prepare instance expiry", err)
+		}
+		defer expiry.Close()
+		for _, c := range b.Certificates {
+			if _, err := expiry.ExecContext(ctx, timeArg(c.NotAfter), timeArg(store.ExpiringAt(c)), c.InstanceID, c.Serial); err != nil {
+				return wrap("seed instance expiry", err)
+			}
+		}
 		return nil
 	})
 	if err != nil {

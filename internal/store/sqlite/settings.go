@@ -33,9 +33,15 @@ func (s *SQLite) ListSettings(ctx context.Context) ([]store.Setting, error) {
 	return out, nil
 }
 
-// PutSetting writes a shared setting if its version is still from (see
-// store.SettingStore).
-func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64) (store.Setting, error) {
+// PutSetting writes a shared setting if its version is still from, and
+// appends its audit record, as one write of a group-committed
+// transaction (see store.SettingStore): a refused write, or a record
+// that cannot be built or appended, leaves both the setting and the
+// chain as they were.
+func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+	if audit == nil {
+		return store.Setting{}, fmt.Errorf("sqlite: put setting %s: no audit record: a shared setting is never changed unaudited", st.Key)
+	}
 	q := `UPDATE settings SET value = ?, updated_by = ?, version = version + 1, updated_at = ` + nowMicros + `
 		WHERE key = ? AND version = ? RETURNING version, updated_at`
 	args := []any{st.Value, st.UpdatedBy, st.Key, from}
@@ -55,6 +61,9 @@ func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64) (
 			return wrap("put setting "+st.Key, err)
 		}
 		out.UpdatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: put setting %s: its audit record: %w", st.Key, err)
+		}
 		return nil
 	})
 	if err != nil {

@@ -38,6 +38,9 @@ func seedCases() []testCase {
 			_, err = l.LoadSeed(ctx, store.Seed{Instances: []store.Instance{in}, Nodes: []store.Node{node},
 				Certificates: []store.Certificate{cert}})
 			mustNil(t, "LoadSeed joins", err)
+			// Its certificate expired long ago (at is in 2025), as a join
+			// of it would count.
+			wantEqual(t, "counts of the seeded node", countCerts(t, ctx, s), store.AgentCertificateCounts{Expired: 1})
 
 			for _, want := range []store.Token{used, free} {
 				got, err := s.GetToken(ctx, want.ID)

@@ -9,6 +9,17 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
+// set builds a setting write's audit record, the chain's next link.
+func set() func(store.AuditHead) (store.AuditRecord, error) { return link(record("setting.set")) }
+
+// auditSeq is the chain's head's seq.
+func auditSeq(t *testing.T, ctx context.Context, s store.Store) int64 {
+	t.Helper()
+	h, err := s.AuditHead(ctx)
+	mustNil(t, "AuditHead", err)
+	return h.Seq
+}
+
 func settingCases() []testCase {
 	return []testCase{
 		{"a fresh store holds no setting; the first value is recorded once, then changed by version", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -18,31 +29,77 @@ func settingCases() []testCase {
 				t.Fatalf("fresh store holds %+v; want none", got)
 			}
 			before := storeNow(t, ctx, s)
-			first, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority", Version: 7}, 0)
+			first, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority", Version: 7}, 0, set())
 			mustNil(t, "PutSetting from 0", err)
 			if first.Version != 1 || first.UpdatedAt.Before(before) || first.Value != "10m0s" || first.UpdatedBy != "authority" {
 				t.Fatalf("first write: %+v; want version 1 at the store clock from %v", first, before)
 			}
-			_, err = s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "authority"}, 0)
+			_, err = s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "authority"}, 0, set())
 			wantErr(t, "PutSetting from 0 of a key held", err, store.ErrConflict)
-			_, err = s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 2)
+			_, err = s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 2, set())
 			wantErr(t, "PutSetting from a version not held", err, store.ErrConflict)
-			_, err = s.PutSetting(ctx, store.Setting{Key: "ca.intermediate_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, 1)
+			_, err = s.PutSetting(ctx, store.Setting{Key: "ca.intermediate_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, 1, set())
 			wantErr(t, "PutSetting from 1 of a key not held", err, store.ErrConflict)
 			got, err = s.ListSettings(ctx)
 			mustNil(t, "ListSettings", err)
 			wantEqual(t, "settings after refused writes", got, []store.Setting{first})
 
-			second, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 1)
+			second, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 1, set())
 			mustNil(t, "PutSetting from 1", err)
 			if second.Version != 2 || second.UpdatedAt.Before(first.UpdatedAt) || second.Value != "1m0s" || second.UpdatedBy != "admin:ops" {
 				t.Fatalf("second write: %+v; want version 2 by admin:ops", second)
 			}
-			other, err := s.PutSetting(ctx, store.Setting{Key: "ca.intermediate_ttl", Value: "1h0m0s", UpdatedBy: "authority"}, 0)
+			other, err := s.PutSetting(ctx, store.Setting{Key: "ca.intermediate_ttl", Value: "1h0m0s", UpdatedBy: "authority"}, 0, set())
 			mustNil(t, "PutSetting of another key", err)
 			got, err = s.ListSettings(ctx)
 			mustNil(t, "ListSettings", err)
 			wantEqual(t, "settings, by key", got, []store.Setting{other, second})
+			// One record per write that won, none for those refused.
+			if seq := auditSeq(t, ctx, s); seq != 3 {
+				t.Fatalf("audit chain holds %d records after 3 writes and 3 refused; want 3", seq)
+			}
+		}},
+		{"a write whose audit record cannot be built or appended changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			held, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority"}, 0, set())
+			mustNil(t, "PutSetting", err)
+			boom := errors.New("boom")
+			failing := map[string]func(store.AuditHead) (store.AuditRecord, error){
+				"build fails": func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, boom },
+				"record off the chain": func(h store.AuditHead) (store.AuditRecord, error) {
+					r, err := set()(h)
+					r.PrevHash = []byte("not the head")
+					return r, err
+				},
+				"record without a hash": func(h store.AuditHead) (store.AuditRecord, error) {
+					r, err := set()(h)
+					r.Hash = nil
+					return r, err
+				},
+				"no record at all": nil,
+			}
+			for name, audit := range failing {
+				for _, w := range []struct {
+					key  string
+					from int64
+				}{{"signer.min_lead_time", 1}, {"ca.intermediate_ttl", 0}} {
+					_, err := s.PutSetting(ctx, store.Setting{Key: w.key, Value: "1h0m0s", UpdatedBy: "admin:ops"}, w.from, audit)
+					if err == nil {
+						t.Fatalf("%s: PutSetting of %s from %d succeeded", name, w.key, w.from)
+					}
+					if name == "build fails" && !errors.Is(err, boom) {
+						t.Errorf("%s: PutSetting = %v; want the build's error", name, err)
+					}
+				}
+			}
+			got, err := s.ListSettings(ctx)
+			mustNil(t, "ListSettings", err)
+			wantEqual(t, "settings after unaudited writes", got, []store.Setting{held})
+			if seq := auditSeq(t, ctx, s); seq != 1 {
+				t.Fatalf("audit chain holds %d records; want 1, the first write's", seq)
+			}
+			// The setting is still writable from the version held.
+			_, err = s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1h0m0s", UpdatedBy: "admin:ops"}, 1, set())
+			mustNil(t, "PutSetting after the failures", err)
 		}},
 		{"of concurrent writes from one version exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			const n = 8
@@ -56,7 +113,7 @@ func settingCases() []testCase {
 				for i := range n {
 					wg.Go(func() {
 						v := string(rune('a' + i))
-						_, err := s.PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: v, UpdatedBy: "authority"}, from)
+						_, err := s.PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: v, UpdatedBy: "authority"}, from, set())
 						mu.Lock()
 						defer mu.Unlock()
 						switch {
@@ -77,6 +134,9 @@ func settingCases() []testCase {
 				mustNil(t, "ListSettings", err)
 				if len(got) != 1 || got[0].Value != winner || got[0].Version != from+1 {
 					t.Fatalf("from version %d: held %+v; want the winner's %q at version %d", from, got, winner, from+1)
+				}
+				if seq := auditSeq(t, ctx, s); seq != from+1 {
+					t.Fatalf("from version %d: audit chain holds %d records; want %d, one per write won", from, seq, from+1)
 				}
 			}
 		}},

@@ -77,6 +77,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"JWTKey", jwtKeyCases()},
 		{"KeyCustody", keyCustodyCases()},
 		{"Setting", settingCases()},
+		{"AgentCert", agentCertCases()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

@@ -1,0 +1,111 @@
+package postgres
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// TestPutSettingAuditRefusedByDatabase: an audit record the database
+// itself refuses (a reason that is not UTF-8, which a text column does
+// not take) fails the write, and the setting stays as it was: the
+// record's insert and the setting's write are one transaction.
+func TestPutSettingAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	held, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority"}, 0, benchLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := func(h store.AuditHead) (store.AuditRecord, error) {
+		r, err := benchLink(h)
+		r.Reason = "\xff\xfe"
+		return r, err
+	}
+	for _, from := range []int64{1, 0} {
+		key := "signer.min_lead_time"
+		if from == 0 {
+			key = "ca.draft_ttl"
+		}
+		if _, err := s.PutSetting(ctx, store.Setting{Key: key, Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, bad); err == nil {
+			t.Fatalf("PutSetting of %s from %d with a record the database refuses succeeded", key, from)
+		}
+	}
+	got, err := s.ListSettings(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0] != held {
+		t.Fatalf("settings after refused records: %+v; want only %+v", got, held)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the first write's record", head.Seq, err)
+	}
+}
+
+// TestPutSettingTwoHandles: two replicas set one setting from the same
+// versions while both append to the audit chain: each round exactly one
+// write wins, with exactly one record, and the chain stays whole.
+func TestPutSettingTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	const rounds, writers, appends = 5, 6, 4
+	for from := range int64(rounds) {
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			won  int
+			errs []error
+		)
+		for i := range writers {
+			wg.Go(func() {
+				_, err := h[i%2].PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, benchLink)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					won++
+				case !errors.Is(err, store.ErrConflict):
+					errs = append(errs, err)
+				}
+			})
+		}
+		for i := range appends {
+			wg.Go(func() {
+				if _, err := h[i%2].AppendAudit(ctx, benchLink); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if won != 1 {
+			t.Fatalf("from version %d: %d writes won; want 1", from, won)
+		}
+	}
+	recs, err := h[0].ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := rounds * (1 + appends); len(recs) != want {
+		t.Fatalf("chain holds %d records; want %d (one per write won, and the appends)", len(recs), want)
+	}
+	var prev []byte
+	for i, r := range recs {
+		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
+		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
+			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
+		}
+		prev = r.Hash
+	}
+	got, err := h[1].ListSettings(ctx)
+	if err != nil || len(got) != 1 || got[0].Version != rounds {
+		t.Fatalf("ListSettings = %+v, %v; want ca.draft_ttl at version %d", got, err, rounds)
+	}
+}
