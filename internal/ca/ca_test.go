@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -430,4 +431,63 @@ func TestIssueRefusesAfterTheIssuerExpired(t *testing.T) {
 	if _, err := expired.Issue(LeafRequest{PublicKey: key.Public(), ClientAuth: true, NotBefore: cert.NotAfter.Add(-time.Second), TTL: time.Hour}); err != nil {
 		t.Errorf("a second before its expiry: %v", err)
 	}
+}
+
+// TestSignMatchesParsed holds Sign's fields to what ParseCertificate reads
+// from its DER, the fields a join or renewal records unparsed: validity in
+// UTC and whole seconds whatever the request's zone and fraction, the
+// clipped end, the serial.
+func TestSignMatchesParsed(t *testing.T) {
+	h := hierarchy(t)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	east := time.FixedZone("east", 5*3600+30*60)
+	base := time.Now()
+	for name, req := range map[string]LeafRequest{
+		"fraction, local zone":               {NotBefore: base, TTL: time.Hour},
+		"fraction near a second, other zone": {NotBefore: time.Date(2026, 11, 27, 23, 59, 59, 999_999_999, east), TTL: 90*time.Minute + 999*time.Millisecond},
+		"whole seconds, UTC":                 {NotBefore: base.UTC().Truncate(time.Second), TTL: 24 * time.Hour},
+		"clipped to the issuer":              {NotBefore: base.In(east), TTL: 5 * RootTTL},
+	} {
+		t.Run(name, func(t *testing.T) {
+			req.PublicKey, req.ClientAuth = key.Public(), true
+			signed, err := h.Issuer(RoleAgent).Sign(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parsed, err := x509.ParseCertificate(signed.Raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := Signed{Raw: parsed.Raw, SerialNumber: parsed.SerialNumber, NotBefore: parsed.NotBefore, NotAfter: parsed.NotAfter}
+			if !reflect.DeepEqual(signed, got) {
+				t.Errorf("Sign: serial %v, %v..%v; parsed: serial %v, %v..%v", signed.SerialNumber, signed.NotBefore, signed.NotAfter,
+					got.SerialNumber, got.NotBefore, got.NotAfter)
+			}
+		})
+	}
+}
+
+// BenchmarkIssueParsed: a leaf signed and parsed back (Issue), and
+// signed alone (Sign), as a join or renewal takes it.
+func BenchmarkIssueParsed(b *testing.B) {
+	h := hierarchy(b)
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	id, _ := url.Parse("spiffe://td/agent/node-1")
+	req := LeafRequest{PublicKey: key.Public(), SPIFFEID: id, CommonName: "node-1", ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour}
+	b.Run("parsed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := h.Issuer(RoleAgent).Issue(req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("signed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := h.Issuer(RoleAgent).Sign(req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -19,7 +19,7 @@ import (
 // lock is never held across a signature; if the write fails, the
 // certificate is simply never handed out.
 func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Issued, error) {
-	var keystore func(leaf *x509.Certificate) ([]byte, string, error)
+	var keystore func(ca.Signed) ([]byte, string, error)
 	if a.PublicKey == nil {
 		key, finish, err := s.keystore()
 		if err != nil {
@@ -43,7 +43,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		JoinMethod:    a.Method,
 		TokenID:       recorded,
 		CreatedAt:     a.Now,
-		LastSerial:    serialOf(leaf),
+		LastSerial:    leaf.SerialNumber.Text(16),
 		LastPublicKey: a.KeyID,
 		LastChainPEM:  chain,
 		LastIssuedAt:  a.Now,

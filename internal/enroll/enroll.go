@@ -293,16 +293,18 @@ func keyID(pub crypto.PublicKey) ([]byte, error) {
 
 // issue signs an agent certificate for nodeID, which joined by method;
 // serverAuth lets it serve TLS too (the token's svid_usage).
-func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time, serverAuth bool) (*x509.Certificate, []byte, error) {
+func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Time, serverAuth bool) (ca.Signed, []byte, error) {
 	ttl := s.certTTL(method)
 	id, err := spiffeid.New(s.cfg.TrustDomain, spiffeid.RoleAgent, nodeID)
 	if err != nil {
-		return nil, nil, err
+		return ca.Signed{}, nil, err
 	}
 	// The active agent intermediate at this moment: a rotation between
 	// two issues changes it for the next one.
 	agent := s.cfg.CA.Issuer(ca.RoleAgent)
-	leaf, err := agent.Issue(ca.LeafRequest{
+	// Signed, not parsed back: a join or renewal records only the
+	// leaf's serial and validity and answers with its DER.
+	leaf, err := agent.Sign(ca.LeafRequest{
 		PublicKey:  pub,
 		SPIFFEID:   id.URL(),
 		CommonName: nodeID,
@@ -312,9 +314,9 @@ func (s *Service) issue(nodeID, method string, pub crypto.PublicKey, now time.Ti
 		TTL:        ttl,
 	})
 	if err != nil {
-		return nil, nil, err
+		return ca.Signed{}, nil, err
 	}
-	return leaf, agent.ChainPEM(leaf), nil
+	return leaf, agent.ChainPEMOf(leaf.Raw), nil
 }
 
 // certTTL is the lifetime of the certificates an instance that joined by
@@ -345,12 +347,16 @@ func (s *Service) issuerOf(leaf *x509.Certificate) *x509.Certificate {
 
 // keystore mints a key for an agent that sent no CSR and returns it with a
 // PKCS#12 keystore holding key and chain under a random password.
-func (s *Service) keystore() (*ecdsa.PrivateKey, func(*x509.Certificate) ([]byte, string, error), error) {
+func (s *Service) keystore() (*ecdsa.PrivateKey, func(ca.Signed) ([]byte, string, error), error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
-	return key, func(leaf *x509.Certificate) ([]byte, string, error) {
+	return key, func(signed ca.Signed) ([]byte, string, error) {
+		leaf, err := x509.ParseCertificate(signed.Raw)
+		if err != nil {
+			return nil, "", err
+		}
 		pw := make([]byte, 18)
 		if _, err := rand.Read(pw); err != nil {
 			return nil, "", err

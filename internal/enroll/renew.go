@@ -127,7 +127,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 			return nil, err
 		}
 		cert := store.Certificate{
-			Serial: serialOf(next), NodeID: rec.NodeID, InstanceID: inst.ID, Generation: rec.Generation + 1,
+			Serial: next.SerialNumber.Text(16), NodeID: rec.NodeID, InstanceID: inst.ID, Generation: rec.Generation + 1,
 			JoinMethod: inst.JoinMethod, TokenID: inst.TokenID, PublicKey: kid,
 			NotBefore: next.NotBefore, NotAfter: next.NotAfter, IssuedAt: now,
 		}
