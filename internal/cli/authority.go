@@ -219,11 +219,7 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.dir == "" {
 				return fmt.Errorf("authority: --data DIR is required")
 			}
-			cfgPath, err := authorityConfigPath(datadir.Dir(o.dir), configFile)
-			if err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			cfg, err := loadAuthorityConfig(cfgPath)
+			cfg, cfgPath, err := readAuthorityConfig(datadir.Dir(o.dir), configFile)
 			if err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -753,7 +749,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 			Result: audit.ResultDenied, Reason: "shared settings: " + err.Error()})
 		return prefixed("authority", err)
 	}
-	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
+	rec, err := storeCustody(ctx, st, offlineDir{dir: dir, configPath: o.configPath}, info.Custody, o.pkcs11Module)
 	if err != nil {
 		return denied(err)
 	}
@@ -768,7 +764,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		defer token.Close()
 	}
 	srv, err := authority.New(authority.Config{
-		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
+		Dir: dir, ConfigFile: o.configPath, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		CAIntermediateTTL: o.caIntermediateTTL, CADraftTTL: o.caDraftTTL, JWTKeyRotationPeriod: o.jwtKeyPeriod,
