@@ -195,6 +195,8 @@ func (a *adminFlags) unknownLockHint(err error) error {
 		return err
 	}
 	p := s.Proto()
-	p.Message += "; the locks in force and their IDs: muster lock list" + a.callArgs()
+	// The flags are appended to the formatted text, as the expiry
+	// warning's are, so the command reads as one to the hint checker.
+	p.Message = fmt.Sprintf("%s; the locks in force and their IDs: muster lock list", p.Message) + a.callArgs()
 	return status.FromProto(p).Err()
 }
