@@ -58,7 +58,7 @@ func addOperatorOffline(ctx context.Context, od offlineDir, storeURL, crlURL, na
 		return offlineOperator{}, err
 	}
 	defer st.Close()
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return offlineOperator{}, err
 	}

@@ -78,7 +78,7 @@ func openOffline(ctx context.Context, env *Env, data, configFile, storeURL strin
 	if err != nil {
 		return nil, nil, od, err
 	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, od.dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, od.dir, od.configPath, nil)
 	if err != nil {
 		st.Close()
 		return nil, nil, od, err

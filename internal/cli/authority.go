@@ -685,8 +685,10 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 // openAuthorityStore does what comes before anything writes to an
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
-// checked. onAppend hears of each record. close undoes it all.
-func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout time.Duration,
+// checked. onAppend hears of each record. configPath is the settings file
+// the authority reads, named with --config in the ways out it prints.
+// close undoes it all.
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string, d dataDir, timeout time.Duration,
 	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	info, sk, url := d.info, d.sk, d.url
 	unlock, err := dir.Lock()
@@ -711,7 +713,7 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout
 		close()
 		return nil, nil, nil, err
 	}
-	if logger, err = datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), onAppend); err == nil {
+	if logger, err = newAuditLogger(st, sk, dir, configPath, onAppend); err == nil {
 		err = logger.CheckHead(ctx)
 	}
 	if err != nil {
@@ -729,7 +731,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, su.data, o.storeTimeout, m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}

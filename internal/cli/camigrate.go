@@ -152,7 +152,7 @@ func migrateCustody(cmd *cobra.Command, od offlineDir, storeURL, uri, module, pi
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	defer st.Close()
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}

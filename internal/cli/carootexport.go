@@ -14,7 +14,6 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
-	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -94,7 +93,7 @@ func exportRootKey(ctx context.Context, od offlineDir, storeURL, path string) (_
 		return "", err
 	}
 	defer st.Close()
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return "", err
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
-	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -54,7 +53,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile,
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
 	defer st.Close()
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}

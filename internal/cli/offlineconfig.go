@@ -1,7 +1,11 @@
 package cli
 
 import (
+	"fmt"
+
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/shellword"
 )
 
@@ -63,4 +67,17 @@ func (o offlineDir) configArg() string {
 // quoted is the data directory, quoted for a command to paste.
 func (o offlineDir) quoted() string {
 	return shellword.Quote(string(o.dir))
+}
+
+// newAuditLogger is datadir.NewAuditLogger for the authority of dir
+// started with the settings file configPath: a damaged head file's
+// refusal names the offline audit verify that walks its chain, with
+// --config where configPath is not DIR/authority.yaml.
+func newAuditLogger(st audit.Store, sk seal.StorageKey, dir datadir.Dir, configPath string, onAppend func(audit.Event)) (*audit.Logger, error) {
+	l, err := datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), onAppend)
+	if err != nil {
+		return nil, err
+	}
+	l.SetVerifyCommand(fmt.Sprintf("muster audit verify --offline --data %s%s", shellword.Quote(string(dir)), dir.ConfigArg(configPath)))
+	return l, nil
 }
