@@ -59,7 +59,7 @@ func TestDamagedAuditHeadWayOut(t *testing.T) {
 		return string(out), err
 	}
 	out, err := paste(verify)
-	if err == nil || !strings.Contains(out, "every record is in place") || !strings.Contains(out, rm) {
+	if err == nil || !strings.Contains(out, "every record is in place") || !strings.Contains(out, rm) || strings.Contains(out, "at record 0") {
 		t.Fatalf("the pasted %s: %v\n%s", verify, err, out)
 	}
 	if out, err := paste(rm); err != nil {

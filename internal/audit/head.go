@@ -188,6 +188,13 @@ func (l *Logger) SetVerifyCommand(cmd string) { l.verifyCmd = cmd }
 // HASH: it cannot tell whether records were removed from the tail.
 var ErrDamagedHead = errors.New("audit: the head file is damaged")
 
+// damagedHeadError is ErrDamagedHead with what is wrong and the way out,
+// which name the file already.
+type damagedHeadError struct{ text string }
+
+func (e damagedHeadError) Error() string        { return "audit: " + e.text }
+func (e damagedHeadError) Is(target error) bool { return target == ErrDamagedHead }
+
 // damagedHead says what is wrong with the head file (why, from
 // parseHead), and the way out: find who changed it, and remove it, which
 // the next append writes anew. verified: the chain was walked and every
@@ -260,7 +267,7 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 		return fmt.Errorf("audit: checking the head file: %w", err)
 	}
 	if damaged != nil {
-		return fmt.Errorf("%w: %s", ErrDamagedHead, l.damagedHead(damaged, false))
+		return damagedHeadError{l.damagedHead(damaged, false)}
 	}
 	if problem == "" {
 		if problem, err = l.checkCheckpointFile(ctx); err != nil {

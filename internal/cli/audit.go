@@ -285,7 +285,12 @@ func writeAuditVerify(w io.Writer, out output, name string, r auditVerify) error
 		fmt.Fprintf(w, "audit chain intact: %d records, %d signed checkpoints, head %d %s\n",
 			r.RecordsChecked, r.CheckpointsChecked, r.HeadSeq, r.HeadHash)
 	}
-	if !r.OK {
+	switch {
+	case !r.OK && r.FirstBadSeq == 0:
+		// No record is named (a file outside the store is wrong, as a
+		// damaged audit-head): "at record 0" would name one that is not.
+		return fmt.Errorf("%s: the chain does not verify: %s", name, r.Problem)
+	case !r.OK:
 		return fmt.Errorf("%s: tampering detected at record %d: %s", name, r.FirstBadSeq, r.Problem)
 	}
 	return nil
