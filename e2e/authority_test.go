@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -90,8 +92,16 @@ func TestAdminCommands(t *testing.T) {
 	}
 	mustRun(t, "lock", "delete", locks[0]["id"].(string), "--data", dir)
 	mustRun(t, "status", "--identity", alice, "--authority", a.addr)
-	if line := mustFail(t, "lock", "delete", locks[0]["id"].(string), "--data", dir); !strings.Contains(line, "NOT_FOUND") {
+	line = mustFail(t, "lock", "delete", locks[0]["id"].(string), "--data", dir)
+	if !strings.Contains(line, "NOT_FOUND") {
 		t.Errorf("deleting a deleted lock: %q", line)
+	}
+	// Its way out lists the locks at the authority this call reached,
+	// pasted as printed.
+	if _, list, ok := strings.Cut(line, "their IDs: muster "); !ok || !strings.Contains(list, "--data "+shellword.Quote(dir)) {
+		t.Errorf("deleting a deleted lock names no muster lock list with --data: %q", line)
+	} else if out, err := exec.Command("sh", "-c", shellword.Quote(musterBin)+" "+list+" -o json").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "[]" {
+		t.Errorf("the pasted muster %s: %v\n%s", list, err, out)
 	}
 
 	var recs []map[string]any

@@ -302,3 +302,59 @@ func TestRenewLocksOnlyAroundFiles(t *testing.T) {
 		t.Error("a pending key is left: the next renewal would send the discarded key again")
 	}
 }
+
+// TestStatusBoundKeyProblem: a bound-keypair agent's status gives its
+// key's fingerprint, nothing when keys/bound.key does not exist, and
+// what is wrong, with the path, when it exists but gives no key (cannot
+// be read, or holds no Ed25519 key).
+func TestStatusBoundKeyProblem(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := joined(t, f)
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.JoinMethod, st.BoundKeypair = JoinMethodBoundKeypair, "br1"
+	if err := dir.writeState(st); err != nil {
+		t.Fatal(err)
+	}
+	path := dir.BoundKeyFile()
+	statusNow := func() *Status {
+		t.Helper()
+		s, err := a.Status()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := statusNow(); s.BoundKeyFingerprint != "" || s.BoundKeyProblem != "" {
+		t.Errorf("no key file: %q, %q", s.BoundKeyFingerprint, s.BoundKeyProblem)
+	}
+	if err := os.WriteFile(path, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s := statusNow(); s.BoundKeyFingerprint != "" || !strings.Contains(s.BoundKeyProblem, path+" is not a PEM private key") {
+		t.Errorf("garbage in the key file: %q", s.BoundKeyProblem)
+	}
+	// Unreadable (a directory in its place reads as one for any user,
+	// root included, as mode 000 would not).
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if s := statusNow(); s.BoundKeyFingerprint != "" || !strings.Contains(s.BoundKeyProblem, path) || !strings.Contains(s.BoundKeyProblem, "is a directory") {
+		t.Errorf("unreadable key file: %q", s.BoundKeyProblem)
+	}
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := CreateBoundKey(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := statusNow(); s.BoundKeyFingerprint != pub.Fingerprint() || s.BoundKeyProblem != "" {
+		t.Errorf("a good key: %q, %q", s.BoundKeyFingerprint, s.BoundKeyProblem)
+	}
+}

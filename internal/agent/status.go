@@ -2,6 +2,9 @@ package agent
 
 import (
 	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/muster-dev/muster/internal/boundkeypair"
@@ -31,6 +34,10 @@ type Status struct {
 	// says whether this machine holds the token's key (a
 	// challenge_failed refusal says it does not).
 	BoundKeyFingerprint string `json:"bound_key_fingerprint,omitempty"`
+	// BoundKeyProblem is why keys/bound.key, which exists, gave no
+	// fingerprint (it cannot be read, or is not an Ed25519 key), with its
+	// path: the agent cannot prove the token's key until it is mended.
+	BoundKeyProblem string `json:"bound_key_problem,omitempty"`
 }
 
 // Status reads the identity without changing anything; ErrNoIdentity if
@@ -57,10 +64,18 @@ func (a *Agent) Status() (*Status, error) {
 		RenewalPending: pendErr == nil, VerifierSetVersion: t.Version(), AcceptedSigners: t.Accepted(a.now()),
 		StaticVerifiers: len(t.StaticKeys())}
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		if priv, err := LoadBoundKey(a.dir); err == nil {
-			if pub, err := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); err == nil {
-				out.BoundKeyFingerprint = pub.Fingerprint()
+		priv, err := LoadBoundKey(a.dir)
+		var pub boundkeypair.PublicKey
+		if err == nil {
+			if pub, err = boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); err != nil {
+				err = fmt.Errorf("%s: %w", a.dir.BoundKeyFile(), err)
 			}
+		}
+		switch {
+		case err == nil:
+			out.BoundKeyFingerprint = pub.Fingerprint()
+		case !errors.Is(err, fs.ErrNotExist):
+			out.BoundKeyProblem = err.Error()
 		}
 	}
 	return out, nil

@@ -109,6 +109,9 @@ type Logger struct {
 	onAppend func(Event)
 	head     *headFile // nil without a HeadFile
 	log      *slog.Logger
+	// verifyCmd walks this chain from its data directory
+	// (SetVerifyCommand): the first step out of a damaged head file.
+	verifyCmd string
 
 	// cpMu serializes Checkpoint, so that the file is written by one call at
 	// a time and last only moves forward.

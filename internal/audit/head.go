@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -150,59 +151,105 @@ func ReadHeadFile(path string) (store.AuditHead, error) {
 	if err != nil {
 		return store.AuditHead{}, fmt.Errorf("audit: read head file: %w", err)
 	}
-	return parseHead(data)
+	h, err := parseHead(data)
+	if err != nil {
+		return h, fmt.Errorf("audit: head file %s: %w", path, err)
+	}
+	return h, nil
 }
 
-// parseHead reads the content of a head file.
+// parseHead reads the content of a head file. Its errors quote what the
+// file holds (at most its first headFileSize bytes), which the operator
+// compares with what muster writes there.
 func parseHead(data []byte) (store.AuditHead, error) {
+	held := strings.TrimSpace(string(data[:min(len(data), headFileSize)]))
 	fields := strings.Fields(string(data))
 	if len(fields) != 2 {
-		return store.AuditHead{}, errors.New("audit: head file: want SEQ HASH")
+		return store.AuditHead{}, fmt.Errorf("it holds %q, not a record's SEQ HASH", held)
 	}
 	seq, err := strconv.ParseInt(fields[0], 10, 64)
 	if err != nil || seq <= 0 || fields[0] != strconv.FormatInt(seq, 10) {
-		return store.AuditHead{}, errors.New("audit: head file: bad seq")
+		return store.AuditHead{}, fmt.Errorf("it holds %q, whose SEQ %q is not a record's number", held, fields[0])
 	}
 	hash, err := hex.DecodeString(fields[1])
 	if err != nil || len(hash) == 0 || len(hash) > 64 {
-		return store.AuditHead{}, errors.New("audit: head file: bad hash")
+		return store.AuditHead{}, fmt.Errorf("it holds %q, whose HASH is not a record's hash in hex", held)
 	}
 	return store.AuditHead{Seq: seq, Hash: hash}, nil
 }
 
-// checkHead compares the chain with the head file: "" when the chain holds
-// the noted record, else what is wrong, for an operator.
-func (l *Logger) checkHead(ctx context.Context) (problem string, firstBad int64, err error) {
-	if l.head == nil {
-		return "", 0, nil
+// SetVerifyCommand names cmd, a command that walks this chain from its
+// data directory (muster audit verify --offline --data DIR, with the
+// --config the authority reads), in the refusal of a damaged head file:
+// the first step of its way out. Call it before the logger is used.
+func (l *Logger) SetVerifyCommand(cmd string) { l.verifyCmd = cmd }
+
+// ErrDamagedHead reports a head file that does not hold a record's SEQ
+// HASH: it cannot tell whether records were removed from the tail.
+var ErrDamagedHead = errors.New("audit: the head file is damaged")
+
+// damagedHeadError is ErrDamagedHead with what is wrong and the way out,
+// which name the file already.
+type damagedHeadError struct{ text string }
+
+func (e damagedHeadError) Error() string        { return "audit: " + e.text }
+func (e damagedHeadError) Is(target error) bool { return target == ErrDamagedHead }
+
+// damagedHead says what is wrong with the head file (why, from
+// parseHead), and the way out: find who changed it, and remove it, which
+// the next append writes anew. verified: the chain was walked and every
+// record is in place; else the walk comes first.
+func (l *Logger) damagedHead(why error, verified bool) string {
+	rm := "rm " + shellword.Quote(l.head.path)
+	what := fmt.Sprintf("the head file %s is damaged: %v; muster writes the sequence number and hash of the newest record appended there, "+
+		"which reveals records removed from the chain's tail since the last checkpoint", l.head.path, why)
+	if verified {
+		return what + fmt.Sprintf("; every record is in place: find out who changed the file, then remove it: %s (the next record appended writes it anew)", rm)
 	}
-	noted, err := ReadHeadFile(l.head.path)
+	walk := l.verifyCmd
+	if walk == "" {
+		walk = "audit verify --offline from the data directory"
+	}
+	return what + fmt.Sprintf(", so nothing is appended until it is mended: walk the chain with %s; if it finds every record in place, "+
+		"find out who changed the file, then remove it: %s (the next record appended writes it anew); if it finds records missing, "+
+		"restore the store from a backup", walk, rm)
+}
+
+// checkHead compares the chain with the head file: "" when the chain holds
+// the noted record, else what is wrong, for an operator. damaged is the
+// reason a head file that does not parse was not read (problem is then
+// "").
+func (l *Logger) checkHead(ctx context.Context) (problem string, firstBad int64, damaged, err error) {
+	if l.head == nil {
+		return "", 0, nil, nil
+	}
+	data, err := os.ReadFile(l.head.path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return "", 0, nil
+		return "", 0, nil, nil
 	case err != nil:
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			return "", 0, err
-		}
-		return fmt.Sprintf("the head file %s is damaged (%v); compare it with a backup and find out who changed it", l.head.path, err), 0, nil
+		return "", 0, nil, fmt.Errorf("audit: read head file: %w", err)
+	}
+	noted, err := parseHead(data)
+	if err != nil {
+		return "", 0, err, nil
 	}
 	recs, err := l.st.ListAudit(ctx, store.AuditFilter{AfterSeq: noted.Seq - 1, Limit: 1})
 	if err != nil {
-		return "", 0, err
+		return "", 0, nil, err
 	}
 	if len(recs) == 0 || recs[0].Seq != noted.Seq {
 		head, err := l.st.AuditHead(ctx)
 		if err != nil {
-			return "", 0, err
+			return "", 0, nil, err
 		}
 		return fmt.Sprintf("the chain ends at record %d, but record %d was appended (head file %s): records %d to %d were removed from the tail",
-			head.Seq, noted.Seq, l.head.path, head.Seq+1, noted.Seq), head.Seq + 1, nil
+			head.Seq, noted.Seq, l.head.path, head.Seq+1, noted.Seq), head.Seq + 1, nil, nil
 	}
 	if !bytes.Equal(recs[0].Hash, noted.Hash) {
-		return fmt.Sprintf("record %d differs from the one appended (head file %s): the tail was replaced", noted.Seq, l.head.path), noted.Seq, nil
+		return fmt.Sprintf("record %d differs from the one appended (head file %s): the tail was replaced", noted.Seq, l.head.path), noted.Seq, nil, nil
 	}
-	return "", 0, nil
+	return "", 0, nil, nil
 }
 
 // ErrShortChain reports a chain that lost records the head file saw
@@ -212,10 +259,15 @@ var ErrShortChain = errors.New("audit: the chain lost records")
 // CheckHead returns an error wrapping ErrShortChain if the chain no longer
 // holds the newest record the head file noted: a server must not append to
 // such a chain, as it would reuse the removed records' sequence numbers.
+// A head file that does not parse is refused too (ErrDamagedHead): it
+// cannot say whether the tail was cut.
 func (l *Logger) CheckHead(ctx context.Context) error {
-	problem, _, err := l.checkHead(ctx)
+	problem, _, damaged, err := l.checkHead(ctx)
 	if err != nil {
 		return fmt.Errorf("audit: checking the head file: %w", err)
+	}
+	if damaged != nil {
+		return damagedHeadError{l.damagedHead(damaged, false)}
 	}
 	if problem == "" {
 		if problem, err = l.checkCheckpointFile(ctx); err != nil {

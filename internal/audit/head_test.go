@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -233,5 +234,76 @@ func TestHeadFileNotesABatchOnce(t *testing.T) {
 	}
 	if h.writes != 2 {
 		t.Fatalf("the file was written %d times, want 2: the first note, then the batch's newest", h.writes)
+	}
+}
+
+// TestDamagedHeadFileWayOut: a head file that does not parse is refused
+// at CheckHead as damaged (not as records removed), saying what it holds
+// and naming the walk of the chain and the file's removal; Verify, having
+// walked the chain, names the removal; pasted, the removal lets the
+// logger append again, and the next append writes the file anew.
+func TestDamagedHeadFileWayOut(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data dir")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	head := filepath.Join(dir, "audit-head")
+	m := &memStore{}
+	l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetVerifyCommand("muster audit verify --offline --data '" + dir + "'")
+	ctx := t.Context()
+	for range 3 {
+		if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct{ content, says string }{
+		{"garbage", `it holds "garbage", not a record's SEQ HASH`},
+		{"x3 abcd", `whose SEQ "x3" is not a record's number`},
+		{"3 nothex", "whose HASH is not a record's hash in hex"},
+	} {
+		if err := os.WriteFile(head, []byte(c.content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rm := "rm '" + head + "'"
+		err := l.CheckHead(ctx)
+		if !errors.Is(err, ErrDamagedHead) || errors.Is(err, ErrShortChain) {
+			t.Fatalf("%q: CheckHead: %v, want ErrDamagedHead", c.content, err)
+		}
+		for _, want := range []string{head + " is damaged", c.says, "walk the chain with muster audit verify --offline --data '" + dir + "'", rm} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: CheckHead's refusal lacks %q:\n%v", c.content, want, err)
+			}
+		}
+		rep, err := l.Verify(ctx)
+		if err != nil || rep.OK || rep.RecordsChecked != 3 || !strings.Contains(rep.Problem, "every record is in place") ||
+			!strings.Contains(rep.Problem, c.says) || !strings.Contains(rep.Problem, rm) {
+			t.Errorf("%q: Verify: %+v, %v", c.content, rep, err)
+		}
+	}
+	if out, err := exec.Command("sh", "-c", "rm '"+head+"'").CombinedOutput(); err != nil {
+		t.Fatalf("the pasted removal: %v %s", err, out)
+	}
+	// The authority started again: a new process, a new logger.
+	l, err = New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.CheckHead(ctx); err != nil {
+		t.Fatalf("CheckHead once the file is removed: %v", err)
+	}
+	if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+		t.Fatal(err)
+	}
+	if h, err := ReadHeadFile(head); err != nil || h.Seq != 4 {
+		t.Fatalf("the head file after the next append: %+v, %v", h, err)
+	}
+	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
+		t.Fatalf("Verify after: %+v, %v", rep, err)
 	}
 }

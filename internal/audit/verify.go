@@ -177,9 +177,13 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 	// The head file covers the newest records, appended since the last
 	// checkpoint. It is read last: records appended during the walk are
 	// looked up in the store, not missed.
-	problem, firstBad, err := l.checkHead(ctx)
+	problem, firstBad, damaged, err := l.checkHead(ctx)
 	if err != nil {
 		return Report{}, fmt.Errorf("audit: verify: %w", err)
+	}
+	if damaged != nil {
+		// The whole chain was walked: the file alone is wrong.
+		return fail(0, "%s", l.damagedHead(damaged, true))
 	}
 	if problem != "" {
 		return fail(firstBad, "%s; %s", problem, l.restoredWayOut())

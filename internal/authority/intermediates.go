@@ -289,7 +289,7 @@ func (in *intermediates) load(ctx context.Context) error {
 // whose key is gone from the token: a new one made offline under the
 // root (which needs the root key: docs/hsm.md "A lost token").
 func (in *intermediates) lostKeyWayOut(role, state string) string {
-	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s", role, shellword.Quote(string(in.s.cfg.Dir)))
+	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s%s", role, shellword.Quote(string(in.s.cfg.Dir)), in.s.cfg.Dir.ConfigArg(in.s.cfg.ConfigFile))
 	if state == store.CAPrepared {
 		return "it signs nothing yet: discard it and make a new one with " + cmd + " (docs/hsm.md \"A lost token\")"
 	}

@@ -59,11 +59,16 @@ import (
 // Config is everything the authority needs; the CLI builds it from flags,
 // authority.yaml and the data directory.
 type Config struct {
-	Dir   datadir.Dir
-	Info  datadir.Info
-	CA    *ca.Hierarchy
-	Store store.Store
-	Audit *audit.Logger
+	Dir datadir.Dir
+	// ConfigFile is the settings file the authority was started with
+	// (muster authority --config; "": DIR/authority.yaml), which the
+	// offline commands it names in its ways out must read too: the store
+	// URL may be only there.
+	ConfigFile string
+	Info       datadir.Info
+	CA         *ca.Hierarchy
+	Store      store.Store
+	Audit      *audit.Logger
 	// StorageKey seals token secrets and keys the decoy trust bundles.
 	StorageKey seal.StorageKey
 	// Token, if set, is the PKCS#11 token new CA intermediates and task

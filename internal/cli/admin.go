@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/shellword"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -39,14 +38,15 @@ func newAdminAddCmd(env *Env) *cobra.Command {
 		// reissue renews a name that holds a valid identity.
 		reissue bool
 		// offline is the break-glass path (adminoffline.go).
-		offline  bool
-		storeURL string
+		offline              bool
+		storeURL, configFile string
 	)
 	cmd := &cobra.Command{
 		Use: "add NAME",
 		Example: `  muster admin add alice --data ./muster-data --out alice.pem
   muster admin add ci-bot --ttl 720h --out ci-bot.pem -o json
-  muster admin add alice --offline --data /var/lib/muster --out alice.pem`,
+  muster admin add alice --offline --data /var/lib/muster --out alice.pem
+  muster admin add alice --offline --data /var/lib/muster --config /etc/muster/authority.yaml --out alice.pem   # the packaged unit's settings file`,
 		Short: "Issue another operator identity",
 		Long: `add issues an operator identity (spiffe://TD/admin/NAME) from the admin
 intermediate. The key is made here and never leaves this machine; the file
@@ -56,8 +56,10 @@ With --offline (break-glass, when no operator identity works any more) it
 does not call the authority: on the machine that holds the authority's data
 directory (its storage key and admin intermediate) it signs the identity
 itself, records it in the store and appends operator.add to the audit
-chain. The store is --store's, else store: in DIR/authority.yaml, else the
-one DIR/authority.json records: that URL holds no password, which the
+chain. The store is --store's, else store: in the settings file the
+authority is started with (--config FILE, read as muster authority
+--config FILE reads it; default DIR/authority.yaml), else the one
+DIR/authority.json records: that URL holds no password, which the
 PostgreSQL driver reads from PGPASSWORD or PGPASSFILE as the authority's
 does; --store is needed only where it cannot connect.`,
 		Args: cobra.ExactArgs(1),
@@ -76,10 +78,12 @@ does; --store is needed only where it cannot connect.`,
 				return fmt.Errorf("admin add: %s already exists; give another --out", path)
 			}
 			if offline {
-				return addOperatorOfflineCmd(cmd, env, &af, storeURL, name, ttl, path, out)
+				return addOperatorOfflineCmd(cmd, env, &af, storeURL, configFile, name, ttl, path, out)
 			}
-			if cmd.Flags().Changed("store") {
-				return fmt.Errorf("admin add: --store goes with --offline")
+			for _, f := range []string{"store", "config"} {
+				if cmd.Flags().Changed(f) {
+					return fmt.Errorf("admin add: --%s goes with --offline", f)
+				}
 			}
 			key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			if err != nil {
@@ -116,6 +120,7 @@ does; --store is needed only where it cannot connect.`,
 	cmd.Flags().BoolVar(&reissue, "reissue", false, "issue a new identity to a NAME whose identity is still valid (renewal)")
 	cmd.Flags().BoolVar(&offline, "offline", false, "break-glass: sign the identity here with the admin intermediate of --data, without the authority")
 	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
+	cmd.Flags().StringVar(&configFile, "config", "", configHelp("with --offline: "))
 	out.register(cmd)
 	return cmd
 }
@@ -172,16 +177,14 @@ func newAdminListCmd(env *Env) *cobra.Command {
 
 // addOperatorOfflineCmd is admin add --offline: addOperatorOffline, then
 // the identity written and reported as admin add reports one.
-func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeURL, name string, ttl time.Duration, path string, out output) error {
-	dir := datadir.Dir(firstOf(af.data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+func addOperatorOfflineCmd(cmd *cobra.Command, env *Env, af *adminFlags, storeURL, configFile, name string, ttl time.Duration, path string, out output) error {
+	od, err := loadOfflineDir(env, af.data, configFile)
 	if err != nil {
 		return fmt.Errorf("admin add: %w", err)
 	}
-	storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
 	// The identity names the revocation list the authority's own would.
-	crlURL := firstOf(env.Getenv("MUSTER_CRL_URL"), cfg.CRLURL)
-	op, err := addOperatorOffline(cmd.Context(), dir, storeURL, crlURL, name, ttl, time.Now())
+	crlURL := firstOf(env.Getenv("MUSTER_CRL_URL"), od.cfg.CRLURL)
+	op, err := addOperatorOffline(cmd.Context(), od, od.storeURL(env, storeURL), crlURL, name, ttl, time.Now())
 	if err != nil {
 		return fmt.Errorf("admin add: %w", err)
 	}

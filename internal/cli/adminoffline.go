@@ -40,27 +40,25 @@ type offlineOperator struct {
 // conditional write, as from any replica.
 // crlURL, if set (crl_url), is named in the identity's CRL Distribution
 // Points as the authority names it in the ones it signs.
-func addOperatorOffline(ctx context.Context, dir datadir.Dir, storeURL, crlURL, name string, ttl time.Duration, now time.Time) (offlineOperator, error) {
+func addOperatorOffline(ctx context.Context, od offlineDir, storeURL, crlURL, name string, ttl time.Duration, now time.Time) (offlineOperator, error) {
 	if ttl <= 0 || ttl > 366*24*time.Hour {
 		return offlineOperator{}, fmt.Errorf("ttl must be between 1s and %s", 366*24*time.Hour)
 	}
-	d, err := loadDataDir(dir, storeURL)
+	dir := od.dir
+	info, err := dir.ReadInfo()
 	if err != nil {
 		return offlineOperator{}, err
 	}
-	id, err := spiffeid.New(d.info.TrustDomain, spiffeid.RoleAdmin, name)
+	id, err := spiffeid.New(info.TrustDomain, spiffeid.RoleAdmin, name)
 	if err != nil {
 		return offlineOperator{}, fmt.Errorf("operator name: %w", err)
 	}
-	st, err := d.openStore(ctx)
+	st, d, err := openOfflineStore(ctx, od, storeURL)
 	if err != nil {
 		return offlineOperator{}, err
 	}
 	defer st.Close()
-	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
-		return offlineOperator{}, err
-	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return offlineOperator{}, err
 	}

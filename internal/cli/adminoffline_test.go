@@ -34,7 +34,7 @@ func TestOfflineAdminSignsWithStoreIntermediate(t *testing.T) {
 	fileCert := d.ca.Issuers[ca.RoleAdmin].Cert
 
 	// No active admin row in the store: the data directory's signs.
-	op, err := addOperatorOffline(ctx, dir, "", "", "alice", time.Hour, now)
+	op, err := addOperatorOffline(ctx, offlineDir{dir: dir}, "", "", "alice", time.Hour, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestOfflineAdminSignsWithStoreIntermediate(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	op, err = addOperatorOffline(ctx, dir, "", "https://crl.example/crl", "alice", time.Hour, now)
+	op, err = addOperatorOffline(ctx, offlineDir{dir: dir}, "", "https://crl.example/crl", "alice", time.Hour, now)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -411,15 +411,7 @@ Joined:        %s with join method %s
 				s.JoinedAt.UTC().Format(time.RFC3339), s.JoinMethod)
 			printTaskTrust(env.Stdout, s)
 			if s.JoinMethod == agent.JoinMethodBoundKeypair {
-				left := "not counted (the token's mode does not count)"
-				if s.RecoveriesRemaining != nil && *s.RecoveriesRemaining >= 0 {
-					left = fmt.Sprint(*s.RecoveriesRemaining)
-				}
-				key := "none in keys/bound.key"
-				if s.BoundKeyFingerprint != "" {
-					key = s.BoundKeyFingerprint
-				}
-				fmt.Fprintf(env.Stdout, "Bound keypair: token %s, key %s, recoveries remaining %s\n", s.BoundKeypair, key, left)
+				fmt.Fprintln(env.Stdout, boundKeypairLine(s))
 			}
 			return nil
 		},
@@ -427,6 +419,25 @@ Joined:        %s with join method %s
 	cmd.Flags().StringVar(&data, "data", "", "agent data directory (env MUSTER_AGENT_DATA)")
 	out.register(cmd)
 	return cmd
+}
+
+// boundKeypairLine is agent status's line on a bound-keypair agent's
+// token, key and recoveries left.
+func boundKeypairLine(s *agent.Status) string {
+	left := "not counted (the token's mode does not count)"
+	if s.RecoveriesRemaining != nil && *s.RecoveriesRemaining >= 0 {
+		left = fmt.Sprint(*s.RecoveriesRemaining)
+	}
+	key := "none in keys/bound.key"
+	switch {
+	case s.BoundKeyFingerprint != "":
+		key = s.BoundKeyFingerprint
+	case s.BoundKeyProblem != "":
+		// It exists but gives no key: not "none", which would send the
+		// operator to make one.
+		key = "UNUSABLE (" + s.BoundKeyProblem + ")"
+	}
+	return fmt.Sprintf("Bound keypair: token %s, key %s, recoveries remaining %s", s.BoundKeypair, key, left)
 }
 
 // validNote is what agent status says after the certificate's end: how

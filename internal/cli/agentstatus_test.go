@@ -37,3 +37,21 @@ func TestValidNote(t *testing.T) {
 		t.Errorf("no recovery left, yet: %q", got)
 	}
 }
+
+// TestBoundKeypairLine: agent status says "none" only where there is no
+// bound key file; one that exists but gives no key is named unusable,
+// with why.
+func TestBoundKeypairLine(t *testing.T) {
+	s := &agent.Status{State: agent.State{JoinMethod: agent.JoinMethodBoundKeypair, BoundKeypair: "br1"}}
+	if got := boundKeypairLine(s); !strings.Contains(got, "key none in keys/bound.key,") {
+		t.Errorf("no key file: %s", got)
+	}
+	s.BoundKeyProblem = "open /var/lib/muster-agent/keys/bound.key: permission denied"
+	if got := boundKeypairLine(s); !strings.Contains(got, "key UNUSABLE (open /var/lib/muster-agent/keys/bound.key: permission denied),") || strings.Contains(got, "none") {
+		t.Errorf("unreadable key file: %s", got)
+	}
+	s.BoundKeyProblem, s.BoundKeyFingerprint = "", "SHA256:abc"
+	if got := boundKeypairLine(s); !strings.Contains(got, "key SHA256:abc,") {
+		t.Errorf("a key: %s", got)
+	}
+}

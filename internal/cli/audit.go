@@ -46,7 +46,8 @@ func newAuditListCmd(env *Env) *cobra.Command {
 		Use: "list",
 		Example: `  muster audit list --data ./muster-data --limit 20
   muster audit list --action token.create --since 24h -o json
-  muster audit list --offline --data ./muster-data --action authority.start`,
+  muster audit list --offline --data ./muster-data --action authority.start
+  muster audit list --offline --data /var/lib/muster/authority --config /etc/muster/authority.yaml   # the packaged unit's settings file`,
 		Short: "List audit records, oldest first",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -197,7 +198,8 @@ func newAuditVerifyCmd(env *Env) *cobra.Command {
 		Use: "verify",
 		Example: `  muster audit verify --data ./muster-data
   muster audit verify -o json
-  muster audit verify --offline --data ./muster-data`,
+  muster audit verify --offline --data ./muster-data
+  muster audit verify --offline --data /var/lib/muster/authority --config /etc/muster/authority.yaml   # the packaged unit's settings file`,
 		Short: "Check the audit chain and its signed checkpoints; exits non-zero on tampering",
 		Long: `verify asks the authority to walk the whole audit chain: every record's
 keyed hash, the links between records, and the signed checkpoints kept in
@@ -208,7 +210,11 @@ database, and exits non-zero.
 With --offline it walks the chain in the store itself, from the data
 directory (its storage key derives the chain's key), whether or not the
 authority runs: the way to check the chain of an authority that refuses to
-start. Only the authority's own verify is recorded in the chain.`,
+start. The store is --store's, else store: in the settings file the
+authority is started with (--config FILE, read as muster authority
+--config FILE reads it; default DIR/authority.yaml), else the one
+DIR/authority.json records. Only the authority's own verify is recorded in
+the chain.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -279,7 +285,12 @@ func writeAuditVerify(w io.Writer, out output, name string, r auditVerify) error
 		fmt.Fprintf(w, "audit chain intact: %d records, %d signed checkpoints, head %d %s\n",
 			r.RecordsChecked, r.CheckpointsChecked, r.HeadSeq, r.HeadHash)
 	}
-	if !r.OK {
+	switch {
+	case !r.OK && r.FirstBadSeq == 0:
+		// No record is named (a file outside the store is wrong, as a
+		// damaged audit-head): "at record 0" would name one that is not.
+		return fmt.Errorf("%s: the chain does not verify: %s", name, r.Problem)
+	case !r.OK:
 		return fmt.Errorf("%s: tampering detected at record %d: %s", name, r.FirstBadSeq, r.Problem)
 	}
 	return nil

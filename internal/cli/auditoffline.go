@@ -23,19 +23,25 @@ import (
 type auditOfflineFlags struct {
 	offline  bool
 	storeURL string
+	// configFile is --config: the settings file the authority is started
+	// with (muster authority --config), where its store URL may be.
+	configFile string
 }
 
 func (o *auditOfflineFlags) register(cmd *cobra.Command) {
 	cmd.Flags().BoolVar(&o.offline, "offline", false, "read the chain in the store, from the data directory, without the authority (it need not run)")
 	cmd.Flags().StringVar(&o.storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
+	cmd.Flags().StringVar(&o.configFile, "config", "", configHelp("with --offline: "))
 }
 
 // check refuses flags that go with --offline given without it, and the
 // admin API's flags given with it: they would be silently ignored.
 func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 	if !o.offline {
-		if cmd.Flags().Changed("store") {
-			return fmt.Errorf("%s: --store goes with --offline", name)
+		for _, f := range []string{"store", "config"} {
+			if cmd.Flags().Changed(f) {
+				return fmt.Errorf("%s: --%s goes with --offline", name, f)
+			}
 		}
 		return nil
 	}
@@ -50,7 +56,7 @@ func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 // open opens the store of the data directory and the audit logger over
 // it, as the authority's start does (openOffline).
 func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) (store.Store, *audit.Logger, error) {
-	st, logger, _, _, err := openOffline(ctx, env, af.data, "", o.storeURL)
+	st, logger, _, err := openOffline(ctx, env, af.data, o.configFile, o.storeURL)
 	return st, logger, err
 }
 
@@ -60,42 +66,49 @@ func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) 
 // beside a running authority (SQLite's readers do not block its writer,
 // and its writes, each the store's own conditional write, queue behind
 // the authority's). A SQLite store that does not exist is an error, not
-// a new empty database. It returns the settings read too: configFile
-// (--config), as muster authority --config reads it, else the directory's
-// authority.yaml, where the store URL may be.
-func openOffline(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, *audit.Logger, authorityConfig, datadir.Dir, error) {
-	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	cfgPath, err := authorityConfigPath(dir, configFile)
+// a new empty database. It returns the directory and the settings read
+// too: configFile (--config), as muster authority --config reads it,
+// else the directory's authority.yaml, where the store URL may be.
+func openOffline(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, *audit.Logger, offlineDir, error) {
+	od, err := loadOfflineDir(env, data, configFile)
 	if err != nil {
-		return nil, nil, authorityConfig{}, dir, err
+		return nil, nil, od, err
 	}
-	cfg, err := loadAuthorityConfig(cfgPath)
+	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
 	if err != nil {
-		return nil, nil, cfg, dir, err
+		return nil, nil, od, err
 	}
-	d, err := loadDataDir(dir, firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
+	logger, err := newAuditLogger(st, d.sk, od.dir, od.configPath, nil)
 	if err != nil {
-		return nil, nil, cfg, dir, err
+		st.Close()
+		return nil, nil, od, err
+	}
+	return st, logger, od, nil
+}
+
+// openOfflineStore opens and checks the store storeURL ("": the one
+// od's authority.json records) of od's data directory, without its lock.
+// A SQLite store that does not exist is an error naming --store and
+// --config, not a new empty database.
+func openOfflineStore(ctx context.Context, od offlineDir, storeURL string) (store.Store, dataDir, error) {
+	d, err := loadDataDir(od.dir, storeURL)
+	if err != nil {
+		return nil, d, err
 	}
 	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, cfg, dir, fmt.Errorf("no store at %s: give the store the authority uses with --store", path)
+			return nil, d, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
 		}
 	}
 	st, err := d.openStore(ctx)
 	if err != nil {
-		return nil, nil, cfg, dir, err
+		return nil, d, err
 	}
-	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
+	if err := datadir.CheckStore(ctx, st, od.dir, d.info, redactURL(d.url)); err != nil {
 		st.Close()
-		return nil, nil, cfg, dir, err
+		return nil, d, err
 	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
-	if err != nil {
-		st.Close()
-		return nil, nil, cfg, dir, err
-	}
-	return st, logger, cfg, dir, nil
+	return st, d, nil
 }
 
 // auditReader is the part of a store (the authority's or discovery's)

@@ -219,11 +219,7 @@ and the data directory, prints the settings in force, and exits.`,
 			if o.dir == "" {
 				return fmt.Errorf("authority: --data DIR is required")
 			}
-			cfgPath, err := authorityConfigPath(datadir.Dir(o.dir), configFile)
-			if err != nil {
-				return fmt.Errorf("authority: %w", err)
-			}
-			cfg, err := loadAuthorityConfig(cfgPath)
+			cfg, cfgPath, err := readAuthorityConfig(datadir.Dir(o.dir), configFile)
 			if err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
@@ -689,8 +685,10 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 // openAuthorityStore does what comes before anything writes to an
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
-// checked. onAppend hears of each record. close undoes it all.
-func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout time.Duration,
+// checked. onAppend hears of each record. configPath is the settings file
+// the authority reads, named with --config in the ways out it prints.
+// close undoes it all.
+func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string, d dataDir, timeout time.Duration,
 	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	info, sk, url := d.info, d.sk, d.url
 	unlock, err := dir.Lock()
@@ -715,7 +713,7 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, d dataDir, timeout
 		close()
 		return nil, nil, nil, err
 	}
-	if logger, err = datadir.NewAuditLogger(st, sk, dir.CheckpointFile(), onAppend); err == nil {
+	if logger, err = newAuditLogger(st, sk, dir, configPath, onAppend); err == nil {
 		err = logger.CheckHead(ctx)
 	}
 	if err != nil {
@@ -733,7 +731,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, su.data, o.storeTimeout, m.OnAudit)
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}
@@ -752,7 +750,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 			Result: audit.ResultDenied, Reason: "shared settings: " + err.Error()})
 		return prefixed("authority", err)
 	}
-	rec, err := storeCustody(ctx, st, dir, info.Custody, o.pkcs11Module)
+	rec, err := storeCustody(ctx, st, offlineDir{dir: dir, configPath: o.configPath}, info.Custody, o.pkcs11Module)
 	if err != nil {
 		return denied(err)
 	}
@@ -767,7 +765,7 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 		defer token.Close()
 	}
 	srv, err := authority.New(authority.Config{
-		Dir: dir, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
+		Dir: dir, ConfigFile: o.configPath, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,
 		Listen: o.listen, Advertise: o.advertise, BootstrapListen: o.bootstrapListen,
 		MetricsListen: o.metricsListen, AgentCertTTL: o.agentCertTTL, TrustedProxies: proxies,
 		CAIntermediateTTL: o.caIntermediateTTL, CADraftTTL: o.caDraftTTL, JWTKeyRotationPeriod: o.jwtKeyPeriod,

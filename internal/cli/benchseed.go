@@ -74,7 +74,7 @@ test authority only: the nodes and tokens stay.`,
 			if err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
-			st, logger, closeStore, err := openAuthorityStore(ctx, d, dd, 0, nil)
+			st, logger, closeStore, err := openAuthorityStore(ctx, d, "", dd, 0, nil)
 			if errors.Is(err, datadir.ErrLocked) {
 				return fmt.Errorf("bench seed: stop the authority first: %w", err)
 			} else if err != nil {

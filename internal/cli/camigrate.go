@@ -29,17 +29,21 @@ const migrateActor = "muster ca migrate-custody"
 // "Moving an existing authority into an HSM").
 func newCAMigrateCustodyCmd(env *Env) *cobra.Command {
 	var (
-		data, storeURL, uri, module, pinFile string
-		interTTL                             string
-		effectiveIn, grace                   time.Duration
-		rollback                             bool
-		out                                  output
+		data, storeURL, configFile string
+		uri, module, pinFile       string
+		interTTL                   string
+		effectiveIn, grace         time.Duration
+		rollback                   bool
+		out                        output
 	)
 	cmd := &cobra.Command{
 		Use: "migrate-custody",
 		Example: `  muster-pkcs11 ca migrate-custody --data /var/lib/muster/authority \
     --custody 'pkcs11:token=muster' --pkcs11-module /usr/lib/softhsm/libsofthsm2.so \
-    --pkcs11-pin-file /etc/muster/pkcs11-pin`,
+    --pkcs11-pin-file /etc/muster/pkcs11-pin
+  muster-pkcs11 ca migrate-custody --data /var/lib/muster --config /etc/muster/authority.yaml \
+    --custody 'pkcs11:token=muster' --pkcs11-module /usr/lib/softhsm/libsofthsm2.so \
+    --pkcs11-pin-file /etc/muster/pkcs11-pin   # the packaged unit's settings file`,
 		Short: "Move an authority's keys (sealed) into a PKCS#11 token",
 		Long: `migrate-custody moves an authority made with the default sealed custody into a
 PKCS#11 token, on the machine that holds its data directory (the storage key),
@@ -63,18 +67,23 @@ it discards what the migration made in the token and removes the token's
 record, without opening it; the sealed keys sign on.
 
 The root key stays where it is: muster ca root rotate makes the new root in the
-token. Run it again at any time: it does what is left and says what is done.`,
+token. Run it again at any time: it does what is left and says what is done.
+
+It opens the store the authority uses: --store, else store: in the settings
+file the authority is started with (--config FILE, read as muster authority
+--config FILE reads it; default DIR/authority.yaml), else the one
+DIR/authority.json records.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
-			dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-			cfg, err := loadAuthorityConfig(dir.ConfigFile())
+			od, err := loadOfflineDir(env, data, configFile)
 			if err != nil {
 				return fmt.Errorf("ca migrate-custody: %w", err)
 			}
-			storeURL = firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store)
+			cfg := od.cfg
+			storeURL = od.storeURL(env, storeURL)
 			ttlText := firstOf(interTTL, cfg.CA.IntermediateTTL)
 			ttl := ca.IntermediateTTL
 			if ttlText != "" {
@@ -99,7 +108,7 @@ token. Run it again at any time: it does what is left and says what is done.`,
 			}
 			shared := []offlineShared{{authority.SettingCAIntermediateTTL, ttl, ttlText != "", ttlFlag},
 				{authority.SettingSignerMinLeadTime, cmp.Or(minLead, signer.DefaultMinLeadTime), minLead != 0, ""}}
-			res, infoNamedToken, err := migrateCustody(cmd, dir, storeURL, uri, module, pinFile, rollback, shared, authority.CustodyMigration{
+			res, infoNamedToken, err := migrateCustody(cmd, od, storeURL, uri, module, pinFile, rollback, shared, authority.CustodyMigration{
 				SignerEffectiveIn: effectiveIn, SignerGrace: grace,
 			})
 			if err != nil {
@@ -112,13 +121,14 @@ token. Run it again at any time: it does what is left and says what is done.`,
 				printRollback(env.Stdout, res, infoNamedToken)
 				return nil
 			}
-			printMigration(env.Stdout, res, string(dir))
+			printMigration(env.Stdout, res, string(od.dir), od.configPath)
 			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&data, "data", "", "authority data directory (env MUSTER_DATA, default ./muster-data)")
 	f.StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
+	f.StringVar(&configFile, "config", "", configHelp(""))
 	f.StringVar(&uri, "custody", "", "the token's RFC 7512 URI, pkcs11:token=LABEL (no PIN in it)")
 	f.StringVar(&module, "pkcs11-module", "", "the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
 	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
@@ -134,21 +144,15 @@ token. Run it again at any time: it does what is left and says what is done.`,
 // migrateCustody opens what the migration needs and runs it: the data
 // directory, the store, the token; m carries the settings. The bool
 // says a rollback removed the token from authority.json.
-func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, pinFile string, rollback bool, shared []offlineShared, m authority.CustodyMigration) (authority.CustodyMigrationResult, bool, error) {
+func migrateCustody(cmd *cobra.Command, od offlineDir, storeURL, uri, module, pinFile string, rollback bool, shared []offlineShared, m authority.CustodyMigration) (authority.CustodyMigrationResult, bool, error) {
 	ctx := cmd.Context()
-	d, err := loadDataDir(dir, storeURL)
-	if err != nil {
-		return authority.CustodyMigrationResult{}, false, err
-	}
-	st, err := d.openStore(ctx)
+	dir := od.dir
+	st, d, err := openOfflineStore(ctx, od, storeURL)
 	if err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	defer st.Close()
-	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
-		return authority.CustodyMigrationResult{}, false, err
-	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
@@ -156,10 +160,10 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	// The shared settings are the store's, as the authority would use.
-	if m.IntermediateTTL, err = shared[0].fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
+	if m.IntermediateTTL, err = shared[0].fromStore(ctx, st, od.configPath, string(dir)); err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
-	if m.SignerMinLead, err = shared[1].fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
+	if m.SignerMinLead, err = shared[1].fromStore(ctx, st, od.configPath, string(dir)); err != nil {
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger
@@ -208,7 +212,7 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 	// and makes test keys in it.
 	if u, err := custody.ParsePKCS11URI(uri); err == nil {
 		u.ModulePath, u.PINSource = "", ""
-		if err := boundToken(ctx, st, dir, d.info.Custody, u.String()); err != nil {
+		if err := boundToken(ctx, st, od, d.info.Custody, u.String()); err != nil {
 			return refuse(err)
 		}
 	}
@@ -240,13 +244,14 @@ func migrateCustody(cmd *cobra.Command, dir datadir.Dir, storeURL, uri, module, 
 // boundToken refuses a migration into uri when the store or
 // authority.json already binds the authority's keys to another token, with
 // the way out.
-func boundToken(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, uri string) error {
+func boundToken(ctx context.Context, st custodyRecords, od offlineDir, local *datadir.Custody, uri string) error {
+	dir := od.dir
 	rec, err := st.GetKeyCustody(ctx)
 	switch {
 	case err == nil && rec.URI != uri:
 		return fmt.Errorf("the store records that this authority's keys were moved into the PKCS#11 token %s, not %s (the keys go into one token); "+
 			"nothing changed, no token was opened: run it again with --custody '%s', or, while none of that token's keys is in use, undo that migration first: "+
-			"`muster ca migrate-custody --data %s --custody '%s' --rollback` (docs/hsm.md)", rec.URI, uri, rec.URI, shellword.Quote(string(dir)), rec.URI)
+			"`muster ca migrate-custody --data %s%s --custody '%s' --rollback` (docs/hsm.md)", rec.URI, uri, rec.URI, od.quoted(), od.configArg(), rec.URI)
 	case err != nil && !errors.Is(err, store.ErrNotFound):
 		return fmt.Errorf("reading the key custody the store records: %w", err)
 	}
@@ -260,8 +265,10 @@ func boundToken(ctx context.Context, st custodyRecords, dir datadir.Dir, local *
 // printMigration prints what the migration did and the steps left, each
 // a command that works pasted: with this run's data directory (dir, as
 // --data named it) and with the root step that fits the root rotation's
-// phase (none may start while one is under way).
-func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir string) {
+// phase (none may start while one is under way). The commands that read
+// the authority's settings name configPath, the settings file read, with
+// --config where it is not dir's authority.yaml.
+func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir, configPath string) {
 	if res.AlreadyRecorded {
 		fmt.Fprintf(w, "Token %s was already recorded in the store (an earlier run).\n", res.URI)
 	} else {
@@ -279,6 +286,7 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir strin
 		fmt.Fprintf(w, ": %s\n", s.Next)
 	}
 	d := shellword.Quote(dir)
+	c := datadir.Dir(dir).ConfigArg(configPath)
 	// A signer step skipped (a sealed signer was staged already) leaves
 	// that sealed signer staged: "activate the staged signer" would
 	// activate it and keep the signer out of the token.
@@ -307,16 +315,16 @@ func printMigration(w io.Writer, res authority.CustodyMigrationResult, dir strin
   1. Restart every replica with the pkcs11 build and the token (this
      data directory's authority.json names it; another replica's needs
      --pkcs11-module %s --pkcs11-pin-file FILE):
-       muster-pkcs11 authority --data %s
+       muster-pkcs11 authority --data %s%s
      (a replica started without them refuses to start; one still running
      without them reports not ready until restarted).
   2. Once the successors are published, activate them (or let the leader):
        for role in bootstrap server agent admin; do muster ca rotate $role --activate --data %s; done
 %s  4. Should the token be lost or wrong before any key in it is activated,
      undo the migration (the token is not opened; the sealed keys sign on):
-       muster ca migrate-custody --data %s --custody '%s' --rollback
+       muster ca migrate-custody --data %s%s --custody '%s' --rollback
 
-`, shellword.Quote(res.Module), d, d, signerStep, d, res.URI)
+`, shellword.Quote(res.Module), d, c, d, signerStep, d, c, res.URI)
 	fmt.Fprint(w, rootStep(res, d))
 	fmt.Fprintf(w, "The sealed keys are destroyed as rotation retires them; docs/hsm.md.\n")
 }

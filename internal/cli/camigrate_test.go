@@ -38,7 +38,7 @@ func TestPrintMigrationSteps(t *testing.T) {
 			res := base
 			res.RootRotation, res.RootKey = tt.phase, tt.key
 			var b bytes.Buffer
-			printMigration(&b, res, dir)
+			printMigration(&b, res, dir, "")
 			out := b.String()
 			if strings.Contains(out, "DIR") {
 				t.Errorf("a DIR placeholder is printed although --data was given:\n%s", out)

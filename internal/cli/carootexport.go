@@ -14,7 +14,6 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
-	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -27,12 +26,14 @@ const exportKeyActor = "muster ca root export-key"
 func newCARootExportKeyCmd(env *Env) *cobra.Command {
 	var (
 		data, storeURL, path string
+		configFile           string
 		out                  output
 	)
 	cmd := &cobra.Command{
-		Use:     "export-key --out FILE",
-		Example: `  muster ca root export-key --data /var/lib/muster --out /media/usb/root.key`,
-		Short:   "Take the root key a root rotation made offline: write it to FILE and remove it from the authority",
+		Use: "export-key --out FILE",
+		Example: `  muster ca root export-key --data /var/lib/muster --out /media/usb/root.key
+  muster ca root export-key --data /var/lib/muster --config /etc/muster/authority.yaml --out /media/usb/root.key   # the packaged unit's settings file`,
+		Short: "Take the root key a root rotation made offline: write it to FILE and remove it from the authority",
 		Long: `After a root rotation (phase standby) the new root's key is sealed in the
 store, so intermediates rotate by themselves. export-key takes it offline,
 as moving DIR/ca/root.key away does for the root muster init made: on the
@@ -42,7 +43,10 @@ removes it from the store in one conditional write, audited
 (ca.root_export_key). From then on the authority warns before each
 intermediate's successor is due, and muster ca rotate ROLE --root-key FILE
 prepares it (docs/ca-lifecycle.md). A key in a PKCS#11 token cannot be
-exported.`,
+exported. It opens the store the authority uses: --store, else store: in
+the settings file the authority is started with (--config FILE, read as
+muster authority --config FILE reads it; default DIR/authority.yaml), else
+the one DIR/authority.json records.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -51,12 +55,11 @@ exported.`,
 			if path == "" {
 				return errors.New("ca root export-key: --out FILE is required")
 			}
-			dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-			cfg, err := loadAuthorityConfig(dir.ConfigFile())
+			od, err := loadOfflineDir(env, data, configFile)
 			if err != nil {
 				return fmt.Errorf("ca root export-key: %w", err)
 			}
-			fp, err := exportRootKey(cmd.Context(), dir, firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store), path)
+			fp, err := exportRootKey(cmd.Context(), od, od.storeURL(env, storeURL), path)
 			if err != nil {
 				return fmt.Errorf("ca root export-key: %w", err)
 			}
@@ -69,6 +72,7 @@ exported.`,
 	}
 	cmd.Flags().StringVar(&data, "data", "", "the authority's data directory (env MUSTER_DATA; default ./muster-data)")
 	cmd.Flags().StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
+	cmd.Flags().StringVar(&configFile, "config", "", configHelp(""))
 	cmd.Flags().StringVar(&path, "out", "", "the file to write the root key to (0600; never overwritten)")
 	out.register(cmd)
 	return cmd
@@ -79,23 +83,17 @@ exported.`,
 // the record's version: of two exports (or an export and a rotation step)
 // one wins; the loser removes its file. It returns the root's
 // fingerprint. Every outcome past opening the store is audited.
-func exportRootKey(ctx context.Context, dir datadir.Dir, storeURL, path string) (_ string, err error) {
+func exportRootKey(ctx context.Context, od offlineDir, storeURL, path string) (_ string, err error) {
 	if _, err := os.Lstat(path); err == nil {
 		return "", fmt.Errorf("%s already exists; give another --out", path)
 	}
-	d, err := loadDataDir(dir, storeURL)
-	if err != nil {
-		return "", err
-	}
-	st, err := d.openStore(ctx)
+	dir := od.dir
+	st, d, err := openOfflineStore(ctx, od, storeURL)
 	if err != nil {
 		return "", err
 	}
 	defer st.Close()
-	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
-		return "", err
-	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return "", err
 	}

@@ -56,6 +56,8 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		rootKey  string
 		offline  bool
 		storeURL string
+		// configFile is --config, with --offline.
+		configFile string
 	)
 	cmd := &cobra.Command{
 		Use: "rotate ROLE [--activate] [--root-key FILE] [--offline --data DIR]",
@@ -87,7 +89,10 @@ start without it): a new intermediate under the root (its key in the
 token, or sealed without one), active at once; the old one stays in the
 trust bundle, keyless, until it retires. It needs the root key: in the
 data directory, in custody, or --root-key FILE. Refused while the active
-key opens. Audited.
+key opens. Audited. It opens the store the authority uses: --store, else
+store: in the settings file the authority is started with (--config FILE,
+read as muster authority --config FILE reads it; default
+DIR/authority.yaml), else the one DIR/authority.json records.
 
 ROLE jwt rotates the JWT-SVID signing key instead (docs/workload-api.md):
 the next version signs from now on; the JWKS keeps the previous one until
@@ -106,10 +111,13 @@ of the last rotation.`,
 				if af.authority != "" || af.identity != "" {
 					return errors.New("ca rotate: --offline talks to no authority: drop --authority and --identity")
 				}
-				return rotateLostOffline(cmd, env, af.data, storeURL, role, rootKey, out)
+				return rotateLostOffline(cmd, env, af.data, storeURL, configFile, role, rootKey, out)
 			}
 			if storeURL != "" {
 				return errors.New("ca rotate: --store goes with --offline")
+			}
+			if configFile != "" {
+				return errors.New("ca rotate: --config goes with --offline")
 			}
 			if role == "jwt" {
 				if activate || rootKey != "" {
@@ -179,7 +187,8 @@ of the last rotation.`,
 	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
 	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
 	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, here, with the data directory (--data) and without the authority")
-	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: store: in DIR/authority.yaml, or DIR/muster.db)")
+	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
+	cmd.Flags().StringVar(&configFile, "config", "", configHelp("with --offline: "))
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

@@ -10,8 +10,6 @@ import (
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
-	"github.com/muster-dev/muster/internal/datadir"
-	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -23,7 +21,7 @@ const rotateOfflineActor = "muster ca rotate --offline"
 // lost token"): on the machine with the data directory, with no running
 // authority needed, it replaces role's active intermediate whose key is
 // gone from the token by a new one under the root, active at once.
-func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, rootKeyPath string, out output) error {
+func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile, roleName, rootKeyPath string, out output) error {
 	ctx := cmd.Context()
 	role := ca.Role(roleName)
 	switch role {
@@ -31,11 +29,11 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	default:
 		return fmt.Errorf("ca rotate --offline: ROLE is bootstrap, server, agent or admin, not %q", roleName)
 	}
-	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	cfg, err := loadAuthorityConfig(dir.ConfigFile())
+	od, err := loadOfflineDir(env, data, configFile)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
+	dir, cfg := od.dir, od.cfg
 	ttl := ca.IntermediateTTL
 	if t := cfg.CA.IntermediateTTL; t != "" {
 		if ttl, err = parseCAIntermediateTTL(t); err != nil {
@@ -50,19 +48,12 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 		}
 		m.RootKey = k.key
 	}
-	d, err := loadDataDir(dir, firstOf(storeURL, env.Getenv("MUSTER_STORE"), cfg.Store))
-	if err != nil {
-		return fmt.Errorf("ca rotate --offline: %w", err)
-	}
-	st, err := d.openStore(ctx)
+	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
 	defer st.Close()
-	if err := datadir.CheckStore(ctx, st, dir, d.info, redactURL(d.url)); err != nil {
-		return fmt.Errorf("ca rotate --offline: %w", err)
-	}
-	logger, err := datadir.NewAuditLogger(st, d.sk, dir.CheckpointFile(), nil)
+	logger, err := newAuditLogger(st, d.sk, dir, od.configPath, nil)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
@@ -71,12 +62,12 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 	}
 	// The intermediate's lifetime is the store's, as the authority would
 	// use.
-	if m.IntermediateTTL, err = (offlineShared{authority.SettingCAIntermediateTTL, ttl, cfg.CA.IntermediateTTL != "", ""}).fromStore(ctx, st, dir.ConfigFile(), string(dir)); err != nil {
+	if m.IntermediateTTL, err = (offlineShared{authority.SettingCAIntermediateTTL, ttl, cfg.CA.IntermediateTTL != "", ""}).fromStore(ctx, st, od.configPath, string(dir)); err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
 	// The token as the authority opens it (the store's record and
 	// authority.json, MUSTER_PKCS11_PIN): the new key is made there.
-	rec, err := storeCustody(ctx, st, dir, d.info.Custody, "")
+	rec, err := storeCustody(ctx, st, od, d.info.Custody, "")
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
@@ -96,7 +87,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, roleName, r
 		return out.write(env.Stdout, map[string]any{"intermediate": lostRotationJSON(res.Active),
 			"previous": lostRotationJSON(res.Previous), "reused_prepared": res.Reused})
 	}
-	printLostRotation(env.Stdout, res, string(dir), token != nil)
+	printLostRotation(env.Stdout, res, od, token != nil)
 	return nil
 }
 
@@ -104,7 +95,8 @@ func lostRotationJSON(r store.CACert) map[string]any {
 	return map[string]any{"role": r.Role, "serial": r.Serial, "state": r.State, "not_after": r.NotAfter.UTC(), "key_custody": custody.Where(r.KeyRef)}
 }
 
-func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, dir string, pkcs11 bool) {
+// od is the data directory and settings file of the authority to start.
+func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, od offlineDir, pkcs11 bool) {
 	if res.PreparedOnly {
 		fmt.Fprintf(w, "Prepared the %s intermediate %s (key %s), valid until %s, in place of the prepared one whose key is gone; the active one, %s, signs on until the leader activates it.\n",
 			res.Active.Role, res.Active.Serial, custody.Where(res.Active.KeyRef), res.Active.NotAfter.UTC().Format(time.RFC3339), res.Previous.Serial)
@@ -122,6 +114,6 @@ func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, dir str
 		bin = "muster-pkcs11"
 	}
 	fmt.Fprintf(w, `Next: start the authority (a running one reads the change within seconds):
-       %s authority --data %s
-`, bin, shellword.Quote(dir))
+       %s authority --data %s%s
+`, bin, od.quoted(), od.configArg())
 }

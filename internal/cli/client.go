@@ -50,12 +50,14 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long to wait for the authority")
 }
 
-// renewArgs are the flags `muster admin renew` needs to renew the identity
-// this command used, at the authority it reached: the ones given on this
-// command line. Without them a pasted `muster admin renew` would renew the
-// data directory's operator.pem, another operator's identity, or find no
-// authority. The variables need nothing: the shell that pastes it has them.
-func (a *adminFlags) renewArgs() string {
+// callArgs are the flags an admin command a hint names needs to reach the
+// authority this command reached, with the identity it used: the ones
+// given on this command line (--data, --authority, --identity). Without
+// them a pasted `muster admin renew` would renew the data directory's
+// operator.pem, another operator's identity, or find no authority, and a
+// pasted `muster lock list` ask another authority. The variables need
+// nothing: the shell that pastes it has them.
+func (a *adminFlags) callArgs() string {
 	var b strings.Builder
 	for _, f := range []struct{ name, val string }{{"data", a.data}, {"authority", a.authority}, {"identity", a.identity}} {
 		if f.val != "" {
@@ -94,7 +96,7 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 	}
 	a.idPath, a.id = idPath, id
 	if !a.quiet {
-		warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.renewArgs(), time.Now())
+		warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.callArgs(), time.Now())
 	}
 	addr, from := a.authority, "--authority"
 	if addr == "" {
@@ -185,7 +187,7 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 		name = me.Name
 	}
 	data := firstOf(a.data, "DIR")
-	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --store URL for a PostgreSQL store), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
+	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --config FILE where the authority is started with one, as the packaged unit is with /etc/muster/authority.yaml, or --store URL), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
 		a.idPath, name, shellword.Quote(data), shellword.Quote(name+"-new.pem"))
 	s, ok := status.FromError(err)
 	if !ok {

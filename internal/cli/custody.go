@@ -119,7 +119,8 @@ func tokenWayOut(err error, dir datadir.Dir, c *datadir.Custody, module, pinFile
 		err, c.URI, module, pin, shellword.Quote(string(dir)), dir.InfoFile())
 }
 
-func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local *datadir.Custody, module string) (*datadir.Custody, error) {
+func storeCustody(ctx context.Context, st custodyRecords, od offlineDir, local *datadir.Custody, module string) (*datadir.Custody, error) {
+	dir := od.dir
 	rec, err := st.GetKeyCustody(ctx)
 	if errors.Is(err, store.ErrNotFound) {
 		if local == nil {
@@ -132,10 +133,10 @@ func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local
 		if sealed != "" {
 			return nil, fmt.Errorf("%w: %s names the PKCS#11 token %s, but the store records no token and signs with sealed keys (%s): "+
 				"it is from before muster ca migrate-custody (restored from a backup), or the migration was rolled back from another data directory; nothing was opened. "+
-				"To move into the token again, run `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module %s --pkcs11-pin-file FILE` "+
+				"To move into the token again, run `muster-pkcs11 ca migrate-custody --data %s%s --custody '%s' --pkcs11-module %s --pkcs11-pin-file FILE` "+
 				"(new keys are made in the token; the objects an earlier run made there are left, to delete by hand); "+
-				"to stay sealed, run `muster ca migrate-custody --data %s --custody '%s' --rollback` (it removes the token from authority.json) (docs/hsm.md)",
-				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, shellword.Quote(string(dir)), local.URI, shellword.Quote(local.Module), shellword.Quote(string(dir)), local.URI)
+				"to stay sealed, run `muster ca migrate-custody --data %s%s --custody '%s' --rollback` (it removes the token from authority.json) (docs/hsm.md)",
+				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, od.quoted(), od.configArg(), local.URI, shellword.Quote(local.Module), od.quoted(), od.configArg(), local.URI)
 		}
 		return local, nil
 	}
@@ -147,8 +148,8 @@ func storeCustody(ctx context.Context, st custodyRecords, dir datadir.Dir, local
 	// The way to make this directory's authority.json name the token
 	// again (one restored from before the migration, a replica's own
 	// copy): the migration run again finds its steps done.
-	record := fmt.Sprintf("or record the token in %s: `muster-pkcs11 ca migrate-custody --data %s --custody '%s' --pkcs11-module PATH --pkcs11-pin-file FILE` (it finds the migration done) (docs/hsm.md)",
-		dir.InfoFile(), shellword.Quote(string(dir)), rec.URI)
+	record := fmt.Sprintf("or record the token in %s: `muster-pkcs11 ca migrate-custody --data %s%s --custody '%s' --pkcs11-module PATH --pkcs11-pin-file FILE` (it finds the migration done) (docs/hsm.md)",
+		dir.InfoFile(), od.quoted(), od.configArg(), rec.URI)
 	switch {
 	case local != nil && local.URI == rec.URI:
 		return local, nil

@@ -53,24 +53,24 @@ func TestStoreCustody(t *testing.T) {
 	rec := store.KeyCustody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so", RecordedAt: time.Unix(1e9, 0)}
 	local := &datadir.Custody{URI: "pkcs11:token=muster", Module: "/opt/hsm.so", PINFile: "/etc/pin"}
 
-	if got, err := storeCustody(ctx, recordedCustody{}, dir, nil, ""); err != nil || got != nil {
+	if got, err := storeCustody(ctx, recordedCustody{}, offlineDir{dir: dir}, nil, ""); err != nil || got != nil {
 		t.Errorf("no record, sealed authority.json: %+v %v; want sealed", got, err)
 	}
 	inToken := recordedCustody{
 		cas:     []store.CACert{{Role: "agent", Serial: "a1", State: store.CAActive, KeyRef: []byte("pkcs11:token=muster;object=muster-ca%2Fagent%2Fa1;id=%01")}},
 		signers: []store.Signer{{VersionID: "v1", State: store.SignerActive, KeyRef: []byte("pkcs11:token=muster;object=muster-signer%2Fv1;id=%02")}},
 	}
-	if got, err := storeCustody(ctx, inToken, dir, local, ""); err != nil || got != local {
+	if got, err := storeCustody(ctx, inToken, offlineDir{dir: dir}, local, ""); err != nil || got != local {
 		t.Errorf("no record, init --custody: %+v %v; want authority.json's", got, err)
 	}
-	if got, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, local, ""); err != nil || got != local {
+	if got, err := storeCustody(ctx, recordedCustody{rec: rec}, offlineDir{dir: dir}, local, ""); err != nil || got != local {
 		t.Errorf("recorded and named by authority.json: %+v %v; want authority.json's", got, err)
 	}
 	other := &datadir.Custody{URI: "pkcs11:token=other", Module: "/opt/hsm.so"}
-	if _, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, other, ""); err == nil || !strings.Contains(err.Error(), "pkcs11:token=other") {
+	if _, err := storeCustody(ctx, recordedCustody{rec: rec}, offlineDir{dir: dir}, other, ""); err == nil || !strings.Contains(err.Error(), "pkcs11:token=other") {
 		t.Errorf("authority.json names another token: %v", err)
 	}
-	_, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, nil, "")
+	_, err := storeCustody(ctx, recordedCustody{rec: rec}, offlineDir{dir: dir}, nil, "")
 	want := []string{rec.URI, "--pkcs11-module PATH", rec.Module, "--pkcs11-pin-file", "MUSTER_PKCS11_PIN",
 		"muster-pkcs11 ca migrate-custody --data " + string(dir) + " --custody '" + rec.URI + "'"}
 	if !custody.PKCS11Build {
@@ -81,7 +81,7 @@ func TestStoreCustody(t *testing.T) {
 			t.Errorf("a replica without the token's module: %v; want it to name %q", err, w)
 		}
 	}
-	got, err := storeCustody(ctx, recordedCustody{rec: rec}, dir, nil, "/opt/hsm.so")
+	got, err := storeCustody(ctx, recordedCustody{rec: rec}, offlineDir{dir: dir}, nil, "/opt/hsm.so")
 	if custody.PKCS11Build {
 		if err != nil || got == nil || got.URI != rec.URI || got.Module != "/opt/hsm.so" {
 			t.Errorf("a replica given the module: %+v %v; want the store's token with that module", got, err)
@@ -115,7 +115,7 @@ func TestStoreCustodyOutOfStep(t *testing.T) {
 		{"every key in use in the token", recordedCustody{cas: []store.CACert{tokenCA, {Role: "server", Serial: "5e", State: store.CARetiring, KeyRef: []byte("sealed")}},
 			signers: []store.Signer{tokenSigner, {VersionID: "v1", State: store.SignerGrace, KeyRef: []byte("sealed")}}}, ""},
 	} {
-		got, err := storeCustody(ctx, c.st, dir, local, "")
+		got, err := storeCustody(ctx, c.st, offlineDir{dir: dir}, local, "")
 		if c.key == "" {
 			if err != nil || got != local {
 				t.Errorf("%s: %+v %v; want authority.json's token", c.name, got, err)
@@ -238,13 +238,13 @@ func TestPrintMigrationSkippedSigner(t *testing.T) {
 		{Key: "signer", Done: "skipped", Version: "v2", Next: "signer v2 (sealed) is staged"},
 	}}
 	var out strings.Builder
-	printMigration(&out, res, "/var/lib/muster")
+	printMigration(&out, res, "/var/lib/muster", "")
 	if text := out.String(); strings.Contains(text, "Activate the staged signer") || !strings.Contains(text, "then run this command again: it stages a signer in the token") {
 		t.Errorf("next steps after a skipped signer:\n%s", text)
 	}
 	res.Steps[1] = authority.MigrationStep{Key: "signer", Done: "staged", Version: "v3", Next: "activate it"}
 	out.Reset()
-	printMigration(&out, res, "/var/lib/muster")
+	printMigration(&out, res, "/var/lib/muster", "")
 	if text := out.String(); !strings.Contains(text, "Activate the staged signer") || strings.Contains(text, "skipped") {
 		t.Errorf("next steps after a signer staged in the token:\n%s", text)
 	}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -168,7 +170,7 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 			}
 			return af.call(cmd, env, "lock delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: args[0]}); err != nil {
-					return err
+					return af.unknownLockHint(err)
 				}
 				if out.json() {
 					return out.write(env.Stdout, deleted{ID: args[0], Deleted: true})
@@ -181,4 +183,20 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 	af.register(cmd)
 	out.register(cmd)
 	return cmd
+}
+
+// unknownLockHint adds to the authority's NOT_FOUND for a lock ID (a typo,
+// or a lock deleted already) the command that lists the locks and their
+// IDs, with the flags that reached this authority: the authority cannot
+// name them, and its bare "no lock" left the operator to guess.
+func (a *adminFlags) unknownLockHint(err error) error {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.NotFound {
+		return err
+	}
+	p := s.Proto()
+	// The flags are appended to the formatted text, as the expiry
+	// warning's are, so the command reads as one to the hint checker.
+	p.Message = fmt.Sprintf("%s; the locks in force and their IDs: muster lock list", p.Message) + a.callArgs()
+	return status.FromProto(p).Err()
 }

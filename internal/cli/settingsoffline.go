@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/datadir"
-	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -25,9 +23,6 @@ const settingsOfflineActor = "muster settings set --offline"
 // and --config.
 type settingsOfflineFlags struct {
 	auditOfflineFlags
-	// configFile is --config: the settings file the authority is started
-	// with (muster authority --config), where its store URL may be.
-	configFile string
 }
 
 // registerSettingsOffline registers settings list's and set's --offline,
@@ -35,27 +30,7 @@ type settingsOfflineFlags struct {
 func registerSettingsOffline(cmd *cobra.Command, o *settingsOfflineFlags, what string) {
 	cmd.Flags().BoolVar(&o.offline, "offline", false, what+" in the store itself, from the data directory (--data), without an authority: for when none runs, or every one refuses to start")
 	cmd.Flags().StringVar(&o.storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: the store: of the settings file, else "+storeDefaultHelp+")")
-	cmd.Flags().StringVar(&o.configFile, "config", "", "with --offline: the settings file the authority is started with, as muster authority --config (default: DIR/authority.yaml)")
-}
-
-// check is auditOfflineFlags.check, and refuses --config without
-// --offline: the admin API reads no settings file.
-func (o *settingsOfflineFlags) check(cmd *cobra.Command, name string) error {
-	if !o.offline && cmd.Flags().Changed("config") {
-		return fmt.Errorf("%s: --config goes with --offline", name)
-	}
-	return o.auditOfflineFlags.check(cmd, name)
-}
-
-// offlineConfigHint is what an offline command printed for the data
-// directory dir adds after --data DIR to read the settings file
-// configPath, read by an authority started with --config configPath:
-// --config FILE, or nothing where configPath is dir's own authority.yaml.
-func offlineConfigHint(dir, configPath string) string {
-	if configPath == "" || filepath.Clean(configPath) == filepath.Clean(datadir.Dir(dir).ConfigFile()) {
-		return ""
-	}
-	return " --config " + shellword.Quote(configPath)
+	cmd.Flags().StringVar(&o.configFile, "config", "", configHelp("with --offline: "))
 }
 
 // fileShared is, by key, the text authority.yaml gives each shared
@@ -87,11 +62,11 @@ func fileSharedValue(cfg authorityConfig, key string) (string, error) {
 // and for a key it holds none of, the data directory's authority.yaml's
 // (or the default), version 0, as the authority records at its start.
 func listSettingsOffline(ctx context.Context, env *Env, data string, o settingsOfflineFlags) ([]settingJSON, error) {
-	st, _, cfg, dir, err := openOffline(ctx, env, data, o.configFile, o.storeURL)
+	st, _, od, err := openOffline(ctx, env, data, o.configFile, o.storeURL)
 	if err != nil {
 		return nil, err
 	}
-	cfgPath := firstOf(o.configFile, dir.ConfigFile())
+	cfg, cfgPath := od.cfg, od.configPath
 	defer st.Close()
 	held, err := st.ListSettings(ctx)
 	if err != nil {
@@ -140,7 +115,7 @@ type offlineSet struct {
 // and audited as setting.set in the chain, keyed by the storage key as
 // the authority's own records are. value has been checked.
 func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOfflineFlags, key, value string) (offlineSet, error) {
-	st, logger, cfg, dir, err := openOffline(ctx, env, data, o.configFile, o.storeURL)
+	st, logger, od, err := openOffline(ctx, env, data, o.configFile, o.storeURL)
 	if err != nil {
 		return offlineSet{}, err
 	}
@@ -154,7 +129,8 @@ func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOff
 	if err != nil {
 		return offlineSet{}, err
 	}
-	res := offlineSet{file: fileShared(cfg)[key], config: firstOf(o.configFile, dir.ConfigFile()), replicated: st.Replicated(), dir: dir}
+	cfg, dir := od.cfg, od.dir
+	res := offlineSet{file: fileShared(cfg)[key], config: od.configPath, replicated: st.Replicated(), dir: dir}
 	h, ok, err := heldSetting(ctx, st, key)
 	if err != nil {
 		return offlineSet{}, err
@@ -170,7 +146,7 @@ func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOff
 			Reason: fmt.Sprintf("%s was %s, now %s for every replica (offline, from the data directory %s)", key, res.was, v, dir)})
 	if errors.Is(err, store.ErrConflict) {
 		return offlineSet{}, fmt.Errorf("%s was changed by another write at the same time: see `muster settings list --offline --data %s%s`, "+
-			"and run this again if it is still wanted", key, shellword.Quote(string(dir)), offlineConfigHint(string(dir), res.config))
+			"and run this again if it is still wanted", key, od.quoted(), od.configArg())
 	}
 	if err != nil {
 		return offlineSet{}, fmt.Errorf("%s not changed: it is written with its audit record or not at all, and the write failed: %w", key, err)

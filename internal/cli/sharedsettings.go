@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -230,7 +231,7 @@ func sharedMismatchError(bad []sharedMismatch, configPath, dir string) error {
 		fmt.Fprintf(&b, "%s is %s in %s but %s in the store, whose value every replica uses: "+
 			"make it %s there or leave it out, or change it for every replica with `muster settings set %s %s` "+
 			"(through a running replica) or `muster settings set %s %s --offline --data %s%s` (with none running)",
-			m.key, m.mine, m.where(configPath), m.stored, m.stored, m.key, m.mine, m.key, m.mine, shellword.Quote(dir), offlineConfigHint(dir, configPath))
+			m.key, m.mine, m.where(configPath), m.stored, m.stored, m.key, m.mine, m.key, m.mine, shellword.Quote(dir), datadir.Dir(dir).ConfigArg(configPath))
 	}
 	b.WriteString(" (docs/high-availability.md, \"Settings kept in the store\")")
 	return errors.New(b.String())

@@ -148,3 +148,16 @@ func (d Dir) ReadAddress() (Address, error) {
 // WriteInfo replaces authority.json (muster ca migrate-custody records the
 // token the keys moved into).
 func (d Dir) WriteInfo(info Info) error { return writeJSON(d.InfoFile(), info) }
+
+// ConfigArg is what an offline command (one that opens the store from
+// the data directory) printed for an operator to paste adds after
+// --data DIR: " --config FILE" where configPath, the settings file the
+// authority was started with (muster authority --config FILE), is not
+// DIR/authority.yaml, else nothing. The store URL may be only in that
+// file, as under the packaged unit's /etc/muster/authority.yaml.
+func (d Dir) ConfigArg(configPath string) string {
+	if configPath == "" || filepath.Clean(configPath) == filepath.Clean(d.ConfigFile()) {
+		return ""
+	}
+	return " --config " + shellword.Quote(configPath)
+}

@@ -48,6 +48,7 @@ import (
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/requestcodec"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -261,6 +262,7 @@ func New(cfg Config) (*Server, error) {
 	if s.audit, err = datadir.NewAuditLogger(cfg.Store, id.StorageKey, id.Dir.CheckpointFile(), s.metrics.onAudit); err != nil {
 		return nil, err
 	}
+	s.audit.SetVerifyCommand("muster discovery audit verify --data " + shellword.Quote(string(id.Dir)))
 	s.refusals = audit.NewRefusals(s.audit, "discovery", cfg.Log)
 	if s.connRefusals, err = listener.NewRefusalsMetric(s.metrics.reg, cfg.Log); err != nil {
 		return nil, err
