@@ -163,6 +163,15 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 // at the latest caPublishWindow from now (a step at its end that finds it
 // a moment short returns that moment).
 func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time, err error) {
+	if s.inter.readFailing() {
+		// This replica could not read the store's intermediates (one
+		// whose key it cannot open: a replica still running without
+		// the token muster ca migrate-custody recorded), so it would
+		// activate a successor it cannot sign with and prepare the next
+		// in its own custody, undoing the migration. It takes no step
+		// until a read succeeds; it reports not ready meanwhile.
+		return time.Time{}, nil
+	}
 	rows, err := s.store.ListCACerts(ctx)
 	if err != nil {
 		return time.Time{}, err

@@ -431,6 +431,12 @@ func (in *intermediates) probeKeys(ctx context.Context) {
 	}
 }
 
+// readFailing reports whether the last read of the store's
+// intermediates failed.
+func (in *intermediates) readFailing() bool {
+	return in != nil && in.failing.Load() != nil
+}
+
 // readyErr says why the replica should take no traffic as far as its
 // intermediates go: nil while the last read of them succeeded and the
 // last probe found every active key in the token.
