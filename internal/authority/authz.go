@@ -427,16 +427,16 @@ func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 }
 
 // rollbackTrusts reports whether a rollback would trust again the root
-// that signed the intermediate in: the old root of a rotation in standby,
-// whose key the rotation's cross-certificate (signed by the new root)
-// still carries.
+// that signed the intermediate in: the old root of a rotation in standby
+// (read with the intermediates: standby's cross-certificates no longer
+// carry the old root's key).
 func (s *Server) rollbackTrusts(in *x509.Certificate) bool {
-	r := s.ca.CurrentRoots()
-	if r == nil {
+	cur := s.ca.CurrentIntermediates()
+	if cur == nil {
 		return false
 	}
-	for _, x := range r.Cross {
-		if in.CheckSignatureFrom(x) == nil {
+	for _, c := range cur.Restorable {
+		if bytes.Equal(c.Raw, in.Raw) {
 			return true
 		}
 	}

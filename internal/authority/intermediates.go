@@ -213,6 +213,9 @@ func (in *intermediates) load(ctx context.Context) error {
 				// root rotation is in standby): its leaves no longer
 				// verify, and it signs nothing.
 				next.Distrusted = append(next.Distrusted, cert)
+				if roots.row.Phase == store.RootPhaseStandby && roots.old != nil && cert.CheckSignatureFrom(roots.old) == nil {
+					next.Restorable = append(next.Restorable, cert)
+				}
 				continue
 			}
 			return fmt.Errorf("%s intermediate %s is not signed by a root this authority trusts", r.Role, r.Serial)
