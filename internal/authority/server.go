@@ -231,6 +231,9 @@ type Server struct {
 	certFailing map[ca.Role]bool
 	tails       map[ca.Role]*chainTail
 
+	// caStepFails are the CA rotation steps failing at every tick, each
+	// reported once (carotate.go).
+	caStepFails stepFailures
 	// caNoRootKey holds, by role, when the leader last warned that a
 	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map
