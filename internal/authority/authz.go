@@ -442,6 +442,22 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 	return handler(srv, wrappedStream{ss, context.WithValue(ss.Context(), callerKey{}, c)})
 }
 
+// distrustedCaller is the refusal of leaf, the certificate an open
+// agent stream was authorized with, once the trust it verified under has
+// changed so that it no longer verifies (distrustedReason's refusal, or
+// the generic one); "" while it verifies, and for an expired leaf, whose
+// stream its own deadline ends.
+func (s *Server) distrustedCaller(leaf *x509.Certificate) string {
+	now := time.Now()
+	if leaf == nil || !now.Before(leaf.NotAfter) {
+		return ""
+	}
+	if _, err := s.verifyClientCertsAt([]*x509.Certificate{leaf}, now); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
 // distrustedReason is the refusal of a leaf signed by an intermediate of
 // a root this authority no longer trusts, naming the way back; "" for any
 // other leaf. That root is the old one of a rotation in standby (the leaf
@@ -482,16 +498,16 @@ func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 }
 
 // rollbackTrusts reports whether a rollback would trust again the root
-// that signed the intermediate in: the old root of a rotation in standby,
-// whose key the rotation's cross-certificate (signed by the new root)
-// still carries.
+// that signed the intermediate in: the old root of a rotation in standby
+// (read with the intermediates: standby's cross-certificates no longer
+// carry the old root's key).
 func (s *Server) rollbackTrusts(in *x509.Certificate) bool {
-	r := s.ca.CurrentRoots()
-	if r == nil {
+	cur := s.ca.CurrentIntermediates()
+	if cur == nil {
 		return false
 	}
-	for _, x := range r.Cross {
-		if in.CheckSignatureFrom(x) == nil {
+	for _, c := range cur.Restorable {
+		if bytes.Equal(c.Raw, in.Raw) {
 			return true
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -163,6 +164,15 @@ func (s *Server) caStepAt(ctx context.Context, now time.Time) error {
 // at the latest caPublishWindow from now (a step at its end that finds it
 // a moment short returns that moment).
 func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time, err error) {
+	if s.inter.readFailing() {
+		// This replica could not read the store's intermediates (one
+		// whose key it cannot open: a replica still running without
+		// the token muster ca migrate-custody recorded), so it would
+		// activate a successor it cannot sign with and prepare the next
+		// in its own custody, undoing the migration. It takes no step
+		// until a read succeeds; it reports not ready meanwhile.
+		return time.Time{}, nil
+	}
 	rows, err := s.store.ListCACerts(ctx)
 	if err != nil {
 		return time.Time{}, err
@@ -307,10 +317,17 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	case s.outage.fail(err):
 		return // logged once for the whole outage; the step is taken again at the next tick
 	case err != nil:
+		// The step is tried again at every tick (5 s): a failure that
+		// lasts (a PKCS#11 token away) is logged and audited once, and
+		// again only when it changes, not 4 records per tick.
+		if !s.caStepFails.changed(action+" "+role, err.Error()) {
+			return
+		}
 		s.log.Error("CA rotation step failed", "action", action, "role", role, "err", err)
 		_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role, Result: audit.ResultError, Reason: err.Error()})
 		return
 	}
+	s.caStepFails.changed(action+" "+role, "")
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
 }
@@ -415,4 +432,31 @@ func (s *Server) pokeCAClock() {
 	case s.caPoke <- struct{}{}:
 	default:
 	}
+}
+
+// stepFailures are the CA steps whose last try failed, with the error,
+// so a failure repeated at every tick is reported once. Safe for
+// concurrent use; the zero value is ready.
+type stepFailures struct {
+	mu   sync.Mutex
+	last map[string]string
+}
+
+// changed records why (empty: it succeeded) as step's last outcome and
+// reports whether it differs from the one before.
+func (f *stepFailures) changed(step, why string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.last[step] == why {
+		return false
+	}
+	if why == "" {
+		delete(f.last, step)
+		return true
+	}
+	if f.last == nil {
+		f.last = map[string]string{}
+	}
+	f.last[step] = why
+	return true
 }

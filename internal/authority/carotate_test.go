@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -355,5 +356,36 @@ func TestCAClockStepHasADeadline(t *testing.T) {
 			t.Fatal("after a hung store call the CA clock took no further step: the step has no deadline")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestCAStepFailureReportedOnce: a CA step that fails at every tick in the
+// same way (its token away) is logged and audited once, not at every
+// tick; another failure, or the same one after the step succeeded, is
+// reported again. (A token away for an hour wrote 2,880 ca.prepare error
+// records.)
+func TestCAStepFailureReportedOnce(t *testing.T) {
+	t.Parallel()
+	a := startReplicas(t, nil, 1, noCAClock)
+	s, ctx := a.srvs[0], t.Context()
+	away := errors.New("custody: the PKCS#11 token is unavailable")
+	for range 3 {
+		s.caChange(ctx, "ca.prepare", "agent", "", "", away)
+	}
+	s.caChange(ctx, "ca.prepare", "server", "", "", away)
+	s.caChange(ctx, "ca.prepare", "agent", "", "", errors.New("custody: another failure"))
+	s.caChange(ctx, "ca.prepare", "agent", "ab12", "half of its life", nil)
+	s.caChange(ctx, "ca.prepare", "agent", "", "", away)
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.prepare"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range recs {
+		got = append(got, r.Target+" "+string(r.Result))
+	}
+	want := []string{"agent error", "server error", "agent error", "agent/ab12 ok", "agent error"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ca.prepare records %v, want %v", got, want)
 	}
 }

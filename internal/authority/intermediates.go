@@ -213,6 +213,9 @@ func (in *intermediates) load(ctx context.Context) error {
 				// root rotation is in standby): its leaves no longer
 				// verify, and it signs nothing.
 				next.Distrusted = append(next.Distrusted, cert)
+				if roots.row.Phase == store.RootPhaseStandby && roots.old != nil && cert.CheckSignatureFrom(roots.old) == nil {
+					next.Restorable = append(next.Restorable, cert)
+				}
 				continue
 			}
 			return fmt.Errorf("%s intermediate %s is not signed by a root this authority trusts", r.Role, r.Serial)
@@ -429,6 +432,12 @@ func (in *intermediates) probeKeys(ctx context.Context) {
 		in.keysFailing.Store(nil)
 		in.s.log.Info("the active CA intermediates' keys are in the token again; ready")
 	}
+}
+
+// readFailing reports whether the last read of the store's
+// intermediates failed.
+func (in *intermediates) readFailing() bool {
+	return in != nil && in.failing.Load() != nil
 }
 
 // readyErr says why the replica should take no traffic as far as its

@@ -387,6 +387,12 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	} {
 		if _, err := s.verifyClientCertsAt([]*x509.Certificate{leaf}, time.Now()); err == nil || !strings.Contains(err.Error(), "no longer trusts") || !strings.Contains(err.Error(), want) {
 			t.Errorf("a %s certificate under the old root in standby: %v; want the way back, %q", leaf.Subject.CommonName, err, want)
+		} else if !strings.Contains(err.Error(), "muster ca root rollback") || strings.Contains(err.Error(), "no rollback") {
+			// A rollback to update_servers trusts the old root again
+			// (it used to say "no rollback brings it back" here: the
+			// check looked for the old root's key in a
+			// cross-certificate standby no longer carries).
+			t.Errorf("a %s certificate under the old root in standby: %v; want the rollback offered", leaf.Subject.CommonName, err)
 		}
 	}
 	// Back to init: abandoning the rotation drops the new root, so it is

@@ -240,8 +240,14 @@ type Server struct {
 	inter  *intermediates
 	certMu sync.Mutex
 	certs  map[ca.Role]*tls.Certificate
-	tails  map[ca.Role]*chainTail
+	// certFailing are the roles whose listener certificate could not be
+	// re-issued at the last try (the held one is served meanwhile).
+	certFailing map[ca.Role]bool
+	tails       map[ca.Role]*chainTail
 
+	// caStepFails are the CA rotation steps failing at every tick, each
+	// reported once (carotate.go).
+	caStepFails stepFailures
 	// caNoRootKey holds, by role, when the leader last warned that a
 	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map
@@ -531,7 +537,29 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	}
 	leaf, err := issuer.Issue(req)
 	if err != nil {
-		return nil, fmt.Errorf("authority: issuing the %s listener certificate: %w", role, err)
+		err = fmt.Errorf("authority: issuing the %s listener certificate: %w", role, err)
+		if c := s.certs[role]; c != nil && now.Before(c.Leaf.NotAfter) {
+			// The intermediate's key cannot sign now (its PKCS#11 token
+			// is unavailable): the certificate held is still valid, so
+			// every handshake goes on with it rather than failing, and
+			// calls that need no signature (streams, admin calls, the
+			// refusals that say the token is unavailable) are answered.
+			// Tried again at the next handshake.
+			// Logged once per failing spell, not at every handshake.
+			if !s.certFailing[role] {
+				s.log.Warn("the listener certificate could not be re-issued; serving the one held until it can", "role", string(role), "not_after", c.Leaf.NotAfter, "err", err)
+				if s.certFailing == nil {
+					s.certFailing = map[ca.Role]bool{}
+				}
+				s.certFailing[role] = true
+			}
+			return c, nil
+		}
+		return nil, err
+	}
+	if s.certFailing[role] {
+		delete(s.certFailing, role)
+		s.log.Info("the listener certificate re-issued again", "role", string(role), "not_after", leaf.NotAfter)
 	}
 	// The chain ends with the root, so an agent that pins only the root's
 	// fingerprint (the PSK and bound-keypair flows) can check it before it

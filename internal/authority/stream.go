@@ -466,6 +466,16 @@ func (a *agentService) recheck(ctx context.Context, send func(*musterv1.Authorit
 		}
 	}
 	if check&store.ChangeCA != 0 {
+		if why := a.s.distrustedCaller(c.Cert); why != "" {
+			// A root this authority no longer trusts signed the
+			// stream's certificate: a rollback from init abandoned the
+			// new root, or standby dropped the old one. Left open, the
+			// stream would show the agent connected and holding the
+			// bundle until its next renewal is refused.
+			a.streamLog(c).Info("agent stream closed", "reason", why)
+			a.auditClose(ctx, c, why)
+			return status.Error(codes.Unauthenticated, why)
+		}
 		if b := a.s.trustBundle(); b.digest != *sentBundle {
 			if err := send(&musterv1.AuthorityMessage{Body: &musterv1.AuthorityMessage_TrustBundle{TrustBundle: b.pb}}); err != nil {
 				return err

@@ -26,6 +26,9 @@ type Intermediates struct {
 	// on): they sign nothing and their leaves are refused; a refusal of
 	// one of their leaves says why and what to do.
 	Distrusted []*x509.Certificate
+	// Restorable are those of Distrusted that a rollback would trust
+	// again: signed by the old root of a rotation in standby.
+	Restorable []*x509.Certificate
 }
 
 // live holds the current *Intermediates of a hierarchy; nil until the

@@ -115,7 +115,8 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 	if err != nil {
 		return nil, nil, err
 	}
-	roots, err := offlineRoots(ctx, st, d, c)
+	tok := &offlineToken{d: d}
+	roots, err := offlineRoots(ctx, st, d, c, tok)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -137,21 +138,11 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 		if root == nil {
 			return nil, nil, fmt.Errorf("the store's active admin intermediate %s is not signed by the root CA in the data directory nor by a root of the store's root rotation", r.Serial)
 		}
-		var token *custody.Token
+		var ic custody.Custody = c
 		if custody.IsPKCS11Ref(r.KeyRef) {
-			// The key is in the authority's token: opened as the
-			// authority opens it (authority.json, MUSTER_PKCS11_PIN),
-			// and left open until this command exits.
-			if token, err = openToken(d.info.Custody, "", ""); err == nil && token == nil {
-				err = custody.ErrNoToken
-			}
-			if err != nil {
+			if ic, err = tok.custody(); err != nil {
 				return nil, nil, fmt.Errorf("the store's active admin intermediate %s is in a PKCS#11 token: %w", r.Serial, err)
 			}
-		}
-		ic, err := authority.CACustody(d.sk, token)
-		if err != nil {
-			return nil, nil, err
 		}
 		key, err := ic.Signer(ctx, r.Role+"/"+r.Serial, custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
 		if err != nil {
@@ -166,14 +157,41 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 	return &ca.Issuer{Cert: file.Cert, Key: file.Key}, d.ca.Root, nil
 }
 
+// offlineToken opens the authority's token once, as the authority opens
+// it (authority.json, MUSTER_PKCS11_PIN), for the keys break-glass finds
+// in it (the admin intermediate, a root a rotation made in the token),
+// and leaves it open until this command exits.
+type offlineToken struct {
+	d    dataDir
+	done bool
+	c    custody.Custody
+	err  error
+}
+
+func (t *offlineToken) custody() (custody.Custody, error) {
+	if !t.done {
+		t.done = true
+		token, err := openToken(t.d.info.Custody, "", "")
+		if err == nil && token == nil {
+			err = custody.ErrNoToken
+		}
+		if err == nil {
+			t.c, err = authority.CACustody(t.d.sk, token)
+		}
+		t.err = err
+	}
+	return t.c, t.err
+}
+
 // offlineRoots is the data directory's root and the roots of the store's
 // root rotation (DESIGN.md "Root rotation": from update_servers on the
 // admin intermediate is signed by the new root). A stored root counts only
 // if its sealed key opens with the data directory's storage key, as the
-// authority checks it, or, once its key was taken offline (muster ca root
+// authority checks it (or in the authority's token, for a root made
+// there), or, once its key was taken offline (muster ca root
 // export-key), if the rotation's cross-certificate certifies its key under
 // a root that counts.
-func offlineRoots(ctx context.Context, st store.Store, d dataDir, c custody.Custody) ([]*x509.Certificate, error) {
+func offlineRoots(ctx context.Context, st store.Store, d dataDir, c custody.Custody, tok *offlineToken) ([]*x509.Certificate, error) {
 	roots := []*x509.Certificate{d.ca.Root}
 	rot, err := st.GetRootRotation(ctx)
 	if err != nil {
@@ -193,7 +211,18 @@ func offlineRoots(ctx context.Context, st store.Store, d dataDir, c custody.Cust
 		if err != nil {
 			return nil, fmt.Errorf("a root of the store's root rotation: %w", err)
 		}
-		if _, err := c.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p.ref}); err != nil {
+		var rc custody.Custody = c
+		if custody.IsPKCS11Ref(p.ref) {
+			// Made in the token (muster ca root rotate with pkcs11
+			// custody): it counts if its object opens there, as the
+			// authority checks it.
+			if rc, err = tok.custody(); err != nil {
+				return nil, fmt.Errorf("a root of the store's root rotation (%s) is in a PKCS#11 token: %w", ca.Fingerprint(cert), err)
+			}
+			if _, err := rc.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p.ref}); err != nil {
+				return nil, fmt.Errorf("a root of the store's root rotation (%s) does not open in the PKCS#11 token: %w", ca.Fingerprint(cert), err)
+			}
+		} else if _, err := rc.Signer(ctx, "root/"+cert.SerialNumber.Text(16), custody.Key{Public: cert.PublicKey, Ref: p.ref}); err != nil {
 			return nil, fmt.Errorf("a root of the store's root rotation (%s) does not open with the data directory's storage key: %w", ca.Fingerprint(cert), err)
 		}
 		roots = append(roots, cert)

@@ -483,6 +483,20 @@ func (t *Token) find(sh pkcs11.SessionHandle, class uint, u PKCS11URI) ([]pkcs11
 	if ferr := t.mod.FindObjectsFinal(sh); err == nil {
 		err = ferr
 	}
+	if err == nil && len(hs) == 0 {
+		// A token removed under an open session (an HSM unplugged,
+		// SoftHSM2's token directory gone) finds nothing, as for a
+		// deleted object. Only a token still present makes it missing;
+		// one that is gone is a lost session (do: retried, then
+		// re-opened in the background), so the answer says the token
+		// is unavailable, not that a key is lost and must be replaced.
+		t.mu.Lock()
+		slot := t.slot
+		t.mu.Unlock()
+		if _, terr := t.mod.GetTokenInfo(slot); terr != nil {
+			return nil, terr
+		}
+	}
 	return hs, err
 }
 

@@ -445,3 +445,50 @@ func TestPKCS11TokenInitialisedAgainIsReopened(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestPKCS11RemovedTokenIsUnavailableNotKeyMissing: a token removed under
+// open sessions (SoftHSM2's token directory moved out, as an HSM
+// unplugged) is ErrUnavailable, re-opened in the background, and signs
+// again once it is back, not ErrKeyMissing, whose way out (a new
+// intermediate, a restored backup) an operator would follow for a token
+// that only has to be put back.
+func TestPKCS11RemovedTokenIsUnavailableNotKeyMissing(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, "ec", k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(filepath.Dir(tok.Conf), "tokens")
+	entries, err := os.ReadDir(tokens)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("the token directory %s: %v, %d entries", tokens, err, len(entries))
+	}
+	in, away := filepath.Join(tokens, entries[0].Name()), filepath.Join(filepath.Dir(tok.Conf), "away")
+	if err := os.Rename(in, away); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("away"))
+	_, err = s.Sign(rand.Reader, sum[:], crypto.SHA256)
+	if !errors.Is(err, custody.ErrUnavailable) || errors.Is(err, custody.ErrKeyMissing) {
+		t.Fatalf("signing with the token removed: %v, want ErrUnavailable", err)
+	}
+	if err := os.Rename(away, in); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		if _, err = s.Sign(rand.Reader, sum[:], crypto.SHA256); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token put back does not sign within 90 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
