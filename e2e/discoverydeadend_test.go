@@ -87,8 +87,9 @@ func TestDiscoveryJoinPinnedToAnotherRoot(t *testing.T) {
 
 // TestDiscoveryRestartedWithoutItsAllowList: discovery started again
 // without the --allow-authority it had keeps the registration but no
-// longer serves it. The agent's refusal, and discovery's audit record of
-// it, say so and name the flag that serves it again; started with it, the
+// longer serves it. The agent's refusal is the one for an ID never
+// registered (anyone may ask), which names the flag among the ways out;
+// discovery's audit record of it says which applies. Started with it, the
 // join goes through.
 func TestDiscoveryRestartedWithoutItsAllowList(t *testing.T) {
 	t.Parallel()
@@ -98,12 +99,12 @@ func TestDiscoveryRestartedWithoutItsAllowList(t *testing.T) {
 	e.disc = startDiscovery(t, e.discDir, "--listen", e.disc.addr)
 
 	r := e.join(t, filepath.Join(t.TempDir(), "web-02"), "web-02", e.psk)
-	wantJoinFailure(t, r, "NOT_FOUND", "this discovery's allow-list does not admit it")
+	wantJoinFailure(t, r, "NOT_FOUND", "is not registered with this discovery: check the authority ID")
 	if !strings.Contains(r.stderr, "--allow-authority "+e.authorityID+"=sha256:") {
 		t.Errorf("the refusal names no --allow-authority for %s: %s", e.authorityID, r.stderr)
 	}
 	audit := mustRun(t, "discovery", "audit", "list", "--data", e.discDir, "--action", "authority.lookup")
-	if !strings.Contains(audit, "--allow-authority "+e.authorityID+"=sha256:") {
+	if !strings.Contains(audit, "this discovery's allow-list does not admit it") || !strings.Contains(audit, "--allow-authority "+e.authorityID+"=sha256:") {
 		t.Errorf("discovery's audit record of the refusal names no way out:\n%s", audit)
 	}
 

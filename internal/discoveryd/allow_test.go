@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -128,15 +129,25 @@ func TestServedRegistrationsFollowTheAllowlist(t *testing.T) {
 		_, err := e.client.ReportJoin(ctxT(t), a.report(t, "web-1", "i-1"))
 		return err
 	}
+	// The answer for an ID never registered, with a.id for its ID.
+	never := newAuthority(t, "never")
+	_, err := e.client.LookupAuthority(ctxT(t), &musterv1.LookupAuthorityRequest{AuthorityId: never.id})
+	wantCode(t, err, codes.NotFound, "unknown_authority: authority "+never.id+" is not registered with this discovery")
+	unregistered := strings.ReplaceAll(status.Convert(err).Message(), never.id, a.id)
 	for _, tt := range []struct {
 		name   string
 		opts   []option
 		served bool
+		// audited is what the audit record of each refusal says, for
+		// discovery's operator, and the caller is not told.
+		audited string
 	}{
 		{name: "open", served: true},
 		{name: "allowed with its root", opts: []option{allowing(false, discovery.AllowEntry{AuthorityID: a.id, Fingerprint: a.h.Fingerprint()})}, served: true},
-		{name: "not allowed", opts: []option{allowing(false)}},
-		{name: "open, listed with another root", opts: []option{allowing(true, discovery.AllowEntry{AuthorityID: a.id, Fingerprint: lookAlike(a)})}},
+		{name: "not allowed", opts: []option{allowing(false)},
+			audited: "authority " + a.id + " is registered here but this discovery's allow-list does not admit it, so it is not served: start discovery with --allow-authority " + a.id + "=sha256:"},
+		{name: "open, listed with another root", opts: []option{allowing(true, discovery.AllowEntry{AuthorityID: a.id, Fingerprint: lookAlike(a)})},
+			audited: "allow-list names it with " + lookAlike(a) + ", so it is not served: if " + lookAlike(a) + " is the authority's root (ask its operator), muster discovery forget " + a.id + " --data DIR"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e.stop()
@@ -149,9 +160,28 @@ func TestServedRegistrationsFollowTheAllowlist(t *testing.T) {
 					}
 					continue
 				}
-				wantCode(t, err, codes.NotFound, "unknown_authority: authority "+a.id+" is registered here but this discovery's allow-list does not admit it")
+				// Anyone may ask: the answer is the one for an ID never
+				// registered, which names the allow-list among the ways
+				// out, so it does not tell which IDs discovery holds.
+				if status.Code(err) != codes.NotFound || status.Convert(err).Message() != unregistered {
+					t.Errorf("%s: %v; want NOT_FOUND %q, the answer for an ID never registered", name, err, unregistered)
+				}
 				if !strings.Contains(status.Convert(err).Message(), "--allow-authority "+a.id+"=sha256:") {
 					t.Errorf("%s: the refusal names no way out: %v", name, err)
+				}
+			}
+			if tt.served {
+				return
+			}
+			recs, err := e.st.ListAudit(context.Background(), store.AuditFilter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, action := range []string{"authority.lookup", "referral_ticket.issue", "join.report"} {
+				if !slices.ContainsFunc(recs, func(r store.AuditRecord) bool {
+					return r.Action == action && r.Result == "denied" && strings.Contains(r.Reason, tt.audited)
+				}) {
+					t.Errorf("no %s audit record saying %q in %+v", action, tt.audited, recs)
 				}
 			}
 		})

@@ -43,8 +43,11 @@ func (c call) src() string {
 func (s *Server) refuseAudited(ctx context.Context, c call, action, target string, err error) error {
 	reason := err.Error()
 	var r *refusal
-	if !errors.As(err, &r) {
+	switch {
+	case !errors.As(err, &r):
 		reason = "internal error"
+	case r.audit != "":
+		reason = r.audit
 	}
 	s.refusals.Record(ctx, audit.Event{Actor: "anonymous", Action: action, Target: target, Result: audit.ResultDenied,
 		Reason: reason, Source: c.src(), CorrelationID: c.correlationID})
@@ -81,22 +84,41 @@ func checkAuthorityID(id string) error {
 // the list names its ID with another root, or no longer names it).
 func (s *Server) registration(ctx context.Context, authorityID string) (store.Registration, *discovery.Verified, error) {
 	reg, err := s.store.GetRegistration(ctx, authorityID)
-	if err == nil && s.allow.Check(reg.AuthorityID, reg.RootFingerprint) != nil {
-		// Stored, but the list no longer admits it (discovery started
-		// again without the --allow-authority it had, say): the refusal,
-		// audited here, tells discovery's operator what to change. The
-		// fingerprint to allow is the authority operator's, never the
-		// registration's (docs/discovery.md), so none is named.
-		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown,
-			"%s: authority %s is registered here but this discovery's allow-list does not admit it (not listed, or listed with another root), "+
+	// One answer, to an anonymous caller, for an ID never registered and
+	// for one registered but not admitted: told apart, the answer would
+	// tell anyone which IDs discovery holds a registration of that its
+	// allow-list keeps out (a squatter's, an authority dropped from the
+	// list). It names every way out; the audit record says which applies.
+	unknown := func() *refusal {
+		return refuse(codes.NotFound, discovery.DenyUnknown,
+			"%s: authority %s is not registered with this discovery: check the authority ID (muster init printed it), "+
+				"that the authority runs with --discovery naming this discovery (its log says why a registration is refused), "+
+				"and that discovery's allow-list admits it (--allow-authority %s=sha256:…; discovery's audit log of this refusal says which applies)",
+			discovery.DenyUnknown, authorityID, authorityID)
+	}
+	if err == nil {
+		if cerr := s.allow.Check(reg.AuthorityID, reg.RootFingerprint); cerr != nil {
+			// Stored, but the list no longer admits it. The fingerprint
+			// to allow is the authority operator's, never the
+			// registration's (docs/discovery.md).
+			if na := (*discovery.NotAllowedError)(nil); errors.As(cerr, &na) && na.Allowed != "" {
+				// The list names the ID with another root: the stored
+				// registration is not the listed authority's (a
+				// squatter's under open registration, or the root
+				// before a restore); forgotten, the listed authority
+				// registers again.
+				return reg, nil, unknown().withAudit("%s: authority %s is registered here under root %s, but this discovery's allow-list names it with %s, "+
+					"so it is not served: if %s is the authority's root (ask its operator), muster discovery forget %s --data DIR deletes the stored registration "+
+					"and the authority registers again within its re-registration period (10 minutes by default) or at its next start; otherwise correct the allow-list entry",
+					discovery.DenyUnknown, authorityID, reg.RootFingerprint, na.Allowed, na.Allowed, authorityID)
+			}
+			return reg, nil, unknown().withAudit("%s: authority %s is registered here but this discovery's allow-list does not admit it, "+
 				"so it is not served: start discovery with --allow-authority %s=sha256:… (the ca_fingerprint muster init printed for it), "+
 				"or list it so under allowed_authorities in discovery.yaml", discovery.DenyUnknown, authorityID, authorityID)
+		}
 	}
 	if errors.Is(err, store.ErrNotFound) {
-		return reg, nil, refuse(codes.NotFound, discovery.DenyUnknown,
-			"%s: authority %s is not registered with this discovery: check the authority ID (muster init printed it), "+
-				"and that the authority runs with --discovery naming this discovery (its log says why a registration is refused)",
-			discovery.DenyUnknown, authorityID)
+		return reg, nil, unknown()
 	}
 	if err != nil {
 		return reg, nil, err

@@ -12,10 +12,19 @@ import (
 
 // refusal is a request refused for a reason its caller may read. reason is
 // a bounded label (metrics, the start of the message); msg is the message.
+// audit, when set, is what the audit record says instead of msg: what
+// discovery's operator may read but an anonymous caller may not (withAudit).
 type refusal struct {
 	code   codes.Code
 	reason string
 	msg    string
+	audit  string
+}
+
+// withAudit sets what the audit record of r says instead of its message.
+func (r *refusal) withAudit(format string, a ...any) *refusal {
+	r.audit = fmt.Sprintf(format, a...)
+	return r
 }
 
 func (r *refusal) Error() string { return r.msg }
