@@ -50,7 +50,7 @@ func TestLockedWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		for range 200 {
-			w, locked := lockedWait(tt.err)
+			w, locked := lockedWait(tt.err, backoffMin)
 			if locked != tt.locked || w < tt.min || w > tt.max {
 				t.Fatalf("%s: lockedWait = %s, %v; want within [%s, %s], %v", tt.name, w, locked, tt.min, tt.max, tt.locked)
 			}
@@ -196,5 +196,69 @@ func TestStreamWaitsOutALock(t *testing.T) {
 				t.Errorf("the stream reconnects in %q, want at least %s", rec.RetryIn, tc.min)
 			}
 		})
+	}
+}
+
+// TestRunLockEndedButStillRefusedBacksOff: a lock the authority says has
+// ended (RetryInfo 0) but still refuses — the store's clock, which decides,
+// behind the authority's — is asked about with a wait that doubles with
+// each refusal in a row, up to backoffMax, not every backoffMin (a second)
+// for as long as the clocks disagree, each refusal audited.
+func TestRunLockEndedButStillRefusedBacksOff(t *testing.T) {
+	shortBackoff(t)
+	jitter := lockedJitterMax
+	lockedJitterMax = time.Nanosecond // the waits as computed, not drawn
+	t.Cleanup(func() { lockedJitterMax = jitter })
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	const refusals = 5
+	f.mu.Lock()
+	for range refusals {
+		f.renewErrs = append(f.renewErrs, lockedUntil(0))
+	}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	waitFor(t, done, "the renewal after the refusals", func() bool {
+		st, _ := dir.ReadState()
+		return st != nil && st.Generation >= 1
+	})
+	var waits []time.Duration
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var rec struct {
+			Msg     string `json:"msg"`
+			RetryIn string `json:"retry_in"`
+		}
+		if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "renewal refused: locked; asking again" {
+			continue
+		}
+		d, err := time.ParseDuration(rec.RetryIn)
+		if err != nil {
+			t.Fatalf("retry_in %q: %v", rec.RetryIn, err)
+		}
+		waits = append(waits, d)
+	}
+	want := []time.Duration{backoffMin, 2 * backoffMin, backoffMax, backoffMax, backoffMax}
+	if len(waits) != len(want) {
+		t.Fatalf("%d refusals logged (waits %v), want %d", len(waits), waits, len(want))
+	}
+	for i, w := range want {
+		if waits[i] != w {
+			t.Errorf("waits after the refusals %v, want %v", waits, want)
+			break
+		}
 	}
 }

@@ -52,16 +52,16 @@ var (
 // (PERMISSION_DENIED, reason locked) and how long to wait before asking
 // again: until the lock ends, as the refusal says (its RetryInfo), at most
 // lockedRecheck, or lockedRecheck for a lock without a TTL (and from an
-// authority that does not say); never less than backoffMin, plus jitter.
+// authority that does not say); never less than floor, plus jitter.
 // The authority checks every lock again at the next attempt: a lock
 // created meanwhile, or another one in force, refuses it again.
-func lockedWait(err error) (time.Duration, bool) {
+func lockedWait(err error, floor time.Duration) (time.Duration, bool) {
 	if status.Code(err) != codes.PermissionDenied || errinfo.Reason(err) != "locked" {
 		return 0, false
 	}
 	base := lockedRecheck
 	if d, ok := errinfo.RetryDelay(err); ok && d < base {
-		base = max(d, backoffMin)
+		base = max(d, floor)
 	}
 	spread := min(max(base/10, time.Second), lockedJitterMax)
 	return base + rand.N(spread+1), true
@@ -266,6 +266,13 @@ func (a *Agent) retry(ctx context.Context, op string, notAfter time.Time, f func
 // retryIf is retry with retryable deciding which failures are retried.
 func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retryable func(error) bool, f func() error) error {
 	delay := backoffMin
+	// lockFloor is the least wait for a lock, doubling with each refusal
+	// for one in a row up to backoffMax: a lock the authority says has
+	// ended (RetryInfo 0) but that still refuses — its store's clock,
+	// which decides, behind its own — is asked about with backoff, not
+	// every second (each refusal audited) for as long as the clocks
+	// disagree.
+	lockFloor := backoffMin
 	for attempt := 1; ; attempt++ {
 		err := f()
 		if err == nil || ctx.Err() != nil {
@@ -275,9 +282,10 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if !notAfter.IsZero() {
 			left = notAfter.Sub(a.now())
 		}
-		if wait, locked := lockedWait(err); locked {
+		if wait, locked := lockedWait(err, lockFloor); locked {
 			// Not a failure of the authority, which answered: the
 			// backoff starts again from its minimum after the lock.
+			lockFloor = min(lockFloor*2, backoffMax)
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
 			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
 			if d, ok := errinfo.RetryDelay(err); ok {
