@@ -38,8 +38,8 @@ var (
 	// tell an agent it refuses (its stream is closed): asking again at
 	// this interval brings the fleet back by itself once the operator
 	// lifts the lock, instead of a restart by hand on every machine, at
-	// the cost of one refused (and audited) renewal per locked agent per
-	// interval. A lock with a long TTL may be deleted before it ends,
+	// the cost of one refused (and audited) renewal, and one refused
+	// reconnection of its stream, per locked agent per interval. A lock with a long TTL may be deleted before it ends,
 	// hence the bound on that wait too.
 	lockedRecheck = 15 * time.Minute
 	// lockedJitterMax bounds the jitter added to a wait for a lock: a
