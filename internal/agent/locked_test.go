@@ -262,3 +262,48 @@ func TestRunLockEndedButStillRefusedBacksOff(t *testing.T) {
 		}
 	}
 }
+
+// TestRunLockWaitNoticesASuspend: an agent waiting out a lock whose
+// machine is suspended past its certificate's expiry (its clock jumps
+// ahead; a timer does not count the suspend) makes the attempt that
+// reports the expiry within maxSleep of waking, instead of waiting out
+// the rest of the interval (up to 15 minutes) first.
+func TestRunLockWaitNoticesASuspend(t *testing.T) {
+	shortBackoff(t)
+	recheck := lockedRecheck
+	lockedRecheck = 10000 * time.Hour
+	t.Cleanup(func() { lockedRecheck = recheck })
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	f.mu.Lock()
+	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, "locked", "locked")}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
+	}()
+	waitFor(t, done, "the renewal refused for the lock", func() bool {
+		return strings.Contains(logs.String(), "renewal refused: locked; asking again")
+	})
+	// The wait is cut to end 5 s before the expiry, 10 minutes on: the
+	// machine sleeps through it.
+	clock.set(st.NotAfter.Add(time.Minute))
+	select {
+	case err := <-done:
+		var exp *ExpiredError
+		if !errors.As(err, &exp) {
+			t.Fatalf("got %v, want ExpiredError", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the agent, its clock past its certificate's expiry, still waits out the lock a minute later")
+	}
+}

@@ -287,6 +287,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			// backoff starts again from its minimum after the lock.
 			lockFloor = min(lockFloor*2, backoffMax)
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
+			until := a.now().Add(wait)
 			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
 			if d, ok := errinfo.RetryDelay(err); ok {
 				args = append(args, "lock_ends_in", d.Round(time.Second).String())
@@ -294,7 +295,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 				args = append(args, "lock_ends", "when deleted (muster lock delete LOCK-ID)")
 			}
 			a.log.Warn(op+" refused: locked; asking again", args...)
-			if !sleep(ctx, wait) {
+			if !a.pause(ctx, wait, until) {
 				return ctx.Err()
 			}
 			delay = backoffMin
@@ -304,8 +305,9 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			return err
 		}
 		wait := retryWait(delay, !notAfter.IsZero(), left)
+		until := a.now().Add(wait)
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
-		if !sleep(ctx, wait) {
+		if !a.pause(ctx, wait, until) {
 			return ctx.Err()
 		}
 		delay = min(delay*2, backoffMax)
@@ -346,14 +348,29 @@ func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Dura
 	return wait
 }
 
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
+// pause waits d, or until the agent's clock reads until, whichever
+// comes first, or until ctx ends; it reports whether the wait ended
+// (false: ctx ended). The clock is looked at every maxSleep: a timer does
+// not count the time a machine is suspended, so a locked agent (a wait of
+// up to lockedRecheck) or one backing off (up to backoffMax) whose machine
+// slept past the lock's end or its certificate's expiry would otherwise
+// wait the whole interval again after it wakes, its recovery or its
+// expiry's report delayed by as much.
+func (a *Agent) pause(ctx context.Context, d time.Duration, until time.Time) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+	look := time.NewTicker(maxSleep)
+	defer look.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-look.C:
+			if !a.now().Before(until) {
+				return true
+			}
+		}
 	}
 }
