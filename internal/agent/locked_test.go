@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -202,64 +203,71 @@ func TestStreamWaitsOutALock(t *testing.T) {
 // TestRunLockEndedButStillRefusedBacksOff: a lock the authority says has
 // ended (RetryInfo 0) but still refuses — the store's clock, which decides,
 // behind the authority's — is asked about with a wait that doubles with
-// each refusal in a row, up to backoffMax, not every backoffMin (a second)
-// for as long as the clocks disagree, each refusal audited.
+// each such refusal, up to backoffMax, not every backoffMin (a second)
+// for as long as the clocks disagree, each refusal audited; a refusal for
+// a lock that ends later starts the floor again.
 func TestRunLockEndedButStillRefusedBacksOff(t *testing.T) {
-	shortBackoff(t)
-	jitter := lockedJitterMax
-	lockedJitterMax = time.Nanosecond // the waits as computed, not drawn
-	t.Cleanup(func() { lockedJitterMax = jitter })
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	const refusals = 5
-	f.mu.Lock()
-	for range refusals {
-		f.renewErrs = append(f.renewErrs, lockedUntil(0))
-	}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
-	var logs syncBuffer
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
-	}()
-	t.Cleanup(func() { cancel(); <-stopped })
-	waitFor(t, done, "the renewal after the refusals", func() bool {
-		st, _ := dir.ReadState()
-		return st != nil && st.Generation >= 1
-	})
-	var waits []time.Duration
-	for _, line := range strings.Split(logs.String(), "\n") {
-		var rec struct {
-			Msg     string `json:"msg"`
-			RetryIn string `json:"retry_in"`
-		}
-		if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "renewal refused: locked; asking again" {
-			continue
-		}
-		d, err := time.ParseDuration(rec.RetryIn)
-		if err != nil {
-			t.Fatalf("retry_in %q: %v", rec.RetryIn, err)
-		}
-		waits = append(waits, d)
-	}
-	want := []time.Duration{backoffMin, 2 * backoffMin, backoffMax, backoffMax, backoffMax}
-	if len(waits) != len(want) {
-		t.Fatalf("%d refusals logged (waits %v), want %d", len(waits), waits, len(want))
-	}
-	for i, w := range want {
-		if waits[i] != w {
-			t.Errorf("waits after the refusals %v, want %v", waits, want)
-			break
-		}
+	for _, tc := range []struct {
+		name string
+		errs []error
+		want func() []time.Duration
+	}{
+		{"ended, still refused", []error{lockedUntil(0), lockedUntil(0), lockedUntil(0), lockedUntil(0), lockedUntil(0)},
+			func() []time.Duration {
+				return []time.Duration{backoffMin, 2 * backoffMin, backoffMax, backoffMax, backoffMax}
+			}},
+		{"a lock that ends later", []error{lockedUntil(0), lockedUntil(0), lockedUntil(time.Hour), lockedUntil(0)},
+			func() []time.Duration { return []time.Duration{backoffMin, 2 * backoffMin, lockedRecheck, backoffMin} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shortBackoff(t)
+			jitter, recheck := lockedJitterMax, lockedRecheck
+			lockedJitterMax = time.Nanosecond // the waits as computed, not drawn
+			lockedRecheck = 60 * time.Millisecond
+			t.Cleanup(func() { lockedJitterMax, lockedRecheck = jitter, recheck })
+			f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+			_, dir := joined(t, f)
+			f.mu.Lock()
+			f.renewErrs = append(f.renewErrs, tc.errs...)
+			f.mu.Unlock()
+			st, err := dir.ReadState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			clock := &testClock{}
+			clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+			var logs syncBuffer
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
+			}()
+			t.Cleanup(func() { cancel(); <-stopped })
+			waitFor(t, done, "the renewal after the refusals", func() bool {
+				st, _ := dir.ReadState()
+				return st != nil && st.Generation >= 1
+			})
+			var waits []time.Duration
+			for _, line := range strings.Split(logs.String(), "\n") {
+				var rec struct {
+					Msg     string `json:"msg"`
+					RetryIn string `json:"retry_in"`
+				}
+				if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "renewal refused: locked; asking again" {
+					continue
+				}
+				d, err := time.ParseDuration(rec.RetryIn)
+				if err != nil {
+					t.Fatalf("retry_in %q: %v", rec.RetryIn, err)
+				}
+				waits = append(waits, d)
+			}
+			if want := tc.want(); !slices.Equal(waits, want) {
+				t.Errorf("waits after the refusals %v, want %v", waits, want)
+			}
+		})
 	}
 }
 

@@ -266,12 +266,13 @@ func (a *Agent) retry(ctx context.Context, op string, notAfter time.Time, f func
 // retryIf is retry with retryable deciding which failures are retried.
 func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retryable func(error) bool, f func() error) error {
 	delay := backoffMin
-	// lockFloor is the least wait for a lock, doubling with each refusal
-	// for one in a row up to backoffMax: a lock the authority says has
-	// ended (RetryInfo 0) but that still refuses — its store's clock,
-	// which decides, behind its own — is asked about with backoff, not
-	// every second (each refusal audited) for as long as the clocks
-	// disagree.
+	// lockFloor is the least wait for a lock. It doubles, up to
+	// backoffMax, with each refusal for a lock that ends sooner than it
+	// (RetryInfo 0: the authority says the lock has ended, yet it still
+	// refuses — its store's clock, which decides, behind its own), so
+	// such a lock is asked about with backoff, not every second (each
+	// refusal audited) for as long as the clocks disagree; any other
+	// refusal for a lock starts it again from backoffMin.
 	lockFloor := backoffMin
 	for attempt := 1; ; attempt++ {
 		err := f()
@@ -285,7 +286,11 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if wait, locked := lockedWait(err, lockFloor); locked {
 			// Not a failure of the authority, which answered: the
 			// backoff starts again from its minimum after the lock.
-			lockFloor = min(lockFloor*2, backoffMax)
+			if d, ok := errinfo.RetryDelay(err); ok && d < lockFloor {
+				lockFloor = min(lockFloor*2, backoffMax)
+			} else {
+				lockFloor = backoffMin
+			}
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
 			until := a.now().Add(wait)
 			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
