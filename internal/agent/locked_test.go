@@ -294,11 +294,13 @@ func TestRunLockWaitNoticesASuspend(t *testing.T) {
 	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
 	var logs syncBuffer
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
 	done := make(chan error, 1)
+	stopped := make(chan struct{})
 	go func() {
+		defer close(stopped)
 		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
 	}()
+	t.Cleanup(func() { cancel(); <-stopped })
 	waitFor(t, done, "the renewal refused for the lock", func() bool {
 		return strings.Contains(logs.String(), "renewal refused: locked; asking again")
 	})
