@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -50,7 +51,7 @@ func TestLockedWait(t *testing.T) {
 	}
 	for _, tt := range tests {
 		for range 200 {
-			w, locked := lockedWait(tt.err)
+			w, locked := lockedWait(tt.err, backoffMin)
 			if locked != tt.locked || w < tt.min || w > tt.max {
 				t.Fatalf("%s: lockedWait = %s, %v; want within [%s, %s], %v", tt.name, w, locked, tt.min, tt.max, tt.locked)
 			}
@@ -196,5 +197,123 @@ func TestStreamWaitsOutALock(t *testing.T) {
 				t.Errorf("the stream reconnects in %q, want at least %s", rec.RetryIn, tc.min)
 			}
 		})
+	}
+}
+
+// TestRunLockEndedButStillRefusedBacksOff: a lock the authority says has
+// ended (RetryInfo 0) but still refuses — the store's clock, which decides,
+// behind the authority's — is asked about with a wait that doubles with
+// each such refusal, up to backoffMax, not every backoffMin (a second)
+// for as long as the clocks disagree, each refusal audited; a refusal for
+// a lock that ends later starts the floor again.
+func TestRunLockEndedButStillRefusedBacksOff(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		errs []error
+		want func() []time.Duration
+	}{
+		{"ended, still refused", []error{lockedUntil(0), lockedUntil(0), lockedUntil(0), lockedUntil(0), lockedUntil(0)},
+			func() []time.Duration {
+				return []time.Duration{backoffMin, 2 * backoffMin, backoffMax, backoffMax, backoffMax}
+			}},
+		{"a lock that ends later", []error{lockedUntil(0), lockedUntil(0), lockedUntil(time.Hour), lockedUntil(0)},
+			func() []time.Duration { return []time.Duration{backoffMin, 2 * backoffMin, lockedRecheck, backoffMin} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			shortBackoff(t)
+			jitter, recheck := lockedJitterMax, lockedRecheck
+			lockedJitterMax = time.Nanosecond // the waits as computed, not drawn
+			lockedRecheck = 60 * time.Millisecond
+			t.Cleanup(func() { lockedJitterMax, lockedRecheck = jitter, recheck })
+			f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+			_, dir := joined(t, f)
+			f.mu.Lock()
+			f.renewErrs = append(f.renewErrs, tc.errs...)
+			f.mu.Unlock()
+			st, err := dir.ReadState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			clock := &testClock{}
+			clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+			var logs syncBuffer
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
+			}()
+			t.Cleanup(func() { cancel(); <-stopped })
+			waitFor(t, done, "the renewal after the refusals", func() bool {
+				st, _ := dir.ReadState()
+				return st != nil && st.Generation >= 1
+			})
+			var waits []time.Duration
+			for _, line := range strings.Split(logs.String(), "\n") {
+				var rec struct {
+					Msg     string `json:"msg"`
+					RetryIn string `json:"retry_in"`
+				}
+				if json.Unmarshal([]byte(line), &rec) != nil || rec.Msg != "renewal refused: locked; asking again" {
+					continue
+				}
+				d, err := time.ParseDuration(rec.RetryIn)
+				if err != nil {
+					t.Fatalf("retry_in %q: %v", rec.RetryIn, err)
+				}
+				waits = append(waits, d)
+			}
+			if want := tc.want(); !slices.Equal(waits, want) {
+				t.Errorf("waits after the refusals %v, want %v", waits, want)
+			}
+		})
+	}
+}
+
+// TestRunLockWaitNoticesASuspend: an agent waiting out a lock whose
+// machine is suspended past its certificate's expiry (its clock jumps
+// ahead; a timer does not count the suspend) makes the attempt that
+// reports the expiry within maxSleep of waking, instead of waiting out
+// the rest of the interval (up to 15 minutes) first.
+func TestRunLockWaitNoticesASuspend(t *testing.T) {
+	shortBackoff(t)
+	recheck := lockedRecheck
+	lockedRecheck = 10000 * time.Hour
+	t.Cleanup(func() { lockedRecheck = recheck })
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	f.mu.Lock()
+	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, "locked", "locked")}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+	var logs syncBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	waitFor(t, done, "the renewal refused for the lock", func() bool {
+		return strings.Contains(logs.String(), "renewal refused: locked; asking again")
+	})
+	// The wait is cut to end 5 s before the expiry, 10 minutes on: the
+	// machine sleeps through it.
+	clock.set(st.NotAfter.Add(time.Minute))
+	select {
+	case err := <-done:
+		var exp *ExpiredError
+		if !errors.As(err, &exp) {
+			t.Fatalf("got %v, want ExpiredError", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the agent, its clock past its certificate's expiry, still waits out the lock a minute later")
 	}
 }

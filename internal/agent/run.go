@@ -38,8 +38,8 @@ var (
 	// tell an agent it refuses (its stream is closed): asking again at
 	// this interval brings the fleet back by itself once the operator
 	// lifts the lock, instead of a restart by hand on every machine, at
-	// the cost of one refused (and audited) renewal per locked agent per
-	// interval. A lock with a long TTL may be deleted before it ends,
+	// the cost of one refused (and audited) renewal, and one refused
+	// reconnection of its stream, per locked agent per interval. A lock with a long TTL may be deleted before it ends,
 	// hence the bound on that wait too.
 	lockedRecheck = 15 * time.Minute
 	// lockedJitterMax bounds the jitter added to a wait for a lock: a
@@ -52,16 +52,16 @@ var (
 // (PERMISSION_DENIED, reason locked) and how long to wait before asking
 // again: until the lock ends, as the refusal says (its RetryInfo), at most
 // lockedRecheck, or lockedRecheck for a lock without a TTL (and from an
-// authority that does not say); never less than backoffMin, plus jitter.
+// authority that does not say); never less than floor, plus jitter.
 // The authority checks every lock again at the next attempt: a lock
 // created meanwhile, or another one in force, refuses it again.
-func lockedWait(err error) (time.Duration, bool) {
+func lockedWait(err error, floor time.Duration) (time.Duration, bool) {
 	if status.Code(err) != codes.PermissionDenied || errinfo.Reason(err) != "locked" {
 		return 0, false
 	}
 	base := lockedRecheck
 	if d, ok := errinfo.RetryDelay(err); ok && d < base {
-		base = max(d, backoffMin)
+		base = max(d, floor)
 	}
 	spread := min(max(base/10, time.Second), lockedJitterMax)
 	return base + rand.N(spread+1), true
@@ -266,6 +266,14 @@ func (a *Agent) retry(ctx context.Context, op string, notAfter time.Time, f func
 // retryIf is retry with retryable deciding which failures are retried.
 func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retryable func(error) bool, f func() error) error {
 	delay := backoffMin
+	// lockFloor is the least wait for a lock. It doubles, up to
+	// backoffMax, with each refusal for a lock that ends sooner than it
+	// (RetryInfo 0: the authority says the lock has ended, yet it still
+	// refuses — its store's clock, which decides, behind its own), so
+	// such a lock is asked about with backoff, not every second (each
+	// refusal audited) for as long as the clocks disagree; any other
+	// refusal for a lock starts it again from backoffMin.
+	lockFloor := backoffMin
 	for attempt := 1; ; attempt++ {
 		err := f()
 		if err == nil || ctx.Err() != nil {
@@ -275,10 +283,16 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if !notAfter.IsZero() {
 			left = notAfter.Sub(a.now())
 		}
-		if wait, locked := lockedWait(err); locked {
+		if wait, locked := lockedWait(err, lockFloor); locked {
 			// Not a failure of the authority, which answered: the
 			// backoff starts again from its minimum after the lock.
+			if d, ok := errinfo.RetryDelay(err); ok && d < lockFloor {
+				lockFloor = min(lockFloor*2, backoffMax)
+			} else {
+				lockFloor = backoffMin
+			}
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
+			until := a.now().Add(wait)
 			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
 			if d, ok := errinfo.RetryDelay(err); ok {
 				args = append(args, "lock_ends_in", d.Round(time.Second).String())
@@ -286,7 +300,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 				args = append(args, "lock_ends", "when deleted (muster lock delete LOCK-ID)")
 			}
 			a.log.Warn(op+" refused: locked; asking again", args...)
-			if !sleep(ctx, wait) {
+			if !a.pause(ctx, wait, until) {
 				return ctx.Err()
 			}
 			delay = backoffMin
@@ -296,8 +310,9 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			return err
 		}
 		wait := retryWait(delay, !notAfter.IsZero(), left)
+		until := a.now().Add(wait)
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
-		if !sleep(ctx, wait) {
+		if !a.pause(ctx, wait, until) {
 			return ctx.Err()
 		}
 		delay = min(delay*2, backoffMax)
@@ -338,14 +353,29 @@ func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Dura
 	return wait
 }
 
-// sleep waits d or until ctx ends; it reports whether d elapsed.
-func sleep(ctx context.Context, d time.Duration) bool {
+// pause waits d, or until the agent's clock reads until, whichever
+// comes first, or until ctx ends; it reports whether the wait ended
+// (false: ctx ended). The clock is looked at every maxSleep: a timer does
+// not count the time a machine is suspended, so a locked agent (a wait of
+// up to lockedRecheck) or one backing off (up to backoffMax) whose machine
+// slept past the lock's end or its certificate's expiry would otherwise
+// wait the whole interval again after it wakes, its recovery or its
+// expiry's report delayed by as much.
+func (a *Agent) pause(ctx context.Context, d time.Duration, until time.Time) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+	look := time.NewTicker(maxSleep)
+	defer look.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-look.C:
+			if !a.now().Before(until) {
+				return true
+			}
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
 		} else if r := standingRefusal(err); r != "" {
-			if lw, locked := lockedWait(err); locked && lw > wait {
+			if lw, locked := lockedWait(err, backoffMin); locked && lw > wait {
 				// Asking before the lock ends is refused again: the
 				// stream waits as the renewal does, and a renewal that
 				// succeeds (the lock deleted) wakes it.

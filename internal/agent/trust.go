@@ -3,11 +3,14 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 
 	"google.golang.org/grpc"
 
+	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
@@ -143,8 +146,16 @@ func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *s
 func notFollowed(err error, t *signer.Trust, current []byte, st *State, dir Dir) error {
 	rejoin := fmt.Sprintf("join again: %s (docs/signer-lifecycle.md, \"Restoring the store\")", RejoinCommand(dir, st.NodeID))
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		rejoin = fmt.Sprintf("join again with the bound key: muster agent join --force --data %s --node %s --bound-keypair %s (docs/signer-lifecycle.md, \"Restoring the store\")",
-			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair))
+		// A bound-keypair join needs the authority and the root's pin,
+		// which state.json does not hold: the address the agent renews
+		// at, and the root it trusts now (a restored store keeps its
+		// root; the authority's certificate chained to it to answer).
+		addr := "ADDR" // a state from before the address was kept
+		if st.Authority != "" {
+			addr = shellword.Quote(st.Authority)
+		}
+		rejoin = fmt.Sprintf("join again with the bound key: muster agent join --force --data %s --node %s --bound-keypair %s --authority %s --ca-fingerprint %s (docs/signer-lifecycle.md, \"Restoring the store\")",
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr, heldRootPin(dir))
 	}
 	switch {
 	case errors.Is(err, signer.ErrSetUntrusted), errors.Is(err, signer.ErrKeyConflict):
@@ -245,4 +256,24 @@ func sameKeys(keys []signer.SetKey, raw []byte) bool {
 		}
 	}
 	return true
+}
+
+// heldRootPin is the fingerprint of the first root the agent trusts (its
+// ca.crt), as --ca-fingerprint takes it; a placeholder naming where it
+// comes from when the file cannot be read.
+func heldRootPin(dir Dir) string {
+	const unknown = "sha256:… (the root muster ca root status names)"
+	raw, err := readSmall(dir.CAFile())
+	if err != nil {
+		return unknown
+	}
+	b, _ := pem.Decode(raw)
+	if b == nil || b.Type != "CERTIFICATE" {
+		return unknown
+	}
+	c, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return unknown
+	}
+	return ca.Fingerprint(c)
 }
