@@ -48,7 +48,7 @@ func TestCRLServedThroughAHungDatabase(t *testing.T) {
 	// within which the copy is served without asking reads the store,
 	// which does not answer, and gets the copy.
 	waitFor(t, 30*time.Second, "a fetch answered with the copy", func() bool {
-		resp, err := http.Get(crlURL)
+		resp, err := crlClient.Get(crlURL)
 		if err != nil {
 			t.Fatal(err)
 		}
