@@ -57,7 +57,8 @@ type headFile struct {
 
 	mu  sync.Mutex // held while the file is written
 	f   *os.File
-	seq int64 // the newest seq written, never lowered
+	fi  fs.FileInfo // f's, to tell it is still the file at path
+	seq int64       // the newest seq written, never lowered
 	// writes counts the writes of the file, notes (under newest) the
 	// calls of note: what the tests check.
 	writes int
@@ -93,12 +94,24 @@ func (h *headFile) note(seq int64, hash []byte) error {
 	h.newest.Lock()
 	seq, hash = h.newest.seq, h.newest.hash
 	h.newest.Unlock()
+	if h.f != nil && !h.stillAtPath() {
+		// Removed (the way out of a damaged file names rm) or replaced
+		// while this process ran: writes to the file held open would
+		// reach no file at the path until a restart.
+		h.f.Close()
+		h.f = nil
+	}
 	if h.f == nil {
 		f, err := os.OpenFile(h.path, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {
 			return fmt.Errorf("audit: head file: %w", err)
 		}
-		h.f = f
+		fi, err := f.Stat()
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("audit: head file: %w", err)
+		}
+		h.f, h.fi = f, fi
 	}
 	if h.lock != "" {
 		if h.lockF == nil {
@@ -142,6 +155,13 @@ func (h *headFile) note(seq int64, hash []byte) error {
 	h.seq = seq
 	h.writes++
 	return nil
+}
+
+// stillAtPath reports whether the file held open is still the one at
+// the path: one stat a write, beside the write itself.
+func (h *headFile) stillAtPath() bool {
+	at, err := os.Stat(h.path)
+	return err == nil && os.SameFile(at, h.fi)
 }
 
 // ReadHeadFile reads a head file: the seq and hash of the newest record
@@ -195,22 +215,37 @@ type damagedHeadError struct{ text string }
 func (e damagedHeadError) Error() string        { return "audit: " + e.text }
 func (e damagedHeadError) Is(target error) bool { return target == ErrDamagedHead }
 
+// walked is what a walk of the chain (Verify) found whole: the newest
+// record, and the newest a signed checkpoint covers (0: none).
+type walked struct{ head, checkpoint int64 }
+
 // damagedHead says what is wrong with the head file (why, from
 // parseHead), and the way out: find who changed it, and remove it, which
-// the next append writes anew. verified: the chain was walked and every
-// record is in place; else the walk comes first.
-func (l *Logger) damagedHead(why error, verified bool) string {
+// the next append writes anew. w: the chain was walked and found whole
+// (nil: the walk comes first). Only the records a signed checkpoint
+// covers are known to be all there: ones cut from the tail after it, the
+// head file alone would have shown.
+func (l *Logger) damagedHead(why error, w *walked) string {
 	rm := "rm " + shellword.Quote(l.head.path)
 	what := fmt.Sprintf("the head file %s is damaged: %v; muster writes the sequence number and hash of the newest record appended there, "+
 		"which reveals records removed from the chain's tail since the last checkpoint", l.head.path, why)
-	if verified {
-		return what + fmt.Sprintf("; every record is in place: find out who changed the file, then remove it: %s (the next record appended writes it anew)", rm)
+	if w != nil {
+		found := fmt.Sprintf("every record is in place (a signed checkpoint covers the newest, record %d)", w.head)
+		switch {
+		case w.checkpoint == 0:
+			found = fmt.Sprintf("the chain is whole to record %d, but no signed checkpoint covers it yet: records removed from its tail, only this file could show", w.head)
+		case w.checkpoint < w.head:
+			found = fmt.Sprintf("the chain is whole to record %d and a signed checkpoint covers it to record %d: records removed from its tail after %d, only this file could show",
+				w.head, w.checkpoint, w.checkpoint)
+		}
+		return what + fmt.Sprintf("; %s. Find out who changed the file, then remove it: %s (the next record appended writes it anew, "+
+			"as an authority running on this directory does at its next append)", found, rm)
 	}
 	walk := l.verifyCmd
 	if walk == "" {
 		walk = "audit verify --offline from the data directory"
 	}
-	return what + fmt.Sprintf(", so nothing is appended until it is mended: walk the chain with %s; if it finds every record in place, "+
+	return what + fmt.Sprintf(", so nothing is appended until it is mended: walk the chain with %s; if it finds no record missing or changed, "+
 		"find out who changed the file, then remove it: %s (the next record appended writes it anew); if it finds records missing, "+
 		"restore the store from a backup", walk, rm)
 }
@@ -267,7 +302,7 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 		return fmt.Errorf("audit: checking the head file: %w", err)
 	}
 	if damaged != nil {
-		return damagedHeadError{l.damagedHead(damaged, false)}
+		return damagedHeadError{l.damagedHead(damaged, nil)}
 	}
 	if problem == "" {
 		if problem, err = l.checkCheckpointFile(ctx); err != nil {

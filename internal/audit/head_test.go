@@ -280,7 +280,7 @@ func TestDamagedHeadFileWayOut(t *testing.T) {
 			}
 		}
 		rep, err := l.Verify(ctx)
-		if err != nil || rep.OK || rep.RecordsChecked != 3 || !strings.Contains(rep.Problem, "every record is in place") ||
+		if err != nil || rep.OK || rep.RecordsChecked != 3 || !strings.Contains(rep.Problem, "the chain is whole to record 3, but no signed checkpoint covers it yet") ||
 			!strings.Contains(rep.Problem, c.says) || !strings.Contains(rep.Problem, rm) {
 			t.Errorf("%q: Verify: %+v, %v", c.content, rep, err)
 		}
@@ -305,5 +305,85 @@ func TestDamagedHeadFileWayOut(t *testing.T) {
 	}
 	if rep, err := l.Verify(ctx); err != nil || !rep.OK {
 		t.Fatalf("Verify after: %+v, %v", rep, err)
+	}
+}
+
+// TestDamagedHeadVerifyClaimsOnlyWhatItChecked: with the head file
+// damaged, records cut from the chain's tail after the newest checkpoint
+// leave nothing to find them; Verify says how far the chain is whole and
+// how far a checkpoint covers it, not that every record is in place.
+func TestDamagedHeadVerifyClaimsOnlyWhatItChecked(t *testing.T) {
+	dir := t.TempDir()
+	head := filepath.Join(dir, "audit-head")
+	m := &memStore{}
+	l, err := New(Config{Store: m, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	record := func(n int) {
+		for range n {
+			if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	record(3)
+	if _, err := l.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	record(2)
+	// Record 5 cut from the tail, the head file that noted it damaged.
+	m.mu.Lock()
+	m.recs = m.recs[:4]
+	m.mu.Unlock()
+	if err := os.WriteFile(head, []byte("garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := l.Verify(ctx)
+	if err != nil || rep.OK {
+		t.Fatalf("Verify: %+v, %v", rep, err)
+	}
+	if strings.Contains(rep.Problem, "every record is in place") {
+		t.Errorf("Verify claims every record is in place, record 5 cut:\n%s", rep.Problem)
+	}
+	if !strings.Contains(rep.Problem, "the chain is whole to record 4 and a signed checkpoint covers it to record 3: records removed from its tail after 3, only this file could show") {
+		t.Errorf("Verify does not say what it checked:\n%s", rep.Problem)
+	}
+	// A checkpoint of the newest record covers them all.
+	if _, err := l.Checkpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := l.Verify(ctx); err != nil || !strings.Contains(rep.Problem, "every record is in place (a signed checkpoint covers the newest, record 4)") {
+		t.Errorf("Verify with the newest record checkpointed: %+v, %v", rep, err)
+	}
+}
+
+// TestHeadFileRemovedWhileRunning: the head file removed while its logger
+// runs (the damaged file's way out, pasted beside a running authority)
+// is written anew at the next append, not into the removed file the
+// logger held open, which left none at the path until a restart.
+func TestHeadFileRemovedWhileRunning(t *testing.T) {
+	dir := t.TempDir()
+	head := filepath.Join(dir, "audit-head")
+	l, err := New(Config{Store: &memStore{}, ChainKey: testChainKey, CheckpointKey: testSignKey,
+		CheckpointFile: filepath.Join(dir, "cp.json"), HeadFile: head})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	for i := range 3 {
+		if i == 1 {
+			if err := os.Remove(head); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := l.Record(ctx, Event{Actor: "a", Action: "x", Result: ResultOK}); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := ReadHeadFile(head); err != nil || h.Seq != int64(i+1) {
+			t.Fatalf("after record %d: the head file %+v, %v", i+1, h, err)
+		}
 	}
 }

@@ -182,8 +182,14 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 		return Report{}, fmt.Errorf("audit: verify: %w", err)
 	}
 	if damaged != nil {
-		// The whole chain was walked: the file alone is wrong.
-		return fail(0, "%s", l.damagedHead(damaged, true))
+		// The whole chain was walked: the file is wrong, and what it
+		// alone covered (the records after the newest checkpoint)
+		// cannot be told.
+		w := walked{head: prev.Seq}
+		if len(anchors) > 0 {
+			w.checkpoint = anchors[len(anchors)-1].Seq
+		}
+		return fail(0, "%s", l.damagedHead(damaged, &w))
 	}
 	if problem != "" {
 		return fail(firstBad, "%s; %s", problem, l.restoredWayOut())

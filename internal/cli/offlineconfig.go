@@ -13,7 +13,7 @@ import (
 // store itself, from its data directory; with is what it goes with
 // ("with --offline: ", or "" where the command is always offline).
 func configHelp(with string) string {
-	return with + "the settings file the authority is started with, as muster authority --config FILE reads it, where its store URL may be (default: DIR/authority.yaml)"
+	return with + "the settings file the authority is started with, as muster authority --config FILE reads it, where its store URL may be (env MUSTER_CONFIG; default: DIR/authority.yaml)"
 }
 
 // readAuthorityConfig reads the settings an authority of dir started with
@@ -42,11 +42,14 @@ type offlineDir struct {
 }
 
 // loadOfflineDir reads the data directory data (--data, MUSTER_DATA, or
-// ./muster-data) and its settings, from configFile (--config) if given,
-// as muster authority reads them.
+// ./muster-data) and its settings, from configFile (--config, else
+// MUSTER_CONFIG) if given, as muster authority reads them: a shell or
+// container that starts the authority with MUSTER_CONFIG (it reads
+// MUSTER_DATA and MUSTER_STORE as these commands do) names the same file
+// to them, not DIR/authority.yaml and so perhaps another store.
 func loadOfflineDir(env *Env, data, configFile string) (offlineDir, error) {
 	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
-	cfg, path, err := readAuthorityConfig(dir, configFile)
+	cfg, path, err := readAuthorityConfig(dir, firstOf(configFile, env.Getenv("MUSTER_CONFIG")))
 	return offlineDir{dir: dir, cfg: cfg, configPath: path}, err
 }
 

@@ -148,3 +148,29 @@ func TestOfflineWayOutNamesConfig(t *testing.T) {
 		t.Fatalf("the pasted way out, muster %s: exit %d\n%s%s", pasted, code, stdout, stderr)
 	}
 }
+
+// TestOfflineCommandsReadMusterConfig: MUSTER_CONFIG names the settings
+// file to the offline commands as it does to muster authority (withEnv),
+// beside the MUSTER_DATA and MUSTER_STORE they read already: in a
+// container or shell that starts the authority so, they open the store
+// it does, not DIR/authority.yaml's.
+func TestOfflineCommandsReadMusterConfig(t *testing.T) {
+	dir, cfg, url := offlineConfigDir(t)
+	vars := map[string]string{"MUSTER_DATA": dir, "MUSTER_CONFIG": cfg}
+	if code, stdout, stderr := runCLIEnv(t, vars, "audit", "verify", "--offline"); code != 0 {
+		t.Fatalf("audit verify --offline with MUSTER_CONFIG: exit %d\n%s%s", code, stdout, stderr)
+	}
+	out := filepath.Join(t.TempDir(), "alice.pem")
+	before := len(auditActions(t, url))
+	if code, stdout, stderr := runCLIEnv(t, vars, "admin", "add", "alice", "--offline", "--out", out); code != 0 {
+		t.Fatalf("admin add --offline with MUSTER_CONFIG: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if after := auditActions(t, url); !hasString(after[before:], "operator.add/ok") {
+		t.Errorf("no operator.add record in the store MUSTER_CONFIG names: %v", after[before:])
+	}
+	// --config beats MUSTER_CONFIG, as for muster authority.
+	vars["MUSTER_CONFIG"] = filepath.Join(t.TempDir(), "missing.yaml")
+	if code, stdout, stderr := runCLIEnv(t, vars, "audit", "verify", "--offline", "--config", cfg); code != 0 {
+		t.Fatalf("--config over MUSTER_CONFIG: exit %d\n%s%s", code, stdout, stderr)
+	}
+}
