@@ -599,15 +599,26 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 }
 
 // currentSignerState is the state of signer versionID in the store when
-// it is active or staged, the signers the authority's current verifier set
-// vouches for; "" otherwise, or when the store cannot say.
+// it is active, staged, or in grace (before its grace_until), the signers
+// the authority's current verifier set has an agent accept: one that
+// refuses a task as signed by an unknown signer then does not hold the
+// set; "" otherwise, or when the store cannot say.
 func (s *Server) currentSignerState(ctx context.Context, versionID string) string {
 	signers, _, err := s.store.ListSigners(ctx)
 	if err != nil {
 		return ""
 	}
+	now := s.now()
 	for _, sg := range signers {
-		if sg.VersionID == versionID && (sg.State == store.SignerActive || sg.State == store.SignerStaged) {
+		if sg.VersionID != versionID {
+			continue
+		}
+		switch {
+		case sg.State == store.SignerActive || sg.State == store.SignerStaged:
+			return sg.State
+		case sg.State == store.SignerGrace && now.Before(sg.GraceUntil):
+			// Past grace_until the agent rightly retired it, though the
+			// store may not have yet.
 			return sg.State
 		}
 	}
@@ -616,13 +627,13 @@ func (s *Server) currentSignerState(ctx context.Context, versionID string) strin
 
 // refusalWayOut is what the operator can do about an agent's refusal of a
 // task of type taskType ("" if unknown) sent to node; current is the
-// state of the task's signer in the store when it is active or staged
-// ("" otherwise). A task queued for an agent that is offline waits for
+// state of the task's signer in the store when it is active, staged or in
+// grace ("" otherwise). A task queued for an agent that is offline waits for
 // it, and its signer may be retired or revoked before the agent comes
 // back: the agent then refuses it, rightly, and the task must be sent
 // again, signed by the active signer. A rotate task needs nothing: agents
 // learn signers from the verifier set. Neither helps an agent that does
-// not accept a signer the store holds as active or staged: sent again,
+// not accept a signer the store holds as active, staged or in grace: sent again,
 // the task is signed by that signer again, and the verifier set that
 // names it is one the agent has not taken (it missed it, or its set does
 // not follow from the store's, restored from a backup).
