@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/task"
@@ -371,7 +372,7 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 			if k&store.ChangeStanding != 0 {
 				if err := st.a.s.enroll.Standing(st.ctx, st.c.Cert); err != nil && st.ctx.Err() == nil {
 					st.a.streamLog(st.c).Info("agent stream closed while a send waited", "reason", err)
-					st.a.auditClose(st.ctx, st.c, err.Error())
+					st.a.auditClose(st.ctx, st.c, auditText(err))
 					return toStatus(st.ctx, st.a.s.log, err)
 				}
 			}
@@ -432,6 +433,16 @@ func (a *agentService) auditClose(ctx context.Context, c Caller, reason string) 
 		Result: audit.ResultDenied, Reason: "stream closed: " + reason, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
+// auditText is err as an audit record gives it: a refusal's reason with
+// the detail only the audit log sees (the way out of an unknown
+// certificate, the lock in force).
+func auditText(err error) string {
+	if ref := (*enroll.Refusal)(nil); errors.As(err, &ref) {
+		return ref.AuditText()
+	}
+	return err.Error()
+}
+
 // streamLog is the logger of c's stream. It is made for each line, not
 // kept for the stream's life: slog's With formats its attributes when it
 // is called and keeps them (about 280 bytes a stream in a heap profile of
@@ -449,7 +460,7 @@ func (a *agentService) recheck(ctx context.Context, send func(*musterv1.Authorit
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
-			a.auditClose(ctx, c, err.Error())
+			a.auditClose(ctx, c, auditText(err))
 			return toStatus(ctx, a.s.log, err)
 		}
 	}
