@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 	"github.com/muster-dev/muster/internal/errinfo"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // A stream refused because the authority has no record of the agent's
