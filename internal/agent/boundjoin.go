@@ -538,7 +538,7 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 	case "registration_closed":
 		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
 	case "locked", "copy_detected":
-		hint = "muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired; agent run asks again by itself when a lock ends (its TTL), every 15 minutes for one without a TTL, and recovers at the expiry, with no restart"
+		hint = fmt.Sprintf("muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired; agent run asks again by itself when a lock ends (its TTL), %s for one without a TTL, and recovers at the expiry, with no restart", every(lockedRecheck))
 	default:
 		return err
 	}

@@ -128,7 +128,8 @@ func (r JoinRequest) checkDiscovery() error {
 // from the trust bundle signed with the token, then, over a connection
 // that verifies the authority by that root and its SPIFFE ID, exchanges
 // the token and a CSR for a certificate. It writes the certificate files,
-// then state.json, then removes the token from agent.yaml. Errors are
+// then agent.yaml (where and who, the pins), then state.json, then removes
+// the pending key and the token from agent.yaml. Errors are
 // *OpError; a bundle that does not verify wraps ErrTrustBundle (classed
 // NOT_FOUND), a fingerprint mismatch ErrFingerprint, an existing identity
 // ErrIdentityExists.
@@ -191,6 +192,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if err := a.dir.writeIdentity(id, true); err != nil {
 		return nil, err
 	}
+	joinStep("identity")
 	st := &State{
 		NodeID: r.Node, InstanceID: j.instanceID, AuthorityID: j.authorityID,
 		TrustDomain: j.trustDomain, Authority: j.renewal, Generation: j.generation,
@@ -202,30 +204,51 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if _, err := a.takeBundle(st, id, j.bundle); err != nil {
 		return nil, err
 	}
-	if err := a.dir.writeState(st); err != nil {
-		return nil, err
-	}
-	// From here the join has succeeded: state.json is written.
-	if err := a.dir.removePendingKey(); err != nil {
-		a.log.Warn("joined, but the certified key could not be removed from keys/", "err", err)
-	}
-	// The configuration keeps where and who, never the secret.
+	// agent.yaml is written before state.json, which makes the join
+	// succeed: a crash between the two leaves the address, the node and
+	// the pins where restarts and later joins read them (the join's
+	// secret stays until state.json exists, so a crash before it can
+	// still retry; load drops it after).
 	cfg, cerr := a.dir.ReadConfig()
 	if cerr != nil {
 		cfg = Config{}
 	}
-	cfg.Authority, cfg.Node, cfg.JoinMethod, cfg.Token, cfg.PSK = j.joined, r.Node, r.method(), "", ""
-	cfg.BoundKeypair, cfg.RegistrationSecret = r.BoundKeypair, ""
+	secrets := [3]string{cfg.Token, cfg.PSK, cfg.RegistrationSecret}
+	cfg.Authority, cfg.Node, cfg.JoinMethod = j.joined, r.Node, r.method()
+	cfg.BoundKeypair = r.BoundKeypair
 	cfg.CAFingerprint = pinOf(j.roots, r.CAFingerprint)
 	if r.Discovery != "" {
 		cfg.Discovery, cfg.DiscoveryFingerprint, cfg.AuthorityID = r.Discovery, r.DiscoveryFingerprint, r.AuthorityID
 	}
 	if err := a.dir.WriteConfig(cfg); err != nil {
 		// The identity is in place: say so rather than fail the join.
-		a.log.Warn("joined, but agent.yaml could not be updated; remove any token or PSK from it by hand", "err", err)
+		a.log.Warn("joining, but agent.yaml could not be updated with the authority's address and pins", "err", err)
+	}
+	joinStep("config")
+	if err := a.dir.writeState(st); err != nil {
+		return nil, err
+	}
+	joinStep("state")
+	// From here the join has succeeded: state.json is written. A crash
+	// before the next two steps is finished by load's repair (the
+	// certified key left pending, the secret left in agent.yaml).
+	if err := a.dir.removePendingKey(); err != nil {
+		a.log.Warn("joined, but the certified key could not be removed from keys/", "err", err)
+	}
+	joinStep("pending")
+	// The configuration keeps where and who, never the secret.
+	if secrets != [3]string{} {
+		cfg.Token, cfg.PSK, cfg.RegistrationSecret = "", "", ""
+		if err := a.dir.WriteConfig(cfg); err != nil {
+			a.log.Warn("joined, but agent.yaml could not be updated; remove any token or PSK from it by hand", "err", err)
+		}
 	}
 	return st, nil
 }
+
+// joinStep marks where a join stands between its writes; tests set it to
+// stop the join there, as a crash would.
+var joinStep = func(string) {}
 
 // joinResult is what a join method's exchange established.
 type joinResult struct {

@@ -250,7 +250,7 @@ func standingHint(err error, st *State, dir Dir) error {
 	var hint string
 	switch errinfo.Reason(err) {
 	case "locked":
-		hint = fmt.Sprintf("on the authority, muster lock list names the lock and why (muster audit list --action agent.renew): muster lock delete ID lifts it, and agent run asks again by itself when the lock ends (its TTL) and every 15 minutes for one without a TTL, with no restart; a copy_detected lock (a copy of this identity, or this directory restored from an older backup) stays, and this machine joins again: %s", rejoin)
+		hint = fmt.Sprintf("on the authority, muster lock list names the lock and why (muster audit list --action agent.renew): muster lock delete ID lifts it, and agent run asks again by itself when the lock ends (its TTL) and %s for one without a TTL, with no restart; a copy_detected lock (a copy of this identity, or this directory restored from an older backup) stays, and this machine joins again: %s", every(lockedRecheck), rejoin)
 	case "copy_detected":
 		hint = fmt.Sprintf("this identity was presented after a newer one was issued (a copy of it, or this directory restored from an older backup): the instance is locked; if this machine is the node, join again: %s", rejoin)
 	case "deleted":

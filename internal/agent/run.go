@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"time"
@@ -47,6 +48,24 @@ var (
 	// agents locked together, and prolongs a short lock little.
 	lockedJitterMax = 30 * time.Second
 )
+
+// every says how often an interval recurs, in the words a hint uses
+// ("every 15 minutes", "every hour"), so the hints say what lockedRecheck
+// is rather than repeat it.
+func every(d time.Duration) string {
+	for _, u := range []struct {
+		d    time.Duration
+		name string
+	}{{time.Hour, "hour"}, {time.Minute, "minute"}, {time.Second, "second"}} {
+		if d >= u.d && d%u.d == 0 {
+			if n := d / u.d; n > 1 {
+				return fmt.Sprintf("every %d %ss", n, u.name)
+			}
+			return "every " + u.name
+		}
+	}
+	return "every " + d.String()
+}
 
 // lockedWait reports whether err is the authority's refusal for a lock
 // (PERMISSION_DENIED, reason locked) and how long to wait before asking

@@ -84,6 +84,11 @@ func (a *Agent) keepStream(ctx context.Context) {
 				// succeeds (the lock deleted) wakes it.
 				wait = lw
 			}
+			// The way out, with this agent's own directory, as the
+			// renewal's refusal names it (which follows at once).
+			if st, serr := a.dir.ReadState(); serr == nil {
+				err = standingHint(err, st, a.dir)
+			}
 			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
 				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
 			select {
@@ -102,13 +107,15 @@ func (a *Agent) keepStream(ctx context.Context) {
 }
 
 // standingRefusal is the reason of a stream refused for the node's
-// standing (locked, deleted, superseded), or "".
+// standing (locked, deleted, superseded, copy_detected, or
+// certificate_unknown: a store restored from a backup taken before this
+// agent's last renewal), or "".
 func standingRefusal(err error) string {
 	if status.Code(err) != codes.PermissionDenied {
 		return ""
 	}
 	switch r := errinfo.Reason(err); r {
-	case "locked", "deleted", "superseded", "copy_detected":
+	case "locked", "deleted", "superseded", "copy_detected", "certificate_unknown":
 		return r
 	}
 	return ""

@@ -262,7 +262,7 @@ func (a *agentService) standing(ctx context.Context) error {
 	if ref := (*enroll.Refusal)(nil); errors.As(err, &ref) {
 		method, _ := grpc.Method(ctx)
 		a.s.refusals.Record(ctx, audit.Event{Actor: c.Actor(), Action: "api.access", Target: method,
-			Result: audit.ResultDenied, Reason: ref.Reason, Source: c.Source, CorrelationID: c.CorrelationID})
+			Result: audit.ResultDenied, Reason: ref.AuditText(), Source: c.Source, CorrelationID: c.CorrelationID})
 	}
 	return toStatus(ctx, a.s.log, err)
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/task"
@@ -371,7 +372,7 @@ func (st *agentStream) send(m *musterv1.AuthorityMessage) error {
 			if k&store.ChangeStanding != 0 {
 				if err := st.a.s.enroll.Standing(st.ctx, st.c.Cert); err != nil && st.ctx.Err() == nil {
 					st.a.streamLog(st.c).Info("agent stream closed while a send waited", "reason", err)
-					st.a.auditClose(st.ctx, st.c, err.Error())
+					st.a.auditClose(st.ctx, st.c, auditText(err))
 					return toStatus(st.ctx, st.a.s.log, err)
 				}
 			}
@@ -432,6 +433,16 @@ func (a *agentService) auditClose(ctx context.Context, c Caller, reason string) 
 		Result: audit.ResultDenied, Reason: "stream closed: " + reason, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
+// auditText is err as an audit record gives it: a refusal's reason with
+// the detail only the audit log sees (the way out of an unknown
+// certificate, the lock in force).
+func auditText(err error) string {
+	if ref := (*enroll.Refusal)(nil); errors.As(err, &ref) {
+		return ref.AuditText()
+	}
+	return err.Error()
+}
+
 // streamLog is the logger of c's stream. It is made for each line, not
 // kept for the stream's life: slog's With formats its attributes when it
 // is called and keeps them (about 280 bytes a stream in a heap profile of
@@ -449,7 +460,7 @@ func (a *agentService) recheck(ctx context.Context, send func(*musterv1.Authorit
 	if check&store.ChangeStanding != 0 {
 		if err := a.s.enroll.Standing(ctx, c.Cert); err != nil && ctx.Err() == nil {
 			a.streamLog(c).Info("agent stream closed", "reason", err)
-			a.auditClose(ctx, c, err.Error())
+			a.auditClose(ctx, c, auditText(err))
 			return toStatus(ctx, a.s.log, err)
 		}
 	}
@@ -609,15 +620,26 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 }
 
 // currentSignerState is the state of signer versionID in the store when
-// it is active or staged, the signers the authority's current verifier set
-// vouches for; "" otherwise, or when the store cannot say.
+// it is active, staged, or in grace (before its grace_until), the signers
+// the authority's current verifier set has an agent accept: one that
+// refuses a task as signed by an unknown signer then does not hold the
+// set; "" otherwise, or when the store cannot say.
 func (s *Server) currentSignerState(ctx context.Context, versionID string) string {
 	signers, _, err := s.store.ListSigners(ctx)
 	if err != nil {
 		return ""
 	}
+	now := s.now()
 	for _, sg := range signers {
-		if sg.VersionID == versionID && (sg.State == store.SignerActive || sg.State == store.SignerStaged) {
+		if sg.VersionID != versionID {
+			continue
+		}
+		switch {
+		case sg.State == store.SignerActive || sg.State == store.SignerStaged:
+			return sg.State
+		case sg.State == store.SignerGrace && now.Before(sg.GraceUntil):
+			// Past grace_until the agent rightly retired it, though the
+			// store may not have yet.
 			return sg.State
 		}
 	}
@@ -626,13 +648,13 @@ func (s *Server) currentSignerState(ctx context.Context, versionID string) strin
 
 // refusalWayOut is what the operator can do about an agent's refusal of a
 // task of type taskType ("" if unknown) sent to node; current is the
-// state of the task's signer in the store when it is active or staged
-// ("" otherwise). A task queued for an agent that is offline waits for
+// state of the task's signer in the store when it is active, staged or in
+// grace ("" otherwise). A task queued for an agent that is offline waits for
 // it, and its signer may be retired or revoked before the agent comes
 // back: the agent then refuses it, rightly, and the task must be sent
 // again, signed by the active signer. A rotate task needs nothing: agents
 // learn signers from the verifier set. Neither helps an agent that does
-// not accept a signer the store holds as active or staged: sent again,
+// not accept a signer the store holds as active, staged or in grace: sent again,
 // the task is signed by that signer again, and the verifier set that
 // names it is one the agent has not taken (it missed it, or its set does
 // not follow from the store's, restored from a backup).

@@ -71,6 +71,24 @@ const (
 // the agent's last renewal. The agent's way out is to join again.
 const ReasonCertificateUnknown = "certificate unknown to this authority"
 
+// certificateUnknown refuses serial, presented by node, as unknown; the
+// detail (the audit log's) names the way out, the agent's (RejoinCommand
+// in package agent) with the agent's own data directory.
+func certificateUnknown(serial, node string) *Refusal {
+	return refuse(KindPermissionDenied, ReasonCertificateUnknown).with(
+		"serial %s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")",
+		serial, node, node)
+}
+
+// AuditText is r as an audit record gives it: the reason and the detail
+// only the audit log sees.
+func (r *Refusal) AuditText() string {
+	if r.Detail == "" {
+		return r.Reason
+	}
+	return r.Reason + ": " + r.Detail
+}
+
 // Reasons of calls that ended because the caller went away, as the
 // service layer answers and the audit log records them.
 const (
@@ -128,10 +146,7 @@ func (s *Service) finish(ctx context.Context, ev audit.Event, iss *Issued, err e
 	goneReason, gone := CallerGone(ctx, err)
 	switch {
 	case errors.As(err, &ref):
-		ev.Result, ev.Reason = audit.ResultDenied, ref.Reason
-		if ref.Detail != "" {
-			ev.Reason += ": " + ref.Detail
-		}
+		ev.Result, ev.Reason = audit.ResultDenied, ref.AuditText()
 		s.cfg.Audit.Refuse(ctx, ev)
 	case errors.Is(err, store.ErrUnavailable):
 	case gone:

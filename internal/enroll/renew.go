@@ -62,7 +62,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		case err != nil:
 			return nil, err
 		case !rd.CertificateFound:
-			return nil, refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s", serial)
+			return nil, certificateUnknown(serial, ev.Target)
 		}
 		rec, read = rd.Certificate, &rd
 	}

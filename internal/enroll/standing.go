@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"fmt"
 
+	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -27,7 +28,11 @@ func (s *Service) Standing(ctx context.Context, leaf *x509.Certificate) error {
 	case err != nil:
 		return err
 	case !rd.CertificateFound:
-		return refuse(KindPermissionDenied, ReasonCertificateUnknown).with("serial %s", serial)
+		node := "NODE"
+		if id, err := spiffeid.FromCertificate(leaf); err == nil {
+			node = id.Name
+		}
+		return certificateUnknown(serial, node)
 	case !rd.InstanceFound:
 		return fmt.Errorf("enroll: instance %s of certificate %s: %w", rd.Certificate.InstanceID, serial, store.ErrNotFound)
 	}

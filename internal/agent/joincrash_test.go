@@ -1,0 +1,90 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/muster-dev/muster/internal/identity"
+)
+
+// errCrash stops a join at a step, as a crash there would.
+type errCrash string
+
+// A join stopped after any of its writes leaves what the next start
+// finishes: before state.json, a join that can be retried with the
+// secret still in agent.yaml; after it, agent.yaml naming the authority,
+// the node and the pin, no secret, and no pending key equal to the
+// certified one (which the next renewal would send again).
+func TestJoinCrashAtEachStep(t *testing.T) {
+	for _, c := range []struct {
+		step   string
+		joined bool // state.json written: the join has succeeded
+	}{
+		{"identity", false},
+		{"config", false},
+		{"state", true},
+		{"pending", true},
+	} {
+		t.Run(c.step, func(t *testing.T) {
+			f := newFakeAuthority(t, fakeOptions{})
+			dir := Dir(filepath.Join(t.TempDir(), "agent"))
+			if err := dir.WriteConfig(Config{Token: f.token.Reveal(), Node: "n1"}); err != nil {
+				t.Fatal(err)
+			}
+			crashJoinAt(t, newTestAgent(t, dir), f.joinRequest("n1"), c.step)
+			if dir.HasIdentity() != c.joined {
+				t.Fatalf("state.json after a crash at %s: %v, want %v", c.step, dir.HasIdentity(), c.joined)
+			}
+			a := newTestAgent(t, dir)
+			if !c.joined {
+				// agent run joins again: it needs the secret.
+				if cfg, err := dir.ReadConfig(); err != nil || cfg.Token != f.token.Reveal() {
+					t.Fatalf("agent.yaml before the join succeeded: %+v, %v: the token is gone", cfg, err)
+				}
+				if _, err := a.Join(t.Context(), f.joinRequest("n1")); err != nil {
+					t.Fatalf("join again after a crash at %s: %v", c.step, err)
+				}
+			} else if _, _, err := a.current(t.Context()); err != nil {
+				t.Fatalf("load after a crash at %s: %v", c.step, err)
+			}
+			cfg, err := dir.ReadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Token != "" || cfg.Authority != f.addr || cfg.Node != "n1" || cfg.JoinMethod != "token" || cfg.CAFingerprint != f.h.Fingerprint() {
+				t.Errorf("agent.yaml after a crash at %s and a restart: %+v", c.step, cfg)
+			}
+			if _, err := os.Stat(dir.PendingKeyFile()); !os.IsNotExist(err) {
+				t.Errorf("keys/pending.key after a crash at %s and a restart: %v", c.step, err)
+			}
+			_, id, key, err := a.renewStart(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if identity.SamePublicKey(key.Public(), id.Leaf().PublicKey) {
+				t.Errorf("after a crash at %s the next renewal asks for the certified key again", c.step)
+			}
+		})
+	}
+}
+
+// crashJoinAt runs a join that stops after step, as a crash would: no
+// deferred clean-up of the join runs on its error path.
+func crashJoinAt(t *testing.T, a *Agent, r JoinRequest, step string) {
+	t.Helper()
+	prev := joinStep
+	t.Cleanup(func() { joinStep = prev })
+	joinStep = func(s string) {
+		if s == step {
+			panic(errCrash(s))
+		}
+	}
+	defer func() {
+		joinStep = prev
+		if p := recover(); p != errCrash(step) {
+			t.Fatalf("the join did not stop at %s: %v", step, p)
+		}
+	}()
+	a.Join(t.Context(), r)
+}

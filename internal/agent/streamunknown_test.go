@@ -1,0 +1,52 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/muster-dev/muster/internal/errinfo"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// A stream refused because the authority has no record of the agent's
+// certificate (its store restored from an older backup) is a refusal for
+// the node's standing: the agent logs the join that brings it back, with
+// its own directory, and renews at once, whose refusal stops it with the
+// same way out, instead of learning it at its next renewal, hours later.
+func TestStreamCertificateUnknownActsAtOnce(t *testing.T) {
+	minB, maxB := streamBackoffMin, streamBackoffMax
+	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
+	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
+	_, dir := joined(t, f)
+	unknown := errinfo.Error(codes.PermissionDenied, "certificate unknown to this authority", "certificate_unknown")
+	f.mu.Lock()
+	f.connect = func(musterv1.AgentService_ConnectServer) error { return unknown }
+	for range 10 {
+		f.renewErrs = append(f.renewErrs, unknown)
+	}
+	f.mu.Unlock()
+	var logs syncBuffer
+	a := New(Options{Dir: dir, Timeout: 5 * time.Second, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err := a.Run(ctx, nil)
+	if ctx.Err() != nil {
+		t.Fatalf("agent run still waiting for its renewal a minute after the stream was refused: %v", err)
+	}
+	rejoin := RejoinCommand(dir, "n1")
+	if err == nil || errinfo.Reason(err) != "certificate_unknown" || !strings.Contains(err.Error(), rejoin) {
+		t.Errorf("agent run ended with %v, want certificate_unknown naming %q", err, rejoin)
+	}
+	if _, _, n := f.calls(); n != 1 {
+		t.Errorf("%d renewal requests, want 1", n)
+	}
+	if !strings.Contains(logs.String(), "refused for the node's standing") || !strings.Contains(logs.String(), rejoin) {
+		t.Errorf("the stream's refusal was not logged with the way out %q:\n%s", rejoin, logs.String())
+	}
+}
