@@ -16,11 +16,12 @@ import (
 // lifetime: the agent, which renews at half of it, has failed to renew
 // for a quarter of it) or expired, as this replica last counted them in
 // the store. A fleet going dark shows as expiring, then expired, before
-// its agents fail. Every replica counts, on its own clock, the same
-// store: each exports the same counts, give or take a count's period,
-// so aggregate with max(), never sum(). Counted off the request path
-// (agentCertClock), by two index ranges (store.AgentCertificateCounter);
-// absent until the first count.
+// its agents fail. Every replica counts, at its own times, the same
+// store by the store clock: each exports the same counts, give or take a
+// count's period, so aggregate with max(), never sum(). Counted off the
+// request path (run): the expiring and expired nodes by two index
+// ranges, the valid ones by a count of every current node
+// (store.AgentCertificateCounter); absent until the first count.
 type agentCerts struct {
 	s     *Server
 	gauge *prometheus.GaugeVec
@@ -49,7 +50,7 @@ func newAgentCerts(s *Server, reg prometheus.Registerer) (*agentCerts, error) {
 // agentCertCountEvery is a sixteenth of the shortest agent certificate
 // lifetime cfg issues, between a second and a minute: a node is seen
 // expiring within a quarter of its last quarter, and a count a minute
-// costs a replica two index ranges.
+// costs a replica one reading of the current nodes (the valid ones).
 func agentCertCountEvery(cfg Config) time.Duration {
 	shortest := min(cmp.Or(cfg.AgentCertTTL, enroll.DefaultAgentCertTTL), cmp.Or(cfg.BoundKeypairCertTTL, enroll.DefaultBoundKeypairCertTTL))
 	return min(max(shortest/16, time.Second), time.Minute)

@@ -151,6 +151,9 @@ type crlCache struct {
 	mu    sync.Mutex
 	lists map[string]cachedCRL
 	reads singleflight.Group
+	// reading holds when each read under way began: a fetch that finds
+	// one under way for crlCopyWait already gets the copy at once.
+	reading map[string]time.Time
 }
 
 type cachedCRL struct {
@@ -164,7 +167,7 @@ type cachedCRL struct {
 }
 
 func newCRLCache(read func(context.Context, string) (store.CRL, error), failed func(string, error, *store.CRL)) *crlCache {
-	return &crlCache{read: read, failed: failed, lists: map[string]cachedCRL{}, now: time.Now,
+	return &crlCache{read: read, failed: failed, lists: map[string]cachedCRL{}, reading: map[string]time.Time{}, now: time.Now,
 		servedCopy: prometheus.NewCounter(prometheus.CounterOpts{Name: "muster_crl_served_copy_total",
 			Help: "Fetches of a certificate revocation list answered with this replica's copy, before its nextUpdate, because the store could not be read in time."})}
 }
@@ -176,9 +179,17 @@ func newCRLCache(read func(context.Context, string) (store.CRL, error), failed f
 func (c *crlCache) get(ctx context.Context, name string) (store.CRL, error) {
 	c.mu.Lock()
 	hit := c.lists[name]
+	since, reading := c.reading[name]
 	c.mu.Unlock()
 	now := c.now()
 	valid := hit.held && now.Before(hit.c.NextUpdate)
+	if valid && reading && now.Sub(since) >= crlCopyWait {
+		// The store has not answered a read for crlCopyWait: another
+		// wait would only hold this fetch (and its connection) as long,
+		// and fail a relying party whose own timeout is shorter.
+		c.servedCopy.Inc()
+		return hit.c, nil
+	}
 	if !hit.tried.IsZero() && now.Sub(hit.tried) < crlReadEvery {
 		switch {
 		case hit.err == nil:
@@ -218,12 +229,16 @@ func (c *crlCache) get(ctx context.Context, name string) (store.CRL, error) {
 // with the client that started it. A hung database is then its outage,
 // logged once.
 func (c *crlCache) readStore(name string) (any, error) {
+	c.mu.Lock()
+	c.reading[name] = c.now()
+	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), storeJobTimeout)
 	l, err := c.read(ctx, name)
 	cancel()
 	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	delete(c.reading, name)
 	hit := c.lists[name]
 	switch {
 	case err == nil:

@@ -231,3 +231,37 @@ func TestCRLHandlerStoreDown(t *testing.T) {
 		})
 	}
 }
+
+// TestCRLCacheHungReadServesTheCopyAtOnce: once a read has gone
+// unanswered for crlCopyWait, a fetch of a list held before its
+// nextUpdate gets the copy without waiting for it again, so a relying
+// party that waits less than that still gets it. Before, every fetch
+// while the read hung waited crlCopyWait, and one whose client gave up
+// sooner got nothing.
+func TestCRLCacheHungReadServesTheCopyAtOnce(t *testing.T) {
+	t.Parallel()
+	c, f, clock, _ := newTestCRLCache(t)
+	f.set(store.CRL{Issuer: testCRLName, NextUpdate: clock.now().Add(time.Hour), DER: []byte("der")}, nil, nil)
+	if _, err := c.get(t.Context(), testCRLName); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(2 * crlReadEvery)
+	hang := make(chan struct{})
+	defer close(hang)
+	f.set(store.CRL{}, nil, hang)
+	// The first fetch starts the read and gets the copy after crlCopyWait.
+	if l, err := c.get(t.Context(), testCRLName); err != nil || string(l.DER) != "der" {
+		t.Fatalf("the fetch that started the read: %q, %v; want the copy", l.DER, err)
+	}
+	clock.add(crlCopyWait)
+	// A client that gives up well within crlCopyWait; the deadline only
+	// bounds a fetch that would wait.
+	ctx, cancel := context.WithTimeout(t.Context(), crlCopyWait/10)
+	defer cancel()
+	if l, err := c.get(ctx, testCRLName); err != nil || string(l.DER) != "der" {
+		t.Fatalf("a fetch while the read has hung for %s: %q, %v; want the copy at once", crlCopyWait, l.DER, err)
+	}
+	if n := f.reads.Load(); n != 2 {
+		t.Errorf("%d reads of the store, want 2: the first and the one that hangs", n)
+	}
+}

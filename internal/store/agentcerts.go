@@ -35,7 +35,8 @@ type AgentCertificateCounts struct {
 // AgentCertificateCounter counts nodes by their certificates' expiry.
 // Safe for concurrent use.
 type AgentCertificateCounter interface {
-	// CountAgentCertificates returns the counts in one read, each a range
-	// of an index over the current instances.
+	// CountAgentCertificates returns the counts in one read: the expiring
+	// and expired ones ranges of indexes over the current instances, the
+	// valid ones a count of nearly every current instance.
 	CountAgentCertificates(ctx context.Context) (AgentCertificateCounts, error)
 }

@@ -53,3 +53,57 @@ func TestMigration0024FillsInstanceExpiry(t *testing.T) {
 		t.Fatalf("after 0024's fill: %+v, %v; want %+v", got, err, want)
 	}
 }
+
+// TestCountAgentCertificatesUsesTheIndexes: on a store of many nodes, few
+// of them expiring or expired, the counts of those are ranges of the
+// partial indexes, not reads of the instances table. Before, the store
+// clock came from a CTE of clock_timestamp(), whose ranges the planner
+// estimated at a third of the rows each: three sequential scans of every
+// instance, history and chain PEMs included, on every count.
+func TestCountAgentCertificatesUsesTheIndexes(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	// 20000 instances, a tenth superseded; of the current ones, 1 in 100
+	// expiring and 1 in 100 expired, the rest valid for hours. Each has
+	// its own times, and the rows are not in their order (as renewals
+	// leave them), so a range the planner thinks large is not worth an
+	// index.
+	if _, err := s.pool.Exec(ctx, `INSERT INTO instances (id, node_id, join_method, token_id, previous_id, state, generation, created_at,
+			last_serial, last_public_key, last_chain_pem, last_issued_at, last_not_after, last_expiring_at)
+		SELECT 'i' || g, 'n' || g, 'token', 't', '', CASE WHEN g % 10 = 5 THEN 'superseded' ELSE 'current' END, 1, 0,
+			's' || g, '\x00'::bytea, convert_to(repeat('x', 1800), 'UTF8'), 0,
+			n + (CASE g % 100 WHEN 0 THEN -3600 - g WHEN 1 THEN 3600 + g ELSE 20 * 3600 + g END) * 1000000::bigint,
+			n + (CASE g % 100 WHEN 0 THEN -4 * 3600 - g WHEN 1 THEN -300 - g ELSE 15 * 3600 + g END) * 1000000::bigint
+		FROM generate_series(1, 20000) g, (SELECT `+nowMicros+` AS n) clock ORDER BY md5(g::text)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `ANALYZE instances`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.CountAgentCertificates(ctx); err != nil || n != (store.AgentCertificateCounts{Valid: 17600, Expiring: 200, Expired: 200}) {
+		t.Fatalf("CountAgentCertificates = %+v, %v; want 17600 valid, 200 expiring, 200 expired", n, err)
+	}
+	rows, err := s.pool.Query(ctx, "EXPLAIN "+agentCertCountQuery)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, index := range []string{"instances_current_expiring_at", "instances_current_not_after"} {
+		if !strings.Contains(plan.String(), index) {
+			t.Errorf("the counts do not use %s:\n%s", index, plan.String())
+		}
+	}
+	if n := strings.Count(plan.String(), "Seq Scan"); n > 1 {
+		t.Errorf("the counts read the instances table %d times:\n%s", n, plan.String())
+	}
+}
