@@ -189,15 +189,36 @@ var lockKinds = map[string]bool{
 // other lifetimes the operator sets.
 const minLockTTL = jointoken.MinTTL
 
+// CreateLock locks a target. The lock goes in with its lock.create
+// record, in the store's one transaction, so a lock that cannot be
+// audited is not made; a refusal is audited on its own.
 func (a *adminService) CreateLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
 	resp, err := a.createLock(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "lock.create", lockAuditTarget(req), err)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// lockAuditTarget is what lock.create's record names: a token lock's
+// target cut to its ID, should a whole token have been pasted.
+func lockAuditTarget(req *musterv1.CreateLockRequest) string {
 	target := req.GetTarget()
 	if req.GetKind() == store.LockToken {
 		target = secretFree(target)
 	}
-	a.record(ctx, "lock.create", req.GetKind()+":"+target, err)
-	return resp, err
+	return req.GetKind() + ":" + target
+}
+
+// link builds the record of the caller's successful action, for a store
+// write that appends it in its own transaction (Logger.Builder): pass
+// its Build to the write, and call a.s.audit.Appended once it committed.
+func (a *adminService) link(ctx context.Context, action, target, why string) (*audit.Link, error) {
+	c := callerFrom(ctx)
+	return a.s.audit.Builder(audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
 func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
@@ -257,9 +278,14 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 		}
 		l.ExpiresAt = now.Add(ttl.AsDuration())
 	}
-	if err := a.s.store.InsertLock(ctx, l); err != nil {
+	link, err := a.link(ctx, "lock.create", lockAuditTarget(req), "")
+	if err != nil {
 		return nil, err
 	}
+	if err := a.s.store.InsertLock(ctx, l, link.Build); err != nil {
+		return nil, fmt.Errorf("lock not created: it is written with its audit record or not at all, and the write failed: %w", err)
+	}
+	a.s.audit.Appended(link)
 	return &musterv1.CreateLockResponse{Lock: lockToProto(l)}, nil
 }
 
@@ -295,16 +321,25 @@ func (a *adminService) ListLocks(ctx context.Context, _ *musterv1.ListLocksReque
 	return resp, nil
 }
 
+// DeleteLock lifts a lock, with its lock.delete record in the same
+// transaction: a lock whose deletion cannot be audited stays in force.
 func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockRequest) (*musterv1.DeleteLockResponse, error) {
-	err := a.s.store.DeleteLock(ctx, req.GetId())
-	if errors.Is(err, store.ErrNotFound) {
-		err = status.Errorf(codes.NotFound, "no lock %q", req.GetId())
+	link, err := a.link(ctx, "lock.delete", req.GetId(), "")
+	if err == nil {
+		err = a.s.store.DeleteLock(ctx, req.GetId(), link.Build)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			err = status.Errorf(codes.NotFound, "no lock %q", req.GetId())
+		case err != nil:
+			err = fmt.Errorf("lock %s not deleted: it is deleted with its audit record or not at all, and the write failed: %w", req.GetId(), err)
+		}
 	}
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "lock.delete", req.GetId(), err)
 	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "lock.delete", req.GetId(), err)
 		return nil, err
 	}
+	a.s.audit.Appended(link)
 	// An unlock announces nothing to streams; the lists learn of it
 	// here, at once (and any replica's at its next pass).
 	a.s.pokeCRL(store.Change{Kind: store.ChangeStanding})

@@ -64,7 +64,7 @@ func BenchmarkInsertLock(b *testing.B) {
 		if err := s.InsertLock(ctx, store.Lock{
 			ID: fmt.Sprintf("lock-%d", n), Kind: store.LockNode, Target: fmt.Sprintf("node-%d", n),
 			CreatedBy: "admin", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
-		}); err != nil {
+		}, benchLink); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -63,7 +63,7 @@ func agentListCases() []testCase {
 				if expiresIn != 0 {
 					l.ExpiresAt = now.Add(expiresIn)
 				}
-				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l))
+				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l, link(record("lock.create"))))
 			}
 			lock("on-token", store.LockToken, "tok-a", time.Hour, 0)
 			// b: node, instance and an older instance lock: the node's wins.
