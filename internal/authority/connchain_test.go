@@ -150,7 +150,7 @@ func TestOpenConnectionStandingPerCall(t *testing.T) {
 	sealer, _ := a.sk.Sealer(seal.InfoToken)
 	ct, nonce, _ := sealer.Seal(tok.Secret(), []byte(tok.ID))
 	if err := a.store.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		NodeID: "conn-renewed", CreatedBy: "test", CreatedAt: time.Now()}); err != nil {
+		NodeID: "conn-renewed", CreatedBy: "test", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	_, der := benchCSR(t)

@@ -97,7 +97,7 @@ func (e *env) token(t *testing.T, uses int64) jointoken.Token {
 	tok, _ := jointoken.Generate()
 	ct, nonce, _ := e.seal.Seal(tok.Secret(), []byte(tok.ID))
 	if err := e.st.InsertToken(t.Context(), store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		UsesAllowed: uses, CreatedAt: time.Now()}); err != nil {
+		UsesAllowed: uses, CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	return tok
@@ -146,7 +146,7 @@ func TestDecoyBundleIsStableAndUnverifiable(t *testing.T) {
 type deletingStore struct{ Store }
 
 func (d deletingStore) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
-	d.Store.(*sqlite.SQLite).DeleteToken(ctx, j.TokenID)
+	d.Store.(*sqlite.SQLite).DeleteToken(ctx, j.TokenID, setupLink)
 	return d.Store.CommitJoin(ctx, j)
 }
 

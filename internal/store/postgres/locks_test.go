@@ -113,3 +113,33 @@ func TestLockTwoHandles(t *testing.T) {
 		t.Fatalf("ListLocks = %+v, %v; want none", got, err)
 	}
 }
+
+// TestTokenAuditRefusedByDatabase: a token (plain or bound-keypair)
+// whose audit record the database refuses is neither created nor
+// deleted.
+func TestTokenAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	plain := store.Token{ID: "t2", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now()}
+	bound := store.Token{ID: "bk", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte("c"), Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now(),
+		BoundKeypair: &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryMode: store.RecoveryStandard, RecoveryLimit: 1}}}
+	for _, tok := range []store.Token{plain, bound} {
+		if err := s.InsertToken(ctx, tok, refusedByDatabase); err == nil {
+			t.Fatalf("InsertToken %s with a record the database refuses succeeded", tok.ID)
+		}
+	}
+	if err := s.DeleteToken(ctx, "t1", refusedByDatabase); err == nil {
+		t.Fatal("DeleteToken with a record the database refuses succeeded")
+	}
+	got, err := s.ListTokens(ctx)
+	if err != nil || len(got) != 1 || got[0].ID != "t1" {
+		t.Fatalf("tokens after refused records: %+v, %v; want only t1", got, err)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the first token's record", head.Seq, err)
+	}
+	if err := s.InsertToken(ctx, bound, benchLink); err != nil {
+		t.Fatalf("InsertToken %s with its record: %v", bound.ID, err)
+	}
+}

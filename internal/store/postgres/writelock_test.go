@@ -23,7 +23,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 	h := twoHandles(t)
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	if err := h[0].InsertToken(ctx, store.Token{ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
-		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}); err != nil {
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	j := joinOf(1, "t1")
@@ -142,7 +142,7 @@ func TestRenewalLockCheckRoundTrips(t *testing.T) {
 	defer s.Close()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	if err := s.InsertToken(ctx, store.Token{ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
-		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}); err != nil {
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	j := joinOf(1, "t1")

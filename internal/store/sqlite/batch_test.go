@@ -121,7 +121,7 @@ func TestBatchFailedWriteAlone(t *testing.T) {
 func TestBatchRenewalsConflict(t *testing.T) {
 	s, _ := openTemp(t)
 	ctx := t.Context()
-	if err := s.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := s.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	var ins []store.Instance

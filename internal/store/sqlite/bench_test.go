@@ -142,7 +142,7 @@ func benchToken(b *testing.B, s *SQLite) {
 	if err := s.InsertToken(b.Context(), store.Token{
 		ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
 		CreatedBy: "admin", CreatedAt: time.Now(),
-	}); err != nil {
+	}, benchLink); err != nil {
 		b.Fatal(err)
 	}
 }

@@ -23,7 +23,7 @@ func TestMigration0020KeepsTheStore(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "muster.db")
 	old := openBefore(t, path, 20)
-	if err := old.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := old.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	var certs []store.Certificate

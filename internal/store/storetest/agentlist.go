@@ -56,8 +56,8 @@ func agentListCases() []testCase {
 			mustJoin(t, ctx, s, bkJoin("bot-1", "d-bot", "inst-d", at(0), register("bot-1", "key-d")...))
 			mustJoin(t, ctx, s, bkJoin("bot-gone", "e-bot-gone", "inst-e", at(0), register("bot-gone", "key-e")...))
 			mustJoin(t, ctx, s, newJoin("", "f-plain", "inst-f", "kf", at(0)))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone"))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-gone"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone", link(record("token.delete"))))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-gone", link(record("token.delete"))))
 			lock := func(id, kind, target string, age, expiresIn time.Duration) {
 				l := store.Lock{ID: id, Kind: kind, Target: target, Reason: "r " + id, CreatedBy: "admin", CreatedAt: now.Add(-age)}
 				if expiresIn != 0 {
