@@ -35,8 +35,6 @@ type adminService struct {
 	s *Server
 }
 
-// record writes an audit record for a handler's outcome; err nil is
-// success. The record is written even when the caller went away.
 // refused audits a refused read (reads that succeed are not audited)
 // through Refusals, aggregated under a flood like every refusal.
 func (a *adminService) refused(ctx context.Context, action, target string, err error) {
@@ -45,6 +43,17 @@ func (a *adminService) refused(ctx context.Context, action, target string, err e
 		Reason: status.Convert(err).Message(), Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
+// record writes an audit record for a handler's outcome; err nil is
+// success. The record is written even when the caller went away.
+//
+// A change that must be audited carries its record into its own store
+// write (a.link) and never comes here on success; a refusal, which
+// changed nothing, is recorded here on its own. A refusal whose record
+// cannot be written keeps its answer: the caller acts on the refusal
+// (its reason names the way out), and there is no change to undo, so
+// answering the audit failure instead would only hide why the call was
+// refused. It is not dropped either: recordAudit logs it as an error with
+// the refusal's result and reason, the record the chain could not take.
 func (a *adminService) record(ctx context.Context, action, target string, err error) {
 	c := callerFrom(ctx)
 	e := audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
@@ -57,7 +66,12 @@ func (a *adminService) record(ctx context.Context, action, target string, err er
 		}
 		e.Reason = status.Convert(err).Message()
 	}
-	_ = a.s.recordAudit(ctx, e)
+	if err := a.s.recordAudit(ctx, e); err != nil && e.Result == audit.ResultOK {
+		// A change not yet written with its record (the handlers that
+		// still record after their write): it has committed, and the
+		// log line recordAudit wrote is the operator's sign of the gap.
+		a.s.log.Error("change made without its audit record", "action", action, "target", target)
+	}
 }
 
 func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusRequest) (*musterv1.GetStatusResponse, error) {
