@@ -66,12 +66,10 @@ func (a *adminService) record(ctx context.Context, action, target string, err er
 		}
 		e.Reason = status.Convert(err).Message()
 	}
-	if err := a.s.recordAudit(ctx, e); err != nil && e.Result == audit.ResultOK {
-		// A change not yet written with its record (the handlers that
-		// still record after their write): it has committed, and the
-		// log line recordAudit wrote is the operator's sign of the gap.
-		a.s.log.Error("change made without its audit record", "action", action, "target", target)
-	}
+	// A change not yet written with its record (the handlers that still
+	// record after their write) has committed by now: the line
+	// recordAudit logs, result=ok, is the operator's sign of the gap.
+	_ = a.s.recordAudit(ctx, e)
 }
 
 func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusRequest) (*musterv1.GetStatusResponse, error) {
@@ -95,14 +93,13 @@ func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusReque
 }
 
 func (a *adminService) AddOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
-	resp, err := a.addOperator(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "operator.add", req.GetName(), err)
-	return resp, err
-}
-
-func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
-	return a.issueOperator(ctx, req.GetName(), req.GetCsr(), req.GetTtl(), req.GetReissue())
+	resp, err := a.issueOperator(ctx, "operator.add", req.GetName(), req.GetCsr(), req.GetTtl(), req.GetReissue())
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "operator.add", req.GetName(), err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // RenewOperator certifies a new key for the caller's own name: an operator
@@ -110,15 +107,20 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 // at another name.
 func (a *adminService) RenewOperator(ctx context.Context, req *musterv1.RenewOperatorRequest) (*musterv1.AddOperatorResponse, error) {
 	name := callerFrom(ctx).ID.Name
-	resp, err := a.issueOperator(ctx, name, req.GetCsr(), req.GetTtl(), true)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "operator.renew", name, err)
-	return resp, err
+	resp, err := a.issueOperator(ctx, "operator.renew", name, req.GetCsr(), req.GetTtl(), true)
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "operator.renew", name, err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // issueOperator certifies csr's key as the operator identity name; reissue
-// allows it beside a valid certificate of the same name.
-func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []byte, ttlReq *durationpb.Duration, reissue bool) (*musterv1.AddOperatorResponse, error) {
+// allows it beside a valid certificate of the same name. The certificate
+// is recorded with its audit record (action) in one transaction: one
+// that cannot be audited is not recorded, and not handed out.
+func (a *adminService) issueOperator(ctx context.Context, action, name string, csrDER []byte, ttlReq *durationpb.Duration, reissue bool) (*musterv1.AddOperatorResponse, error) {
 	id, err := spiffeid.New(a.s.info.TrustDomain, spiffeid.RoleAdmin, name)
 	if err != nil {
 		return nil, badRequest("operator name: " + err.Error())
@@ -148,17 +150,22 @@ func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []
 		return nil, err
 	}
 	serial := leaf.SerialNumber.Text(16)
+	link, err := a.link(ctx, action, name, "")
+	if err != nil {
+		return nil, err
+	}
 	if err := a.s.store.InsertOperator(ctx, store.Operator{
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: reissue,
-	}); errors.Is(err, store.ErrConflict) {
+	}, link.Build); errors.Is(err, store.ErrConflict) {
 		// Two valid certificates with one SAN could not be told apart in
 		// the audit log, and locking one would lock both.
 		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; renew it with --reissue, or choose another name", id.Name)
 	} else if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("operator %s not certified: its certificate is recorded with its audit record or not at all, and the write failed: %w", id.Name, err)
 	}
+	a.s.audit.Appended(link)
 	return &musterv1.AddOperatorResponse{
 		CertificateChainPem: string(issuer.ChainPEM(leaf)),
 		CaCertificatePem:    string(trustedRootsPEM(a.s.ca)),

@@ -174,7 +174,11 @@ type Store interface {
 	// a duplicate serial, or while a certificate of the same name is valid
 	// at o.CreatedAt and o.Reissue is false (one writer wins among concurrent ones, across
 	// replicas).
-	InsertOperator(ctx context.Context, o Operator) error
+	// audit builds its record (operator.add, operator.renew), appended
+	// to the chain in the same transaction (see AppendAudit): an error
+	// building or appending it is returned and nothing is written; a nil
+	// audit is refused.
+	InsertOperator(ctx context.Context, o Operator, audit func(head AuditHead) (AuditRecord, error)) error
 	// ListOperators returns every operator certificate, oldest first.
 	ListOperators(ctx context.Context) ([]Operator, error)
 

@@ -63,8 +63,8 @@ func crlCases() []testCase {
 				return store.Operator{Serial: serial, Name: "alice", SPIFFEID: "spiffe://td/admin/alice", NotBefore: notAfter.Add(-time.Hour),
 					NotAfter: notAfter, CreatedBy: "test", CreatedAt: notAfter.Add(-time.Hour), Reissue: true}
 			}
-			mustNil(t, "InsertOperator", s.InsertOperator(ctx, op("a1", now.Add(time.Hour))))
-			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, op("a0", now.Add(-time.Hour))))
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, op("a1", now.Add(time.Hour)), link(record("operator.add"))))
+			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, op("a0", now.Add(-time.Hour)), link(record("operator.add"))))
 
 			got, err := s.ListRevokedCertificates(ctx, recent.Add(-time.Second))
 			mustNil(t, "ListRevokedCertificates", err)
