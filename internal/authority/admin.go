@@ -35,8 +35,6 @@ type adminService struct {
 	s *Server
 }
 
-// record writes an audit record for a handler's outcome; err nil is
-// success. The record is written even when the caller went away.
 // refused audits a refused read (reads that succeed are not audited)
 // through Refusals, aggregated under a flood like every refusal.
 func (a *adminService) refused(ctx context.Context, action, target string, err error) {
@@ -45,6 +43,17 @@ func (a *adminService) refused(ctx context.Context, action, target string, err e
 		Reason: status.Convert(err).Message(), Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
+// record writes an audit record for a handler's outcome; err nil is
+// success. The record is written even when the caller went away.
+//
+// A change that must be audited carries its record into its own store
+// write (a.link) and never comes here on success; a refusal, which
+// changed nothing, is recorded here on its own. A refusal whose record
+// cannot be written keeps its answer: the caller acts on the refusal
+// (its reason names the way out), and there is no change to undo, so
+// answering the audit failure instead would only hide why the call was
+// refused. It is not dropped either: recordAudit logs it as an error with
+// the refusal's result and reason, the record the chain could not take.
 func (a *adminService) record(ctx context.Context, action, target string, err error) {
 	c := callerFrom(ctx)
 	e := audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
@@ -57,6 +66,9 @@ func (a *adminService) record(ctx context.Context, action, target string, err er
 		}
 		e.Reason = status.Convert(err).Message()
 	}
+	// A change not yet written with its record (the handlers that still
+	// record after their write) has committed by now: the line
+	// recordAudit logs, result=ok, is the operator's sign of the gap.
 	_ = a.s.recordAudit(ctx, e)
 }
 
@@ -81,14 +93,13 @@ func (a *adminService) GetStatus(ctx context.Context, _ *musterv1.GetStatusReque
 }
 
 func (a *adminService) AddOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
-	resp, err := a.addOperator(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "operator.add", req.GetName(), err)
-	return resp, err
-}
-
-func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperatorRequest) (*musterv1.AddOperatorResponse, error) {
-	return a.issueOperator(ctx, req.GetName(), req.GetCsr(), req.GetTtl(), req.GetReissue())
+	resp, err := a.issueOperator(ctx, "operator.add", req.GetName(), req.GetCsr(), req.GetTtl(), req.GetReissue())
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "operator.add", req.GetName(), err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // RenewOperator certifies a new key for the caller's own name: an operator
@@ -96,15 +107,20 @@ func (a *adminService) addOperator(ctx context.Context, req *musterv1.AddOperato
 // at another name.
 func (a *adminService) RenewOperator(ctx context.Context, req *musterv1.RenewOperatorRequest) (*musterv1.AddOperatorResponse, error) {
 	name := callerFrom(ctx).ID.Name
-	resp, err := a.issueOperator(ctx, name, req.GetCsr(), req.GetTtl(), true)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "operator.renew", name, err)
-	return resp, err
+	resp, err := a.issueOperator(ctx, "operator.renew", name, req.GetCsr(), req.GetTtl(), true)
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "operator.renew", name, err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 // issueOperator certifies csr's key as the operator identity name; reissue
-// allows it beside a valid certificate of the same name.
-func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []byte, ttlReq *durationpb.Duration, reissue bool) (*musterv1.AddOperatorResponse, error) {
+// allows it beside a valid certificate of the same name. The certificate
+// is recorded with its audit record (action) in one transaction: one
+// that cannot be audited is not recorded, and not handed out.
+func (a *adminService) issueOperator(ctx context.Context, action, name string, csrDER []byte, ttlReq *durationpb.Duration, reissue bool) (*musterv1.AddOperatorResponse, error) {
 	id, err := spiffeid.New(a.s.info.TrustDomain, spiffeid.RoleAdmin, name)
 	if err != nil {
 		return nil, badRequest("operator name: " + err.Error())
@@ -134,17 +150,22 @@ func (a *adminService) issueOperator(ctx context.Context, name string, csrDER []
 		return nil, err
 	}
 	serial := leaf.SerialNumber.Text(16)
+	link, err := a.link(ctx, action, name, "")
+	if err != nil {
+		return nil, err
+	}
 	if err := a.s.store.InsertOperator(ctx, store.Operator{
 		Serial: serial, Name: id.Name, SPIFFEID: id.String(),
 		NotBefore: leaf.NotBefore, NotAfter: leaf.NotAfter,
 		CreatedBy: callerFrom(ctx).Actor(), CreatedAt: now, Reissue: reissue,
-	}); errors.Is(err, store.ErrConflict) {
+	}, link.Build); errors.Is(err, store.ErrConflict) {
 		// Two valid certificates with one SAN could not be told apart in
 		// the audit log, and locking one would lock both.
 		return nil, status.Errorf(codes.AlreadyExists, "operator %s already holds a valid certificate; renew it with --reissue, or choose another name", id.Name)
 	} else if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("operator %s not certified: its certificate is recorded with its audit record or not at all, and the write failed: %w", id.Name, err)
 	}
+	a.s.audit.Appended(link)
 	return &musterv1.AddOperatorResponse{
 		CertificateChainPem: string(issuer.ChainPEM(leaf)),
 		CaCertificatePem:    string(trustedRootsPEM(a.s.ca)),
@@ -189,15 +210,36 @@ var lockKinds = map[string]bool{
 // other lifetimes the operator sets.
 const minLockTTL = jointoken.MinTTL
 
+// CreateLock locks a target. The lock goes in with its lock.create
+// record, in the store's one transaction, so a lock that cannot be
+// audited is not made; a refusal is audited on its own.
 func (a *adminService) CreateLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
 	resp, err := a.createLock(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "lock.create", lockAuditTarget(req), err)
+		return nil, err
+	}
+	return resp, nil
+}
+
+// lockAuditTarget is what lock.create's record names: a token lock's
+// target cut to its ID, should a whole token have been pasted.
+func lockAuditTarget(req *musterv1.CreateLockRequest) string {
 	target := req.GetTarget()
 	if req.GetKind() == store.LockToken {
 		target = secretFree(target)
 	}
-	a.record(ctx, "lock.create", req.GetKind()+":"+target, err)
-	return resp, err
+	return req.GetKind() + ":" + target
+}
+
+// link builds the record of the caller's successful action, for a store
+// write that appends it in its own transaction (Logger.Builder): pass
+// its Build to the write, and call a.s.audit.Appended once it committed.
+func (a *adminService) link(ctx context.Context, action, target, why string) (*audit.Link, error) {
+	c := callerFrom(ctx)
+	return a.s.audit.Builder(audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
 func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockRequest) (*musterv1.CreateLockResponse, error) {
@@ -257,9 +299,14 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 		}
 		l.ExpiresAt = now.Add(ttl.AsDuration())
 	}
-	if err := a.s.store.InsertLock(ctx, l); err != nil {
+	link, err := a.link(ctx, "lock.create", lockAuditTarget(req), "")
+	if err != nil {
 		return nil, err
 	}
+	if err := a.s.store.InsertLock(ctx, l, link.Build); err != nil {
+		return nil, fmt.Errorf("lock not created: it is written with its audit record or not at all, and the write failed: %w", err)
+	}
+	a.s.audit.Appended(link)
 	return &musterv1.CreateLockResponse{Lock: lockToProto(l)}, nil
 }
 
@@ -295,16 +342,25 @@ func (a *adminService) ListLocks(ctx context.Context, _ *musterv1.ListLocksReque
 	return resp, nil
 }
 
+// DeleteLock lifts a lock, with its lock.delete record in the same
+// transaction: a lock whose deletion cannot be audited stays in force.
 func (a *adminService) DeleteLock(ctx context.Context, req *musterv1.DeleteLockRequest) (*musterv1.DeleteLockResponse, error) {
-	err := a.s.store.DeleteLock(ctx, req.GetId())
-	if errors.Is(err, store.ErrNotFound) {
-		err = status.Errorf(codes.NotFound, "no lock %q", req.GetId())
+	link, err := a.link(ctx, "lock.delete", req.GetId(), "")
+	if err == nil {
+		err = a.s.store.DeleteLock(ctx, req.GetId(), link.Build)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			err = status.Errorf(codes.NotFound, "no lock %q", req.GetId())
+		case err != nil:
+			err = fmt.Errorf("lock %s not deleted: it is deleted with its audit record or not at all, and the write failed: %w", req.GetId(), err)
+		}
 	}
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "lock.delete", req.GetId(), err)
 	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "lock.delete", req.GetId(), err)
 		return nil, err
 	}
+	a.s.audit.Appended(link)
 	// An unlock announces nothing to streams; the lists learn of it
 	// here, at once (and any replica's at its next pass).
 	a.s.pokeCRL(store.Change{Kind: store.ChangeStanding})

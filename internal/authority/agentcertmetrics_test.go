@@ -46,7 +46,7 @@ func TestAgentCertificatesGauge(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := st.InsertToken(ctx, store.Token{ID: "t", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
-		CreatedBy: "admin", CreatedAt: now}); err != nil {
+		CreatedBy: "admin", CreatedAt: now}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	for i, life := range []struct{ from, to time.Duration }{

@@ -44,7 +44,10 @@ func (a loggedAudit) Record(ctx context.Context, e audit.Event) (store.AuditReco
 		if id == "" {
 			id = callerFrom(ctx).CorrelationID
 		}
-		s.log.Error("audit record not written", "action", e.Action, "target", e.Target, "correlation_id", id, "err", err)
+		// The result and reason too: for a refusal, whose record is
+		// all that remains of it, this line is then the record.
+		s.log.Error("audit record not written", "action", e.Action, "target", e.Target, "result", e.Result, "reason", e.Reason,
+			"correlation_id", id, "err", err)
 		return rec, auditFailed{err}
 	}
 	return rec, nil

@@ -52,7 +52,7 @@ func TestCleanerDeletesLongExpiredTokens(t *testing.T) {
 		"never1": {},
 	} {
 		if err := st.InsertToken(t.Context(), store.Token{ID: id, JoinMethod: store.JoinMethodToken, Ciphertext: []byte{1},
-			Nonce: []byte{1}, UsesAllowed: 1, ExpiresAt: exp, CreatedAt: now.Add(-48 * time.Hour)}); err != nil {
+			Nonce: []byte{1}, UsesAllowed: 1, ExpiresAt: exp, CreatedAt: now.Add(-48 * time.Hour)}, setupLink); err != nil {
 			t.Fatal(err)
 		}
 	}

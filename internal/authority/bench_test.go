@@ -141,7 +141,7 @@ func startReplicas(b testing.TB, open func(ctx context.Context) (store.Store, er
 	sealer, _ := sk.Sealer(seal.InfoToken)
 	ct, nonce, _ := sealer.Seal(tok.Secret(), []byte(tok.ID))
 	if err := first.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		CreatedBy: "bench", CreatedAt: time.Now()}); err != nil {
+		CreatedBy: "bench", CreatedAt: time.Now()}, setupLink); err != nil {
 		b.Fatal(err)
 	}
 	want, _ := spiffeid.New(res.Info.TrustDomain, spiffeid.RoleAuthority, res.Info.AuthorityID)

@@ -82,12 +82,19 @@ func (s *Server) boundKeypairToProto(p *musterv1.Token, t store.Token, withSecre
 func (a *adminService) ApplyToken(ctx context.Context, req *musterv1.ApplyTokenRequest) (*musterv1.ApplyTokenResponse, error) {
 	resp, err := a.applyToken(ctx, req)
 	err = toStatus(ctx, a.s.log, err)
-	action := "token.apply"
-	if req.GetCreateOnly() {
-		action = "bot.add"
+	// A token created was recorded with its insert; one found as
+	// applied, or a refusal, changed nothing and is recorded here.
+	if err != nil || !resp.GetCreated() {
+		a.record(ctx, applyAction(req), "token "+secretFree(req.GetName()), err)
 	}
-	a.record(ctx, action, "token "+secretFree(req.GetName()), err)
 	return resp, err
+}
+
+func applyAction(req *musterv1.ApplyTokenRequest) string {
+	if req.GetCreateOnly() {
+		return "bot.add"
+	}
+	return "token.apply"
 }
 
 func (a *adminService) applyToken(ctx context.Context, req *musterv1.ApplyTokenRequest) (*musterv1.ApplyTokenResponse, error) {
@@ -148,11 +155,16 @@ func (a *adminService) applyToken(ctx context.Context, req *musterv1.ApplyTokenR
 	} else {
 		t.BoundKeypair.BoundPublicKey = key.String()
 	}
-	if err := a.s.store.InsertToken(ctx, t); errors.Is(err, store.ErrConflict) {
-		return nil, status.Errorf(codes.AlreadyExists, "token %s exists", spec.Name)
-	} else if err != nil {
+	link, err := a.link(ctx, applyAction(req), "token "+secretFree(req.GetName()), "")
+	if err != nil {
 		return nil, err
 	}
+	if err := a.s.store.InsertToken(ctx, t, link.Build); errors.Is(err, store.ErrConflict) {
+		return nil, status.Errorf(codes.AlreadyExists, "token %s exists", spec.Name)
+	} else if err != nil {
+		return nil, fmt.Errorf("token %s not created: it is written with its audit record or not at all, and the write failed: %w", spec.Name, err)
+	}
+	a.s.audit.Appended(link)
 	return a.appliedToken(t, now, true)
 }
 

@@ -132,7 +132,7 @@ func TestOpenConnectionStandingPerCall(t *testing.T) {
 	deleted, _ := openAgent(t, a, "conn-deleted")
 	renewed, _ := openAgent(t, a, "conn-renewed")
 	if err := a.store.InsertLock(ctx, store.Lock{ID: "l-conn", Kind: store.LockNode, Target: "conn-locked", Reason: "r",
-		CreatedBy: "admin", CreatedAt: time.Now()}); err != nil {
+		CreatedBy: "admin", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := verifierSet(ctx, locked); status.Code(err) != codes.PermissionDenied {
@@ -150,7 +150,7 @@ func TestOpenConnectionStandingPerCall(t *testing.T) {
 	sealer, _ := a.sk.Sealer(seal.InfoToken)
 	ct, nonce, _ := sealer.Seal(tok.Secret(), []byte(tok.ID))
 	if err := a.store.InsertToken(ctx, store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		NodeID: "conn-renewed", CreatedBy: "test", CreatedAt: time.Now()}); err != nil {
+		NodeID: "conn-renewed", CreatedBy: "test", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	_, der := benchCSR(t)

@@ -34,7 +34,7 @@ func botToken(t testing.TB, a *benchAuthority, node string, limit int64, mode st
 	if err := a.store.InsertToken(context.Background(), store.Token{ID: node, JoinMethod: store.JoinMethodBoundKeypair,
 		Ciphertext: []byte{}, Nonce: []byte{}, NodeID: node, CreatedBy: "test", CreatedAt: time.Now(),
 		BoundKeypair: &store.BoundKeypair{Spec: store.BoundKeypairSpec{InitialPublicKey: k.String(), RecoveryLimit: limit,
-			RecoveryMode: mode}, BoundPublicKey: k.String()}}); err != nil {
+			RecoveryMode: mode}, BoundPublicKey: k.String()}}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 }

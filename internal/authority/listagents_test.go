@@ -69,7 +69,7 @@ func TestListAgentsReadsOncePerPage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := st.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockNode, Target: "node-007", Reason: "r", CreatedBy: "admin", CreatedAt: now}); err != nil {
+	if err := st.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockNode, Target: "node-007", Reason: "r", CreatedBy: "admin", CreatedAt: now}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := st.RecordAgentStream(ctx, store.AgentStream{NodeID: "node-009", Replica: "r:1", Connected: true, ConnectedAt: now, LastSeen: now}); err != nil {

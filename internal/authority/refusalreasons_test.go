@@ -89,7 +89,7 @@ func TestAuthorizationRefusalsNameTheWayOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := a.store.InsertLock(ctx, store.Lock{ID: "lock-mallory", Kind: store.LockAdmin, Target: "mallory", Reason: "laptop stolen",
-		CreatedBy: "admin", CreatedAt: time.Now()}); err != nil {
+		CreatedBy: "admin", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	opConn := a.dial(&identity.Identity{Chain: []*x509.Certificate{opLeaf, a.h.Issuer(ca.RoleAdmin).Cert}, Key: k,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -242,5 +243,122 @@ func TestSetSettingUnauditedChangesNothing(t *testing.T) {
 	}
 	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 0 {
 		t.Fatalf("audit chain %+v (%v); want it empty", recs, err)
+	}
+}
+
+// setupLink is the audit record a test's own store write (a lock it sets
+// up) carries, outside the server's chain key: tests using it do not
+// verify the chain.
+func setupLink(h store.AuditHead) (store.AuditRecord, error) {
+	return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),
+		Action: "test.setup", Result: audit.ResultOK}, nil
+}
+
+func (u unauditable) InsertLock(ctx context.Context, l store.Lock, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.InsertLock(ctx, l, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+func (u unauditable) DeleteLock(ctx context.Context, id string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.DeleteLock(ctx, id, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+// TestLockUnauditedChangesNothing: a lock whose lock.create or
+// lock.delete record cannot be written is neither created nor lifted,
+// and the call fails saying so. Before, the lock was written first and
+// its record after, whose failure was logged and dropped.
+func TestLockUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	held := store.Lock{ID: "lock-held", Kind: store.LockNode, Target: "node-1", CreatedBy: "admin", CreatedAt: time.Now()}
+	if err := st.InsertLock(t.Context(), held, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-8"})
+	a := &adminService{s: s}
+	if _, err := a.CreateLock(ctx, &musterv1.CreateLockRequest{Kind: store.LockNode, Target: "node-2"}); status.Code(err) != codes.Internal {
+		t.Fatalf("CreateLock = %v; want Internal", err)
+	}
+	if _, err := a.DeleteLock(ctx, &musterv1.DeleteLockRequest{Id: held.ID}); status.Code(err) != codes.Internal {
+		t.Fatalf("DeleteLock = %v; want Internal", err)
+	}
+	got, err := st.ListLocks(t.Context())
+	if err != nil || len(got) != 1 || got[0].ID != held.ID {
+		t.Fatalf("locks after unaudited writes: %+v (%v); want only %s", got, err, held.ID)
+	}
+	for _, want := range []string{"lock not created", "lock lock-held not deleted"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, buf.String())
+		}
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
+		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}
+
+func (u unauditable) InsertToken(ctx context.Context, tok store.Token, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.InsertToken(ctx, tok, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+func (u unauditable) DeleteToken(ctx context.Context, id string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.DeleteToken(ctx, id, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+// TestTokenUnauditedChangesNothing: a join token whose token.create or
+// token.delete record cannot be written is neither created nor deleted,
+// and the call fails saying so. Before, the token was written first and
+// its record after, whose failure was logged and dropped: a token that
+// admits nodes with nothing in the chain of its making.
+func TestTokenUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	held := store.Token{ID: "abc123", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"), UsesAllowed: 1, CreatedBy: "admin", CreatedAt: time.Now()}
+	if err := st.InsertToken(t.Context(), held, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealer, err := seal.StorageKey{}.Sealer(seal.InfoToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, tokens: sealer, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	a := &adminService{s: s}
+	if _, err := a.CreateToken(ctx, &musterv1.CreateTokenRequest{}); status.Code(err) != codes.Internal {
+		t.Fatalf("CreateToken = %v; want Internal", err)
+	}
+	if _, err := a.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: held.ID}); status.Code(err) != codes.Internal {
+		t.Fatalf("DeleteToken = %v; want Internal", err)
+	}
+	got, err := st.ListTokens(t.Context())
+	if err != nil || len(got) != 1 || got[0].ID != held.ID {
+		t.Fatalf("tokens after unaudited writes: %+v (%v); want only %s", got, err, held.ID)
+	}
+	for _, want := range []string{"token not created", "token abc123 not deleted"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, buf.String())
+		}
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
+		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
 	}
 }

@@ -39,7 +39,7 @@ func TestLockedAgentRefusalsAudited(t *testing.T) {
 		t.Fatalf("mint before the lock: %v", err)
 	}
 	if err := a.store.InsertLock(ctx, store.Lock{ID: "l-standing", Kind: store.LockNode, Target: "locked-1", Reason: "r",
-		CreatedBy: "admin", CreatedAt: time.Now()}); err != nil {
+		CreatedBy: "admin", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	calls := map[string]func() error{

@@ -31,7 +31,7 @@ func TestStreamClosuresAudited(t *testing.T) {
 	}{
 		{"lock", 0, func(t *testing.T, a *benchAuthority, node string) {
 			if err := a.store.InsertLock(t.Context(), store.Lock{ID: "l-" + node, Kind: store.LockNode, Target: node, Reason: "r",
-				CreatedBy: "admin", CreatedAt: time.Now()}); err != nil {
+				CreatedBy: "admin", CreatedAt: time.Now()}, setupLink); err != nil {
 				t.Fatal(err)
 			}
 		}, codes.PermissionDenied, "locked"},

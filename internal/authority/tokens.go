@@ -46,9 +46,12 @@ func tokenToProto(t store.Token, now time.Time) *musterv1.Token {
 
 func (a *adminService) CreateToken(ctx context.Context, req *musterv1.CreateTokenRequest) (*musterv1.CreateTokenResponse, error) {
 	resp, target, err := a.createToken(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "token.create", target, err)
-	return resp, err
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "token.create", target, err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateTokenRequest) (*musterv1.CreateTokenResponse, string, error) {
@@ -91,12 +94,19 @@ func (a *adminService) createToken(ctx context.Context, req *musterv1.CreateToke
 		if t.Ciphertext, t.Nonce, err = a.s.tokens.Seal(tok.Secret(), []byte(tok.ID)); err != nil {
 			return nil, "", err
 		}
-		err = a.s.store.InsertToken(ctx, t)
+		// The token goes in with its record, or neither does: a token
+		// that cannot be audited admits no one.
+		link, err := a.link(ctx, "token.create", "token "+t.ID, "")
+		if err != nil {
+			return nil, "", err
+		}
+		err = a.s.store.InsertToken(ctx, t, link.Build)
 		if err == nil {
+			a.s.audit.Appended(link)
 			break
 		}
 		if !errors.Is(err, store.ErrConflict) || attempt == 4 {
-			return nil, "", err
+			return nil, "", fmt.Errorf("token not created: it is written with its audit record or not at all, and the write failed: %w", err)
 		}
 	}
 	if spec.Unlimited() {
@@ -132,14 +142,32 @@ func (a *adminService) DeleteToken(ctx context.Context, req *musterv1.DeleteToke
 	if !validTokenName(req.GetId()) {
 		err = badRequest(badTokenName)
 	} else {
-		err = notFound(a.s.store.DeleteToken(ctx, req.GetId()), fmt.Sprintf("join token %q", req.GetId()))
+		err = a.deleteToken(ctx, req.GetId())
 	}
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "token.delete", "token "+secretFree(req.GetId()), err)
 	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "token.delete", "token "+secretFree(req.GetId()), err)
 		return nil, err
 	}
 	return &musterv1.DeleteTokenResponse{}, nil
+}
+
+// deleteToken deletes token id with its token.delete record in the same
+// transaction: a token whose deletion cannot be audited stays.
+func (a *adminService) deleteToken(ctx context.Context, id string) error {
+	link, err := a.link(ctx, "token.delete", "token "+id, "")
+	if err != nil {
+		return err
+	}
+	err = a.s.store.DeleteToken(ctx, id, link.Build)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound(err, fmt.Sprintf("join token %q", id))
+	}
+	if err != nil {
+		return fmt.Errorf("token %s not deleted: it is deleted with its audit record or not at all, and the write failed: %w", id, err)
+	}
+	a.s.audit.Appended(link)
+	return nil
 }
 
 // agentToProto summarises a node with its current instance, from the row

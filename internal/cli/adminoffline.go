@@ -87,15 +87,18 @@ func addOperatorOffline(ctx context.Context, od offlineDir, storeURL, crlURL, na
 	// Break-glass is for a name whose identity is lost as much as for one
 	// that expired: a valid certificate of the name does not stop it.
 	rec.Reissue = true
-	if err := st.InsertOperator(ctx, rec); err != nil {
-		return offlineOperator{}, fmt.Errorf("recording the operator certificate: %w", err)
-	}
-	if _, err := logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: offlineActor, Action: "operator.add",
+	// The certificate is recorded with its audit record, or neither is.
+	link, err := logger.Builder(audit.Event{Actor: offlineActor, Action: "operator.add",
 		Target: id.String(), Result: audit.ResultOK,
 		Reason: fmt.Sprintf("break-glass: serial %s signed with the admin intermediate %s (storage key of %s), valid until %s",
-			rec.Serial, issuer.Cert.SerialNumber.Text(16), dir, op.Leaf().NotAfter.UTC().Format(time.RFC3339))}); err != nil {
-		return offlineOperator{}, fmt.Errorf("the operator certificate (serial %s) is recorded but its audit record could not be written: %w", rec.Serial, err)
+			rec.Serial, issuer.Cert.SerialNumber.Text(16), dir, op.Leaf().NotAfter.UTC().Format(time.RFC3339))})
+	if err != nil {
+		return offlineOperator{}, err
 	}
+	if err := st.InsertOperator(ctx, rec, link.Build); err != nil {
+		return offlineOperator{}, fmt.Errorf("recording the operator certificate with its audit record (neither is written): %w", err)
+	}
+	logger.Appended(link)
 	return offlineOperator{ID: id, Identity: op}, nil
 }
 

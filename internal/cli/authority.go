@@ -741,14 +741,10 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	// audited, with the way out, as the operator reads it with
 	// `muster audit list --offline` when no authority runs.
 	denied := func(err error) error {
-		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
-			Result: audit.ResultDenied, Reason: "key custody: " + err.Error()})
-		return prefixed("authority", err)
+		return prefixed("authority", refuseStart(ctx, logger, log, info.AuthorityID, "key custody", err))
 	}
 	if err := reconcileShared(ctx, st, &o, logger, log); err != nil {
-		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: "authority", Action: "authority.start", Target: info.AuthorityID,
-			Result: audit.ResultDenied, Reason: "shared settings: " + err.Error()})
-		return prefixed("authority", err)
+		return prefixed("authority", refuseStart(ctx, logger, log, info.AuthorityID, "shared settings", err))
 	}
 	rec, err := storeCustody(ctx, st, offlineDir{dir: dir, configPath: o.configPath}, info.Custody, o.pkcs11Module)
 	if err != nil {

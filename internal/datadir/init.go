@@ -268,27 +268,40 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitRes
 	if err := op.Save(d.OperatorFile(), false); err != nil {
 		return InitResult{}, err
 	}
-	if err := st.InsertOperator(ctx, OperatorRecord(op, opID, "muster init", o.Now)); err != nil {
-		return InitResult{}, err
-	}
-
 	logger, err := NewAuditLogger(st, sk, d.CheckpointFile(), nil)
 	if err != nil {
 		return InitResult{}, err
 	}
-	events := []audit.Event{
-		{Actor: "muster init", Action: "authority.init", Target: info.AuthorityID, Result: audit.ResultOK, Reason: "ca " + fp},
-		{Actor: "muster init", Action: "psk.create", Target: pskID, Result: audit.ResultOK},
-		{Actor: "muster init", Action: "operator.add", Target: opID.String(), Result: audit.ResultOK},
+	record := func(events ...audit.Event) error {
+		for _, e := range events {
+			if _, err := logger.Record(ctx, e); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
+	if err := record(
+		audit.Event{Actor: "muster init", Action: "authority.init", Target: info.AuthorityID, Result: audit.ResultOK, Reason: "ca " + fp},
+		audit.Event{Actor: "muster init", Action: "psk.create", Target: pskID, Result: audit.ResultOK}); err != nil {
+		return InitResult{}, err
+	}
+	// The first operator goes in with its record, as every operator
+	// does (store.Store.InsertOperator).
+	link, err := logger.Builder(audit.Event{Actor: "muster init", Action: "operator.add", Target: opID.String(), Result: audit.ResultOK})
+	if err != nil {
+		return InitResult{}, err
+	}
+	if err := st.InsertOperator(ctx, OperatorRecord(op, opID, "muster init", o.Now), link.Build); err != nil {
+		return InitResult{}, err
+	}
+	logger.Appended(link)
+	var created []audit.Event
 	for _, row := range inToken {
-		events = append(events, audit.Event{Actor: "muster init", Action: "ca.create", Target: row.Role + "/" + row.Serial, Result: audit.ResultOK,
+		created = append(created, audit.Event{Actor: "muster init", Action: "ca.create", Target: row.Role + "/" + row.Serial, Result: audit.ResultOK,
 			Reason: "key generated in PKCS#11 token: " + string(row.KeyRef)})
 	}
-	for _, e := range events {
-		if _, err := logger.Record(ctx, e); err != nil {
-			return InitResult{}, err
-		}
+	if err := record(created...); err != nil {
+		return InitResult{}, err
 	}
 	// The first task signer, active at once (DESIGN.md: muster init
 	// creates it); authorities started on an older data directory create

@@ -24,7 +24,9 @@ var errInjected = errors.New("injected: the operator record could not be written
 // init has written the PSK (and the token's intermediates) by then.
 type failingOperator struct{ *postgres.Store }
 
-func (failingOperator) InsertOperator(context.Context, store.Operator) error { return errInjected }
+func (failingOperator) InsertOperator(context.Context, store.Operator, func(store.AuditHead) (store.AuditRecord, error)) error {
+	return errInjected
+}
 
 // TestFailedInitLeavesAnEmptyPostgres: muster init --store postgres://…
 // that fails after its first writes drops the schema it made, so the next

@@ -687,17 +687,21 @@ func (s *Service) retryRecovery(ctx context.Context, nodeID, instanceID, tokenID
 func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause error) error {
 	reason := fmt.Sprintf("join_state_mismatch: node %s presented a stale join state (%v)", nodeID, cause)
 	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
-	err := s.cfg.Store.InsertLock(ctx, l)
+	// The lock goes in with its record, or neither does: the one that
+	// wins writes both.
+	link, err := s.cfg.Audit.Builder(audit.Event{Actor: "authority", Action: "lock.create", Target: "token " + tokenID,
+		Result: audit.ResultOK, Reason: reason})
+	if err != nil {
+		return err
+	}
+	err = s.cfg.Store.InsertLock(ctx, l, link.Build)
 	if errors.Is(err, store.ErrConflict) {
 		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
 	}
 	if err != nil {
 		return err
 	}
-	if err := s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "lock.create", Target: "token " + tokenID,
-		Result: audit.ResultOK, Reason: reason}); err != nil {
-		return err
-	}
+	s.cfg.Audit.Appended(link)
 	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
 }
 

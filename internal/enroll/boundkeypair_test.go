@@ -40,7 +40,7 @@ func newBKEnv(t *testing.T, limit int64, mode string) *bkEnv {
 	if err := e.st.InsertToken(t.Context(), store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair,
 		Ciphertext: []byte{}, Nonce: []byte{}, NodeID: "node-1", CreatedAt: time.Now(),
 		BoundKeypair: &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: limit, RecoveryMode: mode,
-			MustRegisterBefore: time.Now().Add(time.Hour)}, SecretCiphertext: ct, SecretNonce: nonce}}); err != nil {
+			MustRegisterBefore: time.Now().Add(time.Hour)}, SecretCiphertext: ct, SecretNonce: nonce}}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	return b
@@ -429,14 +429,14 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 			answer := answerWith(b.priv)
 			ch := func(ctx context.Context, c []byte) ([]byte, error) {
 				if during {
-					if err := b.st.DeleteToken(ctx, "bot-1"); err != nil {
+					if err := b.st.DeleteToken(ctx, "bot-1", setupLink); err != nil {
 						t.Fatal(err)
 					}
 				}
 				return answer(ctx, c)
 			}
 			if !during {
-				if err := b.st.DeleteToken(t.Context(), "bot-1"); err != nil {
+				if err := b.st.DeleteToken(t.Context(), "bot-1", setupLink); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -56,7 +56,7 @@ type Store interface {
 	// ListResyncEpochs serves the bound-keypair join state's epochs.
 	ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error)
 	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
-	InsertLock(ctx context.Context, l store.Lock) error
+	InsertLock(ctx context.Context, l store.Lock, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
 	// clock.
 	Now(ctx context.Context) (time.Time, error)

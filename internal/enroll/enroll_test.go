@@ -97,7 +97,7 @@ func (e *env) token(t *testing.T, uses int64) jointoken.Token {
 	tok, _ := jointoken.Generate()
 	ct, nonce, _ := e.seal.Seal(tok.Secret(), []byte(tok.ID))
 	if err := e.st.InsertToken(t.Context(), store.Token{ID: tok.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		UsesAllowed: uses, CreatedAt: time.Now()}); err != nil {
+		UsesAllowed: uses, CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	return tok
@@ -146,7 +146,7 @@ func TestDecoyBundleIsStableAndUnverifiable(t *testing.T) {
 type deletingStore struct{ Store }
 
 func (d deletingStore) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult, error) {
-	d.Store.(*sqlite.SQLite).DeleteToken(ctx, j.TokenID)
+	d.Store.(*sqlite.SQLite).DeleteToken(ctx, j.TokenID, setupLink)
 	return d.Store.CommitJoin(ctx, j)
 }
 
@@ -173,7 +173,7 @@ func TestJoinRetryRefusedWhenLocked(t *testing.T) {
 	if err != nil || !again.Retry || string(again.ChainPEM) != string(first.ChainPEM) {
 		t.Fatalf("retry: %v (retry %v)", err, again != nil && again.Retry)
 	}
-	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockInstance, Target: first.InstanceID, CreatedAt: time.Now()})
+	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockInstance, Target: first.InstanceID, CreatedAt: time.Now()}, setupLink)
 	_, err = e.svc.ExchangeJoinToken(t.Context(), Request{}, tok.Reveal(), "n1", der)
 	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
 }
@@ -287,4 +287,11 @@ func TestTrustBundleLeavesOutExpired(t *testing.T) {
 				c.at, notAfter, len(v.Bundle.Roots), len(v.Bundle.Intermediates), c.intermediates)
 		}
 	}
+}
+
+// setupLink is the audit record a test's own store write (a lock it sets
+// up) carries; the service's fakeAudit never hears of it.
+func setupLink(h store.AuditHead) (store.AuditRecord, error) {
+	return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),
+		Action: "test.setup", Result: audit.ResultOK}, nil
 }

@@ -100,7 +100,7 @@ func TestPSKCheckOrder(t *testing.T) {
 	if _, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, good, "", nodeCSR(t, "taken")); err != nil {
 		t.Fatal(err)
 	}
-	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockNode, Target: "locked", CreatedAt: time.Now()})
+	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockNode, Target: "locked", CreatedAt: time.Now()}, setupLink)
 	wrong, _ := psk.Generate()
 
 	tests := []struct {
@@ -242,7 +242,7 @@ func TestPSKRetryRefusedWhenLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockInstance, Target: first.InstanceID, CreatedAt: time.Now()})
+	e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockInstance, Target: first.InstanceID, CreatedAt: time.Now()}, setupLink)
 	_, err = e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), "", csr)
 	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
 }

@@ -68,13 +68,13 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 	expired, _ := jointoken.Generate()
 	ct, nonce, _ := e.seal.Seal(expired.Secret(), []byte(expired.ID))
 	if err := e.st.InsertToken(t.Context(), store.Token{ID: expired.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		UsesAllowed: 1, CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(-time.Minute)}); err != nil {
+		UsesAllowed: 1, CreatedAt: time.Now().Add(-time.Hour), ExpiresAt: time.Now().Add(-time.Minute)}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	bound, _ := jointoken.Generate()
 	ct, nonce, _ = e.seal.Seal(bound.Secret(), []byte(bound.ID))
 	if err := e.st.InsertToken(t.Context(), store.Token{ID: bound.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-		UsesAllowed: 1, NodeID: "web-01", CreatedAt: time.Now()}); err != nil {
+		UsesAllowed: 1, NodeID: "web-01", CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	fresh := e.token(t, 1)

@@ -203,7 +203,7 @@ func TestBoundKeypairResyncRebindRefusals(t *testing.T) {
 		b.register(t)
 		b.openWindow(t, "ep-1")
 		priv, key := newKey(t)
-		if err := b.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockPublicKey, Target: key.Fingerprint(), CreatedAt: time.Now()}); err != nil {
+		if err := b.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockPublicKey, Target: key.Fingerprint(), CreatedAt: time.Now()}, setupLink); err != nil {
 			t.Fatal(err)
 		}
 		_, err := b.offer(t, priv, key, b.signedFor(t, key, 4, time.Now().Add(boundkeypair.Leeway+2*time.Second)))

@@ -86,12 +86,12 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 	}
 
 	if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-i", Kind: store.LockInstance, Target: first.InstanceID,
-		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}); err != nil {
+		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	_, err = refresh()
 	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
-	if err := b.st.DeleteLock(t.Context(), "lock-i"); err != nil {
+	if err := b.st.DeleteLock(t.Context(), "lock-i", setupLink); err != nil {
 		t.Fatal(err)
 	}
 	bound, err := boundkeypair.NewPublicKey(b.priv.Public().(ed25519.PublicKey))
@@ -99,7 +99,7 @@ func TestBoundKeypairRefreshReadsOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-k", Kind: store.LockPublicKey, Target: bound.Fingerprint(),
-		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}); err != nil {
+		CreatedBy: "admin", CreatedAt: b.svc.cfg.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	_, err = refresh()

@@ -260,12 +260,15 @@ func (s *Service) copyDetected(ctx context.Context, rec store.Certificate, inst 
 	reason := fmt.Sprintf("copy_detected: generation %d presented (serial %s) after generation %d was issued", rec.Generation, rec.Serial, inst.Generation)
 	l := store.Lock{ID: newLockID(), Kind: store.LockInstance, Target: inst.ID, Reason: reason,
 		CreatedBy: "authority", CreatedAt: s.cfg.Now()}
-	if err := s.cfg.Store.InsertLock(ctx, l); err != nil {
+	// The lock goes in with its record, or neither does.
+	link, err := s.cfg.Audit.Builder(audit.Event{Actor: "authority", Action: "lock.create", Target: "instance " + inst.ID,
+		Result: audit.ResultOK, Reason: reason})
+	if err != nil {
 		return err
 	}
-	if err := s.cfg.Audit.Record(ctx, audit.Event{Actor: "authority", Action: "lock.create", Target: "instance " + inst.ID,
-		Result: audit.ResultOK, Reason: reason}); err != nil {
+	if err := s.cfg.Store.InsertLock(ctx, l, link.Build); err != nil {
 		return err
 	}
+	s.cfg.Audit.Appended(link)
 	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s", inst.ID, l.ID)
 }

@@ -95,7 +95,7 @@ func TestRenewalsPerLifetime(t *testing.T) {
 			bound, _ := jointoken.Generate()
 			ct, nonce, _ := e.seal.Seal(bound.Secret(), []byte(bound.ID))
 			if err := e.st.InsertToken(t.Context(), store.Token{ID: bound.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
-				UsesAllowed: 1, NodeID: "n1", CreatedAt: time.Now()}); err != nil {
+				UsesAllowed: 1, NodeID: "n1", CreatedAt: time.Now()}, setupLink); err != nil {
 				t.Fatal(err)
 			}
 			_, der = csr(t)

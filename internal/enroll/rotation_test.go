@@ -89,7 +89,7 @@ func TestBoundKeypairRotation(t *testing.T) {
 			newPriv, newPub := newBoundKey(t)
 			if tc.lockNew {
 				if err := b.st.InsertLock(t.Context(), store.Lock{ID: "lock-new", Kind: store.LockPublicKey, Target: newPub.Fingerprint(),
-					CreatedBy: "test", CreatedAt: time.Now()}); err != nil {
+					CreatedBy: "test", CreatedAt: time.Now()}, setupLink); err != nil {
 					t.Fatal(err)
 				}
 			}

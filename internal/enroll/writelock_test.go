@@ -27,7 +27,7 @@ func (l lockingStore) lock(ctx context.Context) {
 	}
 	t := l.target()
 	if err := l.st.InsertLock(ctx, store.Lock{ID: "l-race", Kind: t.Kind, Target: t.Target, CreatedBy: "admin",
-		CreatedAt: time.Now()}); err != nil {
+		CreatedAt: time.Now()}, setupLink); err != nil {
 		panic(err)
 	}
 }

@@ -210,8 +210,12 @@ type Renewal struct {
 // method that must happen once is one transaction whose conditions are
 // checked against the store clock inside it.
 type JoinStore interface {
-	// InsertToken adds a token; ErrConflict if its ID exists.
-	InsertToken(ctx context.Context, t Token) error
+	// InsertToken adds a token; ErrConflict if its ID exists. audit
+	// builds its record (token.create), appended to the chain in the
+	// same transaction (see AppendAudit): the token can admit nodes only
+	// once its record is in. An error building or appending it is
+	// returned and nothing is written; a nil audit is refused.
+	InsertToken(ctx context.Context, t Token, audit func(head AuditHead) (AuditRecord, error)) error
 	// GetToken returns a token, expired or not; ErrNotFound.
 	GetToken(ctx context.Context, id string) (Token, error)
 	// ListTokens returns every token, oldest first.
@@ -227,8 +231,11 @@ type JoinStore interface {
 	// scrape, at a million tokens.
 	CountTokens(ctx context.Context, now time.Time) (TokenCounts, error)
 	// DeleteToken removes a token; ErrNotFound. Nodes it admitted keep
-	// their identities.
-	DeleteToken(ctx context.Context, id string) error
+	// their identities. audit builds its record (token.delete), appended
+	// in the same transaction as InsertToken's: an error building or
+	// appending it is returned and the token stays; a nil audit is
+	// refused.
+	DeleteToken(ctx context.Context, id string, audit func(head AuditHead) (AuditRecord, error)) error
 	// DeleteExpiredTokens removes tokens that expired more than retention
 	// ago by the store clock and returns their IDs. Bound-keypair tokens
 	// are left alone: only an operator deletes them.

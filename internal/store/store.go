@@ -174,17 +174,28 @@ type Store interface {
 	// a duplicate serial, or while a certificate of the same name is valid
 	// at o.CreatedAt and o.Reissue is false (one writer wins among concurrent ones, across
 	// replicas).
-	InsertOperator(ctx context.Context, o Operator) error
+	// audit builds its record (operator.add, operator.renew), appended
+	// to the chain in the same transaction (see AppendAudit): an error
+	// building or appending it is returned and nothing is written; a nil
+	// audit is refused.
+	InsertOperator(ctx context.Context, o Operator, audit func(head AuditHead) (AuditRecord, error)) error
 	// ListOperators returns every operator certificate, oldest first.
 	ListOperators(ctx context.Context) ([]Operator, error)
 
-	// InsertLock adds a lock; ErrConflict on a duplicate ID.
-	InsertLock(ctx context.Context, l Lock) error
+	// InsertLock adds a lock; ErrConflict on a duplicate ID. audit
+	// builds the lock's record (lock.create), appended to the chain in
+	// the same transaction (see AppendAudit): the lock is in force with
+	// its record or not at all. An error building or appending it is
+	// returned and nothing is written; a nil audit is refused.
+	InsertLock(ctx context.Context, l Lock, audit func(head AuditHead) (AuditRecord, error)) error
 	// ListLocks returns the locks not expired by the store clock, oldest
 	// first.
 	ListLocks(ctx context.Context) ([]Lock, error)
-	// DeleteLock removes a lock; ErrNotFound if there is none with that ID.
-	DeleteLock(ctx context.Context, id string) error
+	// DeleteLock removes a lock; ErrNotFound if there is none with that
+	// ID. audit builds its record (lock.delete), appended in the same
+	// transaction as InsertLock's: an error building or appending it is
+	// returned and the lock stays; a nil audit is refused.
+	DeleteLock(ctx context.Context, id string, audit func(head AuditHead) (AuditRecord, error)) error
 	// FindAnyLock returns a lock not expired by the store clock on any of
 	// targets, in at most one query; ErrNotFound if there is none, and for
 	// no targets (without a query). When several match, it returns the

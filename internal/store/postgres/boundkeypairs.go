@@ -14,15 +14,15 @@ const boundKeypairColumns = `token_id, initial_public_key, secret_ciphertext, se
 	recovery_limit, recovery_mode, rotate_after, bound_public_key, bound_instance_id, recovery_count,
 	recovery_sequence, last_recovered_at, last_rotated_at, epoch`
 
-// insertBoundKeypair writes a bound-keypair token's row, in the
-// transaction that inserts the token.
-func insertBoundKeypair(ctx context.Context, tx pgx.Tx, id string, b *store.BoundKeypair) error {
-	_, err := tx.Exec(ctx, `INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
+// queueBoundKeypair queues a bound-keypair token's row, in the pipe
+// that inserts the token.
+func queueBoundKeypair(p *pipe, id string, b *store.BoundKeypair) {
+	p.exec(`INSERT INTO bound_keypairs (`+boundKeypairColumns+`)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
-		id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
-		b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
-		b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt), b.Epoch)
-	return err
+		[]any{id, b.Spec.InitialPublicKey, nilIfEmpty(b.SecretCiphertext), nilIfEmpty(b.SecretNonce), timeArg(b.Spec.MustRegisterBefore),
+			b.Spec.RecoveryLimit, b.Spec.RecoveryMode, timeArg(b.Spec.RotateAfter), b.BoundPublicKey, b.BoundInstanceID,
+			b.RecoveryCount, b.RecoverySequence, timeArg(b.LastRecoveredAt), timeArg(b.LastRotatedAt), b.Epoch},
+		wrapped("insert token: bound keypair"))
 }
 
 func nilIfEmpty(b []byte) any {

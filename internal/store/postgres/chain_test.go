@@ -28,6 +28,18 @@ func chainLogger(t *testing.T, s *Store, chainKey []byte, signKey ed25519.Privat
 	return l
 }
 
+// chainToken is benchToken with its token.create record built by l, so
+// the chain it starts verifies.
+func chainToken(t *testing.T, s *Store, l *audit.Logger) {
+	t.Helper()
+	k, err := l.Builder(audit.Event{Actor: "admin", Action: "token.create", Target: "token t1", Result: audit.ResultOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	benchTokenWith(t, s, k.Build)
+	l.Appended(k)
+}
+
 func chainKeys(t *testing.T) ([]byte, ed25519.PrivateKey) {
 	t.Helper()
 	key := make([]byte, 32)
@@ -73,9 +85,9 @@ func wantVerified(t *testing.T, l *audit.Logger, records int64) {
 func TestChainTwoReplicasVerify(t *testing.T) {
 	ctx := t.Context()
 	h := twoHandles(t)
-	benchToken(t, h[0])
 	key, sign := chainKeys(t)
 	logs := [2]*audit.Logger{chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)}
+	chainToken(t, h[0], logs[0])
 	const workers, each = 8, 12
 	var wg sync.WaitGroup
 	errs := make([]error, workers)
@@ -109,8 +121,8 @@ func TestChainTwoReplicasVerify(t *testing.T) {
 	if _, err := logs[1].Checkpoint(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wantVerified(t, logs[0], workers*each)
-	wantVerified(t, logs[1], workers*each)
+	wantVerified(t, logs[0], workers*each+1)
+	wantVerified(t, logs[1], workers*each+1)
 }
 
 // TestChainGuessMissed: a Store that builds its next record on the record
@@ -120,9 +132,9 @@ func TestChainTwoReplicasVerify(t *testing.T) {
 func TestChainGuessMissed(t *testing.T) {
 	ctx := t.Context()
 	h := twoHandles(t)
-	benchToken(t, h[0])
 	key, sign := chainKeys(t)
 	a, b := chainLogger(t, h[0], key, sign), chainLogger(t, h[1], key, sign)
+	chainToken(t, h[0], a)
 	// Enough appends in a row on the chain's head for a to guess.
 	for i := range ownToGuess + 1 {
 		if _, err := a.Record(ctx, chainEvent(i)); err != nil {
@@ -145,7 +157,7 @@ func TestChainGuessMissed(t *testing.T) {
 	if _, err := h[0].CommitJoin(ctx, j); err != nil {
 		t.Fatal(err)
 	}
-	const n = ownToGuess + 1
+	const n = ownToGuess + 2 // the token's record, then a's appends
 	if fmt.Sprint(heads) != fmt.Sprint([]int64{n, n + 1}) {
 		t.Errorf("the record was built on heads %v, want the guess %d, then the chain's %d", heads, n, n+1)
 	}
@@ -403,9 +415,9 @@ func TestChainPredecessorWaitBounded(t *testing.T) {
 func TestChainCancelledLinkDoesNotCommit(t *testing.T) {
 	ctx := t.Context()
 	s, _ := openFresh(t)
-	benchToken(t, s)
 	key, sign := chainKeys(t)
 	l := chainLogger(t, s, key, sign)
+	chainToken(t, s, l)
 	for i := range ownToGuess + 1 {
 		if _, err := l.Record(ctx, chainEvent(i)); err != nil {
 			t.Fatal(err)
@@ -448,7 +460,7 @@ func TestChainCancelledLinkDoesNotCommit(t *testing.T) {
 	if live != 0 || unplaced != 0 {
 		t.Fatalf("the Store keeps %d live and %d unplaced links", live, unplaced)
 	}
-	wantVerified(t, l, ownToGuess+1)
+	wantVerified(t, l, ownToGuess+2) // and the token's record
 }
 
 // TestChainGuessCheckedByHash: a Store's link builds on the record its

@@ -31,7 +31,7 @@ func joinedBot(t *testing.T, s *Store, now time.Time) {
 	ctx := t.Context()
 	if err := s.InsertToken(ctx, store.Token{ID: "bot-1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte{},
 		Nonce: []byte{}, NodeID: "bot-1", CreatedBy: "test", CreatedAt: now, BoundKeypair: &store.BoundKeypair{
-			Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}); err != nil {
+			Spec: store.BoundKeypairSpec{RecoveryLimit: 10, RecoveryMode: store.RecoveryStandard}, BoundPublicKey: "key-0"}}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.CommitJoin(ctx, testJoin(store.JoinMethodBoundKeypair, "bot-1", "bot-1", "i0", now,
@@ -51,7 +51,7 @@ func TestLostClaimReasons(t *testing.T) {
 	setup := func(t *testing.T, s *Store, now time.Time) {
 		t.Helper()
 		if err := s.InsertToken(ctx, store.Token{ID: "tok-1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte{}, Nonce: []byte{},
-			UsesAllowed: 2, CreatedBy: "test", CreatedAt: now}); err != nil {
+			UsesAllowed: 2, CreatedBy: "test", CreatedAt: now}, benchLink); err != nil {
 			t.Fatal(err)
 		}
 		joinedBot(t, s, now)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -17,16 +18,42 @@ const lockColumns = `id, kind, target, reason, created_by, created_at, expires_a
 const unexpired = `(expires_at IS NULL OR expires_at > ` + nowMicros + `)`
 
 // InsertLock adds a lock; ErrConflict on a duplicate ID. A lock whose
-// ExpiresAt has passed is stored but never found.
-func (s *Store) InsertLock(ctx context.Context, l store.Lock) error {
-	// A lock may be on a token or a key that many nodes share, so every
-	// open stream re-checks.
-	return s.inTx(ctx, "insert lock", func(tx pgx.Tx) error {
-		if err := insertLock(ctx, tx, l); err != nil {
-			return err
-		}
-		return notifyTx(ctx, tx, store.ChangeStanding)
+// ExpiresAt has passed is stored but never found. One transaction of two
+// round trips (pipe): BEGIN, the target's advisory lock (insertLock), the
+// INSERT, the notification, the audit link's baton (chain.go); then the
+// audit record with COMMIT. A record that cannot be built or appended
+// rolls the lock back.
+func (s *Store) InsertLock(ctx context.Context, l store.Lock, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: insert lock %s: no audit record: a lock is never created unaudited", l.ID)
+	}
+	op := "insert lock " + l.ID
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(targetLockQuery, []any{lockTargetClass, l.Kind + " " + l.Target}, wrapped("insert lock: lock target"))
+		p.exec(insertLockQuery, lockArgsOf(l), wrapped("insert lock"))
+		// A lock may be on a token or a key that many nodes share, so
+		// every open stream re-checks.
+		queueNotify(p, store.ChangeStanding)
+		return commitAudited(ctx, p, audit, op)
 	})
+}
+
+// commitAudited appends audit's record after what p has queued and
+// commits both (startAudit, then link.commit), or neither.
+func commitAudited(ctx context.Context, p *pipe, audit func(store.AuditHead) (store.AuditRecord, error), op string) error {
+	l := p.startAudit()
+	defer l.end()
+	if err := p.send(ctx); err != nil {
+		return err
+	}
+	_, err := l.commit(ctx, p, audit, op)
+	return err
+}
+
+const insertLockQuery = `INSERT INTO locks (` + lockColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+
+func lockArgsOf(l store.Lock) []any {
+	return []any{l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt)}
 }
 
 // insertLock is InsertLock's write. It takes the target's advisory lock
@@ -37,9 +64,7 @@ func insertLock(ctx context.Context, tx pgx.Tx, l store.Lock) error {
 	if _, err := tx.Exec(ctx, targetLockQuery, lockTargetClass, l.Kind+" "+l.Target); err != nil {
 		return wrap("insert lock: lock target", err)
 	}
-	_, err := tx.Exec(ctx, `INSERT INTO locks (`+lockColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
+	_, err := tx.Exec(ctx, insertLockQuery, lockArgsOf(l)...)
 	if err != nil {
 		return wrap("insert lock", err)
 	}
@@ -57,10 +82,26 @@ func (s *Store) ListLocks(ctx context.Context) ([]store.Lock, error) {
 	return collect(rows, "list locks", scanLock)
 }
 
-// DeleteLock removes a lock, expired or not; ErrNotFound if there is none
-// with that ID.
-func (s *Store) DeleteLock(ctx context.Context, id string) error {
-	return execOne(ctx, s.pool, "delete lock "+id, `DELETE FROM locks WHERE id = $1`, id)
+// DeleteLock removes a lock, expired or not, with its audit record in the
+// same transaction (as InsertLock); ErrNotFound if there is none with
+// that ID, and a record that cannot be built or appended leaves the lock.
+func (s *Store) DeleteLock(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: delete lock %s: no audit record: a lock is never deleted unaudited", id)
+	}
+	op := "delete lock " + id
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`DELETE FROM locks WHERE id = $1`, []any{id}, func(tag pgconn.CommandTag, err error) error {
+			if err == nil && tag.RowsAffected() == 0 {
+				err = pgx.ErrNoRows
+			}
+			if err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
+	})
 }
 
 // FindAnyLock returns an unexpired lock, by the store clock, on any of

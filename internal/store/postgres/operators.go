@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -12,25 +13,30 @@ import (
 // InsertOperator records an issued operator certificate; ErrConflict on a
 // duplicate serial or while another certificate of the same name is valid
 // at o.CreatedAt, unless o.Reissue. The name's advisory lock makes the check and the insert
-// one step across replicas.
-func (s *Store) InsertOperator(ctx context.Context, o store.Operator) error {
-	return s.inTx(ctx, "insert operator", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1, hashtext($2))`, operatorLockClass, o.Name); err != nil {
-			return wrap("insert operator: lock", err)
-		}
-		tag, err := tx.Exec(ctx, `INSERT INTO operators
+// one step across replicas; the audit record goes in the same transaction
+// (commitAudited).
+func (s *Store) InsertOperator(ctx context.Context, o store.Operator, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: insert operator %s: no audit record: an operator is never added unaudited", o.Name)
+	}
+	op := "insert operator " + o.Name
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`SELECT pg_advisory_xact_lock($1, hashtext($2))`, []any{operatorLockClass, o.Name}, wrapped("insert operator: lock"))
+		p.exec(`INSERT INTO operators
 			(serial, name, spiffe_id, not_before, not_after, created_by, created_at)
 			SELECT $1, $2, $3, $4, $5, $6, $7
 			WHERE $8 OR NOT EXISTS (SELECT 1 FROM operators WHERE name = $2 AND not_after > $7)`,
-			o.Serial, o.Name, o.SPIFFEID,
-			timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt), o.Reissue)
-		if err != nil {
-			return wrap("insert operator", err)
-		}
-		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("postgres: insert operator: %w: %s holds a certificate still valid", store.ErrConflict, o.Name)
-		}
-		return nil
+			[]any{o.Serial, o.Name, o.SPIFFEID, timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt), o.Reissue},
+			func(tag pgconn.CommandTag, err error) error {
+				if err != nil {
+					return wrap("insert operator", err)
+				}
+				if tag.RowsAffected() == 0 {
+					return fmt.Errorf("postgres: insert operator: %w: %s holds a certificate still valid", store.ErrConflict, o.Name)
+				}
+				return nil
+			})
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 

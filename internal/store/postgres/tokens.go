@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -34,7 +35,10 @@ const tokenReadColumns = `id, join_method, ciphertext, nonce, uses_allowed,
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
 // another store.
-func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
+func (s *Store) InsertToken(ctx context.Context, t store.Token, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: insert token %s: no audit record: a token is never created unaudited", t.ID)
+	}
 	labels, err := labelsArg(t.Labels)
 	if err != nil {
 		return fmt.Errorf("postgres: insert token: %w", err)
@@ -42,26 +46,21 @@ func (s *Store) InsertToken(ctx context.Context, t store.Token) error {
 	if t.BoundKeypair != nil && t.JoinMethod != store.JoinMethodBoundKeypair {
 		return fmt.Errorf("postgres: insert token %s: only a bound-keypair token has BoundKeypair", t.ID)
 	}
-	return s.inTx(ctx, "insert token", func(tx pgx.Tx) error {
+	op := "insert token " + t.ID
+	return s.inPipe(ctx, op, func(p *pipe) error {
 		// Uses left by a deleted token of the same ID (one the cleaner
 		// removed while a join of it was committing) are not this one's;
 		// if the ID is taken, the INSERT fails and this is undone.
-		if _, err := tx.Exec(ctx, `DELETE FROM token_uses WHERE token_id = $1`, t.ID); err != nil {
-			return wrap("insert token", err)
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO tokens (`+tokenColumns+`)
+		p.exec(`DELETE FROM token_uses WHERE token_id = $1`, []any{t.ID}, wrapped("insert token"))
+		p.exec(`INSERT INTO tokens (`+tokenColumns+`)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10::jsonb, $11, $12, $13, $14)`,
-			t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
-			t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault())
-		if err != nil {
-			return wrap("insert token", err)
-		}
+			[]any{t.ID, t.JoinMethod, t.Ciphertext, t.Nonce, t.UsesAllowed, t.UsesCount, timeArg(t.ExpiresAt),
+				t.NodeID, t.Description, labels, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.LastUsedAt), t.SVIDUsageOrDefault()},
+			wrapped("insert token"))
 		if t.BoundKeypair != nil {
-			if err := insertBoundKeypair(ctx, tx, t.ID, t.BoundKeypair); err != nil {
-				return wrap("insert token", err)
-			}
+			queueBoundKeypair(p, t.ID, t.BoundKeypair)
 		}
-		return nil
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
@@ -92,16 +91,24 @@ func (s *Store) ListTokens(ctx context.Context) ([]store.Token, error) {
 // first, so it waits for the joins using the token that are in flight and
 // no join of it commits after it (useToken); the statements after the lock
 // see those joins' uses.
-func (s *Store) DeleteToken(ctx context.Context, id string) error {
+func (s *Store) DeleteToken(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: delete token %s: no audit record: a token is never deleted unaudited", id)
+	}
 	op := "delete token " + id
-	return s.inTx(ctx, op, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, tokenDeleteLockQuery, tokenLockClass, id); err != nil {
-			return wrap(op+": lock", err)
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM token_uses WHERE token_id = $1`, id); err != nil {
-			return wrap(op, err)
-		}
-		return execOne(ctx, tx, op, `DELETE FROM tokens WHERE id = $1`, id)
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(tokenDeleteLockQuery, []any{tokenLockClass, id}, wrapped(op+": lock"))
+		p.exec(`DELETE FROM token_uses WHERE token_id = $1`, []any{id}, wrapped(op))
+		p.exec(`DELETE FROM tokens WHERE id = $1`, []any{id}, func(tag pgconn.CommandTag, err error) error {
+			if err == nil && tag.RowsAffected() == 0 {
+				err = pgx.ErrNoRows
+			}
+			if err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 

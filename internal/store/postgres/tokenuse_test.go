@@ -59,7 +59,7 @@ func awaitWaiters(t *testing.T, s *Store, n int, done <-chan error, what string)
 func unlimitedToken(t *testing.T, s *Store, id string) {
 	t.Helper()
 	if err := s.InsertToken(t.Context(), store.Token{ID: id, JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
-		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now()}); err != nil {
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now()}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -114,7 +114,7 @@ func TestTokenDeletionWaitsForJoinsInFlight(t *testing.T) {
 	unlimitedToken(t, s, "t1")
 	held := holdTokenUse(t, s, "t1")
 	deleted, joined := make(chan error, 1), make(chan error, 1)
-	go func() { deleted <- s.DeleteToken(ctx, "t1") }()
+	go func() { deleted <- s.DeleteToken(ctx, "t1", benchLink) }()
 	awaitWaiters(t, s, 1, deleted, "the deletion")
 	go func() {
 		_, err := s.CommitJoin(ctx, joinOf(2, "t1"))

@@ -23,7 +23,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 	h := twoHandles(t)
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	if err := h[0].InsertToken(ctx, store.Token{ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
-		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}); err != nil {
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	j := joinOf(1, "t1")
@@ -77,7 +77,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 		if in, err := h[0].GetInstance(ctx, j.Instance.ID); err != nil || in.Generation != 0 {
 			t.Fatalf("after the refused renewal: generation %d, %v; want 0", in.Generation, err)
 		}
-		if err := h[0].DeleteLock(ctx, "l-renew"); err != nil {
+		if err := h[0].DeleteLock(ctx, "l-renew", benchLink); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -117,7 +117,7 @@ func TestLockAndGuardedWriteTakeTurns(t *testing.T) {
 			t.Fatal(err)
 		}
 		done := make(chan error, 1)
-		go func() { done <- h[0].InsertLock(ctx, lockOf("l-wait", target)) }()
+		go func() { done <- h[0].InsertLock(ctx, lockOf("l-wait", target), benchLink) }()
 		awaitWaiters(t, h[0], 1, done, "the lock's creation")
 		if err := tx.Commit(ctx); err != nil {
 			t.Fatal(err)
@@ -142,7 +142,7 @@ func TestRenewalLockCheckRoundTrips(t *testing.T) {
 	defer s.Close()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	if err := s.InsertToken(ctx, store.Token{ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"),
-		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}); err != nil {
+		Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: now}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	j := joinOf(1, "t1")
@@ -172,7 +172,7 @@ func TestRenewalLockCheckRoundTrips(t *testing.T) {
 	if n := trips.n.Load(); n != 2 {
 		t.Errorf("a renewal checking five lock targets: %d round trips, want 2", n)
 	}
-	if err := s.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockToken, Target: "t1", CreatedBy: "admin", CreatedAt: now}); err != nil {
+	if err := s.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockToken, Target: "t1", CreatedBy: "admin", CreatedAt: now}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := renew(1); !errors.Is(err, store.ErrLocked) {

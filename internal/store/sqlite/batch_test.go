@@ -121,7 +121,7 @@ func TestBatchFailedWriteAlone(t *testing.T) {
 func TestBatchRenewalsConflict(t *testing.T) {
 	s, _ := openTemp(t)
 	ctx := t.Context()
-	if err := s.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := s.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	var ins []store.Instance
@@ -163,9 +163,9 @@ func TestBatchRenewalsConflict(t *testing.T) {
 	if _, err := s.GetCertificate(ctx, "b2"); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the losing renewal's certificate: %v, want ErrNotFound", err)
 	}
-	// One audit record per winning renewal, chained.
-	if h, err := s.AuditHead(ctx); err != nil || h.Seq != 3 {
-		t.Fatalf("audit head %d, %v; want 3", h.Seq, err)
+	// One audit record per winning renewal, chained, after the token's.
+	if h, err := s.AuditHead(ctx); err != nil || h.Seq != 4 {
+		t.Fatalf("audit head %d, %v; want 4", h.Seq, err)
 	}
 }
 

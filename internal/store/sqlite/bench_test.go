@@ -64,7 +64,7 @@ func BenchmarkInsertLock(b *testing.B) {
 		if err := s.InsertLock(ctx, store.Lock{
 			ID: fmt.Sprintf("lock-%d", n), Kind: store.LockNode, Target: fmt.Sprintf("node-%d", n),
 			CreatedBy: "admin", CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour),
-		}); err != nil {
+		}, benchLink); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -142,7 +142,7 @@ func benchToken(b *testing.B, s *SQLite) {
 	if err := s.InsertToken(b.Context(), store.Token{
 		ID: "t1", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
 		CreatedBy: "admin", CreatedAt: time.Now(),
-	}); err != nil {
+	}, benchLink); err != nil {
 		b.Fatal(err)
 	}
 }

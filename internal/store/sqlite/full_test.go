@@ -32,7 +32,7 @@ func TestFullDatabaseIsUnavailable(t *testing.T) {
 	for i := 0; i < 200 && err == nil; i++ {
 		err = s.InsertOperator(ctx, store.Operator{Serial: fmt.Sprintf("%04x", i), Name: fmt.Sprintf("op%d", i),
 			SPIFFEID: "spiffe://t/admin/" + strings.Repeat("x", 2000), NotBefore: now, NotAfter: now.Add(time.Hour),
-			CreatedBy: "t", CreatedAt: now})
+			CreatedBy: "t", CreatedAt: now}, benchLink)
 		if err == nil {
 			inserted++
 		}
@@ -69,7 +69,7 @@ func TestBusyDatabaseIsUnavailable(t *testing.T) {
 	defer conn.ExecContext(context.Background(), `ROLLBACK`)
 	now := time.Now()
 	err = s.InsertOperator(ctx, store.Operator{Serial: "01", Name: "op", SPIFFEID: "spiffe://t/admin/op",
-		NotBefore: now, NotAfter: now.Add(time.Hour), CreatedBy: "t", CreatedAt: now})
+		NotBefore: now, NotAfter: now.Add(time.Hour), CreatedBy: "t", CreatedAt: now}, benchLink)
 	if !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("insert into a database locked by another process: %v, want store.ErrUnavailable", err)
 	}

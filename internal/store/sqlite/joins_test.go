@@ -44,7 +44,7 @@ func TestCommitJoinTwoHandles(t *testing.T) {
 	}
 	defer b.Close()
 	const allowed, joiners = 5, 24
-	if err := a.InsertToken(ctx, testToken("t1", allowed)); err != nil {
+	if err := a.InsertToken(ctx, testToken("t1", allowed), benchLink); err != nil {
 		t.Fatal(err)
 	}
 
@@ -92,7 +92,7 @@ func TestCommitJoinTwoHandles(t *testing.T) {
 func TestCommitJoinFillsRecords(t *testing.T) {
 	s, _ := openTemp(t)
 	ctx := t.Context()
-	if err := s.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := s.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	j := testJoin("t1", "node-1", "i1")
@@ -162,7 +162,7 @@ func TestCommitJoinRejectsContradictions(t *testing.T) {
 			t.Parallel()
 			s, _ := openTemp(t)
 			ctx := t.Context()
-			if err := s.InsertToken(ctx, testToken("t1", 1)); err != nil {
+			if err := s.InsertToken(ctx, testToken("t1", 1), benchLink); err != nil {
 				t.Fatal(err)
 			}
 			j := testJoin("t1", "node-1", "i1")
@@ -189,7 +189,7 @@ func TestCommitJoinRejectsContradictions(t *testing.T) {
 func TestJoinSchemaInvariants(t *testing.T) {
 	s, _ := openTemp(t)
 	ctx := t.Context()
-	if err := s.InsertToken(ctx, testToken("t1", 1)); err != nil {
+	if err := s.InsertToken(ctx, testToken("t1", 1), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.CommitJoin(ctx, testJoin("t1", "node-1", "i1")); err != nil {
@@ -214,7 +214,7 @@ func TestDeleteExpiredTokensNegativeRetention(t *testing.T) {
 	ctx := t.Context()
 	live := testToken("live", 1)
 	live.ExpiresAt = time.Now().Add(time.Minute)
-	if err := s.InsertToken(ctx, live); err != nil {
+	if err := s.InsertToken(ctx, live, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	ids, err := s.DeleteExpiredTokens(ctx, -time.Hour)

@@ -15,14 +15,28 @@ const lockColumns = `id, kind, target, reason, created_by, created_at, expires_a
 // by the store clock; expires_at is exclusive.
 const unexpired = `(expires_at IS NULL OR expires_at > ` + nowMicros + `)`
 
-// InsertLock adds a lock; ErrConflict on a duplicate ID. A lock whose
-// ExpiresAt has passed is stored but never found.
-func (s *SQLite) InsertLock(ctx context.Context, l store.Lock) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO locks (`+lockColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
+// InsertLock adds a lock and appends its audit record, as one write of a
+// group-committed transaction; ErrConflict on a duplicate ID. A lock
+// whose ExpiresAt has passed is stored but never found. A record that
+// cannot be built or appended leaves no lock and the chain as it was.
+func (s *SQLite) InsertLock(ctx context.Context, l store.Lock, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert lock %s: no audit record: a lock is never created unaudited", l.ID)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO locks (`+lockColumns+`)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt))
+		if err != nil {
+			return wrap("insert lock", err)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: insert lock %s: its audit record: %w", l.ID, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return wrap("insert lock", err)
+		return err
 	}
 	// A lock may be on a token or a key that many nodes share, so every
 	// open stream re-checks.
@@ -53,21 +67,30 @@ func (s *SQLite) ListLocks(ctx context.Context) ([]store.Lock, error) {
 	return ls, nil
 }
 
-// DeleteLock removes a lock, expired or not; ErrNotFound if there is none
-// with that ID.
-func (s *SQLite) DeleteLock(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM locks WHERE id = ?`, id)
-	if err != nil {
-		return wrap("delete lock", err)
+// DeleteLock removes a lock, expired or not, and appends its audit
+// record, as one write; ErrNotFound if there is none with that ID, and a
+// record that cannot be built or appended leaves the lock in force.
+func (s *SQLite) DeleteLock(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: delete lock %s: no audit record: a lock is never deleted unaudited", id)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return wrap("delete lock", err)
-	}
-	if n == 0 {
-		return wrap("delete lock "+id, sql.ErrNoRows)
-	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM locks WHERE id = ?`, id)
+		if err != nil {
+			return wrap("delete lock", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return wrap("delete lock", err)
+		}
+		if n == 0 {
+			return wrap("delete lock "+id, sql.ErrNoRows)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: delete lock %s: its audit record: %w", id, err)
+		}
+		return nil
+	})
 }
 
 // FindAnyLock returns an unexpired lock, by the store clock, on any of

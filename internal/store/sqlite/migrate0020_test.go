@@ -23,7 +23,7 @@ func TestMigration0020KeepsTheStore(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "muster.db")
 	old := openBefore(t, path, 20)
-	if err := old.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := old.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	var certs []store.Certificate
@@ -53,7 +53,7 @@ func TestMigration0020KeepsTheStore(t *testing.T) {
 		{ID: "l2", Kind: store.LockInstance, Target: "inst-1", CreatedBy: "admin", CreatedAt: now},
 		{ID: "l3", Kind: store.LockPublicKey, Target: fmt.Sprintf("%x", "key"), CreatedBy: "admin", CreatedAt: now},
 	} {
-		if err := old.InsertLock(ctx, l); err != nil {
+		if err := old.InsertLock(ctx, l, benchLink); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -22,7 +22,7 @@ func TestMigration0022KeepsTheNodes(t *testing.T) {
 	ctx := t.Context()
 	path := filepath.Join(t.TempDir(), "muster.db")
 	old := openBefore(t, path, 22)
-	if err := old.InsertToken(ctx, testToken("t1", 0)); err != nil {
+	if err := old.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
 	for n := range 5 {

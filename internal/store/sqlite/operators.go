@@ -10,23 +10,32 @@ import (
 
 // InsertOperator records an issued operator certificate; ErrConflict on a
 // duplicate serial or while another certificate of the same name is valid
-// at o.CreatedAt, unless o.Reissue. The check and the insert are one statement.
-func (s *SQLite) InsertOperator(ctx context.Context, o store.Operator) error {
-	res, err := s.w.ExecContext(ctx, `INSERT INTO operators
-		(serial, name, spiffe_id, not_before, not_after, created_by, created_at)
-		SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
-		WHERE ?8 OR NOT EXISTS (SELECT 1 FROM operators WHERE name = ?2 AND not_after > ?7)`,
-		o.Serial, o.Name, o.SPIFFEID,
-		timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt), o.Reissue)
-	if err != nil {
-		return wrap("insert operator", err)
+// at o.CreatedAt, unless o.Reissue. The check and the insert are one
+// statement, in one write with the audit record.
+func (s *SQLite) InsertOperator(ctx context.Context, o store.Operator, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert operator %s: no audit record: an operator is never added unaudited", o.Name)
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return wrap("insert operator", err)
-	} else if n == 0 {
-		return fmt.Errorf("sqlite: insert operator: %w: %s holds a certificate still valid", store.ErrConflict, o.Name)
-	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO operators
+			(serial, name, spiffe_id, not_before, not_after, created_by, created_at)
+			SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7
+			WHERE ?8 OR NOT EXISTS (SELECT 1 FROM operators WHERE name = ?2 AND not_after > ?7)`,
+			o.Serial, o.Name, o.SPIFFEID,
+			timeArg(o.NotBefore), timeArg(o.NotAfter), o.CreatedBy, timeArg(o.CreatedAt), o.Reissue)
+		if err != nil {
+			return wrap("insert operator", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return wrap("insert operator", err)
+		} else if n == 0 {
+			return fmt.Errorf("sqlite: insert operator: %w: %s holds a certificate still valid", store.ErrConflict, o.Name)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: insert operator %s: its audit record: %w", o.Name, err)
+		}
+		return nil
+	})
 }
 
 // ListOperators returns every operator certificate, oldest first (ties by

@@ -84,7 +84,7 @@ func TestFileMode(t *testing.T) {
 
 	s, path := openTemp(t)
 	ctx := t.Context()
-	if err := s.InsertLock(ctx, store.Lock{ID: "l", Kind: store.LockNode, Target: "n", CreatedAt: time.Now()}); err != nil {
+	if err := s.InsertLock(ctx, store.Lock{ID: "l", Kind: store.LockNode, Target: "n", CreatedAt: time.Now()}, benchLink); err != nil {
 		t.Fatal(err)
 	}
 	// Hold a read open so that the -wal and -shm files exist.

@@ -30,7 +30,7 @@ func TestTokenPageReadsOnlyItsBoundKeypairRows(t *testing.T) {
 		}
 		if err := s.InsertToken(ctx, store.Token{ID: fmt.Sprintf("tok-%03d", i), JoinMethod: method, Ciphertext: []byte{1}, Nonce: []byte{1},
 			UsesAllowed: 1, Labels: map[string]string{}, CreatedBy: "t", CreatedAt: now.Add(time.Duration(i) * time.Microsecond),
-			BoundKeypair: bk}); err != nil {
+			BoundKeypair: bk}, benchLink); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -18,7 +18,10 @@ const tokenColumns = `id, join_method, ciphertext, nonce, uses_allowed, uses_cou
 // InsertToken adds a token; ErrConflict if its ID exists. UsesCount and
 // LastUsedAt are stored as given, so a token can be carried over from
 // another store.
-func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
+func (s *SQLite) InsertToken(ctx context.Context, t store.Token, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert token %s: no audit record: a token is never created unaudited", t.ID)
+	}
 	labels, err := labelsArg(t.Labels)
 	if err != nil {
 		return fmt.Errorf("sqlite: insert token: %w", err)
@@ -38,6 +41,9 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token) error {
 			if err := insertBoundKeypair(ctx, tx, t.ID, t.BoundKeypair); err != nil {
 				return wrap("insert token", err)
 			}
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: insert token %s: its audit record: %w", t.ID, err)
 		}
 		return nil
 	})
@@ -67,19 +73,27 @@ func (s *SQLite) ListTokens(ctx context.Context) ([]store.Token, error) {
 // DeleteToken removes a token; ErrNotFound if there is none with that ID.
 // Nodes, instances and certificates name the token by ID only, so they are
 // left as they are.
-func (s *SQLite) DeleteToken(ctx context.Context, id string) error {
-	res, err := s.w.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
-	if err != nil {
-		return wrap("delete token", err)
+func (s *SQLite) DeleteToken(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: delete token %s: no audit record: a token is never deleted unaudited", id)
 	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return wrap("delete token", err)
-	}
-	if n == 0 {
-		return wrap("delete token "+id, sql.ErrNoRows)
-	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM tokens WHERE id = ?`, id)
+		if err != nil {
+			return wrap("delete token", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return wrap("delete token", err)
+		}
+		if n == 0 {
+			return wrap("delete token "+id, sql.ErrNoRows)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: delete token %s: its audit record: %w", id, err)
+		}
+		return nil
+	})
 }
 
 // DeleteExpiredTokens removes the tokens whose expiry is at least retention

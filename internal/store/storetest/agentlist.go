@@ -56,14 +56,14 @@ func agentListCases() []testCase {
 			mustJoin(t, ctx, s, bkJoin("bot-1", "d-bot", "inst-d", at(0), register("bot-1", "key-d")...))
 			mustJoin(t, ctx, s, bkJoin("bot-gone", "e-bot-gone", "inst-e", at(0), register("bot-gone", "key-e")...))
 			mustJoin(t, ctx, s, newJoin("", "f-plain", "inst-f", "kf", at(0)))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone"))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-gone"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone", link(record("token.delete"))))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-gone", link(record("token.delete"))))
 			lock := func(id, kind, target string, age, expiresIn time.Duration) {
 				l := store.Lock{ID: id, Kind: kind, Target: target, Reason: "r " + id, CreatedBy: "admin", CreatedAt: now.Add(-age)}
 				if expiresIn != 0 {
 					l.ExpiresAt = now.Add(expiresIn)
 				}
-				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l))
+				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l, link(record("lock.create"))))
 			}
 			lock("on-token", store.LockToken, "tok-a", time.Hour, 0)
 			// b: node, instance and an older instance lock: the node's wins.

@@ -83,7 +83,7 @@ func boundKeypairCases() []testCase {
 		{"only a bound-keypair token has a bound keypair", func(t *testing.T, ctx context.Context, s store.Store) {
 			plain := token("t1", 1, time.Time{}, 0)
 			plain.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryMode: store.RecoveryStandard}}
-			if err := s.InsertToken(ctx, plain); err == nil {
+			if err := s.InsertToken(ctx, plain, link(record("token.create"))); err == nil {
 				t.Error("InsertToken of a join token with a bound keypair succeeded")
 			}
 			ts, err := s.ListTokens(ctx)
@@ -206,7 +206,7 @@ func boundKeypairCases() []testCase {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 5, store.RecoveryStandard))
 			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i1", now, register("bot-1", "key-1")...))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-1"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-1", link(record("token.delete"))))
 			j := bkJoin("bot-1", "node-1", "i2", now, store.Recovery{TokenID: "bot-1", ExpectedSequence: 1, Counted: true})
 			_, err := s.CommitJoin(ctx, j)
 			wantErr(t, "a recovery through a deleted token", err, store.ErrNotFound)
@@ -235,7 +235,7 @@ func boundKeypairCases() []testCase {
 			_, err = s.CommitRenewal(ctx, stale)
 			wantErr(t, "a refresh that proved a key no longer bound", err, store.ErrKeyBindingChanged)
 
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-1"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "bot-1", link(record("token.delete"))))
 			gone := renewalOf(in, "k3", now)
 			gone.FromGeneration = 1
 			gone.Claims = []store.Claim{same}

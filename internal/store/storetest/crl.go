@@ -49,7 +49,7 @@ func crlCases() []testCase {
 			mustNil(t, "DeleteNode 4", s.DeleteNode(ctx, "node-4"))
 			mustNil(t, "DeleteNode 8", s.DeleteNode(ctx, "node-8"))
 			lock := func(id, kind, target string, expires time.Time) {
-				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, store.Lock{ID: id, Kind: kind, Target: target, CreatedBy: "test", CreatedAt: now.Add(-time.Minute), ExpiresAt: expires}))
+				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, store.Lock{ID: id, Kind: kind, Target: target, CreatedBy: "test", CreatedAt: now.Add(-time.Minute), ExpiresAt: expires}, link(record("lock.create"))))
 			}
 			lock("l1", store.LockNode, "node-1", time.Time{})
 			lock("l2", store.LockInstance, "i2", now.Add(time.Hour))
@@ -63,8 +63,8 @@ func crlCases() []testCase {
 				return store.Operator{Serial: serial, Name: "alice", SPIFFEID: "spiffe://td/admin/alice", NotBefore: notAfter.Add(-time.Hour),
 					NotAfter: notAfter, CreatedBy: "test", CreatedAt: notAfter.Add(-time.Hour), Reissue: true}
 			}
-			mustNil(t, "InsertOperator", s.InsertOperator(ctx, op("a1", now.Add(time.Hour))))
-			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, op("a0", now.Add(-time.Hour))))
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, op("a1", now.Add(time.Hour)), link(record("operator.add"))))
+			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, op("a0", now.Add(-time.Hour)), link(record("operator.add"))))
 
 			got, err := s.ListRevokedCertificates(ctx, recent.Add(-time.Second))
 			mustNil(t, "ListRevokedCertificates", err)

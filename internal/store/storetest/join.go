@@ -72,7 +72,7 @@ func wantNode(j store.Join, created time.Time) store.Node {
 func insertTokens(t *testing.T, ctx context.Context, s store.Store, ts ...store.Token) {
 	t.Helper()
 	for _, tok := range ts {
-		mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+		mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok, link(record("token.create"))))
 	}
 }
 

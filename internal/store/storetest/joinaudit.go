@@ -23,24 +23,26 @@ func joinAuditCases() []testCase {
 		{"join appends its record", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, token("t1", 1, now.Add(time.Hour), time.Hour))
+			base := head(t, ctx, s) // the token's record
 			j := newJoin("t1", "node-1", "i1", "key-1", now)
 			j.Audit = link(record("agent.join"))
 			mustJoin(t, ctx, s, j)
-			if got := head(t, ctx, s); got != 1 {
-				t.Fatalf("audit head after a join = %d, want 1", got)
+			if got := head(t, ctx, s); got != base+1 {
+				t.Fatalf("audit head after a join = %d, want %d", got, base+1)
 			}
 		}},
 		{"refused join appends nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, token("t1", 1, now.Add(time.Hour), time.Hour), token("t2", 1, now.Add(time.Hour), time.Hour))
 			mustJoin(t, ctx, s, newJoin("t1", "node-1", "i1", "key-1", now))
+			base := head(t, ctx, s) // the tokens' records
 			j := newJoin("t2", "node-1", "i2", "key-2", now)
 			j.Audit = link(record("agent.join"))
 			if _, err := s.CommitJoin(ctx, j); !errors.Is(err, store.ErrNodeTaken) {
 				t.Fatalf("CommitJoin = %v, want ErrNodeTaken", err)
 			}
-			if got := head(t, ctx, s); got != 0 {
-				t.Fatalf("audit head after a refused join = %d, want 0", got)
+			if got := head(t, ctx, s); got != base {
+				t.Fatalf("audit head after a refused join = %d, want %d", got, base)
 			}
 		}},
 		{"failing audit build undoes the join", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -66,18 +68,19 @@ func joinAuditCases() []testCase {
 			insertTokens(t, ctx, s, token("t1", 1, now.Add(time.Hour), time.Hour))
 			j := newJoin("t1", "node-1", "i1", "key-1", now)
 			mustJoin(t, ctx, s, j)
+			base := head(t, ctx, s) // the token's record
 			r := store.Renewal{InstanceID: "i1", FromGeneration: 0, ChainPEM: []byte("chain-1"), Audit: link(record("agent.renew")),
 				Certificate: store.Certificate{Serial: serial("r1"), PublicKey: pubKey("key-2"), NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now}}
 			_, err := s.CommitRenewal(ctx, r)
 			mustNil(t, "CommitRenewal", err)
-			if got := head(t, ctx, s); got != 1 {
-				t.Fatalf("audit head after a renewal = %d, want 1", got)
+			if got := head(t, ctx, s); got != base+1 {
+				t.Fatalf("audit head after a renewal = %d, want %d", got, base+1)
 			}
 			if _, err := s.CommitRenewal(ctx, r); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("second renewal from generation 0 = %v, want ErrConflict", err)
 			}
-			if got := head(t, ctx, s); got != 1 {
-				t.Fatalf("audit head after a refused renewal = %d, want 1", got)
+			if got := head(t, ctx, s); got != base+1 {
+				t.Fatalf("audit head after a refused renewal = %d, want %d", got, base+1)
 			}
 		}},
 		{"superseding joins racing renewals of the instance they replace, all audited", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -96,6 +99,7 @@ func joinAuditCases() []testCase {
 			// own previous append's (postgres, once a few appends in a row
 			// found their own at the head) does so in the race.
 			const warm = 8
+			base := head(t, ctx, s) // the token's record
 			appendN(t, ctx, s, warm)
 			const n = 6
 			errs := concurrently(2*n, func(i int) error {
@@ -126,7 +130,7 @@ func joinAuditCases() []testCase {
 			if joined != n || renewed > 1 {
 				t.Fatalf("%d joins and %d renewals succeeded, want %d joins and at most one renewal", joined, renewed, n)
 			}
-			if got := head(t, ctx, s); got != int64(warm+joined+renewed) {
+			if got := head(t, ctx, s); got != base+int64(warm+joined+renewed) {
 				t.Fatalf("audit head %d after %d records, %d joins and %d renewals", got, warm, joined, renewed)
 			}
 			insts, err := s.ListInstances(ctx, "node-1")

@@ -117,11 +117,11 @@ func renewalReadCases() []testCase {
 			}
 			expired := store.Lock{ID: "l-expired", Kind: store.LockNode, Target: "node-1", CreatedBy: "admin",
 				CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)}
-			mustNil(t, "InsertLock", s.InsertLock(ctx, expired))
+			mustNil(t, "InsertLock", s.InsertLock(ctx, expired, link(record("lock.create"))))
 			for i := len(targets) - 1; i >= 0; i-- {
 				l := store.Lock{ID: fmt.Sprintf("l-%d", i), Kind: targets[i].Kind, Target: targets[i].Target,
 					Reason: "r", CreatedBy: "admin", CreatedAt: now.Add(-time.Hour)}
-				mustNil(t, "InsertLock", s.InsertLock(ctx, l))
+				mustNil(t, "InsertLock", s.InsertLock(ctx, l, link(record("lock.create"))))
 				want, err := s.FindAnyLock(ctx, targets)
 				mustNil(t, "FindAnyLock", err)
 				if want.ID != l.ID {
@@ -150,7 +150,7 @@ func renewalReadCases() []testCase {
 				{Kind: store.LockPublicKey, Target: "cd34"}, // a key not asked about
 			} {
 				l.ID, l.Reason, l.CreatedBy, l.CreatedAt = fmt.Sprintf("l-other-%d", i), "r", "admin", now.Add(-time.Hour)
-				mustNil(t, "InsertLock", s.InsertLock(ctx, l))
+				mustNil(t, "InsertLock", s.InsertLock(ctx, l, link(record("lock.create"))))
 			}
 			got, err := s.ReadRenewal(ctx, c.Serial, []string{keyHex, "ab12"})
 			mustNil(t, "ReadRenewal", err)
@@ -163,8 +163,8 @@ func renewalReadCases() []testCase {
 				CreatedAt: now.Add(-time.Hour)}
 			second := store.Lock{ID: "l-ab12", Kind: store.LockPublicKey, Target: "ab12", Reason: "r", CreatedBy: "admin",
 				CreatedAt: now.Add(-2 * time.Hour)}
-			mustNil(t, "InsertLock", s.InsertLock(ctx, second))
-			mustNil(t, "InsertLock", s.InsertLock(ctx, key))
+			mustNil(t, "InsertLock", s.InsertLock(ctx, second, link(record("lock.create"))))
+			mustNil(t, "InsertLock", s.InsertLock(ctx, key, link(record("lock.create"))))
 			want, err := s.FindAnyLock(ctx, store.RenewalLockTargets(c, got.Instance, []string{keyHex, "ab12"}))
 			mustNil(t, "FindAnyLock", err)
 			got, err = s.ReadRenewal(ctx, c.Serial, []string{keyHex, "ab12"})
@@ -209,7 +209,7 @@ func renewalReadCases() []testCase {
 			}
 			// A lock and a deleted node change nothing of it.
 			mustNil(t, "InsertLock", s.InsertLock(ctx, store.Lock{ID: "l-n", Kind: store.LockNode, Target: "node-1",
-				Reason: "r", CreatedBy: "admin", CreatedAt: storeNow(t, ctx, s).Add(-time.Hour)}))
+				Reason: "r", CreatedBy: "admin", CreatedAt: storeNow(t, ctx, s).Add(-time.Hour)}, link(record("lock.create"))))
 			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
 			got, err = s.ReadRenewal(ctx, c.Serial, nil)
 			mustNil(t, "ReadRenewal", err)

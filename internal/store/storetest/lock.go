@@ -39,7 +39,7 @@ func lockFixture(t *testing.T, ctx context.Context, s store.Store) map[string]st
 	}
 	byID := map[string]store.Lock{}
 	for _, l := range locks {
-		mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l))
+		mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
 		byID[l.ID] = l
 	}
 	return byID
@@ -76,7 +76,7 @@ func lockCases() []testCase {
 			l := lockFixture(t, ctx, s)
 			dup := l["forever"]
 			dup.Kind, dup.Target = store.LockPublicKey, "pk-1"
-			err := s.InsertLock(ctx, dup)
+			err := s.InsertLock(ctx, dup, link(record("lock.create")))
 			wantErr(t, "InsertLock duplicate", err, store.ErrConflict)
 			_, err = s.FindAnyLock(ctx, []store.LockTarget{key1})
 			wantErr(t, "FindAnyLock after conflict", err, store.ErrNotFound)
@@ -94,7 +94,7 @@ func lockCases() []testCase {
 				go func() {
 					<-start
 					errs <- s.InsertLock(ctx, store.Lock{ID: "lock-stale-1", Kind: store.LockToken, Target: "tok-1",
-						Reason: fmt.Sprintf("racer %d", i), CreatedBy: "authority", CreatedAt: now.UTC().Truncate(time.Microsecond)})
+						Reason: fmt.Sprintf("racer %d", i), CreatedBy: "authority", CreatedAt: now.UTC().Truncate(time.Microsecond)}, link(record("lock.create")))
 				}()
 			}
 			close(start)
@@ -115,25 +115,86 @@ func lockCases() []testCase {
 		}},
 		{"delete", func(t *testing.T, ctx context.Context, s store.Store) {
 			l := lockFixture(t, ctx, s)
-			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "live"))
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "live", link(record("lock.delete"))))
 			_, err := s.FindAnyLock(ctx, []store.LockTarget{tok1})
 			wantErr(t, "FindAnyLock after delete", err, store.ErrNotFound)
 			got, err := s.ListLocks(ctx)
 			mustNil(t, "ListLocks", err)
 			wantEqual(t, "ListLocks", got, []store.Lock{l["forever"], l["admin-live"]})
-			err = s.DeleteLock(ctx, "live")
+			err = s.DeleteLock(ctx, "live", link(record("lock.delete")))
 			wantErr(t, "DeleteLock twice", err, store.ErrNotFound)
+		}},
+		{"a lock is created and deleted with its audit record, one each", func(t *testing.T, ctx context.Context, s store.Store) {
+			seq := auditSeq(t, ctx, s)
+			lockFixture(t, ctx, s)
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "live", link(record("lock.delete"))))
+			wantErr(t, "DeleteLock twice", s.DeleteLock(ctx, "live", link(record("lock.delete"))), store.ErrNotFound)
+			wantErr(t, "InsertLock of an ID held", s.InsertLock(ctx, store.Lock{ID: "forever", Kind: store.LockNode, Target: "node-9",
+				CreatedBy: "admin", CreatedAt: storeNow(t, ctx, s)}, link(record("lock.create"))), store.ErrConflict)
+			// Five created, one deleted; the refused writes left none.
+			if got := auditSeq(t, ctx, s); got != seq+6 {
+				t.Fatalf("audit chain holds %d records; want %d", got, seq+6)
+			}
+			recs, err := s.ListAudit(ctx, store.AuditFilter{Action: "lock.*"})
+			mustNil(t, "ListAudit", err)
+			if len(recs) != 6 || recs[5].Action != "lock.delete" {
+				t.Fatalf("lock records %+v; want 5 lock.create and a lock.delete", recs)
+			}
+		}},
+		{"a lock whose audit record cannot be written is neither created nor deleted", func(t *testing.T, ctx context.Context, s store.Store) {
+			lockFixture(t, ctx, s)
+			// ListLocks leaves out the expired lock; its delete at the
+			// end shows it stayed.
+			all := func() any {
+				got, err := s.ListLocks(ctx)
+				mustNil(t, "ListLocks", err)
+				return got
+			}
+			now := storeNow(t, ctx, s)
+			wantUnaudited(t, ctx, s, "lock.create", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.InsertLock(ctx, store.Lock{ID: "new", Kind: store.LockNode, Target: "node-2", CreatedBy: "admin", CreatedAt: now}, audit)
+			}, all)
+			_, err := s.FindAnyLock(ctx, []store.LockTarget{node2})
+			wantErr(t, "FindAnyLock of the unaudited lock", err, store.ErrNotFound)
+			for _, id := range []string{"live", "expired"} {
+				wantUnaudited(t, ctx, s, "lock.delete", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+					return s.DeleteLock(ctx, id, audit)
+				}, all)
+			}
+			_, err = s.FindAnyLock(ctx, []store.LockTarget{tok1})
+			mustNil(t, "FindAnyLock of the lock an unaudited delete left", err)
+			// Both are still written with a record: the expired lock is
+			// still there to delete.
+			mustNil(t, "DeleteLock expired", s.DeleteLock(ctx, "expired", link(record("lock.delete"))))
+			mustNil(t, "InsertLock new", s.InsertLock(ctx, store.Lock{ID: "new", Kind: store.LockNode, Target: "node-2", CreatedBy: "admin", CreatedAt: now}, link(record("lock.create"))))
+		}},
+		{"locks created and deleted beside other appends keep the chain whole", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			const n = 6
+			won := raceAppends(t, ctx, s, n, func(i int) error {
+				return s.InsertLock(ctx, store.Lock{ID: fmt.Sprintf("race-%d", i%3), Kind: store.LockNode, Target: "node-1", CreatedBy: "admin", CreatedAt: now},
+					link(record("lock.create")))
+			})
+			if won != 3 {
+				t.Fatalf("%d of %d inserts of 3 IDs succeeded; want 3", won, n)
+			}
+			won = raceAppends(t, ctx, s, n, func(i int) error {
+				return s.DeleteLock(ctx, fmt.Sprintf("race-%d", i%3), link(record("lock.delete")))
+			})
+			if won != 3 {
+				t.Fatalf("%d of %d deletes of 3 locks succeeded; want 3", won, n)
+			}
 		}},
 		{"delete missing", func(t *testing.T, ctx context.Context, s store.Store) {
 			lockFixture(t, ctx, s)
-			err := s.DeleteLock(ctx, "nope")
+			err := s.DeleteLock(ctx, "nope", link(record("lock.delete")))
 			wantErr(t, "DeleteLock", err, store.ErrNotFound)
 		}},
 		{"delete expired", func(t *testing.T, ctx context.Context, s store.Store) {
 			// An expired lock still exists until deleted.
 			lockFixture(t, ctx, s)
-			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "expired"))
-			err := s.DeleteLock(ctx, "expired")
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, "expired", link(record("lock.delete"))))
+			err := s.DeleteLock(ctx, "expired", link(record("lock.delete")))
 			wantErr(t, "DeleteLock twice", err, store.ErrNotFound)
 		}},
 		{"find oldest on one target", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -142,8 +203,8 @@ func lockCases() []testCase {
 			newer.ID, newer.CreatedAt = "newer", newer.CreatedAt.Add(time.Hour)
 			older := newer
 			older.ID, older.CreatedAt = "older", l["forever"].CreatedAt.Add(-time.Hour)
-			mustNil(t, "InsertLock newer", s.InsertLock(ctx, newer))
-			mustNil(t, "InsertLock older", s.InsertLock(ctx, older))
+			mustNil(t, "InsertLock newer", s.InsertLock(ctx, newer, link(record("lock.create"))))
+			mustNil(t, "InsertLock older", s.InsertLock(ctx, older, link(record("lock.create"))))
 			got, err := s.FindAnyLock(ctx, []store.LockTarget{tok2, node1})
 			mustNil(t, "FindAnyLock", err)
 			wantEqual(t, "FindAnyLock", got, older)

@@ -38,7 +38,7 @@ func missingNodesCases() []testCase {
 			// A node whose join token was deleted is selected by no
 			// label.
 			mustJoin(t, ctx, s, newJoin("tok-gone", "moved-1", "inst-moved-1", "k5", at(0)))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "tok-gone", link(record("token.delete"))))
 			for _, c := range []struct {
 				labels map[string]string
 				want   []string

@@ -38,16 +38,43 @@ func operatorCases() []testCase {
 				operator("03cd", "carol", 0),
 			}
 			for _, o := range ops {
-				mustNil(t, "InsertOperator "+o.Serial, s.InsertOperator(ctx, o))
+				mustNil(t, "InsertOperator "+o.Serial, s.InsertOperator(ctx, o, link(record("operator.add"))))
 			}
 			got, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
 			wantEqual(t, "ListOperators", got, []store.Operator{ops[1], ops[0], ops[2]})
 		}},
+		{"an operator is recorded with its audit record, or not at all", func(t *testing.T, ctx context.Context, s store.Store) {
+			seq := auditSeq(t, ctx, s)
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, operator("01", "alice", 0), link(record("operator.add"))))
+			wantErr(t, "InsertOperator while valid", s.InsertOperator(ctx, operator("02", "alice", 0), link(record("operator.add"))), store.ErrConflict)
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records; want %d, the one operator recorded", got, seq+1)
+			}
+			all := func() any {
+				got, err := s.ListOperators(ctx)
+				mustNil(t, "ListOperators", err)
+				return got
+			}
+			// A new name, and a reissue beside alice's valid certificate.
+			reissue := operator("04", "alice", 0)
+			reissue.Reissue = true
+			for _, o := range []store.Operator{operator("03", "bob", 0), reissue} {
+				wantUnaudited(t, ctx, s, "operator.add", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+					return s.InsertOperator(ctx, o, audit)
+				}, all)
+			}
+			won := raceAppends(t, ctx, s, 6, func(i int) error {
+				return s.InsertOperator(ctx, operator(fmt.Sprintf("1%d", i), "carol", 0), link(record("operator.add")))
+			})
+			if won != 1 {
+				t.Fatalf("%d of 6 racing certificates of one name recorded; want 1", won)
+			}
+		}},
 		{"duplicate serial conflicts", func(t *testing.T, ctx context.Context, s store.Store) {
 			first := operator("0abc", "alice", time.Hour)
-			mustNil(t, "InsertOperator", s.InsertOperator(ctx, first))
-			err := s.InsertOperator(ctx, operator("0abc", "mallory", 0))
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, first, link(record("operator.add"))))
+			err := s.InsertOperator(ctx, operator("0abc", "mallory", 0), link(record("operator.add")))
 			wantErr(t, "InsertOperator duplicate", err, store.ErrConflict)
 			got, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
@@ -55,14 +82,14 @@ func operatorCases() []testCase {
 		}},
 		{"a name holds one valid certificate at a time", func(t *testing.T, ctx context.Context, s store.Store) {
 			old := operator("01", "alice", 100*24*time.Hour) // expired 10 days ago
-			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, old))
+			mustNil(t, "InsertOperator expired", s.InsertOperator(ctx, old, link(record("operator.add"))))
 			cur := operator("02", "alice", time.Hour)
-			mustNil(t, "InsertOperator after expiry", s.InsertOperator(ctx, cur))
-			wantErr(t, "InsertOperator while valid", s.InsertOperator(ctx, operator("03", "alice", 0)), store.ErrConflict)
-			mustNil(t, "InsertOperator other name", s.InsertOperator(ctx, operator("04", "bob", 0)))
+			mustNil(t, "InsertOperator after expiry", s.InsertOperator(ctx, cur, link(record("operator.add"))))
+			wantErr(t, "InsertOperator while valid", s.InsertOperator(ctx, operator("03", "alice", 0), link(record("operator.add"))), store.ErrConflict)
+			mustNil(t, "InsertOperator other name", s.InsertOperator(ctx, operator("04", "bob", 0), link(record("operator.add"))))
 			again := operator("05", "bob", 0)
 			again.Reissue = true
-			mustNil(t, "InsertOperator reissue", s.InsertOperator(ctx, again))
+			mustNil(t, "InsertOperator reissue", s.InsertOperator(ctx, again, link(record("operator.add"))))
 			again.Reissue = false
 			got, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
@@ -71,7 +98,7 @@ func operatorCases() []testCase {
 		{"concurrent issues to one name: one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			const n = 8
 			errs := concurrently(n, func(i int) error {
-				return s.InsertOperator(ctx, operator(fmt.Sprintf("%02x", i), "carol", 0))
+				return s.InsertOperator(ctx, operator(fmt.Sprintf("%02x", i), "carol", 0), link(record("operator.add")))
 			})
 			won := 0
 			for _, err := range errs {

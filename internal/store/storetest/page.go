@@ -61,8 +61,8 @@ func pageCases() []testCase {
 				}
 				// After t0 t1: delete one already listed and one not yet,
 				// add one before the cursor and one after it.
-				mustNil(t, "DeleteToken t0", s.DeleteToken(ctx, "t0"))
-				mustNil(t, "DeleteToken t3", s.DeleteToken(ctx, "t3"))
+				mustNil(t, "DeleteToken t0", s.DeleteToken(ctx, "t0", link(record("token.delete"))))
+				mustNil(t, "DeleteToken t3", s.DeleteToken(ctx, "t3", link(record("token.delete"))))
 				insertTokens(t, ctx, s, token("early", 1, time.Time{}, time.Hour), token("late", 1, time.Time{}, 0))
 			})
 			wantEqual(t, "listed", tokenIDs(got), []string{"t0", "t1", "t2", "t4", "t5", "late"})
@@ -95,11 +95,11 @@ func pageCases() []testCase {
 				}
 				for i := range 20 {
 					id := fmt.Sprintf("w%d-%02d", w, i)
-					if err := s.InsertToken(ctx, token(id, 1, time.Time{}, time.Duration(40-2*i)*time.Second)); err != nil {
+					if err := s.InsertToken(ctx, token(id, 1, time.Time{}, time.Duration(40-2*i)*time.Second), link(record("token.create"))); err != nil {
 						return err
 					}
 					if i%2 == 0 {
-						if err := s.DeleteToken(ctx, id); err != nil {
+						if err := s.DeleteToken(ctx, id, link(record("token.delete"))); err != nil {
 							return err
 						}
 					}

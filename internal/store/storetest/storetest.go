@@ -171,7 +171,7 @@ func metaCases() []testCase {
 			mustNil(t, "InsertOperator", s.InsertOperator(ctx, store.Operator{
 				Serial: "0a", Name: "n", SPIFFEID: "spiffe://muster.test/operator/n",
 				NotBefore: in, NotAfter: in, CreatedBy: "c", CreatedAt: in,
-			}))
+			}, link(record("operator.add"))))
 			ops, err := s.ListOperators(ctx)
 			mustNil(t, "ListOperators", err)
 			if len(ops) != 1 {

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -46,11 +47,61 @@ func tokenCases() []testCase {
 			}
 			_, err = s.GetToken(ctx, "nope")
 			wantErr(t, "GetToken", err, store.ErrNotFound)
-			wantErr(t, "DeleteToken", s.DeleteToken(ctx, "nope"), store.ErrNotFound)
+			wantErr(t, "DeleteToken", s.DeleteToken(ctx, "nope", link(record("token.delete"))), store.ErrNotFound)
 			ids, err := s.DeleteExpiredTokens(ctx, 0)
 			mustNil(t, "DeleteExpiredTokens", err)
 			if len(ids) != 0 {
 				t.Errorf("DeleteExpiredTokens on an empty store = %v, want none", ids)
+			}
+		}},
+		{"a token is created and deleted with its audit record, one each", func(t *testing.T, ctx context.Context, s store.Store) {
+			seq := auditSeq(t, ctx, s)
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, at(time.Hour), 0), link(record("token.create"))))
+			mustNil(t, "InsertToken bound", s.InsertToken(ctx, bkToken("bk1", "node-1", 1, store.RecoveryStandard), link(record("token.create"))))
+			wantErr(t, "InsertToken of an ID held", s.InsertToken(ctx, token("t1", 1, at(time.Hour), 0), link(record("token.create"))), store.ErrConflict)
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1", link(record("token.delete"))))
+			wantErr(t, "DeleteToken twice", s.DeleteToken(ctx, "t1", link(record("token.delete"))), store.ErrNotFound)
+			recs, err := s.ListAudit(ctx, store.AuditFilter{AfterSeq: seq})
+			mustNil(t, "ListAudit", err)
+			var got []string
+			for _, r := range recs {
+				got = append(got, r.Action)
+			}
+			wantEqual(t, "records of the token writes", got, []string{"token.create", "token.create", "token.delete"})
+		}},
+		{"a token whose audit record cannot be written is neither created nor deleted", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("held", 1, at(time.Hour), 0), link(record("token.create"))))
+			all := func() any {
+				got, err := s.ListTokens(ctx)
+				mustNil(t, "ListTokens", err)
+				return got
+			}
+			for _, tok := range []store.Token{token("t2", 1, at(time.Hour), 0), bkToken("bk2", "node-2", 1, store.RecoveryStandard)} {
+				wantUnaudited(t, ctx, s, "token.create", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+					return s.InsertToken(ctx, tok, audit)
+				}, all)
+			}
+			wantUnaudited(t, ctx, s, "token.delete", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DeleteToken(ctx, "held", audit)
+			}, all)
+			// The IDs are free, and the token still there, for writes
+			// that carry their record.
+			mustNil(t, "InsertToken bk2", s.InsertToken(ctx, bkToken("bk2", "node-2", 1, store.RecoveryStandard), link(record("token.create"))))
+			mustNil(t, "DeleteToken held", s.DeleteToken(ctx, "held", link(record("token.delete"))))
+		}},
+		{"tokens created and deleted beside other appends keep the chain whole", func(t *testing.T, ctx context.Context, s store.Store) {
+			const n = 6
+			won := raceAppends(t, ctx, s, n, func(i int) error {
+				return s.InsertToken(ctx, token(fmt.Sprintf("race-%d", i%3), 1, at(time.Hour), 0), link(record("token.create")))
+			})
+			if won != 3 {
+				t.Fatalf("%d of %d inserts of 3 IDs succeeded; want 3", won, n)
+			}
+			won = raceAppends(t, ctx, s, n, func(i int) error {
+				return s.DeleteToken(ctx, fmt.Sprintf("race-%d", i%3), link(record("token.delete")))
+			})
+			if won != 3 {
+				t.Fatalf("%d of %d deletes of 3 tokens succeeded; want 3", won, n)
 			}
 		}},
 		{"every field round-trips", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -62,7 +113,7 @@ func tokenCases() []testCase {
 			tok.LastUsedAt = at(-time.Minute)
 			tok.Labels = map[string]string{"a": "1", "quote\"d": "ünïcode", "": "empty key"}
 			tok.SVIDUsage = store.SVIDUsageClientServer
-			mustNil(t, "InsertToken", s.InsertToken(ctx, tok))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, tok, link(record("token.create"))))
 			got, err := s.GetToken(ctx, "t1")
 			mustNil(t, "GetToken", err)
 			wantEqual(t, "GetToken", got, tok)
@@ -74,7 +125,7 @@ func tokenCases() []testCase {
 				{ID: "empty", JoinMethod: store.JoinMethodToken, Ciphertext: []byte{1}, Nonce: []byte{2}, CreatedAt: at(0),
 					Labels: map[string]string{}},
 			} {
-				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok, link(record("token.create"))))
 				got, err := s.GetToken(ctx, tok.ID)
 				mustNil(t, "GetToken "+tok.ID, err)
 				wantEqual(t, "GetToken "+tok.ID, got, tok)
@@ -91,7 +142,7 @@ func tokenCases() []testCase {
 				token("d", 3, time.Time{}, 0),
 			}
 			for _, tok := range ts {
-				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok, link(record("token.create"))))
 			}
 			got, err := s.ListTokens(ctx)
 			mustNil(t, "ListTokens", err)
@@ -99,8 +150,8 @@ func tokenCases() []testCase {
 		}},
 		{"duplicate id conflicts", func(t *testing.T, ctx context.Context, s store.Store) {
 			first := token("t1", 1, time.Time{}, time.Hour)
-			mustNil(t, "InsertToken", s.InsertToken(ctx, first))
-			err := s.InsertToken(ctx, token("t1", 0, time.Time{}, 0))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, first, link(record("token.create"))))
+			err := s.InsertToken(ctx, token("t1", 0, time.Time{}, 0), link(record("token.create")))
 			wantErr(t, "InsertToken duplicate", err, store.ErrConflict)
 			got, err := s.ListTokens(ctx)
 			mustNil(t, "ListTokens", err)
@@ -108,23 +159,23 @@ func tokenCases() []testCase {
 		}},
 		{"delete", func(t *testing.T, ctx context.Context, s store.Store) {
 			keep := token("keep", 1, time.Time{}, time.Hour)
-			mustNil(t, "InsertToken", s.InsertToken(ctx, keep))
-			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0)))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, keep, link(record("token.create"))))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0), link(record("token.create"))))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1", link(record("token.delete"))))
 			_, err := s.GetToken(ctx, "t1")
 			wantErr(t, "GetToken after delete", err, store.ErrNotFound)
-			wantErr(t, "DeleteToken twice", s.DeleteToken(ctx, "t1"), store.ErrNotFound)
+			wantErr(t, "DeleteToken twice", s.DeleteToken(ctx, "t1", link(record("token.delete"))), store.ErrNotFound)
 			got, err := s.ListTokens(ctx)
 			mustNil(t, "ListTokens", err)
 			wantEqual(t, "ListTokens", got, []store.Token{keep})
 		}},
 		{"delete keeps the nodes it admitted", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
-			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0)))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("t1", 1, time.Time{}, 0), link(record("token.create"))))
 			j := newJoin("t1", "node-1", "i1", "key-1", now)
 			res, err := s.CommitJoin(ctx, j)
 			mustNil(t, "CommitJoin", err)
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1", link(record("token.delete"))))
 			n, err := s.GetNode(ctx, "node-1")
 			mustNil(t, "GetNode", err)
 			wantEqual(t, "GetNode", n, wantNode(j, now))
@@ -158,7 +209,7 @@ func tokenCases() []testCase {
 				token("never", 1, time.Time{}, time.Hour),
 			}
 			for _, tok := range ts {
-				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok))
+				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok, link(record("token.create"))))
 			}
 			got, err := s.DeleteExpiredTokens(ctx, rc.retention)
 			mustNil(t, "DeleteExpiredTokens", err)

@@ -30,7 +30,7 @@ func tokenCountCases() []testCase {
 			tokens[7].UsesCount = 1
 			var want store.TokenCounts
 			for _, tok := range tokens {
-				mustNil(t, "InsertToken", s.InsertToken(ctx, tok))
+				mustNil(t, "InsertToken", s.InsertToken(ctx, tok, link(record("token.create"))))
 				switch (jointoken.Usage{ExpiresAt: tok.ExpiresAt, UsesAllowed: tok.UsesAllowed, UsesCount: tok.UsesCount}).State(now) {
 				case jointoken.StateExpired:
 					want.Expired++

@@ -37,7 +37,7 @@ func tokenUseCases() []testCase {
 		{"unlimited token's uses go with it", func(t *testing.T, ctx context.Context, s store.Store) {
 			insertTokens(t, ctx, s, token("t1", 0, time.Time{}, time.Hour))
 			mustJoin(t, ctx, s, newJoin("t1", "node-1", "i1", "key-1", at(0)))
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1", link(record("token.delete"))))
 			insertTokens(t, ctx, s, token("t1", 0, time.Time{}, time.Hour))
 			got, err := s.GetToken(ctx, "t1")
 			mustNil(t, "GetToken", err)
@@ -103,7 +103,7 @@ func tokenUseCases() []testCase {
 			for joined.Load() < before && ctx.Err() == nil {
 				time.Sleep(time.Millisecond)
 			}
-			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1"))
+			mustNil(t, "DeleteToken", s.DeleteToken(ctx, "t1", link(record("token.delete"))))
 			marker, err := s.AppendAudit(ctx, link(record("marker")))
 			mustNil(t, "AppendAudit", err)
 			wg.Wait()

@@ -44,7 +44,7 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 	}{
 		{"lock: every node", func(t *testing.T, ctx context.Context, w store.Store) {
 			mustNil(t, "InsertLock", w.InsertLock(ctx, store.Lock{ID: "l1", Kind: store.LockToken, Target: "t1", Reason: "r",
-				CreatedBy: "ops", CreatedAt: at(0)}))
+				CreatedBy: "ops", CreatedAt: at(0)}, link(record("lock.create"))))
 		}, notice(store.Change{Kind: store.ChangeStanding})},
 		{"node deleted", func(t *testing.T, ctx context.Context, w store.Store) {
 			mustNil(t, "DeleteNode", w.DeleteNode(ctx, "n1"))

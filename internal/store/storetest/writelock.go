@@ -31,7 +31,7 @@ func lockOn(t *testing.T, ctx context.Context, s store.Store, id string, target 
 	t.Helper()
 	l := store.Lock{ID: id, Kind: target.Kind, Target: target.Target, Reason: "r " + id, CreatedBy: "admin",
 		CreatedAt: storeNow(t, ctx, s)}
-	mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l))
+	mustNil(t, "InsertLock "+id, s.InsertLock(ctx, l, link(record("lock.create"))))
 	return l
 }
 
@@ -65,7 +65,7 @@ func writeLockCases() []testCase {
 			wantEqual(t, "state after the refused renewal", snapshot(t, ctx, s, "node-1"), before)
 
 			// The lock lifted, the same renewal goes through.
-			mustNil(t, "DeleteLock", s.DeleteLock(ctx, l.ID))
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, l.ID, link(record("lock.delete"))))
 			got, err := s.CommitRenewal(ctx, r)
 			mustNil(t, "CommitRenewal after the lock's deletion", err)
 			wantEqual(t, "CommitRenewal after the lock's deletion", got, renewed(in, r))
@@ -82,7 +82,7 @@ func writeLockCases() []testCase {
 				{ID: "empty-key", Kind: store.LockPublicKey, Target: "", CreatedAt: now},
 			} {
 				l.CreatedBy = "admin"
-				mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l))
+				mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
 			}
 			r := renewalOf(in, "key-2", now)
 			r.LockTargets = []store.LockTarget{{Kind: store.LockNode, Target: "node-1"}, {Kind: store.LockInstance, Target: "i1"},
@@ -142,7 +142,7 @@ func writeLockCases() []testCase {
 			wantLocked(t, "CommitJoin", err, l)
 			wantEqual(t, "state after the refused join", snapshot(t, ctx, s, "node-1"), before)
 
-			mustNil(t, "DeleteLock", s.DeleteLock(ctx, l.ID))
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, l.ID, link(record("lock.delete"))))
 			mustJoin(t, ctx, s, j)
 		}})
 	}
@@ -195,7 +195,7 @@ func writeLockCases() []testCase {
 				if i == nodes {
 					defer close(locked)
 					return s.InsertLock(ctx, store.Lock{ID: "l-tok", Kind: tok.Kind, Target: tok.Target, CreatedBy: "admin",
-						CreatedAt: time.Now().UTC().Truncate(time.Microsecond)})
+						CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}, link(record("lock.create")))
 				}
 				r := renewalOf(ins[i], "next", storeNow(t, ctx, s))
 				r.LockTargets = []store.LockTarget{{Kind: store.LockNode, Target: ins[i].NodeID}, {Kind: store.LockInstance, Target: ins[i].ID}, tok}

@@ -1,0 +1,51 @@
+package authority
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"errors"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// TestRefusalUnauditedKeepsItsAnswer: a refused call whose record cannot
+// be written still answers its refusal (the way out the caller needs),
+// and the log holds the record the chain could not take, with its reason.
+// Before, the failure was logged without the refusal's reason, which was
+// then nowhere.
+func TestRefusalUnauditedKeepsItsAnswer(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-10"})
+	_, err = (&adminService{s: s}).CreateLock(ctx, &musterv1.CreateLockRequest{Kind: "nonsense", Target: "x"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "lock kind must be one of") {
+		t.Fatalf("CreateLock = %v; want its refusal, InvalidArgument", err)
+	}
+	for _, want := range []string{"audit record not written", "action=lock.create", "result=denied", "lock kind must be one of", "corr-10", "disk on fire"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not hold %q:\n%s", want, buf.String())
+		}
+	}
+}

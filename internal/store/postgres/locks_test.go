@@ -1,0 +1,145 @@
+package postgres
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// refusedByDatabase builds a record the database itself refuses (a
+// reason that is not UTF-8, which a text column does not take).
+func refusedByDatabase(h store.AuditHead) (store.AuditRecord, error) {
+	r, err := benchLink(h)
+	r.Reason = "\xff\xfe"
+	return r, err
+}
+
+// TestLockAuditRefusedByDatabase: a lock whose audit record the database
+// refuses is neither created nor deleted: the lock's write and its
+// record are one transaction.
+func TestLockAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	held := store.Lock{ID: "l-held", Kind: store.LockNode, Target: "node-1", CreatedBy: "admin", CreatedAt: now}
+	if err := s.InsertLock(ctx, held, benchLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertLock(ctx, store.Lock{ID: "l-new", Kind: store.LockNode, Target: "node-2", CreatedBy: "admin", CreatedAt: now}, refusedByDatabase); err == nil {
+		t.Fatal("InsertLock with a record the database refuses succeeded")
+	}
+	if err := s.DeleteLock(ctx, held.ID, refusedByDatabase); err == nil {
+		t.Fatal("DeleteLock with a record the database refuses succeeded")
+	}
+	got, err := s.ListLocks(ctx)
+	if err != nil || len(got) != 1 || got[0] != held {
+		t.Fatalf("locks after refused records: %+v, %v; want only %+v", got, err, held)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the first lock's record", head.Seq, err)
+	}
+}
+
+// TestLockTwoHandles: two replicas create and delete the same locks while
+// both append to the audit chain: each lock is created once and deleted
+// once, with one record each, and the chain stays whole.
+func TestLockTwoHandles(t *testing.T) {
+	ctx := t.Context()
+	h := twoHandles(t)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	const locks, tries, appends = 4, 3, 4
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	round := func(write func(s *Store, id string) error, refused error) int {
+		var wg sync.WaitGroup
+		won := 0
+		for i := range locks * tries {
+			wg.Go(func() {
+				err := write(h[i%2], fmt.Sprintf("l-%d", i%locks))
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					won++
+				case !errors.Is(err, refused):
+					errs = append(errs, err)
+				}
+			})
+		}
+		for i := range appends {
+			wg.Go(func() {
+				if _, err := h[i%2].AppendAudit(ctx, benchLink); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return won
+	}
+	created := round(func(s *Store, id string) error {
+		return s.InsertLock(ctx, store.Lock{ID: id, Kind: store.LockNode, Target: "node-" + id, CreatedBy: "admin", CreatedAt: now}, benchLink)
+	}, store.ErrConflict)
+	deleted := round(func(s *Store, id string) error { return s.DeleteLock(ctx, id, benchLink) }, store.ErrNotFound)
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if created != locks || deleted != locks {
+		t.Fatalf("%d locks created, %d deleted; want %d each", created, deleted, locks)
+	}
+	recs, err := h[0].ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 2 * (locks + appends); len(recs) != want {
+		t.Fatalf("chain holds %d records; want %d (one per lock created or deleted, and the appends)", len(recs), want)
+	}
+	var prev []byte
+	for i, r := range recs {
+		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
+		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
+			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
+		}
+		prev = r.Hash
+	}
+	if got, err := h[1].ListLocks(ctx); err != nil || len(got) != 0 {
+		t.Fatalf("ListLocks = %+v, %v; want none", got, err)
+	}
+}
+
+// TestTokenAuditRefusedByDatabase: a token (plain or bound-keypair)
+// whose audit record the database refuses is neither created nor
+// deleted.
+func TestTokenAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	plain := store.Token{ID: "t2", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now()}
+	bound := store.Token{ID: "bk", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte("c"), Nonce: []byte("n"), CreatedBy: "admin", CreatedAt: time.Now(),
+		BoundKeypair: &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryMode: store.RecoveryStandard, RecoveryLimit: 1}}}
+	for _, tok := range []store.Token{plain, bound} {
+		if err := s.InsertToken(ctx, tok, refusedByDatabase); err == nil {
+			t.Fatalf("InsertToken %s with a record the database refuses succeeded", tok.ID)
+		}
+	}
+	if err := s.DeleteToken(ctx, "t1", refusedByDatabase); err == nil {
+		t.Fatal("DeleteToken with a record the database refuses succeeded")
+	}
+	got, err := s.ListTokens(ctx)
+	if err != nil || len(got) != 1 || got[0].ID != "t1" {
+		t.Fatalf("tokens after refused records: %+v, %v; want only t1", got, err)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the first token's record", head.Seq, err)
+	}
+	if err := s.InsertToken(ctx, bound, benchLink); err != nil {
+		t.Fatalf("InsertToken %s with its record: %v", bound.ID, err)
+	}
+}
