@@ -563,9 +563,17 @@ func (s *Server) intermediatesNotUnder(ctx context.Context, root *x509.Certifica
 }
 
 // awaitIntermediatesUnder waits, at most d, until every active
-// intermediate is signed by root, and reads them.
+// intermediate is signed by root, and reads them. It ends as the
+// authority stops: this replica's leader has stepped down then, so the
+// wait would only hold the graceful stop (and, its listeners closed,
+// every agent's renewal) until the stop's grace cut it; the phase is
+// written, and the next leader moves the intermediates.
 func (s *Server) awaitIntermediatesUnder(ctx context.Context, root *x509.Certificate, d time.Duration) {
 	deadline := time.Now().Add(d)
+	var stopping <-chan struct{} // nil, never ready, in tests without New
+	if s.stopping != nil {
+		stopping = s.stopping.Done()
+	}
 	for {
 		n, err := s.intermediatesNotUnder(ctx, root)
 		if err != nil || n == 0 || time.Now().After(deadline) {
@@ -574,6 +582,8 @@ func (s *Server) awaitIntermediatesUnder(ctx context.Context, root *x509.Certifi
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-stopping:
 			return
 		case <-time.After(200 * time.Millisecond):
 		}
