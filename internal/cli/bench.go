@@ -346,6 +346,10 @@ func printBench(w io.Writer, r benchReport) {
 	if a := run.Authority; a != nil {
 		fmt.Fprintf(w, "Authority:    pid %d, %.2f CPU seconds (%.2f cores, %s a request), peak RSS %.1f MiB\n", a.PID, a.CPUSeconds, a.Cores,
 			a.CPUPerRequest.Round(time.Microsecond), float64(a.PeakRSSBytes)/(1<<20))
+	} else {
+		// Said, not left out: a reader comparing runs would otherwise
+		// take a missing cpu_efficiency for a run without a bound.
+		fmt.Fprintln(w, "Authority:    not measured: its CPU and cpu_efficiency need its process on this machine (give --authority-pid PID, or run without --authority so the pid comes from DIR/authority.lock)")
 	}
 	if k := run.Kept; k != nil {
 		fmt.Fprintf(w, "Kept:         %d batches of up to %d connections, each opened and readied (handshake, health check) before the clock in %s\n",
