@@ -158,6 +158,13 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if hadIdentity && !r.Force {
 		return nil, ErrIdentityExists
 	}
+	// The join rewrites agent.yaml with its address, node and pins,
+	// keeping every other setting (workload_api among them): one it
+	// cannot read would be replaced by an empty one, those settings lost.
+	cfg, err := a.dir.ReadConfig()
+	if err != nil {
+		return nil, fmt.Errorf("%w: correct it, or move it aside (the join writes a new one, without its other settings), and join again; nothing was changed", err)
+	}
 	defer func() {
 		// A failed join leaves no certificate files: neither its own
 		// nor those of an earlier join interrupted before it wrote
@@ -218,10 +225,6 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	// the pins where restarts and later joins read them (the join's
 	// secret stays until state.json exists, so a crash before it can
 	// still retry; load drops it after).
-	cfg, cerr := a.dir.ReadConfig()
-	if cerr != nil {
-		cfg = Config{}
-	}
 	secrets := [3]string{cfg.Token, cfg.PSK, cfg.RegistrationSecret}
 	cfg.Authority, cfg.Node, cfg.JoinMethod = j.joined, r.Node, r.method()
 	cfg.BoundKeypair = r.BoundKeypair
