@@ -293,8 +293,12 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 		if st.Authority != "" {
 			addr = shellword.Quote(st.Authority)
 		}
-		how = fmt.Sprintf("muster agent join --force --data %s --node %s --bound-keypair %s --authority %s --ca-fingerprint sha256:… (the root muster ca root status names; a recovery with the bound key)",
-			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr)
+		// The agent cannot know the root to pin: the one the authority
+		// presents did not verify, and taking it would pin whoever
+		// answered. The operator reads it where it is trusted, and the
+		// command takes it from the environment, so it pastes as printed.
+		how = fmt.Sprintf("on the authority, muster ca root status prints the root to pin (\"Joining URIs pin\"); set %s to it here and run muster agent join --force --data %s --node %s --bound-keypair %s --authority %s (a recovery with the bound key)",
+			EnvCAFingerprint, shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr)
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)

@@ -11,8 +11,9 @@ import (
 //     renamed into place once their writer is gone;
 //   - without state.json, the certificate files of a join killed after
 //     writing them but before state.json, which would otherwise look like
-//     an identity. The pending key stays: a retried join reuses it, in case
-//     the authority already certified it.
+//     an identity, and the state it was to record (state.next.json).
+//     The pending key stays: a retried join reuses it, in case the
+//     authority already certified it.
 func (d Dir) clean() {
 	for _, dir := range []string{string(d), d.path("certs"), d.path("keys")} {
 		tmps, _ := filepath.Glob(filepath.Join(dir, ".*.tmp-*"))
@@ -22,5 +23,6 @@ func (d Dir) clean() {
 	}
 	if !d.HasIdentity() {
 		d.removeCertFiles()
+		d.removeNextState()
 	}
 }

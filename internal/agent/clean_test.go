@@ -43,7 +43,15 @@ func TestInterruptedJoinLeavesNothing(t *testing.T) {
 		}
 	}
 
-	// Killed mid-join: certificates, a pending key, no state.json.
+	// Killed mid-join: certificates, a pending key, the state to record,
+	// no state.json.
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.writeNextState(st); err != nil {
+		t.Fatal(err)
+	}
 	os.Remove(dir.StateFile())
 	os.WriteFile(dir.PendingKeyFile(), []byte("pending"), 0o600)
 	os.WriteFile(tmps[0], []byte("half"), 0o600)
@@ -56,6 +64,9 @@ func TestInterruptedJoinLeavesNothing(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s left without state.json", p)
 		}
+	}
+	if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
+		t.Errorf("state.next.json left without state.json: %v", err)
 	}
 	if _, err := os.Stat(tmps[0]); !os.IsNotExist(err) {
 		t.Error("the temporary state file outlived the next command")

@@ -239,8 +239,15 @@ type State struct {
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.
-func (d Dir) ReadState() (*State, error) {
-	data, err := readSmall(d.StateFile())
+func (d Dir) ReadState() (*State, error) { return d.readState(d.StateFile()) }
+
+// nextStateFile is the state of a join written before its certificate:
+// a crash between the certificate and state.json leaves what state.json
+// was to say (load takes it when its serial is the certificate's).
+func (d Dir) nextStateFile() string { return d.path("state.next.json") }
+
+func (d Dir) readState(file string) (*State, error) {
+	data, err := readSmall(file)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, ErrNoIdentity
 	} else if err != nil {
@@ -248,9 +255,29 @@ func (d Dir) ReadState() (*State, error) {
 	}
 	var s State
 	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("agent: %s: %v", d.StateFile(), err)
+		return nil, fmt.Errorf("agent: %s: %v", file, err)
 	}
 	return &s, nil
+}
+
+// writeNextState writes s to nextStateFile.
+func (d Dir) writeNextState(s *State) error {
+	if err := d.ensure(); err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return identity.WriteFileAtomic(d.nextStateFile(), append(data, '\n'), 0o600)
+}
+
+// removeNextState removes nextStateFile once state.json says what it did.
+func (d Dir) removeNextState() error {
+	if err := os.Remove(d.nextStateFile()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("agent: %w", err)
+	}
+	return nil
 }
 
 // HasIdentity reports whether state.json exists.

@@ -76,7 +76,7 @@ func TestHintsQuoteTheDataDirectory(t *testing.T) {
 			{"untrusted, token", untrustedAuthorityHint(untrusted, &State{NodeID: "n1"}, dir),
 				regexp.MustCompile(`muster agent join .*? with a joining URI`)},
 			{"untrusted, bound keypair", untrustedAuthorityHint(untrusted, st, dir),
-				regexp.MustCompile(`muster agent join .*? \(the root`)},
+				regexp.MustCompile(`muster agent join .*? \(a recovery`)},
 			// The authority's own ADIR, replaced by this agent's directory.
 			{"under a root no longer trusted", standingHint(errinfo.Error(codes.Unauthenticated,
 				"client certificate not issued by this authority; join again over this identity: muster agent join --force --data ADIR --node n1 with a joining URI from muster token create --node n1", "unauthenticated"), &State{NodeID: "n1"}, dir),
@@ -94,7 +94,7 @@ func TestHintsQuoteTheDataDirectory(t *testing.T) {
 			if m == "" {
 				t.Fatalf("%s: no command in %v", c.name, c.err)
 			}
-			line := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, " with a joining URI"), " (the root"), " (key")
+			line := strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, " with a joining URI"), " (a recovery"), " (key")
 			args := pastedArgs(t, line)
 			if got := flagValue(args, "authority"); strings.HasPrefix(c.name, "untrusted, bound") && got != st.Authority {
 				t.Errorf("%s: %s pasted gives --authority %q, want the state's %q", c.name, line, got, st.Authority)
@@ -131,6 +131,27 @@ func TestUntrustedAuthorityHintIsTyped(t *testing.T) {
 	} {
 		if got := untrustedAuthorityHint(c.err, st, dir); strings.Contains(got.Error(), hint) != c.want {
 			t.Errorf("%s: %v; want the hint %v", c.name, got, c.want)
+		}
+	}
+}
+
+// The way out of a root rotated while a bound-keypair agent was stopped
+// pastes as printed: no sha256:… placeholder for the root to pin (which
+// the agent cannot know: the root the authority presents did not verify),
+// but the command that prints it on the authority and the variable the
+// join reads it from.
+func TestUntrustedBoundHintHasNoPlaceholder(t *testing.T) {
+	dir := Dir(t.TempDir())
+	st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair, Authority: "127.0.0.1:7443"}
+	got := untrustedAuthorityHint(&identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")}, st, dir).Error()
+	for _, bad := range []string{"sha256:…", "--ca-fingerprint"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("the hint holds %q, which does not paste: %s", bad, got)
+		}
+	}
+	for _, want := range []string{"muster ca root status", EnvCAFingerprint, "muster agent join --force --data "} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the hint lacks %q: %s", want, got)
 		}
 	}
 }

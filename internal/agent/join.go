@@ -127,8 +127,8 @@ func (r JoinRequest) checkDiscovery() error {
 // Join admits the machine with a join token: it pins the authority's root
 // from the trust bundle signed with the token, then, over a connection
 // that verifies the authority by that root and its SPIFFE ID, exchanges
-// the token and a CSR for a certificate. It writes the certificate files,
-// then agent.yaml (where and who, the pins), then state.json, then removes
+// the token and a CSR for a certificate. It writes the state it is to
+// record (state.next.json), the certificate files, then agent.yaml (where and who, the pins), then state.json, then removes
 // the pending key and the token from agent.yaml. Errors are
 // *OpError; a bundle that does not verify wraps ErrTrustBundle (classed
 // NOT_FOUND), a fingerprint mismatch ErrFingerprint, an existing identity
@@ -158,12 +158,20 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	if hadIdentity && !r.Force {
 		return nil, ErrIdentityExists
 	}
+	// The join rewrites agent.yaml with its address, node and pins,
+	// keeping every other setting (workload_api among them): one it
+	// cannot read would be replaced by an empty one, those settings lost.
+	cfg, err := a.dir.ReadConfig()
+	if err != nil {
+		return nil, fmt.Errorf("%w: correct it, or move it aside (the join writes a new one, without its other settings), and join again; nothing was changed", err)
+	}
 	defer func() {
 		// A failed join leaves no certificate files: neither its own
 		// nor those of an earlier join interrupted before it wrote
 		// state.json. An identity it was to replace stays.
 		if err != nil && !hadIdentity {
 			a.dir.removeCertFiles()
+			a.dir.removeNextState()
 		}
 	}()
 	// The key is on disk before anything is sent, so a lost reply can be
@@ -189,10 +197,6 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 
 	now := a.now()
 	id := &identity.Identity{Chain: chain, Key: key, Roots: j.roots}
-	if err := a.dir.writeIdentity(id, true); err != nil {
-		return nil, err
-	}
-	joinStep("identity")
 	st := &State{
 		NodeID: r.Node, InstanceID: j.instanceID, AuthorityID: j.authorityID,
 		TrustDomain: j.trustDomain, Authority: j.renewal, Generation: j.generation,
@@ -201,6 +205,18 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		BoundKeypair: r.BoundKeypair,
 	}
 	a.takeVerifierSet(ctx, st, j.verifierSet, true, nil)
+	// The state goes down before the certificate: a join with --force
+	// that crashes between the certificate and state.json would leave the
+	// old state.json (the old instance, generation, join state) beside the
+	// new certificate, which load cannot rebuild from the certificate.
+	if err := a.dir.writeNextState(st); err != nil {
+		return nil, err
+	}
+	joinStep("next-state")
+	if err := a.dir.writeIdentity(id, true); err != nil {
+		return nil, err
+	}
+	joinStep("identity")
 	if _, err := a.takeBundle(st, id, j.bundle); err != nil {
 		return nil, err
 	}
@@ -209,10 +225,6 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	// the pins where restarts and later joins read them (the join's
 	// secret stays until state.json exists, so a crash before it can
 	// still retry; load drops it after).
-	cfg, cerr := a.dir.ReadConfig()
-	if cerr != nil {
-		cfg = Config{}
-	}
 	secrets := [3]string{cfg.Token, cfg.PSK, cfg.RegistrationSecret}
 	cfg.Authority, cfg.Node, cfg.JoinMethod = j.joined, r.Node, r.method()
 	cfg.BoundKeypair = r.BoundKeypair
@@ -229,6 +241,9 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		return nil, err
 	}
 	joinStep("state")
+	if err := a.dir.removeNextState(); err != nil {
+		a.log.Warn("joined, but state.next.json could not be removed", "err", err)
+	}
 	// From here the join has succeeded: state.json is written. A crash
 	// before the next two steps is finished by load's repair (the
 	// certified key left pending, the secret left in agent.yaml).

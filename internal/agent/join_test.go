@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -291,4 +292,49 @@ func snapshot(t *testing.T, dir Dir) map[string]string {
 		return nil
 	})
 	return out
+}
+
+// An agent.yaml the join cannot read is not replaced by an empty one (its
+// workload_api and other settings lost): the join refuses, naming the file
+// and the way out, before it sends anything, and changes nothing.
+func TestJoinRefusesAnUnreadableConfig(t *testing.T) {
+	for _, force := range []bool{false, true} {
+		t.Run(fmt.Sprintf("force=%v", force), func(t *testing.T) {
+			f := newFakeAuthority(t, fakeOptions{})
+			dir := Dir(t.TempDir())
+			if force {
+				_, dir = joined(t, f)
+			}
+			const bad = "workload_api:\n  listen: [unix:///run/muster/workload.sock\n"
+			if err := os.MkdirAll(string(dir), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dir.ConfigFile(), []byte(bad), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			newTestAgent(t, dir) // a first agent may create the lock file
+			before := snapshot(t, dir)
+			_, exchangesBefore, _ := f.calls()
+			r := f.joinRequest("n1")
+			r.Force = force
+			_, err := newTestAgent(t, dir).Join(t.Context(), r)
+			if err == nil || !strings.Contains(err.Error(), dir.ConfigFile()) || !strings.Contains(err.Error(), "join again") {
+				t.Fatalf("join with a malformed agent.yaml: %v, want a refusal naming %s and the way out", err, dir.ConfigFile())
+			}
+			if _, exchanges, _ := f.calls(); exchanges != exchangesBefore {
+				t.Errorf("the join sent the token (%d exchanges, %d before)", exchanges, exchangesBefore)
+			}
+			after := snapshot(t, dir)
+			for p, b := range before {
+				if after[p] != b {
+					t.Errorf("%s changed", p)
+				}
+			}
+			for p := range after {
+				if _, ok := before[p]; !ok && filepath.Base(p) != "lock" {
+					t.Errorf("%s written", p)
+				}
+			}
+		})
+	}
 }

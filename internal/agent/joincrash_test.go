@@ -88,3 +88,55 @@ func crashJoinAt(t *testing.T, a *Agent, r JoinRequest, step string) {
 	}()
 	a.Join(t.Context(), r)
 }
+
+// A join with --force over this node's identity stopped after any of its
+// writes leaves, after the next start, a state.json that describes the
+// certificate on disk: the new instance's ID, generation and serial once
+// the new certificate is written, the old instance's whole before it.
+func TestForcedJoinCrashAtEachStep(t *testing.T) {
+	for _, c := range []struct {
+		step    string
+		renewed bool // the new certificate is on disk
+	}{
+		{"next-state", false},
+		{"identity", true},
+		{"config", true},
+		{"state", true},
+		{"pending", true},
+	} {
+		t.Run(c.step, func(t *testing.T) {
+			f := newFakeAuthority(t, fakeOptions{})
+			_, dir := joined(t, f)
+			// The old instance, renewed a few times.
+			old, err := dir.ReadState()
+			if err != nil {
+				t.Fatal(err)
+			}
+			old.InstanceID, old.Generation = "instance-0", 5
+			if err := dir.writeState(old); err != nil {
+				t.Fatal(err)
+			}
+			r := f.joinRequest("n1")
+			r.Force = true
+			crashJoinAt(t, newTestAgent(t, dir), r, c.step)
+			st, id, err := newTestAgent(t, dir).current(t.Context())
+			if err != nil {
+				t.Fatalf("load after a crash at %s: %v", c.step, err)
+			}
+			want := old
+			if c.renewed {
+				want = &State{InstanceID: "instance-1", Generation: 0, Serial: serialOf(id)}
+			}
+			if st.InstanceID != want.InstanceID || st.Generation != want.Generation || st.Serial != serialOf(id) || st.Serial != want.Serial {
+				t.Errorf("after a crash at %s: instance %s, generation %d, serial %s; want %s, %d, %s (the certificate's %s)",
+					c.step, st.InstanceID, st.Generation, st.Serial, want.InstanceID, want.Generation, want.Serial, serialOf(id))
+			}
+			if onDisk, err := dir.ReadState(); err != nil || onDisk.InstanceID != st.InstanceID || onDisk.Serial != st.Serial {
+				t.Errorf("state.json after a crash at %s and a load: %+v, %v", c.step, onDisk, err)
+			}
+			if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
+				t.Errorf("state.next.json after a crash at %s and a load: %v", c.step, err)
+			}
+		})
+	}
+}

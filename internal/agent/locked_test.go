@@ -317,3 +317,42 @@ func TestRunLockWaitNoticesASuspend(t *testing.T) {
 		t.Fatal("the agent, its clock past its certificate's expiry, still waits out the lock a minute later")
 	}
 }
+
+// TestStreamLockWaitNoticesASuspend: a stream waiting out a lock whose
+// machine is suspended past the lock's end (its clock jumps ahead; a timer
+// does not count the suspend) reconnects within maxSleep of waking,
+// instead of waiting out the rest of the interval (up to 15 minutes).
+func TestStreamLockWaitNoticesASuspend(t *testing.T) {
+	shortBackoff(t)
+	minB, maxB := streamBackoffMin, streamBackoffMax
+	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
+	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
+	_, dir := joined(t, f)
+	connects := make(chan struct{}, 16)
+	f.mu.Lock()
+	f.connect = func(musterv1.AgentService_ConnectServer) error {
+		connects <- struct{}{}
+		return lockedUntil(time.Hour)
+	}
+	f.mu.Unlock()
+	clock := &testClock{}
+	var logs syncBuffer
+	a := New(Options{Dir: dir, Timeout: 5 * time.Second, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); a.keepStream(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, nil, "the stream's refusal", func() bool {
+		return strings.Contains(logs.String(), "refused for the node's standing")
+	})
+	<-connects
+	// The stream now waits an hour for the lock's end: the machine sleeps
+	// through it.
+	clock.set(time.Now().Add(2 * time.Hour))
+	select {
+	case <-connects:
+	case <-time.After(time.Minute):
+		t.Fatal("the stream, its clock past the lock's end, still waits a minute later")
+	}
+}

@@ -197,6 +197,18 @@ func (e *DiscoveryError) Error() string {
 }
 func (e *DiscoveryError) Unwrap() error { return e.Err }
 
+// discoveryError is the failure of a call to discovery at step. A TLS
+// identity that does not match the pinned fingerprint is a configuration
+// error, PERMISSION_DENIED (gRPC calls it UNAVAILABLE, which agent run
+// would retry forever): discovery's CA does not rotate (it lives as long
+// as discovery's data directory), so only a corrected pin ends it.
+func discoveryError(r JoinRequest, step string, err error) error {
+	if msg, ok := discoveryclient.PinMismatch(err); ok {
+		err = &refusal{codes.PermissionDenied, errors.New(msg)}
+	}
+	return &DiscoveryError{Addr: r.Discovery, Step: step, Err: err}
+}
+
 // refer goes through discovery: it locates the authority, and only then
 // asks discovery for a referral ticket for the node. Nothing secret goes
 // to discovery.
@@ -214,7 +226,7 @@ func (a *Agent) refer(ctx context.Context, r JoinRequest) (endpoint string, peer
 	defer cancel()
 	t, err := client.RequestReferralTicket(tctx, &musterv1.RequestReferralTicketRequest{AuthorityId: r.AuthorityID, NodeId: r.Node})
 	if err != nil {
-		return "", nil, "", &DiscoveryError{Addr: r.Discovery, Step: "referral ticket", Err: err}
+		return "", nil, "", discoveryError(r, "referral ticket", err)
 	}
 	return endpoint, peer, t.GetTicket(), nil
 }
@@ -241,7 +253,7 @@ func (a *Agent) locateWith(ctx context.Context, client musterv1.DiscoveryService
 	defer cancel()
 	look, err := client.LookupAuthority(cctx, &musterv1.LookupAuthorityRequest{AuthorityId: r.AuthorityID})
 	if err != nil {
-		return "", nil, &DiscoveryError{Addr: r.Discovery, Step: "looking up " + r.AuthorityID, Err: err}
+		return "", nil, discoveryError(r, "looking up "+r.AuthorityID, err)
 	}
 	if fps := listedRoots(look); !slices.ContainsFunc(fps, func(fp string) bool { return ca.SameFingerprint(fp, r.CAFingerprint) }) {
 		return "", nil, &refusal{codes.PermissionDenied, fmt.Errorf("%w %s: discovery lists authority %s with root %s; nothing was sent; %s",

@@ -210,6 +210,16 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %w", a.dir.CertFile(), err)
 	}
+	serial := serialOf(id.Leaf())
+	// A join (with --force over an identity) that crashed between its
+	// certificate and state.json left the state it was to write in
+	// state.next.json: that, not the old instance's, describes the
+	// certificate.
+	next, nerr := a.dir.readState(a.dir.nextStateFile())
+	joined := st.Serial != serial && nerr == nil && next.Serial == serial
+	if joined {
+		st = next
+	}
 	if got.Role != spiffeid.RoleAgent || got.Name != st.NodeID || got.TrustDomain != st.TrustDomain {
 		return nil, nil, fmt.Errorf("%s is %s, but state.json records node %s of trust domain %s: join again with --force",
 			a.dir.CertFile(), got, st.NodeID, st.TrustDomain)
@@ -220,12 +230,23 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	if err := a.dir.repair(id); err != nil {
 		return nil, nil, err
 	}
-	if serial := serialOf(id.Leaf()); st.Serial != serial {
-		// The certificate was written but not the state: the
+	switch {
+	case joined:
+		if err := a.dir.writeState(st); err != nil {
+			return nil, nil, err
+		}
+		a.log.Info("finished a join interrupted before state.json was written", "instance", st.InstanceID)
+	case st.Serial != serial:
+		// A renewal wrote the certificate but not the state: the
 		// certificate is the truth (the generation catches up with the
 		// next renewal's answer).
 		st.Serial, st.NotAfter = serial, id.Leaf().NotAfter.UTC()
 		if err := a.dir.writeState(st); err != nil {
+			return nil, nil, err
+		}
+	}
+	if nerr == nil {
+		if err := a.dir.removeNextState(); err != nil {
 			return nil, nil, err
 		}
 	}

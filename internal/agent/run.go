@@ -381,6 +381,21 @@ func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Dura
 // wait the whole interval again after it wakes, its recovery or its
 // expiry's report delayed by as much.
 func (a *Agent) pause(ctx context.Context, d time.Duration, until time.Time) bool {
+	return a.pauseOr(ctx, d, until, nil) != pauseCancelled
+}
+
+// pauseEnd says why a pause ended.
+type pauseEnd int
+
+const (
+	pauseCancelled pauseEnd = iota // ctx ended
+	pauseElapsed                   // d elapsed, or the clock reached until
+	pauseWoken                     // wake was signalled
+)
+
+// pauseOr is pause that also ends when wake is signalled (a nil wake
+// never is).
+func (a *Agent) pauseOr(ctx context.Context, d time.Duration, until time.Time, wake <-chan struct{}) pauseEnd {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	look := time.NewTicker(maxSleep)
@@ -388,12 +403,14 @@ func (a *Agent) pause(ctx context.Context, d time.Duration, until time.Time) boo
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return pauseCancelled
+		case <-wake:
+			return pauseWoken
 		case <-t.C:
-			return true
+			return pauseElapsed
 		case <-look.C:
 			if !a.now().Before(until) {
-				return true
+				return pauseElapsed
 			}
 		}
 	}

@@ -74,16 +74,18 @@ func (a *Agent) keepStream(ctx context.Context) {
 			delay = streamBackoffMin
 		}
 		wait := streamJitter(delay)
+		r := standingRefusal(err)
+		if lw, locked := lockedWait(err, backoffMin); !renewed && locked && lw > wait {
+			// Asking before the lock ends is refused again: the stream
+			// waits as the renewal does, and a renewal that succeeds (the
+			// lock deleted) wakes it.
+			wait = lw
+		}
+		until := a.now().Add(wait)
 		if renewed {
 			a.log.Info("stream to the authority closed with the certificate it was opened with; reconnecting with the current one",
 				"retry_in", wait.Round(time.Millisecond).String())
-		} else if r := standingRefusal(err); r != "" {
-			if lw, locked := lockedWait(err, backoffMin); locked && lw > wait {
-				// Asking before the lock ends is refused again: the
-				// stream waits as the renewal does, and a renewal that
-				// succeeds (the lock deleted) wakes it.
-				wait = lw
-			}
+		} else if r != "" {
 			// The way out, with this agent's own directory, as the
 			// renewal's refusal names it (which follows at once).
 			if st, serr := a.dir.ReadState(); serr == nil {
@@ -99,7 +101,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
 		}
 		a.metrics.streamClosed()
-		if !a.waitReconnect(ctx, wait) {
+		if !a.waitReconnect(ctx, wait, until) {
 			return
 		}
 		delay = min(delay*2, streamBackoffMax)
@@ -121,16 +123,16 @@ func standingRefusal(err error) string {
 	return ""
 }
 
-// waitReconnect waits d, or less if a renewal succeeds meanwhile; it
-// reports false when ctx ended.
-func (a *Agent) waitReconnect(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
+// waitReconnect waits d (until the agent's clock reads until), or less
+// if a renewal succeeds meanwhile; it reports false when ctx ended. Like the renewal's waits it looks at the
+// agent's clock every maxSleep (pause): a stream waiting out a lock (up to
+// lockedRecheck) whose machine slept past the lock's end reconnects when
+// it wakes, not a whole interval later.
+func (a *Agent) waitReconnect(ctx context.Context, d time.Duration, until time.Time) bool {
+	switch a.pauseOr(ctx, d, until, a.streamWake) {
+	case pauseCancelled:
 		return false
-	case <-t.C:
-	case <-a.streamWake:
+	case pauseWoken:
 		a.log.Info("the authority answered a renewal: reconnecting the stream now")
 	}
 	return true

@@ -21,10 +21,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/h2window"
@@ -98,6 +100,25 @@ func verifyPinned(certs []*x509.Certificate, fp string, now time.Time) error {
 		return fmt.Errorf("%w %s: %v; %s", ErrPin, fp, err, pinHint)
 	}
 	return nil
+}
+
+// PinMismatch returns the pin mismatch err reports, from ErrPin on, and
+// whether it is one: a call's error, where gRPC keeps only the text of
+// the handshake's failure. A mismatch does not pass by itself: the pin is
+// discovery's CA, which lives as long as its data directory.
+func PinMismatch(err error) (string, bool) {
+	if err == nil {
+		return "", false
+	}
+	msg := err.Error()
+	if s, ok := status.FromError(err); ok {
+		msg = s.Message()
+	}
+	i := strings.Index(msg, ErrPin.Error())
+	if i < 0 {
+		return "", false
+	}
+	return strings.TrimSuffix(msg[i:], `"`), true
 }
 
 // pinHint is the way out of a pin mismatch: the pin is discovery's own CA,
