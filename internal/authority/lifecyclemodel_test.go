@@ -29,8 +29,8 @@ import (
 )
 
 // TestCALifecycleModel: intermediate rotation driven by a stepped clock
-// (the leader's caStepAt at a virtual now, seconds to minutes apart with a
-// 3-minute ca.intermediate_ttl, so prepare, activate and retire all
+// (the leader's caStepAt at a virtual now, up to half an hour apart with a
+// one-hour ca.intermediate_ttl, so prepare, activate and retire all
 // happen; the model is the only leader) interleaved with root rotate,
 // next-phase and rollback, the operator's `ca rotate ROLE`, `--activate`
 // (within and past the publish window), `ca root export-key` and `ca
@@ -70,7 +70,12 @@ import (
 // The clock is virtual only for the CA clock's decisions: certificates
 // and TLS use the real clock, so the virtual clock runs ahead of the
 // dates certificates carry. An agent's certificate counts as expired, for
-// the model, once the virtual now passes its not-after.
+// the model, once the virtual now passes its not-after. The lifetimes are
+// long (modelTimeScale) next to the run's real time, a few minutes at
+// most on a loaded machine, so no certificate expires by the real clock
+// during the run: with a 3-minute ca.intermediate_ttl, a run that took
+// that long had an agent's real certificate expire under it, and its
+// renewal refused, which the model counts as a failure.
 func TestCALifecycleModel(t *testing.T) {
 	t.Parallel()
 	seed, steps := uint64(21), 30
@@ -144,9 +149,16 @@ type lifecycleModel struct {
 	prepared, activated, refusedEarly, exported int
 }
 
+// modelTimeScale scales the model's intermediate lifetime and the
+// virtual clock's steps alike (the same decisions as a 3-minute lifetime
+// and steps of 1 to 90 s): the CA clock decides by fractions of the
+// lifetime, and the real time that passes between steps, a few seconds at
+// most, is then a small fraction of it.
+const modelTimeScale = 20
+
 func runLifecycleModel(t *testing.T, seed uint64, steps int) {
 	a := startReplicas(t, nil, 1, func(c *Config) {
-		c.CAIntermediateTTL = 3 * time.Minute
+		c.CAIntermediateTTL = modelTimeScale * 3 * time.Minute
 		// The online agents renew at every step of the virtual clock, a
 		// few real seconds apart, far more often than their real
 		// certificates' lifetime allows.
@@ -257,7 +269,7 @@ func (m *lifecycleModel) pickAndApply() {
 	g := m.agents[m.rng.IntN(len(m.agents))]
 	switch k := m.rng.IntN(24); {
 	case k < 7:
-		d := time.Duration(1+m.rng.IntN(90)) * time.Second
+		d := time.Duration(1+m.rng.IntN(90)) * modelTimeScale * time.Second
 		m.note("advance %s", d)
 		m.skew += d
 	case k < 12:

@@ -747,11 +747,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	s.enroll.SetEndpoints([]string{advertise})
 	s.advertised.Store(&advertise)
-	replica := advertise
-	if bound := lis.Addr().String(); bound != advertise {
-		host, _ := os.Hostname()
-		replica = fmt.Sprintf("%s (replica %s at %s)", advertise, host, bound)
-	}
+	replica := replicaLabel(advertise, lis.Addr().String(), os.Hostname)
 	s.replica.Store(&replica)
 	tc, err := s.serverTLS(ca.RoleServer, listener.Hosts(s.cfg.Listen, lis.Addr().String(), advertise))
 	if err != nil {
@@ -899,12 +895,28 @@ func (s *Server) Run(ctx context.Context) error {
 // timeout (TimeoutStopSec=30s in the systemd unit), and must not, or the
 // stop goes unrecorded and agent streams end unannounced. stopGrace of it
 // is what calls in flight get before every listener is stopped hard; the
-// rest, at least a store request's deadline (limits.store_timeout, at most
-// 20 s: 10 s by default), records the stop.
+// rest, at least 10 s, records the stop: a store request's whole deadline
+// with the default limits.store_timeout (10 s), not with a longer one (up
+// to 20 s), where a request that hangs is cut at the budget's end and
+// the stop is logged as not recorded.
 const (
 	stopBudget = 20 * time.Second
 	stopGrace  = 10 * time.Second
 )
+
+// replicaLabel is how the rows of this replica's streams name it: the
+// advertised address, and when the listener is bound elsewhere (behind a
+// load balancer, shared by the replicas) the host and the bound address
+// too; without a host name (os.Hostname failed), the bound address alone.
+func replicaLabel(advertise, bound string, hostname func() (string, error)) string {
+	if bound == advertise {
+		return advertise
+	}
+	if host, err := hostname(); err == nil && host != "" {
+		return fmt.Sprintf("%s (replica %s at %s)", advertise, host, bound)
+	}
+	return fmt.Sprintf("%s (replica at %s)", advertise, bound)
+}
 
 // stoppable is a listener's server as the stop sees it: graceful waits
 // for its calls in flight until ctx ends, then hard ends the rest.

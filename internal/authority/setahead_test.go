@@ -215,3 +215,63 @@ func TestHeartbeatSetVersionCached(t *testing.T) {
 		t.Fatalf("store version %d after a heartbeat at 5, want 6", v)
 	}
 }
+
+// TestHeartbeatAfterAnOfflineSignerChange: a signer change made with no
+// replica to announce it (a step run offline against the store, as muster
+// ca migrate-custody and signer stage without a running authority do)
+// leaves the replica's cached version stale; an agent that took the new
+// set is not ahead of the store, so nothing is logged or counted as ahead.
+func TestHeartbeatAfterAnOfflineSignerChange(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	db, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	custody, _ := signer.NewSealed(seal.StorageKey{5})
+	k := signer.NewKeeper(db, custody, &auditEvents{}, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, signer.Actor{Name: "authority"}); err != nil {
+		t.Fatal(err)
+	}
+	ahead, err := newSetAhead(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	s := &Server{signers: k, setAhead: ahead, hub: newStreamHub(), log: slog.New(slog.NewTextHandler(&logs, nil))}
+	s.checkSetVersion(ctx, "n1", 1, signedSet(t, k, 1)) // the replica caches version 1
+
+	// Offline: another process over the same database stages a signer.
+	offDB, err := sqlite.Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { offDB.Close() })
+	off := signer.NewKeeper(offDB, custody, &auditEvents{}, "prod-a3f2e1", 0)
+	if _, err := off.Stage(ctx, signer.Actor{Name: "operator"}, time.Hour, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	v, err := off.SetVersion(ctx)
+	if err != nil || v < 2 {
+		t.Fatalf("the offline stage left the version at %d: %v", v, err)
+	}
+	raw, err := off.VerifierSet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.checkSetVersion(ctx, "n1", v, raw)
+	if strings.Contains(logs.String(), "newer than the store's") || aheadValue(t, ahead.detected) != 0 || aheadValue(t, ahead.highest) != 0 {
+		t.Fatalf("a set at the store's version %d called ahead of it (detected %v, highest %v):\n%s", v,
+			aheadValue(t, ahead.detected), aheadValue(t, ahead.highest), logs.String())
+	}
+	if got, _ := k.SetVersion(ctx); got != v {
+		t.Fatalf("store version %d, want %d unchanged", got, v)
+	}
+	// The cache took the store's version: the next heartbeat at it reads
+	// nothing ahead either.
+	s.checkSetVersion(ctx, "n2", v, raw)
+	if aheadValue(t, ahead.detected) != 0 {
+		t.Fatalf("a second heartbeat counted ahead")
+	}
+}

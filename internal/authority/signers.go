@@ -356,7 +356,8 @@ func (l *slot) claim(now time.Time) bool {
 // The heartbeat's own figure (claimed) is compared first, with the store's
 // version as this replica last read it (versionCache, kept until a signer
 // change is announced): a heartbeat at or below it costs neither a parse
-// nor a store read.
+// nor a store read. One above it is checked against the store's version
+// read again, before it is logged or counted as ahead.
 func (s *Server) checkSetVersion(ctx context.Context, node string, claimed int64, raw []byte) {
 	if len(raw) == 0 || s.setAhead == nil {
 		return
@@ -368,6 +369,19 @@ func (s *Server) checkSetVersion(ctx context.Context, node string, claimed int64
 	set, err := signer.ParseVerifierSet(raw)
 	if err != nil || set.Version <= have {
 		return
+	}
+	// The cached version may be stale: a change made with no replica to
+	// announce it (muster ca migrate-custody, a signer step run offline
+	// against the store) gave the agent a set this replica has not read.
+	// Read the store's before calling the agent's ahead of it; a newer
+	// one replaces the cached one.
+	if fresh, err := s.signers.SetVersion(ctx); err != nil {
+		return
+	} else if fresh != have {
+		s.setAhead.version.invalidate()
+		if have = fresh; set.Version <= have {
+			return
+		}
 	}
 	reported := set.Version
 	s.setAhead.detected.Inc()

@@ -155,9 +155,21 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 	if !lockEnds.IsZero() && lockEnds.Before(next) {
 		next = lockEnds
 	}
-	issuers := p.cfg.Issuers()
 	live := map[string]bool{}
-	for _, is := range issuers {
+	var issuers []Issuer
+	for _, is := range p.cfg.Issuers() {
+		// An intermediate past its not-after (by the store clock, the
+		// one the leader retires it by) has no valid leaf left to list,
+		// and the leader destroys its key as it retires it: a pass that
+		// signed with it then would fail on the key's absence (a
+		// PKCS#11 token's "private object is not in the token"), in the
+		// moments before this replica reads the retirement. Its list is
+		// served as it is until then, and no longer counts for the
+		// metrics.
+		if !now.Before(is.Cert.NotAfter) {
+			continue
+		}
+		issuers = append(issuers, is)
 		live[is.Name()] = true
 	}
 	var errs []error

@@ -419,7 +419,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, err
 	}
 	if l != nil {
-		return a, lockedBy(*l, "token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+		return a, s.lockedOn(ctx, targets, *l, "token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
 	// 7. The join state and the recovery rules.
@@ -577,10 +577,11 @@ func (m bkMethod) rotation(ctx context.Context, t store.Token, p BoundKeypairPay
 	}
 	if asked {
 		// A key offered in init was in step 6's lock query.
-		if l, err := m.s.lockOn(ctx, store.LockTarget{Kind: store.LockPublicKey, Target: fp}); err != nil {
+		target := store.LockTarget{Kind: store.LockPublicKey, Target: fp}
+		if l, err := m.s.lockOn(ctx, target); err != nil {
 			return none, err
 		} else if l != nil {
-			return none, lockedBy(*l, "token %s, lock %s on the new key %s", t.ID, l.ID, fp)
+			return none, m.s.lockedOn(ctx, []store.LockTarget{target}, *l, "token %s, lock %s on the new key %s", t.ID, l.ID, fp)
 		}
 	}
 	return offered, nil

@@ -56,6 +56,9 @@ type Store interface {
 	// ListResyncEpochs serves the bound-keypair join state's epochs.
 	ListResyncEpochs(ctx context.Context) ([]store.ResyncEpoch, error)
 	FindAnyLock(ctx context.Context, targets []store.LockTarget) (store.Lock, error)
+	// LockEnd serves a lock's refusal only: when the last lock that
+	// applies ends.
+	LockEnd(ctx context.Context, targets []store.LockTarget) (time.Time, error)
 	InsertLock(ctx context.Context, l store.Lock, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	// Now and ListPSKs serve the PSK bootstrap: grace ends by the store
 	// clock.

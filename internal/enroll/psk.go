@@ -191,7 +191,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 	}
 	// 6. No lock on the node or the key to certify.
 	if l := lockOf(rd); l != nil {
-		return a, lockedBy(*l, "%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
+		return a, s.lockedOn(ctx, targets, *l, "%s, lock %s on %s %s", proof, l.ID, l.Kind, l.Target)
 	}
 
 	a.Credential, a.Proof, a.Method = credential, proof, store.JoinMethodPSK

@@ -50,10 +50,25 @@ func (r *Refusal) with(format string, args ...any) *Refusal {
 
 // lockedBy is the refusal of a request for the lock l in force ("locked"),
 // ending when l expires (never, without a TTL); the detail, for the audit
-// log, names l.
+// log, names l. lockedOn tells a later end when another lock applies.
 func lockedBy(l store.Lock, format string, args ...any) *Refusal {
 	r := refuse(KindPermissionDenied, ReasonLocked).with(format, args...)
 	r.Until = l.ExpiresAt
+	return r
+}
+
+// lockedOn is lockedBy for the lock l, found on one of targets (the one
+// the store names first): the refusal ends when the last lock in force
+// on any of targets does (never, if one has no TTL), since an agent told
+// l's end would retry then and be refused again for another. One more
+// query, only when a request is refused for a lock. When it fails, or
+// finds the locks gone since, the refusal keeps l's end: the reason is
+// still true, and a retry is checked again.
+func (s *Service) lockedOn(ctx context.Context, targets []store.LockTarget, l store.Lock, format string, args ...any) *Refusal {
+	r := lockedBy(l, format, args...)
+	if end, err := s.cfg.Store.LockEnd(ctx, store.Named(targets)); err == nil {
+		r.Until = end
+	}
 	return r
 }
 

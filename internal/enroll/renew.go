@@ -87,7 +87,7 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 				return nil, err
 			}
 			if read.Locked {
-				return nil, lockedOut(read.Lock)
+				return nil, s.lockedOut(ctx, store.RenewalLockTargets(rec, inst, []string{keyLock(kid).Target}), read.Lock)
 			}
 		} else {
 			if inst, err = s.cfg.Store.GetInstance(ctx, rec.InstanceID); err != nil {
@@ -217,19 +217,21 @@ func (s *Service) standing(ctx context.Context, rec store.Certificate, inst stor
 	}
 	// The targets of ReadRenewal, which the first attempt read with them:
 	// node, instance, token, the key held and the key asked for.
-	l, err := s.lockOn(ctx, store.RenewalLockTargets(rec, inst, []string{keyLock(kid).Target})...)
+	targets := store.RenewalLockTargets(rec, inst, []string{keyLock(kid).Target})
+	l, err := s.lockOn(ctx, targets...)
 	if err != nil {
 		return err
 	}
 	if l != nil {
-		return lockedOut(*l)
+		return s.lockedOut(ctx, targets, *l)
 	}
 	return nil
 }
 
-// lockedOut is a renewal's refusal for a lock in force.
-func lockedOut(l store.Lock) error {
-	return lockedBy(l, "lock %s on %s %s", l.ID, l.Kind, l.Target)
+// lockedOut is a renewal's refusal for a lock in force, l on one of
+// targets.
+func (s *Service) lockedOut(ctx context.Context, targets []store.LockTarget, l store.Lock) error {
+	return s.lockedOn(ctx, targets, l, "lock %s on %s %s", l.ID, l.Kind, l.Target)
 }
 
 // nodeStanding refuses an instance whose node was deleted or that was

@@ -40,7 +40,7 @@ func (s *Service) Standing(ctx context.Context, leaf *x509.Certificate) error {
 		return err
 	}
 	if rd.Locked {
-		return lockedOut(rd.Lock)
+		return s.lockedOut(ctx, store.RenewalLockTargets(rd.Certificate, rd.Instance, nil), rd.Lock)
 	}
 	return nil
 }

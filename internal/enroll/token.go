@@ -229,7 +229,7 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	// 7. No lock on node, token or the key to certify (read with the
 	// token).
 	if l := lockOf(rd); l != nil {
-		return a, lockedBy(*l, "token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
+		return a, s.lockedOn(ctx, targets, *l, "token %s, lock %s on %s %s", t.ID, l.ID, l.Kind, l.Target)
 	}
 
 	a.TokenID, a.Proof, a.Method = t.ID, "token "+t.ID, store.JoinMethodToken
@@ -256,7 +256,7 @@ func (s *Service) retryJoin(ctx context.Context, node store.Node, credential str
 	if l, err := s.lockOn(ctx, targets...); err != nil {
 		return nil, err
 	} else if l != nil {
-		return nil, lockedBy(*l, "retry; lock %s on %s %s", l.ID, l.Kind, l.Target)
+		return nil, s.lockedOn(ctx, targets, *l, "retry; lock %s on %s %s", l.ID, l.Kind, l.Target)
 	}
 	return s.issuedFrom(node.ID, inst, true)
 }

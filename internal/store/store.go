@@ -204,6 +204,13 @@ type Store interface {
 	// would name first to the last, and a refusal names the same lock
 	// every time.
 	FindAnyLock(ctx context.Context, targets []LockTarget) (Lock, error)
+	// LockEnd returns when the last of the locks in force (by the store
+	// clock) on targets ends: the latest ExpiresAt among them, zero if
+	// any of them has none (only its deletion ends it); ErrNotFound if
+	// none is in force, and for no targets. A refusal for the lock
+	// FindAnyLock names is told to end then, not when that lock does:
+	// another that applies may end later. In one query.
+	LockEnd(ctx context.Context, targets []LockTarget) (time.Time, error)
 
 	// AppendAudit appends one record to the chain. It calls build with a
 	// head, which returns the record to follow it (its Seq must be

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -124,6 +125,36 @@ func (s *Store) FindAnyLock(ctx context.Context, targets []store.LockTarget) (st
 	}
 	return l, nil
 }
+
+// LockEnd returns when the last lock in force, by the store clock, on
+// targets ends (zero if one has no end); ErrNotFound if none is in force,
+// and for no targets, which runs no query.
+func (s *Store) LockEnd(ctx context.Context, targets []store.LockTarget) (time.Time, error) {
+	if len(targets) == 0 {
+		return time.Time{}, wrap("lock end", pgx.ErrNoRows)
+	}
+	kinds, names := lockArgs(targets)
+	var n, ending int64
+	var last *int64
+	if err := s.pool.QueryRow(ctx, lockEndQuery, kinds, names).Scan(&n, &ending, &last); err != nil {
+		return time.Time{}, wrap("lock end", err)
+	}
+	switch {
+	case n == 0:
+		return time.Time{}, wrap("lock end", pgx.ErrNoRows)
+	case ending < n:
+		return time.Time{}, nil
+	}
+	return timeCol(last), nil
+}
+
+// lockEndQuery is LockEnd's query: the locks in force on the targets
+// whose kinds and names are $1 and $2, how many have an end, and the
+// latest end.
+const lockEndQuery = `SELECT count(*), count(expires_at), max(expires_at)
+	FROM unnest($1::text[], $2::text[]) AS wanted (want_kind, want_target)
+	JOIN locks ON kind = want_kind AND target = want_target
+	WHERE ` + unexpired
 
 // findLockQuery is FindAnyLock's query: the lock in force on the earliest
 // of the targets, whose kinds and names are $1 and $2 (lockArgs).

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -106,6 +107,44 @@ func (s *SQLite) FindAnyLock(ctx context.Context, targets []store.LockTarget) (s
 		return store.Lock{}, wrap("find lock", err)
 	}
 	return l, nil
+}
+
+// LockEnd returns when the last lock in force, by the store clock, on
+// targets ends (zero if one has no end); ErrNotFound if none is in force,
+// and for no targets, which runs no query.
+func (s *SQLite) LockEnd(ctx context.Context, targets []store.LockTarget) (time.Time, error) {
+	if len(targets) == 0 {
+		return time.Time{}, wrap("lock end", sql.ErrNoRows)
+	}
+	var n, ending int64
+	var last sql.NullInt64
+	if err := s.r.lookup(ctx, lockEndQuery(len(targets)), lockArgs(targets)...).Scan(&n, &ending, &last); err != nil {
+		return time.Time{}, wrap("lock end", err)
+	}
+	switch {
+	case n == 0:
+		return time.Time{}, wrap("lock end", sql.ErrNoRows)
+	case ending < n || !last.Valid:
+		return time.Time{}, nil
+	}
+	return time.UnixMicro(last.Int64).UTC(), nil
+}
+
+// lockEndQuery is LockEnd's query for n targets: the locks in force on
+// them (a target named twice counts its locks twice, which changes
+// neither answer), how many have an end, and the latest end.
+func lockEndQuery(n int) string {
+	var b strings.Builder
+	b.WriteString(`WITH wanted (want_kind, want_target) AS (VALUES `)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(`, `)
+		}
+		b.WriteString(`(?, ?)`)
+	}
+	b.WriteString(`) SELECT count(*), count(expires_at), max(expires_at) FROM wanted CROSS JOIN locks
+		WHERE kind = want_kind AND target = want_target AND ` + unexpired)
+	return b.String()
 }
 
 // lockArgs are findAnyLockQuery's arguments: each target's kind and value.

@@ -185,6 +185,47 @@ func lockCases() []testCase {
 				t.Fatalf("%d of %d deletes of 3 locks succeeded; want 3", won, n)
 			}
 		}},
+		{"lock end is the latest end of the locks in force", func(t *testing.T, ctx context.Context, s store.Store) {
+			// FindAnyLock names the lock on the earliest target; the
+			// refusal ends when the last lock that applies does.
+			l := lockFixture(t, ctx, s)
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			now = now.UTC().Truncate(time.Microsecond)
+			for _, x := range []store.Lock{
+				{ID: "key-late", Kind: store.LockPublicKey, Target: "pk-1", Reason: "r", CreatedBy: "admin", CreatedAt: now, ExpiresAt: now.Add(3 * time.Hour)},
+				{ID: "inst-soon", Kind: store.LockInstance, Target: "i-1", Reason: "r", CreatedBy: "admin", CreatedAt: now, ExpiresAt: now.Add(2 * time.Hour)},
+				{ID: "inst-past", Kind: store.LockInstance, Target: "i-1", Reason: "r", CreatedBy: "admin", CreatedAt: now, ExpiresAt: now.Add(-time.Minute)},
+			} {
+				mustNil(t, "InsertLock "+x.ID, s.InsertLock(ctx, x, link(record("lock.create"))))
+			}
+			for _, tc := range []struct {
+				name    string
+				targets []store.LockTarget
+				want    time.Time
+				err     error
+			}{
+				{"one lock", []store.LockTarget{tok1}, l["live"].ExpiresAt, nil},
+				{"the latest of three, the first found ending first", []store.LockTarget{tok1, inst1, key1}, now.Add(3 * time.Hour), nil},
+				{"a lock without end", []store.LockTarget{tok1, node1, key1}, time.Time{}, nil},
+				{"expired locks do not count", []store.LockTarget{tok2, inst1}, now.Add(2 * time.Hour), nil},
+				{"none in force", []store.LockTarget{node2, tok2}, time.Time{}, store.ErrNotFound},
+				{"no targets", nil, time.Time{}, store.ErrNotFound},
+			} {
+				got, err := s.LockEnd(ctx, tc.targets)
+				if tc.err != nil {
+					wantErr(t, "LockEnd "+tc.name, err, tc.err)
+					continue
+				}
+				mustNil(t, "LockEnd "+tc.name, err)
+				if !got.Equal(tc.want) {
+					t.Errorf("LockEnd %s = %v, want %v", tc.name, got, tc.want)
+				}
+			}
+			if f, err := s.FindAnyLock(ctx, []store.LockTarget{tok1, inst1, key1}); err != nil || f.ID != "live" {
+				t.Errorf("FindAnyLock = %v, %v; want the lock on the first target, live", f.ID, err)
+			}
+		}},
 		{"delete missing", func(t *testing.T, ctx context.Context, s store.Store) {
 			lockFixture(t, ctx, s)
 			err := s.DeleteLock(ctx, "nope", link(record("lock.delete")))

@@ -1,0 +1,86 @@
+package crl
+
+import (
+	"context"
+	"crypto"
+	"errors"
+	"io"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+)
+
+// destroyedKey is a key custody no longer holds: every signature fails,
+// as a PKCS#11 token's does once the key's object is destroyed.
+type destroyedKey struct {
+	pub   crypto.PublicKey
+	signs atomic.Int64
+}
+
+func (k *destroyedKey) Public() crypto.PublicKey { return k.pub }
+
+func (k *destroyedKey) Sign(io.Reader, []byte, crypto.SignerOpts) ([]byte, error) {
+	k.signs.Add(1)
+	return nil, errors.New("custody: the key's private object is not in the PKCS#11 token")
+}
+
+// TestPublishSkipsExpiredIssuer: an intermediate past its not-after (by
+// the store clock) is retired by the leader, which destroys its key at
+// once; a replica that has not read the retirement yet still lists it
+// among its issuers. Its list is not signed again (the pass failed on the
+// destroyed key, logged as an ERROR), it is still served until the
+// replica drops it, and it leaves the statuses (the metrics).
+func TestPublishSkipsExpiredIssuer(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	agent := *h.Issuer(ca.RoleAgent).Cert
+	agent.NotAfter = st.now.Add(40 * time.Minute)
+	key := &destroyedKey{pub: agent.PublicKey}
+	destroyed := false
+	withExpiring := func() []Issuer {
+		out := issuers()
+		for i := range out {
+			if out[i].Role == string(ca.RoleAgent) {
+				out[i].Cert = &agent
+				if destroyed {
+					out[i].Signer = key
+				}
+			}
+		}
+		return out
+	}
+	p := New(Config{Store: st, Issuers: withExpiring, Validity: time.Hour})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	name := Issuer{Role: string(ca.RoleAgent), Cert: &agent}.Name()
+	before, err := st.GetCRL(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// At its not-after: retired, its key destroyed, the replica not told
+	// yet. Past half the validity, every other list is due again.
+	destroyed = true
+	st.mu.Lock()
+	st.now = agent.NotAfter
+	st.mu.Unlock()
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatalf("a pass with an expired intermediate whose key is destroyed: %v", err)
+	}
+	if n := key.signs.Load(); n != 0 {
+		t.Errorf("the expired intermediate's destroyed key was asked for %d signatures", n)
+	}
+	if after, err := p.Get(ctx, name); err != nil || after.Number != before.Number {
+		t.Errorf("the expired intermediate's list: number %d (%v), want %d served as it was", after.Number, err, before.Number)
+	}
+	if server, _ := st.GetCRL(ctx, Issuer{Role: string(ca.RoleServer), Cert: h.Issuer(ca.RoleServer).Cert}.Name()); server.Number != 2 {
+		t.Errorf("the server intermediate's list is number %d, want 2 (signed again)", server.Number)
+	}
+	for _, s := range p.Statuses() {
+		if s.Issuer.Name() == name {
+			t.Errorf("the expired intermediate's list is still in the statuses: %+v", s)
+		}
+	}
+}
