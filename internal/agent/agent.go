@@ -167,6 +167,10 @@ type Agent struct {
 	// streamWake is signalled (without blocking) when a renewal, refresh
 	// or recovery succeeds, to end the stream's wait to reconnect.
 	streamWake chan struct{}
+	// retryWake is signalled (without blocking) when a stream to the
+	// authority opens, to end a renewal's, refresh's or recovery's wait
+	// after a transient failure: the authority is reachable again.
+	retryWake chan struct{}
 
 	onIdentity func()
 	jwts       jwtCache
@@ -177,7 +181,7 @@ type Agent struct {
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,
 		staticVerifiers: o.StaticVerifiers, trustChanged: make(chan struct{}, 1),
-		standingRefused: make(chan struct{}, 1), streamWake: make(chan struct{}, 1), onIdentity: o.OnIdentity}
+		standingRefused: make(chan struct{}, 1), streamWake: make(chan struct{}, 1), retryWake: make(chan struct{}, 1), onIdentity: o.OnIdentity}
 	if a.log == nil {
 		a.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}

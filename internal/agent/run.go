@@ -294,6 +294,12 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 	// refusal for a lock starts it again from backoffMin.
 	lockFloor := backoffMin
 	for attempt := 1; ; attempt++ {
+		// Only a stream opened since this attempt began ends the wait
+		// after its failure: one opened before says nothing of now.
+		select {
+		case <-a.retryWake:
+		default:
+		}
 		err := f()
 		if err == nil || ctx.Err() != nil {
 			return err
@@ -331,8 +337,17 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		wait := retryWait(delay, !notAfter.IsZero(), left)
 		until := a.now().Add(wait)
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
-		if !a.pause(ctx, wait, until) {
+		// A stream to the authority opening meanwhile ends the wait
+		// (the authority is back: a bound-keypair agent whose stream
+		// reconnected after a long outage waited up to backoffMax more
+		// to refresh or recover). The delay still doubles, so a
+		// flapping authority is asked at most once per stream
+		// reconnection, which backs off on its own.
+		switch a.pauseOr(ctx, wait, until, a.retryWake) {
+		case pauseCancelled:
 			return ctx.Err()
+		case pauseWoken:
+			a.log.Info("a stream to the authority opened: retrying now", "op", op)
 		}
 		delay = min(delay*2, backoffMax)
 	}
@@ -373,8 +388,8 @@ func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Dura
 }
 
 // pause waits d, or until the agent's clock reads until, whichever
-// comes first, or until ctx ends; it reports whether the wait ended
-// (false: ctx ended). The clock is looked at every maxSleep: a timer does
+// comes first, or until wake is signalled (never if nil), or until ctx
+// ends; it reports whether the wait ended (false: ctx ended). The clock is looked at every maxSleep: a timer does
 // not count the time a machine is suspended, so a locked agent (a wait of
 // up to lockedRecheck) or one backing off (up to backoffMax) whose machine
 // slept past the lock's end or its certificate's expiry would otherwise

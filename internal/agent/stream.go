@@ -196,6 +196,12 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 		return err
 	}
 	a.log.Info("stream to the authority open", "authority", a.address(st))
+	// A renewal, refresh or recovery backing off after the authority
+	// was unreachable need not wait out a backoff grown to minutes.
+	select {
+	case a.retryWake <- struct{}{}:
+	default:
+	}
 
 	// A gRPC stream takes one sender at a time.
 	var sendMu sync.Mutex

@@ -26,7 +26,8 @@ var crlRoles = []ca.Role{ca.RoleBootstrap, ca.RoleServer, ca.RoleAgent, ca.RoleA
 
 // crlIssuers are the issuing intermediates as the CRL publisher sees them:
 // the active one of each role, every retiring one (whose leaves may still
-// be valid) and every prepared one (whose list, empty, is served before it
+// be valid, also under the old root of a rotation in standby, for relying
+// parties that still trust it) and every prepared one (whose list, empty, is served before it
 // signs its first leaf), from the store once it was read, the data
 // directory's before.
 func crlIssuers(h *ca.Hierarchy) func() []crl.Issuer {
@@ -41,6 +42,9 @@ func crlIssuers(h *ca.Hierarchy) func() []crl.Issuer {
 				continue
 			}
 			for _, i := range live.Retiring[role] {
+				out = append(out, crl.Issuer{Role: string(role), Cert: i.Cert, Signer: i.Key})
+			}
+			for _, i := range live.DistrustedRetiring[role] {
 				out = append(out, crl.Issuer{Role: string(role), Cert: i.Cert, Signer: i.Key})
 			}
 			for _, i := range live.Prepared[role] {

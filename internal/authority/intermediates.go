@@ -177,7 +177,7 @@ func (in *intermediates) load(ctx context.Context) error {
 		return err
 	}
 	next := &ca.Intermediates{Active: map[ca.Role]*ca.Issuer{}, Bundle: map[ca.Role][]*x509.Certificate{},
-		Retiring: map[ca.Role][]*ca.Issuer{}, Prepared: map[ca.Role][]*ca.Issuer{}}
+		Retiring: map[ca.Role][]*ca.Issuer{}, Prepared: map[ca.Role][]*ca.Issuer{}, DistrustedRetiring: map[ca.Role][]*ca.Issuer{}}
 	pending := map[ca.Role][]*x509.Certificate{}
 	// The root rotation's version is part of what was loaded: a phase
 	// change alters the trusted roots, the signing root and the bundle
@@ -211,10 +211,26 @@ func (in *intermediates) load(ctx context.Context) error {
 			if r.State != store.CAActive {
 				// Under a root no longer trusted (the old one, once a
 				// root rotation is in standby): its leaves no longer
-				// verify, and it signs nothing.
+				// verify here, and it signs no leaf.
 				next.Distrusted = append(next.Distrusted, cert)
 				if roots.row.Phase == store.RootPhaseStandby && roots.old != nil && cert.CheckSignatureFrom(roots.old) == nil {
 					next.Restorable = append(next.Restorable, cert)
+				}
+				if r.State == store.CARetiring {
+					// A relying party that still trusts the old root
+					// may hold one of its leaves until it expires: it
+					// keeps its key and signs its revocation list until
+					// the clock retires it, as ca status says (before,
+					// its list was a 404 from standby on).
+					key, err := in.openKey(ctx, r, cert)
+					if err != nil {
+						return err
+					}
+					if key != nil {
+						keep[r.Serial] = key
+					}
+					role := ca.Role(r.Role)
+					next.DistrustedRetiring[role] = append(next.DistrustedRetiring[role], &ca.Issuer{Cert: cert, Key: key})
 				}
 				continue
 			}
@@ -224,26 +240,9 @@ func (in *intermediates) load(ctx context.Context) error {
 		if r.State != store.CAActive {
 			pending[role] = append(pending[role], cert)
 		}
-		key := in.signers[r.Serial]
-		if key == nil {
-			key, err = in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
-			switch {
-			case err != nil && r.State == store.CARetiring && errors.Is(err, custody.ErrKeyMissing):
-				// A retiring intermediate signs no new leaf: it only
-				// stays in the bundle until its last leaf expires, so a
-				// lost key does not stop the replica. It can no longer
-				// sign its revocation list: the last one signed is
-				// served until its nextUpdate, and after that relying
-				// parties that check lists refuse its leaves (fail
-				// closed) rather than trust a list nobody can renew.
-				in.s.log.Warn("a retiring CA intermediate's key is missing from the token: it stays in the trust bundle until it retires, signs nothing, and its revocation list is no longer renewed (docs/hsm.md \"A lost token\")",
-					"role", r.Role, "serial", r.Serial, "key", custody.Where(r.KeyRef), "err", err)
-				key = nil
-			case err != nil && errors.Is(err, custody.ErrKeyMissing):
-				return fmt.Errorf("%s intermediate %s (%s): %w; %s", r.Role, r.Serial, r.State, err, in.lostKeyWayOut(r.Role, r.State))
-			case err != nil:
-				return fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
-			}
+		key, err := in.openKey(ctx, r, cert)
+		if err != nil {
+			return err
 		}
 		if key != nil {
 			keep[r.Serial] = key
@@ -286,6 +285,33 @@ func (in *intermediates) load(ctx context.Context) error {
 		in.s.crl.Poke()
 	}
 	return nil
+}
+
+// openKey returns the key of intermediate r, the one already open if
+// any. A retiring one's key missing from the token is nil, not an error.
+func (in *intermediates) openKey(ctx context.Context, r store.CACert, cert *x509.Certificate) (crypto.Signer, error) {
+	if key := in.signers[r.Serial]; key != nil {
+		return key, nil
+	}
+	key, err := in.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
+	switch {
+	case err != nil && r.State == store.CARetiring && errors.Is(err, custody.ErrKeyMissing):
+		// A retiring intermediate signs no new leaf: it only
+		// stays in the bundle until its last leaf expires, so a
+		// lost key does not stop the replica. It can no longer
+		// sign its revocation list: the last one signed is
+		// served until its nextUpdate, and after that relying
+		// parties that check lists refuse its leaves (fail
+		// closed) rather than trust a list nobody can renew.
+		in.s.log.Warn("a retiring CA intermediate's key is missing from the token: it stays in the trust bundle until it retires, signs nothing, and its revocation list is no longer renewed (docs/hsm.md \"A lost token\")",
+			"role", r.Role, "serial", r.Serial, "key", custody.Where(r.KeyRef), "err", err)
+		return nil, nil
+	case err != nil && errors.Is(err, custody.ErrKeyMissing):
+		return nil, fmt.Errorf("%s intermediate %s (%s): %w; %s", r.Role, r.Serial, r.State, err, in.lostKeyWayOut(r.Role, r.State))
+	case err != nil:
+		return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
+	}
+	return key, nil
 }
 
 // lostKeyWayOut names what replaces an intermediate of role in state

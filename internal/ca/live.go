@@ -26,6 +26,11 @@ type Intermediates struct {
 	// on): they sign nothing and their leaves are refused; a refusal of
 	// one of their leaves says why and what to do.
 	Distrusted []*x509.Certificate
+	// DistrustedRetiring are those of Distrusted still retiring, with
+	// their keys (nil if lost): a relying party that still trusts the
+	// old root may hold their leaves, so each still signs its revocation
+	// list until it is retired.
+	DistrustedRetiring map[Role][]*Issuer
 	// Restorable are those of Distrusted that a rollback would trust
 	// again: signed by the old root of a rotation in standby.
 	Restorable []*x509.Certificate

@@ -3,6 +3,7 @@ package crl
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"math/big"
 	"sync"
 	"testing"
@@ -389,5 +390,55 @@ func TestStatusNextUpdate(t *testing.T) {
 	}
 	if s := got[string(ca.RoleServer)]; !s.NextUpdate.Equal(st.now.Add(validity)) {
 		t.Errorf("server list signed anew: next update %s, want %s", s.NextUpdate, st.now.Add(validity))
+	}
+}
+
+// TestStatusesFollowTheServedIssuers: a list Get no longer serves (its
+// intermediate retired or discarded) leaves the statuses, so the metric,
+// at once, not at the next pass.
+func TestStatusesFollowTheServedIssuers(t *testing.T) {
+	_, st, issuers := setup(t)
+	ctx := t.Context()
+	var mu sync.Mutex
+	dropAgent := false
+	served := func() []Issuer {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []Issuer
+		for _, is := range issuers() {
+			if dropAgent && is.Role == string(ca.RoleAgent) {
+				continue
+			}
+			out = append(out, is)
+		}
+		return out
+	}
+	p := New(Config{Store: st, Issuers: served, Validity: time.Hour, MaxLeafTTL: time.Hour})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	has := func() (string, bool) {
+		for _, s := range p.Statuses() {
+			if s.Issuer.Role == string(ca.RoleAgent) {
+				return s.Issuer.Name(), true
+			}
+		}
+		return "", false
+	}
+	name, ok := has()
+	if !ok {
+		t.Fatal("the agent intermediate's list has no status after a pass")
+	}
+	mu.Lock()
+	dropAgent = true
+	mu.Unlock()
+	if _, err := p.Get(ctx, name); !errors.Is(err, ErrUnknownIssuer) {
+		t.Fatalf("Get(%s) after the issuer left: %v, want ErrUnknownIssuer", name, err)
+	}
+	if _, ok := has(); ok {
+		t.Errorf("the status of %s is still reported while its list is no longer served", name)
+	}
+	if got := len(p.Statuses()); got != 3 {
+		t.Errorf("%d statuses, want the 3 issuers still served", got)
 	}
 }

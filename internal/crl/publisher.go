@@ -299,13 +299,22 @@ func (p *Publisher) setStatus(st Status) {
 	p.mu.Unlock()
 }
 
-// Statuses returns what the latest pass knew of each list.
+// Statuses returns what the latest pass knew of each list still served:
+// an intermediate retired or discarded since leaves at once, as Get
+// answers ErrUnknownIssuer for it, not at the next pass (before, the
+// metric named a list for about a second after it returned 404).
 func (p *Publisher) Statuses() []Status {
+	live := map[string]bool{}
+	for _, is := range p.cfg.Issuers() {
+		live[is.Name()] = true
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]Status, 0, len(p.status))
-	for _, st := range p.status {
-		out = append(out, st)
+	for name, st := range p.status {
+		if live[name] {
+			out = append(out, st)
+		}
 	}
 	return out
 }
