@@ -85,9 +85,12 @@ func TestConnectionsInAllAreCapped(t *testing.T) {
 // sources each redialling 32 connections that say nothing (each source
 // within its per-source cap, together four times the cap) do not keep an
 // agent from renewing nor an operator from `muster status`: on a full cap
-// a new connection takes the place of the oldest that has sent nothing,
-// counted as reason="silent". Before, the half-open connections held every
-// place for the 10 s handshake timeout and were redialled at once.
+// a new connection takes the place of the oldest that has sent nothing of
+// the source holding the most such, counted as reason="silent". Before,
+// the half-open connections held every place for the 10 s handshake
+// timeout and were redialled at once; and then, with the oldest silent
+// connection of all evicted, a status call slowed between its connect and
+// its ClientHello was closed ("authentication handshake failed: EOF").
 func TestHalfOpenFloodFromManySources(t *testing.T) {
 	e := newAgentEnv(t, "--max-connections", "64")
 	adir := filepath.Join(t.TempDir(), "victim")
@@ -123,9 +126,11 @@ func TestHalfOpenFloodFromManySources(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // the attack holds what it can
 	t.Logf("half-open connections open at the client end: %d", held.Load())
-	for i := range 3 {
-		if r := muster(t, nil, "agent", "renew", "--data", adir, "--timeout", "5s"); r.code != 0 {
-			t.Errorf("renewal %d during the flood: exit %d\n%s", i+1, r.code, r.stderr)
+	for i := range 6 {
+		if i < 3 {
+			if r := muster(t, nil, "agent", "renew", "--data", adir, "--timeout", "5s"); r.code != 0 {
+				t.Errorf("renewal %d during the flood: exit %d\n%s", i+1, r.code, r.stderr)
+			}
 		}
 		if r := muster(t, nil, "status", "--data", e.dir, "--timeout", "5s"); r.code != 0 {
 			t.Errorf("muster status %d during the flood: exit %d\n%s", i+1, r.code, r.stderr)

@@ -70,7 +70,7 @@ func (rs *Refusals) For(name string, maxConns int) func(Refusal) {
 			rs.log.Warn("connections closed after their handshake: anonymous callers hold their share of the cap; the rest is kept for operators and agents",
 				"listener", name, "refused", n, "max_connections", maxConns, "per", refusalLogEvery)
 		case RefusedSilent:
-			rs.log.Warn("connections closed to make room: the cap of open connections was full, and each was the oldest that had not sent a byte (half-open)",
+			rs.log.Warn("connections closed to make room: the cap of open connections was full, and each had not sent a byte (half-open), the oldest such of the source address holding the most",
 				"listener", name, "closed", n, "max_connections", maxConns, "per", refusalLogEvery)
 		case RefusedIdentity:
 			rs.log.Warn("connections closed after their handshake: a client identity holds its cap of open connections",
@@ -87,7 +87,7 @@ func (rs *Refusals) For(name string, maxConns int) func(Refusal) {
 func NewRefusalsMetric(reg prometheus.Registerer, log *slog.Logger) (*Refusals, error) {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "muster_connections_refused_total",
-		Help: "Connections closed at once by a listener, by listener (api, bootstrap, metrics) and reason: per_source (the source held 256) or total (the listeners sharing limits.max_connections held it; the metrics listener: its own 64); anonymous and identity (past a share, after the handshake); silent (the oldest connection that had sent nothing, closed to make room on a full cap).",
+		Help: "Connections closed at once by a listener, by listener (api, bootstrap, metrics) and reason: per_source (the source held 256) or total (the listeners sharing limits.max_connections held it; the metrics listener: its own 64); anonymous and identity (past a share, after the handshake); silent (a connection that had sent nothing, the oldest such of the source holding the most, closed to make room on a full cap).",
 	}, []string{"listener", "reason"})
 	if err := reg.Register(c); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package listener
 
 import (
+	"container/heap"
 	"container/list"
 	"net"
 	"net/netip"
@@ -24,9 +25,10 @@ const (
 	// RefusedIdentity: after its TLS handshake, a connection found its
 	// client identity holding its cap of connections already.
 	RefusedIdentity Refusal = "identity"
-	// RefusedSilent: the Cap was full, and this connection, the oldest
-	// that had not sent a byte since its accept, was closed to make room
-	// for a new one (Cap.EvictSilent).
+	// RefusedSilent: the Cap was full, and this connection, which had
+	// not sent a byte since its accept (the oldest such of the source
+	// holding the most), was closed to make room for a new one
+	// (Cap.EvictSilent).
 	RefusedSilent Refusal = "silent"
 )
 
@@ -101,8 +103,9 @@ type Cap struct {
 	mu   sync.Mutex
 	open int
 	// silent are the open connections that have not sent a byte since
-	// their accept, oldest first (*capConn), kept when evict is set.
-	silent list.List
+	// their accept, kept when evict is set: by source, and the sources in
+	// a heap, the one holding the most first.
+	silent silentSet
 }
 
 // NewCap returns a Cap of max connections; max <= 0 is DefaultMaxConns().
@@ -113,14 +116,17 @@ func NewCap(max int) *Cap {
 	return &Cap{max: max}
 }
 
-// EvictSilent makes c, when full, close the oldest of its connections that
-// has not sent a byte since its accept to take a new one, instead of
-// refusing the new one; it returns c. Any client that means to talk sends
-// its first bytes (a TLS ClientHello) at once, so a full Cap of
-// connections that say nothing — half-open ones, from however many
-// sources — no longer keeps everyone else out for the handshake timeout:
-// each new connection takes the place of the oldest silent one. Call it
-// before the Cap is used.
+// EvictSilent makes c, when full, close a connection that has not sent a
+// byte since its accept to take a new one, instead of refusing the new
+// one; it returns c. Any client that means to talk sends its first bytes
+// (a TLS ClientHello) at once, so a full Cap of connections that say
+// nothing — half-open ones, from however many sources — no longer keeps
+// everyone else out for the handshake timeout. The one closed is the
+// oldest silent connection of the source holding the most silent ones
+// (of those holding as many, the one whose oldest is oldest): a flood
+// takes its own places, and a client between its connect and its
+// ClientHello — one silent connection — is closed only when no source
+// holds more than one. Call it before the Cap is used.
 func (c *Cap) EvictSilent() *Cap {
 	c.evict = true
 	return c
@@ -146,47 +152,55 @@ func (c *Cap) admit(conn net.Conn) net.Conn {
 	cc := &capConn{Conn: conn, cap: c}
 	if c.evict {
 		c.mu.Lock()
-		cc.elem = c.silent.PushBack(cc)
+		c.silent.add(cc, sourceOf(conn))
 		c.mu.Unlock()
 	}
 	return cc
 }
 
-// oldestSilent takes the oldest silent connection off the list, to be
-// closed; nil if there is none. A connection whose first bytes have come
-// in but are not read yet (its server goroutine is slow to start the
-// handshake) has spoken: it is taken off the list and passed over.
-func (c *Cap) oldestSilent() *capConn {
+// sourceOf is the address silent connections are counted by: the TCP
+// peer's (a trusted proxy's, for the clients it carries: their PROXY
+// header is not read yet).
+func sourceOf(conn net.Conn) netip.Addr {
+	if tcp, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(tcp.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}
+
+// evictee takes the silent connection to close off its list: the oldest
+// of the source holding the most; nil if there is none. A connection
+// whose first bytes have come in but are not read yet (its server
+// goroutine is slow to start the handshake) has spoken: it is taken off
+// the list and passed over.
+func (c *Cap) evictee() *capConn {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for e := c.silent.Front(); e != nil; e = c.silent.Front() {
-		cc := c.silent.Remove(e).(*capConn)
-		cc.elem = nil
+	for {
+		cc := c.silent.next()
+		if cc == nil {
+			return nil
+		}
+		c.silent.remove(cc)
 		if !hasSent(cc.Conn) {
 			return cc
 		}
 		cc.spoken.Store(true)
 	}
-	return nil
 }
 
 // spoke takes cc off the silent list: it sent its first byte.
 func (c *Cap) spoke(cc *capConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc.elem != nil {
-		c.silent.Remove(cc.elem)
-		cc.elem = nil
-	}
+	c.silent.remove(cc)
 }
 
 func (c *Cap) release(cc *capConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc.elem != nil {
-		c.silent.Remove(cc.elem)
-		cc.elem = nil
-	}
+	c.silent.remove(cc)
 	c.open--
 }
 
@@ -196,7 +210,11 @@ type capConn struct {
 	cap    *Cap
 	once   sync.Once
 	spoken atomic.Bool
-	elem   *list.Element // on cap.silent; guarded by cap.mu
+	// On the silent list of src, at elem, accepted as the seq'th; guarded
+	// by cap.mu.
+	src  *silentSource
+	elem *list.Element
+	seq  uint64
 }
 
 func (c *capConn) Read(b []byte) (int, error) {
@@ -212,6 +230,99 @@ func (c *capConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(func() { c.cap.release(c) })
 	return err
+}
+
+// silentSet holds silent connections by source, each source's oldest
+// first, and the sources in a heap ordered by how many they hold (most
+// first), then by the age of their oldest: adding, removing and finding
+// the next to close cost O(log sources), never a scan under a flood.
+type silentSet struct {
+	seq     uint64
+	sources map[netip.Addr]*silentSource
+	heap    silentHeap
+}
+
+// silentSource is one source's silent connections, oldest first.
+type silentSource struct {
+	addr  netip.Addr
+	conns list.List
+	index int // in silentSet.heap
+}
+
+func (s *silentSet) add(cc *capConn, src netip.Addr) {
+	if s.sources == nil {
+		s.sources = map[netip.Addr]*silentSource{}
+	}
+	s.seq++
+	cc.seq = s.seq
+	ss := s.sources[src]
+	if ss == nil {
+		ss = &silentSource{addr: src}
+		s.sources[src] = ss
+		ss.conns.PushBack(cc)
+		cc.src, cc.elem = ss, ss.conns.Back()
+		heap.Push(&s.heap, ss)
+		return
+	}
+	cc.src, cc.elem = ss, ss.conns.PushBack(cc)
+	heap.Fix(&s.heap, ss.index)
+}
+
+// remove takes cc off, if it is on.
+func (s *silentSet) remove(cc *capConn) {
+	ss := cc.src
+	if ss == nil {
+		return
+	}
+	ss.conns.Remove(cc.elem)
+	cc.src, cc.elem = nil, nil
+	if ss.conns.Len() == 0 {
+		heap.Remove(&s.heap, ss.index)
+		delete(s.sources, ss.addr)
+		return
+	}
+	heap.Fix(&s.heap, ss.index)
+}
+
+// next is the oldest silent connection of the source holding the most,
+// left on; nil if there is none.
+func (s *silentSet) next() *capConn {
+	if len(s.heap) == 0 {
+		return nil
+	}
+	return s.heap[0].conns.Front().Value.(*capConn)
+}
+
+// silentHeap implements heap.Interface over the sources.
+type silentHeap []*silentSource
+
+func (h silentHeap) Len() int { return len(h) }
+
+func (h silentHeap) Less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.conns.Len() != b.conns.Len() {
+		return a.conns.Len() > b.conns.Len()
+	}
+	return a.conns.Front().Value.(*capConn).seq < b.conns.Front().Value.(*capConn).seq
+}
+
+func (h silentHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
+}
+
+func (h *silentHeap) Push(x any) {
+	ss := x.(*silentSource)
+	ss.index = len(*h)
+	*h = append(*h, ss)
+}
+
+func (h *silentHeap) Pop() any {
+	old := *h
+	ss := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return ss
 }
 
 // Listen binds addr over TCP, enforcing o: the total cap, then the cap
@@ -270,10 +381,11 @@ func (l *limitTotal) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if !l.cap.take() {
-			// Full: the oldest connection that has said nothing makes
-			// room, if the Cap evicts; another listener of the Cap may
-			// take the place first.
-			if old := l.cap.oldestSilent(); old != nil {
+			// Full: a connection that has said nothing, from the
+			// source holding the most such, makes room, if the Cap
+			// evicts; another listener of the Cap may take the place
+			// first.
+			if old := l.cap.evictee(); old != nil {
 				old.Close()
 				l.refused(RefusedSilent)
 			}

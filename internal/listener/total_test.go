@@ -206,3 +206,83 @@ func TestCapWithoutEvictionRefuses(t *testing.T) {
 		t.Fatal("a Cap without eviction closed the silent connection, not the new one")
 	}
 }
+
+// TestFullCapEvictsFromTheSourceHoldingMost: on a full Cap that evicts, a
+// new connection takes the place of the oldest silent connection of the
+// source holding the most, so a client from its own source, between its
+// connect and its ClientHello and the oldest silent connection of all,
+// survives a flood from several sources that hold many
+// (TestHalfOpenFloodFromManySources). Before, it was the first closed.
+func TestFullCapEvictsFromTheSourceHoldingMost(t *testing.T) {
+	var refused refusals
+	lis, err := Listen("127.0.0.1:0", Options{Cap: NewCap(8).EvictSilent(), Refused: refused.add})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted := acceptAll(lis)
+	// dial connects from src, a loopback address of its own, and waits
+	// for the server to hold the connection.
+	dial := func(src string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		select {
+		case s := <-accepted:
+			t.Cleanup(func() { s.Close() })
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a connection from %s was not accepted", src)
+		}
+		return c
+	}
+	victim := dial("127.0.0.1")
+	var a, b []net.Conn
+	for range 4 {
+		a = append(a, dial("127.0.0.2"))
+	}
+	for range 3 {
+		b = append(b, dial("127.0.0.3"))
+	}
+	// Full, victim the oldest silent: the next takes the place of the
+	// oldest of 127.0.0.2's four.
+	b = append(b, dial("127.0.0.3"))
+	if !closedAtOnce(a[0], 2*time.Second) {
+		t.Fatal("the oldest connection of the source holding the most was not closed")
+	}
+	// Both flooding sources redial: they take each other's places, never
+	// the victim's, while either holds more than one.
+	for i := range 20 {
+		if i%2 == 0 {
+			a = append(a, dial("127.0.0.2"))
+		} else {
+			b = append(b, dial("127.0.0.3"))
+		}
+	}
+	if closedAtOnce(victim, 200*time.Millisecond) {
+		t.Fatal("the single silent connection of its source was closed while other sources held several")
+	}
+	// Of the flood, the newest of each source are open: 4 and 3.
+	for _, c := range append(a[len(a)-3:], b[len(b)-3:]...) {
+		if closedAtOnce(c, 50*time.Millisecond) {
+			t.Fatal("one of the newest flood connections was closed")
+		}
+	}
+	var got []Refusal
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if got = refused.all(); len(got) >= 21 {
+			break
+		}
+	}
+	if len(got) != 21 {
+		t.Fatalf("%d refusals, want 21 silent: %v", len(got), got)
+	}
+	for _, r := range got {
+		if r != RefusedSilent {
+			t.Fatalf("refusals %v, want only silent", got)
+		}
+	}
+}
