@@ -362,3 +362,52 @@ func TestTokenUnauditedChangesNothing(t *testing.T) {
 		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
 	}
 }
+
+func (u unauditable) DeleteNode(ctx context.Context, id string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.DeleteNode(ctx, id, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+// TestAgentDeleteUnauditedChangesNothing: a node whose agent.delete
+// record cannot be written is not deleted, and the call fails saying so.
+// Before, the node was deleted first and its record written after, whose
+// failure was logged and dropped: a node gone with nothing in the chain.
+func TestAgentDeleteUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	if err := st.InsertToken(t.Context(), store.Token{ID: "abc123", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		CreatedBy: "admin", CreatedAt: now}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CommitJoin(t.Context(), store.Join{TokenID: "abc123", NodeID: "node-1", RetryWindow: time.Minute,
+		Instance:    store.Instance{ID: "i1", JoinMethod: store.JoinMethodToken, CreatedAt: now, LastChainPEM: []byte("chain")},
+		Certificate: store.Certificate{Serial: "0a", PublicKey: []byte("key"), NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	a := &adminService{s: s}
+	if _, err := a.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: "node-1"}); status.Code(err) != codes.Internal {
+		t.Fatalf("DeleteAgent = %v; want Internal", err)
+	}
+	if _, err := st.GetNode(t.Context(), "node-1"); err != nil {
+		t.Fatalf("GetNode after the unaudited delete: %v; want the node", err)
+	}
+	if !strings.Contains(buf.String(), "node node-1 not deleted") {
+		t.Errorf("the log does not say the node was not deleted:\n%s", buf.String())
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
+		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}

@@ -143,3 +143,33 @@ func TestTokenAuditRefusedByDatabase(t *testing.T) {
 		t.Fatalf("InsertToken %s with its record: %v", bound.ID, err)
 	}
 }
+
+// TestNodeAuditRefusedByDatabase: a node whose agent.delete record the
+// database refuses is not deleted: its row, its current instance and the
+// chain stay as they were.
+func TestNodeAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	if _, err := s.CommitJoin(ctx, benchJoin(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteNode(ctx, "node-1", refusedByDatabase); err == nil {
+		t.Fatal("DeleteNode with a record the database refuses succeeded")
+	}
+	if _, err := s.GetNode(ctx, "node-1"); err != nil {
+		t.Fatalf("GetNode after the refused delete: %v; want the node", err)
+	}
+	if in, err := s.GetInstance(ctx, "i-node-1"); err != nil || in.State != store.InstanceCurrent {
+		t.Fatalf("instance after the refused delete: %+v, %v; want current", in, err)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the token's record", head.Seq, err)
+	}
+	if err := s.DeleteNode(ctx, "node-1", benchLink); err != nil {
+		t.Fatalf("DeleteNode with its record: %v", err)
+	}
+	if in, err := s.GetInstance(ctx, "i-node-1"); err != nil || in.State != store.InstanceDeleted {
+		t.Fatalf("instance after the delete: %+v, %v; want deleted", in, err)
+	}
+}
