@@ -18,6 +18,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
@@ -409,5 +410,73 @@ func TestAgentDeleteUnauditedChangesNothing(t *testing.T) {
 	}
 	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
 		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}
+
+func (u unauditable) RotatePSK(ctx context.Context, from string, p store.PSK, grace time.Duration, _ func(store.AuditHead) (store.AuditRecord, error)) (store.PSK, error) {
+	return u.Store.RotatePSK(ctx, from, p, grace, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+func (u unauditable) RevokeExpiredGracePSKs(ctx context.Context, _ func([]string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	return u.Store.RevokeExpiredGracePSKs(ctx, func([]string) func(store.AuditHead) (store.AuditRecord, error) {
+		return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err }
+	})
+}
+
+// TestPSKUnauditedChangesNothing: a bootstrap PSK rotation whose
+// psk.rotate record cannot be written changes no PSK and hands none out,
+// and a grace whose psk.expire record cannot be written is not revoked
+// (it admits no one past its end all the same). Before, both were written
+// first and recorded after, the record's failure logged and dropped.
+func TestPSKUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	var sk seal.StorageKey
+	_, active, err := datadir.NewPSK(sk, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertPSK(t.Context(), active); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, cfg: Config{StorageKey: sk}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	a := &adminService{s: s}
+	if resp, err := a.RotatePSK(ctx, &musterv1.RotatePSKRequest{}); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("RotatePSK = %v, %v; want Internal and no PSK", resp, err)
+	}
+	expired := store.PSK{ID: "psk-old", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace,
+		CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}
+	if err := st.InsertPSK(t.Context(), expired); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.revokeExpiredGracePSKs(ctx); err == nil {
+		t.Fatal("revokeExpiredGracePSKs succeeded with its record unwritten")
+	}
+	ps, err := st.ListPSKs(t.Context())
+	if err != nil || len(ps) != 2 {
+		t.Fatalf("PSKs %+v (%v); want the active one and the one in grace", ps, err)
+	}
+	for _, p := range ps {
+		if want := map[string]string{active.ID: store.PSKActive, expired.ID: store.PSKGrace}[p.ID]; p.Status != want {
+			t.Errorf("PSK %s is %s; want %s", p.ID, p.Status, want)
+		}
+	}
+	if !strings.Contains(buf.String(), "psk "+active.ID+" not rotated") {
+		t.Errorf("the log does not say the PSK was not rotated:\n%s", buf.String())
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 0 {
+		t.Fatalf("audit chain %+v (%v); want it empty", recs, err)
 	}
 }
