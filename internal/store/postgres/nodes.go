@@ -72,12 +72,6 @@ func (s *Store) DeleteNode(ctx context.Context, id string, audit func(store.Audi
 // serializes their joins.
 const nodeLockQuery = `SELECT pg_advisory_xact_lock($1, hashtext($2))`
 
-// lockNode takes the node lock of id in tx.
-func lockNode(ctx context.Context, tx querier, id string) error {
-	_, err := tx.Exec(ctx, nodeLockQuery, nodeLockClass, id)
-	return err
-}
-
 // GetInstance returns an instance, whatever its state; ErrNotFound.
 func (s *Store) GetInstance(ctx context.Context, id string) (store.Instance, error) {
 	in, err := scanInstance(s.pool.QueryRow(ctx, `SELECT `+instanceColumns+` FROM instances WHERE id = $1`, id))
