@@ -138,7 +138,7 @@ func TestOpenConnectionStandingPerCall(t *testing.T) {
 	if err := verifierSet(ctx, locked); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("the next call after a lock: %v, want PERMISSION_DENIED", err)
 	}
-	if err := a.store.DeleteNode(ctx, "conn-deleted"); err != nil {
+	if err := a.store.DeleteNode(ctx, "conn-deleted", setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := verifierSet(ctx, deleted); status.Code(err) != codes.PermissionDenied {

@@ -34,16 +34,30 @@ func (s *Server) expireGracePSKs(ctx context.Context) {
 	}
 }
 
-// revokeExpiredGracePSKs is expireGracePSKs returning its error. Each
-// revocation is audited as psk.expire by the authority.
+// revokeExpiredGracePSKs is expireGracePSKs returning its error. The
+// revocations are written with their psk.expire record (by the
+// authority) in one transaction: PSKs whose record cannot be written stay
+// in grace, which admits no one past its end (enroll checks the time), and
+// the next sweep revokes them.
 func (s *Server) revokeExpiredGracePSKs(ctx context.Context) error {
-	ids, err := s.store.RevokeExpiredGracePSKs(ctx)
-	if err != nil || len(ids) == 0 {
-		return err
+	var link *audit.Link
+	ids, err := s.store.RevokeExpiredGracePSKs(ctx, func(ids []string) func(store.AuditHead) (store.AuditRecord, error) {
+		l, err := s.audit.Builder(audit.Event{Actor: "authority", Action: "psk.expire",
+			Target: "psk " + strings.Join(ids, ","), Result: audit.ResultOK, Reason: "grace period ended"})
+		if err != nil {
+			return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, err }
+		}
+		link = l
+		return l.Build
+	})
+	if err != nil {
+		return fmt.Errorf("grace PSKs not revoked: they are revoked with their psk.expire record or not at all, and the write failed: %w", err)
 	}
+	if len(ids) == 0 {
+		return nil
+	}
+	s.audit.Appended(link)
 	s.log.Info("revoked bootstrap PSKs whose grace ended", "psk_ids", ids)
-	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "psk.expire",
-		Target: "psk " + strings.Join(ids, ","), Result: audit.ResultOK, Reason: "grace period ended"})
 	return nil
 }
 
@@ -126,9 +140,12 @@ func (a *adminService) getPSKs(ctx context.Context) (*musterv1.GetPSKsResponse, 
 
 func (a *adminService) RotatePSK(ctx context.Context, req *musterv1.RotatePSKRequest) (*musterv1.RotatePSKResponse, error) {
 	resp, target, err := a.rotatePSK(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "psk.rotate", target, err)
-	return resp, err
+	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "psk.rotate", target, err)
+		return nil, err
+	}
+	return resp, nil
 }
 
 func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKRequest) (*musterv1.RotatePSKResponse, string, error) {
@@ -197,7 +214,13 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 	// grace, so while from is still active, as the store checks in the
 	// same transaction, the PSK in grace is inGrace or, its grace having
 	// just ended, none: the answer names what was revoked.
-	old, err := a.s.store.RotatePSK(ctx, from.ID, next, grace)
+	// The rotation is written with its record, or not at all: a PSK
+	// that cannot be audited is not handed out.
+	link, err := a.link(ctx, "psk.rotate", target, "")
+	if err != nil {
+		return nil, target, err
+	}
+	old, err := a.s.store.RotatePSK(ctx, from.ID, next, grace, link.Build)
 	if errors.Is(err, store.ErrConflict) {
 		// The store checked inside its transaction that from was still
 		// active: another rotation got there first.
@@ -205,8 +228,9 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 			"the bootstrap PSK was rotated concurrently; run muster psk show and rotate again if needed")
 	}
 	if err != nil {
-		return nil, target, err
+		return nil, target, fmt.Errorf("psk %s not rotated: it is rotated with its audit record or not at all, and the write failed: %w", from.ID, err)
 	}
+	a.s.audit.Appended(link)
 	resp := &musterv1.RotatePSKResponse{Active: pskToProto(next, key), Previous: pskToProto(old, psk.PSK{})}
 	if inGrace.ID != "" {
 		resp.RevokedGrace = pskToProto(inGrace, psk.PSK{})

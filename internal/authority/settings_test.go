@@ -18,6 +18,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
@@ -360,5 +361,122 @@ func TestTokenUnauditedChangesNothing(t *testing.T) {
 	}
 	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
 		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}
+
+func (u unauditable) DeleteNode(ctx context.Context, id string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.DeleteNode(ctx, id, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+// TestAgentDeleteUnauditedChangesNothing: a node whose agent.delete
+// record cannot be written is not deleted, and the call fails saying so.
+// Before, the node was deleted first and its record written after, whose
+// failure was logged and dropped: a node gone with nothing in the chain.
+func TestAgentDeleteUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	if err := st.InsertToken(t.Context(), store.Token{ID: "abc123", JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		CreatedBy: "admin", CreatedAt: now}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.CommitJoin(t.Context(), store.Join{TokenID: "abc123", NodeID: "node-1", RetryWindow: time.Minute,
+		Instance:    store.Instance{ID: "i1", JoinMethod: store.JoinMethodToken, CreatedAt: now, LastChainPEM: []byte("chain")},
+		Certificate: store.Certificate{Serial: "0a", PublicKey: []byte("key"), NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	a := &adminService{s: s}
+	if _, err := a.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: "node-1"}); status.Code(err) != codes.Internal {
+		t.Fatalf("DeleteAgent = %v; want Internal", err)
+	}
+	if _, err := st.GetNode(t.Context(), "node-1"); err != nil {
+		t.Fatalf("GetNode after the unaudited delete: %v; want the node", err)
+	}
+	if !strings.Contains(buf.String(), "node node-1 not deleted") {
+		t.Errorf("the log does not say the node was not deleted:\n%s", buf.String())
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 {
+		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}
+
+func (u unauditable) RotatePSK(ctx context.Context, from string, p store.PSK, grace time.Duration, _ func(store.AuditHead) (store.AuditRecord, error)) (store.PSK, error) {
+	return u.Store.RotatePSK(ctx, from, p, grace, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
+}
+
+func (u unauditable) RevokeExpiredGracePSKs(ctx context.Context, _ func([]string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	return u.Store.RevokeExpiredGracePSKs(ctx, func([]string) func(store.AuditHead) (store.AuditRecord, error) {
+		return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err }
+	})
+}
+
+// TestPSKUnauditedChangesNothing: a bootstrap PSK rotation whose
+// psk.rotate record cannot be written changes no PSK and hands none out,
+// and a grace whose psk.expire record cannot be written is not revoked
+// (it admits no one past its end all the same). Before, both were written
+// first and recorded after, the record's failure logged and dropped.
+func TestPSKUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	now := time.Now()
+	var sk seal.StorageKey
+	_, active, err := datadir.NewPSK(sk, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.InsertPSK(t.Context(), active); err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	s := &Server{store: u, audit: log, cfg: Config{StorageKey: sk}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
+	a := &adminService{s: s}
+	if resp, err := a.RotatePSK(ctx, &musterv1.RotatePSKRequest{}); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("RotatePSK = %v, %v; want Internal and no PSK", resp, err)
+	}
+	expired := store.PSK{ID: "psk-old", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace,
+		CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}
+	if err := st.InsertPSK(t.Context(), expired); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.revokeExpiredGracePSKs(ctx); err == nil {
+		t.Fatal("revokeExpiredGracePSKs succeeded with its record unwritten")
+	}
+	ps, err := st.ListPSKs(t.Context())
+	if err != nil || len(ps) != 2 {
+		t.Fatalf("PSKs %+v (%v); want the active one and the one in grace", ps, err)
+	}
+	for _, p := range ps {
+		if want := map[string]string{active.ID: store.PSKActive, expired.ID: store.PSKGrace}[p.ID]; p.Status != want {
+			t.Errorf("PSK %s is %s; want %s", p.ID, p.Status, want)
+		}
+	}
+	if !strings.Contains(buf.String(), "psk "+active.ID+" not rotated") {
+		t.Errorf("the log does not say the PSK was not rotated:\n%s", buf.String())
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 0 {
+		t.Fatalf("audit chain %+v (%v); want it empty", recs, err)
 	}
 }

@@ -246,12 +246,30 @@ func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgen
 	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
 		err = badRequest("node: " + verr.Error())
 	} else {
-		err = notFound(a.s.store.DeleteNode(ctx, req.GetNodeId()), fmt.Sprintf("node %q", req.GetNodeId()))
+		err = a.deleteAgent(ctx, req.GetNodeId())
 	}
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "agent.delete", req.GetNodeId(), err)
 	if err != nil {
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "agent.delete", req.GetNodeId(), err)
 		return nil, err
 	}
 	return &musterv1.DeleteAgentResponse{}, nil
+}
+
+// deleteAgent deletes node id with its agent.delete record in the same
+// transaction: a node whose deletion cannot be audited keeps its identity.
+func (a *adminService) deleteAgent(ctx context.Context, id string) error {
+	link, err := a.link(ctx, "agent.delete", id, "")
+	if err != nil {
+		return err
+	}
+	err = a.s.store.DeleteNode(ctx, id, link.Build)
+	if errors.Is(err, store.ErrNotFound) {
+		return notFound(err, fmt.Sprintf("node %q", id))
+	}
+	if err != nil {
+		return fmt.Errorf("node %s not deleted: it is deleted with its audit record or not at all, and the write failed: %w", id, err)
+	}
+	a.s.audit.Appended(link)
+	return nil
 }

@@ -177,9 +177,8 @@ func migrateCustody(cmd *cobra.Command, od offlineDir, storeURL, uri, module, pi
 		target = u.String()
 	}
 	refuse := func(err error) (authority.CustodyMigrationResult, bool, error) {
-		_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: migrateActor, Action: "ca.migrate_custody", Target: target,
-			Result: audit.ResultError, Reason: "nothing changed: " + err.Error()})
-		return authority.CustodyMigrationResult{}, false, err
+		return authority.CustodyMigrationResult{}, false, recordFailure(ctx, logger, audit.Event{Actor: migrateActor, Action: "ca.migrate_custody",
+			Target: target, Result: audit.ResultError, Reason: "nothing changed: " + err.Error()}, err)
 	}
 	if uri == "" || uri == "sealed" {
 		return refuse(fmt.Errorf("--custody pkcs11:token=LABEL names the token to move the keys into"))

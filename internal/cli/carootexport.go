@@ -106,8 +106,8 @@ func exportRootKey(ctx context.Context, od offlineDir, storeURL, path string) (_
 	// store failing) is audited too, as an error.
 	defer func() {
 		if err != nil && !recorded {
-			_, _ = logger.Record(context.WithoutCancel(ctx), audit.Event{Actor: exportKeyActor, Action: "ca.root_export_key",
-				Target: target, Result: audit.ResultError, Reason: err.Error()})
+			err = recordFailure(ctx, logger, audit.Event{Actor: exportKeyActor, Action: "ca.root_export_key",
+				Target: target, Result: audit.ResultError, Reason: err.Error()}, err)
 		}
 	}()
 	record := func(err error, why string) error {

@@ -30,3 +30,14 @@ func refuseStart(ctx context.Context, rec startRecorder, log *slog.Logger, autho
 	log.Error("refused start not audited: its record could not be written", "reason", reason, "err", aerr)
 	return fmt.Errorf("%w (this refusal is not in the audit chain either: %v)", err, aerr)
 }
+
+// recordFailure records e, the audit record of a command that failed with
+// err, and returns err. A record that cannot be written does not replace
+// err (the failure is what the operator acts on) but is told in it, so a
+// failure is never kept out of the chain unsaid.
+func recordFailure(ctx context.Context, rec startRecorder, e audit.Event, err error) error {
+	if _, aerr := rec.Record(context.WithoutCancel(ctx), e); aerr != nil {
+		return fmt.Errorf("%w (this failure is not in the audit chain: its record could not be written: %v)", err, aerr)
+	}
+	return err
+}

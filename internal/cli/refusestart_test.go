@@ -38,3 +38,19 @@ func TestRefuseStartUnaudited(t *testing.T) {
 		t.Fatalf("refuseStart with its record written = %v; want the refusal as it is", err)
 	}
 }
+
+// TestRecordFailureUnaudited: a failed command (ca migrate-custody, ca
+// root export-key) whose audit record cannot be written still fails with
+// its own error and says the record is missing and why. Before, the
+// record's error was discarded.
+func TestRecordFailureUnaudited(t *testing.T) {
+	failure := errors.New("--custody pkcs11:token=LABEL names the token to move the keys into")
+	e := audit.Event{Actor: "operator", Action: "ca.migrate_custody", Target: "pkcs11:token=x", Result: audit.ResultError, Reason: "nothing changed"}
+	err := recordFailure(t.Context(), failingRecorder{errors.New("disk on fire")}, e, failure)
+	if !errors.Is(err, failure) || !strings.Contains(err.Error(), "not in the audit chain") || !strings.Contains(err.Error(), "disk on fire") {
+		t.Fatalf("recordFailure = %v; want the failure, saying its record is missing and why", err)
+	}
+	if err := recordFailure(t.Context(), failingRecorder{}, e, failure); err != failure {
+		t.Fatalf("recordFailure with its record written = %v; want the failure as it is", err)
+	}
+}

@@ -40,7 +40,7 @@ func newPSKEnv(t testing.TB) *pskEnv {
 		e.mu.Lock()
 		e.expired++
 		e.mu.Unlock()
-		e.st.RevokeExpiredGracePSKs(ctx)
+		e.st.RevokeExpiredGracePSKs(ctx, func([]string) func(store.AuditHead) (store.AuditRecord, error) { return setupLink })
 	}
 	return e
 }
@@ -71,7 +71,7 @@ func (e *pskEnv) rotate(t *testing.T, from string, grace time.Duration) (psk.PSK
 	t.Helper()
 	key, _ := psk.Generate()
 	p := e.sealed(t, key, store.PSKActive)
-	if _, err := e.st.RotatePSK(t.Context(), from, p, grace); err != nil {
+	if _, err := e.st.RotatePSK(t.Context(), from, p, grace, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	return key, p.ID

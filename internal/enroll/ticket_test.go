@@ -134,7 +134,7 @@ func TestTicketSingleUse(t *testing.T) {
 		t.Fatalf("retry with the same ticket: %v, %+v", err, again)
 	}
 	// After the node is deleted, the ticket cannot admit it again.
-	if err := e.st.DeleteNode(t.Context(), "n1"); err != nil {
+	if err := e.st.DeleteNode(t.Context(), "n1", setupLink); err != nil {
 		t.Fatal(err)
 	}
 	_, err = e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))

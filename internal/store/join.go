@@ -274,8 +274,11 @@ type JoinStore interface {
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
 	// DeleteNode removes a node and marks its current instance deleted,
-	// freeing the node ID; ErrNotFound.
-	DeleteNode(ctx context.Context, id string) error
+	// freeing the node ID; ErrNotFound. audit builds its record
+	// (agent.delete), appended in the same transaction (see AppendAudit):
+	// an error building or appending it is returned and the node stays;
+	// a nil audit is refused.
+	DeleteNode(ctx context.Context, id string, audit func(head AuditHead) (AuditRecord, error)) error
 	// GetInstance returns an instance; ErrNotFound.
 	GetInstance(ctx context.Context, id string) (Instance, error)
 	// ListInstances returns the instances of a node ID, oldest first,

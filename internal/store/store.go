@@ -164,11 +164,19 @@ type Store interface {
 	// written, if fromID is not the active PSK when the transaction runs
 	// (another rotation won: of several rotations from one active PSK,
 	// exactly one succeeds, across processes) or if newPSK's ID exists.
-	RotatePSK(ctx context.Context, fromID string, newPSK PSK, grace time.Duration) (old PSK, err error)
+	// audit builds its record (psk.rotate), appended in the same
+	// transaction (see AppendAudit): an error building or appending it is
+	// returned and nothing is written; a nil audit is refused.
+	RotatePSK(ctx context.Context, fromID string, newPSK PSK, grace time.Duration, audit func(head AuditHead) (AuditRecord, error)) (old PSK, err error)
 	// RevokeExpiredGracePSKs revokes every grace PSK whose grace has ended
 	// by the store clock and returns their IDs in ascending order (none is
-	// not an error).
-	RevokeExpiredGracePSKs(ctx context.Context) ([]string, error)
+	// not an error). When it revokes any, audit(ids) builds their record
+	// (psk.expire), appended in the same transaction: an error building
+	// or appending it is returned and the PSKs stay in grace (a grace
+	// past its end admits no one: see the enroll check). When it revokes
+	// none, audit is not called and nothing is appended. A nil audit is
+	// refused.
+	RevokeExpiredGracePSKs(ctx context.Context, audit func(ids []string) func(head AuditHead) (AuditRecord, error)) ([]string, error)
 
 	// InsertOperator records an issued operator certificate; ErrConflict on
 	// a duplicate serial, or while a certificate of the same name is valid

@@ -14,7 +14,7 @@ import (
 // CommitJoin performs one admission as a single READ COMMITTED transaction;
 // on any error it is rolled back and nothing is written. In order:
 //
-//  0. The node ID's advisory lock (see lockNode), so joins and deletions of
+//  0. The node ID's advisory lock (nodeLockQuery), so joins and deletions of
 //     one ID take turns, in this process or another, and the node row read
 //     next stays true until commit.
 //     Then the lock check: a lock in force on any of j.LockTargets by the

@@ -3,6 +3,7 @@ package postgres
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -141,5 +142,76 @@ func TestTokenAuditRefusedByDatabase(t *testing.T) {
 	}
 	if err := s.InsertToken(ctx, bound, benchLink); err != nil {
 		t.Fatalf("InsertToken %s with its record: %v", bound.ID, err)
+	}
+}
+
+// TestNodeAuditRefusedByDatabase: a node whose agent.delete record the
+// database refuses is not deleted: its row, its current instance and the
+// chain stay as they were.
+func TestNodeAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	if _, err := s.CommitJoin(ctx, benchJoin(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteNode(ctx, "node-1", refusedByDatabase); err == nil {
+		t.Fatal("DeleteNode with a record the database refuses succeeded")
+	}
+	if _, err := s.GetNode(ctx, "node-1"); err != nil {
+		t.Fatalf("GetNode after the refused delete: %v; want the node", err)
+	}
+	if in, err := s.GetInstance(ctx, "i-node-1"); err != nil || in.State != store.InstanceCurrent {
+		t.Fatalf("instance after the refused delete: %+v, %v; want current", in, err)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 1 {
+		t.Fatalf("AuditHead = %d, %v; want 1, the token's record", head.Seq, err)
+	}
+	if err := s.DeleteNode(ctx, "node-1", benchLink); err != nil {
+		t.Fatalf("DeleteNode with its record: %v", err)
+	}
+	if in, err := s.GetInstance(ctx, "i-node-1"); err != nil || in.State != store.InstanceDeleted {
+		t.Fatalf("instance after the delete: %+v, %v; want deleted", in, err)
+	}
+}
+
+// TestPSKAuditRefusedByDatabase: a PSK rotation or grace expiry whose
+// audit record the database refuses changes no PSK.
+func TestPSKAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	now, err := s.Now(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []store.PSK{
+		{ID: "g", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)},
+		{ID: "a", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKActive, CreatedAt: now},
+	} {
+		if err := s.InsertPSK(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before, err := s.ListPSKs(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := store.PSK{ID: "b", Ciphertext: []byte{3}, Nonce: []byte{4}}
+	if _, err := s.RotatePSK(ctx, "a", next, time.Hour, refusedByDatabase); err == nil {
+		t.Fatal("RotatePSK with a record the database refuses succeeded")
+	}
+	refused := func([]string) func(store.AuditHead) (store.AuditRecord, error) { return refusedByDatabase }
+	if _, err := s.RevokeExpiredGracePSKs(ctx, refused); err == nil {
+		t.Fatal("RevokeExpiredGracePSKs with a record the database refuses succeeded")
+	}
+	after, err := s.ListPSKs(ctx)
+	if err != nil || !reflect.DeepEqual(after, before) {
+		t.Fatalf("PSKs after refused records: %+v, %v; want %+v", after, err, before)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 0 {
+		t.Fatalf("AuditHead = %d, %v; want 0", head.Seq, err)
+	}
+	if _, err := s.RotatePSK(ctx, "a", next, time.Hour, benchLink); err != nil {
+		t.Fatalf("RotatePSK with its record: %v", err)
 	}
 }

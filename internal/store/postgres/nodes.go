@@ -2,8 +2,10 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -34,25 +36,34 @@ func (s *Store) ListNodes(ctx context.Context) ([]store.Node, error) {
 	return collect(rows, "list nodes", scanNode)
 }
 
-// DeleteNode removes a node and marks its current instance deleted, in one
-// transaction, freeing the node ID; ErrNotFound if no node holds the ID.
-// It takes the node ID's advisory lock, like CommitJoin, so a join of the
-// same ID sees the node either whole or gone. The instances and
-// certificates of the ID are kept as its history.
-func (s *Store) DeleteNode(ctx context.Context, id string) error {
-	return s.inTx(ctx, "delete node", func(tx pgx.Tx) error {
-		if err := lockNode(ctx, tx, id); err != nil {
-			return wrap("delete node "+id, err)
-		}
-		var instanceID string
-		if err := tx.QueryRow(ctx, `DELETE FROM nodes WHERE id = $1 RETURNING instance_id`, id).Scan(&instanceID); err != nil {
-			return wrap("delete node "+id, err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE instances SET state = 'deleted'
-			WHERE id = $1 AND state = 'current'`, instanceID); err != nil {
-			return wrap("delete node "+id, err)
-		}
-		return notifyTx(ctx, tx, store.ChangeStanding, id)
+// DeleteNode removes a node and marks its current instance deleted, with
+// its audit record, in one transaction, freeing the node ID; ErrNotFound
+// if no node holds the ID, and a record that cannot be built or appended
+// leaves the node. It takes the node ID's advisory lock, like CommitJoin,
+// so a join of the same ID sees the node either whole or gone; under it
+// the instance is marked before the node row goes, so the whole delete
+// travels in one batch with the record's. The instances and certificates
+// of the ID are kept as its history.
+func (s *Store) DeleteNode(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: delete node %s: no audit record: a node is never deleted unaudited", id)
+	}
+	op := "delete node " + id
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(nodeLockQuery, []any{nodeLockClass, id}, wrapped(op+": lock"))
+		p.exec(`UPDATE instances SET state = 'deleted'
+			WHERE id = (SELECT instance_id FROM nodes WHERE id = $1) AND state = 'current'`, []any{id}, wrapped(op))
+		p.exec(`DELETE FROM nodes WHERE id = $1`, []any{id}, func(tag pgconn.CommandTag, err error) error {
+			if err == nil && tag.RowsAffected() == 0 {
+				err = pgx.ErrNoRows
+			}
+			if err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		queueNotify(p, store.ChangeStanding, id)
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
@@ -60,12 +71,6 @@ func (s *Store) DeleteNode(ctx context.Context, id string) error {
 // ($2) in nodeLockClass ($1). A hash collision between two IDs only
 // serializes their joins.
 const nodeLockQuery = `SELECT pg_advisory_xact_lock($1, hashtext($2))`
-
-// lockNode takes the node lock of id in tx.
-func lockNode(ctx context.Context, tx querier, id string) error {
-	_, err := tx.Exec(ctx, nodeLockQuery, nodeLockClass, id)
-	return err
-}
 
 // GetInstance returns an instance, whatever its state; ErrNotFound.
 func (s *Store) GetInstance(ctx context.Context, id string) (store.Instance, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,12 +49,64 @@ func (s *Store) ListPSKs(ctx context.Context) ([]store.PSK, error) {
 // and the state read after the lock is granted includes every rotation
 // committed before, so of two rotations from one active PSK the second
 // finds it in grace and conflicts. On any error nothing is written.
-func (s *Store) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace time.Duration) (store.PSK, error) {
+func (s *Store) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace time.Duration, audit func(store.AuditHead) (store.AuditRecord, error)) (store.PSK, error) {
+	if audit == nil {
+		return store.PSK{}, fmt.Errorf("postgres: rotate psk %s: no audit record: a psk is never rotated unaudited", fromID)
+	}
+	op := "rotate psk " + fromID
 	var old store.PSK
-	err := s.inTx(ctx, "rotate psk", func(tx pgx.Tx) error {
-		var err error
-		old, err = rotatePSK(ctx, tx, fromID, p, grace)
-		return err
+	err := s.inPipe(ctx, op, func(pp *pipe) error {
+		// One reading of the clock, after the lock: the revocation, the
+		// grace expiry and a defaulted creation time agree.
+		var (
+			now    int64
+			status string
+		)
+		pp.exec(`SELECT pg_advisory_xact_lock($1)`, []any{pskLockKey}, wrapped(op+": lock"))
+		pp.row(`SELECT `+nowMicros, nil, func(row pgx.Row) error {
+			if err := row.Scan(&now); err != nil {
+				return wrap(op+": now", err)
+			}
+			return nil
+		})
+		pp.row(`SELECT status FROM bootstrap_psks WHERE id = $1 FOR UPDATE`, []any{fromID}, func(row pgx.Row) error {
+			if err := row.Scan(&status); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		if err := pp.send(ctx); err != nil {
+			return err
+		}
+		if status != store.PSKActive {
+			return fmt.Errorf("postgres: rotate psk: %s is not the active psk: %w", fromID, store.ErrConflict)
+		}
+		// The grace slot is freed first: the partial unique index admits
+		// one grace PSK.
+		pp.exec(`UPDATE bootstrap_psks
+			SET status = 'revoked', grace_expires_at = NULL, revoked_at = $1
+			WHERE status = 'grace'`, []any{now}, wrapped(op+": revoke grace"))
+		if grace > 0 {
+			pp.exec(`UPDATE bootstrap_psks
+				SET status = 'grace', grace_expires_at = $1 WHERE id = $2`, []any{now + grace.Microseconds(), fromID}, wrapped(op+": retire active"))
+		} else {
+			pp.exec(`UPDATE bootstrap_psks
+				SET status = 'revoked', revoked_at = $1 WHERE id = $2`, []any{now, fromID}, wrapped(op+": retire active"))
+		}
+		created := timeArg(p.CreatedAt)
+		if created == nil {
+			created = now
+		}
+		pp.exec(`INSERT INTO bootstrap_psks (`+pskColumns+`)
+			VALUES ($1, $2, $3, 'active', $4, NULL, NULL)`, []any{p.ID, p.Ciphertext, p.Nonce, created}, wrapped(op+": insert"))
+		pp.row(`SELECT `+pskColumns+` FROM bootstrap_psks WHERE id = $1`, []any{fromID}, func(row pgx.Row) error {
+			var err error
+			if old, err = scanPSK(row); err != nil {
+				return wrap(op+": read back", err)
+			}
+			return nil
+		})
+		return commitAudited(ctx, pp, audit, op)
 	})
 	if err != nil {
 		return store.PSK{}, err
@@ -63,84 +114,46 @@ func (s *Store) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace
 	return old, nil
 }
 
-// rotatePSK is RotatePSK's work inside the transaction.
-func rotatePSK(ctx context.Context, tx pgx.Tx, fromID string, p store.PSK, grace time.Duration) (store.PSK, error) {
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, pskLockKey); err != nil {
-		return store.PSK{}, wrap("rotate psk: lock", err)
-	}
-	// One reading of the clock, after the lock: the revocation, the grace
-	// expiry and a defaulted creation time agree.
-	var now int64
-	if err := tx.QueryRow(ctx, `SELECT `+nowMicros).Scan(&now); err != nil {
-		return store.PSK{}, wrap("rotate psk: now", err)
-	}
-	var status string
-	err := tx.QueryRow(ctx, `SELECT status FROM bootstrap_psks WHERE id = $1 FOR UPDATE`, fromID).Scan(&status)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return store.PSK{}, wrap("rotate psk", err)
-	}
-	if status != store.PSKActive {
-		return store.PSK{}, fmt.Errorf("postgres: rotate psk: %s is not the active psk: %w", fromID, store.ErrConflict)
-	}
-
-	// The grace slot is freed first: the partial unique index admits one
-	// grace PSK.
-	if _, err := tx.Exec(ctx, `UPDATE bootstrap_psks
-		SET status = 'revoked', grace_expires_at = NULL, revoked_at = $1
-		WHERE status = 'grace'`, now); err != nil {
-		return store.PSK{}, wrap("rotate psk: revoke grace", err)
-	}
-	if grace > 0 {
-		_, err = tx.Exec(ctx, `UPDATE bootstrap_psks
-			SET status = 'grace', grace_expires_at = $1 WHERE id = $2`, now+grace.Microseconds(), fromID)
-	} else {
-		_, err = tx.Exec(ctx, `UPDATE bootstrap_psks
-			SET status = 'revoked', revoked_at = $1 WHERE id = $2`, now, fromID)
-	}
-	if err != nil {
-		return store.PSK{}, wrap("rotate psk: retire active", err)
-	}
-
-	created := timeArg(p.CreatedAt)
-	if created == nil {
-		created = now
-	}
-	if _, err := tx.Exec(ctx, `INSERT INTO bootstrap_psks (`+pskColumns+`)
-		VALUES ($1, $2, $3, 'active', $4, NULL, NULL)`,
-		p.ID, p.Ciphertext, p.Nonce, created); err != nil {
-		return store.PSK{}, wrap("rotate psk: insert", err)
-	}
-	old, err := scanPSK(tx.QueryRow(ctx, `SELECT `+pskColumns+` FROM bootstrap_psks WHERE id = $1`, fromID))
-	if err != nil {
-		return store.PSK{}, wrap("rotate psk: read back", err)
-	}
-	return old, nil
-}
-
 // RevokeExpiredGracePSKs revokes the grace PSKs whose grace has ended by
-// the store clock and returns their IDs in ascending order. It is one
+// the store clock and returns their IDs in ascending order, with their
+// audit record in the same transaction when there are any. It is one
 // UPDATE: a row a concurrent rotation revoked first is no longer grace when
 // PostgreSQL re-checks it, so no PSK is revoked twice.
-func (s *Store) RevokeExpiredGracePSKs(ctx context.Context) ([]string, error) {
+func (s *Store) RevokeExpiredGracePSKs(ctx context.Context, audit func([]string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	if audit == nil {
+		return nil, fmt.Errorf("postgres: revoke expired grace psks: no audit record: a psk is never revoked unaudited")
+	}
 	// A cleaner: what expired since it last ran may be many rows, so it
 	// is bounded by longRequestTimeout, not the store's request timeout.
 	ctx = long(ctx)
-	rows, err := s.pool.Query(ctx, `UPDATE bootstrap_psks
-		SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
-		WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
-		RETURNING id`)
-	if err != nil {
-		return nil, wrap("revoke expired grace psks", err)
-	}
-	ids, err := collect(rows, "revoke expired grace psks", func(row pgx.Row) (string, error) {
-		var id string
-		return id, row.Scan(&id)
+	const op = "revoke expired grace psks"
+	var ids []string
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(`WITH revoked AS (UPDATE bootstrap_psks
+			SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
+			WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
+			RETURNING id)
+			SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM revoked`, nil, func(row pgx.Row) error {
+			if err := row.Scan(&ids); err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil // rolled back: nothing to write
+		}
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("postgres: revoke expired grace psks %v: no audit record: a psk is never revoked unaudited", ids)
+		}
+		return commitAudited(ctx, p, build, op)
 	})
 	if err != nil {
 		return nil, err
 	}
-	// RETURNING yields rows in no particular order.
-	slices.Sort(ids)
 	return ids, nil
 }
 

@@ -30,7 +30,7 @@ func TestMigration0022KeepsTheNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := old.DeleteNode(ctx, "node-4"); err != nil {
+	if err := old.DeleteNode(ctx, "node-4", benchLink); err != nil {
 		t.Fatal(err)
 	}
 	before, err := old.ListNodes(ctx)
@@ -99,7 +99,7 @@ func TestMigration0022KeepsTheNodes(t *testing.T) {
 	if _, err := s.CommitJoin(ctx, testJoin("t1", "node-6", "inst-7")); err == nil {
 		t.Fatal("a second join of node-6 was recorded")
 	}
-	if err := s.DeleteNode(ctx, "node-0"); err != nil {
+	if err := s.DeleteNode(ctx, "node-0", benchLink); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.GetNode(ctx, "node-0"); err == nil {

@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -38,26 +39,31 @@ func (s *SQLite) ListNodes(ctx context.Context) ([]store.Node, error) {
 	return collect(rows, "list nodes", scanNode)
 }
 
-// DeleteNode removes a node and marks its current instance deleted, in one
+// DeleteNode removes a node and marks its current instance deleted, and
+// appends its audit record, as one write of a group-committed
 // transaction, freeing the node ID; ErrNotFound if no node holds the ID.
+// A record that cannot be built or appended leaves the node as it was.
 // The instances and certificates of the ID are kept as its history.
-func (s *SQLite) DeleteNode(ctx context.Context, id string) error {
-	tx, err := s.w.BeginTx(ctx, nil)
+func (s *SQLite) DeleteNode(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: delete node %s: no audit record: a node is never deleted unaudited", id)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var instanceID string
+		if err := tx.QueryRowContext(ctx, `DELETE FROM nodes WHERE id = ? RETURNING instance_id`, id).Scan(&instanceID); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE instances SET state = 'deleted'
+			WHERE id = ? AND state = 'current'`, instanceID); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: delete node %s: its audit record: %w", id, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return wrap("delete node", err)
-	}
-	defer tx.Rollback()
-
-	var instanceID string
-	if err := tx.QueryRowContext(ctx, `DELETE FROM nodes WHERE id = ? RETURNING instance_id`, id).Scan(&instanceID); err != nil {
-		return wrap("delete node "+id, err)
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE instances SET state = 'deleted'
-		WHERE id = ? AND state = 'current'`, instanceID); err != nil {
-		return wrap("delete node "+id, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return wrap("delete node: commit", err)
+		return err
 	}
 	s.hub.announce(store.ChangeStanding, id)
 	return nil

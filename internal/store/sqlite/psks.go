@@ -56,12 +56,20 @@ func (s *SQLite) ListPSKs(ctx context.Context) ([]store.PSK, error) {
 // made inside that transaction, so of two rotations from one active PSK
 // the second finds it in grace and conflicts. On any error nothing of
 // the write is written.
-func (s *SQLite) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace time.Duration) (store.PSK, error) {
+func (s *SQLite) RotatePSK(ctx context.Context, fromID string, p store.PSK, grace time.Duration, audit func(store.AuditHead) (store.AuditRecord, error)) (store.PSK, error) {
+	if audit == nil {
+		return store.PSK{}, fmt.Errorf("sqlite: rotate psk %s: no audit record: a psk is never rotated unaudited", fromID)
+	}
 	var old store.PSK
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var err error
-		old, err = rotatePSK(ctx, tx, fromID, p, grace)
-		return err
+		if old, err = rotatePSK(ctx, tx, fromID, p, grace); err != nil {
+			return err
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: rotate psk %s: its audit record: %w", fromID, err)
+		}
+		return nil
 	})
 	if err != nil {
 		return store.PSK{}, err
@@ -121,33 +129,54 @@ func rotatePSK(ctx context.Context, tx *writeTx, fromID string, p store.PSK, gra
 }
 
 // RevokeExpiredGracePSKs revokes the grace PSKs whose grace has ended by
-// the store clock and returns their IDs in ascending order.
-func (s *SQLite) RevokeExpiredGracePSKs(ctx context.Context) ([]string, error) {
+// the store clock and returns their IDs in ascending order, with their
+// audit record in the same write when there are any.
+func (s *SQLite) RevokeExpiredGracePSKs(ctx context.Context, audit func([]string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	if audit == nil {
+		return nil, fmt.Errorf("sqlite: revoke expired grace psks: no audit record: a psk is never revoked unaudited")
+	}
 	var ids []string
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		ids = nil
-		rows, err := tx.QueryContext(ctx, `UPDATE bootstrap_psks
-			SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
-			WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
-			RETURNING id`)
-		if err != nil {
-			return wrap("revoke expired grace psks", err)
+		var err error
+		if ids, err = revokeExpiredGracePSKs(ctx, tx); err != nil || len(ids) == 0 {
+			return err
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				return wrap("revoke expired grace psks", err)
-			}
-			ids = append(ids, id)
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("sqlite: revoke expired grace psks %v: no audit record: a psk is never revoked unaudited", ids)
 		}
-		if err := rows.Err(); err != nil {
-			return wrap("revoke expired grace psks", err)
+		if _, err := appendAudit(ctx, tx, build); err != nil {
+			return fmt.Errorf("sqlite: revoke expired grace psks %v: its audit record: %w", ids, err)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	return ids, nil
+}
+
+// revokeExpiredGracePSKs is RevokeExpiredGracePSKs's UPDATE; the IDs
+// come sorted.
+func revokeExpiredGracePSKs(ctx context.Context, tx *writeTx) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `UPDATE bootstrap_psks
+		SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
+		WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
+		RETURNING id`)
+	if err != nil {
+		return nil, wrap("revoke expired grace psks", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, wrap("revoke expired grace psks", err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap("revoke expired grace psks", err)
 	}
 	// RETURNING yields rows in no particular order.
 	slices.Sort(ids)

@@ -39,7 +39,7 @@ func agentCertCases() []testCase {
 			join("expiring", "i-expiring", -50*time.Minute, 10*time.Minute, false)
 			join("expired", "i-expired", -2*time.Hour, -time.Hour, false)
 			join("deleted", "i-deleted", -2*time.Hour, -time.Hour, false)
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "deleted"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "deleted", link(record("agent.delete"))))
 			join("rejoined", "i-old", -2*time.Hour, -time.Hour, false)
 			join("rejoined", "i-new", -time.Minute, 24*time.Hour, true)
 			wantEqual(t, "counts", countCerts(t, ctx, s), store.AgentCertificateCounts{Valid: 2, Expiring: 1, Expired: 1})

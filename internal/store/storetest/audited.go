@@ -98,3 +98,8 @@ func raceAppends(t *testing.T, ctx context.Context, s store.Store, n int, write 
 	}
 	return won
 }
+
+// expireLink builds the psk.expire record of RevokeExpiredGracePSKs.
+func expireLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("psk.expire"))
+}

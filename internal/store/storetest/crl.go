@@ -46,8 +46,8 @@ func crlCases() []testCase {
 			admit(t, ctx, s, "node-6", "i6", now.Add(-2*time.Hour))
 			admit(t, ctx, s, "node-7", "i7", recent)                   // lock expired
 			admit(t, ctx, s, "node-8", "i8", now.Add(-50*time.Minute)) // deleted, last issued before issuedAfter
-			mustNil(t, "DeleteNode 4", s.DeleteNode(ctx, "node-4"))
-			mustNil(t, "DeleteNode 8", s.DeleteNode(ctx, "node-8"))
+			mustNil(t, "DeleteNode 4", s.DeleteNode(ctx, "node-4", link(record("agent.delete"))))
+			mustNil(t, "DeleteNode 8", s.DeleteNode(ctx, "node-8", link(record("agent.delete"))))
 			lock := func(id, kind, target string, expires time.Time) {
 				mustNil(t, "InsertLock "+id, s.InsertLock(ctx, store.Lock{ID: id, Kind: kind, Target: target, CreatedBy: "test", CreatedAt: now.Add(-time.Minute), ExpiresAt: expires}, link(record("lock.create"))))
 			}

@@ -181,7 +181,7 @@ func renewalReadCases() []testCase {
 		}},
 		{"deleted node: the record and instance, no node", func(t *testing.T, ctx context.Context, s store.Store) {
 			c := setup(t, ctx, s)
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 			in, err := s.GetInstance(ctx, "inst-1")
 			mustNil(t, "GetInstance", err)
 			set, err := s.SignerSetID(ctx)
@@ -210,7 +210,7 @@ func renewalReadCases() []testCase {
 			// A lock and a deleted node change nothing of it.
 			mustNil(t, "InsertLock", s.InsertLock(ctx, store.Lock{ID: "l-n", Kind: store.LockNode, Target: "node-1",
 				Reason: "r", CreatedBy: "admin", CreatedAt: storeNow(t, ctx, s).Add(-time.Hour)}, link(record("lock.create"))))
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 			got, err = s.ReadRenewal(ctx, c.Serial, nil)
 			mustNil(t, "ReadRenewal", err)
 			if !got.Locked || got.NodeFound || got.SignerSet != want {

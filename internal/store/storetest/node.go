@@ -13,7 +13,7 @@ func nodeCases() []testCase {
 		{"empty", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, err := s.GetNode(ctx, "node-1")
 			wantErr(t, "GetNode", err, store.ErrNotFound)
-			wantErr(t, "DeleteNode", s.DeleteNode(ctx, "node-1"), store.ErrNotFound)
+			wantErr(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))), store.ErrNotFound)
 			_, err = s.GetInstance(ctx, "i1")
 			wantErr(t, "GetInstance", err, store.ErrNotFound)
 			_, err = s.GetCertificate(ctx, "0a")
@@ -53,7 +53,7 @@ func nodeCases() []testCase {
 			r := renewalOf(in, "key-2", at(time.Hour))
 			in, err := s.CommitRenewal(ctx, r)
 			mustNil(t, "CommitRenewal", err)
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 
 			_, err = s.GetNode(ctx, "node-1")
 			wantErr(t, "GetNode after delete", err, store.ErrNotFound)
@@ -67,11 +67,30 @@ func nodeCases() []testCase {
 				Instances:    map[string][]store.Instance{"node-1": {deleted}},
 				Certificates: map[string][]store.Certificate{"node-1": {j.Certificate, r.Certificate}},
 			})
-			wantErr(t, "DeleteNode twice", s.DeleteNode(ctx, "node-1"), store.ErrNotFound)
+			wantErr(t, "DeleteNode twice", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))), store.ErrNotFound)
+		}},
+		{"an unaudited delete leaves the node", func(t *testing.T, ctx context.Context, s store.Store) {
+			admit(t, ctx, s, "node-1", "i1", at(0))
+			all := func() any { return snapshot(t, ctx, s, "node-1") }
+			wantUnaudited(t, ctx, s, "agent.delete", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DeleteNode(ctx, "node-1", audit)
+			}, all)
+			_, err := s.GetNode(ctx, "node-1")
+			mustNil(t, "GetNode after the unaudited deletes", err)
+			seq := auditSeq(t, ctx, s)
+			mustNil(t, "DeleteNode with its record", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records after the delete; want %d", got, seq+1)
+			}
+			// A refused delete (no such node) appends nothing.
+			wantErr(t, "DeleteNode twice", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))), store.ErrNotFound)
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records after a refused delete; want %d", got, seq+1)
+			}
 		}},
 		{"delete frees the node ID", func(t *testing.T, ctx context.Context, s store.Store) {
 			j1, in1 := admit(t, ctx, s, "node-1", "i1", at(0))
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 			// Another token, no supersession: the ID is free, so this is
 			// a first join, not a supersession.
 			insertTokens(t, ctx, s, token("b", 1, time.Time{}, 0))
@@ -92,7 +111,7 @@ func nodeCases() []testCase {
 		{"delete leaves other nodes alone", func(t *testing.T, ctx context.Context, s store.Store) {
 			admit(t, ctx, s, "node-1", "i1", at(0))
 			j2, in2 := admit(t, ctx, s, "node-2", "i2", at(0))
-			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 			nodes, err := s.ListNodes(ctx)
 			mustNil(t, "ListNodes", err)
 			wantEqual(t, "ListNodes", nodes, []store.Node{wantNode(j2, at(0))})

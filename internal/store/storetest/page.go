@@ -155,8 +155,8 @@ func pageCases() []testCase {
 			// Across a delete and a join: the cursor is an ID, not a place.
 			ns, err := nodesPage("", 2)
 			mustNil(t, "ListAgentsPage", err)
-			mustNil(t, "DeleteNode node-a", s.DeleteNode(ctx, "node-a"))
-			mustNil(t, "DeleteNode node-c", s.DeleteNode(ctx, "node-c"))
+			mustNil(t, "DeleteNode node-a", s.DeleteNode(ctx, "node-a", link(record("agent.delete"))))
+			mustNil(t, "DeleteNode node-c", s.DeleteNode(ctx, "node-c", link(record("agent.delete"))))
 			admit(t, ctx, s, "node-bb", "i9", at(time.Hour))
 			rest, err := nodesPage(ns[len(ns)-1].ID, 10)
 			mustNil(t, "ListAgentsPage", err)

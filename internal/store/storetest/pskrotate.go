@@ -49,7 +49,7 @@ func pskRotateCases() []testCase {
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
 			before, err := s.Now(ctx)
 			mustNil(t, "Now", err)
-			old, err := s.RotatePSK(ctx, "a", newPSK("b", 0), 24*time.Hour)
+			old, err := s.RotatePSK(ctx, "a", newPSK("b", 0), 24*time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK", err)
 			after, err := s.Now(ctx)
 			mustNil(t, "Now", err)
@@ -71,11 +71,11 @@ func pskRotateCases() []testCase {
 		}},
 		{"second rotate revokes the old grace PSK", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour)))
-			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour)
+			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK a→b", err)
 			before, err := s.Now(ctx)
 			mustNil(t, "Now", err)
-			old, err := s.RotatePSK(ctx, "b", newPSK("c", 0), time.Hour)
+			old, err := s.RotatePSK(ctx, "b", newPSK("c", 0), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK b→c", err)
 			after, err := s.Now(ctx)
 			mustNil(t, "Now", err)
@@ -100,11 +100,11 @@ func pskRotateCases() []testCase {
 		}},
 		{"grace zero revokes at once", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour)))
-			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour)
+			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK a→b", err)
 			before, err := s.Now(ctx)
 			mustNil(t, "Now", err)
-			old, err := s.RotatePSK(ctx, "b", newPSK("c", 0), 0)
+			old, err := s.RotatePSK(ctx, "b", newPSK("c", 0), 0, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK b→c", err)
 			after, err := s.Now(ctx)
 			mustNil(t, "Now", err)
@@ -122,10 +122,10 @@ func pskRotateCases() []testCase {
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("g", store.PSKGrace, 3*time.Hour)))
 			_, before := byStatus(t, ctx, s)
 			for _, from := range []string{"g", "missing", ""} {
-				_, err := s.RotatePSK(ctx, from, newPSK("b", 0), time.Hour)
+				_, err := s.RotatePSK(ctx, from, newPSK("b", 0), time.Hour, link(record("psk.rotate")))
 				wantErr(t, "RotatePSK from "+from, err, store.ErrConflict)
 			}
-			_, err := s.RotatePSK(ctx, "a", newPSK("g", 0), time.Hour)
+			_, err := s.RotatePSK(ctx, "a", newPSK("g", 0), time.Hour, link(record("psk.rotate")))
 			wantErr(t, "RotatePSK to an existing ID", err, store.ErrConflict)
 			_, after := byStatus(t, ctx, s)
 			wantEqual(t, "ListPSKs after refused rotations", after, before)
@@ -137,7 +137,7 @@ func pskRotateCases() []testCase {
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Go(func() {
-					_, errs[i] = s.RotatePSK(ctx, "a", newPSK(fmt.Sprintf("n%d", i), 0), time.Hour)
+					_, errs[i] = s.RotatePSK(ctx, "a", newPSK(fmt.Sprintf("n%d", i), 0), time.Hour, link(record("psk.rotate")))
 				})
 			}
 			wg.Wait()
@@ -160,10 +160,50 @@ func pskRotateCases() []testCase {
 				t.Errorf("ListPSKs = %v, want %s active and a in grace, nothing else", ids(ps), winner)
 			}
 		}},
+		{"an unaudited rotation or expiry changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, store.PSK{ID: "g", Ciphertext: []byte{1}, Nonce: []byte{2},
+				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
+			all := func() any { _, ps := byStatus(t, ctx, s); return ps }
+			wantUnaudited(t, ctx, s, "psk.rotate", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.RotatePSK(ctx, "a", newPSK("b", 0), time.Hour, audit)
+				return err
+			}, all)
+			var named []string
+			wantUnaudited(t, ctx, s, "psk.expire", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				swept, err := s.RevokeExpiredGracePSKs(ctx, func(ids []string) func(store.AuditHead) (store.AuditRecord, error) {
+					named = ids
+					return audit
+				})
+				if err == nil && len(swept) == 0 {
+					return errors.New("nothing swept")
+				}
+				return err
+			}, all)
+			// The build that failed was asked for the record of g.
+			wantEqual(t, "IDs the unaudited expiry's record was built for", named, []string{"g"})
+			seq := auditSeq(t, ctx, s)
+			swept, err := s.RevokeExpiredGracePSKs(ctx, expireLink)
+			mustNil(t, "RevokeExpiredGracePSKs with its record", err)
+			wantEqual(t, "swept", swept, []string{"g"})
+			// Nothing more to sweep: no record.
+			swept, err = s.RevokeExpiredGracePSKs(ctx, func([]string) func(store.AuditHead) (store.AuditRecord, error) {
+				t.Error("RevokeExpiredGracePSKs asked for a record with nothing to revoke")
+				return link(record("psk.expire"))
+			})
+			mustNil(t, "RevokeExpiredGracePSKs with nothing to revoke", err)
+			wantEqual(t, "swept", len(swept), 0)
+			_, err = s.RotatePSK(ctx, "a", newPSK("b", 0), time.Hour, link(record("psk.rotate")))
+			mustNil(t, "RotatePSK with its record", err)
+			if got := auditSeq(t, ctx, s); got != seq+2 {
+				t.Fatalf("audit chain holds %d records after an expiry, an empty sweep and a rotation; want %d", got, seq+2)
+			}
+		}},
 		{"revoke expired grace PSKs by the store clock", func(t *testing.T, ctx context.Context, s store.Store) {
 			now, err := s.Now(ctx)
 			mustNil(t, "Now", err)
-			swept, err := s.RevokeExpiredGracePSKs(ctx)
+			swept, err := s.RevokeExpiredGracePSKs(ctx, expireLink)
 			mustNil(t, "RevokeExpiredGracePSKs on an empty store", err)
 			if len(swept) != 0 {
 				t.Errorf("RevokeExpiredGracePSKs on an empty store = %v, want none", swept)
@@ -173,7 +213,7 @@ func pskRotateCases() []testCase {
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, store.PSK{ID: "a", Ciphertext: []byte{1}, Nonce: []byte{2},
 				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}))
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("b", store.PSKActive, 0)))
-			swept, err = s.RevokeExpiredGracePSKs(ctx)
+			swept, err = s.RevokeExpiredGracePSKs(ctx, expireLink)
 			mustNil(t, "RevokeExpiredGracePSKs", err)
 			after, err := s.Now(ctx)
 			mustNil(t, "Now", err)
@@ -188,9 +228,9 @@ func pskRotateCases() []testCase {
 
 			// A grace that has not ended stays, and a second sweep finds
 			// nothing more.
-			_, err = s.RotatePSK(ctx, "b", newPSK("c", 0), time.Hour)
+			_, err = s.RotatePSK(ctx, "b", newPSK("c", 0), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK", err)
-			swept, err = s.RevokeExpiredGracePSKs(ctx)
+			swept, err = s.RevokeExpiredGracePSKs(ctx, expireLink)
 			mustNil(t, "RevokeExpiredGracePSKs", err)
 			if len(swept) != 0 {
 				t.Errorf("RevokeExpiredGracePSKs with b's grace an hour away = %v, want none", swept)
@@ -206,7 +246,7 @@ func pskRotateCases() []testCase {
 			mustNil(t, "Now", err)
 			p := newPSK("b", 0)
 			p.CreatedAt = time.Time{}
-			_, err = s.RotatePSK(ctx, "a", p, time.Hour)
+			_, err = s.RotatePSK(ctx, "a", p, time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK", err)
 			after, err := s.Now(ctx)
 			mustNil(t, "Now", err)

@@ -143,7 +143,7 @@ func renewalCases() []testCase {
 			name: "deleted instance",
 			setup: func(t *testing.T, ctx context.Context, s store.Store) store.Renewal {
 				_, in := admit(t, ctx, s, "node-1", "i1", at(0))
-				mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+				mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 				return renewalOf(in, "key-2", at(time.Hour))
 			},
 			want: store.ErrConflict,

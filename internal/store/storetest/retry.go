@@ -72,7 +72,7 @@ func retryCases() []testCase {
 		{
 			name: "after the node was deleted",
 			between: func(t *testing.T, ctx context.Context, s store.Store, first store.Instance) {
-				mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1"))
+				mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
 			},
 		},
 		{name: "join without a token is never a retry", noToken: true, want: store.ErrNodeTaken},

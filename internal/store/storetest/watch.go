@@ -47,7 +47,7 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 				CreatedBy: "ops", CreatedAt: at(0)}, link(record("lock.create"))))
 		}, notice(store.Change{Kind: store.ChangeStanding})},
 		{"node deleted", func(t *testing.T, ctx context.Context, w store.Store) {
-			mustNil(t, "DeleteNode", w.DeleteNode(ctx, "n1"))
+			mustNil(t, "DeleteNode", w.DeleteNode(ctx, "n1", link(record("agent.delete"))))
 		}, notice(store.Change{Kind: store.ChangeStanding, Nodes: []string{"n1"}})},
 		{"node superseded by a join", func(t *testing.T, ctx context.Context, w store.Store) {
 			insertTokens(t, ctx, w, token("t-i2", 1, time.Time{}, time.Hour))
