@@ -190,7 +190,12 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The stream's senders read the agent's directory (a heartbeat takes
+	// its lock, creating certs/ and keys/ if missing): they end before
+	// the stream does, so an agent told to stop writes nothing after
+	// keepStream returned.
+	var senders sync.WaitGroup
+	defer func() { cancel(); senders.Wait() }()
 	stream, err := musterv1.NewAgentServiceClient(conn).Connect(ctx)
 	if err != nil {
 		return err
@@ -211,7 +216,7 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 		return stream.Send(m)
 	}
 	sendErr := make(chan error, 2)
-	go func() {
+	senders.Go(func() {
 		t := time.NewTicker(heartbeatEvery)
 		defer t.Stop()
 		for {
@@ -228,12 +233,12 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 				// show says what agent status says.
 			}
 		}
-	}()
-	go func() {
+	})
+	senders.Go(func() {
 		if err := a.sendAnswers(ctx, tasks, send); err != nil {
 			sendErr <- err
 		}
-	}()
+	})
 	for {
 		m, err := stream.Recv()
 		if err != nil {
