@@ -33,6 +33,13 @@ func TestPKCS11TokenAwayKeepsTheListenerServing(t *testing.T) {
 	p.addr, _ = rec["advertise"].(string)
 
 	mustRun(t, "ca", "rotate", "server", "--data", dir)
+	// The authority reads the prepared intermediate (and opens its key)
+	// after the call returns: the token goes away only once it has, or
+	// the replica cannot read the store's intermediates and, rightly,
+	// takes no CA step (the activation below would never come).
+	waitFor(t, 30*time.Second, "the prepared intermediate in the trust bundle", func() bool {
+		return strings.Contains(p.Logs(), `"intermediates":5`)
+	})
 	// The token's own directory moved out, as SoftHSM2 sees a removed
 	// token: its slot is gone.
 	tokens := filepath.Join(filepath.Dir(tok.Conf), "tokens")
