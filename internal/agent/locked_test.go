@@ -225,26 +225,7 @@ func TestRunLockEndedButStillRefusedBacksOff(t *testing.T) {
 			lockedJitterMax = time.Nanosecond // the waits as computed, not drawn
 			lockedRecheck = 60 * time.Millisecond
 			t.Cleanup(func() { lockedJitterMax, lockedRecheck = jitter, recheck })
-			f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-			_, dir := joined(t, f)
-			f.mu.Lock()
-			f.renewErrs = append(f.renewErrs, tc.errs...)
-			f.mu.Unlock()
-			st, err := dir.ReadState()
-			if err != nil {
-				t.Fatal(err)
-			}
-			clock := &testClock{}
-			clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
-			var logs syncBuffer
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			stopped := make(chan struct{})
-			go func() {
-				defer close(stopped)
-				done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
-			}()
-			t.Cleanup(func() { cancel(); <-stopped })
+			dir, _, _, logs, done := runRefusedRenewal(t, tc.errs)
 			waitFor(t, done, "the renewal after the refusals", func() bool {
 				st, _ := dir.ReadState()
 				return st != nil && st.Generation >= 1
@@ -281,26 +262,7 @@ func TestRunLockWaitNoticesASuspend(t *testing.T) {
 	recheck := lockedRecheck
 	lockedRecheck = 10000 * time.Hour
 	t.Cleanup(func() { lockedRecheck = recheck })
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	f.mu.Lock()
-	f.renewErrs = []error{errinfo.Error(codes.PermissionDenied, "locked", "locked")}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
-	var logs syncBuffer
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))}).Run(ctx, nil)
-	}()
-	t.Cleanup(func() { cancel(); <-stopped })
+	_, st, clock, logs, done := runRefusedRenewal(t, []error{errinfo.Error(codes.PermissionDenied, "locked", "locked")})
 	waitFor(t, done, "the renewal refused for the lock", func() bool {
 		return strings.Contains(logs.String(), "renewal refused: locked; asking again")
 	})
@@ -355,4 +317,33 @@ func TestStreamLockWaitNoticesASuspend(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the stream, its clock past the lock's end, still waits a minute later")
 	}
+}
+
+// runRefusedRenewal runs an agent whose renewal, due (10 minutes before
+// expiry on its clock) but not expired, the authority refuses with errs
+// first. It returns the agent's directory, its state before the run, its
+// clock, its log and the channel Run's result arrives on.
+func runRefusedRenewal(t *testing.T, errs []error) (Dir, *State, *testClock, *syncBuffer, <-chan error) {
+	t.Helper()
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	f.mu.Lock()
+	f.renewErrs = append(f.renewErrs, errs...)
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		done <- New(Options{Dir: dir, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(logs, nil))}).Run(ctx, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-stopped })
+	return dir, st, clock, logs, done
 }
