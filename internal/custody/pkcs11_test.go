@@ -116,14 +116,7 @@ func TestPKCS11SignsCertificates(t *testing.T) {
 	ctx := context.Background()
 	tk, _ := openToken(t, 0)
 	c := tk.For("muster-ca/")
-	k, err := c.Create(ctx, "agent/01", custody.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "agent/01", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, s := createSigner(ctx, t, c, "agent/01", custody.ECDSAP256)
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "token CA"}, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public, s)
@@ -214,14 +207,7 @@ func TestPKCS11ReopensLostSessions(t *testing.T) {
 	ctx := context.Background()
 	tk, _ := openToken(t, 2)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ed", custody.Ed25519)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ed", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, s := createSigner(ctx, t, c, "ed", custody.Ed25519)
 	for range 3 {
 		if err := tk.DropSessions(); err != nil {
 			t.Fatal(err)
@@ -296,14 +282,7 @@ func TestPKCS11TokenDownIsReportedAndReopened(t *testing.T) {
 	ctx := context.Background()
 	tk, _ := openToken(t, 2)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ec", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, s := createSigner(ctx, t, c, "ec", custody.ECDSAP256)
 	tk.SetOpenFails(true)
 	if err := tk.DropSessions(); err != nil {
 		t.Fatal(err)
@@ -337,14 +316,7 @@ func TestPKCS11WrongPINIsNotRetried(t *testing.T) {
 	ctx := context.Background()
 	tk, _ := openToken(t, 2)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ed", custody.Ed25519)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ed", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := createSigner(ctx, t, c, "ed", custody.Ed25519)
 	if err := tk.DropSessions(); err != nil {
 		t.Fatal(err)
 	}
@@ -370,14 +342,7 @@ func TestPKCS11DeletedObjectIsKeyMissing(t *testing.T) {
 	ctx := context.Background()
 	tk, tok := openToken(t, 0)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ec", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := createSigner(ctx, t, c, "ec", custody.ECDSAP256)
 	tool, err := exec.LookPath("pkcs11-tool")
 	if err != nil {
 		t.Fatalf("pkcs11-tool (package opensc): %v", err)
@@ -408,14 +373,7 @@ func TestPKCS11TokenInitialisedAgainIsReopened(t *testing.T) {
 	ctx := context.Background()
 	tk, tok := openToken(t, 2)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ec", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := createSigner(ctx, t, c, "ec", custody.ECDSAP256)
 	for _, args := range [][]string{
 		{"--delete-token", "--token", softhsmtest.Label},
 		{"--init-token", "--free", "--label", softhsmtest.Label, "--pin", softhsmtest.PIN, "--so-pin", softhsmtest.SOPIN},
@@ -456,14 +414,7 @@ func TestPKCS11RemovedTokenIsUnavailableNotKeyMissing(t *testing.T) {
 	ctx := context.Background()
 	tk, tok := openToken(t, 0)
 	c := tk.For("muster-test/")
-	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := c.Signer(ctx, "ec", k)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, s := createSigner(ctx, t, c, "ec", custody.ECDSAP256)
 	tokens := filepath.Join(filepath.Dir(tok.Conf), "tokens")
 	entries, err := os.ReadDir(tokens)
 	if err != nil || len(entries) != 1 {
@@ -491,4 +442,19 @@ func TestPKCS11RemovedTokenIsUnavailableNotKeyMissing(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// createSigner creates the key name on c and opens its signer, failing
+// the test if either step fails.
+func createSigner(ctx context.Context, t *testing.T, c *custody.PKCS11, name string, alg custody.Algorithm) (custody.Key, crypto.Signer) {
+	t.Helper()
+	k, err := c.Create(ctx, name, alg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.Signer(ctx, name, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k, s
 }
