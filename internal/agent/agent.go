@@ -177,6 +177,24 @@ type Agent struct {
 	authConn   authorityConn
 }
 
+// wake signals ch (one of the agent's wake channels, buffered by one)
+// without blocking: a wake already pending stands for this one.
+func wake(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// drainWake discards a wake pending on ch: one signalled before the
+// caller's wait began says nothing of what happens during it.
+func drainWake(ch <-chan struct{}) {
+	select {
+	case <-ch:
+	default:
+	}
+}
+
 // New returns an agent for o.Dir.
 func New(o Options) *Agent {
 	a := &Agent{dir: o.Dir, log: o.Log, metrics: o.Metrics, now: o.Now, timeout: o.Timeout, authority: o.Authority,

@@ -228,10 +228,7 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			// A stream refused before this attempt is answered by it:
 			// left pending, its signal would renew again at once after
 			// a success (a refusal waited out meanwhile, say).
-			select {
-			case <-a.standingRefused:
-			default:
-			}
+			drainWake(a.standingRefused)
 			_, err := renew(ctx)
 			return err
 		}); err != nil {
@@ -296,10 +293,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 	for attempt := 1; ; attempt++ {
 		// Only a stream opened since this attempt began ends the wait
 		// after its failure: one opened before says nothing of now.
-		select {
-		case <-a.retryWake:
-		default:
-		}
+		drainWake(a.retryWake)
 		err := f()
 		if err == nil || ctx.Err() != nil {
 			return err
@@ -388,8 +382,8 @@ func cutToExpiry(wait time.Duration, expires bool, left time.Duration) time.Dura
 }
 
 // pause waits d, or until the agent's clock reads until, whichever
-// comes first, or until wake is signalled (never if nil), or until ctx
-// ends; it reports whether the wait ended (false: ctx ended). The clock is looked at every maxSleep: a timer does
+// comes first, or until ctx ends; it reports whether the wait ended
+// (false: ctx ended). The clock is looked at every maxSleep: a timer does
 // not count the time a machine is suspended, so a locked agent (a wait of
 // up to lockedRecheck) or one backing off (up to backoffMax) whose machine
 // slept past the lock's end or its certificate's expiry would otherwise

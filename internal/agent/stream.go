@@ -65,10 +65,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 			return
 		}
 		// Only a renewal after this end wakes the wait below.
-		select {
-		case <-a.streamWake:
-		default:
-		}
+		drainWake(a.streamWake)
 		renewed := a.outlived(opened, start)
 		if renewed || a.now().Sub(start) >= streamStable {
 			delay = streamBackoffMin
@@ -93,10 +90,7 @@ func (a *Agent) keepStream(ctx context.Context) {
 			}
 			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
 				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
-			select {
-			case a.standingRefused <- struct{}{}:
-			default:
-			}
+			wake(a.standingRefused)
 		} else {
 			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
 		}
@@ -124,8 +118,9 @@ func standingRefusal(err error) string {
 }
 
 // waitReconnect waits d (until the agent's clock reads until), or less
-// if a renewal succeeds meanwhile; it reports false when ctx ended. Like the renewal's waits it looks at the
-// agent's clock every maxSleep (pause): a stream waiting out a lock (up to
+// if a renewal succeeds meanwhile; it reports false when ctx ended.
+// Like the renewal's waits it looks at the agent's clock every maxSleep
+// (pauseOr): a stream waiting out a lock (up to
 // lockedRecheck) whose machine slept past the lock's end reconnects when
 // it wakes, not a whole interval later.
 func (a *Agent) waitReconnect(ctx context.Context, d time.Duration, until time.Time) bool {
@@ -141,10 +136,7 @@ func (a *Agent) waitReconnect(ctx context.Context, d time.Duration, until time.T
 // authorityAnswered wakes a stream waiting to reconnect (keepStream): a
 // renewal, refresh or recovery just succeeded.
 func (a *Agent) authorityAnswered() {
-	select {
-	case a.streamWake <- struct{}{}:
-	default:
-	}
+	wake(a.streamWake)
 }
 
 // outlived reports whether opened, the certificate a stream was opened
@@ -203,10 +195,7 @@ func (a *Agent) serveStream(ctx context.Context, st *State, id *identity.Identit
 	a.log.Info("stream to the authority open", "authority", a.address(st))
 	// A renewal, refresh or recovery backing off after the authority
 	// was unreachable need not wait out a backoff grown to minutes.
-	select {
-	case a.retryWake <- struct{}{}:
-	default:
-	}
+	wake(a.retryWake)
 
 	// A gRPC stream takes one sender at a time.
 	var sendMu sync.Mutex
@@ -345,10 +334,7 @@ func (a *Agent) streamedBundle(ctx context.Context, b *musterv1.TrustBundle) err
 	if err := a.dir.writeState(st); err != nil {
 		return err
 	}
-	select {
-	case a.trustChanged <- struct{}{}:
-	default:
-	}
+	wake(a.trustChanged)
 	return nil
 }
 

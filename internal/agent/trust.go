@@ -84,10 +84,7 @@ func (a *Agent) recordTrust(st *State, t *signer.Trust, before int64, err error)
 		st.VerifierSet, st.StagedVerifiers = t.Raw(), t.Pending()
 		a.metrics.verifierSet(t.Version(), nil)
 		a.log.Info("verifier set taken", "from_version", before, "version", t.Version())
-		select {
-		case a.trustChanged <- struct{}{}:
-		default:
-		}
+		wake(a.trustChanged)
 	}
 	switch {
 	case err == nil:
