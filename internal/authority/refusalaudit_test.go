@@ -1,12 +1,7 @@
 package authority
 
 import (
-	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"errors"
-	"log/slog"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -30,14 +24,7 @@ func TestRefusalUnauditedKeepsItsAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	u := unauditable{Store: st, err: errors.New("disk on fire")}
-	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	s, buf := unauditedServer(t, st)
 	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-10"})
 	_, err = (&adminService{s: s}).CreateLock(ctx, &musterv1.CreateLockRequest{Kind: "nonsense", Target: "x"})
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "lock kind must be one of") {

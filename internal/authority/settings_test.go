@@ -247,6 +247,20 @@ func TestSetSettingUnauditedChangesNothing(t *testing.T) {
 	}
 }
 
+// unauditedServer is a server over st whose every audit record fails to
+// be written ("disk on fire"), its log kept in the buffer returned.
+func unauditedServer(t *testing.T, st store.Store) (*Server, *bytes.Buffer) {
+	t.Helper()
+	_, key, _ := ed25519.GenerateKey(rand.Reader)
+	u := unauditable{Store: st, err: errors.New("disk on fire")}
+	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := new(bytes.Buffer)
+	return &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(buf, nil))}, buf
+}
+
 // setupLink is the audit record a test's own store write (a lock it sets
 // up) carries, outside the server's chain key: tests using it do not
 // verify the chain.
@@ -277,14 +291,7 @@ func TestLockUnauditedChangesNothing(t *testing.T) {
 	if err := st.InsertLock(t.Context(), held, setupLink); err != nil {
 		t.Fatal(err)
 	}
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	u := unauditable{Store: st, err: errors.New("disk on fire")}
-	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	s, buf := unauditedServer(t, st)
 	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-8"})
 	a := &adminService{s: s}
 	if _, err := a.CreateLock(ctx, &musterv1.CreateLockRequest{Kind: store.LockNode, Target: "node-2"}); status.Code(err) != codes.Internal {
@@ -330,18 +337,12 @@ func TestTokenUnauditedChangesNothing(t *testing.T) {
 	if err := st.InsertToken(t.Context(), held, setupLink); err != nil {
 		t.Fatal(err)
 	}
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	u := unauditable{Store: st, err: errors.New("disk on fire")}
-	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
 	sealer, err := seal.StorageKey{}.Sealer(seal.InfoToken)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	s := &Server{store: u, audit: log, tokens: sealer, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	s, buf := unauditedServer(t, st)
+	s.tokens = sealer
 	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
 	a := &adminService{s: s}
 	if _, err := a.CreateToken(ctx, &musterv1.CreateTokenRequest{}); status.Code(err) != codes.Internal {
@@ -389,14 +390,7 @@ func TestAgentDeleteUnauditedChangesNothing(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	u := unauditable{Store: st, err: errors.New("disk on fire")}
-	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	s := &Server{store: u, audit: log, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	s, buf := unauditedServer(t, st)
 	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
 	a := &adminService{s: s}
 	if _, err := a.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: "node-1"}); status.Code(err) != codes.Internal {
@@ -443,14 +437,8 @@ func TestPSKUnauditedChangesNothing(t *testing.T) {
 	if err := st.InsertPSK(t.Context(), active); err != nil {
 		t.Fatal(err)
 	}
-	_, key, _ := ed25519.GenerateKey(rand.Reader)
-	u := unauditable{Store: st, err: errors.New("disk on fire")}
-	log, err := audit.New(audit.Config{Store: u, ChainKey: make([]byte, 32), CheckpointKey: key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buf bytes.Buffer
-	s := &Server{store: u, audit: log, cfg: Config{StorageKey: sk}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	s, buf := unauditedServer(t, st)
+	s.cfg.StorageKey = sk
 	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-9"})
 	a := &adminService{s: s}
 	if resp, err := a.RotatePSK(ctx, &musterv1.RotatePSKRequest{}); status.Code(err) != codes.Internal || resp != nil {

@@ -20,7 +20,7 @@ const unexpired = `(expires_at IS NULL OR expires_at > ` + nowMicros + `)`
 
 // InsertLock adds a lock; ErrConflict on a duplicate ID. A lock whose
 // ExpiresAt has passed is stored but never found. One transaction of two
-// round trips (pipe): BEGIN, the target's advisory lock (insertLock), the
+// round trips (pipe): BEGIN, the target's advisory lock, the
 // INSERT, the notification, the audit link's baton (chain.go); then the
 // audit record with COMMIT. A record that cannot be built or appended
 // rolls the lock back.
@@ -30,6 +30,10 @@ func (s *Store) InsertLock(ctx context.Context, l store.Lock, audit func(store.A
 	}
 	op := "insert lock " + l.ID
 	return s.inPipe(ctx, op, func(p *pipe) error {
+		// The target's advisory lock, exclusive, first: a join or renewal
+		// whose lock check has begun (targetLocksQuery, then the check)
+		// commits before this lock can, and one that checks later waits
+		// for this commit and sees the lock.
 		p.exec(targetLockQuery, []any{lockTargetClass, l.Kind + " " + l.Target}, wrapped("insert lock: lock target"))
 		p.exec(insertLockQuery, lockArgsOf(l), wrapped("insert lock"))
 		// A lock may be on a token or a key that many nodes share, so
@@ -55,21 +59,6 @@ const insertLockQuery = `INSERT INTO locks (` + lockColumns + `) VALUES ($1, $2,
 
 func lockArgsOf(l store.Lock) []any {
 	return []any{l.ID, l.Kind, l.Target, l.Reason, l.CreatedBy, timeArg(l.CreatedAt), timeArg(l.ExpiresAt)}
-}
-
-// insertLock is InsertLock's write. It takes the target's advisory lock
-// exclusive first: a join or renewal whose lock check has begun
-// (targetLocksQuery, then the check) commits before this lock can, and
-// one that checks later waits for this commit and sees the lock.
-func insertLock(ctx context.Context, tx pgx.Tx, l store.Lock) error {
-	if _, err := tx.Exec(ctx, targetLockQuery, lockTargetClass, l.Kind+" "+l.Target); err != nil {
-		return wrap("insert lock: lock target", err)
-	}
-	_, err := tx.Exec(ctx, insertLockQuery, lockArgsOf(l)...)
-	if err != nil {
-		return wrap("insert lock", err)
-	}
-	return nil
 }
 
 // ListLocks returns the locks not expired by the store clock, oldest first

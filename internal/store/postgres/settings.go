@@ -66,13 +66,7 @@ func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64, au
 			return nil
 		})
 		queueNotify(p, store.ChangeSettings)
-		l := p.startAudit()
-		defer l.end()
-		if err := p.send(ctx); err != nil {
-			return err
-		}
-		_, err := l.commit(ctx, p, audit, op)
-		return err
+		return commitAudited(ctx, p, audit, op)
 	})
 	if err != nil {
 		return store.Setting{}, err

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -181,4 +183,16 @@ func TestRenewalLockCheckRoundTrips(t *testing.T) {
 	if n := trips.n.Load(); n != 2 {
 		t.Errorf("a renewal refused by a lock: %d round trips, want 2", n)
 	}
+}
+
+// insertLock is InsertLock's write (the same statements, in the same
+// order) in a transaction the test holds open.
+func insertLock(ctx context.Context, tx pgx.Tx, l store.Lock) error {
+	if _, err := tx.Exec(ctx, targetLockQuery, lockTargetClass, l.Kind+" "+l.Target); err != nil {
+		return wrap("insert lock: lock target", err)
+	}
+	if _, err := tx.Exec(ctx, insertLockQuery, lockArgsOf(l)...); err != nil {
+		return wrap("insert lock", err)
+	}
+	return nil
 }
