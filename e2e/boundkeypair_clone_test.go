@@ -23,17 +23,7 @@ import (
 // token made anew.
 func TestBoundKeypairCloneKeepTheOneBehind(t *testing.T) {
 	t.Parallel()
-	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
-	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
-	genuine := filepath.Join(t.TempDir(), "genuine")
-	r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine)
-	if r.code != 0 {
-		t.Fatalf("join: %s", r.stderr)
-	}
-	clone := filepath.Join(t.TempDir(), "clone")
-	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
+	e, genuine, clone := newBoundKeypairClone(t)
 	// Both stopped past the certificate's end; the copy comes back first.
 	waitExpired(t, genuine)
 	mustRun(t, "agent", "renew", "--data", clone)
@@ -165,17 +155,7 @@ func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
 // that name, is not the new token's.
 func TestBoundKeypairCloneWayOutShutsTheCopyOut(t *testing.T) {
 	t.Parallel()
-	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
-	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
-	genuine := filepath.Join(t.TempDir(), "genuine")
-	r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine)
-	if r.code != 0 {
-		t.Fatalf("join: %s", r.stderr)
-	}
-	clone := filepath.Join(t.TempDir(), "clone")
-	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
+	e, genuine, clone := newBoundKeypairClone(t)
 	waitExpired(t, genuine)
 	mustRun(t, "agent", "renew", "--data", clone)
 	mustFail(t, "agent", "renew", "--data", genuine)
@@ -217,16 +197,7 @@ func TestBoundKeypairCloneWayOutShutsTheCopyOut(t *testing.T) {
 // refused inside a resync window as outside it.
 func TestBoundKeypairCloneWayOutKeepingTheKey(t *testing.T) {
 	t.Parallel()
-	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
-	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
-	genuine := filepath.Join(t.TempDir(), "genuine")
-	if r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine); r.code != 0 {
-		t.Fatalf("join: %s", r.stderr)
-	}
-	clone := filepath.Join(t.TempDir(), "clone")
-	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v %s", err, out)
-	}
+	e, genuine, clone := newBoundKeypairClone(t)
 	waitExpired(t, genuine)
 	mustRun(t, "agent", "renew", "--data", clone)
 	mustFail(t, "agent", "renew", "--data", genuine)
@@ -265,4 +236,23 @@ func TestBoundKeypairCloneWayOutKeepingTheKey(t *testing.T) {
 		t.Errorf("the copy's refusal locked the token:\n%s", out)
 	}
 	mustRun(t, "agent", "renew", "--data", genuine)
+}
+
+// newBoundKeypairClone starts an authority whose agent certificates last
+// 6 s, joins a bound-keypair agent with the token runner (recovery limit
+// 3) into genuine, and copies its data directory to clone, as a machine's
+// disk image is copied.
+func newBoundKeypairClone(t *testing.T) (e *agentEnv, genuine, clone string) {
+	t.Helper()
+	e = newAgentEnv(t, "--agent-cert-ttl", "6s")
+	bot := botOf(t, mustRun(t, "bot", "add", "runner", "--recovery-limit", "3", "--data", e.dir, "-o", "json"))
+	genuine = filepath.Join(t.TempDir(), "genuine")
+	if r := muster(t, []string{"MUSTER_JOIN_URI=" + bot.URI}, "agent", "join", "--data", genuine); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	clone = filepath.Join(t.TempDir(), "clone")
+	if out, err := exec.Command("cp", "-a", genuine, clone).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	return e, genuine, clone
 }

@@ -20,14 +20,7 @@ import (
 // fail closed refused every agent.
 func TestCRLServedThroughAHungDatabase(t *testing.T) {
 	t.Parallel()
-	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatalf("PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { own.Thaw(); own.Stop() })
-	url := own.NewDatabase(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
+	own, url, dir := ownPostgres(t, (*pgtest.Server).Thaw)
 	crlAddr := freePort(t)
 	base := "http://" + crlAddr
 	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--store-timeout", "2s", "--crl-listen", crlAddr, "--crl-url", base)}

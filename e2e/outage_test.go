@@ -24,14 +24,7 @@ import (
 // the test waits on the agent, not on a clock: it runs beside others.
 func TestDatabaseOutage(t *testing.T) {
 	t.Parallel()
-	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatalf("PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { own.Resume(); own.Stop() })
-	url := own.NewDatabase(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
+	own, url, dir := ownPostgres(t, (*pgtest.Server).Resume)
 	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--agent-cert-ttl", "24s")}
 
 	run := func(node string) (*proc, string) {
@@ -153,14 +146,7 @@ func TestStreamEndsWithItsCertificate(t *testing.T) {
 // of the database's return (its backoff capped at 1 s; it grew to 5 s
 // before), and then re-checks every stream.
 func TestLockRightAfterAnOutage(t *testing.T) {
-	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatalf("PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { own.Resume(); own.Stop() })
-	url := own.NewDatabase(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
+	own, url, dir := ownPostgres(t, (*pgtest.Server).Resume)
 	bdir := replicaDir(t, dir)
 	a := startAuthority(t, dir, "--store", url)
 	b := startAuthority(t, bdir, "--store", url)
@@ -216,14 +202,7 @@ func TestLockRightAfterAnOutage(t *testing.T) {
 // outage was never logged.
 func TestHungDatabase(t *testing.T) {
 	t.Parallel()
-	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatalf("PostgreSQL: %v", err)
-	}
-	t.Cleanup(func() { own.Thaw(); own.Stop() })
-	url := own.NewDatabase(t)
-	dir := filepath.Join(t.TempDir(), "authority")
-	mustRun(t, "init", "--data", dir, "--store", url)
+	own, url, dir := ownPostgres(t, (*pgtest.Server).Thaw)
 	e := &agentEnv{dir: dir, auth: startAuthority(t, dir, "--store", url, "--store-timeout", "2s", "--agent-cert-ttl", "40s")}
 	adir := filepath.Join(t.TempDir(), "n1")
 	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", e.createToken(t).URI); r.code != 0 {
@@ -275,4 +254,21 @@ func TestHungDatabase(t *testing.T) {
 	if l := agent.Logs(); strings.Contains(l, "permanent failure") {
 		t.Errorf("the agent's log through the hang:\n%s", l)
 	}
+}
+
+// ownPostgres starts a PostgreSQL cluster for this test alone, since the
+// test stops or freezes it, and inits an authority directory on a
+// database in it. At the test's end undo (Resume or Thaw) brings the
+// cluster back, so it can be stopped.
+func ownPostgres(t *testing.T, undo func(*pgtest.Server) error) (own *pgtest.Server, url, dir string) {
+	t.Helper()
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatalf("PostgreSQL: %v", err)
+	}
+	t.Cleanup(func() { undo(own); own.Stop() })
+	url = own.NewDatabase(t)
+	dir = filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	return own, url, dir
 }

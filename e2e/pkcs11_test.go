@@ -592,3 +592,17 @@ func tokenSignerLabels(t *testing.T, tok softhsmtest.Token) []string {
 	slices.Sort(labels)
 	return labels
 }
+
+// initCustody makes a SoftHSM2 token for this test and inits an authority
+// directory whose CA keys are made in it; env is what a muster process
+// needs to open the token.
+func initCustody(t *testing.T) (tok softhsmtest.Token, env []string, dir string) {
+	t.Helper()
+	tok = softhsmtest.New(t)
+	env = tok.Env()
+	dir = filepath.Join(t.TempDir(), "authority")
+	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
+		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
+	}
+	return tok, env, dir
+}

@@ -6,8 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/muster-dev/muster/internal/custody/softhsmtest"
 )
 
 // TestPKCS11BreakGlassAcrossARootRotation: with the CA keys in a SoftHSM2
@@ -19,12 +17,7 @@ import (
 // with the data directory's storage key", as it was looked for sealed.
 func TestPKCS11BreakGlassAcrossARootRotation(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	_, env, dir := initCustody(t)
 	p, rec := startProcEnv(t, "authority", "authority started", env,
 		"authority", "--data", dir, "--listen", freePort(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	p.addr, _ = rec["advertise"].(string)

@@ -8,8 +8,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/muster-dev/muster/internal/custody/softhsmtest"
 )
 
 // TestPKCS11TokenAwayKeepsTheListenerServing: with the CA keys in a
@@ -22,12 +20,7 @@ import (
 // the listener certificate is re-issued under the new intermediate.
 func TestPKCS11TokenAwayKeepsTheListenerServing(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	p, rec := startProcEnv(t, "authority", "authority started", env,
 		"authority", "--data", dir, "--listen", freePort(t), "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	p.addr, _ = rec["advertise"].(string)

@@ -22,12 +22,7 @@ import (
 // ready, and joins an agent.
 func TestPKCS11LostActiveKey(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	pkcs11Tool := func(args ...string) string {
 		t.Helper()
 		out, err := tok.Command("pkcs11-tool", append([]string{"--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN}, args...)...).CombinedOutput()
@@ -96,12 +91,7 @@ func TestPKCS11LostActiveKey(t *testing.T) {
 // record.
 func TestPKCS11RotateOfflineBesideTheAuthority(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
 		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	p.addr, _ = rec["advertise"].(string)

@@ -22,12 +22,7 @@ import (
 // with no authority running. The PIN is in neither.
 func TestPKCS11StartRefusalsAreAudited(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	pins := t.TempDir()
 	wrong := filepath.Join(pins, "wrong")
 	open := filepath.Join(pins, "open")
@@ -89,12 +84,7 @@ func TestPKCS11StartRefusalsAreAudited(t *testing.T) {
 // renewals back without restarting the authority or touching the agent.
 func TestPKCS11DeletedKeyAgentsRetry(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	p, rec := startProcEnv(t, "authority", "authority started", env, "authority", "--data", dir,
 		"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--log-format", "json")
 	p.addr, _ = rec["advertise"].(string)
@@ -134,12 +124,7 @@ func TestPKCS11DeletedKeyAgentsRetry(t *testing.T) {
 // nobody recorded.
 func TestPKCS11LostTokenRefusalIsAudited(t *testing.T) {
 	t.Parallel()
-	tok := softhsmtest.New(t)
-	env := tok.Env()
-	dir := filepath.Join(t.TempDir(), "authority")
-	if r := muster(t, env, "init", "--data", dir, "--custody", tok.URI, "--pkcs11-module", tok.Module, "--pkcs11-pin-file", tok.PINFile); r.code != 0 {
-		t.Fatalf("init --custody: exit %d\n%s", r.code, r.stderr)
-	}
+	tok, env, dir := initCustody(t)
 	for _, args := range [][]string{
 		{"--delete-token", "--token", softhsmtest.Label},
 		{"--init-token", "--free", "--label", softhsmtest.Label, "--pin", softhsmtest.PIN, "--so-pin", softhsmtest.SOPIN},

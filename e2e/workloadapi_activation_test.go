@@ -35,16 +35,7 @@ func TestWorkloadAPISocketActivation(t *testing.T) {
 	sock := filepath.Join(socketDir(t), "agent.sock")
 	addr := "unix://" + sock
 	// The test is systemd: it holds the socket for the whole test.
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	passed, err := l.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer passed.Close()
+	passed := systemdSocket(t, sock)
 	run := func() *proc {
 		// LISTEN_PID must be the agent's own pid: the shell's, which
 		// exec hands on.
@@ -154,16 +145,7 @@ func TestWorkloadAPIPassedSocketChecked(t *testing.T) {
 	e := newAgentEnv(t)
 	adir := joinedAgent(t, e, "act-2")
 	sock := filepath.Join(socketDir(t), "unit.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	passed, err := l.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer passed.Close()
+	passed := systemdSocket(t, sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	agent := func(ctx context.Context, args ...string) *exec.Cmd {
@@ -213,16 +195,7 @@ func TestWorkloadAPIExpiredAgentServesNothing(t *testing.T) {
 	time.Sleep(time.Until(mustParse(t, blk.Bytes).NotAfter.Add(time.Second)))
 
 	sock := filepath.Join(socketDir(t), "agent.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	passed, err := l.File()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer passed.Close()
+	passed := systemdSocket(t, sock)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// The caller is waiting before the agent starts.
@@ -271,4 +244,22 @@ func TestWorkloadAPIExpiredAgentServesNothing(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("the caller waiting on the socket: %v\n%s", err, out)
 	}
+}
+
+// systemdSocket listens on sock, as systemd does for a socket unit, and
+// returns the listening socket as the file to pass the agent; both are
+// closed at the test's end.
+func systemdSocket(t *testing.T, sock string) *os.File {
+	t.Helper()
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	passed, err := l.File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { passed.Close() })
+	return passed
 }
