@@ -90,6 +90,10 @@ const ReasonCertificateUnknown = "certificate unknown to this authority"
 // detail (the audit log's) names the way out, the agent's (RejoinCommand
 // in package agent) with the agent's own data directory.
 func certificateUnknown(serial, node string) *Refusal {
+	if node == "" {
+		// A leaf without a node name to give: the operator fills it in.
+		node = "NODE"
+	}
 	return refuse(KindPermissionDenied, ReasonCertificateUnknown).with(
 		"serial %s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")",
 		serial, node, node)

@@ -28,7 +28,7 @@ func (s *Service) Standing(ctx context.Context, leaf *x509.Certificate) error {
 	case err != nil:
 		return err
 	case !rd.CertificateFound:
-		node := "NODE"
+		var node string
 		if id, err := spiffeid.FromCertificate(leaf); err == nil {
 			node = id.Name
 		}
