@@ -100,7 +100,13 @@ containers:
     resources: {{- toYaml .Values.authority.resources | nindent 6 }}
     volumeMounts:
       - {name: data, mountPath: /data}
+      # The root filesystem is read-only, and SQLite keeps the temporary
+      # files of a large sort or index build (an upgrade's migration) in
+      # /tmp: without a writable one they fail with "disk I/O error".
+      - {name: tmp, mountPath: /tmp}
 volumes:
+  - name: tmp
+    emptyDir: {sizeLimit: {{ .Values.authority.tmpSizeLimit }}}
   - name: seed
     secret:
       secretName: {{ .Values.authority.dataSecret }}
