@@ -397,3 +397,71 @@ func TestAgentContainerServesTheSocket(t *testing.T) {
 		})
 	}
 }
+
+// docs/workload-api.md's Kubernetes example works with the chart: its pod
+// spec is a valid Pod that mounts the node's socket directory where the
+// agent's container has it, points SPIFFE_ENDPOINT_SOCKET at the agent's
+// socket, and runs with a primary group the documented helm upgrade
+// admits, on a socket whose group and mode let it connect.
+func TestWorkloadAPIDocsPodSpec(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/workload-api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(doc), "### On Kubernetes")
+	if !ok {
+		t.Fatal(`docs/workload-api.md has no "### On Kubernetes" section`)
+	}
+	sec, _, _ = strings.Cut(sec, "\n### ")
+	block := func(lang string) string {
+		_, b, ok := strings.Cut(sec, "```"+lang+"\n")
+		if !ok {
+			t.Fatalf("no %s block in the section", lang)
+		}
+		b, _, _ = strings.Cut(b, "```")
+		return b
+	}
+	upgrade := strings.ReplaceAll(block("sh"), "\\\n", " ")
+	if !strings.HasPrefix(upgrade, "helm upgrade m deploy/helm/muster --reuse-values ") {
+		t.Fatalf("the section's command is %q", upgrade)
+	}
+	sets := []string{"agent.enabled=true"}
+	words := strings.Fields(upgrade)
+	for i, w := range words {
+		if w == "--set" && i+1 < len(words) {
+			sets = append(sets, strings.Trim(words[i+1], "'"))
+		}
+	}
+	var pod corev1.Pod
+	if err := yaml.UnmarshalStrict([]byte(block("yaml")), &pod); err != nil {
+		t.Fatalf("the pod spec: %v", err)
+	}
+
+	ds := daemonSet(t, render(t, sets...))
+	spec := &ds.Spec.Template.Spec
+	agent := container(t, spec.Containers, "agent")
+	agentEnv := env(agent)
+	sock := strings.TrimPrefix(agentEnv["MUSTER_WORKLOAD_API"], "unix://")
+	nodeDir := mountOf(spec, agent, path.Dir(sock)).HostPath.Path
+
+	app := &pod.Spec.Containers[0]
+	if got := env(app)["SPIFFE_ENDPOINT_SOCKET"]; got != agentEnv["MUSTER_WORKLOAD_API"] {
+		t.Errorf("the pod's SPIFFE_ENDPOINT_SOCKET %q, the agent serves %q", got, agentEnv["MUSTER_WORKLOAD_API"])
+	}
+	v := mountOf(&pod.Spec, app, path.Dir(sock))
+	if v == nil || v.HostPath == nil || v.HostPath.Path != nodeDir {
+		t.Fatalf("the pod mounts %+v at %s, the agent's socket directory is the node's %s", v, path.Dir(sock), nodeDir)
+	}
+	gid := fmt.Sprint(*pod.Spec.SecurityContext.RunAsGroup)
+	uid := fmt.Sprint(*pod.Spec.SecurityContext.RunAsUser)
+	if !strings.Contains(","+agentEnv["MUSTER_WORKLOAD_API_ALLOW_GIDS"]+",", ","+gid+",") &&
+		!strings.Contains(","+agentEnv["MUSTER_WORKLOAD_API_ALLOW_UIDS"]+",", ","+uid+",") {
+		t.Errorf("the pod runs as %s:%s, the agent admits UIDs %q and GIDs %q", uid, gid,
+			agentEnv["MUSTER_WORKLOAD_API_ALLOW_UIDS"], agentEnv["MUSTER_WORKLOAD_API_ALLOW_GIDS"])
+	}
+	mode, err := strconv.ParseUint(agentEnv["MUSTER_WORKLOAD_API_SOCKET_MODE"], 8, 32)
+	if err != nil || agentEnv["MUSTER_WORKLOAD_API_SOCKET_GID"] != gid || mode&0o020 == 0 {
+		t.Errorf("the socket's group %q and mode %q do not let GID %s connect", agentEnv["MUSTER_WORKLOAD_API_SOCKET_GID"],
+			agentEnv["MUSTER_WORKLOAD_API_SOCKET_MODE"], gid)
+	}
+}
