@@ -465,3 +465,76 @@ func TestWorkloadAPIDocsPodSpec(t *testing.T) {
 			agentEnv["MUSTER_WORKLOAD_API_SOCKET_MODE"], gid)
 	}
 }
+
+// The Kubernetes manifests in docs/ are valid objects (read strictly into
+// Kubernetes' types), and their HTTP probes ask for what muster's metrics
+// listeners serve: /healthz or /readyz (/metrics answers too, but says
+// nothing about health).
+func TestDocsManifests(t *testing.T) {
+	files, err := filepath.Glob("../../docs/*.md")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no docs: %v", err)
+	}
+	pods := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocks := strings.Split(string(data), "```yaml\n")
+		for _, b := range blocks[1:] {
+			b, _, _ = strings.Cut(b, "```")
+			for _, doc := range strings.Split(b, "\n---\n") {
+				var meta struct {
+					APIVersion string `json:"apiVersion"`
+					Kind       string `json:"kind"`
+				}
+				if yaml.Unmarshal([]byte(doc), &meta) != nil || meta.APIVersion == "" {
+					continue // not a Kubernetes object
+				}
+				var spec *corev1.PodSpec
+				var err error
+				switch meta.Kind {
+				case "Pod":
+					var o corev1.Pod
+					err, spec = yaml.UnmarshalStrict([]byte(doc), &o), &o.Spec
+				case "Deployment":
+					var o appsv1.Deployment
+					err, spec = yaml.UnmarshalStrict([]byte(doc), &o), &o.Spec.Template.Spec
+				case "StatefulSet":
+					var o appsv1.StatefulSet
+					err, spec = yaml.UnmarshalStrict([]byte(doc), &o), &o.Spec.Template.Spec
+				case "DaemonSet":
+					var o appsv1.DaemonSet
+					err, spec = yaml.UnmarshalStrict([]byte(doc), &o), &o.Spec.Template.Spec
+				case "Secret":
+					var o corev1.Secret
+					err = yaml.UnmarshalStrict([]byte(doc), &o)
+				default:
+					continue
+				}
+				if err != nil {
+					t.Errorf("%s: a %s: %v", f, meta.Kind, err)
+					continue
+				}
+				if spec == nil {
+					continue
+				}
+				pods++
+				for _, c := range spec.Containers {
+					for _, p := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+						if p == nil || p.HTTPGet == nil {
+							continue
+						}
+						if p.HTTPGet.Path != "/healthz" && p.HTTPGet.Path != "/readyz" {
+							t.Errorf("%s: container %s probes %s, which says nothing about health: /healthz or /readyz", f, c.Name, p.HTTPGet.Path)
+						}
+					}
+				}
+			}
+		}
+	}
+	if pods == 0 {
+		t.Error("no pod specs found in docs/*.md")
+	}
+}
