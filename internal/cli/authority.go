@@ -731,6 +731,13 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	log, proxies, disc, pskOptionalUntil, dir, info, h, sk := su.log, su.proxies, su.disc, su.pskOpt, su.dir, su.info, su.ca, su.sk
 	applyMemoryLimit(log, env.Getenv, o.memoryLimit)
 	m := authority.NewMetrics(Version)
+	if strings.HasPrefix(su.data.url, "sqlite://") {
+		// Said before the store opens: its migrations are what may need
+		// the space first.
+		if _, err := sqlite.TempDir(); err != nil {
+			log.Warn("store: " + err.Error())
+		}
+	}
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
