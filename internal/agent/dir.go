@@ -241,10 +241,59 @@ type State struct {
 // ReadState reads state.json; ErrNoIdentity if there is none.
 func (d Dir) ReadState() (*State, error) { return d.readState(d.StateFile()) }
 
-// nextStateFile is the state of a join written before its certificate:
-// a crash between the certificate and state.json leaves what state.json
-// was to say (load takes it when its serial is the certificate's).
+// nextStateFile is the state of a join written before its certificate,
+// with what the join sets in agent.yaml: a crash between the certificate
+// and state.json leaves what state.json and agent.yaml were to say (load
+// takes it when its serial is the certificate's).
 func (d Dir) nextStateFile() string { return d.path("state.next.json") }
+
+// nextState is nextStateFile's content: the state, and what the join sets
+// in agent.yaml (nil in a file an agent before it wrote).
+type nextState struct {
+	*State
+	Config *joinConfig `json:"agent_yaml,omitempty"`
+}
+
+// joinConfig is what a join sets in agent.yaml: where it joined, the node,
+// the join method and the pins. Every other setting (workload_api) stays,
+// and the join's secret is dropped apart (once state.json exists).
+type joinConfig struct {
+	Authority     string `json:"authority"`
+	Node          string `json:"node"`
+	JoinMethod    string `json:"join_method"`
+	BoundKeypair  string `json:"bound_keypair,omitempty"`
+	CAFingerprint string `json:"ca_fingerprint"`
+	// The discovery service and the authority looked up there, set by a
+	// join through discovery only: a join to an address keeps the ones
+	// agent.yaml has.
+	Discovery            string `json:"discovery,omitempty"`
+	DiscoveryFingerprint string `json:"discovery_fingerprint,omitempty"`
+	AuthorityID          string `json:"authority_id,omitempty"`
+}
+
+// apply sets j in c.
+func (j *joinConfig) apply(c *Config) {
+	c.Authority, c.Node, c.JoinMethod = j.Authority, j.Node, j.JoinMethod
+	c.BoundKeypair, c.CAFingerprint = j.BoundKeypair, j.CAFingerprint
+	if j.Discovery != "" {
+		c.Discovery, c.DiscoveryFingerprint, c.AuthorityID = j.Discovery, j.DiscoveryFingerprint, j.AuthorityID
+	}
+}
+
+// readNextState reads nextStateFile; ErrNoIdentity if there is none.
+func (d Dir) readNextState() (*State, *joinConfig, error) {
+	data, err := readSmall(d.nextStateFile())
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, ErrNoIdentity
+	} else if err != nil {
+		return nil, nil, fmt.Errorf("agent: %w", err)
+	}
+	n := nextState{State: &State{}}
+	if err := json.Unmarshal(data, &n); err != nil {
+		return nil, nil, fmt.Errorf("agent: %s: %v", d.nextStateFile(), err)
+	}
+	return n.State, n.Config, nil
+}
 
 func (d Dir) readState(file string) (*State, error) {
 	data, err := readSmall(file)
@@ -260,12 +309,12 @@ func (d Dir) readState(file string) (*State, error) {
 	return &s, nil
 }
 
-// writeNextState writes s to nextStateFile.
-func (d Dir) writeNextState(s *State) error {
+// writeNextState writes s and cfg to nextStateFile.
+func (d Dir) writeNextState(s *State, cfg *joinConfig) error {
 	if err := d.ensure(); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(s, "", "  ")
+	data, err := json.MarshalIndent(nextState{State: s, Config: cfg}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -128,7 +128,8 @@ func (r JoinRequest) checkDiscovery() error {
 // from the trust bundle signed with the token, then, over a connection
 // that verifies the authority by that root and its SPIFFE ID, exchanges
 // the token and a CSR for a certificate. It writes the state it is to
-// record (state.next.json), the certificate files, then agent.yaml (where and who, the pins), then state.json, then removes
+// record and what agent.yaml is to say (state.next.json), the certificate
+// files, then agent.yaml (where and who, the pins), then state.json, then removes
 // the pending key and the token from agent.yaml. Errors are
 // *OpError; a bundle that does not verify wraps ErrTrustBundle (classed
 // NOT_FOUND), a fingerprint mismatch ErrFingerprint, an existing identity
@@ -205,11 +206,17 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 		BoundKeypair: r.BoundKeypair,
 	}
 	a.takeVerifierSet(ctx, st, j.verifierSet, true, nil)
-	// The state goes down before the certificate: a join with --force
-	// that crashes between the certificate and state.json would leave the
-	// old state.json (the old instance, generation, join state) beside the
-	// new certificate, which load cannot rebuild from the certificate.
-	if err := a.dir.writeNextState(st); err != nil {
+	joinCfg := &joinConfig{Authority: j.joined, Node: r.Node, JoinMethod: r.method(), BoundKeypair: r.BoundKeypair,
+		CAFingerprint: pinOf(j.roots, r.CAFingerprint),
+		Discovery:     r.Discovery, DiscoveryFingerprint: r.DiscoveryFingerprint, AuthorityID: r.AuthorityID}
+	// The state, and what agent.yaml is to say, go down before the
+	// certificate: a join with --force that crashes between the
+	// certificate and state.json would leave the old state.json (the old
+	// instance, generation, join state) beside the new certificate, which
+	// load cannot rebuild from the certificate; and between the
+	// certificate and agent.yaml, the old authority's address and pins
+	// beside it (load writes both).
+	if err := a.dir.writeNextState(st, joinCfg); err != nil {
 		return nil, err
 	}
 	joinStep("next-state")
@@ -226,12 +233,7 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	// secret stays until state.json exists, so a crash before it can
 	// still retry; load drops it after).
 	secrets := [3]string{cfg.Token, cfg.PSK, cfg.RegistrationSecret}
-	cfg.Authority, cfg.Node, cfg.JoinMethod = j.joined, r.Node, r.method()
-	cfg.BoundKeypair = r.BoundKeypair
-	cfg.CAFingerprint = pinOf(j.roots, r.CAFingerprint)
-	if r.Discovery != "" {
-		cfg.Discovery, cfg.DiscoveryFingerprint, cfg.AuthorityID = r.Discovery, r.DiscoveryFingerprint, r.AuthorityID
-	}
+	joinCfg.apply(&cfg)
 	if err := a.dir.WriteConfig(cfg); err != nil {
 		// The identity is in place: say so rather than fail the join.
 		a.log.Warn("joining, but agent.yaml could not be updated with the authority's address and pins", "err", err)

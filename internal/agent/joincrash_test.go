@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/muster-dev/muster/internal/identity"
@@ -92,7 +93,12 @@ func crashJoinAt(t *testing.T, a *Agent, r JoinRequest, step string) {
 // A join with --force over this node's identity stopped after any of its
 // writes leaves, after the next start, a state.json that describes the
 // certificate on disk: the new instance's ID, generation and serial once
-// the new certificate is written, the old instance's whole before it.
+// the new certificate is written, the old instance's whole before it; and
+// an agent.yaml that names the authority and the pin the certificate
+// came with: the new ones once it is written (the join was to another
+// authority, or the same one moved and its root rotated), the old ones
+// before. Before, a crash between the certificate and agent.yaml left
+// the old address and pin beside the new certificate for good.
 func TestForcedJoinCrashAtEachStep(t *testing.T) {
 	for _, c := range []struct {
 		step    string
@@ -116,6 +122,18 @@ func TestForcedJoinCrashAtEachStep(t *testing.T) {
 			if err := dir.writeState(old); err != nil {
 				t.Fatal(err)
 			}
+			// Joined before at another authority, by a PSK; a setting of
+			// agent.yaml's own that every join keeps.
+			oldCfg, err := dir.ReadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldCfg.Authority, oldCfg.JoinMethod = "old-authority.example:7443", "psk"
+			oldCfg.CAFingerprint = "sha256:" + strings.Repeat("0f", 32)
+			oldCfg.WorkloadAPI = &WorkloadAPIConfig{Listen: "unix:///run/muster/workload.sock"}
+			if err := dir.WriteConfig(oldCfg); err != nil {
+				t.Fatal(err)
+			}
 			r := f.joinRequest("n1")
 			r.Force = true
 			crashJoinAt(t, newTestAgent(t, dir), r, c.step)
@@ -136,6 +154,20 @@ func TestForcedJoinCrashAtEachStep(t *testing.T) {
 			}
 			if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
 				t.Errorf("state.next.json after a crash at %s and a load: %v", c.step, err)
+			}
+			cfg, err := dir.ReadConfig()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantCfg := oldCfg
+			if c.renewed {
+				wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint = f.addr, "token", f.h.Fingerprint()
+			}
+			if cfg.Authority != wantCfg.Authority || cfg.JoinMethod != wantCfg.JoinMethod || cfg.CAFingerprint != wantCfg.CAFingerprint ||
+				cfg.Node != "n1" || cfg.WorkloadAPI == nil || cfg.WorkloadAPI.Listen != wantCfg.WorkloadAPI.Listen {
+				t.Errorf("agent.yaml after a crash at %s and a load: authority %s, join method %s, pin %s, workload_api %+v; want %s, %s, %s, %+v",
+					c.step, cfg.Authority, cfg.JoinMethod, cfg.CAFingerprint, cfg.WorkloadAPI,
+					wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint, wantCfg.WorkloadAPI)
 			}
 		})
 	}

@@ -59,6 +59,51 @@ func TestLockedWait(t *testing.T) {
 	}
 }
 
+// TestLockRefusal: a refusal for a lock is read once for what retryIf
+// needs of it: when the lock ends, as the authority says (none for a lock
+// without a TTL), and the least wait after the next refusal, which
+// doubles (up to backoffMax) while the authority says the lock has ended
+// sooner than the current least wait, and starts again from backoffMin
+// otherwise; any other refusal is not a lock's.
+func TestLockRefusal(t *testing.T) {
+	permanent := errinfo.Error(codes.PermissionDenied, "locked", "locked")
+	tests := []struct {
+		name          string
+		err           error
+		locked        bool
+		ends          time.Duration
+		hasEnd        bool
+		floor, nextFl time.Duration
+	}{
+		{"lock with a TTL", lockedUntil(90 * time.Second), true, 90 * time.Second, true, backoffMin, backoffMin},
+		{"lock ending now", lockedUntil(0), true, 0, true, backoffMin, 2 * backoffMin},
+		{"lock ended, floor high", lockedUntil(0), true, 0, true, backoffMax, backoffMax},
+		{"lock ending before the floor", lockedUntil(time.Second), true, time.Second, true, 4 * time.Second, 8 * time.Second},
+		{"lock ending at the floor", lockedUntil(4 * time.Second), true, 4 * time.Second, true, 4 * time.Second, backoffMin},
+		{"lock without a TTL", permanent, true, 0, false, 8 * time.Second, backoffMin},
+		{"wrapped, with the hint", &OpError{Op: "renewal", Err: withHint(lockedUntil(time.Minute), "muster lock list names it")}, true, time.Minute, true, backoffMin, backoffMin},
+		{"superseded", errinfo.Error(codes.PermissionDenied, "superseded", "superseded"), false, 0, false, 0, 0},
+		{"locked, another code", errinfo.Error(codes.FailedPrecondition, "locked", "locked"), false, 0, false, 0, 0},
+		{"not a status", errors.New("locked"), false, 0, false, 0, 0},
+	}
+	for _, tt := range tests {
+		l, locked := lockRefusalOf(tt.err)
+		if locked != tt.locked || l.ends != tt.ends || l.hasEnd != tt.hasEnd {
+			t.Errorf("%s: lockRefusalOf = %+v, %v; want ends %s (%v), %v", tt.name, l, locked, tt.ends, tt.hasEnd, tt.locked)
+			continue
+		}
+		if !locked {
+			continue
+		}
+		if got := l.nextFloor(tt.floor); got != tt.nextFl {
+			t.Errorf("%s: nextFloor(%s) = %s, want %s", tt.name, tt.floor, got, tt.nextFl)
+		}
+		if w, lw := l.wait(tt.floor), lockedRecheck+lockedJitterMax; w < min(tt.floor, lockedRecheck) || w > lw {
+			t.Errorf("%s: wait(%s) = %s, want within [%s, %s]", tt.name, tt.floor, w, min(tt.floor, lockedRecheck), lw)
+		}
+	}
+}
+
 // TestRunWaitsOutALock: a renewal refused for a lock does not stop the
 // agent: it waits (until the lock's end, or lockedRecheck for a lock
 // without a TTL) and asks again, and renews once the lock is gone.

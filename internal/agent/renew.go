@@ -214,8 +214,9 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	// A join (with --force over an identity) that crashed between its
 	// certificate and state.json left the state it was to write in
 	// state.next.json: that, not the old instance's, describes the
-	// certificate.
-	next, nerr := a.dir.readState(a.dir.nextStateFile())
+	// certificate; and what agent.yaml was to say, which may not be
+	// written yet either (the authority's address and pins).
+	next, nextCfg, nerr := a.dir.readNextState()
 	joined := st.Serial != serial && nerr == nil && next.Serial == serial
 	if joined {
 		st = next
@@ -232,6 +233,18 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	}
 	switch {
 	case joined:
+		// agent.yaml first, as the join writes it: a crash here again
+		// leaves state.next.json to finish from.
+		if nextCfg != nil {
+			cfg, err := a.dir.ReadConfig()
+			if err != nil {
+				return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
+			}
+			nextCfg.apply(&cfg)
+			if err := a.dir.WriteConfig(cfg); err != nil {
+				return nil, nil, err
+			}
+		}
 		if err := a.dir.writeState(st); err != nil {
 			return nil, nil, err
 		}

@@ -75,15 +75,51 @@ func every(d time.Duration) string {
 // The authority checks every lock again at the next attempt: a lock
 // created meanwhile, or another one in force, refuses it again.
 func lockedWait(err error, floor time.Duration) (time.Duration, bool) {
-	if status.Code(err) != codes.PermissionDenied || errinfo.Reason(err) != "locked" {
+	l, ok := lockRefusalOf(err)
+	if !ok {
 		return 0, false
 	}
+	return l.wait(floor), true
+}
+
+// lockRefusal is the authority's refusal for a lock, its details read
+// once: ends is how long until the lock ends, as the refusal says (its
+// RetryInfo), if hasEnd; a lock without a TTL, or an authority that does
+// not say, has none.
+type lockRefusal struct {
+	ends   time.Duration
+	hasEnd bool
+}
+
+// lockRefusalOf reports whether err is the authority's refusal for a lock
+// (PERMISSION_DENIED, reason locked), and reads it.
+func lockRefusalOf(err error) (lockRefusal, bool) {
+	if status.Code(err) != codes.PermissionDenied || errinfo.Reason(err) != "locked" {
+		return lockRefusal{}, false
+	}
+	d, ok := errinfo.RetryDelay(err)
+	return lockRefusal{ends: d, hasEnd: ok}, true
+}
+
+// wait is lockedWait's: until the lock ends, at most lockedRecheck, never
+// less than floor, plus jitter.
+func (l lockRefusal) wait(floor time.Duration) time.Duration {
 	base := lockedRecheck
-	if d, ok := errinfo.RetryDelay(err); ok && d < base {
-		base = max(d, floor)
+	if l.hasEnd && l.ends < base {
+		base = max(l.ends, floor)
 	}
 	spread := min(max(base/10, time.Second), lockedJitterMax)
-	return base + rand.N(spread+1), true
+	return base + rand.N(spread+1)
+}
+
+// nextFloor is the least wait after the refusal following this one
+// (retryIf's lockFloor): doubled, up to backoffMax, if this lock ends
+// sooner than floor, else backoffMin.
+func (l lockRefusal) nextFloor(floor time.Duration) time.Duration {
+	if l.hasEnd && l.ends < floor {
+		return min(floor*2, backoffMax)
+	}
+	return backoffMin
 }
 
 // Transient reports whether a failure may go away by itself: the authority
@@ -302,19 +338,16 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		if !notAfter.IsZero() {
 			left = notAfter.Sub(a.now())
 		}
-		if wait, locked := lockedWait(err, lockFloor); locked {
+		if l, locked := lockRefusalOf(err); locked {
 			// Not a failure of the authority, which answered: the
 			// backoff starts again from its minimum after the lock.
-			if d, ok := errinfo.RetryDelay(err); ok && d < lockFloor {
-				lockFloor = min(lockFloor*2, backoffMax)
-			} else {
-				lockFloor = backoffMin
-			}
+			wait := l.wait(lockFloor)
+			lockFloor = l.nextFloor(lockFloor)
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
 			until := a.now().Add(wait)
 			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
-			if d, ok := errinfo.RetryDelay(err); ok {
-				args = append(args, "lock_ends_in", d.Round(time.Second).String())
+			if l.hasEnd {
+				args = append(args, "lock_ends_in", l.ends.Round(time.Second).String())
 			} else {
 				args = append(args, "lock_ends", "when deleted (muster lock delete LOCK-ID)")
 			}

@@ -320,7 +320,7 @@ func (s *Server) claimedActor(ctx context.Context) string {
 	if err != nil || id.TrustDomain != s.info.TrustDomain {
 		return ""
 	}
-	issuer, ok := map[spiffeid.Role]ca.Role{spiffeid.RoleAdmin: ca.RoleAdmin, spiffeid.RoleAgent: ca.RoleAgent}[id.Role]
+	issuer, ok := issuerRole(id.Role)
 	if !ok {
 		return ""
 	}
@@ -334,6 +334,19 @@ func (s *Server) claimedActor(ctx context.Context) string {
 		}
 	}
 	return actorClaimed + id.String()
+}
+
+// issuerRole is the role of the intermediates that issue certificates
+// of an identity's role: admin and agent identities only (the authority's
+// own is not issued by an intermediate).
+func issuerRole(r spiffeid.Role) (ca.Role, bool) {
+	switch r {
+	case spiffeid.RoleAdmin:
+		return ca.RoleAdmin, true
+	case spiffeid.RoleAgent:
+		return ca.RoleAgent, true
+	}
+	return "", false
 }
 
 // peerCertificates is what the caller presented in its TLS handshake,

@@ -12,12 +12,20 @@ import (
 // quarter of it: 6 h of a 24 h certificate, 15 min of a bound-keypair
 // agent's 1 h one. Kept with each instance's latest certificate
 // (AgentCertificateCounter).
+//
+// It is reckoned in whole microseconds, the times as the store keeps them
+// (StoredTime), with integer division, which truncates toward zero in Go,
+// PostgreSQL and SQLite alike: so it is to the microsecond what migration
+// 0024 computed in SQL from the stored columns for the instances before
+// it (not_after - (not_after - issued_at) / 4), and every store writes
+// the one value whichever path filled it in.
 func ExpiringAt(c Certificate) time.Time {
 	from := c.IssuedAt
 	if from.IsZero() {
 		from = c.NotBefore
 	}
-	return c.NotAfter.Add(-c.NotAfter.Sub(from) / 4)
+	notAfter, issued := StoredTime(c.NotAfter).UnixMicro(), StoredTime(from).UnixMicro()
+	return time.UnixMicro(notAfter - (notAfter-issued)/4).UTC()
 }
 
 // AgentCertificateCounts counts the nodes (current instances: a deleted

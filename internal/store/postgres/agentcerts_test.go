@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -31,6 +33,24 @@ func TestMigration0024FillsInstanceExpiry(t *testing.T) {
 	if err != nil || want != (store.AgentCertificateCounts{Valid: 2, Expired: 1}) {
 		t.Fatalf("CountAgentCertificates = %+v, %v; want 2 valid, 1 expired", want, err)
 	}
+	if _, err := s.pool.Exec(ctx, `UPDATE instances SET last_not_after = NULL, last_expiring_at = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.CountAgentCertificates(ctx); err != nil || n != (store.AgentCertificateCounts{}) {
+		t.Fatalf("emptied: %+v, %v", n, err)
+	}
+	if _, err := s.pool.Exec(ctx, migration0024Fill(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.CountAgentCertificates(ctx); err != nil || got != want {
+		t.Fatalf("after 0024's fill: %+v, %v; want %+v", got, err, want)
+	}
+}
+
+// migration0024Fill is migration 0024's UPDATE, which fills each
+// instance's expiry in from the certificates held.
+func migration0024Fill(t *testing.T) string {
+	t.Helper()
 	i := slices.IndexFunc(migrations, func(m store.Migration) bool { return m.Version == 24 })
 	if i < 0 {
 		t.Fatal("no migration 0024")
@@ -40,18 +60,98 @@ func TestMigration0024FillsInstanceExpiry(t *testing.T) {
 	if !ok {
 		t.Fatalf("migration 0024 has no UPDATE:\n%s", migrations[i].SQL)
 	}
+	return "UPDATE instances" + update
+}
+
+// TestExpiringAtOneDefinition: an instance's last_expiring_at is
+// store.ExpiringAt to the microsecond whichever path wrote it (a join,
+// muster bench seed's bulk load, migration 0024's SQL for the instances
+// before it), at the boundaries of the integer division: lifetimes of 0
+// to 5 µs and of a day and 1 or 3 µs, an issue time finer than the
+// store keeps, a not-after before the issue. Before, the bulk load
+// computed it in SQL as the migration does, rounding up where
+// store.ExpiringAt, which a join writes, rounded down: a microsecond
+// apart on three lifetimes in four.
+func TestExpiringAtOneDefinition(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	benchToken(t, s)
+	issued := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).Add(123457 * time.Microsecond)
+	cases := []struct {
+		issued   time.Time
+		lifetime time.Duration
+	}{
+		{issued, 0},
+		{issued, time.Microsecond},
+		{issued, 2 * time.Microsecond},
+		{issued, 3 * time.Microsecond},
+		{issued, 4 * time.Microsecond},
+		{issued, 5 * time.Microsecond},
+		{issued, 24*time.Hour + time.Microsecond},
+		{issued, 24*time.Hour + 3*time.Microsecond},
+		{issued.Add(999 * time.Nanosecond), time.Hour + 2*time.Microsecond},
+		{issued, -time.Microsecond},
+		{issued, -5 * time.Microsecond},
+	}
+	var seed store.Seed
+	want := map[string]int64{}
+	for n, c := range cases {
+		j := benchJoin(int64(n))
+		j.Certificate.NotBefore, j.Certificate.IssuedAt = c.issued.Add(-time.Minute), c.issued
+		j.Certificate.NotAfter = c.issued.Add(c.lifetime)
+		in, cert, err := store.PrepareJoin(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.CommitJoin(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		want[in.ID] = store.ExpiringAt(cert).UnixMicro()
+		// The same certificate, bulk-loaded for another node.
+		in.ID, in.NodeID, in.LastSerial = "seeded-"+in.ID, "seeded-"+in.NodeID, "5eed"+in.LastSerial
+		cert.InstanceID, cert.NodeID, cert.Serial = in.ID, in.NodeID, in.LastSerial
+		seed.Instances = append(seed.Instances, in)
+		seed.Nodes = append(seed.Nodes, store.Node{ID: in.NodeID, JoinMethod: in.JoinMethod, TokenID: in.TokenID,
+			InstanceID: in.ID, CreatedAt: in.CreatedAt, UpdatedAt: in.CreatedAt})
+		seed.Certificates = append(seed.Certificates, cert)
+		want[in.ID] = store.ExpiringAt(cert).UnixMicro()
+	}
+	if _, err := s.LoadSeed(ctx, seed); err != nil {
+		t.Fatal(err)
+	}
+	check := func(by string) {
+		t.Helper()
+		rows, err := s.pool.Query(ctx, `SELECT i.id, i.last_expiring_at, c.not_after, c.issued_at
+			FROM instances i JOIN certificates c ON c.serial = i.last_serial`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type row struct {
+			ID                           string
+			ExpiringAt, NotAfter, Issued int64
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%d instances, want %d", len(got), len(want))
+		}
+		for _, r := range got {
+			if r.ExpiringAt != want[r.ID] {
+				t.Errorf("%s, written by %s: last_expiring_at %d, store.ExpiringAt %d (not after %d, issued %d, %+d µs)",
+					r.ID, by, r.ExpiringAt, want[r.ID], r.NotAfter, r.Issued, r.ExpiringAt-want[r.ID])
+			}
+		}
+	}
+	check("a join or the bulk load")
 	if _, err := s.pool.Exec(ctx, `UPDATE instances SET last_not_after = NULL, last_expiring_at = NULL`); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := s.CountAgentCertificates(ctx); err != nil || n != (store.AgentCertificateCounts{}) {
-		t.Fatalf("emptied: %+v, %v", n, err)
-	}
-	if _, err := s.pool.Exec(ctx, "UPDATE instances"+update); err != nil {
+	if _, err := s.pool.Exec(ctx, migration0024Fill(t)); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.CountAgentCertificates(ctx); err != nil || got != want {
-		t.Fatalf("after 0024's fill: %+v, %v; want %+v", got, err, want)
-	}
+	check("migration 0024")
 }
 
 // TestCountAgentCertificatesUsesTheIndexes: on a store of many nodes, few

@@ -32,13 +32,8 @@ const auditColumns = `seq, time, actor, action, target, result, reason, source, 
 func (s *Store) AppendAudit(ctx context.Context, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
 	var rec store.AuditRecord
 	err := s.inPipe(ctx, "append audit", func(p *pipe) error {
-		l := p.startAudit()
-		defer l.end()
-		if err := p.send(ctx); err != nil {
-			return err
-		}
 		var err error
-		rec, err = l.commit(ctx, p, build, "append audit")
+		rec, err = commitAuditRecord(ctx, p, build, "append audit")
 		return err
 	})
 	if err != nil {

@@ -46,13 +46,19 @@ func (s *Store) InsertLock(ctx context.Context, l store.Lock, audit func(store.A
 // commitAudited appends audit's record after what p has queued and
 // commits both (startAudit, then link.commit), or neither.
 func commitAudited(ctx context.Context, p *pipe, audit func(store.AuditHead) (store.AuditRecord, error), op string) error {
+	_, err := commitAuditRecord(ctx, p, audit, op)
+	return err
+}
+
+// commitAuditRecord is commitAudited returning the record appended:
+// AppendAudit's, whose pipe queues nothing before it.
+func commitAuditRecord(ctx context.Context, p *pipe, audit func(store.AuditHead) (store.AuditRecord, error), op string) (store.AuditRecord, error) {
 	l := p.startAudit()
 	defer l.end()
 	if err := p.send(ctx); err != nil {
-		return err
+		return store.AuditRecord{}, err
 	}
-	_, err := l.commit(ctx, p, audit, op)
-	return err
+	return l.commit(ctx, p, audit, op)
 }
 
 const insertLockQuery = `INSERT INTO locks (` + lockColumns + `) VALUES ($1, $2, $3, $4, $5, $6, $7)`

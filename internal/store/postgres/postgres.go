@@ -145,11 +145,33 @@ func newPool(ctx context.Context, url string, opts ...Option) (d *db, poolFromUR
 	// connect that runs out of the URL's own names that setting.
 	fromURL := cfg.ConnConfig.ConnectTimeout > 0
 	dialHungPeers(&cfg.ConnConfig.Config, o.timeout)
+	pingHeldConns(cfg, o.timeout)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, false, fmt.Errorf("postgres: open: %w", err)
 	}
 	return &db{p: pool, timeout: o.timeout, connect: cfg.ConnConfig.ConnectTimeout, connectFromURL: fromURL}, poolFromURL, nil
+}
+
+// pingHeldConns makes the pool ask a connection it holds whether the
+// database still answers, within timeout (the store's), before a long
+// request (long) is sent on it, and before any request once it has been
+// idle a second (pgx's own rule). A long request's deadline is minutes: on
+// a held connection to a database that hangs, it used to wait for its
+// caller's deadline instead of failing with store.ErrUnavailable in the
+// store's timeout, as every other request, and every one that must
+// connect, does. A ping that goes unanswered drops the connection; the
+// request then connects anew, bounded by the store's timeout too, and a
+// database still hung fails it with store.ErrUnavailable (timedOut). A
+// long request is rare (the cleaners, a bulk load): one more round trip.
+// The store URL's pool_ping_timeout, if any, is kept.
+func pingHeldConns(cfg *pgxpool.Config, timeout time.Duration) {
+	cfg.ShouldPing = func(ctx context.Context, p pgxpool.ShouldPingParams) bool {
+		return p.IdleDuration > time.Second || ctx.Value(longKey{}) != nil
+	}
+	if cfg.PingTimeout <= 0 {
+		cfg.PingTimeout = timeout
+	}
 }
 
 // DefaultPoolMaxConns is the connection pool's size when the store URL sets

@@ -84,13 +84,18 @@ func (s *Store) LoadSeed(ctx context.Context, b store.Seed) (inserted []bool, er
 			return nil
 		}
 		// Each instance's latest certificate's expiry, as a join keeps it
-		// (the counts of muster_agent_certificates).
-		ids := make([]string, len(b.Instances))
-		for i, in := range b.Instances {
-			ids[i] = in.ID
+		// (the counts of muster_agent_certificates): store.ExpiringAt, the
+		// one definition, as the SQLite store's seed does.
+		n := len(b.Certificates)
+		instances, serials := make([]string, n), make([]string, n)
+		notAfter, expiringAt := make([]int64, n), make([]int64, n)
+		for i, c := range b.Certificates {
+			instances[i], serials[i] = c.InstanceID, c.Serial
+			notAfter[i], expiringAt[i] = store.StoredTime(c.NotAfter).UnixMicro(), store.ExpiringAt(c).UnixMicro()
 		}
-		if _, err := tx.Exec(ctx, `UPDATE instances i SET last_not_after = c.not_after, last_expiring_at = c.not_after - (c.not_after - c.issued_at) / 4
-			FROM certificates c WHERE c.serial = i.last_serial AND i.id = ANY($1)`, ids); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE instances i SET last_not_after = c.not_after, last_expiring_at = c.expiring_at
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS c(instance_id, serial, not_after, expiring_at)
+			WHERE i.id = c.instance_id AND i.last_serial = c.serial`, instances, serials, notAfter, expiringAt); err != nil {
 			return wrap("seed instance expiry", err)
 		}
 		return nil

@@ -264,3 +264,104 @@ func standIn(ft reflect.Type) reflect.Value {
 		return out
 	})
 }
+
+// TestHungLongRequestIsUnavailable: a long request (a cleaner, a bulk
+// load: bounded by longRequestTimeout, not the store's timeout) handed a
+// connection its pool already holds to a database that then hangs is
+// store.ErrUnavailable within the store's timeout, as one that has to
+// open a connection is. It used to wait on the held connection for its
+// caller's deadline ("timeout: context deadline exceeded"): in
+// TestHungIsUnavailable whichever long method drew the pool's idle
+// connection failed so, now and then. A pool of one connection, warm
+// before the freeze, forces that connection on each.
+func TestHungLongRequestIsUnavailable(t *testing.T) {
+	own, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { own.Thaw(); own.Stop() })
+	url := own.NewDatabase(t) + "&pool_max_conns=1"
+	ctx := t.Context()
+	long := map[string]func(context.Context, *Store) error{
+		"DeleteTicketUses": func(ctx context.Context, s *Store) error {
+			_, err := s.DeleteTicketUses(ctx)
+			return err
+		},
+		"DeleteExpiredTokens": func(ctx context.Context, s *Store) error {
+			_, err := s.DeleteExpiredTokens(ctx, 0)
+			return err
+		},
+		"DeleteJoinReports": func(ctx context.Context, s *Store) error {
+			_, err := s.DeleteJoinReports(ctx, 0)
+			return err
+		},
+		"LoadSeed": func(ctx context.Context, s *Store) error {
+			_, err := s.LoadSeed(ctx, store.Seed{})
+			return err
+		},
+		"RevokeExpiredGracePSKs": func(ctx context.Context, s *Store) error {
+			_, err := s.RevokeExpiredGracePSKs(ctx, func([]string) func(store.AuditHead) (store.AuditRecord, error) {
+				return func(store.AuditHead) (store.AuditRecord, error) {
+					return store.AuditRecord{}, errors.New("a stand-in builder, not reached with the database hung")
+				}
+			})
+			return err
+		},
+	}
+	// A store each, so each long request has the one held connection.
+	stores := map[string]*Store{}
+	for name := range long {
+		s, err := Open(ctx, url, WithRequestTimeout(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if n, _ := s.PoolMaxConns(); n != 1 {
+			t.Fatalf("pool of %d connections, want 1", n)
+		}
+		if _, err := s.Now(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stores[name] = s
+	}
+
+	if err := own.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	// As in TestHungIsUnavailable: far longer than the store's 2 s, the
+	// 5 s pgx gives a cancelled statement after it, and a connect's 2 s.
+	const callerWait = 90 * time.Second
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs = map[string]error{}
+	)
+	for name, call := range long {
+		wg.Go(func() {
+			c, cancel := context.WithTimeout(ctx, callerWait)
+			defer cancel()
+			err := call(c, stores[name])
+			mu.Lock()
+			errs[name] = err
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for name, err := range errs {
+		switch {
+		case !errors.Is(err, store.ErrUnavailable):
+			t.Errorf("%s on a held connection to a hung database: %v, want ErrUnavailable", name, err)
+		case errors.Is(err, context.DeadlineExceeded):
+			t.Errorf("%s: %v also wraps context.DeadlineExceeded, which callers read as their own deadline", name, err)
+		}
+	}
+
+	if err := own.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range long {
+		if err := call(ctx, stores[name]); err != nil && name != "RevokeExpiredGracePSKs" {
+			t.Errorf("%s after the database answered again: %v", name, err)
+		}
+	}
+}
