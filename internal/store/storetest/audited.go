@@ -103,3 +103,18 @@ func raceAppends(t *testing.T, ctx context.Context, s store.Store, n int, write 
 func expireLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
 	return link(record("psk.expire"))
 }
+
+// wantAppended checks that the chain holds one record more than seq, the
+// last one of action: a write that carries its record left it.
+func wantAppended(t *testing.T, ctx context.Context, s store.Store, seq int64, action string) {
+	t.Helper()
+	recs, err := s.ListAudit(ctx, store.AuditFilter{AfterSeq: seq})
+	mustNil(t, "ListAudit", err)
+	if len(recs) != 1 || recs[0].Action != action {
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.Action)
+		}
+		t.Fatalf("records after seq %d: %v; want one %s", seq, got, action)
+	}
+}
