@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -66,4 +67,59 @@ func TestJWTRotateUnauditedChangesNothing(t *testing.T) {
 		t.Errorf("the log does not say the key was not rotated:\n%s", buf.String())
 	}
 	wantNoAudit(t, st)
+}
+
+func (u unauditable) OpenResync(ctx context.Context, o store.ResyncOpen, _ func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error)) (store.ResyncEpoch, error) {
+	return u.Store.OpenResync(ctx, o, u.epochRecord)
+}
+
+func (u unauditable) CloseResync(ctx context.Context, by string, _ func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error)) (store.ResyncEpoch, error) {
+	return u.Store.CloseResync(ctx, by, u.epochRecord)
+}
+
+func (u unauditable) epochRecord(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+	return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err }
+}
+
+// TestResyncUnauditedChangesNothing: a bound-keypair resync window whose
+// bound_keypair.resync.open or .close record cannot be written is neither
+// opened nor closed. Before, the window was written first and recorded
+// after, the record's failure logged and dropped: a window admitting
+// join states ahead of the store with nothing in the chain.
+func TestResyncUnauditedChangesNothing(t *testing.T) {
+	st := openSQLite(t)
+	s, buf := unauditedServer(t, st)
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-2"})
+	a := &adminService{s: s}
+	req := &musterv1.OpenResyncRequest{Duration: durationpb.New(time.Hour), Reason: "restored the 02:00 backup"}
+	if resp, err := a.OpenResync(ctx, req); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("OpenResync = %v, %v; want Internal and no window", resp, err)
+	}
+	if list, err := st.ListResyncEpochs(t.Context()); err != nil || len(list) != 0 {
+		t.Fatalf("epochs %+v (%v); want none", list, err)
+	}
+	if _, err := st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test"},
+		func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) { return setupLink }); err != nil {
+		t.Fatal(err)
+	}
+	wantOpen := func() {
+		t.Helper()
+		list, err := st.ListResyncEpochs(t.Context())
+		if err != nil || len(list) != 1 || !list[0].ClosedAt.IsZero() {
+			t.Fatalf("epochs %+v (%v); want ep-1 open", list, err)
+		}
+	}
+	wantOpen()
+	if resp, err := a.CloseResync(ctx, &musterv1.CloseResyncRequest{Reason: "done"}); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("CloseResync = %v, %v; want Internal and no window", resp, err)
+	}
+	wantOpen()
+	for _, want := range []string{"not opened: it opens with its bound_keypair.resync.open record", "not closed: it closes with its bound_keypair.resync.close record"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log does not say %q:\n%s", want, buf.String())
+		}
+	}
+	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 || recs[0].Action != "test.setup" {
+		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
 }

@@ -118,3 +118,12 @@ func wantAppended(t *testing.T, ctx context.Context, s store.Store, seq int64, a
 		t.Fatalf("records after seq %d: %v; want one %s", seq, got, action)
 	}
 }
+
+// epochLink builds action's record for a resync window's write.
+func epochLink(action string) func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+	return func(e store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+		r := record(action)
+		r.Target = "epoch " + e.ID
+		return link(r)
+	}
+}
