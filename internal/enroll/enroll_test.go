@@ -291,9 +291,12 @@ func TestTrustBundleLeavesOutExpired(t *testing.T) {
 
 // setupLink is the audit record a test's own store write (a lock it sets
 // up) carries; the service's fakeAudit never hears of it.
-func setupEpochLink(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) { return setupLink }
-
 func setupLink(h store.AuditHead) (store.AuditRecord, error) {
 	return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),
 		Action: "test.setup", Result: audit.ResultOK}, nil
+}
+
+// setupEpochLink is setupLink for a resync window a test opens.
+func setupEpochLink(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+	return setupLink
 }
