@@ -2,17 +2,25 @@ package authority
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
+	"github.com/muster-dev/muster/internal/task"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -121,5 +129,172 @@ func TestResyncUnauditedChangesNothing(t *testing.T) {
 	}
 	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 1 || recs[0].Action != "test.setup" {
 		t.Fatalf("audit chain %+v (%v); want only the setup's record", recs, err)
+	}
+}
+
+// errSwitchedOff is the append failure of an auditSwitch.
+var errSwitchedOff = errors.New("the audit chain refuses the record (test)")
+
+// auditSwitch is a store whose writes that carry their own audit record
+// fail to append it while failing is set: a whole authority runs on it
+// (startReplicas), and a test turns the chain off for the write it checks.
+type auditSwitch struct {
+	store.Store
+	failing *atomic.Bool
+}
+
+// switchedAudit returns the store open gives, wrapped, and its switch.
+func switchedAudit(t *testing.T) (func(context.Context) (store.Store, error), *atomic.Bool) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "db")
+	failing := new(atomic.Bool)
+	return func(ctx context.Context) (store.Store, error) {
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			return nil, err
+		}
+		return auditSwitch{Store: st, failing: failing}, nil
+	}, failing
+}
+
+func (a auditSwitch) record(build func(store.AuditHead) (store.AuditRecord, error)) func(store.AuditHead) (store.AuditRecord, error) {
+	if !a.failing.Load() {
+		return build
+	}
+	return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, errSwitchedOff }
+}
+
+func (a auditSwitch) InsertTasks(ctx context.Context, ts []store.QueuedTask, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return a.Store.InsertTasks(ctx, ts, a.record(audit))
+}
+
+func (a auditSwitch) QueueTaskToAll(ctx context.Context, t store.Task, size int, page func([]string), audit func(int) func(store.AuditHead) (store.AuditRecord, error)) (int, error) {
+	return a.Store.QueueTaskToAll(ctx, t, size, page, func(n int) func(store.AuditHead) (store.AuditRecord, error) { return a.record(audit(n)) })
+}
+
+func (a auditSwitch) RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return a.Store.RecordTaskResult(ctx, taskID, nodeID, state, detail, a.record(audit))
+}
+
+// actions lists the actions of the records of the chain after seq.
+func actions(t *testing.T, st store.Store, seq int64) []string {
+	t.Helper()
+	recs, err := st.ListAudit(t.Context(), store.AuditFilter{AfterSeq: seq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, r := range recs {
+		out = append(out, r.Action+" "+r.Result)
+	}
+	return out
+}
+
+// auditHead is the chain's last seq.
+func auditHead(t *testing.T, st store.Store) int64 {
+	t.Helper()
+	h, err := st.AuditHead(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.Seq
+}
+
+// TestTaskSendUnauditedQueuesNothing: a task whose task.send record cannot
+// be written is queued for no node, whether sent to all or to a page of
+// nodes, and the send fails saying so; with its record it is queued. Before,
+// the task was queued first and recorded after, the record's failure
+// logged and dropped.
+func TestTaskSendUnauditedQueuesNothing(t *testing.T) {
+	open, failing := switchedAudit(t)
+	b := startReplicas(t, open, 1)
+	s := b.srvs[0]
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-3"})
+	a := &adminService{s: s}
+	const node = "n-task"
+	pending := func() int {
+		t.Helper()
+		ts, err := b.store.PendingTasks(t.Context(), node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ts)
+	}
+	seq := auditHead(t, b.store)
+	failing.Store(true)
+	if resp, err := a.SendTask(ctx, &musterv1.SendTaskRequest{TaskType: task.TypeReport, All: true}); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("SendTask to all = %v, %v; want Internal and no task", resp, err)
+	}
+	if _, err := s.queueTasks(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{NodeIDs: []string{node}}},
+		[][]string{{node}}, time.Hour, audit.Event{Actor: "test"}); err == nil || !errors.Is(err, errSwitchedOff) {
+		t.Fatalf("queueTasks = %v; want the record's failure", err)
+	}
+	if n := pending(); n != 0 {
+		t.Fatalf("%d tasks pending for %s after unaudited sends; want none", n, node)
+	}
+	if got := actions(t, b.store, seq); !slices.Equal(got, []string{"task.send error"}) {
+		t.Fatalf("records after the unaudited sends: %q; want the refused send's error alone", got)
+	}
+	failing.Store(false)
+	seq = auditHead(t, b.store)
+	envs, err := s.queueTasks(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{NodeIDs: []string{node}}},
+		[][]string{{node}}, time.Hour, audit.Event{Actor: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pending(); n != 1 {
+		t.Fatalf("%d tasks pending for %s after an audited send; want 1", n, node)
+	}
+	recs, err := b.store.ListAudit(t.Context(), store.AuditFilter{AfterSeq: seq})
+	if err != nil || len(recs) != 1 || recs[0].Action != "task.send" || recs[0].Target != "task "+envs[0].TaskID+" "+task.TypeReport+" to 1 node" {
+		t.Fatalf("records after the audited send: %+v (%v); want its task.send", recs, err)
+	}
+}
+
+// TestTaskResultUnauditedStaysPending: an agent's answer whose task.result
+// record cannot be written is not recorded (the delivery stays pending)
+// and the failure is logged; with its record, both are written. Before,
+// the answer was recorded first and audited after, the record's failure
+// logged and dropped.
+func TestTaskResultUnauditedStaysPending(t *testing.T) {
+	open, failing := switchedAudit(t)
+	buf := new(syncBuffer)
+	b := startReplicas(t, open, 1, func(c *Config) { c.Log = slog.New(slog.NewTextHandler(buf, nil)) })
+	s := b.srvs[0]
+	const node = "n-result"
+	now := time.Now()
+	id := uuid.NewString()
+	if err := b.store.InsertTask(t.Context(), store.Task{ID: id, Type: task.TypeReport, SignerVersionID: "v1", Signed: []byte("signed"),
+		CreatedBy: "test", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, []string{node}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	pending := func() int {
+		t.Helper()
+		ts, err := b.store.PendingTasks(t.Context(), node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ts)
+	}
+	seq := auditHead(t, b.store)
+	answer := &musterv1.TaskResult{TaskId: id, State: store.TaskOK, SignerVersionId: "v1"}
+	failing.Store(true)
+	s.taskResult(t.Context(), node, answer, task.TypeReport)
+	if n := pending(); n != 1 {
+		t.Fatalf("%d tasks pending after an unaudited answer; want the task still pending", n)
+	}
+	if got := actions(t, b.store, seq); len(got) != 0 {
+		t.Fatalf("records after the unaudited answer: %q; want none", got)
+	}
+	if !strings.Contains(buf.String(), "task result not recorded") {
+		t.Errorf("the log does not say the answer was not recorded:\n%s", buf.String())
+	}
+	failing.Store(false)
+	s.taskResult(t.Context(), node, answer, task.TypeReport)
+	if n := pending(); n != 0 {
+		t.Fatalf("%d tasks pending after an audited answer; want none", n)
+	}
+	if got := actions(t, b.store, seq); !slices.Equal(got, []string{"task.result ok"}) {
+		t.Fatalf("records after the audited answer: %q; want its task.result", got)
 	}
 }

@@ -127,3 +127,8 @@ func epochLink(action string) func(store.ResyncEpoch) func(store.AuditHead) (sto
 		return link(r)
 	}
 }
+
+// sendLink builds the task.send record of QueueTaskToAll.
+func sendLink(int) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("task.send"))
+}
