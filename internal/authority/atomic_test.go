@@ -3,6 +3,7 @@ package authority
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"slices"
@@ -296,5 +297,61 @@ func TestTaskResultUnauditedStaysPending(t *testing.T) {
 	}
 	if got := actions(t, b.store, seq); !slices.Equal(got, []string{"task.result ok"}) {
 		t.Fatalf("records after the audited answer: %q; want its task.result", got)
+	}
+}
+
+func (a auditSwitch) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	return a.Store.ApplySignerChanges(ctx, v, cs, a.record(audit))
+}
+
+// TestSignerStepUnauditedChangesNothing: a signer step asked of the
+// authority (muster signer stage, activate) whose node_task_signer record
+// cannot be written changes no signer and sends no rotate task, and the
+// step fails; with its record, the step, its record and the rollout's
+// task.send are all written. Before, the step was written first and
+// recorded after, the record's failure logged and dropped.
+func TestSignerStepUnauditedChangesNothing(t *testing.T) {
+	open, failing := switchedAudit(t)
+	b := startReplicas(t, open, 1)
+	s := b.srvs[0]
+	ctx := context.WithValue(t.Context(), callerKey{}, Caller{CorrelationID: "corr-4"})
+	a := &adminService{s: s}
+	signers := func() string {
+		t.Helper()
+		rows, id, err := b.store.ListSigners(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range rows {
+			out = append(out, r.VersionID+" "+r.State)
+		}
+		return fmt.Sprintf("%v at %d", out, id.Version)
+	}
+	before, seq := signers(), auditHead(t, b.store)
+	failing.Store(true)
+	if resp, err := a.StageSigner(ctx, &musterv1.StageSignerRequest{}); status.Code(err) != codes.Internal || resp != nil {
+		t.Fatalf("StageSigner = %v, %v; want Internal and no change", resp, err)
+	}
+	if resp, err := a.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{}); err == nil || resp != nil {
+		t.Fatalf("ActivateSigner = %v, %v; want it refused", resp, err)
+	}
+	if got := signers(); got != before {
+		t.Fatalf("signers after unaudited steps: %s; want %s", got, before)
+	}
+	if got := actions(t, b.store, seq); !slices.Equal(got, []string{"node_task_signer.stage error", "node_task_signer.activate denied"}) {
+		t.Fatalf("records after the unaudited steps: %q; want the refusals alone", got)
+	}
+	failing.Store(false)
+	seq = auditHead(t, b.store)
+	resp, err := a.StageSigner(ctx, &musterv1.StageSignerRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := actions(t, b.store, seq); !slices.Equal(got, []string{"node_task_signer.stage ok", "task.send ok"}) {
+		t.Fatalf("records after the audited stage: %q; want the step's and its rollout's", got)
+	}
+	if got := signers(); got == before || !strings.Contains(got, resp.GetChanged()[0].GetVersionId()+" staged") {
+		t.Fatalf("signers after the audited stage: %s", got)
 	}
 }

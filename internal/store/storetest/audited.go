@@ -132,3 +132,11 @@ func epochLink(action string) func(store.ResyncEpoch) func(store.AuditHead) (sto
 func sendLink(int) func(store.AuditHead) (store.AuditRecord, error) {
 	return link(record("task.send"))
 }
+
+// stepLink, advanceLink and dropLink build the records of the signer
+// writes.
+var (
+	stepLink    = link(record("node_task_signer.stage"))
+	advanceLink = link(record("node_task_signer.advance"))
+	dropLink    = link(record("node_task_signer.destroy_key"))
+)
