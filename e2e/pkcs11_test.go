@@ -542,8 +542,13 @@ func TestPKCS11EndedSignersLoseTheirKeys(t *testing.T) {
 	if s := signers()[v2]; s != "retired destroyed" {
 		t.Errorf("signer list: the rolled-back %s is %q, want retired destroyed", v2, s)
 	}
-	if recs := auditOf(t, dir, "node_task_signer.rollback"); len(recs) != 1 || !strings.Contains(recs[0].Reason, v2+"'s key (pkcs11:") || !strings.Contains(recs[0].Reason, ") destroyed") {
-		t.Errorf("rollback audit %+v; want it to say the key was destroyed", recs)
+	// The step's record says the key goes after it; the destruction has
+	// its own record, written with the reference's drop.
+	if recs := auditOf(t, dir, "node_task_signer.rollback"); len(recs) != 1 || !strings.Contains(recs[0].Reason, v2+"'s key (pkcs11:") || !strings.Contains(recs[0].Reason, ") is destroyed after the step") {
+		t.Errorf("rollback audit %+v; want it to say the key is destroyed after it", recs)
+	}
+	if recs := auditOf(t, dir, "node_task_signer.destroy_key"); len(recs) != 1 || recs[0].Target != v2 || !strings.Contains(recs[0].Reason, ") destroyed") {
+		t.Errorf("destroy_key audit %+v; want it to say %s's key was destroyed", recs, v2)
 	}
 
 	// A rotation: the first signer retires and its object goes; the new
@@ -558,8 +563,11 @@ func TestPKCS11EndedSignersLoseTheirKeys(t *testing.T) {
 	if list["v1"] != "retired destroyed" || !strings.HasPrefix(list[v3], "active pkcs11:") {
 		t.Errorf("signer list after the rotation: %v", list)
 	}
-	if recs := auditOf(t, dir, "node_task_signer.retire"); len(recs) != 1 || !strings.Contains(recs[0].Reason, "v1's key (pkcs11:") || !strings.Contains(recs[0].Reason, ") destroyed") {
-		t.Errorf("retire audit %+v; want it to say the key was destroyed", recs)
+	if recs := auditOf(t, dir, "node_task_signer.retire"); len(recs) != 1 || !strings.Contains(recs[0].Reason, "v1's key (pkcs11:") || !strings.Contains(recs[0].Reason, ") is destroyed after the step") {
+		t.Errorf("retire audit %+v; want it to say the key is destroyed after it", recs)
+	}
+	if recs := auditOf(t, dir, "node_task_signer.destroy_key"); len(recs) != 2 || recs[1].Target != "v1" || !strings.Contains(recs[1].Reason, ") destroyed") {
+		t.Errorf("destroy_key audit %+v; want the second to say v1's key was destroyed", recs)
 	}
 	// A join carries the verifier set the active signer signs, and a task
 	// goes out signed by it.

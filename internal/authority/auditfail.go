@@ -26,10 +26,15 @@ func (s *Server) recordAudit(ctx context.Context, e audit.Event) error {
 }
 
 // loggedAudit is recordAudit as an auditor, for the packages that record
-// on their own (the signer keeper): a step of theirs has committed when
-// they record it, so they cannot answer a failed write and drop it — the
-// log line here is then the operator's only sign of the gap.
+// on their own (the signer keeper). Their changes are written with their
+// records (Builder, Appended); what Record writes is a refusal, which
+// stands whether or not its record is written — the log line here is then
+// the operator's only sign of it.
 type loggedAudit struct{ s *Server }
+
+func (a loggedAudit) Builder(e audit.Event) (*audit.Link, error) { return a.s.audit.Builder(e) }
+
+func (a loggedAudit) Appended(link *audit.Link) { a.s.audit.Appended(link) }
 
 func (a loggedAudit) Record(ctx context.Context, e audit.Event) (store.AuditRecord, error) {
 	s := a.s

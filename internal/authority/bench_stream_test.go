@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -73,7 +74,7 @@ func BenchmarkTaskFanOut(b *testing.B) {
 	srv := a.srvs[0]
 	b.ResetTimer()
 	for b.Loop() {
-		env, _, _, err := srv.queueToAll(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{All: true}}, 10*time.Minute, "bench")
+		env, _, _, err := srv.queueToAll(ctx, task.Envelope{TaskType: task.TypeReport, Target: task.Target{All: true}}, 10*time.Minute, audit.Event{Actor: "bench"})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -126,29 +126,40 @@ func (s *Server) jwtKeyStepWith(ctx context.Context, period time.Duration) error
 	if now.Before(k.RotatedAt.Add(period)) {
 		return nil
 	}
-	next, err := s.rotateJWTKey(ctx, k)
+	why := fmt.Sprintf("version %d was current for the rotation period (%s)", k.Version, period)
+	_, err = s.rotateJWTKey(ctx, k, audit.Event{Actor: "authority", Reason: why})
 	if errors.Is(err, store.ErrConflict) {
 		return nil // another replica rotated it; the next step reads it
 	}
-	why := fmt.Sprintf("version %d was current for the rotation period (%s)", k.Version, period)
 	if err != nil {
 		_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "jwt.rotate", Target: jwtKeyTarget(k.Version + 1),
 			Result: audit.ResultError, Reason: err.Error()})
 		return err
 	}
-	return s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "jwt.rotate", Target: jwtKeyTarget(next.Version),
-		Result: audit.ResultOK, Reason: why})
+	return nil
 }
 
 func jwtKeyTarget(version int64) string { return fmt.Sprintf("jwt-svid/v%d", version) }
 
 // rotateJWTKey moves the version on from k (ErrConflict when another
-// rotation came first) and signs with the new one at once.
-func (s *Server) rotateJWTKey(ctx context.Context, k store.JWTKey) (store.JWTKey, error) {
-	next, err := s.store.RotateJWTKey(ctx, k.Version)
+// rotation came first) and signs with the new one at once. The rotation
+// is written with its jwt.rotate record (e, whose action, target and
+// result are set here) in one transaction, or not at all: a new key is
+// never in use unaudited.
+func (s *Server) rotateJWTKey(ctx context.Context, k store.JWTKey, e audit.Event) (store.JWTKey, error) {
+	e.Action, e.Target, e.Result = "jwt.rotate", jwtKeyTarget(k.Version+1), audit.ResultOK
+	link, err := s.audit.Builder(e)
 	if err != nil {
 		return store.JWTKey{}, err
 	}
+	next, err := s.store.RotateJWTKey(ctx, k.Version, link.Build)
+	if errors.Is(err, store.ErrConflict) {
+		return store.JWTKey{}, err
+	}
+	if err != nil {
+		return store.JWTKey{}, fmt.Errorf("JWT-SVID key not rotated from version %d: it is rotated with its jwt.rotate record or not at all, and the write failed: %w", k.Version, err)
+	}
+	s.audit.Appended(link)
 	return next, s.useJWTKey(next)
 }
 
@@ -156,17 +167,15 @@ func (s *Server) rotateJWTKey(ctx context.Context, k store.JWTKey) (store.JWTKey
 // jwt), audited as jwt.rotate.
 func (a *adminService) RotateJWTKey(ctx context.Context, _ *musterv1.RotateJWTKeyRequest) (*musterv1.RotateJWTKeyResponse, error) {
 	resp, err := a.rotateJWTKey(ctx)
-	err = toStatus(ctx, a.s.log, err)
-	target := "jwt-svid"
-	if resp != nil {
-		target = jwtKeyTarget(resp.GetVersion())
+	if err != nil {
+		// The rotation is recorded with its write; a refusal here.
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "jwt.rotate", "jwt-svid", err)
+		return nil, err
 	}
-	a.recordWhy(ctx, "jwt.rotate", target, "rotated by an operator ahead of the period", err)
-	if err == nil {
-		a.s.log.Info("JWT-SVID signing key rotated by an operator", "version", resp.GetVersion(), "kid", resp.GetKeyId(),
-			"operator", callerFrom(ctx).Actor())
-	}
-	return resp, err
+	a.s.log.Info("JWT-SVID signing key rotated by an operator", "version", resp.GetVersion(), "kid", resp.GetKeyId(),
+		"operator", callerFrom(ctx).Actor())
+	return resp, nil
 }
 
 func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKeyResponse, error) {
@@ -189,7 +198,9 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 	if err != nil {
 		return nil, err
 	}
-	next, err := a.s.rotateJWTKey(ctx, k)
+	c := callerFrom(ctx)
+	next, err := a.s.rotateJWTKey(ctx, k, audit.Event{Actor: c.Actor(), Reason: "rotated by an operator ahead of the period",
+		Source: c.Source, CorrelationID: c.CorrelationID})
 	if errors.Is(err, store.ErrConflict) {
 		return nil, status.Errorf(codes.Aborted, "the JWT-SVID key was rotated by another request at the same time; see muster audit list --action jwt.rotate")
 	}

@@ -45,6 +45,22 @@ func (a *auditEvents) Record(_ context.Context, e audit.Event) (store.AuditRecor
 	return store.AuditRecord{}, nil
 }
 
+// Builder builds e's record as the next link of the store's chain (a
+// change's, written with it); Appended logs e once that write committed.
+func (a *auditEvents) Builder(e audit.Event) (*audit.Link, error) { return testLink(e), nil }
+
+func (a *auditEvents) Appended(link *audit.Link) { a.Record(context.Background(), link.Event()) }
+
+// testLink builds e's record as the next link of a store's chain, outside
+// any chain key: tests using it do not verify the chain.
+func testLink(e audit.Event) *audit.Link {
+	return audit.NewLink(e, func(h store.AuditHead) (store.AuditRecord, error) {
+		r, err := setupLink(h)
+		r.Actor, r.Action, r.Target, r.Result, r.Reason = e.Actor, e.Action, e.Target, e.Result, e.Reason
+		return r, err
+	})
+}
+
 // signedSet is k's signers as a set of version v, signed by the active
 // signer: what an agent holding version v of this authority's sets holds.
 func signedSet(t *testing.T, k *signer.Keeper, v int64) []byte {

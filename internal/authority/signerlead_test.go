@@ -22,6 +22,10 @@ func (discardSignerAudit) Record(context.Context, audit.Event) (store.AuditRecor
 	return store.AuditRecord{}, nil
 }
 
+func (discardSignerAudit) Builder(e audit.Event) (*audit.Link, error) { return testLink(e), nil }
+
+func (discardSignerAudit) Appended(*audit.Link) {}
+
 // TestEnsureSignerWarnsOfAnotherLeadTime checks that a replica starting
 // with a signer.min_lead_time other than the one the current verifier set
 // carries (signed by a replica running with it) says so at start, naming

@@ -43,7 +43,7 @@ func (h hungStore) CloseAgentStream(ctx context.Context, _ string, _, _ time.Tim
 	return h.wait(ctx, "close agent stream")
 }
 
-func (h hungStore) RecordTaskResult(ctx context.Context, _, _, _, _ string) error {
+func (h hungStore) RecordTaskResult(ctx context.Context, _, _, _, _ string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
 	return h.wait(ctx, "record task result")
 }
 

@@ -586,21 +586,6 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 	if len(detail) > maxTaskDetail {
 		detail = detail[:maxTaskDetail]
 	}
-	err := s.store.RecordTaskResult(ctx, r.GetTaskId(), node, state, detail)
-	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
-		// A second answer (to a task sent again) or a task never
-		// queued for this node: the first answer stands.
-		return
-	}
-	if err != nil {
-		if !s.outage.fail(err) {
-			s.log.Error("cannot record a task result", "err", err, "node", node)
-		}
-		return
-	}
-	if state == store.TaskRefused {
-		s.streams.refusals.WithLabelValues(signerLabel(r.GetSignerVersionId()), reasonLabel(r.GetReason())).Inc()
-	}
 	result := audit.ResultOK
 	if state != store.TaskOK {
 		result = audit.ResultDenied
@@ -615,8 +600,29 @@ func (s *Server) taskResult(ctx context.Context, node string, r *musterv1.TaskRe
 			reason += "; " + way
 		}
 	}
-	_ = s.recordAudit(ctx, audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
+	// The answer is recorded with its task.result record, or not at all:
+	// one the chain cannot take leaves the delivery unanswered, as if the
+	// answer had not come.
+	link, err := s.audit.Builder(audit.Event{Actor: "spiffe://" + s.info.TrustDomain + "/agent/" + node, Action: "task.result",
 		Target: r.GetTaskId(), Result: result, Reason: reason})
+	if err == nil {
+		err = s.store.RecordTaskResult(ctx, r.GetTaskId(), node, state, detail, link.Build)
+	}
+	if errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound) {
+		// A second answer (to a task sent again) or a task never
+		// queued for this node: the first answer stands.
+		return
+	}
+	if err != nil {
+		if !s.outage.fail(err) {
+			s.log.Error("task result not recorded: it is recorded with its task.result record or not at all, and the write failed", "err", err, "node", node, "task_id", r.GetTaskId())
+		}
+		return
+	}
+	s.audit.Appended(link)
+	if state == store.TaskRefused {
+		s.streams.refusals.WithLabelValues(signerLabel(r.GetSignerVersionId()), reasonLabel(r.GetReason())).Inc()
+	}
 }
 
 // currentSignerState is the state of signer versionID in the store when

@@ -47,7 +47,7 @@ func TestTaskResultAsTheStreamEndsIsRecorded(t *testing.T) {
 	now := time.Now()
 	id := uuid.NewString()
 	if err := b.store.InsertTask(ctx, store.Task{ID: id, Type: "rotate", SignerVersionID: "v1", Signed: []byte("signed"),
-		CreatedBy: "test", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, []string{node}); err != nil {
+		CreatedBy: "test", CreatedAt: now, ExpiresAt: now.Add(time.Hour)}, []string{node}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	sctx, end := context.WithCancel(ctx)

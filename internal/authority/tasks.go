@@ -31,34 +31,81 @@ const allPage = 1024
 // queueToAll signs env (its ID, issue time and signer are filled here)
 // with the active signer and queues it for every node, a page at a time;
 // it returns the task, how many nodes it was queued for, and the first
-// maxListedNodes of them by ID.
-func (s *Server) queueToAll(ctx context.Context, env task.Envelope, lifetime time.Duration, actor string) (task.Envelope, int, []string, error) {
-	envs, queued, err := s.signTasks(ctx, env, [][]string{nil}, lifetime, actor)
+// maxListedNodes of them by ID. The task is queued with its task.send
+// record (rec, by rec.Actor, its target the task and the nodes queued) in
+// one transaction, or not at all.
+func (s *Server) queueToAll(ctx context.Context, env task.Envelope, lifetime time.Duration, rec audit.Event) (task.Envelope, int, []string, error) {
+	envs, queued, err := s.signTasks(ctx, env, [][]string{nil}, lifetime, rec.Actor)
 	if err != nil {
 		return task.Envelope{}, 0, nil, err
 	}
-	var listed []string
+	var (
+		listed []string
+		link   *audit.Link
+	)
 	n, err := s.store.QueueTaskToAll(ctx, queued[0].Task, allPage, func(page []string) {
 		if room := maxListedNodes - len(listed); room > 0 {
 			listed = append(listed, page[:min(room, len(page))]...)
 		}
+	}, func(n int) func(store.AuditHead) (store.AuditRecord, error) {
+		l, err := s.sendLink(rec, sendTarget(envs, n))
+		if err != nil {
+			return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, err }
+		}
+		link = l
+		return l.Build
 	})
 	if err != nil {
-		return task.Envelope{}, 0, nil, err
+		return task.Envelope{}, 0, nil, notSent(err)
 	}
+	s.audit.Appended(link)
 	return envs[0], n, listed, nil
 }
 
 // queueTasks signs one task per page of nodes with the active signer, the
 // same issue time and expiry for all, each page its own task ID and, when
 // env targets node IDs, the page as its signed target; the tasks are
-// queued in one transaction, all or none.
-func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]string, lifetime time.Duration, actor string) ([]task.Envelope, error) {
-	envs, queued, err := s.signTasks(ctx, env, pages, lifetime, actor)
+// queued in one transaction with their task.send record (rec, by
+// rec.Actor), all or none.
+func (s *Server) queueTasks(ctx context.Context, env task.Envelope, pages [][]string, lifetime time.Duration, rec audit.Event) ([]task.Envelope, error) {
+	envs, queued, err := s.signTasks(ctx, env, pages, lifetime, rec.Actor)
 	if err != nil {
 		return nil, err
 	}
-	return envs, s.store.InsertTasks(ctx, queued)
+	n := 0
+	for _, p := range pages {
+		n += len(p)
+	}
+	link, err := s.sendLink(rec, sendTarget(envs, n))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.InsertTasks(ctx, queued, link.Build); err != nil {
+		return nil, notSent(err)
+	}
+	s.audit.Appended(link)
+	return envs, nil
+}
+
+// sendLink is the task.send record rec names target with.
+func (s *Server) sendLink(rec audit.Event, target string) (*audit.Link, error) {
+	rec.Action, rec.Target, rec.Result = "task.send", target, audit.ResultOK
+	return s.audit.Builder(rec)
+}
+
+// sendTarget is a send's audit target: its tasks (one, or one per page of
+// nodes) and how many nodes they were queued for.
+func sendTarget(envs []task.Envelope, nodes int) string {
+	if len(envs) > 1 {
+		return fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %s", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), envs[0].TaskType, nodeCount(nodes))
+	}
+	return fmt.Sprintf("task %s %s to %s", envs[0].TaskID, envs[0].TaskType, nodeCount(nodes))
+}
+
+// notSent says a send's write failed: nothing was queued, as a task goes
+// out with its record or not at all.
+func notSent(err error) error {
+	return fmt.Errorf("task not sent: it is queued with its task.send record or not at all, and the write failed: %w", err)
 }
 
 // signTasks signs one task per page of nodes, as queueTasks queues them.
@@ -124,52 +171,58 @@ func (s *Server) nodesFor(ctx context.Context, t task.Target) ([]string, error) 
 }
 
 func (a *adminService) SendTask(ctx context.Context, req *musterv1.SendTaskRequest) (*musterv1.SendTaskResponse, error) {
-	resp, target, err := a.sendTask(ctx, req)
-	err = toStatus(ctx, a.s.log, err)
-	a.record(ctx, "task.send", target, err)
-	return resp, err
+	resp, err := a.sendTask(ctx, req)
+	if err != nil {
+		// A send is recorded with its write; a refusal here.
+		err = toStatus(ctx, a.s.log, err)
+		a.record(ctx, "task.send", "", err)
+		return nil, err
+	}
+	return resp, nil
 }
 
-func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskRequest) (*musterv1.SendTaskResponse, string, error) {
+func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskRequest) (*musterv1.SendTaskResponse, error) {
 	if req.TaskType == task.TypeRotateSigningKey {
-		return nil, "", badRequest("node.rotate_signing_key is sent by muster signer stage only")
+		return nil, badRequest("node.rotate_signing_key is sent by muster signer stage only")
 	}
 	lifetime, err := optionalDuration("expires", req.Expires, task.DefaultExpires)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if lifetime > task.MaxLifetime {
-		return nil, "", badRequest(fmt.Sprintf("expires must be at most %s", task.MaxLifetime))
+		return nil, badRequest(fmt.Sprintf("expires must be at most %s", task.MaxLifetime))
 	}
 	target := task.Target{NodeIDs: req.NodeIds, Labels: req.Labels, All: req.All}
 	// Before anything is read: a target of no kind would resolve to no
 	// nodes, and one of several kinds to one of them.
 	if err := target.CheckKind(); err != nil {
-		return nil, "", badRequest(err.Error())
+		return nil, badRequest(err.Error())
 	}
+	c := callerFrom(ctx)
+	rec := audit.Event{Actor: c.Actor(), Source: c.Source, CorrelationID: c.CorrelationID}
 	if req.All {
 		// The envelope's own check reports malformed input before
 		// anything is signed or read.
 		env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}
 		if err := checkEnvelope(env, lifetime); err != nil {
-			return nil, "", err
+			return nil, err
 		}
-		env, n, listed, err := a.s.queueToAll(ctx, env, lifetime, callerFrom(ctx).Actor())
+		env, n, listed, err := a.s.queueToAll(ctx, env, lifetime, rec)
 		if err != nil {
-			return nil, "", signedRefusal(err)
+			return nil, signedRefusal(err)
 		}
-		return sendAnswer([]task.Envelope{env}, n, listed), fmt.Sprintf("task %s %s to %s", env.TaskID, req.TaskType, nodeCount(n)), nil
+		return sendAnswer([]task.Envelope{env}, n, listed), nil
 	}
 	nodes, err := a.s.nodesFor(ctx, target)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if len(req.Labels) > 0 {
 		// Agents do not know their token's labels: a label selector is
 		// resolved here, and each task names the nodes it chose.
 		target = task.Target{NodeIDs: nodes}
 		if len(nodes) == 0 {
-			return nil, "", status.Error(codes.FailedPrecondition, "no node joined with a token carrying these labels (`muster token list` shows the tokens' labels; the nodes of a token deleted or cleaned up are in no label selection)")
+			return nil, status.Error(codes.FailedPrecondition, "no node joined with a token carrying these labels (`muster token list` shows the tokens' labels; the nodes of a token deleted or cleaned up are in no label selection)")
 		}
 	}
 	env := task.Envelope{TaskType: req.TaskType, Target: target, Params: req.Params}
@@ -179,17 +232,13 @@ func (a *adminService) sendTask(ctx context.Context, req *musterv1.SendTaskReque
 	probe := env
 	probe.Target = task.Target{NodeIDs: pages[0]}
 	if err := checkEnvelope(probe, lifetime); err != nil {
-		return nil, "", err
+		return nil, err
 	}
-	envs, err := a.s.queueTasks(ctx, env, pages, lifetime, callerFrom(ctx).Actor())
+	envs, err := a.s.queueTasks(ctx, env, pages, lifetime, rec)
 	if err != nil {
-		return nil, "", signedRefusal(err)
+		return nil, signedRefusal(err)
 	}
-	what := fmt.Sprintf("task %s %s to %s", envs[0].TaskID, req.TaskType, nodeCount(len(nodes)))
-	if len(envs) > 1 {
-		what = fmt.Sprintf("tasks %s…%s (%d, one per page of nodes) %s to %s", envs[0].TaskID, envs[len(envs)-1].TaskID, len(envs), req.TaskType, nodeCount(len(nodes)))
-	}
-	return sendAnswer(envs, len(nodes), nodes[:min(len(nodes), maxListedNodes)]), what, nil
+	return sendAnswer(envs, len(nodes), nodes[:min(len(nodes), maxListedNodes)]), nil
 }
 
 // nodeCount is "1 node" or "N nodes", for audit targets.
@@ -250,13 +299,8 @@ func (s *Server) queueRotation(ctx context.Context, staged signer.Signer, stepAt
 		lifetime := min(staged.EffectiveAt.Sub(issued), task.MaxLifetime)
 		env := task.Envelope{TaskType: task.TypeRotateSigningKey, Target: task.Target{All: true}, IssuedAt: issued,
 			Params: task.RotateParams(staged.VersionID, staged.PublicKey, staged.EffectiveAt, staged.GraceUntil)}
-		env, n, _, err := s.queueToAll(ctx, env, lifetime, actor)
-		if err != nil {
-			return err
-		}
-		_ = s.recordAudit(ctx, audit.Event{Actor: actor, Action: "task.send", Target: fmt.Sprintf("task %s %s to %s", env.TaskID, env.TaskType, nodeCount(n)),
-			Result: audit.ResultOK, Reason: "rollout of signer " + staged.VersionID})
-		return nil
+		_, _, _, err = s.queueToAll(ctx, env, lifetime, audit.Event{Actor: actor, Reason: "rollout of signer " + staged.VersionID})
+		return err
 	}()
 	if err != nil {
 		s.log.Error("cannot queue the rotate task; agents learn the staged signer from the verifier set", "err", err, "signer_version_id", staged.VersionID)

@@ -295,3 +295,8 @@ func setupLink(h store.AuditHead) (store.AuditRecord, error) {
 	return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),
 		Action: "test.setup", Result: audit.ResultOK}, nil
 }
+
+// setupEpochLink is setupLink for a resync window a test opens.
+func setupEpochLink(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+	return setupLink
+}

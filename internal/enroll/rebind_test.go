@@ -50,7 +50,7 @@ func (b *bkEnv) offer(t *testing.T, priv ed25519.PrivateKey, key boundkeypair.Pu
 
 func (b *bkEnv) openWindow(t *testing.T, id string) {
 	t.Helper()
-	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: id, For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}); err != nil {
+	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: id, For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}, setupEpochLink); err != nil {
 		t.Fatal(err)
 	}
 }

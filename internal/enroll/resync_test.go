@@ -61,7 +61,7 @@ func TestBoundKeypairResync(t *testing.T) {
 		t.Fatalf("the operator's log was told %v, want bot-1/node-1 once", told)
 	}
 
-	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}); err != nil {
+	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}, setupEpochLink); err != nil {
 		t.Fatal(err)
 	}
 	_, der := csr(t)
@@ -117,10 +117,10 @@ func TestBoundKeypairResyncWindowBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test"}); err != nil {
+	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test"}, setupEpochLink); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.st.CloseResync(t.Context(), "admin:test"); err != nil {
+	if _, err := b.st.CloseResync(t.Context(), "admin:test", setupEpochLink); err != nil {
 		t.Fatal(err)
 	}
 	_, err = b.recover(t, b.signedAt(t, second.JoinState, 7, ""))
@@ -129,7 +129,7 @@ func TestBoundKeypairResyncWindowBounds(t *testing.T) {
 		t.Fatalf("ahead after the window closed: locked %v, token %+v", b.locked(t), b.status(t))
 	}
 
-	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-2", For: time.Hour, OpenedBy: "admin:test"}); err != nil {
+	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-2", For: time.Hour, OpenedBy: "admin:test"}, setupEpochLink); err != nil {
 		t.Fatal(err)
 	}
 	_, err = b.recover(t, first.JoinState) // stale: a real copy

@@ -251,8 +251,11 @@ func TestEndedTokenSignerKeyDestroyed(t *testing.T) {
 	if got := refsOf(t, st)[first]; len(got) != 0 {
 		t.Fatalf("the rolled-back signer's reference %q is still in the store", got)
 	}
-	if e := lastEvent(t, log, "node_task_signer.rollback"); !strings.Contains(e.Reason, first+"'s key ("+string(ref)+") destroyed") {
-		t.Errorf("rollback audit reason %q does not say the token key was destroyed", e.Reason)
+	if e := lastEvent(t, log, "node_task_signer.rollback"); !strings.Contains(e.Reason, first+"'s key ("+string(ref)+") is destroyed after the step") {
+		t.Errorf("rollback audit reason %q does not say the token key goes after the step", e.Reason)
+	}
+	if e := lastEvent(t, log, "node_task_signer.destroy_key"); e.Target != first || e.Result != audit.ResultOK || !strings.Contains(e.Reason, first+"'s key ("+string(ref)+") destroyed") {
+		t.Errorf("destroy_key audit %+v does not say the token key was destroyed", e)
 	}
 
 	// The token does not answer: the rollback stands, the key waits.
@@ -262,8 +265,8 @@ func TestEndedTokenSignerKeyDestroyed(t *testing.T) {
 	if err != nil || len(res.Keys) != 1 || !errors.Is(res.Keys[0].Err, errTokenDown) {
 		t.Fatalf("rollback with the token down: %+v %v", res, err)
 	}
-	if e := lastEvent(t, log, "node_task_signer.rollback"); !strings.Contains(e.Reason, "the leader retries it") {
-		t.Errorf("rollback audit reason %q does not say the destruction failed and is retried", e.Reason)
+	if e := lastEvent(t, log, "node_task_signer.destroy_key"); e.Target != second || e.Result != audit.ResultError || !strings.Contains(e.Reason, "the leader retries it") {
+		t.Errorf("destroy_key audit %+v does not say the destruction failed and is retried", e)
 	}
 	snap, _ := k.Load(ctx)
 	if got := snap.KeyCustody(second); got != string(ref) {
@@ -298,9 +301,9 @@ func TestEndedTokenSignerKeyDestroyed(t *testing.T) {
 	n := 0
 	for _, l := range []*auditLog{log, log2} {
 		for _, e := range l.events {
-			if e.Action == "node_task_signer.destroy_key" {
+			if e.Action == "node_task_signer.destroy_key" && e.Target == second && e.Result == audit.ResultOK {
 				n++
-				if e.Target != second || !strings.Contains(e.Reason, string(ref)+") destroyed") {
+				if !strings.Contains(e.Reason, string(ref)+") destroyed") {
 					t.Errorf("destroy_key audit %+v", e)
 				}
 			}
@@ -342,7 +345,7 @@ func TestDestroyEndedTakesOldRows(t *testing.T) {
 	// As the earlier muster wrote them: no DropKey.
 	_, err := clock.ApplySignerChanges(ctx, 0, []store.SignerChange{
 		{To: row("v1", Retired)}, {To: row("v2", Revoked)}, {To: row("v3", Grace)}, {To: row("v4", Active)},
-	})
+	}, chainLink(audit.Event{Action: "test.setup", Result: audit.ResultOK}, nil).Build)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -398,7 +401,7 @@ func TestEndedTokenKeyWithoutTheToken(t *testing.T) {
 	if !tok.holds(ref) {
 		t.Fatal("the object went from a token the keeper does not open")
 	}
-	if e := lastEvent(t, log, "node_task_signer.rollback"); !strings.Contains(e.Reason, "delete the object by hand") {
-		t.Errorf("rollback audit reason %q does not say to delete the object by hand", e.Reason)
+	if e := lastEvent(t, log, "node_task_signer.destroy_key"); e.Target != id || !strings.Contains(e.Reason, "delete the object by hand") {
+		t.Errorf("destroy_key audit %+v does not say to delete the object by hand", e)
 	}
 }

@@ -18,24 +18,30 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
-	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange) (int64, error)
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
-	DropSignerKey(ctx context.Context, versionID string, ref []byte) error
+	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error
+	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
 
-// Auditor records one audit event; *audit.Logger is one.
+// Auditor writes the audit trail; *audit.Logger is one. Record appends a
+// refusal's record on its own; Builder and Appended write a change's
+// record in the same store transaction as the change (every step, advance
+// and key destruction: the signers never change unaudited).
 type Auditor interface {
 	Record(ctx context.Context, e audit.Event) (store.AuditRecord, error)
+	Builder(e audit.Event) (*audit.Link, error)
+	Appended(link *audit.Link)
 }
 
 // Actor is who asks for a lifecycle step, as the audit records it.
 type Actor struct{ Name, Source, CorrelationID string }
 
 // Keeper runs the signer lifecycle against the store: it reads the
-// signers, plans a step by the table, writes it as one conditional change
-// set, and audits the outcome as node_task_signer.<action>. Times are the
+// signers, plans a step by the table, and writes it as one conditional
+// change set with its node_task_signer.<action> record (a refusal is
+// audited after). Times are the
 // store's clock, so every replica decides alike. Safe for concurrent use;
 // of two replicas taking the same step, one writes and the other gets
 // store.ErrConflict.
@@ -202,13 +208,14 @@ type KeyDestroyer interface {
 
 // destroyKey destroys the key of a signer read from the store as ended
 // with ref: the token object first, then the reference, in one
-// conditional write, so a failure anywhere leaves the reference for the
-// next pass (destroying an object already gone is no error). A token
-// this authority does not open (no token configured: the operator left it,
-// muster ca migrate-custody --rollback) will not answer later either: the
-// reference is dropped and the object left, to delete by hand. won is
-// false when another replica dropped the reference first.
-func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (f KeyFate, won bool) {
+// conditional write with its node_task_signer.destroy_key record (by
+// who), so a failure anywhere, the record's included, leaves the
+// reference for the next pass (destroying an object already gone is no
+// error). A token this authority does not open (no token configured: the
+// operator left it, muster ca migrate-custody --rollback) will not answer
+// later either: the reference is dropped and the object left, to delete
+// by hand. won is false when another replica dropped the reference first.
+func (k *Keeper) destroyKey(ctx context.Context, who Actor, s Signer, ref []byte) (f KeyFate, won bool) {
 	f = KeyFate{VersionID: s.VersionID, Where: Where(ref)}
 	if custody.IsPKCS11Ref(ref) {
 		d, ok := k.custody.(KeyDestroyer)
@@ -224,12 +231,20 @@ func (k *Keeper) destroyKey(ctx context.Context, s Signer, ref []byte) (f KeyFat
 			return f, false
 		}
 	}
-	err := k.st.DropSignerKey(ctx, s.VersionID, ref)
+	link, err := k.audit.Builder(audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActDestroyKey),
+		Result: audit.ResultOK, Target: s.VersionID, Source: who.Source, CorrelationID: who.CorrelationID,
+		Reason: fmt.Sprintf("%s signer %s (ended_at=%s): %s", s.State, s.VersionID, s.EndedAt.UTC().Format(time.RFC3339), f)})
+	if err == nil {
+		err = k.st.DropSignerKey(ctx, s.VersionID, ref, link.Build)
+	}
 	if errors.Is(err, store.ErrConflict) {
 		return f, false
 	}
-	f.Err = err
-	return f, err == nil
+	if f.Err = err; err != nil {
+		return f, false
+	}
+	k.audit.Appended(link)
+	return f, true
 }
 
 // RolloutIssuedAt is the issue time of the rotate task of a step taken at
@@ -257,11 +272,14 @@ func wholeSecond(t time.Time) time.Time {
 	return t
 }
 
-// apply writes a plan read from snap. ref is the new signer's key
-// reference for a plan that inserts one.
-func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref []byte) (Result, error) {
+// apply writes a plan read from snap, the step a (by who), with its
+// record: the step and its node_task_signer.<a> record are one
+// transaction. ref is the new signer's key reference for a plan that
+// inserts one.
+func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, changes []Change, ref []byte) (Result, error) {
 	rows := make([]store.SignerChange, len(changes))
 	refs := make(map[string][]byte, len(changes))
+	var keys []string // what becomes of the ended signers' keys, for the record
 	for i, c := range changes {
 		r := snap.refs[c.To.VersionID]
 		if c.From == none {
@@ -271,15 +289,24 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 		// the signer. A token's key goes after the write (below).
 		drop := c.From != none && c.To.State.Ended() && len(r) > 0 && !custody.IsPKCS11Ref(r)
 		rows[i] = store.SignerChange{From: string(c.From), To: toRow(c.To, r), DropKey: drop}
-		if drop {
+		switch {
+		case drop:
+			keys = append(keys, KeyFate{VersionID: c.To.VersionID, Where: Where(r)}.String())
 			r = nil
+		case c.From != none && c.To.State.Ended() && len(r) > 0:
+			keys = append(keys, fmt.Sprintf("%s's key (%s) is destroyed after the step (node_task_signer.%s)", c.To.VersionID, Where(r), ActDestroyKey))
 		}
 		refs[c.To.VersionID] = r
 	}
-	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows)
+	link, err := k.audit.Builder(stepEvent(who, a, snap.Version()+1, changes, keys))
 	if err != nil {
 		return Result{}, err
 	}
+	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows, link.Build)
+	if err != nil {
+		return Result{}, err
+	}
+	k.audit.Appended(link)
 	// Sign and keep the new set now, while the set it follows is known:
 	// its signer is chosen against snap's states. A failure here is not
 	// the step's: the next request signs it (against the kept set before).
@@ -311,10 +338,14 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 			// not with what is left of the caller's deadline; if the token
 			// does not answer, the leader's next pass does (DestroyEnded).
 			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
-			f, _ := k.destroyKey(dctx, c.To, r)
+			f, _ := k.destroyKey(dctx, who, c.To, r)
 			cancel()
 			if f.Err == nil {
 				refs[c.To.VersionID] = nil
+			} else {
+				// Said once, here: the leader's passes retry it quietly,
+				// and the one that destroys it records it.
+				k.refused(ctx, who, ActDestroyKey, c.To.VersionID, errors.New(f.String()))
 			}
 			fates = append(fates, f)
 		}
@@ -325,40 +356,38 @@ func (k *Keeper) apply(ctx context.Context, snap Snapshot, changes []Change, ref
 // destroyTimeout bounds one destruction of a token key.
 const destroyTimeout = 30 * time.Second
 
-// record audits a step's outcome: the acting signer version as the target,
-// and in the reason the previous version and the times, or the refusal.
-func (k *Keeper) record(ctx context.Context, who Actor, a Action, res Result, err error) {
-	k.recordAsked(ctx, who, a, "", res, err)
-}
-
-// recordAsked is record for a step that named a version (asked): a
-// refusal's record names it as its target (muster signer revoke v9 is
-// audited as a refused revoke of v9, not of nothing).
-func (k *Keeper) recordAsked(ctx context.Context, who Actor, a Action, asked string, res Result, err error) {
+// stepEvent is the record of a step a (by who) about to be written,
+// making verifier set version: the acting signer version as the target,
+// and in the reason each change with its times and what becomes of the
+// ended signers' keys.
+func stepEvent(who Actor, a Action, version int64, changes []Change, keys []string) audit.Event {
 	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(a), Result: audit.ResultOK,
 		Source: who.Source, CorrelationID: who.CorrelationID}
-	if err != nil {
-		e.Target = asked
-		e.Result = audit.ResultDenied
-		if errors.Is(err, store.ErrConflict) || !IsRule(err) {
-			e.Result = audit.ResultError
+	var parts []string
+	for _, c := range changes {
+		if e.Target == "" && c.Action == a {
+			e.Target = c.To.VersionID
 		}
-		e.Reason = err.Error()
-	} else {
-		var parts []string
-		for _, c := range res.Changes {
-			if e.Target == "" && (c.Action == a || (a == ActCreate && c.Action == ActCreate)) {
-				e.Target = c.To.VersionID
-			}
-			parts = append(parts, describe(c))
-		}
-		for _, f := range res.Keys {
-			parts = append(parts, f.String())
-		}
-		e.Reason = fmt.Sprintf("verifier set version %d: %s", res.Version, strings.Join(parts, "; "))
+		parts = append(parts, describe(c))
 	}
-	// A failed audit write does not undo a committed step; the store
-	// keeps the step and the next audit write reports the log's trouble.
+	parts = append(parts, keys...)
+	e.Reason = fmt.Sprintf("verifier set version %d: %s", version, strings.Join(parts, "; "))
+	return e
+}
+
+// refused audits a step that was not taken (a rule's refusal, a lost race,
+// a failure of the store or the custody): asked, the version the
+// operator named ("" for the steps that name none), is its target (muster
+// signer revoke v9 is audited as a refused revoke of v9, not of nothing).
+// A step taken is recorded with its write (apply).
+func (k *Keeper) refused(ctx context.Context, who Actor, a Action, asked string, err error) {
+	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(a), Target: asked, Result: audit.ResultDenied,
+		Source: who.Source, CorrelationID: who.CorrelationID, Reason: err.Error()}
+	if errors.Is(err, store.ErrConflict) || !IsRule(err) {
+		e.Result = audit.ResultError
+	}
+	// The refusal stands whether or not its record is written: the
+	// authority's Auditor logs a record it could not write.
 	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
 }
 
@@ -421,20 +450,25 @@ func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err 
 	if err != nil {
 		return false, err
 	}
-	res, err := k.apply(ctx, snap, changes, key.Ref)
+	_, err = k.apply(ctx, who, ActCreate, snap, changes, key.Ref)
 	if errors.Is(err, store.ErrConflict) {
 		// Another replica created it first.
 		return false, nil
 	}
-	k.record(ctx, who, ActCreate, res, err)
-	return err == nil, err
+	if err != nil {
+		k.refused(ctx, who, ActCreate, "", err)
+		return false, err
+	}
+	return true, nil
 }
 
 // Stage publishes a new signer, effective effectiveIn from now (at least
 // the lead time), keeping the active one accepted for grace after that.
 func (k *Keeper) Stage(ctx context.Context, who Actor, effectiveIn, grace time.Duration) (Result, error) {
-	res, err := k.stage(ctx, effectiveIn, grace)
-	k.record(ctx, who, ActStage, res, err)
+	res, err := k.stage(ctx, who, effectiveIn, grace)
+	if err != nil {
+		k.refused(ctx, who, ActStage, "", err)
+	}
 	return res, err
 }
 
@@ -445,7 +479,7 @@ func GraceTooShort(grace time.Duration, way string) string {
 		grace, MinGrace, MinGrace, way)
 }
 
-func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (Result, error) {
+func (k *Keeper) stage(ctx context.Context, who Actor, effectiveIn, grace time.Duration) (Result, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return Result{}, err
@@ -467,7 +501,7 @@ func (k *Keeper) stage(ctx context.Context, effectiveIn, grace time.Duration) (R
 	if err != nil {
 		return Result{}, err
 	}
-	return k.apply(ctx, snap, changes, key.Ref)
+	return k.apply(ctx, who, ActStage, snap, changes, key.Ref)
 }
 
 // step reads the signers, plans with plan and writes the result.
@@ -483,9 +517,11 @@ func (k *Keeper) step(ctx context.Context, who Actor, a Action, asked string, pl
 		if err != nil {
 			return Result{}, err
 		}
-		return k.apply(ctx, snap, changes, nil)
+		return k.apply(ctx, who, a, snap, changes, nil)
 	}()
-	k.recordAsked(ctx, who, a, asked, res, err)
+	if err != nil {
+		k.refused(ctx, who, a, asked, err)
+	}
 	return res, err
 }
 
@@ -617,19 +653,25 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		err = ErrNoCommonSigner
 		res = Result{}
 	} else {
-		err = k.st.AdvanceSignerSet(ctx, snap.Version(), set.Version+1)
+		// The advance is written with its record, or not at all.
+		var link *audit.Link
+		if link, err = k.audit.Builder(e); err == nil {
+			err = k.st.AdvanceSignerSet(ctx, snap.Version(), set.Version+1, link.Build)
+		}
 		if errors.Is(err, store.ErrConflict) {
 			return Result{}, nil
 		}
 		if err == nil {
+			k.audit.Appended(link)
+			// A set not signed now is signed on the next request (as
+			// after a step): the advance stands, recorded.
 			_, err = k.publish(ctx, prev)
+			return res, err
 		}
 	}
-	if err != nil {
-		e.Result, e.Reason = audit.ResultError, fmt.Sprintf("agent set version %d, store %d: %v", set.Version, snap.Version(), err)
-		if errors.Is(err, ErrNoCommonSigner) {
-			e.Result = audit.ResultDenied
-		}
+	e.Result, e.Reason = audit.ResultError, fmt.Sprintf("agent set version %d, store %d: %v", set.Version, snap.Version(), err)
+	if errors.Is(err, ErrNoCommonSigner) {
+		e.Result = audit.ResultDenied
 	}
 	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
 	return res, err
@@ -654,11 +696,13 @@ func (k *Keeper) Tick(ctx context.Context, who Actor) (Result, error) {
 		return Result{}, err
 	}
 	a := changes[len(changes)-1].Action
-	res, err := k.apply(ctx, snap, changes, nil)
+	res, err := k.apply(ctx, who, a, snap, changes, nil)
 	if errors.Is(err, store.ErrConflict) {
 		return Result{}, nil
 	}
-	k.record(ctx, who, a, res, err)
+	if err != nil {
+		k.refused(ctx, who, a, "", err)
+	}
 	return res, err
 }
 
@@ -673,7 +717,7 @@ const ActDestroyKey Action = "destroy_key"
 // replicas racing on one key destroy it once between them (the token
 // object's destruction is idempotent, the reference's a conditional
 // write), and only the replica whose write won audits it as
-// node_task_signer.destroy_key. Active, staged and grace signers' keys are
+// node_task_signer.destroy_key, in that write. Active, staged and grace signers' keys are
 // never touched. It returns the keys destroyed and the errors of those it
 // could not destroy, which stay for the next pass.
 func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error) {
@@ -691,7 +735,7 @@ func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error)
 			continue
 		}
 		dctx, cancel := context.WithTimeout(ctx, destroyTimeout)
-		f, won := k.destroyKey(dctx, s, ref)
+		f, won := k.destroyKey(dctx, who, s, ref)
 		cancel()
 		if f.Err != nil {
 			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, f.Err))
@@ -701,9 +745,6 @@ func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error)
 			continue
 		}
 		done = append(done, f)
-		_, _ = k.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActDestroyKey),
-			Result: audit.ResultOK, Target: s.VersionID, Source: who.Source, CorrelationID: who.CorrelationID,
-			Reason: fmt.Sprintf("%s signer %s (ended_at=%s): %s", s.State, s.VersionID, s.EndedAt.UTC().Format(time.RFC3339), f)})
 	}
 	return done, errors.Join(errs...)
 }

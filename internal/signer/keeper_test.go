@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,37 @@ import (
 type auditLog struct {
 	mu     sync.Mutex
 	events []audit.Event
+	// refuse, when set, is what the records of changes fail with: the
+	// chain refuses them (those of refuseAction only, when it is set).
+	refuse       error
+	refuseAction string
+}
+
+// Builder builds e's record as the next link of the store's chain; once
+// its write committed (Appended), e is logged with the refusals.
+func (a *auditLog) Builder(e audit.Event) (*audit.Link, error) {
+	a.mu.Lock()
+	refuse := a.refuse
+	if a.refuseAction != "" && a.refuseAction != e.Action {
+		refuse = nil
+	}
+	a.mu.Unlock()
+	return chainLink(e, refuse), nil
+}
+
+func (a *auditLog) Appended(link *audit.Link) { a.Record(context.Background(), link.Event()) }
+
+// chainLink builds e's record as the next link of a store's chain, or
+// fails with refuse when it is set. Its hash names its place only: the
+// keeper's tests verify no chain.
+func chainLink(e audit.Event, refuse error) *audit.Link {
+	return audit.NewLink(e, func(h store.AuditHead) (store.AuditRecord, error) {
+		if refuse != nil {
+			return store.AuditRecord{}, refuse
+		}
+		return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte(strconv.FormatInt(h.Seq+1, 10)), Time: time.Now(),
+			Actor: e.Actor, Action: e.Action, Target: e.Target, Result: e.Result, Reason: e.Reason}, nil
+	})
 }
 
 func (a *auditLog) Record(_ context.Context, e audit.Event) (store.AuditRecord, error) {

@@ -39,14 +39,14 @@ func (s *swappedStore) ListSigners(ctx context.Context) ([]store.Signer, store.S
 func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 	return s.get().SignerSetID(ctx)
 }
-func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange) (int64, error) {
-	return s.get().ApplySignerChanges(ctx, v, cs)
+func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	return s.get().ApplySignerChanges(ctx, v, cs, audit)
 }
-func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64) error {
-	return s.get().AdvanceSignerSet(ctx, v, to)
+func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.get().AdvanceSignerSet(ctx, v, to, audit)
 }
-func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte) error {
-	return s.get().DropSignerKey(ctx, id, ref)
+func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.get().DropSignerKey(ctx, id, ref, audit)
 }
 func (s *swappedStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
 	return s.get().PutVerifierSet(ctx, v, raw)

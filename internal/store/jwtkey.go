@@ -24,6 +24,9 @@ type JWTKeyStore interface {
 	// RotateJWTKey makes version from+1 current, RotatedAt the store
 	// clock, in one conditional write: only while from is the stored
 	// version. ErrConflict, and nothing written, when another rotation
-	// came first. It returns the new version.
-	RotateJWTKey(ctx context.Context, from int64) (JWTKey, error)
+	// came first. It returns the new version. audit builds its record
+	// (jwt.rotate), appended in the same transaction (see
+	// Store.AppendAudit): an error building or appending it is returned
+	// and nothing is written; a nil audit is refused.
+	RotateJWTKey(ctx context.Context, from int64, audit func(head AuditHead) (AuditRecord, error)) (JWTKey, error)
 }

@@ -46,10 +46,18 @@ type ResyncOpen struct {
 type ResyncStore interface {
 	// OpenResync begins a new epoch with a window open for o.For, in one
 	// conditional write: ErrConflict if a window is open (by the store
-	// clock) or another opening won a race.
-	OpenResync(ctx context.Context, o ResyncOpen) (ResyncEpoch, error)
-	// CloseResync closes the open window early; ErrNotFound if none is open.
-	CloseResync(ctx context.Context, closedBy string) (ResyncEpoch, error)
+	// clock) or another opening won a race. audit(e), e the epoch as
+	// written, builds its record (bound_keypair.resync.open), appended in
+	// the same transaction (see Store.AppendAudit): an error building or
+	// appending it is returned and nothing is written; a nil audit, or
+	// one returning nil, is refused.
+	OpenResync(ctx context.Context, o ResyncOpen, audit func(e ResyncEpoch) func(head AuditHead) (AuditRecord, error)) (ResyncEpoch, error)
+	// CloseResync closes the open window early; ErrNotFound if none is
+	// open. audit(e), e the epoch as closed, builds its record
+	// (bound_keypair.resync.close), appended in the same transaction as
+	// OpenResync's: an error building or appending it is returned and
+	// the window stays open.
+	CloseResync(ctx context.Context, closedBy string, audit func(e ResyncEpoch) func(head AuditHead) (AuditRecord, error)) (ResyncEpoch, error)
 	// ListResyncEpochs returns every epoch, oldest first.
 	ListResyncEpochs(ctx context.Context) ([]ResyncEpoch, error)
 }

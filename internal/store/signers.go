@@ -88,14 +88,19 @@ type SignerStore interface {
 	// an updated row is not in its From state, if an inserted version ID
 	// exists, or if a write would leave two signers staged, active or in
 	// grace (a partial unique index). Of several change sets computed from
-	// one version, across processes, exactly one succeeds.
-	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange) (int64, error)
+	// one version, across processes, exactly one succeeds. audit builds
+	// the step's record (node_task_signer.<action>), appended in the same
+	// transaction (see Store.AppendAudit): an error building or appending
+	// it is returned and nothing is written; a nil audit is refused.
+	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange, audit func(head AuditHead) (AuditRecord, error)) (int64, error)
 	// AdvanceSignerSet moves the verifier set version from expectVersion
 	// to to (> expectVersion) with no signer changed, stamping it like a
 	// step: after a store restore, so the next set is newer than what
 	// agents hold. ErrConflict, and nothing written, if the version is no
-	// longer expectVersion or to is not above it.
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64) error
+	// longer expectVersion or to is not above it. audit builds its record
+	// (node_task_signer.advance), appended in the same transaction, as
+	// ApplySignerChanges's.
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, audit func(head AuditHead) (AuditRecord, error)) error
 	// DropSignerKey empties the key reference of a retired or revoked
 	// signer once its custody object is destroyed (a token's key, which
 	// outlives the step that ended the signer until the token answers),
@@ -103,8 +108,11 @@ type SignerStore interface {
 	// only where the row is retired or revoked and still holds ref.
 	// ErrConflict, and nothing written, otherwise (another replica
 	// emptied it first, or the row is not what was read). The verifier
-	// set version does not move: no set names a key reference.
-	DropSignerKey(ctx context.Context, versionID string, ref []byte) error
+	// set version does not move: no set names a key reference. audit
+	// builds its record (node_task_signer.destroy_key), appended in the
+	// same transaction, as ApplySignerChanges's: a reference whose record
+	// cannot be written stays, for the next pass.
+	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(head AuditHead) (AuditRecord, error)) error
 	// PutVerifierSet keeps the signed verifier set of one version, the
 	// first written: a second write of a version keeps the first and is
 	// not an error (replicas signing the same version race harmlessly).

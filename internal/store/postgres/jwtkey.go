@@ -25,20 +25,32 @@ func (s *Store) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
 
 // RotateJWTKey makes version from+1 current if from still is (see
 // store.JWTKeyStore): one UPDATE conditional on the version, so of two
-// rotations from one version exactly one succeeds.
-func (s *Store) RotateJWTKey(ctx context.Context, from int64) (store.JWTKey, error) {
-	var (
-		k  store.JWTKey
-		at int64
-	)
-	err := s.pool.QueryRow(ctx, `UPDATE jwt_svid_key SET version = version + 1, rotated_at = `+nowMicros+`
-		WHERE id = 1 AND version = $1 RETURNING version, rotated_at`, from).Scan(&k.Version, &at)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return store.JWTKey{}, fmt.Errorf("postgres: rotate jwt key: version %d is not the current one: %w", from, store.ErrConflict)
+// rotations from one version exactly one succeeds, and its audit record
+// in the same transaction (one pipe, as InsertLock).
+func (s *Store) RotateJWTKey(ctx context.Context, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+	if audit == nil {
+		return store.JWTKey{}, fmt.Errorf("postgres: rotate jwt key: no audit record: the key is never rotated unaudited")
 	}
+	var k store.JWTKey
+	op := fmt.Sprintf("rotate jwt key from version %d", from)
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(`UPDATE jwt_svid_key SET version = version + 1, rotated_at = `+nowMicros+`
+			WHERE id = 1 AND version = $1 RETURNING version, rotated_at`, []any{from}, func(row pgx.Row) error {
+			var at int64
+			err := row.Scan(&k.Version, &at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return fmt.Errorf("postgres: rotate jwt key: version %d is not the current one: %w", from, store.ErrConflict)
+			}
+			if err != nil {
+				return wrap("rotate jwt key", err)
+			}
+			k.RotatedAt = timeCol(&at)
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
+	})
 	if err != nil {
-		return store.JWTKey{}, wrap("rotate jwt key", err)
+		return store.JWTKey{}, err
 	}
-	k.RotatedAt = timeCol(&at)
 	return k, nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -46,12 +47,17 @@ func (s *Store) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 }
 
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore) in one
-// READ COMMITTED transaction. Its first statement advances the one
-// signer_set row only from the expected version: a concurrent step waits on
-// that row and, once the first commits, re-reads it, finds the version
+// READ COMMITTED transaction with its audit record: one pipe, the step
+// and the link's baton in the first batch, the record with COMMIT in the
+// second (as InsertLock). Its first statement advances the one
+// signer_set row only from the expected version: a concurrent step waits
+// on that row and, once the first commits, re-reads it, finds the version
 // moved and conflicts. Each update is conditional on the row's state, and
 // the partial unique index keeps one signer per live state.
-func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	if audit == nil {
+		return 0, fmt.Errorf("postgres: apply signer changes: no audit record: a signer step is never taken unaudited")
+	}
 	if expect+1 >= store.MaxSignerSetVersion {
 		return 0, fmt.Errorf("postgres: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
 	}
@@ -60,21 +66,16 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 			return 0, fmt.Errorf("postgres: %w", err)
 		}
 	}
-	err := s.inTx(ctx, "apply signer changes", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, expect)
-		if err != nil {
-			return wrap("apply signer changes: version", err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: apply signer changes: verifier set version is no longer %d: %w", expect, store.ErrConflict)
-		}
+	const op = "apply signer changes"
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, []any{expect},
+			setMoved(op+": version", expect))
 		for _, c := range changes {
-			if err := applySignerChange(ctx, tx, c); err != nil {
-				return err
-			}
+			queueSignerChange(p, c)
 		}
 		// Every stream sends the new verifier set.
-		return notifyTx(ctx, tx, store.ChangeSigners)
+		queueNotify(p, store.ChangeSigners)
+		return commitAudited(ctx, p, audit, op)
 	})
 	if err != nil {
 		return 0, err
@@ -82,30 +83,43 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 	return expect + 1, nil
 }
 
-func applySignerChange(ctx context.Context, tx pgx.Tx, c store.SignerChange) error {
-	t := c.To
-	if c.From == "" {
-		_, err := tx.Exec(ctx, `INSERT INTO signers (`+signerColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-			t.VersionID, t.PublicKey, t.KeyRef, t.State, timeArg(t.PublishedAt), timeArg(t.EffectiveAt),
-			timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.Previous)
+// setMoved reads the conditional write of the verifier set version: one
+// row, or the version is no longer expect.
+func setMoved(op string, expect int64) func(pgconn.CommandTag, error) error {
+	return func(tag pgconn.CommandTag, err error) error {
 		if err != nil {
-			return wrap("insert signer "+t.VersionID, err)
+			return wrap(op, err)
+		}
+		if tag.RowsAffected() != 1 {
+			return fmt.Errorf("postgres: %s: verifier set version is no longer %d: %w", op, expect, store.ErrConflict)
 		}
 		return nil
 	}
+}
+
+func queueSignerChange(p *pipe, c store.SignerChange) {
+	t := c.To
+	if c.From == "" {
+		p.exec(`INSERT INTO signers (`+signerColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+			[]any{t.VersionID, t.PublicKey, t.KeyRef, t.State, timeArg(t.PublishedAt), timeArg(t.EffectiveAt),
+				timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), t.Previous}, wrapped("insert signer "+t.VersionID))
+		return
+	}
 	// Only the lifecycle fields change; the key reference only goes, with
 	// the step that ends the signer (DropKey).
-	tag, err := tx.Exec(ctx, `UPDATE signers SET state = $1, effective_at = $2, grace_until = $3, retires_at = $4, ended_at = $5,
+	p.exec(`UPDATE signers SET state = $1, effective_at = $2, grace_until = $3, retires_at = $4, ended_at = $5,
 		key_ref = CASE WHEN $6 THEN ''::bytea ELSE key_ref END
 		WHERE version_id = $7 AND state = $8`,
-		t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), c.DropKey, t.VersionID, c.From)
-	if err != nil {
-		return wrap("update signer "+t.VersionID, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("postgres: update signer %s: not in state %s: %w", t.VersionID, c.From, store.ErrConflict)
-	}
-	return nil
+		[]any{t.State, timeArg(t.EffectiveAt), timeArg(t.GraceUntil), timeArg(t.RetiresAt), timeArg(t.EndedAt), c.DropKey, t.VersionID, c.From},
+		func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap("update signer "+t.VersionID, err)
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("postgres: update signer %s: not in state %s: %w", t.VersionID, c.From, store.ErrConflict)
+			}
+			return nil
+		})
 }
 
 func scanSigner(row pgx.Row) (store.Signer, error) {
@@ -121,23 +135,23 @@ func scanSigner(row pgx.Row) (store.Signer, error) {
 }
 
 // AdvanceSignerSet moves the verifier set version forward with no signer
-// changed (see store.SignerStore): one conditional write.
-func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
+// changed (see store.SignerStore): one conditional write, with its audit
+// record in the same transaction.
+func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: advance signer set: no audit record: the set is never advanced unaudited")
+	}
 	if to <= expect {
 		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
 	}
 	if to >= store.MaxSignerSetVersion {
 		return fmt.Errorf("postgres: advance signer set to %d: %w", to, store.ErrSetVersionExhausted)
 	}
-	return s.inTx(ctx, "advance signer set", func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, to, expect)
-		if err != nil {
-			return wrap("advance signer set", err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
-		}
-		return notifyTx(ctx, tx, store.ChangeSigners)
+	const op = "advance signer set"
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, []any{to, expect}, setMoved(op, expect))
+		queueNotify(p, store.ChangeSigners)
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
@@ -171,19 +185,29 @@ func (s *Store) VerifierSets(ctx context.Context, after int64, limit int) ([]sto
 }
 
 // DropSignerKey empties an ended signer's key reference (see
-// store.SignerStore): one conditional write; a concurrent one waits on the
-// row and then finds the reference gone.
-func (s *Store) DropSignerKey(ctx context.Context, versionID string, ref []byte) error {
+// store.SignerStore): one conditional write, with its audit record in the
+// same transaction; a concurrent one waits on the row and then finds the
+// reference gone.
+func (s *Store) DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: drop signer key %s: no audit record: a key is never destroyed unaudited", versionID)
+	}
 	if len(ref) == 0 {
 		return fmt.Errorf("postgres: drop signer key %s: no reference given: %w", versionID, store.ErrConflict)
 	}
-	tag, err := s.pool.Exec(ctx, `UPDATE signers SET key_ref = ''::bytea
-		WHERE version_id = $1 AND state IN ('retired', 'revoked') AND key_ref = $2`, versionID, ref)
-	if err != nil {
-		return wrap("drop signer key "+versionID, err)
-	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("postgres: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
-	}
-	return nil
+	op := "drop signer key " + versionID
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE signers SET key_ref = ''::bytea
+			WHERE version_id = $1 AND state IN ('retired', 'revoked') AND key_ref = $2`, []any{versionID, ref},
+			func(tag pgconn.CommandTag, err error) error {
+				if err != nil {
+					return wrap(op, err)
+				}
+				if tag.RowsAffected() != 1 {
+					return fmt.Errorf("postgres: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
+				}
+				return nil
+			})
+		return commitAudited(ctx, p, audit, op)
+	})
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -9,36 +10,52 @@ import (
 )
 
 // queueAllPage queues a task for the next page of nodes after a node ID
-// and returns the page: the read and the write are one statement, one
-// round trip a page.
-const queueAllPage = `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
+// and returns the page's IDs in one row: the read and the write are one
+// statement, one round trip a page.
+const queueAllPage = `WITH queued AS (INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
 	SELECT $1, id, 'queued', ` + nowMicros + ` FROM nodes WHERE id > $2 ORDER BY id LIMIT $3
-	RETURNING node_id`
+	RETURNING node_id)
+	SELECT coalesce(array_agg(node_id), '{}') FROM queued`
 
 // QueueTaskToAll stores a task and queues it for every node, a page at a
-// time, in one transaction. Under READ COMMITTED each page sees the nodes
-// committed before it: a node that joins during the send may be missed,
-// as it would be by a send that read the nodes first.
-func (s *Store) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string)) (int, error) {
+// time, and the send's audit record, built for the count queued, in one
+// transaction (a pipe: the task's row goes with the first page). Under
+// READ COMMITTED each page sees the nodes committed before it: a node
+// that joins during the send may be missed, as it would be by a send that
+// read the nodes first.
+func (s *Store) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string), audit func(n int) func(store.AuditHead) (store.AuditRecord, error)) (int, error) {
+	if audit == nil {
+		return 0, fmt.Errorf("postgres: queue task %s to all: no audit record: a task is never sent unaudited", t.ID)
+	}
+	const op = "queue task to all"
 	total := 0
-	err := s.inTx(ctx, "queue task to all", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
-			timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
-			return wrap("insert task", err)
-		}
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(insertTask, []any{t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
+			timeArg(t.CreatedAt), timeArg(t.ExpiresAt)}, wrapped("insert task"))
 		var err error
 		total, err = store.QueueInPages(pageSize, func(after string) ([]string, error) {
-			rows, err := tx.Query(ctx, queueAllPage, t.ID, after, pageSize)
-			if err != nil {
-				return nil, wrap("queue task to all", err)
+			var ids []string
+			p.row(queueAllPage, []any{t.ID, after, pageSize}, func(row pgx.Row) error {
+				if err := row.Scan(&ids); err != nil {
+					return wrap(op, err)
+				}
+				return nil
+			})
+			if err := p.send(ctx); err != nil {
+				return nil, err
 			}
-			return collect(rows, "queue task to all", func(r pgx.Row) (id string, err error) { return id, r.Scan(&id) })
+			return ids, nil
 		}, page)
 		if err != nil {
 			return err
 		}
+		build := audit(total)
+		if build == nil {
+			return fmt.Errorf("postgres: queue task %s to all: no audit record: a task is never sent unaudited", t.ID)
+		}
 		// Every node: the kind alone, delivered on commit.
-		return notifyTx(ctx, tx, store.ChangeTasks)
+		queueNotify(p, store.ChangeTasks)
+		return commitAudited(ctx, p, build, op+" "+t.ID)
 	})
 	if err != nil {
 		return 0, err

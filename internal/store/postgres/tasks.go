@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -16,30 +17,31 @@ const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.cr
 const insertTask = `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
 	VALUES ($1, $2, $3, $4, $5, $6, $7)`
 
-// InsertTask stores a task and its deliveries in one transaction.
-func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
-	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
+// InsertTask stores a task and its deliveries in one transaction, with its
+// audit record.
+func (s *Store) InsertTask(ctx context.Context, t store.Task, nodeIDs []string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}}, audit)
 }
 
-// InsertTasks stores tasks and their deliveries in one transaction.
-func (s *Store) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
-	return s.inTx(ctx, "insert task", func(tx pgx.Tx) error {
+// InsertTasks stores tasks and their deliveries in one transaction, and
+// their audit record: one pipe, the rows and the link's baton in the first
+// batch, the record with COMMIT in the second (as InsertLock).
+func (s *Store) InsertTasks(ctx context.Context, ts []store.QueuedTask, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: insert task: no audit record: a task is never sent unaudited")
+	}
+	const op = "insert task"
+	return s.inPipe(ctx, op, func(p *pipe) error {
 		for _, q := range ts {
 			t := q.Task
-			if _, err := tx.Exec(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)); err != nil {
-				return wrap("insert task", err)
-			}
+			p.exec(insertTask, []any{t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy, timeArg(t.CreatedAt), timeArg(t.ExpiresAt)}, wrapped(op))
 			// One statement per task, not one per node: a task to a fleet
-			// of 100,000 is about a hundred tasks, not 100,000 round trips.
-			if _, err := tx.Exec(ctx, `INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
-				SELECT $1, node_id, 'queued', `+nowMicros+` FROM unnest($2::text[]) AS n(node_id)`, t.ID, q.NodeIDs); err != nil {
-				return wrap("insert task delivery", err)
-			}
-			if err := notifyTx(ctx, tx, store.ChangeTasks, q.NodeIDs...); err != nil {
-				return err
-			}
+			// of 100,000 is about a hundred tasks, not 100,000 statements.
+			p.exec(`INSERT INTO task_deliveries (task_id, node_id, state, updated_at)
+				SELECT $1, node_id, 'queued', `+nowMicros+` FROM unnest($2::text[]) AS n(node_id)`, []any{t.ID, q.NodeIDs}, wrapped("insert task delivery"))
+			queueNotify(p, store.ChangeTasks, q.NodeIDs...)
 		}
-		return nil
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
@@ -77,22 +79,45 @@ func (s *Store) MarkTaskDelivered(ctx context.Context, taskID, nodeID string) er
 }
 
 // RecordTaskResult records an agent's answer once: a conditional UPDATE
-// that a concurrent answer, once committed, makes match nothing.
-func (s *Store) RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string) error {
-	tag, err := s.pool.Exec(ctx, `UPDATE task_deliveries SET state = $1, detail = $2, updated_at = `+nowMicros+`
-		WHERE task_id = $3 AND node_id = $4 AND state IN ('queued', 'delivered')`, state, detail, taskID, nodeID)
-	if err != nil {
-		return wrap("record task result", err)
+// that a concurrent answer, once committed, makes match nothing, and its
+// audit record, in one pipe. A lost write says why from the row as
+// committed after the rollback (pipe.explain).
+func (s *Store) RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: record task result: no audit record: an answer is never recorded unaudited")
 	}
-	if tag.RowsAffected() == 1 {
-		return nil
-	}
-	var cur string
-	err = s.pool.QueryRow(ctx, `SELECT state FROM task_deliveries WHERE task_id = $1 AND node_id = $2`, taskID, nodeID).Scan(&cur)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("postgres: record task result: %s was not sent to %s: %w", taskID, nodeID, store.ErrNotFound)
-	} else if err != nil {
-		return wrap("record task result", err)
-	}
-	return fmt.Errorf("postgres: record task result: %s on %s already answered (%s): %w", taskID, nodeID, cur, store.ErrConflict)
+	const op = "record task result"
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE task_deliveries SET state = $1, detail = $2, updated_at = `+nowMicros+`
+			WHERE task_id = $3 AND node_id = $4 AND state IN ('queued', 'delivered')`, []any{state, detail, taskID, nodeID},
+			func(tag pgconn.CommandTag, err error) error {
+				if err != nil {
+					return wrap(op, err)
+				}
+				if tag.RowsAffected() != 1 {
+					return taskNotAnswered(taskID, nodeID)
+				}
+				return nil
+			})
+		return p.explain(ctx, op, commitAudited(ctx, p, audit, op))
+	})
+}
+
+// taskNotAnswered says why an answer was not recorded: the task was never
+// queued for the node (ErrNotFound), or was answered (ErrConflict).
+func taskNotAnswered(taskID, nodeID string) *lostWrite {
+	return &lostWrite{why: statement{
+		sql:  `SELECT state FROM task_deliveries WHERE task_id = $1 AND node_id = $2`,
+		args: []any{taskID, nodeID},
+		read: func(row pgx.Row) error {
+			var cur string
+			switch err := row.Scan(&cur); {
+			case errors.Is(err, pgx.ErrNoRows):
+				return fmt.Errorf("postgres: record task result: %s was not sent to %s: %w", taskID, nodeID, store.ErrNotFound)
+			case err != nil:
+				return wrap("record task result", err)
+			}
+			return fmt.Errorf("postgres: record task result: %s on %s already answered (%s): %w", taskID, nodeID, cur, store.ErrConflict)
+		},
+	}}
 }

@@ -22,8 +22,11 @@ func (s *SQLite) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
 }
 
 // RotateJWTKey makes version from+1 current if from still is (see
-// store.JWTKeyStore).
-func (s *SQLite) RotateJWTKey(ctx context.Context, from int64) (store.JWTKey, error) {
+// store.JWTKeyStore), with its audit record in the same write.
+func (s *SQLite) RotateJWTKey(ctx context.Context, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+	if audit == nil {
+		return store.JWTKey{}, fmt.Errorf("sqlite: rotate jwt key: no audit record: the key is never rotated unaudited")
+	}
 	var k store.JWTKey
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var at int64
@@ -36,7 +39,13 @@ func (s *SQLite) RotateJWTKey(ctx context.Context, from int64) (store.JWTKey, er
 			return wrap("rotate jwt key", err)
 		}
 		k.RotatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: rotate jwt key from version %d: its audit record: %w", from, err)
+		}
 		return nil
 	})
-	return k, err
+	if err != nil {
+		return store.JWTKey{}, err
+	}
+	return k, nil
 }

@@ -24,8 +24,11 @@ func scanResyncEpoch(r scanner) (store.ResyncEpoch, error) {
 }
 
 // OpenResync begins the next epoch in one conditional INSERT that adds no
-// row while a window is open.
-func (s *SQLite) OpenResync(ctx context.Context, o store.ResyncOpen) (store.ResyncEpoch, error) {
+// row while a window is open, with its audit record in the same write.
+func (s *SQLite) OpenResync(ctx context.Context, o store.ResyncOpen, audit func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error)) (store.ResyncEpoch, error) {
+	if audit == nil {
+		return store.ResyncEpoch{}, fmt.Errorf("sqlite: open resync: no audit record: a window is never opened unaudited")
+	}
 	var e store.ResyncEpoch
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `INSERT INTO bound_keypair_epochs (id, ordinal, opened_at, open_until, opened_by, reason)
@@ -44,13 +47,20 @@ func (s *SQLite) OpenResync(ctx context.Context, o store.ResyncOpen) (store.Resy
 		if e, err = scanResyncEpoch(tx.QueryRowContext(ctx, `SELECT `+resyncColumns+` FROM bound_keypair_epochs WHERE id = ?`, o.ID)); err != nil {
 			return wrap("open resync", err)
 		}
-		return nil
+		return appendEpochAudit(ctx, tx, "open resync", e, audit)
 	})
-	return e, err
+	if err != nil {
+		return store.ResyncEpoch{}, err
+	}
+	return e, nil
 }
 
-// CloseResync closes the open window in one conditional UPDATE.
-func (s *SQLite) CloseResync(ctx context.Context, closedBy string) (store.ResyncEpoch, error) {
+// CloseResync closes the open window in one conditional UPDATE, with its
+// audit record in the same write.
+func (s *SQLite) CloseResync(ctx context.Context, closedBy string, audit func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error)) (store.ResyncEpoch, error) {
+	if audit == nil {
+		return store.ResyncEpoch{}, fmt.Errorf("sqlite: close resync: no audit record: a window is never closed unaudited")
+	}
 	var e store.ResyncEpoch
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var err error
@@ -59,9 +69,24 @@ func (s *SQLite) CloseResync(ctx context.Context, closedBy string) (store.Resync
 		if err != nil {
 			return wrap("close resync", err)
 		}
-		return nil
+		return appendEpochAudit(ctx, tx, "close resync", e, audit)
 	})
-	return e, err
+	if err != nil {
+		return store.ResyncEpoch{}, err
+	}
+	return e, nil
+}
+
+// appendEpochAudit appends the record audit builds for e in tx.
+func appendEpochAudit(ctx context.Context, tx *writeTx, op string, e store.ResyncEpoch, audit func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error)) error {
+	build := audit(e)
+	if build == nil {
+		return fmt.Errorf("sqlite: %s %s: no audit record: a window never changes unaudited", op, e.ID)
+	}
+	if _, err := appendAudit(ctx, tx, build); err != nil {
+		return fmt.Errorf("sqlite: %s %s: its audit record: %w", op, e.ID, err)
+	}
+	return nil
 }
 
 // ListResyncEpochs returns every epoch, oldest first.

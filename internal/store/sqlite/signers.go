@@ -53,8 +53,12 @@ func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore). The
 // writer runs one transaction at a time, here and through the file lock in
 // any other process, and the version check is inside it, so of two steps
-// from one version the second conflicts.
-func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange) (int64, error) {
+// from one version the second conflicts. The step's audit record is
+// appended in the same write.
+func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	if audit == nil {
+		return 0, fmt.Errorf("sqlite: apply signer changes: no audit record: a signer step is never taken unaudited")
+	}
 	if expect+1 >= store.MaxSignerSetVersion {
 		return 0, fmt.Errorf("sqlite: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
 	}
@@ -75,6 +79,9 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 			if err := applySignerChange(ctx, tx, c); err != nil {
 				return err
 			}
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: apply signer changes from version %d: its audit record: %w", expect, err)
 		}
 		return nil
 	})
@@ -125,7 +132,10 @@ func scanSigner(row scanner) (store.Signer, error) {
 
 // AdvanceSignerSet moves the verifier set version forward with no signer
 // changed (see store.SignerStore): one conditional write.
-func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
+func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: advance signer set: no audit record: the set is never advanced unaudited")
+	}
 	if to <= expect {
 		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
 	}
@@ -140,6 +150,9 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
 		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: advance signer set to %d: its audit record: %w", to, err)
+		}
 		return nil
 	})
 	if err != nil {
@@ -150,8 +163,11 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64) error {
 }
 
 // DropSignerKey empties an ended signer's key reference (see
-// store.SignerStore): one conditional write.
-func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte) error {
+// store.SignerStore): one conditional write, with its audit record.
+func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: drop signer key %s: no audit record: a key is never destroyed unaudited", versionID)
+	}
 	if len(ref) == 0 {
 		return fmt.Errorf("sqlite: drop signer key %s: no reference given: %w", versionID, store.ErrConflict)
 	}
@@ -163,6 +179,9 @@ func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte
 		}
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: drop signer key %s: its audit record: %w", versionID, err)
 		}
 		return nil
 	})

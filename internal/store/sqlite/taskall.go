@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -15,8 +16,12 @@ const queueAllPage = `INSERT INTO task_deliveries (task_id, node_id, state, upda
 // QueueTaskToAll stores a task and queues it for every node, a page at a
 // time, in one write transaction. The transaction is its own (writeAlone):
 // page tells the caller of each page as it is queued, so the write must
-// not be run again.
-func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string)) (int, error) {
+// not be run again. The send's audit record, built for the count queued,
+// is appended in the same transaction.
+func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int, page func(nodeIDs []string), audit func(n int) func(store.AuditHead) (store.AuditRecord, error)) (int, error) {
+	if audit == nil {
+		return 0, fmt.Errorf("sqlite: queue task %s to all: no audit record: a task is never sent unaudited", t.ID)
+	}
 	total := 0
 	err := s.writeAlone(ctx, func(ctx context.Context, tx *writeTx) error {
 		if _, err := tx.ExecContext(ctx, insertTask, t.ID, t.Type, t.SignerVersionID, t.Signed, t.CreatedBy,
@@ -31,7 +36,17 @@ func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int,
 			}
 			return collect(rows, "queue task to all", func(r scanner) (id string, err error) { return id, r.Scan(&id) })
 		}, page)
-		return err
+		if err != nil {
+			return err
+		}
+		build := audit(total)
+		if build == nil {
+			return fmt.Errorf("sqlite: queue task %s to all: no audit record: a task is never sent unaudited", t.ID)
+		}
+		if _, err := appendAudit(ctx, tx, build); err != nil {
+			return fmt.Errorf("sqlite: queue task %s to all: its audit record: %w", t.ID, err)
+		}
+		return nil
 	})
 	if err != nil {
 		return 0, err

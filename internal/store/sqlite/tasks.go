@@ -15,13 +15,18 @@ const taskColumns = `t.task_id, t.task_type, t.signer_version_id, t.signed, t.cr
 const insertTask = `INSERT INTO tasks (task_id, task_type, signer_version_id, signed, created_by, created_at, expires_at)
 	VALUES (?, ?, ?, ?, ?, ?, ?)`
 
-// InsertTask stores a task and its deliveries in one write transaction.
-func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string) error {
-	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}})
+// InsertTask stores a task and its deliveries in one write transaction,
+// with its audit record.
+func (s *SQLite) InsertTask(ctx context.Context, t store.Task, nodeIDs []string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.InsertTasks(ctx, []store.QueuedTask{{Task: t, NodeIDs: nodeIDs}}, audit)
 }
 
-// InsertTasks stores tasks and their deliveries in one write transaction.
-func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
+// InsertTasks stores tasks and their deliveries in one write transaction,
+// with their audit record.
+func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert task: no audit record: a task is never sent unaudited")
+	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		for _, q := range ts {
 			t := q.Task
@@ -34,6 +39,9 @@ func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask) error {
 					return wrap("insert task delivery", err)
 				}
 			}
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: insert task: its audit record: %w", err)
 		}
 		return nil
 	})
@@ -87,8 +95,11 @@ func (s *SQLite) MarkTaskDelivered(ctx context.Context, taskID, nodeID string) e
 	})
 }
 
-// RecordTaskResult records an agent's answer once.
-func (s *SQLite) RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string) error {
+// RecordTaskResult records an agent's answer once, with its audit record.
+func (s *SQLite) RecordTaskResult(ctx context.Context, taskID, nodeID, state, detail string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: record task result: no audit record: an answer is never recorded unaudited")
+	}
 	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE task_deliveries SET state = ?, detail = ?, updated_at = `+nowMicros+`
 			WHERE task_id = ? AND node_id = ? AND state IN ('queued', 'delivered')`, state, detail, taskID, nodeID)
@@ -96,6 +107,9 @@ func (s *SQLite) RecordTaskResult(ctx context.Context, taskID, nodeID, state, de
 			return wrap("record task result", err)
 		}
 		if n, _ := res.RowsAffected(); n == 1 {
+			if _, err := appendAudit(ctx, tx, audit); err != nil {
+				return fmt.Errorf("sqlite: record task result %s on %s: its audit record: %w", taskID, nodeID, err)
+			}
 			return nil
 		}
 		var cur string

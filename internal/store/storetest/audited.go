@@ -103,3 +103,40 @@ func raceAppends(t *testing.T, ctx context.Context, s store.Store, n int, write 
 func expireLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
 	return link(record("psk.expire"))
 }
+
+// wantAppended checks that the chain holds one record more than seq, the
+// last one of action: a write that carries its record left it.
+func wantAppended(t *testing.T, ctx context.Context, s store.Store, seq int64, action string) {
+	t.Helper()
+	recs, err := s.ListAudit(ctx, store.AuditFilter{AfterSeq: seq})
+	mustNil(t, "ListAudit", err)
+	if len(recs) != 1 || recs[0].Action != action {
+		var got []string
+		for _, r := range recs {
+			got = append(got, r.Action)
+		}
+		t.Fatalf("records after seq %d: %v; want one %s", seq, got, action)
+	}
+}
+
+// epochLink builds action's record for a resync window's write.
+func epochLink(action string) func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+	return func(e store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) {
+		r := record(action)
+		r.Target = "epoch " + e.ID
+		return link(r)
+	}
+}
+
+// sendLink builds the task.send record of QueueTaskToAll.
+func sendLink(int) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("task.send"))
+}
+
+// stepLink, advanceLink and dropLink build the records of the signer
+// writes.
+var (
+	stepLink    = link(record("node_task_signer.stage"))
+	advanceLink = link(record("node_task_signer.advance"))
+	dropLink    = link(record("node_task_signer.destroy_key"))
+)

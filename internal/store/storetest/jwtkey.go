@@ -18,7 +18,7 @@ func jwtKeyCases() []testCase {
 				t.Fatalf("fresh store: %+v; want version 1 with a start time", k)
 			}
 			before := storeNow(t, ctx, s)
-			got, err := s.RotateJWTKey(ctx, 1)
+			got, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
 			mustNil(t, "RotateJWTKey", err)
 			if got.Version != 2 || got.RotatedAt.Before(before) {
 				t.Fatalf("after the rotation: %+v; want version 2 at the store clock from %v", got, before)
@@ -26,7 +26,7 @@ func jwtKeyCases() []testCase {
 			if read, err := s.GetJWTKey(ctx); err != nil || read != got {
 				t.Fatalf("read back %+v (%v), want %+v", read, err, got)
 			}
-			_, err = s.RotateJWTKey(ctx, 1)
+			_, err = s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
 			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
 			if read, _ := s.GetJWTKey(ctx); read != got {
 				t.Fatalf("a refused rotation wrote: %+v", read)
@@ -41,7 +41,7 @@ func jwtKeyCases() []testCase {
 			)
 			for range n {
 				wg.Go(func() {
-					_, err := s.RotateJWTKey(ctx, 1)
+					_, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
@@ -61,6 +61,27 @@ func jwtKeyCases() []testCase {
 			if k, _ := s.GetJWTKey(ctx); k.Version != 2 {
 				t.Fatalf("version %d after the race, want 2", k.Version)
 			}
+		}},
+		{"an unaudited rotation changes nothing; an audited one writes its record", func(t *testing.T, ctx context.Context, s store.Store) {
+			key := func() any {
+				k, err := s.GetJWTKey(ctx)
+				mustNil(t, "GetJWTKey", err)
+				return k
+			}
+			wantUnaudited(t, ctx, s, "jwt.rotate", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.RotateJWTKey(ctx, 1, audit)
+				return err
+			}, key)
+			seq := auditSeq(t, ctx, s)
+			got, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			mustNil(t, "RotateJWTKey with its record", err)
+			wantEqual(t, "the key after the audited rotation", key(), any(got))
+			wantAppended(t, ctx, s, seq, "jwt.rotate")
+			// A rotation that lost (from a version no longer current)
+			// writes no record.
+			_, err = s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
+			wantAppended(t, ctx, s, seq, "jwt.rotate")
 		}},
 	}
 }

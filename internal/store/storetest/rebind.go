@@ -28,7 +28,7 @@ func rebindCases() []testCase {
 			before := snapshot(t, ctx, s, "node-1")
 			_, err := s.CommitJoin(ctx, bkJoin("bot-1", "node-1", "i1", now, rebind("bot-1", "key-1", "key-2", 1, "ep-1")...))
 			wantErr(t, "a rebind with no window", err, store.ErrResyncClosed)
-			_, err = s.OpenResync(ctx, openResync("ep-1", time.Hour))
+			_, err = s.OpenResync(ctx, openResync("ep-1", time.Hour), epochLink("bound_keypair.resync.open"))
 			mustNil(t, "OpenResync", err)
 			_, err = s.CommitJoin(ctx, bkJoin("bot-1", "node-1", "i1", now, rebind("bot-1", "key-0", "key-2", 1, "ep-1")...))
 			wantErr(t, "a rebind from a key not bound", err, store.ErrKeyBindingChanged)
@@ -46,7 +46,7 @@ func rebindCases() []testCase {
 		{"a rebinding resync binds a token restored from before its registration and drops the restored secret", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 100, store.RecoveryStandard))
-			_, err := s.OpenResync(ctx, openResync("ep-1", time.Hour))
+			_, err := s.OpenResync(ctx, openResync("ep-1", time.Hour), epochLink("bound_keypair.resync.open"))
 			mustNil(t, "OpenResync", err)
 			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i1", now, rebind("bot-1", "", "key-2", 0, "ep-1")...))
 			bk := getBK(t, ctx, s, "bot-1")
@@ -61,7 +61,7 @@ func rebindCases() []testCase {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 100, store.RecoveryStandard))
 			mustJoin(t, ctx, s, bkJoin("bot-1", "node-1", "i0", now, register("bot-1", "key-1")...))
-			_, err := s.OpenResync(ctx, openResync("ep-1", time.Hour))
+			_, err := s.OpenResync(ctx, openResync("ep-1", time.Hour), epochLink("bound_keypair.resync.open"))
 			mustNil(t, "OpenResync", err)
 			errs := concurrently(8, func(i int) error {
 				_, err := s.CommitJoin(ctx, bkJoin("bot-1", "node-1", fmt.Sprintf("r%d", i), now,

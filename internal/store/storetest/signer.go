@@ -74,7 +74,7 @@ func signerCases() []testCase {
 			}
 			before := storeNow(t, ctx, s)
 			a := signerRow("v1", store.SignerActive, 0)
-			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
 			after := storeNow(t, ctx, s)
 			first, err := s.SignerSetID(ctx)
@@ -82,7 +82,7 @@ func signerCases() []testCase {
 			if stamp := time.UnixMicro(first.SteppedAt); stamp.Before(before.Add(-time.Millisecond)) || stamp.After(after.Add(time.Millisecond)) {
 				t.Errorf("stepped at %s, want between %s and %s (the store clock)", stamp, before, after)
 			}
-			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))})
+			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink)
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("stale step: %v, want ErrConflict", err)
 			}
@@ -98,9 +98,9 @@ func signerCases() []testCase {
 			a := signerRow("v1", store.SignerActive, 0)
 			b := signerRow("v2", store.SignerStaged, time.Minute)
 			b.GraceUntil, b.Previous = at(25*time.Hour), "v1"
-			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)})
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			rows, got, err := s.ListSigners(ctx)
 			mustNil(t, "ListSigners", err)
@@ -113,17 +113,17 @@ func signerCases() []testCase {
 		}},
 		{"a full rotation, each step conditional", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)})
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			demote := move(a, store.SignerActive, store.SignerGrace)
 			demote.To.RetiresAt = at(25 * time.Hour)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{demote, move(b, store.SignerStaged, store.SignerActive)})
+			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{demote, move(b, store.SignerStaged, store.SignerActive)}, stepLink)
 			mustNil(t, "activate", err)
 			retire := move(demote.To, store.SignerGrace, store.SignerRetired)
 			retire.To.EndedAt = at(26 * time.Hour)
-			_, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{retire})
+			_, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{retire}, stepLink)
 			mustNil(t, "retire", err)
 			m, got := signerStates(t, ctx, s)
 			if diff := cmp.Diff(map[string]string{"v1": store.SignerRetired, "v2": store.SignerActive}, m); diff != "" || got != 4 {
@@ -136,7 +136,7 @@ func signerCases() []testCase {
 		}},
 		{"refusals write nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			a := signerRow("v1", store.SignerActive, 0)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
 			for name, tc := range map[string]struct {
 				version int64
@@ -150,7 +150,7 @@ func signerCases() []testCase {
 				"duplicate version ID":     {1, []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))}},
 				"activate before demoting": {1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0)), move(signerRow("v2", "", 0), store.SignerStaged, store.SignerActive)}},
 			} {
-				_, err := s.ApplySignerChanges(ctx, tc.version, tc.changes)
+				_, err := s.ApplySignerChanges(ctx, tc.version, tc.changes, stepLink)
 				if !errors.Is(err, store.ErrConflict) {
 					t.Errorf("%s: %v, want ErrConflict", name, err)
 				}
@@ -166,7 +166,7 @@ func signerCases() []testCase {
 			var wg sync.WaitGroup
 			for i := range n {
 				wg.Go(func() {
-					_, errs[i] = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", i), store.SignerActive, 0))})
+					_, errs[i] = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", i), store.SignerActive, 0))}, stepLink)
 				})
 			}
 			wg.Wait()
@@ -178,9 +178,9 @@ func signerCases() []testCase {
 		}},
 		{"concurrent changes from one version: exactly one applies", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)})
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{insert(b)})
+			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			// Half activate the staged signer, half discard it (a rollback):
 			// whichever commits first, the others find the version moved.
@@ -194,7 +194,7 @@ func signerCases() []testCase {
 				if i%2 == 1 {
 					changes = discard
 				}
-				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, v, changes) })
+				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, v, changes, stepLink) })
 			}
 			wg.Wait()
 			wins := successes(t, "change", errs)
@@ -208,47 +208,96 @@ func signerCases() []testCase {
 		}},
 		{"a step that ends a signer drops its key in the same write, and only such a step", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)})
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)}, stepLink)
 			mustNil(t, "create and stage", err)
 			keep := move(a, store.SignerActive, store.SignerGrace)
 			keep.DropKey = true
-			if _, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{keep}); err == nil {
+			if _, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{keep}, stepLink); err == nil {
 				t.Fatal("a step to grace dropped the key of a signer that still signs")
 			}
 			discard := move(b, store.SignerStaged, store.SignerRetired)
 			discard.DropKey = true
-			_, err = s.ApplySignerChanges(ctx, 1, []store.SignerChange{discard})
+			_, err = s.ApplySignerChanges(ctx, 1, []store.SignerChange{discard}, stepLink)
 			mustNil(t, "discard with its key", err)
 			refs := signerRefs(t, ctx, s)
 			if len(refs["v2"]) != 0 || string(refs["v1"]) != "sealed-v1" {
 				t.Fatalf("key references after the discard: %q; want v2's gone, v1's kept", refs)
 			}
 		}},
+		{"an unaudited step, advance or key drop changes nothing; an audited one writes its record", func(t *testing.T, ctx context.Context, s store.Store) {
+			rows := func() any {
+				r, id, err := s.ListSigners(ctx)
+				mustNil(t, "ListSigners", err)
+				return fmt.Sprintf("%+v at %d", r, id.Version)
+			}
+			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
+			b.KeyRef = []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
+			create := []store.SignerChange{insert(a), insert(b)}
+			wantUnaudited(t, ctx, s, "node_task_signer.create", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.ApplySignerChanges(ctx, 0, create, audit)
+				return err
+			}, rows)
+			seq := auditSeq(t, ctx, s)
+			v, err := s.ApplySignerChanges(ctx, 0, create, link(record("node_task_signer.create")))
+			mustNil(t, "ApplySignerChanges with its record", err)
+			wantAppended(t, ctx, s, seq, "node_task_signer.create")
+			// A step that lost (the version moved) writes no record.
+			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v3", store.SignerRetired, 0))}, link(record("node_task_signer.create")))
+			wantErr(t, "ApplySignerChanges from a version gone", err, store.ErrConflict)
+			wantAppended(t, ctx, s, seq, "node_task_signer.create")
+
+			discard := []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}
+			wantUnaudited(t, ctx, s, "node_task_signer.rollback", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.ApplySignerChanges(ctx, v, discard, audit)
+				return err
+			}, rows)
+			v, err = s.ApplySignerChanges(ctx, v, discard, stepLink)
+			mustNil(t, "discard", err)
+
+			wantUnaudited(t, ctx, s, "node_task_signer.destroy_key", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DropSignerKey(ctx, "v2", b.KeyRef, audit)
+			}, rows)
+			seq = auditSeq(t, ctx, s)
+			mustNil(t, "DropSignerKey with its record", s.DropSignerKey(ctx, "v2", b.KeyRef, link(record("node_task_signer.destroy_key"))))
+			wantAppended(t, ctx, s, seq, "node_task_signer.destroy_key")
+			wantErr(t, "DropSignerKey again", s.DropSignerKey(ctx, "v2", b.KeyRef, link(record("node_task_signer.destroy_key"))), store.ErrConflict)
+			wantAppended(t, ctx, s, seq, "node_task_signer.destroy_key")
+
+			wantUnaudited(t, ctx, s, "node_task_signer.advance", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.AdvanceSignerSet(ctx, v, v+5, audit)
+			}, rows)
+			seq = auditSeq(t, ctx, s)
+			mustNil(t, "AdvanceSignerSet with its record", s.AdvanceSignerSet(ctx, v, v+5, link(record("node_task_signer.advance"))))
+			wantAppended(t, ctx, s, seq, "node_task_signer.advance")
+			if _, got := signerStates(t, ctx, s); got != v+5 {
+				t.Fatalf("verifier set version %d after the advance; want %d", got, v+5)
+			}
+		}},
 		{"dropping an ended signer's key: conditional on its state and reference; racing replicas drop it once", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
 			b.KeyRef = []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)})
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)}, stepLink)
 			mustNil(t, "create and stage", err)
-			if err := s.DropSignerKey(ctx, "v2", b.KeyRef); !errors.Is(err, store.ErrConflict) {
+			if err := s.DropSignerKey(ctx, "v2", b.KeyRef, dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping a staged signer's key: %v, want ErrConflict", err)
 			}
-			if err := s.DropSignerKey(ctx, "v1", a.KeyRef); !errors.Is(err, store.ErrConflict) {
+			if err := s.DropSignerKey(ctx, "v1", a.KeyRef, dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping the active signer's key: %v, want ErrConflict", err)
 			}
 			// Ended without DropKey: the token object outlives the step.
-			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)})
+			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}, stepLink)
 			mustNil(t, "discard", err)
-			if err := s.DropSignerKey(ctx, "v2", []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%02")); !errors.Is(err, store.ErrConflict) {
+			if err := s.DropSignerKey(ctx, "v2", []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%02"), dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping with another reference: %v, want ErrConflict", err)
 			}
-			if err := s.DropSignerKey(ctx, "v9", b.KeyRef); !errors.Is(err, store.ErrConflict) {
+			if err := s.DropSignerKey(ctx, "v9", b.KeyRef, dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping a missing signer's key: %v, want ErrConflict", err)
 			}
 			const n = 6
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for i := range n {
-				wg.Go(func() { errs[i] = s.DropSignerKey(ctx, "v2", b.KeyRef) })
+				wg.Go(func() { errs[i] = s.DropSignerKey(ctx, "v2", b.KeyRef, dropLink) })
 			}
 			wg.Wait()
 			if wins := successes(t, "drop", errs); wins != 1 {
@@ -278,16 +327,16 @@ func signerCases() []testCase {
 			}
 		}},
 		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))})
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
 			mustNil(t, "create", err)
-			if err := s.AdvanceSignerSet(ctx, 1, 1); !errors.Is(err, store.ErrConflict) {
+			if err := s.AdvanceSignerSet(ctx, 1, 1, advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
 			}
 			const n = 6
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for i := range n {
-				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i)) })
+				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), advanceLink) })
 			}
 			wg.Wait()
 			if wins := successes(t, "advance", errs); wins != 1 {
@@ -298,16 +347,16 @@ func signerCases() []testCase {
 			if id.Version < 10 || id.SteppedAt == 0 {
 				t.Fatalf("set ID %+v after the advance", id)
 			}
-			if err := s.AdvanceSignerSet(ctx, 1, 20); !errors.Is(err, store.ErrConflict) {
+			if err := s.AdvanceSignerSet(ctx, 1, 20, advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion); !errors.Is(err, store.ErrSetVersionExhausted) {
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
 				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1); err != nil {
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, advanceLink); err != nil {
 				t.Fatalf("advance to just below the bound: %v", err)
 			}
-			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}); !errors.Is(err, store.ErrSetVersionExhausted) {
+			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
 				t.Fatalf("a step to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
 			}
 		}},
@@ -346,7 +395,7 @@ func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, wri
 		{move(signerRow("v1", "", 0), store.SignerActive, store.SignerGrace), move(signerRow("v2", "", time.Minute), store.SignerStaged, store.SignerActive)},
 	}
 	for i, changes := range steps {
-		v, err := w.ApplySignerChanges(ctx, int64(i), changes)
+		v, err := w.ApplySignerChanges(ctx, int64(i), changes, stepLink)
 		mustNil(t, "ApplySignerChanges", err)
 		id, err := r.SignerSetID(ctx)
 		mustNil(t, "SignerSetID", err)

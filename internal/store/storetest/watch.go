@@ -59,10 +59,10 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 			now := storeNow(t, ctx, w)
 			tk := taskRow("task1", 0, 0)
 			tk.CreatedAt, tk.ExpiresAt = now, now.Add(time.Hour)
-			mustNil(t, "InsertTask", w.InsertTask(ctx, tk, []string{"n1", "n2"}))
+			mustNil(t, "InsertTask", w.InsertTask(ctx, tk, []string{"n1", "n2"}, link(record("task.send"))))
 		}, notice(store.Change{Kind: store.ChangeTasks, Nodes: []string{"n1", "n2"}})},
 		{"signer step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
-			_, err := w.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))})
+			_, err := w.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
 			mustNil(t, "ApplySignerChanges", err)
 		}, notice(store.Change{Kind: store.ChangeSigners})},
 		{"CA certificate step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
