@@ -26,8 +26,14 @@ func (s *Server) noJWT() error {
 	return status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served by this agent")
 }
 
-// unavailable reports a failure to reach the authority.
-func unavailable(what string, err error) error {
+// authorityError reports a failure to reach the authority, or its refusal
+// of the node (locked, deleted, superseded) as PERMISSION_DENIED: the
+// workload is told the node is not entitled to it, not to retry a
+// connection that works.
+func authorityError(what string, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.PermissionDenied {
+		return status.Errorf(codes.PermissionDenied, "workload api: %s: the authority refused this node: %s", what, st.Message())
+	}
 	return status.Errorf(codes.Unavailable, "workload api: %s: %v", what, err)
 }
 
@@ -52,7 +58,7 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 	if status.Code(err) == codes.InvalidArgument {
 		return nil, err
 	} else if err != nil {
-		return nil, unavailable("minting a JWT-SVID", err)
+		return nil, authorityError("minting a JWT-SVID", err)
 	}
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: snap.ID, Svid: tok}}}, nil
 }
@@ -91,7 +97,7 @@ func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloa
 		if snap != nil {
 			jwks, err := s.jwksNow(ctx)
 			if err != nil && last == nil {
-				return unavailable("fetching the JWT bundle", err)
+				return authorityError("fetching the JWT bundle", err)
 			}
 			if err == nil && !bytes.Equal(jwks, last) {
 				if err := sendWithin(stream.Send, &workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}, s.cfg.SendTimeout); err != nil {
@@ -131,7 +137,7 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	}
 	jwks, err := s.jwksNow(ctx)
 	if err != nil {
-		return nil, unavailable("fetching the JWT bundle", err)
+		return nil, authorityError("fetching the JWT bundle", err)
 	}
 	b, err := jwtbundle.Parse(td, jwks)
 	if err != nil {
