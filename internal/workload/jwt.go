@@ -3,8 +3,10 @@ package workload
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -71,6 +73,7 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 		return s.jwks, nil
 	}
 	jwks, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = time.Now(), err
 	if err != nil {
 		if s.jwks != nil {
 			// The authority unreachable: the keys we had, and the next
@@ -83,6 +86,37 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	}
 	s.jwks, s.jwksFetched = jwks, time.Now()
 	return jwks, nil
+}
+
+// jwksAgain fetches the JWKS now, for a token whose key the one held
+// does not have: the authority published it since (the JWKS held is
+// stale: the authority was unreachable through rotations), or it is no
+// key of the authority's. At most one fetch per jwksRetry, so tokens
+// naming made-up keys cost the authority nothing more; within it, the
+// last fetch's answer.
+func (s *Server) jwksAgain(ctx context.Context) ([]byte, error) {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	if time.Since(s.jwksAsked) < jwksRetry {
+		return s.jwks, s.jwksErr
+	}
+	jwks, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = time.Now(), err
+	if err != nil {
+		return nil, err
+	}
+	s.jwks, s.jwksFetched = jwks, time.Now()
+	return jwks, nil
+}
+
+// keyID is the kid in a JWT-SVID's header, "" if it has none or is no
+// ES256 JWT (the authority signs only those; the validation refuses it).
+func keyID(token string) string {
+	sig, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil || len(sig.Signatures) != 1 {
+		return ""
+	}
+	return sig.Signatures[0].Header.KeyID
 }
 
 // FetchJWTBundles streams the trust domain's JWKS, again when it changes.
@@ -142,6 +176,18 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	b, err := jwtbundle.Parse(td, jwks)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
+	}
+	if kid := keyID(req.GetSvid()); kid != "" && !b.HasJWTAuthority(kid) {
+		// Not known to be invalid: a JWKS this agent could not refresh
+		// lacks the keys published since. UNAVAILABLE, which a caller
+		// retries, unless the authority's JWKS lacks it too.
+		jwks, err := s.jwksAgain(ctx)
+		if err != nil {
+			return nil, authorityError(fmt.Sprintf("the JWT bundle held has no key %q; fetching it again", kid), err)
+		}
+		if b, err = jwtbundle.Parse(td, jwks); err != nil {
+			return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
+		}
 	}
 	svid, err := jwtsvid.ParseAndValidate(req.GetSvid(), b, []string{req.GetAudience()})
 	if err != nil {

@@ -99,6 +99,10 @@ type Server struct {
 	jwksMu      sync.Mutex
 	jwks        []byte
 	jwksFetched time.Time
+	// jwksAsked and jwksErr are the last fetch's time and failure (nil:
+	// it fetched jwks), for the fetch a key not held asks for.
+	jwksAsked time.Time
+	jwksErr   error
 }
 
 // NewServer returns a server for src.
