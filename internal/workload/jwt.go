@@ -3,8 +3,10 @@ package workload
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -26,8 +28,14 @@ func (s *Server) noJWT() error {
 	return status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served by this agent")
 }
 
-// unavailable reports a failure to reach the authority.
-func unavailable(what string, err error) error {
+// authorityError reports a failure to reach the authority, or its refusal
+// of the node (locked, deleted, superseded) as PERMISSION_DENIED: the
+// workload is told the node is not entitled to it, not to retry a
+// connection that works.
+func authorityError(what string, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.PermissionDenied {
+		return status.Errorf(codes.PermissionDenied, "workload api: %s: the authority refused this node: %s", what, st.Message())
+	}
 	return status.Errorf(codes.Unavailable, "workload api: %s: %v", what, err)
 }
 
@@ -52,7 +60,7 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 	if status.Code(err) == codes.InvalidArgument {
 		return nil, err
 	} else if err != nil {
-		return nil, unavailable("minting a JWT-SVID", err)
+		return nil, authorityError("minting a JWT-SVID", err)
 	}
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: snap.ID, Svid: tok}}}, nil
 }
@@ -65,6 +73,7 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 		return s.jwks, nil
 	}
 	jwks, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = time.Now(), err
 	if err != nil {
 		if s.jwks != nil {
 			// The authority unreachable: the keys we had, and the next
@@ -79,6 +88,37 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	return jwks, nil
 }
 
+// jwksAgain fetches the JWKS now, for a token whose key the one held
+// does not have: the authority published it since (the JWKS held is
+// stale: the authority was unreachable through rotations), or it is no
+// key of the authority's. At most one fetch per jwksRetry, so tokens
+// naming made-up keys cost the authority nothing more; within it, the
+// last fetch's answer.
+func (s *Server) jwksAgain(ctx context.Context) ([]byte, error) {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	if time.Since(s.jwksAsked) < jwksRetry {
+		return s.jwks, s.jwksErr
+	}
+	jwks, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = time.Now(), err
+	if err != nil {
+		return nil, err
+	}
+	s.jwks, s.jwksFetched = jwks, time.Now()
+	return jwks, nil
+}
+
+// keyID is the kid in a JWT-SVID's header, "" if it has none or is no
+// ES256 JWT (the authority signs only those; the validation refuses it).
+func keyID(token string) string {
+	sig, err := jose.ParseSignedCompact(token, []jose.SignatureAlgorithm{jose.ES256})
+	if err != nil || len(sig.Signatures) != 1 {
+		return ""
+	}
+	return sig.Signatures[0].Header.KeyID
+}
+
 // FetchJWTBundles streams the trust domain's JWKS, again when it changes.
 func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchJWTBundlesServer) error {
 	if s.cfg.JWT == nil {
@@ -91,7 +131,7 @@ func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloa
 		if snap != nil {
 			jwks, err := s.jwksNow(ctx)
 			if err != nil && last == nil {
-				return unavailable("fetching the JWT bundle", err)
+				return authorityError("fetching the JWT bundle", err)
 			}
 			if err == nil && !bytes.Equal(jwks, last) {
 				if err := sendWithin(stream.Send, &workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}, s.cfg.SendTimeout); err != nil {
@@ -131,11 +171,23 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	}
 	jwks, err := s.jwksNow(ctx)
 	if err != nil {
-		return nil, unavailable("fetching the JWT bundle", err)
+		return nil, authorityError("fetching the JWT bundle", err)
 	}
 	b, err := jwtbundle.Parse(td, jwks)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
+	}
+	if kid := keyID(req.GetSvid()); kid != "" && !b.HasJWTAuthority(kid) {
+		// Not known to be invalid: a JWKS this agent could not refresh
+		// lacks the keys published since. UNAVAILABLE, which a caller
+		// retries, unless the authority's JWKS lacks it too.
+		jwks, err := s.jwksAgain(ctx)
+		if err != nil {
+			return nil, authorityError(fmt.Sprintf("the JWT bundle held has no key %q; fetching it again", kid), err)
+		}
+		if b, err = jwtbundle.Parse(td, jwks); err != nil {
+			return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
+		}
 	}
 	svid, err := jwtsvid.ParseAndValidate(req.GetSvid(), b, []string{req.GetAudience()})
 	if err != nil {

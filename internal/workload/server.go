@@ -99,6 +99,10 @@ type Server struct {
 	jwksMu      sync.Mutex
 	jwks        []byte
 	jwksFetched time.Time
+	// jwksAsked and jwksErr are the last fetch's time and failure (nil:
+	// it fetched jwks), for the fetch a key not held asks for.
+	jwksAsked time.Time
+	jwksErr   error
 }
 
 // NewServer returns a server for src.
@@ -299,7 +303,8 @@ func sendWithin[T any](send func(*T) error, msg *T, timeout time.Duration) error
 }
 
 // watch sends the current snapshot, and each one after it, until the
-// caller leaves. Before the agent's first identity it waits.
+// caller leaves. Before the agent's first identity it waits, and so it
+// does while build has nothing to send (a nil message).
 func watch[T any](ctx context.Context, src *Source, timeout time.Duration, send func(*T) error, build func(*Snapshot) (*T, error)) error {
 	for {
 		snap, changed := src.Current()
@@ -308,8 +313,10 @@ func watch[T any](ctx context.Context, src *Source, timeout time.Duration, send 
 			if err != nil {
 				return status.Errorf(codes.Internal, "workload api: %v", err)
 			}
-			if err := sendWithin(send, msg, timeout); err != nil {
-				return err
+			if msg != nil {
+				if err := sendWithin(send, msg, timeout); err != nil {
+					return err
+				}
 			}
 		}
 		select {
@@ -338,7 +345,14 @@ func concatDER(certs []*x509.Certificate) []byte {
 	return b
 }
 
+// x509SVIDResponse is nil for a certificate that has expired while the
+// agent ran (a bound-keypair agent recovering while the authority is
+// away): no peer accepts it, so the stream waits for the recovery's
+// snapshot, as it does for an agent started with an expired one.
 func x509SVIDResponse(snap *Snapshot) (*workloadpb.X509SVIDResponse, error) {
+	if !time.Now().Before(snap.Chain[0].NotAfter) {
+		return nil, nil
+	}
 	key, err := x509.MarshalPKCS8PrivateKey(snap.Key)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the SVID's key: %w", err)
