@@ -218,13 +218,17 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 				a.log.Info("renewing now: the stream was refused for the node's standing, and the renewal's answer says whether the agent stops or waits out a lock")
 			}
 		}
-		renew := a.Renew
+		renew, retryable := a.Renew, Transient
 		if bound {
 			// A refresh repeats the challenge with the valid
-			// certificate: the authority consumes nothing.
-			renew = a.Rebind
+			// certificate: the authority consumes nothing. It is a
+			// recovery where the store does not know the certificate
+			// (restored from a backup taken before it), so a spent
+			// budget is retried here too: raising the limit brings the
+			// agent back without a restart, as its hint says.
+			renew, retryable = a.Rebind, retryableBound
 		}
-		if err := a.retry(ctx, "renewal", leaf.NotAfter, func() error {
+		if err := a.retryIf(ctx, "renewal", leaf.NotAfter, retryable, func() error {
 			// A stream refused before this attempt is answered by it:
 			// left pending, its signal would renew again at once after
 			// a success (a refusal waited out meanwhile, say).
