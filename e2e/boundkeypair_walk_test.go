@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // restoreStore puts backup's store files back under the stopped authority
@@ -78,4 +81,40 @@ func TestBoundKeypairRestoredRefreshRetriesASpentBudget(t *testing.T) {
 		t.Fatalf("recovery_count = %d, want 2 (the first join and this recovery)", n)
 	}
 	p.stop(t)
+}
+
+// TestBoundKeypairNodeDeleteNamesTheToken: through the built binary,
+// deleting a bound-keypair node does not stop its agent: the token is
+// bound to the node, so the agent's next refresh proves its key and is
+// admitted as a recovery. agents delete says so and names the way to stop
+// it, muster token delete NAME, which works pasted: the agent's next
+// refresh is then refused.
+func TestBoundKeypairNodeDeleteNamesTheToken(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	adir := filepath.Join(t.TempDir(), "agent")
+	_, keyFile := keypairFile(t, adir)
+	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "3", "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+
+	out := mustRun(t, "agents", "delete", "runner", "--data", e.dir)
+	const wayOut = "To stop it for good: muster "
+	_, pasted, ok := strings.Cut(strings.TrimSpace(out), wayOut)
+	if !ok {
+		t.Fatalf("agents delete of a bound-keypair node does not say how to stop it:\n%s", out)
+	}
+	// What it warns of: the agent is back at its next refresh.
+	mustRun(t, "agent", "renew", "--data", adir)
+	if n := recoveryCount(t, e.dir, "runner"); n != 2 {
+		t.Fatalf("recovery_count = %d, want 2 (the join and the recovery after the deletion)", n)
+	}
+
+	sh := exec.Command("sh", "-c", shellword.Quote(musterBin)+" "+pasted)
+	sh.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "MUSTER_DATA=" + e.dir}
+	if got, err := sh.CombinedOutput(); err != nil {
+		t.Fatalf("the way out, pasted (muster %s): %v\n%s", pasted, err, got)
+	}
+	if msg := mustFail(t, "agent", "renew", "--data", adir); !strings.Contains(msg, "NOT_FOUND") {
+		t.Fatalf("agent renew after the token's deletion: %s", msg)
+	}
 }
