@@ -272,5 +272,10 @@ func (s *Service) copyDetected(ctx context.Context, rec store.Certificate, inst 
 		return err
 	}
 	s.cfg.Audit.Appended(link)
-	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s", inst.ID, l.ID)
+	rejoin := fmt.Sprintf("muster token create --node %s, then muster agent join --force on it with that joining URI", inst.NodeID)
+	if inst.JoinMethod == store.JoinMethodBoundKeypair {
+		rejoin = "its agent recovers with its bound key once its certificate has expired"
+	}
+	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s: two holders of this identity (a copied data directory, or one restored from an older backup); find the copy and stop it; the machine to keep comes back in a new instance (%s); muster lock delete %s then removes the lock, which holds the old instance only",
+		inst.ID, l.ID, rejoin, l.ID)
 }

@@ -1,0 +1,67 @@
+package enroll
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// lastRefusal is the reason of the newest refusal audited whose action
+// is action.
+func (e *env) lastRefusal(t *testing.T, action string) string {
+	t.Helper()
+	e.audit.mu.Lock()
+	defer e.audit.mu.Unlock()
+	for i := len(e.audit.refused) - 1; i >= 0; i-- {
+		if e.audit.refused[i].Action == action {
+			return e.audit.refused[i].Reason
+		}
+	}
+	t.Fatalf("no %s refusal in %+v", action, e.audit.refused)
+	return ""
+}
+
+// TestLockRefusalsAuditTheWayOut: the audit record of a renewal refused
+// for a lock, and of the one that found a copy and locked the instance,
+// names what the operator runs, not only the lock's ID.
+func TestLockRefusalsAuditTheWayOut(t *testing.T) {
+	e := newEnv(t, nil)
+	_, der := csr(t)
+	locked, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, e.token(t, 1).Reveal(), "n1", der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.st.InsertLock(t.Context(), store.Lock{ID: "l1", Kind: store.LockInstance, Target: locked.InstanceID, CreatedAt: time.Now()}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	chain, _ := ca.ParseCertsPEM(locked.ChainPEM)
+	_, der = csr(t)
+	_, err = e.svc.Renew(t.Context(), Request{}, chain[0], der)
+	wantRefusal(t, err, KindPermissionDenied, ReasonLocked)
+	if r := e.lastRefusal(t, "agent.renew"); !strings.Contains(r, "muster lock delete l1") {
+		t.Errorf("locked renewal audited %q: no way out", r)
+	}
+
+	_, der = csr(t)
+	joined, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, e.token(t, 1).Reveal(), "n2", der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, _ = ca.ParseCertsPEM(joined.ChainPEM)
+	_, der = csr(t)
+	if _, err := e.svc.Renew(t.Context(), Request{}, chain[0], der); err != nil {
+		t.Fatal(err)
+	}
+	_, der = csr(t)
+	_, err = e.svc.Renew(t.Context(), Request{}, chain[0], der)
+	wantRefusal(t, err, KindPermissionDenied, ReasonCopyDetected)
+	r := e.lastRefusal(t, "agent.renew")
+	for _, want := range []string{"muster token create --node n2", "muster lock delete lock-"} {
+		if !strings.Contains(r, want) {
+			t.Errorf("copy_detected audited %q: want it to name %q", r, want)
+		}
+	}
+}
