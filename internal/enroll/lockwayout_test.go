@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -63,5 +64,48 @@ func TestLockRefusalsAuditTheWayOut(t *testing.T) {
 		if !strings.Contains(r, want) {
 			t.Errorf("copy_detected audited %q: want it to name %q", r, want)
 		}
+	}
+}
+
+// TestStandingRefusalsAuditTheWayOut: the audit record of a renewal
+// refused because its instance was superseded, or its node deleted, names
+// what the operator runs to bring the machine back.
+func TestStandingRefusalsAuditTheWayOut(t *testing.T) {
+	e := newEnv(t, nil)
+	_, der := csr(t)
+	first, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, e.token(t, 1).Reveal(), "n1", der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := ca.ParseCertsPEM(first.ChainPEM)
+	// Re-provisioned with a token bound to the node: the first instance
+	// is superseded.
+	bound, _ := jointoken.Generate()
+	ct, nonce, _ := e.seal.Seal(bound.Secret(), []byte(bound.ID))
+	if err := e.st.InsertToken(t.Context(), store.Token{ID: bound.ID, JoinMethod: store.JoinMethodToken, Ciphertext: ct, Nonce: nonce,
+		UsesAllowed: 1, NodeID: "n1", CreatedAt: time.Now()}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	_, der = csr(t)
+	second, err := e.svc.ExchangeJoinToken(t.Context(), Request{}, bound.Reveal(), "n1", der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, der = csr(t)
+	_, err = e.svc.Renew(t.Context(), Request{}, old[0], der)
+	wantRefusal(t, err, KindPermissionDenied, ReasonSuperseded)
+	if r := e.lastRefusal(t, "agent.renew"); !strings.Contains(r, "muster token create --node n1") {
+		t.Errorf("superseded renewal audited %q: no way out", r)
+	}
+
+	if err := e.st.DeleteNode(t.Context(), "n1", setupLink); err != nil {
+		t.Fatal(err)
+	}
+	current, _ := ca.ParseCertsPEM(second.ChainPEM)
+	_, der = csr(t)
+	_, err = e.svc.Renew(t.Context(), Request{}, current[0], der)
+	wantRefusal(t, err, KindPermissionDenied, ReasonDeleted)
+	if r := e.lastRefusal(t, "agent.renew"); !strings.Contains(r, "muster token create --node n1") {
+		t.Errorf("renewal of a deleted node audited %q: no way out", r)
 	}
 }
