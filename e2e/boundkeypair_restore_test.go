@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // copyStore copies the SQLite store files of the stopped authority in dir
@@ -108,17 +110,35 @@ func TestBoundKeypairRestore(t *testing.T) {
 	if locks := mustRun(t, "lock", "list", "--data", e.dir); strings.Contains(locks, "runner") {
 		t.Fatalf("a restore locked the token:\n%s", locks)
 	}
-	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "agent.join", "-o", "json"); !strings.Contains(audit, "resync open") {
-		t.Errorf("the refusal's audit record does not tell the operator to open a window:\n%s", audit)
+	// The refusal's audit record names the way out, a command that works
+	// pasted as it is (with the operator's data directory in MUSTER_DATA).
+	var records []struct {
+		Reason string `json:"reason"`
+	}
+	audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "agent.join", "-o", "json")
+	if err := json.Unmarshal([]byte(audit), &records); err != nil {
+		t.Fatalf("audit list -o json: %v\n%s", err, audit)
+	}
+	const wayOut = "open a resync window: muster "
+	pasted := ""
+	for _, r := range records {
+		if _, cmd, ok := strings.Cut(r.Reason, wayOut); ok {
+			pasted = cmd
+		}
+	}
+	if pasted == "" {
+		t.Fatalf("the refusal's audit record does not tell the operator to open a window:\n%s", audit)
 	}
 
 	// With a window open, the same agent run recovers.
 	if msg := mustFail(t, "bound-keypair", "resync", "open", "--for", "1h", "--data", e.dir); !strings.Contains(msg, "--reason") {
 		t.Fatalf("resync open without a reason: %s", msg)
 	}
-	opened := mustRun(t, "bound-keypair", "resync", "open", "--for", "1h", "--reason", "restored muster.db from the test backup", "--data", e.dir)
-	if !strings.Contains(opened, "Resync window open until") {
-		t.Fatalf("resync open: %s", opened)
+	sh := exec.Command("sh", "-c", shellword.Quote(musterBin)+" "+pasted)
+	sh.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir(), "MUSTER_DATA=" + e.dir}
+	opened, err := sh.CombinedOutput()
+	if err != nil || !strings.Contains(string(opened), "Resync window open until") {
+		t.Fatalf("the audit record's way out, pasted (muster %s): %v\n%s", pasted, err, opened)
 	}
 	if msg := mustFail(t, "bound-keypair", "resync", "open", "--for", "1h", "--reason", "again", "--data", e.dir); !strings.Contains(msg, "is open") {
 		t.Fatalf("a second window while one is open: %s", msg)
@@ -150,7 +170,7 @@ func TestBoundKeypairRestore(t *testing.T) {
 	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "token.resync"); !strings.Contains(audit, windows[0].Epoch) {
 		t.Fatalf("no token.resync record naming epoch %s:\n%s", windows[0].Epoch, audit)
 	}
-	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "bound_keypair.resync.*"); !strings.Contains(audit, "restored muster.db") {
+	if audit := mustRun(t, "audit", "list", "--data", e.dir, "--action", "bound_keypair.resync.*"); !strings.Contains(audit, "restored the store from a backup") {
 		t.Fatalf("the window's opening is not audited:\n%s", audit)
 	}
 

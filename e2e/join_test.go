@@ -521,7 +521,7 @@ func TestLockedRenewalNamesOneLock(t *testing.T) {
 	}
 	var recs []map[string]any
 	json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", e.dir, "--action", "agent.renew", "-o", "json")), &recs)
-	want := "locked: lock " + lock["id"].(string) + " on node twice-locked"
+	want := "locked: lock " + lock["id"].(string) + " on node twice-locked; muster lock delete " + lock["id"].(string) + " lifts it (muster lock list says why it was made)"
 	if len(recs) != 2 {
 		t.Fatalf("agent.renew records: %v, want 2", recs)
 	}

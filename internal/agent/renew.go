@@ -280,6 +280,9 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 // The refusal itself says only the reason word: the lock's ID and why are
 // in the authority's audit record of the renewal.
 func standingHint(err error, st *State, dir Dir) error {
+	if st.JoinMethod == JoinMethodBoundKeypair {
+		return boundStandingHint(err, st, dir)
+	}
 	rejoin := RejoinCommand(dir, st.NodeID)
 	var hint string
 	switch errinfo.Reason(err) {
@@ -297,6 +300,23 @@ func standingHint(err error, st *State, dir Dir) error {
 		return ownDir(err, dir)
 	}
 	return withHint(err, hint)
+}
+
+// boundStandingHint is standingHint for a bound-keypair agent, whose
+// stream alone meets these refusals: its refresh repeats the challenge
+// with the bound key (a recovery where the authority no longer knows its
+// instance or certificate), and that answer, not a join with a join token
+// (which would make the node a token node beside its bound-keypair token),
+// is what brings it back or names the way out.
+func boundStandingHint(err error, st *State, dir Dir) error {
+	switch errinfo.Reason(err) {
+	case "locked", "copy_detected":
+		return boundRefusalHint(err, st, dir)
+	case "deleted", "certificate_unknown", "superseded":
+		return withHint(err, fmt.Sprintf("a bound-keypair agent comes back by its refresh, which repeats the challenge with its bound key (a recovery if the authority no longer knows this instance or certificate) and names the way out if refused: agent run refreshes at the next renewal time; muster agent renew --data %s refreshes now",
+			shellword.Quote(string(dir))))
+	}
+	return ownDir(err, dir)
 }
 
 // ownDir puts this agent's data directory into the join command a refusal

@@ -257,10 +257,12 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 		renew, retryable := a.Renew, Transient
 		if bound {
 			// A refresh repeats the challenge with the valid
-			// certificate: the authority consumes nothing. One that
-			// finds the certificate expired (the authority away past
-			// it) recovers, and a spent budget is retried as at start,
-			// not the end of agent run.
+			// certificate: the authority consumes nothing. It is a
+			// recovery where the certificate has expired (the authority
+			// away past it) or the store does not know it (restored
+			// from a backup taken before it), so a spent budget is
+			// retried here too, as at start: raising the limit brings
+			// the agent back without a restart, as its hint says.
 			renew, retryable = a.Rebind, retryableBound
 		}
 		if err := a.retryIf(ctx, "renewal", leaf.NotAfter, retryable, func() error {

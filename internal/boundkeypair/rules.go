@@ -126,9 +126,14 @@ func (m *Mismatch) Is(target error) bool {
 	return target == ErrJoinStateInvalid || (m.Lock && target == ErrJoinStateStale)
 }
 
+// ResyncCommand opens a resync window as a refusal's way out: pasted as
+// it is, it works (resync open refuses without --for and --reason), and
+// the operator may shorten the window or name the backup.
+const ResyncCommand = "muster bound-keypair resync open --for 24h --reason 'restored the store from a backup'"
+
 // ResyncHint is what a refusal of a document ahead of the store tells the
 // operator to do.
-const ResyncHint = "if the store was restored from a backup, open a resync window: muster bound-keypair resync open"
+const ResyncHint = "if the store was restored from a backup, open a resync window: " + ResyncCommand
 
 // Judge applies the recovery rules of st.Mode to one attempt whose
 // challenge was solved; ep is needed unless a.Clean(st). The first join
@@ -256,8 +261,8 @@ func judgeAhead(st Status, d *JoinState, ep Epochs, rebind bool) error {
 		return &Mismatch{Ahead: true, Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d (was the store restored from a backup?); %s",
 			d.RecoverySequence, st.Sequence, ResyncHint)}
 	case st.Epoch == ep.Current:
-		return &Mismatch{Ahead: true, Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d in the current resync epoch %q: the store was restored again since the window opened; close it and open a new one",
-			d.RecoverySequence, st.Sequence, st.Epoch)}
+		return &Mismatch{Ahead: true, Reason: fmt.Sprintf("join state at recovery sequence %d is ahead of the token's %d in the current resync epoch %q: the store was restored again since the window opened; close it and open a new one: muster bound-keypair resync close, then %s",
+			d.RecoverySequence, st.Sequence, st.Epoch, ResyncCommand)}
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/muster-dev/muster/internal/agent"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -256,11 +257,25 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 				return err
 			}
 			return af.call(cmd, env, "agents delete", func(ctx context.Context, c *adminClient) error {
+				// A bound-keypair node's token is bound to it: its agent
+				// proves its key again at its next refresh and is
+				// admitted as a recovery, so deleting the node alone does
+				// not stop it. Read before the deletion, which removes it.
+				var boundToken string
+				if resp, err := c.GetAgent(ctx, &musterv1.GetAgentRequest{NodeId: args[0]}); err == nil &&
+					resp.GetAgent().GetJoinMethod() == agent.JoinMethodBoundKeypair {
+					boundToken = resp.GetAgent().GetTokenId()
+				}
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
 					return err
 				}
 				if out.json() {
 					return out.write(env.Stdout, deleted{NodeID: args[0], Deleted: true})
+				}
+				if boundToken != "" {
+					fmt.Fprintf(env.Stdout, "Node %s deleted, but its bound-keypair token %s still admits it: its agent recovers with its bound key at its next refresh (one of the token's budget). To stop it for good: muster token delete %s\n",
+						args[0], boundToken, boundToken)
+					return nil
 				}
 				fmt.Fprintf(env.Stdout, "Node %s deleted: it can no longer renew, and comes back only by joining again\n", args[0])
 				return nil

@@ -53,6 +53,8 @@ func (r *Refusal) with(format string, args ...any) *Refusal {
 // log, names l. lockedOn tells a later end when another lock applies.
 func lockedBy(l store.Lock, format string, args ...any) *Refusal {
 	r := refuse(KindPermissionDenied, ReasonLocked).with(format, args...)
+	// The way out, for the operator reading the record.
+	r.Detail += fmt.Sprintf("; muster lock delete %s lifts it (muster lock list says why it was made)", l.ID)
 	r.Until = l.ExpiresAt
 	return r
 }

@@ -247,11 +247,20 @@ func (s *Service) nodeStanding(ctx context.Context, rec store.Certificate, inst 
 // standingOf is nodeStanding on a node already read (found false: no node
 // holds the ID).
 func standingOf(rec store.Certificate, inst store.Instance, node store.Node, found bool) error {
+	// The way out, for the operator reading the record: a bound-keypair
+	// node comes back by its agent's refresh with the bound key (a
+	// recovery), any other by a join with a token bound to the node.
+	rejoin := fmt.Sprintf("if the machine should be node %s, muster token create --node %s, then muster agent join --force on it with that joining URI", rec.NodeID, rec.NodeID)
+	deleted, superseded := rejoin, rejoin
+	if inst.JoinMethod == store.JoinMethodBoundKeypair {
+		deleted = fmt.Sprintf("a bound-keypair agent comes back by its refresh, a recovery with its bound key, while token %s exists: muster token delete %s ends it", inst.TokenID, inst.TokenID)
+		superseded = fmt.Sprintf("a later recovery through token %s replaced it, so a machine presenting it is behind (a copy of the bound key, or a directory restored from an older backup): its refresh with the bound key says which", inst.TokenID)
+	}
 	switch {
 	case inst.State == store.InstanceDeleted, !found:
-		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s", inst.ID)
+		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s: the node was deleted; %s", inst.ID, deleted)
 	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
-		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s", inst.ID, node.InstanceID)
+		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s (muster agents show %s lists them); %s", inst.ID, node.InstanceID, rec.NodeID, superseded)
 	}
 	return nil
 }
@@ -272,5 +281,10 @@ func (s *Service) copyDetected(ctx context.Context, rec store.Certificate, inst 
 		return err
 	}
 	s.cfg.Audit.Appended(link)
-	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s", inst.ID, l.ID)
+	rejoin := fmt.Sprintf("muster token create --node %s, then muster agent join --force on it with that joining URI", inst.NodeID)
+	if inst.JoinMethod == store.JoinMethodBoundKeypair {
+		rejoin = "its agent recovers with its bound key once its certificate has expired"
+	}
+	return refuse(KindPermissionDenied, ReasonCopyDetected).with("instance %s locked by %s: two holders of this identity (a copied data directory, or one restored from an older backup); find the copy and stop it; the machine to keep comes back in a new instance (%s); muster lock delete %s then removes the lock, which holds the old instance only",
+		inst.ID, l.ID, rejoin, l.ID)
 }

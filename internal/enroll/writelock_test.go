@@ -54,7 +54,7 @@ func wantLockedAtWrite(t *testing.T, e *env, err error, target store.LockTarget)
 		t.Fatal("the refusal was not audited")
 	}
 	got := e.audit.refused[len(e.audit.refused)-1].Reason
-	if want := "locked: lock l-race on " + target.Kind + " " + target.Target + ", at the write"; got != want {
+	if want := "locked: lock l-race on " + target.Kind + " " + target.Target + ", at the write; muster lock delete l-race lifts it (muster lock list says why it was made)"; got != want {
 		t.Errorf("audit reason %q, want %q", got, want)
 	}
 }
