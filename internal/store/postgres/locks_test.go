@@ -188,7 +188,7 @@ func TestPSKAuditRefusedByDatabase(t *testing.T) {
 		{ID: "g", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)},
 		{ID: "a", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKActive, CreatedAt: now},
 	} {
-		if err := s.InsertPSK(ctx, p); err != nil {
+		if err := s.InsertPSK(ctx, p, benchLink); err != nil {
 			t.Fatal(err)
 		}
 	}

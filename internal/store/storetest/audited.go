@@ -103,3 +103,13 @@ func raceAppends(t *testing.T, ctx context.Context, s store.Store, n int, write 
 func expireLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
 	return link(record("psk.expire"))
 }
+
+// cleanupLink builds the token.cleanup record of DeleteExpiredTokens.
+func cleanupLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("token.cleanup"))
+}
+
+// registerLink builds the authority.register record of PutRegistration.
+func registerLink(store.Registration) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("authority.register"))
+}
