@@ -447,7 +447,7 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 // reference is gone from the store either way, so no replica opens it
 // again.
 func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error)) {
-	link := s.caStepLink(action, role, serial, why+"; its key is destroyed next (ca.destroy_key)")
+	link := s.caStepLink(action, role, serial, why+"; its key, if it holds one, is destroyed next (ca.destroy_key)")
 	ref, err := end(ctx, role, serial, link.Build)
 	s.caChange(ctx, action, role, serial, why, link, err)
 	if err == nil && ref != nil {
