@@ -21,7 +21,7 @@ import (
 // successor is active, so each role rotated twice; retired at its own
 // not-after: an intermediate of a 2-minute life retires long before the 7
 // days of the longest agent leaf), its key custody then "destroyed" and
-// its ca.retire record saying the key was destroyed, while a running
+// its ca.destroy_key record saying the key was destroyed, while a running
 // agent renews throughout with no refusal; openssl verifies the agent's
 // last certificate against the root, and it no longer chains through the
 // init-time intermediate. About 3.5 minutes, mostly idle.
@@ -98,7 +98,9 @@ func TestIntermediatesRotateAndRetireUnderARunningAgent(t *testing.T) {
 		Target string `json:"target"`
 		Reason string `json:"reason"`
 	}
-	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", e.dir, "--action", "ca.retire", "-o", "json")), &retires); err != nil {
+	// The retirement is written with its ca.retire record; how the key's
+	// destruction went is the ca.destroy_key record after it.
+	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", e.dir, "--action", "ca.destroy_key", "-o", "json")), &retires); err != nil {
 		t.Fatal(err)
 	}
 	for _, role := range []string{"agent", "server"} {
@@ -112,7 +114,7 @@ func TestIntermediatesRotateAndRetireUnderARunningAgent(t *testing.T) {
 		}) bool {
 			return r.Target == k && strings.Contains(r.Reason, "its key (sealed) destroyed")
 		}) {
-			t.Errorf("no ca.retire record of %s saying its key was destroyed: %+v", k, retires)
+			t.Errorf("no ca.destroy_key record of %s saying its key was destroyed: %+v", k, retires)
 		}
 	}
 

@@ -236,6 +236,14 @@ func lockAuditTarget(req *musterv1.CreateLockRequest) string {
 // link builds the record of the caller's successful action, for a store
 // write that appends it in its own transaction (Logger.Builder): pass
 // its Build to the write, and call a.s.audit.Appended once it committed.
+// callerLink is link for a write made deeper than the handler (a root
+// rotation step): an event the log refuses fails that write.
+func (s *Server) callerLink(ctx context.Context, action, target, why string) *audit.Link {
+	c := callerFrom(ctx)
+	return newLink(s.audit, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
+		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
+}
+
 func (a *adminService) link(ctx context.Context, action, target, why string) (*audit.Link, error) {
 	c := callerFrom(ctx)
 	return a.s.audit.Builder(audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,

@@ -222,13 +222,19 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 		case hasPrepared && !now.Before(s.successorActivates(a)) && !now.Before(p.CreatedAt.Add(s.caPublishWindow())):
 			// A successor an operator prepared late is still published
 			// for caPublishWindow before it signs.
-			s.caChange(ctx, "ca.activate", string(role), p.Serial, "two thirds of the active intermediate's life have passed",
-				s.store.ActivateCACert(ctx, string(role), p.Serial))
+			const why = "two thirds of the active intermediate's life have passed"
+			link := s.caStepLink("ca.activate", string(role), p.Serial, why)
+			s.caChange(ctx, "ca.activate", string(role), p.Serial, why, link, s.store.ActivateCACert(ctx, string(role), p.Serial, link.Build))
 		case !hasPrepared && rs.SigningKey == nil && !now.Before(s.successorDue(a).Add(-caWarnAhead)):
 			s.warnNoRootKey(role, a, now)
 		case !hasPrepared && !now.Before(s.successorDue(a)):
-			row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL())
-			s.caChange(ctx, "ca.prepare", string(role), row.Serial, "half of the active intermediate's life has passed", err)
+			const why = "half of the active intermediate's life has passed"
+			var link *audit.Link
+			row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL(), func(row store.CACert) *audit.Link {
+				link = s.caStepLink("ca.prepare", string(role), row.Serial, why)
+				return link
+			})
+			s.caChange(ctx, "ca.prepare", string(role), row.Serial, why, link, err)
 		}
 	}
 	return wake, nil
@@ -308,9 +314,46 @@ func (s *Server) warnNoRootKey(role ca.Role, active *x509.Certificate, now time.
 		"role", role, "serial", active.SerialNumber.Text(16), "expires", active.NotAfter.UTC(), "due", s.successorDue(active).UTC())
 }
 
+// caStepLink is the record of a CA step the authority takes on its own
+// clock, for the store write that makes it.
+func (s *Server) caStepLink(action, role, serial, why string) *audit.Link {
+	return newLink(s.audit, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
+}
+
+// linker makes the record a store write appends with the change it
+// records (audit.Logger).
+type linker interface {
+	Builder(e audit.Event) (*audit.Link, error)
+}
+
+// CAAuditor is the audit log of an offline CA command (muster ca rotate
+// --offline, muster ca migrate-custody): its refusals are recorded on
+// their own, its steps with the store writes that make them
+// (audit.Logger).
+type CAAuditor interface {
+	Record(ctx context.Context, e audit.Event) (store.AuditRecord, error)
+	linker
+	Appended(k *audit.Link)
+}
+
+// newLink is l's link for e, for a store write that appends it with the
+// change it records; one the log refuses to build (an event it finds
+// invalid) fails that write, so nothing is written.
+func newLink(l linker, e audit.Event) *audit.Link {
+	k, err := l.Builder(e)
+	if err != nil {
+		return audit.NewLink(e, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, err })
+	}
+	return k
+}
+
 // caChange logs and audits a rotation step; a conflict means another
 // replica took it first, and is neither.
-func (s *Server) caChange(ctx context.Context, action, role, serial, why string, err error) {
+// A step written with its record (link, appended in the step's store
+// write) is noted as appended; one without (link nil: a draft's key
+// claimed and destroyed, which is no intermediate's state) is recorded
+// now.
+func (s *Server) caChange(ctx context.Context, action, role, serial, why string, link *audit.Link, err error) {
 	switch {
 	case errors.Is(err, store.ErrConflict):
 		return
@@ -329,6 +372,10 @@ func (s *Server) caChange(ctx context.Context, action, role, serial, why string,
 	}
 	s.caStepFails.changed(action+" "+role, "")
 	s.log.Info("CA intermediate rotated a step", "action", action, "role", role, "serial", serial, "reason", why)
+	if link != nil {
+		s.audit.Appended(link)
+		return
+	}
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: action, Target: role + "/" + serial, Result: audit.ResultOK, Reason: why})
 }
 
@@ -379,49 +426,81 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 		if now.Sub(d.CreatedAt) < s.caDraftTTL() {
 			continue
 		}
-		s.endIntermediate(ctx, "ca.discard", d.Role, d.Serial, s.caDraftExpired(),
-			func(ctx context.Context, _, serial string) ([]byte, error) {
-				c, err := s.store.ClaimCADraft(ctx, serial)
-				if errors.Is(err, store.ErrNotFound) {
-					err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
-				}
-				return c.KeyRef, err
-			})
+		s.endDraft(ctx, d.Role, d.Serial, func(ctx context.Context) ([]byte, error) {
+			c, err := s.store.ClaimCADraft(ctx, d.Serial)
+			if errors.Is(err, store.ErrNotFound) {
+				err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
+			}
+			return c.KeyRef, err
+		})
 	}
 }
 
 // endIntermediate retires (end: RetireCACert) or discards (DiscardCACert)
 // an intermediate, which clears its key reference in the same conditional
-// write, and destroys the key in custody: only the replica whose write
-// won gets the reference, so a token object is deleted once. The step's
-// audit record says whether the key went; a key that could not be
-// destroyed (a token unavailable) is named so an operator can delete it
-// (docs/hsm.md): its reference is gone from the store either way, so no
-// replica opens it again.
-func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string) ([]byte, error)) {
-	ref, err := end(ctx, role, serial)
+// write as the step's audit record, and destroys the key in custody: only
+// the replica whose write won gets the reference, so a token object is
+// deleted once, and a step whose record cannot be written keeps its
+// reference and its key. How the destruction went is recorded after it,
+// as ca.destroy_key: a key that could not be destroyed (a token
+// unavailable) is named so an operator can delete it (docs/hsm.md); its
+// reference is gone from the store either way, so no replica opens it
+// again.
+func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error)) {
+	link := s.caStepLink(action, role, serial, why+"; its key, if it holds one, is destroyed next (ca.destroy_key)")
+	ref, err := end(ctx, role, serial, link.Build)
+	s.caChange(ctx, action, role, serial, why, link, err)
 	if err == nil && ref != nil {
-		// The write won and the reference is gone from the store: the
-		// key is destroyed now or never, so not with what is left of the
-		// step's deadline.
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
-		defer cancel()
-		where := custody.Where(ref)
-		found, derr := custody.DestroyFound(dctx, s.inter.custody, keyName(role, serial), custody.Key{Ref: ref})
-		switch {
-		case derr != nil:
-			s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
-				"role", role, "serial", serial, "key", where, "err", derr)
-			why += "; destroying its key (" + where + ") failed, delete it by hand: " + derr.Error()
-		case !found:
-			// Lost with the token, or deleted by hand: saying it was
-			// destroyed now would hide that it went earlier.
-			why += "; its key (" + where + ") was already gone from the token, nothing to destroy"
-		default:
-			why += "; its key (" + where + ") destroyed"
-		}
+		s.destroyCAKey(ctx, role, serial, ref)
 	}
-	s.caChange(ctx, action, role, serial, why, err)
+}
+
+// endDraft destroys the key of a draft its claim took from the store (the
+// draft's signed certificate never came back): a draft is no
+// intermediate, so its claim carries no record; ca.discard, saying how
+// the destruction went, is recorded after it.
+func (s *Server) endDraft(ctx context.Context, role, serial string, claim func(ctx context.Context) ([]byte, error)) {
+	ref, err := claim(ctx)
+	why := s.caDraftExpired()
+	if err == nil && ref != nil {
+		outcome, _ := s.destroyOutcome(ctx, role, serial, ref)
+		why += "; " + outcome
+	}
+	s.caChange(ctx, "ca.discard", role, serial, why, nil, err)
+}
+
+// destroyCAKey destroys the key of an intermediate whose step has cleared
+// its reference, and records how that went (ca.destroy_key).
+func (s *Server) destroyCAKey(ctx context.Context, role, serial string, ref []byte) {
+	outcome, derr := s.destroyOutcome(ctx, role, serial, ref)
+	e := audit.Event{Actor: "authority", Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultOK, Reason: outcome}
+	if derr != nil {
+		e.Result = audit.ResultError
+	}
+	_ = s.recordAudit(ctx, e)
+}
+
+// destroyOutcome destroys the key ref of role/serial in custody and says
+// how it went, for the audit record.
+func (s *Server) destroyOutcome(ctx context.Context, role, serial string, ref []byte) (string, error) {
+	// The write won and the reference is gone from the store: the key
+	// is destroyed now or never, so not with what is left of the step's
+	// deadline.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+	defer cancel()
+	where := custody.Where(ref)
+	found, derr := custody.DestroyFound(dctx, s.inter.custody, keyName(role, serial), custody.Key{Ref: ref})
+	switch {
+	case derr != nil:
+		s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
+			"role", role, "serial", serial, "key", where, "err", derr)
+		return "destroying its key (" + where + ") failed, delete it by hand: " + derr.Error(), derr
+	case !found:
+		// Lost with the token, or deleted by hand: saying it was
+		// destroyed now would hide that it went earlier.
+		return "its key (" + where + ") was already gone from the token, nothing to destroy", nil
+	}
+	return "its key (" + where + ") destroyed", nil
 }
 
 // pokeCAClock asks the leader's CA clock, if it runs on this replica, to

@@ -135,16 +135,22 @@ func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.
 	} else if req.GetSerial() != "" {
 		target += "/" + req.GetSerial()
 	}
-	why := "prepared by an operator ahead of the leader's clock, signed with the authority's root key"
-	if len(req.GetCertificateDer()) > 0 {
-		why = "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate ROLE --root-key FILE)"
-	}
-	a.recordWhy(ctx, "ca.prepare", target, why, err)
-	if err == nil {
+	if err != nil {
+		// A success is recorded with the intermediate's write.
+		a.record(ctx, "ca.prepare", target, err)
+	} else {
 		a.s.log.Info("CA intermediate prepared by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
 			"offline_root", len(req.GetCertificateDer()) > 0, "operator", callerFrom(ctx).Actor())
 	}
 	return resp, err
+}
+
+// prepareWhy is the reason a ca.prepare record of an operator's gives.
+func prepareWhy(offline bool) string {
+	if offline {
+		return "prepared by an operator ahead of the leader's clock, signed offline with the root key (muster ca rotate ROLE --root-key FILE)"
+	}
+	return "prepared by an operator ahead of the leader's clock, signed with the authority's root key"
 }
 
 func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.PrepareCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {
@@ -159,15 +165,22 @@ func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.
 	if p, _ := preparedOf(rows, role); p != nil {
 		return nil, alreadyPrepared(role, p)
 	}
-	var row store.CACert
+	var (
+		row  store.CACert
+		link *audit.Link
+	)
 	if len(req.GetCertificateDer()) == 0 {
 		rs := a.s.ca.Roots()
 		if rs.SigningKey == nil {
 			return nil, status.Errorf(codes.FailedPrecondition, "the root key is not in this authority's data directory: prepare the successor with `muster ca rotate %s --root-key FILE` on a machine that holds the root key", role)
 		}
-		row, err = a.s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, a.s.caIntermediateTTL())
+		row, err = a.s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, a.s.caIntermediateTTL(), func(row store.CACert) *audit.Link {
+			link = a.s.callerLink(ctx, "ca.prepare", string(role)+"/"+row.Serial, prepareWhy(false))
+			return link
+		})
 	} else {
-		row, err = a.prepareSigned(ctx, role, req)
+		link = a.s.callerLink(ctx, "ca.prepare", string(role)+"/"+req.GetSerial(), prepareWhy(true))
+		row, err = a.prepareSigned(ctx, role, req, link)
 	}
 	if errors.Is(err, store.ErrConflict) {
 		if rows, lerr := a.s.store.ListCACerts(ctx); lerr == nil {
@@ -180,6 +193,7 @@ func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.
 	if err != nil {
 		return nil, err
 	}
+	a.s.audit.Appended(link)
 	a.s.inter.changed()
 	return &musterv1.CAIntermediateResponse{Intermediate: caIntermediateToProto(row)}, nil
 }
@@ -187,8 +201,8 @@ func (a *adminService) prepareCAIntermediate(ctx context.Context, req *musterv1.
 // prepareSigned stores a successor signed offline from a draft: the key
 // reference must open (under this role and serial) to the certificate's
 // key, and the certificate must be a successor of the role
-// (ca.CheckSuccessor).
-func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *musterv1.PrepareCAIntermediateRequest) (store.CACert, error) {
+// (ca.CheckSuccessor). The row is stored with link's record.
+func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *musterv1.PrepareCAIntermediateRequest, link *audit.Link) (store.CACert, error) {
 	cert, err := x509.ParseCertificate(req.GetCertificateDer())
 	if err != nil {
 		return store.CACert{}, badRequest("the signed intermediate is not a DER certificate: " + err.Error())
@@ -225,12 +239,11 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	if ttl := a.s.caDraftTTL(); now.Sub(d.CreatedAt) >= ttl {
 		// Expired, not yet swept: this call claimed it, so it destroys
 		// the key as the leader's sweep would have.
-		a.s.endIntermediate(ctx, "ca.discard", string(role), req.GetSerial(), a.s.caDraftExpired(),
-			func(context.Context, string, string) ([]byte, error) { return d.KeyRef, nil })
+		a.s.endDraft(ctx, string(role), req.GetSerial(), func(context.Context) ([]byte, error) { return d.KeyRef, nil })
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was drafted %s ago, past ca.draft_ttl (%s): its key is destroyed; run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), now.Sub(d.CreatedAt).Round(time.Second), ttl, role)
 	}
 	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: d.KeyRef, State: store.CAPrepared, NotAfter: cert.NotAfter}
-	if err := a.s.store.InsertCACert(ctx, row); err != nil {
+	if err := a.s.store.InsertCACert(ctx, row, link.Build); err != nil {
 		_ = a.s.inter.custody.Destroy(context.WithoutCancel(ctx), name, custody.Key{Public: cert.PublicKey, Ref: d.KeyRef})
 		return store.CACert{}, err
 	}
@@ -247,8 +260,10 @@ func (a *adminService) ActivateCAIntermediate(ctx context.Context, req *musterv1
 	} else if req.GetSerial() != "" {
 		target += "/" + req.GetSerial()
 	}
-	a.recordWhy(ctx, "ca.activate", target, "activated by an operator ahead of the leader's clock", err)
-	if err == nil {
+	if err != nil {
+		// A success is recorded with the activation's write.
+		a.record(ctx, "ca.activate", target, err)
+	} else {
 		a.s.log.Info("CA intermediate activated by an operator", "role", req.GetRole(), "serial", resp.GetIntermediate().GetSerial(),
 			"operator", callerFrom(ctx).Actor())
 	}
@@ -308,12 +323,14 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 			return nil, err
 		}
 	}
-	if err := a.s.store.ActivateCACert(ctx, string(role), p.Serial); err != nil {
+	link := a.s.callerLink(ctx, "ca.activate", string(role)+"/"+p.Serial, "activated by an operator ahead of the leader's clock")
+	if err := a.s.store.ActivateCACert(ctx, string(role), p.Serial, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return nil, status.Errorf(codes.Aborted, "the prepared %s intermediate %s was activated or replaced meanwhile (the leader's clock or another operator; `muster audit list --action 'ca.*'`)", role, p.Serial)
 		}
 		return nil, err
 	}
+	a.s.audit.Appended(link)
 	a.s.inter.changed()
 	out := *p
 	out.State, out.ActivatedAt = store.CAActive, now
@@ -324,18 +341,6 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 		resp.Previous = caIntermediateToProto(prev)
 	}
 	return resp, nil
-}
-
-// recordWhy is record with the reason of a success: an operator's CA
-// step says what it was.
-func (a *adminService) recordWhy(ctx context.Context, action, target, why string, err error) {
-	if err != nil {
-		a.record(ctx, action, target, err)
-		return
-	}
-	c := callerFrom(ctx)
-	_ = a.s.recordAudit(ctx, audit.Event{Actor: c.Actor(), Action: action, Target: target, Result: audit.ResultOK,
-		Reason: why, Source: c.Source, CorrelationID: c.CorrelationID})
 }
 
 // holdsPrepared reports whether this replica has read serial as role's

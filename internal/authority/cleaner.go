@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // Expired tokens are kept for a day so an operator can still see why a
@@ -70,21 +71,29 @@ func (s *Server) cleanTokens(ctx context.Context) error {
 	}
 }
 
+// cleanTokensOnce deletes the tokens expired more than tokenRetention ago,
+// with their token.cleanup record in the same transaction: tokens whose
+// record cannot be written stay (expired, they admit no one) until the
+// next pass.
 func (s *Server) cleanTokensOnce(ctx context.Context) {
-	ids, err := s.store.DeleteExpiredTokens(ctx, tokenRetention)
+	var link *audit.Link
+	ids, err := s.store.DeleteExpiredTokens(ctx, tokenRetention, func(ids []string) func(store.AuditHead) (store.AuditRecord, error) {
+		link = newLink(s.audit, audit.Event{Actor: "authority", Action: "token.cleanup",
+			Target: strings.Join(ids, ","), Result: audit.ResultOK,
+			Reason: fmt.Sprintf("%d tokens expired more than %s ago", len(ids), tokenRetention)})
+		return link.Build
+	})
 	if err != nil {
 		if ctx.Err() == nil && !s.outage.fail(err) {
-			s.log.Error("token cleaner failed", "err", err)
+			s.log.Error("token cleaner failed: expired tokens are deleted with their token.cleanup record or not at all", "err", err)
 		}
 		return
 	}
 	if len(ids) == 0 {
 		return
 	}
+	s.audit.Appended(link)
 	s.log.Info("deleted expired tokens", "count", len(ids))
-	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "token.cleanup",
-		Target: strings.Join(ids, ","), Result: audit.ResultOK,
-		Reason: fmt.Sprintf("%d tokens expired more than %s ago", len(ids), tokenRetention)})
 }
 
 // cleanTicketUses drops the records of referral tickets past expiry and

@@ -176,7 +176,7 @@ func TestOpenConnectionRetiredIntermediate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.store.ActivateCACert(ctx, string(ca.RoleAgent), next.Serial); err != nil {
+	if err := a.store.ActivateCACert(ctx, string(ca.RoleAgent), next.Serial, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.inter.load(ctx); err != nil {
@@ -185,7 +185,7 @@ func TestOpenConnectionRetiredIntermediate(t *testing.T) {
 	if err := verifierSet(ctx, conn); err != nil {
 		t.Fatalf("a call while its intermediate is retiring: %v", err)
 	}
-	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), a.h.Issuers[ca.RoleAgent].Cert.SerialNumber.Text(16)); err != nil {
+	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), a.h.Issuers[ca.RoleAgent].Cert.SerialNumber.Text(16), setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.inter.load(ctx); err != nil {

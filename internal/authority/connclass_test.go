@@ -48,7 +48,7 @@ func TestConnClassAfterRotation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := a.store.ActivateCACert(ctx, string(role), row.Serial); err != nil {
+		if err := a.store.ActivateCACert(ctx, string(role), row.Serial, setupLink); err != nil {
 			t.Fatal(err)
 		}
 	}

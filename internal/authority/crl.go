@@ -251,11 +251,15 @@ func (c *crlCache) readStore(name string) (any, error) {
 	case errors.Is(err, crl.ErrUnknownIssuer):
 		delete(c.lists, name) // retired: its list is served no more
 	case errors.Is(err, store.ErrNotFound):
-		// Not signed yet: asked again at the next fetch.
+		// Not signed yet (the first pass of a new intermediate is under
+		// way): the answer is kept crlReadEvery like any other, so the
+		// fetches meanwhile get it without each reading the store.
+		hit.tried, hit.err = now, err
+		c.lists[name] = hit
 	default:
 		// Said once as the reads of this list start failing, and again
-		// after one succeeded.
-		if hit.tried.IsZero() || hit.err == nil {
+		// after one succeeded (or found none signed yet).
+		if hit.tried.IsZero() || hit.err == nil || errors.Is(hit.err, store.ErrNotFound) {
 			var copy *store.CRL
 			if hit.held && now.Before(hit.c.NextUpdate) {
 				copy = &hit.c

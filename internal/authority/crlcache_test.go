@@ -265,3 +265,34 @@ func TestCRLCacheHungReadServesTheCopyAtOnce(t *testing.T) {
 		t.Errorf("%d reads of the store, want 2: the first and the one that hangs", n)
 	}
 }
+
+// TestCRLCacheUnsignedListReadOncePerSecond: the list of an intermediate
+// whose first list is not signed yet is read from the store at most once
+// per crlReadEvery, as a signed one is; every fetch meanwhile gets the
+// same answer (503, not signed yet). Before, no attempt was recorded for
+// it, and every fetch read the store.
+func TestCRLCacheUnsignedListReadOncePerSecond(t *testing.T) {
+	t.Parallel()
+	c, f, clock, failures := newTestCRLCache(t)
+	f.set(store.CRL{}, fmt.Errorf("get crl %s: %w", testCRLName, store.ErrNotFound), nil)
+	for i := range 5 {
+		if _, err := c.get(t.Context(), testCRLName); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("fetch %d: %v, want not found", i, err)
+		}
+	}
+	if n := f.reads.Load(); n != 1 {
+		t.Fatalf("five fetches within %s read the store %d times, want 1", crlReadEvery, n)
+	}
+	clock.add(crlReadEvery)
+	list := store.CRL{Issuer: testCRLName, NextUpdate: clock.now().Add(time.Hour), DER: []byte("der")}
+	f.set(list, nil, nil)
+	if got, err := c.get(t.Context(), testCRLName); err != nil || string(got.DER) != "der" {
+		t.Fatalf("fetch once signed: %q, %v; want the list", got.DER, err)
+	}
+	if n := f.reads.Load(); n != 2 {
+		t.Fatalf("the store was read %d times, want 2", n)
+	}
+	if len(*failures) != 0 {
+		t.Errorf("a list not signed yet was reported as a failed read: %v", *failures)
+	}
+}

@@ -46,7 +46,7 @@ func TestLeavesNameTheirIssuersList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.store.ActivateCACert(ctx, "agent", row.Serial); err != nil {
+	if err := a.store.ActivateCACert(ctx, "agent", row.Serial, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.inter.load(ctx); err != nil {

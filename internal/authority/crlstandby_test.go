@@ -85,7 +85,7 @@ func TestRetiringListsServedInStandby(t *testing.T) {
 		t.Errorf("the list of %s is served but has no status (muster_crl_next_update_seconds)", name)
 	}
 
-	if _, err := a.store.RetireCACert(ctx, "agent", row.Serial); err != nil {
+	if _, err := a.store.RetireCACert(ctx, "agent", row.Serial, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.inter.load(ctx); err != nil {

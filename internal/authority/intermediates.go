@@ -135,19 +135,19 @@ func (in *intermediates) importFiles(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("authority: sealing the %s intermediate's key: %w", role, err)
 		}
+		// Stored with its record, or not at all.
+		link := newLink(in.s.audit, audit.Event{Actor: "authority", Action: "ca.import", Target: string(role) + "/" + serial,
+			Result: audit.ResultOK, Reason: "the data directory's intermediate, now shared by every replica through the store"})
 		err = in.s.store.InsertCACert(ctx, store.CACert{Role: string(role), Serial: serial, CertDER: file.Cert.Raw,
-			KeyRef: k.Ref, State: store.CAActive, NotAfter: file.Cert.NotAfter})
+			KeyRef: k.Ref, State: store.CAActive, NotAfter: file.Cert.NotAfter}, link.Build)
 		switch {
 		case errors.Is(err, store.ErrConflict):
 			continue // another replica imported one first
 		case err != nil:
 			return fmt.Errorf("authority: storing the %s intermediate: %w", role, err)
 		}
+		in.s.audit.Appended(link)
 		in.s.log.Info("moved a CA intermediate from the data directory into the store", "role", role, "serial", serial)
-		if err := in.s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "ca.import", Target: string(role) + "/" + serial,
-			Result: audit.ResultOK, Reason: "the data directory's intermediate, now shared by every replica through the store"}); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -486,15 +486,17 @@ func (in *intermediates) readyErr() error {
 // certificate signed by root (the signing root: the data directory's, or
 // a root rotation's new one), whose key is rootKey, valid for ttl, stored
 // prepared (one per role: of replicas preparing at once, one wins and the
-// others get store.ErrConflict, and the loser's key is destroyed).
-func (in *intermediates) prepareUnder(ctx context.Context, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
-	return prepareIntermediate(ctx, in.s.store, in.custody, in.s.ca, role, root, rootKey, ttl)
+// others get store.ErrConflict, and the loser's key is destroyed), with
+// the record link makes for its serial (ca.prepare) in the same write.
+func (in *intermediates) prepareUnder(ctx context.Context, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration, link func(row store.CACert) *audit.Link) (store.CACert, error) {
+	return prepareIntermediate(ctx, in.s.store, in.custody, in.s.ca, role, root, rootKey, ttl, link)
 }
 
 // prepareIntermediate is prepareUnder for any holder of the store and a
 // custody: the authority's leader and operator, and muster ca
 // migrate-custody, which prepares successors in a token offline.
-func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody, h *ca.Hierarchy, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
+// The caller notes link's record appended once it returns with no error.
+func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody, h *ca.Hierarchy, role ca.Role, root *x509.Certificate, rootKey crypto.Signer, ttl time.Duration, link func(row store.CACert) *audit.Link) (store.CACert, error) {
 	serial, err := ca.NewSerial()
 	if err != nil {
 		return store.CACert{}, err
@@ -509,7 +511,7 @@ func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody,
 		var cert *x509.Certificate
 		if cert, err = h.NewIntermediateUnder(role, serial, k.Public, root, rootKey, now, ttl); err == nil {
 			row := store.CACert{Role: string(role), Serial: hexSerial, CertDER: cert.Raw, KeyRef: k.Ref, State: store.CAPrepared, NotAfter: cert.NotAfter}
-			if err = st.InsertCACert(ctx, row); err == nil {
+			if err = st.InsertCACert(ctx, row, link(row).Build); err == nil {
 				row.CreatedAt = now
 				return row, nil
 			}

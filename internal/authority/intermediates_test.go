@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -146,7 +147,7 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 		t.Fatal("a prepared intermediate signed a leaf")
 	}
 	for _, role := range []ca.Role{ca.RoleAgent, ca.RoleServer} {
-		if err := a.store.ActivateCACert(ctx, string(role), next[role].Serial); err != nil {
+		if err := a.store.ActivateCACert(ctx, string(role), next[role].Serial, setupLink); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -174,7 +175,7 @@ func testIntermediates(t *testing.T, a *benchAuthority) {
 			t.Fatalf("replica %d: muster_ca_not_after_seconds %v; want the new agent intermediate's and the retiring one's", r, got)
 		}
 	}
-	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial); err != nil {
+	if _, err := a.store.RetireCACert(ctx, string(ca.RoleAgent), oldSerial, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	for r := range a.srvs {
@@ -214,5 +215,10 @@ func caNotAfter(t *testing.T, srv *Server) map[string]int64 {
 
 // prepare is prepareUnder with the data directory's root, for tests.
 func (in *intermediates) prepare(ctx context.Context, role ca.Role, rootKey crypto.Signer, ttl time.Duration) (store.CACert, error) {
-	return in.prepareUnder(ctx, role, in.s.ca.Root, rootKey, ttl)
+	return in.prepareUnder(ctx, role, in.s.ca.Root, rootKey, ttl, in.s.testPrepareLink)
+}
+
+// testPrepareLink is the ca.prepare record of a test's prepare.
+func (s *Server) testPrepareLink(row store.CACert) *audit.Link {
+	return s.caStepLink("ca.prepare", row.Role, row.Serial, "test")
 }

@@ -53,7 +53,7 @@ func TestSlowReadOfIntermediatesIsNotInstalledLast(t *testing.T) {
 	s := a.srvs[0]
 	ctx := t.Context()
 	rs := s.ca.Roots()
-	p, err := s.inter.prepareUnder(ctx, ca.RoleAgent, rs.Signing, rs.SigningKey, time.Hour)
+	p, err := s.inter.prepareUnder(ctx, ca.RoleAgent, rs.Signing, rs.SigningKey, time.Hour, s.testPrepareLink)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestSlowReadOfIntermediatesIsNotInstalledLast(t *testing.T) {
 	slow := make(chan error, 1)
 	go func() { slow <- s.inter.load(ctx) }()
 	<-h.read // it read the rows with p prepared
-	if err := a.store.ActivateCACert(ctx, string(ca.RoleAgent), p.Serial); err != nil {
+	if err := a.store.ActivateCACert(ctx, string(ca.RoleAgent), p.Serial, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	fast := make(chan error, 1)

@@ -12,7 +12,6 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/seal"
-	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -28,7 +27,7 @@ type LostKeyRotation struct {
 	// RootKey is the root key from --root-key FILE (kept offline), nil
 	// to use the data directory's or the root rotation's stored one.
 	RootKey crypto.Signer
-	Audit   signer.Auditor
+	Audit   CAAuditor
 	Actor   string
 	Role    ca.Role
 	// IntermediateTTL is the new intermediate's lifetime
@@ -126,13 +125,12 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		case err == nil:
 			res.Active, res.Reused = *prepared, true
 		case errors.Is(err, custody.ErrKeyMissing):
-			if _, err := m.Store.DiscardCACert(ctx, prepared.Role, prepared.Serial); err != nil {
+			link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: string(m.Role) + "/" + prepared.Serial,
+				Result: audit.ResultOK, Reason: "offline rotation: its key (" + custody.Where(prepared.KeyRef) + ") is gone from the token"})
+			if _, err := m.Store.DiscardCACert(ctx, prepared.Role, prepared.Serial, link.Build); err != nil {
 				return res, fmt.Errorf("discarding the prepared %s intermediate %s, whose key is gone too: %w", m.Role, prepared.Serial, err)
 			}
-			if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.discard", Target: string(m.Role) + "/" + prepared.Serial,
-				Result: audit.ResultOK, Reason: "offline rotation: its key (" + custody.Where(prepared.KeyRef) + ") is gone from the token"}); err != nil {
-				return res, err
-			}
+			m.Audit.Appended(link)
 		default:
 			return refuse(fmt.Errorf("opening the prepared %s intermediate %s's key (%s): %w", m.Role, prepared.Serial, custody.Where(prepared.KeyRef), err))
 		}
@@ -142,28 +140,30 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		if err != nil {
 			return refuse(err)
 		}
-		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, m.Role, root, rootKey, m.IntermediateTTL)
+		var link *audit.Link
+		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, m.Role, root, rootKey, m.IntermediateTTL, func(row store.CACert) *audit.Link {
+			link = newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.prepare", Target: string(m.Role) + "/" + row.Serial,
+				Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: replaces %s, whose key (%s) is gone from the token; key %s",
+					active.Serial, custody.Where(active.KeyRef), custody.Where(row.KeyRef))})
+			return link
+		})
 		if err != nil {
 			return res, fmt.Errorf("making a new %s intermediate: %w", m.Role, err)
 		}
-		if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.prepare", Target: string(m.Role) + "/" + row.Serial,
-			Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: replaces %s, whose key (%s) is gone from the token; key %s", active.Serial, custody.Where(active.KeyRef), custody.Where(row.KeyRef))}); err != nil {
-			return res, err
-		}
+		m.Audit.Appended(link)
 		res.Active = row
 	}
 	if res.PreparedOnly {
 		return res, nil
 	}
-	if err := m.Store.ActivateCACert(ctx, string(m.Role), res.Active.Serial); err != nil {
+	link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.activate", Target: string(m.Role) + "/" + res.Active.Serial,
+		Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: at once, as %s's key (%s) is gone from the token; %s is retiring, keyless", active.Serial, custody.Where(active.KeyRef), active.Serial)})
+	if err := m.Store.ActivateCACert(ctx, string(m.Role), res.Active.Serial, link.Build); err != nil {
 		return res, fmt.Errorf("activating the %s intermediate %s (run this again: it finds what is done): %w", m.Role, res.Active.Serial, err)
 	}
+	m.Audit.Appended(link)
 	res.Active.State = store.CAActive
 	res.Previous.State = store.CARetiring
-	if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.activate", Target: string(m.Role) + "/" + res.Active.Serial,
-		Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: at once, as %s's key (%s) is gone from the token; %s is retiring, keyless", active.Serial, custody.Where(active.KeyRef), active.Serial)}); err != nil {
-		return res, err
-	}
 	return res, nil
 }
 

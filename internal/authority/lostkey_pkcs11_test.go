@@ -228,12 +228,12 @@ func TestStatusAndRetireSayKeyMissing(t *testing.T) {
 	if err := s.caStepAt(ctx, now); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.retire"})
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "was already gone from the token") || strings.Contains(recs[0].Reason, "destroyed") {
-		t.Fatalf("ca.retire records %+v; want one saying its key was already gone", recs)
+		t.Fatalf("ca.destroy_key records %+v; want one saying its key was already gone", recs)
 	}
 }
 
@@ -245,7 +245,7 @@ func TestLostPreparedKey(t *testing.T) {
 	s := a.srvs[0]
 	ctx := t.Context()
 	cur := storeIntermediate(t, ctx, a, time.Now().Add(-10*time.Second), 3*time.Minute)
-	prepared, err := s.inter.prepareUnder(ctx, ca.RoleAgent, a.h.Root, a.h.RootKey, 3*time.Minute)
+	prepared, err := s.inter.prepareUnder(ctx, ca.RoleAgent, a.h.Root, a.h.RootKey, 3*time.Minute, s.testPrepareLink)
 	if err != nil {
 		t.Fatal(err)
 	}

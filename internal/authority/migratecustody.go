@@ -37,7 +37,7 @@ type CustodyMigration struct {
 	// URI and Module are recorded in the store: the token's pkcs11: URI
 	// (no PIN) and the module that opened it here.
 	URI, Module string
-	Audit       signer.Auditor
+	Audit       CAAuditor
 	AuthorityID string
 	Actor       string
 	// IntermediateTTL is the prepared successors' lifetime
@@ -210,30 +210,31 @@ func migrateIntermediate(ctx context.Context, m CustodyMigration, c custody.Cust
 			return step, errors.New("the intermediates kept changing under the migration (the leader's clock or an operator); run it again")
 		}
 		if prepared != nil {
-			ref, err := m.Store.DiscardCACert(ctx, string(role), prepared.Serial)
+			link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: string(role) + "/" + prepared.Serial,
+				Result: audit.ResultOK, Reason: "a sealed successor that signed nothing, replaced by one in the PKCS#11 token (muster ca migrate-custody)"})
+			ref, err := m.Store.DiscardCACert(ctx, string(role), prepared.Serial, link.Build)
 			if errors.Is(err, store.ErrConflict) {
 				continue // activated or replaced meanwhile: read again
 			}
 			if err != nil {
 				return step, err
 			}
+			m.Audit.Appended(link)
 			_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), prepared.Serial), custody.Key{Ref: ref})
-			if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.discard", Target: string(role) + "/" + prepared.Serial,
-				Result: audit.ResultOK, Reason: "a sealed successor that signed nothing, replaced by one in the PKCS#11 token (muster ca migrate-custody)"}); err != nil {
-				return step, err
-			}
 		}
-		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, role, set.Signing, set.SigningKey, m.IntermediateTTL)
+		var link *audit.Link
+		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, role, set.Signing, set.SigningKey, m.IntermediateTTL, func(row store.CACert) *audit.Link {
+			link = newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.prepare", Target: string(role) + "/" + row.Serial,
+				Result: audit.ResultOK, Reason: "its key generated in the PKCS#11 token (muster ca migrate-custody)"})
+			return link
+		})
 		if errors.Is(err, store.ErrConflict) {
 			continue // the leader prepared one meanwhile: read again
 		}
 		if err != nil {
 			return step, err
 		}
-		if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.prepare", Target: string(role) + "/" + row.Serial,
-			Result: audit.ResultOK, Reason: "its key generated in the PKCS#11 token (muster ca migrate-custody)"}); err != nil {
-			return step, err
-		}
+		m.Audit.Appended(link)
 		step.Done, step.Serial, step.Where, step.Next = "prepared", row.Serial, custody.Where(row.KeyRef), activate
 		return step, nil
 	}
@@ -404,17 +405,16 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 		if r.State != store.CAPrepared || !custody.IsPKCS11Ref(r.KeyRef) {
 			continue
 		}
-		_, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial)
+		link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
+			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"})
+		_, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
 		if errors.Is(err, store.ErrConflict) {
 			return res, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
 		}
 		if err != nil {
 			return res, err
 		}
-		if _, err := m.Audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
-			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"}); err != nil {
-			return res, err
-		}
+		m.Audit.Appended(link)
 		res.Steps = append(res.Steps, MigrationStep{Key: "ca/" + r.Role, Done: "discarded", Serial: r.Serial, Where: custody.Where(r.KeyRef),
 			Next: "its token object is left: delete it by hand if the token comes back"})
 	}

@@ -102,8 +102,18 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "its key (sealed) destroyed") {
-		t.Fatalf("ca.retire records %+v; want one saying its key was destroyed", recs)
+	if len(recs) != 1 || recs[0].Target != "agent/"+expired.Serial {
+		t.Fatalf("ca.retire records %+v; want one for %s", recs, expired.Serial)
+	}
+	// The retirement is written with its record; how the key's
+	// destruction went is recorded after it.
+	destroys, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(destroys) != 1 || destroys[0].Seq <= recs[0].Seq || destroys[0].Target != "agent/"+expired.Serial ||
+		!strings.Contains(destroys[0].Reason, "its key (sealed) destroyed") {
+		t.Fatalf("ca.destroy_key records %+v; want one after the ca.retire saying its key was destroyed", destroys)
 	}
 }
 

@@ -70,7 +70,7 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 		a.record(ctx, "ca.root_rotate", "", err)
 		return nil, err
 	}
-	a.record(ctx, "ca.root_rotate", ca.Fingerprint(st.New), nil)
+	// Recorded by rotateRoot with the rotation's write.
 	return rootToProto(st, ""), nil
 }
 
@@ -94,6 +94,6 @@ func (a *adminService) rootStep(ctx context.Context, rollback bool) (*musterv1.R
 		a.record(ctx, "ca.root_phase", target, err)
 		return nil, err
 	}
-	a.record(ctx, "ca.root_phase", target, nil)
+	// Recorded by stepRoot with the phase's write.
 	return rootToProto(st, from), nil
 }

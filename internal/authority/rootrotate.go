@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
@@ -374,12 +375,15 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 		return RootStatus{}, err
 	}
 	next.NewCertDER, next.NewKeyRef, next.CrossNewByOld, next.CrossOldByNew = root.Raw, ref, newByOld.Raw, oldByNew.Raw
-	if err := s.store.PutRootRotation(ctx, st.row.Version, next, true); err != nil {
+	// Started with its record (the caller's ca.root_rotate), or not at all.
+	link := s.callerLink(ctx, "ca.root_rotate", ca.Fingerprint(root), "")
+	if err := s.store.PutRootRotation(ctx, st.row.Version, next, true, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return RootStatus{}, errRootChanged
 		}
 		return RootStatus{}, err
 	}
+	s.audit.Appended(link)
 	s.log.Info("root rotation started", "phase", store.RootPhaseInit, "old_root", ca.Fingerprint(cur), "new_root", ca.Fingerprint(root), "actor", actor)
 	s.loadNow(ctx)
 	return s.rootStatus(ctx)
@@ -434,12 +438,15 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, call
 		next.NewCertDER, next.NewKeyRef, next.CrossNewByOld, next.CrossOldByNew = nil, nil, nil, nil
 	}
 	next.Phase = to
-	if err := s.store.PutRootRotation(ctx, st.row.Version, next, false); err != nil {
+	// Changed with its record (the caller's ca.root_phase), or not at all.
+	link := s.callerLink(ctx, "ca.root_phase", from+"->"+to, "")
+	if err := s.store.PutRootRotation(ctx, st.row.Version, next, false, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return from, RootStatus{}, errRootChanged
 		}
 		return from, RootStatus{}, err
 	}
+	s.audit.Appended(link)
 	s.log.Info("root rotation phase changed", "from", from, "to", to, "actor", actor)
 	s.loadNow(ctx)
 	s.pokeCAClock()
@@ -498,7 +505,8 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		if prepared != nil {
 			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && s.caCerts.signedBy(p, rs.Signing) {
 				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
-					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, s.store.ActivateCACert(ctx, string(role), prepared.Serial))
+					link := s.caStepLink("ca.activate", string(role), prepared.Serial, why)
+					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, link, s.store.ActivateCACert(ctx, string(role), prepared.Serial, link.Build))
 				}
 				changed = true
 				continue
@@ -511,8 +519,12 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 			s.warnNoRootKey(role, active, now)
 			continue
 		}
-		row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL())
-		s.caChange(ctx, "ca.prepare", string(role), row.Serial, why, err)
+		var link *audit.Link
+		row, err := s.inter.prepareUnder(ctx, role, rs.Signing, rs.SigningKey, s.caIntermediateTTL(), func(row store.CACert) *audit.Link {
+			link = s.caStepLink("ca.prepare", string(role), row.Serial, why)
+			return link
+		})
+		s.caChange(ctx, "ca.prepare", string(role), row.Serial, why, link, err)
 		changed = true
 	}
 	return changed

@@ -434,7 +434,7 @@ func TestPSKUnauditedChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.InsertPSK(t.Context(), active); err != nil {
+	if err := st.InsertPSK(t.Context(), active, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	s, buf := unauditedServer(t, st)
@@ -446,7 +446,7 @@ func TestPSKUnauditedChangesNothing(t *testing.T) {
 	}
 	expired := store.PSK{ID: "psk-old", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace,
 		CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}
-	if err := st.InsertPSK(t.Context(), expired); err != nil {
+	if err := st.InsertPSK(t.Context(), expired, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.revokeExpiredGracePSKs(ctx); err == nil {
@@ -464,7 +464,107 @@ func TestPSKUnauditedChangesNothing(t *testing.T) {
 	if !strings.Contains(buf.String(), "psk "+active.ID+" not rotated") {
 		t.Errorf("the log does not say the PSK was not rotated:\n%s", buf.String())
 	}
-	if recs, err := st.ListAudit(t.Context(), store.AuditFilter{}); err != nil || len(recs) != 0 {
-		t.Fatalf("audit chain %+v (%v); want it empty", recs, err)
+	recs, err := st.ListAudit(t.Context(), store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Action != "test.setup" {
+			t.Fatalf("audit chain %+v; want only the setup's records", recs)
+		}
+	}
+}
+
+func (u unauditable) failing(store.AuditHead) (store.AuditRecord, error) {
+	return store.AuditRecord{}, u.err
+}
+
+func (u unauditable) InsertCACert(ctx context.Context, c store.CACert, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.InsertCACert(ctx, c, u.failing)
+}
+
+func (u unauditable) ActivateCACert(ctx context.Context, role, serial string, _ func(store.AuditHead) (store.AuditRecord, error)) error {
+	return u.Store.ActivateCACert(ctx, role, serial, u.failing)
+}
+
+func (u unauditable) RetireCACert(ctx context.Context, role, serial string, _ func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return u.Store.RetireCACert(ctx, role, serial, u.failing)
+}
+
+func (u unauditable) DiscardCACert(ctx context.Context, role, serial string, _ func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return u.Store.DiscardCACert(ctx, role, serial, u.failing)
+}
+
+func (u unauditable) DeleteExpiredTokens(ctx context.Context, retention time.Duration, _ func([]string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	return u.Store.DeleteExpiredTokens(ctx, retention, func([]string) func(store.AuditHead) (store.AuditRecord, error) { return u.failing })
+}
+
+// TestCAStepUnauditedChangesNothing: a CA step of the leader's clock
+// (retire, discard, activate) whose record cannot be written changes no
+// intermediate, keeps its key reference and destroys no key, and the
+// failure is logged; an expired token whose token.cleanup record cannot
+// be written is not deleted. Before, each was written first and recorded
+// after, the record's failure logged and dropped (and the key of a
+// retired intermediate destroyed with no record of it).
+func TestCAStepUnauditedChangesNothing(t *testing.T) {
+	st, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := t.Context()
+	row := func(role, serial, state string) store.CACert {
+		return store.CACert{Role: role, Serial: serial, CertDER: []byte("der-" + serial), KeyRef: []byte("sealed-" + serial),
+			State: state, NotAfter: time.Now().Add(time.Hour)}
+	}
+	for _, r := range []store.CACert{row("agent", "a1", store.CAActive), row("agent", "a2", store.CAPrepared),
+		row("server", "s1", store.CAActive), row("server", "s2", store.CAPrepared)} {
+		if err := st.InsertCACert(ctx, r, setupLink); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.ActivateCACert(ctx, "server", "s2", setupLink); err != nil { // s1 retiring
+		t.Fatal(err)
+	}
+	if err := st.InsertToken(ctx, store.Token{ID: "tok-old", JoinMethod: "token", Ciphertext: []byte{1}, Nonce: []byte{2}, UsesAllowed: 1,
+		ExpiresAt: time.Now().Add(-2 * tokenRetention), CreatedBy: "admin", CreatedAt: time.Now().Add(-3 * tokenRetention)}, setupLink); err != nil {
+		t.Fatal(err)
+	}
+	before, err := st.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, buf := unauditedServer(t, st)
+	// No custody: a step that went through would try to destroy a key
+	// and panic on it.
+	s.endIntermediate(ctx, "ca.retire", "server", "s1", "the last leaf it signed has expired", s.store.RetireCACert)
+	s.endIntermediate(ctx, "ca.discard", "agent", "a2", "root rotation: prepared under a root that no longer signs", s.store.DiscardCACert)
+	link := s.caStepLink("ca.activate", "agent", "a2", "two thirds of the active intermediate's life have passed")
+	s.caChange(ctx, "ca.activate", "agent", "a2", "two thirds", link, s.store.ActivateCACert(ctx, "agent", "a2", link.Build))
+	s.cleanTokensOnce(ctx)
+
+	after, err := st.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("intermediates after unaudited steps:\n%+v\nwant as they were:\n%+v", after, before)
+	}
+	if _, err := st.GetToken(ctx, "tok-old"); err != nil {
+		t.Errorf("the expired token after an unaudited cleanup: %v; want it kept", err)
+	}
+	for _, want := range []string{"action=ca.retire", "action=ca.discard", "action=ca.activate", "token cleaner failed"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the log says nothing of %s:\n%s", want, buf.String())
+		}
+	}
+	recs, err := st.ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Action != "test.setup" {
+			t.Fatalf("audit chain %+v; want only the setup's records", recs)
+		}
 	}
 }

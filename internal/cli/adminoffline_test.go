@@ -64,7 +64,7 @@ func TestOfflineAdminSignsWithStoreIntermediate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = st.InsertCACert(ctx, store.CACert{Role: string(ca.RoleAdmin), Serial: serial.Text(16), CertDER: next.Raw, KeyRef: k.Ref, State: store.CAActive, NotAfter: next.NotAfter})
+	err = st.InsertCACert(ctx, store.CACert{Role: string(ca.RoleAdmin), Serial: serial.Text(16), CertDER: next.Raw, KeyRef: k.Ref, State: store.CAActive, NotAfter: next.NotAfter}, setupLink)
 	st.Close()
 	if err != nil {
 		t.Fatal(err)

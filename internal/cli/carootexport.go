@@ -161,12 +161,20 @@ func exportRootKey(ctx context.Context, od offlineDir, storeURL, path string) (_
 	}
 	next := rot
 	next.NewKeyRef = nil
-	if err := st.PutRootRotation(ctx, rot.Version, next, false); err != nil {
+	// The key leaves the store with its record, or not at all.
+	link, err := logger.Builder(audit.Event{Actor: exportKeyActor, Action: "ca.root_export_key", Target: target, Result: audit.ResultOK,
+		Reason: "the root key written to " + path + " and removed from the authority's custody (offline root)"})
+	if err != nil {
+		return "", err
+	}
+	if err := st.PutRootRotation(ctx, rot.Version, next, false, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			os.Remove(path)
 			return "", record(errors.New("the root rotation changed meanwhile (another export or a rotation step): run muster ca root status and try again"), "")
 		}
 		return "", fmt.Errorf("the key is in %s, but removing it from the store failed (it may still be held there; run the command again with another --out to find out): %w", path, err)
 	}
-	return fp, record(nil, "the root key written to "+path+" and removed from the authority's custody (offline root)")
+	logger.Appended(link)
+	recorded = true
+	return fp, nil
 }

@@ -28,7 +28,7 @@ func discoveryWithRegistration(t *testing.T) string {
 	}
 	defer st.Close()
 	if _, _, err := st.PutRegistration(context.Background(), store.Registration{AuthorityID: "prod-a3f2e1", RootFingerprint: fpProd,
-		Version: 4, Document: []byte(`{}`), Signature: []byte("s")}); err != nil {
+		Version: 4, Document: []byte(`{}`), Signature: []byte("s")}, func(store.Registration) func(store.AuditHead) (store.AuditRecord, error) { return setupLink }); err != nil {
 		t.Fatal(err)
 	}
 	return dir

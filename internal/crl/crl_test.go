@@ -21,6 +21,14 @@ type memStore struct {
 	revoked []store.RevokedCertificate
 	crls    map[string]store.CRL
 	puts    int
+	// cas are the intermediates as the store holds them (ListCACerts).
+	cas []store.CACert
+}
+
+func (m *memStore) ListCACerts(context.Context) ([]store.CACert, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]store.CACert(nil), m.cas...), nil
 }
 
 // ListLocks: the tests here give no lock an end.

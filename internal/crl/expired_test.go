@@ -5,11 +5,14 @@ import (
 	"crypto"
 	"errors"
 	"io"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // destroyedKey is a key custody no longer holds: every signature fails,
@@ -82,5 +85,78 @@ func TestPublishSkipsExpiredIssuer(t *testing.T) {
 		if s.Issuer.Name() == name {
 			t.Errorf("the expired intermediate's list is still in the statuses: %+v", s)
 		}
+	}
+}
+
+// TestPublishSkipsRetiredIssuer: an intermediate retired before its
+// not-after (its last leaf expired) has its key destroyed by the leader at
+// once; a replica that has not read the retirement yet still lists it,
+// and its pass fails to sign with the destroyed key. The pass re-reads the
+// intermediate's state, finds it retired and goes on without an error (no
+// ERROR logged by Run, no retry in 5 s), the stored list is served as it
+// was, and it leaves the statuses. Before, the pass returned the key's
+// error, which Run logged as an ERROR.
+func TestPublishSkipsRetiredIssuer(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	agent := h.Issuer(ca.RoleAgent).Cert
+	serial := agent.SerialNumber.Text(16)
+	st.cas = []store.CACert{{Role: string(ca.RoleAgent), Serial: serial, State: store.CARetiring}}
+	key := &destroyedKey{pub: agent.PublicKey}
+	destroyed := false
+	withRetired := func() []Issuer {
+		out := issuers()
+		for i := range out {
+			if out[i].Role == string(ca.RoleAgent) && destroyed {
+				out[i].Signer = key
+			}
+		}
+		return out
+	}
+	var logs syncBuffer
+	p := New(Config{Store: st, Issuers: withRetired, Validity: time.Hour, Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	name := Issuer{Role: string(ca.RoleAgent), Cert: agent}.Name()
+	before, err := st.GetCRL(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Retired well before its not-after, its key destroyed, this replica
+	// not told yet; past half the validity every list is due again.
+	destroyed = true
+	st.mu.Lock()
+	st.cas[0].State = store.CARetired
+	st.now = st.now.Add(40 * time.Minute)
+	st.mu.Unlock()
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatalf("a pass with a retired intermediate whose key is destroyed: %v", err)
+	}
+	if n := key.signs.Load(); n != 1 {
+		t.Errorf("the destroyed key was asked for %d signatures, want 1", n)
+	}
+	if after, err := p.Get(ctx, name); err != nil || after.Number != before.Number || after.NextUpdate != before.NextUpdate {
+		t.Errorf("the retired intermediate's list: number %d (%v), want %d served as it was", after.Number, err, before.Number)
+	}
+	if server, _ := st.GetCRL(ctx, Issuer{Role: string(ca.RoleServer), Cert: h.Issuer(ca.RoleServer).Cert}.Name()); server.Number != 2 {
+		t.Errorf("the server intermediate's list is number %d, want 2 (signed again)", server.Number)
+	}
+	for _, s := range p.Statuses() {
+		if s.Issuer.Name() == name {
+			t.Errorf("the retired intermediate's list is still in the statuses: %+v", s)
+		}
+	}
+	if strings.Contains(logs.String(), "level=ERROR") {
+		t.Errorf("an ERROR was logged:\n%s", logs.String())
+	}
+
+	// Not retired: a key that fails to sign is still an error.
+	st.mu.Lock()
+	st.cas[0].State = store.CARetiring
+	st.now = st.now.Add(40 * time.Minute)
+	st.mu.Unlock()
+	if _, err := p.Publish(ctx); err == nil {
+		t.Error("a pass whose retiring intermediate's key fails to sign succeeded")
 	}
 }

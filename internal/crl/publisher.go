@@ -21,6 +21,10 @@ type Store interface {
 	// leaves the lists then, and lock ends are not changes the store
 	// notifies.
 	ListLocks(ctx context.Context) ([]store.Lock, error)
+	// ListCACerts is read when an issuer's key fails to sign: an
+	// intermediate the leader retired (and whose key it destroyed) since
+	// this replica last read them is skipped, not an error.
+	ListCACerts(ctx context.Context) ([]store.CACert, error)
 }
 
 // Defaults and bounds of Config.
@@ -186,6 +190,12 @@ func (p *Publisher) Publish(ctx context.Context) (next time.Time, err error) {
 			continue
 		}
 		st, err := p.publishOne(ctx, is, entriesFor(is, revoked), now)
+		if errors.Is(err, errRetired) {
+			// Its list is served as it is until this replica reads the
+			// retirement, and no longer counts for the metrics.
+			delete(live, is.Name())
+			continue
+		}
 		if errors.Is(err, errRaced) {
 			// What this pass read may be older than what the other
 			// replica signed: read it all again in another pass.
@@ -259,6 +269,11 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 	}
 	der, err := sign(is, stored.Number+1, entries, stored.DER, now, p.cfg.Validity)
 	if err != nil {
+		if retired, rerr := p.retired(ctx, is); rerr == nil && retired {
+			p.cfg.Log.Info("not signing the certificate revocation list of an intermediate retired since this replica read the intermediates; "+
+				"its last list is served until the replica reads the retirement", "issuer", is.Name(), "sign_err", err)
+			return Status{}, errRetired
+		}
 		return Status{}, err
 	}
 	c := store.CRL{Issuer: is.Name(), Number: stored.Number + 1, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
@@ -273,6 +288,31 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 	p.setStatus(st)
 	p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
 	return st, nil
+}
+
+// errRetired: the issuer's key failed to sign, and the store says the
+// intermediate is retired: the leader retired it before its not-after (its
+// last leaf expired, or it was a prepared one discarded) and destroyed its
+// key, and this replica has not read that yet.
+var errRetired = errors.New("crl: the issuing intermediate is retired")
+
+// retired reports whether the store holds is as retired, or no longer
+// holds it: its key is destroyed or about to be, so a failed signature is
+// no fault. Read only after a signature failed, so a pass costs no more.
+func (p *Publisher) retired(ctx context.Context, is Issuer) (bool, error) {
+	rows, err := p.cfg.Store.ListCACerts(ctx)
+	if err != nil {
+		return false, err
+	}
+	serial := is.Cert.SerialNumber.Text(16)
+	for _, r := range rows {
+		if r.Serial == serial {
+			return r.State == store.CARetired, nil
+		}
+	}
+	// Not in the store: an intermediate of the data directory, read
+	// before the store's; its key is never destroyed by a retirement.
+	return false, nil
 }
 
 // keepStatus sets the status of is, which cannot sign, from its stored

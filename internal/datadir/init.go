@@ -248,12 +248,33 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitRes
 		}()
 	}
 
+	logger, err := NewAuditLogger(st, sk, d.CheckpointFile(), nil)
+	if err != nil {
+		return InitResult{}, err
+	}
+	// authority.init first: it stamps the store (CheckStore reads it as
+	// record 1). It records the whole init, which has no row of its own
+	// to share a transaction with: a failed init is undone whole (the
+	// staging directory removed, an external store's schema dropped
+	// when init created it: undoInitStore), so the record never stands
+	// without its authority. Every row init writes after it goes in with
+	// its own record (ca.create, psk.create, operator.add), as every
+	// later change does.
+	if _, err := logger.Record(ctx, audit.Event{Actor: "muster init", Action: initAction, Target: info.AuthorityID, Result: audit.ResultOK, Reason: "ca " + fp}); err != nil {
+		return InitResult{}, err
+	}
 	for _, row := range inToken {
-		if err := st.InsertCACert(ctx, row); err != nil {
+		link, err := logger.Builder(audit.Event{Actor: "muster init", Action: "ca.create", Target: row.Role + "/" + row.Serial, Result: audit.ResultOK,
+			Reason: "key generated in PKCS#11 token: " + string(row.KeyRef)})
+		if err != nil {
 			return InitResult{}, err
 		}
+		if err := st.InsertCACert(ctx, row, link.Build); err != nil {
+			return InitResult{}, err
+		}
+		logger.Appended(link)
 	}
-	key, pskID, err := createPSK(ctx, st, sk, o.Now)
+	key, pskID, err := createPSK(ctx, st, sk, o.Now, logger)
 	if err != nil {
 		return InitResult{}, err
 	}
@@ -268,23 +289,6 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitRes
 	if err := op.Save(d.OperatorFile(), false); err != nil {
 		return InitResult{}, err
 	}
-	logger, err := NewAuditLogger(st, sk, d.CheckpointFile(), nil)
-	if err != nil {
-		return InitResult{}, err
-	}
-	record := func(events ...audit.Event) error {
-		for _, e := range events {
-			if _, err := logger.Record(ctx, e); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := record(
-		audit.Event{Actor: "muster init", Action: "authority.init", Target: info.AuthorityID, Result: audit.ResultOK, Reason: "ca " + fp},
-		audit.Event{Actor: "muster init", Action: "psk.create", Target: pskID, Result: audit.ResultOK}); err != nil {
-		return InitResult{}, err
-	}
 	// The first operator goes in with its record, as every operator
 	// does (store.Store.InsertOperator).
 	link, err := logger.Builder(audit.Event{Actor: "muster init", Action: "operator.add", Target: opID.String(), Result: audit.ResultOK})
@@ -295,14 +299,6 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitRes
 		return InitResult{}, err
 	}
 	logger.Appended(link)
-	var created []audit.Event
-	for _, row := range inToken {
-		created = append(created, audit.Event{Actor: "muster init", Action: "ca.create", Target: row.Role + "/" + row.Serial, Result: audit.ResultOK,
-			Reason: "key generated in PKCS#11 token: " + string(row.KeyRef)})
-	}
-	if err := record(created...); err != nil {
-		return InitResult{}, err
-	}
 	// The first task signer, active at once (DESIGN.md: muster init
 	// creates it); authorities started on an older data directory create
 	// it at start instead.
@@ -379,14 +375,21 @@ func undoInitStore(ctx context.Context, st store.Store, cause error) error {
 	return fmt.Errorf("%w; the store may now hold part of an authority, which the next muster init refuses: drop and create the database again (DROP DATABASE name; CREATE DATABASE name OWNER user) before running muster init again", cause)
 }
 
-func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time) (psk.PSK, string, error) {
+// createPSK makes the first bootstrap PSK, stored with its psk.create
+// record.
+func createPSK(ctx context.Context, st store.Store, sk seal.StorageKey, now time.Time, logger *audit.Logger) (psk.PSK, string, error) {
 	key, rec, err := NewPSK(sk, now)
 	if err != nil {
 		return psk.PSK{}, "", err
 	}
-	if err := st.InsertPSK(ctx, rec); err != nil {
+	link, err := logger.Builder(audit.Event{Actor: "muster init", Action: "psk.create", Target: rec.ID, Result: audit.ResultOK})
+	if err != nil {
 		return psk.PSK{}, "", err
 	}
+	if err := st.InsertPSK(ctx, rec, link.Build); err != nil {
+		return psk.PSK{}, "", err
+	}
+	logger.Appended(link)
 	return key, rec.ID, nil
 }
 

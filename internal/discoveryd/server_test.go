@@ -255,7 +255,7 @@ func TestRefusesAnAuthorityStore(t *testing.T) {
 	}
 	defer st.Close()
 	if err := st.InsertPSK(context.Background(), store.PSK{ID: "psk-1", Ciphertext: []byte("c"), Nonce: []byte("n"),
-		Status: store.PSKActive, CreatedAt: time.Now()}); err != nil {
+		Status: store.PSKActive, CreatedAt: time.Now()}, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	srv, err := New(Config{Dir: dir, Store: st, Listen: "127.0.0.1:0"})

@@ -81,12 +81,25 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 		result, err := notAllowed(err)
 		return nil, result, err
 	}
+	// A registration that changes anything is written with its
+	// authority.register record, or not at all; a repeat changes nothing
+	// and is not recorded: authorities repeat theirs every few minutes.
+	var link *audit.Link
 	stored, changed, err := s.store.PutRegistration(ctx, store.Registration{
 		AuthorityID:     v.AuthorityID,
 		RootFingerprint: v.Fingerprint,
 		Version:         v.Version,
 		Document:        v.Document,
 		Signature:       req.GetSignature(),
+	}, func(stored store.Registration) func(store.AuditHead) (store.AuditRecord, error) {
+		e := audit.Event{Actor: v.AuthorityID, Action: "authority.register",
+			Target: v.AuthorityID, Result: audit.ResultOK, Source: c.src(), CorrelationID: c.correlationID,
+			Reason: fmt.Sprintf("%s version %d, root %s, endpoints %s", registerResult(stored, v.Version), v.Version, v.Fingerprint, strings.Join(v.Endpoints, ","))}
+		var err error
+		if link, err = s.audit.Builder(e); err != nil {
+			return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, err }
+		}
+		return link.Build
 	})
 	switch {
 	case errors.Is(err, store.ErrRootMismatch):
@@ -110,17 +123,8 @@ func (s *Server) register(ctx context.Context, c call, req *musterv1.RegisterAut
 	}
 	result := resultUnchanged
 	if changed {
-		result = resultUpdated
-		if stored.Version == v.Version && stored.RegisteredAt.Equal(stored.UpdatedAt) {
-			result = resultCreated
-		}
-		// A repeated registration changes nothing and is not recorded:
-		// authorities repeat theirs every few minutes.
-		if _, err := s.audit.Record(context.WithoutCancel(ctx), audit.Event{Actor: v.AuthorityID, Action: "authority.register",
-			Target: v.AuthorityID, Result: audit.ResultOK, Source: c.src(), CorrelationID: c.correlationID,
-			Reason: fmt.Sprintf("%s version %d, root %s, endpoints %s", result, v.Version, v.Fingerprint, strings.Join(v.Endpoints, ","))}); err != nil {
-			s.log.Error("audit write failed", "action", "authority.register", "err", err)
-		}
+		result = registerResult(stored, v.Version)
+		s.audit.Appended(link)
 		s.log.Info("authority registered", "authority_id", v.AuthorityID, "version", v.Version, "result", result, "endpoints", v.Endpoints)
 	}
 	return &musterv1.RegisterAuthorityResponse{Version: stored.Version, CaFingerprint: stored.RootFingerprint, Changed: changed}, result, nil
@@ -204,6 +208,15 @@ func (s *Server) reportJoin(ctx context.Context, c call, req *musterv1.ReportJoi
 		return false, resultDuplicate, nil
 	}
 	return true, resultRecorded, nil
+}
+
+// registerResult says whether the registration stored at version was
+// created or updated.
+func registerResult(stored store.Registration, version int64) string {
+	if stored.Version == version && stored.RegisteredAt.Equal(stored.UpdatedAt) {
+		return resultCreated
+	}
+	return resultUpdated
 }
 
 // LookupAuthority answers an authority's registered entry; public.

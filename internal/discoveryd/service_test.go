@@ -151,7 +151,7 @@ func TestRegisterAuthorityRootLock(t *testing.T) {
 	// store directly, as if such a root had registered first.
 	locked := "sha256:" + strings.Repeat("ab", 32)
 	if _, _, err := e.st.PutRegistration(ctxT(t), store.Registration{AuthorityID: a.id, RootFingerprint: locked, Version: 1,
-		Document: []byte(`{}`), Signature: []byte("x")}); err != nil {
+		Document: []byte(`{}`), Signature: []byte("x")}, func(store.Registration) func(store.AuditHead) (store.AuditRecord, error) { return setupLink }); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.client.RegisterAuthority(ctxT(t), a.registration(t, 2, openPolicy()))

@@ -60,7 +60,7 @@ func (e *pskEnv) active(t testing.TB) (psk.PSK, string) {
 	t.Helper()
 	key, _ := psk.Generate()
 	p := e.sealed(t, key, store.PSKActive)
-	if err := e.st.InsertPSK(t.Context(), p); err != nil {
+	if err := e.st.InsertPSK(t.Context(), p, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	return key, p.ID

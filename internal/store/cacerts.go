@@ -56,18 +56,26 @@ type CAStore interface {
 	// when the role already has a certificate in c's state (one prepared
 	// and one active per role, a partial unique index: of replicas
 	// preparing or importing at once, exactly one succeeds).
-	InsertCACert(ctx context.Context, c CACert) error
+	// audit builds its record (ca.prepare, ca.import, ca.create),
+	// appended in the same transaction (see AppendAudit): an error
+	// building or appending it is returned and nothing is written; a nil
+	// audit is refused.
+	InsertCACert(ctx context.Context, c CACert, audit func(head AuditHead) (AuditRecord, error)) error
 	// ActivateCACert makes the prepared certificate serial of role active
 	// and the role's active one retiring, in one transaction, stamped by
 	// the store clock. ErrConflict, and nothing written, when serial is
-	// not the role's prepared certificate.
-	ActivateCACert(ctx context.Context, role, serial string) error
+	// not the role's prepared certificate. audit builds its record
+	// (ca.activate), appended in the same transaction as InsertCACert's.
+	ActivateCACert(ctx context.Context, role, serial string, audit func(head AuditHead) (AuditRecord, error)) error
 	// RetireCACert moves the retiring certificate serial of role to
 	// retired and clears its key reference in the same conditional
 	// write, returning the reference it cleared: only the caller whose
 	// write won gets it, and destroys the key in custody. ErrConflict,
-	// and no reference, when it is not retiring.
-	RetireCACert(ctx context.Context, role, serial string) ([]byte, error)
+	// and no reference, when it is not retiring. audit builds its record
+	// (ca.retire), appended in the same transaction as InsertCACert's:
+	// a retirement that cannot be audited keeps the reference, and the
+	// key is not destroyed.
+	RetireCACert(ctx context.Context, role, serial string, audit func(head AuditHead) (AuditRecord, error)) ([]byte, error)
 	// InsertCADraft records a draft's key; CreatedAt is the store clock.
 	// ErrConflict on a duplicate serial.
 	InsertCADraft(ctx context.Context, d CADraft) error

@@ -54,13 +54,18 @@ type CARootStore interface {
 	// stored version becomes version+1, ChangedAt the store clock, and
 	// StartedAt too when restart is set (a new rotation), else it is
 	// kept. ErrConflict, and nothing written, when another write came
-	// first. Announces ChangeCA.
-	PutRootRotation(ctx context.Context, version int64, r RootRotation, restart bool) error
+	// first. Announces ChangeCA. audit builds its record
+	// (ca.root_prepare, ca.root_rotate, ca.root_phase,
+	// ca.root_export_key), appended in the same transaction (see
+	// AppendAudit): an error building or appending it is returned and
+	// nothing is written; a nil audit is refused.
+	PutRootRotation(ctx context.Context, version int64, r RootRotation, restart bool, audit func(head AuditHead) (AuditRecord, error)) error
 	// DiscardCACert retires a prepared intermediate that will never be
 	// activated (one signed by a root a rotation step has since stopped
 	// using) and clears its key reference in the same conditional write,
 	// returning the reference it cleared (the winner destroys the key).
 	// ErrConflict when serial is not role's prepared certificate.
-	// Announces ChangeCA.
-	DiscardCACert(ctx context.Context, role, serial string) ([]byte, error)
+	// Announces ChangeCA. audit builds its record (ca.discard), appended
+	// in the same transaction as PutRootRotation's.
+	DiscardCACert(ctx context.Context, role, serial string, audit func(head AuditHead) (AuditRecord, error)) ([]byte, error)
 }

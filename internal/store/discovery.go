@@ -105,8 +105,12 @@ type DiscoveryStore interface {
 	// stored version and r.Document is byte-identical; ErrStaleVersion if
 	// r.Version is lower, or equal with another document; otherwise the
 	// registration is replaced (RegisteredAt kept). It returns the
-	// registration as stored.
-	PutRegistration(ctx context.Context, r Registration) (stored Registration, changed bool, err error)
+	// registration as stored. When it writes (changed), audit(stored)
+	// builds the record (authority.register), appended in the same
+	// transaction (see AppendAudit): an error building or appending it is
+	// returned and nothing is written. A repeat appends nothing and does
+	// not call audit. A nil audit is refused.
+	PutRegistration(ctx context.Context, r Registration, audit func(stored Registration) func(head AuditHead) (AuditRecord, error)) (stored Registration, changed bool, err error)
 	// GetRegistration returns an authority's registration; ErrNotFound.
 	GetRegistration(ctx context.Context, authorityID string) (Registration, error)
 	// DeleteRegistration drops an authority's registration, so its ID is

@@ -239,7 +239,13 @@ type JoinStore interface {
 	// DeleteExpiredTokens removes tokens that expired more than retention
 	// ago by the store clock and returns their IDs. Bound-keypair tokens
 	// are left alone: only an operator deletes them.
-	DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error)
+	// When it deletes any, audit(ids) builds their record
+	// (token.cleanup), appended in the same transaction (see
+	// AppendAudit): an error building or appending it is returned and
+	// the tokens stay (expired, they admit no one). When it deletes none,
+	// audit is not called and nothing is appended. A nil audit is
+	// refused.
+	DeleteExpiredTokens(ctx context.Context, retention time.Duration, audit func(ids []string) func(head AuditHead) (AuditRecord, error)) ([]string, error)
 
 	// CommitJoin performs one admission as a single transaction: the retry
 	// check (by TokenID, else Credential); each claim of j.AllClaims(), in

@@ -152,7 +152,10 @@ type Store interface {
 
 	// InsertPSK adds a PSK. ErrConflict if its ID exists, or if it is
 	// active and an active PSK exists, or grace and a grace PSK exists.
-	InsertPSK(ctx context.Context, p PSK) error
+	// audit builds its record (psk.create), appended in the same
+	// transaction (see AppendAudit): an error building or appending it is
+	// returned and nothing is written; a nil audit is refused.
+	InsertPSK(ctx context.Context, p PSK, audit func(head AuditHead) (AuditRecord, error)) error
 	// ListPSKs returns every PSK, newest first.
 	ListPSKs(ctx context.Context) ([]PSK, error)
 	// RotatePSK replaces the active PSK fromID with newPSK in one

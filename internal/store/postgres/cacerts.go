@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -34,70 +35,90 @@ func (s *Store) ListCACerts(ctx context.Context) ([]store.CACert, error) {
 
 // InsertCACert adds a prepared or active CA certificate (see
 // store.CAStore); the partial unique indexes keep one of each per role.
-func (s *Store) InsertCACert(ctx context.Context, c store.CACert) error {
+// One pipe: the INSERT, the notification and the audit link, then the
+// record with COMMIT; a record that cannot be built or appended rolls the
+// certificate back.
+func (s *Store) InsertCACert(ctx context.Context, c store.CACert, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if c.State != store.CAPrepared && c.State != store.CAActive {
 		return fmt.Errorf("postgres: insert ca cert %s: state %q: want prepared or active", c.Serial, c.State)
 	}
-	return s.inTx(ctx, "insert ca cert", func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
+	op := "insert ca cert " + c.Serial
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: an intermediate is never stored unaudited", op)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
 			COALESCE($8, CASE WHEN $5 = 'active' THEN `+nowMicros+` END), NULL, NULL)`,
-			c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)); err != nil {
-			return wrap("insert ca cert "+c.Serial, err)
-		}
-		return notifyTx(ctx, tx, store.ChangeCA)
+			[]any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)}, wrapped(op))
+		queueNotify(p, store.ChangeCA)
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
 // ActivateCACert makes a prepared certificate active and the active one
-// retiring (see store.CAStore) in one READ COMMITTED transaction: the
-// prepared row is locked first, so of two activations the second waits,
-// then finds it active and conflicts.
-func (s *Store) ActivateCACert(ctx context.Context, role, serial string) error {
-	return s.inTx(ctx, "activate ca cert", func(tx pgx.Tx) error {
+// retiring (see store.CAStore) in one READ COMMITTED transaction, with
+// its audit record: the prepared row is locked first, so of two
+// activations the second waits, then finds it active and conflicts.
+func (s *Store) ActivateCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "activate ca cert " + serial
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: an intermediate is never activated unaudited", op)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
 		var state string
-		err := tx.QueryRow(ctx, `SELECT state FROM ca_certs WHERE serial = $1 AND role = $2 FOR UPDATE`, serial, role).Scan(&state)
-		if err != nil && err != pgx.ErrNoRows {
-			return wrap("activate ca cert "+serial, err)
+		p.row(`SELECT state FROM ca_certs WHERE serial = $1 AND role = $2 FOR UPDATE`, []any{serial, role}, func(row pgx.Row) error {
+			if err := row.Scan(&state); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
 		}
 		if state != store.CAPrepared {
 			return fmt.Errorf("postgres: activate ca cert %s: not the prepared %s certificate: %w", serial, role, store.ErrConflict)
 		}
 		// The old one steps down first: one active per role is an index.
-		if _, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'retiring', retiring_at = `+nowMicros+` WHERE role = $1 AND state = 'active'`, role); err != nil {
-			return wrap("activate ca cert: retire the active one", err)
-		}
-		if _, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'active', activated_at = `+nowMicros+` WHERE serial = $1 AND state = 'prepared'`, serial); err != nil {
-			return wrap("activate ca cert "+serial, err)
-		}
-		return notifyTx(ctx, tx, store.ChangeCA)
+		p.exec(`UPDATE ca_certs SET state = 'retiring', retiring_at = `+nowMicros+` WHERE role = $1 AND state = 'active'`, []any{role},
+			wrapped("activate ca cert: retire the active one"))
+		p.exec(`UPDATE ca_certs SET state = 'active', activated_at = `+nowMicros+` WHERE serial = $1 AND state = 'prepared'`, []any{serial}, wrapped(op))
+		queueNotify(p, store.ChangeCA)
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
 // RetireCACert moves a retiring certificate to retired and clears its
 // key reference, returning it (see store.CAStore).
-func (s *Store) RetireCACert(ctx context.Context, role, serial string) ([]byte, error) {
-	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring)
+func (s *Store) RetireCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring, audit)
 }
 
 // endCACert retires serial of role from state from, clearing its key
-// reference, in one READ COMMITTED transaction: the row is locked first,
-// so of two replicas ending it the second waits, then finds it retired
-// and conflicts. It returns the reference cleared.
-func (s *Store) endCACert(ctx context.Context, op, role, serial, from string) ([]byte, error) {
+// reference, in one READ COMMITTED transaction with audit's record: the
+// row is locked first, so of two replicas ending it the second waits,
+// then finds it retired and conflicts. It returns the reference cleared.
+func (s *Store) endCACert(ctx context.Context, op, role, serial, from string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	if audit == nil {
+		return nil, fmt.Errorf("postgres: %s %s: no audit record: an intermediate is never ended unaudited", op, serial)
+	}
 	var ref []byte
-	err := s.inTx(ctx, op, func(tx pgx.Tx) error {
+	err := s.inPipe(ctx, op+" "+serial, func(p *pipe) error {
 		var state string
-		err := tx.QueryRow(ctx, `SELECT state, key_ref FROM ca_certs WHERE serial = $1 AND role = $2 FOR UPDATE`, serial, role).Scan(&state, &ref)
-		if err != nil && err != pgx.ErrNoRows {
-			return wrap(op+" "+serial, err)
+		p.row(`SELECT state, key_ref FROM ca_certs WHERE serial = $1 AND role = $2 FOR UPDATE`, []any{serial, role}, func(row pgx.Row) error {
+			if err := row.Scan(&state, &ref); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return wrap(op+" "+serial, err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
 		}
 		if state != from {
 			return fmt.Errorf("postgres: %s %s: not a %s %s certificate: %w", op, serial, from, role, store.ErrConflict)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = $1`, serial); err != nil {
-			return wrap(op+" "+serial, err)
-		}
-		return notifyTx(ctx, tx, store.ChangeCA)
+		p.exec(`UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = $1`, []any{serial}, wrapped(op+" "+serial))
+		queueNotify(p, store.ChangeCA)
+		return commitAudited(ctx, p, audit, op+" "+serial)
 	})
 	if err != nil {
 		return nil, err

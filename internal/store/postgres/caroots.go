@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -31,42 +32,47 @@ func (s *Store) GetRootRotation(ctx context.Context) (store.RootRotation, error)
 }
 
 // PutRootRotation replaces the root rotation if its version is still
-// version (see store.CARootStore): an insert that conflicts on the key, or
-// an update conditional on the version, so of two writers from one
-// version exactly one succeeds.
-func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool) error {
-	return s.inTx(ctx, "put root rotation", func(tx pgx.Tx) error {
+// version (see store.CARootStore), with its audit record in the same
+// transaction: an insert that conflicts on the key, or an update
+// conditional on the version, so of two writers from one version exactly
+// one succeeds.
+func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	const op = "put root rotation"
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: a root rotation is never written unaudited", op)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
 		args := []any{version + 1, r.Phase, r.OldCertDER, r.OldKeyRef, r.NewCertDER, r.NewKeyRef, r.CrossNewByOld, r.CrossOldByNew}
-		if version == 0 {
-			tag, err := tx.Exec(ctx, `INSERT INTO ca_root_rotation (id, `+rootColumns+`) VALUES (1, $1, $2, $3, $4, $5, $6, $7, $8, `+nowMicros+`, `+nowMicros+`)
-				ON CONFLICT (id) DO NOTHING`, args...)
-			if err != nil {
-				return wrap("put root rotation", err)
-			}
-			if tag.RowsAffected() != 1 {
+		written := func(tag pgconn.CommandTag, err error) error {
+			switch {
+			case err != nil:
+				return wrap(op, err)
+			case tag.RowsAffected() != 1 && version == 0:
 				return fmt.Errorf("postgres: put root rotation: one was written first: %w", store.ErrConflict)
+			case tag.RowsAffected() != 1:
+				return fmt.Errorf("postgres: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
 			}
-			return notifyTx(ctx, tx, store.ChangeCA)
+			return nil
 		}
-		started := `started_at`
-		if restart {
-			started = nowMicros
+		if version == 0 {
+			p.exec(`INSERT INTO ca_root_rotation (id, `+rootColumns+`) VALUES (1, $1, $2, $3, $4, $5, $6, $7, $8, `+nowMicros+`, `+nowMicros+`)
+				ON CONFLICT (id) DO NOTHING`, args, written)
+		} else {
+			started := `started_at`
+			if restart {
+				started = nowMicros
+			}
+			p.exec(`UPDATE ca_root_rotation SET version = $1, phase = $2, old_cert_der = $3, old_key_ref = $4, new_cert_der = $5,
+				new_key_ref = $6, cross_new_by_old = $7, cross_old_by_new = $8, started_at = `+started+`, changed_at = `+nowMicros+`
+				WHERE id = 1 AND version = $9`, append(args, version), written)
 		}
-		tag, err := tx.Exec(ctx, `UPDATE ca_root_rotation SET version = $1, phase = $2, old_cert_der = $3, old_key_ref = $4, new_cert_der = $5,
-			new_key_ref = $6, cross_new_by_old = $7, cross_old_by_new = $8, started_at = `+started+`, changed_at = `+nowMicros+`
-			WHERE id = 1 AND version = $9`, append(args, version)...)
-		if err != nil {
-			return wrap("put root rotation", err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
-		}
-		return notifyTx(ctx, tx, store.ChangeCA)
+		queueNotify(p, store.ChangeCA)
+		return commitAudited(ctx, p, audit, op)
 	})
 }
 
 // DiscardCACert retires a prepared CA certificate and clears its key
 // reference, returning it (see store.CARootStore).
-func (s *Store) DiscardCACert(ctx context.Context, role, serial string) ([]byte, error) {
-	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared)
+func (s *Store) DiscardCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared, audit)
 }

@@ -60,15 +60,7 @@ func parseChange(payload string) store.Change {
 	return c
 }
 
-// notifyTx queues the notification of a change made in tx.
-func notifyTx(ctx context.Context, tx querier, kind store.ChangeKind, nodes ...string) error {
-	if _, err := tx.Exec(ctx, notifyQuery, changeChannel, changePayload(kind, nodes)); err != nil {
-		return wrap("notify change", err)
-	}
-	return nil
-}
-
-// queueNotify is notifyTx in a pipe's batch.
+// queueNotify queues the notification of a change in a pipe's batch.
 func queueNotify(p *pipe, kind store.ChangeKind, nodes ...string) {
 	p.exec(notifyQuery, []any{changeChannel, changePayload(kind, nodes)}, wrapped("notify change"))
 }

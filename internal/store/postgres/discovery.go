@@ -24,58 +24,74 @@ const registrationColumns = `authority_id, root_fingerprint, version, document, 
 // commit: of several registrations of one version exactly one is stored.
 // RegisteredAt and UpdatedAt are set by the store clock; those of r are
 // ignored.
-func (s *Store) PutRegistration(ctx context.Context, r store.Registration) (store.Registration, bool, error) {
+func (s *Store) PutRegistration(ctx context.Context, r store.Registration, audit func(stored store.Registration) func(store.AuditHead) (store.AuditRecord, error)) (store.Registration, bool, error) {
+	op := "put registration " + r.AuthorityID
+	if audit == nil {
+		return store.Registration{}, false, fmt.Errorf("postgres: %s: no audit record: a registration is never written unaudited", op)
+	}
 	var (
 		stored  store.Registration
 		changed bool
 	)
-	err := s.inTx(ctx, "put registration", func(tx pgx.Tx) error {
-		var err error
-		stored, changed, err = putRegistration(ctx, tx, r)
-		return err
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		// The clock is read once, so a new row's two times agree.
+		p.row(`INSERT INTO discovery_registrations AS d
+			(`+registrationColumns+`)
+			SELECT $1, $2, $3, $4, $5, c.t, c.t FROM (SELECT `+nowMicros+` AS t) c
+			ON CONFLICT (authority_id) DO UPDATE
+			SET version = EXCLUDED.version, document = EXCLUDED.document,
+				signature = EXCLUDED.signature, updated_at = `+nowMicros+`
+			WHERE d.root_fingerprint = EXCLUDED.root_fingerprint AND d.version < EXCLUDED.version
+			RETURNING `+registrationColumns, []any{r.AuthorityID, r.RootFingerprint, r.Version, r.Document, r.Signature}, func(row pgx.Row) error {
+			var err error
+			stored, err = scanRegistration(row)
+			switch {
+			case err == nil:
+				changed = true
+			case !errors.Is(err, pgx.ErrNoRows):
+				return wrap("put registration", err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if changed {
+			build := audit(stored)
+			if build == nil {
+				return fmt.Errorf("postgres: %s: no audit record: a registration is never written unaudited", op)
+			}
+			return commitAudited(ctx, p, build, op)
+		}
+		// Refused: the row exists, and this transaction holds its lock.
+		var cur store.Registration
+		p.row(`SELECT `+registrationColumns+` FROM discovery_registrations WHERE authority_id = $1`, []any{r.AuthorityID}, func(row pgx.Row) error {
+			var err error
+			if cur, err = scanRegistration(row); err != nil {
+				return wrap("put registration", err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		switch {
+		case r.RootFingerprint != cur.RootFingerprint:
+			return fmt.Errorf("postgres: put registration %s: %w", r.AuthorityID, store.ErrRootMismatch)
+		case r.Version == cur.Version && bytes.Equal(r.Document, cur.Document):
+			stored = cur
+			return nil // a repeat: nothing written (rolled back)
+		case r.Version <= cur.Version:
+			return fmt.Errorf("postgres: put registration %s: version %d, registered %d: %w",
+				r.AuthorityID, r.Version, cur.Version, store.ErrStaleVersion)
+		}
+		// Unreachable: the update's condition held.
+		return fmt.Errorf("postgres: put registration %s: refused for no reason", r.AuthorityID)
 	})
 	if err != nil {
 		return store.Registration{}, false, err
 	}
 	return stored, changed, nil
-}
-
-// putRegistration is PutRegistration's work inside the transaction.
-func putRegistration(ctx context.Context, tx pgx.Tx, r store.Registration) (store.Registration, bool, error) {
-	// The clock is read once, so a new row's two times agree.
-	stored, err := scanRegistration(tx.QueryRow(ctx, `INSERT INTO discovery_registrations AS d
-		(`+registrationColumns+`)
-		SELECT $1, $2, $3, $4, $5, c.t, c.t FROM (SELECT `+nowMicros+` AS t) c
-		ON CONFLICT (authority_id) DO UPDATE
-		SET version = EXCLUDED.version, document = EXCLUDED.document,
-			signature = EXCLUDED.signature, updated_at = `+nowMicros+`
-		WHERE d.root_fingerprint = EXCLUDED.root_fingerprint AND d.version < EXCLUDED.version
-		RETURNING `+registrationColumns,
-		r.AuthorityID, r.RootFingerprint, r.Version, r.Document, r.Signature))
-	if err == nil {
-		return stored, true, nil
-	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return store.Registration{}, false, wrap("put registration", err)
-	}
-
-	// Refused: the row exists, and this transaction holds its lock.
-	cur, err := scanRegistration(tx.QueryRow(ctx, `SELECT `+registrationColumns+`
-		FROM discovery_registrations WHERE authority_id = $1`, r.AuthorityID))
-	if err != nil {
-		return store.Registration{}, false, wrap("put registration", err)
-	}
-	switch {
-	case r.RootFingerprint != cur.RootFingerprint:
-		return store.Registration{}, false, fmt.Errorf("postgres: put registration %s: %w", r.AuthorityID, store.ErrRootMismatch)
-	case r.Version == cur.Version && bytes.Equal(r.Document, cur.Document):
-		return cur, false, nil // a repeat: nothing written
-	case r.Version <= cur.Version:
-		return store.Registration{}, false, fmt.Errorf("postgres: put registration %s: version %d, registered %d: %w",
-			r.AuthorityID, r.Version, cur.Version, store.ErrStaleVersion)
-	}
-	// Unreachable: the update's condition held.
-	return store.Registration{}, false, fmt.Errorf("postgres: put registration %s: refused for no reason", r.AuthorityID)
 }
 
 // GetRegistration returns an authority's registration; ErrNotFound.

@@ -188,7 +188,7 @@ func TestPSKAuditRefusedByDatabase(t *testing.T) {
 		{ID: "g", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)},
 		{ID: "a", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKActive, CreatedAt: now},
 	} {
-		if err := s.InsertPSK(ctx, p); err != nil {
+		if err := s.InsertPSK(ctx, p, benchLink); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -208,10 +208,63 @@ func TestPSKAuditRefusedByDatabase(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(after, before) {
 		t.Fatalf("PSKs after refused records: %+v, %v; want %+v", after, err, before)
 	}
-	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 0 {
-		t.Fatalf("AuditHead = %d, %v; want 0", head.Seq, err)
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 2 {
+		t.Fatalf("AuditHead = %d, %v; want 2 (the PSKs' own)", head.Seq, err)
 	}
 	if _, err := s.RotatePSK(ctx, "a", next, time.Hour, benchLink); err != nil {
 		t.Fatalf("RotatePSK with its record: %v", err)
+	}
+}
+
+// TestCAAuditRefusedByDatabase: a CA write (an intermediate stored,
+// activated, retired; the root rotation written) or a token cleanup whose
+// audit record the database refuses changes nothing, and a retirement
+// hands out no key reference.
+func TestCAAuditRefusedByDatabase(t *testing.T) {
+	ctx := t.Context()
+	s, _ := openFresh(t)
+	row := func(serial, state string) store.CACert {
+		return store.CACert{Role: "agent", Serial: serial, CertDER: []byte("der"), KeyRef: []byte("ref-" + serial), State: state, NotAfter: time.Now().Add(time.Hour)}
+	}
+	if err := s.InsertCACert(ctx, row("a1", store.CAActive), benchLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.InsertCACert(ctx, row("a2", store.CAPrepared), refusedByDatabase); err == nil {
+		t.Fatal("InsertCACert with a record the database refuses succeeded")
+	}
+	if err := s.InsertCACert(ctx, row("a2", store.CAPrepared), benchLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ActivateCACert(ctx, "agent", "a2", refusedByDatabase); err == nil {
+		t.Fatal("ActivateCACert with a record the database refuses succeeded")
+	}
+	if err := s.ActivateCACert(ctx, "agent", "a2", benchLink); err != nil {
+		t.Fatal(err)
+	}
+	if ref, err := s.RetireCACert(ctx, "agent", "a1", refusedByDatabase); err == nil || ref != nil {
+		t.Fatalf("RetireCACert with a record the database refuses: %q, %v; want an error and no reference", ref, err)
+	}
+	if err := s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, refusedByDatabase); err == nil {
+		t.Fatal("PutRootRotation with a record the database refuses succeeded")
+	}
+	rows, err := s.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]string{}
+	for _, r := range rows {
+		states[r.Serial] = r.State
+	}
+	if want := map[string]string{"a1": store.CARetiring, "a2": store.CAActive}; !reflect.DeepEqual(states, want) {
+		t.Fatalf("intermediates after refused records: %v; want %v", states, want)
+	}
+	if rot, err := s.GetRootRotation(ctx); err != nil || rot.Version != 0 {
+		t.Fatalf("root rotation after a refused record: %+v, %v; want none", rot, err)
+	}
+	if head, err := s.AuditHead(ctx); err != nil || head.Seq != 3 {
+		t.Fatalf("AuditHead = %d, %v; want 3 (the successful writes' own)", head.Seq, err)
+	}
+	if ref, err := s.RetireCACert(ctx, "agent", "a1", benchLink); err != nil || string(ref) != "ref-a1" {
+		t.Fatalf("RetireCACert with its record: %q, %v", ref, err)
 	}
 }

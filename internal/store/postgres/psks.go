@@ -21,16 +21,18 @@ const pskLockKey int64 = 0x6d75737465720003
 // already has its status and that status is active or grace: the partial
 // unique index bootstrap_psks_one_per_live_status enforces the invariant
 // across processes.
-func (s *Store) InsertPSK(ctx context.Context, p store.PSK) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO bootstrap_psks
-		(id, ciphertext, nonce, status, created_at, grace_expires_at, revoked_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		p.ID, p.Ciphertext, p.Nonce, p.Status,
-		timeArg(p.CreatedAt), timeArg(p.GraceExpiresAt), timeArg(p.RevokedAt))
-	if err != nil {
-		return wrap("insert psk", err)
+func (s *Store) InsertPSK(ctx context.Context, p store.PSK, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "insert psk " + p.ID
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: a psk is never created unaudited", op)
 	}
-	return nil
+	return s.inPipe(ctx, op, func(pp *pipe) error {
+		pp.exec(`INSERT INTO bootstrap_psks
+			(id, ciphertext, nonce, status, created_at, grace_expires_at, revoked_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`, []any{p.ID, p.Ciphertext, p.Nonce, p.Status,
+			timeArg(p.CreatedAt), timeArg(p.GraceExpiresAt), timeArg(p.RevokedAt)}, wrapped("insert psk"))
+		return commitAudited(ctx, pp, audit, op)
+	})
 }
 
 // ListPSKs returns every PSK, newest first (ties by ID, descending).

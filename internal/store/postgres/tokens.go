@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -117,7 +116,11 @@ func (s *Store) DeleteToken(ctx context.Context, id string, audit func(store.Aud
 // negative retention counts as zero, so no token still in force is ever
 // removed. Bound-keypair tokens are left alone: an agent holding one
 // recovers through it, and only an operator removes it.
-func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
+func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration, audit func(ids []string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	const op = "delete expired tokens"
+	if audit == nil {
+		return nil, fmt.Errorf("postgres: %s: no audit record: a token is never deleted unaudited", op)
+	}
 	// A cleaner: what expired since it last ran may be many rows, so it
 	// is bounded by longRequestTimeout, not the store's request timeout.
 	ctx = long(ctx)
@@ -125,23 +128,34 @@ func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration
 	// token (it refuses an expired one), so this takes no token's lock; a
 	// use committed by a join that checked the expiry just before it
 	// passed may outlive the token, and InsertToken drops it.
-	rows, err := s.pool.Query(ctx, `WITH gone AS (DELETE FROM tokens
-			WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
-			RETURNING id),
-		uses AS (DELETE FROM token_uses WHERE token_id IN (SELECT id FROM gone))
-		SELECT id FROM gone`, max(retention, 0).Microseconds())
-	if err != nil {
-		return nil, wrap("delete expired tokens", err)
-	}
-	ids, err := collect(rows, "delete expired tokens", func(r pgx.Row) (string, error) {
-		var id string
-		return id, r.Scan(&id)
+	// The deletion and its record (token.cleanup) are one transaction.
+	var ids []string
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(`WITH gone AS (DELETE FROM tokens
+				WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
+				RETURNING id),
+			uses AS (DELETE FROM token_uses WHERE token_id IN (SELECT id FROM gone))
+			SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM gone`, []any{max(retention, 0).Microseconds()}, func(row pgx.Row) error {
+			if err := row.Scan(&ids); err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil // rolled back: nothing to write
+		}
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("postgres: %s %v: no audit record: a token is never deleted unaudited", op, ids)
+		}
+		return commitAudited(ctx, p, build, op)
 	})
 	if err != nil {
 		return nil, err
 	}
-	// RETURNING yields rows in no particular order.
-	slices.Sort(ids)
 	return ids, nil
 }
 

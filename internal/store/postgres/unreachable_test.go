@@ -288,7 +288,7 @@ func TestHungLongRequestIsUnavailable(t *testing.T) {
 			return err
 		},
 		"DeleteExpiredTokens": func(ctx context.Context, s *Store) error {
-			_, err := s.DeleteExpiredTokens(ctx, 0)
+			_, err := s.DeleteExpiredTokens(ctx, 0, func([]string) func(store.AuditHead) (store.AuditRecord, error) { return benchLink })
 			return err
 		},
 		"DeleteJoinReports": func(ctx context.Context, s *Store) error {

@@ -41,9 +41,12 @@ func (s *SQLite) ListCACerts(ctx context.Context) ([]store.CACert, error) {
 
 // InsertCACert adds a prepared or active CA certificate (see
 // store.CAStore); the partial unique indexes keep one of each per role.
-func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert) error {
+func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if c.State != store.CAPrepared && c.State != store.CAActive {
 		return fmt.Errorf("sqlite: insert ca cert %s: state %q: want prepared or active", c.Serial, c.State)
+	}
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert ca cert %s: no audit record: an intermediate is never stored unaudited", c.Serial)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
@@ -52,7 +55,7 @@ func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert) error {
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return wrap("insert ca cert "+c.Serial, err)
 		}
-		return nil
+		return appendCAAudit(ctx, tx, audit, "insert ca cert "+c.Serial)
 	})
 	if err != nil {
 		return err
@@ -63,7 +66,10 @@ func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert) error {
 
 // ActivateCACert makes a prepared certificate active and the active one
 // retiring (see store.CAStore), inside one write transaction.
-func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string) error {
+func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: activate ca cert %s: no audit record: an intermediate is never activated unaudited", serial)
+	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var state string
 		if err := tx.QueryRowContext(ctx, `SELECT state FROM ca_certs WHERE serial = ? AND role = ?`, serial, role).Scan(&state); err != nil || state != store.CAPrepared {
@@ -76,7 +82,7 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string) error 
 		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'active', activated_at = `+nowMicros+` WHERE serial = ? AND state = 'prepared'`, serial); err != nil {
 			return wrap("activate ca cert "+serial, err)
 		}
-		return nil
+		return appendCAAudit(ctx, tx, audit, "activate ca cert "+serial)
 	})
 	if err != nil {
 		return err
@@ -87,15 +93,26 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string) error 
 
 // RetireCACert moves a retiring certificate to retired and clears its
 // key reference, returning it (see store.CAStore).
-func (s *SQLite) RetireCACert(ctx context.Context, role, serial string) ([]byte, error) {
-	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring)
+func (s *SQLite) RetireCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring, audit)
+}
+
+// appendCAAudit appends a CA write's record in its transaction.
+func appendCAAudit(ctx context.Context, tx *writeTx, audit func(store.AuditHead) (store.AuditRecord, error), op string) error {
+	if _, err := appendAudit(ctx, tx, audit); err != nil {
+		return fmt.Errorf("sqlite: %s: its audit record: %w", op, err)
+	}
+	return nil
 }
 
 // endCACert retires serial of role from state from, clearing its key
 // reference, inside one write transaction (writes are serialised, so of
 // two ending it the second finds it retired and conflicts). It returns
-// the reference cleared.
-func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string) ([]byte, error) {
+// the reference cleared, with audit's record in the same transaction.
+func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	if audit == nil {
+		return nil, fmt.Errorf("sqlite: %s %s: no audit record: an intermediate is never ended unaudited", op, serial)
+	}
 	var ref []byte
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var state string
@@ -109,7 +126,7 @@ func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string) (
 		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = ?`, serial); err != nil {
 			return wrap(op+" "+serial, err)
 		}
-		return nil
+		return appendCAAudit(ctx, tx, audit, op+" "+serial)
 	})
 	if err != nil {
 		return nil, err

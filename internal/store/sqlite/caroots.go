@@ -40,7 +40,10 @@ func blob(b []byte) any {
 
 // PutRootRotation replaces the root rotation if its version is still
 // version (see store.CARootStore).
-func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool) error {
+func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: put root rotation: no audit record: a root rotation is never written unaudited")
+	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		args := []any{version + 1, r.Phase, blob(r.OldCertDER), blob(r.OldKeyRef), blob(r.NewCertDER), blob(r.NewKeyRef),
 			blob(r.CrossNewByOld), blob(r.CrossOldByNew)}
@@ -49,7 +52,7 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 			if err != nil {
 				return wrap("put root rotation", err)
 			}
-			return nil
+			return appendCAAudit(ctx, tx, audit, "put root rotation")
 		}
 		started := `started_at`
 		if restart {
@@ -64,7 +67,7 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
 		}
-		return nil
+		return appendCAAudit(ctx, tx, audit, "put root rotation")
 	})
 	if err != nil {
 		return err
@@ -75,6 +78,6 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 
 // DiscardCACert retires a prepared CA certificate and clears its key
 // reference, returning it (see store.CARootStore).
-func (s *SQLite) DiscardCACert(ctx context.Context, role, serial string) ([]byte, error) {
-	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared)
+func (s *SQLite) DiscardCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+	return s.endCACert(ctx, "discard ca cert", role, serial, store.CAPrepared, audit)
 }

@@ -19,15 +19,27 @@ const registrationColumns = `authority_id, root_fingerprint, version, document, 
 // every other writer of the file, so of several registrations of one
 // version exactly one is stored and the others find it. RegisteredAt and
 // UpdatedAt are set by the store clock; those of r are ignored.
-func (s *SQLite) PutRegistration(ctx context.Context, r store.Registration) (store.Registration, bool, error) {
+func (s *SQLite) PutRegistration(ctx context.Context, r store.Registration, audit func(stored store.Registration) func(store.AuditHead) (store.AuditRecord, error)) (store.Registration, bool, error) {
+	if audit == nil {
+		return store.Registration{}, false, fmt.Errorf("sqlite: put registration %s: no audit record: a registration is never written unaudited", r.AuthorityID)
+	}
 	var (
 		stored  store.Registration
 		changed bool
 	)
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var err error
-		stored, changed, err = putRegistration(ctx, tx, r)
-		return err
+		if stored, changed, err = putRegistration(ctx, tx, r); err != nil || !changed {
+			return err
+		}
+		build := audit(stored)
+		if build == nil {
+			return fmt.Errorf("sqlite: put registration %s: no audit record: a registration is never written unaudited", r.AuthorityID)
+		}
+		if _, err := appendAudit(ctx, tx, build); err != nil {
+			return fmt.Errorf("sqlite: put registration %s: its audit record: %w", r.AuthorityID, err)
+		}
+		return nil
 	})
 	if err != nil {
 		return store.Registration{}, false, err

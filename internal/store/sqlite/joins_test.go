@@ -217,7 +217,7 @@ func TestDeleteExpiredTokensNegativeRetention(t *testing.T) {
 	if err := s.InsertToken(ctx, live, benchLink); err != nil {
 		t.Fatal(err)
 	}
-	ids, err := s.DeleteExpiredTokens(ctx, -time.Hour)
+	ids, err := s.DeleteExpiredTokens(ctx, -time.Hour, func([]string) func(store.AuditHead) (store.AuditRecord, error) { return benchLink })
 	if err != nil || len(ids) != 0 {
 		t.Errorf("DeleteExpiredTokens(-1h) = %v, %v; want nothing deleted", ids, err)
 	}

@@ -16,16 +16,23 @@ const pskColumns = `id, ciphertext, nonce, status, created_at, grace_expires_at,
 // InsertPSK adds a PSK. ErrConflict if its ID exists, or if another PSK
 // already has its status and that status is active or grace: the partial
 // unique index bootstrap_psks_one_per_live_status enforces the invariant.
-func (s *SQLite) InsertPSK(ctx context.Context, p store.PSK) error {
-	_, err := s.w.ExecContext(ctx, `INSERT INTO bootstrap_psks
-		(id, ciphertext, nonce, status, created_at, grace_expires_at, revoked_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		p.ID, p.Ciphertext, p.Nonce, p.Status,
-		timeArg(p.CreatedAt), timeArg(p.GraceExpiresAt), timeArg(p.RevokedAt))
-	if err != nil {
-		return wrap("insert psk", err)
+func (s *SQLite) InsertPSK(ctx context.Context, p store.PSK, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("sqlite: insert psk %s: no audit record: a psk is never created unaudited", p.ID)
 	}
-	return nil
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO bootstrap_psks
+			(id, ciphertext, nonce, status, created_at, grace_expires_at, revoked_at)
+			VALUES (?, ?, ?, ?, ?, ?, ?)`,
+			p.ID, p.Ciphertext, p.Nonce, p.Status,
+			timeArg(p.CreatedAt), timeArg(p.GraceExpiresAt), timeArg(p.RevokedAt)); err != nil {
+			return wrap("insert psk", err)
+		}
+		if _, err := appendAudit(ctx, tx, audit); err != nil {
+			return fmt.Errorf("sqlite: insert psk %s: its audit record: %w", p.ID, err)
+		}
+		return nil
+	})
 }
 
 // ListPSKs returns every PSK, newest first (ties by ID, descending).

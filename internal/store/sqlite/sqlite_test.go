@@ -137,14 +137,13 @@ func TestReopenKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := store.PSK{ID: "p", Ciphertext: []byte{1}, Nonce: []byte{2}, Status: store.PSKActive, CreatedAt: time.UnixMicro(1_700_000_000_000_001).UTC()}
-	if err := s.InsertPSK(ctx, p); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := s.AppendAudit(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+	// The PSK goes in with its record.
+	var rec store.AuditRecord
+	if err := s.InsertPSK(ctx, p, func(h store.AuditHead) (store.AuditRecord, error) {
 		sum := sha256.Sum256([]byte("one"))
-		return store.AuditRecord{Seq: h.Seq + 1, Time: time.Now(), Action: "psk.create", Hash: sum[:]}, nil
-	})
-	if err != nil {
+		rec = store.AuditRecord{Seq: h.Seq + 1, Time: time.Now(), Action: "psk.create", Hash: sum[:]}
+		return rec, nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {

@@ -101,8 +101,35 @@ func (s *SQLite) DeleteToken(ctx context.Context, id string, audit func(store.Au
 // negative retention counts as zero, so no token still in force is ever
 // removed. Bound-keypair tokens are left alone: an agent holding one
 // recovers through it, and only an operator removes it.
-func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duration) ([]string, error) {
-	rows, err := s.w.QueryContext(ctx, `DELETE FROM tokens
+func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duration, audit func(ids []string) func(store.AuditHead) (store.AuditRecord, error)) ([]string, error) {
+	if audit == nil {
+		return nil, fmt.Errorf("sqlite: delete expired tokens: no audit record: a token is never deleted unaudited")
+	}
+	var ids []string
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		if ids, err = deleteExpiredTokens(ctx, tx, retention); err != nil || len(ids) == 0 {
+			return err
+		}
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("sqlite: delete expired tokens %v: no audit record: a token is never deleted unaudited", ids)
+		}
+		if _, err := appendAudit(ctx, tx, build); err != nil {
+			return fmt.Errorf("sqlite: delete expired tokens: its audit record: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// deleteExpiredTokens is DeleteExpiredTokens's DELETE; the IDs come
+// sorted.
+func deleteExpiredTokens(ctx context.Context, tx *writeTx, retention time.Duration) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, `DELETE FROM tokens
 		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - ? AND join_method <> 'bound-keypair'
 		RETURNING id`, max(retention, 0).Microseconds())
 	if err != nil {

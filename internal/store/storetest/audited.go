@@ -140,3 +140,13 @@ var (
 	advanceLink = link(record("node_task_signer.advance"))
 	dropLink    = link(record("node_task_signer.destroy_key"))
 )
+
+// cleanupLink builds the token.cleanup record of DeleteExpiredTokens.
+func cleanupLink([]string) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("token.cleanup"))
+}
+
+// registerLink builds the authority.register record of PutRegistration.
+func registerLink(store.Registration) func(store.AuditHead) (store.AuditRecord, error) {
+	return link(record("authority.register"))
+}

@@ -74,7 +74,7 @@ func boundKeypairCases() []testCase {
 			if len(ts) != 2 || ts[1].BoundKeypair == nil || ts[1].BoundKeypair.Spec.RecoveryLimit != 2 {
 				t.Errorf("ListTokens = %+v", ts)
 			}
-			ids, err := s.DeleteExpiredTokens(ctx, 0)
+			ids, err := s.DeleteExpiredTokens(ctx, 0, cleanupLink)
 			mustNil(t, "DeleteExpiredTokens", err)
 			if len(ids) != 0 {
 				t.Errorf("DeleteExpiredTokens removed %v", ids)

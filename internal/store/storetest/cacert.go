@@ -43,9 +43,9 @@ func caCertCases() []testCase {
 			before := storeNow(t, ctx, s)
 			given := caRow("agent", "a1", store.CAActive)
 			given.CreatedAt, given.ActivatedAt = at(0), at(time.Minute)
-			mustNil(t, "InsertCACert active", s.InsertCACert(ctx, given))
-			mustNil(t, "InsertCACert active, clock", s.InsertCACert(ctx, caRow("admin", "b1", store.CAActive)))
-			mustNil(t, "InsertCACert prepared", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			mustNil(t, "InsertCACert active", s.InsertCACert(ctx, given, link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert active, clock", s.InsertCACert(ctx, caRow("admin", "b1", store.CAActive), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert prepared", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
 			rows, err = s.ListCACerts(ctx)
 			mustNil(t, "ListCACerts", err)
 			if len(rows) != 3 || rows[0].Serial != "b1" || rows[1].Serial != "a1" || rows[2].Serial != "a2" {
@@ -62,13 +62,13 @@ func caCertCases() []testCase {
 			}
 		}},
 		{"one active and one prepared per role; serials unique", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
-			wantErr(t, "second active", s.InsertCACert(ctx, caRow("server", "s2", store.CAActive)), store.ErrConflict)
-			mustNil(t, "prepared", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared)))
-			wantErr(t, "second prepared", s.InsertCACert(ctx, caRow("server", "s3", store.CAPrepared)), store.ErrConflict)
-			wantErr(t, "duplicate serial", s.InsertCACert(ctx, caRow("agent", "s1", store.CAActive)), store.ErrConflict)
-			mustNil(t, "another role", s.InsertCACert(ctx, caRow("agent", "g1", store.CAPrepared)))
-			if err := s.InsertCACert(ctx, caRow("agent", "g9", store.CARetiring)); err == nil {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive), link(record("ca.prepare"))))
+			wantErr(t, "second active", s.InsertCACert(ctx, caRow("server", "s2", store.CAActive), link(record("ca.prepare"))), store.ErrConflict)
+			mustNil(t, "prepared", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared), link(record("ca.prepare"))))
+			wantErr(t, "second prepared", s.InsertCACert(ctx, caRow("server", "s3", store.CAPrepared), link(record("ca.prepare"))), store.ErrConflict)
+			wantErr(t, "duplicate serial", s.InsertCACert(ctx, caRow("agent", "s1", store.CAActive), link(record("ca.prepare"))), store.ErrConflict)
+			mustNil(t, "another role", s.InsertCACert(ctx, caRow("agent", "g1", store.CAPrepared), link(record("ca.prepare"))))
+			if err := s.InsertCACert(ctx, caRow("agent", "g9", store.CARetiring), link(record("ca.prepare"))); err == nil {
 				t.Fatal("InsertCACert of a retiring certificate succeeded")
 			}
 			want := map[string]string{"s1": "active", "s2": "prepared", "g1": "prepared"}
@@ -77,26 +77,26 @@ func caCertCases() []testCase {
 			}
 		}},
 		{"activate retires the active one; retire ends a retiring one", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
-			wantErr(t, "activate an active one", s.ActivateCACert(ctx, "agent", "a1"), store.ErrConflict)
-			wantErr(t, "activate under another role", s.ActivateCACert(ctx, "server", "a2"), store.ErrConflict)
-			wantErr(t, "activate an unknown one", s.ActivateCACert(ctx, "agent", "zz"), store.ErrConflict)
-			wantErr(t, "retire an active one", second(s.RetireCACert(ctx, "agent", "a1")), store.ErrConflict)
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive), link(record("ca.prepare"))))
+			wantErr(t, "activate an active one", s.ActivateCACert(ctx, "agent", "a1", link(record("ca.activate"))), store.ErrConflict)
+			wantErr(t, "activate under another role", s.ActivateCACert(ctx, "server", "a2", link(record("ca.activate"))), store.ErrConflict)
+			wantErr(t, "activate an unknown one", s.ActivateCACert(ctx, "agent", "zz", link(record("ca.activate"))), store.ErrConflict)
+			wantErr(t, "retire an active one", second(s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))), store.ErrConflict)
 			before := storeNow(t, ctx, s)
-			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2"))
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
 			want := map[string]string{"a1": "retiring", "a2": "active", "s1": "active"}
 			if got := caStates(t, ctx, s); !cmp.Equal(got, want) {
 				t.Fatalf("after activation: %v, want %v", got, want)
 			}
-			wantErr(t, "activate twice", s.ActivateCACert(ctx, "agent", "a2"), store.ErrConflict)
-			ref, err := s.RetireCACert(ctx, "agent", "a1")
+			wantErr(t, "activate twice", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))), store.ErrConflict)
+			ref, err := s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			mustNil(t, "RetireCACert", err)
 			if string(ref) != "sealed-a1" {
 				t.Errorf("RetireCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-a1")
 			}
-			ref, err = s.RetireCACert(ctx, "agent", "a1")
+			ref, err = s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			wantErr(t, "retire twice", err, store.ErrConflict)
 			if ref != nil {
 				t.Errorf("a retirement that conflicted returned the key reference %q", ref)
@@ -119,10 +119,68 @@ func caCertCases() []testCase {
 				}
 			}
 		}},
+		{"an unaudited CA write changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.import"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive), link(record("ca.import"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared), link(record("ca.prepare"))))
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "server", "s2", link(record("ca.activate"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_rotate"))))
+			// Every row whole (key references included) and the rotation:
+			// what an unaudited write must leave as it was.
+			all := func() any {
+				rows, err := s.ListCACerts(ctx)
+				mustNil(t, "ListCACerts", err)
+				rot, err := s.GetRootRotation(ctx)
+				mustNil(t, "GetRootRotation", err)
+				return fmt.Sprintf("%+v %d %s", rows, rot.Version, rot.Phase)
+			}
+			wantUnaudited(t, ctx, s, "ca.prepare", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.InsertCACert(ctx, caRow("admin", "m1", store.CAPrepared), audit)
+			}, all)
+			wantUnaudited(t, ctx, s, "ca.activate", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.ActivateCACert(ctx, "agent", "a2", audit)
+			}, all)
+			var refs [][]byte
+			wantUnaudited(t, ctx, s, "ca.retire", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				ref, err := s.RetireCACert(ctx, "server", "s1", audit)
+				refs = append(refs, ref)
+				return err
+			}, all)
+			wantUnaudited(t, ctx, s, "ca.discard", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				ref, err := s.DiscardCACert(ctx, "agent", "a2", audit)
+				refs = append(refs, ref)
+				return err
+			}, all)
+			wantUnaudited(t, ctx, s, "ca.root_phase", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.PutRootRotation(ctx, 1, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, audit)
+			}, all)
+			for _, ref := range refs {
+				if ref != nil {
+					t.Errorf("an unaudited retirement or discard handed out the key reference %q: its key would be destroyed", ref)
+				}
+			}
+			// Each, with its record, writes it.
+			seq := auditSeq(t, ctx, s)
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("admin", "m1", store.CAPrepared), link(record("ca.prepare"))))
+			ref, err := s.RetireCACert(ctx, "server", "s1", link(record("ca.retire")))
+			mustNil(t, "RetireCACert", err)
+			wantEqual(t, "retired key reference", string(ref), "sealed-s1")
+			ref, err = s.DiscardCACert(ctx, "admin", "m1", link(record("ca.discard")))
+			mustNil(t, "DiscardCACert", err)
+			wantEqual(t, "discarded key reference", string(ref), "sealed-m1")
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 1, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, link(record("ca.root_phase"))))
+			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"a1": store.CARetiring, "a2": store.CAActive, "s1": store.CARetired,
+				"s2": store.CAActive, "m1": store.CARetired})
+			if got := auditSeq(t, ctx, s); got != seq+5 {
+				t.Fatalf("audit chain holds %d records after five CA writes; want %d", got, seq+5)
+			}
+		}},
 		{"of concurrent retirements exactly one clears and gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
-			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2"))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
+			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
 			const n = 6
 			var wg sync.WaitGroup
 			refs, errs := make(chan []byte, n), make(chan error, n)
@@ -130,7 +188,7 @@ func caCertCases() []testCase {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					ref, err := s.RetireCACert(ctx, "agent", "a1")
+					ref, err := s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 					if err != nil {
 						errs <- err
 						return
@@ -197,17 +255,17 @@ func caCertCases() []testCase {
 			}
 		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive)))
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared)))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
 			const n = 6
 			var wg sync.WaitGroup
 			errs := make(chan error, 2*n)
 			for i := range n {
 				wg.Add(2)
-				go func() { defer wg.Done(); errs <- s.ActivateCACert(ctx, "agent", "a2") }()
+				go func() { defer wg.Done(); errs <- s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))) }()
 				go func() {
 					defer wg.Done()
-					errs <- s.InsertCACert(ctx, caRow("admin", fmt.Sprintf("m%d", i), store.CAActive))
+					errs <- s.InsertCACert(ctx, caRow("admin", fmt.Sprintf("m%d", i), store.CAActive), link(record("ca.prepare")))
 				}()
 			}
 			wg.Wait()

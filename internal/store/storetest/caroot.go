@@ -21,7 +21,7 @@ func caRootCases() []testCase {
 			before := storeNow(t, ctx, s)
 			given := store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("new"), NewKeyRef: []byte("sealed-new"),
 				CrossNewByOld: []byte("x-new"), CrossOldByNew: []byte("x-old")}
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, given, true))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, given, true, link(record("ca.root_phase"))))
 			got, err := s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 1 || got.StartedAt.Before(before) || got.ChangedAt.Before(before) {
@@ -34,7 +34,7 @@ func caRootCases() []testCase {
 			// A phase change keeps StartedAt; a restart sets it again.
 			next := got
 			next.Phase = store.RootPhaseUpdateAgents
-			mustNil(t, "PutRootRotation next phase", s.PutRootRotation(ctx, 1, next, false))
+			mustNil(t, "PutRootRotation next phase", s.PutRootRotation(ctx, 1, next, false, link(record("ca.root_phase"))))
 			got, err = s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 2 || got.Phase != store.RootPhaseUpdateAgents || !got.StartedAt.Equal(next.StartedAt) || got.ChangedAt.Before(next.ChangedAt) {
@@ -42,7 +42,7 @@ func caRootCases() []testCase {
 			}
 			// Clearing fields writes NULLs.
 			cleared := store.RootRotation{Phase: store.RootPhaseNone, OldCertDER: []byte("old"), OldKeyRef: []byte("sealed-old")}
-			mustNil(t, "PutRootRotation clear", s.PutRootRotation(ctx, 2, cleared, true))
+			mustNil(t, "PutRootRotation clear", s.PutRootRotation(ctx, 2, cleared, true, link(record("ca.root_phase"))))
 			got, err = s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.NewCertDER != nil || got.NewKeyRef != nil || got.CrossNewByOld != nil || got.CrossOldByNew != nil || string(got.OldCertDER) != "old" {
@@ -50,20 +50,20 @@ func caRootCases() []testCase {
 			}
 		}},
 		{"a write from a stale version conflicts and writes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("a")}, true))
-			wantErr(t, "a second first write", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("b")}, true), store.ErrConflict)
-			wantErr(t, "a write from a version never stored", s.PutRootRotation(ctx, 5, store.RootRotation{Phase: store.RootPhaseStandby}, false), store.ErrConflict)
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("a")}, true, link(record("ca.root_phase"))))
+			wantErr(t, "a second first write", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("b")}, true, link(record("ca.root_phase"))), store.ErrConflict)
+			wantErr(t, "a write from a version never stored", s.PutRootRotation(ctx, 5, store.RootRotation{Phase: store.RootPhaseStandby}, false, link(record("ca.root_phase"))), store.ErrConflict)
 			got, err := s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 1 || got.Phase != store.RootPhaseInit || string(got.NewCertDER) != "a" {
 				t.Fatalf("after conflicting writes: %+v; want the first write's", got)
 			}
-			if err := s.PutRootRotation(ctx, 1, store.RootRotation{Phase: "sideways"}, false); err == nil {
+			if err := s.PutRootRotation(ctx, 1, store.RootRotation{Phase: "sideways"}, false, link(record("ca.root_phase"))); err == nil {
 				t.Fatal("a phase outside the five was written")
 			}
 		}},
 		{"of concurrent phase changes from one version exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_phase"))))
 			const n = 8
 			var wg sync.WaitGroup
 			errs := make(chan error, n)
@@ -73,7 +73,10 @@ func caRootCases() []testCase {
 					to = store.RootPhaseNone // a rollback racing the next phase
 				}
 				wg.Add(1)
-				go func() { defer wg.Done(); errs <- s.PutRootRotation(ctx, 1, store.RootRotation{Phase: to}, false) }()
+				go func() {
+					defer wg.Done()
+					errs <- s.PutRootRotation(ctx, 1, store.RootRotation{Phase: to}, false, link(record("ca.root_phase")))
+				}()
 			}
 			wg.Wait()
 			close(errs)
@@ -93,16 +96,16 @@ func caRootCases() []testCase {
 			}
 		}},
 		{"discard retires a prepared intermediate only", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive)))
-			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared)))
-			wantErr(t, "discard the active one", second(s.DiscardCACert(ctx, "server", "s1")), store.ErrConflict)
-			wantErr(t, "discard under another role", second(s.DiscardCACert(ctx, "agent", "s2")), store.ErrConflict)
-			ref, err := s.DiscardCACert(ctx, "server", "s2")
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive), link(record("ca.prepare"))))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared), link(record("ca.prepare"))))
+			wantErr(t, "discard the active one", second(s.DiscardCACert(ctx, "server", "s1", link(record("ca.discard")))), store.ErrConflict)
+			wantErr(t, "discard under another role", second(s.DiscardCACert(ctx, "agent", "s2", link(record("ca.discard")))), store.ErrConflict)
+			ref, err := s.DiscardCACert(ctx, "server", "s2", link(record("ca.discard")))
 			mustNil(t, "DiscardCACert", err)
 			if string(ref) != "sealed-s2" {
 				t.Errorf("DiscardCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-s2")
 			}
-			wantErr(t, "discard twice", second(s.DiscardCACert(ctx, "server", "s2")), store.ErrConflict)
+			wantErr(t, "discard twice", second(s.DiscardCACert(ctx, "server", "s2", link(record("ca.discard")))), store.ErrConflict)
 			rows, err := s.ListCACerts(ctx)
 			mustNil(t, "ListCACerts", err)
 			for _, r := range rows {
@@ -115,7 +118,7 @@ func caRootCases() []testCase {
 				t.Fatalf("states %v, want %v", got, want)
 			}
 			// The role may prepare again.
-			mustNil(t, "InsertCACert after discard", s.InsertCACert(ctx, caRow("server", "s3", store.CAPrepared)))
+			mustNil(t, "InsertCACert after discard", s.InsertCACert(ctx, caRow("server", "s3", store.CAPrepared), link(record("ca.prepare"))))
 		}},
 	}
 }

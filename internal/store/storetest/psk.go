@@ -103,9 +103,9 @@ func pskCases() []testCase {
 	for _, tc := range invariants {
 		cases = append(cases, testCase{tc.name, func(t *testing.T, ctx context.Context, s store.Store) {
 			for _, p := range tc.existing {
-				mustNil(t, "InsertPSK "+p.ID, s.InsertPSK(ctx, p))
+				mustNil(t, "InsertPSK "+p.ID, s.InsertPSK(ctx, p, link(record("psk.create"))))
 			}
-			err := s.InsertPSK(ctx, tc.insert)
+			err := s.InsertPSK(ctx, tc.insert, link(record("psk.create")))
 			wantErr(t, "InsertPSK "+tc.insert.ID, err, tc.want)
 			want := tc.existing
 			if tc.want == nil {
@@ -137,7 +137,7 @@ func pskCases() []testCase {
 					CreatedAt: at(-3 * time.Hour), RevokedAt: at(-150 * time.Minute)},
 			}
 			for _, p := range ps {
-				mustNil(t, "InsertPSK "+p.ID, s.InsertPSK(ctx, p))
+				mustNil(t, "InsertPSK "+p.ID, s.InsertPSK(ctx, p, link(record("psk.create"))))
 			}
 			got, err := s.ListPSKs(ctx)
 			mustNil(t, "ListPSKs", err)
@@ -151,8 +151,19 @@ func pskCases() []testCase {
 				}
 			}
 		}},
+		testCase{"an unaudited PSK is not created", func(t *testing.T, ctx context.Context, s store.Store) {
+			all := func() any { ps, err := s.ListPSKs(ctx); mustNil(t, "ListPSKs", err); return ps }
+			wantUnaudited(t, ctx, s, "psk.create", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.InsertPSK(ctx, psk("a", store.PSKActive, 0), audit)
+			}, all)
+			seq := auditSeq(t, ctx, s)
+			mustNil(t, "InsertPSK with its record", s.InsertPSK(ctx, psk("a", store.PSKActive, 0), link(record("psk.create"))))
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records after a PSK's creation; want %d", got, seq+1)
+			}
+		}},
 		testCase{"unknown status is rejected", func(t *testing.T, ctx context.Context, s store.Store) {
-			if err := s.InsertPSK(ctx, psk("a", "bogus", 0)); err == nil {
+			if err := s.InsertPSK(ctx, psk("a", "bogus", 0), link(record("psk.create"))); err == nil {
 				t.Fatal("InsertPSK with status \"bogus\" succeeded, want an error")
 			}
 			got, err := s.ListPSKs(ctx)

@@ -46,7 +46,7 @@ func newPSK(id string, age time.Duration) store.PSK {
 func pskRotateCases() []testCase {
 	return []testCase{
 		{"rotate moves active to grace and inserts the new active", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour), link(record("psk.create"))))
 			before, err := s.Now(ctx)
 			mustNil(t, "Now", err)
 			old, err := s.RotatePSK(ctx, "a", newPSK("b", 0), 24*time.Hour, link(record("psk.rotate")))
@@ -70,7 +70,7 @@ func pskRotateCases() []testCase {
 			}
 		}},
 		{"second rotate revokes the old grace PSK", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour), link(record("psk.create"))))
 			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK a→b", err)
 			before, err := s.Now(ctx)
@@ -99,7 +99,7 @@ func pskRotateCases() []testCase {
 			}
 		}},
 		{"grace zero revokes at once", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour), link(record("psk.create"))))
 			_, err := s.RotatePSK(ctx, "a", newPSK("b", time.Hour), time.Hour, link(record("psk.rotate")))
 			mustNil(t, "RotatePSK a→b", err)
 			before, err := s.Now(ctx)
@@ -118,8 +118,8 @@ func pskRotateCases() []testCase {
 			}
 		}},
 		{"rotate from a PSK that is not active conflicts", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour)))
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("g", store.PSKGrace, 3*time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, 2*time.Hour), link(record("psk.create"))))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("g", store.PSKGrace, 3*time.Hour), link(record("psk.create"))))
 			_, before := byStatus(t, ctx, s)
 			for _, from := range []string{"g", "missing", ""} {
 				_, err := s.RotatePSK(ctx, from, newPSK("b", 0), time.Hour, link(record("psk.rotate")))
@@ -131,7 +131,7 @@ func pskRotateCases() []testCase {
 			wantEqual(t, "ListPSKs after refused rotations", after, before)
 		}},
 		{"concurrent rotations: exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour), link(record("psk.create"))))
 			const n = 8
 			errs := make([]error, n)
 			var wg sync.WaitGroup
@@ -163,8 +163,8 @@ func pskRotateCases() []testCase {
 		{"an unaudited rotation or expiry changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, store.PSK{ID: "g", Ciphertext: []byte{1}, Nonce: []byte{2},
-				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}))
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
+				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}, link(record("psk.create"))))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour), link(record("psk.create"))))
 			all := func() any { _, ps := byStatus(t, ctx, s); return ps }
 			wantUnaudited(t, ctx, s, "psk.rotate", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
 				_, err := s.RotatePSK(ctx, "a", newPSK("b", 0), time.Hour, audit)
@@ -211,8 +211,8 @@ func pskRotateCases() []testCase {
 			// Stored times are relative to the store clock, not base: "a"
 			// ended a minute ago by it, "g" ends in an hour.
 			mustNil(t, "InsertPSK", s.InsertPSK(ctx, store.PSK{ID: "a", Ciphertext: []byte{1}, Nonce: []byte{2},
-				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}))
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("b", store.PSKActive, 0)))
+				Status: store.PSKGrace, CreatedAt: now.Add(-time.Hour), GraceExpiresAt: now.Add(-time.Minute)}, link(record("psk.create"))))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("b", store.PSKActive, 0), link(record("psk.create"))))
 			swept, err = s.RevokeExpiredGracePSKs(ctx, expireLink)
 			mustNil(t, "RevokeExpiredGracePSKs", err)
 			after, err := s.Now(ctx)
@@ -241,7 +241,7 @@ func pskRotateCases() []testCase {
 			}
 		}},
 		{"rotate defaults the creation time to the store clock", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour)))
+			mustNil(t, "InsertPSK", s.InsertPSK(ctx, psk("a", store.PSKActive, time.Hour), link(record("psk.create"))))
 			before, err := s.Now(ctx)
 			mustNil(t, "Now", err)
 			p := newPSK("b", 0)

@@ -35,7 +35,7 @@ func stored(r store.Registration, registered, updated time.Time) store.Registrat
 
 func mustRegister(t *testing.T, ctx context.Context, s store.Store, r store.Registration) store.Registration {
 	t.Helper()
-	got, changed, err := s.PutRegistration(ctx, r)
+	got, changed, err := s.PutRegistration(ctx, r, registerLink)
 	mustNil(t, fmt.Sprintf("PutRegistration v%d", r.Version), err)
 	if !changed {
 		t.Fatalf("PutRegistration v%d: changed false, want true", r.Version)
@@ -52,11 +52,41 @@ func wantRegistration(t *testing.T, ctx context.Context, s store.Store, want sto
 
 func registrationCases() []testCase {
 	cases := []testCase{
+		{"an unaudited registration writes nothing; a repeat records nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustRegister(t, ctx, s, registration(authorityA, rootA, 1, `{"v":1}`))
+			all := func() any {
+				a, errA := s.GetRegistration(ctx, authorityA)
+				_, errB := s.GetRegistration(ctx, "lab-b4c5d6")
+				return fmt.Sprintf("%+v %v %v", a, errA, errB)
+			}
+			for _, r := range []store.Registration{registration(authorityA, rootA, 2, `{"v":2}`), registration("lab-b4c5d6", rootB, 1, `{"v":1}`)} {
+				wantUnaudited(t, ctx, s, "authority.register", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+					_, _, err := s.PutRegistration(ctx, r, func(got store.Registration) func(store.AuditHead) (store.AuditRecord, error) {
+						if got.AuthorityID != r.AuthorityID || got.Version != r.Version {
+							t.Errorf("the record was asked for with %+v, want the registration written", got)
+						}
+						return audit
+					})
+					return err
+				}, all)
+			}
+			seq := auditSeq(t, ctx, s)
+			_, changed, err := s.PutRegistration(ctx, registration(authorityA, rootA, 1, `{"v":1}`), func(store.Registration) func(store.AuditHead) (store.AuditRecord, error) {
+				t.Error("a repeated registration asked for a record")
+				return link(record("authority.register"))
+			})
+			mustNil(t, "PutRegistration repeat", err)
+			wantEqual(t, "a repeat changed", changed, false)
+			mustRegister(t, ctx, s, registration(authorityA, rootA, 2, `{"v":2}`))
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records after a repeat and an update; want %d", got, seq+1)
+			}
+		}},
 		{"inserts a new authority ID by the store clock", func(t *testing.T, ctx context.Context, s store.Store) {
 			before := storeNow(t, ctx, s)
 			r := registration(authorityA, rootA, 1, `{"v":1}`)
 			r.RegisteredAt, r.UpdatedAt = at(-time.Hour), at(-time.Hour) // ignored
-			got, changed, err := s.PutRegistration(ctx, r)
+			got, changed, err := s.PutRegistration(ctx, r, registerLink)
 			mustNil(t, "PutRegistration", err)
 			after := storeNow(t, ctx, s)
 			if !changed {
@@ -76,7 +106,7 @@ func registrationCases() []testCase {
 			// The signature is not compared: the document is what counts.
 			r := registration(authorityA, rootA, 3, `{"v":3}`)
 			r.Signature = []byte("another signature")
-			got, changed, err := s.PutRegistration(ctx, r)
+			got, changed, err := s.PutRegistration(ctx, r, registerLink)
 			mustNil(t, "PutRegistration repeat", err)
 			if changed {
 				t.Error("PutRegistration repeat: changed true, want false")
@@ -126,7 +156,7 @@ func registrationCases() []testCase {
 			}
 			wantRegistration(t, ctx, s, stored(r, got.RegisteredAt, got.RegisteredAt))
 			// The new root is locked in turn.
-			_, _, err = s.PutRegistration(ctx, registration(authorityA, rootA, 4, `{"v":4}`))
+			_, _, err = s.PutRegistration(ctx, registration(authorityA, rootA, 4, `{"v":4}`), registerLink)
 			wantErr(t, "PutRegistration under the deleted root", err, store.ErrRootMismatch)
 			if n, err := s.CountJoinReports(ctx, authorityA, time.Hour); err != nil || n != 1 {
 				t.Errorf("CountJoinReports after the delete = %d, %v; want the report kept", n, err)
@@ -161,7 +191,7 @@ func registrationCases() []testCase {
 	for _, rf := range refusals {
 		cases = append(cases, testCase{"refuses " + rf.name, func(t *testing.T, ctx context.Context, s store.Store) {
 			first := mustRegister(t, ctx, s, registration(authorityA, rootA, 2, `{"v":2}`))
-			got, changed, err := s.PutRegistration(ctx, rf.r)
+			got, changed, err := s.PutRegistration(ctx, rf.r, registerLink)
 			wantErr(t, "PutRegistration", err, rf.want)
 			if changed {
 				t.Error("refused PutRegistration: changed true")
@@ -184,7 +214,7 @@ func registrationCases() []testCase {
 		errs := concurrently(n, func(i int) error {
 			r := registration(authorityA, rootA, 1, string(doc(i)))
 			var err error
-			outs[i].reg, outs[i].changed, err = s.PutRegistration(ctx, r)
+			outs[i].reg, outs[i].changed, err = s.PutRegistration(ctx, r, registerLink)
 			return err
 		})
 		got, err := s.GetRegistration(ctx, authorityA)

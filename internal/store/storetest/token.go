@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -48,10 +49,45 @@ func tokenCases() []testCase {
 			_, err = s.GetToken(ctx, "nope")
 			wantErr(t, "GetToken", err, store.ErrNotFound)
 			wantErr(t, "DeleteToken", s.DeleteToken(ctx, "nope", link(record("token.delete"))), store.ErrNotFound)
-			ids, err := s.DeleteExpiredTokens(ctx, 0)
+			ids, err := s.DeleteExpiredTokens(ctx, 0, cleanupLink)
 			mustNil(t, "DeleteExpiredTokens", err)
 			if len(ids) != 0 {
 				t.Errorf("DeleteExpiredTokens on an empty store = %v, want none", ids)
+			}
+		}},
+		{"an unaudited cleanup deletes no token", func(t *testing.T, ctx context.Context, s store.Store) {
+			now := storeNow(t, ctx, s)
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("old", 1, now.Add(-3*time.Hour), 4*time.Hour), link(record("token.create"))))
+			mustNil(t, "InsertToken", s.InsertToken(ctx, token("live", 1, now.Add(time.Hour), time.Hour), link(record("token.create"))))
+			all := func() any {
+				ts, err := s.ListTokens(ctx)
+				mustNil(t, "ListTokens", err)
+				return tokenIDs(ts)
+			}
+			var named []string
+			wantUnaudited(t, ctx, s, "token.cleanup", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				gone, err := s.DeleteExpiredTokens(ctx, time.Hour, func(ids []string) func(store.AuditHead) (store.AuditRecord, error) {
+					named = ids
+					return audit
+				})
+				if err == nil && len(gone) == 0 {
+					return errors.New("nothing deleted")
+				}
+				return err
+			}, all)
+			wantEqual(t, "IDs the unaudited cleanup's record was built for", named, []string{"old"})
+			seq := auditSeq(t, ctx, s)
+			gone, err := s.DeleteExpiredTokens(ctx, time.Hour, cleanupLink)
+			mustNil(t, "DeleteExpiredTokens with its record", err)
+			wantEqual(t, "deleted", gone, []string{"old"})
+			gone, err = s.DeleteExpiredTokens(ctx, time.Hour, func([]string) func(store.AuditHead) (store.AuditRecord, error) {
+				t.Error("DeleteExpiredTokens asked for a record with nothing to delete")
+				return link(record("token.cleanup"))
+			})
+			mustNil(t, "DeleteExpiredTokens with nothing to delete", err)
+			wantEqual(t, "deleted", len(gone), 0)
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Fatalf("audit chain holds %d records after a cleanup and an empty one; want %d", got, seq+1)
 			}
 		}},
 		{"a token is created and deleted with its audit record, one each", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -211,7 +247,7 @@ func tokenCases() []testCase {
 			for _, tok := range ts {
 				mustNil(t, "InsertToken "+tok.ID, s.InsertToken(ctx, tok, link(record("token.create"))))
 			}
-			got, err := s.DeleteExpiredTokens(ctx, rc.retention)
+			got, err := s.DeleteExpiredTokens(ctx, rc.retention, cleanupLink)
 			mustNil(t, "DeleteExpiredTokens", err)
 			wantEqual(t, "deleted IDs", got, rc.deleted)
 

@@ -55,7 +55,7 @@ func tokenUseCases() []testCase {
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			ids, err := s.DeleteExpiredTokens(ctx, 0)
+			ids, err := s.DeleteExpiredTokens(ctx, 0, cleanupLink)
 			mustNil(t, "DeleteExpiredTokens", err)
 			wantEqual(t, "DeleteExpiredTokens", ids, []string{"t1"})
 			insertTokens(t, ctx, s, token("t1", 0, time.Time{}, time.Hour))

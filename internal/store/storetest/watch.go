@@ -66,7 +66,7 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 			mustNil(t, "ApplySignerChanges", err)
 		}, notice(store.Change{Kind: store.ChangeSigners})},
 		{"CA certificate step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
-			mustNil(t, "InsertCACert", w.InsertCACert(ctx, caRow("agent", "a1", store.CAPrepared)))
+			mustNil(t, "InsertCACert", w.InsertCACert(ctx, caRow("agent", "a1", store.CAPrepared), link(record("ca.prepare"))))
 		}, notice(store.Change{Kind: store.ChangeCA})},
 		{"a new stream of the node, so its older stream on any replica ends", func(t *testing.T, ctx context.Context, w store.Store) {
 			now := storeNow(t, ctx, w)
