@@ -625,7 +625,8 @@ const JoinAgainHint = "agents holding it (`muster agents show NODE` names the si
 // can make one up), and is at most MaxAdvance above the store. It
 // returns a zero Result when the store is not behind the set, or when
 // another replica advanced it first; ErrNoCommonSigner, with nothing
-// written, when no key qualifies to sign. Every advance and refusal is
+// written, when no key qualifies to sign. With an error, its Result has a
+// version only if the advance was written (its set then not signed). Every advance and refusal is
 // audited as node_task_signer.advance, and so is a set not signed after
 // the advance was written (result error; the Result then has its
 // version with the error) (the authority calls this, for a
@@ -653,7 +654,6 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", set.Version+1, set.Version, snap.Version())}
 	if _, err = Signing(prev, snap.Signers); err != nil {
 		err = ErrNoCommonSigner
-		res = Result{}
 	} else {
 		// The advance is written with its record, or not at all.
 		var link *audit.Link
@@ -683,7 +683,8 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		e.Result = audit.ResultDenied
 	}
 	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
-	return res, err
+	// Nothing was written: a Result with a version is an advance made.
+	return Result{}, err
 }
 
 // SetVersion is the store's verifier set version.

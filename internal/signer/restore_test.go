@@ -492,3 +492,42 @@ func TestAdvanceNotSignedIsRecorded(t *testing.T) {
 		t.Fatalf("the failure's record says %q; want the version and why", last.Reason)
 	}
 }
+
+// unadvancedStore fails every advance of the verifier set version, as a
+// database that is down does.
+type unadvancedStore struct{ store.Store }
+
+var errDown = errors.New("the database does not answer (test)")
+
+func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, func(store.AuditHead) (store.AuditRecord, error)) error {
+	return errDown
+}
+
+// TestAdvanceNotWrittenHasNoVersion: an advance whose write fails
+// returns a zero Result with the error (a version is an advance made:
+// the authority logs one with an error as written but not signed) and is
+// recorded as an error. Before, the Result carried the version it did
+// not write.
+func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
+	ctx := t.Context()
+	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sq.Close() })
+	sealed, _ := NewSealed(seal.StorageKey{6})
+	log := &auditLog{}
+	k := NewKeeper(sq, sealed, log, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	raw := signedAt(t, k, 3, "prod-a3f2e1")
+	down := NewKeeper(unadvancedStore{sq}, sealed, log, "prod-a3f2e1", 0)
+	res, err := down.Advance(ctx, Actor{Name: "authority"}, raw)
+	if !errors.Is(err, errDown) || res.Version != 0 {
+		t.Fatalf("Advance with its write failed = %+v, %v; want a zero Result and the store's error", res, err)
+	}
+	if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultError {
+		t.Fatalf("the failed advance recorded as %+v, want an error record", last)
+	}
+}
