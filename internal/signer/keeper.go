@@ -625,8 +625,11 @@ const JoinAgainHint = "agents holding it (`muster agents show NODE` names the si
 // can make one up), and is at most MaxAdvance above the store. It
 // returns a zero Result when the store is not behind the set, or when
 // another replica advanced it first; ErrNoCommonSigner, with nothing
-// written, when no key qualifies to sign. Every advance and refusal is
-// audited as node_task_signer.advance (the authority calls this, for a
+// written, when no key qualifies to sign. With an error, its Result has a
+// version only if the advance was written (its set then not signed). Every advance and refusal is
+// audited as node_task_signer.advance, and so is a set not signed after
+// the advance was written (result error; the Result then has its
+// version with the error) (the authority calls this, for a
 // set VerifyAhead passed, at most once a minute per replica, and for one
 // it refused at most once a minute too, which bounds the records).
 func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, error) {
@@ -651,7 +654,6 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", set.Version+1, set.Version, snap.Version())}
 	if _, err = Signing(prev, snap.Signers); err != nil {
 		err = ErrNoCommonSigner
-		res = Result{}
 	} else {
 		// The advance is written with its record, or not at all.
 		var link *audit.Link
@@ -664,8 +666,15 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		if err == nil {
 			k.audit.Appended(link)
 			// A set not signed now is signed on the next request (as
-			// after a step): the advance stands, recorded.
-			_, err = k.publish(ctx, prev)
+			// after a step): the advance stands, recorded. Its failure
+			// is recorded too, after it: the agents stay on the set they
+			// hold until one is signed, and the advance's own record
+			// says only that the version moved.
+			if _, err = k.publish(ctx, prev); err != nil {
+				err = fmt.Errorf("signer: verifier set version %d written (node_task_signer.advance) but not signed, the next request signs it: %w", res.Version, err)
+				e.Result, e.Reason = audit.ResultError, err.Error()
+				_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
+			}
 			return res, err
 		}
 	}
@@ -674,7 +683,8 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		e.Result = audit.ResultDenied
 	}
 	_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
-	return res, err
+	// Nothing was written: a Result with a version is an advance made.
+	return Result{}, err
 }
 
 // SetVersion is the store's verifier set version.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -431,5 +432,102 @@ func TestAdvanceWithNoCommonSigner(t *testing.T) {
 	}
 	if v, _ := k.SetVersion(ctx); v != 3 {
 		t.Fatalf("store version %d, want 3 (nothing published)", v)
+	}
+}
+
+// unkeptStore fails to keep any verifier set while fail is set.
+type unkeptStore struct {
+	store.Store
+	fail bool
+}
+
+var errUnkept = errors.New("the store does not keep the set (test)")
+
+func (s *unkeptStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
+	if s.fail {
+		return errUnkept
+	}
+	return s.Store.PutVerifierSet(ctx, v, raw)
+}
+
+// TestAdvanceNotSignedIsRecorded: an advance whose set cannot be signed
+// or kept after the write stands (its node_task_signer.advance record
+// is in the chain), and the failure is recorded after it as an error
+// record of its own, so the operator sees in the audit trail why the
+// agents still hold the old set. Before, only the log said so, and as
+// "cannot move the verifier set version", which had moved.
+func TestAdvanceNotSignedIsRecorded(t *testing.T) {
+	ctx := t.Context()
+	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sq.Close() })
+	st := &unkeptStore{Store: sq}
+	sealed, _ := NewSealed(seal.StorageKey{5})
+	log := &auditLog{}
+	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	raw := signedAt(t, k, 3, "prod-a3f2e1")
+	st.fail = true
+	res, err := k.Advance(ctx, Actor{Name: "authority"}, raw)
+	if !errors.Is(err, errUnkept) || res.Version != 4 {
+		t.Fatalf("Advance with the set not kept = %+v, %v; want version 4 and the store's error", res, err)
+	}
+	if v, _ := k.SetVersion(ctx); v != 4 {
+		t.Fatalf("store version %d after the advance, want 4", v)
+	}
+	var got []string
+	for _, e := range log.events {
+		if e.Action == "node_task_signer.advance" {
+			got = append(got, e.Result)
+		}
+	}
+	if !slices.Equal(got, []string{audit.ResultOK, audit.ResultError}) {
+		t.Fatalf("advance records %q; want the advance (ok), then its set's failure (error)", got)
+	}
+	if last := log.events[len(log.events)-1]; !strings.Contains(last.Reason, errUnkept.Error()) || !strings.Contains(last.Reason, "version 4") {
+		t.Fatalf("the failure's record says %q; want the version and why", last.Reason)
+	}
+}
+
+// unadvancedStore fails every advance of the verifier set version, as a
+// database that is down does.
+type unadvancedStore struct{ store.Store }
+
+var errDown = errors.New("the database does not answer (test)")
+
+func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, func(store.AuditHead) (store.AuditRecord, error)) error {
+	return errDown
+}
+
+// TestAdvanceNotWrittenHasNoVersion: an advance whose write fails
+// returns a zero Result with the error (a version is an advance made:
+// the authority logs one with an error as written but not signed) and is
+// recorded as an error. Before, the Result carried the version it did
+// not write.
+func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
+	ctx := t.Context()
+	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sq.Close() })
+	sealed, _ := NewSealed(seal.StorageKey{6})
+	log := &auditLog{}
+	k := NewKeeper(sq, sealed, log, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	raw := signedAt(t, k, 3, "prod-a3f2e1")
+	down := NewKeeper(unadvancedStore{sq}, sealed, log, "prod-a3f2e1", 0)
+	res, err := down.Advance(ctx, Actor{Name: "authority"}, raw)
+	if !errors.Is(err, errDown) || res.Version != 0 {
+		t.Fatalf("Advance with its write failed = %+v, %v; want a zero Result and the store's error", res, err)
+	}
+	if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultError {
+		t.Fatalf("the failed advance recorded as %+v, want an error record", last)
 	}
 }
