@@ -16,8 +16,9 @@ const defaultAuditLimit = 1000
 
 const auditColumns = `seq, time, actor, action, target, result, reason, source, correlation_id, prev_hash, hash`
 
-// AppendAudit appends one record to the chain. The read of the head, the
-// call to build and the insert run as one write of a group-committed
+// AppendAudit appends one record to the chain. The head (read, or the
+// one the last transaction left, which the insert checks: appendAudit),
+// the call to build and the insert run as one write of a group-committed
 // transaction on the single writer connection (batch.go), so appends are serialized
 // both within this process and against any other process on the file. The
 // record must have Seq head.Seq+1 and PrevHash head.Hash, else ErrConflict
