@@ -104,12 +104,16 @@ const insertAuditQuery = `INSERT INTO audit_records (` + auditColumns + `)
 // insertAuditOnHeadQuery inserts the record (insertAuditQuery's
 // arguments) only if the chain's head is the one it was built on: no
 // record at its seq ?1 or after, and the one before it (none for the
-// first record, whose prev hash ?10 is NULL) holding its prev hash. Both
-// are lookups of the rowid (seq).
-const insertAuditOnHeadQuery = `INSERT INTO audit_records (` + auditColumns + `)
-	SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
-	WHERE NOT EXISTS (SELECT 1 FROM audit_records WHERE seq >= ?1)
-	AND (SELECT hash FROM audit_records WHERE seq = ?1 - 1) IS ?10`
+// first record, whose prev hash ?10 is NULL) holding its prev hash, both
+// lookups of the rowid (seq). Otherwise its hash is NULL, which the
+// table refuses (NOT NULL) and OR IGNORE turns into no row inserted; as
+// does a seq taken already. One row of VALUES, not INSERT … SELECT: a
+// SELECT that reads the table it inserts into is run into a temporary
+// table first.
+const insertAuditOnHeadQuery = `INSERT OR IGNORE INTO audit_records (` + auditColumns + `)
+	VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+		CASE WHEN NOT EXISTS (SELECT 1 FROM audit_records WHERE seq >= ?1)
+			AND (SELECT hash FROM audit_records WHERE seq = ?1 - 1) IS ?10 THEN ?11 END)`
 
 // txHead is the audit chain's head as a write transaction has left it
 // (known once the transaction read it or appended to it), so that the
