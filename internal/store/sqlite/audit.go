@@ -16,8 +16,9 @@ const defaultAuditLimit = 1000
 
 const auditColumns = `seq, time, actor, action, target, result, reason, source, correlation_id, prev_hash, hash`
 
-// AppendAudit appends one record to the chain. The read of the head, the
-// call to build and the insert run as one write of a group-committed
+// AppendAudit appends one record to the chain. The head (read, or the
+// one the last transaction left, which the insert checks: appendAudit),
+// the call to build and the insert run as one write of a group-committed
 // transaction on the single writer connection (batch.go), so appends are serialized
 // both within this process and against any other process on the file. The
 // record must have Seq head.Seq+1 and PrevHash head.Hash, else ErrConflict
@@ -40,8 +41,21 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 
 // appendAudit is AppendAudit's work inside the write transaction.
 func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
-	head, headTime, err := tx.chainHead(ctx)
-	if err != nil {
+	var (
+		head     store.AuditHead
+		headTime int64
+		guessed  bool
+		err      error
+	)
+	if !tx.head.known && tx.guess.known {
+		// The head the last transaction left, not read again: the insert
+		// below checks it is still the head (another process on the
+		// file may have appended since), which a transaction of one
+		// write (a renewal, at a fleet's steady rate) does for two
+		// lookups inside its own statement rather than a query of its
+		// own.
+		head, headTime, guessed = tx.guess.head, tx.guess.time, true
+	} else if head, headTime, err = tx.chainHead(ctx); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
 	rec, err := store.BuildAuditRecord(head, build)
@@ -53,10 +67,24 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 	// is not known: a failed statement here leaves it either way.
 	tx.head.known = false
 	recTime := timeArg(rec.Time).(int64) // BuildAuditRecord refuses a zero time
-	if _, err := tx.ExecContext(ctx, `INSERT INTO audit_records (`+auditColumns+`)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		rec.Seq, recTime, rec.Actor, rec.Action, rec.Target, rec.Result,
-		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash); err != nil {
+	args := []any{rec.Seq, recTime, rec.Actor, rec.Action, rec.Target, rec.Result,
+		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash}
+	if guessed {
+		res, err := tx.ExecContext(ctx, insertAuditOnHeadQuery, args...)
+		if err != nil {
+			return store.AuditRecord{}, wrap("append audit", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return store.AuditRecord{}, wrap("append audit", err)
+		}
+		if n == 0 {
+			// The guess was not the head: build again on the head read
+			// in this transaction, which holds the write lock.
+			tx.guess.known = false
+			return appendAudit(ctx, tx, build)
+		}
+	} else if _, err := tx.ExecContext(ctx, insertAuditQuery, args...); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
 	if head.Seq > 0 && recTime < headTime {
@@ -69,6 +97,23 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 	tx.head = txHead{known: true, head: store.AuditHead{Seq: rec.Seq, Hash: rec.Hash}, time: recTime}
 	return rec, nil
 }
+
+const insertAuditQuery = `INSERT INTO audit_records (` + auditColumns + `)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+// insertAuditOnHeadQuery inserts the record (insertAuditQuery's
+// arguments) only if the chain's head is the one it was built on: no
+// record at its seq ?1 or after, and the one before it (none for the
+// first record, whose prev hash ?10 is NULL) holding its prev hash, both
+// lookups of the rowid (seq). Otherwise its hash is NULL, which the
+// table refuses (NOT NULL) and OR IGNORE turns into no row inserted; as
+// does a seq taken already. One row of VALUES, not INSERT … SELECT: a
+// SELECT that reads the table it inserts into is run into a temporary
+// table first.
+const insertAuditOnHeadQuery = `INSERT OR IGNORE INTO audit_records (` + auditColumns + `)
+	VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
+		CASE WHEN NOT EXISTS (SELECT 1 FROM audit_records WHERE seq >= ?1)
+			AND (SELECT hash FROM audit_records WHERE seq = ?1 - 1) IS ?10 THEN ?11 END)`
 
 // txHead is the audit chain's head as a write transaction has left it
 // (known once the transaction read it or appended to it), so that the

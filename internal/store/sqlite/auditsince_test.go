@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -230,4 +231,61 @@ func TestMigration0021FindsClockSteps(t *testing.T) {
 		t.Errorf("clock steps after migration %v, want %v", got, want)
 	}
 	checkSinceAgainstWalk(t, s, rand.New(rand.NewPCG(21, 21)))
+}
+
+// TestAuditHeadGuessedAcrossTransactions: a transaction's first append
+// builds on the head the last transaction left, unread, and inserts only
+// if it is still the head. Another handle on the file (another process)
+// appending in between makes the guess stale: the record is built again
+// on the head read in the transaction, and its clock step judged against
+// that head's time, not the guess's. The chain comes out whole.
+func TestAuditHeadGuessedAcrossTransactions(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	a, path := openTemp(t)
+	b, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	base := time.Date(2026, 11, 27, 7, 0, 0, 0, time.UTC)
+	var heads []int64 // the heads passed to build, by seq
+	appendAt := func(s *SQLite, off time.Duration) {
+		t.Helper()
+		if _, err := s.AppendAudit(ctx, func(head store.AuditHead) (store.AuditRecord, error) {
+			heads = append(heads, head.Seq)
+			return store.AuditRecord{Seq: head.Seq + 1, Time: base.Add(off), Action: "x", Result: "ok",
+				PrevHash: head.Hash, Hash: fmt.Appendf(nil, "h%d-%d", head.Seq+1, off)}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	appendAt(a, 0)              // 1: a reads the (empty) head
+	appendAt(a, time.Second)    // 2: on a's guess, right
+	appendAt(b, 10*time.Second) // 3: b reads the head
+	appendAt(b, 11*time.Second) // 4: on b's guess, right
+	appendAt(a, 5*time.Second)  // 5: a's guess (2) is stale; built again on 4, earlier than it
+	appendAt(a, 6*time.Second)  // 6: on a's guess, right again
+	if want := []int64{0, 1, 2, 3, 2, 4, 5}; !slices.Equal(heads, want) {
+		t.Errorf("heads built on %v, want %v", heads, want)
+	}
+	recs, err := a.ListAudit(ctx, store.AuditFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prev []byte
+	for i, r := range recs {
+		if r.Seq != int64(i+1) || !bytes.Equal(r.PrevHash, prev) {
+			t.Fatalf("record %d: Seq %d, PrevHash %q; want Seq %d, PrevHash %q", i, r.Seq, r.PrevHash, i+1, prev)
+		}
+		prev = r.Hash
+	}
+	if len(recs) != 6 {
+		t.Fatalf("chain has %d records, want 6", len(recs))
+	}
+	// Record 5 (5 s) follows record 4 (11 s): a step back, which the
+	// guess's time (record 2's, 1 s) would have missed.
+	if got, want := clockSteps(t, a), []int64{5}; !slices.Equal(got, want) {
+		t.Errorf("clock steps %v, want %v", got, want)
+	}
 }

@@ -284,6 +284,7 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 	}
 	defer sqlTx.Rollback() // after a panic; a no-op once committed or rolled back
 	tx := newWriteTx(sqlTx, s.wstmts)
+	tx.guess = s.chainGuess
 	ran := false
 	for i, op := range todo {
 		if err := op.ctx.Err(); err != nil {
@@ -322,6 +323,9 @@ func (s *SQLite) runOnce(todo []*writeOp, plain int) (failed int, final bool, er
 	}
 	if err := tx.Commit(); err != nil {
 		return 0, false, wrap("commit", err)
+	}
+	if tx.head.known {
+		s.chainGuess = tx.head
 	}
 	return -1, false, nil
 }

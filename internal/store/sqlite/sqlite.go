@@ -59,6 +59,11 @@ type SQLite struct {
 	writeIdle   sync.Cond  // signalled when leading ends
 	writeClosed bool       // Close was called: no write is queued any more
 	batch       []*writeOp // the leader's buffer for its batch
+	// chainGuess is the audit chain's head as the last transaction that
+	// knew it left it when it committed: the next transaction's guess,
+	// which its first append checks in its insert (audit.go,
+	// appendAudit). Only the batch's leader touches it.
+	chainGuess txHead
 }
 
 var _ store.Store = (*SQLite)(nil)

@@ -144,6 +144,11 @@ type writeTx struct {
 	// head is the audit chain's head as the transaction has left it, if
 	// known (audit.go, txHead).
 	head txHead
+	// guess is the head the last committed transaction left
+	// (SQLite.chainGuess): unchecked, as another process may have
+	// appended since, so an append built on it inserts only if it is
+	// still the head (appendAudit).
+	guess txHead
 }
 
 type txStmt struct{ parent, st *sql.Stmt }
