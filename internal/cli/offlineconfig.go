@@ -27,7 +27,7 @@ func readAuthorityConfig(dir datadir.Dir, configFile string) (authorityConfig, s
 	if err != nil {
 		return authorityConfig{}, "", err
 	}
-	cfg, err := loadAuthorityConfig(path)
+	cfg, err := loadAuthorityConfig(path, dir)
 	return cfg, path, err
 }
 
