@@ -248,6 +248,10 @@ and the data directory, prints the settings in force, and exits.`,
 				return fmt.Errorf("authority: %w", err)
 			}
 			o.configPath = cfgPath
+			// The flags hold MUSTER_PKCS11_* already (withEnv); read as
+			// every command that opens the token reads them.
+			ta := readTokenAccess(env, o.pkcs11Module, o.pkcs11PINFile)
+			o.pkcs11Module, o.pkcs11PINFile = ta.module, ta.pinFile
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}
