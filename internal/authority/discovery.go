@@ -74,6 +74,9 @@ type discoveryLink struct {
 	joined chan struct{}
 	// registered is rootsKey of the roots last registered.
 	registered atomic.Value
+	// keysPinSaid: keysRefreshed logged a pin mismatch, not since
+	// followed by another answer.
+	keysPinSaid atomic.Bool
 }
 
 func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
@@ -100,13 +103,24 @@ func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
 			defer cancel()
 			return discoveryclient.FetchJWKS(ctx, cfg.Address, cfg.Fingerprint)
 		},
-		OnRefresh: func(err error) {
-			if err != nil {
-				s.log.Warn("cannot fetch discovery's ticket keys", "discovery", cfg.Address, "err", err)
-			}
-		},
+		OnRefresh: d.keysRefreshed,
 	}
 	return d, nil
+}
+
+// keysRefreshed logs a failed fetch of discovery's ticket keys. A pin
+// mismatch is said once until a fetch succeeds or fails otherwise: it
+// lasts until an operator corrects the pin (the leader's registration
+// names the way out), and every replica fetches every minute.
+func (d *discoveryLink) keysRefreshed(err error) {
+	_, pin := discoveryclient.PinMismatch(err)
+	if err == nil || !pin {
+		d.keysPinSaid.Store(false)
+	}
+	if err == nil || pin && d.keysPinSaid.Swap(true) {
+		return
+	}
+	d.s.log.Warn("cannot fetch discovery's ticket keys", "discovery", d.cfg.Address, "err", err)
 }
 
 // verifier checks tickets against discovery's keys.
