@@ -24,15 +24,21 @@ func TestDiscoveryPinMismatchIsReportedOnce(t *testing.T) {
 	disc := startDiscovery(t, ddir, allowing(init)...)
 	wrong := init["ca_fingerprint"].(string)
 	auth := startAuthority(t, dir, "--discovery", disc.addr, "--discovery-fingerprint", wrong)
-	waitMetric(t, auth, "muster_discovery_pin_mismatch 1", 60*time.Second)
+	waitMetric(t, auth, "\nmuster_discovery_pin_mismatch 1\n", 60*time.Second)
 
+	// The log is read from the process's stderr as it comes: the record
+	// may reach the test after the gauge.
 	var errs []map[string]any
-	for _, line := range strings.Split(auth.Logs(), "\n") {
-		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) == nil && rec["level"] == "ERROR" && strings.Contains(rec["msg"].(string), "discovery") {
-			errs = append(errs, rec)
+	waitFor(t, 30*time.Second, "the ERROR about the pin mismatch", func() bool {
+		errs = nil
+		for _, line := range strings.Split(auth.Logs(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["level"] == "ERROR" && strings.Contains(rec["msg"].(string), "discovery") {
+				errs = append(errs, rec)
+			}
 		}
-	}
+		return len(errs) > 0
+	})
 	if len(errs) != 1 {
 		t.Fatalf("%d ERROR records about discovery, want one:\n%s", len(errs), auth.Logs())
 	}
@@ -62,5 +68,5 @@ func TestDiscoveryPinMismatchIsReportedOnce(t *testing.T) {
 	waitFor(t, 60*time.Second, "the authority registered with the pin corrected", func() bool {
 		return strings.Contains(auth.Logs(), "registered with discovery")
 	})
-	waitMetric(t, auth, "muster_discovery_pin_mismatch 0", 10*time.Second)
+	waitMetric(t, auth, "\nmuster_discovery_pin_mismatch 0\n", 10*time.Second)
 }

@@ -138,7 +138,7 @@ func newMetrics(version string) *metrics {
 		}),
 		discoveryPinMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_discovery_pin_mismatch",
-			Help: "1 while discovery's certificate does not match the pinned fingerprint (discovery.fingerprint), so the authority is not registered there, as the replica leading background jobs found at its last attempt; 0 otherwise (and on the others).",
+			Help: "Whether discovery's certificate fails to match the pinned fingerprint (discovery.fingerprint), so the authority is not registered there, as the replica leading background jobs found at its last attempt: 1 then, 0 otherwise (and on the other replicas).",
 		}),
 		reportsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_discovery_reports_pending",
