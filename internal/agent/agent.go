@@ -311,20 +311,39 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
 		shellword.Quote(string(dir)), st.NodeID, st.NodeID)
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		addr := "ADDR" // a state from before the address was kept
-		if st.Authority != "" {
-			addr = shellword.Quote(st.Authority)
-		}
 		// The agent cannot know the root to pin: the one the authority
 		// presents did not verify, and taking it would pin whoever
 		// answered. The operator reads it where it is trusted, and the
 		// command takes it from the environment, so it pastes as printed.
-		how = fmt.Sprintf("on the authority, muster ca root status prints the root to pin (\"Joining URIs pin\"); set %s to it here and run muster agent join --force --data %s --node %s --bound-keypair %s --authority %s (a recovery with the bound key)",
-			EnvCAFingerprint, shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr)
+		how = fmt.Sprintf("on the authority, muster ca root status prints the root to pin (\"Joining URIs pin\"); set %s to it here and run muster agent join --force --data %s --node %s --bound-keypair %s %s (a recovery with the bound key)",
+			EnvCAFingerprint, shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), rejoinTarget(st, dir))
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)
 	return withHint(err, hint)
+}
+
+// rejoinTarget is how a join again reaches the authority, as flags: the
+// address the state records; for a state from before the address was
+// recorded there, the one agent.yaml keeps from the join, else the
+// discovery service that join went through and the authority it looked
+// up; and only when none is known, a placeholder and where to read it.
+func rejoinTarget(st *State, dir Dir) string {
+	if st.Authority != "" {
+		return "--authority " + shellword.Quote(st.Authority)
+	}
+	cfg, err := dir.ReadConfig()
+	switch {
+	case err == nil && cfg.Authority != "":
+		return "--authority " + shellword.Quote(cfg.Authority)
+	case err == nil && cfg.Discovery != "" && firstNonEmpty(cfg.AuthorityID, st.AuthorityID) != "":
+		via := "--discovery " + shellword.Quote(cfg.Discovery)
+		if cfg.DiscoveryFingerprint != "" {
+			via += " --discovery-fingerprint " + shellword.Quote(cfg.DiscoveryFingerprint)
+		}
+		return via + " --authority-id " + shellword.Quote(firstNonEmpty(cfg.AuthorityID, st.AuthorityID))
+	}
+	return "--authority ADDR (ADDR: the authority's API address, its advertise setting, which muster authority --data DIR --check-config prints on the authority's machine)"
 }
 
 // withHint adds hint, the way out of err, to err: to a status's message,

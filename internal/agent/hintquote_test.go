@@ -155,3 +155,45 @@ func TestUntrustedBoundHintHasNoPlaceholder(t *testing.T) {
 		}
 	}
 }
+
+// A bound-keypair agent's state from before the authority's address was
+// recorded in it: the way out of a root it no longer trusts names the
+// address agent.yaml kept from the join, else the discovery service that
+// join went through, so it still pastes as printed; only with neither is
+// there a placeholder, with where to read the address.
+func TestUntrustedBoundHintWithoutTheStateAddress(t *testing.T) {
+	untrusted := &identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")}
+	st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair, AuthorityID: "muster-1a2b3c"}
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		want map[string]string
+	}{
+		{"agent.yaml's address", Config{Authority: "auth.example:7443"}, map[string]string{"authority": "auth.example:7443"}},
+		{"through discovery", Config{Discovery: "disc.example:7450", DiscoveryFingerprint: "sha256:ab", AuthorityID: "muster-1a2b3c"},
+			map[string]string{"discovery": "disc.example:7450", "discovery-fingerprint": "sha256:ab", "authority-id": "muster-1a2b3c"}},
+	} {
+		dir := Dir(t.TempDir())
+		if err := dir.WriteConfig(c.cfg); err != nil {
+			t.Fatal(err)
+		}
+		got := untrustedAuthorityHint(untrusted, st, dir).Error()
+		if strings.Contains(got, "ADDR") {
+			t.Errorf("%s: the hint holds the ADDR placeholder: %s", c.name, got)
+		}
+		m := regexp.MustCompile(`muster agent join .*? \(a recovery`).FindString(got)
+		if m == "" {
+			t.Fatalf("%s: no command in %s", c.name, got)
+		}
+		args := pastedArgs(t, strings.TrimSuffix(m, " (a recovery"))
+		for flag, want := range c.want {
+			if v := flagValue(args, flag); v != want {
+				t.Errorf("%s: --%s %q pasted, want %q: %s", c.name, flag, v, want, m)
+			}
+		}
+	}
+	got := untrustedAuthorityHint(untrusted, st, Dir(t.TempDir())).Error()
+	if !strings.Contains(got, "muster authority --data DIR --check-config") {
+		t.Errorf("with no address anywhere, the hint does not say where to read it: %s", got)
+	}
+}

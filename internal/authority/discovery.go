@@ -53,6 +53,11 @@ type DiscoveryConfig struct {
 const (
 	defaultRegisterEvery = 10 * time.Minute
 	registerRetry        = 30 * time.Second
+	// pinMismatchRetry is the wait after discovery's certificate did not
+	// match the pin: that lasts until an operator corrects the pin (and
+	// restarts the authority) or puts discovery's own CA back, so it is
+	// tried again rarely, in case it was the latter.
+	pinMismatchRetry     = time.Hour
 	discoveryCallTimeout = 15 * time.Second
 )
 
@@ -69,6 +74,9 @@ type discoveryLink struct {
 	joined chan struct{}
 	// registered is rootsKey of the roots last registered.
 	registered atomic.Value
+	// keysPinSaid: keysRefreshed logged a pin mismatch, not since
+	// followed by another answer.
+	keysPinSaid atomic.Bool
 }
 
 func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
@@ -95,13 +103,24 @@ func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
 			defer cancel()
 			return discoveryclient.FetchJWKS(ctx, cfg.Address, cfg.Fingerprint)
 		},
-		OnRefresh: func(err error) {
-			if err != nil {
-				s.log.Warn("cannot fetch discovery's ticket keys", "discovery", cfg.Address, "err", err)
-			}
-		},
+		OnRefresh: d.keysRefreshed,
 	}
 	return d, nil
+}
+
+// keysRefreshed logs a failed fetch of discovery's ticket keys. A pin
+// mismatch is said once until a fetch succeeds or fails otherwise: it
+// lasts until an operator corrects the pin (the leader's registration
+// names the way out), and every replica fetches every minute.
+func (d *discoveryLink) keysRefreshed(err error) {
+	_, pin := discoveryclient.PinMismatch(err)
+	if err == nil || !pin {
+		d.keysPinSaid.Store(false)
+	}
+	if err == nil || pin && d.keysPinSaid.Swap(true) {
+		return
+	}
+	d.s.log.Warn("cannot fetch discovery's ticket keys", "discovery", d.cfg.Address, "err", err)
 }
 
 // verifier checks tickets against discovery's keys.
@@ -227,21 +246,63 @@ func (d *discoveryLink) sendReport(ctx context.Context, p store.PendingReport) e
 
 // registerLoop registers now and every RegisterEvery, sooner after a
 // failure. It runs on the leader replica only, so replicas never race each
-// other's versions.
+// other's versions. A pin mismatch (discovery's certificate is not the
+// pinned CA's) is not retried every registerRetry: it lasts until an
+// operator acts, so it is logged and audited once, with the way out,
+// shown by muster_discovery_pin_mismatch, and tried again every
+// pinMismatchRetry.
 func (d *discoveryLink) registerLoop(ctx context.Context) error {
+	defer d.s.metrics.discoveryPinMismatch.Set(0) // the next leader says
+	reported := false
 	for {
 		wait := d.cfg.RegisterEvery
-		if err := d.register(ctx); err != nil {
-			if ctx.Err() != nil {
-				return nil
+		err := d.register(ctx)
+		if err != nil && ctx.Err() != nil {
+			return nil
+		}
+		mismatch, pin := discoveryclient.PinMismatch(err)
+		switch {
+		case err == nil:
+			reported = false
+		case pin:
+			wait = pinMismatchRetry
+			if !reported {
+				reported = true
+				d.reportPinMismatch(ctx, mismatch)
 			}
+		default:
+			reported = false
 			d.s.log.Error("cannot register with discovery; retrying", "discovery", d.cfg.Address, "in", registerRetry, "err", err)
 			wait = registerRetry
+		}
+		if pin {
+			d.s.metrics.discoveryPinMismatch.Set(1)
+		} else {
+			d.s.metrics.discoveryPinMismatch.Set(0)
 		}
 		if !d.waitOrRootsChange(ctx, wait) {
 			return nil
 		}
 	}
+}
+
+// reportPinMismatch logs and audits, once per mismatch, that discovery's
+// certificate does not match the pinned fingerprint, with the way out:
+// mismatch (discoveryclient.PinMismatch) says where the pin to set comes
+// from, this what to do with it.
+func (d *discoveryLink) reportPinMismatch(ctx context.Context, mismatch string) {
+	file := d.s.cfg.ConfigFile
+	if file == "" {
+		file = d.s.cfg.Dir.ConfigFile()
+	}
+	reason := fmt.Sprintf("not registered with discovery %s, so agents cannot look this authority up there: %s; "+
+		"set it as discovery.fingerprint in %s (or --discovery-fingerprint, MUSTER_DISCOVERY_FINGERPRINT) and restart the authority; "+
+		"until then registration is tried again every %s, not every %s (docs/discovery.md)",
+		d.cfg.Address, mismatch, file, pinMismatchRetry, registerRetry)
+	d.s.log.Error("cannot register with discovery: its certificate does not match the pinned fingerprint, which lasts until the pin is corrected; tried again every hour, not every 30 s",
+		"discovery", d.cfg.Address, "in", pinMismatchRetry, "err", reason)
+	d.s.refusals.Record(ctx, audit.Event{Actor: "authority", Action: "discovery.register", Target: d.cfg.Address,
+		Result: audit.ResultError, Reason: reason})
 }
 
 // rootsPoll is how often the leader compares the trusted roots with the

@@ -303,3 +303,24 @@ func TestRegistrationBundleAcrossRootRotations(t *testing.T) {
 		t.Errorf("second rotation with nothing registered: %v", err)
 	}
 }
+
+// TestKeysPinMismatchSaidOnce: a fetch of discovery's ticket keys refused
+// for a pin mismatch, every minute on every replica, is logged once until
+// a fetch succeeds or fails otherwise; other failures are logged each
+// time.
+func TestKeysPinMismatchSaidOnce(t *testing.T) {
+	d, _, _ := newReportLink(t)
+	var buf strings.Builder
+	d.s.log = slog.New(slog.NewTextHandler(&buf, nil))
+	pin := errors.New(`Get "https://discovery.test:7450/.well-known/jwks.json": discoveryclient: the discovery's certificate does not match the pinned fingerprint sha256:00: nothing was sent"`)
+	other := errors.New("connection refused")
+	for _, c := range []struct {
+		err  error
+		logs int
+	}{{pin, 1}, {pin, 1}, {pin, 1}, {nil, 1}, {pin, 2}, {pin, 2}, {other, 3}, {other, 4}, {pin, 5}} {
+		d.keysRefreshed(c.err)
+		if n := strings.Count(buf.String(), "cannot fetch discovery's ticket keys"); n != c.logs {
+			t.Fatalf("after %v: %d warnings, want %d\n%s", c.err, n, c.logs, buf.String())
+		}
+	}
+}

@@ -308,6 +308,11 @@ func (in *intermediates) openKey(ctx context.Context, r store.CACert, cert *x509
 		return nil, nil
 	case err != nil && errors.Is(err, custody.ErrKeyMissing):
 		return nil, fmt.Errorf("%s intermediate %s (%s): %w; %s", r.Role, r.Serial, r.State, err, in.lostKeyWayOut(r.Role, r.State))
+	case err != nil && errors.Is(err, custody.ErrUnavailable):
+		// Nothing is wrong with the key: the token is to be put back,
+		// and the read is tried again on its own.
+		return nil, fmt.Errorf("%s intermediate %s: %w; bring the token back (the HSM reconnected, its module's token directory restored): "+
+			"the authority re-opens it by itself and reads the intermediates again, with no restart (docs/hsm.md \"Sessions, a lost token, /readyz\")", r.Role, r.Serial, err)
 	case err != nil:
 		return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 	}

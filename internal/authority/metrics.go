@@ -34,6 +34,9 @@ type metrics struct {
 	psks         *prometheus.CounterVec
 	tickets      *prometheus.CounterVec
 	discovery    *prometheus.CounterVec
+	// discoveryPinMismatch is 1 while discovery's certificate does not
+	// match the pinned fingerprint (set by the leader).
+	discoveryPinMismatch prometheus.Gauge
 	// reportsPending is set by the replica that delivers join reports.
 	reportsPending prometheus.Gauge
 	// streamSendsWaiting counts sends to agents waiting over slowSend.
@@ -133,6 +136,10 @@ func newMetrics(version string) *metrics {
 			Name: "muster_agent_stream_sends_waiting",
 			Help: "Sends to agent streams waiting longer than 1 s now: their agents do not read (each is closed at the 10 s send deadline).",
 		}),
+		discoveryPinMismatch: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "muster_discovery_pin_mismatch",
+			Help: "Whether discovery's certificate fails to match the pinned fingerprint (discovery.fingerprint), so the authority is not registered there, as the replica leading background jobs found at its last attempt: 1 then, 0 otherwise (and on the other replicas).",
+		}),
 		reportsPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_discovery_reports_pending",
 			Help: "Join reports stored and not yet delivered to discovery, as the replica leading background jobs counted them after its last delivery pass (0 on the others).",
@@ -158,7 +165,7 @@ func newMetrics(version string) *metrics {
 		Help: "Build of the running muster; always 1.",
 	}, []string{"version", "go_version"})
 	build.WithLabelValues(version, runtime.Version()).Set(1)
-	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, m.reportsPending, m.streamSendsWaiting, build,
+	m.reg.MustRegister(m.rpcs, m.rpcDuration, m.auditRecords, m.joins, m.renewals, m.issuance, m.certificates, m.psks, m.tickets, m.discovery, m.discoveryPinMismatch, m.reportsPending, m.streamSendsWaiting, build,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -72,7 +72,7 @@ func addOperatorOffline(ctx context.Context, od offlineDir, storeURL, crlURL, na
 			return offlineOperator{}, err
 		}
 	}
-	issuer, root, err := offlineAdminIssuer(ctx, st, d)
+	issuer, root, err := offlineAdminIssuer(ctx, st, d, od.token)
 	if err != nil {
 		return offlineOperator{}, err
 	}
@@ -109,7 +109,7 @@ func addOperatorOffline(ctx context.Context, od offlineDir, storeURL, crlURL, na
 // no active admin intermediate (an authority not started since
 // intermediates moved into the store) leaves the data directory's to sign.
 // The result is a copy: the caller may set its CRL distribution points.
-func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Issuer, *x509.Certificate, error) {
+func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir, ta tokenAccess) (*ca.Issuer, *x509.Certificate, error) {
 	rows, err := st.ListCACerts(ctx)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading the CA certificates from the store: %w", err)
@@ -118,7 +118,7 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 	if err != nil {
 		return nil, nil, err
 	}
-	tok := &offlineToken{d: d}
+	tok := &offlineToken{d: d, access: ta}
 	roots, err := offlineRoots(ctx, st, d, c, tok)
 	if err != nil {
 		return nil, nil, err
@@ -161,20 +161,22 @@ func offlineAdminIssuer(ctx context.Context, st store.Store, d dataDir) (*ca.Iss
 }
 
 // offlineToken opens the authority's token once, as the authority opens
-// it (authority.json, MUSTER_PKCS11_PIN), for the keys break-glass finds
+// it (authority.json, MUSTER_PKCS11_MODULE, MUSTER_PKCS11_PIN_FILE,
+// MUSTER_PKCS11_PIN), for the keys break-glass finds
 // in it (the admin intermediate, a root a rotation made in the token),
 // and leaves it open until this command exits.
 type offlineToken struct {
-	d    dataDir
-	done bool
-	c    custody.Custody
-	err  error
+	d      dataDir
+	access tokenAccess
+	done   bool
+	c      custody.Custody
+	err    error
 }
 
 func (t *offlineToken) custody() (custody.Custody, error) {
 	if !t.done {
 		t.done = true
-		token, err := openToken(t.d.info.Custody, "", "")
+		token, err := openToken(t.d.info.Custody, t.access.module, t.access.pinFile)
 		if err == nil && token == nil {
 			err = custody.ErrNoToken
 		}

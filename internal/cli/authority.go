@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -108,11 +109,31 @@ type authorityConfig struct {
 // warn when one recovery is left.
 const defaultRecoveriesWarnAt = 1
 
-func loadAuthorityConfig(path string) (authorityConfig, error) {
+// loadAuthorityConfig reads the settings file at path of the authority
+// whose data directory is dir: a relative SQLite path in its store is
+// under dir (storeUnder).
+func loadAuthorityConfig(path string, dir datadir.Dir) (authorityConfig, error) {
 	var c authorityConfig
 	// Keys the file leaves out keep the default policy's values.
 	c.Discovery.Policy = discovery.DefaultPolicy()
-	return c, readYAMLFile(path, &c)
+	err := readYAMLFile(path, &c)
+	c.Store = storeUnder(string(dir), c.Store)
+	return c, err
+}
+
+// storeUnder is a store URL read from a settings file, a relative SQLite
+// path in it taken as under the data directory dir (docs/install.md): the
+// authority under systemd runs in /, an operator's offline command
+// wherever they stand, and both must open the same file, wherever the
+// settings file is (DIR/authority.yaml, /etc/muster/authority.yaml). An
+// absolute path and any other URL are as given; so is a --store or
+// MUSTER_STORE, which are read where the command runs, like --data.
+func storeUnder(dir, url string) string {
+	p, ok := strings.CutPrefix(url, "sqlite://")
+	if !ok || p == "" || filepath.IsAbs(p) {
+		return url
+	}
+	return "sqlite://" + filepath.Join(dir, p)
 }
 
 // readYAMLFile decodes the YAML file at path into v, which keeps its values
@@ -227,6 +248,10 @@ and the data directory, prints the settings in force, and exits.`,
 				return fmt.Errorf("authority: %w", err)
 			}
 			o.configPath = cfgPath
+			// The flags hold MUSTER_PKCS11_* already (withEnv); read as
+			// every command that opens the token reads them.
+			ta := readTokenAccess(env, o.pkcs11Module, o.pkcs11PINFile)
+			o.pkcs11Module, o.pkcs11PINFile = ta.module, ta.pinFile
 			if o.memoryLimit, err = parseMemoryLimit(memoryLimit); err != nil {
 				return fmt.Errorf("authority: %w", err)
 			}

@@ -102,6 +102,14 @@ DIR/authority.json records.`,
 			if rollback && (module != "" || pinFile != "") {
 				return fmt.Errorf("ca migrate-custody: --rollback opens no token (it may be lost): drop --pkcs11-module and --pkcs11-pin-file")
 			}
+			if !rollback {
+				// MUSTER_PKCS11_MODULE and MUSTER_PKCS11_PIN_FILE, as
+				// the authority reads them; a rollback, which opens no
+				// token, leaves them be (the unit's environment may
+				// hold them).
+				ta := readTokenAccess(env, module, pinFile)
+				module, pinFile = ta.module, ta.pinFile
+			}
 			ttlFlag := ""
 			if interTTL != "" {
 				ttlFlag = "--ca-intermediate-ttl"
@@ -130,8 +138,8 @@ DIR/authority.json records.`,
 	f.StringVar(&storeURL, "store", "", "the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	f.StringVar(&configFile, "config", "", configHelp(""))
 	f.StringVar(&uri, "custody", "", "the token's RFC 7512 URI, pkcs11:token=LABEL (no PIN in it)")
-	f.StringVar(&module, "pkcs11-module", "", "the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so")
-	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (default: env MUSTER_PKCS11_PIN)")
+	f.StringVar(&module, "pkcs11-module", "", "the token's PKCS#11 library, e.g. /usr/lib/softhsm/libsofthsm2.so (env MUSTER_PKCS11_MODULE)")
+	f.StringVar(&pinFile, "pkcs11-pin-file", "", "the file holding the token's user PIN, mode 0600 (env MUSTER_PKCS11_PIN_FILE; default: env MUSTER_PKCS11_PIN)")
 	f.StringVar(&interTTL, "ca-intermediate-ttl", "", "lifetime of the successors prepared in the token (default: ca.intermediate_ttl in DIR/authority.yaml, else 1 year)")
 	f.DurationVar(&effectiveIn, "signer-effective-in", time.Hour, "when the staged signer activates by itself (at least signer.min_lead_time)")
 	f.DurationVar(&grace, "signer-grace", 24*time.Hour, "how long the signer it replaces is still accepted after that (at least 1s)")

@@ -58,6 +58,8 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		storeURL string
 		// configFile is --config, with --offline.
 		configFile string
+		// token is --pkcs11-module and --pkcs11-pin-file, with --offline.
+		token tokenAccess
 	)
 	cmd := &cobra.Command{
 		Use: "rotate ROLE [--activate] [--root-key FILE] [--offline --data DIR]",
@@ -111,7 +113,10 @@ of the last rotation.`,
 				if af.authority != "" || af.identity != "" {
 					return errors.New("ca rotate: --offline talks to no authority: drop --authority and --identity")
 				}
-				return rotateLostOffline(cmd, env, af.data, storeURL, configFile, role, rootKey, out)
+				return rotateLostOffline(cmd, env, af.data, storeURL, configFile, role, rootKey, token, out)
+			}
+			if token.module != "" || token.pinFile != "" {
+				return errors.New("ca rotate: --pkcs11-module and --pkcs11-pin-file go with --offline (the authority opens its own token)")
 			}
 			if storeURL != "" {
 				return errors.New("ca rotate: --store goes with --offline")
@@ -189,6 +194,8 @@ of the last rotation.`,
 	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, here, with the data directory (--data) and without the authority")
 	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	cmd.Flags().StringVar(&configFile, "config", "", configHelp("with --offline: "))
+	cmd.Flags().StringVar(&token.module, "pkcs11-module", "", "with --offline: the PKCS#11 library of the authority's token, as the authority's --pkcs11-module (env MUSTER_PKCS11_MODULE; default: the one DIR/authority.json records)")
+	cmd.Flags().StringVar(&token.pinFile, "pkcs11-pin-file", "", "with --offline: the file holding the token's user PIN, mode 0600, as the authority's --pkcs11-pin-file (env MUSTER_PKCS11_PIN_FILE; default: the one DIR/authority.json records, else env MUSTER_PKCS11_PIN)")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

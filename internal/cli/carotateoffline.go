@@ -21,7 +21,7 @@ const rotateOfflineActor = "muster ca rotate --offline"
 // lost token"): on the machine with the data directory, with no running
 // authority needed, it replaces role's active intermediate whose key is
 // gone from the token by a new one under the root, active at once.
-func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile, roleName, rootKeyPath string, out output) error {
+func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile, roleName, rootKeyPath string, access tokenAccess, out output) error {
 	ctx := cmd.Context()
 	role := ca.Role(roleName)
 	switch role {
@@ -33,6 +33,7 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile,
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
+	od.token = readTokenAccess(env, access.module, access.pinFile)
 	dir, cfg := od.dir, od.cfg
 	ttl := ca.IntermediateTTL
 	if t := cfg.CA.IntermediateTTL; t != "" {
@@ -66,12 +67,13 @@ func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile,
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
 	// The token as the authority opens it (the store's record and
-	// authority.json, MUSTER_PKCS11_PIN): the new key is made there.
-	rec, err := storeCustody(ctx, st, od, d.info.Custody, "")
+	// authority.json, the module and PIN file given as to the authority):
+	// the new key is made there.
+	rec, err := storeCustody(ctx, st, od, d.info.Custody, od.token.module)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: %w", err)
 	}
-	token, err := openToken(rec, "", "")
+	token, err := openToken(rec, od.token.module, od.token.pinFile)
 	if err != nil {
 		return fmt.Errorf("ca rotate --offline: the authority's PKCS#11 token: %w", err)
 	}

@@ -16,6 +16,24 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
+// tokenAccess is the PKCS#11 module and PIN file a command opens the
+// authority's token with in place of the ones recorded (authority.json,
+// the store's record); "" keeps the recorded one.
+type tokenAccess struct{ module, pinFile string }
+
+// readTokenAccess is how every command that opens the authority's token
+// reads its module and PIN file: the flags (--pkcs11-module,
+// --pkcs11-pin-file) where given, else MUSTER_PKCS11_MODULE and
+// MUSTER_PKCS11_PIN_FILE, the variables muster authority reads (its
+// unit's authority.env): an offline command run with that environment
+// opens the token the authority opens, as it does the store.
+func readTokenAccess(env *Env, module, pinFile string) tokenAccess {
+	return tokenAccess{
+		module:  firstOf(module, env.Getenv(EnvName("pkcs11-module"))),
+		pinFile: firstOf(pinFile, env.Getenv(EnvName("pkcs11-pin-file"))),
+	}
+}
+
 // openToken opens the PKCS#11 token an authority's keys are generated in
 // (authority.json custody), the module and PIN file given on the command
 // line taking the place of the recorded ones. It returns nil for an
@@ -23,7 +41,7 @@ import (
 func openToken(c *datadir.Custody, module, pinFile string) (*custody.Token, error) {
 	if c == nil {
 		if module != "" || pinFile != "" {
-			return nil, fmt.Errorf("--pkcs11-module and --pkcs11-pin-file apply to an authority initialised with --custody pkcs11:…; this one keeps its keys sealed in the store")
+			return nil, fmt.Errorf("--pkcs11-module and --pkcs11-pin-file (MUSTER_PKCS11_MODULE, MUSTER_PKCS11_PIN_FILE) apply to an authority initialised with --custody pkcs11:…; this one keeps its keys sealed in the store")
 		}
 		return nil, nil
 	}

@@ -81,7 +81,7 @@ It is not for production: everything, the CA keys included, lives in DIR.`,
 			defer cancel()
 			g, ctx := errgroup.WithContext(ctx)
 			o := authorityOptions{dir: dir, listen: listen, metricsListen: mlisten, logFormat: logFormat, logLevel: "info", pskRequired: true}
-			if err := devSettings(env, cmd.Flags(), d.ConfigFile(), dlisten != "", ttl, boundTTL, &o); err != nil {
+			if err := devSettings(env, cmd.Flags(), d, dlisten != "", ttl, boundTTL, &o); err != nil {
 				return fmt.Errorf("dev: %w", err)
 			}
 			if dlisten != "" {
@@ -228,13 +228,14 @@ func devPSKJoin(m, data, disc, discFP string, info datadir.Info) string {
 		m, data, m, disc, discFP, info.AuthorityID, info.CAFingerprint)
 }
 
-// devSettings sets o from the settings file at path as muster authority
+// devSettings sets o from d's settings file as muster authority
 // reads it (applySettings), so a setting in it is never silently ignored:
 // dev's own listen addresses stand, said on stderr, and a discovery
 // service to register with is refused beside the embedded one (two would
 // need two registrations dev does not make).
-func devSettings(env *Env, f *pflag.FlagSet, path string, embeddedDiscovery bool, ttl, boundTTL string, o *authorityOptions) error {
-	cfg, err := loadAuthorityConfig(path)
+func devSettings(env *Env, f *pflag.FlagSet, d datadir.Dir, embeddedDiscovery bool, ttl, boundTTL string, o *authorityOptions) error {
+	path := d.ConfigFile()
+	cfg, err := loadAuthorityConfig(path, d)
 	if err != nil {
 		return err
 	}

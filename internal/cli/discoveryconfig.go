@@ -33,6 +33,9 @@ func discoverySettings(cmd *cobra.Command, o *discoveryOptions, configFile strin
 	if err != nil {
 		return err
 	}
+	// A relative SQLite path is under the data directory, as the
+	// authority's (storeUnder).
+	cfg.Store = storeUnder(o.dir, cfg.Store)
 	f := cmd.Flags()
 	pick := func(dst *string, flag, fromFile string) {
 		if !f.Changed(flag) && fromFile != "" {

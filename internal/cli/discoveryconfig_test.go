@@ -27,6 +27,7 @@ func TestDiscoverySettings(t *testing.T) {
 	other := write(filepath.Join(t.TempDir(), "other.yaml"), "listen: 127.0.0.1:1002\nstore: postgres://d:secret@db.internal/disc\n")
 	fresh := filepath.Join(t.TempDir(), "not-yet")
 	limits := write(filepath.Join(t.TempDir(), "limits.yaml"), "limits:\n  max_calls_per_source: 64\n  call_timeout: 2m\n")
+	relative := write(filepath.Join(t.TempDir(), "relative.yaml"), "store: sqlite://db/disc.db\n")
 
 	tests := []struct {
 		name string
@@ -40,6 +41,8 @@ func TestDiscoverySettings(t *testing.T) {
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir, "--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/discovery.yaml", nil, []string{"--data", dir, "--config", other},
 			[]string{"listen:                127.0.0.1:1002", "store:                 postgres://…@db.internal/disc", "allowed_authorities:   (off)", "config file:           " + other}},
+		{"a relative SQLite store is under DIR, not the file's directory", nil, []string{"--data", dir, "--config", relative},
+			[]string{"store:                 sqlite://" + filepath.Join(dir, "db", "disc.db")}},
 		{"limits by default", nil, []string{"--data", dir}, []string{"limits.max_calls_per_source: 1024 (per source address)\n", "limits.call_timeout:   1m0s\n"}},
 		{"limits from a file", nil, []string{"--data", dir, "--config", limits}, []string{"limits.max_calls_per_source: 64 (", "limits.call_timeout:   2m0s\n"}},
 		{"limits from the environment over the file", map[string]string{"MUSTER_MAX_CALLS_PER_SOURCE": "5000", "MUSTER_CALL_TIMEOUT": "30s"}, []string{"--data", dir, "--config", limits},

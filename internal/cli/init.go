@@ -48,7 +48,8 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
 				o.StoreURL = storeURLWithoutPassword(storeURL)
 			}
-			token, err := initCustody(&o, custodyURI, pkcs11Module, pkcs11PIN)
+			ta := readTokenAccess(env, pkcs11Module, pkcs11PIN)
+			token, err := initCustody(&o, custodyURI, ta.module, ta.pinFile)
 			if err != nil {
 				return fmt.Errorf("init: %w", err)
 			}

@@ -27,7 +27,7 @@ func readAuthorityConfig(dir datadir.Dir, configFile string) (authorityConfig, s
 	if err != nil {
 		return authorityConfig{}, "", err
 	}
-	cfg, err := loadAuthorityConfig(path)
+	cfg, err := loadAuthorityConfig(path, dir)
 	return cfg, path, err
 }
 
@@ -39,6 +39,9 @@ type offlineDir struct {
 	cfg authorityConfig
 	// configPath is the settings file cfg was read from.
 	configPath string
+	// token is the module and PIN file the authority's token is opened
+	// with (readTokenAccess).
+	token tokenAccess
 }
 
 // loadOfflineDir reads the data directory data (--data, MUSTER_DATA, or
@@ -46,11 +49,13 @@ type offlineDir struct {
 // MUSTER_CONFIG) if given, as muster authority reads them: a shell or
 // container that starts the authority with MUSTER_CONFIG (it reads
 // MUSTER_DATA and MUSTER_STORE as these commands do) names the same file
-// to them, not DIR/authority.yaml and so perhaps another store.
+// to them, not DIR/authority.yaml and so perhaps another store. The
+// token's module and PIN file are the authority's variables too
+// (readTokenAccess).
 func loadOfflineDir(env *Env, data, configFile string) (offlineDir, error) {
 	dir := datadir.Dir(firstOf(data, env.Getenv("MUSTER_DATA"), "muster-data"))
 	cfg, path, err := readAuthorityConfig(dir, firstOf(configFile, env.Getenv("MUSTER_CONFIG")))
-	return offlineDir{dir: dir, cfg: cfg, configPath: path}, err
+	return offlineDir{dir: dir, cfg: cfg, configPath: path, token: readTokenAccess(env, "", "")}, err
 }
 
 // storeURL is the store an offline command opens: given (--store),

@@ -26,3 +26,11 @@ func (t *Token) SetOpenFails(fail bool) {
 	t.openFails = fail
 	t.mu.Unlock()
 }
+
+// SetAfterFind runs fn in every key lookup once the key's objects are
+// found, before they are read (nil: nothing).
+func (t *Token) SetAfterFind(fn func()) {
+	t.mu.Lock()
+	t.afterFind = fn
+	t.mu.Unlock()
+}

@@ -53,6 +53,10 @@ type Token struct {
 	pin        string
 	pinRefused error // the token refused the PIN: never log in again
 	openFails  bool  // set by tests: the token is out
+	// afterFind, set by tests, runs once a lookup has found the key's
+	// objects, before it reads them: where a token pulled out mid-lookup
+	// shows.
+	afterFind  func()
 	slot       uint
 	down       error // why the token is unusable, nil when it is fine
 	recovering bool
@@ -201,6 +205,17 @@ func (t *Token) do(ctx context.Context, fn func(pkcs11.SessionHandle) error) err
 			}
 		}
 		err = fn(sh)
+		if err != nil && !lost(err) {
+			// A token pulled out mid-call shows as whatever the call
+			// met first: handles found a moment before are invalid, so
+			// a key looked up reads as not matching its reference
+			// (ErrKey). Only a token still in its slot makes that an
+			// answer about the key; one that is gone is lost, retried
+			// and re-opened, and the caller hears it is unavailable.
+			if terr := t.present(); lost(terr) {
+				err = terr
+			}
+		}
 		if !lost(err) {
 			t.idle <- sh
 			return err
@@ -211,6 +226,16 @@ func (t *Token) do(ctx context.Context, fn func(pkcs11.SessionHandle) error) err
 		t.drainIdle()
 	}
 	return t.markDown(err)
+}
+
+// present is nil while the token is in its slot, else the module's
+// error for it.
+func (t *Token) present() error {
+	t.mu.Lock()
+	slot := t.slot
+	t.mu.Unlock()
+	_, err := t.mod.GetTokenInfo(slot)
+	return err
 }
 
 // markDown records that the token is unusable and starts re-opening it.
@@ -490,10 +515,7 @@ func (t *Token) find(sh pkcs11.SessionHandle, class uint, u PKCS11URI) ([]pkcs11
 		// one that is gone is a lost session (do: retried, then
 		// re-opened in the background), so the answer says the token
 		// is unavailable, not that a key is lost and must be replaced.
-		t.mu.Lock()
-		slot := t.slot
-		t.mu.Unlock()
-		if _, terr := t.mod.GetTokenInfo(slot); terr != nil {
+		if terr := t.present(); terr != nil {
 			return nil, terr
 		}
 	}
@@ -537,6 +559,12 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 		}
 		if len(pubs) != 1 || len(privs) != 1 {
 			return ErrKey
+		}
+		c.t.mu.Lock()
+		hook := c.t.afterFind
+		c.t.mu.Unlock()
+		if hook != nil {
+			hook()
 		}
 		pub, err := c.t.readPublic(sh, pubs[0], alg)
 		if err != nil {

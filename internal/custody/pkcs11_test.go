@@ -458,3 +458,54 @@ func createSigner(ctx context.Context, t *testing.T, c *custody.PKCS11, name str
 	}
 	return k, s
 }
+
+// TestPKCS11RemovedTokenLookupIsUnavailableNotErrKey: the token's
+// directory moved away right after a key was made in it (muster ca
+// prepare, then the token gone as the authority reads the new
+// intermediate), at the worst moment: after the lookup found the key's
+// objects, before it read them, so their handles are invalid. Looking the
+// key up is ErrUnavailable, whose way out is to put the token back, not
+// ErrKey, which says the stored reference does not match its key.
+func TestPKCS11RemovedTokenLookupIsUnavailableNotErrKey(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	c := tk.For("muster-test/")
+	k, err := c.Create(ctx, "ec", custody.ECDSAP256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(filepath.Dir(tok.Conf), "tokens")
+	entries, err := os.ReadDir(tokens)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("the token directory %s: %v, %d entries", tokens, err, len(entries))
+	}
+	in, away := filepath.Join(tokens, entries[0].Name()), filepath.Join(filepath.Dir(tok.Conf), "away")
+	var once sync.Once
+	tk.SetAfterFind(func() {
+		once.Do(func() {
+			if err := os.Rename(in, away); err != nil {
+				t.Error(err)
+			}
+		})
+	})
+	_, err = c.Signer(ctx, "ec", k)
+	tk.SetAfterFind(nil)
+	if !errors.Is(err, custody.ErrUnavailable) || errors.Is(err, custody.ErrKey) {
+		t.Fatalf("looking the key up with the token removed: %v, want ErrUnavailable and not ErrKey", err)
+	}
+	if err := os.Rename(away, in); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		s, err := c.Signer(ctx, "ec", k)
+		if err == nil {
+			verify(t, k.Public, []byte("back"), s)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the token put back does not open the key within 90 s: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
