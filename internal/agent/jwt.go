@@ -171,13 +171,25 @@ func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Ti
 	return resp.GetToken(), exp, nil
 }
 
-// JWTBundle returns the authority's JWKS of JWT-SVID keys.
-func (a *Agent) JWTBundle(ctx context.Context) ([]byte, error) {
-	var jwks []byte
+// JWTBundle returns the authority's JWKS of JWT-SVID keys and, by key
+// ID, how long from now the authority keeps publishing each (nil from an
+// authority that does not say).
+func (a *Agent) JWTBundle(ctx context.Context) ([]byte, map[string]time.Duration, error) {
+	var resp *musterv1.GetJWTBundleResponse
 	err := a.withAuthority(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
-		resp, err := musterv1.NewAgentServiceClient(conn).GetJWTBundle(ctx, &musterv1.GetJWTBundleRequest{})
-		jwks = resp.GetJwks()
+		var err error
+		resp, err = musterv1.NewAgentServiceClient(conn).GetJWTBundle(ctx, &musterv1.GetJWTBundleRequest{})
 		return err
 	})
-	return jwks, err
+	if err != nil {
+		return nil, nil, err
+	}
+	var pf map[string]time.Duration
+	for kid, d := range resp.GetPublishedFor() {
+		if pf == nil {
+			pf = map[string]time.Duration{}
+		}
+		pf[kid] = d.AsDuration()
+	}
+	return resp.GetJwks(), pf, nil
 }

@@ -66,6 +66,9 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 	for {
 		cur := s.jwt.Load()
 		if cur != nil && cur.Version() >= k.Version {
+			if cur.Version() == k.Version {
+				s.jwtAt.Store(&k)
+			}
 			return nil
 		}
 		iss, err := jwtsvid.NewVersioned(s.cfg.StorageKey.Derive, k.Version)
@@ -73,12 +76,33 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 			return err
 		}
 		if s.jwt.CompareAndSwap(cur, iss) {
+			s.jwtAt.Store(&k)
 			if cur != nil {
 				s.log.Info("JWT-SVID signing key rotated", "version", k.Version, "kid", iss.KeyID(), "previous_kid", cur.KeyID())
 			}
 			return nil
 		}
 	}
+}
+
+// publishedFor is, by key ID, how long from now iss's keys stay in the
+// JWKS on the rotation schedule: version v's key leaves at the rotation
+// that makes v+2 current, period after period from when the current
+// version became current. Agents that cannot reach the authority stop
+// validating with a key then (docs/workload-api.md). Nil when the
+// version read with its rotation time is not iss's (a rotation between
+// the two reads): the agent then keeps the keys the minimum period.
+func (s *Server) publishedFor(iss *jwtsvid.Issuer, now time.Time) map[string]time.Duration {
+	k := s.jwtAt.Load()
+	if k == nil || k.Version != iss.Version() {
+		return nil
+	}
+	period := s.jwtKeyPeriod()
+	m := map[string]time.Duration{}
+	for kid, v := range iss.KeyVersions() {
+		m[kid] = max(0, k.RotatedAt.Add(time.Duration(v+2-k.Version)*period).Sub(now))
+	}
+	return m
 }
 
 // jwtKeyPeriod is jwt_svid.key_rotation_period, a shared setting.

@@ -2,6 +2,7 @@ package authority
 
 import (
 	"context"
+	"crypto/x509"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -9,10 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -120,5 +125,67 @@ func TestJWTKeyClockStepHasADeadline(t *testing.T) {
 				s.jwt.Load().Version(), st.calls.Load())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// GetJWTBundle says, by key ID, how long each published key stays in the
+// JWKS on the rotation schedule (the previous version's until the next
+// rotation, the current one's a period later, the next one's a period
+// after that), so an agent that cannot reach the authority stops
+// validating with a key the authority may have unpublished.
+func TestJWTBundleSaysHowLongKeysArePublished(t *testing.T) {
+	t.Parallel()
+	a := startBench(t)
+	ctx := t.Context()
+	if _, err := (&adminService{s: a.srvs[0]}).RotateJWTKey(ctx, &musterv1.RotateJWTKeyRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	key, der := benchCSR(t)
+	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: a.token, NodeId: "jwks-1", Csr: der})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+	defer conn.Close()
+	before := time.Now()
+	b, err := musterv1.NewAgentServiceClient(conn).GetJWTBundle(ctx, &musterv1.GetJWTBundleRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	k, err := a.store.GetJWTKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	period := a.srvs[0].jwtKeyPeriod()
+	versions := a.srvs[0].jwt.Load().KeyVersions()
+	if k.Version != 2 || len(versions) != 3 {
+		t.Fatalf("version %d, keys %v; want version 2 publishing 1, 2 and 3", k.Version, versions)
+	}
+	set, err := jwtbundle.Parse(spiffeid.RequireTrustDomainFromString(a.td), b.GetJwks())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.GetPublishedFor()) != len(versions) {
+		t.Fatalf("published_for %v, want one per key of %v", b.GetPublishedFor(), versions)
+	}
+	for kid, v := range versions {
+		if !set.HasJWTAuthority(kid) {
+			t.Errorf("the JWKS lacks %s", kid)
+		}
+		d, ok := b.GetPublishedFor()[kid]
+		if !ok {
+			t.Errorf("no published_for for %s (version %d)", kid, v)
+			continue
+		}
+		leaves := k.RotatedAt.Add(time.Duration(v) * period) // v+2-2
+		if lo, hi := leaves.Sub(after), leaves.Sub(before); d.AsDuration() < lo || d.AsDuration() > hi {
+			t.Errorf("version %d published for %s, want between %s and %s (it leaves at %s)", v, d.AsDuration(), lo, hi, leaves)
+		}
 	}
 }

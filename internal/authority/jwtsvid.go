@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/jwtsvid"
@@ -42,11 +43,19 @@ func (a *agentService) GetJWTBundle(ctx context.Context, _ *musterv1.GetJWTBundl
 	if err := a.standing(ctx); err != nil {
 		return nil, err
 	}
-	jwks, err := a.s.jwt.Load().JWKS()
+	iss := a.s.jwt.Load()
+	jwks, err := iss.JWKS()
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
-	return &musterv1.GetJWTBundleResponse{Jwks: jwks}, nil
+	resp := &musterv1.GetJWTBundleResponse{Jwks: jwks}
+	if pf := a.s.publishedFor(iss, time.Now()); pf != nil {
+		resp.PublishedFor = map[string]*durationpb.Duration{}
+		for kid, d := range pf {
+			resp.PublishedFor[kid] = durationpb.New(d)
+		}
+	}
+	return resp, nil
 }
 
 // jwksPath is where the --crl-listen listener serves the JWKS to relying

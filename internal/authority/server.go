@@ -200,7 +200,10 @@ type Server struct {
 	tokens   *seal.Sealer
 	// jwt signs JWT-SVIDs for agents (MintJWTSVID): the issuer of the
 	// key version this replica last read (jwtkey.go).
-	jwt     atomic.Pointer[jwtsvid.Issuer]
+	jwt atomic.Pointer[jwtsvid.Issuer]
+	// jwtAt is the version jwt was last read at and when it became
+	// current, for the keys' publication times (publishedFor).
+	jwtAt   atomic.Pointer[store.JWTKey]
 	signers *signer.Keeper
 	// setAhead notices agents holding a newer verifier set than the
 	// store's (a restore).

@@ -32,6 +32,21 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 		}
 		fmt.Fprintf(w, "  %-22s %s\n", k+":", v)
 	}
+	// A shared setting's value in force is the store's, which this
+	// command does not open: say whose value is printed, and where the
+	// one in force is (a replica printed the default while the store
+	// held another, as if it were the one in force).
+	shared := func(k, v string) {
+		switch from, given := o.sharedGiven[k]; {
+		case !given:
+			v += " (the default: not set here; a shared setting, the store's value is in force if it holds one: muster settings list)"
+		case from == "":
+			v += " (this settings file's; a shared setting: on SQLite the start writes it to the store, on PostgreSQL a store holding another refuses the start: muster settings list)"
+		default:
+			v += " (from " + from + "; a shared setting: on SQLite the start writes it to the store, on PostgreSQL a store holding another refuses the start: muster settings list)"
+		}
+		row(k, v)
+	}
 	row("config file", cfgPath)
 	row("data", o.dir)
 	row("store", redactURL(o.storeURL))
@@ -44,9 +59,9 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("crl_validity", o.crlValidity.String())
 	row("pprof_listen", o.pprofListen)
 	row("agent_cert_ttl", o.agentCertTTL.String())
-	row("ca.intermediate_ttl", o.caIntermediateTTL.String())
-	row("ca.draft_ttl", o.caDraftTTL.String())
-	row("jwt_svid.key_rotation_period", o.jwtKeyPeriod.String())
+	shared(authority.SettingCAIntermediateTTL, o.caIntermediateTTL.String())
+	shared(authority.SettingCADraftTTL, o.caDraftTTL.String())
+	shared(authority.SettingJWTKeyRotationPeriod, o.jwtKeyPeriod.String())
 	row("bound_keypair.cert_ttl", o.boundCertTTL.String())
 	row("trusted_proxies", strings.Join(o.trustedProxies, ", "))
 	limit := fmt.Sprintf("%d (api and bootstrap listeners together)", listener.NewCap(o.maxConnections).Max())
@@ -71,7 +86,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	}
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))
 	row("bootstrap.psk_optional_until", o.pskOptional)
-	row("signer.min_lead_time", signer.MinLeadTimeFor(o.signerMinLead).String())
+	shared(authority.SettingSignerMinLeadTime, signer.MinLeadTimeFor(o.signerMinLead).String())
 	row("bound_keypair.recoveries_warn_at", fmt.Sprint(o.recoveriesWarnAt))
 	format := o.logFormat
 	if format == "" {

@@ -46,6 +46,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(withLimits, "limits:\n  max_calls_per_source: 64\n  renewals_per_lifetime: 4\n")
 	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
 	write(withDraft, "ca:\n  draft_ttl: 10s\n")
+	withJWT := filepath.Join(t.TempDir(), "jwt.yaml")
+	write(withJWT, "jwt_svid:\n  key_rotation_period: 1h\n")
 	withStoreTimeout := filepath.Join(t.TempDir(), "store.yaml")
 	write(withStoreTimeout, "limits:\n  store_timeout: 15s\n")
 	tests := []struct {
@@ -80,10 +82,18 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"a bool from the environment", map[string]string{"MUSTER_PSK_REQUIRED": "true", "MUSTER_AGENT_CERT_TTL": "2h"}, nil, []string{"bootstrap.psk_required: true", "agent_cert_ttl:        2h0m0s"}},
 		{"the intermediates' lifetime by default", nil, nil, []string{"ca.intermediate_ttl:   8760h0m0s"}},
 		{"the intermediates' lifetime from the environment", map[string]string{"MUSTER_CA_INTERMEDIATE_TTL": "3m"}, nil, []string{"ca.intermediate_ttl:   3m0s"}},
-		{"a draft's lifetime by default", nil, nil, []string{"ca.draft_ttl:          1h0m0s\n"}},
-		{"a draft's lifetime from the environment", map[string]string{"MUSTER_CA_DRAFT_TTL": "90s"}, nil, []string{"ca.draft_ttl:          1m30s\n"}},
-		{"a draft's lifetime from the file", nil, []string{"--config", withDraft}, []string{"ca.draft_ttl:          10s\n"}},
-		{"a draft's lifetime, the flag over the file", nil, []string{"--config", withDraft, "--ca-draft-ttl", "2h"}, []string{"ca.draft_ttl:          2h0m0s\n"}},
+		{"a draft's lifetime by default", nil, nil, []string{"ca.draft_ttl:          1h0m0s (the default: not set here; a shared setting, the store's value is in force if it holds one: muster settings list)\n"}},
+		{"a draft's lifetime from the environment", map[string]string{"MUSTER_CA_DRAFT_TTL": "90s"}, nil, []string{"ca.draft_ttl:          1m30s (from --ca-draft-ttl (or MUSTER_CA_DRAFT_TTL); a shared setting"}},
+		{"a draft's lifetime from the file", nil, []string{"--config", withDraft}, []string{"ca.draft_ttl:          10s (this settings file's; a shared setting: on SQLite the start writes it to the store, on PostgreSQL a store holding another refuses the start: muster settings list)\n"}},
+		{"a draft's lifetime, the flag over the file", nil, []string{"--config", withDraft, "--ca-draft-ttl", "2h"}, []string{"ca.draft_ttl:          2h0m0s (from --ca-draft-ttl (or MUSTER_CA_DRAFT_TTL); a shared setting"}},
+		// A shared setting's value in force is the store's, which
+		// --check-config does not open: it says whose value it prints
+		// (a replica printed the default 720h as if in force while the
+		// store held 1h).
+		{"the key rotation period by default, labelled", nil, nil, []string{"jwt_svid.key_rotation_period: 720h0m0s (the default: not set here; a shared setting, the store's value is in force if it holds one: muster settings list)\n"}},
+		{"the key rotation period from the file, labelled", nil, []string{"--config", withJWT}, []string{"jwt_svid.key_rotation_period: 1h0m0s (this settings file's; a shared setting: on SQLite the start writes it to the store, on PostgreSQL a store holding another refuses the start: muster settings list)\n"}},
+		{"the key rotation period from the environment, labelled", map[string]string{"MUSTER_JWT_KEY_ROTATION_PERIOD": "2h"}, nil, []string{"jwt_svid.key_rotation_period: 2h0m0s (from --jwt-key-rotation-period (or MUSTER_JWT_KEY_ROTATION_PERIOD); a shared setting"}},
+		{"the signer lead time by default, labelled", nil, nil, []string{"signer.min_lead_time:  10m0s (the default: not set here; a shared setting, the store's value is in force if it holds one: muster settings list)\n"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -101,6 +101,21 @@ func NewVersioned(derive func(info string, n int) []byte, version int64) (*Issue
 // NewIssuer).
 func (i *Issuer) Version() int64 { return i.version }
 
+// KeyVersions maps the ID of each key a versioned issuer publishes to
+// its version (nil for one made by NewIssuer).
+func (i *Issuer) KeyVersions() map[string]int64 {
+	if i.version == 0 {
+		return nil
+	}
+	m := make(map[string]int64, len(i.keys))
+	// NewVersioned's order: this version's key, the next one's, the
+	// previous one's.
+	for n, v := range []int64{i.version, i.version + 1, i.version - 1}[:len(i.keys)] {
+		m[i.keys[n].ID] = v
+	}
+	return m
+}
+
 // KeyID is the ID of the key the issuer signs with.
 func (i *Issuer) KeyID() string { return i.keys[0].ID }
 

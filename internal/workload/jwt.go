@@ -10,10 +10,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
+	spiffejwt "github.com/spiffe/go-spiffe/v2/svid/jwtsvid"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/muster-dev/muster/internal/jwtsvid"
 )
 
 // jwksMaxAge is how long the server reuses the JWKS it fetched, for
@@ -23,6 +25,12 @@ var jwksMaxAge = time.Minute
 // jwksRetry is how soon a failed fetch is tried again while the keys
 // fetched before are served.
 const jwksRetry = 10 * time.Second
+
+// minKeyPublished is how long after a fetch a key is used that the
+// authority did not say how long it keeps publishing (an older
+// authority): the minimum rotation period (a JWT-SVID's lifetime and a
+// minute), the least time between two rotations.
+const minKeyPublished = jwtsvid.TTL + time.Minute
 
 func (s *Server) noJWT() error {
 	return status.Error(codes.Unimplemented, "workload api: JWT-SVIDs are not served by this agent")
@@ -69,23 +77,69 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	s.jwksMu.Lock()
 	defer s.jwksMu.Unlock()
-	if s.jwks != nil && time.Since(s.jwksFetched) < jwksMaxAge {
+	if s.jwks != nil && s.now().Sub(s.jwksFetched) < jwksMaxAge {
 		return s.jwks, nil
 	}
-	jwks, err := s.cfg.JWT.JWTBundle(ctx)
-	s.jwksAsked, s.jwksErr = time.Now(), err
+	jwks, pf, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = s.now(), err
 	if err != nil {
 		if s.jwks != nil {
-			// The authority unreachable: the keys we had, and the next
-			// try in jwksRetry, so callers queued on jwksMu do not each
-			// wait for a fetch of their own.
-			s.jwksFetched = time.Now().Add(jwksRetry - jwksMaxAge)
+			// The authority unreachable: the keys we had (as long as
+			// keyUsable lets them be used), and the next try in
+			// jwksRetry, so callers queued on jwksMu do not each wait
+			// for a fetch of their own.
+			s.jwksFetched = s.now().Add(jwksRetry - jwksMaxAge)
 			return s.jwks, nil
 		}
 		return nil, err
 	}
-	s.jwks, s.jwksFetched = jwks, time.Now()
+	s.holdJWKS(jwks, pf)
 	return jwks, nil
+}
+
+// holdJWKS makes jwks, just fetched, the JWKS held, with when each key may
+// leave the authority's JWKS. Called with jwksMu held.
+func (s *Server) holdJWKS(jwks []byte, publishedFor map[string]time.Duration) {
+	now := s.now()
+	s.jwks, s.jwksFetched, s.jwksGot = jwks, now, now
+	s.jwksUntil = make(map[string]time.Time, len(publishedFor))
+	for kid, d := range publishedFor {
+		s.jwksUntil[kid] = now.Add(d)
+	}
+}
+
+// keyUsable refuses a key of the JWKS held that the authority may have
+// unpublished since it was fetched: an agent that cannot reach the
+// authority (down, or refusing this node) would otherwise validate with
+// it forever, also after a rotation retired it (a leaked key included).
+// The copy held is good for jwksMaxAge in any case: the authority
+// published every key in it then, and the copy is that old at most
+// while the authority answers.
+func (s *Server) keyUsable(kid string) error {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	until, ok := s.jwksUntil[kid]
+	if !ok {
+		until = s.jwksGot.Add(minKeyPublished)
+	}
+	until = later(until, s.jwksGot.Add(jwksMaxAge))
+	if s.now().Before(until) {
+		return nil
+	}
+	why := "no answer"
+	if s.jwksErr != nil {
+		why = s.jwksErr.Error()
+	}
+	return status.Errorf(codes.Unavailable,
+		"workload api: the agent has not reached the authority since %s (%s), and the key %q the JWT-SVID names may have left the authority's JWKS at %s (its rotation schedule): not validated with it until the authority answers",
+		s.jwksGot.UTC().Format(time.RFC3339), why, kid, until.UTC().Format(time.RFC3339))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // jwksAgain fetches the JWKS now, for a token whose key the one held
@@ -97,15 +151,15 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 func (s *Server) jwksAgain(ctx context.Context) ([]byte, error) {
 	s.jwksMu.Lock()
 	defer s.jwksMu.Unlock()
-	if time.Since(s.jwksAsked) < jwksRetry {
+	if s.now().Sub(s.jwksAsked) < jwksRetry {
 		return s.jwks, s.jwksErr
 	}
-	jwks, err := s.cfg.JWT.JWTBundle(ctx)
-	s.jwksAsked, s.jwksErr = time.Now(), err
+	jwks, pf, err := s.cfg.JWT.JWTBundle(ctx)
+	s.jwksAsked, s.jwksErr = s.now(), err
 	if err != nil {
 		return nil, err
 	}
-	s.jwks, s.jwksFetched = jwks, time.Now()
+	s.holdJWKS(jwks, pf)
 	return jwks, nil
 }
 
@@ -189,7 +243,12 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 			return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
 		}
 	}
-	svid, err := jwtsvid.ParseAndValidate(req.GetSvid(), b, []string{req.GetAudience()})
+	if kid := keyID(req.GetSvid()); kid != "" && b.HasJWTAuthority(kid) {
+		if err := s.keyUsable(kid); err != nil {
+			return nil, err
+		}
+	}
+	svid, err := spiffejwt.ParseAndValidate(req.GetSvid(), b, []string{req.GetAudience()})
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 type keysJWT struct {
 	mu      sync.Mutex
 	jwks    []byte
+	pf      map[string]time.Duration
 	err     error
 	fetches int
 }
@@ -30,11 +32,21 @@ func (k *keysJWT) JWTSVID(context.Context, []string) (string, time.Time, error) 
 	return "", time.Time{}, status.Error(codes.Unimplemented, "not minted here")
 }
 
-func (k *keysJWT) JWTBundle(context.Context) ([]byte, error) {
+func (k *keysJWT) JWTBundle(context.Context) ([]byte, map[string]time.Duration, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.fetches++
-	return k.jwks, k.err
+	if k.err != nil {
+		return nil, nil, k.err
+	}
+	return k.jwks, k.pf, nil
+}
+
+// publish sets how long the authority says it keeps publishing each key.
+func (k *keysJWT) publish(pf map[string]time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.pf = pf
 }
 
 func (k *keysJWT) set(t *testing.T, err error, keys ...jwtsvid.Key) {
@@ -135,5 +147,87 @@ func TestValidateFetchesAKeyItDoesNotHold(t *testing.T) {
 	}
 	if err := validate(mintWith(t, v1, "db")); err != nil {
 		t.Fatalf("a token of a key held, the authority unreachable: %v", err)
+	}
+}
+
+// TestValidateStopsWhenAKeyMayBeUnpublished: an agent that cannot reach
+// the authority (down, or refusing the node) validates with a key of its
+// copy only as long as the authority said, when the copy was fetched, it
+// keeps publishing it (the rotation schedule), or the minimum rotation
+// period for a key it said nothing of; after that, UNAVAILABLE naming
+// since when the agent has not reached the authority. Back, the fresh
+// copy validates again. Before, the copy held was used forever,
+// including keys the authority had unpublished (an agent held v6 after
+// v6 left the JWKS).
+func TestValidateStopsWhenAKeyMayBeUnpublished(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	keys := &keysJWT{}
+	prev, cur, next, old := newKey(t, "v5-a"), newKey(t, "v6-b"), newKey(t, "v7-c"), newKey(t, "v1-d")
+	keys.set(t, nil, cur, next, prev, old)
+	keys.publish(map[string]time.Duration{"v5-a": 10 * time.Minute, "v6-b": 70 * time.Minute, "v7-c": 130 * time.Minute})
+	s := NewServer(src, Config{JWT: keys})
+	var mu sync.Mutex
+	clock := time.Now()
+	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	ctx := context.Background()
+	validate := func(k jwtsvid.Key) error {
+		_, err := s.ValidateJWTSVID(ctx, &workloadpb.ValidateJWTSVIDRequest{Audience: "db", Svid: mintWith(t, k, "db")})
+		return err
+	}
+	for _, k := range []jwtsvid.Key{prev, cur, next, old} {
+		if err := validate(k); err != nil {
+			t.Fatalf("%s, just fetched: %v", k.ID, err)
+		}
+	}
+
+	for _, down := range []error{
+		status.Error(codes.Unavailable, "connection refused"),
+		status.Error(codes.PermissionDenied, "node web-2 is locked"),
+	} {
+		t.Run(status.Code(down).String(), func(t *testing.T) {
+			keys.set(t, nil, cur, next, prev, old)
+			advance(jwksMaxAge)
+			if err := validate(cur); err != nil { // fetched again
+				t.Fatalf("the authority answering: %v", err)
+			}
+			start := clock
+			keys.set(t, down)
+			for _, c := range []struct {
+				at     time.Duration
+				usable map[string]bool
+			}{
+				{time.Minute, map[string]bool{"v5-a": true, "v6-b": true, "v7-c": true, "v1-d": true}},
+				{minKeyPublished + time.Second, map[string]bool{"v5-a": true, "v6-b": true, "v7-c": true}},
+				{10*time.Minute + time.Second, map[string]bool{"v6-b": true, "v7-c": true}},
+				{70*time.Minute + time.Second, map[string]bool{"v7-c": true}},
+				{130*time.Minute + time.Second, map[string]bool{}},
+			} {
+				mu.Lock()
+				clock = start.Add(c.at)
+				mu.Unlock()
+				for _, k := range []jwtsvid.Key{prev, cur, next, old} {
+					err := validate(k)
+					if c.usable[k.ID] {
+						if err != nil {
+							t.Errorf("%s %s after the last fetch: %v, want it validated", k.ID, c.at, err)
+						}
+						continue
+					}
+					if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "has not reached the authority since") ||
+						!strings.Contains(err.Error(), status.Convert(down).Message()) {
+						t.Errorf("%s %s after the last fetch: %v, want UNAVAILABLE naming since when and why", k.ID, c.at, err)
+					}
+				}
+			}
+			// Back: the copy fetched again validates.
+			keys.set(t, nil, cur, next, prev, old)
+			advance(jwksRetry)
+			if err := validate(prev); err != nil {
+				t.Fatalf("the authority back: %v", err)
+			}
+		})
 	}
 }

@@ -22,7 +22,9 @@ type stubJWT struct{}
 func (stubJWT) JWTSVID(context.Context, []string) (string, time.Time, error) {
 	return "token", time.Now().Add(time.Minute), nil
 }
-func (stubJWT) JWTBundle(context.Context) ([]byte, error) { return []byte(`{"keys":[]}`), nil }
+func (stubJWT) JWTBundle(context.Context) ([]byte, map[string]time.Duration, error) {
+	return []byte(`{"keys":[]}`), nil, nil
+}
 
 // lockedBuffer is a log sink safe for the server's goroutines.
 type lockedBuffer struct {

@@ -78,7 +78,10 @@ type Config struct {
 // JWTSource is the agent's side of JWT-SVIDs.
 type JWTSource interface {
 	JWTSVID(ctx context.Context, audience []string) (string, time.Time, error)
-	JWTBundle(ctx context.Context) ([]byte, error)
+	// JWTBundle returns the JWKS and, by key ID, how long from now the
+	// authority keeps publishing each key (a key missing: at most
+	// minKeyPublished).
+	JWTBundle(ctx context.Context) (jwks []byte, publishedFor map[string]time.Duration, err error)
 }
 
 // Server is the SpiffeWorkloadAPI service over a Source.
@@ -103,6 +106,12 @@ type Server struct {
 	// it fetched jwks), for the fetch a key not held asks for.
 	jwksAsked time.Time
 	jwksErr   error
+	// jwksGot is when jwks was fetched; jwksUntil, by key ID, until when
+	// the authority may still publish each of its keys (keyUsable).
+	jwksGot   time.Time
+	jwksUntil map[string]time.Time
+	// now is the clock (time.Now; tests set it).
+	now func() time.Time
 }
 
 // NewServer returns a server for src.
@@ -119,7 +128,7 @@ func NewServer(src *Source, cfg Config) *Server {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
-	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{},
+	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{}, now: time.Now,
 		// A refused local user must not flood the log: the counter
 		// counts every refusal, the log shows a few a second.
 		logLimit: rate.NewLimiter(rate.Every(time.Second), 10),

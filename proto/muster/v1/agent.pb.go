@@ -9,6 +9,7 @@ package musterv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -165,8 +166,15 @@ func (*GetJWTBundleRequest) Descriptor() ([]byte, []int) {
 }
 
 type GetJWTBundleResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Jwks          []byte                 `protobuf:"bytes,1,opt,name=jwks,proto3" json:"jwks,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Jwks  []byte                 `protobuf:"bytes,1,opt,name=jwks,proto3" json:"jwks,omitempty"`
+	// published_for is, by key ID, how long from this answer the authority
+	// keeps publishing each key of jwks on its rotation schedule (the key
+	// leaves the JWKS at the rotation after the one that makes it the
+	// previous key). An agent that cannot fetch the JWKS again validates
+	// with a key only that long after its fetch. A key missing here is
+	// kept at most the minimum rotation period.
+	PublishedFor  map[string]*durationpb.Duration `protobuf:"bytes,2,rep,name=published_for,json=publishedFor,proto3" json:"published_for,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -204,6 +212,13 @@ func (*GetJWTBundleResponse) Descriptor() ([]byte, []int) {
 func (x *GetJWTBundleResponse) GetJwks() []byte {
 	if x != nil {
 		return x.Jwks
+	}
+	return nil
+}
+
+func (x *GetJWTBundleResponse) GetPublishedFor() map[string]*durationpb.Duration {
+	if x != nil {
+		return x.PublishedFor
 	}
 	return nil
 }
@@ -723,7 +738,7 @@ var File_muster_v1_agent_proto protoreflect.FileDescriptor
 
 const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bmuster/v1/trustbundle.proto\"0\n" +
+	"\x15muster/v1/agent.proto\x12\tmuster.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bmuster/v1/trustbundle.proto\"0\n" +
 	"\x12MintJWTSVIDRequest\x12\x1a\n" +
 	"\baudience\x18\x01 \x03(\tR\baudience\"z\n" +
 	"\x13MintJWTSVIDResponse\x12\x14\n" +
@@ -731,9 +746,13 @@ const file_muster_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
 	"\x04jwks\x18\x03 \x01(\fR\x04jwks\"\x15\n" +
-	"\x13GetJWTBundleRequest\"*\n" +
+	"\x13GetJWTBundleRequest\"\xde\x01\n" +
 	"\x14GetJWTBundleResponse\x12\x12\n" +
-	"\x04jwks\x18\x01 \x01(\fR\x04jwks\":\n" +
+	"\x04jwks\x18\x01 \x01(\fR\x04jwks\x12V\n" +
+	"\rpublished_for\x18\x02 \x03(\v21.muster.v1.GetJWTBundleResponse.PublishedForEntryR\fpublishedFor\x1aZ\n" +
+	"\x11PublishedForEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12/\n" +
+	"\x05value\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05value:\x028\x01\":\n" +
 	"\x15GetVerifierSetRequest\x12!\n" +
 	"\fhave_version\x18\x01 \x01(\x03R\vhaveVersion\"\x8c\x01\n" +
 	"\x16GetVerifierSetResponse\x12!\n" +
@@ -793,7 +812,7 @@ func file_muster_v1_agent_proto_rawDescGZIP() []byte {
 	return file_muster_v1_agent_proto_rawDescData
 }
 
-var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_muster_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_muster_v1_agent_proto_goTypes = []any{
 	(*MintJWTSVIDRequest)(nil),     // 0: muster.v1.MintJWTSVIDRequest
 	(*MintJWTSVIDResponse)(nil),    // 1: muster.v1.MintJWTSVIDResponse
@@ -805,33 +824,37 @@ var file_muster_v1_agent_proto_goTypes = []any{
 	(*TaskResult)(nil),             // 7: muster.v1.TaskResult
 	(*Heartbeat)(nil),              // 8: muster.v1.Heartbeat
 	(*AuthorityMessage)(nil),       // 9: muster.v1.AuthorityMessage
-	nil,                            // 10: muster.v1.Heartbeat.AcceptedSignersEntry
-	nil,                            // 11: muster.v1.Heartbeat.VerificationFailuresEntry
-	(*timestamppb.Timestamp)(nil),  // 12: google.protobuf.Timestamp
-	(*TrustBundle)(nil),            // 13: muster.v1.TrustBundle
+	nil,                            // 10: muster.v1.GetJWTBundleResponse.PublishedForEntry
+	nil,                            // 11: muster.v1.Heartbeat.AcceptedSignersEntry
+	nil,                            // 12: muster.v1.Heartbeat.VerificationFailuresEntry
+	(*timestamppb.Timestamp)(nil),  // 13: google.protobuf.Timestamp
+	(*TrustBundle)(nil),            // 14: muster.v1.TrustBundle
+	(*durationpb.Duration)(nil),    // 15: google.protobuf.Duration
 }
 var file_muster_v1_agent_proto_depIdxs = []int32{
-	12, // 0: muster.v1.MintJWTSVIDResponse.expires_at:type_name -> google.protobuf.Timestamp
-	13, // 1: muster.v1.GetVerifierSetResponse.trust_bundle:type_name -> muster.v1.TrustBundle
-	8,  // 2: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
-	7,  // 3: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
-	10, // 4: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
-	12, // 5: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
-	11, // 6: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
-	13, // 7: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
-	4,  // 8: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
-	6,  // 9: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
-	0,  // 10: muster.v1.AgentService.MintJWTSVID:input_type -> muster.v1.MintJWTSVIDRequest
-	2,  // 11: muster.v1.AgentService.GetJWTBundle:input_type -> muster.v1.GetJWTBundleRequest
-	5,  // 12: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
-	9,  // 13: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
-	1,  // 14: muster.v1.AgentService.MintJWTSVID:output_type -> muster.v1.MintJWTSVIDResponse
-	3,  // 15: muster.v1.AgentService.GetJWTBundle:output_type -> muster.v1.GetJWTBundleResponse
-	12, // [12:16] is the sub-list for method output_type
-	8,  // [8:12] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 0: muster.v1.MintJWTSVIDResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 1: muster.v1.GetJWTBundleResponse.published_for:type_name -> muster.v1.GetJWTBundleResponse.PublishedForEntry
+	14, // 2: muster.v1.GetVerifierSetResponse.trust_bundle:type_name -> muster.v1.TrustBundle
+	8,  // 3: muster.v1.AgentMessage.heartbeat:type_name -> muster.v1.Heartbeat
+	7,  // 4: muster.v1.AgentMessage.result:type_name -> muster.v1.TaskResult
+	11, // 5: muster.v1.Heartbeat.accepted_signers:type_name -> muster.v1.Heartbeat.AcceptedSignersEntry
+	13, // 6: muster.v1.Heartbeat.identity_not_after:type_name -> google.protobuf.Timestamp
+	12, // 7: muster.v1.Heartbeat.verification_failures:type_name -> muster.v1.Heartbeat.VerificationFailuresEntry
+	14, // 8: muster.v1.AuthorityMessage.trust_bundle:type_name -> muster.v1.TrustBundle
+	15, // 9: muster.v1.GetJWTBundleResponse.PublishedForEntry.value:type_name -> google.protobuf.Duration
+	4,  // 10: muster.v1.AgentService.GetVerifierSet:input_type -> muster.v1.GetVerifierSetRequest
+	6,  // 11: muster.v1.AgentService.Connect:input_type -> muster.v1.AgentMessage
+	0,  // 12: muster.v1.AgentService.MintJWTSVID:input_type -> muster.v1.MintJWTSVIDRequest
+	2,  // 13: muster.v1.AgentService.GetJWTBundle:input_type -> muster.v1.GetJWTBundleRequest
+	5,  // 14: muster.v1.AgentService.GetVerifierSet:output_type -> muster.v1.GetVerifierSetResponse
+	9,  // 15: muster.v1.AgentService.Connect:output_type -> muster.v1.AuthorityMessage
+	1,  // 16: muster.v1.AgentService.MintJWTSVID:output_type -> muster.v1.MintJWTSVIDResponse
+	3,  // 17: muster.v1.AgentService.GetJWTBundle:output_type -> muster.v1.GetJWTBundleResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_muster_v1_agent_proto_init() }
@@ -856,7 +879,7 @@ func file_muster_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_muster_v1_agent_proto_rawDesc), len(file_muster_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
