@@ -56,7 +56,22 @@ func unreachable(err error) bool {
 // type or sentinel, and its text blames a hook; the text is all there is
 // to know it by.
 func poolGaveUp(err error) bool {
-	return strings.Contains(err.Error(), "too many failed attempts acquiring connection")
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() error }:
+		return poolGaveUp(e.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range e.Unwrap() {
+			if poolGaveUp(e) {
+				return true
+			}
+		}
+		return false
+	}
+	// Only the error that wraps none is read: a wrapper's text may
+	// quote anything.
+	return strings.HasPrefix(err.Error(), "pgxpool: too many failed attempts acquiring connection")
 }
 
 // unavailable returns err marked store.ErrUnavailable when the database is
