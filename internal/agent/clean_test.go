@@ -49,7 +49,7 @@ func TestInterruptedJoinLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dir.writeNextState(st, nil); err != nil {
+	if err := dir.writeNextState(nextState{State: st}); err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(dir.StateFile())

@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/signer"
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // ErrNoIdentity reports a data directory that holds no identity yet.
@@ -247,11 +248,44 @@ func (d Dir) ReadState() (*State, error) { return d.readState(d.StateFile()) }
 // takes it when its serial is the certificate's).
 func (d Dir) nextStateFile() string { return d.path("state.next.json") }
 
-// nextState is nextStateFile's content: the state, and what the join sets
-// in agent.yaml (nil in a file an agent before it wrote).
+// nextState is nextStateFile's content: the state, what the join sets
+// in agent.yaml (nil in a file an agent before it wrote), and the trust
+// bundle the join's answer carried (nil if none, or in a file an agent
+// before it wrote).
 type nextState struct {
 	*State
 	Config *joinConfig `json:"agent_yaml,omitempty"`
+	Bundle *joinBundle `json:"trust_bundle,omitempty"`
+}
+
+// joinBundle is the trust bundle a join's answer carried, as it came: a
+// crash after the certificate and before the bundle is written would
+// leave certs/bundle.pem (the roots and intermediates local relying
+// parties read) the old authority's, and state.json no bundle digest,
+// until the new authority's next answer; load takes it as the join
+// would have.
+type joinBundle struct {
+	AuthorityID   string   `json:"authority_id"`
+	Roots         [][]byte `json:"roots"`
+	Intermediates [][]byte `json:"intermediates,omitempty"`
+	Cross         [][]byte `json:"cross_certificates,omitempty"`
+}
+
+func newJoinBundle(pb *musterv1.TrustBundle) *joinBundle {
+	if pb == nil {
+		return nil
+	}
+	return &joinBundle{AuthorityID: pb.GetAuthorityId(), Roots: pb.GetRoots(),
+		Intermediates: pb.GetIntermediates(), Cross: pb.GetCrossCertificates()}
+}
+
+// proto is b as the answer carried it (nil: none).
+func (b *joinBundle) proto() *musterv1.TrustBundle {
+	if b == nil {
+		return nil
+	}
+	return &musterv1.TrustBundle{AuthorityId: b.AuthorityID, Roots: b.Roots,
+		Intermediates: b.Intermediates, CrossCertificates: b.Cross}
 }
 
 // joinConfig is what a join sets in agent.yaml: where it joined, the node,
@@ -281,18 +315,18 @@ func (j *joinConfig) apply(c *Config) {
 }
 
 // readNextState reads nextStateFile; ErrNoIdentity if there is none.
-func (d Dir) readNextState() (*State, *joinConfig, error) {
+func (d Dir) readNextState() (*nextState, error) {
 	data, err := readSmall(d.nextStateFile())
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, ErrNoIdentity
+		return nil, ErrNoIdentity
 	} else if err != nil {
-		return nil, nil, fmt.Errorf("agent: %w", err)
+		return nil, fmt.Errorf("agent: %w", err)
 	}
 	n := nextState{State: &State{}}
 	if err := json.Unmarshal(data, &n); err != nil {
-		return nil, nil, fmt.Errorf("agent: %s: %v", d.nextStateFile(), err)
+		return nil, fmt.Errorf("agent: %s: %v", d.nextStateFile(), err)
 	}
-	return n.State, n.Config, nil
+	return &n, nil
 }
 
 func (d Dir) readState(file string) (*State, error) {
@@ -309,12 +343,12 @@ func (d Dir) readState(file string) (*State, error) {
 	return &s, nil
 }
 
-// writeNextState writes s and cfg to nextStateFile.
-func (d Dir) writeNextState(s *State, cfg *joinConfig) error {
+// writeNextState writes n to nextStateFile.
+func (d Dir) writeNextState(n nextState) error {
 	if err := d.ensure(); err != nil {
 		return err
 	}
-	data, err := json.MarshalIndent(nextState{State: s, Config: cfg}, "", "  ")
+	data, err := json.MarshalIndent(n, "", "  ")
 	if err != nil {
 		return err
 	}

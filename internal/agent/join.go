@@ -216,7 +216,10 @@ func (a *Agent) join(ctx context.Context, r JoinRequest) (_ *State, err error) {
 	// load cannot rebuild from the certificate; and between the
 	// certificate and agent.yaml, the old authority's address and pins
 	// beside it (load writes both).
-	if err := a.dir.writeNextState(st, joinCfg); err != nil {
+	// The trust bundle goes down with them: a crash between the
+	// certificate and the bundle would leave the old authority's bundle
+	// beside the new certificate (load takes it).
+	if err := a.dir.writeNextState(nextState{State: st, Config: joinCfg, Bundle: newJoinBundle(j.bundle)}); err != nil {
 		return nil, err
 	}
 	joinStep("next-state")

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 )
 
@@ -171,4 +172,93 @@ func TestForcedJoinCrashAtEachStep(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A join with --force to another authority stopped after any of its
+// writes leaves, after the next start, the trust bundle that goes with
+// the certificate on disk: once the new certificate is written,
+// certs/ca.crt, certs/bundle.pem and state.json's bundle digest are what
+// the join had it not stopped writes, and no root of the old authority
+// is left in them; before it, the old authority's, untouched. Before, a
+// crash between the certificate and the bundle left certs/bundle.pem
+// (which local relying parties take roots from) holding the old
+// authority's roots and intermediates, and state.json no digest, until
+// the new authority's next answer (a stream's push or a renewal) brought
+// its bundle: an agent that could not reach it kept them.
+func TestForcedJoinToAnotherAuthorityCrashAtEachStep(t *testing.T) {
+	for _, c := range []struct {
+		step    string
+		renewed bool // the new certificate is on disk
+	}{
+		{"next-state", false},
+		{"identity", true},
+		{"config", true},
+		{"state", true},
+		{"pending", true},
+	} {
+		t.Run(c.step, func(t *testing.T) {
+			oldAuth, newAuth := newFakeAuthority(t, fakeOptions{}), newFakeAuthority(t, fakeOptions{})
+			forced := newAuth.joinRequest("n1")
+			forced.Force = true
+
+			// What the join writes when it does not stop.
+			_, whole := joined(t, oldAuth)
+			if _, err := newTestAgent(t, whole).Join(t.Context(), forced); err != nil {
+				t.Fatal(err)
+			}
+			want := heldTrust(t, whole)
+
+			_, dir := joined(t, oldAuth)
+			old := heldTrust(t, dir)
+			crashJoinAt(t, newTestAgent(t, dir), forced, c.step)
+			if _, _, err := newTestAgent(t, dir).current(t.Context()); err != nil {
+				t.Fatalf("load after a crash at %s: %v", c.step, err)
+			}
+			if !c.renewed {
+				want = old
+			}
+			got := heldTrust(t, dir)
+			if got.ca != want.ca {
+				t.Errorf("after a crash at %s and a load: %s is not what the join writes", c.step, dir.CAFile())
+			}
+			if got.bundle != want.bundle {
+				t.Errorf("after a crash at %s and a load: %s is not what the join writes", c.step, dir.BundleFile())
+			}
+			if got.digest != want.digest {
+				t.Errorf("after a crash at %s and a load: state.json records trust bundle %q, want %q", c.step, got.digest, want.digest)
+			}
+			if c.renewed {
+				bundle, err := os.ReadFile(dir.BundleFile())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(string(bundle), string(ca.EncodeCertPEM(oldAuth.h.Root))) {
+					t.Errorf("after a crash at %s and a load: %s still holds the old authority's root", c.step, dir.BundleFile())
+				}
+			}
+		})
+	}
+}
+
+// trust is what an agent directory trusts: certs/ca.crt, certs/bundle.pem,
+// and the bundle's digest state.json records.
+type trust struct {
+	ca, bundle, digest string
+}
+
+func heldTrust(t *testing.T, dir Dir) trust {
+	t.Helper()
+	caPEM, err := os.ReadFile(dir.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := os.ReadFile(dir.BundleFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return trust{ca: string(caPEM), bundle: string(bundle), digest: st.TrustBundle}
 }

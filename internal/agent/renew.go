@@ -216,10 +216,10 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	// state.next.json: that, not the old instance's, describes the
 	// certificate; and what agent.yaml was to say, which may not be
 	// written yet either (the authority's address and pins).
-	next, nextCfg, nerr := a.dir.readNextState()
+	next, nerr := a.dir.readNextState()
 	joined := st.Serial != serial && nerr == nil && next.Serial == serial
 	if joined {
-		st = next
+		st = next.State
 	}
 	if got.Role != spiffeid.RoleAgent || got.Name != st.NodeID || got.TrustDomain != st.TrustDomain {
 		return nil, nil, fmt.Errorf("%s is %s, but state.json records node %s of trust domain %s: join again with --force",
@@ -235,16 +235,24 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	case joined:
 		// agent.yaml first, as the join writes it: a crash here again
 		// leaves state.next.json to finish from.
-		if nextCfg != nil {
+		if next.Config != nil {
 			cfg, err := a.dir.ReadConfig()
 			if err != nil {
 				return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
 			}
-			nextCfg.apply(&cfg)
+			next.Config.apply(&cfg)
 			if err := a.dir.WriteConfig(cfg); err != nil {
 				return nil, nil, err
 			}
 		}
+		// The join's trust bundle, which it may not have written (or
+		// written without state.json recording it): taken as the join
+		// takes it, over the roots written with the certificate.
+		roots, err := a.takeBundle(st, id, next.Bundle.proto())
+		if err != nil {
+			return nil, nil, fmt.Errorf("finishing a join interrupted before its trust bundle was written: %w", err)
+		}
+		id.Roots = roots
 		if err := a.dir.writeState(st); err != nil {
 			return nil, nil, err
 		}

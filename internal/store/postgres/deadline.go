@@ -133,7 +133,10 @@ func until(ctx context.Context, deadline time.Time) (context.Context, context.Ca
 // unless it is the cancellation the deadline caused (57014,
 // query_canceled).
 func timedOut(ctx context.Context, l limit, err error) error {
-	if err == nil {
+	// One already named (a statement's, read again as its batch's)
+	// is not named twice.
+	var te *timeoutError
+	if err == nil || errors.As(err, &te) {
 		return err
 	}
 	var ce *pgconn.ConnectError

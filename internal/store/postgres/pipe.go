@@ -30,12 +30,19 @@ import (
 // A pipe that is not committed is rolled back, so an operation that finds
 // it has nothing to write (a retry) just returns.
 type pipe struct {
-	conn  *pgxpool.Conn
+	conn *pgxpool.Conn
+	// op names the operation: the prefix of an error of a batch that no
+	// read saw to wrap (send).
+	op    string
 	chain *chain // the Store's, for an append to the audit chain (chain.go)
 	batch *pgx.Batch
 	// refused is the first refusal a read returned in the batch being
 	// read: what send returns.
 	refused error
+	// failed is the first error of a statement a read returned in the
+	// batch being read, wrapped with its op: any other error send gets
+	// is the batch's own.
+	failed error
 	// end is the transaction's deadline, timeout after it began
 	// (deadline.go): every batch ends by then.
 	timeout limit
@@ -50,7 +57,7 @@ func (s *Store) inPipe(ctx context.Context, op string, fn func(p *pipe) error) e
 		return wrap(op+": acquire", err)
 	}
 	defer c.Release()
-	p := &pipe{conn: c, chain: s.chain, batch: &pgx.Batch{}, timeout: timeout, end: end}
+	p := &pipe{conn: c, op: op, chain: s.chain, batch: &pgx.Batch{}, timeout: timeout, end: end}
 	p.exec(`BEGIN ISOLATION LEVEL READ COMMITTED`, nil, func(_ pgconn.CommandTag, err error) error {
 		if err != nil {
 			return wrap(op+": begin", err)
@@ -74,7 +81,7 @@ func (p *pipe) exec(sql string, args []any, read func(pgconn.CommandTag, error) 
 	p.batch.Queue(sql, args...).Fn = func(br pgx.BatchResults) error {
 		tag, err := br.Exec()
 		if err != nil {
-			return read(tag, err)
+			return p.fail(read(tag, err))
 		}
 		return p.refuse(read(tag, nil))
 	}
@@ -87,7 +94,7 @@ func (p *pipe) row(sql string, args []any, read func(pgx.Row) error) {
 		row := &scannedRow{Row: br.QueryRow()}
 		err := read(row)
 		if err != nil && row.err != nil && !errors.Is(row.err, pgx.ErrNoRows) {
-			return err // the statement's own error
+			return p.fail(err) // the statement's own error
 		}
 		return p.refuse(err)
 	}
@@ -100,6 +107,15 @@ func (p *pipe) refuse(err error) error {
 		p.refused = err
 	}
 	return nil
+}
+
+// fail keeps the error of a statement a read returned, the first of the
+// batch, and hands it on to pgx, which stops reading there.
+func (p *pipe) fail(err error) error {
+	if err != nil && p.failed == nil {
+		p.failed = err
+	}
+	return err
 }
 
 // scannedRow remembers what Scan returned, so a read's error can be told
@@ -122,13 +138,21 @@ func (p *pipe) send(ctx context.Context) error {
 	b := p.batch
 	p.batch = &pgx.Batch{}
 	err := boundSendBatch(ctx, p.timeout, p.end, p.conn.SendBatch, b).Close()
-	// A refusal came before any statement error: pgx stops reading at
-	// the first error it is given.
-	if p.refused != nil {
-		err, p.refused = p.refused, nil
+	refused, failed := p.refused, p.failed
+	p.refused, p.failed = nil, nil
+	switch {
+	case refused != nil:
+		// A refusal came before any statement error: pgx stops reading
+		// at the first error it is given.
+		err = refused
+	case err != nil && (failed == nil || !errors.Is(err, failed)):
+		// The batch's own error, which no read saw: a statement that
+		// could not be prepared, the connection lost or the deadline
+		// passed before the answers came. It names the operation as a
+		// statement's error does, and maps as it does (wrap).
+		return wrap(p.op, err)
 	}
-	// A statement's error is wrapped by its read; the batch's own (the
-	// connection lost on the way) is not.
+	// A statement's error is wrapped by its read.
 	return unavailable(err)
 }
 

@@ -2,9 +2,12 @@ package postgres
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // TestPipeRefusalKeepsPreparedStatements: a read that refuses a good
@@ -58,5 +61,52 @@ func TestPipeRefusalKeepsPreparedStatements(t *testing.T) {
 	})
 	if err == nil || errors.Is(err, refused) {
 		t.Errorf("a division by zero: inPipe = %v, want its error", err)
+	}
+}
+
+// TestPipeBatchErrorNamesOp: an error of a batch that no read saw (a
+// statement the server could not prepare, a connection lost before the
+// first answer) names the operation, as every other error of the store
+// does, and keeps its mapping: a lost connection is store.ErrUnavailable,
+// an error of SQL is not. Before, send returned it bare ("error
+// preprocessing batch (prepare): ..."), the operation unnamed.
+func TestPipeBatchErrorNamesOp(t *testing.T) {
+	ctx := t.Context()
+	s, err := Open(ctx, srv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	for _, tc := range []struct {
+		name        string
+		cut         bool // the pipe's connection ended before it sends
+		sql         string
+		unavailable bool
+	}{
+		{name: "not prepared", sql: `SELEC 1`},
+		{name: "connection ended", cut: true, sql: `SELECT 2`, unavailable: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const op = "test batch"
+			err := s.inPipe(ctx, op, func(p *pipe) error {
+				if tc.cut {
+					pid := p.conn.Conn().PgConn().PID()
+					if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+						t.Fatal(err)
+					}
+				}
+				p.exec(tc.sql, nil, wrapped(op+": statement"))
+				return p.send(ctx)
+			})
+			if err == nil {
+				t.Fatal("inPipe succeeded")
+			}
+			if !strings.HasPrefix(err.Error(), "postgres: "+op+": ") {
+				t.Errorf("inPipe = %q, want it prefixed %q", err, "postgres: "+op+": ")
+			}
+			if got := errors.Is(err, store.ErrUnavailable); got != tc.unavailable {
+				t.Errorf("inPipe = %v: ErrUnavailable %v, want %v", err, got, tc.unavailable)
+			}
+		})
 	}
 }

@@ -37,6 +37,9 @@ func unreachable(err error) bool {
 	if errors.As(err, &ce) {
 		return true
 	}
+	if poolGaveUp(err) {
+		return true
+	}
 	var ne net.Error
 	if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return true
@@ -45,11 +48,41 @@ func unreachable(err error) bool {
 	return pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed")
 }
 
+// poolGaveUp reports whether err is pgxpool's giving up an acquire after
+// every connection it tried, each it held and then a new one, failed the
+// ping it sends first (pingHeldConns): the database accepts connections
+// but answers nothing on them (a pooler or proxy whose server is gone, a
+// server that ends each session as it starts). pgxpool's error has no
+// type or sentinel, and its text blames a hook; the text is all there is
+// to know it by.
+func poolGaveUp(err error) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() error }:
+		return poolGaveUp(e.Unwrap())
+	case interface{ Unwrap() []error }:
+		for _, e := range e.Unwrap() {
+			if poolGaveUp(e) {
+				return true
+			}
+		}
+		return false
+	}
+	// Only the error that wraps none is read: a wrapper's text may
+	// quote anything.
+	return strings.HasPrefix(err.Error(), "pgxpool: too many failed attempts acquiring connection")
+}
+
 // unavailable returns err marked store.ErrUnavailable when the database is
 // unreachable (unreachable), and err unchanged otherwise.
 func unavailable(err error) error {
 	if err == nil || errors.Is(err, store.ErrUnavailable) || !unreachable(err) {
 		return err
+	}
+	if poolGaveUp(err) {
+		// Said so, for pgxpool's text suspects a bug of muster's.
+		return fmt.Errorf("%w: every connection the pool tried failed its ping: the database accepts connections but does not answer on them: %w", store.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%w: %w", store.ErrUnavailable, err)
 }

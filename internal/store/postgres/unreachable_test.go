@@ -353,6 +353,10 @@ func TestHungLongRequestIsUnavailable(t *testing.T) {
 			t.Errorf("%s on a held connection to a hung database: %v, want ErrUnavailable", name, err)
 		case errors.Is(err, context.DeadlineExceeded):
 			t.Errorf("%s: %v also wraps context.DeadlineExceeded, which callers read as their own deadline", name, err)
+		case !strings.HasPrefix(err.Error(), "postgres: "):
+			// RevokeExpiredGracePSKs's read "error preprocessing batch
+			// (prepare): ...", the operation unnamed.
+			t.Errorf("%s: %q does not name the operation", name, err)
 		}
 	}
 
