@@ -23,9 +23,12 @@ func linkHash(prev []byte, seq int64) []byte {
 
 // link returns the build function that appends r as the next correct link
 // of the chain; r's Seq, PrevHash and Hash are filled in, and a zero Time
-// becomes base plus Seq minutes.
-func link(r store.AuditRecord) func(store.AuditHead) (store.AuditRecord, error) {
+// becomes base plus Seq minutes. The build fills a copy of r: one link
+// may be shared by tests run in parallel (stepLink), each building on its
+// own store's head.
+func link(tmpl store.AuditRecord) func(store.AuditHead) (store.AuditRecord, error) {
 	return func(head store.AuditHead) (store.AuditRecord, error) {
+		r := tmpl
 		r.Seq = head.Seq + 1
 		r.PrevHash = head.Hash
 		r.Hash = linkHash(head.Hash, r.Seq)
