@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -15,10 +17,20 @@ import (
 	"golang.org/x/net/http2/hpack"
 )
 
+// heldCalls are gRPC calls holdCalls keeps open.
+type heldCalls struct {
+	conn net.Conn
+	// status has the grpc-status of each call the server ends (a
+	// refusal's, or the call timeout's), in the order they come.
+	status chan string
+}
+
+func (h *heldCalls) Close() error { return h.conn.Close() }
+
 // holdCalls opens n gRPC calls on one connection to addr, sends their
 // headers and never their requests, and keeps the connection answering
 // the server's settings and pings until the test closes it.
-func holdCalls(t *testing.T, addr, path string, n int) io.Closer {
+func holdCalls(t *testing.T, addr, path string, n int) *heldCalls {
 	t.Helper()
 	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}})
 	if err != nil {
@@ -29,6 +41,7 @@ func holdCalls(t *testing.T, addr, path string, n int) io.Closer {
 		t.Fatal(err)
 	}
 	fr := http2.NewFramer(conn, conn)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	if err := fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +59,7 @@ func holdCalls(t *testing.T, addr, path string, n int) io.Closer {
 			t.Fatal(err)
 		}
 	}
+	h := &heldCalls{conn: conn, status: make(chan string, n)}
 	go func() {
 		for {
 			f, err := fr.ReadFrame()
@@ -61,10 +75,32 @@ func holdCalls(t *testing.T, addr, path string, n int) io.Closer {
 				if !f.IsAck() {
 					fr.WritePing(true, f.Data)
 				}
+			case *http2.MetaHeadersFrame:
+				if s := headerValue(f, "grpc-status"); s != "" {
+					select {
+					case h.status <- s:
+					default:
+					}
+				}
 			}
 		}
 	}()
-	return conn
+	return h
+}
+
+// firstStatus is the grpc-status of the first of the held calls the
+// server ends, "" if none ends within wait.
+func firstStatus(wait time.Duration, held ...*heldCalls) string {
+	cases := make([]reflect.SelectCase, 0, len(held)+1)
+	for _, h := range held {
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(h.status)})
+	}
+	cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(time.After(wait))})
+	i, v, _ := reflect.Select(cases)
+	if i == len(held) {
+		return ""
+	}
+	return v.String()
 }
 
 // TestCallsPerSourceAreCapped: through the binary, with
@@ -83,14 +119,11 @@ func TestCallsPerSourceAreCapped(t *testing.T) {
 		t.Errorf("the start log does not name the cap:\n%s", auth.Logs())
 	}
 	const method = "/muster.v1.BootstrapService/GetTrustBundle"
-	held := []io.Closer{holdCalls(t, auth.addr, method, 2), holdCalls(t, auth.bootstrap, method, 2)}
-	// The held calls reach the server in their own time; a probe that is
-	// held instead of refused is ended and tried again.
-	var got string
-	for deadline := time.Now().Add(30 * time.Second); got != "8" && time.Now().Before(deadline); {
-		got = stalledCallStatus(t, auth.addr, method, 2*time.Second)
-	}
-	if got != "8" {
+	// Five calls on three connections, two listeners: the calls reach the
+	// server in their own order (a later connection's may come first), so
+	// whichever comes fifth is refused, and the other four are held.
+	held := []*heldCalls{holdCalls(t, auth.addr, method, 2), holdCalls(t, auth.bootstrap, method, 2), holdCalls(t, auth.addr, method, 1)}
+	if got := firstStatus(30*time.Second, held...); got != "8" {
 		t.Fatalf("a call past the source's 4 in flight: grpc-status %q, want 8 (RESOURCE_EXHAUSTED)", got)
 	}
 	start := time.Now()
@@ -137,11 +170,13 @@ func TestDiscoveryCallLimits(t *testing.T) {
 		if !strings.Contains(d.Logs(), `"max_calls_per_source":2,`) {
 			t.Errorf("the start log does not name the cap:\n%s", d.Logs())
 		}
-		holdCalls(t, d.addr, method, 2)
-		var got string
-		for deadline := time.Now().Add(30 * time.Second); got != "8" && time.Now().Before(deadline); {
-			got = stalledCallStatus(t, d.addr, method, 2*time.Second)
-		}
+		// Three calls on two connections, neither over the cap alone:
+		// whichever reaches the server third is refused, the others are
+		// held. (Not a probe ended and tried again until refused: sent
+		// after the held calls, it may overtake them, take the place of
+		// the one refused in its stead, and give it back when ended, so
+		// that no probe is ever third.)
+		got := firstStatus(30*time.Second, holdCalls(t, d.addr, method, 2), holdCalls(t, d.addr, method, 1))
 		if got != "8" {
 			t.Fatalf("a call past the source's 2 in flight: grpc-status %q, want 8 (RESOURCE_EXHAUSTED)", got)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -45,6 +46,11 @@ StateDirectory=, a Kubernetes volume) is filled in place and made 0700.`,
 				Dir: datadir.Dir(dir), Name: name, TrustDomain: td, OperatorName: operator, Now: time.Now(),
 			}
 			if storeURL != "" {
+				abs, err := storeAbsolute(storeURL)
+				if err != nil {
+					return fmt.Errorf("init: %w", err)
+				}
+				storeURL = abs
 				o.OpenStore = func(ctx context.Context) (store.Store, error) { return openStore(ctx, storeURL) }
 				o.StoreURL = storeURLWithoutPassword(storeURL)
 			}
@@ -134,7 +140,29 @@ func storeHint(url string) string {
 	if url == "" {
 		return ""
 	}
+	if strings.HasPrefix(url, "sqlite://") {
+		return "\n  (it opens the store authority.json records, " + url + "; --store URL names another)"
+	}
 	return "\n  (it opens the store authority.json records, " + url + ", with the password from PGPASSWORD or PGPASSFILE; --store URL names another)"
+}
+
+// storeAbsolute is init's --store with a relative SQLite path made
+// absolute where init runs, where the operator meant it: authority.json
+// records it, and the authority (run in / under systemd) and the offline
+// commands (run wherever the operator stands) must open the file init
+// made, not one under their own working directory. (A relative path in a
+// settings file's store: is under the data directory instead, storeUnder:
+// that file is read by commands running anywhere.)
+func storeAbsolute(url string) (string, error) {
+	p, ok := strings.CutPrefix(url, "sqlite://")
+	if !ok || p == "" || filepath.IsAbs(p) {
+		return url, nil
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("--store %s: cannot make its path absolute: %w (give it absolute: --store sqlite:///PATH)", url, err)
+	}
+	return "sqlite://" + abs, nil
 }
 
 // storeURLWithoutPassword is a store URL as authority.json records it and
@@ -146,6 +174,12 @@ func storeHint(url string) string {
 // scheme, as authority.json's URLs without a user name were recorded: the
 // commands then ask for --store. So does one whose query does not parse.
 func storeURLWithoutPassword(raw string) string {
+	if strings.HasPrefix(raw, "sqlite://") {
+		// A file path, not a URL the store parses (openStore): it has no
+		// password, and url.URL.String would escape a space or a '%' in
+		// it into another file's name.
+		return raw
+	}
 	u, err := url.Parse(raw)
 	var q url.Values
 	if err == nil {

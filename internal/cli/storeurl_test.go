@@ -8,6 +8,26 @@ import (
 	"github.com/muster-dev/muster/internal/discoveryd"
 )
 
+// init's --store with a relative SQLite path is recorded absolute, where
+// init ran; anything else as given.
+func TestStoreAbsolute(t *testing.T) {
+	wd, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ in, want string }{
+		{"sqlite://muster.db", "sqlite://" + filepath.Join(wd, "muster.db")},
+		{"sqlite://../db/muster.db", "sqlite://" + filepath.Join(filepath.Dir(wd), "db", "muster.db")},
+		{"sqlite:///srv/muster.db", "sqlite:///srv/muster.db"},
+		{"sqlite://", "sqlite://"},
+		{"postgres://muster@db/muster", "postgres://muster@db/muster"},
+	} {
+		if got, err := storeAbsolute(c.in); err != nil || got != c.want {
+			t.Errorf("storeAbsolute(%q) = %q, %v, want %q", c.in, got, err, c.want)
+		}
+	}
+}
+
 // authority.json records the store URL with its user and without any
 // password, so the commands reading the data directory can connect with
 // it and PGPASSWORD or PGPASSFILE.
@@ -23,6 +43,9 @@ func TestStoreURLWithoutPassword(t *testing.T) {
 		// password parameter from it: the URL is not recorded.
 		{"postgres://muster@db/muster?password=s3cret;sslmode=require", "postgres://…@"},
 		{"postgres://muster@db/muster?password=%zz-s3cret", "postgres://…@"},
+		// A SQLite URL is a path, read as written (openStore): a space
+		// or a '%' in it is not escaped into another file's name.
+		{"sqlite:///srv/muster data/100%.db", "sqlite:///srv/muster data/100%.db"},
 	} {
 		got := storeURLWithoutPassword(c.in)
 		if got != c.want {
