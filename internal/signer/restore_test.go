@@ -536,9 +536,8 @@ func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, f
 }
 
 // TestAdvanceNotWrittenHasNoVersion: an advance whose write fails
-// returns a zero Result with the error (a version is an advance made:
-// the authority logs one with an error as written but not signed) and is
-// recorded as an error. Before, the Result carried the version it did
+// returns a zero Result with the error (a version is an advance made,
+// its set kept with it) and is recorded as an error. Before, the Result carried the version it did
 // not write.
 func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	ctx := t.Context()
