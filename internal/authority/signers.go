@@ -416,9 +416,6 @@ func (s *Server) checkSetVersion(ctx context.Context, node string, claimed int64
 	// Advance checks the set again, and audits the advance or the refusal.
 	res, err := s.signers.Advance(ctx, signer.Actor{Name: "authority", Source: node}, raw)
 	switch {
-	case err != nil && res.Version > 0:
-		// Written and recorded, the set not signed: said whatever ctx.
-		s.log.Error("verifier set version moved past the agents', but its set is not signed yet (audited as node_task_signer.advance, result error)", "err", err, "version", res.Version, "node", node)
 	case err != nil && ctx.Err() == nil:
 		s.log.Error("cannot move the verifier set version past an agent's", "err", err, "node", node, "agent_version", reported)
 	case res.Version > 0:

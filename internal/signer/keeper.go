@@ -19,7 +19,7 @@ type Store interface {
 	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
@@ -625,11 +625,11 @@ const JoinAgainHint = "agents holding it (`muster agents show NODE` names the si
 // can make one up), and is at most MaxAdvance above the store. It
 // returns a zero Result when the store is not behind the set, or when
 // another replica advanced it first; ErrNoCommonSigner, with nothing
-// written, when no key qualifies to sign. With an error, its Result has a
-// version only if the advance was written (its set then not signed). Every advance and refusal is
-// audited as node_task_signer.advance, and so is a set not signed after
-// the advance was written (result error; the Result then has its
-// version with the error) (the authority calls this, for a
+// written, when no key qualifies to sign. The new set is signed first,
+// by a key the agents hold, and kept in the advance's own write: no
+// replica ever sees the advanced version without it. With an error,
+// nothing was written and the Result is zero. Every advance and refusal
+// is audited as node_task_signer.advance (the authority calls this, for a
 // set VerifyAhead passed, at most once a minute per replica, and for one
 // it refused at most once a minute too, which bounds the records).
 func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, error) {
@@ -652,30 +652,28 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(ActAdvance), Result: audit.ResultOK,
 		Source: who.Source, CorrelationID: who.CorrelationID,
 		Reason: fmt.Sprintf("verifier set version %d: an agent holds version %d, above the store's %d (restored from a backup?)", set.Version+1, set.Version, snap.Version())}
-	if _, err = Signing(prev, snap.Signers); err != nil {
+	// The set is signed before the write and kept with it: a replica that
+	// saw the version moved with no set kept would sign one against no
+	// set before, with the store's active key, which agents may hold
+	// only in grace (they would refuse it and every set after).
+	var signed []byte
+	if by, serr := Signing(prev, snap.Signers); serr != nil {
 		err = ErrNoCommonSigner
-	} else {
-		// The advance is written with its record, or not at all.
+	} else if signed, err = NewVerifierSet(k.authorityID, res.Version, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		return k.signWith(ctx, snap, by, msg)
+	}); err == nil {
+		// The advance is written with its set and its record, or not at
+		// all.
 		var link *audit.Link
 		if link, err = k.audit.Builder(e); err == nil {
-			err = k.st.AdvanceSignerSet(ctx, snap.Version(), set.Version+1, link.Build)
+			err = k.st.AdvanceSignerSet(ctx, snap.Version(), res.Version, signed, link.Build)
 		}
 		if errors.Is(err, store.ErrConflict) {
 			return Result{}, nil
 		}
 		if err == nil {
 			k.audit.Appended(link)
-			// A set not signed now is signed on the next request (as
-			// after a step): the advance stands, recorded. Its failure
-			// is recorded too, after it: the agents stay on the set they
-			// hold until one is signed, and the advance's own record
-			// says only that the version moved.
-			if _, err = k.publish(ctx, prev); err != nil {
-				err = fmt.Errorf("signer: verifier set version %d written (node_task_signer.advance) but not signed, the next request signs it: %w", res.Version, err)
-				e.Result, e.Reason = audit.ResultError, err.Error()
-				_, _ = k.audit.Record(context.WithoutCancel(ctx), e)
-			}
-			return res, err
+			return res, nil
 		}
 	}
 	e.Result, e.Reason = audit.ResultError, fmt.Sprintf("agent set version %d, store %d: %v", set.Version, snap.Version(), err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -43,8 +42,8 @@ func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, erro
 func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
 	return s.get().ApplySignerChanges(ctx, v, cs, audit)
 }
-func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
-	return s.get().AdvanceSignerSet(ctx, v, to, audit)
+func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.get().AdvanceSignerSet(ctx, v, to, set, audit)
 }
 func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	return s.get().DropSignerKey(ctx, id, ref, audit)
@@ -450,46 +449,79 @@ func (s *unkeptStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) e
 	return s.Store.PutVerifierSet(ctx, v, raw)
 }
 
-// TestAdvanceNotSignedIsRecorded: an advance whose set cannot be signed
-// or kept after the write stands (its node_task_signer.advance record
-// is in the chain), and the failure is recorded after it as an error
-// record of its own, so the operator sees in the audit trail why the
-// agents still hold the old set. Before, only the log said so, and as
-// "cannot move the verifier set version", which had moved.
-func TestAdvanceNotSignedIsRecorded(t *testing.T) {
+// TestAdvanceKeepsItsSetInTheSameWrite: the store was backed up with v2
+// staged and restored after agents saw v2 activated (v1 in grace to
+// them), and no set can be kept apart from a write (PutVerifierSet
+// fails, as a store that fails right after the advance does). The
+// advance still stands with its set, signed by v2, and another replica
+// serving the current set afterwards serves that one. Before, the
+// advance moved the version and the set was signed and kept in a second
+// step: with that step failed, the next replica to serve the version
+// found no set before it to sign against and signed with the store's
+// active v1, which the agents hold only in grace; they refused it and
+// every set after, and had to join again.
+func TestAdvanceKeepsItsSetInTheSameWrite(t *testing.T) {
 	ctx := t.Context()
-	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
+	dir := t.TempDir()
+	open := func(path string) *sqlite.SQLite {
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	sealed, _ := NewSealed(seal.StorageKey{6})
+	who := Actor{Name: "ops"}
+	live := filepath.Join(dir, "muster.db")
+	sw := &swappedStore{cur: open(live)}
+	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { sq.Close() })
-	st := &unkeptStore{Store: sq}
-	sealed, _ := NewSealed(seal.StorageKey{5})
-	log := &auditLog{}
-	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
+	agent, _ := NewTrust(nil, nil)
+	take := func(k *Keeper) error {
+		raw, err := k.VerifierSet(ctx)
+		if err != nil {
+			return err
+		}
+		return agent.Accept(raw, time.Now())
+	}
+	if _, err := k.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	raw := signedAt(t, k, 3, "prod-a3f2e1")
-	st.fail = true
-	res, err := k.Advance(ctx, Actor{Name: "authority"}, raw)
-	if !errors.Is(err, errUnkept) || res.Version != 4 {
-		t.Fatalf("Advance with the set not kept = %+v, %v; want version 4 and the store's error", res, err)
+	if err := take(k); err != nil {
+		t.Fatal(err)
 	}
-	if v, _ := k.SetVersion(ctx); v != 4 {
-		t.Fatalf("store version %d after the advance, want 4", v)
-	}
-	var got []string
-	for _, e := range log.events {
-		if e.Action == "node_task_signer.advance" {
-			got = append(got, e.Result)
+	backup := filepath.Join(dir, "staged.db")
+	for _, suffix := range []string{"", "-wal"} {
+		data, err := os.ReadFile(live + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if !slices.Equal(got, []string{audit.ResultOK, audit.ResultError}) {
-		t.Fatalf("advance records %q; want the advance (ok), then its set's failure (error)", got)
+	if _, err := k.Activate(ctx, who); err != nil {
+		t.Fatal(err)
 	}
-	if last := log.events[len(log.events)-1]; !strings.Contains(last.Reason, errUnkept.Error()) || !strings.Contains(last.Reason, "version 4") {
-		t.Fatalf("the failure's record says %q; want the version and why", last.Reason)
+	if err := take(k); err != nil || agent.Version() != 3 {
+		t.Fatalf("agent at %d: %v", agent.Version(), err)
+	}
+
+	restored := &unkeptStore{Store: open(backup), fail: true}
+	sw.restore(restored)
+	res, advanceErr := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw())
+	restored.fail = false
+	// Another replica, which never saw the agents' set, serves the
+	// advanced version.
+	other := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if err := take(other); err != nil || agent.Version() != 4 {
+		t.Fatalf("the agent at %d refuses the set another replica serves after the advance: %v", agent.Version(), err)
+	}
+	if advanceErr != nil || res.Version != 4 {
+		t.Fatalf("Advance with no set kept apart = %+v, %v; want version 4 and no error", res, advanceErr)
 	}
 }
 
@@ -499,14 +531,13 @@ type unadvancedStore struct{ store.Store }
 
 var errDown = errors.New("the database does not answer (test)")
 
-func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, func(store.AuditHead) (store.AuditRecord, error)) error {
+func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, func(store.AuditHead) (store.AuditRecord, error)) error {
 	return errDown
 }
 
 // TestAdvanceNotWrittenHasNoVersion: an advance whose write fails
-// returns a zero Result with the error (a version is an advance made:
-// the authority logs one with an error as written but not signed) and is
-// recorded as an error. Before, the Result carried the version it did
+// returns a zero Result with the error (a version is an advance made,
+// its set kept with it) and is recorded as an error. Before, the Result carried the version it did
 // not write.
 func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	ctx := t.Context()

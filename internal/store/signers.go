@@ -95,12 +95,19 @@ type SignerStore interface {
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange, audit func(head AuditHead) (AuditRecord, error)) (int64, error)
 	// AdvanceSignerSet moves the verifier set version from expectVersion
 	// to to (> expectVersion) with no signer changed, stamping it like a
-	// step: after a store restore, so the next set is newer than what
-	// agents hold. ErrConflict, and nothing written, if the version is no
-	// longer expectVersion or to is not above it. audit builds its record
-	// (node_task_signer.advance), appended in the same transaction, as
-	// ApplySignerChanges's.
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, audit func(head AuditHead) (AuditRecord, error)) error
+	// step, and keeps set, the signed verifier set of version to, in the
+	// same transaction: after a store restore, so the next set is newer
+	// than what agents hold. The set goes with the advance because only
+	// the advance knows which key the agents hold: a replica that saw the
+	// version moved with no set kept would sign one with the store's
+	// active key, which the agents may hold only in grace. ErrConflict,
+	// and nothing written, if the version is no longer expectVersion or
+	// to is not above it. A set already kept for to (left by an earlier
+	// life of the store) is replaced: the version was below to until this
+	// write, so no set of this store's was served there. An empty set is
+	// refused. audit builds its record (node_task_signer.advance),
+	// appended in the same transaction, as ApplySignerChanges's.
+	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(head AuditHead) (AuditRecord, error)) error
 	// DropSignerKey empties the key reference of a retired or revoked
 	// signer once its custody object is destroyed (a token's key, which
 	// outlives the step that ended the signer until the token answers),

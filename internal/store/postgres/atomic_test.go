@@ -68,7 +68,7 @@ func TestAuditedWritesRefusedByDatabase(t *testing.T) {
 				KeyRef: []byte("r3"), State: store.SignerStaged, PublishedAt: now, EffectiveAt: now.Add(time.Hour)}}}, refusedByDatabase)
 			return err
 		},
-		"AdvanceSignerSet": func() error { return s.AdvanceSignerSet(ctx, 1, 5, refusedByDatabase) },
+		"AdvanceSignerSet": func() error { return s.AdvanceSignerSet(ctx, 1, 5, []byte("set"), refusedByDatabase) },
 		"DropSignerKey":    func() error { return s.DropSignerKey(ctx, "v2", ref, refusedByDatabase) },
 	} {
 		if err := write(); err == nil {

@@ -135,11 +135,14 @@ func scanSigner(row pgx.Row) (store.Signer, error) {
 }
 
 // AdvanceSignerSet moves the verifier set version forward with no signer
-// changed (see store.SignerStore): one conditional write, with its audit
-// record in the same transaction.
-func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+// changed and keeps its signed set (see store.SignerStore): one
+// conditional write, with its audit record in the same transaction.
+func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("postgres: advance signer set: no audit record: the set is never advanced unaudited")
+	}
+	if len(set) == 0 {
+		return fmt.Errorf("postgres: advance signer set to %d: no signed set: the version never moves without its set", to)
 	}
 	if to <= expect {
 		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
@@ -150,6 +153,7 @@ func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, audit fu
 	const op = "advance signer set"
 	return s.inPipe(ctx, op, func(p *pipe) error {
 		p.exec(`UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, []any{to, expect}, setMoved(op, expect))
+		p.exec(`INSERT INTO verifier_sets (version, raw) VALUES ($1, $2) ON CONFLICT (version) DO UPDATE SET raw = excluded.raw`, []any{to, set}, wrapped(op+": keep its set"))
 		queueNotify(p, store.ChangeSigners)
 		return commitAudited(ctx, p, audit, op)
 	})

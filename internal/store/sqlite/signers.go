@@ -131,10 +131,14 @@ func scanSigner(row scanner) (store.Signer, error) {
 }
 
 // AdvanceSignerSet moves the verifier set version forward with no signer
-// changed (see store.SignerStore): one conditional write.
-func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+// changed and keeps its signed set (see store.SignerStore): one
+// conditional write, with its audit record in the same transaction.
+func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("sqlite: advance signer set: no audit record: the set is never advanced unaudited")
+	}
+	if len(set) == 0 {
+		return fmt.Errorf("sqlite: advance signer set to %d: no signed set: the version never moves without its set", to)
 	}
 	if to <= expect {
 		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
@@ -149,6 +153,9 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, audit f
 		}
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?) ON CONFLICT (version) DO UPDATE SET raw = excluded.raw`, to, set); err != nil {
+			return wrap("advance signer set: keep its set", err)
 		}
 		if _, err := appendAudit(ctx, tx, audit); err != nil {
 			return fmt.Errorf("sqlite: advance signer set to %d: its audit record: %w", to, err)

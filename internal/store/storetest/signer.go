@@ -264,13 +264,19 @@ func signerCases() []testCase {
 			wantAppended(t, ctx, s, seq, "node_task_signer.destroy_key")
 
 			wantUnaudited(t, ctx, s, "node_task_signer.advance", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				return s.AdvanceSignerSet(ctx, v, v+5, audit)
+				return s.AdvanceSignerSet(ctx, v, v+5, []byte("set"), audit)
 			}, rows)
 			seq = auditSeq(t, ctx, s)
-			mustNil(t, "AdvanceSignerSet with its record", s.AdvanceSignerSet(ctx, v, v+5, link(record("node_task_signer.advance"))))
+			if sets, err := s.VerifierSets(ctx, 0, 100); err != nil || len(sets) != 0 {
+				t.Fatalf("an advance refused for its record kept sets %v (%v)", sets, err)
+			}
+			mustNil(t, "AdvanceSignerSet with its record", s.AdvanceSignerSet(ctx, v, v+5, []byte("set"), link(record("node_task_signer.advance"))))
 			wantAppended(t, ctx, s, seq, "node_task_signer.advance")
 			if _, got := signerStates(t, ctx, s); got != v+5 {
 				t.Fatalf("verifier set version %d after the advance; want %d", got, v+5)
+			}
+			if sets, err := s.VerifierSets(ctx, v, 100); err != nil || len(sets) != 1 || sets[0].Version != v+5 || string(sets[0].Raw) != "set" {
+				t.Fatalf("kept sets after the advance: %v (%v); want its set at %d", sets, err, v+5)
 			}
 		}},
 		{"dropping an ended signer's key: conditional on its state and reference; racing replicas drop it once", func(t *testing.T, ctx context.Context, s store.Store) {
@@ -329,14 +335,21 @@ func signerCases() []testCase {
 		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
 			mustNil(t, "create", err)
-			if err := s.AdvanceSignerSet(ctx, 1, 1, advanceLink); !errors.Is(err, store.ErrConflict) {
+			set := func(v int64) []byte { return []byte(fmt.Sprintf("set-%d", v)) }
+			if err := s.AdvanceSignerSet(ctx, 1, 1, set(1), advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
 			}
+			if err := s.AdvanceSignerSet(ctx, 1, 2, nil, advanceLink); err == nil {
+				t.Fatal("advance with no signed set: no error")
+			}
+			// A set left at a version above the store's (an earlier life
+			// of a restored store) is not the one the advance signed.
+			mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, 12, []byte("stale")))
 			const n = 6
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for i := range n {
-				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), advanceLink) })
+				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), set(int64(10+i)), advanceLink) })
 			}
 			wg.Wait()
 			if wins := successes(t, "advance", errs); wins != 1 {
@@ -347,13 +360,29 @@ func signerCases() []testCase {
 			if id.Version < 10 || id.SteppedAt == 0 {
 				t.Fatalf("set ID %+v after the advance", id)
 			}
-			if err := s.AdvanceSignerSet(ctx, 1, 20, advanceLink); !errors.Is(err, store.ErrConflict) {
+			// The version never moves without its set: the winner's is
+			// kept at its version, the losers' nowhere.
+			sets, err := s.VerifierSets(ctx, 1, 100)
+			mustNil(t, "VerifierSets", err)
+			for _, ps := range sets {
+				want := "stale"
+				if ps.Version == id.Version {
+					want = string(set(id.Version))
+				}
+				if ps.Version != id.Version && ps.Version != 12 || string(ps.Raw) != want {
+					t.Fatalf("kept sets after racing advances to %d: %+v", id.Version, sets)
+				}
+			}
+			if len(sets) == 0 || sets[len(sets)-1].Version < id.Version {
+				t.Fatalf("no set kept at %d after the advance: %+v", id.Version, sets)
+			}
+			if err := s.AdvanceSignerSet(ctx, 1, 20, set(20), advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, set(0), advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
 				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, advanceLink); err != nil {
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, set(0), advanceLink); err != nil {
 				t.Fatalf("advance to just below the bound: %v", err)
 			}
 			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
