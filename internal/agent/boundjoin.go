@@ -422,6 +422,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if !a.now().Before(id.Leaf().NotAfter) {
 		op, client = "recovery", nil
 	}
+	previous := st.InstanceID
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {
 		return nil, op, fmt.Errorf("state.json: %w", err)
@@ -486,7 +487,24 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err := a.dir.removePendingKey(); err != nil {
 		return nil, op, err
 	}
-	return st, op, nil
+	return st, answeredOp(op, previous, st.InstanceID), nil
+}
+
+// answeredOp names a successful rebind from the authority's answer: a
+// valid certificate asks for a refresh, but the authority may answer it
+// with a new instance (a resync, or the lost reply of a recovery), which
+// the log must not call a refresh. An answer without an instance says
+// nothing, and the name says so.
+func answeredOp(asked, previous, answered string) string {
+	switch {
+	case asked == "recovery":
+		return asked
+	case answered == "":
+		return "refresh or recovery"
+	case answered != previous:
+		return "recovery"
+	}
+	return "refresh"
 }
 
 // reasonChallengeFailed is DESIGN.md's word for a challenge not solved
