@@ -77,6 +77,9 @@ type Admission struct {
 	// held, with Refresh, is the certificate record and instance the
 	// method read, whose locks it checked: the renewal starts from them.
 	held *held
+	// botAddFlags, for a bound-keypair token, are the muster bot add
+	// flags of its settings, for a way out that adds it again.
+	botAddFlags string
 }
 
 // join runs one join through method m and the common tail, and audits the
