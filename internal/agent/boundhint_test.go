@@ -22,7 +22,7 @@ func TestBoundRefusalHint(t *testing.T) {
 		want   string
 	}{
 		{codes.FailedPrecondition, "recovery_exhausted", "raise spec.bound_keypair.recovery.limit"},
-		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action 'agent.*'"},
 		// The holder left behind by a stale join state is told that
 		// deleting the lock only lets the other back, and how to keep it.
 		{codes.PermissionDenied, "join_state_mismatch", "muster lock delete ID only lets the other back in"},

@@ -255,6 +255,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindInvalid, reasonJoinTokenAsName)
 	}
 	a.Actor = "bound-keypair:" + p.Token
+	// A valid certificate asks for a refresh: its refusals before the
+	// store says whether it is the current instance's are a refresh's.
+	a.refreshing = p.Cert != nil && !s.cfg.Now().After(p.Cert.NotAfter)
 	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {
 		a.NodeID = ""
 		return a, refuse(KindInvalid, "node_id: "+err.Error())
@@ -407,6 +410,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		// Not knowing must not turn a refresh into a counted recovery.
 		return a, err
 	}
+	a.refreshing = held != nil
 	var l *store.Lock
 	// ReadRenewal's node is the record's (the join's) and its token the
 	// instance's: when that is this token, as a refresh's is, the lock
