@@ -122,7 +122,8 @@ func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
 	}
 	msg := mustFail(t, "agent", "renew", "--data", adir)
 	for _, want := range []string{"challenge_failed", "compare muster agent status --data " + adir, "with muster token get rotor",
-		"muster token delete rotor, muster bot add rotor, and here muster agent join --force --data " + adir + " --bound-keypair rotor --registration-secret-file F"} {
+		"muster token delete rotor, muster bot add rotor with the old token's settings (--recovery-limit, --recovery-mode and --svid-usage where not the defaults: muster token get rotor shows them before the delete)",
+		"and here muster agent join --force --data " + adir + " --bound-keypair rotor --registration-secret-file F"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the refusal %q does not say %q", msg, want)
 		}
