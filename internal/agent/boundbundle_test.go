@@ -43,6 +43,10 @@ func (f *fakeAuthority) RegisterUsingBoundKeypair(stream musterv1.JoinService_Re
 	}
 	f.mu.Lock()
 	iss, wrong := f.leafIssuer, f.wrongKey
+	instance := "instance-1"
+	if f.boundInstance != nil {
+		instance = *f.boundInstance
+	}
 	f.mu.Unlock()
 	if iss == nil {
 		iss = f.h.Issuer(ca.RoleAgent)
@@ -59,7 +63,7 @@ func (f *fakeAuthority) RegisterUsingBoundKeypair(stream musterv1.JoinService_Re
 		return err
 	}
 	return stream.Send(&musterv1.RegisterUsingBoundKeypairResponse{Payload: &musterv1.RegisterUsingBoundKeypairResponse_Result{Result: &musterv1.BoundKeypairResult{
-		CertificateChainPem: string(iss.ChainPEM(leaf)), InstanceId: "instance-1", Generation: 1, AuthorityId: f.aid,
+		CertificateChainPem: string(iss.ChainPEM(leaf)), InstanceId: instance, Generation: 1, AuthorityId: f.aid,
 		TrustDomain: f.trustDomain(), JoinState: init.GetPreviousJoinState(), TrustBundle: f.trustBundle()}}})
 }
 

@@ -22,20 +22,21 @@ func TestBoundRefusalHint(t *testing.T) {
 		want   string
 	}{
 		{codes.FailedPrecondition, "recovery_exhausted", "raise spec.bound_keypair.recovery.limit"},
-		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action agent.join"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster audit list --action 'agent.*'"},
 		// The holder left behind by a stale join state is told that
 		// deleting the lock only lets the other back, and how to keep it.
 		{codes.PermissionDenied, "join_state_mismatch", "muster lock delete ID only lets the other back in"},
-		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1, and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1 with the old token's settings (--recovery-limit, --recovery-mode and --svid-usage where not the defaults: muster token get br1 shows them before the delete), and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
-		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1"},
+		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1 with the old token's settings (--recovery-limit"},
 		// The token deleted: a new one, and the join over this identity.
-		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 with the settings the deleted token had (--recovery-limit, --recovery-mode and --svid-usage where not the defaults) for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		// Another key than the token's (a directory restored from before a
 		// rotation): where to compare the two, and how to come back.
 		{codes.Unauthenticated, "challenge_failed", "compare muster agent status --data /var/lib/muster-agent (key SHA256:…) with muster token get br1"},
 		{codes.Unauthenticated, "challenge_failed", "muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		{codes.Unauthenticated, "challenge_failed", "muster token delete br1, muster bot add br1 with the old token's settings (--recovery-limit"},
 	} {
 		word := c.reason
 		if c.code == codes.NotFound {

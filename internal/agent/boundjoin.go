@@ -422,6 +422,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if !a.now().Before(id.Leaf().NotAfter) {
 		op, client = "recovery", nil
 	}
+	previous := st.InstanceID
 	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
 	if err != nil {
 		return nil, op, fmt.Errorf("state.json: %w", err)
@@ -486,7 +487,24 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err := a.dir.removePendingKey(); err != nil {
 		return nil, op, err
 	}
-	return st, op, nil
+	return st, answeredOp(op, previous, st.InstanceID), nil
+}
+
+// answeredOp names a successful rebind from the authority's answer: a
+// valid certificate asks for a refresh, but the authority may answer it
+// with a new instance (a resync, or the lost reply of a recovery), which
+// the log must not call a refresh. An answer without an instance says
+// nothing, and the name says so.
+func answeredOp(asked, previous, answered string) string {
+	switch {
+	case asked == "recovery":
+		return asked
+	case answered == "":
+		return "refresh or recovery"
+	case answered != previous:
+		return "recovery"
+	}
+	return "refresh"
 }
 
 // reasonChallengeFailed is DESIGN.md's word for a challenge not solved
@@ -502,6 +520,18 @@ func retryableBound(err error) bool {
 	}
 	s, ok := status.FromError(err)
 	return ok && s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), boundkeypair.ErrRecoveryExhausted.Error())
+}
+
+// settingFlags are the muster bot add flags of a token's settings, which
+// a token added again with bot add's defaults loses: its recoveries
+// (one, which the join takes), its mode and client,server. The agent
+// does not know them; the authority's refusal names them.
+const settingFlags = "--recovery-limit, --recovery-mode and --svid-usage where not the defaults"
+
+// botAddAgain is the command that adds token again in place of the one
+// deleted before it, with its settings.
+func botAddAgain(token string) string {
+	return fmt.Sprintf("muster bot add %s with the old token's settings (%s: muster token get %s shows them before the delete)", token, settingFlags, token)
 }
 
 // boundRefusalHint adds to a refresh's or recovery's refusal the way out
@@ -525,18 +555,18 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 	}
 	switch reason {
 	case "unknown_token":
-		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
-			st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair)
+		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s with the settings the deleted token had (%s) for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
+			st.BoundKeypair, st.BoundKeypair, settingFlags, shellword.Quote(string(dir)), st.BoundKeypair)
 	case boundkeypair.ErrRecoveryExhausted.Error():
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():
-		hint = fmt.Sprintf("the join state was refused: muster audit list --action agent.join says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: %s)",
-			st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
+		hint = fmt.Sprintf("the join state was refused: muster audit list --action 'agent.*' says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: %s)",
+			st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
 	case reasonChallengeFailed:
-		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, muster bot add %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: %s (muster audit list --action agent.join says when a window would rebind it)",
-			st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, st.BoundKeypair, st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
+		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: %s (muster audit list --action 'agent.*' says when a window would rebind it)",
+			st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
 	case "registration_closed":
-		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and muster bot add %s for a new secret", st.BoundKeypair, st.BoundKeypair, st.BoundKeypair)
+		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and %s for a new secret", st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair))
 	case "locked", "copy_detected":
 		hint = fmt.Sprintf("muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired; agent run asks again by itself when a lock ends (its TTL), %s for one without a TTL, and recovers at the expiry, with no restart", every(lockedRecheck))
 	default:

@@ -64,6 +64,9 @@ type fakeAuthority struct {
 	// leafIssuer, if set, signs the certificates of bound-keypair
 	// refreshes instead of h's agent intermediate.
 	leafIssuer *ca.Issuer
+	// boundInstance, if set, is the instance bound-keypair refreshes are
+	// answered with (else instance-1, the join's).
+	boundInstance *string
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"io/fs"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
 )
@@ -356,5 +358,43 @@ func TestStatusBoundKeyProblem(t *testing.T) {
 	}
 	if s := statusNow(); s.BoundKeyFingerprint != pub.Fingerprint() || s.BoundKeyProblem != "" {
 		t.Errorf("a good key: %q, %q", s.BoundKeyFingerprint, s.BoundKeyProblem)
+	}
+}
+
+// TestStatusPendingRotation: a bound-keypair agent's status says a
+// rotation is pending while keys/bound.next.key exists, with that key's
+// fingerprint (or why it gives none), and nothing once it is settled.
+func TestStatusPendingRotation(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, _ := boundJoined(t, f)
+	s, err := a.Status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.BoundKeyRotationPending || s.BoundKeyNextFingerprint != "" {
+		t.Fatalf("no pending key, yet %+v", s)
+	}
+	next, err := a.newPendingBoundKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := boundkeypair.NewPublicKey(next.Public().(ed25519.PublicKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s, err = a.Status(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.BoundKeyRotationPending || s.BoundKeyNextFingerprint != pub.Fingerprint() || s.BoundKeyNextProblem != "" {
+		t.Errorf("pending key %s: %+v", pub.Fingerprint(), s)
+	}
+	if err := os.WriteFile(a.dir.NextBoundKeyFile(), []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = a.Status(); err != nil {
+		t.Fatal(err)
+	}
+	if !s.BoundKeyRotationPending || !strings.Contains(s.BoundKeyNextProblem, "bound.next.key is not a PEM private key") {
+		t.Errorf("garbage pending key: %+v", s)
 	}
 }

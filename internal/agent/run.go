@@ -158,7 +158,7 @@ func (a *Agent) Run(ctx context.Context, join func() (JoinRequest, error)) error
 		return nil
 	}
 	if err != nil {
-		args := []any{"err", err}
+		args := []any{"err", a.logged(err)}
 		if r := errinfo.Reason(err); r != "" {
 			// The authority's machine-readable reason (locked,
 			// superseded, …), for log queries and alerts.
@@ -350,7 +350,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			lockFloor = l.nextFloor(lockFloor)
 			wait = cutToExpiry(wait, !notAfter.IsZero(), left)
 			until := a.now().Add(wait)
-			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err}
+			args := []any{"attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err)}
 			if l.hasEnd {
 				args = append(args, "lock_ends_in", l.ends.Round(time.Second).String())
 			} else {
@@ -368,7 +368,7 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		}
 		wait := retryWait(delay, !notAfter.IsZero(), left)
 		until := a.now().Add(wait)
-		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", err)
+		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err))
 		// A stream to the authority opening meanwhile ends the wait
 		// (the authority is back: a bound-keypair agent whose stream
 		// reconnected after a long outage waited up to backoffMax more

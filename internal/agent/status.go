@@ -38,6 +38,14 @@ type Status struct {
 	// fingerprint (it cannot be read, or is not an Ed25519 key), with its
 	// path: the agent cannot prove the token's key until it is mended.
 	BoundKeyProblem string `json:"bound_key_problem,omitempty"`
+	// BoundKeyRotationPending is set while keys/bound.next.key exists: a
+	// rotation the authority asked for whose result the agent has not
+	// had (its next refresh or recovery completes it, or discards the key
+	// the authority did not bind). BoundKeyNextFingerprint is that key's
+	// fingerprint, BoundKeyNextProblem why it gave none.
+	BoundKeyRotationPending bool   `json:"bound_key_rotation_pending,omitempty"`
+	BoundKeyNextFingerprint string `json:"bound_key_next_fingerprint,omitempty"`
+	BoundKeyNextProblem     string `json:"bound_key_next_problem,omitempty"`
 }
 
 // Status reads the identity without changing anything; ErrNoIdentity if
@@ -77,6 +85,26 @@ func (a *Agent) Status() (*Status, error) {
 		case !errors.Is(err, fs.ErrNotExist):
 			out.BoundKeyProblem = err.Error()
 		}
+		fp, err := ed25519Fingerprint(a.dir.NextBoundKeyFile())
+		switch {
+		case err == nil:
+			out.BoundKeyRotationPending, out.BoundKeyNextFingerprint = true, fp
+		case !errors.Is(err, fs.ErrNotExist):
+			out.BoundKeyRotationPending, out.BoundKeyNextProblem = true, err.Error()
+		}
 	}
 	return out, nil
+}
+
+// ed25519Fingerprint is the fingerprint of the Ed25519 key in file.
+func ed25519Fingerprint(file string) (string, error) {
+	priv, err := loadEd25519(file)
+	if err != nil {
+		return "", err
+	}
+	pub, err := boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", file, err)
+	}
+	return pub.Fingerprint(), nil
 }

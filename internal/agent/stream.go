@@ -2,9 +2,11 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -58,7 +61,34 @@ func (a *Agent) keepStream(ctx context.Context) {
 	tasks := newTaskRunner(ctx, a)
 	defer tasks.wait()
 	delay := streamBackoffMin
+	waiting := false
 	for {
+		if notAfter, expired := a.certExpired(ctx); expired {
+			// The authority refuses a stream opened with an expired
+			// certificate (each refusal audited): the stream waits for
+			// the recovery (or a renewal, muster agent renew) to give
+			// the agent a valid one, which wakes it. Meanwhile it tells
+			// the recovery, which backs off while the authority is
+			// unreachable, when the authority answers again.
+			if !waiting {
+				a.log.Info("certificate expired: the stream to the authority waits for the recovery or renewal to give the agent a valid one",
+					"not_after", notAfter)
+				waiting = true
+			}
+			drainWake(a.streamWake)
+			if a.authorityReachable(ctx) {
+				wake(a.retryWake)
+			}
+			wait := streamJitter(delay)
+			if !a.waitReconnect(ctx, wait, a.now().Add(wait)) {
+				return
+			}
+			delay = min(delay*2, streamBackoffMax)
+			continue
+		}
+		if waiting {
+			waiting, delay = false, streamBackoffMin
+		}
 		start := a.now()
 		opened, err := a.streamOnce(ctx, tasks)
 		if ctx.Err() != nil {
@@ -89,10 +119,10 @@ func (a *Agent) keepStream(ctx context.Context) {
 				err = standingHint(err, st, a.dir)
 			}
 			a.log.Warn("stream to the authority closed: refused for the node's standing", "reason", r,
-				"retry_in", wait.Round(time.Millisecond).String(), "err", err)
+				"retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err))
 			wake(a.standingRefused)
 		} else {
-			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", err)
+			a.log.Warn("stream to the authority closed; reconnecting", "retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err))
 		}
 		a.metrics.streamClosed()
 		if !a.waitReconnect(ctx, wait, until) {
@@ -100,6 +130,52 @@ func (a *Agent) keepStream(ctx context.Context) {
 		}
 		delay = min(delay*2, streamBackoffMax)
 	}
+}
+
+// certExpired reports whether the agent's current certificate has
+// expired, with its end; false when there is none to read (the stream's
+// attempt then says why).
+func (a *Agent) certExpired(ctx context.Context) (time.Time, bool) {
+	_, id, err := a.loadLocked(ctx)
+	if err != nil {
+		return time.Time{}, false
+	}
+	notAfter := id.Leaf().NotAfter
+	return notAfter, !a.now().Before(notAfter)
+}
+
+// authorityReachable reports whether the authority completes a TLS
+// handshake, without a client certificate (as a recovery dials it) and
+// without a call, so nothing is refused or audited.
+func (a *Agent) authorityReachable(ctx context.Context) bool {
+	st, id, err := a.loadLocked(ctx)
+	if err != nil {
+		return false
+	}
+	authorityID, err := spiffeid.New(st.TrustDomain, spiffeid.RoleAuthority, st.AuthorityID)
+	if err != nil {
+		return false
+	}
+	cfg := identity.ClientTLS(nil, id.RootPool(), identity.MatchID(authorityID))
+	cfg.NextProtos = []string{"h2"}
+	dctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	conn, err := (&tls.Dialer{Config: cfg}).DialContext(dctx, "tcp", a.address(st))
+	if err != nil {
+		return false
+	}
+	_ = conn.Close()
+	return true
+}
+
+// logged is err as the agent logs it: a way out the authority names with
+// --data ADIR (it cannot know the agent's directory) names this agent's,
+// so the line can be pasted as it is.
+func (a *Agent) logged(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.ReplaceAll(err.Error(), "--data ADIR ", "--data "+shellword.Quote(string(a.dir))+" ")
 }
 
 // standingRefusal is the reason of a stream refused for the node's

@@ -437,7 +437,14 @@ func boundKeypairLine(s *agent.Status) string {
 		// operator to make one.
 		key = "UNUSABLE (" + s.BoundKeyProblem + ")"
 	}
-	return fmt.Sprintf("Bound keypair: token %s, key %s, recoveries remaining %s", s.BoundKeypair, key, left)
+	line := fmt.Sprintf("Bound keypair: token %s, key %s, recoveries remaining %s", s.BoundKeypair, key, left)
+	switch {
+	case s.BoundKeyNextFingerprint != "":
+		line += fmt.Sprintf("\nBound key rotation pending: keys/bound.next.key (%s) waits for the authority to bind it; the next refresh or recovery (muster agent renew) completes it, or discards a key the authority did not bind", s.BoundKeyNextFingerprint)
+	case s.BoundKeyRotationPending:
+		line += fmt.Sprintf("\nBound key rotation pending: keys/bound.next.key is UNUSABLE (%s)", s.BoundKeyNextProblem)
+	}
+	return line
 }
 
 // validNote is what agent status says after the certificate's end: how

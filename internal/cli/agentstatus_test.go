@@ -51,7 +51,11 @@ func TestBoundKeypairLine(t *testing.T) {
 		t.Errorf("unreadable key file: %s", got)
 	}
 	s.BoundKeyProblem, s.BoundKeyFingerprint = "", "SHA256:abc"
-	if got := boundKeypairLine(s); !strings.Contains(got, "key SHA256:abc,") {
+	if got := boundKeypairLine(s); !strings.Contains(got, "key SHA256:abc,") || strings.Contains(got, "rotation") {
 		t.Errorf("a key: %s", got)
+	}
+	s.BoundKeyRotationPending, s.BoundKeyNextFingerprint = true, "SHA256:new"
+	if got := boundKeypairLine(s); !strings.Contains(got, "Bound key rotation pending: keys/bound.next.key (SHA256:new)") {
+		t.Errorf("a pending rotation: %s", got)
 	}
 }

@@ -93,7 +93,7 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 	case errors.Is(err, store.ErrNodeTaken):
 		return nil, refuse(KindAlreadyExists, ReasonNodeTakenToken).with("token %s, at the write; %s", a.TokenID, nodeTakenWayOut(a.NodeID))
 	case errors.Is(err, store.ErrRegistrationClosed):
-		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v; %s", a.Proof, err, newSecretWayOut(a.TokenID, a.NodeID))
+		return nil, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("%s, at the write: %v; %s", a.Proof, err, newSecretWayOut(a.TokenID, a.NodeID, a.botAddFlags))
 	case errors.Is(err, store.ErrKeyBindingChanged):
 		// Another join bound or rotated the key between the read and
 		// the write: the agent's next attempt is judged against it.

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
@@ -254,6 +255,9 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindInvalid, reasonJoinTokenAsName)
 	}
 	a.Actor = "bound-keypair:" + p.Token
+	// A valid certificate asks for a refresh: its refusals before the
+	// store says whether it is the current instance's are a refresh's.
+	a.refreshing = p.Cert != nil && !s.cfg.Now().After(p.Cert.NotAfter)
 	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {
 		a.NodeID = ""
 		return a, refuse(KindInvalid, "node_id: "+err.Error())
@@ -335,16 +339,16 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// the bound key. The same key with the secret is the
 			// registered agent repeating its join.
 			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: key %s is bound; a registration secret (used, or never issued) binds no other (offered %s); %s",
-				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID, t.NodeID))
+				t.ID, bound.Fingerprint(), offered.Fingerprint(), newSecretWayOut(t.ID, t.NodeID, botAddFlags(t)))
 		}
 		key = bound
 	} else {
 		switch {
 		case bk.SecretCiphertext == nil:
-			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID, t.NodeID))
+			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: no key bound and the registration secret is used; %s", t.ID, newSecretWayOut(t.ID, t.NodeID, botAddFlags(t)))
 		case !bk.Spec.MustRegisterBefore.IsZero() && !now.Before(bk.Spec.MustRegisterBefore):
 			return a, refuse(KindFailedPrecondition, ReasonRegistrationClosed).with("token %s: must register before %s; %s",
-				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID, t.NodeID))
+				t.ID, bk.Spec.MustRegisterBefore.Format(time.RFC3339), newSecretWayOut(t.ID, t.NodeID, botAddFlags(t)))
 		case offered.IsZero() || p.RegistrationSecret == "":
 			r := refuse(KindInvalid, "token has no key bound yet: registration_secret and public_key are required")
 			if noRebind == restoreHint {
@@ -383,7 +387,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 			// have let it rebind (outside one).
 			err = fmt.Errorf("%w (%s)", err, noRebind)
 		}
-		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID, t.NodeID))
+		return a, refuse(KindUnauthenticated, ReasonChallengeFailed).with("token %s, key %s: %v; %s", t.ID, fp, err, otherKeyWayOut(t.ID, t.NodeID, botAddFlags(t)))
 	}
 
 	// 6. Whether this is a refresh (a valid certificate of the current
@@ -406,6 +410,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		// Not knowing must not turn a refresh into a counted recovery.
 		return a, err
 	}
+	a.refreshing = held != nil
 	var l *store.Lock
 	// ReadRenewal's node is the record's (the join's) and its token the
 	// instance's: when that is this token, as a refresh's is, the lock
@@ -464,7 +469,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	v, err := boundkeypair.Judge(st, att, ep)
 	switch {
 	case errors.Is(err, boundkeypair.ErrJoinStateStale):
-		return a, s.lockStale(ctx, t.ID, p.NodeID, err)
+		return a, s.lockStale(ctx, t.ID, p.NodeID, botAddFlags(t), err)
 	case errors.Is(err, boundkeypair.ErrJoinStateInvalid):
 		if mm := (*boundkeypair.Mismatch)(nil); errors.As(err, &mm) && mm.Ahead && s.cfg.BoundKeypair.Ahead != nil {
 			s.cfg.BoundKeypair.Ahead(t.ID, p.NodeID)
@@ -520,6 +525,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	claims = append(claims, store.Recovery{TokenID: t.ID, ExpectedSequence: v.ExpectedSequence, ExpectedEpoch: v.ExpectedEpoch,
 		Counted: v.Counted, Epoch: v.Epoch, Sequence: v.Sequence, Resync: v.Resync})
 	a.TokenID, a.Method, a.MaySupersede = t.ID, store.JoinMethodBoundKeypair, true
+	a.botAddFlags = botAddFlags(t)
 	a.ServerAuth = t.SVIDUsage == store.SVIDUsageClientServer
 	a.Proof = fmt.Sprintf("bound key %s, recovery %d of token %s", fp, v.Sequence, t.ID)
 	if v.Resync {
@@ -685,7 +691,7 @@ func (s *Service) retryRecovery(ctx context.Context, nodeID, instanceID, tokenID
 // replicas, exactly one writes the lock and audits it, and the others,
 // finding it there (ErrConflict), are refused by it. Unlocking is one
 // `lock delete`.
-func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause error) error {
+func (s *Service) lockStale(ctx context.Context, tokenID, nodeID, flags string, cause error) error {
 	reason := fmt.Sprintf("join_state_mismatch: node %s presented a stale join state (%v)", nodeID, cause)
 	l := store.Lock{ID: staleLockID(tokenID), Kind: store.LockToken, Target: tokenID, Reason: reason, CreatedBy: "authority", CreatedAt: s.cfg.Now()}
 	// The lock goes in with its record, or neither does: the one that
@@ -697,42 +703,62 @@ func (s *Service) lockStale(ctx context.Context, tokenID, nodeID string, cause e
 	}
 	err = s.cfg.Store.InsertLock(ctx, l, link.Build)
 	if errors.Is(err, store.ErrConflict) {
-		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
+		return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID, flags))
 	}
 	if err != nil {
 		return err
 	}
 	s.cfg.Audit.Appended(link)
-	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID))
+	return refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s locked by %s: %v; %s", tokenID, l.ID, cause, staleWayOut(tokenID, nodeID, l.ID, flags))
 }
 
 // The ways out of bound-keypair refusals, for their audit records (the
 // agent names the same on the line it ends with).
-func newSecretWayOut(token, node string) string {
-	return fmt.Sprintf("a new registration secret: muster token delete %s, %s", token, botAdd(token, node))
+func newSecretWayOut(token, node, flags string) string {
+	return fmt.Sprintf("a new registration secret: muster token delete %s, %s", token, botAdd(token, node, flags))
 }
 
 func deletedTokenWayOut(token, node string) string {
-	return fmt.Sprintf("if it was deleted (which ends refreshes): %s, then muster agent join --force on the machine with the new registration secret", botAdd(token, node))
+	return fmt.Sprintf("if it was deleted (which ends refreshes): %s, then muster agent join --force on the machine with the new registration secret", botAdd(token, node, ""))
 }
 
 // botAdd is the command that makes node a new bound-keypair token in
-// place of token. muster bot add NAME makes the token of node NAME, so it
+// place of token, with flags (botAddFlags: the old token's settings). muster bot add NAME makes the token of node NAME, so it
 // names the node: a token named otherwise (muster token apply) is
 // replaced by one named after its node, which the agent then joins with.
-func botAdd(token, node string) string {
+func botAdd(token, node, flags string) string {
 	if token == node {
-		return "muster bot add " + node
+		return "muster bot add " + node + flags
 	}
-	return fmt.Sprintf("muster bot add %s (the new token is named after its node: the agent joins with --bound-keypair %s, not %s)", node, node, token)
+	return fmt.Sprintf("muster bot add %s%s (the new token is named after its node: the agent joins with --bound-keypair %s, not %s)", node, flags, node, token)
+}
+
+// botAddFlags are the muster bot add flags that make a new token with
+// t's settings where they are not bot add's defaults: a token deleted
+// and added again with the defaults would have one recovery, which the
+// first join takes, and lose client,server.
+func botAddFlags(t store.Token) string {
+	var b strings.Builder
+	if bk := t.BoundKeypair; bk != nil {
+		if bk.Spec.RecoveryLimit != boundkeypair.DefaultRecoveryLimit {
+			fmt.Fprintf(&b, " --recovery-limit %d", bk.Spec.RecoveryLimit)
+		}
+		if m := bk.Spec.RecoveryMode; m != "" && m != boundkeypair.ModeStandard {
+			fmt.Fprintf(&b, " --recovery-mode %s", m)
+		}
+	}
+	if u := t.SVIDUsageOrDefault(); u != store.SVIDUsageClient {
+		fmt.Fprintf(&b, " --svid-usage %s", u)
+	}
+	return b.String()
 }
 
 func raiseLimitWayOut(token string) string {
 	return fmt.Sprintf("if the recovery is expected, raise the limit: muster token get %s -o yaml > token.yaml, edit spec.bound_keypair.recovery.limit, muster token apply -f token.yaml", token)
 }
 
-func otherKeyWayOut(token, node string) string {
-	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, %s", token, token, botAdd(token, node))
+func otherKeyWayOut(token, node, flags string) string {
+	return fmt.Sprintf("the caller holds another key than the token's (muster token get %s shows its fingerprint, muster agent status on the machine the agent's): a machine that should be the node joins again with a new token, muster token delete %s, %s", token, token, botAdd(token, node, flags))
 }
 
 // staleWayOut is what the operator does about a stale join state. The
@@ -741,9 +767,9 @@ func otherKeyWayOut(token, node string) string {
 // lets the other holder back and locks again at this one's next attempt;
 // keeping this one means a new token (the stale lock outlives the token:
 // it is deleted with it explicitly).
-func staleWayOut(token, node, lockID string) string {
+func staleWayOut(token, node, lockID, flags string) string {
 	return fmt.Sprintf("the holder that presented it is behind another holder of the bound key, which recovered since: to keep the other, stop this one, then muster lock delete %s; to keep this one, stop the other, then muster lock delete %s, muster token delete %s, %s, and on this machine muster agent join --force with the new registration secret",
-		lockID, lockID, token, botAdd(token, node))
+		lockID, lockID, token, botAdd(token, node, flags))
 }
 
 // staleLockID is the ID of the lock a stale join state puts on token: one

@@ -189,7 +189,7 @@ func TestBoundKeypairRegistrationRefusals(t *testing.T) {
 	// Token bot-1 is node-1's: muster bot add NAME makes the token of
 	// node NAME, so the way out names the node (bot-1 would make a token
 	// for a node bot-1, which node-1's agent is refused).
-	b.wantAuditedWayOut(t, "a new registration secret: muster token delete bot-1, muster bot add node-1 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1)")
+	b.wantAuditedWayOut(t, "a new registration secret: muster token delete bot-1, muster bot add node-1 --recovery-limit 2 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1)")
 }
 
 // wantAuditedWayOut checks that the last refusal audited names want, the

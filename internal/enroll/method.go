@@ -77,7 +77,19 @@ type Admission struct {
 	// held, with Refresh, is the certificate record and instance the
 	// method read, whose locks it checked: the renewal starts from them.
 	held *held
+	// botAddFlags, for a bound-keypair token, are the muster bot add
+	// flags of its settings, for a way out that adds it again.
+	botAddFlags string
+	// refreshing says the join is a refresh, refused or not: the caller
+	// presented a valid certificate (before the store is read), the
+	// certificate of its current instance (after). Its record is an
+	// agent.refresh, as the refresh's own is.
+	refreshing bool
 }
+
+// actionRefresh is the audit action of a bound-keypair refresh, answered
+// or refused; agent.join is every other join's, a recovery's included.
+const actionRefresh = "agent.refresh"
 
 // join runs one join through method m and the common tail, and audits the
 // outcome.
@@ -90,6 +102,9 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 	var iss *Issued
 	switch {
 	case err != nil:
+		if a.refreshing {
+			ev.Action = actionRefresh
+		}
 		// A node ID of a join token's exact form, refused, is most likely
 		// a token given as the node (--node and --token swapped): its
 		// secret stays out of the record.
@@ -100,7 +115,7 @@ func join[P any](ctx context.Context, s *Service, m Method[P], r Request, payloa
 		iss = a.Retry
 		ev.Reason = retryReason(iss.InstanceID, iss.serial)
 	case a.Refresh != nil:
-		ev.Action = "agent.refresh"
+		ev.Action = actionRefresh
 		iss, err = s.renew(ctx, a.Refresh, a.CSR, a.Claims, &ev, a.held)
 	default:
 		iss, err = s.admit(ctx, a, &ev)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/store"
@@ -106,11 +107,48 @@ func TestTokenRefusalReasonsNameTheWayOut(t *testing.T) {
 // for a token muster bot add made (named after its node), and saying
 // which name the agent then joins with for one named otherwise.
 func TestBotAddNamesTheNode(t *testing.T) {
-	if got, want := botAdd("web-01", "web-01"), "muster bot add web-01"; got != want {
+	if got, want := botAdd("web-01", "web-01", ""), "muster bot add web-01"; got != want {
 		t.Errorf("a token named after its node: %q, want %q", got, want)
 	}
-	got := botAdd("ci-bot", "web-01")
+	got := botAdd("ci-bot", "web-01", "")
 	if !strings.HasPrefix(got, "muster bot add web-01 ") || !strings.Contains(got, "--bound-keypair web-01") {
 		t.Errorf("a token named otherwise: %q, want muster bot add web-01 and the name the agent joins with", got)
 	}
+}
+
+// TestBotAddCarriesTheTokensSettings: a way out that deletes a
+// bound-keypair token and adds it again gives bot add the old token's
+// settings where they are not bot add's defaults; with the defaults the
+// new token would have one recovery, which the first join takes.
+func TestBotAddCarriesTheTokensSettings(t *testing.T) {
+	bk := func(limit int64, mode string) *store.BoundKeypair {
+		return &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: limit, RecoveryMode: mode}}
+	}
+	for _, tc := range []struct {
+		name string
+		tok  store.Token
+		want string
+	}{
+		{"defaults", store.Token{BoundKeypair: bk(1, boundkeypair.ModeStandard)}, ""},
+		{"defaults, svid_usage client", store.Token{BoundKeypair: bk(1, ""), SVIDUsage: store.SVIDUsageClient}, ""},
+		{"limit", store.Token{BoundKeypair: bk(5, boundkeypair.ModeStandard)}, " --recovery-limit 5"},
+		{"everything", store.Token{BoundKeypair: bk(0, boundkeypair.ModeRelaxed), SVIDUsage: store.SVIDUsageClientServer},
+			" --recovery-limit 0 --recovery-mode relaxed --svid-usage client,server"},
+	} {
+		if got := botAddFlags(tc.tok); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestWayOutAddsTheTokenAgainWithItsSettings: the audited way out of a
+// refusal names bot add with the token's settings.
+func TestWayOutAddsTheTokenAgainWithItsSettings(t *testing.T) {
+	b := newBKEnv(t, 3, boundkeypair.ModeRelaxed)
+	_, der := csr(t)
+	b.svc.cfg.Now = func() time.Time { return time.Now().Add(2 * time.Hour) }
+	_, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1", CSR: der,
+		PublicKey: b.pub.String(), RegistrationSecret: b.secret}, answerWith(b.priv))
+	wantRefusal(t, err, KindFailedPrecondition, ReasonRegistrationClosed)
+	b.wantAuditedWayOut(t, "muster token delete bot-1, muster bot add node-1 --recovery-limit 3 --recovery-mode relaxed (the new token is named after its node")
 }
