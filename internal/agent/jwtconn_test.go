@@ -11,7 +11,11 @@ import (
 func TestJWTSVIDMintsShareAConnection(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, dir := joined(t, f)
-	a.timeout = time.Second // the old connection's grace
+	// The old connection's grace is 2*timeout. The timeout also bounds
+	// each dial and call (the renewal's and the mints'), so it stays
+	// generous for a loaded -race CI: at 1 s, a renewal's handshake
+	// there ran out of it (DeadlineExceeded, waiting for connections).
+	a.timeout = 5 * time.Second
 	st, _ := dir.ReadState()
 	base := f.conns.Load()
 	for _, aud := range []string{"a", "b", "c"} {
@@ -44,7 +48,7 @@ func TestJWTSVIDMintsShareAConnection(t *testing.T) {
 	// Only the new shared connection stays open (the join's and the
 	// renewal's are closed by their callers, the old shared one after its
 	// grace).
-	for deadline := time.Now().Add(10 * time.Second); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(2*a.timeout + time.Minute); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections open, want 1: the old one was not closed", f.open.Load())
 		}

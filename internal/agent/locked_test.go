@@ -160,22 +160,77 @@ func TestRunLockedPastExpiry(t *testing.T) {
 	for range 100 {
 		f.renewErrs = append(f.renewErrs, lockedUntil(time.Hour))
 	}
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	f.renewHold, f.renewHeld = hold, held
 	f.mu.Unlock()
 	st, err := dir.ReadState()
 	if err != nil {
 		t.Fatal(err)
 	}
 	clock := &testClock{}
-	clock.set(st.NotAfter.Add(-3 * time.Second))
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	err = New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil)
+	done := make(chan error, 1)
+	go func() { done <- New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil) }()
+	// The expiry is set close once the first request has arrived, not
+	// before the agent starts: the time a loaded -race CI takes to start
+	// it and send the request (seconds) is not counted against it. What
+	// is left still covers the refusal's way back.
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("the agent stopped before renewing: %v", err)
+	}
+	clock.set(st.NotAfter.Add(-5 * time.Second))
+	close(hold)
+	err = <-done
 	var exp *ExpiredError
 	if !errors.As(err, &exp) {
 		t.Fatalf("got %v, want ExpiredError", err)
 	}
 	if _, _, n := f.calls(); n < 2 {
 		t.Errorf("%d renewal requests, want the last ones made before the expiry", n)
+	}
+}
+
+// TestRunLockedRefusalAfterExpiry: a refusal for a lock that arrives after
+// the certificate has expired (the request sent just before the expiry,
+// or answered late) stops the agent with the expiry at once, as the
+// attempt after any other refusal does, instead of waiting the lock out
+// (up to lockedRecheck) with its expiry unreported.
+func TestRunLockedRefusalAfterExpiry(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	f.mu.Lock()
+	f.renewErrs = []error{lockedUntil(time.Hour)}
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	f.renewHold, f.renewHeld = hold, held
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil) }()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("the agent stopped before renewing: %v", err)
+	}
+	clock.set(st.NotAfter.Add(time.Second)) // expired while the request is out
+	close(hold)
+	err = <-done
+	var exp *ExpiredError
+	if !errors.As(err, &exp) {
+		t.Fatalf("got %v, want ExpiredError at once (not after the lock's wait)", err)
+	}
+	if _, _, n := f.calls(); n != 1 {
+		t.Errorf("%d renewal requests, want 1: the expired certificate is not presented", n)
 	}
 }
 

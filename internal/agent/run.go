@@ -271,6 +271,19 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			// a success (a refusal waited out meanwhile, say).
 			drainWake(a.standingRefused)
 			_, err := renew(ctx)
+			if _, locked := lockRefusalOf(err); locked && !bound && !a.now().Before(leaf.NotAfter) {
+				// Refused for a lock, and the certificate expired while
+				// the request was out (sent just before the expiry, or
+				// answered late): the next attempt is the one that
+				// reports the expiry, without asking, so make it now
+				// rather than after the lock's wait (up to
+				// lockedRecheck, the expiry unreported all along). It
+				// reads the identity on disk: one renewed meanwhile
+				// (muster agent renew) is asked with instead. A
+				// bound-keypair agent waits the lock out: it recovers
+				// past the expiry.
+				_, err = renew(ctx)
+			}
 			return err
 		}); err != nil {
 			return err
