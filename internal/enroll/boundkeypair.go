@@ -476,10 +476,16 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
 	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
+		// Only a recovery is counted: this join was one.
+		a.refreshing = false
 		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v; %s", t.ID, err, raiseLimitWayOut(t.ID))
 	case err != nil:
 		return a, err
 	}
+	// A current certificate with a join state the rules take as a
+	// recovery (a resync): its later refusals are a recovery's, as its
+	// record would be.
+	a.refreshing = !v.Recovery
 
 	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch}
 	if v.Rebind {
