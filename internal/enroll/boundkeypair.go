@@ -476,8 +476,6 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		}
 		return a, refuse(KindPermissionDenied, ReasonJoinStateMismatch).with("token %s: %v", t.ID, err)
 	case errors.Is(err, boundkeypair.ErrRecoveryExhausted):
-		// Only a recovery is counted: this join was one.
-		a.refreshing = false
 		return a, refuse(KindFailedPrecondition, ReasonRecoveryExhausted).with("token %s: %v; %s", t.ID, err, raiseLimitWayOut(t.ID))
 	case err != nil:
 		return a, err
