@@ -480,6 +480,10 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	}
+	// A current certificate with a join state the rules take as a
+	// recovery (a resync): its later refusals are a recovery's, as its
+	// record would be.
+	a.refreshing = !v.Recovery
 
 	*m.out = bkOutcome{token: t, key: key, sequence: st.Sequence, epoch: st.Epoch}
 	if v.Rebind {

@@ -82,8 +82,10 @@ type Admission struct {
 	botAddFlags string
 	// refreshing says the join is a refresh, refused or not: the caller
 	// presented a valid certificate (before the store is read), the
-	// certificate of its current instance (after). Its record is an
-	// agent.refresh, as the refresh's own is.
+	// certificate of its current instance (after), with a join state
+	// the recovery rules do not take as a recovery (once judged: a
+	// resync is one). Its record is an agent.refresh, as the refresh's
+	// own is.
 	refreshing bool
 }
 

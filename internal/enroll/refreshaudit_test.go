@@ -1,6 +1,7 @@
 package enroll
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -75,4 +76,42 @@ func TestRefusedRefreshAuditedAsRefresh(t *testing.T) {
 			t.Errorf("action %q, want agent.join", got)
 		}
 	})
+}
+
+// TestRefusedResyncOfRefreshAuditedAsJoin: a caller holding its current
+// certificate whose join state is ahead of the store, inside a resync
+// window, is judged a recovery (a resync); refused after the rules (here
+// its new key's challenge fails), it is audited under agent.join, as its
+// success would be, not agent.refresh.
+func TestRefusedResyncOfRefreshAuditedAsJoin(t *testing.T) {
+	b := newBKEnv(t, 2, boundkeypair.ModeStandard)
+	first, _ := b.register(t)
+	leaf, err := ca.ParseCertsPEM(first.ChainPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := b.signedAt(t, first.JoinState, 4, "")
+	if _, err := b.st.OpenResync(t.Context(), store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "admin:test", Reason: "restore"}, setupEpochLink); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := newBoundKey(t)
+	_, newPub := newBoundKey(t)
+	wrongNewKey, _ := answerInTurn(b.priv, other)
+	_, der := csr(t)
+	if _, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+		CSR: der, JoinState: ahead, Cert: leaf[0], NewPublicKey: newPub.String()}, wrongNewKey); err == nil {
+		t.Fatal("a rotation whose new key failed its challenge was not refused")
+	}
+	b.audit.mu.Lock()
+	defer b.audit.mu.Unlock()
+	if len(b.audit.refused) == 0 {
+		t.Fatal("no refusal audited")
+	}
+	last := b.audit.refused[len(b.audit.refused)-1]
+	if !strings.Contains(last.Reason, "new key") {
+		t.Fatalf("refused for %q, want the new key's challenge", last.Reason)
+	}
+	if got := last.Action; got != "agent.join" {
+		t.Errorf("action %q, want agent.join (the join was a resync, a recovery)", got)
+	}
 }
