@@ -296,9 +296,9 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 // key, and this replica has not read that yet.
 var errRetired = errors.New("crl: the issuing intermediate is retired")
 
-// retired reports whether the store holds is as retired, or no longer
-// holds it: its key is destroyed or about to be, so a failed signature is
-// no fault. Read only after a signature failed, so a pass costs no more.
+// retired reports whether the store holds is as retired: its key is
+// destroyed or about to be, so a failed signature is no fault (one the
+// store does not hold is not retired, below). Read only after a signature failed, so a pass costs no more.
 func (p *Publisher) retired(ctx context.Context, is Issuer) (bool, error) {
 	rows, err := p.cfg.Store.ListCACerts(ctx)
 	if err != nil {
