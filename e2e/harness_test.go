@@ -93,9 +93,16 @@ type result struct {
 // muster runs the binary to completion with a clean environment plus env.
 func muster(t *testing.T, env []string, args ...string) result {
 	t.Helper()
+	return musterIn(t, "", env, args...)
+}
+
+// musterIn is muster run in the working directory wd ("" for the test's).
+func musterIn(t *testing.T, wd string, env []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, musterBin, args...)
+	cmd.Dir = wd
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

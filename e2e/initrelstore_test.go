@@ -1,35 +1,11 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
-	"time"
 )
-
-// musterIn runs muster in the working directory wd.
-func musterIn(t *testing.T, wd string, args ...string) result {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, musterBin, args...)
-	cmd.Dir = wd
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("running muster %v: %v", args, err)
-	}
-	return result{out.String(), errb.String(), code}
-}
 
 // TestInitRelativeStoreIsAbsolute: through the binary, `muster init
 // --store sqlite://REL` run in one directory records the file it made by
@@ -47,7 +23,7 @@ func TestInitRelativeStoreIsAbsolute(t *testing.T) {
 		}
 	}
 	dir := filepath.Join(tmp, "authority")
-	if r := musterIn(t, initWD, "init", "--data", dir, "--store", "sqlite://records.db", "-o", "json"); r.code != 0 {
+	if r := musterIn(t, initWD, nil, "init", "--data", dir, "--store", "sqlite://records.db", "-o", "json"); r.code != 0 {
 		t.Fatalf("init --store sqlite://records.db: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	want := "sqlite://" + filepath.Join(initWD, "records.db")
@@ -63,7 +39,7 @@ func TestInitRelativeStoreIsAbsolute(t *testing.T) {
 		t.Errorf("authority.json records the store %q, want %q (the file init made, by its absolute path)", info.Store, want)
 	}
 
-	r := musterIn(t, otherWD, "audit", "list", "--offline", "--data", dir, "-o", "json")
+	r := musterIn(t, otherWD, nil, "audit", "list", "--offline", "--data", dir, "-o", "json")
 	var recs []map[string]any
 	if err := json.Unmarshal([]byte(r.stdout), &recs); r.code != 0 || err != nil || len(recs) == 0 {
 		t.Errorf("audit list --offline from another directory: exit %d, %d records (%v), want init's\n%s%s", r.code, len(recs), err, r.stdout, r.stderr)

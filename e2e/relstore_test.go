@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -24,13 +23,8 @@ func TestRelativeSQLiteStoreInSettingsFile(t *testing.T) {
 	elsewhere := t.TempDir()
 	run := func(env []string, args ...string) {
 		t.Helper()
-		cmd := exec.Command(musterBin, args...)
-		cmd.Dir = elsewhere
-		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("muster %v (MUSTER_CONFIG %v), run from another directory: %v\n%s", args, env, err, out.String())
+		if r := musterIn(t, elsewhere, env, args...); r.code != 0 {
+			t.Fatalf("muster %v (MUSTER_CONFIG %v), run from another directory: exit %d\n%s%s", args, env, r.code, r.stdout, r.stderr)
 		}
 	}
 	run(nil, "audit", "verify", "--offline", "--data", dir, "--config", cfg)

@@ -43,10 +43,7 @@ func TestWorkloadAPIUnderSystemdSocketActivate(t *testing.T) {
 	t.Parallel()
 	activate, err := exec.LookPath("systemd-socket-activate")
 	if err != nil {
-		if os.Getenv("MUSTER_REQUIRE_SYSTEMD") != "" {
-			t.Fatalf("systemd-socket-activate (apt systemd): %v", err)
-		}
-		t.Skipf("no systemd-socket-activate (apt systemd): %v", err)
+		skipUnlessRequired(t, "MUSTER_REQUIRE_SYSTEMD", "no systemd-socket-activate (apt systemd): %v", err)
 	}
 	sockUnit := unitSettings(t, "muster-agent.socket")
 	service := unitSettings(t, "muster-agent.service")

@@ -64,20 +64,12 @@ func (s *swappedStore) VerifierSets(ctx context.Context, after int64, limit int)
 func TestVerifierSetAfterARestoreSteppedToTheSameVersion(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	open := func(path string) *sqlite.SQLite {
-		st, err := sqlite.Open(ctx, path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		return st
-	}
 	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
-	sw := &swappedStore{cur: open(live)}
+	sw := &swappedStore{cur: openSQLite(t, live)}
 	a := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	other := NewKeeper(open(live), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	other := NewKeeper(openSQLite(t, live), sealed, &auditLog{}, "prod-a3f2e1", 0)
 	if _, err := other.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +101,7 @@ func TestVerifierSetAfterARestoreSteppedToTheSameVersion(t *testing.T) {
 		t.Fatalf("before the restore: version %d, want 2 naming %s", v, s1)
 	}
 
-	restored := open(backup)
+	restored := openSQLite(t, backup)
 	sw.restore(restored)
 	s2 := staged(NewKeeper(restored, sealed, &auditLog{}, "prod-a3f2e1", 0))
 	if s1 == s2 {
@@ -156,18 +148,10 @@ func names(t *testing.T, raw []byte, pub string) bool {
 func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	open := func(path string) *sqlite.SQLite {
-		st, err := sqlite.Open(ctx, path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		return st
-	}
 	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
-	sw := &swappedStore{cur: open(live)}
+	sw := &swappedStore{cur: openSQLite(t, live)}
 	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
 	if _, err := k.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
@@ -207,7 +191,7 @@ func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 		t.Fatalf("agent at version %d: %v", agent.Version(), err)
 	}
 
-	sw.restore(open(backup))
+	sw.restore(openSQLite(t, backup))
 	again, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -315,14 +299,6 @@ func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	open := func(path string) *sqlite.SQLite {
-		st, err := sqlite.Open(ctx, path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		return st
-	}
 	copyDB := func(from, to string) {
 		for _, suffix := range []string{"", "-wal"} {
 			data, err := os.ReadFile(from + suffix)
@@ -337,7 +313,7 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 	sealed, _ := NewSealed(seal.StorageKey{6})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
-	sw := &swappedStore{cur: open(live)}
+	sw := &swappedStore{cur: openSQLite(t, live)}
 	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
 	if _, err := k.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
@@ -368,7 +344,7 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 		t.Fatalf("agent at %d: %v", agent.Version(), err)
 	}
 
-	sw.restore(open(filepath.Join(dir, "before-stage.db")))
+	sw.restore(openSQLite(t, filepath.Join(dir, "before-stage.db")))
 	// The agents' set is signed by v2, lost with the backup.
 	if _, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw()); err == nil {
 		t.Fatalf("advance with no key the agents hold as active or staged: %v", err)
@@ -377,7 +353,7 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 		t.Fatalf("the store moved to %d with nothing to sign with", v)
 	}
 
-	sw.restore(open(filepath.Join(dir, "staged.db")))
+	sw.restore(openSQLite(t, filepath.Join(dir, "staged.db")))
 	res, err := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw())
 	if err != nil || res.Version != 4 {
 		t.Fatalf("Advance = %+v, %v", res, err)
@@ -463,18 +439,10 @@ func (s *unkeptStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) e
 func TestAdvanceKeepsItsSetInTheSameWrite(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	open := func(path string) *sqlite.SQLite {
-		st, err := sqlite.Open(ctx, path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		return st
-	}
 	sealed, _ := NewSealed(seal.StorageKey{6})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
-	sw := &swappedStore{cur: open(live)}
+	sw := &swappedStore{cur: openSQLite(t, live)}
 	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
 	if _, err := k.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
@@ -510,7 +478,7 @@ func TestAdvanceKeepsItsSetInTheSameWrite(t *testing.T) {
 		t.Fatalf("agent at %d: %v", agent.Version(), err)
 	}
 
-	restored := &unkeptStore{Store: open(backup), fail: true}
+	restored := &unkeptStore{Store: openSQLite(t, backup), fail: true}
 	sw.restore(restored)
 	res, advanceErr := k.Advance(ctx, Actor{Name: "authority"}, agent.Raw())
 	restored.fail = false
@@ -561,4 +529,15 @@ func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultError {
 		t.Fatalf("the failed advance recorded as %+v, want an error record", last)
 	}
+}
+
+// openSQLite opens the SQLite store at path for the test, closed after it.
+func openSQLite(t *testing.T, path string) *sqlite.SQLite {
+	t.Helper()
+	st, err := sqlite.Open(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
 }

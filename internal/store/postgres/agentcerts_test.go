@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/storetest"
 )
 
 // TestMigration0024FillsInstanceExpiry: migration 0024 fills in, from the
@@ -76,29 +77,13 @@ func TestExpiringAtOneDefinition(t *testing.T) {
 	ctx := t.Context()
 	s, _ := openFresh(t)
 	benchToken(t, s)
-	issued := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).Add(123457 * time.Microsecond)
-	cases := []struct {
-		issued   time.Time
-		lifetime time.Duration
-	}{
-		{issued, 0},
-		{issued, time.Microsecond},
-		{issued, 2 * time.Microsecond},
-		{issued, 3 * time.Microsecond},
-		{issued, 4 * time.Microsecond},
-		{issued, 5 * time.Microsecond},
-		{issued, 24*time.Hour + time.Microsecond},
-		{issued, 24*time.Hour + 3*time.Microsecond},
-		{issued.Add(999 * time.Nanosecond), time.Hour + 2*time.Microsecond},
-		{issued, -time.Microsecond},
-		{issued, -5 * time.Microsecond},
-	}
+	cases := storetest.ExpiringAtCases()
 	var seed store.Seed
 	want := map[string]int64{}
 	for n, c := range cases {
 		j := benchJoin(int64(n))
-		j.Certificate.NotBefore, j.Certificate.IssuedAt = c.issued.Add(-time.Minute), c.issued
-		j.Certificate.NotAfter = c.issued.Add(c.lifetime)
+		j.Certificate.NotBefore, j.Certificate.IssuedAt = c.Issued.Add(-time.Minute), c.Issued
+		j.Certificate.NotAfter = c.Issued.Add(c.Lifetime)
 		in, cert, err := store.PrepareJoin(j)
 		if err != nil {
 			t.Fatal(err)
@@ -121,7 +106,7 @@ func TestExpiringAtOneDefinition(t *testing.T) {
 	}
 	check := func(by string) {
 		t.Helper()
-		rows, err := s.pool.Query(ctx, `SELECT i.id, i.last_expiring_at, c.not_after, c.issued_at
+		rows, err := s.pool.Query(ctx, `SELECT i.id, i.last_expiring_at, c.not_after, c.Issued_at
 			FROM instances i JOIN certificates c ON c.serial = i.last_serial`)
 		if err != nil {
 			t.Fatal(err)

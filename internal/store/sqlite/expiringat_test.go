@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/storetest"
 )
 
 // TestExpiringAtAgreesWithMigration0024: migration 0024's SQL, which
@@ -23,28 +24,12 @@ func TestExpiringAtAgreesWithMigration0024(t *testing.T) {
 	if err := s.InsertToken(ctx, testToken("t1", 0), benchLink); err != nil {
 		t.Fatal(err)
 	}
-	issued := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC).Add(123457 * time.Microsecond)
-	cases := []struct {
-		issued   time.Time
-		lifetime time.Duration
-	}{
-		{issued, 0},
-		{issued, time.Microsecond},
-		{issued, 2 * time.Microsecond},
-		{issued, 3 * time.Microsecond},
-		{issued, 4 * time.Microsecond},
-		{issued, 5 * time.Microsecond},
-		{issued, 24*time.Hour + time.Microsecond},
-		{issued, 24*time.Hour + 3*time.Microsecond},
-		{issued.Add(999 * time.Nanosecond), time.Hour + 2*time.Microsecond},
-		{issued, -time.Microsecond},
-		{issued, -5 * time.Microsecond},
-	}
+	cases := storetest.ExpiringAtCases()
 	want := map[string]int64{}
 	for n, c := range cases {
 		j := testJoin("t1", fmt.Sprintf("node-%d", n), fmt.Sprintf("inst-%d", n))
-		j.Certificate.NotBefore, j.Certificate.IssuedAt = c.issued.Add(-time.Minute), c.issued
-		j.Certificate.NotAfter = c.issued.Add(c.lifetime)
+		j.Certificate.NotBefore, j.Certificate.IssuedAt = c.Issued.Add(-time.Minute), c.Issued
+		j.Certificate.NotAfter = c.Issued.Add(c.Lifetime)
 		if _, err := s.CommitJoin(ctx, j); err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +50,7 @@ func TestExpiringAtAgreesWithMigration0024(t *testing.T) {
 	if _, err := s.w.ExecContext(ctx, "UPDATE instances"+update); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := s.w.QueryContext(ctx, `SELECT i.id, i.last_expiring_at, c.not_after, c.issued_at
+	rows, err := s.w.QueryContext(ctx, `SELECT i.id, i.last_expiring_at, c.not_after, c.Issued_at
 		FROM instances i JOIN certificates c ON c.serial = i.last_serial`)
 	if err != nil {
 		t.Fatal(err)
