@@ -76,6 +76,12 @@ func (a *Agent) keepStream(ctx context.Context) {
 				waiting = true
 			}
 			drainWake(a.streamWake)
+			// A recovery that succeeded between the read above and the
+			// drain woke the stream: look again, or that wake is lost
+			// and the stream waits out its backoff with a valid one.
+			if _, still := a.certExpired(ctx); !still {
+				continue
+			}
 			if a.authorityReachable(ctx) {
 				wake(a.retryWake)
 			}

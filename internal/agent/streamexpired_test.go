@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -103,5 +104,56 @@ func TestStreamLogsTheAgentsDirectory(t *testing.T) {
 	})
 	if l := logs.String(); strings.Contains(l, "--data ADIR") || !strings.Contains(l, "--data "+string(dir)+" --node n1") {
 		t.Errorf("log does not name the agent's directory:\n%s", l)
+	}
+}
+
+// TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate: a
+// recovery that gives the agent a valid certificate (and wakes the
+// stream) just after the stream read the expired one is not missed: the
+// stream opens at once rather than after its backoff (up to 2 minutes,
+// the tasks waiting with it). Before, the wake was drained after the
+// read, and lost.
+func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) {
+	minB, maxB := streamBackoffMin, streamBackoffMax
+	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
+	streamBackoffMin, streamBackoffMax = 10000*time.Hour, 40000*time.Hour
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir := joined(t, f)
+	connects := make(chan struct{}, 100)
+	f.mu.Lock()
+	f.connect = func(s musterv1.AgentService_ConnectServer) error {
+		connects <- struct{}{}
+		<-s.Context().Done()
+		return nil
+	}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &testClock{}
+	clock.set(st.NotAfter.Add(time.Minute))
+	var a *Agent
+	var once sync.Once
+	// The first read of the clock (the stream finding the certificate
+	// expired) is followed at once by the recovery's success: a valid
+	// certificate and its wake.
+	now := func() time.Time {
+		t := clock.Now()
+		once.Do(func() {
+			clock.set(st.NotAfter.Add(-time.Minute))
+			a.authorityAnswered()
+		})
+		return t
+	}
+	a = New(Options{Dir: dir, Timeout: 5 * time.Second, Now: now})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); a.keepStream(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-connects:
+	case <-time.After(time.Minute):
+		t.Fatal("the stream missed the recovery's wake and waits out its backoff")
 	}
 }

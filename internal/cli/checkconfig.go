@@ -51,7 +51,13 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	row("data", o.dir)
 	row("store", redactURL(o.storeURL))
 	row("listen", o.listen)
-	row("advertise", o.advertise)
+	// Unset, agents are given the listen address (the port bound): say
+	// so, as a join's or a hint's ADDR is read here (agent.rejoinTarget).
+	advertise := o.advertise
+	if advertise == "" {
+		advertise = "(not set: agents are given the listen address, " + o.listen + ", as the API binds it)"
+	}
+	row("advertise", advertise)
 	row("bootstrap_listen", o.bootstrapListen)
 	row("metrics_listen", o.metricsListen)
 	row("crl_listen", o.crlListen)

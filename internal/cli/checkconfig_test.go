@@ -59,7 +59,7 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"file", nil, nil, []string{"listen:                127.0.0.1:1001", "metrics_listen:        127.0.0.1:2001", "advertise:             file.example:1"}},
 		{"env over file", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, nil, []string{"listen:                127.0.0.1:1003", "metrics_listen:        127.0.0.1:2001"}},
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
-		{"--config replaces DIR/authority.yaml", nil, []string{"--config", other}, []string{"listen:                127.0.0.1:1002", "metrics_listen:        127.0.0.1:7444", "advertise:             (off)"}},
+		{"--config replaces DIR/authority.yaml", nil, []string{"--config", other}, []string{"listen:                127.0.0.1:1002", "metrics_listen:        127.0.0.1:7444", "advertise:             (not set: agents are given the listen address, 127.0.0.1:1002, as the API binds it)"}},
 		{"MUSTER_DATA and a password-free store URL", map[string]string{"MUSTER_DATA": dir, "MUSTER_STORE": "postgres://muster:secret@db.internal/muster"}, []string{}, []string{"store:                 postgres://…@db.internal/muster"}},
 		{"defaults in force", nil, nil, []string{"signer.min_lead_time:  10m0s", "bound_keypair.recoveries_warn_at: 1", "bound_keypair.cert_ttl: 1h0m0s",
 			"log.format:            json (text on a terminal)", "bootstrap.psk_optional_until: (off)"}},

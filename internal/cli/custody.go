@@ -60,7 +60,9 @@ func openToken(c *datadir.Custody, module, pinFile string) (*custody.Token, erro
 func initCustody(o *datadir.InitOptions, uri, module, pinFile string) (*custody.Token, error) {
 	if uri == "" || uri == "sealed" {
 		if module != "" || pinFile != "" {
-			return nil, fmt.Errorf("--pkcs11-module and --pkcs11-pin-file need --custody pkcs11:…")
+			// They may come from the environment (readTokenAccess), which
+			// the operator did not type: name it, and how to clear it.
+			return nil, fmt.Errorf("--pkcs11-module and --pkcs11-pin-file (or MUSTER_PKCS11_MODULE and MUSTER_PKCS11_PIN_FILE in the environment) need --custody pkcs11:…; for keys sealed in the store give neither: unset MUSTER_PKCS11_MODULE MUSTER_PKCS11_PIN_FILE")
 		}
 		return nil, nil
 	}
