@@ -164,7 +164,10 @@ func (p *pipe) simple(ctx context.Context, sql string) error {
 	return timedOut(ctx, p.timeout, p.conn.Conn().PgConn().Exec(ctx, sql).Close())
 }
 
-// commit sends what is queued with COMMIT after it.
+// commit sends what is queued with COMMIT after it. Every caller sends a
+// read that may refuse (a row not found, a condition not met) before commit,
+// in a batch of its own: a refusal in the batch that carries COMMIT would be
+// returned as an error after the server had committed the transaction.
 func (p *pipe) commit(ctx context.Context, op string) error {
 	p.exec(`COMMIT`, nil, func(tag pgconn.CommandTag, err error) error {
 		switch {
