@@ -338,7 +338,7 @@ func watch[T any](ctx context.Context, src *Source, timeout time.Duration, send 
 
 // FetchX509SVID streams the agent's X.509-SVID with its key and bundle.
 func (s *Server) FetchX509SVID(_ *workloadpb.X509SVIDRequest, stream workloadpb.SpiffeWorkloadAPI_FetchX509SVIDServer) error {
-	return watch(stream.Context(), s.src, s.cfg.SendTimeout, stream.Send, x509SVIDResponse)
+	return watch(stream.Context(), s.src, s.cfg.SendTimeout, stream.Send, s.x509SVIDResponse)
 }
 
 // FetchX509Bundles streams the trust domain's bundle.
@@ -358,8 +358,8 @@ func concatDER(certs []*x509.Certificate) []byte {
 // agent ran (a bound-keypair agent recovering while the authority is
 // away): no peer accepts it, so the stream waits for the recovery's
 // snapshot, as it does for an agent started with an expired one.
-func x509SVIDResponse(snap *Snapshot) (*workloadpb.X509SVIDResponse, error) {
-	if !time.Now().Before(snap.Chain[0].NotAfter) {
+func (s *Server) x509SVIDResponse(snap *Snapshot) (*workloadpb.X509SVIDResponse, error) {
+	if !s.now().Before(snap.Chain[0].NotAfter) {
 		return nil, nil
 	}
 	key, err := x509.MarshalPKCS8PrivateKey(snap.Key)

@@ -361,3 +361,34 @@ func TestExpiredIdentityIsNotServed(t *testing.T) {
 		t.Fatalf("the first SVID served is serial %v (not after %v), want the valid one", leaf.SerialNumber, leaf.NotAfter)
 	}
 }
+
+// The expiry of the certificate served is judged by the server's clock
+// (s.now), as the rest of the server is: a snapshot past its NotAfter by
+// that clock is not served. It was judged by time.Now.
+func TestX509SVIDResponseUsesTheServersClock(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	snap, _ := src.Current()
+	if snap == nil {
+		t.Fatal("no current snapshot")
+	}
+	s := NewServer(src, Config{})
+	for _, tc := range []struct {
+		at   time.Time
+		want bool
+	}{
+		{snap.Chain[0].NotAfter.Add(-time.Minute), true},
+		{snap.Chain[0].NotAfter, false},
+		{snap.Chain[0].NotAfter.Add(time.Minute), false},
+	} {
+		s.now = func() time.Time { return tc.at }
+		resp, err := s.x509SVIDResponse(snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp != nil; got != tc.want {
+			t.Errorf("at %v (not after %v): served %v, want %v", tc.at, snap.Chain[0].NotAfter, got, tc.want)
+		}
+	}
+}
