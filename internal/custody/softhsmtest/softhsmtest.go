@@ -7,7 +7,7 @@
 // processes Token.Env (or runs tools through Token.Command), so that tests
 // with a token each run in parallel. Like pgtest for PostgreSQL, a missing
 // SoftHSM2 skips the test on a developer's machine and fails it where
-// MUSTER_REQUIRE_SOFTHSM=1 (set by .ci/run).
+// MUSTER_REQUIRE_SOFTHSM=1 (set by .ci/run) or CI is set.
 package softhsmtest
 
 import (
@@ -22,6 +22,11 @@ import (
 
 // RequireEnv set to 1 makes a missing SoftHSM2 fail the tests.
 const RequireEnv = "MUSTER_REQUIRE_SOFTHSM"
+
+// required reports whether a missing SoftHSM2 must fail the tests: where
+// RequireEnv is 1 or CI is set (as e2e's skipUnlessRequired), a skip would
+// be a check CI never makes.
+func required() bool { return os.Getenv(RequireEnv) == "1" || os.Getenv("CI") != "" }
 
 // Module is where Debian's softhsm2 package puts the PKCS#11 module.
 const Module = "/usr/lib/softhsm/libsofthsm2.so"
@@ -92,8 +97,8 @@ func New(tb testing.TB) Token {
 		err = ErrNotInstalled
 	}
 	if err != nil {
-		if os.Getenv(RequireEnv) == "1" {
-			tb.Fatalf("softhsmtest: %v (%s=1: these tests must not be skipped)", err, RequireEnv)
+		if required() {
+			tb.Fatalf("softhsmtest: %v (%s=1 or CI is set: these tests must not be skipped)", err, RequireEnv)
 		}
 		tb.Skipf("softhsmtest: skipped: %v", err)
 	}

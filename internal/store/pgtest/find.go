@@ -18,8 +18,8 @@ var ErrNotInstalled = errors.New("PostgreSQL is not installed: no initdb and pg_
 	"in `pg_config --bindir` or in /usr/lib/postgresql/*/bin; install it (apt-get install postgresql)")
 
 // RequireEnv names the variable that, set to 1, makes a missing PostgreSQL
-// a test failure instead of a skip. .ci/run sets it, so CI never skips the
-// PostgreSQL tests.
+// a test failure instead of a skip. .ci/run sets it, and CI set does the
+// same, so CI never skips the PostgreSQL tests.
 const RequireEnv = "MUSTER_REQUIRE_POSTGRES"
 
 // debianBins is where Debian and Ubuntu install each PostgreSQL version's
@@ -103,12 +103,14 @@ func compareVersions(a, b string) int {
 	return 0
 }
 
-// required reports whether a missing PostgreSQL must fail the tests.
-func required() bool { return os.Getenv(RequireEnv) == "1" }
+// required reports whether a missing PostgreSQL must fail the tests: where
+// RequireEnv is 1 or CI is set (as e2e's skipUnlessRequired), a skip would
+// be a check CI never makes.
+func required() bool { return os.Getenv(RequireEnv) == "1" || os.Getenv("CI") != "" }
 
 // FailOrSkip ends tb when err, from Start, is not nil: a skip with one line
 // saying how to install PostgreSQL when it is not installed (unless
-// MUSTER_REQUIRE_POSTGRES=1), a failure otherwise. A server that is
+// MUSTER_REQUIRE_POSTGRES=1 or CI is set), a failure otherwise. A server that is
 // installed but cannot start always fails.
 func FailOrSkip(tb testing.TB, err error) {
 	tb.Helper()
@@ -124,7 +126,7 @@ func FailOrSkip(tb testing.TB, err error) {
 // failure is the message of a server that did not start.
 func failure(err error) string {
 	if errors.Is(err, ErrNotInstalled) {
-		return fmt.Sprintf("pgtest: %v (%s=1: these tests must not be skipped)", err, RequireEnv)
+		return fmt.Sprintf("pgtest: %v (%s=1 or CI is set: these tests must not be skipped)", err, RequireEnv)
 	}
 	return fmt.Sprintf("pgtest: %v", err)
 }

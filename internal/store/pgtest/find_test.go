@@ -183,6 +183,7 @@ func TestFailOrSkip(t *testing.T) {
 		name    string
 		err     error
 		require string
+		ci      string
 		skip    bool
 		fail    string // a substring of the failure; "" for none
 	}{
@@ -190,12 +191,14 @@ func TestFailOrSkip(t *testing.T) {
 		{name: "not installed skips", err: notInstalled, skip: true},
 		{name: "not installed, other value of the variable, skips", err: notInstalled, require: "yes", skip: true},
 		{name: "not installed fails when required", err: notInstalled, require: "1", fail: RequireEnv + "=1"},
+		{name: "not installed fails in CI", err: notInstalled, ci: "true", fail: "CI is set"},
 		{name: "installed but broken fails", err: errors.New("pg_ctl start: exit status 1"), fail: "pg_ctl start"},
 		{name: "installed but broken fails when required", err: errors.New("initdb: exit status 1"), require: "1", fail: "initdb"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(RequireEnv, tt.require)
+			t.Setenv("CI", tt.ci)
 			r := &recorder{TB: t}
 			FailOrSkip(r, tt.err)
 			if tt.skip != (r.skipped != "") {
@@ -215,6 +218,7 @@ func TestFailOrSkip(t *testing.T) {
 // is not installed skips the test that asks it for a database.
 func TestNewDatabaseWithoutPostgreSQL(t *testing.T) {
 	t.Setenv(RequireEnv, "")
+	t.Setenv("CI", "")
 	s := &Server{missing: ErrNotInstalled}
 	r := &recorder{TB: t}
 	if url := s.NewDatabase(r); url != "" || r.skipped == "" {
