@@ -22,9 +22,7 @@ import (
 // same store works again. Its own cluster: the test stops it.
 func TestUnreachableIsUnavailable(t *testing.T) {
 	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgtest.FailOrSkip(t, err)
 	t.Cleanup(func() { own.Resume(); own.Stop() })
 	url := own.NewDatabase(t)
 	s := openURL(t, url)
@@ -126,9 +124,7 @@ func TestUnreachableIsUnavailable(t *testing.T) {
 // for the caller's.
 func TestHungIsUnavailable(t *testing.T) {
 	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgtest.FailOrSkip(t, err)
 	t.Cleanup(func() { own.Thaw(); own.Stop() })
 	url := own.NewDatabase(t)
 	s, err := Open(t.Context(), url, WithRequestTimeout(2*time.Second))
@@ -276,9 +272,7 @@ func standIn(ft reflect.Type) reflect.Value {
 // before the freeze, forces that connection on each.
 func TestHungLongRequestIsUnavailable(t *testing.T) {
 	own, err := pgtest.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pgtest.FailOrSkip(t, err)
 	t.Cleanup(func() { own.Thaw(); own.Stop() })
 	url := own.NewDatabase(t) + "&pool_max_conns=1"
 	ctx := t.Context()
