@@ -27,6 +27,14 @@ func (f *fakeAuthority) RegisterUsingBoundKeypair(stream musterv1.JoinService_Re
 		return err
 	}
 	init := msg.GetInit()
+	f.mu.Lock()
+	if len(f.boundErrs) > 0 {
+		err := f.boundErrs[0]
+		f.boundErrs = f.boundErrs[1:]
+		f.mu.Unlock()
+		return err
+	}
+	f.mu.Unlock()
 	ch, err := boundkeypair.NewChallenge(f.aid, time.Now())
 	if err != nil {
 		return err

@@ -458,7 +458,7 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if pending := keys.pending(); err != nil && pending != nil && errinfo.Reason(err) == reasonChallengeFailed {
 		// A rotation whose result was lost: the authority may have bound
 		// the pending key already, so the bound one no longer proves.
-		a.log.Warn("the bound key was refused while a rotation is pending; proving the pending key", "err", err)
+		a.log.Warn("the bound key was refused while a rotation is pending; proving the pending key", "err", a.logged(err))
 		keys = &BoundKeys{Current: pending}
 		res, chain, err = exchange(keys)
 		keys.Next = pending

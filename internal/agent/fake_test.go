@@ -67,6 +67,9 @@ type fakeAuthority struct {
 	// boundInstance, if set, is the instance bound-keypair refreshes are
 	// answered with (else instance-1, the join's).
 	boundInstance *string
+	// boundErrs are answered, one per bound-keypair stream, to its init
+	// before the streams are served.
+	boundErrs []error
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}
