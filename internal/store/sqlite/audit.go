@@ -39,6 +39,15 @@ func (s *SQLite) AppendAudit(ctx context.Context, build func(head store.AuditHea
 	return rec, nil
 }
 
+// appendAuditOf appends, in tx, the record build makes of the write op
+// names; its error names op.
+func appendAuditOf(ctx context.Context, tx *writeTx, op string, build func(store.AuditHead) (store.AuditRecord, error)) error {
+	if _, err := appendAudit(ctx, tx, build); err != nil {
+		return fmt.Errorf("sqlite: %s: its audit record: %w", op, err)
+	}
+	return nil
+}
+
 // appendAudit is AppendAudit's work inside the write transaction.
 func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
 	var (

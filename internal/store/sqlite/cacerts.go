@@ -55,7 +55,7 @@ func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert, audit func(st
 		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
 			return wrap("insert ca cert "+c.Serial, err)
 		}
-		return appendCAAudit(ctx, tx, audit, "insert ca cert "+c.Serial)
+		return appendAuditOf(ctx, tx, "insert ca cert "+c.Serial, audit)
 	})
 	if err != nil {
 		return err
@@ -82,7 +82,7 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string, audit 
 		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'active', activated_at = `+nowMicros+` WHERE serial = ? AND state = 'prepared'`, serial); err != nil {
 			return wrap("activate ca cert "+serial, err)
 		}
-		return appendCAAudit(ctx, tx, audit, "activate ca cert "+serial)
+		return appendAuditOf(ctx, tx, "activate ca cert "+serial, audit)
 	})
 	if err != nil {
 		return err
@@ -95,14 +95,6 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string, audit 
 // key reference, returning it (see store.CAStore).
 func (s *SQLite) RetireCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
 	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring, audit)
-}
-
-// appendCAAudit appends a CA write's record in its transaction.
-func appendCAAudit(ctx context.Context, tx *writeTx, audit func(store.AuditHead) (store.AuditRecord, error), op string) error {
-	if _, err := appendAudit(ctx, tx, audit); err != nil {
-		return fmt.Errorf("sqlite: %s: its audit record: %w", op, err)
-	}
-	return nil
 }
 
 // endCACert retires serial of role from state from, clearing its key
@@ -126,7 +118,7 @@ func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string, a
 		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = ?`, serial); err != nil {
 			return wrap(op+" "+serial, err)
 		}
-		return appendCAAudit(ctx, tx, audit, op+" "+serial)
+		return appendAuditOf(ctx, tx, op+" "+serial, audit)
 	})
 	if err != nil {
 		return nil, err

@@ -52,7 +52,7 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 			if err != nil {
 				return wrap("put root rotation", err)
 			}
-			return appendCAAudit(ctx, tx, audit, "put root rotation")
+			return appendAuditOf(ctx, tx, "put root rotation", audit)
 		}
 		started := `started_at`
 		if restart {
@@ -67,7 +67,7 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
 		}
-		return appendCAAudit(ctx, tx, audit, "put root rotation")
+		return appendAuditOf(ctx, tx, "put root rotation", audit)
 	})
 	if err != nil {
 		return err

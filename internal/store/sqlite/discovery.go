@@ -36,10 +36,7 @@ func (s *SQLite) PutRegistration(ctx context.Context, r store.Registration, audi
 		if build == nil {
 			return fmt.Errorf("sqlite: put registration %s: no audit record: a registration is never written unaudited", r.AuthorityID)
 		}
-		if _, err := appendAudit(ctx, tx, build); err != nil {
-			return fmt.Errorf("sqlite: put registration %s: its audit record: %w", r.AuthorityID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "put registration "+r.AuthorityID, build)
 	})
 	if err != nil {
 		return store.Registration{}, false, err

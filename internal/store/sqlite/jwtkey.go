@@ -39,10 +39,7 @@ func (s *SQLite) RotateJWTKey(ctx context.Context, from int64, audit func(store.
 			return wrap("rotate jwt key", err)
 		}
 		k.RotatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: rotate jwt key from version %d: its audit record: %w", from, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, fmt.Sprintf("rotate jwt key from version %d", from), audit)
 	})
 	if err != nil {
 		return store.JWTKey{}, err

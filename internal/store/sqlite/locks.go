@@ -31,10 +31,7 @@ func (s *SQLite) InsertLock(ctx context.Context, l store.Lock, audit func(store.
 		if err != nil {
 			return wrap("insert lock", err)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: insert lock %s: its audit record: %w", l.ID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "insert lock "+l.ID, audit)
 	})
 	if err != nil {
 		return err
@@ -87,10 +84,7 @@ func (s *SQLite) DeleteLock(ctx context.Context, id string, audit func(store.Aud
 		if n == 0 {
 			return wrap("delete lock "+id, sql.ErrNoRows)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: delete lock %s: its audit record: %w", id, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "delete lock "+id, audit)
 	})
 }
 

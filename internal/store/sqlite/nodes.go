@@ -57,10 +57,7 @@ func (s *SQLite) DeleteNode(ctx context.Context, id string, audit func(store.Aud
 			WHERE id = ? AND state = 'current'`, instanceID); err != nil {
 			return wrap("delete node "+id, err)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: delete node %s: its audit record: %w", id, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "delete node "+id, audit)
 	})
 	if err != nil {
 		return err

@@ -31,10 +31,7 @@ func (s *SQLite) InsertOperator(ctx context.Context, o store.Operator, audit fun
 		} else if n == 0 {
 			return fmt.Errorf("sqlite: insert operator: %w: %s holds a certificate still valid", store.ErrConflict, o.Name)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: insert operator %s: its audit record: %w", o.Name, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "insert operator "+o.Name, audit)
 	})
 }
 

@@ -28,10 +28,7 @@ func (s *SQLite) InsertPSK(ctx context.Context, p store.PSK, audit func(store.Au
 			timeArg(p.CreatedAt), timeArg(p.GraceExpiresAt), timeArg(p.RevokedAt)); err != nil {
 			return wrap("insert psk", err)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: insert psk %s: its audit record: %w", p.ID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "insert psk "+p.ID, audit)
 	})
 }
 
@@ -73,10 +70,7 @@ func (s *SQLite) RotatePSK(ctx context.Context, fromID string, p store.PSK, grac
 		if old, err = rotatePSK(ctx, tx, fromID, p, grace); err != nil {
 			return err
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: rotate psk %s: its audit record: %w", fromID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "rotate psk "+fromID, audit)
 	})
 	if err != nil {
 		return store.PSK{}, err
@@ -152,10 +146,7 @@ func (s *SQLite) RevokeExpiredGracePSKs(ctx context.Context, audit func([]string
 		if build == nil {
 			return fmt.Errorf("sqlite: revoke expired grace psks %v: no audit record: a psk is never revoked unaudited", ids)
 		}
-		if _, err := appendAudit(ctx, tx, build); err != nil {
-			return fmt.Errorf("sqlite: revoke expired grace psks %v: its audit record: %w", ids, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, fmt.Sprintf("revoke expired grace psks %v", ids), build)
 	})
 	if err != nil {
 		return nil, err

@@ -83,10 +83,7 @@ func appendEpochAudit(ctx context.Context, tx *writeTx, op string, e store.Resyn
 	if build == nil {
 		return fmt.Errorf("sqlite: %s %s: no audit record: a window never changes unaudited", op, e.ID)
 	}
-	if _, err := appendAudit(ctx, tx, build); err != nil {
-		return fmt.Errorf("sqlite: %s %s: its audit record: %w", op, e.ID, err)
-	}
-	return nil
+	return appendAuditOf(ctx, tx, op+" "+e.ID, build)
 }
 
 // ListResyncEpochs returns every epoch, oldest first.

@@ -61,10 +61,7 @@ func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64, a
 			return wrap("put setting "+st.Key, err)
 		}
 		out.UpdatedAt = timeCol(sql.NullInt64{Int64: at, Valid: true})
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: put setting %s: its audit record: %w", st.Key, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "put setting "+st.Key, audit)
 	})
 	if err != nil {
 		return store.Setting{}, err

@@ -80,10 +80,7 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 				return err
 			}
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: apply signer changes from version %d: its audit record: %w", expect, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, fmt.Sprintf("apply signer changes from version %d", expect), audit)
 	})
 	if err != nil {
 		return 0, err
@@ -157,10 +154,7 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, set []b
 		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?) ON CONFLICT (version) DO UPDATE SET raw = excluded.raw`, to, set); err != nil {
 			return wrap("advance signer set: keep its set", err)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: advance signer set to %d: its audit record: %w", to, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, fmt.Sprintf("advance signer set to %d", to), audit)
 	})
 	if err != nil {
 		return err
@@ -187,10 +181,7 @@ func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: drop signer key %s: not an ended signer holding that reference: %w", versionID, store.ErrConflict)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: drop signer key %s: its audit record: %w", versionID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "drop signer key "+versionID, audit)
 	})
 }
 

@@ -43,10 +43,7 @@ func (s *SQLite) QueueTaskToAll(ctx context.Context, t store.Task, pageSize int,
 		if build == nil {
 			return fmt.Errorf("sqlite: queue task %s to all: no audit record: a task is never sent unaudited", t.ID)
 		}
-		if _, err := appendAudit(ctx, tx, build); err != nil {
-			return fmt.Errorf("sqlite: queue task %s to all: its audit record: %w", t.ID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, fmt.Sprintf("queue task %s to all", t.ID), build)
 	})
 	if err != nil {
 		return 0, err

@@ -40,10 +40,7 @@ func (s *SQLite) InsertTasks(ctx context.Context, ts []store.QueuedTask, audit f
 				}
 			}
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: insert task: its audit record: %w", err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "insert task", audit)
 	})
 	if err == nil {
 		for _, q := range ts {
@@ -107,10 +104,7 @@ func (s *SQLite) RecordTaskResult(ctx context.Context, taskID, nodeID, state, de
 			return wrap("record task result", err)
 		}
 		if n, _ := res.RowsAffected(); n == 1 {
-			if _, err := appendAudit(ctx, tx, audit); err != nil {
-				return fmt.Errorf("sqlite: record task result %s on %s: its audit record: %w", taskID, nodeID, err)
-			}
-			return nil
+			return appendAuditOf(ctx, tx, fmt.Sprintf("record task result %s on %s", taskID, nodeID), audit)
 		}
 		var cur string
 		err = tx.QueryRowContext(ctx, `SELECT state FROM task_deliveries WHERE task_id = ? AND node_id = ?`, taskID, nodeID).Scan(&cur)

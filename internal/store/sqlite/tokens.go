@@ -42,10 +42,7 @@ func (s *SQLite) InsertToken(ctx context.Context, t store.Token, audit func(stor
 				return wrap("insert token", err)
 			}
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: insert token %s: its audit record: %w", t.ID, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "insert token "+t.ID, audit)
 	})
 }
 
@@ -89,10 +86,7 @@ func (s *SQLite) DeleteToken(ctx context.Context, id string, audit func(store.Au
 		if n == 0 {
 			return wrap("delete token "+id, sql.ErrNoRows)
 		}
-		if _, err := appendAudit(ctx, tx, audit); err != nil {
-			return fmt.Errorf("sqlite: delete token %s: its audit record: %w", id, err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "delete token "+id, audit)
 	})
 }
 
@@ -115,10 +109,7 @@ func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duratio
 		if build == nil {
 			return fmt.Errorf("sqlite: delete expired tokens %v: no audit record: a token is never deleted unaudited", ids)
 		}
-		if _, err := appendAudit(ctx, tx, build); err != nil {
-			return fmt.Errorf("sqlite: delete expired tokens: its audit record: %w", err)
-		}
-		return nil
+		return appendAuditOf(ctx, tx, "delete expired tokens", build)
 	})
 	if err != nil {
 		return nil, err
