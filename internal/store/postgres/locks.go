@@ -230,3 +230,34 @@ func scanLock(row pgx.Row) (store.Lock, error) {
 	l.CreatedAt, l.ExpiresAt = timeCol(created), timeCol(expires)
 	return l, nil
 }
+
+// sweepAudited runs a cleaner's statement, one row of the IDs it changed
+// in ascending order, and appends audit(ids)'s record in its transaction;
+// it rolls back and appends nothing when no row changed. A nil record is
+// refused with unaudited, the invariant it would break.
+func (s *Store) sweepAudited(ctx context.Context, op, sql string, args []any, audit func([]string) func(store.AuditHead) (store.AuditRecord, error), unaudited string) ([]string, error) {
+	var ids []string
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(sql, args, func(row pgx.Row) error {
+			if err := row.Scan(&ids); err != nil {
+				return wrap(op, err)
+			}
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil // rolled back: nothing to write
+		}
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("postgres: %s %v: no audit record: %s", op, ids, unaudited)
+		}
+		return commitAudited(ctx, p, build, op)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}

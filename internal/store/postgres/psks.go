@@ -129,34 +129,12 @@ func (s *Store) RevokeExpiredGracePSKs(ctx context.Context, audit func([]string)
 	// is bounded by longRequestTimeout, not the store's request timeout.
 	ctx = long(ctx)
 	const op = "revoke expired grace psks"
-	var ids []string
-	err := s.inPipe(ctx, op, func(p *pipe) error {
-		p.row(`WITH revoked AS (UPDATE bootstrap_psks
+	return s.sweepAudited(ctx, op, `WITH revoked AS (UPDATE bootstrap_psks
 			SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
 			WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
 			RETURNING id)
-			SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM revoked`, nil, func(row pgx.Row) error {
-			if err := row.Scan(&ids); err != nil {
-				return wrap(op, err)
-			}
-			return nil
-		})
-		if err := p.send(ctx); err != nil {
-			return err
-		}
-		if len(ids) == 0 {
-			return nil // rolled back: nothing to write
-		}
-		build := audit(ids)
-		if build == nil {
-			return fmt.Errorf("postgres: revoke expired grace psks %v: no audit record: a psk is never revoked unaudited", ids)
-		}
-		return commitAudited(ctx, p, build, op)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ids, nil
+		SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM revoked`, nil,
+		audit, "a psk is never revoked unaudited")
 }
 
 func scanPSK(row pgx.Row) (store.PSK, error) {

@@ -129,34 +129,12 @@ func (s *Store) DeleteExpiredTokens(ctx context.Context, retention time.Duration
 	// use committed by a join that checked the expiry just before it
 	// passed may outlive the token, and InsertToken drops it.
 	// The deletion and its record (token.cleanup) are one transaction.
-	var ids []string
-	err := s.inPipe(ctx, op, func(p *pipe) error {
-		p.row(`WITH gone AS (DELETE FROM tokens
-				WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
-				RETURNING id),
-			uses AS (DELETE FROM token_uses WHERE token_id IN (SELECT id FROM gone))
-			SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM gone`, []any{max(retention, 0).Microseconds()}, func(row pgx.Row) error {
-			if err := row.Scan(&ids); err != nil {
-				return wrap(op, err)
-			}
-			return nil
-		})
-		if err := p.send(ctx); err != nil {
-			return err
-		}
-		if len(ids) == 0 {
-			return nil // rolled back: nothing to write
-		}
-		build := audit(ids)
-		if build == nil {
-			return fmt.Errorf("postgres: %s %v: no audit record: a token is never deleted unaudited", op, ids)
-		}
-		return commitAudited(ctx, p, build, op)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ids, nil
+	return s.sweepAudited(ctx, op, `WITH gone AS (DELETE FROM tokens
+			WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - $1 AND join_method <> 'bound-keypair'
+			RETURNING id),
+		uses AS (DELETE FROM token_uses WHERE token_id IN (SELECT id FROM gone))
+		SELECT coalesce(array_agg(id ORDER BY id), '{}') FROM gone`, []any{max(retention, 0).Microseconds()},
+		audit, "a token is never deleted unaudited")
 }
 
 func scanToken(row pgx.Row) (store.Token, error) {
