@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sync"
 	"testing"
 	"time"
 
@@ -53,36 +52,12 @@ func TestLockTwoHandles(t *testing.T) {
 	h := twoHandles(t)
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	const locks, tries, appends = 4, 3, 4
-	var (
-		mu   sync.Mutex
-		errs []error
-	)
+	var errs []error
 	round := func(write func(s *Store, id string) error, refused error) int {
-		var wg sync.WaitGroup
-		won := 0
-		for i := range locks * tries {
-			wg.Go(func() {
-				err := write(h[i%2], fmt.Sprintf("l-%d", i%locks))
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil:
-					won++
-				case !errors.Is(err, refused):
-					errs = append(errs, err)
-				}
-			})
-		}
-		for i := range appends {
-			wg.Go(func() {
-				if _, err := h[i%2].AppendAudit(ctx, benchLink); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+		won, e := raceWrites(ctx, h, locks*tries, appends, func(i int) error {
+			return write(h[i%2], fmt.Sprintf("l-%d", i%locks))
+		}, refused)
+		errs = append(errs, e...)
 		return won
 	}
 	created := round(func(s *Store, id string) error {
@@ -102,14 +77,7 @@ func TestLockTwoHandles(t *testing.T) {
 	if want := 2 * (locks + appends); len(recs) != want {
 		t.Fatalf("chain holds %d records; want %d (one per lock created or deleted, and the appends)", len(recs), want)
 	}
-	var prev []byte
-	for i, r := range recs {
-		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
-		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
-			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
-		}
-		prev = r.Hash
-	}
+	checkBenchChain(t, recs)
 	if got, err := h[1].ListLocks(ctx); err != nil || len(got) != 0 {
 		t.Fatalf("ListLocks = %+v, %v; want none", got, err)
 	}

@@ -261,14 +261,7 @@ func TestAppendAuditTwoHandles(t *testing.T) {
 	if len(recs) != workers*each {
 		t.Fatalf("chain has %d records, want %d", len(recs), workers*each)
 	}
-	var prev []byte
-	for i, r := range recs {
-		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
-		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
-			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
-		}
-		prev = r.Hash
-	}
+	checkBenchChain(t, recs)
 }
 
 // TestCommitJoinAuditTwoHandles interleaves joins that append to the chain
@@ -423,4 +416,54 @@ func TestSignerVersionAcrossHandles(t *testing.T) {
 		a, url := openFresh(t)
 		return a, openURL(t, url)
 	})
+}
+
+// checkBenchChain fails t unless recs, from the chain's start, are linked
+// by benchLink with no gap.
+func checkBenchChain(t *testing.T, recs []store.AuditRecord) {
+	t.Helper()
+	var prev []byte
+	for i, r := range recs {
+		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
+		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
+			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
+		}
+		prev = r.Hash
+	}
+}
+
+// raceWrites runs writes calls of write(i) and appends AppendAudit calls,
+// spread over both handles, all at once. It returns how many writes
+// succeeded and every error but the refused one.
+func raceWrites(ctx context.Context, h [2]*Store, writes, appends int, write func(i int) error, refused error) (int, []error) {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		won  int
+		errs []error
+	)
+	for i := range writes {
+		wg.Go(func() {
+			err := write(i)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				won++
+			case !errors.Is(err, refused):
+				errs = append(errs, err)
+			}
+		})
+	}
+	for i := range appends {
+		wg.Go(func() {
+			if _, err := h[i%2].AppendAudit(ctx, benchLink); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return won, errs
 }

@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"errors"
-	"sync"
 	"testing"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -53,35 +52,10 @@ func TestPutSettingTwoHandles(t *testing.T) {
 	h := twoHandles(t)
 	const rounds, writers, appends = 5, 6, 4
 	for from := range int64(rounds) {
-		var (
-			wg   sync.WaitGroup
-			mu   sync.Mutex
-			won  int
-			errs []error
-		)
-		for i := range writers {
-			wg.Go(func() {
-				_, err := h[i%2].PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, benchLink)
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err == nil:
-					won++
-				case !errors.Is(err, store.ErrConflict):
-					errs = append(errs, err)
-				}
-			})
-		}
-		for i := range appends {
-			wg.Go(func() {
-				if _, err := h[i%2].AppendAudit(ctx, benchLink); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			})
-		}
-		wg.Wait()
+		won, errs := raceWrites(ctx, h, writers, appends, func(i int) error {
+			_, err := h[i%2].PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, benchLink)
+			return err
+		}, store.ErrConflict)
 		if err := errors.Join(errs...); err != nil {
 			t.Fatal(err)
 		}
@@ -96,14 +70,7 @@ func TestPutSettingTwoHandles(t *testing.T) {
 	if want := rounds * (1 + appends); len(recs) != want {
 		t.Fatalf("chain holds %d records; want %d (one per write won, and the appends)", len(recs), want)
 	}
-	var prev []byte
-	for i, r := range recs {
-		want, _ := benchLink(store.AuditHead{Seq: int64(i), Hash: prev})
-		if r.Seq != int64(i+1) || string(r.PrevHash) != string(prev) || string(r.Hash) != string(want.Hash) {
-			t.Fatalf("record %d: seq %d, broken link", i+1, r.Seq)
-		}
-		prev = r.Hash
-	}
+	checkBenchChain(t, recs)
 	got, err := h[1].ListSettings(ctx)
 	if err != nil || len(got) != 1 || got[0].Version != rounds {
 		t.Fatalf("ListSettings = %+v, %v; want ca.draft_ttl at version %d", got, err, rounds)
