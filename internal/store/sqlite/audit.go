@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -363,4 +364,54 @@ func (s *SQLite) ListAuditCheckpoints(ctx context.Context) ([]store.AuditCheckpo
 		return nil, wrap("list audit checkpoints", err)
 	}
 	return cs, nil
+}
+
+// sweepAudited runs a cleaner's statement, which returns the IDs it
+// changed, and appends audit(ids)'s record in its write; it appends
+// nothing when no row changed. The IDs come sorted. A nil record is
+// refused with unaudited, the invariant it would break.
+func (s *SQLite) sweepAudited(ctx context.Context, op, query string, args []any, audit func([]string) func(store.AuditHead) (store.AuditRecord, error), unaudited string) ([]string, error) {
+	var ids []string
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		var err error
+		if ids, err = returnedIDs(ctx, tx, op, query, args); err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			return nil
+		}
+		build := audit(ids)
+		if build == nil {
+			return fmt.Errorf("sqlite: %s %v: no audit record: %s", op, ids, unaudited)
+		}
+		return appendAuditOf(ctx, tx, fmt.Sprintf("%s %v", op, ids), build)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// returnedIDs runs query, whose RETURNING gives one ID a row, and returns
+// the IDs sorted.
+func returnedIDs(ctx context.Context, tx *writeTx, op, query string, args []any) ([]string, error) {
+	rows, err := tx.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, wrap(op, err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, wrap(op, err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, wrap(op, err)
+	}
+	// RETURNING yields rows in no particular order.
+	slices.Sort(ids)
+	return ids, nil
 }

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -136,49 +135,11 @@ func (s *SQLite) RevokeExpiredGracePSKs(ctx context.Context, audit func([]string
 	if audit == nil {
 		return nil, fmt.Errorf("sqlite: revoke expired grace psks: no audit record: a psk is never revoked unaudited")
 	}
-	var ids []string
-	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		var err error
-		if ids, err = revokeExpiredGracePSKs(ctx, tx); err != nil || len(ids) == 0 {
-			return err
-		}
-		build := audit(ids)
-		if build == nil {
-			return fmt.Errorf("sqlite: revoke expired grace psks %v: no audit record: a psk is never revoked unaudited", ids)
-		}
-		return appendAuditOf(ctx, tx, fmt.Sprintf("revoke expired grace psks %v", ids), build)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ids, nil
-}
-
-// revokeExpiredGracePSKs is RevokeExpiredGracePSKs's UPDATE; the IDs
-// come sorted.
-func revokeExpiredGracePSKs(ctx context.Context, tx *writeTx) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, `UPDATE bootstrap_psks
+	return s.sweepAudited(ctx, "revoke expired grace psks", `UPDATE bootstrap_psks
 		SET status = 'revoked', grace_expires_at = NULL, revoked_at = `+nowMicros+`
 		WHERE status = 'grace' AND grace_expires_at <= `+nowMicros+`
-		RETURNING id`)
-	if err != nil {
-		return nil, wrap("revoke expired grace psks", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, wrap("revoke expired grace psks", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, wrap("revoke expired grace psks", err)
-	}
-	// RETURNING yields rows in no particular order.
-	slices.Sort(ids)
-	return ids, nil
+		RETURNING id`, nil,
+		audit, "a psk is never revoked unaudited")
 }
 
 func scanPSK(row scanner) (store.PSK, error) {

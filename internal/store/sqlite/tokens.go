@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -99,48 +98,10 @@ func (s *SQLite) DeleteExpiredTokens(ctx context.Context, retention time.Duratio
 	if audit == nil {
 		return nil, fmt.Errorf("sqlite: delete expired tokens: no audit record: a token is never deleted unaudited")
 	}
-	var ids []string
-	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		var err error
-		if ids, err = deleteExpiredTokens(ctx, tx, retention); err != nil || len(ids) == 0 {
-			return err
-		}
-		build := audit(ids)
-		if build == nil {
-			return fmt.Errorf("sqlite: delete expired tokens %v: no audit record: a token is never deleted unaudited", ids)
-		}
-		return appendAuditOf(ctx, tx, "delete expired tokens", build)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ids, nil
-}
-
-// deleteExpiredTokens is DeleteExpiredTokens's DELETE; the IDs come
-// sorted.
-func deleteExpiredTokens(ctx context.Context, tx *writeTx, retention time.Duration) ([]string, error) {
-	rows, err := tx.QueryContext(ctx, `DELETE FROM tokens
+	return s.sweepAudited(ctx, "delete expired tokens", `DELETE FROM tokens
 		WHERE expires_at IS NOT NULL AND expires_at <= `+nowMicros+` - ? AND join_method <> 'bound-keypair'
-		RETURNING id`, max(retention, 0).Microseconds())
-	if err != nil {
-		return nil, wrap("delete expired tokens", err)
-	}
-	defer rows.Close()
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			return nil, wrap("delete expired tokens", err)
-		}
-		ids = append(ids, id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, wrap("delete expired tokens", err)
-	}
-	// RETURNING yields rows in no particular order.
-	slices.Sort(ids)
-	return ids, nil
+		RETURNING id`, []any{max(retention, 0).Microseconds()},
+		audit, "a token is never deleted unaudited")
 }
 
 func scanToken(row scanner) (store.Token, error) {
