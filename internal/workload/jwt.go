@@ -73,11 +73,16 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: snap.ID, Svid: tok}}}, nil
 }
 
-// jwksNow returns the JWKS, fetched again once older than jwksMaxAge.
+// jwksNow returns the JWKS, fetched again once older than jwksMaxAge, or,
+// after a fetch that failed, jwksRetry after it.
 func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	s.jwksMu.Lock()
 	defer s.jwksMu.Unlock()
-	if s.jwks != nil && s.now().Sub(s.jwksFetched) < jwksMaxAge {
+	reuse := jwksMaxAge
+	if s.jwksErr != nil {
+		reuse = jwksRetry
+	}
+	if s.jwks != nil && s.now().Sub(s.jwksAsked) < reuse {
 		return s.jwks, nil
 	}
 	jwks, err := s.fetchJWKS(ctx)
@@ -87,7 +92,6 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 			// keyUsable lets them be used), and the next try in
 			// jwksRetry, so callers queued on jwksMu do not each wait
 			// for a fetch of their own.
-			s.jwksFetched = s.now().Add(jwksRetry - jwksMaxAge)
 			return s.jwks, nil
 		}
 		return nil, err
@@ -106,7 +110,7 @@ func (s *Server) fetchJWKS(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.jwks, s.jwksFetched, s.jwksGot = jwks, now, now
+	s.jwks, s.jwksGot = jwks, now
 	s.jwksUntil = make(map[string]time.Time, len(publishedFor))
 	for kid, d := range publishedFor {
 		s.jwksUntil[kid] = now.Add(d)
