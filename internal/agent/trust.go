@@ -3,8 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 
@@ -264,13 +262,9 @@ func heldRootPin(dir Dir) string {
 	if err != nil {
 		return unknown
 	}
-	b, _ := pem.Decode(raw)
-	if b == nil || b.Type != "CERTIFICATE" {
-		return unknown
-	}
-	c, err := x509.ParseCertificate(b.Bytes)
+	roots, err := ca.ParseCertsPEM(raw)
 	if err != nil {
 		return unknown
 	}
-	return ca.Fingerprint(c)
+	return ca.Fingerprint(roots[0])
 }
