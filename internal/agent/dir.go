@@ -240,7 +240,13 @@ type State struct {
 }
 
 // ReadState reads state.json; ErrNoIdentity if there is none.
-func (d Dir) ReadState() (*State, error) { return d.readState(d.StateFile()) }
+func (d Dir) ReadState() (*State, error) {
+	var s State
+	if err := readStateFile(d.StateFile(), &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
 
 // nextStateFile is the state of a join written before its certificate,
 // with what the join sets in agent.yaml: a crash between the certificate
@@ -316,31 +322,26 @@ func (j *joinConfig) apply(c *Config) {
 
 // readNextState reads nextStateFile; ErrNoIdentity if there is none.
 func (d Dir) readNextState() (*nextState, error) {
-	data, err := readSmall(d.nextStateFile())
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, ErrNoIdentity
-	} else if err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
-	}
 	n := nextState{State: &State{}}
-	if err := json.Unmarshal(data, &n); err != nil {
-		return nil, fmt.Errorf("agent: %s: %v", d.nextStateFile(), err)
+	if err := readStateFile(d.nextStateFile(), &n); err != nil {
+		return nil, err
 	}
 	return &n, nil
 }
 
-func (d Dir) readState(file string) (*State, error) {
+// readStateFile decodes the JSON in file into v; ErrNoIdentity if there
+// is none.
+func readStateFile(file string, v any) error {
 	data, err := readSmall(file)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, ErrNoIdentity
+		return ErrNoIdentity
 	} else if err != nil {
-		return nil, fmt.Errorf("agent: %w", err)
+		return fmt.Errorf("agent: %w", err)
 	}
-	var s State
-	if err := json.Unmarshal(data, &s); err != nil {
-		return nil, fmt.Errorf("agent: %s: %v", file, err)
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("agent: %s: %v", file, err)
 	}
-	return &s, nil
+	return nil
 }
 
 // writeNextState writes n to nextStateFile.

@@ -57,3 +57,23 @@ func TestRestoreHintOfABoundAgentResolves(t *testing.T) {
 		t.Error("the refusal's cause is lost")
 	}
 }
+
+// TestRestoreHintOfABoundAgentWithoutTheStateAddress: a state from before
+// the authority's address was recorded in it: the join named after a
+// restored store takes the address agent.yaml kept from the join, as the
+// untrusted root's hint does (rejoinTarget), not the ADDR placeholder.
+func TestRestoreHintOfABoundAgentWithoutTheStateAddress(t *testing.T) {
+	dir := Dir(t.TempDir())
+	if err := dir.WriteConfig(Config{Authority: "auth.example:7443"}); err != nil {
+		t.Fatal(err)
+	}
+	st := &State{NodeID: "n1", BoundKeypair: "n1", JoinMethod: JoinMethodBoundKeypair}
+	trust, err := signer.NewTrust(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := notFollowed(signer.ErrSetUntrusted, trust, nil, st, dir).Error()
+	if strings.Contains(msg, "ADDR") || !strings.Contains(msg, "--authority auth.example:7443 ") {
+		t.Errorf("the join does not name agent.yaml's address: %s", msg)
+	}
+}

@@ -72,20 +72,14 @@ func (a *Agent) Status() (*Status, error) {
 		RenewalPending: pendErr == nil, VerifierSetVersion: t.Version(), AcceptedSigners: t.Accepted(a.now()),
 		StaticVerifiers: len(t.StaticKeys())}
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		priv, err := LoadBoundKey(a.dir)
-		var pub boundkeypair.PublicKey
-		if err == nil {
-			if pub, err = boundkeypair.NewPublicKey(priv.Public().(ed25519.PublicKey)); err != nil {
-				err = fmt.Errorf("%s: %w", a.dir.BoundKeyFile(), err)
-			}
-		}
+		fp, err := ed25519Fingerprint(a.dir.BoundKeyFile())
 		switch {
 		case err == nil:
-			out.BoundKeyFingerprint = pub.Fingerprint()
+			out.BoundKeyFingerprint = fp
 		case !errors.Is(err, fs.ErrNotExist):
 			out.BoundKeyProblem = err.Error()
 		}
-		fp, err := ed25519Fingerprint(a.dir.NextBoundKeyFile())
+		fp, err = ed25519Fingerprint(a.dir.NextBoundKeyFile())
 		switch {
 		case err == nil:
 			out.BoundKeyRotationPending, out.BoundKeyNextFingerprint = true, fp

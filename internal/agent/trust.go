@@ -3,8 +3,6 @@ package agent
 import (
 	"bytes"
 	"context"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 
@@ -143,16 +141,12 @@ func (a *Agent) catchUp(ctx context.Context, conn grpc.ClientConnInterface, t *s
 func notFollowed(err error, t *signer.Trust, current []byte, st *State, dir Dir) error {
 	rejoin := fmt.Sprintf("join again: %s (docs/signer-lifecycle.md, \"Restoring the store\")", RejoinCommand(dir, st.NodeID))
 	if st.JoinMethod == JoinMethodBoundKeypair {
-		// A bound-keypair join needs the authority and the root's pin,
-		// which state.json does not hold: the address the agent renews
-		// at, and the root it trusts now (a restored store keeps its
-		// root; the authority's certificate chained to it to answer).
-		addr := "ADDR" // a state from before the address was kept
-		if st.Authority != "" {
-			addr = shellword.Quote(st.Authority)
-		}
-		rejoin = fmt.Sprintf("join again with the bound key: muster agent join --force --data %s --node %s --bound-keypair %s --authority %s --ca-fingerprint %s (docs/signer-lifecycle.md, \"Restoring the store\")",
-			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), addr, heldRootPin(dir))
+		// A bound-keypair join needs the authority and the root's pin:
+		// how the agent reaches the authority (rejoinTarget), and the
+		// root it trusts now (a restored store keeps its root; the
+		// authority's certificate chained to it to answer).
+		rejoin = fmt.Sprintf("join again with the bound key: muster agent join --force --data %s --node %s --bound-keypair %s %s --ca-fingerprint %s (docs/signer-lifecycle.md, \"Restoring the store\")",
+			shellword.Quote(string(dir)), st.NodeID, shellword.Quote(st.BoundKeypair), rejoinTarget(st, dir), heldRootPin(dir))
 	}
 	switch {
 	case errors.Is(err, signer.ErrSetUntrusted), errors.Is(err, signer.ErrKeyConflict):
@@ -264,13 +258,9 @@ func heldRootPin(dir Dir) string {
 	if err != nil {
 		return unknown
 	}
-	b, _ := pem.Decode(raw)
-	if b == nil || b.Type != "CERTIFICATE" {
-		return unknown
-	}
-	c, err := x509.ParseCertificate(b.Bytes)
+	roots, err := ca.ParseCertsPEM(raw)
 	if err != nil {
 		return unknown
 	}
-	return ca.Fingerprint(c)
+	return ca.Fingerprint(roots[0])
 }

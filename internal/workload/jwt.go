@@ -73,39 +73,49 @@ func (s *Server) FetchJWTSVID(ctx context.Context, req *workloadpb.JWTSVIDReques
 	return &workloadpb.JWTSVIDResponse{Svids: []*workloadpb.JWTSVID{{SpiffeId: snap.ID, Svid: tok}}}, nil
 }
 
-// jwksNow returns the JWKS, fetched again once older than jwksMaxAge.
+// jwksNow returns the JWKS, fetched again once older than jwksMaxAge, or,
+// after a fetch that failed, jwksRetry after it.
 func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 	s.jwksMu.Lock()
 	defer s.jwksMu.Unlock()
-	if s.jwks != nil && s.now().Sub(s.jwksFetched) < jwksMaxAge {
+	reuse := jwksMaxAge
+	if s.jwksErr != nil {
+		reuse = jwksRetry
+	}
+	if s.jwks != nil && s.now().Sub(s.jwksAsked) < reuse {
 		return s.jwks, nil
 	}
-	jwks, pf, err := s.cfg.JWT.JWTBundle(ctx)
-	s.jwksAsked, s.jwksErr = s.now(), err
+	jwks, err := s.fetchJWKS(ctx)
 	if err != nil {
 		if s.jwks != nil {
 			// The authority unreachable: the keys we had (as long as
 			// keyUsable lets them be used), and the next try in
 			// jwksRetry, so callers queued on jwksMu do not each wait
 			// for a fetch of their own.
-			s.jwksFetched = s.now().Add(jwksRetry - jwksMaxAge)
 			return s.jwks, nil
 		}
 		return nil, err
 	}
-	s.holdJWKS(jwks, pf)
 	return jwks, nil
 }
 
-// holdJWKS makes jwks, just fetched, the JWKS held, with when each key may
-// leave the authority's JWKS. Called with jwksMu held.
-func (s *Server) holdJWKS(jwks []byte, publishedFor map[string]time.Duration) {
+// fetchJWKS asks the authority for the JWKS, records the attempt
+// (jwksAsked, jwksErr) and, when it answered, makes its JWKS the one held,
+// with when each key may leave the authority's JWKS. Called with jwksMu
+// held.
+func (s *Server) fetchJWKS(ctx context.Context) ([]byte, error) {
+	jwks, publishedFor, err := s.cfg.JWT.JWTBundle(ctx)
 	now := s.now()
-	s.jwks, s.jwksFetched, s.jwksGot = jwks, now, now
+	s.jwksAsked, s.jwksErr = now, err
+	if err != nil {
+		return nil, err
+	}
+	s.jwks, s.jwksGot = jwks, now
 	s.jwksUntil = make(map[string]time.Time, len(publishedFor))
 	for kid, d := range publishedFor {
 		s.jwksUntil[kid] = now.Add(d)
 	}
+	return jwks, nil
 }
 
 // keyUsable refuses a key of the JWKS held that the authority may have
@@ -154,13 +164,7 @@ func (s *Server) jwksAgain(ctx context.Context) ([]byte, error) {
 	if s.now().Sub(s.jwksAsked) < jwksRetry {
 		return s.jwks, s.jwksErr
 	}
-	jwks, pf, err := s.cfg.JWT.JWTBundle(ctx)
-	s.jwksAsked, s.jwksErr = s.now(), err
-	if err != nil {
-		return nil, err
-	}
-	s.holdJWKS(jwks, pf)
-	return jwks, nil
+	return s.fetchJWKS(ctx)
 }
 
 // keyID is the kid in a JWT-SVID's header, "" if it has none or is no
@@ -231,7 +235,8 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
 	}
-	if kid := keyID(req.GetSvid()); kid != "" && !b.HasJWTAuthority(kid) {
+	kid := keyID(req.GetSvid())
+	if kid != "" && !b.HasJWTAuthority(kid) {
 		// Not known to be invalid: a JWKS this agent could not refresh
 		// lacks the keys published since. UNAVAILABLE, which a caller
 		// retries, unless the authority's JWKS lacks it too.
@@ -243,7 +248,7 @@ func (s *Server) ValidateJWTSVID(ctx context.Context, req *workloadpb.ValidateJW
 			return nil, status.Errorf(codes.Internal, "workload api: the authority's JWKS: %v", err)
 		}
 	}
-	if kid := keyID(req.GetSvid()); kid != "" && b.HasJWTAuthority(kid) {
+	if kid != "" && b.HasJWTAuthority(kid) {
 		if err := s.keyUsable(kid); err != nil {
 			return nil, err
 		}

@@ -231,3 +231,36 @@ func TestValidateStopsWhenAKeyMayBeUnpublished(t *testing.T) {
 		})
 	}
 }
+
+// TestJWKSFetchedAgainAfterAFailure: with a JWKS held, a failed fetch is
+// tried again jwksRetry after it, not at every call (each caller queued
+// on jwksMu waiting for a fetch of its own) nor only jwksMaxAge later;
+// an answered one is reused for jwksMaxAge.
+func TestJWKSFetchedAgainAfterAFailure(t *testing.T) {
+	keys := &keysJWT{}
+	keys.set(t, nil, newKey(t, "v1-a"))
+	s := NewServer(NewSource((&holder{}).load, slog.New(slog.DiscardHandler)), Config{JWT: keys})
+	clock := time.Now()
+	s.now = func() time.Time { return clock }
+	ctx := context.Background()
+	fetchesAt := func(d time.Duration, want int) {
+		t.Helper()
+		clock = clock.Add(d)
+		if _, err := s.jwksNow(ctx); err != nil {
+			t.Fatalf("with a JWKS held: %v", err)
+		}
+		if got := keys.count(); got != want {
+			t.Fatalf("%d fetches, want %d", got, want)
+		}
+	}
+	fetchesAt(0, 1)
+	fetchesAt(jwksMaxAge-time.Second, 1)
+	keys.set(t, status.Error(codes.Unavailable, "connection refused"))
+	fetchesAt(time.Second, 2) // failed: the copy held
+	fetchesAt(jwksRetry-time.Second, 2)
+	fetchesAt(time.Second, 3)
+	keys.set(t, nil, newKey(t, "v1-a"))
+	fetchesAt(jwksRetry, 4)
+	fetchesAt(jwksMaxAge-time.Second, 4)
+	fetchesAt(time.Second, 5)
+}

@@ -99,11 +99,10 @@ type Server struct {
 	mu      sync.Mutex
 	streams map[uint32]int
 
-	jwksMu      sync.Mutex
-	jwks        []byte
-	jwksFetched time.Time
+	jwksMu sync.Mutex
+	jwks   []byte
 	// jwksAsked and jwksErr are the last fetch's time and failure (nil:
-	// it fetched jwks), for the fetch a key not held asks for.
+	// it fetched jwks): when the next one is due (jwksNow, jwksAgain).
 	jwksAsked time.Time
 	jwksErr   error
 	// jwksGot is when jwks was fetched; jwksUntil, by key ID, until when
