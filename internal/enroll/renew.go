@@ -247,22 +247,29 @@ func (s *Service) nodeStanding(ctx context.Context, rec store.Certificate, inst 
 // standingOf is nodeStanding on a node already read (found false: no node
 // holds the ID).
 func standingOf(rec store.Certificate, inst store.Instance, node store.Node, found bool) error {
-	// The way out, for the operator reading the record: a bound-keypair
-	// node comes back by its agent's refresh with the bound key (a
-	// recovery), any other by a join with a token bound to the node.
-	rejoin := fmt.Sprintf("if the machine should be node %s, muster token create --node %s, then muster agent join --force on it with that joining URI", rec.NodeID, rec.NodeID)
-	deleted, superseded := rejoin, rejoin
-	if inst.JoinMethod == store.JoinMethodBoundKeypair {
-		deleted = fmt.Sprintf("a bound-keypair agent comes back by its refresh, a recovery with its bound key, while token %s exists: muster token delete %s ends it", inst.TokenID, inst.TokenID)
-		superseded = fmt.Sprintf("a later recovery through token %s replaced it, so a machine presenting it is behind (a copy of the bound key, or a directory restored from an older backup): its refresh with the bound key says which", inst.TokenID)
-	}
 	switch {
 	case inst.State == store.InstanceDeleted, !found:
-		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s: the node was deleted; %s", inst.ID, deleted)
+		return refuse(KindPermissionDenied, ReasonDeleted).with("instance %s: the node was deleted; %s", inst.ID, standingWayOut(rec, inst, ReasonDeleted))
 	case inst.State == store.InstanceSuperseded || node.InstanceID != inst.ID:
-		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s (muster agents show %s lists them); %s", inst.ID, node.InstanceID, rec.NodeID, superseded)
+		return refuse(KindPermissionDenied, ReasonSuperseded).with("instance %s superseded by %s (muster agents show %s lists them); %s", inst.ID, node.InstanceID, rec.NodeID, standingWayOut(rec, inst, ReasonSuperseded))
 	}
 	return nil
+}
+
+// standingWayOut is the way out of a standing refusal for reason, for the
+// operator reading the record: a bound-keypair node comes back by its
+// agent's refresh with the bound key (a recovery), any other by a join
+// with a token bound to the node. Made only on a refusal: standingOf runs
+// on every renewal and stream standing check.
+func standingWayOut(rec store.Certificate, inst store.Instance, reason string) string {
+	switch {
+	case inst.JoinMethod != store.JoinMethodBoundKeypair:
+		return fmt.Sprintf("if the machine should be node %s, muster token create --node %s, then muster agent join --force on it with that joining URI", rec.NodeID, rec.NodeID)
+	case reason == ReasonDeleted:
+		return fmt.Sprintf("a bound-keypair agent comes back by its refresh, a recovery with its bound key, while token %s exists: muster token delete %s ends it", inst.TokenID, inst.TokenID)
+	default:
+		return fmt.Sprintf("a later recovery through token %s replaced it, so a machine presenting it is behind (a copy of the bound key, or a directory restored from an older backup): its refresh with the bound key says which", inst.TokenID)
+	}
 }
 
 // copyDetected locks the instance: two holders of one identity have
