@@ -231,11 +231,7 @@ func signedAt(t *testing.T, k *Keeper, v int64, authority string) []byte {
 // nothing.
 func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{4})
 	log := &auditLog{}
 	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
@@ -342,11 +338,7 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 // the refusal points at the restore procedure.
 func TestAdvanceWithNoCommonSigner(t *testing.T) {
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{7})
 	k := NewKeeper(st, sealed, &auditLog{}, "prod-a3f2e1", 0)
 	who := Actor{Name: "ops"}
@@ -474,11 +466,7 @@ func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, f
 // not write.
 func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	ctx := t.Context()
-	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sq.Close() })
+	sq := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{6})
 	log := &auditLog{}
 	k := NewKeeper(sq, sealed, log, "prod-a3f2e1", 0)
