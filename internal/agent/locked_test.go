@@ -375,9 +375,7 @@ func TestRunLockWaitNoticesASuspend(t *testing.T) {
 // instead of waiting out the rest of the interval (up to 15 minutes).
 func TestStreamLockWaitNoticesASuspend(t *testing.T) {
 	shortBackoff(t)
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
 	_, dir := joined(t, f)
 	connects := make(chan struct{}, 16)

@@ -20,9 +20,7 @@ import (
 // but tells the recovery, backing off, that the authority answers again;
 // a renewal that gives it a valid certificate opens the stream at once.
 func TestStreamWaitsWithAnExpiredCertificate(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, 5*time.Millisecond
+	setStreamBackoff(t, time.Millisecond, 5*time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
 	_, dir := joined(t, f)
 	connects := make(chan struct{}, 100)
@@ -83,9 +81,7 @@ func TestStreamWaitsWithAnExpiredCertificate(t *testing.T) {
 // out the authority names with --data ADIR is logged with this agent's
 // directory, whatever the refusal.
 func TestStreamLogsTheAgentsDirectory(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{})
 	_, dir := joined(t, f)
 	f.mu.Lock()
@@ -114,9 +110,7 @@ func TestStreamLogsTheAgentsDirectory(t *testing.T) {
 // the tasks waiting with it). Before, the wake was drained after the
 // read, and lost.
 func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = 10000*time.Hour, 40000*time.Hour
+	setStreamBackoff(t, 10000*time.Hour, 40000*time.Hour)
 	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
 	_, dir := joined(t, f)
 	connects := make(chan struct{}, 100)
