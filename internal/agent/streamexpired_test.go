@@ -21,22 +21,7 @@ import (
 // a renewal that gives it a valid certificate opens the stream at once.
 func TestStreamWaitsWithAnExpiredCertificate(t *testing.T) {
 	setStreamBackoff(t, time.Millisecond, 5*time.Millisecond)
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	connects := make(chan struct{}, 100)
-	f.mu.Lock()
-	f.connect = func(s musterv1.AgentService_ConnectServer) error {
-		connects <- struct{}{}
-		<-s.Context().Done()
-		return nil
-	}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(time.Minute))
+	dir, st, clock, connects := expiredStreamAgent(t)
 	var logs syncBuffer
 	a := New(Options{Dir: dir, Timeout: 5 * time.Second, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -111,22 +96,7 @@ func TestStreamLogsTheAgentsDirectory(t *testing.T) {
 // read, and lost.
 func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) {
 	setStreamBackoff(t, 10000*time.Hour, 40000*time.Hour)
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	connects := make(chan struct{}, 100)
-	f.mu.Lock()
-	f.connect = func(s musterv1.AgentService_ConnectServer) error {
-		connects <- struct{}{}
-		<-s.Context().Done()
-		return nil
-	}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(time.Minute))
+	dir, st, clock, connects := expiredStreamAgent(t)
 	var a *Agent
 	var once sync.Once
 	// The first read of the clock (the stream finding the certificate
@@ -150,4 +120,28 @@ func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) 
 	case <-time.After(time.Minute):
 		t.Fatal("the stream missed the recovery's wake and waits out its backoff")
 	}
+}
+
+// expiredStreamAgent joins an agent to a fake authority whose streams,
+// each reported on connects as it opens, stay open until the agent ends
+// them; the agent's clock is a minute past its certificate's expiry.
+func expiredStreamAgent(t *testing.T) (dir Dir, st *State, clock *testClock, connects <-chan struct{}) {
+	t.Helper()
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir = joined(t, f)
+	opened := make(chan struct{}, 100)
+	f.mu.Lock()
+	f.connect = func(s musterv1.AgentService_ConnectServer) error {
+		opened <- struct{}{}
+		<-s.Context().Done()
+		return nil
+	}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock = &testClock{}
+	clock.set(st.NotAfter.Add(time.Minute))
+	return dir, st, clock, opened
 }
