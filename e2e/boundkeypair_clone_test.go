@@ -87,9 +87,7 @@ func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	adir := filepath.Join(t.TempDir(), "agent")
-	_, keyFile := keypairFile(t, adir)
-	mustRun(t, "bot", "add", "rotor", "--public-key", keyFile, "--recovery-limit", "3", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "rotor", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	joinBoundKeypair(t, e, adir, "rotor", "3")
 	backup := filepath.Join(t.TempDir(), "backup")
 	if out, err := exec.Command("cp", "-a", adir, backup).CombinedOutput(); err != nil {
 		t.Fatalf("cp: %v %s", err, out)

@@ -22,9 +22,7 @@ func TestBoundKeypairRestoreRebind(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "runner")
-	pubLine, keyFile := keypairFile(t, adir)
-	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "5", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", addr, "--ca-fingerprint", e.fingerprint)
+	pubLine := joinBoundKeypair(t, e, adir, "runner", "5")
 	var reg botInfo
 	if err := json.Unmarshal([]byte(mustRun(t, "bot", "add", "builder", "--data", e.dir, "-o", "json")), &reg); err != nil {
 		t.Fatal(err)

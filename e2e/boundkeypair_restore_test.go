@@ -43,6 +43,17 @@ func keypairFile(t *testing.T, adir string) (pubLine, keyFile string) {
 	return pubLine, keyFile
 }
 
+// joinBoundKeypair makes adir's keypair, adds the bot name bound to its
+// public key with limit recoveries, and joins the agent at adir as that
+// bot; it returns the key's public line.
+func joinBoundKeypair(t *testing.T, e *agentEnv, adir, name, limit string) (pubLine string) {
+	t.Helper()
+	pubLine, keyFile := keypairFile(t, adir)
+	mustRun(t, "bot", "add", name, "--public-key", keyFile, "--recovery-limit", limit, "--data", e.dir)
+	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", name, "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	return pubLine
+}
+
 // TestBoundKeypairRestore: through the built binary, a bound-keypair agent
 // that recovered after the backup its authority's store was restored from.
 // Without a resync window its agent run is refused join_state_mismatch and
@@ -56,9 +67,7 @@ func TestBoundKeypairRestore(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "agent")
-	_, keyFile := keypairFile(t, adir)
-	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "5", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", addr, "--ca-fingerprint", e.fingerprint)
+	joinBoundKeypair(t, e, adir, "runner", "5")
 
 	restart := func() {
 		e.auth.stop(t)

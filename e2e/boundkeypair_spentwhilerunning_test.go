@@ -20,10 +20,8 @@ func TestBoundKeypairRunningAgentWaitsOutASpentBudget(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", "6s")
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "spent")
-	pubLine, keyFile := keypairFile(t, adir)
 	// The join takes the only recovery.
-	mustRun(t, "bot", "add", "spent", "--public-key", keyFile, "--recovery-limit", "1", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "spent", "--authority", addr, "--ca-fingerprint", e.fingerprint)
+	pubLine := joinBoundKeypair(t, e, adir, "spent", "1")
 	p, _ := startProc(t, "agent", "agent started", "agent", "run", "--data", adir, "--log-format", "json")
 	waitLog(t, p, "refresh done", 1, 30*time.Second)
 

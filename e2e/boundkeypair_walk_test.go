@@ -35,10 +35,8 @@ func TestBoundKeypairRestoredRefreshRetriesASpentBudget(t *testing.T) {
 	e := newAgentEnv(t, "--agent-cert-ttl", ttl)
 	addr := e.auth.addr
 	adir := filepath.Join(t.TempDir(), "agent")
-	_, keyFile := keypairFile(t, adir)
 	// The first join takes the only recovery.
-	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "1", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", addr, "--ca-fingerprint", e.fingerprint)
+	joinBoundKeypair(t, e, adir, "runner", "1")
 
 	backup := t.TempDir()
 	e.auth.stop(t)
@@ -93,9 +91,7 @@ func TestBoundKeypairNodeDeleteNamesTheToken(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t)
 	adir := filepath.Join(t.TempDir(), "agent")
-	_, keyFile := keypairFile(t, adir)
-	mustRun(t, "bot", "add", "runner", "--public-key", keyFile, "--recovery-limit", "3", "--data", e.dir)
-	mustRun(t, "agent", "join", "--data", adir, "--bound-keypair", "runner", "--authority", e.auth.addr, "--ca-fingerprint", e.fingerprint)
+	joinBoundKeypair(t, e, adir, "runner", "3")
 
 	out := mustRun(t, "agents", "delete", "runner", "--data", e.dir)
 	const wayOut = "To stop it for good: muster "

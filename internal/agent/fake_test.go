@@ -350,3 +350,12 @@ func (fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequ
 	return &musterv1.MintJWTSVIDResponse{Token: serialOf(ti.State.PeerCertificates[0]),
 		ExpiresAt: timestamppb.New(time.Now().Add(5 * time.Minute))}, nil
 }
+
+// setStreamBackoff sets the stream's reconnect backoff to between lo and
+// hi for the test, and puts it back after.
+func setStreamBackoff(t *testing.T, lo, hi time.Duration) {
+	t.Helper()
+	minB, maxB := streamBackoffMin, streamBackoffMax
+	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
+	streamBackoffMin, streamBackoffMax = lo, hi
+}

@@ -91,6 +91,19 @@ func crashJoinAt(t *testing.T, a *Agent, r JoinRequest, step string) {
 	a.Join(t.Context(), r)
 }
 
+// forcedJoinSteps are the steps of a forced join's writes a crash is
+// tried at, in order, and whether the new certificate is on disk by then.
+var forcedJoinSteps = []struct {
+	step    string
+	renewed bool // the new certificate is on disk
+}{
+	{"next-state", false},
+	{"identity", true},
+	{"config", true},
+	{"state", true},
+	{"pending", true},
+}
+
 // A join with --force over this node's identity stopped after any of its
 // writes leaves, after the next start, a state.json that describes the
 // certificate on disk: the new instance's ID, generation and serial once
@@ -101,16 +114,7 @@ func crashJoinAt(t *testing.T, a *Agent, r JoinRequest, step string) {
 // before. Before, a crash between the certificate and agent.yaml left
 // the old address and pin beside the new certificate for good.
 func TestForcedJoinCrashAtEachStep(t *testing.T) {
-	for _, c := range []struct {
-		step    string
-		renewed bool // the new certificate is on disk
-	}{
-		{"next-state", false},
-		{"identity", true},
-		{"config", true},
-		{"state", true},
-		{"pending", true},
-	} {
+	for _, c := range forcedJoinSteps {
 		t.Run(c.step, func(t *testing.T) {
 			f := newFakeAuthority(t, fakeOptions{})
 			_, dir := joined(t, f)
@@ -186,16 +190,7 @@ func TestForcedJoinCrashAtEachStep(t *testing.T) {
 // the new authority's next answer (a stream's push or a renewal) brought
 // its bundle: an agent that could not reach it kept them.
 func TestForcedJoinToAnotherAuthorityCrashAtEachStep(t *testing.T) {
-	for _, c := range []struct {
-		step    string
-		renewed bool // the new certificate is on disk
-	}{
-		{"next-state", false},
-		{"identity", true},
-		{"config", true},
-		{"state", true},
-		{"pending", true},
-	} {
+	for _, c := range forcedJoinSteps {
 		t.Run(c.step, func(t *testing.T) {
 			oldAuth, newAuth := newFakeAuthority(t, fakeOptions{}), newFakeAuthority(t, fakeOptions{})
 			forced := newAuth.joinRequest("n1")

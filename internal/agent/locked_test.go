@@ -155,36 +155,15 @@ func TestRunWaitsOutALock(t *testing.T) {
 // the expiry (and the join that works), instead of waiting on.
 func TestRunLockedPastExpiry(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	f.mu.Lock()
+	var locks []error
 	for range 100 {
-		f.renewErrs = append(f.renewErrs, lockedUntil(time.Hour))
+		locks = append(locks, lockedUntil(time.Hour))
 	}
-	hold, held := make(chan struct{}), make(chan struct{}, 1)
-	f.renewHold, f.renewHeld = hold, held
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(-10 * time.Minute)) // due, not expired
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- New(Options{Dir: dir, Now: clock.Now}).Run(ctx, nil) }()
 	// The expiry is set close once the first request has arrived, not
 	// before the agent starts: the time a loaded -race CI takes to start
 	// it and send the request (seconds) is not counted against it. What
 	// is left still covers the refusal's way back.
-	select {
-	case <-held:
-	case err := <-done:
-		t.Fatalf("the agent stopped before renewing: %v", err)
-	}
-	clock.set(st.NotAfter.Add(-5 * time.Second))
-	close(hold)
-	err = <-done
+	err := runRenewalHeldUntil(t, f, locks, -5*time.Second)
 	var exp *ExpiredError
 	if !errors.As(err, &exp) {
 		t.Fatalf("got %v, want ExpiredError", err)
@@ -201,9 +180,26 @@ func TestRunLockedPastExpiry(t *testing.T) {
 // (up to lockedRecheck) with its expiry unreported.
 func TestRunLockedRefusalAfterExpiry(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	// Expired while the request is out.
+	err := runRenewalHeldUntil(t, f, []error{lockedUntil(time.Hour)}, time.Second)
+	var exp *ExpiredError
+	if !errors.As(err, &exp) {
+		t.Fatalf("got %v, want ExpiredError at once (not after the lock's wait)", err)
+	}
+	if _, _, n := f.calls(); n != 1 {
+		t.Errorf("%d renewal requests, want 1: the expired certificate is not presented", n)
+	}
+}
+
+// runRenewalHeldUntil joins an agent to f and runs it with its clock due
+// (10 minutes before expiry) but not expired, f refusing its renewals with
+// errs. f holds the first renewal request until the agent's clock is set
+// to the certificate's expiry plus late; Run's result is returned.
+func runRenewalHeldUntil(t *testing.T, f *fakeAuthority, errs []error, late time.Duration) error {
+	t.Helper()
 	_, dir := joined(t, f)
 	f.mu.Lock()
-	f.renewErrs = []error{lockedUntil(time.Hour)}
+	f.renewErrs = errs
 	hold, held := make(chan struct{}), make(chan struct{}, 1)
 	f.renewHold, f.renewHeld = hold, held
 	f.mu.Unlock()
@@ -222,16 +218,9 @@ func TestRunLockedRefusalAfterExpiry(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("the agent stopped before renewing: %v", err)
 	}
-	clock.set(st.NotAfter.Add(time.Second)) // expired while the request is out
+	clock.set(st.NotAfter.Add(late))
 	close(hold)
-	err = <-done
-	var exp *ExpiredError
-	if !errors.As(err, &exp) {
-		t.Fatalf("got %v, want ExpiredError at once (not after the lock's wait)", err)
-	}
-	if _, _, n := f.calls(); n != 1 {
-		t.Errorf("%d renewal requests, want 1: the expired certificate is not presented", n)
-	}
+	return <-done
 }
 
 // syncBuffer is a bytes.Buffer for a logger written from several
@@ -386,9 +375,7 @@ func TestRunLockWaitNoticesASuspend(t *testing.T) {
 // instead of waiting out the rest of the interval (up to 15 minutes).
 func TestStreamLockWaitNoticesASuspend(t *testing.T) {
 	shortBackoff(t)
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
 	_, dir := joined(t, f)
 	connects := make(chan struct{}, 16)

@@ -20,25 +20,8 @@ import (
 // but tells the recovery, backing off, that the authority answers again;
 // a renewal that gives it a valid certificate opens the stream at once.
 func TestStreamWaitsWithAnExpiredCertificate(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, 5*time.Millisecond
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	connects := make(chan struct{}, 100)
-	f.mu.Lock()
-	f.connect = func(s musterv1.AgentService_ConnectServer) error {
-		connects <- struct{}{}
-		<-s.Context().Done()
-		return nil
-	}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(time.Minute))
+	setStreamBackoff(t, time.Millisecond, 5*time.Millisecond)
+	dir, st, clock, connects := expiredStreamAgent(t)
 	var logs syncBuffer
 	a := New(Options{Dir: dir, Timeout: 5 * time.Second, Now: clock.Now, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -83,9 +66,7 @@ func TestStreamWaitsWithAnExpiredCertificate(t *testing.T) {
 // out the authority names with --data ADIR is logged with this agent's
 // directory, whatever the refusal.
 func TestStreamLogsTheAgentsDirectory(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{})
 	_, dir := joined(t, f)
 	f.mu.Lock()
@@ -114,25 +95,8 @@ func TestStreamLogsTheAgentsDirectory(t *testing.T) {
 // the tasks waiting with it). Before, the wake was drained after the
 // read, and lost.
 func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = 10000*time.Hour, 40000*time.Hour
-	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
-	_, dir := joined(t, f)
-	connects := make(chan struct{}, 100)
-	f.mu.Lock()
-	f.connect = func(s musterv1.AgentService_ConnectServer) error {
-		connects <- struct{}{}
-		<-s.Context().Done()
-		return nil
-	}
-	f.mu.Unlock()
-	st, err := dir.ReadState()
-	if err != nil {
-		t.Fatal(err)
-	}
-	clock := &testClock{}
-	clock.set(st.NotAfter.Add(time.Minute))
+	setStreamBackoff(t, 10000*time.Hour, 40000*time.Hour)
+	dir, st, clock, connects := expiredStreamAgent(t)
 	var a *Agent
 	var once sync.Once
 	// The first read of the clock (the stream finding the certificate
@@ -156,4 +120,28 @@ func TestStreamSeesARecoveryJustAfterReadingTheExpiredCertificate(t *testing.T) 
 	case <-time.After(time.Minute):
 		t.Fatal("the stream missed the recovery's wake and waits out its backoff")
 	}
+}
+
+// expiredStreamAgent joins an agent to a fake authority whose streams,
+// each reported on connects as it opens, stay open until the agent ends
+// them; the agent's clock is a minute past its certificate's expiry.
+func expiredStreamAgent(t *testing.T) (dir Dir, st *State, clock *testClock, connects <-chan struct{}) {
+	t.Helper()
+	f := newFakeAuthority(t, fakeOptions{ttl: time.Hour})
+	_, dir = joined(t, f)
+	opened := make(chan struct{}, 100)
+	f.mu.Lock()
+	f.connect = func(s musterv1.AgentService_ConnectServer) error {
+		opened <- struct{}{}
+		<-s.Context().Done()
+		return nil
+	}
+	f.mu.Unlock()
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock = &testClock{}
+	clock.set(st.NotAfter.Add(time.Minute))
+	return dir, st, clock, opened
 }

@@ -19,9 +19,7 @@ import (
 // its own directory, and renews at once, whose refusal stops it with the
 // same way out, instead of learning it at its next renewal, hours later.
 func TestStreamCertificateUnknownActsAtOnce(t *testing.T) {
-	minB, maxB := streamBackoffMin, streamBackoffMax
-	t.Cleanup(func() { streamBackoffMin, streamBackoffMax = minB, maxB })
-	streamBackoffMin, streamBackoffMax = time.Millisecond, time.Millisecond
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
 	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
 	_, dir := joined(t, f)
 	unknown := errinfo.Error(codes.PermissionDenied, "certificate unknown to this authority", "certificate_unknown")

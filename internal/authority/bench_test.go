@@ -175,6 +175,23 @@ func benchCSR(b testing.TB) (*ecdsa.PrivateKey, []byte) {
 	return key, der
 }
 
+// joinedIdentity joins node with the bench's join token and returns the
+// identity the authority issued it, pinning the bench's root.
+func (a *benchAuthority) joinedIdentity(t *testing.T, node string) *identity.Identity {
+	t.Helper()
+	key, der := benchCSR(t)
+	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{
+		JoinToken: a.token, NodeId: node, Csr: der})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}
+}
+
 // serverBound is the server-side bound of op as muster bench measures it
 // (loadgen.MeasureBound: the crypto the authority must do for one
 // request, each primitive the best of its rounds of one thread's CPU

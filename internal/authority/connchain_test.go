@@ -96,17 +96,7 @@ func TestConnChainKept(t *testing.T) {
 // is made and kept), and its identity.
 func openAgent(t *testing.T, a *benchAuthority, node string) (*grpc.ClientConn, *identity.Identity) {
 	t.Helper()
-	key, der := benchCSR(t)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{
-		JoinToken: a.token, NodeId: node, Csr: der})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := &identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}
+	id := a.joinedIdentity(t, node)
 	conn := a.dial(id)
 	for range 2 {
 		if _, err := musterv1.NewAgentServiceClient(conn).GetVerifierSet(t.Context(), &musterv1.GetVerifierSetRequest{}); err != nil {

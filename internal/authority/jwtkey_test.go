@@ -2,7 +2,6 @@ package authority
 
 import (
 	"context"
-	"crypto/x509"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -16,8 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
-	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -140,17 +137,7 @@ func TestJWTBundleSaysHowLongKeysArePublished(t *testing.T) {
 	if _, err := (&adminService{s: a.srvs[0]}).RotateJWTKey(ctx, &musterv1.RotateJWTKeyRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	key, der := benchCSR(t)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-		JoinToken: a.token, NodeId: "jwks-1", Csr: der})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+	conn := a.dial(a.joinedIdentity(t, "jwks-1"))
 	defer conn.Close()
 	before := time.Now()
 	b, err := musterv1.NewAgentServiceClient(conn).GetJWTBundle(ctx, &musterv1.GetJWTBundleRequest{})

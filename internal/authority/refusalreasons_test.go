@@ -61,17 +61,7 @@ func TestAuthorizationRefusalsNameTheWayOut(t *testing.T) {
 	}
 
 	// An agent's certificate on an admin RPC.
-	key, der := benchCSR(t)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-		JoinToken: a.token, NodeId: "way-out-1", Csr: der})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agentConn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+	agentConn := a.dial(a.joinedIdentity(t, "way-out-1"))
 	_, err = musterv1.NewAdminServiceClient(agentConn).GetStatus(ctx, &musterv1.GetStatusRequest{})
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "operator identity") {
 		t.Errorf("admin call with an agent certificate: %v, want PERMISSION_DENIED naming the operator identity it needs", err)
@@ -110,18 +100,8 @@ func TestAgentBadRequestsAudited(t *testing.T) {
 	t.Parallel()
 	a := startBench(t)
 	ctx := t.Context()
-	key, der := benchCSR(t)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-		JoinToken: a.token, NodeId: "bad-req-1", Csr: der})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := musterv1.NewAgentServiceClient(a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}}))
-	_, err = agent.MintJWTSVID(ctx, &musterv1.MintJWTSVIDRequest{})
+	agent := musterv1.NewAgentServiceClient(a.dial(a.joinedIdentity(t, "bad-req-1")))
+	_, err := agent.MintJWTSVID(ctx, &musterv1.MintJWTSVIDRequest{})
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("JWT-SVID without an audience: %v, want INVALID_ARGUMENT", err)
 	}

@@ -1,7 +1,6 @@
 package authority
 
 import (
-	"crypto/x509"
 	"testing"
 	"time"
 
@@ -9,8 +8,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
-	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -22,17 +19,7 @@ import (
 func TestLockedAgentRefusalsAudited(t *testing.T) {
 	a := startBench(t)
 	ctx := t.Context()
-	key, der := benchCSR(t)
-	resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-		JoinToken: a.token, NodeId: "locked-1", Csr: der})
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+	conn := a.dial(a.joinedIdentity(t, "locked-1"))
 	defer conn.Close()
 	agent := musterv1.NewAgentServiceClient(conn)
 	if _, err := agent.MintJWTSVID(ctx, &musterv1.MintJWTSVIDRequest{Audience: []string{"db"}}); err != nil {

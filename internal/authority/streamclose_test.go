@@ -1,7 +1,6 @@
 package authority
 
 import (
-	"crypto/x509"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +9,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/audit"
-	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -45,17 +42,7 @@ func TestStreamClosuresAudited(t *testing.T) {
 			})
 			ctx := t.Context()
 			node := "closed-" + strings.ReplaceAll(c.name, " ", "-")
-			key, der := benchCSR(t)
-			resp, err := musterv1.NewBootstrapServiceClient(a.conn).ExchangeJoinToken(ctx, &musterv1.ExchangeJoinTokenRequest{
-				JoinToken: a.token, NodeId: node, Csr: der})
-			if err != nil {
-				t.Fatal(err)
-			}
-			chain, err := ca.ParseCertsPEM([]byte(resp.GetCertificateChainPem()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			conn := a.dial(&identity.Identity{Chain: chain, Key: key, Roots: []*x509.Certificate{a.h.Root}})
+			conn := a.dial(a.joinedIdentity(t, node))
 			defer conn.Close()
 			stream, err := musterv1.NewAgentServiceClient(conn).Connect(ctx)
 			if err != nil {

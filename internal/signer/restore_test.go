@@ -76,15 +76,7 @@ func TestVerifierSetAfterARestoreSteppedToTheSameVersion(t *testing.T) {
 	// The backup: the database at version 1 (no write is in flight, so
 	// the file and its WAL are consistent).
 	backup := filepath.Join(dir, "backup.db")
-	for _, suffix := range []string{"", "-wal"} {
-		data, err := os.ReadFile(live + suffix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	copyDB(t, live, backup)
 	staged := func(k *Keeper) string {
 		res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
 		if err != nil {
@@ -168,15 +160,7 @@ func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 		t.Fatal(err)
 	}
 	backup := filepath.Join(dir, "backup.db")
-	for _, suffix := range []string{"", "-wal"} {
-		data, err := os.ReadFile(live + suffix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	copyDB(t, live, backup)
 	first, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
 	if err != nil {
 		t.Fatal(err)
@@ -247,11 +231,7 @@ func signedAt(t *testing.T, k *Keeper, v int64, authority string) []byte {
 // nothing.
 func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{4})
 	log := &auditLog{}
 	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
@@ -299,17 +279,6 @@ func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	copyDB := func(from, to string) {
-		for _, suffix := range []string{"", "-wal"} {
-			data, err := os.ReadFile(from + suffix)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(to+suffix, data, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	sealed, _ := NewSealed(seal.StorageKey{6})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
@@ -329,14 +298,14 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 	if err := take(); err != nil {
 		t.Fatal(err)
 	}
-	copyDB(live, filepath.Join(dir, "before-stage.db"))
+	copyDB(t, live, filepath.Join(dir, "before-stage.db"))
 	if _, err := k.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := take(); err != nil {
 		t.Fatal(err)
 	}
-	copyDB(live, filepath.Join(dir, "staged.db"))
+	copyDB(t, live, filepath.Join(dir, "staged.db"))
 	if _, err := k.Activate(ctx, who); err != nil {
 		t.Fatal(err)
 	}
@@ -369,11 +338,7 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 // the refusal points at the restore procedure.
 func TestAdvanceWithNoCommonSigner(t *testing.T) {
 	ctx := t.Context()
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
+	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{7})
 	k := NewKeeper(st, sealed, &auditLog{}, "prod-a3f2e1", 0)
 	who := Actor{Name: "ops"}
@@ -462,15 +427,7 @@ func TestAdvanceKeepsItsSetInTheSameWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	backup := filepath.Join(dir, "staged.db")
-	for _, suffix := range []string{"", "-wal"} {
-		data, err := os.ReadFile(live + suffix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(backup+suffix, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	copyDB(t, live, backup)
 	if _, err := k.Activate(ctx, who); err != nil {
 		t.Fatal(err)
 	}
@@ -509,11 +466,7 @@ func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, f
 // not write.
 func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	ctx := t.Context()
-	sq, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sq.Close() })
+	sq := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
 	sealed, _ := NewSealed(seal.StorageKey{6})
 	log := &auditLog{}
 	k := NewKeeper(sq, sealed, log, "prod-a3f2e1", 0)
@@ -540,4 +493,19 @@ func openSQLite(t *testing.T, path string) *sqlite.SQLite {
 	}
 	t.Cleanup(func() { st.Close() })
 	return st
+}
+
+// copyDB copies the SQLite database at from, with its WAL, to to: a backup
+// taken while no write is in flight, so the file and its WAL agree.
+func copyDB(t *testing.T, from, to string) {
+	t.Helper()
+	for _, suffix := range []string{"", "-wal"} {
+		data, err := os.ReadFile(from + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(to+suffix, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
