@@ -3,6 +3,7 @@ package workload
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -115,24 +116,34 @@ func (s *Server) fetchJWKS(ctx context.Context) ([]byte, error) {
 	for kid, d := range publishedFor {
 		s.jwksUntil[kid] = now.Add(d)
 	}
+	close(s.jwksFresh)
+	s.jwksFresh = make(chan struct{})
 	return jwks, nil
 }
 
-// keyUsable refuses a key of the JWKS held that the authority may have
-// unpublished since it was fetched: an agent that cannot reach the
-// authority (down, or refusing this node) would otherwise validate with
-// it forever, also after a rotation retired it (a leaked key included).
-// The copy held is good for jwksMaxAge in any case: the authority
-// published every key in it then, and the copy is that old at most
-// while the authority answers.
-func (s *Server) keyUsable(kid string) error {
-	s.jwksMu.Lock()
-	defer s.jwksMu.Unlock()
+// keyUntil is until when the key kid of the JWKS held may be used (the
+// authority's published_for, counted from the fetch; the minimum
+// rotation period for a key it named no time for). The copy held is good
+// for jwksMaxAge in any case: the authority published every key in it
+// then, and the copy is that old at most while the authority answers.
+// Called with jwksMu held.
+func (s *Server) keyUntil(kid string) time.Time {
 	until, ok := s.jwksUntil[kid]
 	if !ok {
 		until = s.jwksGot.Add(minKeyPublished)
 	}
-	until = later(until, s.jwksGot.Add(jwksMaxAge))
+	return later(until, s.jwksGot.Add(jwksMaxAge))
+}
+
+// keyUsable refuses a key of the JWKS held that the authority may have
+// unpublished since it was fetched (keyUntil): an agent that cannot reach
+// the authority (down, or refusing this node) would otherwise validate
+// with it forever, also after a rotation retired it (a leaked key
+// included).
+func (s *Server) keyUsable(kid string) error {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	until := s.keyUntil(kid)
 	if s.now().Before(until) {
 		return nil
 	}
@@ -143,6 +154,61 @@ func (s *Server) keyUsable(kid string) error {
 	return status.Errorf(codes.Unavailable,
 		"workload api: the agent has not reached the authority since %s (%s), and the key %q the JWT-SVID names may have left the authority's JWKS at %s (its rotation schedule): not validated with it until the authority answers",
 		s.jwksGot.UTC().Format(time.RFC3339), why, kid, until.UTC().Format(time.RFC3339))
+}
+
+// usableJWKS is the JWKS held without the keys keyUsable refuses now,
+// when the first of the keys left stops being usable (zero: none left),
+// and a channel closed at the next fetch that answers.
+func (s *Server) usableJWKS() ([]byte, time.Time, <-chan struct{}, error) {
+	s.jwksMu.Lock()
+	defer s.jwksMu.Unlock()
+	now := s.now()
+	var next time.Time
+	jwks, err := filterJWKS(s.jwks, func(kid string) bool {
+		until := s.keyUntil(kid)
+		if !now.Before(until) {
+			return false
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+		return true
+	})
+	return jwks, next, s.jwksFresh, err
+}
+
+// filterJWKS is jwks with only the keys keep keeps, each as the
+// authority wrote it; jwks itself when it keeps them all.
+func filterJWKS(jwks []byte, keep func(kid string) bool) ([]byte, error) {
+	var set map[string]json.RawMessage
+	if err := json.Unmarshal(jwks, &set); err != nil {
+		return nil, fmt.Errorf("the authority's JWKS: %w", err)
+	}
+	var keys []json.RawMessage
+	if err := json.Unmarshal(set["keys"], &keys); err != nil {
+		return nil, fmt.Errorf("the authority's JWKS: keys: %w", err)
+	}
+	kept := make([]json.RawMessage, 0, len(keys))
+	for _, k := range keys {
+		var id struct {
+			KeyID string `json:"kid"`
+		}
+		if err := json.Unmarshal(k, &id); err != nil {
+			return nil, fmt.Errorf("the authority's JWKS: a key: %w", err)
+		}
+		if keep(id.KeyID) {
+			kept = append(kept, k)
+		}
+	}
+	if len(kept) == len(keys) {
+		return jwks, nil
+	}
+	raw, err := json.Marshal(kept)
+	if err != nil {
+		return nil, err
+	}
+	set["keys"] = raw
+	return json.Marshal(set)
 }
 
 func later(a, b time.Time) time.Time {
@@ -178,6 +244,14 @@ func keyID(token string) string {
 }
 
 // FetchJWTBundles streams the trust domain's JWKS, again when it changes.
+// It holds the same keys ValidateJWTSVID validates with: a key past its
+// time (keyUntil: the agent cut off from the authority beyond what the
+// authority said it keeps publishing the key) is sent no more, in a JWKS
+// without it (an empty one when no key is left), and sent again once a
+// fetch that answers brings it back. A stream ended with an error would
+// not do: go-spiffe's client retries the stream and its source keeps the
+// last JWKS it received, so its workload would go on trusting the key;
+// a JWKS without it replaces that one.
 func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloadpb.SpiffeWorkloadAPI_FetchJWTBundlesServer) error {
 	if s.cfg.JWT == nil {
 		return s.noJWT()
@@ -186,23 +260,35 @@ func (s *Server) FetchJWTBundles(_ *workloadpb.JWTBundlesRequest, stream workloa
 	var last []byte
 	for {
 		snap, changed := s.src.Current()
+		wait := jwksMaxAge
+		var fresh <-chan struct{}
 		if snap != nil {
-			jwks, err := s.jwksNow(ctx)
-			if err != nil && last == nil {
+			if _, err := s.jwksNow(ctx); err != nil {
+				// Only before any JWKS was fetched: after, jwksNow
+				// answers with the one held.
 				return authorityError("fetching the JWT bundle", err)
 			}
-			if err == nil && !bytes.Equal(jwks, last) {
+			jwks, next, f, err := s.usableJWKS()
+			if err != nil {
+				return status.Errorf(codes.Internal, "workload api: %v", err)
+			}
+			fresh = f
+			if last == nil || !bytes.Equal(jwks, last) {
 				if err := sendWithin(stream.Send, &workloadpb.JWTBundlesResponse{Bundles: map[string][]byte{"spiffe://" + snap.TrustDomain: jwks}}, s.cfg.SendTimeout); err != nil {
 					return err
 				}
 				last = jwks
+			}
+			if !next.IsZero() {
+				wait = min(wait, next.Sub(s.now()))
 			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-changed:
-		case <-time.After(jwksMaxAge):
+		case <-fresh:
+		case <-s.after(wait):
 		}
 	}
 }

@@ -6,12 +6,16 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/jwtbundle"
 	workloadpb "github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -263,4 +267,116 @@ func TestJWKSFetchedAgainAfterAFailure(t *testing.T) {
 	fetchesAt(jwksRetry, 4)
 	fetchesAt(jwksMaxAge-time.Second, 4)
 	fetchesAt(time.Second, 5)
+}
+
+// jwtBundlesStream is a FetchJWTBundles stream whose messages the test
+// reads, as the JWKS of the trust domain td.
+type jwtBundlesStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	sent chan []byte
+}
+
+func (s *jwtBundlesStream) Context() context.Context { return s.ctx }
+
+func (s *jwtBundlesStream) Send(m *workloadpb.JWTBundlesResponse) error {
+	select {
+	case s.sent <- m.GetBundles()["spiffe://td"]:
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+}
+
+// TestFetchJWTBundlesStopsSendingKeysPastTheirTime: a FetchJWTBundles
+// stream holds the keys ValidateJWTSVID validates with. The agent cut off
+// from the authority, each key past its time (published_for from the last
+// fetch that answered) leaves the JWKS streamed, the stream sending a JWKS
+// without it, an empty one when none is left (go-spiffe's source replaces
+// the JWKS it holds with each message, and keeps it through a stream
+// error); the authority back, the stream sends the fresh JWKS at once.
+// Before, the stream kept the JWKS it had sent, every key in it, for as
+// long as the agent stayed cut off.
+func TestFetchJWTBundlesStopsSendingKeysPastTheirTime(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	keys := &keysJWT{}
+	prev, cur, old := newKey(t, "v5-a"), newKey(t, "v6-b"), newKey(t, "v1-d")
+	keys.set(t, nil, cur, prev, old)
+	keys.publish(map[string]time.Duration{"v5-a": 10 * time.Minute, "v6-b": 70 * time.Minute})
+	s := NewServer(src, Config{JWT: keys})
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	// The stream's timers: wake fires them whatever they wait for, after
+	// the test moved the clock.
+	wake := make(chan time.Time)
+	s.now, s.after = now, func(time.Duration) <-chan time.Time { return wake }
+	ctx, cancel := context.WithCancel(t.Context())
+	stream := &jwtBundlesStream{ctx: ctx, sent: make(chan []byte)}
+	done := make(chan error, 1)
+	go func() { done <- s.FetchJWTBundles(&workloadpb.JWTBundlesRequest{}, stream) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("the stream ended: %v", err)
+		}
+	})
+	td := spiffeid.RequireTrustDomainFromString("td")
+	recv := func(what string, want ...string) {
+		t.Helper()
+		var raw []byte
+		select {
+		case raw = <-stream.sent:
+		case err := <-done:
+			t.Fatalf("%s: the stream ended: %v", what, err)
+		case <-time.After(time.Minute):
+			t.Fatalf("%s: nothing sent, want a JWKS with %v", what, want)
+		}
+		b, err := jwtbundle.Parse(td, raw)
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		var got []string
+		for kid := range b.JWTAuthorities() {
+			got = append(got, kid)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: a JWKS with %v, want %v", what, got, want)
+		}
+	}
+	at := func(d time.Duration) {
+		mu.Lock()
+		clock = clock.Add(d)
+		mu.Unlock()
+		select {
+		case wake <- clock:
+		case err := <-done:
+			t.Fatalf("the stream ended: %v", err)
+		case <-time.After(time.Minute):
+			t.Fatal("the stream waits for no timer")
+		}
+	}
+	recv("just fetched", "v1-d", "v5-a", "v6-b")
+
+	keys.set(t, status.Error(codes.Unavailable, "connection refused"))
+	at(minKeyPublished + time.Second)
+	recv("the key with no time, past the minimum period", "v5-a", "v6-b")
+	at(10 * time.Minute)
+	recv("the previous key past its time", "v6-b")
+	at(time.Hour)
+	recv("every key past its time")
+
+	// The authority back: a fetch (this one, a validation's) sends the
+	// fresh JWKS on every stream.
+	keys.set(t, nil, cur, prev, old)
+	mu.Lock()
+	clock = clock.Add(jwksRetry)
+	mu.Unlock()
+	if _, err := s.ValidateJWTSVID(ctx, &workloadpb.ValidateJWTSVIDRequest{Audience: "db", Svid: mintWith(t, cur, "db")}); err != nil {
+		t.Fatalf("the authority back: %v", err)
+	}
+	recv("the authority back", "v1-d", "v5-a", "v6-b")
 }

@@ -109,8 +109,13 @@ type Server struct {
 	// the authority may still publish each of its keys (keyUsable).
 	jwksGot   time.Time
 	jwksUntil map[string]time.Time
-	// now is the clock (time.Now; tests set it).
-	now func() time.Time
+	// jwksFresh is closed at the next fetch that answers (FetchJWTBundles
+	// streams send the keys it brings back).
+	jwksFresh chan struct{}
+	// now is the clock (time.Now; tests set it), after its timers
+	// (time.After; tests set it with now).
+	now   func() time.Time
+	after func(time.Duration) <-chan time.Time
 }
 
 // NewServer returns a server for src.
@@ -127,7 +132,8 @@ func NewServer(src *Source, cfg Config) *Server {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = DefaultCallTimeout
 	}
-	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{}, now: time.Now,
+	s := &Server{src: src, cfg: cfg, log: cfg.Log, streams: map[uint32]int{}, now: time.Now, after: time.After,
+		jwksFresh: make(chan struct{}),
 		// A refused local user must not flood the log: the counter
 		// counts every refusal, the log shows a few a second.
 		logLimit: rate.NewLimiter(rate.Every(time.Second), 10),
