@@ -459,9 +459,10 @@ func (s *Server) streamAuth(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 // agent stream was authorized with, once the trust it verified under has
 // changed so that it no longer verifies (distrustedReason's refusal, or
 // the generic one); "" while it verifies, and for an expired leaf, whose
-// stream its own deadline ends.
+// stream its own deadline ends. Both by the replica's clock (s.now), the
+// one its trust bundle is made by.
 func (s *Server) distrustedCaller(leaf *x509.Certificate) string {
-	now := time.Now()
+	now := s.now()
 	if leaf == nil || !now.Before(leaf.NotAfter) {
 		return ""
 	}
