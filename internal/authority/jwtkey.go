@@ -57,7 +57,32 @@ func (s *Server) loadJWTKey() error {
 	if err != nil {
 		return fmt.Errorf("authority: reading the JWT-SVID key version: %w", err)
 	}
+	if _, err := s.readStoreClock(ctx); err != nil {
+		return fmt.Errorf("authority: reading the store's clock: %w", err)
+	}
 	return s.useJWTKey(k)
+}
+
+// storeReading is the store's clock (at) read at a time of this
+// replica's clock (local, monotonic): the store's now is later at plus
+// the time since local, whatever this replica's clock says the date is.
+// local is taken before the read, so that now is never earlier than the
+// store's: the publication times it makes are short by the read's round
+// trip at most, never long.
+type storeReading struct{ at, local time.Time }
+
+func (r *storeReading) now() time.Time { return r.at.Add(time.Since(r.local)) }
+
+// readStoreClock reads the store's clock and keeps the reading
+// (storeClock).
+func (s *Server) readStoreClock(ctx context.Context) (time.Time, error) {
+	local := time.Now()
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return time.Time{}, err
+	}
+	s.storeClock.Store(&storeReading{at: now, local: local})
+	return now, nil
 }
 
 // useJWTKey makes k's version the one this replica signs with, unless it
@@ -91,12 +116,19 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 // version became current. Agents that cannot reach the authority stop
 // validating with a key then (docs/workload-api.md). Nil when the
 // version read with its rotation time is not iss's (a rotation between
-// the two reads): the agent then keeps the keys the minimum period.
-func (s *Server) publishedFor(iss *jwtsvid.Issuer, now time.Time) map[string]time.Duration {
-	k := s.jwtAt.Load()
-	if k == nil || k.Version != iss.Version() {
+// the two reads), or the store's clock was never read: the agent then
+// keeps the keys the minimum period.
+//
+// Now is the store's: the rotation time is the store's, and so is the
+// clock that rotates (jwtKeyStepWith); by this replica's, a replica
+// whose clock runs ahead of the store's by a few minutes made every key's
+// time that much shorter, one behind that much longer.
+func (s *Server) publishedFor(iss *jwtsvid.Issuer) map[string]time.Duration {
+	k, r := s.jwtAt.Load(), s.storeClock.Load()
+	if k == nil || r == nil || k.Version != iss.Version() {
 		return nil
 	}
+	now := r.now()
 	period := s.jwtKeyPeriod()
 	m := map[string]time.Duration{}
 	for kid, v := range iss.KeyVersions() {
@@ -143,7 +175,7 @@ func (s *Server) jwtKeyStepWith(ctx context.Context, period time.Duration) error
 	if err := s.useJWTKey(k); err != nil {
 		return err
 	}
-	now, err := s.store.Now(ctx)
+	now, err := s.readStoreClock(ctx)
 	if err != nil {
 		return err
 	}

@@ -49,7 +49,7 @@ func (a *agentService) GetJWTBundle(ctx context.Context, _ *musterv1.GetJWTBundl
 		return nil, toStatus(ctx, a.s.log, err)
 	}
 	resp := &musterv1.GetJWTBundleResponse{Jwks: jwks}
-	if pf := a.s.publishedFor(iss, time.Now()); pf != nil {
+	if pf := a.s.publishedFor(iss); pf != nil {
 		resp.PublishedFor = map[string]*durationpb.Duration{}
 		for kid, d := range pf {
 			resp.PublishedFor[kid] = durationpb.New(d)

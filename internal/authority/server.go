@@ -203,8 +203,12 @@ type Server struct {
 	jwt atomic.Pointer[jwtsvid.Issuer]
 	// jwtAt is the version jwt was last read at and when it became
 	// current, for the keys' publication times (publishedFor).
-	jwtAt   atomic.Pointer[store.JWTKey]
-	signers *signer.Keeper
+	jwtAt atomic.Pointer[store.JWTKey]
+	// storeClock is the store's clock as this replica last read it, for
+	// the keys' publication times, which the rotation time and the
+	// rotations (the store's clock both) decide (jwtkey.go).
+	storeClock atomic.Pointer[storeReading]
+	signers    *signer.Keeper
 	// setAhead notices agents holding a newer verifier set than the
 	// store's (a restore).
 	setAhead *setAhead
