@@ -104,17 +104,25 @@ func (s *Server) jwksNow(ctx context.Context) ([]byte, error) {
 // (jwksAsked, jwksErr) and, when it answered, makes its JWKS the one held,
 // with when each key may leave the authority's JWKS. Called with jwksMu
 // held.
+//
+// The authority says how long from its answer it keeps publishing each
+// key (published_for): a duration, which this agent counts on its own
+// clock from when it asked, so neither clock's date matters (an agent
+// minutes apart from the authority stops when the authority's schedule
+// says, not minutes early or late), and the answer's time in transit
+// (up to the agent's call timeout) shortens the time rather than
+// lengthening it.
 func (s *Server) fetchJWKS(ctx context.Context) ([]byte, error) {
+	asked := s.now()
 	jwks, publishedFor, err := s.cfg.JWT.JWTBundle(ctx)
-	now := s.now()
-	s.jwksAsked, s.jwksErr = now, err
+	s.jwksAsked, s.jwksErr = s.now(), err
 	if err != nil {
 		return nil, err
 	}
-	s.jwks, s.jwksGot = jwks, now
+	s.jwks, s.jwksGot = jwks, asked
 	s.jwksUntil = make(map[string]time.Time, len(publishedFor))
 	for kid, d := range publishedFor {
-		s.jwksUntil[kid] = now.Add(d)
+		s.jwksUntil[kid] = asked.Add(d)
 	}
 	close(s.jwksFresh)
 	s.jwksFresh = make(chan struct{})

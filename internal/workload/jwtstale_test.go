@@ -30,6 +30,8 @@ type keysJWT struct {
 	pf      map[string]time.Duration
 	err     error
 	fetches int
+	// during, if set, runs while a fetch waits for its answer.
+	during func()
 }
 
 func (k *keysJWT) JWTSVID(context.Context, []string) (string, time.Time, error) {
@@ -40,6 +42,9 @@ func (k *keysJWT) JWTBundle(context.Context) ([]byte, map[string]time.Duration, 
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.fetches++
+	if k.during != nil {
+		k.during()
+	}
 	if k.err != nil {
 		return nil, nil, k.err
 	}
@@ -379,4 +384,46 @@ func TestFetchJWTBundlesStopsSendingKeysPastTheirTime(t *testing.T) {
 		t.Fatalf("the authority back: %v", err)
 	}
 	recv("the authority back", "v1-d", "v5-a", "v6-b")
+}
+
+// TestKeyTimeCountedFromTheRequest: the time the authority says it keeps
+// publishing a key (from its answer) is counted from when the agent asked
+// for the JWKS, so an answer long in transit shortens it, never lengthens
+// it; the agent's clock is hours off the authority's here, which the
+// durations do not see. Before, it was counted from the answer's
+// arrival: a 30-second answer gave the key 30 seconds past the
+// authority's schedule.
+func TestKeyTimeCountedFromTheRequest(t *testing.T) {
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	keys := &keysJWT{}
+	cur := newKey(t, "v6-b")
+	keys.set(t, nil, cur)
+	keys.publish(map[string]time.Duration{"v6-b": 10 * time.Minute})
+	s := NewServer(src, Config{JWT: keys})
+	var mu sync.Mutex
+	clock := time.Now().Add(-7 * time.Hour)
+	asked := clock
+	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	set := func(at time.Time) { mu.Lock(); clock = at; mu.Unlock() }
+	keys.during = func() { set(asked.Add(30 * time.Second)) }
+	ctx := context.Background()
+	validate := func() error {
+		_, err := s.ValidateJWTSVID(ctx, &workloadpb.ValidateJWTSVIDRequest{Audience: "db", Svid: mintWith(t, cur, "db")})
+		return err
+	}
+	if err := validate(); err != nil {
+		t.Fatalf("just fetched: %v", err)
+	}
+	keys.during = nil
+	keys.set(t, status.Error(codes.Unavailable, "connection refused"))
+	set(asked.Add(10*time.Minute - time.Second))
+	if err := validate(); err != nil {
+		t.Fatalf("within the key's time from the request: %v", err)
+	}
+	set(asked.Add(10 * time.Minute))
+	if err := validate(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the key's time from the request passed (not from the answer's arrival): %v, want UNAVAILABLE", err)
+	}
 }

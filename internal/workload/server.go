@@ -105,8 +105,9 @@ type Server struct {
 	// it fetched jwks): when the next one is due (jwksNow, jwksAgain).
 	jwksAsked time.Time
 	jwksErr   error
-	// jwksGot is when jwks was fetched; jwksUntil, by key ID, until when
-	// the authority may still publish each of its keys (keyUsable).
+	// jwksGot is when jwks was asked for (the fetch that answered);
+	// jwksUntil, by key ID, until when the authority may still publish
+	// each of its keys (keyUsable).
 	jwksGot   time.Time
 	jwksUntil map[string]time.Time
 	// jwksFresh is closed at the next fetch that answers (FetchJWTBundles
