@@ -144,7 +144,7 @@ func NewServer(src *Source, cfg Config) *Server {
 		}, []string{"reason"}),
 		open: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "muster_agent_workload_api_streams",
-			Help: "Workload API streams open (FetchX509SVID, FetchX509Bundles).",
+			Help: "Workload API streams open (FetchX509SVID, FetchX509Bundles, FetchJWTBundles).",
 		}),
 	}
 	if s.log == nil {
