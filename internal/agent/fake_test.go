@@ -73,6 +73,9 @@ type fakeAuthority struct {
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}
+	// mintHold, if set, holds the next JWT-SVID mint until it is closed,
+	// after closing mintHeld.
+	mintHold, mintHeld chan struct{}
 	// conns counts the connections accepted, open those not closed yet.
 	conns, open atomic.Int64
 	// connect, if set, serves AgentService.Connect (else UNIMPLEMENTED).
@@ -341,7 +344,19 @@ func (m fakeMinter) Connect(stream musterv1.AgentService_ConnectServer) error {
 	return connect(stream)
 }
 
-func (fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
+func (m fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
+	m.f.mu.Lock()
+	hold, held := m.f.mintHold, m.f.mintHeld
+	m.f.mintHold = nil
+	m.f.mu.Unlock()
+	if hold != nil {
+		close(held)
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+	}
 	p, _ := peer.FromContext(ctx)
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.PeerCertificates) == 0 {

@@ -41,58 +41,101 @@ type cachedJWT struct {
 // TLS handshake. Each call reads the identity on disk; when it differs
 // from the one the connection was made with (a renewal swapped the
 // certificate, a rotation the roots), the call dials anew and the old
-// connection is closed once calls in flight on it have had their time.
+// connection is closed when the last call on it ends.
+//
+// Closed then, not after a time: a timer long enough for any call (the
+// call timeout, which bounds each) held every connection given up that
+// long, and with a long --timeout an agent whose calls kept finding the
+// authority unavailable (each dropping the connection: drop) held one
+// connection per call, each reconnecting in the background, for minutes.
 type authorityConn struct {
-	mu   sync.Mutex
-	key  string
-	conn *grpc.ClientConn
+	mu  sync.Mutex
+	key string
+	cur *sharedConn
+}
+
+// sharedConn is one connection of authorityConn with its calls in flight
+// (guarded by authorityConn.mu).
+type sharedConn struct {
+	conn    *grpc.ClientConn
+	calls   int
+	retired bool
+	closed  bool
 }
 
 // get returns the connection for key, dialling it with tc if it is not
-// the one held.
-func (c *authorityConn) get(key, addr string, tc func() *tls.Config, grace time.Duration) (*grpc.ClientConn, error) {
+// the one held, and counts a call on it: the caller releases it when the
+// call ends.
+func (c *authorityConn) get(key, addr string, tc func() *tls.Config) (*sharedConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil && c.key == key {
-		return c.conn, nil
+	if c.cur != nil && c.key == key {
+		c.cur.calls++
+		return c.cur, nil
 	}
 	conn, err := dial(addr, tc())
 	if err != nil {
 		return nil, err
 	}
-	if old := c.conn; old != nil {
-		time.AfterFunc(grace, func() { old.Close() })
-	}
-	c.key, c.conn = key, conn
-	return conn, nil
+	c.retire(c.cur)
+	c.key, c.cur = key, &sharedConn{conn: conn, calls: 1}
+	return c.cur, nil
 }
 
-// drop stops sharing conn, if it is still the one held, so the next call
+// release ends a call on sc, closing sc if it was the last and sc is no
+// longer shared.
+func (c *authorityConn) release(sc *sharedConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sc.calls--
+	c.closeIdle(sc)
+}
+
+// retire stops sharing sc: closed at once without calls in flight, else
+// by the release of the last. Called with mu held.
+func (c *authorityConn) retire(sc *sharedConn) {
+	if sc == nil {
+		return
+	}
+	sc.retired = true
+	c.closeIdle(sc)
+}
+
+func (c *authorityConn) closeIdle(sc *sharedConn) {
+	if sc.retired && sc.calls == 0 && !sc.closed {
+		sc.closed = true
+		sc.conn.Close()
+	}
+}
+
+// drop stops sharing sc, if it is still the one held, so the next call
 // dials anew: a call on it timed out or found the authority unreachable.
 // A half-open TCP connection (the authority's host gone without a reset,
 // a NAT that forgot the flow) would otherwise make every later call wait
 // out its deadline until the kernel gives up on it, many minutes later,
 // and gRPC's reconnect backoff (up to two minutes) would fail calls after
-// an authority restart. Calls in flight on it keep their grace, as after a
+// an authority restart. Calls in flight on it end first, as after a
 // renewal.
-func (c *authorityConn) drop(conn *grpc.ClientConn, grace time.Duration) {
+func (c *authorityConn) drop(sc *sharedConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != conn {
+	if c.cur != sc {
 		return
 	}
-	c.key, c.conn = "", nil
-	time.AfterFunc(grace, func() { conn.Close() })
+	c.key, c.cur = "", nil
+	c.retire(sc)
 }
 
-// close closes the held connection (the agent stops).
+// close closes the held connection (the agent stops); calls in flight on
+// it fail, and connections given up before close as their calls end.
 func (c *authorityConn) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil {
-		c.conn.Close()
+	if sc := c.cur; sc != nil && !sc.closed {
+		sc.closed = true
+		sc.conn.Close()
 	}
-	c.key, c.conn = "", nil
+	c.key, c.cur = "", nil
 }
 
 // connKey names what a connection was made with.
@@ -123,17 +166,18 @@ func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.
 		return fmt.Errorf("state.json: %w", err)
 	}
 	addr := a.address(st)
-	conn, err := a.authConn.get(connKey(addr, authorityID, id), addr,
-		func() *tls.Config { return identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)) }, 2*a.timeout)
+	sc, err := a.authConn.get(connKey(addr, authorityID, id), addr,
+		func() *tls.Config { return identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)) })
 	if err != nil {
 		return err
 	}
+	defer a.authConn.release(sc)
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	err = f(cctx, conn)
+	err = f(cctx, sc.conn)
 	if c := status.Code(err); (c == codes.DeadlineExceeded || c == codes.Unavailable) && ctx.Err() == nil {
 		// Not the caller giving up: the connection may be stale.
-		a.authConn.drop(conn, 2*a.timeout)
+		a.authConn.drop(sc)
 	}
 	return err
 }

@@ -11,10 +11,10 @@ import (
 func TestJWTSVIDMintsShareAConnection(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, dir := joined(t, f)
-	// The old connection's grace is 2*timeout. The timeout also bounds
-	// each dial and call (the renewal's and the mints'), so it stays
-	// generous for a loaded -race CI: at 1 s, a renewal's handshake
-	// there ran out of it (DeadlineExceeded, waiting for connections).
+	// The timeout bounds each dial and call (the renewal's and the
+	// mints'), so it stays generous for a loaded -race CI: at 1 s, a
+	// renewal's handshake there ran out of it (DeadlineExceeded, waiting
+	// for connections).
 	a.timeout = 5 * time.Second
 	st, _ := dir.ReadState()
 	base := f.conns.Load()
@@ -47,10 +47,56 @@ func TestJWTSVIDMintsShareAConnection(t *testing.T) {
 	}
 	// Only the new shared connection stays open (the join's and the
 	// renewal's are closed by their callers, the old shared one after its
-	// grace).
-	for deadline := time.Now().Add(2*a.timeout + time.Minute); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
+	// last call on it ended).
+	for deadline := time.Now().Add(time.Minute); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections open, want 1: the old one was not closed", f.open.Load())
+		}
+	}
+}
+
+// TestOldConnectionClosedWhenItsLastCallEnds: the connection a renewal
+// replaced is closed when the last call on it ends, whatever the call
+// timeout: a call in flight on it then finishes on it, and with a long
+// --timeout the connection is not held idle. Before, it was closed twice
+// the call timeout after it was replaced (two hours here), however idle,
+// and so was every connection a call found the authority unavailable on.
+func TestOldConnectionClosedWhenItsLastCallEnds(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, _ := joined(t, f)
+	a.timeout = time.Hour
+	if _, _, err := a.JWTSVID(t.Context(), []string{"a"}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	hold, held := make(chan struct{}), make(chan struct{})
+	f.mintHold, f.mintHeld = hold, held
+	f.mu.Unlock()
+	inFlight := make(chan error, 1)
+	go func() {
+		_, _, err := a.JWTSVID(t.Context(), []string{"b"})
+		inFlight <- err
+	}()
+	select {
+	case <-held:
+	case <-time.After(time.Minute):
+		t.Fatal("the mint did not reach the authority")
+	}
+	renewed, err := a.Renew(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := a.JWTSVID(t.Context(), []string{"c"})
+	if err != nil || tok != renewed.Serial {
+		t.Fatalf("the mint after the renewal: %q, %v; want the renewed %s", tok, err, renewed.Serial)
+	}
+	close(hold)
+	if err := <-inFlight; err != nil {
+		t.Fatalf("the call in flight on the replaced connection: %v", err)
+	}
+	for deadline := time.Now().Add(time.Minute); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open a minute after the last call on the old one ended, want 1", f.open.Load())
 		}
 	}
 }
