@@ -26,6 +26,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/jointoken"
+	"github.com/muster-dev/muster/internal/jwtsvid"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -73,6 +74,10 @@ type fakeAuthority struct {
 	// renewHold, if set, holds the next renewal until it is closed,
 	// after telling renewHeld that it arrived.
 	renewHold, renewHeld chan struct{}
+	// mintJWT, if set, has mints answer a JWT-SVID signed with it, its
+	// iat the clock mintClock (the authority's), in place of the serial.
+	mintJWT   *jwtsvid.Issuer
+	mintClock func() time.Time
 	// mintHold, if set, holds the next JWT-SVID mint until it is closed,
 	// after closing mintHeld.
 	mintHold, mintHeld chan struct{}
@@ -361,6 +366,17 @@ func (m fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRe
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return nil, status.Error(codes.Unauthenticated, "no client certificate")
+	}
+	m.f.mu.Lock()
+	iss, clock := m.f.mintJWT, m.f.mintClock
+	m.f.mu.Unlock()
+	if iss != nil {
+		now := clock()
+		tok, exp, err := iss.Mint("spiffe://test/agent/n1", req.GetAudience(), now, now.Add(time.Hour))
+		if err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &musterv1.MintJWTSVIDResponse{Token: tok, ExpiresAt: timestamppb.New(exp)}, nil
 	}
 	return &musterv1.MintJWTSVIDResponse{Token: serialOf(ti.State.PeerCertificates[0]),
 		ExpiresAt: timestamppb.New(time.Now().Add(5 * time.Minute))}, nil

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,8 +34,30 @@ type jwtCache struct {
 }
 
 type cachedJWT struct {
-	token          string
-	issued, expiry time.Time
+	token  string
+	expiry time.Time
+	// reuse is until when the token is handed out again: half its
+	// lifetime after it was asked for, on this agent's clock
+	// (reuseUntil).
+	reuse time.Time
+}
+
+// reuseUntil is until when a token asked for at asked (this agent's
+// clock) and answered with expiry exp (the authority's) is reused: half
+// its lifetime later, the lifetime the token's own exp less its iat, both
+// the authority's clock. Comparing exp with this agent's clock made a
+// clock minutes behind the authority's hand out tokens with little or no
+// time left (relying parties refuse them), one ahead mint on every call.
+// A token that does not say (not a JWT, no iat) falls back on exp.
+func reuseUntil(tok string, asked, exp time.Time) time.Time {
+	life := exp.Sub(asked)
+	if t, err := jwt.ParseSigned(tok, []jose.SignatureAlgorithm{jose.ES256}); err == nil {
+		var c jwt.Claims
+		if err := t.UnsafeClaimsWithoutVerification(&c); err == nil && c.IssuedAt != nil && c.Expiry != nil {
+			life = c.Expiry.Time().Sub(c.IssuedAt.Time())
+		}
+	}
+	return asked.Add(life / 2)
 }
 
 // authorityConn is the connection JWT-SVID calls share: dialled once for
@@ -191,7 +215,7 @@ func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Ti
 	key := strings.Join(aud, "\x00")
 	now := a.now()
 	a.jwts.mu.Lock()
-	if c, ok := a.jwts.toks[key]; ok && now.Before(c.issued.Add(c.expiry.Sub(c.issued)/2)) {
+	if c, ok := a.jwts.toks[key]; ok && now.Before(c.reuse) {
 		a.jwts.mu.Unlock()
 		return c.token, c.expiry, nil
 	}
@@ -210,7 +234,7 @@ func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Ti
 	if a.jwts.toks == nil || len(a.jwts.toks) >= jwtCacheSize {
 		a.jwts.toks = map[string]cachedJWT{}
 	}
-	a.jwts.toks[key] = cachedJWT{token: resp.GetToken(), issued: now, expiry: exp}
+	a.jwts.toks[key] = cachedJWT{token: resp.GetToken(), expiry: exp, reuse: reuseUntil(resp.GetToken(), now, exp)}
 	a.jwts.mu.Unlock()
 	return resp.GetToken(), exp, nil
 }

@@ -1,8 +1,14 @@
 package agent
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/muster-dev/muster/internal/jwtsvid"
 )
 
 // JWT-SVID mints share one connection to the authority while the
@@ -98,5 +104,49 @@ func TestOldConnectionClosedWhenItsLastCallEnds(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections open a minute after the last call on the old one ended, want 1", f.open.Load())
 		}
+	}
+}
+
+// TestJWTSVIDReusedForHalfItsLifetimeWhateverTheClocks: a minted
+// JWT-SVID is handed out again for half its lifetime (exp less iat, the
+// authority's clock both) from when it was asked for (the agent's), so an
+// agent whose clock is minutes off the authority's reuses a 5-minute
+// token for 2.5 minutes, as one in step does. Before, the token's exp
+// (the authority's clock) was compared with the agent's: 10 minutes
+// behind the authority, it handed the token out for 7.5 minutes (5 past
+// its expiry, which relying parties refuse); 10 minutes ahead, never.
+func TestJWTSVIDReusedForHalfItsLifetimeWhateverTheClocks(t *testing.T) {
+	for _, skew := range []time.Duration{-10 * time.Minute, 0, 10 * time.Minute} {
+		t.Run("authority "+skew.String(), func(t *testing.T) {
+			f := newFakeAuthority(t, fakeOptions{})
+			a, _ := joined(t, f)
+			priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+			if err != nil {
+				t.Fatal(err)
+			}
+			iss, err := jwtsvid.NewIssuer(jwtsvid.Key{ID: "v1-a", Priv: priv})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			clock := time.Now()
+			at := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+			a.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+			f.mu.Lock()
+			f.mintJWT, f.mintClock = iss, func() time.Time { return a.now().Add(skew) }
+			f.mu.Unlock()
+			first, _, err := a.JWTSVID(t.Context(), []string{"db"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			at(2 * time.Minute)
+			if tok, _, err := a.JWTSVID(t.Context(), []string{"db"}); err != nil || tok != first {
+				t.Fatalf("2 minutes after the mint (of 5): a new token (%v), want the first reused", err)
+			}
+			at(time.Minute)
+			if tok, _, err := a.JWTSVID(t.Context(), []string{"db"}); err != nil || tok == first {
+				t.Fatalf("3 minutes after the mint (of 5): the first token handed out again (%v), want a new one", err)
+			}
+		})
 	}
 }
