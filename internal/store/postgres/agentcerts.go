@@ -14,12 +14,15 @@ import (
 // instances table (every superseded and deleted instance and every chain
 // PEM) three times per count. now() is stable, and the planner estimates
 // each range from the column's statistics: the expiring and expired
-// counts, a few nodes in a healthy fleet, are ranges of the partial
-// indexes instances_current_expiring_at and instances_current_not_after.
+// counts, a few nodes in a healthy fleet, are ranges of the partial index
+// instances_current_expiry (migration 0025) on its first column, the
+// expired ones the late range filtered on its second. Every expired
+// certificate is late: its last quarter starts before its not-after, as
+// the CA issues no leaf that ends before its issue.
 const agentCertCountQuery = `SELECT
 	(SELECT count(*) FROM instances WHERE state = 'current' AND last_expiring_at > ` + stmtNowMicros + `),
 	(SELECT count(*) FROM instances WHERE state = 'current' AND last_expiring_at <= ` + stmtNowMicros + `),
-	(SELECT count(*) FROM instances WHERE state = 'current' AND last_not_after <= ` + stmtNowMicros + `)`
+	(SELECT count(*) FROM instances WHERE state = 'current' AND last_expiring_at <= ` + stmtNowMicros + ` AND last_not_after <= ` + stmtNowMicros + `)`
 
 // stmtNowMicros is the store clock at the start of the transaction, a
 // statement of its own here, in unix microseconds.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"runtime"
 	"sync"
@@ -119,7 +120,8 @@ func insertBenchLocks(b *testing.B, s *SQLite, n int) {
 }
 
 // benchJoin is a complete join of node-n under token t1, as the authority
-// builds it.
+// builds it: with the three lock targets a token join checks (the node,
+// the token, the key), none of them locked.
 func benchJoin(n int64) store.Join {
 	now := time.Now()
 	id := fmt.Sprintf("%d", n)
@@ -127,6 +129,8 @@ func benchJoin(n int64) store.Join {
 	serial := fmt.Sprintf("%x", sha256.Sum256([]byte(id)))[:32] // random, as the CA issues them
 	return store.Join{
 		TokenID: "t1", NodeID: "node-" + id, RetryWindow: time.Minute,
+		LockTargets: []store.LockTarget{{Kind: store.LockNode, Target: "node-" + id},
+			{Kind: store.LockToken, Target: "t1"}, {Kind: store.LockPublicKey, Target: hex.EncodeToString(key[:])}},
 		Instance: store.Instance{
 			ID: "i-" + id, JoinMethod: store.JoinMethodToken, TokenID: "t1", CreatedAt: now,
 			LastSerial: serial, LastPublicKey: key[:], LastChainPEM: make([]byte, 1500), LastIssuedAt: now,

@@ -18,7 +18,9 @@ import (
 // written. In order:
 //
 //  0. Locks: a lock in force on any of j.LockTargets by the store clock
-//     refuses the join (*store.LockedError).
+//     refuses the join (*store.LockedError), whatever else would refuse
+//     it. The check is part of step 5's INSERT; a retry or a refusal
+//     looks the lock up afterwards (commitJoin).
 //  1. Retry check: if the node's current instance was created by j.TokenID
 //     (or, for a join without a token, j.Credential)
 //     less than j.RetryWindow ago by the store clock, is at generation 0 and
@@ -67,15 +69,40 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 	return res, nil
 }
 
-// commitJoin is CommitJoin's work inside the write transaction.
+// commitJoin is CommitJoin's work inside the write transaction. A lock
+// in force on what the caller's read checked refuses the join, a retry
+// too (as at the read), whatever else would refuse it: one created since
+// that read stops it here. The check costs no statement of its own on
+// the way to an admission: the instance's INSERT (joinInsertQuery) adds
+// its row only if no lock is in force, and a refusal or a retry, whose
+// statements do not include that INSERT, looks the lock up afterwards.
 func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate) (store.JoinResult, error) {
-	// 0. A lock in force on what the caller's read checked refuses the
-	// join, a retry too (as at the read): one created since that read
-	// stops it here.
-	if err := lockedIn(ctx, tx, "commit join", store.Named(j.LockTargets)); err != nil {
-		return store.JoinResult{}, err
+	targets := store.Named(j.LockTargets)
+	res, err := admitJoin(ctx, tx, j, in, cert, targets)
+	switch {
+	case err == nil && !res.Retry:
+		return res, nil
+	case err == nil:
+		// A retry writes nothing, so nothing has checked the locks.
+		if err := lockedIn(ctx, tx, "commit join", targets); err != nil {
+			return store.JoinResult{}, err
+		}
+		return res, nil
 	}
+	// Any other refusal is the lock's if one is in force: the lock check
+	// came first of all before it was folded into the INSERT. A failure
+	// to look it up leaves the refusal as it was.
+	if !errors.Is(err, store.ErrLocked) {
+		if lerr := lockedIn(ctx, tx, "commit join", targets); errors.Is(lerr, store.ErrLocked) {
+			return store.JoinResult{}, lerr
+		}
+	}
+	return store.JoinResult{}, err
+}
 
+// admitJoin is commitJoin's work but for the lock check of a retry or a
+// refusal.
+func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) (store.JoinResult, error) {
 	var err error
 	// held is the node's current instance, "" while the node ID is free.
 	var held string
@@ -125,12 +152,8 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 
 	// 5. The instance goes in before the node and the certificate, which
 	// refer to it.
-	if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
-		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
-		timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert))); err != nil {
-		return store.JoinResult{}, wrap("commit join: insert instance", err)
+	if err := insertJoinInstance(ctx, tx, j, in, cert, targets); err != nil {
+		return store.JoinResult{}, err
 	}
 	if held != "" {
 		_, err = tx.ExecContext(ctx, `UPDATE nodes
@@ -333,6 +356,81 @@ func buildRenewQuery(n int) string {
 	}
 	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1.
 	b.WriteString(` RETURNING node_id, join_method, token_id, previous_id, created_at`)
+	return b.String()
+}
+
+// insertJoinInstance inserts a join's instance if no lock is in force on
+// targets: it is the join's lock check, and the lock that refuses it is
+// read only then (*store.LockedError).
+func insertJoinInstance(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) error {
+	args := make([]any, 0, 14+2*len(targets))
+	args = append(args, in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+		timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)))
+	args = appendLockArgs(args, targets)
+	for try := 0; ; try++ {
+		r, err := tx.ExecContext(ctx, joinInsertQuery(len(targets)), args...)
+		if err != nil {
+			return wrap("commit join: insert instance", err)
+		}
+		n, err := r.RowsAffected()
+		switch {
+		case err != nil:
+			return wrap("commit join: insert instance", err)
+		case n > 0:
+			return nil
+		}
+		if err := lockedIn(ctx, tx, "commit join", targets); err != nil {
+			return err
+		}
+		if try > 0 {
+			// In force at each INSERT and expired at each look: the
+			// store clock moves back and forth.
+			return fmt.Errorf("sqlite: commit join: node %s: a lock refused it and expired since: %w", j.NodeID, store.ErrConflict)
+		}
+		// The lock the INSERT saw expired before it could be read, by
+		// the store clock: judged now nothing refuses the join, as it
+		// would not one that started now, so it is inserted now.
+	}
+}
+
+// joinInsertQueries[n] is a join's INSERT of its instance for n lock
+// targets, one text per count so that each is a prepared statement the
+// writer caches; a join has two or three.
+var joinInsertQueries = func() (qs [6]string) {
+	for n := range qs {
+		qs[n] = buildJoinInsertQuery(n)
+	}
+	return qs
+}()
+
+func joinInsertQuery(n int) string {
+	if n < len(joinInsertQueries) {
+		return joinInsertQueries[n]
+	}
+	return buildJoinInsertQuery(n)
+}
+
+// buildJoinInsertQuery inserts the instance (instanceColumns, then its
+// certificate's expiry and store.ExpiringAt) if no lock is in force by
+// the store clock on any of the n targets that follow (kind, target
+// pairs), each looked up through the (kind, target) index. The SELECT
+// reads locks, not instances, so SQLite inserts its row directly, without
+// the temporary table an INSERT … SELECT from its own table takes.
+func buildJoinInsertQuery(n int) string {
+	var b strings.Builder
+	b.WriteString(`INSERT INTO instances (` + instanceColumns + `, last_not_after, last_expiring_at)
+		SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?`)
+	if n > 0 {
+		b.WriteString(` WHERE NOT EXISTS (SELECT 1 FROM locks WHERE (`)
+		for i := range n {
+			if i > 0 {
+				b.WriteString(` OR `)
+			}
+			b.WriteString(`(kind = ? AND target = ?)`)
+		}
+		b.WriteString(`) AND ` + unexpired + `)`)
+	}
 	return b.String()
 }
 

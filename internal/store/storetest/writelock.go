@@ -157,6 +157,54 @@ func writeLockCases() []testCase {
 			_, err := s.CommitJoin(ctx, j)
 			wantLocked(t, "CommitJoin of a retry", err, l)
 		}},
+		testCase{"a lock in force refuses a join whatever else would refuse it", func(t *testing.T, ctx context.Context, s store.Store) {
+			// The lock is named, not the spent token, the node held or
+			// the ticket used: the operator's way out is the lock's.
+			insertTokens(t, ctx, s, token("tok-1", 1, time.Time{}, time.Hour), token("tok-2", 0, time.Time{}, time.Hour))
+			mustJoin(t, ctx, s, newJoin("tok-1", "node-1", "inst-1", "key-1", storeNow(t, ctx, s)))
+			l := lockOn(t, ctx, s, "l-1", store.LockTarget{Kind: store.LockPublicKey, Target: hex.EncodeToString(pubKey("key-2"))})
+			targets := func(tok, node string) []store.LockTarget {
+				return []store.LockTarget{{Kind: store.LockNode, Target: node}, {Kind: store.LockToken, Target: tok},
+					{Kind: store.LockPublicKey, Target: hex.EncodeToString(pubKey("key-2"))}}
+			}
+			spent := newJoin("tok-1", "node-2", "inst-2", "key-2", storeNow(t, ctx, s))
+			spent.LockTargets = targets("tok-1", "node-2")
+			taken := newJoin("tok-2", "node-1", "inst-3", "key-2", storeNow(t, ctx, s))
+			taken.LockTargets = targets("tok-2", "node-1")
+			before := snapshot(t, ctx, s, "node-1", "node-2")
+			for _, c := range []struct {
+				what string
+				j    store.Join
+			}{{"CommitJoin with a spent token", spent}, {"CommitJoin of a node held", taken}} {
+				_, err := s.CommitJoin(ctx, c.j)
+				wantLocked(t, c.what, err, l)
+			}
+			wantEqual(t, "state after the refused joins", snapshot(t, ctx, s, "node-1", "node-2"), before)
+
+			// Without the lock, each is refused for what it is.
+			mustNil(t, "DeleteLock", s.DeleteLock(ctx, l.ID, link(record("lock.delete"))))
+			_, err := s.CommitJoin(ctx, spent)
+			wantErr(t, "CommitJoin with a spent token, unlocked", err, store.ErrTokenSpent)
+			_, err = s.CommitJoin(ctx, taken)
+			wantErr(t, "CommitJoin of a node held, unlocked", err, store.ErrNodeTaken)
+		}},
+		testCase{"only a lock in force on a named target refuses a join", func(t *testing.T, ctx context.Context, s store.Store) {
+			insertTokens(t, ctx, s, token("tok-1", 0, time.Time{}, time.Hour))
+			now := storeNow(t, ctx, s)
+			for _, l := range []store.Lock{
+				{ID: "expired", Kind: store.LockNode, Target: "node-1", CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
+				{ID: "other-node", Kind: store.LockNode, Target: "node-2", CreatedAt: now},
+				{ID: "wrong-kind", Kind: store.LockInstance, Target: "node-1", CreatedAt: now},
+				{ID: "empty-key", Kind: store.LockPublicKey, Target: "", CreatedAt: now},
+			} {
+				l.CreatedBy = "admin"
+				mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
+			}
+			j := newJoin("tok-1", "node-1", "inst-1", "key-1", now)
+			j.LockTargets = []store.LockTarget{{Kind: store.LockNode, Target: "node-1"}, {Kind: store.LockToken, Target: "tok-1"},
+				{Kind: store.LockPublicKey, Target: ""}}
+			mustJoin(t, ctx, s, j)
+		}},
 		testCase{"a lock created after the read refuses a bound-keypair recovery", func(t *testing.T, ctx context.Context, s store.Store) {
 			now := storeNow(t, ctx, s)
 			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 5, store.RecoveryStandard))
