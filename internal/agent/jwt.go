@@ -41,58 +41,84 @@ type cachedJWT struct {
 // TLS handshake. Each call reads the identity on disk; when it differs
 // from the one the connection was made with (a renewal swapped the
 // certificate, a rotation the roots), the call dials anew and the old
-// connection is closed once calls in flight on it have had their time.
+// connection is closed as soon as the calls in flight on it have ended.
+// (It used to be closed a fixed grace of two call timeouts later: an
+// agent renewing more often than that held one connection per renewal,
+// and with short certificates reached the authority's cap on one agent's
+// connections, which then refused its renewals.)
 type authorityConn struct {
-	mu   sync.Mutex
-	key  string
-	conn *grpc.ClientConn
+	mu  sync.Mutex
+	key string
+	cur *sharedConn
+}
+
+// sharedConn is one connection and the calls in flight on it.
+type sharedConn struct {
+	conn     *grpc.ClientConn
+	inflight int
+	// retired: no longer handed out; closed once inflight is 0.
+	retired bool
 }
 
 // get returns the connection for key, dialling it with tc if it is not
-// the one held.
-func (c *authorityConn) get(key, addr string, tc func() *tls.Config, grace time.Duration) (*grpc.ClientConn, error) {
+// the one held, and counts a call on it until release.
+func (c *authorityConn) get(key, addr string, tc func() *tls.Config) (_ *sharedConn, release func(), _ error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil && c.key == key {
-		return c.conn, nil
+	if c.cur == nil || c.key != key {
+		conn, err := dial(addr, tc())
+		if err != nil {
+			return nil, nil, err
+		}
+		c.retireLocked()
+		c.key, c.cur = key, &sharedConn{conn: conn}
 	}
-	conn, err := dial(addr, tc())
-	if err != nil {
-		return nil, err
-	}
-	if old := c.conn; old != nil {
-		time.AfterFunc(grace, func() { old.Close() })
-	}
-	c.key, c.conn = key, conn
-	return conn, nil
+	sc := c.cur
+	sc.inflight++
+	return sc, sync.OnceFunc(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if sc.inflight--; sc.retired && sc.inflight == 0 {
+			sc.conn.Close()
+		}
+	}), nil
 }
 
-// drop stops sharing conn, if it is still the one held, so the next call
+// retireLocked stops handing out the held connection and closes it now
+// if no call is on it, else when its last call ends. c.mu is held.
+func (c *authorityConn) retireLocked() {
+	sc := c.cur
+	c.key, c.cur = "", nil
+	if sc == nil {
+		return
+	}
+	sc.retired = true
+	if sc.inflight == 0 {
+		sc.conn.Close()
+	}
+}
+
+// drop stops sharing sc, if it is still the one held, so the next call
 // dials anew: a call on it timed out or found the authority unreachable.
 // A half-open TCP connection (the authority's host gone without a reset,
 // a NAT that forgot the flow) would otherwise make every later call wait
 // out its deadline until the kernel gives up on it, many minutes later,
 // and gRPC's reconnect backoff (up to two minutes) would fail calls after
-// an authority restart. Calls in flight on it keep their grace, as after a
+// an authority restart. Calls in flight on it finish first, as after a
 // renewal.
-func (c *authorityConn) drop(conn *grpc.ClientConn, grace time.Duration) {
+func (c *authorityConn) drop(sc *sharedConn) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != conn {
-		return
+	if c.cur == sc {
+		c.retireLocked()
 	}
-	c.key, c.conn = "", nil
-	time.AfterFunc(grace, func() { conn.Close() })
 }
 
 // close closes the held connection (the agent stops).
 func (c *authorityConn) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.conn != nil {
-		c.conn.Close()
-	}
-	c.key, c.conn = "", nil
+	c.retireLocked()
 }
 
 // connKey names what a connection was made with.
@@ -123,17 +149,18 @@ func (a *Agent) withAuthority(ctx context.Context, f func(context.Context, grpc.
 		return fmt.Errorf("state.json: %w", err)
 	}
 	addr := a.address(st)
-	conn, err := a.authConn.get(connKey(addr, authorityID, id), addr,
-		func() *tls.Config { return identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)) }, 2*a.timeout)
+	sc, release, err := a.authConn.get(connKey(addr, authorityID, id), addr,
+		func() *tls.Config { return identity.ClientTLS(id, id.RootPool(), identity.MatchID(authorityID)) })
 	if err != nil {
 		return err
 	}
+	defer release()
 	cctx, cancel := context.WithTimeout(ctx, a.timeout)
 	defer cancel()
-	err = f(cctx, conn)
+	err = f(cctx, sc.conn)
 	if c := status.Code(err); (c == codes.DeadlineExceeded || c == codes.Unavailable) && ctx.Err() == nil {
 		// Not the caller giving up: the connection may be stale.
-		a.authConn.drop(conn, 2*a.timeout)
+		a.authConn.drop(sc)
 	}
 	return err
 }
