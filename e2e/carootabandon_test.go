@@ -10,8 +10,9 @@ import (
 // update_servers, where agent-0 gets a certificate under the new root
 // (stopped, renewed, started again, so its ten-minute certificate does
 // not renew on its own during the test) while agent-1 keeps one under the
-// old root; the rotation is then rolled back to none, which abandons the
-// new root. The authority closes agent-0's open stream at once, audited
+// old root; the rotation is then rolled back to init. Abandoning it, with
+// agent-0's certificate under the new root still valid, is refused naming
+// the wait and --abandon-now; with --abandon-now it goes to none. The authority closes agent-0's open stream at once, audited
 // agent.stream_close with the refusal that names the way out (a join over
 // its identity), and lists it disconnected, rather than keeping it
 // connected until its next renewal is refused; agent-1's stream stays
@@ -40,10 +41,19 @@ func TestAbandonedRootClosesTheStreamsUnderIt(t *testing.T) {
 	ra.start(0, nil)
 	waitFor(t, agentReach, "agent-0's stream under the new root is open", func() bool { return connected(t, e.dir, node0) })
 
-	for _, want := range []string{"update_agents", "init", "none"} {
+	for _, want := range []string{"update_agents", "init"} {
 		if st = caRoot(t, e.dir, "rollback"); st.Phase != want {
 			t.Fatalf("rollback: phase %s, want %s", st.Phase, want)
 		}
+	}
+	// agent-0's certificate under the new root is valid for 10 minutes:
+	// abandoning now would strand it, so a plain rollback is refused,
+	// naming the wait and the forced way.
+	if msg := mustFail(t, "ca", "root", "rollback", "--data", e.dir); !strings.Contains(msg, "muster ca root rollback --abandon-now") {
+		t.Fatalf("abandoning under an agent certificate of the new root: %s; want a refusal naming --abandon-now", msg)
+	}
+	if st = caRoot(t, e.dir, "rollback", "--abandon-now"); st.Phase != "none" {
+		t.Fatalf("rollback --abandon-now: phase %s, want none", st.Phase)
 	}
 
 	var closed auditRec

@@ -4,11 +4,14 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/muster-dev/muster/internal/jwtsvid"
+	"google.golang.org/grpc/connectivity"
 )
 
 // JWT-SVID mints share one connection to the authority while the
@@ -148,5 +151,67 @@ func TestJWTSVIDReusedForHalfItsLifetimeWhateverTheClocks(t *testing.T) {
 				t.Fatalf("3 minutes after the mint (of 5): the first token handed out again (%v), want a new one", err)
 			}
 		})
+	}
+}
+
+// An agent renewing more often than its call timeout holds one shared
+// connection, not one per renewal: the old one is closed as soon as no
+// call is on it, not a grace of two call timeouts later (with 20-second
+// certificates and the default 30-second timeout, an agent serving JWT-SVIDs
+// held 8 connections and the authority refused its renewals, past its
+// share of one agent's connections). The timeout here is ten minutes, so
+// the old grace would keep every replaced connection open for twenty.
+func TestJWTSVIDConnectionClosesWithItsLastCall(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, _ := joined(t, f)
+	a.timeout = 10 * time.Minute
+	for i := range 3 {
+		if _, err := a.Renew(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := a.JWTSVID(t.Context(), []string{fmt.Sprint("aud", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); f.open.Load() != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections open after three renewals and mints, want 1: replaced connections with no call on them stay open", f.open.Load())
+		}
+	}
+}
+
+// A replaced connection with a call in flight stays open until that call
+// ends, then closes; dropping one does the same.
+func TestSharedAuthorityConnWaitsForItsCalls(t *testing.T) {
+	var c authorityConn
+	tc := func() *tls.Config { return &tls.Config{} }
+	first, err := c.get("k1", "127.0.0.1:1", tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := c.get("k2", "127.0.0.1:1", tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.conn.GetState() == connectivity.Shutdown {
+		t.Fatal("the replaced connection closed under a call in flight")
+	}
+	c.release(first)
+	if first.calls != 0 || first.conn.GetState() != connectivity.Shutdown {
+		t.Fatalf("the replaced connection is %v with %d calls after its last call ended, want closed", first.conn.GetState(), first.calls)
+	}
+	c.drop(second)
+	if second.conn.GetState() == connectivity.Shutdown {
+		t.Fatal("the dropped connection closed under a call in flight")
+	}
+	c.release(second)
+	if second.conn.GetState() != connectivity.Shutdown {
+		t.Fatal("the dropped connection stayed open after its last call ended")
+	}
+	third, _ := c.get("k2", "127.0.0.1:1", tc)
+	c.release(third)
+	c.close()
+	if third == second || third.conn.GetState() != connectivity.Shutdown {
+		t.Fatal("after a drop the next call must dial anew, and close must close the held connection")
 	}
 }

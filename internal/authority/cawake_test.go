@@ -28,7 +28,7 @@ func TestCAClockWakesAtPublishWindowEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	for st.Phase != store.RootPhaseUpdateServers {
-		if _, st, err = s.stepRoot(ctx, "test", false); err != nil {
+		if _, st, err = s.stepRoot(ctx, "test", rootNext); err != nil {
 			t.Fatalf("step from %s: %v", st.Phase, err)
 		}
 	}

@@ -199,7 +199,7 @@ func TestOpenConnectionRootDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 {
-		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
+		if _, _, err := s.stepRoot(ctx, "t", rootNext); err != nil {
 			t.Fatal(err)
 		}
 		if err := s.inter.load(ctx); err != nil {
@@ -216,7 +216,7 @@ func TestOpenConnectionRootDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, st, err := s.stepRoot(ctx, "t", false, opLeaf); err != nil || st.Phase != store.RootPhaseStandby {
+	if _, st, err := s.stepRoot(ctx, "t", rootNext, opLeaf); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("to standby: %v %v", st.Phase, err)
 	}
 	if err := s.inter.load(ctx); err != nil {

@@ -31,7 +31,7 @@ func TestRetiringListsServedInStandby(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 3 {
-		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
+		if _, _, err := s.stepRoot(ctx, "t", rootNext); err != nil {
 			t.Fatal(err)
 		}
 		for range 3 {

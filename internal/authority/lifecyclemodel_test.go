@@ -286,10 +286,10 @@ func (m *lifecycleModel) pickAndApply() {
 			m.drive(func() { _, _ = m.s.rotateRoot(m.ctx, "test", nil) })
 		case r < 9:
 			m.note("root next-phase")
-			m.drive(func() { _, _, _ = m.s.stepRoot(m.ctx, "test", false) })
+			m.drive(func() { _, _, _ = m.s.stepRoot(m.ctx, "test", rootNext) })
 		default:
 			m.note("root rollback")
-			m.drive(func() { _, _, _ = m.s.stepRoot(m.ctx, "test", true) })
+			m.drive(func() { _, _, _ = m.s.stepRoot(m.ctx, "test", rootBackNow) })
 		}
 	case k < 15:
 		if !g.online {

@@ -75,16 +75,19 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 }
 
 func (a *adminService) NextRootPhase(ctx context.Context, _ *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
-	return a.rootStep(ctx, false)
+	return a.rootStep(ctx, rootNext)
 }
 
-func (a *adminService) RollbackRootPhase(ctx context.Context, _ *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
-	return a.rootStep(ctx, true)
+func (a *adminService) RollbackRootPhase(ctx context.Context, req *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
+	if req.GetAbandonNow() {
+		return a.rootStep(ctx, rootBackNow)
+	}
+	return a.rootStep(ctx, rootBack)
 }
 
-func (a *adminService) rootStep(ctx context.Context, rollback bool) (*musterv1.RootRotation, error) {
+func (a *adminService) rootStep(ctx context.Context, step rootStep) (*musterv1.RootRotation, error) {
 	c := callerFrom(ctx)
-	from, st, err := a.s.stepRoot(ctx, c.Actor(), rollback, c.Cert)
+	from, st, err := a.s.stepRoot(ctx, c.Actor(), step, c.Cert)
 	target := from + "->?"
 	if err == nil {
 		target = from + "->" + st.Phase

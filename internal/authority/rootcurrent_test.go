@@ -57,7 +57,7 @@ func TestStatusAndJoinAnswersFollowTheRootRotation(t *testing.T) {
 	}
 	newFP := ca.Fingerprint(st.New)
 	for range 2 {
-		if _, _, err := s.stepRoot(ctx, "test", false); err != nil {
+		if _, _, err := s.stepRoot(ctx, "test", rootNext); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"cmp"
 	"context"
 	"crypto"
 	"crypto/x509"
@@ -11,6 +12,7 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -389,11 +391,24 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 	return s.rootStatus(ctx)
 }
 
+// rootStep is the way stepRoot moves the rotation.
+type rootStep int
+
+const (
+	rootNext rootStep = iota
+	rootBack
+	// rootBackNow is rootBack that abandons from init even while agent
+	// certificates under the new root may be valid (muster ca root
+	// rollback --abandon-now: the new root's key is compromised).
+	rootBackNow
+)
+
 // stepRoot moves the rotation one phase on (next) or back.
 // callerCert, if not nil, is the operator's certificate: standby is
 // refused while it chains to the old root, which standby stops trusting
 // (the operator would lock themself out, rollback included).
-func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
+func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
+	rollback := step != rootNext
 	st, err := s.inter.readRoots(ctx)
 	if err != nil {
 		return "", RootStatus{}, err
@@ -433,6 +448,11 @@ func (s *Server) stepRoot(ctx context.Context, actor string, rollback bool, call
 	case to == store.RootPhaseNone:
 		if err := s.readyToDrop(ctx, st.old, "abandoning the rotation stops trusting the new root", callerCert); err != nil {
 			return from, RootStatus{}, err
+		}
+		if step != rootBackNow {
+			if err := s.newRootLeavesEnded(ctx, st.new); err != nil {
+				return from, RootStatus{}, err
+			}
 		}
 		// Abandoned: the new root and its cross-certificates are dropped.
 		next.NewCertDER, next.NewKeyRef, next.CrossNewByOld, next.CrossOldByNew = nil, nil, nil, nil
@@ -572,6 +592,51 @@ func (s *Server) intermediatesNotUnder(ctx context.Context, root *x509.Certifica
 		}
 	}
 	return n, nil
+}
+
+// newRootLeavesEnded refuses to abandon a rotation while an agent
+// certificate signed under its new root (from update_servers until the
+// rollback to update_agents) may still be valid. Its agent could not
+// renew once the new root is dropped, and no rollback would trust it
+// again: it would have to join anew. A running agent renews under the old
+// root within its certificate's lifetime, so waiting that long after the
+// rollback leaves none behind. The lifetimes are this replica's settings
+// (--agent-cert-ttl, --bound-keypair-cert-ttl), as every replica's should
+// be.
+func (s *Server) newRootLeavesEnded(ctx context.Context, newRoot *x509.Certificate) error {
+	if newRoot == nil {
+		return nil
+	}
+	rows, err := s.store.ListCACerts(ctx)
+	if err != nil {
+		return err
+	}
+	longest := max(cmp.Or(s.cfg.AgentCertTTL, enroll.DefaultAgentCertTTL), cmp.Or(s.cfg.BoundKeypairCertTTL, enroll.DefaultBoundKeypairCertTTL))
+	now := s.now()
+	var until time.Time
+	for _, r := range rows {
+		if r.Role != string(ca.RoleAgent) || r.State != store.CARetiring || r.RetiringAt.IsZero() {
+			continue
+		}
+		c, err := s.caCerts.parse(r.Serial, r.CertDER)
+		if err != nil || !s.caCerts.signedBy(c, newRoot) {
+			continue
+		}
+		end := r.RetiringAt.Add(longest + retireMargin)
+		if r.NotAfter.Before(end) {
+			end = r.NotAfter
+		}
+		if end.After(now) && end.After(until) {
+			until = end
+		}
+	}
+	if until.IsZero() {
+		return nil
+	}
+	return rootRule("abandoning the rotation stops trusting the new root, and agent certificates issued under it (in update_servers) stay valid until " +
+		until.UTC().Format(time.RFC3339) + ": an agent still holding one then could not renew, and no rollback would bring it back (it would have to join again); " +
+		"every running agent renews under the old root before then: run muster ca root rollback again after " + until.UTC().Format(time.RFC3339) +
+		", or, if the new root's key is compromised, abandon now with muster ca root rollback --abandon-now")
 }
 
 // awaitIntermediatesUnder waits, at most d, until every active

@@ -122,9 +122,9 @@ func TestRootRotationModel(t *testing.T) {
 		case "rotate":
 			st, err = s.rotateRoot(ctx, "test", nil)
 		case "next":
-			_, st, err = s.stepRoot(ctx, "test", false)
+			_, st, err = s.stepRoot(ctx, "test", rootNext)
 		case "rollback":
-			_, st, err = s.stepRoot(ctx, "test", true)
+			_, st, err = s.stepRoot(ctx, "test", rootBackNow)
 		}
 		if allowed != (err == nil) {
 			t.Fatalf("step %d %s from %s: err %v, model allows: %v", step, op, before.Phase, err, allowed)
@@ -261,8 +261,8 @@ func TestRootRotationRefusals(t *testing.T) {
 		do   func() error
 		want string
 	}{
-		{func() error { _, _, err := s.stepRoot(ctx, "t", false); return err }, "muster ca root rotate"},
-		{func() error { _, _, err := s.stepRoot(ctx, "t", true); return err }, "no root rotation to roll back"},
+		{func() error { _, _, err := s.stepRoot(ctx, "t", rootNext); return err }, "muster ca root rotate"},
+		{func() error { _, _, err := s.stepRoot(ctx, "t", rootBackNow); return err }, "no root rotation to roll back"},
 		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, ""},
 		{func() error { _, err := s.rotateRoot(ctx, "t", nil); return err }, "muster ca root next-phase"},
 	} {
@@ -354,7 +354,7 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	// An agent that will not renew before standby.
 	oldAgent := leafAs(s.ca.Issuer(ca.RoleAgent), spiffeid.RoleAgent, "web-01")
 	for range 2 {
-		if _, _, err := s.stepRoot(ctx, "t", false); err != nil {
+		if _, _, err := s.stepRoot(ctx, "t", rootNext); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -365,14 +365,14 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	if n, err := s.intermediatesNotUnder(ctx, st.New); err != nil || n != 0 {
 		t.Fatalf("update_servers answered with %d intermediates not under the new root (%v)", n, err)
 	}
-	if _, _, err := s.stepRoot(ctx, "t", false, old); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+	if _, _, err := s.stepRoot(ctx, "t", rootNext, old); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
 		t.Fatalf("standby asked by an operator under the old root: %v; want a refusal naming muster admin renew", err)
 	}
 	renewed := leafOf(s.ca.Issuer(ca.RoleAdmin))
 	// An agent that renews in update_servers and not again before the
 	// rotation is abandoned (below).
 	newAgent := leafAs(s.ca.Issuer(ca.RoleAgent), spiffeid.RoleAgent, "web-02")
-	if _, st, err := s.stepRoot(ctx, "t", false, renewed); err != nil || st.Phase != store.RootPhaseStandby {
+	if _, st, err := s.stepRoot(ctx, "t", rootNext, renewed); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("standby asked by an operator under the new root: %v %v", st.Phase, err)
 	}
 	// In standby, a certificate left under the old root is refused with
@@ -398,11 +398,11 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	// Back to init: abandoning the rotation drops the new root, so it is
 	// refused to an operator under it.
 	for range 3 {
-		if _, _, err := s.stepRoot(ctx, "t", true); err != nil {
+		if _, _, err := s.stepRoot(ctx, "t", rootBackNow); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, _, err := s.stepRoot(ctx, "t", true, renewed); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
+	if _, _, err := s.stepRoot(ctx, "t", rootBackNow, renewed); err == nil || !strings.Contains(err.Error(), "muster admin renew") {
 		t.Fatalf("abandoning asked by an operator under the new root: %v; want a refusal naming muster admin renew", err)
 	}
 	// An agent still under the new root when the rotation is abandoned
@@ -411,7 +411,7 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 	// abandoned root again, so the refusal does not offer one (it used to
 	// say the rotation went to standby, and to roll back to
 	// update_servers, from phase none).
-	if _, st, err := s.stepRoot(ctx, "t", true, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
+	if _, st, err := s.stepRoot(ctx, "t", rootBackNow, leafOf(s.ca.Issuer(ca.RoleAdmin))); err != nil || st.Phase != store.RootPhaseNone {
 		t.Fatalf("abandoning asked by an operator under the old root: %v %v", st.Phase, err)
 	}
 	if err := s.inter.load(ctx); err != nil {
@@ -461,7 +461,7 @@ func TestRootRotationTwoReplicasPostgres(t *testing.T) {
 	}
 	errs := make(chan error, 2)
 	for _, s := range a.srvs {
-		go func() { _, _, err := s.stepRoot(ctx, "t", false); errs <- err }()
+		go func() { _, _, err := s.stepRoot(ctx, "t", rootNext); errs <- err }()
 	}
 	var failed int
 	for range 2 {
@@ -481,7 +481,7 @@ func TestRootRotationTwoReplicasPostgres(t *testing.T) {
 	if st, _ := one.rootStatus(ctx); st.Phase != store.RootPhaseUpdateAgents {
 		t.Fatalf("after two concurrent steps: phase %s, want update_agents", st.Phase)
 	}
-	if _, _, err := other.stepRoot(ctx, "t", false); err != nil {
+	if _, _, err := other.stepRoot(ctx, "t", rootNext); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)

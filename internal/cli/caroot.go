@@ -27,17 +27,27 @@ init: both roots trusted, agents learn the new one); next-phase moves to
 update_agents, then update_servers (intermediates signed by the new root,
 so every new certificate chains to it; new joining URIs pin it), then
 standby (the old root is no longer trusted). rollback goes one phase back;
-from init it abandons the new root. See docs/ca-lifecycle.md.`,
+from init it abandons the new root, once no agent certificate issued under
+it in update_servers can still be valid (--abandon-now: at once). See
+docs/ca-lifecycle.md.`,
 	}
+	var abandonNow bool
+	rollback := newCARootStepCmd(env, "rollback", "Move the root rotation back one phase (from init: abandon the new root)",
+		"  muster ca root rollback\n  muster ca root rollback --abandon-now   # from init, the new root's key compromised",
+		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
+			if abandonNow {
+				fmt.Fprintln(env.Stderr, "warning: --abandon-now: from init, an agent still holding a certificate under the new root cannot renew and must join again (muster agent join --force)")
+			}
+			return c.RollbackRootPhase(ctx, &musterv1.RollbackRootPhaseRequest{AbandonNow: abandonNow})
+		})
+	rollback.Flags().BoolVar(&abandonNow, "abandon-now", false,
+		"from init, abandon the new root even while agent certificates issued under it may be valid (unsafe: agents holding one must join again; for a new root whose key is compromised)")
 	cmd.AddCommand(newCARootStatusCmd(env), newCARootRotateCmd(env), newCARootExportKeyCmd(env),
 		newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase", "  muster ca root next-phase",
 			func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
 				return c.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{})
 			}),
-		newCARootStepCmd(env, "rollback", "Move the root rotation back one phase (from init: abandon the new root)", "  muster ca root rollback",
-			func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
-				return c.RollbackRootPhase(ctx, &musterv1.RollbackRootPhaseRequest{})
-			}),
+		rollback,
 	)
 	return cmd
 }

@@ -404,8 +404,14 @@ func (*NextRootPhaseRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_caroot_proto_rawDescGZIP(), []int{5}
 }
 
+// RollbackRootPhaseRequest goes one phase back. From init, abandoning the
+// new root is refused while agent certificates under it may still be
+// valid (their agents could not renew, and no rollback would bring them
+// back); abandon_now abandons regardless, as for a new root whose key is
+// compromised.
 type RollbackRootPhaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	AbandonNow    bool                   `protobuf:"varint,1,opt,name=abandon_now,json=abandonNow,proto3" json:"abandon_now,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -438,6 +444,13 @@ func (x *RollbackRootPhaseRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RollbackRootPhaseRequest.ProtoReflect.Descriptor instead.
 func (*RollbackRootPhaseRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_caroot_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RollbackRootPhaseRequest) GetAbandonNow() bool {
+	if x != nil {
+		return x.AbandonNow
+	}
+	return false
 }
 
 var File_muster_v1_caroot_proto protoreflect.FileDescriptor
@@ -473,8 +486,10 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\n" +
 	"sealed_key\x18\x02 \x01(\fR\tsealedKey\x12'\n" +
 	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"\x16\n" +
-	"\x14NextRootPhaseRequest\"\x1a\n" +
-	"\x18RollbackRootPhaseRequestB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\x14NextRootPhaseRequest\";\n" +
+	"\x18RollbackRootPhaseRequest\x12\x1f\n" +
+	"\vabandon_now\x18\x01 \x01(\bR\n" +
+	"abandonNowB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_caroot_proto_rawDescOnce sync.Once
