@@ -21,7 +21,7 @@ type Store interface {
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
-	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
+	PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
 
@@ -323,7 +323,7 @@ func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, 
 	// muster init, which reads no authority.yaml, it carried the default
 	// signer.min_lead_time to every agent whatever the authority ran with.
 	if prev != nil {
-		_, _ = k.publish(ctx, prev)
+		_, _ = k.publish(ctx, prev, v)
 	}
 	// The ended signers' keys go after the set is out, so a revocation
 	// reaches agents without waiting on the token.
@@ -832,7 +832,7 @@ func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64)
 			k.signed.CompareAndSwap(c, nil)
 		}
 	}
-	c, err := k.publish(ctx, nil)
+	c, err := k.publish(ctx, nil, -1)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -873,14 +873,40 @@ func (k *Keeper) kept(ctx context.Context, version int64) ([]byte, error) {
 
 // publish returns the signed set of the store's current version: the one
 // kept in the store, else one signed now and kept (the first kept wins a
-// race). prev is the states of the set before, when the caller knows
-// them (a step just applied); else they are read from the kept set before.
-func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet, error) {
+// race between replicas at one set ID). prev is the states of the set
+// before version made, when the caller knows them (a step that just made
+// it); for any other version, and when prev is nil, they are read from
+// the kept set before.
+//
+// The keep is conditional on the set ID read with the signers: a set
+// signed from rows no longer current (another replica stepped, or the
+// store was restored under this one, between the read and the write) is
+// refused (store.ErrConflict) and neither kept nor served; the signers
+// are read again and the current version's set is published instead.
+func (k *Keeper) publish(ctx context.Context, prev map[string]State, made int64) (cachedSet, error) {
+	var err error
+	for range publishTries {
+		var c cachedSet
+		if c, err = k.publishOnce(ctx, prev, made); !errors.Is(err, store.ErrConflict) {
+			return c, err
+		}
+	}
+	return cachedSet{}, fmt.Errorf("signer: the verifier set moved under each of %d tries to publish it (steps in quick succession, or a store being restored); the next request tries again: %w", publishTries, err)
+}
+
+// publishTries bounds publish's reads: each retry follows a step or a
+// restore that landed between one read and its write, which are rare.
+const publishTries = 4
+
+func (k *Keeper) publishOnce(ctx context.Context, prev map[string]State, made int64) (cachedSet, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return cachedSet{}, err
 	}
 	v := snap.Version()
+	if v != made {
+		prev = nil
+	}
 	raw, err := k.kept(ctx, v)
 	if err != nil {
 		return cachedSet{}, err
@@ -906,7 +932,7 @@ func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet,
 		if err != nil {
 			return cachedSet{}, err
 		}
-		if err := k.st.PutVerifierSet(ctx, v, signed); err != nil {
+		if err := k.st.PutVerifierSet(ctx, snap.set, signed); err != nil {
 			return cachedSet{}, err
 		}
 		// Another replica may have kept its own signing of v first:
