@@ -483,3 +483,40 @@ func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, wri
 		}
 	}
 }
+
+// RunLeftoverSetTests checks that verifier sets kept above the store's
+// version, which no conditional put of this release writes (a replica of
+// an older release, whose put was not conditional, or an earlier life of
+// a restored store), are never listed and go with the next step or
+// advance, so the version they sit at is signed afresh. plant writes such
+// a set directly into s's table.
+func RunLeftoverSetTests(t *testing.T, s store.Store, plant func(t *testing.T, version int64, raw []byte)) {
+	t.Helper()
+	ctx := t.Context()
+	list := func(what string, want ...store.PublishedSet) {
+		t.Helper()
+		got, err := s.VerifierSets(ctx, 0, 100)
+		mustNil(t, "VerifierSets", err)
+		if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+			t.Fatalf("%s: kept sets (-want +got):\n%s", what, diff)
+		}
+	}
+	set := func(v int64, raw string) store.PublishedSet { return store.PublishedSet{Version: v, Raw: []byte(raw)} }
+	id := step(t, ctx, s, 1)
+	mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, id, []byte("set-1")))
+	for _, v := range []int64{2, 3, 5} {
+		plant(t, v, []byte(fmt.Sprintf("left-%d", v)))
+	}
+	list("sets left above the version", set(1, "set-1"))
+	id = step(t, ctx, s, 2)
+	list("after a step", set(1, "set-1"))
+	mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, id, []byte("set-2")))
+	list("after a step and its set", set(1, "set-1"), set(2, "set-2"))
+	for _, v := range []int64{3, 4, 6} {
+		plant(t, v, []byte(fmt.Sprintf("left-%d", v)))
+	}
+	mustNil(t, "AdvanceSignerSet", s.AdvanceSignerSet(ctx, 2, 5, []byte("advanced-5"), advanceLink))
+	list("after an advance", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
+	step(t, ctx, s, 6)
+	list("after a step past a set left there", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
+}
