@@ -788,8 +788,9 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 // sends.
 //
 // Each version is signed once, by any replica, and kept in the store
-// (PutVerifierSet): later requests, and agents catching up through the
-// chain (Chain), get those very bytes. The signer is chosen against the
+// (PutVerifierSet, only while the set ID it was signed at is the store's:
+// publish): later requests, and agents catching up through the chain
+// (Chain), get those very bytes. The signer is chosen against the
 // set before (Signing), so every agent holding that one takes this one.
 // The signed set is also kept here by set ID: an ID names one state of the
 // signer rows (every step advances the version and stamps the store clock
