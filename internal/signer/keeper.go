@@ -298,6 +298,21 @@ func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, 
 		}
 		refs[c.To.VersionID] = r
 	}
+	// The set of the version the step leaves is kept before the step: a
+	// set is kept only while its version is the store's, so one left
+	// unkept now never would be, and agents still holding the set before
+	// it would have to take the step's set from there, which they may
+	// not (a signer staged in the gap signs an activation). The replica
+	// that took the step before may not have kept it yet (its read went
+	// stale), or it is the first signer's, left to the first server. A
+	// conflict is the step's too (the version moved); any other failure
+	// (the token does not answer) does not hold the step back: a
+	// revocation must not wait on a set before it.
+	if len(snap.Signers) > 0 {
+		if _, err := k.keepSet(ctx, snap, nil); errors.Is(err, store.ErrConflict) {
+			return Result{}, err
+		}
+	}
 	link, err := k.audit.Builder(stepEvent(who, a, snap.Version()+1, changes, keys))
 	if err != nil {
 		return Result{}, err
@@ -904,50 +919,60 @@ func (k *Keeper) publishOnce(ctx context.Context, prev map[string]State, made in
 	if err != nil {
 		return cachedSet{}, err
 	}
-	v := snap.Version()
-	if v != made {
+	if snap.Version() != made {
 		prev = nil
 	}
-	raw, err := k.kept(ctx, v)
+	raw, err := k.keepSet(ctx, snap, prev)
 	if err != nil {
 		return cachedSet{}, err
-	}
-	if raw == nil {
-		if prev == nil {
-			if before, err := k.kept(ctx, v-1); err == nil && before != nil {
-				if set, err := ParseVerifierSet(before); err == nil {
-					prev = map[string]State{}
-					for _, key := range set.Keys {
-						prev[key.VersionID] = key.State
-					}
-				}
-			}
-		}
-		by, err := Signing(prev, snap.Signers)
-		if err != nil {
-			return cachedSet{}, err
-		}
-		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
-			return k.signWith(ctx, snap, by, msg)
-		})
-		if err != nil {
-			return cachedSet{}, err
-		}
-		if err := k.st.PutVerifierSet(ctx, snap.set, signed); err != nil {
-			return cachedSet{}, err
-		}
-		// Another replica may have kept its own signing of v first:
-		// every agent must see one set per version.
-		if raw, err = k.kept(ctx, v); err != nil {
-			return cachedSet{}, err
-		}
-		if raw == nil {
-			raw = signed
-		}
 	}
 	c := cachedSet{id: snap.set, raw: raw}
 	k.keep(c)
 	return c, nil
+}
+
+// keepSet returns the set kept for snap's version, signing it from snap
+// and keeping it first if none is (PutVerifierSet: store.ErrConflict if
+// snap is no longer the store's). prev is the states of the set before,
+// if known; else they are read from the kept set before.
+func (k *Keeper) keepSet(ctx context.Context, snap Snapshot, prev map[string]State) ([]byte, error) {
+	v := snap.Version()
+	raw, err := k.kept(ctx, v)
+	if err != nil || raw != nil {
+		return raw, err
+	}
+	if prev == nil {
+		if before, err := k.kept(ctx, v-1); err == nil && before != nil {
+			if set, err := ParseVerifierSet(before); err == nil {
+				prev = map[string]State{}
+				for _, key := range set.Keys {
+					prev[key.VersionID] = key.State
+				}
+			}
+		}
+	}
+	by, err := Signing(prev, snap.Signers)
+	if err != nil {
+		return nil, err
+	}
+	signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		return k.signWith(ctx, snap, by, msg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := k.st.PutVerifierSet(ctx, snap.set, signed); err != nil {
+		return nil, err
+	}
+	// Another replica may have kept its own signing of v first:
+	// every agent must see one set per version.
+	if raw, err = k.kept(ctx, v); err != nil {
+		return nil, err
+	}
+	if raw == nil {
+		raw = signed
+	}
+	return raw, nil
 }
 
 // MaxChain bounds the sets one Chain answer carries; an agent further

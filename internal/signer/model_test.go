@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -279,22 +280,40 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 			return res, err
 		}
-		// A step that hands out no rotate task (activate, retire, revoke,
-		// a clock step) is taken, one time in three, by the late replica:
+		// A step is taken, one time in three, by the late replica:
 		// between its read of the signers after the step and its keep of
-		// their set, the first replica stages a signer or the clock moves
-		// a step. The late replica's set is then of a version gone; it
-		// must keep and serve the current one.
+		// their set, the first replica stages a signer, activates the
+		// staged one (a stage's set is then never kept by the replica
+		// that staged) or the clock moves a step. The late replica's set
+		// is then of a version gone; it must keep and serve the current
+		// one, and agents that held the set before its step must still
+		// reach the current one.
 		by, lateOp := k, ""
 		var lateErr error
+		superseded := false
 		if rng.IntN(3) == 0 {
 			by = k2
 			late.before = func() {
 				var err error
-				if rng.IntN(2) == 0 {
+				n := 3
+				if op == "stage" {
+					// Not the clock: the stage's rotate task goes out
+					// at once, dated by the step.
+					n = 2
+				}
+				switch rng.IntN(n) {
+				case 0:
 					lateOp = "stage"
 					_, err = stage(k)
-				} else {
+				case 1:
+					lateOp = "activate"
+					if _, err = k.Activate(ctx, who); err == nil {
+						// The stage's rotate task would be signed by
+						// the signer it stages, now active: agents
+						// learn it from the sets alone.
+						superseded = true
+					}
+				default:
 					d := time.Duration(rng.IntN(90)) * time.Minute
 					lateOp = "clock +" + d.String()
 					clock.step(d)
@@ -308,7 +327,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		switch r := rng.IntN(100); {
 		case r < 15:
 			op = "stage"
-			res, err = stage(k)
+			res, err = stage(by)
 		case r < 23:
 			op = "activate"
 			res, err = by.Activate(ctx, who)
@@ -375,6 +394,29 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		}
 		if lateErr != nil {
 			fail(step, "%s: %s: %v", op, lateOp, lateErr)
+		}
+		if superseded {
+			rollouts = nil
+		}
+		// A stage the late replica took may be activated by the step
+		// that came first (a clock step, or a forced activation): its
+		// rotate task is then not handed out (it would be dated after
+		// its signer's effective time, or signed by that signer), and
+		// agents learn the signer from the sets alone.
+		if by == k2 && lateOp != "" {
+			now, _ := k.Load(ctx)
+			rollouts = slices.DeleteFunc(rollouts, func(r signer.Result) bool {
+				for _, c := range r.Changes {
+					if c.To.State == signer.Staged {
+						for _, s := range now.Signers {
+							if s.VersionID == c.To.VersionID {
+								return s.State != signer.Staged
+							}
+						}
+					}
+				}
+				return false
+			})
 		}
 		late.before = nil
 		history = append(history, op)

@@ -35,8 +35,8 @@ func (s *lateStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, raw
 
 // TestStaleReplicaServesTheCurrentSet: replica a reads the signers at
 // version 1 and signs that set; before it keeps it, replica b stages a
-// signer (version 2, its set kept). a's set of version 1 is no longer
-// current: a must serve version 2's. Before, a kept its set (the put was
+// signer (version 2, its set kept, and version 1's before its step). a's
+// set of version 1 is no longer current: a must serve version 2's. Before, a kept its set (the put was
 // not conditional on the store's version) and served version 1 while the
 // store was at 2.
 func TestStaleReplicaServesTheCurrentSet(t *testing.T) {
@@ -66,8 +66,10 @@ func TestStaleReplicaServesTheCurrentSet(t *testing.T) {
 	if kept, _ := b.kept(ctx, 2); string(kept) != string(raw) {
 		t.Fatal("a served a set other than the one the store keeps for version 2")
 	}
-	if sets, err := b.st.VerifierSets(ctx, 0, 10); err != nil || len(sets) != 1 || sets[0].Version != 2 {
-		t.Fatalf("kept sets %+v (%v); want version 2's only (a's of version 1 was signed for a version gone)", sets, err)
+	// Version 1's set is kept by b's stage, before its step: a's, signed
+	// for a version gone by the time it came to keep it, is refused.
+	if sets, err := b.st.VerifierSets(ctx, 0, 10); err != nil || len(sets) != 2 || sets[0].Version != 1 || sets[1].Version != 2 {
+		t.Fatalf("kept %d sets (%v); want versions 1 and 2", len(sets), err)
 	}
 }
 
@@ -126,5 +128,51 @@ func TestStaleReplicaKeepsNothingInARestoredStore(t *testing.T) {
 		if v != 2 || !names(t, raw, s2) || names(t, raw, s1) {
 			t.Fatalf("%s serves version %d naming S2 %v, S1 %v; want version 2 naming S2 only", name, v, names(t, raw, s2), names(t, raw, s1))
 		}
+	}
+}
+
+// TestStepKeepsTheSetItLeaves: replica a stages B (version 2) and, before
+// it keeps that set, replica b activates B (version 3). a's set of
+// version 2 is refused (no longer current), so b keeps version 2's set
+// before its step: an agent holding version 1, which does not know B,
+// takes the chain 2, 3 (3 is signed by B, staged in 2). With the set of
+// version 2 never kept, the chain would be 3 alone, which that agent
+// refuses: B signs it.
+func TestStepKeepsTheSetItLeaves(t *testing.T) {
+	ctx := t.Context()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	sealed, _ := NewSealed(seal.StorageKey{3})
+	who := Actor{Name: "ops"}
+	late := &lateStore{Store: openSQLite(t, path)}
+	a := NewKeeper(late, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	b := NewKeeper(openSQLite(t, path), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	if _, err := a.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	agent, _ := NewTrust(nil, nil)
+	raw, err := a.VerifierSet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.Accept(raw, time.Now()); err != nil || agent.Version() != 1 {
+		t.Fatalf("agent at %d: %v", agent.Version(), err)
+	}
+	late.arm(func() {
+		if _, err := b.Activate(ctx, who); err != nil {
+			t.Errorf("activate through b: %v", err)
+		}
+	})
+	if _, err := a.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := setVersion(t, a); v != 3 {
+		t.Fatalf("a serves version %d, want 3", v)
+	}
+	chain, err := a.Chain(ctx, agent.Version())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.AcceptChain(chain, time.Now()); err != nil || agent.Version() != 3 {
+		t.Fatalf("the agent holding version 1 took the chain of %d sets to version %d: %v; want 3", len(chain), agent.Version(), err)
 	}
 }
