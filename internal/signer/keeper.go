@@ -446,8 +446,9 @@ func IsRule(err error) bool {
 // and at every authority start so that an upgraded authority gets one.
 // Replicas starting together create one between them: the losers find it
 // made and return created false. The first verifier set is not signed
-// here but by the first keeper that serves it (VerifierSet), with that
-// keeper's signer.min_lead_time: the authority's, not init's default.
+// here but by the first keeper that serves it (VerifierSet) or steps from
+// it (apply), with that keeper's signer.min_lead_time: the authority's,
+// not init's default.
 func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
