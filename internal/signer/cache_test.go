@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/seal"
-	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
@@ -181,49 +180,40 @@ func TestVerifierSetCacheNeverGoesBack(t *testing.T) {
 	}
 }
 
-// restoredStore reports the verifier set version as a store restored from
-// an older backup would, while back is set.
-type restoredStore struct {
-	Store
-	back atomic.Int64
-}
-
-func (r *restoredStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
-	id, err := r.Store.SignerSetID(ctx)
-	id.Version -= r.back.Load()
-	return id, err
-}
-
-func (r *restoredStore) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
-	rows, id, err := r.Store.ListSigners(ctx)
-	id.Version -= r.back.Load()
-	return rows, id, err
-}
-
 // TestVerifierSetAfterTheStoreWentBack: a store whose version goes back
 // (restored from a backup under a running authority) is served its own
-// set, and the set kept for the higher version is dropped, so when the
-// store reaches that version again with other signers it is signed anew.
+// set, and the set kept for the higher version is dropped from the cache,
+// so when the store is at that version again it serves the set the store
+// keeps there.
 func TestVerifierSetAfterTheStoreWentBack(t *testing.T) {
 	ctx := t.Context()
-	a, b, signs := replicaKeepers(t)
+	dir := t.TempDir()
+	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
+	live := filepath.Join(dir, "muster.db")
+	liveStore := openSQLite(t, live)
+	sw := &swappedStore{cur: liveStore}
+	a := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	b := NewKeeper(openSQLite(t, live), sealed, &auditLog{}, "prod-a3f2e1", 0)
 	if _, err := b.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
 	}
+	low, lowRaw := setVersion(t, a)
+	backup := filepath.Join(dir, "backup.db")
+	copyDB(t, live, backup)
 	if _, err := b.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	r := &restoredStore{Store: a.st}
-	a.st = r
 	high, _ := setVersion(t, a)
-	r.back.Store(1)
-	if v, _ := setVersion(t, a); v != high-1 {
-		t.Fatalf("after the store went back: served %d, want %d", v, high-1)
+	if high != low+1 {
+		t.Fatalf("served %d after a stage from %d", high, low)
 	}
-	r.back.Store(0)
-	// The store's own set of that version is served: the one it keeps
-	// (a restored store keeps the sets of its own history only).
+	sw.restore(openSQLite(t, backup))
+	if v, raw := setVersion(t, a); v != low || string(raw) != string(lowRaw) {
+		t.Fatalf("after the store went back: served %d, want the restored store's own set of %d", v, low)
+	}
+	sw.restore(liveStore)
+	// The store's own set of that version is served: the one it keeps.
 	v, raw := setVersion(t, a)
 	if v != high {
 		t.Fatalf("served %d, want %d", v, high)
@@ -231,5 +221,4 @@ func TestVerifierSetAfterTheStoreWentBack(t *testing.T) {
 	if kept, _ := a.kept(ctx, high); string(kept) != string(raw) {
 		t.Fatal("served a set other than the one the store keeps for its version")
 	}
-	_ = signs
 }

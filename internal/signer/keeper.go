@@ -21,7 +21,7 @@ type Store interface {
 	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
-	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
+	PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
 }
 
@@ -298,6 +298,21 @@ func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, 
 		}
 		refs[c.To.VersionID] = r
 	}
+	// The set of the version the step leaves is kept before the step: a
+	// set is kept only while its version is the store's, so one left
+	// unkept now never would be, and agents still holding the set before
+	// it would have to take the step's set from there, which they may
+	// not (a signer staged in the gap signs an activation). The replica
+	// that took the step before may not have kept it yet (its read went
+	// stale), or it is the first signer's, left to the first server. A
+	// conflict is the step's too (the version moved); any other failure
+	// (the token does not answer) does not hold the step back: a
+	// revocation must not wait on a set before it.
+	if len(snap.Signers) > 0 {
+		if _, err := k.keepSet(ctx, snap, nil); errors.Is(err, store.ErrConflict) {
+			return Result{}, err
+		}
+	}
 	link, err := k.audit.Builder(stepEvent(who, a, snap.Version()+1, changes, keys))
 	if err != nil {
 		return Result{}, err
@@ -323,7 +338,7 @@ func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, 
 	// muster init, which reads no authority.yaml, it carried the default
 	// signer.min_lead_time to every agent whatever the authority ran with.
 	if prev != nil {
-		_, _ = k.publish(ctx, prev)
+		_, _ = k.publish(ctx, prev, v)
 	}
 	// The ended signers' keys go after the set is out, so a revocation
 	// reaches agents without waiting on the token.
@@ -431,8 +446,9 @@ func IsRule(err error) bool {
 // and at every authority start so that an upgraded authority gets one.
 // Replicas starting together create one between them: the losers find it
 // made and return created false. The first verifier set is not signed
-// here but by the first keeper that serves it (VerifierSet), with that
-// keeper's signer.min_lead_time: the authority's, not init's default.
+// here but by the first keeper that serves it (VerifierSet) or steps from
+// it (apply), with that keeper's signer.min_lead_time: the authority's,
+// not init's default.
 func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
@@ -788,8 +804,9 @@ func (k *Keeper) VerifierSet(ctx context.Context) ([]byte, error) {
 // sends.
 //
 // Each version is signed once, by any replica, and kept in the store
-// (PutVerifierSet): later requests, and agents catching up through the
-// chain (Chain), get those very bytes. The signer is chosen against the
+// (PutVerifierSet, only while the set ID it was signed at is the store's:
+// publish): later requests, and agents catching up through the chain
+// (Chain), get those very bytes. The signer is chosen against the
 // set before (Signing), so every agent holding that one takes this one.
 // The signed set is also kept here by set ID: an ID names one state of the
 // signer rows (every step advances the version and stamps the store clock
@@ -832,7 +849,7 @@ func (k *Keeper) signedAt(ctx context.Context, id store.SignerSetID, have int64)
 			k.signed.CompareAndSwap(c, nil)
 		}
 	}
-	c, err := k.publish(ctx, nil)
+	c, err := k.publish(ctx, nil, -1)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -873,54 +890,90 @@ func (k *Keeper) kept(ctx context.Context, version int64) ([]byte, error) {
 
 // publish returns the signed set of the store's current version: the one
 // kept in the store, else one signed now and kept (the first kept wins a
-// race). prev is the states of the set before, when the caller knows
-// them (a step just applied); else they are read from the kept set before.
-func (k *Keeper) publish(ctx context.Context, prev map[string]State) (cachedSet, error) {
+// race between replicas at one set ID). prev is the states of the set
+// before version made, when the caller knows them (a step that just made
+// it); for any other version, and when prev is nil, they are read from
+// the kept set before.
+//
+// The keep is conditional on the set ID read with the signers: a set
+// signed from rows no longer current (another replica stepped, or the
+// store was restored under this one, between the read and the write) is
+// refused (store.ErrConflict) and neither kept nor served; the signers
+// are read again and the current version's set is published instead.
+func (k *Keeper) publish(ctx context.Context, prev map[string]State, made int64) (cachedSet, error) {
+	var err error
+	for range publishTries {
+		var c cachedSet
+		if c, err = k.publishOnce(ctx, prev, made); !errors.Is(err, store.ErrConflict) {
+			return c, err
+		}
+	}
+	return cachedSet{}, fmt.Errorf("signer: the verifier set moved under each of %d tries to publish it (steps in quick succession, or a store being restored); the next request tries again: %w", publishTries, err)
+}
+
+// publishTries bounds publish's reads: each retry follows a step or a
+// restore that landed between one read and its write, which are rare.
+const publishTries = 4
+
+func (k *Keeper) publishOnce(ctx context.Context, prev map[string]State, made int64) (cachedSet, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return cachedSet{}, err
 	}
-	v := snap.Version()
-	raw, err := k.kept(ctx, v)
+	if snap.Version() != made {
+		prev = nil
+	}
+	raw, err := k.keepSet(ctx, snap, prev)
 	if err != nil {
 		return cachedSet{}, err
-	}
-	if raw == nil {
-		if prev == nil {
-			if before, err := k.kept(ctx, v-1); err == nil && before != nil {
-				if set, err := ParseVerifierSet(before); err == nil {
-					prev = map[string]State{}
-					for _, key := range set.Keys {
-						prev[key.VersionID] = key.State
-					}
-				}
-			}
-		}
-		by, err := Signing(prev, snap.Signers)
-		if err != nil {
-			return cachedSet{}, err
-		}
-		signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
-			return k.signWith(ctx, snap, by, msg)
-		})
-		if err != nil {
-			return cachedSet{}, err
-		}
-		if err := k.st.PutVerifierSet(ctx, v, signed); err != nil {
-			return cachedSet{}, err
-		}
-		// Another replica may have kept its own signing of v first:
-		// every agent must see one set per version.
-		if raw, err = k.kept(ctx, v); err != nil {
-			return cachedSet{}, err
-		}
-		if raw == nil {
-			raw = signed
-		}
 	}
 	c := cachedSet{id: snap.set, raw: raw}
 	k.keep(c)
 	return c, nil
+}
+
+// keepSet returns the set kept for snap's version, signing it from snap
+// and keeping it first if none is (PutVerifierSet: store.ErrConflict if
+// snap is no longer the store's). prev is the states of the set before,
+// if known; else they are read from the kept set before.
+func (k *Keeper) keepSet(ctx context.Context, snap Snapshot, prev map[string]State) ([]byte, error) {
+	v := snap.Version()
+	raw, err := k.kept(ctx, v)
+	if err != nil || raw != nil {
+		return raw, err
+	}
+	if prev == nil {
+		if before, err := k.kept(ctx, v-1); err == nil && before != nil {
+			if set, err := ParseVerifierSet(before); err == nil {
+				prev = map[string]State{}
+				for _, key := range set.Keys {
+					prev[key.VersionID] = key.State
+				}
+			}
+		}
+	}
+	by, err := Signing(prev, snap.Signers)
+	if err != nil {
+		return nil, err
+	}
+	signed, err := NewVerifierSet(k.authorityID, v, snap.Signers, snap.Now, k.MinLeadTime()).Sign(by.VersionID, func(msg []byte) ([]byte, error) {
+		return k.signWith(ctx, snap, by, msg)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := k.st.PutVerifierSet(ctx, snap.set, signed); err != nil {
+		return nil, err
+	}
+	// Another replica may have kept its own signing of v first:
+	// every agent must see one set per version.
+	if raw, err = k.kept(ctx, v); err != nil {
+		return nil, err
+	}
+	if raw == nil {
+		raw = signed
+	}
+	return raw, nil
 }
 
 // MaxChain bounds the sets one Chain answer carries; an agent further

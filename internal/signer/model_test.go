@@ -2,12 +2,14 @@ package signer_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -72,6 +74,23 @@ func (discardAudit) Builder(e audit.Event) (*audit.Link, error) {
 
 func (discardAudit) Appended(*audit.Link) {}
 
+// lateStore is the store of the model's second replica: armed, its next
+// keep of a verifier set first runs before, a step through the first
+// replica, as when another replica steps between this one's read of the
+// signers and its write of their set.
+type lateStore struct {
+	signer.Store
+	before func()
+}
+
+func (s *lateStore) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error {
+	if f := s.before; f != nil {
+		s.before = nil
+		f()
+	}
+	return s.Store.PutVerifierSet(ctx, id, raw)
+}
+
 // modelAgent is one agent of the fleet: its trust (the real acceptance
 // code), whether it is connected, and whether it connected since the last
 // check.
@@ -115,15 +134,26 @@ func TestFleetModel(t *testing.T) {
 func runModel(t *testing.T, seed uint64, steps int) {
 	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(seed, 20))
-	st, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
+	path := filepath.Join(t.TempDir(), "muster.db")
+	st, err := sqlite.Open(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
 	clock := &modelClock{Store: st}
 	custody, _ := signer.NewSealed(seal.StorageKey{9})
 	const minLead = 10 * time.Minute
 	k := signer.NewKeeper(clock, custody, discardAudit{}, "prod-a3f2e1", minLead)
+	// k2 is a second replica on the same store (and clock), whose keep of
+	// a set the model makes late: another step lands first.
+	late := &lateStore{Store: clock}
+	k2 := signer.NewKeeper(late, custody, discardAudit{}, "prod-a3f2e1", minLead)
+	keepers := []*signer.Keeper{k, k2}
 	who := signer.Actor{Name: "model"}
 	if _, err := k.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
@@ -141,12 +171,20 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err == nil || errors.Is(err, signer.ErrSetStale) {
 			return nil
 		}
-		chain, cerr := k.Chain(ctx, tr.Version())
-		if cerr != nil {
-			t.Fatal(cerr)
-		}
-		if err := tr.AcceptChain(chain, now()); err != nil {
-			return err
+		// A chain cut at MaxChain is asked for again from where it
+		// stopped, as the agent does (catchUp).
+		for {
+			have := tr.Version()
+			chain, cerr := k.Chain(ctx, have)
+			if cerr != nil {
+				t.Fatal(cerr)
+			}
+			if err := tr.AcceptChain(chain, now()); err != nil {
+				return err
+			}
+			if len(chain) < signer.MaxChain || tr.Version() <= have {
+				break
+			}
 		}
 		if err := tr.Accept(raw, now()); err != nil && !errors.Is(err, signer.ErrSetStale) {
 			return err
@@ -230,22 +268,70 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		var rollouts []signer.Result
 		var op string
 		var res signer.Result
-		switch r := rng.IntN(100); {
-		case r < 15:
-			op = "stage"
+		stage := func(k *signer.Keeper) (signer.Result, error) {
 			eff := minLead + time.Duration(rng.IntN(30))*time.Minute
 			grace := time.Duration(1+rng.IntN(120)) * time.Minute
-			res, err = k.Stage(ctx, who, eff, grace)
+			res, err := k.Stage(ctx, who, eff, grace)
 			if err == nil {
 				for _, c := range res.Changes {
 					asked[c.To.VersionID] = grace
 				}
 				rollouts = append(rollouts, res)
 			}
+			return res, err
+		}
+		// A step is taken, one time in three, by the late replica:
+		// between its read of the signers after the step and its keep of
+		// their set, the first replica stages a signer, activates the
+		// staged one (a stage's set is then never kept by the replica
+		// that staged) or the clock moves a step. The late replica's set
+		// is then of a version gone; it must keep and serve the current
+		// one, and agents that held the set before its step must still
+		// reach the current one.
+		by, lateOp := k, ""
+		var lateErr error
+		superseded := false
+		if rng.IntN(3) == 0 {
+			by = k2
+			late.before = func() {
+				var err error
+				n := 3
+				if op == "stage" {
+					// Not the clock: the stage's rotate task goes out
+					// at once, dated by the step.
+					n = 2
+				}
+				switch rng.IntN(n) {
+				case 0:
+					lateOp = "stage"
+					_, err = stage(k)
+				case 1:
+					lateOp = "activate"
+					if _, err = k.Activate(ctx, who); err == nil {
+						// The stage's rotate task would be signed by
+						// the signer it stages, now active: agents
+						// learn it from the sets alone.
+						superseded = true
+					}
+				default:
+					d := time.Duration(rng.IntN(90)) * time.Minute
+					lateOp = "clock +" + d.String()
+					clock.step(d)
+					_, err = k.Tick(ctx, signer.Actor{Name: "clock"})
+				}
+				if err != nil && !signer.IsRule(err) {
+					lateErr = err
+				}
+			}
+		}
+		switch r := rng.IntN(100); {
+		case r < 15:
+			op = "stage"
+			res, err = stage(by)
 		case r < 23:
 			op = "activate"
-			res, err = k.Activate(ctx, who)
-			if err == nil && rng.IntN(2) == 0 {
+			res, err = by.Activate(ctx, who)
+			if err == nil && by == k && rng.IntN(2) == 0 {
 				// A forced activation and its rollback, a minute or
 				// two later: the rollout is re-issued.
 				failf := func(format string, args ...any) { fail(step, "after activate: "+format, args...) }
@@ -260,14 +346,14 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			}
 		case r < 29:
 			op = "retire"
-			res, err = k.Retire(ctx, who)
+			res, err = by.Retire(ctx, who)
 		case r < 39:
 			if len(snap.Signers) == 0 {
 				continue
 			}
 			s := snap.Signers[rng.IntN(len(snap.Signers))]
 			op = "revoke " + s.VersionID + "(" + string(s.State) + ")"
-			res, err = k.Revoke(ctx, who, s.VersionID)
+			res, err = by.Revoke(ctx, who, s.VersionID)
 		case r < 47:
 			op = "rollback"
 			res, err = k.Rollback(ctx, who)
@@ -278,7 +364,7 @@ func runModel(t *testing.T, seed uint64, steps int) {
 			d := time.Duration(rng.IntN(90)) * time.Minute
 			op = "clock +" + d.String()
 			clock.step(d)
-			res, err = k.Tick(ctx, signer.Actor{Name: "clock"})
+			res, err = by.Tick(ctx, signer.Actor{Name: "clock"})
 		case r < 80:
 			a := agents[rng.IntN(len(agents))]
 			a.online = !a.online
@@ -300,6 +386,39 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		if err != nil {
 			op += " refused"
 		}
+		if by == k2 {
+			op += " by the late replica"
+			if lateOp != "" {
+				op += " [" + lateOp + " first]"
+			}
+		}
+		if lateErr != nil {
+			fail(step, "%s: %s: %v", op, lateOp, lateErr)
+		}
+		if superseded {
+			rollouts = nil
+		}
+		// A stage the late replica took may be activated by the step
+		// that came first (a clock step, or a forced activation): its
+		// rotate task is then not handed out (it would be dated after
+		// its signer's effective time, or signed by that signer), and
+		// agents learn the signer from the sets alone.
+		if by == k2 && lateOp != "" {
+			now, _ := k.Load(ctx)
+			rollouts = slices.DeleteFunc(rollouts, func(r signer.Result) bool {
+				for _, c := range r.Changes {
+					if c.To.State == signer.Staged {
+						for _, s := range now.Signers {
+							if s.VersionID == c.To.VersionID {
+								return s.State != signer.Staged
+							}
+						}
+					}
+				}
+				return false
+			})
+		}
+		late.before = nil
 		history = append(history, op)
 		if len(history) > 12 {
 			history = history[1:]
@@ -324,6 +443,57 @@ func runModel(t *testing.T, seed uint64, steps int) {
 		failf := func(format string, args ...any) { fail(step, format, args...) }
 		check(t, ctx, k, agents, now(), connect, failf)
 		checkGrace(t, ctx, k, asked, graces, now(), failf)
+		checkKept(t, ctx, db, st, keepers, failf)
+	}
+}
+
+// checkKept checks the kept verifier sets against the store: none is kept
+// above the store's version (read from the file directly, as
+// VerifierSets lists none there whatever is kept), and every replica
+// serves the set kept for the current version, which names every live
+// signer of the store in its state and no key the store does not hold so.
+func checkKept(t *testing.T, ctx context.Context, db *sql.DB, st store.Store, keepers []*signer.Keeper, fail func(string, ...any)) {
+	t.Helper()
+	var above int
+	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM verifier_sets WHERE version > (SELECT version FROM signer_set WHERE id = 1)`).Scan(&above); err != nil {
+		t.Fatal(err)
+	}
+	if above != 0 {
+		fail("%d verifier sets kept above the store's version", above)
+	}
+	snap, err := keepers[0].Load(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := snap.Version()
+	kept, err := st.VerifierSets(ctx, v-1, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keepers {
+		served, sv, err := k.SignedVerifierSet(ctx, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sv != v || len(kept) != 1 || string(served) != string(kept[0].Raw) {
+			fail("replica %d serves version %d, the store is at %d, and %d sets are kept there; want the one kept", i, sv, v, len(kept))
+		}
+	}
+	set, err := signer.ParseVerifierSet(kept[0].Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]signer.State{}
+	for _, s := range snap.Signers {
+		states[s.VersionID] = s.State
+		if key, ok := set.Key(s.VersionID); s.State.Trusted() && (!ok || key.State != s.State) {
+			fail("the set of version %d has %s %s (listed %v), the store %s", v, s.VersionID, key.State, ok, s.State)
+		}
+	}
+	for _, key := range set.Keys {
+		if states[key.VersionID] != key.State {
+			fail("the set of version %d has %s %s, the store %q", v, key.VersionID, key.State, states[key.VersionID])
+		}
 	}
 }
 

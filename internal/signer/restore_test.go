@@ -48,7 +48,7 @@ func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64, set []
 func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	return s.get().DropSignerKey(ctx, id, ref, audit)
 }
-func (s *swappedStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
+func (s *swappedStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, raw []byte) error {
 	return s.get().PutVerifierSet(ctx, v, raw)
 }
 func (s *swappedStore) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
@@ -383,7 +383,7 @@ type unkeptStore struct {
 
 var errUnkept = errors.New("the store does not keep the set (test)")
 
-func (s *unkeptStore) PutVerifierSet(ctx context.Context, v int64, raw []byte) error {
+func (s *unkeptStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, raw []byte) error {
 	if s.fail {
 		return errUnkept
 	}

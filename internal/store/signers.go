@@ -83,7 +83,11 @@ type SignerStore interface {
 	// ApplySignerChanges writes changes in one transaction, in order, and
 	// advances the verifier set version from expectVersion to
 	// expectVersion+1, which it returns, stamping the set with the store
-	// clock (SignerSetID.SteppedAt). ErrConflict, and nothing written,
+	// clock (SignerSetID.SteppedAt). Sets kept above expectVersion go in
+	// the same write: the version was below them until now, so none is
+	// this store's (left by an earlier life of a restored store, or by a
+	// replica of a release whose PutVerifierSet was not conditional), and
+	// the new version's set is signed afresh. ErrConflict, and nothing written,
 	// if the version is no longer expectVersion (another change won), if
 	// an updated row is not in its From state, if an inserted version ID
 	// exists, or if a write would leave two signers staged, active or in
@@ -102,9 +106,10 @@ type SignerStore interface {
 	// version moved with no set kept would sign one with the store's
 	// active key, which the agents may hold only in grace. ErrConflict,
 	// and nothing written, if the version is no longer expectVersion or
-	// to is not above it. A set already kept for to (left by an earlier
-	// life of the store) is replaced: the version was below to until this
-	// write, so no set of this store's was served there. An empty set is
+	// to is not above it. Sets kept above expectVersion (left by an
+	// earlier life of the store) go, and one kept for to is replaced: the
+	// version was below them until this write, so no set of this store's
+	// was served there. An empty set is
 	// refused. audit builds its record (node_task_signer.advance),
 	// appended in the same transaction, as ApplySignerChanges's.
 	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(head AuditHead) (AuditRecord, error)) error
@@ -120,12 +125,20 @@ type SignerStore interface {
 	// same transaction, as ApplySignerChanges's: a reference whose record
 	// cannot be written stays, for the next pass.
 	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(head AuditHead) (AuditRecord, error)) error
-	// PutVerifierSet keeps the signed verifier set of one version, the
-	// first written: a second write of a version keeps the first and is
-	// not an error (replicas signing the same version race harmlessly).
-	PutVerifierSet(ctx context.Context, version int64, raw []byte) error
-	// VerifierSets returns the kept sets of versions above after, oldest
-	// first, at most limit of them.
+	// PutVerifierSet keeps raw as the signed verifier set of id.Version,
+	// signed from the signer rows read with id, in one conditional write:
+	// only while the store's set ID is still id. ErrConflict, and nothing
+	// written, once it is not: a step or an advance came after the read
+	// (the set is of a version no longer current), or the store was
+	// restored under the replica (the version may be the same, or even
+	// below, with other signers: the step's time tells them apart). A
+	// second write for the current ID keeps the first and is not an
+	// error: replicas signing the same version race harmlessly, and each
+	// reads back the one kept. An empty set is refused.
+	PutVerifierSet(ctx context.Context, id SignerSetID, raw []byte) error
+	// VerifierSets returns the kept sets of versions above after and at
+	// most the store's current version (read in the same statement),
+	// oldest first, at most limit of them.
 	VerifierSets(ctx context.Context, after int64, limit int) ([]PublishedSet, error)
 }
 
@@ -143,3 +156,15 @@ const MaxSignerSetVersion = math.MaxInt64 / 2
 // ErrSetVersionExhausted refuses a verifier set version at or above
 // MaxSignerSetVersion.
 var ErrSetVersionExhausted = errors.New("store: verifier set version at its bound")
+
+// SetMoved is PutVerifierSet's refusal of a set signed at signed while
+// the store's set ID is current: ErrConflict, naming both, so the replica
+// that signed it reads the signers again.
+func SetMoved(signed, current SignerSetID) error {
+	why := "a later step or advance"
+	if current.Version <= signed.Version {
+		why = "a store restored under the replica"
+	}
+	return fmt.Errorf("verifier set signed at version %d (stepped at %d), the store's is %d (stepped at %d), %s: %w",
+		signed.Version, signed.SteppedAt, current.Version, current.SteppedAt, why, ErrConflict)
+}

@@ -70,6 +70,7 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 	err := s.inPipe(ctx, op, func(p *pipe) error {
 		p.exec(`UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, []any{expect},
 			setMoved(op+": version", expect))
+		p.exec(`DELETE FROM verifier_sets WHERE version > $1`, []any{expect}, wrapped(op+": drop sets above the version"))
 		for _, c := range changes {
 			queueSignerChange(p, c)
 		}
@@ -153,23 +154,43 @@ func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, set []by
 	const op = "advance signer set"
 	return s.inPipe(ctx, op, func(p *pipe) error {
 		p.exec(`UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, []any{to, expect}, setMoved(op, expect))
-		p.exec(`INSERT INTO verifier_sets (version, raw) VALUES ($1, $2) ON CONFLICT (version) DO UPDATE SET raw = excluded.raw`, []any{to, set}, wrapped(op+": keep its set"))
+		p.exec(`DELETE FROM verifier_sets WHERE version > $1`, []any{expect}, wrapped(op+": drop sets above the version"))
+		p.exec(`INSERT INTO verifier_sets (version, raw) VALUES ($1, $2)`, []any{to, set}, wrapped(op+": keep its set"))
 		queueNotify(p, store.ChangeSigners)
 		return commitAudited(ctx, p, audit, op)
 	})
 }
 
-// PutVerifierSet keeps one version's signed set, the first written.
-func (s *Store) PutVerifierSet(ctx context.Context, version int64, raw []byte) error {
-	if _, err := s.pool.Exec(ctx, `INSERT INTO verifier_sets (version, raw) VALUES ($1, $2) ON CONFLICT (version) DO NOTHING`, version, raw); err != nil {
+// PutVerifierSet keeps the set signed from the rows read with id while
+// the store's set ID is still id (see store.SignerStore): one statement
+// that reads the signer_set row FOR SHARE and inserts from it. A step or
+// an advance in flight holds that row: the read waits for it and, once it
+// commits, gets the row it wrote, whose ID no longer matches; a step that
+// comes after waits for this statement. So no set is kept for an ID that
+// is not current when the statement ends.
+func (s *Store) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error {
+	if len(raw) == 0 {
+		return fmt.Errorf("postgres: put verifier set %d: no signed set", id.Version)
+	}
+	var cur store.SignerSetID
+	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT version, stepped_at FROM signer_set WHERE id = 1 FOR SHARE),
+		kept AS (INSERT INTO verifier_sets (version, raw)
+			SELECT version, $3 FROM cur WHERE version = $1 AND stepped_at = $2
+			ON CONFLICT (version) DO NOTHING)
+		SELECT version, stepped_at FROM cur`, id.Version, id.SteppedAt, raw).Scan(&cur.Version, &cur.SteppedAt)
+	if err != nil {
 		return wrap("put verifier set", err)
+	}
+	if cur != id {
+		return fmt.Errorf("postgres: put verifier set: %w", store.SetMoved(id, cur))
 	}
 	return nil
 }
 
 // VerifierSets returns the kept sets above after, oldest first.
 func (s *Store) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
-	rows, err := s.pool.Query(ctx, `SELECT version, raw FROM verifier_sets WHERE version > $1 ORDER BY version LIMIT $2`, after, limit)
+	rows, err := s.pool.Query(ctx, `SELECT version, raw FROM verifier_sets
+		WHERE version > $1 AND version <= (SELECT version FROM signer_set WHERE id = 1) ORDER BY version LIMIT $2`, after, limit)
 	if err != nil {
 		return nil, wrap("verifier sets", err)
 	}

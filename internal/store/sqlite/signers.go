@@ -75,6 +75,9 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: apply signer changes: verifier set version is no longer %d: %w", expect, store.ErrConflict)
 		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM verifier_sets WHERE version > ?`, expect); err != nil {
+			return wrap("apply signer changes: drop sets above the version", err)
+		}
 		for _, c := range changes {
 			if err := applySignerChange(ctx, tx, c); err != nil {
 				return err
@@ -151,7 +154,10 @@ func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, set []b
 		if n, _ := res.RowsAffected(); n != 1 {
 			return fmt.Errorf("sqlite: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
 		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?) ON CONFLICT (version) DO UPDATE SET raw = excluded.raw`, to, set); err != nil {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM verifier_sets WHERE version > ?`, expect); err != nil {
+			return wrap("advance signer set: drop sets above the version", err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?)`, to, set); err != nil {
 			return wrap("advance signer set: keep its set", err)
 		}
 		return appendAuditOf(ctx, tx, fmt.Sprintf("advance signer set to %d", to), audit)
@@ -185,12 +191,33 @@ func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte
 	})
 }
 
-// PutVerifierSet keeps one version's signed set, the first written.
-func (s *SQLite) PutVerifierSet(ctx context.Context, version int64, raw []byte) error {
+// PutVerifierSet keeps the set signed from the rows read with id while
+// the store's set ID is still id (see store.SignerStore). The writer runs
+// one transaction at a time, here and through the file lock in any other
+// process, and the ID is read inside it: no step, advance or restore
+// lands between the check and the insert.
+func (s *SQLite) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error {
+	if len(raw) == 0 {
+		return fmt.Errorf("sqlite: put verifier set %d: no signed set", id.Version)
+	}
 	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?) ON CONFLICT (version) DO NOTHING`, version, raw)
+		res, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw)
+			SELECT version, ? FROM signer_set WHERE id = 1 AND version = ? AND stepped_at = ?
+			ON CONFLICT (version) DO NOTHING`, raw, id.Version, id.SteppedAt)
 		if err != nil {
 			return wrap("put verifier set", err)
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			return nil
+		}
+		// Nothing inserted: a set kept first for this very ID (no error),
+		// or the ID moved on.
+		var cur store.SignerSetID
+		if err := tx.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&cur.Version, &cur.SteppedAt); err != nil {
+			return wrap("put verifier set: set id", err)
+		}
+		if cur != id {
+			return fmt.Errorf("sqlite: put verifier set: %w", store.SetMoved(id, cur))
 		}
 		return nil
 	})
@@ -198,7 +225,8 @@ func (s *SQLite) PutVerifierSet(ctx context.Context, version int64, raw []byte) 
 
 // VerifierSets returns the kept sets above after, oldest first.
 func (s *SQLite) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT version, raw FROM verifier_sets WHERE version > ? ORDER BY version LIMIT ?`, after, limit)
+	rows, err := s.r.QueryContext(ctx, `SELECT version, raw FROM verifier_sets
+		WHERE version > ? AND version <= (SELECT version FROM signer_set WHERE id = 1) ORDER BY version LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, wrap("verifier sets", err)
 	}

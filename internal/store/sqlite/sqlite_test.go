@@ -337,3 +337,15 @@ func TestWatchChanges(t *testing.T) { storetest.RunWatchTests(t, twoHandles) }
 // TestSignerVersionAcrossHandles: a signer step through one handle is the
 // version the other reads next.
 func TestSignerVersionAcrossHandles(t *testing.T) { storetest.RunSignerVersionTests(t, twoHandles) }
+
+// TestLeftoverVerifierSets: sets kept above the version (by an older
+// release, or an earlier life of a restored file) are never listed and go
+// with the next step or advance.
+func TestLeftoverVerifierSets(t *testing.T) {
+	s, _ := openTemp(t)
+	storetest.RunLeftoverSetTests(t, s, func(t *testing.T, v int64, raw []byte) {
+		if _, err := s.w.ExecContext(t.Context(), `INSERT INTO verifier_sets (version, raw) VALUES (?, ?)`, v, raw); err != nil {
+			t.Fatal(err)
+		}
+	})
+}

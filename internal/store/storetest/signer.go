@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -317,11 +319,12 @@ func signerCases() []testCase {
 				t.Fatalf("dropping a key moved the verifier set version from %d to %d", v, got)
 			}
 		}},
-		{"published verifier sets: the first of a version is kept; listed after a version, oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
+		{"published verifier sets: kept for the current set ID, the first of a version; listed after a version, oldest first", func(t *testing.T, ctx context.Context, s store.Store) {
 			for v := int64(1); v <= 4; v++ {
-				mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, v, []byte(fmt.Sprintf("set-%d", v))))
+				id := step(t, ctx, s, v)
+				mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, id, []byte(fmt.Sprintf("set-%d", v))))
+				mustNil(t, "PutVerifierSet again", s.PutVerifierSet(ctx, id, []byte("other")))
 			}
-			mustNil(t, "PutVerifierSet again", s.PutVerifierSet(ctx, 2, []byte("other")))
 			got, err := s.VerifierSets(ctx, 1, 2)
 			mustNil(t, "VerifierSets", err)
 			want := []store.PublishedSet{{Version: 2, Raw: []byte("set-2")}, {Version: 3, Raw: []byte("set-3")}}
@@ -332,64 +335,111 @@ func signerCases() []testCase {
 				t.Fatalf("VerifierSets(4) = %v, %v; want none", got, err)
 			}
 		}},
-		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
-			mustNil(t, "create", err)
-			set := func(v int64) []byte { return []byte(fmt.Sprintf("set-%d", v)) }
-			if err := s.AdvanceSignerSet(ctx, 1, 1, set(1), advanceLink); !errors.Is(err, store.ErrConflict) {
-				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
+		{"a verifier set is kept only while the set ID it was signed at is the store's", func(t *testing.T, ctx context.Context, s store.Store) {
+			first := step(t, ctx, s, 1)
+			// Read by a replica that signs the set of version 2 while
+			// another steps to 3: the set is of a version gone.
+			read := step(t, ctx, s, 2)
+			cur := step(t, ctx, s, 3)
+			for name, id := range map[string]store.SignerSetID{
+				"a version gone":        read,
+				"the first version":     first,
+				"a version not reached": {Version: cur.Version + 1, SteppedAt: cur.SteppedAt},
+				// The version alone is not the set: a restored store
+				// stepped back up to it holds other signers.
+				"the version, stepped at another time": {Version: cur.Version, SteppedAt: cur.SteppedAt - 1},
+				"the version, never stepped":           {Version: cur.Version},
+			} {
+				if err := s.PutVerifierSet(ctx, id, []byte("stale")); !errors.Is(err, store.ErrConflict) {
+					t.Errorf("%s: %v, want ErrConflict", name, err)
+				}
 			}
-			if err := s.AdvanceSignerSet(ctx, 1, 2, nil, advanceLink); err == nil {
-				t.Fatal("advance with no signed set: no error")
+			if err := s.PutVerifierSet(ctx, cur, nil); err == nil {
+				t.Error("an empty set kept")
 			}
-			// A set left at a version above the store's (an earlier life
-			// of a restored store) is not the one the advance signed.
-			mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, 12, []byte("stale")))
-			const n = 6
-			errs := make([]error, n)
-			var wg sync.WaitGroup
-			for i := range n {
-				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), set(int64(10+i)), advanceLink) })
+			if sets, err := s.VerifierSets(ctx, -1, 100); err != nil || len(sets) != 0 {
+				t.Fatalf("refused puts kept %+v (%v)", sets, err)
 			}
-			wg.Wait()
-			if wins := successes(t, "advance", errs); wins != 1 {
-				t.Fatalf("%d advances won, want 1", wins)
-			}
-			id, err := s.SignerSetID(ctx)
-			mustNil(t, "SignerSetID", err)
-			if id.Version < 10 || id.SteppedAt == 0 {
-				t.Fatalf("set ID %+v after the advance", id)
-			}
-			// The version never moves without its set: the winner's is
-			// kept at its version, the losers' nowhere.
-			sets, err := s.VerifierSets(ctx, 1, 100)
+			mustNil(t, "PutVerifierSet at the current ID", s.PutVerifierSet(ctx, cur, []byte("current")))
+			sets, err := s.VerifierSets(ctx, -1, 100)
 			mustNil(t, "VerifierSets", err)
+			if diff := cmp.Diff([]store.PublishedSet{{Version: cur.Version, Raw: []byte("current")}}, sets); diff != "" {
+				t.Fatalf("kept sets (-want +got):\n%s", diff)
+			}
+		}},
+		{"racing puts and steps: each put that returned no error left a set kept at its version, the first put there", func(t *testing.T, ctx context.Context, s store.Store) {
+			ids := map[int64]store.SignerSetID{1: step(t, ctx, s, 1)}
+			const putters, steps = 4, 6
+			var (
+				wg   sync.WaitGroup
+				mu   sync.Mutex
+				kept = map[int64][]string{}
+			)
+			stop := make(chan struct{})
+			for p := range putters {
+				wg.Go(func() {
+					for n := 0; ; n++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						id, err := s.SignerSetID(ctx)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						raw := fmt.Sprintf("%d/%d by %d #%d", id.Version, id.SteppedAt, p, n)
+						err = s.PutVerifierSet(ctx, id, []byte(raw))
+						if err != nil && !errors.Is(err, store.ErrConflict) {
+							t.Error(err)
+							return
+						}
+						if err == nil {
+							mu.Lock()
+							kept[id.Version] = append(kept[id.Version], raw)
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			for v := int64(2); v <= steps; v++ {
+				ids[v] = step(t, ctx, s, v)
+			}
+			close(stop)
+			wg.Wait()
+			sets, err := s.VerifierSets(ctx, -1, 100)
+			mustNil(t, "VerifierSets", err)
+			got := map[int64]string{}
 			for _, ps := range sets {
-				want := "stale"
-				if ps.Version == id.Version {
-					want = string(set(id.Version))
-				}
-				if ps.Version != id.Version && ps.Version != 12 || string(ps.Raw) != want {
-					t.Fatalf("kept sets after racing advances to %d: %+v", id.Version, sets)
+				got[ps.Version] = string(ps.Raw)
+				prefix := fmt.Sprintf("%d/%d by ", ps.Version, ids[ps.Version].SteppedAt)
+				if !strings.HasPrefix(string(ps.Raw), prefix) || !slices.Contains(kept[ps.Version], string(ps.Raw)) {
+					t.Fatalf("kept %q at version %d, stepped to at %d; the puts that returned no error there: %q", ps.Raw, ps.Version, ids[ps.Version].SteppedAt, kept[ps.Version])
 				}
 			}
-			if len(sets) == 0 || sets[len(sets)-1].Version < id.Version {
-				t.Fatalf("no set kept at %d after the advance: %+v", id.Version, sets)
-			}
-			if err := s.AdvanceSignerSet(ctx, 1, 20, set(20), advanceLink); !errors.Is(err, store.ErrConflict) {
-				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
-			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, set(0), advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
-				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
-			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, set(0), advanceLink); err != nil {
-				t.Fatalf("advance to just below the bound: %v", err)
-			}
-			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
-				t.Fatalf("a step to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
+			for v, puts := range kept {
+				if _, ok := got[v]; !ok {
+					t.Fatalf("puts %q returned no error, and no set is kept at version %d", puts, v)
+				}
 			}
 		}},
 	}
+}
+
+// step makes verifier set version v (the store at v-1) with a signer
+// change that breaks no rule (a retired signer inserted) and returns the
+// store's set ID after it.
+func step(t *testing.T, ctx context.Context, s store.Store, v int64) store.SignerSetID {
+	t.Helper()
+	_, err := s.ApplySignerChanges(ctx, v-1, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", v), store.SignerRetired, 0))}, stepLink)
+	mustNil(t, fmt.Sprintf("step to %d", v), err)
+	id, err := s.SignerSetID(ctx)
+	mustNil(t, "SignerSetID", err)
+	if id.Version != v {
+		t.Fatalf("stepped to %+v, want version %d", id, v)
+	}
+	return id
 }
 
 // successes counts the nil errors of concurrent attempts and fails the
@@ -432,4 +482,41 @@ func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, wri
 			t.Fatalf("step %d through one handle made version %d; the other reads %d", i+1, v, got)
 		}
 	}
+}
+
+// RunLeftoverSetTests checks that verifier sets kept above the store's
+// version, which no conditional put of this release writes (a replica of
+// an older release, whose put was not conditional, or an earlier life of
+// a restored store), are never listed and go with the next step or
+// advance, so the version they sit at is signed afresh. plant writes such
+// a set directly into s's table.
+func RunLeftoverSetTests(t *testing.T, s store.Store, plant func(t *testing.T, version int64, raw []byte)) {
+	t.Helper()
+	ctx := t.Context()
+	list := func(what string, want ...store.PublishedSet) {
+		t.Helper()
+		got, err := s.VerifierSets(ctx, 0, 100)
+		mustNil(t, "VerifierSets", err)
+		if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+			t.Fatalf("%s: kept sets (-want +got):\n%s", what, diff)
+		}
+	}
+	set := func(v int64, raw string) store.PublishedSet { return store.PublishedSet{Version: v, Raw: []byte(raw)} }
+	id := step(t, ctx, s, 1)
+	mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, id, []byte("set-1")))
+	for _, v := range []int64{2, 3, 5} {
+		plant(t, v, []byte(fmt.Sprintf("left-%d", v)))
+	}
+	list("sets left above the version", set(1, "set-1"))
+	id = step(t, ctx, s, 2)
+	list("after a step", set(1, "set-1"))
+	mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, id, []byte("set-2")))
+	list("after a step and its set", set(1, "set-1"), set(2, "set-2"))
+	for _, v := range []int64{3, 4, 6} {
+		plant(t, v, []byte(fmt.Sprintf("left-%d", v)))
+	}
+	mustNil(t, "AdvanceSignerSet", s.AdvanceSignerSet(ctx, 2, 5, []byte("advanced-5"), advanceLink))
+	list("after an advance", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
+	step(t, ctx, s, 6)
+	list("after a step past a set left there", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
 }
