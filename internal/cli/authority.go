@@ -700,6 +700,12 @@ func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
 // (0: the default).
 func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
 	st, err := openStoreWith(ctx, d.url, timeout)
+	if err != nil && d.urlFromInfo && errors.Is(err, store.ErrUnavailable) {
+		// Not the password: the database did not answer, or refused the
+		// connection (stopped, restarting, unreachable from here).
+		return nil, fmt.Errorf("the store authority.json records, %s, is unavailable: %w; start the database or make it reachable from here, "+
+			"then run this again (--store URL, store: in authority.yaml, or MUSTER_STORE names another)", d.url, err)
+	}
 	if err != nil && d.urlFromInfo {
 		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
 			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)
