@@ -96,6 +96,12 @@ func TestOfflineCommandsUseTheRecordedStore(t *testing.T) {
 			}
 		}
 	}
+	// Given with --store (or MUSTER_STORE, as replicas are), a store that
+	// is down is named unavailable too, without the URL's password.
+	line := mustFail(t, "audit", "list", "--offline", "--data", dir, "--store", strings.Replace(down, "postgres@", "postgres:s3cret@", 1))
+	if !strings.Contains(line, "is unavailable") || !strings.Contains(line, "start the database") || strings.Contains(line, "s3cret") {
+		t.Errorf("audit list --offline --store with the database down: %q", line)
+	}
 	// --store is the way out each refusal names.
 	mustRun(t, "admin", "add", "other", "--offline", "--data", dir, "--store", url, "--out", filepath.Join(t.TempDir(), "o.pem"))
 }
