@@ -386,7 +386,7 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 		if why := s.distrustedReason(certs[0]); why != "" {
 			return nil, errors.New(why)
 		}
-		if why := s.unheldIssuerReason(certs[0]); why != "" {
+		if why := s.unheldIssuerReason(certs); why != "" {
 			return nil, errors.New(why)
 		}
 		return nil, errors.New("client certificate not issued by this authority (or by a root it no longer trusts)" + foreignWayOut)
@@ -402,9 +402,16 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 // agent that renewed under it since is refused so at once, not as
 // certificate_unknown), or one retired. It names the way out with the
 // leaf's own node, as certificate_unknown does (the agent fills in its
-// directory for ADIR); "" for any other leaf. Refused either way: the
+// directory for ADIR); "" for any other leaf. Only a leaf presented alone,
+// as an agent presents it to a listener naming its issuer's name among
+// the acceptable ones: an intermediate presented with it did not verify
+// under this authority's root, so it is another's. Refused either way: the
 // name, not a signature, picks the message.
-func (s *Server) unheldIssuerReason(leaf *x509.Certificate) string {
+func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
+	if len(certs) != 1 {
+		return ""
+	}
+	leaf := certs[0]
 	id, err := spiffeid.FromCertificate(leaf)
 	if err != nil || id.TrustDomain != s.info.TrustDomain {
 		return ""
