@@ -239,7 +239,13 @@ func TestHAWalkPostgres(t *testing.T) {
 	waitFor(t, 10*time.Second, "replica A ready", func() bool { return readyz(t, a.metrics) == http.StatusOK })
 	b.stop(t)
 	b = replica(bdir, b.listen)
+	waitFor(t, 10*time.Second, "replica B ready", func() bool { return readyz(t, b.metrics) == http.StatusOK })
 	renewedPast("tok-1 renews across the rolling restart", past)
+	// Operator commands through each replica, after it all.
+	for _, p := range []*authorityProc{a, b} {
+		mustRun(t, at(p, "token", "create", "--node", "after")...)
+		mustRun(t, at(p, "signer", "list")...)
+	}
 }
 
 // readyz is the status code of /readyz at addr (0 if it does not answer).
