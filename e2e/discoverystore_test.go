@@ -85,12 +85,16 @@ func TestDiscoveryOfflineCommandsUseTheRecordedStore(t *testing.T) {
 		}
 	}
 	unreachable := strings.Replace(url, "/"+strings.Split(strings.TrimPrefix(url, "postgres://"), "/")[1], "/no_such_db?sslmode=disable", 1)
+	// A database that is down is not a password problem (closedPort).
+	down := "postgres://postgres@" + closedPort(t) + "/muster?sslmode=disable"
 	for _, c := range []struct {
-		store string
-		want  []string
+		store   string
+		want    []string
+		notWant string
 	}{
-		{unreachable, []string{"the store " + addrFile + " records", "PGPASSWORD or PGPASSFILE", "--store URL"}},
-		{"postgres://…@" + strings.Split(strings.TrimPrefix(url, "postgres://postgres@"), "?")[0], []string{"without its user name", "--store URL"}},
+		{unreachable, []string{"the store " + addrFile + " records", "PGPASSWORD or PGPASSFILE", "--store URL"}, ""},
+		{"postgres://…@" + strings.Split(strings.TrimPrefix(url, "postgres://postgres@"), "?")[0], []string{"without its user name", "--store URL"}, ""},
+		{down, []string{"the store " + addrFile + " records", "is unavailable", "start the database", "--store URL"}, "PGPASSWORD"},
 	} {
 		setStore(c.store)
 		for _, args := range [][]string{
@@ -104,6 +108,9 @@ func TestDiscoveryOfflineCommandsUseTheRecordedStore(t *testing.T) {
 				if !strings.Contains(line, w) {
 					t.Errorf("muster %s with discovery.addr's store %s: %q, want it to say %q", strings.Join(args, " "), c.store, line, w)
 				}
+			}
+			if c.notWant != "" && strings.Contains(line, c.notWant) {
+				t.Errorf("muster %s with discovery.addr's store %s: %q, want it not to name %s", strings.Join(args, " "), c.store, line, c.notWant)
 			}
 		}
 	}

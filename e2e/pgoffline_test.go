@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -63,12 +64,18 @@ func TestOfflineCommandsUseTheRecordedStore(t *testing.T) {
 		}
 	}
 	unreachable := strings.Replace(url, "/"+strings.Split(strings.TrimPrefix(url, "postgres://"), "/")[1], "/no_such_db?sslmode=disable", 1)
+	// A database that is down (nothing listens on its port) is not a
+	// password problem: the refusal says it is unavailable, not where the
+	// password comes from (it did, when the database was stopped).
+	down := "postgres://postgres@" + closedPort(t) + "/muster?sslmode=disable"
 	for _, c := range []struct {
-		store string
-		want  []string
+		store   string
+		want    []string
+		notWant string
 	}{
-		{unreachable, []string{"the store authority.json records", "PGPASSWORD or PGPASSFILE", "--store URL"}},
-		{"postgres://…@" + strings.Split(strings.TrimPrefix(url, "postgres://postgres@"), "?")[0], []string{"recorded without its user name", "--store URL"}},
+		{unreachable, []string{"the store authority.json records", "PGPASSWORD or PGPASSFILE", "--store URL"}, ""},
+		{"postgres://…@" + strings.Split(strings.TrimPrefix(url, "postgres://postgres@"), "?")[0], []string{"recorded without its user name", "--store URL"}, ""},
+		{down, []string{"the store authority.json records", "is unavailable", "start the database", "--store URL"}, "PGPASSWORD"},
 	} {
 		setStore(c.store)
 		for _, args := range [][]string{
@@ -84,8 +91,30 @@ func TestOfflineCommandsUseTheRecordedStore(t *testing.T) {
 					t.Errorf("muster %s with authority.json's store %s: %q, want it to say %q", strings.Join(args, " "), c.store, line, w)
 				}
 			}
+			if c.notWant != "" && strings.Contains(line, c.notWant) {
+				t.Errorf("muster %s with authority.json's store %s: %q, want it not to name %s", strings.Join(args, " "), c.store, line, c.notWant)
+			}
 		}
+	}
+	// Given with --store (or MUSTER_STORE, as replicas are), a store that
+	// is down is named unavailable too, without the URL's password.
+	line := mustFail(t, "audit", "list", "--offline", "--data", dir, "--store", strings.Replace(down, "postgres@", "postgres:s3cret@", 1))
+	if !strings.Contains(line, "is unavailable") || !strings.Contains(line, "start the database") || strings.Contains(line, "s3cret") {
+		t.Errorf("audit list --offline --store with the database down: %q", line)
 	}
 	// --store is the way out each refusal names.
 	mustRun(t, "admin", "add", "other", "--offline", "--data", dir, "--store", url, "--out", filepath.Join(t.TempDir(), "o.pem"))
+}
+
+// closedPort returns a loopback HOST:PORT nothing listens on: one the OS
+// handed out a moment ago and that was closed at once.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
 }

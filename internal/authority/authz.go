@@ -386,10 +386,57 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 		if why := s.distrustedReason(certs[0]); why != "" {
 			return nil, errors.New(why)
 		}
+		if why := s.unheldIssuerReason(certs); why != "" {
+			return nil, errors.New(why)
+		}
 		return nil, errors.New("client certificate not issued by this authority (or by a root it no longer trusts)" + foreignWayOut)
 	default:
 		return nil, errors.New("client certificate not valid for client authentication by this authority" + foreignWayOut)
 	}
+}
+
+// unheldIssuerReason is the refusal of leaf, an agent's or operator's
+// certificate of this trust domain, whose issuer bears the name of this
+// authority's intermediates of its role but is none it holds: an
+// intermediate prepared after the backup the store was restored from (every
+// agent that renewed under it since is refused so at once, not as
+// certificate_unknown), or one retired. It names the way out with the
+// leaf's own node, as certificate_unknown does (the agent fills in its
+// directory for ADIR); "" for any other leaf. Only a leaf presented alone,
+// as an agent presents it to a listener naming its issuer's name among
+// the acceptable ones: an intermediate presented with it did not verify
+// under this authority's root, so it is another's. Refused either way: the
+// name, not a signature, picks the message.
+func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
+	if len(certs) != 1 {
+		return ""
+	}
+	leaf := certs[0]
+	id, err := spiffeid.FromCertificate(leaf)
+	if err != nil || id.TrustDomain != s.info.TrustDomain {
+		return ""
+	}
+	role, ok := issuerRole(id.Role)
+	if !ok {
+		return ""
+	}
+	named := false
+	for _, in := range s.ca.Accepted(role) {
+		if bytes.Equal(leaf.AuthorityKeyId, in.SubjectKeyId) {
+			return ""
+		}
+		named = named || bytes.Equal(leaf.RawIssuer, in.RawSubject)
+	}
+	if !named {
+		return ""
+	}
+	const why = "client certificate not issued by this authority's intermediates: its issuer, named as this authority's " +
+		"%s intermediate, is none the authority holds (its store was restored from a backup taken before that intermediate " +
+		"was prepared, or the intermediate was retired)"
+	if id.Role == spiffeid.RoleAdmin {
+		return fmt.Sprintf(why+"; get a new identity with muster admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")", role, id.Name)
+	}
+	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")", role, id.Name, id.Name)
 }
 
 // foreignWayOut ends the refusal of a certificate this authority does not

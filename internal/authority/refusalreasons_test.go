@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"math/big"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -141,5 +142,58 @@ func TestForeignCertificateRefusalNamesTheWayOut(t *testing.T) {
 	}
 	if r := deniedAudit(t, a, "/muster.v1.AdminService/GetStatus"); !strings.Contains(r, "muster admin add") {
 		t.Errorf("audited reason %q does not name the way out", r)
+	}
+}
+
+// TestUnheldIntermediateRefusalNamesTheJoin: an agent certificate of this
+// trust domain issued by an agent intermediate the authority does not
+// hold (a store restored from a backup taken before that intermediate was
+// prepared: every agent renewed under it since) is refused naming the
+// join that brings the agent back, with its node, in the answer and the
+// audit record; before, it was told only "muster agent join", as a
+// certificate of another authority is.
+func TestUnheldIntermediateRefusalNamesTheJoin(t *testing.T) {
+	t.Parallel()
+	a := startBench(t)
+	held := a.h.Accepted(ca.RoleAgent)[0]
+	ik, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	// The successor the restored store lost: the held one's name, another key.
+	itmpl := &x509.Certificate{SerialNumber: big.NewInt(8), Subject: held.Subject,
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true}
+	ider, err := x509.CreateCertificate(rand.Reader, itmpl, itmpl, ik.Public(), ik)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter, _ := x509.ParseCertificate(ider)
+	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	id := spiffeid.ID{TrustDomain: a.td, Role: spiffeid.RoleAgent, Name: "web-7"}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(9), Subject: pkix.Name{CommonName: "web-7"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour), URIs: []*url.URL{id.URL()},
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, inter, k.Public(), ik)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	// Presented alone, as an agent presents it to a listener that names
+	// its issuer's name among the acceptable ones.
+	conn := a.dial(&identity.Identity{Chain: []*x509.Certificate{leaf}, Key: k, Roots: []*x509.Certificate{a.h.Root}})
+	_, err = musterv1.NewAgentServiceClient(conn).GetVerifierSet(t.Context(), &musterv1.GetVerifierSetRequest{})
+	audited := deniedAudit(t, a, "/muster.v1.AgentService/GetVerifierSet")
+	const join = "muster agent join --force --data ADIR --node web-7 with a joining URI from muster token create --node web-7"
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.Unauthenticated ||
+		!strings.Contains(msg, "restored from a backup") || !strings.Contains(msg, join) {
+		t.Errorf("a leaf of an unheld agent intermediate: %v, want UNAUTHENTICATED naming the restore and %q", err, join)
+	}
+	if !strings.Contains(audited, join) {
+		t.Errorf("audited reason %q does not name the join", audited)
+	}
+	// Presented with an intermediate that is not under this authority's
+	// root (a client this package's does not leave it out for), it is
+	// another authority's, whatever the names say.
+	_, err = a.srvs[0].verifyClientCertsAt([]*x509.Certificate{leaf, inter}, time.Now())
+	if err == nil || strings.Contains(err.Error(), "restored") || !strings.Contains(err.Error(), "muster admin add") {
+		t.Errorf("a leaf with a foreign intermediate of this authority's name: %v, want the foreign certificate's refusal", err)
 	}
 }

@@ -700,6 +700,17 @@ func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
 // (0: the default).
 func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
 	st, err := openStoreWith(ctx, d.url, timeout)
+	if err != nil && errors.Is(err, store.ErrUnavailable) {
+		// Not the password: the database did not answer, or refused the
+		// connection (stopped, restarting, unreachable from here). The
+		// URL given (not the recorded one) may hold a password.
+		which := "the store authority.json records, " + d.url + ","
+		if !d.urlFromInfo {
+			which = "the store " + storeURLWithoutPassword(d.url)
+		}
+		return nil, fmt.Errorf("%s is unavailable: %w; start the database or make it reachable from here, "+
+			"then run this again (--store URL, store: in authority.yaml, or MUSTER_STORE names another)", which, err)
+	}
 	if err != nil && d.urlFromInfo {
 		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
 			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)

@@ -218,6 +218,11 @@ func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string) (ur
 		return "", nil, err
 	}
 	st, err = openStore(ctx, url)
+	if err != nil && recorded && errors.Is(err, store.ErrUnavailable) {
+		// Not the password: the database did not answer (openStoreWith).
+		return "", nil, fmt.Errorf("the store %s records, %s, is unavailable: %w; start the database or make it reachable from here, "+
+			"then run this again (--store URL names another)", d.AddressFile(), url, err)
+	}
 	if err != nil && recorded {
 		return "", nil, fmt.Errorf("the store %s records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster discovery: "+
 			"set one, or give --store URL", d.AddressFile(), url, err)

@@ -113,7 +113,9 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	created, err := migrate(ctx, d.p)
 	if err != nil {
 		d.Close()
-		return nil, err
+		// A database that is not there says so (store.ErrUnavailable),
+		// so that a caller does not blame the password.
+		return nil, unavailable(err)
 	}
 	return &Store{pool: d, created: created, chain: newChain(), poolFromURL: poolFromURL}, nil
 }
