@@ -244,6 +244,17 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	}
 	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: d.KeyRef, State: store.CAPrepared, NotAfter: cert.NotAfter}
 	if err := a.s.store.InsertCACert(ctx, row, link.Build); err != nil {
+		if !errors.Is(err, store.ErrConflict) {
+			// The commit may have landed (prepareIntermediate).
+			stored, rerr := storedCACert(ctx, a.s.store, row.Serial)
+			switch {
+			case rerr != nil:
+				return store.CACert{}, fmt.Errorf("%w; the %s intermediate %s may be stored (reading it back failed: %v), so its key (%s) is kept: `muster ca status` shows whether it is",
+					err, role, row.Serial, rerr, custody.Where(d.KeyRef))
+			case stored != nil:
+				return *stored, nil
+			}
+		}
 		_ = a.s.inter.custody.Destroy(context.WithoutCancel(ctx), name, custody.Key{Public: cert.PublicKey, Ref: d.KeyRef})
 		return store.CACert{}, err
 	}
