@@ -426,13 +426,7 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 		if now.Sub(d.CreatedAt) < s.caDraftTTL() {
 			continue
 		}
-		s.endDraft(ctx, d.Role, d.Serial, func(ctx context.Context) ([]byte, error) {
-			c, err := s.store.ClaimCADraft(ctx, d.Serial)
-			if errors.Is(err, store.ErrNotFound) {
-				err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
-			}
-			return c.KeyRef, err
-		})
+		s.endDraft(ctx, d.Role, d.Serial)
 	}
 }
 
@@ -455,18 +449,21 @@ func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why 
 	}
 }
 
-// endDraft destroys the key of a draft its claim took from the store (the
-// draft's signed certificate never came back): a draft is no
-// intermediate, so its claim carries no record; ca.discard, saying how
-// the destruction went, is recorded after it.
-func (s *Server) endDraft(ctx context.Context, role, serial string, claim func(ctx context.Context) ([]byte, error)) {
-	ref, err := claim(ctx)
-	why := s.caDraftExpired()
-	if err == nil && ref != nil {
-		outcome, _ := s.destroyOutcome(ctx, role, serial, ref)
-		why += "; " + outcome
-	}
-	s.caChange(ctx, "ca.discard", role, serial, why, nil, err)
+// endDraft discards the draft role/serial, whose signed certificate
+// never came back within ca.draft_ttl: its claim carries the ca.discard
+// record in the same conditional write, so one replica (or a prepare
+// that came too late) gets its key and destroys it, and a claim whose
+// record cannot be written leaves the draft, and its key, for the next
+// sweep. How the destruction went is recorded after it (ca.destroy_key),
+// as for an intermediate.
+func (s *Server) endDraft(ctx context.Context, role, serial string) {
+	s.endIntermediate(ctx, "ca.discard", role, serial, s.caDraftExpired(), func(ctx context.Context, _, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
+		d, err := s.store.ClaimCADraft(ctx, serial, audit)
+		if errors.Is(err, store.ErrNotFound) {
+			err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
+		}
+		return d.KeyRef, err
+	})
 }
 
 // destroyCAKey destroys the key of an intermediate whose step has cleared

@@ -3,9 +3,11 @@ package authority
 import (
 	"context"
 	"crypto"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,8 +166,103 @@ func TestAbandonedDraftKeyDestroyed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed") {
-		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key was destroyed", recs)
+	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed next (ca.destroy_key)") {
+		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key is destroyed next", recs)
+	}
+	destroys, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(destroys) != 1 || destroys[0].Target != "agent/"+abandoned.GetSerial() || destroys[0].Seq < recs[0].Seq || !strings.Contains(destroys[0].Reason, "destroyed") {
+		t.Fatalf("ca.destroy_key records %+v; want one after the ca.discard saying its key was destroyed", destroys)
+	}
+}
+
+// auditDown is a store whose audit records cannot be written while down
+// is set: neither on their own nor with the write they record.
+type auditDown struct {
+	store.Store
+	down *atomic.Bool
+}
+
+var errAuditDown = errors.New("test: the audit log is down")
+
+func (a auditDown) failing(audit func(store.AuditHead) (store.AuditRecord, error)) func(store.AuditHead) (store.AuditRecord, error) {
+	if !a.down.Load() {
+		return audit
+	}
+	return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, errAuditDown }
+}
+
+func (a auditDown) AppendAudit(ctx context.Context, audit func(store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
+	return a.Store.AppendAudit(ctx, a.failing(audit))
+}
+
+func (a auditDown) ClaimCADraft(ctx context.Context, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) (store.CADraft, error) {
+	return a.Store.ClaimCADraft(ctx, serial, a.failing(audit))
+}
+
+// TestDraftDiscardUnauditedKeepsItsKey: an abandoned draft whose
+// ca.discard cannot be recorded is not discarded: the draft and its key
+// stay, and the next sweep with the audit log back discards it, recorded.
+// Before, the claim and the destruction went ahead and the record was
+// written after, or not at all.
+func TestDraftDiscardUnauditedKeepsItsKey(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		destroyed []string
+		down      atomic.Bool
+	)
+	b := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.WrapCACustody = countDestroys(&mu, &destroyed)
+		c.Store = auditDown{Store: c.Store, down: &down}
+	})
+	s := b.srvs[0]
+	a := &adminService{s: s}
+	ctx := t.Context()
+	d, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(s.caDraftTTL() + time.Minute)
+	down.Store(true)
+	_ = s.caStepAt(ctx, later)
+	mu.Lock()
+	got := slices.Clone(destroyed)
+	mu.Unlock()
+	if len(got) != 0 {
+		t.Fatalf("destroyed %q with the audit log down; want the draft's key kept", got)
+	}
+	drafts, err := b.store.ListCADrafts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drafts) != 1 || drafts[0].Serial != d.GetSerial() {
+		t.Fatalf("drafts after an unaudited sweep: %+v; want %s kept", drafts, d.GetSerial())
+	}
+	down.Store(false)
+	s.caDraftSwept.Store(time.Time{})
+	if err := s.caStepAt(ctx, later.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got = slices.Clone(destroyed)
+	mu.Unlock()
+	if want := "agent/" + d.GetSerial() + "=" + string(d.GetKeyRef()); len(got) != 1 || got[0] != want {
+		t.Fatalf("destroyed %q; want the draft's key, %q", got, want)
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok []store.AuditRecord
+	for _, r := range recs {
+		if r.Result == "ok" {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) != 1 || ok[0].Target != "agent/"+d.GetSerial() {
+		t.Fatalf("ca.discard records %+v; want one discard, with the audit log back (and the failed step's error)", recs)
 	}
 }
 

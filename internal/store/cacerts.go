@@ -84,6 +84,18 @@ type CAStore interface {
 	// ClaimCADraft deletes the draft serial and returns it, one
 	// conditional write: of callers claiming it at once (a prepare and
 	// the leader's sweep, two replicas) exactly one gets it and owns its
-	// key. ErrNotFound when there is none.
-	ClaimCADraft(ctx context.Context, serial string) (CADraft, error)
+	// key. ErrNotFound when there is none. audit builds its record
+	// (ca.discard), appended in the same transaction as InsertCACert's:
+	// a draft whose discard cannot be audited stays, with its key.
+	ClaimCADraft(ctx context.Context, serial string, audit func(head AuditHead) (AuditRecord, error)) (CADraft, error)
+	// PrepareFromCADraft stores c, prepared, as InsertCACert does, and
+	// deletes the draft of c's serial, which must be c's role's and hold
+	// c's key reference, in the same transaction: the key goes from the
+	// draft to the intermediate in one write, so no crash or replica
+	// leaves it in neither (or in both, for the sweep to destroy).
+	// ErrNotFound, and nothing written, when there is no such draft
+	// (claimed meanwhile); ErrConflict, and nothing written (the draft
+	// keeps its key), as InsertCACert. audit builds its record
+	// (ca.prepare), appended in the same transaction as InsertCACert's.
+	PrepareFromCADraft(ctx context.Context, c CACert, audit func(head AuditHead) (AuditRecord, error)) error
 }

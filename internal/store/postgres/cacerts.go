@@ -47,12 +47,16 @@ func (s *Store) InsertCACert(ctx context.Context, c store.CACert, audit func(sto
 		return fmt.Errorf("postgres: %s: no audit record: an intermediate is never stored unaudited", op)
 	}
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
-			COALESCE($8, CASE WHEN $5 = 'active' THEN `+nowMicros+` END), NULL, NULL)`,
-			[]any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)}, wrapped(op))
+		queueInsertCACert(p, c, op)
 		queueNotify(p, store.ChangeCA)
 		return commitAudited(ctx, p, audit, op)
 	})
+}
+
+func queueInsertCACert(p *pipe, c store.CACert, op string) {
+	p.exec(`INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
+		COALESCE($8, CASE WHEN $5 = 'active' THEN `+nowMicros+` END), NULL, NULL)`,
+		[]any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)}, wrapped(op))
 }
 
 // ActivateCACert makes a prepared certificate active and the active one

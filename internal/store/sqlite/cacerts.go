@@ -49,13 +49,50 @@ func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert, audit func(st
 		return fmt.Errorf("sqlite: insert ca cert %s: no audit record: an intermediate is never stored unaudited", c.Serial)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
-			COALESCE(?, CASE WHEN ? = 'active' THEN ` + nowMicros + ` END), NULL, NULL)`
-		args := []any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt), c.State}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return wrap("insert ca cert "+c.Serial, err)
+		if err := insertCACert(ctx, tx, c); err != nil {
+			return err
 		}
 		return appendAuditOf(ctx, tx, "insert ca cert "+c.Serial, audit)
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeCA)
+	return nil
+}
+
+func insertCACert(ctx context.Context, tx *writeTx, c store.CACert) error {
+	q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
+		COALESCE(?, CASE WHEN ? = 'active' THEN ` + nowMicros + ` END), NULL, NULL)`
+	args := []any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt), c.State}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return wrap("insert ca cert "+c.Serial, err)
+	}
+	return nil
+}
+
+// PrepareFromCADraft stores c and deletes its draft (see store.CAStore),
+// inside one write transaction.
+func (s *SQLite) PrepareFromCADraft(ctx context.Context, c store.CACert, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "prepare ca cert " + c.Serial + " from its draft"
+	if c.State != store.CAPrepared {
+		return fmt.Errorf("sqlite: %s: state %q: want prepared", op, c.State)
+	}
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: an intermediate is never stored unaudited", op)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM ca_drafts WHERE serial = ? AND role = ? AND key_ref = ?`, c.Serial, c.Role, c.KeyRef)
+		if err != nil {
+			return wrap(op, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return fmt.Errorf("sqlite: %s: no such draft: %w", op, store.ErrNotFound)
+		}
+		if err := insertCACert(ctx, tx, c); err != nil {
+			return err
+		}
+		return appendAuditOf(ctx, tx, op, audit)
 	})
 	if err != nil {
 		return err

@@ -220,6 +220,12 @@ func caCertCases() []testCase {
 			if len(drafts) != 2 || drafts[0].Serial != "d1" || string(drafts[0].KeyRef) != "sealed-d1" || drafts[0].Role != "agent" || drafts[0].CreatedAt.Before(before) {
 				t.Fatalf("ListCADrafts: %+v; want d1 (agent, sealed-d1, created by the store clock) then d2", drafts)
 			}
+			draftsNow := func() any { d, err := s.ListCADrafts(ctx); return fmt.Sprint(d, err) }
+			wantUnaudited(t, ctx, s, "ca.discard", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.ClaimCADraft(ctx, "d1", audit)
+				return err
+			}, draftsNow)
+			seq := auditSeq(t, ctx, s)
 			const n = 6
 			var wg sync.WaitGroup
 			got, errs := make(chan store.CADraft, n), make(chan error, n)
@@ -227,7 +233,7 @@ func caCertCases() []testCase {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					d, err := s.ClaimCADraft(ctx, "d1")
+					d, err := s.ClaimCADraft(ctx, "d1", link(record("ca.discard")))
 					if err != nil {
 						errs <- err
 						return
@@ -253,6 +259,53 @@ func caCertCases() []testCase {
 			if len(drafts) != 1 || drafts[0].Serial != "d2" {
 				t.Fatalf("after the claim: %+v; want d2 alone", drafts)
 			}
+			wantEqual(t, "audit records after concurrent claims", auditSeq(t, ctx, s), seq+1)
+		}},
+		{"a draft becomes its prepared intermediate in one audited write, unless claimed first", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("sealed-d1")}))
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d2", Role: "agent", KeyRef: []byte("sealed-d2")}))
+			row := func(serial string) store.CACert {
+				c := caRow("agent", serial, store.CAPrepared)
+				c.KeyRef = []byte("sealed-" + serial)
+				return c
+			}
+			all := func() any {
+				d, derr := s.ListCADrafts(ctx)
+				c, cerr := s.ListCACerts(ctx)
+				return fmt.Sprint(d, derr, c, cerr)
+			}
+			wantUnaudited(t, ctx, s, "ca.prepare", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.PrepareFromCADraft(ctx, row("d1"), audit)
+			}, all)
+			before, seq := all(), auditSeq(t, ctx, s)
+			other := row("d1")
+			other.KeyRef = []byte("another key")
+			wantErr(t, "a draft's serial with another key", s.PrepareFromCADraft(ctx, other, link(record("ca.prepare"))), store.ErrNotFound)
+			other = row("d1")
+			other.Role = "server"
+			wantErr(t, "a draft's serial under another role", s.PrepareFromCADraft(ctx, other, link(record("ca.prepare"))), store.ErrNotFound)
+			wantErr(t, "no draft", s.PrepareFromCADraft(ctx, row("d3"), link(record("ca.prepare"))), store.ErrNotFound)
+			wantEqual(t, "after the refusals", all(), before)
+			wantEqual(t, "audit records after the refusals", auditSeq(t, ctx, s), seq)
+			mustNil(t, "PrepareFromCADraft", s.PrepareFromCADraft(ctx, row("d1"), link(record("ca.prepare"))))
+			wantEqual(t, "audit records after the prepare", auditSeq(t, ctx, s), seq+1)
+			drafts, err := s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("drafts after d1 was prepared: %+v; want d2 alone", drafts)
+			}
+			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"d1": store.CAPrepared})
+			// A second prepared one conflicts, and its draft keeps its key.
+			wantErr(t, "a second prepared", s.PrepareFromCADraft(ctx, row("d2"), link(record("ca.prepare"))), store.ErrConflict)
+			if drafts, _ := s.ListCADrafts(ctx); len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("a refused prepare took its draft: %+v", drafts)
+			}
+			// Claimed (the sweep, another replica) first, it is not prepared.
+			_, err = s.ClaimCADraft(ctx, "d2", link(record("ca.discard")))
+			mustNil(t, "ClaimCADraft", err)
+			mustNil(t, "DiscardCACert", second(s.DiscardCACert(ctx, "agent", "d1", link(record("ca.discard")))))
+			wantErr(t, "prepare after the claim", s.PrepareFromCADraft(ctx, row("d2"), link(record("ca.prepare"))), store.ErrNotFound)
+			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"d1": store.CARetired})
 		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
