@@ -244,7 +244,7 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	if ttl := a.s.caDraftTTL(); now.Sub(d.CreatedAt) >= ttl {
 		// Expired, not yet swept: discarded here as the leader's sweep
 		// would (one of them claims it).
-		a.s.endDraft(ctx, string(role), req.GetSerial())
+		a.s.endDraft(ctx, string(role), req.GetSerial(), custody.Where(d.KeyRef))
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was drafted %s ago, past ca.draft_ttl (%s): its key is destroyed; run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), now.Sub(d.CreatedAt).Round(time.Second), ttl, role)
 	}
 	// The key goes from the draft to the intermediate in one write with

@@ -228,7 +228,10 @@ func migrateIntermediate(ctx context.Context, m CustodyMigration, c custody.Cust
 				return step, err
 			}
 			m.Audit.Appended(link)
-			_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), prepared.Serial), custody.Key{Ref: ref})
+			// A sealed key: its reference leaves the store with its
+			// ca.destroy_key record; should that fail, the leader's
+			// clock takes it again.
+			_, _ = destroyRetiredKey(ctx, m.Store, c, m.Audit, m.Actor, string(role), prepared.Serial, ref)
 		}
 		var link *audit.Link
 		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, role, set.Signing, set.SigningKey, m.IntermediateTTL, func(row store.CACert) *audit.Link {
@@ -416,7 +419,7 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrat
 		}
 		link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
 			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"})
-		_, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
+		ref, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
 		if errors.Is(err, store.ErrConflict) {
 			return res, false, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
 		}
@@ -424,6 +427,15 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrat
 			return res, false, err
 		}
 		m.Audit.Appended(link)
+		// No replica will open the token to destroy it: the reference
+		// goes now, with its record, and the object is left.
+		drop := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.destroy_key", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
+			Reason: "its key (" + custody.Where(ref) + ") is in a PKCS#11 token this authority no longer opens: its reference is dropped, delete the object (label muster-ca/" + r.Role + "/" + r.Serial + ") by hand if the token comes back (docs/hsm.md)"})
+		if err := m.Store.DropCAKey(ctx, r.Serial, ref, drop.Build); err != nil && !errors.Is(err, store.ErrConflict) {
+			return res, false, fmt.Errorf("dropping the %s intermediate %s's key reference: %w; run the rollback again", r.Role, r.Serial, err)
+		} else if err == nil {
+			m.Audit.Appended(drop)
+		}
 		res.Steps = append(res.Steps, MigrationStep{Key: "ca/" + r.Role, Done: "discarded", Serial: r.Serial, Where: custody.Where(r.KeyRef),
 			Next: "its token object is left: delete it by hand if the token comes back"})
 	}

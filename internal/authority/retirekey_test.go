@@ -55,11 +55,10 @@ func countDestroys(mu *sync.Mutex, destroyed *[]string) func(custody.Custody) (c
 	}
 }
 
-// TestRetiredIntermediateGivesUpItsKey: retiring an intermediate clears
-// its key reference in the store in the same write, and of two replicas
-// taking the step at once exactly one destroys the key in custody; the
-// replicas read the retired row again without opening its (absent) key;
-// the step's audit record says the key was destroyed.
+// TestRetiredIntermediateGivesUpItsKey: of two replicas retiring an
+// intermediate at once exactly one destroys the key in custody, then
+// empties its reference in the store with its ca.destroy_key record; the
+// replicas read the retired row again without opening its (absent) key.
 func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	var mu sync.Mutex
 	var destroyed []string
@@ -107,8 +106,8 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	if len(recs) != 1 || recs[0].Target != "agent/"+expired.Serial {
 		t.Fatalf("ca.retire records %+v; want one for %s", recs, expired.Serial)
 	}
-	// The retirement is written with its record; how the key's
-	// destruction went is recorded after it.
+	// The retirement is written with its record; the reference leaves
+	// the store with the record of the key's destruction, after it.
 	destroys, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
 	if err != nil {
 		t.Fatal(err)
@@ -310,5 +309,118 @@ func TestExpiredDraftRefusedBeforeSweep(t *testing.T) {
 	}
 	if p, _ := preparedOf(rows, "agent"); p != nil {
 		t.Fatalf("an expired draft was stored prepared: %+v", p)
+	}
+}
+
+// destroyFailing is destroyCounting whose Destroy fails while fail is set
+// (a token away).
+type destroyFailing struct {
+	destroyCounting
+	fail *atomic.Bool
+}
+
+func (d destroyFailing) Destroy(ctx context.Context, name string, k custody.Key) error {
+	if d.fail.Load() {
+		return errors.New("test: the token is unavailable")
+	}
+	return d.destroyCounting.Destroy(ctx, name, k)
+}
+
+// TestRetiredKeyDestroyedLaterKeepsItsReference: a retired
+// intermediate's key that cannot be destroyed (the token away) keeps its
+// reference in the store, and no ca.destroy_key record says it was
+// destroyed; the leader's next pass destroys it and empties the
+// reference with that record. Before, the reference went with the
+// retirement, whatever became of the key, and nothing tried again.
+func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		destroyed []string
+		fail      atomic.Bool
+	)
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.CAIntermediateTTL = 3 * time.Minute
+		c.WrapCACustody = func(c custody.Custody) (custody.Custody, error) {
+			return destroyFailing{destroyCounting: destroyCounting{Custody: c, mu: &mu, destroyed: &destroyed}, fail: &fail}, nil
+		}
+	})
+	ctx := t.Context()
+	s := a.srvs[0]
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+	keyOf := func() (string, []byte) {
+		rows, err := a.store.ListCACerts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Serial == expired.Serial {
+				return r.State, r.KeyRef
+			}
+		}
+		t.Fatalf("%s is gone from the store", expired.Serial)
+		return "", nil
+	}
+	destroyRecords := func() (ok, failed int) {
+		recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			switch {
+			case r.Target != "agent/"+expired.Serial:
+			case r.Result == "ok" && strings.Contains(r.Reason, "destroyed"):
+				ok++
+			case r.Result == "error":
+				failed++
+			}
+		}
+		return ok, failed
+	}
+
+	fail.Store(true)
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if state, ref := keyOf(); state != store.CARetired || string(ref) != string(expired.KeyRef) {
+		t.Fatalf("after a failed destruction: state %s, key reference %q; want retired, the reference kept", state, ref)
+	}
+	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
+		t.Fatalf("ca.destroy_key records: %d saying destroyed, %d failures; want none and one", ok, failed)
+	}
+	// Failing again, it is not recorded again.
+	if err := s.caStepAt(ctx, now.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
+		t.Fatalf("ca.destroy_key records after a second failure: %d saying destroyed, %d failures; want none and one", ok, failed)
+	}
+
+	fail.Store(false)
+	if err := s.caStepAt(ctx, now.Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ref := keyOf(); ref != nil {
+		t.Fatalf("after the key was destroyed the store still has its reference %q", ref)
+	}
+	mu.Lock()
+	got := slices.Clone(destroyed)
+	mu.Unlock()
+	if want := "agent/" + expired.Serial + "=" + string(expired.KeyRef); len(got) != 1 || got[0] != want {
+		t.Fatalf("destroyed %q; want the retired key once, %q", got, want)
+	}
+	if ok, _ := destroyRecords(); ok != 1 {
+		t.Fatalf("%d ca.destroy_key records saying destroyed; want one", ok)
+	}
+	// Nothing left to do: the next pass destroys nothing.
+	if err := s.caStepAt(ctx, now.Add(15*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	n := len(destroyed)
+	mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d destructions after the reference was emptied; want 1", n)
 	}
 }

@@ -94,7 +94,7 @@ func caCertCases() []testCase {
 			ref, err := s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			mustNil(t, "RetireCACert", err)
 			if string(ref) != "sealed-a1" {
-				t.Errorf("RetireCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-a1")
+				t.Errorf("RetireCACert returned the key reference %q, want its own, %q", ref, "sealed-a1")
 			}
 			ref, err = s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			wantErr(t, "retire twice", err, store.ErrConflict)
@@ -109,8 +109,8 @@ func caCertCases() []testCase {
 					if r.State != store.CARetired || r.RetiringAt.Before(before) || r.RetiredAt.Before(r.RetiringAt) {
 						t.Errorf("a1: %+v; want retired, retiring then retired by the store clock", r)
 					}
-					if r.KeyRef != nil {
-						t.Errorf("retired a1 still has its key reference %q", r.KeyRef)
+					if string(r.KeyRef) != "sealed-a1" {
+						t.Errorf("retired a1 has the key reference %q; want sealed-a1 kept until its key is destroyed", r.KeyRef)
 					}
 				case "a2":
 					if r.ActivatedAt.Before(before) {
@@ -118,6 +118,26 @@ func caCertCases() []testCase {
 					}
 				}
 			}
+			// The key destroyed, its reference goes with its record, once.
+			keyRefs := func() any {
+				rows, err := s.ListCACerts(ctx)
+				mustNil(t, "ListCACerts", err)
+				m := map[string]string{}
+				for _, r := range rows {
+					m[r.Serial] = string(r.KeyRef)
+				}
+				return m
+			}
+			wantUnaudited(t, ctx, s, "ca.destroy_key", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DropCAKey(ctx, "a1", []byte("sealed-a1"), audit)
+			}, keyRefs)
+			seq := auditSeq(t, ctx, s)
+			wantErr(t, "DropCAKey of an active one", s.DropCAKey(ctx, "a2", []byte("sealed-a2"), link(record("ca.destroy_key"))), store.ErrConflict)
+			wantErr(t, "DropCAKey of another reference", s.DropCAKey(ctx, "a1", []byte("sealed-a2"), link(record("ca.destroy_key"))), store.ErrConflict)
+			mustNil(t, "DropCAKey", s.DropCAKey(ctx, "a1", []byte("sealed-a1"), link(record("ca.destroy_key"))))
+			wantErr(t, "DropCAKey twice", s.DropCAKey(ctx, "a1", []byte("sealed-a1"), link(record("ca.destroy_key"))), store.ErrConflict)
+			wantEqual[any](t, "key references after the drop", keyRefs(), map[string]string{"a1": "", "a2": "sealed-a2", "s1": "sealed-s1"})
+			wantEqual(t, "audit records of the drops", auditSeq(t, ctx, s), seq+1)
 		}},
 		{"an unaudited CA write changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.import"))))
@@ -177,7 +197,7 @@ func caCertCases() []testCase {
 				t.Fatalf("audit chain holds %d records after five CA writes; want %d", got, seq+5)
 			}
 		}},
-		{"of concurrent retirements exactly one clears and gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
+		{"of concurrent retirements exactly one gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
 			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
