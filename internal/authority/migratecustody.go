@@ -163,13 +163,22 @@ func migrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 	// replica needs the token to start, whether or not a step follows.
 	link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK,
 		Reason: "token recorded in the store (module " + m.Module + "): every replica needs it to start from now; its keys are made in it next, each step recorded on its own (ca.discard, ca.prepare, node_task_signer.stage)"})
-	if _, err := m.Store.RecordKeyCustody(ctx, store.KeyCustody{URI: m.URI, Module: m.Module}, link.Build); err != nil {
+	// The store builds the record only when it writes the token: not
+	// when a run naming the same token recorded it meanwhile.
+	wrote := false
+	build := func(head store.AuditHead) (store.AuditRecord, error) {
+		r, err := link.Build(head)
+		wrote = err == nil
+		return r, err
+	}
+	if _, err := m.Store.RecordKeyCustody(ctx, store.KeyCustody{URI: m.URI, Module: m.Module}, build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return res, fmt.Errorf("%w (recorded meanwhile) than %s; nothing changed", ErrOtherToken, m.URI)
 		}
 		return res, fmt.Errorf("recording the token in the store, nothing changed: %w", err)
 	}
 	m.Audit.Appended(link)
+	res.AlreadyRecorded = res.AlreadyRecorded || !wrote
 	for _, role := range caRoles {
 		step, err := migrateIntermediate(ctx, m, caCustody, set, role)
 		if err != nil {
