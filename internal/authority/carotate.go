@@ -201,9 +201,11 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 				s.endIntermediate(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired", s.store.RetireCACert)
 			}
 		case store.CARetired:
-			if r.KeyRef != nil {
-				// Its key's destruction failed, or the replica that
-				// ended it stopped before: taken again.
+			// Its key's destruction failed, or the replica that ended
+			// it stopped before: taken again, once the step's own
+			// destruction has had its deadline (it may be under way on
+			// the replica whose write won, the leader before this one).
+			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= caStepTimeout {
 				s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef)
 			}
 		}

@@ -348,7 +348,7 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 	s := a.srvs[0]
 	now := time.Now()
 	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
-	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 3*time.Minute)
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), time.Hour)
 	keyOf := func() (string, []byte) {
 		rows, err := a.store.ListCACerts(ctx)
 		if err != nil {
@@ -389,8 +389,19 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
 		t.Fatalf("ca.destroy_key records: %d saying destroyed, %d failures; want none and one", ok, failed)
 	}
-	// Failing again, it is not recorded again.
+	// Not taken again while the step's own destruction may be under
+	// way (on the replica that won, the leader before this one).
+	fail.Store(false)
 	if err := s.caStepAt(ctx, now.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ref := keyOf(); ref == nil {
+		t.Fatal("the reference was taken again within a step's deadline of the retirement")
+	}
+	// Failing again, it is not recorded again.
+	fail.Store(true)
+	later := now.Add(2 * caStepTimeout)
+	if err := s.caStepAt(ctx, later); err != nil {
 		t.Fatal(err)
 	}
 	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
@@ -398,7 +409,7 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 	}
 
 	fail.Store(false)
-	if err := s.caStepAt(ctx, now.Add(10*time.Second)); err != nil {
+	if err := s.caStepAt(ctx, later.Add(5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	if _, ref := keyOf(); ref != nil {
@@ -414,7 +425,7 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 		t.Fatalf("%d ca.destroy_key records saying destroyed; want one", ok)
 	}
 	// Nothing left to do: the next pass destroys nothing.
-	if err := s.caStepAt(ctx, now.Add(15*time.Second)); err != nil {
+	if err := s.caStepAt(ctx, later.Add(10*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
