@@ -114,8 +114,11 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 		t.Errorf("a second migrate-custody did not say it was all done:\n%s", again)
 	}
 	assertTokenKeys(t, tok, 5)
-	if a := auditOf(t, dir, "ca.migrate_custody"); len(a) != 3 || a[0].Result != "error" || !strings.Contains(a[0].Reason, "absent") ||
-		a[1].Result != "ok" || !strings.Contains(a[1].Reason, "ca/agent: prepared") || !strings.Contains(a[2].Reason, "ca/agent: already") {
+	// The refusal; the token recorded, in the write that records it; the
+	// first run's summary; the second's, which changed nothing.
+	if a := auditOf(t, dir, "ca.migrate_custody"); len(a) != 4 || a[0].Result != "error" || !strings.Contains(a[0].Reason, "absent") ||
+		a[1].Result != "ok" || !strings.Contains(a[1].Reason, "token recorded in the store") ||
+		a[2].Result != "ok" || !strings.Contains(a[2].Reason, "ca/agent: prepared") || !strings.Contains(a[3].Reason, "ca/agent: already") {
 		t.Errorf("ca.migrate_custody audit records: %+v", a)
 	}
 
@@ -364,7 +367,11 @@ func TestPKCS11MigrateCustodyRollback(t *testing.T) {
 		t.Fatalf("rollback with the token's agent intermediate active: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	a := auditOf(t, dir, "ca.migrate_custody")
-	if len(a) < 4 || a[len(a)-1].Result != "denied" || !strings.Contains(a[1].Reason, "rolled back") {
+	// The token recorded, the summary, the rollback (with the token's
+	// record removed), the second rollback, then the same again and the
+	// refusal.
+	if len(a) != 7 || a[len(a)-1].Result != "denied" || !strings.Contains(a[2].Reason, "rolled back: the token's record removed") ||
+		!strings.Contains(a[3].Reason, "nothing to roll back") {
 		t.Errorf("ca.migrate_custody audit records: %+v", a)
 	}
 	// Still in the token, the authority restarts with it.

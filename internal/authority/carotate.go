@@ -200,6 +200,14 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 			if !now.Before(lastLeafExpiry(r)) {
 				s.endIntermediate(ctx, "ca.retire", r.Role, r.Serial, "the last leaf it signed has expired", s.store.RetireCACert)
 			}
+		case store.CARetired:
+			// Its key's destruction failed, or the replica that ended
+			// it stopped before: taken again, once the step's own
+			// destruction has had its deadline (it may be under way on
+			// the replica whose write won, the leader before this one).
+			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= caStepTimeout {
+				s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef)
+			}
 		}
 	}
 	s.sweepDrafts(ctx, now)
@@ -426,28 +434,21 @@ func (s *Server) sweepDrafts(ctx context.Context, now time.Time) {
 		if now.Sub(d.CreatedAt) < s.caDraftTTL() {
 			continue
 		}
-		s.endDraft(ctx, d.Role, d.Serial, func(ctx context.Context) ([]byte, error) {
-			c, err := s.store.ClaimCADraft(ctx, d.Serial)
-			if errors.Is(err, store.ErrNotFound) {
-				err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
-			}
-			return c.KeyRef, err
-		})
+		s.endDraft(ctx, d.Role, d.Serial, custody.Where(d.KeyRef))
 	}
 }
 
 // endIntermediate retires (end: RetireCACert) or discards (DiscardCACert)
-// an intermediate, which clears its key reference in the same conditional
-// write as the step's audit record, and destroys the key in custody: only
-// the replica whose write won gets the reference, so a token object is
-// deleted once, and a step whose record cannot be written keeps its
-// reference and its key. How the destruction went is recorded after it,
-// as ca.destroy_key: a key that could not be destroyed (a token
-// unavailable) is named so an operator can delete it (docs/hsm.md); its
-// reference is gone from the store either way, so no replica opens it
-// again.
+// an intermediate, in one conditional write with the step's audit record,
+// and destroys its key in custody: only the replica whose write won gets
+// the reference, and a step whose record cannot be written is not taken,
+// so its key is not destroyed. The reference stays on the retired row
+// until the key is destroyed; then it is emptied in a second conditional
+// write with its ca.destroy_key record (destroyCAKey), and a destruction
+// that fails, or never happens (the replica stopped in between), is
+// taken again by the leader's next clock pass.
 func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why string, end func(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error)) {
-	link := s.caStepLink(action, role, serial, why+"; its key, if it holds one, is destroyed next (ca.destroy_key)")
+	link := s.caStepLink(action, role, serial, why+"; "+destroyedNext)
 	ref, err := end(ctx, role, serial, link.Build)
 	s.caChange(ctx, action, role, serial, why, link, err)
 	if err == nil && ref != nil {
@@ -455,46 +456,98 @@ func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why 
 	}
 }
 
-// endDraft destroys the key of a draft its claim took from the store (the
-// draft's signed certificate never came back): a draft is no
-// intermediate, so its claim carries no record; ca.discard, saying how
-// the destruction went, is recorded after it.
-func (s *Server) endDraft(ctx context.Context, role, serial string, claim func(ctx context.Context) ([]byte, error)) {
-	ref, err := claim(ctx)
-	why := s.caDraftExpired()
-	if err == nil && ref != nil {
-		outcome, _ := s.destroyOutcome(ctx, role, serial, ref)
-		why += "; " + outcome
-	}
-	s.caChange(ctx, "ca.discard", role, serial, why, nil, err)
-}
+// destroyedNext is what a step that ends an intermediate says of its key.
+const destroyedNext = "its key, if it holds one, is destroyed next, and its reference then leaves the store with a ca.destroy_key record (until then ca status shows it as destroy pending)"
 
-// destroyCAKey destroys the key of an intermediate whose step has cleared
-// its reference, and records how that went (ca.destroy_key).
-func (s *Server) destroyCAKey(ctx context.Context, role, serial string, ref []byte) {
-	outcome, derr := s.destroyOutcome(ctx, role, serial, ref)
+// endDraft discards the draft role/serial, whose signed certificate
+// never came back within ca.draft_ttl: its claim carries the ca.discard
+// record in the same conditional write, so one replica (or a prepare
+// that came too late) gets its key and destroys it, and a claim whose
+// record cannot be written leaves the draft, and its key, for the next
+// sweep. A draft has no row left to hold its reference until the key is
+// destroyed: the record names the key, and how its destruction went is
+// recorded after it (ca.destroy_key).
+func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
+	why := s.caDraftExpired()
+	link := s.caStepLink("ca.discard", role, serial, why+"; its key ("+where+") is destroyed next (ca.destroy_key); with no ca.destroy_key after this record, delete it by hand (docs/hsm.md)")
+	d, err := s.store.ClaimCADraft(ctx, serial, link.Build)
+	if errors.Is(err, store.ErrNotFound) {
+		err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
+	}
+	s.caChange(ctx, "ca.discard", role, serial, why, link, err)
+	if err != nil || d.KeyRef == nil {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+	defer cancel()
+	outcome, derr := destroyKey(dctx, s.inter.custody, role, serial, d.KeyRef)
 	e := audit.Event{Actor: "authority", Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultOK, Reason: outcome}
 	if derr != nil {
-		e.Result = audit.ResultError
+		s.log.Error("destroying a CA draft's key failed; delete it from the token by hand (docs/hsm.md)",
+			"role", role, "serial", serial, "key", custody.Where(d.KeyRef), "err", derr)
+		e.Result, e.Reason = audit.ResultError, outcome+", delete it by hand (docs/hsm.md)"
 	}
 	_ = s.recordAudit(ctx, e)
 }
 
-// destroyOutcome destroys the key ref of role/serial in custody and says
-// how it went, for the audit record.
-func (s *Server) destroyOutcome(ctx context.Context, role, serial string, ref []byte) (string, error) {
-	// The write won and the reference is gone from the store: the key
-	// is destroyed now or never, so not with what is left of the step's
-	// deadline.
+// destroyCAKey destroys the key of a retired intermediate and empties its
+// reference with its ca.destroy_key record (destroyRetiredKey). A failure
+// is logged and recorded once, until it changes; the reference stays,
+// and the leader's next clock pass tries again.
+func (s *Server) destroyCAKey(ctx context.Context, role, serial string, ref []byte) {
+	outcome, err := destroyRetiredKey(ctx, s.store, s.inter.custody, s.audit, "authority", role, serial, ref)
+	step := "ca.destroy_key " + role + "/" + serial
+	switch {
+	case err == nil:
+		s.caStepFails.changed(step, "")
+		return
+	case s.outage.fail(err):
+		return
+	case !s.caStepFails.changed(step, err.Error()):
+		return
+	}
+	s.log.Error("destroying a retired CA intermediate's key failed; the leader tries again at its next clock pass",
+		"role", role, "serial", serial, "key", custody.Where(ref), "err", err)
+	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultError,
+		Reason: outcome + "; its reference stays in the store (ca status: destroy pending) and the leader tries again at its next clock pass"})
+}
+
+// destroyRetiredKey destroys the key ref of the retired intermediate
+// role/serial in c, then empties its reference in st with its
+// ca.destroy_key record, built by l, in one conditional write: the
+// record is written only once the key is gone, and a key that could not
+// be destroyed keeps its reference for the next try. Of two callers the
+// second finds the object gone and the reference emptied (ErrConflict,
+// no record: the first wrote it). It returns how the destruction went.
+func destroyRetiredKey(ctx context.Context, st store.Store, c custody.Custody, l CAAuditor, actor, role, serial string, ref []byte) (string, error) {
+	// The step committed: the key is destroyed now, not with what is
+	// left of the step's deadline.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
 	defer cancel()
-	where := custody.Where(ref)
-	found, derr := custody.DestroyFound(dctx, s.inter.custody, keyName(role, serial), custody.Key{Ref: ref})
+	outcome, err := destroyKey(dctx, c, role, serial, ref)
+	if err != nil {
+		return outcome, err
+	}
+	link := newLink(l, audit.Event{Actor: actor, Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultOK, Reason: outcome})
+	err = st.DropCAKey(dctx, serial, ref, link.Build)
 	switch {
-	case derr != nil:
-		s.log.Error("destroying a CA intermediate's key failed; delete it from the token by hand (docs/hsm.md)",
-			"role", role, "serial", serial, "key", where, "err", derr)
-		return "destroying its key (" + where + ") failed, delete it by hand: " + derr.Error(), derr
+	case errors.Is(err, store.ErrConflict):
+		return outcome, nil
+	case err != nil:
+		return outcome, fmt.Errorf("%s, but its reference could not leave the store: %w", outcome, err)
+	}
+	l.Appended(link)
+	return outcome, nil
+}
+
+// destroyKey destroys the key ref of role/serial in c and says how it
+// went, for the audit record.
+func destroyKey(ctx context.Context, c custody.Custody, role, serial string, ref []byte) (string, error) {
+	where := custody.Where(ref)
+	found, err := custody.DestroyFound(ctx, c, keyName(role, serial), custody.Key{Ref: ref})
+	switch {
+	case err != nil:
+		return "destroying its key (" + where + ") failed: " + err.Error(), err
 	case !found:
 		// Lost with the token, or deleted by hand: saying it was
 		// destroyed now would hide that it went earlier.

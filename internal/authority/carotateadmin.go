@@ -1,6 +1,7 @@
 package authority
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -226,25 +227,42 @@ func (a *adminService) prepareSigned(ctx context.Context, role ca.Role, req *mus
 	if err := a.s.ca.CheckSuccessor(role, serial, cert.PublicKey, cert, a.s.ca.Roots().Signing, now); err != nil {
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "%v; sign the draft unchanged with this authority's root key (`muster ca rotate %s --root-key FILE`)", err, role)
 	}
-	// The draft is claimed (one conditional delete) before the row is
-	// stored: from here its key is this call's, destroyed if the row is
-	// not stored, and the leader's sweep no longer touches it.
-	d, err := a.s.store.ClaimCADraft(ctx, req.GetSerial())
-	if errors.Is(err, store.ErrNotFound) {
-		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was not drafted, or its draft was used or expired (a draft's key is destroyed ca.draft_ttl, %s, after it was made): run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), a.s.caDraftTTL(), role)
-	}
+	notDrafted := status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was not drafted, or its draft was used or expired (a draft's key is destroyed ca.draft_ttl, %s, after it was made): run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), a.s.caDraftTTL(), role)
+	drafts, err := a.s.store.ListCADrafts(ctx)
 	if err != nil {
 		return store.CACert{}, err
 	}
+	var d *store.CADraft
+	for i := range drafts {
+		if drafts[i].Serial == req.GetSerial() && drafts[i].Role == string(role) && bytes.Equal(drafts[i].KeyRef, req.GetKeyRef()) {
+			d = &drafts[i]
+		}
+	}
+	if d == nil {
+		return store.CACert{}, notDrafted
+	}
 	if ttl := a.s.caDraftTTL(); now.Sub(d.CreatedAt) >= ttl {
-		// Expired, not yet swept: this call claimed it, so it destroys
-		// the key as the leader's sweep would have.
-		a.s.endDraft(ctx, string(role), req.GetSerial(), func(context.Context) ([]byte, error) { return d.KeyRef, nil })
+		// Expired, not yet swept: discarded here as the leader's sweep
+		// would (one of them claims it).
+		a.s.endDraft(ctx, string(role), req.GetSerial(), custody.Where(d.KeyRef))
 		return store.CACert{}, status.Errorf(codes.FailedPrecondition, "the %s intermediate %s was drafted %s ago, past ca.draft_ttl (%s): its key is destroyed; run `muster ca rotate %s --root-key FILE` again", role, req.GetSerial(), now.Sub(d.CreatedAt).Round(time.Second), ttl, role)
 	}
+	// The key goes from the draft to the intermediate in one write with
+	// its record: refused, the draft keeps it (the leader's sweep
+	// destroys it after ca.draft_ttl); claimed first by the sweep, it is
+	// not stored.
 	row := store.CACert{Role: string(role), Serial: req.GetSerial(), CertDER: cert.Raw, KeyRef: d.KeyRef, State: store.CAPrepared, NotAfter: cert.NotAfter}
-	if err := a.s.store.InsertCACert(ctx, row, link.Build); err != nil {
-		_ = a.s.inter.custody.Destroy(context.WithoutCancel(ctx), name, custody.Key{Public: cert.PublicKey, Ref: d.KeyRef})
+	err = a.s.store.PrepareFromCADraft(ctx, row, link.Build)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.CACert{}, notDrafted
+	}
+	if err != nil && !errors.Is(err, store.ErrConflict) {
+		// The commit may have landed (prepareIntermediate).
+		if stored, rerr := storedCACert(ctx, a.s.store, row.Serial); rerr == nil && stored != nil {
+			return *stored, nil
+		}
+	}
+	if err != nil {
 		return store.CACert{}, err
 	}
 	row.CreatedAt = now

@@ -67,12 +67,17 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 			return nil, fmt.Errorf("%s intermediate %s: %w", r.Role, r.Serial, err)
 		}
 		where := custody.Where(r.KeyRef)
-		if len(r.KeyRef) == 0 {
-			// Retired (or discarded): the write that ended it cleared
-			// the reference and the key was destroyed.
+		switch {
+		case len(r.KeyRef) == 0:
+			// Retired (or discarded), and its key destroyed: the
+			// reference left the store with its ca.destroy_key record.
 			where = "destroyed"
+		case r.State == store.CARetired:
+			// Its destruction failed or is under way; the leader's
+			// clock takes it again.
+			where = "destroy pending: " + where
 		}
-		if custody.IsPKCS11Ref(r.KeyRef) && s.inter != nil {
+		if custody.IsPKCS11Ref(r.KeyRef) && r.State != store.CARetired && s.inter != nil {
 			// The URI alone would say the key is there: look the object
 			// up (no signature), one lookup per key in the token.
 			if _, err := s.inter.custody.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: c.PublicKey, Ref: r.KeyRef}); errors.Is(err, custody.ErrKeyMissing) {

@@ -520,11 +520,42 @@ func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody,
 				row.CreatedAt = now
 				return row, nil
 			}
+			if !errors.Is(err, store.ErrConflict) {
+				// Not a refusal: the commit may have landed (a connection
+				// lost while PostgreSQL committed). The store says.
+				stored, rerr := storedCACert(ctx, st, hexSerial)
+				switch {
+				case rerr != nil:
+					// Unknown: the row may refer to the key, so it stays
+					// (a sealed key is its reference and costs nothing).
+					return store.CACert{}, fmt.Errorf("%w; the %s intermediate %s may be stored (reading it back failed: %v), so its key (%s) is kept: `muster ca status` shows whether it is",
+						err, role, hexSerial, rerr, custody.Where(k.Ref))
+				case stored != nil:
+					return *stored, nil
+				}
+			}
 		}
 	}
 	// A key in a token would outlive the refusal.
 	_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), hexSerial), k)
 	return store.CACert{}, err
+}
+
+// storedCACert reads back the CA certificate serial after a write whose
+// error does not say whether it committed; nil when it is not stored.
+func storedCACert(ctx context.Context, st store.Store, serial string) (*store.CACert, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+	defer cancel()
+	rows, err := st.ListCACerts(rctx)
+	if err != nil {
+		return nil, err
+	}
+	for i := range rows {
+		if rows[i].Serial == serial {
+			return &rows[i], nil
+		}
+	}
+	return nil, nil
 }
 
 // signedByOneOf reports whether one of roots signed c.

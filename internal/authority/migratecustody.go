@@ -87,8 +87,11 @@ var ErrOtherToken = errors.New("the store records another PKCS#11 token")
 
 // MigrateCustody moves the authority's keys into m.Token (see above). The
 // token is tested first (a key of each algorithm made, used and destroyed
-// again) and nothing is written if that fails. The audit record
-// ca.migrate_custody lists what moved; a refusal is recorded too.
+// again) and nothing is written if that fails. Each write carries its own
+// audit record (the token's, ca.migrate_custody; each key's step); a
+// second ca.migrate_custody, recorded after, sums up the run (what
+// moved, what was found done) and changes nothing, and a refusal is
+// recorded too.
 func MigrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationResult, error) {
 	res, err := migrateCustody(ctx, m)
 	e := audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK}
@@ -106,14 +109,14 @@ func MigrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 			}
 			parts = append(parts, s.Key+": "+s.Done+id)
 		}
-		rec := "token recorded in the store (module " + m.Module + ")"
+		rec := "summary: token recorded in the store by this run"
 		if res.AlreadyRecorded {
-			rec = "token already recorded"
+			rec = "summary: token already recorded"
 		}
 		e.Reason = rec + "; " + strings.Join(parts, "; ")
 	}
 	if _, aerr := m.Audit.Record(context.WithoutCancel(ctx), e); aerr != nil && err == nil {
-		err = fmt.Errorf("the migration's steps are written but its audit record is not: %w", aerr)
+		err = fmt.Errorf("the migration's steps are written, each with its audit record, but the summary record is not: %w", aerr)
 	}
 	return res, err
 }
@@ -156,12 +159,26 @@ func migrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 	} else if !errors.Is(err, store.ErrNotFound) {
 		return res, err
 	}
-	if _, err := m.Store.RecordKeyCustody(ctx, store.KeyCustody{URI: m.URI, Module: m.Module}); err != nil {
+	// Recorded with its own record, in the same write: from here every
+	// replica needs the token to start, whether or not a step follows.
+	link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK,
+		Reason: "token recorded in the store (module " + m.Module + "): every replica needs it to start from now; its keys are made in it next, each step recorded on its own (ca.discard, ca.prepare, node_task_signer.stage)"})
+	// The store builds the record only when it writes the token: not
+	// when a run naming the same token recorded it meanwhile.
+	wrote := false
+	build := func(head store.AuditHead) (store.AuditRecord, error) {
+		r, err := link.Build(head)
+		wrote = err == nil
+		return r, err
+	}
+	if _, err := m.Store.RecordKeyCustody(ctx, store.KeyCustody{URI: m.URI, Module: m.Module}, build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return res, fmt.Errorf("%w (recorded meanwhile) than %s; nothing changed", ErrOtherToken, m.URI)
 		}
-		return res, fmt.Errorf("recording the token in the store: %w", err)
+		return res, fmt.Errorf("recording the token in the store, nothing changed: %w", err)
 	}
+	m.Audit.Appended(link)
+	res.AlreadyRecorded = res.AlreadyRecorded || !wrote
 	for _, role := range caRoles {
 		step, err := migrateIntermediate(ctx, m, caCustody, set, role)
 		if err != nil {
@@ -220,7 +237,10 @@ func migrateIntermediate(ctx context.Context, m CustodyMigration, c custody.Cust
 				return step, err
 			}
 			m.Audit.Appended(link)
-			_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), prepared.Serial), custody.Key{Ref: ref})
+			// A sealed key: its reference leaves the store with its
+			// ca.destroy_key record; should that fail, the leader's
+			// clock takes it again.
+			_, _ = destroyRetiredKey(ctx, m.Store, c, m.Audit, m.Actor, string(role), prepared.Serial, ref)
 		}
 		var link *audit.Link
 		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, role, set.Signing, set.SigningKey, m.IntermediateTTL, func(row store.CACert) *audit.Link {
@@ -308,19 +328,18 @@ func migrateSigner(ctx context.Context, m CustodyMigration) (MigrationStep, erro
 // join-state key), it is refused: what that key signed needs it, and the
 // way back is the token's backup (docs/hsm.md).
 func RollbackCustodyMigration(ctx context.Context, m CustodyMigration) (CustodyMigrationResult, error) {
-	res, err := rollbackCustody(ctx, m)
+	res, cleared, err := rollbackCustody(ctx, m)
+	if cleared {
+		return res, nil // recorded with the token's record removed
+	}
 	e := audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK}
-	if err != nil {
+	switch {
+	case err != nil:
 		e.Result, e.Reason = audit.ResultDenied, "rollback refused: "+err.Error()
-	} else {
-		var parts []string
-		for _, s := range res.Steps {
-			parts = append(parts, s.Key+": "+s.Done+" "+s.Serial+s.Version)
-		}
-		e.Reason = "rolled back: the token's record removed from the store; " + strings.Join(parts, "; ")
-		if !res.AlreadyRecorded {
-			e.Reason = "nothing to roll back in the store (it records no token and holds no key in it); authority.json's record of the token, if any, removed"
-		}
+	case res.AlreadyRecorded:
+		e.Reason = "nothing left to roll back: the token's record was removed from the store meanwhile (another rollback)"
+	default:
+		e.Reason = "nothing to roll back in the store (it records no token and holds no key in it); authority.json's record of the token, if any, removed"
 	}
 	if _, aerr := m.Audit.Record(context.WithoutCancel(ctx), e); aerr != nil && err == nil {
 		err = fmt.Errorf("rolled back, but its audit record is not written: %w", aerr)
@@ -331,8 +350,10 @@ func RollbackCustodyMigration(ctx context.Context, m CustodyMigration) (CustodyM
 // ErrInUse refuses a rollback once a key in the token signs.
 var ErrInUse = errors.New("a key in the token is in use")
 
-func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationResult, error) {
-	res := CustodyMigrationResult{URI: m.URI}
+// rollbackCustody is RollbackCustodyMigration's work; cleared says it
+// removed the token's record, with its audit record.
+func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrationResult, cleared bool, err error) {
+	res = CustodyMigrationResult{URI: m.URI}
 	rec, err := m.Store.GetKeyCustody(ctx)
 	if errors.Is(err, store.ErrNotFound) {
 		// Nothing recorded, nothing to undo in the store: the caller then
@@ -342,54 +363,54 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 		// migration): that would drop the token those keys need.
 		where, err := tokenKeyKnown(ctx, m.Store)
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
 		if where != "" {
-			return res, fmt.Errorf("%w: the store records no migration to roll back, but %s is in the token (an authority made with muster init --custody keeps its keys there); nothing changed, authority.json keeps the token", ErrInUse, where)
+			return res, false, fmt.Errorf("%w: the store records no migration to roll back, but %s is in the token (an authority made with muster init --custody keeps its keys there); nothing changed, authority.json keeps the token", ErrInUse, where)
 		}
-		return res, nil
+		return res, false, nil
 	}
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	res.Module, res.AlreadyRecorded = rec.Module, true
 	if rec.URI != m.URI {
-		return res, fmt.Errorf("the store records the token %s, not %s; nothing changed", rec.URI, m.URI)
+		return res, false, fmt.Errorf("the store records the token %s, not %s; nothing changed", rec.URI, m.URI)
 	}
 	backup := "restore the token from its backup (docs/hsm.md); nothing changed"
 	rows, err := m.Store.ListCACerts(ctx)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	for _, r := range rows {
 		if (r.State == store.CAActive || r.State == store.CARetiring) && custody.IsPKCS11Ref(r.KeyRef) {
-			return res, fmt.Errorf("%w: the %s intermediate %s in the token has signed certificates (%s): %s", ErrInUse, r.Role, r.Serial, r.State, backup)
+			return res, false, fmt.Errorf("%w: the %s intermediate %s in the token has signed certificates (%s): %s", ErrInUse, r.Role, r.Serial, r.State, backup)
 		}
 	}
 	rot, err := m.Store.GetRootRotation(ctx)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	if custody.IsPKCS11Ref(rot.NewKeyRef) || custody.IsPKCS11Ref(rot.OldKeyRef) {
-		return res, fmt.Errorf("%w: a root of the root rotation is in the token: %s", ErrInUse, backup)
+		return res, false, fmt.Errorf("%w: a root of the root rotation is in the token: %s", ErrInUse, backup)
 	}
 	jsk, err := m.Store.ListJoinStateKeys(ctx)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	for _, k := range jsk {
 		if custody.IsPKCS11Ref(k.Ciphertext) {
-			return res, fmt.Errorf("%w: the join-state key %s in the token signed join states agents hold: %s", ErrInUse, k.ID, backup)
+			return res, false, fmt.Errorf("%w: the join-state key %s in the token signed join states agents hold: %s", ErrInUse, k.ID, backup)
 		}
 	}
 	sc, err := SignerCustody(m.StorageKey, nil)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	k := signer.NewKeeper(m.Store, sc, m.Audit, m.AuthorityID, m.SignerMinLead)
 	snap, err := k.Load(ctx)
 	if err != nil {
-		return res, err
+		return res, false, err
 	}
 	var staged *signer.Signer
 	for i, s := range snap.Signers {
@@ -397,7 +418,7 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 			continue
 		}
 		if s.State != signer.Staged {
-			return res, fmt.Errorf("%w: the task signer %s in the token is %s: %s", ErrInUse, s.VersionID, s.State, backup)
+			return res, false, fmt.Errorf("%w: the task signer %s in the token is %s: %s", ErrInUse, s.VersionID, s.State, backup)
 		}
 		staged = &snap.Signers[i]
 	}
@@ -407,28 +428,50 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationR
 		}
 		link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
 			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"})
-		_, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
+		ref, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
 		if errors.Is(err, store.ErrConflict) {
-			return res, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
+			return res, false, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
 		}
 		if err != nil {
-			return res, err
+			return res, false, err
 		}
 		m.Audit.Appended(link)
+		// No replica will open the token to destroy it: the reference
+		// goes now, with its record, and the object is left.
+		drop := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.destroy_key", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
+			Reason: "its key (" + custody.Where(ref) + ") is in a PKCS#11 token this authority no longer opens: its reference is dropped, delete the object (label muster-ca/" + r.Role + "/" + r.Serial + ") by hand if the token comes back (docs/hsm.md)"})
+		if err := m.Store.DropCAKey(ctx, r.Serial, ref, drop.Build); err != nil && !errors.Is(err, store.ErrConflict) {
+			return res, false, fmt.Errorf("dropping the %s intermediate %s's key reference: %w; run the rollback again", r.Role, r.Serial, err)
+		} else if err == nil {
+			m.Audit.Appended(drop)
+		}
 		res.Steps = append(res.Steps, MigrationStep{Key: "ca/" + r.Role, Done: "discarded", Serial: r.Serial, Where: custody.Where(r.KeyRef),
 			Next: "its token object is left: delete it by hand if the token comes back"})
 	}
 	if staged != nil {
 		if _, err := k.Rollback(ctx, signer.Actor{Name: m.Actor}); err != nil {
-			return res, fmt.Errorf("rolling back the staged signer %s in the token: %w", staged.VersionID, err)
+			return res, false, fmt.Errorf("rolling back the staged signer %s in the token: %w", staged.VersionID, err)
 		}
 		res.Steps = append(res.Steps, MigrationStep{Key: "signer", Done: "rolled back", Version: staged.VersionID, Where: snap.KeyCustody(staged.VersionID),
 			Next: "the sealed active signer stays; its token object is left: delete it by hand if the token comes back"})
 	}
-	if err := m.Store.ClearKeyCustody(ctx, m.URI); err != nil && !errors.Is(err, store.ErrNotFound) {
-		return res, err
+	// Last, with the run's record: a run cut short before it leaves the
+	// token recorded, to be run again.
+	var parts []string
+	for _, s := range res.Steps {
+		parts = append(parts, s.Key+": "+s.Done+" "+s.Serial+s.Version)
 	}
-	return res, nil
+	link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.migrate_custody", Target: m.URI, Result: audit.ResultOK,
+		Reason: "rolled back: the token's record removed from the store; " + strings.Join(parts, "; ")})
+	err = m.Store.ClearKeyCustody(ctx, m.URI, link.Build)
+	if errors.Is(err, store.ErrNotFound) {
+		return res, false, nil
+	}
+	if err != nil {
+		return res, false, err
+	}
+	m.Audit.Appended(link)
+	return res, true, nil
 }
 
 // tokenKeyKnown names a key the store still uses that is a token object

@@ -3,9 +3,11 @@ package authority
 import (
 	"context"
 	"crypto"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,11 +55,10 @@ func countDestroys(mu *sync.Mutex, destroyed *[]string) func(custody.Custody) (c
 	}
 }
 
-// TestRetiredIntermediateGivesUpItsKey: retiring an intermediate clears
-// its key reference in the store in the same write, and of two replicas
-// taking the step at once exactly one destroys the key in custody; the
-// replicas read the retired row again without opening its (absent) key;
-// the step's audit record says the key was destroyed.
+// TestRetiredIntermediateGivesUpItsKey: of two replicas retiring an
+// intermediate at once exactly one destroys the key in custody, then
+// empties its reference in the store with its ca.destroy_key record; the
+// replicas read the retired row again without opening its (absent) key.
 func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	var mu sync.Mutex
 	var destroyed []string
@@ -105,8 +106,8 @@ func TestRetiredIntermediateGivesUpItsKey(t *testing.T) {
 	if len(recs) != 1 || recs[0].Target != "agent/"+expired.Serial {
 		t.Fatalf("ca.retire records %+v; want one for %s", recs, expired.Serial)
 	}
-	// The retirement is written with its record; how the key's
-	// destruction went is recorded after it.
+	// The retirement is written with its record; the reference leaves
+	// the store with the record of the key's destruction, after it.
 	destroys, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
 	if err != nil {
 		t.Fatal(err)
@@ -164,8 +165,103 @@ func TestAbandonedDraftKeyDestroyed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed") {
-		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key was destroyed", recs)
+	if len(recs) != 1 || recs[0].Target != "agent/"+abandoned.GetSerial() || !strings.Contains(recs[0].Reason, "destroyed next (ca.destroy_key)") {
+		t.Fatalf("ca.discard records %+v; want one for the abandoned draft saying its key is destroyed next", recs)
+	}
+	destroys, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(destroys) != 1 || destroys[0].Target != "agent/"+abandoned.GetSerial() || destroys[0].Seq < recs[0].Seq || !strings.Contains(destroys[0].Reason, "destroyed") {
+		t.Fatalf("ca.destroy_key records %+v; want one after the ca.discard saying its key was destroyed", destroys)
+	}
+}
+
+// auditDown is a store whose audit records cannot be written while down
+// is set: neither on their own nor with the write they record.
+type auditDown struct {
+	store.Store
+	down *atomic.Bool
+}
+
+var errAuditDown = errors.New("test: the audit log is down")
+
+func (a auditDown) failing(audit func(store.AuditHead) (store.AuditRecord, error)) func(store.AuditHead) (store.AuditRecord, error) {
+	if !a.down.Load() {
+		return audit
+	}
+	return func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, errAuditDown }
+}
+
+func (a auditDown) AppendAudit(ctx context.Context, audit func(store.AuditHead) (store.AuditRecord, error)) (store.AuditRecord, error) {
+	return a.Store.AppendAudit(ctx, a.failing(audit))
+}
+
+func (a auditDown) ClaimCADraft(ctx context.Context, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) (store.CADraft, error) {
+	return a.Store.ClaimCADraft(ctx, serial, a.failing(audit))
+}
+
+// TestDraftDiscardUnauditedKeepsItsKey: an abandoned draft whose
+// ca.discard cannot be recorded is not discarded: the draft and its key
+// stay, and the next sweep with the audit log back discards it, recorded.
+// Before, the claim and the destruction went ahead and the record was
+// written after, or not at all.
+func TestDraftDiscardUnauditedKeepsItsKey(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		destroyed []string
+		down      atomic.Bool
+	)
+	b := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.WrapCACustody = countDestroys(&mu, &destroyed)
+		c.Store = auditDown{Store: c.Store, down: &down}
+	})
+	s := b.srvs[0]
+	a := &adminService{s: s}
+	ctx := t.Context()
+	d, err := a.DraftCAIntermediate(ctx, &musterv1.DraftCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(s.caDraftTTL() + time.Minute)
+	down.Store(true)
+	_ = s.caStepAt(ctx, later)
+	mu.Lock()
+	got := slices.Clone(destroyed)
+	mu.Unlock()
+	if len(got) != 0 {
+		t.Fatalf("destroyed %q with the audit log down; want the draft's key kept", got)
+	}
+	drafts, err := b.store.ListCADrafts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(drafts) != 1 || drafts[0].Serial != d.GetSerial() {
+		t.Fatalf("drafts after an unaudited sweep: %+v; want %s kept", drafts, d.GetSerial())
+	}
+	down.Store(false)
+	s.caDraftSwept.Store(time.Time{})
+	if err := s.caStepAt(ctx, later.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got = slices.Clone(destroyed)
+	mu.Unlock()
+	if want := "agent/" + d.GetSerial() + "=" + string(d.GetKeyRef()); len(got) != 1 || got[0] != want {
+		t.Fatalf("destroyed %q; want the draft's key, %q", got, want)
+	}
+	recs, err := b.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok []store.AuditRecord
+	for _, r := range recs {
+		if r.Result == "ok" {
+			ok = append(ok, r)
+		}
+	}
+	if len(ok) != 1 || ok[0].Target != "agent/"+d.GetSerial() {
+		t.Fatalf("ca.discard records %+v; want one discard, with the audit log back (and the failed step's error)", recs)
 	}
 }
 
@@ -213,5 +309,129 @@ func TestExpiredDraftRefusedBeforeSweep(t *testing.T) {
 	}
 	if p, _ := preparedOf(rows, "agent"); p != nil {
 		t.Fatalf("an expired draft was stored prepared: %+v", p)
+	}
+}
+
+// destroyFailing is destroyCounting whose Destroy fails while fail is set
+// (a token away).
+type destroyFailing struct {
+	destroyCounting
+	fail *atomic.Bool
+}
+
+func (d destroyFailing) Destroy(ctx context.Context, name string, k custody.Key) error {
+	if d.fail.Load() {
+		return errors.New("test: the token is unavailable")
+	}
+	return d.destroyCounting.Destroy(ctx, name, k)
+}
+
+// TestRetiredKeyDestroyedLaterKeepsItsReference: a retired
+// intermediate's key that cannot be destroyed (the token away) keeps its
+// reference in the store, and no ca.destroy_key record says it was
+// destroyed; the leader's next pass destroys it and empties the
+// reference with that record. Before, the reference went with the
+// retirement, whatever became of the key, and nothing tried again.
+func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
+	var (
+		mu        sync.Mutex
+		destroyed []string
+		fail      atomic.Bool
+	)
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.CAIntermediateTTL = 3 * time.Minute
+		c.WrapCACustody = func(c custody.Custody) (custody.Custody, error) {
+			return destroyFailing{destroyCounting: destroyCounting{Custody: c, mu: &mu, destroyed: &destroyed}, fail: &fail}, nil
+		}
+	})
+	ctx := t.Context()
+	s := a.srvs[0]
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), time.Hour)
+	keyOf := func() (string, []byte) {
+		rows, err := a.store.ListCACerts(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			if r.Serial == expired.Serial {
+				return r.State, r.KeyRef
+			}
+		}
+		t.Fatalf("%s is gone from the store", expired.Serial)
+		return "", nil
+	}
+	destroyRecords := func() (ok, failed int) {
+		recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range recs {
+			switch {
+			case r.Target != "agent/"+expired.Serial:
+			case r.Result == "ok" && strings.Contains(r.Reason, "destroyed"):
+				ok++
+			case r.Result == "error":
+				failed++
+			}
+		}
+		return ok, failed
+	}
+
+	fail.Store(true)
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	if state, ref := keyOf(); state != store.CARetired || string(ref) != string(expired.KeyRef) {
+		t.Fatalf("after a failed destruction: state %s, key reference %q; want retired, the reference kept", state, ref)
+	}
+	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
+		t.Fatalf("ca.destroy_key records: %d saying destroyed, %d failures; want none and one", ok, failed)
+	}
+	// Not taken again while the step's own destruction may be under
+	// way (on the replica that won, the leader before this one).
+	fail.Store(false)
+	if err := s.caStepAt(ctx, now.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ref := keyOf(); ref == nil {
+		t.Fatal("the reference was taken again within a step's deadline of the retirement")
+	}
+	// Failing again, it is not recorded again.
+	fail.Store(true)
+	later := now.Add(2 * caStepTimeout)
+	if err := s.caStepAt(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if ok, failed := destroyRecords(); ok != 0 || failed != 1 {
+		t.Fatalf("ca.destroy_key records after a second failure: %d saying destroyed, %d failures; want none and one", ok, failed)
+	}
+
+	fail.Store(false)
+	if err := s.caStepAt(ctx, later.Add(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ref := keyOf(); ref != nil {
+		t.Fatalf("after the key was destroyed the store still has its reference %q", ref)
+	}
+	mu.Lock()
+	got := slices.Clone(destroyed)
+	mu.Unlock()
+	if want := "agent/" + expired.Serial + "=" + string(expired.KeyRef); len(got) != 1 || got[0] != want {
+		t.Fatalf("destroyed %q; want the retired key once, %q", got, want)
+	}
+	if ok, _ := destroyRecords(); ok != 1 {
+		t.Fatalf("%d ca.destroy_key records saying destroyed; want one", ok)
+	}
+	// Nothing left to do: the next pass destroys nothing.
+	if err := s.caStepAt(ctx, later.Add(10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	n := len(destroyed)
+	mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d destructions after the reference was emptied; want 1", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/authority"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/datadir"
@@ -37,11 +38,13 @@ func (r recordedCustody) GetKeyCustody(context.Context) (store.KeyCustody, error
 	return r.rec, nil
 }
 
-func (r recordedCustody) RecordKeyCustody(context.Context, store.KeyCustody) (store.KeyCustody, error) {
+func (r recordedCustody) RecordKeyCustody(context.Context, store.KeyCustody, func(store.AuditHead) (store.AuditRecord, error)) (store.KeyCustody, error) {
 	panic("not used")
 }
 
-func (r recordedCustody) ClearKeyCustody(context.Context, string) error { panic("not used") }
+func (r recordedCustody) ClearKeyCustody(context.Context, string, func(store.AuditHead) (store.AuditRecord, error)) error {
+	panic("not used")
+}
 
 // TestStoreCustody: the token the store records (muster ca
 // migrate-custody) binds every replica: one whose authority.json does not
@@ -179,14 +182,19 @@ func TestMigrateCustodyIntoAnotherTokenOpensNone(t *testing.T) {
 		wants []string
 	}{
 		{"store", func(t *testing.T, dir datadir.Dir) {
-			st, err := sqlite.Open(context.Background(), dir.DatabaseFile())
+			st, logger, _, err := openOffline(context.Background(), &Env{Getenv: func(string) string { return "" }}, string(dir), "", "")
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer st.Close()
-			if _, err := st.RecordKeyCustody(context.Background(), store.KeyCustody{URI: "pkcs11:token=first", Module: "/opt/hsm.so"}); err != nil {
+			link, err := logger.Builder(audit.Event{Actor: "test", Action: "ca.migrate_custody", Target: "pkcs11:token=first", Result: audit.ResultOK})
+			if err != nil {
 				t.Fatal(err)
 			}
+			if _, err := st.RecordKeyCustody(context.Background(), store.KeyCustody{URI: "pkcs11:token=first", Module: "/opt/hsm.so"}, link.Build); err != nil {
+				t.Fatal(err)
+			}
+			logger.Appended(link)
 		}, []string{"the store records", "--custody 'pkcs11:token=first'", "muster ca migrate-custody --data " + "DIR" + " --custody 'pkcs11:token=first' --rollback"}},
 		{"authority.json", func(t *testing.T, dir datadir.Dir) {
 			info, err := dir.ReadInfo()

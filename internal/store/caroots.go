@@ -62,8 +62,9 @@ type CARootStore interface {
 	PutRootRotation(ctx context.Context, version int64, r RootRotation, restart bool, audit func(head AuditHead) (AuditRecord, error)) error
 	// DiscardCACert retires a prepared intermediate that will never be
 	// activated (one signed by a root a rotation step has since stopped
-	// using) and clears its key reference in the same conditional write,
-	// returning the reference it cleared (the winner destroys the key).
+	// using) in one conditional write, returning its key reference (the
+	// winner destroys the key; the reference stays until DropCAKey, as
+	// RetireCACert's).
 	// ErrConflict when serial is not role's prepared certificate.
 	// Announces ChangeCA. audit builds its record (ca.discard), appended
 	// in the same transaction as PutRootRotation's.

@@ -26,10 +26,17 @@ type CustodyStore interface {
 	// conditional write: only when none is recorded, or the one recorded
 	// has c's URI (then nothing changes and it is returned, so a second
 	// migration is harmless). ErrConflict, and nothing written, when
-	// another token's URI is recorded. It returns what is recorded.
-	RecordKeyCustody(ctx context.Context, c KeyCustody) (KeyCustody, error)
+	// another token's URI is recorded. It returns what is recorded. When
+	// it writes, audit builds its record (ca.migrate_custody), appended
+	// in the same transaction (see AppendAudit): an error building or
+	// appending it is returned and nothing is written; a record already
+	// there appends nothing and does not call audit. A nil audit is
+	// refused.
+	RecordKeyCustody(ctx context.Context, c KeyCustody, audit func(head AuditHead) (AuditRecord, error)) (KeyCustody, error)
 	// ClearKeyCustody removes the record of the token uri (a migration
 	// rolled back before any key in the token was put to use), one
 	// conditional delete. ErrNotFound when uri is not what is recorded.
-	ClearKeyCustody(ctx context.Context, uri string) error
+	// audit builds its record (ca.migrate_custody), appended in the same
+	// transaction as RecordKeyCustody's.
+	ClearKeyCustody(ctx context.Context, uri string, audit func(head AuditHead) (AuditRecord, error)) error
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -47,12 +48,16 @@ func (s *Store) InsertCACert(ctx context.Context, c store.CACert, audit func(sto
 		return fmt.Errorf("postgres: %s: no audit record: an intermediate is never stored unaudited", op)
 	}
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
-			COALESCE($8, CASE WHEN $5 = 'active' THEN `+nowMicros+` END), NULL, NULL)`,
-			[]any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)}, wrapped(op))
+		queueInsertCACert(p, c, op)
 		queueNotify(p, store.ChangeCA)
 		return commitAudited(ctx, p, audit, op)
 	})
+}
+
+func queueInsertCACert(p *pipe, c store.CACert, op string) {
+	p.exec(`INSERT INTO ca_certs (`+caColumns+`) VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7, `+nowMicros+`),
+		COALESCE($8, CASE WHEN $5 = 'active' THEN `+nowMicros+` END), NULL, NULL)`,
+		[]any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt)}, wrapped(op))
 }
 
 // ActivateCACert makes a prepared certificate active and the active one
@@ -87,16 +92,17 @@ func (s *Store) ActivateCACert(ctx context.Context, role, serial string, audit f
 	})
 }
 
-// RetireCACert moves a retiring certificate to retired and clears its
-// key reference, returning it (see store.CAStore).
+// RetireCACert moves a retiring certificate to retired, returning its key
+// reference (see store.CAStore).
 func (s *Store) RetireCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
 	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring, audit)
 }
 
-// endCACert retires serial of role from state from, clearing its key
-// reference, in one READ COMMITTED transaction with audit's record: the
+// endCACert retires serial of role from state from, in one READ
+// COMMITTED transaction with audit's record: the
 // row is locked first, so of two replicas ending it the second waits,
-// then finds it retired and conflicts. It returns the reference cleared.
+// then finds it retired and conflicts. It returns the key reference,
+// which stays until DropCAKey.
 func (s *Store) endCACert(ctx context.Context, op, role, serial, from string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
 	if audit == nil {
 		return nil, fmt.Errorf("postgres: %s %s: no audit record: an intermediate is never ended unaudited", op, serial)
@@ -116,7 +122,7 @@ func (s *Store) endCACert(ctx context.Context, op, role, serial, from string, au
 		if state != from {
 			return fmt.Errorf("postgres: %s %s: not a %s %s certificate: %w", op, serial, from, role, store.ErrConflict)
 		}
-		p.exec(`UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = $1`, []any{serial}, wrapped(op+" "+serial))
+		p.exec(`UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = $1`, []any{serial}, wrapped(op+" "+serial))
 		queueNotify(p, store.ChangeCA)
 		return commitAudited(ctx, p, audit, op+" "+serial)
 	})
@@ -124,4 +130,27 @@ func (s *Store) endCACert(ctx context.Context, op, role, serial, from string, au
 		return nil, err
 	}
 	return ref, nil
+}
+
+// DropCAKey empties a retired certificate's key reference once its key is
+// destroyed (see store.CAStore): one conditional UPDATE with audit's
+// record; of two replicas the second waits on the row, then matches
+// nothing.
+func (s *Store) DropCAKey(ctx context.Context, serial string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "drop ca key " + serial
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: a key reference is never dropped unaudited", op)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE ca_certs SET key_ref = NULL WHERE serial = $1 AND state = 'retired' AND key_ref = $2`, []any{serial, ref}, func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap(op, err)
+			}
+			if tag.RowsAffected() == 0 {
+				return fmt.Errorf("postgres: %s: not retired with that key reference: %w", op, store.ErrConflict)
+			}
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
+	})
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -22,12 +24,35 @@ func (s *Store) GetKeyCustody(ctx context.Context) (store.KeyCustody, error) {
 
 // RecordKeyCustody records c unless a custody is recorded already (see
 // store.CustodyStore): one INSERT that does nothing on the row's key, so
-// of replicas recording at once one writes; the row never changes after,
-// so reading it back tells every caller what is recorded.
-func (s *Store) RecordKeyCustody(ctx context.Context, c store.KeyCustody) (store.KeyCustody, error) {
-	if _, err := s.pool.Exec(ctx, `INSERT INTO key_custody (id, uri, module, recorded_at) VALUES (1, $1, $2, `+nowMicros+`)
-		ON CONFLICT (id) DO NOTHING`, c.URI, c.Module); err != nil {
-		return store.KeyCustody{}, wrap("record key custody", err)
+// of replicas recording at once one writes (the others wait on the row
+// and insert nothing), with audit's record when it writes; the row
+// never changes after, so reading it back tells every caller what is
+// recorded.
+func (s *Store) RecordKeyCustody(ctx context.Context, c store.KeyCustody, audit func(store.AuditHead) (store.AuditRecord, error)) (store.KeyCustody, error) {
+	if audit == nil {
+		return store.KeyCustody{}, fmt.Errorf("postgres: record key custody %s: no audit record: a token is never recorded unaudited", c.URI)
+	}
+	op := "record key custody " + c.URI
+	var inserted bool
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`INSERT INTO key_custody (id, uri, module, recorded_at) VALUES (1, $1, $2, `+nowMicros+`)
+			ON CONFLICT (id) DO NOTHING`, []any{c.URI, c.Module}, func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap(op, err)
+			}
+			inserted = tag.RowsAffected() == 1
+			return nil
+		})
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if !inserted {
+			return nil // recorded already: nothing to commit, the read below says by whom
+		}
+		return commitAudited(ctx, p, audit, op)
+	})
+	if err != nil {
+		return store.KeyCustody{}, err
 	}
 	got, err := s.GetKeyCustody(ctx)
 	if err != nil {
@@ -39,14 +64,23 @@ func (s *Store) RecordKeyCustody(ctx context.Context, c store.KeyCustody) (store
 	return got, nil
 }
 
-// ClearKeyCustody removes the record of uri (see store.CustodyStore).
-func (s *Store) ClearKeyCustody(ctx context.Context, uri string) error {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM key_custody WHERE id = 1 AND uri = $1`, uri)
-	if err != nil {
-		return wrap("clear key custody", err)
+// ClearKeyCustody removes the record of uri (see store.CustodyStore),
+// with audit's record.
+func (s *Store) ClearKeyCustody(ctx context.Context, uri string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if audit == nil {
+		return fmt.Errorf("postgres: clear key custody %s: no audit record: a token's record is never removed unaudited", uri)
 	}
-	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)
-	}
-	return nil
+	op := "clear key custody " + uri
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`DELETE FROM key_custody WHERE id = 1 AND uri = $1`, []any{uri}, func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap(op, err)
+			}
+			if tag.RowsAffected() == 0 {
+				return fmt.Errorf("postgres: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)
+			}
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
+	})
 }

@@ -49,13 +49,50 @@ func (s *SQLite) InsertCACert(ctx context.Context, c store.CACert, audit func(st
 		return fmt.Errorf("sqlite: insert ca cert %s: no audit record: an intermediate is never stored unaudited", c.Serial)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
-			COALESCE(?, CASE WHEN ? = 'active' THEN ` + nowMicros + ` END), NULL, NULL)`
-		args := []any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt), c.State}
-		if _, err := tx.ExecContext(ctx, q, args...); err != nil {
-			return wrap("insert ca cert "+c.Serial, err)
+		if err := insertCACert(ctx, tx, c); err != nil {
+			return err
 		}
 		return appendAuditOf(ctx, tx, "insert ca cert "+c.Serial, audit)
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeCA)
+	return nil
+}
+
+func insertCACert(ctx context.Context, tx *writeTx, c store.CACert) error {
+	q := `INSERT INTO ca_certs (` + caColumns + `) VALUES (?, ?, ?, ?, ?, ?, COALESCE(?, ` + nowMicros + `),
+		COALESCE(?, CASE WHEN ? = 'active' THEN ` + nowMicros + ` END), NULL, NULL)`
+	args := []any{c.Serial, c.Role, c.CertDER, c.KeyRef, c.State, c.NotAfter.UnixMicro(), timeArg(c.CreatedAt), timeArg(c.ActivatedAt), c.State}
+	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+		return wrap("insert ca cert "+c.Serial, err)
+	}
+	return nil
+}
+
+// PrepareFromCADraft stores c and deletes its draft (see store.CAStore),
+// inside one write transaction.
+func (s *SQLite) PrepareFromCADraft(ctx context.Context, c store.CACert, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "prepare ca cert " + c.Serial + " from its draft"
+	if c.State != store.CAPrepared {
+		return fmt.Errorf("sqlite: %s: state %q: want prepared", op, c.State)
+	}
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: an intermediate is never stored unaudited", op)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM ca_drafts WHERE serial = ? AND role = ? AND key_ref = ?`, c.Serial, c.Role, c.KeyRef)
+		if err != nil {
+			return wrap(op, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return fmt.Errorf("sqlite: %s: no such draft: %w", op, store.ErrNotFound)
+		}
+		if err := insertCACert(ctx, tx, c); err != nil {
+			return err
+		}
+		return appendAuditOf(ctx, tx, op, audit)
 	})
 	if err != nil {
 		return err
@@ -91,16 +128,16 @@ func (s *SQLite) ActivateCACert(ctx context.Context, role, serial string, audit 
 	return nil
 }
 
-// RetireCACert moves a retiring certificate to retired and clears its
-// key reference, returning it (see store.CAStore).
+// RetireCACert moves a retiring certificate to retired, returning its key
+// reference (see store.CAStore).
 func (s *SQLite) RetireCACert(ctx context.Context, role, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
 	return s.endCACert(ctx, "retire ca cert", role, serial, store.CARetiring, audit)
 }
 
-// endCACert retires serial of role from state from, clearing its key
-// reference, inside one write transaction (writes are serialised, so of
-// two ending it the second finds it retired and conflicts). It returns
-// the reference cleared, with audit's record in the same transaction.
+// endCACert retires serial of role from state from inside one write
+// transaction (writes are serialised, so of two ending it the second
+// finds it retired and conflicts), with audit's record. It returns the
+// key reference, which stays until DropCAKey.
 func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string, audit func(store.AuditHead) (store.AuditRecord, error)) ([]byte, error) {
 	if audit == nil {
 		return nil, fmt.Errorf("sqlite: %s %s: no audit record: an intermediate is never ended unaudited", op, serial)
@@ -115,7 +152,7 @@ func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string, a
 		if state != from {
 			return fmt.Errorf("sqlite: %s %s: not a %s %s certificate: %w", op, serial, from, role, store.ErrConflict)
 		}
-		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+`, key_ref = NULL WHERE serial = ?`, serial); err != nil {
+		if _, err := tx.ExecContext(ctx, `UPDATE ca_certs SET state = 'retired', retired_at = `+nowMicros+` WHERE serial = ?`, serial); err != nil {
 			return wrap(op+" "+serial, err)
 		}
 		return appendAuditOf(ctx, tx, op+" "+serial, audit)
@@ -125,4 +162,23 @@ func (s *SQLite) endCACert(ctx context.Context, op, role, serial, from string, a
 	}
 	s.hub.announce(store.ChangeCA)
 	return ref, nil
+}
+
+// DropCAKey empties a retired certificate's key reference once its key is
+// destroyed (see store.CAStore), with audit's record.
+func (s *SQLite) DropCAKey(ctx context.Context, serial string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "drop ca key " + serial
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: a key reference is never dropped unaudited", op)
+	}
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE ca_certs SET key_ref = NULL WHERE serial = ? AND state = 'retired' AND key_ref = ?`, serial, ref)
+		if err != nil {
+			return wrap(op, err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return fmt.Errorf("sqlite: %s: not retired with that key reference: %w", op, store.ErrConflict)
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
 }

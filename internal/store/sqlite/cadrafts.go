@@ -3,6 +3,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"fmt"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -43,9 +44,13 @@ func (s *SQLite) ListCADrafts(ctx context.Context) ([]store.CADraft, error) {
 	return out, nil
 }
 
-// ClaimCADraft deletes a draft and returns it (see store.CAStore); writes
-// are serialised, so of two claims the second finds none.
-func (s *SQLite) ClaimCADraft(ctx context.Context, serial string) (store.CADraft, error) {
+// ClaimCADraft deletes a draft and returns it (see store.CAStore), with
+// audit's record; writes are serialised, so of two claims the second
+// finds none.
+func (s *SQLite) ClaimCADraft(ctx context.Context, serial string, audit func(store.AuditHead) (store.AuditRecord, error)) (store.CADraft, error) {
+	if audit == nil {
+		return store.CADraft{}, fmt.Errorf("sqlite: claim ca draft %s: no audit record: a draft is never discarded unaudited", serial)
+	}
 	var d store.CADraft
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var created int64
@@ -54,7 +59,7 @@ func (s *SQLite) ClaimCADraft(ctx context.Context, serial string) (store.CADraft
 			return wrap("claim ca draft "+serial, err)
 		}
 		d.CreatedAt = timeCol(sql.NullInt64{Int64: created, Valid: true})
-		return nil
+		return appendAuditOf(ctx, tx, "claim ca draft "+serial, audit)
 	})
 	if err != nil {
 		return store.CADraft{}, err

@@ -94,7 +94,7 @@ func caCertCases() []testCase {
 			ref, err := s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			mustNil(t, "RetireCACert", err)
 			if string(ref) != "sealed-a1" {
-				t.Errorf("RetireCACert returned the key reference %q, want the one it cleared, %q", ref, "sealed-a1")
+				t.Errorf("RetireCACert returned the key reference %q, want its own, %q", ref, "sealed-a1")
 			}
 			ref, err = s.RetireCACert(ctx, "agent", "a1", link(record("ca.retire")))
 			wantErr(t, "retire twice", err, store.ErrConflict)
@@ -109,8 +109,8 @@ func caCertCases() []testCase {
 					if r.State != store.CARetired || r.RetiringAt.Before(before) || r.RetiredAt.Before(r.RetiringAt) {
 						t.Errorf("a1: %+v; want retired, retiring then retired by the store clock", r)
 					}
-					if r.KeyRef != nil {
-						t.Errorf("retired a1 still has its key reference %q", r.KeyRef)
+					if string(r.KeyRef) != "sealed-a1" {
+						t.Errorf("retired a1 has the key reference %q; want sealed-a1 kept until its key is destroyed", r.KeyRef)
 					}
 				case "a2":
 					if r.ActivatedAt.Before(before) {
@@ -118,6 +118,26 @@ func caCertCases() []testCase {
 					}
 				}
 			}
+			// The key destroyed, its reference goes with its record, once.
+			keyRefs := func() any {
+				rows, err := s.ListCACerts(ctx)
+				mustNil(t, "ListCACerts", err)
+				m := map[string]string{}
+				for _, r := range rows {
+					m[r.Serial] = string(r.KeyRef)
+				}
+				return m
+			}
+			wantUnaudited(t, ctx, s, "ca.destroy_key", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DropCAKey(ctx, "a1", []byte("sealed-a1"), audit)
+			}, keyRefs)
+			seq := auditSeq(t, ctx, s)
+			wantErr(t, "DropCAKey of an active one", s.DropCAKey(ctx, "a2", []byte("sealed-a2"), link(record("ca.destroy_key"))), store.ErrConflict)
+			wantErr(t, "DropCAKey of another reference", s.DropCAKey(ctx, "a1", []byte("sealed-a2"), link(record("ca.destroy_key"))), store.ErrConflict)
+			mustNil(t, "DropCAKey", s.DropCAKey(ctx, "a1", []byte("sealed-a1"), link(record("ca.destroy_key"))))
+			wantErr(t, "DropCAKey twice", s.DropCAKey(ctx, "a1", []byte("sealed-a1"), link(record("ca.destroy_key"))), store.ErrConflict)
+			wantEqual[any](t, "key references after the drop", keyRefs(), map[string]string{"a1": "", "a2": "sealed-a2", "s1": "sealed-s1"})
+			wantEqual(t, "audit records of the drops", auditSeq(t, ctx, s), seq+1)
 		}},
 		{"an unaudited CA write changes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.import"))))
@@ -177,7 +197,7 @@ func caCertCases() []testCase {
 				t.Fatalf("audit chain holds %d records after five CA writes; want %d", got, seq+5)
 			}
 		}},
-		{"of concurrent retirements exactly one clears and gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
+		{"of concurrent retirements exactly one gets the key reference", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a2", store.CAPrepared), link(record("ca.prepare"))))
 			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
@@ -220,6 +240,12 @@ func caCertCases() []testCase {
 			if len(drafts) != 2 || drafts[0].Serial != "d1" || string(drafts[0].KeyRef) != "sealed-d1" || drafts[0].Role != "agent" || drafts[0].CreatedAt.Before(before) {
 				t.Fatalf("ListCADrafts: %+v; want d1 (agent, sealed-d1, created by the store clock) then d2", drafts)
 			}
+			draftsNow := func() any { d, err := s.ListCADrafts(ctx); return fmt.Sprint(d, err) }
+			wantUnaudited(t, ctx, s, "ca.discard", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.ClaimCADraft(ctx, "d1", audit)
+				return err
+			}, draftsNow)
+			seq := auditSeq(t, ctx, s)
 			const n = 6
 			var wg sync.WaitGroup
 			got, errs := make(chan store.CADraft, n), make(chan error, n)
@@ -227,7 +253,7 @@ func caCertCases() []testCase {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					d, err := s.ClaimCADraft(ctx, "d1")
+					d, err := s.ClaimCADraft(ctx, "d1", link(record("ca.discard")))
 					if err != nil {
 						errs <- err
 						return
@@ -253,6 +279,53 @@ func caCertCases() []testCase {
 			if len(drafts) != 1 || drafts[0].Serial != "d2" {
 				t.Fatalf("after the claim: %+v; want d2 alone", drafts)
 			}
+			wantEqual(t, "audit records after concurrent claims", auditSeq(t, ctx, s), seq+1)
+		}},
+		{"a draft becomes its prepared intermediate in one audited write, unless claimed first", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("sealed-d1")}))
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d2", Role: "agent", KeyRef: []byte("sealed-d2")}))
+			row := func(serial string) store.CACert {
+				c := caRow("agent", serial, store.CAPrepared)
+				c.KeyRef = []byte("sealed-" + serial)
+				return c
+			}
+			all := func() any {
+				d, derr := s.ListCADrafts(ctx)
+				c, cerr := s.ListCACerts(ctx)
+				return fmt.Sprint(d, derr, c, cerr)
+			}
+			wantUnaudited(t, ctx, s, "ca.prepare", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.PrepareFromCADraft(ctx, row("d1"), audit)
+			}, all)
+			before, seq := all(), auditSeq(t, ctx, s)
+			other := row("d1")
+			other.KeyRef = []byte("another key")
+			wantErr(t, "a draft's serial with another key", s.PrepareFromCADraft(ctx, other, link(record("ca.prepare"))), store.ErrNotFound)
+			other = row("d1")
+			other.Role = "server"
+			wantErr(t, "a draft's serial under another role", s.PrepareFromCADraft(ctx, other, link(record("ca.prepare"))), store.ErrNotFound)
+			wantErr(t, "no draft", s.PrepareFromCADraft(ctx, row("d3"), link(record("ca.prepare"))), store.ErrNotFound)
+			wantEqual(t, "after the refusals", all(), before)
+			wantEqual(t, "audit records after the refusals", auditSeq(t, ctx, s), seq)
+			mustNil(t, "PrepareFromCADraft", s.PrepareFromCADraft(ctx, row("d1"), link(record("ca.prepare"))))
+			wantEqual(t, "audit records after the prepare", auditSeq(t, ctx, s), seq+1)
+			drafts, err := s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			if len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("drafts after d1 was prepared: %+v; want d2 alone", drafts)
+			}
+			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"d1": store.CAPrepared})
+			// A second prepared one conflicts, and its draft keeps its key.
+			wantErr(t, "a second prepared", s.PrepareFromCADraft(ctx, row("d2"), link(record("ca.prepare"))), store.ErrConflict)
+			if drafts, _ := s.ListCADrafts(ctx); len(drafts) != 1 || drafts[0].Serial != "d2" {
+				t.Fatalf("a refused prepare took its draft: %+v", drafts)
+			}
+			// Claimed (the sweep, another replica) first, it is not prepared.
+			_, err = s.ClaimCADraft(ctx, "d2", link(record("ca.discard")))
+			mustNil(t, "ClaimCADraft", err)
+			mustNil(t, "DiscardCACert", second(s.DiscardCACert(ctx, "agent", "d1", link(record("ca.discard")))))
+			wantErr(t, "prepare after the claim", s.PrepareFromCADraft(ctx, row("d2"), link(record("ca.prepare"))), store.ErrNotFound)
+			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"d1": store.CARetired})
 		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))
