@@ -75,7 +75,9 @@ func TestDiscoveryAllowList(t *testing.T) {
 		t.Errorf("registered version %d, want 1", v)
 	}
 
-	// forget, while discovery runs: the ID is no longer served.
+	// forget, while discovery runs: the ID is no longer served. The
+	// authority stopped first: running, it registers again within 30 s.
+	auth.stop(t)
 	var res struct {
 		AuthorityID   string    `json:"authority_id"`
 		CAFingerprint string    `json:"ca_fingerprint"`
@@ -99,7 +101,6 @@ func TestDiscoveryAllowList(t *testing.T) {
 
 	// The allowed authority registers again (at its next start here), from
 	// version 1: a new registration.
-	auth.stop(t)
 	startAuthority(t, allowedDir, discoveryArgs...)
 	if v := waitLookup(t, d, allowedID); v != 1 {
 		t.Errorf("version after the forget %d, want 1", v)

@@ -3,9 +3,11 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestDiscoveryOfflineCommandsUseTheRecordedStore: discovery started with
@@ -116,4 +118,50 @@ func TestDiscoveryOfflineCommandsUseTheRecordedStore(t *testing.T) {
 	}
 	// --store is the way out each refusal names.
 	mustRun(t, "discovery", "audit", "verify", "--data", dir, "--store", url)
+}
+
+// TestDiscoveryStoreLostWhileAnAuthorityRuns: discovery's store lost and
+// discovery started on a new one, as its refusal says (the way out
+// pasted into a shell), while the authority runs on: the authority
+// registers again by itself, and agents can look it up. It once waited
+// for its next register_every (10 minutes by default), while agents were
+// told "not registered"; and the refusal said "remove FILE and FILE".
+func TestDiscoveryStoreLostWhileAnAuthorityRuns(t *testing.T) {
+	t.Parallel()
+	dir, init := initDir(t)
+	id := init["authority_id"].(string)
+	ddir := filepath.Join(t.TempDir(), "discovery")
+	d := startDiscovery(t, ddir, allowing(init)...)
+	startAuthority(t, dir, "--discovery", d.addr, "--discovery-fingerprint", d.fingerprint)
+	waitLookup(t, d, id)
+
+	d.stop(t)
+	dbs, _ := filepath.Glob(filepath.Join(ddir, "discovery.db*"))
+	for _, f := range dbs {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := append([]string{"discovery", "--data", ddir, "--listen", d.addr, "--metrics-listen", "", "--log-format", "json"}, allowing(init)...)
+	r := muster(t, nil, args...)
+	const lead = "kept as the evidence of what it removed: "
+	_, cmd, ok := strings.Cut(strings.TrimSpace(r.stderr), lead)
+	if r.code == 0 || !ok {
+		t.Fatalf("discovery on a new store: exit %d, stderr %s; want a way out after %q", r.code, r.stderr, lead)
+	}
+	if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
+		t.Fatalf("the way out %q pasted: %v: %s", cmd, err, out)
+	}
+	d = startDiscovery(t, ddir, append(allowing(init), "--listen", d.addr)...)
+	// The authority's leader asks every 30 s; the deadline leaves a
+	// loaded machine room.
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(time.Second) {
+		v, errLine := lookupVersion(t, d, id)
+		if v > 0 {
+			break
+		}
+		if !strings.Contains(errLine, "NOT_FOUND") || time.Now().After(deadline) {
+			t.Fatalf("lookup after discovery lost its store: %s\n%s", errLine, d.Logs())
+		}
+	}
 }

@@ -67,6 +67,12 @@ func TestPSKRefusalHint(t *testing.T) {
 			t.Errorf("%s: got %v", reason, err)
 		}
 	}
+	// A lock on the node: it once stayed a bare "locked".
+	locked := pskRefusalHint(errinfo.Error(codes.PermissionDenied, "locked", "locked"), "web-01")
+	if s, _ := status.FromError(locked); s.Code() != codes.PermissionDenied || errinfo.Reason(locked) != "locked" ||
+		!strings.HasPrefix(s.Message(), "locked; ") || !strings.Contains(s.Message(), "muster lock list") || !strings.Contains(s.Message(), "muster lock delete LOCK-ID") {
+		t.Errorf("locked: got %v, want the way out named", locked)
+	}
 	taken := pskRefusalHint(errinfo.Error(codes.AlreadyExists, "node ID already exists", "node_taken"), "web-01")
 	if s, _ := status.FromError(taken); s.Code() != codes.AlreadyExists || errinfo.Reason(taken) != "node_taken" ||
 		!strings.Contains(s.Message(), "muster token create --node web-01") || !strings.Contains(s.Message(), "muster agents delete web-01") {
@@ -94,6 +100,8 @@ func TestTokenRefusalHint(t *testing.T) {
 		{codes.FailedPrecondition, "join token has no uses left or expired", "token_spent", []string{"muster token create --node web-01"}},
 		{codes.PermissionDenied, "join token is bound to another node", "token_bound_elsewhere", []string{"muster token get abcdef", "muster token create --node web-01"}},
 		{codes.AlreadyExists, "node ID already exists", "node_taken", []string{"muster token create --node web-01", "muster agents delete web-01"}},
+		// It once stayed a bare "locked".
+		{codes.PermissionDenied, "locked", "locked", []string{"node web-01", "muster lock list", "muster lock delete LOCK-ID"}},
 	} {
 		err := tokenRefusalHint(errinfo.Error(c.code, c.msg, c.reason), "abcdef", "web-01")
 		s, _ := status.FromError(err)
@@ -108,7 +116,6 @@ func TestTokenRefusalHint(t *testing.T) {
 	}
 	for _, other := range []error{
 		errinfo.Error(codes.NotFound, "unknown join token or wrong secret", "not_found"),
-		errinfo.Error(codes.PermissionDenied, "locked", "locked"),
 	} {
 		if got := tokenRefusalHint(other, "abcdef", "web-01"); got != other {
 			t.Errorf("%v changed: %v", other, got)

@@ -465,10 +465,21 @@ func tokenRefusalHint(err error, tokenID, node string) error {
 		hint = fmt.Sprintf("muster token get %s names the node it admits: join with that node ID, or with a token for this one: muster token create --node %s", tokenID, node)
 	case "node_taken":
 		hint = nodeTakenHint(node)
+	case "locked":
+		hint = joinLockedHint(node)
 	default:
 		return err
 	}
 	return withHint(err, hint)
+}
+
+// joinLockedHint is the way out of a join refused by a lock (on the node,
+// or on the token that would admit it): the refusal says only "locked",
+// and the machine's operator was told nothing to act on. The lock's ID
+// and why are in the authority's audit record of the refused join.
+func joinLockedHint(node string) string {
+	return fmt.Sprintf("a lock on node %s or on the token refuses the join, and nothing was consumed: on the authority, muster lock list names it and why "+
+		"(muster audit list --action agent.join, the refusal's record, names its ID); if this machine should join, muster lock delete LOCK-ID lifts it", node)
 }
 
 // nodeTakenHint is the way out of a join whose node ID exists, by token

@@ -331,6 +331,8 @@ func pskRefusalHint(err error, node string) error {
 		hint = "give the PSK (--psk-file, MUSTER_BOOTSTRAP_PSK): muster psk show on the authority prints it"
 	case "node_taken":
 		hint = nodeTakenHint(node)
+	case "locked":
+		hint = joinLockedHint(node)
 	default:
 		return err
 	}

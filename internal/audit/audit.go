@@ -112,6 +112,9 @@ type Logger struct {
 	// verifyCmd walks this chain from its data directory
 	// (SetVerifyCommand): the first step out of a damaged head file.
 	verifyCmd string
+	// restoreDoc names where a restore's consequences are written
+	// (SetRestoreDoc); "" for none.
+	restoreDoc string
 
 	// cpMu serializes Checkpoint, so that the file is written by one call at
 	// a time and last only moves forward.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,6 +205,13 @@ func parseHead(data []byte) (store.AuditHead, error) {
 // the first step of its way out. Call it before the logger is used.
 func (l *Logger) SetVerifyCommand(cmd string) { l.verifyCmd = cmd }
 
+// SetRestoreDoc names doc, where what a restore of the store undoes is
+// written, in the way out of a chain shorter than the files outside the
+// store saw: moving them aside starts the server, which then lacks
+// whatever was done since the backup (locks, deletions) without a word.
+// Call it before the logger is used.
+func (l *Logger) SetRestoreDoc(doc string) { l.restoreDoc = doc }
+
 // ErrDamagedHead reports a head file that does not hold a record's SEQ
 // HASH: it cannot tell whether records were removed from the tail.
 var ErrDamagedHead = errors.New("audit: the head file is damaged")
@@ -310,7 +318,7 @@ func (l *Logger) CheckHead(ctx context.Context) error {
 		}
 	}
 	if problem != "" {
-		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them (%s)", ErrShortChain, problem, l.restoredWayOut())
+		return fmt.Errorf("%w: %s; restore the store from a backup and find out who removed them; %s", ErrShortChain, problem, l.restoredWayOut())
 	}
 	return nil
 }
@@ -344,16 +352,31 @@ func (l *Logger) checkCheckpointFile(ctx context.Context) (string, error) {
 // restoredWayOut is the way out of a chain shorter than the files outside
 // the store saw, when the store was restored from a backup on purpose. It
 // names both files: the checkpoint file, left in place, would have every
-// audit verify report a cut tail from then on.
+// audit verify report a cut tail from then on. It is a command that moves
+// them aside rather than removes them: they are the evidence of how many
+// records the restore took away, and a directory of its own for each
+// restore (mktemp -d) keeps an earlier restore's evidence.
 func (l *Logger) restoredWayOut() string {
+	// Only the files there: mv refuses a missing one (the head file
+	// removed alone leaves the checkpoint file to refuse).
 	var files []string
-	if l.head != nil {
-		files = append(files, l.head.path)
+	dir := ""
+	for _, f := range []string{l.headPath(), l.file} {
+		if _, err := os.Lstat(f); f != "" && err == nil {
+			files = append(files, shellword.Quote(f))
+			dir = filepath.Dir(f)
+		}
 	}
-	if l.file != "" {
-		files = append(files, l.file)
+	if len(files) == 0 {
+		return "if the store was restored from a backup on purpose, start again: no file outside the store is ahead of it any more"
 	}
-	return "if the store was restored from a backup on purpose, remove " + strings.Join(files, " and ")
+	aside := shellword.Quote(filepath.Join(dir, "audit-before-restore.XXXXXX"))
+	undoes := ""
+	if l.restoreDoc != "" {
+		undoes = " (" + l.restoreDoc + ")"
+	}
+	return fmt.Sprintf(`if the store was restored from a backup on purpose%s, move them aside, kept as the evidence of what it removed: d=$(mktemp -d %s) && mv %s "$d"/`,
+		undoes, aside, strings.Join(files, " "))
 }
 
 // noteAppended writes seq and hash to the head file, if there is one. A
@@ -369,4 +392,12 @@ func (l *Logger) noteAppended(seq int64, hash []byte) {
 	if err := l.head.note(seq, hash); err != nil && !errors.Is(err, errHeadLockStillBusy) {
 		l.log.Error("audit head file not updated", "err", err)
 	}
+}
+
+// headPath is the head file's path, "" without one.
+func (l *Logger) headPath() string {
+	if l.head == nil {
+		return ""
+	}
+	return l.head.path
 }

@@ -168,7 +168,7 @@ func (l *Logger) Verify(ctx context.Context) (Report, error) {
 		if a.file != "" {
 			// The files outside the store are ahead of it: a cut tail, or
 			// a restore, which the authority's refusal to start names too.
-			return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d (records removed from the tail; %s)",
+			return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d: records removed from the tail; %s",
 				prev.Seq, a.name(), a.Seq, l.restoredWayOut())
 		}
 		return fail(prev.Seq+1, "the chain ends at record %d but %s covers record %d (records removed from the tail)",

@@ -59,6 +59,12 @@ const (
 	// tried again rarely, in case it was the latter.
 	pinMismatchRetry     = time.Hour
 	discoveryCallTimeout = 15 * time.Second
+	// registrationCheck is how often the leader, between registrations,
+	// asks discovery whether it still holds this authority: a discovery
+	// whose store was lost or restored from before the first
+	// registration answers agents "not registered" until the next one,
+	// which register_every could put 10 minutes away.
+	registrationCheck = 30 * time.Second
 )
 
 // discoveryLink is the authority's side of a discovery service.
@@ -311,9 +317,11 @@ func (d *discoveryLink) reportPinMismatch(ctx context.Context, mismatch string) 
 const rootsPoll = 2 * time.Second
 
 // waitOrRootsChange waits d, or less if the trusted roots change (a root
-// rotation step, on any replica); false once ctx ends.
+// rotation step, on any replica) or discovery no longer holds this
+// authority (checked every registrationCheck); false once ctx ends.
 func (d *discoveryLink) waitOrRootsChange(ctx context.Context, wait time.Duration) bool {
 	deadline := time.Now().Add(wait)
+	nextCheck := time.Now().Add(registrationCheck)
 	for {
 		step := min(rootsPoll, time.Until(deadline))
 		if step <= 0 {
@@ -327,7 +335,29 @@ func (d *discoveryLink) waitOrRootsChange(ctx context.Context, wait time.Duratio
 		if k, _ := d.registered.Load().(string); k != rootsKey(d.s.ca.Roots()) {
 			return true
 		}
+		if time.Now().After(nextCheck) {
+			nextCheck = time.Now().Add(registrationCheck)
+			if d.registrationLost(ctx) {
+				return true
+			}
+		}
 	}
+}
+
+// registrationLost reports whether discovery answers that it holds no
+// registration of this authority: its store was lost, or restored from a
+// backup older than the first registration. Any other answer (an error,
+// a pin mismatch) is left to the next registration to report.
+func (d *discoveryLink) registrationLost(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, discoveryCallTimeout)
+	defer cancel()
+	_, err := d.client.LookupAuthority(ctx, &musterv1.LookupAuthorityRequest{AuthorityId: d.s.info.AuthorityID})
+	if status.Code(err) != codes.NotFound {
+		return false
+	}
+	d.s.log.Warn("discovery no longer holds this authority's registration (its store lost, or restored from an older backup); registering again",
+		"discovery", d.cfg.Address)
+	return true
 }
 
 // register signs and sends the authority's registration. Its version is

@@ -38,7 +38,7 @@ Use it when an ID is registered under a root that is not its authority's
 (registered before the allow-list, or under --open-registration), when the
 allow-list entry of an authority changed, or for an authority that is
 gone. An authority still running and still allowed registers again within
-its register_every. Join reports already counted for the ID are kept until
+30 seconds. Join reports already counted for the ID are kept until
 they expire (48 hours), and count toward its daily quota.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

@@ -87,5 +87,6 @@ func newAuditLogger(st audit.Store, sk seal.StorageKey, dir datadir.Dir, configP
 		return nil, err
 	}
 	l.SetVerifyCommand(fmt.Sprintf("muster audit verify --offline --data %s%s", shellword.Quote(string(dir)), dir.ConfigArg(configPath)))
+	l.SetRestoreDoc(`it undid the locks, node deletions, token uses and rotations made since the backup; docs/operator-guide.md, "Backing up and restoring the SQLite store", says how to find them`)
 	return l, nil
 }
