@@ -255,9 +255,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindInvalid, reasonJoinTokenAsName)
 	}
 	a.Actor = "bound-keypair:" + p.Token
-	// A valid certificate asks for a refresh: its refusals before the
-	// store says whether it is the current instance's are a refresh's.
-	a.refreshing = p.Cert != nil && !s.cfg.Now().After(p.Cert.NotAfter)
+	// A valid certificate this authority issued for the node asks for a
+	// refresh: its refusals before the store says whether it is the
+	// current instance's are a refresh's. Any other (one signed elsewhere,
+	// or another node's) proves nothing: its refusals are a join's.
+	a.refreshing = s.agentCertOf(p.Cert, p.NodeID)
 	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {
 		a.NodeID = ""
 		return a, refuse(KindInvalid, "node_id: "+err.Error())
@@ -548,6 +550,27 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	a.PublicKey, a.KeyID, a.Now, a.Claims, a.LockTargets = csr.PublicKey, kid, now, claims, store.Named(targets)
 	return a, nil
+}
+
+// agentCertOf reports whether cert is valid now, signed by one of this
+// authority's accepted agent intermediates, and names nodeID as its
+// agent identity in this trust domain: what the mTLS handshake and the
+// agent rule check at the service layer, checked again here since the
+// label of a refusal must not rest on what a caller merely presents.
+func (s *Service) agentCertOf(cert *x509.Certificate, nodeID string) bool {
+	if cert == nil || s.cfg.Now().After(cert.NotAfter) {
+		return false
+	}
+	id, err := spiffeid.FromCertificate(cert)
+	if err != nil || id.Role != spiffeid.RoleAgent || id.Name != nodeID || id.TrustDomain != s.cfg.TrustDomain {
+		return false
+	}
+	for _, c := range s.cfg.CA.Accepted(ca.RoleAgent) {
+		if cert.CheckSignatureFrom(c) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // rotation returns the key to rotate the token's binding to, proved by a
