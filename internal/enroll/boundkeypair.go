@@ -299,7 +299,8 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	case !rd.TokenFound:
-		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token, p.NodeID))
+		flags, known := s.deletedTokenFlags(ctx, p)
+		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token, p.NodeID, flags, known))
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:
@@ -518,6 +519,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		if held != nil {
 			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
 			held.targets = targets
+			held.flags = botAddFlags(t)
 			if m.out.rotated {
 				// The binding changes in this refresh's write: its
 				// audit record says so, as a recovery's does.
@@ -643,6 +645,9 @@ type held struct {
 	// renewal's (the bound keys, the token): its write is refused by a
 	// lock created on one since.
 	targets []store.LockTarget
+	// flags are the muster bot add flags of the token's settings, for the
+	// way out if it is deleted before the refresh's write.
+	flags string
 	// note is added to the refresh's audit reason: what it changed
 	// besides the certificate (a rotation of the bound key).
 	note string
@@ -745,8 +750,33 @@ func newSecretWayOut(token, node, flags string) string {
 	return fmt.Sprintf("a new registration secret: muster token delete %s, %s", token, botAdd(token, node, flags))
 }
 
-func deletedTokenWayOut(token, node string) string {
-	return fmt.Sprintf("if it was deleted (which ends refreshes): %s, then muster agent join --force on the machine with the new registration secret", botAdd(token, node, ""))
+// deletedTokenWayOut is the way out of a refusal for a token that is gone:
+// make it again, with the deleted token's settings when the caller showed
+// them (known: the join state it presented, which the authority signed,
+// and its certificate), then join the machine again with the new secret.
+func deletedTokenWayOut(token, node, flags string, known bool) string {
+	unknown := ""
+	if !known {
+		unknown = " (the deleted token's settings are not known here: add --recovery-limit N, --recovery-mode MODE, --svid-usage client,server if it had other than the defaults)"
+	}
+	return fmt.Sprintf("if it was deleted (which ends refreshes): %s%s, then on the machine muster agent join --force --data ADIR --bound-keypair %s --registration-secret-file FILE with the new registration secret",
+		botAdd(token, node, flags), unknown, node)
+}
+
+// deletedTokenFlags are the muster bot add flags of a deleted token's
+// settings as the caller shows them: the recovery limit and mode of a
+// join state document this authority signed for the token and node, and
+// client,server if the caller's certificate (this authority's, of the
+// node) serves TLS. known is false without such a document.
+func (s *Service) deletedTokenFlags(ctx context.Context, p BoundKeypairPayload) (flags string, known bool) {
+	if p.JoinState == "" {
+		return "", false
+	}
+	js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, p.Token, p.NodeID)
+	if err != nil {
+		return "", false
+	}
+	return boundkeypair.BotAddFlags(js.RecoveryLimit, js.RecoveryMode, s.agentCertOf(p.Cert, p.NodeID) && servesTLS(p.Cert)), true
 }
 
 // botAdd is the command that makes node a new bound-keypair token in

@@ -85,3 +85,36 @@ func selfSignedAgentCert(t *testing.T, uri, cn string) *x509.Certificate {
 	}
 	return c
 }
+
+// TestDeletedTokenWayOutPasteable: the refusal of a refresh whose token
+// was deleted names the muster bot add command with the deleted token's
+// settings, read from the join state the agent presented, and the join
+// the machine makes then, as commands to paste; without a join state it
+// says the settings are not known.
+func TestDeletedTokenWayOutPasteable(t *testing.T) {
+	b := newBKEnv(t, 3, boundkeypair.ModeRelaxed)
+	first, _ := b.register(t)
+	if err := b.st.DeleteToken(t.Context(), "bot-1", setupLink); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, joinState, want string
+	}{
+		{"with its join state", first.JoinState, "if it was deleted (which ends refreshes): muster bot add node-1 --recovery-limit 3 --recovery-mode relaxed (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1), then on the machine muster agent join --force --data ADIR --bound-keypair node-1 --registration-secret-file FILE"},
+		{"without", "", "muster bot add node-1 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1) (the deleted token's settings are not known here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, der := csr(t)
+			if _, err := b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
+				CSR: der, JoinState: tc.joinState}, answerWith(b.priv)); err == nil {
+				t.Fatal("a join with a deleted token was not refused")
+			}
+			b.audit.mu.Lock()
+			last := b.audit.refused[len(b.audit.refused)-1]
+			b.audit.mu.Unlock()
+			if !strings.Contains(last.Reason, tc.want) {
+				t.Errorf("reason %q\nwant it to contain %q", last.Reason, tc.want)
+			}
+		})
+	}
+}
