@@ -516,9 +516,12 @@ const reasonChallengeFailed = "challenge_failed"
 // worth retrying, since an operator raising the limit brings the agent
 // back with no change on its side.
 func retryableBound(err error) bool {
-	if Transient(err) {
-		return true
-	}
+	return Transient(err) || spentBudget(err)
+}
+
+// spentBudget reports whether err is the refusal of a recovery for a
+// spent budget (recovery_exhausted).
+func spentBudget(err error) bool {
 	s, ok := status.FromError(err)
 	return ok && s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), boundkeypair.ErrRecoveryExhausted.Error())
 }
