@@ -235,15 +235,22 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	case joined:
 		// agent.yaml first, as the join writes it: a crash here again
 		// leaves state.next.json to finish from.
-		if next.Config != nil {
-			cfg, err := a.dir.ReadConfig()
-			if err != nil {
-				return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
-			}
-			next.Config.apply(&cfg)
-			if err := a.dir.WriteConfig(cfg); err != nil {
-				return nil, nil, err
-			}
+		cfg, err := a.dir.ReadConfig()
+		if err != nil {
+			return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
+		}
+		joinCfg := next.Config
+		if joinCfg == nil {
+			// Written by an agent before state.next.json carried what
+			// agent.yaml was to say: the state says most of it, and the
+			// roots written with the certificate the pin. Keeping the old
+			// agent.yaml would leave the old authority's address and pin
+			// beside the new certificate for good.
+			joinCfg = joinConfigOf(st, id.Roots, cfg.CAFingerprint)
+		}
+		joinCfg.apply(&cfg)
+		if err := a.dir.WriteConfig(cfg); err != nil {
+			return nil, nil, err
 		}
 		// The join's trust bundle, which it may not have written (or
 		// written without state.json recording it): taken as the join
