@@ -388,8 +388,8 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 			// nothing new, so it wakes nothing (it woke every refused
 			// recovery at the stream's pace before). The recovery asks
 			// again at its own backoff, growing to backoffMax.
-			a.log.Warn(op+" refused: the recovery budget is spent; asking again at its own pace", "attempt", attempt,
-				"retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err))
+			a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(),
+				"woken_by_stream", false, "err", a.logged(err))
 			if !a.pause(ctx, wait, until) {
 				return ctx.Err()
 			}
