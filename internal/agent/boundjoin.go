@@ -470,11 +470,19 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
 	}
+	// The bundle before the identity: the roots trusted after the answer
+	// hold the current certificate's as well as the new one's, so a crash
+	// between the two leaves the current identity beside roots that
+	// verify it and the authority (and the pending key to ask again
+	// with); the other way round, it left a certificate under a new root
+	// beside roots without it. The keystore is the current identity's
+	// until the new one replaces it.
 	renewed := &identity.Identity{Chain: chain, Key: key, Roots: plan.roots}
-	if err := a.dir.writeIdentity(renewed, false); err != nil {
+	if err := a.writeBundle(st, id, plan); err != nil {
 		return nil, op, err
 	}
-	if err := a.writeBundle(st, renewed, plan); err != nil {
+	renewStep("bundle")
+	if err := a.dir.writeIdentity(renewed, false); err != nil {
 		return nil, op, err
 	}
 	now := a.now().UTC()

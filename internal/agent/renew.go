@@ -128,11 +128,14 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 		}
 		return cur, a.dir.writeState(cur)
 	}
+	// The bundle first, as a bound refresh writes it (rebind): a crash
+	// between leaves the current identity beside roots that verify it.
 	renewedID := &identity.Identity{Chain: chain, Key: key, Roots: roots}
-	if err := a.dir.writeIdentity(renewedID, false); err != nil {
+	if err := a.writeBundle(cur, curID, plan); err != nil {
 		return nil, err
 	}
-	if err := a.writeBundle(cur, renewedID, plan); err != nil {
+	renewStep("bundle")
+	if err := a.dir.writeIdentity(renewedID, false); err != nil {
 		return nil, err
 	}
 	renewed := a.now().UTC()
@@ -287,6 +290,10 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	}
 	return st, id, nil
 }
+
+// renewStep marks where a renewal or a bound refresh stands between its
+// writes; tests set it to stop there, as a crash would.
+var renewStep = func(string) {}
 
 // standingHint adds to a renewal refused for the node's standing (locked,
 // copy_detected, deleted, superseded, or certificate_unknown: a store
