@@ -29,7 +29,7 @@ func TestBoundKeypairCloneKeepTheOneBehind(t *testing.T) {
 	mustRun(t, "agent", "renew", "--data", clone)
 	msg := mustFail(t, "agent", "renew", "--data", genuine)
 	for _, want := range []string{"join_state_mismatch", "muster lock delete ID only lets the other back in",
-		"muster token delete runner, muster bot add runner with the old token's settings (--recovery-limit, --recovery-mode and --svid-usage where not the defaults: muster token get runner shows them before the delete)",
+		"muster token delete runner, muster bot add runner --recovery-limit 3, and here",
 		"and here muster agent join --force --data " + genuine + " --bound-keypair runner --registration-secret-file F"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the genuine machine's refusal %q does not say %q", msg, want)
@@ -120,7 +120,7 @@ func TestBoundKeypairDirRestoredFromBeforeARotation(t *testing.T) {
 	}
 	msg := mustFail(t, "agent", "renew", "--data", adir)
 	for _, want := range []string{"challenge_failed", "compare muster agent status --data " + adir, "with muster token get rotor",
-		"muster token delete rotor, muster bot add rotor with the old token's settings (--recovery-limit, --recovery-mode and --svid-usage where not the defaults: muster token get rotor shows them before the delete)",
+		"muster token delete rotor, muster bot add rotor --recovery-limit 3, and here",
 		"and here muster agent join --force --data " + adir + " --bound-keypair rotor --registration-secret-file F"} {
 		if !strings.Contains(msg, want) {
 			t.Errorf("the refusal %q does not say %q", msg, want)

@@ -77,7 +77,7 @@ func renewEndsWithTheToken(t *testing.T, e *agentEnv) {
 	const gone = "NOT_FOUND: unknown bound-keypair token, or not for this node"
 	if msg := mustFail(t, "agent", "renew", "--data", adir); !strings.Contains(msg, "refresh failed: "+gone) {
 		t.Fatalf("agent renew after token delete: %s", msg)
-	} else if want := "muster bot add runner with the settings the deleted token had (--recovery-limit, --recovery-mode and --svid-usage where not the defaults) for a new registration secret, then here muster agent join --force --data " + adir + " --bound-keypair runner"; !strings.Contains(msg, want) {
+	} else if want := "muster bot add runner --recovery-limit 2 for a new registration secret, then here muster agent join --force --data " + adir + " --bound-keypair runner"; !strings.Contains(msg, want) {
 		t.Errorf("agent renew after token delete: %s, want the way out %q", msg, want)
 	}
 	r := muster(t, nil, "agent", "run", "--data", adir, "--log-format", "json")

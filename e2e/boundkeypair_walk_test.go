@@ -67,7 +67,7 @@ func TestBoundKeypairRestoredRefreshRetriesASpentBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustRun(t, "token", "apply", "-f", tokFile, "--data", e.dir)
-	waitFor(t, 90*time.Second, "the agent back in a new instance", func() bool {
+	waitFor(t, 3*time.Minute, "the agent back in a new instance", func() bool {
 		select {
 		case <-p.done:
 			t.Fatalf("agent run exited: %v\n%s", p.exitErr, p.Logs())

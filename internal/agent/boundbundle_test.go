@@ -143,3 +143,60 @@ func TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter(t *testing.T) {
 		kept("a refresh whose certificate did not verify")
 	})
 }
+
+// TestRefreshCrashBetweenBundleAndIdentity: a bound-keypair refresh
+// answered with a leaf under a new root (a root rotation's
+// update_servers) and stopped between its trust bundle and its identity,
+// as a crash there would, leaves a certificate that verifies against the
+// roots on disk, an identity that loads, and a refresh that then
+// succeeds. Before, the identity was written first: the new leaf beside
+// a ca.crt without its root.
+func TestRefreshCrashBetweenBundleAndIdentity(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := boundJoined(t, f)
+	next, cross := newCrossRoot(t, f)
+	f.mu.Lock()
+	f.leafIssuer = next.Issuer(ca.RoleAgent)
+	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuer(ca.RoleAgent).Cert},
+		Cross: []*x509.Certificate{cross}}
+	f.mu.Unlock()
+
+	func() {
+		prev := renewStep
+		defer func() {
+			renewStep = prev
+			if p := recover(); p != errCrash("bundle") {
+				t.Fatalf("the refresh did not stop between the bundle and the identity: %v", p)
+			}
+		}()
+		renewStep = func(s string) {
+			if s == "bundle" {
+				panic(errCrash(s))
+			}
+		}
+		a.Rebind(t.Context())
+	}()
+
+	id, err := dir.LoadIdentity()
+	if err != nil {
+		t.Fatalf("the identity after the crash does not load: %v", err)
+	}
+	roots := x509.NewCertPool()
+	for _, r := range pemCount(t, dir.CAFile()) {
+		roots.AddCert(r)
+	}
+	inter := x509.NewCertPool()
+	for _, c := range id.Chain[1:] {
+		inter.AddCert(c)
+	}
+	if _, err := id.Leaf().Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Fatalf("after the crash %s does not verify against %s: %v", dir.CertFile(), dir.CAFile(), err)
+	}
+	st, err := newTestAgent(t, dir).Rebind(t.Context())
+	if err != nil {
+		t.Fatalf("refresh after the crash: %v", err)
+	}
+	if id, err = dir.LoadIdentity(); err != nil || serialOf(id.Leaf()) != st.Serial {
+		t.Fatalf("the identity after the refresh that followed the crash: %v", err)
+	}
+}

@@ -1,7 +1,15 @@
 package agent
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
+	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -9,13 +17,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/errinfo"
 )
 
 // A bound-keypair refusal that ends agent run (or that it retries) names
 // the way out, and keeps the code, the reason word and its details.
 func TestBoundRefusalHint(t *testing.T) {
-	st := &State{NodeID: "br1", BoundKeypair: "br1"}
+	st := &State{NodeID: "br1", BoundKeypair: "br1", JoinState: signedJoinState(t, 3, "relaxed")}
 	for _, c := range []struct {
 		code   codes.Code
 		reason string
@@ -26,17 +35,17 @@ func TestBoundRefusalHint(t *testing.T) {
 		// The holder left behind by a stale join state is told that
 		// deleting the lock only lets the other back, and how to keep it.
 		{codes.PermissionDenied, "join_state_mismatch", "muster lock delete ID only lets the other back in"},
-		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1 with the old token's settings (--recovery-limit, --recovery-mode and --svid-usage where not the defaults: muster token get br1 shows them before the delete), and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		{codes.PermissionDenied, "join_state_mismatch", "muster token delete br1, muster bot add br1 --recovery-limit 3 --recovery-mode relaxed, and here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		{codes.PermissionDenied, "locked", "muster lock list"},
 		{codes.PermissionDenied, "copy_detected", "muster lock list"},
-		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1 with the old token's settings (--recovery-limit"},
+		{codes.FailedPrecondition, "registration_closed", "muster token delete br1 and muster bot add br1 --recovery-limit 3 --recovery-mode relaxed for a new secret"},
 		// The token deleted: a new one, and the join over this identity.
-		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 with the settings the deleted token had (--recovery-limit, --recovery-mode and --svid-usage where not the defaults) for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
+		{codes.NotFound, "unknown bound-keypair token, or not for this node", "muster bot add br1 --recovery-limit 3 --recovery-mode relaxed for a new registration secret, then here muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
 		// Another key than the token's (a directory restored from before a
 		// rotation): where to compare the two, and how to come back.
 		{codes.Unauthenticated, "challenge_failed", "compare muster agent status --data /var/lib/muster-agent (key SHA256:…) with muster token get br1"},
 		{codes.Unauthenticated, "challenge_failed", "muster agent join --force --data /var/lib/muster-agent --bound-keypair br1 --registration-secret-file F"},
-		{codes.Unauthenticated, "challenge_failed", "muster token delete br1, muster bot add br1 with the old token's settings (--recovery-limit"},
+		{codes.Unauthenticated, "challenge_failed", "muster token delete br1, muster bot add br1 --recovery-limit 3 --recovery-mode relaxed, and here"},
 	} {
 		word := c.reason
 		if c.code == codes.NotFound {
@@ -151,5 +160,69 @@ func TestExpiredBoundAgentNamesItsRecovery(t *testing.T) {
 	var exp *ExpiredError
 	if !errors.As(err, &exp) || !strings.Contains(err.Error(), "muster agent run recovers it with the bound key") || strings.Contains(err.Error(), "token create") {
 		t.Errorf("got %v, want the bound key's recovery named", err)
+	}
+}
+
+// signedJoinState is a join state document of token br1 with these
+// recovery settings, as an authority signs it.
+func signedJoinState(t *testing.T, limit int64, mode string) string {
+	t.Helper()
+	k, err := boundkeypair.NewSigningKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := k.Sign(boundkeypair.JoinState{Issuer: "test-abcdef", Token: "br1", NodeID: "br1", IssuedAt: time.Now(),
+		InstanceID: "i1", RecoveryLimit: limit, RecoveryMode: mode})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return doc
+}
+
+// The way out of a deleted token names the bot add flags of its settings
+// as a command to paste: from the agent's join state, and client,server
+// when its certificate serves TLS; plain bot add for the defaults.
+func TestBotAddAgainFlags(t *testing.T) {
+	dir := Dir(t.TempDir())
+	if err := os.MkdirAll(filepath.Join(string(dir), "certs"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name       string
+		st         *State
+		serverAuth bool
+		want       string
+	}{
+		{"defaults", &State{BoundKeypair: "br1", JoinState: signedJoinState(t, 1, "standard")}, false, "muster bot add br1"},
+		{"limit and mode", &State{BoundKeypair: "br1", JoinState: signedJoinState(t, 3, "insecure")}, false, "muster bot add br1 --recovery-limit 3 --recovery-mode insecure"},
+		{"client,server", &State{BoundKeypair: "br1", JoinState: signedJoinState(t, 2, "standard")}, true, "muster bot add br1 --recovery-limit 2 --svid-usage client,server"},
+		{"no join state", &State{BoundKeypair: "br1"}, false, "muster bot add br1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			writeTestCert(t, dir.CertFile(), c.serverAuth)
+			if got := botAddAgain(c.st, dir); got != c.want {
+				t.Errorf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func writeTestCert(t *testing.T, path string, serverAuth bool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	if serverAuth {
+		usage = append(usage, x509.ExtKeyUsageServerAuth)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: usage}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
 	}
 }

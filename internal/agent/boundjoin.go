@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -469,11 +470,19 @@ func (a *Agent) rebind(ctx context.Context) (*State, string, error) {
 	if err := a.settleBoundKey(keys.pending(), res.GetBoundKeyFingerprint()); err != nil {
 		return nil, op, err
 	}
+	// The bundle before the identity: the roots trusted after the answer
+	// hold the current certificate's as well as the new one's, so a crash
+	// between the two leaves the current identity beside roots that
+	// verify it and the authority (and the pending key to ask again
+	// with); the other way round, it left a certificate under a new root
+	// beside roots without it. The keystore is the current identity's
+	// until the new one replaces it.
 	renewed := &identity.Identity{Chain: chain, Key: key, Roots: plan.roots}
-	if err := a.dir.writeIdentity(renewed, false); err != nil {
+	if err := a.writeBundle(st, id, plan); err != nil {
 		return nil, op, err
 	}
-	if err := a.writeBundle(st, renewed, plan); err != nil {
+	renewStep("bundle")
+	if err := a.dir.writeIdentity(renewed, false); err != nil {
 		return nil, op, err
 	}
 	now := a.now().UTC()
@@ -515,23 +524,43 @@ const reasonChallengeFailed = "challenge_failed"
 // worth retrying, since an operator raising the limit brings the agent
 // back with no change on its side.
 func retryableBound(err error) bool {
-	if Transient(err) {
-		return true
-	}
+	return Transient(err) || spentBudget(err)
+}
+
+// spentBudget reports whether err is the refusal of a recovery for a
+// spent budget (recovery_exhausted).
+func spentBudget(err error) bool {
 	s, ok := status.FromError(err)
 	return ok && s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), boundkeypair.ErrRecoveryExhausted.Error())
 }
 
-// settingFlags are the muster bot add flags of a token's settings, which
-// a token added again with bot add's defaults loses: its recoveries
-// (one, which the join takes), its mode and client,server. The agent
-// does not know them; the authority's refusal names them.
-const settingFlags = "--recovery-limit, --recovery-mode and --svid-usage where not the defaults"
+// botAddAgain is the command that adds st's token again in place of the
+// one deleted before it, with its settings: the recovery limit and mode
+// the agent's join state carries and client,server if its certificate
+// serves TLS (a token added again with bot add's defaults would have one
+// recovery, which the join takes, and lose client,server). An agent with
+// no join state (its first join refused) knows no settings but bot add's.
+func botAddAgain(st *State, dir Dir) string {
+	limit, mode, ok := boundkeypair.Settings(st.JoinState)
+	if !ok {
+		return "muster bot add " + st.BoundKeypair
+	}
+	return "muster bot add " + st.BoundKeypair + boundkeypair.BotAddFlags(limit, mode, certServesTLS(dir))
+}
 
-// botAddAgain is the command that adds token again in place of the one
-// deleted before it, with its settings.
-func botAddAgain(token string) string {
-	return fmt.Sprintf("muster bot add %s with the old token's settings (%s: muster token get %s shows them before the delete)", token, settingFlags, token)
+// certServesTLS reports whether the agent's certificate may serve TLS
+// (its token's svid_usage is client,server); false if it cannot be read.
+func certServesTLS(dir Dir) bool {
+	b, err := readSmall(dir.CertFile())
+	if err != nil {
+		return false
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return false
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	return err == nil && slices.Contains(c.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 }
 
 // boundRefusalHint adds to a refresh's or recovery's refusal the way out
@@ -555,18 +584,18 @@ func boundRefusalHint(err error, st *State, dir Dir) error {
 	}
 	switch reason {
 	case "unknown_token":
-		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, muster bot add %s with the settings the deleted token had (%s) for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
-			st.BoundKeypair, st.BoundKeypair, settingFlags, shellword.Quote(string(dir)), st.BoundKeypair)
+		hint = fmt.Sprintf("token %s was deleted, which ends refreshes (or names another node): on the authority, %s for a new registration secret, then here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F",
+			st.BoundKeypair, botAddAgain(st, dir), shellword.Quote(string(dir)), st.BoundKeypair)
 	case boundkeypair.ErrRecoveryExhausted.Error():
 		hint = fmt.Sprintf("the token's recovery budget is spent: on the authority, muster token get %s -o yaml > token.yaml, raise spec.bound_keypair.recovery.limit, muster token apply -f token.yaml; agent run retries by itself", st.BoundKeypair)
 	case boundkeypair.ErrJoinStateStale.Error():
 		hint = fmt.Sprintf("the join state was refused: muster audit list --action 'agent.*' says why and what to do (a stale one, the bound key in two places, locks token %s, and this machine is the holder left behind: muster lock delete ID only lets the other back in; to keep this machine, stop the other, then muster lock delete ID, muster token delete %s, %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; one ahead of the store, restored from a backup: %s)",
-			st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
+			st.BoundKeypair, st.BoundKeypair, botAddAgain(st, dir), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
 	case reasonChallengeFailed:
 		hint = fmt.Sprintf("this machine's bound key is not the one token %s is bound to: compare muster agent status --data %s (key SHA256:…) with muster token get %s on the authority (bound key); a directory restored from a backup taken before a rotation, or a wrong key, cannot prove it: to make this machine the node again, muster token delete %s, %s, and here muster agent join --force --data %s --bound-keypair %s --registration-secret-file F; the authority's store restored from a backup taken before this machine's rotation: %s (muster audit list --action 'agent.*' says when a window would rebind it)",
-			st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
+			st.BoundKeypair, shellword.Quote(string(dir)), st.BoundKeypair, st.BoundKeypair, botAddAgain(st, dir), shellword.Quote(string(dir)), st.BoundKeypair, boundkeypair.ResyncCommand)
 	case "registration_closed":
-		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and %s for a new secret", st.BoundKeypair, st.BoundKeypair, botAddAgain(st.BoundKeypair))
+		hint = fmt.Sprintf("the registration secret is used or past its deadline (muster token get %s shows it): on the authority, muster token delete %s and %s for a new secret", st.BoundKeypair, st.BoundKeypair, botAddAgain(st, dir))
 	case "locked", "copy_detected":
 		hint = fmt.Sprintf("muster lock list names the lock: find the copy if the reason says copy_detected, then muster lock delete ID; an instance lock is left behind by a recovery, which this agent makes with its bound key once its certificate has expired; agent run asks again by itself when a lock ends (its TTL), %s for one without a TTL, and recovers at the expiry, with no restart", every(lockedRecheck))
 	default:

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/signer"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -309,6 +311,25 @@ type joinConfig struct {
 	Discovery            string `json:"discovery,omitempty"`
 	DiscoveryFingerprint string `json:"discovery_fingerprint,omitempty"`
 	AuthorityID          string `json:"authority_id,omitempty"`
+}
+
+// joinConfigOf is what a join that wrote st, with the certificate whose
+// roots are roots, set in agent.yaml, for a state.next.json that does not
+// say (an agent before it wrote none): the state's address, node and join
+// method, and the pin: pinned, if one of roots, else the first root.
+func joinConfigOf(st *State, roots []*x509.Certificate, pinned string) *joinConfig {
+	pin := ""
+	if fp, err := ca.ParseFingerprint(pinned); err == nil {
+		for _, r := range roots {
+			if ca.Fingerprint(r) == fp {
+				pin = fp
+			}
+		}
+	}
+	if pin == "" && len(roots) > 0 {
+		pin = ca.Fingerprint(roots[0])
+	}
+	return &joinConfig{Authority: st.Authority, Node: st.NodeID, JoinMethod: st.JoinMethod, BoundKeypair: st.BoundKeypair, CAFingerprint: pin}
 }
 
 // apply sets j in c.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -113,68 +114,109 @@ var forcedJoinSteps = []struct {
 // authority, or the same one moved and its root rotated), the old ones
 // before. Before, a crash between the certificate and agent.yaml left
 // the old address and pin beside the new certificate for good.
+//
+// The same holds for a state.next.json an agent before this one wrote,
+// without agent.yaml's part and the trust bundle (oldFormat): the state
+// and the roots written with the certificate say what agent.yaml is to.
+// Before, such a file left the old agent.yaml in place.
 func TestForcedJoinCrashAtEachStep(t *testing.T) {
-	for _, c := range forcedJoinSteps {
-		t.Run(c.step, func(t *testing.T) {
-			f := newFakeAuthority(t, fakeOptions{})
-			_, dir := joined(t, f)
-			// The old instance, renewed a few times.
-			old, err := dir.ReadState()
-			if err != nil {
-				t.Fatal(err)
+	for _, oldFormat := range []bool{false, true} {
+		for _, c := range forcedJoinSteps {
+			name := c.step
+			if oldFormat {
+				name += ", old state.next.json"
 			}
-			old.InstanceID, old.Generation = "instance-0", 5
-			if err := dir.writeState(old); err != nil {
-				t.Fatal(err)
-			}
-			// Joined before at another authority, by a PSK; a setting of
-			// agent.yaml's own that every join keeps.
-			oldCfg, err := dir.ReadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			oldCfg.Authority, oldCfg.JoinMethod = "old-authority.example:7443", "psk"
-			oldCfg.CAFingerprint = "sha256:" + strings.Repeat("0f", 32)
-			oldCfg.WorkloadAPI = &WorkloadAPIConfig{Listen: "unix:///run/muster/workload.sock"}
-			if err := dir.WriteConfig(oldCfg); err != nil {
-				t.Fatal(err)
-			}
-			r := f.joinRequest("n1")
-			r.Force = true
-			crashJoinAt(t, newTestAgent(t, dir), r, c.step)
-			st, id, err := newTestAgent(t, dir).current(t.Context())
-			if err != nil {
-				t.Fatalf("load after a crash at %s: %v", c.step, err)
-			}
-			want := old
-			if c.renewed {
-				want = &State{InstanceID: "instance-1", Generation: 0, Serial: serialOf(id)}
-			}
-			if st.InstanceID != want.InstanceID || st.Generation != want.Generation || st.Serial != serialOf(id) || st.Serial != want.Serial {
-				t.Errorf("after a crash at %s: instance %s, generation %d, serial %s; want %s, %d, %s (the certificate's %s)",
-					c.step, st.InstanceID, st.Generation, st.Serial, want.InstanceID, want.Generation, want.Serial, serialOf(id))
-			}
-			if onDisk, err := dir.ReadState(); err != nil || onDisk.InstanceID != st.InstanceID || onDisk.Serial != st.Serial {
-				t.Errorf("state.json after a crash at %s and a load: %+v, %v", c.step, onDisk, err)
-			}
-			if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
-				t.Errorf("state.next.json after a crash at %s and a load: %v", c.step, err)
-			}
-			cfg, err := dir.ReadConfig()
-			if err != nil {
-				t.Fatal(err)
-			}
-			wantCfg := oldCfg
-			if c.renewed {
-				wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint = f.addr, "token", f.h.Fingerprint()
-			}
-			if cfg.Authority != wantCfg.Authority || cfg.JoinMethod != wantCfg.JoinMethod || cfg.CAFingerprint != wantCfg.CAFingerprint ||
-				cfg.Node != "n1" || cfg.WorkloadAPI == nil || cfg.WorkloadAPI.Listen != wantCfg.WorkloadAPI.Listen {
-				t.Errorf("agent.yaml after a crash at %s and a load: authority %s, join method %s, pin %s, workload_api %+v; want %s, %s, %s, %+v",
-					c.step, cfg.Authority, cfg.JoinMethod, cfg.CAFingerprint, cfg.WorkloadAPI,
-					wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint, wantCfg.WorkloadAPI)
-			}
-		})
+			t.Run(name, func(t *testing.T) { forcedJoinCrash(t, c.step, c.renewed, oldFormat) })
+		}
+	}
+}
+
+func forcedJoinCrash(t *testing.T, step string, renewed, oldFormat bool) {
+
+	f := newFakeAuthority(t, fakeOptions{})
+	_, dir := joined(t, f)
+	// The old instance, renewed a few times.
+	old, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.InstanceID, old.Generation = "instance-0", 5
+	if err := dir.writeState(old); err != nil {
+		t.Fatal(err)
+	}
+	// Joined before at another authority, by a PSK; a setting of
+	// agent.yaml's own that every join keeps.
+	oldCfg, err := dir.ReadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCfg.Authority, oldCfg.JoinMethod = "old-authority.example:7443", "psk"
+	oldCfg.CAFingerprint = "sha256:" + strings.Repeat("0f", 32)
+	oldCfg.WorkloadAPI = &WorkloadAPIConfig{Listen: "unix:///run/muster/workload.sock"}
+	if err := dir.WriteConfig(oldCfg); err != nil {
+		t.Fatal(err)
+	}
+	r := f.joinRequest("n1")
+	r.Force = true
+	crashJoinAt(t, newTestAgent(t, dir), r, step)
+	if oldFormat {
+		stripNextState(t, dir)
+	}
+	st, id, err := newTestAgent(t, dir).current(t.Context())
+	if err != nil {
+		t.Fatalf("load after a crash at %s: %v", step, err)
+	}
+	want := old
+	if renewed {
+		want = &State{InstanceID: "instance-1", Generation: 0, Serial: serialOf(id)}
+	}
+	if st.InstanceID != want.InstanceID || st.Generation != want.Generation || st.Serial != serialOf(id) || st.Serial != want.Serial {
+		t.Errorf("after a crash at %s: instance %s, generation %d, serial %s; want %s, %d, %s (the certificate's %s)",
+			step, st.InstanceID, st.Generation, st.Serial, want.InstanceID, want.Generation, want.Serial, serialOf(id))
+	}
+	if onDisk, err := dir.ReadState(); err != nil || onDisk.InstanceID != st.InstanceID || onDisk.Serial != st.Serial {
+		t.Errorf("state.json after a crash at %s and a load: %+v, %v", step, onDisk, err)
+	}
+	if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
+		t.Errorf("state.next.json after a crash at %s and a load: %v", step, err)
+	}
+	cfg, err := dir.ReadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCfg := oldCfg
+	if renewed {
+		wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint = f.addr, "token", f.h.Fingerprint()
+	}
+	if cfg.Authority != wantCfg.Authority || cfg.JoinMethod != wantCfg.JoinMethod || cfg.CAFingerprint != wantCfg.CAFingerprint ||
+		cfg.Node != "n1" || cfg.WorkloadAPI == nil || cfg.WorkloadAPI.Listen != wantCfg.WorkloadAPI.Listen {
+		t.Errorf("agent.yaml after a crash at %s and a load: authority %s, join method %s, pin %s, workload_api %+v; want %s, %s, %s, %+v",
+			step, cfg.Authority, cfg.JoinMethod, cfg.CAFingerprint, cfg.WorkloadAPI,
+			wantCfg.Authority, wantCfg.JoinMethod, wantCfg.CAFingerprint, wantCfg.WorkloadAPI)
+	}
+}
+
+// stripNextState rewrites state.next.json, if there is one, as an agent
+// before agent_yaml and trust_bundle were added wrote it.
+func stripNextState(t *testing.T, dir Dir) {
+	t.Helper()
+	data, err := os.ReadFile(dir.nextStateFile())
+	if os.IsNotExist(err) {
+		return
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "agent_yaml")
+	delete(m, "trust_bundle")
+	if data, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir.nextStateFile(), data, 0o600); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -128,11 +128,14 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 		}
 		return cur, a.dir.writeState(cur)
 	}
+	// The bundle first, as a bound refresh writes it (rebind): a crash
+	// between leaves the current identity beside roots that verify it.
 	renewedID := &identity.Identity{Chain: chain, Key: key, Roots: roots}
-	if err := a.dir.writeIdentity(renewedID, false); err != nil {
+	if err := a.writeBundle(cur, curID, plan); err != nil {
 		return nil, err
 	}
-	if err := a.writeBundle(cur, renewedID, plan); err != nil {
+	renewStep("bundle")
+	if err := a.dir.writeIdentity(renewedID, false); err != nil {
 		return nil, err
 	}
 	renewed := a.now().UTC()
@@ -235,15 +238,22 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	case joined:
 		// agent.yaml first, as the join writes it: a crash here again
 		// leaves state.next.json to finish from.
-		if next.Config != nil {
-			cfg, err := a.dir.ReadConfig()
-			if err != nil {
-				return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
-			}
-			next.Config.apply(&cfg)
-			if err := a.dir.WriteConfig(cfg); err != nil {
-				return nil, nil, err
-			}
+		cfg, err := a.dir.ReadConfig()
+		if err != nil {
+			return nil, nil, fmt.Errorf("finishing a join interrupted before agent.yaml was written: %w", err)
+		}
+		joinCfg := next.Config
+		if joinCfg == nil {
+			// Written by an agent before state.next.json carried what
+			// agent.yaml was to say: the state says most of it, and the
+			// roots written with the certificate the pin. Keeping the old
+			// agent.yaml would leave the old authority's address and pin
+			// beside the new certificate for good.
+			joinCfg = joinConfigOf(st, id.Roots, cfg.CAFingerprint)
+		}
+		joinCfg.apply(&cfg)
+		if err := a.dir.WriteConfig(cfg); err != nil {
+			return nil, nil, err
 		}
 		// The join's trust bundle, which it may not have written (or
 		// written without state.json recording it): taken as the join
@@ -280,6 +290,10 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	}
 	return st, id, nil
 }
+
+// renewStep marks where a renewal or a bound refresh stands between its
+// writes; tests set it to stop there, as a crash would.
+var renewStep = func(string) {}
 
 // standingHint adds to a renewal refused for the node's standing (locked,
 // copy_detected, deleted, superseded, or certificate_unknown: a store

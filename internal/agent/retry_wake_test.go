@@ -61,3 +61,51 @@ func TestRetryEndsItsWaitWhenTheStreamOpens(t *testing.T) {
 		t.Fatalf("the retry still waits its backoff %s after the stream to the authority opened", deadline)
 	}
 }
+
+// TestSpentBudgetRecoveryNotWokenByTheStream: a recovery refused for a
+// spent budget (recovery_exhausted) is asked again at its own backoff, not
+// whenever the stream finds the authority reachable: the authority
+// answered, and answers the same until an operator raises the limit.
+// Before, each probe woke it, so a spent-budget agent sent a refused
+// recovery at the stream's retry pace. Here the backoff is one no test
+// outlives: every wake the stream sends must leave the count of recovery
+// requests at one.
+func TestSpentBudgetRecoveryNotWokenByTheStream(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	a, _ := joined(t, f)
+
+	minB, maxB := backoffMin, backoffMax
+	t.Cleanup(func() { backoffMin, backoffMax = minB, maxB })
+	backoffMin, backoffMax = 10000*time.Hour, 40000*time.Hour
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	requests := make(chan int, 16)
+	n := 0
+	result := make(chan error, 1)
+	go func() {
+		result <- a.retryIf(ctx, "recovery", time.Time{}, retryableBound, func() error {
+			n++
+			requests <- n
+			return status.Error(codes.FailedPrecondition, "recovery_exhausted: token bot-1 has used 1 of 1 recoveries")
+		})
+	}()
+	if got := <-requests; got != 1 {
+		t.Fatalf("first request numbered %d", got)
+	}
+	// The stream's probes: each wake the old code took at once (the
+	// channel holds one, so each is sent after the last was taken or
+	// left).
+	for range 5 {
+		wake(a.retryWake)
+		select {
+		case got := <-requests:
+			t.Fatalf("recovery request %d sent on the stream's wake, want only the first until the backoff ends", got)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	cancel()
+	if err := <-result; err == nil {
+		t.Fatal("the retry ended without an error when cancelled")
+	}
+}

@@ -381,6 +381,21 @@ func (a *Agent) retryIf(ctx context.Context, op string, notAfter time.Time, retr
 		}
 		wait := retryWait(delay, !notAfter.IsZero(), left)
 		until := a.now().Add(wait)
+		if spentBudget(err) {
+			// The authority answered, and will answer the same until an
+			// operator raises the limit, which the agent cannot see: a
+			// stream's probe that the authority is reachable says
+			// nothing new, so it wakes nothing (it woke every refused
+			// recovery at the stream's pace before). The recovery asks
+			// again at its own backoff, growing to backoffMax.
+			a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(),
+				"woken_by_stream", false, "err", a.logged(err))
+			if !a.pause(ctx, wait, until) {
+				return ctx.Err()
+			}
+			delay = min(delay*2, backoffMax)
+			continue
+		}
 		a.log.Warn(op+" failed; retrying", "attempt", attempt, "retry_in", wait.Round(time.Millisecond).String(), "err", a.logged(err))
 		// A stream to the authority opening meanwhile ends the wait
 		// (the authority is back: a bound-keypair agent whose stream

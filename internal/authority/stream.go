@@ -513,6 +513,7 @@ type streamMetrics struct {
 	heartbeats prometheus.Counter
 	refusals   *prometheus.CounterVec
 	watchLost  prometheus.Counter
+	copies     prometheus.Counter
 }
 
 func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
@@ -529,12 +530,16 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 			Name: "muster_change_watch_lost_total",
 			Help: "Times this replica lost the store's change notifications and listened again; open streams re-check each time.",
 		}),
+		copies: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "muster_agent_stream_copies_suspected_total",
+			Help: "Agent streams that took a node's stream back from another holder of the same identity, repeatedly: a copy of an agent's data directory (audited agent.stream_copy_suspected).",
+		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_task_verification_failures_total",
 			Help: "Tasks agents refused, by the signer version the task named and the reason.",
 		}, []string{"signer", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals, m.watchLost} {
+	for _, c := range []prometheus.Collector{m.connected, m.heartbeats, m.refusals, m.watchLost, m.copies} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -45,19 +46,81 @@ func (st *agentStream) endReplaced() bool {
 type liveStreams struct {
 	mu     sync.Mutex
 	byNode map[string]*agentStream
+	// flaps are each node's last replacement between two connection
+	// identities, for copyFlaps.
+	flaps map[string]flap
+}
+
+// A copy of an agent's data directory (a cloned disk) holds the same
+// certificate and key as the agent: the two take turns on the node's one
+// stream, each replacing the other when it reconnects. A stream replaced
+// by one of another connection identity (its source host and certificate
+// serial), which the first identity then replaces back, and so on
+// flapAlternations times, each within flapWindow of the last, is that
+// copy signal. An agent that merely reconnects (a network blip: the same
+// host and certificate, or a new certificate after a renewal, which the
+// old one never comes back from) replaces its own stream and never
+// alternates. Two copies behind one address with the same certificate
+// look like one agent reconnecting: the generation and join-state rules
+// catch them at their next renewal or refresh.
+const (
+	flapAlternations = 3
+	flapWindow       = 5 * time.Minute
+)
+
+// flap is a node's last replacement between connection identities: from
+// replaced by to, at, and how many alternations in a row led to it.
+type flap struct {
+	from, to string
+	at       time.Time
+	count    int
+}
+
+// connectionID is what tells two holders of one identity apart on the
+// stream: the source host (not its port, which each reconnection
+// changes) and the certificate's serial.
+func connectionID(c Caller) string {
+	host := c.Source
+	if h, _, err := net.SplitHostPort(c.Source); err == nil {
+		host = h
+	}
+	serial := ""
+	if c.Cert != nil {
+		serial = c.Cert.SerialNumber.Text(16)
+	}
+	return host + " (certificate " + serial + ")"
 }
 
 // take makes st its node's live stream and returns the one it replaces,
-// if any.
-func (l *liveStreams) take(st *agentStream) *agentStream {
+// if any, and how many alternations in a row between two connection
+// identities this replacement makes (0 for none: the same identity, or
+// the first replacement between these two).
+func (l *liveStreams) take(st *agentStream, now time.Time) (*agentStream, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byNode == nil {
 		l.byNode = map[string]*agentStream{}
 	}
-	old := l.byNode[st.c.ID.Name]
-	l.byNode[st.c.ID.Name] = st
-	return old
+	node := st.c.ID.Name
+	old := l.byNode[node]
+	l.byNode[node] = st
+	if old == nil {
+		return nil, 0
+	}
+	from, to := connectionID(old.c), connectionID(st.c)
+	if from == to {
+		return old, 0
+	}
+	if l.flaps == nil {
+		l.flaps = map[string]flap{}
+	}
+	f := flap{from: from, to: to, at: now, count: 1}
+	if prev, ok := l.flaps[node]; ok && prev.from == to && prev.to == from && now.Sub(prev.at) <= flapWindow {
+		// Back to the holder the last replacement took the stream from.
+		f.count = prev.count + 1
+	}
+	l.flaps[node] = f
+	return old, f.count - 1
 }
 
 // drop forgets st, unless a newer stream replaced it already.
@@ -66,6 +129,9 @@ func (l *liveStreams) drop(st *agentStream) {
 	defer l.mu.Unlock()
 	if l.byNode[st.c.ID.Name] == st {
 		delete(l.byNode, st.c.ID.Name)
+		if f, ok := l.flaps[st.c.ID.Name]; ok && time.Since(f.at) > flapWindow {
+			delete(l.flaps, st.c.ID.Name)
+		}
 	}
 }
 
@@ -74,13 +140,17 @@ func (l *liveStreams) drop(st *agentStream) {
 // an identity reconnecting in a loop cannot flood the audit chain.
 func (st *agentStream) replaceOld() {
 	s := st.a.s
-	old := s.live.take(st)
+	old, alternations := s.live.take(st, time.Now())
 	if old == nil {
 		return
 	}
 	if !old.endReplaced() {
 		return // ended already: replaced through the store (supplanted), or gone
 	}
+	if alternations >= flapAlternations {
+		st.copySuspected(old, alternations)
+	}
+
 	reason := fmt.Sprintf("a new stream from %s replaced the stream opened at %s from %s", st.c.Source,
 		old.row.ConnectedAt.UTC().Format(time.RFC3339), old.c.Source)
 	st.a.streamLog(st.c).Info("agent stream replaced", "previous_source", old.c.Source, "previous_correlation_id", old.c.CorrelationID)
@@ -109,4 +179,28 @@ func (st *agentStream) supplanted() bool {
 	s.refusals.Record(context.WithoutCancel(st.ctx), audit.Event{Actor: st.c.Actor(), Action: "agent.stream_replace",
 		Target: st.c.ID.Name, Result: audit.ResultOK, Reason: reason, Source: st.c.Source, CorrelationID: st.c.CorrelationID})
 	return true
+}
+
+// copySuspected audits and counts a stream that took the node's stream
+// back from another connection identity, alternations times in a row:
+// two holders of one identity (copySignal). The authority cannot tell
+// which is genuine, so the record names how the operator shuts both out
+// and brings the genuine machine back; a bound-keypair copy that
+// recovers or refreshes is locked by the join-state and generation rules,
+// and a lock closes both streams at once.
+func (st *agentStream) copySuspected(old *agentStream, alternations int) {
+	s := st.a.s
+	node := st.c.ID.Name
+	s.streams.copies.Inc()
+	if alternations%flapAlternations != 0 {
+		// Audited at every flapAlternations-th: the copies keep taking
+		// turns until the operator acts, and the record says the same.
+		return
+	}
+	reason := fmt.Sprintf("copy_suspected: node %s's identity is held in two places: streams from %s and %s replaced each other %d times in a row, each within %s (a copy of the agent's data directory, such as a cloned disk); "+
+		"shut both out with muster lock create --node %s --reason copied-identity (their streams close at once), find and stop the copy, then muster lock delete ID and join the genuine machine again over a new identity (muster agents show %s shows the stream's source)",
+		node, connectionID(old.c), connectionID(st.c), alternations, flapWindow, node, node)
+	st.a.streamLog(st.c).Warn("agent streams of two holders of one identity replace each other: a copy", "previous_source", old.c.Source, "alternations", alternations)
+	s.refusals.Record(context.WithoutCancel(st.ctx), audit.Event{Actor: st.c.Actor(), Action: "agent.stream_copy_suspected",
+		Target: node, Result: audit.ResultOK, Reason: reason, Source: st.c.Source, CorrelationID: st.c.CorrelationID})
 }

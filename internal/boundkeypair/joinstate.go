@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -187,4 +188,50 @@ func VerifyJoinState(doc string, keys func(kid string) (ed25519.PublicKey, bool)
 		js.TokenCreated = time.UnixMicro(mine.TokenCreated).UTC()
 	}
 	return js, nil
+}
+
+// Settings are the token's recovery settings a join state document
+// carries, read without verifying it: for the agent, which holds its own
+// document and needs them only to name the muster bot add flags that make
+// its token again (the authority verifies every document it is given).
+// ok is false for anything that is not a join state's claims.
+func Settings(doc string) (limit int64, mode string, ok bool) {
+	if len(doc) > MaxMessageBytes {
+		return 0, "", false
+	}
+	tok, err := jwt.ParseSigned(doc, []jose.SignatureAlgorithm{jose.EdDSA})
+	if err != nil || len(tok.Headers) != 1 || tok.Headers[0].ExtraHeaders[jose.HeaderType] != JoinStateType {
+		return 0, "", false
+	}
+	var mine joinStateClaims
+	if err := tok.UnsafeClaimsWithoutVerification(&mine); err != nil {
+		return 0, "", false
+	}
+	switch mine.RecoveryMode {
+	case ModeStandard, ModeRelaxed, ModeInsecure:
+	default:
+		return 0, "", false
+	}
+	if mine.RecoveryLimit < 0 {
+		return 0, "", false
+	}
+	return mine.RecoveryLimit, mine.RecoveryMode, true
+}
+
+// BotAddFlags are the muster bot add flags that make a token with these
+// settings, those that are not bot add's defaults: a token deleted and
+// added again with the defaults would have one recovery (which its first
+// join takes), the standard mode and lose client,server.
+func BotAddFlags(limit int64, mode string, serverAuth bool) string {
+	var b strings.Builder
+	if limit != DefaultRecoveryLimit {
+		fmt.Fprintf(&b, " --recovery-limit %d", limit)
+	}
+	if mode != "" && mode != ModeStandard {
+		fmt.Fprintf(&b, " --recovery-mode %s", mode)
+	}
+	if serverAuth {
+		b.WriteString(" --svid-usage client,server")
+	}
+	return b.String()
 }

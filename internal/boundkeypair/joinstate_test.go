@@ -118,3 +118,37 @@ func FuzzVerifyJoinState(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSettings: the agent reads its join state file, which anything on
+// the machine may have written: Settings never panics and gives only a
+// known mode and a limit of zero or more.
+func FuzzSettings(f *testing.F) {
+	k := SigningKey{Private: ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))}
+	k.ID = KeyID(k.Public())
+	doc, _ := k.Sign(sampleState())
+	f.Add(doc)
+	f.Add(doc[:len(doc)/2])
+	f.Add("eyJhbGciOiJub25lIn0.e30.")
+	f.Fuzz(func(t *testing.T, doc string) {
+		limit, mode, ok := Settings(doc)
+		if ok && (limit < 0 || (mode != ModeStandard && mode != ModeRelaxed && mode != ModeInsecure)) {
+			t.Fatalf("Settings(%q) = %d, %q", doc, limit, mode)
+		}
+	})
+}
+
+func TestSettingsOfASignedDocument(t *testing.T) {
+	k := SigningKey{Private: ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))}
+	s := sampleState()
+	s.RecoveryLimit, s.RecoveryMode = 4, ModeRelaxed
+	doc, err := k.Sign(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit, mode, ok := Settings(doc); !ok || limit != 4 || mode != ModeRelaxed {
+		t.Errorf("Settings = %d, %q, %v; want 4, relaxed, true", limit, mode, ok)
+	}
+	if got := BotAddFlags(4, ModeRelaxed, true); got != " --recovery-limit 4 --recovery-mode relaxed --svid-usage client,server" {
+		t.Errorf("BotAddFlags = %q", got)
+	}
+}

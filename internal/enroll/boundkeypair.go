@@ -255,9 +255,11 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		return a, refuse(KindInvalid, reasonJoinTokenAsName)
 	}
 	a.Actor = "bound-keypair:" + p.Token
-	// A valid certificate asks for a refresh: its refusals before the
-	// store says whether it is the current instance's are a refresh's.
-	a.refreshing = p.Cert != nil && !s.cfg.Now().After(p.Cert.NotAfter)
+	// A valid certificate this authority issued for the node asks for a
+	// refresh: its refusals before the store says whether it is the
+	// current instance's are a refresh's. Any other (one signed elsewhere,
+	// or another node's) proves nothing: its refusals are a join's.
+	a.refreshing = s.agentCertOf(p.Cert, p.NodeID)
 	if err := spiffeid.ValidNodeID(p.NodeID); err != nil {
 		a.NodeID = ""
 		return a, refuse(KindInvalid, "node_id: "+err.Error())
@@ -297,7 +299,8 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	case err != nil:
 		return a, err
 	case !rd.TokenFound:
-		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token, p.NodeID))
+		flags, known := s.deletedTokenFlags(ctx, p)
+		return a, notFound.with("no token %s; %s", p.Token, deletedTokenWayOut(p.Token, p.NodeID, flags, known))
 	case t.JoinMethod != store.JoinMethodBoundKeypair || t.BoundKeypair == nil:
 		return a, notFound.with("token %s is a %s token", t.ID, t.JoinMethod)
 	case t.NodeID != p.NodeID:
@@ -516,6 +519,7 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 		if held != nil {
 			held.serverAuth = t.SVIDUsage == store.SVIDUsageClientServer
 			held.targets = targets
+			held.flags = botAddFlags(t)
 			if m.out.rotated {
 				// The binding changes in this refresh's write: its
 				// audit record says so, as a recovery's does.
@@ -548,6 +552,27 @@ func (m bkMethod) Attest(ctx context.Context, r Request, p BoundKeypairPayload, 
 	}
 	a.PublicKey, a.KeyID, a.Now, a.Claims, a.LockTargets = csr.PublicKey, kid, now, claims, store.Named(targets)
 	return a, nil
+}
+
+// agentCertOf reports whether cert is valid now, signed by one of this
+// authority's accepted agent intermediates, and names nodeID as its
+// agent identity in this trust domain: what the mTLS handshake and the
+// agent rule check at the service layer, checked again here since the
+// label of a refusal must not rest on what a caller merely presents.
+func (s *Service) agentCertOf(cert *x509.Certificate, nodeID string) bool {
+	if cert == nil || s.cfg.Now().After(cert.NotAfter) {
+		return false
+	}
+	id, err := spiffeid.FromCertificate(cert)
+	if err != nil || id.Role != spiffeid.RoleAgent || id.Name != nodeID || id.TrustDomain != s.cfg.TrustDomain {
+		return false
+	}
+	for _, c := range s.cfg.CA.Accepted(ca.RoleAgent) {
+		if cert.CheckSignatureFrom(c) == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // rotation returns the key to rotate the token's binding to, proved by a
@@ -620,6 +645,9 @@ type held struct {
 	// renewal's (the bound keys, the token): its write is refused by a
 	// lock created on one since.
 	targets []store.LockTarget
+	// flags are the muster bot add flags of the token's settings, for the
+	// way out if it is deleted before the refresh's write.
+	flags string
 	// note is added to the refresh's audit reason: what it changed
 	// besides the certificate (a rotation of the bound key).
 	note string
@@ -722,8 +750,33 @@ func newSecretWayOut(token, node, flags string) string {
 	return fmt.Sprintf("a new registration secret: muster token delete %s, %s", token, botAdd(token, node, flags))
 }
 
-func deletedTokenWayOut(token, node string) string {
-	return fmt.Sprintf("if it was deleted (which ends refreshes): %s, then muster agent join --force on the machine with the new registration secret", botAdd(token, node, ""))
+// deletedTokenWayOut is the way out of a refusal for a token that is gone:
+// make it again, with the deleted token's settings when the caller showed
+// them (known: the join state it presented, which the authority signed,
+// and its certificate), then join the machine again with the new secret.
+func deletedTokenWayOut(token, node, flags string, known bool) string {
+	unknown := ""
+	if !known {
+		unknown = " (the deleted token's settings are not known here: add --recovery-limit N, --recovery-mode MODE, --svid-usage client,server if it had other than the defaults)"
+	}
+	return fmt.Sprintf("if it was deleted (which ends refreshes): %s%s, then on the machine muster agent join --force --data ADIR --bound-keypair %s --registration-secret-file FILE with the new registration secret",
+		botAdd(token, node, flags), unknown, node)
+}
+
+// deletedTokenFlags are the muster bot add flags of a deleted token's
+// settings as the caller shows them: the recovery limit and mode of a
+// join state document this authority signed for the token and node, and
+// client,server if the caller's certificate (this authority's, of the
+// node) serves TLS. known is false without such a document.
+func (s *Service) deletedTokenFlags(ctx context.Context, p BoundKeypairPayload) (flags string, known bool) {
+	if p.JoinState == "" {
+		return "", false
+	}
+	js, err := boundkeypair.VerifyJoinState(p.JoinState, s.joinStateKeys().lookup(ctx), s.cfg.AuthorityID, p.Token, p.NodeID)
+	if err != nil {
+		return "", false
+	}
+	return boundkeypair.BotAddFlags(js.RecoveryLimit, js.RecoveryMode, s.agentCertOf(p.Cert, p.NodeID) && servesTLS(p.Cert)), true
 }
 
 // botAdd is the command that makes node a new bound-keypair token in

@@ -444,7 +444,9 @@ func TestBoundKeypairRefreshEndsWithTheToken(t *testing.T) {
 			_, err = b.svc.RegisterUsingBoundKeypair(t.Context(), Request{}, BoundKeypairPayload{Token: "bot-1", NodeID: "node-1",
 				CSR: der, JoinState: first.JoinState, Cert: leaf[0]}, ch)
 			wantRefusal(t, err, KindNotFound, ReasonUnknownBoundToken)
-			b.wantAuditedWayOut(t, "muster bot add node-1 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1), then muster agent join --force on the machine")
+			// The deleted token's settings (a limit of 2) as flags, from
+			// the join state (before) or the refresh's read (during).
+			b.wantAuditedWayOut(t, "muster bot add node-1 --recovery-limit 2 (the new token is named after its node: the agent joins with --bound-keypair node-1, not bot-1), then on the machine muster agent join --force --data ADIR --bound-keypair node-1 --registration-secret-file FILE")
 			if inst, _ := b.st.GetInstance(t.Context(), first.InstanceID); inst.Generation != 0 {
 				t.Fatalf("the refused refresh advanced the instance to generation %d", inst.Generation)
 			}

@@ -152,7 +152,11 @@ func (s *Service) renew(ctx context.Context, leaf *x509.Certificate, csrData []b
 		if errors.Is(err, store.ErrNotFound) && len(claims) > 0 {
 			// A refresh's token was deleted between the challenge and the
 			// write: deleting the token ends refreshes.
-			return nil, refuse(KindNotFound, ReasonUnknownBoundToken).with("%s: the token was deleted during the exchange; %s", ev.Reason, deletedTokenWayOut(inst.TokenID, inst.NodeID))
+			var flags string
+			if h != nil {
+				flags = h.flags
+			}
+			return nil, refuse(KindNotFound, ReasonUnknownBoundToken).with("%s: the token was deleted during the exchange; %s", ev.Reason, deletedTokenWayOut(inst.TokenID, inst.NodeID, flags, h != nil))
 		}
 		if errors.Is(err, store.ErrKeyBindingChanged) {
 			// Another join rotated or bound the key between the challenge

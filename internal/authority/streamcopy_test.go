@@ -1,0 +1,92 @@
+package authority
+
+import (
+	"context"
+	"crypto/x509"
+	"math/big"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// TestStreamCopiesTakingTurnsAudited: two holders of one identity (a
+// cloned disk: the same certificate, from two hosts) that keep replacing
+// each other's stream are a copy: counted in
+// muster_agent_stream_copies_suspected_total and audited
+// agent.stream_copy_suspected with the way out. An agent that merely
+// reconnects (the same host from another port, a renewed certificate, a
+// move to another address once) is none of it. Before, each replacement
+// was only an agent.stream_replace.
+func TestStreamCopiesTakingTurnsAudited(t *testing.T) {
+	b := startReplicas(t, nil, 1)
+	s := b.srvs[0]
+	stream := func(node, source string, serial int64) *agentStream {
+		ctx, replaced := context.WithCancelCause(t.Context())
+		t.Cleanup(func() { replaced(nil) })
+		return &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+			c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: node}, Source: source,
+				Cert: &x509.Certificate{SerialNumber: big.NewInt(serial)}}}
+	}
+	copies := func() float64 {
+		var m dto.Metric
+		if err := s.streams.copies.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	suspected := func(node string) []store.AuditRecord {
+		recs, err := b.store.ListAudit(t.Context(), store.AuditFilter{Action: "agent.stream_copy_suspected"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []store.AuditRecord
+		for _, r := range recs {
+			if r.Target == node {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+
+	// An agent reconnecting: a blip (the same host, another port), a
+	// renewal (a new certificate), a move to another address (once).
+	for i, c := range []struct {
+		source string
+		serial int64
+	}{{"10.0.0.1:5000", 7}, {"10.0.0.1:5001", 7}, {"10.0.0.1:5002", 7}, {"10.0.0.1:5003", 8}, {"10.0.0.1:5004", 8},
+		{"10.0.0.9:4000", 8}, {"10.0.0.9:4001", 8}, {"10.0.0.9:4002", 8}} {
+		stream("n-reconnects", c.source, c.serial).replaceOld()
+		if n := copies(); n != 0 {
+			t.Fatalf("reconnection %d counted as a copy (%v)", i, n)
+		}
+	}
+	if recs := suspected("n-reconnects"); len(recs) != 0 {
+		t.Fatalf("an agent reconnecting audited as a copy: %+v", recs)
+	}
+
+	// Two holders taking turns: A, B, A, B, A, each taking the stream
+	// back from the other after the first replacement (three times).
+	for i := range 5 {
+		source := "10.0.0.1:5000"
+		if i%2 == 1 {
+			source = "10.0.0.2:6000"
+		}
+		stream("n-cloned", source, 7).replaceOld()
+	}
+	if n := copies(); n != 1 {
+		t.Fatalf("copies suspected after three alternations: %v, want 1", n)
+	}
+	recs := suspected("n-cloned")
+	if len(recs) != 1 {
+		t.Fatalf("%d agent.stream_copy_suspected records, want 1", len(recs))
+	}
+	for _, want := range []string{"copy_suspected", "10.0.0.1", "10.0.0.2", "muster lock create --node n-cloned --reason copied-identity", "muster agents show n-cloned"} {
+		if !strings.Contains(recs[0].Reason, want) {
+			t.Errorf("reason %q does not say %q", recs[0].Reason, want)
+		}
+	}
+}
