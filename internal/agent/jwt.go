@@ -76,6 +76,9 @@ type authorityConn struct {
 	mu  sync.Mutex
 	key string
 	cur *sharedConn
+	// stopped is set by close: a call after it (a workload's, served
+	// while agent run shuts down) dialled a connection nothing closed.
+	stopped bool
 }
 
 // sharedConn is one connection of authorityConn with its calls in flight
@@ -93,6 +96,9 @@ type sharedConn struct {
 func (c *authorityConn) get(key, addr string, tc func() *tls.Config) (*sharedConn, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.stopped {
+		return nil, status.Error(codes.Unavailable, "the agent is stopping: it makes no more calls to the authority")
+	}
 	if c.cur != nil && c.key == key {
 		c.cur.calls++
 		return c.cur, nil
@@ -151,10 +157,12 @@ func (c *authorityConn) drop(sc *sharedConn) {
 }
 
 // close closes the held connection (the agent stops); calls in flight on
-// it fail, and connections given up before close as their calls end.
+// it fail, and connections given up before close as their calls end. No
+// call dials after it.
 func (c *authorityConn) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.stopped = true
 	if sc := c.cur; sc != nil && !sc.closed {
 		sc.closed = true
 		sc.conn.Close()

@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/muster-dev/muster/internal/jwtsvid"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/jwtsvid"
 )
 
 // JWT-SVID mints share one connection to the authority while the
@@ -213,5 +216,31 @@ func TestSharedAuthorityConnWaitsForItsCalls(t *testing.T) {
 	c.close()
 	if third == second || third.conn.GetState() != connectivity.Shutdown {
 		t.Fatal("after a drop the next call must dial anew, and close must close the held connection")
+	}
+}
+
+// A call after close (a workload's JWT-SVID request served while agent
+// run shuts down, after Run closed the shared connection) dialled a
+// connection that nothing closed any more; it is refused instead.
+func TestSharedAuthorityConnDialsNothingAfterClose(t *testing.T) {
+	var c authorityConn
+	tc := func() *tls.Config { return &tls.Config{} }
+	first, err := c.get("k1", "127.0.0.1:1", tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.close()
+	c.release(first)
+	if first.conn.GetState() != connectivity.Shutdown {
+		t.Fatal("close left the held connection open")
+	}
+	sc, err := c.get("k1", "127.0.0.1:1", tc)
+	if err == nil {
+		c.release(sc)
+		sc.conn.Close()
+		t.Fatal("a call after close dialled a connection nothing closes")
+	}
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call after close: %v, want UNAVAILABLE", err)
 	}
 }
