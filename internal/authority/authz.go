@@ -302,7 +302,10 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	if len(ti.State.PeerCertificates) == 0 {
 		return nil, nil
 	}
-	return s.verifyConnCerts(cc, ti.State.PeerCertificates, time.Now())
+	// The replica's clock, which also dates the trust bundle and the
+	// rotations whose intermediates the chain is checked against (the TLS
+	// stack verifies nothing here: it only requests the certificate).
+	return s.verifyConnCerts(cc, ti.State.PeerCertificates, s.now())
 }
 
 // claimedActor is the audit actor of a caller whose client certificate
@@ -324,7 +327,7 @@ func (s *Server) claimedActor(ctx context.Context) string {
 	if !ok {
 		return ""
 	}
-	if now := time.Now(); !now.After(leaf.NotAfter) && !now.Before(leaf.NotBefore) {
+	if now := s.now(); !now.After(leaf.NotAfter) && !now.Before(leaf.NotBefore) {
 		// Refused for another reason than its validity period.
 		return actorClaimed + id.String()
 	}

@@ -105,6 +105,7 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	// gRPC set the handshake's deadline (handshakeTimeout) before this
 	// call, and clears it once the HTTP/2 preface that follows is read.
 	if n := c.s.shares.handshaking.Add(1); n > int64(c.s.shares.anonMax) {
+		// Wall time, not the replica's clock: the socket's deadline is.
 		raw.SetDeadline(time.Now().Add(reserveHandshake))
 	}
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
@@ -149,7 +150,9 @@ func (s *Server) connClass(cc *connChain, certs []*x509.Certificate) (operator b
 	if len(certs) == 0 {
 		return false, ""
 	}
-	chain, err := s.verifyConnCerts(cc, certs, time.Now())
+	// The replica's clock, as clientChain's check of the same chain on
+	// the connection's calls: the two must class it alike.
+	chain, err := s.verifyConnCerts(cc, certs, s.now())
 	if err != nil || len(chain) < 2 {
 		return false, ""
 	}
