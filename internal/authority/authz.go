@@ -138,6 +138,12 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	if src := callinfo.Source(ctx); src.IsValid() {
 		c.Source = src.String()
 	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if r, ok := p.AuthInfo.(refusedInfo); ok {
+			// Counted and logged once, at its handshake (sharedCreds).
+			return c, status.Error(codes.ResourceExhausted, r.reason)
+		}
+	}
 	chain, err := s.clientChain(ctx)
 	if err != nil {
 		// Audited with who the certificate says it is (an operator whose
