@@ -80,7 +80,7 @@ type refusedInfo struct {
 // past its share.
 func shareRefusal(agent string) string {
 	return fmt.Sprintf("connection refused: the agent %s holds %d connections to this authority already, the most one agent identity may hold (an agent uses one for its stream and one for a renewal): "+
-		"another process uses this agent's identity (run one muster agent per identity: stop the other), or its earlier connections are still closing (the agent retries)", agent, connsPerAgent)
+		"another process uses this agent's identity (one agent process per identity: stop the other), or its earlier connections are still closing (the agent retries)", agent, connsPerAgent)
 }
 
 // connShares counts the connections open by class. Safe for concurrent use.
