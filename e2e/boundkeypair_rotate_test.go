@@ -108,7 +108,7 @@ func TestBoundKeypairRotation(t *testing.T) {
 	// agents list and show: the bound key and the recoveries left (limit
 	// 1, the first join counted: 0).
 	list := mustRun(t, "agents", "list", "--data", e.dir)
-	if !strings.Contains(list, "RECOVERIES") || !regexp.MustCompile(`(?m)^rotor\s+bound-keypair\s+\S+\s+\d+\s+\S+\s+0\s`).MatchString(list) {
+	if !strings.Contains(list, "RECOVERIES LEFT") || !regexp.MustCompile(`(?m)^rotor\s+bound-keypair\s+\S+\s+\d+\s+\S+\s+0\s`).MatchString(list) {
 		t.Errorf("agents list lacks the recoveries remaining:\n%s", list)
 	}
 	show := mustRun(t, "agents", "show", "rotor", "--data", e.dir)

@@ -138,6 +138,12 @@ func (s *Server) authorize(ctx context.Context, fullMethod string, bootstrapList
 	if src := callinfo.Source(ctx); src.IsValid() {
 		c.Source = src.String()
 	}
+	if p, ok := peer.FromContext(ctx); ok {
+		if r, ok := p.AuthInfo.(refusedInfo); ok {
+			// Counted and logged once, at its handshake (sharedCreds).
+			return c, status.Error(codes.ResourceExhausted, r.reason)
+		}
+	}
 	chain, err := s.clientChain(ctx)
 	if err != nil {
 		// Audited with who the certificate says it is (an operator whose
@@ -302,7 +308,10 @@ func (s *Server) clientChain(ctx context.Context) ([]*x509.Certificate, error) {
 	if len(ti.State.PeerCertificates) == 0 {
 		return nil, nil
 	}
-	return s.verifyConnCerts(cc, ti.State.PeerCertificates, time.Now())
+	// The replica's clock, which also dates the trust bundle and the
+	// rotations whose intermediates the chain is checked against (the TLS
+	// stack verifies nothing here: it only requests the certificate).
+	return s.verifyConnCerts(cc, ti.State.PeerCertificates, s.now())
 }
 
 // claimedActor is the audit actor of a caller whose client certificate
@@ -324,7 +333,7 @@ func (s *Server) claimedActor(ctx context.Context) string {
 	if !ok {
 		return ""
 	}
-	if now := time.Now(); !now.After(leaf.NotAfter) && !now.Before(leaf.NotBefore) {
+	if now := s.now(); !now.After(leaf.NotAfter) && !now.Before(leaf.NotBefore) {
 		// Refused for another reason than its validity period.
 		return actorClaimed + id.String()
 	}

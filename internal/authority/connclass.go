@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -30,9 +31,14 @@ import (
 //     agent uses one for its stream and one for a renewal at a time);
 //   - operators are not capped beyond the Cap itself.
 //
-// A connection past its share is closed right after its handshake,
-// counted in muster_connections_refused_total{reason="anonymous"|"identity"}
-// and logged once a minute.
+// A connection past its share is counted in
+// muster_connections_refused_total{reason="anonymous"|"identity"} and
+// logged once a minute. An agent's is kept refusedLife (refusedPerAgent
+// of them at a time) to answer its every call RESOURCE_EXHAUSTED with the
+// cap and the way out (refusedInfo), which a connection closed after its
+// handshake cannot tell a grpc-go client (it says only "error reading
+// server preface: EOF"); it takes no place in the share. An anonymous one
+// is closed at once: kept, a flood of them would hold the Cap's reserve.
 const (
 	anonymousShareNum, anonymousShareDen = 3, 4
 	connsPerAgent                        = 8
@@ -47,8 +53,35 @@ const (
 // on a full cap instead (listener.Cap.EvictSilent).
 const reserveHandshake = time.Second
 
-// errConnShare is the handshake's failure for a connection past its share.
+// errConnShare is the handshake's failure for a connection past its share
+// closed at once.
 var errConnShare = errors.New("authority: connection closed: its caller holds its share of the connection cap")
+
+// refusedLife is how long a connection past its share is kept to answer
+// its calls with the refusal: a client sends its first call at once, and
+// meanwhile the connection holds its place in the listener's Cap, not in
+// a share.
+const refusedLife = 5 * time.Second
+
+// refusedPerAgent is how many refused connections of one agent identity
+// are kept at a time (refusedLife each) to tell it why: one is enough for
+// its log; more are closed at once, so an identity cannot hold more than
+// connsPerAgent+refusedPerAgent of the Cap.
+const refusedPerAgent = 2
+
+// refusedInfo is the AuthInfo of a connection past its share: authorize
+// answers its calls with reason.
+type refusedInfo struct {
+	credentials.AuthInfo
+	reason string
+}
+
+// shareRefusal is the refusal of a connection of agent (its node ID)
+// past its share.
+func shareRefusal(agent string) string {
+	return fmt.Sprintf("connection refused: the agent %s holds %d connections to this authority already, the most one agent identity may hold (an agent uses one for its stream and one for a renewal): "+
+		"another process uses this agent's identity (one agent process per identity: stop the other), or its earlier connections are still closing (the agent retries)", agent, connsPerAgent)
+}
 
 // connShares counts the connections open by class. Safe for concurrent use.
 type connShares struct {
@@ -59,10 +92,35 @@ type connShares struct {
 	mu     sync.Mutex
 	anon   int
 	agents map[string]int
+	// refused counts, by agent, the refused connections kept to answer
+	// their calls (keepRefused).
+	refused map[string]int
+}
+
+// keepRefused takes one of agent's refusedPerAgent places for a refused
+// connection kept to tell it why, and returns its release; false for an
+// anonymous connection (none is kept) or when agent holds them all.
+func (c *connShares) keepRefused(agent string) (func(), bool) {
+	if agent == "" {
+		return nil, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.refused[agent] >= refusedPerAgent {
+		return nil, false
+	}
+	c.refused[agent]++
+	return sync.OnceFunc(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.refused[agent]--; c.refused[agent] <= 0 {
+			delete(c.refused, agent)
+		}
+	}), true
 }
 
 func newConnShares(maxConns int) *connShares {
-	return &connShares{anonMax: max(maxConns*anonymousShareNum/anonymousShareDen, 1), agents: map[string]int{}}
+	return &connShares{anonMax: max(maxConns*anonymousShareNum/anonymousShareDen, 1), agents: map[string]int{}, refused: map[string]int{}}
 }
 
 // take counts one connection of agent (or, "", an anonymous one unless
@@ -105,6 +163,7 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	// gRPC set the handshake's deadline (handshakeTimeout) before this
 	// call, and clears it once the HTTP/2 preface that follows is read.
 	if n := c.s.shares.handshaking.Add(1); n > int64(c.s.shares.anonMax) {
+		// Wall time, not the replica's clock: the socket's deadline is.
 		raw.SetDeadline(time.Now().Add(reserveHandshake))
 	}
 	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
@@ -125,9 +184,19 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	operator, agent := c.s.connClass(cc, certs)
 	release, why, ok := c.s.shares.take(operator, agent)
 	if !ok {
-		conn.Close()
 		c.refused(why)
-		return nil, nil, errConnShare
+		free, kept := c.s.shares.keepRefused(agent)
+		if !kept {
+			// Anonymous (whoever can open connections would fill the
+			// Cap's reserve with refused ones), or an agent that already
+			// has refusedPerAgent being told: closed at once.
+			conn.Close()
+			return nil, nil, errConnShare
+		}
+		// Closed at the end of its life whatever its client does; gRPC
+		// clears the socket's deadline after the handshake, so a timer.
+		t := time.AfterFunc(refusedLife, func() { conn.Close() })
+		return &refusedConn{Conn: conn, stop: t.Stop, release: free}, refusedInfo{AuthInfo: info, reason: shareRefusal(agent)}, nil
 	}
 	if ti, ok := info.(credentials.TLSInfo); ok && cc != nil {
 		info = &connAuthInfo{TLSInfo: ti, chain: cc}
@@ -149,7 +218,9 @@ func (s *Server) connClass(cc *connChain, certs []*x509.Certificate) (operator b
 	if len(certs) == 0 {
 		return false, ""
 	}
-	chain, err := s.verifyConnCerts(cc, certs, time.Now())
+	// The replica's clock, as clientChain's check of the same chain on
+	// the connection's calls: the two must class it alike.
+	chain, err := s.verifyConnCerts(cc, certs, s.now())
 	if err != nil || len(chain) < 2 {
 		return false, ""
 	}
@@ -185,6 +256,21 @@ type sharedConn struct {
 }
 
 func (c *sharedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
+}
+
+// refusedConn is a connection past its share kept to tell its client why:
+// its timer is stopped when it closes first.
+type refusedConn struct {
+	net.Conn
+	stop    func() bool
+	release func()
+}
+
+func (c *refusedConn) Close() error {
+	c.stop()
 	err := c.Conn.Close()
 	c.release()
 	return err

@@ -4,12 +4,18 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/identity"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -27,21 +33,47 @@ func TestExpiryWarning(t *testing.T) {
 	}
 	notAfter := op.Leaf().NotAfter
 	for _, tc := range []struct {
-		name string
-		at   time.Time
-		want string // "" for no warning
+		name      string
+		at        time.Time
+		untrusted bool
+		want      string // "" for no warning
 	}{
-		{"far", now, ""},
-		{"just outside 7 days", notAfter.Add(-operatorWarnAhead - time.Minute), ""},
-		{"within 7 days", notAfter.Add(-operatorWarnAhead + time.Minute), "in 6d23h; renew it with muster admin renew"},
-		{"minutes left", notAfter.Add(-90 * time.Second), "in 1m30s; renew it with muster admin renew --identity alice.pem"},
-		{"expired", notAfter.Add(time.Second), "expired at " + notAfter.UTC().Format(time.RFC3339) + "; another operator issues a new one with muster admin add alice --out alice-new.pem, or, where the authority's data directory is, muster admin add alice --offline --data DIR --out alice-new.pem"},
+		{"far", now, false, ""},
+		{"just outside 7 days", notAfter.Add(-operatorWarnAhead - time.Minute), false, ""},
+		{"within 7 days", notAfter.Add(-operatorWarnAhead + time.Minute), false, "in 6d23h; renew it with muster admin renew"},
+		{"minutes left", notAfter.Add(-90 * time.Second), false, "in 1m30s; renew it with muster admin renew --identity alice.pem"},
+		{"within 7 days, not accepted", notAfter.Add(-time.Hour), true, "in 1h0m0s; muster admin renew cannot renew it while the authority does not accept it (a root rotation in standby no longer trusts its root): get a new one where the authority's data directory is: muster admin add alice --offline --data DIR --out alice-new.pem"},
+		{"far, not accepted", now, true, ""},
+		{"expired", notAfter.Add(time.Second), false, "expired at " + notAfter.UTC().Format(time.RFC3339) + "; another operator issues a new one with muster admin add alice --out alice-new.pem, or, where the authority's data directory is, muster admin add alice --offline --data DIR --out alice-new.pem"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := expiryWarning("alice.pem", op, "alice", "", " --identity alice.pem", tc.at)
-			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) {
+			got := expiryWarning("alice.pem", op, "alice", "", " --identity alice.pem", tc.untrusted, tc.at)
+			if tc.want == "" && got != "" || tc.want != "" && !strings.Contains(got, tc.want) || tc.untrusted && strings.Contains(got, "renew it with") {
 				t.Errorf("expiryWarning = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRefusedIdentity: the expiry warning names admin add, not admin
+// renew, after a call refused because the authority does not accept the
+// identity (its certificate did not chain to the identity's roots, or
+// the authority refused the identity's certificate); any other outcome
+// keeps renew.
+func TestRefusedIdentity(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"answered", nil, false},
+		{"authority not trusted", status.Error(codes.Unavailable, "connection error"), false},
+		{"untrusted root", fmt.Errorf("dial: %w", &identity.UntrustedRootError{Err: errors.New("x509: unknown authority")}), true},
+		{"identity refused", status.Error(codes.Unauthenticated, "client certificate not issued by this authority: it is under a root this authority no longer trusts"), true},
+		{"permission", status.Error(codes.PermissionDenied, "locked"), false},
+	} {
+		if got := refusedIdentity(tc.err); got != tc.want {
+			t.Errorf("%s: refusedIdentity(%v) = %v, want %v", tc.name, tc.err, got, tc.want)
+		}
 	}
 }

@@ -61,8 +61,9 @@ type agentBoundJSON struct {
 	LastRotatedAt       *time.Time `json:"last_rotated_at,omitempty"`
 }
 
-// recoveries is the RECOVERIES column: the budget left, "-" for a node
-// without a counted budget.
+// recoveries is the RECOVERIES LEFT column: the budget left (not the
+// recoveries used, which token get counts as "N of M used"), "-" for a
+// node without a counted budget.
 func (a agentJSON) recoveries() string {
 	if a.BoundKeypair == nil || a.BoundKeypair.RecoveriesRemaining < 0 {
 		return "-"
@@ -131,7 +132,7 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 func agentTable(w io.Writer, list []agentJSON, header bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if header {
-		fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES\tSTREAM\tLOCKED")
+		fmt.Fprintln(tw, "NODE\tMETHOD\tINSTANCE\tGENERATION\tEXPIRES\tRECOVERIES LEFT\tSTREAM\tLOCKED")
 	}
 	for _, a := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.NodeID, a.JoinMethod, a.InstanceID, a.Generation, fmtTime(a.NotAfter),

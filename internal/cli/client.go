@@ -40,6 +40,11 @@ type adminFlags struct {
 	id     *identity.Identity
 	// quiet: no expiry warning (shell completion prints nothing).
 	quiet bool
+	// warnAfter: dial leaves the expiry warning to warn, which call runs
+	// once the authority has answered, so the warning names what works
+	// for an identity the authority no longer accepts.
+	warnAfter bool
+	warn      func(untrusted bool)
 }
 
 func (a *adminFlags) register(cmd *cobra.Command) {
@@ -95,8 +100,13 @@ func (a *adminFlags) dial(env *Env) (*adminClient, error) {
 		return nil, err
 	}
 	a.idPath, a.id = idPath, id
-	if !a.quiet {
-		warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.callArgs(), time.Now())
+	a.warn = func(untrusted bool) {
+		if !a.quiet {
+			warnExpiry(env, idPath, id, me.Name, firstOf(a.data, env.Getenv("MUSTER_DATA")), a.callArgs(), untrusted, time.Now())
+		}
+	}
+	if !a.warnAfter {
+		a.warn(false)
 	}
 	addr, from := a.authority, "--authority"
 	if addr == "" {
@@ -155,6 +165,7 @@ func firstOf(vals ...string) string {
 // call dials the authority, runs f with a deadline, and closes the
 // connection; errors are prefixed with the command's name.
 func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx context.Context, c *adminClient) error) error {
+	a.warnAfter = true
 	c, err := a.dial(env)
 	if err != nil {
 		return fmt.Errorf("%s: %w", name, err)
@@ -162,10 +173,25 @@ func (a *adminFlags) call(cmd *cobra.Command, env *Env, name string, f func(ctx 
 	defer c.Close()
 	ctx, cancel := a.context(cmd.Context())
 	defer cancel()
-	if err := f(ctx, c); err != nil {
+	err = f(ctx, c)
+	a.warn(refusedIdentity(err))
+	if err != nil {
 		return fmt.Errorf("%s: %w", name, a.lockedHint(a.untrustedAuthorityHint(err)))
 	}
 	return nil
+}
+
+// refusedIdentity reports whether err says the authority does not accept
+// the operator identity used: its certificate did not chain to the
+// identity's roots (the typed *identity.UntrustedRootError), or the
+// authority refused the identity's certificate (UNAUTHENTICATED: with a
+// certificate, one under a root it no longer trusts or another it does
+// not accept), either way one admin renew cannot renew.
+func refusedIdentity(err error) bool {
+	if untrusted := (*identity.UntrustedRootError)(nil); errors.As(err, &untrusted) {
+		return true
+	}
+	return status.Code(err) == codes.Unauthenticated
 }
 
 // untrustedAuthorityHint adds to err, when the authority's certificate did

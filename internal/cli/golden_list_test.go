@@ -31,6 +31,8 @@ func TestGoldenListTables(t *testing.T) {
 		{NodeId: "db-1", JoinMethod: "psk", InstanceId: "01J8Z3BBBBBBBBBBBBBBBBBBBB", NotAfter: ts(time.Hour), Locked: "01J8Z3CCCCCCCCCCCCCCCCCCCC",
 			Stream: &musterv1.AgentStreamStatus{LastSeen: ts(-time.Minute)}},
 		{NodeId: "new-1", JoinMethod: "token", InstanceId: "01J8Z3DDDDDDDDDDDDDDDDDDDD"},
+		{NodeId: "bk-1", JoinMethod: "bound-keypair", TokenId: "b0und1", InstanceId: "01J8Z3FFFFFFFFFFFFFFFFFFFF", Generation: 1, NotAfter: ts(time.Hour),
+			BoundKeypair: &musterv1.BoundKeypairStatus{BoundKeyFingerprint: "SHA256:abc", RecoveriesRemaining: 2, RecoverySequence: 1}},
 	}
 	locks := []*musterv1.Lock{
 		{Id: "01J8Z3CCCCCCCCCCCCCCCCCCCC", Kind: "node", Target: "db-1", Reason: "disk stolen", CreatedBy: "admin", CreatedAt: ts(0)},

@@ -45,7 +45,7 @@ func newStatusCmd(env *Env) *cobra.Command {
 			fmt.Fprintf(env.Stdout, "Authority:       %s (muster %s, schema %d, up since %s)\nCA fingerprint:  %s\nYou are:         %s\nIdentity:        %s, valid until %s\n",
 				r.GetAuthorityId(), r.GetVersion(), r.GetSchemaVersion(), r.GetStartedAt().AsTime().UTC().Format(time.RFC3339),
 				r.GetCaFingerprint(), r.GetCaller(), af.idPath, notAfter.UTC().Format(time.RFC3339))
-			if w := expiryWarning(af.idPath, af.id, af.id.Leaf().Subject.CommonName, firstOf(af.data, env.Getenv("MUSTER_DATA")), af.callArgs(), time.Now()); w != "" {
+			if w := expiryWarning(af.idPath, af.id, af.id.Leaf().Subject.CommonName, firstOf(af.data, env.Getenv("MUSTER_DATA")), af.callArgs(), false, time.Now()); w != "" {
 				fmt.Fprintf(env.Stdout, "Warning:         %s\n", strings.TrimPrefix(w, "warning: "))
 			}
 			for _, w := range r.GetCaWarnings() {

@@ -362,6 +362,24 @@ func TestExpiredIdentityIsNotServed(t *testing.T) {
 	}
 }
 
+// Reload judges expiry by the source's clock (now), not time.Now: a
+// certificate valid by the wall clock but expired by that clock is not
+// made current.
+func TestReloadUsesTheSourcesClock(t *testing.T) {
+	id := newIdentity(t, "td", 1)
+	src := NewSource((&holder{id: id}).load, slog.New(slog.DiscardHandler))
+	src.now = func() time.Time { return id.Leaf().NotAfter.Add(time.Minute) }
+	src.Reload()
+	if snap, _ := src.Current(); snap != nil {
+		t.Fatalf("a certificate expired by the source's clock (not after %v) was made current", snap.Chain[0].NotAfter)
+	}
+	src.now = func() time.Time { return id.Leaf().NotAfter.Add(-time.Minute) }
+	src.Reload()
+	if snap, _ := src.Current(); snap == nil {
+		t.Fatal("a certificate valid by the source's clock was not made current")
+	}
+}
+
 // The expiry of the certificate served is judged by the server's clock
 // (s.now), as the rest of the server is: a snapshot past its NotAfter by
 // that clock is not served. It was judged by time.Now.

@@ -66,12 +66,15 @@ type Source struct {
 	changed chan struct{}
 	// lastErr keeps a failing load from logging on every event.
 	lastErr string
+	// now is the clock Reload judges expiry by (time.Now; tests set it,
+	// as they set the Server's, so both judge a certificate alike).
+	now func() time.Time
 }
 
 // NewSource returns a source reading with load; it holds nothing until
 // the first Reload.
 func NewSource(load func() (*identity.Identity, error), log *slog.Logger) *Source {
-	return &Source{load: load, log: log, changed: make(chan struct{})}
+	return &Source{load: load, log: log, changed: make(chan struct{}), now: time.Now}
 }
 
 // Current returns the snapshot (nil before the agent has an identity) and
@@ -96,7 +99,7 @@ func (s *Source) Reload() {
 	if err == nil {
 		snap, err = snapshotOf(id)
 	}
-	if err == nil && !time.Now().Before(snap.Chain[0].NotAfter) {
+	if err == nil && !s.now().Before(snap.Chain[0].NotAfter) {
 		snap, err = nil, fmt.Errorf("the certificate expired at %s", snap.Chain[0].NotAfter.UTC().Format(time.RFC3339))
 	}
 	s.mu.Lock()
