@@ -187,8 +187,15 @@ func (a *Agent) logged(err error) string {
 // standingRefusal is the reason of a stream refused for the node's
 // standing (locked, deleted, superseded, copy_detected, or
 // certificate_unknown: a store restored from a backup taken before this
-// agent's last renewal), or "".
+// agent's last renewal; issuer_unknown, UNAUTHENTICATED: one taken before
+// its certificate's intermediate), or "".
 func standingRefusal(err error) string {
+	if status.Code(err) == codes.Unauthenticated && errinfo.Reason(err) == errinfo.ReasonIssuerUnknown {
+		// Its issuer is none the authority holds (a store restored from
+		// before that intermediate): as certificate_unknown, the renewal
+		// asked at once is refused too, and stops the agent with the join.
+		return errinfo.ReasonIssuerUnknown
+	}
 	if status.Code(err) != codes.PermissionDenied {
 		return ""
 	}

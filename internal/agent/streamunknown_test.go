@@ -48,3 +48,41 @@ func TestStreamCertificateUnknownActsAtOnce(t *testing.T) {
 		t.Errorf("the stream's refusal was not logged with the way out %q:\n%s", rejoin, logs.String())
 	}
 }
+
+// A stream refused UNAUTHENTICATED because the certificate's issuer is none
+// the authority holds (issuer_unknown: its store restored from a backup
+// taken before that intermediate was prepared) acts at once as well: the
+// agent renews, is refused the same, and stops with the join, its own
+// directory filled in, instead of reconnecting until its next renewal.
+func TestStreamIssuerUnknownActsAtOnce(t *testing.T) {
+	setStreamBackoff(t, time.Millisecond, time.Millisecond)
+	f := newFakeAuthority(t, fakeOptions{ttl: 24 * time.Hour})
+	_, dir := joined(t, f)
+	unheld := errinfo.Error(codes.Unauthenticated, "client certificate not issued by this authority's intermediates: "+
+		"join again over this identity: muster agent join --force --data ADIR --node n1 with a joining URI from muster token create --node n1",
+		errinfo.ReasonIssuerUnknown)
+	f.mu.Lock()
+	f.connect = func(musterv1.AgentService_ConnectServer) error { return unheld }
+	for range 10 {
+		f.renewErrs = append(f.renewErrs, unheld)
+	}
+	f.mu.Unlock()
+	var logs syncBuffer
+	a := New(Options{Dir: dir, Timeout: 5 * time.Second, Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	err := a.Run(ctx, nil)
+	if ctx.Err() != nil {
+		t.Fatalf("agent run still waiting for its renewal a minute after the stream was refused: %v", err)
+	}
+	rejoin := RejoinCommand(dir, "n1")
+	if err == nil || errinfo.Reason(err) != errinfo.ReasonIssuerUnknown || !strings.Contains(err.Error(), rejoin) {
+		t.Errorf("agent run ended with %v, want issuer_unknown naming %q", err, rejoin)
+	}
+	if _, _, n := f.calls(); n != 1 {
+		t.Errorf("%d renewal requests, want 1", n)
+	}
+	if !strings.Contains(logs.String(), "refused for the node's standing") {
+		t.Errorf("the stream's refusal was not logged:\n%s", logs.String())
+	}
+}

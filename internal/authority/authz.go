@@ -439,7 +439,7 @@ func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
 	if !named {
 		return ""
 	}
-	const why = "client certificate not issued by this authority's intermediates: its issuer, named as this authority's " +
+	const why = unheldIssuerRefusal + "its issuer, named as this authority's " +
 		"%s intermediate, is none the authority holds (its store was restored from a backup taken before that intermediate " +
 		"was prepared, or the intermediate was retired)"
 	if id.Role == spiffeid.RoleAdmin {
@@ -447,6 +447,11 @@ func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
 	}
 	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")", role, id.Name, id.Name)
 }
+
+// unheldIssuerRefusal begins unheldIssuerReason's refusals, which carry
+// the reason issuer_unknown (refusalReason): the agent renews at once on
+// it, and stops with the way out.
+const unheldIssuerRefusal = "client certificate not issued by this authority's intermediates: "
 
 // foreignWayOut ends the refusal of a certificate this authority does not
 // accept: the caller holds another authority's identity (or one from a

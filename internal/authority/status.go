@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -77,6 +78,9 @@ func refusalReason(code codes.Code, reason string) string {
 	}
 	if w, ok := refusalWords[reason]; ok {
 		return w
+	}
+	if strings.HasPrefix(reason, unheldIssuerRefusal) {
+		return errinfo.ReasonIssuerUnknown
 	}
 	return errinfo.CodeWord(code)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
+	"maps"
 	"math/big"
 	"sync"
 	"testing"
@@ -173,13 +174,13 @@ func TestPublish(t *testing.T) {
 		t.Fatal(err)
 	}
 	agent = parse(t, h, st, ca.RoleAgent)
-	if got := serials(agent); len(got) != 1 || got["a2"] == 0 || agent.Number.Int64() != 2 {
+	if got := serials(agent); len(got) != 1 || got["a2"] == 0 || agent.Number.Int64() != st.now.Unix() {
 		t.Errorf("after the unlock: %v, number %v", got, agent.Number)
 	}
 	if !agent.RevokedCertificateEntries[0].RevocationTime.Equal(deletedAt) {
 		t.Errorf("a deletion's time moved from %v to %v", deletedAt, agent.RevokedCertificateEntries[0].RevocationTime)
 	}
-	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != 1 {
+	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != now.Unix() {
 		t.Errorf("the unchanged admin list was signed again: number %d", n)
 	}
 
@@ -188,8 +189,8 @@ func TestPublish(t *testing.T) {
 	if _, err := p.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != 2 {
-		t.Errorf("admin list at half its validity: number %d, want 2", n)
+	if n := parse(t, h, st, ca.RoleAdmin).Number.Int64(); n != st.now.Unix() {
+		t.Errorf("admin list at half its validity: number %d, want %d", n, st.now.Unix())
 	}
 	st2 := p.Statuses()
 	if len(st2) != 4 {
@@ -337,8 +338,8 @@ func TestPublishLostKey(t *testing.T) {
 	if after.Number != before.Number {
 		t.Errorf("the lost key's list was re-signed: number %d, was %d", after.Number, before.Number)
 	}
-	if server, _ := st.GetCRL(ctx, Issuer{Role: string(ca.RoleServer), Cert: h.Issuer(ca.RoleServer).Cert}.Name()); server.Number != 2 {
-		t.Errorf("the server intermediate's list is number %d, want 2 (signed again)", server.Number)
+	if server, _ := st.GetCRL(ctx, Issuer{Role: string(ca.RoleServer), Cert: h.Issuer(ca.RoleServer).Cert}.Name()); server.Number != now.Unix() {
+		t.Errorf("the server intermediate's list is number %d, want %d (signed again)", server.Number, now.Unix())
 	}
 }
 
@@ -357,7 +358,7 @@ func TestStatusNextUpdate(t *testing.T) {
 	if _, err := p.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	first := st.now.Add(validity)
+	first, firstNumber := st.now.Add(validity), st.now.Unix()
 	byName := func(p *Publisher) map[string]Status {
 		out := map[string]Status{}
 		for _, s := range p.Statuses() {
@@ -393,8 +394,8 @@ func TestStatusNextUpdate(t *testing.T) {
 	if !ok {
 		t.Fatalf("the keyless agent intermediate's list has no status: %v", got)
 	}
-	if !agent.NextUpdate.Equal(first) || agent.Number != 1 {
-		t.Errorf("keyless agent list: number %d, next update %s; want the stored 1, %s", agent.Number, agent.NextUpdate, first)
+	if !agent.NextUpdate.Equal(first) || agent.Number != firstNumber {
+		t.Errorf("keyless agent list: number %d, next update %s; want the stored %d, %s", agent.Number, agent.NextUpdate, firstNumber, first)
 	}
 	if s := got[string(ca.RoleServer)]; !s.NextUpdate.Equal(st.now.Add(validity)) {
 		t.Errorf("server list signed anew: next update %s, want %s", s.NextUpdate, st.now.Add(validity))
@@ -448,5 +449,36 @@ func TestStatusesFollowTheServedIssuers(t *testing.T) {
 	}
 	if got := len(p.Statuses()); got != 3 {
 		t.Errorf("%d statuses, want the 3 issuers still served", got)
+	}
+}
+
+// TestPublishAfterRestore: a store restored from a backup taken before
+// some lists were published holds their issuer's older number; the next
+// list numbers above every list published, restored or not, where the
+// stored number plus one would repeat one relying parties hold already.
+func TestPublishAfterRestore(t *testing.T) {
+	ctx := context.Background()
+	h, st, issuers := setup(t)
+	p := New(Config{Store: st, Issuers: issuers, Validity: time.Hour})
+	if _, err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	backup := maps.Clone(st.crls)
+	published := parse(t, h, st, ca.RoleAgent).Number.Int64()
+	for _, after := range []time.Duration{31 * time.Minute, 62 * time.Minute} {
+		st.now = st.now.Add(after)
+		if _, err := p.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		published = max(published, parse(t, h, st, ca.RoleAgent).Number.Int64())
+	}
+	// The restore, a while later.
+	st.crls = backup
+	st.now = st.now.Add(31 * time.Minute)
+	if _, err := New(Config{Store: st, Issuers: issuers, Validity: time.Hour}).Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := parse(t, h, st, ca.RoleAgent).Number.Int64(); n <= published {
+		t.Errorf("the list signed after the restore is number %d, not above %d already published", n, published)
 	}
 }

@@ -267,7 +267,8 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 		p.setStatus(st)
 		return st, nil
 	}
-	der, err := sign(is, stored.Number+1, entries, stored.DER, now, p.cfg.Validity)
+	number := nextNumber(stored.Number, now)
+	der, err := sign(is, number, entries, stored.DER, now, p.cfg.Validity)
 	if err != nil {
 		if retired, rerr := p.retired(ctx, is); rerr == nil && retired {
 			p.cfg.Log.Info("not signing the certificate revocation list of an intermediate retired since this replica read the intermediates; "+
@@ -276,7 +277,7 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 		}
 		return Status{}, err
 	}
-	c := store.CRL{Issuer: is.Name(), Number: stored.Number + 1, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
+	c := store.CRL{Issuer: is.Name(), Number: number, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
 	err = p.cfg.Store.PutCRL(ctx, c, stored.Number)
 	if errors.Is(err, store.ErrConflict) {
 		return Status{}, fmt.Errorf("%w: %s", errRaced, is.Name())
@@ -288,6 +289,19 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 	p.setStatus(st)
 	p.cfg.Log.Info("certificate revocation list signed", "issuer", is.Name(), "number", c.Number, "entries", len(entries))
 	return st, nil
+}
+
+// nextNumber is the number of the list signed at now after the stored
+// one: above the stored number, and at least now in Unix seconds. The
+// stored number alone goes back when the store is restored from an older
+// backup, and relying parties ignore a list whose number is not above one
+// they hold (RFC 5280, 5.2.3). A list is signed at most about once a
+// second per issuer, so every number published is at most the second it
+// was signed in (plus the replicas' clock skew): a list signed after a
+// restore numbers above every list published before it. The clock is
+// shared by all replicas, where a witness file would be per replica.
+func nextNumber(stored int64, now time.Time) int64 {
+	return max(stored+1, now.Unix())
 }
 
 // errRetired: the issuer's key failed to sign, and the store says the

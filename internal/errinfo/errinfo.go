@@ -24,6 +24,14 @@ const Domain = "muster.dev"
 // the authority itself answered. The same call may succeed later.
 const ReasonStoreUnavailable = "store_unavailable"
 
+// ReasonIssuerUnknown is the reason of an UNAUTHENTICATED refusal of a
+// certificate whose issuer is named as one of the authority's
+// intermediates but is none it holds: its store restored from a backup
+// taken before that intermediate was prepared, or the intermediate
+// retired. No retry helps: the refusal names the join that brings the
+// node back, and an agent renews at once to be told so.
+const ReasonIssuerUnknown = "issuer_unknown"
+
 // ReasonKeyCustodyUnavailable is the reason of an UNAVAILABLE answer the
 // authority gave because the key it signs with could not be used: its
 // PKCS#11 token unreachable (being re-opened), or the key's object gone
