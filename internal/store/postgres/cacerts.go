@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -142,15 +141,8 @@ func (s *Store) DropCAKey(ctx context.Context, serial string, ref []byte, audit 
 		return fmt.Errorf("postgres: %s: no audit record: a key reference is never dropped unaudited", op)
 	}
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`UPDATE ca_certs SET key_ref = NULL WHERE serial = $1 AND state = 'retired' AND key_ref = $2`, []any{serial, ref}, func(tag pgconn.CommandTag, err error) error {
-			if err != nil {
-				return wrap(op, err)
-			}
-			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("postgres: %s: not retired with that key reference: %w", op, store.ErrConflict)
-			}
-			return nil
-		})
+		p.exec(`UPDATE ca_certs SET key_ref = NULL WHERE serial = $1 AND state = 'retired' AND key_ref = $2`, []any{serial, ref},
+			wrappedOne(op, fmt.Errorf("postgres: %s: not retired with that key reference: %w", op, store.ErrConflict)))
 		return commitAudited(ctx, p, audit, op)
 	})
 }

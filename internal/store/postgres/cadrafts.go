@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -79,15 +78,8 @@ func (s *Store) PrepareFromCADraft(ctx context.Context, c store.CACert, audit fu
 		return fmt.Errorf("postgres: %s: no audit record: an intermediate is never stored unaudited", op)
 	}
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`DELETE FROM ca_drafts WHERE serial = $1 AND role = $2 AND key_ref = $3`, []any{c.Serial, c.Role, c.KeyRef}, func(tag pgconn.CommandTag, err error) error {
-			if err != nil {
-				return wrap(op, err)
-			}
-			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("postgres: %s: no such draft: %w", op, store.ErrNotFound)
-			}
-			return nil
-		})
+		p.exec(`DELETE FROM ca_drafts WHERE serial = $1 AND role = $2 AND key_ref = $3`, []any{c.Serial, c.Role, c.KeyRef},
+			wrappedOne(op, fmt.Errorf("postgres: %s: no such draft: %w", op, store.ErrNotFound)))
 		if err := p.send(ctx); err != nil {
 			return err
 		}

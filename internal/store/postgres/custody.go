@@ -72,15 +72,8 @@ func (s *Store) ClearKeyCustody(ctx context.Context, uri string, audit func(stor
 	}
 	op := "clear key custody " + uri
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`DELETE FROM key_custody WHERE id = 1 AND uri = $1`, []any{uri}, func(tag pgconn.CommandTag, err error) error {
-			if err != nil {
-				return wrap(op, err)
-			}
-			if tag.RowsAffected() == 0 {
-				return fmt.Errorf("postgres: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)
-			}
-			return nil
-		})
+		p.exec(`DELETE FROM key_custody WHERE id = 1 AND uri = $1`, []any{uri},
+			wrappedOne(op, fmt.Errorf("postgres: clear key custody: %s is not recorded: %w", uri, store.ErrNotFound)))
 		return commitAudited(ctx, p, audit, op)
 	})
 }

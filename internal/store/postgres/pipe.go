@@ -192,6 +192,20 @@ func wrapped(op string) func(pgconn.CommandTag, error) error {
 	}
 }
 
+// wrappedOne is wrapped for a statement that must change a row: none is
+// its error when it changed nothing.
+func wrappedOne(op string, none error) func(pgconn.CommandTag, error) error {
+	return func(tag pgconn.CommandTag, err error) error {
+		if err != nil {
+			return wrap(op, err)
+		}
+		if tag.RowsAffected() == 0 {
+			return none
+		}
+		return nil
+	}
+}
+
 // explain turns a lost write (lostWrite) into its reason: it rolls the
 // transaction back and reads the write's row in one round trip, in a
 // statement whose snapshot sees every commit the write waited on. A

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -326,6 +327,61 @@ func caCertCases() []testCase {
 			mustNil(t, "DiscardCACert", second(s.DiscardCACert(ctx, "agent", "d1", link(record("ca.discard")))))
 			wantErr(t, "prepare after the claim", s.PrepareFromCADraft(ctx, row("d2"), link(record("ca.prepare"))), store.ErrNotFound)
 			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"d1": store.CARetired})
+		}},
+		{"of prepares, claims and key drops racing for one key exactly one takes it, with one record", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A draft's key goes to the intermediate prepared from it or
+			// to the sweep that claims it, never to both; a retired key's
+			// reference is emptied once, by one replica.
+			mustNil(t, "InsertCADraft", s.InsertCADraft(ctx, store.CADraft{Serial: "d1", Role: "agent", KeyRef: []byte("sealed-d1")}))
+			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAPrepared), link(record("ca.prepare"))))
+			_, err := s.DiscardCACert(ctx, "server", "s1", link(record("ca.discard")))
+			mustNil(t, "DiscardCACert", err)
+			seq := auditSeq(t, ctx, s)
+			prepared := caRow("agent", "d1", store.CAPrepared)
+			prepared.KeyRef = []byte("sealed-d1")
+			const n = 4
+			var (
+				wg                      sync.WaitGroup
+				mu                      sync.Mutex
+				prepares, claims, drops int
+			)
+			count := func(what string, into *int, err error, lost error) {
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					*into++
+				case !errors.Is(err, lost):
+					t.Errorf("%s: %v, want nil or %v", what, err, lost)
+				}
+			}
+			for range n {
+				wg.Go(func() {
+					count("PrepareFromCADraft", &prepares, s.PrepareFromCADraft(ctx, prepared, link(record("ca.prepare"))), store.ErrNotFound)
+				})
+				wg.Go(func() {
+					_, err := s.ClaimCADraft(ctx, "d1", link(record("ca.discard")))
+					count("ClaimCADraft", &claims, err, store.ErrNotFound)
+				})
+				wg.Go(func() {
+					count("DropCAKey", &drops, s.DropCAKey(ctx, "s1", []byte("sealed-s1"), link(record("ca.destroy_key"))), store.ErrConflict)
+				})
+			}
+			wg.Wait()
+			if prepares+claims != 1 || drops != 1 {
+				t.Fatalf("%d prepares, %d claims and %d key drops won; want one prepare or one claim, and one drop", prepares, claims, drops)
+			}
+			wantEqual(t, "audit records after the race", auditSeq(t, ctx, s), seq+2)
+			drafts, err := s.ListCADrafts(ctx)
+			mustNil(t, "ListCADrafts", err)
+			want := map[string]string{"s1": store.CARetired}
+			if prepares == 1 {
+				want["d1"] = store.CAPrepared
+			}
+			if len(drafts) != 0 {
+				t.Fatalf("drafts after the race: %+v; want none", drafts)
+			}
+			wantEqual(t, "states after the race", caStates(t, ctx, s), want)
 		}},
 		{"of concurrent activations and imports exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("agent", "a1", store.CAActive), link(record("ca.prepare"))))

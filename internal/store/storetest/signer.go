@@ -335,6 +335,53 @@ func signerCases() []testCase {
 				t.Fatalf("VerifierSets(4) = %v, %v; want none", got, err)
 			}
 		}},
+		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
+			mustNil(t, "create", err)
+			set := func(v int64) []byte { return []byte(fmt.Sprintf("set-%d", v)) }
+			if err := s.AdvanceSignerSet(ctx, 1, 1, set(1), advanceLink); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
+			}
+			if err := s.AdvanceSignerSet(ctx, 1, 2, nil, advanceLink); err == nil {
+				t.Fatal("advance with no signed set: no error")
+			}
+			const n = 6
+			errs := make([]error, n)
+			var wg sync.WaitGroup
+			for i := range n {
+				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), set(int64(10+i)), advanceLink) })
+			}
+			wg.Wait()
+			if wins := successes(t, "advance", errs); wins != 1 {
+				t.Fatalf("%d advances won, want 1", wins)
+			}
+			id, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if id.Version < 10 || id.SteppedAt == 0 {
+				t.Fatalf("set ID %+v after the advance", id)
+			}
+			// The version never moves without its set: the winner's is
+			// kept at its version, the losers' nowhere, and a put at the
+			// advanced ID keeps it.
+			mustNil(t, "PutVerifierSet at the advanced ID", s.PutVerifierSet(ctx, id, []byte("other")))
+			sets, err := s.VerifierSets(ctx, 1, 100)
+			mustNil(t, "VerifierSets", err)
+			if diff := cmp.Diff([]store.PublishedSet{{Version: id.Version, Raw: set(id.Version)}}, sets); diff != "" {
+				t.Fatalf("kept sets after racing advances (-want +got):\n%s", diff)
+			}
+			if err := s.AdvanceSignerSet(ctx, 1, 20, set(20), advanceLink); !errors.Is(err, store.ErrConflict) {
+				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
+			}
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, set(0), advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
+				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
+			}
+			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, set(0), advanceLink); err != nil {
+				t.Fatalf("advance to just below the bound: %v", err)
+			}
+			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
+				t.Fatalf("a step to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
+			}
+		}},
 		{"a verifier set is kept only while the set ID it was signed at is the store's", func(t *testing.T, ctx context.Context, s store.Store) {
 			first := step(t, ctx, s, 1)
 			// Read by a replica that signs the set of version 2 while

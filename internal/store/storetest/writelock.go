@@ -75,15 +75,7 @@ func writeLockCases() []testCase {
 		testCase{"only a lock in force on a named target refuses a renewal", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, in := admit(t, ctx, s, "node-1", "i1", storeNow(t, ctx, s))
 			now := storeNow(t, ctx, s)
-			for _, l := range []store.Lock{
-				{ID: "expired", Kind: store.LockNode, Target: "node-1", CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
-				{ID: "other-node", Kind: store.LockNode, Target: "node-2", CreatedAt: now},
-				{ID: "wrong-kind", Kind: store.LockInstance, Target: "node-1", CreatedAt: now},
-				{ID: "empty-key", Kind: store.LockPublicKey, Target: "", CreatedAt: now},
-			} {
-				l.CreatedBy = "admin"
-				mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
-			}
+			insertLocksBeside(t, ctx, s, now)
 			r := renewalOf(in, "key-2", now)
 			r.LockTargets = []store.LockTarget{{Kind: store.LockNode, Target: "node-1"}, {Kind: store.LockInstance, Target: "i1"},
 				{Kind: store.LockPublicKey, Target: ""}}
@@ -191,15 +183,7 @@ func writeLockCases() []testCase {
 		testCase{"only a lock in force on a named target refuses a join", func(t *testing.T, ctx context.Context, s store.Store) {
 			insertTokens(t, ctx, s, token("tok-1", 0, time.Time{}, time.Hour))
 			now := storeNow(t, ctx, s)
-			for _, l := range []store.Lock{
-				{ID: "expired", Kind: store.LockNode, Target: "node-1", CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
-				{ID: "other-node", Kind: store.LockNode, Target: "node-2", CreatedAt: now},
-				{ID: "wrong-kind", Kind: store.LockInstance, Target: "node-1", CreatedAt: now},
-				{ID: "empty-key", Kind: store.LockPublicKey, Target: "", CreatedAt: now},
-			} {
-				l.CreatedBy = "admin"
-				mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
-			}
+			insertLocksBeside(t, ctx, s, now)
 			j := newJoin("tok-1", "node-1", "inst-1", "key-1", now)
 			j.LockTargets = []store.LockTarget{{Kind: store.LockNode, Target: "node-1"}, {Kind: store.LockToken, Target: "tok-1"},
 				{Kind: store.LockPublicKey, Target: ""}}
@@ -269,4 +253,20 @@ func writeLockCases() []testCase {
 		}},
 	)
 	return cases
+}
+
+// insertLocksBeside inserts locks that refuse nothing of node-1's (its
+// instance i1, its token, its key) at now: one expired, one on another
+// node, one of another kind on node-1's name, one on an empty key.
+func insertLocksBeside(t *testing.T, ctx context.Context, s store.Store, now time.Time) {
+	t.Helper()
+	for _, l := range []store.Lock{
+		{ID: "expired", Kind: store.LockNode, Target: "node-1", CreatedAt: now.Add(-time.Hour), ExpiresAt: now.Add(-time.Minute)},
+		{ID: "other-node", Kind: store.LockNode, Target: "node-2", CreatedAt: now},
+		{ID: "wrong-kind", Kind: store.LockInstance, Target: "node-1", CreatedAt: now},
+		{ID: "empty-key", Kind: store.LockPublicKey, Target: "", CreatedAt: now},
+	} {
+		l.CreatedBy = "admin"
+		mustNil(t, "InsertLock "+l.ID, s.InsertLock(ctx, l, link(record("lock.create"))))
+	}
 }
