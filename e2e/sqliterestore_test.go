@@ -27,6 +27,11 @@ func TestSQLiteRestoreWalk(t *testing.T) {
 
 	a = startAuthority(t, dir)
 	mustRun(t, "lock", "create", "--node", "stolen-01", "--reason", "after the backup", "--data", dir)
+	// An operator identity issued after the backup: the restored store
+	// has no record of it.
+	work := t.TempDir()
+	bob := filepath.Join(work, "bob.pem")
+	mustRun(t, "admin", "add", "bob", "--out", bob, "--data", dir)
 	a.stop(t)
 
 	// The restore: the newer store (with its -wal and -shm, if any)
@@ -53,7 +58,26 @@ func TestSQLiteRestoreWalk(t *testing.T) {
 		t.Errorf("the audit files kept aside: %q, want audit-head and audit-checkpoint.json", kept)
 	}
 
-	startAuthority(t, dir)
+	a = startAuthority(t, dir)
+	// bob's identity, signed by an intermediate the store still holds,
+	// is refused: the restored store never issued it. The refusal names
+	// the way out, which pasted (DIR being the data directory) works.
+	r = muster(t, nil, "admin", "list", "--identity", bob, "--authority", a.addr)
+	const breakGlass = "muster admin add bob --offline --data DIR --out bob-new.pem"
+	if r.code == 0 || !strings.Contains(r.stderr, "not in this authority's store") || !strings.Contains(r.stderr, breakGlass) {
+		t.Fatalf("admin list with an identity issued after the backup: exit %d\nstdout: %s\nstderr: %s\nwant it refused, naming %q", r.code, r.stdout, r.stderr, breakGlass)
+	}
+	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "api.access"); !strings.Contains(out, breakGlass) {
+		t.Errorf("the refusal's audit record does not name the way out %q: %s", breakGlass, out)
+	}
+	paste := exec.Command("sh", "-c", strings.ReplaceAll(breakGlass, "DIR", "\"$0\""), dir)
+	paste.Dir, paste.Env = work, []string{"PATH=" + filepath.Dir(musterBin) + ":" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	if out, err := paste.CombinedOutput(); err != nil {
+		t.Fatalf("the way out %q pasted: %v\n%s", breakGlass, err, out)
+	}
+	if out := mustRun(t, "admin", "list", "--identity", filepath.Join(work, "bob-new.pem"), "--authority", a.addr); !strings.Contains(out, "bob") {
+		t.Errorf("admin list with the new identity: %s", out)
+	}
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify after the restore: %s", out)
 	}

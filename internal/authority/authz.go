@@ -20,6 +20,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/callinfo"
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -197,23 +198,58 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 	case lockKind == "":
 		return nil
 	default:
-		l, err := s.store.FindAnyLock(ctx, []store.LockTarget{{Kind: lockKind, Target: c.ID.Name}})
+		// Only admin calls name a lock kind: the operator's serial and
+		// the lock on its name are read together.
+		serial := chain[0].SerialNumber.Text(16)
+		st, err := s.store.ReadOperatorStanding(ctx, serial, c.ID.Name)
 		switch {
 		case err == nil:
-			// The caller is told DESIGN.md's word; the audit record
-			// names the lock and how it is lifted.
-			return s.denyWith(ctx, c, fullMethod, codes.PermissionDenied, enroll.ReasonLocked,
-				fmt.Sprintf("locked: lock %s on %s %s; another operator lifts it with muster lock delete %s", l.ID, l.Kind, l.Target, l.ID))
-		case errors.Is(err, store.ErrNotFound):
-			return nil
 		case s.outage.fail(err):
 			return storeUnavailable()
 		default:
-			s.log.Error("lock lookup failed", "err", err, "correlation_id", c.CorrelationID)
-			return status.Error(codes.Unavailable, "cannot check locks")
+			s.log.Error("operator lookup failed", "err", err, "correlation_id", c.CorrelationID)
+			return status.Error(codes.Unavailable, "cannot check the operator identity")
 		}
+		if st.Locked {
+			// The caller is told DESIGN.md's word; the audit record
+			// names the lock and how it is lifted.
+			return s.denyWith(ctx, c, fullMethod, codes.PermissionDenied, enroll.ReasonLocked,
+				fmt.Sprintf("locked: lock %s on %s %s; another operator lifts it with muster lock delete %s", st.Lock.ID, st.Lock.Kind, st.Lock.Target, st.Lock.ID))
+		}
+		if !st.Known {
+			// Signed by an intermediate this authority holds, yet not
+			// recorded: the store was restored from a backup taken
+			// before it was issued. It is refused as an agent's is
+			// (certificate_unknown): muster admin list does not show
+			// it, and a lock could not be told which certificate to
+			// name. The operator acts on it, so it is told the way out.
+			return s.denyUnknown(ctx, c, fullMethod, unknownOperatorReason(serial, c.ID.Name))
+		}
+		return nil
 	}
 	return s.deny(ctx, c, fullMethod, code, reason)
+}
+
+// unknownOperatorReason is the refusal of an operator identity the
+// store holds no record of, naming the ways back: another operator's
+// muster admin add, or the break-glass one beside the storage key. Both
+// name an --out of their own, since the default NAME.pem is often the
+// refused file, which admin add never overwrites.
+func unknownOperatorReason(serial, name string) string {
+	return fmt.Sprintf("%s: operator identity serial %s (%s) is not in this authority's store, which was restored from a backup taken before it was issued; "+
+		"get a new identity from another operator with muster admin add %s --reissue --out %s-new.pem, or, if no operator's identity works, with muster admin add %s --offline --data DIR --out %s-new.pem, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")",
+		enroll.ReasonCertificateUnknown, serial, name, name, name, name, name)
+}
+
+// denyUnknown audits the refusal of an unrecorded operator identity and
+// returns it with the reason word an agent's gets (certificate_unknown),
+// the message telling the way out.
+func (s *Server) denyUnknown(ctx context.Context, c Caller, fullMethod, reason string) error {
+	s.refusals.Record(ctx, audit.Event{
+		Actor: c.Actor(), Action: "api.access", Target: fullMethod, Result: audit.ResultDenied,
+		Reason: reason, Source: c.Source, CorrelationID: c.CorrelationID,
+	})
+	return errinfo.Error(codes.PermissionDenied, reason, refusalWords[enroll.ReasonCertificateUnknown])
 }
 
 // issuedBy reports whether c is byte for byte one of the accepted

@@ -74,6 +74,17 @@ type Operator struct {
 	Reissue bool
 }
 
+// OperatorStanding is what an admin call is judged by, read together.
+type OperatorStanding struct {
+	// Known says the store holds the caller's serial as a certificate of
+	// its name: a store restored from a backup taken before the
+	// certificate was issued does not.
+	Known bool
+	// Lock is the lock in force on the name, valid when Locked.
+	Lock   Lock
+	Locked bool
+}
+
 // Lock kinds.
 const (
 	LockNode      = "node"
@@ -192,6 +203,11 @@ type Store interface {
 	InsertOperator(ctx context.Context, o Operator, audit func(head AuditHead) (AuditRecord, error)) error
 	// ListOperators returns every operator certificate, oldest first.
 	ListOperators(ctx context.Context) ([]Operator, error)
+	// ReadOperatorStanding returns, in one query, what an admin call is
+	// judged by: whether the store holds serial as a certificate of the
+	// operator name, and the lock FindAnyLock would return for
+	// {LockAdmin, name}.
+	ReadOperatorStanding(ctx context.Context, serial, name string) (OperatorStanding, error)
 
 	// InsertLock adds a lock; ErrConflict on a duplicate ID. audit
 	// builds the lock's record (lock.create), appended to the chain in

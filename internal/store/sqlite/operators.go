@@ -62,3 +62,30 @@ func (s *SQLite) ListOperators(ctx context.Context) ([]store.Operator, error) {
 	}
 	return ops, nil
 }
+
+// ReadOperatorStanding returns whether serial is an operator certificate
+// of name and the lock in force on name, in one query: the lock is the
+// one FindAnyLock returns for {LockAdmin, name}.
+func (s *SQLite) ReadOperatorStanding(ctx context.Context, serial, name string) (store.OperatorStanding, error) {
+	var (
+		st                                  store.OperatorStanding
+		id, kind, target, reason, createdBy sql.NullString
+		created, expires                    sql.NullInt64
+	)
+	err := s.r.lookup(ctx, `SELECT
+		EXISTS (SELECT 1 FROM operators WHERE serial = ?1 AND name = ?2),
+		l.id, l.kind, l.target, l.reason, l.created_by, l.created_at, l.expires_at
+		FROM (SELECT 1) LEFT JOIN (SELECT `+lockColumns+` FROM locks
+			WHERE kind = ?3 AND target = ?2 AND `+unexpired+`
+			ORDER BY created_at, id LIMIT 1) AS l ON 1`,
+		serial, name, store.LockAdmin).Scan(&st.Known, &id, &kind, &target, &reason, &createdBy, &created, &expires)
+	if err != nil {
+		return store.OperatorStanding{}, wrap("read operator standing", err)
+	}
+	if id.Valid {
+		st.Locked = true
+		st.Lock = store.Lock{ID: id.String, Kind: kind.String, Target: target.String, Reason: reason.String,
+			CreatedBy: createdBy.String, CreatedAt: timeCol(created), ExpiresAt: timeCol(expires)}
+	}
+	return st, nil
+}

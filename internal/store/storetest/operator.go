@@ -31,6 +31,28 @@ func operatorCases() []testCase {
 				t.Errorf("ListOperators on an empty store = %v, want none", got)
 			}
 		}},
+		{"standing: a serial known for its name, and the lock on the name", func(t *testing.T, ctx context.Context, s store.Store) {
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, operator("0a1", "alice", 0), link(record("operator.add"))))
+			mustNil(t, "InsertOperator", s.InsertOperator(ctx, operator("0b2", "bob", 0), link(record("operator.add"))))
+			standing := func(serial, name string) store.OperatorStanding {
+				t.Helper()
+				st, err := s.ReadOperatorStanding(ctx, serial, name)
+				mustNil(t, "ReadOperatorStanding "+serial+" "+name, err)
+				return st
+			}
+			wantEqual(t, "standing of alice's serial", standing("0a1", "alice"), store.OperatorStanding{Known: true})
+			// A store restored from an older backup: a serial it never recorded.
+			wantEqual(t, "standing of an unrecorded serial", standing("0ff", "alice"), store.OperatorStanding{})
+			// bob's serial does not vouch for alice.
+			wantEqual(t, "standing of another name's serial", standing("0b2", "alice"), store.OperatorStanding{})
+			locks := lockFixture(t, ctx, s)
+			want, err := s.FindAnyLock(ctx, []store.LockTarget{{Kind: store.LockAdmin, Target: "alice"}})
+			mustNil(t, "FindAnyLock", err)
+			wantEqual(t, "FindAnyLock", want, locks["admin-live"])
+			wantEqual(t, "standing of locked alice", standing("0a1", "alice"), store.OperatorStanding{Known: true, Lock: want, Locked: true})
+			wantEqual(t, "standing of an unrecorded serial of locked alice", standing("0ff", "alice"), store.OperatorStanding{Lock: want, Locked: true})
+			wantEqual(t, "standing of bob", standing("0b2", "bob"), store.OperatorStanding{Known: true})
+		}},
 		{"list oldest first with every field", func(t *testing.T, ctx context.Context, s store.Store) {
 			ops := []store.Operator{
 				operator("02ab", "bob", time.Hour),
