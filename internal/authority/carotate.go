@@ -205,7 +205,12 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 			// it stopped before: taken again, once the step's own
 			// destruction has had its deadline (it may be under way on
 			// the replica whose write won, the leader before this one).
-			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= caStepTimeout {
+			// That deadline starts when the write returns, which may be
+			// up to the write's own deadline after RetiredAt (the
+			// store's time at the write's start): taken sooner, both
+			// destroy, and the second's ca.destroy_key may say the key
+			// was not found, lost, when the first destroyed it.
+			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= 2*caStepTimeout {
 				s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef)
 			}
 		}

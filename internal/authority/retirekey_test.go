@@ -398,9 +398,18 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 	if _, ref := keyOf(); ref == nil {
 		t.Fatal("the reference was taken again within a step's deadline of the retirement")
 	}
+	// Nor once a step's deadline has passed since RetiredAt: the
+	// winner's destruction starts when its write returns, up to the
+	// write's own deadline later, and may still be under way.
+	if err := s.caStepAt(ctx, now.Add(caStepTimeout+10*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ref := keyOf(); ref == nil {
+		t.Fatal("the reference was taken again while the winner's destruction may be under way (a step's deadline after the retirement)")
+	}
 	// Failing again, it is not recorded again.
 	fail.Store(true)
-	later := now.Add(2 * caStepTimeout)
+	later := now.Add(3 * caStepTimeout)
 	if err := s.caStepAt(ctx, later); err != nil {
 		t.Fatal(err)
 	}

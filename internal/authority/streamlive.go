@@ -47,8 +47,12 @@ type liveStreams struct {
 	mu     sync.Mutex
 	byNode map[string]*agentStream
 	// flaps are each node's last replacement between two connection
-	// identities, for copyFlaps.
+	// identities, for copySuspected. Records older than flapWindow count for
+	// nothing and are swept every flapWindow (swept: when last), so the
+	// map holds the last two windows' replacements, not one per node
+	// that ever reconnected.
 	flaps map[string]flap
+	swept time.Time
 }
 
 // A copy of an agent's data directory (a cloned disk) holds the same
@@ -113,6 +117,17 @@ func (l *liveStreams) take(st *agentStream, now time.Time) (*agentStream, int) {
 	}
 	if l.flaps == nil {
 		l.flaps = map[string]flap{}
+	}
+	if now.Sub(l.swept) > flapWindow {
+		// A node whose stream ended while its record was young (and
+		// never streams again: deleted) is forgotten here; drop only
+		// forgets an old one.
+		for n, f := range l.flaps {
+			if now.Sub(f.at) > flapWindow {
+				delete(l.flaps, n)
+			}
+		}
+		l.swept = now
 	}
 	f := flap{from: from, to: to, at: now, count: 1}
 	if prev, ok := l.flaps[node]; ok && prev.from == to && prev.to == from && now.Sub(prev.at) <= flapWindow {
