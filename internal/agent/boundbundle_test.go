@@ -94,6 +94,23 @@ func boundJoined(t *testing.T, f *fakeAuthority) (*Agent, Dir) {
 	return a, dir
 }
 
+// boundUnderNewRoot is a bound-keypair agent whose authority answers its
+// refresh with a leaf under a new root (a root rotation's update_servers),
+// and a bundle carrying that root through a cross-certificate signed by
+// the root the agent trusts.
+func boundUnderNewRoot(t *testing.T) (*Agent, Dir, *ca.Hierarchy) {
+	t.Helper()
+	f := newFakeAuthority(t, fakeOptions{})
+	a, dir := boundJoined(t, f)
+	next, cross := newCrossRoot(t, f)
+	f.mu.Lock()
+	f.leafIssuer = next.Issuer(ca.RoleAgent)
+	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuer(ca.RoleAgent).Cert},
+		Cross: []*x509.Certificate{cross}}
+	f.mu.Unlock()
+	return a, dir, next
+}
+
 // TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter: a bound-keypair
 // refresh answered, as in a root rotation's update_servers, with a leaf
 // under a new root the agent does not trust yet, and a bundle that
@@ -104,14 +121,7 @@ func boundJoined(t *testing.T, f *fakeAuthority) (*Agent, Dir) {
 // the bundle would have been taken.
 func TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter(t *testing.T) {
 	t.Run("leaf under the new root", func(t *testing.T) {
-		f := newFakeAuthority(t, fakeOptions{})
-		a, dir := boundJoined(t, f)
-		next, cross := newCrossRoot(t, f)
-		f.mu.Lock()
-		f.leafIssuer = next.Issuer(ca.RoleAgent)
-		f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuer(ca.RoleAgent).Cert},
-			Cross: []*x509.Certificate{cross}}
-		f.mu.Unlock()
+		a, dir, next := boundUnderNewRoot(t)
 		st, err := a.Rebind(t.Context())
 		if err != nil {
 			t.Fatalf("refresh answered with a leaf under the cross-certified new root: %v", err)
@@ -152,14 +162,7 @@ func TestRefreshTakesTheBundleBeforeVerifyingAndWritesAfter(t *testing.T) {
 // succeeds. Before, the identity was written first: the new leaf beside
 // a ca.crt without its root.
 func TestRefreshCrashBetweenBundleAndIdentity(t *testing.T) {
-	f := newFakeAuthority(t, fakeOptions{})
-	a, dir := boundJoined(t, f)
-	next, cross := newCrossRoot(t, f)
-	f.mu.Lock()
-	f.leafIssuer = next.Issuer(ca.RoleAgent)
-	f.extraBundle = trustbundle.Set{Roots: []*x509.Certificate{next.Root}, Intermediates: []*x509.Certificate{next.Issuer(ca.RoleAgent).Cert},
-		Cross: []*x509.Certificate{cross}}
-	f.mu.Unlock()
+	a, dir, _ := boundUnderNewRoot(t)
 
 	func() {
 		prev := renewStep

@@ -382,6 +382,15 @@ func (m fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRe
 		ExpiresAt: timestamppb.New(time.Now().Add(5 * time.Minute))}, nil
 }
 
+// setBackoff sets the retry backoff of renewals, refreshes and
+// recoveries to between lo and hi for the test, and puts it back after.
+func setBackoff(t *testing.T, lo, hi time.Duration) {
+	t.Helper()
+	minB, maxB := backoffMin, backoffMax
+	t.Cleanup(func() { backoffMin, backoffMax = minB, maxB })
+	backoffMin, backoffMax = lo, hi
+}
+
 // setStreamBackoff sets the stream's reconnect backoff to between lo and
 // hi for the test, and puts it back after.
 func setStreamBackoff(t *testing.T, lo, hi time.Duration) {

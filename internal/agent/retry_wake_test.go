@@ -20,9 +20,7 @@ func TestRetryEndsItsWaitWhenTheStreamOpens(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, _ := joined(t, f)
 
-	minB, maxB := backoffMin, backoffMax
-	t.Cleanup(func() { backoffMin, backoffMax = minB, maxB })
-	backoffMin, backoffMax = 10000*time.Hour, 40000*time.Hour
+	setBackoff(t, 10000*time.Hour, 40000*time.Hour)
 
 	f.mu.Lock()
 	f.connect = func(stream musterv1.AgentService_ConnectServer) error {
@@ -74,9 +72,7 @@ func TestSpentBudgetRecoveryNotWokenByTheStream(t *testing.T) {
 	f := newFakeAuthority(t, fakeOptions{})
 	a, _ := joined(t, f)
 
-	minB, maxB := backoffMin, backoffMax
-	t.Cleanup(func() { backoffMin, backoffMax = minB, maxB })
-	backoffMin, backoffMax = 10000*time.Hour, 40000*time.Hour
+	setBackoff(t, 10000*time.Hour, 40000*time.Hour)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -342,11 +341,7 @@ func (h *hangingCAStore) ListCACerts(ctx context.Context) ([]store.CACert, error
 func TestCAClockStepHasADeadline(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openSQLite(t)
 	st := &hangingCAStore{Store: db}
 	s := &Server{store: st, log: slog.New(slog.DiscardHandler), caStepTimeout: 200 * time.Millisecond}
 	cctx, cancel := context.WithCancel(ctx)

@@ -3,7 +3,6 @@ package authority
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
-	"github.com/muster-dev/muster/internal/store/sqlite"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -101,11 +99,7 @@ func (h *hangingJWTKeyStore) GetJWTKey(ctx context.Context) (store.JWTKey, error
 func TestJWTKeyClockStepHasADeadline(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openSQLite(t)
 	st := &hangingJWTKeyStore{Store: db}
 	s := &Server{store: st, cfg: Config{StorageKey: seal.StorageKey{7}}, log: slog.New(slog.DiscardHandler)}
 	if err := s.useJWTKey(store.JWTKey{Version: 1}); err != nil {

@@ -3,13 +3,11 @@ package authority
 import (
 	"context"
 	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
-	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 // skewedStore is a store whose clock (its Now, and the rotation times it
@@ -48,11 +46,7 @@ func (s skewedStore) RotateJWTKey(ctx context.Context, from int64, audit func(st
 func TestPublishedForFollowsTheStoresClock(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
-	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "muster.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := openSQLite(t)
 	for _, skew := range []time.Duration{-10 * time.Minute, 0, 10 * time.Minute} {
 		t.Run(skew.String(), func(t *testing.T) {
 			st := skewedStore{Store: db, skew: skew}

@@ -96,15 +96,23 @@ func TestSigningKeySealedAtRest(t *testing.T) {
 	}
 }
 
-// FuzzVerifyJoinState: documents come from agents, so from anyone. Nothing
-// but a document the key signed, for this token and node, is accepted.
-func FuzzVerifyJoinState(f *testing.F) {
+// seedJoinStates seeds f with a join state document signed by the key it
+// returns, that document cut in half, and an unsigned one.
+func seedJoinStates(f *testing.F) SigningKey {
+	f.Helper()
 	k := SigningKey{Private: ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))}
 	k.ID = KeyID(k.Public())
 	doc, _ := k.Sign(sampleState())
 	f.Add(doc)
 	f.Add(doc[:len(doc)/2])
 	f.Add("eyJhbGciOiJub25lIn0.e30.")
+	return k
+}
+
+// FuzzVerifyJoinState: documents come from agents, so from anyone. Nothing
+// but a document the key signed, for this token and node, is accepted.
+func FuzzVerifyJoinState(f *testing.F) {
+	k := seedJoinStates(f)
 	f.Fuzz(func(t *testing.T, doc string) {
 		got, err := VerifyJoinState(doc, keySet(k), "prod-a3f2e1", "bot-1", "node-1")
 		if err != nil {
@@ -123,12 +131,7 @@ func FuzzVerifyJoinState(f *testing.F) {
 // the machine may have written: Settings never panics and gives only a
 // known mode and a limit of zero or more.
 func FuzzSettings(f *testing.F) {
-	k := SigningKey{Private: ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))}
-	k.ID = KeyID(k.Public())
-	doc, _ := k.Sign(sampleState())
-	f.Add(doc)
-	f.Add(doc[:len(doc)/2])
-	f.Add("eyJhbGciOiJub25lIn0.e30.")
+	seedJoinStates(f)
 	f.Fuzz(func(t *testing.T, doc string) {
 		limit, mode, ok := Settings(doc)
 		if ok && (limit < 0 || (mode != ModeStandard && mode != ModeRelaxed && mode != ModeInsecure)) {

@@ -196,12 +196,7 @@ func TestBoundKeypairRegistrationRefusals(t *testing.T) {
 // way out an operator runs.
 func (b *bkEnv) wantAuditedWayOut(t *testing.T, want string) {
 	t.Helper()
-	b.audit.mu.Lock()
-	defer b.audit.mu.Unlock()
-	if len(b.audit.refused) == 0 {
-		t.Fatal("no refusal audited")
-	}
-	if last := b.audit.refused[len(b.audit.refused)-1]; !strings.Contains(last.Reason, want) {
+	if last := b.audit.lastRefused(t); !strings.Contains(last.Reason, want) {
 		t.Errorf("audit reason %q, want it to name %q", last.Reason, want)
 	}
 }

@@ -42,6 +42,17 @@ func (f *fakeAudit) Refuse(_ context.Context, e audit.Event) {
 	f.refused = append(f.refused, e)
 }
 
+// lastRefused is the last refusal audited; none fails t.
+func (f *fakeAudit) lastRefused(t *testing.T) audit.Event {
+	t.Helper()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.refused) == 0 {
+		t.Fatal("no refusal audited")
+	}
+	return f.refused[len(f.refused)-1]
+}
+
 func (f *fakeAudit) Builder(e audit.Event) (*audit.Link, error) {
 	return audit.NewLink(e, func(h store.AuditHead) (store.AuditRecord, error) {
 		return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte{byte(h.Seq + 1)}, Time: time.Now(),

@@ -36,14 +36,7 @@ func TestRefusedRefreshAuditedAsRefresh(t *testing.T) {
 			t.Fatal("the refresh was not refused")
 		}
 	}
-	lastRefused := func(b *bkEnv) string {
-		b.audit.mu.Lock()
-		defer b.audit.mu.Unlock()
-		if len(b.audit.refused) == 0 {
-			t.Fatal("no refusal audited")
-		}
-		return b.audit.refused[len(b.audit.refused)-1].Action
-	}
+	lastRefused := func(b *bkEnv) string { return b.audit.lastRefused(t).Action }
 	t.Run("challenge_failed", func(t *testing.T) {
 		b := newBKEnv(t, 2, boundkeypair.ModeStandard)
 		other, _ := newKey(t)
@@ -102,12 +95,7 @@ func TestRefusedResyncOfRefreshAuditedAsJoin(t *testing.T) {
 		CSR: der, JoinState: ahead, Cert: leaf[0], NewPublicKey: newPub.String()}, wrongNewKey); err == nil {
 		t.Fatal("a rotation whose new key failed its challenge was not refused")
 	}
-	b.audit.mu.Lock()
-	defer b.audit.mu.Unlock()
-	if len(b.audit.refused) == 0 {
-		t.Fatal("no refusal audited")
-	}
-	last := b.audit.refused[len(b.audit.refused)-1]
+	last := b.audit.lastRefused(t)
 	if !strings.Contains(last.Reason, "new key") {
 		t.Fatalf("refused for %q, want the new key's challenge", last.Reason)
 	}

@@ -49,9 +49,7 @@ func TestRefusalBeforeStoreLabelledByVerifiedCert(t *testing.T) {
 				CSR: der, JoinState: first.JoinState, Cert: tc.cert}, answerWith(b.priv)); err == nil {
 				t.Fatal("a join with an unknown token was not refused")
 			}
-			b.audit.mu.Lock()
-			last := b.audit.refused[len(b.audit.refused)-1]
-			b.audit.mu.Unlock()
+			last := b.audit.lastRefused(t)
 			if last.Action != tc.action {
 				t.Errorf("action %q, want %s", last.Action, tc.action)
 			}
@@ -109,9 +107,7 @@ func TestDeletedTokenWayOutPasteable(t *testing.T) {
 				CSR: der, JoinState: tc.joinState}, answerWith(b.priv)); err == nil {
 				t.Fatal("a join with a deleted token was not refused")
 			}
-			b.audit.mu.Lock()
-			last := b.audit.refused[len(b.audit.refused)-1]
-			b.audit.mu.Unlock()
+			last := b.audit.lastRefused(t)
 			if !strings.Contains(last.Reason, tc.want) {
 				t.Errorf("reason %q\nwant it to contain %q", last.Reason, tc.want)
 			}

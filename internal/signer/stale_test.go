@@ -33,6 +33,19 @@ func (s *lateStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, raw
 	return s.Store.PutVerifierSet(ctx, v, raw)
 }
 
+// lateReplicas are two replicas of one SQLite store: a keeps the sets it
+// signs through late, so what b does in late's window lands between a's
+// read and a's write.
+func lateReplicas(t *testing.T) (a, b *Keeper, late *lateStore) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	sealed, _ := NewSealed(seal.StorageKey{3})
+	late = &lateStore{Store: openSQLite(t, path)}
+	a = NewKeeper(late, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	b = NewKeeper(openSQLite(t, path), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	return a, b, late
+}
+
 // TestStaleReplicaServesTheCurrentSet: replica a reads the signers at
 // version 1 and signs that set; before it keeps it, replica b stages a
 // signer (version 2, its set kept, and version 1's before its step). a's
@@ -41,12 +54,8 @@ func (s *lateStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, raw
 // store was at 2.
 func TestStaleReplicaServesTheCurrentSet(t *testing.T) {
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "muster.db")
-	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
-	late := &lateStore{Store: openSQLite(t, path)}
-	a := NewKeeper(late, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	b := NewKeeper(openSQLite(t, path), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	a, b, late := lateReplicas(t)
 	if _, err := b.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
 	}
@@ -140,12 +149,8 @@ func TestStaleReplicaKeepsNothingInARestoredStore(t *testing.T) {
 // refuses: B signs it.
 func TestStepKeepsTheSetItLeaves(t *testing.T) {
 	ctx := t.Context()
-	path := filepath.Join(t.TempDir(), "muster.db")
-	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
-	late := &lateStore{Store: openSQLite(t, path)}
-	a := NewKeeper(late, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	b := NewKeeper(openSQLite(t, path), sealed, &auditLog{}, "prod-a3f2e1", 0)
+	a, b, late := lateReplicas(t)
 	if _, err := a.EnsureFirst(ctx, who); err != nil {
 		t.Fatal(err)
 	}

@@ -103,6 +103,17 @@ func mintWith(t *testing.T, k jwtsvid.Key, aud string) string {
 	return tok
 }
 
+// jwtServer is a Workload API server of trust domain td whose JWT keys
+// come from the keysJWT it returns, which holds none yet.
+func jwtServer(t *testing.T) (*Server, *keysJWT) {
+	t.Helper()
+	h := &holder{id: newIdentity(t, "td", 1)}
+	src := NewSource(h.load, slog.New(slog.DiscardHandler))
+	src.Reload()
+	keys := &keysJWT{}
+	return NewServer(src, Config{JWT: keys}), keys
+}
+
 // TestValidateFetchesAKeyItDoesNotHold: a token signed with a key the
 // JWKS held lacks (published since: the agent's copy is up to a minute
 // old, or older when the authority was unreachable through rotations)
@@ -113,13 +124,9 @@ func mintWith(t *testing.T, k jwtsvid.Key, aud string) string {
 // jwksRetry. Before, a valid token was refused INVALID_ARGUMENT ("no JWT
 // authority") until the copy was a minute old and the authority back.
 func TestValidateFetchesAKeyItDoesNotHold(t *testing.T) {
-	h := &holder{id: newIdentity(t, "td", 1)}
-	src := NewSource(h.load, slog.New(slog.DiscardHandler))
-	src.Reload()
-	keys := &keysJWT{}
+	s, keys := jwtServer(t)
 	v1, v2, v3 := newKey(t, "v1-a"), newKey(t, "v2-b"), newKey(t, "v3-c")
 	keys.set(t, nil, v1)
-	s := NewServer(src, Config{JWT: keys})
 	ctx := context.Background()
 	validate := func(token string) error {
 		_, err := s.ValidateJWTSVID(ctx, &workloadpb.ValidateJWTSVIDRequest{Audience: "db", Svid: token})
@@ -169,14 +176,10 @@ func TestValidateFetchesAKeyItDoesNotHold(t *testing.T) {
 // including keys the authority had unpublished (an agent held v6 after
 // v6 left the JWKS).
 func TestValidateStopsWhenAKeyMayBeUnpublished(t *testing.T) {
-	h := &holder{id: newIdentity(t, "td", 1)}
-	src := NewSource(h.load, slog.New(slog.DiscardHandler))
-	src.Reload()
-	keys := &keysJWT{}
+	s, keys := jwtServer(t)
 	prev, cur, next, old := newKey(t, "v5-a"), newKey(t, "v6-b"), newKey(t, "v7-c"), newKey(t, "v1-d")
 	keys.set(t, nil, cur, next, prev, old)
 	keys.publish(map[string]time.Duration{"v5-a": 10 * time.Minute, "v6-b": 70 * time.Minute, "v7-c": 130 * time.Minute})
-	s := NewServer(src, Config{JWT: keys})
 	var mu sync.Mutex
 	clock := time.Now()
 	s.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
@@ -303,14 +306,10 @@ func (s *jwtBundlesStream) Send(m *workloadpb.JWTBundlesResponse) error {
 // Before, the stream kept the JWKS it had sent, every key in it, for as
 // long as the agent stayed cut off.
 func TestFetchJWTBundlesStopsSendingKeysPastTheirTime(t *testing.T) {
-	h := &holder{id: newIdentity(t, "td", 1)}
-	src := NewSource(h.load, slog.New(slog.DiscardHandler))
-	src.Reload()
-	keys := &keysJWT{}
+	s, keys := jwtServer(t)
 	prev, cur, old := newKey(t, "v5-a"), newKey(t, "v6-b"), newKey(t, "v1-d")
 	keys.set(t, nil, cur, prev, old)
 	keys.publish(map[string]time.Duration{"v5-a": 10 * time.Minute, "v6-b": 70 * time.Minute})
-	s := NewServer(src, Config{JWT: keys})
 	var mu sync.Mutex
 	clock := time.Now()
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
@@ -394,14 +393,10 @@ func TestFetchJWTBundlesStopsSendingKeysPastTheirTime(t *testing.T) {
 // arrival: a 30-second answer gave the key 30 seconds past the
 // authority's schedule.
 func TestKeyTimeCountedFromTheRequest(t *testing.T) {
-	h := &holder{id: newIdentity(t, "td", 1)}
-	src := NewSource(h.load, slog.New(slog.DiscardHandler))
-	src.Reload()
-	keys := &keysJWT{}
+	s, keys := jwtServer(t)
 	cur := newKey(t, "v6-b")
 	keys.set(t, nil, cur)
 	keys.publish(map[string]time.Duration{"v6-b": 10 * time.Minute})
-	s := NewServer(src, Config{JWT: keys})
 	var mu sync.Mutex
 	clock := time.Now().Add(-7 * time.Hour)
 	asked := clock
