@@ -140,14 +140,10 @@ func names(t *testing.T, raw []byte, pub string) bool {
 func TestRestoredStoreCatchesUpAgents(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
 	sw := &swappedStore{cur: openSQLite(t, live)}
-	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, who); err != nil {
-		t.Fatal(err)
-	}
+	k, _ := firstKeeper(t, sw, 3, &auditLog{})
 	agent, _ := NewTrust(nil, nil)
 	take := func() error {
 		raw, err := k.VerifierSet(ctx)
@@ -231,13 +227,8 @@ func signedAt(t *testing.T, k *Keeper, v int64, authority string) []byte {
 // nothing.
 func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 	ctx := t.Context()
-	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
-	sealed, _ := NewSealed(seal.StorageKey{4})
 	log := &auditLog{}
-	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
-		t.Fatal(err)
-	}
+	k, _ := firstKeeper(t, openSQLite(t, filepath.Join(t.TempDir(), "muster.db")), 4, log)
 	snap, _ := k.Load(ctx)
 	// A set naming the store's v1 but with the agent's own key, signed by it.
 	pub, priv, _ := ed25519.GenerateKey(nil)
@@ -279,14 +270,10 @@ func TestAdvanceFollowsOnlyVerifiedSets(t *testing.T) {
 func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	sealed, _ := NewSealed(seal.StorageKey{6})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
 	sw := &swappedStore{cur: openSQLite(t, live)}
-	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, who); err != nil {
-		t.Fatal(err)
-	}
+	k, _ := firstKeeper(t, sw, 6, &auditLog{})
 	agent, _ := NewTrust(nil, nil)
 	take := func() error {
 		raw, err := k.VerifierSet(ctx)
@@ -338,13 +325,8 @@ func TestAdvanceSignsWithAKeyTheAgentsHold(t *testing.T) {
 // the refusal points at the restore procedure.
 func TestAdvanceWithNoCommonSigner(t *testing.T) {
 	ctx := t.Context()
-	st := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
-	sealed, _ := NewSealed(seal.StorageKey{7})
-	k := NewKeeper(st, sealed, &auditLog{}, "prod-a3f2e1", 0)
+	k, _ := firstKeeper(t, openSQLite(t, filepath.Join(t.TempDir(), "muster.db")), 7, &auditLog{})
 	who := Actor{Name: "ops"}
-	if _, err := k.EnsureFirst(ctx, who); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := k.Stage(ctx, who, time.Hour, 24*time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -404,14 +386,10 @@ func (s *unkeptStore) PutVerifierSet(ctx context.Context, v store.SignerSetID, r
 func TestAdvanceKeepsItsSetInTheSameWrite(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	sealed, _ := NewSealed(seal.StorageKey{6})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
 	sw := &swappedStore{cur: openSQLite(t, live)}
-	k := NewKeeper(sw, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, who); err != nil {
-		t.Fatal(err)
-	}
+	k, sealed := firstKeeper(t, sw, 6, &auditLog{})
 	agent, _ := NewTrust(nil, nil)
 	take := func(k *Keeper) error {
 		raw, err := k.VerifierSet(ctx)
@@ -467,12 +445,8 @@ func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, f
 func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	ctx := t.Context()
 	sq := openSQLite(t, filepath.Join(t.TempDir(), "muster.db"))
-	sealed, _ := NewSealed(seal.StorageKey{6})
 	log := &auditLog{}
-	k := NewKeeper(sq, sealed, log, "prod-a3f2e1", 0)
-	if _, err := k.EnsureFirst(ctx, Actor{Name: "ops"}); err != nil {
-		t.Fatal(err)
-	}
+	k, sealed := firstKeeper(t, sq, 6, log)
 	raw := signedAt(t, k, 3, "prod-a3f2e1")
 	down := NewKeeper(unadvancedStore{sq}, sealed, log, "prod-a3f2e1", 0)
 	res, err := down.Advance(ctx, Actor{Name: "authority"}, raw)
@@ -482,6 +456,18 @@ func TestAdvanceNotWrittenHasNoVersion(t *testing.T) {
 	if last := log.events[len(log.events)-1]; last.Action != "node_task_signer.advance" || last.Result != audit.ResultError {
 		t.Fatalf("the failed advance recorded as %+v, want an error record", last)
 	}
+}
+
+// firstKeeper returns a Keeper over st, its custody sealed with a
+// storage key of key, recording to log, with its first signer made by ops.
+func firstKeeper(t *testing.T, st Store, key byte, log *auditLog) (*Keeper, *Sealed) {
+	t.Helper()
+	sealed, _ := NewSealed(seal.StorageKey{key})
+	k := NewKeeper(st, sealed, log, "prod-a3f2e1", 0)
+	if _, err := k.EnsureFirst(t.Context(), Actor{Name: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	return k, sealed
 }
 
 // openSQLite opens the SQLite store at path for the test, closed after it.

@@ -94,15 +94,11 @@ func TestStaleReplicaServesTheCurrentSet(t *testing.T) {
 func TestStaleReplicaKeepsNothingInARestoredStore(t *testing.T) {
 	ctx := t.Context()
 	dir := t.TempDir()
-	sealed, _ := NewSealed(seal.StorageKey{3})
 	who := Actor{Name: "ops"}
 	live := filepath.Join(dir, "muster.db")
 	sw := &swappedStore{cur: openSQLite(t, live)}
 	late := &lateStore{Store: sw}
-	a := NewKeeper(late, sealed, &auditLog{}, "prod-a3f2e1", 0)
-	if _, err := a.EnsureFirst(ctx, who); err != nil {
-		t.Fatal(err)
-	}
+	a, sealed := firstKeeper(t, late, 3, &auditLog{})
 	if v, _ := setVersion(t, a); v != 1 {
 		t.Fatalf("version %d, want 1", v)
 	}
