@@ -84,10 +84,12 @@ type authorityConn struct {
 // sharedConn is one connection of authorityConn with its calls in flight
 // (guarded by authorityConn.mu).
 type sharedConn struct {
-	conn    *grpc.ClientConn
-	calls   int
+	conn  *grpc.ClientConn
+	calls int
+	// retired: no longer shared, closed by the release of its last
+	// call (or at once without one). It is reached once: a retired
+	// connection is never handed out again.
 	retired bool
-	closed  bool
 }
 
 // get returns the connection for key, dialling it with tc if it is not
@@ -132,8 +134,7 @@ func (c *authorityConn) retire(sc *sharedConn) {
 }
 
 func (c *authorityConn) closeIdle(sc *sharedConn) {
-	if sc.retired && sc.calls == 0 && !sc.closed {
-		sc.closed = true
+	if sc.retired && sc.calls == 0 {
 		sc.conn.Close()
 	}
 }
@@ -163,9 +164,10 @@ func (c *authorityConn) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopped = true
-	if sc := c.cur; sc != nil && !sc.closed {
-		sc.closed = true
-		sc.conn.Close()
+	if c.cur != nil {
+		// Never retired (it is the one held): its calls' releases leave
+		// it alone.
+		c.cur.conn.Close()
 	}
 	c.key, c.cur = "", nil
 }

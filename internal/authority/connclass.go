@@ -193,10 +193,7 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 			conn.Close()
 			return nil, nil, errConnShare
 		}
-		// Closed at the end of its life whatever its client does; gRPC
-		// clears the socket's deadline after the handshake, so a timer.
-		t := time.AfterFunc(refusedLife, func() { conn.Close() })
-		return &refusedConn{Conn: conn, stop: t.Stop, release: free}, refusedInfo{AuthInfo: info, reason: shareRefusal(agent)}, nil
+		return keepRefusedConn(conn, free, refusedLife), refusedInfo{AuthInfo: info, reason: shareRefusal(agent)}, nil
 	}
 	if ti, ok := info.(credentials.TLSInfo); ok && cc != nil {
 		info = &connAuthInfo{TLSInfo: ti, chain: cc}
@@ -267,6 +264,22 @@ type refusedConn struct {
 	net.Conn
 	stop    func() bool
 	release func()
+}
+
+// keepRefusedConn wraps conn, closed at the end of life whatever its
+// client does (gRPC clears the socket's deadline after the handshake, so
+// a timer), and frees its place (release, once) then or when it is
+// closed first. The timer frees the place itself: when the transport
+// fails to start after the handshake, gRPC closes only the raw
+// connection, and a place given back only by gRPC closing the wrapper
+// was held for good.
+func keepRefusedConn(conn net.Conn, release func(), life time.Duration) *refusedConn {
+	release = sync.OnceFunc(release)
+	t := time.AfterFunc(life, func() {
+		conn.Close()
+		release()
+	})
+	return &refusedConn{Conn: conn, stop: t.Stop, release: release}
 }
 
 func (c *refusedConn) Close() error {
