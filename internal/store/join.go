@@ -236,6 +236,15 @@ type JoinStore interface {
 	// appending it is returned and the token stays; a nil audit is
 	// refused.
 	DeleteToken(ctx context.Context, id string, audit func(head AuditHead) (AuditRecord, error)) error
+	// RaiseTokenUses brings the use count of a token of limited uses up
+	// to uses (never past its allowed uses, never down), with the record
+	// audit builds appended in the same transaction: the uses a store
+	// restored from a backup forgot, taken again, so a single-use token
+	// spent since the backup admits no one. ErrNotFound if the token is
+	// gone; ErrConflict, nothing written, if it has unlimited uses (no
+	// count refuses a join) or counts uses already. A nil audit is
+	// refused.
+	RaiseTokenUses(ctx context.Context, id string, uses int64, audit func(head AuditHead) (AuditRecord, error)) error
 	// DeleteExpiredTokens removes tokens that expired more than retention
 	// ago by the store clock and returns their IDs. Bound-keypair tokens
 	// are left alone: only an operator deletes them.

@@ -111,6 +111,38 @@ func (s *Store) DeleteToken(ctx context.Context, id string, audit func(store.Aud
 	})
 }
 
+// RaiseTokenUses sets a token's use count to uses, at most its allowed
+// uses, where that raises it. A token of limited uses counts them in its
+// row (useToken), whose lock the update takes: a join in flight commits
+// its use first, or finds the raised count. Whether the token is there is
+// read in the same statement, to tell a token gone from one counting the
+// uses already.
+func (s *Store) RaiseTokenUses(ctx context.Context, id string, uses int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "raise token uses " + id
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: a token's uses are never changed unaudited", op)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.row(`WITH raised AS (UPDATE tokens SET uses_count = LEAST($2::bigint, uses_allowed)
+				WHERE id = $1 AND uses_allowed > 0 AND uses_count < LEAST($2::bigint, uses_allowed) RETURNING id)
+			SELECT EXISTS (SELECT 1 FROM raised), EXISTS (SELECT 1 FROM tokens WHERE id = $1)`, []any{id, uses},
+			func(row pgx.Row) error {
+				var raised, there bool
+				if err := row.Scan(&raised, &there); err != nil {
+					return wrap(op, err)
+				}
+				switch {
+				case !there:
+					return wrap(op, pgx.ErrNoRows)
+				case !raised:
+					return fmt.Errorf("postgres: %s: %w: it has unlimited uses or counts %d already", op, store.ErrConflict, uses)
+				}
+				return nil
+			})
+		return commitAudited(ctx, p, audit, op)
+	})
+}
+
 // DeleteExpiredTokens removes the tokens whose expiry is at least retention
 // before the store clock and returns their IDs in ascending order. A
 // negative retention counts as zero, so no token still in force is ever

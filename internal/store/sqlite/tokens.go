@@ -89,6 +89,35 @@ func (s *SQLite) DeleteToken(ctx context.Context, id string, audit func(store.Au
 	})
 }
 
+// RaiseTokenUses sets a token's use count to uses, at most its allowed
+// uses, where that raises it; the read that tells a token gone from one
+// counting the uses already is in the same transaction.
+func (s *SQLite) RaiseTokenUses(ctx context.Context, id string, uses int64, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "raise token uses " + id
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: a token's uses are never changed unaudited", op)
+	}
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE tokens SET uses_count = min(?, uses_allowed)
+			WHERE id = ? AND uses_allowed > 0 AND uses_count < min(?, uses_allowed)`, uses, id, uses)
+		if err != nil {
+			return wrap(op, err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return wrap(op, err)
+		}
+		if n == 0 {
+			var one int
+			if err := tx.QueryRowContext(ctx, `SELECT 1 FROM tokens WHERE id = ?`, id).Scan(&one); err != nil {
+				return wrap(op, err)
+			}
+			return fmt.Errorf("sqlite: %s: %w: it has unlimited uses or counts %d already", op, store.ErrConflict, uses)
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
+}
+
 // DeleteExpiredTokens removes the tokens whose expiry is at least retention
 // before the store clock and returns their IDs in ascending order. A
 // negative retention counts as zero, so no token still in force is ever

@@ -45,6 +45,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"AuditList", auditListCases()},
 		{"Checkpoint", checkpointCases()},
 		{"Token", tokenCases()},
+		{"RaiseTokenUses", raiseUsesCases()},
 		{"Join", joinCases()},
 		{"TokenUse", tokenUseCases()},
 		{"JoinRead", joinReadCases()},
