@@ -73,6 +73,7 @@ Start with "muster dev" to run an authority on this machine, or
 		withEnv(env, newDevCmd(env)),
 		newAdminCmd(env),
 		newAuditCmd(env),
+		newStoreCmd(env),
 		newLockCmd(env),
 		newTokenCmd(env),
 		newPSKCmd(env),

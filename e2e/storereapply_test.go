@@ -1,0 +1,124 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+
+	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
+)
+
+// TestStoreReapplyAfterSQLiteRestore: a store restored from a backup
+// forgot a lock, a node deletion, a spent single-use token and a token
+// deletion made since; once the audit files are moved aside as the
+// refused start says, muster store reapply re-applies them from the store
+// kept aside, each with its own record, and the authority started again
+// refuses the locked node, the deleted node, the spent token and the
+// deleted one. Before it, the restored store let all four back in
+// silently.
+func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
+	t.Parallel()
+	e := newJoinEnv(t)
+	dir := e.dir
+	db := filepath.Join(dir, "muster.db")
+
+	stolen, _ := e.join(t, e.token(t), "stolen-01")
+	gone, _ := e.join(t, e.token(t), "gone-01")
+	spend := e.token(t, "--uses", "1")
+	doomed := e.token(t, "--uses", "1")
+	e.auth.stop(t)
+	backup := filepath.Join(t.TempDir(), "muster.db")
+	copyFile(t, db, backup)
+
+	e.auth = startAuthority(t, dir)
+	e.setup(t)
+	var lock map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "lock", "create", "--node", "stolen-01", "--reason", "laptop stolen", "--data", dir, "-o", "json")), &lock); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, "agents", "delete", "gone-01", "--data", dir)
+	e.join(t, spend, "since-01")
+	mustRun(t, "token", "delete", doomed[:6], "--data", dir)
+	mustRun(t, "psk", "rotate", "--data", dir)
+	e.auth.stop(t)
+
+	aside := filepath.Join(dir, "muster.db.before-restore")
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Rename(db+suffix, aside+suffix); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, backup, db)
+
+	// The refused start names the command, and the way out of it.
+	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	const lead = "kept as the evidence of what it removed: "
+	_, mv, ok := strings.Cut(strings.TrimSpace(r.stderr), lead)
+	if r.code == 0 || !ok || !strings.Contains(r.stderr, "muster store reapply --offline --data") {
+		t.Fatalf("the authority on the restored store: exit %d, stderr %s; want a way out naming muster store reapply", r.code, r.stderr)
+	}
+	from := "sqlite://" + aside
+	// The plan, before the files are moved aside: it changes nothing and
+	// says what --apply needs first.
+	plan := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from)
+	for _, want := range []string{"To re-apply", "lock " + lock["id"].(string) + " on node stolen-01", "delete node gone-01",
+		"token " + spend[:6] + ": 1 of its 1 uses spent", "delete token " + doomed[:6], "muster psk rotate --grace 0", "Before --apply: "} {
+		if !strings.Contains(plan, want) {
+			t.Errorf("the plan lacks %q:\n%s", want, plan)
+		}
+	}
+	if out := mustFail(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply"); !strings.Contains(out, "the chain lost records") {
+		t.Errorf("--apply before the audit files are moved aside: %s", out)
+	}
+	if out, err := exec.Command("sh", "-c", mv).CombinedOutput(); err != nil {
+		t.Fatalf("the way out %q pasted: %v: %s", mv, err, out)
+	}
+	// Another authority's store is refused, changing nothing.
+	otherDir, _ := initDir(t)
+	if out := mustFail(t, "store", "reapply", "--offline", "--data", dir, "--from", "sqlite://"+filepath.Join(otherDir, "muster.db"), "--apply"); out == "" {
+		t.Error("a store of another authority was not refused")
+	}
+
+	out := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply")
+	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 4 {
+		t.Fatalf("store reapply --apply: want 4 steps done:\n%s", out)
+	}
+	// Again: everything is in place, and the restored store's head is
+	// still found past the records the first run appended.
+	if again := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply"); !strings.Contains(again, "Nothing to re-apply") {
+		t.Errorf("store reapply run again:\n%s", again)
+	}
+
+	e.auth = startAuthority(t, dir)
+	e.setup(t)
+	_, err := e.renew(t, stolen, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "locked")
+	_, err = e.renew(t, gone, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "deleted")
+	_, csr := newCSR(t)
+	_, err = e.boot.ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{JoinToken: spend, NodeId: "again-01", Csr: csr})
+	wantCode(t, err, codes.FailedPrecondition, "")
+	_, err = e.boot.ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{JoinToken: doomed, NodeId: "again-02", Csr: csr})
+	wantCode(t, err, codes.NotFound, "")
+
+	var recs []map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", dir, "--action", "store.reapply", "-o", "json")), &recs); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 4 {
+		t.Fatalf("store.reapply records: %v, want 4", recs)
+	}
+	for _, rec := range recs {
+		if reason, _ := rec["reason"].(string); !strings.Contains(reason, "re-applies record ") || rec["actor"] != "muster store reapply" {
+			t.Errorf("store.reapply record names no record it re-applies: %v", rec)
+		}
+	}
+	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
+		t.Errorf("audit verify after the reapply: %s", out)
+	}
+}
