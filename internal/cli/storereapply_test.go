@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// reapplyFixture is a data directory whose store was restored from a
+// backup: backup is the copy taken, aside the store the restore
+// replaced.
+type reapplyFixture struct {
+	dir               datadir.Dir
+	db, backup, aside string
+}
+
+func newReapplyFixture(t *testing.T) *reapplyFixture {
+	t.Helper()
+	res, err := datadir.Init(context.Background(), datadir.InitOptions{Dir: datadir.Dir(filepath.Join(t.TempDir(), "data")), Name: "test", Now: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &reapplyFixture{dir: res.Dir, db: filepath.Join(string(res.Dir), "muster.db")}
+	f.backup, f.aside = filepath.Join(t.TempDir(), "backup.db"), f.db+".before-restore"
+	return f
+}
+
+// with opens the store at path with its audit logger, as an authority of
+// the directory would, and runs fn on them.
+func (f *reapplyFixture) with(t *testing.T, path string, fn func(ctx context.Context, st store.Store, l *audit.Logger)) {
+	t.Helper()
+	ctx := context.Background()
+	d, err := loadDataDir(f.dir, "sqlite://"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := d.openStore(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l, err := newAuditLogger(st, d.sk, f.dir, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fn(ctx, st, l)
+}
+
+// write makes one change through write with its record, as the
+// authority's handlers do.
+func write(t *testing.T, l *audit.Logger, action, target string, write func(build func(store.AuditHead) (store.AuditRecord, error)) error) {
+	t.Helper()
+	link, err := l.Builder(audit.Event{Actor: "test", Action: action, Target: target, Result: audit.ResultOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(link.Build); err != nil {
+		t.Fatalf("%s %s: %v", action, target, err)
+	}
+	l.Appended(link)
+}
+
+// backUp copies the store; restore moves it aside and puts the copy
+// back, and the audit files aside as the refused start says.
+func (f *reapplyFixture) backUp(t *testing.T) { copyTestFile(t, f.db, f.backup) }
+
+func (f *reapplyFixture) restore(t *testing.T) {
+	t.Helper()
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Rename(f.db+suffix, f.aside+suffix); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	copyTestFile(t, f.backup, f.db)
+	for _, name := range []string{"audit-head", "audit-checkpoint.json"} {
+		if err := os.Remove(filepath.Join(string(f.dir), name)); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+}
+
+func copyTestFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *reapplyFixture) run(t *testing.T, extra ...string) (int, string, string) {
+	t.Helper()
+	return runCLI(t, append([]string{"store", "reapply", "--offline", "--data", string(f.dir), "--from", "sqlite://" + f.aside}, extra...)...)
+}
+
+func (f *reapplyFixture) head(t *testing.T) int64 {
+	t.Helper()
+	var seq int64
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		h, err := st.AuditHead(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq = h.Seq
+	})
+	return seq
+}
+
+func testToken(id string, uses int64, created time.Time) store.Token {
+	return store.Token{ID: id, JoinMethod: store.JoinMethodToken, Ciphertext: []byte("c"), Nonce: []byte("n"),
+		UsesAllowed: uses, CreatedBy: "test", CreatedAt: created.UTC().Truncate(time.Microsecond)}
+}
+
+// TestStoreReapplyTokens: a token of several uses spent in part since the
+// backup counts those uses again, never more; one deleted and made again
+// under its name since is deleted; one of unlimited uses is left as it
+// is (no count refuses its joins).
+func TestStoreReapplyTokens(t *testing.T) {
+	f := newReapplyFixture(t)
+	created := time.Now().Add(-time.Hour)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, tok := range []store.Token{testToken("multi1", 3, created), testToken("renamd", 1, created), testToken("unlim1", 0, created)} {
+			write(t, l, "token.create", "token "+tok.ID, func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertToken(ctx, tok, b) })
+		}
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		write(t, l, "agent.join", "n1", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.RaiseTokenUses(ctx, "multi1", 2, b) })
+		write(t, l, "token.delete", "token renamd", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteToken(ctx, "renamd", b) })
+		again := testToken("renamd", 1, created.Add(time.Minute))
+		write(t, l, "token.create", "token renamd", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertToken(ctx, again, b) })
+	})
+	f.restore(t)
+
+	code, out, errOut := f.run(t, "--apply")
+	if code != 0 {
+		t.Fatalf("store reapply --apply: exit %d\n%s%s", code, out, errOut)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		if tok, err := st.GetToken(ctx, "multi1"); err != nil || tok.UsesCount != 2 || tok.UsesAllowed != 3 {
+			t.Errorf("multi1 after the reapply: %+v, %v; want 2 of its 3 uses spent", tok, err)
+		}
+		if tok, err := st.GetToken(ctx, "renamd"); err == nil {
+			t.Errorf("renamd, deleted since the backup, is still there: %+v", tok)
+		}
+		if tok, err := st.GetToken(ctx, "unlim1"); err != nil || tok.UsesCount != 0 {
+			t.Errorf("unlim1 after the reapply: %+v, %v", tok, err)
+		}
+	})
+	if !strings.Contains(out, "another token made under its name since") || strings.Count(out, ": done, record") != 2 {
+		t.Errorf("store reapply --apply printed:\n%s", out)
+	}
+}
+
+// TestStoreReapplyRefusesAnotherChain: a --from store that does not hold
+// the restored store's newest record (here: one appended to the restored
+// store after the restore, as an authority started on it appends) is
+// refused and nothing is written; as are flags that cannot work.
+func TestStoreReapplyRefusesAnotherChain(t *testing.T) {
+	f := newReapplyFixture(t)
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		lock := store.Lock{ID: "lock-1", Kind: store.LockNode, Target: "stolen-01", CreatedBy: "test", CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+		write(t, l, "lock.create", "node:stolen-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertLock(ctx, lock, b) })
+	})
+	f.restore(t)
+	f.with(t, f.db, func(ctx context.Context, _ store.Store, l *audit.Logger) {
+		if _, err := l.Record(ctx, audit.Event{Actor: "authority", Action: "authority.start", Result: audit.ResultOK}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	before := f.head(t)
+	for _, extra := range [][]string{nil, {"--apply"}} {
+		code, out, errOut := f.run(t, extra...)
+		if code == 0 || !strings.Contains(errOut, "differs from the restored store's newest") || !strings.Contains(errOut, "nothing was changed") {
+			t.Errorf("store reapply %v from a chain that parted: exit %d\n%s%s", extra, code, out, errOut)
+		}
+	}
+	if after := f.head(t); after != before {
+		t.Errorf("the refused reapply appended records %d to %d", before+1, after)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"store", "reapply", "--data", string(f.dir), "--from", "sqlite://" + f.aside}, "give --offline"},
+		{[]string{"store", "reapply", "--offline", "--data", string(f.dir)}, "--from is required"},
+		{[]string{"store", "reapply", "--offline", "--data", string(f.dir), "--from", "sqlite://" + f.db}, "names the restored store itself"},
+		{[]string{"store", "reapply", "--offline", "--data", string(f.dir), "--from", "sqlite://" + f.db + ".nothing"}, "no store at"},
+	} {
+		if code, _, errOut := runCLI(t, tc.args...); code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("muster %v: exit %d, %s; want %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}
