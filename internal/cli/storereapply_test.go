@@ -134,8 +134,12 @@ func TestStoreReapplyTokens(t *testing.T) {
 	})
 	f.backUp(t)
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		write(t, l, "agent.join", "n1", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.RaiseTokenUses(ctx, "multi1", 2, b) })
-		write(t, l, "token.delete", "token renamd", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteToken(ctx, "renamd", b) })
+		write(t, l, "agent.join", "n1", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.RaiseTokenUses(ctx, "multi1", 2, b)
+		})
+		write(t, l, "token.delete", "token renamd", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.DeleteToken(ctx, "renamd", b)
+		})
 		again := testToken("renamd", 1, created.Add(time.Minute))
 		write(t, l, "token.create", "token renamd", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertToken(ctx, again, b) })
 	})
