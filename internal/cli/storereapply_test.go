@@ -207,3 +207,72 @@ func TestStoreReapplyRefusesAnotherChain(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenDeleteWithUsesLeft: with the store a restore replaced lost,
+// every join token made before the backup that still has uses left (and
+// has not expired) is deleted offline, each with its own record; without
+// --apply nothing changes.
+func TestTokenDeleteWithUsesLeft(t *testing.T) {
+	f := newReapplyFixture(t)
+	cut := time.Now().Add(-time.Hour)
+	spent, expired := testToken("spent1", 1, cut.Add(-time.Hour)), testToken("expird", 1, cut.Add(-time.Hour))
+	spent.UsesCount, expired.ExpiresAt = 1, cut.UTC().Truncate(time.Microsecond)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, tok := range []store.Token{testToken("unused", 1, cut.Add(-time.Hour)), testToken("unlimd", 0, cut.Add(-time.Hour)),
+			testToken("later1", 1, cut.Add(time.Minute)), spent, expired} {
+			write(t, l, "token.create", "token "+tok.ID, func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertToken(ctx, tok, b) })
+		}
+	})
+	tokens := func() []string {
+		var ids []string
+		f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+			ts, err := st.ListTokens(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tok := range ts {
+				ids = append(ids, tok.ID)
+			}
+		})
+		return strings.Fields(strings.Join(ids, " "))
+	}
+	args := []string{"token", "delete", "--with-uses-left", "--created-before", cut.UTC().Format(time.RFC3339Nano), "--offline", "--data", string(f.dir)}
+	before, seq := tokens(), f.head(t)
+	code, out, errOut := runCLI(t, args...)
+	if code != 0 || !strings.Contains(out, "Would delete token unused") || !strings.Contains(out, "Would delete token unlimd") || strings.Count(out, "Would delete") != 2 {
+		t.Fatalf("the listing: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := tokens(); strings.Join(got, " ") != strings.Join(before, " ") || f.head(t) != seq {
+		t.Fatalf("the listing changed the store: tokens %v, were %v", got, before)
+	}
+	if code, out, errOut = runCLI(t, append(args, "--apply")...); code != 0 || strings.Count(out, "Deleted token") != 2 {
+		t.Fatalf("--apply: exit %d\n%s%s", code, out, errOut)
+	}
+	if got := strings.Join(tokens(), " "); got != "expird spent1 later1" {
+		t.Errorf("tokens left: %s, want the expired, the spent and the later one", got)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		recs, err := st.ListAudit(ctx, store.AuditFilter{AfterSeq: seq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) != 2 || recs[0].Action != "token.delete" || recs[0].Actor != tokenDeleteOfflineActor {
+			t.Errorf("records of the deletion: %+v", recs)
+		}
+	})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"token", "delete", "--with-uses-left", "--created-before", "2h", "--data", string(f.dir)}, "give --offline"},
+		{[]string{"token", "delete", "--with-uses-left", "--offline", "--data", string(f.dir)}, "--created-before is required"},
+		{[]string{"token", "delete", "--with-uses-left", "--created-before", "yesterday", "--offline", "--data", string(f.dir)}, "give an RFC 3339 time"},
+		{[]string{"token", "delete", "abc123", "--apply"}, "--apply goes with --with-uses-left"},
+		{[]string{"token", "delete", "abc123", "--with-uses-left", "--created-before", "2h", "--offline"}, "not both"},
+		{[]string{"token", "delete"}, "give the ID"},
+	} {
+		if code, _, errOut := runCLI(t, tc.args...); code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("muster %v: exit %d, %s; want %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}

@@ -289,17 +289,42 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 	var (
 		af  adminFlags
 		out output
+		// The bulk deletion after a restore (tokendeleteoffline.go).
+		bulk bulkTokenDelete
 	)
 	cmd := &cobra.Command{
-		Use: "delete ID",
+		Use: "delete (ID | --with-uses-left --created-before TIME --offline [--apply])",
 		Example: `  muster token delete 7f3k2a
-  muster token delete 7f3k2a -o json`,
-		Short:             "Delete a join token; nodes it admitted keep their identities",
-		Args:              cobra.ExactArgs(1),
+  muster token delete 7f3k2a -o json
+  muster token delete --with-uses-left --created-before 2026-11-27T02:00:00Z --offline --data /var/lib/muster/authority
+  muster token delete --with-uses-left --created-before 2026-11-27T02:00:00Z --offline --data /var/lib/muster/authority --apply`,
+		Short: "Delete a join token; nodes it admitted keep their identities",
+		Long: `delete ID deletes one join token through the authority.
+
+With --with-uses-left --created-before TIME --offline, for a store restored
+from a backup when the store it replaced is lost (muster store reapply
+cannot read what was done since): every join token (not bound-keypair)
+created before TIME that has uses left and has not expired is deleted,
+each with its own token.delete record, as the restored store cannot tell a
+token spent since the backup from one never used. Without --apply it lists
+them and changes nothing. Make new tokens for the joins still to come.`,
+		Args:              cobra.MaximumNArgs(1),
 		ValidArgsFunction: af.completeArg(env, listTokenIDs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := out.check(); err != nil {
 				return err
+			}
+			if bulk.withUsesLeft {
+				if len(args) > 0 {
+					return fmt.Errorf("token delete: give a token ID or --with-uses-left, not both")
+				}
+				return bulk.run(cmd, env, &af, out)
+			}
+			if err := bulk.refuseAlone(cmd); err != nil {
+				return err
+			}
+			if len(args) == 0 {
+				return fmt.Errorf("token delete: give the ID of the token to delete (muster token list prints them)")
 			}
 			id := tokenIDArg(args[0])
 			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {
@@ -328,5 +353,6 @@ func newTokenDeleteCmd(env *Env) *cobra.Command {
 	}
 	af.register(cmd)
 	out.register(cmd)
+	bulk.register(cmd)
 	return cmd
 }
