@@ -205,11 +205,12 @@ func parseHead(data []byte) (store.AuditHead, error) {
 // the first step of its way out. Call it before the logger is used.
 func (l *Logger) SetVerifyCommand(cmd string) { l.verifyCmd = cmd }
 
-// SetRestoreDoc names doc, where what a restore of the store undoes is
-// written, in the way out of a chain shorter than the files outside the
-// store saw: moving them aside starts the server, which then lacks
-// whatever was done since the backup (locks, deletions) without a word.
-// Call it before the logger is used.
+// SetRestoreDoc names doc, what a restore of the store undoes and the
+// command that re-applies it (muster store reapply, for the authority),
+// in the way out of a chain shorter than the files outside the store
+// saw: moving them aside starts the server, which then lacks whatever
+// was done since the backup (locks, deletions) without a word. Call it
+// before the logger is used.
 func (l *Logger) SetRestoreDoc(doc string) { l.restoreDoc = doc }
 
 // ErrDamagedHead reports a head file that does not hold a record's SEQ
