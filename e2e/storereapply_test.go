@@ -78,6 +78,15 @@ func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	if out, err := exec.Command("sh", "-c", mv).CombinedOutput(); err != nil {
 		t.Fatalf("the way out %q pasted: %v: %s", mv, err, out)
 	}
+	// The reapply the refusal names, pasted: the plan, from the file the
+	// operator guide moves the store to.
+	_, named, _ := strings.Cut(r.stderr, "once these files are moved aside, ")
+	named, _, _ = strings.Cut(named, " prints what it re-applies")
+	paste := exec.Command("sh", "-c", named)
+	paste.Env = []string{"PATH=" + filepath.Dir(musterBin) + ":" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
+	if out, err := paste.CombinedOutput(); err != nil || !strings.Contains(string(out), "To re-apply") || strings.Contains(string(out), "Before --apply") {
+		t.Fatalf("the reapply the refusal names, %q, pasted: %v\n%s", named, err, out)
+	}
 	// Another authority's store is refused, changing nothing.
 	otherDir, _ := initDir(t)
 	if out := mustFail(t, "store", "reapply", "--offline", "--data", dir, "--from", "sqlite://"+filepath.Join(otherDir, "muster.db"), "--apply"); out == "" {
