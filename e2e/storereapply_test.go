@@ -23,17 +23,47 @@ import (
 // silently.
 func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	t.Parallel()
-	e := newJoinEnv(t)
-	dir := e.dir
+	dir, _ := initDir(t)
 	db := filepath.Join(dir, "muster.db")
+	backup := filepath.Join(t.TempDir(), "muster.db")
+	aside := filepath.Join(dir, "muster.db.before-restore")
+	reapplyWalk(t, dir, func() { copyFile(t, db, backup) }, func() (string, string) {
+		for _, suffix := range []string{"", "-wal", "-shm"} {
+			if err := os.Rename(db+suffix, aside+suffix); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		}
+		copyFile(t, backup, db)
+		return "", "sqlite://" + aside
+	})
+}
 
+// TestStoreReapplyAfterPostgresRestore: the same on PostgreSQL, the
+// restored database a copy taken with the authority stopped (as a dump
+// restored is) and the one kept aside the database in use until then (as
+// the renamed one of high-availability.md is).
+func TestStoreReapplyAfterPostgresRestore(t *testing.T) {
+	t.Parallel()
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	var backup string
+	reapplyWalk(t, dir, func() { backup = pg.NewDatabaseFrom(t, url) }, func() (string, string) { return backup, url })
+}
+
+// reapplyWalk runs an authority on dir, calls backUp with it stopped,
+// makes the changes a restore undoes, and calls restore, which puts the
+// backup in place and returns the restored store's URL ("": the one
+// authority.json records) and the one kept aside's.
+func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restored, from string)) {
+	e := &joinEnv{dir: dir, auth: startAuthority(t, dir)}
+	e.setup(t)
 	stolen, _ := e.join(t, e.token(t), "stolen-01")
 	gone, _ := e.join(t, e.token(t), "gone-01")
 	spend := e.token(t, "--uses", "1")
 	doomed := e.token(t, "--uses", "1")
 	e.auth.stop(t)
-	backup := filepath.Join(t.TempDir(), "muster.db")
-	copyFile(t, db, backup)
+	backUp()
 
 	e.auth = startAuthority(t, dir)
 	e.setup(t)
@@ -47,32 +77,32 @@ func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	mustRun(t, "psk", "rotate", "--data", dir)
 	e.auth.stop(t)
 
-	aside := filepath.Join(dir, "muster.db.before-restore")
-	for _, suffix := range []string{"", "-wal", "-shm"} {
-		if err := os.Rename(db+suffix, aside+suffix); err != nil && !os.IsNotExist(err) {
-			t.Fatal(err)
-		}
+	restored, from := restore()
+	var store []string
+	if restored != "" {
+		store = []string{"--store", restored}
 	}
-	copyFile(t, backup, db)
+	reapply := func(extra ...string) []string {
+		return append(append([]string{"store", "reapply", "--offline", "--data", dir, "--from", from}, store...), extra...)
+	}
 
 	// The refused start names the command, and the way out of it.
-	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	r := muster(t, nil, append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, store...)...)
 	const lead = "kept as the evidence of what it removed: "
 	_, mv, ok := strings.Cut(strings.TrimSpace(r.stderr), lead)
 	if r.code == 0 || !ok || !strings.Contains(r.stderr, "muster store reapply --offline --data") {
 		t.Fatalf("the authority on the restored store: exit %d, stderr %s; want a way out naming muster store reapply", r.code, r.stderr)
 	}
-	from := "sqlite://" + aside
 	// The plan, before the files are moved aside: it changes nothing and
 	// says what --apply needs first.
-	plan := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from)
+	plan := mustRun(t, reapply()...)
 	for _, want := range []string{"To re-apply", "lock " + lock["id"].(string) + " on node stolen-01", "delete node gone-01",
 		"token " + spend[:6] + ": 1 of its 1 uses spent", "delete token " + doomed[:6], "muster psk rotate --grace 0", "Before --apply: "} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("the plan lacks %q:\n%s", want, plan)
 		}
 	}
-	if out := mustFail(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply"); !strings.Contains(out, "the chain lost records") {
+	if out := mustFail(t, reapply("--apply")...); !strings.Contains(out, "the chain lost records") {
 		t.Errorf("--apply before the audit files are moved aside: %s", out)
 	}
 	if out, err := exec.Command("sh", "-c", mv).CombinedOutput(); err != nil {
@@ -82,6 +112,8 @@ func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	// operator guide moves the store to.
 	_, named, _ := strings.Cut(r.stderr, "once these files are moved aside, ")
 	named, _, _ = strings.Cut(named, " prints what it re-applies")
+	// On PostgreSQL only the operator knows the database kept aside.
+	named = strings.Replace(named, "--from STORE", "--from '"+from+"'", 1)
 	paste := exec.Command("sh", "-c", named)
 	paste.Env = []string{"PATH=" + filepath.Dir(musterBin) + ":" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	if out, err := paste.CombinedOutput(); err != nil || !strings.Contains(string(out), "To re-apply") || strings.Contains(string(out), "Before --apply") {
@@ -89,21 +121,21 @@ func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	}
 	// Another authority's store is refused, changing nothing.
 	otherDir, _ := initDir(t)
-	if out := mustFail(t, "store", "reapply", "--offline", "--data", dir, "--from", "sqlite://"+filepath.Join(otherDir, "muster.db"), "--apply"); out == "" {
+	if out := mustFail(t, append([]string{"store", "reapply", "--offline", "--data", dir, "--from", "sqlite://" + filepath.Join(otherDir, "muster.db"), "--apply"}, store...)...); out == "" {
 		t.Error("a store of another authority was not refused")
 	}
 
-	out := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply")
+	out := mustRun(t, reapply("--apply")...)
 	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 4 {
 		t.Fatalf("store reapply --apply: want 4 steps done:\n%s", out)
 	}
 	// Again: everything is in place, and the restored store's head is
 	// still found past the records the first run appended.
-	if again := mustRun(t, "store", "reapply", "--offline", "--data", dir, "--from", from, "--apply"); !strings.Contains(again, "Nothing to re-apply") {
+	if again := mustRun(t, reapply("--apply")...); !strings.Contains(again, "Nothing to re-apply") {
 		t.Errorf("store reapply run again:\n%s", again)
 	}
 
-	e.auth = startAuthority(t, dir)
+	e.auth = startAuthority(t, dir, store...)
 	e.setup(t)
 	_, err := e.renew(t, stolen, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "locked")

@@ -750,7 +750,7 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 		return nil, nil, nil, err
 	}
 	if logger, err = newAuditLogger(st, sk, dir, configPath, onAppend); err == nil {
-		logger.SetRestoreDoc(restoreDoc(dir, configPath, url))
+		logger.SetRestoreDoc(restoreDoc(dir, configPath, d))
 		err = logger.CheckHead(ctx)
 	}
 	if err != nil {

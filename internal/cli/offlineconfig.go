@@ -88,23 +88,27 @@ func newAuditLogger(st audit.Store, sk seal.StorageKey, dir datadir.Dir, configP
 		return nil, err
 	}
 	l.SetVerifyCommand(fmt.Sprintf("muster audit verify --offline --data %s%s", shellword.Quote(string(dir)), dir.ConfigArg(configPath)))
-	l.SetRestoreDoc(restoreDoc(dir, configPath, ""))
+	l.SetRestoreDoc(restoreDoc(dir, configPath, dataDir{}))
 	return l, nil
 }
 
 // restoreDoc is what a refusal of a restored store says the restore
 // undid, and the command that re-applies it once the audit files are
-// moved aside: with the SQLite store storeURL, from the file the
-// operator guide says to move it to (muster.db.before-restore); else
-// from STORE, the database the restore replaced, which only the operator
-// knows.
-func restoreDoc(dir datadir.Dir, configPath, storeURL string) string {
-	from := "STORE"
-	if path, ok := strings.CutPrefix(storeURL, "sqlite://"); ok {
+// moved aside: with d's SQLite store, from the file the operator guide
+// says to move it to (muster.db.before-restore); else from STORE, the
+// database the restore replaced, which only the operator knows. A store
+// not the one authority.json records (given with --store, MUSTER_STORE
+// or the settings file) is named with --store, without its password.
+func restoreDoc(dir datadir.Dir, configPath string, d dataDir) string {
+	from, store := "STORE", ""
+	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
 		path, _, _ = strings.Cut(path, "?")
 		from = shellword.Quote("sqlite://" + path + ".before-restore")
 	}
+	if d.url != "" && !d.urlFromInfo {
+		store = " --store " + shellword.Quote(storeURLWithoutPassword(d.url))
+	}
 	return fmt.Sprintf(`it undid the locks, node deletions, token uses and rotations made since the backup: once these files are moved aside, `+
-		`muster store reapply --offline --data %s%s --from %s prints what it re-applies from the store the restore replaced, and writes it with --apply; `+
-		`docs/operator-guide.md, "Backing up and restoring the SQLite store"`, shellword.Quote(string(dir)), dir.ConfigArg(configPath), from)
+		`muster store reapply --offline --data %s%s%s --from %s prints what it re-applies from the store the restore replaced, and writes it with --apply; `+
+		`docs/operator-guide.md, "Backing up and restoring the SQLite store"`, shellword.Quote(string(dir)), dir.ConfigArg(configPath), store, from)
 }
