@@ -227,14 +227,17 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if err != nil {
 		return nil, err
 	}
-	lost, fromHead, err := lostRecords(ctx, from, head, redactURL(fd.url), od)
+	// Named without its password: in records, output and the commands
+	// printed to paste (the driver reads it from PGPASSWORD or PGPASSFILE).
+	fromName := storeURLWithoutPassword(fd.url)
+	lost, fromHead, err := lostRecords(ctx, from, head, fromName, od)
 	if err != nil {
 		return nil, err
 	}
-	p := &reapplyPlanner{st: st, from: from, lost: lost, fromName: redactURL(fd.url), od: od}
+	p := &reapplyPlanner{st: st, from: from, lost: lost, fromName: fromName, od: od}
 	res := &reapplyResult{Head: head.Seq, FromHead: fromHead,
 		List: fmt.Sprintf("muster audit list --offline --data %s%s --store %s --since %s", od.quoted(), od.configArg(),
-			shellword.Quote(redactURL(fd.url)), head.Time.UTC().Format(time.RFC3339))}
+			shellword.Quote(fromName), head.Time.UTC().Format(time.RFC3339))}
 	if err := p.plan(ctx, res); err != nil {
 		return nil, err
 	}
