@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -274,5 +275,64 @@ func TestTokenDeleteWithUsesLeft(t *testing.T) {
 		if code, _, errOut := runCLI(t, tc.args...); code == 0 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("muster %v: exit %d, %s; want %q", tc.args, code, errOut, tc.want)
 		}
+	}
+}
+
+// TestStoreReapplyListsWhatTheAuditCannotRedo: a PSK rotation (the new
+// PSK is in no record), an operator identity issued and a lock lifted
+// since the backup are listed with the command that redoes each, and each
+// command parses as muster's command tree reads it; nothing of them is
+// written.
+func TestStoreReapplyListsWhatTheAuditCannotRedo(t *testing.T) {
+	f := newReapplyFixture(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		lock := store.Lock{ID: "lock-old", Kind: store.LockNode, Target: "n1", CreatedBy: "test", CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+		write(t, l, "lock.create", "node:n1", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertLock(ctx, lock, b) })
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		write(t, l, "lock.delete", "lock-old", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteLock(ctx, "lock-old", b) })
+		for _, e := range []audit.Event{{Action: "psk.rotate", Target: "psk-2"}, {Action: "operator.add", Target: "bob"}} {
+			e.Actor, e.Result = "test", audit.ResultOK
+			if _, err := l.Record(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	f.restore(t)
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	if f.head(t) != before {
+		t.Errorf("records were appended for what is only listed")
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"lock.delete":  "muster lock delete lock-old",
+		"psk.rotate":   "muster psk rotate --grace 0",
+		"operator.add": "muster admin add bob --offline --data " + string(f.dir) + " --out bob-new.pem",
+	}
+	root := newRoot(&Env{})
+	for _, m := range res.Manual {
+		if w, ok := want[m.Action]; !ok || m.Command != w {
+			t.Errorf("listed %+v; want the command %q", m, w)
+		}
+		delete(want, m.Action)
+		cmds, _ := lineCommands("output", 1, m.Command)
+		if len(cmds) != 1 {
+			t.Errorf("%q is not one muster command", m.Command)
+			continue
+		}
+		if problem := checkDocCommand(root, cmds[0]); problem != "" {
+			t.Errorf("%q: %s", m.Command, problem)
+		}
+	}
+	if len(want) > 0 || len(res.Steps) != 0 {
+		t.Errorf("not listed: %v; steps %+v, want none", want, res.Steps)
 	}
 }
