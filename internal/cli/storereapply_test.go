@@ -291,7 +291,9 @@ func TestStoreReapplyListsWhatTheAuditCannotRedo(t *testing.T) {
 	})
 	f.backUp(t)
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		write(t, l, "lock.delete", "lock-old", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteLock(ctx, "lock-old", b) })
+		write(t, l, "lock.delete", "lock-old", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.DeleteLock(ctx, "lock-old", b)
+		})
 		for _, e := range []audit.Event{{Action: "psk.rotate", Target: "psk-2"}, {Action: "operator.add", Target: "bob"}} {
 			e.Actor, e.Result = "test", audit.ResultOK
 			if _, err := l.Record(ctx, e); err != nil {
