@@ -528,10 +528,22 @@ func retryableBound(err error) bool {
 }
 
 // spentBudget reports whether err is the refusal of a recovery for a
-// spent budget (recovery_exhausted).
+// spent budget: FAILED_PRECONDITION with the ErrorInfo reason
+// recovery_exhausted. Not the message's words: a refusal with another
+// reason whose message quoted them (a detail, a hint) was retried for
+// good, and one whose message said it otherwise was not. An authority
+// that sends no muster.dev ErrorInfo (one before the reasons) is matched
+// on the word its message starts with, as it sends it.
 func spentBudget(err error) bool {
-	s, ok := status.FromError(err)
-	return ok && s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), boundkeypair.ErrRecoveryExhausted.Error())
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) || se.GRPCStatus().Code() != codes.FailedPrecondition {
+		return false
+	}
+	word := boundkeypair.ErrRecoveryExhausted.Error()
+	if reason := errinfo.Reason(err); reason != "" {
+		return reason == word
+	}
+	return strings.HasPrefix(se.GRPCStatus().Message(), word)
 }
 
 // botAddAgain is the command that adds st's token again in place of the

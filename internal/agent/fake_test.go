@@ -83,6 +83,8 @@ type fakeAuthority struct {
 	mintHold, mintHeld chan struct{}
 	// conns counts the connections accepted, open those not closed yet.
 	conns, open atomic.Int64
+	// mints counts the JWT-SVID mints asked for.
+	mints atomic.Int64
 	// connect, if set, serves AgentService.Connect (else UNIMPLEMENTED).
 	connect func(musterv1.AgentService_ConnectServer) error
 }
@@ -350,6 +352,7 @@ func (m fakeMinter) Connect(stream musterv1.AgentService_ConnectServer) error {
 }
 
 func (m fakeMinter) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVIDRequest) (*musterv1.MintJWTSVIDResponse, error) {
+	m.f.mints.Add(1)
 	m.f.mu.Lock()
 	hold, held := m.f.mintHold, m.f.mintHeld
 	m.f.mintHold = nil

@@ -22,15 +22,23 @@ import (
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
-// jwtCacheSize bounds the JWT-SVIDs kept for reuse, one per audience set.
+// jwtCacheSize bounds the JWT-SVIDs kept for reuse, one per audience set
+// (each at most jwtsvid.MaxAudiences of jwtsvid.MaxAudienceLen bytes, as
+// the authority mints them: a few KiB an entry).
 const jwtCacheSize = 64
 
 // jwtCache keeps minted JWT-SVIDs until half their lifetime is left, so
 // workloads that ask often cost the authority one mint per audience set
-// every few minutes.
+// every few minutes. Full, it makes room by dropping the tokens no longer
+// handed out, then the one asked for least recently: emptying it whole
+// (as it did) let one local workload asking for ever new audience sets
+// throw away every other workload's tokens each 64 mints, so each of
+// their next calls was a mint too.
 type jwtCache struct {
 	mu   sync.Mutex
-	toks map[string]cachedJWT
+	toks map[string]*cachedJWT
+	// seq orders the entries by their last use.
+	seq uint64
 }
 
 type cachedJWT struct {
@@ -40,6 +48,49 @@ type cachedJWT struct {
 	// lifetime after it was asked for, on this agent's clock
 	// (reuseUntil).
 	reuse time.Time
+	// used is c.seq at the entry's last use.
+	used uint64
+}
+
+// get returns the token for key while it is reused at now.
+func (c *jwtCache) get(key string, now time.Time) (*cachedJWT, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.toks[key]
+	if !ok || !now.Before(e.reuse) {
+		return nil, false
+	}
+	c.seq++
+	e.used = c.seq
+	return e, true
+}
+
+// put keeps e for key, making room first when the cache is full.
+func (c *jwtCache) put(key string, e *cachedJWT, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.toks == nil {
+		c.toks = map[string]*cachedJWT{}
+	}
+	if _, ok := c.toks[key]; !ok && len(c.toks) >= jwtCacheSize {
+		for k, old := range c.toks {
+			if !now.Before(old.reuse) {
+				delete(c.toks, k)
+			}
+		}
+		for len(c.toks) >= jwtCacheSize {
+			var lru string
+			for k, old := range c.toks {
+				if lru == "" || old.used < c.toks[lru].used {
+					lru = k
+				}
+			}
+			delete(c.toks, lru)
+		}
+	}
+	c.seq++
+	e.used = c.seq
+	c.toks[key] = e
 }
 
 // reuseUntil is until when a token asked for at asked (this agent's
@@ -224,12 +275,9 @@ func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Ti
 	slices.Sort(aud)
 	key := strings.Join(aud, "\x00")
 	now := a.now()
-	a.jwts.mu.Lock()
-	if c, ok := a.jwts.toks[key]; ok && now.Before(c.reuse) {
-		a.jwts.mu.Unlock()
+	if c, ok := a.jwts.get(key, now); ok {
 		return c.token, c.expiry, nil
 	}
-	a.jwts.mu.Unlock()
 	var resp *musterv1.MintJWTSVIDResponse
 	err := a.withAuthority(ctx, func(ctx context.Context, conn grpc.ClientConnInterface) error {
 		var err error
@@ -240,12 +288,7 @@ func (a *Agent) JWTSVID(ctx context.Context, audience []string) (string, time.Ti
 		return "", time.Time{}, err
 	}
 	exp := resp.GetExpiresAt().AsTime()
-	a.jwts.mu.Lock()
-	if a.jwts.toks == nil || len(a.jwts.toks) >= jwtCacheSize {
-		a.jwts.toks = map[string]cachedJWT{}
-	}
-	a.jwts.toks[key] = cachedJWT{token: resp.GetToken(), expiry: exp, reuse: reuseUntil(resp.GetToken(), now, exp)}
-	a.jwts.mu.Unlock()
+	a.jwts.put(key, &cachedJWT{token: resp.GetToken(), expiry: exp, reuse: reuseUntil(resp.GetToken(), now, exp)}, now)
 	return resp.GetToken(), exp, nil
 }
 

@@ -89,7 +89,13 @@ func (a *Agent) renew(ctx context.Context) (*State, error) {
 	// Read again: the stream and tasks write state.json (the verifier
 	// set, the replay window, a trust bundle and its roots) while the
 	// request is out, and another renewal may have written a new identity.
-	cur, curID, err := a.load(false)
+	// With fix: a forced join (another process) that stopped after its
+	// certificate meanwhile is finished here as at a start (agent.yaml,
+	// the trust bundle, state.json); read without it, its state was
+	// written alone below, and the next start, finding state.json and
+	// the certificate agreeing, dropped state.next.json and with it the
+	// join's authority and pins.
+	cur, curID, err := a.load(true)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,8 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/muster-dev/muster/internal/errinfo"
 )
 
 func TestTransient(t *testing.T) {
@@ -275,6 +277,14 @@ func TestRetryableBound(t *testing.T) {
 		{"locked", status.Error(codes.PermissionDenied, "locked"), false},
 		{"challenge_failed", status.Error(codes.Unauthenticated, "challenge_failed"), false},
 		{"local", errors.New("recovery_exhausted"), false},
+		// The ErrorInfo reason decides, not the message's words: an
+		// authority that says it in other words is still retried, and
+		// another refusal quoting them is not.
+		{"reason recovery_exhausted", errinfo.Error(codes.FailedPrecondition, "the token's recovery budget is spent", "recovery_exhausted"), true},
+		{"reason recovery_exhausted wrapped", &OpError{Op: "recovery", Err: errinfo.Error(codes.FailedPrecondition, "budget spent", "recovery_exhausted")}, true},
+		{"reason registration_closed quoting recovery_exhausted", errinfo.Error(codes.FailedPrecondition, "registration_closed: token bot-1 (its last refusal: recovery_exhausted)", "registration_closed"), false},
+		{"reason recovery_exhausted, another code", errinfo.Error(codes.PermissionDenied, "recovery_exhausted", "recovery_exhausted"), false},
+		{"no reason, the word quoted later", status.Error(codes.FailedPrecondition, "registration_closed: after recovery_exhausted"), false},
 	}
 	for _, tt := range tests {
 		if got := retryableBound(tt.err); got != tt.want {

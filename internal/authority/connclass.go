@@ -86,6 +86,9 @@ func shareRefusal(agent string) string {
 // connShares counts the connections open by class. Safe for concurrent use.
 type connShares struct {
 	anonMax int
+	// startBy is how long after its handshake an accepted connection
+	// keeps its place unless gRPC's transport starts on it (sharedConn).
+	startBy time.Duration
 	// handshaking counts the TLS handshakes under way.
 	handshaking atomic.Int64
 
@@ -120,7 +123,8 @@ func (c *connShares) keepRefused(agent string) (func(), bool) {
 }
 
 func newConnShares(maxConns int) *connShares {
-	return &connShares{anonMax: max(maxConns*anonymousShareNum/anonymousShareDen, 1), agents: map[string]int{}, refused: map[string]int{}}
+	return &connShares{anonMax: max(maxConns*anonymousShareNum/anonymousShareDen, 1), startBy: handshakeTimeout,
+		agents: map[string]int{}, refused: map[string]int{}}
 }
 
 // take counts one connection of agent (or, "", an anonymous one unless
@@ -198,7 +202,7 @@ func (c sharedCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthIn
 	if ti, ok := info.(credentials.TLSInfo); ok && cc != nil {
 		info = &connAuthInfo{TLSInfo: ti, chain: cc}
 	}
-	return &sharedConn{Conn: conn, release: release}, info, nil
+	return keepSharedConn(conn, release, c.s.shares.startBy), info, nil
 }
 
 func (c sharedCreds) Clone() credentials.TransportCredentials {
@@ -246,13 +250,43 @@ func (s *Server) acceptedIntermediate(role ca.Role, c *x509.Certificate) bool {
 	return false
 }
 
-// sharedConn gives its place in its share back when closed, once.
+// sharedConn gives its place in its share back once: when it is closed,
+// or, when gRPC's transport never started on it, startBy after the
+// handshake. gRPC closes only the raw connection when its transport
+// fails to start (writing its settings to a client that reset the
+// connection just after the handshake: anyone can, anonymous or with an
+// agent's certificate), never this wrapper, and a place given back only
+// by its Close was held for good: enough of them and the share refused
+// everyone. The transport starts by reading the client's preface through
+// the wrapper; from that read on, every way it ends closes the wrapper.
 type sharedConn struct {
 	net.Conn
+	started atomic.Bool
+	stop    func() bool
 	release func()
 }
 
+// keepSharedConn wraps conn, which holds a place in its share (release,
+// called once), closed and its place freed at startBy unless a transport
+// reads from it first.
+func keepSharedConn(conn net.Conn, release func(), startBy time.Duration) *sharedConn {
+	release = sync.OnceFunc(release)
+	t := time.AfterFunc(startBy, func() {
+		conn.Close()
+		release()
+	})
+	return &sharedConn{Conn: conn, stop: t.Stop, release: release}
+}
+
+func (c *sharedConn) Read(b []byte) (int, error) {
+	if c.started.CompareAndSwap(false, true) {
+		c.stop()
+	}
+	return c.Conn.Read(b)
+}
+
 func (c *sharedConn) Close() error {
+	c.stop()
 	err := c.Conn.Close()
 	c.release()
 	return err

@@ -17,6 +17,7 @@ import (
 	"github.com/muster-dev/muster/internal/benchbound"
 	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/loadgen"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
@@ -100,6 +101,10 @@ func TestRegisterUsingBoundKeypair(t *testing.T) {
 	_, csr3 := benchCSR(t)
 	_, err = joinBound(ctx, a, "bot-1", second.JoinState, priv, csr3)
 	wantStatus(t, err, codes.FailedPrecondition, "recovery_exhausted")
+	// The agent retries a spent budget by this reason, not the message.
+	if r := errinfo.Reason(err); r != "recovery_exhausted" {
+		t.Fatalf("spent budget: ErrorInfo reason %q, want recovery_exhausted", r)
+	}
 
 	// Another key fails the challenge; a stale join state locks.
 	_, other, _ := ed25519.GenerateKey(rand.Reader)

@@ -286,6 +286,10 @@ func build(ctx context.Context, d Dir, o InitOptions, made *madeKeys) (_ InitRes
 	if err != nil {
 		return InitResult{}, err
 	}
+	// Written before the store records the operator, but into the
+	// staging directory: a failed InsertOperator removes it with the
+	// rest (Init), so no operator.pem the store does not know is left
+	// (TestFailedOperatorWriteLeavesNoIdentity).
 	if err := op.Save(d.OperatorFile(), false); err != nil {
 		return InitResult{}, err
 	}
