@@ -105,7 +105,10 @@ func (d Dir) ReadInfo() (Info, error) {
 		return Info{}, fmt.Errorf("datadir: %s is corrupt: %v", d.InfoFile(), err)
 	}
 	if info.FormatVersion > FormatVersion {
-		return Info{}, fmt.Errorf("datadir: %s has layout version %d, newer than this binary knows (%d)", d, info.FormatVersion, FormatVersion)
+		return Info{}, fmt.Errorf("datadir: %s has layout version %d, newer than this binary knows (%d): "+
+			"a newer muster wrote it; run a muster that knows data directory layout %d or later (`muster version` shows the layout a binary knows), "+
+			"or restore the directory from the copy taken before the upgrade (docs/install.md, \"Upgrades\")",
+			d, info.FormatVersion, FormatVersion, info.FormatVersion)
 	}
 	if info.AuthorityID == "" || info.TrustDomain == "" || info.CAFingerprint == "" {
 		return Info{}, fmt.Errorf("datadir: %s is corrupt: missing fields", d.InfoFile())

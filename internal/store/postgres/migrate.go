@@ -59,8 +59,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	if v > latestVersion() {
-		return false, fmt.Errorf("postgres: database is at schema version %d, this binary knows up to %d: %w",
-			v, latestVersion(), store.ErrSchemaTooNew)
+		return false, &store.SchemaTooNewError{Backend: "postgres", At: v, Knows: latestVersion()}
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, conn.Conn(), m); err != nil {

@@ -22,6 +22,11 @@ var migrations = store.MustLoadMigrations(migrationFS)
 // latestVersion is the schema version this binary migrates to.
 func latestVersion() int { return migrations[len(migrations)-1].Version }
 
+// LatestSchemaVersion is the schema version this binary migrates a
+// database to and opens at most, the same for both backends (their
+// migrations mirror each other): muster version shows it.
+func LatestSchemaVersion() int { return latestVersion() }
+
 // migrate brings the database to latestVersion, one transaction per
 // migration. Each transaction begins IMMEDIATE and re-reads the version, so
 // two processes opening the same new file apply each migration once.
@@ -37,8 +42,7 @@ func migrate(ctx context.Context, w *sql.DB) error {
 		return fmt.Errorf("sqlite: migrate: %w", err)
 	}
 	if v > latestVersion() {
-		return fmt.Errorf("sqlite: database is at schema version %d, this binary knows up to %d: %w",
-			v, latestVersion(), store.ErrSchemaTooNew)
+		return &store.SchemaTooNewError{Backend: "sqlite", At: v, Knows: latestVersion()}
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, w, m); err != nil {
