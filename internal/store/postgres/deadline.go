@@ -53,6 +53,8 @@ type limit struct {
 	// a long request.
 	connect        time.Duration
 	connectFromURL bool
+	// migrating is Open's WithMigrating (nil: none).
+	migrating func(from, to int)
 }
 
 // timeoutError is a request the database did not answer within the
@@ -105,6 +107,8 @@ type db struct {
 	// connectFromURL (limit).
 	connect        time.Duration
 	connectFromURL bool
+	// migrating is Open's WithMigrating (nil: none).
+	migrating func(from, to int)
 }
 
 // Config and Close are the pool's.

@@ -32,7 +32,8 @@ func latestVersion() int { return migrations[len(migrations)-1].Version }
 // together on a new database queue on the lock, and the later ones find the
 // work done. Even CREATE TABLE IF NOT EXISTS races without it. created
 // says the database had no schema (version 0) and this call made it.
-func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
+// migrating, if not nil, hears of the migrations about to be applied.
+func migrate(ctx context.Context, pool *pgxpool.Pool, migrating func(from, to int)) (created bool, _ error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
@@ -60,6 +61,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
 	}
 	if v > latestVersion() {
 		return false, &store.SchemaTooNewError{Backend: "postgres", At: v, Knows: latestVersion()}
+	}
+	if v < latestVersion() && migrating != nil {
+		migrating(v, latestVersion())
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, conn.Conn(), m); err != nil {

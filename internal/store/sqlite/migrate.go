@@ -30,7 +30,8 @@ func LatestSchemaVersion() int { return latestVersion() }
 // migrate brings the database to latestVersion, one transaction per
 // migration. Each transaction begins IMMEDIATE and re-reads the version, so
 // two processes opening the same new file apply each migration once.
-func migrate(ctx context.Context, w *sql.DB) error {
+// migrating, if not nil, hears of the migrations about to be applied.
+func migrate(ctx context.Context, w *sql.DB, migrating func(from, to int)) error {
 	if _, err := w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER NOT NULL PRIMARY KEY,
 		applied_at INTEGER NOT NULL
@@ -43,6 +44,9 @@ func migrate(ctx context.Context, w *sql.DB) error {
 	}
 	if v > latestVersion() {
 		return &store.SchemaTooNewError{Backend: "sqlite", At: v, Knows: latestVersion()}
+	}
+	if v < latestVersion() && migrating != nil {
+		migrating(v, latestVersion())
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, w, m); err != nil {

@@ -1,0 +1,31 @@
+package sqlite
+
+import (
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+// WithMigrating hears of the migrations Open is about to apply, once, and
+// of none when the database is already at the newest schema: the
+// authority says a migration is under way from it.
+func TestOpenTellsOfMigrations(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "muster.db")
+	for _, tc := range []struct {
+		name string
+		want [][2]int
+	}{
+		{"a new file", [][2]int{{0, latestVersion()}}},
+		{"a database at the newest schema", nil},
+	} {
+		var got [][2]int
+		s, err := Open(t.Context(), path, WithMigrating(func(from, to int) { got = append(got, [2]int{from, to}) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: migrating called with %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
