@@ -16,7 +16,9 @@ import (
 // migration 0025 left (made here by taking 0025 and any later ones back by
 // hand, takeBack: no older binary is built) is migrated at start, and the
 // authority says so before it serves (a migration on a large fleet takes
-// seconds to minutes before the listeners open); a start on the current
+// seconds to minutes before the listeners open), while an offline command
+// of the new version refuses to migrate it under the old authority; a
+// start on the current
 // schema says nothing of it; and a database a newer muster migrated is
 // refused, changing nothing, with a way out that works pasted (`muster
 // version` prints the schema the binary knows).
@@ -36,6 +38,17 @@ func TestAuthorityUpgradeAndDowngrade(t *testing.T) {
 			mustExec(t, db, `DELETE FROM schema_migrations WHERE version = ?`, v)
 		}
 	})
+
+	// An offline command of the new version beside the old authority
+	// does not move the schema on under it.
+	msg := mustFail(t, "audit", "list", "--offline", "--data", dir)
+	if !strings.Contains(msg, fmt.Sprintf("the store is at schema version 24; this muster knows version %d and would migrate it", latest)) ||
+		!strings.Contains(msg, "or upgrade the authority first") {
+		t.Errorf("audit list --offline on the old schema: %q, want a refusal naming the way out", msg)
+	}
+	if v := schemaOf(t, dir); v != 24 {
+		t.Fatalf("schema version %d after an offline command refused, want 24", v)
+	}
 
 	a := startAuthority(t, dir)
 	a.stop(t)
@@ -70,7 +83,7 @@ func TestAuthorityUpgradeAndDowngrade(t *testing.T) {
 	withDB(t, dir, func(db *sql.DB) {
 		mustExec(t, db, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, 0)`, latest+1)
 	})
-	msg := mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "")
+	msg = mustFail(t, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "")
 	want := fmt.Sprintf("database is at schema version %d, this binary knows up to %d", latest+1, latest)
 	if !strings.Contains(msg, want) || !strings.Contains(msg, fmt.Sprintf("run a muster that knows schema version %d or later (`muster version` shows", latest+1)) ||
 		!strings.Contains(msg, "restore the database from the backup taken before the upgrade") {

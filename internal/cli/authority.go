@@ -525,7 +525,7 @@ func openStore(ctx context.Context, url string) (store.Store, error) {
 // default). A SQLite store is a file of this host's: it has no peer to
 // hang. migrating, if not nil, hears of the migrations about to be
 // applied.
-func openStoreWith(ctx context.Context, url string, timeout time.Duration, migrating func(from, to int)) (store.Store, error) {
+func openStoreWith(ctx context.Context, url string, timeout time.Duration, migrating func(from, to int) error) (store.Store, error) {
 	if err := checkStoreURL(url); err != nil {
 		return nil, err
 	}
@@ -661,7 +661,7 @@ type dataDir struct {
 	urlFromInfo bool
 	// migrating, if not nil, hears of the migrations the store's opening
 	// is about to apply (store.WithMigrating).
-	migrating func(from, to int)
+	migrating func(from, to int) error
 }
 
 // loadDataDir reads and checks dir; storeURL, if given, overrides the
@@ -782,9 +782,10 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	// listeners open (docs/install.md, "Upgrades"): say it is under way,
 	// and when it is done, or the start reads as hung.
 	var migrated time.Time
-	su.data.migrating = func(from, to int) {
+	su.data.migrating = func(from, to int) error {
 		migrated = time.Now()
 		log.Info("store: migrating the schema; the authority serves once it is done", "from_version", from, "to_version", to)
+		return nil
 	}
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {

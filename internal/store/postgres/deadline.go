@@ -54,7 +54,7 @@ type limit struct {
 	connect        time.Duration
 	connectFromURL bool
 	// migrating is Open's WithMigrating (nil: none).
-	migrating func(from, to int)
+	migrating func(from, to int) error
 }
 
 // timeoutError is a request the database did not answer within the
@@ -108,7 +108,7 @@ type db struct {
 	connect        time.Duration
 	connectFromURL bool
 	// migrating is Open's WithMigrating (nil: none).
-	migrating func(from, to int)
+	migrating func(from, to int) error
 }
 
 // Config and Close are the pool's.

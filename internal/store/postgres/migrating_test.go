@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"errors"
 	"slices"
 	"testing"
 )
@@ -10,6 +11,15 @@ import (
 // authority says a migration is under way from it.
 func TestOpenTellsOfMigrations(t *testing.T) {
 	url := srv.NewDatabase(t)
+	// A refusal stops Open with nothing applied: the next Open migrates
+	// from version 0 still.
+	stop := errors.New("not now")
+	if s, err := Open(t.Context(), url, WithMigrating(func(from, to int) error { return stop })); !errors.Is(err, stop) {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("Open with a refusing WithMigrating: %v, want its error", err)
+	}
 	for _, tc := range []struct {
 		name string
 		want [][2]int
@@ -18,7 +28,7 @@ func TestOpenTellsOfMigrations(t *testing.T) {
 		{"a database at the newest schema", nil},
 	} {
 		var got [][2]int
-		s, err := Open(t.Context(), url, WithMigrating(func(from, to int) { got = append(got, [2]int{from, to}) }))
+		s, err := Open(t.Context(), url, WithMigrating(func(from, to int) error { got = append(got, [2]int{from, to}); return nil }))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -213,15 +213,18 @@ type Option func(*options)
 type options struct {
 	pool      *pgxpool.Config
 	timeout   time.Duration
-	migrating func(from, to int)
+	migrating func(from, to int) error
 }
 
 // WithMigrating has Open call f before it applies any migration, with the
 // schema version the database is at and the one it migrates to: a
 // migration of a large table takes seconds or more, during which the
-// caller cannot serve, and an upgrade should say so while it happens. Of
+// caller cannot serve, and an upgrade should say so while it happens. An
+// error from f stops Open before any migration, and Open returns it: a
+// caller that must not move the schema on (a command beside running
+// authorities of an older version) refuses so. Of
 // replicas starting together, only the one that migrates calls it.
-func WithMigrating(f func(from, to int)) Option {
+func WithMigrating(f func(from, to int) error) Option {
 	return func(o *options) { o.migrating = f }
 }
 

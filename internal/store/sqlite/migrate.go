@@ -30,8 +30,9 @@ func LatestSchemaVersion() int { return latestVersion() }
 // migrate brings the database to latestVersion, one transaction per
 // migration. Each transaction begins IMMEDIATE and re-reads the version, so
 // two processes opening the same new file apply each migration once.
-// migrating, if not nil, hears of the migrations about to be applied.
-func migrate(ctx context.Context, w *sql.DB, migrating func(from, to int)) error {
+// migrating, if not nil, hears of the migrations about to be applied;
+// an error from it is returned with nothing applied.
+func migrate(ctx context.Context, w *sql.DB, migrating func(from, to int) error) error {
 	if _, err := w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER NOT NULL PRIMARY KEY,
 		applied_at INTEGER NOT NULL
@@ -46,7 +47,9 @@ func migrate(ctx context.Context, w *sql.DB, migrating func(from, to int)) error
 		return &store.SchemaTooNewError{Backend: "sqlite", At: v, Knows: latestVersion()}
 	}
 	if v < latestVersion() && migrating != nil {
-		migrating(v, latestVersion())
+		if err := migrating(v, latestVersion()); err != nil {
+			return err
+		}
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, w, m); err != nil {

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"errors"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -11,6 +12,15 @@ import (
 // authority says a migration is under way from it.
 func TestOpenTellsOfMigrations(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "muster.db")
+	// A refusal stops Open with nothing applied: the next Open migrates
+	// from version 0 still.
+	stop := errors.New("not now")
+	if s, err := Open(t.Context(), path, WithMigrating(func(from, to int) error { return stop })); !errors.Is(err, stop) {
+		if err == nil {
+			s.Close()
+		}
+		t.Fatalf("Open with a refusing WithMigrating: %v, want its error", err)
+	}
 	for _, tc := range []struct {
 		name string
 		want [][2]int
@@ -19,7 +29,7 @@ func TestOpenTellsOfMigrations(t *testing.T) {
 		{"a database at the newest schema", nil},
 	} {
 		var got [][2]int
-		s, err := Open(t.Context(), path, WithMigrating(func(from, to int) { got = append(got, [2]int{from, to}) }))
+		s, err := Open(t.Context(), path, WithMigrating(func(from, to int) error { got = append(got, [2]int{from, to}); return nil }))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -151,19 +151,22 @@ func Open(ctx context.Context, path string, opts ...Option) (*SQLite, error) {
 type Option func(*options)
 
 type options struct {
-	migrating func(from, to int)
+	migrating func(from, to int) error
 }
 
 // WithMigrating has Open call f before it applies any migration, with the
 // schema version the database is at and the one it migrates to: a
 // migration of a large table takes seconds or more, during which the
-// caller cannot serve, and an upgrade should say so while it happens.
-func WithMigrating(f func(from, to int)) Option {
+// caller cannot serve, and an upgrade should say so while it happens. An
+// error from f stops Open before any migration, and Open returns it: a
+// caller that must not move the schema on (a command beside running
+// authorities of an older version) refuses so.
+func WithMigrating(f func(from, to int) error) Option {
 	return func(o *options) { o.migrating = f }
 }
 
 // init checks the writer connection and migrates the schema.
-func (s *SQLite) init(ctx context.Context, abs string, migrating func(from, to int)) error {
+func (s *SQLite) init(ctx context.Context, abs string, migrating func(from, to int) error) error {
 	var mode string
 	if err := s.w.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
 		return fmt.Errorf("sqlite: open %s: %w", abs, err)
