@@ -53,8 +53,6 @@ type limit struct {
 	// a long request.
 	connect        time.Duration
 	connectFromURL bool
-	// migrating is Open's WithMigrating (nil: none).
-	migrating func(from, to int) error
 }
 
 // timeoutError is a request the database did not answer within the
