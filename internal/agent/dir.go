@@ -10,6 +10,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -182,9 +184,33 @@ func (d Dir) ReadConfig() (Config, error) {
 func redactYAMLError(err error) string {
 	var te *yaml.TypeError
 	if errors.As(err, &te) {
-		return "unknown key or wrong type (keys: authority, ca_fingerprint, node, join_method, token, psk, discovery, discovery_fingerprint, authority_id, bound_keypair, registration_secret, workload_api: listen, socket_mode, socket_uid, socket_gid, allow_uids, allow_gids, max_streams_per_uid)"
+		return "unknown key or wrong type (keys: " + configKeys + ")"
 	}
 	return "malformed YAML"
+}
+
+// configKeys lists agent.yaml's keys, read from Config's tags so that a
+// new setting is named without a second list to keep (the hand-kept one
+// lacked workload_api's call_timeout).
+var configKeys = func() string {
+	keys := yamlKeys(reflect.TypeFor[Config]())
+	for i, k := range keys {
+		if k == "workload_api" {
+			keys[i] += ": " + strings.Join(yamlKeys(reflect.TypeFor[WorkloadAPIConfig]()), ", ")
+		}
+	}
+	return strings.Join(keys, ", ")
+}()
+
+// yamlKeys is the yaml key of each field of struct type t, in order.
+func yamlKeys(t reflect.Type) []string {
+	var keys []string
+	for f := range t.Fields() {
+		if name, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
 }
 
 // ConfigReadableByOthers reports whether agent.yaml exists and other users

@@ -100,6 +100,19 @@ func openOfflineStore(ctx context.Context, od offlineDir, storeURL string) (stor
 			return nil, d, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
 		}
 	}
+	// The store is shared with authorities that may run beside this
+	// command, or be started after it, of the version that last migrated
+	// it: moving the schema on here would make every one of them refuse
+	// to start. The authority of the new version migrates at its start.
+	d.migrating = func(from, to int) error {
+		if from == 0 {
+			return nil // no schema yet: CheckStore says what is wrong
+		}
+		return fmt.Errorf("the store is at schema version %d; this muster knows version %d and would migrate it, "+
+			"after which every muster that knows only version %d (the authority using it, until upgraded) refuses to start: "+
+			"run this command with the muster of the authority's version (`muster version` shows the schema a binary knows), "+
+			"or upgrade the authority first, which migrates the store at its start (docs/install.md, \"Upgrades\")", from, to, from)
+	}
 	st, err := d.openStore(ctx)
 	if err != nil {
 		return nil, d, err

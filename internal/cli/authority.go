@@ -517,14 +517,15 @@ func checkStoreURL(url string) error {
 // openStore opens the store a URL names, a PostgreSQL one with the
 // default request timeout.
 func openStore(ctx context.Context, url string) (store.Store, error) {
-	return openStoreWith(ctx, url, 0)
+	return openStoreWith(ctx, url, 0, nil)
 }
 
 // openStoreWith opens the store a URL names; a PostgreSQL store gives up a
 // request unanswered after timeout (limits.store_timeout; 0: the
 // default). A SQLite store is a file of this host's: it has no peer to
-// hang.
-func openStoreWith(ctx context.Context, url string, timeout time.Duration) (store.Store, error) {
+// hang. migrating, if not nil, hears of the migrations about to be
+// applied.
+func openStoreWith(ctx context.Context, url string, timeout time.Duration, migrating func(from, to int) error) (store.Store, error) {
 	if err := checkStoreURL(url); err != nil {
 		return nil, err
 	}
@@ -534,9 +535,9 @@ func openStoreWith(ctx context.Context, url string, timeout time.Duration) (stor
 		if path == "" {
 			return nil, fmt.Errorf("store URL %q has no path", url)
 		}
-		return sqlite.Open(ctx, path)
+		return sqlite.Open(ctx, path, sqlite.WithMigrating(migrating))
 	default:
-		return postgres.Open(ctx, url, postgres.WithRequestTimeout(timeout))
+		return postgres.Open(ctx, url, postgres.WithRequestTimeout(timeout), postgres.WithMigrating(migrating))
 	}
 }
 
@@ -658,6 +659,9 @@ type dataDir struct {
 	// urlFromInfo: url is the one authority.json records, without a
 	// password.
 	urlFromInfo bool
+	// migrating, if not nil, hears of the migrations the store's opening
+	// is about to apply (store.WithMigrating).
+	migrating func(from, to int) error
 }
 
 // loadDataDir reads and checks dir; storeURL, if given, overrides the
@@ -699,7 +703,7 @@ func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
 // openStoreWith is openStore with the PostgreSQL store's request timeout
 // (0: the default).
 func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
-	st, err := openStoreWith(ctx, d.url, timeout)
+	st, err := openStoreWith(ctx, d.url, timeout, d.migrating)
 	if err != nil && errors.Is(err, store.ErrUnavailable) {
 		// Not the password: the database did not answer, or refused the
 		// connection (stopped, restarting, unreachable from here). The
@@ -775,9 +779,21 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 			log.Warn("store: " + err.Error())
 		}
 	}
+	// A migration may take minutes on a large fleet, before the
+	// listeners open (docs/install.md, "Upgrades"): say it is under way,
+	// and when it is done, or the start reads as hung.
+	var migrated time.Time
+	su.data.migrating = func(from, to int) error {
+		migrated = time.Now()
+		log.Info("store: migrating the schema; the authority serves once it is done", "from_version", from, "to_version", to)
+		return nil
+	}
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
+	}
+	if !migrated.IsZero() {
+		log.Info("store: schema migrated", "took", time.Since(migrated).Round(time.Millisecond).String())
 	}
 	defer closeStore()
 	logPool(log, st)

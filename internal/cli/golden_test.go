@@ -11,6 +11,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/listener"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden with the current output")
@@ -30,7 +31,10 @@ func TestGoldenText(t *testing.T) {
 	normalize := strings.NewReplacer(runtime.Version(), "GOVERSION", runtime.GOOS+"/"+runtime.GOARCH, "PLATFORM",
 		dir, "DIR", id, "AUTHORITY_ID", td, "TRUST_DOMAIN",
 		fmt.Sprintf(" %d (api and bootstrap listeners together)", listener.DefaultMaxConns()), " MAX_CONNECTIONS (api and bootstrap listeners together)",
-		"open_file_limit:       "+fileLimit(t)+",", "open_file_limit:       OPEN_FILE_LIMIT,")
+		"open_file_limit:       "+fileLimit(t)+",", "open_file_limit:       OPEN_FILE_LIMIT,",
+		// The next migration must not rewrite the goldens.
+		fmt.Sprintf("store %d,", sqlite.LatestSchemaVersion()), "store SCHEMA,",
+		fmt.Sprintf("store_schema: %d\n", sqlite.LatestSchemaVersion()), "store_schema: SCHEMA\n")
 	tests := []struct {
 		name string
 		args []string

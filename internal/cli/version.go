@@ -6,6 +6,9 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 // Commit and BuildDate are set at build time, like Version:
@@ -30,13 +33,20 @@ type buildInfo struct {
 	BuildDate string `json:"build_date" yaml:"build_date"`
 	GoVersion string `json:"go_version" yaml:"go_version"`
 	Platform  string `json:"platform" yaml:"platform"`
+	// The newest store schema and data directory layout this binary
+	// opens: what an operator compares when an older binary refuses a
+	// database or directory a newer one migrated (docs/install.md,
+	// "Upgrades").
+	StoreSchema int `json:"store_schema" yaml:"store_schema"`
+	DataFormat  int `json:"data_format" yaml:"data_format"`
 }
 
 // currentBuild merges the ldflags values with the toolchain's record; an
 // ldflags value always wins, since a release build sets it on purpose.
 func currentBuild() buildInfo {
 	b := buildInfo{Version: Version, Commit: Commit, BuildDate: BuildDate,
-		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH,
+		StoreSchema: sqlite.LatestSchemaVersion(), DataFormat: datadir.FormatVersion}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b
@@ -95,7 +105,7 @@ func newVersionCmd(env *Env) *cobra.Command {
 	var out output
 	cmd := &cobra.Command{
 		Use:   "version",
-		Short: "Print muster's version, commit, build date and Go version",
+		Short: "Print muster's version, commit, build date, Go version and the store schema it knows",
 		Example: `  muster version
   muster version -o json`,
 		Args: cobra.NoArgs,
@@ -111,8 +121,8 @@ func newVersionCmd(env *Env) *cobra.Command {
 			if b.Modified {
 				commit += " (modified)"
 			}
-			fmt.Fprintf(env.Stdout, "muster %s\nCommit:     %s\nBuilt:      %s\nGo version: %s\nPlatform:   %s\n",
-				b.Version, commit, unknownIfEmpty(b.BuildDate), b.GoVersion, b.Platform)
+			fmt.Fprintf(env.Stdout, "muster %s\nCommit:     %s\nBuilt:      %s\nGo version: %s\nPlatform:   %s\nSchema:     store %d, data directory %d\n",
+				b.Version, commit, unknownIfEmpty(b.BuildDate), b.GoVersion, b.Platform, b.StoreSchema, b.DataFormat)
 			return nil
 		},
 	}

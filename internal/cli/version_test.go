@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/muster-dev/muster/internal/datadir"
+	"github.com/muster-dev/muster/internal/store/sqlite"
 )
 
 func TestVersion(t *testing.T) {
@@ -22,13 +26,15 @@ func TestVersion(t *testing.T) {
 
 	code, stdout, stderr := runCLI(t, "version")
 	want := "muster v1.2.3\nCommit:     0123abcd\nBuilt:      2026-11-24T12:00:00Z\nGo version: " + runtime.Version() +
-		"\nPlatform:   " + runtime.GOOS + "/" + runtime.GOARCH + "\n"
+		"\nPlatform:   " + runtime.GOOS + "/" + runtime.GOARCH +
+		fmt.Sprintf("\nSchema:     store %d, data directory %d\n", sqlite.LatestSchemaVersion(), datadir.FormatVersion)
 	if code != 0 || stdout != want {
 		t.Errorf("version = %d %q (stderr %q), want\n%s", code, stdout, stderr, want)
 	}
 
 	wantInfo := buildInfo{Version: "v1.2.3", Commit: "0123abcd", BuildDate: "2026-11-24T12:00:00Z",
-		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH}
+		GoVersion: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH,
+		StoreSchema: sqlite.LatestSchemaVersion(), DataFormat: datadir.FormatVersion}
 	for _, format := range []string{"json", "yaml"} {
 		code, stdout, stderr = runCLI(t, "version", "-o", format)
 		var got buildInfo

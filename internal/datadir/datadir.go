@@ -102,10 +102,20 @@ func (d Dir) ReadInfo() (Info, error) {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&info); err != nil {
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			// Not damage: a newer muster records more (as custody was
+			// added), and this binary must not run on what it cannot read.
+			return Info{}, fmt.Errorf("datadir: %s has the field %s, which this binary does not know: "+
+				"a newer muster wrote it; run a muster of that version or later (`muster version` shows the layout a binary knows), "+
+				"or restore the directory from the copy taken before the upgrade (docs/install.md, \"Upgrades\")", d.InfoFile(), field)
+		}
 		return Info{}, fmt.Errorf("datadir: %s is corrupt: %v", d.InfoFile(), err)
 	}
 	if info.FormatVersion > FormatVersion {
-		return Info{}, fmt.Errorf("datadir: %s has layout version %d, newer than this binary knows (%d)", d, info.FormatVersion, FormatVersion)
+		return Info{}, fmt.Errorf("datadir: %s has layout version %d, newer than this binary knows (%d): "+
+			"a newer muster wrote it; run a muster that knows data directory layout %d or later (`muster version` shows the layout a binary knows), "+
+			"or restore the directory from the copy taken before the upgrade (docs/install.md, \"Upgrades\")",
+			d, info.FormatVersion, FormatVersion, info.FormatVersion)
 	}
 	if info.AuthorityID == "" || info.TrustDomain == "" || info.CAFingerprint == "" {
 		return Info{}, fmt.Errorf("datadir: %s is corrupt: missing fields", d.InfoFile())

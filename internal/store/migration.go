@@ -54,3 +54,25 @@ func MustLoadMigrations(fsys fs.FS) []Migration {
 	}
 	return ms
 }
+
+// SchemaTooNewError is a backend's refusal to open a database that a newer
+// muster migrated. There are no down migrations, so the way out is a
+// binary that knows the schema, or the backup taken before the upgrade:
+// the message names both, since the operator meets it mid-rollback (an old
+// replica restarted, a downgraded package) with the docs not at hand.
+type SchemaTooNewError struct {
+	Backend string // sqlite or postgres, the message's prefix
+	At      int    // the database's schema version
+	Knows   int    // the last migration this binary carries
+}
+
+func (e *SchemaTooNewError) Error() string {
+	return fmt.Sprintf("%s: database is at schema version %d, this binary knows up to %d: "+
+		"a newer muster migrated it, and no muster migrates a database back; "+
+		"run a muster that knows schema version %d or later (`muster version` shows the version a binary knows), "+
+		"or restore the database from the backup taken before the upgrade (docs/install.md, \"Upgrades\")",
+		e.Backend, e.At, e.Knows, e.At)
+}
+
+// Unwrap makes the refusal errors.Is ErrSchemaTooNew.
+func (e *SchemaTooNewError) Unwrap() error { return ErrSchemaTooNew }

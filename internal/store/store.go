@@ -30,7 +30,8 @@ var (
 	// ErrConflict: a uniqueness or state precondition of a conditional write
 	// failed; nothing was changed.
 	ErrConflict = errors.New("store: conflict")
-	// ErrSchemaTooNew: the database was migrated by a newer muster.
+	// ErrSchemaTooNew: the database was migrated by a newer muster
+	// (SchemaTooNewError says by how much and what to do).
 	ErrSchemaTooNew = errors.New("store: database schema is newer than this binary")
 	// ErrUnavailable: the database cannot take the write now (its disk is
 	// full, or it is out of resources); nothing was changed, and the same

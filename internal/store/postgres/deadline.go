@@ -105,6 +105,8 @@ type db struct {
 	// connectFromURL (limit).
 	connect        time.Duration
 	connectFromURL bool
+	// migrating is Open's WithMigrating (nil: none).
+	migrating func(from, to int) error
 }
 
 // Config and Close are the pool's.

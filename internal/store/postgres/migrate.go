@@ -32,7 +32,9 @@ func latestVersion() int { return migrations[len(migrations)-1].Version }
 // together on a new database queue on the lock, and the later ones find the
 // work done. Even CREATE TABLE IF NOT EXISTS races without it. created
 // says the database had no schema (version 0) and this call made it.
-func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
+// migrating, if not nil, hears of the migrations about to be applied;
+// an error from it is returned with nothing applied.
+func migrate(ctx context.Context, pool *pgxpool.Pool, migrating func(from, to int) error) (created bool, _ error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
@@ -59,8 +61,12 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (created bool, _ error) {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
 	if v > latestVersion() {
-		return false, fmt.Errorf("postgres: database is at schema version %d, this binary knows up to %d: %w",
-			v, latestVersion(), store.ErrSchemaTooNew)
+		return false, &store.SchemaTooNewError{Backend: "postgres", At: v, Knows: latestVersion()}
+	}
+	if v < latestVersion() && migrating != nil {
+		if err := migrating(v, latestVersion()); err != nil {
+			return false, err
+		}
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, conn.Conn(), m); err != nil {

@@ -110,7 +110,7 @@ func Open(ctx context.Context, url string, opts ...Option) (*Store, error) {
 	}
 	// Migrations run under ctx alone: a long one on a big table must not
 	// be cut by the deadline of a request.
-	created, err := migrate(ctx, d.p)
+	created, err := migrate(ctx, d.p, d.migrating)
 	if err != nil {
 		d.Close()
 		// A database that is not there says so (store.ErrUnavailable),
@@ -152,7 +152,7 @@ func newPool(ctx context.Context, url string, opts ...Option) (d *db, poolFromUR
 	if err != nil {
 		return nil, false, fmt.Errorf("postgres: open: %w", err)
 	}
-	return &db{p: pool, timeout: o.timeout, connect: cfg.ConnConfig.ConnectTimeout, connectFromURL: fromURL}, poolFromURL, nil
+	return &db{p: pool, timeout: o.timeout, connect: cfg.ConnConfig.ConnectTimeout, connectFromURL: fromURL, migrating: o.migrating}, poolFromURL, nil
 }
 
 // pingHeldConns makes the pool ask a connection it holds whether the
@@ -211,8 +211,21 @@ func (s *Store) PoolMaxConns() (n int32, fromURL bool) {
 type Option func(*options)
 
 type options struct {
-	pool    *pgxpool.Config
-	timeout time.Duration
+	pool      *pgxpool.Config
+	timeout   time.Duration
+	migrating func(from, to int) error
+}
+
+// WithMigrating has Open call f before it applies any migration, with the
+// schema version the database is at and the one it migrates to: a
+// migration of a large table takes seconds or more, during which the
+// caller cannot serve, and an upgrade should say so while it happens. An
+// error from f stops Open before any migration, and Open returns it: a
+// caller that must not move the schema on (a command beside running
+// authorities of an older version) refuses so. Of
+// replicas starting together, only the one that migrates calls it.
+func WithMigrating(f func(from, to int) error) Option {
+	return func(o *options) { o.migrating = f }
 }
 
 // WithTracer sends every statement and batch the store runs to t (a

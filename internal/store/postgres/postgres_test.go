@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,6 +85,17 @@ func TestSchemaTooNew(t *testing.T) {
 	}
 	if !errors.Is(err, store.ErrSchemaTooNew) {
 		t.Errorf("Open: %v, want an error wrapping ErrSchemaTooNew", err)
+	}
+	// The operator meets this mid-rollback: it must say what to run, or
+	// what to restore, not only that the versions differ.
+	for _, want := range []string{
+		fmt.Sprintf("database is at schema version 9999, this binary knows up to %d:", latestVersion()),
+		"run a muster that knows schema version 9999 or later (`muster version` shows",
+		"restore the database from the backup taken before the upgrade (docs/install.md, \"Upgrades\")",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Open: %v\nwant it to say %q", err, want)
+		}
 	}
 }
 

@@ -22,10 +22,17 @@ var migrations = store.MustLoadMigrations(migrationFS)
 // latestVersion is the schema version this binary migrates to.
 func latestVersion() int { return migrations[len(migrations)-1].Version }
 
+// LatestSchemaVersion is the schema version this binary migrates a
+// database to and opens at most, the same for both backends (their
+// migrations mirror each other): muster version shows it.
+func LatestSchemaVersion() int { return latestVersion() }
+
 // migrate brings the database to latestVersion, one transaction per
 // migration. Each transaction begins IMMEDIATE and re-reads the version, so
 // two processes opening the same new file apply each migration once.
-func migrate(ctx context.Context, w *sql.DB) error {
+// migrating, if not nil, hears of the migrations about to be applied;
+// an error from it is returned with nothing applied.
+func migrate(ctx context.Context, w *sql.DB, migrating func(from, to int) error) error {
 	if _, err := w.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 		version    INTEGER NOT NULL PRIMARY KEY,
 		applied_at INTEGER NOT NULL
@@ -37,8 +44,12 @@ func migrate(ctx context.Context, w *sql.DB) error {
 		return fmt.Errorf("sqlite: migrate: %w", err)
 	}
 	if v > latestVersion() {
-		return fmt.Errorf("sqlite: database is at schema version %d, this binary knows up to %d: %w",
-			v, latestVersion(), store.ErrSchemaTooNew)
+		return &store.SchemaTooNewError{Backend: "sqlite", At: v, Knows: latestVersion()}
+	}
+	if v < latestVersion() && migrating != nil {
+		if err := migrating(v, latestVersion()); err != nil {
+			return err
+		}
 	}
 	for _, m := range migrations[v:] {
 		if err := apply(ctx, w, m); err != nil {

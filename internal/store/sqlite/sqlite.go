@@ -83,7 +83,11 @@ const nowMicros = `(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS I
 // fails with an error wrapping store.ErrSchemaTooNew if the database was
 // migrated by a newer binary. path must name a file: in-memory databases are
 // not supported, as the read pool and the writer would not share them.
-func Open(ctx context.Context, path string) (*SQLite, error) {
+func Open(ctx context.Context, path string, opts ...Option) (*SQLite, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
@@ -111,7 +115,7 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 
 	s := &SQLite{w: w}
 	s.writeIdle.L = &s.writeMu
-	if err := s.init(ctx, abs); err != nil {
+	if err := s.init(ctx, abs, o.migrating); err != nil {
 		w.Close()
 		return nil, err
 	}
@@ -143,8 +147,26 @@ func Open(ctx context.Context, path string) (*SQLite, error) {
 	return s, nil
 }
 
+// Option adjusts what Open does.
+type Option func(*options)
+
+type options struct {
+	migrating func(from, to int) error
+}
+
+// WithMigrating has Open call f before it applies any migration, with the
+// schema version the database is at and the one it migrates to: a
+// migration of a large table takes seconds or more, during which the
+// caller cannot serve, and an upgrade should say so while it happens. An
+// error from f stops Open before any migration, and Open returns it: a
+// caller that must not move the schema on (a command beside running
+// authorities of an older version) refuses so.
+func WithMigrating(f func(from, to int) error) Option {
+	return func(o *options) { o.migrating = f }
+}
+
 // init checks the writer connection and migrates the schema.
-func (s *SQLite) init(ctx context.Context, abs string) error {
+func (s *SQLite) init(ctx context.Context, abs string, migrating func(from, to int) error) error {
 	var mode string
 	if err := s.w.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
 		return fmt.Errorf("sqlite: open %s: %w", abs, err)
@@ -152,7 +174,7 @@ func (s *SQLite) init(ctx context.Context, abs string) error {
 	if mode != "wal" {
 		return fmt.Errorf("sqlite: open %s: journal_mode is %q, want wal", abs, mode)
 	}
-	return migrate(ctx, s.w)
+	return migrate(ctx, s.w, migrating)
 }
 
 // dsn builds a file: URI so that any path, including one holding '?' or
