@@ -583,3 +583,126 @@ func RunLeftoverSetTests(t *testing.T, s store.Store, plant func(t *testing.T, v
 	step(t, ctx, s, 6)
 	list("after a step past a set left there", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
 }
+
+// RestorableStore is a fresh store with direct access to its verifier
+// set tables. RollBack puts the signer_set row back to to and drops the
+// sets kept above its version, as a restored backup holds them. Plant
+// writes a set directly into the table at version, stamped with
+// steppedAt (nil: written without a step time, as a replica of the
+// release before migration 0026 writes it), replacing any kept there.
+type RestorableStore struct {
+	store.Store
+	RollBack func(t *testing.T, to store.SignerSetID)
+	Plant    func(t *testing.T, version int64, steppedAt *int64, raw []byte)
+}
+
+// RunRestoredSetTests checks the steps, advances and kept sets of a store
+// rolled back to an earlier snapshot under a running replica (restored
+// from a backup) and stepped back up to a version the replica read before
+// the restore, with other signers: the version alone repeats, the set ID
+// does not. open returns a fresh store for each case.
+func RunRestoredSetTests(t *testing.T, open func(t *testing.T) RestorableStore) {
+	t.Helper()
+	for _, tc := range restoredSetCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := open(t)
+			tc.run(t, t.Context(), rs)
+		})
+	}
+}
+
+type restoredSetCase struct {
+	name string
+	run  func(t *testing.T, ctx context.Context, rs RestorableStore)
+}
+
+func restoredSetCases() []restoredSetCase {
+	list := func(t *testing.T, ctx context.Context, s store.Store, what string, want ...store.PublishedSet) {
+		t.Helper()
+		got, err := s.VerifierSets(ctx, 0, 100)
+		mustNil(t, "VerifierSets", err)
+		if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+			t.Fatalf("%s: kept sets (-want +got):\n%s", what, diff)
+		}
+	}
+	set := func(v int64, raw string) store.PublishedSet { return store.PublishedSet{Version: v, Raw: []byte(raw)} }
+	// restoreAndStep reads version 2 as a replica does, rolls the store
+	// back to version 1 and steps it to 2 again, with another signer: the
+	// replica's read, and the new ID.
+	restoreAndStep := func(t *testing.T, ctx context.Context, rs RestorableStore) (stale, again store.SignerSetID) {
+		t.Helper()
+		s := rs.Store
+		first := step(t, ctx, s, 1)
+		mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, first, []byte("set-1")))
+		stale = step(t, ctx, s, 2)
+		mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, stale, []byte("before-restore-2")))
+		rs.RollBack(t, first)
+		// The store clock counts milliseconds on SQLite: the step after
+		// the restore is stamped after the one before it, as any step
+		// made a restore later is.
+		for !storeNow(t, ctx, s).After(time.UnixMicro(stale.SteppedAt)) {
+			time.Sleep(time.Millisecond)
+		}
+		_, err := s.ApplySignerChanges(ctx, first, []store.SignerChange{insert(signerRow("after-restore-2", store.SignerRetired, 0))}, stepLink)
+		mustNil(t, "step after the restore", err)
+		again, err = s.SignerSetID(ctx)
+		mustNil(t, "SignerSetID", err)
+		if again.Version != 2 || again == stale {
+			t.Fatalf("stepped back up to %+v; the read before the restore %+v; want version 2 at another time", again, stale)
+		}
+		return stale, again
+	}
+	return []restoredSetCase{
+		{"a step or an advance from a read of version N is refused once N has been reached again with other content", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s := rs.Store
+			stale, again := restoreAndStep(t, ctx, rs)
+			before, _ := signerStates(t, ctx, s)
+			_, err := s.ApplySignerChanges(ctx, stale, []store.SignerChange{insert(signerRow("late-3", store.SignerRetired, 0))}, stepLink)
+			wantErr(t, "a step from the read before the restore", err, store.ErrConflict)
+			wantErr(t, "an advance from the read before the restore", s.AdvanceSignerSet(ctx, stale, 10, []byte("late-10"), advanceLink), store.ErrConflict)
+			after, v := signerStates(t, ctx, s)
+			id, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if diff := cmp.Diff(before, after); diff != "" || id != again || v != 2 {
+				t.Fatalf("refused steps wrote something: set %+v (want %+v), signers (-before +after):\n%s", id, again, diff)
+			}
+			list(t, ctx, s, "after the refused steps", set(1, "set-1"))
+			// The replica reads again and steps from what it read.
+			v3, err := s.ApplySignerChanges(ctx, again, []store.SignerChange{insert(signerRow("r3", store.SignerRetired, 0))}, stepLink)
+			mustNil(t, "a step from the read after the restore", err)
+			if v3 != 3 {
+				t.Fatalf("stepped to %d, want 3", v3)
+			}
+		}},
+		{"a set kept at the current version for another step is neither listed nor kept; a put replaces it, a step drops it", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s, plant := rs.Store, rs.Plant
+			stale, again := restoreAndStep(t, ctx, rs)
+			// Kept for the step before the restore (a replica whose keep
+			// landed between the restore and the step back up).
+			plant(t, 2, &stale.SteppedAt, []byte("before-restore-2"))
+			list(t, ctx, s, "a set of the step before the restore", set(1, "set-1"))
+			mustNil(t, "PutVerifierSet at the current ID", s.PutVerifierSet(ctx, again, []byte("set-2")))
+			list(t, ctx, s, "after a put at the current ID", set(1, "set-1"), set(2, "set-2"))
+			mustNil(t, "PutVerifierSet again", s.PutVerifierSet(ctx, again, []byte("other")))
+			list(t, ctx, s, "after a second put at the current ID", set(1, "set-1"), set(2, "set-2"))
+			// A step from the current ID drops a set kept at the version
+			// it leaves for another step time.
+			plant(t, 2, &stale.SteppedAt, []byte("before-restore-2"))
+			step(t, ctx, s, 3)
+			list(t, ctx, s, "after a step from a version whose kept set is another step's", set(1, "set-1"))
+		}},
+		{"a set written without a step time at the current version is stamped with it (a replica of the release before 0026)", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s, plant := rs.Store, rs.Plant
+			first := step(t, ctx, s, 1)
+			plant(t, 1, nil, []byte("old-replica-1"))
+			list(t, ctx, s, "a set kept by an old replica at the current ID", set(1, "old-replica-1"))
+			mustNil(t, "PutVerifierSet at the current ID", s.PutVerifierSet(ctx, first, []byte("set-1")))
+			list(t, ctx, s, "after a put at the ID the old replica kept", set(1, "old-replica-1"))
+			// Above the version there is no step time to stamp: never
+			// listed, and dropped by the next step.
+			plant(t, 2, nil, []byte("old-replica-2"))
+			step(t, ctx, s, 2)
+			list(t, ctx, s, "after a step past an unstamped set", set(1, "old-replica-1"))
+		}},
+	}
+}
