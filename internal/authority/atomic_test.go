@@ -300,7 +300,7 @@ func TestTaskResultUnauditedStaysPending(t *testing.T) {
 	}
 }
 
-func (a auditSwitch) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+func (a auditSwitch) ApplySignerChanges(ctx context.Context, v store.SignerSetID, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
 	return a.Store.ApplySignerChanges(ctx, v, cs, a.record(audit))
 }
 

@@ -343,7 +343,7 @@ func TestDestroyEndedTakesOldRows(t *testing.T) {
 		return store.Signer{VersionID: id, PublicKey: kk.Public, KeyRef: kk.Ref, State: string(st), PublishedAt: now, EffectiveAt: now, EndedAt: now}
 	}
 	// As the earlier muster wrote them: no DropKey.
-	_, err := clock.ApplySignerChanges(ctx, 0, []store.SignerChange{
+	_, err := clock.ApplySignerChanges(ctx, store.SignerSetID{}, []store.SignerChange{
 		{To: row("v1", Retired)}, {To: row("v2", Revoked)}, {To: row("v3", Grace)}, {To: row("v4", Active)},
 	}, chainLink(audit.Event{Action: "test.setup", Result: audit.ResultOK}, nil).Build)
 	if err != nil {

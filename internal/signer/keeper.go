@@ -18,8 +18,8 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error)
 	SignerSetID(ctx context.Context) (store.SignerSetID, error)
-	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
+	ApplySignerChanges(ctx context.Context, expect store.SignerSetID, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error)
+	AdvanceSignerSet(ctx context.Context, expect store.SignerSetID, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	DropSignerKey(ctx context.Context, versionID string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error
 	PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error
 	VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error)
@@ -317,7 +317,10 @@ func (k *Keeper) apply(ctx context.Context, who Actor, a Action, snap Snapshot, 
 	if err != nil {
 		return Result{}, err
 	}
-	v, err := k.st.ApplySignerChanges(ctx, snap.Version(), rows, link.Build)
+	// Conditional on the whole set ID read: the version alone repeats
+	// after a restore, and a step planned from the signers before it must
+	// not land on the restored ones (store.ErrConflict: read again).
+	v, err := k.st.ApplySignerChanges(ctx, snap.set, rows, link.Build)
 	if err != nil {
 		return Result{}, err
 	}
@@ -682,7 +685,7 @@ func (k *Keeper) Advance(ctx context.Context, who Actor, raw []byte) (Result, er
 		// all.
 		var link *audit.Link
 		if link, err = k.audit.Builder(e); err == nil {
-			err = k.st.AdvanceSignerSet(ctx, snap.Version(), res.Version, signed, link.Build)
+			err = k.st.AdvanceSignerSet(ctx, snap.set, res.Version, signed, link.Build)
 		}
 		if errors.Is(err, store.ErrConflict) {
 			return Result{}, nil

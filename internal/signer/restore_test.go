@@ -39,10 +39,10 @@ func (s *swappedStore) ListSigners(ctx context.Context) ([]store.Signer, store.S
 func (s *swappedStore) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 	return s.get().SignerSetID(ctx)
 }
-func (s *swappedStore) ApplySignerChanges(ctx context.Context, v int64, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+func (s *swappedStore) ApplySignerChanges(ctx context.Context, v store.SignerSetID, cs []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
 	return s.get().ApplySignerChanges(ctx, v, cs, audit)
 }
-func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+func (s *swappedStore) AdvanceSignerSet(ctx context.Context, v store.SignerSetID, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	return s.get().AdvanceSignerSet(ctx, v, to, set, audit)
 }
 func (s *swappedStore) DropSignerKey(ctx context.Context, id string, ref []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
@@ -434,7 +434,7 @@ type unadvancedStore struct{ store.Store }
 
 var errDown = errors.New("the database does not answer (test)")
 
-func (unadvancedStore) AdvanceSignerSet(context.Context, int64, int64, []byte, func(store.AuditHead) (store.AuditRecord, error)) error {
+func (unadvancedStore) AdvanceSignerSet(context.Context, store.SignerSetID, int64, []byte, func(store.AuditHead) (store.AuditRecord, error)) error {
 	return errDown
 }
 

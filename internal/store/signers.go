@@ -81,38 +81,45 @@ type SignerStore interface {
 	// whichever replica made the last step, and also after a restore.
 	SignerSetID(ctx context.Context) (SignerSetID, error)
 	// ApplySignerChanges writes changes in one transaction, in order, and
-	// advances the verifier set version from expectVersion to
-	// expectVersion+1, which it returns, stamping the set with the store
-	// clock (SignerSetID.SteppedAt). Sets kept above expectVersion go in
-	// the same write: the version was below them until now, so none is
-	// this store's (left by an earlier life of a restored store, or by a
-	// replica of a release whose PutVerifierSet was not conditional), and
-	// the new version's set is signed afresh. ErrConflict, and nothing written,
-	// if the version is no longer expectVersion (another change won), if
-	// an updated row is not in its From state, if an inserted version ID
+	// advances the verifier set from expect, the set ID the changes were
+	// planned from, to version expect.Version+1, which it returns, stamping
+	// the set with the store clock (SignerSetID.SteppedAt). The step is
+	// conditional on the whole ID, not the version alone: a store restored
+	// from a backup and stepped back up to expect.Version holds other
+	// signers, and a change planned from the version before the restore
+	// must not land on them. Sets kept above expect.Version go in the same
+	// write, and so does one kept at expect.Version for another step time:
+	// none of them is this set's (left by an earlier life of a restored
+	// store, or by a replica of an older release), and the new version's
+	// set is signed afresh. ErrConflict, and nothing written, if the
+	// store's set ID is no longer expect (another change won, or the store
+	// was restored under the caller, who reads the signers again), if an
+	// updated row is not in its From state, if an inserted version ID
 	// exists, or if a write would leave two signers staged, active or in
 	// grace (a partial unique index). Of several change sets computed from
-	// one version, across processes, exactly one succeeds. audit builds
+	// one set ID, across processes, exactly one succeeds. audit builds
 	// the step's record (node_task_signer.<action>), appended in the same
 	// transaction (see Store.AppendAudit): an error building or appending
 	// it is returned and nothing is written; a nil audit is refused.
-	ApplySignerChanges(ctx context.Context, expectVersion int64, changes []SignerChange, audit func(head AuditHead) (AuditRecord, error)) (int64, error)
-	// AdvanceSignerSet moves the verifier set version from expectVersion
-	// to to (> expectVersion) with no signer changed, stamping it like a
-	// step, and keeps set, the signed verifier set of version to, in the
-	// same transaction: after a store restore, so the next set is newer
-	// than what agents hold. The set goes with the advance because only
-	// the advance knows which key the agents hold: a replica that saw the
-	// version moved with no set kept would sign one with the store's
-	// active key, which the agents may hold only in grace. ErrConflict,
-	// and nothing written, if the version is no longer expectVersion or
-	// to is not above it. Sets kept above expectVersion (left by an
-	// earlier life of the store) go, and one kept for to is replaced: the
-	// version was below them until this write, so no set of this store's
-	// was served there. An empty set is
-	// refused. audit builds its record (node_task_signer.advance),
-	// appended in the same transaction, as ApplySignerChanges's.
-	AdvanceSignerSet(ctx context.Context, expectVersion, to int64, set []byte, audit func(head AuditHead) (AuditRecord, error)) error
+	ApplySignerChanges(ctx context.Context, expect SignerSetID, changes []SignerChange, audit func(head AuditHead) (AuditRecord, error)) (int64, error)
+	// AdvanceSignerSet moves the verifier set from expect (the set ID the
+	// caller read) to version to (> expect.Version) with no signer
+	// changed, stamping it like a step, and keeps set, the signed verifier
+	// set of version to, in the same transaction: after a store restore,
+	// so the next set is newer than what agents hold. The set goes with
+	// the advance because only the advance knows which key the agents
+	// hold: a replica that saw the version moved with no set kept would
+	// sign one with the store's active key, which the agents may hold only
+	// in grace. ErrConflict, and nothing written, if the store's set ID is
+	// no longer expect (conditional on the whole ID, as
+	// ApplySignerChanges) or to is not above expect.Version. Sets kept
+	// above expect.Version (left by an earlier life of the store) go, as
+	// does one at expect.Version for another step time, and one kept for
+	// to is replaced: the version was below them until this write, so no
+	// set of this store's was served there. An empty set is refused.
+	// audit builds its record (node_task_signer.advance), appended in the
+	// same transaction, as ApplySignerChanges's.
+	AdvanceSignerSet(ctx context.Context, expect SignerSetID, to int64, set []byte, audit func(head AuditHead) (AuditRecord, error)) error
 	// DropSignerKey empties the key reference of a retired or revoked
 	// signer once its custody object is destroyed (a token's key, which
 	// outlives the step that ended the signer until the token answers),
@@ -131,14 +138,19 @@ type SignerStore interface {
 	// written, once it is not: a step or an advance came after the read
 	// (the set is of a version no longer current), or the store was
 	// restored under the replica (the version may be the same, or even
-	// below, with other signers: the step's time tells them apart). A
-	// second write for the current ID keeps the first and is not an
-	// error: replicas signing the same version race harmlessly, and each
-	// reads back the one kept. An empty set is refused.
+	// below, with other signers: the step's time tells them apart). Each
+	// kept set carries the step time of its ID: a second write for the
+	// current ID keeps the first and is not an error (replicas signing the
+	// same version race harmlessly, and each reads back the one kept); a
+	// set kept at id.Version for another step time (or none: kept by an
+	// older release and not stamped since) is not this ID's and is
+	// replaced. An empty set is refused.
 	PutVerifierSet(ctx context.Context, id SignerSetID, raw []byte) error
 	// VerifierSets returns the kept sets of versions above after and at
 	// most the store's current version (read in the same statement),
-	// oldest first, at most limit of them.
+	// oldest first, at most limit of them. The current version's set is
+	// listed only if it carries the current step time: one kept there for
+	// another step is not this store's set.
 	VerifierSets(ctx context.Context, after int64, limit int) ([]PublishedSet, error)
 }
 
@@ -156,6 +168,14 @@ const MaxSignerSetVersion = math.MaxInt64 / 2
 // ErrSetVersionExhausted refuses a verifier set version at or above
 // MaxSignerSetVersion.
 var ErrSetVersionExhausted = errors.New("store: verifier set version at its bound")
+
+// StepMoved is the refusal of a step or an advance planned from expect
+// while the store's set ID is another: ErrConflict. The store's ID is not
+// read in the refused write, so it is not named.
+func StepMoved(op string, expect SignerSetID) error {
+	return fmt.Errorf("%s: the verifier set is no longer version %d stepped at %d (another step came first, or the store was restored under this replica): %w",
+		op, expect.Version, expect.SteppedAt, ErrConflict)
+}
 
 // SetMoved is PutVerifierSet's refusal of a set signed at signed while
 // the store's set ID is current: ErrConflict, naming both, so the replica

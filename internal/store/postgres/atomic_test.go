@@ -35,7 +35,11 @@ func TestAuditedWritesRefusedByDatabase(t *testing.T) {
 	ref := []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
 	active := store.Signer{VersionID: "v1", PublicKey: []byte("p1"), KeyRef: []byte("r1"), State: store.SignerActive, PublishedAt: now, EffectiveAt: now}
 	ended := store.Signer{VersionID: "v2", PublicKey: []byte("p2"), KeyRef: ref, State: store.SignerRetired, PublishedAt: now, EffectiveAt: now, EndedAt: now}
-	if _, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{{To: active}, {To: ended}}, benchLink); err != nil {
+	if _, err := s.ApplySignerChanges(ctx, store.SignerSetID{}, []store.SignerChange{{To: active}, {To: ended}}, benchLink); err != nil {
+		t.Fatal(err)
+	}
+	setID, err := s.SignerSetID(ctx)
+	if err != nil {
 		t.Fatal(err)
 	}
 	state := func() string {
@@ -64,11 +68,11 @@ func TestAuditedWritesRefusedByDatabase(t *testing.T) {
 		},
 		"RecordTaskResult": func() error { return s.RecordTaskResult(ctx, "t1", "n1", store.TaskOK, "", refusedByDatabase) },
 		"ApplySignerChanges": func() error {
-			_, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{{To: store.Signer{VersionID: "v3", PublicKey: []byte("p3"),
+			_, err := s.ApplySignerChanges(ctx, setID, []store.SignerChange{{To: store.Signer{VersionID: "v3", PublicKey: []byte("p3"),
 				KeyRef: []byte("r3"), State: store.SignerStaged, PublishedAt: now, EffectiveAt: now.Add(time.Hour)}}}, refusedByDatabase)
 			return err
 		},
-		"AdvanceSignerSet": func() error { return s.AdvanceSignerSet(ctx, 1, 5, []byte("set"), refusedByDatabase) },
+		"AdvanceSignerSet": func() error { return s.AdvanceSignerSet(ctx, setID, 5, []byte("set"), refusedByDatabase) },
 		"DropSignerKey":    func() error { return s.DropSignerKey(ctx, "v2", ref, refusedByDatabase) },
 	} {
 		if err := write(); err == nil {

@@ -50,16 +50,17 @@ func (s *Store) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 // READ COMMITTED transaction with its audit record: one pipe, the step
 // and the link's baton in the first batch, the record with COMMIT in the
 // second (as InsertLock). Its first statement advances the one
-// signer_set row only from the expected version: a concurrent step waits
-// on that row and, once the first commits, re-reads it, finds the version
-// moved and conflicts. Each update is conditional on the row's state, and
+// signer_set row only from the expected set ID (version and step time): a
+// concurrent step waits on that row and, once the first commits, re-reads
+// it, finds it moved and conflicts; so does a step planned before a
+// restore once the store is stepped back up to its version. Each update is conditional on the row's state, and
 // the partial unique index keeps one signer per live state.
-func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+func (s *Store) ApplySignerChanges(ctx context.Context, expect store.SignerSetID, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
 	if audit == nil {
 		return 0, fmt.Errorf("postgres: apply signer changes: no audit record: a signer step is never taken unaudited")
 	}
-	if expect+1 >= store.MaxSignerSetVersion {
-		return 0, fmt.Errorf("postgres: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
+	if expect.Version+1 >= store.MaxSignerSetVersion {
+		return 0, fmt.Errorf("postgres: apply signer changes: version %d: %w", expect.Version+1, store.ErrSetVersionExhausted)
 	}
 	for _, c := range changes {
 		if err := c.CheckDropKey(); err != nil {
@@ -68,9 +69,7 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 	}
 	const op = "apply signer changes"
 	err := s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $1`, []any{expect},
-			setMoved(op+": version", expect))
-		p.exec(`DELETE FROM verifier_sets WHERE version > $1`, []any{expect}, wrapped(op+": drop sets above the version"))
+		queueStepSet(p, op, expect, expect.Version+1)
 		for _, c := range changes {
 			queueSignerChange(p, c)
 		}
@@ -81,21 +80,28 @@ func (s *Store) ApplySignerChanges(ctx context.Context, expect int64, changes []
 	if err != nil {
 		return 0, err
 	}
-	return expect + 1, nil
+	return expect.Version + 1, nil
 }
 
-// setMoved reads the conditional write of the verifier set version: one
-// row, or the version is no longer expect.
-func setMoved(op string, expect int64) func(pgconn.CommandTag, error) error {
-	return func(tag pgconn.CommandTag, err error) error {
-		if err != nil {
-			return wrap(op, err)
-		}
-		if tag.RowsAffected() != 1 {
-			return fmt.Errorf("postgres: %s: verifier set version is no longer %d: %w", op, expect, store.ErrConflict)
-		}
-		return nil
-	}
+// queueStepSet moves the verifier set from expect to version to, stamped
+// with the store clock, only where the store's set ID is still expect,
+// and drops the kept sets that are not of this store's sets up to expect:
+// those above its version, and one at its version kept for another step
+// time (or none known).
+func queueStepSet(p *pipe, op string, expect store.SignerSetID, to int64) {
+	p.exec(`UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2 AND stepped_at = $3`,
+		[]any{to, expect.Version, expect.SteppedAt},
+		func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap(op+": version", err)
+			}
+			if tag.RowsAffected() != 1 {
+				return fmt.Errorf("postgres: %w", store.StepMoved(op, expect))
+			}
+			return nil
+		})
+	p.exec(`DELETE FROM verifier_sets WHERE version > $1 OR (version = $1 AND stepped_at IS DISTINCT FROM $2)`,
+		[]any{expect.Version, expect.SteppedAt}, wrapped(op+": drop sets not of the version's step"))
 }
 
 func queueSignerChange(p *pipe, c store.SignerChange) {
@@ -138,24 +144,24 @@ func scanSigner(row pgx.Row) (store.Signer, error) {
 // AdvanceSignerSet moves the verifier set version forward with no signer
 // changed and keeps its signed set (see store.SignerStore): one
 // conditional write, with its audit record in the same transaction.
-func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+func (s *Store) AdvanceSignerSet(ctx context.Context, expect store.SignerSetID, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("postgres: advance signer set: no audit record: the set is never advanced unaudited")
 	}
 	if len(set) == 0 {
 		return fmt.Errorf("postgres: advance signer set to %d: no signed set: the version never moves without its set", to)
 	}
-	if to <= expect {
-		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	if to <= expect.Version {
+		return fmt.Errorf("postgres: advance signer set: %d is not above %d: %w", to, expect.Version, store.ErrConflict)
 	}
 	if to >= store.MaxSignerSetVersion {
 		return fmt.Errorf("postgres: advance signer set to %d: %w", to, store.ErrSetVersionExhausted)
 	}
 	const op = "advance signer set"
 	return s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`UPDATE signer_set SET version = $1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = $2`, []any{to, expect}, setMoved(op, expect))
-		p.exec(`DELETE FROM verifier_sets WHERE version > $1`, []any{expect}, wrapped(op+": drop sets above the version"))
-		p.exec(`INSERT INTO verifier_sets (version, raw) VALUES ($1, $2)`, []any{to, set}, wrapped(op+": keep its set"))
+		queueStepSet(p, op, expect, to)
+		p.exec(`INSERT INTO verifier_sets (version, raw, stepped_at) SELECT $1, $2, stepped_at FROM signer_set WHERE id = 1`,
+			[]any{to, set}, wrapped(op+": keep its set"))
 		queueNotify(p, store.ChangeSigners)
 		return commitAudited(ctx, p, audit, op)
 	})
@@ -167,16 +173,18 @@ func (s *Store) AdvanceSignerSet(ctx context.Context, expect, to int64, set []by
 // an advance in flight holds that row: the read waits for it and, once it
 // commits, gets the row it wrote, whose ID no longer matches; a step that
 // comes after waits for this statement. So no set is kept for an ID that
-// is not current when the statement ends.
+// is not current when the statement ends. A set kept at the version for
+// another step time is replaced.
 func (s *Store) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error {
 	if len(raw) == 0 {
 		return fmt.Errorf("postgres: put verifier set %d: no signed set", id.Version)
 	}
 	var cur store.SignerSetID
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT version, stepped_at FROM signer_set WHERE id = 1 FOR SHARE),
-		kept AS (INSERT INTO verifier_sets (version, raw)
-			SELECT version, $3 FROM cur WHERE version = $1 AND stepped_at = $2
-			ON CONFLICT (version) DO NOTHING)
+		kept AS (INSERT INTO verifier_sets AS v (version, raw, stepped_at)
+			SELECT version, $3, stepped_at FROM cur WHERE version = $1 AND stepped_at = $2
+			ON CONFLICT (version) DO UPDATE SET raw = excluded.raw, stepped_at = excluded.stepped_at
+				WHERE v.stepped_at IS DISTINCT FROM excluded.stepped_at)
 		SELECT version, stepped_at FROM cur`, id.Version, id.SteppedAt, raw).Scan(&cur.Version, &cur.SteppedAt)
 	if err != nil {
 		return wrap("put verifier set", err)
@@ -187,10 +195,12 @@ func (s *Store) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []
 	return nil
 }
 
-// VerifierSets returns the kept sets above after, oldest first.
+// VerifierSets returns the kept sets above after, oldest first; the
+// current version's only if kept for its step.
 func (s *Store) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
-	rows, err := s.pool.Query(ctx, `SELECT version, raw FROM verifier_sets
-		WHERE version > $1 AND version <= (SELECT version FROM signer_set WHERE id = 1) ORDER BY version LIMIT $2`, after, limit)
+	rows, err := s.pool.Query(ctx, `SELECT v.version, v.raw FROM verifier_sets v, signer_set c
+		WHERE c.id = 1 AND v.version > $1 AND (v.version < c.version OR (v.version = c.version AND v.stepped_at = c.stepped_at))
+		ORDER BY v.version LIMIT $2`, after, limit)
 	if err != nil {
 		return nil, wrap("verifier sets", err)
 	}

@@ -17,7 +17,7 @@ import (
 func TestPutVerifierSetWaitsForAStepInFlight(t *testing.T) {
 	ctx := t.Context()
 	s, _ := openFresh(t)
-	_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{{To: store.Signer{VersionID: "v1", PublicKey: []byte("pub"), KeyRef: []byte("ref"),
+	_, err := s.ApplySignerChanges(ctx, store.SignerSetID{}, []store.SignerChange{{To: store.Signer{VersionID: "v1", PublicKey: []byte("pub"), KeyRef: []byte("ref"),
 		State: store.SignerActive, PublishedAt: time.Now()}}}, func(h store.AuditHead) (store.AuditRecord, error) {
 		return store.AuditRecord{Seq: h.Seq + 1, PrevHash: h.Hash, Hash: []byte("1"), Time: time.Now(), Action: "node_task_signer.create", Result: "ok"}, nil
 	})

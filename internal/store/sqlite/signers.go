@@ -52,15 +52,16 @@ func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 
 // ApplySignerChanges writes a lifecycle step (see store.SignerStore). The
 // writer runs one transaction at a time, here and through the file lock in
-// any other process, and the version check is inside it, so of two steps
-// from one version the second conflicts. The step's audit record is
-// appended in the same write.
-func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+// any other process, and the set ID check is inside it, so of two steps
+// from one set ID the second conflicts, and so does a step planned before
+// a restore once the store is stepped back up to its version. The step's
+// audit record is appended in the same write.
+func (s *SQLite) ApplySignerChanges(ctx context.Context, expect store.SignerSetID, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
 	if audit == nil {
 		return 0, fmt.Errorf("sqlite: apply signer changes: no audit record: a signer step is never taken unaudited")
 	}
-	if expect+1 >= store.MaxSignerSetVersion {
-		return 0, fmt.Errorf("sqlite: apply signer changes: version %d: %w", expect+1, store.ErrSetVersionExhausted)
+	if expect.Version+1 >= store.MaxSignerSetVersion {
+		return 0, fmt.Errorf("sqlite: apply signer changes: version %d: %w", expect.Version+1, store.ErrSetVersionExhausted)
 	}
 	for _, c := range changes {
 		if err := c.CheckDropKey(); err != nil {
@@ -68,28 +69,42 @@ func (s *SQLite) ApplySignerChanges(ctx context.Context, expect int64, changes [
 		}
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = version + 1, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, expect)
-		if err != nil {
-			return wrap("apply signer changes: version", err)
-		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("sqlite: apply signer changes: verifier set version is no longer %d: %w", expect, store.ErrConflict)
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM verifier_sets WHERE version > ?`, expect); err != nil {
-			return wrap("apply signer changes: drop sets above the version", err)
+		if err := stepSet(ctx, tx, "apply signer changes", expect, expect.Version+1); err != nil {
+			return err
 		}
 		for _, c := range changes {
 			if err := applySignerChange(ctx, tx, c); err != nil {
 				return err
 			}
 		}
-		return appendAuditOf(ctx, tx, fmt.Sprintf("apply signer changes from version %d", expect), audit)
+		return appendAuditOf(ctx, tx, fmt.Sprintf("apply signer changes from version %d", expect.Version), audit)
 	})
 	if err != nil {
 		return 0, err
 	}
 	s.hub.announce(store.ChangeSigners) // every stream sends the new verifier set
-	return expect + 1, nil
+	return expect.Version + 1, nil
+}
+
+// stepSet moves the verifier set from expect to version to, stamped with
+// the store clock, only where the store's set ID is still expect, and
+// drops the kept sets that are not of this store's sets up to expect:
+// those above its version, and one at its version kept for another step
+// time (or none known).
+func stepSet(ctx context.Context, tx *writeTx, op string, expect store.SignerSetID, to int64) error {
+	res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = ?, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ? AND stepped_at = ?`,
+		to, expect.Version, expect.SteppedAt)
+	if err != nil {
+		return wrap(op+": version", err)
+	}
+	if n, _ := res.RowsAffected(); n != 1 {
+		return fmt.Errorf("sqlite: %w", store.StepMoved(op, expect))
+	}
+	if _, err := tx.ExecContext(ctx, `DELETE FROM verifier_sets WHERE version > ? OR (version = ? AND stepped_at IS NOT ?)`,
+		expect.Version, expect.Version, expect.SteppedAt); err != nil {
+		return wrap(op+": drop sets not of the version's step", err)
+	}
+	return nil
 }
 
 func applySignerChange(ctx context.Context, tx *writeTx, c store.SignerChange) error {
@@ -133,31 +148,24 @@ func scanSigner(row scanner) (store.Signer, error) {
 // AdvanceSignerSet moves the verifier set version forward with no signer
 // changed and keeps its signed set (see store.SignerStore): one
 // conditional write, with its audit record in the same transaction.
-func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+func (s *SQLite) AdvanceSignerSet(ctx context.Context, expect store.SignerSetID, to int64, set []byte, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("sqlite: advance signer set: no audit record: the set is never advanced unaudited")
 	}
 	if len(set) == 0 {
 		return fmt.Errorf("sqlite: advance signer set to %d: no signed set: the version never moves without its set", to)
 	}
-	if to <= expect {
-		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect, store.ErrConflict)
+	if to <= expect.Version {
+		return fmt.Errorf("sqlite: advance signer set: %d is not above %d: %w", to, expect.Version, store.ErrConflict)
 	}
 	if to >= store.MaxSignerSetVersion {
 		return fmt.Errorf("sqlite: advance signer set to %d: %w", to, store.ErrSetVersionExhausted)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `UPDATE signer_set SET version = ?, stepped_at = `+nowMicros+` WHERE id = 1 AND version = ?`, to, expect)
-		if err != nil {
-			return wrap("advance signer set", err)
+		if err := stepSet(ctx, tx, "advance signer set", expect, to); err != nil {
+			return err
 		}
-		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("sqlite: advance signer set: verifier set version is no longer %d: %w", expect, store.ErrConflict)
-		}
-		if _, err := tx.ExecContext(ctx, `DELETE FROM verifier_sets WHERE version > ?`, expect); err != nil {
-			return wrap("advance signer set: drop sets above the version", err)
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?)`, to, set); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw, stepped_at) SELECT ?, ?, stepped_at FROM signer_set WHERE id = 1`, to, set); err != nil {
 			return wrap("advance signer set: keep its set", err)
 		}
 		return appendAuditOf(ctx, tx, fmt.Sprintf("advance signer set to %d", to), audit)
@@ -195,15 +203,17 @@ func (s *SQLite) DropSignerKey(ctx context.Context, versionID string, ref []byte
 // the store's set ID is still id (see store.SignerStore). The writer runs
 // one transaction at a time, here and through the file lock in any other
 // process, and the ID is read inside it: no step, advance or restore
-// lands between the check and the insert.
+// lands between the check and the insert. A set kept at the version for
+// another step time is replaced.
 func (s *SQLite) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw []byte) error {
 	if len(raw) == 0 {
 		return fmt.Errorf("sqlite: put verifier set %d: no signed set", id.Version)
 	}
 	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw)
-			SELECT version, ? FROM signer_set WHERE id = 1 AND version = ? AND stepped_at = ?
-			ON CONFLICT (version) DO NOTHING`, raw, id.Version, id.SteppedAt)
+		res, err := tx.ExecContext(ctx, `INSERT INTO verifier_sets (version, raw, stepped_at)
+			SELECT version, ?, stepped_at FROM signer_set WHERE id = 1 AND version = ? AND stepped_at = ?
+			ON CONFLICT (version) DO UPDATE SET raw = excluded.raw, stepped_at = excluded.stepped_at
+				WHERE verifier_sets.stepped_at IS NOT excluded.stepped_at`, raw, id.Version, id.SteppedAt)
 		if err != nil {
 			return wrap("put verifier set", err)
 		}
@@ -223,10 +233,12 @@ func (s *SQLite) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw [
 	})
 }
 
-// VerifierSets returns the kept sets above after, oldest first.
+// VerifierSets returns the kept sets above after, oldest first; the
+// current version's only if kept for its step.
 func (s *SQLite) VerifierSets(ctx context.Context, after int64, limit int) ([]store.PublishedSet, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT version, raw FROM verifier_sets
-		WHERE version > ? AND version <= (SELECT version FROM signer_set WHERE id = 1) ORDER BY version LIMIT ?`, after, limit)
+	rows, err := s.r.QueryContext(ctx, `SELECT v.version, v.raw FROM verifier_sets v, signer_set c
+		WHERE c.id = 1 AND v.version > ? AND (v.version < c.version OR (v.version = c.version AND v.stepped_at = c.stepped_at))
+		ORDER BY v.version LIMIT ?`, after, limit)
 	if err != nil {
 		return nil, wrap("verifier sets", err)
 	}

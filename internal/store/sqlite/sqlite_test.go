@@ -362,3 +362,34 @@ func TestLeftoverVerifierSets(t *testing.T) {
 		}
 	})
 }
+
+// TestRestoredVerifierSets: a store rolled back under a running replica
+// and stepped back up to a version it read refuses the replica's step from
+// that read, and keeps and lists the current version's set only for its
+// step.
+func TestRestoredVerifierSets(t *testing.T) {
+	storetest.RunRestoredSetTests(t, func(t *testing.T) storetest.RestorableStore {
+		s, _ := openTemp(t)
+		exec := func(t *testing.T, q string, args ...any) {
+			t.Helper()
+			if _, err := s.w.ExecContext(t.Context(), q, args...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return storetest.RestorableStore{Store: s,
+			RollBack: func(t *testing.T, to store.SignerSetID) {
+				exec(t, `UPDATE signer_set SET version = ?, stepped_at = ? WHERE id = 1`, to.Version, to.SteppedAt)
+				exec(t, `DELETE FROM verifier_sets WHERE version > ?`, to.Version)
+			},
+			Plant: func(t *testing.T, v int64, steppedAt *int64, raw []byte) {
+				exec(t, `DELETE FROM verifier_sets WHERE version = ?`, v)
+				if steppedAt == nil {
+					// As the release before 0026 writes it.
+					exec(t, `INSERT INTO verifier_sets (version, raw) VALUES (?, ?)`, v, raw)
+					return
+				}
+				exec(t, `INSERT INTO verifier_sets (version, raw, stepped_at) VALUES (?, ?, ?)`, v, raw, *steppedAt)
+			},
+		}
+	})
+}

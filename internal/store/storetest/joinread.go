@@ -198,7 +198,7 @@ func renewalReadCases() []testCase {
 			if before.SignerSet.Version != 0 {
 				t.Fatalf("ReadRenewal before any signer: set %+v, want version 0", before.SignerSet)
 			}
-			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))}, stepLink)
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))}, stepLink)
 			mustNil(t, "ApplySignerChanges", err)
 			want, err := s.SignerSetID(ctx)
 			mustNil(t, "SignerSetID", err)

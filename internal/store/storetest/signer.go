@@ -76,7 +76,7 @@ func signerCases() []testCase {
 			}
 			before := storeNow(t, ctx, s)
 			a := signerRow("v1", store.SignerActive, 0)
-			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
+			_, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
 			after := storeNow(t, ctx, s)
 			first, err := s.SignerSetID(ctx)
@@ -84,7 +84,7 @@ func signerCases() []testCase {
 			if stamp := time.UnixMicro(first.SteppedAt); stamp.Before(before.Add(-time.Millisecond)) || stamp.After(after.Add(time.Millisecond)) {
 				t.Errorf("stepped at %s, want between %s and %s (the store clock)", stamp, before, after)
 			}
-			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink)
+			_, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink)
 			if !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("stale step: %v, want ErrConflict", err)
 			}
@@ -100,9 +100,9 @@ func signerCases() []testCase {
 			a := signerRow("v1", store.SignerActive, 0)
 			b := signerRow("v2", store.SignerStaged, time.Minute)
 			b.GraceUntil, b.Previous = at(25*time.Hour), "v1"
-			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)}, stepLink)
+			v, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			rows, got, err := s.ListSigners(ctx)
 			mustNil(t, "ListSigners", err)
@@ -115,17 +115,17 @@ func signerCases() []testCase {
 		}},
 		{"a full rotation, each step conditional", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			v, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{insert(b)}, stepLink)
+			v, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			demote := move(a, store.SignerActive, store.SignerGrace)
 			demote.To.RetiresAt = at(25 * time.Hour)
-			v, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{demote, move(b, store.SignerStaged, store.SignerActive)}, stepLink)
+			v, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), []store.SignerChange{demote, move(b, store.SignerStaged, store.SignerActive)}, stepLink)
 			mustNil(t, "activate", err)
 			retire := move(demote.To, store.SignerGrace, store.SignerRetired)
 			retire.To.EndedAt = at(26 * time.Hour)
-			_, err = s.ApplySignerChanges(ctx, v, []store.SignerChange{retire}, stepLink)
+			_, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), []store.SignerChange{retire}, stepLink)
 			mustNil(t, "retire", err)
 			m, got := signerStates(t, ctx, s)
 			if diff := cmp.Diff(map[string]string{"v1": store.SignerRetired, "v2": store.SignerActive}, m); diff != "" || got != 4 {
@@ -138,7 +138,7 @@ func signerCases() []testCase {
 		}},
 		{"refusals write nothing", func(t *testing.T, ctx context.Context, s store.Store) {
 			a := signerRow("v1", store.SignerActive, 0)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
+			_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
 			for name, tc := range map[string]struct {
 				version int64
@@ -152,7 +152,7 @@ func signerCases() []testCase {
 				"duplicate version ID":     {1, []store.SignerChange{insert(signerRow("v1", store.SignerStaged, 0))}},
 				"activate before demoting": {1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0)), move(signerRow("v2", "", 0), store.SignerStaged, store.SignerActive)}},
 			} {
-				_, err := s.ApplySignerChanges(ctx, tc.version, tc.changes, stepLink)
+				_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, tc.version), tc.changes, stepLink)
 				if !errors.Is(err, store.ErrConflict) {
 					t.Errorf("%s: %v, want ErrConflict", name, err)
 				}
@@ -166,9 +166,10 @@ func signerCases() []testCase {
 			const n = 8
 			errs := make([]error, n)
 			var wg sync.WaitGroup
+			from := idAt(t, ctx, s, 0)
 			for i := range n {
 				wg.Go(func() {
-					_, errs[i] = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", i), store.SignerActive, 0))}, stepLink)
+					_, errs[i] = s.ApplySignerChanges(ctx, from, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", i), store.SignerActive, 0))}, stepLink)
 				})
 			}
 			wg.Wait()
@@ -180,9 +181,9 @@ func signerCases() []testCase {
 		}},
 		{"concurrent changes from one version: exactly one applies", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a)}, stepLink)
+			_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a)}, stepLink)
 			mustNil(t, "create", err)
-			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{insert(b)}, stepLink)
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 1), []store.SignerChange{insert(b)}, stepLink)
 			mustNil(t, "stage", err)
 			// Half activate the staged signer, half discard it (a rollback):
 			// whichever commits first, the others find the version moved.
@@ -191,12 +192,13 @@ func signerCases() []testCase {
 			const n = 8
 			errs := make([]error, n)
 			var wg sync.WaitGroup
+			from := idAt(t, ctx, s, v)
 			for i := range n {
 				changes := activate
 				if i%2 == 1 {
 					changes = discard
 				}
-				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, v, changes, stepLink) })
+				wg.Go(func() { _, errs[i] = s.ApplySignerChanges(ctx, from, changes, stepLink) })
 			}
 			wg.Wait()
 			wins := successes(t, "change", errs)
@@ -210,16 +212,16 @@ func signerCases() []testCase {
 		}},
 		{"a step that ends a signer drops its key in the same write, and only such a step", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)}, stepLink)
+			_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a), insert(b)}, stepLink)
 			mustNil(t, "create and stage", err)
 			keep := move(a, store.SignerActive, store.SignerGrace)
 			keep.DropKey = true
-			if _, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{keep}, stepLink); err == nil {
+			if _, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 1), []store.SignerChange{keep}, stepLink); err == nil {
 				t.Fatal("a step to grace dropped the key of a signer that still signs")
 			}
 			discard := move(b, store.SignerStaged, store.SignerRetired)
 			discard.DropKey = true
-			_, err = s.ApplySignerChanges(ctx, 1, []store.SignerChange{discard}, stepLink)
+			_, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, 1), []store.SignerChange{discard}, stepLink)
 			mustNil(t, "discard with its key", err)
 			refs := signerRefs(t, ctx, s)
 			if len(refs["v2"]) != 0 || string(refs["v1"]) != "sealed-v1" {
@@ -236,24 +238,24 @@ func signerCases() []testCase {
 			b.KeyRef = []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
 			create := []store.SignerChange{insert(a), insert(b)}
 			wantUnaudited(t, ctx, s, "node_task_signer.create", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				_, err := s.ApplySignerChanges(ctx, 0, create, audit)
+				_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), create, audit)
 				return err
 			}, rows)
 			seq := auditSeq(t, ctx, s)
-			v, err := s.ApplySignerChanges(ctx, 0, create, link(record("node_task_signer.create")))
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), create, link(record("node_task_signer.create")))
 			mustNil(t, "ApplySignerChanges with its record", err)
 			wantAppended(t, ctx, s, seq, "node_task_signer.create")
 			// A step that lost (the version moved) writes no record.
-			_, err = s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v3", store.SignerRetired, 0))}, link(record("node_task_signer.create")))
+			_, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(signerRow("v3", store.SignerRetired, 0))}, link(record("node_task_signer.create")))
 			wantErr(t, "ApplySignerChanges from a version gone", err, store.ErrConflict)
 			wantAppended(t, ctx, s, seq, "node_task_signer.create")
 
 			discard := []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}
 			wantUnaudited(t, ctx, s, "node_task_signer.rollback", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				_, err := s.ApplySignerChanges(ctx, v, discard, audit)
+				_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), discard, audit)
 				return err
 			}, rows)
-			v, err = s.ApplySignerChanges(ctx, v, discard, stepLink)
+			v, err = s.ApplySignerChanges(ctx, idAt(t, ctx, s, v), discard, stepLink)
 			mustNil(t, "discard", err)
 
 			wantUnaudited(t, ctx, s, "node_task_signer.destroy_key", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
@@ -266,13 +268,13 @@ func signerCases() []testCase {
 			wantAppended(t, ctx, s, seq, "node_task_signer.destroy_key")
 
 			wantUnaudited(t, ctx, s, "node_task_signer.advance", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				return s.AdvanceSignerSet(ctx, v, v+5, []byte("set"), audit)
+				return s.AdvanceSignerSet(ctx, idAt(t, ctx, s, v), v+5, []byte("set"), audit)
 			}, rows)
 			seq = auditSeq(t, ctx, s)
 			if sets, err := s.VerifierSets(ctx, 0, 100); err != nil || len(sets) != 0 {
 				t.Fatalf("an advance refused for its record kept sets %v (%v)", sets, err)
 			}
-			mustNil(t, "AdvanceSignerSet with its record", s.AdvanceSignerSet(ctx, v, v+5, []byte("set"), link(record("node_task_signer.advance"))))
+			mustNil(t, "AdvanceSignerSet with its record", s.AdvanceSignerSet(ctx, idAt(t, ctx, s, v), v+5, []byte("set"), link(record("node_task_signer.advance"))))
 			wantAppended(t, ctx, s, seq, "node_task_signer.advance")
 			if _, got := signerStates(t, ctx, s); got != v+5 {
 				t.Fatalf("verifier set version %d after the advance; want %d", got, v+5)
@@ -284,7 +286,7 @@ func signerCases() []testCase {
 		{"dropping an ended signer's key: conditional on its state and reference; racing replicas drop it once", func(t *testing.T, ctx context.Context, s store.Store) {
 			a, b := signerRow("v1", store.SignerActive, 0), signerRow("v2", store.SignerStaged, time.Minute)
 			b.KeyRef = []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%01")
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(a), insert(b)}, stepLink)
+			_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(a), insert(b)}, stepLink)
 			mustNil(t, "create and stage", err)
 			if err := s.DropSignerKey(ctx, "v2", b.KeyRef, dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping a staged signer's key: %v, want ErrConflict", err)
@@ -293,7 +295,7 @@ func signerCases() []testCase {
 				t.Fatalf("dropping the active signer's key: %v, want ErrConflict", err)
 			}
 			// Ended without DropKey: the token object outlives the step.
-			v, err := s.ApplySignerChanges(ctx, 1, []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}, stepLink)
+			v, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 1), []store.SignerChange{move(b, store.SignerStaged, store.SignerRetired)}, stepLink)
 			mustNil(t, "discard", err)
 			if err := s.DropSignerKey(ctx, "v2", []byte("pkcs11:token=t;object=muster-signer%2Fv2;id=%02"), dropLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("dropping with another reference: %v, want ErrConflict", err)
@@ -336,20 +338,21 @@ func signerCases() []testCase {
 			}
 		}},
 		{"advancing the set version: conditional, forward only, racing advances make one", func(t *testing.T, ctx context.Context, s store.Store) {
-			_, err := s.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
+			_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, 0), []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
 			mustNil(t, "create", err)
 			set := func(v int64) []byte { return []byte(fmt.Sprintf("set-%d", v)) }
-			if err := s.AdvanceSignerSet(ctx, 1, 1, set(1), advanceLink); !errors.Is(err, store.ErrConflict) {
+			if err := s.AdvanceSignerSet(ctx, idAt(t, ctx, s, 1), 1, set(1), advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance to the same version: %v, want ErrConflict", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, 1, 2, nil, advanceLink); err == nil {
+			if err := s.AdvanceSignerSet(ctx, idAt(t, ctx, s, 1), 2, nil, advanceLink); err == nil {
 				t.Fatal("advance with no signed set: no error")
 			}
 			const n = 6
 			errs := make([]error, n)
 			var wg sync.WaitGroup
+			from := idAt(t, ctx, s, 1)
 			for i := range n {
-				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, 1, int64(10+i), set(int64(10+i)), advanceLink) })
+				wg.Go(func() { errs[i] = s.AdvanceSignerSet(ctx, from, int64(10+i), set(int64(10+i)), advanceLink) })
 			}
 			wg.Wait()
 			if wins := successes(t, "advance", errs); wins != 1 {
@@ -369,16 +372,16 @@ func signerCases() []testCase {
 			if diff := cmp.Diff([]store.PublishedSet{{Version: id.Version, Raw: set(id.Version)}}, sets); diff != "" {
 				t.Fatalf("kept sets after racing advances (-want +got):\n%s", diff)
 			}
-			if err := s.AdvanceSignerSet(ctx, 1, 20, set(20), advanceLink); !errors.Is(err, store.ErrConflict) {
+			if err := s.AdvanceSignerSet(ctx, idAt(t, ctx, s, 1), 20, set(20), advanceLink); !errors.Is(err, store.ErrConflict) {
 				t.Fatalf("advance from a stale version: %v, want ErrConflict", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion, set(0), advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
+			if err := s.AdvanceSignerSet(ctx, idAt(t, ctx, s, id.Version), store.MaxSignerSetVersion, set(0), advanceLink); !errors.Is(err, store.ErrSetVersionExhausted) {
 				t.Fatalf("advance to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
 			}
-			if err := s.AdvanceSignerSet(ctx, id.Version, store.MaxSignerSetVersion-1, set(0), advanceLink); err != nil {
+			if err := s.AdvanceSignerSet(ctx, idAt(t, ctx, s, id.Version), store.MaxSignerSetVersion-1, set(0), advanceLink); err != nil {
 				t.Fatalf("advance to just below the bound: %v", err)
 			}
-			if _, err := s.ApplySignerChanges(ctx, store.MaxSignerSetVersion-1, []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
+			if _, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, store.MaxSignerSetVersion-1), []store.SignerChange{insert(signerRow("v2", store.SignerStaged, 0))}, stepLink); !errors.Is(err, store.ErrSetVersionExhausted) {
 				t.Fatalf("a step to MaxInt64/2: %v, want ErrSetVersionExhausted", err)
 			}
 		}},
@@ -474,12 +477,25 @@ func signerCases() []testCase {
 	}
 }
 
+// idAt is the set ID a caller that read version v holds: the store's
+// ID if its version is v, else version v stepped at no time (a read
+// gone stale, or never made).
+func idAt(t *testing.T, ctx context.Context, s store.Store, v int64) store.SignerSetID {
+	t.Helper()
+	id, err := s.SignerSetID(ctx)
+	mustNil(t, "SignerSetID", err)
+	if id.Version != v {
+		return store.SignerSetID{Version: v}
+	}
+	return id
+}
+
 // step makes verifier set version v (the store at v-1) with a signer
 // change that breaks no rule (a retired signer inserted) and returns the
 // store's set ID after it.
 func step(t *testing.T, ctx context.Context, s store.Store, v int64) store.SignerSetID {
 	t.Helper()
-	_, err := s.ApplySignerChanges(ctx, v-1, []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", v), store.SignerRetired, 0))}, stepLink)
+	_, err := s.ApplySignerChanges(ctx, idAt(t, ctx, s, v-1), []store.SignerChange{insert(signerRow(fmt.Sprintf("r%d", v), store.SignerRetired, 0))}, stepLink)
 	mustNil(t, fmt.Sprintf("step to %d", v), err)
 	id, err := s.SignerSetID(ctx)
 	mustNil(t, "SignerSetID", err)
@@ -521,7 +537,7 @@ func RunSignerVersionTests(t *testing.T, newPair func(t *testing.T) (reader, wri
 		{move(signerRow("v1", "", 0), store.SignerActive, store.SignerGrace), move(signerRow("v2", "", time.Minute), store.SignerStaged, store.SignerActive)},
 	}
 	for i, changes := range steps {
-		v, err := w.ApplySignerChanges(ctx, int64(i), changes, stepLink)
+		v, err := w.ApplySignerChanges(ctx, idAt(t, ctx, w, int64(i)), changes, stepLink)
 		mustNil(t, "ApplySignerChanges", err)
 		id, err := r.SignerSetID(ctx)
 		mustNil(t, "SignerSetID", err)
@@ -562,8 +578,131 @@ func RunLeftoverSetTests(t *testing.T, s store.Store, plant func(t *testing.T, v
 	for _, v := range []int64{3, 4, 6} {
 		plant(t, v, []byte(fmt.Sprintf("left-%d", v)))
 	}
-	mustNil(t, "AdvanceSignerSet", s.AdvanceSignerSet(ctx, 2, 5, []byte("advanced-5"), advanceLink))
+	mustNil(t, "AdvanceSignerSet", s.AdvanceSignerSet(ctx, idAt(t, ctx, s, 2), 5, []byte("advanced-5"), advanceLink))
 	list("after an advance", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
 	step(t, ctx, s, 6)
 	list("after a step past a set left there", set(1, "set-1"), set(2, "set-2"), set(5, "advanced-5"))
+}
+
+// RestorableStore is a fresh store with direct access to its verifier
+// set tables. RollBack puts the signer_set row back to to and drops the
+// sets kept above its version, as a restored backup holds them. Plant
+// writes a set directly into the table at version, stamped with
+// steppedAt (nil: written without a step time, as a replica of the
+// release before migration 0026 writes it), replacing any kept there.
+type RestorableStore struct {
+	store.Store
+	RollBack func(t *testing.T, to store.SignerSetID)
+	Plant    func(t *testing.T, version int64, steppedAt *int64, raw []byte)
+}
+
+// RunRestoredSetTests checks the steps, advances and kept sets of a store
+// rolled back to an earlier snapshot under a running replica (restored
+// from a backup) and stepped back up to a version the replica read before
+// the restore, with other signers: the version alone repeats, the set ID
+// does not. open returns a fresh store for each case.
+func RunRestoredSetTests(t *testing.T, open func(t *testing.T) RestorableStore) {
+	t.Helper()
+	for _, tc := range restoredSetCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			rs := open(t)
+			tc.run(t, t.Context(), rs)
+		})
+	}
+}
+
+type restoredSetCase struct {
+	name string
+	run  func(t *testing.T, ctx context.Context, rs RestorableStore)
+}
+
+func restoredSetCases() []restoredSetCase {
+	list := func(t *testing.T, ctx context.Context, s store.Store, what string, want ...store.PublishedSet) {
+		t.Helper()
+		got, err := s.VerifierSets(ctx, 0, 100)
+		mustNil(t, "VerifierSets", err)
+		if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+			t.Fatalf("%s: kept sets (-want +got):\n%s", what, diff)
+		}
+	}
+	set := func(v int64, raw string) store.PublishedSet { return store.PublishedSet{Version: v, Raw: []byte(raw)} }
+	// restoreAndStep reads version 2 as a replica does, rolls the store
+	// back to version 1 and steps it to 2 again, with another signer: the
+	// replica's read, and the new ID.
+	restoreAndStep := func(t *testing.T, ctx context.Context, rs RestorableStore) (stale, again store.SignerSetID) {
+		t.Helper()
+		s := rs.Store
+		first := step(t, ctx, s, 1)
+		mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, first, []byte("set-1")))
+		stale = step(t, ctx, s, 2)
+		mustNil(t, "PutVerifierSet", s.PutVerifierSet(ctx, stale, []byte("before-restore-2")))
+		rs.RollBack(t, first)
+		// The store clock counts milliseconds on SQLite: the step after
+		// the restore is stamped after the one before it, as any step
+		// made a restore later is.
+		for !storeNow(t, ctx, s).After(time.UnixMicro(stale.SteppedAt)) {
+			time.Sleep(time.Millisecond)
+		}
+		_, err := s.ApplySignerChanges(ctx, first, []store.SignerChange{insert(signerRow("after-restore-2", store.SignerRetired, 0))}, stepLink)
+		mustNil(t, "step after the restore", err)
+		again, err = s.SignerSetID(ctx)
+		mustNil(t, "SignerSetID", err)
+		if again.Version != 2 || again == stale {
+			t.Fatalf("stepped back up to %+v; the read before the restore %+v; want version 2 at another time", again, stale)
+		}
+		return stale, again
+	}
+	return []restoredSetCase{
+		{"a step or an advance from a read of version N is refused once N has been reached again with other content", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s := rs.Store
+			stale, again := restoreAndStep(t, ctx, rs)
+			before, _ := signerStates(t, ctx, s)
+			_, err := s.ApplySignerChanges(ctx, stale, []store.SignerChange{insert(signerRow("late-3", store.SignerRetired, 0))}, stepLink)
+			wantErr(t, "a step from the read before the restore", err, store.ErrConflict)
+			wantErr(t, "an advance from the read before the restore", s.AdvanceSignerSet(ctx, stale, 10, []byte("late-10"), advanceLink), store.ErrConflict)
+			after, v := signerStates(t, ctx, s)
+			id, err := s.SignerSetID(ctx)
+			mustNil(t, "SignerSetID", err)
+			if diff := cmp.Diff(before, after); diff != "" || id != again || v != 2 {
+				t.Fatalf("refused steps wrote something: set %+v (want %+v), signers (-before +after):\n%s", id, again, diff)
+			}
+			list(t, ctx, s, "after the refused steps", set(1, "set-1"))
+			// The replica reads again and steps from what it read.
+			v3, err := s.ApplySignerChanges(ctx, again, []store.SignerChange{insert(signerRow("r3", store.SignerRetired, 0))}, stepLink)
+			mustNil(t, "a step from the read after the restore", err)
+			if v3 != 3 {
+				t.Fatalf("stepped to %d, want 3", v3)
+			}
+		}},
+		{"a set kept at the current version for another step is neither listed nor kept; a put replaces it, a step drops it", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s, plant := rs.Store, rs.Plant
+			stale, again := restoreAndStep(t, ctx, rs)
+			// Kept for the step before the restore (a replica whose keep
+			// landed between the restore and the step back up).
+			plant(t, 2, &stale.SteppedAt, []byte("before-restore-2"))
+			list(t, ctx, s, "a set of the step before the restore", set(1, "set-1"))
+			mustNil(t, "PutVerifierSet at the current ID", s.PutVerifierSet(ctx, again, []byte("set-2")))
+			list(t, ctx, s, "after a put at the current ID", set(1, "set-1"), set(2, "set-2"))
+			mustNil(t, "PutVerifierSet again", s.PutVerifierSet(ctx, again, []byte("other")))
+			list(t, ctx, s, "after a second put at the current ID", set(1, "set-1"), set(2, "set-2"))
+			// A step from the current ID drops a set kept at the version
+			// it leaves for another step time.
+			plant(t, 2, &stale.SteppedAt, []byte("before-restore-2"))
+			step(t, ctx, s, 3)
+			list(t, ctx, s, "after a step from a version whose kept set is another step's", set(1, "set-1"))
+		}},
+		{"a set written without a step time at the current version is stamped with it (a replica of the release before 0026)", func(t *testing.T, ctx context.Context, rs RestorableStore) {
+			s, plant := rs.Store, rs.Plant
+			first := step(t, ctx, s, 1)
+			plant(t, 1, nil, []byte("old-replica-1"))
+			list(t, ctx, s, "a set kept by an old replica at the current ID", set(1, "old-replica-1"))
+			mustNil(t, "PutVerifierSet at the current ID", s.PutVerifierSet(ctx, first, []byte("set-1")))
+			list(t, ctx, s, "after a put at the ID the old replica kept", set(1, "old-replica-1"))
+			// Above the version there is no step time to stamp: never
+			// listed, and dropped by the next step.
+			plant(t, 2, nil, []byte("old-replica-2"))
+			step(t, ctx, s, 2)
+			list(t, ctx, s, "after a step past an unstamped set", set(1, "old-replica-1"))
+		}},
+	}
 }

@@ -62,7 +62,7 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 			mustNil(t, "InsertTask", w.InsertTask(ctx, tk, []string{"n1", "n2"}, link(record("task.send"))))
 		}, notice(store.Change{Kind: store.ChangeTasks, Nodes: []string{"n1", "n2"}})},
 		{"signer step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
-			_, err := w.ApplySignerChanges(ctx, 0, []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
+			_, err := w.ApplySignerChanges(ctx, idAt(t, ctx, w, 0), []store.SignerChange{insert(signerRow("v1", store.SignerActive, 0))}, stepLink)
 			mustNil(t, "ApplySignerChanges", err)
 		}, notice(store.Change{Kind: store.ChangeSigners})},
 		{"CA certificate step: every node", func(t *testing.T, ctx context.Context, w store.Store) {
