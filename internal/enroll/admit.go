@@ -60,16 +60,17 @@ func (s *Service) admit(ctx context.Context, a Admission, ev *audit.Event) (*Iss
 		return nil, err
 	}
 	res, err := s.cfg.Store.CommitJoin(ctx, store.Join{
-		Audit:        build.Build,
-		TokenID:      a.TokenID,
-		Credential:   a.Credential,
-		NodeID:       a.NodeID,
-		MaySupersede: a.MaySupersede,
-		RetryWindow:  s.cfg.RetryWindow,
-		Ticket:       a.Ticket,
-		Claims:       a.Claims,
-		LockTargets:  a.LockTargets,
-		Instance:     inst,
+		Audit:          build.Build,
+		TokenID:        a.TokenID,
+		Credential:     a.Credential,
+		NodeID:         a.NodeID,
+		MaySupersede:   a.MaySupersede,
+		NodeFreeAtRead: a.nodeFree,
+		RetryWindow:    s.cfg.RetryWindow,
+		Ticket:         a.Ticket,
+		Claims:         a.Claims,
+		LockTargets:    a.LockTargets,
+		Instance:       inst,
 		Certificate: store.Certificate{
 			Serial:     inst.LastSerial,
 			NodeID:     a.NodeID,

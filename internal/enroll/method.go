@@ -74,6 +74,10 @@ type Admission struct {
 	// all) instead of making a new one.
 	Refresh *x509.Certificate
 	CSR     []byte
+	// nodeFree says the method's read found no node with NodeID; the
+	// join's write then takes it as free (store.Join.NodeFreeAtRead) and
+	// checks it rather than reading the node again.
+	nodeFree bool
 	// held, with Refresh, is the certificate record and instance the
 	// method read, whose locks it checked: the renewal starts from them.
 	held *held

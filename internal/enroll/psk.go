@@ -196,6 +196,7 @@ func (m pskMethod) Attest(ctx context.Context, r Request, p PSKPayload, _ Challe
 
 	a.Credential, a.Proof, a.Method = credential, proof, store.JoinMethodPSK
 	a.PublicKey, a.KeyID, a.Now, a.LockTargets = csr.PublicKey, kid, now, targets
+	a.nodeFree = true // a node found returned above
 	return a, nil
 }
 

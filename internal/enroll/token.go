@@ -235,7 +235,7 @@ func (m tokenMethod) Attest(ctx context.Context, r Request, p TokenPayload, _ Ch
 	a.TokenID, a.Proof, a.Method = t.ID, "token "+t.ID, store.JoinMethodToken
 	a.ServerAuth = t.SVIDUsage == store.SVIDUsageClientServer
 	a.MaySupersede, a.PublicKey, a.KeyID, a.Now = t.NodeID == nodeID, pub, kid, now
-	a.LockTargets = targets
+	a.LockTargets, a.nodeFree = targets, !nodeExists
 	return a, nil
 }
 

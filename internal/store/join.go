@@ -143,6 +143,14 @@ type Join struct {
 	// token bound to this node: deliberate re-provisioning). Otherwise a
 	// held node ID fails with ErrNodeTaken.
 	MaySupersede bool
+	// NodeFreeAtRead says the caller's read (ReadJoin) found no node
+	// with NodeID, so the write may take the ID as free instead of reading
+	// it again. It is a guess the write checks, never trusts: the node's
+	// INSERT fails if a join took the ID since, and any other refusal
+	// reads the node. A wrong guess writes nothing of it and the write is
+	// made again reading the node, so the outcome is the one the join
+	// would have without it (a retry, a supersession, ErrNodeTaken).
+	NodeFreeAtRead bool
 	// RetryWindow: if the node's current instance was created by this
 	// token (or Credential) within the window, is still at generation 0, and certified the
 	// same public key, the join is a retry of a lost reply: nothing is

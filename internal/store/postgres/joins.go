@@ -36,7 +36,12 @@ import (
 //     (ErrTicketReplayed); concurrent uses of one jti queue on the primary
 //     key, and only the first to commit records it.
 //  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
-//     false; otherwise its current instance becomes superseded.
+//     false; otherwise its current instance becomes superseded. With
+//     j.NodeFreeAtRead the node is not read: the ID is taken as free and
+//     the node's INSERT checks the guess (the retry check reads the node
+//     itself, so nothing before it depends on the guess); if a node holds
+//     the ID, the transaction is rolled back and the join made again,
+//     reading the node (errNodeTakenSinceRead).
 //  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
 //  6. The join's pending report to discovery, if j.Ticket is set
@@ -67,16 +72,30 @@ func (s *Store) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult,
 		return store.JoinResult{}, fmt.Errorf("postgres: commit join: %w", err)
 	}
 	var res store.JoinResult
-	err = s.inPipe(ctx, "commit join", func(p *pipe) error {
-		var err error
-		res, err = commitJoin(ctx, p, j, in, cert)
-		return err
-	})
+	write := func(j store.Join) error {
+		return s.inPipe(ctx, "commit join", func(p *pipe) error {
+			var err error
+			res, err = commitJoin(ctx, p, j, in, cert)
+			return err
+		})
+	}
+	err = write(j)
+	if errors.Is(err, errNodeTakenSinceRead) {
+		// The guess was rolled back with the rest: the join is made
+		// again as it is without one, reading the node.
+		j.NodeFreeAtRead = false
+		err = write(j)
+	}
 	if err != nil {
 		return store.JoinResult{}, err
 	}
 	return res, nil
 }
+
+// errNodeTakenSinceRead is a join's answer when it took its node ID as
+// free (store.Join.NodeFreeAtRead) and a node holds it: CommitJoin makes
+// the join again, reading the node. It never leaves the package.
+var errNodeTakenSinceRead = errors.New("postgres: commit join: the node ID was taken since the read")
 
 // errRetry ends the first batch's reading when the retry check found the
 // instance to answer with.
@@ -92,13 +111,18 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 	// join, a retry too (as at the read): one created since that read
 	// stops it here.
 	queueLockCheck(p, "commit join", store.Named(j.LockTargets))
+	// A caller's read that found the node ID free is taken at its word:
+	// under the node's lock nothing else changes the node until commit,
+	// and the node's INSERT fails if one took the ID before the lock.
 	var held string
-	p.row(`SELECT instance_id FROM nodes WHERE id = $1`, []any{j.NodeID}, func(row pgx.Row) error {
-		if err := row.Scan(&held); err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return wrap("commit join", err)
-		}
-		return nil
-	})
+	if !j.NodeFreeAtRead {
+		p.row(`SELECT instance_id FROM nodes WHERE id = $1`, []any{j.NodeID}, func(row pgx.Row) error {
+			if err := row.Scan(&held); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return wrap("commit join", err)
+			}
+			return nil
+		})
+	}
 	// 1. The retry check precedes the token use: a single-use token whose
 	// reply was lost is spent, and the retry must still get its answer.
 	// It precedes the ticket use too: the retry repeats the ticket the
@@ -150,6 +174,10 @@ func commitJoin(ctx context.Context, p *pipe, j store.Join, in store.Instance, c
 			switch {
 			case err == nil:
 				return nil
+			case (constraintOf(err) == "instances_one_current" || constraintOf(err) == "nodes_pkey") && j.NodeFreeAtRead:
+				// Taken since the caller's read: the guess is wrong, and
+				// the node it did not read decides.
+				return errNodeTakenSinceRead
 			case constraintOf(err) == "instances_one_current", constraintOf(err) == "nodes_pkey":
 				// Unreachable while every writer of the ID takes its lock;
 				// kept so that a writer that does not still gets the right

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -339,6 +340,11 @@ func benchJoin(n int64) store.Join {
 	serial := fmt.Sprintf("%032x", n)
 	return store.Join{
 		TokenID: "t1", NodeID: id, RetryWindow: time.Minute,
+		// A new node as the authority's read found it, and the lock
+		// targets a token join checks.
+		NodeFreeAtRead: true,
+		LockTargets: []store.LockTarget{{Kind: store.LockNode, Target: id},
+			{Kind: store.LockToken, Target: "t1"}, {Kind: store.LockPublicKey, Target: hex.EncodeToString(key[:])}},
 		Instance: store.Instance{ID: "i-" + id, JoinMethod: store.JoinMethodToken, CreatedAt: now,
 			LastChainPEM: []byte("-----BEGIN CERTIFICATE-----")},
 		Certificate: store.Certificate{Serial: serial, PublicKey: key[:],

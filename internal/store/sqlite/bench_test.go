@@ -129,6 +129,8 @@ func benchJoin(n int64) store.Join {
 	serial := fmt.Sprintf("%x", sha256.Sum256([]byte(id)))[:32] // random, as the CA issues them
 	return store.Join{
 		TokenID: "t1", NodeID: "node-" + id, RetryWindow: time.Minute,
+		// A new node, as the authority's read found it.
+		NodeFreeAtRead: true,
 		LockTargets: []store.LockTarget{{Kind: store.LockNode, Target: "node-" + id},
 			{Kind: store.LockToken, Target: "t1"}, {Kind: store.LockPublicKey, Target: hex.EncodeToString(key[:])}},
 		Instance: store.Instance{

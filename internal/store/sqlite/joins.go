@@ -32,7 +32,12 @@ import (
 //     if there is no such token); a ticket use is one INSERT whose primary
 //     key is the jti (ErrTicketReplayed).
 //  3. Node claim: ErrNodeTaken if a node holds the ID and j.MaySupersede is
-//     false; otherwise its current instance becomes superseded.
+//     false; otherwise its current instance becomes superseded. With
+//     j.NodeFreeAtRead the node is not read first: the ID is taken as
+//     free, step 1 and this one are skipped, and the node's INSERT in
+//     step 5 checks the guess; a refusal reads the node, and if one holds
+//     the ID the transaction's share of the join is undone and it is made
+//     again, reading the node (errNodeTakenSinceRead).
 //  5. The new instance (current, generation 0) and its certificate record;
 //     ErrConflict if the instance ID or serial exists.
 //  6. The join's pending report to discovery, if j.Ticket is set
@@ -55,11 +60,20 @@ func (s *SQLite) CommitJoin(ctx context.Context, j store.Join) (store.JoinResult
 	}
 
 	var res store.JoinResult
-	err = s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		var err error
-		res, err = commitJoin(ctx, tx, j, in, cert)
-		return err
-	})
+	write := func(j store.Join) error {
+		return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+			var err error
+			res, err = commitJoin(ctx, tx, j, in, cert)
+			return err
+		})
+	}
+	err = write(j)
+	if errors.Is(err, errNodeTakenSinceRead) {
+		// The guess wrote nothing: the join is made again as it is
+		// without one, reading the node.
+		j.NodeFreeAtRead = false
+		err = write(j)
+	}
 	if err != nil {
 		return store.JoinResult{}, err
 	}
@@ -92,23 +106,42 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 	// Any other refusal is the lock's if one is in force: the lock check
 	// came first of all before it was folded into the INSERT. A failure
 	// to look it up leaves the refusal as it was.
-	if !errors.Is(err, store.ErrLocked) {
-		if lerr := lockedIn(ctx, tx, "commit join", targets); errors.Is(lerr, store.ErrLocked) {
-			return store.JoinResult{}, lerr
+	if errors.Is(err, store.ErrLocked) {
+		return store.JoinResult{}, err
+	}
+	if lerr := lockedIn(ctx, tx, "commit join", targets); errors.Is(lerr, store.ErrLocked) {
+		return store.JoinResult{}, lerr
+	}
+	// A refusal under the guess that the node was free (a spent token, a
+	// used ticket, the node's INSERT failing on its key) may be the
+	// guess's: a node that holds the ID now could make the join a retry
+	// or a supersession. Then it is made again reading the node.
+	if j.NodeFreeAtRead {
+		if taken, herr := exists(ctx, tx, "nodes", j.NodeID); herr == nil && taken {
+			return store.JoinResult{}, errNodeTakenSinceRead
 		}
 	}
 	return store.JoinResult{}, err
 }
+
+// errNodeTakenSinceRead is a join's answer when it took its node ID as
+// free (store.Join.NodeFreeAtRead) and a node holds it: CommitJoin makes
+// the join again, reading the node. It never leaves the package.
+var errNodeTakenSinceRead = errors.New("sqlite: commit join: the node ID was taken since the read")
 
 // admitJoin is commitJoin's work but for the lock check of a retry or a
 // refusal.
 func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) (store.JoinResult, error) {
 	var err error
 	// held is the node's current instance, "" while the node ID is free.
+	// A caller's read that found it free is taken at its word here and
+	// checked by the node's INSERT below (commitJoin).
 	var held string
-	err = tx.QueryRowContext(ctx, `SELECT instance_id FROM nodes WHERE id = ?`, j.NodeID).Scan(&held)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return store.JoinResult{}, wrap("commit join", err)
+	if !j.NodeFreeAtRead {
+		err = tx.QueryRowContext(ctx, `SELECT instance_id FROM nodes WHERE id = ?`, j.NodeID).Scan(&held)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return store.JoinResult{}, wrap("commit join", err)
+		}
 	}
 
 	// 1. The retry check precedes the token use: a single-use token whose

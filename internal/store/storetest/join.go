@@ -397,13 +397,17 @@ func joinRaceCases() []testCase {
 		}},
 		{"node ID race", func(t *testing.T, ctx context.Context, s store.Store) {
 			// Each joiner has its own token, so a loser's use must be
-			// rolled back with the rest of its join.
+			// rolled back with the rest of its join. Half of them read
+			// the node free before any committed, as the authority
+			// does (NodeFreeAtRead): a wrong guess refuses as well.
 			for i := range joiners {
 				insertTokens(t, ctx, s, token("t-"+string(rune('a'+i)), 1, time.Time{}, time.Hour))
 			}
 			errs := concurrently(joiners, func(i int) error {
 				id := string(rune('a' + i))
-				_, err := s.CommitJoin(ctx, newJoin("t-"+id, "node-1", "i-"+id, "key-"+id, at(0)))
+				j := newJoin("t-"+id, "node-1", "i-"+id, "key-"+id, at(0))
+				j.NodeFreeAtRead = i%2 == 0
+				_, err := s.CommitJoin(ctx, j)
 				return err
 			})
 			ok, taken := tally(t, errs, store.ErrNodeTaken)

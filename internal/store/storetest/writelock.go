@@ -163,11 +163,15 @@ func writeLockCases() []testCase {
 			spent.LockTargets = targets("tok-1", "node-2")
 			taken := newJoin("tok-2", "node-1", "inst-3", "key-2", storeNow(t, ctx, s))
 			taken.LockTargets = targets("tok-2", "node-1")
+			// As after a read that found node-1 free (a stale guess).
+			takenRead := taken
+			takenRead.NodeFreeAtRead = true
 			before := snapshot(t, ctx, s, "node-1", "node-2")
 			for _, c := range []struct {
 				what string
 				j    store.Join
-			}{{"CommitJoin with a spent token", spent}, {"CommitJoin of a node held", taken}} {
+			}{{"CommitJoin with a spent token", spent}, {"CommitJoin of a node held", taken},
+				{"CommitJoin of a node held, read free", takenRead}} {
 				_, err := s.CommitJoin(ctx, c.j)
 				wantLocked(t, c.what, err, l)
 			}
@@ -179,6 +183,9 @@ func writeLockCases() []testCase {
 			wantErr(t, "CommitJoin with a spent token, unlocked", err, store.ErrTokenSpent)
 			_, err = s.CommitJoin(ctx, taken)
 			wantErr(t, "CommitJoin of a node held, unlocked", err, store.ErrNodeTaken)
+			_, err = s.CommitJoin(ctx, takenRead)
+			wantErr(t, "CommitJoin of a node held, read free, unlocked", err, store.ErrNodeTaken)
+			wantEqual(t, "state after the refused joins, unlocked", snapshot(t, ctx, s, "node-1", "node-2"), before)
 		}},
 		testCase{"only a lock in force on a named target refuses a join", func(t *testing.T, ctx context.Context, s store.Store) {
 			insertTokens(t, ctx, s, token("tok-1", 0, time.Time{}, time.Hour))
