@@ -532,7 +532,7 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 		}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_agent_stream_copies_suspected_total",
-			Help: "Agent streams that took a node's stream back from another holder of the same identity, repeatedly: a copy of an agent's data directory (audited agent.stream_copy_suspected).",
+			Help: "Agent streams that took a node's stream back from another holder of the same identity, repeatedly, on this replica or another (each counted by the replica that took it back: sum over replicas): a copy of an agent's data directory (audited agent.stream_copy_suspected).",
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_task_verification_failures_total",
