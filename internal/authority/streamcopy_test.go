@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"math/big"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -164,5 +165,77 @@ func TestStreamCopiesOnTwoReplicasAuditedOnce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// racingStore is a store that runs race once, if set, right after a
+// GetAgentStream read: another stream opening between an opening
+// stream's read of the node's row and its write.
+type racingStore struct {
+	store.Store
+	race *atomic.Pointer[func()]
+}
+
+func (s racingStore) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
+	row, err := s.Store.GetAgentStream(ctx, nodeID)
+	if f := s.race.Swap(nil); f != nil {
+		(*f)()
+	}
+	return row, err
+}
+
+// TestStreamCopyCountedOnceWhenTwoOpenAtOnce: two streams of one holder
+// opening at once on two replicas, both having read the row of the other
+// holder's stream, make one replacement, not two: the one whose write
+// lands second finds the row changed since its read (the conditional
+// write refuses it), reads it again, and sees its own holder took it. So
+// the third alternation is counted and audited once. Written
+// unconditionally, both would count it from the same read, and audit it
+// twice.
+func TestStreamCopyCountedOnceWhenTwoOpenAtOnce(t *testing.T) {
+	var race atomic.Pointer[func()]
+	b := startReplicas(t, nil, 2, func(c *Config) { c.Store = racingStore{Store: c.Store, race: &race} })
+	stream := func(s *Server, source string) {
+		ctx, replaced := context.WithCancelCause(t.Context())
+		t.Cleanup(func() { replaced(nil) })
+		st := &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+			c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: "n-cloned"}, Source: source,
+				Cert: &x509.Certificate{SerialNumber: big.NewInt(7)}}}
+		if err := st.record(); err != nil {
+			t.Fatal(err)
+		}
+		st.replaceOld()
+	}
+	// A, B, A, B: two alternations.
+	for i := range 4 {
+		if i%2 == 0 {
+			stream(b.srvs[0], "10.0.0.1:5000")
+		} else {
+			stream(b.srvs[1], "10.0.0.2:6000")
+		}
+	}
+	// A again on the first replica; between its read and its write, A
+	// reconnects to the second (from another port) and takes the row
+	// first: the third alternation, once.
+	other := func() { stream(b.srvs[1], "10.0.0.1:5001") }
+	race.Store(&other)
+	stream(b.srvs[0], "10.0.0.1:5002")
+	if race.Load() != nil {
+		t.Fatal("the race did not run: the test does not exercise two streams opening at once")
+	}
+	var copies float64
+	for _, s := range b.srvs {
+		var m dto.Metric
+		if err := s.streams.copies.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		copies += m.GetCounter().GetValue()
+	}
+	recs, err := b.store.ListAudit(t.Context(), store.AuditFilter{Action: "agent.stream_copy_suspected"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if copies != 1 || len(recs) != 1 {
+		t.Fatalf("two streams of one holder opening at once: %v copies suspected, %d records; want 1 and 1", copies, len(recs))
 	}
 }
