@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -138,4 +141,71 @@ func TestOneStreamPerAgentAcrossReplicas(t *testing.T) {
 		out := mustRun(t, "agents", "show", "n1", "--data", a.dir, "--authority", a.auth.addr)
 		return strings.Contains(out, "Stream: connected") && strings.Contains(out, b.auth.addr)
 	})
+}
+
+// TestStreamCopiesAcrossReplicasSuspectedOnce: two holders of one agent
+// identity (a cloned data directory: the same certificate, from two
+// hosts, 127.0.0.1 and 127.0.0.2) each reconnecting to its own replica
+// take the stream from each other through the store's row; after three
+// alternations, each within 5 minutes, the copy is audited
+// agent.stream_copy_suspected once, by one of the two replicas, naming
+// both hosts. Before, neither replica saw the other's holder, and none
+// was audited.
+func TestStreamCopiesAcrossReplicasSuspectedOnce(t *testing.T) {
+	_, rs := startReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	var tok createdToken
+	if err := json.Unmarshal([]byte(mustRun(t, "token", "create", "-o", "json", "--data", a.dir, "--authority", a.auth.addr)), &tok); err != nil {
+		t.Fatal(err)
+	}
+	adir := filepath.Join(t.TempDir(), "agent")
+	if r := muster(t, nil, "agent", "join", "--data", adir, "--node", "n1", tok.URI); r.code != 0 {
+		t.Fatalf("join: %s", r.stderr)
+	}
+	open := func(r *agentEnv, from string) chan error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		dial := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) })
+		stream, err := musterv1.NewAgentServiceClient(agentDial(t, r.auth.addr, adir, dial)).Connect(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil { // the verifier set: open
+			t.Fatal(err)
+		}
+		ended := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := stream.Recv(); err != nil {
+					ended <- err
+					return
+				}
+			}
+		}()
+		return ended
+	}
+	// The first copy on a, the second on b, in turns: each open replaces
+	// the other's stream, which ends ABORTED before the next turn.
+	var ended chan error
+	for i := range 5 {
+		r, from := a, "127.0.0.1"
+		if i%2 == 1 {
+			r, from = b, "127.0.0.2"
+		}
+		next := open(r, from)
+		if ended != nil {
+			select {
+			case err := <-ended:
+				if status.Code(err) != codes.Aborted {
+					t.Fatalf("turn %d: the replaced stream ended with %v, want ABORTED", i, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("turn %d: the other copy's stream was not replaced", i)
+			}
+		}
+		ended = next
+	}
+	recs := auditOf(t, a.dir, "agent.stream_copy_suspected")
+	if len(recs) != 1 || recs[0].Target != "n1" || !strings.Contains(recs[0].Reason, "127.0.0.1 (certificate") || !strings.Contains(recs[0].Reason, "127.0.0.2 (certificate") {
+		t.Fatalf("the copy across replicas audited once, naming both hosts: %+v", recs)
+	}
 }

@@ -186,6 +186,7 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 	// come from the cache, and those no longer asked for are forgotten.
 	defer s.caCerts.sweep()
 	active, prepared := map[string]*x509.Certificate{}, map[string]store.CACert{}
+	pending := map[string]bool{} // the retired intermediates whose key is due to be destroyed
 	for _, r := range rows {
 		switch r.State {
 		case store.CAActive:
@@ -210,11 +211,19 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 			// store's time at the write's start): taken sooner, both
 			// destroy, and the second's ca.destroy_key may say the key
 			// was not found, lost, when the first destroyed it.
+			// A destruction that keeps failing (the token away for
+			// hours) is tried again less and less often, up to
+			// caDestroyMaxWait apart: each try is a round trip to the
+			// HSM, and a log line while the failure lasts.
 			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= 2*caStepTimeout {
-				s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef)
+				pending[r.Serial] = true
+				if s.caDestroyRetry.due(r.Serial, now) {
+					s.caDestroyRetry.tried(r.Serial, now, s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef))
+				}
 			}
 		}
 	}
+	s.caDestroyRetry.keep(pending)
 	s.sweepDrafts(ctx, now)
 	if s.rootSteps(ctx, rows, now) {
 		// The steps a root rotation needed came first; the rest at the
@@ -497,24 +506,92 @@ func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
 
 // destroyCAKey destroys the key of a retired intermediate and empties its
 // reference with its ca.destroy_key record (destroyRetiredKey). A failure
-// is logged and recorded once, until it changes; the reference stays,
-// and the leader's next clock pass tries again.
-func (s *Server) destroyCAKey(ctx context.Context, role, serial string, ref []byte) {
+// is logged and recorded once, until its reason changes; the reference
+// stays, and the leader's clock tries again (caDestroyRetry). It returns
+// the failure, if any.
+func (s *Server) destroyCAKey(ctx context.Context, role, serial string, ref []byte) error {
 	outcome, err := destroyRetiredKey(ctx, s.store, s.inter.custody, s.audit, "authority", role, serial, ref)
 	step := "ca.destroy_key " + role + "/" + serial
 	switch {
 	case err == nil:
 		s.caStepFails.changed(step, "")
-		return
+		return nil
 	case s.outage.fail(err):
-		return
+		return err
 	case !s.caStepFails.changed(step, err.Error()):
-		return
+		return err
 	}
-	s.log.Error("destroying a retired CA intermediate's key failed; the leader tries again at its next clock pass",
+	s.log.Error("destroying a retired CA intermediate's key failed; the leader tries again, less often while it keeps failing (at least every "+caDestroyMaxWait.String()+")",
 		"role", role, "serial", serial, "key", custody.Where(ref), "err", err)
 	_ = s.recordAudit(ctx, audit.Event{Actor: "authority", Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultError,
-		Reason: outcome + "; its reference stays in the store (ca status: destroy pending) and the leader tries again at its next clock pass"})
+		Reason: outcome + "; its reference stays in the store (ca status: destroy pending) and the leader tries again, at least every " + caDestroyMaxWait.String() + " (this is recorded again only if the failure changes)"})
+	return err
+}
+
+// The leader's clock tries a failed destruction of a retired
+// intermediate's key again caDestroyFirstWait after the failure, then
+// twice as long after each further failure, up to caDestroyMaxWait: a
+// token away for a day costs a few hundred tries, not seventeen thousand.
+const (
+	caDestroyFirstWait = caTick
+	caDestroyMaxWait   = 5 * time.Minute
+)
+
+// destroyRetries are the retired intermediates whose key's destruction
+// failed on this replica, by serial: when it may be tried again (by the
+// store clock), and how long the wait before it was. Safe for concurrent
+// use; the zero value is ready.
+type destroyRetries struct {
+	mu   sync.Mutex
+	next map[string]destroyRetry
+}
+
+type destroyRetry struct {
+	at   time.Time
+	wait time.Duration
+}
+
+// due reports whether serial's destruction may be tried at now: never
+// failed, or its wait has passed. A wait that ends further ahead than
+// its length (the store clock stepped back, a failover to a server whose
+// clock is behind) has passed too.
+func (d *destroyRetries) due(serial string, now time.Time) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, ok := d.next[serial]
+	return !ok || !now.Before(r.at) || r.at.Sub(now) > r.wait
+}
+
+// tried records how the try of serial's destruction at now went: a
+// failure doubles the wait (from caDestroyFirstWait, up to
+// caDestroyMaxWait), a success forgets serial.
+func (d *destroyRetries) tried(serial string, now time.Time, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err == nil {
+		delete(d.next, serial)
+		return
+	}
+	wait := caDestroyFirstWait
+	if r, ok := d.next[serial]; ok {
+		wait = min(2*r.wait, caDestroyMaxWait)
+	}
+	if d.next == nil {
+		d.next = map[string]destroyRetry{}
+	}
+	d.next[serial] = destroyRetry{at: now.Add(wait), wait: wait}
+}
+
+// keep forgets the serials not in pending: their key was destroyed, by
+// another replica perhaps.
+func (d *destroyRetries) keep(pending map[string]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for serial := range d.next {
+		if !pending[serial] {
+			delete(d.next, serial)
+		}
+	}
 }
 
 // destroyRetiredKey destroys the key ref of the retired intermediate

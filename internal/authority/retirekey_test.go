@@ -444,3 +444,130 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 		t.Fatalf("%d destructions after the reference was emptied; want 1", n)
 	}
 }
+
+// destroyFlaky is a custody whose Destroy of the key named in only
+// fails with the reason in why while that is not empty, and counts its
+// tries; other keys are destroyed as the wrapped custody does.
+type destroyFlaky struct {
+	custody.Custody
+	only, why *atomic.Value // string
+	tries     *atomic.Int64
+}
+
+func (d destroyFlaky) Import(ctx context.Context, name string, key crypto.Signer) (custody.Key, error) {
+	return d.Custody.(custody.Importer).Import(ctx, name, key)
+}
+
+func (d destroyFlaky) Destroy(ctx context.Context, name string, k custody.Key) error {
+	if only, _ := d.only.Load().(string); name != only {
+		return d.Custody.Destroy(ctx, name, k)
+	}
+	d.tries.Add(1)
+	if why, _ := d.why.Load().(string); why != "" {
+		return errors.New(why)
+	}
+	return d.Custody.Destroy(ctx, name, k)
+}
+
+// TestRetiredKeyDestructionBacksOff: a retired intermediate's key whose
+// destruction keeps failing (the token away) is tried again less and
+// less often, each wait at least the one before and none over
+// caDestroyMaxWait, so an hour of clock ticks every 5 s tries it a few
+// dozen times, not 720; the failure is recorded once per reason, not per
+// try; ca status shows the key destroy pending throughout; and once the
+// token answers, the next try, within caDestroyMaxWait, destroys it.
+// Before, every tick tried it (720 tries in the hour).
+func TestRetiredKeyDestructionBacksOff(t *testing.T) {
+	var (
+		only, why atomic.Value
+		tries     atomic.Int64
+	)
+	only.Store("")
+	why.Store("")
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
+		c.WrapCACustody = func(c custody.Custody) (custody.Custody, error) {
+			return destroyFlaky{Custody: c, only: &only, why: &why, tries: &tries}, nil
+		}
+	})
+	ctx := t.Context()
+	s := a.srvs[0]
+	now := time.Now()
+	expired := storeIntermediate(t, ctx, a, now.Add(-10*time.Minute), 5*time.Minute)
+	only.Store(keyName("agent", expired.Serial))
+	// Its successor lives long enough that the hour below rotates
+	// nothing.
+	storeIntermediate(t, ctx, a, now.Add(-10*time.Second), 30*24*time.Hour)
+	failures := func() []string {
+		recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.destroy_key"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, r := range recs {
+			if r.Target == "agent/"+expired.Serial && r.Result == "error" {
+				out = append(out, r.Reason)
+			}
+		}
+		return out
+	}
+	pending := func() string {
+		st, err := s.caStatus(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range st.GetCertificates() {
+			if c.GetSerial() == expired.Serial {
+				return c.GetKeyCustody()
+			}
+		}
+		t.Fatalf("ca status does not list %s", expired.Serial)
+		return ""
+	}
+
+	why.Store("test: the token is unavailable")
+	// The retirement, and its own try.
+	if err := s.caStepAt(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	// An hour of clock ticks, the token away.
+	var at []time.Duration // when, after the first clock try, each try came
+	start := now.Add(2 * caStepTimeout)
+	for d := time.Duration(0); d <= time.Hour; d += caTick {
+		if d == 30*time.Minute {
+			why.Store("test: the token refuses the login")
+		}
+		n := tries.Load()
+		if err := s.caStepAt(ctx, start.Add(d)); err != nil {
+			t.Fatal(err)
+		}
+		if tries.Load() > n {
+			at = append(at, d)
+		}
+	}
+	if len(at) < 10 || len(at) > 30 {
+		t.Fatalf("%d tries in an hour of ticks (%v); want the waits doubling to %s: about 20", len(at), at, caDestroyMaxWait)
+	}
+	for i := 2; i < len(at); i++ {
+		prev, gap := at[i-1]-at[i-2], at[i]-at[i-1]
+		if gap < prev || gap > caDestroyMaxWait+caTick {
+			t.Fatalf("tries at %v: the wait before try %d is %s after one of %s; want each at least the one before, at most %s", at, i, gap, prev, caDestroyMaxWait)
+		}
+	}
+	if got := failures(); len(got) != 2 || !strings.Contains(got[0], "unavailable") || !strings.Contains(got[1], "refuses the login") {
+		t.Fatalf("ca.destroy_key failures recorded: %q; want two, one per reason", got)
+	}
+	if where := pending(); !strings.HasPrefix(where, "destroy pending: ") {
+		t.Fatalf("ca status shows the key as %q while its destruction fails; want destroy pending", where)
+	}
+
+	why.Store("")
+	end := start.Add(time.Hour)
+	for d := caTick; d <= caDestroyMaxWait+caTick; d += caTick {
+		if err := s.caStepAt(ctx, end.Add(d)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if where := pending(); where != "destroyed" {
+		t.Fatalf("ca status shows the key as %q %s after the token came back; want destroyed", where, caDestroyMaxWait+caTick)
+	}
+}

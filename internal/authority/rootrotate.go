@@ -600,7 +600,8 @@ func (s *Server) intermediatesNotUnder(ctx context.Context, root *x509.Certifica
 // renew once the new root is dropped, and no rollback would trust it
 // again: it would have to join anew. A running agent renews under the old
 // root within its certificate's lifetime, so waiting that long after the
-// rollback leaves none behind. The lifetimes are this replica's settings
+// rollback leaves none behind, counted on the store's clock, which wrote
+// RetiringAt. The lifetimes are this replica's settings
 // (--agent-cert-ttl, --bound-keypair-cert-ttl), as every replica's should
 // be.
 func (s *Server) newRootLeavesEnded(ctx context.Context, newRoot *x509.Certificate) error {
@@ -612,7 +613,13 @@ func (s *Server) newRootLeavesEnded(ctx context.Context, newRoot *x509.Certifica
 		return err
 	}
 	longest := max(cmp.Or(s.cfg.AgentCertTTL, enroll.DefaultAgentCertTTL), cmp.Or(s.cfg.BoundKeypairCertTTL, enroll.DefaultBoundKeypairCertTTL))
-	now := s.now()
+	// RetiringAt is the store's time: compared with this replica's clock,
+	// a replica ahead of the store would abandon while certificates under
+	// the new root may still be valid.
+	now, err := s.store.Now(ctx)
+	if err != nil {
+		return err
+	}
 	var until time.Time
 	for _, r := range rows {
 		if r.Role != string(ca.RoleAgent) || r.State != store.CARetiring || r.RetiringAt.IsZero() {

@@ -255,6 +255,9 @@ type Server struct {
 	// caStepFails are the CA rotation steps failing at every tick, each
 	// reported once (carotate.go).
 	caStepFails stepFailures
+	// caDestroyRetry spaces the CA clock's tries of a retired
+	// intermediate's key destruction that keeps failing.
+	caDestroyRetry destroyRetries
 	// caNoRootKey holds, by role, when the leader last warned that a
 	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map

@@ -102,6 +102,12 @@ type agentStream struct {
 	wake     *streamWake
 	unsub    func()
 	row      store.AgentStream
+	// tookFrom is the connection identity of the stream this one
+	// replaced in the store's row, on any replica, when they are two
+	// holders of the agent's identity (record), and alternations how
+	// many times in a row the two took the row from each other.
+	tookFrom     string
+	alternations int
 	// recvErr is the receive loop's end.
 	recvErr chan error
 	// opened: open succeeded, and the end is to be recorded.
@@ -185,13 +191,7 @@ func (st *agentStream) open() error {
 	if err := a.standing(ctx); err != nil {
 		return err
 	}
-	st.row = store.AgentStream{NodeID: c.ID.Name, StreamID: uuid.NewString(), Replica: a.s.replicaName(), Connected: true}
-	var err error
-	if st.row.ConnectedAt, err = a.s.store.Now(st.ctx); err == nil {
-		st.row.LastSeen = st.row.ConnectedAt
-		err = a.s.store.RecordAgentStream(st.ctx, st.row)
-	}
-	if err != nil {
+	if err := st.record(); err != nil {
 		return toStatus(ctx, a.s.log, err)
 	}
 	// Recorded: from here its end is recorded (close), whatever follows.
@@ -532,7 +532,7 @@ func newStreamMetrics(reg prometheus.Registerer) (*streamMetrics, error) {
 		}),
 		copies: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "muster_agent_stream_copies_suspected_total",
-			Help: "Agent streams that took a node's stream back from another holder of the same identity, repeatedly: a copy of an agent's data directory (audited agent.stream_copy_suspected).",
+			Help: "Agent streams that took a node's stream back from another holder of the same identity, repeatedly, on this replica or another (each counted by the replica that took it back: sum over replicas): a copy of an agent's data directory (audited agent.stream_copy_suspected).",
 		}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "muster_task_verification_failures_total",
@@ -794,4 +794,51 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 func streamToProto(a store.AgentStream) *musterv1.AgentStreamStatus {
 	return &musterv1.AgentStreamStatus{Connected: a.Connected, Replica: a.Replica, ConnectedAt: timestampOrNil(a.ConnectedAt),
 		LastSeen: timestampOrNil(a.LastSeen), Heartbeat: a.Report}
+}
+
+// takeTries is how many times an opening stream reads the node's row and
+// writes its own over it before it writes its own regardless: streams
+// of one identity opening at once on several replicas (copies, each
+// reconnecting as the other replaces it) each take the row in turn.
+const takeTries = 5
+
+// record writes the stream's row over the node's, on the store's clock,
+// conditionally on the row it read: the replica whose write wins is the
+// only one that sees this replacement, so the copy signal it carries
+// (streamHolder) counts each replacement once across replicas, and the
+// suspicion is counted and audited by one replica (replaceOld).
+func (st *agentStream) record() error {
+	s := st.a.s
+	holder := connectionID(st.c)
+	st.row = store.AgentStream{NodeID: st.c.ID.Name, Replica: s.replicaName(), Connected: true}
+	for try := 1; ; try++ {
+		prev, err := s.store.GetAgentStream(st.ctx, st.row.NodeID)
+		found := err == nil
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return err
+		}
+		now, err := s.store.Now(st.ctx)
+		if err != nil {
+			return err
+		}
+		h, alternations := flapAfter(prev, found, holder, now)
+		st.row.StreamID = uuid.NewString() + "." + h.encode()
+		st.row.ConnectedAt, st.row.LastSeen = now, now
+		if try == takeTries {
+			// Still racing: the stream opens all the same (the newest
+			// holds the row), and this replacement counts for nothing.
+			return s.store.RecordAgentStream(st.ctx, st.row)
+		}
+		err = s.store.TakeAgentStream(st.ctx, st.row, prev.StreamID)
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if alternations > 0 {
+			st.tookFrom, st.alternations = h.From, alternations
+		}
+		return nil
+	}
 }

@@ -5,12 +5,15 @@ import (
 	"crypto/x509"
 	"math/big"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/postgres"
 )
 
 // TestStreamCopiesTakingTurnsAudited: two holders of one identity (a
@@ -27,9 +30,14 @@ func TestStreamCopiesTakingTurnsAudited(t *testing.T) {
 	stream := func(node, source string, serial int64) *agentStream {
 		ctx, replaced := context.WithCancelCause(t.Context())
 		t.Cleanup(func() { replaced(nil) })
-		return &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+		st := &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
 			c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: node}, Source: source,
 				Cert: &x509.Certificate{SerialNumber: big.NewInt(serial)}}}
+		// As open does, once the standing is checked.
+		if err := st.record(); err != nil {
+			t.Fatal(err)
+		}
+		return st
 	}
 	copies := func() float64 {
 		var m dto.Metric
@@ -88,5 +96,146 @@ func TestStreamCopiesTakingTurnsAudited(t *testing.T) {
 		if !strings.Contains(recs[0].Reason, want) {
 			t.Errorf("reason %q does not say %q", recs[0].Reason, want)
 		}
+	}
+}
+
+// TestStreamCopiesOnTwoReplicasAuditedOnce: the two holders of one
+// identity each hold their stream on another replica (SQLite's two
+// processes on one file, PostgreSQL's two authorities), so neither
+// replica replaces the other's stream itself: they take turns on the
+// store's stream row. The row carries the count, so the turns are one
+// suspicion, counted by one replica and audited once, as on one replica.
+// Before, each replica saw only its own holder reconnect, and none was
+// counted.
+func TestStreamCopiesOnTwoReplicasAuditedOnce(t *testing.T) {
+	for _, backend := range []string{"sqlite", "postgres"} {
+		t.Run(backend, func(t *testing.T) {
+			var open func(ctx context.Context) (store.Store, error)
+			if backend == "postgres" {
+				benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
+				pgtest.FailOrSkip(t, benchPGErr)
+				url := benchPG.NewDatabase(t)
+				open = func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }
+			}
+			b := startReplicas(t, open, 2)
+			stream := func(s *Server, source string) {
+				ctx, replaced := context.WithCancelCause(t.Context())
+				t.Cleanup(func() { replaced(nil) })
+				st := &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+					c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: "n-cloned"}, Source: source,
+						Cert: &x509.Certificate{SerialNumber: big.NewInt(7)}}}
+				if err := st.record(); err != nil {
+					t.Fatal(err)
+				}
+				st.replaceOld()
+			}
+			// A on the first replica, B on the second, A, B, A: three
+			// alternations, then two more (B, A), not yet a second
+			// record (every flapAlternations-th is audited).
+			for i := range 7 {
+				if i%2 == 0 {
+					stream(b.srvs[0], "10.0.0.1:5000")
+				} else {
+					stream(b.srvs[1], "10.0.0.2:6000")
+				}
+			}
+			var copies float64
+			for _, s := range b.srvs {
+				var m dto.Metric
+				if err := s.streams.copies.Write(&m); err != nil {
+					t.Fatal(err)
+				}
+				copies += m.GetCounter().GetValue()
+			}
+			// Alternations 3, 4 and 5, each counted once, by the
+			// replica whose write made it.
+			if copies != 3 {
+				t.Fatalf("copies suspected over both replicas after five alternations: %v, want 3", copies)
+			}
+			recs, err := b.store.ListAudit(t.Context(), store.AuditFilter{Action: "agent.stream_copy_suspected"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) != 1 {
+				t.Fatalf("%d agent.stream_copy_suspected records over both replicas, want 1", len(recs))
+			}
+			for _, want := range []string{"10.0.0.1 (certificate 7)", "10.0.0.2 (certificate 7)", "muster lock create --node n-cloned --reason copied-identity"} {
+				if !strings.Contains(recs[0].Reason, want) {
+					t.Errorf("reason %q does not say %q", recs[0].Reason, want)
+				}
+			}
+		})
+	}
+}
+
+// racingStore is a store that runs race once, if set, right after a
+// GetAgentStream read: another stream opening between an opening
+// stream's read of the node's row and its write.
+type racingStore struct {
+	store.Store
+	race *atomic.Pointer[func()]
+}
+
+func (s racingStore) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
+	row, err := s.Store.GetAgentStream(ctx, nodeID)
+	if f := s.race.Swap(nil); f != nil {
+		(*f)()
+	}
+	return row, err
+}
+
+// TestStreamCopyCountedOnceWhenTwoOpenAtOnce: two streams of one holder
+// opening at once on two replicas, both having read the row of the other
+// holder's stream, make one replacement, not two: the one whose write
+// lands second finds the row changed since its read (the conditional
+// write refuses it), reads it again, and sees its own holder took it. So
+// the third alternation is counted and audited once. Written
+// unconditionally, both would count it from the same read, and audit it
+// twice.
+func TestStreamCopyCountedOnceWhenTwoOpenAtOnce(t *testing.T) {
+	var race atomic.Pointer[func()]
+	b := startReplicas(t, nil, 2, func(c *Config) { c.Store = racingStore{Store: c.Store, race: &race} })
+	stream := func(s *Server, source string) {
+		ctx, replaced := context.WithCancelCause(t.Context())
+		t.Cleanup(func() { replaced(nil) })
+		st := &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+			c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: "n-cloned"}, Source: source,
+				Cert: &x509.Certificate{SerialNumber: big.NewInt(7)}}}
+		if err := st.record(); err != nil {
+			t.Fatal(err)
+		}
+		st.replaceOld()
+	}
+	// A, B, A, B: two alternations.
+	for i := range 4 {
+		if i%2 == 0 {
+			stream(b.srvs[0], "10.0.0.1:5000")
+		} else {
+			stream(b.srvs[1], "10.0.0.2:6000")
+		}
+	}
+	// A again on the first replica; between its read and its write, A
+	// reconnects to the second (from another port) and takes the row
+	// first: the third alternation, once.
+	other := func() { stream(b.srvs[1], "10.0.0.1:5001") }
+	race.Store(&other)
+	stream(b.srvs[0], "10.0.0.1:5002")
+	if race.Load() != nil {
+		t.Fatal("the race did not run: the test does not exercise two streams opening at once")
+	}
+	var copies float64
+	for _, s := range b.srvs {
+		var m dto.Metric
+		if err := s.streams.copies.Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		copies += m.GetCounter().GetValue()
+	}
+	recs, err := b.store.ListAudit(t.Context(), store.AuditFilter{Action: "agent.stream_copy_suspected"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if copies != 1 || len(recs) != 1 {
+		t.Fatalf("two streams of one holder opening at once: %v copies suspected, %d records; want 1 and 1", copies, len(recs))
 	}
 }

@@ -2,13 +2,17 @@ package authority
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // errReplaced ends a stream a newer one of the same agent replaced.
@@ -46,38 +50,85 @@ func (st *agentStream) endReplaced() bool {
 type liveStreams struct {
 	mu     sync.Mutex
 	byNode map[string]*agentStream
-	// flaps are each node's last replacement between two connection
-	// identities, for copySuspected. Records older than flapWindow count for
-	// nothing and are swept every flapWindow (swept: when last), so the
-	// map holds the last two windows' replacements, not one per node
-	// that ever reconnected.
-	flaps map[string]flap
-	swept time.Time
 }
 
 // A copy of an agent's data directory (a cloned disk) holds the same
 // certificate and key as the agent: the two take turns on the node's one
-// stream, each replacing the other when it reconnects. A stream replaced
-// by one of another connection identity (its source host and certificate
-// serial), which the first identity then replaces back, and so on
-// flapAlternations times, each within flapWindow of the last, is that
-// copy signal. An agent that merely reconnects (a network blip: the same
-// host and certificate, or a new certificate after a renewal, which the
-// old one never comes back from) replaces its own stream and never
-// alternates. Two copies behind one address with the same certificate
-// look like one agent reconnecting: the generation and join-state rules
-// catch them at their next renewal or refresh.
+// stream, each replacing the other when it reconnects, to the same
+// replica or to two. A stream replaced by one of another connection
+// identity (its source host and certificate serial), which the first
+// identity then replaces back, and so on flapAlternations times, each
+// within flapWindow of the last, is that copy signal. An agent that merely
+// reconnects (a network blip: the same host and certificate, or a new
+// certificate after a renewal, which the old one never comes back from)
+// replaces its own stream and never alternates. Two copies behind one
+// address with the same certificate look like one agent reconnecting: the
+// generation and join-state rules catch them at their next renewal or
+// refresh.
 const (
 	flapAlternations = 3
 	flapWindow       = 5 * time.Minute
 )
 
-// flap is a node's last replacement between connection identities: from
-// replaced by to, at, and how many alternations in a row led to it.
-type flap struct {
-	from, to string
-	at       time.Time
-	count    int
+// streamHolder is what a stream row says of its stream besides its
+// random name, in the row's StreamID (after the name and a dot; the
+// schema has no column for it, and StreamID is only ever compared
+// whole): the stream's connection identity, and the node's last
+// replacement between two identities, From replaced by To at At (the
+// store's clock, Unix microseconds), the Count-th alternation in a row.
+// It travels with the row, so the replica that takes the row next,
+// whichever it is, continues the count.
+type streamHolder struct {
+	Holder string `json:"h"`
+	From   string `json:"f,omitempty"`
+	To     string `json:"o,omitempty"`
+	At     int64  `json:"t,omitempty"`
+	Count  int    `json:"n,omitempty"`
+}
+
+func (h streamHolder) encode() string {
+	b, _ := json.Marshal(h) // strings and numbers: cannot fail
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// holderOf is what the stream row streamID says of its stream; false for
+// a row written before it said anything (a bare name).
+func holderOf(streamID string) (streamHolder, bool) {
+	_, enc, ok := strings.Cut(streamID, ".")
+	if !ok {
+		return streamHolder{}, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(enc)
+	var h streamHolder
+	if err != nil || json.Unmarshal(b, &h) != nil || h.Holder == "" {
+		return streamHolder{}, false
+	}
+	return h, true
+}
+
+// flapAfter is what the row of a stream of holder, opening at now over
+// the node's row prev (found: the node had one), says: the last
+// replacement between two identities carried on, or this one if it is
+// one (prev names a live stream of another holder), and how many
+// alternations in a row between the two it makes (0 for none: the same
+// identity, or the first replacement between these two).
+func flapAfter(prev store.AgentStream, found bool, holder string, now time.Time) (streamHolder, int) {
+	h := streamHolder{Holder: holder}
+	p, ok := holderOf(prev.StreamID)
+	if !found || !ok {
+		return h, 0
+	}
+	h.From, h.To, h.At, h.Count = p.From, p.To, p.At, p.Count
+	if !prev.Connected || p.Holder == holder {
+		return h, 0
+	}
+	n := 1
+	if p.From == holder && p.To == p.Holder && now.Sub(time.UnixMicro(p.At)) <= flapWindow {
+		// Back to the holder the last replacement took the stream from.
+		n = p.Count + 1
+	}
+	h.From, h.To, h.At, h.Count = p.Holder, holder, now.UnixMicro(), n
+	return h, n - 1
 }
 
 // connectionID is what tells two holders of one identity apart on the
@@ -96,10 +147,8 @@ func connectionID(c Caller) string {
 }
 
 // take makes st its node's live stream and returns the one it replaces,
-// if any, and how many alternations in a row between two connection
-// identities this replacement makes (0 for none: the same identity, or
-// the first replacement between these two).
-func (l *liveStreams) take(st *agentStream, now time.Time) (*agentStream, int) {
+// if any.
+func (l *liveStreams) take(st *agentStream) *agentStream {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.byNode == nil {
@@ -108,34 +157,7 @@ func (l *liveStreams) take(st *agentStream, now time.Time) (*agentStream, int) {
 	node := st.c.ID.Name
 	old := l.byNode[node]
 	l.byNode[node] = st
-	if old == nil {
-		return nil, 0
-	}
-	from, to := connectionID(old.c), connectionID(st.c)
-	if from == to {
-		return old, 0
-	}
-	if l.flaps == nil {
-		l.flaps = map[string]flap{}
-	}
-	if now.Sub(l.swept) > flapWindow {
-		// A node whose stream ended while its record was young (and
-		// never streams again: deleted) is forgotten here; drop only
-		// forgets an old one.
-		for n, f := range l.flaps {
-			if now.Sub(f.at) > flapWindow {
-				delete(l.flaps, n)
-			}
-		}
-		l.swept = now
-	}
-	f := flap{from: from, to: to, at: now, count: 1}
-	if prev, ok := l.flaps[node]; ok && prev.from == to && prev.to == from && now.Sub(prev.at) <= flapWindow {
-		// Back to the holder the last replacement took the stream from.
-		f.count = prev.count + 1
-	}
-	l.flaps[node] = f
-	return old, f.count - 1
+	return old
 }
 
 // drop forgets st, unless a newer stream replaced it already.
@@ -144,26 +166,25 @@ func (l *liveStreams) drop(st *agentStream) {
 	defer l.mu.Unlock()
 	if l.byNode[st.c.ID.Name] == st {
 		delete(l.byNode, st.c.ID.Name)
-		if f, ok := l.flaps[st.c.ID.Name]; ok && time.Since(f.at) > flapWindow {
-			delete(l.flaps, st.c.ID.Name)
-		}
 	}
 }
 
 // replace makes st its node's live stream, and closes and audits the one
 // it replaces. The audit record goes through the refusals' flood guard:
 // an identity reconnecting in a loop cannot flood the audit chain.
+// A copy suspicion its row's write found (record) is counted and
+// audited here, by the one replica whose write won.
 func (st *agentStream) replaceOld() {
 	s := st.a.s
-	old, alternations := s.live.take(st, time.Now())
+	if st.alternations >= flapAlternations {
+		st.copySuspected(st.tookFrom, st.alternations)
+	}
+	old := s.live.take(st)
 	if old == nil {
 		return
 	}
 	if !old.endReplaced() {
 		return // ended already: replaced through the store (supplanted), or gone
-	}
-	if alternations >= flapAlternations {
-		st.copySuspected(old, alternations)
 	}
 
 	reason := fmt.Sprintf("a new stream from %s replaced the stream opened at %s from %s", st.c.Source,
@@ -197,13 +218,14 @@ func (st *agentStream) supplanted() bool {
 }
 
 // copySuspected audits and counts a stream that took the node's stream
-// back from another connection identity, alternations times in a row:
+// back from another connection identity, previous, on any replica,
+// alternations times in a row:
 // two holders of one identity (copySignal). The authority cannot tell
 // which is genuine, so the record names how the operator shuts both out
 // and brings the genuine machine back; a bound-keypair copy that
 // recovers or refreshes is locked by the join-state and generation rules,
 // and a lock closes both streams at once.
-func (st *agentStream) copySuspected(old *agentStream, alternations int) {
+func (st *agentStream) copySuspected(previous string, alternations int) {
 	s := st.a.s
 	node := st.c.ID.Name
 	s.streams.copies.Inc()
@@ -214,8 +236,8 @@ func (st *agentStream) copySuspected(old *agentStream, alternations int) {
 	}
 	reason := fmt.Sprintf("copy_suspected: node %s's identity is held in two places: streams from %s and %s replaced each other %d times in a row, each within %s (a copy of the agent's data directory, such as a cloned disk); "+
 		"shut both out with muster lock create --node %s --reason copied-identity (their streams close at once), find and stop the copy, then muster lock delete ID and join the genuine machine again over a new identity (muster agents show %s shows the stream's source)",
-		node, connectionID(old.c), connectionID(st.c), alternations, flapWindow, node, node)
-	st.a.streamLog(st.c).Warn("agent streams of two holders of one identity replace each other: a copy", "previous_source", old.c.Source, "alternations", alternations)
+		node, previous, connectionID(st.c), alternations, flapWindow, node, node)
+	st.a.streamLog(st.c).Warn("agent streams of two holders of one identity replace each other: a copy", "previous_holder", previous, "alternations", alternations)
 	s.refusals.Record(context.WithoutCancel(st.ctx), audit.Event{Actor: st.c.Actor(), Action: "agent.stream_copy_suspected",
 		Target: node, Result: audit.ResultOK, Reason: reason, Source: st.c.Source, CorrelationID: st.c.CorrelationID})
 }

@@ -26,6 +26,12 @@ type AgentStreamStore interface {
 	// s.StreamID opens, replacing any, and announces ChangeStream for the
 	// node, so that the stream it replaced, on whichever replica, ends.
 	RecordAgentStream(ctx context.Context, s AgentStream) error
+	// TakeAgentStream is RecordAgentStream conditionally on the row it
+	// replaces being stream prev's (prev "": none was read): ErrConflict,
+	// and nothing written, if the node has a row of another stream, so
+	// that of two streams opening at once each knows which it replaced
+	// (the copy signal counts every replacement once, across replicas).
+	TakeAgentStream(ctx context.Context, s AgentStream, prev string) error
 	// RecordAgentHeartbeat records s.LastSeen and s.Report in the row of
 	// s.NodeID, conditionally on the row being stream s.StreamID's and open:
 	// ErrConflict, and nothing written, if a newer stream recorded it since

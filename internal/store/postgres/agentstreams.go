@@ -32,6 +32,42 @@ func (s *Store) RecordAgentStream(ctx context.Context, a store.AgentStream) erro
 	return nil
 }
 
+// TakeAgentStream upserts a node's stream row conditionally on the row it
+// replaces being stream prev's, and queues the notification of
+// ChangeStream in the same statement, only if it wrote.
+func (s *Store) TakeAgentStream(ctx context.Context, a store.AgentStream, prev string) error {
+	connected := 0
+	if a.Connected {
+		connected = 1
+	}
+	rows, err := s.pool.Query(ctx, `WITH w AS (
+			INSERT INTO agent_streams (node_id, stream_id, replica, connected, connected_at, last_seen, report)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
+			ON CONFLICT (node_id) DO UPDATE SET stream_id = excluded.stream_id, replica = excluded.replica,
+				connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen,
+				report = excluded.report
+			WHERE agent_streams.stream_id = $10
+			RETURNING 1)
+		SELECT pg_notify($8, $9) FROM w`,
+		a.NodeID, a.StreamID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report,
+		changeChannel, changePayload(store.ChangeStream, []string{a.NodeID}), prev)
+	if err != nil {
+		return wrap("take agent stream", err)
+	}
+	n := 0
+	for rows.Next() {
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return wrap("take agent stream", err)
+	}
+	if n == 0 {
+		return fmt.Errorf("postgres: take agent stream: %s's row is no longer stream %q's: %w", a.NodeID, prev, store.ErrConflict)
+	}
+	return nil
+}
+
 // RecordAgentHeartbeat updates a stream's row, conditionally on the row
 // being that stream's and open.
 func (s *Store) RecordAgentHeartbeat(ctx context.Context, a store.AgentStream) error {

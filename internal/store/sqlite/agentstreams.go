@@ -35,6 +35,41 @@ func (s *SQLite) RecordAgentStream(ctx context.Context, a store.AgentStream) err
 	return nil
 }
 
+// TakeAgentStream upserts a node's stream row conditionally on the row it
+// replaces being stream prev's, and announces ChangeStream for the node
+// once it committed.
+func (s *SQLite) TakeAgentStream(ctx context.Context, a store.AgentStream, prev string) error {
+	connected := 0
+	if a.Connected {
+		connected = 1
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `INSERT INTO agent_streams (node_id, stream_id, replica, connected, connected_at, last_seen, report)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (node_id) DO UPDATE SET stream_id = excluded.stream_id, replica = excluded.replica,
+				connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen,
+				report = excluded.report
+			WHERE agent_streams.stream_id = ?`,
+			a.NodeID, a.StreamID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report, prev)
+		if err != nil {
+			return wrap("take agent stream", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return wrap("take agent stream", err)
+		}
+		if n == 0 {
+			return fmt.Errorf("sqlite: take agent stream: %s's row is no longer stream %q's: %w", a.NodeID, prev, store.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeStream, a.NodeID)
+	return nil
+}
+
 // RecordAgentHeartbeat updates a stream's row, conditionally on the row
 // being that stream's and open.
 func (s *SQLite) RecordAgentHeartbeat(ctx context.Context, a store.AgentStream) error {

@@ -36,6 +36,23 @@ func agentStreamCases() []testCase {
 			}
 			mustNil(t, "CloseAgentStream unknown", s.CloseAgentStream(ctx, "n9", at(0), at(0)))
 		}},
+		{"take replaces only the stream read", func(t *testing.T, ctx context.Context, s store.Store) {
+			first := store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(0)}
+			mustNil(t, "TakeAgentStream with no row", s.TakeAgentStream(ctx, first, ""))
+			second := store.AgentStream{NodeID: "n1", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Second), LastSeen: at(time.Second)}
+			mustNil(t, "TakeAgentStream of s1", s.TakeAgentStream(ctx, second, "s1"))
+			// Two opening at once read s2: the second to write loses.
+			third := store.AgentStream{NodeID: "n1", StreamID: "s3", Replica: "a:1", Connected: true, ConnectedAt: at(2 * time.Second), LastSeen: at(2 * time.Second)}
+			mustNil(t, "TakeAgentStream of s2", s.TakeAgentStream(ctx, third, "s2"))
+			late := store.AgentStream{NodeID: "n1", StreamID: "s4", Replica: "b:1", Connected: true, ConnectedAt: at(3 * time.Second), LastSeen: at(3 * time.Second)}
+			wantErr(t, "TakeAgentStream of a replaced stream", s.TakeAgentStream(ctx, late, "s2"), store.ErrConflict)
+			wantErr(t, "TakeAgentStream as if there were no row", s.TakeAgentStream(ctx, late, ""), store.ErrConflict)
+			got, err := s.GetAgentStream(ctx, "n1")
+			mustNil(t, "GetAgentStream", err)
+			if diff := cmp.Diff(third, got, cmpOpts); diff != "" {
+				t.Fatalf("a refused take changed the row (-want +got):\n%s", diff)
+			}
+		}},
 		{"only the stream that holds the row records heartbeats", func(t *testing.T, ctx context.Context, s store.Store) {
 			hb := store.AgentStream{NodeID: "n1", StreamID: "s1", LastSeen: at(time.Second), Report: `{"v":1}`}
 			wantErr(t, "RecordAgentHeartbeat before any stream", s.RecordAgentHeartbeat(ctx, hb), store.ErrNotFound)
