@@ -93,4 +93,3 @@ func TestDraftAfterAnAmbiguousCommit(t *testing.T) {
 		})
 	}
 }
-
