@@ -99,7 +99,7 @@ func misconfigured(err error) string {
 		return "the database's TLS certificate is not valid (" + inval.Error() + "): renew the server's certificate, or fix sslrootcert in " + storeURLIs
 	case errors.As(err, &alert):
 		return "the database ended the TLS handshake (" + alert.Error() + "): it refused this client's certificate; check sslcert and sslkey in " + storeURLIs
-	case strings.Contains(err.Error(), "server refused TLS connection"):
+	case leafSays(err, "server refused TLS connection"):
 		// pgconn's error has no type.
 		return "the database does not accept TLS, which the sslmode of " + storeURLIs + " requires: turn TLS on in the server (ssl = on), or, on a network where clear text is acceptable, set sslmode=disable"
 	}
@@ -108,6 +108,26 @@ func misconfigured(err error) string {
 		return "the database's TLS certificate failed verification (" + te.Error() + "): fix sslrootcert in " + storeURLIs
 	}
 	return ""
+}
+
+// leafSays reports whether an error err wraps that wraps none says text:
+// a wrapper's own text is not read (a ConnectError's quotes its
+// configuration).
+func leafSays(err error, text string) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() error }:
+		return leafSays(e.Unwrap(), text)
+	case interface{ Unwrap() []error }:
+		for _, e := range e.Unwrap() {
+			if leafSays(e, text) {
+				return true
+			}
+		}
+		return false
+	}
+	return strings.Contains(err.Error(), text)
 }
 
 // poolGaveUp reports whether err is pgxpool's giving up an acquire after
