@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -483,7 +484,11 @@ const destroyedNext = "its key, if it holds one, is destroyed next, and its refe
 // recorded after it (ca.destroy_key).
 func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
 	why := s.caDraftExpired()
-	link := s.caStepLink("ca.discard", role, serial, why+"; its key ("+where+") is destroyed next (ca.destroy_key); with no ca.destroy_key after this record, delete it by hand (docs/hsm.md)")
+	// A replica that stops between the claim and the destruction leaves
+	// the key with no row to name it: the claim's record names it, and
+	// the command that deletes it.
+	byHand := s.deleteByHand(ctx, where)
+	link := s.caStepLink("ca.discard", role, serial, why+"; its key ("+where+") is destroyed next (ca.destroy_key); with no ca.destroy_key after this record, "+byHand)
 	d, err := s.store.ClaimCADraft(ctx, serial, link.Build)
 	if errors.Is(err, store.ErrNotFound) {
 		err = fmt.Errorf("%w: claimed first by a prepare or another replica", store.ErrConflict)
@@ -497,11 +502,41 @@ func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
 	outcome, derr := destroyKey(dctx, s.inter.custody, role, serial, d.KeyRef)
 	e := audit.Event{Actor: "authority", Action: "ca.destroy_key", Target: role + "/" + serial, Result: audit.ResultOK, Reason: outcome}
 	if derr != nil {
-		s.log.Error("destroying a CA draft's key failed; delete it from the token by hand (docs/hsm.md)",
-			"role", role, "serial", serial, "key", custody.Where(d.KeyRef), "err", derr)
-		e.Result, e.Reason = audit.ResultError, outcome+", delete it by hand (docs/hsm.md)"
+		s.log.Error("destroying a CA draft's key failed; delete it from the token by hand",
+			"role", role, "serial", serial, "key", custody.Where(d.KeyRef), "err", derr, "command", byHand)
+		e.Result, e.Reason = audit.ResultError, outcome+", "+byHand
 	}
 	_ = s.recordAudit(ctx, e)
+}
+
+// deleteByHand says how to delete the token objects of the key where
+// (custody.Where of its reference) by hand: the pkcs11-tool commands,
+// with the module the store's key custody records, the token and the
+// object label the reference names. A sealed key has nothing outside
+// the store.
+func (s *Server) deleteByHand(ctx context.Context, where string) string {
+	u, err := custody.ParsePKCS11URI(where)
+	if err != nil || u.Token == "" || u.Object == "" {
+		return "nothing is left to delete: a sealed key is gone with its reference"
+	}
+	module := u.ModulePath
+	if c, err := s.store.GetKeyCustody(ctx); err == nil && c.Module != "" {
+		module = c.Module
+	}
+	if module == "" {
+		module = "MODULE"
+	}
+	base := "pkcs11-tool --module " + shellQuote(module) + " --login --token-label " + shellQuote(u.Token) +
+		" --delete-object --label " + shellQuote(u.Object)
+	return "delete it by hand: `" + base + " --type privkey` and `" + base + " --type pubkey` (docs/hsm.md)"
+}
+
+// shellQuote quotes v for a POSIX shell where it is not a plain word.
+func shellQuote(v string) string {
+	if v != "" && strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@%") == "" {
+		return v
+	}
+	return "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
 }
 
 // destroyCAKey destroys the key of a retired intermediate and empties its

@@ -117,7 +117,7 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 	if err == nil {
 		// Recorded until the signed certificate comes back, so the
 		// leader destroys the key of a draft never sent back.
-		err = a.s.store.InsertCADraft(ctx, store.CADraft{Serial: serial.Text(16), Role: string(role), KeyRef: k.Ref})
+		err = recordDraft(ctx, a.s.store, store.CADraft{Serial: serial.Text(16), Role: string(role), KeyRef: k.Ref})
 	}
 	if err != nil {
 		_ = a.s.inter.custody.Destroy(ctx, name, k) // a token's key would outlive the refusal
@@ -125,6 +125,32 @@ func (a *adminService) draftCAIntermediate(ctx context.Context, req *musterv1.Dr
 	}
 	return &musterv1.DraftCAIntermediateResponse{Role: string(role), Serial: serial.Text(16), PublicKeyDer: pub, KeyRef: k.Ref,
 		RawSubject: d.RawSubject, NotBefore: timestamppb.New(d.NotBefore), NotAfter: timestamppb.New(d.NotAfter), RootDer: a.s.ca.Roots().Signing.Raw}, nil
+}
+
+// recordDraft records d (InsertCADraft). A write whose answer was lost
+// (the connection went as the database committed) may have landed: the
+// drafts are read back, and a draft the store holds under d's serial with
+// d's key is the write done, so its key is kept and the draft answered,
+// not destroyed under a recorded draft (whose prepare would then fail)
+// and reported as failed. Only a draft the store does not hold is the
+// write's failure.
+func recordDraft(ctx context.Context, st store.Store, d store.CADraft) error {
+	err := st.InsertCADraft(ctx, d)
+	if err == nil || errors.Is(err, store.ErrConflict) {
+		return err
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+	defer cancel()
+	drafts, rerr := st.ListCADrafts(rctx)
+	if rerr != nil {
+		return err
+	}
+	for _, got := range drafts {
+		if got.Serial == d.Serial && got.Role == d.Role && bytes.Equal(got.KeyRef, d.KeyRef) {
+			return nil
+		}
+	}
+	return err
 }
 
 func (a *adminService) PrepareCAIntermediate(ctx context.Context, req *musterv1.PrepareCAIntermediateRequest) (*musterv1.CAIntermediateResponse, error) {

@@ -1,6 +1,7 @@
 package signer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -467,9 +468,12 @@ func (k *Keeper) EnsureFirst(ctx context.Context, who Actor) (created bool, err 
 	}
 	changes, err := PlanCreate(snap.Signers, id, key.Public, snap.Now)
 	if err != nil {
-		return false, err
+		return false, k.discardUnstored(ctx, id, key, err)
 	}
 	_, err = k.apply(ctx, who, ActCreate, snap, changes, key.Ref)
+	if err != nil {
+		err = k.discardUnstored(ctx, id, key, err)
+	}
 	if errors.Is(err, store.ErrConflict) {
 		// Another replica created it first.
 		return false, nil
@@ -516,11 +520,53 @@ func (k *Keeper) stage(ctx context.Context, who Actor, effectiveIn, grace time.D
 	if err != nil {
 		return Result{}, err
 	}
-	changes, err := PlanStage(snap.Signers, KeyVersionID(base, key.Public), key.Public, snap.Now, eff, eff.Add(grace), k.MinLeadTime())
+	id := KeyVersionID(base, key.Public)
+	changes, err := PlanStage(snap.Signers, id, key.Public, snap.Now, eff, eff.Add(grace), k.MinLeadTime())
 	if err != nil {
-		return Result{}, err
+		return Result{}, k.discardUnstored(ctx, id, key, err)
 	}
-	return k.apply(ctx, who, ActStage, snap, changes, key.Ref)
+	res, err := k.apply(ctx, who, ActStage, snap, changes, key.Ref)
+	if err != nil {
+		return Result{}, k.discardUnstored(ctx, id, key, err)
+	}
+	return res, nil
+}
+
+// discardUnstored destroys key, made in a token for the signer id of a
+// step whose write failed with err, so that a failed step leaves nothing
+// in the token: no row would ever name the object, and no sweep find it.
+// A failure whose commit may have landed (the store's answer was lost)
+// is read back first, and a key the store holds is kept. A key that
+// cannot be destroyed, or whose fate cannot be read back, is named in
+// the returned error with the commands that delete it. A sealed key is
+// its reference: nothing is left of it outside the store.
+func (k *Keeper) discardUnstored(ctx context.Context, id string, key Key, err error) error {
+	if !custody.IsPKCS11Ref(key.Ref) {
+		return err
+	}
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), destroyTimeout)
+	defer cancel()
+	if !errors.Is(err, store.ErrConflict) {
+		snap, lerr := k.Load(dctx)
+		if lerr != nil {
+			return fmt.Errorf("%w; its new key (%s) may be left in the token: if `muster signer list` does not show %s, delete it by hand (pkcs11-tool --delete-object --label muster-signer/%s, docs/hsm.md)",
+				err, Where(key.Ref), id, custodyID(id))
+		}
+		for _, ref := range snap.refs {
+			if bytes.Equal(ref, key.Ref) {
+				return err // stored: the key is the signer's
+			}
+		}
+	}
+	d, ok := k.custody.(KeyDestroyer)
+	if !ok {
+		return err
+	}
+	if derr := d.Destroy(dctx, custodyID(id), key); derr != nil {
+		return fmt.Errorf("%w; destroying its new key (%s) failed (%v): delete it by hand (pkcs11-tool --delete-object --label muster-signer/%s, docs/hsm.md)",
+			err, Where(key.Ref), derr, custodyID(id))
+	}
+	return err
 }
 
 // step reads the signers, plans with plan and writes the result.

@@ -2,9 +2,10 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -25,39 +26,62 @@ func (s *Store) GetKeyCustody(ctx context.Context) (store.KeyCustody, error) {
 // RecordKeyCustody records c unless a custody is recorded already (see
 // store.CustodyStore): one INSERT that does nothing on the row's key, so
 // of replicas recording at once one writes (the others wait on the row
-// and insert nothing), with audit's record when it writes; the row
-// never changes after, so reading it back tells every caller what is
-// recorded.
+// and insert nothing), with audit's record when it writes. What is
+// recorded is read inside the transaction, never after it: the INSERT's
+// RETURNING when it wrote, else a SELECT of its own (a new statement's
+// snapshot sees the row whose insert this one waited on). A read after
+// the commit could find the custody cleared and another recorded
+// meanwhile (ClearKeyCustody, from another replica), and report a
+// conflict for a record that was made.
 func (s *Store) RecordKeyCustody(ctx context.Context, c store.KeyCustody, audit func(store.AuditHead) (store.AuditRecord, error)) (store.KeyCustody, error) {
 	if audit == nil {
 		return store.KeyCustody{}, fmt.Errorf("postgres: record key custody %s: no audit record: a token is never recorded unaudited", c.URI)
 	}
 	op := "record key custody " + c.URI
-	var inserted bool
-	err := s.inPipe(ctx, op, func(p *pipe) error {
-		p.exec(`INSERT INTO key_custody (id, uri, module, recorded_at) VALUES (1, $1, $2, `+nowMicros+`)
-			ON CONFLICT (id) DO NOTHING`, []any{c.URI, c.Module}, func(tag pgconn.CommandTag, err error) error {
+	var (
+		got store.KeyCustody
+		at  int64
+	)
+	scan := func(found *bool) func(pgx.Row) error {
+		return func(row pgx.Row) error {
+			err := row.Scan(&got.URI, &got.Module, &at)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
 			if err != nil {
 				return wrap(op, err)
 			}
-			inserted = tag.RowsAffected() == 1
+			*found = true
 			return nil
-		})
-		if err := p.send(ctx); err != nil {
-			return err
 		}
-		if !inserted {
-			return nil // recorded already: nothing to commit, the read below says by whom
+	}
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		// A record cleared between the INSERT that found it and the
+		// SELECT that reads it is gone: the INSERT is tried again.
+		for range 3 {
+			var inserted, found bool
+			p.row(`INSERT INTO key_custody (id, uri, module, recorded_at) VALUES (1, $1, $2, `+nowMicros+`)
+				ON CONFLICT (id) DO NOTHING RETURNING uri, module, recorded_at`, []any{c.URI, c.Module}, scan(&inserted))
+			if err := p.send(ctx); err != nil {
+				return err
+			}
+			if inserted {
+				return commitAudited(ctx, p, audit, op)
+			}
+			p.row(`SELECT uri, module, recorded_at FROM key_custody WHERE id = 1`, nil, scan(&found))
+			if err := p.send(ctx); err != nil {
+				return err
+			}
+			if found {
+				return nil // recorded already: nothing to commit
+			}
 		}
-		return commitAudited(ctx, p, audit, op)
+		return fmt.Errorf("postgres: %s: the recorded custody was cleared and recorded again while this was recording: %w", op, store.ErrConflict)
 	})
 	if err != nil {
 		return store.KeyCustody{}, err
 	}
-	got, err := s.GetKeyCustody(ctx)
-	if err != nil {
-		return store.KeyCustody{}, err
-	}
+	got.RecordedAt = timeCol(&at)
 	if got.URI != c.URI {
 		return store.KeyCustody{}, fmt.Errorf("postgres: record key custody: %s is recorded already: %w", got.URI, store.ErrConflict)
 	}

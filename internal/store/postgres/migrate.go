@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/muster-dev/muster/internal/store"
@@ -35,6 +38,35 @@ func latestVersion() int { return migrations[len(migrations)-1].Version }
 // migrating, if not nil, hears of the migrations about to be applied;
 // an error from it is returned with nothing applied.
 func migrate(ctx context.Context, pool *pgxpool.Pool, migrating func(from, to int) error) (created bool, _ error) {
+	return migrateWith(ctx, pool, migrations, defaultMigrationLocks, migrating)
+}
+
+// migrationLocks bounds how a migration waits for the locks its
+// statements take. A migration's DDL (CREATE INDEX, DROP INDEX, ALTER
+// TABLE) asks for a lock that a transaction of a running replica may
+// hold; PostgreSQL queues every later request on that table behind the
+// waiting one, so a migration that waits without limit beside running
+// replicas (a rolling upgrade) holds up every join and renewal as long
+// as the other transaction lasts. Each attempt therefore runs under
+// lock_timeout: one that cannot take a lock within it rolls back,
+// letting the queued requests through, and tries again after pause,
+// until giveUp has passed since the first attempt.
+type migrationLocks struct {
+	timeout time.Duration // lock_timeout of one attempt
+	pause   time.Duration // between attempts
+	giveUp  time.Duration // no attempt starts after it
+}
+
+// defaultMigrationLocks keeps a request that queues behind a waiting
+// migration well inside the default limits.store_timeout (10 s), and
+// tries for five minutes: long enough to outlast a report query or a
+// slow batch, short enough that a session left idle in a transaction
+// is named to the operator instead of hanging the start.
+var defaultMigrationLocks = migrationLocks{timeout: 2 * time.Second, pause: time.Second, giveUp: 5 * time.Minute}
+
+// migrateWith is migrate with ms for the migrations and locks for their
+// lock waits.
+func migrateWith(ctx context.Context, pool *pgxpool.Pool, ms []store.Migration, locks migrationLocks, migrating func(from, to int) error) (created bool, _ error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
@@ -60,16 +92,17 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, migrating func(from, to in
 	if err != nil {
 		return false, fmt.Errorf("postgres: migrate: %w", err)
 	}
-	if v > latestVersion() {
-		return false, &store.SchemaTooNewError{Backend: "postgres", At: v, Knows: latestVersion()}
+	latest := ms[len(ms)-1].Version
+	if v > latest {
+		return false, &store.SchemaTooNewError{Backend: "postgres", At: v, Knows: latest}
 	}
-	if v < latestVersion() && migrating != nil {
-		if err := migrating(v, latestVersion()); err != nil {
+	if v < latest && migrating != nil {
+		if err := migrating(v, latest); err != nil {
 			return false, err
 		}
 	}
-	for _, m := range migrations[v:] {
-		if err := apply(ctx, conn.Conn(), m); err != nil {
+	for _, m := range ms[v:] {
+		if err := applyRetrying(ctx, conn.Conn(), m, locks); err != nil {
 			return false, err
 		}
 	}
@@ -137,12 +170,77 @@ func (s *Store) DropCreated(ctx context.Context) error {
 	return nil
 }
 
-func apply(ctx context.Context, conn *pgx.Conn, m store.Migration) error {
+// applyRetrying applies m, each attempt under locks.timeout, trying
+// again while an attempt fails for a lock it could not take (55P03,
+// lock_not_available) and locks.giveUp has not passed. Given up, its
+// error names the migration, what it waited for and the sessions whose
+// transactions are older than the lock wait, which are what hold it.
+func applyRetrying(ctx context.Context, conn *pgx.Conn, m store.Migration, locks migrationLocks) error {
+	start := time.Now()
+	for attempt := 1; ; attempt++ {
+		err := apply(ctx, conn, m, locks.timeout)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "55P03" {
+			return err
+		}
+		if time.Since(start)+locks.pause >= locks.giveUp {
+			return fmt.Errorf("postgres: migration %s: gave up after %d attempts over %s, each waiting lock_timeout %s for a lock on a table it changes (%s), held by another session: %s; end that session or its transaction (or wait for it), then start the authority again",
+				m.Name, attempt, time.Since(start).Round(time.Second), locks.timeout, pe.Message, lockHolders(ctx, conn, locks.timeout))
+		}
+		t := time.NewTimer(locks.pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("postgres: migration %s: waiting for a lock: %w", m.Name, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// lockHolders names the sessions of this database whose transactions
+// have been open longer than wait (the ones that can hold a lock a
+// migration waited wait for), each with the command that ends it.
+func lockHolders(ctx context.Context, conn *pgx.Conn, wait time.Duration) string {
+	rows, err := conn.Query(ctx, `SELECT pid, application_name, COALESCE(state, ''), EXTRACT(EPOCH FROM now() - xact_start)::bigint, left(query, 120)
+		FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < now() - make_interval(secs => $1)
+		ORDER BY xact_start LIMIT 5`, wait.Seconds())
+	if err != nil {
+		return "the sessions holding it could not be listed (" + err.Error() + "): see pg_stat_activity"
+	}
+	var held []string
+	for rows.Next() {
+		var (
+			pid        int32
+			app, state string
+			age        int64
+			query      string
+		)
+		if err := rows.Scan(&pid, &app, &state, &age, &query); err != nil {
+			rows.Close()
+			return "the sessions holding it could not be listed (" + err.Error() + "): see pg_stat_activity"
+		}
+		held = append(held, fmt.Sprintf("pid %d (application %q, %s, transaction open %ds, last query %q: end it with `psql \"$MUSTER_STORE\" -c 'SELECT pg_terminate_backend(%d)'`)",
+			pid, app, state, age, query, pid))
+	}
+	if err := rows.Err(); err != nil || len(held) == 0 {
+		return "no transaction older than the lock wait is open now (the one that held it has ended: start the authority again)"
+	}
+	return "transactions open longer than the wait: " + strings.Join(held, "; ")
+}
+
+// apply applies m in one transaction whose statements wait at most
+// lockTimeout for each lock.
+func apply(ctx context.Context, conn *pgx.Conn, m store.Migration, lockTimeout time.Duration) error {
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// SET LOCAL: the session's advisory lock wait above is not bounded.
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = '%dms'`, lockTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("postgres: migration %s: %w", m.Name, err)
+	}
 	v, err := schemaVersion(ctx, tx)
 	if err != nil {
 		return fmt.Errorf("postgres: migration %s: %w", m.Name, err)

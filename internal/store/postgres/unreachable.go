@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +28,11 @@ func unreachable(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
+	// The store's connection settings, not the database, are at fault:
+	// waiting will not mend them (misconfigured).
+	if misconfigured(err) != "" {
+		return false
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		// Class 08, connection exception; 57P01 admin shutdown, 57P02
@@ -46,6 +53,81 @@ func unreachable(err error) bool {
 	}
 	// A statement sent on a connection pgx already knew was gone.
 	return pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed")
+}
+
+// storeURLIs names where the store URL is set, for the errors that ask
+// for it to be fixed.
+const storeURLIs = "the store URL (store: in authority.yaml, MUSTER_STORE or --store)"
+
+// misconfigured says which of the store's connection settings err shows
+// to be wrong, "" if none: a connection the database refused for its
+// user, password or database name, or whose TLS failed the settings
+// (sslmode, sslrootcert, the host name under sslmode=verify-full,
+// sslcert and sslkey). A pgconn.ConnectError wraps these as it wraps a
+// refused connection, but they are the operator's to fix, not an outage
+// to wait out: reported as store.ErrUnavailable, they would be retried
+// for ever as a database that is down.
+func misconfigured(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case pe.Code == "28P01":
+			return "the database refused the password of " + storeURLIs + ": set the right one there (or in the password file it names)"
+		case strings.HasPrefix(pe.Code, "28"):
+			return "the database refused the user of " + storeURLIs + " (" + pe.Message + "): fix the user there, or the server's pg_hba.conf entry for this host, user and sslmode"
+		case pe.Code == "3D000":
+			return "the database named by " + storeURLIs + " does not exist (" + pe.Message + "): fix the database name there, or create it"
+		}
+		return ""
+	}
+	var ce *pgconn.ConnectError
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	var (
+		host  x509.HostnameError
+		auth  x509.UnknownAuthorityError
+		inval x509.CertificateInvalidError
+		alert tls.AlertError
+	)
+	switch {
+	case errors.As(err, &host):
+		return "the database's TLS certificate is not for the host " + storeURLIs + " names (" + host.Error() + "): connect by a name the certificate holds, or use sslmode=verify-ca, which checks the issuer only"
+	case errors.As(err, &auth):
+		return "the database's TLS certificate is not signed by the CA in sslrootcert of " + storeURLIs + " (" + auth.Error() + "): point sslrootcert at the CA that signed the server's certificate"
+	case errors.As(err, &inval):
+		return "the database's TLS certificate is not valid (" + inval.Error() + "): renew the server's certificate, or fix sslrootcert in " + storeURLIs
+	case errors.As(err, &alert):
+		return "the database ended the TLS handshake (" + alert.Error() + "): it refused this client's certificate; check sslcert and sslkey in " + storeURLIs
+	case leafSays(err, "server refused TLS connection"):
+		// pgconn's error has no type.
+		return "the database does not accept TLS, which the sslmode of " + storeURLIs + " requires: turn TLS on in the server (ssl = on), or, on a network where clear text is acceptable, set sslmode=disable"
+	}
+	var te *tls.CertificateVerificationError
+	if errors.As(err, &te) {
+		return "the database's TLS certificate failed verification (" + te.Error() + "): fix sslrootcert in " + storeURLIs
+	}
+	return ""
+}
+
+// leafSays reports whether an error err wraps that wraps none says text:
+// a wrapper's own text is not read (a ConnectError's quotes its
+// configuration).
+func leafSays(err error, text string) bool {
+	switch e := err.(type) {
+	case nil:
+		return false
+	case interface{ Unwrap() error }:
+		return leafSays(e.Unwrap(), text)
+	case interface{ Unwrap() []error }:
+		for _, e := range e.Unwrap() {
+			if leafSays(e, text) {
+				return true
+			}
+		}
+		return false
+	}
+	return strings.Contains(err.Error(), text)
 }
 
 // poolGaveUp reports whether err is pgxpool's giving up an acquire after
@@ -77,7 +159,13 @@ func poolGaveUp(err error) bool {
 // unavailable returns err marked store.ErrUnavailable when the database is
 // unreachable (unreachable), and err unchanged otherwise.
 func unavailable(err error) error {
-	if err == nil || errors.Is(err, store.ErrUnavailable) || !unreachable(err) {
+	if err == nil || errors.Is(err, store.ErrUnavailable) {
+		return err
+	}
+	if why := misconfigured(err); why != "" {
+		return fmt.Errorf("postgres: %s: %w", why, err)
+	}
+	if !unreachable(err) {
 		return err
 	}
 	if poolGaveUp(err) {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"net/url"
 	"reflect"
 	"strings"
 	"sync"
@@ -361,5 +362,59 @@ func TestHungLongRequestIsUnavailable(t *testing.T) {
 		if err := call(ctx, stores[name]); err != nil && name != "RevokeExpiredGracePSKs" {
 			t.Errorf("%s after the database answered again: %v", name, err)
 		}
+	}
+}
+
+// TestMisconfiguredIsNotUnavailable: a store URL the database refuses (a
+// user it does not know, a database that does not exist) or whose TLS
+// settings it cannot meet (sslmode=require on a server without TLS) is the
+// operator's to fix, not an outage: Open's error is not
+// store.ErrUnavailable, which the authority waits out as a database that is
+// down, and it names the setting to fix. Before, a TLS failure was
+// ErrUnavailable and none of them named the setting.
+func TestMisconfiguredIsNotUnavailable(t *testing.T) {
+	t.Parallel()
+	good := srv.NewDatabase(t)
+	u, err := url.Parse(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := func(change func(u *url.URL)) string {
+		c := *u
+		change(&c)
+		return c.String()
+	}
+	for _, tc := range []struct {
+		name string
+		url  string
+		want []string
+	}{
+		{"sslmode=require without TLS", with(func(u *url.URL) { u.RawQuery = "sslmode=require" }),
+			[]string{"does not accept TLS", "sslmode", "ssl = on", "MUSTER_STORE"}},
+		{"unknown user", with(func(u *url.URL) { u.User = url.UserPassword("nosuchuser", "secret") }),
+			[]string{"refused the user", "MUSTER_STORE"}},
+		{"unknown database", with(func(u *url.URL) { u.Path = "/nosuchdb" }),
+			[]string{"does not exist", "database name", "MUSTER_STORE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			s, err := Open(ctx, tc.url)
+			if err == nil {
+				s.Close()
+				t.Fatal("Open succeeded")
+			}
+			if errors.Is(err, store.ErrUnavailable) {
+				t.Errorf("Open: %v: is ErrUnavailable, an outage to wait out", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Open: %v: does not say %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("Open: %v: quotes the password", err)
+			}
+		})
 	}
 }
