@@ -524,7 +524,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		why := "root rotation: the active intermediate is not signed by the signing root " + ca.Fingerprint(rs.Signing)
 		if prepared != nil {
 			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && s.caCerts.signedBy(p, rs.Signing) {
-				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
+				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) && !s.discardKeyless(ctx, *prepared) {
 					link := s.caStepLink("ca.activate", string(role), prepared.Serial, why)
 					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, link, s.store.ActivateCACert(ctx, string(role), prepared.Serial, link.Build))
 				}
