@@ -14,7 +14,9 @@ import (
 // root's key is in the token, muster ca root status answers with the
 // token away (it signs nothing), as muster ca status does; it opened the
 // roots' keys and answered UNAVAILABLE, so the operator could not see
-// where the rotation stood while the token was gone.
+// where the rotation stood while the token was gone. A step that needs
+// the key is refused naming the token and the way out, audited from its
+// phase (it said "see its log", audited as "->?").
 func TestPKCS11RootStatusWithTheTokenAway(t *testing.T) {
 	t.Parallel()
 	tok, env, dir := initCustody(t)
@@ -49,5 +51,15 @@ func TestPKCS11RootStatusWithTheTokenAway(t *testing.T) {
 	}
 	if r := muster(t, nil, "ca", "status", "--data", dir); r.code != 0 {
 		t.Errorf("ca status with the token away: exit %d\n%s", r.code, r.stderr)
+	}
+	// A step that needs the new root's key is refused saying what to do,
+	// and audited from the phase it was asked in.
+	const wayOut = "bring the token back"
+	if r := muster(t, nil, "ca", "root", "next-phase", "--data", dir); r.code == 0 || !strings.Contains(r.stderr, "PKCS#11 token is unavailable") || !strings.Contains(r.stderr, wayOut) {
+		t.Errorf("ca root next-phase with the token away: exit %d\n%s", r.code, r.stderr)
+	}
+	recs := auditOf(t, dir, "ca.root_phase")
+	if last := recs[len(recs)-1]; last.Target != "update_agents->?" || last.Result == "ok" || !strings.Contains(last.Reason, wayOut) {
+		t.Errorf("the refused step's record: %+v", last)
 	}
 }

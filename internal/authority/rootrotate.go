@@ -421,11 +421,18 @@ const (
 // (the operator would lock themself out, rollback included).
 func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
 	rollback := step != rootNext
-	st, err := s.inter.readRoots(ctx)
+	// The phase is read before the keys are opened, so a step refused
+	// because a root's key cannot be opened (its token away) is audited
+	// as from which phase it was asked.
+	row, err := s.store.GetRootRotation(ctx)
 	if err != nil {
 		return "", RootStatus{}, err
 	}
-	from = st.row.Phase
+	from = row.Phase
+	st, err := s.inter.openRoots(ctx, row)
+	if err != nil {
+		return from, RootStatus{}, err
+	}
 	if s.rootStepRead != nil {
 		s.rootStepRead()
 	}
