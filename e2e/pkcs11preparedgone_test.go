@@ -55,7 +55,7 @@ func TestPKCS11PreparedKeyGoneIsNotActivated(t *testing.T) {
 		r = muster(t, env, "ca", "rotate", "agent", "--activate", "--data", dir)
 		return r.code == 0 || !strings.Contains(r.stderr, "not published by every replica yet") && !strings.Contains(r.stderr, "has not read the prepared")
 	})
-	wayOut := "muster ca rotate agent --offline --data " + dir
+	wayOut := "muster-pkcs11 ca rotate agent --offline --data " + dir
 	if r.code == 0 || !strings.Contains(r.stderr, "cannot be activated") || !strings.Contains(r.stderr, "not in the PKCS#11 token") || !strings.Contains(r.stderr, wayOut) {
 		t.Fatalf("activating a prepared intermediate whose key is gone: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
