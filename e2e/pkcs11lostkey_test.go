@@ -42,7 +42,7 @@ func TestPKCS11LostActiveKey(t *testing.T) {
 	if r.code == 0 {
 		t.Fatalf("the authority started with its active agent key gone\n%s", r.stderr)
 	}
-	wayOut := "muster ca rotate agent --offline --data " + dir
+	wayOut := "muster-pkcs11 ca rotate agent --offline --data " + dir
 	if !strings.Contains(r.stderr, wayOut) || !strings.Contains(r.stderr, "not in the PKCS#11 token") {
 		t.Fatalf("the refusal does not name the lost key and %q:\n%s", wayOut, r.stderr)
 	}
@@ -109,7 +109,7 @@ func TestPKCS11RotateOfflineBesideTheAuthority(t *testing.T) {
 		"--delete-object", "--type", "privkey", "--label", u.Object).CombinedOutput(); err != nil {
 		t.Fatalf("pkcs11-tool --delete-object: %v\n%s", err, out)
 	}
-	wayOut := "muster ca rotate agent --offline --data " + dir
+	wayOut := "muster-pkcs11 ca rotate agent --offline --data " + dir
 	var notReady string
 	waitFor(t, 60*time.Second, "the authority reports the lost key and the way out on /readyz", func() bool {
 		notReady, _ = scrapePath(p.metrics, "/readyz")

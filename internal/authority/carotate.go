@@ -245,6 +245,9 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 		case hasPrepared && !now.Before(s.successorActivates(a)) && !now.Before(p.CreatedAt.Add(s.caPublishWindow())):
 			// A successor an operator prepared late is still published
 			// for caPublishWindow before it signs.
+			if s.discardKeyless(ctx, p) {
+				continue
+			}
 			const why = "two thirds of the active intermediate's life have passed"
 			link := s.caStepLink("ca.activate", string(role), p.Serial, why)
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, why, link, s.store.ActivateCACert(ctx, string(role), p.Serial, link.Build))
@@ -469,6 +472,46 @@ func (s *Server) endIntermediate(ctx context.Context, action, role, serial, why 
 	if err == nil && ref != nil {
 		s.destroyCAKey(ctx, role, serial, ref)
 	}
+}
+
+// preparedKeyGone says why the prepared intermediate p cannot sign, if
+// the token answers that its key is not there (a token restored from a
+// copy older than the prepare, the object deleted by hand) or is not the
+// key the store names; nil otherwise, a sealed key, or a token that does
+// not answer (its own readiness reports that, and the active key is in
+// the same token). A replica opens a prepared key when it reads it and
+// keeps it open, so only a lookup now tells: activated, the role would
+// sign with a key that is not there, every join and renewal refused,
+// while the active one still signs.
+func (s *Server) preparedKeyGone(ctx context.Context, p store.CACert) error {
+	if !custody.IsPKCS11Ref(p.KeyRef) {
+		return nil
+	}
+	cert, err := x509.ParseCertificate(p.CertDER)
+	if err != nil {
+		return err
+	}
+	lctx, cancel := context.WithTimeout(ctx, caLoadTimeout)
+	defer cancel()
+	if _, err := s.inter.custody.Signer(lctx, keyName(p.Role, p.Serial), custody.Key{Public: cert.PublicKey, Ref: p.KeyRef}); errors.Is(err, custody.ErrKey) {
+		return err
+	}
+	return nil
+}
+
+// discardKeyless discards the prepared intermediate p instead of
+// activating it when its key is gone from the token (preparedKeyGone),
+// and reports whether it did: the active one signs on, and the leader
+// prepares a successor in the token at its next look, as it is due.
+func (s *Server) discardKeyless(ctx context.Context, p store.CACert) bool {
+	err := s.preparedKeyGone(ctx, p)
+	if err == nil {
+		return false
+	}
+	s.endIntermediate(ctx, "ca.discard", p.Role, p.Serial, fmt.Sprintf("its key (%s) cannot sign: %v; activated, it would leave the role with no key that signs, "+
+		"so it is discarded and the active one signs on; the leader prepares a successor in the token at its next look", custody.Where(p.KeyRef), err),
+		s.store.DiscardCACert)
+	return true
 }
 
 // destroyedNext is what a step that ends an intermediate says of its key.

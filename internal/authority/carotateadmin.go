@@ -355,6 +355,10 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	if !a.s.holdsPrepared(role, p.Serial) {
 		return nil, status.Errorf(codes.FailedPrecondition, "this replica has not read the prepared %s intermediate %s from the store yet (see its /readyz and log): try again in a few seconds", role, p.Serial)
 	}
+	if err := a.s.preparedKeyGone(ctx, *p); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate %s cannot be activated: its key (%s) cannot sign: %v; activated, it would leave the %s role with no key that signs; %s",
+			role, p.Serial, custody.Where(p.KeyRef), err, role, a.s.inter.lostKeyWayOut(string(role), store.CAPrepared))
+	}
 	if a.s.crl != nil {
 		cert, err := x509.ParseCertificate(p.CertDER)
 		if err != nil {

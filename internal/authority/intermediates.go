@@ -323,11 +323,14 @@ func (in *intermediates) openKey(ctx context.Context, r store.CACert, cert *x509
 // whose key is gone from the token: a new one made offline under the
 // root (which needs the root key: docs/hsm.md "A lost token").
 func (in *intermediates) lostKeyWayOut(role, state string) string {
-	cmd := fmt.Sprintf("muster ca rotate %s --offline --data %s%s", role, shellword.Quote(string(in.s.cfg.Dir)), in.s.cfg.Dir.ConfigArg(in.s.cfg.ConfigFile))
+	// A key in a token is replaced by the pkcs11 build: the static
+	// muster, which the command would run pasted on a packaged install,
+	// refuses to open the token.
+	cmd := fmt.Sprintf("muster-pkcs11 ca rotate %s --offline --data %s%s", role, shellword.Quote(string(in.s.cfg.Dir)), in.s.cfg.Dir.ConfigArg(in.s.cfg.ConfigFile))
 	if state == store.CAPrepared {
 		return "it signs nothing yet: discard it and make a new one with " + cmd + " (docs/hsm.md \"A lost token\")"
 	}
-	return "replace it with a new intermediate under the root, run on the machine with the data directory while the authority is stopped: " + cmd +
+	return "replace it with a new intermediate under the root, run on the machine with the data directory, the authority stopped or running: " + cmd +
 		" (with the root key offline add --root-key FILE; if the root key was in the lost token too, a new authority is needed: docs/hsm.md \"A lost token\")"
 }
 

@@ -89,7 +89,7 @@ func TestLostRetiringKeyDoesNotStopStart(t *testing.T) {
 	if !errors.Is(err, custody.ErrKeyMissing) {
 		t.Fatalf("an active intermediate's lost key: %v, want ErrKeyMissing", err)
 	}
-	for _, want := range []string{"agent intermediate " + cur.Serial, "muster ca rotate agent --offline --data "} {
+	for _, want := range []string{"agent intermediate " + cur.Serial, "muster-pkcs11 ca rotate agent --offline --data "} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("the refusal %q does not say %q", err, want)
 		}
@@ -176,7 +176,7 @@ func TestReadyzSeesMissingActiveKey(t *testing.T) {
 	if code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with the active key gone from the token: %d %s, want 503", code, body)
 	}
-	for _, want := range []string{"agent intermediate " + cur.Serial, "not in the PKCS#11 token", "muster ca rotate agent --offline"} {
+	for _, want := range []string{"agent intermediate " + cur.Serial, "not in the PKCS#11 token", "muster-pkcs11 ca rotate agent --offline"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/readyz says %q, not %q", body, want)
 		}
@@ -250,7 +250,7 @@ func TestLostPreparedKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleteKey(t, ctx, tk.For("muster-ca/"), prepared)
-	if err := readAsAtStart(t, s); err == nil || !strings.Contains(err.Error(), "muster ca rotate agent --offline --data ") {
+	if err := readAsAtStart(t, s); err == nil || !strings.Contains(err.Error(), "muster-pkcs11 ca rotate agent --offline --data ") {
 		t.Fatalf("a prepared intermediate's lost key: %v, want a refusal naming muster ca rotate agent --offline", err)
 	}
 	res, err := RotateLostIntermediate(ctx, LostKeyRotation{Store: a.store, CA: a.h, StorageKey: a.sk, Token: tk, Audit: s.audit,

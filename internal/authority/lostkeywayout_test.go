@@ -15,9 +15,9 @@ import (
 func TestLostKeyWayOutNamesConfig(t *testing.T) {
 	dir := datadir.Dir("/var/lib/muster/my authority")
 	for _, c := range []struct{ config, want string }{
-		{"", "muster ca rotate agent --offline --data '/var/lib/muster/my authority' (with"},
-		{dir.ConfigFile(), "muster ca rotate agent --offline --data '/var/lib/muster/my authority' (with"},
-		{"/etc/muster/the authority.yaml", "muster ca rotate agent --offline --data '/var/lib/muster/my authority' --config '/etc/muster/the authority.yaml' (with"},
+		{"", "muster-pkcs11 ca rotate agent --offline --data '/var/lib/muster/my authority' (with"},
+		{dir.ConfigFile(), "muster-pkcs11 ca rotate agent --offline --data '/var/lib/muster/my authority' (with"},
+		{"/etc/muster/the authority.yaml", "muster-pkcs11 ca rotate agent --offline --data '/var/lib/muster/my authority' --config '/etc/muster/the authority.yaml' (with"},
 	} {
 		in := &intermediates{s: &Server{cfg: Config{Dir: dir, ConfigFile: c.config}}}
 		if got := in.lostKeyWayOut("agent", store.CAActive); !strings.Contains(got, c.want) {

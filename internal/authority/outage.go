@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -24,10 +25,18 @@ func storeUnavailable() error {
 // key it needed could not be used (custody.ErrUnavailable, ErrKeyMissing).
 // Agents retry UNAVAILABLE with backoff, so they ride out a token re-opened
 // or restored, or a successor activated, instead of stopping (INTERNAL is
-// permanent for them). The detail, with the operator's way out, is logged.
-func custodyUnavailable() error {
-	return errinfo.Error(codes.Unavailable, "the authority cannot use its signing key now (key custody unavailable; see its log); retry later",
-		errinfo.ReasonKeyCustodyUnavailable)
+// permanent for them). The answer says which of the two it is and what
+// brings the key back (an operator's command is refused with it, and it
+// is the refusal's audited reason); the detail (the object, the error)
+// is logged.
+func custodyUnavailable(err error) error {
+	msg := "the authority's PKCS#11 token is unavailable now (its /readyz and log say why); the authority re-opens it by itself once it answers: " +
+		"bring the token back (the module, PIN and token the authority started with), then retry"
+	if errors.Is(err, custody.ErrKeyMissing) {
+		msg = "a key this call needs is not in the authority's PKCS#11 token (its /readyz and log name the object and the way out: " +
+			"restore the token from its backup, or replace the key; docs/hsm.md \"A lost token\"); retry once that is done"
+	}
+	return errinfo.Error(codes.Unavailable, msg, errinfo.ReasonKeyCustodyUnavailable)
 }
 
 // storeJobTimeout bounds the store calls of a job that has no caller

@@ -110,7 +110,8 @@ const rootKeyWayOut = "restore the token from its backup so that it holds that o
 	"and the way out is a new authority: muster init --data NEWDIR, then the agents join it again (docs/hsm.md \"A lost token\")"
 
 // openRootState is openRoots with the data directory's hierarchy h and
-// the custody c that holds the stored roots' keys.
+// the custody c that holds the stored roots' keys; with c nil it opens
+// none of them (only the data directory's root key is set).
 func openRootState(ctx context.Context, c custody.Custody, h *ca.Hierarchy, row store.RootRotation) (*rootState, error) {
 	var err error
 	st := &rootState{row: row, old: h.Root}
@@ -125,7 +126,7 @@ func openRootState(ctx context.Context, c custody.Custody, h *ca.Hierarchy, row 
 		if !cert.IsCA || cert.CheckSignatureFrom(cert) != nil {
 			return nil, nil, errors.New("not a self-signed root")
 		}
-		if ref == nil {
+		if ref == nil || c == nil {
 			// Taken offline (muster ca root export-key): the authority
 			// warns before each successor is due, as without
 			// DIR/ca/root.key.
@@ -215,14 +216,25 @@ type RootStatus struct {
 	HoldsOldKey bool
 }
 
+// rootStatus reads the rotation's certificates without opening the keys
+// the store holds for them: muster ca root status is what an operator
+// asks while a token is away (or lacks a root's key), and it answered
+// UNAVAILABLE then, though it signs nothing. A stored key counts as held
+// by its reference; the step that needs it opens it and says what is
+// wrong.
 func (s *Server) rootStatus(ctx context.Context) (RootStatus, error) {
-	st, err := s.inter.readRoots(ctx)
+	row, err := s.store.GetRootRotation(ctx)
+	if err != nil {
+		return RootStatus{}, err
+	}
+	st, err := openRootState(ctx, nil, s.ca, row)
 	if err != nil {
 		return RootStatus{}, err
 	}
 	set := st.set()
+	holdsOld := st.oldKey != nil || row.OldCertDER != nil && row.OldKeyRef != nil
 	return RootStatus{Phase: st.row.Phase, Version: st.row.Version, Old: st.old, New: st.new, Signing: set.Signing,
-		Trusted: set.Trusted, Cross: set.Cross, StartedAt: st.row.StartedAt, ChangedAt: st.row.ChangedAt, HoldsOldKey: st.oldKey != nil}, nil
+		Trusted: set.Trusted, Cross: set.Cross, StartedAt: st.row.StartedAt, ChangedAt: st.row.ChangedAt, HoldsOldKey: holdsOld}, nil
 }
 
 // preparedRoot is a new root the authority made for a rotation whose
@@ -409,11 +421,18 @@ const (
 // (the operator would lock themself out, rollback included).
 func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
 	rollback := step != rootNext
-	st, err := s.inter.readRoots(ctx)
+	// The phase is read before the keys are opened, so a step refused
+	// because a root's key cannot be opened (its token away) is audited
+	// as from which phase it was asked.
+	row, err := s.store.GetRootRotation(ctx)
 	if err != nil {
 		return "", RootStatus{}, err
 	}
-	from = st.row.Phase
+	from = row.Phase
+	st, err := s.inter.openRoots(ctx, row)
+	if err != nil {
+		return from, RootStatus{}, err
+	}
 	if s.rootStepRead != nil {
 		s.rootStepRead()
 	}
@@ -524,7 +543,7 @@ func (s *Server) rootSteps(ctx context.Context, rows []store.CACert, now time.Ti
 		why := "root rotation: the active intermediate is not signed by the signing root " + ca.Fingerprint(rs.Signing)
 		if prepared != nil {
 			if p, err := s.caCerts.parse(prepared.Serial, prepared.CertDER); err == nil && s.caCerts.signedBy(p, rs.Signing) {
-				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) {
+				if !now.Before(prepared.CreatedAt.Add(s.caPublishWindow())) && !s.discardKeyless(ctx, *prepared) {
 					link := s.caStepLink("ca.activate", string(role), prepared.Serial, why)
 					s.caChange(ctx, "ca.activate", string(role), prepared.Serial, why, link, s.store.ActivateCACert(ctx, string(role), prepared.Serial, link.Build))
 				}

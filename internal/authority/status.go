@@ -159,7 +159,7 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	}
 	if errors.Is(err, custody.ErrUnavailable) || errors.Is(err, custody.ErrKeyMissing) {
 		log.Error("request failed: key custody unavailable", "err", err, "correlation_id", callerFrom(ctx).CorrelationID)
-		return custodyUnavailable()
+		return custodyUnavailable(err)
 	}
 	if reason, gone := enroll.CallerGone(ctx, err); gone {
 		code := codes.Canceled

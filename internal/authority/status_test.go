@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -145,5 +146,29 @@ func TestToStatusStoreErrors(t *testing.T) {
 			errinfo.Reason(err) != errinfo.ReasonStoreUnavailable) {
 			t.Errorf("UNAVAILABLE message %q, reason %q", status.Convert(err).Message(), errinfo.Reason(err))
 		}
+	}
+}
+
+// TestCustodyRefusalSaysWhichAndTheWayOut: a call refused for its key
+// says whether the token is away or the key gone from it, and what
+// brings it back, rather than "see its log" for both.
+func TestCustodyRefusalSaysWhichAndTheWayOut(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tt := range []struct {
+		name string
+		err  error
+		want []string
+	}{
+		{"token away", fmt.Errorf("the stored new root: %w: login", custody.ErrUnavailable), []string{"PKCS#11 token is unavailable", "bring the token back"}},
+		{"key gone", fmt.Errorf("ca: signing %q: %w: object x", "n1", custody.ErrKeyMissing), []string{"not in the authority's PKCS#11 token", "restore the token from its backup", `docs/hsm.md "A lost token"`}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := status.Convert(toStatus(t.Context(), log, tt.err)).Message()
+			for _, w := range tt.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("refusal %q does not say %q", msg, w)
+				}
+			}
+		})
 	}
 }

@@ -95,7 +95,13 @@ Deploy agents with:
   MUSTER_CA_FINGERPRINT=%s
   MUSTER_BOOTSTRAP_PSK=<the bootstrap PSK, from a secret store>
 `, res.Info.AuthorityID, res.Info.CAFingerprint)
-	fmt.Fprintf(env.Stdout, "\nNext: muster authority --data %s%s\n", shellword.Quote(string(res.Dir)), storeHint(res.StoreURL))
+	// An authority whose keys are in a token runs as the pkcs11 build: the
+	// static muster refuses to open it (docs/hsm.md).
+	bin := "muster"
+	if res.Info.Custody != nil {
+		bin = "muster-pkcs11"
+	}
+	fmt.Fprintf(env.Stdout, "\nNext: %s authority --data %s%s\n", bin, shellword.Quote(string(res.Dir)), storeHint(res.StoreURL))
 	return nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/datadir"
 )
 
 // TestInitSealedRefusesPKCS11FromTheEnvironmentNamingIt: init reads
@@ -25,6 +27,32 @@ func TestInitSealedRefusesPKCS11FromTheEnvironmentNamingIt(t *testing.T) {
 			}
 			if _, err := os.Stat(dir); err == nil {
 				t.Errorf("init made %s", dir)
+			}
+		})
+	}
+}
+
+// TestInitNextNamesTheBuildThatOpensTheToken: the command init prints
+// as the next step is the one that starts the authority it made: after
+// init --custody pkcs11:…, muster-pkcs11 (the static muster refuses an
+// authority whose keys are in a token), else muster.
+func TestInitNextNamesTheBuildThatOpensTheToken(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		custody *datadir.Custody
+		want    string
+	}{
+		{"sealed", nil, "\nNext: muster authority --data /var/lib/muster/authority\n"},
+		{"pkcs11", &datadir.Custody{URI: "pkcs11:token=muster"}, "\nNext: muster-pkcs11 authority --data /var/lib/muster/authority\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout strings.Builder
+			res := datadir.InitResult{Dir: "/var/lib/muster/authority", Info: datadir.Info{Custody: tc.custody}}
+			if err := printInit(&Env{Stdout: &stdout}, output{format: "text"}, res); err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(stdout.String(), tc.want) {
+				t.Errorf("init prints:\n%s\nwant %q", stdout.String(), tc.want)
 			}
 		})
 	}
