@@ -152,6 +152,7 @@ func TestOneStreamPerAgentAcrossReplicas(t *testing.T) {
 // both hosts. Before, neither replica saw the other's holder, and none
 // was audited.
 func TestStreamCopiesAcrossReplicasSuspectedOnce(t *testing.T) {
+	t.Parallel()
 	_, rs := startReplicas(t, 2)
 	a, b := rs[0], rs[1]
 	var tok createdToken
