@@ -297,7 +297,10 @@ func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 	// discovery the authority trusts.
 	e.disc = d2
 	e.waitRegistered(t)
-	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "via-2"), "via-2", e.psk), "PERMISSION_DENIED", "not by this authority's discovery")
+	// The refusal names both ways out: the discovery the authority names,
+	// and the --advertise every replica must be started with.
+	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "via-2"), "via-2", e.psk), "PERMISSION_DENIED",
+		"not by this authority's discovery \"https://"+d1.addr+"\": join through discovery at "+d1.addr+", or start every discovery replica with --advertise "+d1.addr)
 	e.disc = d1
 	e.mustJoin(t, "via-1")
 

@@ -149,7 +149,13 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	}
 	switch {
 	case std.Issuer != v.Issuer:
-		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q", std.Issuer, v.Issuer)
+		// Most often a discovery replica started without the --advertise
+		// its peers have (a stale settings file): it signs with the same
+		// keys under another issuer. Name both ways out.
+		addr := strings.TrimPrefix(v.Issuer, "https://")
+		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q: join through discovery at %s, "+
+			"or start every discovery replica with --advertise %s (muster discovery --data DIR --advertise %s), the address the authority names it by",
+			std.Issuer, v.Issuer, addr, addr, addr)
 	case len(std.Audience) != 1 || std.Audience[0] != v.AuthorityID || priv.AuthorityID != v.AuthorityID:
 		return Claims{}, invalid("is for another authority")
 	case nodeID == "" || std.Subject != nodeID || priv.NodeID != nodeID:
