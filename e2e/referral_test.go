@@ -131,9 +131,9 @@ func TestReferralJoin(t *testing.T) {
 
 	// After an on-demand rotation of discovery's keys, tickets signed by
 	// the new key are accepted: the authority fetches the JWKS again on
-	// the unknown key ID. (A new key signs once it is 10 s old.)
+	// the unknown key ID. (A new key signs once it is 15 s old.)
 	mustRun(t, "discovery", "rotate-key", "--data", e.discDir)
-	time.Sleep(11 * time.Second)
+	time.Sleep(16 * time.Second)
 	e.mustJoin(t, "n3")
 
 	m := metricsOf(t, e.auth.metrics)

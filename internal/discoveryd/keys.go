@@ -32,6 +32,14 @@ const (
 	// by another process (muster discovery rotate-key, a replica) is seen
 	// within seconds.
 	keyReload = 5 * time.Second
+	// signDelay is how old a new key must be, by the store clock, before
+	// it signs. Every replica publishes it within keyReload; an authority
+	// that fetched the JWKS from a replica just before it did fetches
+	// again on the new key ID only once referral.RefetchAfter has passed,
+	// and until then refuses the key's tickets (PERMISSION_DENIED, which
+	// ends an agent's run). Signing after both have passed means no
+	// ticket names a key an authority may not fetch.
+	signDelay = keyReload + referral.RefetchAfter
 )
 
 // KeyID names a ticket key: the first 16 hex digits of SHA-256 of the
@@ -137,8 +145,9 @@ type keyStore interface {
 // A key that has just become active is published at once but signs only
 // once it is signDelay old (the previous key, still published, signs
 // meanwhile): by then every replica serving the JWKS has reloaded and
-// publishes it, so an authority that fetches the JWKS for a ticket's key
-// never finds it missing.
+// publishes it, and an authority that fetched the JWKS before one had
+// may fetch again, so an authority that fetches the JWKS for a ticket's
+// key never finds it missing.
 type keyring struct {
 	st        keyStore
 	sealer    *seal.Sealer
@@ -164,7 +173,7 @@ type signingKey struct {
 }
 
 func newKeyring(st keyStore, sealer *seal.Sealer, log *slog.Logger) *keyring {
-	return &keyring{st: st, sealer: sealer, now: time.Now, log: log, signDelay: 2 * keyReload, opened: map[string]ed25519.PrivateKey{}}
+	return &keyring{st: st, sealer: sealer, now: time.Now, log: log, signDelay: signDelay, opened: map[string]ed25519.PrivateKey{}}
 }
 
 // ensure installs a first key when the store has none. Another process
