@@ -211,7 +211,10 @@ func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referr
 	switch {
 	case errors.As(err, &inv) && inv.Expired:
 		s.observeTicket(TicketResultExpired)
-		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one")
+		// A ticket the agent just asked for expires here only when
+		// discovery's clock is behind this authority's by more than the
+		// allowance: then a new one fares no better.
+		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one; "+ticketClockWayOut)
 	case errors.As(err, &inv):
 		s.observeTicket(TicketResultInvalid)
 		return c, refuse(KindPermissionDenied, inv.Error())
@@ -250,6 +253,9 @@ func (s *Service) checkPSK(ctx context.Context, pskText string, given psk.PSK, t
 	s.observePSK(matched.Status)
 	return matched.ID, fmt.Sprintf("psk %s (%s)", matched.ID, matched.Status), nil
 }
+
+// ticketClockWayOut ends the refusal of an expired ticket.
+var ticketClockWayOut = fmt.Sprintf("if it was new, discovery's clock is more than %s behind this authority's: set both right (NTP)", referral.Leeway)
 
 // The ways out of a PSK refusal, for its audit record (the agent adds
 // the same to the line it ends with).

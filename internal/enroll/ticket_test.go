@@ -89,7 +89,8 @@ func TestTicketChecks(t *testing.T) {
 		{"missing ticket, checked before the PSK", "", "", KindPermissionDenied, ReasonTicketMissing, TicketResultMissing},
 		{"garbage", good, "not.a.ticket", KindPermissionDenied, "referral ticket is malformed", TicketResultInvalid},
 		{"for another node", good, other, KindPermissionDenied, "referral ticket names another node", TicketResultInvalid},
-		{"expired", good, expired, KindPermissionDenied, "referral ticket has expired: ask the discovery service for a new one", TicketResultExpired},
+		{"expired", good, expired, KindPermissionDenied, "referral ticket has expired: ask the discovery service for a new one; " +
+			"if it was new, discovery's clock is more than 2m0s behind this authority's: set both right (NTP)", TicketResultExpired},
 		{"valid ticket, missing PSK", "", valid, KindPermissionDenied, ReasonPSKMissing, ""},
 	}
 	for _, tt := range tests {

@@ -176,7 +176,10 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	case now.After(exp.Add(Leeway)):
 		return Claims{}, &Invalid{Reason: "has expired", Expired: true}
 	case iat.After(now.Add(Leeway)):
-		return Claims{}, invalid("is issued in the future")
+		// Only clocks apart cause this, and a new ticket does not cure it.
+		return Claims{}, invalid("is issued in the future (at %s; this authority's clock reads %s): "+
+			"discovery's clock is more than %s ahead of this authority's: set both right (NTP)",
+			iat.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), Leeway)
 	}
 	return Claims{Issuer: std.Issuer, AuthorityID: priv.AuthorityID, NodeID: priv.NodeID, SourceIP: priv.SourceIP,
 		ID: std.ID, IssuedAt: iat, Expiry: exp}, nil

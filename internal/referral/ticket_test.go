@@ -193,7 +193,8 @@ func TestVerify(t *testing.T) {
 
 		{name: "expired beyond the leeway", token: valid, now: TTL + Leeway + time.Second, wantErr: "has expired", wantExpired: true},
 		{name: "expired long ago", token: valid, now: 24 * time.Hour, wantErr: "has expired", wantExpired: true},
-		{name: "issued in the future beyond the leeway", token: valid, now: -Leeway - time.Second, wantErr: "is issued in the future"},
+		{name: "issued in the future beyond the leeway", token: valid, now: -Leeway - time.Second, wantErr: "is issued in the future (at 2026-"},
+		{name: "issued in the future names the clocks", token: valid, now: -Leeway - time.Second, wantErr: "discovery's clock is more than 2m0s ahead of this authority's: set both right (NTP)"},
 		{name: "lifetime longer than 60 s", token: issue(t, priv, testKID, func(c *Claims) { c.Expiry = c.IssuedAt.Add(TTL + time.Second) }),
 			wantErr: "claims a lifetime other than 1m0s"},
 		{name: "lifetime of a year", token: issue(t, priv, testKID, func(c *Claims) { c.Expiry = c.IssuedAt.Add(365 * 24 * time.Hour) }),
