@@ -150,11 +150,13 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	switch {
 	case std.Issuer != v.Issuer:
 		// Most often a discovery replica started without the --advertise
-		// its peers have (a stale settings file): it signs with the same
-		// keys under another issuer. Name both ways out.
+		// its peers have, or an authority replica naming discovery by
+		// another address than the others (a stale settings file): the
+		// same keys sign under another issuer. Name the ways out.
 		addr := strings.TrimPrefix(v.Issuer, "https://")
 		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q: join through discovery at %s, "+
-			"or start every discovery replica with --advertise %s (muster discovery --data DIR --advertise %s), the address the authority names it by",
+			"or start every discovery replica with --advertise %s (muster discovery --data DIR --advertise %s), "+
+			"or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it",
 			std.Issuer, v.Issuer, addr, addr, addr)
 	case len(std.Audience) != 1 || std.Audience[0] != v.AuthorityID || priv.AuthorityID != v.AuthorityID:
 		return Claims{}, invalid("is for another authority")

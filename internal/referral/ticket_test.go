@@ -166,7 +166,7 @@ func TestVerify(t *testing.T) {
 		{name: "unknown kid", token: issue(t, priv, "k-rotated-away", nil), wantErr: `is signed by key "k-rotated-away", which the discovery does not publish`},
 		{name: "key source fails", token: valid, keys: failingKeys{errors.New("discovery unreachable")}, wantOther: errors.New("discovery unreachable")},
 
-		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450", not by this authority's discovery "https://discovery.test:7450": join through discovery at discovery.test:7450, or start every discovery replica with --advertise discovery.test:7450`},
+		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450", not by this authority's discovery "https://discovery.test:7450": join through discovery at discovery.test:7450, or start every discovery replica with --advertise discovery.test:7450 (muster discovery --data DIR --advertise discovery.test:7450), or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it`},
 		{name: "no issuer", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("iss", nil)), wantErr: "is issued by"},
 		{name: "wrong audience", token: issue(t, priv, testKID, func(c *Claims) { c.AuthorityID = "staging-b4c5d6" }), wantErr: "is for another authority"},
 		{name: "audience differs from authority_id", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("aud", "staging-b4c5d6")), wantErr: "is for another authority"},
