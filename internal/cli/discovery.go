@@ -592,6 +592,12 @@ from then on.`, discoveryd.KeyOverlap),
 			} else {
 				fmt.Fprintf(env.Stdout, "Previous key:    %s\n", res.Previous)
 			}
+			if revoke {
+				// Nothing else signs meanwhile: the previous key is gone.
+				fmt.Fprintln(env.Stdout, "\nWithin seconds running discovery servers stop publishing the previous key and sign with the new one at once;"+
+					" authorities refuse the previous key's tickets from their next JWKS refresh, within a minute.")
+				return nil
+			}
 			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about fifteen seconds later.")
 			return nil
 		},
