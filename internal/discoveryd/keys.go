@@ -212,12 +212,16 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 	if a == nil {
 		return errors.New("discoveryd: the store holds no active ticket key")
 	}
+	// Every time a key record carries is the store's: judge them by the
+	// store clock, so replicas whose clocks differ agree on which key
+	// signs and which are published (a revoked key leaves every replica's
+	// JWKS at its next reload, not once a slow clock catches up).
+	storeNow, err := k.st.Now(ctx)
+	if err != nil {
+		return fmt.Errorf("discoveryd: reading the store clock: %w", err)
+	}
 	signWith := a
 	if k.signDelay > 0 {
-		storeNow, err := k.st.Now(ctx)
-		if err != nil {
-			return fmt.Errorf("discoveryd: reading the store clock: %w", err)
-		}
 		if storeNow.Sub(a.CreatedAt) < k.signDelay {
 			if p := previous(keys, storeNow.Add(referral.TTL+referral.Leeway)); p != nil {
 				signWith = p
@@ -230,10 +234,9 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 			return err
 		}
 	}
-	now := k.now()
 	var pubs []referral.PublicKey
 	for _, t := range keys {
-		if t.Status != store.TicketKeyActive && !now.Before(t.PublishUntil) {
+		if t.Status != store.TicketKeyActive && !storeNow.Before(t.PublishUntil) {
 			continue
 		}
 		if len(t.PublicKey) != ed25519.PublicKeySize {
@@ -245,7 +248,7 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	k.signer, k.activeID, k.created, k.jwks, k.loaded = &signingKey{signWith.ID, priv}, a.ID, a.CreatedAt, jwks, now
+	k.signer, k.activeID, k.created, k.jwks, k.loaded = &signingKey{signWith.ID, priv}, a.ID, a.CreatedAt, jwks, k.now()
 	k.opened = map[string]ed25519.PrivateKey{signWith.ID: priv}
 	return nil
 }

@@ -221,6 +221,31 @@ func TestNewKeySignsOnceAStaleFetchMayBeRepeated(t *testing.T) {
 	}
 }
 
+// TestRevokedKeyLeavesASlowReplicasJWKS: a key revoked by rotate-key
+// --revoke-previous is published until the store clock's now; a replica
+// whose own clock is behind the store's by some seconds must not keep
+// publishing it until its clock catches up (it judged the key's times by
+// its own clock).
+func TestRevokedKeyLeavesASlowReplicasJWKS(t *testing.T) {
+	e := start(t, generous)
+	first, _ := e.srv.keys.activeSince()
+	r, err := RotateKey(ctxT(t), e.dir, e.st, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKeyring(e.st, e.srv.sealer, e.srv.log)
+	k.now = func() time.Time { return time.Now().Add(-30 * time.Second) }
+	if err := k.reload(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := jwksIDs(t, k.jwks); !slices.Equal(got, []string{r.To}) {
+		t.Errorf("a replica 30s behind the store publishes %v after %s was revoked, want only %s", got, first, r.To)
+	}
+	if k.signer.id != r.To {
+		t.Errorf("it signs with %s, want %s", k.signer.id, r.To)
+	}
+}
+
 func TestRotateConflicts(t *testing.T) {
 	e := start(t)
 	sealer, _ := e.srv.id.StorageKey.Sealer(seal.InfoDiscoveryKey)
