@@ -30,6 +30,8 @@ const (
 	ReasonTicketUsed    = "referral ticket was already used: ask the discovery service for a new one"
 	reasonNoDiscovery   = "referral tickets need a discovery service, which this authority is not configured with"
 	reasonTicketKeys    = "cannot check the referral ticket now: the discovery service's keys are unavailable"
+
+	reasonTicketKeyNotFetched = "cannot check the referral ticket now: it is signed by a key this authority has not fetched from the discovery service yet; retry in a few seconds"
 )
 
 // Results of a referral-ticket check, for TicketObserver.
@@ -218,6 +220,11 @@ func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referr
 	case errors.As(err, &inv):
 		s.observeTicket(TicketResultInvalid)
 		return c, refuse(KindPermissionDenied, inv.Error())
+	case errors.Is(err, referral.ErrKeyNotFetched):
+		// Most often a key discovery has just published, which one of
+		// its replicas had not yet when this authority fetched: the
+		// agent retries (UNAVAILABLE), by when the key is fetched.
+		return c, refuse(KindUnavailable, reasonTicketKeyNotFetched).with("%v", err)
 	case err != nil:
 		return c, refuse(KindUnavailable, reasonTicketKeys).with("%v", err)
 	}

@@ -212,3 +212,17 @@ func TestTicketKeysUnavailable(t *testing.T) {
 	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
 	wantRefusal(t, err, KindUnavailable, reasonTicketKeys)
 }
+
+// TestTicketKeyNotFetchedYet: a ticket signed by a key the authority has
+// not fetched, while a fetch is not due (one was made seconds ago, maybe
+// from a discovery replica that had not yet published the key), is not
+// refused as invalid, which would stop the agent, but UNAVAILABLE: the
+// agent retries, and by then the key is fetched.
+func TestTicketKeyNotFetchedYet(t *testing.T) {
+	e := newTicketEnv(t)
+	key, _ := e.active(t)
+	tok, _ := e.ticket(t, "n1", time.Now())
+	e.src.err = referral.ErrKeyNotFetched
+	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
+	wantRefusal(t, err, KindUnavailable, reasonTicketKeyNotFetched)
+}

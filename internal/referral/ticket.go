@@ -84,6 +84,12 @@ func Issue(key ed25519.PrivateKey, kid string, c Claims) (string, error) {
 // ErrUnknownKey: no key with the ticket's key ID, even after a refresh.
 var ErrUnknownKey = errors.New("referral: unknown key ID")
 
+// ErrKeyNotFetched: no key with the ticket's key ID in the keys fetched
+// less than RefetchAfter ago, so none was fetched again to look for it.
+// The key may be one discovery published since (a replica that reloaded
+// later than the one fetched from): worth a retry, not a refusal.
+var ErrKeyNotFetched = fmt.Errorf("referral: a key ID not among the keys fetched from discovery, which are fetched again at most every %s", RefetchAfter)
+
 // Invalid is a refused ticket. Reason completes "referral ticket ..." in
 // the message the agent sees, so it says which check failed.
 type Invalid struct {
@@ -96,7 +102,8 @@ func (e *Invalid) Error() string { return "referral ticket " + e.Reason }
 
 func invalid(format string, a ...any) *Invalid { return &Invalid{Reason: fmt.Sprintf(format, a...)} }
 
-// KeySource returns the public key with a key ID, or ErrUnknownKey.
+// KeySource returns the public key with a key ID, or ErrUnknownKey, or
+// ErrKeyNotFetched.
 type KeySource interface {
 	TicketKey(ctx context.Context, kid string) (ed25519.PublicKey, error)
 }
