@@ -131,9 +131,9 @@ func TestReferralJoin(t *testing.T) {
 
 	// After an on-demand rotation of discovery's keys, tickets signed by
 	// the new key are accepted: the authority fetches the JWKS again on
-	// the unknown key ID. (A new key signs once it is 10 s old.)
+	// the unknown key ID. (A new key signs once it is 15 s old.)
 	mustRun(t, "discovery", "rotate-key", "--data", e.discDir)
-	time.Sleep(11 * time.Second)
+	time.Sleep(16 * time.Second)
 	e.mustJoin(t, "n3")
 
 	m := metricsOf(t, e.auth.metrics)
@@ -297,7 +297,10 @@ func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 	// discovery the authority trusts.
 	e.disc = d2
 	e.waitRegistered(t)
-	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "via-2"), "via-2", e.psk), "PERMISSION_DENIED", "not by this authority's discovery")
+	// The refusal names both ways out: the discovery the authority names,
+	// and the --advertise every replica must be started with.
+	wantJoinFailure(t, e.join(t, filepath.Join(t.TempDir(), "via-2"), "via-2", e.psk), "PERMISSION_DENIED",
+		"not by this authority's discovery \"https://"+d1.addr+"\": join through discovery at "+d1.addr+", or start every discovery replica with --advertise "+d1.addr)
 	e.disc = d1
 	e.mustJoin(t, "via-1")
 

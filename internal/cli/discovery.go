@@ -554,7 +554,7 @@ func newDiscoveryRotateKeyCmd(env *Env) *cobra.Command {
 		Short: "Make a new ticket signing key now",
 		Long: fmt.Sprintf(`rotate-key makes a new active ticket signing key through the store, whether
 or not discovery is running: running discovery servers publish it within
-seconds and sign with it about ten seconds later. The previous key stays in
+seconds and sign with it about fifteen seconds later. The previous key stays in
 the JWKS for %s, so tickets it signed stay valid until they expire.
 
 With --revoke-previous (the key may have leaked), the previous key leaves
@@ -592,7 +592,13 @@ from then on.`, discoveryd.KeyOverlap),
 			} else {
 				fmt.Fprintf(env.Stdout, "Previous key:    %s\n", res.Previous)
 			}
-			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about ten seconds later.")
+			if revoke {
+				// Nothing else signs meanwhile: the previous key is gone.
+				fmt.Fprintln(env.Stdout, "\nWithin seconds running discovery servers stop publishing the previous key and sign with the new one at once;"+
+					" authorities refuse the previous key's tickets from their next JWKS refresh, within a minute.")
+				return nil
+			}
+			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about fifteen seconds later.")
 			return nil
 		},
 	}

@@ -32,6 +32,14 @@ const (
 	// by another process (muster discovery rotate-key, a replica) is seen
 	// within seconds.
 	keyReload = 5 * time.Second
+	// signDelay is how old a new key must be, by the store clock, before
+	// it signs. Every replica publishes it within keyReload; an authority
+	// that fetched the JWKS from a replica just before it did fetches
+	// again on the new key ID only once referral.RefetchAfter has passed,
+	// and until then refuses the key's tickets (PERMISSION_DENIED, which
+	// ends an agent's run). Signing after both have passed means no
+	// ticket names a key an authority may not fetch.
+	signDelay = keyReload + referral.RefetchAfter
 )
 
 // KeyID names a ticket key: the first 16 hex digits of SHA-256 of the
@@ -137,8 +145,9 @@ type keyStore interface {
 // A key that has just become active is published at once but signs only
 // once it is signDelay old (the previous key, still published, signs
 // meanwhile): by then every replica serving the JWKS has reloaded and
-// publishes it, so an authority that fetches the JWKS for a ticket's key
-// never finds it missing.
+// publishes it, and an authority that fetched the JWKS before one had
+// may fetch again, so an authority that fetches the JWKS for a ticket's
+// key never finds it missing.
 type keyring struct {
 	st        keyStore
 	sealer    *seal.Sealer
@@ -164,7 +173,7 @@ type signingKey struct {
 }
 
 func newKeyring(st keyStore, sealer *seal.Sealer, log *slog.Logger) *keyring {
-	return &keyring{st: st, sealer: sealer, now: time.Now, log: log, signDelay: 2 * keyReload, opened: map[string]ed25519.PrivateKey{}}
+	return &keyring{st: st, sealer: sealer, now: time.Now, log: log, signDelay: signDelay, opened: map[string]ed25519.PrivateKey{}}
 }
 
 // ensure installs a first key when the store has none. Another process
@@ -203,12 +212,16 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 	if a == nil {
 		return errors.New("discoveryd: the store holds no active ticket key")
 	}
+	// Every time a key record carries is the store's: judge them by the
+	// store clock, so replicas whose clocks differ agree on which key
+	// signs and which are published (a revoked key leaves every replica's
+	// JWKS at its next reload, not once a slow clock catches up).
+	storeNow, err := k.st.Now(ctx)
+	if err != nil {
+		return fmt.Errorf("discoveryd: reading the store clock: %w", err)
+	}
 	signWith := a
 	if k.signDelay > 0 {
-		storeNow, err := k.st.Now(ctx)
-		if err != nil {
-			return fmt.Errorf("discoveryd: reading the store clock: %w", err)
-		}
 		if storeNow.Sub(a.CreatedAt) < k.signDelay {
 			if p := previous(keys, storeNow.Add(referral.TTL+referral.Leeway)); p != nil {
 				signWith = p
@@ -221,10 +234,9 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 			return err
 		}
 	}
-	now := k.now()
 	var pubs []referral.PublicKey
 	for _, t := range keys {
-		if t.Status != store.TicketKeyActive && !now.Before(t.PublishUntil) {
+		if t.Status != store.TicketKeyActive && !storeNow.Before(t.PublishUntil) {
 			continue
 		}
 		if len(t.PublicKey) != ed25519.PublicKeySize {
@@ -236,7 +248,7 @@ func (k *keyring) reloadLocked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	k.signer, k.activeID, k.created, k.jwks, k.loaded = &signingKey{signWith.ID, priv}, a.ID, a.CreatedAt, jwks, now
+	k.signer, k.activeID, k.created, k.jwks, k.loaded = &signingKey{signWith.ID, priv}, a.ID, a.CreatedAt, jwks, k.now()
 	k.opened = map[string]ed25519.PrivateKey{signWith.ID: priv}
 	return nil
 }

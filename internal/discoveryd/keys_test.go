@@ -1,6 +1,7 @@
 package discoveryd
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"testing"
@@ -170,6 +171,78 @@ func TestNewKeySignsOnceEveryReplicaPublishesIt(t *testing.T) {
 	}
 	if kid, _, _ := ticketClaims(t, e.jwks(), resp.GetTicket()); kid != r.To {
 		t.Errorf("ticket signed by %s, want the new key %s", kid, r.To)
+	}
+}
+
+// shiftedClock is a store whose clock reads later by `by`: the keyring
+// as it reloads that long after a rotation.
+type shiftedClock struct {
+	keyStore
+	by time.Duration
+}
+
+func (s shiftedClock) Now(ctx context.Context) (time.Time, error) {
+	now, err := s.keyStore.Now(ctx)
+	return now.Add(s.by), err
+}
+
+// TestNewKeySignsOnceAStaleFetchMayBeRepeated: a replica serves a JWKS
+// without the new key for up to keyReload after a rotation; an authority
+// that fetched it then fetches again on the new key ID only
+// referral.RefetchAfter later, and refuses the key's tickets meanwhile
+// (PERMISSION_DENIED, which stops an agent). So no replica may sign with
+// the new key before both have passed. (It once signed after 10 s, while
+// such an authority could not fetch it before 15 s.)
+func TestNewKeySignsOnceAStaleFetchMayBeRepeated(t *testing.T) {
+	e := start(t, generous)
+	first, _ := e.srv.keys.activeSince()
+	r, err := RotateKey(ctxT(t), e.dir, e.st, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refetch := keyReload + referral.RefetchAfter
+	for _, tc := range []struct {
+		after time.Duration
+		want  string
+	}{
+		{0, first},
+		{keyReload, first},
+		{refetch - time.Second, first},
+		{refetch, r.To},
+	} {
+		k := newKeyring(shiftedClock{e.st, tc.after}, e.srv.sealer, e.srv.log)
+		if err := k.reload(ctxT(t)); err != nil {
+			t.Fatal(err)
+		}
+		if k.signer.id != tc.want {
+			t.Errorf("%s after the rotation a replica signs with %s, want %s (new key %s; an authority that fetched the JWKS "+
+				"without it up to %s after the rotation fetches it only %s later)", tc.after, k.signer.id, tc.want, r.To, keyReload, referral.RefetchAfter)
+		}
+	}
+}
+
+// TestRevokedKeyLeavesASlowReplicasJWKS: a key revoked by rotate-key
+// --revoke-previous is published until the store clock's now; a replica
+// whose own clock is behind the store's by some seconds must not keep
+// publishing it until its clock catches up (it judged the key's times by
+// its own clock).
+func TestRevokedKeyLeavesASlowReplicasJWKS(t *testing.T) {
+	e := start(t, generous)
+	first, _ := e.srv.keys.activeSince()
+	r, err := RotateKey(ctxT(t), e.dir, e.st, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKeyring(e.st, e.srv.sealer, e.srv.log)
+	k.now = func() time.Time { return time.Now().Add(-30 * time.Second) }
+	if err := k.reload(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := jwksIDs(t, k.jwks); !slices.Equal(got, []string{r.To}) {
+		t.Errorf("a replica 30s behind the store publishes %v after %s was revoked, want only %s", got, first, r.To)
+	}
+	if k.signer.id != r.To {
+		t.Errorf("it signs with %s, want %s", k.signer.id, r.To)
 	}
 }
 

@@ -81,7 +81,7 @@ func (s *Server) recordOK(ctx context.Context, action, target, reason string) {
 // RotateKey makes a new active ticket key now, through the store, whether
 // or not a discovery is running on it (muster discovery rotate-key): the
 // current key stays published for KeyOverlap; running servers publish the
-// new one within seconds and sign with it about ten seconds later. With
+// new one within seconds and sign with it about fifteen seconds later. With
 // revoke (a key that may have leaked), the current key leaves the JWKS at
 // once and the new one signs at once; tickets in flight are refused.
 // ErrRotated if another rotation won the race.

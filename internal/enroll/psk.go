@@ -30,6 +30,8 @@ const (
 	ReasonTicketUsed    = "referral ticket was already used: ask the discovery service for a new one"
 	reasonNoDiscovery   = "referral tickets need a discovery service, which this authority is not configured with"
 	reasonTicketKeys    = "cannot check the referral ticket now: the discovery service's keys are unavailable"
+
+	reasonTicketKeyNotFetched = "cannot check the referral ticket now: it is signed by a key this authority has not fetched from the discovery service yet; retry in a few seconds"
 )
 
 // Results of a referral-ticket check, for TicketObserver.
@@ -212,10 +214,18 @@ func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referr
 	switch {
 	case errors.As(err, &inv) && inv.Expired:
 		s.observeTicket(TicketResultExpired)
-		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one")
+		// A ticket the agent just asked for expires here only when
+		// discovery's clock is behind this authority's by more than the
+		// allowance: then a new one fares no better.
+		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one; "+ticketClockWayOut)
 	case errors.As(err, &inv):
 		s.observeTicket(TicketResultInvalid)
 		return c, refuse(KindPermissionDenied, inv.Error())
+	case errors.Is(err, referral.ErrKeyNotFetched):
+		// Most often a key discovery has just published, which one of
+		// its replicas had not yet when this authority fetched: the
+		// agent retries (UNAVAILABLE), by when the key is fetched.
+		return c, refuse(KindUnavailable, reasonTicketKeyNotFetched).with("%v", err)
 	case err != nil:
 		return c, refuse(KindUnavailable, reasonTicketKeys).with("%v", err)
 	}
@@ -251,6 +261,9 @@ func (s *Service) checkPSK(ctx context.Context, pskText string, given psk.PSK, t
 	s.observePSK(matched.Status)
 	return matched.ID, fmt.Sprintf("psk %s (%s)", matched.ID, matched.Status), nil
 }
+
+// ticketClockWayOut ends the refusal of an expired ticket.
+var ticketClockWayOut = fmt.Sprintf("if it was new, discovery's clock is more than %s behind this authority's: set both right (NTP)", referral.Leeway)
 
 // The ways out of a PSK refusal, for its audit record (the agent adds
 // the same to the line it ends with).

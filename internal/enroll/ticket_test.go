@@ -89,7 +89,8 @@ func TestTicketChecks(t *testing.T) {
 		{"missing ticket, checked before the PSK", "", "", KindPermissionDenied, ReasonTicketMissing, TicketResultMissing},
 		{"garbage", good, "not.a.ticket", KindPermissionDenied, "referral ticket is malformed", TicketResultInvalid},
 		{"for another node", good, other, KindPermissionDenied, "referral ticket names another node", TicketResultInvalid},
-		{"expired", good, expired, KindPermissionDenied, "referral ticket has expired: ask the discovery service for a new one", TicketResultExpired},
+		{"expired", good, expired, KindPermissionDenied, "referral ticket has expired: ask the discovery service for a new one; " +
+			"if it was new, discovery's clock is more than 2m0s behind this authority's: set both right (NTP)", TicketResultExpired},
 		{"valid ticket, missing PSK", "", valid, KindPermissionDenied, ReasonPSKMissing, ""},
 	}
 	for _, tt := range tests {
@@ -210,4 +211,18 @@ func TestTicketKeysUnavailable(t *testing.T) {
 	e.src.err = errors.New("connection refused")
 	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
 	wantRefusal(t, err, KindUnavailable, reasonTicketKeys)
+}
+
+// TestTicketKeyNotFetchedYet: a ticket signed by a key the authority has
+// not fetched, while a fetch is not due (one was made seconds ago, maybe
+// from a discovery replica that had not yet published the key), is not
+// refused as invalid, which would stop the agent, but UNAVAILABLE: the
+// agent retries, and by then the key is fetched.
+func TestTicketKeyNotFetchedYet(t *testing.T) {
+	e := newTicketEnv(t)
+	key, _ := e.active(t)
+	tok, _ := e.ticket(t, "n1", time.Now())
+	e.src.err = referral.ErrKeyNotFetched
+	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
+	wantRefusal(t, err, KindUnavailable, reasonTicketKeyNotFetched)
 }

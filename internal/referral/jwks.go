@@ -110,12 +110,13 @@ func (c *KeyCache) lookup(kid string) (ed25519.PublicKey, bool, bool) {
 
 // TicketKey returns the key with id kid, fetching the JWKS again first if
 // it is unknown and the last fetch is older than RefetchAfter. It returns
-// ErrUnknownKey, or the fetch's error.
+// ErrUnknownKey when a fetch did not find it, ErrKeyNotFetched when none
+// was due, or the fetch's error.
 func (c *KeyCache) TicketKey(ctx context.Context, kid string) (ed25519.PublicKey, error) {
 	if k, ok, due := c.lookup(kid); ok {
 		return k, nil
 	} else if !due {
-		return nil, ErrUnknownKey
+		return nil, ErrKeyNotFetched
 	}
 	c.fetchMu.Lock()
 	defer c.fetchMu.Unlock()
@@ -125,7 +126,7 @@ func (c *KeyCache) TicketKey(ctx context.Context, kid string) (ed25519.PublicKey
 		return k, nil
 	}
 	if !due {
-		return nil, ErrUnknownKey
+		return nil, ErrKeyNotFetched
 	}
 	// The fetch outlives a caller who gives up: it spends the refetch
 	// slot, so it must finish and learn the new keys for the next one.

@@ -84,6 +84,12 @@ func Issue(key ed25519.PrivateKey, kid string, c Claims) (string, error) {
 // ErrUnknownKey: no key with the ticket's key ID, even after a refresh.
 var ErrUnknownKey = errors.New("referral: unknown key ID")
 
+// ErrKeyNotFetched: no key with the ticket's key ID in the keys fetched
+// less than RefetchAfter ago, so none was fetched again to look for it.
+// The key may be one discovery published since (a replica that reloaded
+// later than the one fetched from): worth a retry, not a refusal.
+var ErrKeyNotFetched = fmt.Errorf("referral: a key ID not among the keys fetched from discovery, which are fetched again at most every %s", RefetchAfter)
+
 // Invalid is a refused ticket. Reason completes "referral ticket ..." in
 // the message the agent sees, so it says which check failed.
 type Invalid struct {
@@ -96,7 +102,8 @@ func (e *Invalid) Error() string { return "referral ticket " + e.Reason }
 
 func invalid(format string, a ...any) *Invalid { return &Invalid{Reason: fmt.Sprintf(format, a...)} }
 
-// KeySource returns the public key with a key ID, or ErrUnknownKey.
+// KeySource returns the public key with a key ID, or ErrUnknownKey, or
+// ErrKeyNotFetched.
 type KeySource interface {
 	TicketKey(ctx context.Context, kid string) (ed25519.PublicKey, error)
 }
@@ -149,7 +156,15 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	}
 	switch {
 	case std.Issuer != v.Issuer:
-		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q", std.Issuer, v.Issuer)
+		// Most often a discovery replica started without the --advertise
+		// its peers have, or an authority replica naming discovery by
+		// another address than the others (a stale settings file): the
+		// same keys sign under another issuer. Name the ways out.
+		addr := strings.TrimPrefix(v.Issuer, "https://")
+		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q: join through discovery at %s, "+
+			"or start every discovery replica with --advertise %s (muster discovery --data DIR --advertise %s), "+
+			"or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it",
+			std.Issuer, v.Issuer, addr, addr, addr)
 	case len(std.Audience) != 1 || std.Audience[0] != v.AuthorityID || priv.AuthorityID != v.AuthorityID:
 		return Claims{}, invalid("is for another authority")
 	case nodeID == "" || std.Subject != nodeID || priv.NodeID != nodeID:
@@ -170,7 +185,10 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	case now.After(exp.Add(Leeway)):
 		return Claims{}, &Invalid{Reason: "has expired", Expired: true}
 	case iat.After(now.Add(Leeway)):
-		return Claims{}, invalid("is issued in the future")
+		// Only clocks apart cause this, and a new ticket does not cure it.
+		return Claims{}, invalid("is issued in the future (at %s; this authority's clock reads %s): "+
+			"discovery's clock is more than %s ahead of this authority's: set both right (NTP)",
+			iat.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339), Leeway)
 	}
 	return Claims{Issuer: std.Issuer, AuthorityID: priv.AuthorityID, NodeID: priv.NodeID, SourceIP: priv.SourceIP,
 		ID: std.ID, IssuedAt: iat, Expiry: exp}, nil

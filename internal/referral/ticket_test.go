@@ -166,7 +166,7 @@ func TestVerify(t *testing.T) {
 		{name: "unknown kid", token: issue(t, priv, "k-rotated-away", nil), wantErr: `is signed by key "k-rotated-away", which the discovery does not publish`},
 		{name: "key source fails", token: valid, keys: failingKeys{errors.New("discovery unreachable")}, wantOther: errors.New("discovery unreachable")},
 
-		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450"`},
+		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450", not by this authority's discovery "https://discovery.test:7450": join through discovery at discovery.test:7450, or start every discovery replica with --advertise discovery.test:7450 (muster discovery --data DIR --advertise discovery.test:7450), or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it`},
 		{name: "no issuer", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("iss", nil)), wantErr: "is issued by"},
 		{name: "wrong audience", token: issue(t, priv, testKID, func(c *Claims) { c.AuthorityID = "staging-b4c5d6" }), wantErr: "is for another authority"},
 		{name: "audience differs from authority_id", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("aud", "staging-b4c5d6")), wantErr: "is for another authority"},
@@ -193,7 +193,8 @@ func TestVerify(t *testing.T) {
 
 		{name: "expired beyond the leeway", token: valid, now: TTL + Leeway + time.Second, wantErr: "has expired", wantExpired: true},
 		{name: "expired long ago", token: valid, now: 24 * time.Hour, wantErr: "has expired", wantExpired: true},
-		{name: "issued in the future beyond the leeway", token: valid, now: -Leeway - time.Second, wantErr: "is issued in the future"},
+		{name: "issued in the future beyond the leeway", token: valid, now: -Leeway - time.Second, wantErr: "is issued in the future (at 2026-"},
+		{name: "issued in the future names the clocks", token: valid, now: -Leeway - time.Second, wantErr: "discovery's clock is more than 2m0s ahead of this authority's: set both right (NTP)"},
 		{name: "lifetime longer than 60 s", token: issue(t, priv, testKID, func(c *Claims) { c.Expiry = c.IssuedAt.Add(TTL + time.Second) }),
 			wantErr: "claims a lifetime other than 1m0s"},
 		{name: "lifetime of a year", token: issue(t, priv, testKID, func(c *Claims) { c.Expiry = c.IssuedAt.Add(365 * 24 * time.Hour) }),

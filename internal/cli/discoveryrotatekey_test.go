@@ -1,0 +1,36 @@
+package cli
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/muster-dev/muster/internal/discoveryd"
+)
+
+// TestDiscoveryRotateKeySaysWhenTheNewKeySigns: after a plain rotation the
+// new key signs some seconds later; after --revoke-previous it signs at
+// once, and the previous key's tickets are refused within a minute. (The
+// text once said "fifteen seconds later" after both.)
+func TestDiscoveryRotateKeySaysWhenTheNewKeySigns(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "discovery")
+	if _, err := discoveryd.Init(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		args          []string
+		want, notWant string
+	}{
+		{nil, "It is the first ticket key.", "sign with it"},
+		{nil, "sign with it about fifteen seconds later", "at once"},
+		{[]string{"--revoke-previous"}, "stop publishing the previous key and sign with the new one at once", "fifteen seconds later"},
+	} {
+		code, stdout, stderr := runCLI(t, append([]string{"discovery", "rotate-key", "--data", dir}, tt.args...)...)
+		if code != 0 {
+			t.Fatalf("rotate-key %v: exit %d\n%s", tt.args, code, stderr)
+		}
+		if !strings.Contains(stdout, tt.want) || strings.Contains(stdout, tt.notWant) {
+			t.Errorf("rotate-key %v printed:\n%s\nwant %q, not %q", tt.args, stdout, tt.want, tt.notWant)
+		}
+	}
+}
