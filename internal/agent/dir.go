@@ -332,11 +332,16 @@ type joinConfig struct {
 	BoundKeypair  string `json:"bound_keypair,omitempty"`
 	CAFingerprint string `json:"ca_fingerprint"`
 	// The discovery service and the authority looked up there, set by a
-	// join through discovery only: a join to an address keeps the ones
-	// agent.yaml has.
+	// join through discovery: a join to an address clears them (its
+	// authority_id the one it was given, if any), or a later join with
+	// no flags would go back through the discovery service it replaced
+	// (discovery wins over an address in agent.yaml: ResolveJoin).
 	Discovery            string `json:"discovery,omitempty"`
 	DiscoveryFingerprint string `json:"discovery_fingerprint,omitempty"`
 	AuthorityID          string `json:"authority_id,omitempty"`
+	// keepDiscovery: made by joinConfigOf, which cannot tell whether the
+	// join went through discovery, so agent.yaml's are kept.
+	keepDiscovery bool
 }
 
 // joinConfigOf is what a join that wrote st, with the certificate whose
@@ -355,14 +360,15 @@ func joinConfigOf(st *State, roots []*x509.Certificate, pinned string) *joinConf
 	if pin == "" && len(roots) > 0 {
 		pin = ca.Fingerprint(roots[0])
 	}
-	return &joinConfig{Authority: st.Authority, Node: st.NodeID, JoinMethod: st.JoinMethod, BoundKeypair: st.BoundKeypair, CAFingerprint: pin}
+	return &joinConfig{Authority: st.Authority, Node: st.NodeID, JoinMethod: st.JoinMethod, BoundKeypair: st.BoundKeypair, CAFingerprint: pin,
+		keepDiscovery: true}
 }
 
 // apply sets j in c.
 func (j *joinConfig) apply(c *Config) {
 	c.Authority, c.Node, c.JoinMethod = j.Authority, j.Node, j.JoinMethod
 	c.BoundKeypair, c.CAFingerprint = j.BoundKeypair, j.CAFingerprint
-	if j.Discovery != "" {
+	if !j.keepDiscovery {
 		c.Discovery, c.DiscoveryFingerprint, c.AuthorityID = j.Discovery, j.DiscoveryFingerprint, j.AuthorityID
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // A renewal in flight while a forced join (agent join --force, another
@@ -117,5 +119,42 @@ func TestLeftoverNextStateNotApplied(t *testing.T) {
 	}
 	if _, err := os.Stat(dir.nextStateFile()); !os.IsNotExist(err) {
 		t.Errorf("state.next.json after the start: %v", err)
+	}
+}
+
+// A state.next.json that cannot be read, beside a certificate state.json
+// does not record, is refused with the way out (a join again over the
+// identity), not taken as a renewal's certificate: that wrote the old
+// instance's state beside what may be a forced join's certificate. With
+// the certificate state.json records, the file says nothing about it.
+func TestDamagedNextStateBesideANewCertificateRefused(t *testing.T) {
+	f := newFakeAuthority(t, fakeOptions{})
+	_, dir := joined(t, f)
+	st, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir.nextStateFile(), []byte(`{"state": {"node_id": "n1", "ser`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := newTestAgent(t, dir).current(t.Context()); err != nil {
+		t.Fatalf("start with the certificate state.json records: %v", err)
+	}
+	older := *st
+	older.Serial, older.InstanceID = "0badc0de", "instance-old"
+	if err := dir.writeState(&older); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = newTestAgent(t, dir).current(t.Context())
+	want := "muster agent join --force --data " + shellword.Quote(string(dir)) + " --node " + st.NodeID
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "state.next.json") {
+		t.Fatalf("start with a damaged state.next.json beside a new certificate: %v, want a refusal naming the file and %q", err, want)
+	}
+	got, err := dir.ReadState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Serial != older.Serial || got.InstanceID != older.InstanceID {
+		t.Errorf("state.json after the refusal: %+v, want it unchanged: %+v", got, older)
 	}
 }

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -226,6 +227,16 @@ func (a *Agent) load(fix bool) (*State, *identity.Identity, error) {
 	// certificate; and what agent.yaml was to say, which may not be
 	// written yet either (the authority's address and pins).
 	next, nerr := a.dir.readNextState()
+	if nerr != nil && !errors.Is(nerr, ErrNoIdentity) && st.Serial != serial {
+		// A certificate state.json does not record is a renewal's or the
+		// join's whose state this file held: which, and so which
+		// instance, generation and authority it is, cannot be told.
+		// Taken as a renewal's, the old instance's state would stand
+		// beside the join's certificate; the file is kept, and a join
+		// again writes it anew.
+		return nil, nil, fmt.Errorf("%w: %s is not the certificate state.json records, and a join may have left its state in that file, which cannot be read: join again over this identity: %s",
+			nerr, a.dir.CertFile(), RejoinCommand(a.dir, st.NodeID))
+	}
 	joined := st.Serial != serial && nerr == nil && next.Serial == serial
 	if joined {
 		st = next.State

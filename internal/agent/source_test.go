@@ -311,3 +311,52 @@ func TestResolveBoundKeypair(t *testing.T) {
 		})
 	}
 }
+
+// A forced join to an address, after a join through discovery, replaces
+// agent.yaml's discovery settings: a later join with no flags (the
+// bound key, a PSK in agent.yaml) goes to the address joined last, not
+// back through the discovery service and to the authority the operator
+// moved away from. A join through discovery sets them, and a join whose
+// state.next.json does not say how it went (joinConfigOf) keeps them.
+func TestForcedJoinToAnAddressReplacesDiscovery(t *testing.T) {
+	const fp = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	pskA := "muster-psk:" + strings.Repeat("a", 64)
+	discovered := Config{PSK: pskA, Node: "n", CAFingerprint: fp, Authority: "old:7443",
+		Discovery: "disc:7450", DiscoveryFingerprint: fp, AuthorityID: "old-abcdef"}
+	tests := []struct {
+		name string
+		join *joinConfig
+		want JoinRequest
+	}{
+		{"to an address", &joinConfig{Authority: "new:7443", Node: "n", JoinMethod: JoinMethodPSK, CAFingerprint: fp},
+			JoinRequest{Authority: "new:7443"}},
+		{"to an address with its authority ID", &joinConfig{Authority: "new:7443", Node: "n", JoinMethod: JoinMethodPSK, CAFingerprint: fp, AuthorityID: "new-123456"},
+			JoinRequest{Authority: "new:7443", AuthorityID: "new-123456"}},
+		{"through another discovery", &joinConfig{Authority: "new:7443", Node: "n", JoinMethod: JoinMethodPSK, CAFingerprint: fp,
+			Discovery: "disc2:7450", AuthorityID: "new-123456"},
+			JoinRequest{Discovery: "disc2:7450", AuthorityID: "new-123456"}},
+		{"not saying how", func() *joinConfig {
+			j := joinConfigOf(&State{Authority: "new:7443", NodeID: "n", JoinMethod: JoinMethodPSK}, nil, fp)
+			j.CAFingerprint = fp // no roots to take it from here
+			return j
+		}(),
+			JoinRequest{Discovery: "disc:7450", DiscoveryFingerprint: fp, AuthorityID: "old-abcdef"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := discovered
+			tt.join.apply(&cfg)
+			res, err := ResolveJoin(JoinInputs{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := res.Request
+			if got.Authority != tt.want.Authority || got.Discovery != tt.want.Discovery ||
+				got.DiscoveryFingerprint != tt.want.DiscoveryFingerprint || got.AuthorityID != tt.want.AuthorityID {
+				t.Errorf("a join with no flags after it: authority %q, discovery %q (pin %q), authority ID %q; want %q, %q (%q), %q",
+					got.Authority, got.Discovery, got.DiscoveryFingerprint, got.AuthorityID,
+					tt.want.Authority, tt.want.Discovery, tt.want.DiscoveryFingerprint, tt.want.AuthorityID)
+			}
+		})
+	}
+}

@@ -117,7 +117,7 @@ func openOfflineStore(ctx context.Context, od offlineDir, storeURL string) (stor
 	if err != nil {
 		return nil, d, err
 	}
-	if err := datadir.CheckStore(ctx, st, od.dir, d.info, redactURL(d.url)); err != nil {
+	if err := datadir.CheckStore(ctx, st, od.dir, d.info, storeURLWithoutPassword(d.url)); err != nil {
 		st.Close()
 		return nil, d, err
 	}

@@ -511,7 +511,7 @@ func checkStoreURL(url string) error {
 	case strings.HasPrefix(url, "sqlite://"), strings.HasPrefix(url, "postgres://"), strings.HasPrefix(url, "postgresql://"):
 		return nil
 	}
-	return fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", redactURL(url))
+	return fmt.Errorf("store URL must start with sqlite://, postgres:// or postgresql:// (got %q)", storeURLWithoutPassword(url))
 }
 
 // openStore opens the store a URL names, a PostgreSQL one with the
@@ -572,29 +572,6 @@ func logPool(log *slog.Logger, st store.Store) {
 	}
 	log.Info("store connection pool", "pool_max_conns", n, "set_by", from, "outside_pool", 2, // the leader lock and the change listener
 		"store_timeout", ps.RequestTimeout().String())
-}
-
-// redactURL drops the userinfo of a URL and its password and sslpassword
-// parameters, where a database password lives (a query it cannot read is
-// dropped whole).
-func redactURL(u string) string {
-	if base, query, ok := strings.Cut(u, "?"); ok {
-		q, err := url.ParseQuery(query)
-		switch {
-		case err != nil:
-			u = base + "?…"
-		case q.Has("password") || q.Has("sslpassword"):
-			q.Del("password")
-			q.Del("sslpassword")
-			u = base + "?" + q.Encode()
-		}
-	}
-	if i := strings.Index(u, "@"); i >= 0 {
-		if j := strings.Index(u, "://"); j >= 0 && j < i {
-			return u[:j+3] + "…" + u[i:]
-		}
-	}
-	return u
 }
 
 // authoritySetup is what runAuthority needs before it opens the store,
@@ -749,7 +726,7 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 		return nil, nil, nil, err
 	}
 	close = func() { st.Close(); unlock() }
-	if err := datadir.CheckStore(ctx, st, dir, info, redactURL(url)); err != nil {
+	if err := datadir.CheckStore(ctx, st, dir, info, storeURLWithoutPassword(url)); err != nil {
 		close()
 		return nil, nil, nil, err
 	}

@@ -83,7 +83,7 @@ test authority only: the nodes and tokens stay.`,
 			defer closeStore()
 			loader, ok := st.(loadgen.SeedLoader)
 			if !ok {
-				return fmt.Errorf("bench seed: the store at %s has no bulk loader", redactURL(url))
+				return fmt.Errorf("bench seed: the store at %s has no bulk loader", storeURLWithoutPassword(url))
 			}
 			const actor = "muster bench seed"
 			// The seed is audited before its first row and after its

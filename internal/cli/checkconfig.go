@@ -49,7 +49,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	}
 	row("config file", cfgPath)
 	row("data", o.dir)
-	row("store", redactURL(o.storeURL))
+	row("store", storeURLWithoutPassword(o.storeURL))
 	row("listen", o.listen)
 	// Unset, agents are given the listen address (the port bound): say
 	// so, as a join's or a hint's ADDR is read here (agent.rejoinTarget).

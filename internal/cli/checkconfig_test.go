@@ -60,7 +60,7 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 		{"env over file", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, nil, []string{"listen:                127.0.0.1:1003", "metrics_listen:        127.0.0.1:2001"}},
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/authority.yaml", nil, []string{"--config", other}, []string{"listen:                127.0.0.1:1002", "metrics_listen:        127.0.0.1:7444", "advertise:             (not set: agents are given the listen address, 127.0.0.1:1002, as the API binds it)"}},
-		{"MUSTER_DATA and a password-free store URL", map[string]string{"MUSTER_DATA": dir, "MUSTER_STORE": "postgres://muster:secret@db.internal/muster"}, []string{}, []string{"store:                 postgres://…@db.internal/muster"}},
+		{"MUSTER_DATA and a password-free store URL", map[string]string{"MUSTER_DATA": dir, "MUSTER_STORE": "postgres://muster:secret@db.internal/muster"}, []string{}, []string{"store:                 postgres://muster@db.internal/muster"}},
 		{"defaults in force", nil, nil, []string{"signer.min_lead_time:  10m0s", "bound_keypair.recoveries_warn_at: 1", "bound_keypair.cert_ttl: 1h0m0s",
 			"log.format:            json (text on a terminal)", "bootstrap.psk_optional_until: (off)"}},
 		{"signer, bound keypair and discovery from a file", nil, []string{"--config", withMore}, []string{"signer.min_lead_time:  30m0s",
@@ -160,7 +160,7 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "store timeout above the ceiling", env: map[string]string{"MUSTER_STORE_TIMEOUT": "30s"}, want: `limits.store_timeout "30s": want a duration from 1s to 20s, such as 10s`},
 		{name: "store timeout not a duration", args: []string{"--store-timeout", "soon"}, want: `limits.store_timeout "soon": want a duration from 1s to 20s, such as 10s`},
 		{name: "bad env bool", env: map[string]string{"MUSTER_PSK_REQUIRED": "secretish"}, want: "environment variable MUSTER_PSK_REQUIRED: want true or false"},
-		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://…@h/db")`},
+		{name: "bad store scheme", env: map[string]string{"MUSTER_STORE": "mysql://u:pw@h/db"}, want: `store URL must start with sqlite://, postgres:// or postgresql:// (got "mysql://u@h/db")`},
 		{name: "missing --config", args: []string{"--config", filepath.Join(dir, "nope.yaml")}, want: "--config: stat"},
 		{name: "pprof beyond loopback", args: []string{"--pprof-listen", ":6060"}, want: "pprof listens only on a loopback address"},
 	}

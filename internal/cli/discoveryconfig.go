@@ -128,7 +128,7 @@ func checkDiscoveryConfig(env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fail(err)
 	}
-	row("store", redactURL(storeURL))
+	row("store", storeURLWithoutPassword(storeURL))
 	row("listen", o.listen)
 	row("advertise", o.advertise)
 	row("metrics_listen", o.metricsListen)

@@ -40,7 +40,7 @@ func TestDiscoverySettings(t *testing.T) {
 		{"env over file", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir}, []string{"listen:                127.0.0.1:1003", "key_rotation:          48h0m0s"}},
 		{"flag over env", map[string]string{"MUSTER_LISTEN": "127.0.0.1:1003"}, []string{"--data", dir, "--listen", "127.0.0.1:1004"}, []string{"listen:                127.0.0.1:1004"}},
 		{"--config replaces DIR/discovery.yaml", nil, []string{"--data", dir, "--config", other},
-			[]string{"listen:                127.0.0.1:1002", "store:                 postgres://…@db.internal/disc", "allowed_authorities:   (off)", "config file:           " + other}},
+			[]string{"listen:                127.0.0.1:1002", "store:                 postgres://d@db.internal/disc", "allowed_authorities:   (off)", "config file:           " + other}},
 		{"a relative SQLite store is under DIR, not the file's directory", nil, []string{"--data", dir, "--config", relative},
 			[]string{"store:                 sqlite://" + filepath.Join(dir, "db", "disc.db")}},
 		{"limits by default", nil, []string{"--data", dir}, []string{"limits.max_calls_per_source: 1024 (per source address)\n", "limits.call_timeout:   1m0s\n"}},

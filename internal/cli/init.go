@@ -172,7 +172,8 @@ func storeAbsolute(url string) (string, error) {
 }
 
 // storeURLWithoutPassword is a store URL as authority.json records it and
-// init prints it: the user name kept and every password removed (of the
+// init, messages, check-config and the hints print it: the user name kept
+// and every password removed (of the
 // user information, and the password and sslpassword parameters), so the
 // commands that read the data directory can connect with it and the
 // password PGPASSWORD or PGPASSFILE gives, as the authority's driver reads

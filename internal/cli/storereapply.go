@@ -216,7 +216,7 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	}
 	defer from.Close()
 	if fd.url == d.url {
-		return nil, fmt.Errorf("--from names the restored store itself (%s): give the store the restore replaced", redactURL(d.url))
+		return nil, fmt.Errorf("--from names the restored store itself (%s): give the store the restore replaced", storeURLWithoutPassword(d.url))
 	}
 	logger, err := newAuditLogger(st, d.sk, od.dir, od.configPath, nil)
 	if err != nil {

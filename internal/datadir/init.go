@@ -109,6 +109,22 @@ func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	if err := checkTarget(Dir(target)); err != nil {
 		return InitResult{}, err
 	}
+	// A failed init on the embedded store leaves nothing (the staging
+	// directory, with the store, removed; keys made in a token
+	// destroyed): it says so, and that the same init runs again. An
+	// external store's error says what was left there (undoInitStore).
+	var staging string
+	stagingLeft, keysLeft := false, false
+	defer func() {
+		if err == nil || staging == "" || o.OpenStore != nil {
+			return
+		}
+		if stagingLeft {
+			err = fmt.Errorf("%w; removing the staging directory %s failed: remove it by hand (it holds the new authority's keys), then run muster init again", err, staging)
+		} else if entries, rerr := os.ReadDir(target); !keysLeft && (errors.Is(rerr, fs.ErrNotExist) || rerr == nil && len(entries) == 0) {
+			err = fmt.Errorf("%w (muster init left nothing behind: run it again)", err)
+		}
+	}()
 	// Missing parents are created 0700, as mkdir -p would (but private);
 	// a failed init removes them again.
 	created, err := mkdirParents(filepath.Dir(target))
@@ -127,6 +143,7 @@ func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	defer func() {
 		if !ok {
 			if derr := made.destroyAll(context.WithoutCancel(ctx)); derr != nil {
+				keysLeft = true
 				err = fmt.Errorf("%w (and destroying the keys this init made in the PKCS#11 token failed: delete the objects labelled muster-ca/… and muster-signer/… by hand, docs/hsm.md: %v)", err, derr)
 			}
 		}
@@ -141,13 +158,13 @@ func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	if inPlace {
 		parent = target
 	}
-	staging, err := os.MkdirTemp(parent, "."+filepath.Base(target)+".init-*")
+	staging, err = os.MkdirTemp(parent, "."+filepath.Base(target)+".init-*")
 	if err != nil {
 		return InitResult{}, fmt.Errorf("datadir: cannot create %s: %w", target, oserr.Reason(err))
 	}
 	defer func() {
 		if !ok {
-			os.RemoveAll(staging)
+			stagingLeft = os.RemoveAll(staging) != nil
 		}
 	}()
 	if err := os.Chmod(staging, 0o700); err != nil {
