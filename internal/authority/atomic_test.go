@@ -44,7 +44,7 @@ func wantNoAudit(t *testing.T, st store.Store) {
 	}
 }
 
-func (u unauditable) RotateJWTKey(ctx context.Context, from int64, _ func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+func (u unauditable) RotateJWTKey(ctx context.Context, from store.JWTKey, _ func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
 	return u.Store.RotateJWTKey(ctx, from, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
 }
 

@@ -208,7 +208,7 @@ func (s *Server) rotateJWTKey(ctx context.Context, k store.JWTKey, e audit.Event
 	if err != nil {
 		return store.JWTKey{}, err
 	}
-	next, err := s.store.RotateJWTKey(ctx, k.Version, link.Build)
+	next, err := s.store.RotateJWTKey(ctx, k, link.Build)
 	if errors.Is(err, store.ErrConflict) {
 		return store.JWTKey{}, err
 	}

@@ -29,7 +29,8 @@ func (s skewedStore) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
 	return k, err
 }
 
-func (s skewedStore) RotateJWTKey(ctx context.Context, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+func (s skewedStore) RotateJWTKey(ctx context.Context, from store.JWTKey, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+	from.RotatedAt = from.RotatedAt.Add(-s.skew) // as the store wrote it
 	k, err := s.Store.RotateJWTKey(ctx, from, audit)
 	k.RotatedAt = k.RotatedAt.Add(s.skew)
 	return k, err

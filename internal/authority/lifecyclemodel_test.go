@@ -792,7 +792,7 @@ func (m *lifecycleModel) opExportRootKey() {
 	}
 	next := rot
 	next.NewKeyRef = nil
-	if err := m.a.store.PutRootRotation(m.ctx, rot.Version, next, false, setupLink); err != nil {
+	if err := m.a.store.PutRootRotation(m.ctx, rot, next, false, setupLink); err != nil {
 		m.fail("export-key's write: %v", err)
 	}
 	m.rootKeys[ca.Fingerprint(root)] = key

@@ -36,7 +36,7 @@ func TestExportedRootKeyIsOffline(t *testing.T) {
 	}
 	next := rot
 	next.NewKeyRef = nil
-	if err := a.store.PutRootRotation(ctx, rot.Version, next, false, setupLink); err != nil {
+	if err := a.store.PutRootRotation(ctx, rot, next, false, setupLink); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.inter.load(ctx); err != nil {

@@ -391,7 +391,7 @@ func (s *Server) rotateRoot(ctx context.Context, actor string, prepared *prepare
 	next.NewCertDER, next.NewKeyRef, next.CrossNewByOld, next.CrossOldByNew = root.Raw, ref, newByOld.Raw, oldByNew.Raw
 	// Started with its record (the caller's ca.root_rotate), or not at all.
 	link := s.callerLink(ctx, "ca.root_rotate", ca.Fingerprint(root), "")
-	if err := s.store.PutRootRotation(ctx, st.row.Version, next, true, link.Build); err != nil {
+	if err := s.store.PutRootRotation(ctx, st.row, next, true, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return RootStatus{}, errRootChanged
 		}
@@ -479,7 +479,7 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 	next.Phase = to
 	// Changed with its record (the caller's ca.root_phase), or not at all.
 	link := s.callerLink(ctx, "ca.root_phase", from+"->"+to, "")
-	if err := s.store.PutRootRotation(ctx, st.row.Version, next, false, link.Build); err != nil {
+	if err := s.store.PutRootRotation(ctx, st.row, next, false, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return from, RootStatus{}, errRootChanged
 		}

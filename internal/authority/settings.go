@@ -332,14 +332,15 @@ func (a *adminService) setSetting(ctx context.Context, req *musterv1.SetSettingR
 	if err != nil {
 		return nil, "", err
 	}
-	from, was := int64(0), a.s.shared().Get(key).String()
+	from, was := store.Setting{}, a.s.shared().Get(key).String()
 	for _, h := range held {
 		if h.Key == key {
-			from, was = h.Version, h.Value
+			from, was = h, h.Value
 		}
 	}
-	// The write is conditional on the version read, so was is the value
-	// it replaces whenever it succeeds.
+	// The write is conditional on the row read (its version and the time
+	// of its write, which a restore cannot bring back with other content),
+	// so was is the value it replaces whenever it succeeds.
 	c := callerFrom(ctx)
 	link, err := a.s.audit.Builder(audit.Event{Actor: c.Actor(), Action: "setting.set", Target: key, Result: audit.ResultOK,
 		Reason: fmt.Sprintf("%s was %s, now %s for every replica", key, was, v), Source: c.Source, CorrelationID: c.CorrelationID})

@@ -197,7 +197,7 @@ func (u unauditable) AppendAudit(context.Context, func(store.AuditHead) (store.A
 	return store.AuditRecord{}, u.err
 }
 
-func (u unauditable) PutSetting(ctx context.Context, s store.Setting, from int64, _ func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+func (u unauditable) PutSetting(ctx context.Context, s store.Setting, from store.Setting, _ func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
 	return u.Store.PutSetting(ctx, s, from, func(store.AuditHead) (store.AuditRecord, error) { return store.AuditRecord{}, u.err })
 }
 

@@ -167,7 +167,7 @@ func exportRootKey(ctx context.Context, od offlineDir, storeURL, path string) (_
 	if err != nil {
 		return "", err
 	}
-	if err := st.PutRootRotation(ctx, rot.Version, next, false, link.Build); err != nil {
+	if err := st.PutRootRotation(ctx, rot, next, false, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			os.Remove(path)
 			return "", record(errors.New("the root rotation changed meanwhile (another export or a rotation step): run muster ca root status and try again"), "")

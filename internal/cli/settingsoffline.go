@@ -135,9 +135,9 @@ func setSettingOffline(ctx context.Context, env *Env, data string, o settingsOff
 	if err != nil {
 		return offlineSet{}, err
 	}
-	from := int64(0)
+	var from store.Setting
 	if ok {
-		from, res.was = h.Version, h.Value
+		from, res.was = h, h.Value
 	} else if res.was, err = fileSharedValue(cfg, key); err != nil {
 		res.was = authority.SharedSettings{}.Get(key).String()
 	}

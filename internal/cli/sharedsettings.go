@@ -35,8 +35,8 @@ const sharedActor = "authority"
 type sharedMismatch struct {
 	key, from    string
 	mine, stored time.Duration
-	// version is the store's row's, which an adopting write replaces.
-	version int64
+	// row is the store's row as read, which an adopting write replaces.
+	row store.Setting
 }
 
 // where names where m's own value comes from: the flag, or the settings
@@ -55,10 +55,10 @@ type chainLinks interface {
 	Appended(link *audit.Link)
 }
 
-// putAudited writes s from version from (store.SettingStore.PutSetting)
+// putAudited writes s from the row from (store.SettingStore.PutSetting)
 // with e's record in the same transaction: the setting changes with its
 // record, or neither is written and the error says why.
-func putAudited(ctx context.Context, st store.SettingStore, links chainLinks, s store.Setting, from int64, e audit.Event) (store.Setting, error) {
+func putAudited(ctx context.Context, st store.SettingStore, links chainLinks, s store.Setting, from store.Setting, e audit.Event) (store.Setting, error) {
 	link, err := links.Builder(e)
 	if err != nil {
 		return store.Setting{}, err
@@ -79,7 +79,7 @@ func putAudited(ctx context.Context, st store.SettingStore, links chainLinks, s 
 // makes the start fail, to be tried again against the new value.
 func adoptShared(ctx context.Context, st store.SettingStore, m sharedMismatch, configPath string, links chainLinks, log *slog.Logger) error {
 	from := m.where(configPath)
-	_, err := putAudited(ctx, st, links, store.Setting{Key: m.key, Value: m.mine.String(), UpdatedBy: sharedActor}, m.version,
+	_, err := putAudited(ctx, st, links, store.Setting{Key: m.key, Value: m.mine.String(), UpdatedBy: sharedActor}, m.row,
 		audit.Event{Actor: sharedActor, Action: "setting.set", Target: m.key, Result: audit.ResultOK,
 			Reason: fmt.Sprintf("%s was %s in the store, now %s from %s: one authority uses this store, and its settings change the store's", m.key, m.stored, m.mine, from)})
 	if errors.Is(err, store.ErrConflict) {
@@ -142,7 +142,7 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 				"key", key, "err", err, "value", want.String())
 		case stored == want:
 		case hasKey(o.sharedGiven, key) && !st.Replicated():
-			adopt = append(adopt, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored, version: h.Version})
+			adopt = append(adopt, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored, row: h})
 		case hasKey(o.sharedGiven, key):
 			bad = append(bad, sharedMismatch{key: key, from: o.sharedGiven[key], mine: want, stored: stored})
 		default:
@@ -164,7 +164,7 @@ func reconcileShared(ctx context.Context, st store.SettingStore, o *authorityOpt
 			continue
 		}
 		want := mine.Get(key)
-		_, err := putAudited(ctx, st, links, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, 0,
+		_, err := putAudited(ctx, st, links, store.Setting{Key: key, Value: want.String(), UpdatedBy: sharedActor}, store.Setting{},
 			audit.Event{Actor: sharedActor, Action: "setting.set", Target: key, Result: audit.ResultOK,
 				Reason: fmt.Sprintf("%s recorded as %s from this replica's settings: the store held no value, and every replica uses this one from now on", key, want)})
 		switch {

@@ -40,11 +40,11 @@ func (f *settingsFake) ListSettings(context.Context) ([]store.Setting, error) {
 
 // PutSetting builds the write's audit record, as a store does in the
 // write's transaction: a record that cannot be built writes nothing.
-func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64, build func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from store.Setting, build func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
 	if f.lost != nil && f.lost.Key == s.Key {
 		f.rows[s.Key], f.lost = *f.lost, nil
 	}
-	if f.rows[s.Key].Version != from {
+	if cur := f.rows[s.Key]; cur.Version != from.Version || (from.Version != 0 && !cur.UpdatedAt.Equal(from.UpdatedAt)) {
 		return store.Setting{}, store.ErrConflict
 	}
 	if build == nil {
@@ -54,7 +54,7 @@ func (f *settingsFake) PutSetting(_ context.Context, s store.Setting, from int64
 		return store.Setting{}, err
 	}
 	f.writes++
-	s.Version = from + 1
+	s.Version = from.Version + 1
 	f.rows[s.Key] = s
 	return s, nil
 }

@@ -50,8 +50,14 @@ type CARootStore interface {
 	// none was ever written.
 	GetRootRotation(ctx context.Context) (RootRotation, error)
 	// PutRootRotation replaces the rotation with r, one conditional write:
-	// only while the stored version is version (0: none written yet); the
-	// stored version becomes version+1, ChangedAt the store clock, and
+	// only while the stored rotation is from as the caller read it, its
+	// Version and ChangedAt (Version 0: none written yet, ChangedAt
+	// ignored). The version alone does not identify it: a store restored
+	// from a backup and stepped back up to the same version holds another
+	// rotation, and a step planned from the lost one would write its roots
+	// over it; ChangedAt, the store clock of the write, tells the two
+	// apart. The stored version becomes from.Version+1, ChangedAt the
+	// store clock, and
 	// StartedAt too when restart is set (a new rotation), else it is
 	// kept. ErrConflict, and nothing written, when another write came
 	// first. Announces ChangeCA. audit builds its record
@@ -59,7 +65,7 @@ type CARootStore interface {
 	// ca.root_export_key), appended in the same transaction (see
 	// AppendAudit): an error building or appending it is returned and
 	// nothing is written; a nil audit is refused.
-	PutRootRotation(ctx context.Context, version int64, r RootRotation, restart bool, audit func(head AuditHead) (AuditRecord, error)) error
+	PutRootRotation(ctx context.Context, from RootRotation, r RootRotation, restart bool, audit func(head AuditHead) (AuditRecord, error)) error
 	// DiscardCACert retires a prepared intermediate that will never be
 	// activated (one signed by a root a rotation step has since stopped
 	// using) in one conditional write, returning its key reference (the

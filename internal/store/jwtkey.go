@@ -21,12 +21,16 @@ type JWTKey struct {
 type JWTKeyStore interface {
 	// GetJWTKey returns the current version.
 	GetJWTKey(ctx context.Context) (JWTKey, error)
-	// RotateJWTKey makes version from+1 current, RotatedAt the store
-	// clock, in one conditional write: only while from is the stored
-	// version. ErrConflict, and nothing written, when another rotation
+	// RotateJWTKey makes version from.Version+1 current, RotatedAt the
+	// store clock, in one conditional write: only while the stored key is
+	// from as the caller read it, its Version and RotatedAt. The version
+	// alone does not identify it: a store restored from a backup and
+	// rotated back up to the same version made it current at another
+	// time, and a rotation due by the lost RotatedAt would retire the new
+	// one at once. ErrConflict, and nothing written, when another rotation
 	// came first. It returns the new version. audit builds its record
 	// (jwt.rotate), appended in the same transaction (see
 	// Store.AppendAudit): an error building or appending it is returned
 	// and nothing is written; a nil audit is refused.
-	RotateJWTKey(ctx context.Context, from int64, audit func(head AuditHead) (AuditRecord, error)) (JWTKey, error)
+	RotateJWTKey(ctx context.Context, from JWTKey, audit func(head AuditHead) (AuditRecord, error)) (JWTKey, error)
 }

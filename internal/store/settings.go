@@ -27,10 +27,15 @@ type SettingStore interface {
 	// ListSettings returns every setting held, ordered by key.
 	ListSettings(ctx context.Context) ([]Setting, error)
 	// PutSetting writes s.Key's Value and UpdatedBy (its Version and
-	// UpdatedAt are ignored) in one conditional write: when from is 0
-	// only if the store holds no value for the key, else only while the
-	// held version is from. It returns the row written: version from+1,
-	// UpdatedAt the store clock. ErrConflict, and nothing written,
+	// UpdatedAt are ignored) in one conditional write: when from.Version
+	// is 0 only if the store holds no value for the key, else only while
+	// the held row is from as the caller read it, its Version and
+	// UpdatedAt. The version alone does not identify the value: a store
+	// restored from a backup and written back up to the same version holds
+	// another, which a write from the lost one would replace unseen (its
+	// audit record naming a value it does not replace); UpdatedAt, the
+	// store clock of the write, tells the two apart. It returns the row
+	// written: version from.Version+1, UpdatedAt the store clock. ErrConflict, and nothing written,
 	// otherwise: of several writes from one version exactly one wins,
 	// across replicas. A write announces ChangeSettings.
 	//
@@ -39,7 +44,7 @@ type SettingStore interface {
 	// with its record or not at all. An error building or appending it
 	// is returned and nothing is written; a nil audit is refused, as a
 	// setting is never changed unaudited.
-	PutSetting(ctx context.Context, s Setting, from int64, audit func(head AuditHead) (AuditRecord, error)) (Setting, error)
+	PutSetting(ctx context.Context, s Setting, from Setting, audit func(head AuditHead) (AuditRecord, error)) (Setting, error)
 	// Replicated reports whether several authority replicas may run on
 	// the store at once (PostgreSQL). On a store that is not (SQLite:
 	// one authority at a time, held by its data directory's lock) the

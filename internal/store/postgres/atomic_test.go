@@ -53,8 +53,15 @@ func TestAuditedWritesRefusedByDatabase(t *testing.T) {
 	}
 	before := state()
 	for name, write := range map[string]func() error{
-		"RotateJWTKey": func() error { _, err := s.RotateJWTKey(ctx, 1, refusedByDatabase); return err },
-		"CloseResync":  func() error { _, err := s.CloseResync(ctx, "admin:test", refusedEpoch); return err },
+		"RotateJWTKey": func() error {
+			k, err := s.GetJWTKey(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = s.RotateJWTKey(ctx, k, refusedByDatabase)
+			return err
+		},
+		"CloseResync": func() error { _, err := s.CloseResync(ctx, "admin:test", refusedEpoch); return err },
 		"InsertTasks": func() error {
 			t2 := task
 			t2.ID = "t2"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,17 +32,18 @@ func (s *Store) GetRootRotation(ctx context.Context) (store.RootRotation, error)
 	return r, nil
 }
 
-// PutRootRotation replaces the root rotation if its version is still
-// version (see store.CARootStore), with its audit record in the same
-// transaction: an insert that conflicts on the key, or an update
-// conditional on the version, so of two writers from one version exactly
-// one succeeds.
-func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+// PutRootRotation replaces the root rotation if it is still from (see
+// store.CARootStore), with its audit record in the same transaction: an
+// insert that conflicts on the key, or an update conditional on the
+// version and its write's time, so of two writers from one read exactly
+// one succeeds, and none from a read of a rotation lost with a restore.
+func (s *Store) PutRootRotation(ctx context.Context, from store.RootRotation, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	const op = "put root rotation"
 	if audit == nil {
 		return fmt.Errorf("postgres: %s: no audit record: a root rotation is never written unaudited", op)
 	}
 	return s.inPipe(ctx, op, func(p *pipe) error {
+		version := from.Version
 		args := []any{version + 1, r.Phase, r.OldCertDER, r.OldKeyRef, r.NewCertDER, r.NewKeyRef, r.CrossNewByOld, r.CrossOldByNew}
 		written := func(tag pgconn.CommandTag, err error) error {
 			switch {
@@ -50,7 +52,7 @@ func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.Root
 			case tag.RowsAffected() != 1 && version == 0:
 				return fmt.Errorf("postgres: put root rotation: one was written first: %w", store.ErrConflict)
 			case tag.RowsAffected() != 1:
-				return fmt.Errorf("postgres: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
+				return fmt.Errorf("postgres: put root rotation: version %d written at %s is not the stored one: %w", version, from.ChangedAt.Format(time.RFC3339Nano), store.ErrConflict)
 			}
 			return nil
 		}
@@ -64,7 +66,7 @@ func (s *Store) PutRootRotation(ctx context.Context, version int64, r store.Root
 			}
 			p.exec(`UPDATE ca_root_rotation SET version = $1, phase = $2, old_cert_der = $3, old_key_ref = $4, new_cert_der = $5,
 				new_key_ref = $6, cross_new_by_old = $7, cross_old_by_new = $8, started_at = `+started+`, changed_at = `+nowMicros+`
-				WHERE id = 1 AND version = $9`, append(args, version), written)
+				WHERE id = 1 AND version = $9 AND changed_at = $10`, append(args, version, from.ChangedAt.UnixMicro()), written)
 		}
 		queueNotify(p, store.ChangeCA)
 		return commitAudited(ctx, p, audit, op)

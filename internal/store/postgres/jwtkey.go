@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,23 +24,24 @@ func (s *Store) GetJWTKey(ctx context.Context) (store.JWTKey, error) {
 	return k, nil
 }
 
-// RotateJWTKey makes version from+1 current if from still is (see
-// store.JWTKeyStore): one UPDATE conditional on the version, so of two
-// rotations from one version exactly one succeeds, and its audit record
+// RotateJWTKey makes version from.Version+1 current if from still is
+// (see store.JWTKeyStore): one UPDATE conditional on the version and its
+// rotation's time, so of two rotations from one read exactly one
+// succeeds, and none from a read lost with a restore, and its audit record
 // in the same transaction (one pipe, as InsertLock).
-func (s *Store) RotateJWTKey(ctx context.Context, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
+func (s *Store) RotateJWTKey(ctx context.Context, from store.JWTKey, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
 	if audit == nil {
 		return store.JWTKey{}, fmt.Errorf("postgres: rotate jwt key: no audit record: the key is never rotated unaudited")
 	}
 	var k store.JWTKey
-	op := fmt.Sprintf("rotate jwt key from version %d", from)
+	op := fmt.Sprintf("rotate jwt key from version %d", from.Version)
 	err := s.inPipe(ctx, op, func(p *pipe) error {
 		p.row(`UPDATE jwt_svid_key SET version = version + 1, rotated_at = `+nowMicros+`
-			WHERE id = 1 AND version = $1 RETURNING version, rotated_at`, []any{from}, func(row pgx.Row) error {
+			WHERE id = 1 AND version = $1 AND rotated_at = $2 RETURNING version, rotated_at`, []any{from.Version, from.RotatedAt.UnixMicro()}, func(row pgx.Row) error {
 			var at int64
 			err := row.Scan(&k.Version, &at)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("postgres: rotate jwt key: version %d is not the current one: %w", from, store.ErrConflict)
+				return fmt.Errorf("postgres: rotate jwt key: version %d made current at %s is not the current one: %w", from.Version, from.RotatedAt.Format(time.RFC3339Nano), store.ErrConflict)
 			}
 			if err != nil {
 				return wrap("rotate jwt key", err)

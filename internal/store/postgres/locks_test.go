@@ -212,7 +212,7 @@ func TestCAAuditRefusedByDatabase(t *testing.T) {
 	if ref, err := s.RetireCACert(ctx, "agent", "a1", refusedByDatabase); err == nil || ref != nil {
 		t.Fatalf("RetireCACert with a record the database refuses: %q, %v; want an error and no reference", ref, err)
 	}
-	if err := s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, refusedByDatabase); err == nil {
+	if err := s.PutRootRotation(ctx, store.RootRotation{}, store.RootRotation{Phase: store.RootPhaseInit}, true, refusedByDatabase); err == nil {
 		t.Fatal("PutRootRotation with a record the database refuses succeeded")
 	}
 	rows, err := s.ListCACerts(ctx)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -31,21 +32,21 @@ func (s *Store) ListSettings(ctx context.Context) ([]store.Setting, error) {
 	return out, nil
 }
 
-// PutSetting writes a shared setting if its version is still from (see
+// PutSetting writes a shared setting if it is still from (see
 // store.SettingStore), in one transaction of two round trips (pipe):
 // BEGIN, one INSERT … ON CONFLICT DO NOTHING for the first value or one
-// UPDATE conditional on the version after, the change's notification,
+// UPDATE conditional on the version and its write's time after, the change's notification,
 // the audit link's baton (chain.go); then the audit record with COMMIT.
 // A refused write, or a record that cannot be built or appended, rolls
 // back both.
-func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+func (s *Store) PutSetting(ctx context.Context, st store.Setting, from store.Setting, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
 	if audit == nil {
 		return store.Setting{}, fmt.Errorf("postgres: put setting %s: no audit record: a shared setting is never changed unaudited", st.Key)
 	}
 	q := `UPDATE settings SET value = $1, updated_by = $2, version = version + 1, updated_at = ` + nowMicros + `
-		WHERE key = $3 AND version = $4 RETURNING version, updated_at`
-	args := []any{st.Value, st.UpdatedBy, st.Key, from}
-	if from == 0 {
+		WHERE key = $3 AND version = $4 AND updated_at = $5 RETURNING version, updated_at`
+	args := []any{st.Value, st.UpdatedBy, st.Key, from.Version, from.UpdatedAt.UnixMicro()}
+	if from.Version == 0 {
 		q = `INSERT INTO settings (key, value, version, updated_at, updated_by) VALUES ($1, $2, 1, ` + nowMicros + `, $3)
 			ON CONFLICT (key) DO NOTHING RETURNING version, updated_at`
 		args = []any{st.Key, st.Value, st.UpdatedBy}
@@ -57,7 +58,7 @@ func (s *Store) PutSetting(ctx context.Context, st store.Setting, from int64, au
 			var at int64
 			err := row.Scan(&out.Version, &at)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("postgres: put setting %s: version %d is not the one held: %w", st.Key, from, store.ErrConflict)
+				return fmt.Errorf("postgres: put setting %s: version %d written at %s is not the one held: %w", st.Key, from.Version, from.UpdatedAt.Format(time.RFC3339Nano), store.ErrConflict)
 			}
 			if err != nil {
 				return wrap(op, err)

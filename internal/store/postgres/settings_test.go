@@ -14,7 +14,7 @@ import (
 func TestPutSettingAuditRefusedByDatabase(t *testing.T) {
 	ctx := t.Context()
 	s, _ := openFresh(t)
-	held, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority"}, 0, benchLink)
+	held, err := s.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "10m0s", UpdatedBy: "authority"}, store.Setting{}, benchLink)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,13 +23,13 @@ func TestPutSettingAuditRefusedByDatabase(t *testing.T) {
 		r.Reason = "\xff\xfe"
 		return r, err
 	}
-	for _, from := range []int64{1, 0} {
+	for _, from := range []store.Setting{held, {}} {
 		key := "signer.min_lead_time"
-		if from == 0 {
+		if from.Version == 0 {
 			key = "ca.draft_ttl"
 		}
 		if _, err := s.PutSetting(ctx, store.Setting{Key: key, Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, bad); err == nil {
-			t.Fatalf("PutSetting of %s from %d with a record the database refuses succeeded", key, from)
+			t.Fatalf("PutSetting of %s from %d with a record the database refuses succeeded", key, from.Version)
 		}
 	}
 	got, err := s.ListSettings(ctx)
@@ -51,7 +51,15 @@ func TestPutSettingTwoHandles(t *testing.T) {
 	ctx := t.Context()
 	h := twoHandles(t)
 	const rounds, writers, appends = 5, 6, 4
-	for from := range int64(rounds) {
+	for round := range int64(rounds) {
+		var from store.Setting // the row every writer read
+		if round > 0 {
+			held, err := h[0].ListSettings(ctx)
+			if err != nil || len(held) != 1 {
+				t.Fatalf("ListSettings = %+v, %v; want the one row", held, err)
+			}
+			from = held[0]
+		}
 		won, errs := raceWrites(ctx, h, writers, appends, func(i int) error {
 			_, err := h[i%2].PutSetting(ctx, store.Setting{Key: "ca.draft_ttl", Value: "1h0m0s", UpdatedBy: "admin:ops"}, from, benchLink)
 			return err
@@ -60,7 +68,7 @@ func TestPutSettingTwoHandles(t *testing.T) {
 			t.Fatal(err)
 		}
 		if won != 1 {
-			t.Fatalf("from version %d: %d writes won; want 1", from, won)
+			t.Fatalf("from version %d: %d writes won; want 1", from.Version, won)
 		}
 	}
 	recs, err := h[0].ListAudit(ctx, store.AuditFilter{})

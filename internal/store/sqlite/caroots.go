@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -38,13 +39,14 @@ func blob(b []byte) any {
 	return b
 }
 
-// PutRootRotation replaces the root rotation if its version is still
-// version (see store.CARootStore).
-func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+// PutRootRotation replaces the root rotation if it is still from, version
+// and time of its write (see store.CARootStore).
+func (s *SQLite) PutRootRotation(ctx context.Context, from store.RootRotation, r store.RootRotation, restart bool, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("sqlite: put root rotation: no audit record: a root rotation is never written unaudited")
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		version := from.Version
 		args := []any{version + 1, r.Phase, blob(r.OldCertDER), blob(r.OldKeyRef), blob(r.NewCertDER), blob(r.NewKeyRef),
 			blob(r.CrossNewByOld), blob(r.CrossOldByNew)}
 		if version == 0 {
@@ -60,12 +62,12 @@ func (s *SQLite) PutRootRotation(ctx context.Context, version int64, r store.Roo
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE ca_root_rotation SET version = ?, phase = ?, old_cert_der = ?, old_key_ref = ?, new_cert_der = ?,
 			new_key_ref = ?, cross_new_by_old = ?, cross_old_by_new = ?, started_at = `+started+`, changed_at = `+nowMicros+`
-			WHERE id = 1 AND version = ?`, append(args, version)...)
+			WHERE id = 1 AND version = ? AND changed_at = ?`, append(args, version, from.ChangedAt.UnixMicro())...)
 		if err != nil {
 			return wrap("put root rotation", err)
 		}
 		if n, _ := res.RowsAffected(); n != 1 {
-			return fmt.Errorf("sqlite: put root rotation: version %d is not the stored one: %w", version, store.ErrConflict)
+			return fmt.Errorf("sqlite: put root rotation: version %d written at %s is not the stored one: %w", version, from.ChangedAt.Format(time.RFC3339Nano), store.ErrConflict)
 		}
 		return appendAuditOf(ctx, tx, "put root rotation", audit)
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -33,19 +34,19 @@ func (s *SQLite) ListSettings(ctx context.Context) ([]store.Setting, error) {
 	return out, nil
 }
 
-// PutSetting writes a shared setting if its version is still from, and
-// appends its audit record, as one write of a group-committed
+// PutSetting writes a shared setting if it is still from, version and
+// time of its write, and appends its audit record, as one write of a group-committed
 // transaction (see store.SettingStore): a refused write, or a record
 // that cannot be built or appended, leaves both the setting and the
 // chain as they were.
-func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
+func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from store.Setting, audit func(store.AuditHead) (store.AuditRecord, error)) (store.Setting, error) {
 	if audit == nil {
 		return store.Setting{}, fmt.Errorf("sqlite: put setting %s: no audit record: a shared setting is never changed unaudited", st.Key)
 	}
 	q := `UPDATE settings SET value = ?, updated_by = ?, version = version + 1, updated_at = ` + nowMicros + `
-		WHERE key = ? AND version = ? RETURNING version, updated_at`
-	args := []any{st.Value, st.UpdatedBy, st.Key, from}
-	if from == 0 {
+		WHERE key = ? AND version = ? AND updated_at = ? RETURNING version, updated_at`
+	args := []any{st.Value, st.UpdatedBy, st.Key, from.Version, from.UpdatedAt.UnixMicro()}
+	if from.Version == 0 {
 		q = `INSERT INTO settings (key, value, version, updated_at, updated_by) VALUES (?, ?, 1, ` + nowMicros + `, ?)
 			ON CONFLICT (key) DO NOTHING RETURNING version, updated_at`
 		args = []any{st.Key, st.Value, st.UpdatedBy}
@@ -55,7 +56,7 @@ func (s *SQLite) PutSetting(ctx context.Context, st store.Setting, from int64, a
 		var at int64
 		err := tx.QueryRowContext(ctx, q, args...).Scan(&out.Version, &at)
 		if err == sql.ErrNoRows {
-			return fmt.Errorf("sqlite: put setting %s: version %d is not the one held: %w", st.Key, from, store.ErrConflict)
+			return fmt.Errorf("sqlite: put setting %s: version %d written at %s is not the one held: %w", st.Key, from.Version, from.UpdatedAt.Format(time.RFC3339Nano), store.ErrConflict)
 		}
 		if err != nil {
 			return wrap("put setting "+st.Key, err)

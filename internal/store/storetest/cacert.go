@@ -146,7 +146,9 @@ func caCertCases() []testCase {
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s1", store.CAActive), link(record("ca.import"))))
 			mustNil(t, "InsertCACert", s.InsertCACert(ctx, caRow("server", "s2", store.CAPrepared), link(record("ca.prepare"))))
 			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "server", "s2", link(record("ca.activate"))))
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_rotate"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, store.RootRotation{}, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_rotate"))))
+			started, err := s.GetRootRotation(ctx)
+			mustNil(t, "GetRootRotation", err)
 			// Every row whole (key references included) and the rotation:
 			// what an unaudited write must leave as it was.
 			all := func() any {
@@ -174,7 +176,7 @@ func caCertCases() []testCase {
 				return err
 			}, all)
 			wantUnaudited(t, ctx, s, "ca.root_phase", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				return s.PutRootRotation(ctx, 1, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, audit)
+				return s.PutRootRotation(ctx, started, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, audit)
 			}, all)
 			for _, ref := range refs {
 				if ref != nil {
@@ -191,7 +193,7 @@ func caCertCases() []testCase {
 			mustNil(t, "DiscardCACert", err)
 			wantEqual(t, "discarded key reference", string(ref), "sealed-m1")
 			mustNil(t, "ActivateCACert", s.ActivateCACert(ctx, "agent", "a2", link(record("ca.activate"))))
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 1, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, link(record("ca.root_phase"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, started, store.RootRotation{Phase: store.RootPhaseUpdateAgents}, false, link(record("ca.root_phase"))))
 			wantEqual(t, "states", caStates(t, ctx, s), map[string]string{"a1": store.CARetiring, "a2": store.CAActive, "s1": store.CARetired,
 				"s2": store.CAActive, "m1": store.CARetired})
 			if got := auditSeq(t, ctx, s); got != seq+5 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -21,7 +22,7 @@ func caRootCases() []testCase {
 			before := storeNow(t, ctx, s)
 			given := store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("new"), NewKeyRef: []byte("sealed-new"),
 				CrossNewByOld: []byte("x-new"), CrossOldByNew: []byte("x-old")}
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, given, true, link(record("ca.root_phase"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, r, given, true, link(record("ca.root_phase"))))
 			got, err := s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 1 || got.StartedAt.Before(before) || got.ChangedAt.Before(before) {
@@ -34,7 +35,7 @@ func caRootCases() []testCase {
 			// A phase change keeps StartedAt; a restart sets it again.
 			next := got
 			next.Phase = store.RootPhaseUpdateAgents
-			mustNil(t, "PutRootRotation next phase", s.PutRootRotation(ctx, 1, next, false, link(record("ca.root_phase"))))
+			mustNil(t, "PutRootRotation next phase", s.PutRootRotation(ctx, got, next, false, link(record("ca.root_phase"))))
 			got, err = s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 2 || got.Phase != store.RootPhaseUpdateAgents || !got.StartedAt.Equal(next.StartedAt) || got.ChangedAt.Before(next.ChangedAt) {
@@ -42,7 +43,7 @@ func caRootCases() []testCase {
 			}
 			// Clearing fields writes NULLs.
 			cleared := store.RootRotation{Phase: store.RootPhaseNone, OldCertDER: []byte("old"), OldKeyRef: []byte("sealed-old")}
-			mustNil(t, "PutRootRotation clear", s.PutRootRotation(ctx, 2, cleared, true, link(record("ca.root_phase"))))
+			mustNil(t, "PutRootRotation clear", s.PutRootRotation(ctx, got, cleared, true, link(record("ca.root_phase"))))
 			got, err = s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.NewCertDER != nil || got.NewKeyRef != nil || got.CrossNewByOld != nil || got.CrossOldByNew != nil || string(got.OldCertDER) != "old" {
@@ -50,20 +51,29 @@ func caRootCases() []testCase {
 			}
 		}},
 		{"a write from a stale version conflicts and writes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("a")}, true, link(record("ca.root_phase"))))
-			wantErr(t, "a second first write", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("b")}, true, link(record("ca.root_phase"))), store.ErrConflict)
-			wantErr(t, "a write from a version never stored", s.PutRootRotation(ctx, 5, store.RootRotation{Phase: store.RootPhaseStandby}, false, link(record("ca.root_phase"))), store.ErrConflict)
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, store.RootRotation{}, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("a")}, true, link(record("ca.root_phase"))))
+			wantErr(t, "a second first write", s.PutRootRotation(ctx, store.RootRotation{}, store.RootRotation{Phase: store.RootPhaseInit, NewCertDER: []byte("b")}, true, link(record("ca.root_phase"))), store.ErrConflict)
+			first, err := s.GetRootRotation(ctx)
+			mustNil(t, "GetRootRotation", err)
+			never := first
+			never.Version = 5
+			wantErr(t, "a write from a version never stored", s.PutRootRotation(ctx, never, store.RootRotation{Phase: store.RootPhaseStandby}, false, link(record("ca.root_phase"))), store.ErrConflict)
+			other := first
+			other.ChangedAt = other.ChangedAt.Add(-time.Millisecond)
+			wantErr(t, "a write from the stored version written at another time", s.PutRootRotation(ctx, other, store.RootRotation{Phase: store.RootPhaseStandby}, false, link(record("ca.root_phase"))), store.ErrConflict)
 			got, err := s.GetRootRotation(ctx)
 			mustNil(t, "GetRootRotation", err)
 			if got.Version != 1 || got.Phase != store.RootPhaseInit || string(got.NewCertDER) != "a" {
 				t.Fatalf("after conflicting writes: %+v; want the first write's", got)
 			}
-			if err := s.PutRootRotation(ctx, 1, store.RootRotation{Phase: "sideways"}, false, link(record("ca.root_phase"))); err == nil {
+			if err := s.PutRootRotation(ctx, got, store.RootRotation{Phase: "sideways"}, false, link(record("ca.root_phase"))); err == nil {
 				t.Fatal("a phase outside the five was written")
 			}
 		}},
 		{"of concurrent phase changes from one version exactly one succeeds", func(t *testing.T, ctx context.Context, s store.Store) {
-			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, 0, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_phase"))))
+			mustNil(t, "PutRootRotation", s.PutRootRotation(ctx, store.RootRotation{}, store.RootRotation{Phase: store.RootPhaseInit}, true, link(record("ca.root_phase"))))
+			first, err := s.GetRootRotation(ctx)
+			mustNil(t, "GetRootRotation", err)
 			const n = 8
 			var wg sync.WaitGroup
 			errs := make(chan error, n)
@@ -75,7 +85,7 @@ func caRootCases() []testCase {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					errs <- s.PutRootRotation(ctx, 1, store.RootRotation{Phase: to}, false, link(record("ca.root_phase")))
+					errs <- s.PutRootRotation(ctx, first, store.RootRotation{Phase: to}, false, link(record("ca.root_phase")))
 				}()
 			}
 			wg.Wait()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -18,7 +19,7 @@ func jwtKeyCases() []testCase {
 				t.Fatalf("fresh store: %+v; want version 1 with a start time", k)
 			}
 			before := storeNow(t, ctx, s)
-			got, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			got, err := s.RotateJWTKey(ctx, k, link(record("jwt.rotate")))
 			mustNil(t, "RotateJWTKey", err)
 			if got.Version != 2 || got.RotatedAt.Before(before) {
 				t.Fatalf("after the rotation: %+v; want version 2 at the store clock from %v", got, before)
@@ -26,14 +27,20 @@ func jwtKeyCases() []testCase {
 			if read, err := s.GetJWTKey(ctx); err != nil || read != got {
 				t.Fatalf("read back %+v (%v), want %+v", read, err, got)
 			}
-			_, err = s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			_, err = s.RotateJWTKey(ctx, k, link(record("jwt.rotate")))
 			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
+			other := got
+			other.RotatedAt = other.RotatedAt.Add(-time.Millisecond)
+			_, err = s.RotateJWTKey(ctx, other, link(record("jwt.rotate")))
+			wantErr(t, "RotateJWTKey from the current version made current at another time", err, store.ErrConflict)
 			if read, _ := s.GetJWTKey(ctx); read != got {
 				t.Fatalf("a refused rotation wrote: %+v", read)
 			}
 		}},
 		{"of concurrent rotations from one version exactly one wins", func(t *testing.T, ctx context.Context, s store.Store) {
 			const n = 8
+			from, err := s.GetJWTKey(ctx)
+			mustNil(t, "GetJWTKey", err)
 			var (
 				wg        sync.WaitGroup
 				mu        sync.Mutex
@@ -41,7 +48,7 @@ func jwtKeyCases() []testCase {
 			)
 			for range n {
 				wg.Go(func() {
-					_, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+					_, err := s.RotateJWTKey(ctx, from, link(record("jwt.rotate")))
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
@@ -68,18 +75,19 @@ func jwtKeyCases() []testCase {
 				mustNil(t, "GetJWTKey", err)
 				return k
 			}
+			from := key().(store.JWTKey)
 			wantUnaudited(t, ctx, s, "jwt.rotate", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
-				_, err := s.RotateJWTKey(ctx, 1, audit)
+				_, err := s.RotateJWTKey(ctx, from, audit)
 				return err
 			}, key)
 			seq := auditSeq(t, ctx, s)
-			got, err := s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			got, err := s.RotateJWTKey(ctx, from, link(record("jwt.rotate")))
 			mustNil(t, "RotateJWTKey with its record", err)
 			wantEqual(t, "the key after the audited rotation", key(), any(got))
 			wantAppended(t, ctx, s, seq, "jwt.rotate")
 			// A rotation that lost (from a version no longer current)
 			// writes no record.
-			_, err = s.RotateJWTKey(ctx, 1, link(record("jwt.rotate")))
+			_, err = s.RotateJWTKey(ctx, from, link(record("jwt.rotate")))
 			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
 			wantAppended(t, ctx, s, seq, "jwt.rotate")
 		}},

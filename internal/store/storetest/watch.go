@@ -74,7 +74,7 @@ func RunWatchTests(t *testing.T, newPair func(t *testing.T) (watched, writer sto
 				Connected: true, ConnectedAt: now, LastSeen: now}))
 		}, notice(store.Change{Kind: store.ChangeStream, Nodes: []string{"n1"}})},
 		{"shared setting written: every replica", func(t *testing.T, ctx context.Context, w store.Store) {
-			_, err := w.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, 0, link(record("setting.set")))
+			_, err := w.PutSetting(ctx, store.Setting{Key: "signer.min_lead_time", Value: "1m0s", UpdatedBy: "admin:ops"}, store.Setting{}, link(record("setting.set")))
 			mustNil(t, "PutSetting", err)
 		}, notice(store.Change{Kind: store.ChangeSettings})},
 	}
