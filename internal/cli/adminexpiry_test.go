@@ -96,10 +96,10 @@ func TestExpiryWarningNamesCustodyBinary(t *testing.T) {
 		t.Fatal(err)
 	}
 	sealed, token := datadir.Dir(t.TempDir()), datadir.Dir(t.TempDir())
-	if err := sealed.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a"}); err != nil {
+	if err := sealed.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", TrustDomain: "td", CAFingerprint: "f"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := token.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", Custody: &datadir.Custody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so"}}); err != nil {
+	if err := token.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", TrustDomain: "td", CAFingerprint: "f", Custody: &datadir.Custody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so"}}); err != nil {
 		t.Fatal(err)
 	}
 	expired := op.Leaf().NotAfter.Add(time.Second)
