@@ -77,3 +77,50 @@ func TestRefusedIdentity(t *testing.T) {
 		}
 	}
 }
+
+// TestExpiryWarningNamesCustodyBinary: the break-glass admin add is named
+// with the binary that opens the data directory's keys: muster-pkcs11
+// where authority.json records a PKCS#11 token (the static muster refuses
+// to open it), muster where the keys are sealed; with no data directory
+// known, muster and the case that needs muster-pkcs11.
+func TestExpiryWarningNamesCustodyBinary(t *testing.T) {
+	now := time.Now()
+	h, err := ca.Create("test", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := spiffeid.New("td", spiffeid.RoleAdmin, "alice")
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	op, err := datadir.IssueOperator(h.Issuer(ca.RoleAdmin), h.Root, id, key, 30*24*time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sealed, token := datadir.Dir(t.TempDir()), datadir.Dir(t.TempDir())
+	if err := sealed.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", TrustDomain: "td", CAFingerprint: "f"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := token.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", TrustDomain: "td", CAFingerprint: "f", Custody: &datadir.Custody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so"}}); err != nil {
+		t.Fatal(err)
+	}
+	expired := op.Leaf().NotAfter.Add(time.Second)
+	soon := op.Leaf().NotAfter.Add(-time.Hour)
+	for _, tc := range []struct {
+		name, data string
+		at         time.Time
+		untrusted  bool
+		want, not  string
+	}{
+		{"expired, sealed", string(sealed), expired, false, ", muster admin add alice --offline --data " + string(sealed), "muster-pkcs11"},
+		{"expired, token", string(token), expired, false, ", muster-pkcs11 admin add alice --offline --data " + string(token), " muster admin add alice --offline"},
+		{"not accepted, sealed", string(sealed), soon, true, "is: muster admin add alice --offline --data " + string(sealed), "muster-pkcs11"},
+		{"not accepted, token", string(token), soon, true, "is: muster-pkcs11 admin add alice --offline --data " + string(token), " muster admin add alice --offline"},
+		{"expired, no directory", "", expired, false, "muster admin add alice --offline --data DIR --out alice-new.pem (muster-pkcs11 in place of muster where the authority's keys are in a PKCS#11 token", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := expiryWarning("alice.pem", op, "alice", tc.data, "", tc.untrusted, tc.at)
+			if !strings.Contains(got, tc.want) || tc.not != "" && strings.Contains(got, tc.not) {
+				t.Errorf("expiryWarning = %q\nwant %q, not %q", got, tc.want, tc.not)
+			}
+		})
+	}
+}
