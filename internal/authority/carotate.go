@@ -218,13 +218,13 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 			// HSM, and a log line while the failure lasts.
 			if r.KeyRef != nil && now.Sub(r.RetiredAt) >= 2*caStepTimeout {
 				pending[r.Serial] = true
-				if s.caDestroyRetry.due(r.Serial, now) {
-					s.caDestroyRetry.tried(r.Serial, now, s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef))
+				if s.caDestroyRetry.Due(r.Serial, now) {
+					s.caDestroyRetry.Tried(r.Serial, now, s.destroyCAKey(ctx, r.Role, r.Serial, r.KeyRef))
 				}
 			}
 		}
 	}
-	s.caDestroyRetry.keep(pending)
+	s.caDestroyRetry.Keep(pending)
 	s.sweepDrafts(ctx, now)
 	if s.rootSteps(ctx, rows, now) {
 		// The steps a root rotation needed came first; the rest at the
@@ -614,63 +614,6 @@ const (
 	caDestroyFirstWait = caTick
 	caDestroyMaxWait   = 5 * time.Minute
 )
-
-// destroyRetries are the retired intermediates whose key's destruction
-// failed on this replica, by serial: when it may be tried again (by the
-// store clock), and how long the wait before it was. Safe for concurrent
-// use; the zero value is ready.
-type destroyRetries struct {
-	mu   sync.Mutex
-	next map[string]destroyRetry
-}
-
-type destroyRetry struct {
-	at   time.Time
-	wait time.Duration
-}
-
-// due reports whether serial's destruction may be tried at now: never
-// failed, or its wait has passed. A wait that ends further ahead than
-// its length (the store clock stepped back, a failover to a server whose
-// clock is behind) has passed too.
-func (d *destroyRetries) due(serial string, now time.Time) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	r, ok := d.next[serial]
-	return !ok || !now.Before(r.at) || r.at.Sub(now) > r.wait
-}
-
-// tried records how the try of serial's destruction at now went: a
-// failure doubles the wait (from caDestroyFirstWait, up to
-// caDestroyMaxWait), a success forgets serial.
-func (d *destroyRetries) tried(serial string, now time.Time, err error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err == nil {
-		delete(d.next, serial)
-		return
-	}
-	wait := caDestroyFirstWait
-	if r, ok := d.next[serial]; ok {
-		wait = min(2*r.wait, caDestroyMaxWait)
-	}
-	if d.next == nil {
-		d.next = map[string]destroyRetry{}
-	}
-	d.next[serial] = destroyRetry{at: now.Add(wait), wait: wait}
-}
-
-// keep forgets the serials not in pending: their key was destroyed, by
-// another replica perhaps.
-func (d *destroyRetries) keep(pending map[string]bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for serial := range d.next {
-		if !pending[serial] {
-			delete(d.next, serial)
-		}
-	}
-}
 
 // destroyRetiredKey destroys the key ref of the retired intermediate
 // role/serial in c, then empties its reference in st with its

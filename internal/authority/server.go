@@ -49,6 +49,7 @@ import (
 	"github.com/muster-dev/muster/internal/metricsmux"
 	"github.com/muster-dev/muster/internal/ratelimit"
 	"github.com/muster-dev/muster/internal/requestcodec"
+	"github.com/muster-dev/muster/internal/retrywait"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -257,7 +258,7 @@ type Server struct {
 	caStepFails stepFailures
 	// caDestroyRetry spaces the CA clock's tries of a retired
 	// intermediate's key destruction that keeps failing.
-	caDestroyRetry destroyRetries
+	caDestroyRetry retrywait.Waits
 	// caNoRootKey holds, by role, when the leader last warned that a
 	// successor is due and the root key is absent (carotate.go).
 	caNoRootKey sync.Map
@@ -308,21 +309,22 @@ func New(cfg Config, m *Metrics) (*Server, error) {
 	}
 	stopping, endStreams := context.WithCancel(context.Background())
 	s := &Server{
-		stopping:     stopping,
-		endStreams:   endStreams,
-		info:         cfg.Info,
-		token:        cfg.Token,
-		caPoke:       make(chan struct{}, 1),
-		settingsPoke: make(chan struct{}, 1),
-		ca:           cfg.CA,
-		store:        cfg.Store,
-		audit:        cfg.Audit,
-		log:          cfg.Log,
-		metrics:      m.m,
-		started:      time.Now(),
-		cfg:          cfg,
-		certs:        map[ca.Role]*tls.Certificate{},
-		hub:          newStreamHub(),
+		stopping:       stopping,
+		endStreams:     endStreams,
+		info:           cfg.Info,
+		token:          cfg.Token,
+		caPoke:         make(chan struct{}, 1),
+		caDestroyRetry: retrywait.Waits{First: caDestroyFirstWait, Max: caDestroyMaxWait},
+		settingsPoke:   make(chan struct{}, 1),
+		ca:             cfg.CA,
+		store:          cfg.Store,
+		audit:          cfg.Audit,
+		log:            cfg.Log,
+		metrics:        m.m,
+		started:        time.Now(),
+		cfg:            cfg,
+		certs:          map[ca.Role]*tls.Certificate{},
+		hub:            newStreamHub(),
 	}
 	// The shared settings start as configured (the CLI has reconciled
 	// them with the store's); settingsClock follows the store's after.

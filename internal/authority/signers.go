@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/enroll"
+	"github.com/muster-dev/muster/internal/retrywait"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -61,6 +62,9 @@ func (s *Server) signerClock(ctx context.Context) error {
 	t := time.NewTicker(signerTick)
 	defer t.Stop()
 	var keyErrLogged time.Time
+	// A failed destruction of an ended signer's key (the token away) is
+	// tried again less and less often, as the CA's retired keys are.
+	destroyWaits := &retrywait.Waits{First: caDestroyFirstWait, Max: caDestroyMaxWait}
 	for {
 		res, err := s.signers.Tick(ctx, signer.Actor{Name: "authority"})
 		switch {
@@ -73,13 +77,13 @@ func (s *Server) signerClock(ctx context.Context) error {
 				"signer_version_id", res.Changes[len(res.Changes)-1].To.VersionID, "verifier_set_version", res.Version)
 		}
 		if err == nil {
-			done, err := s.signers.DestroyEnded(ctx, signer.Actor{Name: "authority"})
+			done, err := s.signers.DestroyEndedSpaced(ctx, signer.Actor{Name: "authority"}, destroyWaits)
 			for _, f := range done {
 				s.log.Info("ended signer's key destroyed", "signer_version_id", f.VersionID, "key", f.Where)
 			}
 			if err != nil && ctx.Err() == nil && !s.outage.fail(err) && time.Since(keyErrLogged) >= signerKeyErrorEvery {
 				keyErrLogged = time.Now()
-				s.log.Error("destroying an ended signer's key failed; retried at every clock pass (docs/hsm.md)", "err", err)
+				s.log.Error("destroying an ended signer's key failed; retried after "+caDestroyFirstWait.String()+", then less often, at least every "+caDestroyMaxWait.String()+" (docs/hsm.md)", "err", err)
 			}
 		}
 		select {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/retrywait"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/sqlite"
@@ -28,6 +29,7 @@ type memToken struct {
 	keys      map[string]ed25519.PrivateKey // by reference
 	down      bool
 	destroyed int
+	tries     int // Destroy calls, failed or not
 }
 
 var errTokenDown = errors.New("token not present")
@@ -63,6 +65,7 @@ func (m *memToken) Signer(_ context.Context, _ string, k custody.Key) (crypto.Si
 func (m *memToken) Destroy(_ context.Context, _ string, k custody.Key) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.tries++
 	if m.down {
 		return errTokenDown
 	}
@@ -403,5 +406,57 @@ func TestEndedTokenKeyWithoutTheToken(t *testing.T) {
 	}
 	if e := lastEvent(t, log, "node_task_signer.destroy_key"); e.Target != id || !strings.Contains(e.Reason, "delete the object by hand") {
 		t.Errorf("destroy_key audit %+v does not say to delete the object by hand", e)
+	}
+}
+
+// TestDestroyEndedSpacedBacksOff: the leader's pass tries a failing
+// destruction of an ended signer's key again after 5 s, then twice as
+// long after each failure up to the cap, by the store clock: an hour of
+// 5-second passes with the token away makes about 65 tries, not 720 (as
+// before, one a pass); once the token is back the key goes within one cap.
+func TestDestroyEndedSpacedBacksOff(t *testing.T) {
+	ctx := t.Context()
+	tok := &memToken{keys: map[string]ed25519.PrivateKey{}}
+	k, st, _ := tokenKeeper(t, filepath.Join(t.TempDir(), "muster.db"), tok)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := refsOf(t, st)[res.Changes[0].To.VersionID]
+	tok.setDown(true)
+	if _, err := k.Rollback(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	waits := &retrywait.Waits{First: 5 * time.Second, Max: time.Minute}
+	pass := func() {
+		t.Helper()
+		st.offset += 5 * time.Second
+		if _, err := k.DestroyEndedSpaced(ctx, Actor{Name: "authority"}, waits); err != nil && !errors.Is(err, errTokenDown) {
+			t.Fatal(err)
+		}
+	}
+	tok.mu.Lock()
+	before := tok.tries
+	tok.mu.Unlock()
+	for range 720 {
+		pass()
+	}
+	tok.mu.Lock()
+	tries := tok.tries - before
+	tok.mu.Unlock()
+	// 5, 10, 20, 40 s, then one a minute: 4 + 59 in the hour.
+	if tries < 55 || tries > 70 {
+		t.Fatalf("%d tries in an hour of 5-second passes with the token away; want about 63", tries)
+	}
+	tok.setDown(false)
+	for range 12 {
+		pass()
+	}
+	if tok.holds(ref) || len(refsOf(t, st)[res.Changes[0].To.VersionID]) != 0 {
+		t.Fatal("the key is still there a minute (the cap) after the token came back")
 	}
 }

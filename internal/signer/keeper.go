@@ -11,6 +11,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/retrywait"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -794,22 +795,39 @@ const ActDestroyKey Action = "destroy_key"
 // never touched. It returns the keys destroyed and the errors of those it
 // could not destroy, which stay for the next pass.
 func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error) {
+	return k.DestroyEndedSpaced(ctx, who, nil)
+}
+
+// DestroyEndedSpaced is DestroyEnded for a clock that passes every few
+// seconds: a key whose destruction failed is tried again only once waits
+// says it is due, by the store clock (waits doubles the wait after each
+// failure, up to its cap), so a token away for a day costs a few hundred
+// round trips to it, not one per pass. A nil waits tries every key.
+func (k *Keeper) DestroyEndedSpaced(ctx context.Context, who Actor, waits *retrywait.Waits) ([]KeyFate, error) {
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return nil, err
 	}
 	var (
-		done []KeyFate
-		errs []error
+		done    []KeyFate
+		errs    []error
+		pending = map[string]bool{}
 	)
 	for _, s := range snap.Signers {
 		ref := snap.refs[s.VersionID]
 		if !s.State.Ended() || len(ref) == 0 {
 			continue
 		}
+		pending[s.VersionID] = true
+		if waits != nil && !waits.Due(s.VersionID, snap.Now) {
+			continue
+		}
 		dctx, cancel := context.WithTimeout(ctx, destroyTimeout)
 		f, won := k.destroyKey(dctx, who, s, ref)
 		cancel()
+		if waits != nil {
+			waits.Tried(s.VersionID, snap.Now, f.Err)
+		}
 		if f.Err != nil {
 			errs = append(errs, fmt.Errorf("signer %s: destroying its key (%s): %w", s.VersionID, f.Where, f.Err))
 			continue
@@ -818,6 +836,9 @@ func (k *Keeper) DestroyEnded(ctx context.Context, who Actor) ([]KeyFate, error)
 			continue
 		}
 		done = append(done, f)
+	}
+	if waits != nil {
+		waits.Keep(pending)
 	}
 	return done, errors.Join(errs...)
 }
