@@ -199,9 +199,11 @@ func applyRetrying(ctx context.Context, conn *pgx.Conn, m store.Migration, locks
 
 // lockHolders names the sessions of this database whose transactions
 // have been open longer than wait (the ones that can hold a lock a
-// migration waited wait for), each with the command that ends it.
+// migration waited wait for), each with the command that ends it. Not
+// their queries: one may carry a secret literal (an operator's ALTER ROLE
+// ... PASSWORD), and this text is printed and logged.
 func lockHolders(ctx context.Context, conn *pgx.Conn, wait time.Duration) string {
-	rows, err := conn.Query(ctx, `SELECT pid, application_name, COALESCE(state, ''), EXTRACT(EPOCH FROM now() - xact_start)::bigint, left(query, 120)
+	rows, err := conn.Query(ctx, `SELECT pid, application_name, COALESCE(state, ''), EXTRACT(EPOCH FROM now() - xact_start)::bigint
 		FROM pg_stat_activity
 		WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start < now() - make_interval(secs => $1)
 		ORDER BY xact_start LIMIT 5`, wait.Seconds())
@@ -214,14 +216,13 @@ func lockHolders(ctx context.Context, conn *pgx.Conn, wait time.Duration) string
 			pid        int32
 			app, state string
 			age        int64
-			query      string
 		)
-		if err := rows.Scan(&pid, &app, &state, &age, &query); err != nil {
+		if err := rows.Scan(&pid, &app, &state, &age); err != nil {
 			rows.Close()
 			return "the sessions holding it could not be listed (" + err.Error() + "): see pg_stat_activity"
 		}
-		held = append(held, fmt.Sprintf("pid %d (application %q, %s, transaction open %ds, last query %q: end it with `psql \"$MUSTER_STORE\" -c 'SELECT pg_terminate_backend(%d)'`)",
-			pid, app, state, age, query, pid))
+		held = append(held, fmt.Sprintf("pid %d (application %q, %s, transaction open %ds: end it with `psql \"$MUSTER_STORE\" -c 'SELECT pg_terminate_backend(%d)'`)",
+			pid, app, state, age, pid))
 	}
 	if err := rows.Err(); err != nil || len(held) == 0 {
 		return "no transaction older than the lock wait is open now (the one that held it has ended: start the authority again)"

@@ -144,3 +144,28 @@ func TestMigrationLockWaitGivesUpNamingTheHolder(t *testing.T) {
 		t.Fatalf("schema version %d, %v: want 24", v, err)
 	}
 }
+
+// TestMigrationLockWaitOmitsTheHolderQuery: the error naming the session
+// that holds the lock does not repeat that session's last query, which
+// may carry a secret literal (an operator's ALTER ROLE ... PASSWORD in a
+// psql transaction left open): the error is printed and logged.
+func TestMigrationLockWaitOmitsTheHolderQuery(t *testing.T) {
+	t.Parallel()
+	pool, _, holder, _ := migratedTo(t, 24)
+	ctx := t.Context()
+	const secret = "s3cret-literal-of-another-session"
+	if _, err := holder.Exec(ctx, `SELECT '`+secret+`'`); err != nil {
+		t.Fatal(err)
+	}
+	locks := migrationLocks{timeout: 200 * time.Millisecond, pause: 100 * time.Millisecond, giveUp: time.Second}
+	_, err := migrateWith(ctx, pool, migrations[:25], locks, nil)
+	if err == nil {
+		t.Fatal("migration 0025 applied while a transaction held instances")
+	}
+	if pid := holder.PgConn().PID(); !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) {
+		t.Errorf("error %q does not name the holder, pid %d", err, pid)
+	}
+	if strings.Contains(err.Error(), secret) {
+		t.Errorf("error repeats the holder's last query, secret and all: %q", err)
+	}
+}
