@@ -142,7 +142,7 @@ func actor(ctx context.Context) signer.Actor {
 // this step's read and its write.
 func (a *adminService) signerStep(ctx context.Context, res signer.Result, err error) (*musterv1.SignerChangeResponse, error) {
 	if errors.Is(err, store.ErrConflict) {
-		return nil, status.Error(codes.Aborted, "the signers changed concurrently; run muster signer list and try again")
+		return nil, status.Error(codes.Aborted, signer.ChangedConcurrently)
 	}
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)

@@ -37,6 +37,14 @@ type Auditor interface {
 	Appended(link *audit.Link)
 }
 
+// ChangedConcurrently is the refusal of a step that lost a race (store.
+// ErrConflict): another operator or replica changed the signers between
+// its read and its write. The operator's answer and the step's audit
+// record both say it, with the way out: the step planned from signers
+// that are no longer there, and may mean something else now (a second
+// rollback discards the rotation the first one restored).
+const ChangedConcurrently = "the signers changed concurrently (another operator or replica took a step first); run muster signer list and try again"
+
 // Actor is who asks for a lifecycle step, as the audit records it.
 type Actor struct{ Name, Source, CorrelationID string }
 
@@ -403,7 +411,13 @@ func stepEvent(who Actor, a Action, version int64, changes []Change, keys []stri
 func (k *Keeper) refused(ctx context.Context, who Actor, a Action, asked string, err error) {
 	e := audit.Event{Actor: who.Name, Action: "node_task_signer." + string(a), Target: asked, Result: audit.ResultDenied,
 		Source: who.Source, CorrelationID: who.CorrelationID, Reason: err.Error()}
-	if errors.Is(err, store.ErrConflict) || !IsRule(err) {
+	switch {
+	case errors.Is(err, store.ErrConflict):
+		// A lost race is refused as the operator is told (ABORTED), with
+		// the way out, not as a failure of the authority: the store's
+		// words (a set version, a step time) follow for the record.
+		e.Reason = ChangedConcurrently + " (" + err.Error() + ")"
+	case !IsRule(err):
 		e.Result = audit.ResultError
 	}
 	// The refusal stands whether or not its record is written: the
