@@ -109,24 +109,39 @@ func TestDevBanner(t *testing.T) {
 	}
 }
 
-// A not-found error names what is missing, not only "not found".
+// A not-found error names what is missing, not only "not found", and the
+// listing of what there is, with the flags that reached the authority,
+// which works pasted (before, "no node" and "no join token" named none).
 func TestNotFoundNamesTheMissingThing(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
 	a := startAuthority(t, dir)
 	defer a.stop(t)
 	for _, c := range []struct {
-		args []string
-		want string
+		args       []string
+		want, list string
 	}{
-		{[]string{"token", "get", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`},
-		{[]string{"token", "delete", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`},
-		{[]string{"agents", "show", "ghost"}, `NOT_FOUND: no node "ghost"`},
-		{[]string{"agents", "delete", "ghost"}, `NOT_FOUND: no node "ghost"`},
+		{[]string{"token", "get", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`, "muster token list"},
+		{[]string{"token", "delete", "zzzzzz"}, `NOT_FOUND: no join token "zzzzzz"`, "muster token list"},
+		{[]string{"agents", "show", "ghost"}, `NOT_FOUND: no node "ghost"`, "muster agents list"},
+		{[]string{"agents", "delete", "ghost"}, `NOT_FOUND: no node "ghost"`, "muster agents list"},
+		{[]string{"lock", "delete", "lock-ghost"}, `NOT_FOUND: no lock "lock-ghost"`, "muster lock list"},
 	} {
-		if line := mustFail(t, append(c.args, "--data", dir)...); !strings.Contains(line, c.want) {
+		line := mustFail(t, append(c.args, "--data", dir)...)
+		if !strings.Contains(line, c.want) {
 			t.Errorf("muster %s: %q, want %q", strings.Join(c.args, " "), line, c.want)
 		}
+		_, hint, ok := strings.Cut(line, "; ")
+		_, cmd, ok2 := strings.Cut(hint, ": muster ")
+		if !ok || !ok2 || !strings.HasPrefix("muster "+cmd, c.list+" --data ") {
+			t.Errorf("muster %s: %q names no %s with --data", strings.Join(c.args, " "), line, c.list)
+			continue
+		}
+		args := strings.Fields(cmd)
+		if strings.Contains(cmd, "'") {
+			t.Fatalf("the data directory needs no quoting here: %q", cmd)
+		}
+		mustRun(t, args...)
 	}
 }
 

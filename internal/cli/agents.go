@@ -182,7 +182,7 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 			return af.call(cmd, env, "agents show", func(ctx context.Context, c *adminClient) error {
 				resp, err := c.GetAgent(ctx, &musterv1.GetAgentRequest{NodeId: args[0]})
 				if err != nil {
-					return err
+					return af.notFoundHint(err, unknownNodeHint)
 				}
 				var doc struct {
 					Agent        *agentJSON        `json:"agent"`
@@ -268,7 +268,7 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 					boundToken = resp.GetAgent().GetTokenId()
 				}
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
-					return err
+					return af.notFoundHint(err, unknownNodeHint)
 				}
 				if out.json() {
 					return out.write(env.Stdout, deleted{NodeID: args[0], Deleted: true})

@@ -55,6 +55,30 @@ func (a *adminFlags) register(cmd *cobra.Command) {
 	f.DurationVar(&a.timeout, "timeout", 30*time.Second, "how long to wait for the authority")
 }
 
+// The listings the NOT_FOUND of a node or token name (notFoundHint): the
+// authority's bare "no node" and "no join token" named no way on.
+const (
+	unknownNodeHint  = "the enrolled nodes: muster agents list"
+	unknownTokenHint = "the tokens and their IDs: muster token list"
+)
+
+// notFoundHint adds to the authority's NOT_FOUND for a name the operator
+// gave (a typo, or one deleted already) the listing that names what there
+// is, with the flags that reached this authority, which the authority
+// cannot name: hint ends with that listing's command. Other errors pass
+// unchanged.
+func (a *adminFlags) notFoundHint(err error, hint string) error {
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.NotFound {
+		return err
+	}
+	p := s.Proto()
+	// The flags are appended to the formatted text, as the expiry
+	// warning's are, so the command reads as one to the hint checker.
+	p.Message = p.Message + "; " + hint + a.callArgs()
+	return status.FromProto(p).Err()
+}
+
 // callArgs are the flags an admin command a hint names needs to reach the
 // authority this command reached, with the identity it used: the ones
 // given on this command line (--data, --authority, --identity). Without

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
@@ -187,16 +185,7 @@ func newLockDeleteCmd(env *Env) *cobra.Command {
 
 // unknownLockHint adds to the authority's NOT_FOUND for a lock ID (a typo,
 // or a lock deleted already) the command that lists the locks and their
-// IDs, with the flags that reached this authority: the authority cannot
-// name them, and its bare "no lock" left the operator to guess.
+// IDs: the authority's bare "no lock" left the operator to guess.
 func (a *adminFlags) unknownLockHint(err error) error {
-	s, ok := status.FromError(err)
-	if !ok || s.Code() != codes.NotFound {
-		return err
-	}
-	p := s.Proto()
-	// The flags are appended to the formatted text, as the expiry
-	// warning's are, so the command reads as one to the hint checker.
-	p.Message = fmt.Sprintf("%s; the locks in force and their IDs: muster lock list", p.Message) + a.callArgs()
-	return status.FromProto(p).Err()
+	return a.notFoundHint(err, "the locks in force and their IDs: muster lock list")
 }

@@ -247,7 +247,7 @@ func newTokenGetCmd(env *Env) *cobra.Command {
 			return af.call(cmd, env, "token get", func(ctx context.Context, c *adminClient) error {
 				resp, err := c.GetToken(ctx, &musterv1.GetTokenRequest{Id: tokenIDArg(args[0])})
 				if err != nil {
-					return err
+					return af.notFoundHint(err, unknownTokenHint)
 				}
 				if r := resourceOf(resp.GetToken()); r != nil && out.format == "yaml" {
 					// The resource token apply takes back.
@@ -329,7 +329,7 @@ them and changes nothing. Make new tokens for the joins still to come.`,
 			id := tokenIDArg(args[0])
 			return af.call(cmd, env, "token delete", func(ctx context.Context, c *adminClient) error {
 				if _, err := c.DeleteToken(ctx, &musterv1.DeleteTokenRequest{Id: id}); err != nil {
-					return err
+					return af.notFoundHint(err, unknownTokenHint)
 				}
 				if out.json() {
 					return out.write(env.Stdout, deleted{ID: id, Deleted: true})
