@@ -464,6 +464,9 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 		if err := s.readyToDrop(ctx, st.new, "standby stops trusting the old root", callerCert); err != nil {
 			return from, RootStatus{}, err
 		}
+		if err := s.connectedLeftBehind(ctx, st.new); err != nil {
+			return from, RootStatus{}, err
+		}
 	case to == store.RootPhaseNone:
 		if err := s.readyToDrop(ctx, st.old, "abandoning the rotation stops trusting the new root", callerCert); err != nil {
 			return from, RootStatus{}, err

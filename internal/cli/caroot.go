@@ -95,7 +95,7 @@ var rootNextStep = map[string]string{
 	"none":           "muster ca root rotate starts a rotation",
 	"init":           "both roots are trusted; muster ca root next-phase (update_agents) once agents have had time to fetch the new bundle",
 	"update_agents":  "muster ca root next-phase (update_servers) moves the intermediates under the new root",
-	"update_servers": "new certificates chain to the new root; renew operator identities (muster admin renew) and wait for agents to renew, then muster ca root next-phase (standby)",
+	"update_servers": "new certificates chain to the new root; renew operator identities (muster admin renew) and have the connected agents renew (muster task send --type node.renew_now --all), then muster ca root next-phase (standby)",
 	"standby":        "the old root is no longer trusted; muster ca root rollback brings it back, muster ca root rotate starts the next rotation",
 }
 
