@@ -356,3 +356,19 @@ func TestRefusalsNameTheWayOut(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestRuleRefusalsNameTheWayOut: every refusal of a lifecycle rule an
+// operator can meet names a muster signer command that gets past it
+// (internal/cli's tests check that the commands parse). Before, "a staged
+// signer exists; activate it or roll it back first" and "no rotation to
+// roll back" named none (walked: a second stage through another replica).
+func TestRuleRefusalsNameTheWayOut(t *testing.T) {
+	for _, err := range []error{ErrStagedExists, ErrNoStaged, ErrNoSuccessor, ErrNoRotation} {
+		if !IsRule(err) {
+			t.Errorf("%v is not a rule refusal", err)
+		}
+		if !strings.Contains(err.Error(), "`muster signer ") {
+			t.Errorf("%q names no muster signer command", err)
+		}
+	}
+}

@@ -34,13 +34,13 @@ type Change struct {
 var (
 	ErrExists       = errors.New("signer: a signer already exists; the first signer is created once")
 	ErrNoActive     = errors.New("signer: no active signer")
-	ErrStagedExists = errors.New("signer: a staged signer exists; activate it or roll it back first")
+	ErrStagedExists = errors.New("signer: a staged signer exists (`muster signer list` shows it); make it active now with `muster signer activate`, or discard it with `muster signer rollback` before its effective time, then stage again")
 	ErrNotFound     = errors.New("signer: no such signer version")
 	ErrNoStaged     = errors.New("signer: no staged signer: stage one first (`muster signer stage`)")
 	// ErrNoSuccessor refuses to revoke the active signer while no staged
 	// signer can take its place: nothing could sign the next verifier set.
 	ErrNoSuccessor = errors.New("signer: the active signer can be revoked only while a staged signer exists to replace it; stage one first (`muster signer stage`), then revoke it")
-	ErrNoRotation  = errors.New("signer: no rotation to roll back (no staged signer, and the active signer has no predecessor in grace)")
+	ErrNoRotation  = errors.New("signer: no rotation to roll back (no staged signer, and the active signer has no predecessor in grace); `muster signer list` shows the states, and `muster signer stage` starts a new rotation")
 )
 
 // TimesError is returned for stage times that break the rotation rules.
