@@ -66,6 +66,27 @@ func preparedOf(rows []store.CACert, role ca.Role) (prepared, active *store.CACe
 	return prepared, active
 }
 
+// noPreparedToActivate refuses an activation with nothing prepared. The
+// second of two operators activating at once (or one just after the
+// leader's clock) meets it: it says which intermediate is active, and
+// since when, so that they do not prepare a second rotation believing
+// the activation failed, as the bare "prepare one first" had them do.
+func noPreparedToActivate(role ca.Role, asked string, active *store.CACert) error {
+	if active != nil && asked != "" && asked == active.Serial {
+		return status.Errorf(codes.FailedPrecondition, "the %s intermediate %s is already active, since %s (another operator or the leader's clock activated it): nothing to do; `muster ca status` shows it",
+			role, active.Serial, active.ActivatedAt.UTC().Format(time.RFC3339))
+	}
+	var now string
+	if active != nil {
+		now = fmt.Sprintf(" (the active one is %s, since %s; `muster ca status` shows every CA certificate): if that is the one you meant to activate, it is done; to rotate again,",
+			active.Serial, active.ActivatedAt.UTC().Format(time.RFC3339))
+	} else {
+		now = ":"
+	}
+	return status.Errorf(codes.FailedPrecondition, "the %s intermediate has no prepared successor to activate%s prepare one first with `muster ca rotate %s` (or `muster ca rotate %s --root-key FILE` with the root key offline)",
+		role, now, role, role)
+}
+
 func alreadyPrepared(role ca.Role, p *store.CACert) error {
 	return status.Errorf(codes.FailedPrecondition, "the %s intermediate already has a prepared successor (serial %s, prepared %s): activate it with `muster ca rotate %s --activate`, or let the leader activate it at two thirds of the active one's life",
 		role, p.Serial, p.CreatedAt.UTC().Format(time.RFC3339), role)
@@ -340,7 +361,7 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	p, active := preparedOf(rows, role)
 	switch {
 	case p == nil:
-		return nil, status.Errorf(codes.FailedPrecondition, "the %s intermediate has no prepared successor to activate: prepare one first with `muster ca rotate %s` (or `muster ca rotate %s --root-key FILE` with the root key offline)", role, role, role)
+		return nil, noPreparedToActivate(role, req.GetSerial(), active)
 	case req.GetSerial() != "" && req.GetSerial() != p.Serial:
 		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate is %s, not %s", role, p.Serial, req.GetSerial())
 	}

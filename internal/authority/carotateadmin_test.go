@@ -119,7 +119,8 @@ func TestPrepareOfflineRefusesWhatWasNotDrafted(t *testing.T) {
 // TestActivateOnceAcrossReplicas: activation is refused with nothing
 // prepared and within the publish window; past it, of two replicas
 // activating at once exactly one succeeds, and both then sign with the
-// new intermediate.
+// new intermediate; activating again is refused naming the active one
+// (walked: the loser of two operators was told only to prepare one).
 func TestActivateOnceAcrossReplicas(t *testing.T) {
 	b := startReplicas(t, nil, 2, func(c *Config) { c.CAPublishWindow = 2 * time.Second })
 	ctx := t.Context()
@@ -177,6 +178,18 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	}
 	if ok != 1 {
 		t.Fatalf("%d activations succeeded, want 1: %v", ok, errs)
+	}
+	// An operator activating once more, naming the serial or not, is
+	// told it is active and since when, not only to prepare another.
+	for _, asked := range []string{serial, ""} {
+		_, err := a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: asked})
+		msg := status.Convert(err).Message()
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, serial) || !strings.Contains(msg, "`muster ca status`") {
+			t.Errorf("activating %q again: %v; want the active serial and muster ca status", asked, err)
+		}
+		if asked == serial && !strings.Contains(msg, "already active") {
+			t.Errorf("activating %s again: %q; want it named already active", serial, msg)
+		}
 	}
 	for i, s := range b.srvs {
 		deadline := time.Now().Add(5 * time.Second)
