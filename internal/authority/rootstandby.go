@@ -8,10 +8,34 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // standbyListedNodes bounds the nodes a refused standby names.
 const standbyListedNodes = 5
+
+// streamStaleAfter is how long after its last heartbeat a stream row
+// still marked connected counts as connected: agents send one every 30 s
+// (internal/agent heartbeatEvery). A replica killed (SIGKILL, a lost
+// machine) leaves its streams' rows marked connected until their agents
+// connect again, which an agent that knew only that replica's address
+// never does; standby must not wait for those, whom node.renew_now
+// cannot reach.
+const streamStaleAfter = 2 * time.Minute
+
+// streamLive reports whether row is a stream open now, by the store
+// clock now: marked connected, with a heartbeat (or its opening) within
+// streamStaleAfter.
+func streamLive(row *store.AgentStream, now time.Time) bool {
+	if row == nil || !row.Connected {
+		return false
+	}
+	last := row.LastSeen
+	if row.ConnectedAt.After(last) {
+		last = row.ConnectedAt
+	}
+	return now.Sub(last) <= streamStaleAfter
+}
 
 // connectedLeftBehind refuses standby while an agent connected now holds
 // a certificate (its instance's latest, still valid) that keep, the new
@@ -21,8 +45,9 @@ const standbyListedNodes = 5
 // renews at half its certificate's life, so with the default 24 h
 // certificates an operator who takes update_servers and standby one after
 // the other strands the whole connected fleet; node.renew_now moves them
-// under the new root at once. Agents away (not connected) are not
-// waited for: the docs name their way back.
+// under the new root at once. Agents away (not connected, or their
+// stream's row stale: streamLive) are not waited for: the docs name
+// their way back.
 //
 // Only instances last issued before the newest of keep's agent
 // intermediates became active, plus retireMargin (a replica may sign
@@ -65,7 +90,7 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 			return err
 		}
 		for _, r := range page {
-			if r.Stream == nil || !r.Stream.Connected || r.Instance.ID == "" || !r.NotAfter.After(now) || !r.Instance.LastIssuedAt.Before(since) {
+			if !streamLive(r.Stream, now) || r.Instance.ID == "" || !r.NotAfter.After(now) || !r.Instance.LastIssuedAt.Before(since) {
 				continue
 			}
 			under, err := s.instanceUnder(ctx, r.Instance.ID, keep)
