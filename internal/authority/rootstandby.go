@@ -119,9 +119,13 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 	if n > len(behind) {
 		names += fmt.Sprintf(" and %d more", n-len(behind))
 	}
-	return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected agents (%s) still hold a certificate under it: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
+	agents, hold := "agents", "hold"
+	if n == 1 {
+		agents, hold = "agent", "holds"
+	}
+	return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected %s (%s) still %s a certificate under it: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
 		"have them renew under the new root now: muster task send --type node.renew_now --all, then run muster ca root next-phase again (or run it again after %s, when those certificates have ended, every running agent having renewed by then)",
-		n, names, until.UTC().Format(time.RFC3339)))
+		n, agents, names, hold, until.UTC().Format(time.RFC3339)))
 }
 
 // instanceUnder reports whether the latest certificate of instance id
