@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +18,8 @@ import (
 // to start names muster ca rotate server --offline --data DIR, which,
 // pasted, makes a new server intermediate under the root (the key of an
 // expired one still opens: that used to be refused, "it is not lost",
-// a dead end); the authority then starts and an agent joins and renews
-// through it. About two and a half minutes, mostly idle.
+// a dead end); the refusal is audited; the authority then starts and an
+// agent joins and renews through it. About two and a half minutes, mostly idle.
 func TestAuthorityBackAfterItsServerIntermediateExpired(t *testing.T) {
 	t.Parallel()
 	e := newAgentEnv(t, "--ca-intermediate-ttl", "2m")
@@ -68,5 +69,14 @@ func TestAuthorityBackAfterItsServerIntermediateExpired(t *testing.T) {
 	}
 	if n := len(recs); n == 0 || recs[n-1].Actor != "muster ca rotate --offline" || !strings.Contains(recs[n-1].Reason, "which expired at") {
 		t.Errorf("the offline activation's audit record: %+v", recs)
+	}
+	recs = nil
+	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", e.dir, "--action", "authority.start", "-o", "json")), &recs); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(recs, func(r struct{ Actor, Action, Result, Reason string }) bool {
+		return r.Result == "denied" && strings.Contains(r.Reason, wayOut)
+	}) {
+		t.Errorf("no authority.start record denied naming %q: %+v", wayOut, recs)
 	}
 }

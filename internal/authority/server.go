@@ -663,8 +663,10 @@ func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 			// leader's clock, which would have replaced it, runs only in
 			// a started replica, so the replacement is made beside it.
 			err = fmt.Errorf("%w; replace it with a new intermediate under the root, on the machine with the data directory: %s (with the root key offline add --root-key FILE; docs/ca-lifecycle.md, \"An expired intermediate\")", err, s.expiredWayOut(role))
-			_, _ = s.audit.Record(context.Background(), audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
+			actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = s.audit.Record(actx, audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
 				Result: audit.ResultDenied, Reason: err.Error()})
+			cancel()
 		}
 		return nil, err
 	}
