@@ -248,6 +248,16 @@ func (s *Server) caStepUntil(ctx context.Context, now time.Time) (wake time.Time
 			if s.discardKeyless(ctx, p) {
 				continue
 			}
+			if !p.NotAfter.After(now) {
+				// Expired before it was activated (the authority was
+				// stopped past it, or its store restored from a backup
+				// that held it): activated, the role would issue
+				// nothing until the next look prepared another.
+				s.endIntermediate(ctx, "ca.discard", p.Role, p.Serial, fmt.Sprintf("it expired at %s before it was activated (the authority was stopped, or its store restored from a backup, past it): "+
+					"activated, it would sign nothing, so it is discarded and the leader prepares a successor at its next look", p.NotAfter.UTC().Format(time.RFC3339)),
+					s.store.DiscardCACert)
+				continue
+			}
 			const why = "two thirds of the active intermediate's life have passed"
 			link := s.caStepLink("ca.activate", string(role), p.Serial, why)
 			s.caChange(ctx, "ca.activate", string(role), p.Serial, why, link, s.store.ActivateCACert(ctx, string(role), p.Serial, link.Build))

@@ -387,3 +387,58 @@ func TestCAStepFailureReportedOnce(t *testing.T) {
 		t.Errorf("ca.prepare records %v, want %v", got, want)
 	}
 }
+
+// TestCAClockDiscardsAnExpiredSuccessor: a prepared successor whose
+// not-after has passed by the time the leader looks (the authority was
+// stopped past it, or its store restored from a backup that held it) is
+// discarded, audited with why, not activated: activated, the role would
+// issue nothing ("it issues nothing"), until the next look after that
+// prepared and published another. The active one signs on meanwhile.
+func TestCAClockDiscardsAnExpiredSuccessor(t *testing.T) {
+	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) { c.CAIntermediateTTL = 3 * time.Minute })
+	ctx := t.Context()
+	s := a.srvs[0]
+	current := storeIntermediate(t, ctx, a, time.Now().Add(-130*time.Second), 3*time.Minute) // past 2/3
+	if err := s.caStep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next store.CACert
+	for _, r := range rows {
+		if r.Role == "agent" && r.State == store.CAPrepared {
+			next = r
+		}
+	}
+	if next.Serial == "" {
+		t.Fatal("no successor prepared")
+	}
+	if err := s.caStepAt(ctx, next.NotAfter.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	rows, err = a.store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		switch r.Serial {
+		case next.Serial:
+			if r.State != store.CARetired {
+				t.Errorf("the successor that expired before its activation is %s, want discarded (retired)", r.State)
+			}
+		case current.Serial:
+			if r.State != store.CAActive {
+				t.Errorf("the active intermediate is %s, want still active", r.State)
+			}
+		}
+	}
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.discard"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].Target != "agent/"+next.Serial || !strings.Contains(recs[0].Reason, "expired at") {
+		t.Fatalf("ca.discard records: %+v; want one for agent/%s saying it expired", recs, next.Serial)
+	}
+}

@@ -33,6 +33,9 @@ type LostKeyRotation struct {
 	// IntermediateTTL is the new intermediate's lifetime
 	// (ca.intermediate_ttl).
 	IntermediateTTL time.Duration
+	// Now is the clock an intermediate's expiry is read against (nil:
+	// time.Now, as the authority's listener certificate is issued).
+	Now func() time.Time
 }
 
 // LostKeyRotationResult is what RotateLostIntermediate did: the
@@ -48,12 +51,19 @@ type LostKeyRotationResult struct {
 	// successor's was lost: Active is its replacement, prepared, and
 	// Previous stays active.
 	PreparedOnly bool
+	// Expired: Previous was replaced because its certificate had
+	// expired (its key opens), not because its key was lost.
+	Expired bool
 }
 
 // RotateLostIntermediate replaces role's active intermediate whose key is
-// gone from the token (docs/hsm.md "A lost token"): with no key it signs
-// nothing, and a rotation through the running authority cannot help (a
-// replica does not start with it). The prepared successor is activated at
+// gone from the token (docs/hsm.md "A lost token"), or whose certificate
+// has expired (the authority was stopped, or its store restored from a
+// backup, for longer than the intermediate had left: docs/ca-lifecycle.md
+// "An expired intermediate"): either way it signs nothing, and a rotation
+// through the running authority cannot help (a replica does not start
+// without a server intermediate that signs, and the leader's clock, which
+// would replace it, runs only in a started replica). The prepared successor is activated at
 // once if its key opens; otherwise a new intermediate is made under the
 // signing root (its key in the token, or sealed without one) and activated
 // at once, so the authority signs again as soon as it starts or reads the
@@ -62,8 +72,9 @@ type LostKeyRotationResult struct {
 // next certificate. The old one becomes retiring, keyless, and stays in
 // the bundle until its leaves expire. A prepared successor whose key is
 // lost while the active one's opens is replaced by a new prepared one.
-// Refused while every key opens (muster ca rotate ROLE does it online),
-// and when the root key is not here. Each write is the store's conditional write; each step audited.
+// Refused while every key opens and the active intermediate is unexpired
+// (muster ca rotate ROLE does it online), and when the root key is not
+// here. A prepared successor that has expired is discarded, not reused. Each write is the store's conditional write; each step audited.
 func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRotationResult, error) {
 	var res LostKeyRotationResult
 	target := string(m.Role)
@@ -104,29 +115,49 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		_, err = c.Signer(ctx, keyName(r.Role, r.Serial), custody.Key{Public: cert.PublicKey, Ref: r.KeyRef})
 		return err
 	}
+	now := time.Now
+	if m.Now != nil {
+		now = m.Now
+	}
+	// An intermediate past its not-after issues nothing (ca.Issuer.Sign),
+	// whatever its key: it is replaced as a lost key is.
+	expired := func(r store.CACert) bool { return !r.NotAfter.After(now()) }
 	activeErr := open(*active)
-	if activeErr != nil && !errors.Is(activeErr, custody.ErrKeyMissing) {
+	if activeErr != nil && !errors.Is(activeErr, custody.ErrKeyMissing) && !expired(*active) {
 		return refuse(fmt.Errorf("opening the active %s intermediate %s's key (%s): %w; only a key the token answers is missing is replaced here", m.Role, active.Serial, custody.Where(active.KeyRef), activeErr))
+	}
+	// gone says why the active intermediate is replaced, for the audit.
+	gone := fmt.Sprintf("whose key (%s) is gone from the token", custody.Where(active.KeyRef))
+	if expired(*active) {
+		res.Expired = true
+		gone = "which expired at " + active.NotAfter.UTC().Format(time.RFC3339)
 	}
 	var preparedErr error
 	if prepared != nil {
 		preparedErr = open(*prepared)
+		if preparedErr == nil && expired(*prepared) {
+			preparedErr = errPreparedExpired
+		}
 	}
-	if activeErr == nil && (prepared == nil || preparedErr == nil) {
+	if activeErr == nil && !res.Expired && (prepared == nil || preparedErr == nil) {
 		return refuse(fmt.Errorf("the active %s intermediate %s's key (%s) opens: it is not lost; rotate it with the authority running: muster ca rotate %s, then muster ca rotate %s --activate",
 			m.Role, active.Serial, custody.Where(active.KeyRef), m.Role, m.Role))
 	}
 	// Only the prepared successor's key is lost: it is replaced by a
 	// new prepared one, which the leader activates at its time.
-	res.PreparedOnly = activeErr == nil
+	res.PreparedOnly = activeErr == nil && !res.Expired
 	res.Previous = *active
 	if prepared != nil {
 		switch err := preparedErr; {
 		case err == nil:
 			res.Active, res.Reused = *prepared, true
-		case errors.Is(err, custody.ErrKeyMissing):
+		case errors.Is(err, custody.ErrKeyMissing), errors.Is(err, errPreparedExpired):
+			why := "its key (" + custody.Where(prepared.KeyRef) + ") is gone from the token"
+			if errors.Is(err, errPreparedExpired) {
+				why = "it expired at " + prepared.NotAfter.UTC().Format(time.RFC3339)
+			}
 			link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: string(m.Role) + "/" + prepared.Serial,
-				Result: audit.ResultOK, Reason: "offline rotation: its key (" + custody.Where(prepared.KeyRef) + ") is gone from the token"})
+				Result: audit.ResultOK, Reason: "offline rotation: " + why})
 			if _, err := m.Store.DiscardCACert(ctx, prepared.Role, prepared.Serial, link.Build); err != nil {
 				return res, fmt.Errorf("discarding the prepared %s intermediate %s, whose key is gone too: %w", m.Role, prepared.Serial, err)
 			}
@@ -143,8 +174,8 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		var link *audit.Link
 		row, err := prepareIntermediate(ctx, m.Store, c, m.CA, m.Role, root, rootKey, m.IntermediateTTL, func(row store.CACert) *audit.Link {
 			link = newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.prepare", Target: string(m.Role) + "/" + row.Serial,
-				Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: replaces %s, whose key (%s) is gone from the token; key %s",
-					active.Serial, custody.Where(active.KeyRef), custody.Where(row.KeyRef))})
+				Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: replaces %s, %s; key %s",
+					active.Serial, gone, custody.Where(row.KeyRef))})
 			return link
 		})
 		if err != nil {
@@ -157,7 +188,7 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 		return res, nil
 	}
 	link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.activate", Target: string(m.Role) + "/" + res.Active.Serial,
-		Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: at once, as %s's key (%s) is gone from the token; %s is retiring, keyless", active.Serial, custody.Where(active.KeyRef), active.Serial)})
+		Result: audit.ResultOK, Reason: fmt.Sprintf("offline rotation: at once, as %s, %s, signs nothing; it is retiring", active.Serial, gone)})
 	if err := m.Store.ActivateCACert(ctx, string(m.Role), res.Active.Serial, link.Build); err != nil {
 		return res, fmt.Errorf("activating the %s intermediate %s (run this again: it finds what is done): %w", m.Role, res.Active.Serial, err)
 	}
@@ -166,6 +197,10 @@ func RotateLostIntermediate(ctx context.Context, m LostKeyRotation) (LostKeyRota
 	res.Previous.State = store.CARetiring
 	return res, nil
 }
+
+// errPreparedExpired marks a prepared successor past its not-after: it
+// can never sign, so it is discarded as one whose key is lost.
+var errPreparedExpired = errors.New("the prepared intermediate has expired")
 
 // lostKeyRoot is the root a replacement intermediate is signed under and
 // its key: the signing root of the store's root rotation (the data

@@ -51,6 +51,7 @@ import (
 	"github.com/muster-dev/muster/internal/requestcodec"
 	"github.com/muster-dev/muster/internal/retrywait"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -581,6 +582,18 @@ func (s *Server) certificate(role ca.Role, hosts []string) (*tls.Certificate, er
 	return c, nil
 }
 
+// expiredWayOut is the command that replaces role's expired active
+// intermediate with the authority stopped (muster ca rotate --offline):
+// the pkcs11 build where the keys are in a token, which the static
+// muster refuses to open.
+func (s *Server) expiredWayOut(role ca.Role) string {
+	bin := "muster"
+	if s.token != nil {
+		bin = "muster-pkcs11"
+	}
+	return fmt.Sprintf("%s ca rotate %s --offline --data %s%s", bin, role, shellword.Quote(string(s.cfg.Dir)), s.cfg.Dir.ConfigArg(s.cfg.ConfigFile))
+}
+
 // chainTail is what a listener presents after its leaf and intermediate:
 // the root that signed the intermediate, last, so an agent pinning it
 // finds it where it always was; and during a root rotation, before it,
@@ -644,6 +657,17 @@ func sameDERs(a, b [][]byte) bool {
 
 func (s *Server) serverTLS(role ca.Role, hosts []string) (*tls.Config, error) {
 	if _, err := s.certificate(role, hosts); err != nil {
+		if errors.Is(err, ca.ErrIssuerExpired) {
+			// The authority was stopped (or its store restored from a
+			// backup) for longer than the intermediate had left: the
+			// leader's clock, which would have replaced it, runs only in
+			// a started replica, so the replacement is made beside it.
+			err = fmt.Errorf("%w; replace it with a new intermediate under the root, on the machine with the data directory: %s (with the root key offline add --root-key FILE; docs/ca-lifecycle.md, \"An expired intermediate\")", err, s.expiredWayOut(role))
+			actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			_, _ = s.audit.Record(actx, audit.Event{Actor: "authority", Action: "authority.start", Target: s.info.AuthorityID,
+				Result: audit.ResultDenied, Reason: err.Error()})
+			cancel()
+		}
 		return nil, err
 	}
 	// listener.ServerTLS: no session tickets, so no resumption; the

@@ -54,6 +54,9 @@ const (
 var (
 	ErrBadCSR  = errors.New("certificate request is malformed or its signature does not verify")
 	ErrKeyType = errors.New("key type not allowed: want ECDSA P-256 or Ed25519")
+	// ErrIssuerExpired: the intermediate asked to sign is past its
+	// not-after, so it issues nothing until a successor replaces it.
+	ErrIssuerExpired = errors.New("it issues nothing")
 )
 
 // eku is what each intermediate may sign for. Verifiers (Go's, OpenSSL's)
@@ -352,8 +355,8 @@ func (i *Issuer) Sign(req LeafRequest) (Signed, error) {
 	}
 	// A leaf of an expired issuer would be expired when issued.
 	if !i.Cert.NotAfter.After(req.NotBefore) {
-		return Signed{}, fmt.Errorf("ca: the intermediate %q (serial %s) has expired (at %s): it issues nothing; the CA rotation that replaces it needs the root key (see docs/ca-lifecycle.md)",
-			i.Cert.Subject.CommonName, i.Cert.SerialNumber.Text(16), i.Cert.NotAfter.UTC().Format(time.RFC3339))
+		return Signed{}, fmt.Errorf("ca: the intermediate %q (serial %s) has expired (at %s): %w; the CA rotation that replaces it needs the root key (see docs/ca-lifecycle.md)",
+			i.Cert.Subject.CommonName, i.Cert.SerialNumber.Text(16), i.Cert.NotAfter.UTC().Format(time.RFC3339), ErrIssuerExpired)
 	}
 	tmpl := &x509.Certificate{
 		Subject:     pkix.Name{CommonName: req.CommonName},

@@ -67,7 +67,7 @@ func newCARotateCmd(env *Env) *cobra.Command {
   muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
   muster ca rotate agent --activate                # make the prepared one sign every new agent certificate
   muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now
-  muster ca rotate agent --offline --data /var/lib/muster/authority   # its key is lost with the token: replace it`,
+  muster ca rotate agent --offline --data /var/lib/muster/authority   # its key is lost with the token, or it expired: replace it`,
 		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
 		Long: `ROLE is bootstrap, server, agent or admin. Without --activate, prepares the
 successor of ROLE's intermediate: a new key (made and sealed by the
@@ -85,13 +85,16 @@ has been published by every replica (about ten seconds after it was
 prepared).
 
 --offline replaces ROLE's active intermediate whose key is gone from the
-PKCS#11 token (lost without a backup; docs/hsm.md "A lost token"), on the
-machine with the data directory, without the authority (which refuses to
-start without it): a new intermediate under the root (its key in the
-token, or sealed without one), active at once; the old one stays in the
-trust bundle, keyless, until it retires. It needs the root key: in the
-data directory, in custody, or --root-key FILE. Refused while the active
-key opens. Audited. It opens the store the authority uses: --store, else
+PKCS#11 token (lost without a backup; docs/hsm.md "A lost token"), or
+whose certificate has expired (the authority was stopped, or its store
+restored from a backup, for longer than it had left; docs/ca-lifecycle.md
+"An expired intermediate"), on the machine with the data directory,
+without the authority (which refuses to start without a server
+intermediate that signs): a new intermediate under the root (its key in
+the token, or sealed without one), active at once; the old one stays in
+the trust bundle until it retires. It needs the root key: in the data
+directory, in custody, or --root-key FILE. Refused while the active key
+opens and its certificate has not expired. Audited. It opens the store the authority uses: --store, else
 store: in the settings file the authority is started with (--config FILE,
 read as muster authority --config FILE reads it; default
 DIR/authority.yaml), else the one DIR/authority.json records.
@@ -191,7 +194,7 @@ of the last rotation.`,
 	}
 	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
 	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
-	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, here, with the data directory (--data) and without the authority")
+	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, or that has expired, here, with the data directory (--data) and without the authority")
 	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
 	cmd.Flags().StringVar(&configFile, "config", "", configHelp("with --offline: "))
 	cmd.Flags().StringVar(&token.module, "pkcs11-module", "", "with --offline: the PKCS#11 library of the authority's token, as the authority's --pkcs11-module (env MUSTER_PKCS11_MODULE; default: the one DIR/authority.json records)")

@@ -20,7 +20,8 @@ const rotateOfflineActor = "muster ca rotate --offline"
 // rotateLostOffline is muster ca rotate ROLE --offline (docs/hsm.md "A
 // lost token"): on the machine with the data directory, with no running
 // authority needed, it replaces role's active intermediate whose key is
-// gone from the token by a new one under the root, active at once.
+// gone from the token, or whose certificate has expired (docs/ca-lifecycle.md
+// "An expired intermediate"), by a new one under the root, active at once.
 func rotateLostOffline(cmd *cobra.Command, env *Env, data, storeURL, configFile, roleName, rootKeyPath string, access tokenAccess, out output) error {
 	ctx := cmd.Context()
 	role := ca.Role(roleName)
@@ -108,9 +109,13 @@ func printLostRotation(w io.Writer, res authority.LostKeyRotationResult, od offl
 	if res.Reused {
 		how = "the prepared successor, whose key opens"
 	}
+	previous := fmt.Sprintf("The one whose key is gone, %s, is retiring: it stays in the trust bundle, keyless, until its last certificate expires.\n", res.Previous.Serial)
+	if res.Expired {
+		previous = fmt.Sprintf("The one that expired at %s, %s, is retiring: the leader retires it.\n", res.Previous.NotAfter.UTC().Format(time.RFC3339), res.Previous.Serial)
+	}
 	fmt.Fprintf(w, "Activated the %s intermediate %s (%s; key %s), valid until %s: it signs every new %s certificate from now on.\n",
 		res.Active.Role, res.Active.Serial, how, custody.Where(res.Active.KeyRef), res.Active.NotAfter.UTC().Format(time.RFC3339), res.Active.Role)
-	fmt.Fprintf(w, "The one whose key is gone, %s, is retiring: it stays in the trust bundle, keyless, until its last certificate expires.\n", res.Previous.Serial)
+	fmt.Fprint(w, previous)
 	bin := "muster"
 	if pkcs11 {
 		bin = "muster-pkcs11"
