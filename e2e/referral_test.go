@@ -288,6 +288,11 @@ func TestDiscoveryReplicasOnPostgres(t *testing.T) {
 	if d1.fingerprint != d2.fingerprint {
 		t.Fatalf("replicas with the same files have different pins: %s, %s", d1.fingerprint, d2.fingerprint)
 	}
+	// Replica 2, started under another issuer while replica 1 runs,
+	// says so as it starts.
+	if logs := d2.Logs(); !strings.Contains(logs, "started under the ticket issuer https://"+d1.addr+", not https://"+d2.addr) {
+		t.Errorf("replica 2, started under another issuer than replica 1, does not warn:\n%s", logs)
+	}
 	e := &referralEnv{disc: d1, discDir: ddir, dir: dir, authorityID: init["authority_id"].(string),
 		fingerprint: init["ca_fingerprint"].(string), psk: init["bootstrap_psk"].(string)}
 	e.auth = startAuthority(t, dir, "--discovery", d1.addr, "--discovery-fingerprint", d1.fingerprint)

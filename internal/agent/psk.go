@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -130,18 +131,31 @@ func (a *Agent) probeAuthority(ctx context.Context, r JoinRequest) (*authorityPe
 // pinned root before the PSK leaves the machine, then asks for a
 // certificate for a CSR whose common name is the node ID. Through
 // discovery, it first looks the authority up and, once an endpoint has
-// proved to be that authority, asks discovery for a referral ticket.
+// proved to be that authority, asks discovery for a referral ticket; a
+// ticket refused for its key is followed by fresh ones (freshTickets).
 func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (*joinResult, error) {
-	var ticket string
-	var peer *authorityPeer
-	var err error
-	if r.Discovery != "" {
-		if r.Authority, peer, ticket, err = a.refer(ctx, r); err != nil {
+	if r.Discovery == "" {
+		peer, err := a.probeAuthority(ctx, r)
+		if err != nil {
 			return nil, err
 		}
-	} else if peer, err = a.probeAuthority(ctx, r); err != nil {
-		return nil, err
+		return a.requestPSK(ctx, r, peer, "", key)
 	}
+	return freshTickets(ctx, a.log, r, func() (*joinResult, error) {
+		endpoint, peer, ticket, err := a.refer(ctx, r)
+		if err != nil {
+			return nil, err
+		}
+		at := r
+		at.Authority = endpoint
+		return a.requestPSK(ctx, at, peer, ticket, key)
+	})
+}
+
+// requestPSK sends the CSR, the PSK and the ticket to r.Authority over a
+// connection that checks the root and the exact authority ID the probe
+// found in peer: nothing goes to a server that has not proved to be it.
+func (a *Agent) requestPSK(ctx context.Context, r JoinRequest, peer *authorityPeer, ticket string, key crypto.Signer) (*joinResult, error) {
 	agentID, err := spiffeid.New(peer.id.TrustDomain, spiffeid.RoleAgent, r.Node)
 	if err != nil {
 		return nil, err
@@ -150,8 +164,6 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 	for _, r := range peer.roots {
 		pool.AddCert(r)
 	}
-	// The connection that carries the PSK checks the same root and the
-	// exact authority ID the probe found.
 	conn, err := dial(r.Authority, identity.ClientTLS(nil, pool, identity.MatchID(peer.id)))
 	if err != nil {
 		return nil, err
@@ -180,6 +192,61 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		instanceID: resp.GetInstanceId(), generation: resp.GetGeneration(),
 		renewal: renewalAddress(resp.GetEndpoints(), r.Authority), joined: r.Authority, verifierSet: resp.GetVerifierSet(),
 		bundle: resp.GetTrustBundle()}, nil
+}
+
+// A ticket refused for its key is one discovery signed with a key it
+// stopped publishing seconds later (muster discovery rotate-key
+// --revoke-previous: a replica signs with the revoked key until it
+// reloads its keys, within 5 s), or with one the authority had not
+// fetched yet. A fresh ticket is signed with the key discovery signs
+// with now, so the join asks for one, ticketAttempts times in all,
+// waiting ticketWait, doubled each time, in between: 2+4+8 s cover the
+// reload and the authority's least time between two fetches (10 s).
+// Past that, discovery keeps signing with keys the authority does not
+// get, which no retry cures.
+const ticketAttempts = 4
+
+// ticketWait is the first wait between the attempts; tests shorten it.
+var ticketWait = 2 * time.Second
+
+// ticketKeyRefused reports whether err refuses a ticket for its key.
+func ticketKeyRefused(err error) bool {
+	switch errinfo.Reason(err) {
+	case "ticket_key_unknown", "ticket_key_not_fetched":
+		return true
+	}
+	return false
+}
+
+// freshTickets runs join (a look-up, a new ticket, and the request) until
+// it succeeds, fails otherwise, or was refused for the ticket's key
+// ticketAttempts times; the last refusal then names the way out. Each
+// attempt probes the authority again before the PSK is sent.
+func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join func() (*joinResult, error)) (*joinResult, error) {
+	wait := ticketWait
+	for attempt := 1; ; attempt++ {
+		j, err := join()
+		if err == nil || !ticketKeyRefused(err) {
+			return j, err
+		}
+		if attempt == ticketAttempts {
+			return nil, withHint(err, fmt.Sprintf("%d tickets from discovery %s in a row were refused for their key: discovery signs with keys the authority does not fetch "+
+				"(replicas on separate stores, or an authority whose discovery.address names another discovery): give every discovery replica the same store (--store), "+
+				"name it by the same address on the authority, then join again", ticketAttempts, r.Discovery))
+		}
+		if log != nil {
+			log.Warn("the authority refused the referral ticket for its key (discovery's key rotated or revoked); asking discovery for a new one",
+				"discovery", r.Discovery, "attempt", attempt, "in", wait, "err", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		wait *= 2
+	}
 }
 
 // DiscoveryError is a call to discovery that failed (a refusal, or

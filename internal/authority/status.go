@@ -54,6 +54,9 @@ var refusalWords = map[string]string{
 	enroll.ReasonPSKMismatch:   "psk_mismatch",
 	enroll.ReasonTicketMissing: "ticket_missing",
 	enroll.ReasonTicketUsed:    "ticket_used",
+	// A fresh ticket may pass: the agent asks for one (agent/psk.go).
+	enroll.ReasonTicketKeyUnknown:    "ticket_key_unknown",
+	enroll.ReasonTicketKeyNotFetched: "ticket_key_not_fetched",
 
 	enroll.ReasonTokenExpired:        "token_expired",
 	enroll.ReasonTokenUsedUp:         "token_used_up",

@@ -37,6 +37,8 @@ func TestToStatusReasons(t *testing.T) {
 		{"a later method's word", &enroll.Refusal{Kind: enroll.KindUnauthenticated, Reason: "challenge_failed"}, codes.Unauthenticated, "challenge_failed"},
 		{"psk missing", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonPSKMissing}, codes.PermissionDenied, "psk_missing"},
 		{"ticket used", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonTicketUsed}, codes.PermissionDenied, "ticket_used"},
+		{"ticket key unknown", &enroll.Refusal{Kind: enroll.KindPermissionDenied, Reason: enroll.ReasonTicketKeyUnknown, Detail: "key k1"}, codes.PermissionDenied, "ticket_key_unknown"},
+		{"ticket key not fetched", &enroll.Refusal{Kind: enroll.KindUnavailable, Reason: enroll.ReasonTicketKeyNotFetched}, codes.Unavailable, "ticket_key_not_fetched"},
 		{"a sentence", &enroll.Refusal{Kind: enroll.KindFailedPrecondition, Reason: "the moon is in the way"}, codes.FailedPrecondition, "failed_precondition"},
 		{"token expired", &enroll.Refusal{Kind: enroll.KindFailedPrecondition, Reason: enroll.ReasonTokenExpired}, codes.FailedPrecondition, "token_expired"},
 		{"token used up", &enroll.Refusal{Kind: enroll.KindFailedPrecondition, Reason: enroll.ReasonTokenUsedUp}, codes.FailedPrecondition, "token_used_up"},

@@ -392,6 +392,12 @@ func (s *Server) Run(ctx context.Context) error {
 	if err := s.id.Dir.WriteAddress(Address{Listen: bound, Advertise: advertise, Issuer: issuer, PID: os.Getpid(), Store: s.cfg.StoreURL}); err != nil {
 		return fmt.Errorf("discoveryd: recording the address in %s: %w", s.id.Dir, err)
 	}
+	// Read before this start is recorded: the others' issuers.
+	if others, err := runningIssuers(ctx, s.cfg.Store, issuer); err != nil {
+		s.log.Warn("cannot read the issuers other replicas started under", "err", err)
+	} else if len(others) > 0 {
+		s.log.Warn(otherIssuersWarning(issuer, others, s.id.Dir), "issuer", issuer, "other_issuers", strings.Join(others, ","))
+	}
 	if _, err := s.audit.Record(ctx, audit.Event{Actor: "discovery", Action: "discovery.start", Target: issuer,
 		Result: audit.ResultOK, Reason: "listening on " + bound + ", fingerprint " + s.Fingerprint()}); err != nil {
 		return fmt.Errorf("discoveryd: the audit log is not writable: %w", err)

@@ -28,10 +28,17 @@ const (
 	ReasonPSKMismatch   = "bootstrap PSK does not match"
 	ReasonTicketMissing = "referral ticket is missing: this authority admits PSK agents through its discovery service"
 	ReasonTicketUsed    = "referral ticket was already used: ask the discovery service for a new one"
-	reasonNoDiscovery   = "referral tickets need a discovery service, which this authority is not configured with"
-	reasonTicketKeys    = "cannot check the referral ticket now: the discovery service's keys are unavailable"
-
-	reasonTicketKeyNotFetched = "cannot check the referral ticket now: it is signed by a key this authority has not fetched from the discovery service yet; retry in a few seconds"
+	// ReasonTicketKeyUnknown: discovery no longer publishes the key that
+	// signed the ticket, most often one revoked seconds after it did; a
+	// fresh ticket is signed by the key discovery signs with now. The
+	// audit record's detail names the key.
+	ReasonTicketKeyUnknown = "referral ticket is signed by a key the discovery service no longer publishes (revoked, or rotated away, since it signed): ask it for a new one"
+	// ReasonTicketKeyNotFetched: the ticket's key is not among those
+	// fetched from discovery seconds ago (UNAVAILABLE): retried, the
+	// ticket passes once the key is fetched.
+	ReasonTicketKeyNotFetched = "cannot check the referral ticket now: it is signed by a key this authority has not fetched from the discovery service yet; retry in a few seconds"
+	reasonNoDiscovery         = "referral tickets need a discovery service, which this authority is not configured with"
+	reasonTicketKeys          = "cannot check the referral ticket now: the discovery service's keys are unavailable"
 )
 
 // Results of a referral-ticket check, for TicketObserver.
@@ -218,6 +225,11 @@ func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referr
 		// discovery's clock is behind this authority's by more than the
 		// allowance: then a new one fares no better.
 		return c, refuse(KindPermissionDenied, inv.Error()+": ask the discovery service for a new one; "+ticketClockWayOut)
+	case errors.As(err, &inv) && inv.UnknownKey:
+		// Its own reason word (ticket_key_unknown), so the agent asks
+		// for a fresh ticket instead of stopping.
+		s.observeTicket(TicketResultInvalid)
+		return c, refuse(KindPermissionDenied, ReasonTicketKeyUnknown).with("%s", inv.Error())
 	case errors.As(err, &inv):
 		s.observeTicket(TicketResultInvalid)
 		return c, refuse(KindPermissionDenied, inv.Error())
@@ -225,7 +237,7 @@ func (s *Service) checkTicket(ctx context.Context, token, nodeID string) (referr
 		// Most often a key discovery has just published, which one of
 		// its replicas had not yet when this authority fetched: the
 		// agent retries (UNAVAILABLE), by when the key is fetched.
-		return c, refuse(KindUnavailable, reasonTicketKeyNotFetched).with("%v", err)
+		return c, refuse(KindUnavailable, ReasonTicketKeyNotFetched).with("%v", err)
 	case err != nil:
 		return c, refuse(KindUnavailable, reasonTicketKeys).with("%v", err)
 	}

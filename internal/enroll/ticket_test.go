@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -224,5 +225,28 @@ func TestTicketKeyNotFetchedYet(t *testing.T) {
 	tok, _ := e.ticket(t, "n1", time.Now())
 	e.src.err = referral.ErrKeyNotFetched
 	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
-	wantRefusal(t, err, KindUnavailable, reasonTicketKeyNotFetched)
+	wantRefusal(t, err, KindUnavailable, ReasonTicketKeyNotFetched)
+}
+
+// TestTicketKeyUnknown: a ticket signed by a key discovery no longer
+// publishes (revoked seconds after it signed) is refused with its own
+// reason, which tells the agent a fresh ticket may pass, and the audit
+// detail names the key; nothing is consumed.
+func TestTicketKeyUnknown(t *testing.T) {
+	e := newTicketEnv(t)
+	key, _ := e.active(t)
+	tok, jti := e.ticket(t, "n1", time.Now())
+	e.src.err = referral.ErrUnknownKey
+	_, err := e.svc.BootstrapWithPSK(t.Context(), Request{}, key.Reveal(), tok, nodeCSR(t, "n1"))
+	wantRefusal(t, err, KindPermissionDenied, ReasonTicketKeyUnknown)
+	var ref *Refusal
+	if !errors.As(err, &ref) || !strings.Contains(ref.Detail, "which the discovery does not publish") {
+		t.Errorf("refusal detail %q, want the verifier's reason naming the key", ref.Detail)
+	}
+	if e.lastTicketResult() != TicketResultInvalid {
+		t.Errorf("ticket result %q, want invalid", e.lastTicketResult())
+	}
+	if used, _ := e.st.TicketUsed(t.Context(), jti); used {
+		t.Error("a refusal recorded the ticket's use")
+	}
 }

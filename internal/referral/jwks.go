@@ -72,6 +72,11 @@ const (
 	// unknown key ID, so a stream of made-up key IDs cannot turn the
 	// authority into a flood against discovery.
 	RefetchAfter = 10 * time.Second
+	// FetchTimeout bounds one fetch, whatever Fetch does: a fetch holds
+	// the one fetch slot (and, for a refetch, outlives its caller), so
+	// one that never ended would stop every later refresh and every
+	// look-up of a new key.
+	FetchTimeout = 30 * time.Second
 )
 
 // KeyCache is the authority's copy of discovery's JWKS: refreshed on a
@@ -84,7 +89,8 @@ type KeyCache struct {
 	// OnRefresh, if set, is told each fetch's outcome.
 	OnRefresh func(err error)
 
-	now func() time.Time // nil: time.Now
+	now          func() time.Time // nil: time.Now
+	fetchTimeout time.Duration    // 0: FetchTimeout
 
 	fetchMu sync.Mutex // one fetch at a time; taken before mu
 	mu      sync.Mutex // guards keys and fetched
@@ -154,6 +160,12 @@ func (c *KeyCache) refreshLocked(ctx context.Context) error {
 	c.mu.Lock()
 	c.fetched = c.clock()
 	c.mu.Unlock()
+	timeout := c.fetchTimeout
+	if timeout <= 0 {
+		timeout = FetchTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	data, err := c.Fetch(ctx)
 	if err == nil {
 		var keys map[string]ed25519.PublicKey

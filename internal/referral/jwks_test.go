@@ -11,6 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -431,4 +434,60 @@ func FuzzParseJWKS(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A discovery that accepts the fetch and never answers must not hold the
+// fetch slot for ever, whatever deadline Fetch itself sets (this one sets
+// none, and the refetch outlives its caller): the fetch ends at the
+// cache's own deadline, and a later unknown key ID fetches again.
+func TestKeyCacheFetchHasItsOwnDeadline(t *testing.T) {
+	var mu sync.Mutex
+	var requests int
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests++
+		mu.Unlock()
+		<-release
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // runs first: srv.Close waits for the handlers
+	fetch := func(ctx context.Context) ([]byte, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		return io.ReadAll(resp.Body)
+	}
+	clock := &fakeClock{now: testNow}
+	c := &KeyCache{Fetch: fetch, now: clock.Now, fetchTimeout: 100 * time.Millisecond}
+	// The caller gives up at once; the fetch goes on without it.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 2 {
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.TicketKey(ctx, "k1")
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("fetch %d from a discovery that never answers = %v, want the deadline's error", i+1, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("fetch %d from a discovery that never answers still holds the fetch slot after a minute", i+1)
+		}
+		clock.Advance(RefetchAfter)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if requests != 2 {
+		t.Errorf("%d requests reached discovery, want 2 (one per due refetch)", requests)
+	}
 }

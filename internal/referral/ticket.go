@@ -94,8 +94,14 @@ var ErrKeyNotFetched = fmt.Errorf("referral: a key ID not among the keys fetched
 // the message the agent sees, so it says which check failed.
 type Invalid struct {
 	Reason string
-	// Expired: the only failure a fresh ticket cures.
+	// Expired: the ticket outlived its lifetime (a fresh one cures it
+	// unless the clocks are apart, which the refusal says).
 	Expired bool
+	// UnknownKey: discovery does not publish the ticket's key, even in
+	// a JWKS fetched for it: a key revoked (muster discovery rotate-key
+	// --revoke-previous) seconds after it signed the ticket, which a
+	// fresh ticket, signed by the key discovery signs with now, cures.
+	UnknownKey bool
 }
 
 func (e *Invalid) Error() string { return "referral ticket " + e.Reason }
@@ -139,7 +145,9 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 	}
 	key, err := v.Keys.TicketKey(ctx, tok.Headers[0].KeyID)
 	if errors.Is(err, ErrUnknownKey) {
-		return Claims{}, invalid("is signed by key %.64q, which the discovery does not publish", tok.Headers[0].KeyID)
+		inv := invalid("is signed by key %.64q, which the discovery does not publish", tok.Headers[0].KeyID)
+		inv.UnknownKey = true
+		return Claims{}, inv
 	}
 	if err != nil {
 		return Claims{}, err
@@ -159,10 +167,12 @@ func (v *Verifier) Verify(ctx context.Context, token, nodeID string) (Claims, er
 		// Most often a discovery replica started without the --advertise
 		// its peers have, or an authority replica naming discovery by
 		// another address than the others (a stale settings file): the
-		// same keys sign under another issuer. Name the ways out.
+		// same keys sign under another issuer. Name the ways out; the
+		// replicas' data directories are not known here, so the setting
+		// is named, not a command with a directory to fill in.
 		addr := strings.TrimPrefix(v.Issuer, "https://")
 		return Claims{}, invalid("is issued by %.64q, not by this authority's discovery %q: join through discovery at %s, "+
-			"or start every discovery replica with --advertise %s (muster discovery --data DIR --advertise %s), "+
+			"or start every discovery replica with --advertise %s (or advertise: %s in its discovery.yaml) and restart it, "+
 			"or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it",
 			std.Issuer, v.Issuer, addr, addr, addr)
 	case len(std.Audience) != 1 || std.Audience[0] != v.AuthorityID || priv.AuthorityID != v.AuthorityID:

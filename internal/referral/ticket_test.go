@@ -142,6 +142,7 @@ func TestVerify(t *testing.T) {
 		// wantErr is a part of the *Invalid message; "" accepts.
 		wantErr     string
 		wantExpired bool
+		wantUnknown bool
 		// wantOther: the error is not an *Invalid (the key source's).
 		wantOther error
 	}{
@@ -163,10 +164,10 @@ func TestVerify(t *testing.T) {
 		{name: "ES256", token: signJWT(t, jose.ES256, ecKey, testKID, rawClaims()), wantErr: `is signed with "ES256"; only EdDSA is accepted`},
 		{name: "alg none", token: unsigned(t, rawClaims()), wantErr: `is signed with "none"; only EdDSA is accepted`},
 		{name: "no kid", token: signJWT(t, jose.EdDSA, priv, "", rawClaims()), wantErr: "has no key ID"},
-		{name: "unknown kid", token: issue(t, priv, "k-rotated-away", nil), wantErr: `is signed by key "k-rotated-away", which the discovery does not publish`},
+		{name: "unknown kid", token: issue(t, priv, "k-rotated-away", nil), wantErr: `is signed by key "k-rotated-away", which the discovery does not publish`, wantUnknown: true},
 		{name: "key source fails", token: valid, keys: failingKeys{errors.New("discovery unreachable")}, wantOther: errors.New("discovery unreachable")},
 
-		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450", not by this authority's discovery "https://discovery.test:7450": join through discovery at discovery.test:7450, or start every discovery replica with --advertise discovery.test:7450 (muster discovery --data DIR --advertise discovery.test:7450), or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it`},
+		{name: "wrong issuer", token: issue(t, priv, testKID, func(c *Claims) { c.Issuer = "https://evil.test:7450" }), wantErr: `is issued by "https://evil.test:7450", not by this authority's discovery "https://discovery.test:7450": join through discovery at discovery.test:7450, or start every discovery replica with --advertise discovery.test:7450 (or advertise: discovery.test:7450 in its discovery.yaml) and restart it, or, if the replicas advertise the ticket's issuer, set this authority's discovery.address to it`},
 		{name: "no issuer", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("iss", nil)), wantErr: "is issued by"},
 		{name: "wrong audience", token: issue(t, priv, testKID, func(c *Claims) { c.AuthorityID = "staging-b4c5d6" }), wantErr: "is for another authority"},
 		{name: "audience differs from authority_id", token: signJWT(t, jose.EdDSA, priv, testKID, withClaim("aud", "staging-b4c5d6")), wantErr: "is for another authority"},
@@ -287,6 +288,9 @@ func TestVerify(t *testing.T) {
 			}
 			if inv.Expired != tc.wantExpired {
 				t.Errorf("Expired = %v, want %v", inv.Expired, tc.wantExpired)
+			}
+			if inv.UnknownKey != tc.wantUnknown {
+				t.Errorf("UnknownKey = %v, want %v", inv.UnknownKey, tc.wantUnknown)
 			}
 			if got != (Claims{}) {
 				t.Errorf("a refused ticket returned claims %+v", got)

@@ -1,0 +1,99 @@
+package agent
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/muster-dev/muster/internal/errinfo"
+)
+
+// A join through discovery whose ticket the authority refuses for its key
+// (discovery revoked the key seconds after signing with it, or the
+// authority has not fetched the new one) asks for a fresh ticket, a
+// bounded number of times with a growing wait, then stops with the way
+// out; any other refusal (a used ticket, an expired one, whose message
+// says the clocks are apart, a wrong PSK) is not retried.
+func TestFreshTicketsAfterAKeyRefusal(t *testing.T) {
+	old := ticketWait
+	ticketWait = time.Millisecond
+	t.Cleanup(func() { ticketWait = old })
+	keyUnknown := errinfo.Error(codes.PermissionDenied, "referral ticket is signed by a key the discovery service no longer publishes", "ticket_key_unknown")
+	notFetched := errinfo.Error(codes.Unavailable, "cannot check the referral ticket now", "ticket_key_not_fetched")
+	r := JoinRequest{Node: "n1", Discovery: "discovery.test:7450"}
+	tests := []struct {
+		name      string
+		answers   []error // one per attempt; past the end, success
+		wantCalls int
+		wantCode  codes.Code // OK: joined
+		wantWord  string
+		wantHint  bool
+	}{
+		{"joins at once", nil, 1, codes.OK, "", false},
+		{"a revoked key, then the new one", []error{keyUnknown}, 2, codes.OK, "", false},
+		{"revoked, then not fetched yet, then fetched", []error{keyUnknown, notFetched, keyUnknown}, 4, codes.OK, "", false},
+		{"refused for its key every time", []error{keyUnknown, keyUnknown, keyUnknown, keyUnknown, keyUnknown}, ticketAttempts, codes.PermissionDenied, "ticket_key_unknown", true},
+		{"a used ticket is not retried", []error{errinfo.Error(codes.PermissionDenied, "referral ticket was already used", "ticket_used")}, 1, codes.PermissionDenied, "ticket_used", false},
+		{"an expired one neither (clocks apart)", []error{errinfo.Error(codes.PermissionDenied, "referral ticket has expired: … set both right (NTP)", "permission_denied")}, 1, codes.PermissionDenied, "permission_denied", false},
+		{"nor a wrong PSK", []error{errinfo.Error(codes.PermissionDenied, "bootstrap PSK does not match", "psk_mismatch")}, 1, codes.PermissionDenied, "psk_mismatch", false},
+		{"nor a plain outage, which agent run retries", []error{errinfo.Error(codes.Unavailable, "store down", "store_unavailable")}, 1, codes.Unavailable, "store_unavailable", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			calls := 0
+			j, err := freshTickets(t.Context(), nil, r, func() (*joinResult, error) {
+				calls++
+				if calls <= len(tt.answers) {
+					return nil, tt.answers[calls-1]
+				}
+				return &joinResult{instanceID: "instance-1"}, nil
+			})
+			if calls != tt.wantCalls {
+				t.Errorf("%d attempts, want %d", calls, tt.wantCalls)
+			}
+			if tt.wantCode == codes.OK {
+				if err != nil || j == nil {
+					t.Fatalf("freshTickets = %v, %v; want the join", j, err)
+				}
+				return
+			}
+			if codeOf(err) != tt.wantCode || errinfo.Reason(err) != tt.wantWord {
+				t.Fatalf("freshTickets = %v (%s, %q), want %s with reason %q", err, codeOf(err), errinfo.Reason(err), tt.wantCode, tt.wantWord)
+			}
+			if got := strings.Contains(err.Error(), "in a row were refused for their key") && strings.Contains(err.Error(), "discovery "+r.Discovery); got != tt.wantHint {
+				t.Errorf("error %q names the way out: %v, want %v", err, got, tt.wantHint)
+			}
+		})
+	}
+}
+
+// An agent stopped while it waits to ask for a fresh ticket stops at once,
+// with the refusal it waited after.
+func TestFreshTicketsStopWithTheAgent(t *testing.T) {
+	old := ticketWait
+	ticketWait = time.Hour
+	t.Cleanup(func() { ticketWait = old })
+	ctx, cancel := context.WithCancel(t.Context())
+	refusal := errinfo.Error(codes.PermissionDenied, "referral ticket is signed by a key the discovery service no longer publishes", "ticket_key_unknown")
+	done := make(chan error, 1)
+	calls := 0
+	go func() {
+		_, err := freshTickets(ctx, nil, JoinRequest{Discovery: "d:1"}, func() (*joinResult, error) {
+			calls++
+			return nil, refusal
+		})
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if errinfo.Reason(err) != "ticket_key_unknown" || calls != 1 {
+			t.Errorf("freshTickets after cancel = %v after %d attempts, want the refusal after 1", err, calls)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("freshTickets still waits 30 s after its context ended")
+	}
+}
