@@ -45,12 +45,7 @@ func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 		}
 		return nil
 	}
-	for _, f := range []string{"authority", "identity"} {
-		if cmd.Flags().Changed(f) {
-			return fmt.Errorf("%s: --%s names the authority's admin API, which --offline does not use", name, f)
-		}
-	}
-	return nil
+	return refuseAdminAPIFlags(cmd, name)
 }
 
 // open opens the store of the data directory and the audit logger over
@@ -70,11 +65,7 @@ func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) 
 // too: configFile (--config), as muster authority --config reads it,
 // else the directory's authority.yaml, where the store URL may be.
 func openOffline(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, *audit.Logger, offlineDir, error) {
-	od, err := loadOfflineDir(env, data, configFile)
-	if err != nil {
-		return nil, nil, od, err
-	}
-	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	st, d, od, err := openOfflineDirStore(ctx, env, data, configFile, storeURL)
 	if err != nil {
 		return nil, nil, od, err
 	}
@@ -84,6 +75,30 @@ func openOffline(ctx context.Context, env *Env, data, configFile, storeURL strin
 		return nil, nil, od, err
 	}
 	return st, logger, od, nil
+}
+
+// openOfflineDirStore reads the data directory data and its settings
+// (loadOfflineDir) and opens its store (openOfflineStore): storeURL
+// (--store), else MUSTER_STORE, else the settings file's, else the one
+// authority.json records.
+func openOfflineDirStore(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, dataDir, offlineDir, error) {
+	od, err := loadOfflineDir(env, data, configFile)
+	if err != nil {
+		return nil, dataDir{}, od, err
+	}
+	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	return st, d, od, err
+}
+
+// refuseAdminAPIFlags refuses --authority and --identity given to name's
+// --offline: they would be silently ignored.
+func refuseAdminAPIFlags(cmd *cobra.Command, name string) error {
+	for _, f := range []string{"authority", "identity"} {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("%s: --%s names the authority's admin API, which --offline does not use", name, f)
+		}
+	}
+	return nil
 }
 
 // openOfflineStore opens and checks the store storeURL ("": the one

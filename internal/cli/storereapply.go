@@ -69,10 +69,8 @@ aside as the refused start says, before starting it again.`,
 			if !offline {
 				return errors.New("store reapply: it works on the store itself, from the data directory, with the authority stopped: give --offline")
 			}
-			for _, f := range []string{"authority", "identity"} {
-				if cmd.Flags().Changed(f) {
-					return fmt.Errorf("store reapply: --%s names the authority's admin API, which --offline does not use", f)
-				}
+			if err := refuseAdminAPIFlags(cmd, "store reapply"); err != nil {
+				return err
 			}
 			if fromURL == "" {
 				return errors.New("store reapply: --from is required: the store the restore replaced, such as sqlite:///var/lib/muster/authority/muster.db.before-restore")
@@ -201,11 +199,7 @@ func seqList(seqs []int64) string {
 // reapply opens the restored store (the data directory's) and the one
 // kept aside (fromURL), plans, and with apply writes the plan.
 func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL string, apply bool) (*reapplyResult, error) {
-	od, err := loadOfflineDir(env, data, configFile)
-	if err != nil {
-		return nil, err
-	}
-	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	st, d, od, err := openOfflineDirStore(ctx, env, data, configFile, storeURL)
 	if err != nil {
 		return nil, err
 	}
