@@ -759,19 +759,13 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	// A migration may take minutes on a large fleet, before the
 	// listeners open (docs/install.md, "Upgrades"): say it is under way,
 	// and when it is done, or the start reads as hung.
-	var migrated time.Time
-	su.data.migrating = func(from, to int) error {
-		migrated = time.Now()
-		log.Info("store: migrating the schema; the authority serves once it is done", "from_version", from, "to_version", to)
-		return nil
-	}
+	ml := &migrationLog{log: log, then: "the authority serves once it is done"}
+	su.data.migrating = ml.migrating
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
 	if err != nil {
 		return prefixed("authority", err)
 	}
-	if !migrated.IsZero() {
-		log.Info("store: schema migrated", "took", time.Since(migrated).Round(time.Millisecond).String())
-	}
+	ml.done()
 	defer closeStore()
 	logPool(log, st)
 	// The store is reachable: a refusal over the keys' custody is
