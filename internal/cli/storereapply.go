@@ -431,8 +431,10 @@ func (p *reapplyPlanner) planLocks(ctx context.Context, res *reapplyResult) erro
 }
 
 // planNodes: a node deleted since that the restored store holds is
-// deleted again (whatever joined under its ID since, the restored store's
-// instance is one that was deleted).
+// deleted again: the node the restored store holds under the ID, by its
+// creation (the first join, which a node keeps through its instances), so
+// a node deleted and joined again under its ID since, there when the
+// write comes, is another node and is left.
 func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) error {
 	done := map[string]bool{}
 	var steps []reapplyStep
@@ -449,10 +451,19 @@ func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) erro
 		if err != nil {
 			return err
 		}
-		id := n.ID
-		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: "delete node " + id + ", instance " + n.InstanceID, target: id,
+		what := fmt.Sprintf("delete node %s, created %s, instance %s", n.ID, n.CreatedAt.UTC().Format(time.RFC3339), n.InstanceID)
+		switch f, err := p.from.GetNode(ctx, n.ID); {
+		case err == nil && f.CreatedAt.Equal(n.CreatedAt):
+			continue // the store kept aside holds it still: the record deleted another
+		case err == nil:
+			what += " (the store kept aside holds another node joined under its ID since, unknown to the restored store: its agent joins again)"
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("reading the nodes of the store kept aside: %w", err)
+		}
+		id, created := n.ID, n.CreatedAt
+		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: what, target: id,
 			write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
-				return st.DeleteNode(ctx, id, build)
+				return st.DeleteNodeCreated(ctx, id, created, build)
 			}})
 	}
 	slices.Reverse(steps)
