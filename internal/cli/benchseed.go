@@ -80,7 +80,7 @@ test authority only: the nodes and tokens stay.`,
 			}
 			ml := &migrationLog{log: log, then: "the seed begins once it is done"}
 			dd.migrating = ml.migrating
-			st, logger, closeStore, err := openAuthorityStore(ctx, d, "", dd, 0, nil)
+			st, logger, closeStore, err := openAuthorityStore(ctx, d, "", dd, 0, nil, nil)
 			ml.done()
 			if errors.Is(err, datadir.ErrLocked) {
 				return fmt.Errorf("bench seed: stop the authority first: %w", err)
