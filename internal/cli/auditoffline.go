@@ -110,33 +110,43 @@ func openOfflineStore(ctx context.Context, od offlineDir, storeURL string) (stor
 	if err != nil {
 		return nil, d, err
 	}
+	d.migrating = refuseOfflineMigration
+	st, err := openLoadedOfflineStore(ctx, od, d)
+	return st, d, err
+}
+
+// openLoadedOfflineStore opens and checks the store of d, loaded from
+// od's data directory, migrating it as d.migrating says.
+func openLoadedOfflineStore(ctx context.Context, od offlineDir, d dataDir) (store.Store, error) {
 	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, d, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
+			return nil, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
 		}
-	}
-	// The store is shared with authorities that may run beside this
-	// command, or be started after it, of the version that last migrated
-	// it: moving the schema on here would make every one of them refuse
-	// to start. The authority of the new version migrates at its start.
-	d.migrating = func(from, to int) error {
-		if from == 0 {
-			return nil // no schema yet: CheckStore says what is wrong
-		}
-		return fmt.Errorf("the store is at schema version %d; this muster knows version %d and would migrate it, "+
-			"after which every muster that knows only version %d (the authority using it, until upgraded) refuses to start: "+
-			"run this command with the muster of the authority's version (`muster version` shows the schema a binary knows), "+
-			"or upgrade the authority first, which migrates the store at its start (docs/install.md, \"Upgrades\")", from, to, from)
 	}
 	st, err := d.openStore(ctx)
 	if err != nil {
-		return nil, d, err
+		return nil, err
 	}
 	if err := datadir.CheckStore(ctx, st, od.dir, d.info, storeURLWithoutPassword(d.url)); err != nil {
 		st.Close()
-		return nil, d, err
+		return nil, err
 	}
-	return st, d, nil
+	return st, nil
+}
+
+// refuseOfflineMigration is an offline command's migrating: the store is
+// shared with authorities that may run beside the command, or be started
+// after it, of the version that last migrated it: moving the schema on
+// here would make every one of them refuse to start. The authority of the
+// new version migrates at its start.
+func refuseOfflineMigration(from, to int) error {
+	if from == 0 {
+		return nil // no schema yet: CheckStore says what is wrong
+	}
+	return fmt.Errorf("the store is at schema version %d; this muster knows version %d and would migrate it, "+
+		"after which every muster that knows only version %d (the authority using it, until upgraded) refuses to start: "+
+		"run this command with the muster of the authority's version (`muster version` shows the schema a binary knows), "+
+		"or upgrade the authority first, which migrates the store at its start (docs/install.md, \"Upgrades\")", from, to, from)
 }
 
 // auditReader is the part of a store (the authority's or discovery's)

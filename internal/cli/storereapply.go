@@ -13,8 +13,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/postgres"
 )
 
 // reapplyActor is the audit actor of what store reapply re-applies: no
@@ -59,8 +61,12 @@ store the backup was taken from.
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
 identities, signer and CA steps issued since) it lists with the command
-to run. Run it with the authority stopped, after moving the audit files
-aside as the refused start says, before starting it again.`,
+to run. Run it with the authority stopped (every replica, on PostgreSQL:
+it refuses while one serves, and none starts while it works), after
+moving the audit files aside as the refused start says, before starting
+it again. A backup taken before an upgrade is at the older schema: when
+the store kept aside is at this muster's, the restored store is migrated
+first, as the authority's start would, and it says so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -199,11 +205,22 @@ func seqList(seqs []int64) string {
 // reapply opens the restored store (the data directory's) and the one
 // kept aside (fromURL), plans, and with apply writes the plan.
 func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL string, apply bool) (*reapplyResult, error) {
-	st, d, od, err := openOfflineDirStore(ctx, env, data, configFile, storeURL)
+	od, err := loadOfflineDir(env, data, configFile)
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	d, err := loadDataDir(od.dir, od.storeURL(env, storeURL))
+	if err != nil {
+		return nil, err
+	}
+	release, err := keepAuthoritiesOut(ctx, od, d)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	// The store kept aside first, at this muster's schema (it refuses to
+	// migrate it): the one the authorities used until the restore, so
+	// they are of this version, or the command is not.
 	from, fd, err := openOfflineStore(ctx, od, fromURL)
 	if err != nil {
 		return nil, fmt.Errorf("the store kept aside (--from): %w", err)
@@ -211,6 +228,29 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	defer from.Close()
 	if fd.url == d.url {
 		return nil, fmt.Errorf("--from names the restored store itself (%s): give the store the restore replaced", storeURLWithoutPassword(d.url))
+	}
+	// A backup taken before the upgrade that migrated the store kept
+	// aside is at an older schema: the authority's start would migrate
+	// it, but a start appends records, after which nothing can be
+	// re-applied. With every authority kept out, it is migrated here
+	// first, and said so.
+	var migrated time.Time
+	d.migrating = func(from, to int) error {
+		if from == 0 {
+			return nil // no schema: CheckStore says what is wrong
+		}
+		migrated = time.Now()
+		fmt.Fprintf(env.Stderr, "The restored store is at schema version %d, from before the upgrade to version %d, at which the store kept aside is: "+
+			"migrating it first, as the authority's start would (nothing else is written without --apply)...\n", from, to)
+		return nil
+	}
+	st, err := openLoadedOfflineStore(ctx, od, d)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	if !migrated.IsZero() {
+		fmt.Fprintf(env.Stderr, "Migrated in %s.\n", time.Since(migrated).Round(time.Millisecond))
 	}
 	logger, err := newAuditLogger(st, d.sk, od.dir, od.configPath, nil)
 	if err != nil {
@@ -279,6 +319,39 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 		}
 	}
 	return res, nil
+}
+
+// keepAuthoritiesOut takes what an authority serving on d's store holds
+// until release: the data directory's lock and, for SQLite, the database
+// file's; for PostgreSQL, shared by every replica on the database, its
+// serving lock, exclusively. So reapply refuses while one serves (its
+// writes would race the authority's, and the authority's appends to the
+// restored chain make it refuse anyway), and none starts while it works.
+func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (release func(), err error) {
+	stopFirst := func(err error) error {
+		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
+	}
+	unlock, err := lockAuthorityFiles(od.dir, d.url)
+	if err != nil {
+		if errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked) {
+			err = stopFirst(err)
+		}
+		return nil, err
+	}
+	if strings.HasPrefix(d.url, "sqlite://") {
+		return unlock, nil
+	}
+	releasePG, err := postgres.ExcludeServing(ctx, d.url)
+	switch {
+	case errors.Is(err, postgres.ErrServing):
+		unlock()
+		return nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each), then run this again",
+			storeURLWithoutPassword(d.url), err)
+	case err != nil:
+		unlock()
+		return nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
+	}
+	return func() { releasePG(); unlock() }, nil
 }
 
 // restoredHead is the restored store's newest record, before any record
