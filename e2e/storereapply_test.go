@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,5 +162,128 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	}
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify after the reapply: %s", out)
+	}
+}
+
+// TestStoreReapplyRefusesWhileAnAuthorityServes: store reapply refuses
+// while an authority serves on the restored store, changing nothing and
+// naming the way out, and runs once it is stopped: on SQLite by the
+// locks the authority holds on its data directory and database file; on
+// PostgreSQL, where replicas on other hosts share the database, by the
+// serving lock every replica holds (the refusal names the replica's
+// session). Before, on PostgreSQL nothing kept it out.
+func TestStoreReapplyRefusesWhileAnAuthorityServes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		init func(t *testing.T) (dir string, store []string, copyAside func() string)
+		// replica is the data directory store reapply runs from: on
+		// PostgreSQL another replica's (a copy of dir, as high-
+		// availability.md makes one), where no lock of dir's tells.
+		replica bool
+		want    []string
+	}{
+		{"sqlite", func(t *testing.T) (string, []string, func() string) {
+			dir, _ := initDir(t)
+			return dir, nil, func() string {
+				aside := filepath.Join(t.TempDir(), "muster.db")
+				copyFile(t, filepath.Join(dir, "muster.db"), aside)
+				return "sqlite://" + aside
+			}
+		}, false, []string{"it works with the authority stopped", "in use by another authority", "systemctl stop muster-authority"}},
+		{"postgres", func(t *testing.T) (string, []string, func() string) {
+			url := postgres(t)
+			dir := filepath.Join(t.TempDir(), "authority")
+			mustRun(t, "init", "--data", dir, "--store", url)
+			return dir, nil, func() string { return pg.NewDatabaseFrom(t, url) }
+		}, true, []string{"it works with every authority on the store", "(muster authority (serving))", "stop every replica (systemctl stop muster-authority on each)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dir, store, copyAside := tc.init(t)
+			// The store kept aside is named before the authority runs: a
+			// PostgreSQL copy needs its template unused.
+			aside := copyAside()
+			a := startAuthority(t, dir, store...)
+			from := dir
+			if tc.replica {
+				from = filepath.Join(t.TempDir(), "replica")
+				if out, err := exec.Command("cp", "-a", dir, from).CombinedOutput(); err != nil {
+					t.Fatalf("cp -a: %v: %s", err, out)
+				}
+			}
+			args := append([]string{"store", "reapply", "--offline", "--data", from, "--from", aside}, store...)
+			msg := mustFail(t, append(args, "--apply")...)
+			for _, want := range tc.want {
+				if !strings.Contains(msg, want) {
+					t.Errorf("store reapply with the authority serving: %q, want %q", msg, want)
+				}
+			}
+			a.stop(t)
+			// Stopped: it runs (and refuses the store kept aside, taken
+			// before the authority's start appended to the chain, for
+			// that reason alone).
+			if msg := mustFail(t, append(args, "--apply")...); !strings.Contains(msg, "does not hold record") {
+				t.Errorf("store reapply with the authority stopped: %q, want it to reach the stores", msg)
+			}
+		})
+	}
+}
+
+// TestStoreReapplyAfterRestoringABackupFromBeforeTheUpgrade: a backup
+// taken before the upgrade (the schema a release before 0025 left) and
+// restored under the new muster: store reapply, run before any start,
+// migrates the restored store first, saying so, and re-applies the lock
+// made since; the authority then starts on it with the lock in force.
+// Before, it refused the older schema ("would migrate it"), and the way
+// out it named (start the authority, which migrates it) appends to the
+// restored chain, after which nothing can be re-applied.
+func TestStoreReapplyAfterRestoringABackupFromBeforeTheUpgrade(t *testing.T) {
+	t.Parallel()
+	latest := knownSchema(t)
+	dir, _ := initDir(t)
+	db := filepath.Join(dir, "muster.db")
+	backup := filepath.Join(t.TempDir(), "muster.db")
+	startAuthority(t, dir).stop(t)
+	copyFile(t, db, backup)
+	takeBackSchema(t, backup)
+
+	a := startAuthority(t, dir)
+	var lock map[string]any
+	if err := json.Unmarshal([]byte(mustRun(t, "lock", "create", "--node", "stolen-01", "--reason", "laptop stolen", "--data", dir, "-o", "json")), &lock); err != nil {
+		t.Fatal(err)
+	}
+	a.stop(t)
+
+	aside := db + ".before-restore"
+	for _, suffix := range []string{"", "-wal", "-shm"} {
+		if err := os.Rename(db+suffix, aside+suffix); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, backup, db)
+	kept := t.TempDir()
+	for _, name := range []string{"audit-head", "audit-checkpoint.json"} {
+		if err := os.Rename(filepath.Join(dir, name), filepath.Join(kept, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reapply := []string{"store", "reapply", "--offline", "--data", dir, "--from", "sqlite://" + aside}
+	r := muster(t, nil, reapply...)
+	if r.code != 0 || !strings.Contains(r.stdout, "lock "+lock["id"].(string)+" on node stolen-01") {
+		t.Fatalf("store reapply on a backup from before the upgrade: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if !strings.Contains(r.stderr, fmt.Sprintf("The restored store is at schema version 24, from before the upgrade to version %d", latest)) {
+		t.Errorf("store reapply did not say it migrates the restored store: %s", r.stderr)
+	}
+	if v := schemaOf(t, dir); v != latest {
+		t.Fatalf("the restored store at schema %d after reapply, want %d", v, latest)
+	}
+	if out := mustRun(t, append(reapply, "--apply")...); strings.Count(out, ": done, record") != 1 {
+		t.Fatalf("store reapply --apply: want the lock re-applied:\n%s", out)
+	}
+	startAuthority(t, dir)
+	if out := mustRun(t, "lock", "list", "--data", dir); !strings.Contains(out, lock["id"].(string)) {
+		t.Errorf("the locks after the reapply lack %s:\n%s", lock["id"], out)
 	}
 }

@@ -26,18 +26,7 @@ func TestAuthorityUpgradeAndDowngrade(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
 	latest := knownSchema(t)
-	withDB(t, dir, func(db *sql.DB) {
-		for v := latest; v >= 25; v-- {
-			stmts, ok := takeBack[v]
-			if !ok {
-				t.Fatalf("takeBack has no statements undoing migration %04d: add them (its SQLite migration's inverse)", v)
-			}
-			for _, q := range stmts {
-				mustExec(t, db, q)
-			}
-			mustExec(t, db, `DELETE FROM schema_migrations WHERE version = ?`, v)
-		}
-	})
+	takeBackSchema(t, filepath.Join(dir, "muster.db"))
 
 	// An offline command of the new version beside the old authority
 	// does not move the schema on under it.
@@ -110,6 +99,25 @@ var takeBack = map[int][]string{
 	},
 }
 
+// takeBackSchema takes the SQLite store at path, which no process holds,
+// back to schema 24 (takeBack): a store a release before 0025 left.
+func takeBackSchema(t *testing.T, path string) {
+	t.Helper()
+	latest := knownSchema(t)
+	withDBFile(t, path, func(db *sql.DB) {
+		for v := latest; v >= 25; v-- {
+			stmts, ok := takeBack[v]
+			if !ok {
+				t.Fatalf("takeBack has no statements undoing migration %04d: add them (its SQLite migration's inverse)", v)
+			}
+			for _, q := range stmts {
+				mustExec(t, db, q)
+			}
+			mustExec(t, db, `DELETE FROM schema_migrations WHERE version = ?`, v)
+		}
+	})
+}
+
 // knownSchema is the store schema `muster version` says the binary knows.
 func knownSchema(t *testing.T) int {
 	t.Helper()
@@ -135,10 +143,72 @@ func schemaOf(t *testing.T, dir string) (v int) {
 // withDB opens the SQLite store in dir, which no process holds, for f.
 func withDB(t *testing.T, dir string, f func(db *sql.DB)) {
 	t.Helper()
-	db, err := sql.Open("sqlite", filepath.Join(dir, "muster.db")+"?_pragma=busy_timeout(10000)")
+	withDBFile(t, filepath.Join(dir, "muster.db"), f)
+}
+
+// withDBFile opens the SQLite store at path, which no process holds, for f.
+func withDBFile(t *testing.T, path string, f func(db *sql.DB)) {
+	t.Helper()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	f(db)
+}
+
+// saidMigration reports whether logs (JSON lines) say the schema is being
+// migrated from 24 to latest, then that it was, as the authority's start
+// says it; then is the end of the first line's message.
+func saidMigration(logs string, latest int, then string) bool {
+	migrating := false
+	for _, line := range strings.Split(logs, "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) != nil {
+			continue
+		}
+		switch rec["msg"] {
+		case "store: migrating the schema; " + then:
+			migrating = rec["from_version"] == float64(24) && rec["to_version"] == float64(latest)
+		case "store: schema migrated":
+			return migrating && rec["took"] != nil
+		}
+	}
+	return false
+}
+
+// TestDiscoveryAndBenchSeedSayTheyMigrate: discovery's start, its
+// commands and bench seed migrate a store of an older schema saying so
+// before and after, as the authority's start does (a migration on a
+// large store takes minutes); before, they migrated it without a word.
+func TestDiscoveryAndBenchSeedSayTheyMigrate(t *testing.T) {
+	t.Parallel()
+	latest := knownSchema(t)
+	ddir := filepath.Join(t.TempDir(), "discovery")
+	db := filepath.Join(ddir, "discovery.db")
+	startDiscovery(t, ddir).stop(t)
+	takeBackSchema(t, db)
+	d := startDiscovery(t, ddir)
+	d.stop(t)
+	if !saidMigration(d.Logs(), latest, "discovery's store opens once it is done") {
+		t.Errorf("discovery started on schema 24 did not say it migrates it to %d:\n%s", latest, d.Logs())
+	}
+	takeBackSchema(t, db)
+	r := muster(t, nil, "discovery", "show", "--data", ddir, "-o", "json")
+	if r.code != 0 || !saidMigration(r.stderr, latest, "discovery's store opens once it is done") {
+		t.Errorf("discovery show on schema 24: exit %d, stderr %s; want it to say it migrates to %d", r.code, r.stderr, latest)
+	}
+	if r := muster(t, nil, "discovery", "show", "--data", ddir, "-o", "json"); strings.Contains(r.stderr, "store: ") {
+		t.Errorf("discovery show on the current schema said: %s", r.stderr)
+	}
+
+	dir, _ := initDir(t)
+	takeBackSchema(t, filepath.Join(dir, "muster.db"))
+	r = muster(t, nil, "bench", "seed", "--data", dir, "--tokens", "1", "--nodes", "0")
+	if r.code != 0 || !saidMigration(r.stderr, latest, "the seed begins once it is done") {
+		t.Errorf("bench seed on schema 24: exit %d, stderr %s; want it to say it migrates to %d", r.code, r.stderr, latest)
+	}
+	if v := schemaOf(t, dir); v != latest {
+		t.Errorf("schema %d after bench seed, want %d", v, latest)
+	}
 }

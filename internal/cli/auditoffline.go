@@ -45,12 +45,7 @@ func (o *auditOfflineFlags) check(cmd *cobra.Command, name string) error {
 		}
 		return nil
 	}
-	for _, f := range []string{"authority", "identity"} {
-		if cmd.Flags().Changed(f) {
-			return fmt.Errorf("%s: --%s names the authority's admin API, which --offline does not use", name, f)
-		}
-	}
-	return nil
+	return refuseAdminAPIFlags(cmd, name)
 }
 
 // open opens the store of the data directory and the audit logger over
@@ -70,11 +65,7 @@ func (o *auditOfflineFlags) open(ctx context.Context, env *Env, af *adminFlags) 
 // too: configFile (--config), as muster authority --config reads it,
 // else the directory's authority.yaml, where the store URL may be.
 func openOffline(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, *audit.Logger, offlineDir, error) {
-	od, err := loadOfflineDir(env, data, configFile)
-	if err != nil {
-		return nil, nil, od, err
-	}
-	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	st, d, od, err := openOfflineDirStore(ctx, env, data, configFile, storeURL)
 	if err != nil {
 		return nil, nil, od, err
 	}
@@ -86,6 +77,30 @@ func openOffline(ctx context.Context, env *Env, data, configFile, storeURL strin
 	return st, logger, od, nil
 }
 
+// openOfflineDirStore reads the data directory data and its settings
+// (loadOfflineDir) and opens its store (openOfflineStore): storeURL
+// (--store), else MUSTER_STORE, else the settings file's, else the one
+// authority.json records.
+func openOfflineDirStore(ctx context.Context, env *Env, data, configFile, storeURL string) (store.Store, dataDir, offlineDir, error) {
+	od, err := loadOfflineDir(env, data, configFile)
+	if err != nil {
+		return nil, dataDir{}, od, err
+	}
+	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	return st, d, od, err
+}
+
+// refuseAdminAPIFlags refuses --authority and --identity given to name's
+// --offline: they would be silently ignored.
+func refuseAdminAPIFlags(cmd *cobra.Command, name string) error {
+	for _, f := range []string{"authority", "identity"} {
+		if cmd.Flags().Changed(f) {
+			return fmt.Errorf("%s: --%s names the authority's admin API, which --offline does not use", name, f)
+		}
+	}
+	return nil
+}
+
 // openOfflineStore opens and checks the store storeURL ("": the one
 // od's authority.json records) of od's data directory, without its lock.
 // A SQLite store that does not exist is an error naming --store and
@@ -95,33 +110,43 @@ func openOfflineStore(ctx context.Context, od offlineDir, storeURL string) (stor
 	if err != nil {
 		return nil, d, err
 	}
+	d.migrating = refuseOfflineMigration
+	st, err := openLoadedOfflineStore(ctx, od, d)
+	return st, d, err
+}
+
+// openLoadedOfflineStore opens and checks the store of d, loaded from
+// od's data directory, migrating it as d.migrating says.
+func openLoadedOfflineStore(ctx context.Context, od offlineDir, d dataDir) (store.Store, error) {
 	if path, ok := strings.CutPrefix(d.url, "sqlite://"); ok {
 		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, d, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
+			return nil, fmt.Errorf("no store at %s: give the store the authority uses with --store, or the settings file it is started with with --config", path)
 		}
-	}
-	// The store is shared with authorities that may run beside this
-	// command, or be started after it, of the version that last migrated
-	// it: moving the schema on here would make every one of them refuse
-	// to start. The authority of the new version migrates at its start.
-	d.migrating = func(from, to int) error {
-		if from == 0 {
-			return nil // no schema yet: CheckStore says what is wrong
-		}
-		return fmt.Errorf("the store is at schema version %d; this muster knows version %d and would migrate it, "+
-			"after which every muster that knows only version %d (the authority using it, until upgraded) refuses to start: "+
-			"run this command with the muster of the authority's version (`muster version` shows the schema a binary knows), "+
-			"or upgrade the authority first, which migrates the store at its start (docs/install.md, \"Upgrades\")", from, to, from)
 	}
 	st, err := d.openStore(ctx)
 	if err != nil {
-		return nil, d, err
+		return nil, err
 	}
 	if err := datadir.CheckStore(ctx, st, od.dir, d.info, storeURLWithoutPassword(d.url)); err != nil {
 		st.Close()
-		return nil, d, err
+		return nil, err
 	}
-	return st, d, nil
+	return st, nil
+}
+
+// refuseOfflineMigration is an offline command's migrating: the store is
+// shared with authorities that may run beside the command, or be started
+// after it, of the version that last migrated it: moving the schema on
+// here would make every one of them refuse to start. The authority of the
+// new version migrates at its start.
+func refuseOfflineMigration(from, to int) error {
+	if from == 0 {
+		return nil // no schema yet: CheckStore says what is wrong
+	}
+	return fmt.Errorf("the store is at schema version %d; this muster knows version %d and would migrate it, "+
+		"after which every muster that knows only version %d (the authority using it, until upgraded) refuses to start: "+
+		"run this command with the muster of the authority's version (`muster version` shows the schema a binary knows), "+
+		"or upgrade the authority first, which migrates the store at its start (docs/install.md, \"Upgrades\")", from, to, from)
 }
 
 // auditReader is the part of a store (the authority's or discovery's)

@@ -699,6 +699,33 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 	return st, err
 }
 
+// servingHolder is a shared store (PostgreSQL), on which a serving
+// authority holds a lock that keeps out the offline commands that need
+// every authority stopped.
+type servingHolder interface {
+	HoldServing(ctx context.Context, onLost func(error)) (release func(), err error)
+}
+
+// lockAuthorityFiles takes the data directory's lock and, for an SQLite
+// store (url), the database file's: what keeps a second authority off
+// both, and the offline commands that need the authority stopped.
+func lockAuthorityFiles(dir datadir.Dir, url string) (unlock func(), err error) {
+	unlock, err = dir.Lock()
+	if err != nil {
+		return nil, err
+	}
+	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
+		unlockDB, err := datadir.LockSQLiteStore(db)
+		if err != nil {
+			unlock()
+			return nil, err
+		}
+		unlockDir := unlock
+		unlock = func() { unlockDB(); unlockDir() }
+	}
+	return unlock, nil
+}
+
 // openAuthorityStore does what comes before anything writes to an
 // authority's store: the directory's lock (one writer at a time), the
 // store opened and checked against the directory, the audit chain's head
@@ -706,26 +733,32 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 // the authority reads, named with --config in the ways out it prints.
 // close undoes it all.
 func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string, d dataDir, timeout time.Duration,
-	onAppend func(audit.Event)) (st store.Store, logger *audit.Logger, close func(), err error) {
+	onAppend func(audit.Event), onServingLost func(error)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	info, sk, url := d.info, d.sk, d.url
-	unlock, err := dir.Lock()
+	unlock, err := lockAuthorityFiles(dir, url)
 	if err != nil {
 		return nil, nil, nil, err
-	}
-	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
-		unlockDB, err := datadir.LockSQLiteStore(db)
-		if err != nil {
-			unlock()
-			return nil, nil, nil, err
-		}
-		unlockDir := unlock
-		unlock = func() { unlockDB(); unlockDir() }
 	}
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
 	}
 	close = func() { st.Close(); unlock() }
+	// A shared store has no file to lock: every authority on it holds its
+	// serving lock (shared) while it runs, which keeps out the offline
+	// commands that need every authority stopped (store reapply).
+	if s, ok := st.(servingHolder); ok {
+		release, err := s.HoldServing(ctx, onServingLost)
+		if errors.Is(err, postgres.ErrExcluded) {
+			err = fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): start the authority again once it has finished", err)
+		}
+		if err != nil {
+			close()
+			return nil, nil, nil, err
+		}
+		closeStore := close
+		close = func() { release(); closeStore() }
+	}
 	if err := datadir.CheckStore(ctx, st, dir, info, storeURLWithoutPassword(url)); err != nil {
 		close()
 		return nil, nil, nil, err
@@ -759,19 +792,15 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	// A migration may take minutes on a large fleet, before the
 	// listeners open (docs/install.md, "Upgrades"): say it is under way,
 	// and when it is done, or the start reads as hung.
-	var migrated time.Time
-	su.data.migrating = func(from, to int) error {
-		migrated = time.Now()
-		log.Info("store: migrating the schema; the authority serves once it is done", "from_version", from, "to_version", to)
-		return nil
-	}
-	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit)
+	ml := &migrationLog{log: log, then: "the authority serves once it is done"}
+	su.data.migrating = ml.migrating
+	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit, func(err error) {
+		log.Warn("store: the serving lock is lost; until it is held again, muster store reapply is not kept out while this authority serves", "error", err)
+	})
 	if err != nil {
 		return prefixed("authority", err)
 	}
-	if !migrated.IsZero() {
-		log.Info("store: schema migrated", "took", time.Since(migrated).Round(time.Millisecond).String())
-	}
+	ml.done()
 	defer closeStore()
 	logPool(log, st)
 	// The store is reachable: a refusal over the keys' custody is

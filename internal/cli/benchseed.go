@@ -74,7 +74,14 @@ test authority only: the nodes and tokens stay.`,
 			if err != nil {
 				return fmt.Errorf("bench seed: %w", err)
 			}
-			st, logger, closeStore, err := openAuthorityStore(ctx, d, "", dd, 0, nil)
+			log, err := newLogger(env.Stderr, "", "info")
+			if err != nil {
+				return fmt.Errorf("bench seed: %w", err)
+			}
+			ml := &migrationLog{log: log, then: "the seed begins once it is done"}
+			dd.migrating = ml.migrating
+			st, logger, closeStore, err := openAuthorityStore(ctx, d, "", dd, 0, nil, nil)
+			ml.done()
 			if errors.Is(err, datadir.ErrLocked) {
 				return fmt.Errorf("bench seed: stop the authority first: %w", err)
 			} else if err != nil {

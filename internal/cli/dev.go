@@ -180,7 +180,7 @@ func startDevDiscovery(ctx context.Context, g *errgroup.Group, env *Env, dir, li
 	if err != nil {
 		return nil, err
 	}
-	_, st, err := openDiscoveryStore(ctx, id.Dir, "")
+	_, st, err := openDiscoveryStore(ctx, id.Dir, "", log)
 	if err != nil {
 		return nil, err
 	}

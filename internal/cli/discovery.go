@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,7 +159,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	url, st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL)
+	url, st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL, log)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
@@ -193,13 +194,18 @@ func (f *discoveryStoreFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.storeURL, "store", "", "store URL (default: the one DIR/discovery.addr records, without a password: PGPASSWORD or PGPASSFILE gives it, as to muster discovery; else DIR/discovery.db)")
 }
 
-// open opens the data directory and its store.
-func (f *discoveryStoreFlags) open(ctx context.Context) (discoveryd.Dir, store.Store, error) {
+// open opens the data directory and its store; a migration of the
+// store's schema is said on env's standard error.
+func (f *discoveryStoreFlags) open(ctx context.Context, env *Env) (discoveryd.Dir, store.Store, error) {
 	d, err := discoveryDir(f.dir)
 	if err != nil {
 		return "", nil, err
 	}
-	_, st, err := openDiscoveryStore(ctx, d, f.storeURL)
+	log, err := newLogger(env.Stderr, "", "info")
+	if err != nil {
+		return "", nil, err
+	}
+	_, st, err := openDiscoveryStore(ctx, d, f.storeURL, log)
 	if err != nil {
 		return "", nil, err
 	}
@@ -211,13 +217,16 @@ func (f *discoveryStoreFlags) open(ctx context.Context) (discoveryd.Dir, store.S
 // in the data directory; url is the one opened. Failing to connect to the
 // recorded one, which has no password, names where the password comes
 // from and the way out, since a URL the user gave nowhere is not what
-// they would think of.
-func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string) (url string, st store.Store, err error) {
+// they would think of. A migration of the store's schema is said on log,
+// as the authority's start says it.
+func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string, log *slog.Logger) (url string, st store.Store, err error) {
 	url, recorded, err := d.StoreURL(given)
 	if err != nil {
 		return "", nil, err
 	}
-	st, err = openStore(ctx, url)
+	ml := &migrationLog{log: log, then: "discovery's store opens once it is done"}
+	st, err = openStoreWith(ctx, url, 0, ml.migrating)
+	ml.done()
 	if err != nil && recorded && errors.Is(err, store.ErrUnavailable) {
 		// Not the password: the database did not answer (openStoreWith).
 		return "", nil, fmt.Errorf("the store %s records, %s, is unavailable: %w; start the database or make it reachable from here, "+
@@ -327,7 +336,7 @@ discovery is running.`,
 				return fmt.Errorf("discovery show: %w", err)
 			}
 			if _, err := os.Stat(d.DatabaseFile()); url != d.DefaultStoreURL() || err == nil {
-				keys, err := listTicketKeys(cmd.Context(), d, sf.storeURL)
+				keys, err := listTicketKeys(cmd.Context(), env, d, sf.storeURL)
 				if err != nil {
 					return fmt.Errorf("discovery show: %w", err)
 				}
@@ -353,8 +362,12 @@ discovery is running.`,
 	return cmd
 }
 
-func listTicketKeys(ctx context.Context, d discoveryd.Dir, storeURL string) ([]ticketKeyJSON, error) {
-	_, st, err := openDiscoveryStore(ctx, d, storeURL)
+func listTicketKeys(ctx context.Context, env *Env, d discoveryd.Dir, storeURL string) ([]ticketKeyJSON, error) {
+	log, err := newLogger(env.Stderr, "", "info")
+	if err != nil {
+		return nil, err
+	}
+	_, st, err := openDiscoveryStore(ctx, d, storeURL, log)
 	if err != nil {
 		return nil, err
 	}
@@ -566,7 +579,7 @@ from then on.`, discoveryd.KeyOverlap),
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := sf.open(cmd.Context())
+			d, st, err := sf.open(cmd.Context(), env)
 			if err != nil {
 				return fmt.Errorf("discovery rotate-key: %w", err)
 			}

@@ -38,7 +38,7 @@ func newDiscoveryAuditListCmd(env *Env) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}
-			d, st, err := sf.open(cmd.Context())
+			d, st, err := sf.open(cmd.Context(), env)
 			if err != nil {
 				return fmt.Errorf("discovery audit list: %w", err)
 			}
@@ -80,7 +80,7 @@ database, and exits non-zero. It only reads, whether or not discovery runs.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := sf.open(cmd.Context())
+			d, st, err := sf.open(cmd.Context(), env)
 			if err != nil {
 				return fmt.Errorf("discovery audit verify: %w", err)
 			}

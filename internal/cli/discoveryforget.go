@@ -45,7 +45,7 @@ they expire (48 hours), and count toward its daily quota.`,
 			if err := out.check(); err != nil {
 				return err
 			}
-			d, st, err := sf.open(cmd.Context())
+			d, st, err := sf.open(cmd.Context(), env)
 			if err != nil {
 				return fmt.Errorf("discovery forget: %w", err)
 			}

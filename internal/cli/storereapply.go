@@ -13,8 +13,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/postgres"
 )
 
 // reapplyActor is the audit actor of what store reapply re-applies: no
@@ -59,8 +61,12 @@ store the backup was taken from.
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
 identities, signer and CA steps issued since) it lists with the command
-to run. Run it with the authority stopped, after moving the audit files
-aside as the refused start says, before starting it again.`,
+to run. Run it with the authority stopped (every replica, on PostgreSQL:
+it refuses while one serves, and none starts while it works), after
+moving the audit files aside as the refused start says, before starting
+it again. A backup taken before an upgrade is at the older schema: when
+the store kept aside is at this muster's, the restored store is migrated
+first, as the authority's start would, and it says so.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -69,10 +75,8 @@ aside as the refused start says, before starting it again.`,
 			if !offline {
 				return errors.New("store reapply: it works on the store itself, from the data directory, with the authority stopped: give --offline")
 			}
-			for _, f := range []string{"authority", "identity"} {
-				if cmd.Flags().Changed(f) {
-					return fmt.Errorf("store reapply: --%s names the authority's admin API, which --offline does not use", f)
-				}
+			if err := refuseAdminAPIFlags(cmd, "store reapply"); err != nil {
+				return err
 			}
 			if fromURL == "" {
 				return errors.New("store reapply: --from is required: the store the restore replaced, such as sqlite:///var/lib/muster/authority/muster.db.before-restore")
@@ -205,11 +209,18 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if err != nil {
 		return nil, err
 	}
-	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	d, err := loadDataDir(od.dir, od.storeURL(env, storeURL))
 	if err != nil {
 		return nil, err
 	}
-	defer st.Close()
+	release, err := keepAuthoritiesOut(ctx, od, d)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	// The store kept aside first, at this muster's schema (it refuses to
+	// migrate it): the one the authorities used until the restore, so
+	// they are of this version, or the command is not.
 	from, fd, err := openOfflineStore(ctx, od, fromURL)
 	if err != nil {
 		return nil, fmt.Errorf("the store kept aside (--from): %w", err)
@@ -217,6 +228,29 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	defer from.Close()
 	if fd.url == d.url {
 		return nil, fmt.Errorf("--from names the restored store itself (%s): give the store the restore replaced", storeURLWithoutPassword(d.url))
+	}
+	// A backup taken before the upgrade that migrated the store kept
+	// aside is at an older schema: the authority's start would migrate
+	// it, but a start appends records, after which nothing can be
+	// re-applied. With every authority kept out, it is migrated here
+	// first, and said so.
+	var migrated time.Time
+	d.migrating = func(from, to int) error {
+		if from == 0 {
+			return nil // no schema: CheckStore says what is wrong
+		}
+		migrated = time.Now()
+		fmt.Fprintf(env.Stderr, "The restored store is at schema version %d, from before the upgrade to version %d, at which the store kept aside is: "+
+			"migrating it first, as the authority's start would (nothing else is written without --apply)...\n", from, to)
+		return nil
+	}
+	st, err := openLoadedOfflineStore(ctx, od, d)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	if !migrated.IsZero() {
+		fmt.Fprintf(env.Stderr, "Migrated in %s.\n", time.Since(migrated).Round(time.Millisecond))
 	}
 	logger, err := newAuditLogger(st, d.sk, od.dir, od.configPath, nil)
 	if err != nil {
@@ -285,6 +319,39 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 		}
 	}
 	return res, nil
+}
+
+// keepAuthoritiesOut takes what an authority serving on d's store holds
+// until release: the data directory's lock and, for SQLite, the database
+// file's; for PostgreSQL, shared by every replica on the database, its
+// serving lock, exclusively. So reapply refuses while one serves (its
+// writes would race the authority's, and the authority's appends to the
+// restored chain make it refuse anyway), and none starts while it works.
+func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (release func(), err error) {
+	stopFirst := func(err error) error {
+		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
+	}
+	unlock, err := lockAuthorityFiles(od.dir, d.url)
+	if err != nil {
+		if errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked) {
+			err = stopFirst(err)
+		}
+		return nil, err
+	}
+	if strings.HasPrefix(d.url, "sqlite://") {
+		return unlock, nil
+	}
+	releasePG, err := postgres.ExcludeServing(ctx, d.url)
+	switch {
+	case errors.Is(err, postgres.ErrServing):
+		unlock()
+		return nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each), then run this again",
+			storeURLWithoutPassword(d.url), err)
+	case err != nil:
+		unlock()
+		return nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
+	}
+	return func() { releasePG(); unlock() }, nil
 }
 
 // restoredHead is the restored store's newest record, before any record
@@ -437,8 +504,10 @@ func (p *reapplyPlanner) planLocks(ctx context.Context, res *reapplyResult) erro
 }
 
 // planNodes: a node deleted since that the restored store holds is
-// deleted again (whatever joined under its ID since, the restored store's
-// instance is one that was deleted).
+// deleted again: the node the restored store holds under the ID, by its
+// creation (the first join, which a node keeps through its instances), so
+// a node deleted and joined again under its ID since, there when the
+// write comes, is another node and is left.
 func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) error {
 	done := map[string]bool{}
 	var steps []reapplyStep
@@ -455,10 +524,19 @@ func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) erro
 		if err != nil {
 			return err
 		}
-		id := n.ID
-		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: "delete node " + id + ", instance " + n.InstanceID, target: id,
+		what := fmt.Sprintf("delete node %s, created %s, instance %s", n.ID, n.CreatedAt.UTC().Format(time.RFC3339), n.InstanceID)
+		switch f, err := p.from.GetNode(ctx, n.ID); {
+		case err == nil && f.CreatedAt.Equal(n.CreatedAt):
+			continue // the store kept aside holds it still: the record deleted another
+		case err == nil:
+			what += " (the store kept aside holds another node joined under its ID since, unknown to the restored store: its agent joins again)"
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("reading the nodes of the store kept aside: %w", err)
+		}
+		id, created := n.ID, n.CreatedAt
+		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: what, target: id,
 			write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
-				return st.DeleteNode(ctx, id, build)
+				return st.DeleteNodeCreated(ctx, id, created, build)
 			}})
 	}
 	slices.Reverse(steps)

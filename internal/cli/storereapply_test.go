@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -336,5 +338,117 @@ func TestStoreReapplyListsWhatTheAuditCannotRedo(t *testing.T) {
 	}
 	if len(want) > 0 || len(res.Steps) != 0 {
 		t.Errorf("not listed: %v; steps %+v, want none", want, res.Steps)
+	}
+}
+
+// testJoin is a join of node by a token-less method that creates
+// instance at created.
+func testJoin(node, instance string, created time.Time) store.Join {
+	created = created.UTC().Truncate(time.Microsecond)
+	sn := fmt.Sprintf("%x", instance)
+	return store.Join{Credential: "psk-1", NodeID: node,
+		Instance: store.Instance{ID: instance, JoinMethod: store.JoinMethodPSK, TokenID: "psk-1", CreatedAt: created,
+			LastSerial: sn, LastPublicKey: []byte("k-" + instance), LastChainPEM: []byte("chain"), LastIssuedAt: created},
+		Certificate: store.Certificate{Serial: sn, NodeID: node, InstanceID: instance, JoinMethod: store.JoinMethodPSK, TokenID: "psk-1",
+			PublicKey: []byte("k-" + instance), NotBefore: created, NotAfter: created.Add(time.Hour), IssuedAt: created}}
+}
+
+// TestStoreReapplyNodeDeletionMatchesTheNode: a node deleted since the
+// backup is deleted again as the node the restored store holds, by its
+// creation: a node deleted and joined again under its ID by the time the
+// write comes (here made between the plan and the write) is another node,
+// and is left, nothing written; before, the deletion went by the ID and
+// took whatever node held it. Where the store kept aside holds such a
+// node, the plan says its agent joins again.
+func TestStoreReapplyNodeDeletionMatchesTheNode(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-time.Hour)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, n := range []string{"gone-01", "back-01"} {
+			j := testJoin(n, n+"-a", now)
+			j.Audit = func(h store.AuditHead) (store.AuditRecord, error) {
+				link, err := l.Builder(audit.Event{Actor: "test", Action: "agent.join", Target: n, Result: audit.ResultOK})
+				if err != nil {
+					return store.AuditRecord{}, err
+				}
+				defer l.Appended(link)
+				return link.Build(h)
+			}
+			if _, err := st.CommitJoin(ctx, j); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, n := range []string{"gone-01", "back-01"} {
+			write(t, l, "agent.delete", n, func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, n, b) })
+		}
+		if _, err := st.CommitJoin(ctx, testJoin("back-01", "back-01-b", now.Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+
+	ctx := context.Background()
+	env := &Env{Getenv: func(string) string { return "" }}
+	st, d, od, err := openOfflineDirStore(ctx, env, string(f.dir), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	l, err := newAuditLogger(st, d.sk, f.dir, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, _, err := openOfflineStore(ctx, od, "sqlite://"+f.aside)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer from.Close()
+	head, err := restoredHead(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost, _, err := lostRecords(ctx, from, head, f.aside, od)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &reapplyPlanner{st: st, from: from, lost: lost, fromName: f.aside, od: od}
+	res := &reapplyResult{}
+	if err := p.plan(ctx, res); err != nil {
+		t.Fatal(err)
+	}
+	steps := map[string]reapplyStep{}
+	for _, s := range res.Steps {
+		steps[s.target] = s
+	}
+	if len(steps) != 2 || !strings.Contains(steps["back-01"].What, "another node joined under its ID since") ||
+		strings.Contains(steps["gone-01"].What, "another node") {
+		t.Fatalf("the plan: %+v, want both nodes deleted, back-01's agent said to join again", res.Steps)
+	}
+	// The node deleted since joins again in the restored store before
+	// the write (as under an authority running beside it).
+	write(t, l, "agent.delete", "back-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+		return st.DeleteNode(ctx, "back-01", b)
+	})
+	if _, err := st.CommitJoin(ctx, testJoin("back-01", "back-01-c", now.Add(2*time.Minute))); err != nil {
+		t.Fatal(err)
+	}
+	link, err := l.Builder(audit.Event{Actor: reapplyActor, Action: reapplyAction, Target: "back-01", Result: audit.ResultOK})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := steps["back-01"].write(ctx, st, link.Build); !errors.Is(err, store.ErrConflict) {
+		t.Errorf("deleting back-01 as planned, with another node under its ID: %v, want a conflict", err)
+	}
+	if n, err := st.GetNode(ctx, "back-01"); err != nil || n.InstanceID != "back-01-c" {
+		t.Errorf("back-01 after the planned delete: %+v, %v; want the node joined since left", n, err)
+	}
+	write(t, l, reapplyAction, "gone-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+		return steps["gone-01"].write(ctx, st, b)
+	})
+	if _, err := st.GetNode(ctx, "gone-01"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("gone-01 after the planned delete: %v, want it gone", err)
 	}
 }

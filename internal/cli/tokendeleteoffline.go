@@ -62,10 +62,8 @@ func (b *bulkTokenDelete) run(cmd *cobra.Command, env *Env, af *adminFlags, out 
 	if !b.offline {
 		return errors.New("token delete --with-uses-left: it works on the store itself, from the data directory: give --offline")
 	}
-	for _, f := range []string{"authority", "identity"} {
-		if cmd.Flags().Changed(f) {
-			return fmt.Errorf("token delete: --%s names the authority's admin API, which --offline does not use", f)
-		}
+	if err := refuseAdminAPIFlags(cmd, "token delete"); err != nil {
+		return err
 	}
 	if b.createdBefore == "" {
 		return errors.New("token delete --with-uses-left: --created-before is required: the time the restored backup was taken (its tokens made since are not in the store)")
@@ -111,11 +109,7 @@ func (b *bulkTokenDelete) run(cmd *cobra.Command, env *Env, af *adminFlags, out 
 // data directory's store created before before that have uses left and
 // have not expired by the store clock.
 func deleteTokensWithUsesLeft(ctx context.Context, env *Env, data, configFile, storeURL string, before time.Time, apply bool) ([]tokenDeletedJSON, error) {
-	od, err := loadOfflineDir(env, data, configFile)
-	if err != nil {
-		return nil, err
-	}
-	st, d, err := openOfflineStore(ctx, od, od.storeURL(env, storeURL))
+	st, d, od, err := openOfflineDirStore(ctx, env, data, configFile, storeURL)
 	if err != nil {
 		return nil, err
 	}

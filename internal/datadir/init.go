@@ -179,11 +179,11 @@ func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	// cannot be overwritten.
 	if inPlace {
 		err = moveInto(staging, target)
-	} else {
-		err = os.Rename(staging, target)
+	} else if err = os.Rename(staging, target); err != nil {
+		err = fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, oserr.Reason(err))
 	}
 	if err != nil {
-		return InitResult{}, fmt.Errorf("datadir: cannot move the new data directory into %s: %w", target, oserr.Reason(err))
+		return InitResult{}, err
 	}
 	ok = true
 	if d, err := os.Open(filepath.Dir(target)); err == nil {

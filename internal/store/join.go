@@ -302,6 +302,12 @@ type JoinStore interface {
 	// an error building or appending it is returned and the node stays;
 	// a nil audit is refused.
 	DeleteNode(ctx context.Context, id string, audit func(head AuditHead) (AuditRecord, error)) error
+	// DeleteNodeCreated is DeleteNode of the node id first joined at
+	// created (Node.CreatedAt; a node keeps it through its instances'
+	// supersessions) only: a node deleted and joined again under its ID
+	// since is another node, and is left, ErrConflict, nothing written.
+	// ErrNotFound if no node holds id; a zero created is refused.
+	DeleteNodeCreated(ctx context.Context, id string, created time.Time, audit func(head AuditHead) (AuditRecord, error)) error
 	// GetInstance returns an instance; ErrNotFound.
 	GetInstance(ctx context.Context, id string) (Instance, error)
 	// ListInstances returns the instances of a node ID, oldest first,

@@ -3,9 +3,9 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -45,22 +45,50 @@ func (s *Store) ListNodes(ctx context.Context) ([]store.Node, error) {
 // travels in one batch with the record's. The instances and certificates
 // of the ID are kept as its history.
 func (s *Store) DeleteNode(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.deleteNode(ctx, id, time.Time{}, audit)
+}
+
+// DeleteNodeCreated is DeleteNode of the node id created at created only;
+// ErrConflict, nothing written, if the node holding id was created at
+// another time.
+func (s *Store) DeleteNodeCreated(ctx context.Context, id string, created time.Time, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if created.IsZero() {
+		return fmt.Errorf("postgres: delete node %s: no creation time to match", id)
+	}
+	return s.deleteNode(ctx, id, created, audit)
+}
+
+// deleteNode deletes node id, created at created unless that is zero
+// (NULL: any).
+func (s *Store) deleteNode(ctx context.Context, id string, created time.Time, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("postgres: delete node %s: no audit record: a node is never deleted unaudited", id)
 	}
 	op := "delete node " + id
+	at := timeArg(created)
 	return s.inPipe(ctx, op, func(p *pipe) error {
 		p.exec(nodeLockQuery, []any{nodeLockClass, id}, wrapped(op+": lock"))
 		p.exec(`UPDATE instances SET state = 'deleted'
-			WHERE id = (SELECT instance_id FROM nodes WHERE id = $1) AND state = 'current'`, []any{id}, wrapped(op))
-		p.exec(`DELETE FROM nodes WHERE id = $1`, []any{id}, func(tag pgconn.CommandTag, err error) error {
-			if err == nil && tag.RowsAffected() == 0 {
-				err = pgx.ErrNoRows
-			}
-			if err != nil {
+			WHERE id = (SELECT instance_id FROM nodes WHERE id = $1 AND ($2::bigint IS NULL OR created_at = $2)) AND state = 'current'`,
+			[]any{id, at}, wrapped(op))
+		// One row: when the node holding the ID was created (NULL: none
+		// does), and whether it went.
+		p.row(`WITH held AS (SELECT created_at FROM nodes WHERE id = $1),
+				gone AS (DELETE FROM nodes WHERE id = $1 AND ($2::bigint IS NULL OR created_at = $2) RETURNING 1)
+			SELECT (SELECT created_at FROM held), EXISTS (SELECT 1 FROM gone)`, []any{id, at}, func(r pgx.Row) error {
+			var held *int64
+			var deleted bool
+			if err := r.Scan(&held, &deleted); err != nil {
 				return wrap(op, err)
 			}
-			return nil
+			switch {
+			case deleted:
+				return nil
+			case held == nil:
+				return wrap(op, pgx.ErrNoRows)
+			}
+			return fmt.Errorf("postgres: %s: %w: the node holding the ID was created at %s, not %s (deleted and joined again since)",
+				op, store.ErrConflict, timeCol(held).Format(time.RFC3339Nano), created.UTC().Format(time.RFC3339Nano))
 		})
 		queueNotify(p, store.ChangeStanding, id)
 		return commitAudited(ctx, p, audit, op)

@@ -83,6 +83,10 @@ const nowMicros = `(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::bigint`
 const (
 	migrateLockKey int64 = 0x6d75737465720001 // "muster" + 1: schema migrations
 	auditLockKey   int64 = 0x6d75737465720002 // the audit chain's single writer
+	// servingLockKey: held shared by every authority serving on the
+	// store, exclusively by an offline command that must run with none
+	// (serving.go).
+	servingLockKey int64 = 0x6d75737465720004 // 3 is pskLockKey (psks.go)
 	nodeLockClass  int32 = 0x6d757374         // joins of one node ID
 	// operatorLockClass serializes issuing certificates to one operator
 	// name (with hashtext(name)).

@@ -3,7 +3,9 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -45,12 +47,36 @@ func (s *SQLite) ListNodes(ctx context.Context) ([]store.Node, error) {
 // A record that cannot be built or appended leaves the node as it was.
 // The instances and certificates of the ID are kept as its history.
 func (s *SQLite) DeleteNode(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	return s.deleteNode(ctx, id, time.Time{}, audit)
+}
+
+// DeleteNodeCreated is DeleteNode of the node id created at created only;
+// ErrConflict, nothing written, if the node holding id was created at
+// another time.
+func (s *SQLite) DeleteNodeCreated(ctx context.Context, id string, created time.Time, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	if created.IsZero() {
+		return fmt.Errorf("sqlite: delete node %s: no creation time to match", id)
+	}
+	return s.deleteNode(ctx, id, created, audit)
+}
+
+// deleteNode deletes node id, created at created unless that is zero.
+func (s *SQLite) deleteNode(ctx context.Context, id string, created time.Time, audit func(store.AuditHead) (store.AuditRecord, error)) error {
 	if audit == nil {
 		return fmt.Errorf("sqlite: delete node %s: no audit record: a node is never deleted unaudited", id)
 	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
 		var instanceID string
-		if err := tx.QueryRowContext(ctx, `DELETE FROM nodes WHERE id = ? RETURNING instance_id`, id).Scan(&instanceID); err != nil {
+		err := tx.QueryRowContext(ctx, `DELETE FROM nodes WHERE id = ? AND (?2 IS NULL OR created_at = ?2) RETURNING instance_id`,
+			id, timeArg(created)).Scan(&instanceID)
+		if errors.Is(err, sql.ErrNoRows) && !created.IsZero() {
+			var other int64
+			if tx.QueryRowContext(ctx, `SELECT created_at FROM nodes WHERE id = ?`, id).Scan(&other) == nil {
+				return fmt.Errorf("sqlite: delete node %s: %w: the node holding the ID was created at %s, not %s (deleted and joined again since)",
+					id, store.ErrConflict, time.UnixMicro(other).UTC().Format(time.RFC3339Nano), created.UTC().Format(time.RFC3339Nano))
+			}
+		}
+		if err != nil {
 			return wrap("delete node "+id, err)
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE instances SET state = 'deleted'

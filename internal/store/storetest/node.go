@@ -69,6 +69,32 @@ func nodeCases() []testCase {
 			})
 			wantErr(t, "DeleteNode twice", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))), store.ErrNotFound)
 		}},
+		{"delete of the node created at a time leaves another node joined under its ID since", func(t *testing.T, ctx context.Context, s store.Store) {
+			admit(t, ctx, s, "node-1", "i1", at(0))
+			first, err := s.GetNode(ctx, "node-1")
+			mustNil(t, "GetNode", err)
+			wantErr(t, "DeleteNodeCreated of no node", s.DeleteNodeCreated(ctx, "node-2", first.CreatedAt, link(record("agent.delete"))), store.ErrNotFound)
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
+			j, in := admit(t, ctx, s, "node-1", "i2", at(time.Hour))
+			seq := auditSeq(t, ctx, s)
+			wantErr(t, "DeleteNodeCreated of the node deleted", s.DeleteNodeCreated(ctx, "node-1", first.CreatedAt, link(record("agent.delete"))), store.ErrConflict)
+			again, err := s.GetNode(ctx, "node-1")
+			mustNil(t, "GetNode of the node joined again", err)
+			wantEqual(t, "the node joined again", again, wantNode(j, at(time.Hour)))
+			got, err := s.GetInstance(ctx, "i2")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "its instance", got, in)
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused delete appended records %d to %d", seq+1, after)
+			}
+			mustNil(t, "DeleteNodeCreated of the node there", s.DeleteNodeCreated(ctx, "node-1", again.CreatedAt, link(record("agent.delete"))))
+			_, err = s.GetNode(ctx, "node-1")
+			wantErr(t, "GetNode after DeleteNodeCreated", err, store.ErrNotFound)
+			got, err = s.GetInstance(ctx, "i2")
+			if mustNil(t, "GetInstance", err); got.State != store.InstanceDeleted {
+				t.Errorf("its instance after DeleteNodeCreated: %+v, want it deleted", got)
+			}
+		}},
 		{"an unaudited delete leaves the node", func(t *testing.T, ctx context.Context, s store.Store) {
 			admit(t, ctx, s, "node-1", "i1", at(0))
 			all := func() any { return snapshot(t, ctx, s, "node-1") }

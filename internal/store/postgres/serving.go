@@ -1,0 +1,170 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Replicas serving and offline commands that need none. On SQLite the
+// authority's flock on the database file keeps such a command out; a
+// shared database has no file, so every authority serving on it holds
+// servingLockKey shared, on a connection of its own for as long as it
+// runs, and the command takes it exclusively on its own connection for
+// as long as it works: either waits for nothing and is refused at once.
+// A session-level lock lives exactly as long as its connection, so a
+// replica that dies (or loses the database) releases it with no one's
+// help.
+
+// ErrServing reports a database authorities serve on, to a command that
+// needs them stopped.
+var ErrServing = errors.New("postgres: authorities serve on this database")
+
+// ErrExcluded reports a database an offline command holds, to an
+// authority starting.
+var ErrExcluded = errors.New("postgres: an offline command that needs every authority stopped works on this database")
+
+// servingApp is the application_name of the connections that hold the
+// lock, as pg_stat_activity shows them.
+const (
+	servingApp   = "muster authority (serving)"
+	excludingApp = "muster (offline, authorities stopped)"
+)
+
+// HoldServing takes the serving lock shared for this process until
+// release, refusing with ErrExcluded while an offline command holds it.
+// Should the connection fail, it is made again and the lock taken again,
+// every leaderPoll; onLost, if not nil, hears of each failure.
+func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release func(), err error) {
+	cfg := s.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = servingApp
+	take := func(ctx context.Context) (*pgx.Conn, error) {
+		var conn *pgx.Conn
+		err := s.pool.bound(ctx, func(ctx context.Context) (err error) {
+			conn, err = pgx.ConnectConfig(ctx, cfg)
+			return err
+		})
+		if err != nil {
+			return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+		}
+		var got bool
+		if err := s.pool.bound(ctx, func(ctx context.Context) error {
+			return conn.QueryRow(ctx, `SELECT pg_try_advisory_lock_shared($1)`, servingLockKey).Scan(&got)
+		}); err != nil || !got {
+			conn.Close(context.WithoutCancel(ctx))
+			if err != nil {
+				return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+			}
+			return nil, ErrExcluded
+		}
+		return conn, nil
+	}
+	conn, err := take(ctx)
+	if err != nil {
+		return nil, err
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(leaderPoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-kctx.Done():
+				if conn != nil {
+					conn.Close(context.Background())
+				}
+				return
+			case <-t.C:
+			}
+			if conn == nil {
+				c, err := take(kctx)
+				if err != nil && kctx.Err() == nil && onLost != nil {
+					onLost(err)
+				}
+				conn = c
+				continue
+			}
+			pctx, pcancel := context.WithTimeout(kctx, leaderPoll)
+			err := conn.Ping(pctx)
+			pcancel()
+			if err != nil && kctx.Err() == nil {
+				conn.Close(context.Background())
+				conn = nil
+				if onLost != nil {
+					onLost(fmt.Errorf("postgres: the serving lock's connection failed, taking it again: %w", err))
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }, nil
+}
+
+// ExcludeServing takes the serving lock of the database at url
+// exclusively, on a connection of its own, until release: no authority
+// starts serving on it meanwhile. It refuses with ErrServing, naming the
+// sessions of the authorities that hold it, while any serves.
+func ExcludeServing(ctx context.Context, url string) (release func(), err error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("postgres: invalid connection URL")
+	}
+	cfg.RuntimeParams["application_name"] = excludingApp
+	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
+	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+	}
+	var got bool
+	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock($1)`, servingLockKey).Scan(&got); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+	}
+	if !got {
+		held := servingHolders(cctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%w: %s", ErrServing, held)
+	}
+	return func() { conn.Close(context.Background()) }, nil
+}
+
+// servingHolders names the sessions that hold the serving lock: the
+// address each authority connects from, and since when.
+func servingHolders(ctx context.Context, conn *pgx.Conn) string {
+	const unlisted = "the sessions holding the serving lock could not be listed (%v): see pg_locks"
+	rows, err := conn.Query(ctx, `SELECT a.pid, COALESCE(host(a.client_addr), 'local'), a.application_name, a.backend_start
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid AND l.objsubid = 1
+		ORDER BY a.backend_start LIMIT 10`, servingLockKey)
+	if err != nil {
+		return fmt.Sprintf(unlisted, err)
+	}
+	var held []string
+	for rows.Next() {
+		var (
+			pid       int32
+			from, app string
+			since     time.Time
+		)
+		if err := rows.Scan(&pid, &from, &app, &since); err != nil {
+			rows.Close()
+			return fmt.Sprintf(unlisted, err)
+		}
+		held = append(held, fmt.Sprintf("session %d from %s (%s) since %s", pid, from, app, since.UTC().Format(time.RFC3339)))
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Sprintf(unlisted, err)
+	}
+	if len(held) == 0 {
+		return "the authorities holding the serving lock stopped meanwhile"
+	}
+	return "the serving lock is held by " + strings.Join(held, "; ")
+}
