@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/google/uuid"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -87,6 +88,20 @@ func TestStreamCopiesTakingTurnsAudited(t *testing.T) {
 	}
 	if n := copies(); n != 1 {
 		t.Fatalf("copies suspected after three alternations: %v, want 1", n)
+	}
+	// The row names its stream by a random name alone, and says who
+	// holds it and the node's last turn in columns of their own (before,
+	// both were encoded into the stream's name).
+	row, err := b.store.GetAgentStream(t.Context(), "n-cloned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := uuid.Parse(row.StreamID); err != nil {
+		t.Errorf("the row's StreamID %q is not a bare random name: %v", row.StreamID, err)
+	}
+	a, c := "10.0.0.1 (certificate 7)", "10.0.0.2 (certificate 7)"
+	if row.Holder != a || row.Turn.From != c || row.Turn.To != a || row.Turn.Count != 4 || row.Turn.At.IsZero() {
+		t.Errorf("the row says holder %q, turn %+v; want %q, the fourth turn from %q to it", row.Holder, row.Turn, a, c)
 	}
 	recs := suspected("n-cloned")
 	if len(recs) != 1 {
