@@ -122,19 +122,28 @@ func (s *SQLite) CloseAgentStream(ctx context.Context, nodeID string, connectedA
 	})
 }
 
-// GetAgentStream returns a node's stream row.
+// GetAgentStream returns a node's stream row. Every opening stream reads
+// its node's: it is read as a join's rows are (lookup, readRow), without
+// a goroutine per query or an allocation per column destination.
 func (s *SQLite) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
-	var (
-		a                       store.AgentStream
-		connected               int
-		since, lastSeen, turnAt sql.NullInt64
-	)
-	err := s.r.QueryRowContext(ctx, `SELECT `+streamColumns+` FROM agent_streams WHERE node_id = ?`, nodeID).
-		Scan(&a.NodeID, &a.StreamID, &a.Replica, &connected, &since, &lastSeen, &a.Report,
-			&a.Holder, &a.Turn.From, &a.Turn.To, &turnAt, &a.Turn.Count)
+	b, err := readRow(s.r.lookup(ctx, `SELECT `+streamColumns+` FROM agent_streams WHERE node_id = ?`, nodeID), streamColumnCount)
 	if err != nil {
 		return store.AgentStream{}, wrap("get agent stream", err)
 	}
-	a.Connected, a.ConnectedAt, a.LastSeen, a.Turn.At = connected == 1, timeCol(since), timeCol(lastSeen), timeCol(turnAt)
+	defer b.put()
+	a, err := agentStreamFrom(b.cols(streamColumnCount))
+	if err != nil {
+		return store.AgentStream{}, wrap("get agent stream", err)
+	}
 	return a, nil
+}
+
+var streamColumnCount = columnCount(streamColumns)
+
+// agentStreamFrom takes streamColumns in their order.
+func agentStreamFrom(c cols) (store.AgentStream, error) {
+	a := store.AgentStream{NodeID: c.str(), StreamID: c.str(), Replica: c.str(), Connected: c.int() == 1,
+		ConnectedAt: c.time(), LastSeen: c.time(), Report: c.str(), Holder: c.str(),
+		Turn: store.StreamTurn{From: c.str(), To: c.str(), At: c.time(), Count: int(c.int())}}
+	return a, c.done()
 }
