@@ -53,15 +53,12 @@ func (s *Store) RecordAgentStream(ctx context.Context, a store.AgentStream) erro
 // (written before migration 0014); with another prev it only updates, so
 // a row gone since it was read is not written back.
 func (s *Store) TakeAgentStream(ctx context.Context, a store.AgentStream, prev string) error {
-	write := streamUpsert + `
-			WHERE agent_streams.stream_id = ''`
+	write, args := streamUpsert+`
+			WHERE agent_streams.stream_id = ''`, streamArgs(a)
 	if prev != "" {
 		write = `UPDATE agent_streams SET stream_id = $2, replica = $3, connected = $4, connected_at = $5,
 				last_seen = $6, report = $7, holder = $8, turn_from = $9, turn_to = $10, turn_at = $11, turn_count = $12
 			WHERE node_id = $1 AND stream_id = $15`
-	}
-	args := streamArgs(a)
-	if prev != "" {
 		args = append(args, prev)
 	}
 	rows, err := s.pool.Query(ctx, `WITH w AS (`+write+`

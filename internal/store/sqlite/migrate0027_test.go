@@ -8,6 +8,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/storetest"
 )
 
 // oldTakeAgentStream is the release before 0027's write of an opening
@@ -75,3 +76,25 @@ func TestMigration0027StreamRowsOfTheReleaseBefore(t *testing.T) {
 }
 
 func micros(v int64) time.Time { return time.UnixMicro(v).UTC() }
+
+// TestMixedStreamRows: stream rows taken in turn by replicas of the
+// release before 0027 (oldTakeAgentStream) and of this one.
+func TestMixedStreamRows(t *testing.T) {
+	storetest.RunMixedStreamTests(t, func(t *testing.T) storetest.MixedStreamStore {
+		s, _ := openTemp(t)
+		return storetest.MixedStreamStore{Store: s, TakeAsBefore: func(t *testing.T, a store.AgentStream, prev string) {
+			connected := 0
+			if a.Connected {
+				connected = 1
+			}
+			res, err := s.w.ExecContext(t.Context(), oldTakeAgentStream, a.NodeID, a.StreamID, a.Replica, connected,
+				timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report, prev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				t.Fatalf("the release before's take wrote %d rows (%v), want 1", n, err)
+			}
+		}}
+	})
+}
