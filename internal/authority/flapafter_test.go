@@ -1,6 +1,8 @@
 package authority
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -9,47 +11,65 @@ import (
 
 // TestFlapAfter: the copy signal a stream row carries to the replica
 // that takes it next. Only a live stream of another holder replaced is a
-// replacement; one back to the holder the last replacement took the row
-// from, within flapWindow, continues the count; rows of older replicas
-// (a bare stream name) and rows that do not decode count for nothing.
-// The count lives in the row, one record per node, not in each
-// replica's memory.
+// replacement; one back to the holder the last turn took the row from,
+// within flapWindow, continues the count; rows that name no holder count
+// for nothing. The count lives in the row, one record per node, not in
+// each replica's memory. A row the release before migration 0027 wrote
+// during a rolling upgrade carries its holder and turn in its StreamID,
+// and its columns are those of the row it replaced (that release does
+// not write them): its StreamID is read, not its columns.
 func TestFlapAfter(t *testing.T) {
 	t0 := time.Date(2026, 11, 28, 5, 0, 0, 0, time.UTC)
-	row := func(h streamHolder, connected bool) store.AgentStream {
-		return store.AgentStream{StreamID: "11111111-2222-3333-4444-555555555555." + h.encode(), Connected: connected}
+	ab := store.StreamTurn{From: "A", To: "B", At: t0, Count: 2}
+	row := func(holder string, turn store.StreamTurn, connected bool) store.AgentStream {
+		return store.AgentStream{StreamID: "11111111-2222-3333-4444-555555555555", Holder: holder, Turn: turn, Connected: connected}
 	}
-	ab := streamHolder{Holder: "B", From: "A", To: "B", At: t0.UnixMicro(), Count: 2}
+	// As the release before 0027 writes its row over one of this
+	// release's (stale holder "C" and turn in the columns).
+	legacy := func(holder string, turn store.StreamTurn, connected bool) store.AgentStream {
+		at := int64(0)
+		if !turn.At.IsZero() {
+			at = turn.At.UnixMicro()
+		}
+		b, err := json.Marshal(map[string]any{"h": holder, "f": turn.From, "o": turn.To, "t": at, "n": turn.Count})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return store.AgentStream{StreamID: "11111111-2222-3333-4444-555555555555." + base64.RawURLEncoding.EncodeToString(b),
+			Holder: "C", Turn: store.StreamTurn{From: "D", To: "C", At: t0, Count: 2}, Connected: connected}
+	}
 	for _, c := range []struct {
 		name   string
 		prev   store.AgentStream
 		found  bool
 		holder string
 		now    time.Time
-		want   streamHolder
+		want   store.StreamTurn
 		alt    int
 	}{
-		{"no row", store.AgentStream{}, false, "A", t0, streamHolder{Holder: "A"}, 0},
-		{"a row of an older replica", store.AgentStream{StreamID: "11111111-2222-3333-4444-555555555555", Connected: true}, true, "A", t0, streamHolder{Holder: "A"}, 0},
-		{"a row that does not decode", store.AgentStream{StreamID: "x.!!", Connected: true}, true, "A", t0, streamHolder{Holder: "A"}, 0},
-		{"the same holder reconnecting", row(ab, true), true, "B", t0.Add(time.Second),
-			streamHolder{Holder: "B", From: "A", To: "B", At: t0.UnixMicro(), Count: 2}, 0},
-		{"after a closed stream", row(ab, false), true, "A", t0.Add(time.Second),
-			streamHolder{Holder: "A", From: "A", To: "B", At: t0.UnixMicro(), Count: 2}, 0},
-		{"back to the holder replaced", row(ab, true), true, "A", t0.Add(time.Second),
-			streamHolder{Holder: "A", From: "B", To: "A", At: t0.Add(time.Second).UnixMicro(), Count: 3}, 2},
-		{"back, but after flapWindow", row(ab, true), true, "A", t0.Add(flapWindow + time.Second),
-			streamHolder{Holder: "A", From: "B", To: "A", At: t0.Add(flapWindow + time.Second).UnixMicro(), Count: 1}, 0},
-		{"a third holder", row(ab, true), true, "C", t0.Add(time.Second),
-			streamHolder{Holder: "C", From: "B", To: "C", At: t0.Add(time.Second).UnixMicro(), Count: 1}, 0},
+		{"no row", store.AgentStream{}, false, "A", t0, store.StreamTurn{}, 0},
+		{"a row naming no holder (before 0027, or before the holder was recorded)", row("", store.StreamTurn{}, true), true, "A", t0, store.StreamTurn{}, 0},
+		{"the same holder reconnecting", row("B", ab, true), true, "B", t0.Add(time.Second), ab, 0},
+		{"after a closed stream", row("B", ab, false), true, "A", t0.Add(time.Second), ab, 0},
+		{"back to the holder replaced", row("B", ab, true), true, "A", t0.Add(time.Second),
+			store.StreamTurn{From: "B", To: "A", At: t0.Add(time.Second), Count: 3}, 2},
+		{"back, but after flapWindow", row("B", ab, true), true, "A", t0.Add(flapWindow + time.Second),
+			store.StreamTurn{From: "B", To: "A", At: t0.Add(flapWindow + time.Second), Count: 1}, 0},
+		{"a third holder", row("B", ab, true), true, "C", t0.Add(time.Second),
+			store.StreamTurn{From: "B", To: "C", At: t0.Add(time.Second), Count: 1}, 0},
+		{"a row of the release before: back to the holder replaced", legacy("B", ab, true), true, "A", t0.Add(time.Second),
+			store.StreamTurn{From: "B", To: "A", At: t0.Add(time.Second), Count: 3}, 2},
+		{"a row of the release before: its columns are another stream's", legacy("B", ab, true), true, "C", t0.Add(time.Second),
+			store.StreamTurn{From: "B", To: "C", At: t0.Add(time.Second), Count: 1}, 0},
+		{"a row of the release before with no turn yet", legacy("B", store.StreamTurn{}, true), true, "A", t0.Add(time.Second),
+			store.StreamTurn{From: "B", To: "A", At: t0.Add(time.Second), Count: 1}, 0},
+		{"a row of the release before that does not decode", store.AgentStream{StreamID: "x.!!", Holder: "C", Turn: ab, Connected: true}, true, "A", t0,
+			store.StreamTurn{}, 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			got, alt := flapAfter(c.prev, c.found, c.holder, c.now)
-			if got != c.want || alt != c.alt {
+			if !got.At.Equal(c.want.At) || got.From != c.want.From || got.To != c.want.To || got.Count != c.want.Count || alt != c.alt {
 				t.Fatalf("flapAfter = %+v, %d; want %+v, %d", got, alt, c.want, c.alt)
-			}
-			if back, ok := holderOf("id." + got.encode()); !ok || back != got {
-				t.Fatalf("the row's holder reads back as %+v (%v), want %+v", back, ok, got)
 			}
 		})
 	}

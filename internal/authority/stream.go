@@ -805,12 +805,12 @@ const takeTries = 5
 // record writes the stream's row over the node's, on the store's clock,
 // conditionally on the row it read: the replica whose write wins is the
 // only one that sees this replacement, so the copy signal it carries
-// (streamHolder) counts each replacement once across replicas, and the
-// suspicion is counted and audited by one replica (replaceOld).
+// (its holder and the node's last turn) counts each replacement once
+// across replicas, and the suspicion is counted and audited by one
+// replica (replaceOld).
 func (st *agentStream) record() error {
 	s := st.a.s
-	holder := connectionID(st.c)
-	st.row = store.AgentStream{NodeID: st.c.ID.Name, Replica: s.replicaName(), Connected: true}
+	st.row = store.AgentStream{NodeID: st.c.ID.Name, Replica: s.replicaName(), Connected: true, Holder: connectionID(st.c)}
 	for try := 1; ; try++ {
 		prev, err := s.store.GetAgentStream(st.ctx, st.row.NodeID)
 		found := err == nil
@@ -821,8 +821,8 @@ func (st *agentStream) record() error {
 		if err != nil {
 			return err
 		}
-		h, alternations := flapAfter(prev, found, holder, now)
-		st.row.StreamID = uuid.NewString() + "." + h.encode()
+		turn, alternations := flapAfter(prev, found, st.row.Holder, now)
+		st.row.StreamID, st.row.Turn = uuid.NewString(), turn
 		st.row.ConnectedAt, st.row.LastSeen = now, now
 		if try == takeTries {
 			// Still racing: the stream opens all the same (the newest
@@ -837,7 +837,7 @@ func (st *agentStream) record() error {
 			return err
 		}
 		if alternations > 0 {
-			st.tookFrom, st.alternations = h.From, alternations
+			st.tookFrom, st.alternations = turn.From, alternations
 		}
 		return nil
 	}

@@ -7,7 +7,9 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -87,6 +89,20 @@ func TestStreamCopiesTakingTurnsAudited(t *testing.T) {
 	}
 	if n := copies(); n != 1 {
 		t.Fatalf("copies suspected after three alternations: %v, want 1", n)
+	}
+	// The row names its stream by a random name alone, and says who
+	// holds it and the node's last turn in columns of their own (before,
+	// both were encoded into the stream's name).
+	row, err := b.store.GetAgentStream(t.Context(), "n-cloned")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := uuid.Parse(row.StreamID); err != nil {
+		t.Errorf("the row's StreamID %q is not a bare random name: %v", row.StreamID, err)
+	}
+	a, c := "10.0.0.1 (certificate 7)", "10.0.0.2 (certificate 7)"
+	if row.Holder != a || row.Turn.From != c || row.Turn.To != a || row.Turn.Count != 4 || row.Turn.At.IsZero() {
+		t.Errorf("the row says holder %q, turn %+v; want %q, the fourth turn from %q to it", row.Holder, row.Turn, a, c)
 	}
 	recs := suspected("n-cloned")
 	if len(recs) != 1 {
@@ -237,5 +253,63 @@ func TestStreamCopyCountedOnceWhenTwoOpenAtOnce(t *testing.T) {
 	}
 	if copies != 1 || len(recs) != 1 {
 		t.Fatalf("two streams of one holder opening at once: %v copies suspected, %d records; want 1 and 1", copies, len(recs))
+	}
+}
+
+// goneRowStore is a store whose next GetAgentStream, if gone is set,
+// returns *gone: the node's row as an opening stream read it, gone from
+// the store before the stream writes its own.
+type goneRowStore struct {
+	store.Store
+	gone *atomic.Pointer[store.AgentStream]
+}
+
+func (s goneRowStore) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
+	if row := s.gone.Swap(nil); row != nil {
+		return *row, nil
+	}
+	return s.Store.GetAgentStream(ctx, nodeID)
+}
+
+// TestStreamOverAGoneRowCountsNothing: a stream that read the node's row
+// (another holder's live stream, the third turn between the two) finds it
+// gone when it writes (a store restored from an older backup, a row
+// removed by hand): its write is refused, it reads the node's row again,
+// finds none, and opens as the node's first stream, carrying no turn and
+// counting nothing. Before, the take wrote the row back from what was
+// read of it, and counted a copy against a row no longer in the store.
+func TestStreamOverAGoneRowCountsNothing(t *testing.T) {
+	var gone atomic.Pointer[store.AgentStream]
+	b := startReplicas(t, nil, 1, func(c *Config) { c.Store = goneRowStore{Store: c.Store, gone: &gone} })
+	s := b.srvs[0]
+	now := time.Now().UTC()
+	a, other := "10.0.0.1 (certificate 7)", "10.0.0.2 (certificate 7)"
+	gone.Store(&store.AgentStream{NodeID: "n-gone", StreamID: "11111111-2222-3333-4444-555555555555", Replica: "r:1", Connected: true,
+		ConnectedAt: now, LastSeen: now, Holder: other, Turn: store.StreamTurn{From: a, To: other, At: now, Count: 3}})
+	ctx, replaced := context.WithCancelCause(t.Context())
+	t.Cleanup(func() { replaced(nil) })
+	st := &agentStream{a: &agentService{s: s}, ctx: ctx, replaced: replaced,
+		c: Caller{ID: spiffeid.ID{TrustDomain: b.td, Role: spiffeid.RoleAgent, Name: "n-gone"}, Source: "10.0.0.1:5000",
+			Cert: &x509.Certificate{SerialNumber: big.NewInt(7)}}}
+	if err := st.record(); err != nil {
+		t.Fatal(err)
+	}
+	st.replaceOld()
+	if gone.Load() != nil {
+		t.Fatal("the stream did not read the gone row: the test does not exercise it")
+	}
+	var m dto.Metric
+	if err := s.streams.copies.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 0 {
+		t.Errorf("copies suspected over a row no longer in the store: %v, want 0", n)
+	}
+	row, err := b.store.GetAgentStream(t.Context(), "n-gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.StreamID != st.row.StreamID || row.Holder != a || row.Turn != (store.StreamTurn{}) {
+		t.Errorf("the node's row after the open: %+v; want the stream's, holder %q, no turn", row, a)
 	}
 }

@@ -70,65 +70,64 @@ const (
 	flapWindow       = 5 * time.Minute
 )
 
-// streamHolder is what a stream row says of its stream besides its
-// random name, in the row's StreamID (after the name and a dot; the
-// schema has no column for it, and StreamID is only ever compared
-// whole): the stream's connection identity, and the node's last
-// replacement between two identities, From replaced by To at At (the
-// store's clock, Unix microseconds), the Count-th alternation in a row.
-// It travels with the row, so the replica that takes the row next,
-// whichever it is, continues the count.
-type streamHolder struct {
-	Holder string `json:"h"`
-	From   string `json:"f,omitempty"`
-	To     string `json:"o,omitempty"`
-	At     int64  `json:"t,omitempty"`
-	Count  int    `json:"n,omitempty"`
+// rowHolder is what the node's stream row prev says of its stream: its
+// holder and the node's last turn (store.AgentStream.Holder, Turn);
+// false if it says nothing (a row written before any release recorded
+// the holder). The release before migration 0027, still running during a
+// rolling upgrade, writes them into the row's StreamID, after the name
+// and a dot (a name of this release has none), and leaves the columns as
+// the row it replaced had them: its row is read from its StreamID, so the
+// count carries on from it.
+func rowHolder(prev store.AgentStream) (string, store.StreamTurn, bool) {
+	if _, enc, ok := strings.Cut(prev.StreamID, "."); ok {
+		return legacyHolder(enc)
+	}
+	return prev.Holder, prev.Turn, prev.Holder != ""
 }
 
-func (h streamHolder) encode() string {
-	b, _ := json.Marshal(h) // strings and numbers: cannot fail
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// holderOf is what the stream row streamID says of its stream; false for
-// a row written before it said anything (a bare name).
-func holderOf(streamID string) (streamHolder, bool) {
-	_, enc, ok := strings.Cut(streamID, ".")
-	if !ok {
-		return streamHolder{}, false
+// legacyHolder decodes what the release before migration 0027 wrote in a
+// stream row's StreamID after the dot: base64url JSON of the holder and
+// the last turn (At in Unix microseconds). It can go once no release
+// before 0027 writes the store.
+func legacyHolder(enc string) (string, store.StreamTurn, bool) {
+	var h struct {
+		Holder string `json:"h"`
+		From   string `json:"f"`
+		To     string `json:"o"`
+		At     int64  `json:"t"`
+		Count  int    `json:"n"`
 	}
 	b, err := base64.RawURLEncoding.DecodeString(enc)
-	var h streamHolder
 	if err != nil || json.Unmarshal(b, &h) != nil || h.Holder == "" {
-		return streamHolder{}, false
+		return "", store.StreamTurn{}, false
 	}
-	return h, true
+	turn := store.StreamTurn{From: h.From, To: h.To, Count: h.Count}
+	if h.At != 0 {
+		turn.At = time.UnixMicro(h.At).UTC()
+	}
+	return h.Holder, turn, true
 }
 
-// flapAfter is what the row of a stream of holder, opening at now over
-// the node's row prev (found: the node had one), says: the last
-// replacement between two identities carried on, or this one if it is
-// one (prev names a live stream of another holder), and how many
-// alternations in a row between the two it makes (0 for none: the same
-// identity, or the first replacement between these two).
-func flapAfter(prev store.AgentStream, found bool, holder string, now time.Time) (streamHolder, int) {
-	h := streamHolder{Holder: holder}
-	p, ok := holderOf(prev.StreamID)
+// flapAfter is the turn the row of a stream of holder, opening at now
+// over the node's row prev (found: the node had one), carries: the last
+// one carried on, or this one if it is one (prev names a live stream of
+// another holder), and how many alternations in a row between the two it
+// makes (0 for none: the same identity, or the first turn between these
+// two).
+func flapAfter(prev store.AgentStream, found bool, holder string, now time.Time) (store.StreamTurn, int) {
+	p, last, ok := rowHolder(prev)
 	if !found || !ok {
-		return h, 0
+		return store.StreamTurn{}, 0
 	}
-	h.From, h.To, h.At, h.Count = p.From, p.To, p.At, p.Count
-	if !prev.Connected || p.Holder == holder {
-		return h, 0
+	if !prev.Connected || p == holder {
+		return last, 0
 	}
 	n := 1
-	if p.From == holder && p.To == p.Holder && now.Sub(time.UnixMicro(p.At)) <= flapWindow {
-		// Back to the holder the last replacement took the stream from.
-		n = p.Count + 1
+	if last.From == holder && last.To == p && now.Sub(last.At) <= flapWindow {
+		// Back to the holder the last turn took the stream from.
+		n = last.Count + 1
 	}
-	h.From, h.To, h.At, h.Count = p.Holder, holder, now.UnixMicro(), n
-	return h, n - 1
+	return store.StreamTurn{From: p, To: holder, At: now, Count: n}, n - 1
 }
 
 // connectionID is what tells two holders of one identity apart on the

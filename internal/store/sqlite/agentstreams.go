@@ -9,21 +9,32 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// RecordAgentStream upserts a node's stream row as a new stream opens, and
-// announces ChangeStream for the node once it committed.
-func (s *SQLite) RecordAgentStream(ctx context.Context, a store.AgentStream) error {
+// streamColumns are an agent_streams row's, in streamArgs' order.
+const streamColumns = `node_id, stream_id, replica, connected, connected_at, last_seen, report, holder, turn_from, turn_to, turn_at, turn_count`
+
+// streamUpsert writes a stream's whole row over the node's, if any.
+const streamUpsert = `INSERT INTO agent_streams (` + streamColumns + `)
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+	ON CONFLICT (node_id) DO UPDATE SET stream_id = excluded.stream_id, replica = excluded.replica,
+		connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen,
+		report = excluded.report, holder = excluded.holder, turn_from = excluded.turn_from, turn_to = excluded.turn_to,
+		turn_at = excluded.turn_at, turn_count = excluded.turn_count`
+
+// streamArgs are a's values for streamColumns.
+func streamArgs(a store.AgentStream) []any {
 	connected := 0
 	if a.Connected {
 		connected = 1
 	}
+	return []any{a.NodeID, a.StreamID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report,
+		a.Holder, a.Turn.From, a.Turn.To, timeArg(a.Turn.At), a.Turn.Count}
+}
+
+// RecordAgentStream upserts a node's stream row as a new stream opens, and
+// announces ChangeStream for the node once it committed.
+func (s *SQLite) RecordAgentStream(ctx context.Context, a store.AgentStream) error {
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO agent_streams (node_id, stream_id, replica, connected, connected_at, last_seen, report)
-			VALUES (?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (node_id) DO UPDATE SET stream_id = excluded.stream_id, replica = excluded.replica,
-				connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen,
-				report = excluded.report`,
-			a.NodeID, a.StreamID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report)
-		if err != nil {
+		if _, err := tx.ExecContext(ctx, streamUpsert, streamArgs(a)...); err != nil {
 			return wrap("record agent stream", err)
 		}
 		return nil
@@ -35,22 +46,25 @@ func (s *SQLite) RecordAgentStream(ctx context.Context, a store.AgentStream) err
 	return nil
 }
 
-// TakeAgentStream upserts a node's stream row conditionally on the row it
+// TakeAgentStream writes a node's stream row conditionally on the row it
 // replaces being stream prev's, and announces ChangeStream for the node
-// once it committed.
+// once it committed. With prev "" it inserts the node's first row, or
+// takes a row that names no stream (written before migration 0014); with
+// another prev it only updates, so a row gone since it was read is not
+// written back.
 func (s *SQLite) TakeAgentStream(ctx context.Context, a store.AgentStream, prev string) error {
-	connected := 0
-	if a.Connected {
-		connected = 1
-	}
 	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
-		res, err := tx.ExecContext(ctx, `INSERT INTO agent_streams (node_id, stream_id, replica, connected, connected_at, last_seen, report)
-			VALUES (?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (node_id) DO UPDATE SET stream_id = excluded.stream_id, replica = excluded.replica,
-				connected = excluded.connected, connected_at = excluded.connected_at, last_seen = excluded.last_seen,
-				report = excluded.report
-			WHERE agent_streams.stream_id = ?`,
-			a.NodeID, a.StreamID, a.Replica, connected, timeArg(a.ConnectedAt), timeArg(a.LastSeen), a.Report, prev)
+		var (
+			res sql.Result
+			err error
+		)
+		if prev == "" {
+			res, err = tx.ExecContext(ctx, streamUpsert+` WHERE agent_streams.stream_id = ''`, streamArgs(a)...)
+		} else {
+			res, err = tx.ExecContext(ctx, `UPDATE agent_streams SET stream_id = ?, replica = ?, connected = ?, connected_at = ?,
+				last_seen = ?, report = ?, holder = ?, turn_from = ?, turn_to = ?, turn_at = ?, turn_count = ?
+				WHERE node_id = ? AND stream_id = ?`, append(streamArgs(a)[1:], a.NodeID, prev)...)
+		}
 		if err != nil {
 			return wrap("take agent stream", err)
 		}
@@ -108,18 +122,28 @@ func (s *SQLite) CloseAgentStream(ctx context.Context, nodeID string, connectedA
 	})
 }
 
-// GetAgentStream returns a node's stream row.
+// GetAgentStream returns a node's stream row. Every opening stream reads
+// its node's: it is read as a join's rows are (lookup, readRow), without
+// a goroutine per query or an allocation per column destination.
 func (s *SQLite) GetAgentStream(ctx context.Context, nodeID string) (store.AgentStream, error) {
-	var (
-		a               store.AgentStream
-		connected       int
-		since, lastSeen sql.NullInt64
-	)
-	err := s.r.QueryRowContext(ctx, `SELECT node_id, stream_id, replica, connected, connected_at, last_seen, report FROM agent_streams WHERE node_id = ?`, nodeID).
-		Scan(&a.NodeID, &a.StreamID, &a.Replica, &connected, &since, &lastSeen, &a.Report)
+	b, err := readRow(s.r.lookup(ctx, `SELECT `+streamColumns+` FROM agent_streams WHERE node_id = ?`, nodeID), streamColumnCount)
 	if err != nil {
 		return store.AgentStream{}, wrap("get agent stream", err)
 	}
-	a.Connected, a.ConnectedAt, a.LastSeen = connected == 1, timeCol(since), timeCol(lastSeen)
+	defer b.put()
+	a, err := agentStreamFrom(b.cols(streamColumnCount))
+	if err != nil {
+		return store.AgentStream{}, wrap("get agent stream", err)
+	}
 	return a, nil
+}
+
+var streamColumnCount = columnCount(streamColumns)
+
+// agentStreamFrom takes streamColumns in their order.
+func agentStreamFrom(c cols) (store.AgentStream, error) {
+	a := store.AgentStream{NodeID: c.str(), StreamID: c.str(), Replica: c.str(), Connected: c.int() == 1,
+		ConnectedAt: c.time(), LastSeen: c.time(), Report: c.str(), Holder: c.str(),
+		Turn: store.StreamTurn{From: c.str(), To: c.str(), At: c.time(), Count: int(c.int())}}
+	return a, c.done()
 }

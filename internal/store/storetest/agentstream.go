@@ -53,6 +53,55 @@ func agentStreamCases() []testCase {
 				t.Fatalf("a refused take changed the row (-want +got):\n%s", diff)
 			}
 		}},
+		{"a take over a row that is gone writes nothing", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A stream read s1's row, which is gone before it writes (a
+			// store restored from an older backup, a row removed by
+			// hand): it does not write the node's row back from its
+			// read, with the turn it carried on from it. Before, the
+			// take inserted the row.
+			opening := store.AgentStream{NodeID: "n1", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Second), LastSeen: at(time.Second),
+				Holder: "10.0.0.2 (certificate 7)", Turn: store.StreamTurn{From: "10.0.0.1 (certificate 7)", To: "10.0.0.2 (certificate 7)", At: at(time.Second), Count: 2}}
+			wantErr(t, "TakeAgentStream of a stream whose row is gone", s.TakeAgentStream(ctx, opening, "s1"), store.ErrConflict)
+			_, err := s.GetAgentStream(ctx, "n1")
+			wantErr(t, "GetAgentStream after the refused take", err, store.ErrNotFound)
+			// Read again, there is no row: the stream opens as the node's
+			// first, carrying no turn.
+			opening.Turn = store.StreamTurn{}
+			mustNil(t, "TakeAgentStream of no row", s.TakeAgentStream(ctx, opening, ""))
+			got, err := s.GetAgentStream(ctx, "n1")
+			mustNil(t, "GetAgentStream", err)
+			if diff := cmp.Diff(opening, got, cmpOpts); diff != "" {
+				t.Fatalf("(-want +got):\n%s", diff)
+			}
+		}},
+		{"the holder and the turn are written with the row, and only with it", func(t *testing.T, ctx context.Context, s store.Store) {
+			a, b := "10.0.0.1 (certificate 7)", "10.0.0.2 (certificate 7)"
+			first := store.AgentStream{NodeID: "n1", StreamID: "s1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(0), Holder: a}
+			mustNil(t, "TakeAgentStream with no row", s.TakeAgentStream(ctx, first, ""))
+			second := store.AgentStream{NodeID: "n1", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Second), LastSeen: at(time.Second),
+				Holder: b, Turn: store.StreamTurn{From: a, To: b, At: at(time.Second), Count: 1}}
+			mustNil(t, "TakeAgentStream of s1", s.TakeAgentStream(ctx, second, "s1"))
+			// A take that loses the race writes neither.
+			lost := store.AgentStream{NodeID: "n1", StreamID: "s3", Replica: "a:1", Connected: true, ConnectedAt: at(2 * time.Second), LastSeen: at(2 * time.Second),
+				Holder: a, Turn: store.StreamTurn{From: b, To: a, At: at(2 * time.Second), Count: 2}}
+			wantErr(t, "TakeAgentStream of a replaced stream", s.TakeAgentStream(ctx, lost, "s1"), store.ErrConflict)
+			// Heartbeats and the end leave them.
+			mustNil(t, "RecordAgentHeartbeat", s.RecordAgentHeartbeat(ctx, store.AgentStream{NodeID: "n1", StreamID: "s2", LastSeen: at(3 * time.Second), Report: `{"v":1}`}))
+			mustNil(t, "CloseAgentStream", s.CloseAgentStream(ctx, "n1", second.ConnectedAt, at(4*time.Second)))
+			got, err := s.GetAgentStream(ctx, "n1")
+			mustNil(t, "GetAgentStream", err)
+			want := second
+			want.Connected, want.LastSeen, want.Report = false, at(4*time.Second), `{"v":1}`
+			if diff := cmp.Diff(want, got, cmpOpts); diff != "" {
+				t.Fatalf("(-want +got):\n%s", diff)
+			}
+			// A stream written whole, without them, clears them.
+			third := store.AgentStream{NodeID: "n1", StreamID: "s3", Replica: "a:1", Connected: true, ConnectedAt: at(5 * time.Second), LastSeen: at(5 * time.Second)}
+			mustNil(t, "RecordAgentStream", s.RecordAgentStream(ctx, third))
+			if got, _ := s.GetAgentStream(ctx, "n1"); got.Holder != "" || got.Turn != (store.StreamTurn{}) {
+				t.Fatalf("RecordAgentStream without a holder or turn left %q, %+v", got.Holder, got.Turn)
+			}
+		}},
 		{"only the stream that holds the row records heartbeats", func(t *testing.T, ctx context.Context, s store.Store) {
 			hb := store.AgentStream{NodeID: "n1", StreamID: "s1", LastSeen: at(time.Second), Report: `{"v":1}`}
 			wantErr(t, "RecordAgentHeartbeat before any stream", s.RecordAgentHeartbeat(ctx, hb), store.ErrNotFound)
