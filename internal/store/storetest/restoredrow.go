@@ -103,6 +103,12 @@ func restoredRowCases() []restoredRowCase {
 			if again.Version != stale.Version || again.RotatedAt.Equal(stale.RotatedAt) {
 				t.Fatalf("rotated back up to %+v; the read before the restore %+v; want the same version at another time", again, stale)
 			}
+			// The version's key is the one the backup published as the
+			// next; the next version's is drawn anew, so it is not the
+			// one retired with the restore's lost rotations.
+			if again.Salt != stale.Salt || again.PrevSalt != stale.PrevSalt || again.NextSalt == stale.NextSalt || again.NextSalt == "" {
+				t.Fatalf("salts rotated back up to %+v; before the restore %+v; want the backup's next salt current and a next one drawn anew", again, stale)
+			}
 			seq := auditSeq(t, ctx, s)
 			_, err = s.RotateJWTKey(ctx, stale, link(record("jwt.rotate")))
 			wantErr(t, "a rotation from the read before the restore", err, store.ErrConflict)
