@@ -18,7 +18,7 @@ type SnapshotStore struct {
 }
 
 // RunRestoredRowTests checks the single-row conditional writes in their
-// restore form: a replica reads version N, the store is restored from a
+// restore form: a replica reads version (or number) N, the store is restored from a
 // backup taken before N and written back up to N with other content, and
 // the write the replica prepared from its read is refused with
 // ErrConflict, writing nothing and appending no record. The version alone
@@ -120,6 +120,28 @@ func restoredRowCases() []restoredRowCase {
 			}
 			_, err = s.RotateJWTKey(ctx, again, link(record("jwt.rotate")))
 			mustNil(t, "a rotation from the read after the restore", err)
+		}},
+		{"a certificate revocation list signed from a read before the restore is refused", func(t *testing.T, ctx context.Context, ss SnapshotStore) {
+			s := ss.Store
+			list := func(n int64, this time.Duration, der string) store.CRL {
+				return store.CRL{Issuer: "agent-0a", Number: n, ThisUpdate: at(this), NextUpdate: at(this + time.Hour), Digest: []byte(der), DER: []byte(der)}
+			}
+			backup := list(100, 0, "backup")
+			mustNil(t, "PutCRL", s.PutCRL(ctx, backup, store.CRL{}))
+			restore := ss.Snapshot(t, "crls")
+			// Numbers run ahead of the signing second in a burst of lists:
+			// the restored store's next list may take one of them again.
+			mustNil(t, "PutCRL before the restore", s.PutCRL(ctx, list(101, time.Minute, "lost"), backup))
+			stale, err := s.GetCRL(ctx, "agent-0a")
+			mustNil(t, "GetCRL", err)
+			restore(t)
+			again := list(101, 2*time.Minute, "after")
+			mustNil(t, "PutCRL after the restore", s.PutCRL(ctx, again, backup))
+			wantErr(t, "a list signed from the read before the restore", s.PutCRL(ctx, list(102, 3*time.Minute, "late"), stale), store.ErrConflict)
+			got, err := s.GetCRL(ctx, "agent-0a")
+			mustNil(t, "GetCRL", err)
+			wantEqual(t, "the list after the refused write", got, again)
+			mustNil(t, "a list signed from the read after the restore", s.PutCRL(ctx, list(102, 3*time.Minute, "next"), got))
 		}},
 		{"a setting written from a read before the restore is refused", func(t *testing.T, ctx context.Context, ss SnapshotStore) {
 			s := ss.Store
