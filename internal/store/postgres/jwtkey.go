@@ -32,22 +32,24 @@ func scanJWTKey(row pgx.Row) (store.JWTKey, error) {
 		return store.JWTKey{}, err
 	}
 	k.RotatedAt = timeCol(&at)
-	for _, f := range []struct {
-		to   *string
-		from *string
-	}{{&k.PrevSalt, prev}, {&k.Salt, salt}, {&k.NextSalt, nextSalt}} {
-		if f.from != nil {
-			*f.to = *f.from
-		}
-	}
+	k.PrevSalt, k.Salt, k.NextSalt = orEmpty(prev), orEmpty(salt), orEmpty(nextSalt)
 	return k, nil
+}
+
+// orEmpty is a nullable text column's value, "" for NULL.
+func orEmpty(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }
 
 // RotateJWTKey makes version from.Version+1 current if from still is
 // (see store.JWTKeyStore), moving the salts along and drawing the next:
-// one UPDATE conditional on the version and its rotation's time, so of two rotations from one read exactly one
-// succeeds, and none from a read lost with a restore, and its audit record
-// in the same transaction (one pipe, as InsertLock).
+// one UPDATE conditional on the version and its rotation's time, so of
+// two rotations from one read exactly one succeeds, and none from a read
+// lost with a restore, and its audit record in the same transaction (one
+// pipe, as InsertLock).
 func (s *Store) RotateJWTKey(ctx context.Context, from store.JWTKey, audit func(store.AuditHead) (store.AuditRecord, error)) (store.JWTKey, error) {
 	if audit == nil {
 		return store.JWTKey{}, fmt.Errorf("postgres: rotate jwt key: no audit record: the key is never rotated unaudited")

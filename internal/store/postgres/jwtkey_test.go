@@ -1,8 +1,6 @@
 package postgres
 
-import (
-	"testing"
-)
+import "testing"
 
 // TestJWTKeyRotationOfAnOldReplica: a replica of the release before
 // migration 0027, still running during a rolling upgrade, rotates the
