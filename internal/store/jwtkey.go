@@ -20,7 +20,7 @@ type JWTKey struct {
 	// Salt, PrevSalt and NextSalt go into the keys of Version,
 	// Version-1 and Version+1 (lowercase hexadecimal; "": none, a key
 	// derived from the version alone, as every key was before migration
-	// 0027). Each is drawn at random by the rotation that makes its
+	// 0028). Each is drawn at random by the rotation that makes its
 	// version the next one. The version alone does not name a key: a
 	// store restored from an older backup and rotated back up reaches
 	// versions it had before, and with their old keys a key retired

@@ -3,7 +3,7 @@ package postgres
 import "testing"
 
 // TestJWTKeyRotationOfAnOldReplica: a replica of the release before
-// migration 0027, still running during a rolling upgrade, rotates the
+// migration 0028, still running during a rolling upgrade, rotates the
 // version without moving the salts and signs with the new version's key
 // derived from the version alone. The row then says so (no salt for the
 // new version nor the next; the previous keeps its own), so the
@@ -23,7 +23,7 @@ func TestJWTKeyRotationOfAnOldReplica(t *testing.T) {
 	if k.Salt == "" {
 		t.Fatalf("after two rotations: %+v; want a salted current version", k)
 	}
-	// The release before 0027's rotation.
+	// The release before 0028's rotation.
 	if _, err := s.pool.Exec(ctx, `UPDATE jwt_svid_key SET version = version + 1, rotated_at = rotated_at + 1
 		WHERE id = 1 AND version = $1 AND rotated_at = $2`, k.Version, k.RotatedAt.UnixMicro()); err != nil {
 		t.Fatal(err)
