@@ -88,6 +88,11 @@ func TestAuthorityUpgradeAndDowngrade(t *testing.T) {
 // schema a release before 0025 left. A new migration adds its inverse
 // here.
 var takeBack = map[int][]string{
+	28: {
+		`ALTER TABLE jwt_svid_key DROP COLUMN next_salt`,
+		`ALTER TABLE jwt_svid_key DROP COLUMN salt`,
+		`ALTER TABLE jwt_svid_key DROP COLUMN prev_salt`,
+	},
 	27: {
 		`ALTER TABLE agent_streams DROP COLUMN turn_count`,
 		`ALTER TABLE agent_streams DROP COLUMN turn_at`,

@@ -17,8 +17,9 @@ import (
 )
 
 // The JWT-SVID signing key's rotation (docs/workload-api.md). The keys
-// are derived from the storage key by version; the store holds the
-// current version, which one conditional write moves on. Every replica
+// are derived from the storage key by version and salt; the store holds
+// the current version and the salts, which one conditional write moves
+// on. Every replica
 // re-reads it every jwtKeyTick and signs with that version's key; the
 // JWKS it serves holds the previous, current and next versions' keys, so
 // a token signed by any replica just before or after a rotation verifies
@@ -85,18 +86,25 @@ func (s *Server) readStoreClock(ctx context.Context) (time.Time, error) {
 	return now, nil
 }
 
+// jwtSalts are the salts k's version derives its keys with.
+func jwtSalts(k store.JWTKey) jwtsvid.Salts {
+	return jwtsvid.Salts{Prev: k.PrevSalt, Cur: k.Salt, Next: k.NextSalt}
+}
+
 // useJWTKey makes k's version the one this replica signs with, unless it
-// already signs with a later one.
+// already signs with a later one. One of the same version with other
+// salts is replaced: the store was restored under this replica and
+// rotated back up to the version, whose key is now another.
 func (s *Server) useJWTKey(k store.JWTKey) error {
 	for {
 		cur := s.jwt.Load()
-		if cur != nil && cur.Version() >= k.Version {
+		if cur != nil && (cur.Version() > k.Version || cur.Version() == k.Version && cur.Salts() == jwtSalts(k)) {
 			if cur.Version() == k.Version {
 				s.jwtAt.Store(&k)
 			}
 			return nil
 		}
-		iss, err := jwtsvid.NewVersioned(s.cfg.StorageKey.Derive, k.Version)
+		iss, err := jwtsvid.NewVersioned(s.cfg.StorageKey.Derive, k.Version, jwtSalts(k))
 		if err != nil {
 			return err
 		}
@@ -250,7 +258,7 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 			"the JWT-SVID key was rotated to version %d at %s; tokens signed with version %d may be valid until %s, and the next rotation unpublishes that key: run `muster ca rotate jwt` again after %s",
 			k.Version, k.RotatedAt.UTC().Format(time.RFC3339), k.Version-1, retryAfter(after), retryAfter(after))
 	}
-	prev, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(k.Version))
+	prev, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(k.Version), k.Salt)
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +271,7 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 	if err != nil {
 		return nil, err
 	}
-	cur, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(next.Version))
+	cur, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(next.Version), next.Salt)
 	if err != nil {
 		return nil, err
 	}

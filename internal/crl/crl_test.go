@@ -57,10 +57,11 @@ func (m *memStore) GetCRL(_ context.Context, issuer string) (store.CRL, error) {
 	return c, nil
 }
 
-func (m *memStore) PutCRL(_ context.Context, c store.CRL, prev int64) error {
+func (m *memStore) PutCRL(_ context.Context, c store.CRL, prev store.CRL) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.crls[c.Issuer].Number != prev || c.Number <= prev {
+	held := m.crls[c.Issuer]
+	if held.Number != prev.Number || !held.ThisUpdate.Equal(prev.ThisUpdate) || c.Number <= prev.Number {
 		return store.ErrConflict
 	}
 	m.crls[c.Issuer] = c
@@ -246,7 +247,7 @@ type racingStore struct {
 	raced  bool
 }
 
-func (r *racingStore) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
+func (r *racingStore) PutCRL(ctx context.Context, c store.CRL, prev store.CRL) error {
 	if c.Issuer == r.issuer && !r.raced {
 		r.raced = true
 		r.mu.Lock()

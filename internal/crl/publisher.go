@@ -16,7 +16,7 @@ type Store interface {
 	Now(ctx context.Context) (time.Time, error)
 	ListRevokedCertificates(ctx context.Context, issuedAfter time.Time) ([]store.RevokedCertificate, error)
 	GetCRL(ctx context.Context, issuer string) (store.CRL, error)
-	PutCRL(ctx context.Context, c store.CRL, prev int64) error
+	PutCRL(ctx context.Context, c store.CRL, prev store.CRL) error
 	// ListLocks says when the locks in force end: a lock given a --ttl
 	// leaves the lists then, and lock ends are not changes the store
 	// notifies.
@@ -278,7 +278,7 @@ func (p *Publisher) publishOne(ctx context.Context, is Issuer, entries []entry, 
 		return Status{}, err
 	}
 	c := store.CRL{Issuer: is.Name(), Number: number, ThisUpdate: now, NextUpdate: now.Add(p.cfg.Validity), Digest: d, DER: der}
-	err = p.cfg.Store.PutCRL(ctx, c, stored.Number)
+	err = p.cfg.Store.PutCRL(ctx, c, stored)
 	if errors.Is(err, store.ErrConflict) {
 		return Status{}, fmt.Errorf("%w: %s", errRaced, is.Name())
 	}

@@ -3,9 +3,16 @@
 // them as a JWKS: ES256, short-lived, subject the agent's SPIFFE ID.
 //
 // The signing keys are derived from the authority's storage key (HKDF,
-// info "muster-jwt-svid-key-v<N>"), so every replica holding the data
-// directory's files derives the same key for a version; the store says
-// only which version is current. Its key ID names the version. The JWKS
+// info "muster-jwt-svid-key-v<N>-salt-<S>"), so every replica holding the
+// data directory's files derives the same key for a version; the store
+// says which version is current and holds the salts. A version's salt is
+// drawn at random by the rotation that makes it the next version, so a
+// version number reached again after the store was restored from an
+// older backup gets another key than it had before: a key retired since
+// the backup (one rotated away after a leak, say) never signs again. Keys
+// of versions made before salts were kept have none ("muster-jwt-svid-
+// key-v<N>", as they were derived then). Its key ID names the version and
+// the public key's hash, so it changes with the key. The JWKS
 // publishes the current version's key, the previous one's (a token
 // minted just before a rotation still verifies until it expires) and the
 // next one's (a replica that rotated signs with a key the JWKS of a
@@ -42,11 +49,18 @@ type Key struct {
 	Priv *ecdsa.PrivateKey
 }
 
-// DeriveKey makes version's key from derive (the storage key's HKDF): 32
-// bytes taken as the P-256 scalar, the rare out-of-range draw redrawn.
-func DeriveKey(derive func(info string, n int) []byte, version int) (Key, error) {
+// DeriveKey makes the key of version with salt ("": none) from derive
+// (the storage key's HKDF): 32 bytes taken as the P-256 scalar, the rare
+// out-of-range draw redrawn.
+func DeriveKey(derive func(info string, n int) []byte, version int, salt string) (Key, error) {
+	if !validSalt(salt) {
+		return Key{}, fmt.Errorf("jwtsvid: key version %d: salt %q is not lowercase hexadecimal", version, salt)
+	}
 	for attempt := 0; attempt < 8; attempt++ {
 		info := fmt.Sprintf("muster-jwt-svid-key-v%d", version)
+		if salt != "" {
+			info += "-salt-" + salt
+		}
 		if attempt > 0 {
 			info += fmt.Sprintf("-%d", attempt)
 		}
@@ -64,26 +78,46 @@ func DeriveKey(derive func(info string, n int) []byte, version int) (Key, error)
 	return Key{}, errors.New("jwtsvid: no valid key derived")
 }
 
+// validSalt: a salt is lowercase hexadecimal, so that no salt and
+// attempt suffix read as another salt.
+func validSalt(salt string) bool {
+	for _, c := range salt {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// Salts are the salts of a version's key (Cur), of the previous
+// version's (Prev) and of the next one's (Next), as the store holds them
+// with the version; "": a key derived from the version alone.
+type Salts struct{ Prev, Cur, Next string }
+
 // Issuer signs with its first key and publishes them all.
 type Issuer struct {
 	keys    []Key
 	signer  jose.Signer
 	version int64
+	salts   Salts
 }
 
-// NewVersioned returns the issuer of version (from 1): it signs with
-// version's key and publishes version's, the next one's and, from
-// version 2, the previous one's.
-func NewVersioned(derive func(info string, n int) []byte, version int64) (*Issuer, error) {
+// NewVersioned returns the issuer of version (from 1) with salts: it
+// signs with version's key and publishes version's, the next one's and,
+// from version 2, the previous one's.
+func NewVersioned(derive func(info string, n int) []byte, version int64, salts Salts) (*Issuer, error) {
 	if version < 1 {
 		return nil, fmt.Errorf("jwtsvid: key version %d: want 1 or more", version)
 	}
 	var keys []Key
-	for _, v := range []int64{version, version + 1, version - 1} {
-		if v < 1 {
+	for _, v := range []struct {
+		n    int64
+		salt string
+	}{{version, salts.Cur}, {version + 1, salts.Next}, {version - 1, salts.Prev}} {
+		if v.n < 1 {
 			continue
 		}
-		k, err := DeriveKey(derive, int(v))
+		k, err := DeriveKey(derive, int(v.n), v.salt)
 		if err != nil {
 			return nil, err
 		}
@@ -93,13 +127,16 @@ func NewVersioned(derive func(info string, n int) []byte, version int64) (*Issue
 	if err != nil {
 		return nil, err
 	}
-	i.version = version
+	i.version, i.salts = version, salts
 	return i, nil
 }
 
 // Version is the key version the issuer signs with (0 for one made by
 // NewIssuer).
 func (i *Issuer) Version() int64 { return i.version }
+
+// Salts are the salts a versioned issuer derived its keys with.
+func (i *Issuer) Salts() Salts { return i.salts }
 
 // KeyVersions maps the ID of each key a versioned issuer publishes to
 // its version (nil for one made by NewIssuer).

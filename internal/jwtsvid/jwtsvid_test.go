@@ -25,13 +25,13 @@ func fixedDerive(seed byte) func(string, int) []byte {
 // The key is a function of the storage key and the version: replicas
 // agree, versions differ.
 func TestDeriveKey(t *testing.T) {
-	a, err := DeriveKey(fixedDerive(1), 1)
+	a, err := DeriveKey(fixedDerive(1), 1, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := DeriveKey(fixedDerive(1), 1)
-	c, _ := DeriveKey(fixedDerive(1), 2)
-	d, _ := DeriveKey(fixedDerive(2), 1)
+	b, _ := DeriveKey(fixedDerive(1), 1, "")
+	c, _ := DeriveKey(fixedDerive(1), 2, "")
+	d, _ := DeriveKey(fixedDerive(2), 1, "")
 	if !a.Priv.Equal(b.Priv) || a.ID != b.ID || !strings.HasPrefix(a.ID, "v1-") {
 		t.Fatalf("same inputs, different keys: %s %s", a.ID, b.ID)
 	}
@@ -40,8 +40,53 @@ func TestDeriveKey(t *testing.T) {
 	}
 }
 
+// A salt makes another key, and another key ID, of the same version: a
+// version reached again after a restore with a new salt. No salt derives
+// the key as before salts were kept, so a store's keys of that time keep
+// their key IDs across the upgrade.
+func TestDeriveKeySalted(t *testing.T) {
+	legacy, err := DeriveKey(fixedDerive(1), 3, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []string
+	asBefore := func(info string, n int) []byte {
+		seen = append(seen, info)
+		return fixedDerive(1)(info, n)
+	}
+	if k, _ := DeriveKey(asBefore, 3, ""); !k.Priv.Equal(legacy.Priv) || seen[0] != "muster-jwt-svid-key-v3" {
+		t.Fatalf("no salt derived from %q", seen)
+	}
+	a, err := DeriveKey(fixedDerive(1), 3, "0a1b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := DeriveKey(fixedDerive(1), 3, "0a1c")
+	again, _ := DeriveKey(fixedDerive(1), 3, "0a1b")
+	if !a.Priv.Equal(again.Priv) || a.ID != again.ID {
+		t.Fatal("one salt, two keys")
+	}
+	for _, other := range []Key{legacy, b} {
+		if a.Priv.Equal(other.Priv) || a.ID == other.ID || !strings.HasPrefix(a.ID, "v3-") {
+			t.Fatalf("salted key %s, other %s: want another key and key ID of version 3", a.ID, other.ID)
+		}
+	}
+	if _, err := DeriveKey(fixedDerive(1), 3, "0A-1"); err == nil {
+		t.Fatal("a salt that is not lowercase hexadecimal was taken")
+	}
+	i, err := NewVersioned(fixedDerive(1), 3, Salts{Prev: "01", Cur: "0a1b", Next: "03"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := DeriveKey(fixedDerive(1), 2, "01")
+	n, _ := DeriveKey(fixedDerive(1), 4, "03")
+	if got := i.KeyVersions(); i.KeyID() != a.ID || len(got) != 3 || got[p.ID] != 2 || got[a.ID] != 3 || got[n.ID] != 4 {
+		t.Fatalf("salted issuer signs with %s, publishes %v; want %s, %s, %s", i.KeyID(), got, p.ID, a.ID, n.ID)
+	}
+}
+
 func TestMintVerifiesWithJWKS(t *testing.T) {
-	k, _ := DeriveKey(func(string, int) []byte { b := make([]byte, 32); rand.Read(b); return b }, 1)
+	k, _ := DeriveKey(func(string, int) []byte { b := make([]byte, 32); rand.Read(b); return b }, 1, "")
 	iss, err := NewIssuer(k)
 	if err != nil {
 		t.Fatal(err)
@@ -124,14 +169,14 @@ func TestNewVersionedPublishesNeighbours(t *testing.T) {
 		}
 		return m
 	}
-	v1, err := NewVersioned(fixedDerive(1), 1)
+	v1, err := NewVersioned(fixedDerive(1), 1, Salts{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	v2, _ := NewVersioned(fixedDerive(1), 2)
-	k1, _ := DeriveKey(fixedDerive(1), 1)
-	k2, _ := DeriveKey(fixedDerive(1), 2)
-	k3, _ := DeriveKey(fixedDerive(1), 3)
+	v2, _ := NewVersioned(fixedDerive(1), 2, Salts{})
+	k1, _ := DeriveKey(fixedDerive(1), 1, "")
+	k2, _ := DeriveKey(fixedDerive(1), 2, "")
+	k3, _ := DeriveKey(fixedDerive(1), 3, "")
 	if v1.KeyID() != k1.ID || v2.KeyID() != k2.ID || v2.Version() != 2 {
 		t.Fatalf("signing keys %s %s, want %s %s", v1.KeyID(), v2.KeyID(), k1.ID, k2.ID)
 	}
@@ -162,11 +207,11 @@ func TestNewVersionedPublishesNeighbours(t *testing.T) {
 	if err := verify(after, v1); err != nil {
 		t.Errorf("a token of version 2 with version 1's JWKS: %v", err)
 	}
-	v4, _ := NewVersioned(fixedDerive(1), 4)
+	v4, _ := NewVersioned(fixedDerive(1), 4, Salts{})
 	if err := verify(before, v4); err == nil {
 		t.Error("version 4's JWKS still verifies a token of version 1")
 	}
-	if _, err := NewVersioned(fixedDerive(1), 0); err == nil {
+	if _, err := NewVersioned(fixedDerive(1), 0, Salts{}); err == nil {
 		t.Error("version 0 accepted")
 	}
 }

@@ -57,10 +57,15 @@ type CRLStore interface {
 	// GetCRL returns the stored list of issuer; ErrNotFound if none was
 	// stored.
 	GetCRL(ctx context.Context, issuer string) (CRL, error)
-	// PutCRL stores c as the list of c.Issuer if the stored one has number
-	// prev (0: none is stored), in one conditional write: of several
-	// replicas writing after the same list, one wins and the others get
-	// ErrConflict, so numbers never repeat or go back. c.Number must be
-	// greater than prev (else ErrConflict).
-	PutCRL(ctx context.Context, c CRL, prev int64) error
+	// PutCRL stores c as the list of c.Issuer if the stored one is prev
+	// as the caller read it, its Number and ThisUpdate (Number 0: none is
+	// stored), in one conditional write: of several replicas writing
+	// after the same list, one wins and the others get ErrConflict, so
+	// numbers never repeat or go back. The number alone does not identify
+	// the list: a store restored from an older backup may sign its way
+	// back up to a number it held before the restore (numbers run ahead
+	// of the signing second in a burst of lists), and a list signed from
+	// a read of the lost one would replace the restored store's unseen.
+	// c.Number must be greater than prev.Number (else ErrConflict).
+	PutCRL(ctx context.Context, c CRL, prev CRL) error
 }

@@ -78,32 +78,32 @@ func (s *Store) GetCRL(ctx context.Context, issuer string) (store.CRL, error) {
 	return c, nil
 }
 
-// PutCRL stores c if the stored list of its issuer has number prev (0:
-// none); ErrConflict otherwise. One statement: the insert or the update
-// conditional on the number read, so of replicas racing after one list
-// exactly one wins.
-func (s *Store) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
-	if c.Number <= prev {
-		return fmt.Errorf("postgres: put crl %s: %w: number %d does not follow %d", c.Issuer, store.ErrConflict, c.Number, prev)
+// PutCRL stores c if the stored list of its issuer is prev, its number
+// and this update (number 0: none); ErrConflict otherwise. One statement:
+// the insert or the update conditional on the list read, so of replicas
+// racing after one list exactly one wins.
+func (s *Store) PutCRL(ctx context.Context, c store.CRL, prev store.CRL) error {
+	if c.Number <= prev.Number {
+		return fmt.Errorf("postgres: put crl %s: %w: number %d does not follow %d", c.Issuer, store.ErrConflict, c.Number, prev.Number)
 	}
 	var (
 		tag pgconn.CommandTag
 		err error
 	)
-	if prev == 0 {
+	if prev.Number == 0 {
 		tag, err = s.pool.Exec(ctx, `INSERT INTO crls (issuer, number, this_update, next_update, digest, der)
 			VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (issuer) DO NOTHING`,
 			c.Issuer, c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER)
 	} else {
 		tag, err = s.pool.Exec(ctx, `UPDATE crls SET number = $1, this_update = $2, next_update = $3, digest = $4, der = $5
-			WHERE issuer = $6 AND number = $7`,
-			c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER, c.Issuer, prev)
+			WHERE issuer = $6 AND number = $7 AND this_update = $8`,
+			c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER, c.Issuer, prev.Number, timeArg(prev.ThisUpdate))
 	}
 	if err != nil {
 		return wrap("put crl "+c.Issuer, err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("postgres: put crl %s: %w: the stored list is no longer number %d", c.Issuer, store.ErrConflict, prev)
+		return fmt.Errorf("postgres: put crl %s: %w: the stored list is no longer number %d of %s", c.Issuer, store.ErrConflict, prev.Number, prev.ThisUpdate.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }

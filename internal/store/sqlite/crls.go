@@ -68,25 +68,25 @@ func (s *SQLite) GetCRL(ctx context.Context, issuer string) (store.CRL, error) {
 	return c, nil
 }
 
-// PutCRL stores c if the stored list of its issuer has number prev (0:
-// none); ErrConflict otherwise. One statement: the insert or the update
-// conditional on the number read.
-func (s *SQLite) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
-	if c.Number <= prev {
-		return fmt.Errorf("sqlite: put crl %s: %w: number %d does not follow %d", c.Issuer, store.ErrConflict, c.Number, prev)
+// PutCRL stores c if the stored list of its issuer is prev, its number
+// and this update (number 0: none); ErrConflict otherwise. One statement:
+// the insert or the update conditional on the list read.
+func (s *SQLite) PutCRL(ctx context.Context, c store.CRL, prev store.CRL) error {
+	if c.Number <= prev.Number {
+		return fmt.Errorf("sqlite: put crl %s: %w: number %d does not follow %d", c.Issuer, store.ErrConflict, c.Number, prev.Number)
 	}
 	var (
 		res sql.Result
 		err error
 	)
-	if prev == 0 {
+	if prev.Number == 0 {
 		res, err = s.w.ExecContext(ctx, `INSERT INTO crls (issuer, number, this_update, next_update, digest, der)
 			VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (issuer) DO NOTHING`,
 			c.Issuer, c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER)
 	} else {
 		res, err = s.w.ExecContext(ctx, `UPDATE crls SET number = ?, this_update = ?, next_update = ?, digest = ?, der = ?
-			WHERE issuer = ? AND number = ?`,
-			c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER, c.Issuer, prev)
+			WHERE issuer = ? AND number = ? AND this_update = ?`,
+			c.Number, timeArg(c.ThisUpdate), timeArg(c.NextUpdate), c.Digest, c.DER, c.Issuer, prev.Number, timeArg(prev.ThisUpdate))
 	}
 	if err != nil {
 		return wrap("put crl "+c.Issuer, err)
@@ -94,7 +94,7 @@ func (s *SQLite) PutCRL(ctx context.Context, c store.CRL, prev int64) error {
 	if n, err := res.RowsAffected(); err != nil {
 		return wrap("put crl "+c.Issuer, err)
 	} else if n == 0 {
-		return fmt.Errorf("sqlite: put crl %s: %w: the stored list is no longer number %d", c.Issuer, store.ErrConflict, prev)
+		return fmt.Errorf("sqlite: put crl %s: %w: the stored list is no longer number %d of %s", c.Issuer, store.ErrConflict, prev.Number, prev.ThisUpdate.UTC().Format(time.RFC3339Nano))
 	}
 	return nil
 }

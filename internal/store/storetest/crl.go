@@ -16,22 +16,25 @@ func crlCases() []testCase {
 			_, err := s.GetCRL(ctx, "agent-0a")
 			wantErr(t, "GetCRL of none", err, store.ErrNotFound)
 			first := store.CRL{Issuer: "agent-0a", Number: 1, ThisUpdate: at(0), NextUpdate: at(time.Hour), Digest: []byte("d1"), DER: []byte("der1")}
-			mustNil(t, "PutCRL 1", s.PutCRL(ctx, first, 0))
-			wantErr(t, "PutCRL 1 again", s.PutCRL(ctx, first, 0), store.ErrConflict)
+			mustNil(t, "PutCRL 1", s.PutCRL(ctx, first, store.CRL{}))
+			wantErr(t, "PutCRL 1 again", s.PutCRL(ctx, first, store.CRL{}), store.ErrConflict)
 			second := store.CRL{Issuer: "agent-0a", Number: 2, ThisUpdate: at(time.Minute), NextUpdate: at(2 * time.Hour), Digest: []byte("d2"), DER: []byte("der2")}
-			mustNil(t, "PutCRL 2", s.PutCRL(ctx, second, 1))
+			otherTime := first
+			otherTime.ThisUpdate = at(-time.Second)
+			wantErr(t, "PutCRL after a list of the stored number signed at another time", s.PutCRL(ctx, second, otherTime), store.ErrConflict)
+			mustNil(t, "PutCRL 2", s.PutCRL(ctx, second, first))
 			// A replica that read number 1 loses.
 			third := second
 			third.Number, third.DER = 2, []byte("der3")
-			wantErr(t, "PutCRL after a stale read", s.PutCRL(ctx, third, 1), store.ErrConflict)
-			wantErr(t, "PutCRL that does not advance", s.PutCRL(ctx, third, 2), store.ErrConflict)
+			wantErr(t, "PutCRL after a stale read", s.PutCRL(ctx, third, first), store.ErrConflict)
+			wantErr(t, "PutCRL that does not advance", s.PutCRL(ctx, third, second), store.ErrConflict)
 			got, err := s.GetCRL(ctx, "agent-0a")
 			mustNil(t, "GetCRL", err)
 			wantEqual(t, "GetCRL", got, second)
 			// Issuers are apart.
 			other := first
 			other.Issuer = "admin-0b"
-			mustNil(t, "PutCRL of another issuer", s.PutCRL(ctx, other, 0))
+			mustNil(t, "PutCRL of another issuer", s.PutCRL(ctx, other, store.CRL{}))
 		}},
 		{"revoked certificates", func(t *testing.T, ctx context.Context, s store.Store) {
 			now, err := s.Now(ctx)

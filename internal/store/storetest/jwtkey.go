@@ -27,6 +27,20 @@ func jwtKeyCases() []testCase {
 			if read, err := s.GetJWTKey(ctx); err != nil || read != got {
 				t.Fatalf("read back %+v (%v), want %+v", read, err, got)
 			}
+			// The salts move along; the next one is drawn anew, never
+			// one held before.
+			if k.Salt != "" || k.PrevSalt != "" || k.NextSalt != "" {
+				t.Fatalf("fresh store: salts %+v; want none (keys derived from the version alone)", k)
+			}
+			if got.PrevSalt != k.Salt || got.Salt != k.NextSalt || !hexSalt(got.NextSalt) {
+				t.Fatalf("after the rotation from %+v: %+v; want the salts moved along and a new next one", k, got)
+			}
+			third, err := s.RotateJWTKey(ctx, got, link(record("jwt.rotate")))
+			mustNil(t, "RotateJWTKey", err)
+			if third.Version != 3 || third.PrevSalt != got.Salt || third.Salt != got.NextSalt || !hexSalt(third.NextSalt) || third.NextSalt == got.NextSalt {
+				t.Fatalf("after the rotation from %+v: %+v; want the salts moved along and a new next one", got, third)
+			}
+			k, got = got, third
 			_, err = s.RotateJWTKey(ctx, k, link(record("jwt.rotate")))
 			wantErr(t, "RotateJWTKey from a version no longer current", err, store.ErrConflict)
 			other := got
@@ -92,4 +106,17 @@ func jwtKeyCases() []testCase {
 			wantAppended(t, ctx, s, seq, "jwt.rotate")
 		}},
 	}
+}
+
+// hexSalt: a drawn salt, 128 bits in lowercase hexadecimal.
+func hexSalt(s string) bool {
+	if len(s) != 32 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -1,0 +1,87 @@
+package authority
+
+import (
+	"context"
+	"database/sql"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/jwtsvid"
+	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/sqlite"
+)
+
+// TestJWTKeysAfterARestore: a store restored from an older backup and
+// rotated back up reaches versions it had before. The backup's own keys
+// come back (the current one and the next, which it published), but a
+// version past them gets a key, and a key ID, never published before the
+// restore: a key rotated away since the backup (after a leak) never signs
+// or verifies again. A replica that signs with the version as it was
+// before the restore takes the restored store's key of it at its next
+// read. With keys derived from the version alone, versions 4 and 5 were
+// their keys of before the restore again.
+func TestJWTKeysAfterARestore(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	b := startReplicas(t, func(ctx context.Context) (store.Store, error) { return sqlite.Open(ctx, path) }, 1)
+	r, ctx := b.srvs[0], t.Context()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// kids rotates the store up to version to, as the leader does, and
+	// returns the key IDs each version published, by version.
+	kids := func(what string, to int64) map[int64]string {
+		t.Helper()
+		out := map[int64]string{}
+		for {
+			k, err := b.store.GetJWTKey(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			iss, err := jwtsvid.NewVersioned(b.sk.Derive, k.Version, jwtSalts(k))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for kid, v := range iss.KeyVersions() {
+				if was, ok := out[v]; ok && was != kid {
+					t.Fatalf("%s: version %d published as %s and %s", what, v, was, kid)
+				}
+				out[v] = kid
+			}
+			if k.Version >= to {
+				return out
+			}
+			if _, err := r.rotateJWTKey(ctx, k, audit.Event{Actor: "authority", Reason: "the test rotates"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	kids("before the backup", 2)
+	var backup [5]any // version, rotated_at and the three salts
+	if err := db.QueryRowContext(ctx, `SELECT version, rotated_at, prev_salt, salt, next_salt FROM jwt_svid_key`).
+		Scan(&backup[0], &backup[1], &backup[2], &backup[3], &backup[4]); err != nil {
+		t.Fatal(err)
+	}
+	before := kids("before the restore", 5)
+	signedBefore := r.jwt.Load().KeyID()
+	if _, err := db.ExecContext(ctx, `UPDATE jwt_svid_key SET version = ?, rotated_at = ?, prev_salt = ?, salt = ?, next_salt = ?`, backup[:]...); err != nil {
+		t.Fatal(err)
+	}
+	after := kids("after the restore", 5)
+	for v := int64(1); v <= 6; v++ {
+		backupPublished := v <= 3 // the backup's version 2, the previous and the next
+		if got, was := after[v], before[v]; backupPublished != (got == was) {
+			t.Errorf("version %d: key %s after the restore, %s before; want the same key only for the backup's own (1 to 3)", v, got, was)
+		}
+	}
+	if err := r.jwtKeyStepWith(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.jwt.Load().KeyID(); got != after[5] || got == signedBefore {
+		t.Fatalf("the replica signs with %s after reading the restored store's version 5; want its key %s, not %s of before the restore", got, after[5], signedBefore)
+	}
+}
