@@ -44,10 +44,13 @@ const PKCS11Build = true
 // once on a fresh one; when that fails too, the token is re-opened in the
 // background with backoff and Ready says why it is not, until it is.
 type Token struct {
-	mod  *pkcs11.Ctx
-	uri  PKCS11URI
-	sem  chan struct{}
-	idle chan pkcs11.SessionHandle
+	mod *pkcs11.Ctx
+	uri PKCS11URI
+	// module is the library's path, for the commands an operator is
+	// told to run against the token (DeleteCommands).
+	module string
+	sem    chan struct{}
+	idle   chan pkcs11.SessionHandle
 
 	mu         sync.Mutex
 	pin        string
@@ -96,7 +99,7 @@ func OpenPKCS11(cfg PKCS11Config) (*Token, error) {
 	if n <= 0 {
 		n = DefaultSessions
 	}
-	t := &Token{mod: mod, uri: u, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
+	t := &Token{mod: mod, uri: u, module: path, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
 	if t.slot, err = t.findSlot(); err != nil {
 		t.Close()
 		return nil, err
@@ -353,6 +356,15 @@ func (t *Token) drainIdle() {
 	}
 }
 
+// Module is the path of the PKCS#11 library the token was opened with;
+// "" for no token (nil).
+func (t *Token) Module() string {
+	if t == nil {
+		return ""
+	}
+	return t.module
+}
+
 // Ready is nil while the token is usable, else why not (for /readyz).
 func (t *Token) Ready() error {
 	t.mu.Lock()
@@ -401,6 +413,9 @@ var _ Custody = (*PKCS11)(nil)
 
 // Token is the token the custody uses.
 func (c *PKCS11) Token() *Token { return c.t }
+
+// Module is the PKCS#11 library of the custody's token.
+func (c *PKCS11) Module() string { return c.t.Module() }
 
 // Create generates a key pair inside the token.
 func (c *PKCS11) Create(ctx context.Context, name string, alg Algorithm) (Key, error) {
