@@ -93,7 +93,7 @@ func OpenPKCS11(cfg PKCS11Config) (*Token, error) {
 		owner = false
 	} else if err != nil {
 		mod.Destroy()
-		return nil, fmt.Errorf("custody: initialising the PKCS#11 module %s: %w", path, err)
+		return nil, moduleFailed(path, fmt.Errorf("custody: initialising the PKCS#11 module %s: %w", path, err))
 	}
 	n := cfg.Sessions
 	if n <= 0 {
@@ -102,16 +102,36 @@ func OpenPKCS11(cfg PKCS11Config) (*Token, error) {
 	t := &Token{mod: mod, uri: u, module: path, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
 	if t.slot, err = t.findSlot(); err != nil {
 		t.Close()
-		return nil, err
+		return nil, moduleFailed(path, err)
 	}
 	// One session now, so a wrong PIN fails the start, not the first use.
 	sh, err := t.open()
 	if err != nil {
 		t.Close()
-		return nil, err
+		return nil, moduleFailed(path, err)
 	}
 	t.idle <- sh
 	return t, nil
+}
+
+// generalError is a failure to open a token that the module answered
+// with CKR_GENERAL_ERROR, told with its likely cause (GeneralCause).
+type generalError struct {
+	err    error
+	module string
+}
+
+func (e generalError) Error() string { return e.err.Error() + ": " + GeneralCause(e.module) }
+
+func (e generalError) Unwrap() []error { return []error{e.err, ErrModuleFailed} }
+
+// moduleFailed is err, with the likely cause when module answered
+// CKR_GENERAL_ERROR: an operator given only the code cannot act on it.
+func moduleFailed(module string, err error) error {
+	if errors.Is(err, pkcs11.Error(pkcs11.CKR_GENERAL_ERROR)) {
+		return generalError{err: err, module: module}
+	}
+	return err
 }
 
 func (t *Token) findSlot() (uint, error) {
