@@ -557,8 +557,7 @@ func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
 // opened, else the one the store's key custody records. A sealed key has
 // nothing outside the store.
 func (s *Server) deleteByHand(ctx context.Context, where string) string {
-	module := s.tokenModule(ctx)
-	return custody.DeleteByHand(module, []byte(where))
+	return custody.DeleteByHand(s.tokenModule(ctx), []byte(where))
 }
 
 // tokenModule is the PKCS#11 library of the authority's token: the one
