@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -65,5 +66,40 @@ func TestDeleteCommandsDeleteTheKeyPasted(t *testing.T) {
 	ku, _ := custody.ParsePKCS11URI(string(kept.Ref))
 	if err != nil || !strings.Contains(string(out), "muster-ca/agent/1f") || !strings.Contains(string(out), hex.EncodeToString(ku.ID)) {
 		t.Errorf("%s: %v\n%s", list, err, out)
+	}
+}
+
+// destroyFails is a token custody whose Destroy fails, as a token that
+// stops answering would.
+type destroyFails struct{ *custody.PKCS11 }
+
+func (destroyFails) Destroy(context.Context, string, custody.Key) error {
+	return errors.New("token not present")
+}
+
+// TestSelfTestNamesTheKeyItCannotDestroy: a self-test (ca migrate-custody
+// runs one before it writes anything) whose test key cannot be destroyed
+// names the commands that delete it, and they, pasted, do. Before, it
+// said only that destroying the test key failed, leaving an object
+// nothing names.
+func TestSelfTestNamesTheKeyItCannotDestroy(t *testing.T) {
+	tk, tok := openToken(t, 0)
+	err := custody.SelfTest(context.Background(), destroyFails{tk.For("muster-")})
+	if err == nil {
+		t.Fatal("SelfTest succeeded with a custody that cannot destroy")
+	}
+	cmds := regexp.MustCompile("`(pkcs11-tool [^`]*)`").FindAllStringSubmatch(err.Error(), -1)
+	if len(cmds) != 2 {
+		t.Fatalf("SelfTest = %v\nnames %d pkcs11-tool commands, want the private and the public key's", err, len(cmds))
+	}
+	for _, c := range cmds {
+		if out, err := tok.Command("sh", "-c", c[1]+" --pin "+softhsmtest.PIN).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", c[1], err, out)
+		}
+	}
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "muster-selftest/") {
+		t.Errorf("after the commands (%v), the token holds:\n%s", err, out)
 	}
 }
