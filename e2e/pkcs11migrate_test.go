@@ -338,14 +338,33 @@ func TestPKCS11MigrateCustodyRollback(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "removed from the store") || strings.Count(r.stdout, "discarded") != 4 || !strings.Contains(r.stdout, "rolled back") {
 		t.Fatalf("rollback: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// Each key the rollback leaves in the token (4 successors, the
+	// staged signer) is named with the two commands that delete its
+	// objects, which, pasted (the PIN given as pkcs11-tool would prompt
+	// for it), leave nothing of muster's in the token. Before, it said
+	// "delete it by hand if the token comes back" and named none.
+	cmds := regexp.MustCompile("`(pkcs11-tool [^`]*)`").FindAllStringSubmatch(r.stdout, -1)
+	if len(cmds) != 10 {
+		t.Fatalf("the rollback names %d pkcs11-tool commands, want 2 for each of the 5 keys it leaves:\n%s", len(cmds), r.stdout)
+	}
+	for _, c := range cmds {
+		if out, err := tok.Command("sh", "-c", c[1]+" --pin "+softhsmtest.PIN).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", c[1], err, out)
+		}
+	}
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "muster-") {
+		t.Fatalf("after the commands the rollback names (%v), the token holds:\n%s", err, out)
+	}
 	if r := migrate("--rollback"); r.code != 0 || !strings.Contains(r.stdout, "nothing to roll back") {
 		t.Fatalf("a second rollback: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	// The sealed authority starts again, without the module, and nothing
 	// of the token is in use or waiting.
 	p = startAuthority(t, dir)
-	out := mustRun(t, "ca", "status", "--data", dir)
-	if strings.Contains(out, "prepared") {
+	out = []byte(mustRun(t, "ca", "status", "--data", dir))
+	if strings.Contains(string(out), "prepared") {
 		t.Errorf("ca status after the rollback lists a prepared intermediate:\n%s", out)
 	}
 	if out := mustRun(t, "signer", "list", "--data", dir); strings.Contains(out, "staged") || strings.Contains(out, "pkcs11:") && strings.Contains(out, "active") && !strings.Contains(out, "sealed") {

@@ -16,7 +16,9 @@ import (
 
 // TestPKCS11StartRefusalsAreAudited: an authority whose token cannot be
 // opened (a wrong PIN, a PIN file others can read, a missing PIN file, a
-// module that is not where authority.json says) refuses to start, says
+// module that is not where authority.json says, a module that cannot
+// work: SoftHSM2 given a configuration whose token directory is not
+// there, CKR_GENERAL_ERROR, told with its likely cause) refuses to start, says
 // which module and PIN file it used and how to start once fixed, and
 // records the refusal in the store's audit log, which the operator reads
 // with no authority running. The PIN is in neither.
@@ -34,18 +36,30 @@ func TestPKCS11StartRefusalsAreAudited(t *testing.T) {
 	}
 	gone := filepath.Join(pins, "gone")
 	noModule := filepath.Join(t.TempDir(), "libvendor-pkcs11.so")
+	badConf := filepath.Join(t.TempDir(), "softhsm2.conf")
+	if err := os.WriteFile(badConf, []byte("directories.tokendir = "+filepath.Join(filepath.Dir(badConf), "tokens")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		name string
 		args []string
 		want []string
+		env  []string // in place of the token's environment
 	}{
-		{"wrong PIN", []string{"--pkcs11-pin-file", wrong}, []string{"the PIN is wrong or locked", "the PIN file " + wrong}},
-		{"PIN file others can read", []string{"--pkcs11-pin-file", open}, []string{"chmod 600", "the PIN file " + open}},
-		{"PIN file missing", []string{"--pkcs11-pin-file", gone}, []string{gone}},
-		{"module missing", []string{"--pkcs11-module", noModule}, []string{"module " + noModule, "the PIN file " + tok.PINFile}},
+		{"wrong PIN", []string{"--pkcs11-pin-file", wrong}, []string{"the PIN is wrong or locked", "the PIN file " + wrong}, nil},
+		{"PIN file others can read", []string{"--pkcs11-pin-file", open}, []string{"chmod 600", "the PIN file " + open}, nil},
+		{"PIN file missing", []string{"--pkcs11-pin-file", gone}, []string{gone}, nil},
+		{"module missing", []string{"--pkcs11-module", noModule}, []string{"module " + noModule, "the PIN file " + tok.PINFile}, nil},
+		// Before, the bare code: "initialising the PKCS#11 module …: pkcs11: 0x5: CKR_GENERAL_ERROR".
+		{"module cannot work", nil, []string{"CKR_GENERAL_ERROR is the module saying it cannot work", "SOFTHSM2_CONF is not set",
+			"`pkcs11-tool --module " + tok.Module + " --list-token-slots`"}, []string{"SOFTHSM2_CONF=" + badConf}},
 	} {
 		args := append([]string{"authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"}, tt.args...)
-		r := muster(t, env, args...)
+		runEnv := env
+		if tt.env != nil {
+			runEnv = tt.env
+		}
+		r := muster(t, runEnv, args...)
 		if r.code == 0 {
 			t.Fatalf("%s: the authority started\n%s", tt.name, r.stderr)
 		}

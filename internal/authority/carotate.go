@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -563,33 +562,25 @@ func (s *Server) endDraft(ctx context.Context, role, serial, where string) {
 }
 
 // deleteByHand says how to delete the token objects of the key where
-// (custody.Where of its reference) by hand: the pkcs11-tool commands,
-// with the module the store's key custody records, the token and the
-// object label the reference names. A sealed key has nothing outside
-// the store.
+// (custody.Where of its reference) by hand: the pkcs11-tool commands
+// (custody.DeleteCommands), with the module of the token this replica
+// opened, else the one the store's key custody records. A sealed key has
+// nothing outside the store.
 func (s *Server) deleteByHand(ctx context.Context, where string) string {
-	u, err := custody.ParsePKCS11URI(where)
-	if err != nil || u.Token == "" || u.Object == "" {
-		return "nothing is left to delete: a sealed key is gone with its reference"
-	}
-	module := u.ModulePath
-	if c, err := s.store.GetKeyCustody(ctx); err == nil && c.Module != "" {
-		module = c.Module
-	}
-	if module == "" {
-		module = "MODULE"
-	}
-	base := "pkcs11-tool --module " + shellQuote(module) + " --login --token-label " + shellQuote(u.Token) +
-		" --delete-object --label " + shellQuote(u.Object)
-	return "delete it by hand: `" + base + " --type privkey` and `" + base + " --type pubkey` (docs/hsm.md)"
+	return custody.DeleteByHand(s.tokenModule(ctx), []byte(where))
 }
 
-// shellQuote quotes v for a POSIX shell where it is not a plain word.
-func shellQuote(v string) string {
-	if v != "" && strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=:,@%") == "" {
-		return v
+// tokenModule is the PKCS#11 library of the authority's token: the one
+// this replica opened it with, else the one the store records (muster ca
+// migrate-custody), else "".
+func (s *Server) tokenModule(ctx context.Context) string {
+	if m := s.token.Module(); m != "" {
+		return m
 	}
-	return "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
+	if c, err := s.store.GetKeyCustody(ctx); err == nil {
+		return c.Module
+	}
+	return ""
 }
 
 // destroyCAKey destroys the key of a retired intermediate and empties its

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -32,7 +33,7 @@ func TestExpiredReason(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return expiredReason(c, "td")
+		return expiredReason(c, "td", "muster")
 	}
 	if got := leaf(spiffeid.RoleAdmin, "td", "alice"); !strings.Contains(got, "muster admin add alice --offline --data DIR --out alice-new.pem") ||
 		!strings.Contains(got, "from another operator with muster admin add alice --out alice-new.pem,") || strings.Contains(got, "join again") {
@@ -44,5 +45,44 @@ func TestExpiredReason(t *testing.T) {
 	}
 	if got := leaf(spiffeid.RoleAdmin, "other", "alice"); strings.Contains(got, "--offline") {
 		t.Errorf("operator of another trust domain: %q", got)
+	}
+}
+
+// TestBreakGlassNamesTheTokenBuild: the break-glass admin add an expired
+// or unrecorded operator is told of is named with muster-pkcs11 when the
+// authority's keys are in a PKCS#11 token (the static muster, which a
+// packaged install puts first on the PATH, refuses to open the token:
+// the command pasted could not work), with muster when they are sealed.
+// Before, it was muster either way.
+func TestBreakGlassNamesTheTokenBuild(t *testing.T) {
+	h, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	id, _ := spiffeid.New("td", spiffeid.RoleAdmin, "alice")
+	leaf, err := h.Issuer(ca.RoleAdmin).Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: id.URL(), CommonName: "alice",
+		ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name      string
+		s         *Server
+		want, not string
+	}{
+		{"sealed", &Server{}, " muster admin add alice --offline --data DIR --out alice-new.pem", "muster-pkcs11"},
+		{"in a token", &Server{token: &custody.Token{}}, " muster-pkcs11 admin add alice --offline --data DIR --out alice-new.pem", " muster admin add alice --offline"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, got := range []string{
+				expiredReason(leaf, "td", tc.s.breakGlassBin()),
+				unknownOperatorReason("1f", "alice", tc.s.breakGlassBin()),
+			} {
+				if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
+					t.Errorf("%q\nwant %q, not %q", got, tc.want, tc.not)
+				}
+			}
+		})
 	}
 }

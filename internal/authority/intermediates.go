@@ -531,16 +531,27 @@ func prepareIntermediate(ctx context.Context, st store.Store, c custody.Custody,
 				case rerr != nil:
 					// Unknown: the row may refer to the key, so it stays
 					// (a sealed key is its reference and costs nothing).
-					return store.CACert{}, fmt.Errorf("%w; the %s intermediate %s may be stored (reading it back failed: %v), so its key (%s) is kept: `muster ca status` shows whether it is",
+					kept := fmt.Errorf("%w; the %s intermediate %s may be stored (reading it back failed: %v), so its key (%s) is kept: `muster ca status` shows whether it is",
 						err, role, hexSerial, rerr, custody.Where(k.Ref))
+					if custody.IsPKCS11Ref(k.Ref) {
+						kept = fmt.Errorf("%w; if it does not list %s, nothing names the key: %s", kept, hexSerial, custody.DeleteByHand(custody.ModuleOf(c), k.Ref))
+					}
+					return store.CACert{}, kept
 				case stored != nil:
 					return *stored, nil
 				}
 			}
 		}
 	}
-	// A key in a token would outlive the refusal.
-	_ = c.Destroy(context.WithoutCancel(ctx), keyName(string(role), hexSerial), k)
+	// A key in a token would outlive the refusal, with no row to name it:
+	// it is destroyed, or, when the token does not let it be, named with
+	// the commands that delete it.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), caStepTimeout)
+	defer cancel()
+	if derr := c.Destroy(dctx, keyName(string(role), hexSerial), k); derr != nil && custody.IsPKCS11Ref(k.Ref) {
+		return store.CACert{}, fmt.Errorf("%w; nothing names the %s intermediate %s's new key (%s), and destroying it failed (%v): %s",
+			err, role, hexSerial, custody.Where(k.Ref), derr, custody.DeleteByHand(custody.ModuleOf(c), k.Ref))
+	}
 	return store.CACert{}, err
 }
 

@@ -426,8 +426,9 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrat
 		if r.State != store.CAPrepared || !custody.IsPKCS11Ref(r.KeyRef) {
 			continue
 		}
+		byHand := custody.DeleteByHand(rec.Module, r.KeyRef)
 		link := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.discard", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
-			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token, delete it by hand"})
+			Reason: "muster ca migrate-custody --rollback: its key (" + custody.Where(r.KeyRef) + ") is left in the token; if the token comes back, " + byHand})
 		ref, err := m.Store.DiscardCACert(ctx, r.Role, r.Serial, link.Build)
 		if errors.Is(err, store.ErrConflict) {
 			return res, false, fmt.Errorf("the %s intermediate %s changed meanwhile (activated?); run the rollback again to see", r.Role, r.Serial)
@@ -439,21 +440,21 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrat
 		// No replica will open the token to destroy it: the reference
 		// goes now, with its record, and the object is left.
 		drop := newLink(m.Audit, audit.Event{Actor: m.Actor, Action: "ca.destroy_key", Target: r.Role + "/" + r.Serial, Result: audit.ResultOK,
-			Reason: "its key (" + custody.Where(ref) + ") is in a PKCS#11 token this authority no longer opens: its reference is dropped, delete the object (label muster-ca/" + r.Role + "/" + r.Serial + ") by hand if the token comes back (docs/hsm.md)"})
+			Reason: "its key (" + custody.Where(ref) + ") is in a PKCS#11 token this authority no longer opens: its reference is dropped; if the token comes back, " + byHand})
 		if err := m.Store.DropCAKey(ctx, r.Serial, ref, drop.Build); err != nil && !errors.Is(err, store.ErrConflict) {
 			return res, false, fmt.Errorf("dropping the %s intermediate %s's key reference: %w; run the rollback again", r.Role, r.Serial, err)
 		} else if err == nil {
 			m.Audit.Appended(drop)
 		}
 		res.Steps = append(res.Steps, MigrationStep{Key: "ca/" + r.Role, Done: "discarded", Serial: r.Serial, Where: custody.Where(r.KeyRef),
-			Next: "its token object is left: delete it by hand if the token comes back"})
+			Next: "its token object is left: if the token comes back, " + byHand})
 	}
 	if staged != nil {
 		if _, err := k.Rollback(ctx, signer.Actor{Name: m.Actor}); err != nil {
 			return res, false, fmt.Errorf("rolling back the staged signer %s in the token: %w", staged.VersionID, err)
 		}
 		res.Steps = append(res.Steps, MigrationStep{Key: "signer", Done: "rolled back", Version: staged.VersionID, Where: snap.KeyCustody(staged.VersionID),
-			Next: "the sealed active signer stays; its token object is left: delete it by hand if the token comes back"})
+			Next: "the sealed active signer stays; its token object is left: if the token comes back, " + custody.DeleteByHand(rec.Module, []byte(snap.KeyCustody(staged.VersionID)))})
 	}
 	// Last, with the run's record: a run cut short before it leaves the
 	// token recorded, to be run again.

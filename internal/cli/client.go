@@ -237,8 +237,11 @@ func (a *adminFlags) untrustedAuthorityHint(err error) error {
 		name = me.Name
 	}
 	data := firstOf(a.data, "DIR")
-	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: muster admin add %s --offline --data %s --out %s (add --config FILE where the authority is started with one, as the packaged unit is with /etc/muster/authority.yaml, or --store URL), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
-		a.idPath, name, shellword.Quote(data), shellword.Quote(name+"-new.pem"))
+	// Named with the binary that opens the directory's keys: muster-pkcs11
+	// where they are in a token, which the static muster cannot open.
+	bin, where := breakGlassBin(a.data)
+	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated to standby after this identity was issued, get a new one where the authority's data directory is: %s admin add %s --offline --data %s --out %s%s (add --config FILE where the authority is started with one, as the packaged unit is with /etc/muster/authority.yaml, or --store URL), then use it with --identity (docs/ca-lifecycle.md, \"Root rotation\")",
+		a.idPath, bin, name, shellword.Quote(data), shellword.Quote(name+"-new.pem"), where)
 	s, ok := status.FromError(err)
 	if !ok {
 		return fmt.Errorf("%w; %s", err, hint)

@@ -154,9 +154,10 @@ func storeCustody(ctx context.Context, st custodyRecords, od offlineDir, local *
 			return nil, fmt.Errorf("%w: %s names the PKCS#11 token %s, but the store records no token and signs with sealed keys (%s): "+
 				"it is from before muster ca migrate-custody (restored from a backup), or the migration was rolled back from another data directory; nothing was opened. "+
 				"To move into the token again, run `muster-pkcs11 ca migrate-custody --data %s%s --custody '%s' --pkcs11-module %s --pkcs11-pin-file FILE` "+
-				"(new keys are made in the token; the objects an earlier run made there are left, to delete by hand); "+
+				"(new keys are made in the token; the objects an earlier run made there are left: list them with `%s` and delete each that no muster ca status or muster signer list row names, as docs/hsm.md \"Restoring across a migration\" says); "+
 				"to stay sealed, run `muster ca migrate-custody --data %s%s --custody '%s' --rollback` (it removes the token from authority.json) (docs/hsm.md)",
-				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, od.quoted(), od.configArg(), local.URI, shellword.Quote(local.Module), od.quoted(), od.configArg(), local.URI)
+				errCustodyOutOfStep, dir.InfoFile(), local.URI, sealed, od.quoted(), od.configArg(), local.URI, shellword.Quote(local.Module),
+				custody.ListCommand(local.Module, local.URI), od.quoted(), od.configArg(), local.URI)
 		}
 		return local, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/identity"
 )
 
@@ -42,5 +43,22 @@ func TestUntrustedAuthorityHint(t *testing.T) {
 		if !errors.Is(got, c.err) && status.Code(got) != status.Code(c.err) {
 			t.Errorf("%s: %v lost the error it adds to", c.name, got)
 		}
+	}
+}
+
+// TestUntrustedAuthorityHintNamesCustodyBinary: the break-glass admin add
+// the hint names is muster-pkcs11 where the data directory's
+// authority.json records a PKCS#11 token (the static muster refuses to
+// open it), as the expiry warning's is. Before, it was muster either way.
+func TestUntrustedAuthorityHintNamesCustodyBinary(t *testing.T) {
+	token := datadir.Dir(t.TempDir())
+	if err := token.WriteInfo(datadir.Info{FormatVersion: 1, AuthorityID: "a", TrustDomain: "td", CAFingerprint: "f",
+		Custody: &datadir.Custody{URI: "pkcs11:token=muster", Module: "/usr/lib/softhsm/libsofthsm2.so"}}); err != nil {
+		t.Fatal(err)
+	}
+	a := &adminFlags{id: &identity.Identity{Chain: []*x509.Certificate{{}}}, idPath: "admin.pem", data: string(token)}
+	got := a.untrustedAuthorityHint(&identity.UntrustedRootError{Err: errors.New("x509: certificate signed by unknown authority")})
+	if want := "is: muster-pkcs11 admin add NAME --offline --data " + string(token); !strings.Contains(got.Error(), want) {
+		t.Errorf("%v\nwant %q", got, want)
 	}
 }

@@ -44,10 +44,13 @@ const PKCS11Build = true
 // once on a fresh one; when that fails too, the token is re-opened in the
 // background with backoff and Ready says why it is not, until it is.
 type Token struct {
-	mod  *pkcs11.Ctx
-	uri  PKCS11URI
-	sem  chan struct{}
-	idle chan pkcs11.SessionHandle
+	mod *pkcs11.Ctx
+	uri PKCS11URI
+	// module is the library's path, for the commands an operator is
+	// told to run against the token (DeleteCommands).
+	module string
+	sem    chan struct{}
+	idle   chan pkcs11.SessionHandle
 
 	mu         sync.Mutex
 	pin        string
@@ -90,25 +93,45 @@ func OpenPKCS11(cfg PKCS11Config) (*Token, error) {
 		owner = false
 	} else if err != nil {
 		mod.Destroy()
-		return nil, fmt.Errorf("custody: initialising the PKCS#11 module %s: %w", path, err)
+		return nil, moduleFailed(path, fmt.Errorf("custody: initialising the PKCS#11 module %s: %w", path, err))
 	}
 	n := cfg.Sessions
 	if n <= 0 {
 		n = DefaultSessions
 	}
-	t := &Token{mod: mod, uri: u, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
+	t := &Token{mod: mod, uri: u, module: path, pin: pin, sem: make(chan struct{}, n), idle: make(chan pkcs11.SessionHandle, n), stop: make(chan struct{}), owner: owner}
 	if t.slot, err = t.findSlot(); err != nil {
 		t.Close()
-		return nil, err
+		return nil, moduleFailed(path, err)
 	}
 	// One session now, so a wrong PIN fails the start, not the first use.
 	sh, err := t.open()
 	if err != nil {
 		t.Close()
-		return nil, err
+		return nil, moduleFailed(path, err)
 	}
 	t.idle <- sh
 	return t, nil
+}
+
+// generalError is a failure to open a token that the module answered
+// with CKR_GENERAL_ERROR, told with its likely cause (GeneralCause).
+type generalError struct {
+	err    error
+	module string
+}
+
+func (e generalError) Error() string { return e.err.Error() + ": " + GeneralCause(e.module) }
+
+func (e generalError) Unwrap() []error { return []error{e.err, ErrModuleFailed} }
+
+// moduleFailed is err, with the likely cause when module answered
+// CKR_GENERAL_ERROR: an operator given only the code cannot act on it.
+func moduleFailed(module string, err error) error {
+	if errors.Is(err, pkcs11.Error(pkcs11.CKR_GENERAL_ERROR)) {
+		return generalError{err: err, module: module}
+	}
+	return err
 }
 
 func (t *Token) findSlot() (uint, error) {
@@ -353,6 +376,15 @@ func (t *Token) drainIdle() {
 	}
 }
 
+// Module is the path of the PKCS#11 library the token was opened with;
+// "" for no token (nil).
+func (t *Token) Module() string {
+	if t == nil {
+		return ""
+	}
+	return t.module
+}
+
 // Ready is nil while the token is usable, else why not (for /readyz).
 func (t *Token) Ready() error {
 	t.mu.Lock()
@@ -401,6 +433,9 @@ var _ Custody = (*PKCS11)(nil)
 
 // Token is the token the custody uses.
 func (c *PKCS11) Token() *Token { return c.t }
+
+// Module is the PKCS#11 library of the custody's token.
+func (c *PKCS11) Module() string { return c.t.Module() }
 
 // Create generates a key pair inside the token.
 func (c *PKCS11) Create(ctx context.Context, name string, alg Algorithm) (Key, error) {

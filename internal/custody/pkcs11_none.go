@@ -21,6 +21,9 @@ func OpenPKCS11(PKCS11Config) (*Token, error) { return nil, ErrNoPKCS11Build }
 // Ready is never nil: there is no token.
 func (*Token) Ready() error { return ErrNoPKCS11Build }
 
+// Module is empty: there is no token.
+func (*Token) Module() string { return "" }
+
 // Close does nothing.
 func (*Token) Close() error { return nil }
 

@@ -58,11 +58,19 @@ func SelfTest(ctx context.Context, c Custody) error {
 			return nil
 		}()
 		derr := c.Destroy(context.WithoutCancel(ctx), name, k)
+		if derr != nil {
+			derr = fmt.Errorf("destroying the %s test key: %w", alg, derr)
+			if IsPKCS11Ref(k.Ref) {
+				// Nothing else names the test key's object: the
+				// operator is told how to delete it.
+				derr = fmt.Errorf("%w; %s", derr, DeleteByHand(ModuleOf(c), k.Ref))
+			}
+		}
 		if err != nil {
 			return fmt.Errorf("custody self-test: %w", errors.Join(err, derr))
 		}
 		if derr != nil {
-			return fmt.Errorf("custody self-test: destroying the %s test key: %w", alg, derr)
+			return fmt.Errorf("custody self-test: %w", derr)
 		}
 	}
 	return nil

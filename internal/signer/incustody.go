@@ -35,6 +35,10 @@ func NewInCustody(c custody.Custody) *InCustody {
 	return &InCustody{c: c, tokens: map[string]crypto.Signer{}}
 }
 
+// Module is the PKCS#11 library of the token new keys are made in, ""
+// when they are sealed.
+func (c *InCustody) Module() string { return custody.ModuleOf(c.c) }
+
 // Generate makes a new Ed25519 key for versionID.
 func (c *InCustody) Generate(ctx context.Context, versionID string) (Key, error) {
 	if err := ValidVersionID(versionID); err != nil {

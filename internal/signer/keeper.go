@@ -204,7 +204,9 @@ func (f KeyFate) String() string {
 	case f.Err != nil:
 		return fmt.Sprintf("destroying %s's key (%s) failed, the leader retries it: %v", f.VersionID, f.Where, f.Err)
 	case f.Left:
-		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped, delete the object by hand (pkcs11-tool --delete-object, docs/hsm.md)", f.VersionID, f.Where)
+		// No token is open here, so no module is known: the command
+		// names MODULE, and says what it stands for.
+		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped; if the token comes back, %s", f.VersionID, f.Where, custody.DeleteByHand("", []byte(f.Where)))
 	}
 	return fmt.Sprintf("%s's key (%s) destroyed", f.VersionID, f.Where)
 }
@@ -564,8 +566,8 @@ func (k *Keeper) discardUnstored(ctx context.Context, id string, key Key, err er
 	if !errors.Is(err, store.ErrConflict) {
 		snap, lerr := k.Load(dctx)
 		if lerr != nil {
-			return fmt.Errorf("%w; its new key (%s) may be left in the token: if `muster signer list` does not show %s, delete it by hand (pkcs11-tool --delete-object --label muster-signer/%s, docs/hsm.md)",
-				err, Where(key.Ref), id, custodyID(id))
+			return fmt.Errorf("%w; its new key (%s) may be left in the token: if `muster signer list` does not show %s, %s",
+				err, Where(key.Ref), id, custody.DeleteByHand(custody.ModuleOf(k.custody), key.Ref))
 		}
 		for _, ref := range snap.refs {
 			if bytes.Equal(ref, key.Ref) {
@@ -578,8 +580,8 @@ func (k *Keeper) discardUnstored(ctx context.Context, id string, key Key, err er
 		return err
 	}
 	if derr := d.Destroy(dctx, custodyID(id), key); derr != nil {
-		return fmt.Errorf("%w; destroying its new key (%s) failed (%v): delete it by hand (pkcs11-tool --delete-object --label muster-signer/%s, docs/hsm.md)",
-			err, Where(key.Ref), derr, custodyID(id))
+		return fmt.Errorf("%w; destroying its new key (%s) failed (%v): %s",
+			err, Where(key.Ref), derr, custody.DeleteByHand(custody.ModuleOf(k.custody), key.Ref))
 	}
 	return err
 }

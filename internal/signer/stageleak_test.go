@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -17,14 +18,19 @@ import (
 var errLostApply = errors.New("postgres: apply signer changes: commit: unexpected EOF")
 
 // applyFailing answers ApplySignerChanges with err, having written the
-// changes first when land is set.
+// changes first when land is set, and taken the token away when away is
+// set (the key made for the write then cannot be destroyed).
 type applyFailing struct {
 	Store
 	err  error
 	land bool
+	away *memToken
 }
 
 func (s *applyFailing) ApplySignerChanges(ctx context.Context, v store.SignerSetID, changes []store.SignerChange, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	if s.away != nil {
+		s.away.setDown(true)
+	}
 	if s.land {
 		if _, err := s.Store.ApplySignerChanges(ctx, v, changes, audit); err != nil {
 			return 0, err
@@ -92,4 +98,45 @@ func (m *memToken) count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.keys)
+}
+
+// TestFailedStageNamesTheKeyItCannotDestroy: a stage whose write fails
+// while the token stops answering cannot destroy the key it made: the
+// refusal names the pkcs11-tool commands that delete that key (module of
+// the token, label, CKA_ID, class), in full. Before, it said
+// "pkcs11-tool --delete-object --label muster-signer/vN", which
+// pkcs11-tool cannot run (no module, no login, no type).
+func TestFailedStageNamesTheKeyItCannotDestroy(t *testing.T) {
+	ctx := t.Context()
+	tok := &memToken{keys: map[string]ed25519.PrivateKey{}}
+	k, cs, log := tokenKeeper(t, filepath.Join(t.TempDir(), "muster.db"), tok)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]bool{}
+	for _, ref := range refsOf(t, cs) {
+		stored[string(ref)] = true
+	}
+	failing := NewKeeper(&applyFailing{Store: cs, err: store.ErrUnavailable, away: tok}, k.custody, log, "prod-a3f2e1", 0)
+	_, err := failing.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Stage = %v, want %v", err, store.ErrUnavailable)
+	}
+	var left []byte
+	tok.mu.Lock()
+	for ref := range tok.keys {
+		if !stored[ref] {
+			left = []byte(ref)
+		}
+	}
+	tok.mu.Unlock()
+	if left == nil {
+		t.Fatal("no key left in the token: the test did not make destroying fail")
+	}
+	for _, want := range custody.DeleteCommands(memModule, left) {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Stage = %v\nwant it to name %q", err, want)
+		}
+	}
 }
