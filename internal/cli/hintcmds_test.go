@@ -32,8 +32,10 @@ import (
 //     the checker counts as an argument or a flag's value without parsing
 //     it, as it does NAME, FILE, ADIR, sha256:… and … . A "%s" followed by
 //     a top-level command is the program itself (the dev banner prints
-//     os.Args[0] there) at the start of an indented line, after "| ", or
-//     at the start of a string whose first line gives a --flag: it becomes
+//     os.Args[0] there) at the start of an indented line, after "| ",
+//     after a word telling the operator to run it (with, run, use, try,
+//     then: the break-glass binary, muster or muster-pkcs11), or at the
+//     start of a string whose first line gives a --flag: it becomes
 //     muster.
 //   - A command in `…` or "…" (starting at muster) is read to its closing
 //     quote with the docs check's shell reader; so is an indented line
@@ -199,8 +201,10 @@ var tellWords = map[string]bool{"run": true, "use": true, "with": true, "see": t
 var (
 	// A format verb: %s, %-8s, %5.2f, %[1]s, %q, %w, ….
 	formatVerb = regexp.MustCompile(`%[-+# 0]*(\[\d+\])?\d*(\.\d+)?[a-zA-Z]`)
-	// The program as a verb: "  %s token create" or "… | %s agent join".
-	programVerb = regexp.MustCompile(`(^|\n[ \t]+|^[ \t]+|\| )%s ([a-z][a-z0-9-]*)`)
+	// The program as a verb: "  %s token create", "… | %s agent join",
+	// or told to run: "… with %s admin add" (the break-glass binary,
+	// muster or muster-pkcs11, filled in at run time).
+	programVerb = regexp.MustCompile(`(^|\n[ \t]+|^[ \t]+|\| |\b(?:with|run|use|try|then) )%s ([a-z][a-z0-9-]*)`)
 	musterAt    = regexp.MustCompile(`muster(?:-pkcs11)? ([a-z][a-z0-9-]*)`)
 )
 
