@@ -439,7 +439,8 @@ func renewalQuery(n int) string {
 // n keys (?2…), and of several on that target the oldest (ties by ID).
 // A target that is empty or absent (no instance) matches nothing. The
 // verifier set's ID (signer_set's one row, which migration 0005 inserts)
-// ends the row. The row has the tables' columns but renewalOmitted.
+// ends the row. The row has the tables' columns but renewalOmitted, each
+// unnamed and untyped (unnamed).
 func buildRenewalQuery(n int) string {
 	keys := []string{`lower(hex(c.public_key))`}
 	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
@@ -448,11 +449,9 @@ func buildRenewalQuery(n int) string {
 		keys = append(keys, fmt.Sprintf("?%d", i+2))
 		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
 	}
-	return `SELECT ` + prefixed("c", withoutFirst(certificateColumns, "serial")) + `,
-		` + prefixed("i", withoutFirst(instanceColumns, "id")) + `,
-		` + prefixed("n", withoutFirst(nodeColumns, "id")) + `,
-		` + prefixed("l", lockColumns) + `,
-		ss.version, ss.stepped_at
+	return `SELECT ` + unnamed(prefixed("c", withoutFirst(certificateColumns, "serial"))+`, `+
+		prefixed("i", withoutFirst(instanceColumns, "id"))+`, `+prefixed("n", withoutFirst(nodeColumns, "id"))+`, `+
+		prefixed("l", lockColumns)+`, ss.version, ss.stepped_at`) + `
 	FROM certificates c
 	JOIN signer_set ss ON ss.id = 1
 	LEFT JOIN instances i ON i.id = c.instance_id

@@ -160,3 +160,33 @@ func TestReadJoinDecoyHasTheKnownTokensShape(t *testing.T) {
 		t.Errorf("the plan scans a table:\n%s", text)
 	}
 }
+
+// TestRenewalReadIsUnnamed: a renewal's read selects its columns unnamed
+// and untyped (unnamed), as a join's does: the driver would make two
+// strings a column for each read otherwise (about 70 a renewal).
+func TestRenewalReadIsUnnamed(t *testing.T) {
+	s, _ := openTemp(t)
+	for n := range 3 {
+		args := []any{"00ff"}
+		for i := range n {
+			args = append(args, fmt.Sprintf("k%d", i))
+		}
+		rows, err := s.r.QueryContext(t.Context(), renewalQuery(n), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		types, err := rows.ColumnTypes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(types) != len(renewalSelected) {
+			t.Errorf("%d keys: %d columns, want %d", n, len(types), len(renewalSelected))
+		}
+		for i, ct := range types {
+			if ct.Name() != "" || ct.DatabaseTypeName() != "" {
+				t.Errorf("%d keys: column %d named %q, declared %q: want neither", n, i, ct.Name(), ct.DatabaseTypeName())
+			}
+		}
+		rows.Close()
+	}
+}
