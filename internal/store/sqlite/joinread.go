@@ -62,11 +62,18 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	}
 	var err error
 	tok, bk := next(tokenColumnCount), next(boundKeypairColumnCount)
-	if tokenFound {
-		if r.Token, err = tokenFrom(tok); err != nil {
+	if shape&joinReadsToken != 0 {
+		// The decoy is decoded too, and dropped: the same work as a
+		// token's.
+		t, err := tokenFrom(tok)
+		if err != nil {
 			return store.JoinRead{}, wrap("read join: token "+tokenID, err)
 		}
-		r.TokenFound = true
+		if tokenFound {
+			r.Token, r.TokenFound = t, true
+		}
+	}
+	if tokenFound {
 		if found(bk) && r.Token.JoinMethod == store.JoinMethodBoundKeypair {
 			if _, r.Token.BoundKeypair, err = boundKeypairFrom(bk); err != nil {
 				return store.JoinRead{}, wrap("read join: token "+tokenID, err)
