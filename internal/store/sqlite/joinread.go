@@ -22,8 +22,10 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	if shape == 0 {
 		return store.JoinRead{}, nil // nothing asked, nothing read
 	}
-	// ?1 and ?2 are always bound, used or not: each text numbers its
-	// parameters alike, so the lock targets are ?3 on.
+	// Every text numbers its parameters alike (the token ?1, the node ?2,
+	// the lock targets ?3 on), so both IDs are passed whatever the shape:
+	// the driver binds as many as the statement has, the largest number
+	// it uses.
 	args := make([]any, 0, 2+2*len(targets))
 	args = append(args, tokenID, nodeID)
 	args = appendLockArgs(args, targets)
