@@ -190,3 +190,38 @@ func TestRenewalReadIsUnnamed(t *testing.T) {
 		rows.Close()
 	}
 }
+
+// TestRenewalWriteReturnsUnnamed: the columns a renewal's UPDATE returns
+// are unnamed and untyped, as the reads' (unnamed).
+func TestRenewalWriteReturnsUnnamed(t *testing.T) {
+	s, _ := openTemp(t)
+	ctx := t.Context()
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for n := range 3 {
+		args := []any{"serial", []byte("key"), []byte("pem"), int64(1), "no-such-instance", int64(1), int64(2), int64(3)}
+		for i := range n {
+			args = append(args, store.LockNode, fmt.Sprintf("node-%d", i))
+		}
+		rows, err := tx.QueryContext(ctx, renewQuery(n), args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		types, err := rows.ColumnTypes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(types) != 5 {
+			t.Errorf("%d targets: %d columns returned, want 5", n, len(types))
+		}
+		for i, ct := range types {
+			if ct.Name() != "" || ct.DatabaseTypeName() != "" {
+				t.Errorf("%d targets: column %d named %q, declared %q: want neither", n, i, ct.Name(), ct.DatabaseTypeName())
+			}
+		}
+		rows.Close()
+	}
+}
