@@ -79,3 +79,23 @@ func benchCommitJoins(b *testing.B, audited bool) {
 		}
 	}
 }
+
+// BenchmarkReadJoin measures a token join's read (the token, the node
+// asked for, the locks on its three targets), one at a time: a known
+// token and a free node, as nearly every join, and an unknown token ID,
+// whose decoy must cost what a known ID does.
+func BenchmarkReadJoin(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	j := benchJoin(1_000_000)
+	for _, c := range []struct{ name, token string }{{"known", "t1"}, {"unknown", "nosuch"}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if r, err := s.ReadJoin(ctx, c.token, j.NodeID, j.LockTargets); err != nil || r.NodeFound || r.Locked {
+					b.Fatal(r, err)
+				}
+			}
+		})
+	}
+}

@@ -3,84 +3,259 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// joinTokenQuery answers with the token's row, or, when no token has the
-// ID, with one decoy row of the same shape flagged false (as the SQLite
-// store does): an unknown ID costs the same look-ups and row as a known
-// one, so a join's refusal time does not tell whether the ID exists.
-const joinTokenQuery = `SELECT true, ` + tokenColumns + ` FROM tokens WHERE id = $1::text
-	UNION ALL
-	SELECT false, $1::text, 'token', decode(repeat('00', 32), 'hex'), decode(repeat('00', 12), 'hex'), 1, 0, 0::bigint,
-		'', '', '{}'::jsonb, '', 0::bigint, NULL::bigint, 'client'
-	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = $1::text)`
-
-// flagged scans a leading found flag into found, then the row.
-type flagged struct {
-	row   pgx.Row
-	found *bool
-}
-
-func (f flagged) Scan(dst ...any) error { return f.row.Scan(append([]any{f.found}, dst...)...) }
-
-// ReadJoin sends the token's row (or the decoy), its bound-keypair row,
-// the node's row and the lock query as one batch: one round trip, however
-// many of the four a join needs.
+// ReadJoin reads the token (or its decoy, with the token's bound-keypair
+// row), the node and the lock in one statement (joinReadQuery): a join's
+// read was a batch of four, one round trip but four statements for the
+// server to bind and run and the client to read.
 func (s *Store) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []store.LockTarget) (store.JoinRead, error) {
-	var (
-		r  store.JoinRead
-		bk *store.BoundKeypair
-		b  pgx.Batch
-	)
+	shape := 0
+	args := make([]any, 0, 4)
 	if tokenID != "" {
-		b.Queue(joinTokenQuery, tokenID).QueryRow(func(row pgx.Row) error {
-			var err error
-			r.Token, err = scanToken(flagged{row, &r.TokenFound})
-			return err
-		})
-		// The bound-keypair row is asked for whatever the token's method:
-		// the answer comes in the same round trip, and the probe costs an
-		// unknown ID what it costs a known one.
-		b.Queue(`SELECT `+boundKeypairColumns+` FROM bound_keypairs WHERE token_id = $1`, tokenID).QueryRow(func(row pgx.Row) error {
-			_, k, err := scanBoundKeypair(row)
-			bk = k
-			return noRows(err)
-		})
+		shape |= joinReadsToken
+		args = append(args, tokenID)
 	}
 	if nodeID != "" {
-		b.Queue(`SELECT `+nodeColumns+` FROM nodes WHERE id = $1`, nodeID).QueryRow(func(row pgx.Row) error {
-			var err error
-			r.Node, err = scanNode(row)
-			r.NodeFound = err == nil
-			return noRows(err)
-		})
+		shape |= joinReadsNode
+		args = append(args, nodeID)
 	}
 	if len(targets) > 0 {
+		shape |= joinReadsLock
 		kinds, names := lockArgs(targets)
-		b.Queue(findLockQuery, kinds, names).QueryRow(func(row pgx.Row) error {
-			var err error
-			r.Lock, err = scanLock(row)
-			r.Locked = err == nil
-			return noRows(err)
-		})
+		args = append(args, kinds, names)
 	}
-	if b.Len() == 0 {
-		return r, nil
+	if shape == 0 {
+		return store.JoinRead{}, nil // nothing asked, nothing read
 	}
-	if err := s.pool.SendBatch(ctx, &b).Close(); err != nil {
+	var raw [joinColumns]any
+	dst := make([]any, 0, joinColumns)
+	for _, part := range joinParts {
+		if shape&part.shape != 0 {
+			for i := part.from; i < part.to; i++ {
+				dst = append(dst, &raw[i])
+			}
+		}
+	}
+	// Every shape answers one row: with a token, its row or the decoy;
+	// without, the one row the joins hang on.
+	if err := s.pool.QueryRow(ctx, joinReadQueries[shape], args...).Scan(dst...); err != nil {
 		return store.JoinRead{}, wrap("read join", err)
 	}
-	switch {
-	case !r.TokenFound:
-		r.Token = store.Token{}
-	case r.Token.JoinMethod == store.JoinMethodBoundKeypair:
-		r.Token.BoundKeypair = bk
+	var (
+		r   store.JoinRead
+		err error
+	)
+	// A LEFT JOIN that found no row leaves its columns NULL, its first
+	// (the row's key, never NULL in the table) too: that is its flag.
+	found, _ := raw[0].(bool)
+	if shape&joinReadsToken != 0 {
+		// The decoy is decoded too, and dropped: the same work as a
+		// token's.
+		t, err := scanToken(valuesRow(raw[1:joinKeypairColumn]))
+		if err != nil {
+			return store.JoinRead{}, wrap("read join: token "+tokenID, err)
+		}
+		if found {
+			r.Token, r.TokenFound = t, true
+		}
+	}
+	if found {
+		if raw[joinKeypairColumn] != nil && r.Token.JoinMethod == store.JoinMethodBoundKeypair {
+			if _, r.Token.BoundKeypair, err = scanBoundKeypair(valuesRow(raw[joinKeypairColumn:joinNodeColumn])); err != nil {
+				return store.JoinRead{}, wrap("read join: token "+tokenID, err)
+			}
+		}
+	}
+	if raw[joinNodeColumn] != nil {
+		if r.Node, err = scanNode(valuesRow(raw[joinNodeColumn:joinLockColumn])); err != nil {
+			return store.JoinRead{}, wrap("read join: node "+nodeID, err)
+		}
+		r.NodeFound = true
+	}
+	if raw[joinLockColumn] != nil {
+		if r.Lock, err = scanLock(valuesRow(raw[joinLockColumn:])); err != nil {
+			return store.JoinRead{}, wrap("read join: lock", err)
+		}
+		r.Locked = true
 	}
 	return r, nil
+}
+
+// A join read's shape: which of the token, the node and the lock it asks
+// for, one bit each.
+const (
+	joinReadsToken = 1 << iota
+	joinReadsNode
+	joinReadsLock
+	joinShapes = 1 << iota
+)
+
+// The columns of ReadJoin's row, whatever its shape: the token's found
+// flag, the token's columns, the bound-keypair row's, the node's, the
+// lock's. A shape selects the columns of what it reads; the others stay
+// nil.
+var (
+	joinKeypairColumn = 1 + columnCount(tokenColumns)
+	joinNodeColumn    = joinKeypairColumn + columnCount(boundKeypairColumns)
+	joinLockColumn    = joinNodeColumn + columnCount(nodeColumns)
+)
+
+const joinColumns = 1 + 14 + 15 + 6 + 7
+
+var joinParts = []struct{ shape, from, to int }{
+	{joinReadsToken, 0, joinNodeColumn},
+	{joinReadsNode, joinNodeColumn, joinLockColumn},
+	{joinReadsLock, joinLockColumn, joinColumns},
+}
+
+func columnCount(cols string) int { return strings.Count(cols, ",") + 1 }
+
+// joinReadQueries[shape] is ReadJoin's statement for a shape.
+var joinReadQueries = func() (qs [joinShapes]string) {
+	for shape := 1; shape < joinShapes; shape++ {
+		qs[shape] = buildJoinReadQuery(shape)
+	}
+	return qs
+}()
+
+// buildJoinReadQuery is, for a shape that reads the token, the token's
+// row or, when no token has the ID, one decoy row of the same shape
+// flagged false (as the SQLite store does), then the bound-keypair row of
+// the token the row names (LEFT JOIN: the decoy's ID and a join token's
+// find none). Either way the statement makes the same index look-ups and
+// answers one row, so a join's refusal time does not tell whether the ID
+// exists. A shape without the token hangs its joins on one constant row.
+// Then the node (LEFT JOIN) and the lock FindAnyLock would find over the
+// targets (LEFT JOIN LATERAL: findLockQuery's). The parameters are
+// numbered in that order, each part's only if the shape reads it.
+func buildJoinReadQuery(shape int) string {
+	var sel []string
+	from := `(SELECT) one`
+	param := 0
+	next := func() string { param++; return fmt.Sprintf("$%d", param) }
+	with := ""
+	if shape&joinReadsToken != 0 {
+		id := next()
+		with = `WITH tok AS (SELECT true AS found, ` + tokenColumns + ` FROM tokens WHERE id = ` + id + `::text
+		UNION ALL
+		SELECT false, ` + id + `::text, 'token', decode(repeat('00', 32), 'hex'), decode(repeat('00', 12), 'hex'), 1, 0, 0::bigint,
+			'', '', '{}'::jsonb, '', 0::bigint, NULL::bigint, 'client'
+		WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ` + id + `::text))
+	`
+		// labels as text: read into any, jsonb would be decoded into a map.
+		sel = append(sel, strings.Replace(prefixed("tok", "found, "+tokenColumns), "tok.labels", "tok.labels::text", 1),
+			prefixed("bk", boundKeypairColumns))
+		from = `tok LEFT JOIN bound_keypairs bk ON bk.token_id = tok.id`
+	}
+	if shape&joinReadsNode != 0 {
+		sel = append(sel, prefixed("n", nodeColumns))
+		from += `
+	LEFT JOIN nodes n ON n.id = ` + next() + `::text`
+	}
+	if shape&joinReadsLock != 0 {
+		kinds, names := next(), next()
+		sel = append(sel, prefixed("l", lockColumns))
+		from += `
+	LEFT JOIN LATERAL (SELECT ` + lockColumns + `
+		FROM unnest(` + kinds + `::text[], ` + names + `::text[]) WITH ORDINALITY AS wanted (want_kind, want_target, pos)
+		JOIN locks ON kind = want_kind AND target = want_target
+		WHERE ` + unexpired + `
+		ORDER BY pos, created_at, id LIMIT 1) l ON true`
+	}
+	return with + `SELECT ` + strings.Join(sel, `,
+		`) + `
+	FROM ` + from
+}
+
+// prefixed qualifies each of cols with the table alias t.
+func prefixed(t, cols string) string {
+	fields := strings.Split(cols, ",")
+	for i, f := range fields {
+		fields[i] = t + "." + strings.TrimSpace(f)
+	}
+	return strings.Join(fields, ", ")
+}
+
+// valuesRow is a row's values as pgx reads them into any (string,
+// []byte, int64 and the other integers, bool, nil for NULL), handed to a
+// scan function as the row it reads: ReadJoin reads one row of several
+// tables' columns, each of which may be NULL (a LEFT JOIN's), and each
+// table's scan function then takes its own.
+type valuesRow []any
+
+func (v valuesRow) Scan(dst ...any) error {
+	if len(dst) != len(v) {
+		return fmt.Errorf("%d columns, %d destinations", len(v), len(dst))
+	}
+	for i, d := range dst {
+		if err := assign(d, v[i]); err != nil {
+			return fmt.Errorf("column %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// assign stores v in dst as pgx's Scan would: a NULL only in a pointer
+// or a byte slice.
+func assign(dst, v any) error {
+	switch d := dst.(type) {
+	case *string:
+		if s, ok := v.(string); ok {
+			*d = s
+			return nil
+		}
+	case *[]byte:
+		switch x := v.(type) {
+		case []byte:
+			*d = x
+			return nil
+		case string:
+			*d = []byte(x)
+			return nil
+		case nil:
+			*d = nil
+			return nil
+		}
+	case *bool:
+		if b, ok := v.(bool); ok {
+			*d = b
+			return nil
+		}
+	case *int64:
+		if n, ok := integer(v); ok {
+			*d = n
+			return nil
+		}
+	case **int64:
+		if v == nil {
+			*d = nil
+			return nil
+		}
+		if n, ok := integer(v); ok {
+			*d = &n
+			return nil
+		}
+	}
+	return fmt.Errorf("cannot store %T in %T", v, dst)
+}
+
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int64:
+		return n, true
+	case int32:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	}
+	return 0, false
 }
 
 // ReadRenewal sends the record, its instance, its node, the lock query

@@ -257,6 +257,58 @@ func BenchmarkReadRenewal(b *testing.B) {
 	}
 }
 
+// BenchmarkReadJoin measures a token join's read (the token, the node
+// asked for, the locks on its three targets) in a store of 5,000 nodes
+// with a lock on each of them, when nothing was written since the last
+// read: a known token and a free node, as nearly every join; an unknown
+// token ID, whose decoy must cost what a known ID does; a bound-keypair
+// token, read with its keypair row.
+func BenchmarkReadJoin(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	benchFleet(b, s, 5000)
+	insertBenchLocks(b, s, 5000)
+	if err := s.InsertToken(ctx, store.Token{
+		ID: "bk1", JoinMethod: store.JoinMethodBoundKeypair, Ciphertext: []byte("c"), Nonce: []byte("n"), NodeID: "node-bk", CreatedBy: "admin", CreatedAt: time.Now(),
+		BoundKeypair: &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 1, RecoveryMode: store.RecoveryStandard}},
+	}, benchLink); err != nil {
+		b.Fatal(err)
+	}
+	j := benchJoin(1_000_000)
+	for _, c := range []struct{ name, token string }{{"known", "t1"}, {"unknown", "nosuch"}, {"bound-keypair", "bk1"}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if r, err := s.ReadJoin(ctx, c.token, j.NodeID, j.LockTargets); err != nil || r.NodeFound || r.Locked {
+					b.Fatal(r, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkJoinReadWrite measures a token join's store work as the
+// authority does it, one after another: the read, then the durable write.
+// Each read follows a commit, so it finds the database changed and its
+// connection's page cache reset. BenchmarkJoinReadWrite minus
+// BenchmarkCommitJoin is the read's cost after a commit.
+func BenchmarkJoinReadWrite(b *testing.B) {
+	s, _ := openTemp(b)
+	ctx := b.Context()
+	benchToken(b, s)
+	var n int64
+	for b.Loop() {
+		n++
+		j := benchJoin(n)
+		if r, err := s.ReadJoin(ctx, j.TokenID, j.NodeID, j.LockTargets); err != nil || !r.TokenFound || r.NodeFound || r.Locked {
+			b.Fatal(r, err)
+		}
+		if _, err := s.CommitJoin(ctx, j); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkRenewalReadWrite measures a renewal's store work as the
 // authority does it, one after another: the read, then the durable write
 // of the next generation. Each read follows a commit, so it finds the

@@ -33,18 +33,28 @@ func nilIfEmpty(b []byte) any {
 }
 
 func scanBoundKeypair(row scanner) (string, *store.BoundKeypair, error) {
-	var (
-		id                                   string
-		b                                    store.BoundKeypair
-		before, rotate, recovered, rotatedAt sql.NullInt64
-	)
-	if err := row.Scan(&id, &b.Spec.InitialPublicKey, &b.SecretCiphertext, &b.SecretNonce, &before,
-		&b.Spec.RecoveryLimit, &b.Spec.RecoveryMode, &rotate, &b.BoundPublicKey, &b.BoundInstanceID, &b.RecoveryCount,
-		&b.RecoverySequence, &recovered, &rotatedAt, &b.Epoch); err != nil {
+	b, err := readRow(row, boundKeypairColumnCount)
+	if err != nil {
 		return "", nil, err
 	}
-	b.Spec.MustRegisterBefore, b.Spec.RotateAfter = timeCol(before), timeCol(rotate)
-	b.LastRecoveredAt, b.LastRotatedAt = timeCol(recovered), timeCol(rotatedAt)
+	defer b.put()
+	return boundKeypairFrom(b.cols(boundKeypairColumnCount))
+}
+
+var boundKeypairColumnCount = columnCount(boundKeypairColumns)
+
+// boundKeypairFrom decodes boundKeypairColumns (see cols): the token's ID
+// and its row.
+func boundKeypairFrom(c cols) (string, *store.BoundKeypair, error) {
+	id := c.str()
+	b := store.BoundKeypair{Spec: store.BoundKeypairSpec{InitialPublicKey: c.str()}, SecretCiphertext: c.bytes(),
+		SecretNonce: c.bytes()}
+	b.Spec.MustRegisterBefore, b.Spec.RecoveryLimit, b.Spec.RecoveryMode, b.Spec.RotateAfter = c.time(), c.int(), c.str(), c.time()
+	b.BoundPublicKey, b.BoundInstanceID, b.RecoveryCount, b.RecoverySequence = c.str(), c.str(), c.int(), c.int()
+	b.LastRecoveredAt, b.LastRotatedAt, b.Epoch = c.time(), c.time(), c.str()
+	if err := c.done(); err != nil {
+		return "", nil, err
+	}
 	return id, &b, nil
 }
 

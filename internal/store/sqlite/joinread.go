@@ -12,75 +12,252 @@ import (
 	"github.com/muster-dev/muster/internal/store"
 )
 
-// joinTokenQuery answers with the token's row, or, when no token has the
-// ID, with one decoy row of the same shape flagged 0 (a 32-byte ciphertext
-// and 12-byte nonce, as the sealer writes for a join token's secret). Both
-// cases then cost two index look-ups, one row and the same scan: the
-// answer to a join with an unknown token ID takes as long as one with a
-// known ID and a wrong secret (TestJoinTokenRefusalTiming measures it),
-// so its timing does not tell whether the ID exists.
-const joinTokenQuery = `SELECT 1, ` + tokenColumns + ` FROM tokens WHERE id = ?1
-	UNION ALL
-	SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
-	WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1)`
-
-// scanJoinToken reads joinTokenQuery's row: its leading found flag, then
-// the token (or the decoy).
-func scanJoinToken(row scanner) (store.Token, bool, error) {
-	b, err := readRow(row, 1+tokenColumnCount)
-	if err != nil {
-		return store.Token{}, false, err
-	}
-	defer b.put()
-	flag := b.cols(1)
-	found := flag.int() != 0
-	if err := flag.done(); err != nil {
-		return store.Token{}, false, err
-	}
-	t, err := tokenFrom(cols{v: b.raw[1 : 1+tokenColumnCount]})
-	return t, found, err
-}
-
-// ReadJoin reads the token (or the decoy), the node and the lock one after
-// another on the read pool: in process, a read costs no round trip, so
-// the three queries a join made before cost what they cost then.
+// ReadJoin reads the token (or its decoy, with the token's bound-keypair
+// row), the node and the lock in one statement (joinReadQuery), as
+// ReadRenewal reads a renewal's: a join's read was three statements on
+// the read pool (four for a bound-keypair token), each a round through
+// database/sql, the driver and SQLite's VM.
 func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets []store.LockTarget) (store.JoinRead, error) {
+	shape := joinShapeOf(tokenID != "", nodeID != "", len(targets) > 0)
+	if shape == 0 {
+		return store.JoinRead{}, nil // nothing asked, nothing read
+	}
+	// Every text numbers its parameters alike (the token ?1, the node ?2,
+	// the lock targets ?3 on), so both IDs are passed whatever the shape:
+	// the driver binds as many as the statement has, the largest number
+	// it uses.
+	args := make([]any, 0, 2+2*len(targets))
+	args = append(args, tokenID, nodeID)
+	args = appendLockArgs(args, targets)
+	row := joinRows[shape].Get().(*joinRow)
+	defer row.put()
+	raw := row.raw
+	if err := s.r.lookup(ctx, joinReadQuery(shape, len(targets)), args...).Scan(row.dst...); err != nil {
+		// Every shape answers one row: with a token, its row or the
+		// decoy; without, the one row the joins hang on.
+		return store.JoinRead{}, wrap("read join", err)
+	}
 	var r store.JoinRead
-	if tokenID != "" {
-		t, found, err := scanJoinToken(s.r.lookup(ctx, joinTokenQuery, tokenID))
+	// The columns not selected (joinOmitted), each equal to an argument:
+	// the token's ID is ?1 (its row's and the decoy's), a keypair row's
+	// token_id is the token's, a node's ID is ?2 (the joins' conditions;
+	// TEXT columns compared byte for byte). A LEFT JOIN that found no row
+	// leaves them NULL, as its other columns: the first, filled in only
+	// for a row found, is its flag.
+	raw[joinFlagColumn+1] = tokenID
+	if raw[joinKeypairColumn+1] != nil { // initial_public_key, NOT NULL in the table
+		raw[joinKeypairColumn] = tokenID
+	}
+	if raw[joinNodeColumn+1] != nil { // join_method, NOT NULL in the table
+		raw[joinNodeColumn] = nodeID
+	}
+	at := 0
+	next := func(n int) cols {
+		c := cols{v: raw[at : at+n]}
+		at += n
+		return c
+	}
+	flag := next(1)
+	tokenFound := flag.int() != 0
+	if err := flag.done(); err != nil {
+		return store.JoinRead{}, wrap("read join: token "+tokenID, err)
+	}
+	var err error
+	tok, bk := next(tokenColumnCount), next(boundKeypairColumnCount)
+	if shape&joinReadsToken != 0 {
+		// The decoy is decoded too, and dropped: the same work as a
+		// token's.
+		t, err := tokenFrom(tok)
 		if err != nil {
 			return store.JoinRead{}, wrap("read join: token "+tokenID, err)
 		}
-		if found {
-			ts := []store.Token{t}
-			if err := withBoundKeypairs(ctx, s.r, ts); err != nil {
+		if tokenFound {
+			r.Token, r.TokenFound = t, true
+		}
+	}
+	if tokenFound {
+		if found(bk) && r.Token.JoinMethod == store.JoinMethodBoundKeypair {
+			if _, r.Token.BoundKeypair, err = boundKeypairFrom(bk); err != nil {
 				return store.JoinRead{}, wrap("read join: token "+tokenID, err)
 			}
-			r.Token, r.TokenFound = ts[0], true
 		}
 	}
-	// No node and no lock is the usual answer for a join: it is read as
-	// sql.ErrNoRows, without building the ErrNotFound error GetNode and
-	// FindAnyLock would return for it.
-	if nodeID != "" {
-		n, err := scanNode(s.r.lookup(ctx, nodeQuery, nodeID))
-		switch {
-		case err == nil:
-			r.Node, r.NodeFound = n, true
-		case !errors.Is(err, sql.ErrNoRows):
+	if node := next(nodeColumnCount); found(node) {
+		if r.Node, err = nodeFrom(node); err != nil {
 			return store.JoinRead{}, wrap("get node "+nodeID, err)
 		}
+		r.NodeFound = true
 	}
-	if len(targets) > 0 {
-		l, err := scanLock(s.r.lookup(ctx, findAnyLockQuery(len(targets)), lockArgs(targets)...))
-		switch {
-		case err == nil:
-			r.Lock, r.Locked = l, true
-		case !errors.Is(err, sql.ErrNoRows):
+	if l := next(lockColumnCount); found(l) {
+		if r.Lock, err = lockFrom(l); err != nil {
 			return store.JoinRead{}, wrap("find lock", err)
 		}
+		r.Locked = true
 	}
 	return r, nil
+}
+
+// A join read's shape: which of the token, the node and the lock it asks
+// for, one bit each.
+const (
+	joinReadsToken = 1 << iota
+	joinReadsNode
+	joinReadsLock
+	joinShapes = 1 << iota
+)
+
+func joinShapeOf(token, node, lock bool) int {
+	shape := 0
+	if token {
+		shape |= joinReadsToken
+	}
+	if node {
+		shape |= joinReadsNode
+	}
+	if lock {
+		shape |= joinReadsLock
+	}
+	return shape
+}
+
+// The columns of ReadJoin's row, whatever its shape: the token's found
+// flag, the token's columns, the bound-keypair row's, the node's, the
+// lock's. A shape selects the columns of what it reads but joinOmitted;
+// the others stay NULL.
+var (
+	joinFlagColumn    = 0
+	joinKeypairColumn = 1 + tokenColumnCount // the keypair row's token_id
+	joinNodeColumn    = joinKeypairColumn + boundKeypairColumnCount
+	joinLockColumn    = joinNodeColumn + nodeColumnCount
+	joinColumns       = joinLockColumn + lockColumnCount
+	joinOmitted       = []int{joinFlagColumn + 1, joinKeypairColumn, joinNodeColumn}
+)
+
+// joinSelected returns, for each column shape's query selects, its index
+// in the row.
+func joinSelected(shape int) (sel []int) {
+	add := func(from, to int) {
+		for i := from; i < to; i++ {
+			if !slices.Contains(joinOmitted, i) {
+				sel = append(sel, i)
+			}
+		}
+	}
+	if shape&joinReadsToken != 0 {
+		add(joinFlagColumn, joinNodeColumn)
+	}
+	if shape&joinReadsNode != 0 {
+		add(joinNodeColumn, joinLockColumn)
+	}
+	if shape&joinReadsLock != 0 {
+		add(joinLockColumn, joinColumns)
+	}
+	return sel
+}
+
+// joinRow is ReadJoin's row (see renewalRow), one pool per shape: dst
+// points into raw at the columns the shape's query selects.
+type joinRow struct {
+	raw, dst []any
+	pool     *sync.Pool
+}
+
+var joinRows = func() (pools [joinShapes]*sync.Pool) {
+	for shape := range pools {
+		p := new(sync.Pool)
+		sel := joinSelected(shape)
+		p.New = func() any {
+			r := &joinRow{raw: make([]any, joinColumns), dst: make([]any, len(sel)), pool: p}
+			for j, i := range sel {
+				r.dst[j] = &r.raw[i]
+			}
+			return r
+		}
+		pools[shape] = p
+	}
+	return pools
+}()
+
+func (r *joinRow) put() {
+	clear(r.raw)
+	r.pool.Put(r)
+}
+
+// joinReadQueries[shape][n] is ReadJoin's statement for a shape and n
+// lock targets (n is 0 unless the shape reads the lock), one text each so
+// that each is a prepared statement the read pool caches; a join checks
+// two to four targets.
+var joinReadQueries = func() (qs [joinShapes][8]string) {
+	for shape := range qs {
+		for n := range qs[shape] {
+			if (shape&joinReadsLock != 0) == (n > 0) {
+				qs[shape][n] = buildJoinReadQuery(shape, n)
+			}
+		}
+	}
+	return qs
+}()
+
+func joinReadQuery(shape, n int) string {
+	if n < len(joinReadQueries[shape]) {
+		return joinReadQueries[shape][n]
+	}
+	return buildJoinReadQuery(shape, n)
+}
+
+// buildJoinReadQuery is, for a shape that reads the token, the token's
+// row or, when no token has the ID ?1, one decoy row of the same shape
+// flagged 0 (a 32-byte ciphertext and 12-byte nonce, as the sealer writes
+// for a join token's secret), then the bound-keypair row of the token the
+// row names (LEFT JOIN: the decoy's ID and a join token's find none).
+// Either way the statement makes the same index look-ups (the token's ID
+// twice, the keypair's once) and answers one row: the answer to a join
+// with an unknown token ID takes as long as one with a known ID and a
+// wrong secret (TestJoinTokenRefusalTiming measures it), so its timing
+// does not tell whether the ID exists. A shape without the token hangs
+// its joins on one constant row. Then the node ?2 (LEFT JOIN), and the
+// lock FindAnyLock would find over the n targets (?3 on, a kind and a
+// target each: the first by position, of several on it the oldest, ties
+// by ID).
+func buildJoinReadQuery(shape, n int) string {
+	var with, sel []string
+	from := `(SELECT 1) one`
+	if shape&joinReadsToken != 0 {
+		with = append(with, `tok AS (SELECT 1 AS found, `+tokenColumns+` FROM tokens WHERE id = ?1
+		UNION ALL
+		SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
+		WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1))`)
+		sel = append(sel, `tok.found, `+prefixed("tok", withoutFirst(tokenColumns, "id")),
+			prefixed("bk", withoutFirst(boundKeypairColumns, "token_id")))
+		from = `tok LEFT JOIN bound_keypairs bk ON bk.token_id = tok.id`
+	}
+	if shape&joinReadsNode != 0 {
+		sel = append(sel, prefixed("n", withoutFirst(nodeColumns, "id")))
+		from += `
+	LEFT JOIN nodes n ON n.id = ?2`
+	}
+	if shape&joinReadsLock != 0 {
+		var values []string
+		for i := range n {
+			values = append(values, fmt.Sprintf("(%d, ?%d, ?%d)", i, 3+2*i, 4+2*i))
+		}
+		with = append(with, `wanted (pos, want_kind, want_target) AS (VALUES `+strings.Join(values, ", ")+`)`)
+		sel = append(sel, prefixed("l", lockColumns))
+		// CROSS JOIN keeps wanted the outer loop, as in FindAnyLock.
+		from += `
+	LEFT JOIN locks l ON l.rowid = (SELECT lk.rowid FROM wanted CROSS JOIN locks lk
+		WHERE lk.kind = want_kind AND lk.target = want_target
+			AND (lk.expires_at IS NULL OR lk.expires_at > ` + nowMicros + `)
+		ORDER BY pos, lk.created_at, lk.id LIMIT 1)`
+	}
+	q := `SELECT ` + unnamed(strings.Join(sel, ", ")) + `
+	FROM ` + from
+	if len(with) > 0 {
+		q = `WITH ` + strings.Join(with, `,
+	`) + `
+` + q
+	}
+	return q
 }
 
 // ReadRenewal reads the record, its instance, its node, the lock in
@@ -221,6 +398,23 @@ func prefixed(t, cols string) string {
 	return strings.Join(fields, ", ")
 }
 
+// unnamed is a select list of column references (prefixed's) with each
+// column unnamed and untyped: `+t.c AS ""`. The driver reads every
+// column's name and declared type into a Go string at each query (two
+// allocations a column, about 80 for a join's read of 41 columns); an
+// empty name costs none, and an expression (unary + is SQLite's no-op,
+// which keeps the value and its type) has no declared type. The values
+// are read by position, and no column of these tables is declared DATE,
+// DATETIME or TIMESTAMP, the only declared types the driver reads values
+// by.
+func unnamed(list string) string {
+	fields := strings.Split(list, ",")
+	for i, f := range fields {
+		fields[i] = `+` + strings.TrimSpace(f) + ` AS ""`
+	}
+	return strings.Join(fields, ", ")
+}
+
 // withoutFirst is cols without its first column, which must be first.
 func withoutFirst(cols, first string) string {
 	rest, ok := strings.CutPrefix(cols, first+",")
@@ -254,7 +448,8 @@ func renewalQuery(n int) string {
 // n keys (?2…), and of several on that target the oldest (ties by ID).
 // A target that is empty or absent (no instance) matches nothing. The
 // verifier set's ID (signer_set's one row, which migration 0005 inserts)
-// ends the row. The row has the tables' columns but renewalOmitted.
+// ends the row. The row has the tables' columns but renewalOmitted, each
+// unnamed and untyped (unnamed).
 func buildRenewalQuery(n int) string {
 	keys := []string{`lower(hex(c.public_key))`}
 	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
@@ -263,11 +458,9 @@ func buildRenewalQuery(n int) string {
 		keys = append(keys, fmt.Sprintf("?%d", i+2))
 		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
 	}
-	return `SELECT ` + prefixed("c", withoutFirst(certificateColumns, "serial")) + `,
-		` + prefixed("i", withoutFirst(instanceColumns, "id")) + `,
-		` + prefixed("n", withoutFirst(nodeColumns, "id")) + `,
-		` + prefixed("l", lockColumns) + `,
-		ss.version, ss.stepped_at
+	return `SELECT ` + unnamed(prefixed("c", withoutFirst(certificateColumns, "serial"))+`, `+
+		prefixed("i", withoutFirst(instanceColumns, "id"))+`, `+prefixed("n", withoutFirst(nodeColumns, "id"))+`, `+
+		prefixed("l", lockColumns)+`, ss.version, ss.stepped_at`) + `
 	FROM certificates c
 	JOIN signer_set ss ON ss.id = 1
 	LEFT JOIN instances i ON i.id = c.instance_id

@@ -387,8 +387,9 @@ func buildRenewQuery(n int) string {
 		}
 		b.WriteString(`) AND ` + unexpired + `)`)
 	}
-	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1.
-	b.WriteString(` RETURNING node_id, join_method, token_id, previous_id, created_at`)
+	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1;
+	// unnamed and untyped, as the request path's reads (unnamed).
+	b.WriteString(` RETURNING ` + unnamed(`node_id, join_method, token_id, previous_id, created_at`))
 	return b.String()
 }
 
