@@ -339,7 +339,7 @@ func TestRetiredKeyDestroyedLaterKeepsItsReference(t *testing.T) {
 		fail      atomic.Bool
 	)
 	a := startReplicas(t, nil, 1, noCAClock, func(c *Config) {
-		c.CAIntermediateTTL = 3 * time.Minute
+		c.CAIntermediateTTL = time.Hour
 		c.WrapCACustody = func(c custody.Custody) (custody.Custody, error) {
 			return destroyFailing{destroyCounting: destroyCounting{Custody: c, mu: &mu, destroyed: &destroyed}, fail: &fail}, nil
 		}
