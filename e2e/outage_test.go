@@ -100,7 +100,7 @@ func TestDatabaseOutage(t *testing.T) {
 	})
 	during := e.auth.Logs()[logsBefore:]
 	if n := strings.Count(during, `"level":"WARN"`) + strings.Count(during, `"level":"ERROR"`); n > 4 {
-		t.Errorf("%d warnings and errors through one outage, want the store lost and the notifications lost:\n%s\n%s",
+		t.Errorf("%d warnings and errors through one outage, want the store lost, the notifications lost and the serving lock lost, each once:\n%s\n%s",
 			n, grepLines(during, `"level":"WARN"`), grepLines(during, `"level":"ERROR"`))
 	}
 	if !strings.Contains(during, "failed_requests") {

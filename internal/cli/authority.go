@@ -795,7 +795,15 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 	ml := &migrationLog{log: log, then: "the authority serves once it is done"}
 	su.data.migrating = ml.migrating
 	st, logger, closeStore, err := openAuthorityStore(ctx, dir, o.configPath, su.data, o.storeTimeout, m.OnAudit, func(err error) {
-		log.Warn("store: the serving lock is lost; until it is held again, muster store reapply is not kept out while this authority serves", "error", err)
+		if err == nil {
+			log.Info("store: the serving lock is held again")
+			return
+		}
+		if errors.Is(err, postgres.ErrExcluded) {
+			log.Error("store: an offline command that needs every authority stopped (muster store reapply) took the serving lock while this authority had lost it, and works on the store under it: stop this authority (systemctl stop muster-authority) and start it again once the command has finished", "error", err)
+			return
+		}
+		log.Warn("store: the serving lock is lost; until it is held again (tried every 2 s), muster store reapply is not kept out while this authority serves", "error", err)
 	})
 	if err != nil {
 		return prefixed("authority", err)

@@ -38,7 +38,9 @@ const (
 // HoldServing takes the serving lock shared for this process until
 // release, refusing with ErrExcluded while an offline command holds it.
 // Should the connection fail, it is made again and the lock taken again,
-// every leaderPoll; onLost, if not nil, hears of each failure.
+// every leaderPoll; onLost, if not nil, hears of the loss once (not of
+// every try through a database outage, which the store's own outage
+// report already tells) and, with nil, of the lock held again.
 func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release func(), err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = servingApp
@@ -73,6 +75,7 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 		defer close(done)
 		t := time.NewTicker(leaderPoll)
 		defer t.Stop()
+		excludedSaid := false
 		for {
 			select {
 			case <-kctx.Done():
@@ -84,7 +87,15 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 			}
 			if conn == nil {
 				c, err := take(kctx)
-				if err != nil && kctx.Err() == nil && onLost != nil {
+				switch {
+				case onLost == nil || kctx.Err() != nil:
+				case err == nil:
+					onLost(nil)
+				case errors.Is(err, ErrExcluded) && !excludedSaid:
+					// Not an outage: an offline command took the lock
+					// while this replica had lost it, and works on the
+					// store under it.
+					excludedSaid = true
 					onLost(err)
 				}
 				conn = c
