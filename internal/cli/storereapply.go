@@ -117,6 +117,9 @@ type reapplyResult struct {
 	Steps []reapplyStep `json:"steps"`
 	// Manual are what the audit cannot re-apply, each with its command.
 	Manual []manualStep `json:"manual"`
+	// NotCarried are the identities of the store kept aside not carried
+	// to the restored store, each with why and its way out.
+	NotCarried []notCarried `json:"not_carried"`
 	// Before is what --apply needs done first ("" for nothing).
 	Before string `json:"before,omitempty"`
 	// Failed is the step whose write failed, and why; the steps after it
@@ -155,7 +158,7 @@ func (r *reapplyResult) print(w io.Writer) {
 	fmt.Fprintf(w, "The restored store ends at record %d; the store kept aside holds it and goes on to record %d.\n", r.Head, r.FromHead)
 	switch {
 	case len(r.Steps) == 0:
-		fmt.Fprintln(w, "Nothing to re-apply: every lock, node deletion, token use and token deletion since is in the restored store.")
+		fmt.Fprintln(w, "Nothing to re-apply: every lock, node deletion, token use, token deletion and agent identity since is in the restored store.")
 	case r.Applied:
 		fmt.Fprintln(w, "Re-applied:")
 	default:
@@ -178,6 +181,7 @@ func (r *reapplyResult) print(w io.Writer) {
 			fmt.Fprintf(w, "  %s (%s %s): %s\n", m.What, seqList(m.Seqs), m.Action, m.Command)
 		}
 	}
+	printNotCarried(w, r.NotCarried)
 	if r.Before != "" {
 		fmt.Fprintln(w, "Before --apply: "+r.Before)
 	}
@@ -444,7 +448,7 @@ func (p *reapplyPlanner) last(action string, match func(store.AuditRecord) bool)
 
 func (p *reapplyPlanner) plan(ctx context.Context, res *reapplyResult) error {
 	res.Steps, res.Manual = []reapplyStep{}, []manualStep{}
-	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planManual} {
+	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planCerts, p.planManual} {
 		if err := f(ctx, res); err != nil {
 			return err
 		}
