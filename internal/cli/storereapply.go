@@ -47,16 +47,22 @@ func newStoreReapplyCmd(env *Env) *cobra.Command {
 		Example: `  muster store reapply --offline --data /var/lib/muster/authority --from sqlite:///var/lib/muster/authority/muster.db.before-restore
   muster store reapply --offline --data /var/lib/muster/authority --from sqlite:///var/lib/muster/authority/muster.db.before-restore --apply
   muster store reapply --offline --data /var/lib/muster/authority --from 'postgres://muster@db.internal:5432/muster_before_restore' -o json`,
-		Short: "Re-apply to a restored store the locks, deletions and token uses its backup predates",
+		Short: "Re-apply to a restored store the locks, deletions, token uses and agent identities its backup predates",
 		Long: `A store restored from a backup lacks everything done since the backup:
-locks, node deletions, token uses and deletions, and its audit records.
+locks, node deletions, token uses and deletions, the identities of
+agents that renewed or joined since, and its audit records.
 reapply reads them from the store the restore replaced (--from: the
 muster.db.before-restore file, or the renamed PostgreSQL database), after
 the restored store's newest record, and re-applies each to the restored
 store as one conditional write with its own store.reapply record naming
 the record it re-applies. It refuses, changing nothing, a --from store
 whose chain does not hold the restored store's newest record: not the
-store the backup was taken from.
+store the backup was taken from. An agent's identity (its instance's
+generation and last certificate, or a node joined since) is carried only
+for a certificate chaining to an agent CA the restored store knows,
+unexpired, and only where the restored store does not say otherwise
+(node deleted, locked, or its ID held by another node): the rest it
+lists, with why and the way out.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
@@ -433,6 +439,10 @@ type reapplyPlanner struct {
 	lost     []store.AuditRecord
 	fromName string
 	od       offlineDir
+	// deleting are the nodes of the restored store planNodes deletes
+	// again, by ID: their IDs are free for the node the store kept aside
+	// holds under them, joined since.
+	deleting map[string]time.Time
 }
 
 // last is the newest lost record of action (ok) that match accepts.
@@ -533,11 +543,15 @@ func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) erro
 		case err == nil && f.CreatedAt.Equal(n.CreatedAt):
 			continue // the store kept aside holds it still: the record deleted another
 		case err == nil:
-			what += " (the store kept aside holds another node joined under its ID since, unknown to the restored store: its agent joins again)"
+			what += " (the store kept aside holds another node joined under its ID since: its identity is carried after this deletion, unless listed as not carried)"
 		case !errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("reading the nodes of the store kept aside: %w", err)
 		}
 		id, created := n.ID, n.CreatedAt
+		if p.deleting == nil {
+			p.deleting = map[string]time.Time{}
+		}
+		p.deleting[id] = created
 		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: what, target: id,
 			write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
 				return st.DeleteNodeCreated(ctx, id, created, build)

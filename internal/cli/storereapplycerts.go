@@ -37,9 +37,16 @@ func printNotCarried(w io.Writer, ns []notCarried) {
 }
 
 // rejoinCommand is the way back of an agent whose identity the restored
-// store does not know: it joins again over its node ID.
+// store does not know: a token for its node ID, whose joining URI its
+// agent joins again with (rejoinHow).
 func rejoinCommand(node string) string {
-	return "muster token create --node " + shellword.Quote(node) + ", then on the agent: muster agent join --force --data ADIR --node " + shellword.Quote(node) + " with its joining URI"
+	return "muster token create --node " + shellword.Quote(node)
+}
+
+// rejoinHow is what the agent of node does with the token rejoinCommand
+// makes.
+func rejoinHow(node string) string {
+	return "; its agent joins again: muster agent join --force --data ADIR --node " + shellword.Quote(node) + " with the joining URI of"
 }
 
 // planCerts carries forward the identities the agents hold that the
@@ -76,6 +83,9 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			continue
 		}
 		skip := func(why, command string) {
+			if command == rejoinCommand(fn.ID) {
+				why += rejoinHow(fn.ID)
+			}
 			res.NotCarried = append(res.NotCarried, notCarried{Node: fn.ID, Instance: in.ID, Why: why, Command: command})
 		}
 		c := store.CarriedIdentity{Instance: in}
@@ -94,6 +104,9 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			return err
 		default:
 			switch n, err := p.st.GetNode(ctx, fn.ID); {
+			case err == nil && n.CreatedAt.Equal(p.deleting[fn.ID]) && !n.CreatedAt.Equal(fn.CreatedAt):
+				// Deleted again by a step before this one, which frees its
+				// ID for the node joined under it since.
 			case err == nil:
 				skip("the restored store holds node ID "+fn.ID+" as another node (instance "+n.InstanceID+")", rejoinCommand(fn.ID))
 				continue
@@ -121,7 +134,7 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 		if why, lock, err := p.lockedIn(ctx, store.RenewalLockTargets(cert, in, nil)); err != nil {
 			return err
 		} else if why != "" {
-			skip(why, "muster lock delete "+shellword.Quote(lock)+", then run this command again")
+			skip(why+"; if it is one to lift, lift it and run this command again, else its agent stays out", "muster lock delete "+shellword.Quote(lock))
 			continue
 		}
 		what := fmt.Sprintf("node %s, instance %s: certificate %s, generation %d, until %s", fn.ID, in.ID, cert.Serial, in.Generation, cert.NotAfter.UTC().Format(time.RFC3339))
