@@ -1,19 +1,23 @@
 package cli
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -122,4 +126,91 @@ func TestCarriedCertificatesAreOnlyThisAuthoritysOwn(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStoreReapplyListsIdentitiesNotCarried: an identity the restored
+// store says otherwise about, or one reapply does not carry, is listed
+// with why and a way out that is a muster command, and nothing is
+// written for it: a node re-provisioned since under an ID the restored
+// store holds as its earlier instance, a bound-keypair node joined since
+// (its join state is not carried), and a node joined since whose
+// certificate is not one this authority issued.
+func TestStoreReapplyListsIdentitiesNotCarried(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-time.Hour)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		if _, err := st.CommitJoin(ctx, testJoin("moved-01", "moved-01-a", now)); err != nil {
+			t.Fatal(err)
+		}
+		write(t, l, "test.mark", "x", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			_, err := st.AppendAudit(ctx, b)
+			return err
+		})
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		j := testJoin("moved-01", "moved-01-b", now.Add(time.Minute))
+		j.MaySupersede = true
+		if _, err := st.CommitJoin(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+		bk := testJoin("bound-01", "bound-01-a", now.Add(time.Minute))
+		bk.Instance.JoinMethod, bk.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
+		if _, err := st.CommitJoin(ctx, bk); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CommitJoin(ctx, testJoin("forged-01", "forged-01-a", now.Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+		write(t, l, "test.mark", "y", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			_, err := st.AppendAudit(ctx, b)
+			return err
+		})
+	})
+	f.restore(t)
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	if f.head(t) != before {
+		t.Errorf("records were appended for what is only listed")
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"moved-01":  "as another node (instance moved-01-a)",
+		"bound-01":  "a bound-keypair instance: its join state is not carried",
+		"forged-01": "not carried: instance forged-01-a holds no certificate chain",
+	}
+	root := newRoot(&Env{})
+	for _, n := range res.NotCarried {
+		if w, ok := want[n.Node]; !ok || !strings.Contains(n.Why, w) {
+			t.Errorf("listed %+v; want it saying %q", n, w)
+		}
+		delete(want, n.Node)
+		cmds, _ := lineCommands("output", 1, n.Command)
+		if len(cmds) != 1 {
+			t.Errorf("%q is not one muster command", n.Command)
+			continue
+		}
+		if problem := checkDocCommand(root, cmds[0]); problem != "" {
+			t.Errorf("%q: %s", n.Command, problem)
+		}
+	}
+	if len(want) > 0 || len(res.Steps) != 0 {
+		t.Errorf("not listed: %v; steps %+v, want none", want, res.Steps)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		for _, id := range []string{"bound-01", "forged-01"} {
+			if _, err := st.GetNode(ctx, id); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("node %s in the restored store: %v, want none", id, err)
+			}
+		}
+		if n, err := st.GetNode(ctx, "moved-01"); err != nil || n.InstanceID != "moved-01-a" {
+			t.Errorf("moved-01 in the restored store: %+v, %v; want it as it was", n, err)
+		}
+	})
 }
