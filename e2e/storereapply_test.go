@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/muster-dev/muster/internal/identity"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -21,7 +22,11 @@ import (
 // kept aside, each with its own record, and the authority started again
 // refuses the locked node, the deleted node, the spent token and the
 // deleted one. Before it, the restored store let all four back in
-// silently.
+// silently. It carries the identities of an agent that renewed since the
+// backup, of one that joined since and of one that joined under the ID
+// of a node deleted since: they renew by themselves, where the restored
+// store refused them certificate_unknown and they had to join again by
+// hand; that of one locked since is listed, not carried.
 func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
@@ -61,6 +66,7 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	e.setup(t)
 	stolen, _ := e.join(t, e.token(t), "stolen-01")
 	gone, _ := e.join(t, e.token(t), "gone-01")
+	renewer, _ := e.join(t, e.token(t), "renewer-01")
 	spend := e.token(t, "--uses", "1")
 	doomed := e.token(t, "--uses", "1")
 	e.auth.stop(t)
@@ -68,12 +74,20 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 
 	e.auth = startAuthority(t, dir)
 	e.setup(t)
+	// Renewed since and locked: its identity is not carried.
+	stolenSince := renewAs(t, e, stolen)
 	var lock map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, "lock", "create", "--node", "stolen-01", "--reason", "laptop stolen", "--data", dir, "-o", "json")), &lock); err != nil {
 		t.Fatal(err)
 	}
 	mustRun(t, "agents", "delete", "gone-01", "--data", dir)
-	e.join(t, spend, "since-01")
+	// Another machine joins under its ID, with a token made since: the
+	// deletion re-applied frees the ID for it.
+	regone, _ := e.join(t, e.token(t), "gone-01")
+	since, _ := e.join(t, spend, "since-01")
+	// An agent renews since the backup, with a new key: the restored
+	// store knows neither its certificate nor its generation.
+	renewer = renewAs(t, e, renewer)
 	mustRun(t, "token", "delete", doomed[:6], "--data", dir)
 	mustRun(t, "psk", "rotate", "--data", dir)
 	e.auth.stop(t)
@@ -98,6 +112,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	// says what --apply needs first.
 	plan := mustRun(t, reapply()...)
 	for _, want := range []string{"To re-apply", "lock " + lock["id"].(string) + " on node stolen-01", "delete node gone-01",
+		"carry node gone-01", "node stolen-01, instance ", ": locked in the store kept aside (lock " + lock["id"].(string),
+		"carry node renewer-01", "(the restored store holds generation 0)", "carry node since-01", "(joined since the backup)",
 		"token " + spend[:6] + ": 1 of its 1 uses spent", "delete token " + doomed[:6], "muster psk rotate --grace 0", "Before --apply: "} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("the plan lacks %q:\n%s", want, plan)
@@ -127,8 +143,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	}
 
 	out := mustRun(t, reapply("--apply")...)
-	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 4 {
-		t.Fatalf("store reapply --apply: want 4 steps done:\n%s", out)
+	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 7 {
+		t.Fatalf("store reapply --apply: want 7 steps done:\n%s", out)
 	}
 	// Again: everything is in place, and the restored store's head is
 	// still found past the records the first run appended.
@@ -140,6 +156,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	e.setup(t)
 	_, err := e.renew(t, stolen, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "locked")
+	_, err = e.renew(t, stolenSince, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "certificate unknown")
 	_, err = e.renew(t, gone, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "deleted")
 	_, csr := newCSR(t)
@@ -147,13 +165,19 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	wantCode(t, err, codes.FailedPrecondition, "")
 	_, err = e.boot.ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{JoinToken: doomed, NodeId: "again-02", Csr: csr})
 	wantCode(t, err, codes.NotFound, "")
+	// The agents that renewed or joined since the backup renew by
+	// themselves, without joining again, and on from there. Before, the
+	// restored store refused both certificate_unknown.
+	for _, id := range []*identity.Identity{renewer, since, regone} {
+		renewAs(t, e, renewAs(t, e, id))
+	}
 
 	var recs []map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", dir, "--action", "store.reapply", "-o", "json")), &recs); err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 4 {
-		t.Fatalf("store.reapply records: %v, want 4", recs)
+	if len(recs) != 7 {
+		t.Fatalf("store.reapply records: %v, want 7", recs)
 	}
 	for _, rec := range recs {
 		if reason, _ := rec["reason"].(string); !strings.Contains(reason, "re-applies record ") || rec["actor"] != "muster store reapply" {
@@ -163,6 +187,18 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	if out := mustRun(t, "audit", "verify", "--data", dir); !strings.Contains(out, "intact") {
 		t.Errorf("audit verify after the reapply: %s", out)
 	}
+}
+
+// renewAs renews id's certificate with a new key and returns the
+// identity of the new one.
+func renewAs(t *testing.T, e *joinEnv, id *identity.Identity) *identity.Identity {
+	t.Helper()
+	key, csr := newCSR(t)
+	resp, err := e.renew(t, id, csr)
+	if err != nil {
+		t.Fatalf("renewal: %v", err)
+	}
+	return e.agentID(t, resp.GetCertificateChainPem(), key)
 }
 
 // TestStoreReapplyRefusesWhileAnAuthorityServes: store reapply refuses

@@ -47,16 +47,22 @@ func newStoreReapplyCmd(env *Env) *cobra.Command {
 		Example: `  muster store reapply --offline --data /var/lib/muster/authority --from sqlite:///var/lib/muster/authority/muster.db.before-restore
   muster store reapply --offline --data /var/lib/muster/authority --from sqlite:///var/lib/muster/authority/muster.db.before-restore --apply
   muster store reapply --offline --data /var/lib/muster/authority --from 'postgres://muster@db.internal:5432/muster_before_restore' -o json`,
-		Short: "Re-apply to a restored store the locks, deletions and token uses its backup predates",
+		Short: "Re-apply to a restored store the locks, deletions, token uses and agent identities its backup predates",
 		Long: `A store restored from a backup lacks everything done since the backup:
-locks, node deletions, token uses and deletions, and its audit records.
+locks, node deletions, token uses and deletions, the identities of
+agents that renewed or joined since, and its audit records.
 reapply reads them from the store the restore replaced (--from: the
 muster.db.before-restore file, or the renamed PostgreSQL database), after
 the restored store's newest record, and re-applies each to the restored
 store as one conditional write with its own store.reapply record naming
 the record it re-applies. It refuses, changing nothing, a --from store
 whose chain does not hold the restored store's newest record: not the
-store the backup was taken from.
+store the backup was taken from. An agent's identity (its instance's
+generation and last certificate, or a node joined since) is carried only
+for a certificate chaining to an agent CA the restored store knows,
+unexpired, and only where the restored store does not say otherwise
+(node deleted, locked, or its ID held by another node): the rest it
+lists, with why and the way out.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
@@ -117,6 +123,9 @@ type reapplyResult struct {
 	Steps []reapplyStep `json:"steps"`
 	// Manual are what the audit cannot re-apply, each with its command.
 	Manual []manualStep `json:"manual"`
+	// NotCarried are the identities of the store kept aside not carried
+	// to the restored store, each with why and its way out.
+	NotCarried []notCarried `json:"not_carried"`
 	// Before is what --apply needs done first ("" for nothing).
 	Before string `json:"before,omitempty"`
 	// Failed is the step whose write failed, and why; the steps after it
@@ -155,7 +164,7 @@ func (r *reapplyResult) print(w io.Writer) {
 	fmt.Fprintf(w, "The restored store ends at record %d; the store kept aside holds it and goes on to record %d.\n", r.Head, r.FromHead)
 	switch {
 	case len(r.Steps) == 0:
-		fmt.Fprintln(w, "Nothing to re-apply: every lock, node deletion, token use and token deletion since is in the restored store.")
+		fmt.Fprintln(w, "Nothing to re-apply: every lock, node deletion, token use, token deletion and agent identity since is in the restored store.")
 	case r.Applied:
 		fmt.Fprintln(w, "Re-applied:")
 	default:
@@ -178,6 +187,7 @@ func (r *reapplyResult) print(w io.Writer) {
 			fmt.Fprintf(w, "  %s (%s %s): %s\n", m.What, seqList(m.Seqs), m.Action, m.Command)
 		}
 	}
+	printNotCarried(w, r.NotCarried)
 	if r.Before != "" {
 		fmt.Fprintln(w, "Before --apply: "+r.Before)
 	}
@@ -429,6 +439,10 @@ type reapplyPlanner struct {
 	lost     []store.AuditRecord
 	fromName string
 	od       offlineDir
+	// deleting are the nodes of the restored store planNodes deletes
+	// again, by ID: their IDs are free for the node the store kept aside
+	// holds under them, joined since.
+	deleting map[string]time.Time
 }
 
 // last is the newest lost record of action (ok) that match accepts.
@@ -444,7 +458,7 @@ func (p *reapplyPlanner) last(action string, match func(store.AuditRecord) bool)
 
 func (p *reapplyPlanner) plan(ctx context.Context, res *reapplyResult) error {
 	res.Steps, res.Manual = []reapplyStep{}, []manualStep{}
-	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planManual} {
+	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planCerts, p.planManual} {
 		if err := f(ctx, res); err != nil {
 			return err
 		}
@@ -529,11 +543,15 @@ func (p *reapplyPlanner) planNodes(ctx context.Context, res *reapplyResult) erro
 		case err == nil && f.CreatedAt.Equal(n.CreatedAt):
 			continue // the store kept aside holds it still: the record deleted another
 		case err == nil:
-			what += " (the store kept aside holds another node joined under its ID since, unknown to the restored store: its agent joins again)"
+			what += " (the store kept aside holds another node joined under its ID since: its identity is carried after this deletion, unless listed as not carried)"
 		case !errors.Is(err, store.ErrNotFound):
 			return fmt.Errorf("reading the nodes of the store kept aside: %w", err)
 		}
 		id, created := n.ID, n.CreatedAt
+		if p.deleting == nil {
+			p.deleting = map[string]time.Time{}
+		}
+		p.deleting[id] = created
 		steps = append(steps, reapplyStep{Seq: r.Seq, Action: r.Action, What: what, target: id,
 			write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
 				return st.DeleteNodeCreated(ctx, id, created, build)

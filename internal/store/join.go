@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -214,6 +215,26 @@ type Renewal struct {
 	Audit func(head AuditHead) (AuditRecord, error)
 }
 
+// CarriedIdentity is a node's current instance and the record of its
+// last certificate as the store a restore from a backup replaced holds
+// them, carried to the restored store (store reapply) so that an agent
+// that renewed or joined since the backup renews by itself.
+type CarriedIdentity struct {
+	// Instance is the instance carried, current; its Generation and
+	// Last* fields are its last certificate's, Certificate.
+	Instance    Instance
+	Certificate Certificate
+	// Held is the instance as the restored store holds it, as read: the
+	// write advances it only while it is still so (current, at that
+	// generation and last serial). Nil for a node that joined since the
+	// backup: Node and the instance are inserted, only while neither ID
+	// is held.
+	Held *Instance
+	// Node is the node to insert with a Held nil, as the store kept
+	// aside holds it (its CreatedAt kept: DeleteNodeCreated matches it).
+	Node Node
+}
+
 // JoinStore is the part of the store that admits and renews nodes. Every
 // method that must happen once is one transaction whose conditions are
 // checked against the store clock inside it.
@@ -308,6 +329,17 @@ type JoinStore interface {
 	// since is another node, and is left, ErrConflict, nothing written.
 	// ErrNotFound if no node holds id; a zero created is refused.
 	DeleteNodeCreated(ctx context.Context, id string, created time.Time, audit func(head AuditHead) (AuditRecord, error)) error
+	// CarryIdentity writes c to the restored store in one transaction,
+	// with the record audit builds (store.reapply): for c.Held, the
+	// instance advanced to c.Instance's generation and last certificate,
+	// only while it is current and still at c.Held's generation and last
+	// serial, and c.Instance's generation is above it; else the node, the
+	// instance and the certificate record inserted, only while no node
+	// holds the node ID and no instance the instance ID. ErrConflict,
+	// nothing written, when a condition fails or the certificate's serial
+	// is recorded already; ErrNotFound if c.Held's instance is gone. A
+	// nil audit is refused.
+	CarryIdentity(ctx context.Context, c CarriedIdentity, audit func(head AuditHead) (AuditRecord, error)) error
 	// GetInstance returns an instance; ErrNotFound.
 	GetInstance(ctx context.Context, id string) (Instance, error)
 	// ListInstances returns the instances of a node ID, oldest first,
@@ -318,4 +350,23 @@ type JoinStore interface {
 	// ListCertificates returns the certificates issued under a node ID,
 	// oldest first.
 	ListCertificates(ctx context.Context, nodeID string) ([]Certificate, error)
+}
+
+// Check refuses a carried identity whose parts disagree: its certificate
+// record is not the instance's last, or the node or held instance is
+// another's.
+func (c CarriedIdentity) Check() error {
+	in, cert := c.Instance, c.Certificate
+	switch {
+	case cert.Serial == "" || cert.Serial != in.LastSerial:
+		return fmt.Errorf("carried certificate %s is not instance %s's last (%s)", cert.Serial, in.ID, in.LastSerial)
+	case cert.InstanceID != in.ID || cert.NodeID != in.NodeID || cert.Generation != in.Generation:
+		return fmt.Errorf("carried certificate %s is of node %s, instance %s, generation %d, not node %s, instance %s, generation %d",
+			cert.Serial, cert.NodeID, cert.InstanceID, cert.Generation, in.NodeID, in.ID, in.Generation)
+	case c.Held != nil && c.Held.ID != in.ID:
+		return fmt.Errorf("carried instance %s is not the held instance %s", in.ID, c.Held.ID)
+	case c.Held == nil && (c.Node.ID != in.NodeID || c.Node.InstanceID != in.ID || c.Node.CreatedAt.IsZero()):
+		return fmt.Errorf("carried node %s (instance %s) is not instance %s's node %s, or has no creation time", c.Node.ID, c.Node.InstanceID, in.ID, in.NodeID)
+	}
+	return nil
 }

@@ -179,3 +179,62 @@ func scanCertificate(row pgx.Row) (store.Certificate, error) {
 	c.NotBefore, c.NotAfter, c.IssuedAt = timeCol(notBefore), timeCol(notAfter), timeCol(issued)
 	return c, nil
 }
+
+// CarryIdentity writes an identity the restored store lacks (see
+// store.JoinStore), with its record, in one transaction under the node
+// ID's lock: an advance of the instance as read, or the node, instance
+// and certificate of a join since the backup.
+func (s *Store) CarryIdentity(ctx context.Context, c store.CarriedIdentity, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	in, cert := c.Instance, c.Certificate
+	op := "carry identity of instance " + in.ID
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: an identity is never carried unaudited", op)
+	}
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(nodeLockQuery, []any{nodeLockClass, in.NodeID}, wrapped(op+": lock"))
+		if c.Held != nil {
+			held := *c.Held
+			// One row: the instance as it was (NULL: none), and whether
+			// it moved.
+			p.row(`WITH was AS (SELECT generation, state, last_serial FROM instances WHERE id = $8),
+					moved AS (UPDATE instances
+						SET generation = $1, last_serial = $2, last_public_key = $3, last_chain_pem = $4, last_issued_at = $5,
+							last_not_after = $6, last_expiring_at = $7
+						WHERE id = $8 AND state = 'current' AND generation = $9 AND last_serial = $10 AND generation < $1
+						RETURNING 1)
+				SELECT (SELECT generation FROM was), (SELECT state FROM was), (SELECT last_serial FROM was), EXISTS (SELECT 1 FROM moved)`,
+				[]any{in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+					timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)), in.ID, held.Generation, held.LastSerial},
+				func(r pgx.Row) error {
+					var gen *int64
+					var state, serial *string
+					var moved bool
+					if err := r.Scan(&gen, &state, &serial, &moved); err != nil {
+						return wrap(op, err)
+					}
+					switch {
+					case moved:
+						return nil
+					case gen == nil:
+						return wrap(op, pgx.ErrNoRows)
+					}
+					return fmt.Errorf("postgres: %s: %w: it is %s at generation %d, serial %s, not current at generation %d, serial %s as read",
+						op, store.ErrConflict, *state, *gen, *serial, held.Generation, held.LastSerial)
+				})
+		} else {
+			in.State = store.InstanceCurrent
+			p.exec(`INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+				append(instanceArgs(in), timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert))), wrapped(op+": insert instance"))
+			p.exec(`INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6)`,
+				[]any{in.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(c.Node.CreatedAt), timeArg(c.Node.UpdatedAt)},
+				wrapped(op+": insert node "+in.NodeID))
+		}
+		p.exec(insertCertificateQuery, certificateArgs(cert), wrapped(op+": insert certificate "+cert.Serial))
+		queueNotify(p, store.ChangeStanding, in.NodeID)
+		return commitAudited(ctx, p, audit, op)
+	})
+}

@@ -150,3 +150,65 @@ func collect[T any](rows *sql.Rows, op string, scan func(scanner) (T, error)) ([
 	}
 	return out, nil
 }
+
+// CarryIdentity writes an identity the restored store lacks (see
+// store.JoinStore), with its record, in one transaction: an advance of
+// the instance as read, or the node, instance and certificate of a join
+// since the backup.
+func (s *SQLite) CarryIdentity(ctx context.Context, c store.CarriedIdentity, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	in, cert := c.Instance, c.Certificate
+	op := "carry identity of instance " + in.ID
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: an identity is never carried unaudited", op)
+	}
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("sqlite: %s: %w", op, err)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		if c.Held != nil {
+			r, err := tx.ExecContext(ctx, `UPDATE instances
+				SET generation = ?1, last_serial = ?2, last_public_key = ?3, last_chain_pem = ?4, last_issued_at = ?5,
+					last_not_after = ?6, last_expiring_at = ?7
+				WHERE id = ?8 AND state = 'current' AND generation = ?9 AND last_serial = ?10 AND ?1 > generation`,
+				in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+				timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)), in.ID, c.Held.Generation, c.Held.LastSerial)
+			if err != nil {
+				return wrap(op, err)
+			}
+			if n, err := r.RowsAffected(); err != nil {
+				return wrap(op, err)
+			} else if n == 0 {
+				var gen int64
+				var state, serial string
+				if err := tx.QueryRowContext(ctx, `SELECT generation, state, last_serial FROM instances WHERE id = ?`, in.ID).Scan(&gen, &state, &serial); err != nil {
+					return wrap(op, err)
+				}
+				return fmt.Errorf("sqlite: %s: %w: it is %s at generation %d, serial %s, not current at generation %d, serial %s as read",
+					op, store.ErrConflict, state, gen, serial, c.Held.Generation, c.Held.LastSerial)
+			}
+		} else {
+			in.State = store.InstanceCurrent
+			if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+				timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+				timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert))); err != nil {
+				return wrap(op+": insert instance", err)
+			}
+			n := c.Node
+			if _, err := tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
+				in.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(n.CreatedAt), timeArg(n.UpdatedAt)); err != nil {
+				return wrap(op+": insert node "+in.NodeID, err)
+			}
+		}
+		if err := insertCertificate(ctx, tx, cert); err != nil {
+			return wrap(op+": insert certificate "+cert.Serial, err)
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeStanding, in.NodeID)
+	return nil
+}

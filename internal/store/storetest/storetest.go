@@ -54,6 +54,7 @@ func RunStoreTests(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"Renewal", renewalCases()},
 		{"WriteLock", writeLockCases()},
 		{"Node", nodeCases()},
+		{"Carry", carryCases()},
 		{"JoinAudit", joinAuditCases()},
 		{"TicketUse", ticketUseCases()},
 		{"ReportOutbox", reportOutboxCases()},

@@ -1,0 +1,234 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/shellword"
+	"github.com/muster-dev/muster/internal/spiffeid"
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// notCarried is an identity of the store kept aside that reapply leaves,
+// why, and the command that brings its agent back.
+type notCarried struct {
+	Node     string `json:"node"`
+	Instance string `json:"instance"`
+	Why      string `json:"why"`
+	Command  string `json:"command"`
+}
+
+func printNotCarried(w io.Writer, ns []notCarried) {
+	if len(ns) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "Identities not carried (their agents join again):")
+	for _, n := range ns {
+		fmt.Fprintf(w, "  node %s, instance %s: %s: %s\n", n.Node, n.Instance, n.Why, n.Command)
+	}
+}
+
+// rejoinCommand is the way back of an agent whose identity the restored
+// store does not know: a token for its node ID, whose joining URI its
+// agent joins again with (rejoinHow).
+func rejoinCommand(node string) string {
+	return "muster token create --node " + shellword.Quote(node)
+}
+
+// rejoinHow is what the agent of node does with the token rejoinCommand
+// makes.
+func rejoinHow(node string) string {
+	return "; its agent joins again: muster agent join --force --data ADIR --node " + shellword.Quote(node) + " with the joining URI of"
+}
+
+// planCerts carries forward the identities the agents hold that the
+// restored store lacks: an instance renewed since the backup (the store
+// kept aside holds it at a higher generation) and a node joined since
+// (the restored store holds neither its node nor its instance), each with
+// its last certificate, so its agent renews by itself instead of being
+// refused certificate_unknown. Only a certificate this authority issued
+// is carried: its chain must verify against an agent CA the restored
+// store knows, it must not have expired, and it must name the node and
+// key its record says. What the restored store says otherwise (the node
+// deleted or locked there, its ID held by another node) wins: the
+// identity is listed, not carried.
+func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) error {
+	res.NotCarried = []notCarried{}
+	now, err := p.st.Now(ctx)
+	if err != nil {
+		return err
+	}
+	cas, err := p.agentCAs(ctx)
+	if err != nil {
+		return err
+	}
+	nodes, err := p.from.ListNodes(ctx)
+	if err != nil {
+		return fmt.Errorf("reading the nodes of the store kept aside: %w", err)
+	}
+	for _, fn := range nodes {
+		in, err := p.from.GetInstance(ctx, fn.InstanceID)
+		if err != nil {
+			return fmt.Errorf("reading the instances of the store kept aside: %w", err)
+		}
+		if in.State != store.InstanceCurrent {
+			continue
+		}
+		skip := func(why, command string) {
+			if command == rejoinCommand(fn.ID) {
+				why += rejoinHow(fn.ID)
+			}
+			res.NotCarried = append(res.NotCarried, notCarried{Node: fn.ID, Instance: in.ID, Why: why, Command: command})
+		}
+		c := store.CarriedIdentity{Instance: in}
+		held, err := p.st.GetInstance(ctx, in.ID)
+		switch {
+		case err == nil:
+			if held.Generation >= in.Generation {
+				continue // the restored store is as far: nothing to carry
+			}
+			if held.State != store.InstanceCurrent {
+				skip(fmt.Sprintf("the restored store holds its instance %s (its node deleted or joined again before the backup)", held.State), rejoinCommand(fn.ID))
+				continue
+			}
+			c.Held = &held
+		case !errors.Is(err, store.ErrNotFound):
+			return err
+		default:
+			switch n, err := p.st.GetNode(ctx, fn.ID); {
+			case err == nil && n.CreatedAt.Equal(p.deleting[fn.ID]) && !n.CreatedAt.Equal(fn.CreatedAt):
+				// Deleted again by a step before this one, which frees its
+				// ID for the node joined under it since.
+			case err == nil:
+				skip("the restored store holds node ID "+fn.ID+" as another node (instance "+n.InstanceID+")", rejoinCommand(fn.ID))
+				continue
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+			c.Node = fn
+		}
+		if in.JoinMethod == store.JoinMethodBoundKeypair {
+			// Its join state (recovery sequence, epoch, key) lives beside
+			// the instance and is not carried: its agent recovers through
+			// a resync window instead.
+			skip("a bound-keypair instance: its join state is not carried", `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"`)
+			continue
+		}
+		cert, err := p.from.GetCertificate(ctx, in.LastSerial)
+		if err != nil {
+			return fmt.Errorf("reading certificate %s of the store kept aside: %w", in.LastSerial, err)
+		}
+		c.Certificate = cert
+		if err := checkCarried(c, cas, now); err != nil {
+			skip("not carried: "+err.Error(), rejoinCommand(fn.ID))
+			continue
+		}
+		if why, lock, err := p.lockedIn(ctx, store.RenewalLockTargets(cert, in, nil)); err != nil {
+			return err
+		} else if why != "" {
+			skip(why+"; if it is one to lift, lift it and run this command again, else its agent stays out", "muster lock delete "+shellword.Quote(lock))
+			continue
+		}
+		what := fmt.Sprintf("node %s, instance %s: certificate %s, generation %d, until %s", fn.ID, in.ID, cert.Serial, in.Generation, cert.NotAfter.UTC().Format(time.RFC3339))
+		if c.Held == nil {
+			what += " (joined since the backup)"
+		} else {
+			what += fmt.Sprintf(" (the restored store holds generation %d)", c.Held.Generation)
+		}
+		r, _ := p.last("agent.renew", func(r store.AuditRecord) bool { return r.Target == fn.ID })
+		if j, ok := p.last("agent.join", func(r store.AuditRecord) bool { return r.Target == fn.ID }); ok && j.Seq > r.Seq {
+			r = j
+		}
+		if f, ok := p.last("agent.refresh", func(r store.AuditRecord) bool { return r.Target == fn.ID }); ok && f.Seq > r.Seq {
+			r = f
+		}
+		res.Steps = append(res.Steps, reapplyStep{Seq: r.Seq, Action: cmpOr(r.Action, "agent.renew"), What: "carry " + what, target: fn.ID,
+			write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
+				return st.CarryIdentity(ctx, c, build)
+			}})
+	}
+	return nil
+}
+
+// agentCAs are the agent intermediates the restored store knows and
+// trusts (all but the retired): the ones a carried leaf must chain to.
+func (p *reapplyPlanner) agentCAs(ctx context.Context) ([]*x509.Certificate, error) {
+	certs, err := p.st.ListCACerts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var cas []*x509.Certificate
+	for _, c := range certs {
+		if c.Role != string(ca.RoleAgent) || c.State == store.CARetired {
+			continue
+		}
+		x, err := x509.ParseCertificate(c.CertDER)
+		if err != nil {
+			return nil, fmt.Errorf("CA certificate %s of the restored store: %w", c.Serial, err)
+		}
+		cas = append(cas, x)
+	}
+	return cas, nil
+}
+
+// checkCarried says why c's certificate is not one to carry: its chain's
+// leaf is not the record's (serial, key, node), it has expired, or no
+// agent CA of the restored store signed it.
+func checkCarried(c store.CarriedIdentity, cas []*x509.Certificate, now time.Time) error {
+	if err := c.Check(); err != nil {
+		return err
+	}
+	in, rec := c.Instance, c.Certificate
+	b, _ := pem.Decode(in.LastChainPEM)
+	if b == nil || b.Type != "CERTIFICATE" {
+		return fmt.Errorf("instance %s holds no certificate chain", in.ID)
+	}
+	leaf, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		return fmt.Errorf("certificate %s: %w", rec.Serial, err)
+	}
+	id, err := spiffeid.FromCertificate(leaf)
+	key := sha256.Sum256(leaf.RawSubjectPublicKeyInfo)
+	switch {
+	case leaf.SerialNumber.Text(16) != rec.Serial:
+		return fmt.Errorf("instance %s's chain holds certificate %s, not %s", in.ID, leaf.SerialNumber.Text(16), rec.Serial)
+	case err != nil || id.Role != spiffeid.RoleAgent || id.Name != rec.NodeID:
+		return fmt.Errorf("certificate %s does not name agent %s", rec.Serial, rec.NodeID)
+	case !bytes.Equal(key[:], rec.PublicKey) || !bytes.Equal(key[:], in.LastPublicKey):
+		return fmt.Errorf("certificate %s certifies another key than its record", rec.Serial)
+	case !now.Before(leaf.NotAfter):
+		return fmt.Errorf("certificate %s expired at %s", rec.Serial, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	for _, issuer := range cas {
+		if leaf.CheckSignatureFrom(issuer) == nil && now.Before(issuer.NotAfter) {
+			return nil
+		}
+	}
+	return fmt.Errorf("certificate %s is signed by no agent CA the restored store knows (a CA step since the backup: redo it first, docs/ca-lifecycle.md \"Restore from backup\")", rec.Serial)
+}
+
+// lockedIn names the lock in force on targets in the restored store or
+// the store kept aside (whose locks reapply makes again), if any.
+func (p *reapplyPlanner) lockedIn(ctx context.Context, targets []store.LockTarget) (why, id string, err error) {
+	for _, s := range []struct {
+		st    store.Store
+		where string
+	}{{p.st, "the restored store"}, {p.from, "the store kept aside"}} {
+		l, err := s.st.FindAnyLock(ctx, targets)
+		switch {
+		case err == nil:
+			return fmt.Sprintf("locked in %s (lock %s on %s %s)", s.where, l.ID, l.Kind, l.Target), l.ID, nil
+		case !errors.Is(err, store.ErrNotFound):
+			return "", "", err
+		}
+	}
+	return "", "", nil
+}

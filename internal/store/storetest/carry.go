@@ -1,0 +1,104 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/muster-dev/muster/internal/store"
+)
+
+// carried is in advanced to generation gen with a certificate issued at
+// issued, as the store a restore replaced holds it.
+func carried(in store.Instance, gen int64, issued time.Time) (store.Instance, store.Certificate) {
+	r := renewalOf(store.Instance{ID: in.ID, NodeID: in.NodeID, JoinMethod: in.JoinMethod, TokenID: in.TokenID, Generation: gen - 1}, "carried", issued)
+	out := in
+	out.Generation, out.LastSerial, out.LastPublicKey, out.LastChainPEM, out.LastIssuedAt = gen, r.Certificate.Serial, r.Certificate.PublicKey, r.ChainPEM, issued
+	return out, r.Certificate
+}
+
+func carryCases() []testCase {
+	return []testCase{
+		{"carry advances the instance only while it is as read", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, held := admit(t, ctx, s, "node-1", "i1", at(0))
+			in, cert := carried(held, 3, at(time.Hour))
+			stale := held
+			stale.Generation = 2
+			before := snapshot(t, ctx, s, "node-1")
+			seq := auditSeq(t, ctx, s)
+			err := s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Held: &stale}, link(record("store.reapply")))
+			wantErr(t, "CarryIdentity from a generation not held", err, store.ErrConflict)
+			wantEqual(t, "after the refused carry", snapshot(t, ctx, s, "node-1"), before)
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused carry appended records %d to %d", seq+1, after)
+			}
+			mustNil(t, "CarryIdentity", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Held: &held}, link(record("store.reapply"))))
+			got, err := s.GetInstance(ctx, "i1")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "the instance carried", got, in)
+			c, err := s.GetCertificate(ctx, cert.Serial)
+			mustNil(t, "GetCertificate", err)
+			wantEqual(t, "the certificate carried", c, cert)
+			if after := auditSeq(t, ctx, s); after != seq+1 {
+				t.Errorf("the carry appended records %d to %d, want one", seq+1, after)
+			}
+			// Again from the same read: the instance moved on.
+			wantErr(t, "CarryIdentity twice", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Held: &held}, link(record("store.reapply"))), store.ErrConflict)
+			// Never backwards, even from the instance as it is now.
+			back, backCert := carried(held, 2, at(2*time.Hour))
+			wantErr(t, "CarryIdentity to an older generation", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: back, Certificate: backCert, Held: &got}, link(record("store.reapply"))), store.ErrConflict)
+			wantEqual(t, "after the refused carries", snapshot(t, ctx, s, "node-1").Instances["node-1"], []store.Instance{in})
+			// Not into a deleted node's instance.
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
+			next, nextCert := carried(held, 4, at(3*time.Hour))
+			wantErr(t, "CarryIdentity into a deleted node", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: next, Certificate: nextCert, Held: &got}, link(record("store.reapply"))), store.ErrConflict)
+			gone := held
+			gone.ID = "i-gone"
+			goneIn, goneCert := carried(gone, 1, at(time.Hour))
+			wantErr(t, "CarryIdentity of no instance", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: goneIn, Certificate: goneCert, Held: &gone}, link(record("store.reapply"))), store.ErrNotFound)
+		}},
+		{"carry inserts a node joined since only while its IDs are free", func(t *testing.T, ctx context.Context, s store.Store) {
+			admit(t, ctx, s, "node-1", "i1", at(0))
+			joined := store.Instance{ID: "i2", NodeID: "node-2", JoinMethod: "token", TokenID: "t-i2", State: store.InstanceCurrent, CreatedAt: at(time.Hour)}
+			in, cert := carried(joined, 1, at(2*time.Hour))
+			n := store.Node{ID: "node-2", JoinMethod: "token", TokenID: "t-i2", InstanceID: "i2", CreatedAt: at(time.Hour), UpdatedAt: at(time.Hour)}
+			mustNil(t, "CarryIdentity", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Node: n}, link(record("store.reapply"))))
+			gotNode, err := s.GetNode(ctx, "node-2")
+			mustNil(t, "GetNode", err)
+			wantEqual(t, "the node carried", gotNode, n)
+			got, err := s.GetInstance(ctx, "i2")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "the instance carried", got, in)
+			c, err := s.GetCertificate(ctx, cert.Serial)
+			mustNil(t, "GetCertificate", err)
+			wantEqual(t, "the certificate carried", c, cert)
+
+			// The node ID held by another node (node-1, instance i1).
+			taken := store.Instance{ID: "i3", NodeID: "node-1", JoinMethod: "token", TokenID: "t-i3", State: store.InstanceCurrent, CreatedAt: at(time.Hour)}
+			tin, tcert := carried(taken, 1, at(2*time.Hour))
+			tn := store.Node{ID: "node-1", JoinMethod: "token", TokenID: "t-i3", InstanceID: "i3", CreatedAt: at(time.Hour), UpdatedAt: at(time.Hour)}
+			before := snapshot(t, ctx, s, "node-1", "node-2")
+			seq := auditSeq(t, ctx, s)
+			wantErr(t, "CarryIdentity of a node ID held", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: tin, Certificate: tcert, Node: tn}, link(record("store.reapply"))), store.ErrConflict)
+			wantErr(t, "CarryIdentity twice", s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Node: n}, link(record("store.reapply"))), store.ErrConflict)
+			wantEqual(t, "after the refused carries", snapshot(t, ctx, s, "node-1", "node-2"), before)
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused carries appended records %d to %d", seq+1, after)
+			}
+		}},
+		{"carry refuses parts that disagree, and no record", func(t *testing.T, ctx context.Context, s store.Store) {
+			_, held := admit(t, ctx, s, "node-1", "i1", at(0))
+			in, cert := carried(held, 2, at(time.Hour))
+			other := cert
+			other.Serial = "0bad"
+			before := snapshot(t, ctx, s, "node-1")
+			if err := s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: other, Held: &held}, link(record("store.reapply"))); err == nil {
+				t.Error("CarryIdentity of a certificate not the instance's last: no error")
+			}
+			if err := s.CarryIdentity(ctx, store.CarriedIdentity{Instance: in, Certificate: cert, Held: &held}, nil); err == nil {
+				t.Error("CarryIdentity without a record: no error")
+			}
+			wantEqual(t, "after the refused carries", snapshot(t, ctx, s, "node-1"), before)
+		}},
+	}
+}
