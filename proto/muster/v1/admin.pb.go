@@ -2970,7 +2970,14 @@ type RotatePSKRequest struct {
 	// while a key is in grace is refused (FAILED_PRECONDITION, naming the
 	// key and the end of its grace), since agents and machines not yet
 	// given the active key may still use it.
-	RevokeGrace   bool `protobuf:"varint,2,opt,name=revoke_grace,json=revokeGrace,proto3" json:"revoke_grace,omitempty"`
+	RevokeGrace bool `protobuf:"varint,2,opt,name=revoke_grace,json=revokeGrace,proto3" json:"revoke_grace,omitempty"`
+	// from_id is the active key the operator means to replace, as
+	// ShowPSK showed it: if another key is active by then (another
+	// rotation got there first) nothing changes and the rotation is
+	// refused ABORTED, so two rotations cannot both succeed and the
+	// second revoke the first's new key. Unset (an older CLI) rotates
+	// whatever key is active, as before.
+	FromId        string `protobuf:"bytes,3,opt,name=from_id,json=fromId,proto3" json:"from_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3017,6 +3024,13 @@ func (x *RotatePSKRequest) GetRevokeGrace() bool {
 		return x.RevokeGrace
 	}
 	return false
+}
+
+func (x *RotatePSKRequest) GetFromId() string {
+	if x != nil {
+		return x.FromId
+	}
+	return ""
 }
 
 type RotatePSKResponse struct {
@@ -4480,10 +4494,11 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x0eGetPSKsRequest\"q\n" +
 	"\x0fGetPSKsResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x12-\n" +
-	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"f\n" +
+	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"\x7f\n" +
 	"\x10RotatePSKRequest\x12/\n" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12!\n" +
-	"\frevoke_grace\x18\x02 \x01(\bR\vrevokeGrace\"\xb7\x01\n" +
+	"\frevoke_grace\x18\x02 \x01(\bR\vrevokeGrace\x12\x17\n" +
+	"\afrom_id\x18\x03 \x01(\tR\x06fromId\"\xb7\x01\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
 	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious\x12<\n" +

@@ -368,8 +368,15 @@ func (x *RotateRootRequest) GetCrossNewByOld() []byte {
 	return nil
 }
 
+// NextRootPhaseRequest moves the rotation on from from_phase, the phase
+// the operator saw (GetRootRotation): if the rotation is in another phase
+// by then (another operator, or a retry through another replica, moved it)
+// nothing changes and the step is refused ABORTED, so two calls cannot
+// advance two phases. Unset (an older CLI) moves on from whatever phase
+// the rotation is in, as before.
 type NextRootPhaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	FromPhase     string                 `protobuf:"bytes,1,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -402,6 +409,13 @@ func (x *NextRootPhaseRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use NextRootPhaseRequest.ProtoReflect.Descriptor instead.
 func (*NextRootPhaseRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_caroot_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NextRootPhaseRequest) GetFromPhase() string {
+	if x != nil {
+		return x.FromPhase
+	}
+	return ""
 }
 
 // RollbackRootPhaseRequest goes one phase back. From init, abandoning the
@@ -485,8 +499,10 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\bnew_root\x18\x01 \x01(\fR\anewRoot\x12\x1d\n" +
 	"\n" +
 	"sealed_key\x18\x02 \x01(\fR\tsealedKey\x12'\n" +
-	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"\x16\n" +
-	"\x14NextRootPhaseRequest\";\n" +
+	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"5\n" +
+	"\x14NextRootPhaseRequest\x12\x1d\n" +
+	"\n" +
+	"from_phase\x18\x01 \x01(\tR\tfromPhase\";\n" +
 	"\x18RollbackRootPhaseRequest\x12\x1f\n" +
 	"\vabandon_now\x18\x01 \x01(\bR\n" +
 	"abandonNowB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
