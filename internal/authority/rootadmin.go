@@ -74,20 +74,21 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 	return rootToProto(st, ""), nil
 }
 
-func (a *adminService) NextRootPhase(ctx context.Context, _ *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
-	return a.rootStep(ctx, rootNext)
+func (a *adminService) NextRootPhase(ctx context.Context, req *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
+	return a.rootStep(ctx, rootNext, req.GetFromPhase())
 }
 
 func (a *adminService) RollbackRootPhase(ctx context.Context, req *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
 	if req.GetAbandonNow() {
-		return a.rootStep(ctx, rootBackNow)
+		return a.rootStep(ctx, rootBackNow, "")
 	}
-	return a.rootStep(ctx, rootBack)
+	return a.rootStep(ctx, rootBack, "")
 }
 
-func (a *adminService) rootStep(ctx context.Context, step rootStep) (*musterv1.RootRotation, error) {
+// rootStep takes step from the phase seen ("" for any).
+func (a *adminService) rootStep(ctx context.Context, step rootStep, seen string) (*musterv1.RootRotation, error) {
 	c := callerFrom(ctx)
-	from, st, err := a.s.stepRoot(ctx, c.Actor(), step, c.Cert)
+	from, st, err := a.s.stepRootSeen(ctx, c.Actor(), step, seen, c.Cert)
 	target := from + "->?"
 	if err == nil {
 		target = from + "->" + st.Phase

@@ -420,6 +420,22 @@ const (
 // refused while it chains to the old root, which standby stops trusting
 // (the operator would lock themself out, rollback included).
 func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
+	return s.stepRootSeen(ctx, actor, step, "", callerCert...)
+}
+
+// errRootMovedOn answers a step asked from a phase the rotation has left:
+// taken from where it is now, it would be another step than the one asked
+// (two next-phase calls would advance two phases).
+type errRootMovedOn struct{ seen, now string }
+
+func (e errRootMovedOn) Error() string {
+	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then muster ca root next-phase again if it is still wanted", e.now, e.seen)
+}
+
+// stepRootSeen is stepRoot taken only from phase seen (any when ""). The
+// phase is checked on the row the write is conditional on (PutRootRotation
+// writes only if the row has not changed), so it is one conditional write.
+func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, seen string, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
 	rollback := step != rootNext
 	// The phase is read before the keys are opened, so a step refused
 	// because a root's key cannot be opened (its token away) is audited
@@ -429,6 +445,9 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 		return "", RootStatus{}, err
 	}
 	from = row.Phase
+	if seen != "" && seen != from {
+		return from, RootStatus{}, errRootMovedOn{seen: seen, now: from}
+	}
 	st, err := s.inter.openRoots(ctx, row)
 	if err != nil {
 		return from, RootStatus{}, err

@@ -43,12 +43,33 @@ docs/ca-lifecycle.md.`,
 	rollback.Flags().BoolVar(&abandonNow, "abandon-now", false,
 		"from init, abandon the new root even while agent certificates issued under it may be valid (unsafe: agents holding one must join again; for a new root whose key is compromised)")
 	cmd.AddCommand(newCARootStatusCmd(env), newCARootRotateCmd(env), newCARootExportKeyCmd(env),
-		newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase", "  muster ca root next-phase",
-			func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
-				return c.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{})
-			}),
+		newCARootNextPhaseCmd(env),
 		rollback,
 	)
+	return cmd
+}
+
+// newCARootNextPhaseCmd is muster ca root next-phase. It moves on from
+// the phase it read just before (or --from PHASE), so that a second call
+// a moment after another (another operator, or a retry through another
+// replica) is refused instead of advancing a second phase.
+func newCARootNextPhaseCmd(env *Env) *cobra.Command {
+	var fromPhase string
+	cmd := newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase",
+		"  muster ca root next-phase\n  muster ca root next-phase --from update_agents",
+		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
+			req := &musterv1.NextRootPhaseRequest{FromPhase: fromPhase}
+			if req.FromPhase == "" {
+				st, err := c.GetRootRotation(ctx, &musterv1.GetRootRotationRequest{})
+				if err != nil {
+					return nil, err
+				}
+				req.FromPhase = st.GetPhase()
+			}
+			return c.NextRootPhase(ctx, req)
+		})
+	cmd.Flags().StringVar(&fromPhase, "from", "",
+		"move on only if the rotation is still in this phase (muster ca root status); default: the phase read just before")
 	return cmd
 }
 
