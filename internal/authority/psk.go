@@ -187,6 +187,15 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 		return nil, "", errNoActivePSK
 	}
 	target := "psk " + from.ID
+	if want := req.GetFromId(); want != "" && want != from.ID {
+		// The operator means to replace want: another rotation got there
+		// first, and going on would replace (and with --grace 0s revoke)
+		// that rotation's new key instead. The store's write below is
+		// conditional on from being active, so this check holds to it.
+		return nil, target, status.Error(codes.Aborted, fmt.Sprintf(
+			"the bootstrap PSK %s was already replaced (the active one is now %s: another rotation got there first), so nothing was rotated: run muster psk show, then muster psk rotate again if it is still wanted",
+			want, from.ID))
+	}
 	if inGrace.ID != "" {
 		target += " (in grace: " + inGrace.ID + ")"
 		if !req.RevokeGrace {
