@@ -40,6 +40,11 @@ func TestNextRootPhaseIsTakenFromThePhaseSeen(t *testing.T) {
 	if row.Phase != store.RootPhaseUpdateAgents {
 		t.Fatalf("phase %s after a refused next-phase, want update_agents", row.Phase)
 	}
+	// A step that lost its write to another step is ABORTED as well:
+	// the operator looks again, whichever way the two calls raced.
+	if err := toStatus(ctx, b.srvs[0].log, errRootChanged); status.Code(err) != codes.Aborted {
+		t.Fatalf("a lost root step = %v; want ABORTED", err)
+	}
 	// Without a phase (an older CLI), the step is taken as before.
 	if _, err := a.RollbackRootPhase(ctx, &musterv1.RollbackRootPhaseRequest{}); err != nil {
 		t.Fatal(err)

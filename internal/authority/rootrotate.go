@@ -61,8 +61,16 @@ type rootRule string
 
 func (r rootRule) Error() string { return string(r) }
 
-// errRootChanged answers a step that lost its conditional write.
-var errRootChanged = rootRule("the root rotation changed concurrently (another operator or replica took a step); run muster ca root status and try again")
+// errRootChanged answers a step that lost its conditional write: ABORTED,
+// as a signer step or a PSK rotation that lost its write is, since the
+// operator looks again before asking again.
+var errRootChanged = rootAborted("the root rotation changed concurrently (another operator or replica took a step); run muster ca root status and try again")
+
+// rootAborted is a refusal of a root rotation step that lost to another
+// step: ABORTED with its text.
+type rootAborted string
+
+func (r rootAborted) Error() string { return string(r) }
 
 // rootState is the store's rotation, parsed and with its keys opened.
 type rootState struct {
