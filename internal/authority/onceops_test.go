@@ -62,9 +62,11 @@ func TestRotatePSKFromAReplacedKeyIsRefused(t *testing.T) {
 	b := startReplicas(t, nil, 1, noCAClock)
 	a := &adminService{s: b.srvs[0]}
 	ctx := t.Context()
-	cur, err := a.GetPSKs(ctx, &musterv1.GetPSKsRequest{})
-	if err != nil {
-		t.Fatal(err)
+	// The CLI reads the ID it rotates from without the value it would
+	// not print.
+	cur, err := a.GetPSKs(ctx, &musterv1.GetPSKsRequest{IdsOnly: true})
+	if err != nil || cur.GetActive().GetId() == "" || cur.GetActive().GetPsk() != "" {
+		t.Fatalf("GetPSKs ids_only = %v, %v; want the active PSK's ID without its value", cur, err)
 	}
 	req := &musterv1.RotatePSKRequest{Grace: durationpb.New(0), FromId: cur.GetActive().GetId()}
 	first, err := a.RotatePSK(ctx, req)

@@ -153,7 +153,7 @@ fails (ABORTED), so two rotations at once cannot both succeed.`,
 					// Rotate from the key read now, not from whatever is
 					// active when the write lands: a second rotation a
 					// moment after another is refused, not stacked on it.
-					cur, err := c.GetPSKs(ctx, &musterv1.GetPSKsRequest{})
+					cur, err := c.GetPSKs(ctx, &musterv1.GetPSKsRequest{IdsOnly: true})
 					if err != nil {
 						return nil, err
 					}
