@@ -40,6 +40,11 @@ func TestNextRootPhaseIsTakenFromThePhaseSeen(t *testing.T) {
 	if row.Phase != store.RootPhaseUpdateAgents {
 		t.Fatalf("phase %s after a refused next-phase, want update_agents", row.Phase)
 	}
+	// A phase that is none is a typo, not a rotation that moved on.
+	if _, err := a.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{FromPhase: "update-agents"}); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(err.Error(), "muster ca root status") {
+		t.Fatalf("next-phase from update-agents = %v; want INVALID_ARGUMENT naming muster ca root status", err)
+	}
 	// A step that lost its write to another step is ABORTED as well:
 	// the operator looks again, whichever way the two calls raced.
 	if err := toStatus(ctx, b.srvs[0].log, errRootChanged); status.Code(err) != codes.Aborted {

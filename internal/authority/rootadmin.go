@@ -3,10 +3,14 @@ package authority
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -75,6 +79,13 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 }
 
 func (a *adminService) NextRootPhase(ctx context.Context, req *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
+	if p := req.GetFromPhase(); p != "" && p != store.RootPhaseNone && !slices.Contains(rootPhases, p) {
+		// A typo is not a rotation that moved on: say so, not ABORTED.
+		err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("from_phase %q is not a phase (%s or %s); muster ca root status shows the one the rotation is in",
+			p, store.RootPhaseNone, strings.Join(rootPhases, ", "))))
+		a.record(ctx, "ca.root_phase", p+"->?", err)
+		return nil, err
+	}
 	return a.rootStep(ctx, rootNext, req.GetFromPhase())
 }
 
