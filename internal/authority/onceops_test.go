@@ -50,10 +50,19 @@ func TestNextRootPhaseIsTakenFromThePhaseSeen(t *testing.T) {
 	if err := toStatus(ctx, b.srvs[0].log, errRootChanged); status.Code(err) != codes.Aborted {
 		t.Fatalf("a lost root step = %v; want ABORTED", err)
 	}
-	// Without a phase (an older CLI), the step is taken as before.
-	if _, err := a.RollbackRootPhase(ctx, &musterv1.RollbackRootPhaseRequest{}); err != nil {
-		t.Fatal(err)
+	// Two rollbacks from update_agents go back one phase: the second,
+	// taken from init, would abandon the new root.
+	back := &musterv1.RollbackRootPhaseRequest{FromPhase: store.RootPhaseUpdateAgents}
+	if st, err := a.RollbackRootPhase(ctx, back); err != nil || st.GetPhase() != store.RootPhaseInit {
+		t.Fatalf("first rollback = %v, %v; want init", st.GetPhase(), err)
 	}
+	if _, err := a.RollbackRootPhase(ctx, back); status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "muster ca root rollback") {
+		t.Fatalf("second rollback from update_agents = %v; want ABORTED naming muster ca root rollback", err)
+	}
+	if row, err := b.store.GetRootRotation(ctx); err != nil || row.Phase != store.RootPhaseInit {
+		t.Fatalf("phase %s, %v after a refused rollback, want init", row.Phase, err)
+	}
+	// Without a phase (an older CLI), the step is taken as before.
 	if st, err := a.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{}); err != nil || st.GetPhase() != store.RootPhaseUpdateAgents {
 		t.Fatalf("next-phase naming no phase = %v, %v; want update_agents", st.GetPhase(), err)
 	}

@@ -79,21 +79,32 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 }
 
 func (a *adminService) NextRootPhase(ctx context.Context, req *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
-	if p := req.GetFromPhase(); p != "" && p != store.RootPhaseNone && !slices.Contains(rootPhases, p) {
-		// A typo is not a rotation that moved on: say so, not ABORTED.
-		err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("from_phase %q is not a phase (%s or %s); muster ca root status shows the one the rotation is in",
-			p, store.RootPhaseNone, strings.Join(rootPhases, ", "))))
-		a.record(ctx, "ca.root_phase", p+"->?", err)
+	if err := a.knownPhase(ctx, req.GetFromPhase()); err != nil {
 		return nil, err
 	}
 	return a.rootStep(ctx, rootNext, req.GetFromPhase())
 }
 
-func (a *adminService) RollbackRootPhase(ctx context.Context, req *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
-	if req.GetAbandonNow() {
-		return a.rootStep(ctx, rootBackNow, "")
+// knownPhase refuses a from_phase that is no phase: a typo is not a
+// rotation that moved on, so it is INVALID_ARGUMENT, not ABORTED.
+func (a *adminService) knownPhase(ctx context.Context, p string) error {
+	if p == "" || p == store.RootPhaseNone || slices.Contains(rootPhases, p) {
+		return nil
 	}
-	return a.rootStep(ctx, rootBack, "")
+	err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("from_phase %q is not a phase (%s or %s); muster ca root status shows the one the rotation is in",
+		p, store.RootPhaseNone, strings.Join(rootPhases, ", "))))
+	a.record(ctx, "ca.root_phase", p+"->?", err)
+	return err
+}
+
+func (a *adminService) RollbackRootPhase(ctx context.Context, req *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
+	if err := a.knownPhase(ctx, req.GetFromPhase()); err != nil {
+		return nil, err
+	}
+	if req.GetAbandonNow() {
+		return a.rootStep(ctx, rootBackNow, req.GetFromPhase())
+	}
+	return a.rootStep(ctx, rootBack, req.GetFromPhase())
 }
 
 // rootStep takes step from the phase seen ("" for any).

@@ -433,11 +433,12 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 
 // errRootMovedOn answers a step asked from a phase the rotation has left:
 // taken from where it is now, it would be another step than the one asked
-// (two next-phase calls would advance two phases).
-type errRootMovedOn struct{ seen, now string }
+// (two next-phase calls would advance two phases, two rollbacks from
+// update_agents would abandon the new root). cmd is the step's command.
+type errRootMovedOn struct{ seen, now, cmd string }
 
 func (e errRootMovedOn) Error() string {
-	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then muster ca root next-phase again if it is still wanted", e.now, e.seen)
+	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then muster ca root %s again if it is still wanted", e.now, e.seen, e.cmd)
 }
 
 // stepRootSeen is stepRoot taken only from phase seen (any when ""). The
@@ -454,7 +455,11 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 	}
 	from = row.Phase
 	if seen != "" && seen != from {
-		return from, RootStatus{}, errRootMovedOn{seen: seen, now: from}
+		cmd := "next-phase"
+		if rollback {
+			cmd = "rollback"
+		}
+		return from, RootStatus{}, errRootMovedOn{seen: seen, now: from, cmd: cmd}
 	}
 	st, err := s.inter.openRoots(ctx, row)
 	if err != nil {

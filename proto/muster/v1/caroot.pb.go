@@ -424,8 +424,13 @@ func (x *NextRootPhaseRequest) GetFromPhase() string {
 // back); abandon_now abandons regardless, as for a new root whose key is
 // compromised.
 type RollbackRootPhaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AbandonNow    bool                   `protobuf:"varint,1,opt,name=abandon_now,json=abandonNow,proto3" json:"abandon_now,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AbandonNow bool                   `protobuf:"varint,1,opt,name=abandon_now,json=abandonNow,proto3" json:"abandon_now,omitempty"`
+	// from_phase is the phase the operator saw, as for NextRootPhase: two
+	// rollbacks asked on it go back one phase, not two (from init, the
+	// second would abandon the new root); unset moves back from wherever
+	// the rotation is.
+	FromPhase     string `protobuf:"bytes,2,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -467,6 +472,13 @@ func (x *RollbackRootPhaseRequest) GetAbandonNow() bool {
 	return false
 }
 
+func (x *RollbackRootPhaseRequest) GetFromPhase() string {
+	if x != nil {
+		return x.FromPhase
+	}
+	return ""
+}
+
 var File_muster_v1_caroot_proto protoreflect.FileDescriptor
 
 const file_muster_v1_caroot_proto_rawDesc = "" +
@@ -502,10 +514,12 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"5\n" +
 	"\x14NextRootPhaseRequest\x12\x1d\n" +
 	"\n" +
-	"from_phase\x18\x01 \x01(\tR\tfromPhase\";\n" +
+	"from_phase\x18\x01 \x01(\tR\tfromPhase\"Z\n" +
 	"\x18RollbackRootPhaseRequest\x12\x1f\n" +
 	"\vabandon_now\x18\x01 \x01(\bR\n" +
-	"abandonNowB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"abandonNow\x12\x1d\n" +
+	"\n" +
+	"from_phase\x18\x02 \x01(\tR\tfromPhaseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_caroot_proto_rawDescOnce sync.Once
