@@ -438,7 +438,7 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 type errRootMovedOn struct{ seen, now, cmd string }
 
 func (e errRootMovedOn) Error() string {
-	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then muster ca root %s again if it is still wanted", e.now, e.seen, e.cmd)
+	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then %s again if it is still wanted", e.now, e.seen, e.cmd)
 }
 
 // stepRootSeen is stepRoot taken only from phase seen (any when ""). The
@@ -455,9 +455,9 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 	}
 	from = row.Phase
 	if seen != "" && seen != from {
-		cmd := "next-phase"
+		cmd := "muster ca root next-phase"
 		if rollback {
-			cmd = "rollback"
+			cmd = "muster ca root rollback"
 		}
 		return from, RootStatus{}, errRootMovedOn{seen: seen, now: from, cmd: cmd}
 	}
