@@ -86,14 +86,19 @@ func pskToProto(p store.PSK, key psk.PSK) *musterv1.BootstrapPSK {
 	return m
 }
 
-func (a *adminService) GetPSKs(ctx context.Context, _ *musterv1.GetPSKsRequest) (*musterv1.GetPSKsResponse, error) {
-	resp, target, err := a.getPSKs(ctx)
+func (a *adminService) GetPSKs(ctx context.Context, req *musterv1.GetPSKsRequest) (*musterv1.GetPSKsResponse, error) {
+	resp, target, err := a.getPSKs(ctx, req.GetIdsOnly())
+	if req.GetIdsOnly() {
+		target += " (ids only)"
+	}
 	err = toStatus(ctx, a.s.log, err)
 	a.record(ctx, "psk.show", target, err)
 	return resp, err
 }
 
-func (a *adminService) getPSKs(ctx context.Context) (*musterv1.GetPSKsResponse, string, error) {
+// getPSKs reads the active and grace PSKs, without their values when
+// idsOnly.
+func (a *adminService) getPSKs(ctx context.Context, idsOnly bool) (*musterv1.GetPSKsResponse, string, error) {
 	// Lazy revocation: an ended grace is enforced on every read, not only
 	// when the cleaner last ran.
 	if err := a.s.revokeExpiredGracePSKs(ctx); err != nil {
@@ -124,9 +129,11 @@ func (a *adminService) getPSKs(ctx context.Context) (*musterv1.GetPSKsResponse, 
 		default:
 			continue
 		}
-		key, err := openPSK(sealer, p)
-		if err != nil {
-			return nil, "", err
+		var key psk.PSK
+		if !idsOnly {
+			if key, err = openPSK(sealer, p); err != nil {
+				return nil, "", err
+			}
 		}
 		*slot = pskToProto(p, key)
 		shown = append(shown, p.ID)
@@ -187,6 +194,15 @@ func (a *adminService) rotatePSK(ctx context.Context, req *musterv1.RotatePSKReq
 		return nil, "", errNoActivePSK
 	}
 	target := "psk " + from.ID
+	if want := req.GetFromId(); want != "" && want != from.ID {
+		// The operator means to replace want: another rotation got there
+		// first, and going on would replace (and with --grace 0s revoke)
+		// that rotation's new key instead. The store's write below is
+		// conditional on from being active, so this check holds to it.
+		return nil, target, status.Error(codes.Aborted, fmt.Sprintf(
+			"the bootstrap PSK %s was already replaced (the active one is now %s: another rotation got there first), so nothing was rotated: run muster psk show, then muster psk rotate again if it is still wanted",
+			want, from.ID))
+	}
 	if inGrace.ID != "" {
 		target += " (in grace: " + inGrace.ID + ")"
 		if !req.RevokeGrace {

@@ -3,10 +3,14 @@ package authority
 import (
 	"context"
 	"crypto/x509"
+	"fmt"
+	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/ca"
+	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -74,20 +78,39 @@ func (a *adminService) RotateRoot(ctx context.Context, req *musterv1.RotateRootR
 	return rootToProto(st, ""), nil
 }
 
-func (a *adminService) NextRootPhase(ctx context.Context, _ *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
-	return a.rootStep(ctx, rootNext)
+func (a *adminService) NextRootPhase(ctx context.Context, req *musterv1.NextRootPhaseRequest) (*musterv1.RootRotation, error) {
+	if err := a.knownPhase(ctx, req.GetFromPhase()); err != nil {
+		return nil, err
+	}
+	return a.rootStep(ctx, rootNext, req.GetFromPhase())
+}
+
+// knownPhase refuses a from_phase that is no phase: a typo is not a
+// rotation that moved on, so it is INVALID_ARGUMENT, not ABORTED.
+func (a *adminService) knownPhase(ctx context.Context, p string) error {
+	if p == "" || p == store.RootPhaseNone || slices.Contains(rootPhases, p) {
+		return nil
+	}
+	err := toStatus(ctx, a.s.log, badRequest(fmt.Sprintf("from_phase %q is not a phase (%s or %s); muster ca root status shows the one the rotation is in",
+		p, store.RootPhaseNone, strings.Join(rootPhases, ", "))))
+	a.record(ctx, "ca.root_phase", p+"->?", err)
+	return err
 }
 
 func (a *adminService) RollbackRootPhase(ctx context.Context, req *musterv1.RollbackRootPhaseRequest) (*musterv1.RootRotation, error) {
-	if req.GetAbandonNow() {
-		return a.rootStep(ctx, rootBackNow)
+	if err := a.knownPhase(ctx, req.GetFromPhase()); err != nil {
+		return nil, err
 	}
-	return a.rootStep(ctx, rootBack)
+	if req.GetAbandonNow() {
+		return a.rootStep(ctx, rootBackNow, req.GetFromPhase())
+	}
+	return a.rootStep(ctx, rootBack, req.GetFromPhase())
 }
 
-func (a *adminService) rootStep(ctx context.Context, step rootStep) (*musterv1.RootRotation, error) {
+// rootStep takes step from the phase seen ("" for any).
+func (a *adminService) rootStep(ctx context.Context, step rootStep, seen string) (*musterv1.RootRotation, error) {
 	c := callerFrom(ctx)
-	from, st, err := a.s.stepRoot(ctx, c.Actor(), step, c.Cert)
+	from, st, err := a.s.stepRootSeen(ctx, c.Actor(), step, seen, c.Cert)
 	target := from + "->?"
 	if err == nil {
 		target = from + "->" + st.Phase

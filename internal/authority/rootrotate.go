@@ -61,8 +61,16 @@ type rootRule string
 
 func (r rootRule) Error() string { return string(r) }
 
-// errRootChanged answers a step that lost its conditional write.
-var errRootChanged = rootRule("the root rotation changed concurrently (another operator or replica took a step); run muster ca root status and try again")
+// errRootChanged answers a step that lost its conditional write: ABORTED,
+// as a signer step or a PSK rotation that lost its write is, since the
+// operator looks again before asking again.
+var errRootChanged = rootAborted("the root rotation changed concurrently (another operator or replica took a step); run muster ca root status and try again")
+
+// rootAborted is a refusal of a root rotation step that lost to another
+// step: ABORTED with its text.
+type rootAborted string
+
+func (r rootAborted) Error() string { return string(r) }
 
 // rootState is the store's rotation, parsed and with its keys opened.
 type rootState struct {
@@ -420,6 +428,23 @@ const (
 // refused while it chains to the old root, which standby stops trusting
 // (the operator would lock themself out, rollback included).
 func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
+	return s.stepRootSeen(ctx, actor, step, "", callerCert...)
+}
+
+// errRootMovedOn answers a step asked from a phase the rotation has left:
+// taken from where it is now, it would be another step than the one asked
+// (two next-phase calls would advance two phases, two rollbacks from
+// update_agents would abandon the new root). cmd is the step's command.
+type errRootMovedOn struct{ seen, now, cmd string }
+
+func (e errRootMovedOn) Error() string {
+	return fmt.Sprintf("the root rotation is in phase %s, not %s as when this step was asked (another operator or replica moved it meanwhile), so nothing changed: run muster ca root status, then %s again if it is still wanted", e.now, e.seen, e.cmd)
+}
+
+// stepRootSeen is stepRoot taken only from phase seen (any when ""). The
+// phase is checked on the row the write is conditional on (PutRootRotation
+// writes only if the row has not changed), so it is one conditional write.
+func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, seen string, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
 	rollback := step != rootNext
 	// The phase is read before the keys are opened, so a step refused
 	// because a root's key cannot be opened (its token away) is audited
@@ -429,6 +454,13 @@ func (s *Server) stepRoot(ctx context.Context, actor string, step rootStep, call
 		return "", RootStatus{}, err
 	}
 	from = row.Phase
+	if seen != "" && seen != from {
+		cmd := "muster ca root next-phase"
+		if rollback {
+			cmd = "muster ca root rollback"
+		}
+		return from, RootStatus{}, errRootMovedOn{seen: seen, now: from, cmd: cmd}
+	}
 	st, err := s.inter.openRoots(ctx, row)
 	if err != nil {
 		return from, RootStatus{}, err

@@ -144,6 +144,11 @@ func (a *adminService) signerStep(ctx context.Context, res signer.Result, err er
 	if errors.Is(err, store.ErrConflict) {
 		return nil, status.Error(codes.Aborted, signer.ChangedConcurrently)
 	}
+	if errors.Is(err, signer.ErrChanged) {
+		// Taken on what the operator saw, the step would no longer mean
+		// what they asked: they look again, as after a lost write.
+		return nil, status.Error(codes.Aborted, err.Error())
+	}
 	if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}
@@ -213,8 +218,16 @@ func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSig
 	return a.signerStep(ctx, res, err)
 }
 
-func (a *adminService) RollbackSigner(ctx context.Context, _ *musterv1.RollbackSignerRequest) (*musterv1.SignerChangeResponse, error) {
-	res, err := a.s.signers.Rollback(ctx, actor(ctx))
+func (a *adminService) RollbackSigner(ctx context.Context, req *musterv1.RollbackSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	if v := req.GetVersionId(); v != "" {
+		if err := signer.ValidVersionID(v); err != nil {
+			return a.malformedStep(ctx, signer.ActRollback, "", badRequest(err.Error()))
+		}
+	}
+	if req.GetVerifierSetVersion() < 0 {
+		return a.malformedStep(ctx, signer.ActRollback, req.GetVersionId(), badRequest("verifier_set_version must not be negative"))
+	}
+	res, err := a.s.signers.RollbackSeen(ctx, actor(ctx), signer.Seen{VersionID: req.GetVersionId(), SetVersion: req.GetVerifierSetVersion()})
 	if staged, ok := rotationOf(res); ok && err == nil {
 		// Rolled back inside grace: the rollout is re-issued.
 		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())

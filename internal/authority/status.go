@@ -148,6 +148,8 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 		return refused(codes.InvalidArgument, err.Error())
 	case errors.Is(err, signer.ErrNotFound):
 		return refused(codes.NotFound, err.Error())
+	case errors.As(err, new(errRootMovedOn)), errors.As(err, new(rootAborted)):
+		return refused(codes.Aborted, err.Error())
 	case signer.IsRule(err), errors.As(err, new(rootRule)):
 		return refused(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, store.ErrNotFound):

@@ -31,24 +31,61 @@ from init it abandons the new root, once no agent certificate issued under
 it in update_servers can still be valid (--abandon-now: at once). See
 docs/ca-lifecycle.md.`,
 	}
-	var abandonNow bool
+	var (
+		abandonNow bool
+		backFrom   string
+	)
 	rollback := newCARootStepCmd(env, "rollback", "Move the root rotation back one phase (from init: abandon the new root)",
-		"  muster ca root rollback\n  muster ca root rollback --abandon-now   # from init, the new root's key compromised",
+		"  muster ca root rollback\n  muster ca root rollback --abandon-now   # from init, the new root's key compromised\n  muster ca root rollback --from update_agents",
 		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
 			if abandonNow {
 				fmt.Fprintln(env.Stderr, "warning: --abandon-now: from init, an agent still holding a certificate under the new root cannot renew and must join again (muster agent join --force)")
 			}
-			return c.RollbackRootPhase(ctx, &musterv1.RollbackRootPhaseRequest{AbandonNow: abandonNow})
+			// Back from the phase read now (as next-phase): a second
+			// rollback a moment after another is refused, not a second
+			// step back (from init, abandoning the new root).
+			req := &musterv1.RollbackRootPhaseRequest{AbandonNow: abandonNow, FromPhase: backFrom}
+			if req.FromPhase == "" {
+				st, err := c.GetRootRotation(ctx, &musterv1.GetRootRotationRequest{})
+				if err != nil {
+					return nil, err
+				}
+				req.FromPhase = st.GetPhase()
+			}
+			return c.RollbackRootPhase(ctx, req)
 		})
+	rollback.Flags().StringVar(&backFrom, "from", "",
+		"go back only if the rotation is still in this phase (muster ca root status); default: the phase read just before")
 	rollback.Flags().BoolVar(&abandonNow, "abandon-now", false,
 		"from init, abandon the new root even while agent certificates issued under it may be valid (unsafe: agents holding one must join again; for a new root whose key is compromised)")
 	cmd.AddCommand(newCARootStatusCmd(env), newCARootRotateCmd(env), newCARootExportKeyCmd(env),
-		newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase", "  muster ca root next-phase",
-			func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
-				return c.NextRootPhase(ctx, &musterv1.NextRootPhaseRequest{})
-			}),
+		newCARootNextPhaseCmd(env),
 		rollback,
 	)
+	return cmd
+}
+
+// newCARootNextPhaseCmd is muster ca root next-phase. It moves on from
+// the phase it read just before (or --from PHASE), so that a second call
+// a moment after another (another operator, or a retry through another
+// replica) is refused instead of advancing a second phase.
+func newCARootNextPhaseCmd(env *Env) *cobra.Command {
+	var fromPhase string
+	cmd := newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase",
+		"  muster ca root next-phase\n  muster ca root next-phase --from update_agents",
+		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
+			req := &musterv1.NextRootPhaseRequest{FromPhase: fromPhase}
+			if req.FromPhase == "" {
+				st, err := c.GetRootRotation(ctx, &musterv1.GetRootRotationRequest{})
+				if err != nil {
+					return nil, err
+				}
+				req.FromPhase = st.GetPhase()
+			}
+			return c.NextRootPhase(ctx, req)
+		})
+	cmd.Flags().StringVar(&fromPhase, "from", "",
+		"move on only if the rotation is still in this phase (muster ca root status); default: the phase read just before")
 	return cmd
 }
 

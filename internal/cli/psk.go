@@ -121,6 +121,7 @@ func newPSKRotateCmd(env *Env) *cobra.Command {
 		out         output
 		grace       time.Duration
 		revokeGrace bool
+		fromID      string
 	)
 	cmd := &cobra.Command{
 		Use: "rotate",
@@ -136,14 +137,29 @@ At most one PSK is in grace. While the previous rotation's PSK is still in
 grace, a rotation is refused, since machines not yet given the active PSK
 may still join with it: wait until its grace ends (muster psk show prints
 when), or give --revoke-grace to revoke it with this rotation; the output
-then names it.`,
+then names it.
+
+The rotation replaces the active PSK it read just before (or --from ID):
+if another rotation replaced it meanwhile, nothing changes and the command
+fails (ABORTED), so two rotations at once cannot both succeed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
 				return err
 			}
 			resp, err := callAdmin(cmd, env, &af, "psk rotate", func(ctx context.Context, c *adminClient) (*musterv1.RotatePSKResponse, error) {
-				return c.RotatePSK(ctx, &musterv1.RotatePSKRequest{Grace: durationpb.New(grace), RevokeGrace: revokeGrace})
+				req := &musterv1.RotatePSKRequest{Grace: durationpb.New(grace), RevokeGrace: revokeGrace, FromId: fromID}
+				if req.FromId == "" {
+					// Rotate from the key read now, not from whatever is
+					// active when the write lands: a second rotation a
+					// moment after another is refused, not stacked on it.
+					cur, err := c.GetPSKs(ctx, &musterv1.GetPSKsRequest{IdsOnly: true})
+					if err != nil {
+						return nil, err
+					}
+					req.FromId = cur.GetActive().GetId()
+				}
+				return c.RotatePSK(ctx, req)
 			})
 			if err != nil {
 				return err
@@ -177,6 +193,7 @@ then names it.`,
 	}
 	cmd.Flags().DurationVar(&grace, "grace", 24*time.Hour, "how long the current PSK stays accepted; 0 = revoke it now")
 	cmd.Flags().BoolVar(&revokeGrace, "revoke-grace", false, "also revoke the PSK still in grace from the rotation before (refused without it)")
+	cmd.Flags().StringVar(&fromID, "from", "", "rotate only if this PSK ID (muster psk show) is still the active one; default: the one active just before")
 	af.register(cmd)
 	out.register(cmd)
 	return cmd

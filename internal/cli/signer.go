@@ -42,12 +42,56 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
 			}),
-		newSignerStepCmd(env, "rollback", "Undo the rotation in progress", "  muster signer rollback -o json", cobra.NoArgs,
-			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
-				return c.RollbackSigner(ctx, &musterv1.RollbackSignerRequest{})
-			}),
+		newSignerRollbackCmd(env),
 	)
 	return cmd
+}
+
+// newSignerRollbackCmd is muster signer rollback. It says which rotation
+// it means, as it read it (or as a script names it), so that a second
+// rollback a moment later (another operator, or a retry through another
+// replica) is refused instead of discarding the signer the first put back.
+func newSignerRollbackCmd(env *Env) *cobra.Command {
+	var setVersion int64
+	cmd := newSignerStepCmd(env, "rollback [VERSION]", "Undo the rotation in progress (to VERSION, as muster signer list showed it)",
+		"  muster signer rollback\n  muster signer rollback v3 --verifier-set-version 12 -o json",
+		cobra.MaximumNArgs(1),
+		func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
+			req := &musterv1.RollbackSignerRequest{VerifierSetVersion: setVersion}
+			if len(args) == 1 {
+				req.VersionId = args[0]
+			}
+			if req.VersionId == "" || req.VerifierSetVersion == 0 {
+				list, err := c.ListSigners(ctx, &musterv1.ListSignersRequest{})
+				if err != nil {
+					return nil, err
+				}
+				if req.VerifierSetVersion == 0 {
+					req.VerifierSetVersion = list.GetVerifierSetVersion()
+				}
+				if req.VersionId == "" {
+					req.VersionId = rollbackTarget(list.GetSigners())
+				}
+			}
+			return c.RollbackSigner(ctx, req)
+		})
+	cmd.Flags().Int64Var(&setVersion, "verifier-set-version", 0,
+		"roll back only if the verifier set is still at this version (muster signer list -o json: verifier_set_version); default: the version read just before")
+	return cmd
+}
+
+// rollbackTarget is the signer a rollback moves, as PlanRollback picks
+// it: the staged one, else the active one ("" when neither: the authority
+// then refuses with its own reason).
+func rollbackTarget(ss []*musterv1.Signer) string {
+	for _, want := range []string{string(signer.Staged), string(signer.Active)} {
+		for _, s := range ss {
+			if s.GetState() == want {
+				return s.GetVersionId()
+			}
+		}
+	}
+	return ""
 }
 
 // signerJSON is one signer as -o json prints it.

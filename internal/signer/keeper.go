@@ -455,7 +455,7 @@ func describe(c Change) string {
 func IsRule(err error) bool {
 	var ie *IllegalError
 	var te *TimesError
-	for _, e := range []error{ErrExists, ErrNoActive, ErrStagedExists, ErrNotFound, ErrNoStaged, ErrNoSuccessor, ErrNoRotation, ErrRollbackClosed, ErrNotDue, ErrMalformedVersionID} {
+	for _, e := range []error{ErrExists, ErrNoActive, ErrStagedExists, ErrNotFound, ErrNoStaged, ErrNoSuccessor, ErrNoRotation, ErrRollbackClosed, ErrNotDue, ErrMalformedVersionID, ErrChanged, ErrNotThatRotation} {
 		if errors.Is(err, e) {
 			return true
 		}
@@ -622,9 +622,51 @@ func (k *Keeper) Revoke(ctx context.Context, who Actor, versionID string) (Resul
 	return k.step(ctx, who, ActRevoke, versionID, func(s Snapshot) ([]Change, error) { return PlanRevoke(s.Signers, versionID, s.Now) })
 }
 
-// Rollback undoes the rotation in progress (PlanRollback).
+// Rollback undoes the rotation in progress (PlanRollback), whichever it is.
 func (k *Keeper) Rollback(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActRollback, "", func(s Snapshot) ([]Change, error) { return PlanRollback(s.Signers, s.Now, k.MinLeadTime()) })
+	return k.RollbackSeen(ctx, who, Seen{})
+}
+
+// Seen is what the operator saw when asking for a step: the signer it
+// moves and the verifier set version of the list they read. The zero
+// value asks for no check (an older client).
+type Seen struct {
+	VersionID  string
+	SetVersion int64
+}
+
+// ErrChanged is returned for a step asked on a verifier set version that
+// has moved since: its meaning may have changed (a second rollback would
+// discard the signer the first put back to staged), so it is not taken.
+var ErrChanged = errors.New("signer: the signers changed since they were read")
+
+// ErrNotThatRotation is returned for a rollback naming a signer other
+// than the one the rotation in progress would move.
+var ErrNotThatRotation = errors.New("signer: the rotation in progress is not the one named")
+
+// RollbackSeen undoes the rotation in progress if it is the one the
+// operator saw: the set version still seen.SetVersion and the signer it
+// moves seen.VersionID (each checked when set). The check reads the same
+// snapshot the write is conditional on (apply writes only if the set
+// version has not moved), so check and change are one conditional write.
+func (k *Keeper) RollbackSeen(ctx context.Context, who Actor, seen Seen) (Result, error) {
+	return k.step(ctx, who, ActRollback, seen.VersionID, func(s Snapshot) ([]Change, error) {
+		if seen.SetVersion != 0 && s.Version() != seen.SetVersion {
+			return nil, fmt.Errorf("%w: the rollback was asked on verifier set version %d and it is %d now (another operator, replica or the clock took a step meanwhile), so nothing was rolled back: run `muster signer list`, then `muster signer rollback` again if it is still wanted",
+				ErrChanged, seen.SetVersion, s.Version())
+		}
+		changes, err := PlanRollback(s.Signers, s.Now, k.MinLeadTime())
+		if err != nil {
+			return nil, err
+		}
+		// The first change is the signer the rollback moves: the staged
+		// one it discards, or the active one it puts back to staged.
+		if moved := changes[0]; seen.VersionID != "" && moved.To.VersionID != seen.VersionID {
+			return nil, fmt.Errorf("%w: a rollback now would move %s (%s), not %s, so nothing was rolled back: run `muster signer list`, then `muster signer rollback` again if it is still wanted",
+				ErrNotThatRotation, moved.To.VersionID, moved.From, seen.VersionID)
+		}
+		return changes, nil
+	})
 }
 
 // ActAdvance is the audit action of a verifier set version moved past

@@ -2870,7 +2870,11 @@ func (x *BootstrapPSK) GetGraceExpiresAt() *timestamppb.Timestamp {
 }
 
 type GetPSKsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ids_only answers with the keys' IDs and times, without their values:
+	// what muster psk rotate reads to name the key it replaces (from_id),
+	// so that a rotation does not fetch a secret it does not print.
+	IdsOnly       bool `protobuf:"varint,1,opt,name=ids_only,json=idsOnly,proto3" json:"ids_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2903,6 +2907,13 @@ func (x *GetPSKsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use GetPSKsRequest.ProtoReflect.Descriptor instead.
 func (*GetPSKsRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_admin_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *GetPSKsRequest) GetIdsOnly() bool {
+	if x != nil {
+		return x.IdsOnly
+	}
+	return false
 }
 
 // GetPSKsResponse holds the keys an agent may present now. A grace key
@@ -2970,7 +2981,14 @@ type RotatePSKRequest struct {
 	// while a key is in grace is refused (FAILED_PRECONDITION, naming the
 	// key and the end of its grace), since agents and machines not yet
 	// given the active key may still use it.
-	RevokeGrace   bool `protobuf:"varint,2,opt,name=revoke_grace,json=revokeGrace,proto3" json:"revoke_grace,omitempty"`
+	RevokeGrace bool `protobuf:"varint,2,opt,name=revoke_grace,json=revokeGrace,proto3" json:"revoke_grace,omitempty"`
+	// from_id is the active key the operator means to replace, as
+	// GetPSKs (muster psk show) showed it: if another key is active by then (another
+	// rotation got there first) nothing changes and the rotation is
+	// refused ABORTED, so two rotations cannot both succeed and the
+	// second revoke the first's new key. Unset (an older CLI) rotates
+	// whatever key is active, as before.
+	FromId        string `protobuf:"bytes,3,opt,name=from_id,json=fromId,proto3" json:"from_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3017,6 +3035,13 @@ func (x *RotatePSKRequest) GetRevokeGrace() bool {
 		return x.RevokeGrace
 	}
 	return false
+}
+
+func (x *RotatePSKRequest) GetFromId() string {
+	if x != nil {
+		return x.FromId
+	}
+	return ""
 }
 
 type RotatePSKResponse struct {
@@ -4476,14 +4501,16 @@ const file_muster_v1_admin_proto_rawDesc = "" +
 	"\x03psk\x18\x02 \x01(\tR\x03psk\x129\n" +
 	"\n" +
 	"created_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12D\n" +
-	"\x10grace_expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0egraceExpiresAt\"\x10\n" +
-	"\x0eGetPSKsRequest\"q\n" +
+	"\x10grace_expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0egraceExpiresAt\"+\n" +
+	"\x0eGetPSKsRequest\x12\x19\n" +
+	"\bids_only\x18\x01 \x01(\bR\aidsOnly\"q\n" +
 	"\x0fGetPSKsResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x12-\n" +
-	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"f\n" +
+	"\x05grace\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\x05grace\"\x7f\n" +
 	"\x10RotatePSKRequest\x12/\n" +
 	"\x05grace\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\x05grace\x12!\n" +
-	"\frevoke_grace\x18\x02 \x01(\bR\vrevokeGrace\"\xb7\x01\n" +
+	"\frevoke_grace\x18\x02 \x01(\bR\vrevokeGrace\x12\x17\n" +
+	"\afrom_id\x18\x03 \x01(\tR\x06fromId\"\xb7\x01\n" +
 	"\x11RotatePSKResponse\x12/\n" +
 	"\x06active\x18\x01 \x01(\v2\x17.muster.v1.BootstrapPSKR\x06active\x123\n" +
 	"\bprevious\x18\x02 \x01(\v2\x17.muster.v1.BootstrapPSKR\bprevious\x12<\n" +

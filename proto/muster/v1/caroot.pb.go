@@ -368,8 +368,15 @@ func (x *RotateRootRequest) GetCrossNewByOld() []byte {
 	return nil
 }
 
+// NextRootPhaseRequest moves the rotation on from from_phase, the phase
+// the operator saw (GetRootRotation): if the rotation is in another phase
+// by then (another operator, or a retry through another replica, moved it)
+// nothing changes and the step is refused ABORTED, so two calls cannot
+// advance two phases. Unset (an older CLI) moves on from whatever phase
+// the rotation is in, as before.
 type NextRootPhaseRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	FromPhase     string                 `protobuf:"bytes,1,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -404,14 +411,26 @@ func (*NextRootPhaseRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_caroot_proto_rawDescGZIP(), []int{5}
 }
 
+func (x *NextRootPhaseRequest) GetFromPhase() string {
+	if x != nil {
+		return x.FromPhase
+	}
+	return ""
+}
+
 // RollbackRootPhaseRequest goes one phase back. From init, abandoning the
 // new root is refused while agent certificates under it may still be
 // valid (their agents could not renew, and no rollback would bring them
 // back); abandon_now abandons regardless, as for a new root whose key is
 // compromised.
 type RollbackRootPhaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AbandonNow    bool                   `protobuf:"varint,1,opt,name=abandon_now,json=abandonNow,proto3" json:"abandon_now,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	AbandonNow bool                   `protobuf:"varint,1,opt,name=abandon_now,json=abandonNow,proto3" json:"abandon_now,omitempty"`
+	// from_phase is the phase the operator saw, as for NextRootPhase: two
+	// rollbacks asked on it go back one phase, not two (from init, the
+	// second would abandon the new root); unset moves back from wherever
+	// the rotation is.
+	FromPhase     string `protobuf:"bytes,2,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -453,6 +472,13 @@ func (x *RollbackRootPhaseRequest) GetAbandonNow() bool {
 	return false
 }
 
+func (x *RollbackRootPhaseRequest) GetFromPhase() string {
+	if x != nil {
+		return x.FromPhase
+	}
+	return ""
+}
+
 var File_muster_v1_caroot_proto protoreflect.FileDescriptor
 
 const file_muster_v1_caroot_proto_rawDesc = "" +
@@ -485,11 +511,15 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\bnew_root\x18\x01 \x01(\fR\anewRoot\x12\x1d\n" +
 	"\n" +
 	"sealed_key\x18\x02 \x01(\fR\tsealedKey\x12'\n" +
-	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"\x16\n" +
-	"\x14NextRootPhaseRequest\";\n" +
+	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"5\n" +
+	"\x14NextRootPhaseRequest\x12\x1d\n" +
+	"\n" +
+	"from_phase\x18\x01 \x01(\tR\tfromPhase\"Z\n" +
 	"\x18RollbackRootPhaseRequest\x12\x1f\n" +
 	"\vabandon_now\x18\x01 \x01(\bR\n" +
-	"abandonNowB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"abandonNow\x12\x1d\n" +
+	"\n" +
+	"from_phase\x18\x02 \x01(\tR\tfromPhaseB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_caroot_proto_rawDescOnce sync.Once

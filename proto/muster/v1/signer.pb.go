@@ -420,10 +420,23 @@ func (x *RevokeSignerRequest) GetVersionId() string {
 	return ""
 }
 
+// RollbackSignerRequest says which rotation the operator means to undo, as
+// they saw it in ListSigners, so that two rollbacks a moment apart (two
+// operators, or a retry through another replica) cannot both succeed with
+// different meanings: the second would otherwise discard the signer the
+// first put back to staged. Both fields unset (an older CLI) rolls back
+// whatever rotation is in progress, as before.
 type RollbackSignerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version_id is the signer the rollback moves: the staged one (which it
+	// discards) or, with none staged, the active one (which goes back to
+	// staged). Another one there is refused FAILED_PRECONDITION.
+	VersionId string `protobuf:"bytes,1,opt,name=version_id,json=versionId,proto3" json:"version_id,omitempty"`
+	// verifier_set_version is the version ListSigners showed; the rollback
+	// is written only if it has not moved (ABORTED otherwise).
+	VerifierSetVersion int64 `protobuf:"varint,2,opt,name=verifier_set_version,json=verifierSetVersion,proto3" json:"verifier_set_version,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RollbackSignerRequest) Reset() {
@@ -454,6 +467,20 @@ func (x *RollbackSignerRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RollbackSignerRequest.ProtoReflect.Descriptor instead.
 func (*RollbackSignerRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_signer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RollbackSignerRequest) GetVersionId() string {
+	if x != nil {
+		return x.VersionId
+	}
+	return ""
+}
+
+func (x *RollbackSignerRequest) GetVerifierSetVersion() int64 {
+	if x != nil {
+		return x.VerifierSetVersion
+	}
+	return 0
 }
 
 // SignerChangeResponse is the outcome of a lifecycle step: every signer it
@@ -805,8 +832,11 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\x13RetireSignerRequest\"4\n" +
 	"\x13RevokeSignerRequest\x12\x1d\n" +
 	"\n" +
-	"version_id\x18\x01 \x01(\tR\tversionId\"\x17\n" +
-	"\x15RollbackSignerRequest\"u\n" +
+	"version_id\x18\x01 \x01(\tR\tversionId\"h\n" +
+	"\x15RollbackSignerRequest\x12\x1d\n" +
+	"\n" +
+	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"u\n" +
 	"\x14SignerChangeResponse\x12+\n" +
 	"\achanged\x18\x01 \x03(\v2\x11.muster.v1.SignerR\achanged\x120\n" +
 	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"\x86\x03\n" +
