@@ -13,7 +13,6 @@ import (
 
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/joinuri"
-	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -208,8 +207,8 @@ func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentReque
 }
 
 func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.GetAgentResponse, error) {
-	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		return nil, badRequest("node: " + err.Error())
+	if err := badName("node", "node", nodeID, nodesListed); err != nil {
+		return nil, err
 	}
 	resp := &musterv1.GetAgentResponse{}
 	now, err := a.s.store.Now(ctx)
@@ -248,8 +247,8 @@ func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.G
 
 func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgentRequest) (*musterv1.DeleteAgentResponse, error) {
 	err := error(nil)
-	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
-		err = badRequest("node: " + verr.Error())
+	if verr := badName("node", "node", req.GetNodeId(), nodesListed); verr != nil {
+		err = verr
 	} else {
 		err = a.deleteAgent(ctx, req.GetNodeId())
 	}
