@@ -1,11 +1,14 @@
 package authority
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/pgtest"
+	"github.com/muster-dev/muster/internal/store/postgres"
 	"github.com/muster-dev/muster/internal/trustbundle"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -43,8 +46,19 @@ func TestStreamLive(t *testing.T) {
 // it among the connected agents nor its report among the agents holding
 // a certificate. Before, a replica killed left its agents "connected via"
 // it and counted, for good.
-func TestStaleStreamRowIsNotConnected(t *testing.T) {
-	b := startBench(t)
+func TestStaleStreamRowIsNotConnected(t *testing.T) { testStaleStreamRow(t, startBench(t)) }
+
+// TestStaleStreamRowIsNotConnectedPostgres: the same on two replicas
+// sharing a PostgreSQL, read through the second, by the database's clock.
+func TestStaleStreamRowIsNotConnectedPostgres(t *testing.T) {
+	t.Parallel()
+	benchPGOnce.Do(func() { benchPG, benchPGErr = pgtest.Start() })
+	pgtest.FailOrSkip(t, benchPGErr)
+	url := benchPG.NewDatabase(t)
+	testStaleStreamRow(t, startReplicas(t, func(ctx context.Context) (store.Store, error) { return postgres.Open(ctx, url) }, 2))
+}
+
+func testStaleStreamRow(t *testing.T, b *benchAuthority) {
 	ctx := t.Context()
 	st := b.store
 	now, err := st.Now(ctx)
@@ -70,7 +84,8 @@ func TestStaleStreamRowIsNotConnected(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	a := &adminService{s: b.srvs[0]}
+	srv := b.srvs[len(b.srvs)-1]
+	a := &adminService{s: srv}
 
 	list, err := a.listAgents(ctx, &musterv1.ListAgentsRequest{})
 	if err != nil {
@@ -93,7 +108,7 @@ func TestStaleStreamRowIsNotConnected(t *testing.T) {
 		}
 	}
 
-	status, err := b.srvs[0].caStatus(ctx)
+	status, err := srv.caStatus(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
