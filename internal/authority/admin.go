@@ -273,9 +273,13 @@ func (a *adminService) createLock(ctx context.Context, req *musterv1.CreateLockR
 		if !jointoken.ValidID(req.GetTarget()) {
 			return nil, badRequest("lock a token by its ID: 6 of a-z 0-9, as tokens list prints it")
 		}
-	case store.LockNode, store.LockAdmin:
-		if err := spiffeid.ValidNodeID(req.GetTarget()); err != nil {
-			return nil, badRequest("lock " + req.GetKind() + " target: " + err.Error())
+	case store.LockNode:
+		if err := badName("lock node target", "node", req.GetTarget(), nodesListed); err != nil {
+			return nil, err
+		}
+	case store.LockAdmin:
+		if err := badName("lock admin target", "operator", req.GetTarget(), operatorsListed); err != nil {
+			return nil, err
 		}
 	case store.LockInstance:
 		if u, err := uuid.Parse(req.GetTarget()); err != nil || u.String() != req.GetTarget() {

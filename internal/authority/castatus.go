@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -42,7 +43,7 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 	if err != nil {
 		return nil, err
 	}
-	holding, connected, err := s.countBundleHolders(ctx)
+	holding, connected, err := s.countBundleHolders(ctx, now)
 	if err != nil {
 		return nil, err
 	}
@@ -134,9 +135,10 @@ func hasPrepared(rows []store.CACert, role string) bool {
 }
 
 // countBundleHolders reads every agent's stream row and counts, among the
-// connected ones, how many reported holding each certificate (by
+// ones connected at now by the store clock (streamLive: not a killed
+// replica's rows), how many reported holding each certificate (by
 // trustbundle.CertFingerprint).
-func (s *Server) countBundleHolders(ctx context.Context) (map[string]int64, int64, error) {
+func (s *Server) countBundleHolders(ctx context.Context, now time.Time) (map[string]int64, int64, error) {
 	holding := map[string]int64{}
 	var connected int64
 	after := ""
@@ -146,7 +148,7 @@ func (s *Server) countBundleHolders(ctx context.Context) (map[string]int64, int6
 			return nil, 0, err
 		}
 		for _, r := range page {
-			if r.Stream == nil || !r.Stream.Connected {
+			if !streamLive(r.Stream, now) {
 				continue
 			}
 			connected++

@@ -130,8 +130,13 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 	if err != nil {
 		return nil, err
 	}
-	// One query a page (not four reads an agent).
+	// One query a page (not four reads an agent), and the store clock
+	// the page's streams are read by.
 	nodes, err := a.s.store.ListAgentsPage(ctx, c.ID, size+1)
+	if err != nil {
+		return nil, err
+	}
+	now, err := a.s.store.Now(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -144,7 +149,7 @@ func (a *adminService) listAgents(ctx context.Context, req *musterv1.ListAgentsR
 		resp.NextPageToken = pagetoken.Encode(pagetoken.Agents, pagetoken.Cursor{ID: nodes[size-1].Node.ID})
 	}
 	for _, n := range nodes {
-		resp.Agents = append(resp.Agents, agentToProto(n))
+		resp.Agents = append(resp.Agents, agentToProto(n, now))
 	}
 	return resp, nil
 }

@@ -2,10 +2,12 @@ package authority
 
 import (
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -17,4 +19,23 @@ func notFound(err error, what string) error {
 		return status.Error(codes.NotFound, "no "+what)
 	}
 	return err
+}
+
+// Where the names a badName refusal is about are listed.
+const (
+	nodesListed     = "the enrolled nodes: muster agents list"
+	operatorsListed = "the operators: muster admin list"
+)
+
+// badName refuses name, given as field, when it is no node ID or operator
+// name (kind): what in it breaks the rule, the rule, and where the names
+// there are are listed. spiffeid's own error called a typed node name an
+// "invalid SPIFFE ID", which the operator never typed. nil for a valid
+// name.
+func badName(field, kind, name, listed string) error {
+	fault := spiffeid.NameFault(name)
+	if fault == "" {
+		return nil
+	}
+	return badRequest(fmt.Sprintf("%s %q is not a valid %s name: it %s; %s names are %s (%s)", field, name, kind, fault, kind, spiffeid.NameRule, listed))
 }

@@ -790,9 +790,13 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	return err
 }
 
-// streamToProto is what agents list and show say of a node's stream.
-func streamToProto(a store.AgentStream) *musterv1.AgentStreamStatus {
-	return &musterv1.AgentStreamStatus{Connected: a.Connected, Replica: a.Replica, ConnectedAt: timestampOrNil(a.ConnectedAt),
+// streamToProto is what agents list and show say of a node's stream, by
+// the store clock now: a row its replica left marked connected with no
+// heartbeat since streamStaleAfter is a stream gone (streamLive), said
+// as stale.
+func streamToProto(a store.AgentStream, now time.Time) *musterv1.AgentStreamStatus {
+	live := streamLive(&a, now)
+	return &musterv1.AgentStreamStatus{Connected: live, Stale: a.Connected && !live, Replica: a.Replica, ConnectedAt: timestampOrNil(a.ConnectedAt),
 		LastSeen: timestampOrNil(a.LastSeen), Heartbeat: a.Report}
 }
 

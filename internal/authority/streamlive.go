@@ -240,3 +240,26 @@ func (st *agentStream) copySuspected(previous string, alternations int) {
 	s.refusals.Record(context.WithoutCancel(st.ctx), audit.Event{Actor: st.c.Actor(), Action: "agent.stream_copy_suspected",
 		Target: node, Result: audit.ResultOK, Reason: reason, Source: st.c.Source, CorrelationID: st.c.CorrelationID})
 }
+
+// streamStaleAfter is how long after its last heartbeat a stream row
+// still marked connected counts as connected: agents send one every 30 s
+// (internal/agent heartbeatEvery). A replica killed (SIGKILL, a lost
+// machine) cannot mark its streams' rows closed: they say connected
+// until their agents connect again, which an agent that knew only that
+// replica's address never does.
+const streamStaleAfter = 2 * time.Minute
+
+// streamLive reports whether row is a stream open now, by the store
+// clock now: marked connected, with a heartbeat (or its opening) within
+// streamStaleAfter. agents list and show, ca status's counts and root
+// standby read a stream's row through it, never its Connected alone.
+func streamLive(row *store.AgentStream, now time.Time) bool {
+	if row == nil || !row.Connected {
+		return false
+	}
+	last := row.LastSeen
+	if row.ConnectedAt.After(last) {
+		last = row.ConnectedAt
+	}
+	return now.Sub(last) <= streamStaleAfter
+}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/muster-dev/muster/internal/jointoken"
 	"github.com/muster-dev/muster/internal/joinuri"
-	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -171,8 +170,9 @@ func (a *adminService) deleteToken(ctx context.Context, id string) error {
 }
 
 // agentToProto summarises a node with its current instance, from the row
-// the store reads with the page (or alone, for GetAgent).
-func agentToProto(a store.AgentRow) *musterv1.Agent {
+// the store reads with the page (or alone, for GetAgent), its stream by
+// the store clock now.
+func agentToProto(a store.AgentRow, now time.Time) *musterv1.Agent {
 	n, inst := a.Node, a.Instance
 	p := &musterv1.Agent{NodeId: n.ID, JoinMethod: n.JoinMethod, TokenId: n.TokenID, InstanceId: n.InstanceID,
 		CreatedAt: timestamppb.New(n.CreatedAt), UpdatedAt: timestamppb.New(n.UpdatedAt),
@@ -184,7 +184,7 @@ func agentToProto(a store.AgentRow) *musterv1.Agent {
 		p.Locked = fmt.Sprintf("%s (%s %s)", l.ID, l.Kind, l.Target)
 	}
 	if a.Stream != nil {
-		p.Stream = streamToProto(*a.Stream)
+		p.Stream = streamToProto(*a.Stream, now)
 	}
 	if a.BoundKeypair != nil {
 		// Nil when the token is gone (deleted): the node keeps its
@@ -207,14 +207,18 @@ func (a *adminService) GetAgent(ctx context.Context, req *musterv1.GetAgentReque
 }
 
 func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.GetAgentResponse, error) {
-	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		return nil, badRequest("node: " + err.Error())
+	if err := badName("node", "node", nodeID, nodesListed); err != nil {
+		return nil, err
 	}
 	resp := &musterv1.GetAgentResponse{}
+	now, err := a.s.store.Now(ctx)
+	if err != nil {
+		return nil, err
+	}
 	row, err := a.s.store.GetAgentRow(ctx, nodeID)
 	switch {
 	case err == nil:
-		resp.Agent = agentToProto(row)
+		resp.Agent = agentToProto(row, now)
 	case !errors.Is(err, store.ErrNotFound):
 		return nil, err
 	}
@@ -243,8 +247,8 @@ func (a *adminService) getAgent(ctx context.Context, nodeID string) (*musterv1.G
 
 func (a *adminService) DeleteAgent(ctx context.Context, req *musterv1.DeleteAgentRequest) (*musterv1.DeleteAgentResponse, error) {
 	err := error(nil)
-	if verr := spiffeid.ValidNodeID(req.GetNodeId()); verr != nil {
-		err = badRequest("node: " + verr.Error())
+	if verr := badName("node", "node", req.GetNodeId(), nodesListed); verr != nil {
+		err = verr
 	} else {
 		err = a.deleteAgent(ctx, req.GetNodeId())
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/muster-dev/muster/internal/agent"
+	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -261,11 +262,16 @@ func newAgentsDeleteCmd(env *Env) *cobra.Command {
 				// A bound-keypair node's token is bound to it: its agent
 				// proves its key again at its next refresh and is
 				// admitted as a recovery, so deleting the node alone does
-				// not stop it. Read before the deletion, which removes it.
+				// not stop it. Read before the deletion, which removes it;
+				// not for a name the authority refuses as no node name,
+				// whose read it would audit as a refused agent.get beside
+				// the deletion's own refusal.
 				var boundToken string
-				if resp, err := c.GetAgent(ctx, &musterv1.GetAgentRequest{NodeId: args[0]}); err == nil &&
-					resp.GetAgent().GetJoinMethod() == agent.JoinMethodBoundKeypair {
-					boundToken = resp.GetAgent().GetTokenId()
+				if spiffeid.ValidNodeID(args[0]) == nil {
+					if resp, err := c.GetAgent(ctx, &musterv1.GetAgentRequest{NodeId: args[0]}); err == nil &&
+						resp.GetAgent().GetJoinMethod() == agent.JoinMethodBoundKeypair {
+						boundToken = resp.GetAgent().GetTokenId()
+					}
 				}
 				if _, err := c.DeleteAgent(ctx, &musterv1.DeleteAgentRequest{NodeId: args[0]}); err != nil {
 					return af.notFoundHint(err, unknownNodeHint)

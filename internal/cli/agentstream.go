@@ -14,6 +14,7 @@ import (
 // streamJSON is an agent's stream as agents list and show print it.
 type streamJSON struct {
 	Connected   bool            `json:"connected"`
+	Stale       bool            `json:"stale,omitempty"`
 	Replica     string          `json:"replica"`
 	ConnectedAt *time.Time      `json:"connected_at"`
 	LastSeen    *time.Time      `json:"last_seen"`
@@ -24,7 +25,7 @@ func streamOf(s *musterv1.AgentStreamStatus) *streamJSON {
 	if s == nil {
 		return nil
 	}
-	j := &streamJSON{Connected: s.GetConnected(), Replica: s.GetReplica(), ConnectedAt: timeOf(s.GetConnectedAt()), LastSeen: timeOf(s.GetLastSeen())}
+	j := &streamJSON{Connected: s.GetConnected(), Stale: s.GetStale(), Replica: s.GetReplica(), ConnectedAt: timeOf(s.GetConnectedAt()), LastSeen: timeOf(s.GetLastSeen())}
 	if hb := s.GetHeartbeat(); hb != "" && json.Valid([]byte(hb)) {
 		j.Heartbeat = json.RawMessage(hb)
 	}
@@ -37,9 +38,13 @@ func printStream(w io.Writer, s *streamJSON) {
 		fmt.Fprintln(w, "Stream: never connected")
 		return
 	}
-	if s.Connected {
+	switch {
+	case s.Connected:
 		fmt.Fprintf(w, "Stream: connected to %s since %s, last seen %s\n", s.Replica, fmtTime(s.ConnectedAt), fmtTime(s.LastSeen))
-	} else {
+	case s.Stale:
+		fmt.Fprintf(w, "Stream: not connected, last seen %s (on %s, replica gone? its row still says connected, with no heartbeat for over 2 minutes: the replica was killed or cut off from the store)\n",
+			fmtTime(s.LastSeen), s.Replica)
+	default:
 		fmt.Fprintf(w, "Stream: disconnected, last seen %s (on %s)\n", fmtTime(s.LastSeen), s.Replica)
 	}
 	var hb struct {
@@ -84,13 +89,17 @@ func printStream(w io.Writer, s *streamJSON) {
 }
 
 // streamColumn is the STREAM column of agents list: "connected via
-// REPLICA", "last seen TIME", or "-" for an agent that never connected.
+// REPLICA", "last seen TIME", "last seen TIME via REPLICA, replica
+// gone?" for a stream whose replica left it marked connected with no
+// heartbeat since (killed), or "-" for an agent that never connected.
 func streamColumn(s *streamJSON) string {
 	switch {
 	case s == nil:
 		return "-"
 	case s.Connected:
 		return "connected via " + s.Replica
+	case s.Stale:
+		return "last seen " + fmtTime(s.LastSeen) + " via " + s.Replica + ", replica gone?"
 	}
 	return "last seen " + fmtTime(s.LastSeen)
 }

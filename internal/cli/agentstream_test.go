@@ -25,6 +25,9 @@ func TestPrintStreamHeartbeat(t *testing.T) {
 			[]string{"last seen 2026-11-27T12:01:00Z", "Heartbeat: verifier set version 2, accepts v1 (active)"}},
 		{"an ended stream that never reported", &streamJSON{Replica: "r1:7443", ConnectedAt: &opened, LastSeen: &opened},
 			[]string{"Stream: disconnected, last seen 2026-11-27T12:00:00Z", "Heartbeat: none on that stream"}},
+		{"a stream its killed replica left marked connected", &streamJSON{Stale: true, Replica: "r1:7443", ConnectedAt: &opened, LastSeen: &seen,
+			Heartbeat: []byte(`{"verifier_set_version":2}`)},
+			[]string{"Stream: not connected, last seen 2026-11-27T12:01:00Z (on r1:7443, replica gone?", "Heartbeat: verifier set version 2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var b strings.Builder

@@ -31,6 +31,8 @@ func TestGoldenListTables(t *testing.T) {
 		{NodeId: "db-1", JoinMethod: "psk", InstanceId: "01J8Z3BBBBBBBBBBBBBBBBBBBB", NotAfter: ts(time.Hour), Locked: "01J8Z3CCCCCCCCCCCCCCCCCCCC",
 			Stream: &musterv1.AgentStreamStatus{LastSeen: ts(-time.Minute)}},
 		{NodeId: "new-1", JoinMethod: "token", InstanceId: "01J8Z3DDDDDDDDDDDDDDDDDDDD"},
+		{NodeId: "app-1", JoinMethod: "psk", InstanceId: "01J8Z3GGGGGGGGGGGGGGGGGGGG", NotAfter: ts(time.Hour),
+			Stream: &musterv1.AgentStreamStatus{Stale: true, Replica: "muster-b7c9d0", LastSeen: ts(-10 * time.Minute)}},
 		{NodeId: "bk-1", JoinMethod: "bound-keypair", TokenId: "b0und1", InstanceId: "01J8Z3FFFFFFFFFFFFFFFFFFFF", Generation: 1, NotAfter: ts(time.Hour),
 			BoundKeypair: &musterv1.BoundKeypairStatus{BoundKeyFingerprint: "SHA256:abc", RecoveriesRemaining: 2, RecoverySequence: 1}},
 	}

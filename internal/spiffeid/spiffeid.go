@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 )
 
 // Role is the first path segment of a muster SPIFFE ID.
@@ -80,12 +81,46 @@ func ValidTrustDomain(td string) error {
 	return nil
 }
 
+// NameRule is the form of node IDs and operator names (validName), in
+// the words an operator reads.
+const NameRule = "1-63 of a-z 0-9 . -, starting and ending with a letter or digit"
+
 // ValidNodeID checks a node ID (also used for operator names).
 func ValidNodeID(name string) error {
 	if !validName(name) {
-		return fmt.Errorf("%w: name %q: want 1-63 of a-z 0-9 . -, starting and ending with a letter or digit", ErrInvalid, name)
+		return fmt.Errorf("%w: name %q: want %s", ErrInvalid, name, NameRule)
 	}
 	return nil
+}
+
+// NameFault says which part of NameRule name breaks, the first found, as
+// the end of a sentence about it ("is empty", "has \"_\", which is not one
+// of a-z 0-9 . -"); "" for a valid name. An operator told only the rule
+// has to find the one capital letter or underscore of a typed name.
+func NameFault(name string) string {
+	if validName(name) {
+		return ""
+	}
+	n := len(name)
+	switch {
+	case n == 0:
+		return "is empty"
+	case n > 63:
+		return fmt.Sprintf("is %d bytes long, over 63", n)
+	}
+	for i := 0; i < n; i++ {
+		if c := name[i]; !alnum(c) && c != '.' && c != '-' {
+			r, _ := utf8.DecodeRuneInString(name[i:])
+			if c >= 'A' && c <= 'Z' {
+				return fmt.Sprintf("has the capital %q: names are lower-case", r)
+			}
+			return fmt.Sprintf("has %q, which is not one of a-z 0-9 . -", r)
+		}
+	}
+	if !alnum(name[0]) {
+		return fmt.Sprintf("starts with %q, not a letter or digit", name[0])
+	}
+	return fmt.Sprintf("ends with %q, not a letter or digit", name[n-1])
 }
 
 func validRole(r Role) bool {

@@ -109,7 +109,31 @@ func FuzzValidMatchesRegexp(f *testing.F) {
 		if got, want := validName(s), nameRE.MatchString(s); got != want {
 			t.Fatalf("validName(%q) = %v, regexp %v", s, got, want)
 		}
+		if fault := NameFault(s); (fault == "") != validName(s) {
+			t.Fatalf("NameFault(%q) = %q, but validName says %v", s, fault, validName(s))
+		}
 	})
+}
+
+// TestNameFault: a refused name is told what in it breaks the rule, so an
+// operator need not search a typed name for its one capital or
+// underscore; a valid name has no fault.
+func TestNameFault(t *testing.T) {
+	for _, tt := range []struct{ name, want string }{
+		{"web-1", ""},
+		{"", "is empty"},
+		{strings.Repeat("a", 64), "is 64 bytes long, over 63"},
+		{"Web-1", "has the capital 'W': names are lower-case"},
+		{"web_1", "has '_', which is not one of a-z 0-9 . -"},
+		{"wéb", "has 'é', which is not one of a-z 0-9 . -"},
+		{"spiffe://td/agent/web-1", "has ':', which is not one of a-z 0-9 . -"},
+		{"-web", "starts with '-', not a letter or digit"},
+		{"web.", "ends with '.', not a letter or digit"},
+	} {
+		if got := NameFault(tt.name); got != tt.want {
+			t.Errorf("NameFault(%q) = %q, want %q", tt.name, got, tt.want)
+		}
+	}
 }
 
 func BenchmarkParse(b *testing.B) {

@@ -728,7 +728,12 @@ type AgentStreamStatus struct {
 	LastSeen    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
 	// heartbeat: the agent's last heartbeat, JSON: verifier set version,
 	// accepted signers, identity expiry, static verifiers.
-	Heartbeat     string `protobuf:"bytes,5,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	Heartbeat string `protobuf:"bytes,5,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// stale: the replica's row still marks the stream connected, but no
+	// heartbeat was recorded for over 2 minutes (agents send one every
+	// 30 s): that replica was killed or cut off from the store, and the
+	// stream is gone. connected is false then.
+	Stale         bool `protobuf:"varint,6,opt,name=stale,proto3" json:"stale,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -798,6 +803,13 @@ func (x *AgentStreamStatus) GetHeartbeat() string {
 	return ""
 }
 
+func (x *AgentStreamStatus) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
 var File_muster_v1_signer_proto protoreflect.FileDescriptor
 
 const file_muster_v1_signer_proto_rawDesc = "" +
@@ -861,13 +873,14 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"expires_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x19\n" +
 	"\btask_ids\x18\x05 \x03(\tR\ataskIds\x12\x1d\n" +
 	"\n" +
-	"node_count\x18\x06 \x01(\x03R\tnodeCount\"\xe1\x01\n" +
+	"node_count\x18\x06 \x01(\x03R\tnodeCount\"\xf7\x01\n" +
 	"\x11AgentStreamStatus\x12\x1c\n" +
 	"\tconnected\x18\x01 \x01(\bR\tconnected\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\tR\areplica\x12=\n" +
 	"\fconnected_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x127\n" +
 	"\tlast_seen\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x1c\n" +
-	"\theartbeat\x18\x05 \x01(\tR\theartbeatB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"\theartbeat\x18\x05 \x01(\tR\theartbeat\x12\x14\n" +
+	"\x05stale\x18\x06 \x01(\bR\x05staleB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_signer_proto_rawDescOnce sync.Once
