@@ -8,34 +8,10 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/ca"
-	"github.com/muster-dev/muster/internal/store"
 )
 
 // standbyListedNodes bounds the nodes a refused standby names.
 const standbyListedNodes = 5
-
-// streamStaleAfter is how long after its last heartbeat a stream row
-// still marked connected counts as connected: agents send one every 30 s
-// (internal/agent heartbeatEvery). A replica killed (SIGKILL, a lost
-// machine) leaves its streams' rows marked connected until their agents
-// connect again, which an agent that knew only that replica's address
-// never does; standby must not wait for those, whom node.renew_now
-// cannot reach.
-const streamStaleAfter = 2 * time.Minute
-
-// streamLive reports whether row is a stream open now, by the store
-// clock now: marked connected, with a heartbeat (or its opening) within
-// streamStaleAfter.
-func streamLive(row *store.AgentStream, now time.Time) bool {
-	if row == nil || !row.Connected {
-		return false
-	}
-	last := row.LastSeen
-	if row.ConnectedAt.After(last) {
-		last = row.ConnectedAt
-	}
-	return now.Sub(last) <= streamStaleAfter
-}
 
 // connectedLeftBehind refuses standby while an agent connected now holds
 // a certificate (its instance's latest, still valid) that keep, the new
