@@ -78,6 +78,13 @@ func TestStoreBackupWhileServing(t *testing.T) {
 		t.Errorf("audit list --action store.backup after two backups:\n%s", out)
 	}
 
+	// Run with a relative --data, it names the files to keep by a path
+	// that works from anywhere.
+	r := musterIn(t, filepath.Dir(dir), nil, "store", "backup", "--data", filepath.Base(dir), "--out", filepath.Join(backups, "relative.db"))
+	if r.code != 0 || !strings.Contains(r.stdout, "keep a copy of "+filepath.Join(dir, "storage.key")) {
+		t.Errorf("store backup --data %s: exit %d\n%s%s\nwant it to name %s", filepath.Base(dir), r.code, r.stdout, r.stderr, filepath.Join(dir, "storage.key"))
+	}
+
 	// A PostgreSQL store is refused with pg_dump, before any connection.
 	line = mustFail(t, "store", "backup", "--data", dir, "--out", filepath.Join(backups, "pg.db"),
 		"--store", "postgres://muster@127.0.0.1:1/muster")
@@ -99,7 +106,7 @@ func TestStoreBackupWhileServing(t *testing.T) {
 		}
 	}
 	copyFile(t, backup, db)
-	r := muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
+	r = muster(t, nil, "authority", "--data", dir, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0")
 	const lead = "kept as the evidence of what it removed: "
 	_, cmd, ok := strings.Cut(strings.TrimSpace(r.stderr), lead)
 	if r.code == 0 || !ok {

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store/sqlite"
 )
@@ -85,7 +86,7 @@ func (r *backupResult) print(w io.Writer) {
 		r.Out, r.Bytes, r.Schema, r.AuditSeq)
 	fmt.Fprintf(w, "It is useless without the data directory it was taken from: keep a copy of %s (the storage key every secret in the backup is sealed with), %s and %s with it.\n",
 		r.storageKey, filepath.Join(r.Dir, "authority.json"), filepath.Join(r.Dir, "ca")+string(filepath.Separator))
-	fmt.Fprintln(w, "Both are secrets: keep them readable by root alone, the storage key best on other media than the backup.")
+	fmt.Fprintln(w, "The backup and these files are secrets: keep them readable by root alone, the storage key apart from the backups.")
 	fmt.Fprintln(w, "To restore it: docs/operator-guide.md, \"Backing up and restoring the SQLite store\".")
 }
 
@@ -144,8 +145,13 @@ func backupStore(ctx context.Context, env *Env, data, configFile, storeURL, out 
 	if err != nil {
 		return nil, fmt.Errorf("the backup %s is written and checked, but its audit record is not: %w", out, err)
 	}
-	return &backupResult{Out: out, Bytes: size, Schema: schema, AuditSeq: rec.Seq, Dir: string(od.dir),
-		storageKey: od.dir.StorageKeyFile()}, nil
+	// The files to keep named as a path that works from anywhere.
+	dir, err := filepath.Abs(string(od.dir))
+	if err != nil {
+		dir = string(od.dir)
+	}
+	return &backupResult{Out: out, Bytes: size, Schema: schema, AuditSeq: rec.Seq, Dir: dir,
+		storageKey: datadir.Dir(dir).StorageKeyFile()}, nil
 }
 
 // writeBackup writes the snapshot of the store at src into a new 0600
