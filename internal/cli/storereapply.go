@@ -29,8 +29,9 @@ const reapplyActor = "muster store reapply"
 const reapplyAction = "store.reapply"
 
 func newStoreCmd(env *Env) *cobra.Command {
-	cmd := &cobra.Command{Use: "store", Short: "Work on the authority's store itself, after a restore from a backup"}
+	cmd := &cobra.Command{Use: "store", Short: "Work on the authority's store itself: back it up, re-apply after a restore from a backup"}
 	cmd.AddCommand(newStoreReapplyCmd(env))
+	cmd.AddCommand(newStoreBackupCmd(env))
 	return cmd
 }
 
