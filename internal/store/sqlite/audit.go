@@ -173,6 +173,10 @@ func auditHead(ctx context.Context, q queryer) (store.AuditHead, error) {
 	return h, err
 }
 
+// chainHeadQuery reads the chain's head, its columns unnamed and untyped
+// (unnamed): an append that does not know the head reads it.
+const chainHeadQuery = `SELECT +seq AS "", +hash AS "", +time AS "" FROM audit_records ORDER BY seq DESC LIMIT 1`
+
 // chainHead is auditHead with the last record's time (Unix microseconds;
 // 0 for an empty chain).
 func chainHead(ctx context.Context, q queryer) (store.AuditHead, int64, error) {
@@ -180,7 +184,7 @@ func chainHead(ctx context.Context, q queryer) (store.AuditHead, int64, error) {
 		h store.AuditHead
 		t int64
 	)
-	err := q.QueryRowContext(ctx, `SELECT seq, hash, time FROM audit_records ORDER BY seq DESC LIMIT 1`).Scan(&h.Seq, &h.Hash, &t)
+	err := q.QueryRowContext(ctx, chainHeadQuery).Scan(&h.Seq, &h.Hash, &t)
 	if errors.Is(err, sql.ErrNoRows) {
 		return store.AuditHead{}, 0, nil
 	}

@@ -129,6 +129,16 @@ func commitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instanc
 // the join again, reading the node. It never leaves the package.
 var errNodeTakenSinceRead = errors.New("sqlite: commit join: the node ID was taken since the read")
 
+// nodeHolderQuery and retryCheckQuery are admitJoin's reads: the node's
+// current instance when the join's read did not find the ID free, and
+// the retry check. Their columns are unnamed and untyped (unnamed), so
+// the driver makes no two strings a column.
+const nodeHolderQuery = `SELECT +instance_id AS "" FROM nodes WHERE id = ?`
+
+var retryCheckQuery = `SELECT ` + unnamed(instanceColumns) + ` FROM instances
+	WHERE id = ? AND state = 'current' AND generation = 0 AND token_id = ?
+	AND last_public_key = ? AND created_at > ` + nowMicros + ` - ?`
+
 // admitJoin is commitJoin's work but for the lock check of a retry or a
 // refusal.
 func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) (store.JoinResult, error) {
@@ -138,7 +148,7 @@ func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance
 	// checked by the node's INSERT below (commitJoin).
 	var held string
 	if !j.NodeFreeAtRead {
-		err = tx.QueryRowContext(ctx, `SELECT instance_id FROM nodes WHERE id = ?`, j.NodeID).Scan(&held)
+		err = tx.QueryRowContext(ctx, nodeHolderQuery, j.NodeID).Scan(&held)
 		if err != nil && !errors.Is(err, sql.ErrNoRows) {
 			return store.JoinResult{}, wrap("commit join", err)
 		}
@@ -149,9 +159,7 @@ func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance
 	// It precedes the ticket use too: the retry repeats the ticket the
 	// first join recorded.
 	if held != "" && in.TokenID != "" && j.RetryWindow > 0 && len(cert.PublicKey) > 0 {
-		prev, err := scanInstance(tx.QueryRowContext(ctx, `SELECT `+instanceColumns+` FROM instances
-			WHERE id = ? AND state = 'current' AND generation = 0 AND token_id = ?
-			AND last_public_key = ? AND created_at > `+nowMicros+` - ?`,
+		prev, err := scanInstance(tx.QueryRowContext(ctx, retryCheckQuery,
 			held, in.TokenID, cert.PublicKey, j.RetryWindow.Microseconds()))
 		switch {
 		case err == nil:

@@ -31,10 +31,13 @@ func (s *SQLite) InsertPSK(ctx context.Context, p store.PSK, audit func(store.Au
 	})
 }
 
+// listPSKsQuery is ListPSKs' statement, which a PSK join runs; its columns
+// are unnamed and untyped (unnamed).
+var listPSKsQuery = `SELECT ` + unnamed(pskColumns) + ` FROM bootstrap_psks ORDER BY created_at DESC, id DESC`
+
 // ListPSKs returns every PSK, newest first (ties by ID, descending).
 func (s *SQLite) ListPSKs(ctx context.Context) ([]store.PSK, error) {
-	rows, err := s.r.QueryContext(ctx, `SELECT `+pskColumns+`
-		FROM bootstrap_psks ORDER BY created_at DESC, id DESC`)
+	rows, err := s.r.QueryContext(ctx, listPSKsQuery)
 	if err != nil {
 		return nil, wrap("list psks", err)
 	}

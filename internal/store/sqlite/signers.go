@@ -10,6 +10,10 @@ import (
 
 const signerColumns = `version_id, public_key, key_ref, state, published_at, effective_at, grace_until, retires_at, ended_at, previous`
 
+// signerSetIDQuery reads the verifier set's ID, which every join's answer
+// carries, its columns unnamed and untyped (unnamed).
+const signerSetIDQuery = `SELECT +version AS "", +stepped_at AS "" FROM signer_set WHERE id = 1`
+
 // ListSigners returns every signer, oldest published first, and the
 // verifier set version, read in one snapshot.
 func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, store.SignerSetID, error) {
@@ -19,7 +23,7 @@ func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, store.SignerS
 	}
 	defer tx.Rollback()
 	var id store.SignerSetID
-	if err := tx.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+	if err := tx.QueryRowContext(ctx, signerSetIDQuery).Scan(&id.Version, &id.SteppedAt); err != nil {
 		return nil, id, wrap("list signers: version", err)
 	}
 	rows, err := tx.QueryContext(ctx, `SELECT `+signerColumns+` FROM signers ORDER BY published_at, version_id`)
@@ -44,7 +48,7 @@ func (s *SQLite) ListSigners(ctx context.Context) ([]store.Signer, store.SignerS
 // SignerSetID returns the verifier set's ID (see store.SignerStore).
 func (s *SQLite) SignerSetID(ctx context.Context) (store.SignerSetID, error) {
 	var id store.SignerSetID
-	if err := s.r.lookup(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&id.Version, &id.SteppedAt); err != nil {
+	if err := s.r.lookup(ctx, signerSetIDQuery).Scan(&id.Version, &id.SteppedAt); err != nil {
 		return id, wrap("signer set id", err)
 	}
 	return id, nil
@@ -223,7 +227,7 @@ func (s *SQLite) PutVerifierSet(ctx context.Context, id store.SignerSetID, raw [
 		// Nothing inserted: a set kept first for this very ID (no error),
 		// or the ID moved on.
 		var cur store.SignerSetID
-		if err := tx.QueryRowContext(ctx, `SELECT version, stepped_at FROM signer_set WHERE id = 1`).Scan(&cur.Version, &cur.SteppedAt); err != nil {
+		if err := tx.QueryRowContext(ctx, signerSetIDQuery).Scan(&cur.Version, &cur.SteppedAt); err != nil {
 			return wrap("put verifier set: set id", err)
 		}
 		if cur != id {
