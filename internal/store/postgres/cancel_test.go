@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/muster-dev/muster/internal/store"
 )
 
 // heldCancel is a cancel request the proxy read and has not yet passed on.
@@ -231,4 +233,34 @@ func TestStrayCancelSparesTheNextRequest(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the next request did not end in a minute")
 	}
+}
+
+// TestServerCancelIsUnavailable: a statement the server cancels while its
+// caller still waits (its statement_timeout here) fails with
+// store.ErrUnavailable, which the service answers UNAVAILABLE and agents
+// retry, not with a bare SQL error answered INTERNAL.
+func TestServerCancelIsUnavailable(t *testing.T) {
+	ctx := t.Context()
+	d, _, err := newPool(ctx, srv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	tx, err := d.BeginTx(ctx, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, `SET LOCAL statement_timeout = '10ms'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err = tx.Exec(ctx, `SELECT pg_sleep(60)`)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "57014" {
+		t.Fatalf("got %v, want the server's statement_timeout (57014)", err)
+	}
+	if !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("got %v, want store.ErrUnavailable", err)
+	}
+	t.Log(err)
 }
