@@ -30,6 +30,7 @@ type heldCancel struct {
 type cancelProxy struct {
 	addr    string
 	cancels chan *heldCancel
+	quit    chan struct{} // closed when the test ends: nothing is held then
 }
 
 func startCancelProxy(t *testing.T, target string) *cancelProxy {
@@ -38,7 +39,7 @@ func startCancelProxy(t *testing.T, target string) *cancelProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &cancelProxy{addr: l.Addr().String(), cancels: make(chan *heldCancel, 4)}
+	p := &cancelProxy{addr: l.Addr().String(), cancels: make(chan *heldCancel, 4), quit: make(chan struct{})}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var open []net.Conn
@@ -48,6 +49,7 @@ func startCancelProxy(t *testing.T, target string) *cancelProxy {
 		mu.Unlock()
 	}
 	t.Cleanup(func() {
+		close(p.quit)
 		l.Close()
 		mu.Lock()
 		for _, c := range open {
@@ -82,8 +84,16 @@ func (p *cancelProxy) serve(t *testing.T, c net.Conn, target string, track func(
 			return
 		}
 		h := &heldCancel{packet: packet, release: make(chan struct{}), done: make(chan struct{})}
-		p.cancels <- h
-		<-h.release
+		select {
+		case p.cancels <- h:
+		case <-p.quit:
+			return
+		}
+		select {
+		case <-h.release:
+		case <-p.quit:
+			return
+		}
 		defer close(h.done)
 		s, err := net.Dial("tcp", target)
 		if err != nil {
