@@ -99,3 +99,18 @@ func BenchmarkReadJoin(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPoolAcquire measures taking one of the pool's connections and
+// giving it back, no statement sent: the part of every request the pool's
+// hooks (cancelThenDrop's check) add to.
+func BenchmarkPoolAcquire(b *testing.B) {
+	s, _ := openFresh(b)
+	ctx := b.Context()
+	for b.Loop() {
+		c, err := s.pool.p.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Release()
+	}
+}

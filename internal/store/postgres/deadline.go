@@ -141,12 +141,21 @@ func timedOut(ctx context.Context, l limit, err error) error {
 	if err == nil || errors.As(err, &te) {
 		return err
 	}
+	var pe *pgconn.PgError
+	if ctx.Err() == nil && errors.As(err, &pe) && pe.Code == "57014" {
+		// The server cancelled a statement its caller still waited for:
+		// not this process's doing (its cancelled requests' connections
+		// are never used again: cancelThenDrop) but the server's
+		// statement_timeout, or an operator's pg_cancel_backend. Nothing
+		// is wrong with the request: asked again it may pass, so it is
+		// retried as a slow database's is, not reported as a bug.
+		return fmt.Errorf("%w: the database cancelled the statement (its statement_timeout, or pg_cancel_backend; if the store URL sets statement_timeout, raise it): %w", store.ErrUnavailable, err)
+	}
 	var ce *pgconn.ConnectError
 	connectTimeout := ctx.Err() == nil && errors.As(err, &ce) && errors.Is(err, context.DeadlineExceeded)
 	if !connectTimeout && !errors.Is(context.Cause(ctx), errStoreDeadline) {
 		return err
 	}
-	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code != "57014" {
 		return err
 	}

@@ -46,6 +46,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -132,13 +133,7 @@ func newPool(ctx context.Context, url string, opts ...Option) (d *db, poolFromUR
 		// The error may quote the URL, password and all.
 		return nil, false, errors.New("postgres: invalid connection URL")
 	}
-	// A statement whose context ends is cancelled on the server (a
-	// CancelRequest) before the socket is closed: closed alone, it left a
-	// transaction waiting for a lock to go on and commit after its caller
-	// was told it failed.
-	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 5 * time.Second}
-	}
+	cancelThenDrop(cfg)
 	poolFromURL = setsPoolMaxConns(url)
 	if !poolFromURL {
 		cfg.MaxConns = DefaultPoolMaxConns
@@ -178,6 +173,50 @@ func pingHeldConns(cfg *pgxpool.Config, timeout time.Duration) {
 	if cfg.PingTimeout <= 0 {
 		cfg.PingTimeout = timeout
 	}
+}
+
+// cancelThenDrop makes a statement whose context ends be cancelled on the
+// server (a CancelRequest) before the socket is closed: closed alone
+// (pgconn's DeadlineContextWatcherHandler), it left a transaction waiting
+// for a lock to go on and commit after its caller was told it failed
+// (TestChainCancelledLinkDoesNotCommit). But a cancel request travels on a
+// connection of its own and PostgreSQL acts on it when it gets to it: pgconn
+// stops waiting for it when the statement ends by itself and gives the
+// connection back 100 ms later, and one the server handled later (under
+// load) cancelled whatever the connection's next user ran, another
+// request, which failed with 57014 (TestStrayCancelSparesTheNextRequest).
+// So a connection whose context ended during a request is never used
+// again: the pool drops it before its next request. A late cancel request
+// then names a backend that has gone (or is idle, which ignores it). The
+// cost, a new connection, is paid only after a cancellation; the normal
+// path reads one flag when it takes a connection.
+func cancelThenDrop(cfg *pgxpool.Config) {
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		h := &cancelWatcher{CancelRequestContextWatcherHandler: pgconn.CancelRequestContextWatcherHandler{Conn: c, CancelRequestDelay: 0, DeadlineDelay: 5 * time.Second}}
+		// Built while the connection is set up, before anyone else
+		// can read its custom data.
+		c.CustomData()[cancelWatcherKey] = h
+		return h
+	}
+	cfg.PrepareConn = func(_ context.Context, c *pgx.Conn) (bool, error) {
+		h, _ := c.PgConn().CustomData()[cancelWatcherKey].(*cancelWatcher)
+		return h == nil || !h.cancelled.Load(), nil
+	}
+}
+
+// cancelWatcherKey keys a connection's cancelWatcher in its custom data.
+const cancelWatcherKey = "muster.cancelWatcher"
+
+// cancelWatcher is pgconn's CancelRequestContextWatcherHandler that
+// remembers it sent (or began to send) a cancel request.
+type cancelWatcher struct {
+	pgconn.CancelRequestContextWatcherHandler
+	cancelled atomic.Bool
+}
+
+func (h *cancelWatcher) HandleCancel(ctx context.Context) {
+	h.cancelled.Store(true)
+	h.CancelRequestContextWatcherHandler.HandleCancel(ctx)
 }
 
 // DefaultPoolMaxConns is the connection pool's size when the store URL sets
