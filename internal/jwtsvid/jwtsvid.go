@@ -8,8 +8,9 @@
 // says which version is current and holds the salts. A version's salt is
 // drawn at random by the rotation that makes it the next version, so a
 // version number reached again after the store was restored from an
-// older backup gets another key than it had before: a key retired since
-// the backup (one rotated away after a leak, say) never signs again. Keys
+// older backup gets another key than it had before: a key made since
+// the backup never signs again (the backup's own next key does: it was
+// drawn before the backup; docs/workload-api.md "After a restore"). Keys
 // of versions made before salts were kept have none ("muster-jwt-svid-
 // key-v<N>", as they were derived then). Its key ID names the version and
 // the public key's hash, so it changes with the key. The JWKS

@@ -23,8 +23,8 @@ type JWTKey struct {
 	// 0028). Each is drawn at random by the rotation that makes its
 	// version the next one. The version alone does not name a key: a
 	// store restored from an older backup and rotated back up reaches
-	// versions it had before, and with their old keys a key retired
-	// since the backup (rotated away after a leak) would sign again.
+	// versions it had before, and with their old keys a key made since
+	// the backup (and rotated away after a leak) would sign again.
 	Salt, PrevSalt, NextSalt string
 }
 
