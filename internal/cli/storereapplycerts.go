@@ -134,7 +134,10 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 		if why, lock, err := p.lockedIn(ctx, store.RenewalLockTargets(cert, in, nil)); err != nil {
 			return err
 		} else if why != "" {
-			skip(why+"; if it is one to lift, lift it and run this command again, else its agent stays out", "muster lock delete "+shellword.Quote(lock))
+			// Lifting the lock needs a running authority, after which
+			// nothing can be re-applied: the agent joins again once it
+			// is lifted, if it is one to lift.
+			skip(why+"; its agent stays out while the lock holds; if it is one to lift, lift it once the authority runs (muster lock delete "+shellword.Quote(lock)+") and join the agent again", rejoinCommand(fn.ID))
 			continue
 		}
 		what := fmt.Sprintf("node %s, instance %s: certificate %s, generation %d, until %s", fn.ID, in.ID, cert.Serial, in.Generation, cert.NotAfter.UTC().Format(time.RFC3339))
@@ -212,7 +215,7 @@ func checkCarried(c store.CarriedIdentity, cas []*x509.Certificate, now time.Tim
 			return nil
 		}
 	}
-	return fmt.Errorf("certificate %s is signed by no agent CA the restored store knows (a CA step since the backup: redo it first, docs/ca-lifecycle.md \"Restore from backup\")", rec.Serial)
+	return fmt.Errorf("certificate %s is signed by no agent CA the restored store knows (its issuer was prepared since the backup, and redoing the step makes another: its agent joins again, docs/ca-lifecycle.md \"Restore from backup\")", rec.Serial)
 }
 
 // lockedIn names the lock in force on targets in the restored store or
