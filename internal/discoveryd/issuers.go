@@ -74,6 +74,6 @@ func otherIssuersWarning(issuer string, others []string, dir Dir) string {
 		"an authority accepts the tickets of the issuer its discovery.address names only, and refuses every PSK join through replicas under another; "+
 		"start every replica with the same --advertise (or advertise: in the shared discovery.yaml); "+
 		"muster discovery audit list --data %s --action 'discovery.*' shows each start and stop with its issuer "+
-		"(a replica that crashed recorded no stop: then nothing runs under that issuer, and this warning ends once a replica starts and stops under it)",
+		"(a replica that crashed recorded no stop: then nothing may run under that issuer, and this warning goes on for 30 days after that start)",
 		strings.Join(others, ", "), issuer, shellword.Quote(string(dir)))
 }
