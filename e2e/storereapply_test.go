@@ -4,12 +4,14 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -160,22 +162,35 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	crlAddr := freePort(t)
 	e.auth = startAuthority(t, dir, append([]string{"--crl-listen", crlAddr, "--crl-url", "http://" + crlAddr}, store...)...)
 	e.setup(t)
-	_, err := e.renew(t, stolen, must2(newCSR(t)))
-	wantCode(t, err, codes.PermissionDenied, "locked")
-	// The carried identity lets the locked agent no further in.
-	_, err = e.renew(t, stolenSince, must2(newCSR(t)))
-	wantCode(t, err, codes.PermissionDenied, "locked")
 	// Relying parties find the locked node's certificate of since the
 	// backup on the list (its own list, and the one before the backup's
 	// too). Before, only the backup's was, and the current one was
 	// accepted until it expired.
 	for _, id := range []*identity.Identity{stolen, stolenSince} {
 		leaf, inter := id.Chain[0], id.Chain[1]
-		rl, _ := fetchCRL(t, "http://"+crlAddr+"/crl/agent-"+inter.SerialNumber.Text(16)+".crl", inter)
+		url := "http://" + crlAddr + "/crl/agent-" + inter.SerialNumber.Text(16) + ".crl"
+		// The authority signs its first lists as it starts: until then
+		// it answers 503.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			resp, err := crlClient.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				break
+			}
+		}
+		rl, _ := fetchCRL(t, url, inter)
 		if !slices.ContainsFunc(rl.RevokedCertificateEntries, func(r x509.RevocationListEntry) bool { return r.SerialNumber.Cmp(leaf.SerialNumber) == 0 }) {
 			t.Errorf("the CRL lacks the locked node's certificate %s: %+v", leaf.SerialNumber.Text(16), rl.RevokedCertificateEntries)
 		}
 	}
+	_, err := e.renew(t, stolen, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "locked")
+	// The carried identity lets the locked agent no further in.
+	_, err = e.renew(t, stolenSince, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "locked")
 	_, err = e.renew(t, gone, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "deleted")
 	_, csr := newCSR(t)
