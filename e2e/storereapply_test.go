@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -26,7 +30,10 @@ import (
 // backup, of one that joined since and of one that joined under the ID
 // of a node deleted since: they renew by themselves, where the restored
 // store refused them certificate_unknown and they had to join again by
-// hand; that of one locked since is listed, not carried.
+// hand. That of one locked since is carried too, saying it is locked: its
+// agent stays refused, and the CRL relying parties fetch names the
+// certificate it was issued since the backup, which the lock re-applied
+// alone left off (the list is built from the certificates recorded).
 func TestStoreReapplyAfterSQLiteRestore(t *testing.T) {
 	t.Parallel()
 	dir, _ := initDir(t)
@@ -74,7 +81,7 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 
 	e.auth = startAuthority(t, dir)
 	e.setup(t)
-	// Renewed since and locked: its identity is not carried.
+	// Renewed since and locked: its identity is carried, for the CRL.
 	stolenSince := renewAs(t, e, stolen)
 	var lock map[string]any
 	if err := json.Unmarshal([]byte(mustRun(t, "lock", "create", "--node", "stolen-01", "--reason", "laptop stolen", "--data", dir, "-o", "json")), &lock); err != nil {
@@ -112,7 +119,7 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	// says what --apply needs first.
 	plan := mustRun(t, reapply()...)
 	for _, want := range []string{"To re-apply", "lock " + lock["id"].(string) + " on node stolen-01", "delete node gone-01",
-		"carry node gone-01", "node stolen-01, instance ", ": locked in the store kept aside (lock " + lock["id"].(string),
+		"carry node gone-01", "carry node stolen-01, instance ", "; locked in the store kept aside (lock " + lock["id"].(string) + " on node stolen-01): its agent stays out while the lock holds; the CRL names its certificate",
 		"carry node renewer-01", "(the restored store holds generation 0)", "carry node since-01", "(joined since the backup)",
 		"token " + spend[:6] + ": 1 of its 1 uses spent", "delete token " + doomed[:6], "muster psk rotate --grace 0", "Before --apply: "} {
 		if !strings.Contains(plan, want) {
@@ -143,8 +150,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	}
 
 	out := mustRun(t, reapply("--apply")...)
-	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 7 {
-		t.Fatalf("store reapply --apply: want 7 steps done:\n%s", out)
+	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 8 {
+		t.Fatalf("store reapply --apply: want 8 steps done:\n%s", out)
 	}
 	// Again: everything is in place, and the restored store's head is
 	// still found past the records the first run appended.
@@ -152,12 +159,38 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 		t.Errorf("store reapply run again:\n%s", again)
 	}
 
-	e.auth = startAuthority(t, dir, store...)
+	crlAddr := freePort(t)
+	e.auth = startAuthority(t, dir, append([]string{"--crl-listen", crlAddr, "--crl-url", "http://" + crlAddr}, store...)...)
 	e.setup(t)
+	// Relying parties find the locked node's certificate of since the
+	// backup on the list (its own list, and the one before the backup's
+	// too). Before, only the backup's was, and the current one was
+	// accepted until it expired.
+	for _, id := range []*identity.Identity{stolen, stolenSince} {
+		leaf, inter := id.Chain[0], id.Chain[1]
+		url := "http://" + crlAddr + "/crl/agent-" + inter.SerialNumber.Text(16) + ".crl"
+		// The authority signs its first lists as it starts: until then
+		// it answers 503.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+			resp, err := crlClient.Get(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				break
+			}
+		}
+		rl, _ := fetchCRL(t, url, inter)
+		if !slices.ContainsFunc(rl.RevokedCertificateEntries, func(r x509.RevocationListEntry) bool { return r.SerialNumber.Cmp(leaf.SerialNumber) == 0 }) {
+			t.Errorf("the CRL lacks the locked node's certificate %s: %+v", leaf.SerialNumber.Text(16), rl.RevokedCertificateEntries)
+		}
+	}
 	_, err := e.renew(t, stolen, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "locked")
+	// The carried identity lets the locked agent no further in.
 	_, err = e.renew(t, stolenSince, must2(newCSR(t)))
-	wantCode(t, err, codes.PermissionDenied, "certificate unknown")
+	wantCode(t, err, codes.PermissionDenied, "locked")
 	_, err = e.renew(t, gone, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "deleted")
 	_, csr := newCSR(t)
@@ -176,8 +209,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", dir, "--action", "store.reapply", "-o", "json")), &recs); err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 7 {
-		t.Fatalf("store.reapply records: %v, want 7", recs)
+	if len(recs) != 8 {
+		t.Fatalf("store.reapply records: %v, want 8", recs)
 	}
 	for _, rec := range recs {
 		if reason, _ := rec["reason"].(string); !strings.Contains(reason, "re-applies record ") || rec["actor"] != "muster store reapply" {

@@ -58,8 +58,9 @@ func rejoinHow(node string) string {
 // is carried: its chain must verify against an agent CA the restored
 // store knows, it must not have expired, and it must name the node and
 // key its record says. What the restored store says otherwise (the node
-// deleted or locked there, its ID held by another node) wins: the
-// identity is listed, not carried.
+// deleted there, its ID held by another node) wins: the identity is
+// listed, not carried. A locked one is carried, saying so, for the CRL
+// to name its certificate.
 func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) error {
 	res.NotCarried = []notCarried{}
 	now, err := p.st.Now(ctx)
@@ -131,20 +132,23 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			skip("not carried: "+err.Error(), rejoinCommand(fn.ID))
 			continue
 		}
-		if why, lock, err := p.lockedIn(ctx, store.RenewalLockTargets(cert, in, nil)); err != nil {
+		// A locked identity is carried too: the CRL names only the
+		// certificates the store records for what a lock targets, so
+		// left behind, the certificate issued since the backup would go
+		// unrevoked until it expires. Its agent stays out all the same:
+		// a renewal checks the locks whatever record it finds.
+		why, err := p.lockedIn(ctx, store.RenewalLockTargets(cert, in, nil))
+		if err != nil {
 			return err
-		} else if why != "" {
-			// Lifting the lock needs a running authority, after which
-			// nothing can be re-applied: the agent joins again once it
-			// is lifted, if it is one to lift.
-			skip(why+"; its agent stays out while the lock holds; if it is one to lift, lift it once the authority runs (muster lock delete "+shellword.Quote(lock)+") and join the agent again", rejoinCommand(fn.ID))
-			continue
 		}
 		what := fmt.Sprintf("node %s, instance %s: certificate %s, generation %d, until %s", fn.ID, in.ID, cert.Serial, in.Generation, cert.NotAfter.UTC().Format(time.RFC3339))
 		if c.Held == nil {
 			what += " (joined since the backup)"
 		} else {
 			what += fmt.Sprintf(" (the restored store holds generation %d)", c.Held.Generation)
+		}
+		if why != "" {
+			what += "; " + why + ": its agent stays out while the lock holds; the CRL names its certificate"
 		}
 		r, _ := p.last("agent.renew", func(r store.AuditRecord) bool { return r.Target == fn.ID })
 		if j, ok := p.last("agent.join", func(r store.AuditRecord) bool { return r.Target == fn.ID }); ok && j.Seq > r.Seq {
@@ -220,7 +224,7 @@ func checkCarried(c store.CarriedIdentity, cas []*x509.Certificate, now time.Tim
 
 // lockedIn names the lock in force on targets in the restored store or
 // the store kept aside (whose locks reapply makes again), if any.
-func (p *reapplyPlanner) lockedIn(ctx context.Context, targets []store.LockTarget) (why, id string, err error) {
+func (p *reapplyPlanner) lockedIn(ctx context.Context, targets []store.LockTarget) (string, error) {
 	for _, s := range []struct {
 		st    store.Store
 		where string
@@ -228,10 +232,10 @@ func (p *reapplyPlanner) lockedIn(ctx context.Context, targets []store.LockTarge
 		l, err := s.st.FindAnyLock(ctx, targets)
 		switch {
 		case err == nil:
-			return fmt.Sprintf("locked in %s (lock %s on %s %s)", s.where, l.ID, l.Kind, l.Target), l.ID, nil
+			return fmt.Sprintf("locked in %s (lock %s on %s %s)", s.where, l.ID, l.Kind, l.Target), nil
 		case !errors.Is(err, store.ErrNotFound):
-			return "", "", err
+			return "", err
 		}
 	}
-	return "", "", nil
+	return "", nil
 }
