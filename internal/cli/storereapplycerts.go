@@ -211,6 +211,12 @@ func checkCarried(c store.CarriedIdentity, cas []*x509.Certificate, now time.Tim
 		return fmt.Errorf("certificate %s does not name agent %s", rec.Serial, rec.NodeID)
 	case !bytes.Equal(key[:], rec.PublicKey) || !bytes.Equal(key[:], in.LastPublicKey):
 		return fmt.Errorf("certificate %s certifies another key than its record", rec.Serial)
+	case !rec.NotAfter.Equal(leaf.NotAfter) || !rec.NotBefore.IsZero() && !rec.NotBefore.Equal(leaf.NotBefore):
+		// The record's dates are what the restored store writes, and
+		// what its CRL and renewal windows go by.
+		return fmt.Errorf("certificate %s's record says valid %s to %s, the certificate %s to %s", rec.Serial,
+			rec.NotBefore.UTC().Format(time.RFC3339), rec.NotAfter.UTC().Format(time.RFC3339),
+			leaf.NotBefore.UTC().Format(time.RFC3339), leaf.NotAfter.UTC().Format(time.RFC3339))
 	case !now.Before(leaf.NotAfter):
 		return fmt.Errorf("certificate %s expired at %s", rec.Serial, leaf.NotAfter.UTC().Format(time.RFC3339))
 	}

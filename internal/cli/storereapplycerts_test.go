@@ -100,6 +100,11 @@ func TestCarriedCertificatesAreOnlyThisAuthoritysOwn(t *testing.T) {
 			c.Certificate.PublicKey = make([]byte, 32)
 			return c
 		}, "certifies another key"},
+		{"another end than its certificate's", func() store.CarriedIdentity {
+			c := known.issue(t, "node-1", 7, now.Add(time.Hour))
+			c.Certificate.NotAfter = c.Certificate.NotAfter.Add(24 * time.Hour)
+			return c
+		}, "record says valid"},
 		{"another leaf than its record's", func() store.CarriedIdentity {
 			c := known.issue(t, "node-1", 7, now.Add(time.Hour))
 			c.Instance.LastChainPEM = known.issue(t, "node-1", 8, now.Add(time.Hour)).Instance.LastChainPEM
