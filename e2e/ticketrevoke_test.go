@@ -122,13 +122,24 @@ func TestReferralTicketOfARevokedKey(t *testing.T) {
 	adir, init := initDir(t)
 	e := &referralEnv{discDir: filepath.Join(t.TempDir(), "discovery"), dir: adir, authorityID: init["authority_id"].(string),
 		fingerprint: init["ca_fingerprint"].(string), psk: init["bootstrap_psk"].(string)}
-	e.disc = startDiscovery(t, e.discDir, allowing(init)...)
+	// The authority reaches discovery through fproxy, which counts its
+	// connections: each fetch of the keys is one (a fresh transport), so
+	// the test sees the authority's every-minute refresh happen instead
+	// of guessing its phase. Discovery advertises fproxy's address, the
+	// tickets' issuer the authority expects.
+	fproxy := startPausingProxy(t, "")
+	fetches := make(chan struct{}, 100)
+	fproxy.setHook(func() {
+		select {
+		case fetches <- struct{}{}:
+		default:
+		}
+	})
+	e.disc = startDiscovery(t, e.discDir, append(allowing(init), "--advertise", fproxy.addr)...)
+	fproxy.setBackend(e.disc.addr)
 	dproxy := startPausingProxy(t, e.disc.addr)
 	aproxy := startPausingProxy(t, "")
-	e.auth = startAuthority(t, adir, "--discovery", e.disc.addr, "--discovery-fingerprint", e.disc.fingerprint, "--advertise", aproxy.addr)
-	// The authority fetches discovery's keys as it starts, then every
-	// minute from then on.
-	authStart := time.Now()
+	e.auth = startAuthority(t, adir, "--discovery", fproxy.addr, "--discovery-fingerprint", e.disc.fingerprint, "--advertise", aproxy.addr)
 	aproxy.setBackend(e.auth.listen)
 	e.waitRegistered(t)
 	keys := servedKeys(t, e.disc)
@@ -200,19 +211,25 @@ func TestReferralTicketOfARevokedKey(t *testing.T) {
 			t.Fatalf("join of b with a ticket of the new key: exit %d\n%s\nauthority:\n%s", r.code, r.stderr, e.auth.Logs())
 		}
 	}
-	joinedB := time.Now()
 
 	// Agent a's ticket goes on once the authority may fetch the keys
-	// again for its key (10 s after the last fetch: b's, or the
-	// scheduled one every minute since the start), so it is refused for
-	// its key, not told to retry.
-	for {
-		sinceTick := time.Since(authStart) % time.Minute
-		if time.Since(joinedB) >= 12*time.Second && sinceTick >= 14*time.Second && sinceTick <= 50*time.Second {
-			break
+	// again for its key, RefetchAfter (10 s) after its last fetch, so it
+	// is refused for its key, not told to retry. The last fetch is b's or
+	// the every-minute one: wait for the next scheduled fetch to be seen
+	// at fproxy, then 12 s more; the one after comes a minute after it.
+	for drained := false; !drained; {
+		select {
+		case <-fetches:
+		default:
+			drained = true
 		}
-		time.Sleep(250 * time.Millisecond)
 	}
+	select {
+	case <-fetches:
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("the authority did not fetch discovery's keys within 3 minutes of b's join (it refreshes every minute)\nauthority:\n%s", e.auth.Logs())
+	}
+	time.Sleep(12 * time.Second)
 	dproxy.resume()
 	select {
 	case err := <-aDone:
