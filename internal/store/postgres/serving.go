@@ -87,6 +87,10 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 			}
 			if conn == nil {
 				c, err := take(kctx)
+				if err == nil {
+					// A later exclusion is news again.
+					excludedSaid = false
+				}
 				switch {
 				case onLost == nil || kctx.Err() != nil:
 				case err == nil:
