@@ -56,3 +56,37 @@ func TestAuthorityStopsWhenReapplyTakesTheStore(t *testing.T) {
 		t.Fatalf("the authority exited with %v; want an error saying to start it again once the command has finished\n%s", auth.exitErr, logs)
 	}
 }
+
+// An authority starting while muster store reapply holds the store is
+// refused before it opens the store, whose opening migrates it: it once
+// migrated first, under the command.
+func TestAuthorityStartingDoesNotMigrateUnderReapply(t *testing.T) {
+	t.Parallel()
+	url := postgres(t)
+	dir := filepath.Join(t.TempDir(), "authority")
+	mustRun(t, "init", "--data", dir, "--store", url)
+	// An empty database: what opening it does shows as tables.
+	empty := postgres(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	release, err := pgstore.ExcludeServing(ctx, empty)
+	if err != nil {
+		t.Fatalf("ExcludeServing: %v", err)
+	}
+	defer release()
+	if line := mustFail(t, "authority", "--data", dir, "--store", empty, "--listen", "127.0.0.1:0"); !strings.Contains(line, "start the authority again once it has finished") {
+		t.Errorf("the authority starting under reapply: %q, want the way out", line)
+	}
+	admin, err := pgx.Connect(ctx, empty)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer admin.Close(context.Background())
+	var tables int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'`).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if tables != 0 {
+		t.Errorf("the refused authority created %d tables in the store reapply holds (migrated it)", tables)
+	}
+}

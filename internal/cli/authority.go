@@ -739,6 +739,28 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	excluded := func(err error) error {
+		if errors.Is(err, postgres.ErrExcluded) {
+			return fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): start the authority again once it has finished", err)
+		}
+		return err
+	}
+	// The serving lock is taken before the store opens, which may
+	// migrate it: never under an offline command that works on it.
+	releaseOpening := func() {}
+	if !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
+		release, err := postgres.HoldServingAt(ctx, url)
+		switch {
+		case errors.Is(err, postgres.ErrExcluded):
+			unlock()
+			return nil, nil, nil, excluded(err)
+		case err == nil:
+			releaseOpening = release
+		}
+		// Otherwise the database is unreachable, which opening the store
+		// reports with its way out.
+	}
+	defer releaseOpening()
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
@@ -749,12 +771,9 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 	// commands that need every authority stopped (store reapply).
 	if s, ok := st.(servingHolder); ok {
 		release, err := s.HoldServing(ctx, onServingLost)
-		if errors.Is(err, postgres.ErrExcluded) {
-			err = fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): start the authority again once it has finished", err)
-		}
 		if err != nil {
 			close()
-			return nil, nil, nil, err
+			return nil, nil, nil, excluded(err)
 		}
 		closeStore := close
 		close = func() { release(); closeStore() }
