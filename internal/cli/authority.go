@@ -739,6 +739,28 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	excluded := func(err error) error {
+		if errors.Is(err, postgres.ErrExcluded) {
+			return fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): start the authority again once it has finished", err)
+		}
+		return err
+	}
+	// The serving lock is taken before the store opens, which may
+	// migrate it: never under an offline command that works on it.
+	releaseOpening := func() {}
+	if !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
+		release, err := postgres.HoldServingAt(ctx, url)
+		switch {
+		case errors.Is(err, postgres.ErrExcluded):
+			unlock()
+			return nil, nil, nil, excluded(err)
+		case err == nil:
+			releaseOpening = release
+		}
+		// Otherwise the database is unreachable, which opening the store
+		// reports with its way out.
+	}
+	defer releaseOpening()
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
 		unlock()
 		return nil, nil, nil, err
@@ -749,12 +771,9 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 	// commands that need every authority stopped (store reapply).
 	if s, ok := st.(servingHolder); ok {
 		release, err := s.HoldServing(ctx, onServingLost)
-		if errors.Is(err, postgres.ErrExcluded) {
-			err = fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): start the authority again once it has finished", err)
-		}
 		if err != nil {
 			close()
-			return nil, nil, nil, err
+			return nil, nil, nil, excluded(err)
 		}
 		closeStore := close
 		close = func() { release(); closeStore() }
@@ -774,7 +793,23 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 	return st, logger, close, nil
 }
 
-func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
+// errStopServing is what stops an authority whose serving lock an
+// offline command took in a gap of its connection: the command
+// (muster store reapply) rewrites the store under it.
+var errStopServing = errors.New("store: an offline command that needs every authority stopped (muster store reapply) took the serving lock " +
+	"while this authority's connection holding it had failed, and works on the store: this authority stopped serving rather than write " +
+	"under it; start it again once the command has finished (systemctl start muster-authority)")
+
+func runAuthority(ctx context.Context, env *Env, o authorityOptions) (err error) {
+	// Not audited: the audit chain is in the store the offline command
+	// rewrites, and a record appended now would land in its work.
+	ctx, stopServing := context.WithCancelCause(ctx)
+	defer func() {
+		if cause := context.Cause(ctx); errors.Is(cause, errStopServing) {
+			err = prefixed("authority", cause)
+		}
+		stopServing(nil)
+	}()
 	su, err := loadAuthority(env, &o)
 	if err != nil {
 		return prefixed("authority", err)
@@ -800,7 +835,8 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) error {
 			return
 		}
 		if errors.Is(err, postgres.ErrExcluded) {
-			log.Error("store: an offline command that needs every authority stopped (muster store reapply) took the serving lock while this authority had lost it, and works on the store under it: stop this authority (systemctl stop muster-authority) and start it again once the command has finished", "error", err)
+			log.Error(errStopServing.Error(), "error", err)
+			stopServing(errStopServing)
 			return
 		}
 		log.Warn("store: the serving lock is lost; until it is held again (tried every 2 s), muster store reapply is not kept out while this authority serves", "error", err)

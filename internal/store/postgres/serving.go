@@ -87,6 +87,10 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 			}
 			if conn == nil {
 				c, err := take(kctx)
+				if err == nil {
+					// A later exclusion is news again.
+					excludedSaid = false
+				}
 				switch {
 				case onLost == nil || kctx.Err() != nil:
 				case err == nil:
@@ -114,6 +118,35 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 		}
 	}()
 	return func() { cancel(); <-done }, nil
+}
+
+// HoldServingAt takes the serving lock of the database at url shared, on
+// a connection of its own, until release, refusing with ErrExcluded while
+// an offline command holds it: what a starting authority holds while it
+// opens (and migrates) the store, until Store.HoldServing holds it too,
+// so that it never migrates a store the command works on.
+func HoldServingAt(ctx context.Context, url string) (release func(), err error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, errors.New("postgres: invalid connection URL")
+	}
+	cfg.RuntimeParams["application_name"] = servingApp
+	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
+	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(cctx, cfg)
+	if err != nil {
+		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+	}
+	var got bool
+	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock_shared($1)`, servingLockKey).Scan(&got); err != nil || !got {
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+		}
+		return nil, ErrExcluded
+	}
+	return func() { conn.Close(context.Background()) }, nil
 }
 
 // ExcludeServing takes the serving lock of the database at url

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // An offline command that needs every authority stopped is refused while
@@ -56,5 +57,92 @@ func TestAdvisoryLockKeysDistinct(t *testing.T) {
 			t.Errorf("advisory lock key %#x is both %s's and %s's", k, name, other)
 		}
 		keys[k] = name
+	}
+}
+
+// killServing ends the sessions that hold the serving lock, as a database
+// restart or a network cut would.
+func killServing(t *testing.T, s *Store) {
+	t.Helper()
+	if _, err := s.pool.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, servingApp); err != nil {
+		t.Fatalf("pg_terminate_backend: %v", err)
+	}
+}
+
+// hear waits for the next report of onLost.
+func hear(t *testing.T, lost <-chan error, what string) error {
+	t.Helper()
+	select {
+	case err := <-lost:
+		return err
+	case <-time.After(time.Minute):
+		t.Fatalf("onLost did not hear of %s within a minute", what)
+		return nil
+	}
+}
+
+// A lock whose connection fails is taken again on a new one, and keeps
+// offline commands out again; onLost hears of the loss and of the lock
+// held again, and of a second loss too.
+func TestServingLockHeldAgainAfterItsConnectionFails(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	lost := make(chan error, 16)
+	release, err := s.HoldServing(ctx, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatalf("HoldServing: %v", err)
+	}
+	defer release()
+	for round := range 2 {
+		killServing(t, s)
+		if err := hear(t, lost, "the loss"); err == nil || errors.Is(err, ErrExcluded) {
+			t.Fatalf("round %d: onLost(%v), want the connection's failure", round, err)
+		}
+		if err := hear(t, lost, "the lock held again"); err != nil {
+			t.Fatalf("round %d: onLost(%v), want nil (held again)", round, err)
+		}
+		if _, err := ExcludeServing(ctx, url); !errors.Is(err, ErrServing) {
+			t.Fatalf("round %d: ExcludeServing once the lock is held again: %v, want ErrServing", round, err)
+		}
+	}
+}
+
+// An offline command that takes the lock while a replica had lost it is
+// reported to that replica as ErrExcluded (it must stop serving), every
+// time it happens.
+func TestServingLockReportsAnExclusionInTheGap(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	lost := make(chan error, 16)
+	release, err := s.HoldServing(ctx, func(err error) { lost <- err })
+	if err != nil {
+		t.Fatalf("HoldServing: %v", err)
+	}
+	defer release()
+	for round := range 2 {
+		killServing(t, s)
+		var unlock func()
+		deadline := time.Now().Add(time.Minute)
+		for {
+			// The terminated session lets go of the lock once it has
+			// exited, which pg_terminate_backend does not wait for.
+			if unlock, err = ExcludeServing(ctx, url); err == nil {
+				break
+			}
+			if !errors.Is(err, ErrServing) || time.Now().After(deadline) {
+				t.Fatalf("round %d: ExcludeServing after the replica's connection failed: %v", round, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := hear(t, lost, "the loss"); err == nil || errors.Is(err, ErrExcluded) {
+			t.Fatalf("round %d: onLost(%v), want the connection's failure", round, err)
+		}
+		if err := hear(t, lost, "the exclusion"); !errors.Is(err, ErrExcluded) {
+			t.Fatalf("round %d: onLost(%v), want ErrExcluded", round, err)
+		}
+		unlock()
+		if err := hear(t, lost, "the lock held again"); err != nil {
+			t.Fatalf("round %d: onLost(%v), want nil (held again)", round, err)
+		}
 	}
 }
