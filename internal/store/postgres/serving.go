@@ -126,24 +126,12 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 // opens (and migrates) the store, until Store.HoldServing holds it too,
 // so that it never migrates a store the command works on.
 func HoldServingAt(ctx context.Context, url string) (release func(), err error) {
-	cfg, err := pgx.ParseConfig(url)
+	conn, got, err := trySessionLock(ctx, url, servingApp, `SELECT pg_try_advisory_lock_shared($1)`)
 	if err != nil {
-		return nil, errors.New("postgres: invalid connection URL")
+		return nil, err
 	}
-	cfg.RuntimeParams["application_name"] = servingApp
-	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
-	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
-	defer cancel()
-	conn, err := pgx.ConnectConfig(cctx, cfg)
-	if err != nil {
-		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
-	}
-	var got bool
-	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock_shared($1)`, servingLockKey).Scan(&got); err != nil || !got {
+	if !got {
 		conn.Close(context.WithoutCancel(ctx))
-		if err != nil {
-			return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
-		}
 		return nil, ErrExcluded
 	}
 	return func() { conn.Close(context.Background()) }, nil
@@ -154,29 +142,43 @@ func HoldServingAt(ctx context.Context, url string) (release func(), err error) 
 // starts serving on it meanwhile. It refuses with ErrServing, naming the
 // sessions of the authorities that hold it, while any serves.
 func ExcludeServing(ctx context.Context, url string) (release func(), err error) {
+	conn, got, err := trySessionLock(ctx, url, excludingApp, `SELECT pg_try_advisory_lock($1)`)
+	if err != nil {
+		return nil, err
+	}
+	if !got {
+		cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
+		held := servingHolders(cctx, conn)
+		cancel()
+		conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("%w: %s", ErrServing, held)
+	}
+	return func() { conn.Close(context.Background()) }, nil
+}
+
+// trySessionLock connects to the database at url as app and tries the
+// serving lock with try (shared or exclusive), within one request's
+// deadline: the connection, which holds the lock while it lives, and
+// whether it got it; on an error the connection is closed.
+func trySessionLock(ctx context.Context, url, app, try string) (*pgx.Conn, bool, error) {
 	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
-		return nil, errors.New("postgres: invalid connection URL")
+		return nil, false, errors.New("postgres: invalid connection URL")
 	}
-	cfg.RuntimeParams["application_name"] = excludingApp
+	cfg.RuntimeParams["application_name"] = app
 	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
 	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
-		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+		return nil, false, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
 	}
 	var got bool
-	if err := conn.QueryRow(cctx, `SELECT pg_try_advisory_lock($1)`, servingLockKey).Scan(&got); err != nil {
+	if err := conn.QueryRow(cctx, try, servingLockKey).Scan(&got); err != nil {
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+		return nil, false, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
 	}
-	if !got {
-		held := servingHolders(cctx, conn)
-		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("%w: %s", ErrServing, held)
-	}
-	return func() { conn.Close(context.Background()) }, nil
+	return conn, got, nil
 }
 
 // servingHolders names the sessions that hold the serving lock: the
