@@ -275,7 +275,7 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	// Named without its password: in records, output and the commands
 	// printed to paste (the driver reads it from PGPASSWORD or PGPASSFILE).
 	fromName := storeURLWithoutPassword(fd.url)
-	lost, fromHead, err := lostRecords(ctx, from, head, fromName, od)
+	lost, fromHead, err := lostRecords(ctx, st, from, head, fromName, od)
 	if err != nil {
 		return nil, err
 	}
@@ -398,21 +398,28 @@ func recordAt(ctx context.Context, st store.Store, seq int64) (store.AuditRecord
 
 // lostRecords returns the records of from after head, which from must
 // hold (same seq, same hash), linked one to the next; and from's newest
-// record's seq.
-func lostRecords(ctx context.Context, from store.Store, head store.AuditRecord, fromName string, od offlineDir) ([]store.AuditRecord, int64, error) {
+// record's seq. st is the restored store, read only to say where the
+// two chains parted when from does not hold head.
+func lostRecords(ctx context.Context, st, from store.Store, head store.AuditRecord, fromName string, od offlineDir) ([]store.AuditRecord, int64, error) {
 	const notIt = "it is not the store the backup was taken from, or records were appended to the restored store since the restore " +
 		"(an authority started on it: re-apply before starting it), so nothing of it can be re-applied; nothing was changed. " +
 		"Give --from the store that was in use when the restore replaced it, or redo what it holds by hand (docs/operator-guide.md, \"Backing up and restoring the SQLite store\")"
 	r, err := recordAt(ctx, from, head.Seq)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil, 0, fmt.Errorf("the store kept aside (%s) does not hold record %d, the restored store's newest: %s", fromName, head.Seq, notIt)
-	}
-	if err != nil {
+	if err != nil && !errors.Is(err, store.ErrNotFound) {
 		return nil, 0, fmt.Errorf("reading the store kept aside: %w", err)
 	}
-	if !bytes.Equal(r.Hash, head.Hash) {
+	if err != nil || !bytes.Equal(r.Hash, head.Hash) {
+		why := notIt
+		if fork, ok, ferr := earlierRestore(ctx, st, from, head.Seq); ferr != nil {
+			return nil, 0, fmt.Errorf("reading the stores: %w", ferr)
+		} else if ok {
+			why = fork.why(fromName, od)
+		}
+		if err != nil {
+			return nil, 0, fmt.Errorf("the store kept aside (%s) does not hold record %d, the restored store's newest: %s", fromName, head.Seq, why)
+		}
 		return nil, 0, fmt.Errorf("record %d of the store kept aside (%s) differs from the restored store's newest (%s %s at %s there, %s %s at %s here): the two chains parted before it: %s",
-			head.Seq, fromName, r.Action, r.Target, r.Time.UTC().Format(time.RFC3339), head.Action, head.Target, head.Time.UTC().Format(time.RFC3339), notIt)
+			head.Seq, fromName, r.Action, r.Target, r.Time.UTC().Format(time.RFC3339), head.Action, head.Target, head.Time.UTC().Format(time.RFC3339), why)
 	}
 	var lost []store.AuditRecord
 	prev := r
@@ -432,6 +439,71 @@ func lostRecords(ctx context.Context, from store.Store, head store.AuditRecord, 
 			return lost, prev.Seq, nil
 		}
 	}
+}
+
+// fork is where the store kept aside parted from the restored store's
+// chain: it was itself restored from a backup that ended at record
+// common (both chains hold it), and re-applied from record reapply on.
+type fork struct {
+	common, reapply store.AuditRecord
+}
+
+// earlierRestore looks for the fork of a backup restored twice: the
+// store kept aside was restored by an earlier restore from a backup
+// older than the one restored now (its first store.reapply record
+// follows a record both chains hold, before the restored store's
+// newest, seq head). The backup restored now was then taken on the chain
+// that earlier restore replaced, which the store it kept aside holds;
+// ok false if no such record is found.
+func earlierRestore(ctx context.Context, st, from store.Store, head int64) (fork, bool, error) {
+	var (
+		found fork
+		ok    bool
+	)
+	for after := int64(0); ; {
+		page, err := from.ListAudit(ctx, store.AuditFilter{Action: reapplyAction, AfterSeq: after, Limit: 1000})
+		if err != nil {
+			return fork{}, false, err
+		}
+		for _, rec := range page {
+			if rec.Seq-1 >= head {
+				return found, ok, nil
+			}
+			prev, err := recordAt(ctx, from, rec.Seq-1)
+			if err != nil {
+				return fork{}, false, err
+			}
+			if prev.Action == reapplyAction {
+				continue
+			}
+			mine, err := recordAt(ctx, st, prev.Seq)
+			if err != nil {
+				return fork{}, false, err
+			}
+			if bytes.Equal(mine.Hash, prev.Hash) {
+				found, ok = fork{common: prev, reapply: rec}, true
+			}
+		}
+		if len(page) < 1000 {
+			return found, ok, nil
+		}
+		after = page[len(page)-1].Seq
+	}
+}
+
+// why says what happened and the ways out: the chain the backup was
+// taken on is in the store the earlier restore kept aside; what was done
+// since the earlier restore is on no chain the backup continues.
+func (f fork) why(fromName string, od offlineDir) string {
+	since := f.reapply.Time.UTC().Format(time.RFC3339)
+	return fmt.Sprintf("the store kept aside was itself restored from an older backup, which ended at record %d (record %d re-applies onto it, %s), "+
+		"and the backup restored now was taken on the chain that earlier restore replaced, so nothing of the store kept aside can be re-applied onto it; nothing was changed. "+
+		"What was done on that chain since this backup is in the store the earlier restore kept aside (its refused start named it after --from): give that store as --from. "+
+		"What was done since the earlier restore (muster audit list --offline --data %s%s --store %s --since %s) cannot be re-applied onto this backup: redo it by hand, "+
+		"or restore a backup taken since the earlier restore instead (muster audit list --offline --data %s%s --store %s --action store.backup --since %s lists them; "+
+		"docs/operator-guide.md, \"Backing up and restoring the SQLite store\")",
+		f.common.Seq, f.reapply.Seq, reapplyAction, od.quoted(), od.configArg(), shellword.Quote(fromName), since,
+		od.quoted(), od.configArg(), shellword.Quote(fromName), since)
 }
 
 // reapplyPlanner compares the two stores, guided by the records lost.

@@ -410,7 +410,7 @@ func TestStoreReapplyNodeDeletionMatchesTheNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, _, err := lostRecords(ctx, from, head, f.aside, od)
+	lost, _, err := lostRecords(ctx, st, from, head, f.aside, od)
 	if err != nil {
 		t.Fatal(err)
 	}
