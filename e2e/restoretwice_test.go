@@ -166,6 +166,25 @@ func (a *walkAgent) renewed() {
 	})
 }
 
+// renewedAll waits for each of agents' next renewal, together.
+func renewedAll(t *testing.T, agents ...*walkAgent) {
+	t.Helper()
+	before := map[*walkAgent]string{}
+	for _, a := range agents {
+		s, err := readAgentState(a.dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[a] = s
+	}
+	for _, a := range agents {
+		waitFor(t, 90*time.Second, a.node+" renews", func() bool {
+			st, err := readAgentState(a.dir)
+			return err == nil && st != before[a]
+		})
+	}
+}
+
 // readAgentState is the agent's serial, without failing while it
 // rewrites its state.
 func readAgentState(adir string) (string, error) {
@@ -221,7 +240,8 @@ func (w *restoreWalk) jwks() {
 // restore stops the authority and restores backup as the operator guide
 // says: the store in use moved aside, the refused start's way out and
 // the store reapply it names pasted, then --apply; restart starts the
-// authority again.
+// authority again. It returns what --apply printed; with restart nil,
+// the reapply's refusal (the test fails if it is not refused).
 func (w *restoreWalk) restore(backup string, restart func()) (refusal string) {
 	t, dir := w.t, w.e.dir
 	t.Helper()
@@ -266,7 +286,7 @@ install -m 0600 "$1" muster.db`
 	}
 	t.Logf("restore %d: applied:\n%s", w.n, out)
 	restart()
-	return ""
+	return out
 }
 
 // check waits for on to renew on the restored store, and checks the
