@@ -211,6 +211,60 @@ func TestStoreReapplyRefusesAnotherChain(t *testing.T) {
 	}
 }
 
+// TestStoreReapplyRefusesABackupFromBeforeAnEarlierRestore: restored
+// to T1 and re-applied, then restored to T2 (taken on the chain the first
+// restore replaced), the store kept aside by the second restore parted
+// from T2's chain at T1: reapply refuses, changing nothing, and says so,
+// naming the store the first restore kept aside, which re-applies what
+// was done since T2. Before, it said the store given was not the one
+// the backup was taken from, and to give the one in use when the restore
+// replaced it: the one given.
+func TestStoreReapplyRefusesABackupFromBeforeAnEarlierRestore(t *testing.T) {
+	f := newReapplyFixture(t)
+	lock := func(id string) {
+		f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+			lk := store.Lock{ID: id, Kind: store.LockNode, Target: id + "-node", CreatedBy: "test", CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+			write(t, l, "lock.create", "node:"+lk.Target, func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.InsertLock(ctx, lk, b) })
+		})
+	}
+	lock("lock-a")
+	f.backUp(t)
+	t1 := f.backup
+	lock("lock-b")
+	f.backup = filepath.Join(t.TempDir(), "t2.db")
+	f.backUp(t)
+	t2 := f.backup
+	lock("lock-c")
+
+	f.backup = t1
+	f.restore(t)
+	if code, out, errOut := f.run(t, "--apply"); code != 0 || strings.Count(out, ": done, record") != 2 {
+		t.Fatalf("the first reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	lock("lock-d")
+	first := f.aside + ".first"
+	if err := os.Rename(f.aside, first); err != nil {
+		t.Fatal(err)
+	}
+	f.backup = t2
+	f.restore(t)
+
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply")
+	for _, want := range []string{"itself restored from an older backup, which ended at record", "give that store as --from", "--action store.backup", "nothing was changed"} {
+		if code == 0 || !strings.Contains(errOut, want) {
+			t.Errorf("store reapply of T2 from the store restored to T1: exit %d, want %q\n%s%s", code, want, out, errOut)
+		}
+	}
+	if after := f.head(t); after != before {
+		t.Errorf("the refused reapply appended records %d to %d", before+1, after)
+	}
+	code, out, errOut = runCLI(t, "store", "reapply", "--offline", "--data", string(f.dir), "--from", "sqlite://"+first, "--apply")
+	if code != 0 || !strings.Contains(out, "lock lock-c") || strings.Count(out, ": done, record") != 1 {
+		t.Errorf("store reapply of T2 from the store the first restore kept aside: exit %d\n%s%s", code, out, errOut)
+	}
+}
+
 // TestTokenDeleteWithUsesLeft: with the store a restore replaced lost,
 // every join token made before the backup that still has uses left (and
 // has not expired) is deleted offline, each with its own record; without
