@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discovery"
@@ -242,11 +243,49 @@ func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join fun
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return nil, &ticketWaitEnded{discovery: r.Discovery, attempt: attempt, wait: wait, end: ctx.Err(), last: err}
 		case <-t.C:
 		}
 		wait *= 2
 	}
+}
+
+// ticketWaitEnded is a join through discovery whose context ended (the
+// agent stopped, or the caller's deadline passed) while it waited to ask
+// for a fresh ticket after a refusal for the ticket's key. It says which
+// ended the wait, and carries the last refusal as its cause: its gRPC
+// code and reason are the refusal's, so what classes the join's failure
+// by them (agent run's retry, errinfo.Reason) sees the same as before.
+type ticketWaitEnded struct {
+	discovery string
+	attempt   int           // the attempts made, each refused for its key
+	wait      time.Duration // the wait the context cut short
+	end       error         // ctx.Err(): context.Canceled or DeadlineExceeded
+	last      error         // the last refusal
+}
+
+func (e *ticketWaitEnded) say() string {
+	what := "the join was stopped"
+	if errors.Is(e.end, context.DeadlineExceeded) {
+		what = "the join's deadline passed"
+	}
+	return fmt.Sprintf("%s while it waited to ask discovery %s for a fresh referral ticket (%d of %d refused for their key, the next due in %s); the last refusal",
+		what, e.discovery, e.attempt, ticketAttempts, e.wait)
+}
+
+func (e *ticketWaitEnded) Error() string   { return e.say() + ": " + e.last.Error() }
+func (e *ticketWaitEnded) Unwrap() []error { return []error{e.end, e.last} }
+
+// GRPCStatus is the last refusal's status, its message prefixed with
+// what ended the wait (what prints a failure prints a status's message).
+func (e *ticketWaitEnded) GRPCStatus() *status.Status {
+	s, ok := status.FromError(e.last)
+	if !ok {
+		return status.New(codes.Unknown, e.Error())
+	}
+	p := s.Proto()
+	p.Message = e.say() + ": " + p.Message
+	return status.FromProto(p)
 }
 
 // DiscoveryError is a call to discovery that failed (a refusal, or

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -71,29 +73,55 @@ func TestFreshTicketsAfterAKeyRefusal(t *testing.T) {
 }
 
 // An agent stopped while it waits to ask for a fresh ticket stops at once,
-// with the refusal it waited after.
+// and one whose deadline passes there ends when it passes: the error says
+// which ended the wait, and keeps the refusal it waited after as its
+// cause (its code and reason, so agent run classes it as before).
 func TestFreshTicketsStopWithTheAgent(t *testing.T) {
 	old := ticketWait
 	ticketWait = time.Hour
 	t.Cleanup(func() { ticketWait = old })
-	ctx, cancel := context.WithCancel(t.Context())
 	refusal := errinfo.Error(codes.PermissionDenied, "referral ticket is signed by a key the discovery service no longer publishes", "ticket_key_unknown")
-	done := make(chan error, 1)
-	calls := 0
-	go func() {
-		_, err := freshTickets(ctx, nil, JoinRequest{Discovery: "d:1"}, func() (*joinResult, error) {
-			calls++
-			return nil, refusal
+	for _, tt := range []struct {
+		name    string
+		ctx     func() (context.Context, context.CancelFunc)
+		end     error
+		wantSay string
+	}{
+		{"stopped", func() (context.Context, context.CancelFunc) {
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			return ctx, cancel
+		}, context.Canceled, "the join was stopped while it waited to ask discovery d:1 for a fresh referral ticket"},
+		{"its deadline passed", func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(t.Context(), 50*time.Millisecond)
+		}, context.DeadlineExceeded, "the join's deadline passed while it waited to ask discovery d:1 for a fresh referral ticket"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := tt.ctx()
+			defer cancel()
+			done := make(chan error, 1)
+			calls := 0
+			go func() {
+				_, err := freshTickets(ctx, nil, JoinRequest{Discovery: "d:1"}, func() (*joinResult, error) {
+					calls++
+					return nil, refusal
+				})
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if calls != 1 {
+					t.Errorf("%d attempts, want 1", calls)
+				}
+				if !errors.Is(err, tt.end) || errinfo.Reason(err) != "ticket_key_unknown" || codeOf(err) != codes.PermissionDenied {
+					t.Errorf("freshTickets = %v (%s, %q); want it to wrap %v and the refusal", err, codeOf(err), errinfo.Reason(err), tt.end)
+				}
+				if !strings.Contains(fmt.Sprint(err), tt.wantSay) || !strings.Contains(fmt.Sprint(err), "no longer publishes") {
+					t.Errorf("freshTickets = %q; want it to say %q and the last refusal", err, tt.wantSay)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("freshTickets still waits 30 s after its context ended")
+			}
 		})
-		done <- err
-	}()
-	cancel()
-	select {
-	case err := <-done:
-		if errinfo.Reason(err) != "ticket_key_unknown" || calls != 1 {
-			t.Errorf("freshTickets after cancel = %v after %d attempts, want the refusal after 1", err, calls)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("freshTickets still waits 30 s after its context ended")
 	}
 }
