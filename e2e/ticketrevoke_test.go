@@ -243,6 +243,10 @@ func TestReferralTicketOfARevokedKey(t *testing.T) {
 	if st["node_id"] != "a" || st["join_method"] != "psk" {
 		t.Errorf("agent a's status after the join: %v", st)
 	}
+	// agent join said it asked for a fresh ticket, once, with the reason.
+	if out := aOut.String(); strings.Count(out, "asking discovery for a new one") != 1 || !strings.Contains(out, "reason=ticket_key_unknown") {
+		t.Errorf("agent join's output does not log its one retry with a fresh ticket, with the reason ticket_key_unknown:\n%s", out)
+	}
 	// The authority refused a's first ticket for its key, and took the
 	// fresh one.
 	audit := auditJoins(t, e.dir)

@@ -22,6 +22,7 @@ import (
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -142,7 +143,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		}
 		return a.requestPSK(ctx, r, peer, "", key)
 	}
-	return freshTickets(ctx, a.log, r, func() (*joinResult, error) {
+	return freshTickets(ctx, a.log, r, a.rejoinCommand(r), func() (*joinResult, error) {
 		endpoint, peer, ticket, err := a.refer(ctx, r)
 		if err != nil {
 			return nil, err
@@ -221,9 +222,11 @@ func ticketKeyRefused(err error) bool {
 
 // freshTickets runs join (a look-up, a new ticket, and the request) until
 // it succeeds, fails otherwise, or was refused for the ticket's key
-// ticketAttempts times; the last refusal then names the way out. Each
-// attempt probes the authority again before the PSK is sent.
-func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join func() (*joinResult, error)) (*joinResult, error) {
+// ticketAttempts times; the last refusal then names the way out, ending
+// with rejoin, the command that joins again. Each attempt probes the
+// authority again before the PSK is sent, and each retry is logged once,
+// with the refusal's reason.
+func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, rejoin string, join func() (*joinResult, error)) (*joinResult, error) {
 	wait := ticketWait
 	for attempt := 1; ; attempt++ {
 		j, err := join()
@@ -232,12 +235,15 @@ func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join fun
 		}
 		if attempt == ticketAttempts {
 			return nil, withHint(err, fmt.Sprintf("%d tickets from discovery %s in a row were refused for their key: discovery signs with keys the authority does not fetch "+
-				"(replicas on separate stores, or an authority whose discovery.address names another discovery): give every discovery replica the same store (--store), "+
-				"name it by the same address on the authority, then join again", ticketAttempts, r.Discovery))
+				"(replicas on separate stores, or an authority whose discovery.address names another discovery): "+
+				"compare the key IDs discovery publishes at https://%s/.well-known/jwks.json (muster discovery show --data DIR on each discovery replica lists its keys) "+
+				"with the one the authority refused (muster audit list --action agent.join on the authority), "+
+				"give every discovery replica the same store (--store) and name it by the same address on the authority (discovery.address), "+
+				"then join again, with a fresh ticket: %s", ticketAttempts, r.Discovery, r.Discovery, rejoin))
 		}
 		if log != nil {
 			log.Warn("the authority refused the referral ticket for its key (discovery's key rotated or revoked); asking discovery for a new one",
-				"discovery", r.Discovery, "attempt", attempt, "in", wait, "err", err)
+				"reason", errinfo.Reason(err), "discovery", r.Discovery, "attempt", attempt, "of", ticketAttempts, "retry_in", wait.String(), "err", status.Convert(err).Message())
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -248,6 +254,20 @@ func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join fun
 		}
 		wait *= 2
 	}
+}
+
+// rejoinCommand is the muster agent join that joins again as r did,
+// through discovery; the PSK is named by a file, as it is never printed.
+func (a *Agent) rejoinCommand(r JoinRequest) string {
+	cmd := fmt.Sprintf("muster agent join --data %s --node %s --discovery %s --authority-id %s --ca-fingerprint %s",
+		shellword.Quote(string(a.dir)), shellword.Quote(r.Node), shellword.Quote(r.Discovery), shellword.Quote(r.AuthorityID), shellword.Quote(r.CAFingerprint))
+	if r.DiscoveryFingerprint != "" {
+		cmd += " --discovery-fingerprint " + shellword.Quote(r.DiscoveryFingerprint)
+	}
+	if r.Force {
+		cmd += " --force"
+	}
+	return cmd + " --psk-file F (F holding the PSK; leave --psk-file out when MUSTER_BOOTSTRAP_PSK or the agent.yaml of --data gives it)"
 }
 
 // ticketWaitEnded is a join through discovery whose context ended (the
