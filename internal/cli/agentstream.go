@@ -40,9 +40,10 @@ const staleCause = "its row still says connected, with no heartbeat recorded for
 	"or the store itself was out for over 2 minutes (then every stream reads so until its agent's next heartbeat, within 30s of the store's return)"
 
 // staleCheck is what to check about a stream row that reads "replica
-// gone?", ending with the command to run again (again).
+// gone?", after "check that", ending with the command to run again
+// (again).
 func staleCheck(replica, again string) string {
-	return "check that " + replica + " runs and reaches the store (its /readyz on the metrics listener answers 200, muster_store_up is 1), " +
+	return replica + " runs and reaches the store (its /readyz on the metrics listener answers 200, muster_store_up is 1), " +
 		"then run " + again + " again in a minute: an agent still connected reads connected again"
 }
 
@@ -57,7 +58,7 @@ func printStream(w io.Writer, node string, s *streamJSON) {
 	case s.Connected:
 		fmt.Fprintf(w, "Stream: connected to %s since %s, last seen %s\n", s.Replica, fmtTime(s.ConnectedAt), fmtTime(s.LastSeen))
 	case s.Stale:
-		fmt.Fprintf(w, "Stream: not connected, last seen %s (on %s, replica gone? %s)\nCheck: %s\n",
+		fmt.Fprintf(w, "Stream: not connected, last seen %s (on %s, replica gone? %s)\nCheck that %s\n",
 			fmtTime(s.LastSeen), s.Replica, staleCause, staleCheck("the replica", "muster agents show "+node))
 	default:
 		fmt.Fprintf(w, "Stream: disconnected, last seen %s (on %s)\n", fmtTime(s.LastSeen), s.Replica)
@@ -110,7 +111,7 @@ func staleNote(n int) string {
 	if n == 0 {
 		return ""
 	}
-	return fmt.Sprintf("note: %d of these streams read \"replica gone?\": %s; %s\n", n, staleCause, staleCheck("each replica named", "muster agents list"))
+	return fmt.Sprintf("note: %d of these streams read \"replica gone?\": %s; check that %s\n", n, staleCause, staleCheck("each replica named", "muster agents list"))
 }
 
 // streamColumn is the STREAM column of agents list: "connected via

@@ -33,7 +33,7 @@ func TestPrintStreamHeartbeat(t *testing.T) {
 			Heartbeat: []byte(`{"verifier_set_version":2}`)},
 			[]string{"Stream: not connected, last seen 2026-11-27T12:01:00Z (on r1:7443, replica gone?",
 				"or the store itself was out for over 2 minutes (then every stream reads so until its agent's next heartbeat, within 30s of the store's return)",
-				"\nCheck: check that the replica runs and reaches the store (its /readyz on the metrics listener answers 200, muster_store_up is 1), then run muster agents show web-1 again in a minute",
+				"\nCheck that the replica runs and reaches the store (its /readyz on the metrics listener answers 200, muster_store_up is 1), then run muster agents show web-1 again in a minute",
 				"Heartbeat: verifier set version 2"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
