@@ -15,12 +15,14 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/errinfo"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
@@ -141,7 +143,7 @@ func (a *Agent) joinPSK(ctx context.Context, r JoinRequest, key crypto.Signer) (
 		}
 		return a.requestPSK(ctx, r, peer, "", key)
 	}
-	return freshTickets(ctx, a.log, r, func() (*joinResult, error) {
+	return freshTickets(ctx, a.log, r, a.rejoinCommand(r), func() (*joinResult, error) {
 		endpoint, peer, ticket, err := a.refer(ctx, r)
 		if err != nil {
 			return nil, err
@@ -220,9 +222,11 @@ func ticketKeyRefused(err error) bool {
 
 // freshTickets runs join (a look-up, a new ticket, and the request) until
 // it succeeds, fails otherwise, or was refused for the ticket's key
-// ticketAttempts times; the last refusal then names the way out. Each
-// attempt probes the authority again before the PSK is sent.
-func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join func() (*joinResult, error)) (*joinResult, error) {
+// ticketAttempts times; the last refusal then names the way out, ending
+// with rejoin, the command that joins again. Each attempt probes the
+// authority again before the PSK is sent, and each retry is logged once,
+// with the refusal's reason.
+func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, rejoin string, join func() (*joinResult, error)) (*joinResult, error) {
 	wait := ticketWait
 	for attempt := 1; ; attempt++ {
 		j, err := join()
@@ -231,22 +235,77 @@ func freshTickets(ctx context.Context, log *slog.Logger, r JoinRequest, join fun
 		}
 		if attempt == ticketAttempts {
 			return nil, withHint(err, fmt.Sprintf("%d tickets from discovery %s in a row were refused for their key: discovery signs with keys the authority does not fetch "+
-				"(replicas on separate stores, or an authority whose discovery.address names another discovery): give every discovery replica the same store (--store), "+
-				"name it by the same address on the authority, then join again", ticketAttempts, r.Discovery))
+				"(replicas on separate stores, or an authority whose discovery.address names another discovery): "+
+				"compare the key IDs discovery publishes at https://%s/.well-known/jwks.json (muster discovery show --data DIR on each discovery replica lists its keys) "+
+				"with the one the authority refused (muster audit list --action agent.join on the authority), "+
+				"give every discovery replica the same store (--store) and name it by the same address on the authority (discovery.address), "+
+				"then join again, with a fresh ticket: %s", ticketAttempts, r.Discovery, r.Discovery, rejoin))
 		}
 		if log != nil {
 			log.Warn("the authority refused the referral ticket for its key (discovery's key rotated or revoked); asking discovery for a new one",
-				"discovery", r.Discovery, "attempt", attempt, "in", wait, "err", err)
+				"reason", errinfo.Reason(err), "discovery", r.Discovery, "attempt", attempt, "of", ticketAttempts, "retry_in", wait.String(), "err", status.Convert(err).Message())
 		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, err
+			return nil, &ticketWaitEnded{discovery: r.Discovery, attempt: attempt, wait: wait, end: ctx.Err(), last: err}
 		case <-t.C:
 		}
 		wait *= 2
 	}
+}
+
+// rejoinCommand is the muster agent join that joins again as r did,
+// through discovery; the PSK is named by a file, as it is never printed.
+func (a *Agent) rejoinCommand(r JoinRequest) string {
+	cmd := fmt.Sprintf("muster agent join --data %s --node %s --discovery %s --authority-id %s --ca-fingerprint %s",
+		shellword.Quote(string(a.dir)), shellword.Quote(r.Node), shellword.Quote(r.Discovery), shellword.Quote(r.AuthorityID), shellword.Quote(r.CAFingerprint))
+	if r.DiscoveryFingerprint != "" {
+		cmd += " --discovery-fingerprint " + shellword.Quote(r.DiscoveryFingerprint)
+	}
+	if r.Force {
+		cmd += " --force"
+	}
+	return cmd + " --psk-file F (F holding the PSK; leave --psk-file out when MUSTER_BOOTSTRAP_PSK or the agent.yaml of --data gives it)"
+}
+
+// ticketWaitEnded is a join through discovery whose context ended (the
+// agent stopped, or the caller's deadline passed) while it waited to ask
+// for a fresh ticket after a refusal for the ticket's key. It says which
+// ended the wait, and carries the last refusal as its cause: its gRPC
+// code and reason are the refusal's, so what classes the join's failure
+// by them (agent run's retry, errinfo.Reason) sees the same as before.
+type ticketWaitEnded struct {
+	discovery string
+	attempt   int           // the attempts made, each refused for its key
+	wait      time.Duration // the wait the context cut short
+	end       error         // ctx.Err(): context.Canceled or DeadlineExceeded
+	last      error         // the last refusal
+}
+
+func (e *ticketWaitEnded) say() string {
+	what := "the join was stopped"
+	if errors.Is(e.end, context.DeadlineExceeded) {
+		what = "the join's deadline passed"
+	}
+	return fmt.Sprintf("%s while it waited to ask discovery %s for a fresh referral ticket (%d of %d refused for their key, the next due in %s); the last refusal",
+		what, e.discovery, e.attempt, ticketAttempts, e.wait)
+}
+
+func (e *ticketWaitEnded) Error() string   { return e.say() + ": " + e.last.Error() }
+func (e *ticketWaitEnded) Unwrap() []error { return []error{e.end, e.last} }
+
+// GRPCStatus is the last refusal's status, its message prefixed with
+// what ended the wait (what prints a failure prints a status's message).
+func (e *ticketWaitEnded) GRPCStatus() *status.Status {
+	s, ok := status.FromError(e.last)
+	if !ok {
+		return status.New(codes.Unknown, e.Error())
+	}
+	p := s.Proto()
+	p.Message = e.say() + ": " + p.Message
+	return status.FromProto(p)
 }
 
 // DiscoveryError is a call to discovery that failed (a refusal, or

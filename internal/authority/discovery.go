@@ -42,6 +42,10 @@ type DiscoveryConfig struct {
 	Policy discovery.Policy
 	// RegisterEvery is the period of re-registration (default 10 minutes).
 	RegisterEvery time.Duration
+	// KeysRefresh is the period of the scheduled fetch of discovery's
+	// ticket keys (default referral.RefreshEvery, a minute): how long a
+	// key discovery revoked may still be trusted.
+	KeysRefresh time.Duration
 	// Endpoints, if set, are the addresses registered, in order of
 	// preference (the load balancer in front of several replicas, a
 	// bootstrap listener); by default the advertised address. Only the
@@ -110,6 +114,11 @@ func newDiscoveryLink(s *Server, cfg DiscoveryConfig) (*discoveryLink, error) {
 			return discoveryclient.FetchJWKS(ctx, cfg.Address, cfg.Fingerprint)
 		},
 		OnRefresh: d.keysRefreshed,
+		Every:     KeysRefresh(cfg.KeysRefresh),
+	}
+	if every := d.keys.Every; every > referral.RefreshEvery {
+		s.log.Warn(fmt.Sprintf("discovery.keys_refresh %s is longer than the default %s: a ticket key discovery revokes (muster discovery rotate-key --revoke-previous) may be accepted for up to %s after, unless a ticket of an unknown key has the keys fetched sooner; set it to %s or less where that matters",
+			every, referral.RefreshEvery, every, referral.RefreshEvery))
 	}
 	return d, nil
 }

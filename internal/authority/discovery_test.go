@@ -324,3 +324,32 @@ func TestKeysPinMismatchSaidOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestKeysRefreshConfigured: discovery.keys_refresh sets the period of
+// the scheduled fetch of discovery's ticket keys (a minute when unset),
+// and one longer than the default says at start what it costs: a revoked
+// key's tickets accepted for longer.
+func TestKeysRefreshConfigured(t *testing.T) {
+	h, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		configured, want time.Duration
+		warn             bool
+	}{{0, time.Minute, false}, {30 * time.Second, 30 * time.Second, false}, {time.Minute, time.Minute, false}, {5 * time.Minute, 5 * time.Minute, true}} {
+		var buf strings.Builder
+		s := &Server{info: datadir.Info{AuthorityID: "test-abcdef"}, ca: h, log: slog.New(slog.NewTextHandler(&buf, nil))}
+		d, err := newDiscoveryLink(s, DiscoveryConfig{Address: "discovery.test:7450", Policy: discovery.DefaultPolicy(), KeysRefresh: tt.configured})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.conn.Close()
+		if d.keys.Every != tt.want {
+			t.Errorf("keys_refresh %s: the keys are fetched every %s, want %s", tt.configured, d.keys.Every, tt.want)
+		}
+		if got := strings.Contains(buf.String(), "may be accepted for up to "+tt.want.String()); got != tt.warn {
+			t.Errorf("keys_refresh %s: warned %v, want %v:\n%s", tt.configured, got, tt.warn, buf.String())
+		}
+	}
+}

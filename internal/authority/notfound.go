@@ -28,14 +28,12 @@ const (
 )
 
 // badName refuses name, given as field, when it is no node ID or operator
-// name (kind): what in it breaks the rule, the rule, and where the names
-// there are are listed. spiffeid's own error called a typed node name an
-// "invalid SPIFFE ID", which the operator never typed. nil for a valid
-// name.
+// name (kind): spiffeid.NameError (what in it breaks the rule, the rule)
+// and where the names there are are listed. nil for a valid name.
 func badName(field, kind, name, listed string) error {
-	fault := spiffeid.NameFault(name)
-	if fault == "" {
+	err := spiffeid.NameError(field, kind, name)
+	if err == nil {
 		return nil
 	}
-	return badRequest(fmt.Sprintf("%s %q is not a valid %s name: it %s; %s names are %s (%s)", field, name, kind, fault, kind, spiffeid.NameRule, listed))
+	return badRequest(fmt.Sprintf("%v (%s)", err, listed))
 }

@@ -740,7 +740,7 @@ type heartbeatJSON struct {
 
 // recordHeartbeat keeps an agent's last heartbeat and when it was heard,
 // in the row of its stream: store.ErrConflict if a newer stream of the
-// agent holds the row. The agent's figures are bounded before they are
+// agent holds the row, store.ErrNotFound if the node was deleted. The agent's figures are bounded before they are
 // kept.
 func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb *musterv1.Heartbeat) error {
 	doc := heartbeatJSON{VerifierSetVersion: hb.GetVerifierSetVersion(), AcceptedSigners: map[string]string{},
@@ -784,7 +784,9 @@ func (s *Server) recordHeartbeat(ctx context.Context, row store.AgentStream, hb 
 	if row.LastSeen, err = s.store.Now(ctx); err == nil {
 		err = s.store.RecordAgentHeartbeat(ctx, row)
 	}
-	if err != nil && !errors.Is(err, store.ErrConflict) && ctx.Err() == nil && !s.outage.fail(err) {
+	// ErrNotFound: the row went with its node (agents delete), whose
+	// standing closes this stream within a second.
+	if err != nil && !errors.Is(err, store.ErrConflict) && !errors.Is(err, store.ErrNotFound) && ctx.Err() == nil && !s.outage.fail(err) {
 		s.log.Error("cannot record a heartbeat", "err", err, "node", row.NodeID)
 	}
 	return err

@@ -109,17 +109,20 @@ func legacyHolder(enc string) (string, store.StreamTurn, bool) {
 }
 
 // flapAfter is the turn the row of a stream of holder, opening at now
-// over the node's row prev (found: the node had one), carries: the last
-// one carried on, or this one if it is one (prev names a live stream of
-// another holder), and how many alternations in a row between the two it
-// makes (0 for none: the same identity, or the first turn between these
-// two).
+// (the store clock) over the node's row prev (found: the node had one),
+// carries: the last one carried on, or this one if it is one (prev names
+// a live stream of another holder), and how many alternations in a row
+// between the two it makes (0 for none: the same identity, or the first
+// turn between these two). Live is streamLive's rule: a row a killed
+// replica left marked connected is a stream gone, and an agent that
+// reconnects over it (from another address, or with the certificate a
+// renewal gave it since) takes no turn from anyone.
 func flapAfter(prev store.AgentStream, found bool, holder string, now time.Time) (store.StreamTurn, int) {
 	p, last, ok := rowHolder(prev)
 	if !found || !ok {
 		return store.StreamTurn{}, 0
 	}
-	if !prev.Connected || p == holder {
+	if !streamLive(&prev, now) || p == holder {
 		return last, 0
 	}
 	n := 1
@@ -251,8 +254,9 @@ const streamStaleAfter = 2 * time.Minute
 
 // streamLive reports whether row is a stream open now, by the store
 // clock now: marked connected, with a heartbeat (or its opening) within
-// streamStaleAfter. agents list and show, ca status's counts and root
-// standby read a stream's row through it, never its Connected alone.
+// streamStaleAfter. agents list and show, ca status's counts, root
+// standby and the copy signal (flapAfter) read a stream's row through
+// it, never its Connected alone.
 func streamLive(row *store.AgentStream, now time.Time) bool {
 	if row == nil || !row.Connected {
 		return false

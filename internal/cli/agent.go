@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -132,7 +134,10 @@ to NAME. The join state document the authority returns is kept in
 state.json for the next refresh or recovery (muster agent run).
 
 join tries once and exits non-zero on any failure, leaving no certificate
-files. It refuses to replace an identity unless --force is given; the old
+files. One exception: a PSK join through discovery whose ticket the
+authority refuses for its key (discovery's key revoked or rotated since it
+signed) asks discovery for a fresh ticket, 4 tickets in all, 2, 4 and 8 s
+apart, and logs each retry on standard error. It refuses to replace an identity unless --force is given; the old
 identity stays until the new join succeeds.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -161,7 +166,7 @@ identity stays until the new join succeeds.`,
 				fmt.Fprintf(env.Stderr, "warning: %s holds a join secret and other users can read it; run chmod 600 on it\n", dir.ConfigFile())
 			}
 			res.Request.Force = force
-			a := agent.New(agent.Options{Dir: dir, Timeout: timeout})
+			a := agent.New(agent.Options{Dir: dir, Timeout: timeout, Log: joinLog(env.Stderr)})
 			st, err := a.Join(cmd.Context(), res.Request)
 			if err != nil {
 				return agentFailure(err)
@@ -187,6 +192,19 @@ identity stays until the new join succeeds.`,
 	f.DurationVar(&timeout, "timeout", agent.DefaultTimeout, "how long to wait for each answer of the authority")
 	out.register(cmd)
 	return cmd
+}
+
+// joinLog is the log of a one-shot join: its warnings, such as each
+// retry with a fresh referral ticket (up to 14 s of waits that would
+// otherwise pass in silence), on w; the join's own outcome is printed.
+func joinLog(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelWarn,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))
 }
 
 func newAgentRenewCmd(env *Env) *cobra.Command {

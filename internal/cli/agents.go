@@ -109,17 +109,28 @@ func newAgentsListCmd(env *Env) *cobra.Command {
 			}
 			return af.call(cmd, env, "agents list", func(ctx context.Context, c *adminClient) error {
 				lo := &listOut[agentJSON]{w: env.Stdout, out: out, table: agentTable}
+				stale := 0
 				err := eachPage(pf.limit, agentPages(ctx, c, pf.size), func(page []*musterv1.Agent) error {
 					list := make([]agentJSON, 0, len(page))
 					for _, a := range page {
 						list = append(list, agentOf(a))
+						if a.GetStream().GetStale() {
+							stale++
+						}
 					}
 					return lo.page(list)
 				})
 				if err != nil {
 					return err
 				}
-				return lo.end()
+				if err := lo.end(); err != nil {
+					return err
+				}
+				if out.format == "text" {
+					// -o json and yaml carry "stale": true instead.
+					fmt.Fprint(env.Stderr, staleNote(stale))
+				}
+				return nil
 			})
 		},
 	}
@@ -216,7 +227,7 @@ func newAgentsShowCmd(env *Env) *cobra.Command {
 						fmt.Fprintf(env.Stdout, "Bound key: %s (last rotated %s)\nRecoveries remaining: %s (recovery sequence %d)\n",
 							b.BoundKeyFingerprint, fmtTime(b.LastRotatedAt), a.recoveries(), b.RecoverySequence)
 					}
-					printStream(env.Stdout, a.Stream)
+					printStream(env.Stdout, a.NodeID, a.Stream)
 				} else {
 					fmt.Fprintf(env.Stdout, "Node %s was deleted; its history:\n", args[0])
 				}

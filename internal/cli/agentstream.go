@@ -32,8 +32,24 @@ func streamOf(s *musterv1.AgentStreamStatus) *streamJSON {
 	return j
 }
 
-// printStream adds the stream and the last heartbeat to agents show.
-func printStream(w io.Writer, s *streamJSON) {
+// staleCause is why a stream row reads "replica gone?" (streamJSON.Stale),
+// in agents show and under agents list: the replica is not the only
+// suspect, as an outage of the store longer than the staleness limit
+// makes every stream read so for a while.
+const staleCause = "its row still says connected, with no heartbeat recorded for over 2 minutes: the replica was killed or cut off from the store, " +
+	"or the store itself was out for over 2 minutes (then every stream reads so until its agent's next heartbeat, within 30s of the store's return)"
+
+// staleCheck is what to check about a stream row that reads "replica
+// gone?", after "check that", ending with the command to run again
+// (again).
+func staleCheck(replica, again string) string {
+	return replica + " runs and reaches the store (its /readyz on the metrics listener answers 200, muster_store_up is 1), " +
+		"then run " + again + " again in a minute: an agent still connected reads connected again"
+}
+
+// printStream adds the stream of node and its last heartbeat to agents
+// show.
+func printStream(w io.Writer, node string, s *streamJSON) {
 	if s == nil {
 		fmt.Fprintln(w, "Stream: never connected")
 		return
@@ -42,8 +58,8 @@ func printStream(w io.Writer, s *streamJSON) {
 	case s.Connected:
 		fmt.Fprintf(w, "Stream: connected to %s since %s, last seen %s\n", s.Replica, fmtTime(s.ConnectedAt), fmtTime(s.LastSeen))
 	case s.Stale:
-		fmt.Fprintf(w, "Stream: not connected, last seen %s (on %s, replica gone? its row still says connected, with no heartbeat for over 2 minutes: the replica was killed or cut off from the store)\n",
-			fmtTime(s.LastSeen), s.Replica)
+		fmt.Fprintf(w, "Stream: not connected, last seen %s (on %s, replica gone? %s)\nCheck that %s\n",
+			fmtTime(s.LastSeen), s.Replica, staleCause, staleCheck("the replica", "muster agents show "+node))
 	default:
 		fmt.Fprintf(w, "Stream: disconnected, last seen %s (on %s)\n", fmtTime(s.LastSeen), s.Replica)
 	}
@@ -86,6 +102,16 @@ func printStream(w io.Writer, s *streamJSON) {
 		slices.Sort(fs)
 		fmt.Fprintf(w, "Task verification failures by signer: %s\n", strings.Join(fs, ", "))
 	}
+}
+
+// staleNote is what agents list adds on standard error after a table
+// with n stale streams (their STREAM column "replica gone?"): why, and
+// what to check; "" for none.
+func staleNote(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: %d of these streams read \"replica gone?\": %s; check that %s\n", n, staleCause, staleCheck("each replica named", "muster agents list"))
 }
 
 // streamColumn is the STREAM column of agents list: "connected via

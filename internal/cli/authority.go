@@ -29,6 +29,7 @@ import (
 	"github.com/muster-dev/muster/internal/discovery"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/listener"
+	"github.com/muster-dev/muster/internal/referral"
 	"github.com/muster-dev/muster/internal/seal"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
@@ -60,6 +61,7 @@ type authorityConfig struct {
 		Address       string           `yaml:"address"`
 		Fingerprint   string           `yaml:"fingerprint"`
 		RegisterEvery string           `yaml:"register_every"`
+		KeysRefresh   string           `yaml:"keys_refresh"`
 		Endpoints     []string         `yaml:"endpoints"`
 		Policy        discovery.Policy `yaml:"policy"`
 	} `yaml:"discovery"`
@@ -184,6 +186,7 @@ type authorityOptions struct {
 	discovery      string
 	discoveryFP    string
 	registerEvery  time.Duration
+	keysRefresh    time.Duration
 	endpoints      []string
 	policy         discovery.Policy
 	pskRequired    bool
@@ -420,6 +423,11 @@ func applySettings(f *pflag.FlagSet, cfg authorityConfig, s settingText, o *auth
 			return fmt.Errorf("discovery.register_every %q: want a duration of at least 1m", cfg.Discovery.RegisterEvery)
 		}
 	}
+	if cfg.Discovery.KeysRefresh != "" {
+		if o.keysRefresh, err = parseKeysRefresh(cfg.Discovery.KeysRefresh); err != nil {
+			return err
+		}
+	}
 	if o.agentCertTTL, o.boundCertTTL, err = parseAgentCertTTLs(s.ttl, s.boundTTL); err != nil {
 		return err
 	}
@@ -470,6 +478,18 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("log format %q: use text or json", format)
+}
+
+// parseKeysRefresh reads discovery.keys_refresh, the period of every
+// replica's fetch of discovery's ticket keys: from 30s (3 times the 10 s
+// an unknown key ID waits between two fetches) to 10m (how long a key
+// discovery revoked may stay trusted).
+func parseKeysRefresh(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err != nil || d < referral.MinRefreshEvery || d > referral.MaxRefreshEvery {
+		return 0, fmt.Errorf("discovery.keys_refresh %q: want a duration from %s to %s, such as %s (the default)", v, referral.MinRefreshEvery, referral.MaxRefreshEvery, referral.RefreshEvery)
+	}
+	return d, nil
 }
 
 // parseAgentCertTTLs reads agent_cert_ttl and bound_keypair.cert_ttl (a
@@ -932,7 +952,7 @@ func bootstrapSettings(o authorityOptions, log *slog.Logger) (*authority.Discove
 			}
 		}
 		disc = &authority.DiscoveryConfig{Address: o.discovery, Fingerprint: o.discoveryFP, Policy: o.policy,
-			RegisterEvery: o.registerEvery, Endpoints: o.endpoints}
+			RegisterEvery: o.registerEvery, KeysRefresh: o.keysRefresh, Endpoints: o.endpoints}
 	} else if o.discoveryFP != "" {
 		return nil, time.Time{}, errors.New("--discovery-fingerprint without --discovery")
 	}

@@ -88,6 +88,7 @@ func checkAuthorityConfig(env *Env, o authorityOptions, cfgPath string) error {
 	if o.discovery != "" {
 		row("discovery.fingerprint", o.discoveryFP)
 		row("discovery.register_every", authority.RegisterEvery(o.registerEvery).String())
+		row("discovery.keys_refresh", authority.KeysRefresh(o.keysRefresh).String()+" (how long a ticket key discovery revoked may still be accepted)")
 		row("discovery.endpoints", strings.Join(o.endpoints, ", "))
 	}
 	row("bootstrap.psk_required", fmt.Sprint(o.pskRequired))

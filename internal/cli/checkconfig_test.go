@@ -42,6 +42,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 	write(other, "listen: 127.0.0.1:1002\n")
 	withMore := filepath.Join(t.TempDir(), "more.yaml")
 	write(withMore, "signer:\n  min_lead_time: 30m\nbound_keypair:\n  recoveries_warn_at: 3\n  cert_ttl: 2h\ndiscovery:\n  address: disc.example:7450\nbootstrap:\n  psk_required: true\nlog:\n  format: text\n")
+	withKeysRefresh := filepath.Join(t.TempDir(), "keys.yaml")
+	write(withKeysRefresh, "discovery:\n  address: disc.example:7450\n  keys_refresh: 30s\n")
 	withLimits := filepath.Join(t.TempDir(), "limits.yaml")
 	write(withLimits, "limits:\n  max_calls_per_source: 64\n  renewals_per_lifetime: 4\n")
 	withDraft := filepath.Join(t.TempDir(), "draft.yaml")
@@ -65,7 +67,8 @@ func TestAuthoritySettingsPrecedence(t *testing.T) {
 			"log.format:            json (text on a terminal)", "bootstrap.psk_optional_until: (off)"}},
 		{"signer, bound keypair and discovery from a file", nil, []string{"--config", withMore}, []string{"signer.min_lead_time:  30m0s",
 			"bound_keypair.recoveries_warn_at: 3", "bound_keypair.cert_ttl: 2h0m0s", "discovery.address:     disc.example:7450",
-			"discovery.register_every: 10m0s", "log.format:            text"}},
+			"discovery.register_every: 10m0s", "discovery.keys_refresh: 1m0s (how long a ticket key discovery revoked may still be accepted)", "log.format:            text"}},
+		{"the ticket keys' refresh from a file", nil, []string{"--config", withKeysRefresh}, []string{"discovery.keys_refresh: 30s ("}},
 		{"the connection cap from the environment", map[string]string{"MUSTER_MAX_CONNECTIONS": "77"}, nil, []string{"limits.max_connections: 77 (api and bootstrap listeners together)\n"}},
 		{"the call timeout by default", nil, nil, []string{"limits.call_timeout:   1m0s\n"}},
 		{"the call timeout from the environment", map[string]string{"MUSTER_CALL_TIMEOUT": "5m"}, nil, []string{"limits.call_timeout:   5m0s\n"}},
@@ -146,6 +149,9 @@ func TestAuthorityConfigErrors(t *testing.T) {
 		{name: "wrong kind", file: "bootstrap:\n  psk_required: maybe\n", want: `line 2: bootstrap.psk_required: want true or false, not "maybe"`},
 		{name: "list expected", file: "trusted_proxies: 10.0.0.1\n", want: `line 1: trusted_proxies: want a list`},
 		{name: "number expected", file: "discovery:\n  policy:\n    new_agents_per_day: many\n", want: `line 3: discovery.policy.new_agents_per_day: want a number, not "many"`},
+		{name: "keys refresh below the floor", file: "discovery:\n  address: d:1\n  keys_refresh: 10s\n", want: `discovery.keys_refresh "10s": want a duration from 30s to 10m0s, such as 1m0s (the default)`},
+		{name: "keys refresh above the ceiling", file: "discovery:\n  address: d:1\n  keys_refresh: 1h\n", want: `discovery.keys_refresh "1h": want a duration from 30s to 10m0s, such as 1m0s (the default)`},
+		{name: "keys refresh not a duration", file: "discovery:\n  address: d:1\n  keys_refresh: often\n", want: `discovery.keys_refresh "often": want a duration from 30s to 10m0s`},
 		{name: "bad ttl", file: "agent_cert_ttl: forever\n", want: `agent_cert_ttl "forever": want a duration of at most 168h, such as 24h`},
 		{name: "ttl above the ceiling", file: "agent_cert_ttl: 200h\n", want: `agent_cert_ttl "200h": want a duration of at most 168h, such as 24h`},
 		{name: "bound ttl above the ceiling", env: map[string]string{"MUSTER_BOUND_KEYPAIR_CERT_TTL": "169h"}, want: `bound_keypair.cert_ttl "169h": want a duration of at most 168h, such as 1h`},

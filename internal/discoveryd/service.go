@@ -277,8 +277,8 @@ func (s *Server) ticket(ctx context.Context, c call, req *musterv1.RequestReferr
 	if err := checkAuthorityID(authorityID); err != nil {
 		return nil, err
 	}
-	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		return nil, refuse(codes.InvalidArgument, discovery.DenyInvalid, "%s: node ID: %v", discovery.DenyInvalid, err)
+	if err := spiffeid.NameError("node ID", "node", nodeID); err != nil {
+		return nil, refuse(codes.InvalidArgument, discovery.DenyInvalid, "%s: %v", discovery.DenyInvalid, err)
 	}
 	if err := s.allowSource(c, s.sourceLimit); err != nil {
 		return nil, err

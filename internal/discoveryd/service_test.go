@@ -343,9 +343,15 @@ func TestRequestReferralTicket(t *testing.T) {
 		// others must succeed.
 		code   codes.Code
 		reason string
+		// says, if set, is what the refusal's message says after its
+		// reason.
+		says string
 	}{
 		{name: "issued", policy: openPolicy(), nodes: []string{"web-1"}},
-		{name: "malformed node ID", policy: openPolicy(), nodes: []string{"Web_1"}, code: codes.InvalidArgument, reason: discovery.DenyInvalid},
+		// muster's rule for a node name, said as such: not an "invalid
+		// SPIFFE ID" (the old words), which the agent never sent.
+		{name: "malformed node ID", policy: openPolicy(), nodes: []string{"Web_1"}, code: codes.InvalidArgument, reason: discovery.DenyInvalid,
+			says: `node ID "Web_1" is not a valid node name: it has the capital 'W': names are lower-case; node names are 1-63 of a-z 0-9 . -, starting and ending with a letter or digit`},
 		{name: "malformed authority ID", policy: openPolicy(), authority: "x", nodes: []string{"web-1"}, code: codes.InvalidArgument, reason: discovery.DenyInvalid},
 		{name: "unknown authority", policy: openPolicy(), unregistered: true, nodes: []string{"web-1"}, code: codes.NotFound, reason: discovery.DenyUnknown},
 		{name: "source in the allowed CIDRs", nodes: []string{"web-1"},
@@ -392,7 +398,7 @@ func TestRequestReferralTicket(t *testing.T) {
 				}
 			}
 			if tt.code != codes.OK {
-				wantCode(t, err, tt.code, tt.reason+": ")
+				wantCode(t, err, tt.code, tt.reason+": "+tt.says)
 				if got := counter(e.srv.metrics.denied.WithLabelValues(tt.reason)); got != 1 {
 					t.Errorf("tickets_denied_total{reason=%q} = %v, want 1", tt.reason, got)
 				}

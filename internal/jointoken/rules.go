@@ -61,8 +61,8 @@ func (s Spec) Check() error {
 		return fmt.Errorf("at most %d labels", MaxLabels)
 	}
 	if s.Node != "" {
-		if err := spiffeid.ValidNodeID(s.Node); err != nil {
-			return fmt.Errorf("node: %w", err)
+		if err := spiffeid.NameError("node", "node", s.Node); err != nil {
+			return err
 		}
 	}
 	for k, v := range s.Labels {

@@ -64,10 +64,17 @@ func ParseJWKS(data []byte) (map[string]ed25519.PublicKey, error) {
 
 // Refresh periods of a KeyCache.
 const (
-	// RefreshEvery is the scheduled refresh; it bounds how long a key
-	// discovery revoked stays trusted. One small HTTPS request a minute
-	// per replica is cheap.
+	// RefreshEvery is the default scheduled refresh; it bounds how long a
+	// key discovery revoked stays trusted. One small HTTPS request a
+	// minute per replica is cheap.
 	RefreshEvery = time.Minute
+	// MinRefreshEvery and MaxRefreshEvery bound a configured period. A
+	// scheduled fetch restarts RefetchAfter like any other, so a period
+	// near it would leave a ticket of an unknown key ID answered "not
+	// fetched yet" (retry) most of the time, however long it went
+	// unpublished; past the maximum a revoked key stays trusted too long.
+	MinRefreshEvery = 3 * RefetchAfter
+	MaxRefreshEvery = 10 * time.Minute
 	// RefetchAfter is the least time between two fetches caused by an
 	// unknown key ID, so a stream of made-up key IDs cannot turn the
 	// authority into a flood against discovery.
@@ -88,6 +95,8 @@ type KeyCache struct {
 	Fetch func(ctx context.Context) ([]byte, error)
 	// OnRefresh, if set, is told each fetch's outcome.
 	OnRefresh func(err error)
+	// Every is the scheduled refresh's period; 0 means RefreshEvery.
+	Every time.Duration
 
 	now          func() time.Time // nil: time.Now
 	fetchTimeout time.Duration    // 0: FetchTimeout
@@ -184,11 +193,15 @@ func (c *KeyCache) refreshLocked(ctx context.Context) error {
 	return nil
 }
 
-// Run refreshes the cache every RefreshEvery until ctx ends. A failed
-// refresh keeps the keys held; the next ticket with an unknown key ID tries
-// again.
+// Run refreshes the cache every c.Every (RefreshEvery by default) until
+// ctx ends. A failed refresh keeps the keys held; the next ticket with an
+// unknown key ID tries again.
 func (c *KeyCache) Run(ctx context.Context) error {
-	t := time.NewTicker(RefreshEvery)
+	every := c.Every
+	if every <= 0 {
+		every = RefreshEvery
+	}
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		_ = c.Refresh(ctx)

@@ -494,3 +494,31 @@ func TestKeyCacheFetchHasItsOwnDeadline(t *testing.T) {
 		t.Errorf("discovery was fetched %d times, want 2 (one per due refetch)", calls)
 	}
 }
+
+// TestKeyCacheRunEvery: the scheduled refresh runs every c.Every, the
+// period an authority's discovery.keys_refresh sets, not RefreshEvery.
+func TestKeyCacheRunEvery(t *testing.T) {
+	pub, _ := newKey(t)
+	srv := &jwksServer{docs: [][]byte{jwksOf(t, PublicKey{"k1", pub})}}
+	fetched := make(chan struct{}, 10)
+	c := &KeyCache{Fetch: srv.Fetch, Every: 10 * time.Millisecond, OnRefresh: func(error) {
+		select {
+		case fetched <- struct{}{}:
+		default:
+		}
+	}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	// Three fetches: the first at once, then two on the schedule, long
+	// before RefreshEvery (a minute) could have brought one.
+	deadline := time.After(RefreshEvery / 2)
+	for i := range 3 {
+		select {
+		case <-fetched:
+		case <-deadline:
+			t.Fatalf("%d fetches within %s with Every %s", i, RefreshEvery/2, c.Every)
+		}
+	}
+}

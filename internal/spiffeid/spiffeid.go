@@ -93,6 +93,20 @@ func ValidNodeID(name string) error {
 	return nil
 }
 
+// NameError refuses name, given as what (a flag, a field: "node"), when
+// it is no node ID or operator name (kind: "node", "operator"): what in
+// it breaks NameRule, and the rule. ValidNodeID's error calls it an
+// invalid SPIFFE ID, which the operator never typed: the name is one
+// segment of muster's SPIFFE IDs, under muster's own rule, stricter than
+// SPIFFE's. nil for a valid name.
+func NameError(what, kind, name string) error {
+	fault := NameFault(name)
+	if fault == "" {
+		return nil
+	}
+	return fmt.Errorf("%s %q is not a valid %s name: it %s; %s names are %s", what, name, kind, fault, kind, NameRule)
+}
+
 // NameFault says which part of NameRule name breaks, the first found, as
 // the end of a sentence about it ("is empty", "has \"_\", which is not one
 // of a-z 0-9 . -"); "" for a valid name. An operator told only the rule

@@ -317,8 +317,9 @@ type JoinStore interface {
 	NodesWithLabels(ctx context.Context, labels map[string]string) ([]string, error)
 	// ListNodes returns every node, ordered by ID.
 	ListNodes(ctx context.Context) ([]Node, error)
-	// DeleteNode removes a node and marks its current instance deleted,
-	// freeing the node ID; ErrNotFound. audit builds its record
+	// DeleteNode removes a node and its stream row (AgentStreamStore)
+	// and marks its current instance deleted, freeing the node ID;
+	// ErrNotFound. audit builds its record
 	// (agent.delete), appended in the same transaction (see AppendAudit):
 	// an error building or appending it is returned and the node stays;
 	// a nil audit is refused.

@@ -36,8 +36,9 @@ func (s *Store) ListNodes(ctx context.Context) ([]store.Node, error) {
 	return collect(rows, "list nodes", scanNode)
 }
 
-// DeleteNode removes a node and marks its current instance deleted, with
-// its audit record, in one transaction, freeing the node ID; ErrNotFound
+// DeleteNode removes a node and its stream row and marks its current
+// instance deleted, with its audit record, in one transaction, freeing
+// the node ID; ErrNotFound
 // if no node holds the ID, and a record that cannot be built or appended
 // leaves the node. It takes the node ID's advisory lock, like CommitJoin,
 // so a join of the same ID sees the node either whole or gone; under it
@@ -90,6 +91,9 @@ func (s *Store) deleteNode(ctx context.Context, id string, created time.Time, au
 			return fmt.Errorf("postgres: %s: %w: the node holding the ID was created at %s, not %s (deleted and joined again since)",
 				op, store.ErrConflict, timeCol(held).Format(time.RFC3339Nano), created.UTC().Format(time.RFC3339Nano))
 		})
+		// In the same batch: a refusal of the row above rolls this back
+		// with the rest.
+		p.exec(`DELETE FROM agent_streams WHERE node_id = $1`, []any{id}, wrapped(op))
 		queueNotify(p, store.ChangeStanding, id)
 		return commitAudited(ctx, p, audit, op)
 	})

@@ -41,9 +41,10 @@ func (s *SQLite) ListNodes(ctx context.Context) ([]store.Node, error) {
 	return collect(rows, "list nodes", scanNode)
 }
 
-// DeleteNode removes a node and marks its current instance deleted, and
-// appends its audit record, as one write of a group-committed
-// transaction, freeing the node ID; ErrNotFound if no node holds the ID.
+// DeleteNode removes a node and its stream row and marks its current
+// instance deleted, and appends its audit record, as one write of a
+// group-committed transaction, freeing the node ID; ErrNotFound if no
+// node holds the ID.
 // A record that cannot be built or appended leaves the node as it was.
 // The instances and certificates of the ID are kept as its history.
 func (s *SQLite) DeleteNode(ctx context.Context, id string, audit func(store.AuditHead) (store.AuditRecord, error)) error {
@@ -81,6 +82,9 @@ func (s *SQLite) deleteNode(ctx context.Context, id string, created time.Time, a
 		}
 		if _, err := tx.ExecContext(ctx, `UPDATE instances SET state = 'deleted'
 			WHERE id = ? AND state = 'current'`, instanceID); err != nil {
+			return wrap("delete node "+id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM agent_streams WHERE node_id = ?`, id); err != nil {
 			return wrap("delete node "+id, err)
 		}
 		return appendAuditOf(ctx, tx, "delete node "+id, audit)

@@ -134,6 +134,44 @@ func nodeCases() []testCase {
 			mustNil(t, "ListCertificates", err)
 			wantEqual(t, "ListCertificates", cs, []store.Certificate{j1.Certificate, j2.Certificate})
 		}},
+		{"delete removes the node's stream row with it", func(t *testing.T, ctx context.Context, s store.Store) {
+			// A row left behind would show the deleted node's last stream
+			// (a killed replica's: "replica gone?") and carry its copy
+			// turn to the next node joined under the ID, another machine.
+			admit(t, ctx, s, "node-1", "i1", at(0))
+			admit(t, ctx, s, "node-2", "i2", at(0))
+			turn := store.StreamTurn{From: "10.0.0.1 (certificate 0a)", To: "10.0.0.2 (certificate 0a)", At: at(time.Minute), Count: 2}
+			for _, n := range []string{"node-1", "node-2"} {
+				mustNil(t, "RecordAgentStream "+n, s.RecordAgentStream(ctx, store.AgentStream{NodeID: n, StreamID: "s-" + n, Replica: "a:1", Connected: true,
+					ConnectedAt: at(time.Minute), LastSeen: at(time.Minute), Holder: "10.0.0.2 (certificate 0a)", Turn: turn}))
+			}
+			// Refused deletes leave it: no record, another node created since.
+			wantUnaudited(t, ctx, s, "agent.delete", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				return s.DeleteNode(ctx, "node-1", audit)
+			}, func() any { r, err := s.GetAgentStream(ctx, "node-1"); mustNil(t, "GetAgentStream", err); return r })
+			wantErr(t, "DeleteNodeCreated of another creation", s.DeleteNodeCreated(ctx, "node-1", at(time.Hour), link(record("agent.delete"))), store.ErrConflict)
+			_, err := s.GetAgentStream(ctx, "node-1")
+			mustNil(t, "GetAgentStream after the refused deletes", err)
+
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
+			_, err = s.GetAgentStream(ctx, "node-1")
+			wantErr(t, "GetAgentStream after DeleteNode", err, store.ErrNotFound)
+			n2, err := s.GetNode(ctx, "node-2")
+			mustNil(t, "GetNode node-2", err)
+			mustNil(t, "DeleteNodeCreated", s.DeleteNodeCreated(ctx, "node-2", n2.CreatedAt, link(record("agent.delete"))))
+			_, err = s.GetAgentStream(ctx, "node-2")
+			wantErr(t, "GetAgentStream after DeleteNodeCreated", err, store.ErrNotFound)
+
+			// The next node under the ID opens as its first stream.
+			admit(t, ctx, s, "node-1", "i3", at(2*time.Hour))
+			mustNil(t, "TakeAgentStream of the new node", s.TakeAgentStream(ctx, store.AgentStream{NodeID: "node-1", StreamID: "s-new", Replica: "a:1", Connected: true,
+				ConnectedAt: at(2 * time.Hour), LastSeen: at(2 * time.Hour), Holder: "10.0.0.9 (certificate 0b)"}, ""))
+			got, err := s.GetAgentStream(ctx, "node-1")
+			mustNil(t, "GetAgentStream of the new node", err)
+			if got.StreamID != "s-new" || got.Turn != (store.StreamTurn{}) {
+				t.Errorf("the new node's row: %+v, want stream s-new with no turn", got)
+			}
+		}},
 		{"delete leaves other nodes alone", func(t *testing.T, ctx context.Context, s store.Store) {
 			admit(t, ctx, s, "node-1", "i1", at(0))
 			j2, in2 := admit(t, ctx, s, "node-2", "i2", at(0))
