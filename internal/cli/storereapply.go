@@ -459,7 +459,7 @@ func (p *reapplyPlanner) last(action string, match func(store.AuditRecord) bool)
 
 func (p *reapplyPlanner) plan(ctx context.Context, res *reapplyResult) error {
 	res.Steps, res.Manual = []reapplyStep{}, []manualStep{}
-	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planCerts, p.planManual} {
+	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planRetired, p.planCerts, p.planManual} {
 		if err := f(ctx, res); err != nil {
 			return err
 		}

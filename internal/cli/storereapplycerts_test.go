@@ -11,8 +11,10 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,15 +180,16 @@ func TestStoreReapplyListsIdentitiesNotCarried(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
 	}
-	if f.head(t) != before {
-		t.Errorf("records were appended for what is only listed")
+	// One record: moved-01's old instance superseded.
+	if f.head(t) != before+1 {
+		t.Errorf("records %d to %d appended, want one, for the old instance superseded", before+1, f.head(t))
 	}
 	var res reapplyResult
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"moved-01":  "as another node (instance moved-01-a)",
+		"moved-01":  "re-provisioned since the backup (instance moved-01-a superseded by moved-01-b)",
 		"bound-01":  "a bound-keypair instance: its join state is not carried",
 		"forged-01": "not carried: instance forged-01-a holds no certificate chain",
 	}
@@ -205,8 +208,8 @@ func TestStoreReapplyListsIdentitiesNotCarried(t *testing.T) {
 			t.Errorf("%q: %s", n.Command, problem)
 		}
 	}
-	if len(want) > 0 || len(res.Steps) != 0 {
-		t.Errorf("not listed: %v; steps %+v, want none", want, res.Steps)
+	if len(want) > 0 || len(res.Steps) != 1 || !strings.HasPrefix(res.Steps[0].What, "retire superseded instance moved-01-a") {
+		t.Errorf("not listed: %v; steps %+v, want only moved-01-a superseded", want, res.Steps)
 	}
 	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
 		for _, id := range []string{"bound-01", "forged-01"} {
@@ -217,5 +220,104 @@ func TestStoreReapplyListsIdentitiesNotCarried(t *testing.T) {
 		if n, err := st.GetNode(ctx, "moved-01"); err != nil || n.InstanceID != "moved-01-a" {
 			t.Errorf("moved-01 in the restored store: %+v, %v; want it as it was", n, err)
 		}
+		// Left current, the old instance would renew: the store kept
+		// aside refuses it superseded, and so does the restored store.
+		if in, err := st.GetInstance(ctx, "moved-01-a"); err != nil || in.State != store.InstanceSuperseded {
+			t.Errorf("moved-01-a in the restored store: %+v, %v; want it superseded", in, err)
+		}
 	})
+}
+
+// testRenewal is the renewal of instance from generation gen, issued at
+// issued.
+func testRenewal(node, instance string, gen int64, issued time.Time) store.Renewal {
+	issued = issued.UTC().Truncate(time.Microsecond)
+	sn := fmt.Sprintf("%x", fmt.Sprintf("%s/%d", instance, gen+1))
+	return store.Renewal{InstanceID: instance, FromGeneration: gen, ChainPEM: []byte("chain"),
+		Certificate: store.Certificate{Serial: sn, NodeID: node, InstanceID: instance, Generation: gen + 1, JoinMethod: store.JoinMethodPSK, TokenID: "psk-1",
+			PublicKey: []byte("k-" + instance), NotBefore: issued, NotAfter: issued.Add(time.Hour), IssuedAt: issued}}
+}
+
+// TestStoreReapplyRetiresInstancesDeletedOrSupersededSince: an instance
+// the store kept aside holds deleted or superseded is written so in the
+// restored store, with the certificates it got since the backup. A node
+// that renewed and was deleted since: the CRL's list names its
+// certificate issued since (before, only the backup's: relying parties
+// accepted the deleted node's live certificate). A node re-provisioned
+// since (its instance superseded by a join): the old instance is
+// superseded (before, it stayed current and renewed), and the new one is
+// listed as not carried when it cannot be. A second run re-applies
+// nothing.
+func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-10 * time.Minute)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, n := range []string{"del-01", "prov-01"} {
+			if _, err := st.CommitJoin(ctx, testJoin(n, n+"-a", now)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(t, l, "test.mark", "x", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			_, err := st.AppendAudit(ctx, b)
+			return err
+		})
+	})
+	f.backUp(t)
+	var since []string
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		for _, n := range []string{"del-01", "prov-01"} {
+			r := testRenewal(n, n+"-a", 0, now.Add(time.Minute))
+			if _, err := st.CommitRenewal(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			since = append(since, r.Certificate.Serial)
+		}
+		write(t, l, "agent.delete", "del-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, "del-01", b) })
+		j := testJoin("prov-01", "prov-01-b", now.Add(2*time.Minute))
+		j.MaySupersede = true
+		if _, err := st.CommitJoin(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotCarried) != 1 || res.NotCarried[0].Node != "prov-01" || !strings.Contains(res.NotCarried[0].Why, "re-provisioned since the backup") {
+		t.Errorf("not carried: %+v, want prov-01's new instance, re-provisioned since", res.NotCarried)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		for id, want := range map[string]string{"del-01-a": store.InstanceDeleted, "prov-01-a": store.InstanceSuperseded} {
+			in, err := st.GetInstance(ctx, id)
+			if err != nil || in.State != want || in.Generation != 1 {
+				t.Errorf("instance %s after reapply: %+v, %v; want it %s at generation 1", id, in, err, want)
+			}
+		}
+		for _, sn := range since {
+			if _, err := st.GetCertificate(ctx, sn); err != nil {
+				t.Errorf("certificate %s issued since the backup: %v", sn, err)
+			}
+		}
+		revoked, err := st.ListRevokedCertificates(ctx, now.Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var serials []string
+		for _, c := range revoked {
+			serials = append(serials, c.Serial)
+		}
+		if !slices.Contains(serials, since[0]) || !slices.Contains(serials, fmt.Sprintf("%x", "del-01-a")) {
+			t.Errorf("the CRL's list %v lacks the deleted node's certificates %s and %x", serials, since[0], "del-01-a")
+		}
+	})
+	before := f.head(t)
+	code, out, errOut = f.run(t, "--apply")
+	if code != 0 || !strings.Contains(out, "Nothing to re-apply") || f.head(t) != before {
+		t.Errorf("reapply run again: exit %d, records %d to %d\n%s%s", code, before, f.head(t), out, errOut)
+	}
 }
