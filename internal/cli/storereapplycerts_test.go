@@ -246,13 +246,14 @@ func testRenewal(node, instance string, gen int64, issued time.Time) store.Renew
 // accepted the deleted node's live certificate). A node re-provisioned
 // since (its instance superseded by a join): the old instance is
 // superseded (before, it stayed current and renewed), and the new one is
-// listed as not carried when it cannot be. A second run re-applies
-// nothing.
+// listed as not carried when it cannot be. A node deleted and joined
+// again since: its old instance's certificate issued since is on the CRL
+// too. A second run re-applies nothing.
 func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 	f := newReapplyFixture(t)
 	now := time.Now().Add(-10 * time.Minute)
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		for _, n := range []string{"del-01", "prov-01"} {
+		for _, n := range []string{"del-01", "prov-01", "back-01"} {
 			if _, err := st.CommitJoin(ctx, testJoin(n, n+"-a", now)); err != nil {
 				t.Fatal(err)
 			}
@@ -265,7 +266,7 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 	f.backUp(t)
 	var since []string
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		for _, n := range []string{"del-01", "prov-01"} {
+		for _, n := range []string{"del-01", "prov-01", "back-01"} {
 			r := testRenewal(n, n+"-a", 0, now.Add(time.Minute))
 			if _, err := st.CommitRenewal(ctx, r); err != nil {
 				t.Fatal(err)
@@ -273,6 +274,10 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 			since = append(since, r.Certificate.Serial)
 		}
 		write(t, l, "agent.delete", "del-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, "del-01", b) })
+		write(t, l, "agent.delete", "back-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, "back-01", b) })
+		if _, err := st.CommitJoin(ctx, testJoin("back-01", "back-01-b", now.Add(2*time.Minute))); err != nil {
+			t.Fatal(err)
+		}
 		j := testJoin("prov-01", "prov-01-b", now.Add(2*time.Minute))
 		j.MaySupersede = true
 		if _, err := st.CommitJoin(ctx, j); err != nil {
@@ -288,11 +293,18 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
-	if len(res.NotCarried) != 1 || res.NotCarried[0].Node != "prov-01" || !strings.Contains(res.NotCarried[0].Why, "re-provisioned since the backup") {
-		t.Errorf("not carried: %+v, want prov-01's new instance, re-provisioned since", res.NotCarried)
+	want := map[string]string{"prov-01": "re-provisioned since the backup", "back-01": "instance back-01-b holds no certificate chain"}
+	for _, n := range res.NotCarried {
+		if !strings.Contains(n.Why, want[n.Node]) || want[n.Node] == "" {
+			t.Errorf("not carried: %+v; want it saying %q", n, want[n.Node])
+		}
+		delete(want, n.Node)
+	}
+	if len(want) > 0 {
+		t.Errorf("not listed as not carried: %v", want)
 	}
 	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
-		for id, want := range map[string]string{"del-01-a": store.InstanceDeleted, "prov-01-a": store.InstanceSuperseded} {
+		for id, want := range map[string]string{"del-01-a": store.InstanceDeleted, "prov-01-a": store.InstanceSuperseded, "back-01-a": store.InstanceDeleted} {
 			in, err := st.GetInstance(ctx, id)
 			if err != nil || in.State != want || in.Generation != 1 {
 				t.Errorf("instance %s after reapply: %+v, %v; want it %s at generation 1", id, in, err, want)
@@ -311,8 +323,13 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 		for _, c := range revoked {
 			serials = append(serials, c.Serial)
 		}
-		if !slices.Contains(serials, since[0]) || !slices.Contains(serials, fmt.Sprintf("%x", "del-01-a")) {
-			t.Errorf("the CRL's list %v lacks the deleted node's certificates %s and %x", serials, since[0], "del-01-a")
+		for _, sn := range []string{since[0], fmt.Sprintf("%x", "del-01-a"), since[2], fmt.Sprintf("%x", "back-01-a")} {
+			if !slices.Contains(serials, sn) {
+				t.Errorf("the CRL's list %v lacks the deleted node's certificate %s", serials, sn)
+			}
+		}
+		if slices.Contains(serials, since[1]) {
+			t.Errorf("the CRL's list %v names %s of a superseded instance: the store kept aside's does not", serials, since[1])
 		}
 	})
 	before := f.head(t)
