@@ -274,7 +274,9 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 			since = append(since, r.Certificate.Serial)
 		}
 		write(t, l, "agent.delete", "del-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, "del-01", b) })
-		write(t, l, "agent.delete", "back-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error { return st.DeleteNode(ctx, "back-01", b) })
+		write(t, l, "agent.delete", "back-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.DeleteNode(ctx, "back-01", b)
+		})
 		if _, err := st.CommitJoin(ctx, testJoin("back-01", "back-01-b", now.Add(2*time.Minute))); err != nil {
 			t.Fatal(err)
 		}
