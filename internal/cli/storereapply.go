@@ -63,7 +63,9 @@ generation and last certificate, or a node joined since) is carried only
 for a certificate chaining to an agent CA the restored store knows,
 unexpired, and only where the restored store does not say otherwise
 (node deleted, locked, or its ID held by another node): the rest it
-lists, with why and the way out.
+lists, with why and the way out. An instance the store kept aside holds
+deleted or superseded is written so, with the certificates it got
+since: it renews no more, and the CRL names a deleted node's.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
