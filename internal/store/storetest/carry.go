@@ -93,9 +93,9 @@ func carryCases() []testCase {
 			now = now.Truncate(time.Microsecond)
 			// The restored store: node-1's instance as the backup held it,
 			// deleted by the node deletion re-applied.
-			_, held := admit(t, ctx, s, "node-1", "i1", now.Add(-20*time.Minute))
+			admit(t, ctx, s, "node-1", "i1", now.Add(-20*time.Minute))
 			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
-			held, err = s.GetInstance(ctx, "i1")
+			held, err := s.GetInstance(ctx, "i1")
 			mustNil(t, "GetInstance", err)
 			// The store kept aside: i1 renewed twice since, then deleted.
 			r2 := renewalOf(held, "k2", now.Add(-10*time.Minute))
