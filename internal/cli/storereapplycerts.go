@@ -130,6 +130,14 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			// Its join state (recovery sequence, epoch, key) lives beside
 			// the instance and is not carried: its agent recovers through
 			// a resync window instead.
+			rotated, err := p.keyRotatedSince(ctx, in.TokenID)
+			if err != nil {
+				return err
+			}
+			if rotated != "" {
+				skip("a bound-keypair instance: its join state is not carried; "+rotated, "muster token delete "+shellword.Quote(in.TokenID))
+				continue
+			}
 			skip("a bound-keypair instance: its join state is not carried", `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"`)
 			continue
 		}
@@ -281,6 +289,36 @@ func (p *reapplyPlanner) planRetired(ctx context.Context, res *reapplyResult) er
 		}
 	}
 	return nil
+}
+
+// keyRotatedSince says how the bound key of bound-keypair token id moved
+// since the backup ("" if it did not): the restored store binds the
+// key the agent rotated away, which works there again, outside a resync
+// window, for whoever holds it. Deleting the token ends refreshes with
+// either key; the agent joins again under a token made anew.
+func (p *reapplyPlanner) keyRotatedSince(ctx context.Context, id string) (string, error) {
+	held, err := p.st.GetToken(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	had, err := p.from.GetToken(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the tokens of the store kept aside: %w", err)
+	}
+	if held.BoundKeypair == nil || had.BoundKeypair == nil || held.BoundKeypair.BoundPublicKey == "" ||
+		held.BoundKeypair.BoundPublicKey == had.BoundKeypair.BoundPublicKey {
+		return "", nil
+	}
+	return fmt.Sprintf("its bound key was rotated since the backup (the store kept aside binds %s, the restored store %s again, "+
+		"which lets the old key refresh): once the authority runs, delete the token, then muster bot add %s, and the agent joins again "+
+		"with its new registration secret (muster agent join --force --data ADIR --bound-keypair %s --registration-secret-file F)",
+		had.BoundKeypair.BoundPublicKey, held.BoundKeypair.BoundPublicKey, shellword.Quote(id), shellword.Quote(id)), nil
 }
 
 // agentCAs are the agent intermediates the restored store knows and

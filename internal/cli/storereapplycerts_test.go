@@ -340,3 +340,73 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 		t.Errorf("reapply run again: exit %d, records %d to %d\n%s%s", code, before, f.head(t), out, errOut)
 	}
 }
+
+// TestStoreReapplyNamesABoundKeyRotatedSince: a bound-keypair agent whose
+// key was rotated since the backup is listed with the way out that keeps
+// the old key out (deleting the token), not a resync window: the
+// restored store binds the old key again, and outside a window whoever
+// holds it refreshes. Before, the line named only the window.
+func TestStoreReapplyNamesABoundKeyRotatedSince(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-10 * time.Minute)
+	bot := func(key string) store.Token {
+		tok := testToken("bot-01", 0, now)
+		tok.JoinMethod = store.JoinMethodBoundKeypair
+		tok.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 1, RecoveryMode: "standard"}, BoundPublicKey: key}
+		return tok
+	}
+	join := func(instance string, at time.Time) store.Join {
+		j := testJoin("bot-01", instance, at)
+		j.Instance.JoinMethod, j.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
+		j.Credential, j.Instance.TokenID, j.Certificate.TokenID = "bot-01", "bot-01", "bot-01"
+		return j
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertToken(ctx, bot("SHA256:old"), b)
+		})
+		if _, err := st.CommitJoin(ctx, join("bot-01-a", now)); err != nil {
+			t.Fatal(err)
+		}
+		write(t, l, "test.mark", "x", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			_, err := st.AppendAudit(ctx, b)
+			return err
+		})
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		// The refresh that rotated the key, as the store kept aside
+		// holds it: the token binds the new key, the instance advanced.
+		write(t, l, "token.delete", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.DeleteToken(ctx, "bot-01", b)
+		})
+		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertToken(ctx, bot("SHA256:new"), b)
+		})
+		r := testRenewal("bot-01", "bot-01-a", 0, now.Add(time.Minute))
+		r.Certificate.JoinMethod, r.Certificate.TokenID = store.JoinMethodBoundKeypair, "bot-01"
+		if _, err := st.CommitRenewal(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+	code, out, errOut := f.run(t, "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotCarried) != 1 || res.NotCarried[0].Command != "muster token delete bot-01" ||
+		!strings.Contains(res.NotCarried[0].Why, "its bound key was rotated since the backup (the store kept aside binds SHA256:new, the restored store SHA256:old again") {
+		t.Fatalf("not carried: %+v, want bot-01 named with its key rotated since and the token deleted as the way out", res.NotCarried)
+	}
+	cmds, _ := lineCommands("output", 1, res.NotCarried[0].Command)
+	if len(cmds) != 1 {
+		t.Fatalf("%q is not one muster command", res.NotCarried[0].Command)
+	}
+	if problem := checkDocCommand(newRoot(&Env{}), cmds[0]); problem != "" {
+		t.Errorf("%q: %s", res.NotCarried[0].Command, problem)
+	}
+}
