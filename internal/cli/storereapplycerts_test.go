@@ -339,6 +339,24 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "Nothing to re-apply") || f.head(t) != before {
 		t.Errorf("reapply run again: exit %d, records %d to %d\n%s%s", code, before, f.head(t), out, errOut)
 	}
+	// Restored from the same backup once more, the store re-applied kept
+	// aside: the same instances come out retired, with their certificates.
+	f.restore(t)
+	if code, out, errOut := f.run(t, "--apply"); code != 0 {
+		t.Fatalf("reapply after a second restore: exit %d\n%s%s", code, out, errOut)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		for id, want := range map[string]string{"del-01-a": store.InstanceDeleted, "prov-01-a": store.InstanceSuperseded, "back-01-a": store.InstanceDeleted} {
+			if in, err := st.GetInstance(ctx, id); err != nil || in.State != want || in.Generation != 1 {
+				t.Errorf("instance %s after the second restore's reapply: %+v, %v; want it %s at generation 1", id, in, err, want)
+			}
+		}
+		for _, sn := range since {
+			if _, err := st.GetCertificate(ctx, sn); err != nil {
+				t.Errorf("certificate %s after the second restore's reapply: %v", sn, err)
+			}
+		}
+	})
 }
 
 // TestStoreReapplyNamesABoundKeyRotatedSince: a bound-keypair agent whose
