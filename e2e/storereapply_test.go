@@ -74,6 +74,7 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	stolen, _ := e.join(t, e.token(t), "stolen-01")
 	gone, _ := e.join(t, e.token(t), "gone-01")
 	renewer, _ := e.join(t, e.token(t), "renewer-01")
+	retired, _ := e.join(t, e.token(t), "retired-01")
 	spend := e.token(t, "--uses", "1")
 	doomed := e.token(t, "--uses", "1")
 	e.auth.stop(t)
@@ -88,6 +89,10 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 		t.Fatal(err)
 	}
 	mustRun(t, "agents", "delete", "gone-01", "--data", dir)
+	// Renewed since, then deleted: its certificate of since is on the
+	// restored store's CRL.
+	retiredSince := renewAs(t, e, retired)
+	mustRun(t, "agents", "delete", "retired-01", "--data", dir)
 	// Another machine joins under its ID, with a token made since: the
 	// deletion re-applied frees the ID for it.
 	regone, _ := e.join(t, e.token(t), "gone-01")
@@ -120,7 +125,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	plan := mustRun(t, reapply()...)
 	for _, want := range []string{"To re-apply", "lock " + lock["id"].(string) + " on node stolen-01", "delete node gone-01",
 		"carry node gone-01", "carry node stolen-01, instance ", "; locked in the store kept aside (lock " + lock["id"].(string) + " on node stolen-01): its agent stays out while the lock holds; the CRL names its certificate",
-		"carry node renewer-01", "(the restored store holds generation 0)", "carry node since-01", "(joined since the backup)",
+		"carry node renewer-01", "(the restored store holds generation 0)", "delete node retired-01",
+		"retire deleted instance ", " of node retired-01 at generation 1 (the restored store holds it current at generation 0), with its 1 certificate(s) issued since (the CRL names those unexpired)", "carry node since-01", "(joined since the backup)",
 		"token " + spend[:6] + ": 1 of its 1 uses spent", "delete token " + doomed[:6], "muster psk rotate --grace 0", "Before --apply: "} {
 		if !strings.Contains(plan, want) {
 			t.Errorf("the plan lacks %q:\n%s", want, plan)
@@ -150,8 +156,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	}
 
 	out := mustRun(t, reapply("--apply")...)
-	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 8 {
-		t.Fatalf("store reapply --apply: want 8 steps done:\n%s", out)
+	if !strings.Contains(out, "Re-applied:") || strings.Count(out, ": done, record") != 10 {
+		t.Fatalf("store reapply --apply: want 10 steps done:\n%s", out)
 	}
 	// Again: everything is in place, and the restored store's head is
 	// still found past the records the first run appended.
@@ -164,9 +170,9 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	e.setup(t)
 	// Relying parties find the locked node's certificate of since the
 	// backup on the list (its own list, and the one before the backup's
-	// too). Before, only the backup's was, and the current one was
-	// accepted until it expired.
-	for _, id := range []*identity.Identity{stolen, stolenSince} {
+	// too), and the deleted node's. Before, only the backup's were, and
+	// the current ones were accepted until they expired.
+	for _, id := range []*identity.Identity{stolen, stolenSince, retired, retiredSince} {
 		leaf, inter := id.Chain[0], id.Chain[1]
 		url := "http://" + crlAddr + "/crl/agent-" + inter.SerialNumber.Text(16) + ".crl"
 		// The authority signs its first lists as it starts: until then
@@ -183,7 +189,7 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 		}
 		rl, _ := fetchCRL(t, url, inter)
 		if !slices.ContainsFunc(rl.RevokedCertificateEntries, func(r x509.RevocationListEntry) bool { return r.SerialNumber.Cmp(leaf.SerialNumber) == 0 }) {
-			t.Errorf("the CRL lacks the locked node's certificate %s: %+v", leaf.SerialNumber.Text(16), rl.RevokedCertificateEntries)
+			t.Errorf("the CRL lacks the locked or deleted node's certificate %s: %+v", leaf.SerialNumber.Text(16), rl.RevokedCertificateEntries)
 		}
 	}
 	_, err := e.renew(t, stolen, must2(newCSR(t)))
@@ -192,6 +198,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	_, err = e.renew(t, stolenSince, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "locked")
 	_, err = e.renew(t, gone, must2(newCSR(t)))
+	wantCode(t, err, codes.PermissionDenied, "deleted")
+	_, err = e.renew(t, retiredSince, must2(newCSR(t)))
 	wantCode(t, err, codes.PermissionDenied, "deleted")
 	_, csr := newCSR(t)
 	_, err = e.boot.ExchangeJoinToken(t.Context(), &musterv1.ExchangeJoinTokenRequest{JoinToken: spend, NodeId: "again-01", Csr: csr})
@@ -209,8 +217,8 @@ func reapplyWalk(t *testing.T, dir string, backUp func(), restore func() (restor
 	if err := json.Unmarshal([]byte(mustRun(t, "audit", "list", "--data", dir, "--action", "store.reapply", "-o", "json")), &recs); err != nil {
 		t.Fatal(err)
 	}
-	if len(recs) != 8 {
-		t.Fatalf("store.reapply records: %v, want 8", recs)
+	if len(recs) != 10 {
+		t.Fatalf("store.reapply records: %v, want 10", recs)
 	}
 	for _, rec := range recs {
 		if reason, _ := rec["reason"].(string); !strings.Contains(reason, "re-applies record ") || rec["actor"] != "muster store reapply" {

@@ -63,7 +63,9 @@ generation and last certificate, or a node joined since) is carried only
 for a certificate chaining to an agent CA the restored store knows,
 unexpired, and only where the restored store does not say otherwise
 (node deleted, locked, or its ID held by another node): the rest it
-lists, with why and the way out.
+lists, with why and the way out. An instance the store kept aside holds
+deleted or superseded is written so, with the certificates it got
+since: it renews no more, and the CRL names a deleted node's.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
@@ -531,7 +533,7 @@ func (p *reapplyPlanner) last(action string, match func(store.AuditRecord) bool)
 
 func (p *reapplyPlanner) plan(ctx context.Context, res *reapplyResult) error {
 	res.Steps, res.Manual = []reapplyStep{}, []manualStep{}
-	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planCerts, p.planManual} {
+	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planRetired, p.planCerts, p.planManual} {
 		if err := f(ctx, res); err != nil {
 			return err
 		}

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
@@ -109,7 +111,15 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 				// Deleted again by a step before this one, which frees its
 				// ID for the node joined under it since.
 			case err == nil:
-				skip("the restored store holds node ID "+fn.ID+" as another node (instance "+n.InstanceID+")", rejoinCommand(fn.ID))
+				why := "the restored store holds node ID " + fn.ID + " as another node (instance " + n.InstanceID + ")"
+				if n.CreatedAt.Equal(fn.CreatedAt) {
+					// Re-provisioned since: a join bound to the node
+					// superseded the instance the restored store holds,
+					// which planRetired supersedes there too.
+					why = "re-provisioned since the backup (instance " + n.InstanceID + " superseded by " + in.ID +
+						"): the restored store holds the old instance, superseded by a step above, and does not carry the new one"
+				}
+				skip(why, rejoinCommand(fn.ID))
 				continue
 			case !errors.Is(err, store.ErrNotFound):
 				return err
@@ -120,6 +130,14 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			// Its join state (recovery sequence, epoch, key) lives beside
 			// the instance and is not carried: its agent recovers through
 			// a resync window instead.
+			rotated, err := p.keyRotatedSince(ctx, in.TokenID)
+			if err != nil {
+				return err
+			}
+			if rotated != "" {
+				skip("a bound-keypair instance: its join state is not carried; "+rotated, "muster token delete "+shellword.Quote(in.TokenID))
+				continue
+			}
 			skip("a bound-keypair instance: its join state is not carried", `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"`)
 			continue
 		}
@@ -163,6 +181,144 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			}})
 	}
 	return nil
+}
+
+// planRetired carries forward the instances the store kept aside holds
+// deleted or superseded where the restored store holds them current,
+// at an older generation, or not at all: a node deleted since, or one
+// re-provisioned since (its old instance superseded or deleted). Each is
+// written as the store kept aside holds it, with the certificate records
+// it got since the backup: the restored store refuses it as that store
+// did (an old instance left current would renew again), and the CRL names
+// every unexpired certificate of a deleted node, those issued since the
+// backup too. It runs after the node deletions re-applied, which delete
+// the instance as the backup held it, and before the identities carried,
+// which may supersede it. Only records are written, no chain checked:
+// carrying them takes an identity out, never lets one in.
+func (p *reapplyPlanner) planRetired(ctx context.Context, res *reapplyResult) error {
+	ids := map[string]bool{}
+	var order []string
+	add := func(id string) {
+		if !ids[id] {
+			ids[id] = true
+			order = append(order, id)
+		}
+	}
+	for _, st := range []store.Store{p.st, p.from} {
+		nodes, err := st.ListNodes(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			add(n.ID)
+		}
+	}
+	for _, r := range p.lost {
+		if r.Action == "agent.delete" && r.Result == audit.ResultOK {
+			add(r.Target)
+		}
+	}
+	slices.Sort(order)
+	for _, id := range order {
+		ins, err := p.from.ListInstances(ctx, id)
+		if err != nil {
+			return fmt.Errorf("reading the instances of the store kept aside: %w", err)
+		}
+		var certs []store.Certificate
+		for _, fi := range ins {
+			if fi.State == store.InstanceCurrent {
+				continue
+			}
+			r := store.RetiredIdentity{Instance: fi}
+			held, err := p.st.GetInstance(ctx, fi.ID)
+			switch {
+			case err == nil:
+				if held.Generation > fi.Generation || held.Generation == fi.Generation && held.State == fi.State {
+					continue // the restored store is as far
+				}
+				if _, ok := p.deleting[id]; ok && held.Generation == fi.Generation && fi.State == store.InstanceDeleted {
+					continue // the node deletion re-applied deletes it: nothing more to write
+				}
+				r.Held = &held
+			case !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+			if certs == nil {
+				if certs, err = p.from.ListCertificates(ctx, id); err != nil {
+					return fmt.Errorf("reading the certificates of the store kept aside: %w", err)
+				}
+			}
+			for _, c := range certs {
+				if c.InstanceID != fi.ID {
+					continue
+				}
+				switch _, err := p.st.GetCertificate(ctx, c.Serial); {
+				case errors.Is(err, store.ErrNotFound):
+					r.Certificates = append(r.Certificates, c)
+				case err != nil:
+					return err
+				}
+				if c.Serial == fi.LastSerial {
+					r.Last = c
+				}
+			}
+			if err := r.Check(); err != nil {
+				return fmt.Errorf("the store kept aside's instance %s: %w", fi.ID, err)
+			}
+			what := fmt.Sprintf("%s instance %s of node %s at generation %d", fi.State, fi.ID, id, fi.Generation)
+			if r.Held == nil {
+				what += " (made since the backup)"
+			} else {
+				what += fmt.Sprintf(" (the restored store holds it %s at generation %d)", r.Held.State, r.Held.Generation)
+			}
+			if n := len(r.Certificates); n > 0 {
+				what += fmt.Sprintf(", with its %d certificate(s) issued since", n)
+				if fi.State == store.InstanceDeleted {
+					what += " (the CRL names those unexpired)"
+				}
+			}
+			action := "agent.delete"
+			if fi.State == store.InstanceSuperseded {
+				action = "agent.join"
+			}
+			rec, _ := p.last(action, func(r store.AuditRecord) bool { return r.Target == id })
+			res.Steps = append(res.Steps, reapplyStep{Seq: rec.Seq, Action: action, What: "retire " + what, target: id,
+				write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
+					return st.RetireIdentity(ctx, r, build)
+				}})
+		}
+	}
+	return nil
+}
+
+// keyRotatedSince says how the bound key of bound-keypair token id moved
+// since the backup ("" if it did not): the restored store binds the
+// key the agent rotated away, which works there again, outside a resync
+// window, for whoever holds it. Deleting the token ends refreshes with
+// either key; the agent joins again under a token made anew.
+func (p *reapplyPlanner) keyRotatedSince(ctx context.Context, id string) (string, error) {
+	held, err := p.st.GetToken(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	had, err := p.from.GetToken(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the tokens of the store kept aside: %w", err)
+	}
+	if held.BoundKeypair == nil || had.BoundKeypair == nil || held.BoundKeypair.BoundPublicKey == "" ||
+		held.BoundKeypair.BoundPublicKey == had.BoundKeypair.BoundPublicKey {
+		return "", nil
+	}
+	return fmt.Sprintf("its bound key was rotated since the backup (the store kept aside binds %s, the restored store %s again, "+
+		"which lets the old key refresh): once the authority runs, delete the token, then muster bot add %s, and the agent joins again "+
+		"with its new registration secret (muster agent join --force --data ADIR --bound-keypair %s --registration-secret-file F)",
+		had.BoundKeypair.BoundPublicKey, held.BoundKeypair.BoundPublicKey, shellword.Quote(id), shellword.Quote(id)), nil
 }
 
 // agentCAs are the agent intermediates the restored store knows and

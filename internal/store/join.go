@@ -235,6 +235,50 @@ type CarriedIdentity struct {
 	Node Node
 }
 
+// RetiredIdentity is an instance that the store a restore replaced holds
+// deleted or superseded, with the certificate records issued to it that
+// the restored store lacks, carried (store reapply) so that the restored
+// store refuses it as that store did and its CRL names, for a deleted
+// node, every certificate it got since the backup. Carrying it only ever
+// takes an identity out: the instance is written non-current.
+type RetiredIdentity struct {
+	// Instance is the instance as the store kept aside holds it:
+	// deleted or superseded, its Generation and Last* fields its last
+	// certificate's, Last.
+	Instance Instance
+	Last     Certificate
+	// Certificates are its records the restored store lacks, inserted.
+	Certificates []Certificate
+	// Held is the instance as the restored store holds it, as read: the
+	// write moves it only while it is still at that generation and last
+	// serial (in whatever state: a node deletion re-applied before may
+	// have deleted it), never to an older generation. Nil for an
+	// instance made since the backup: it is inserted, only while its ID
+	// is free, with no node.
+	Held *Instance
+}
+
+// Check refuses a retired identity whose parts disagree: a current
+// instance, a last record not the instance's, a record of another
+// instance, or a held instance that is another's.
+func (r RetiredIdentity) Check() error {
+	in := r.Instance
+	switch {
+	case in.State != InstanceDeleted && in.State != InstanceSuperseded:
+		return fmt.Errorf("retired instance %s is %s, not deleted or superseded", in.ID, in.State)
+	case r.Last.Serial == "" || r.Last.Serial != in.LastSerial || r.Last.InstanceID != in.ID:
+		return fmt.Errorf("certificate %s is not retired instance %s's last (%s)", r.Last.Serial, in.ID, in.LastSerial)
+	case r.Held != nil && r.Held.ID != in.ID:
+		return fmt.Errorf("retired instance %s is not the held instance %s", in.ID, r.Held.ID)
+	}
+	for _, c := range r.Certificates {
+		if c.InstanceID != in.ID || c.NodeID != in.NodeID {
+			return fmt.Errorf("certificate %s is of node %s, instance %s, not retired instance %s of node %s", c.Serial, c.NodeID, c.InstanceID, in.ID, in.NodeID)
+		}
+	}
+	return nil
+}
+
 // JoinStore is the part of the store that admits and renews nodes. Every
 // method that must happen once is one transaction whose conditions are
 // checked against the store clock inside it.
@@ -341,6 +385,16 @@ type JoinStore interface {
 	// is recorded already; ErrNotFound if c.Held's instance is gone. A
 	// nil audit is refused.
 	CarryIdentity(ctx context.Context, c CarriedIdentity, audit func(head AuditHead) (AuditRecord, error)) error
+	// RetireIdentity writes r to the restored store in one transaction,
+	// with the record audit builds (store.reapply): r.Certificates
+	// inserted, and for r.Held the instance moved to r.Instance's state,
+	// generation and last certificate, only while it is at r.Held's
+	// generation and last serial and r.Instance's generation is not
+	// below it; else the instance inserted (no node), only while its ID
+	// is free. ErrConflict, nothing written, when a condition fails, a
+	// serial is recorded already, or nothing would change; ErrNotFound if
+	// r.Held's instance is gone. A nil audit is refused.
+	RetireIdentity(ctx context.Context, r RetiredIdentity, audit func(head AuditHead) (AuditRecord, error)) error
 	// GetInstance returns an instance; ErrNotFound.
 	GetInstance(ctx context.Context, id string) (Instance, error)
 	// ListInstances returns the instances of a node ID, oldest first,

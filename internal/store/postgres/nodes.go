@@ -242,3 +242,58 @@ func (s *Store) CarryIdentity(ctx context.Context, c store.CarriedIdentity, audi
 		return commitAudited(ctx, p, audit, op)
 	})
 }
+
+// RetireIdentity writes an instance the store kept aside holds deleted
+// or superseded, and its certificate records the restored store lacks
+// (see store.JoinStore), with its record, in one transaction under the
+// node ID's lock.
+func (s *Store) RetireIdentity(ctx context.Context, r store.RetiredIdentity, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	in := r.Instance
+	op := "retire instance " + in.ID
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: an identity is never retired unaudited", op)
+	}
+	if err := r.Check(); err != nil {
+		return fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(nodeLockQuery, []any{nodeLockClass, in.NodeID}, wrapped(op+": lock"))
+		if r.Held != nil {
+			held := *r.Held
+			p.row(`WITH was AS (SELECT generation, state, last_serial FROM instances WHERE id = $9),
+					moved AS (UPDATE instances
+						SET state = $1, generation = $2, last_serial = $3, last_public_key = $4, last_chain_pem = $5, last_issued_at = $6,
+							last_not_after = $7, last_expiring_at = $8
+						WHERE id = $9 AND generation = $10 AND last_serial = $11 AND generation <= $2 AND (generation < $2 OR state <> $1)
+						RETURNING 1)
+				SELECT (SELECT generation FROM was), (SELECT state FROM was), (SELECT last_serial FROM was), EXISTS (SELECT 1 FROM moved)`,
+				[]any{in.State, in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+					timeArg(r.Last.NotAfter), timeArg(store.ExpiringAt(r.Last)), in.ID, held.Generation, held.LastSerial},
+				func(row pgx.Row) error {
+					var gen *int64
+					var state, serial *string
+					var moved bool
+					if err := row.Scan(&gen, &state, &serial, &moved); err != nil {
+						return wrap(op, err)
+					}
+					switch {
+					case moved:
+						return nil
+					case gen == nil:
+						return wrap(op, pgx.ErrNoRows)
+					}
+					return fmt.Errorf("postgres: %s: %w: it is %s at generation %d, serial %s, not at generation %d, serial %s as read, or %s already",
+						op, store.ErrConflict, *state, *gen, *serial, held.Generation, held.LastSerial, in.State)
+				})
+		} else {
+			p.exec(`INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
+				append(instanceArgs(in), timeArg(r.Last.NotAfter), timeArg(store.ExpiringAt(r.Last))), wrapped(op+": insert instance"))
+		}
+		for _, c := range r.Certificates {
+			p.exec(insertCertificateQuery, certificateArgs(c), wrapped(op+": insert certificate "+c.Serial))
+		}
+		queueNotify(p, store.ChangeStanding, in.NodeID)
+		return commitAudited(ctx, p, audit, op)
+	})
+}

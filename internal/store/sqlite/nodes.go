@@ -216,3 +216,58 @@ func (s *SQLite) CarryIdentity(ctx context.Context, c store.CarriedIdentity, aud
 	s.hub.announce(store.ChangeStanding, in.NodeID)
 	return nil
 }
+
+// RetireIdentity writes an instance the store kept aside holds deleted
+// or superseded, and its certificate records the restored store lacks
+// (see store.JoinStore), with its record, in one transaction.
+func (s *SQLite) RetireIdentity(ctx context.Context, r store.RetiredIdentity, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	in := r.Instance
+	op := "retire instance " + in.ID
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: an identity is never retired unaudited", op)
+	}
+	if err := r.Check(); err != nil {
+		return fmt.Errorf("sqlite: %s: %w", op, err)
+	}
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		if r.Held != nil {
+			res, err := tx.ExecContext(ctx, `UPDATE instances
+				SET state = ?1, generation = ?2, last_serial = ?3, last_public_key = ?4, last_chain_pem = ?5, last_issued_at = ?6,
+					last_not_after = ?7, last_expiring_at = ?8
+				WHERE id = ?9 AND generation = ?10 AND last_serial = ?11 AND ?2 >= generation AND (?2 > generation OR state <> ?1)`,
+				in.State, in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+				timeArg(r.Last.NotAfter), timeArg(store.ExpiringAt(r.Last)), in.ID, r.Held.Generation, r.Held.LastSerial)
+			if err != nil {
+				return wrap(op, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return wrap(op, err)
+			} else if n == 0 {
+				var gen int64
+				var state, serial string
+				if err := tx.QueryRowContext(ctx, `SELECT generation, state, last_serial FROM instances WHERE id = ?`, in.ID).Scan(&gen, &state, &serial); err != nil {
+					return wrap(op, err)
+				}
+				return fmt.Errorf("sqlite: %s: %w: it is %s at generation %d, serial %s, not at generation %d, serial %s as read, or %s already",
+					op, store.ErrConflict, state, gen, serial, r.Held.Generation, r.Held.LastSerial, in.State)
+			}
+		} else if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+			in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+			timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
+			timeArg(r.Last.NotAfter), timeArg(store.ExpiringAt(r.Last))); err != nil {
+			return wrap(op+": insert instance", err)
+		}
+		for _, c := range r.Certificates {
+			if err := insertCertificate(ctx, tx, c); err != nil {
+				return wrap(op+": insert certificate "+c.Serial, err)
+			}
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
+	if err != nil {
+		return err
+	}
+	s.hub.announce(store.ChangeStanding, in.NodeID)
+	return nil
+}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -85,6 +86,80 @@ func carryCases() []testCase {
 			if after := auditSeq(t, ctx, s); after != seq {
 				t.Errorf("the refused carries appended records %d to %d", seq+1, after)
 			}
+		}},
+		{"retire moves an instance deleted since and inserts its certificates, for the CRL", func(t *testing.T, ctx context.Context, s store.Store) {
+			now, err := s.Now(ctx)
+			mustNil(t, "Now", err)
+			now = now.Truncate(time.Microsecond)
+			// The restored store: node-1's instance as the backup held it,
+			// deleted by the node deletion re-applied.
+			admit(t, ctx, s, "node-1", "i1", now.Add(-20*time.Minute))
+			mustNil(t, "DeleteNode", s.DeleteNode(ctx, "node-1", link(record("agent.delete"))))
+			held, err := s.GetInstance(ctx, "i1")
+			mustNil(t, "GetInstance", err)
+			// The store kept aside: i1 renewed twice since, then deleted.
+			r2 := renewalOf(held, "k2", now.Add(-10*time.Minute))
+			in2 := held
+			in2.Generation, in2.LastSerial = 2, r2.Certificate.Serial
+			r3 := renewalOf(in2, "k3", now.Add(-5*time.Minute))
+			gone := held
+			gone.State, gone.Generation, gone.LastSerial, gone.LastPublicKey, gone.LastChainPEM, gone.LastIssuedAt =
+				store.InstanceDeleted, 3, r3.Certificate.Serial, r3.Certificate.PublicKey, r3.ChainPEM, r3.Certificate.IssuedAt
+			r := store.RetiredIdentity{Instance: gone, Last: r3.Certificate, Certificates: []store.Certificate{r2.Certificate, r3.Certificate}, Held: &held}
+
+			stale := held
+			stale.Generation = 2
+			seq := auditSeq(t, ctx, s)
+			bad := r
+			bad.Held = &stale
+			wantErr(t, "RetireIdentity from a generation not held", s.RetireIdentity(ctx, bad, link(record("store.reapply"))), store.ErrConflict)
+			if _, err := s.GetCertificate(ctx, r2.Certificate.Serial); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("the refused retire wrote certificate %s: %v", r2.Certificate.Serial, err)
+			}
+			if err := s.RetireIdentity(ctx, r, nil); err == nil {
+				t.Error("RetireIdentity without a record: no error")
+			}
+			current := r
+			current.Instance.State = store.InstanceCurrent
+			if err := s.RetireIdentity(ctx, current, link(record("store.reapply"))); err == nil {
+				t.Error("RetireIdentity to a current instance: no error")
+			}
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused retires appended records %d to %d", seq+1, after)
+			}
+
+			mustNil(t, "RetireIdentity", s.RetireIdentity(ctx, r, link(record("store.reapply"))))
+			got, err := s.GetInstance(ctx, "i1")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "the instance retired", got, gone)
+			revoked, err := s.ListRevokedCertificates(ctx, now.Add(-15*time.Minute))
+			mustNil(t, "ListRevokedCertificates", err)
+			serials := map[string]bool{}
+			for _, c := range revoked {
+				serials[c.Serial] = c.Reason == store.RevokedReasonDeleted
+			}
+			for _, c := range r.Certificates {
+				if !serials[c.Serial] {
+					t.Errorf("the CRL's list lacks certificate %s of the deleted node: %+v", c.Serial, revoked)
+				}
+			}
+			wantErr(t, "RetireIdentity twice", s.RetireIdentity(ctx, r, link(record("store.reapply"))), store.ErrConflict)
+
+			// An instance made since the backup and superseded since: inserted,
+			// with no node; its ID taken, refused.
+			made := store.Instance{ID: "i2", NodeID: "node-2", JoinMethod: "token", TokenID: "t-i2", CreatedAt: now.Add(-time.Minute)}
+			mr := renewalOf(made, "m1", now.Add(-time.Minute))
+			made.State, made.Generation, made.LastSerial, made.LastPublicKey, made.LastChainPEM, made.LastIssuedAt =
+				store.InstanceSuperseded, 1, mr.Certificate.Serial, mr.Certificate.PublicKey, mr.ChainPEM, mr.Certificate.IssuedAt
+			m := store.RetiredIdentity{Instance: made, Last: mr.Certificate, Certificates: []store.Certificate{mr.Certificate}}
+			mustNil(t, "RetireIdentity of an instance made since", s.RetireIdentity(ctx, m, link(record("store.reapply"))))
+			got, err = s.GetInstance(ctx, "i2")
+			mustNil(t, "GetInstance", err)
+			wantEqual(t, "the instance inserted", got, made)
+			if _, err := s.GetNode(ctx, "node-2"); !errors.Is(err, store.ErrNotFound) {
+				t.Errorf("node-2 after retiring its instance: %v, want none", err)
+			}
+			wantErr(t, "RetireIdentity of an instance held", s.RetireIdentity(ctx, m, link(record("store.reapply"))), store.ErrConflict)
 		}},
 		{"carry refuses parts that disagree, and no record", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, held := admit(t, ctx, s, "node-1", "i1", at(0))
