@@ -262,8 +262,8 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	targets := store.Named(r.LockTargets)
 	args := make([]any, 0, 8+2*len(targets))
-	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
-		timeArg(c.NotAfter), timeArg(store.ExpiringAt(c)))
+	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), timeArg(c.NotAfter),
+		timeArg(store.ExpiringAt(c)), r.InstanceID, r.FromGeneration)
 	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
 	// are filled from r: the chain PEM is not copied back out of SQLite.
@@ -374,17 +374,20 @@ func renewQuery(n int) string {
 	return buildRenewQuery(n)
 }
 
-// buildRenewQuery advances the instance (?5) from generation ?6, its
-// latest certificate's expiry ?7 and ?8 (store.ExpiringAt), if it is
-// current and no lock is in force by the store clock on any of the n
+// buildRenewQuery sets the instance's latest certificate (its serial,
+// public key, chain, issue time, expiry and store.ExpiringAt), advancing
+// the instance (the seventh argument) from generation (the eighth) if it
+// is current and no lock is in force by the store clock on any of the n
 // targets that follow (kind, target pairs), each looked up through the
-// (kind, target) index.
+// (kind, target) index. Its parameters are plain ?s, in that order: the
+// driver asks SQLite every parameter's name at every bind, and a
+// numbered one's (?1) is a string it makes each time.
 func buildRenewQuery(n int) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE instances
-		SET generation = generation + 1, last_serial = ?1, last_public_key = ?2, last_chain_pem = ?3, last_issued_at = ?4,
-			last_not_after = ?7, last_expiring_at = ?8
-		WHERE id = ?5 AND generation = ?6 AND state = 'current'`)
+		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?,
+			last_not_after = ?, last_expiring_at = ?
+		WHERE id = ? AND generation = ? AND state = 'current'`)
 	if n > 0 {
 		b.WriteString(` AND NOT EXISTS (SELECT 1 FROM locks WHERE (`)
 		for i := range n {
@@ -395,7 +398,7 @@ func buildRenewQuery(n int) string {
 		}
 		b.WriteString(`) AND ` + unexpired + `)`)
 	}
-	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1;
+	// Not the id, state or generation: equal to the arguments', 'current' and one more;
 	// unnamed and untyped, as the request path's reads (unnamed).
 	b.WriteString(` RETURNING ` + unnamed(`node_id, join_method, token_id, previous_id, created_at`))
 	return b.String()
