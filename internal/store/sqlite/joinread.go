@@ -22,7 +22,8 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	if shape == 0 {
 		return store.JoinRead{}, nil // nothing asked, nothing read
 	}
-	args := joinReadArgs(make([]any, 0, 4+2*len(targets)), shape, tokenID, nodeID, targets)
+	var buf [12]any // on the stack (argsBuf) for up to four targets
+	args := joinReadArgs(buf[:0], shape, tokenID, nodeID, targets)
 	row := joinRows[shape].Get().(*joinRow)
 	defer row.put()
 	raw := row.raw
@@ -279,7 +280,8 @@ func buildJoinReadQuery(shape, n int) string {
 // force and the verifier set's ID in one statement (renewalQuery): a
 // renewal's reads, and the standing check of every agent call, were five.
 func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
-	args := renewalArgs(make([]any, 0, 1+2*len(keys)), serial, keys)
+	var buf [8]any // on the stack (argsBuf) for up to three keys
+	args := renewalArgs(buf[:0], serial, keys)
 	var r store.RenewalRead
 	row := renewalRows.Get().(*renewalRow)
 	defer row.put()

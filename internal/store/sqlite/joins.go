@@ -261,8 +261,8 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 // no row is told apart afterwards (notRenewed).
 func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	targets := store.Named(r.LockTargets)
-	args := make([]any, 0, 8+2*len(targets))
-	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), timeArg(c.NotAfter),
+	var buf [20]any // on the stack (argsBuf) for up to six targets
+	args := append(buf[:0], c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), timeArg(c.NotAfter),
 		timeArg(store.ExpiringAt(c)), r.InstanceID, r.FromGeneration)
 	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
@@ -408,8 +408,8 @@ func buildRenewQuery(n int) string {
 // targets: it is the join's lock check, and the lock that refuses it is
 // read only then (*store.LockedError).
 func insertJoinInstance(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) error {
-	args := make([]any, 0, 14+2*len(targets))
-	args = append(args, in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+	var buf [24]any // on the stack (argsBuf) for up to five targets
+	args := append(buf[:0], in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
 		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
 		timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)))
 	args = appendLockArgs(args, targets)
