@@ -202,8 +202,9 @@ func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance
 			WHERE id = ?`,
 			in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID)
 	} else {
+		created := timeArg(in.CreatedAt) // boxed once: boxing allocates
 		_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
-			j.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(in.CreatedAt), timeArg(in.CreatedAt))
+			j.NodeID, in.JoinMethod, in.TokenID, in.ID, created, created)
 	}
 	if err != nil {
 		return store.JoinResult{}, wrap("commit join: claim node", err)
