@@ -77,9 +77,14 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 	// is not known: a failed statement here leaves it either way.
 	tx.head.known = false
 	recTime := timeArg(rec.Time).(int64) // BuildAuditRecord refuses a zero time
-	args := []any{rec.Seq, recTime, rec.Actor, rec.Action, rec.Target, rec.Result,
-		rec.Reason, rec.Source, rec.CorrelationID, rec.PrevHash, rec.Hash}
+	// Each boxed once: boxing allocates, and insertAuditOnHeadQuery takes
+	// the seq and the prev hash again.
+	seq, prev := any(rec.Seq), any(rec.PrevHash)
+	args := make([]any, 0, 14)
+	args = append(args, seq, recTime, rec.Actor, rec.Action, rec.Target, rec.Result,
+		rec.Reason, rec.Source, rec.CorrelationID, prev)
 	if guessed {
+		args = append(args, seq, seq, prev, rec.Hash)
 		res, err := tx.ExecContext(ctx, insertAuditOnHeadQuery, args...)
 		if err != nil {
 			return store.AuditRecord{}, wrap("append audit", err)
@@ -94,7 +99,7 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 			tx.guess.known = false
 			return appendAudit(ctx, tx, build)
 		}
-	} else if _, err := tx.ExecContext(ctx, insertAuditQuery, args...); err != nil {
+	} else if _, err := tx.ExecContext(ctx, insertAuditQuery, append(args, rec.Hash)...); err != nil {
 		return store.AuditRecord{}, wrap("append audit", err)
 	}
 	if head.Seq > 0 && recTime < headTime {
@@ -111,19 +116,23 @@ func appendAudit(ctx context.Context, tx *writeTx, build func(head store.AuditHe
 const insertAuditQuery = `INSERT INTO audit_records (` + auditColumns + `)
 	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
-// insertAuditOnHeadQuery inserts the record (insertAuditQuery's
-// arguments) only if the chain's head is the one it was built on: no
-// record at its seq ?1 or after, and the one before it (none for the
-// first record, whose prev hash ?10 is NULL) holding its prev hash, both
-// lookups of the rowid (seq). Otherwise its hash is NULL, which the
-// table refuses (NOT NULL) and OR IGNORE turns into no row inserted; as
-// does a seq taken already. One row of VALUES, not INSERT … SELECT: a
-// SELECT that reads the table it inserts into is run into a temporary
-// table first.
+// insertAuditOnHeadQuery inserts the record (the first ten of
+// insertAuditQuery's arguments) only if the chain's head is the one it
+// was built on: no record at its seq or after, and the one before it
+// (none for the first record, whose prev hash is NULL) holding its prev
+// hash, both lookups of the rowid (seq); the seq twice and the prev hash
+// again are its next three arguments, the hash the last. Otherwise its
+// hash is NULL, which the table refuses (NOT NULL) and OR IGNORE turns
+// into no row inserted; as does a seq taken already. One row of VALUES,
+// not INSERT … SELECT: a SELECT that reads the table it inserts into is
+// run into a temporary table first. Its parameters are plain ?s, an
+// argument used twice passed twice: the driver asks SQLite every
+// parameter's name at every bind, and a numbered one's (?1) is a string
+// it makes each time.
 const insertAuditOnHeadQuery = `INSERT OR IGNORE INTO audit_records (` + auditColumns + `)
-	VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10,
-		CASE WHEN NOT EXISTS (SELECT 1 FROM audit_records WHERE seq >= ?1)
-			AND (SELECT hash FROM audit_records WHERE seq = ?1 - 1) IS ?10 THEN ?11 END)`
+	VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
+		CASE WHEN NOT EXISTS (SELECT 1 FROM audit_records WHERE seq >= ?)
+			AND (SELECT hash FROM audit_records WHERE seq = ? - 1) IS ? THEN ? END)`
 
 // txHead is the audit chain's head as a write transaction has left it
 // (known once the transaction read it or appended to it), so that the

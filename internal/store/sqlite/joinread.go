@@ -22,13 +22,8 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	if shape == 0 {
 		return store.JoinRead{}, nil // nothing asked, nothing read
 	}
-	// Every text numbers its parameters alike (the token ?1, the node ?2,
-	// the lock targets ?3 on), so both IDs are passed whatever the shape:
-	// the driver binds as many as the statement has, the largest number
-	// it uses.
-	args := make([]any, 0, 2+2*len(targets))
-	args = append(args, tokenID, nodeID)
-	args = appendLockArgs(args, targets)
+	var buf [12]any // on the stack (argsBuf) for up to four targets
+	args := joinReadArgs(buf[:0], shape, tokenID, nodeID, targets)
 	row := joinRows[shape].Get().(*joinRow)
 	defer row.put()
 	raw := row.raw
@@ -39,8 +34,8 @@ func (s *SQLite) ReadJoin(ctx context.Context, tokenID, nodeID string, targets [
 	}
 	var r store.JoinRead
 	// The columns not selected (joinOmitted), each equal to an argument:
-	// the token's ID is ?1 (its row's and the decoy's), a keypair row's
-	// token_id is the token's, a node's ID is ?2 (the joins' conditions;
+	// the token's ID (its row's and the decoy's), a keypair row's
+	// token_id is the token's, a node's ID is the node's (the joins' conditions;
 	// TEXT columns compared byte for byte). A LEFT JOIN that found no row
 	// leaves them NULL, as its other columns: the first, filled in only
 	// for a row found, is its flag.
@@ -205,8 +200,29 @@ func joinReadQuery(shape, n int) string {
 	return buildJoinReadQuery(shape, n)
 }
 
+// joinReadArgs appends to args the arguments of joinReadQuery(shape,
+// len(targets)) in the order its parameters appear: the token's ID three
+// times (the row's look-up, the decoy's ID, the decoy's condition), each
+// target's kind and target, then the node's ID; only those of what shape
+// reads. The parameters are plain ?s, so an argument used twice is passed
+// twice: the driver asks SQLite every parameter's name at every bind, and
+// a numbered one's (?1) is a string it makes each time.
+func joinReadArgs(args []any, shape int, tokenID, nodeID string, targets []store.LockTarget) []any {
+	if shape&joinReadsToken != 0 {
+		tok := any(tokenID) // boxed once: boxing a string allocates
+		args = append(args, tok, tok, tok)
+	}
+	if shape&joinReadsLock != 0 {
+		args = appendLockArgs(args, targets)
+	}
+	if shape&joinReadsNode != 0 {
+		args = append(args, nodeID)
+	}
+	return args
+}
+
 // buildJoinReadQuery is, for a shape that reads the token, the token's
-// row or, when no token has the ID ?1, one decoy row of the same shape
+// row or, when no token has the ID, one decoy row of the same shape
 // flagged 0 (a 32-byte ciphertext and 12-byte nonce, as the sealer writes
 // for a join token's secret), then the bound-keypair row of the token the
 // row names (LEFT JOIN: the decoy's ID and a join token's find none).
@@ -215,18 +231,18 @@ func joinReadQuery(shape, n int) string {
 // with an unknown token ID takes as long as one with a known ID and a
 // wrong secret (TestJoinTokenRefusalTiming measures it), so its timing
 // does not tell whether the ID exists. A shape without the token hangs
-// its joins on one constant row. Then the node ?2 (LEFT JOIN), and the
-// lock FindAnyLock would find over the n targets (?3 on, a kind and a
-// target each: the first by position, of several on it the oldest, ties
-// by ID).
+// its joins on one constant row. Then the node (LEFT JOIN), and the
+// lock FindAnyLock would find over the n targets (a kind and a target
+// each: the first by position, of several on it the oldest, ties by ID).
+// Its parameters are unnumbered (joinReadArgs).
 func buildJoinReadQuery(shape, n int) string {
 	var with, sel []string
 	from := `(SELECT 1) one`
 	if shape&joinReadsToken != 0 {
-		with = append(with, `tok AS (SELECT 1 AS found, `+tokenColumns+` FROM tokens WHERE id = ?1
+		with = append(with, `tok AS (SELECT 1 AS found, `+tokenColumns+` FROM tokens WHERE id = ?
 		UNION ALL
-		SELECT 0, ?1, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
-		WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?1))`)
+		SELECT 0, ?, 'token', zeroblob(32), zeroblob(12), 1, 0, 0, '', '', '{}', '', 0, NULL, 'client'
+		WHERE NOT EXISTS (SELECT 1 FROM tokens WHERE id = ?))`)
 		sel = append(sel, `tok.found, `+prefixed("tok", withoutFirst(tokenColumns, "id")),
 			prefixed("bk", withoutFirst(boundKeypairColumns, "token_id")))
 		from = `tok LEFT JOIN bound_keypairs bk ON bk.token_id = tok.id`
@@ -234,12 +250,12 @@ func buildJoinReadQuery(shape, n int) string {
 	if shape&joinReadsNode != 0 {
 		sel = append(sel, prefixed("n", withoutFirst(nodeColumns, "id")))
 		from += `
-	LEFT JOIN nodes n ON n.id = ?2`
+	LEFT JOIN nodes n ON n.id = ?`
 	}
 	if shape&joinReadsLock != 0 {
 		var values []string
 		for i := range n {
-			values = append(values, fmt.Sprintf("(%d, ?%d, ?%d)", i, 3+2*i, 4+2*i))
+			values = append(values, fmt.Sprintf("(%d, ?, ?)", i))
 		}
 		with = append(with, `wanted (pos, want_kind, want_target) AS (VALUES `+strings.Join(values, ", ")+`)`)
 		sel = append(sel, prefixed("l", lockColumns))
@@ -264,11 +280,8 @@ func buildJoinReadQuery(shape, n int) string {
 // force and the verifier set's ID in one statement (renewalQuery): a
 // renewal's reads, and the standing check of every agent call, were five.
 func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) (store.RenewalRead, error) {
-	args := make([]any, 0, 1+len(keys))
-	args = append(args, serial)
-	for _, k := range keys {
-		args = append(args, k)
-	}
+	var buf [8]any // on the stack (argsBuf) for up to three keys
+	args := renewalArgs(buf[:0], serial, keys)
 	var r store.RenewalRead
 	row := renewalRows.Get().(*renewalRow)
 	defer row.put()
@@ -281,7 +294,7 @@ func (s *SQLite) ReadRenewal(ctx context.Context, serial string, keys []string) 
 		return store.RenewalRead{}, wrap("read renewal "+serial, err)
 	}
 	// The columns not selected (renewalOmitted), each equal to one that
-	// is: the record's serial is ?1, and a joined instance's and node's
+	// is: the record's serial is the argument, and a joined instance's and node's
 	// ids are the record's instance_id and node_id (the join's
 	// conditions; TEXT columns compared byte for byte). A LEFT JOIN that
 	// found no row leaves them NULL, as its other columns.
@@ -346,7 +359,7 @@ var (
 // has: each column a query returns costs the driver its name (a string
 // made per query) and its value (a text value is copied, then boxed).
 var (
-	certSerialColumn     = 0 // serial, the argument ?1
+	certSerialColumn     = 0 // serial, the argument
 	certNodeIDColumn     = 1
 	certInstanceIDColumn = 2
 	instanceIDColumn     = certificateColumnCount // the instance's id
@@ -440,23 +453,38 @@ func renewalQuery(n int) string {
 	return buildRenewalQuery(n)
 }
 
-// buildRenewalQuery is the record of serial (?1) with its instance and
+// renewalArgs appends to args the arguments of renewalQuery(len(keys)) in
+// the order its parameters appear: the keys twice over (the lock's
+// look-up, then its order), then the serial. Plain ?s, an argument used
+// twice passed twice, as joinReadArgs.
+func renewalArgs(args []any, serial string, keys []string) []any {
+	from := len(args)
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	// The same boxed keys again: boxing a string allocates.
+	args = append(args, args[from:]...)
+	return append(args, serial)
+}
+
+// buildRenewalQuery is the record of serial with its instance and
 // node (LEFT JOIN: either may be gone, its columns then NULL), and the lock
 // FindAnyLock would find over store.RenewalLockTargets: unexpired, on the
 // earliest of the node, the instance, the instance's token, the record's
 // key (lower-case hex, as hex.EncodeToString writes it), then each of the
-// n keys (?2…), and of several on that target the oldest (ties by ID).
+// n keys, and of several on that target the oldest (ties by ID).
 // A target that is empty or absent (no instance) matches nothing. The
 // verifier set's ID (signer_set's one row, which migration 0005 inserts)
 // ends the row. The row has the tables' columns but renewalOmitted, each
-// unnamed and untyped (unnamed).
+// unnamed and untyped (unnamed). Its parameters are unnumbered
+// (renewalArgs).
 func buildRenewalQuery(n int) string {
 	keys := []string{`lower(hex(c.public_key))`}
 	order := []string{`WHEN lk.kind = 'node' THEN 0 WHEN lk.kind = 'instance' THEN 1 WHEN lk.kind = 'token' THEN 2`,
 		`WHEN lk.target = lower(hex(c.public_key)) THEN 3`}
 	for i := range n {
-		keys = append(keys, fmt.Sprintf("?%d", i+2))
-		order = append(order, fmt.Sprintf("WHEN lk.target = ?%d THEN %d", i+2, i+4))
+		keys = append(keys, "?")
+		order = append(order, fmt.Sprintf("WHEN lk.target = ? THEN %d", i+4))
 	}
 	return `SELECT ` + unnamed(prefixed("c", withoutFirst(certificateColumns, "serial"))+`, `+
 		prefixed("i", withoutFirst(instanceColumns, "id"))+`, `+prefixed("n", withoutFirst(nodeColumns, "id"))+`, `+
@@ -473,5 +501,5 @@ func buildRenewalQuery(n int) string {
 				OR (lk.kind = 'public_key' AND lk.target IN (` + strings.Join(keys, ", ") + `)))
 		ORDER BY CASE ` + strings.Join(order, " ") + ` END, lk.created_at, lk.id
 		LIMIT 1)
-	WHERE c.serial = ?1`
+	WHERE c.serial = ?`
 }

@@ -69,7 +69,7 @@ func TestReadJoinDecoyHasTheKnownTokensShape(t *testing.T) {
 
 	// The row each answers, column by column, as the driver gives it.
 	row := func(id string) []any {
-		args := appendLockArgs([]any{id, "node-1"}, targets)
+		args := joinReadArgs(nil, joinShapeOf(true, true, true), id, "node-1", targets)
 		rows, err := s.r.QueryContext(ctx, ran[0], args...)
 		if err != nil {
 			t.Fatal(err)
@@ -130,7 +130,7 @@ func TestReadJoinDecoyHasTheKnownTokensShape(t *testing.T) {
 	// The same look-ups, both branches: the token's ID by its key, in the
 	// row's branch and the decoy's; the keypair row by its key, for
 	// whichever row the token part answers; the node and the locks.
-	rows, err := s.r.QueryContext(ctx, "EXPLAIN QUERY PLAN "+ran[0], appendLockArgs([]any{"tok-1", "node-1"}, targets)...)
+	rows, err := s.r.QueryContext(ctx, "EXPLAIN QUERY PLAN "+ran[0], joinReadArgs(nil, joinShapeOf(true, true, true), "tok-1", "node-1", targets)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,11 +167,11 @@ func TestReadJoinDecoyHasTheKnownTokensShape(t *testing.T) {
 func TestRenewalReadIsUnnamed(t *testing.T) {
 	s, _ := openTemp(t)
 	for n := range 3 {
-		args := []any{"00ff"}
+		var keys []string
 		for i := range n {
-			args = append(args, fmt.Sprintf("k%d", i))
+			keys = append(keys, fmt.Sprintf("k%d", i))
 		}
-		rows, err := s.r.QueryContext(t.Context(), renewalQuery(n), args...)
+		rows, err := s.r.QueryContext(t.Context(), renewalQuery(n), renewalArgs(nil, "00ff", keys)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +202,7 @@ func TestRenewalWriteReturnsUnnamed(t *testing.T) {
 	}
 	defer tx.Rollback()
 	for n := range 3 {
-		args := []any{"serial", []byte("key"), []byte("pem"), int64(1), "no-such-instance", int64(1), int64(2), int64(3)}
+		args := []any{"serial", []byte("key"), []byte("pem"), int64(1), int64(2), int64(3), "no-such-instance", int64(1)}
 		for i := range n {
 			args = append(args, store.LockNode, fmt.Sprintf("node-%d", i))
 		}

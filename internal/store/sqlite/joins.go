@@ -202,8 +202,9 @@ func admitJoin(ctx context.Context, tx *writeTx, j store.Join, in store.Instance
 			WHERE id = ?`,
 			in.ID, in.TokenID, in.JoinMethod, timeArg(in.CreatedAt), j.NodeID)
 	} else {
+		created := timeArg(in.CreatedAt) // boxed once: boxing allocates
 		_, err = tx.ExecContext(ctx, `INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?)`,
-			j.NodeID, in.JoinMethod, in.TokenID, in.ID, timeArg(in.CreatedAt), timeArg(in.CreatedAt))
+			j.NodeID, in.JoinMethod, in.TokenID, in.ID, created, created)
 	}
 	if err != nil {
 		return store.JoinResult{}, wrap("commit join: claim node", err)
@@ -261,9 +262,9 @@ func (s *SQLite) CommitRenewal(ctx context.Context, r store.Renewal) (store.Inst
 // no row is told apart afterwards (notRenewed).
 func commitRenewal(ctx context.Context, tx *writeTx, r store.Renewal, c store.Certificate) (store.Instance, error) {
 	targets := store.Named(r.LockTargets)
-	args := make([]any, 0, 8+2*len(targets))
-	args = append(args, c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), r.InstanceID, r.FromGeneration,
-		timeArg(c.NotAfter), timeArg(store.ExpiringAt(c)))
+	var buf [20]any // on the stack (argsBuf) for up to six targets
+	args := append(buf[:0], c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), timeArg(c.NotAfter),
+		timeArg(store.ExpiringAt(c)), r.InstanceID, r.FromGeneration)
 	args = appendLockArgs(args, targets)
 	// The row comes back without the four columns the UPDATE set, which
 	// are filled from r: the chain PEM is not copied back out of SQLite.
@@ -374,17 +375,20 @@ func renewQuery(n int) string {
 	return buildRenewQuery(n)
 }
 
-// buildRenewQuery advances the instance (?5) from generation ?6, its
-// latest certificate's expiry ?7 and ?8 (store.ExpiringAt), if it is
-// current and no lock is in force by the store clock on any of the n
+// buildRenewQuery sets the instance's latest certificate (its serial,
+// public key, chain, issue time, expiry and store.ExpiringAt), advancing
+// the instance (the seventh argument) from generation (the eighth) if it
+// is current and no lock is in force by the store clock on any of the n
 // targets that follow (kind, target pairs), each looked up through the
-// (kind, target) index.
+// (kind, target) index. Its parameters are plain ?s, in that order: the
+// driver asks SQLite every parameter's name at every bind, and a
+// numbered one's (?1) is a string it makes each time.
 func buildRenewQuery(n int) string {
 	var b strings.Builder
 	b.WriteString(`UPDATE instances
-		SET generation = generation + 1, last_serial = ?1, last_public_key = ?2, last_chain_pem = ?3, last_issued_at = ?4,
-			last_not_after = ?7, last_expiring_at = ?8
-		WHERE id = ?5 AND generation = ?6 AND state = 'current'`)
+		SET generation = generation + 1, last_serial = ?, last_public_key = ?, last_chain_pem = ?, last_issued_at = ?,
+			last_not_after = ?, last_expiring_at = ?
+		WHERE id = ? AND generation = ? AND state = 'current'`)
 	if n > 0 {
 		b.WriteString(` AND NOT EXISTS (SELECT 1 FROM locks WHERE (`)
 		for i := range n {
@@ -395,7 +399,7 @@ func buildRenewQuery(n int) string {
 		}
 		b.WriteString(`) AND ` + unexpired + `)`)
 	}
-	// Not the id, state or generation: equal to ?5, 'current' and ?6 + 1;
+	// Not the id, state or generation: equal to the arguments', 'current' and one more;
 	// unnamed and untyped, as the request path's reads (unnamed).
 	b.WriteString(` RETURNING ` + unnamed(`node_id, join_method, token_id, previous_id, created_at`))
 	return b.String()
@@ -405,8 +409,8 @@ func buildRenewQuery(n int) string {
 // targets: it is the join's lock check, and the lock that refuses it is
 // read only then (*store.LockedError).
 func insertJoinInstance(ctx context.Context, tx *writeTx, j store.Join, in store.Instance, cert store.Certificate, targets []store.LockTarget) error {
-	args := make([]any, 0, 14+2*len(targets))
-	args = append(args, in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
+	var buf [24]any // on the stack (argsBuf) for up to five targets
+	args := append(buf[:0], in.ID, in.NodeID, in.JoinMethod, in.TokenID, in.PreviousID, in.State, in.Generation,
 		timeArg(in.CreatedAt), in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
 		timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)))
 	args = appendLockArgs(args, targets)

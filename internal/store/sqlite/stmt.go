@@ -188,3 +188,11 @@ func (t *writeTx) ExecContext(ctx context.Context, query string, args ...any) (s
 	}
 	return t.Tx.ExecContext(ctx, query, args...)
 }
+
+// argsBuf: the request path builds a statement's arguments in a
+// fixed-size array of its own frame (var buf [N]any; buf[:0]), sized for
+// the usual count, rather than in a make([]any, 0, n) of a length known
+// only at run time, which the compiler puts on the heap once it is over
+// 32 bytes (two arguments): database/sql does not keep the slice past the
+// call, so the array stays on the stack. More arguments than it holds
+// grow onto the heap, as the make did.

@@ -200,7 +200,8 @@ func writerLayerSetup(b *testing.B, size int) (*SQLite, []store.Instance, int64)
 func writerLayerArgs(in *store.Instance, i int, now time.Time, seq int64) (upd, cert, aud []any) {
 	r := benchRenewal(*in, i, now)
 	c := r.Certificate
-	upd = []any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), in.ID, in.Generation}
+	upd = []any{c.Serial, c.PublicKey, r.ChainPEM, timeArg(c.IssuedAt), timeArg(c.NotAfter),
+		timeArg(store.ExpiringAt(c)), in.ID, in.Generation}
 	cert = []any{c.Serial, c.NodeID, c.InstanceID, c.Generation, c.JoinMethod, c.TokenID, c.PublicKey,
 		timeArg(c.NotBefore), timeArg(c.NotAfter), timeArg(c.IssuedAt)}
 	h := fmt.Appendf(nil, "%032d", seq)
