@@ -1,8 +1,7 @@
 package ca
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
+	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -11,6 +10,7 @@ import (
 	"math/big"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -63,14 +63,14 @@ var (
 
 // buildLeafExtensions has x509 encode, once, the extensions of a leaf of
 // parent with distribution points crlDPs: it signs a throwaway
-// certificate (its own key, never the issuer's: the issuer's may be in
+// certificate (its own Ed25519 key, cheap to make; never the issuer's: the issuer's may be in
 // an HSM, and a signature of it over anything but a leaf is not wanted)
 // with the fields those extensions come from and keeps them as parsed
 // back. Self-signed, x509 takes its authority key ID from the template,
 // which is the issuer's subject key ID, as it does for a leaf under
 // parent.
 func buildLeafExtensions(parent *x509.Certificate, crlDPs []string) (*leafExtensions, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func buildLeafExtensions(parent *x509.Certificate, crlDPs []string) (*leafExtens
 			AuthorityKeyId:        parent.SubjectKeyId,
 			CRLDistributionPoints: crlDPs,
 		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, key)
 		if err != nil {
 			return nil, err
 		}
@@ -117,11 +117,52 @@ func (i *Issuer) fixedExtensions() *leafExtensions {
 	if fx := i.fixed.Load(); fx != nil && fx.cert == i.Cert && slices.Equal(fx.crlDPs, i.CRLDistributionPoints) {
 		return fx
 	}
-	fx, err := buildLeafExtensions(i.Cert, i.CRLDistributionPoints)
+	fx := madeExtensions.get(i.Cert, i.CRLDistributionPoints)
+	if fx != nil {
+		i.fixed.Store(fx)
+	}
+	return fx
+}
+
+// madeExtensions keeps the leafExtensions made, by issuer certificate
+// and distribution points, across Issuers: the authority makes its
+// Issuers anew at every reload of its intermediates (every few
+// seconds), and making them costs about a millisecond.
+var madeExtensions = extensionsCache{m: map[string]*leafExtensions{}}
+
+type extensionsCache struct {
+	// mu is held while one is made, so concurrent first leaves of an
+	// issuer make it once.
+	mu sync.Mutex
+	m  map[string]*leafExtensions
+}
+
+// maxMadeExtensions bounds the cache: an authority has a few issuers
+// at a time (an active and a prepared intermediate a role); past this,
+// it starts again empty.
+const maxMadeExtensions = 64
+
+func (c *extensionsCache) get(cert *x509.Certificate, crlDPs []string) *leafExtensions {
+	key := string(cert.Raw) + "\x00" + strings.Join(crlDPs, "\x00")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if fx, ok := c.m[key]; ok && slices.Equal(fx.crlDPs, crlDPs) {
+		// The same certificate parsed again: the same extensions, kept
+		// for this pointer so the Issuer's check matches.
+		if fx.cert != cert {
+			fx = &leafExtensions{cert: cert, crlDPs: fx.crlDPs, byUsage: fx.byUsage}
+			c.m[key] = fx
+		}
+		return fx
+	}
+	fx, err := buildLeafExtensions(cert, crlDPs)
 	if err != nil {
 		return nil
 	}
-	i.fixed.Store(fx)
+	if len(c.m) >= maxMadeExtensions {
+		clear(c.m)
+	}
+	c.m[key] = fx
 	return fx
 }
 

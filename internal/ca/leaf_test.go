@@ -169,3 +169,36 @@ func BenchmarkBuildLeafExtensions(b *testing.B) {
 		}
 	}
 }
+
+// TestLeafExtensionsKeptAcrossIssuers: an Issuer made anew for the same
+// certificate (the authority's reload of its intermediates, every few
+// seconds) takes the extensions already made, not a millisecond's
+// making of its own; another distribution point or certificate gets its
+// own.
+func TestLeafExtensionsKeptAcrossIssuers(t *testing.T) {
+	h := hierarchy(t)
+	cert := h.Issuers[RoleAgent].Cert
+	reparsed, err := x509.ParseCertificate(cert.Raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := []string{"http://crl.example:7445/crl/agent-kept.crl"}
+	first := (&Issuer{Cert: cert, CRLDistributionPoints: dp}).fixedExtensions()
+	again := (&Issuer{Cert: reparsed, CRLDistributionPoints: slices.Clone(dp)}).fixedExtensions()
+	if first == nil || again == nil {
+		t.Fatal("no extensions made")
+	}
+	for u := range first.byUsage {
+		if &first.byUsage[u][0] != &again.byUsage[u][0] {
+			t.Errorf("usage %d: made again for the same certificate", u)
+		}
+	}
+	for name, other := range map[string]*Issuer{
+		"another distribution point": {Cert: cert, CRLDistributionPoints: []string{"http://crl.example:7445/crl/agent-other.crl"}},
+		"another certificate":        {Cert: h.Issuers[RoleServer].Cert, CRLDistributionPoints: dp},
+	} {
+		if fx := other.fixedExtensions(); fx == nil || &fx.byUsage[0][0] == &first.byUsage[0][0] {
+			t.Errorf("%s: took the first issuer's extensions", name)
+		}
+	}
+}
