@@ -19,7 +19,7 @@ import (
 // whatever it names: key usage, extended key usage (one of three sets),
 // basic constraints, the authority key ID and the CRL distribution
 // point. x509.CreateCertificate would encode them again for every leaf
-// (about 25 allocations of a join's); given as ExtraExtensions it takes
+// (about 26 allocations a leaf); given as ExtraExtensions it takes
 // them as they are and builds only what differs per leaf (the subject
 // alternative name). They are crypto/x509's own encoding, not ours: read
 // back from a certificate x509 made with the same fields
@@ -63,10 +63,10 @@ var (
 
 // buildLeafExtensions has x509 encode, once, the extensions of a leaf of
 // parent with distribution points crlDPs: it signs a throwaway
-// certificate (its own Ed25519 key, cheap to make; never the issuer's: the issuer's may be in
-// an HSM, and a signature of it over anything but a leaf is not wanted)
-// with the fields those extensions come from and keeps them as parsed
-// back. Self-signed, x509 takes its authority key ID from the template,
+// certificate for each usage set with the fields those extensions come
+// from and keeps them as parsed back. The throwaway key is an Ed25519
+// key of its own, cheap to make, never the issuer's: that may be in an
+// HSM, and a signature of it over anything but a leaf is not wanted. Self-signed, x509 takes its authority key ID from the template,
 // which is the issuer's subject key ID, as it does for a leaf under
 // parent.
 func buildLeafExtensions(parent *x509.Certificate, crlDPs []string) (*leafExtensions, error) {
