@@ -21,6 +21,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -88,6 +89,9 @@ type Issuer struct {
 	// CRLDistributionPoints, if set, are named in every leaf Issue signs:
 	// where relying parties fetch this issuer's revocation list.
 	CRLDistributionPoints []string
+	// fixed holds the extensions every leaf of this issuer carries,
+	// encoded once (leafTemplate).
+	fixed atomic.Pointer[leafExtensions]
 }
 
 // Hierarchy is the root and the certificates under it. RootKey is nil when
@@ -358,32 +362,9 @@ func (i *Issuer) Sign(req LeafRequest) (Signed, error) {
 		return Signed{}, fmt.Errorf("ca: the intermediate %q (serial %s) has expired (at %s): %w; the CA rotation that replaces it needs the root key (see docs/ca-lifecycle.md)",
 			i.Cert.Subject.CommonName, i.Cert.SerialNumber.Text(16), i.Cert.NotAfter.UTC().Format(time.RFC3339), ErrIssuerExpired)
 	}
-	tmpl := &x509.Certificate{
-		Subject:     pkix.Name{CommonName: req.CommonName},
-		NotBefore:   req.NotBefore.Add(-Backdate),
-		NotAfter:    req.NotBefore.Add(req.TTL),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		DNSNames:    req.DNSNames,
-		IPAddresses: req.IPAddresses,
-		// Leaves are never CAs, and say so.
-		BasicConstraintsValid: true,
-		CRLDistributionPoints: i.CRLDistributionPoints,
-	}
-	if req.SPIFFEID != nil {
-		tmpl.URIs = []*url.URL{req.SPIFFEID}
-	}
-	if req.ServerAuth {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
-	}
-	if req.ClientAuth {
-		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageClientAuth)
-	}
-	// A leaf that outlived its issuer would fail to verify anyway; cutting
-	// it makes its expiry honest.
-	if tmpl.NotAfter.After(i.Cert.NotAfter) {
-		tmpl.NotAfter = i.Cert.NotAfter
-	}
-	return signDER(tmpl, req.PublicKey, i.Cert, i.Key)
+	buf := templates.Get().(*templateBuf)
+	defer buf.release()
+	return signDER(i.leafTemplate(req, buf), req.PublicKey, i.Cert, i.Key)
 }
 
 // ChainPEM returns leaf then the issuer's certificate, PEM encoded.
