@@ -692,7 +692,11 @@ func (k *Keeper) RollbackSeen(ctx context.Context, who Actor, seen Seen) (Result
 // version has not moved), so check and change are one conditional write,
 // on every replica and store.
 func (k *Keeper) seenStep(ctx context.Context, who Actor, a Action, seen Seen, plan func(Snapshot) ([]Change, Change, error)) (Result, error) {
-	again := fmt.Sprintf("run `muster signer list`, then `muster signer %s` again if it is still wanted", a)
+	again := map[Action]string{
+		ActActivate: "run `muster signer list`, then `muster signer activate` again if it is still wanted",
+		ActRetire:   "run `muster signer list`, then `muster signer retire` again if it is still wanted",
+		ActRollback: "run `muster signer list`, then `muster signer rollback` again if it is still wanted",
+	}[a]
 	return k.step(ctx, who, a, seen.VersionID, func(s Snapshot) ([]Change, error) {
 		if seen.SetVersion != 0 && s.Version() != seen.SetVersion {
 			return nil, fmt.Errorf("%w: the %s was asked on verifier set version %d and it is %d now (another operator, replica or the clock took a step meanwhile), so nothing changed: %s",
