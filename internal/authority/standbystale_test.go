@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -119,6 +120,17 @@ func TestStandbyWaitsForAgentsAway(t *testing.T) {
 		if _, _, err := s.stepRoot(ctx, "t", rootNext); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// ca status counts it among the agents away that have not reported
+	// the new root.
+	cs, err := s.caStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cs.GetAwayAgents() != 1 || !slices.ContainsFunc(cs.GetWarnings(), func(w string) bool {
+		return strings.Contains(w, "0 of 0 connected agents and 1 of 1 agents away (seen before, certificate still valid) have not reported holding the new root")
+	}) {
+		t.Fatalf("ca status: %d agents away, warnings %q; want 1, and it counted as not holding the new root", cs.GetAwayAgents(), cs.GetWarnings())
 	}
 	op := leafAs(spiffeid.RoleAdmin, "op")
 	_, _, err = s.stepRoot(ctx, "t", rootNext, op)
