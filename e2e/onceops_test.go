@@ -65,6 +65,19 @@ func TestOperatorStepsTakenOnceAcrossReplicas(t *testing.T) {
 		t.Fatalf("signers after one rollback: %v; want v1 active and v2 staged again", got)
 	}
 
+	// Signer retire on a stale listing: the operator saw v1 active (the
+	// set at l2); another activated v2 since, which put v1 in grace. A
+	// retire asked on what they saw is refused, and v1 stays in grace.
+	_, l2 := listSigners(t, rs[0].dir)
+	mustRun(t, at(1, "signer", "activate")...)
+	r := muster(t, nil, at(0, "signer", "retire", "v1", "--verifier-set-version", strconv.FormatInt(l2.VerifierSetVersion, 10))...)
+	if r.code == 0 || !strings.Contains(r.stderr, "ABORTED") || !strings.Contains(r.stderr, "muster signer list") {
+		t.Fatalf("signer retire on a stale listing: %+v; want ABORTED naming muster signer list", r)
+	}
+	if got := byNumber(m1(listSigners(t, rs[1].dir))); got["v1"] != "grace" || got["v2"] != "active" {
+		t.Fatalf("signers after a refused retire: %v; want v1 in grace and v2 active", got)
+	}
+
 	// Root next-phase: both saw phase init.
 	mustRun(t, at(1, "ca", "root", "rotate")...)
 	both("ca root next-phase", "muster ca root status", "ca", "root", "next-phase", "--from", "init")

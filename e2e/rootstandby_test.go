@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,4 +61,61 @@ func TestStandbyWaitsForConnectedAgents(t *testing.T) {
 		waitFor(t, 60*time.Second, fmt.Sprintf("agent-%d renewed in standby", i), func() bool { return ra.serial(i) != before })
 	}
 	ra.stopCheckingNoFailure(t, "standby after update_servers at once")
+}
+
+// TestStandbyWaitsForAgentsAway: of two agents streaming under the old
+// root, one is stopped (away: seen, its certificate still valid). ca
+// status counts it away and warns it has not reported the new root;
+// once the connected one renewed under the new root, standby is refused
+// naming the one away and --leave-away, which then takes it, saying so.
+// Before, standby went through and the agent away was refused its
+// renewal when back, with nothing naming it before.
+func TestStandbyWaitsForAgentsAway(t *testing.T) {
+	t.Parallel()
+	e := newAgentEnv(t)
+	ra := startRotationAgents(t, e, "away")
+	type caStatus struct {
+		Connected int      `json:"connected_agents"`
+		Away      int      `json:"away_agents"`
+		Warnings  []string `json:"warnings"`
+	}
+	status := func() caStatus {
+		var s caStatus
+		if out := mustRun(t, "ca", "status", "--data", e.dir, "-o", "json"); json.Unmarshal([]byte(out), &s) != nil {
+			t.Fatalf("ca status -o json printed %q", out)
+		}
+		return s
+	}
+	waitFor(t, 60*time.Second, "both agents connected", func() bool { return status().Connected == 2 })
+	ra.procs[1].stop(t)
+	waitFor(t, 60*time.Second, "agent 1 away", func() bool { s := status(); return s.Connected == 1 && s.Away == 1 })
+
+	st := caRoot(t, e.dir, "rotate")
+	newRoot := pemFile(t, "new-root.pem", st.NewRoot.PEM)
+	if s := status(); !slices.ContainsFunc(s.Warnings, func(w string) bool { return strings.Contains(w, "and 1 of 1 agents away") }) {
+		t.Errorf("ca status during the rotation warns %q; want the agent away counted as not holding the new root", s.Warnings)
+	}
+	caRoot(t, e.dir, "next-phase")
+	caRoot(t, e.dir, "next-phase")
+	mustRun(t, "admin", "renew", "--data", e.dir)
+	mustRun(t, "task", "send", "--type", "node.renew_now", "--all", "--data", e.dir)
+	waitFor(t, 60*time.Second, "agent 0 renewed under the new root", func() bool { return ra.chainsTo(0, newRoot) })
+
+	msg := mustFail(t, "ca", "root", "next-phase", "--data", e.dir)
+	for _, want := range []string{"FAILED_PRECONDITION", "1 agent seen before but away now (away-1)", "muster ca root next-phase --leave-away"} {
+		if !strings.Contains(msg, want) {
+			t.Fatalf("standby with agent away-1 away under the old root: %q, want %q", msg, want)
+		}
+	}
+	if st := caRoot(t, e.dir, "status"); st.Phase != "update_servers" {
+		t.Fatalf("the refused standby moved the rotation to %s", st.Phase)
+	}
+	r := muster(t, nil, "ca", "root", "next-phase", "--leave-away", "--data", e.dir)
+	if r.code != 0 || !strings.Contains(r.stderr, "warning: --leave-away") {
+		t.Fatalf("next-phase --leave-away: %+v; want standby with a warning", r)
+	}
+	if st := caRoot(t, e.dir, "status"); st.Phase != "standby" {
+		t.Fatalf("after --leave-away the rotation is in %s, want standby", st.Phase)
+	}
+	ra.procs[0].stop(t)
 }

@@ -363,7 +363,11 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	case p == nil:
 		return nil, noPreparedToActivate(role, req.GetSerial(), active)
 	case req.GetSerial() != "" && req.GetSerial() != p.Serial:
-		return nil, status.Errorf(codes.FailedPrecondition, "the prepared %s intermediate is %s, not %s", role, p.Serial, req.GetSerial())
+		// The one the operator saw was activated (or replaced) meanwhile:
+		// activating this one would put into service a successor they have
+		// not seen, perhaps before its agents hold it.
+		return nil, status.Errorf(codes.Aborted, "the prepared %s intermediate is %s now, not %s (the leader's clock or another operator activated or replaced it meanwhile), so nothing was activated: run `muster ca status`, then `muster ca rotate %s --activate` again if it is still wanted",
+			role, p.Serial, req.GetSerial(), role)
 	}
 	now, err := a.s.store.Now(ctx)
 	if err != nil {

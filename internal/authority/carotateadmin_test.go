@@ -200,4 +200,23 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	// An operator who saw serial prepared, asking after it was activated
+	// and another prepared, is refused ABORTED with the way out, and the
+	// new one, which they have not seen, stays prepared.
+	p2, err := a0.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: serial})
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.Aborted || !strings.Contains(msg, p2.GetIntermediate().GetSerial()) ||
+		!strings.Contains(msg, "`muster ca status`, then `muster ca rotate agent --activate`") {
+		t.Errorf("activating %s after another was prepared: %v; want ABORTED naming the new one and the way out", serial, err)
+	}
+	rows, err := b.srvs[0].store.ListCACerts(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := preparedOf(rows, ca.RoleAgent); now == nil || now.Serial != p2.GetIntermediate().GetSerial() {
+		t.Errorf("the prepared agent intermediate after a refused activation: %+v, want %s", now, p2.GetIntermediate().GetSerial())
+	}
 }

@@ -43,17 +43,17 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 	if err != nil {
 		return nil, err
 	}
-	holding, connected, err := s.countBundleHolders(ctx, now)
+	h, err := s.countBundleHolders(ctx, now)
 	if err != nil {
 		return nil, err
 	}
 	b := s.trustBundle()
-	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.Roots().SigningKey != nil, ConnectedAgents: connected, BundleDigest: b.digest}
+	resp := &musterv1.GetCAStatusResponse{RootKeyOnline: s.ca.Roots().SigningKey != nil, ConnectedAgents: h.connected, AwayAgents: h.away, BundleDigest: b.digest}
 	entry := func(kind, role, state, where string, c *x509.Certificate) *musterv1.CACertificateStatus {
 		f := trustbundle.CertFingerprint(c)
 		return &musterv1.CACertificateStatus{Kind: kind, Role: role, State: state, Serial: c.SerialNumber.Text(16),
 			NotBefore: timestamppb.New(c.NotBefore), NotAfter: timestamppb.New(c.NotAfter), Subject: c.Subject.String(),
-			AgentsHolding: holding[f], Fingerprint: f, KeyCustody: where}
+			AgentsHolding: h.holding[f], AgentsAwayHolding: h.awayHolding[f], Fingerprint: f, KeyCustody: where}
 	}
 	rot, err := s.store.GetRootRotation(ctx)
 	if err != nil {
@@ -61,6 +61,9 @@ func (s *Server) caStatus(ctx context.Context) (*musterv1.GetCAStatusResponse, e
 	}
 	for _, r := range b.set.Roots {
 		resp.Certificates = append(resp.Certificates, entry("root", "", store.CAActive, s.rootCustody(rot, r), r))
+	}
+	if w := newRootNotHeld(rot, h); w != "" {
+		resp.Warnings = append(resp.Warnings, w)
 	}
 	for _, r := range rows {
 		c, err := x509.ParseCertificate(r.CertDER)
@@ -134,35 +137,72 @@ func hasPrepared(rows []store.CACert, role string) bool {
 	return false
 }
 
+// bundleHolders counts, among agents connected and away, how many
+// reported holding each certificate (by trustbundle.CertFingerprint).
+type bundleHolders struct {
+	connected, away      int64
+	holding, awayHolding map[string]int64
+}
+
 // countBundleHolders reads every agent's stream row and counts, among the
 // ones connected at now by the store clock (streamLive: not a killed
-// replica's rows), how many reported holding each certificate (by
-// trustbundle.CertFingerprint).
-func (s *Server) countBundleHolders(ctx context.Context, now time.Time) (map[string]int64, int64, error) {
-	holding := map[string]int64{}
-	var connected int64
+// replica's rows), how many reported holding each certificate; and the
+// same among agents away (seen before, not live now, their latest
+// certificate still valid: expected back), from their last heartbeat.
+func (s *Server) countBundleHolders(ctx context.Context, now time.Time) (bundleHolders, error) {
+	h := bundleHolders{holding: map[string]int64{}, awayHolding: map[string]int64{}}
 	after := ""
 	for {
 		page, err := s.store.ListAgentsPage(ctx, after, caStatusPage)
 		if err != nil {
-			return nil, 0, err
+			return bundleHolders{}, err
 		}
 		for _, r := range page {
-			if !streamLive(r.Stream, now) {
+			if r.Stream == nil {
 				continue
 			}
-			connected++
+			held := h.holding
+			switch {
+			case streamLive(r.Stream, now):
+				h.connected++
+			case r.NotAfter.After(now):
+				h.away++
+				held = h.awayHolding
+			default:
+				continue
+			}
 			var hb heartbeatJSON
 			if json.Unmarshal([]byte(r.Stream.Report), &hb) != nil {
 				continue
 			}
 			for _, f := range hb.TrustBundleCerts {
-				holding[f]++
+				held[f]++
 			}
 		}
 		if len(page) < caStatusPage {
-			return holding, connected, nil
+			return h, nil
 		}
 		after = page[len(page)-1].Node.ID
 	}
+}
+
+// newRootNotHeld is the warning, during a root rotation, about the agents
+// that have not reported holding its new root: connected and away (their
+// last heartbeat), since an agent away through the overlap comes back to
+// a standby it cannot follow. "" with no rotation or none behind.
+func newRootNotHeld(rot store.RootRotation, h bundleHolders) string {
+	if rot.NewCertDER == nil || rot.Phase == store.RootPhaseStandby {
+		return ""
+	}
+	c, err := x509.ParseCertificate(rot.NewCertDER)
+	if err != nil {
+		return ""
+	}
+	f := trustbundle.CertFingerprint(c)
+	connected, away := h.connected-h.holding[f], h.away-h.awayHolding[f]
+	if connected <= 0 && away <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("root rotation in %s: %d of %d connected agents and %d of %d agents away (seen before, certificate still valid) have not reported holding the new root %s; the step to standby waits for them and names them, and an agent away through it must join again by hand",
+		rot.Phase, max(connected, 0), h.connected, max(away, 0), h.away, f)
 }

@@ -82,6 +82,9 @@ func (a *adminService) NextRootPhase(ctx context.Context, req *musterv1.NextRoot
 	if err := a.knownPhase(ctx, req.GetFromPhase()); err != nil {
 		return nil, err
 	}
+	if req.GetLeaveAway() {
+		return a.rootStep(ctx, rootNextLeavingAway, req.GetFromPhase())
+	}
 	return a.rootStep(ctx, rootNext, req.GetFromPhase())
 }
 

@@ -416,6 +416,10 @@ type rootStep int
 
 const (
 	rootNext rootStep = iota
+	// rootNextLeavingAway is rootNext that moves to standby without
+	// waiting for agents away under the old root (muster ca root
+	// next-phase --leave-away): each must then join again by hand.
+	rootNextLeavingAway
 	rootBack
 	// rootBackNow is rootBack that abandons from init even while agent
 	// certificates under the new root may be valid (muster ca root
@@ -445,7 +449,7 @@ func (e errRootMovedOn) Error() string {
 // phase is checked on the row the write is conditional on (PutRootRotation
 // writes only if the row has not changed), so it is one conditional write.
 func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, seen string, callerCert ...*x509.Certificate) (from string, _ RootStatus, _ error) {
-	rollback := step != rootNext
+	rollback := step == rootBack || step == rootBackNow
 	// The phase is read before the keys are opened, so a step refused
 	// because a root's key cannot be opened (its token away) is audited
 	// as from which phase it was asked.
@@ -496,7 +500,7 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 		if err := s.readyToDrop(ctx, st.new, "standby stops trusting the old root", callerCert); err != nil {
 			return from, RootStatus{}, err
 		}
-		if err := s.connectedLeftBehind(ctx, st.new); err != nil {
+		if err := s.connectedLeftBehind(ctx, st.new, step == rootNextLeavingAway); err != nil {
 			return from, RootStatus{}, err
 		}
 	case to == store.RootPhaseNone:

@@ -21,15 +21,20 @@ const standbyListedNodes = 5
 // renews at half its certificate's life, so with the default 24 h
 // certificates an operator who takes update_servers and standby one after
 // the other strands the whole connected fleet; node.renew_now moves them
-// under the new root at once. Agents away (not connected, or their
-// stream's row stale: streamLive) are not waited for: the docs name
-// their way back.
+// under the new root at once.
+//
+// Agents away (seen before, their stream gone or its row stale:
+// streamLive) with such a certificate are refused too, unless leaveAway
+// (muster ca root next-phase --leave-away): back after standby, each
+// would be refused its renewal and stop until joined again by hand, and
+// nothing the authority does reaches them before. The refusal names them,
+// how to bring them back first, and the override.
 //
 // Only instances last issued before the newest of keep's agent
 // intermediates became active, plus retireMargin (a replica may sign
 // with the one before until it reads the change), are read further:
 // their chain says which intermediate signed them.
-func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate) error {
+func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate, leaveAway bool) error {
 	if keep == nil {
 		return nil
 	}
@@ -54,11 +59,7 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 	if err != nil {
 		return err
 	}
-	var (
-		behind []string
-		n      int
-		until  time.Time
-	)
+	var connected, away behindAgents
 	after := ""
 	for {
 		page, err := s.store.ListAgentsPage(ctx, after, caStatusPage)
@@ -66,7 +67,13 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 			return err
 		}
 		for _, r := range page {
-			if !streamLive(r.Stream, now) || r.Instance.ID == "" || !r.NotAfter.After(now) || !r.Instance.LastIssuedAt.Before(since) {
+			// An agent never seen on a stream is not one this check can
+			// say anything about (a join whose agent never ran).
+			if r.Stream == nil || r.Instance.ID == "" || !r.NotAfter.After(now) || !r.Instance.LastIssuedAt.Before(since) {
+				continue
+			}
+			live := streamLive(r.Stream, now)
+			if !live && leaveAway {
 				continue
 			}
 			under, err := s.instanceUnder(ctx, r.Instance.ID, keep)
@@ -76,11 +83,10 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 			if under {
 				continue
 			}
-			if n++; len(behind) < standbyListedNodes {
-				behind = append(behind, r.Node.ID)
-			}
-			if r.NotAfter.After(until) {
-				until = r.NotAfter
+			if live {
+				connected.add(r.Node.ID, r.NotAfter)
+			} else {
+				away.add(r.Node.ID, r.NotAfter)
 			}
 		}
 		if len(page) < caStatusPage {
@@ -88,20 +94,54 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 		}
 		after = page[len(page)-1].Node.ID
 	}
-	if n == 0 {
-		return nil
+	switch {
+	case connected.n > 0:
+		also := ""
+		if away.n > 0 {
+			also = fmt.Sprintf(" (%d more %s away: %s; see below once these have renewed)", away.n, plural(away.n, "agent is", "agents are"), away.names())
+		}
+		return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected %s (%s) still %s a certificate under it%s: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
+			"have them renew under the new root now: muster task send --type node.renew_now --all, then run muster ca root next-phase again (or run it again after %s, when those certificates have ended, every running agent having renewed by then)",
+			connected.n, plural(connected.n, "agent", "agents"), connected.names(), plural(connected.n, "holds", "hold"), also, connected.until.UTC().Format(time.RFC3339)))
+	case away.n > 0:
+		return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d %s seen before but away now (%s) still %s a valid certificate under it: back after standby, each would be refused its renewal and stop until joined again by hand (muster agent join --force on its machine); "+
+			"start them so that they renew under the new root (muster agents show NODE shows their latest certificate), then run muster ca root next-phase again; or run it again after %s, when those certificates have ended; "+
+			"or go on without them: muster ca root next-phase --leave-away",
+			away.n, plural(away.n, "agent", "agents"), away.names(), plural(away.n, "holds", "hold"), away.until.UTC().Format(time.RFC3339)))
 	}
-	names := strings.Join(behind, ", ")
-	if n > len(behind) {
-		names += fmt.Sprintf(" and %d more", n-len(behind))
+	return nil
+}
+
+// behindAgents counts the agents standby would leave behind, naming the
+// first standbyListedNodes, and the latest their certificates end.
+type behindAgents struct {
+	n     int
+	first []string
+	until time.Time
+}
+
+func (b *behindAgents) add(node string, notAfter time.Time) {
+	if b.n++; len(b.first) < standbyListedNodes {
+		b.first = append(b.first, node)
 	}
-	agents, hold := "agents", "hold"
+	if notAfter.After(b.until) {
+		b.until = notAfter
+	}
+}
+
+func (b *behindAgents) names() string {
+	names := strings.Join(b.first, ", ")
+	if b.n > len(b.first) {
+		names += fmt.Sprintf(" and %d more", b.n-len(b.first))
+	}
+	return names
+}
+
+func plural(n int, one, many string) string {
 	if n == 1 {
-		agents, hold = "agent", "holds"
+		return one
 	}
-	return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected %s (%s) still %s a certificate under it: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
-		"have them renew under the new root now: muster task send --type node.renew_now --all, then run muster ca root next-phase again (or run it again after %s, when those certificates have ended, every running agent having renewed by then)",
-		n, agents, names, hold, until.UTC().Format(time.RFC3339)))
+	return many
 }
 
 // instanceUnder reports whether the latest certificate of instance id

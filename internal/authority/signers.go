@@ -200,14 +200,35 @@ func (a *adminService) StageSigner(ctx context.Context, req *musterv1.StageSigne
 	return a.signerStep(ctx, res, err)
 }
 
-func (a *adminService) ActivateSigner(ctx context.Context, _ *musterv1.ActivateSignerRequest) (*musterv1.SignerChangeResponse, error) {
-	res, err := a.s.signers.Activate(ctx, actor(ctx))
+func (a *adminService) ActivateSigner(ctx context.Context, req *musterv1.ActivateSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	seen, err := seenOf(req.GetVersionId(), req.GetVerifierSetVersion())
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActActivate, "", err)
+	}
+	res, err := a.s.signers.ActivateSeen(ctx, actor(ctx), seen)
 	return a.signerStep(ctx, res, err)
 }
 
-func (a *adminService) RetireSigner(ctx context.Context, _ *musterv1.RetireSignerRequest) (*musterv1.SignerChangeResponse, error) {
-	res, err := a.s.signers.Retire(ctx, actor(ctx))
+func (a *adminService) RetireSigner(ctx context.Context, req *musterv1.RetireSignerRequest) (*musterv1.SignerChangeResponse, error) {
+	seen, err := seenOf(req.GetVersionId(), req.GetVerifierSetVersion())
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActRetire, "", err)
+	}
+	res, err := a.s.signers.RetireSeen(ctx, actor(ctx), seen)
 	return a.signerStep(ctx, res, err)
+}
+
+// seenOf reads what an operator's step says they saw (both optional).
+func seenOf(versionID string, setVersion int64) (signer.Seen, error) {
+	if versionID != "" {
+		if err := signer.ValidVersionID(versionID); err != nil {
+			return signer.Seen{}, badRequest(err.Error())
+		}
+	}
+	if setVersion < 0 {
+		return signer.Seen{}, badRequest("verifier_set_version must not be negative: give the version `muster signer list` shows")
+	}
+	return signer.Seen{VersionID: versionID, SetVersion: setVersion}, nil
 }
 
 func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSignerRequest) (*musterv1.SignerChangeResponse, error) {
@@ -219,15 +240,11 @@ func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSig
 }
 
 func (a *adminService) RollbackSigner(ctx context.Context, req *musterv1.RollbackSignerRequest) (*musterv1.SignerChangeResponse, error) {
-	if v := req.GetVersionId(); v != "" {
-		if err := signer.ValidVersionID(v); err != nil {
-			return a.malformedStep(ctx, signer.ActRollback, "", badRequest(err.Error()))
-		}
+	seen, err := seenOf(req.GetVersionId(), req.GetVerifierSetVersion())
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActRollback, "", err)
 	}
-	if req.GetVerifierSetVersion() < 0 {
-		return a.malformedStep(ctx, signer.ActRollback, req.GetVersionId(), badRequest("verifier_set_version must not be negative"))
-	}
-	res, err := a.s.signers.RollbackSeen(ctx, actor(ctx), signer.Seen{VersionID: req.GetVersionId(), SetVersion: req.GetVerifierSetVersion()})
+	res, err := a.s.signers.RollbackSeen(ctx, actor(ctx), seen)
 	if staged, ok := rotationOf(res); ok && err == nil {
 		// Rolled back inside grace: the rollout is re-issued.
 		a.s.queueRotation(ctx, staged, res.At, callerFrom(ctx).Actor())

@@ -29,6 +29,9 @@ type caCertJSON struct {
 	NotAfter      time.Time `json:"not_after"`
 	Fingerprint   string    `json:"fingerprint"`
 	AgentsHolding int64     `json:"agents_holding"`
+	// AgentsAwayHolding: agents away (AwayAgents) whose last heartbeat
+	// reported holding it.
+	AgentsAwayHolding int64 `json:"agents_away_holding"`
 	// KeyCustody is where the private key lives: "sealed", the pkcs11:
 	// URI of the token object, "file" or "offline" (a root); empty for a
 	// cross-certificate.
@@ -36,15 +39,17 @@ type caCertJSON struct {
 }
 
 type caStatusJSON struct {
-	RootKey         string       `json:"root_key"`
-	BundleDigest    string       `json:"bundle_digest"`
-	ConnectedAgents int64        `json:"connected_agents"`
-	Certificates    []caCertJSON `json:"certificates"`
-	Warnings        []string     `json:"warnings"`
+	RootKey         string `json:"root_key"`
+	BundleDigest    string `json:"bundle_digest"`
+	ConnectedAgents int64  `json:"connected_agents"`
+	// AwayAgents: seen before, not connected now, certificate still valid.
+	AwayAgents   int64        `json:"away_agents"`
+	Certificates []caCertJSON `json:"certificates"`
+	Warnings     []string     `json:"warnings"`
 }
 
 func caStatusOf(r *musterv1.GetCAStatusResponse) caStatusJSON {
-	j := caStatusJSON{RootKey: "offline", BundleDigest: r.GetBundleDigest(), ConnectedAgents: r.GetConnectedAgents(),
+	j := caStatusJSON{RootKey: "offline", BundleDigest: r.GetBundleDigest(), ConnectedAgents: r.GetConnectedAgents(), AwayAgents: r.GetAwayAgents(),
 		Certificates: []caCertJSON{}, Warnings: append([]string{}, r.GetWarnings()...)}
 	if r.GetRootKeyOnline() {
 		j.RootKey = "online"
@@ -52,7 +57,7 @@ func caStatusOf(r *musterv1.GetCAStatusResponse) caStatusJSON {
 	for _, c := range r.GetCertificates() {
 		j.Certificates = append(j.Certificates, caCertJSON{Kind: c.GetKind(), Role: c.GetRole(), State: c.GetState(),
 			Serial: c.GetSerial(), Subject: c.GetSubject(), NotBefore: c.GetNotBefore().AsTime().UTC(),
-			NotAfter: c.GetNotAfter().AsTime().UTC(), Fingerprint: c.GetFingerprint(), AgentsHolding: c.GetAgentsHolding(),
+			NotAfter: c.GetNotAfter().AsTime().UTC(), Fingerprint: c.GetFingerprint(), AgentsHolding: c.GetAgentsHolding(), AgentsAwayHolding: c.GetAgentsAwayHolding(),
 			KeyCustody: c.GetKeyCustody()})
 	}
 	return j
@@ -102,9 +107,9 @@ key is offline. See docs/ca-lifecycle.md.`,
 
 // printCAStatus is ca status's table.
 func printCAStatus(w io.Writer, s caStatusJSON) error {
-	fmt.Fprintf(w, "Root key: %s\nTrust bundle: %s\nConnected agents: %d\n\n", s.RootKey, s.BundleDigest, s.ConnectedAgents)
+	fmt.Fprintf(w, "Root key: %s\nTrust bundle: %s\nConnected agents: %d\nAgents away (seen before, certificate still valid): %d\n\n", s.RootKey, s.BundleDigest, s.ConnectedAgents, s.AwayAgents)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KIND\tROLE\tSTATE\tSERIAL\tNOT AFTER\tAGENTS HOLDING\tKEY CUSTODY")
+	fmt.Fprintln(tw, "KIND\tROLE\tSTATE\tSERIAL\tNOT AFTER\tAGENTS HOLDING\tAWAY HOLDING\tKEY CUSTODY")
 	for _, c := range s.Certificates {
 		role := c.Role
 		if role == "" {
@@ -114,7 +119,7 @@ func printCAStatus(w io.Writer, s caStatusJSON) error {
 		if where == "" {
 			where = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Kind, role, c.State, c.Serial, c.NotAfter.Format(time.RFC3339), c.AgentsHolding, where)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", c.Kind, role, c.State, c.Serial, c.NotAfter.Format(time.RFC3339), c.AgentsHolding, c.AgentsAwayHolding, where)
 	}
 	return tw.Flush()
 }

@@ -70,11 +70,17 @@ docs/ca-lifecycle.md.`,
 // a moment after another (another operator, or a retry through another
 // replica) is refused instead of advancing a second phase.
 func newCARootNextPhaseCmd(env *Env) *cobra.Command {
-	var fromPhase string
+	var (
+		fromPhase string
+		leaveAway bool
+	)
 	cmd := newCARootStepCmd(env, "next-phase", "Move the root rotation to its next phase",
-		"  muster ca root next-phase\n  muster ca root next-phase --from update_agents",
+		"  muster ca root next-phase\n  muster ca root next-phase --from update_agents\n  muster ca root next-phase --from update_servers --leave-away",
 		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
-			req := &musterv1.NextRootPhaseRequest{FromPhase: fromPhase}
+			req := &musterv1.NextRootPhaseRequest{FromPhase: fromPhase, LeaveAway: leaveAway}
+			if leaveAway {
+				fmt.Fprintln(env.Stderr, "warning: --leave-away: agents away now with a certificate under the old root are refused their renewal when back from standby on, and each must join again by hand (muster ca root rollback trusts them again)")
+			}
 			if req.FromPhase == "" {
 				st, err := c.GetRootRotation(ctx, &musterv1.GetRootRotationRequest{})
 				if err != nil {
@@ -86,6 +92,8 @@ func newCARootNextPhaseCmd(env *Env) *cobra.Command {
 		})
 	cmd.Flags().StringVar(&fromPhase, "from", "",
 		"move on only if the rotation is still in this phase (muster ca root status); default: the phase read just before")
+	cmd.Flags().BoolVar(&leaveAway, "leave-away", false,
+		"to standby: do not wait for agents away (seen before, not connected now) whose certificate is under the old root (unsafe for them: each is refused its renewal when back and must join again by hand)")
 	return cmd
 }
 

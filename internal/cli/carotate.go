@@ -53,6 +53,7 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		af       adminFlags
 		out      output
 		activate bool
+		serial   string
 		rootKey  string
 		offline  bool
 		storeURL string
@@ -66,6 +67,7 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		Example: `  muster ca rotate agent                           # prepare the agent intermediate's successor now
   muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
   muster ca rotate agent --activate                # make the prepared one sign every new agent certificate
+  muster ca rotate agent --activate --serial 4f1c2a9e  # only if that one is still the prepared one
   muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now
   muster ca rotate agent --offline --data /var/lib/muster/authority   # its key is lost with the token, or it expired: replace it`,
 		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
@@ -82,7 +84,10 @@ certificate goes back. The root key never leaves this machine.
 
 --activate refuses while nothing is prepared, and until the prepared one
 has been published by every replica (about ten seconds after it was
-prepared).
+prepared). It activates the prepared intermediate muster ca status shows
+(--serial SERIAL, or the one read just before): if the leader activated
+that one meanwhile and prepared another, it is refused, naming both,
+rather than activating one the operator has not seen.
 
 --offline replaces ROLE's active intermediate whose key is gone from the
 PKCS#11 token (lost without a backup; docs/hsm.md "A lost token"), or
@@ -133,6 +138,9 @@ of the last rotation.`,
 				}
 				return rotateJWTKey(cmd, env, &af, out)
 			}
+			if serial != "" && !activate {
+				return errors.New("ca rotate: --serial names the prepared intermediate --activate activates: add --activate, or drop --serial to prepare one")
+			}
 			if activate && rootKey != "" {
 				return errors.New("ca rotate: --activate needs no root key; prepare with --root-key first, then activate")
 			}
@@ -141,7 +149,19 @@ of the last rotation.`,
 			switch {
 			case activate:
 				resp, err = callAdmin(cmd, env, &af, "ca rotate", func(ctx context.Context, c *adminClient) (*musterv1.CAIntermediateResponse, error) {
-					return c.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: role})
+					req := &musterv1.ActivateCAIntermediateRequest{Role: role, Serial: serial}
+					if req.Serial == "" {
+						// What the operator means is the one prepared now:
+						// named, so that one the leader activated and
+						// replaced by a new one meanwhile is not activated
+						// in its place before its time.
+						st, err := c.GetCAStatus(ctx, &musterv1.GetCAStatusRequest{})
+						if err != nil {
+							return nil, err
+						}
+						req.Serial = preparedSerial(st.GetCertificates(), role)
+					}
+					return c.ActivateCAIntermediate(ctx, req)
 				})
 			case rootKey != "":
 				key, kerr := readRootKey(rootKey)
@@ -193,6 +213,7 @@ of the last rotation.`,
 		},
 	}
 	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
+	cmd.Flags().StringVar(&serial, "serial", "", "with --activate: activate only if the prepared intermediate is still SERIAL (muster ca status shows it); default: the one read just before")
 	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
 	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, or that has expired, here, with the data directory (--data) and without the authority")
 	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")
@@ -250,4 +271,15 @@ func signDraft(d *musterv1.DraftCAIntermediateResponse, k *rootKeyFile) (*x509.C
 	}
 	return ca.SignDraft(ca.Draft{Role: ca.Role(d.GetRole()), Serial: serial, Public: pub, RawSubject: d.GetRawSubject(),
 		NotBefore: d.GetNotBefore().AsTime(), NotAfter: d.GetNotAfter().AsTime()}, root, k.key)
+}
+
+// preparedSerial is role's prepared intermediate in a status listing ("" if
+// none: the authority then refuses with its own reason).
+func preparedSerial(cs []*musterv1.CACertificateStatus, role string) string {
+	for _, c := range cs {
+		if c.GetKind() == "intermediate" && c.GetRole() == role && c.GetState() == "prepared" {
+			return c.GetSerial()
+		}
+	}
+	return ""
 }

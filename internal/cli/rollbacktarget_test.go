@@ -3,11 +3,13 @@ package cli
 import (
 	"testing"
 
+	"github.com/muster-dev/muster/internal/signer"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
 // TestRollbackTarget: muster signer rollback names the signer the
-// authority's plan moves: the staged one, else the active one.
+// authority's plan moves: the staged one, else the active one; activate
+// names the staged one and retire the one in grace.
 func TestRollbackTarget(t *testing.T) {
 	s := func(id, state string) *musterv1.Signer { return &musterv1.Signer{VersionId: id, State: state} }
 	for _, c := range []struct {
@@ -21,8 +23,15 @@ func TestRollbackTarget(t *testing.T) {
 		{"ended ones ignored", []*musterv1.Signer{s("v1", "retired"), s("v2-ab", "active"), s("v3-cd", "revoked")}, "v2-ab"},
 		{"none", nil, ""},
 	} {
-		if got := rollbackTarget(c.in); got != c.want {
-			t.Errorf("%s: rollbackTarget = %q, want %q", c.name, got, c.want)
+		if got := signerIn(c.in, []signer.State{signer.Staged, signer.Active}); got != c.want {
+			t.Errorf("%s: rollback target = %q, want %q", c.name, got, c.want)
 		}
+	}
+	ss := []*musterv1.Signer{s("v1", "retired"), s("v2-ab", "grace"), s("v3-cd", "active"), s("v4-ef", "staged")}
+	if got := signerIn(ss, []signer.State{signer.Staged}); got != "v4-ef" {
+		t.Errorf("activate target = %q, want v4-ef", got)
+	}
+	if got := signerIn(ss, []signer.State{signer.Grace}); got != "v2-ab" {
+		t.Errorf("retire target = %q, want v2-ab", got)
 	}
 }

@@ -29,64 +29,77 @@ them now. rollback undoes a rotation (before the effective time, or within
 the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 	}
 	cmd.AddCommand(newSignerListCmd(env), newSignerStageCmd(env),
-		newSignerStepCmd(env, "activate", "Make the staged signer active now", "  muster signer activate", cobra.NoArgs,
-			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
-				return c.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{})
+		newSignerSeenCmd(env, "activate [VERSION]", "Make the staged signer (VERSION, as muster signer list showed it) active now",
+			"  muster signer activate\n  muster signer activate v3 --verifier-set-version 12 -o json",
+			[]signer.State{signer.Staged},
+			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
+				return c.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
 			}),
-		newSignerStepCmd(env, "retire", "Retire the signer in grace now", "  muster signer retire", cobra.NoArgs,
-			func(ctx context.Context, c *adminClient, _ []string) (*musterv1.SignerChangeResponse, error) {
-				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{})
+		newSignerSeenCmd(env, "retire [VERSION]", "Retire the signer in grace (VERSION, as muster signer list showed it) now",
+			"  muster signer retire\n  muster signer retire v2 --verifier-set-version 12 -o json",
+			[]signer.State{signer.Grace},
+			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
+				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
 			}),
 		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
 			"  muster signer revoke v2", cobra.ExactArgs(1),
 			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
 				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
 			}),
-		newSignerRollbackCmd(env),
+		// A rollback moves the staged signer (discarding it), else the
+		// active one (back to staged), as PlanRollback picks it.
+		newSignerSeenCmd(env, "rollback [VERSION]", "Undo the rotation in progress (to VERSION, as muster signer list showed it)",
+			"  muster signer rollback\n  muster signer rollback v3 --verifier-set-version 12 -o json",
+			[]signer.State{signer.Staged, signer.Active},
+			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
+				return c.RollbackSigner(ctx, &musterv1.RollbackSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
+			}),
 	)
 	return cmd
 }
 
-// newSignerRollbackCmd is muster signer rollback. It says which rotation
-// it means, as it read it (or as a script names it), so that a second
-// rollback a moment later (another operator, or a retry through another
-// replica) is refused instead of discarding the signer the first put back.
-func newSignerRollbackCmd(env *Env) *cobra.Command {
+// newSignerSeenCmd is muster signer activate, retire or rollback. Each
+// says which signer it means and on which verifier set version, as the
+// operator read them (or as a script names them, from muster signer list
+// -o json), so that a step racing another (a second operator, a retry
+// through another replica, the automatic activation or retirement
+// followed by a new stage) is refused instead of moving a signer the
+// operator did not see. Unnamed, both are read just before from the
+// listing: the signer the step moves is the first found in one of states.
+func newSignerSeenCmd(env *Env, use, short, example string, states []signer.State, call func(context.Context, *adminClient, signer.Seen) (*musterv1.SignerChangeResponse, error)) *cobra.Command {
 	var setVersion int64
-	cmd := newSignerStepCmd(env, "rollback [VERSION]", "Undo the rotation in progress (to VERSION, as muster signer list showed it)",
-		"  muster signer rollback\n  muster signer rollback v3 --verifier-set-version 12 -o json",
-		cobra.MaximumNArgs(1),
+	verb := strings.Fields(use)[0]
+	cmd := newSignerStepCmd(env, use, short, example, cobra.MaximumNArgs(1),
 		func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
-			req := &musterv1.RollbackSignerRequest{VerifierSetVersion: setVersion}
+			seen := signer.Seen{SetVersion: setVersion}
 			if len(args) == 1 {
-				req.VersionId = args[0]
+				seen.VersionID = args[0]
 			}
-			if req.VersionId == "" || req.VerifierSetVersion == 0 {
+			if seen.VersionID == "" || seen.SetVersion == 0 {
 				list, err := c.ListSigners(ctx, &musterv1.ListSignersRequest{})
 				if err != nil {
 					return nil, err
 				}
-				if req.VerifierSetVersion == 0 {
-					req.VerifierSetVersion = list.GetVerifierSetVersion()
+				if seen.SetVersion == 0 {
+					seen.SetVersion = list.GetVerifierSetVersion()
 				}
-				if req.VersionId == "" {
-					req.VersionId = rollbackTarget(list.GetSigners())
+				if seen.VersionID == "" {
+					seen.VersionID = signerIn(list.GetSigners(), states)
 				}
 			}
-			return c.RollbackSigner(ctx, req)
+			return call(ctx, c, seen)
 		})
 	cmd.Flags().Int64Var(&setVersion, "verifier-set-version", 0,
-		"roll back only if the verifier set is still at this version (muster signer list -o json: verifier_set_version); default: the version read just before")
+		verb+" only if the verifier set is still at this version (muster signer list shows it; -o json: verifier_set_version); default: the version read just before")
 	return cmd
 }
 
-// rollbackTarget is the signer a rollback moves, as PlanRollback picks
-// it: the staged one, else the active one ("" when neither: the authority
-// then refuses with its own reason).
-func rollbackTarget(ss []*musterv1.Signer) string {
-	for _, want := range []string{string(signer.Staged), string(signer.Active)} {
+// signerIn is the first signer in one of states, tried in order ("" when
+// none: the authority then refuses with its own reason).
+func signerIn(ss []*musterv1.Signer, states []signer.State) string {
+	for _, want := range states {
 		for _, s := range ss {
-			if s.GetState() == want {
+			if s.GetState() == string(want) {
 				return s.GetVersionId()
 			}
 		}

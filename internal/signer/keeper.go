@@ -607,14 +607,41 @@ func (k *Keeper) step(ctx context.Context, who Actor, a Action, asked string, pl
 	return res, err
 }
 
-// Activate makes the staged signer active now.
+// Activate makes the staged signer active now, whichever it is.
 func (k *Keeper) Activate(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActActivate, "", func(s Snapshot) ([]Change, error) { return PlanActivate(s.Signers, ByCommand, s.Now) })
+	return k.ActivateSeen(ctx, who, Seen{})
 }
 
-// Retire retires the signer in grace now.
+// ActivateSeen makes the staged signer active now if it is the one the
+// operator saw (seenStep): not a signer staged since by another operator
+// after the one they saw was activated by the clock or rolled back.
+func (k *Keeper) ActivateSeen(ctx context.Context, who Actor, seen Seen) (Result, error) {
+	return k.seenStep(ctx, who, ActActivate, seen, func(s Snapshot) ([]Change, Change, error) {
+		changes, err := PlanActivate(s.Signers, ByCommand, s.Now)
+		if err != nil {
+			return nil, Change{}, err
+		}
+		// The last change is the staged signer made active.
+		return changes, changes[len(changes)-1], nil
+	})
+}
+
+// Retire retires the signer in grace now, whichever it is.
 func (k *Keeper) Retire(ctx context.Context, who Actor) (Result, error) {
-	return k.step(ctx, who, ActRetire, "", func(s Snapshot) ([]Change, error) { return PlanRetire(s.Signers, ByCommand, s.Now) })
+	return k.RetireSeen(ctx, who, Seen{})
+}
+
+// RetireSeen retires the signer in grace now if it is the one the operator
+// saw (seenStep): not the one a later activation put in grace, whose
+// agents may not all hold its successor yet.
+func (k *Keeper) RetireSeen(ctx context.Context, who Actor, seen Seen) (Result, error) {
+	return k.seenStep(ctx, who, ActRetire, seen, func(s Snapshot) ([]Change, Change, error) {
+		changes, err := PlanRetire(s.Signers, ByCommand, s.Now)
+		if err != nil {
+			return nil, Change{}, err
+		}
+		return changes, changes[0], nil
+	})
 }
 
 // Revoke revokes one signer now.
@@ -640,30 +667,48 @@ type Seen struct {
 // discard the signer the first put back to staged), so it is not taken.
 var ErrChanged = errors.New("signer: the signers changed since they were read")
 
-// ErrNotThatRotation is returned for a rollback naming a signer other
-// than the one the rotation in progress would move.
+// ErrNotThatRotation is returned for a step (activate, retire, rollback)
+// naming a signer other than the one it would move.
 var ErrNotThatRotation = errors.New("signer: the rotation in progress is not the one named")
 
 // RollbackSeen undoes the rotation in progress if it is the one the
-// operator saw: the set version still seen.SetVersion and the signer it
-// moves seen.VersionID (each checked when set). The check reads the same
-// snapshot the write is conditional on (apply writes only if the set
-// version has not moved), so check and change are one conditional write.
+// operator saw (seenStep).
 func (k *Keeper) RollbackSeen(ctx context.Context, who Actor, seen Seen) (Result, error) {
-	return k.step(ctx, who, ActRollback, seen.VersionID, func(s Snapshot) ([]Change, error) {
-		if seen.SetVersion != 0 && s.Version() != seen.SetVersion {
-			return nil, fmt.Errorf("%w: the rollback was asked on verifier set version %d and it is %d now (another operator, replica or the clock took a step meanwhile), so nothing was rolled back: run `muster signer list`, then `muster signer rollback` again if it is still wanted",
-				ErrChanged, seen.SetVersion, s.Version())
-		}
+	return k.seenStep(ctx, who, ActRollback, seen, func(s Snapshot) ([]Change, Change, error) {
 		changes, err := PlanRollback(s.Signers, s.Now, k.MinLeadTime())
 		if err != nil {
-			return nil, err
+			return nil, Change{}, err
 		}
 		// The first change is the signer the rollback moves: the staged
 		// one it discards, or the active one it puts back to staged.
-		if moved := changes[0]; seen.VersionID != "" && moved.To.VersionID != seen.VersionID {
-			return nil, fmt.Errorf("%w: a rollback now would move %s (%s), not %s, so nothing was rolled back: run `muster signer list`, then `muster signer rollback` again if it is still wanted",
-				ErrNotThatRotation, moved.To.VersionID, moved.From, seen.VersionID)
+		return changes, changes[0], nil
+	})
+}
+
+// seenStep takes an operator's step (activate, retire, rollback) if it is
+// the one they saw: the set version still seen.SetVersion and the signer
+// it moves seen.VersionID (each checked when set). The check reads the
+// same snapshot the write is conditional on (apply writes only if the set
+// version has not moved), so check and change are one conditional write,
+// on every replica and store.
+func (k *Keeper) seenStep(ctx context.Context, who Actor, a Action, seen Seen, plan func(Snapshot) ([]Change, Change, error)) (Result, error) {
+	again := map[Action]string{
+		ActActivate: "run `muster signer list`, then `muster signer activate` again if it is still wanted",
+		ActRetire:   "run `muster signer list`, then `muster signer retire` again if it is still wanted",
+		ActRollback: "run `muster signer list`, then `muster signer rollback` again if it is still wanted",
+	}[a]
+	return k.step(ctx, who, a, seen.VersionID, func(s Snapshot) ([]Change, error) {
+		if seen.SetVersion != 0 && s.Version() != seen.SetVersion {
+			return nil, fmt.Errorf("%w: the %s was asked on verifier set version %d and it is %d now (another operator, replica or the clock took a step meanwhile), so nothing changed: %s",
+				ErrChanged, a, seen.SetVersion, s.Version(), again)
+		}
+		changes, moved, err := plan(s)
+		if err != nil {
+			return nil, err
+		}
+		if seen.VersionID != "" && moved.To.VersionID != seen.VersionID {
+			return nil, fmt.Errorf("%w: a %s now would move %s (%s), not %s, so nothing changed: %s",
+				ErrNotThatRotation, a, moved.To.VersionID, moved.From, seen.VersionID, again)
 		}
 		return changes, nil
 	})

@@ -375,8 +375,14 @@ func (x *RotateRootRequest) GetCrossNewByOld() []byte {
 // advance two phases. Unset (an older CLI) moves on from whatever phase
 // the rotation is in, as before.
 type NextRootPhaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	FromPhase     string                 `protobuf:"bytes,1,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	FromPhase string                 `protobuf:"bytes,1,opt,name=from_phase,json=fromPhase,proto3" json:"from_phase,omitempty"`
+	// leave_away moves to standby even though agents seen before but away
+	// now (their stream gone) still hold a valid certificate under the old
+	// root: back after standby, each is refused its renewal and must join
+	// again by hand. Without it such a standby is refused FAILED_PRECONDITION
+	// naming them. Connected agents are waited for either way.
+	LeaveAway     bool `protobuf:"varint,2,opt,name=leave_away,json=leaveAway,proto3" json:"leave_away,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -416,6 +422,13 @@ func (x *NextRootPhaseRequest) GetFromPhase() string {
 		return x.FromPhase
 	}
 	return ""
+}
+
+func (x *NextRootPhaseRequest) GetLeaveAway() bool {
+	if x != nil {
+		return x.LeaveAway
+	}
+	return false
 }
 
 // RollbackRootPhaseRequest goes one phase back. From init, abandoning the
@@ -511,10 +524,12 @@ const file_muster_v1_caroot_proto_rawDesc = "" +
 	"\bnew_root\x18\x01 \x01(\fR\anewRoot\x12\x1d\n" +
 	"\n" +
 	"sealed_key\x18\x02 \x01(\fR\tsealedKey\x12'\n" +
-	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"5\n" +
+	"\x10cross_new_by_old\x18\x03 \x01(\fR\rcrossNewByOld\"T\n" +
 	"\x14NextRootPhaseRequest\x12\x1d\n" +
 	"\n" +
-	"from_phase\x18\x01 \x01(\tR\tfromPhase\"Z\n" +
+	"from_phase\x18\x01 \x01(\tR\tfromPhase\x12\x1d\n" +
+	"\n" +
+	"leave_away\x18\x02 \x01(\bR\tleaveAway\"Z\n" +
 	"\x18RollbackRootPhaseRequest\x12\x1f\n" +
 	"\vabandon_now\x18\x01 \x01(\bR\n" +
 	"abandonNow\x12\x1d\n" +

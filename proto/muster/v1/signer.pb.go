@@ -304,10 +304,22 @@ func (x *StageSignerRequest) GetGrace() *durationpb.Duration {
 	return nil
 }
 
+// ActivateSignerRequest says which staged signer the operator means to
+// activate, as they saw it in ListSigners, so that an activation racing
+// another step (another operator, a rollback, or the automatic activation
+// at the effective time followed by a new stage) does not activate a
+// signer the operator did not see. Both fields unset (an older CLI)
+// activates whatever signer is staged, as before.
 type ActivateSignerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version_id is the staged signer to activate; another one staged (or
+	// none) is refused FAILED_PRECONDITION.
+	VersionId string `protobuf:"bytes,1,opt,name=version_id,json=versionId,proto3" json:"version_id,omitempty"`
+	// verifier_set_version is the version ListSigners showed; the step is
+	// written only if it has not moved (ABORTED otherwise).
+	VerifierSetVersion int64 `protobuf:"varint,2,opt,name=verifier_set_version,json=verifierSetVersion,proto3" json:"verifier_set_version,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ActivateSignerRequest) Reset() {
@@ -340,10 +352,33 @@ func (*ActivateSignerRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_signer_proto_rawDescGZIP(), []int{4}
 }
 
+func (x *ActivateSignerRequest) GetVersionId() string {
+	if x != nil {
+		return x.VersionId
+	}
+	return ""
+}
+
+func (x *ActivateSignerRequest) GetVerifierSetVersion() int64 {
+	if x != nil {
+		return x.VerifierSetVersion
+	}
+	return 0
+}
+
+// RetireSignerRequest says which signer in grace the operator means to
+// retire, as they saw it in ListSigners (see ActivateSignerRequest). Both
+// fields unset (an older CLI) retires whatever signer is in grace.
 type RetireSignerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version_id is the signer in grace to retire; another one in grace (or
+	// none) is refused FAILED_PRECONDITION.
+	VersionId string `protobuf:"bytes,1,opt,name=version_id,json=versionId,proto3" json:"version_id,omitempty"`
+	// verifier_set_version is the version ListSigners showed; the step is
+	// written only if it has not moved (ABORTED otherwise).
+	VerifierSetVersion int64 `protobuf:"varint,2,opt,name=verifier_set_version,json=verifierSetVersion,proto3" json:"verifier_set_version,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RetireSignerRequest) Reset() {
@@ -374,6 +409,20 @@ func (x *RetireSignerRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use RetireSignerRequest.ProtoReflect.Descriptor instead.
 func (*RetireSignerRequest) Descriptor() ([]byte, []int) {
 	return file_muster_v1_signer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RetireSignerRequest) GetVersionId() string {
+	if x != nil {
+		return x.VersionId
+	}
+	return ""
+}
+
+func (x *RetireSignerRequest) GetVerifierSetVersion() int64 {
+	if x != nil {
+		return x.VerifierSetVersion
+	}
+	return 0
 }
 
 type RevokeSignerRequest struct {
@@ -839,9 +888,15 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\rmin_lead_time\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vminLeadTime\"\x83\x01\n" +
 	"\x12StageSignerRequest\x12<\n" +
 	"\feffective_in\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\veffectiveIn\x12/\n" +
-	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"\x17\n" +
-	"\x15ActivateSignerRequest\"\x15\n" +
-	"\x13RetireSignerRequest\"4\n" +
+	"\x05grace\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05grace\"h\n" +
+	"\x15ActivateSignerRequest\x12\x1d\n" +
+	"\n" +
+	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"f\n" +
+	"\x13RetireSignerRequest\x12\x1d\n" +
+	"\n" +
+	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"4\n" +
 	"\x13RevokeSignerRequest\x12\x1d\n" +
 	"\n" +
 	"version_id\x18\x01 \x01(\tR\tversionId\"h\n" +

@@ -159,8 +159,12 @@ type GetCAStatusResponse struct {
 	ConnectedAgents int64 `protobuf:"varint,3,opt,name=connected_agents,json=connectedAgents,proto3" json:"connected_agents,omitempty"`
 	// warnings: one line each (an intermediate near its half-life with no
 	// root key, …).
-	Warnings      []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
-	BundleDigest  string   `protobuf:"bytes,5,opt,name=bundle_digest,json=bundleDigest,proto3" json:"bundle_digest,omitempty"`
+	Warnings     []string `protobuf:"bytes,4,rep,name=warnings,proto3" json:"warnings,omitempty"`
+	BundleDigest string   `protobuf:"bytes,5,opt,name=bundle_digest,json=bundleDigest,proto3" json:"bundle_digest,omitempty"`
+	// away_agents: agents seen before on a stream but not connected now (or
+	// their stream's row stale), whose latest certificate is still valid:
+	// expected back, with the bundle their last heartbeat reported.
+	AwayAgents    int64 `protobuf:"varint,6,opt,name=away_agents,json=awayAgents,proto3" json:"away_agents,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -230,6 +234,13 @@ func (x *GetCAStatusResponse) GetBundleDigest() string {
 	return ""
 }
 
+func (x *GetCAStatusResponse) GetAwayAgents() int64 {
+	if x != nil {
+		return x.AwayAgents
+	}
+	return 0
+}
+
 type CACertificateStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kind: root, intermediate or cross.
@@ -251,9 +262,12 @@ type CACertificateStatus struct {
 	// key_custody: where the private key lives: "sealed" (in the store),
 	// the token object's pkcs11: URI, "file" (a root key in the data
 	// directory) or "offline" (a root whose key the authority does not hold).
-	KeyCustody    string `protobuf:"bytes,10,opt,name=key_custody,json=keyCustody,proto3" json:"key_custody,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KeyCustody string `protobuf:"bytes,10,opt,name=key_custody,json=keyCustody,proto3" json:"key_custody,omitempty"`
+	// agents_away_holding: agents away (away_agents) whose last heartbeat
+	// reported a bundle that includes this certificate.
+	AgentsAwayHolding int64 `protobuf:"varint,11,opt,name=agents_away_holding,json=agentsAwayHolding,proto3" json:"agents_away_holding,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *CACertificateStatus) Reset() {
@@ -356,6 +370,13 @@ func (x *CACertificateStatus) GetKeyCustody() string {
 	return ""
 }
 
+func (x *CACertificateStatus) GetAgentsAwayHolding() int64 {
+	if x != nil {
+		return x.AgentsAwayHolding
+	}
+	return 0
+}
+
 var File_muster_v1_trustbundle_proto protoreflect.FileDescriptor
 
 const file_muster_v1_trustbundle_proto_rawDesc = "" +
@@ -367,13 +388,15 @@ const file_muster_v1_trustbundle_proto_rawDesc = "" +
 	"\x12cross_certificates\x18\x03 \x03(\fR\x11crossCertificates\x12!\n" +
 	"\fauthority_id\x18\x04 \x01(\tR\vauthorityId\x12\x16\n" +
 	"\x06digest\x18\x05 \x01(\tR\x06digest\"\x14\n" +
-	"\x12GetCAStatusRequest\"\xed\x01\n" +
+	"\x12GetCAStatusRequest\"\x8e\x02\n" +
 	"\x13GetCAStatusResponse\x12B\n" +
 	"\fcertificates\x18\x01 \x03(\v2\x1e.muster.v1.CACertificateStatusR\fcertificates\x12&\n" +
 	"\x0froot_key_online\x18\x02 \x01(\bR\rrootKeyOnline\x12)\n" +
 	"\x10connected_agents\x18\x03 \x01(\x03R\x0fconnectedAgents\x12\x1a\n" +
 	"\bwarnings\x18\x04 \x03(\tR\bwarnings\x12#\n" +
-	"\rbundle_digest\x18\x05 \x01(\tR\fbundleDigest\"\xe3\x02\n" +
+	"\rbundle_digest\x18\x05 \x01(\tR\fbundleDigest\x12\x1f\n" +
+	"\vaway_agents\x18\x06 \x01(\x03R\n" +
+	"awayAgents\"\x93\x03\n" +
 	"\x13CACertificateStatus\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12\x14\n" +
@@ -387,7 +410,8 @@ const file_muster_v1_trustbundle_proto_rawDesc = "" +
 	"\vfingerprint\x18\t \x01(\tR\vfingerprint\x12\x1f\n" +
 	"\vkey_custody\x18\n" +
 	" \x01(\tR\n" +
-	"keyCustodyB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
+	"keyCustody\x12.\n" +
+	"\x13agents_away_holding\x18\v \x01(\x03R\x11agentsAwayHoldingB7Z5github.com/muster-dev/muster/proto/muster/v1;musterv1b\x06proto3"
 
 var (
 	file_muster_v1_trustbundle_proto_rawDescOnce sync.Once
