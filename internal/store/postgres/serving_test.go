@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -144,5 +145,67 @@ func TestServingLockReportsAnExclusionInTheGap(t *testing.T) {
 		if err := hear(t, lost, "the lock held again"); err != nil {
 			t.Fatalf("round %d: onLost(%v), want nil (held again)", round, err)
 		}
+	}
+}
+
+// The command holding the lock exclusively hears, through the context
+// ExcludeServingWatched returns, that its connection failed (the database
+// then let go of the lock, and a replica may serve): it once went on
+// writing, unaware, under a replica that started meanwhile.
+func TestExclusiveServingLockLossIsNoticed(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	watched, release, err := ExcludeServingWatched(ctx, url)
+	if err != nil {
+		t.Fatalf("ExcludeServingWatched: %v", err)
+	}
+	defer release()
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, excludingApp); err != nil {
+		t.Fatalf("pg_terminate_backend: %v", err)
+	}
+	select {
+	case <-watched.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the exclusive lock's failed connection went unnoticed for a minute")
+	}
+	if err := context.Cause(watched); !errors.Is(err, ErrExclusionLost) || !strings.Contains(err.Error(), "run it again") {
+		t.Errorf("cause %v, want ErrExclusionLost with its way out", err)
+	}
+}
+
+// The sessions holding the serving lock ask the database for keepalives,
+// so that it ends the session of a holder cut off, and lets go of the
+// lock, in seconds rather than the server host's TCP default (hours).
+func TestServingLockSessionsAskForKeepalives(t *testing.T) {
+	ctx := t.Context()
+	_, url := openFresh(t)
+	conn, got, err := trySessionLock(ctx, url, excludingApp, `SELECT pg_try_advisory_lock($1)`)
+	if err != nil || !got {
+		t.Fatalf("trySessionLock: %v, %v", got, err)
+	}
+	defer conn.Close(context.Background())
+	for param, want := range map[string]string{"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"} {
+		var v string
+		if err := conn.QueryRow(ctx, "SHOW "+param).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != want {
+			t.Errorf("%s = %s on the lock's session, want %s", param, v, want)
+		}
+	}
+}
+
+// A discovery replica holding the serving lock is named as one in the
+// refusal of an offline command.
+func TestServingLockNamesDiscoveryReplicas(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	release, err := s.HoldServingAs(ctx, ServingDiscovery, nil)
+	if err != nil {
+		t.Fatalf("HoldServingAs: %v", err)
+	}
+	defer release()
+	if _, err := ExcludeServing(ctx, url); !errors.Is(err, ErrServing) || !strings.Contains(err.Error(), discoveryServingApp) {
+		t.Fatalf("ExcludeServing with a discovery replica serving: %v, want ErrServing naming it", err)
 	}
 }
