@@ -681,6 +681,12 @@ func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
 // (0: the default).
 func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
 	st, err := openStoreWith(ctx, d.url, timeout, d.migrating)
+	return st, d.storeErr(err)
+}
+
+// storeErr is err, from opening d's store or taking its serving lock,
+// with the way out.
+func (d dataDir) storeErr(err error) error {
 	if err != nil && errors.Is(err, store.ErrUnavailable) {
 		// Not the password: the database did not answer, or refused the
 		// connection (stopped, restarting, unreachable from here). The
@@ -689,14 +695,14 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 		if !d.urlFromInfo {
 			which = "the store " + storeURLWithoutPassword(d.url)
 		}
-		return nil, fmt.Errorf("%s is unavailable: %w; start the database or make it reachable from here, "+
+		return fmt.Errorf("%s is unavailable: %w; start the database or make it reachable from here, "+
 			"then run this again (--store URL, store: in authority.yaml, or MUSTER_STORE names another)", which, err)
 	}
 	if err != nil && d.urlFromInfo {
-		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
+		return fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
 			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)
 	}
-	return st, err
+	return err
 }
 
 // servingHolder is a shared store (PostgreSQL), on which a serving
@@ -754,11 +760,14 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 		case errors.Is(err, postgres.ErrExcluded):
 			unlock()
 			return nil, nil, nil, excluded(err)
-		case err == nil:
-			releaseOpening = release
+		case err != nil:
+			// Not opened: should the database answer now, opening would
+			// migrate the store without the lock. Said as opening says
+			// a database that does not answer, with its way out.
+			unlock()
+			return nil, nil, nil, d.storeErr(err)
 		}
-		// Otherwise the database is unreachable, which opening the store
-		// reports with its way out.
+		releaseOpening = release
 	}
 	defer releaseOpening()
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {
