@@ -714,14 +714,16 @@ type servingHolder interface {
 
 // lockAuthorityFiles takes the data directory's lock and, for an SQLite
 // store (url), the database file's: what keeps a second authority off
-// both, and the offline commands that need the authority stopped.
-func lockAuthorityFiles(dir datadir.Dir, url string) (unlock func(), err error) {
-	unlock, err = dir.Lock()
+// both, and the offline commands that need the authority stopped. holder
+// (datadir.HolderAuthority, HolderReapply) is the command the lock files
+// name to a process refused meanwhile.
+func lockAuthorityFiles(dir datadir.Dir, url, holder string) (unlock func(), err error) {
+	unlock, err = dir.LockAs(holder)
 	if err != nil {
 		return nil, err
 	}
 	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
-		unlockDB, err := datadir.LockSQLiteStore(db)
+		unlockDB, err := datadir.LockSQLiteStoreAs(db, holder)
 		if err != nil {
 			unlock()
 			return nil, err
@@ -741,7 +743,7 @@ func lockAuthorityFiles(dir datadir.Dir, url string) (unlock func(), err error) 
 func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string, d dataDir, timeout time.Duration,
 	onAppend func(audit.Event), onServingLost func(error)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	info, sk, url := d.info, d.sk, d.url
-	unlock, err := lockAuthorityFiles(dir, url)
+	unlock, err := lockAuthorityFiles(dir, url, datadir.HolderAuthority)
 	if err != nil {
 		return nil, nil, nil, err
 	}

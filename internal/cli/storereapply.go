@@ -350,9 +350,9 @@ func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ contex
 	stopFirst := func(err error) error {
 		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
 	}
-	unlock, err := lockAuthorityFiles(od.dir, d.url)
+	unlock, err := lockAuthorityFiles(od.dir, d.url, datadir.HolderReapply)
 	if err != nil {
-		if errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked) {
+		if (errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked)) && !datadir.HeldByCommand(err) {
 			err = stopFirst(err)
 		}
 		return nil, nil, err
