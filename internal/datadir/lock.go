@@ -140,7 +140,9 @@ func SQLiteLockFile(db string) string { return db + "-authority.lock" }
 // commands do not take it: they work beside the authority. db is
 // resolved through symbolic links first, so that two names of one file
 // take one lock. Call the returned function to release it.
-func LockSQLiteStore(db string) (release func(), err error) { return LockSQLiteStoreAs(db, HolderAuthority) }
+func LockSQLiteStore(db string) (release func(), err error) {
+	return LockSQLiteStoreAs(db, HolderAuthority)
+}
 
 // LockSQLiteStoreAs is LockSQLiteStore for command, which the lock file
 // names to a refused process.
