@@ -88,7 +88,13 @@ func lockPID(path, command string) (release func(), held int, holder string, err
 	// Only the holder writes, so the pid read by a refused process is
 	// the holder's (or empty for an instant while it is written).
 	if err := f.Truncate(0); err == nil {
-		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"+command+"\n"), 0)
+		// An authority's holds its pid alone, as before: scripts and the
+		// docs read it with $(cat DIR/authority.lock).
+		content := strconv.Itoa(os.Getpid()) + "\n"
+		if command != HolderAuthority {
+			content += command + "\n"
+		}
+		f.WriteAt([]byte(content), 0)
 	}
 	return func() { f.Close() }, 0, "", nil
 }

@@ -141,3 +141,17 @@ func writeTemp(t *testing.T, content string) string {
 	}
 	return p
 }
+
+// An authority's lock file holds its pid alone, which scripts and the
+// docs read with $(cat DIR/authority.lock).
+func TestAuthorityLockFileHoldsThePidAlone(t *testing.T) {
+	d := Dir(t.TempDir())
+	release, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if b, err := os.ReadFile(d.LockFile()); err != nil || string(b) != fmt.Sprintf("%d\n", os.Getpid()) {
+		t.Errorf("authority.lock holds %q (%v), want the pid alone", b, err)
+	}
+}
