@@ -364,7 +364,7 @@ func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ contex
 	switch {
 	case errors.Is(err, postgres.ErrServing):
 		unlock()
-		return nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each), then run this again",
+		return nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
 			storeURLWithoutPassword(d.url), err)
 	case err != nil:
 		unlock()
