@@ -207,7 +207,7 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 // lock muster store reapply took in a gap of its connection: the command
 // rewrites the store under it (discoveryStopServing names the way out).
 var errDiscoveryStopServing = errors.New("store: an offline command that needs every replica stopped (muster store reapply) took the serving lock " +
-	"while the connection of discovery's holding it had failed, and works on the store: discovery stopped serving rather than write under it")
+	"while discovery's connection holding it had failed, and works on the store: discovery stopped serving rather than write under it")
 
 // discoveryStopServing is errDiscoveryStopServing with its way out.
 func discoveryStopServing(d discoveryd.Dir) error {
@@ -236,11 +236,13 @@ func openServingDiscoveryStore(ctx context.Context, d discoveryd.Dir, given stri
 		switch {
 		case errors.Is(err, postgres.ErrExcluded):
 			return "", nil, nil, excluded(err)
-		case err != nil:
+		case errors.Is(err, store.ErrUnavailable):
 			// Not opened: the store would be migrated without the lock
 			// should the database answer now.
-			return "", nil, nil, fmt.Errorf("the store %s: %w; start the database or make it reachable from here, then run this again",
+			return "", nil, nil, fmt.Errorf("the store %s is unavailable: %w; start the database or make it reachable from here, then run this again",
 				storeURLWithoutPassword(url), err)
+		case err != nil:
+			return "", nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(url), err)
 		}
 		releaseOpening = release
 	}
