@@ -31,27 +31,7 @@ func TestAuthorityStopsWhenReapplyTakesTheStore(t *testing.T) {
 	auth := startAuthority(t, dir, "--store", url)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'muster authority (serving)'`); err != nil {
-		t.Fatalf("pg_terminate_backend: %v", err)
-	}
-	var release func()
-	for {
-		// The session lets go of the lock once it has exited, which
-		// pg_terminate_backend does not wait for.
-		if release, err = pgstore.ExcludeServing(ctx, url); err == nil {
-			break
-		}
-		if !errors.Is(err, pgstore.ErrServing) || ctx.Err() != nil {
-			t.Fatalf("ExcludeServing once the authority's lock connection failed: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	defer release()
+	defer killSessionsAndExclude(ctx, t, url, "muster authority (serving)")()
 	select {
 	case <-auth.done:
 	case <-ctx.Done():
@@ -97,7 +77,8 @@ func TestAuthorityStartingDoesNotMigrateUnderReapply(t *testing.T) {
 	}
 }
 
-// killSessions ends the database sessions named app, as a database
+// killSessionsAndExclude ends the sessions named app of url's database
+// (not those of the tests running beside it on the server), as a database
 // restart or a network cut would, and takes the serving lock exclusively
 // once they have let go of it, as muster store reapply does: release
 // gives it back.
@@ -108,7 +89,7 @@ func killSessionsAndExclude(ctx context.Context, t *testing.T, url, app string) 
 		t.Fatalf("connect: %v", err)
 	}
 	defer admin.Close(context.Background())
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, app); err != nil {
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, app); err != nil {
 		t.Fatalf("pg_terminate_backend: %v", err)
 	}
 	for {

@@ -160,7 +160,7 @@ func TestExclusiveServingLockLossIsNoticed(t *testing.T) {
 		t.Fatalf("ExcludeServingWatched: %v", err)
 	}
 	defer release()
-	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, excludingApp); err != nil {
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, excludingApp); err != nil {
 		t.Fatalf("pg_terminate_backend: %v", err)
 	}
 	select {
