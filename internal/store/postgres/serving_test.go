@@ -3,7 +3,10 @@ package postgres
 import (
 	"context"
 	"errors"
+	"net"
+	neturl "net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -207,5 +210,86 @@ func TestServingLockNamesDiscoveryReplicas(t *testing.T) {
 	defer release()
 	if _, err := ExcludeServing(ctx, url); !errors.Is(err, ErrServing) || !strings.Contains(err.Error(), discoveryServingApp) {
 		t.Fatalf("ExcludeServing with a discovery replica serving: %v, want ErrServing naming it", err)
+	}
+}
+
+// freezingProxy forwards TCP connections to backend until freeze, after
+// which it passes nothing on either way and closes nothing: a database
+// host gone silent (powered off, cut off), as TCP sees it.
+func freezingProxy(t *testing.T, backend string) (addr string, freeze func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { l.Close(); once.Do(func() { close(frozen) }) })
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-frozen:
+				<-t.Context().Done()
+				return
+			default:
+			}
+			if n > 0 {
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", backend)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return l.Addr().String(), func() { once.Do(func() { close(frozen) }) }
+}
+
+// The command holding the lock exclusively notices, within its checks'
+// bound, a connection whose database went silent, which no error
+// reports: the database lets go of the lock once its keepalives find the
+// session dead, and the command must not write on past that.
+func TestExclusiveServingLockNoticesASilentDatabase(t *testing.T) {
+	check, timeout := excludedCheck, excludedCheckTimeout
+	excludedCheck, excludedCheckTimeout = 50*time.Millisecond, 500*time.Millisecond
+	defer func() { excludedCheck, excludedCheckTimeout = check, timeout }()
+	_, url := openFresh(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, freeze := freezingProxy(t, u.Host)
+	u.Host = addr
+	watched, release, err := ExcludeServingWatched(t.Context(), u.String())
+	if err != nil {
+		t.Fatalf("ExcludeServingWatched: %v", err)
+	}
+	defer release()
+	freeze()
+	select {
+	case <-watched.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("a silent database went unnoticed for a minute")
+	}
+	if err := context.Cause(watched); !errors.Is(err, ErrExclusionLost) {
+		t.Errorf("cause %v, want ErrExclusionLost", err)
 	}
 }
