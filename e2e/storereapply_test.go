@@ -273,7 +273,7 @@ func TestStoreReapplyRefusesWhileAnAuthorityServes(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "authority")
 			mustRun(t, "init", "--data", dir, "--store", url)
 			return dir, nil, func() string { return pg.NewDatabaseFrom(t, url) }
-		}, true, []string{"it works with every authority on the store", "(muster authority (serving))", "stop every replica (systemctl stop muster-authority on each)"}},
+		}, true, []string{"it works with every authority on the store", "(muster authority (serving))", "stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

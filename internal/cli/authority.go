@@ -701,6 +701,12 @@ func (d dataDir) openStore(ctx context.Context) (store.Store, error) {
 // (0: the default).
 func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (store.Store, error) {
 	st, err := openStoreWith(ctx, d.url, timeout, d.migrating)
+	return st, d.storeErr(err)
+}
+
+// storeErr is err, from opening d's store or taking its serving lock,
+// with the way out.
+func (d dataDir) storeErr(err error) error {
 	if err != nil && errors.Is(err, store.ErrUnavailable) {
 		// Not the password: the database did not answer, or refused the
 		// connection (stopped, restarting, unreachable from here). The
@@ -709,14 +715,14 @@ func (d dataDir) openStoreWith(ctx context.Context, timeout time.Duration) (stor
 		if !d.urlFromInfo {
 			which = "the store " + storeURLWithoutPassword(d.url)
 		}
-		return nil, fmt.Errorf("%s is unavailable: %w; start the database or make it reachable from here, "+
+		return fmt.Errorf("%s is unavailable: %w; start the database or make it reachable from here, "+
 			"then run this again (--store URL, store: in authority.yaml, or MUSTER_STORE names another)", which, err)
 	}
 	if err != nil && d.urlFromInfo {
-		return nil, fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
+		return fmt.Errorf("the store authority.json records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster authority: "+
 			"set one, or give --store URL (or store: in authority.yaml, or MUSTER_STORE)", d.url, err)
 	}
-	return st, err
+	return err
 }
 
 // servingHolder is a shared store (PostgreSQL), on which a serving
@@ -728,14 +734,16 @@ type servingHolder interface {
 
 // lockAuthorityFiles takes the data directory's lock and, for an SQLite
 // store (url), the database file's: what keeps a second authority off
-// both, and the offline commands that need the authority stopped.
-func lockAuthorityFiles(dir datadir.Dir, url string) (unlock func(), err error) {
-	unlock, err = dir.Lock()
+// both, and the offline commands that need the authority stopped. holder
+// (datadir.HolderAuthority, HolderReapply) is the command the lock files
+// name to a process refused meanwhile.
+func lockAuthorityFiles(dir datadir.Dir, url, holder string) (unlock func(), err error) {
+	unlock, err = dir.LockAs(holder)
 	if err != nil {
 		return nil, err
 	}
 	if db, ok := strings.CutPrefix(url, "sqlite://"); ok && db != "" {
-		unlockDB, err := datadir.LockSQLiteStore(db)
+		unlockDB, err := datadir.LockSQLiteStoreAs(db, holder)
 		if err != nil {
 			unlock()
 			return nil, err
@@ -755,7 +763,7 @@ func lockAuthorityFiles(dir datadir.Dir, url string) (unlock func(), err error) 
 func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string, d dataDir, timeout time.Duration,
 	onAppend func(audit.Event), onServingLost func(error)) (st store.Store, logger *audit.Logger, close func(), err error) {
 	info, sk, url := d.info, d.sk, d.url
-	unlock, err := lockAuthorityFiles(dir, url)
+	unlock, err := lockAuthorityFiles(dir, url, datadir.HolderAuthority)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -774,11 +782,14 @@ func openAuthorityStore(ctx context.Context, dir datadir.Dir, configPath string,
 		case errors.Is(err, postgres.ErrExcluded):
 			unlock()
 			return nil, nil, nil, excluded(err)
-		case err == nil:
-			releaseOpening = release
+		case err != nil:
+			// Not opened: should the database answer now, opening would
+			// migrate the store without the lock. Said as opening says
+			// a database that does not answer, with its way out.
+			unlock()
+			return nil, nil, nil, d.storeErr(err)
 		}
-		// Otherwise the database is unreachable, which opening the store
-		// reports with its way out.
+		releaseOpening = release
 	}
 	defer releaseOpening()
 	if st, err = d.openStoreWith(ctx, timeout); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -316,12 +315,8 @@ func validOp(op string) bool {
 // lockHolder is the pid the running authority wrote to DIR/authority.lock,
 // or 0 when there is none this machine runs.
 func lockHolder(d datadir.Dir) int {
-	b, err := os.ReadFile(d.LockFile())
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 0 {
+	pid := d.LockHolder()
+	if pid <= 0 {
 		return 0
 	}
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d/stat", pid)); err != nil {

@@ -25,7 +25,9 @@ import (
 	"github.com/muster-dev/muster/internal/discoveryclient"
 	"github.com/muster-dev/muster/internal/discoveryd"
 	"github.com/muster-dev/muster/internal/listener"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/store"
+	"github.com/muster-dev/muster/internal/store/postgres"
 	musterv1 "github.com/muster-dev/muster/proto/muster/v1"
 )
 
@@ -159,11 +161,24 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	url, st, err := openDiscoveryStore(ctx, id.Dir, o.storeURL, log)
+	ctx, stopServing := context.WithCancelCause(ctx)
+	defer stopServing(nil)
+	url, st, closeStore, err := openServingDiscoveryStore(ctx, id.Dir, o.storeURL, log, func(err error) {
+		switch {
+		case err == nil:
+			log.Info("store: the serving lock is held again")
+		case errors.Is(err, postgres.ErrExcluded):
+			stop := discoveryStopServing(id.Dir)
+			log.Error(stop.Error(), "error", err)
+			stopServing(stop)
+		default:
+			log.Warn("store: the serving lock is lost; until it is held again (tried every 2 s), muster store reapply is not kept out while discovery serves", "error", err)
+		}
+	})
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
-	defer st.Close()
+	defer closeStore()
 	record, err := discoveryStoreRecord(id.Dir, url)
 	if err != nil {
 		return fmt.Errorf("discovery: %w", err)
@@ -181,8 +196,71 @@ func runDiscovery(ctx context.Context, env *Env, o discoveryOptions) error {
 	if err := withPprof(ctx, o.pprofListen, log, srv.Run); err != nil {
 		return fmt.Errorf("discovery: %w", err)
 	}
+	if cause := context.Cause(ctx); errors.Is(cause, errDiscoveryStopServing) {
+		return fmt.Errorf("discovery: %w", cause)
+	}
 	log.Info("discovery stopped")
 	return nil
+}
+
+// errDiscoveryStopServing is what stops a discovery replica whose serving
+// lock muster store reapply took in a gap of its connection: the command
+// rewrites the store under it (discoveryStopServing names the way out).
+var errDiscoveryStopServing = errors.New("store: an offline command that needs every replica stopped (muster store reapply) took the serving lock " +
+	"while discovery's connection holding it had failed, and works on the store: discovery stopped serving rather than write under it")
+
+// discoveryStopServing is errDiscoveryStopServing with its way out.
+func discoveryStopServing(d discoveryd.Dir) error {
+	return fmt.Errorf("%w; start it again once the command has finished: muster discovery --data %s (with the flags it ran with)",
+		errDiscoveryStopServing, shellword.Quote(string(d)))
+}
+
+// openServingDiscoveryStore opens discovery's store as openDiscoveryStore
+// does and, on a shared (PostgreSQL) store, holds the serving lock as an
+// authority does (openAuthorityStore): taken before the store opens,
+// which may migrate it, so never under muster store reapply, and held
+// while discovery runs, which keeps the command out; onLost hears of its
+// loss as Store.HoldServing says. close releases both.
+func openServingDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string, log *slog.Logger,
+	onLost func(error)) (url string, st store.Store, close func(), err error) {
+	excluded := func(err error) error {
+		if !errors.Is(err, postgres.ErrExcluded) {
+			return err
+		}
+		return fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): "+
+			"start discovery again once it has finished: muster discovery --data %s (with the flags it ran with)", err, shellword.Quote(string(d)))
+	}
+	releaseOpening := func() {}
+	if url, _, err := d.StoreURL(given); err == nil && !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
+		release, err := postgres.HoldServingAtAs(ctx, url, postgres.ServingDiscovery)
+		switch {
+		case errors.Is(err, postgres.ErrExcluded):
+			return "", nil, nil, excluded(err)
+		case errors.Is(err, store.ErrUnavailable):
+			// Not opened: the store would be migrated without the lock
+			// should the database answer now.
+			return "", nil, nil, fmt.Errorf("the store %s is unavailable: %w; start the database or make it reachable from here, then run this again",
+				storeURLWithoutPassword(url), err)
+		case err != nil:
+			return "", nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(url), err)
+		}
+		releaseOpening = release
+	}
+	defer releaseOpening()
+	url, st, err = openDiscoveryStore(ctx, d, given, log)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	close = func() { st.Close() }
+	if s, ok := st.(*postgres.Store); ok {
+		release, err := s.HoldServingAs(ctx, postgres.ServingDiscovery, onLost)
+		if err != nil {
+			st.Close()
+			return "", nil, nil, excluded(err)
+		}
+		close = func() { release(); st.Close() }
+	}
+	return url, st, close, nil
 }
 
 // discoveryStoreFlags are --data and --store of the commands that work on

@@ -217,7 +217,7 @@ func seqList(seqs []int64) string {
 
 // reapply opens the restored store (the data directory's) and the one
 // kept aside (fromURL), plans, and with apply writes the plan.
-func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL string, apply bool) (*reapplyResult, error) {
+func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL string, apply bool) (_ *reapplyResult, err error) {
 	od, err := loadOfflineDir(env, data, configFile)
 	if err != nil {
 		return nil, err
@@ -226,11 +226,17 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if err != nil {
 		return nil, err
 	}
-	release, err := keepAuthoritiesOut(ctx, od, d)
+	ctx, release, err := keepAuthoritiesOut(ctx, od, d)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
+	defer func() {
+		// The step it stopped at says only that it was cancelled.
+		if lost := context.Cause(ctx); errors.Is(lost, postgres.ErrExclusionLost) {
+			err = fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), lost)
+		}
+	}()
 	// The store kept aside first, at this muster's schema (it refuses to
 	// migrate it): the one the authorities used until the restore, so
 	// they are of this version, or the command is not.
@@ -340,31 +346,33 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 // serving lock, exclusively. So reapply refuses while one serves (its
 // writes would race the authority's, and the authority's appends to the
 // restored chain make it refuse anyway), and none starts while it works.
-func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (release func(), err error) {
+// ctx, derived from the one given, ends once the PostgreSQL lock is lost
+// (postgres.ExcludeServingWatched): the work under it stops.
+func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ context.Context, release func(), err error) {
 	stopFirst := func(err error) error {
 		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
 	}
-	unlock, err := lockAuthorityFiles(od.dir, d.url)
+	unlock, err := lockAuthorityFiles(od.dir, d.url, datadir.HolderReapply)
 	if err != nil {
-		if errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked) {
+		if (errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked)) && !datadir.HeldByCommand(err) {
 			err = stopFirst(err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	if strings.HasPrefix(d.url, "sqlite://") {
-		return unlock, nil
+		return ctx, unlock, nil
 	}
-	releasePG, err := postgres.ExcludeServing(ctx, d.url)
+	ctx, releasePG, err := postgres.ExcludeServingWatched(ctx, d.url)
 	switch {
 	case errors.Is(err, postgres.ErrServing):
 		unlock()
-		return nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each), then run this again",
+		return nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
 			storeURLWithoutPassword(d.url), err)
 	case err != nil:
 		unlock()
-		return nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
+		return nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
 	}
-	return func() { releasePG(); unlock() }, nil
+	return ctx, func() { releasePG(); unlock() }, nil
 }
 
 // restoredHead is the restored store's newest record, before any record

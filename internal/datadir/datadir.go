@@ -14,7 +14,7 @@
 //	DIR/audit-checkpoint.json  the latest signed audit checkpoint
 //	DIR/audit-head             the newest audit record appended (seq and hash)
 //	DIR/audit.lock             flock(2)ed around each write of the two audit files
-//	DIR/authority.lock         flock(2)ed by the running authority; holds its pid
+//	DIR/authority.lock         flock(2)ed by the running authority (or store reapply); holds its pid and command
 //	DIR/muster.db-authority.lock  flock(2)ed by the running authority on SQLite (beside the store's file)
 package datadir
 

@@ -80,3 +80,78 @@ func TestLockSQLiteStoreRefusesASecondHolder(t *testing.T) {
 		t.Errorf("lock file: %v %v, want 0600", fi, err)
 	}
 }
+
+// A lock muster store reapply holds is named as its, with the way out
+// (wait for it), not as another authority's with "stop it first, or give
+// another --data", which is no way out of a restore; an authority's, and
+// that of a muster which wrote only its pid, still reads as one.
+func TestLockNamesTheHoldersCommand(t *testing.T) {
+	pid := fmt.Sprintf("(pid %d)", os.Getpid())
+	for _, tc := range []struct {
+		name string
+		take func(Dir, string) (func(), error)
+		try  func(Dir, string) error
+		is   error
+	}{
+		{"directory", func(d Dir, holder string) (func(), error) { return d.LockAs(holder) },
+			func(d Dir, _ string) error { _, err := d.Lock(); return err }, ErrLocked},
+		{"SQLite store", func(d Dir, holder string) (func(), error) { return LockSQLiteStoreAs(d.path("muster.db"), holder) },
+			func(d Dir, _ string) error { _, err := LockSQLiteStore(d.path("muster.db")); return err }, ErrStoreLocked},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := Dir(t.TempDir())
+			release, err := tc.take(d, HolderReapply)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = tc.try(d, HolderAuthority)
+			if !errors.Is(err, tc.is) || !HeldByCommand(err) {
+				t.Fatalf("under reapply: %v, want %v held by a command", err, tc.is)
+			}
+			for _, want := range []string{"muster store reapply " + pid, "run this again once it has finished"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("under reapply: %q, want it to say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error(), "another authority") || strings.Contains(err.Error(), "another --data") {
+				t.Errorf("under reapply: %q names an authority", err)
+			}
+			release()
+			release, err = tc.take(d, HolderAuthority)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer release()
+			if err := tc.try(d, HolderReapply); !errors.Is(err, tc.is) || HeldByCommand(err) || !strings.Contains(err.Error(), "another authority "+pid) {
+				t.Errorf("under an authority: %v, want another authority named", err)
+			}
+		})
+	}
+	// A lock file an older muster wrote holds the pid alone.
+	if pid, holder := lockHolder(writeTemp(t, "4242\n")); pid != 4242 || holder != HolderAuthority {
+		t.Errorf("an older lock file: pid %d, holder %q, want 4242 and the authority", pid, holder)
+	}
+}
+
+func writeTemp(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "lock")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// An authority's lock file holds its pid alone, which scripts and the
+// docs read with $(cat DIR/authority.lock).
+func TestAuthorityLockFileHoldsThePidAlone(t *testing.T) {
+	d := Dir(t.TempDir())
+	release, err := d.Lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if b, err := os.ReadFile(d.LockFile()); err != nil || string(b) != fmt.Sprintf("%d\n", os.Getpid()) {
+		t.Errorf("authority.lock holds %q (%v), want the pid alone", b, err)
+	}
+}

@@ -30,10 +30,52 @@ var ErrExcluded = errors.New("postgres: an offline command that needs every auth
 
 // servingApp is the application_name of the connections that hold the
 // lock, as pg_stat_activity shows them.
+// Discovery replicas on the same database hold it too, under their own
+// name.
 const (
-	servingApp   = "muster authority (serving)"
-	excludingApp = "muster (offline, authorities stopped)"
+	servingApp          = "muster authority (serving)"
+	discoveryServingApp = "muster discovery (serving)"
+	excludingApp        = "muster (offline, authorities stopped)"
 )
+
+// servingAppOf is the application_name of who's (ServingAuthority or
+// ServingDiscovery) connection holding the lock.
+func servingAppOf(who Server) string {
+	if who == ServingDiscovery {
+		return discoveryServingApp
+	}
+	return servingApp
+}
+
+// Server is who holds the serving lock: an authority or a discovery
+// replica, named so in the sessions a refused command lists.
+type Server int
+
+const (
+	ServingAuthority Server = iota
+	ServingDiscovery
+)
+
+// How soon the holder of the exclusive lock notices its connection is
+// gone (the database restarted, the session ended, the network cut): its
+// connection is checked every excludedCheck, each check within
+// excludedCheckTimeout, so a loss is known within their sum (12 s by
+// default; docs/backup.md). Variables for tests.
+var (
+	excludedCheck        = leaderPoll
+	excludedCheckTimeout = DefaultRequestTimeout
+)
+
+// serverKeepalives makes the database notice a lock holder's dead
+// connection, and end its session (letting go of the lock), within some
+// 25 s rather than the server host's TCP default of over two hours: a
+// replica cut off would otherwise keep reapply out, and reapply cut off
+// would keep every replica out. Ignored on a Unix socket.
+func serverKeepalives(params map[string]string) {
+	params["tcp_keepalives_idle"] = "10"
+	params["tcp_keepalives_interval"] = "5"
+	params["tcp_keepalives_count"] = "3"
+}
 
 // HoldServing takes the serving lock shared for this process until
 // release, refusing with ErrExcluded while an offline command holds it.
@@ -42,8 +84,14 @@ const (
 // every try through a database outage, which the store's own outage
 // report already tells) and, with nil, of the lock held again.
 func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release func(), err error) {
+	return s.HoldServingAs(ctx, ServingAuthority, onLost)
+}
+
+// HoldServingAs is HoldServing for who.
+func (s *Store) HoldServingAs(ctx context.Context, who Server, onLost func(error)) (release func(), err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = servingApp
+	cfg.RuntimeParams["application_name"] = servingAppOf(who)
+	serverKeepalives(cfg.RuntimeParams)
 	take := func(ctx context.Context) (*pgx.Conn, error) {
 		var conn *pgx.Conn
 		err := s.pool.bound(ctx, func(ctx context.Context) (err error) {
@@ -126,7 +174,12 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 // opens (and migrates) the store, until Store.HoldServing holds it too,
 // so that it never migrates a store the command works on.
 func HoldServingAt(ctx context.Context, url string) (release func(), err error) {
-	conn, got, err := trySessionLock(ctx, url, servingApp, `SELECT pg_try_advisory_lock_shared($1)`)
+	return HoldServingAtAs(ctx, url, ServingAuthority)
+}
+
+// HoldServingAtAs is HoldServingAt for who.
+func HoldServingAtAs(ctx context.Context, url string, who Server) (release func(), err error) {
+	conn, got, err := trySessionLock(ctx, url, servingAppOf(who), `SELECT pg_try_advisory_lock_shared($1)`)
 	if err != nil {
 		return nil, err
 	}
@@ -142,19 +195,56 @@ func HoldServingAt(ctx context.Context, url string) (release func(), err error) 
 // starts serving on it meanwhile. It refuses with ErrServing, naming the
 // sessions of the authorities that hold it, while any serves.
 func ExcludeServing(ctx context.Context, url string) (release func(), err error) {
+	_, release, err = ExcludeServingWatched(ctx, url)
+	return release, err
+}
+
+// ExcludeServingWatched is ExcludeServing for a command that writes while
+// it holds the lock: the context it returns, derived from ctx, is
+// cancelled with an error saying so once the lock's connection fails a
+// check (within excludedCheck and excludedCheckTimeout), since the
+// database let go of the lock with the session and a replica may start
+// serving meanwhile: the command's writes under it stop.
+func ExcludeServingWatched(ctx context.Context, url string) (watched context.Context, release func(), err error) {
 	conn, got, err := trySessionLock(ctx, url, excludingApp, `SELECT pg_try_advisory_lock($1)`)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if !got {
 		cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 		held := servingHolders(cctx, conn)
 		cancel()
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("%w: %s", ErrServing, held)
+		return nil, nil, fmt.Errorf("%w: %s", ErrServing, held)
 	}
-	return func() { conn.Close(context.Background()) }, nil
+	watched, lose := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer conn.Close(context.Background())
+		t := time.NewTicker(excludedCheck)
+		defer t.Stop()
+		for {
+			select {
+			case <-watched.Done():
+				return
+			case <-t.C:
+			}
+			pctx, cancel := context.WithTimeout(watched, excludedCheckTimeout)
+			err := conn.Ping(pctx)
+			cancel()
+			if err != nil && watched.Err() == nil {
+				lose(fmt.Errorf("%w: %w", ErrExclusionLost, err))
+				return
+			}
+		}
+	}()
+	return watched, func() { lose(nil); <-done }, nil
 }
+
+// ErrExclusionLost reports an exclusive serving lock whose connection
+// failed: the database let go of it, and replicas may serve again.
+var ErrExclusionLost = errors.New("postgres: the connection holding the serving lock failed, so the database let go of it and authorities may start serving on the store: this command stopped rather than write under them; run it again")
 
 // trySessionLock connects to the database at url as app and tries the
 // serving lock with try (shared or exclusive), within one request's
@@ -166,6 +256,7 @@ func trySessionLock(ctx context.Context, url, app, try string) (*pgx.Conn, bool,
 		return nil, false, errors.New("postgres: invalid connection URL")
 	}
 	cfg.RuntimeParams["application_name"] = app
+	serverKeepalives(cfg.RuntimeParams)
 	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
 	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 	defer cancel()

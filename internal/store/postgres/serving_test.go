@@ -1,8 +1,12 @@
 package postgres
 
 import (
+	"context"
 	"errors"
+	"net"
+	neturl "net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -144,5 +148,148 @@ func TestServingLockReportsAnExclusionInTheGap(t *testing.T) {
 		if err := hear(t, lost, "the lock held again"); err != nil {
 			t.Fatalf("round %d: onLost(%v), want nil (held again)", round, err)
 		}
+	}
+}
+
+// The command holding the lock exclusively hears, through the context
+// ExcludeServingWatched returns, that its connection failed (the database
+// then let go of the lock, and a replica may serve): it once went on
+// writing, unaware, under a replica that started meanwhile.
+func TestExclusiveServingLockLossIsNoticed(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	watched, release, err := ExcludeServingWatched(ctx, url)
+	if err != nil {
+		t.Fatalf("ExcludeServingWatched: %v", err)
+	}
+	defer release()
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, excludingApp); err != nil {
+		t.Fatalf("pg_terminate_backend: %v", err)
+	}
+	select {
+	case <-watched.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the exclusive lock's failed connection went unnoticed for a minute")
+	}
+	if err := context.Cause(watched); !errors.Is(err, ErrExclusionLost) || !strings.Contains(err.Error(), "run it again") {
+		t.Errorf("cause %v, want ErrExclusionLost with its way out", err)
+	}
+}
+
+// The sessions holding the serving lock ask the database for keepalives,
+// so that it ends the session of a holder cut off, and lets go of the
+// lock, in seconds rather than the server host's TCP default (hours).
+func TestServingLockSessionsAskForKeepalives(t *testing.T) {
+	ctx := t.Context()
+	_, url := openFresh(t)
+	conn, got, err := trySessionLock(ctx, url, excludingApp, `SELECT pg_try_advisory_lock($1)`)
+	if err != nil || !got {
+		t.Fatalf("trySessionLock: %v, %v", got, err)
+	}
+	defer conn.Close(context.Background())
+	for param, want := range map[string]string{"tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5", "tcp_keepalives_count": "3"} {
+		var v string
+		if err := conn.QueryRow(ctx, "SHOW "+param).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != want {
+			t.Errorf("%s = %s on the lock's session, want %s", param, v, want)
+		}
+	}
+}
+
+// A discovery replica holding the serving lock is named as one in the
+// refusal of an offline command.
+func TestServingLockNamesDiscoveryReplicas(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	release, err := s.HoldServingAs(ctx, ServingDiscovery, nil)
+	if err != nil {
+		t.Fatalf("HoldServingAs: %v", err)
+	}
+	defer release()
+	if _, err := ExcludeServing(ctx, url); !errors.Is(err, ErrServing) || !strings.Contains(err.Error(), discoveryServingApp) {
+		t.Fatalf("ExcludeServing with a discovery replica serving: %v, want ErrServing naming it", err)
+	}
+}
+
+// freezingProxy forwards TCP connections to backend until freeze, after
+// which it passes nothing on either way and closes nothing: a database
+// host gone silent (powered off, cut off), as TCP sees it.
+func freezingProxy(t *testing.T, backend string) (addr string, freeze func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	frozen := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { l.Close(); once.Do(func() { close(frozen) }) })
+	pipe := func(dst, src net.Conn) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			select {
+			case <-frozen:
+				<-t.Context().Done()
+				return
+			default:
+			}
+			if n > 0 {
+				if _, err := dst.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", backend)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			go pipe(s, c)
+			go pipe(c, s)
+		}
+	}()
+	return l.Addr().String(), func() { once.Do(func() { close(frozen) }) }
+}
+
+// The command holding the lock exclusively notices, within its checks'
+// bound, a connection whose database went silent, which no error
+// reports: the database lets go of the lock once its keepalives find the
+// session dead, and the command must not write on past that.
+func TestExclusiveServingLockNoticesASilentDatabase(t *testing.T) {
+	check, timeout := excludedCheck, excludedCheckTimeout
+	excludedCheck, excludedCheckTimeout = 50*time.Millisecond, 500*time.Millisecond
+	defer func() { excludedCheck, excludedCheckTimeout = check, timeout }()
+	_, url := openFresh(t)
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, freeze := freezingProxy(t, u.Host)
+	u.Host = addr
+	watched, release, err := ExcludeServingWatched(t.Context(), u.String())
+	if err != nil {
+		t.Fatalf("ExcludeServingWatched: %v", err)
+	}
+	defer release()
+	freeze()
+	select {
+	case <-watched.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("a silent database went unnoticed for a minute")
+	}
+	if err := context.Cause(watched); !errors.Is(err, ErrExclusionLost) {
+		t.Errorf("cause %v, want ErrExclusionLost", err)
 	}
 }
