@@ -305,8 +305,7 @@ func resultOf(err error) string {
 // *identity.UntrustedRootError the agent's verification of the authority
 // returned (over gRPC, carried by verifyerr), never an error's text.
 func untrustedAuthorityHint(err error, st *State, dir Dir) error {
-	untrusted := (*identity.UntrustedRootError)(nil)
-	if !errors.As(err, &untrusted) {
+	if untrusted := (*identity.UntrustedRootError)(nil); !errors.As(err, &untrusted) {
 		return err
 	}
 	how := fmt.Sprintf("muster agent join --force --data %s --node %s with a joining URI from muster token create --node %s (or --ca-fingerprint set to the root muster ca root status names)",
@@ -321,22 +320,8 @@ func untrustedAuthorityHint(err error, st *State, dir Dir) error {
 	}
 	hint := fmt.Sprintf("the authority's certificate does not chain to the roots in %s: if the authority's root was rotated while this agent was stopped, join again over this identity, pinned to the current root: %s (docs/ca-lifecycle.md)",
 		dir.CAFile(), how)
-	return untrustedHinted{hinted: withHint(err, hint), cause: untrusted}
+	return withHint(err, hint)
 }
-
-// untrustedHinted is an error with untrustedAuthorityHint's way out that
-// still says it was the agent's own check of the authority that failed
-// (errors.As finds the *identity.UntrustedRootError), so that a recovery
-// can tell it apart from an error's text; its status (through Unwrap) is
-// the hinted one's, with the same code.
-type untrustedHinted struct {
-	hinted error
-	cause  *identity.UntrustedRootError
-}
-
-func (e untrustedHinted) Error() string { return e.hinted.Error() }
-
-func (e untrustedHinted) Unwrap() []error { return []error{e.hinted, e.cause} }
 
 // rejoinTarget is how a join again reaches the authority, as flags: the
 // address the state records; for a state from before the address was

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/muster-dev/muster/internal/errinfo"
-	"github.com/muster-dev/muster/internal/identity"
 )
 
 // Backoff of transient failures and the longest wait for a renewal;
@@ -222,8 +221,7 @@ func (a *Agent) run(ctx context.Context, join func() (JoinRequest, error)) error
 			// spent budget is retried, for an operator may raise it.
 			a.log.Warn("certificate expired: recovering with the bound key", "not_after", leaf.NotAfter,
 				"recoveries_remaining", remainingOf(st))
-			streak := &untrustedStreak{}
-			if err := a.retryIf(ctx, "recovery", time.Time{}, func(err error) bool { return streak.retryable(err, a.now()) }, func() error {
+			if err := a.retryIf(ctx, "recovery", time.Time{}, retryableBound, func() error {
 				_, err := a.Rebind(ctx)
 				return err
 			}); err != nil {
@@ -491,35 +489,4 @@ func (a *Agent) pauseOr(ctx context.Context, d time.Duration, until time.Time, w
 			}
 		}
 	}
-}
-
-// untrustedRootGiveUp is how long a bound-keypair agent whose certificate
-// has expired keeps asking an authority whose certificate does not chain
-// to the roots it pinned, with no other answer in between. The usual
-// cause is a root rotation that went to standby while the agent was
-// stopped for longer than the overlap: nothing the authority sends can
-// vouch for the new root, so retrying cannot succeed, and the way out is
-// by hand on both sides (the error names it). It is long, so that
-// someone in the network path who presents another certificate for a
-// while cannot stop the agent with it: any other answer (the real
-// authority reached, or unreachable) starts the count again.
-const untrustedRootGiveUp = time.Hour
-
-// untrustedStreak is a recovery's retry test: retryableBound, except that
-// a failure of the agent's own check of the authority's certificate
-// (*identity.UntrustedRootError, never an error's text) stops being
-// retried once such failures alone have lasted untrustedRootGiveUp.
-type untrustedStreak struct {
-	since time.Time // the first of the failures in a row; zero: none
-}
-
-func (s *untrustedStreak) retryable(err error, now time.Time) bool {
-	if untrusted := (*identity.UntrustedRootError)(nil); !errors.As(err, &untrusted) {
-		s.since = time.Time{}
-		return retryableBound(err)
-	}
-	if s.since.IsZero() {
-		s.since = now
-	}
-	return now.Sub(s.since) < untrustedRootGiveUp
 }
