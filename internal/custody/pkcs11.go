@@ -437,6 +437,9 @@ func (c *PKCS11) Token() *Token { return c.t }
 // Module is the PKCS#11 library of the custody's token.
 func (c *PKCS11) Module() string { return c.t.Module() }
 
+// TokenURI is the pkcs11: URI the custody's token was opened by.
+func (c *PKCS11) TokenURI() string { return c.t.uri.String() }
+
 // Create generates a key pair inside the token.
 func (c *PKCS11) Create(ctx context.Context, name string, alg Algorithm) (Key, error) {
 	var (
