@@ -49,8 +49,12 @@ type Token struct {
 	// module is the library's path, for the commands an operator is
 	// told to run against the token (DeleteCommands).
 	module string
-	sem    chan struct{}
-	idle   chan pkcs11.SessionHandle
+	// dataArgs is the --data value (and --config FILE) of the authority
+	// whose keys the token holds (NameDataDir), for the commands a
+	// missing key's error names: DIR until told.
+	dataArgs string
+	sem      chan struct{}
+	idle     chan pkcs11.SessionHandle
 
 	mu         sync.Mutex
 	pin        string
@@ -374,6 +378,22 @@ func (t *Token) drainIdle() {
 			return
 		}
 	}
+}
+
+// NameDataDir tells t the --data value (and " --config FILE") of the
+// authority whose keys it holds, quoted for the shell, so that the
+// commands its errors name run pasted on that authority's machine.
+// Call it before the token is used.
+func (t *Token) NameDataDir(args string) {
+	t.mu.Lock()
+	t.dataArgs = args
+	t.mu.Unlock()
+}
+
+func (t *Token) hintData() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return firstOf(t.dataArgs, "DIR")
 }
 
 // Module is the path of the PKCS#11 library the token was opened with;
@@ -713,8 +733,7 @@ func (s *p11Signer) Sign(_ io.Reader, data []byte, opts crypto.SignerOpts) ([]by
 		}
 		if len(hs) != 1 {
 			return fmt.Errorf("%w: object %q, token %q (deleted, or the token initialised again): restore the token from its backup, "+
-				"or make its successor in the token and activate it (muster ca rotate ROLE, then muster ca rotate ROLE --activate; "+
-				"for a task signer, muster signer stage then muster signer activate)", ErrKeyMissing, s.u.Object, s.u.Token)
+				"or %s", ErrKeyMissing, s.u.Object, s.u.Token, successorCommands(s.u.Object, s.c.t.hintData()))
 		}
 		if err := s.c.t.mod.SignInit(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, hs[0]); err != nil {
 			return err
