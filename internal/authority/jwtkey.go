@@ -95,10 +95,21 @@ func jwtSalts(k store.JWTKey) jwtsvid.Salts {
 // already signs with a later one. One of the same version with other
 // salts is replaced: the store was restored under this replica and
 // rotated back up to the version, whose key is now another.
-func (s *Server) useJWTKey(k store.JWTKey) error {
+func (s *Server) useJWTKey(k store.JWTKey) error { return s.useJWTKeyRead(k, -1) }
+
+// useJWTKeyRead is useJWTKey for k read from the store after
+// s.jwtInstalls was seen at installs (-1: unknown). An earlier version
+// than this replica signs with, read after its issuer was installed,
+// is the store gone back (restored from a backup under this running
+// replica): the replica follows it, as it does a version reached again
+// with other salts, and does not go on signing with a version the
+// restored store will reach again with another key, and publishing it,
+// until it does (the key an operator rotated away after a leak).
+func (s *Server) useJWTKeyRead(k store.JWTKey, installs int64) error {
 	for {
 		cur := s.jwt.Load()
-		if cur != nil && (cur.Version() > k.Version || cur.Version() == k.Version && cur.Salts() == jwtSalts(k)) {
+		wentBack := cur != nil && cur.Version() > k.Version && installs >= 0 && s.jwtInstalls.Load() == installs
+		if cur != nil && !wentBack && (cur.Version() > k.Version || cur.Version() == k.Version && cur.Salts() == jwtSalts(k)) {
 			if cur.Version() == k.Version {
 				s.jwtAt.Store(&k)
 			}
@@ -108,9 +119,16 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 		if err != nil {
 			return err
 		}
+		// Bumped first: a read begun before this install may return the
+		// version it replaces, which is then not the store gone back.
+		s.jwtInstalls.Add(1)
 		if s.jwt.CompareAndSwap(cur, iss) {
 			s.jwtAt.Store(&k)
-			if cur != nil {
+			switch {
+			case wentBack:
+				s.log.Warn("the store's JWT-SVID key version went back (restored from a backup under this replica): signing with the store's version, not the one it replaced (docs/workload-api.md \"After a restore\")",
+					"version", k.Version, "kid", iss.KeyID(), "replaced_version", cur.Version(), "replaced_kid", cur.KeyID())
+			case cur != nil:
 				s.log.Info("JWT-SVID signing key rotated", "version", k.Version, "kid", iss.KeyID(), "previous_kid", cur.KeyID())
 			}
 			return nil
@@ -176,11 +194,12 @@ func (s *Server) jwtKeyStep(ctx context.Context) error {
 // jwtKeyStepWith re-reads the version and rotates it if it has been
 // current for period.
 func (s *Server) jwtKeyStepWith(ctx context.Context, period time.Duration) error {
+	installs := s.jwtInstalls.Load()
 	k, err := s.store.GetJWTKey(ctx)
 	if err != nil {
 		return err
 	}
-	if err := s.useJWTKey(k); err != nil {
+	if err := s.useJWTKeyRead(k, installs); err != nil {
 		return err
 	}
 	now, err := s.readStoreClock(ctx)

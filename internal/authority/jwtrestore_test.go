@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,5 +84,77 @@ func TestJWTKeysAfterARestore(t *testing.T) {
 	}
 	if got := r.jwt.Load().KeyID(); got != after[5] || got == signedBefore {
 		t.Fatalf("the replica signs with %s after reading the restored store's version 5; want its key %s, not %s of before the restore", got, after[5], signedBefore)
+	}
+}
+
+// TestJWTKeyOfAReplicaRunningAcrossARestore: a replica that keeps running
+// while the store is restored under it from a backup of an earlier
+// version follows the store back at its next read, signing with the
+// backup's version and key, as every replica started on the restored
+// store does. Before, it went on signing with the later version it had
+// (a key the operator may have rotated away since the backup, after a
+// leak) until the restored store reached that version again, then with
+// another key under the same version.
+func TestJWTKeyOfAReplicaRunningAcrossARestore(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "muster.db")
+	b := startReplicas(t, func(ctx context.Context) (store.Store, error) { return sqlite.Open(ctx, path) }, 1)
+	r, ctx := b.srvs[0], t.Context()
+	db, err := sql.Open("sqlite", path+"?_pragma=busy_timeout(10000)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rotateTo := func(to int64) {
+		t.Helper()
+		for {
+			k, err := b.store.GetJWTKey(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k.Version >= to {
+				return
+			}
+			if _, err := r.rotateJWTKey(ctx, k, audit.Event{Actor: "authority", Reason: "the test rotates"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rotateTo(2)
+	backupKID := r.jwt.Load().KeyID()
+	var backup [5]any // version, rotated_at and the three salts
+	if err := db.QueryRowContext(ctx, `SELECT version, rotated_at, prev_salt, salt, next_salt FROM jwt_svid_key`).
+		Scan(&backup[0], &backup[1], &backup[2], &backup[3], &backup[4]); err != nil {
+		t.Fatal(err)
+	}
+	// A read begun before a rotation this replica installed, answering
+	// the version it replaced, is stale, not the store gone back.
+	installs := r.jwtInstalls.Load()
+	stale, err := b.store.GetJWTKey(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotateTo(5)
+	leaked := r.jwt.Load().KeyID()
+	if err := r.useJWTKeyRead(stale, installs); err != nil || r.jwt.Load().KeyID() != leaked {
+		t.Fatalf("a stale read of version %d made the replica sign with %s (%v), want %s", stale.Version, r.jwt.Load().KeyID(), err, leaked)
+	}
+	if _, err := db.ExecContext(ctx, `UPDATE jwt_svid_key SET version = ?, rotated_at = ?, prev_salt = ?, salt = ?, next_salt = ?`, backup[:]...); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.jwtKeyStepWith(ctx, 1000*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	iss := r.jwt.Load()
+	if iss.Version() != 2 || iss.KeyID() != backupKID {
+		t.Fatalf("after the store went back to version 2 (%s), the running replica signs with version %d (%s); before the restore it signed with %s",
+			backupKID, iss.Version(), iss.KeyID(), leaked)
+	}
+	jwks, err := iss.JWKS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(jwks), leaked) {
+		t.Errorf("the running replica still publishes %s, the key of version 5 from before the restore: %s", leaked, jwks)
 	}
 }
