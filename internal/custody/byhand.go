@@ -78,26 +78,6 @@ func ModuleOf(c any) string {
 // it has none.
 func (b ByRef) Module() string { return ModuleOf(b.Token) }
 
-// successorCommands is the way out of a key gone from the token with the
-// running authority that signs with it (data: its --data value, and
-// --config): a successor made in the token and activated, the commands
-// named for the key the object label is of (muster-ca/ROLE/SERIAL: that
-// intermediate's role; muster-signer/vN: the task signer), with the data
-// directory, so that they run pasted.
-func successorCommands(object, data string) string {
-	if rest, ok := strings.CutPrefix(object, "muster-ca/"); ok {
-		if role, _, ok := strings.Cut(rest, "/"); ok && role != "" && shellword.Quote(role) == role {
-			return "make its successor in the token and activate it: `muster ca rotate " + role + " --data " + data +
-				"`, then, once it is published, `muster ca rotate " + role + " --activate --data " + data + "`"
-		}
-	}
-	if strings.HasPrefix(object, "muster-signer/") {
-		return "make its successor in the token and activate it: `muster signer stage --data " + data + "`, then `muster signer activate --data " + data + "`"
-	}
-	return "make its successor in the token and activate it (muster ca rotate ROLE --data " + data + ", then muster ca rotate ROLE --activate --data " + data +
-		"; for a task signer, muster signer stage --data " + data + ", then muster signer activate --data " + data + ")"
-}
-
 func firstOf(v ...string) string {
 	for _, s := range v {
 		if s != "" {
