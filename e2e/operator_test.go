@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // TestOperatorIdentityLifecycle: an operator identity renews itself before
@@ -93,7 +94,7 @@ func TestOperatorIdentityLifecycle(t *testing.T) {
 	// Expired: refused, with the way back named.
 	time.Sleep(time.Until(after.Leaf().NotAfter.Add(time.Second)))
 	r = muster(t, nil, "status", "--identity", bob, "--data", dir)
-	if r.code == 0 || !strings.Contains(r.stderr, "UNAUTHENTICATED") || !strings.Contains(r.stderr, "muster admin add bob --offline --data DIR") ||
+	if r.code == 0 || !strings.Contains(r.stderr, "UNAUTHENTICATED") || !strings.Contains(r.stderr, "muster admin add bob --offline --data "+shellword.Quote(dir)+" --out bob-new.pem") ||
 		strings.Contains(r.stderr, "join again") {
 		t.Fatalf("an expired operator: exit %d, stderr %s", r.code, r.stderr)
 	}

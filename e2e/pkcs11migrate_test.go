@@ -364,6 +364,20 @@ func TestPKCS11MigrateCustodyRollback(t *testing.T) {
 	// of the token is in use or waiting.
 	p = startAuthority(t, dir)
 	out = []byte(mustRun(t, "ca", "status", "--data", dir))
+	// The audit records of the keys left name the module the store
+	// recorded, never MODULE (the staged signer's destroy_key said
+	// --module MODULE).
+	for _, action := range []string{"node_task_signer.destroy_key", "ca.destroy_key", "ca.discard"} {
+		a := auditOf(t, dir, action)
+		if len(a) == 0 {
+			t.Fatalf("no %s audit record after the rollback", action)
+		}
+		for _, e := range a {
+			if !strings.Contains(e.Reason, "--module "+tok.Module+" ") || strings.Contains(e.Reason, "MODULE") {
+				t.Errorf("%s audit record does not name the module %s: %s", action, tok.Module, e.Reason)
+			}
+		}
+	}
 	if strings.Contains(string(out), "prepared") {
 		t.Errorf("ca status after the rollback lists a prepared intermediate:\n%s", out)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // TestPKCS11StartRefusalsAreAudited: an authority whose token cannot be
@@ -120,7 +121,9 @@ func TestPKCS11DeletedKeyAgentsRetry(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "UNAVAILABLE") || !strings.Contains(r.stderr, "not in the authority's PKCS#11 token") {
 		t.Fatalf("renewal with the agent intermediate's object deleted: exit %d, want UNAVAILABLE saying the key is not in the token:\n%s", r.code, r.stderr)
 	}
-	if !strings.Contains(p.Logs(), "muster ca rotate ROLE --activate") {
+	// The way out names the key's role and the authority's directory,
+	// and the commands below are what it says.
+	if !strings.Contains(p.Logs(), "muster ca rotate agent --activate --data "+shellword.Quote(dir)) {
 		t.Errorf("the authority's log does not name the way out:\n%s", p.Logs())
 	}
 

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // TestSQLiteRestoreWalk follows the operator guide's "Backing up and
@@ -61,16 +63,17 @@ func TestSQLiteRestoreWalk(t *testing.T) {
 	a = startAuthority(t, dir)
 	// bob's identity, signed by an intermediate the store still holds,
 	// is refused: the restored store never issued it. The refusal names
-	// the way out, which pasted (DIR being the data directory) works.
+	// the way out, with the authority's own data directory, which pasted
+	// as it is works.
 	r = muster(t, nil, "admin", "list", "--identity", bob, "--authority", a.addr)
-	const breakGlass = "muster admin add bob --offline --data DIR --out bob-new.pem"
+	breakGlass := "muster admin add bob --offline --data " + shellword.Quote(dir) + " --out bob-new.pem"
 	if r.code == 0 || !strings.Contains(r.stderr, "not in this authority's store") || !strings.Contains(r.stderr, breakGlass) {
 		t.Fatalf("admin list with an identity issued after the backup: exit %d\nstdout: %s\nstderr: %s\nwant it refused, naming %q", r.code, r.stdout, r.stderr, breakGlass)
 	}
 	if out := mustRun(t, "audit", "list", "--data", dir, "--action", "api.access"); !strings.Contains(out, breakGlass) {
 		t.Errorf("the refusal's audit record does not name the way out %q: %s", breakGlass, out)
 	}
-	paste := exec.Command("sh", "-c", strings.ReplaceAll(breakGlass, "DIR", "\"$0\""), dir)
+	paste := exec.Command("sh", "-c", breakGlass)
 	paste.Dir, paste.Env = work, []string{"PATH=" + filepath.Dir(musterBin) + ":" + os.Getenv("PATH"), "HOME=" + t.TempDir()}
 	if out, err := paste.CombinedOutput(); err != nil {
 		t.Fatalf("the way out %q pasted: %v\n%s", breakGlass, err, out)

@@ -21,6 +21,7 @@ import (
 	"github.com/muster-dev/muster/internal/callinfo"
 	"github.com/muster-dev/muster/internal/enroll"
 	"github.com/muster-dev/muster/internal/errinfo"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -223,7 +224,7 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 			// (certificate_unknown): muster admin list does not show
 			// it, and a lock could not be told which certificate to
 			// name. The operator acts on it, so it is told the way out.
-			return s.denyUnknown(ctx, c, fullMethod, unknownOperatorReason(serial, c.ID.Name, s.breakGlassBin()))
+			return s.denyUnknown(ctx, c, fullMethod, unknownOperatorReason(serial, c.ID.Name, s.breakGlassBin(), s.breakGlassData()))
 		}
 		return nil
 	}
@@ -236,10 +237,10 @@ func (s *Server) requireRole(ctx context.Context, c Caller, chain []*x509.Certif
 // with bin (breakGlassBin). Both name an --out of their own, since the
 // default NAME.pem is often the refused file, which admin add never
 // overwrites.
-func unknownOperatorReason(serial, name, bin string) string {
+func unknownOperatorReason(serial, name, bin, data string) string {
 	return fmt.Sprintf("%s: operator identity serial %s (%s) is not in this authority's store, which was restored from a backup taken before it was issued; "+
-		"get a new identity from another operator with muster admin add %s --reissue --out %s-new.pem, or, if no operator's identity works, with %s admin add %s --offline --data DIR --out %s-new.pem, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")",
-		enroll.ReasonCertificateUnknown, serial, name, name, name, bin, name, name)
+		"get a new identity from another operator with muster admin add %s --reissue --out %s-new.pem, or, if no operator's identity works, with %s admin add %s --offline --data %s --out %s-new.pem, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")",
+		enroll.ReasonCertificateUnknown, serial, name, name, name, bin, name, data, name)
 }
 
 // breakGlassBin is the binary whose admin add --offline opens this
@@ -251,6 +252,18 @@ func (s *Server) breakGlassBin() string {
 		return "muster-pkcs11"
 	}
 	return "muster"
+}
+
+// breakGlassData is the break-glass command's --data value (and
+// --config, where this authority was started with a settings file not in
+// its directory, as the packaged unit is): this authority's own, quoted,
+// so that the command runs pasted on its machine; DIR for a server that
+// knows none (a test's).
+func (s *Server) breakGlassData() string {
+	if s.cfg.Dir == "" {
+		return "DIR"
+	}
+	return shellword.Quote(string(s.cfg.Dir)) + s.cfg.Dir.ConfigArg(s.cfg.ConfigFile)
 }
 
 // denyUnknown audits the refusal of an unrecorded operator identity and
@@ -438,7 +451,7 @@ func (s *Server) verifyClientCertsAt(certs []*x509.Certificate, now time.Time) (
 	case err == nil:
 		return chains[0], nil
 	case errors.As(err, &invalid) && invalid.Reason == x509.Expired:
-		return nil, errors.New(expiredReason(certs[0], s.info.TrustDomain, s.breakGlassBin()))
+		return nil, errors.New(expiredReason(certs[0], s.info.TrustDomain, s.breakGlassBin(), s.breakGlassData()))
 	case errors.As(err, &unknown):
 		if why := s.distrustedReason(certs[0]); why != "" {
 			return nil, errors.New(why)
@@ -491,7 +504,7 @@ func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
 		"%s intermediate, is none the authority holds (its store was restored from a backup taken before that intermediate " +
 		"was prepared, or the intermediate was retired)"
 	if id.Role == spiffeid.RoleAdmin {
-		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")", role, s.breakGlassBin(), id.Name)
+		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")", role, s.breakGlassBin(), id.Name, s.breakGlassData())
 	}
 	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")", role, id.Name, id.Name)
 }
@@ -607,13 +620,13 @@ func (s *Server) distrustedReason(leaf *x509.Certificate) string {
 		if s.rollbackTrusts(c) {
 			const when = why + " (the root rotation went to standby before it was renewed under the new root)"
 			if id.Role == spiffeid.RoleAdmin {
-				return fmt.Sprintf("%s; get a new identity with %s admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is, or roll back to update_servers with muster ca root rollback", when, s.breakGlassBin(), id.Name)
+				return fmt.Sprintf("%s; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is, or roll back to update_servers with muster ca root rollback", when, s.breakGlassBin(), id.Name, s.breakGlassData())
 			}
 			return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s, or an operator rolls back to update_servers with muster ca root rollback and the agent, started again, renews", when, id.Name, id.Name)
 		}
 		const when = why + " (a root rotation left it behind before this certificate was renewed under the root trusted now: a rollback from init abandoned the new root, or a rotation finished earlier retired the old one); no rollback brings it back"
 		if id.Role == spiffeid.RoleAdmin {
-			return fmt.Sprintf("%s; get a new identity with %s admin add %s --offline --data DIR, run where the authority's data directory (its storage key) is", when, s.breakGlassBin(), id.Name)
+			return fmt.Sprintf("%s; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is", when, s.breakGlassBin(), id.Name, s.breakGlassData())
 		}
 		return fmt.Sprintf("%s; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s", when, id.Name, id.Name)
 	}
@@ -644,9 +657,9 @@ func (s *Server) rollbackTrusts(in *x509.Certificate) bool {
 // the break-glass command run beside the storage key, with bin
 // (breakGlassBin). Both name an --out of their own: the default NAME.pem
 // is often the expired file itself, which admin add never overwrites.
-func expiredReason(leaf *x509.Certificate, trustDomain, bin string) string {
+func expiredReason(leaf *x509.Certificate, trustDomain, bin, data string) string {
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAdmin {
-		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one from another operator with muster admin add %s --out %s-new.pem, or, if no operator's identity works, with %s admin add %s --offline --data DIR --out %s-new.pem, run where the authority's data directory (its storage key) is", id.Name, id.Name, bin, id.Name, id.Name)
+		return fmt.Sprintf("client certificate expired or not yet valid; an operator whose identity expired gets a new one from another operator with muster admin add %s --out %s-new.pem, or, if no operator's identity works, with %s admin add %s --offline --data %s --out %s-new.pem, run where the authority's data directory (its storage key) is", id.Name, id.Name, bin, id.Name, data, id.Name)
 	}
 	if id, err := spiffeid.FromCertificate(leaf); err == nil && id.TrustDomain == trustDomain && id.Role == spiffeid.RoleAgent {
 		// A bound-keypair agent is told too: it does not join again, it

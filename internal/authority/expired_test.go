@@ -10,6 +10,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
+	"github.com/muster-dev/muster/internal/datadir"
 	"github.com/muster-dev/muster/internal/spiffeid"
 )
 
@@ -33,7 +34,7 @@ func TestExpiredReason(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return expiredReason(c, "td", "muster")
+		return expiredReason(c, "td", "muster", "DIR")
 	}
 	if got := leaf(spiffeid.RoleAdmin, "td", "alice"); !strings.Contains(got, "muster admin add alice --offline --data DIR --out alice-new.pem") ||
 		!strings.Contains(got, "from another operator with muster admin add alice --out alice-new.pem,") || strings.Contains(got, "join again") {
@@ -76,11 +77,53 @@ func TestBreakGlassNamesTheTokenBuild(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, got := range []string{
-				expiredReason(leaf, "td", tc.s.breakGlassBin()),
-				unknownOperatorReason("1f", "alice", tc.s.breakGlassBin()),
+				expiredReason(leaf, "td", tc.s.breakGlassBin(), tc.s.breakGlassData()),
+				unknownOperatorReason("1f", "alice", tc.s.breakGlassBin(), tc.s.breakGlassData()),
 			} {
 				if !strings.Contains(got, tc.want) || strings.Contains(got, tc.not) {
 					t.Errorf("%q\nwant %q, not %q", got, tc.want, tc.not)
+				}
+			}
+		})
+	}
+}
+
+// TestBreakGlassNamesTheDataDirectory: the break-glass admin add an
+// expired, unrecorded or distrusted operator is told of names this
+// authority's own data directory (quoted for the shell) and the settings
+// file it was started with where that is not the directory's own (the
+// packaged unit's /etc/muster/authority.yaml), so that pasted on its
+// machine it runs; before, it said --data DIR, and pasted it failed.
+func TestBreakGlassNamesTheDataDirectory(t *testing.T) {
+	h, err := ca.Create("test", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	id, _ := spiffeid.New("td", spiffeid.RoleAdmin, "alice")
+	leaf, err := h.Issuer(ca.RoleAdmin).Issue(ca.LeafRequest{PublicKey: key.Public(), SPIFFEID: id.URL(), CommonName: "alice",
+		ClientAuth: true, NotBefore: time.Now(), TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := datadir.Dir("/var/lib/muster/my authority")
+	for _, tc := range []struct {
+		name string
+		s    *Server
+		want string
+	}{
+		{"its own settings", &Server{cfg: Config{Dir: dir, ConfigFile: dir.ConfigFile()}},
+			" muster admin add alice --offline --data '/var/lib/muster/my authority' --out alice-new.pem"},
+		{"the packaged unit's", &Server{cfg: Config{Dir: dir, ConfigFile: "/etc/muster/authority.yaml"}, token: &custody.Token{}},
+			" muster-pkcs11 admin add alice --offline --data '/var/lib/muster/my authority' --config /etc/muster/authority.yaml --out alice-new.pem"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, got := range []string{
+				expiredReason(leaf, "td", tc.s.breakGlassBin(), tc.s.breakGlassData()),
+				unknownOperatorReason("1f", "alice", tc.s.breakGlassBin(), tc.s.breakGlassData()),
+			} {
+				if !strings.Contains(got, tc.want) || strings.Contains(got, "DIR") {
+					t.Errorf("%q\nwant %q", got, tc.want)
 				}
 			}
 		})

@@ -95,10 +95,21 @@ func jwtSalts(k store.JWTKey) jwtsvid.Salts {
 // already signs with a later one. One of the same version with other
 // salts is replaced: the store was restored under this replica and
 // rotated back up to the version, whose key is now another.
-func (s *Server) useJWTKey(k store.JWTKey) error {
+func (s *Server) useJWTKey(k store.JWTKey) error { return s.useJWTKeyRead(k, -1) }
+
+// useJWTKeyRead is useJWTKey for k read from the store after
+// s.jwtInstalls was seen at installs (-1: unknown). An earlier version
+// than this replica signs with, read after its issuer was installed,
+// is the store gone back (restored from a backup under this running
+// replica): the replica follows it, as it does a version reached again
+// with other salts, and does not go on signing with a version the
+// restored store will reach again with another key, and publishing it,
+// until it does (the key an operator rotated away after a leak).
+func (s *Server) useJWTKeyRead(k store.JWTKey, installs int64) error {
 	for {
 		cur := s.jwt.Load()
-		if cur != nil && (cur.Version() > k.Version || cur.Version() == k.Version && cur.Salts() == jwtSalts(k)) {
+		wentBack := cur != nil && cur.Version() > k.Version && installs >= 0 && s.jwtInstalls.Load() == installs
+		if cur != nil && !wentBack && (cur.Version() > k.Version || cur.Version() == k.Version && cur.Salts() == jwtSalts(k)) {
 			if cur.Version() == k.Version {
 				s.jwtAt.Store(&k)
 			}
@@ -108,14 +119,49 @@ func (s *Server) useJWTKey(k store.JWTKey) error {
 		if err != nil {
 			return err
 		}
+		// Bumped first: a read begun before this install may return the
+		// version it replaces, which is then not the store gone back.
+		s.jwtInstalls.Add(1)
 		if s.jwt.CompareAndSwap(cur, iss) {
 			s.jwtAt.Store(&k)
-			if cur != nil {
+			if len(iss.Damaged()) > 0 {
+				s.log.Error("JWT-SVID keys not derived: "+s.jwtSaltWayOut(iss), "version", k.Version, "damaged_versions", iss.Damaged())
+			}
+			switch {
+			case wentBack:
+				s.log.Warn("the store's JWT-SVID key version went back (restored from a backup under this replica): signing with the store's version, not the one it replaced (docs/workload-api.md \"After a restore\")",
+					"version", k.Version, "kid", iss.KeyID(), "replaced_version", cur.Version(), "replaced_kid", cur.KeyID())
+			case cur != nil:
 				s.log.Info("JWT-SVID signing key rotated", "version", k.Version, "kid", iss.KeyID(), "previous_kid", cur.KeyID())
 			}
 			return nil
 		}
 	}
+}
+
+// jwtSaltWayOut says which of iss's keys have a damaged salt in the
+// store (jwtsvid.ErrSalt: a damaged or hand-edited jwt_svid_key row),
+// what that stops, and the way out: rotations, each moving the versions
+// along, until neither the current version nor the next one is damaged;
+// a damaged previous version is only left out of the JWKS until the next
+// rotation drops it.
+func (s *Server) jwtSaltWayOut(iss *jwtsvid.Issuer) string {
+	var cur, next bool
+	for _, v := range iss.Damaged() {
+		cur = cur || v == iss.Version()
+		next = next || v == iss.Version()+1
+	}
+	what := fmt.Sprintf("the store's salt of JWT-SVID key version(s) %v is not lowercase hexadecimal (a damaged or hand-edited jwt_svid_key row), and no key is derived from it: those keys are not published", iss.Damaged())
+	rotate := "`muster ca rotate jwt --data " + s.breakGlassData() + "`"
+	switch {
+	case cur && next:
+		return what + fmt.Sprintf(", and version %d signs no JWT-SVID (refused) nor will %d: run %s twice, 6 minutes apart (each is refused within 6 minutes of the last rotation and says when to run it again); the key of the version after is drawn anew", iss.Version(), iss.Version()+1, rotate)
+	case cur:
+		return what + fmt.Sprintf(", and version %d signs no JWT-SVID (refused): run %s (refused within 6 minutes of the last rotation, saying when to run it again); the next version's key, published already, signs from then on", iss.Version(), rotate)
+	case next:
+		return what + fmt.Sprintf("; version %d signs, but the rotation that makes %d current leaves JWT-SVIDs refused until the one after: run %s twice, 6 minutes apart, at a quiet time", iss.Version(), iss.Version()+1, rotate)
+	}
+	return what + fmt.Sprintf("; tokens signed with version %d no longer verify here (they expire within 5 minutes of being signed), and the next rotation drops it: nothing to do", iss.Version()-1)
 }
 
 // publishedFor is, by key ID, how long from now iss's keys stay in the
@@ -176,11 +222,12 @@ func (s *Server) jwtKeyStep(ctx context.Context) error {
 // jwtKeyStepWith re-reads the version and rotates it if it has been
 // current for period.
 func (s *Server) jwtKeyStepWith(ctx context.Context, period time.Duration) error {
+	installs := s.jwtInstalls.Load()
 	k, err := s.store.GetJWTKey(ctx)
 	if err != nil {
 		return err
 	}
-	if err := s.useJWTKey(k); err != nil {
+	if err := s.useJWTKeyRead(k, installs); err != nil {
 		return err
 	}
 	now, err := s.readStoreClock(ctx)
@@ -258,8 +305,10 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 			"the JWT-SVID key was rotated to version %d at %s; tokens signed with version %d may be valid until %s, and the next rotation unpublishes that key: run `muster ca rotate jwt` again after %s",
 			k.Version, k.RotatedAt.UTC().Format(time.RFC3339), k.Version-1, retryAfter(after), retryAfter(after))
 	}
+	// A damaged salt (jwtsvid.ErrSalt) derives no key: its ID is "",
+	// and the rotation is the way out of it.
 	prev, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(k.Version), k.Salt)
-	if err != nil {
+	if err != nil && !errors.Is(err, jwtsvid.ErrSalt) {
 		return nil, err
 	}
 	c := callerFrom(ctx)
@@ -272,7 +321,7 @@ func (a *adminService) rotateJWTKey(ctx context.Context) (*musterv1.RotateJWTKey
 		return nil, err
 	}
 	cur, err := jwtsvid.DeriveKey(a.s.cfg.StorageKey.Derive, int(next.Version), next.Salt)
-	if err != nil {
+	if err != nil && !errors.Is(err, jwtsvid.ErrSalt) {
 		return nil, err
 	}
 	return &musterv1.RotateJWTKeyResponse{Version: next.Version, KeyId: cur.ID, PreviousKeyId: prev.ID,

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -28,6 +30,11 @@ func (a *agentService) MintJWTSVID(ctx context.Context, req *musterv1.MintJWTSVI
 	tok, exp, err := iss.Mint(c.ID.String(), req.GetAudience(), now, c.Cert.NotAfter)
 	if errors.Is(err, jwtsvid.ErrAudience) {
 		return nil, a.badRequest(ctx, err.Error())
+	} else if errors.Is(err, jwtsvid.ErrSalt) {
+		// UNAVAILABLE: the agent retries, and gets a token once an
+		// operator has rotated the damaged version away.
+		method, _ := grpc.Method(ctx)
+		return nil, a.s.deny(ctx, c, method, codes.Unavailable, "JWT-SVID not signed: "+a.s.jwtSaltWayOut(iss))
 	} else if err != nil {
 		return nil, toStatus(ctx, a.s.log, err)
 	}

@@ -407,7 +407,9 @@ func rollbackCustody(ctx context.Context, m CustodyMigration) (res CustodyMigrat
 	if err != nil {
 		return res, false, err
 	}
-	k := signer.NewKeeper(m.Store, sc, m.Audit, m.AuthorityID, m.SignerMinLead)
+	// This keeper opens no token: the staged signer's key it leaves there
+	// is named with the module the store recorded.
+	k := signer.NewKeeper(m.Store, sc, m.Audit, m.AuthorityID, m.SignerMinLead).WithLeftModule(rec.Module)
 	snap, err := k.Load(ctx)
 	if err != nil {
 		return res, false, err

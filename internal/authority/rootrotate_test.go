@@ -15,6 +15,7 @@ import (
 
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/identity"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 	"github.com/muster-dev/muster/internal/store/pgtest"
@@ -382,7 +383,7 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	for leaf, want := range map[*x509.Certificate]string{
-		old:      "muster admin add op --offline --data DIR",
+		old:      "muster admin add op --offline --data " + shellword.Quote(string(s.cfg.Dir)) + ",",
 		oldAgent: "muster agent join --force --data ADIR --node web-01 with a joining URI from muster token create --node web-01",
 	} {
 		if _, err := s.verifyClientCertsAt([]*x509.Certificate{leaf}, time.Now()); err == nil || !strings.Contains(err.Error(), "no longer trusts") || !strings.Contains(err.Error(), want) {
@@ -425,7 +426,7 @@ func TestRootStandbyNeedsTheOperatorUnderTheNewRoot(t *testing.T) {
 		t.Errorf("an agent under the abandoned root is told of a rollback or a standby: %v", err)
 	}
 	_, err = s.verifyClientCertsAt([]*x509.Certificate{renewed}, time.Now())
-	if want := "muster admin add op --offline --data DIR"; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "muster ca root rollback") {
+	if want := "muster admin add op --offline --data " + shellword.Quote(string(s.cfg.Dir)) + ","; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "muster ca root rollback") {
 		t.Errorf("an operator under the abandoned root: %v; want %q and no rollback", err, want)
 	}
 }

@@ -206,6 +206,11 @@ type Server struct {
 	// jwtAt is the version jwt was last read at and when it became
 	// current, for the keys' publication times (publishedFor).
 	jwtAt atomic.Pointer[store.JWTKey]
+	// jwtInstalls counts the issuers put in jwt (bumped before each):
+	// a read of the store begun after the last one that returns an
+	// earlier version is the store gone back (restored), not a stale
+	// read racing a rotation (useJWTKeyRead).
+	jwtInstalls atomic.Int64
 	// storeClock is the store's clock as this replica last read it, for
 	// the keys' publication times, which the rotation time and the
 	// rotations (the store's clock both) decide (jwtkey.go).

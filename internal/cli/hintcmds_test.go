@@ -96,6 +96,9 @@ func TestHintCommandsExist(t *testing.T) {
 			if p := checkDocCommand(root, c); p != "" {
 				t.Errorf("%s:%d: %s: %s", c.file, c.line, c.text, p)
 			}
+			if p := breakGlassWithoutData(c); p != "" {
+				t.Errorf("%s:%d: %s: %s", c.file, c.line, c.text, p)
+			}
 		}
 		return nil
 	})
@@ -108,6 +111,30 @@ func TestHintCommandsExist(t *testing.T) {
 	if checked < 120 {
 		t.Errorf("%d muster commands found in the program's strings, want at least 120: the extraction misses them", checked)
 	}
+}
+
+// breakGlassWithoutData: a command run with --offline (break-glass:
+// admin add, ca rotate, settings set, audit list…) opens the data
+// directory itself, so a hint naming one must name it (--data), as the
+// default ./muster-data is never the installed authority's: pasted
+// without it, the command opens nothing or the wrong directory.
+func breakGlassWithoutData(c docCommand) string {
+	if c.inline {
+		return ""
+	}
+	offline, data := false, false
+	for _, w := range c.words {
+		switch {
+		case w.s == "--offline":
+			offline = true
+		case w.s == "--data" || strings.HasPrefix(w.s, "--data="):
+			data = true
+		}
+	}
+	if offline && !data {
+		return "runs --offline without --data: pasted, it opens ./muster-data, not the authority's directory"
+	}
+	return ""
 }
 
 func fileExists(path string) bool {

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/custody/softhsmtest"
@@ -101,5 +102,61 @@ func TestSelfTestNamesTheKeyItCannotDestroy(t *testing.T) {
 		"--list-objects").CombinedOutput()
 	if err != nil || strings.Contains(string(out), "muster-selftest/") {
 		t.Errorf("after the commands (%v), the token holds:\n%s", err, out)
+	}
+}
+
+// TestSelfTestOfAHungTokenNamesTheModuleAndTheKey: a self-test against
+// SoftHSM2 whose destruction of the test key does not answer fails with
+// ErrHung once its deadline passes, naming the module the token was
+// opened with in the command that shows whether it answers, and the
+// commands that delete the key it left, which, pasted, do; one whose
+// making of the key does not answer names the listing that finds it.
+// Before, the destruction had no deadline and the self-test (and ca
+// migrate-custody) waited for ever.
+func TestSelfTestOfAHungTokenNamesTheModuleAndTheKey(t *testing.T) {
+	defer custody.SetSelfTestCallTimeout(2 * time.Second)()
+	tk, tok := openToken(t, 0)
+	selfTest := func(stage string) error {
+		t.Helper()
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		done := make(chan error, 1)
+		go func() { done <- custody.SelfTest(context.Background(), hangs{tk.For("muster-"), stage, release}) }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, custody.ErrHung) || !strings.Contains(err.Error(), "`pkcs11-tool --module "+tok.Module+" --list-token-slots`") {
+				t.Fatalf("SelfTest hung in %s = %v, want ErrHung naming the module", stage, err)
+			}
+			return err
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("SelfTest still waits for a token that hangs in %s", stage)
+		}
+		return nil
+	}
+
+	err := selfTest("destroy")
+	cmds := regexp.MustCompile("`(pkcs11-tool [^`]*--delete-object[^`]*)`").FindAllStringSubmatch(err.Error(), -1)
+	if len(cmds) != 2 {
+		t.Fatalf("SelfTest = %v\nnames %d delete commands, want the private and the public key's", err, len(cmds))
+	}
+	for _, c := range cmds {
+		if out, err := tok.Command("sh", "-c", c[1]+" --pin "+softhsmtest.PIN).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", c[1], err, out)
+		}
+	}
+	out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+		"--list-objects").CombinedOutput()
+	if err != nil || strings.Contains(string(out), "muster-selftest/") {
+		t.Fatalf("after the commands (%v), the token holds:\n%s", err, out)
+	}
+
+	err = selfTest("create")
+	list := regexp.MustCompile("`(pkcs11-tool [^`]*--list-objects[^`]*)`").FindStringSubmatch(err.Error())
+	if list == nil || !strings.Contains(err.Error(), "selftest/ecdsa-p256-") {
+		t.Fatalf("SelfTest hung making the key = %v\nnames no listing of the key it may leave", err)
+	}
+	out, lerr := tok.Command("sh", "-c", list[1]+" --pin "+softhsmtest.PIN).CombinedOutput()
+	if lerr != nil || !strings.Contains(string(out), "muster-selftest/ecdsa-p256-") {
+		t.Fatalf("%s: %v\n%s", list[1], lerr, out)
 	}
 }

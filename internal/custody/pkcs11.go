@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/miekg/pkcs11"
+
+	"github.com/muster-dev/muster/internal/shellword"
 )
 
 // PKCS#11 3.0 values for Ed25519, which miekg/pkcs11 v1.1.2 predates.
@@ -49,8 +51,12 @@ type Token struct {
 	// module is the library's path, for the commands an operator is
 	// told to run against the token (DeleteCommands).
 	module string
-	sem    chan struct{}
-	idle   chan pkcs11.SessionHandle
+	// dataArgs is the --data value (and --config FILE) of the authority
+	// whose keys the token holds (NameDataDir), for the commands a
+	// missing key's error names: DIR until told.
+	dataArgs string
+	sem      chan struct{}
+	idle     chan pkcs11.SessionHandle
 
 	mu         sync.Mutex
 	pin        string
@@ -376,6 +382,22 @@ func (t *Token) drainIdle() {
 	}
 }
 
+// NameDataDir tells t the --data value (and " --config FILE") of the
+// authority whose keys it holds, quoted for the shell, so that the
+// commands its errors name run pasted on that authority's machine.
+// Call it before the token is used.
+func (t *Token) NameDataDir(args string) {
+	t.mu.Lock()
+	t.dataArgs = args
+	t.mu.Unlock()
+}
+
+func (t *Token) hintData() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return firstOf(t.dataArgs, "DIR")
+}
+
 // Module is the path of the PKCS#11 library the token was opened with;
 // "" for no token (nil).
 func (t *Token) Module() string {
@@ -436,6 +458,9 @@ func (c *PKCS11) Token() *Token { return c.t }
 
 // Module is the PKCS#11 library of the custody's token.
 func (c *PKCS11) Module() string { return c.t.Module() }
+
+// TokenURI is the pkcs11: URI the custody's token was opened by.
+func (c *PKCS11) TokenURI() string { return c.t.uri.String() }
 
 // Create generates a key pair inside the token.
 func (c *PKCS11) Create(ctx context.Context, name string, alg Algorithm) (Key, error) {
@@ -627,6 +652,26 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 	return &p11Signer{c: c, u: u, pub: k.Public, alg: alg}, nil
 }
 
+// successorCommands is the way out of a key gone from the token with the
+// running authority that signs with it (data: its --data value, and
+// --config): a successor made in the token and activated, the commands
+// named for the key the object label is of (muster-ca/ROLE/SERIAL: that
+// intermediate's role; muster-signer/vN: the task signer), with the data
+// directory, so that they run pasted.
+func successorCommands(object, data string) string {
+	if rest, ok := strings.CutPrefix(object, "muster-ca/"); ok {
+		if role, _, ok := strings.Cut(rest, "/"); ok && role != "" && shellword.Quote(role) == role {
+			return "make its successor in the token and activate it: `muster ca rotate " + role + " --data " + data +
+				"`, then, once it is published, `muster ca rotate " + role + " --activate --data " + data + "`"
+		}
+	}
+	if strings.HasPrefix(object, "muster-signer/") {
+		return "make its successor in the token and activate it: `muster signer stage --data " + data + "`, then `muster signer activate --data " + data + "`"
+	}
+	return "make its successor in the token and activate it (muster ca rotate ROLE --data " + data + ", then muster ca rotate ROLE --activate --data " + data +
+		"; for a task signer, muster signer stage --data " + data + ", then muster signer activate --data " + data + ")"
+}
+
 // keyMissing is ErrKeyMissing for one object. It is ErrKey too: callers
 // that only ask whether a reference opens see what they saw before.
 type keyMissing struct{ uri string }
@@ -710,8 +755,7 @@ func (s *p11Signer) Sign(_ io.Reader, data []byte, opts crypto.SignerOpts) ([]by
 		}
 		if len(hs) != 1 {
 			return fmt.Errorf("%w: object %q, token %q (deleted, or the token initialised again): restore the token from its backup, "+
-				"or make its successor in the token and activate it (muster ca rotate ROLE, then muster ca rotate ROLE --activate; "+
-				"for a task signer, muster signer stage then muster signer activate)", ErrKeyMissing, s.u.Object, s.u.Token)
+				"or %s", ErrKeyMissing, s.u.Object, s.u.Token, successorCommands(s.u.Object, s.c.t.hintData()))
 		}
 		if err := s.c.t.mod.SignInit(sh, []*pkcs11.Mechanism{pkcs11.NewMechanism(mech, nil)}, hs[0]); err != nil {
 			return err

@@ -24,6 +24,9 @@ func (*Token) Ready() error { return ErrNoPKCS11Build }
 // Module is empty: there is no token.
 func (*Token) Module() string { return "" }
 
+// NameDataDir does nothing: there is no token.
+func (*Token) NameDataDir(string) {}
+
 // Close does nothing.
 func (*Token) Close() error { return nil }
 

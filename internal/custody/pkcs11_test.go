@@ -509,3 +509,44 @@ func TestPKCS11RemovedTokenLookupIsUnavailableNotErrKey(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestPKCS11DeletedObjectNamesPasteableSuccessors: the way out of a key
+// gone from the token under a running authority names the commands for
+// that key (an intermediate's role from its label, or the task signer)
+// with the authority's directory (NameDataDir), so that they run pasted;
+// before, they said muster ca rotate ROLE and muster signer stage without
+// --data, which open ./muster-data, not the authority's directory.
+func TestPKCS11DeletedObjectNamesPasteableSuccessors(t *testing.T) {
+	ctx := context.Background()
+	tk, tok := openToken(t, 0)
+	tk.NameDataDir("'/var/lib/muster/my authority' --config /etc/muster/authority.yaml")
+	const data = "--data '/var/lib/muster/my authority' --config /etc/muster/authority.yaml"
+	for _, tc := range []struct {
+		prefix, name string
+		want         []string
+	}{
+		{"muster-ca/", "agent/1f", []string{"`muster ca rotate agent " + data + "`", "`muster ca rotate agent --activate " + data + "`"}},
+		{"muster-signer/", "v2", []string{"`muster signer stage " + data + "`", "`muster signer activate " + data + "`"}},
+	} {
+		t.Run(tc.prefix, func(t *testing.T) {
+			c := tk.For(tc.prefix)
+			_, s := createSigner(ctx, t, c, tc.name, custody.Ed25519)
+			if out, err := tok.Command("pkcs11-tool", "--module", tok.Module, "--token-label", softhsmtest.Label, "--login", "--pin", softhsmtest.PIN,
+				"--delete-object", "--type", "privkey", "--label", tc.prefix+tc.name).CombinedOutput(); err != nil {
+				t.Fatalf("pkcs11-tool --delete-object: %v\n%s", err, out)
+			}
+			_, err := s.Sign(rand.Reader, []byte("gone"), crypto.Hash(0))
+			if !errors.Is(err, custody.ErrKeyMissing) {
+				t.Fatalf("signing with a deleted object: %v, want ErrKeyMissing", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%v\ndoes not name %s", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "DIR") || strings.Contains(err.Error(), "ROLE") {
+				t.Errorf("%v\nnames a placeholder", err)
+			}
+		})
+	}
+}

@@ -55,7 +55,7 @@ type Key struct {
 // out-of-range draw redrawn.
 func DeriveKey(derive func(info string, n int) []byte, version int, salt string) (Key, error) {
 	if !validSalt(salt) {
-		return Key{}, fmt.Errorf("jwtsvid: key version %d: salt %q is not lowercase hexadecimal", version, salt)
+		return Key{}, fmt.Errorf("%w: key version %d: salt %q is not lowercase hexadecimal", ErrSalt, version, salt)
 	}
 	for attempt := 0; attempt < 8; attempt++ {
 		info := fmt.Sprintf("muster-jwt-svid-key-v%d", version)
@@ -79,6 +79,12 @@ func DeriveKey(derive func(info string, n int) []byte, version int, salt string)
 	return Key{}, errors.New("jwtsvid: no valid key derived")
 }
 
+// ErrSalt: a version's salt, as the store holds it, is not one a
+// rotation draws (lowercase hexadecimal): a damaged or hand-edited row.
+// No key is derived from it: another salt would be another key, which no
+// replica published.
+var ErrSalt = errors.New("jwtsvid: the store's salt of a JWT-SVID key is damaged")
+
 // validSalt: a salt is lowercase hexadecimal, so that no salt and
 // attempt suffix read as another salt.
 func validSalt(salt string) bool {
@@ -101,16 +107,26 @@ type Issuer struct {
 	signer  jose.Signer
 	version int64
 	salts   Salts
+	// versions are the keys' versions (a versioned issuer's), in order.
+	versions []int64
+	// damaged are the versions whose salt is damaged (ErrSalt): their
+	// keys are neither published nor used; unsigned is the error of
+	// Mint when the current version's is one of them.
+	damaged  []int64
+	unsigned error
 }
 
 // NewVersioned returns the issuer of version (from 1) with salts: it
 // signs with version's key and publishes version's, the next one's and,
-// from version 2, the previous one's.
+// from version 2, the previous one's. A version whose salt is damaged
+// (ErrSalt: a damaged or hand-edited store) has no key: it is left out
+// of the JWKS, named by Damaged, and when it is version itself, Mint
+// refuses with ErrSalt.
 func NewVersioned(derive func(info string, n int) []byte, version int64, salts Salts) (*Issuer, error) {
 	if version < 1 {
 		return nil, fmt.Errorf("jwtsvid: key version %d: want 1 or more", version)
 	}
-	var keys []Key
+	i := &Issuer{version: version, salts: salts}
 	for _, v := range []struct {
 		n    int64
 		salt string
@@ -119,18 +135,32 @@ func NewVersioned(derive func(info string, n int) []byte, version int64, salts S
 			continue
 		}
 		k, err := DeriveKey(derive, int(v.n), v.salt)
+		if errors.Is(err, ErrSalt) {
+			i.damaged = append(i.damaged, v.n)
+			if v.n == version {
+				i.unsigned = err
+			}
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
-		keys = append(keys, k)
+		i.keys = append(i.keys, k)
+		i.versions = append(i.versions, v.n)
 	}
-	i, err := NewIssuer(keys...)
-	if err != nil {
-		return nil, err
+	if i.unsigned == nil {
+		s, err := newSigner(i.keys[0])
+		if err != nil {
+			return nil, err
+		}
+		i.signer = s
 	}
-	i.version, i.salts = version, salts
 	return i, nil
 }
+
+// Damaged are the versions whose keys the issuer has not, their salts
+// being damaged (ErrSalt): none, but for a damaged or hand-edited store.
+func (i *Issuer) Damaged() []int64 { return i.damaged }
 
 // Version is the key version the issuer signs with (0 for one made by
 // NewIssuer).
@@ -146,28 +176,36 @@ func (i *Issuer) KeyVersions() map[string]int64 {
 		return nil
 	}
 	m := make(map[string]int64, len(i.keys))
-	// NewVersioned's order: this version's key, the next one's, the
-	// previous one's.
-	for n, v := range []int64{i.version, i.version + 1, i.version - 1}[:len(i.keys)] {
+	for n, v := range i.versions {
 		m[i.keys[n].ID] = v
 	}
 	return m
 }
 
-// KeyID is the ID of the key the issuer signs with.
-func (i *Issuer) KeyID() string { return i.keys[0].ID }
+// KeyID is the ID of the key the issuer signs with, "" when it signs
+// with none (its version's salt is damaged).
+func (i *Issuer) KeyID() string {
+	if i.signer == nil {
+		return ""
+	}
+	return i.keys[0].ID
+}
 
 // NewIssuer returns an issuer signing with keys[0].
 func NewIssuer(keys ...Key) (*Issuer, error) {
 	if len(keys) == 0 {
 		return nil, errors.New("jwtsvid: no key")
 	}
-	s, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: keys[0].Priv, KeyID: keys[0].ID}},
-		(&jose.SignerOptions{}).WithType("JWT"))
+	s, err := newSigner(keys[0])
 	if err != nil {
 		return nil, err
 	}
 	return &Issuer{keys: keys, signer: s}, nil
+}
+
+func newSigner(k Key) (jose.Signer, error) {
+	return jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: k.Priv, KeyID: k.ID}},
+		(&jose.SignerOptions{}).WithType("JWT"))
 }
 
 // ErrAudience refuses a request's audiences.
@@ -191,6 +229,9 @@ func CheckAudiences(aud []string) error {
 func (i *Issuer) Mint(subject string, aud []string, now, notAfter time.Time) (string, time.Time, error) {
 	if err := CheckAudiences(aud); err != nil {
 		return "", time.Time{}, err
+	}
+	if i.unsigned != nil {
+		return "", time.Time{}, i.unsigned
 	}
 	exp := now.Add(TTL)
 	if exp.After(notAfter) {

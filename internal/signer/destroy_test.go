@@ -421,6 +421,47 @@ func TestEndedTokenKeyWithoutTheToken(t *testing.T) {
 	}
 }
 
+// TestEndedTokenKeyNamesTheLeftModule: a keeper told the module of the
+// token it does not open (muster ca migrate-custody --rollback: the one
+// the store recorded) names it in the destroy_key record's commands, so
+// they run pasted; before, they said --module MODULE though the module
+// was known.
+func TestEndedTokenKeyNamesTheLeftModule(t *testing.T) {
+	ctx := t.Context()
+	tok := &memToken{keys: map[string]ed25519.PrivateKey{}}
+	k, st, _ := tokenKeeper(t, filepath.Join(t.TempDir(), "muster.db"), tok)
+	who := Actor{Name: "spiffe://td/admin/ops"}
+	if _, err := k.EnsureFirst(ctx, who); err != nil {
+		t.Fatal(err)
+	}
+	res, err := k.Stage(ctx, who, time.Hour, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.Changes[0].To.VersionID
+	ref := refsOf(t, st)[id]
+
+	sealed, err := custody.NewSealed(seal.StorageKey{3}, seal.InfoSigner, "muster-signer/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const module = "/opt/hsm client/lib/libhsm.so"
+	log := &auditLog{}
+	without := NewKeeper(st, NewInCustody(custody.ByRef{New: sealed, Sealed: sealed}), log, "prod-a3f2e1", 0).WithLeftModule(module)
+	if res, err = without.Rollback(ctx, who); err != nil || len(res.Keys) != 1 || !res.Keys[0].Left {
+		t.Fatalf("rollback without the token: %+v %v", res, err)
+	}
+	e := lastEvent(t, log, "node_task_signer.destroy_key")
+	for _, want := range custody.DeleteCommands(module, ref) {
+		if !strings.Contains(e.Reason, want) {
+			t.Errorf("destroy_key audit %+v does not say %q", e, want)
+		}
+	}
+	if strings.Contains(e.Reason, "MODULE") || strings.Contains(res.Keys[0].String(), "MODULE") {
+		t.Errorf("destroy_key audit %+v names MODULE though the module is known", e)
+	}
+}
+
 // TestDestroyEndedSpacedBacksOff: the leader's pass tries a failing
 // destruction of an ended signer's key again after 5 s, then twice as
 // long after each failure up to the cap, by the store clock: an hour of

@@ -60,6 +60,10 @@ type Keeper struct {
 	custody     Custody
 	audit       Auditor
 	authorityID string
+	// leftModule is the PKCS#11 library of a token this keeper does not
+	// open (WithLeftModule), named in the commands its records give to
+	// delete that token's keys by hand.
+	leftModule string
 	// minLead is signer.min_lead_time, a time.Duration: a shared setting
 	// the authority changes while the keeper runs (UseMinLeadTime).
 	minLead atomic.Int64
@@ -81,6 +85,16 @@ type cachedSet struct {
 func NewKeeper(st Store, custody Custody, a Auditor, authorityID string, minLead time.Duration) *Keeper {
 	k := &Keeper{st: st, custody: custody, audit: a, authorityID: authorityID}
 	k.UseMinLeadTime(minLead)
+	return k
+}
+
+// WithLeftModule tells k the PKCS#11 library of a token whose keys it
+// does not open (muster ca migrate-custody --rollback: the module the
+// store recorded), so that a key it leaves there is named with commands
+// that run pasted, not with MODULE. It returns k; call it before k is
+// used.
+func (k *Keeper) WithLeftModule(module string) *Keeper {
+	k.leftModule = module
 	return k
 }
 
@@ -195,8 +209,11 @@ type KeyFate struct {
 	VersionID string
 	// Where is where the key was: "sealed" or its token object's URI.
 	Where string
-	Left  bool
-	Err   error
+	// Module is the PKCS#11 library of the token a Left key is in, ""
+	// when none is known (the commands then name MODULE).
+	Module string
+	Left   bool
+	Err    error
 }
 
 func (f KeyFate) String() string {
@@ -204,9 +221,9 @@ func (f KeyFate) String() string {
 	case f.Err != nil:
 		return fmt.Sprintf("destroying %s's key (%s) failed, the leader retries it: %v", f.VersionID, f.Where, f.Err)
 	case f.Left:
-		// No token is open here, so no module is known: the command
-		// names MODULE, and says what it stands for.
-		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped; if the token comes back, %s", f.VersionID, f.Where, custody.DeleteByHand("", []byte(f.Where)))
+		// No token is open here: the module is the one the keeper was
+		// told (WithLeftModule), else MODULE, explained.
+		return fmt.Sprintf("%s's key (%s) is in a PKCS#11 token this authority does not open: its reference is dropped; if the token comes back, %s", f.VersionID, f.Where, custody.DeleteByHand(f.Module, []byte(f.Where)))
 	}
 	return fmt.Sprintf("%s's key (%s) destroyed", f.VersionID, f.Where)
 }
@@ -237,7 +254,7 @@ func (k *Keeper) destroyKey(ctx context.Context, who Actor, s Signer, ref []byte
 		}
 		switch {
 		case errors.Is(err, custody.ErrNoToken):
-			f.Left = true
+			f.Left, f.Module = true, k.leftModule
 		case err != nil:
 			f.Err = err
 			return f, false

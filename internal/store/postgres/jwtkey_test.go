@@ -23,6 +23,30 @@ func TestJWTKeyRotationOfAnOldReplica(t *testing.T) {
 	if k.Salt == "" {
 		t.Fatalf("after two rotations: %+v; want a salted current version", k)
 	}
+	// An old replica that read the row before an upgraded one rotated it
+	// cannot write over the rotation: its write is conditional on what it
+	// read (the release before 0028's on the version and its time, older
+	// ones' on the version alone), and the upgraded replica's new key and
+	// salts stay.
+	read := k
+	if k, err = s.RotateJWTKey(ctx, k, benchLink); err != nil {
+		t.Fatal(err)
+	}
+	for _, stale := range []string{
+		`UPDATE jwt_svid_key SET version = version + 1, rotated_at = rotated_at + 1 WHERE id = 1 AND version = $1 AND rotated_at = $2`,
+		`UPDATE jwt_svid_key SET version = version + 1, rotated_at = rotated_at + 1 WHERE id = 1 AND version = $1 AND $2::bigint IS NOT NULL`,
+	} {
+		tag, err := s.pool.Exec(ctx, stale, read.Version, read.RotatedAt.UnixMicro())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tag.RowsAffected() != 0 {
+			t.Fatalf("an old replica's rotation from version %d, read before the upgraded one's, wrote %d rows", read.Version, tag.RowsAffected())
+		}
+		if got, err := s.GetJWTKey(ctx); err != nil || got != k {
+			t.Fatalf("after an old replica's stale rotation: %+v (%v), want the upgraded replica's %+v", got, err, k)
+		}
+	}
 	// The release before 0028's rotation.
 	if _, err := s.pool.Exec(ctx, `UPDATE jwt_svid_key SET version = version + 1, rotated_at = rotated_at + 1
 		WHERE id = 1 AND version = $1 AND rotated_at = $2`, k.Version, k.RotatedAt.UnixMicro()); err != nil {
