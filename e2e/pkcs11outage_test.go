@@ -123,9 +123,12 @@ func TestPKCS11DeletedKeyAgentsRetry(t *testing.T) {
 	}
 	// The way out names the key's role and the authority's directory,
 	// and the commands below are what it says.
-	if !strings.Contains(p.Logs(), "muster ca rotate agent --activate --data "+shellword.Quote(dir)) {
-		t.Errorf("the authority's log does not name the way out:\n%s", p.Logs())
-	}
+	// The refusal reaches the agent before the authority's log line is
+	// read from its pipe: wait for it.
+	wayOut := "muster ca rotate agent --activate --data " + shellword.Quote(dir)
+	waitFor(t, 30*time.Second, "the authority's log names the way out", func() bool {
+		return strings.Contains(p.Logs(), wayOut)
+	})
 
 	mustRun(t, "ca", "rotate", "agent", "--data", dir)
 	waitFor(t, 60*time.Second, "the agent successor made in the token is activated", func() bool {

@@ -82,7 +82,9 @@ func TestPKCS11PreparedKeyGoneIsNotActivated(t *testing.T) {
 		return agentLeaf(t, adir).CheckSignatureFrom(activeIntermediate(t, dir, "agent").cert) == nil
 	})
 	for _, a := range auditOf(t, dir, "ca.activate") {
-		if a.Target == "agent/"+gone {
+		// Refusals name the intermediate too (the CLI sends the serial it
+		// read from ca status); only an activation that went through is wrong.
+		if a.Target == "agent/"+gone && a.Result == "ok" {
 			t.Errorf("activated with its key gone: %+v", a)
 		}
 	}
