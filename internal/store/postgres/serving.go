@@ -70,12 +70,12 @@ var (
 // connection, and end its session (letting go of the lock), within some
 // 25 s rather than the server host's TCP default of over two hours: a
 // replica cut off would otherwise keep reapply out, and reapply cut off
-// would keep every replica out. Ignored on a Unix socket.
-func serverKeepalives(params map[string]string) {
-	params["tcp_keepalives_idle"] = "10"
-	params["tcp_keepalives_interval"] = "5"
-	params["tcp_keepalives_count"] = "3"
-}
+// would keep every replica out. Ignored on a Unix socket. Set on the
+// session, not as startup parameters: PgBouncer (session mode, which
+// docs/high-availability.md allows) refuses a connection whose startup
+// packet carries parameters it does not know, and a replica refused its
+// lock would not start.
+const serverKeepalives = `SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; SET tcp_keepalives_count = 3`
 
 // HoldServing takes the serving lock shared for this process until
 // release, refusing with ErrExcluded while an offline command holds it.
@@ -91,11 +91,16 @@ func (s *Store) HoldServing(ctx context.Context, onLost func(error)) (release fu
 func (s *Store) HoldServingAs(ctx context.Context, who Server, onLost func(error)) (release func(), err error) {
 	cfg := s.pool.Config().ConnConfig.Copy()
 	cfg.RuntimeParams["application_name"] = servingAppOf(who)
-	serverKeepalives(cfg.RuntimeParams)
 	take := func(ctx context.Context) (*pgx.Conn, error) {
 		var conn *pgx.Conn
 		err := s.pool.bound(ctx, func(ctx context.Context) (err error) {
 			conn, err = pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if _, err = conn.Exec(ctx, serverKeepalives); err != nil {
+				conn.Close(context.WithoutCancel(ctx))
+			}
 			return err
 		})
 		if err != nil {
@@ -256,12 +261,15 @@ func trySessionLock(ctx context.Context, url, app, try string) (*pgx.Conn, bool,
 		return nil, false, errors.New("postgres: invalid connection URL")
 	}
 	cfg.RuntimeParams["application_name"] = app
-	serverKeepalives(cfg.RuntimeParams)
 	dialHungPeers(&cfg.Config, DefaultRequestTimeout)
 	cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 	defer cancel()
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	if err != nil {
+		return nil, false, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
+	}
+	if _, err := conn.Exec(cctx, serverKeepalives); err != nil {
+		conn.Close(context.WithoutCancel(ctx))
 		return nil, false, unavailable(fmt.Errorf("postgres: the serving lock: %w", err))
 	}
 	var got bool

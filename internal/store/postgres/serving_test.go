@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgproto3"
 )
 
 // An offline command that needs every authority stopped is refused while
@@ -291,5 +293,58 @@ func TestExclusiveServingLockNoticesASilentDatabase(t *testing.T) {
 	}
 	if err := context.Cause(watched); !errors.Is(err, ErrExclusionLost) {
 		t.Errorf("cause %v, want ErrExclusionLost", err)
+	}
+}
+
+// The lock's sessions ask for keepalives on the session, not in the
+// startup packet: PgBouncer refuses a startup parameter it does not know
+// (unless told to ignore it), and a replica refused its lock would not
+// start. A listener that reads the startup packet, as PgBouncer does,
+// sees only parameters every pooler knows.
+func TestServingLockStartupCarriesNoKeepalives(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan map[string]string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Minute))
+		be := pgproto3.NewBackend(c, c)
+		for {
+			msg, err := be.ReceiveStartupMessage()
+			if err != nil {
+				got <- nil
+				return
+			}
+			switch m := msg.(type) {
+			case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+				c.Write([]byte("N"))
+				continue
+			case *pgproto3.StartupMessage:
+				got <- m.Parameters
+				be.Send(&pgproto3.ErrorResponse{Severity: "FATAL", Code: "08P01", Message: "test: startup seen"})
+				be.Flush()
+				return
+			}
+		}
+	}()
+	url := "postgres://muster@" + ln.Addr().String() + "/muster?sslmode=disable&connect_timeout=5"
+	if _, _, err := trySessionLock(t.Context(), url, excludingApp, `SELECT pg_try_advisory_lock($1)`); err == nil {
+		t.Fatal("trySessionLock against a listener that refuses every startup: no error")
+	}
+	params := <-got
+	if params == nil {
+		t.Fatal("no startup packet read")
+	}
+	for name := range params {
+		if strings.HasPrefix(name, "tcp_keepalives") {
+			t.Errorf("startup parameter %s=%s: PgBouncer refuses it; set it on the session", name, params[name])
+		}
 	}
 }
