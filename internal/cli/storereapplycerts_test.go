@@ -489,3 +489,78 @@ func TestStoreReapplyCarriesABoundKeyRotatedSince(t *testing.T) {
 		t.Errorf("reapply run again: exit %d, records %d to %d\n%s%s", code, before, f.head(t), out, errOut)
 	}
 }
+
+// TestStoreReapplyListsAJoinStateOfAWindowOpenedSince: a bound-keypair
+// token that entered the epoch of a resync window opened since the
+// backup, which the restored store does not know, is not carried (its
+// documents of that epoch would be taken for a second holder's): its
+// agent is listed with a resync window as its way out, and nothing of it
+// is written.
+func TestStoreReapplyListsAJoinStateOfAWindowOpenedSince(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-10 * time.Minute).UTC().Truncate(time.Microsecond)
+	tok := testToken("bot-01", 0, now)
+	tok.JoinMethod = store.JoinMethodBoundKeypair
+	tok.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 3, RecoveryMode: store.RecoveryStandard},
+		SecretCiphertext: []byte("sealed"), SecretNonce: []byte("nonce")}
+	join := testJoin("bot-01", "bot-01-a", now)
+	join.Instance.JoinMethod, join.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
+	join.Credential, join.Instance.TokenID, join.Certificate.TokenID = "bot-01", "bot-01", "bot-01"
+	join.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-01", PublicKey: "SHA256:old", UseRegistrationSecret: true},
+		store.Recovery{TokenID: "bot-01", Counted: true}}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertToken(ctx, tok, b)
+		})
+		if _, err := st.CommitJoin(ctx, join); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		// A window opened since, in whose epoch the token was resynced.
+		link, err := l.Builder(audit.Event{Actor: "test", Action: "bound_keypair.resync.open", Target: "epoch", Result: audit.ResultOK})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.OpenResync(ctx, store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "test", Reason: "test"},
+			func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) { return link.Build }); err != nil {
+			t.Fatal(err)
+		}
+		l.Appended(link)
+		got, err := st.GetToken(ctx, "bot-01")
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := *got.BoundKeypair
+		state.Epoch, state.RecoverySequence = "ep-1", 4
+		write(t, l, "token.resync", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-01", Held: *got.BoundKeypair, State: state}, b)
+		})
+		if _, err := st.CommitRenewal(ctx, testRenewal("bot-01", "bot-01-a", 0, now.Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotCarried) != 1 || !strings.Contains(res.NotCarried[0].Why, "its token entered epoch ep-1 since the backup") ||
+		res.NotCarried[0].Command != `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"` {
+		t.Fatalf("not carried: %+v, want bot-01 with its epoch since and a resync window", res.NotCarried)
+	}
+	for _, s := range res.Steps {
+		if strings.Contains(s.What, "bot-01") {
+			t.Errorf("step %+v: want nothing of bot-01 written", s)
+		}
+	}
+	if f.head(t) != before {
+		t.Errorf("records %d to %d appended, want none", before+1, f.head(t))
+	}
+}
