@@ -65,7 +65,12 @@ unexpired, and only where the restored store does not say otherwise
 (node deleted, locked, or its ID held by another node): the rest it
 lists, with why and the way out. An instance the store kept aside holds
 deleted or superseded is written so, with the certificates it got
-since: it renews no more, and the CRL names a deleted node's.
+since: it renews no more, and the CRL names a deleted node's. A
+bound-keypair token's join state (bound key, recovery sequence and count,
+epoch) is carried with its agent's identity, only forward, with the
+join-state keys made since: its agent refreshes with the key it holds
+now, and a key it rotated away binds no more. One of a resync window
+opened since the backup is listed, with the window as its way out.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
@@ -526,6 +531,10 @@ type reapplyPlanner struct {
 	// again, by ID: their IDs are free for the node the store kept aside
 	// holds under them, joined since.
 	deleting map[string]time.Time
+	// joinStates are the bound-keypair join states planned, by token
+	// (joinState); epochs the restored store's epoch ordinals.
+	joinStates map[string]joinStatePlan
+	epochs     map[string]int64
 }
 
 // last is the newest lost record of action (ok) that match accepts.
@@ -541,7 +550,7 @@ func (p *reapplyPlanner) last(action string, match func(store.AuditRecord) bool)
 
 func (p *reapplyPlanner) plan(ctx context.Context, res *reapplyResult) error {
 	res.Steps, res.Manual = []reapplyStep{}, []manualStep{}
-	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planRetired, p.planCerts, p.planManual} {
+	for _, f := range []func(context.Context, *reapplyResult) error{p.planLocks, p.planNodes, p.planTokens, p.planRetired, p.planCerts, p.planJoinStates, p.planManual} {
 		if err := f(ctx, res); err != nil {
 			return err
 		}

@@ -127,19 +127,27 @@ func (p *reapplyPlanner) planCerts(ctx context.Context, res *reapplyResult) erro
 			c.Node = fn
 		}
 		if in.JoinMethod == store.JoinMethodBoundKeypair {
-			// Its join state (recovery sequence, epoch, key) lives beside
-			// the instance and is not carried: its agent recovers through
-			// a resync window instead.
-			rotated, err := p.keyRotatedSince(ctx, in.TokenID)
+			// Its join state (key, recovery sequence, epoch) lives beside
+			// the instance: carried with it (planJoinStates), its agent
+			// refreshes by itself. Where it is not, the instance is not
+			// either: its agent recovers through a resync window, or,
+			// its key rotated since, the token is made anew.
+			js, err := p.joinState(ctx, in.TokenID)
 			if err != nil {
 				return err
 			}
-			if rotated != "" {
-				skip("a bound-keypair instance: its join state is not carried; "+rotated, "muster token delete "+shellword.Quote(in.TokenID))
+			if js.why != "" {
+				rotated, err := p.keyRotatedSince(ctx, in.TokenID)
+				if err != nil {
+					return err
+				}
+				if rotated != "" {
+					skip("a bound-keypair instance whose join state is not carried ("+js.why+"); "+rotated, "muster token delete "+shellword.Quote(in.TokenID))
+					continue
+				}
+				skip("a bound-keypair instance whose join state is not carried ("+js.why+")", `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"`)
 				continue
 			}
-			skip("a bound-keypair instance: its join state is not carried", `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"`)
-			continue
 		}
 		cert, err := p.from.GetCertificate(ctx, in.LastSerial)
 		if err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/muster-dev/muster/internal/audit"
+	"github.com/muster-dev/muster/internal/boundkeypair"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -190,7 +191,7 @@ func TestStoreReapplyListsIdentitiesNotCarried(t *testing.T) {
 	}
 	want := map[string]string{
 		"moved-01":  "re-provisioned since the backup (instance moved-01-a superseded by moved-01-b)",
-		"bound-01":  "a bound-keypair instance: its join state is not carried",
+		"bound-01":  "a bound-keypair instance whose join state is not carried",
 		"forged-01": "not carried: instance forged-01-a holds no certificate chain",
 	}
 	root := newRoot(&Env{})
@@ -359,56 +360,67 @@ func TestStoreReapplyRetiresInstancesDeletedOrSupersededSince(t *testing.T) {
 	})
 }
 
-// TestStoreReapplyNamesABoundKeyRotatedSince: a bound-keypair agent whose
-// key was rotated since the backup is listed with the way out that keeps
-// the old key out (deleting the token), not a resync window: the
-// restored store binds the old key again, and outside a window whoever
-// holds it refreshes. Before, the line named only the window.
-func TestStoreReapplyNamesABoundKeyRotatedSince(t *testing.T) {
+// TestStoreReapplyCarriesABoundKeyRotatedSince: a bound-keypair agent
+// whose key was rotated by a refresh since the backup gets its join state
+// carried with its identity: the restored token binds the key it holds
+// now, so the key rotated away is refused again (before, the restored
+// token bound it, and whoever held it refreshed), and its refresh with the
+// current key and join state is a plain refresh, no resync window needed;
+// the join-state key made since is carried, so its document verifies. A
+// second reapply writes nothing.
+func TestStoreReapplyCarriesABoundKeyRotatedSince(t *testing.T) {
 	f := newReapplyFixture(t)
-	now := time.Now().Add(-10 * time.Minute)
-	bot := func(key string) store.Token {
-		tok := testToken("bot-01", 0, now)
-		tok.JoinMethod = store.JoinMethodBoundKeypair
-		tok.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 1, RecoveryMode: "standard"}, BoundPublicKey: key}
-		return tok
-	}
-	join := func(instance string, at time.Time) store.Join {
-		j := testJoin("bot-01", instance, at)
-		j.Instance.JoinMethod, j.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
-		j.Credential, j.Instance.TokenID, j.Certificate.TokenID = "bot-01", "bot-01", "bot-01"
-		return j
-	}
+	now := time.Now().Add(-10 * time.Minute).UTC().Truncate(time.Microsecond)
+	ca := newTestCA(t, "agent CA")
+	tok := testToken("bot-01", 0, now)
+	tok.JoinMethod = store.JoinMethodBoundKeypair
+	tok.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 1, RecoveryMode: store.RecoveryStandard},
+		SecretCiphertext: []byte("sealed"), SecretNonce: []byte("nonce")}
+	join := testJoin("bot-01", "bot-01-a", now)
+	join.Instance.JoinMethod, join.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
+	join.Credential, join.Instance.TokenID, join.Certificate.TokenID = "bot-01", "bot-01", "bot-01"
+	join.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-01", PublicKey: "SHA256:old", UseRegistrationSecret: true},
+		store.Recovery{TokenID: "bot-01", Counted: true}}
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
-			return st.InsertToken(ctx, bot("SHA256:old"), b)
+		write(t, l, "ca.prepare", "ca agent", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertCACert(ctx, store.CACert{Role: "agent", Serial: "ca01", CertDER: ca.cert.Raw, KeyRef: []byte("ref"),
+				State: store.CAPrepared, NotAfter: ca.cert.NotAfter}, b)
 		})
-		if _, err := st.CommitJoin(ctx, join("bot-01-a", now)); err != nil {
+		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertToken(ctx, tok, b)
+		})
+		if _, err := st.CommitJoin(ctx, join); err != nil {
 			t.Fatal(err)
 		}
-		write(t, l, "test.mark", "x", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
-			_, err := st.AppendAudit(ctx, b)
-			return err
-		})
 	})
 	f.backUp(t)
+	// The refresh since the backup that rotated the key, as the store
+	// kept aside holds it: a certificate of generation 1, the token bound
+	// to the new key, its document signed with a join-state key made since.
+	cert := ca.issue(t, "bot-01", 9, now.Add(time.Hour))
+	r := store.Renewal{InstanceID: "bot-01-a", FromGeneration: 0, ChainPEM: cert.Instance.LastChainPEM,
+		Certificate: store.Certificate{Serial: cert.Certificate.Serial, NodeID: "bot-01", InstanceID: "bot-01-a", Generation: 1,
+			JoinMethod: store.JoinMethodBoundKeypair, TokenID: "bot-01", PublicKey: cert.Certificate.PublicKey,
+			NotBefore: cert.Certificate.NotBefore, NotAfter: cert.Certificate.NotAfter, IssuedAt: now.Add(time.Minute)},
+		Claims: []store.Claim{store.KeyBinding{TokenID: "bot-01", Expected: "SHA256:old", PublicKey: "SHA256:new", Rotate: true}}}
+	jsk := store.JoinStateKey{ID: "js-since", PublicKey: []byte("pub"), Ciphertext: []byte("ct"), Nonce: []byte("nonce-12byte"), CreatedAt: now.Add(time.Minute)}
+	var had store.BoundKeypair
 	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
-		// The refresh that rotated the key, as the store kept aside
-		// holds it: the token binds the new key, the instance advanced.
-		write(t, l, "token.delete", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
-			return st.DeleteToken(ctx, "bot-01", b)
-		})
-		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
-			return st.InsertToken(ctx, bot("SHA256:new"), b)
-		})
-		r := testRenewal("bot-01", "bot-01-a", 0, now.Add(time.Minute))
-		r.Certificate.JoinMethod, r.Certificate.TokenID = store.JoinMethodBoundKeypair, "bot-01"
 		if _, err := st.CommitRenewal(ctx, r); err != nil {
 			t.Fatal(err)
 		}
+		if err := st.InsertJoinStateKey(ctx, jsk); err != nil {
+			t.Fatal(err)
+		}
+		got, err := st.GetToken(ctx, "bot-01")
+		if err != nil {
+			t.Fatal(err)
+		}
+		had = *got.BoundKeypair
 	})
 	f.restore(t)
-	code, out, errOut := f.run(t, "-o", "json")
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
 	if code != 0 {
 		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
 	}
@@ -416,15 +428,139 @@ func TestStoreReapplyNamesABoundKeyRotatedSince(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &res); err != nil {
 		t.Fatal(err)
 	}
-	if len(res.NotCarried) != 1 || res.NotCarried[0].Command != "muster token delete bot-01" ||
-		!strings.Contains(res.NotCarried[0].Why, "its bound key was rotated since the backup (the store kept aside binds SHA256:new, the restored store SHA256:old again") {
-		t.Fatalf("not carried: %+v, want bot-01 named with its key rotated since and the token deleted as the way out", res.NotCarried)
+	if len(res.NotCarried) != 0 {
+		t.Errorf("not carried: %+v, want bot-01 carried", res.NotCarried)
 	}
-	cmds, _ := lineCommands("output", 1, res.NotCarried[0].Command)
-	if len(cmds) != 1 {
-		t.Fatalf("%q is not one muster command", res.NotCarried[0].Command)
+	if f.head(t) != before+3 {
+		t.Errorf("records %d to %d appended, want three (identity, join-state key, join state): %+v", before+1, f.head(t), res.Steps)
 	}
-	if problem := checkDocCommand(newRoot(&Env{}), cmds[0]); problem != "" {
-		t.Errorf("%q: %s", res.NotCarried[0].Command, problem)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		got, err := st.GetToken(ctx, "bot-01")
+		if err != nil {
+			t.Fatal(err)
+		}
+		bk := *got.BoundKeypair
+		if bk.BoundPublicKey != "SHA256:new" || bk.RecoverySequence != had.RecoverySequence || bk.Epoch != had.Epoch || !bk.LastRotatedAt.Equal(had.LastRotatedAt) {
+			t.Fatalf("the restored token after reapply: %+v, want the store kept aside's %+v", bk, had)
+		}
+		// The key rotated away: a refresh's write from it is refused.
+		old := store.Renewal{InstanceID: "bot-01-a", FromGeneration: 1, ChainPEM: []byte("chain"),
+			Certificate: store.Certificate{Serial: "0old", NodeID: "bot-01", InstanceID: "bot-01-a", Generation: 2, JoinMethod: store.JoinMethodBoundKeypair,
+				TokenID: "bot-01", PublicKey: []byte("k"), NotBefore: now, NotAfter: now.Add(time.Hour), IssuedAt: now},
+			Claims: []store.Claim{store.KeyBinding{TokenID: "bot-01", Expected: "SHA256:old", PublicKey: "SHA256:old"}}}
+		if _, err := st.CommitRenewal(ctx, old); !errors.Is(err, store.ErrKeyBindingChanged) {
+			t.Errorf("a refresh with the key rotated away: %v, want %v", err, store.ErrKeyBindingChanged)
+		}
+		// The current key with its document (the token's sequence and
+		// epoch) and certificate (the instance's, carried): a refresh, no
+		// resync window.
+		in, err := st.GetInstance(ctx, "bot-01-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.LastSerial != cert.Certificate.Serial || in.Generation != 1 || bk.BoundInstanceID != in.ID {
+			t.Errorf("the instance after reapply: generation %d, serial %s, bound instance %s; want generation 1, serial %s, bound",
+				in.Generation, in.LastSerial, bk.BoundInstanceID, cert.Certificate.Serial)
+		}
+		doc := boundkeypair.JoinState{Token: "bot-01", NodeID: "bot-01", RecoverySequence: had.RecoverySequence, Epoch: had.Epoch}
+		v, err := boundkeypair.Judge(boundkeypair.Status{Mode: bk.Spec.RecoveryMode, Limit: bk.Spec.RecoveryLimit, Count: bk.RecoveryCount,
+			Sequence: bk.RecoverySequence, Epoch: bk.Epoch}, boundkeypair.Attempt{Refresh: true, State: &doc}, boundkeypair.Epochs{Ordinal: map[string]int64{}})
+		if err != nil || v.Recovery {
+			t.Errorf("the refresh with the current key after reapply: %+v, %v; want a plain refresh", v, err)
+		}
+		renew := r
+		renew.FromGeneration, renew.Certificate.Generation, renew.Certificate.Serial = 1, 2, "0new"
+		renew.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-01", Expected: "SHA256:new", PublicKey: "SHA256:new"}}
+		keys, err := st.ListJoinStateKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(keys, func(k store.JoinStateKey) bool { return k.ID == jsk.ID }) {
+			t.Errorf("join-state keys after reapply: %+v, want %s carried", keys, jsk.ID)
+		}
+		if _, err := st.CommitRenewal(ctx, renew); err != nil {
+			t.Errorf("a refresh with the current key after reapply: %v", err)
+		}
+	})
+	// Run again: nothing left to write.
+	before = f.head(t)
+	code, out, errOut = f.run(t, "--apply")
+	if code != 0 || f.head(t) != before {
+		t.Errorf("reapply run again: exit %d, records %d to %d\n%s%s", code, before, f.head(t), out, errOut)
+	}
+}
+
+// TestStoreReapplyListsAJoinStateOfAWindowOpenedSince: a bound-keypair
+// token that entered the epoch of a resync window opened since the
+// backup, which the restored store does not know, is not carried (its
+// documents of that epoch would be taken for a second holder's): its
+// agent is listed with a resync window as its way out, and nothing of it
+// is written.
+func TestStoreReapplyListsAJoinStateOfAWindowOpenedSince(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-10 * time.Minute).UTC().Truncate(time.Microsecond)
+	tok := testToken("bot-01", 0, now)
+	tok.JoinMethod = store.JoinMethodBoundKeypair
+	tok.BoundKeypair = &store.BoundKeypair{Spec: store.BoundKeypairSpec{RecoveryLimit: 3, RecoveryMode: store.RecoveryStandard},
+		SecretCiphertext: []byte("sealed"), SecretNonce: []byte("nonce")}
+	join := testJoin("bot-01", "bot-01-a", now)
+	join.Instance.JoinMethod, join.Certificate.JoinMethod = store.JoinMethodBoundKeypair, store.JoinMethodBoundKeypair
+	join.Credential, join.Instance.TokenID, join.Certificate.TokenID = "bot-01", "bot-01", "bot-01"
+	join.Claims = []store.Claim{store.KeyBinding{TokenID: "bot-01", PublicKey: "SHA256:old", UseRegistrationSecret: true},
+		store.Recovery{TokenID: "bot-01", Counted: true}}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		write(t, l, "token.create", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.InsertToken(ctx, tok, b)
+		})
+		if _, err := st.CommitJoin(ctx, join); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.backUp(t)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		// A window opened since, in whose epoch the token was resynced.
+		link, err := l.Builder(audit.Event{Actor: "test", Action: "bound_keypair.resync.open", Target: "epoch", Result: audit.ResultOK})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.OpenResync(ctx, store.ResyncOpen{ID: "ep-1", For: time.Hour, OpenedBy: "test", Reason: "test"},
+			func(store.ResyncEpoch) func(store.AuditHead) (store.AuditRecord, error) { return link.Build }); err != nil {
+			t.Fatal(err)
+		}
+		l.Appended(link)
+		got, err := st.GetToken(ctx, "bot-01")
+		if err != nil {
+			t.Fatal(err)
+		}
+		state := *got.BoundKeypair
+		state.Epoch, state.RecoverySequence = "ep-1", 4
+		write(t, l, "token.resync", "token bot-01", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			return st.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-01", Held: *got.BoundKeypair, State: state}, b)
+		})
+		if _, err := st.CommitRenewal(ctx, testRenewal("bot-01", "bot-01-a", 0, now.Add(time.Minute))); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+	before := f.head(t)
+	code, out, errOut := f.run(t, "--apply", "-o", "json")
+	if code != 0 {
+		t.Fatalf("store reapply: exit %d\n%s%s", code, out, errOut)
+	}
+	var res reapplyResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.NotCarried) != 1 || !strings.Contains(res.NotCarried[0].Why, "its token entered epoch ep-1 since the backup") ||
+		res.NotCarried[0].Command != `muster bound-keypair resync open --for 24h --reason "restored the store from a backup"` {
+		t.Fatalf("not carried: %+v, want bot-01 with its epoch since and a resync window", res.NotCarried)
+	}
+	for _, s := range res.Steps {
+		if strings.Contains(s.What, "bot-01") {
+			t.Errorf("step %+v: want nothing of bot-01 written", s)
+		}
+	}
+	if f.head(t) != before {
+		t.Errorf("records %d to %d appended, want none", before+1, f.head(t))
 	}
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -142,4 +143,58 @@ type BoundKeypairStore interface {
 	// stands; the status is untouched. ErrNotFound if there is no
 	// bound-keypair token with that ID.
 	UpdateBoundKeypairSpec(ctx context.Context, tokenID string, spec BoundKeypairSpec, svidUsage string) (Token, error)
+}
+
+// CarriedJoinState is what store reapply carries of bound-keypair join
+// state from the store a restore replaced to the restored store: a
+// token's status (State) where the restored store holds it behind (Held,
+// as reapply read it), and the join-state keys the restored store lacks,
+// so the documents its agents hold verify. TokenID "" carries keys only.
+type CarriedJoinState struct {
+	TokenID string
+	Held    BoundKeypair
+	State   BoundKeypair
+	Keys    []JoinStateKey
+}
+
+// Check refuses a carry that changes nothing, or moves the token back
+// within its epoch: a lower recovery sequence or count, or the same
+// sequence with nothing else changed. Whether another epoch is ahead only
+// the store knows (its ordinals): the write checks that.
+func (c CarriedJoinState) Check() error {
+	if c.TokenID == "" {
+		if len(c.Keys) == 0 {
+			return errors.New("no token and no join-state key to carry")
+		}
+		return nil
+	}
+	h, s := c.Held, c.State
+	switch {
+	case s.RecoveryCount < h.RecoveryCount:
+		return fmt.Errorf("token %s: recovery count %d, below the %d held", c.TokenID, s.RecoveryCount, h.RecoveryCount)
+	case s.Epoch == "" && h.Epoch != "":
+		return fmt.Errorf("token %s: the initial epoch, before the held epoch %q", c.TokenID, h.Epoch)
+	case s.Epoch != h.Epoch:
+		return nil
+	case s.RecoverySequence < h.RecoverySequence:
+		return fmt.Errorf("token %s: recovery sequence %d, below the %d held", c.TokenID, s.RecoverySequence, h.RecoverySequence)
+	case s.RecoverySequence == h.RecoverySequence && s.BoundPublicKey == h.BoundPublicKey && s.BoundInstanceID == h.BoundInstanceID &&
+		(len(s.SecretCiphertext) > 0 || len(h.SecretCiphertext) == 0) && !s.LastRotatedAt.After(h.LastRotatedAt):
+		return fmt.Errorf("token %s: the join state carried is the one held", c.TokenID)
+	}
+	return nil
+}
+
+// JoinStateCarrier is the write store reapply carries join state with.
+type JoinStateCarrier interface {
+	// CarryJoinState writes c in one transaction with the record audit
+	// builds (store.reapply): the token's status set to c.State (its
+	// registration secret only ever cleared), only while the token's row
+	// is still c.Held (key, bound instance, sequence, count, epoch, last
+	// rotation) and c.State's epoch is Held's or a later one the store
+	// knows; and each of c.Keys inserted unless its ID is there.
+	// ErrNotFound if the token is gone; ErrConflict, nothing written,
+	// when a condition fails or nothing would change. A nil audit is
+	// refused.
+	CarryJoinState(ctx context.Context, c CarriedJoinState, audit func(head AuditHead) (AuditRecord, error)) error
 }

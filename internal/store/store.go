@@ -265,6 +265,7 @@ type Store interface {
 	JoinReader
 	RenewalReader
 	BoundKeypairStore
+	JoinStateCarrier
 	ResyncStore
 	TicketUseStore
 	ReportOutbox

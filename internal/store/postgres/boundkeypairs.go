@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -263,5 +264,79 @@ func (s *Store) ListJoinStateKeys(ctx context.Context) ([]store.JoinStateKey, er
 		err := r.Scan(&k.ID, &k.PublicKey, &k.Ciphertext, &k.Nonce, &created)
 		k.CreatedAt = timeCol(created)
 		return k, err
+	})
+}
+
+// CarryJoinState writes a bound-keypair token's join state and the
+// join-state keys the store kept aside holds, with their record, in one
+// transaction (see store.JoinStateCarrier).
+func (s *Store) CarryJoinState(ctx context.Context, c store.CarriedJoinState, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "carry join state of token " + c.TokenID
+	if c.TokenID == "" {
+		op = "carry join-state keys"
+	}
+	if audit == nil {
+		return fmt.Errorf("postgres: %s: no audit record: join state is never carried unaudited", op)
+	}
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("postgres: %s: %w", op, err)
+	}
+	return s.inPipe(ctx, op, func(p *pipe) error {
+		changed := false
+		if c.TokenID != "" {
+			h, n := c.Held, c.State
+			p.row(`WITH was AS (SELECT recovery_sequence, epoch, bound_public_key FROM bound_keypairs WHERE token_id = $9),
+					moved AS (UPDATE bound_keypairs
+						SET bound_public_key = $1, bound_instance_id = $2, recovery_count = $3, recovery_sequence = $4, epoch = $5,
+							last_recovered_at = $6, last_rotated_at = $7,
+							secret_ciphertext = CASE WHEN $8 THEN NULL ELSE secret_ciphertext END,
+							secret_nonce = CASE WHEN $8 THEN NULL ELSE secret_nonce END
+						WHERE token_id = $9 AND bound_public_key = $10 AND bound_instance_id = $11 AND recovery_count = $12
+							AND recovery_sequence = $13 AND epoch = $14 AND last_rotated_at IS NOT DISTINCT FROM $15
+							AND ($5 = epoch OR EXISTS (SELECT 1 FROM bound_keypair_epochs n WHERE n.id = $5
+								AND n.ordinal > COALESCE((SELECT o.ordinal FROM bound_keypair_epochs o WHERE o.id = bound_keypairs.epoch), 0)))
+						RETURNING 1)
+				SELECT (SELECT recovery_sequence FROM was), (SELECT epoch FROM was), (SELECT bound_public_key FROM was), EXISTS (SELECT 1 FROM moved)`,
+				[]any{n.BoundPublicKey, n.BoundInstanceID, n.RecoveryCount, n.RecoverySequence, n.Epoch,
+					timeArg(n.LastRecoveredAt), timeArg(n.LastRotatedAt), len(n.SecretCiphertext) == 0,
+					c.TokenID, h.BoundPublicKey, h.BoundInstanceID, h.RecoveryCount, h.RecoverySequence, h.Epoch, timeArg(h.LastRotatedAt)},
+				func(row pgx.Row) error {
+					var seq *int64
+					var epoch, key *string
+					var moved bool
+					if err := row.Scan(&seq, &epoch, &key, &moved); err != nil {
+						return wrap(op, err)
+					}
+					switch {
+					case moved:
+						changed = true
+						return nil
+					case seq == nil:
+						return fmt.Errorf("postgres: %s: %w", op, store.ErrNotFound)
+					}
+					return fmt.Errorf("postgres: %s: %w: it binds %s at recovery sequence %d of epoch %q, not as read, or epoch %q is not a later one it knows",
+						op, store.ErrConflict, *key, *seq, *epoch, c.State.Epoch)
+				})
+		}
+		for _, k := range c.Keys {
+			p.exec(`INSERT INTO join_state_keys (id, public_key, ciphertext, nonce, created_at)
+				VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING`, []any{k.ID, k.PublicKey, k.Ciphertext, k.Nonce, timeArg(k.CreatedAt)},
+				func(tag pgconn.CommandTag, err error) error {
+					if err != nil {
+						return wrap(op+": join-state key "+k.ID, err)
+					}
+					if tag.RowsAffected() > 0 {
+						changed = true
+					}
+					return nil
+				})
+		}
+		if err := p.send(ctx); err != nil {
+			return err
+		}
+		if !changed {
+			return fmt.Errorf("postgres: %s: %w: the store holds every key already", op, store.ErrConflict)
+		}
+		return commitAudited(ctx, p, audit, op)
 	})
 }

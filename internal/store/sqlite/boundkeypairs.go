@@ -276,3 +276,75 @@ func (s *SQLite) ListJoinStateKeys(ctx context.Context) ([]store.JoinStateKey, e
 		return k, err
 	})
 }
+
+// CarryJoinState writes a bound-keypair token's join state and the
+// join-state keys the store kept aside holds, with their record, in one
+// transaction (see store.JoinStateCarrier).
+func (s *SQLite) CarryJoinState(ctx context.Context, c store.CarriedJoinState, audit func(store.AuditHead) (store.AuditRecord, error)) error {
+	op := "carry join state of token " + c.TokenID
+	if c.TokenID == "" {
+		op = "carry join-state keys"
+	}
+	if audit == nil {
+		return fmt.Errorf("sqlite: %s: no audit record: join state is never carried unaudited", op)
+	}
+	if err := c.Check(); err != nil {
+		return fmt.Errorf("sqlite: %s: %w", op, err)
+	}
+	return s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		changed := false
+		if c.TokenID != "" {
+			h, n := c.Held, c.State
+			dropSecret := 0
+			if len(n.SecretCiphertext) == 0 {
+				dropSecret = 1
+			}
+			res, err := tx.ExecContext(ctx, `UPDATE bound_keypairs
+				SET bound_public_key = ?1, bound_instance_id = ?2, recovery_count = ?3, recovery_sequence = ?4, epoch = ?5,
+					last_recovered_at = ?6, last_rotated_at = ?7,
+					secret_ciphertext = CASE WHEN ?8 THEN NULL ELSE secret_ciphertext END,
+					secret_nonce = CASE WHEN ?8 THEN NULL ELSE secret_nonce END
+				WHERE token_id = ?9 AND bound_public_key = ?10 AND bound_instance_id = ?11 AND recovery_count = ?12
+					AND recovery_sequence = ?13 AND epoch = ?14 AND last_rotated_at IS ?15
+					AND (?5 = epoch OR EXISTS (SELECT 1 FROM bound_keypair_epochs n WHERE n.id = ?5
+						AND n.ordinal > COALESCE((SELECT o.ordinal FROM bound_keypair_epochs o WHERE o.id = bound_keypairs.epoch), 0)))`,
+				n.BoundPublicKey, n.BoundInstanceID, n.RecoveryCount, n.RecoverySequence, n.Epoch,
+				timeArg(n.LastRecoveredAt), timeArg(n.LastRotatedAt), dropSecret,
+				c.TokenID, h.BoundPublicKey, h.BoundInstanceID, h.RecoveryCount, h.RecoverySequence, h.Epoch, timeArg(h.LastRotatedAt))
+			if err != nil {
+				return wrap(op, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return wrap(op, err)
+			} else if n == 0 {
+				var seq int64
+				var epoch, key string
+				err := tx.QueryRowContext(ctx, `SELECT recovery_sequence, epoch, bound_public_key FROM bound_keypairs WHERE token_id = ?`, c.TokenID).Scan(&seq, &epoch, &key)
+				if errors.Is(err, sql.ErrNoRows) {
+					return fmt.Errorf("sqlite: %s: %w", op, store.ErrNotFound)
+				} else if err != nil {
+					return wrap(op, err)
+				}
+				return fmt.Errorf("sqlite: %s: %w: it binds %s at recovery sequence %d of epoch %q, not as read, or epoch %q is not a later one it knows",
+					op, store.ErrConflict, key, seq, epoch, c.State.Epoch)
+			}
+			changed = true
+		}
+		for _, k := range c.Keys {
+			res, err := tx.ExecContext(ctx, `INSERT INTO join_state_keys (id, public_key, ciphertext, nonce, created_at)
+				VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`, k.ID, k.PublicKey, k.Ciphertext, k.Nonce, timeArg(k.CreatedAt))
+			if err != nil {
+				return wrap(op+": join-state key "+k.ID, err)
+			}
+			if n, err := res.RowsAffected(); err != nil {
+				return wrap(op, err)
+			} else if n > 0 {
+				changed = true
+			}
+		}
+		if !changed {
+			return fmt.Errorf("sqlite: %s: %w: the store holds every key already", op, store.ErrConflict)
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
+}

@@ -161,6 +161,92 @@ func carryCases() []testCase {
 			}
 			wantErr(t, "RetireIdentity of an instance held", s.RetireIdentity(ctx, m, link(record("store.reapply"))), store.ErrConflict)
 		}},
+		{"carry join state moves a bound-keypair token forward only while it is as read", func(t *testing.T, ctx context.Context, s store.Store) {
+			insertTokens(t, ctx, s, bkToken("bot-1", "node-1", 5, store.RecoveryStandard), bkToken("bot-2", "node-2", 5, store.RecoveryStandard))
+			if _, err := s.CommitJoin(ctx, bkJoin("bot-1", "node-1", "i1", at(0), register("bot-1", "key-a")...)); err != nil {
+				t.Fatalf("CommitJoin: %v", err)
+			}
+			held := getBK(t, ctx, s, "bot-1")
+			// The store kept aside: the key rotated by a refresh since.
+			rotated := held
+			rotated.BoundPublicKey, rotated.LastRotatedAt = "key-b", at(time.Hour)
+			carry := store.CarriedJoinState{TokenID: "bot-1", Held: held, State: rotated}
+			seq := auditSeq(t, ctx, s)
+			stale := carry
+			stale.Held.BoundPublicKey = "key-x"
+			wantErr(t, "CarryJoinState from a key not bound", s.CarryJoinState(ctx, stale, link(record("store.reapply"))), store.ErrConflict)
+			unknown := carry
+			unknown.State.Epoch, unknown.State.RecoverySequence = "ep-unknown", 7
+			wantErr(t, "CarryJoinState into an epoch the store does not know", s.CarryJoinState(ctx, unknown, link(record("store.reapply"))), store.ErrConflict)
+			back := carry
+			back.State.RecoverySequence = held.RecoverySequence - 1
+			if err := s.CarryJoinState(ctx, back, link(record("store.reapply"))); err == nil {
+				t.Error("CarryJoinState to a lower recovery sequence: no error")
+			}
+			if err := s.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-1", Held: held, State: held}, link(record("store.reapply"))); err == nil {
+				t.Error("CarryJoinState of the join state held: no error")
+			}
+			if err := s.CarryJoinState(ctx, carry, nil); err == nil {
+				t.Error("CarryJoinState without a record: no error")
+			}
+			wantEqual(t, "after the refused carries", getBK(t, ctx, s, "bot-1"), held)
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused carries appended records %d to %d", seq+1, after)
+			}
+
+			mustNil(t, "CarryJoinState", s.CarryJoinState(ctx, carry, link(record("store.reapply"))))
+			wantEqual(t, "the join state carried", getBK(t, ctx, s, "bot-1"), rotated)
+			if after := auditSeq(t, ctx, s); after != seq+1 {
+				t.Errorf("the carry appended records %d to %d, want one", seq+1, after)
+			}
+			// Again from the same read: the token moved on.
+			wantErr(t, "CarryJoinState twice", s.CarryJoinState(ctx, carry, link(record("store.reapply"))), store.ErrConflict)
+
+			// Into a later epoch the store knows: a recovery in a window.
+			_, err := s.OpenResync(ctx, openResync("ep-1", time.Hour), epochLink("bound_keypair.resync.open"))
+			mustNil(t, "OpenResync", err)
+			resynced := rotated
+			resynced.Epoch, resynced.RecoverySequence, resynced.BoundInstanceID, resynced.LastRecoveredAt = "ep-1", 4, "i9", at(2*time.Hour)
+			mustNil(t, "CarryJoinState into a later epoch", s.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-1", Held: rotated, State: resynced}, link(record("store.reapply"))))
+			wantEqual(t, "the join state carried into epoch ep-1", getBK(t, ctx, s, "bot-1"), resynced)
+			// Never back to an epoch before the token's.
+			if err := s.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-1", Held: resynced, State: rotated}, link(record("store.reapply"))); err == nil {
+				t.Error("CarryJoinState back to the initial epoch: no error")
+			}
+
+			// A registration since: the restored secret is cleared, never set.
+			held2 := getBK(t, ctx, s, "bot-2")
+			reg := held2
+			reg.SecretCiphertext, reg.SecretNonce = nil, nil
+			reg.BoundPublicKey, reg.BoundInstanceID, reg.RecoverySequence, reg.RecoveryCount, reg.LastRecoveredAt = "key-c", "i2", 1, 1, at(time.Hour)
+			mustNil(t, "CarryJoinState of a registration", s.CarryJoinState(ctx, store.CarriedJoinState{TokenID: "bot-2", Held: held2, State: reg}, link(record("store.reapply"))))
+			wantEqual(t, "the registration carried", getBK(t, ctx, s, "bot-2"), reg)
+
+			gone := carry
+			gone.TokenID = "bot-gone"
+			wantErr(t, "CarryJoinState of no token", s.CarryJoinState(ctx, gone, link(record("store.reapply"))), store.ErrNotFound)
+		}},
+		{"carry join state inserts the join-state keys the store lacks", func(t *testing.T, ctx context.Context, s store.Store) {
+			old := store.JoinStateKey{ID: "js-old", PublicKey: []byte("pub-old"), Ciphertext: []byte("ct-old"), Nonce: []byte("nonce-old"), CreatedAt: at(0)}
+			mustNil(t, "InsertJoinStateKey", s.InsertJoinStateKey(ctx, old))
+			since := store.JoinStateKey{ID: "js-new", PublicKey: []byte("pub-new"), Ciphertext: []byte("ct-new"), Nonce: []byte("nonce-new"), CreatedAt: at(time.Hour)}
+			seq := auditSeq(t, ctx, s)
+			if err := s.CarryJoinState(ctx, store.CarriedJoinState{}, link(record("store.reapply"))); err == nil {
+				t.Error("CarryJoinState of nothing: no error")
+			}
+			wantErr(t, "CarryJoinState of keys held", s.CarryJoinState(ctx, store.CarriedJoinState{Keys: []store.JoinStateKey{old}}, link(record("store.reapply"))), store.ErrConflict)
+			if after := auditSeq(t, ctx, s); after != seq {
+				t.Errorf("the refused carries appended records %d to %d", seq+1, after)
+			}
+			mustNil(t, "CarryJoinState of a key made since", s.CarryJoinState(ctx, store.CarriedJoinState{Keys: []store.JoinStateKey{old, since}}, link(record("store.reapply"))))
+			ks, err := s.ListJoinStateKeys(ctx)
+			mustNil(t, "ListJoinStateKeys", err)
+			wantEqual(t, "the keys", ks, []store.JoinStateKey{since, old})
+			if after := auditSeq(t, ctx, s); after != seq+1 {
+				t.Errorf("the carry appended records %d to %d, want one", seq+1, after)
+			}
+			wantErr(t, "CarryJoinState of the keys again", s.CarryJoinState(ctx, store.CarriedJoinState{Keys: []store.JoinStateKey{since}}, link(record("store.reapply"))), store.ErrConflict)
+		}},
 		{"carry refuses parts that disagree, and no record", func(t *testing.T, ctx context.Context, s store.Store) {
 			_, held := admit(t, ctx, s, "node-1", "i1", at(0))
 			in, cert := carried(held, 2, at(time.Hour))
