@@ -266,6 +266,16 @@ func (s *Server) breakGlassData() string {
 	return shellword.Quote(string(s.cfg.Dir)) + s.cfg.Dir.ConfigArg(s.cfg.ConfigFile)
 }
 
+// onlineData is the --data value of a command that calls this running
+// authority (not --offline): its directory, quoted, without --config,
+// which such commands refuse; DIR for a server that knows none.
+func (s *Server) onlineData() string {
+	if s.cfg.Dir == "" {
+		return "DIR"
+	}
+	return shellword.Quote(string(s.cfg.Dir))
+}
+
 // denyUnknown audits the refusal of an unrecorded operator identity and
 // returns it with the reason word an agent's gets (certificate_unknown),
 // the message telling the way out.

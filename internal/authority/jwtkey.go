@@ -152,7 +152,7 @@ func (s *Server) jwtSaltWayOut(iss *jwtsvid.Issuer) string {
 		next = next || v == iss.Version()+1
 	}
 	what := fmt.Sprintf("the store's salt of JWT-SVID key version(s) %v is not lowercase hexadecimal (a damaged or hand-edited jwt_svid_key row), and no key is derived from it: those keys are not published", iss.Damaged())
-	rotate := "`muster ca rotate jwt --data " + s.breakGlassData() + "`"
+	rotate := "`muster ca rotate jwt --data " + s.onlineData() + "`"
 	switch {
 	case cur && next:
 		return what + fmt.Sprintf(", and version %d signs no JWT-SVID (refused) nor will %d: run %s twice, 6 minutes apart (each is refused within 6 minutes of the last rotation and says when to run it again); the key of the version after is drawn anew", iss.Version(), iss.Version()+1, rotate)

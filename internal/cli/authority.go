@@ -901,9 +901,11 @@ func runAuthority(ctx context.Context, env *Env, o authorityOptions) (err error)
 	if token != nil {
 		defer token.Close()
 		// A key gone from the token names the commands that replace
-		// it, with this authority's directory, to run pasted.
+		// it, with this authority's directory, to run pasted. Not
+		// --config: those commands call the running authority, and
+		// refuse it without --offline.
 		od := offlineDir{dir: dir, configPath: o.configPath}
-		token.NameDataDir(od.quoted() + od.configArg())
+		token.NameDataDir(od.quoted())
 	}
 	srv, err := authority.New(authority.Config{
 		Dir: dir, ConfigFile: o.configPath, Info: info, CA: h, Store: st, Audit: logger, StorageKey: sk, Token: token,

@@ -51,7 +51,7 @@ type Token struct {
 	// module is the library's path, for the commands an operator is
 	// told to run against the token (DeleteCommands).
 	module string
-	// dataArgs is the --data value (and --config FILE) of the authority
+	// dataArgs is the --data value of the authority
 	// whose keys the token holds (NameDataDir), for the commands a
 	// missing key's error names: DIR until told.
 	dataArgs string
@@ -382,7 +382,7 @@ func (t *Token) drainIdle() {
 	}
 }
 
-// NameDataDir tells t the --data value (and " --config FILE") of the
+// NameDataDir tells t the --data value of the
 // authority whose keys it holds, quoted for the shell, so that the
 // commands its errors name run pasted on that authority's machine.
 // Call it before the token is used.
@@ -653,8 +653,8 @@ func (c *PKCS11) Signer(ctx context.Context, name string, k Key) (crypto.Signer,
 }
 
 // successorCommands is the way out of a key gone from the token with the
-// running authority that signs with it (data: its --data value, and
-// --config): a successor made in the token and activated, the commands
+// running authority that signs with it (data: its --data value; not
+// --config, which these online commands refuse): a successor made in the token and activated, the commands
 // named for the key the object label is of (muster-ca/ROLE/SERIAL: that
 // intermediate's role; muster-signer/vN: the task signer), with the data
 // directory, so that they run pasted.

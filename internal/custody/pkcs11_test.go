@@ -519,8 +519,8 @@ func TestPKCS11RemovedTokenLookupIsUnavailableNotErrKey(t *testing.T) {
 func TestPKCS11DeletedObjectNamesPasteableSuccessors(t *testing.T) {
 	ctx := context.Background()
 	tk, tok := openToken(t, 0)
-	tk.NameDataDir("'/var/lib/muster/my authority' --config /etc/muster/authority.yaml")
-	const data = "--data '/var/lib/muster/my authority' --config /etc/muster/authority.yaml"
+	tk.NameDataDir("'/var/lib/muster/my authority'")
+	const data = "--data '/var/lib/muster/my authority'"
 	for _, tc := range []struct {
 		prefix, name string
 		want         []string
