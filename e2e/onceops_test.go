@@ -78,6 +78,26 @@ func TestOperatorStepsTakenOnceAcrossReplicas(t *testing.T) {
 		t.Fatalf("signers after a refused retire: %v; want v1 in grace and v2 active", got)
 	}
 
+	// Signer revoke on a stale listing: the operator saw v2 active and v3
+	// staged; another rolled v3 back and staged v4 since. Revoking v2 now
+	// would activate v4, which they never saw: refused, nothing moves.
+	mustRun(t, at(0, "signer", "stage", "--effective-in", "30m")...)
+	_, l3 := listSigners(t, rs[0].dir)
+	mustRun(t, at(1, "signer", "rollback")...)
+	mustRun(t, at(1, "signer", "stage", "--effective-in", "30m")...)
+	r = muster(t, nil, at(0, "signer", "revoke", v2, "--verifier-set-version", strconv.FormatInt(l3.VerifierSetVersion, 10))...)
+	if r.code == 0 || !strings.Contains(r.stderr, "ABORTED") || !strings.Contains(r.stderr, "muster signer list") || !strings.Contains(r.stderr, "muster signer revoke "+v2) {
+		t.Fatalf("signer revoke on a stale listing: %+v; want ABORTED naming muster signer list and muster signer revoke %s", r, v2)
+	}
+	if got := byNumber(m1(listSigners(t, rs[1].dir))); got["v2"] != "active" || got["v4"] != "staged" {
+		t.Fatalf("signers after a refused revoke: %v; want v2 active and v4 staged", got)
+	}
+	// Revoked on a fresh listing (the CLI reads it), v4 takes over.
+	mustRun(t, at(0, "signer", "revoke", v2)...)
+	if got := byNumber(m1(listSigners(t, rs[1].dir))); got["v2"] != "revoked" || got["v4"] != "active" {
+		t.Fatalf("signers after the revoke: %v; want v2 revoked and v4 active", got)
+	}
+
 	// Root next-phase: both saw phase init.
 	mustRun(t, at(1, "ca", "root", "rotate")...)
 	both("ca root next-phase", "muster ca root status", "ca", "root", "next-phase", "--from", "init")

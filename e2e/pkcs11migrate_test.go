@@ -101,6 +101,12 @@ func TestPKCS11MigrateCustody(t *testing.T) {
 			t.Errorf("migrate-custody's output lacks %q:\n%s", want, out)
 		}
 	}
+	// So do the steps' own lines (each key's next step).
+	for _, want := range []string{"or run `muster signer activate --data " + dir + "` once", "or run `muster ca rotate agent --activate --data " + dir + "` once"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("migrate-custody's step lines lack %q:\n%s", want, out)
+		}
+	}
 	if n := len(regexp.MustCompile(`(?m)^  \S+ +(prepared|staged) `).FindAllString(out, -1)); n != 5 {
 		t.Errorf("migrate-custody prepared or staged %d keys, want 4 intermediates and a signer:\n%s", n, out)
 	}

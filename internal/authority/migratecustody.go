@@ -11,6 +11,7 @@ import (
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/custody"
 	"github.com/muster-dev/muster/internal/seal"
+	"github.com/muster-dev/muster/internal/shellword"
 	"github.com/muster-dev/muster/internal/signer"
 	"github.com/muster-dev/muster/internal/store"
 )
@@ -46,6 +47,20 @@ type CustodyMigration struct {
 	// SignerMinLead is signer.min_lead_time; SignerEffectiveIn and
 	// SignerGrace the staged signer's times (at least the lead time).
 	SignerMinLead, SignerEffectiveIn, SignerGrace time.Duration
+	// DataDir is the data directory as the operator named it: the
+	// online commands the steps name (muster signer activate, …) carry
+	// it as --data, so that pasted on this host they reach this
+	// authority with its operator identity, not ./muster-data's.
+	DataDir string
+}
+
+// online is the online command cmd as a step names it: in backquotes,
+// with --data naming the migration's data directory, shell-quoted.
+func (m CustodyMigration) online(cmd string) string {
+	if m.DataDir == "" {
+		return "`" + cmd + "`"
+	}
+	return "`" + cmd + " --data " + shellword.Quote(m.DataDir) + "`"
 }
 
 // MigrationStep is what the migration did, or found done, for one key.
@@ -200,7 +215,7 @@ func migrateCustody(ctx context.Context, m CustodyMigration) (CustodyMigrationRe
 // leader's clock came first) is discarded for it: it signed nothing.
 func migrateIntermediate(ctx context.Context, m CustodyMigration, c custody.Custody, set *ca.RootSet, role ca.Role) (MigrationStep, error) {
 	step := MigrationStep{Key: "ca/" + string(role)}
-	activate := fmt.Sprintf("the leader activates it at two thirds of the active one's life, or run `muster ca rotate %s --activate` once it has been published for %s (every replica restarted with the token)", role, caPublishWindow)
+	activate := fmt.Sprintf("the leader activates it at two thirds of the active one's life, or run %s once it has been published for %s (every replica restarted with the token)", m.online("muster ca rotate "+string(role)+" --activate"), caPublishWindow)
 	for attempt := 0; ; attempt++ {
 		rows, err := m.Store.ListCACerts(ctx)
 		if err != nil {
@@ -220,7 +235,7 @@ func migrateIntermediate(ctx context.Context, m CustodyMigration, c custody.Cust
 			return step, nil
 		case set.SigningKey == nil:
 			step.Done = "skipped"
-			step.Next = fmt.Sprintf("the root key is not here: once every replica runs with the token, `muster ca rotate %s --root-key FILE` prepares it with its key in the token", role)
+			step.Next = fmt.Sprintf("the root key is not here: once every replica runs with the token, %s prepares it with its key in the token", m.online("muster ca rotate "+string(role)+" --root-key FILE"))
 			return step, nil
 		}
 		if attempt == 3 {
@@ -293,11 +308,11 @@ func migrateSigner(ctx context.Context, m CustodyMigration) (MigrationStep, erro
 		return step, nil
 	case inToken(staged):
 		step.Done, step.Version, step.Where = "already", staged.VersionID, snap.KeyCustody(staged.VersionID)
-		step.Next = "staged in the token: it activates at " + staged.EffectiveAt.UTC().Format(time.RFC3339) + ", or run `muster signer activate` (every replica restarted with the token)"
+		step.Next = "staged in the token: it activates at " + staged.EffectiveAt.UTC().Format(time.RFC3339) + ", or run " + m.online("muster signer activate") + " (every replica restarted with the token)"
 		return step, nil
 	case staged != nil:
 		step.Done, step.Version = "skipped", staged.VersionID
-		step.Next = "signer " + staged.VersionID + " (sealed) is staged: let it activate (or `muster signer activate`), or `muster signer rollback` it, then run this again to stage one in the token"
+		step.Next = "signer " + staged.VersionID + " (sealed) is staged: let it activate (or " + m.online("muster signer activate") + "), or " + m.online("muster signer rollback") + " it, then run this again to stage one in the token"
 		return step, nil
 	}
 	eff := max(m.SignerEffectiveIn, k.MinLeadTime())
@@ -314,7 +329,7 @@ func migrateSigner(ctx context.Context, m CustodyMigration) (MigrationStep, erro
 		return step, err
 	}
 	step.Done, step.Version, step.Where = "staged", s.VersionID, after.KeyCustody(s.VersionID)
-	step.Next = "it activates at " + s.EffectiveAt.UTC().Format(time.RFC3339) + ", or run `muster signer activate` once every replica runs with the token"
+	step.Next = "it activates at " + s.EffectiveAt.UTC().Format(time.RFC3339) + ", or run " + m.online("muster signer activate") + " once every replica runs with the token"
 	return step, nil
 }
 

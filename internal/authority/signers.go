@@ -232,10 +232,14 @@ func seenOf(versionID string, setVersion int64) (signer.Seen, error) {
 }
 
 func (a *adminService) RevokeSigner(ctx context.Context, req *musterv1.RevokeSignerRequest) (*musterv1.SignerChangeResponse, error) {
-	if err := signer.ValidVersionID(req.VersionId); err != nil {
+	if err := signer.ValidVersionID(req.GetVersionId()); err != nil {
 		return a.malformedStep(ctx, signer.ActRevoke, "", badRequest(err.Error()))
 	}
-	res, err := a.s.signers.Revoke(ctx, actor(ctx), req.VersionId)
+	seen, err := seenOf(req.GetVersionId(), req.GetVerifierSetVersion())
+	if err != nil {
+		return a.malformedStep(ctx, signer.ActRevoke, "", err)
+	}
+	res, err := a.s.signers.RevokeSeen(ctx, actor(ctx), seen)
 	return a.signerStep(ctx, res, err)
 }
 

@@ -175,7 +175,7 @@ func migrateCustody(cmd *cobra.Command, od offlineDir, storeURL, uri, module, pi
 		return authority.CustodyMigrationResult{}, false, err
 	}
 	m.Store, m.CA, m.StorageKey, m.Audit = st, d.ca, d.sk, logger
-	m.URI, m.AuthorityID, m.Actor = uri, d.info.AuthorityID, migrateActor
+	m.URI, m.AuthorityID, m.Actor, m.DataDir = uri, d.info.AuthorityID, migrateActor, string(dir)
 	// The URI, module and PIN file are checked, and the token opened, as
 	// muster init does it; a refusal is audited like the migration.
 	// The audit record names the token as parsed: a URI refused for

@@ -41,10 +41,13 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
 				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
 			}),
-		newSignerStepCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
-			"  muster signer revoke v2", cobra.ExactArgs(1),
-			func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
-				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: args[0]})
+		// Revoking the active signer activates the staged one: the set
+		// version says which staged one the operator saw.
+		newSignerSeenCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
+			"  muster signer revoke v2\n  muster signer revoke v2 --verifier-set-version 12 -o json",
+			nil,
+			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
+				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
 			}),
 		// A rollback moves the staged signer (discarding it), else the
 		// active one (back to staged), as PlanRollback picks it.
@@ -58,7 +61,7 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 	return cmd
 }
 
-// newSignerSeenCmd is muster signer activate, retire or rollback. Each
+// newSignerSeenCmd is muster signer activate, retire, rollback or revoke. Each
 // says which signer it means and on which verifier set version, as the
 // operator read them (or as a script names them, from muster signer list
 // -o json), so that a step racing another (a second operator, a retry
@@ -66,10 +69,15 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 // followed by a new stage) is refused instead of moving a signer the
 // operator did not see. Unnamed, both are read just before from the
 // listing: the signer the step moves is the first found in one of states.
+// A step with no states (revoke) must name its signer.
 func newSignerSeenCmd(env *Env, use, short, example string, states []signer.State, call func(context.Context, *adminClient, signer.Seen) (*musterv1.SignerChangeResponse, error)) *cobra.Command {
 	var setVersion int64
 	verb := strings.Fields(use)[0]
-	cmd := newSignerStepCmd(env, use, short, example, cobra.MaximumNArgs(1),
+	args := cobra.MaximumNArgs(1)
+	if len(states) == 0 {
+		args = cobra.ExactArgs(1)
+	}
+	cmd := newSignerStepCmd(env, use, short, example, args,
 		func(ctx context.Context, c *adminClient, args []string) (*musterv1.SignerChangeResponse, error) {
 			seen := signer.Seen{SetVersion: setVersion}
 			if len(args) == 1 {

@@ -661,9 +661,25 @@ func (k *Keeper) RetireSeen(ctx context.Context, who Actor, seen Seen) (Result, 
 	})
 }
 
-// Revoke revokes one signer now.
+// Revoke revokes one signer now, on whatever set is current.
 func (k *Keeper) Revoke(ctx context.Context, who Actor, versionID string) (Result, error) {
-	return k.step(ctx, who, ActRevoke, versionID, func(s Snapshot) ([]Change, error) { return PlanRevoke(s.Signers, versionID, s.Now) })
+	return k.RevokeSeen(ctx, who, Seen{VersionID: versionID})
+}
+
+// RevokeSeen revokes the signer seen.VersionID now if the set is still the
+// one the operator saw (seenStep): revoking the active signer also
+// activates the staged one, which must not be one staged since (after the
+// one they saw was activated or rolled back), unseen and perhaps not yet
+// held by every agent.
+func (k *Keeper) RevokeSeen(ctx context.Context, who Actor, seen Seen) (Result, error) {
+	return k.seenStep(ctx, who, ActRevoke, seen, func(s Snapshot) ([]Change, Change, error) {
+		changes, err := PlanRevoke(s.Signers, seen.VersionID, s.Now)
+		if err != nil {
+			return nil, Change{}, err
+		}
+		// The first change is the revoked signer, the one named.
+		return changes, changes[0], nil
+	})
 }
 
 // Rollback undoes the rotation in progress (PlanRollback), whichever it is.
@@ -702,7 +718,7 @@ func (k *Keeper) RollbackSeen(ctx context.Context, who Actor, seen Seen) (Result
 	})
 }
 
-// seenStep takes an operator's step (activate, retire, rollback) if it is
+// seenStep takes an operator's step (activate, retire, rollback, revoke) if it is
 // the one they saw: the set version still seen.SetVersion and the signer
 // it moves seen.VersionID (each checked when set). The check reads the
 // same snapshot the write is conditional on (apply writes only if the set
@@ -713,6 +729,7 @@ func (k *Keeper) seenStep(ctx context.Context, who Actor, a Action, seen Seen, p
 		ActActivate: "run `muster signer list`, then `muster signer activate` again if it is still wanted",
 		ActRetire:   "run `muster signer list`, then `muster signer retire` again if it is still wanted",
 		ActRollback: "run `muster signer list`, then `muster signer rollback` again if it is still wanted",
+		ActRevoke:   fmt.Sprintf("run `muster signer list`, then `muster signer revoke %s` again if it is still wanted", seen.VersionID),
 	}[a]
 	return k.step(ctx, who, a, seen.VersionID, func(s Snapshot) ([]Change, error) {
 		if seen.SetVersion != 0 && s.Version() != seen.SetVersion {

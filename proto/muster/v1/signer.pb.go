@@ -425,11 +425,20 @@ func (x *RetireSignerRequest) GetVerifierSetVersion() int64 {
 	return 0
 }
 
+// RevokeSignerRequest names the signer to revoke. Revoking the active
+// signer also activates the staged one, which the operator may not have
+// seen (staged a moment ago by another operator, after the one they saw
+// was activated or rolled back): verifier_set_version says which set they
+// read, so such a revoke is refused instead. Unset (an older CLI) revokes
+// on whatever set is current, as before.
 type RevokeSignerRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VersionId     string                 `protobuf:"bytes,1,opt,name=version_id,json=versionId,proto3" json:"version_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	VersionId string                 `protobuf:"bytes,1,opt,name=version_id,json=versionId,proto3" json:"version_id,omitempty"`
+	// verifier_set_version is the version ListSigners showed; the step is
+	// written only if it has not moved (ABORTED otherwise).
+	VerifierSetVersion int64 `protobuf:"varint,2,opt,name=verifier_set_version,json=verifierSetVersion,proto3" json:"verifier_set_version,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *RevokeSignerRequest) Reset() {
@@ -467,6 +476,13 @@ func (x *RevokeSignerRequest) GetVersionId() string {
 		return x.VersionId
 	}
 	return ""
+}
+
+func (x *RevokeSignerRequest) GetVerifierSetVersion() int64 {
+	if x != nil {
+		return x.VerifierSetVersion
+	}
+	return 0
 }
 
 // RollbackSignerRequest says which rotation the operator means to undo, as
@@ -896,10 +912,11 @@ const file_muster_v1_signer_proto_rawDesc = "" +
 	"\x13RetireSignerRequest\x12\x1d\n" +
 	"\n" +
 	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
-	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"4\n" +
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"f\n" +
 	"\x13RevokeSignerRequest\x12\x1d\n" +
 	"\n" +
-	"version_id\x18\x01 \x01(\tR\tversionId\"h\n" +
+	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
+	"\x14verifier_set_version\x18\x02 \x01(\x03R\x12verifierSetVersion\"h\n" +
 	"\x15RollbackSignerRequest\x12\x1d\n" +
 	"\n" +
 	"version_id\x18\x01 \x01(\tR\tversionId\x120\n" +
