@@ -170,11 +170,11 @@ func (r JoinRequest) checkBound() error {
 	case r.CAFingerprint == "":
 		return errors.New("a bound-keypair join needs the CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, or a muster+bound-keypair:// URI): the key signs a challenge only for an authority whose root has that key")
 	}
-	if err := spiffeid.ValidNodeID(r.BoundKeypair); err != nil {
-		return fmt.Errorf("bound-keypair token name: %w", err)
+	if err := spiffeid.NameError("bound-keypair token", "bound-keypair token", r.BoundKeypair); err != nil {
+		return err
 	}
-	if err := spiffeid.ValidNodeID(r.Node); err != nil {
-		return fmt.Errorf("node ID: %w", err)
+	if err := spiffeid.NameError("node", "node", r.Node); err != nil {
+		return err
 	}
 	if r.Discovery != "" {
 		if _, _, err := net.SplitHostPort(r.Discovery); err != nil {

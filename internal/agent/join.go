@@ -82,8 +82,8 @@ func (r JoinRequest) check() error {
 	case !r.PSK.IsZero() && r.CAFingerprint == "":
 		return errors.New("a bootstrap PSK join needs the CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, or a muster+psk:// URI): the PSK is sent only to an authority whose root has that key")
 	}
-	if err := spiffeid.ValidNodeID(r.Node); err != nil {
-		return fmt.Errorf("node ID: %w", err)
+	if err := spiffeid.NameError("node", "node", r.Node); err != nil {
+		return err
 	}
 	if _, _, err := net.SplitHostPort(r.Authority); err != nil || r.Authority == "" {
 		return fmt.Errorf("authority address %q: want HOST:PORT", r.Authority)
@@ -108,8 +108,8 @@ func (r JoinRequest) checkDiscovery() error {
 	case r.CAFingerprint == "":
 		return errors.New("a join through discovery needs the authority's CA fingerprint (--ca-fingerprint sha256:…, MUSTER_CA_FINGERPRINT, fingerprint= in the joining URI): discovery's word alone is not trusted")
 	}
-	if err := spiffeid.ValidNodeID(r.Node); err != nil {
-		return fmt.Errorf("node ID: %w", err)
+	if err := spiffeid.NameError("node", "node", r.Node); err != nil {
+		return err
 	}
 	if _, _, err := net.SplitHostPort(r.Discovery); err != nil {
 		return fmt.Errorf("discovery address %q: want HOST:PORT", r.Discovery)

@@ -514,9 +514,19 @@ func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
 		"%s intermediate, is none the authority holds (its store was restored from a backup taken before that intermediate " +
 		"was prepared, or the intermediate was retired)"
 	if id.Role == spiffeid.RoleAdmin {
-		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is (docs/high-availability.md, \"Backup and restore\")", role, s.breakGlassBin(), id.Name, s.breakGlassData())
+		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is (%s)", role, s.breakGlassBin(), id.Name, s.breakGlassData(), restoreSection(s.store.Replicated()))
 	}
-	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (docs/high-availability.md, \"Backup and restore\")", role, id.Name, id.Name)
+	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (%s)", role, id.Name, id.Name, restoreSection(s.store.Replicated()))
+}
+
+// restoreSection names the docs section on restoring the store in use:
+// the operator guide's for SQLite, high-availability's for PostgreSQL
+// (replicated), whose pg_restore an operator on SQLite has no use for.
+func restoreSection(replicated bool) string {
+	if replicated {
+		return `docs/high-availability.md, "Backup and restore"`
+	}
+	return `docs/operator-guide.md, "Backing up and restoring the SQLite store"`
 }
 
 // unheldIssuerRefusal begins unheldIssuerReason's refusals, which carry

@@ -32,16 +32,16 @@ type Spec struct {
 // Check returns an error naming the first field that is not acceptable,
 // and the initial key in canonical form.
 func (s Spec) Check() (PublicKey, error) {
-	if err := spiffeid.ValidNodeID(s.Name); err != nil {
-		return PublicKey{}, fmt.Errorf("metadata.name: %w", err)
+	if err := spiffeid.NameError("metadata.name", "bound-keypair token", s.Name); err != nil {
+		return PublicKey{}, err
 	}
 	// A name of a join token's form (ID.SECRET) would make a pasted join
 	// token look like a token name, which the authority may audit or echo.
 	if jointoken.LooksLike(s.Name) {
 		return PublicKey{}, errors.New("metadata.name: has the form of a join token (ID.SECRET); choose another name")
 	}
-	if err := spiffeid.ValidNodeID(s.Node); err != nil {
-		return PublicKey{}, fmt.Errorf("spec.node: %w", err)
+	if err := spiffeid.NameError("spec.node", "node", s.Node); err != nil {
+		return PublicKey{}, err
 	}
 	switch {
 	case !ValidMode(s.RecoveryMode):

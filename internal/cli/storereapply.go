@@ -70,7 +70,9 @@ bound-keypair token's join state (bound key, recovery sequence and count,
 epoch) is carried with its agent's identity, only forward, with the
 join-state keys made since: its agent refreshes with the key it holds
 now, and a key it rotated away binds no more. One of a resync window
-opened since the backup is listed, with the window as its way out.
+opened since the backup is listed, with the window as its way out. --apply
+also marks closed the agent streams the restored store holds as
+connected: the backup's, none live while reapply runs.
 
 Without --apply it prints the plan and changes nothing. What the audit
 cannot re-apply (a PSK rotation: the new PSK is in no record; operator
@@ -141,6 +143,11 @@ type reapplyResult struct {
 	Failed string `json:"failed,omitempty"`
 	// List is the command that lists every record the restore undid.
 	List string `json:"list"`
+	// StreamsClosed, with --apply, is how many stream rows of the
+	// restored store marked connected were marked closed (record
+	// StreamsSeq).
+	StreamsClosed int64 `json:"streams_closed,omitempty"`
+	StreamsSeq    int64 `json:"streams_seq,omitempty"`
 }
 
 // reapplyStep is one change: Seq and Action are the record of the store
@@ -196,6 +203,13 @@ func (r *reapplyResult) print(w io.Writer) {
 		}
 	}
 	printNotCarried(w, r.NotCarried)
+	if r.StreamsClosed > 0 {
+		streams := fmt.Sprintf("the %d agent streams", r.StreamsClosed)
+		if r.StreamsClosed == 1 {
+			streams = "the agent stream"
+		}
+		fmt.Fprintf(w, "Marked closed %s the restored store held as connected, from before the backup (record %d): agents list shows them disconnected until their agents connect again.\n", streams, r.StreamsSeq)
+	}
 	if r.Before != "" {
 		fmt.Fprintln(w, "Before --apply: "+r.Before)
 	}
@@ -342,7 +356,41 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 			s.Result, s.ReapplySeq = "applied", rec.Seq
 		}
 	}
+	if err := closeRestoredStreams(ctx, st, logger, res); err != nil {
+		return nil, err
+	}
 	return res, nil
+}
+
+// closeRestoredStreams marks closed the stream rows the restored store
+// holds marked connected: the backup's, of streams that ended with the
+// authorities it was taken from. Left, agents list and show would give
+// each as connected via its old address until streamStaleAfter (2
+// minutes) past its last heartbeat in the backup. None is live: no
+// authority serves while reapply runs (keepAuthoritiesOut), and an agent
+// that connects once one starts writes its row anew.
+func closeRestoredStreams(ctx context.Context, st store.Store, logger *audit.Logger, res *reapplyResult) error {
+	link, err := logger.Builder(audit.Event{Actor: reapplyActor, Action: reapplyAction, Target: "agent streams", Result: audit.ResultOK,
+		Reason: "marks closed the agent streams the restored store holds as connected: the backup's, which ended with the authorities it was taken from (none serves while store reapply runs)"})
+	if err != nil {
+		return err
+	}
+	var rec store.AuditRecord
+	n, err := st.CloseRestoredStreams(ctx, func(h store.AuditHead) (store.AuditRecord, error) {
+		r, err := link.Build(h)
+		rec = r
+		return r, err
+	})
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return nil // none marked connected: nothing written
+	case err != nil:
+		res.Failed = fmt.Sprintf("marking closed the agent streams the restored store holds as connected: %v; nothing of it was written: run the command again", err)
+		return nil
+	}
+	logger.Appended(link)
+	res.StreamsClosed, res.StreamsSeq = n, rec.Seq
+	return nil
 }
 
 // keepAuthoritiesOut takes what an authority serving on d's store holds

@@ -88,8 +88,8 @@ func Init(ctx context.Context, o InitOptions) (_ InitResult, err error) {
 	if o.OperatorName == "" {
 		o.OperatorName = "admin"
 	}
-	if err := spiffeid.ValidNodeID(o.OperatorName); err != nil {
-		return InitResult{}, fmt.Errorf("datadir: operator name: %w", err)
+	if err := spiffeid.NameError("--operator", "operator", o.OperatorName); err != nil {
+		return InitResult{}, fmt.Errorf("datadir: %w", err)
 	}
 	if o.TrustDomain != "" {
 		if err := spiffeid.ValidTrustDomain(o.TrustDomain); err != nil {

@@ -233,8 +233,8 @@ func (p *Policy) Admit(source netip.Addr, nodeID string) error {
 			return &Denial{DenySource, fmt.Sprintf("source %s is not in the authority's allowed CIDRs", source)}
 		}
 	}
-	if err := spiffeid.ValidNodeID(nodeID); err != nil {
-		return &Denial{DenyInvalid, "node ID: " + err.Error()}
+	if err := spiffeid.NameError("node ID", "node", nodeID); err != nil {
+		return &Denial{DenyInvalid, err.Error()}
 	}
 	if p.nodeRE != nil && !p.nodeRE.MatchString(nodeID) {
 		return &Denial{DenyNodeID, fmt.Sprintf("node ID %q does not match the authority's node ID pattern", nodeID)}

@@ -48,8 +48,8 @@ func (r JoinReport) Sign(key crypto.Signer) ([]byte, error) {
 // Verify checks the report's fields and its signature by the policy
 // signing certificate registered for the authority.
 func (r JoinReport) Verify(policyCert *x509.Certificate, sig []byte) error {
-	if err := spiffeid.ValidNodeID(r.NodeID); err != nil {
-		return errors.New("discovery: join report: node ID: " + err.Error())
+	if err := spiffeid.NameError("node ID", "node", r.NodeID); err != nil {
+		return errors.New("discovery: join report: " + err.Error())
 	}
 	if r.InstanceID == "" || len(r.InstanceID) > 64 || len(r.TicketID) > 128 {
 		return errors.New("discovery: join report: instance_id is required (at most 64 characters), ticket_id at most 128")

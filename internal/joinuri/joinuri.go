@@ -108,8 +108,8 @@ func Parse(s string) (URI, error) {
 			return URI{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
 	case MethodBoundKeypair:
-		if err := spiffeid.ValidNodeID(name); err != nil {
-			return URI{}, invalid("bound-keypair token name: %v", err)
+		if err := spiffeid.NameError("bound-keypair token", "bound-keypair token", name); err != nil {
+			return URI{}, invalid("%v", err)
 		}
 		out.KeypairName, out.KeypairSecret = name, secret
 		if hasSecret && secret == "" {
@@ -131,13 +131,13 @@ func Parse(s string) (URI, error) {
 				return URI{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 			}
 		case "node":
-			if err := spiffeid.ValidNodeID(v[0]); err != nil {
-				return URI{}, invalid("node: %v", err)
+			if err := spiffeid.NameError("node", "node", v[0]); err != nil {
+				return URI{}, invalid("%v", err)
 			}
 			out.Node = v[0]
 		case "authority_id":
-			if err := spiffeid.ValidNodeID(v[0]); err != nil {
-				return URI{}, invalid("authority_id: %v", err)
+			if err := spiffeid.NameError("authority_id", "authority", v[0]); err != nil {
+				return URI{}, invalid("%v", err)
 			}
 			out.AuthorityID = v[0]
 		case "discovery_fingerprint":

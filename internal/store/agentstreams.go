@@ -69,6 +69,14 @@ type AgentStreamStore interface {
 	// reconnected, perhaps to another replica) is left alone; so is a
 	// missing row.
 	CloseAgentStream(ctx context.Context, nodeID string, connectedAt, lastSeen time.Time) error
+	// CloseRestoredStreams marks closed every row still marked connected,
+	// their last-seen times left as they are, with the audit record audit
+	// builds, in one transaction, and returns how many it marked: store
+	// reapply's, which runs with every authority kept out, so no such row
+	// is of a live stream (they are a backup's, of streams ended with the
+	// authorities it was taken from). ErrNotFound, and nothing written,
+	// if no row is marked connected.
+	CloseRestoredStreams(ctx context.Context, audit func(AuditHead) (AuditRecord, error)) (int64, error)
 	// GetAgentStream returns a node's stream row; ErrNotFound if the agent
 	// never connected.
 	GetAgentStream(ctx context.Context, nodeID string) (AgentStream, error)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/muster-dev/muster/internal/store"
 )
 
@@ -108,6 +110,32 @@ func (s *Store) CloseAgentStream(ctx context.Context, nodeID string, connectedAt
 		return wrap("close agent stream", err)
 	}
 	return nil
+}
+
+// CloseRestoredStreams marks every row marked connected closed, with its
+// audit record (store.AgentStreamStore).
+func (s *Store) CloseRestoredStreams(ctx context.Context, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	const op = "close restored agent streams"
+	if audit == nil {
+		return 0, fmt.Errorf("postgres: %s: no audit record: they are closed only by store reapply, audited", op)
+	}
+	var n int64
+	err := s.inPipe(ctx, op, func(p *pipe) error {
+		p.exec(`UPDATE agent_streams SET connected = 0 WHERE connected = 1`, nil, func(tag pgconn.CommandTag, err error) error {
+			if err != nil {
+				return wrap(op, err)
+			}
+			if n = tag.RowsAffected(); n == 0 {
+				return fmt.Errorf("postgres: %s: none marked connected: %w", op, store.ErrNotFound)
+			}
+			return nil
+		})
+		return commitAudited(ctx, p, audit, op)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
 }
 
 // GetAgentStream returns a node's stream row.

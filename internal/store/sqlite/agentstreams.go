@@ -122,6 +122,33 @@ func (s *SQLite) CloseAgentStream(ctx context.Context, nodeID string, connectedA
 	})
 }
 
+// CloseRestoredStreams marks every row marked connected closed, with its
+// audit record (store.AgentStreamStore).
+func (s *SQLite) CloseRestoredStreams(ctx context.Context, audit func(store.AuditHead) (store.AuditRecord, error)) (int64, error) {
+	const op = "close restored agent streams"
+	if audit == nil {
+		return 0, fmt.Errorf("sqlite: %s: no audit record: they are closed only by store reapply, audited", op)
+	}
+	var n int64
+	err := s.write(ctx, func(ctx context.Context, tx *writeTx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE agent_streams SET connected = 0 WHERE connected = 1`)
+		if err != nil {
+			return wrap(op, err)
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return wrap(op, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("sqlite: %s: none marked connected: %w", op, store.ErrNotFound)
+		}
+		return appendAuditOf(ctx, tx, op, audit)
+	})
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
 // GetAgentStream returns a node's stream row. Every opening stream reads
 // its node's: it is read as a join's rows are (lookup, readRow), without
 // a goroutine per query or an allocation per column destination.

@@ -129,5 +129,44 @@ func agentStreamCases() []testCase {
 			mustNil(t, "CloseAgentStream", s.CloseAgentStream(ctx, "n1", second.ConnectedAt, at(3*time.Minute)))
 			wantErr(t, "RecordAgentHeartbeat after the end", s.RecordAgentHeartbeat(ctx, store.AgentStream{NodeID: "n1", StreamID: "s2", LastSeen: at(4 * time.Minute)}), store.ErrConflict)
 		}},
+		{"store reapply closes the restored rows marked connected, with its record", func(t *testing.T, ctx context.Context, s store.Store) {
+			rows := []store.AgentStream{
+				{NodeID: "n1", StreamID: "s1", Replica: "a:1", Connected: true, ConnectedAt: at(0), LastSeen: at(time.Minute)},
+				{NodeID: "n2", StreamID: "s2", Replica: "b:1", Connected: true, ConnectedAt: at(time.Second), LastSeen: at(time.Second)},
+				{NodeID: "n3", StreamID: "s3", Replica: "a:1", ConnectedAt: at(0), LastSeen: at(2 * time.Minute)},
+			}
+			for _, r := range rows {
+				mustNil(t, "RecordAgentStream "+r.NodeID, s.RecordAgentStream(ctx, r))
+			}
+			read := func() any {
+				var got []store.AgentStream
+				for _, r := range rows {
+					row, err := s.GetAgentStream(ctx, r.NodeID)
+					mustNil(t, "GetAgentStream "+r.NodeID, err)
+					got = append(got, row)
+				}
+				return got
+			}
+			wantUnaudited(t, ctx, s, "store.reapply", func(audit func(store.AuditHead) (store.AuditRecord, error)) error {
+				_, err := s.CloseRestoredStreams(ctx, audit)
+				return err
+			}, read)
+			seq := auditSeq(t, ctx, s)
+			n, err := s.CloseRestoredStreams(ctx, link(record("store.reapply")))
+			mustNil(t, "CloseRestoredStreams", err)
+			if n != 2 {
+				t.Errorf("CloseRestoredStreams marked %d rows, want the 2 marked connected", n)
+			}
+			wantAppended(t, ctx, s, seq, "store.reapply")
+			want := []store.AgentStream{rows[0], rows[1], rows[2]}
+			want[0].Connected, want[1].Connected = false, false // last seen as they were
+			wantEqual(t, "rows after", read(), any(want))
+			// None left marked connected: nothing written, no record.
+			_, err = s.CloseRestoredStreams(ctx, link(record("store.reapply")))
+			wantErr(t, "CloseRestoredStreams again", err, store.ErrNotFound)
+			if got := auditSeq(t, ctx, s); got != seq+1 {
+				t.Errorf("audit chain holds %d records after a close that found none; want %d", got, seq+1)
+			}
+		}},
 	}
 }
