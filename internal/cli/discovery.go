@@ -231,18 +231,15 @@ func openServingDiscoveryStore(ctx context.Context, d discoveryd.Dir, given stri
 			"start discovery again once it has finished: muster discovery --data %s (with the flags it ran with)", err, shellword.Quote(string(d)))
 	}
 	releaseOpening := func() {}
-	if url, _, err := d.StoreURL(given); err == nil && !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
+	if url, recorded, err := d.StoreURL(given); err == nil && !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
 		release, err := postgres.HoldServingAtAs(ctx, url, postgres.ServingDiscovery)
 		switch {
 		case errors.Is(err, postgres.ErrExcluded):
 			return "", nil, nil, excluded(err)
-		case errors.Is(err, store.ErrUnavailable):
+		case err != nil:
 			// Not opened: the store would be migrated without the lock
 			// should the database answer now.
-			return "", nil, nil, fmt.Errorf("the store %s is unavailable: %w; start the database or make it reachable from here, then run this again",
-				storeURLWithoutPassword(url), err)
-		case err != nil:
-			return "", nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(url), err)
+			return "", nil, nil, discoveryStoreError(d, url, recorded, err)
 		}
 		releaseOpening = release
 	}
@@ -305,16 +302,31 @@ func openDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string, log
 	ml := &migrationLog{log: log, then: "discovery's store opens once it is done"}
 	st, err = openStoreWith(ctx, url, 0, ml.migrating)
 	ml.done()
-	if err != nil && recorded && errors.Is(err, store.ErrUnavailable) {
-		// Not the password: the database did not answer (openStoreWith).
-		return "", nil, fmt.Errorf("the store %s records, %s, is unavailable: %w; start the database or make it reachable from here, "+
-			"then run this again (--store URL names another)", d.AddressFile(), url, err)
-	}
 	if err != nil && recorded {
-		return "", nil, fmt.Errorf("the store %s records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster discovery: "+
-			"set one, or give --store URL", d.AddressFile(), url, err)
+		return "", nil, discoveryStoreError(d, url, recorded, err)
 	}
 	return url, st, err
+}
+
+// discoveryStoreError is err, met opening (or taking the serving lock
+// of) the store url, with the way out: for the one discovery.addr
+// records, which has no password, where the password comes from, since a
+// URL the user gave nowhere is not what they would think of.
+func discoveryStoreError(d discoveryd.Dir, url string, recorded bool, err error) error {
+	switch {
+	case recorded && errors.Is(err, store.ErrUnavailable):
+		// Not the password: the database did not answer (openStoreWith).
+		return fmt.Errorf("the store %s records, %s, is unavailable: %w; start the database or make it reachable from here, "+
+			"then run this again (--store URL names another)", d.AddressFile(), url, err)
+	case recorded:
+		return fmt.Errorf("the store %s records, %s: %w; its password comes from PGPASSWORD or PGPASSFILE, as for muster discovery: "+
+			"set one, or give --store URL", d.AddressFile(), url, err)
+	case errors.Is(err, store.ErrUnavailable):
+		return fmt.Errorf("the store %s is unavailable: %w; start the database or make it reachable from here, then run this again",
+			storeURLWithoutPassword(url), err)
+	default:
+		return fmt.Errorf("the store %s: %w", storeURLWithoutPassword(url), err)
+	}
 }
 
 // discoveryStoreRecord is url as discovery.addr records it: "" for the
