@@ -514,16 +514,17 @@ func (s *Server) unheldIssuerReason(certs []*x509.Certificate) string {
 		"%s intermediate, is none the authority holds (its store was restored from a backup taken before that intermediate " +
 		"was prepared, or the intermediate was retired)"
 	if id.Role == spiffeid.RoleAdmin {
-		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is (%s)", role, s.breakGlassBin(), id.Name, s.breakGlassData(), restoreSection(s.store.Replicated()))
+		return fmt.Sprintf(why+"; get a new identity with %s admin add %s --offline --data %s, run where the authority's data directory (its storage key) is (%s)", role, s.breakGlassBin(), id.Name, s.breakGlassData(), s.restoreSection())
 	}
-	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (%s)", role, id.Name, id.Name, restoreSection(s.store.Replicated()))
+	return fmt.Sprintf(why+"; join again over this identity: muster agent join --force --data ADIR --node %s with a joining URI from muster token create --node %s (%s)", role, id.Name, id.Name, s.restoreSection())
 }
 
 // restoreSection names the docs section on restoring the store in use:
 // the operator guide's for SQLite, high-availability's for PostgreSQL
 // (replicated), whose pg_restore an operator on SQLite has no use for.
-func restoreSection(replicated bool) string {
-	if replicated {
+// A server without a store (a test's) is taken as on SQLite.
+func (s *Server) restoreSection() string {
+	if s.store != nil && s.store.Replicated() {
 		return `docs/high-availability.md, "Backup and restore"`
 	}
 	return `docs/operator-guide.md, "Backing up and restoring the SQLite store"`
