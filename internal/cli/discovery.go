@@ -650,8 +650,8 @@ the JWKS for %s, so tickets it signed stay valid until they expire.
 
 With --revoke-previous (the key may have leaked), the previous key leaves
 the JWKS at once and the new one signs at once; authorities drop the old
-key at their next JWKS refresh, within a minute, and refuse its tickets
-from then on.`, discoveryd.KeyOverlap),
+key at their next JWKS refresh (every minute by default: each authority's
+discovery.keys_refresh, at most 10m), and refuse its tickets from then on.`, discoveryd.KeyOverlap),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -686,7 +686,8 @@ from then on.`, discoveryd.KeyOverlap),
 			if revoke {
 				// Nothing else signs meanwhile: the previous key is gone.
 				fmt.Fprintln(env.Stdout, "\nWithin seconds running discovery servers stop publishing the previous key and sign with the new one at once;"+
-					" authorities refuse the previous key's tickets from their next JWKS refresh, within a minute.")
+					" authorities refuse the previous key's tickets from their next JWKS refresh"+
+					" (every minute by default: each authority's discovery.keys_refresh, at most 10m).")
 				return nil
 			}
 			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about fifteen seconds later.")
@@ -694,7 +695,7 @@ from then on.`, discoveryd.KeyOverlap),
 		},
 	}
 	sf.register(cmd)
-	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh, within a minute")
+	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh (every minute by default: each authority's discovery.keys_refresh, at most 10m)")
 	out.register(cmd)
 	return cmd
 }
