@@ -103,7 +103,13 @@ muster discovery forget AUTHORITY_ID.
 The settings file may also hold listen, advertise, store, metrics_listen,
 key_rotation, trusted_proxies and log.format/log.level; MUSTER_* variables
 override it and flags override both. --check-config validates the settings
-and exits.`,
+and exits.
+
+On a PostgreSQL store discovery holds the store's serving lock while it
+runs, as an authority replica does: muster store reapply on that database
+refuses while it serves, and while the command works discovery refuses to
+start (start it again once the command has finished), or stops serving
+should the command take the lock in a gap of its connection.`,
 		Example: `  muster discovery --data /var/lib/muster-discovery --advertise discovery.example.com:7450
   muster discovery --data /var/lib/muster-discovery --config /etc/muster/discovery.yaml --check-config`,
 		Args: cobra.NoArgs,

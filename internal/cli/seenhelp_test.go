@@ -34,3 +34,16 @@ func TestSeenStepsHelpSaysWhatTheBareFormGuards(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveryHelpNamesTheServingLock: discovery on a database it
+// shares with an authority holds the serving lock, so muster store
+// reapply refuses while it serves; its help once said nothing of it.
+func TestDiscoveryHelpNamesTheServingLock(t *testing.T) {
+	code, stdout, stderr := runCLI(t, "discovery", "--help")
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, stderr)
+	}
+	if want := "muster store reapply on that database refuses while it serves"; !strings.Contains(strings.Join(strings.Fields(stdout), " "), want) {
+		t.Errorf("discovery --help printed:\n%s\nwant %q", stdout, want)
+	}
+}
