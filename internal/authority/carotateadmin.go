@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -85,6 +86,17 @@ func noPreparedToActivate(role ca.Role, asked string, active *store.CACert) erro
 	}
 	return status.Errorf(codes.FailedPrecondition, "the %s intermediate has no prepared successor to activate%s prepare one first with `muster ca rotate %s` (or `muster ca rotate %s --root-key FILE` with the root key offline)",
 		role, now, role, role)
+}
+
+// canonicalSerial is a serial as muster ca status prints it (lower-case
+// hex, no leading zeros), from the forms other tools print (openssl's
+// upper case, zero padding, colons); what is not hex is left as given.
+func canonicalSerial(v string) string {
+	h := strings.TrimPrefix(strings.ToLower(strings.ReplaceAll(v, ":", "")), "0x")
+	if n, ok := new(big.Int).SetString(h, 16); ok && n.Sign() > 0 {
+		return n.Text(16)
+	}
+	return v
 }
 
 func alreadyPrepared(role ca.Role, p *store.CACert) error {
@@ -359,15 +371,22 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 		return nil, err
 	}
 	p, active := preparedOf(rows, role)
+	asked := canonicalSerial(req.GetSerial())
+	if asked != "" && !slices.ContainsFunc(rows, func(r store.CACert) bool { return r.Serial == asked }) {
+		// Told as a race, a mistyped or truncated serial would send the
+		// operator looking for an activation that never happened.
+		return nil, status.Errorf(codes.InvalidArgument, "%s is not the serial of any CA certificate of this authority, so nothing was activated: give the whole serial `muster ca status` shows for the prepared %s intermediate (--serial), or leave --serial out",
+			req.GetSerial(), role)
+	}
 	switch {
 	case p == nil:
-		return nil, noPreparedToActivate(role, req.GetSerial(), active)
-	case req.GetSerial() != "" && req.GetSerial() != p.Serial:
+		return nil, noPreparedToActivate(role, asked, active)
+	case asked != "" && asked != p.Serial:
 		// The one the operator saw was activated (or replaced) meanwhile:
 		// activating this one would put into service a successor they have
 		// not seen, perhaps before its agents hold it.
 		return nil, status.Errorf(codes.Aborted, "the prepared %s intermediate is %s now, not %s (the leader's clock or another operator activated or replaced it meanwhile), so nothing was activated: run `muster ca status`, then `muster ca rotate %s --activate` again if it is still wanted",
-			role, p.Serial, req.GetSerial(), role)
+			role, p.Serial, asked, role)
 	}
 	now, err := a.s.store.Now(ctx)
 	if err != nil {

@@ -219,4 +219,33 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	if now, _ := preparedOf(rows, ca.RoleAgent); now == nil || now.Serial != p2.GetIntermediate().GetSerial() {
 		t.Errorf("the prepared agent intermediate after a refused activation: %+v, want %s", now, p2.GetIntermediate().GetSerial())
 	}
+	// A serial naming no CA certificate (a truncated one, as the --help
+	// example once was) is refused as such, not as a race; the prepared
+	// one as openssl prints it (upper case, zero-padded) names it.
+	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: p2.GetIntermediate().GetSerial()[:8]})
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, "not the serial of any CA certificate") {
+		t.Errorf("activating a truncated serial: %v; want INVALID_ARGUMENT, not a race", err)
+	}
+	openssl := "00" + strings.ToUpper(p2.GetIntermediate().GetSerial())
+	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: openssl})
+	if err != nil && !strings.Contains(status.Convert(err).Message(), "not published by every replica yet") {
+		t.Errorf("activating the prepared one as %s: %v; want it named", openssl, err)
+	}
+}
+
+func TestCanonicalSerial(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"f83e4b3002aed5a8cc33535f7f325353", "f83e4b3002aed5a8cc33535f7f325353"},
+		{"F83E4B3002AED5A8CC33535F7F325353", "f83e4b3002aed5a8cc33535f7f325353"},
+		{"00C75B1440D615629A74033827215CD48", "c75b1440d615629a74033827215cd48"},
+		{"c7:5b:14:40", "c75b1440"},
+		{"0x1f", "1f"},
+		{"", ""},
+		{"v3-8b0e4a17", "v3-8b0e4a17"},
+		{"0", "0"},
+	} {
+		if got := canonicalSerial(tt.in); got != tt.want {
+			t.Errorf("canonicalSerial(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
 }

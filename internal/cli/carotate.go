@@ -67,7 +67,7 @@ func newCARotateCmd(env *Env) *cobra.Command {
 		Example: `  muster ca rotate agent                           # prepare the agent intermediate's successor now
   muster ca rotate agent --root-key /media/usb/root.key   # the same, with the root key offline
   muster ca rotate agent --activate                # make the prepared one sign every new agent certificate
-  muster ca rotate agent --activate --serial 4f1c2a9e  # only if that one is still the prepared one
+  muster ca rotate agent --activate --serial f83e4b3002aed5a8cc33535f7f325353   # only if that one (the whole serial muster ca status shows) is still the prepared one
   muster ca rotate jwt                             # sign JWT-SVIDs with the next key version now
   muster ca rotate agent --offline --data /var/lib/muster/authority   # its key is lost with the token, or it expired: replace it`,
 		Short: "Prepare a CA intermediate's successor ahead of time, or activate the prepared one (audited)",
@@ -84,10 +84,12 @@ certificate goes back. The root key never leaves this machine.
 
 --activate refuses while nothing is prepared, and until the prepared one
 has been published by every replica (about ten seconds after it was
-prepared). It activates the prepared intermediate muster ca status shows
-(--serial SERIAL, or the one read just before): if the leader activated
-that one meanwhile and prepared another, it is refused, naming both,
-rather than activating one the operator has not seen.
+prepared). To activate only the prepared intermediate you looked at, give
+--serial SERIAL (as muster ca status shows it): if the leader activated
+that one meanwhile and prepared another, it is refused, naming both.
+Without --serial, the command reads muster ca status when it runs and
+guards only against a change between that read and its write: a
+successor prepared since you read the status is activated.
 
 --offline replaces ROLE's active intermediate whose key is gone from the
 PKCS#11 token (lost without a backup; docs/hsm.md "A lost token"), or
@@ -213,7 +215,7 @@ of the last rotation.`,
 		},
 	}
 	cmd.Flags().BoolVar(&activate, "activate", false, "activate ROLE's prepared intermediate instead of preparing one")
-	cmd.Flags().StringVar(&serial, "serial", "", "with --activate: activate only if the prepared intermediate is still SERIAL (muster ca status shows it); default: the one read just before")
+	cmd.Flags().StringVar(&serial, "serial", "", "with --activate: activate only if the prepared intermediate is still SERIAL (muster ca status shows it); default: the one read when the command runs, which guards only against a change between that read and the activation, not since you read the status")
 	cmd.Flags().StringVar(&rootKey, "root-key", "", "sign the successor here with the root key in FILE (the root key is kept offline)")
 	cmd.Flags().BoolVar(&offline, "offline", false, "replace ROLE's active intermediate whose key is lost from the token, or that has expired, here, with the data directory (--data) and without the authority")
 	cmd.Flags().StringVar(&storeURL, "store", "", "with --offline: the authority's store URL (env MUSTER_STORE; default: "+storeDefaultHelp+")")

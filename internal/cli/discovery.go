@@ -103,7 +103,13 @@ muster discovery forget AUTHORITY_ID.
 The settings file may also hold listen, advertise, store, metrics_listen,
 key_rotation, trusted_proxies and log.format/log.level; MUSTER_* variables
 override it and flags override both. --check-config validates the settings
-and exits.`,
+and exits.
+
+On a PostgreSQL store discovery holds the store's serving lock while it
+runs, as an authority replica does: muster store reapply on that database
+refuses while it serves, and while the command works discovery refuses to
+start (start it again once the command has finished), or stops serving
+should the command take the lock in a gap of its connection.`,
 		Example: `  muster discovery --data /var/lib/muster-discovery --advertise discovery.example.com:7450
   muster discovery --data /var/lib/muster-discovery --config /etc/muster/discovery.yaml --check-config`,
 		Args: cobra.NoArgs,
@@ -662,8 +668,8 @@ the JWKS for %s, so tickets it signed stay valid until they expire.
 
 With --revoke-previous (the key may have leaked), the previous key leaves
 the JWKS at once and the new one signs at once; authorities drop the old
-key at their next JWKS refresh, within a minute, and refuse its tickets
-from then on.`, discoveryd.KeyOverlap),
+key at their next JWKS refresh (every minute by default: each authority's
+discovery.keys_refresh, at most 10m), and refuse its tickets from then on.`, discoveryd.KeyOverlap),
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := out.check(); err != nil {
@@ -698,7 +704,8 @@ from then on.`, discoveryd.KeyOverlap),
 			if revoke {
 				// Nothing else signs meanwhile: the previous key is gone.
 				fmt.Fprintln(env.Stdout, "\nWithin seconds running discovery servers stop publishing the previous key and sign with the new one at once;"+
-					" authorities refuse the previous key's tickets from their next JWKS refresh, within a minute.")
+					" authorities refuse the previous key's tickets from their next JWKS refresh"+
+					" (every minute by default: each authority's discovery.keys_refresh, at most 10m).")
 				return nil
 			}
 			fmt.Fprintln(env.Stdout, "\nRunning discovery servers publish the new key within seconds and sign with it about fifteen seconds later.")
@@ -706,7 +713,7 @@ from then on.`, discoveryd.KeyOverlap),
 		},
 	}
 	sf.register(cmd)
-	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh, within a minute")
+	cmd.Flags().BoolVar(&revoke, "revoke-previous", false, "unpublish the current key at once (it may have leaked): tickets it signed are refused from the authorities' next JWKS refresh (every minute by default: each authority's discovery.keys_refresh, at most 10m)")
 	out.register(cmd)
 	return cmd
 }

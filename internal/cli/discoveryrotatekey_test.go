@@ -10,8 +10,10 @@ import (
 
 // TestDiscoveryRotateKeySaysWhenTheNewKeySigns: after a plain rotation the
 // new key signs some seconds later; after --revoke-previous it signs at
-// once, and the previous key's tickets are refused within a minute. (The
-// text once said "fifteen seconds later" after both.)
+// once, and the previous key's tickets are refused from the authorities'
+// next JWKS refresh, which discovery.keys_refresh sets (up to 10m). (The
+// text once said "fifteen seconds later" after both, and "within a
+// minute" after --revoke-previous, in its output, help and flag text.)
 func TestDiscoveryRotateKeySaysWhenTheNewKeySigns(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "discovery")
 	if _, err := discoveryd.Init(dir); err != nil {
@@ -24,6 +26,8 @@ func TestDiscoveryRotateKeySaysWhenTheNewKeySigns(t *testing.T) {
 		{nil, "It is the first ticket key.", "sign with it"},
 		{nil, "sign with it about fifteen seconds later", "at once"},
 		{[]string{"--revoke-previous"}, "stop publishing the previous key and sign with the new one at once", "fifteen seconds later"},
+		{[]string{"--revoke-previous"}, "each authority's discovery.keys_refresh, at most 10m", "within a minute"},
+		{[]string{"--help"}, "discovery.keys_refresh, at most 10m), and refuse", "within a minute"},
 	} {
 		code, stdout, stderr := runCLI(t, append([]string{"discovery", "rotate-key", "--data", dir}, tt.args...)...)
 		if code != 0 {

@@ -30,13 +30,13 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 	}
 	cmd.AddCommand(newSignerListCmd(env), newSignerStageCmd(env),
 		newSignerSeenCmd(env, "activate [VERSION]", "Make the staged signer (VERSION, as muster signer list showed it) active now",
-			"  muster signer activate\n  muster signer activate v3 --verifier-set-version 12 -o json",
+			"  muster signer activate\n  muster signer activate v3-8b0e4a17 --verifier-set-version 12 -o json",
 			[]signer.State{signer.Staged},
 			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
 				return c.ActivateSigner(ctx, &musterv1.ActivateSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
 			}),
 		newSignerSeenCmd(env, "retire [VERSION]", "Retire the signer in grace (VERSION, as muster signer list showed it) now",
-			"  muster signer retire\n  muster signer retire v2 --verifier-set-version 12 -o json",
+			"  muster signer retire\n  muster signer retire v2-3fa9c2d1 --verifier-set-version 12 -o json",
 			[]signer.State{signer.Grace},
 			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
 				return c.RetireSigner(ctx, &musterv1.RetireSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
@@ -44,7 +44,7 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 		// Revoking the active signer activates the staged one: the set
 		// version says which staged one the operator saw.
 		newSignerSeenCmd(env, "revoke VERSION", "Distrust a signer at once (the active one only while a staged signer can replace it)",
-			"  muster signer revoke v2\n  muster signer revoke v2 --verifier-set-version 12 -o json",
+			"  muster signer revoke v2-3fa9c2d1\n  muster signer revoke v2-3fa9c2d1 --verifier-set-version 12 -o json",
 			nil,
 			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
 				return c.RevokeSigner(ctx, &musterv1.RevokeSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
@@ -52,7 +52,7 @@ the grace); revoke distrusts a signer at once. See docs/signer-lifecycle.md.`,
 		// A rollback moves the staged signer (discarding it), else the
 		// active one (back to staged), as PlanRollback picks it.
 		newSignerSeenCmd(env, "rollback [VERSION]", "Undo the rotation in progress (to VERSION, as muster signer list showed it)",
-			"  muster signer rollback\n  muster signer rollback v3 --verifier-set-version 12 -o json",
+			"  muster signer rollback\n  muster signer rollback v3-8b0e4a17 --verifier-set-version 12 -o json",
 			[]signer.State{signer.Staged, signer.Active},
 			func(ctx context.Context, c *adminClient, seen signer.Seen) (*musterv1.SignerChangeResponse, error) {
 				return c.RollbackSigner(ctx, &musterv1.RollbackSignerRequest{VersionId: seen.VersionID, VerifierSetVersion: seen.SetVersion})
@@ -98,7 +98,7 @@ func newSignerSeenCmd(env *Env, use, short, example string, states []signer.Stat
 			return call(ctx, c, seen)
 		})
 	cmd.Flags().Int64Var(&setVersion, "verifier-set-version", 0,
-		verb+" only if the verifier set is still at this version (muster signer list shows it; -o json: verifier_set_version); default: the version read just before")
+		verb+" only if the verifier set is still at this version (muster signer list shows it; -o json: verifier_set_version); default: the version read when the command runs, which guards only against a step taken between that read and this one, not since you read the listing")
 	return cmd
 }
 

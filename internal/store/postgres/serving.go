@@ -60,7 +60,7 @@ const (
 // gone (the database restarted, the session ended, the network cut): its
 // connection is checked every excludedCheck, each check within
 // excludedCheckTimeout, so a loss is known within their sum (12 s by
-// default; docs/backup.md). Variables for tests.
+// default; docs/high-availability.md, "Backup and restore"). Variables for tests.
 var (
 	excludedCheck        = leaderPoll
 	excludedCheckTimeout = DefaultRequestTimeout
