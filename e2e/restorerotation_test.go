@@ -11,9 +11,13 @@ import (
 // the root rotation's update_agents phase, after the rotation moved on
 // to update_servers (where the intermediates are signed by the new root
 // and the running agents renewed under them): the restored store is
-// back in update_agents. The agents keep renewing by themselves on the
-// restored store, and the rotation then moves on to update_servers again
-// and is rolled back, with the agents renewing through it all.
+// back in update_agents. The agents' certificates of update_servers are
+// signed by intermediates the restored store never held: the reapply's
+// plan says each node joins again, each agent is refused and names the
+// way out (muster agent join --force), which pasted with a new token
+// works. The rejoined agents then keep renewing by themselves, never told
+// to join again, while the rotation moves on to update_servers again and
+// is rolled back, and the audit chain verifies.
 func TestRestoreDuringRootRotation(t *testing.T) {
 	t.Parallel()
 	crlAddr := freePort(t)

@@ -233,3 +233,20 @@ func TestAuthorityStartingWithoutTheServingLockDoesNotOpenTheStore(t *testing.T)
 		t.Errorf("the authority starting without its serving lock: %q, want the database unavailable, with the way out", line)
 	}
 }
+
+// Discovery whose serving lock's database does not answer when it starts
+// refuses as the authority does, with the way out, rather than open (and
+// maybe migrate) the store without the lock.
+func TestDiscoveryStartingWithoutTheServingLockDoesNotOpenTheStore(t *testing.T) {
+	t.Parallel()
+	u, err := neturl.Parse(postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = refusingProxy(t, u.Host, "muster discovery (serving)")
+	dir := filepath.Join(t.TempDir(), "discovery")
+	line := mustFail(t, "discovery", "--data", dir, "--store", u.String(), "--listen", "127.0.0.1:0", "--metrics-listen", "")
+	if !strings.Contains(line, "is unavailable") || !strings.Contains(line, "start the database or make it reachable from here, then run this again") {
+		t.Errorf("discovery starting without its serving lock: %q, want the database unavailable, with the way out", line)
+	}
+}
