@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -85,6 +86,22 @@ func noPreparedToActivate(role ca.Role, asked string, active *store.CACert) erro
 	}
 	return status.Errorf(codes.FailedPrecondition, "the %s intermediate has no prepared successor to activate%s prepare one first with `muster ca rotate %s` (or `muster ca rotate %s --root-key FILE` with the root key offline)",
 		role, now, role, role)
+}
+
+// serialText spells a serial as the store keeps it (big.Int.Text(16):
+// lower case, no leading zeros), from any spelling an operator may paste:
+// upper case, colon-separated bytes (openssl x509 -serial, ca status), a
+// leading 0x. "" stays "" (no serial named).
+func serialText(s string) (string, error) {
+	if s == "" {
+		return "", nil
+	}
+	h := strings.TrimPrefix(strings.TrimPrefix(strings.ReplaceAll(strings.TrimSpace(s), ":", ""), "0x"), "0X")
+	n, ok := new(big.Int).SetString(h, 16)
+	if !ok || h == "" || n.Sign() < 0 || strings.ContainsAny(h, "+-_") {
+		return "", badRequest(fmt.Sprintf("--serial %q is not a hexadecimal serial (such as 4f1c2a9e or 4F:1C:2A:9E); muster ca status shows the prepared one", s))
+	}
+	return n.Text(16), nil
 }
 
 func alreadyPrepared(role ca.Role, p *store.CACert) error {
@@ -358,16 +375,23 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	if err != nil {
 		return nil, err
 	}
+	asked, err := serialText(req.GetSerial())
+	if err != nil {
+		return nil, err
+	}
 	p, active := preparedOf(rows, role)
 	switch {
 	case p == nil:
-		return nil, noPreparedToActivate(role, req.GetSerial(), active)
-	case req.GetSerial() != "" && req.GetSerial() != p.Serial:
+		return nil, noPreparedToActivate(role, asked, active)
+	case asked != "" && asked != p.Serial && !slices.ContainsFunc(rows, func(r store.CACert) bool { return r.Role == string(role) && r.Serial == asked }):
+		return nil, status.Errorf(codes.FailedPrecondition, "--serial %s names no %s intermediate this authority has prepared (the prepared one is %s), so nothing was activated: run `muster ca status`, then `muster ca rotate %s --activate --serial %s` if that is the one meant",
+			req.GetSerial(), role, p.Serial, role, p.Serial)
+	case asked != "" && asked != p.Serial:
 		// The one the operator saw was activated (or replaced) meanwhile:
 		// activating this one would put into service a successor they have
 		// not seen, perhaps before its agents hold it.
 		return nil, status.Errorf(codes.Aborted, "the prepared %s intermediate is %s now, not %s (the leader's clock or another operator activated or replaced it meanwhile), so nothing was activated: run `muster ca status`, then `muster ca rotate %s --activate` again if it is still wanted",
-			role, p.Serial, req.GetSerial(), role)
+			role, p.Serial, asked, role)
 	}
 	now, err := a.s.store.Now(ctx)
 	if err != nil {

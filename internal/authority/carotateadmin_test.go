@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"fmt"
 	"math/big"
 	"strings"
 	"sync"
@@ -218,5 +219,45 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	}
 	if now, _ := preparedOf(rows, ca.RoleAgent); now == nil || now.Serial != p2.GetIntermediate().GetSerial() {
 		t.Errorf("the prepared agent intermediate after a refused activation: %+v, want %s", now, p2.GetIntermediate().GetSerial())
+	}
+}
+
+// TestActivateSerialSpellings: --serial is matched as a number, so the
+// upper-case, colon-separated spelling openssl and ca status may show
+// names the prepared intermediate; a serial naming no intermediate of
+// the role is refused as such, not as one activated or replaced
+// meanwhile; one that is not hex is a bad request. Before, the serial was
+// compared byte for byte and every other spelling was refused as a race.
+func TestActivateSerialSpellings(t *testing.T) {
+	t.Parallel()
+	b := startReplicas(t, nil, 1, func(c *Config) { c.CAPublishWindow = time.Hour })
+	ctx := t.Context()
+	a := &adminService{s: b.srvs[0]}
+	p, err := a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := p.GetIntermediate().GetSerial()
+	n, _ := new(big.Int).SetString(serial, 16)
+	var colons []string
+	for _, c := range n.Bytes() {
+		colons = append(colons, fmt.Sprintf("%02X", c))
+	}
+	for _, tt := range []struct {
+		asked string
+		code  codes.Code
+		want  string
+	}{
+		// Past the serial check, the publish window (an hour) refuses it.
+		{strings.ToUpper(serial), codes.FailedPrecondition, "not published by every replica yet"},
+		{strings.Join(colons, ":"), codes.FailedPrecondition, "not published by every replica yet"},
+		{"ffff0001", codes.FailedPrecondition, "--serial ffff0001 names no agent intermediate this authority has prepared (the prepared one is " + serial + ")"},
+		{"not-hex", codes.InvalidArgument, "is not a hexadecimal serial"},
+	} {
+		_, err := a.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: tt.asked})
+		msg := status.Convert(err).Message()
+		if status.Code(err) != tt.code || !strings.Contains(msg, tt.want) || strings.Contains(msg, "meanwhile") {
+			t.Errorf("activating --serial %s: %v; want %v saying %q", tt.asked, err, tt.code, tt.want)
+		}
 	}
 }
