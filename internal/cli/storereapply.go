@@ -100,9 +100,12 @@ first, as the authority's start would, and it says so.`,
 				return fmt.Errorf("store reapply: %w", err)
 			}
 			if out.json() {
-				return out.write(env.Stdout, res)
+				if err := out.write(env.Stdout, res); err != nil {
+					return err
+				}
+			} else {
+				res.print(env.Stdout)
 			}
-			res.print(env.Stdout)
 			if res.Failed != "" {
 				return fmt.Errorf("store reapply: %s", res.Failed)
 			}
@@ -150,14 +153,23 @@ type reapplyStep struct {
 	Action string `json:"action"`
 	What   string `json:"what"`
 	// Result, with --apply: "applied" (record ReapplySeq), "in place"
-	// (the restored store holds it already: nothing written), or
-	// "failed".
+	// (the restored store holds it already: nothing written), "conflict"
+	// (the restored store changed since the plan read it: nothing
+	// written), or "failed".
 	Result     string `json:"result,omitempty"`
 	ReapplySeq int64  `json:"reapply_seq,omitempty"`
 
 	target string
 	write  func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error
+	// inPlace, when set, says after a write refused as a conflict
+	// whether the restored store holds what the step writes: a refusal
+	// can also be a read gone stale, which leaves it undone.
+	inPlace func(ctx context.Context, st store.Store) (bool, error)
 }
+
+// reapplyPlanned, when set (by tests), runs between the plan and its
+// writes.
+var reapplyPlanned func(ctx context.Context, st store.Store)
 
 // manualStep is a record the audit alone cannot re-apply, and the
 // command that does it.
@@ -312,6 +324,14 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if !apply {
 		return res, nil
 	}
+	if reapplyPlanned != nil {
+		reapplyPlanned(ctx, st)
+	}
+	again := fmt.Sprintf("muster store reapply --offline --data %s%s --from %s --apply", od.quoted(), od.configArg(), shellword.Quote(fromName))
+	if storeURL != "" {
+		again = fmt.Sprintf("muster store reapply --offline --data %s%s --store %s --from %s --apply", od.quoted(), od.configArg(),
+			shellword.Quote(storeURLWithoutPassword(d.url)), shellword.Quote(fromName))
+	}
 	res.Applied = true
 	for i := range res.Steps {
 		s := &res.Steps[i]
@@ -331,11 +351,25 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 		err = s.write(ctx, st, build)
 		switch {
 		case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound):
-			// Made meanwhile (another run), or gone: nothing written.
+			// Made meanwhile (another run), or gone: nothing written. A
+			// step that can tell says whether that is so, or a read the
+			// plan made has gone stale, which a new plan reads afresh.
+			if s.inPlace != nil {
+				held, cerr := s.inPlace(ctx, st)
+				if cerr != nil || !held {
+					why := "the restored store changed since this run read it"
+					if cerr != nil {
+						why = cerr.Error()
+					}
+					s.Result = "conflict"
+					res.Failed = fmt.Sprintf("%s: refused (%v), and %s, so it is not in place; nothing of it was written, and the steps after it were not tried: run it again to plan from what the store holds now: %s", s.What, err, why, again)
+					return res, nil
+				}
+			}
 			s.Result = "in place"
 		case err != nil:
 			s.Result = "failed"
-			res.Failed = fmt.Sprintf("%s: %v; nothing of it was written, and the steps after it were not tried: run the command again", s.What, err)
+			res.Failed = fmt.Sprintf("%s: %v; nothing of it was written, and the steps after it were not tried: run the command again: %s", s.What, err, again)
 			return res, nil
 		default:
 			logger.Appended(link)
