@@ -243,7 +243,7 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if err != nil {
 		return nil, err
 	}
-	ctx, release, err := keepAuthoritiesOut(ctx, od, d)
+	ctx, fenced, release, err := keepAuthoritiesOut(ctx, od, d)
 	if err != nil {
 		return nil, err
 	}
@@ -348,6 +348,11 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 			rec = r
 			return r, err
 		}
+		// Checked right before each write: a lock lost since the watch's
+		// last check lets no write through.
+		if err := fenced(ctx); err != nil {
+			return nil, err
+		}
 		err = s.write(ctx, st, build)
 		switch {
 		case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound):
@@ -387,7 +392,10 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 // restored chain make it refuse anyway), and none starts while it works.
 // ctx, derived from the one given, ends once the PostgreSQL lock is lost
 // (postgres.ExcludeServingWatched): the work under it stops.
-func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ context.Context, release func(), err error) {
+//
+// fenced, called right before each write, returns an error once the lock
+// is lost (on PostgreSQL it checks the lock's connection there and then).
+func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ context.Context, fenced func(context.Context) error, release func(), err error) {
 	stopFirst := func(err error) error {
 		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
 	}
@@ -396,22 +404,22 @@ func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ contex
 		if (errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked)) && !datadir.HeldByCommand(err) {
 			err = stopFirst(err)
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if strings.HasPrefix(d.url, "sqlite://") {
-		return ctx, unlock, nil
+		return ctx, func(ctx context.Context) error { return context.Cause(ctx) }, unlock, nil
 	}
-	ctx, releasePG, err := postgres.ExcludeServingWatched(ctx, d.url)
+	ctx, check, releasePG, err := postgres.ExcludeServingChecked(ctx, d.url)
 	switch {
 	case errors.Is(err, postgres.ErrServing):
 		unlock()
-		return nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
+		return nil, nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
 			storeURLWithoutPassword(d.url), err)
 	case err != nil:
 		unlock()
-		return nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
+		return nil, nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
 	}
-	return ctx, func() { releasePG(); unlock() }, nil
+	return ctx, check, func() { releasePG(); unlock() }, nil
 }
 
 // restoredHead is the restored store's newest record, before any record
