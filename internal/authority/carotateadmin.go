@@ -88,15 +88,20 @@ func noPreparedToActivate(role ca.Role, asked string, active *store.CACert) erro
 		role, now, role, role)
 }
 
-// canonicalSerial is a serial as muster ca status prints it (lower-case
-// hex, no leading zeros), from the forms other tools print (openssl's
-// upper case, zero padding, colons); what is not hex is left as given.
-func canonicalSerial(v string) string {
-	h := strings.TrimPrefix(strings.ToLower(strings.ReplaceAll(v, ":", "")), "0x")
-	if n, ok := new(big.Int).SetString(h, 16); ok && n.Sign() > 0 {
-		return n.Text(16)
+// serialText spells a serial as the store keeps it (big.Int.Text(16):
+// lower case, no leading zeros), from any spelling an operator may paste:
+// upper case, colon-separated bytes (openssl x509 -serial, ca status), a
+// leading 0x. "" stays "" (no serial named).
+func serialText(s string) (string, error) {
+	if s == "" {
+		return "", nil
 	}
-	return v
+	h := strings.TrimPrefix(strings.TrimPrefix(strings.ReplaceAll(strings.TrimSpace(s), ":", ""), "0x"), "0X")
+	n, ok := new(big.Int).SetString(h, 16)
+	if !ok || h == "" || n.Sign() < 0 || strings.ContainsAny(h, "+-_") {
+		return "", badRequest(fmt.Sprintf("--serial %q is not a hexadecimal serial (such as 4f1c2a9e or 4F:1C:2A:9E); muster ca status shows the prepared one", s))
+	}
+	return n.Text(16), nil
 }
 
 func alreadyPrepared(role ca.Role, p *store.CACert) error {
@@ -370,17 +375,17 @@ func (a *adminService) activateCAIntermediate(ctx context.Context, req *musterv1
 	if err != nil {
 		return nil, err
 	}
-	p, active := preparedOf(rows, role)
-	asked := canonicalSerial(req.GetSerial())
-	if asked != "" && !slices.ContainsFunc(rows, func(r store.CACert) bool { return r.Serial == asked }) {
-		// Told as a race, a mistyped or truncated serial would send the
-		// operator looking for an activation that never happened.
-		return nil, status.Errorf(codes.InvalidArgument, "%s is not the serial of any CA certificate of this authority, so nothing was activated: give the whole serial `muster ca status` shows for the prepared %s intermediate (--serial), or leave --serial out",
-			req.GetSerial(), role)
+	asked, err := serialText(req.GetSerial())
+	if err != nil {
+		return nil, err
 	}
+	p, active := preparedOf(rows, role)
 	switch {
 	case p == nil:
 		return nil, noPreparedToActivate(role, asked, active)
+	case asked != "" && asked != p.Serial && !slices.ContainsFunc(rows, func(r store.CACert) bool { return r.Role == string(role) && r.Serial == asked }):
+		return nil, status.Errorf(codes.FailedPrecondition, "--serial %s names no %s intermediate this authority has prepared (the prepared one is %s), so nothing was activated: run `muster ca status`, then `muster ca rotate %s --activate --serial %s` if that is the one meant",
+			req.GetSerial(), role, p.Serial, role, p.Serial)
 	case asked != "" && asked != p.Serial:
 		// The one the operator saw was activated (or replaced) meanwhile:
 		// activating this one would put into service a successor they have

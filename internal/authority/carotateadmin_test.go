@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"fmt"
 	"math/big"
 	"strings"
 	"sync"
@@ -223,8 +224,8 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	// example once was) is refused as such, not as a race; the prepared
 	// one as openssl prints it (upper case, zero-padded) names it.
 	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: p2.GetIntermediate().GetSerial()[:8]})
-	if msg := status.Convert(err).Message(); status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, "not the serial of any CA certificate") {
-		t.Errorf("activating a truncated serial: %v; want INVALID_ARGUMENT, not a race", err)
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.FailedPrecondition || !strings.Contains(msg, "names no agent intermediate this authority has prepared") || strings.Contains(msg, "meanwhile") {
+		t.Errorf("activating a truncated serial: %v; want FAILED_PRECONDITION naming the prepared one, not a race", err)
 	}
 	openssl := "00" + strings.ToUpper(p2.GetIntermediate().GetSerial())
 	_, err = a1.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: openssl})
@@ -233,7 +234,7 @@ func TestActivateOnceAcrossReplicas(t *testing.T) {
 	}
 }
 
-func TestCanonicalSerial(t *testing.T) {
+func TestSerialText(t *testing.T) {
 	for _, tt := range []struct{ in, want string }{
 		{"f83e4b3002aed5a8cc33535f7f325353", "f83e4b3002aed5a8cc33535f7f325353"},
 		{"F83E4B3002AED5A8CC33535F7F325353", "f83e4b3002aed5a8cc33535f7f325353"},
@@ -241,11 +242,54 @@ func TestCanonicalSerial(t *testing.T) {
 		{"c7:5b:14:40", "c75b1440"},
 		{"0x1f", "1f"},
 		{"", ""},
-		{"v3-8b0e4a17", "v3-8b0e4a17"},
-		{"0", "0"},
 	} {
-		if got := canonicalSerial(tt.in); got != tt.want {
-			t.Errorf("canonicalSerial(%q) = %q, want %q", tt.in, got, tt.want)
+		if got, err := serialText(tt.in); err != nil || got != tt.want {
+			t.Errorf("serialText(%q) = %q, %v, want %q", tt.in, got, err, tt.want)
+		}
+	}
+	for _, in := range []string{"v3-8b0e4a17", "+1f", "-1f", "0x"} {
+		if got, err := serialText(in); err == nil {
+			t.Errorf("serialText(%q) = %q, want an error", in, got)
+		}
+	}
+}
+
+// TestActivateSerialSpellings: --serial is matched as a number, so the
+// upper-case, colon-separated spelling openssl and ca status may show
+// names the prepared intermediate; a serial naming no intermediate of
+// the role is refused as such, not as one activated or replaced
+// meanwhile; one that is not hex is a bad request. Before, the serial was
+// compared byte for byte and every other spelling was refused as a race.
+func TestActivateSerialSpellings(t *testing.T) {
+	t.Parallel()
+	b := startReplicas(t, nil, 1, func(c *Config) { c.CAPublishWindow = time.Hour })
+	ctx := t.Context()
+	a := &adminService{s: b.srvs[0]}
+	p, err := a.PrepareCAIntermediate(ctx, &musterv1.PrepareCAIntermediateRequest{Role: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serial := p.GetIntermediate().GetSerial()
+	n, _ := new(big.Int).SetString(serial, 16)
+	var colons []string
+	for _, c := range n.Bytes() {
+		colons = append(colons, fmt.Sprintf("%02X", c))
+	}
+	for _, tt := range []struct {
+		asked string
+		code  codes.Code
+		want  string
+	}{
+		// Past the serial check, the publish window (an hour) refuses it.
+		{strings.ToUpper(serial), codes.FailedPrecondition, "not published by every replica yet"},
+		{strings.Join(colons, ":"), codes.FailedPrecondition, "not published by every replica yet"},
+		{"ffff0001", codes.FailedPrecondition, "--serial ffff0001 names no agent intermediate this authority has prepared (the prepared one is " + serial + ")"},
+		{"not-hex", codes.InvalidArgument, "is not a hexadecimal serial"},
+	} {
+		_, err := a.ActivateCAIntermediate(ctx, &musterv1.ActivateCAIntermediateRequest{Role: "agent", Serial: tt.asked})
+		msg := status.Convert(err).Message()
+		if status.Code(err) != tt.code || !strings.Contains(msg, tt.want) || strings.Contains(msg, "meanwhile") {
+			t.Errorf("activating --serial %s: %v; want %v saying %q", tt.asked, err, tt.code, tt.want)
 		}
 	}
 }

@@ -481,7 +481,13 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 	if err != nil {
 		return from, RootStatus{}, err
 	}
+	if step == rootNextLeavingAway && to != store.RootPhaseStandby {
+		// A script that keeps the flag on every call would otherwise skip
+		// the wait at standby without anyone having decided to.
+		return from, RootStatus{}, badRequest(fmt.Sprintf("--leave-away applies only to the step to standby, and this step goes from %s to %s; nothing changed: run it without the flag: muster ca root next-phase --from %s", from, to, from))
+	}
 	next := st.row
+	reason := ""
 	switch {
 	case to == store.RootPhaseUpdateServers && !rollback && st.newKey == nil:
 		return from, RootStatus{}, rootRule("the new root's key does not open; it cannot sign intermediates")
@@ -500,8 +506,12 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 		if err := s.readyToDrop(ctx, st.new, "standby stops trusting the old root", callerCert); err != nil {
 			return from, RootStatus{}, err
 		}
-		if err := s.connectedLeftBehind(ctx, st.new, step == rootNextLeavingAway); err != nil {
+		left, err := s.connectedLeftBehind(ctx, st.new, step == rootNextLeavingAway)
+		if err != nil {
 			return from, RootStatus{}, err
+		}
+		if step == rootNextLeavingAway {
+			reason = leftAwayReason(left)
 		}
 	case to == store.RootPhaseNone:
 		if err := s.readyToDrop(ctx, st.old, "abandoning the rotation stops trusting the new root", callerCert); err != nil {
@@ -517,7 +527,7 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 	}
 	next.Phase = to
 	// Changed with its record (the caller's ca.root_phase), or not at all.
-	link := s.callerLink(ctx, "ca.root_phase", from+"->"+to, "")
+	link := s.callerLink(ctx, "ca.root_phase", from+"->"+to, reason)
 	if err := s.store.PutRootRotation(ctx, st.row, next, false, link.Build); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return from, RootStatus{}, errRootChanged
@@ -525,7 +535,11 @@ func (s *Server) stepRootSeen(ctx context.Context, actor string, step rootStep, 
 		return from, RootStatus{}, err
 	}
 	s.audit.Appended(link)
-	s.log.Info("root rotation phase changed", "from", from, "to", to, "actor", actor)
+	if reason != "" {
+		s.log.Warn("root rotation phase changed, agents away left behind", "from", from, "to", to, "actor", actor, "reason", reason)
+	} else {
+		s.log.Info("root rotation phase changed", "from", from, "to", to, "actor", actor)
+	}
 	s.loadNow(ctx)
 	s.pokeCAClock()
 	switch {

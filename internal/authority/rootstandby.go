@@ -34,13 +34,13 @@ const standbyListedNodes = 5
 // intermediates became active, plus retireMargin (a replica may sign
 // with the one before until it reads the change), are read further:
 // their chain says which intermediate signed them.
-func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate, leaveAway bool) error {
+func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate, leaveAway bool) (left behindAgents, _ error) {
 	if keep == nil {
-		return nil
+		return left, nil
 	}
 	rows, err := s.store.ListCACerts(ctx)
 	if err != nil {
-		return err
+		return left, err
 	}
 	var since time.Time // the latest a certificate under an older agent intermediate may have been issued
 	for _, r := range rows {
@@ -52,19 +52,19 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 		}
 	}
 	if since.IsZero() {
-		return nil // readyToDrop refuses: no agent intermediate under keep is active
+		return left, nil // readyToDrop refuses: no agent intermediate under keep is active
 	}
 	since = since.Add(retireMargin)
 	now, err := s.store.Now(ctx)
 	if err != nil {
-		return err
+		return left, err
 	}
 	var connected, away behindAgents
 	after := ""
 	for {
 		page, err := s.store.ListAgentsPage(ctx, after, caStatusPage)
 		if err != nil {
-			return err
+			return left, err
 		}
 		for _, r := range page {
 			// An agent never seen on a stream is not one this check can
@@ -73,12 +73,9 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 				continue
 			}
 			live := streamLive(r.Stream, now)
-			if !live && leaveAway {
-				continue
-			}
 			under, err := s.instanceUnder(ctx, r.Instance.ID, keep)
 			if err != nil {
-				return err
+				return left, err
 			}
 			if under {
 				continue
@@ -100,16 +97,30 @@ func (s *Server) connectedLeftBehind(ctx context.Context, keep *x509.Certificate
 		if away.n > 0 {
 			also = fmt.Sprintf(" (%d more %s away: %s; see below once these have renewed)", away.n, plural(away.n, "agent is", "agents are"), away.names())
 		}
-		return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected %s (%s) still %s a certificate under it%s: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
+		return left, rootRule(fmt.Sprintf("standby stops trusting the old root, and %d connected %s (%s) still %s a certificate under it%s: each would be refused its next renewal and stop, and only a restart by hand brings it back, even after a rollback; "+
 			"have them renew under the new root now: muster task send --type node.renew_now --all, then run muster ca root next-phase again (or run it again after %s, when those certificates have ended, every running agent having renewed by then)",
 			connected.n, plural(connected.n, "agent", "agents"), connected.names(), plural(connected.n, "holds", "hold"), also, connected.until.UTC().Format(time.RFC3339)))
-	case away.n > 0:
-		return rootRule(fmt.Sprintf("standby stops trusting the old root, and %d %s seen before but away now (%s) still %s a valid certificate under it: back after standby, each would be refused its renewal and stop until joined again by hand (muster agent join --force on its machine); "+
+	case away.n > 0 && !leaveAway:
+		return left, rootRule(fmt.Sprintf("standby stops trusting the old root, and %d %s seen before but away now (%s) still %s a valid certificate under it: back after standby, each would be refused its renewal and stop until joined again by hand (muster agent join --force on its machine); "+
 			"start them so that they renew under the new root (muster agents show NODE shows their latest certificate), then run muster ca root next-phase again; or run it again after %s, when those certificates have ended; "+
+			"for a machine gone for good, delete its node: muster agents delete NODE; "+
 			"or go on without them: muster ca root next-phase --leave-away",
 			away.n, plural(away.n, "agent", "agents"), away.names(), plural(away.n, "holds", "hold"), away.until.UTC().Format(time.RFC3339)))
 	}
-	return nil
+	// With --leave-away, the agents away are left behind: the caller
+	// records them, since nothing else will say why they are refused
+	// their renewal when back.
+	return away, nil
+}
+
+// leftAwayReason is the audit reason of a standby step taken with
+// --leave-away: how many agents away it left behind, and the first.
+func leftAwayReason(left behindAgents) string {
+	if left.n == 0 {
+		return "--leave-away: no agent away under the old root was left behind"
+	}
+	return fmt.Sprintf("--leave-away: %d %s away under the old root left behind (%s), each refused its renewal when back until joined again by hand",
+		left.n, plural(left.n, "agent", "agents"), left.names())
 }
 
 // behindAgents counts the agents standby would leave behind, naming the

@@ -6,11 +6,13 @@ import (
 	crand "crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/muster-dev/muster/internal/audit"
 	"github.com/muster-dev/muster/internal/ca"
 	"github.com/muster-dev/muster/internal/spiffeid"
 	"github.com/muster-dev/muster/internal/store"
@@ -134,13 +136,47 @@ func TestStandbyWaitsForAgentsAway(t *testing.T) {
 	}
 	op := leafAs(spiffeid.RoleAdmin, "op")
 	_, _, err = s.stepRoot(ctx, "t", rootNext, op)
-	if err == nil || !strings.Contains(err.Error(), "1 agent seen before but away now (away)") || !strings.Contains(err.Error(), "muster ca root next-phase --leave-away") {
-		t.Fatalf("standby with agent away under the old root: %v; want a refusal naming it and --leave-away", err)
+	if err == nil || !strings.Contains(err.Error(), "1 agent seen before but away now (away)") || !strings.Contains(err.Error(), "muster ca root next-phase --leave-away") ||
+		!strings.Contains(err.Error(), "muster agents delete NODE") {
+		t.Fatalf("standby with agent away under the old root: %v; want a refusal naming it, muster agents delete NODE and --leave-away", err)
 	}
 	if row, err := a.store.GetRootRotation(ctx); err != nil || row.Phase != store.RootPhaseUpdateServers {
 		t.Fatalf("after a refused standby the rotation is in %q (%v), want update_servers", row.Phase, err)
 	}
 	if _, st, err := s.stepRoot(ctx, "t", rootNextLeavingAway, op); err != nil || st.Phase != store.RootPhaseStandby {
 		t.Fatalf("standby --leave-away: %v (phase %q), want standby", err, st.Phase)
+	}
+	// The agents it left behind are in the step's record: nothing else
+	// says later why they are refused their renewal.
+	recs, err := a.store.ListAudit(ctx, store.AuditFilter{Action: "ca.root_phase"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(recs, func(r store.AuditRecord) bool { return r.Target == "update_servers->standby" })
+	if i < 0 || recs[i].Result != audit.ResultOK || !strings.Contains(recs[i].Reason, "--leave-away: 1 agent away under the old root left behind (away)") {
+		t.Fatalf("ca.root_phase records %+v; want update_servers->standby with the agent left away in its reason", recs)
+	}
+}
+
+// TestLeaveAwayOnlyAtStandby: next-phase --leave-away on a step that does
+// not go to standby is refused as a bad request and changes nothing.
+// Before, it was accepted (and the CLI warned) and silently ignored, so a
+// script keeping the flag would skip the wait at standby unawares.
+func TestLeaveAwayOnlyAtStandby(t *testing.T) {
+	t.Parallel()
+	a := startReplicas(t, nil, 1, fastCAClock)
+	s := a.srvs[0]
+	ctx := t.Context()
+	if _, err := s.rotateRoot(ctx, "t", nil); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := s.stepRoot(ctx, "t", rootNextLeavingAway)
+	var bad invalidArgument
+	if !errors.As(err, &bad) || !strings.Contains(err.Error(), "--leave-away applies only to the step to standby") ||
+		!strings.Contains(err.Error(), "muster ca root next-phase --from "+store.RootPhaseInit) {
+		t.Fatalf("--leave-away from %s: %v; want an invalid argument naming the command without the flag", store.RootPhaseInit, err)
+	}
+	if row, err := a.store.GetRootRotation(ctx); err != nil || row.Phase != store.RootPhaseInit {
+		t.Fatalf("after a refused --leave-away the rotation is in %q (%v), want %s", row.Phase, err, store.RootPhaseInit)
 	}
 }

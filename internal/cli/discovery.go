@@ -229,23 +229,17 @@ func discoveryStopServing(d discoveryd.Dir) error {
 // loss as Store.HoldServing says. close releases both.
 func openServingDiscoveryStore(ctx context.Context, d discoveryd.Dir, given string, log *slog.Logger,
 	onLost func(error)) (url string, st store.Store, close func(), err error) {
-	excluded := func(err error) error {
-		if !errors.Is(err, postgres.ErrExcluded) {
-			return err
-		}
-		return fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): "+
-			"start discovery again once it has finished: muster discovery --data %s (with the flags it ran with)", err, shellword.Quote(string(d)))
-	}
 	releaseOpening := func() {}
 	if url, recorded, err := d.StoreURL(given); err == nil && !strings.HasPrefix(url, "sqlite://") && checkStoreURL(url) == nil {
 		release, err := postgres.HoldServingAtAs(ctx, url, postgres.ServingDiscovery)
-		switch {
-		case errors.Is(err, postgres.ErrExcluded):
-			return "", nil, nil, excluded(err)
-		case err != nil:
+		if err != nil {
 			// Not opened: the store would be migrated without the lock
-			// should the database answer now.
-			return "", nil, nil, discoveryStoreError(d, url, recorded, err)
+			// should the database answer now. The store discovery.addr
+			// records names where its password comes from.
+			if recorded && !errors.Is(err, postgres.ErrExcluded) {
+				return "", nil, nil, discoveryStoreError(d, url, recorded, err)
+			}
+			return "", nil, nil, discoveryLockErr(d, url, err)
 		}
 		releaseOpening = release
 	}
@@ -259,11 +253,27 @@ func openServingDiscoveryStore(ctx context.Context, d discoveryd.Dir, given stri
 		release, err := s.HoldServingAs(ctx, postgres.ServingDiscovery, onLost)
 		if err != nil {
 			st.Close()
-			return "", nil, nil, excluded(err)
+			return "", nil, nil, discoveryLockErr(d, url, err)
 		}
 		close = func() { release(); st.Close() }
 	}
 	return url, st, close, nil
+}
+
+// discoveryLockErr is the refusal when discovery cannot take the serving
+// lock on the store at url, before its store opened or after: each names
+// the store (without its password) and the way on.
+func discoveryLockErr(d discoveryd.Dir, url string, err error) error {
+	switch {
+	case errors.Is(err, postgres.ErrExcluded):
+		return fmt.Errorf("%w (muster store reapply, which re-applies what a restore from a backup undid): "+
+			"start discovery again once it has finished: muster discovery --data %s (with the flags it ran with)", err, shellword.Quote(string(d)))
+	case errors.Is(err, store.ErrUnavailable):
+		return fmt.Errorf("the store %s is unavailable: %w; start the database or make it reachable from here, then run this again",
+			storeURLWithoutPassword(url), err)
+	}
+	return fmt.Errorf("the store %s: %w; check that the database answers and this role may take advisory locks, then run this again: muster discovery --data %s (with the flags it ran with)",
+		storeURLWithoutPassword(url), err, shellword.Quote(string(d)))
 }
 
 // discoveryStoreFlags are --data and --store of the commands that work on

@@ -102,9 +102,12 @@ first, as the authority's start would, and it says so.`,
 				return fmt.Errorf("store reapply: %w", err)
 			}
 			if out.json() {
-				return out.write(env.Stdout, res)
+				if err := out.write(env.Stdout, res); err != nil {
+					return err
+				}
+			} else {
+				res.print(env.Stdout)
 			}
-			res.print(env.Stdout)
 			if res.Failed != "" {
 				return fmt.Errorf("store reapply: %s", res.Failed)
 			}
@@ -157,14 +160,23 @@ type reapplyStep struct {
 	Action string `json:"action"`
 	What   string `json:"what"`
 	// Result, with --apply: "applied" (record ReapplySeq), "in place"
-	// (the restored store holds it already: nothing written), or
-	// "failed".
+	// (the restored store holds it already: nothing written), "conflict"
+	// (the restored store changed since the plan read it: nothing
+	// written), or "failed".
 	Result     string `json:"result,omitempty"`
 	ReapplySeq int64  `json:"reapply_seq,omitempty"`
 
 	target string
 	write  func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error
+	// inPlace, when set, says after a write refused as a conflict
+	// whether the restored store holds what the step writes: a refusal
+	// can also be a read gone stale, which leaves it undone.
+	inPlace func(ctx context.Context, st store.Store) (bool, error)
 }
+
+// reapplyPlanned, when set (by tests), runs between the plan and its
+// writes.
+var reapplyPlanned func(ctx context.Context, st store.Store)
 
 // manualStep is a record the audit alone cannot re-apply, and the
 // command that does it.
@@ -245,7 +257,7 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if err != nil {
 		return nil, err
 	}
-	ctx, release, err := keepAuthoritiesOut(ctx, od, d)
+	ctx, fenced, release, err := keepAuthoritiesOut(ctx, od, d)
 	if err != nil {
 		return nil, err
 	}
@@ -326,6 +338,14 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 	if !apply {
 		return res, nil
 	}
+	if reapplyPlanned != nil {
+		reapplyPlanned(ctx, st)
+	}
+	again := fmt.Sprintf("muster store reapply --offline --data %s%s --from %s --apply", od.quoted(), od.configArg(), shellword.Quote(fromName))
+	if storeURL != "" {
+		again = fmt.Sprintf("muster store reapply --offline --data %s%s --store %s --from %s --apply", od.quoted(), od.configArg(),
+			shellword.Quote(storeURLWithoutPassword(d.url)), shellword.Quote(fromName))
+	}
 	res.Applied = true
 	for i := range res.Steps {
 		s := &res.Steps[i]
@@ -342,14 +362,33 @@ func reapply(ctx context.Context, env *Env, data, configFile, storeURL, fromURL 
 			rec = r
 			return r, err
 		}
+		// Checked right before each write: a lock lost since the watch's
+		// last check lets no write through.
+		if err := fenced(ctx); err != nil {
+			return nil, err
+		}
 		err = s.write(ctx, st, build)
 		switch {
 		case errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrNotFound):
-			// Made meanwhile (another run), or gone: nothing written.
+			// Made meanwhile (another run), or gone: nothing written. A
+			// step that can tell says whether that is so, or a read the
+			// plan made has gone stale, which a new plan reads afresh.
+			if s.inPlace != nil {
+				held, cerr := s.inPlace(ctx, st)
+				if cerr != nil || !held {
+					why := "the restored store changed since this run read it"
+					if cerr != nil {
+						why = cerr.Error()
+					}
+					s.Result = "conflict"
+					res.Failed = fmt.Sprintf("%s: refused (%v), and %s, so it is not in place; nothing of it was written, and the steps after it were not tried: run it again to plan from what the store holds now: %s", s.What, err, why, again)
+					return res, nil
+				}
+			}
 			s.Result = "in place"
 		case err != nil:
 			s.Result = "failed"
-			res.Failed = fmt.Sprintf("%s: %v; nothing of it was written, and the steps after it were not tried: run the command again", s.What, err)
+			res.Failed = fmt.Sprintf("%s: %v; nothing of it was written, and the steps after it were not tried: run the command again: %s", s.What, err, again)
 			return res, nil
 		default:
 			logger.Appended(link)
@@ -401,7 +440,10 @@ func closeRestoredStreams(ctx context.Context, st store.Store, logger *audit.Log
 // restored chain make it refuse anyway), and none starts while it works.
 // ctx, derived from the one given, ends once the PostgreSQL lock is lost
 // (postgres.ExcludeServingWatched): the work under it stops.
-func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ context.Context, release func(), err error) {
+//
+// fenced, called right before each write, returns an error once the lock
+// is lost (on PostgreSQL it checks the lock's connection there and then).
+func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ context.Context, fenced func(context.Context) error, release func(), err error) {
 	stopFirst := func(err error) error {
 		return fmt.Errorf("it works with the authority stopped: %w; stop it (systemctl stop muster-authority), then run this again", err)
 	}
@@ -410,22 +452,22 @@ func keepAuthoritiesOut(ctx context.Context, od offlineDir, d dataDir) (_ contex
 		if (errors.Is(err, datadir.ErrLocked) || errors.Is(err, datadir.ErrStoreLocked)) && !datadir.HeldByCommand(err) {
 			err = stopFirst(err)
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if strings.HasPrefix(d.url, "sqlite://") {
-		return ctx, unlock, nil
+		return ctx, func(ctx context.Context) error { return context.Cause(ctx) }, unlock, nil
 	}
-	ctx, releasePG, err := postgres.ExcludeServingWatched(ctx, d.url)
+	ctx, check, releasePG, err := postgres.ExcludeServingChecked(ctx, d.url)
 	switch {
 	case errors.Is(err, postgres.ErrServing):
 		unlock()
-		return nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
+		return nil, nil, nil, fmt.Errorf("it works with every authority on the store %s stopped: %w; stop every replica (systemctl stop muster-authority on each, and discovery where it serves on this database), then run this again",
 			storeURLWithoutPassword(d.url), err)
 	case err != nil:
 		unlock()
-		return nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
+		return nil, nil, nil, fmt.Errorf("the store %s: %w", storeURLWithoutPassword(d.url), err)
 	}
-	return ctx, func() { releasePG(); unlock() }, nil
+	return ctx, check, func() { releasePG(); unlock() }, nil
 }
 
 // restoredHead is the restored store's newest record, before any record

@@ -293,6 +293,30 @@ func (p *reapplyPlanner) planRetired(ctx context.Context, res *reapplyResult) er
 			res.Steps = append(res.Steps, reapplyStep{Seq: rec.Seq, Action: action, What: "retire " + what, target: id,
 				write: func(ctx context.Context, st store.Store, build func(store.AuditHead) (store.AuditRecord, error)) error {
 					return st.RetireIdentity(ctx, r, build)
+				},
+				// RetireIdentity refuses alike an earlier run's write, a
+				// held instance moved since it was read and a certificate
+				// recorded since: only the first leaves the instance
+				// retired (left current, it would renew again).
+				inPlace: func(ctx context.Context, st store.Store) (bool, error) {
+					in, err := st.GetInstance(ctx, fi.ID)
+					switch {
+					case errors.Is(err, store.ErrNotFound):
+						return false, nil
+					case err != nil:
+						return false, err
+					case in.Generation < fi.Generation || in.Generation == fi.Generation && (in.State != fi.State || in.LastSerial != fi.LastSerial):
+						return false, nil
+					}
+					for _, c := range r.Certificates {
+						switch _, err := st.GetCertificate(ctx, c.Serial); {
+						case errors.Is(err, store.ErrNotFound):
+							return false, nil
+						case err != nil:
+							return false, err
+						}
+					}
+					return true, nil
 				}})
 		}
 	}

@@ -564,3 +564,60 @@ func TestStoreReapplyListsAJoinStateOfAWindowOpenedSince(t *testing.T) {
 		t.Errorf("records %d to %d appended, want none", before+1, f.head(t))
 	}
 }
+
+// TestStoreReapplyRetireRefusedIsNotInPlace: a retire step refused
+// because the restored store changed after the plan read it (here the
+// instance renewed in between, still current) is reported as a conflict
+// naming the command to run again, and the run exits non-zero; run again,
+// it retires the instance. Before, every refused retire was reported "in
+// place" with exit 0, the instance left current to renew again.
+func TestStoreReapplyRetireRefusedIsNotInPlace(t *testing.T) {
+	f := newReapplyFixture(t)
+	now := time.Now().Add(-10 * time.Minute)
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		if _, err := st.CommitJoin(ctx, testJoin("prov-01", "prov-01-a", now)); err != nil {
+			t.Fatal(err)
+		}
+		write(t, l, "test.mark", "x", func(b func(store.AuditHead) (store.AuditRecord, error)) error {
+			_, err := st.AppendAudit(ctx, b)
+			return err
+		})
+	})
+	f.backUp(t)
+	renewal := testRenewal("prov-01", "prov-01-a", 0, now.Add(time.Minute))
+	f.with(t, f.db, func(ctx context.Context, st store.Store, l *audit.Logger) {
+		if _, err := st.CommitRenewal(ctx, renewal); err != nil {
+			t.Fatal(err)
+		}
+		j := testJoin("prov-01", "prov-01-b", now.Add(2*time.Minute))
+		j.MaySupersede = true
+		if _, err := st.CommitJoin(ctx, j); err != nil {
+			t.Fatal(err)
+		}
+	})
+	f.restore(t)
+	reapplyPlanned = func(ctx context.Context, st store.Store) {
+		if _, err := st.CommitRenewal(ctx, renewal); err != nil {
+			t.Errorf("renewing between the plan and its writes: %v", err)
+		}
+	}
+	code, out, errOut := f.run(t, "--apply")
+	reapplyPlanned = nil
+	if code == 0 || strings.Contains(out, "prov-01-a of node prov-01 at generation 1 (the restored store holds it current at generation 0): in place") ||
+		!strings.Contains(out, ": conflict") || !strings.Contains(errOut, "muster store reapply --offline --data") {
+		t.Fatalf("reapply with the instance renewed after the plan: exit %d\n%s%s\nwant a conflict, the command to run again, and a non-zero exit", code, out, errOut)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		if in, err := st.GetInstance(ctx, "prov-01-a"); err != nil || in.State != store.InstanceCurrent {
+			t.Fatalf("instance after the refused retire: %+v, %v; want it still current (nothing written)", in, err)
+		}
+	})
+	if code, out, errOut := f.run(t, "--apply"); code != 0 {
+		t.Fatalf("reapply run again: exit %d\n%s%s", code, out, errOut)
+	}
+	f.with(t, f.db, func(ctx context.Context, st store.Store, _ *audit.Logger) {
+		if in, err := st.GetInstance(ctx, "prov-01-a"); err != nil || in.State != store.InstanceSuperseded || in.Generation != 1 {
+			t.Errorf("instance after reapply run again: %+v, %v; want it superseded at generation 1", in, err)
+		}
+	})
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -211,22 +212,54 @@ func ExcludeServing(ctx context.Context, url string) (release func(), err error)
 // database let go of the lock with the session and a replica may start
 // serving meanwhile: the command's writes under it stop.
 func ExcludeServingWatched(ctx context.Context, url string) (watched context.Context, release func(), err error) {
+	watched, _, release, err = ExcludeServingChecked(ctx, url)
+	return watched, release, err
+}
+
+// ExcludeServingChecked is ExcludeServingWatched with check, which pings
+// the lock's connection now (cancelling watched on a failure) and
+// returns context.Cause(watched) if it is done: a command calls it right
+// before each write, so a lock lost between two periodic checks does not
+// let the write through. What is left is the time between check and the
+// write's commit.
+func ExcludeServingChecked(ctx context.Context, url string) (watched context.Context, check func(context.Context) error, release func(), err error) {
 	conn, got, err := trySessionLock(ctx, url, excludingApp, `SELECT pg_try_advisory_lock($1)`)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if !got {
 		cctx, cancel := context.WithTimeout(ctx, DefaultRequestTimeout)
 		held := servingHolders(cctx, conn)
 		cancel()
 		conn.Close(context.WithoutCancel(ctx))
-		return nil, nil, fmt.Errorf("%w: %s", ErrServing, held)
+		return nil, nil, nil, fmt.Errorf("%w: %s", ErrServing, held)
 	}
 	watched, lose := context.WithCancelCause(ctx)
+	var mu sync.Mutex // a pgx.Conn is used by one goroutine at a time
+	closed := false
+	ping := func(ctx context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if err := context.Cause(watched); err != nil || closed {
+			return err
+		}
+		pctx, cancel := context.WithTimeout(ctx, excludedCheckTimeout)
+		err := conn.Ping(pctx)
+		cancel()
+		if err != nil && watched.Err() == nil {
+			lose(fmt.Errorf("%w: %w", ErrExclusionLost, err))
+		}
+		return context.Cause(watched)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer conn.Close(context.Background())
+		defer func() {
+			mu.Lock()
+			closed = true
+			conn.Close(context.Background())
+			mu.Unlock()
+		}()
 		t := time.NewTicker(excludedCheck)
 		defer t.Stop()
 		for {
@@ -235,16 +268,12 @@ func ExcludeServingWatched(ctx context.Context, url string) (watched context.Con
 				return
 			case <-t.C:
 			}
-			pctx, cancel := context.WithTimeout(watched, excludedCheckTimeout)
-			err := conn.Ping(pctx)
-			cancel()
-			if err != nil && watched.Err() == nil {
-				lose(fmt.Errorf("%w: %w", ErrExclusionLost, err))
+			if ping(watched) != nil {
 				return
 			}
 		}
 	}()
-	return watched, func() { lose(nil); <-done }, nil
+	return watched, func(ctx context.Context) error { return ping(ctx) }, func() { lose(nil); <-done }, nil
 }
 
 // ErrExclusionLost reports an exclusive serving lock whose connection

@@ -178,6 +178,32 @@ func TestExclusiveServingLockLossIsNoticed(t *testing.T) {
 	}
 }
 
+// The check ExcludeServingChecked returns pings the lock's connection
+// there and then: a lost lock refuses the next write at once, not at the
+// watch's next periodic check (up to excludedCheck+excludedCheckTimeout
+// later, during which store reapply once went on writing).
+func TestExclusiveServingLockCheckedBeforeAWrite(t *testing.T) {
+	ctx := t.Context()
+	s, url := openFresh(t)
+	watched, check, release, err := ExcludeServingChecked(ctx, url)
+	if err != nil {
+		t.Fatalf("ExcludeServingChecked: %v", err)
+	}
+	defer release()
+	if err := check(ctx); err != nil {
+		t.Fatalf("check with the lock held: %v", err)
+	}
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND datname = current_database()`, excludingApp); err != nil {
+		t.Fatalf("pg_terminate_backend: %v", err)
+	}
+	if err := check(ctx); !errors.Is(err, ErrExclusionLost) {
+		t.Fatalf("check right after the lock's session ended: %v, want ErrExclusionLost", err)
+	}
+	if watched.Err() == nil {
+		t.Error("the watched context is not cancelled after check found the lock lost")
+	}
+}
+
 // The sessions holding the serving lock ask the database for keepalives,
 // so that it ends the session of a holder cut off, and lets go of the
 // lock, in seconds rather than the server host's TCP default (hours).
