@@ -134,7 +134,7 @@ func (s *Store) HoldServingAs(ctx context.Context, who Server, onLost func(error
 			select {
 			case <-kctx.Done():
 				if conn != nil {
-					conn.Close(context.Background())
+					letGo(conn, `SELECT pg_advisory_unlock_shared($1)`)
 				}
 				return
 			case <-t.C:
@@ -193,7 +193,7 @@ func HoldServingAtAs(ctx context.Context, url string, who Server) (release func(
 		conn.Close(context.WithoutCancel(ctx))
 		return nil, ErrExcluded
 	}
-	return func() { conn.Close(context.Background()) }, nil
+	return func() { letGo(conn, `SELECT pg_advisory_unlock_shared($1)`) }, nil
 }
 
 // ExcludeServing takes the serving lock of the database at url
@@ -257,7 +257,7 @@ func ExcludeServingChecked(ctx context.Context, url string) (watched context.Con
 		defer func() {
 			mu.Lock()
 			closed = true
-			conn.Close(context.Background())
+			letGo(conn, `SELECT pg_advisory_unlock($1)`)
 			mu.Unlock()
 		}()
 		t := time.NewTicker(excludedCheck)
@@ -341,4 +341,16 @@ func servingHolders(ctx context.Context, conn *pgx.Conn) string {
 		return "the authorities holding the serving lock stopped meanwhile"
 	}
 	return "the serving lock is held by " + strings.Join(held, "; ")
+}
+
+// letGo releases the serving lock conn holds with unlock, then closes
+// it. Closing alone lets go only once the server's session has ended,
+// some moments after the client's goodbye: a command run right after an
+// authority stopped (or a test) would still find the lock held. The
+// unlock is bounded, and the close follows whatever it answers.
+func letGo(conn *pgx.Conn, unlock string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, _ = conn.Exec(ctx, unlock, servingLockKey)
+	conn.Close(ctx)
 }
