@@ -78,9 +78,6 @@ func newCARootNextPhaseCmd(env *Env) *cobra.Command {
 		"  muster ca root next-phase\n  muster ca root next-phase --from update_agents\n  muster ca root next-phase --from update_servers --leave-away",
 		func(ctx context.Context, c *adminClient) (*musterv1.RootRotation, error) {
 			req := &musterv1.NextRootPhaseRequest{FromPhase: fromPhase, LeaveAway: leaveAway}
-			if leaveAway {
-				fmt.Fprintln(env.Stderr, "warning: --leave-away: agents away now with a certificate under the old root are refused their renewal when back from standby on, and each must join again by hand (muster ca root rollback trusts them again)")
-			}
 			if req.FromPhase == "" {
 				st, err := c.GetRootRotation(ctx, &musterv1.GetRootRotationRequest{})
 				if err != nil {
@@ -88,7 +85,14 @@ func newCARootNextPhaseCmd(env *Env) *cobra.Command {
 				}
 				req.FromPhase = st.GetPhase()
 			}
-			return c.NextRootPhase(ctx, req)
+			rot, err := c.NextRootPhase(ctx, req)
+			// Warned only once the step went through: the authority
+			// refuses --leave-away on a step that is not to standby, and
+			// a warning before that refusal would say what did not happen.
+			if err == nil && leaveAway {
+				fmt.Fprintln(env.Stderr, "warning: --leave-away: agents away now with a certificate under the old root are refused their renewal when back from standby on, and each must join again by hand (muster ca root rollback trusts them again)")
+			}
+			return rot, err
 		})
 	cmd.Flags().StringVar(&fromPhase, "from", "",
 		"move on only if the rotation is still in this phase (muster ca root status); default: the phase read just before")
