@@ -212,22 +212,7 @@ func (s *Store) CarryIdentity(ctx context.Context, c store.CarriedIdentity, audi
 				SELECT (SELECT generation FROM was), (SELECT state FROM was), (SELECT last_serial FROM was), EXISTS (SELECT 1 FROM moved)`,
 				[]any{in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
 					timeArg(cert.NotAfter), timeArg(store.ExpiringAt(cert)), in.ID, held.Generation, held.LastSerial},
-				func(r pgx.Row) error {
-					var gen *int64
-					var state, serial *string
-					var moved bool
-					if err := r.Scan(&gen, &state, &serial, &moved); err != nil {
-						return wrap(op, err)
-					}
-					switch {
-					case moved:
-						return nil
-					case gen == nil:
-						return wrap(op, pgx.ErrNoRows)
-					}
-					return fmt.Errorf("postgres: %s: %w: it is %s at generation %d, serial %s, not current at generation %d, serial %s as read",
-						op, store.ErrConflict, *state, *gen, *serial, held.Generation, held.LastSerial)
-				})
+				instanceMoved(op, fmt.Sprintf("current at generation %d, serial %s as read", held.Generation, held.LastSerial)))
 		} else {
 			in.State = store.InstanceCurrent
 			p.exec(`INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
@@ -269,22 +254,7 @@ func (s *Store) RetireIdentity(ctx context.Context, r store.RetiredIdentity, aud
 				SELECT (SELECT generation FROM was), (SELECT state FROM was), (SELECT last_serial FROM was), EXISTS (SELECT 1 FROM moved)`,
 				[]any{in.State, in.Generation, in.LastSerial, in.LastPublicKey, in.LastChainPEM, timeArg(in.LastIssuedAt),
 					timeArg(r.Last.NotAfter), timeArg(store.ExpiringAt(r.Last)), in.ID, held.Generation, held.LastSerial},
-				func(row pgx.Row) error {
-					var gen *int64
-					var state, serial *string
-					var moved bool
-					if err := row.Scan(&gen, &state, &serial, &moved); err != nil {
-						return wrap(op, err)
-					}
-					switch {
-					case moved:
-						return nil
-					case gen == nil:
-						return wrap(op, pgx.ErrNoRows)
-					}
-					return fmt.Errorf("postgres: %s: %w: it is %s at generation %d, serial %s, not at generation %d, serial %s as read, or %s already",
-						op, store.ErrConflict, *state, *gen, *serial, held.Generation, held.LastSerial, in.State)
-				})
+				instanceMoved(op, fmt.Sprintf("at generation %d, serial %s as read, or %s already", held.Generation, held.LastSerial, in.State)))
 		} else {
 			p.exec(`INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
 				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`,
@@ -296,4 +266,26 @@ func (s *Store) RetireIdentity(ctx context.Context, r store.RetiredIdentity, aud
 		queueNotify(p, store.ChangeStanding, in.NodeID)
 		return commitAudited(ctx, p, audit, op)
 	})
+}
+
+// instanceMoved reads the row of a conditional instance write that
+// returns the instance as it was and whether it moved: nil if it moved;
+// else ErrNotFound for no instance, or ErrConflict saying what it is now
+// beside as, what the write expected of it.
+func instanceMoved(op, as string) func(pgx.Row) error {
+	return func(r pgx.Row) error {
+		var gen *int64
+		var state, serial *string
+		var moved bool
+		if err := r.Scan(&gen, &state, &serial, &moved); err != nil {
+			return wrap(op, err)
+		}
+		switch {
+		case moved:
+			return nil
+		case gen == nil:
+			return wrap(op, pgx.ErrNoRows)
+		}
+		return fmt.Errorf("postgres: %s: %w: it is %s at generation %d, serial %s, not %s", op, store.ErrConflict, *state, *gen, *serial, as)
+	}
 }

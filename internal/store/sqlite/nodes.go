@@ -179,16 +179,9 @@ func (s *SQLite) CarryIdentity(ctx context.Context, c store.CarriedIdentity, aud
 			if err != nil {
 				return wrap(op, err)
 			}
-			if n, err := r.RowsAffected(); err != nil {
-				return wrap(op, err)
-			} else if n == 0 {
-				var gen int64
-				var state, serial string
-				if err := tx.QueryRowContext(ctx, `SELECT generation, state, last_serial FROM instances WHERE id = ?`, in.ID).Scan(&gen, &state, &serial); err != nil {
-					return wrap(op, err)
-				}
-				return fmt.Errorf("sqlite: %s: %w: it is %s at generation %d, serial %s, not current at generation %d, serial %s as read",
-					op, store.ErrConflict, state, gen, serial, c.Held.Generation, c.Held.LastSerial)
+			if err := instanceMoved(ctx, tx, op, r, in.ID,
+				fmt.Sprintf("current at generation %d, serial %s as read", c.Held.Generation, c.Held.LastSerial)); err != nil {
+				return err
 			}
 		} else {
 			in.State = store.InstanceCurrent
@@ -240,16 +233,9 @@ func (s *SQLite) RetireIdentity(ctx context.Context, r store.RetiredIdentity, au
 			if err != nil {
 				return wrap(op, err)
 			}
-			if n, err := res.RowsAffected(); err != nil {
-				return wrap(op, err)
-			} else if n == 0 {
-				var gen int64
-				var state, serial string
-				if err := tx.QueryRowContext(ctx, `SELECT generation, state, last_serial FROM instances WHERE id = ?`, in.ID).Scan(&gen, &state, &serial); err != nil {
-					return wrap(op, err)
-				}
-				return fmt.Errorf("sqlite: %s: %w: it is %s at generation %d, serial %s, not at generation %d, serial %s as read, or %s already",
-					op, store.ErrConflict, state, gen, serial, r.Held.Generation, r.Held.LastSerial, in.State)
+			if err := instanceMoved(ctx, tx, op, res, in.ID,
+				fmt.Sprintf("at generation %d, serial %s as read, or %s already", r.Held.Generation, r.Held.LastSerial, in.State)); err != nil {
+				return err
 			}
 		} else if _, err := tx.ExecContext(ctx, `INSERT INTO instances (`+instanceColumns+`, last_not_after, last_expiring_at)
 				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
@@ -270,4 +256,22 @@ func (s *SQLite) RetireIdentity(ctx context.Context, r store.RetiredIdentity, au
 	}
 	s.hub.announce(store.ChangeStanding, in.NodeID)
 	return nil
+}
+
+// instanceMoved is nil if res moved instance id; else ErrConflict saying
+// what the instance is now beside as, what the write expected of it.
+func instanceMoved(ctx context.Context, tx *writeTx, op string, res sql.Result, id, as string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return wrap(op, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	var gen int64
+	var state, serial string
+	if err := tx.QueryRowContext(ctx, `SELECT generation, state, last_serial FROM instances WHERE id = ?`, id).Scan(&gen, &state, &serial); err != nil {
+		return wrap(op, err)
+	}
+	return fmt.Errorf("sqlite: %s: %w: it is %s at generation %d, serial %s, not %s", op, store.ErrConflict, state, gen, serial, as)
 }
